@@ -1,0 +1,89 @@
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Start a command. `argv[0]` is looked up on the guest's PATH.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ExecRequest {
+    pub argv: Vec<String>,
+    pub cwd: Option<String>,
+    pub env: BTreeMap<String, String>,
+    /// Written to the command's stdin, which is then closed.
+    pub stdin: Option<String>,
+    /// In-guest deadline. The host enforces its own, later one on top.
+    pub timeout_ms: u64,
+    /// Per stream; bytes beyond it are drained and dropped in the guest.
+    pub max_output_bytes: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ExecResult {
+    /// 128+N when killed by signal N.
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub truncated: bool,
+    pub duration_ms: u64,
+    pub cpu_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FileWriteRequest {
+    pub path: String,
+    pub mode: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FileReadRequest {
+    pub path: String,
+    pub max_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FileListRequest {
+    pub path: String,
+    pub max_entries: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FilePathRequest {
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FileEntry {
+    pub name: String,
+    /// "file", "dir", "symlink" or "other"
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub size: u64,
+    pub mode: u32,
+    /// Seconds since the epoch.
+    pub mtime: i64,
+}
+
+/// A typed failure from the guest. `code` is one of a small fixed set
+/// (`not_found`, `is_a_directory`, `not_a_directory`, `too_large`,
+/// `invalid`, `io`, `spawn_failed`) that the host maps to HTTP statuses.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct GuestError {
+    pub code: String,
+    pub message: String,
+}
+
+impl GuestError {
+    pub fn new(code: &str, message: impl Into<String>) -> Self {
+        GuestError { code: code.to_string(), message: message.into() }
+    }
+}
+
+/// Messages for the per-sandbox shim itself (channel 0), not the agent.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum ShimControl {
+    /// Move the hard deadline at which the shim destroys the sandbox even if
+    /// the daemon is gone.
+    SetExpiry { unix_ms: u64 },
+    /// Tear the sandbox down now and exit.
+    Shutdown,
+    Ack,
+}

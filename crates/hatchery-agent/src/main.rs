@@ -1,0 +1,86 @@
+//! The guest agent. It is the init process of every sandbox and talks to the
+//! host over its stdin/stdout, which survive checkpoint/restore in gVisor and
+//! map onto a vsock stream under Firecracker. Plain threads, no async runtime:
+//! it must start fast and stay small, and everything it does blocks anyway.
+
+mod exec;
+mod files;
+mod kill;
+mod out;
+mod reaper;
+
+use hatchery_agent_proto::{read_frame, Frame, Kind};
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::BufReader;
+use std::os::fd::FromRawFd;
+use std::sync::Arc;
+
+fn main() {
+    // SAFETY: fd 0 is the host channel handed to us as init's stdin; nothing
+    // else in this process owns it.
+    let input = unsafe { File::from_raw_fd(0) };
+    // SAFETY: fd 1 is the host channel's write side, owned only by `Out`.
+    let output = unsafe { File::from_raw_fd(1) };
+    let out = out::Out::new(output);
+    let reaper = reaper::Reaper::start();
+    let execs = exec::Registry::default();
+    let mut writes: HashMap<u32, files::PendingWrite> = HashMap::new();
+    let mut input = BufReader::with_capacity(256 * 1024, input);
+
+    loop {
+        let frame = match read_frame(&mut input) {
+            Ok(Some(f)) => f,
+            // The host closed the channel for good: nobody can reach this
+            // sandbox any more, so there is nothing left to serve.
+            Ok(None) => std::process::exit(0),
+            Err(e) => {
+                eprintln!("hatchery-agent: channel broken: {e}");
+                std::process::exit(1);
+            }
+        };
+        let chan = frame.channel;
+        match frame.kind {
+            Kind::Exec => match frame.parse() {
+                Ok(req) => exec::spawn(chan, req, out.clone(), Arc::clone(&reaper), execs.clone()),
+                Err(e) => out.error(chan, "invalid", e.to_string()),
+            },
+            Kind::Kill => execs.kill(chan),
+            Kind::FileWriteStart => match frame.parse() {
+                Ok(req) => {
+                    writes.insert(chan, files::PendingWrite::open(&req));
+                }
+                Err(e) => out.error(chan, "invalid", e.to_string()),
+            },
+            Kind::FileData => {
+                if let Some(w) = writes.get_mut(&chan) {
+                    w.write(&frame.payload);
+                }
+            }
+            Kind::FileWriteEnd => match writes.remove(&chan) {
+                Some(w) => match w.finish() {
+                    Ok(()) => out.send(&Frame::new(chan, Kind::Ok, b"{}".to_vec())),
+                    Err(e) => out.send(&Frame::json(chan, Kind::Error, &e)),
+                },
+                None => out.error(chan, "invalid", "no write in progress"),
+            },
+            Kind::FileRead => match frame.parse() {
+                Ok(req) => {
+                    let out = out.clone();
+                    std::thread::spawn(move || files::read(chan, req, &out));
+                }
+                Err(e) => out.error(chan, "invalid", e.to_string()),
+            },
+            Kind::FileList => match frame.parse() {
+                Ok(req) => files::list(chan, req, &out),
+                Err(e) => out.error(chan, "invalid", e.to_string()),
+            },
+            Kind::FileRemove => match frame.parse() {
+                Ok(req) => files::remove(chan, req, &out),
+                Err(e) => out.error(chan, "invalid", e.to_string()),
+            },
+            Kind::Ping => out.send(&Frame::new(chan, Kind::Pong, frame.payload)),
+            other => out.error(chan, "invalid", format!("unexpected frame kind {other:?}")),
+        }
+    }
+}

@@ -1,0 +1,80 @@
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use hatchery_core::CoreError;
+use hatchery_runtime::RuntimeError;
+use hatchery_templates::TemplateError;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// Every error the API returns.
+#[derive(Debug, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable, machine-readable code, e.g. `sandbox_not_found`.
+    pub code: String,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError { status, code, message: message.into() }
+    }
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody { error: ErrorDetail { code: self.code.to_string(), message: self.message.clone() } }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status, axum::Json(self.body())).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE || self.status == StatusCode::TOO_MANY_REQUESTS {
+            resp.headers_mut().insert("retry-after", axum::http::HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+impl From<CoreError> for ApiError {
+    fn from(e: CoreError) -> Self {
+        use StatusCode as S;
+        let msg = e.to_string();
+        let (status, code) = match &e {
+            CoreError::SandboxNotFound(_) => (S::NOT_FOUND, "sandbox_not_found"),
+            CoreError::Template(TemplateError::NotFound(_)) => (S::NOT_FOUND, "template_not_found"),
+            CoreError::Template(TemplateError::InvalidName(_)) => (S::BAD_REQUEST, "invalid_template_name"),
+            CoreError::Template(TemplateError::Broken { .. }) => (S::INTERNAL_SERVER_ERROR, "template_broken"),
+            CoreError::Invalid(_) => (S::BAD_REQUEST, "invalid_request"),
+            CoreError::FileNotFound(_) => (S::NOT_FOUND, "file_not_found"),
+            CoreError::FileConflict(_) => (S::CONFLICT, "file_conflict"),
+            CoreError::TooLarge(_) => (S::PAYLOAD_TOO_LARGE, "too_large"),
+            CoreError::Capacity(_) => (S::SERVICE_UNAVAILABLE, "capacity"),
+            CoreError::NotRunning(_) => (S::CONFLICT, "sandbox_not_running"),
+            CoreError::GuestUnresponsive(_) => (S::GATEWAY_TIMEOUT, "guest_unresponsive"),
+            CoreError::Guest { code, .. } if code == "permission_denied" => (S::FORBIDDEN, "permission_denied"),
+            CoreError::Guest { .. } => (S::UNPROCESSABLE_ENTITY, "guest_error"),
+            CoreError::Runtime(RuntimeError::NotFound(_)) => (S::NOT_FOUND, "sandbox_not_found"),
+            CoreError::Runtime(RuntimeError::Unsupported(..)) => (S::CONFLICT, "unsupported"),
+            CoreError::Runtime(_) => (S::SERVICE_UNAVAILABLE, "runtime_error"),
+            CoreError::Store(_) | CoreError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        if status.is_server_error() {
+            tracing::error!(code, error = %msg, "request failed");
+        }
+        ApiError::new(status, code, msg)
+    }
+}

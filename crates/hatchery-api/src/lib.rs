@@ -1,0 +1,61 @@
+//! HTTP API v1. This crate is the trust boundary for callers: every input is
+//! parsed and bounds-checked into a typed request here, and every failure
+//! leaves as `{"error":{"code","message"}}` with a fitting status. The
+//! OpenAPI document is generated from these types ([`openapi::ApiDoc`]) and
+//! snapshot-tested, so it cannot drift from the code.
+
+mod auth;
+mod error;
+mod extract;
+pub mod models;
+pub mod openapi;
+mod routes;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+use hatchery_core::Manager;
+use std::sync::Arc;
+
+pub use error::ApiError;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub manager: Arc<Manager>,
+    pub api_key: Arc<str>,
+}
+
+/// JSON bodies are small; file uploads get their own, larger limit.
+pub const MAX_JSON_BODY: usize = 2 << 20;
+
+pub fn router(state: AppState) -> Router {
+    let file_limit = state.manager.caps.max_file_bytes as usize + 1;
+    let v1 = Router::new()
+        .route("/sandboxes", post(routes::sandboxes::create).get(routes::sandboxes::list))
+        .route(
+            "/sandboxes/{id}",
+            get(routes::sandboxes::get).delete(routes::sandboxes::delete).patch(routes::sandboxes::patch),
+        )
+        .route(
+            "/sandboxes/{id}/files",
+            get(routes::files::read)
+                .put(routes::files::write)
+                .delete(routes::files::remove)
+                .layer(DefaultBodyLimit::max(file_limit)),
+        )
+        .route("/sandboxes/{id}/files/list", get(routes::files::list))
+        .route("/sandboxes/{id}/exec", post(routes::exec::exec))
+        .route("/sandboxes/{id}/exec/stream", post(routes::exec::exec_stream))
+        .layer(DefaultBodyLimit::max(MAX_JSON_BODY));
+    let authed = Router::new()
+        .nest("/v1", v1)
+        .route("/metrics", get(routes::meta::metrics))
+        .route("/openapi.json", get(routes::meta::openapi))
+        .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_key));
+    Router::new()
+        .merge(authed)
+        .route("/healthz", get(routes::meta::healthz))
+        .fallback(routes::meta::not_found)
+        .method_not_allowed_fallback(routes::meta::method_not_allowed)
+        .with_state(state)
+}

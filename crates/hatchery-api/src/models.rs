@@ -1,0 +1,287 @@
+//! Wire types of API v1 and their validation. Unknown fields are rejected so
+//! that a typo (`ttl` for `ttl_seconds`) is a 400, not a silent default.
+
+use crate::ApiError;
+use hatchery_core::exec::{ExecOutcome, ExecParams};
+use hatchery_core::{Caps, SandboxInfo};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use utoipa::ToSchema;
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandbox {
+    /// Template name; defaults to `code-interpreter`.
+    pub template: Option<String>,
+    /// Lifetime in seconds, 1..=max (default 300).
+    pub ttl_seconds: Option<i64>,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// Environment for every command run in the sandbox.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PatchSandbox {
+    /// New lifetime, counted from now.
+    pub ttl_seconds: i64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Sandbox {
+    /// `sbx_` followed by 16 characters.
+    pub id: String,
+    pub template: String,
+    /// `starting`, `running` or `stopped`.
+    pub state: String,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339.
+    pub expires_at: String,
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl From<SandboxInfo> for Sandbox {
+    fn from(i: SandboxInfo) -> Self {
+        Sandbox {
+            id: i.id,
+            template: i.template,
+            state: i.state,
+            created_at: hatchery_core::rfc3339(i.created_at_ms),
+            expires_at: hatchery_core::rfc3339(i.expires_at_ms),
+            metadata: i.metadata,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SandboxList {
+    pub sandboxes: Vec<Sandbox>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecBody {
+    /// Shell command, run as `/bin/sh -c CMD`. Exactly one of `cmd`, `argv`.
+    pub cmd: Option<String>,
+    /// Program and arguments, run without a shell.
+    pub argv: Option<Vec<String>>,
+    /// Absolute working directory (default `/`).
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Sent to the command's stdin, which is then closed.
+    pub stdin: Option<String>,
+    /// Deadline in seconds (default 60), enforced from the host.
+    pub timeout_seconds: Option<i64>,
+    /// Per-stream output cap in bytes (default 1 MiB).
+    pub max_output_bytes: Option<i64>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ExecResponse {
+    /// 128+N if killed by signal N.
+    pub exit_code: i32,
+    /// UTF-8 (invalid sequences replaced).
+    pub stdout: String,
+    pub stderr: String,
+    pub timed_out: bool,
+    pub truncated: bool,
+    pub oom_killed: bool,
+    pub duration_ms: u64,
+    pub cpu_ms: u64,
+}
+
+impl From<ExecOutcome> for ExecResponse {
+    fn from(o: ExecOutcome) -> Self {
+        ExecResponse {
+            exit_code: o.exit_code,
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+            timed_out: o.timed_out,
+            truncated: o.truncated,
+            oom_killed: o.oom_killed,
+            duration_ms: o.duration_ms,
+            cpu_ms: o.cpu_ms,
+        }
+    }
+}
+
+/// Payload of `stdout` / `stderr` stream events.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OutputChunk {
+    pub data: String,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PathQuery {
+    /// Absolute path inside the sandbox.
+    pub path: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FileEntry {
+    pub name: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub size: u64,
+    pub mode: u32,
+    /// Seconds since the epoch.
+    pub mtime: i64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct FileList {
+    pub path: String,
+    pub entries: Vec<FileEntry>,
+}
+
+fn seconds(v: Option<i64>, default: u64, max: u64, name: &str) -> Result<u64, ApiError> {
+    match v {
+        None => Ok(default),
+        Some(s) if s >= 1 && (s as u64) <= max => Ok(s as u64),
+        Some(_) => Err(ApiError::bad_request(format!("{name} must be between 1 and {max}"))),
+    }
+}
+
+pub fn validate_ttl(v: Option<i64>, caps: &Caps) -> Result<u64, ApiError> {
+    seconds(v, caps.default_ttl_s, caps.max_ttl_s, "ttl_seconds")
+}
+
+pub fn validate_metadata(md: &BTreeMap<String, String>, caps: &Caps) -> Result<(), ApiError> {
+    if md.len() > caps.max_metadata_entries {
+        return Err(ApiError::bad_request(format!("metadata has over {} entries", caps.max_metadata_entries)));
+    }
+    for (k, v) in md {
+        if k.is_empty() || k.len() > caps.max_metadata_key {
+            return Err(ApiError::bad_request(format!("metadata keys must be 1..={} bytes", caps.max_metadata_key)));
+        }
+        if v.len() > caps.max_metadata_value {
+            return Err(ApiError::bad_request(format!("metadata values must be at most {} bytes", caps.max_metadata_value)));
+        }
+    }
+    Ok(())
+}
+
+pub fn validate_env(env: &BTreeMap<String, String>, caps: &Caps) -> Result<(), ApiError> {
+    if env.len() > caps.max_env_entries {
+        return Err(ApiError::bad_request(format!("env has over {} entries", caps.max_env_entries)));
+    }
+    let mut total = 0;
+    for (k, v) in env {
+        let valid_key = !k.is_empty()
+            && !k.as_bytes()[0].is_ascii_digit()
+            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !valid_key {
+            return Err(ApiError::bad_request(format!("env name {k:?} must match [A-Za-z_][A-Za-z0-9_]*")));
+        }
+        if v.contains('\0') {
+            return Err(ApiError::bad_request(format!("env {k} contains NUL")));
+        }
+        total += k.len() + v.len();
+    }
+    if total > caps.max_env_bytes {
+        return Err(ApiError::bad_request(format!("env is over {} bytes", caps.max_env_bytes)));
+    }
+    Ok(())
+}
+
+impl ExecBody {
+    pub fn into_params(self, caps: &Caps) -> Result<ExecParams, ApiError> {
+        let argv = match (self.cmd, self.argv) {
+            (Some(_), Some(_)) => return Err(ApiError::bad_request("give either cmd or argv, not both")),
+            (None, None) => return Err(ApiError::bad_request("cmd or argv is required")),
+            (Some(cmd), None) => {
+                if cmd.trim().is_empty() {
+                    return Err(ApiError::bad_request("cmd is empty"));
+                }
+                if cmd.len() > caps.max_cmd_bytes {
+                    return Err(ApiError::bad_request(format!("cmd is over {} bytes", caps.max_cmd_bytes)));
+                }
+                vec!["/bin/sh".to_string(), "-c".to_string(), cmd]
+            }
+            (None, Some(argv)) => {
+                if argv.is_empty() || argv[0].is_empty() {
+                    return Err(ApiError::bad_request("argv is empty"));
+                }
+                if argv.len() > caps.max_argv || argv.iter().map(|a| a.len()).sum::<usize>() > caps.max_cmd_bytes {
+                    return Err(ApiError::bad_request("argv is too long"));
+                }
+                argv
+            }
+        };
+        if argv.iter().any(|a| a.contains('\0')) {
+            return Err(ApiError::bad_request("command contains NUL"));
+        }
+        if let Some(cwd) = &self.cwd {
+            hatchery_core::files::validate_path(cwd, caps.max_path_bytes).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        }
+        validate_env(&self.env, caps)?;
+        if self.stdin.as_ref().is_some_and(|s| s.len() as u64 > caps.max_stdin_bytes) {
+            return Err(ApiError::bad_request(format!("stdin is over {} bytes", caps.max_stdin_bytes)));
+        }
+        let timeout = seconds(self.timeout_seconds, caps.default_exec_timeout_s, caps.max_exec_timeout_s, "timeout_seconds")?;
+        let max_output_bytes = match self.max_output_bytes {
+            None => caps.default_output_bytes,
+            Some(n) if n >= 1 && (n as u64) <= caps.max_output_bytes => n as u64,
+            Some(_) => {
+                return Err(ApiError::bad_request(format!("max_output_bytes must be between 1 and {}", caps.max_output_bytes)))
+            }
+        };
+        Ok(ExecParams {
+            argv,
+            cwd: self.cwd,
+            env: self.env,
+            stdin: self.stdin,
+            timeout: Duration::from_secs(timeout),
+            max_output_bytes,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(v: serde_json::Value) -> Result<ExecParams, ApiError> {
+        serde_json::from_value::<ExecBody>(v).unwrap().into_params(&Caps::default())
+    }
+
+    #[test]
+    fn exec_body_rules() {
+        let p = body(serde_json::json!({"cmd": "echo hi"})).unwrap();
+        assert_eq!(p.argv, ["/bin/sh", "-c", "echo hi"]);
+        assert_eq!(p.timeout, Duration::from_secs(60));
+        assert!(body(serde_json::json!({"cmd": "  "})).is_err());
+        assert!(body(serde_json::json!({})).is_err());
+        assert!(body(serde_json::json!({"cmd": "a", "argv": ["b"]})).is_err());
+        assert!(body(serde_json::json!({"argv": []})).is_err());
+        assert!(body(serde_json::json!({"cmd": "a", "timeout_seconds": 0})).is_err());
+        assert!(body(serde_json::json!({"cmd": "a", "timeout_seconds": 3601})).is_err());
+        assert!(body(serde_json::json!({"cmd": "a", "timeout_seconds": 3600})).is_ok());
+        assert!(body(serde_json::json!({"cmd": "a", "max_output_bytes": 0})).is_err());
+        assert!(body(serde_json::json!({"cmd": "a", "cwd": "rel"})).is_err());
+        assert!(body(serde_json::json!({"cmd": "a", "env": {"1X": "v"}})).is_err());
+        assert!(serde_json::from_value::<ExecBody>(serde_json::json!({"command": "a"})).is_err());
+    }
+
+    #[test]
+    fn ttl_and_metadata_bounds() {
+        let caps = Caps::default();
+        assert_eq!(validate_ttl(None, &caps).unwrap(), 300);
+        assert!(validate_ttl(Some(0), &caps).is_err());
+        assert!(validate_ttl(Some(-5), &caps).is_err());
+        assert!(validate_ttl(Some(caps.max_ttl_s as i64), &caps).is_ok());
+        assert!(validate_ttl(Some(caps.max_ttl_s as i64 + 1), &caps).is_err());
+        let mut md = BTreeMap::new();
+        md.insert("k".repeat(caps.max_metadata_key), "v".repeat(caps.max_metadata_value));
+        assert!(validate_metadata(&md, &caps).is_ok());
+        md.insert("x".into(), "v".repeat(caps.max_metadata_value + 1));
+        assert!(validate_metadata(&md, &caps).is_err());
+    }
+}

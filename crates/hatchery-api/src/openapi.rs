@@ -1,0 +1,40 @@
+//! The OpenAPI document, generated from the handlers and wire types.
+//! `tests/openapi_snapshot.rs` pins it to `docs/openapi.json`; SDKs are
+//! checked against that file.
+
+use crate::error::{ErrorBody, ErrorDetail};
+use crate::models::*;
+use crate::routes;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Hatchery API", version = "1", description = "Disposable, isolated Linux sandboxes."),
+    paths(
+        routes::sandboxes::create, routes::sandboxes::list, routes::sandboxes::get,
+        routes::sandboxes::delete, routes::sandboxes::patch,
+        routes::files::write, routes::files::read, routes::files::list, routes::files::remove,
+        routes::exec::exec, routes::exec::exec_stream,
+        routes::meta::healthz, routes::meta::metrics,
+    ),
+    components(schemas(CreateSandbox, PatchSandbox, Sandbox, SandboxList, ExecBody, ExecResponse, OutputChunk,
+                       FileEntry, FileList, ErrorBody, ErrorDetail)),
+    modifiers(&BearerAuth),
+    security(("bearer" = []))
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        if let Some(c) = doc.components.as_mut() {
+            c.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+        }
+    }
+}
+
+pub fn json() -> String {
+    ApiDoc::openapi().to_pretty_json().unwrap_or_default()
+}

@@ -1,0 +1,4 @@
+pub mod exec;
+pub mod files;
+pub mod meta;
+pub mod sandboxes;

@@ -1,0 +1,50 @@
+/// Every bound the daemon enforces, in one place so that docs and tests can
+/// name them. All are configurable at start-up; the defaults are what
+/// docs/api.md lists.
+#[derive(Debug, Clone)]
+pub struct Caps {
+    pub default_ttl_s: u64,
+    pub max_ttl_s: u64,
+    pub default_exec_timeout_s: u64,
+    pub max_exec_timeout_s: u64,
+    /// Per stream (stdout, stderr) of one exec.
+    pub default_output_bytes: u64,
+    pub max_output_bytes: u64,
+    pub max_file_bytes: u64,
+    pub max_stdin_bytes: u64,
+    pub max_live_sandboxes: usize,
+    pub max_metadata_entries: usize,
+    pub max_metadata_key: usize,
+    pub max_metadata_value: usize,
+    pub max_env_entries: usize,
+    pub max_env_bytes: usize,
+    pub max_argv: usize,
+    pub max_cmd_bytes: usize,
+    pub max_path_bytes: usize,
+    pub max_list_entries: u32,
+}
+
+impl Default for Caps {
+    fn default() -> Self {
+        Caps {
+            default_ttl_s: 300,
+            max_ttl_s: 24 * 3600,
+            default_exec_timeout_s: 60,
+            max_exec_timeout_s: 3600,
+            default_output_bytes: 1 << 20,
+            max_output_bytes: 16 << 20,
+            max_file_bytes: 64 << 20,
+            max_stdin_bytes: 1 << 20,
+            max_live_sandboxes: 64,
+            max_metadata_entries: 32,
+            max_metadata_key: 64,
+            max_metadata_value: 512,
+            max_env_entries: 64,
+            max_env_bytes: 32 * 1024,
+            max_argv: 1024,
+            max_cmd_bytes: 64 * 1024,
+            max_path_bytes: 4096,
+            max_list_entries: 10_000,
+        }
+    }
+}

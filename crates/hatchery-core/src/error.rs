@@ -1,0 +1,32 @@
+use hatchery_runtime::RuntimeError;
+use hatchery_templates::TemplateError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CoreError {
+    #[error("sandbox {0} not found")]
+    SandboxNotFound(String),
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("file not found: {0}")]
+    FileNotFound(String),
+    #[error("{0}")]
+    FileConflict(String),
+    #[error("{0}")]
+    TooLarge(String),
+    #[error("sandbox capacity reached ({0} live); try again later")]
+    Capacity(usize),
+    #[error("sandbox {0} is not running")]
+    NotRunning(String),
+    #[error("the sandbox's guest stopped answering: {0}")]
+    GuestUnresponsive(String),
+    #[error("guest error ({code}): {message}")]
+    Guest { code: String, message: String },
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error("state store: {0}")]
+    Store(#[from] rusqlite::Error),
+    #[error("internal: {0}")]
+    Internal(String),
+}

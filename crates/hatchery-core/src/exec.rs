@@ -1,0 +1,150 @@
+//! One command in a sandbox, with the deadline enforced from the host.
+//!
+//! Deadlines are layered: the agent kills the command's tree at
+//! `timeout`; the host, at `timeout + HOST_GRACE`, sends its own kill; and
+//! if the guest still says nothing by `KILL_GRACE` later, the exec is
+//! answered with an error anyway. A wedged or hostile guest can therefore
+//! delay an answer by at most a few seconds past its deadline.
+
+use crate::agent_client::{guest_error, AgentClient};
+use crate::CoreError;
+use hatchery_agent_proto::{ExecRequest, ExecResult, Frame, Kind};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+pub const HOST_GRACE: Duration = Duration::from_secs(1);
+pub const KILL_GRACE: Duration = Duration::from_secs(3);
+
+#[derive(Debug, Clone)]
+pub struct ExecParams {
+    pub argv: Vec<String>,
+    pub cwd: Option<String>,
+    pub env: BTreeMap<String, String>,
+    pub stdin: Option<String>,
+    pub timeout: Duration,
+    pub max_output_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExecEvent {
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExecOutcome {
+    pub exit_code: i32,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub timed_out: bool,
+    pub truncated: bool,
+    pub oom_killed: bool,
+    pub duration_ms: u64,
+    pub cpu_ms: u64,
+}
+
+/// Where output goes: collected (bounded by the cap) or streamed to a
+/// consumer whose disappearance kills the command.
+pub enum Sink {
+    Collect,
+    Stream(mpsc::Sender<ExecEvent>),
+}
+
+pub async fn run(client: &AgentClient, p: ExecParams, mut sink: Sink) -> Result<ExecOutcome, CoreError> {
+    let start = Instant::now();
+    let mut ch = client.open();
+    let req = ExecRequest {
+        argv: p.argv,
+        cwd: p.cwd,
+        env: p.env,
+        stdin: p.stdin,
+        timeout_ms: p.timeout.as_millis() as u64,
+        max_output_bytes: p.max_output_bytes,
+    };
+    client
+        .send(&Frame::json(ch.id, Kind::Exec, &req))
+        .await
+        .map_err(|e| CoreError::GuestUnresponsive(e.to_string()))?;
+
+    let mut out = ExecOutcome::default();
+    let (mut sent_out, mut sent_err) = (0u64, 0u64);
+    let host_deadline = tokio::time::Instant::now() + p.timeout + HOST_GRACE;
+    let mut give_up_at: Option<tokio::time::Instant> = None;
+    let mut host_killed = false;
+
+    let result: ExecResult = loop {
+        let consumer_gone = async {
+            match &sink {
+                Sink::Stream(tx) => tx.closed().await,
+                Sink::Collect => std::future::pending().await,
+            }
+        };
+        let wake = give_up_at.unwrap_or(host_deadline);
+        tokio::select! {
+            f = ch.rx.recv() => {
+                let Some(f) = f else {
+                    return Err(CoreError::GuestUnresponsive("agent connection closed during exec".into()));
+                };
+                match f.kind {
+                    Kind::Stdout | Kind::Stderr => {
+                        let is_out = f.kind == Kind::Stdout;
+                        let sent = if is_out { &mut sent_out } else { &mut sent_err };
+                        // The guest is asked to cap, but is not trusted to.
+                        let room = p.max_output_bytes.saturating_sub(*sent) as usize;
+                        if f.payload.len() > room {
+                            out.truncated = true;
+                        }
+                        let data = &f.payload[..f.payload.len().min(room)];
+                        if data.is_empty() {
+                            continue;
+                        }
+                        *sent += data.len() as u64;
+                        match &mut sink {
+                            Sink::Collect => {
+                                if is_out { out.stdout.extend_from_slice(data) } else { out.stderr.extend_from_slice(data) }
+                            }
+                            Sink::Stream(tx) => {
+                                let ev = if is_out { ExecEvent::Stdout(data.to_vec()) } else { ExecEvent::Stderr(data.to_vec()) };
+                                if tx.send(ev).await.is_err() {
+                                    kill(client, ch.id, &mut give_up_at).await;
+                                }
+                            }
+                        }
+                    }
+                    Kind::ExitResult => match f.parse::<ExecResult>() {
+                        Ok(r) => break r,
+                        Err(e) => return Err(CoreError::GuestUnresponsive(format!("bad exit result: {e}"))),
+                    },
+                    Kind::Error => return Err(guest_error(&f)),
+                    _ => {}
+                }
+            }
+            _ = tokio::time::sleep_until(wake) => {
+                if give_up_at.is_some() {
+                    return Err(CoreError::GuestUnresponsive(format!(
+                        "no answer {}s after the {}s deadline", (HOST_GRACE + KILL_GRACE).as_secs(), p.timeout.as_secs()
+                    )));
+                }
+                host_killed = true;
+                kill(client, ch.id, &mut give_up_at).await;
+            }
+            _ = consumer_gone, if give_up_at.is_none() => {
+                kill(client, ch.id, &mut give_up_at).await;
+            }
+        }
+    };
+    out.exit_code = result.exit_code;
+    out.timed_out = result.timed_out || host_killed;
+    out.truncated |= result.truncated;
+    out.cpu_ms = result.cpu_ms;
+    out.duration_ms = start.elapsed().as_millis() as u64;
+    Ok(out)
+}
+
+async fn kill(client: &AgentClient, chan: u32, give_up_at: &mut Option<tokio::time::Instant>) {
+    if give_up_at.is_none() {
+        let _ = client.send(&Frame::new(chan, Kind::Kill, vec![])).await;
+        *give_up_at = Some(tokio::time::Instant::now() + KILL_GRACE);
+    }
+}

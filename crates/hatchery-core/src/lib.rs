@@ -1,0 +1,26 @@
+//! The core: sandbox lifecycle and state, independent of HTTP and of the
+//! isolation technology. The API crate calls [`Manager`]; the manager calls a
+//! [`hatchery_runtime::Runtime`] and talks to each guest agent through an
+//! [`agent_client::AgentClient`].
+
+pub mod agent_client;
+mod caps;
+mod error;
+pub mod exec;
+pub mod files;
+mod ids;
+mod manager;
+pub mod metrics;
+pub mod ratelimit;
+#[doc(hidden)]
+pub use ratelimit::Verdict as ratelimit_verdict;
+mod reaper;
+pub mod reconcile;
+pub mod store;
+mod time_util;
+
+pub use caps::Caps;
+pub use error::CoreError;
+pub use ids::new_sandbox_id;
+pub use manager::{CreateRequest, Manager, SandboxInfo};
+pub use time_util::{now_ms, rfc3339};

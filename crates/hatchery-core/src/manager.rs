@@ -1,0 +1,333 @@
+use crate::agent_client::AgentClient;
+use crate::exec::{ExecOutcome, ExecParams, Sink};
+use crate::ids::{new_sandbox_id, valid_sandbox_id};
+use crate::metrics::Metrics;
+use crate::ratelimit::LogLimiter;
+use crate::store::{SandboxRow, Store, STATE_STARTING};
+use crate::{files, now_ms, Caps, CoreError};
+use hatchery_agent_proto::{FileEntry, Frame, Kind};
+use hatchery_runtime::{Runtime, SandboxSpec};
+use hatchery_templates::Templates;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const PING_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Default)]
+pub struct CreateRequest {
+    pub template: String,
+    pub ttl_seconds: Option<u64>,
+    pub metadata: BTreeMap<String, String>,
+    pub env: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxInfo {
+    pub id: String,
+    pub template: String,
+    pub state: String,
+    pub created_at_ms: u64,
+    pub expires_at_ms: u64,
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl From<SandboxRow> for SandboxInfo {
+    fn from(r: SandboxRow) -> Self {
+        SandboxInfo {
+            id: r.id,
+            template: r.template,
+            state: r.state,
+            created_at_ms: r.created_at_ms,
+            expires_at_ms: r.expires_at_ms,
+            metadata: r.metadata,
+        }
+    }
+}
+
+pub(crate) struct Live {
+    pub client: Arc<AgentClient>,
+    pub env: BTreeMap<String, String>,
+}
+
+/// Owns every sandbox of this daemon: the state store, the runtime, the
+/// live agent connections and the deadlines.
+pub struct Manager {
+    pub caps: Caps,
+    pub metrics: Metrics,
+    pub(crate) store: Store,
+    pub(crate) runtime: Arc<dyn Runtime>,
+    templates: Templates,
+    pub(crate) live: Mutex<HashMap<String, Arc<Live>>>,
+    /// Creates in flight, counted against capacity before they are live.
+    starting: Mutex<usize>,
+    pub(crate) logs: LogLimiter,
+}
+
+impl Manager {
+    pub fn new(caps: Caps, store: Store, runtime: Arc<dyn Runtime>, templates: Templates) -> Arc<Manager> {
+        Arc::new(Manager {
+            caps,
+            metrics: Metrics::new(),
+            store,
+            runtime,
+            templates,
+            live: Mutex::new(HashMap::new()),
+            starting: Mutex::new(0),
+            logs: LogLimiter::new(Duration::from_secs(10), 5),
+        })
+    }
+
+    pub fn templates(&self) -> &Templates {
+        &self.templates
+    }
+
+    pub fn runtime(&self) -> &Arc<dyn Runtime> {
+        &self.runtime
+    }
+
+    fn live_get(&self, id: &str) -> Result<Arc<Live>, CoreError> {
+        if let Some(l) = self.live.lock().unwrap_or_else(|p| p.into_inner()).get(id) {
+            return Ok(Arc::clone(l));
+        }
+        match self.store.get_live(id)? {
+            Some(_) => Err(CoreError::NotRunning(id.to_string())),
+            None => Err(CoreError::SandboxNotFound(id.to_string())),
+        }
+    }
+
+    fn reserve(&self) -> Result<(), CoreError> {
+        let live = self.live.lock().unwrap_or_else(|p| p.into_inner()).len();
+        let mut s = self.starting.lock().unwrap_or_else(|p| p.into_inner());
+        if live + *s >= self.caps.max_live_sandboxes {
+            return Err(CoreError::Capacity(self.caps.max_live_sandboxes));
+        }
+        *s += 1;
+        Ok(())
+    }
+
+    fn unreserve(&self) {
+        let mut s = self.starting.lock().unwrap_or_else(|p| p.into_inner());
+        *s = s.saturating_sub(1);
+    }
+
+    pub async fn create(self: &Arc<Self>, req: CreateRequest) -> Result<SandboxInfo, CoreError> {
+        let template = self.templates.get(&req.template)?;
+        let ttl = req.ttl_seconds.unwrap_or(self.caps.default_ttl_s);
+        if ttl == 0 || ttl > self.caps.max_ttl_s {
+            return Err(CoreError::Invalid(format!("ttl_seconds must be between 1 and {}", self.caps.max_ttl_s)));
+        }
+        self.reserve()?;
+        let res = self.create_reserved(req, template, ttl).await;
+        self.unreserve();
+        if res.is_err() {
+            self.metrics.create_failures.inc();
+        }
+        res
+    }
+
+    async fn create_reserved(
+        self: &Arc<Self>,
+        req: CreateRequest,
+        template: hatchery_templates::Template,
+        ttl: u64,
+    ) -> Result<SandboxInfo, CoreError> {
+        let started = Instant::now();
+        let now = now_ms();
+        let row = SandboxRow {
+            id: new_sandbox_id(),
+            template: template.spec.name.clone(),
+            state: STATE_STARTING.into(),
+            created_at_ms: now,
+            expires_at_ms: now + ttl * 1000,
+            metadata: req.metadata,
+            env: req.env,
+        };
+        self.store.insert(&row)?;
+        let spec = SandboxSpec {
+            id: row.id.clone(),
+            rootfs: template.rootfs.clone(),
+            limits: template.limits(),
+            expires_at_ms: row.expires_at_ms,
+        };
+        let client = match self.boot(&spec).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(sandbox = %row.id, error = %e, "create failed");
+                let _ = self.runtime.destroy(&row.id).await;
+                self.store.stop(&row.id, "create_failed", now_ms())?;
+                return Err(e);
+            }
+        };
+        self.store.set_running(&row.id)?;
+        self.adopt(&row.id, client, row.env.clone());
+        self.metrics.sandboxes_created.inc();
+        self.metrics.create_seconds.observe(started.elapsed().as_secs_f64());
+        tracing::info!(sandbox = %row.id, template = %row.template, ttl_s = ttl, ms = started.elapsed().as_millis() as u64, "sandbox created");
+        let mut info = SandboxInfo::from(row);
+        info.state = crate::store::STATE_RUNNING.into();
+        Ok(info)
+    }
+
+    async fn boot(&self, spec: &SandboxSpec) -> Result<Arc<AgentClient>, CoreError> {
+        self.runtime.create(spec).await?;
+        connect_and_ping(self.runtime.as_ref(), &spec.id).await
+    }
+
+    /// Registers a connected sandbox and watches its channel: if the guest
+    /// goes away on its own (TTL kill by the shim, crash), the sandbox is
+    /// marked stopped and cleaned up.
+    pub(crate) fn adopt(self: &Arc<Self>, id: &str, client: Arc<AgentClient>, env: BTreeMap<String, String>) {
+        let mut closed = client.closed();
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_string(), Arc::new(Live { client, env }));
+        self.metrics.sandboxes_live.inc();
+        let me = Arc::downgrade(self);
+        let id = id.to_string();
+        tokio::spawn(async move {
+            let _ = closed.wait_for(|c| *c).await;
+            if let Some(m) = me.upgrade() {
+                m.stop(&id, "guest_exited");
+            }
+        });
+    }
+
+    /// Stops a sandbox: state first (so the API answers at once), host
+    /// teardown in the background. Idempotent.
+    pub fn stop(self: &Arc<Self>, id: &str, reason: &str) {
+        let was_live = self.live.lock().unwrap_or_else(|p| p.into_inner()).remove(id).is_some();
+        if was_live {
+            self.metrics.sandboxes_live.dec();
+        }
+        let changed = self.store.stop(id, reason, now_ms()).unwrap_or(false);
+        if changed {
+            self.metrics.sandboxes_killed.with_label_values(&[reason]).inc();
+            tracing::info!(sandbox = %id, reason, "sandbox stopped");
+        }
+        if was_live || changed {
+            let rt = Arc::clone(&self.runtime);
+            let id = id.to_string();
+            tokio::spawn(async move {
+                if let Err(e) = rt.destroy(&id).await {
+                    tracing::warn!(sandbox = %id, error = %e, "teardown failed");
+                }
+            });
+        }
+    }
+
+    pub fn delete(self: &Arc<Self>, id: &str) {
+        if valid_sandbox_id(id) {
+            self.stop(id, "deleted");
+        }
+    }
+
+    pub fn get(&self, id: &str) -> Result<SandboxInfo, CoreError> {
+        if !valid_sandbox_id(id) {
+            return Err(CoreError::SandboxNotFound(id.to_string()));
+        }
+        self.store.get_live(id)?.map(Into::into).ok_or_else(|| CoreError::SandboxNotFound(id.to_string()))
+    }
+
+    pub fn list(&self, filter: &BTreeMap<String, String>) -> Result<Vec<SandboxInfo>, CoreError> {
+        Ok(self
+            .store
+            .list_live()?
+            .into_iter()
+            .filter(|r| filter.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
+            .map(Into::into)
+            .collect())
+    }
+
+    pub async fn set_ttl(&self, id: &str, ttl: u64) -> Result<SandboxInfo, CoreError> {
+        if ttl == 0 || ttl > self.caps.max_ttl_s {
+            return Err(CoreError::Invalid(format!("ttl_seconds must be between 1 and {}", self.caps.max_ttl_s)));
+        }
+        self.live_get(id)?;
+        let at = now_ms() + ttl * 1000;
+        if !self.store.set_expiry(id, at)? {
+            return Err(CoreError::SandboxNotFound(id.to_string()));
+        }
+        self.runtime.set_expiry(id, at).await?;
+        self.get(id)
+    }
+
+    pub async fn exec(&self, id: &str, mut p: ExecParams, sink: Sink) -> Result<ExecOutcome, CoreError> {
+        let live = self.live_get(id)?;
+        let mut env = live.env.clone();
+        env.append(&mut p.env);
+        p.env = env;
+        let ooms_before = self.runtime.oom_kills(id);
+        self.metrics.execs.inc();
+        let res = crate::exec::run(&live.client, p, sink).await;
+        let mut out = match res {
+            Ok(o) => o,
+            Err(e) => {
+                crate::limited_warn!(self.logs, &format!("{id}/exec"), sandbox = %id, error = %e, "exec failed");
+                return Err(e);
+            }
+        };
+        if let (Some(a), Some(b)) = (ooms_before, self.runtime.oom_kills(id)) {
+            out.oom_killed = b > a;
+        }
+        self.metrics.exec_seconds.observe(out.duration_ms as f64 / 1000.0);
+        if out.timed_out {
+            self.metrics.exec_timeouts.inc();
+            crate::limited_warn!(self.logs, &format!("{id}/timeout"), sandbox = %id, "exec hit its deadline");
+        }
+        if out.oom_killed {
+            self.metrics.exec_ooms.inc();
+            crate::limited_warn!(self.logs, &format!("{id}/oom"), sandbox = %id, "OOM kill during exec");
+        }
+        if out.truncated {
+            self.metrics.exec_truncated.inc();
+        }
+        Ok(out)
+    }
+
+    pub async fn write_file(&self, id: &str, path: &str, data: &[u8]) -> Result<(), CoreError> {
+        files::validate_path(path, self.caps.max_path_bytes)?;
+        if data.len() as u64 > self.caps.max_file_bytes {
+            return Err(CoreError::TooLarge(format!("file over {} bytes", self.caps.max_file_bytes)));
+        }
+        files::write(&self.live_get(id)?.client, path, data).await
+    }
+
+    pub async fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>, CoreError> {
+        files::validate_path(path, self.caps.max_path_bytes)?;
+        files::read(&self.live_get(id)?.client, path, self.caps.max_file_bytes).await
+    }
+
+    pub async fn list_files(&self, id: &str, path: &str) -> Result<Vec<FileEntry>, CoreError> {
+        files::validate_path(path, self.caps.max_path_bytes)?;
+        files::list(&self.live_get(id)?.client, path, self.caps.max_list_entries).await
+    }
+
+    pub async fn remove_file(&self, id: &str, path: &str) -> Result<(), CoreError> {
+        files::validate_path(path, self.caps.max_path_bytes)?;
+        if path == "/" {
+            return Err(CoreError::Invalid("refusing to remove /".into()));
+        }
+        files::remove(&self.live_get(id)?.client, path).await
+    }
+
+    pub fn live_count(&self) -> usize {
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+pub(crate) async fn connect_and_ping(rt: &dyn Runtime, id: &str) -> Result<Arc<AgentClient>, CoreError> {
+    let stream = rt.connect(id).await?;
+    let client = AgentClient::new(stream);
+    let mut ch = client.open();
+    client
+        .send(&Frame::new(ch.id, Kind::Ping, vec![]))
+        .await
+        .map_err(|e| CoreError::GuestUnresponsive(e.to_string()))?;
+    match tokio::time::timeout(PING_TIMEOUT, ch.rx.recv()).await {
+        Ok(Some(f)) if f.kind == Kind::Pong => Ok(client),
+        Ok(_) => Err(CoreError::GuestUnresponsive("agent did not answer ping".into())),
+        Err(_) => Err(CoreError::GuestUnresponsive("agent ping timed out".into())),
+    }
+}

@@ -1,0 +1,75 @@
+//! Prometheus metrics. One registry per daemon, so tests can run several.
+
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub sandboxes_live: IntGauge,
+    pub sandboxes_created: IntCounter,
+    pub sandboxes_killed: IntCounterVec,
+    pub create_failures: IntCounter,
+    pub create_seconds: Histogram,
+    pub execs: IntCounter,
+    pub exec_seconds: Histogram,
+    pub exec_timeouts: IntCounter,
+    pub exec_ooms: IntCounter,
+    pub exec_truncated: IntCounter,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let buckets = vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+        let m = Metrics {
+            sandboxes_live: IntGauge::new("hatchery_sandboxes_live", "Sandboxes currently running").unwrap(),
+            sandboxes_created: IntCounter::new("hatchery_sandboxes_created_total", "Sandboxes created").unwrap(),
+            sandboxes_killed: IntCounterVec::new(
+                Opts::new("hatchery_sandboxes_killed_total", "Sandboxes stopped, by reason"),
+                &["reason"],
+            )
+            .unwrap(),
+            create_failures: IntCounter::new("hatchery_sandbox_create_failures_total", "Failed creates").unwrap(),
+            create_seconds: Histogram::with_opts(
+                HistogramOpts::new("hatchery_sandbox_create_seconds", "Create: request to agent ready")
+                    .buckets(buckets.clone()),
+            )
+            .unwrap(),
+            execs: IntCounter::new("hatchery_execs_total", "Commands executed").unwrap(),
+            exec_seconds: Histogram::with_opts(
+                HistogramOpts::new("hatchery_exec_seconds", "Exec wall time").buckets(buckets),
+            )
+            .unwrap(),
+            exec_timeouts: IntCounter::new("hatchery_exec_timeouts_total", "Execs killed at their deadline").unwrap(),
+            exec_ooms: IntCounter::new("hatchery_exec_oom_kills_total", "Execs during which the OOM killer ran")
+                .unwrap(),
+            exec_truncated: IntCounter::new("hatchery_exec_truncated_total", "Execs whose output hit the cap")
+                .unwrap(),
+            registry,
+        };
+        let r = &m.registry;
+        r.register(Box::new(m.sandboxes_live.clone())).unwrap();
+        r.register(Box::new(m.sandboxes_created.clone())).unwrap();
+        r.register(Box::new(m.sandboxes_killed.clone())).unwrap();
+        r.register(Box::new(m.create_failures.clone())).unwrap();
+        r.register(Box::new(m.create_seconds.clone())).unwrap();
+        r.register(Box::new(m.execs.clone())).unwrap();
+        r.register(Box::new(m.exec_seconds.clone())).unwrap();
+        r.register(Box::new(m.exec_timeouts.clone())).unwrap();
+        r.register(Box::new(m.exec_ooms.clone())).unwrap();
+        r.register(Box::new(m.exec_truncated.clone())).unwrap();
+        m
+    }
+
+    pub fn render(&self) -> String {
+        use prometheus::Encoder;
+        let mut buf = Vec::new();
+        let _ = prometheus::TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

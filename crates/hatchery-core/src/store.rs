@@ -1,0 +1,212 @@
+//! SQLite state: sandboxes, their metadata and expiry, and lifecycle events.
+//! Expiry lives here so that a restarted daemon still kills what expired
+//! while it was down. One connection behind a mutex is plenty: writes are
+//! a few per sandbox lifetime.
+
+use rusqlite::{params, Connection, OptionalExtension};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxRow {
+    pub id: String,
+    pub template: String,
+    pub state: String,
+    pub created_at_ms: u64,
+    pub expires_at_ms: u64,
+    pub metadata: BTreeMap<String, String>,
+    pub env: BTreeMap<String, String>,
+}
+
+pub const STATE_STARTING: &str = "starting";
+pub const STATE_RUNNING: &str = "running";
+pub const STATE_STOPPED: &str = "stopped";
+
+pub struct Store {
+    conn: Mutex<Connection>,
+}
+
+type Result<T> = std::result::Result<T, rusqlite::Error>;
+
+impl Store {
+    pub fn open(path: &Path) -> Result<Store> {
+        let conn = Connection::open(path)?;
+        conn.execute_batch(
+            "PRAGMA journal_mode=WAL;
+             PRAGMA synchronous=NORMAL;
+             PRAGMA busy_timeout=5000;
+             CREATE TABLE IF NOT EXISTS sandboxes (
+               id TEXT PRIMARY KEY,
+               template TEXT NOT NULL,
+               state TEXT NOT NULL,
+               created_at_ms INTEGER NOT NULL,
+               expires_at_ms INTEGER NOT NULL,
+               ended_at_ms INTEGER,
+               end_reason TEXT,
+               metadata TEXT NOT NULL,
+               env TEXT NOT NULL
+             );
+             CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state, expires_at_ms);
+             CREATE TABLE IF NOT EXISTS events (
+               seq INTEGER PRIMARY KEY AUTOINCREMENT,
+               sandbox_id TEXT NOT NULL,
+               at_ms INTEGER NOT NULL,
+               kind TEXT NOT NULL,
+               detail TEXT NOT NULL
+             );
+             CREATE INDEX IF NOT EXISTS events_sandbox ON events(sandbox_id, seq);",
+        )?;
+        Ok(Store { conn: Mutex::new(conn) })
+    }
+
+    fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn insert(&self, r: &SandboxRow) -> Result<()> {
+        let c = self.conn();
+        c.execute(
+            "INSERT INTO sandboxes (id, template, state, created_at_ms, expires_at_ms, metadata, env)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![
+                r.id,
+                r.template,
+                r.state,
+                r.created_at_ms as i64,
+                r.expires_at_ms as i64,
+                serde_json::to_string(&r.metadata).unwrap_or_default(),
+                serde_json::to_string(&r.env).unwrap_or_default()
+            ],
+        )?;
+        event(&c, &r.id, "created", &r.template)
+    }
+
+    pub fn set_running(&self, id: &str) -> Result<()> {
+        let c = self.conn();
+        c.execute("UPDATE sandboxes SET state=?2 WHERE id=?1", params![id, STATE_RUNNING])?;
+        event(&c, id, "running", "")
+    }
+
+    /// Marks a sandbox stopped; returns false if it already was.
+    pub fn stop(&self, id: &str, reason: &str, now_ms: u64) -> Result<bool> {
+        let c = self.conn();
+        let n = c.execute(
+            "UPDATE sandboxes SET state=?2, ended_at_ms=?3, end_reason=?4 WHERE id=?1 AND state != ?2",
+            params![id, STATE_STOPPED, now_ms as i64, reason],
+        )?;
+        if n > 0 {
+            event(&c, id, "stopped", reason)?;
+        }
+        Ok(n > 0)
+    }
+
+    pub fn set_expiry(&self, id: &str, expires_at_ms: u64) -> Result<bool> {
+        let c = self.conn();
+        let n = c.execute(
+            "UPDATE sandboxes SET expires_at_ms=?2 WHERE id=?1 AND state != ?3",
+            params![id, expires_at_ms as i64, STATE_STOPPED],
+        )?;
+        if n > 0 {
+            event(&c, id, "ttl", &expires_at_ms.to_string())?;
+        }
+        Ok(n > 0)
+    }
+
+    pub fn get_live(&self, id: &str) -> Result<Option<SandboxRow>> {
+        let c = self.conn();
+        c.query_row(
+            &format!("{SELECT} WHERE id=?1 AND state != ?2"),
+            params![id, STATE_STOPPED],
+            row,
+        )
+        .optional()
+    }
+
+    pub fn list_live(&self) -> Result<Vec<SandboxRow>> {
+        let c = self.conn();
+        let mut st = c.prepare(&format!("{SELECT} WHERE state != ?1 ORDER BY created_at_ms"))?;
+        let rows = st.query_map(params![STATE_STOPPED], row)?;
+        rows.collect()
+    }
+
+    pub fn expired(&self, now_ms: u64) -> Result<Vec<String>> {
+        let c = self.conn();
+        let mut st = c.prepare("SELECT id FROM sandboxes WHERE state != ?1 AND expires_at_ms <= ?2")?;
+        let rows = st.query_map(params![STATE_STOPPED, now_ms as i64], |r| r.get(0))?;
+        rows.collect()
+    }
+
+    pub fn events(&self, id: &str) -> Result<Vec<(u64, String, String)>> {
+        let c = self.conn();
+        let mut st = c.prepare("SELECT at_ms, kind, detail FROM events WHERE sandbox_id=?1 ORDER BY seq")?;
+        let rows = st.query_map(params![id], |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?, r.get(2)?)))?;
+        rows.collect()
+    }
+}
+
+const SELECT: &str = "SELECT id, template, state, created_at_ms, expires_at_ms, metadata, env FROM sandboxes";
+
+fn row(r: &rusqlite::Row<'_>) -> Result<SandboxRow> {
+    let metadata: String = r.get(5)?;
+    let env: String = r.get(6)?;
+    Ok(SandboxRow {
+        id: r.get(0)?,
+        template: r.get(1)?,
+        state: r.get(2)?,
+        created_at_ms: r.get::<_, i64>(3)? as u64,
+        expires_at_ms: r.get::<_, i64>(4)? as u64,
+        metadata: serde_json::from_str(&metadata).unwrap_or_default(),
+        env: serde_json::from_str(&env).unwrap_or_default(),
+    })
+}
+
+fn event(c: &Connection, id: &str, kind: &str, detail: &str) -> Result<()> {
+    c.execute(
+        "INSERT INTO events (sandbox_id, at_ms, kind, detail) VALUES (?1, ?2, ?3, ?4)",
+        params![id, crate::now_ms() as i64, kind, detail],
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp_store() -> (Store, std::path::PathBuf) {
+        let p = std::env::temp_dir().join(format!("hx-store-{}-{}.db", std::process::id(), rand::random::<u32>()));
+        (Store::open(&p).unwrap(), p)
+    }
+
+    #[test]
+    fn lifecycle_and_expiry_survive_reopen() {
+        let (s, path) = tmp_store();
+        let mut md = BTreeMap::new();
+        md.insert("k".to_string(), "v".to_string());
+        let r = SandboxRow {
+            id: "sbx_a".into(),
+            template: "t".into(),
+            state: STATE_STARTING.into(),
+            created_at_ms: 1,
+            expires_at_ms: 100,
+            metadata: md,
+            env: BTreeMap::new(),
+        };
+        s.insert(&r).unwrap();
+        s.set_running("sbx_a").unwrap();
+        assert_eq!(s.expired(50).unwrap(), Vec::<String>::new());
+        drop(s);
+        let s = Store::open(&path).unwrap();
+        assert_eq!(s.expired(100).unwrap(), vec!["sbx_a".to_string()]);
+        assert_eq!(s.get_live("sbx_a").unwrap().unwrap().metadata["k"], "v");
+        assert!(s.set_expiry("sbx_a", 500).unwrap());
+        assert!(s.expired(100).unwrap().is_empty());
+        assert!(s.stop("sbx_a", "deleted", 2).unwrap());
+        assert!(!s.stop("sbx_a", "deleted", 3).unwrap(), "second stop is a no-op");
+        assert!(s.get_live("sbx_a").unwrap().is_none());
+        assert!(!s.set_expiry("sbx_a", 900).unwrap());
+        let kinds: Vec<String> = s.events("sbx_a").unwrap().into_iter().map(|e| e.1).collect();
+        assert_eq!(kinds, ["created", "running", "ttl", "stopped"]);
+        std::fs::remove_file(path).ok();
+    }
+}

@@ -1,0 +1,97 @@
+//! The OCI runtime spec for one sandbox.
+
+use hatchery_runtime::SandboxSpec;
+use serde_json::{json, Value};
+use std::path::Path;
+
+/// Agent path inside the guest; the host binary is bind-mounted read-only,
+/// so templates never need re-baking when the agent changes.
+pub const GUEST_AGENT: &str = "/opt/hatchery/agent";
+
+/// Capabilities a sandbox root keeps. No CAP_SYS_ADMIN, CAP_SYS_PTRACE or
+/// CAP_SYS_RESOURCE: without them root inside cannot lift RLIMIT_NPROC or
+/// tamper with the agent (PID 1).
+const CAPS: &[&str] = &[
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_MKNOD",
+    "CAP_AUDIT_WRITE",
+    "CAP_SETFCAP",
+];
+
+/// Host backstop on tasks. gVisor's systrap stubs count here too, and the
+/// Sentry dies if it cannot make threads, so the real ceiling is the
+/// in-guest RLIMIT_NPROC; this only stops a runaway Sentry.
+const HOST_PIDS_BACKSTOP: u64 = 4096;
+
+pub fn config(spec: &SandboxSpec, agent: &Path) -> Value {
+    let l = &spec.limits;
+    let period: u64 = 100_000;
+    let quota = (l.cpus * period as f64).round().max(1000.0) as u64;
+    json!({
+        "ociVersion": "1.0.0",
+        "process": {
+            "terminal": false,
+            "user": {"uid": 0, "gid": 0},
+            "args": [GUEST_AGENT],
+            "env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"],
+            "cwd": "/",
+            "capabilities": {"bounding": CAPS, "effective": CAPS, "permitted": CAPS},
+            "rlimits": [
+                {"type": "RLIMIT_NPROC", "hard": l.pids_max, "soft": l.pids_max},
+                {"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096},
+                {"type": "RLIMIT_FSIZE", "hard": l.disk_mb * 1024 * 1024, "soft": l.disk_mb * 1024 * 1024}
+            ],
+            "noNewPrivileges": true
+        },
+        "root": {"path": spec.rootfs, "readonly": true},
+        "hostname": "sandbox",
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+            {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["ro", "nosuid", "noexec", "nodev"]},
+            {"destination": GUEST_AGENT, "type": "bind", "source": agent, "options": ["ro", "rbind"]}
+        ],
+        "linux": {
+            "namespaces": [
+                {"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}
+            ],
+            "resources": {
+                "memory": {"limit": l.memory_mb * 1024 * 1024},
+                "pids": {"limit": HOST_PIDS_BACKSTOP},
+                "cpu": {"quota": quota, "period": period}
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hatchery_runtime::Limits;
+
+    #[test]
+    fn limits_land_in_the_spec() {
+        let spec = SandboxSpec {
+            id: "sbx_x".into(),
+            rootfs: "/r".into(),
+            limits: Limits { cpus: 0.5, memory_mb: 256, pids_max: 64, disk_mb: 10 },
+            expires_at_ms: 0,
+        };
+        let v = config(&spec, Path::new("/a"));
+        assert_eq!(v["linux"]["resources"]["memory"]["limit"], 256 * 1024 * 1024);
+        assert_eq!(v["linux"]["resources"]["cpu"]["quota"], 50_000);
+        assert_eq!(v["process"]["rlimits"][0]["hard"], 64);
+        assert_eq!(v["root"]["readonly"], true);
+        let caps = v["process"]["capabilities"]["bounding"].as_array().unwrap();
+        assert!(!caps.iter().any(|c| c == "CAP_SYS_ADMIN" || c == "CAP_SYS_PTRACE"));
+    }
+}

@@ -1,0 +1,186 @@
+use crate::layout::{GvisorConfig, Layout, ShimConfig};
+use crate::shim::{ROLE_AGENT, ROLE_CONTROL};
+use crate::{oci, teardown};
+use async_trait::async_trait;
+use hatchery_agent_proto::{Frame, Kind, ShimControl, MAX_FRAME};
+use hatchery_runtime::{AgentStream, Runtime, RuntimeError, SandboxSpec};
+use std::os::unix::fs::PermissionsExt;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use tokio::process::Command;
+
+/// Longest a unix socket path may be (sun_path minus the NUL).
+const MAX_SOCK_PATH: usize = 107;
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub struct GvisorRuntime {
+    layout: Layout,
+}
+
+impl GvisorRuntime {
+    pub fn new(cfg: GvisorConfig) -> Result<Self, RuntimeError> {
+        let layout = Layout { cfg };
+        for d in [layout.runsc_root(), layout.sandboxes()] {
+            std::fs::create_dir_all(&d)?;
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700))?;
+        }
+        let probe = layout.socket("sbx_0123456789abcdef0123");
+        if probe.as_os_str().len() > MAX_SOCK_PATH {
+            return Err(RuntimeError::Other(format!(
+                "state directory {} is too long for unix socket paths; use a shorter --data-dir",
+                layout.cfg.state_dir.display()
+            )));
+        }
+        Ok(GvisorRuntime { layout })
+    }
+
+    async fn control(&self, id: &str, msg: &ShimControl, timeout: Duration) -> Result<(), RuntimeError> {
+        let fut = async {
+            let mut s = UnixStream::connect(self.layout.socket(id)).await?;
+            s.write_all(&[ROLE_CONTROL]).await?;
+            s.write_all(&Frame::json(0, Kind::Control, msg).encode()).await?;
+            // The ack (or EOF if the shim exits first) says it is done.
+            let mut buf = Vec::new();
+            let _ = (&mut s).take(MAX_FRAME as u64).read_to_end(&mut buf).await;
+            Ok::<_, std::io::Error>(())
+        };
+        match tokio::time::timeout(timeout, fut).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound || e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                Err(RuntimeError::NotFound(id.to_string()))
+            }
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => Err(RuntimeError::Other(format!("shim of {id} did not answer"))),
+        }
+    }
+
+    fn shim_pid(&self, id: &str) -> Option<i32> {
+        std::fs::read_to_string(self.layout.bundle(id).join("shim.pid")).ok()?.trim().parse().ok()
+    }
+}
+
+#[async_trait]
+impl Runtime for GvisorRuntime {
+    fn name(&self) -> &'static str {
+        "gvisor"
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<(), RuntimeError> {
+        let bundle = self.layout.bundle(&spec.id);
+        std::fs::create_dir(&bundle)?;
+        std::fs::set_permissions(&bundle, std::fs::Permissions::from_mode(0o700))?;
+        let config = oci::config(spec, &self.layout.cfg.agent);
+        let shim_cfg = ShimConfig {
+            id: spec.id.clone(),
+            runsc: self.layout.cfg.runsc.clone(),
+            runsc_flags: self.layout.runsc_flags(),
+            expires_at_ms: spec.expires_at_ms,
+        };
+        let write = || -> std::io::Result<()> {
+            std::fs::write(bundle.join("config.json"), serde_json::to_vec_pretty(&config)?)?;
+            std::fs::write(ShimConfig::path(&bundle), serde_json::to_vec_pretty(&shim_cfg)?)?;
+            Ok(())
+        };
+        if let Err(e) = write() {
+            let _ = std::fs::remove_dir_all(&bundle);
+            return Err(e.into());
+        }
+        let mut cmd = Command::new(&self.layout.cfg.shim);
+        cmd.arg(&bundle).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null());
+        // Its own session: the shim must outlive the daemon and not get the
+        // terminal's signals.
+        // SAFETY: setsid is async-signal-safe and touches no memory.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn()?;
+        let stdout = child.stdout.take().ok_or_else(|| RuntimeError::Start("no shim stdout".into()))?;
+        let mut line = String::new();
+        let read = tokio::time::timeout(START_TIMEOUT, BufReader::new(stdout).read_line(&mut line)).await;
+        // The shim keeps running after it says ready; reap it in the
+        // background whenever it exits.
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+        });
+        match read {
+            Ok(Ok(_)) if line.trim() == "ready" => Ok(()),
+            other => {
+                let why = match other {
+                    Ok(Ok(_)) => line.trim().trim_start_matches("error: ").to_string(),
+                    Ok(Err(e)) => e.to_string(),
+                    Err(_) => "timed out waiting for runsc".into(),
+                };
+                self.destroy(&spec.id).await.ok();
+                Err(RuntimeError::Start(why))
+            }
+        }
+    }
+
+    async fn connect(&self, id: &str) -> Result<AgentStream, RuntimeError> {
+        let mut s = UnixStream::connect(self.layout.socket(id)).await.map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => RuntimeError::NotFound(id.into()),
+            _ => e.into(),
+        })?;
+        s.write_all(&[ROLE_AGENT]).await?;
+        Ok(Box::pin(s))
+    }
+
+    async fn set_expiry(&self, id: &str, expires_at_ms: u64) -> Result<(), RuntimeError> {
+        self.control(id, &ShimControl::SetExpiry { unix_ms: expires_at_ms }, Duration::from_secs(5)).await
+    }
+
+    async fn destroy(&self, id: &str) -> Result<(), RuntimeError> {
+        // Ask the shim first: it holds the pipes and knows the sandbox.
+        let _ = self.control(id, &ShimControl::Shutdown, SHUTDOWN_TIMEOUT).await;
+        if let Some(pid) = self.shim_pid(id) {
+            if teardown::pids_mentioning(id).contains(&(pid as u32)) {
+                // SAFETY: signalling a pid we verified still names this sandbox.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        // Then make sure, whatever state the shim was in.
+        let (runsc, flags, bundle, id2) =
+            (self.layout.cfg.runsc.clone(), self.layout.runsc_flags(), self.layout.bundle(id), id.to_string());
+        tokio::task::spawn_blocking(move || teardown::destroy(&runsc, &flags, &id2, &bundle))
+            .await
+            .map_err(|e| RuntimeError::Other(e.to_string()))?;
+        Ok(())
+    }
+
+    async fn list(&self) -> Result<Vec<String>, RuntimeError> {
+        let mut ids = std::collections::BTreeSet::new();
+        if let Ok(rd) = std::fs::read_dir(self.layout.sandboxes()) {
+            for e in rd.flatten() {
+                ids.insert(e.file_name().to_string_lossy().into_owned());
+            }
+        }
+        let out = Command::new(&self.layout.cfg.runsc)
+            .args(self.layout.runsc_flags())
+            .args(["list", "--quiet"])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .await?;
+        for l in String::from_utf8_lossy(&out.stdout).lines() {
+            if !l.trim().is_empty() {
+                ids.insert(l.trim().to_string());
+            }
+        }
+        Ok(ids.into_iter().collect())
+    }
+
+    fn oom_kills(&self, id: &str) -> Option<u64> {
+        let s = std::fs::read_to_string(format!("/sys/fs/cgroup/memory/{id}/memory.oom_control")).ok()?;
+        s.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|v| v.trim().parse().ok())
+    }
+
+    fn leftovers(&self, id: &str) -> Vec<String> {
+        teardown::leftovers(id, &self.layout.bundle(id), &self.layout.runsc_root())
+    }
+}

@@ -1,0 +1,221 @@
+//! The per-sandbox shim. Blocking and thread-based: it is tiny, long-lived
+//! and must keep working while the daemon is gone.
+//!
+//! Connections to `shim.sock` start with one role byte:
+//! - `A`: the agent channel. Frames are relayed both ways; a new `A`
+//!   connection replaces the old one (that is how a restarted daemon
+//!   re-attaches).
+//! - `C`: one [`ShimControl`] request on channel 0, answered with `Ack`.
+
+use crate::layout::ShimConfig;
+use crate::teardown;
+use hatchery_agent_proto::{read_frame, write_frame, Frame, Kind, ShimControl};
+use std::fs::File;
+use std::io::{BufReader, Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub const ROLE_AGENT: u8 = b'A';
+pub const ROLE_CONTROL: u8 = b'C';
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0i32; 2];
+    // SAFETY: fds is a valid 2-element array for pipe2 to fill.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: pipe2 succeeded, so both fds are open and owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+struct Shim {
+    cfg: ShimConfig,
+    bundle: PathBuf,
+    expires_at: AtomicU64,
+    to_agent: Mutex<File>,
+    client: Mutex<Option<UnixStream>>,
+}
+
+impl Shim {
+    fn destroy_and_exit(&self, why: &str) -> ! {
+        eprintln!("hatchery-shim {}: destroying sandbox: {why}", self.cfg.id);
+        teardown::destroy(&self.cfg.runsc, &self.cfg.runsc_flags, &self.cfg.id, &self.bundle);
+        std::process::exit(0);
+    }
+}
+
+/// Runs the shim for the bundle at `bundle`. Prints `ready` (or `error: …`)
+/// on stdout once the sandbox is up, then detaches its stdio to `shim.log`.
+pub fn run(bundle: &Path) -> ! {
+    let cfg: ShimConfig = match std::fs::read(ShimConfig::path(bundle))
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+    {
+        Ok(c) => c,
+        Err(e) => {
+            println!("error: shim.json: {e}");
+            std::process::exit(1);
+        }
+    };
+    match start(&cfg, bundle) {
+        Ok((to_agent, from_agent, listener)) => serve(cfg, bundle, to_agent, from_agent, listener),
+        Err(e) => {
+            println!("error: {e}");
+            let _ = std::io::stdout().flush();
+            teardown::destroy(&cfg.runsc, &cfg.runsc_flags, &cfg.id, bundle);
+            std::process::exit(1);
+        }
+    }
+}
+
+fn start(cfg: &ShimConfig, bundle: &Path) -> std::io::Result<(File, File, UnixListener)> {
+    let (agent_stdin, to_agent) = pipe()?;
+    let (from_agent, agent_stdout) = pipe()?;
+    let log = File::create(bundle.join("runsc.log"))?;
+    let status = Command::new(&cfg.runsc)
+        .args(&cfg.runsc_flags)
+        .arg("run")
+        .arg(format!("--bundle={}", bundle.display()))
+        .arg("--detach")
+        .arg(&cfg.id)
+        .stdin(Stdio::from(agent_stdin))
+        .stdout(Stdio::from(agent_stdout))
+        .stderr(Stdio::from(log))
+        .status()?;
+    if !status.success() {
+        let log = std::fs::read_to_string(bundle.join("runsc.log")).unwrap_or_default();
+        let tail: String = log.lines().rev().take(5).collect::<Vec<_>>().join(" | ");
+        return Err(std::io::Error::other(format!("runsc run failed ({status}): {tail}")));
+    }
+    let sock = bundle.join("shim.sock");
+    let _ = std::fs::remove_file(&sock);
+    let listener = UnixListener::bind(&sock)?;
+    std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
+    Ok((File::from(to_agent), File::from(from_agent), listener))
+}
+
+fn serve(cfg: ShimConfig, bundle: &Path, to_agent: File, from_agent: File, listener: UnixListener) -> ! {
+    std::fs::write(bundle.join("shim.pid"), std::process::id().to_string()).ok();
+    println!("ready");
+    let _ = std::io::stdout().flush();
+    detach_stdio(bundle);
+
+    let shim = Arc::new(Shim {
+        expires_at: AtomicU64::new(cfg.expires_at_ms),
+        cfg,
+        bundle: bundle.to_path_buf(),
+        to_agent: Mutex::new(to_agent),
+        client: Mutex::new(None),
+    });
+
+    let s = Arc::clone(&shim);
+    std::thread::spawn(move || loop {
+        if now_ms() >= s.expires_at.load(Ordering::SeqCst) {
+            s.destroy_and_exit("ttl expired");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    });
+
+    let s = Arc::clone(&shim);
+    std::thread::spawn(move || {
+        let mut r = BufReader::with_capacity(256 * 1024, from_agent);
+        loop {
+            match read_frame(&mut r) {
+                Ok(Some(f)) => {
+                    let mut c = s.client.lock().unwrap_or_else(|p| p.into_inner());
+                    // No daemon attached: the frame has nobody to go to.
+                    if let Some(conn) = c.as_mut() {
+                        if write_frame(conn, &f).is_err() {
+                            *c = None;
+                        }
+                    }
+                }
+                Ok(None) => s.destroy_and_exit("agent channel closed"),
+                Err(e) => s.destroy_and_exit(&format!("agent channel broken: {e}")),
+            }
+        }
+    });
+
+    for conn in listener.incoming() {
+        let Ok(mut conn) = conn else { continue };
+        let mut role = [0u8; 1];
+        if conn.read_exact(&mut role).is_err() {
+            continue;
+        }
+        match role[0] {
+            ROLE_AGENT => attach(&shim, conn),
+            ROLE_CONTROL => control(&shim, conn),
+            _ => {}
+        }
+    }
+    shim.destroy_and_exit("listener closed");
+}
+
+fn attach(shim: &Arc<Shim>, conn: UnixStream) {
+    let Ok(reader) = conn.try_clone() else { return };
+    {
+        let mut c = shim.client.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = c.take() {
+            let _ = old.shutdown(std::net::Shutdown::Both);
+        }
+        *c = Some(conn);
+    }
+    let s = Arc::clone(shim);
+    std::thread::spawn(move || {
+        // Whole frames only: a daemon that dies mid-frame must not leave
+        // half a frame in the agent's stream.
+        let mut r = BufReader::with_capacity(256 * 1024, reader);
+        while let Ok(Some(f)) = read_frame(&mut r) {
+            let mut w = s.to_agent.lock().unwrap_or_else(|p| p.into_inner());
+            if write_frame(&mut *w, &f).is_err() {
+                break;
+            }
+        }
+    });
+}
+
+fn control(shim: &Shim, mut conn: UnixStream) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
+    let Ok(Some(frame)) = read_frame(&mut conn) else { return };
+    let Ok(msg) = frame.parse::<ShimControl>() else { return };
+    match msg {
+        ShimControl::SetExpiry { unix_ms } => {
+            shim.expires_at.store(unix_ms, Ordering::SeqCst);
+            let _ = write_frame(&mut conn, &Frame::json(0, Kind::Control, &ShimControl::Ack));
+        }
+        ShimControl::Shutdown => {
+            // Ack only after teardown, so the caller knows it is complete.
+            teardown::destroy(&shim.cfg.runsc, &shim.cfg.runsc_flags, &shim.cfg.id, &shim.bundle);
+            let _ = write_frame(&mut conn, &Frame::json(0, Kind::Control, &ShimControl::Ack));
+            std::process::exit(0);
+        }
+        ShimControl::Ack => {}
+    }
+}
+
+/// Points stdin at /dev/null and stdout/stderr at `shim.log`, so the daemon
+/// reading our "ready" line sees EOF and we never hold its pipes.
+fn detach_stdio(bundle: &Path) {
+    let log = std::fs::OpenOptions::new().create(true).append(true).open(bundle.join("shim.log"));
+    let null = File::open("/dev/null");
+    if let (Ok(log), Ok(null)) = (log, null) {
+        use std::os::fd::AsRawFd;
+        // SAFETY: dup2 onto the standard fds with descriptors we own; the
+        // originals are closed by dup2 atomically.
+        unsafe {
+            libc::dup2(null.as_raw_fd(), 0);
+            libc::dup2(log.as_raw_fd(), 1);
+            libc::dup2(log.as_raw_fd(), 2);
+        }
+    }
+}

@@ -1,0 +1,81 @@
+//! Complete, idempotent removal of one sandbox's host footprint. Shared by
+//! the shim (TTL expiry, agent death) and the daemon (delete, reconcile), so
+//! both paths leave exactly the same nothing behind.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+const CGROUP_CONTROLLERS: &[&str] =
+    &["memory", "pids", "cpu", "cpuacct", "cpuset", "blkio", "devices", "freezer", "net_cls", "perf_event", "hugetlb"];
+
+fn runsc(runsc: &Path, flags: &[String], args: &[&str]) -> bool {
+    Command::new(runsc)
+        .args(flags)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// Kills the container, deletes its runsc state, removes cgroups runsc may
+/// have left and finally the bundle directory.
+pub fn destroy(runsc_bin: &Path, flags: &[String], id: &str, bundle: &Path) {
+    runsc(runsc_bin, flags, &["kill", id, "KILL"]);
+    runsc(runsc_bin, flags, &["delete", "--force", id]);
+    for c in CGROUP_CONTROLLERS {
+        let p = Path::new("/sys/fs/cgroup").join(c).join(id);
+        if p.exists() {
+            let _ = std::fs::remove_dir(&p);
+        }
+    }
+    let _ = std::fs::remove_dir_all(bundle);
+}
+
+/// What is left of sandbox `id` on the host. Empty means fully torn down.
+pub fn leftovers(id: &str, bundle: &Path, runsc_root: &Path) -> Vec<String> {
+    let mut left = Vec::new();
+    for pid in pids_mentioning(id) {
+        left.push(format!("process {pid}"));
+    }
+    for c in CGROUP_CONTROLLERS {
+        let p = Path::new("/sys/fs/cgroup").join(c).join(id);
+        if p.exists() {
+            left.push(format!("cgroup {}", p.display()));
+        }
+    }
+    if bundle.exists() {
+        left.push(format!("dir {}", bundle.display()));
+    }
+    if let Ok(rd) = std::fs::read_dir(runsc_root) {
+        for e in rd.flatten() {
+            if e.file_name().to_string_lossy().contains(id) {
+                left.push(format!("runsc state {}", e.path().display()));
+            }
+        }
+    }
+    if let Ok(mi) = std::fs::read_to_string("/proc/self/mountinfo") {
+        for line in mi.lines().filter(|l| l.contains(id)) {
+            left.push(format!("mount {line}"));
+        }
+    }
+    left
+}
+
+/// Host processes whose command line names the sandbox (runsc sandbox,
+/// gofer, shim).
+pub fn pids_mentioning(id: &str) -> Vec<u32> {
+    let me = std::process::id();
+    let Ok(rd) = std::fs::read_dir("/proc") else { return vec![] };
+    rd.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| c.split(|&b| b == 0).any(|arg| String::from_utf8_lossy(arg).contains(id)))
+                .unwrap_or(false)
+        })
+        .collect()
+}

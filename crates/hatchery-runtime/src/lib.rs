@@ -1,0 +1,99 @@
+//! The seam between the sandbox lifecycle and the isolation technology.
+//!
+//! The core never names gVisor. It asks a [`Runtime`] to create a sandbox
+//! from a root filesystem with fixed limits, to hand it a byte stream to the
+//! guest agent, and to destroy it completely. gVisor implements this with
+//! `runsc` and a per-sandbox shim that owns the agent's stdio pipes; a
+//! Firecracker runtime would implement it with a jailer and a vsock stream.
+//! Nothing above this trait changes when one is added.
+
+use async_trait::async_trait;
+use std::path::PathBuf;
+use std::pin::Pin;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+/// Resource shape of a sandbox, fixed by its template.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Limits {
+    /// CPU quota in cores (1.0 = one full core).
+    pub cpus: f64,
+    pub memory_mb: u64,
+    /// Processes and threads inside the sandbox.
+    pub pids_max: u32,
+    /// Cap on what the sandbox may write to its root filesystem.
+    pub disk_mb: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    /// Unique on this host for this daemon; also the runtime's container id.
+    pub id: String,
+    /// Read-only root filesystem shared by every sandbox of a template.
+    pub rootfs: PathBuf,
+    pub limits: Limits,
+    /// Wall-clock deadline (ms since the epoch) after which the runtime must
+    /// destroy the sandbox on its own, even if the daemon is not running.
+    pub expires_at_ms: u64,
+}
+
+/// A duplex byte stream to the guest agent, speaking `hatchery-agent-proto`.
+pub trait AgentIo: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> AgentIo for T {}
+pub type AgentStream = Pin<Box<dyn AgentIo>>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("sandbox {0} not found in the runtime")]
+    NotFound(String),
+    #[error("{0} is not supported by the {1} runtime")]
+    Unsupported(&'static str, &'static str),
+    #[error("runtime failed to start sandbox: {0}")]
+    Start(String),
+    #[error("runtime i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("runtime: {0}")]
+    Other(String),
+}
+
+#[async_trait]
+pub trait Runtime: Send + Sync + 'static {
+    /// Short name for logs and metrics ("gvisor", "firecracker").
+    fn name(&self) -> &'static str;
+
+    /// Creates and starts a sandbox whose init is the guest agent. Returns
+    /// once the agent can be connected to. On error nothing is left behind.
+    async fn create(&self, spec: &SandboxSpec) -> Result<(), RuntimeError>;
+
+    /// Opens the channel to the sandbox's agent. Callable again after a
+    /// daemon restart: that is how live sandboxes are re-adopted.
+    async fn connect(&self, id: &str) -> Result<AgentStream, RuntimeError>;
+
+    /// Moves the self-destruct deadline that holds without the daemon.
+    async fn set_expiry(&self, id: &str, expires_at_ms: u64) -> Result<(), RuntimeError>;
+
+    /// Destroys the sandbox and every host resource it had (processes,
+    /// mounts, cgroups, state directories). Idempotent.
+    async fn destroy(&self, id: &str) -> Result<(), RuntimeError>;
+
+    /// Every sandbox this runtime instance owns on the host, alive or not,
+    /// including ones the daemon may have forgotten after a crash.
+    async fn list(&self) -> Result<Vec<String>, RuntimeError>;
+
+    /// Number of OOM kills inside the sandbox so far, if the runtime can tell.
+    fn oom_kills(&self, id: &str) -> Option<u64>;
+
+    /// Host resources still present for `id`, described for humans; empty
+    /// once teardown is complete. Used by health checks and tests.
+    fn leftovers(&self, id: &str) -> Vec<String>;
+
+    /// Saves the sandbox's whole state to `dir`; snapshots and forks build
+    /// on this.
+    async fn checkpoint(&self, _id: &str, _dir: &std::path::Path) -> Result<(), RuntimeError> {
+        Err(RuntimeError::Unsupported("checkpoint", self.name()))
+    }
+
+    /// Starts a new sandbox from a checkpoint made by [`Runtime::checkpoint`].
+    async fn restore(&self, _spec: &SandboxSpec, _dir: &std::path::Path) -> Result<(), RuntimeError> {
+        Err(RuntimeError::Unsupported("restore", self.name()))
+    }
+}

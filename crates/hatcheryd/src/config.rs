@@ -1,0 +1,38 @@
+use clap::Args;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Configuration. Names are stable: scripts and SDKs rely on them.
+#[derive(Debug, Clone, Args)]
+pub struct DaemonArgs {
+    /// Address to listen on.
+    #[arg(long, env = "HATCHERY_LISTEN", default_value = "127.0.0.1:7423")]
+    pub listen: SocketAddr,
+    /// State, key file, runtime state and (by default) templates.
+    #[arg(long, env = "HATCHERY_DATA_DIR", default_value = "/var/lib/hatchery")]
+    pub data_dir: PathBuf,
+    /// Where baked templates live (default: DATA_DIR/templates).
+    #[arg(long, env = "HATCHERY_TEMPLATES_DIR")]
+    pub templates_dir: Option<PathBuf>,
+    /// The runsc binary.
+    #[arg(long, env = "HATCHERY_RUNSC", default_value = "runsc")]
+    pub runsc: PathBuf,
+    /// gVisor platform: systrap here, kvm on hosts with real KVM.
+    #[arg(long, env = "HATCHERY_PLATFORM", default_value = "systrap")]
+    pub platform: String,
+    /// Longest TTL a sandbox may ask for, in seconds.
+    #[arg(long, env = "HATCHERY_MAX_TTL", default_value_t = 86_400)]
+    pub max_ttl: u64,
+    /// Most sandboxes alive at once; creates beyond it get 503.
+    #[arg(long, env = "HATCHERY_MAX_SANDBOXES", default_value_t = 64)]
+    pub max_sandboxes: usize,
+    /// Hard cap for an exec's per-stream output, in bytes.
+    #[arg(long, env = "HATCHERY_MAX_OUTPUT_BYTES", default_value_t = 16 << 20)]
+    pub max_output_bytes: u64,
+    /// Largest file accepted or returned by the files API, in bytes.
+    #[arg(long, env = "HATCHERY_MAX_FILE_BYTES", default_value_t = 64 << 20)]
+    pub max_file_bytes: u64,
+    /// Log as JSON lines instead of text.
+    #[arg(long, env = "HATCHERY_LOG_JSON")]
+    pub log_json: bool,
+}

@@ -1,0 +1,20 @@
+//! Daemon assembly, shared by `hatcheryd` and `hatchery serve`.
+
+mod config;
+mod key;
+mod serve;
+
+pub use config::DaemonArgs;
+pub use serve::{run, DaemonError};
+
+/// Structured logs via `tracing`; `RUST_LOG` filters (default `info`).
+pub fn init_logging(json: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if json {
+        b.json().init();
+    } else {
+        b.init();
+    }
+}

@@ -1,0 +1,101 @@
+use crate::config::DaemonArgs;
+use hatchery_api::AppState;
+use hatchery_core::{store::Store, Caps, Manager};
+use hatchery_runtime_gvisor::{GvisorConfig, GvisorRuntime};
+use hatchery_templates::Templates;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("data dir {0}: {1}")]
+    DataDir(PathBuf, std::io::Error),
+    #[error("{0} not found: {1}. Run `make run` (or scripts/setup-host.sh) to install it")]
+    Missing(&'static str, String),
+    #[error(transparent)]
+    Runtime(#[from] hatchery_runtime::RuntimeError),
+    #[error(transparent)]
+    Core(#[from] hatchery_core::CoreError),
+    #[error("listen on {0}: {1}")]
+    Listen(std::net::SocketAddr, std::io::Error),
+    #[error("server: {0}")]
+    Serve(std::io::Error),
+}
+
+fn sibling(name: &str) -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join(name)))
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
+fn which(p: &PathBuf) -> Option<PathBuf> {
+    if p.components().count() > 1 {
+        return p.exists().then(|| p.clone());
+    }
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| PathBuf::from(d).join(p)).find(|c| c.exists())
+}
+
+pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
+    let data = args.data_dir.clone();
+    std::fs::create_dir_all(&data).map_err(|e| DaemonError::DataDir(data.clone(), e))?;
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| DaemonError::DataDir(data.clone(), e))?;
+    let runsc = which(&args.runsc).ok_or_else(|| DaemonError::Missing("runsc", args.runsc.display().to_string()))?;
+    let agent = sibling("hatchery-agent");
+    let shim = sibling("hatchery-shim");
+    for (name, p) in [("hatchery-agent", &agent), ("hatchery-shim", &shim)] {
+        if !p.exists() {
+            return Err(DaemonError::Missing(name, p.display().to_string()));
+        }
+    }
+    let (key, key_path) = crate::key::load_or_create(&data).map_err(|e| DaemonError::DataDir(data.clone(), e))?;
+    match &key_path {
+        Some(p) => tracing::info!(path = %p.display(), "API key file (send as: Authorization: Bearer <key>)"),
+        None => tracing::info!("API key taken from HATCHERY_API_KEY"),
+    }
+
+    let store = Store::open(&data.join("state.db")).map_err(hatchery_core::CoreError::from)?;
+    let runtime = GvisorRuntime::new(GvisorConfig {
+        state_dir: data.clone(),
+        runsc,
+        shim,
+        agent,
+        platform: args.platform.clone(),
+    })?;
+    let templates = Templates::new(args.templates_dir.clone().unwrap_or_else(|| data.join("templates")));
+    if templates.list().is_empty() {
+        tracing::warn!(dir = %templates.dir().display(), "no templates baked; run scripts/bake-template.sh");
+    }
+    let caps = Caps {
+        max_ttl_s: args.max_ttl,
+        max_live_sandboxes: args.max_sandboxes,
+        max_output_bytes: args.max_output_bytes,
+        max_file_bytes: args.max_file_bytes,
+        ..Caps::default()
+    };
+    let manager = Manager::new(caps, store, Arc::new(runtime), templates);
+    let report = manager.reconcile().await?;
+    tracing::info!(?report, "state reconciled with the host");
+    let _reaper = manager.spawn_reaper();
+
+    let app = hatchery_api::router(AppState { manager: manager.clone(), api_key: key.into() });
+    let listener =
+        tokio::net::TcpListener::bind(args.listen).await.map_err(|e| DaemonError::Listen(args.listen, e))?;
+    tracing::info!(listen = %args.listen, data_dir = %data.display(), "hatcheryd ready");
+    axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await.map_err(DaemonError::Serve)?;
+    // Sandboxes outlive the daemon on purpose: their shims keep the agent
+    // channel and the TTL, and the next start re-adopts them.
+    tracing::info!(live = manager.live_count(), "hatcheryd stopped; sandboxes keep running under their shims");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Installs the system packages Hatchery needs on a Debian bookworm host.
+# Idempotent: every step checks before it acts, so `make run` / `make test`
+# can call it each time and it costs nothing once the host is ready.
+set -euo pipefail
+
+need_root() { [ "$(id -u)" = 0 ] || { echo "setup-host: run as root (it installs packages)" >&2; exit 1; }; }
+
+runsc_ok() {
+  # Bookworm's 2022 runsc breaks statx (ls fails in the sandbox); we need the
+  # 2024 build from trixie.
+  command -v runsc >/dev/null 2>&1 || return 1
+  local v
+  v=$(dpkg-query -W -f='${Version}' runsc 2>/dev/null || true)
+  dpkg --compare-versions "${v:-0}" ge "0.0~20240729"
+}
+
+missing=()
+command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
+command -v nft >/dev/null 2>&1 || missing+=(nftables)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v sqlite3 >/dev/null 2>&1 || missing+=(sqlite3)
+command -v curl >/dev/null 2>&1 || missing+=(curl)
+/usr/bin/python3 -c 'import pytest' >/dev/null 2>&1 || missing+=(python3-pytest)
+
+if runsc_ok && [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+need_root
+
+if ! runsc_ok; then
+  # Pin trixie low so that only what we ask for by name comes from it.
+  src=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+  src=${src:-http://deb.debian.org/debian}
+  if [ ! -f /etc/apt/sources.list.d/trixie.sources ]; then
+    cat > /etc/apt/sources.list.d/trixie.sources <<SRC
+Types: deb
+URIs: $src
+Suites: trixie
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SRC
+  fi
+  cat > /etc/apt/preferences.d/trixie.pref <<PREF
+Package: *
+Pin: release n=trixie
+Pin-Priority: 100
+PREF
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+if [ ${#missing[@]} -gt 0 ]; then
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+if ! runsc_ok; then
+  apt-get install -y -qq --no-install-recommends -t trixie runsc
+fi
+runsc --version | head -1
