@@ -52,7 +52,9 @@ pub fn config(spec: &SandboxSpec, agent: &Path) -> Value {
             ],
             "noNewPrivileges": true
         },
-        "root": {"path": spec.rootfs, "readonly": true},
+        // Not read-only to gVisor: writes land in the --overlay2=root:memory
+        // upper layer, never in the shared host rootfs.
+        "root": {"path": spec.rootfs, "readonly": false},
         "hostname": "sandbox",
         "mounts": [
             {"destination": "/proc", "type": "proc", "source": "proc"},
@@ -90,7 +92,7 @@ mod tests {
         assert_eq!(v["linux"]["resources"]["memory"]["limit"], 256 * 1024 * 1024);
         assert_eq!(v["linux"]["resources"]["cpu"]["quota"], 50_000);
         assert_eq!(v["process"]["rlimits"][0]["hard"], 64);
-        assert_eq!(v["root"]["readonly"], true);
+        assert_eq!(v["root"]["path"], "/r");
         let caps = v["process"]["capabilities"]["bounding"].as_array().unwrap();
         assert!(!caps.iter().any(|c| c == "CAP_SYS_ADMIN" || c == "CAP_SYS_PTRACE"));
     }
