@@ -1,0 +1,217 @@
+"""Test harness: starts a real hatcheryd on its own port and data dir, talks
+to it over HTTP, and checks that nothing of a sandbox is left on the host."""
+
+import glob
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.parse
+
+BIN_DIR = os.environ.get("HATCHERY_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../target/release"))
+TEMPLATES_DIR = os.environ.get("HATCHERY_TEMPLATES_DIR", "/var/lib/hatchery/templates")
+KEY = "test-key-" + os.urandom(4).hex()
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Response:
+    def __init__(self, status, body, headers):
+        self.status = status
+        self.body = body
+        self.headers = headers
+
+    def json(self):
+        return json.loads(self.body)
+
+    def error_code(self):
+        return self.json()["error"]["code"]
+
+    def __repr__(self):
+        return f"<{self.status} {self.body[:300]!r}>"
+
+
+class Daemon:
+    def __init__(self, extra_args=(), data_dir=None):
+        # Short path: unix socket paths are capped at 107 bytes.
+        self.data_dir = data_dir or tempfile.mkdtemp(prefix="hxt-", dir="/tmp")
+        self.port = free_port()
+        self.extra_args = list(extra_args)
+        self.proc = None
+        self.log_path = os.path.join(self.data_dir, "daemon.log")
+        self.created = set()
+
+    def start(self):
+        env = dict(os.environ, HATCHERY_API_KEY=KEY, RUST_LOG="info")
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [os.path.join(BIN_DIR, "hatcheryd"), "--listen", f"127.0.0.1:{self.port}",
+             "--data-dir", self.data_dir, "--templates-dir", TEMPLATES_DIR, *self.extra_args],
+            stdout=log, stderr=log, env=env)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                if self.request("GET", "/healthz", auth=False).status == 200:
+                    return self
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited: {self.log()}")
+            time.sleep(0.05)
+        raise RuntimeError("daemon did not start: " + self.log())
+
+    def log(self):
+        try:
+            return open(self.log_path, errors="replace").read()[-4000:]
+        except OSError:
+            return ""
+
+    def crash(self):
+        """SIGKILL: no graceful anything, like a crash."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.crash()
+
+    def rss_kb(self):
+        for line in open(f"/proc/{self.proc.pid}/status"):
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        return 0
+
+    def request(self, method, path, body=None, auth=True, headers=None, timeout=120, raw=None):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        h = dict(headers or {})
+        if auth:
+            h.setdefault("Authorization", f"Bearer {KEY}")
+        data = raw
+        if body is not None:
+            data = json.dumps(body).encode()
+            h.setdefault("Content-Type", "application/json")
+        conn.request(method, path, body=data, headers=h)
+        r = conn.getresponse()
+        resp = Response(r.status, r.read(), dict(r.getheaders()))
+        conn.close()
+        return resp
+
+    # Convenience wrappers -------------------------------------------------
+
+    def create(self, **kw):
+        r = self.request("POST", "/v1/sandboxes", kw)
+        assert r.status == 201, r
+        sid = r.json()["id"]
+        self.created.add(sid)
+        return sid
+
+    def exec(self, sid, cmd=None, **kw):
+        body = dict(kw)
+        if cmd is not None:
+            body["cmd"] = cmd
+        r = self.request("POST", f"/v1/sandboxes/{sid}/exec", body)
+        assert r.status == 200, r
+        return r.json()
+
+    def put_file(self, sid, path, data):
+        return self.request("PUT", f"/v1/sandboxes/{sid}/files?path={urllib.parse.quote(path)}", raw=data)
+
+    def get_file(self, sid, path):
+        return self.request("GET", f"/v1/sandboxes/{sid}/files?path={urllib.parse.quote(path)}")
+
+    def delete(self, sid):
+        return self.request("DELETE", f"/v1/sandboxes/{sid}")
+
+    def stream(self, sid, body, on_event=None, timeout=120):
+        """Runs exec/stream; returns the list of (event, data) pairs."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        conn.request("POST", f"/v1/sandboxes/{sid}/exec/stream", body=json.dumps(body),
+                     headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+        r = conn.getresponse()
+        assert r.status == 200, r.read()
+        events, event, data = [], None, []
+        while True:
+            line = r.readline()
+            if not line:
+                break
+            line = line.decode().rstrip("\n")
+            if line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith("data:"):
+                data.append(line[5:].lstrip())
+            elif line == "" and event:
+                ev = (event, json.loads("\n".join(data)))
+                events.append(ev)
+                if on_event and on_event(ev) is False:
+                    conn.close()
+                    return events
+                event, data = None, []
+        conn.close()
+        return events
+
+    # Leak checks ----------------------------------------------------------
+
+    def leftovers(self):
+        """Everything on the host that still belongs to this daemon's
+        sandboxes: processes, cgroups, mounts, state directories."""
+        left = []
+        me = os.getpid()
+        daemon_pid = self.proc.pid if self.proc and self.proc.poll() is None else None
+        for p in glob.glob("/proc/[0-9]*/cmdline"):
+            pid = int(p.split("/")[2])
+            if pid in (me, daemon_pid):
+                continue
+            try:
+                cmd = open(p, "rb").read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if self.data_dir in cmd or any(s in cmd for s in self.created):
+                left.append(f"process {pid}: {cmd[:120]}")
+        for sid in self.created:
+            for c in glob.glob(f"/sys/fs/cgroup/*/{sid}"):
+                left.append(f"cgroup {c}")
+        for sub in ("sandboxes", "runsc"):
+            d = os.path.join(self.data_dir, sub)
+            if os.path.isdir(d) and os.listdir(d):
+                left.append(f"state {d}: {os.listdir(d)}")
+        for line in open("/proc/self/mountinfo"):
+            if self.data_dir in line or any(s in line for s in self.created):
+                left.append(f"mount {line.strip()}")
+        return left
+
+    def wait_no_leftovers(self, timeout=20):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            left = self.leftovers()
+            if not left:
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"leaked after {timeout}s: {left}")
+
+    def cleanup(self):
+        """Delete every sandbox, verify nothing is left, stop, remove."""
+        try:
+            if self.proc and self.proc.poll() is None:
+                r = self.request("GET", "/v1/sandboxes")
+                if r.status == 200:
+                    for s in r.json()["sandboxes"]:
+                        self.delete(s["id"])
+            self.wait_no_leftovers()
+        finally:
+            self.stop()
+            shutil.rmtree(self.data_dir, ignore_errors=True)
