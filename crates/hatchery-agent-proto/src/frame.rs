@@ -68,13 +68,21 @@ pub struct Frame {
 
 impl Frame {
     pub fn new(channel: u32, kind: Kind, payload: Vec<u8>) -> Self {
-        Frame { channel, kind, payload }
+        Frame {
+            channel,
+            kind,
+            payload,
+        }
     }
 
     pub fn json<T: serde::Serialize>(channel: u32, kind: Kind, v: &T) -> Self {
         // Serializing our own plain structs cannot fail.
         let payload = serde_json::to_vec(v).expect("serializable message");
-        Frame { channel, kind, payload }
+        Frame {
+            channel,
+            kind,
+            payload,
+        }
     }
 
     pub fn parse<T: serde::de::DeserializeOwned>(&self) -> Result<T, FrameError> {
@@ -99,7 +107,11 @@ impl Frame {
         }
         let channel = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
         let kind = Kind::try_from(body[4])?;
-        Ok(Frame { channel, kind, payload: body[HEADER_LEN..].to_vec() })
+        Ok(Frame {
+            channel,
+            kind,
+            payload: body[HEADER_LEN..].to_vec(),
+        })
     }
 }
 
@@ -157,19 +169,28 @@ mod tests {
     #[test]
     fn rejects_oversized_length_before_allocating() {
         let bytes = ((MAX_FRAME + 1) as u32).to_be_bytes();
-        assert!(matches!(read_frame(&mut &bytes[..]), Err(FrameError::TooLarge(_))));
+        assert!(matches!(
+            read_frame(&mut &bytes[..]),
+            Err(FrameError::TooLarge(_))
+        ));
     }
 
     #[test]
     fn rejects_unknown_kind() {
         let mut bytes = Frame::new(1, Kind::Ping, vec![]).encode();
         bytes[8] = 250;
-        assert!(matches!(read_frame(&mut &bytes[..]), Err(FrameError::UnknownKind(250))));
+        assert!(matches!(
+            read_frame(&mut &bytes[..]),
+            Err(FrameError::UnknownKind(250))
+        ));
     }
 
     #[test]
     fn rejects_short_frame() {
         let bytes = [0, 0, 0, 2, 0, 0];
-        assert!(matches!(read_frame(&mut &bytes[..]), Err(FrameError::TooShort(2))));
+        assert!(matches!(
+            read_frame(&mut &bytes[..]),
+            Err(FrameError::TooShort(2))
+        ));
     }
 }

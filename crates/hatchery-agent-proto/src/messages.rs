@@ -72,7 +72,10 @@ pub struct GuestError {
 
 impl GuestError {
     pub fn new(code: &str, message: impl Into<String>) -> Self {
-        GuestError { code: code.to_string(), message: message.into() }
+        GuestError {
+            code: code.to_string(),
+            message: message.into(),
+        }
     }
 }
 
@@ -82,7 +85,9 @@ impl GuestError {
 pub enum ShimControl {
     /// Move the hard deadline at which the shim destroys the sandbox even if
     /// the daemon is gone.
-    SetExpiry { unix_ms: u64 },
+    SetExpiry {
+        unix_ms: u64,
+    },
     /// Tear the sandbox down now and exit.
     Shutdown,
     Ack,

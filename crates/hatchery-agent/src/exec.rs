@@ -45,14 +45,23 @@ impl Registry {
 pub fn spawn(chan: u32, req: ExecRequest, out: Out, reaper: Arc<Reaper>, reg: Registry) {
     std::thread::spawn(move || {
         let result = run(chan, req, &out, &reaper, &reg);
-        reg.0.lock().unwrap_or_else(|p| p.into_inner()).remove(&chan);
+        reg.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&chan);
         if let Err(e) = result {
             out.error(chan, "spawn_failed", e.to_string());
         }
     });
 }
 
-fn run(chan: u32, req: ExecRequest, out: &Out, reaper: &Reaper, reg: &Registry) -> std::io::Result<()> {
+fn run(
+    chan: u32,
+    req: ExecRequest,
+    out: &Out,
+    reaper: &Reaper,
+    reg: &Registry,
+) -> std::io::Result<()> {
     let start = Instant::now();
     let Some((prog, args)) = req.argv.split_first() else {
         out.error(chan, "invalid", "empty argv");
@@ -75,7 +84,11 @@ fn run(chan: u32, req: ExecRequest, out: &Out, reaper: &Reaper, reg: &Registry) 
         .envs(&req.env)
         .env("HATCHERY_EXEC_ID", &mark_value)
         .current_dir(cwd)
-        .stdin(if req.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if req.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     // Its own process group, so one kill reaches the ordinary tree. Not a
@@ -94,10 +107,13 @@ fn run(chan: u32, req: ExecRequest, out: &Out, reaper: &Reaper, reg: &Registry) 
         Err(e) => return spawn_failure(chan, prog, e, start, out),
     };
     let pgid = child.id() as i32;
-    reg.0
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(chan, Running { pgid, marker: marker.clone() });
+    reg.0.lock().unwrap_or_else(|p| p.into_inner()).insert(
+        chan,
+        Running {
+            pgid,
+            marker: marker.clone(),
+        },
+    );
 
     if let (Some(mut stdin), Some(data)) = (child.stdin.take(), req.stdin) {
         std::thread::spawn(move || {
@@ -108,11 +124,28 @@ fn run(chan: u32, req: ExecRequest, out: &Out, reaper: &Reaper, reg: &Registry) 
     let truncated = Arc::new(AtomicBool::new(false));
     let (drained_tx, drained) = channel();
     for (pipe, kind) in [
-        (child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>), Kind::Stdout),
-        (child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>), Kind::Stderr),
+        (
+            child
+                .stdout
+                .take()
+                .map(|p| Box::new(p) as Box<dyn Read + Send>),
+            Kind::Stdout,
+        ),
+        (
+            child
+                .stderr
+                .take()
+                .map(|p| Box::new(p) as Box<dyn Read + Send>),
+            Kind::Stderr,
+        ),
     ] {
         let Some(pipe) = pipe else { continue };
-        let (out, done, truncated, tx) = (out.clone(), done.clone(), truncated.clone(), drained_tx.clone());
+        let (out, done, truncated, tx) = (
+            out.clone(),
+            done.clone(),
+            truncated.clone(),
+            drained_tx.clone(),
+        );
         let cap = req.max_output_bytes;
         std::thread::spawn(move || {
             pump(chan, kind, pipe, cap, &out, &done, &truncated);
@@ -128,7 +161,9 @@ fn run(chan: u32, req: ExecRequest, out: &Out, reaper: &Reaper, reg: &Registry) 
         Err(RecvTimeoutError::Timeout) => {
             timed_out = true;
             kill_tree(pgid, &marker);
-            exited.recv().map_err(|_| std::io::Error::other("reaper gone"))?
+            exited
+                .recv()
+                .map_err(|_| std::io::Error::other("reaper gone"))?
         }
         Err(RecvTimeoutError::Disconnected) => return Err(std::io::Error::other("reaper gone")),
     };
@@ -138,7 +173,10 @@ fn run(chan: u32, req: ExecRequest, out: &Out, reaper: &Reaper, reg: &Registry) 
     }
     let grace_end = Instant::now() + DRAIN_GRACE;
     for _ in 0..2 {
-        if drained.recv_timeout(grace_end.saturating_duration_since(Instant::now())).is_err() {
+        if drained
+            .recv_timeout(grace_end.saturating_duration_since(Instant::now()))
+            .is_err()
+        {
             break;
         }
     }
@@ -160,7 +198,15 @@ fn run(chan: u32, req: ExecRequest, out: &Out, reaper: &Reaper, reg: &Registry) 
 
 /// Copies one output pipe to the host up to `cap` bytes, then keeps draining
 /// so that the command never blocks on a full pipe, and drops the rest.
-fn pump(chan: u32, kind: Kind, mut pipe: Box<dyn Read + Send>, cap: u64, out: &Out, done: &AtomicBool, truncated: &AtomicBool) {
+fn pump(
+    chan: u32,
+    kind: Kind,
+    mut pipe: Box<dyn Read + Send>,
+    cap: u64,
+    out: &Out,
+    done: &AtomicBool,
+    truncated: &AtomicBool,
+) {
     let mut sent: u64 = 0;
     let mut buf = vec![0u8; CHUNK];
     loop {
@@ -186,15 +232,28 @@ fn pump(chan: u32, kind: Kind, mut pipe: Box<dyn Read + Send>, cap: u64, out: &O
 }
 
 /// A missing program reads like a shell's "command not found" (127).
-fn spawn_failure(chan: u32, prog: &str, e: std::io::Error, start: Instant, out: &Out) -> std::io::Result<()> {
+fn spawn_failure(
+    chan: u32,
+    prog: &str,
+    e: std::io::Error,
+    start: Instant,
+    out: &Out,
+) -> std::io::Result<()> {
     let code = match e.kind() {
         std::io::ErrorKind::NotFound => 127,
         std::io::ErrorKind::PermissionDenied => 126,
         _ => return Err(e),
     };
     let mut w = out.lock();
-    send_locked(&mut w, &Frame::new(chan, Kind::Stderr, format!("{prog}: {e}\n").into_bytes()));
-    let result = ExecResult { exit_code: code, duration_ms: start.elapsed().as_millis() as u64, ..Default::default() };
+    send_locked(
+        &mut w,
+        &Frame::new(chan, Kind::Stderr, format!("{prog}: {e}\n").into_bytes()),
+    );
+    let result = ExecResult {
+        exit_code: code,
+        duration_ms: start.elapsed().as_millis() as u64,
+        ..Default::default()
+    };
     send_locked(&mut w, &Frame::json(chan, Kind::ExitResult, &result));
     Ok(())
 }

@@ -5,7 +5,8 @@
 
 use crate::out::Out;
 use hatchery_agent_proto::{
-    FileEntry, FileListRequest, FilePathRequest, FileReadRequest, FileWriteRequest, Frame, GuestError, Kind,
+    FileEntry, FileListRequest, FilePathRequest, FileReadRequest, FileWriteRequest, Frame,
+    GuestError, Kind,
 };
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -39,7 +40,12 @@ impl PendingWrite {
             if let Some(parent) = path.parent() {
                 fs::create_dir_all(parent)?;
             }
-            OpenOptions::new().write(true).create(true).truncate(true).mode(req.mode & 0o7777).open(path)
+            OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(req.mode & 0o7777)
+                .open(path)
         })()
         .map_err(|e| guest_error(&e));
         PendingWrite { file }
@@ -81,7 +87,11 @@ pub fn read(chan: u32, req: FileReadRequest, out: &Out) {
     })();
     match res {
         Ok(None) => out.send(&Frame::new(chan, Kind::FileEof, vec![])),
-        Ok(Some(_)) => out.error(chan, "too_large", format!("file is larger than {} bytes", req.max_bytes)),
+        Ok(Some(_)) => out.error(
+            chan,
+            "too_large",
+            format!("file is larger than {} bytes", req.max_bytes),
+        ),
         Err(e) => out.send(&Frame::json(chan, Kind::Error, &guest_error(&e))),
     }
 }
@@ -91,7 +101,9 @@ pub fn list(chan: u32, req: FileListRequest, out: &Out) {
         let mut entries = Vec::new();
         for e in fs::read_dir(&req.path)? {
             let e = e?;
-            let Ok(md) = e.path().symlink_metadata() else { continue };
+            let Ok(md) = e.path().symlink_metadata() else {
+                continue;
+            };
             let ft = md.file_type();
             let kind = if ft.is_symlink() {
                 "symlink"

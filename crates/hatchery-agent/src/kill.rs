@@ -24,7 +24,9 @@ pub fn kill_tree(pgid: i32, marker: &[u8]) {
 
 fn marked_pids(marker: &[u8]) -> Vec<i32> {
     let me = std::process::id() as i32;
-    let Ok(dir) = std::fs::read_dir("/proc") else { return vec![] };
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
     dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter(|&pid| pid != me && pid != 1)
         .filter(|pid| {

@@ -23,6 +23,7 @@ fn main() {
     // SAFETY: fd 1 is the host channel's write side, owned only by `Out`.
     let output = unsafe { File::from_raw_fd(1) };
     let out = out::Out::new(output);
+    silence_stderr();
     let reaper = reaper::Reaper::start();
     let execs = exec::Registry::default();
     let mut writes: HashMap<u32, files::PendingWrite> = HashMap::new();
@@ -82,5 +83,16 @@ fn main() {
             Kind::Ping => out.send(&Frame::new(chan, Kind::Pong, frame.payload)),
             other => out.error(chan, "invalid", format!("unexpected frame kind {other:?}")),
         }
+    }
+}
+
+/// Our stderr is runsc's, which lands in a host log file. Guest code runs as
+/// root and could write to it through /proc/1/fd/2 without bound, so point
+/// it at /dev/null.
+fn silence_stderr() {
+    use std::os::fd::AsRawFd;
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        // SAFETY: dup2 onto fd 2 with a descriptor we own.
+        unsafe { libc::dup2(null.as_raw_fd(), 2) };
     }
 }

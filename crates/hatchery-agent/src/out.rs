@@ -22,7 +22,11 @@ impl Out {
     }
 
     pub fn error(&self, chan: u32, code: &str, message: impl Into<String>) {
-        self.send(&Frame::json(chan, Kind::Error, &GuestError::new(code, message)));
+        self.send(&Frame::json(
+            chan,
+            Kind::Error,
+            &GuestError::new(code, message),
+        ));
     }
 }
 

@@ -49,7 +49,11 @@ impl Reaper {
             let pid = unsafe { libc::wait4(-1, &mut status, 0, &mut ru) };
             if pid > 0 {
                 let cpu_ms = tv_ms(ru.ru_utime) + tv_ms(ru.ru_stime);
-                let tx = self.waiters.lock().unwrap_or_else(|p| p.into_inner()).remove(&pid);
+                let tx = self
+                    .waiters
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&pid);
                 if let Some(tx) = tx {
                     let _ = tx.send(Exit { status, cpu_ms });
                 }

@@ -6,7 +6,11 @@ use axum::response::Response;
 
 /// Bearer-key check for everything but /healthz. The comparison does not
 /// stop at the first differing byte, so timing does not leak the key.
-pub async fn require_key(State(st): State<AppState>, req: Request, next: Next) -> Result<Response, ApiError> {
+pub async fn require_key(
+    State(st): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
     let given = req
         .headers()
         .get(axum::http::header::AUTHORIZATION)
@@ -14,7 +18,11 @@ pub async fn require_key(State(st): State<AppState>, req: Request, next: Next) -
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
     if !constant_time_eq(given.as_bytes(), st.api_key.as_bytes()) {
-        return Err(ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", "missing or wrong API key"));
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "missing or wrong API key",
+        ));
     }
     Ok(next.run(req).await)
 }

@@ -29,21 +29,33 @@ pub struct ErrorDetail {
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status, code, message: message.into() }
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
     }
     pub fn body(&self) -> ErrorBody {
-        ErrorBody { error: ErrorDetail { code: self.code.to_string(), message: self.message.clone() } }
+        ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_string(),
+                message: self.message.clone(),
+            },
+        }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut resp = (self.status, axum::Json(self.body())).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE || self.status == StatusCode::TOO_MANY_REQUESTS {
-            resp.headers_mut().insert("retry-after", axum::http::HeaderValue::from_static("1"));
+        if self.status == StatusCode::SERVICE_UNAVAILABLE
+            || self.status == StatusCode::TOO_MANY_REQUESTS
+        {
+            resp.headers_mut()
+                .insert("retry-after", axum::http::HeaderValue::from_static("1"));
         }
         resp
     }
@@ -56,8 +68,12 @@ impl From<CoreError> for ApiError {
         let (status, code) = match &e {
             CoreError::SandboxNotFound(_) => (S::NOT_FOUND, "sandbox_not_found"),
             CoreError::Template(TemplateError::NotFound(_)) => (S::NOT_FOUND, "template_not_found"),
-            CoreError::Template(TemplateError::InvalidName(_)) => (S::BAD_REQUEST, "invalid_template_name"),
-            CoreError::Template(TemplateError::Broken { .. }) => (S::INTERNAL_SERVER_ERROR, "template_broken"),
+            CoreError::Template(TemplateError::InvalidName(_)) => {
+                (S::BAD_REQUEST, "invalid_template_name")
+            }
+            CoreError::Template(TemplateError::Broken { .. }) => {
+                (S::INTERNAL_SERVER_ERROR, "template_broken")
+            }
             CoreError::Invalid(_) => (S::BAD_REQUEST, "invalid_request"),
             CoreError::FileNotFound(_) => (S::NOT_FOUND, "file_not_found"),
             CoreError::FileConflict(_) => (S::CONFLICT, "file_conflict"),
@@ -65,14 +81,19 @@ impl From<CoreError> for ApiError {
             CoreError::Capacity(_) => (S::SERVICE_UNAVAILABLE, "capacity"),
             CoreError::NotRunning(_) => (S::CONFLICT, "sandbox_not_running"),
             CoreError::GuestUnresponsive(_) => (S::GATEWAY_TIMEOUT, "guest_unresponsive"),
-            CoreError::Guest { code, .. } if code == "permission_denied" => (S::FORBIDDEN, "permission_denied"),
+            CoreError::Guest { code, .. } if code == "not_found" => (S::NOT_FOUND, "not_found"),
+            CoreError::Guest { code, .. } if code == "permission_denied" => {
+                (S::FORBIDDEN, "permission_denied")
+            }
             CoreError::Guest { .. } => (S::UNPROCESSABLE_ENTITY, "guest_error"),
             CoreError::Runtime(RuntimeError::NotFound(_)) => (S::NOT_FOUND, "sandbox_not_found"),
             CoreError::Runtime(RuntimeError::Unsupported(..)) => (S::CONFLICT, "unsupported"),
             CoreError::Runtime(_) => (S::SERVICE_UNAVAILABLE, "runtime_error"),
             CoreError::Store(_) | CoreError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "internal"),
         };
-        if status.is_server_error() {
+        // Only daemon-side faults: guest-triggered ones (504) are logged,
+        // rate-limited, by the core.
+        if status == S::INTERNAL_SERVER_ERROR || code == "runtime_error" {
             tracing::error!(code, error = %msg, "request failed");
         }
         ApiError::new(status, code, msg)

@@ -20,7 +20,11 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
                 "unsupported_media_type",
                 "expected Content-Type: application/json",
             )),
-            Err(e) => Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.body_text())),
+            Err(e) => Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_json",
+                e.body_text(),
+            )),
         }
     }
 }
@@ -30,13 +34,20 @@ pub struct Body(pub bytes::Bytes);
 impl<S: Send + Sync> FromRequest<S> for Body {
     type Rejection = ApiError;
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        bytes::Bytes::from_request(req, state).await.map(Body).map_err(bytes_rejection)
+        bytes::Bytes::from_request(req, state)
+            .await
+            .map(Body)
+            .map_err(bytes_rejection)
     }
 }
 
 fn bytes_rejection(b: BytesRejection) -> ApiError {
     if b.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "too_large", "request body over the size limit")
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            "request body over the size limit",
+        )
     } else {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_body", b.body_text())
     }
@@ -50,6 +61,8 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for Query<T> {
         axum::extract::Query::<T>::from_request_parts(parts, state)
             .await
             .map(|q| Query(q.0))
-            .map_err(|e: QueryRejection| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text()))
+            .map_err(|e: QueryRejection| {
+                ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e.body_text())
+            })
     }
 }

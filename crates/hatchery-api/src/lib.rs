@@ -31,10 +31,15 @@ pub const MAX_JSON_BODY: usize = 2 << 20;
 pub fn router(state: AppState) -> Router {
     let file_limit = state.manager.caps.max_file_bytes as usize + 1;
     let v1 = Router::new()
-        .route("/sandboxes", post(routes::sandboxes::create).get(routes::sandboxes::list))
+        .route(
+            "/sandboxes",
+            post(routes::sandboxes::create).get(routes::sandboxes::list),
+        )
         .route(
             "/sandboxes/{id}",
-            get(routes::sandboxes::get).delete(routes::sandboxes::delete).patch(routes::sandboxes::patch),
+            get(routes::sandboxes::get)
+                .delete(routes::sandboxes::delete)
+                .patch(routes::sandboxes::patch),
         )
         .route(
             "/sandboxes/{id}/files",
@@ -45,13 +50,19 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/sandboxes/{id}/files/list", get(routes::files::list))
         .route("/sandboxes/{id}/exec", post(routes::exec::exec))
-        .route("/sandboxes/{id}/exec/stream", post(routes::exec::exec_stream))
+        .route(
+            "/sandboxes/{id}/exec/stream",
+            post(routes::exec::exec_stream),
+        )
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY));
     let authed = Router::new()
         .nest("/v1", v1)
         .route("/metrics", get(routes::meta::metrics))
         .route("/openapi.json", get(routes::meta::openapi))
-        .route_layer(axum::middleware::from_fn_with_state(state.clone(), auth::require_key));
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_key,
+        ));
     Router::new()
         .merge(authed)
         .route("/healthz", get(routes::meta::healthz))

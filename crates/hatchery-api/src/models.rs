@@ -145,7 +145,9 @@ fn seconds(v: Option<i64>, default: u64, max: u64, name: &str) -> Result<u64, Ap
     match v {
         None => Ok(default),
         Some(s) if s >= 1 && (s as u64) <= max => Ok(s as u64),
-        Some(_) => Err(ApiError::bad_request(format!("{name} must be between 1 and {max}"))),
+        Some(_) => Err(ApiError::bad_request(format!(
+            "{name} must be between 1 and {max}"
+        ))),
     }
 }
 
@@ -155,14 +157,23 @@ pub fn validate_ttl(v: Option<i64>, caps: &Caps) -> Result<u64, ApiError> {
 
 pub fn validate_metadata(md: &BTreeMap<String, String>, caps: &Caps) -> Result<(), ApiError> {
     if md.len() > caps.max_metadata_entries {
-        return Err(ApiError::bad_request(format!("metadata has over {} entries", caps.max_metadata_entries)));
+        return Err(ApiError::bad_request(format!(
+            "metadata has over {} entries",
+            caps.max_metadata_entries
+        )));
     }
     for (k, v) in md {
         if k.is_empty() || k.len() > caps.max_metadata_key {
-            return Err(ApiError::bad_request(format!("metadata keys must be 1..={} bytes", caps.max_metadata_key)));
+            return Err(ApiError::bad_request(format!(
+                "metadata keys must be 1..={} bytes",
+                caps.max_metadata_key
+            )));
         }
         if v.len() > caps.max_metadata_value {
-            return Err(ApiError::bad_request(format!("metadata values must be at most {} bytes", caps.max_metadata_value)));
+            return Err(ApiError::bad_request(format!(
+                "metadata values must be at most {} bytes",
+                caps.max_metadata_value
+            )));
         }
     }
     Ok(())
@@ -170,7 +181,10 @@ pub fn validate_metadata(md: &BTreeMap<String, String>, caps: &Caps) -> Result<(
 
 pub fn validate_env(env: &BTreeMap<String, String>, caps: &Caps) -> Result<(), ApiError> {
     if env.len() > caps.max_env_entries {
-        return Err(ApiError::bad_request(format!("env has over {} entries", caps.max_env_entries)));
+        return Err(ApiError::bad_request(format!(
+            "env has over {} entries",
+            caps.max_env_entries
+        )));
     }
     let mut total = 0;
     for (k, v) in env {
@@ -178,7 +192,9 @@ pub fn validate_env(env: &BTreeMap<String, String>, caps: &Caps) -> Result<(), A
             && !k.as_bytes()[0].is_ascii_digit()
             && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
         if !valid_key {
-            return Err(ApiError::bad_request(format!("env name {k:?} must match [A-Za-z_][A-Za-z0-9_]*")));
+            return Err(ApiError::bad_request(format!(
+                "env name {k:?} must match [A-Za-z_][A-Za-z0-9_]*"
+            )));
         }
         if v.contains('\0') {
             return Err(ApiError::bad_request(format!("env {k} contains NUL")));
@@ -186,7 +202,10 @@ pub fn validate_env(env: &BTreeMap<String, String>, caps: &Caps) -> Result<(), A
         total += k.len() + v.len();
     }
     if total > caps.max_env_bytes {
-        return Err(ApiError::bad_request(format!("env is over {} bytes", caps.max_env_bytes)));
+        return Err(ApiError::bad_request(format!(
+            "env is over {} bytes",
+            caps.max_env_bytes
+        )));
     }
     Ok(())
 }
@@ -194,14 +213,19 @@ pub fn validate_env(env: &BTreeMap<String, String>, caps: &Caps) -> Result<(), A
 impl ExecBody {
     pub fn into_params(self, caps: &Caps) -> Result<ExecParams, ApiError> {
         let argv = match (self.cmd, self.argv) {
-            (Some(_), Some(_)) => return Err(ApiError::bad_request("give either cmd or argv, not both")),
+            (Some(_), Some(_)) => {
+                return Err(ApiError::bad_request("give either cmd or argv, not both"))
+            }
             (None, None) => return Err(ApiError::bad_request("cmd or argv is required")),
             (Some(cmd), None) => {
                 if cmd.trim().is_empty() {
                     return Err(ApiError::bad_request("cmd is empty"));
                 }
                 if cmd.len() > caps.max_cmd_bytes {
-                    return Err(ApiError::bad_request(format!("cmd is over {} bytes", caps.max_cmd_bytes)));
+                    return Err(ApiError::bad_request(format!(
+                        "cmd is over {} bytes",
+                        caps.max_cmd_bytes
+                    )));
                 }
                 vec!["/bin/sh".to_string(), "-c".to_string(), cmd]
             }
@@ -209,7 +233,9 @@ impl ExecBody {
                 if argv.is_empty() || argv[0].is_empty() {
                     return Err(ApiError::bad_request("argv is empty"));
                 }
-                if argv.len() > caps.max_argv || argv.iter().map(|a| a.len()).sum::<usize>() > caps.max_cmd_bytes {
+                if argv.len() > caps.max_argv
+                    || argv.iter().map(|a| a.len()).sum::<usize>() > caps.max_cmd_bytes
+                {
                     return Err(ApiError::bad_request("argv is too long"));
                 }
                 argv
@@ -219,18 +245,34 @@ impl ExecBody {
             return Err(ApiError::bad_request("command contains NUL"));
         }
         if let Some(cwd) = &self.cwd {
-            hatchery_core::files::validate_path(cwd, caps.max_path_bytes).map_err(|e| ApiError::bad_request(e.to_string()))?;
+            hatchery_core::files::validate_path(cwd, caps.max_path_bytes)
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
         }
         validate_env(&self.env, caps)?;
-        if self.stdin.as_ref().is_some_and(|s| s.len() as u64 > caps.max_stdin_bytes) {
-            return Err(ApiError::bad_request(format!("stdin is over {} bytes", caps.max_stdin_bytes)));
+        if self
+            .stdin
+            .as_ref()
+            .is_some_and(|s| s.len() as u64 > caps.max_stdin_bytes)
+        {
+            return Err(ApiError::bad_request(format!(
+                "stdin is over {} bytes",
+                caps.max_stdin_bytes
+            )));
         }
-        let timeout = seconds(self.timeout_seconds, caps.default_exec_timeout_s, caps.max_exec_timeout_s, "timeout_seconds")?;
+        let timeout = seconds(
+            self.timeout_seconds,
+            caps.default_exec_timeout_s,
+            caps.max_exec_timeout_s,
+            "timeout_seconds",
+        )?;
         let max_output_bytes = match self.max_output_bytes {
             None => caps.default_output_bytes,
             Some(n) if n >= 1 && (n as u64) <= caps.max_output_bytes => n as u64,
             Some(_) => {
-                return Err(ApiError::bad_request(format!("max_output_bytes must be between 1 and {}", caps.max_output_bytes)))
+                return Err(ApiError::bad_request(format!(
+                    "max_output_bytes must be between 1 and {}",
+                    caps.max_output_bytes
+                )))
             }
         };
         Ok(ExecParams {
@@ -249,7 +291,9 @@ mod tests {
     use super::*;
 
     fn body(v: serde_json::Value) -> Result<ExecParams, ApiError> {
-        serde_json::from_value::<ExecBody>(v).unwrap().into_params(&Caps::default())
+        serde_json::from_value::<ExecBody>(v)
+            .unwrap()
+            .into_params(&Caps::default())
     }
 
     #[test]
@@ -279,7 +323,10 @@ mod tests {
         assert!(validate_ttl(Some(caps.max_ttl_s as i64), &caps).is_ok());
         assert!(validate_ttl(Some(caps.max_ttl_s as i64 + 1), &caps).is_err());
         let mut md = BTreeMap::new();
-        md.insert("k".repeat(caps.max_metadata_key), "v".repeat(caps.max_metadata_value));
+        md.insert(
+            "k".repeat(caps.max_metadata_key),
+            "v".repeat(caps.max_metadata_value),
+        );
         assert!(validate_metadata(&md, &caps).is_ok());
         md.insert("x".into(), "v".repeat(caps.max_metadata_value + 1));
         assert!(validate_metadata(&md, &caps).is_err());

@@ -5,7 +5,11 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "hatchery", about = "Hatchery: disposable, isolated sandboxes", version)]
+#[command(
+    name = "hatchery",
+    about = "Hatchery: disposable, isolated sandboxes",
+    version
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

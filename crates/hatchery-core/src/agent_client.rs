@@ -32,7 +32,10 @@ pub struct Channel {
 
 impl Drop for Channel {
     fn drop(&mut self) {
-        self.routes.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
+        self.routes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
     }
 }
 
@@ -42,11 +45,18 @@ impl AgentClient {
         let routes = Arc::new(Mutex::new(HashMap::new()));
         let alive = Arc::new(AtomicBool::new(true));
         let (closed_tx, closed) = watch::channel(false);
-        tokio::spawn(read_loop(r, Arc::clone(&routes), Arc::clone(&alive), closed_tx));
+        tokio::spawn(read_loop(
+            r,
+            Arc::clone(&routes),
+            Arc::clone(&alive),
+            closed_tx,
+        ));
         Arc::new(AgentClient {
             writer: tokio::sync::Mutex::new(w),
             routes,
-            next: AtomicU32::new(1),
+            // A random start: after a daemon restart, a late frame from an
+            // exec of the previous connection must not land in a new request.
+            next: AtomicU32::new(rand::random::<u32>() >> 1 | 1),
             alive,
             closed,
         })
@@ -68,13 +78,23 @@ impl AgentClient {
             // 0 belongs to the shim.
             id = self.next.fetch_add(1, Ordering::Relaxed);
         }
-        self.routes.lock().unwrap_or_else(|p| p.into_inner()).insert(id, tx);
-        Channel { id, rx, routes: Arc::clone(&self.routes) }
+        self.routes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, tx);
+        Channel {
+            id,
+            rx,
+            routes: Arc::clone(&self.routes),
+        }
     }
 
     pub async fn send(&self, f: &Frame) -> std::io::Result<()> {
         if !self.is_alive() {
-            return Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "agent connection closed"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "agent connection closed",
+            ));
         }
         let mut w = self.writer.lock().await;
         w.write_all(&f.encode()).await?;
@@ -91,7 +111,11 @@ async fn read_loop(
     let why = loop {
         match read_one(&mut r).await {
             Ok(Some(f)) => {
-                let tx = routes.lock().unwrap_or_else(|p| p.into_inner()).get(&f.channel).cloned();
+                let tx = routes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&f.channel)
+                    .cloned();
                 // Frames for channels nobody listens to (a caller gave up)
                 // are dropped.
                 if let Some(tx) = tx {
@@ -108,7 +132,9 @@ async fn read_loop(
     let _ = closed.send(true);
 }
 
-async fn read_one(r: &mut ReadHalf<AgentStream>) -> Result<Option<Frame>, hatchery_agent_proto::FrameError> {
+async fn read_one(
+    r: &mut ReadHalf<AgentStream>,
+) -> Result<Option<Frame>, hatchery_agent_proto::FrameError> {
     let mut len = [0u8; 4];
     match r.read_exact(&mut len).await {
         Ok(_) => {}
@@ -132,14 +158,22 @@ pub async fn expect_ok(ch: &mut Channel) -> Result<Frame, crate::CoreError> {
     match ch.rx.recv().await {
         Some(f) if f.kind == Kind::Ok => Ok(f),
         Some(f) if f.kind == Kind::Error => Err(guest_error(&f)),
-        Some(f) => Err(crate::CoreError::GuestUnresponsive(format!("unexpected reply {:?}", f.kind))),
-        None => Err(crate::CoreError::GuestUnresponsive("agent connection closed".into())),
+        Some(f) => Err(crate::CoreError::GuestUnresponsive(format!(
+            "unexpected reply {:?}",
+            f.kind
+        ))),
+        None => Err(crate::CoreError::GuestUnresponsive(
+            "agent connection closed".into(),
+        )),
     }
 }
 
 pub fn guest_error(f: &Frame) -> crate::CoreError {
     match f.parse::<hatchery_agent_proto::GuestError>() {
-        Ok(e) => crate::CoreError::Guest { code: e.code, message: truncate(&e.message, 512) },
+        Ok(e) => crate::CoreError::Guest {
+            code: e.code,
+            message: truncate(&e.message, 512),
+        },
         Err(_) => crate::CoreError::GuestUnresponsive("malformed error from guest".into()),
     }
 }

@@ -51,7 +51,11 @@ pub enum Sink {
     Stream(mpsc::Sender<ExecEvent>),
 }
 
-pub async fn run(client: &AgentClient, p: ExecParams, mut sink: Sink) -> Result<ExecOutcome, CoreError> {
+pub async fn run(
+    client: &AgentClient,
+    p: ExecParams,
+    mut sink: Sink,
+) -> Result<ExecOutcome, CoreError> {
     let start = Instant::now();
     let mut ch = client.open();
     let req = ExecRequest {

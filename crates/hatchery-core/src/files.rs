@@ -3,7 +3,9 @@
 
 use crate::agent_client::{expect_ok, guest_error, AgentClient};
 use crate::CoreError;
-use hatchery_agent_proto::{FileEntry, FileListRequest, FilePathRequest, FileReadRequest, FileWriteRequest, Frame, Kind};
+use hatchery_agent_proto::{
+    FileEntry, FileListRequest, FilePathRequest, FileReadRequest, FileWriteRequest, Frame, Kind,
+};
 
 const CHUNK: usize = 256 * 1024;
 
@@ -42,7 +44,9 @@ fn map_guest(path: &str, e: CoreError) -> CoreError {
         CoreError::Guest { code, message } => match code.as_str() {
             "not_found" => CoreError::FileNotFound(path.to_string()),
             "too_large" => CoreError::TooLarge(message),
-            "is_a_directory" | "not_a_directory" => CoreError::FileConflict(format!("{path}: {message}")),
+            "is_a_directory" | "not_a_directory" => {
+                CoreError::FileConflict(format!("{path}: {message}"))
+            }
             "no_space" => CoreError::TooLarge(format!("sandbox disk full: {message}")),
             _ => CoreError::Guest { code, message },
         },
@@ -56,52 +60,98 @@ fn closed(e: std::io::Error) -> CoreError {
 
 pub async fn write(client: &AgentClient, path: &str, data: &[u8]) -> Result<(), CoreError> {
     let mut ch = client.open();
-    let start = FileWriteRequest { path: path.to_string(), mode: 0o644 };
-    client.send(&Frame::json(ch.id, Kind::FileWriteStart, &start)).await.map_err(closed)?;
+    let start = FileWriteRequest {
+        path: path.to_string(),
+        mode: 0o644,
+    };
+    client
+        .send(&Frame::json(ch.id, Kind::FileWriteStart, &start))
+        .await
+        .map_err(closed)?;
     for chunk in data.chunks(CHUNK) {
-        client.send(&Frame::new(ch.id, Kind::FileData, chunk.to_vec())).await.map_err(closed)?;
+        client
+            .send(&Frame::new(ch.id, Kind::FileData, chunk.to_vec()))
+            .await
+            .map_err(closed)?;
     }
-    client.send(&Frame::new(ch.id, Kind::FileWriteEnd, vec![])).await.map_err(closed)?;
-    expect_ok(&mut ch).await.map(drop).map_err(|e| map_guest(path, e))
+    client
+        .send(&Frame::new(ch.id, Kind::FileWriteEnd, vec![]))
+        .await
+        .map_err(closed)?;
+    expect_ok(&mut ch)
+        .await
+        .map(drop)
+        .map_err(|e| map_guest(path, e))
 }
 
 pub async fn read(client: &AgentClient, path: &str, max_bytes: u64) -> Result<Vec<u8>, CoreError> {
     let mut ch = client.open();
-    let req = FileReadRequest { path: path.to_string(), max_bytes };
-    client.send(&Frame::json(ch.id, Kind::FileRead, &req)).await.map_err(closed)?;
+    let req = FileReadRequest {
+        path: path.to_string(),
+        max_bytes,
+    };
+    client
+        .send(&Frame::json(ch.id, Kind::FileRead, &req))
+        .await
+        .map_err(closed)?;
     let mut data = Vec::new();
     loop {
         match ch.rx.recv().await {
             Some(f) if f.kind == Kind::FileChunk => {
                 if data.len() + f.payload.len() > max_bytes as usize {
-                    return Err(CoreError::TooLarge(format!("file is larger than {max_bytes} bytes")));
+                    return Err(CoreError::TooLarge(format!(
+                        "file is larger than {max_bytes} bytes"
+                    )));
                 }
                 data.extend_from_slice(&f.payload);
             }
             Some(f) if f.kind == Kind::FileEof => return Ok(data),
             Some(f) if f.kind == Kind::Error => return Err(map_guest(path, guest_error(&f))),
             Some(_) => {}
-            None => return Err(CoreError::GuestUnresponsive("agent connection closed".into())),
+            None => {
+                return Err(CoreError::GuestUnresponsive(
+                    "agent connection closed".into(),
+                ))
+            }
         }
     }
 }
 
-pub async fn list(client: &AgentClient, path: &str, max_entries: u32) -> Result<Vec<FileEntry>, CoreError> {
+pub async fn list(
+    client: &AgentClient,
+    path: &str,
+    max_entries: u32,
+) -> Result<Vec<FileEntry>, CoreError> {
     let mut ch = client.open();
-    let req = FileListRequest { path: path.to_string(), max_entries };
-    client.send(&Frame::json(ch.id, Kind::FileList, &req)).await.map_err(closed)?;
+    let req = FileListRequest {
+        path: path.to_string(),
+        max_entries,
+    };
+    client
+        .send(&Frame::json(ch.id, Kind::FileList, &req))
+        .await
+        .map_err(closed)?;
     let f = expect_ok(&mut ch).await.map_err(|e| map_guest(path, e))?;
-    let mut entries: Vec<FileEntry> =
-        f.parse().map_err(|e| CoreError::GuestUnresponsive(format!("bad listing: {e}")))?;
+    let mut entries: Vec<FileEntry> = f
+        .parse()
+        .map_err(|e| CoreError::GuestUnresponsive(format!("bad listing: {e}")))?;
     entries.truncate(max_entries as usize);
     Ok(entries)
 }
 
 pub async fn remove(client: &AgentClient, path: &str) -> Result<(), CoreError> {
     let mut ch = client.open();
-    let req = FilePathRequest { path: path.to_string() };
-    client.send(&Frame::json(ch.id, Kind::FileRemove, &req)).await.map_err(closed)?;
-    expect_ok(&mut ch).await.map(drop).map_err(|e| map_guest(path, e))
+    let req = FilePathRequest {
+        path: path.to_string(),
+    };
+    client
+        .send(&Frame::json(ch.id, Kind::FileRemove, &req))
+        .await
+        .map_err(closed)?;
+    expect_ok(&mut ch)
+        .await
+        .map(drop)
+        .map_err(|e| map_guest(path, e))
 }
 
 #[cfg(test)]
@@ -113,7 +163,16 @@ mod tests {
         for ok in ["/", "/work/a.py", "/a/b/c", "/tmp/..x", "/tmp/x.."] {
             assert!(validate_path(ok, 4096).is_ok(), "{ok}");
         }
-        for bad in ["", "a.py", "../etc/passwd", "/a/../../etc", "/a/./b", "/a//b", "/a/", "/a\0b"] {
+        for bad in [
+            "",
+            "a.py",
+            "../etc/passwd",
+            "/a/../../etc",
+            "/a/./b",
+            "/a//b",
+            "/a/",
+            "/a\0b",
+        ] {
             assert!(validate_path(bad, 4096).is_err(), "{bad:?}");
         }
         assert!(validate_path(&format!("/{}", "a".repeat(256)), 4096).is_err());

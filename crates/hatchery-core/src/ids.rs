@@ -6,7 +6,9 @@ const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
 /// part of unix socket paths, which are capped at 107 bytes.
 pub fn new_sandbox_id() -> String {
     let mut rng = rand::thread_rng();
-    let tail: String = (0..16).map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char).collect();
+    let tail: String = (0..16)
+        .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
+        .collect();
     format!("sbx_{tail}")
 }
 

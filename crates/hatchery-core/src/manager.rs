@@ -65,7 +65,12 @@ pub struct Manager {
 }
 
 impl Manager {
-    pub fn new(caps: Caps, store: Store, runtime: Arc<dyn Runtime>, templates: Templates) -> Arc<Manager> {
+    pub fn new(
+        caps: Caps,
+        store: Store,
+        runtime: Arc<dyn Runtime>,
+        templates: Templates,
+    ) -> Arc<Manager> {
         Arc::new(Manager {
             caps,
             metrics: Metrics::new(),
@@ -115,7 +120,10 @@ impl Manager {
         let template = self.templates.get(&req.template)?;
         let ttl = req.ttl_seconds.unwrap_or(self.caps.default_ttl_s);
         if ttl == 0 || ttl > self.caps.max_ttl_s {
-            return Err(CoreError::Invalid(format!("ttl_seconds must be between 1 and {}", self.caps.max_ttl_s)));
+            return Err(CoreError::Invalid(format!(
+                "ttl_seconds must be between 1 and {}",
+                self.caps.max_ttl_s
+            )));
         }
         self.reserve()?;
         let res = self.create_reserved(req, template, ttl).await;
@@ -162,7 +170,9 @@ impl Manager {
         self.store.set_running(&row.id)?;
         self.adopt(&row.id, client, row.env.clone());
         self.metrics.sandboxes_created.inc();
-        self.metrics.create_seconds.observe(started.elapsed().as_secs_f64());
+        self.metrics
+            .create_seconds
+            .observe(started.elapsed().as_secs_f64());
         tracing::info!(sandbox = %row.id, template = %row.template, ttl_s = ttl, ms = started.elapsed().as_millis() as u64, "sandbox created");
         let mut info = SandboxInfo::from(row);
         info.state = crate::store::STATE_RUNNING.into();
@@ -177,7 +187,12 @@ impl Manager {
     /// Registers a connected sandbox and watches its channel: if the guest
     /// goes away on its own (TTL kill by the shim, crash), the sandbox is
     /// marked stopped and cleaned up.
-    pub(crate) fn adopt(self: &Arc<Self>, id: &str, client: Arc<AgentClient>, env: BTreeMap<String, String>) {
+    pub(crate) fn adopt(
+        self: &Arc<Self>,
+        id: &str,
+        client: Arc<AgentClient>,
+        env: BTreeMap<String, String>,
+    ) {
         let mut closed = client.closed();
         self.live
             .lock()
@@ -197,13 +212,21 @@ impl Manager {
     /// Stops a sandbox: state first (so the API answers at once), host
     /// teardown in the background. Idempotent.
     pub fn stop(self: &Arc<Self>, id: &str, reason: &str) {
-        let was_live = self.live.lock().unwrap_or_else(|p| p.into_inner()).remove(id).is_some();
+        let was_live = self
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id)
+            .is_some();
         if was_live {
             self.metrics.sandboxes_live.dec();
         }
         let changed = self.store.stop(id, reason, now_ms()).unwrap_or(false);
         if changed {
-            self.metrics.sandboxes_killed.with_label_values(&[reason]).inc();
+            self.metrics
+                .sandboxes_killed
+                .with_label_values(&[reason])
+                .inc();
             tracing::info!(sandbox = %id, reason, "sandbox stopped");
         }
         if was_live || changed {
@@ -227,7 +250,10 @@ impl Manager {
         if !valid_sandbox_id(id) {
             return Err(CoreError::SandboxNotFound(id.to_string()));
         }
-        self.store.get_live(id)?.map(Into::into).ok_or_else(|| CoreError::SandboxNotFound(id.to_string()))
+        self.store
+            .get_live(id)?
+            .map(Into::into)
+            .ok_or_else(|| CoreError::SandboxNotFound(id.to_string()))
     }
 
     pub fn list(&self, filter: &BTreeMap<String, String>) -> Result<Vec<SandboxInfo>, CoreError> {
@@ -242,7 +268,10 @@ impl Manager {
 
     pub async fn set_ttl(&self, id: &str, ttl: u64) -> Result<SandboxInfo, CoreError> {
         if ttl == 0 || ttl > self.caps.max_ttl_s {
-            return Err(CoreError::Invalid(format!("ttl_seconds must be between 1 and {}", self.caps.max_ttl_s)));
+            return Err(CoreError::Invalid(format!(
+                "ttl_seconds must be between 1 and {}",
+                self.caps.max_ttl_s
+            )));
         }
         self.live_get(id)?;
         let at = now_ms() + ttl * 1000;
@@ -253,7 +282,12 @@ impl Manager {
         self.get(id)
     }
 
-    pub async fn exec(&self, id: &str, mut p: ExecParams, sink: Sink) -> Result<ExecOutcome, CoreError> {
+    pub async fn exec(
+        &self,
+        id: &str,
+        mut p: ExecParams,
+        sink: Sink,
+    ) -> Result<ExecOutcome, CoreError> {
         let live = self.live_get(id)?;
         let mut env = live.env.clone();
         env.append(&mut p.env);
@@ -271,7 +305,9 @@ impl Manager {
         if let (Some(a), Some(b)) = (ooms_before, self.runtime.oom_kills(id)) {
             out.oom_killed = b > a;
         }
-        self.metrics.exec_seconds.observe(out.duration_ms as f64 / 1000.0);
+        self.metrics
+            .exec_seconds
+            .observe(out.duration_ms as f64 / 1000.0);
         if out.timed_out {
             self.metrics.exec_timeouts.inc();
             crate::limited_warn!(self.logs, &format!("{id}/timeout"), sandbox = %id, "exec hit its deadline");
@@ -289,7 +325,10 @@ impl Manager {
     pub async fn write_file(&self, id: &str, path: &str, data: &[u8]) -> Result<(), CoreError> {
         files::validate_path(path, self.caps.max_path_bytes)?;
         if data.len() as u64 > self.caps.max_file_bytes {
-            return Err(CoreError::TooLarge(format!("file over {} bytes", self.caps.max_file_bytes)));
+            return Err(CoreError::TooLarge(format!(
+                "file over {} bytes",
+                self.caps.max_file_bytes
+            )));
         }
         files::write(&self.live_get(id)?.client, path, data).await
     }
@@ -317,7 +356,10 @@ impl Manager {
     }
 }
 
-pub(crate) async fn connect_and_ping(rt: &dyn Runtime, id: &str) -> Result<Arc<AgentClient>, CoreError> {
+pub(crate) async fn connect_and_ping(
+    rt: &dyn Runtime,
+    id: &str,
+) -> Result<Arc<AgentClient>, CoreError> {
     let stream = rt.connect(id).await?;
     let client = AgentClient::new(stream);
     let mut ch = client.open();
@@ -327,7 +369,9 @@ pub(crate) async fn connect_and_ping(rt: &dyn Runtime, id: &str) -> Result<Arc<A
         .map_err(|e| CoreError::GuestUnresponsive(e.to_string()))?;
     match tokio::time::timeout(PING_TIMEOUT, ch.rx.recv()).await {
         Ok(Some(f)) if f.kind == Kind::Pong => Ok(client),
-        Ok(_) => Err(CoreError::GuestUnresponsive("agent did not answer ping".into())),
+        Ok(_) => Err(CoreError::GuestUnresponsive(
+            "agent did not answer ping".into(),
+        )),
         Err(_) => Err(CoreError::GuestUnresponsive("agent ping timed out".into())),
     }
 }

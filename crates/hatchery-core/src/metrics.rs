@@ -19,19 +19,37 @@ pub struct Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let registry = Registry::new();
-        let buckets = vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+        let buckets = vec![
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            60.0,
+        ];
         let m = Metrics {
-            sandboxes_live: IntGauge::new("hatchery_sandboxes_live", "Sandboxes currently running").unwrap(),
-            sandboxes_created: IntCounter::new("hatchery_sandboxes_created_total", "Sandboxes created").unwrap(),
+            sandboxes_live: IntGauge::new("hatchery_sandboxes_live", "Sandboxes currently running")
+                .unwrap(),
+            sandboxes_created: IntCounter::new(
+                "hatchery_sandboxes_created_total",
+                "Sandboxes created",
+            )
+            .unwrap(),
             sandboxes_killed: IntCounterVec::new(
-                Opts::new("hatchery_sandboxes_killed_total", "Sandboxes stopped, by reason"),
+                Opts::new(
+                    "hatchery_sandboxes_killed_total",
+                    "Sandboxes stopped, by reason",
+                ),
                 &["reason"],
             )
             .unwrap(),
-            create_failures: IntCounter::new("hatchery_sandbox_create_failures_total", "Failed creates").unwrap(),
+            create_failures: IntCounter::new(
+                "hatchery_sandbox_create_failures_total",
+                "Failed creates",
+            )
+            .unwrap(),
             create_seconds: Histogram::with_opts(
-                HistogramOpts::new("hatchery_sandbox_create_seconds", "Create: request to agent ready")
-                    .buckets(buckets.clone()),
+                HistogramOpts::new(
+                    "hatchery_sandbox_create_seconds",
+                    "Create: request to agent ready",
+                )
+                .buckets(buckets.clone()),
             )
             .unwrap(),
             execs: IntCounter::new("hatchery_execs_total", "Commands executed").unwrap(),
@@ -39,11 +57,21 @@ impl Metrics {
                 HistogramOpts::new("hatchery_exec_seconds", "Exec wall time").buckets(buckets),
             )
             .unwrap(),
-            exec_timeouts: IntCounter::new("hatchery_exec_timeouts_total", "Execs killed at their deadline").unwrap(),
-            exec_ooms: IntCounter::new("hatchery_exec_oom_kills_total", "Execs during which the OOM killer ran")
-                .unwrap(),
-            exec_truncated: IntCounter::new("hatchery_exec_truncated_total", "Execs whose output hit the cap")
-                .unwrap(),
+            exec_timeouts: IntCounter::new(
+                "hatchery_exec_timeouts_total",
+                "Execs killed at their deadline",
+            )
+            .unwrap(),
+            exec_ooms: IntCounter::new(
+                "hatchery_exec_oom_kills_total",
+                "Execs during which the OOM killer ran",
+            )
+            .unwrap(),
+            exec_truncated: IntCounter::new(
+                "hatchery_exec_truncated_total",
+                "Execs whose output hit the cap",
+            )
+            .unwrap(),
             registry,
         };
         let r = &m.registry;

@@ -22,7 +22,11 @@ pub enum Verdict {
 
 impl LogLimiter {
     pub fn new(window: Duration, burst: u32) -> Self {
-        LogLimiter { window, burst, state: Mutex::new(HashMap::new()) }
+        LogLimiter {
+            window,
+            burst,
+            state: Mutex::new(HashMap::new()),
+        }
     }
 
     pub fn check(&self, key: &str) -> Verdict {
@@ -35,7 +39,11 @@ impl LogLimiter {
         if now.duration_since(e.0) >= self.window {
             let dropped = e.2;
             *e = (now, 1, 0);
-            return if dropped > 0 { Verdict::LogWithSuppressed(dropped) } else { Verdict::Log };
+            return if dropped > 0 {
+                Verdict::LogWithSuppressed(dropped)
+            } else {
+                Verdict::Log
+            };
         }
         if e.1 < self.burst {
             e.1 += 1;

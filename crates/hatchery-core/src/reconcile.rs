@@ -31,7 +31,11 @@ impl Manager {
                     continue;
                 }
             }
-            let reason = if row.expires_at_ms <= now { "ttl" } else { "lost" };
+            let reason = if row.expires_at_ms <= now {
+                "ttl"
+            } else {
+                "lost"
+            };
             self.store.stop(&row.id, reason, now)?;
             self.runtime.destroy(&row.id).await?;
             report.stopped += 1;
@@ -42,7 +46,12 @@ impl Manager {
                 report.orphans_destroyed += 1;
             }
         }
-        tracing::info!(adopted = report.adopted, stopped = report.stopped, orphans = report.orphans_destroyed, "reconciled");
+        tracing::info!(
+            adopted = report.adopted,
+            stopped = report.stopped,
+            orphans = report.orphans_destroyed,
+            "reconciled"
+        );
         Ok(report)
     }
 }

@@ -57,7 +57,9 @@ impl Store {
              );
              CREATE INDEX IF NOT EXISTS events_sandbox ON events(sandbox_id, seq);",
         )?;
-        Ok(Store { conn: Mutex::new(conn) })
+        Ok(Store {
+            conn: Mutex::new(conn),
+        })
     }
 
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
@@ -84,7 +86,10 @@ impl Store {
 
     pub fn set_running(&self, id: &str) -> Result<()> {
         let c = self.conn();
-        c.execute("UPDATE sandboxes SET state=?2 WHERE id=?1", params![id, STATE_RUNNING])?;
+        c.execute(
+            "UPDATE sandboxes SET state=?2 WHERE id=?1",
+            params![id, STATE_RUNNING],
+        )?;
         event(&c, id, "running", "")
     }
 
@@ -125,27 +130,34 @@ impl Store {
 
     pub fn list_live(&self) -> Result<Vec<SandboxRow>> {
         let c = self.conn();
-        let mut st = c.prepare(&format!("{SELECT} WHERE state != ?1 ORDER BY created_at_ms"))?;
+        let mut st = c.prepare(&format!(
+            "{SELECT} WHERE state != ?1 ORDER BY created_at_ms"
+        ))?;
         let rows = st.query_map(params![STATE_STOPPED], row)?;
         rows.collect()
     }
 
     pub fn expired(&self, now_ms: u64) -> Result<Vec<String>> {
         let c = self.conn();
-        let mut st = c.prepare("SELECT id FROM sandboxes WHERE state != ?1 AND expires_at_ms <= ?2")?;
+        let mut st =
+            c.prepare("SELECT id FROM sandboxes WHERE state != ?1 AND expires_at_ms <= ?2")?;
         let rows = st.query_map(params![STATE_STOPPED, now_ms as i64], |r| r.get(0))?;
         rows.collect()
     }
 
     pub fn events(&self, id: &str) -> Result<Vec<(u64, String, String)>> {
         let c = self.conn();
-        let mut st = c.prepare("SELECT at_ms, kind, detail FROM events WHERE sandbox_id=?1 ORDER BY seq")?;
-        let rows = st.query_map(params![id], |r| Ok((r.get::<_, i64>(0)? as u64, r.get(1)?, r.get(2)?)))?;
+        let mut st =
+            c.prepare("SELECT at_ms, kind, detail FROM events WHERE sandbox_id=?1 ORDER BY seq")?;
+        let rows = st.query_map(params![id], |r| {
+            Ok((r.get::<_, i64>(0)? as u64, r.get(1)?, r.get(2)?))
+        })?;
         rows.collect()
     }
 }
 
-const SELECT: &str = "SELECT id, template, state, created_at_ms, expires_at_ms, metadata, env FROM sandboxes";
+const SELECT: &str =
+    "SELECT id, template, state, created_at_ms, expires_at_ms, metadata, env FROM sandboxes";
 
 fn row(r: &rusqlite::Row<'_>) -> Result<SandboxRow> {
     let metadata: String = r.get(5)?;
@@ -174,7 +186,11 @@ mod tests {
     use super::*;
 
     fn tmp_store() -> (Store, std::path::PathBuf) {
-        let p = std::env::temp_dir().join(format!("hx-store-{}-{}.db", std::process::id(), rand::random::<u32>()));
+        let p = std::env::temp_dir().join(format!(
+            "hx-store-{}-{}.db",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
         (Store::open(&p).unwrap(), p)
     }
 
@@ -202,10 +218,18 @@ mod tests {
         assert!(s.set_expiry("sbx_a", 500).unwrap());
         assert!(s.expired(100).unwrap().is_empty());
         assert!(s.stop("sbx_a", "deleted", 2).unwrap());
-        assert!(!s.stop("sbx_a", "deleted", 3).unwrap(), "second stop is a no-op");
+        assert!(
+            !s.stop("sbx_a", "deleted", 3).unwrap(),
+            "second stop is a no-op"
+        );
         assert!(s.get_live("sbx_a").unwrap().is_none());
         assert!(!s.set_expiry("sbx_a", 900).unwrap());
-        let kinds: Vec<String> = s.events("sbx_a").unwrap().into_iter().map(|e| e.1).collect();
+        let kinds: Vec<String> = s
+            .events("sbx_a")
+            .unwrap()
+            .into_iter()
+            .map(|e| e.1)
+            .collect();
         assert_eq!(kinds, ["created", "running", "ttl", "stopped"]);
         std::fs::remove_file(path).ok();
     }

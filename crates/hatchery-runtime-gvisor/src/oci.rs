@@ -32,8 +32,22 @@ const CAPS: &[&str] = &[
 /// in-guest RLIMIT_NPROC; this only stops a runaway Sentry.
 const HOST_PIDS_BACKSTOP: u64 = 4096;
 
+/// Host memory a forked guest process costs under systrap (measured: a
+/// Python fork bomb grows the sandbox cgroup by ~3.5 MiB per process; 8
+/// leaves room for the processes to also use some memory).
+const MIB_PER_PROCESS: u64 = 8;
+
+/// The in-guest process ceiling actually applied. When the memory ceiling
+/// is hit by many processes rather than one big one, the host OOM killer
+/// picks the Sentry (it maps all guest memory) and the whole sandbox dies;
+/// so processes are capped low enough that they cannot fill memory first.
+pub fn effective_nproc(l: &hatchery_runtime::Limits) -> u64 {
+    (l.pids_max as u64).min((l.memory_mb / MIB_PER_PROCESS).max(16))
+}
+
 pub fn config(spec: &SandboxSpec, agent: &Path) -> Value {
     let l = &spec.limits;
+    let nproc = effective_nproc(l);
     let period: u64 = 100_000;
     let quota = (l.cpus * period as f64).round().max(1000.0) as u64;
     json!({
@@ -46,7 +60,7 @@ pub fn config(spec: &SandboxSpec, agent: &Path) -> Value {
             "cwd": "/",
             "capabilities": {"bounding": CAPS, "effective": CAPS, "permitted": CAPS},
             "rlimits": [
-                {"type": "RLIMIT_NPROC", "hard": l.pids_max, "soft": l.pids_max},
+                {"type": "RLIMIT_NPROC", "hard": nproc, "soft": nproc},
                 {"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096},
                 {"type": "RLIMIT_FSIZE", "hard": l.disk_mb * 1024 * 1024, "soft": l.disk_mb * 1024 * 1024}
             ],
@@ -85,15 +99,32 @@ mod tests {
         let spec = SandboxSpec {
             id: "sbx_x".into(),
             rootfs: "/r".into(),
-            limits: Limits { cpus: 0.5, memory_mb: 256, pids_max: 64, disk_mb: 10 },
+            limits: Limits {
+                cpus: 0.5,
+                memory_mb: 1024,
+                pids_max: 64,
+                disk_mb: 10,
+            },
             expires_at_ms: 0,
         };
         let v = config(&spec, Path::new("/a"));
-        assert_eq!(v["linux"]["resources"]["memory"]["limit"], 256 * 1024 * 1024);
+        assert_eq!(
+            v["linux"]["resources"]["memory"]["limit"],
+            1024 * 1024 * 1024
+        );
         assert_eq!(v["linux"]["resources"]["cpu"]["quota"], 50_000);
         assert_eq!(v["process"]["rlimits"][0]["hard"], 64);
+        let big = Limits {
+            cpus: 1.0,
+            memory_mb: 512,
+            pids_max: 256,
+            disk_mb: 10,
+        };
+        assert_eq!(effective_nproc(&big), 64, "memory, not pids_max, bounds it");
         assert_eq!(v["root"]["path"], "/r");
         let caps = v["process"]["capabilities"]["bounding"].as_array().unwrap();
-        assert!(!caps.iter().any(|c| c == "CAP_SYS_ADMIN" || c == "CAP_SYS_PTRACE"));
+        assert!(!caps
+            .iter()
+            .any(|c| c == "CAP_SYS_ADMIN" || c == "CAP_SYS_PTRACE"));
     }
 }

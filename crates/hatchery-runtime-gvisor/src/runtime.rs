@@ -37,11 +37,17 @@ impl GvisorRuntime {
         Ok(GvisorRuntime { layout })
     }
 
-    async fn control(&self, id: &str, msg: &ShimControl, timeout: Duration) -> Result<(), RuntimeError> {
+    async fn control(
+        &self,
+        id: &str,
+        msg: &ShimControl,
+        timeout: Duration,
+    ) -> Result<(), RuntimeError> {
         let fut = async {
             let mut s = UnixStream::connect(self.layout.socket(id)).await?;
             s.write_all(&[ROLE_CONTROL]).await?;
-            s.write_all(&Frame::json(0, Kind::Control, msg).encode()).await?;
+            s.write_all(&Frame::json(0, Kind::Control, msg).encode())
+                .await?;
             // The ack (or EOF if the shim exits first) says it is done.
             let mut buf = Vec::new();
             let _ = (&mut s).take(MAX_FRAME as u64).read_to_end(&mut buf).await;
@@ -49,7 +55,10 @@ impl GvisorRuntime {
         };
         match tokio::time::timeout(timeout, fut).await {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::NotFound || e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Ok(Err(e))
+                if e.kind() == std::io::ErrorKind::NotFound
+                    || e.kind() == std::io::ErrorKind::ConnectionRefused =>
+            {
                 Err(RuntimeError::NotFound(id.to_string()))
             }
             Ok(Err(e)) => Err(e.into()),
@@ -58,7 +67,11 @@ impl GvisorRuntime {
     }
 
     fn shim_pid(&self, id: &str) -> Option<i32> {
-        std::fs::read_to_string(self.layout.bundle(id).join("shim.pid")).ok()?.trim().parse().ok()
+        std::fs::read_to_string(self.layout.bundle(id).join("shim.pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
     }
 }
 
@@ -80,8 +93,14 @@ impl Runtime for GvisorRuntime {
             expires_at_ms: spec.expires_at_ms,
         };
         let write = || -> std::io::Result<()> {
-            std::fs::write(bundle.join("config.json"), serde_json::to_vec_pretty(&config)?)?;
-            std::fs::write(ShimConfig::path(&bundle), serde_json::to_vec_pretty(&shim_cfg)?)?;
+            std::fs::write(
+                bundle.join("config.json"),
+                serde_json::to_vec_pretty(&config)?,
+            )?;
+            std::fs::write(
+                ShimConfig::path(&bundle),
+                serde_json::to_vec_pretty(&shim_cfg)?,
+            )?;
             Ok(())
         };
         if let Err(e) = write() {
@@ -89,7 +108,10 @@ impl Runtime for GvisorRuntime {
             return Err(e.into());
         }
         let mut cmd = Command::new(&self.layout.cfg.shim);
-        cmd.arg(&bundle).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::null());
+        cmd.arg(&bundle)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
         // Its own session: the shim must outlive the daemon and not get the
         // terminal's signals.
         // SAFETY: setsid is async-signal-safe and touches no memory.
@@ -100,9 +122,13 @@ impl Runtime for GvisorRuntime {
             });
         }
         let mut child = cmd.spawn()?;
-        let stdout = child.stdout.take().ok_or_else(|| RuntimeError::Start("no shim stdout".into()))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| RuntimeError::Start("no shim stdout".into()))?;
         let mut line = String::new();
-        let read = tokio::time::timeout(START_TIMEOUT, BufReader::new(stdout).read_line(&mut line)).await;
+        let read =
+            tokio::time::timeout(START_TIMEOUT, BufReader::new(stdout).read_line(&mut line)).await;
         // The shim keeps running after it says ready; reap it in the
         // background whenever it exits.
         tokio::spawn(async move {
@@ -123,21 +149,34 @@ impl Runtime for GvisorRuntime {
     }
 
     async fn connect(&self, id: &str) -> Result<AgentStream, RuntimeError> {
-        let mut s = UnixStream::connect(self.layout.socket(id)).await.map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => RuntimeError::NotFound(id.into()),
-            _ => e.into(),
-        })?;
+        let mut s = UnixStream::connect(self.layout.socket(id))
+            .await
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
+                    RuntimeError::NotFound(id.into())
+                }
+                _ => e.into(),
+            })?;
         s.write_all(&[ROLE_AGENT]).await?;
         Ok(Box::pin(s))
     }
 
     async fn set_expiry(&self, id: &str, expires_at_ms: u64) -> Result<(), RuntimeError> {
-        self.control(id, &ShimControl::SetExpiry { unix_ms: expires_at_ms }, Duration::from_secs(5)).await
+        self.control(
+            id,
+            &ShimControl::SetExpiry {
+                unix_ms: expires_at_ms,
+            },
+            Duration::from_secs(5),
+        )
+        .await
     }
 
     async fn destroy(&self, id: &str) -> Result<(), RuntimeError> {
         // Ask the shim first: it holds the pipes and knows the sandbox.
-        let _ = self.control(id, &ShimControl::Shutdown, SHUTDOWN_TIMEOUT).await;
+        let _ = self
+            .control(id, &ShimControl::Shutdown, SHUTDOWN_TIMEOUT)
+            .await;
         if let Some(pid) = self.shim_pid(id) {
             if teardown::pids_mentioning(id).contains(&(pid as u32)) {
                 // SAFETY: signalling a pid we verified still names this sandbox.
@@ -145,8 +184,12 @@ impl Runtime for GvisorRuntime {
             }
         }
         // Then make sure, whatever state the shim was in.
-        let (runsc, flags, bundle, id2) =
-            (self.layout.cfg.runsc.clone(), self.layout.runsc_flags(), self.layout.bundle(id), id.to_string());
+        let (runsc, flags, bundle, id2) = (
+            self.layout.cfg.runsc.clone(),
+            self.layout.runsc_flags(),
+            self.layout.bundle(id),
+            id.to_string(),
+        );
         tokio::task::spawn_blocking(move || teardown::destroy(&runsc, &flags, &id2, &bundle))
             .await
             .map_err(|e| RuntimeError::Other(e.to_string()))?;
@@ -176,8 +219,11 @@ impl Runtime for GvisorRuntime {
     }
 
     fn oom_kills(&self, id: &str) -> Option<u64> {
-        let s = std::fs::read_to_string(format!("/sys/fs/cgroup/memory/{id}/memory.oom_control")).ok()?;
-        s.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|v| v.trim().parse().ok())
+        let s = std::fs::read_to_string(format!("/sys/fs/cgroup/memory/{id}/memory.oom_control"))
+            .ok()?;
+        s.lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .and_then(|v| v.trim().parse().ok())
     }
 
     fn leftovers(&self, id: &str) -> Vec<String> {

@@ -25,7 +25,10 @@ pub const ROLE_AGENT: u8 = b'A';
 pub const ROLE_CONTROL: u8 = b'C';
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }
 
 fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
@@ -49,7 +52,12 @@ struct Shim {
 impl Shim {
     fn destroy_and_exit(&self, why: &str) -> ! {
         eprintln!("hatchery-shim {}: destroying sandbox: {why}", self.cfg.id);
-        teardown::destroy(&self.cfg.runsc, &self.cfg.runsc_flags, &self.cfg.id, &self.bundle);
+        teardown::destroy(
+            &self.cfg.runsc,
+            &self.cfg.runsc_flags,
+            &self.cfg.id,
+            &self.bundle,
+        );
         std::process::exit(0);
     }
 }
@@ -95,7 +103,9 @@ fn start(cfg: &ShimConfig, bundle: &Path) -> std::io::Result<(File, File, UnixLi
     if !status.success() {
         let log = std::fs::read_to_string(bundle.join("runsc.log")).unwrap_or_default();
         let tail: String = log.lines().rev().take(5).collect::<Vec<_>>().join(" | ");
-        return Err(std::io::Error::other(format!("runsc run failed ({status}): {tail}")));
+        return Err(std::io::Error::other(format!(
+            "runsc run failed ({status}): {tail}"
+        )));
     }
     let sock = bundle.join("shim.sock");
     let _ = std::fs::remove_file(&sock);
@@ -104,7 +114,13 @@ fn start(cfg: &ShimConfig, bundle: &Path) -> std::io::Result<(File, File, UnixLi
     Ok((File::from(to_agent), File::from(from_agent), listener))
 }
 
-fn serve(cfg: ShimConfig, bundle: &Path, to_agent: File, from_agent: File, listener: UnixListener) -> ! {
+fn serve(
+    cfg: ShimConfig,
+    bundle: &Path,
+    to_agent: File,
+    from_agent: File,
+    listener: UnixListener,
+) -> ! {
     std::fs::write(bundle.join("shim.pid"), std::process::id().to_string()).ok();
     println!("ready");
     let _ = std::io::stdout().flush();
@@ -186,8 +202,12 @@ fn attach(shim: &Arc<Shim>, conn: UnixStream) {
 
 fn control(shim: &Shim, mut conn: UnixStream) {
     let _ = conn.set_read_timeout(Some(Duration::from_secs(5)));
-    let Ok(Some(frame)) = read_frame(&mut conn) else { return };
-    let Ok(msg) = frame.parse::<ShimControl>() else { return };
+    let Ok(Some(frame)) = read_frame(&mut conn) else {
+        return;
+    };
+    let Ok(msg) = frame.parse::<ShimControl>() else {
+        return;
+    };
     match msg {
         ShimControl::SetExpiry { unix_ms } => {
             shim.expires_at.store(unix_ms, Ordering::SeqCst);
@@ -195,7 +215,12 @@ fn control(shim: &Shim, mut conn: UnixStream) {
         }
         ShimControl::Shutdown => {
             // Ack only after teardown, so the caller knows it is complete.
-            teardown::destroy(&shim.cfg.runsc, &shim.cfg.runsc_flags, &shim.cfg.id, &shim.bundle);
+            teardown::destroy(
+                &shim.cfg.runsc,
+                &shim.cfg.runsc_flags,
+                &shim.cfg.id,
+                &shim.bundle,
+            );
             let _ = write_frame(&mut conn, &Frame::json(0, Kind::Control, &ShimControl::Ack));
             std::process::exit(0);
         }
@@ -206,7 +231,10 @@ fn control(shim: &Shim, mut conn: UnixStream) {
 /// Points stdin at /dev/null and stdout/stderr at `shim.log`, so the daemon
 /// reading our "ready" line sees EOF and we never hold its pipes.
 fn detach_stdio(bundle: &Path) {
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(bundle.join("shim.log"));
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(bundle.join("shim.log"));
     let null = File::open("/dev/null");
     if let (Ok(log), Ok(null)) = (log, null) {
         use std::os::fd::AsRawFd;

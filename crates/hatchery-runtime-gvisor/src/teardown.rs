@@ -5,8 +5,19 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-const CGROUP_CONTROLLERS: &[&str] =
-    &["memory", "pids", "cpu", "cpuacct", "cpuset", "blkio", "devices", "freezer", "net_cls", "perf_event", "hugetlb"];
+const CGROUP_CONTROLLERS: &[&str] = &[
+    "memory",
+    "pids",
+    "cpu",
+    "cpuacct",
+    "cpuset",
+    "blkio",
+    "devices",
+    "freezer",
+    "net_cls",
+    "perf_event",
+    "hugetlb",
+];
 
 fn runsc(runsc: &Path, flags: &[String], args: &[&str]) -> bool {
     Command::new(runsc)
@@ -68,13 +79,18 @@ pub fn leftovers(id: &str, bundle: &Path, runsc_root: &Path) -> Vec<String> {
 /// gofer, shim).
 pub fn pids_mentioning(id: &str) -> Vec<u32> {
     let me = std::process::id();
-    let Ok(rd) = std::fs::read_dir("/proc") else { return vec![] };
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
     rd.flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter(|&pid| pid != me)
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| c.split(|&b| b == 0).any(|arg| String::from_utf8_lossy(arg).contains(id)))
+                .map(|c| {
+                    c.split(|&b| b == 0)
+                        .any(|arg| String::from_utf8_lossy(arg).contains(id))
+                })
                 .unwrap_or(false)
         })
         .collect()

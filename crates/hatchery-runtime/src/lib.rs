@@ -93,7 +93,11 @@ pub trait Runtime: Send + Sync + 'static {
     }
 
     /// Starts a new sandbox from a checkpoint made by [`Runtime::checkpoint`].
-    async fn restore(&self, _spec: &SandboxSpec, _dir: &std::path::Path) -> Result<(), RuntimeError> {
+    async fn restore(
+        &self,
+        _spec: &SandboxSpec,
+        _dir: &std::path::Path,
+    ) -> Result<(), RuntimeError> {
         Err(RuntimeError::Unsupported("restore", self.name()))
     }
 }

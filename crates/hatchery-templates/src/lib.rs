@@ -70,7 +70,9 @@ impl Template {
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
-        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !name.starts_with('-')
 }
 
@@ -93,20 +95,31 @@ impl Templates {
             return Err(TemplateError::InvalidName(name.to_string()));
         }
         let dir = self.dir.join(name);
-        let raw = std::fs::read(dir.join("template.json")).map_err(|_| TemplateError::NotFound(name.to_string()))?;
-        let spec: TemplateSpec = serde_json::from_slice(&raw)
-            .map_err(|e| TemplateError::Broken { name: name.to_string(), why: e.to_string() })?;
+        let raw = std::fs::read(dir.join("template.json"))
+            .map_err(|_| TemplateError::NotFound(name.to_string()))?;
+        let spec: TemplateSpec =
+            serde_json::from_slice(&raw).map_err(|e| TemplateError::Broken {
+                name: name.to_string(),
+                why: e.to_string(),
+            })?;
         let rootfs = dir.join("rootfs");
         if !rootfs.join("bin").exists() {
-            return Err(TemplateError::Broken { name: name.to_string(), why: "rootfs missing".into() });
+            return Err(TemplateError::Broken {
+                name: name.to_string(),
+                why: "rootfs missing".into(),
+            });
         }
         Ok(Template { spec, rootfs })
     }
 
     pub fn list(&self) -> Vec<Template> {
-        let Ok(rd) = std::fs::read_dir(&self.dir) else { return vec![] };
-        let mut out: Vec<Template> =
-            rd.flatten().filter_map(|e| self.get(&e.file_name().to_string_lossy()).ok()).collect();
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return vec![];
+        };
+        let mut out: Vec<Template> = rd
+            .flatten()
+            .filter_map(|e| self.get(&e.file_name().to_string_lossy()).ok())
+            .collect();
         out.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
         out
     }

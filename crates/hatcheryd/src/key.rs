@@ -20,8 +20,15 @@ pub fn load_or_create(data_dir: &Path) -> std::io::Result<(String, Option<std::p
     }
     let mut raw = [0u8; 24];
     rand::thread_rng().fill_bytes(&mut raw);
-    let key: String = format!("hx_{}", raw.iter().map(|b| format!("{b:02x}")).collect::<String>());
-    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path)?;
+    let key: String = format!(
+        "hx_{}",
+        raw.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    );
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)?;
     f.write_all(key.as_bytes())?;
     Ok((key, Some(path)))
 }

@@ -34,7 +34,11 @@ fn which(p: &PathBuf) -> Option<PathBuf> {
     if p.components().count() > 1 {
         return p.exists().then(|| p.clone());
     }
-    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| PathBuf::from(d).join(p)).find(|c| c.exists())
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| PathBuf::from(d).join(p))
+        .find(|c| c.exists())
 }
 
 pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
@@ -42,7 +46,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     std::fs::create_dir_all(&data).map_err(|e| DaemonError::DataDir(data.clone(), e))?;
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700))
         .map_err(|e| DaemonError::DataDir(data.clone(), e))?;
-    let runsc = which(&args.runsc).ok_or_else(|| DaemonError::Missing("runsc", args.runsc.display().to_string()))?;
+    let runsc = which(&args.runsc)
+        .ok_or_else(|| DaemonError::Missing("runsc", args.runsc.display().to_string()))?;
     let agent = sibling("hatchery-agent");
     let shim = sibling("hatchery-shim");
     for (name, p) in [("hatchery-agent", &agent), ("hatchery-shim", &shim)] {
@@ -50,9 +55,12 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             return Err(DaemonError::Missing(name, p.display().to_string()));
         }
     }
-    let (key, key_path) = crate::key::load_or_create(&data).map_err(|e| DaemonError::DataDir(data.clone(), e))?;
+    let (key, key_path) =
+        crate::key::load_or_create(&data).map_err(|e| DaemonError::DataDir(data.clone(), e))?;
     match &key_path {
-        Some(p) => tracing::info!(path = %p.display(), "API key file (send as: Authorization: Bearer <key>)"),
+        Some(p) => {
+            tracing::info!(path = %p.display(), "API key file (send as: Authorization: Bearer <key>)")
+        }
         None => tracing::info!("API key taken from HATCHERY_API_KEY"),
     }
 
@@ -64,7 +72,11 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         agent,
         platform: args.platform.clone(),
     })?;
-    let templates = Templates::new(args.templates_dir.clone().unwrap_or_else(|| data.join("templates")));
+    let templates = Templates::new(
+        args.templates_dir
+            .clone()
+            .unwrap_or_else(|| data.join("templates")),
+    );
     if templates.list().is_empty() {
         tracing::warn!(dir = %templates.dir().display(), "no templates baked; run scripts/bake-template.sh");
     }
@@ -80,14 +92,24 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     tracing::info!(?report, "state reconciled with the host");
     let _reaper = manager.spawn_reaper();
 
-    let app = hatchery_api::router(AppState { manager: manager.clone(), api_key: key.into() });
-    let listener =
-        tokio::net::TcpListener::bind(args.listen).await.map_err(|e| DaemonError::Listen(args.listen, e))?;
+    let app = hatchery_api::router(AppState {
+        manager: manager.clone(),
+        api_key: key.into(),
+    });
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| DaemonError::Listen(args.listen, e))?;
     tracing::info!(listen = %args.listen, data_dir = %data.display(), "hatcheryd ready");
-    axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await.map_err(DaemonError::Serve)?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(DaemonError::Serve)?;
     // Sandboxes outlive the daemon on purpose: their shims keep the agent
     // channel and the TTL, and the next start re-adopts them.
-    tracing::info!(live = manager.live_count(), "hatcheryd stopped; sandboxes keep running under their shims");
+    tracing::info!(
+        live = manager.live_count(),
+        "hatcheryd stopped; sandboxes keep running under their shims"
+    );
     Ok(())
 }
 

@@ -50,15 +50,29 @@ pub async fn exec_stream(
             ExecEvent::Stdout(d) => ("stdout", d),
             ExecEvent::Stderr(d) => ("stderr", d),
         };
-        let chunk = OutputChunk { data: String::from_utf8_lossy(&data).into_owned() };
-        Ok(Event::default().event(name).json_data(chunk).unwrap_or_default())
+        let chunk = OutputChunk {
+            data: String::from_utf8_lossy(&data).into_owned(),
+        };
+        Ok(Event::default()
+            .event(name)
+            .json_data(chunk)
+            .unwrap_or_default())
     });
     let last = stream::once(async move {
         let ev = match task.await {
-            Ok(Ok(out)) => Event::default().event("exit").json_data(ExecResponse::from(out)),
-            Ok(Err(e)) => Event::default().event("error").json_data(ApiError::from(e).body()),
+            Ok(Ok(out)) => Event::default()
+                .event("exit")
+                .json_data(ExecResponse::from(out)),
+            Ok(Err(e)) => Event::default()
+                .event("error")
+                .json_data(ApiError::from(e).body()),
             Err(e) => Event::default().event("error").json_data(
-                ApiError::new(axum::http::StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()).body(),
+                ApiError::new(
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    e.to_string(),
+                )
+                .body(),
             ),
         };
         Ok(ev.unwrap_or_default())

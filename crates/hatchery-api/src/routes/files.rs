@@ -45,9 +45,18 @@ pub async fn list(
     let entries = st.manager.list_files(&id, &q.path).await?;
     let entries = entries
         .into_iter()
-        .map(|e| FileEntry { name: e.name, kind: e.kind, size: e.size, mode: e.mode, mtime: e.mtime })
+        .map(|e| FileEntry {
+            name: e.name,
+            kind: e.kind,
+            size: e.size,
+            mode: e.mode,
+            mtime: e.mtime,
+        })
         .collect();
-    Ok(axum::Json(FileList { path: q.path, entries }))
+    Ok(axum::Json(FileList {
+        path: q.path,
+        entries,
+    }))
 }
 
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", tag = "files",

@@ -6,13 +6,18 @@ use utoipa::OpenApi;
 
 #[utoipa::path(get, path = "/healthz", tag = "meta", security(()), responses((status = 200, description = "ok")))]
 pub async fn healthz(State(st): State<AppState>) -> impl IntoResponse {
-    axum::Json(serde_json::json!({"status": "ok", "runtime": st.manager.runtime().name(), "live": st.manager.live_count()}))
+    axum::Json(
+        serde_json::json!({"status": "ok", "runtime": st.manager.runtime().name(), "live": st.manager.live_count()}),
+    )
 }
 
 #[utoipa::path(get, path = "/metrics", tag = "meta",
     responses((status = 200, content_type = "text/plain", description = "Prometheus text format")))]
 pub async fn metrics(State(st): State<AppState>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], st.manager.metrics.render())
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        st.manager.metrics.render(),
+    )
 }
 
 pub async fn openapi() -> impl IntoResponse {
@@ -24,5 +29,9 @@ pub async fn not_found() -> ApiError {
 }
 
 pub async fn method_not_allowed() -> ApiError {
-    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "method not allowed on this route")
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method not allowed on this route",
+    )
 }

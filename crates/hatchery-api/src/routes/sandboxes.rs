@@ -1,6 +1,9 @@
 use crate::error::ErrorBody;
 use crate::extract::Json;
-use crate::models::{validate_env, validate_metadata, validate_ttl, CreateSandbox, PatchSandbox, Sandbox, SandboxList};
+use crate::models::{
+    validate_env, validate_metadata, validate_ttl, CreateSandbox, PatchSandbox, Sandbox,
+    SandboxList,
+};
 use crate::{ApiError, AppState};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
@@ -20,7 +23,9 @@ pub async fn create(
     validate_metadata(&body.metadata, caps)?;
     validate_env(&body.env, caps)?;
     let req = CreateRequest {
-        template: body.template.unwrap_or_else(|| DEFAULT_TEMPLATE.to_string()),
+        template: body
+            .template
+            .unwrap_or_else(|| DEFAULT_TEMPLATE.to_string()),
         ttl_seconds: Some(ttl),
         metadata: body.metadata,
         env: body.env,
@@ -33,27 +38,43 @@ pub async fn create(
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
     params(("metadata.KEY" = Option<String>, Query, description = "filter on a metadata entry; repeatable")),
     responses((status = 200, body = SandboxList), (status = 400, body = ErrorBody)))]
-pub async fn list(State(st): State<AppState>, RawQuery(q): RawQuery) -> Result<axum::Json<SandboxList>, ApiError> {
+pub async fn list(
+    State(st): State<AppState>,
+    RawQuery(q): RawQuery,
+) -> Result<axum::Json<SandboxList>, ApiError> {
     let mut filter = BTreeMap::new();
     if let Some(q) = q {
-        let pairs: Vec<(String, String)> =
-            serde_urlencoded_pairs(&q).map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e))?;
+        let pairs: Vec<(String, String)> = serde_urlencoded_pairs(&q)
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", e))?;
         for (k, v) in pairs {
             match k.strip_prefix("metadata.") {
                 Some(key) if !key.is_empty() => {
                     filter.insert(key.to_string(), v);
                 }
-                _ => return Err(ApiError::new(StatusCode::BAD_REQUEST, "invalid_query", format!("unknown parameter {k}"))),
+                _ => {
+                    return Err(ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_query",
+                        format!("unknown parameter {k}"),
+                    ))
+                }
             }
         }
     }
-    let sandboxes = st.manager.list(&filter)?.into_iter().map(Into::into).collect();
+    let sandboxes = st
+        .manager
+        .list(&filter)?
+        .into_iter()
+        .map(Into::into)
+        .collect();
     Ok(axum::Json(SandboxList { sandboxes }))
 }
 
 fn serde_urlencoded_pairs(q: &str) -> Result<Vec<(String, String)>, String> {
     axum::extract::Query::<Vec<(String, String)>>::try_from_uri(
-        &format!("/?{q}").parse().map_err(|e: axum::http::uri::InvalidUri| e.to_string())?,
+        &format!("/?{q}")
+            .parse()
+            .map_err(|e: axum::http::uri::InvalidUri| e.to_string())?,
     )
     .map(|q| q.0)
     .map_err(|e| e.body_text())
@@ -61,7 +82,10 @@ fn serde_urlencoded_pairs(q: &str) -> Result<Vec<(String, String)>, String> {
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path)),
     responses((status = 200, body = Sandbox), (status = 404, body = ErrorBody)))]
-pub async fn get(State(st): State<AppState>, Path(id): Path<String>) -> Result<axum::Json<Sandbox>, ApiError> {
+pub async fn get(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Sandbox>, ApiError> {
     Ok(axum::Json(st.manager.get(&id)?.into()))
 }
 

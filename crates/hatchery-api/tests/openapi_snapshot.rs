@@ -1,0 +1,43 @@
+//! The OpenAPI document is generated from code; this pins it to
+//! `docs/openapi.json`, which the SDKs are checked against. A change to the
+//! API shows up here as a diff to review and commit:
+//! `UPDATE_SNAPSHOTS=1 cargo test -p hatchery-api --test openapi_snapshot`.
+
+use std::path::PathBuf;
+
+#[test]
+fn openapi_matches_snapshot() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/openapi.json");
+    let generated = hatchery_api::openapi::json() + "\n";
+    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+        std::fs::write(&path, &generated).unwrap();
+        return;
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "docs/openapi.json is stale; rerun with UPDATE_SNAPSHOTS=1 and review the diff"
+    );
+}
+
+#[test]
+fn every_route_is_documented() {
+    let doc: serde_json::Value = serde_json::from_str(&hatchery_api::openapi::json()).unwrap();
+    let paths = doc["paths"].as_object().unwrap();
+    for p in [
+        "/v1/sandboxes",
+        "/v1/sandboxes/{id}",
+        "/v1/sandboxes/{id}/files",
+        "/v1/sandboxes/{id}/files/list",
+        "/v1/sandboxes/{id}/exec",
+        "/v1/sandboxes/{id}/exec/stream",
+        "/healthz",
+        "/metrics",
+    ] {
+        assert!(paths.contains_key(p), "{p} missing from OpenAPI");
+    }
+    let exec = &doc["components"]["schemas"]["ExecResponse"]["properties"];
+    for f in ["exit_code", "stdout", "stderr", "timed_out", "truncated", "oom_killed", "duration_ms", "cpu_ms"] {
+        assert!(exec.get(f).is_some(), "ExecResponse.{f} missing");
+    }
+}

@@ -1,0 +1,152 @@
+"""Hostile workloads are boring: each is contained, the daemon stays
+healthy and a neighbouring sandbox is unaffected."""
+
+import concurrent.futures
+import os
+import signal
+import time
+
+
+def healthy(daemon, neighbour):
+    assert daemon.request("GET", "/healthz", auth=False).status == 200
+    assert daemon.exec(neighbour, "echo ok")["stdout"] == "ok\n"
+
+
+def test_fork_bombs(daemon):
+    victim, neighbour = daemon.create(), daemon.create()
+    # A bomb in the foreground: RLIMIT_NPROC stops it, the deadline kills
+    # the whole tree, and the sandbox is usable again.
+    r = daemon.exec(victim, argv=["python3", "-c", "import os\nwhile True:\n  try: os.fork()\n  except OSError: pass"],
+                    timeout_seconds=5)
+    assert r["timed_out"] is True
+    r = daemon.exec(victim, "ps -e --no-headers | wc -l")
+    assert r["exit_code"] == 0 and int(r["stdout"]) < 10, r
+    # The classic bomb detaches from its shell, which exits at once. It
+    # keeps the victim saturated, but only the victim: the daemon answers,
+    # the neighbour works, and deleting the victim leaves nothing behind.
+    r = daemon.request("POST", f"/v1/sandboxes/{victim}/exec",
+                       {"argv": ["bash", "-c", ":(){ :|:& };:"], "timeout_seconds": 5})
+    assert r.status in (200, 422, 504), r
+    time.sleep(2)
+    r = daemon.request("POST", f"/v1/sandboxes/{victim}/exec", {"cmd": "true", "timeout_seconds": 2})
+    assert r.status in (200, 422, 504), r
+    healthy(daemon, neighbour)
+    daemon.delete(victim)
+    daemon.created.discard(victim)
+    healthy(daemon, neighbour)
+
+
+def test_memory_hog_is_oom_killed_inside_its_ceiling(daemon):
+    victim, neighbour = daemon.create(), daemon.create()
+    r = daemon.exec(victim, argv=["python3", "-c", "x = []\nwhile True: x.append(bytearray(64 << 20))"],
+                    timeout_seconds=60)
+    assert r["oom_killed"] is True and r["exit_code"] != 0, r
+    assert daemon.exec(victim, "echo alive")["stdout"] == "alive\n"
+    m = daemon.request("GET", "/metrics").body.decode()
+    assert "hatchery_exec_oom_kills_total 1" in m
+    healthy(daemon, neighbour)
+
+
+def test_infinite_loop_without_output_times_out(daemon, sandbox):
+    t = time.time()
+    r = daemon.exec(sandbox, "python3 -c 'while True: pass'", timeout_seconds=3)
+    assert r["timed_out"] is True and 2.5 < time.time() - t < 8
+
+
+def test_output_flood_is_capped_and_daemon_memory_flat(daemon):
+    victim, neighbour = daemon.create(), daemon.create()
+    daemon.exec(victim, "true")
+    before = daemon.rss_kb()
+    r = daemon.exec(victim, "yes", timeout_seconds=8)
+    assert r["truncated"] is True and r["timed_out"] is True
+    assert len(r["stdout"]) == 1 << 20
+    events = daemon.stream(victim, {"cmd": "yes", "timeout_seconds": 5, "max_output_bytes": 100000})
+    assert sum(len(d["data"]) for e, d in events if e == "stdout") == 100000
+    assert events[-1][1]["truncated"] is True
+    grown = daemon.rss_kb() - before
+    assert grown < 64 * 1024, f"daemon RSS grew by {grown} KiB"
+    healthy(daemon, neighbour)
+
+
+def test_detached_children_die_at_the_deadline(daemon, sandbox):
+    cmd = ("setsid sleep 1001 & nohup sleep 1002 >/dev/null 2>&1 & "
+           "(sleep 1003 &) ; python3 -c 'import os\nif os.fork()==0:\n os.setsid()\n if os.fork()==0: os.execvp(\"sleep\", [\"sleep\",\"1004\"])' ; "
+           "sleep 1000")
+    r = daemon.exec(sandbox, cmd, timeout_seconds=2)
+    assert r["timed_out"] is True
+    time.sleep(0.5)
+    ps = daemon.exec(sandbox, "ps -eo args")["stdout"]
+    assert "sleep 10" not in ps, ps
+
+
+def test_background_child_after_normal_exit_is_killed_with_the_sandbox(daemon):
+    sid = daemon.create()
+    r = daemon.exec(sid, "setsid sleep 999 >/dev/null 2>&1 & echo started")
+    assert r["stdout"] == "started\n" and r["duration_ms"] < 5000
+    assert "sleep 999" in daemon.exec(sid, "ps -eo args")["stdout"]
+    daemon.delete(sid)
+    daemon.wait_no_leftovers()
+
+
+def test_disk_fill_is_capped(daemon):
+    victim, neighbour = daemon.create(), daemon.create()
+    r = daemon.exec(victim, "dd if=/dev/zero of=/big bs=1M count=2048 2>&1; echo rc=$?", timeout_seconds=60)
+    assert "rc=0" not in r["stdout"], r
+    assert daemon.exec(victim, "echo alive")["stdout"] == "alive\n"
+    healthy(daemon, neighbour)
+
+
+def test_proc_shows_no_other_sandbox_or_host(daemon):
+    a, b = daemon.create(), daemon.create()
+    daemon.exec(a, "setsid sleep 4242 >/dev/null 2>&1 &")
+    ps_b = daemon.exec(b, "ps -eo args")["stdout"]
+    assert "4242" not in ps_b and "hatcheryd" not in ps_b and "runsc" not in ps_b
+    procs = daemon.exec(b, "ls /proc | grep -c '^[0-9]'")["stdout"]
+    assert int(procs) < 10
+
+
+def test_unresponsive_guest_is_answered_at_the_deadline_and_still_killable(daemon):
+    sid = daemon.create()
+    sandbox_pids = [int(p.split("/")[2]) for p in os.popen(f"grep -l {sid} /proc/[0-9]*/cmdline 2>/dev/null").read().split()
+                    if "runsc-sandbox" in open(p.replace("cmdline", "cmdline"), "rb").read().decode(errors="replace")] \
+        if False else []
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                cmd = open(f"/proc/{p}/cmdline", "rb").read().decode(errors="replace")
+            except OSError:
+                continue
+            if cmd.startswith("runsc-sandbox") and sid in cmd:
+                sandbox_pids.append(int(p))
+    assert sandbox_pids
+    for pid in sandbox_pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        t = time.time()
+        r = daemon.request("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": "true", "timeout_seconds": 1})
+        took = time.time() - t
+        assert r.status == 504 and r.error_code() == "guest_unresponsive", r
+        assert took < 10, took
+    finally:
+        for pid in sandbox_pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    assert daemon.delete(sid).status == 204
+    daemon.wait_no_leftovers()
+
+
+def test_twenty_concurrent_sandboxes_leave_nothing(daemon):
+    def one(i):
+        sid = daemon.create(metadata={"i": str(i)})
+        r = daemon.exec(sid, f"echo {i}")
+        assert r["stdout"] == f"{i}\n"
+        assert daemon.delete(sid).status == 204
+        return sid
+
+    with concurrent.futures.ThreadPoolExecutor(20) as pool:
+        ids = list(pool.map(one, range(20)))
+    assert len(set(ids)) == 20
+    daemon.wait_no_leftovers(timeout=60)
+    assert daemon.request("GET", "/healthz", auth=False).status == 200

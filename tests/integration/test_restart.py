@@ -1,0 +1,55 @@
+"""The daemon can die at any moment: sandboxes keep their TTL, a restart
+re-adopts the living and destroys the expired and the unknown."""
+
+import os
+import time
+
+from harness import Daemon
+
+
+def restart(d):
+    return Daemon(extra_args=d.extra_args, data_dir=d.data_dir).start()
+
+
+def test_crash_then_restart_readopts_live_sandboxes(daemon):
+    sid = daemon.create(ttl_seconds=120)
+    daemon.put_file(sid, "/work/state.txt", b"kept")
+    daemon.crash()
+    d2 = restart(daemon)
+    d2.created |= daemon.created
+    try:
+        assert d2.request("GET", f"/v1/sandboxes/{sid}").json()["state"] == "running"
+        assert d2.exec(sid, "cat /work/state.txt")["stdout"] == "kept"
+    finally:
+        d2.cleanup()
+
+
+def test_ttl_holds_while_the_daemon_is_dead(daemon):
+    sid = daemon.create(ttl_seconds=2)
+    daemon.crash()
+    time.sleep(4)
+    # No daemon: the shim enforced the TTL on its own.
+    daemon.wait_no_leftovers(timeout=10)
+    d2 = restart(daemon)
+    d2.created |= daemon.created
+    try:
+        assert d2.request("GET", f"/v1/sandboxes/{sid}").status == 404
+    finally:
+        d2.cleanup()
+
+
+def test_restart_destroys_containers_it_does_not_know(daemon):
+    sid = daemon.create(ttl_seconds=120)
+    daemon.crash()
+    # Forget everything, as if the crash came before the state write.
+    for f in os.listdir(daemon.data_dir):
+        if f.startswith("state.db"):
+            os.unlink(os.path.join(daemon.data_dir, f))
+    d2 = restart(daemon)
+    d2.created |= daemon.created
+    try:
+        d2.wait_no_leftovers(timeout=20)
+        assert d2.request("GET", "/v1/sandboxes").json()["sandboxes"] == []
+    finally:
+        d2.cleanup()
+    assert sid
