@@ -43,7 +43,7 @@ impl Registry {
 }
 
 pub fn spawn(chan: u32, req: ExecRequest, out: Out, reaper: Arc<Reaper>, reg: Registry) {
-    std::thread::spawn(move || {
+    crate::pool::run(move || {
         let result = run(chan, req, &out, &reaper, &reg);
         reg.0
             .lock()
@@ -75,7 +75,16 @@ fn run(
     let mark_value = format!("{}-{}", chan, NEXT_MARK.fetch_add(1, Ordering::Relaxed));
     let marker = format!("HATCHERY_EXEC_ID={mark_value}").into_bytes();
 
-    let mut cmd = Command::new(prog);
+    // Resolve on the command's own PATH here: given a bare name plus a
+    // changed PATH, std falls back from posix_spawn to fork(), and forking
+    // this multi-threaded agent costs tens of ms under gVisor.
+    let path_env = req.env.get("PATH").map(String::as_str).unwrap_or(BASE_PATH);
+    let Some(resolved) = resolve(prog, path_env) else {
+        let e = std::io::Error::new(std::io::ErrorKind::NotFound, "command not found");
+        return spawn_failure(chan, prog, e, start, out);
+    };
+    let mut cmd = Command::new(resolved);
+    cmd.arg0(prog);
     cmd.args(args)
         .env_clear()
         .env("PATH", BASE_PATH)
@@ -116,7 +125,7 @@ fn run(
     );
 
     if let (Some(mut stdin), Some(data)) = (child.stdin.take(), req.stdin) {
-        std::thread::spawn(move || {
+        crate::pool::run(move || {
             let _ = stdin.write_all(data.as_bytes());
         });
     }
@@ -147,7 +156,7 @@ fn run(
             drained_tx.clone(),
         );
         let cap = req.max_output_bytes;
-        std::thread::spawn(move || {
+        crate::pool::run(move || {
             pump(chan, kind, pipe, cap, &out, &done, &truncated);
             let _ = tx.send(());
         });
@@ -229,6 +238,18 @@ fn pump(
         send_locked(&mut w, &Frame::new(chan, kind, buf[..take].to_vec()));
         sent += take as u64;
     }
+}
+
+fn resolve(prog: &str, path_env: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    if prog.contains('/') {
+        return Some(prog.into());
+    }
+    path_env
+        .split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| std::path::Path::new(d).join(prog))
+        .find(|p| p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false))
 }
 
 /// A missing program reads like a shell's "command not found" (127).

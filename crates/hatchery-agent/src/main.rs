@@ -7,6 +7,7 @@ mod exec;
 mod files;
 mod kill;
 mod out;
+mod pool;
 mod reaper;
 
 use hatchery_agent_proto::{read_frame, Frame, Kind};
@@ -25,6 +26,7 @@ fn main() {
     let out = out::Out::new(output);
     silence_stderr();
     let reaper = reaper::Reaper::start();
+    pool::prestart(4);
     let execs = exec::Registry::default();
     let mut writes: HashMap<u32, files::PendingWrite> = HashMap::new();
     let mut input = BufReader::with_capacity(256 * 1024, input);
@@ -68,7 +70,7 @@ fn main() {
             Kind::FileRead => match frame.parse() {
                 Ok(req) => {
                     let out = out.clone();
-                    std::thread::spawn(move || files::read(chan, req, &out));
+                    pool::run(move || files::read(chan, req, &out));
                 }
                 Err(e) => out.error(chan, "invalid", e.to_string()),
             },
