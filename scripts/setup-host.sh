@@ -15,6 +15,11 @@ runsc_ok() {
   dpkg --compare-versions "${v:-0}" ge "0.0~20240729"
 }
 
+if ! command -v cargo >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo" ]; then
+  echo "setup-host: no Rust toolchain found. Install one (https://rustup.rs, Rust >= 1.80) and rerun." >&2
+  exit 1
+fi
+
 missing=()
 command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 command -v nft >/dev/null 2>&1 || missing+=(nftables)

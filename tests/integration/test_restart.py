@@ -27,7 +27,7 @@ def test_crash_then_restart_readopts_live_sandboxes(daemon):
 def test_ttl_holds_while_the_daemon_is_dead(daemon):
     sid = daemon.create(ttl_seconds=2)
     daemon.crash()
-    time.sleep(4)
+    time.sleep(5)  # TTL plus the shim's 2 s grace
     # No daemon: the shim enforced the TTL on its own.
     daemon.wait_no_leftovers(timeout=10)
     d2 = restart(daemon)

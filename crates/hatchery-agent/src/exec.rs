@@ -249,7 +249,11 @@ fn resolve(prog: &str, path_env: &str) -> Option<std::path::PathBuf> {
         .split(':')
         .filter(|d| !d.is_empty())
         .map(|d| std::path::Path::new(d).join(prog))
-        .find(|p| p.metadata().map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false))
+        .find(|p| {
+            p.metadata()
+                .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+                .unwrap_or(false)
+        })
 }
 
 /// A missing program reads like a shell's "command not found" (127).

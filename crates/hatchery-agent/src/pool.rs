@@ -19,7 +19,11 @@ fn pool() -> &'static Pool {
     static POOL: OnceLock<Pool> = OnceLock::new();
     POOL.get_or_init(|| {
         let (tx, rx) = channel();
-        Pool { tx: Mutex::new(tx), rx: Arc::new(Mutex::new(rx)), idle: Arc::new(AtomicUsize::new(0)) }
+        Pool {
+            tx: Mutex::new(tx),
+            rx: Arc::new(Mutex::new(rx)),
+            idle: Arc::new(AtomicUsize::new(0)),
+        }
     })
 }
 
@@ -27,7 +31,10 @@ fn pool() -> &'static Pool {
 pub fn run(f: impl FnOnce() + Send + 'static) {
     let p = pool();
     // Claim an idle worker, or make one that will pick this job up.
-    let claimed = p.idle.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok();
+    let claimed = p
+        .idle
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok();
     if !claimed {
         let (rx, idle) = (Arc::clone(&p.rx), Arc::clone(&p.idle));
         std::thread::spawn(move || loop {
@@ -39,7 +46,10 @@ pub fn run(f: impl FnOnce() + Send + 'static) {
             idle.fetch_add(1, Ordering::SeqCst);
         });
     }
-    let _ = p.tx.lock().unwrap_or_else(|e| e.into_inner()).send(Box::new(f));
+    let _ =
+        p.tx.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(Box::new(f));
 }
 
 /// Makes `n` threads ready before the first command needs them.

@@ -37,7 +37,16 @@ fn every_route_is_documented() {
         assert!(paths.contains_key(p), "{p} missing from OpenAPI");
     }
     let exec = &doc["components"]["schemas"]["ExecResponse"]["properties"];
-    for f in ["exit_code", "stdout", "stderr", "timed_out", "truncated", "oom_killed", "duration_ms", "cpu_ms"] {
+    for f in [
+        "exit_code",
+        "stdout",
+        "stderr",
+        "timed_out",
+        "truncated",
+        "oom_killed",
+        "duration_ms",
+        "cpu_ms",
+    ] {
         assert!(exec.get(f).is_some(), "ExecResponse.{f} missing");
     }
 }

@@ -1,6 +1,6 @@
 /// Every bound the daemon enforces, in one place so that docs and tests can
-/// name them. All are configurable at start-up; the defaults are what
-/// docs/api.md lists.
+/// name them. The defaults are what docs/api.md lists; `hatcheryd` exposes
+/// the ones operators need to change as flags (see docs/operations.md).
 #[derive(Debug, Clone)]
 pub struct Caps {
     pub default_ttl_s: u64,
@@ -22,6 +22,17 @@ pub struct Caps {
     pub max_cmd_bytes: usize,
     pub max_path_bytes: usize,
     pub max_list_entries: u32,
+}
+
+impl Caps {
+    /// Keeps every default within its (possibly lowered) maximum, so a
+    /// small `--max-ttl` does not turn every create without a TTL into 400.
+    pub fn normalized(mut self) -> Self {
+        self.default_ttl_s = self.default_ttl_s.min(self.max_ttl_s);
+        self.default_exec_timeout_s = self.default_exec_timeout_s.min(self.max_exec_timeout_s);
+        self.default_output_bytes = self.default_output_bytes.min(self.max_output_bytes);
+        self
+    }
 }
 
 impl Default for Caps {
@@ -46,5 +57,19 @@ impl Default for Caps {
             max_path_bytes: 4096,
             max_list_entries: 10_000,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn defaults_follow_lowered_maxima() {
+        let c = super::Caps {
+            max_ttl_s: 60,
+            max_output_bytes: 1000,
+            ..Default::default()
+        }
+        .normalized();
+        assert_eq!((c.default_ttl_s, c.default_output_bytes), (60, 1000));
     }
 }

@@ -275,10 +275,12 @@ impl Manager {
         }
         self.live_get(id)?;
         let at = now_ms() + ttl * 1000;
+        // Runtime first: if the shim cannot be told, the stored expiry must
+        // not claim a lifetime the sandbox will not get.
+        self.runtime.set_expiry(id, at).await?;
         if !self.store.set_expiry(id, at)? {
             return Err(CoreError::SandboxNotFound(id.to_string()));
         }
-        self.runtime.set_expiry(id, at).await?;
         self.get(id)
     }
 

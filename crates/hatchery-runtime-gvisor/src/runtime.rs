@@ -15,6 +15,10 @@ use tokio::process::Command;
 const MAX_SOCK_PATH: usize = 107;
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+/// The shim's deadline trails the real expiry: while the daemon runs, its
+/// reaper stops the sandbox first (and records why); the shim's copy is
+/// the backstop for when the daemon is down.
+const SHIM_GRACE_MS: u64 = 2000;
 
 pub struct GvisorRuntime {
     layout: Layout,
@@ -90,7 +94,7 @@ impl Runtime for GvisorRuntime {
             id: spec.id.clone(),
             runsc: self.layout.cfg.runsc.clone(),
             runsc_flags: self.layout.runsc_flags(),
-            expires_at_ms: spec.expires_at_ms,
+            expires_at_ms: spec.expires_at_ms + SHIM_GRACE_MS,
         };
         let write = || -> std::io::Result<()> {
             std::fs::write(
@@ -165,7 +169,7 @@ impl Runtime for GvisorRuntime {
         self.control(
             id,
             &ShimControl::SetExpiry {
-                unix_ms: expires_at_ms,
+                unix_ms: expires_at_ms + SHIM_GRACE_MS,
             },
             Duration::from_secs(5),
         )

@@ -86,7 +86,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         max_output_bytes: args.max_output_bytes,
         max_file_bytes: args.max_file_bytes,
         ..Caps::default()
-    };
+    }
+    .normalized();
     let manager = Manager::new(caps, store, Arc::new(runtime), templates);
     let report = manager.reconcile().await?;
     tracing::info!(?report, "state reconciled with the host");
