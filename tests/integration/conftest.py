@@ -7,7 +7,7 @@ from harness import Daemon
 def daemon():
     """A fresh daemon per test; at the end every sandbox must be gone from
     the host (processes, cgroups, mounts, state dirs)."""
-    d = Daemon(extra_args=["--max-file-bytes", str(4 << 20), "--max-ttl", "3600"]).start()
+    d = Daemon(extra_args=["--max-file-bytes", str(4 << 20), "--max-ttl", "3600", "--pool-size", "0"]).start()
     yield d
     d.cleanup()
 

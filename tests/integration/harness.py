@@ -86,7 +86,7 @@ class Daemon:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(10)
+                self.proc.wait(40)
             except subprocess.TimeoutExpired:
                 self.crash()
 
@@ -211,7 +211,10 @@ class Daemon:
                 if r.status == 200:
                     for s in r.json()["sandboxes"]:
                         self.delete(s["id"])
+            # A graceful stop also destroys the warm pool.
+            self.stop()
             self.wait_no_leftovers()
         finally:
             self.stop()
-            shutil.rmtree(self.data_dir, ignore_errors=True)
+            if not os.environ.get("HATCHERY_KEEP_DATA"):
+                shutil.rmtree(self.data_dir, ignore_errors=True)

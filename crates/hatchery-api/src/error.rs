@@ -89,6 +89,8 @@ impl From<CoreError> for ApiError {
             CoreError::Runtime(RuntimeError::NotFound(_)) => (S::NOT_FOUND, "sandbox_not_found"),
             CoreError::Runtime(RuntimeError::Unsupported(..)) => (S::CONFLICT, "unsupported"),
             CoreError::Runtime(_) => (S::SERVICE_UNAVAILABLE, "runtime_error"),
+            CoreError::SnapshotNotFound(_) => (S::NOT_FOUND, "snapshot_not_found"),
+            CoreError::SnapshotCorrupt(_) => (S::UNPROCESSABLE_ENTITY, "snapshot_corrupt"),
             CoreError::Store(_) | CoreError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "internal"),
         };
         // Only daemon-side faults: guest-triggered ones (504) are logged,

@@ -54,6 +54,13 @@ pub fn router(state: AppState) -> Router {
             "/sandboxes/{id}/exec/stream",
             post(routes::exec::exec_stream),
         )
+        .route("/sandboxes/{id}/snapshots", post(routes::snapshots::create))
+        .route("/snapshots", get(routes::snapshots::list))
+        .route(
+            "/snapshots/{id}",
+            get(routes::snapshots::get).delete(routes::snapshots::delete),
+        )
+        .route("/snapshots/{id}/fork", post(routes::snapshots::fork))
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY));
     let authed = Router::new()
         .nest("/v1", v1)

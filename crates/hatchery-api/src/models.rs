@@ -42,6 +42,14 @@ pub struct Sandbox {
     /// RFC 3339.
     pub expires_at: String,
     pub metadata: BTreeMap<String, String>,
+    /// On create and fork only: `pool` (claimed a warm, never-used
+    /// sandbox), `restore` (restored the template checkpoint), `cold`
+    /// (booted), or `fork` (restored a snapshot).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub boot_mode: Option<String>,
+    /// On create and fork only: milliseconds from request to agent ready.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub boot_ms: Option<u64>,
 }
 
 impl From<SandboxInfo> for Sandbox {
@@ -53,8 +61,63 @@ impl From<SandboxInfo> for Sandbox {
             created_at: hatchery_core::rfc3339(i.created_at_ms),
             expires_at: hatchery_core::rfc3339(i.expires_at_ms),
             metadata: i.metadata,
+            boot_mode: i.boot_mode.map(str::to_string),
+            boot_ms: i.boot_ms,
         }
     }
+}
+
+#[derive(Debug, Deserialize, ToSchema, Default)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSnapshot {
+    /// How long the snapshot is kept, in seconds (default 7 days).
+    pub retention_seconds: Option<i64>,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Snapshot {
+    /// `snap_` followed by 16 characters.
+    pub id: String,
+    pub sandbox_id: String,
+    pub template: String,
+    pub created_at: String,
+    pub expires_at: String,
+    pub size_bytes: u64,
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl From<hatchery_core::SnapshotInfo> for Snapshot {
+    fn from(i: hatchery_core::SnapshotInfo) -> Self {
+        Snapshot {
+            id: i.id,
+            sandbox_id: i.sandbox_id,
+            template: i.template,
+            created_at: hatchery_core::rfc3339(i.created_at_ms),
+            expires_at: hatchery_core::rfc3339(i.expires_at_ms),
+            size_bytes: i.size_bytes,
+            metadata: i.metadata,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SnapshotList {
+    pub snapshots: Vec<Snapshot>,
+}
+
+#[derive(Debug, Deserialize, ToSchema, Default)]
+#[serde(deny_unknown_fields)]
+pub struct ForkBody {
+    pub ttl_seconds: Option<i64>,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// Network policy for the forks. Sandboxes have no network yet, so only
+    /// the default `{"egress": "deny"}` (or omitting it) is accepted.
+    pub network: Option<serde_json::Value>,
+    /// How many forks (default 1).
+    pub count: Option<i64>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -16,10 +16,13 @@ use utoipa::{Modify, OpenApi};
         routes::sandboxes::delete, routes::sandboxes::patch,
         routes::files::write, routes::files::read, routes::files::list, routes::files::remove,
         routes::exec::exec, routes::exec::exec_stream,
+        routes::snapshots::create, routes::snapshots::list, routes::snapshots::get,
+        routes::snapshots::delete, routes::snapshots::fork,
         routes::meta::healthz, routes::meta::metrics,
     ),
     components(schemas(CreateSandbox, PatchSandbox, Sandbox, SandboxList, ExecBody, ExecResponse, OutputChunk,
-                       FileEntry, FileList, ErrorBody, ErrorDetail)),
+                       FileEntry, FileList, ErrorBody, ErrorDetail,
+                       CreateSnapshot, Snapshot, SnapshotList, ForkBody)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]

@@ -22,6 +22,9 @@ pub struct Caps {
     pub max_cmd_bytes: usize,
     pub max_path_bytes: usize,
     pub max_list_entries: u32,
+    pub default_retention_s: u64,
+    pub max_retention_s: u64,
+    pub max_fork_count: usize,
 }
 
 impl Caps {
@@ -56,6 +59,9 @@ impl Default for Caps {
             max_cmd_bytes: 64 * 1024,
             max_path_bytes: 4096,
             max_list_entries: 10_000,
+            default_retention_s: 7 * 24 * 3600,
+            max_retention_s: 90 * 24 * 3600,
+            max_fork_count: 16,
         }
     }
 }

@@ -25,6 +25,10 @@ pub enum CoreError {
     Guest { code: String, message: String },
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+    #[error("snapshot {0} not found")]
+    SnapshotNotFound(String),
+    #[error("{0}")]
+    SnapshotCorrupt(String),
     #[error("state store: {0}")]
     Store(#[from] rusqlite::Error),
     #[error("internal: {0}")]

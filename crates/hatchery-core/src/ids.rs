@@ -12,6 +12,14 @@ pub fn new_sandbox_id() -> String {
     format!("sbx_{tail}")
 }
 
+pub fn new_snapshot_id() -> String {
+    format!("snap_{}", &new_sandbox_id()[4..])
+}
+
+pub fn valid_snapshot_id(id: &str) -> bool {
+    id.len() == 21 && id.starts_with("snap_") && id[5..].bytes().all(|b| ALPHABET.contains(&b))
+}
+
 /// Ids come from URLs; anything else is rejected before it reaches a path.
 pub fn valid_sandbox_id(id: &str) -> bool {
     id.len() == 20 && id.starts_with("sbx_") && id[4..].bytes().all(|b| ALPHABET.contains(&b))
@@ -27,5 +35,7 @@ mod tests {
         assert_ne!(a, new_sandbox_id());
         assert!(!valid_sandbox_id("sbx_../../etc/passwd"));
         assert!(!valid_sandbox_id("sbx_ABCDEFGHIJKLMNOP"));
+        assert!(valid_snapshot_id(&new_snapshot_id()));
+        assert!(!valid_snapshot_id("snap_../../../etc/x"));
     }
 }

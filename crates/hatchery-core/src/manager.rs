@@ -2,13 +2,15 @@ use crate::agent_client::AgentClient;
 use crate::exec::{ExecOutcome, ExecParams, Sink};
 use crate::ids::{new_sandbox_id, valid_sandbox_id};
 use crate::metrics::Metrics;
+use crate::pool::{PoolConfig, WarmPool};
 use crate::ratelimit::LogLimiter;
 use crate::store::{SandboxRow, Store, STATE_STARTING};
 use crate::{files, now_ms, Caps, CoreError};
 use hatchery_agent_proto::{FileEntry, Frame, Kind};
 use hatchery_runtime::{Runtime, SandboxSpec};
-use hatchery_templates::Templates;
+use hatchery_templates::{ImageStore, Template, Templates};
 use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,6 +32,9 @@ pub struct SandboxInfo {
     pub created_at_ms: u64,
     pub expires_at_ms: u64,
     pub metadata: BTreeMap<String, String>,
+    /// How it came up ("pool", "restore", "cold", "fork"); only on create.
+    pub boot_mode: Option<&'static str>,
+    pub boot_ms: Option<u64>,
 }
 
 impl From<SandboxRow> for SandboxInfo {
@@ -41,6 +46,8 @@ impl From<SandboxRow> for SandboxInfo {
             created_at_ms: r.created_at_ms,
             expires_at_ms: r.expires_at_ms,
             metadata: r.metadata,
+            boot_mode: None,
+            boot_ms: None,
         }
     }
 }
@@ -62,6 +69,21 @@ pub struct Manager {
     /// Creates in flight, counted against capacity before they are live.
     starting: Mutex<usize>,
     pub(crate) logs: LogLimiter,
+    /// Warm checkpoints of templates, one per template version.
+    pub(crate) template_images: ImageStore,
+    pub(crate) snapshots: ImageStore,
+    pub(crate) pool: WarmPool,
+    /// Templates whose checkpoint is being baked right now.
+    pub(crate) baking: Mutex<std::collections::HashSet<String>>,
+    pub(crate) closing: std::sync::atomic::AtomicBool,
+}
+
+/// Where checkpoint images live and how big the warm pool may get.
+#[derive(Debug, Clone)]
+pub struct ImageConfig {
+    pub template_images: ImageStore,
+    pub snapshots: ImageStore,
+    pub pool: PoolConfig,
 }
 
 impl Manager {
@@ -70,8 +92,14 @@ impl Manager {
         store: Store,
         runtime: Arc<dyn Runtime>,
         templates: Templates,
+        images: ImageConfig,
     ) -> Arc<Manager> {
         Arc::new(Manager {
+            template_images: images.template_images,
+            snapshots: images.snapshots,
+            pool: WarmPool::new(images.pool),
+            baking: Mutex::new(Default::default()),
+            closing: Default::default(),
             caps,
             metrics: Metrics::new(),
             store,
@@ -101,7 +129,7 @@ impl Manager {
         }
     }
 
-    fn reserve(&self) -> Result<(), CoreError> {
+    pub(crate) fn reserve(&self) -> Result<(), CoreError> {
         let live = self.live.lock().unwrap_or_else(|p| p.into_inner()).len();
         let mut s = self.starting.lock().unwrap_or_else(|p| p.into_inner());
         if live + *s >= self.caps.max_live_sandboxes {
@@ -111,7 +139,7 @@ impl Manager {
         Ok(())
     }
 
-    fn unreserve(&self) {
+    pub(crate) fn unreserve(&self) {
         let mut s = self.starting.lock().unwrap_or_else(|p| p.into_inner());
         *s = s.saturating_sub(1);
     }
@@ -137,12 +165,12 @@ impl Manager {
     async fn create_reserved(
         self: &Arc<Self>,
         req: CreateRequest,
-        template: hatchery_templates::Template,
+        template: Template,
         ttl: u64,
     ) -> Result<SandboxInfo, CoreError> {
         let started = Instant::now();
         let now = now_ms();
-        let row = SandboxRow {
+        let mut row = SandboxRow {
             id: new_sandbox_id(),
             template: template.spec.name.clone(),
             state: STATE_STARTING.into(),
@@ -151,6 +179,71 @@ impl Manager {
             metadata: req.metadata,
             env: req.env,
         };
+        while let Some((id, client)) = self.pool.take(&template.spec.name) {
+            row.id = id;
+            if let Some(info) = self.claim_pooled(&row, client, started).await {
+                return Ok(info);
+            }
+        }
+        row.id = new_sandbox_id();
+        let image = self.template_image(&template);
+        if image.is_none() {
+            // Missing, stale or failed its checksum: boot this one, and
+            // have a fresh checkpoint for the next.
+            self.spawn_bake(&template);
+        }
+        let mode = if image.is_some() { "restore" } else { "cold" };
+        self.boot_row(row, &template, image.as_deref(), mode, started)
+            .await
+    }
+
+    /// Turns a pooled sandbox into the caller's. `None` if it turned out to
+    /// be dead, in which case it has been cleaned up.
+    async fn claim_pooled(
+        self: &Arc<Self>,
+        row: &SandboxRow,
+        client: Arc<AgentClient>,
+        started: Instant,
+    ) -> Option<SandboxInfo> {
+        let ok = client.is_alive()
+            && self.store.claim(&row.id, row).unwrap_or(false)
+            && self
+                .runtime
+                .set_expiry(&row.id, row.expires_at_ms)
+                .await
+                .is_ok();
+        if !ok {
+            self.stop(&row.id, "pool_discard");
+            return None;
+        }
+        self.adopt(&row.id, client, row.env.clone());
+        Some(self.created(row.clone(), "pool", started))
+    }
+
+    fn created(&self, row: SandboxRow, mode: &'static str, started: Instant) -> SandboxInfo {
+        let ms = started.elapsed().as_millis() as u64;
+        self.metrics.sandboxes_created.inc();
+        self.metrics
+            .create_seconds
+            .observe(started.elapsed().as_secs_f64());
+        tracing::info!(sandbox = %row.id, template = %row.template, boot_mode = mode, ms, "sandbox created");
+        let mut info = SandboxInfo::from(row);
+        info.state = crate::store::STATE_RUNNING.into();
+        info.boot_mode = Some(mode);
+        info.boot_ms = Some(ms);
+        info
+    }
+
+    /// Starts a sandbox for `row`, from `image` if given, else by booting,
+    /// and registers it. On failure nothing is left but a stopped row.
+    pub(crate) async fn boot_row(
+        self: &Arc<Self>,
+        row: SandboxRow,
+        template: &Template,
+        image: Option<&Path>,
+        mode: &'static str,
+        started: Instant,
+    ) -> Result<SandboxInfo, CoreError> {
         self.store.insert(&row)?;
         let spec = SandboxSpec {
             id: row.id.clone(),
@@ -158,7 +251,7 @@ impl Manager {
             limits: template.limits(),
             expires_at_ms: row.expires_at_ms,
         };
-        let client = match self.boot(&spec).await {
+        let client = match self.boot(&spec, image).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(sandbox = %row.id, error = %e, "create failed");
@@ -169,18 +262,18 @@ impl Manager {
         };
         self.store.set_running(&row.id)?;
         self.adopt(&row.id, client, row.env.clone());
-        self.metrics.sandboxes_created.inc();
-        self.metrics
-            .create_seconds
-            .observe(started.elapsed().as_secs_f64());
-        tracing::info!(sandbox = %row.id, template = %row.template, ttl_s = ttl, ms = started.elapsed().as_millis() as u64, "sandbox created");
-        let mut info = SandboxInfo::from(row);
-        info.state = crate::store::STATE_RUNNING.into();
-        Ok(info)
+        Ok(self.created(row, mode, started))
     }
 
-    async fn boot(&self, spec: &SandboxSpec) -> Result<Arc<AgentClient>, CoreError> {
-        self.runtime.create(spec).await?;
+    pub(crate) async fn boot(
+        &self,
+        spec: &SandboxSpec,
+        image: Option<&Path>,
+    ) -> Result<Arc<AgentClient>, CoreError> {
+        match image {
+            Some(dir) => self.runtime.restore(spec, dir).await?,
+            None => self.runtime.create(spec).await?,
+        }
         connect_and_ping(self.runtime.as_ref(), &spec.id).await
     }
 
@@ -218,6 +311,7 @@ impl Manager {
             .unwrap_or_else(|p| p.into_inner())
             .remove(id)
             .is_some();
+        let was_pooled = self.pool.remove(id);
         if was_live {
             self.metrics.sandboxes_live.dec();
         }
@@ -229,7 +323,7 @@ impl Manager {
                 .inc();
             tracing::info!(sandbox = %id, reason, "sandbox stopped");
         }
-        if was_live || changed {
+        if was_live || was_pooled || changed {
             let rt = Arc::clone(&self.runtime);
             let id = id.to_string();
             tokio::spawn(async move {
@@ -264,6 +358,10 @@ impl Manager {
             .filter(|r| filter.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
             .map(Into::into)
             .collect())
+    }
+
+    pub(crate) fn live_client(&self, id: &str) -> Result<Arc<AgentClient>, CoreError> {
+        Ok(Arc::clone(&self.live_get(id)?.client))
     }
 
     pub async fn set_ttl(&self, id: &str, ttl: u64) -> Result<SandboxInfo, CoreError> {

@@ -14,6 +14,9 @@ pub struct Metrics {
     pub exec_timeouts: IntCounter,
     pub exec_ooms: IntCounter,
     pub exec_truncated: IntCounter,
+    pub snapshots_created: IntCounter,
+    pub pool_ready: IntGauge,
+    pub template_images_baked: IntCounter,
 }
 
 impl Metrics {
@@ -72,6 +75,21 @@ impl Metrics {
                 "Execs whose output hit the cap",
             )
             .unwrap(),
+            snapshots_created: IntCounter::new(
+                "hatchery_snapshots_created_total",
+                "Snapshots taken",
+            )
+            .unwrap(),
+            pool_ready: IntGauge::new(
+                "hatchery_pool_ready",
+                "Warm, never-used sandboxes ready to claim",
+            )
+            .unwrap(),
+            template_images_baked: IntCounter::new(
+                "hatchery_template_images_baked_total",
+                "Template checkpoints baked",
+            )
+            .unwrap(),
             registry,
         };
         let r = &m.registry;
@@ -85,6 +103,10 @@ impl Metrics {
         r.register(Box::new(m.exec_timeouts.clone())).unwrap();
         r.register(Box::new(m.exec_ooms.clone())).unwrap();
         r.register(Box::new(m.exec_truncated.clone())).unwrap();
+        r.register(Box::new(m.snapshots_created.clone())).unwrap();
+        r.register(Box::new(m.pool_ready.clone())).unwrap();
+        r.register(Box::new(m.template_images_baked.clone()))
+            .unwrap();
         m
     }
 

@@ -22,6 +22,7 @@ impl Manager {
                     }
                     Err(e) => tracing::error!(error = %e, "reaper could not read state"),
                 }
+                m.expire_snapshots();
             }
         })
     }

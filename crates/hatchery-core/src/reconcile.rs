@@ -21,8 +21,10 @@ impl Manager {
         let mut report = ReconcileReport::default();
         let mut keep = HashSet::new();
         let now = now_ms();
-        for row in self.store.list_live()? {
-            if row.expires_at_ms > now {
+        for row in self.store.list_unstopped()? {
+            // Pooled sandboxes are cheap to remake and their pool is gone
+            // with the old process: discard them.
+            if row.state != crate::store::STATE_POOLED && row.expires_at_ms > now {
                 if let Ok(client) = connect_and_ping(self.runtime.as_ref(), &row.id).await {
                     self.store.set_running(&row.id)?;
                     self.adopt(&row.id, client, row.env.clone());

@@ -22,6 +22,22 @@ pub struct SandboxRow {
 pub const STATE_STARTING: &str = "starting";
 pub const STATE_RUNNING: &str = "running";
 pub const STATE_STOPPED: &str = "stopped";
+/// Restored from a template checkpoint, never touched by a request, waiting
+/// in the warm pool. Invisible to the API.
+pub const STATE_POOLED: &str = "pooled";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotRow {
+    pub id: String,
+    pub sandbox_id: String,
+    pub template: String,
+    pub created_at_ms: u64,
+    pub expires_at_ms: u64,
+    pub size_bytes: u64,
+    pub metadata: BTreeMap<String, String>,
+    /// The sandbox's create-time env, inherited by forks.
+    pub env: BTreeMap<String, String>,
+}
 
 pub struct Store {
     conn: Mutex<Connection>,
@@ -55,7 +71,17 @@ impl Store {
                kind TEXT NOT NULL,
                detail TEXT NOT NULL
              );
-             CREATE INDEX IF NOT EXISTS events_sandbox ON events(sandbox_id, seq);",
+             CREATE INDEX IF NOT EXISTS events_sandbox ON events(sandbox_id, seq);
+             CREATE TABLE IF NOT EXISTS snapshots (
+               id TEXT PRIMARY KEY,
+               sandbox_id TEXT NOT NULL,
+               template TEXT NOT NULL,
+               created_at_ms INTEGER NOT NULL,
+               expires_at_ms INTEGER NOT NULL,
+               size_bytes INTEGER NOT NULL,
+               metadata TEXT NOT NULL,
+               env TEXT NOT NULL
+             );",
         )?;
         Ok(Store {
             conn: Mutex::new(conn),
@@ -121,8 +147,8 @@ impl Store {
     pub fn get_live(&self, id: &str) -> Result<Option<SandboxRow>> {
         let c = self.conn();
         c.query_row(
-            &format!("{SELECT} WHERE id=?1 AND state != ?2"),
-            params![id, STATE_STOPPED],
+            &format!("{SELECT} WHERE id=?1 AND state IN (?2, ?3)"),
+            params![id, STATE_STARTING, STATE_RUNNING],
             row,
         )
         .optional()
@@ -131,9 +157,97 @@ impl Store {
     pub fn list_live(&self) -> Result<Vec<SandboxRow>> {
         let c = self.conn();
         let mut st = c.prepare(&format!(
+            "{SELECT} WHERE state IN (?1, ?2) ORDER BY created_at_ms"
+        ))?;
+        let rows = st.query_map(params![STATE_STARTING, STATE_RUNNING], row)?;
+        rows.collect()
+    }
+
+    /// Every row not stopped, pooled ones included: what reconcile must
+    /// account for on the host.
+    pub fn list_unstopped(&self) -> Result<Vec<SandboxRow>> {
+        let c = self.conn();
+        let mut st = c.prepare(&format!(
             "{SELECT} WHERE state != ?1 ORDER BY created_at_ms"
         ))?;
         let rows = st.query_map(params![STATE_STOPPED], row)?;
+        rows.collect()
+    }
+
+    /// Hands a pooled sandbox to a request: from here on it is a normal,
+    /// running sandbox whose lifetime starts now.
+    pub fn claim(&self, id: &str, r: &SandboxRow) -> Result<bool> {
+        let c = self.conn();
+        let n = c.execute(
+            "UPDATE sandboxes SET state=?2, created_at_ms=?3, expires_at_ms=?4, metadata=?5, env=?6
+             WHERE id=?1 AND state=?7",
+            params![
+                id,
+                STATE_RUNNING,
+                r.created_at_ms as i64,
+                r.expires_at_ms as i64,
+                serde_json::to_string(&r.metadata).unwrap_or_default(),
+                serde_json::to_string(&r.env).unwrap_or_default(),
+                STATE_POOLED
+            ],
+        )?;
+        if n > 0 {
+            event(&c, id, "claimed", "")?;
+        }
+        Ok(n > 0)
+    }
+
+    pub fn set_state(&self, id: &str, state: &str) -> Result<()> {
+        let c = self.conn();
+        c.execute(
+            "UPDATE sandboxes SET state=?2 WHERE id=?1",
+            params![id, state],
+        )?;
+        event(&c, id, state, "")
+    }
+
+    pub fn insert_snapshot(&self, s: &SnapshotRow) -> Result<()> {
+        self.conn().execute(
+            "INSERT INTO snapshots (id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                s.id,
+                s.sandbox_id,
+                s.template,
+                s.created_at_ms as i64,
+                s.expires_at_ms as i64,
+                s.size_bytes as i64,
+                serde_json::to_string(&s.metadata).unwrap_or_default(),
+                serde_json::to_string(&s.env).unwrap_or_default()
+            ],
+        )?;
+        Ok(())
+    }
+
+    pub fn get_snapshot(&self, id: &str) -> Result<Option<SnapshotRow>> {
+        self.conn()
+            .query_row(&format!("{SNAP_SELECT} WHERE id=?1"), params![id], snap_row)
+            .optional()
+    }
+
+    pub fn list_snapshots(&self) -> Result<Vec<SnapshotRow>> {
+        let c = self.conn();
+        let mut st = c.prepare(&format!("{SNAP_SELECT} ORDER BY created_at_ms"))?;
+        let rows = st.query_map([], snap_row)?;
+        rows.collect()
+    }
+
+    pub fn delete_snapshot(&self, id: &str) -> Result<bool> {
+        Ok(self
+            .conn()
+            .execute("DELETE FROM snapshots WHERE id=?1", params![id])?
+            > 0)
+    }
+
+    pub fn expired_snapshots(&self, now_ms: u64) -> Result<Vec<String>> {
+        let c = self.conn();
+        let mut st = c.prepare("SELECT id FROM snapshots WHERE expires_at_ms <= ?1")?;
+        let rows = st.query_map(params![now_ms as i64], |r| r.get(0))?;
         rows.collect()
     }
 
@@ -168,6 +282,24 @@ fn row(r: &rusqlite::Row<'_>) -> Result<SandboxRow> {
         state: r.get(2)?,
         created_at_ms: r.get::<_, i64>(3)? as u64,
         expires_at_ms: r.get::<_, i64>(4)? as u64,
+        metadata: serde_json::from_str(&metadata).unwrap_or_default(),
+        env: serde_json::from_str(&env).unwrap_or_default(),
+    })
+}
+
+const SNAP_SELECT: &str =
+    "SELECT id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env FROM snapshots";
+
+fn snap_row(r: &rusqlite::Row<'_>) -> Result<SnapshotRow> {
+    let metadata: String = r.get(6)?;
+    let env: String = r.get(7)?;
+    Ok(SnapshotRow {
+        id: r.get(0)?,
+        sandbox_id: r.get(1)?,
+        template: r.get(2)?,
+        created_at_ms: r.get::<_, i64>(3)? as u64,
+        expires_at_ms: r.get::<_, i64>(4)? as u64,
+        size_bytes: r.get::<_, i64>(5)? as u64,
         metadata: serde_json::from_str(&metadata).unwrap_or_default(),
         env: serde_json::from_str(&env).unwrap_or_default(),
     })

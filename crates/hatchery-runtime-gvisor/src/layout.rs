@@ -52,6 +52,10 @@ pub struct ShimConfig {
     pub runsc: PathBuf,
     pub runsc_flags: Vec<String>,
     pub expires_at_ms: u64,
+    /// Start by `runsc restore` from this checkpoint image instead of
+    /// booting: how templates, pools and forks come up.
+    #[serde(default)]
+    pub restore_from: Option<PathBuf>,
 }
 
 impl ShimConfig {

@@ -5,6 +5,7 @@ use async_trait::async_trait;
 use hatchery_agent_proto::{Frame, Kind, ShimControl, MAX_FRAME};
 use hatchery_runtime::{AgentStream, Runtime, RuntimeError, SandboxSpec};
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -15,6 +16,7 @@ use tokio::process::Command;
 const MAX_SOCK_PATH: usize = 107;
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(60);
 /// The shim's deadline trails the real expiry: while the daemon runs, its
 /// reaper stops the sandbox first (and records why); the shim's copy is
 /// the backstop for when the daemon is down.
@@ -86,70 +88,39 @@ impl Runtime for GvisorRuntime {
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<(), RuntimeError> {
-        let bundle = self.layout.bundle(&spec.id);
-        std::fs::create_dir(&bundle)?;
-        std::fs::set_permissions(&bundle, std::fs::Permissions::from_mode(0o700))?;
-        let config = oci::config(spec, &self.layout.cfg.agent);
-        let shim_cfg = ShimConfig {
-            id: spec.id.clone(),
-            runsc: self.layout.cfg.runsc.clone(),
-            runsc_flags: self.layout.runsc_flags(),
-            expires_at_ms: spec.expires_at_ms + SHIM_GRACE_MS,
-        };
-        let write = || -> std::io::Result<()> {
-            std::fs::write(
-                bundle.join("config.json"),
-                serde_json::to_vec_pretty(&config)?,
-            )?;
-            std::fs::write(
-                ShimConfig::path(&bundle),
-                serde_json::to_vec_pretty(&shim_cfg)?,
-            )?;
-            Ok(())
-        };
-        if let Err(e) = write() {
-            let _ = std::fs::remove_dir_all(&bundle);
-            return Err(e.into());
-        }
-        let mut cmd = Command::new(&self.layout.cfg.shim);
-        cmd.arg(&bundle)
+        self.start(spec, None).await
+    }
+
+    async fn checkpoint(&self, id: &str, dir: &Path) -> Result<(), RuntimeError> {
+        let out = Command::new(&self.layout.cfg.runsc)
+            .args(self.layout.runsc_flags())
+            .arg("checkpoint")
+            .arg(format!("--image-path={}", dir.display()))
+            // The sandbox keeps running (and keeps its agent pipes).
+            .arg("--leave-running")
+            .arg(id)
             .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        // Its own session: the shim must outlive the daemon and not get the
-        // terminal's signals.
-        // SAFETY: setsid is async-signal-safe and touches no memory.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::setsid();
-                Ok(())
-            });
-        }
-        let mut child = cmd.spawn()?;
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| RuntimeError::Start("no shim stdout".into()))?;
-        let mut line = String::new();
-        let read =
-            tokio::time::timeout(START_TIMEOUT, BufReader::new(stdout).read_line(&mut line)).await;
-        // The shim keeps running after it says ready; reap it in the
-        // background whenever it exits.
-        tokio::spawn(async move {
-            let _ = child.wait().await;
-        });
-        match read {
-            Ok(Ok(_)) if line.trim() == "ready" => Ok(()),
-            other => {
-                let why = match other {
-                    Ok(Ok(_)) => line.trim().trim_start_matches("error: ").to_string(),
-                    Ok(Err(e)) => e.to_string(),
-                    Err(_) => "timed out waiting for runsc".into(),
-                };
-                self.destroy(&spec.id).await.ok();
-                Err(RuntimeError::Start(why))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output();
+        let out = tokio::time::timeout(CHECKPOINT_TIMEOUT, out)
+            .await
+            .map_err(|_| RuntimeError::Other(format!("checkpoint of {id} timed out")))??;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            let tail: String = err.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
+            if tail.contains("not found") || tail.contains("does not exist") {
+                return Err(RuntimeError::NotFound(id.to_string()));
             }
+            return Err(RuntimeError::Other(format!(
+                "checkpoint of {id} failed: {tail}"
+            )));
         }
+        Ok(())
+    }
+
+    async fn restore(&self, spec: &SandboxSpec, dir: &Path) -> Result<(), RuntimeError> {
+        self.start(spec, Some(dir)).await
     }
 
     async fn connect(&self, id: &str) -> Result<AgentStream, RuntimeError> {
@@ -230,7 +201,99 @@ impl Runtime for GvisorRuntime {
             .and_then(|v| v.trim().parse().ok())
     }
 
+    fn image_compat(&self) -> String {
+        // The agent's memory is inside every image: a rebuilt agent means
+        // new images.
+        let stamp = |p: &Path| {
+            std::fs::metadata(p)
+                .map(|m| format!("{}:{:?}", m.len(), m.modified().ok()))
+                .unwrap_or_default()
+        };
+        format!(
+            "gvisor|{}|{}|{}",
+            self.layout.cfg.platform,
+            stamp(&self.layout.cfg.agent),
+            stamp(&self.layout.cfg.runsc)
+        )
+    }
+
     fn leftovers(&self, id: &str) -> Vec<String> {
         teardown::leftovers(id, &self.layout.bundle(id), &self.layout.runsc_root())
+    }
+}
+
+impl GvisorRuntime {
+    /// Boots (`runsc run`) or restores (`runsc restore`) a sandbox under a
+    /// new shim. On error nothing is left behind.
+    async fn start(
+        &self,
+        spec: &SandboxSpec,
+        restore_from: Option<&Path>,
+    ) -> Result<(), RuntimeError> {
+        let bundle = self.layout.bundle(&spec.id);
+        std::fs::create_dir(&bundle)?;
+        std::fs::set_permissions(&bundle, std::fs::Permissions::from_mode(0o700))?;
+        let config = oci::config(spec, &self.layout.cfg.agent);
+        let shim_cfg = ShimConfig {
+            id: spec.id.clone(),
+            runsc: self.layout.cfg.runsc.clone(),
+            runsc_flags: self.layout.runsc_flags(),
+            expires_at_ms: spec.expires_at_ms + SHIM_GRACE_MS,
+            restore_from: restore_from.map(Path::to_path_buf),
+        };
+        let write = || -> std::io::Result<()> {
+            std::fs::write(
+                bundle.join("config.json"),
+                serde_json::to_vec_pretty(&config)?,
+            )?;
+            std::fs::write(
+                ShimConfig::path(&bundle),
+                serde_json::to_vec_pretty(&shim_cfg)?,
+            )?;
+            Ok(())
+        };
+        if let Err(e) = write() {
+            let _ = std::fs::remove_dir_all(&bundle);
+            return Err(e.into());
+        }
+        let mut cmd = Command::new(&self.layout.cfg.shim);
+        cmd.arg(&bundle)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        // Its own session: the shim must outlive the daemon and not get the
+        // terminal's signals.
+        // SAFETY: setsid is async-signal-safe and touches no memory.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn()?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| RuntimeError::Start("no shim stdout".into()))?;
+        let mut line = String::new();
+        let read =
+            tokio::time::timeout(START_TIMEOUT, BufReader::new(stdout).read_line(&mut line)).await;
+        // The shim keeps running after it says ready; reap it in the
+        // background whenever it exits.
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+        });
+        match read {
+            Ok(Ok(_)) if line.trim() == "ready" => Ok(()),
+            other => {
+                let why = match other {
+                    Ok(Ok(_)) => line.trim().trim_start_matches("error: ").to_string(),
+                    Ok(Err(e)) => e.to_string(),
+                    Err(_) => "timed out waiting for runsc".into(),
+                };
+                self.destroy(&spec.id).await.ok();
+                Err(RuntimeError::Start(why))
+            }
+        }
     }
 }

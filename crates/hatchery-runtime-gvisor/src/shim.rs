@@ -90,9 +90,17 @@ fn start(cfg: &ShimConfig, bundle: &Path) -> std::io::Result<(File, File, UnixLi
     let (agent_stdin, to_agent) = pipe()?;
     let (from_agent, agent_stdout) = pipe()?;
     let log = File::create(bundle.join("runsc.log"))?;
-    let status = Command::new(&cfg.runsc)
-        .args(&cfg.runsc_flags)
-        .arg("run")
+    let mut cmd = Command::new(&cfg.runsc);
+    cmd.args(&cfg.runsc_flags);
+    match &cfg.restore_from {
+        // The restored agent keeps running on the fresh pipes given here;
+        // the pipes of the sandbox that was checkpointed are not involved.
+        Some(image) => cmd
+            .arg("restore")
+            .arg(format!("--image-path={}", image.display())),
+        None => cmd.arg("run"),
+    };
+    let status = cmd
         .arg(format!("--bundle={}", bundle.display()))
         .arg("--detach")
         .arg(&cfg.id)

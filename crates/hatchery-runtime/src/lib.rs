@@ -86,6 +86,13 @@ pub trait Runtime: Send + Sync + 'static {
     /// once teardown is complete. Used by health checks and tests.
     fn leftovers(&self, id: &str) -> Vec<String>;
 
+    /// Identifies what a checkpoint image depends on besides the template
+    /// (runtime and agent builds): images made under a different value are
+    /// stale and must be rebuilt, not restored.
+    fn image_compat(&self) -> String {
+        String::new()
+    }
+
     /// Saves the sandbox's whole state to `dir`; snapshots and forks build
     /// on this.
     async fn checkpoint(&self, _id: &str, _dir: &std::path::Path) -> Result<(), RuntimeError> {

@@ -8,6 +8,10 @@
 //! baked by `scripts/bake-template.sh` (debootstrap). The shape is fixed per
 //! template: a create request cannot ask for more.
 
+mod images;
+
+pub use images::{ImageError, ImageStore, SealedImage};
+
 use hatchery_runtime::Limits;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -57,6 +61,24 @@ pub struct Template {
 }
 
 impl Template {
+    /// Content hash of what a sandbox of this template is made from: the
+    /// spec, the rootfs (by its modification time) and `compat` (runtime
+    /// and agent builds). A checkpoint is valid only for one version.
+    pub fn version(&self, compat: &str) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(serde_json::to_vec(&self.spec).unwrap_or_default());
+        let mtime = std::fs::metadata(&self.rootfs)
+            .and_then(|m| m.modified())
+            .ok();
+        h.update(format!("{:?}|{}|{compat}", mtime, self.rootfs.display()));
+        h.finalize()
+            .iter()
+            .take(8)
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+
     pub fn limits(&self) -> Limits {
         Limits {
             cpus: self.spec.cpus,

@@ -32,6 +32,13 @@ pub struct DaemonArgs {
     /// Largest file accepted or returned by the files API, in bytes.
     #[arg(long, env = "HATCHERY_MAX_FILE_BYTES", default_value_t = 64 << 20)]
     pub max_file_bytes: u64,
+    /// Warm, never-used sandboxes kept ready per template (0 disables the
+    /// pool; creates then restore the template checkpoint).
+    #[arg(long, env = "HATCHERY_POOL_SIZE", default_value_t = 4)]
+    pub pool_size: usize,
+    /// Memory the warm pool may use in all, in MiB.
+    #[arg(long, env = "HATCHERY_POOL_MEMORY_MB", default_value_t = 1024)]
+    pub pool_memory_mb: u64,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "HATCHERY_LOG_JSON")]
     pub log_json: bool,

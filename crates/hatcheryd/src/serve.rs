@@ -1,7 +1,8 @@
 use crate::config::DaemonArgs;
 use hatchery_api::AppState;
-use hatchery_core::{store::Store, Caps, Manager};
+use hatchery_core::{store::Store, Caps, ImageConfig, Manager, PoolConfig};
 use hatchery_runtime_gvisor::{GvisorConfig, GvisorRuntime};
+use hatchery_templates::ImageStore;
 use hatchery_templates::Templates;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -88,10 +89,28 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         ..Caps::default()
     }
     .normalized();
-    let manager = Manager::new(caps, store, Arc::new(runtime), templates);
+    let dir_err = |d: PathBuf| move |e: std::io::Error| DaemonError::DataDir(d, e);
+    let images = ImageConfig {
+        template_images: ImageStore::new(data.join("images"))
+            .map_err(dir_err(data.join("images")))?,
+        snapshots: ImageStore::new(data.join("snapshots"))
+            .map_err(dir_err(data.join("snapshots")))?,
+        pool: PoolConfig {
+            size: args.pool_size,
+            memory_budget_mb: args.pool_memory_mb,
+            ..PoolConfig::default()
+        },
+    };
+    let manager = Manager::new(caps, store, Arc::new(runtime), templates, images);
     let report = manager.reconcile().await?;
     tracing::info!(?report, "state reconciled with the host");
     let _reaper = manager.spawn_reaper();
+    // Bake missing template checkpoints in the background; until one is
+    // ready, creates of that template boot cold.
+    for t in manager.templates().list() {
+        manager.spawn_bake(&t);
+    }
+    let _pool = manager.spawn_pool_filler();
 
     let app = hatchery_api::router(AppState {
         manager: manager.clone(),
@@ -105,6 +124,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(DaemonError::Serve)?;
+    manager.shutdown().await;
     // Sandboxes outlive the daemon on purpose: their shims keep the agent
     // channel and the TTL, and the next start re-adopts them.
     tracing::info!(

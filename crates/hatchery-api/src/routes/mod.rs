@@ -2,3 +2,4 @@ pub mod exec;
 pub mod files;
 pub mod meta;
 pub mod sandboxes;
+pub mod snapshots;

@@ -42,6 +42,18 @@ pub async fn list(
     State(st): State<AppState>,
     RawQuery(q): RawQuery,
 ) -> Result<axum::Json<SandboxList>, ApiError> {
+    let filter = metadata_filter(q)?;
+    let sandboxes = st
+        .manager
+        .list(&filter)?
+        .into_iter()
+        .map(Into::into)
+        .collect();
+    Ok(axum::Json(SandboxList { sandboxes }))
+}
+
+/// `metadata.KEY=VALUE` pairs of a query string; anything else is a 400.
+pub fn metadata_filter(q: Option<String>) -> Result<BTreeMap<String, String>, ApiError> {
     let mut filter = BTreeMap::new();
     if let Some(q) = q {
         let pairs: Vec<(String, String)> = serde_urlencoded_pairs(&q)
@@ -61,13 +73,7 @@ pub async fn list(
             }
         }
     }
-    let sandboxes = st
-        .manager
-        .list(&filter)?
-        .into_iter()
-        .map(Into::into)
-        .collect();
-    Ok(axum::Json(SandboxList { sandboxes }))
+    Ok(filter)
 }
 
 fn serde_urlencoded_pairs(q: &str) -> Result<Vec<(String, String)>, String> {

@@ -1,0 +1,125 @@
+use crate::error::ErrorBody;
+use crate::extract::Json;
+use crate::models::{
+    validate_metadata, validate_ttl, CreateSnapshot, ForkBody, Sandbox, SandboxList, Snapshot,
+    SnapshotList,
+};
+use crate::routes::sandboxes::metadata_filter;
+use crate::{ApiError, AppState};
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use hatchery_core::ForkRequest;
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshots", tag = "snapshots", params(("id" = String, Path)),
+    request_body = CreateSnapshot,
+    responses((status = 201, body = Snapshot), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn create(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    Json(body): Json<CreateSnapshot>,
+) -> Result<(StatusCode, axum::Json<Snapshot>), ApiError> {
+    let caps = &st.manager.caps;
+    validate_metadata(&body.metadata, caps)?;
+    let retention = match body.retention_seconds {
+        None => None,
+        Some(s) if s >= 1 && (s as u64) <= caps.max_retention_s => Some(s as u64),
+        Some(_) => {
+            return Err(ApiError::bad_request(format!(
+                "retention_seconds must be between 1 and {}",
+                caps.max_retention_s
+            )))
+        }
+    };
+    let snap = st.manager.snapshot(&id, retention, body.metadata).await?;
+    Ok((StatusCode::CREATED, axum::Json(snap.into())))
+}
+
+#[utoipa::path(get, path = "/v1/snapshots", tag = "snapshots",
+    params(("metadata.KEY" = Option<String>, Query, description = "filter on a metadata entry; repeatable")),
+    responses((status = 200, body = SnapshotList), (status = 400, body = ErrorBody)))]
+pub async fn list(
+    State(st): State<AppState>,
+    RawQuery(q): RawQuery,
+) -> Result<axum::Json<SnapshotList>, ApiError> {
+    let filter = metadata_filter(q)?;
+    let snapshots = st
+        .manager
+        .list_snapshots(&filter)?
+        .into_iter()
+        .map(Into::into)
+        .collect();
+    Ok(axum::Json(SnapshotList { snapshots }))
+}
+
+#[utoipa::path(get, path = "/v1/snapshots/{id}", tag = "snapshots", params(("id" = String, Path)),
+    responses((status = 200, body = Snapshot), (status = 404, body = ErrorBody)))]
+pub async fn get(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Snapshot>, ApiError> {
+    Ok(axum::Json(st.manager.get_snapshot(&id)?.into()))
+}
+
+/// Idempotent; the files are removed at once.
+#[utoipa::path(delete, path = "/v1/snapshots/{id}", tag = "snapshots", params(("id" = String, Path)),
+    responses((status = 204)))]
+pub async fn delete(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    st.manager.delete_snapshot(&id)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Restores the snapshot into `count` new, independent sandboxes.
+#[utoipa::path(post, path = "/v1/snapshots/{id}/fork", tag = "snapshots", params(("id" = String, Path)),
+    request_body = ForkBody,
+    responses((status = 201, body = SandboxList), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 422, body = ErrorBody, description = "snapshot_corrupt: the image failed its checksum")))]
+pub async fn fork(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    Json(body): Json<ForkBody>,
+) -> Result<(StatusCode, axum::Json<SandboxList>), ApiError> {
+    let caps = &st.manager.caps;
+    let ttl = validate_ttl(body.ttl_seconds, caps)?;
+    validate_metadata(&body.metadata, caps)?;
+    if let Some(net) = &body.network {
+        let deny_only = net.as_object().is_some_and(|o| {
+            o.get("egress").and_then(|v| v.as_str()) == Some("deny")
+                && o.keys().all(|k| {
+                    k == "egress"
+                        || ((k == "allow" || k == "deny")
+                            && o[k].as_array().is_some_and(|a| a.is_empty()))
+                })
+        });
+        if !deny_only {
+            return Err(ApiError::bad_request(
+                "sandboxes have no network yet; only {\"egress\":\"deny\"} is accepted",
+            ));
+        }
+    }
+    let count = match body.count {
+        None => 1,
+        Some(n) if n >= 1 && (n as usize) <= caps.max_fork_count => n as usize,
+        Some(_) => {
+            return Err(ApiError::bad_request(format!(
+                "count must be between 1 and {}",
+                caps.max_fork_count
+            )))
+        }
+    };
+    let req = ForkRequest {
+        ttl_seconds: Some(ttl),
+        metadata: body.metadata,
+        count,
+    };
+    let sandboxes: Vec<Sandbox> = st
+        .manager
+        .fork(&id, req)
+        .await?
+        .into_iter()
+        .map(Into::into)
+        .collect();
+    Ok((StatusCode::CREATED, axum::Json(SandboxList { sandboxes })))
+}

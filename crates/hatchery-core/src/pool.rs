@@ -1,0 +1,231 @@
+//! The warm pool: per template, a few sandboxes already restored from the
+//! template's checkpoint, connected, and never touched by a request. A
+//! create claims one (a database update and a TTL message to its shim) and
+//! a background task restores a replacement. A claimed sandbox never comes
+//! back: there is no return path into the pool.
+
+use crate::agent_client::AgentClient;
+use crate::ids::new_sandbox_id;
+use crate::store::{SandboxRow, STATE_POOLED};
+use crate::{now_ms, Manager};
+use hatchery_runtime::SandboxSpec;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    /// Ready sandboxes kept per template.
+    pub size: usize,
+    /// Memory the whole pool may take, estimated per idle sandbox.
+    pub memory_budget_mb: u64,
+    /// Stop refilling (and drain) when the host's available memory falls
+    /// below this fraction of its total.
+    pub min_available_fraction: f64,
+    /// A pooled sandbox older than this is recycled.
+    pub max_age: Duration,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            size: 4,
+            memory_budget_mb: 1024,
+            min_available_fraction: 0.15,
+            max_age: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// Measured PSS of an idle restored sandbox is well under this (Sentry +
+/// gofer); the estimate errs high so the budget holds.
+const IDLE_SANDBOX_MB: u64 = 64;
+
+/// Ready sandboxes per template, oldest first.
+type Ready = HashMap<String, VecDeque<(String, Arc<AgentClient>)>>;
+
+pub struct WarmPool {
+    pub cfg: PoolConfig,
+    ready: Mutex<Ready>,
+}
+
+impl WarmPool {
+    pub fn new(cfg: PoolConfig) -> Self {
+        WarmPool {
+            cfg,
+            ready: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Ready> {
+        self.ready.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn take(&self, template: &str) -> Option<(String, Arc<AgentClient>)> {
+        self.lock().get_mut(template)?.pop_front()
+    }
+
+    fn put(&self, template: &str, id: String, client: Arc<AgentClient>) {
+        self.lock()
+            .entry(template.to_string())
+            .or_default()
+            .push_back((id, client));
+    }
+
+    /// Drops `id` from the pool; true if it was there.
+    pub fn remove(&self, id: &str) -> bool {
+        let mut g = self.lock();
+        for q in g.values_mut() {
+            if let Some(i) = q.iter().position(|(x, _)| x == id) {
+                q.remove(i);
+                return true;
+            }
+        }
+        false
+    }
+
+    pub fn len(&self, template: &str) -> usize {
+        self.lock().get(template).map_or(0, |q| q.len())
+    }
+
+    pub fn total(&self) -> usize {
+        self.lock().values().map(|q| q.len()).sum()
+    }
+
+    pub fn ids(&self) -> Vec<String> {
+        self.lock()
+            .values()
+            .flat_map(|q| q.iter().map(|(id, _)| id.clone()))
+            .collect()
+    }
+
+    fn target(&self) -> usize {
+        self.cfg
+            .size
+            .min((self.cfg.memory_budget_mb / IDLE_SANDBOX_MB) as usize)
+    }
+}
+
+/// `MemAvailable / MemTotal` from /proc/meminfo.
+pub fn available_fraction() -> f64 {
+    let Ok(s) = std::fs::read_to_string("/proc/meminfo") else {
+        return 1.0;
+    };
+    let field = |name: &str| -> f64 {
+        s.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let total = field("MemTotal:");
+    if total <= 0.0 {
+        return 1.0;
+    }
+    field("MemAvailable:") / total
+}
+
+impl Manager {
+    /// For a graceful stop: no more refills, running bakes finish, and
+    /// pooled sandboxes are destroyed (a restart would discard them anyway;
+    /// live sandboxes are left to their shims on purpose).
+    pub async fn shutdown(&self) {
+        self.closing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..300 {
+            if self
+                .baking
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty()
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for id in self.pool.ids() {
+            self.pool.remove(&id);
+            let _ = self.store.stop(&id, "pool_discard", now_ms());
+            if let Err(e) = self.runtime.destroy(&id).await {
+                tracing::warn!(sandbox = %id, error = %e, "could not destroy pooled sandbox");
+            }
+        }
+    }
+
+    /// Keeps every template's pool full, within the memory budget, and
+    /// drains it when the host runs short of memory.
+    pub fn spawn_pool_filler(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let Some(m) = me.upgrade() else { return };
+                if m.closing.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                m.metrics.pool_ready.set(m.pool.total() as i64);
+                if m.pool.target() == 0 {
+                    continue;
+                }
+                if available_fraction() < m.pool.cfg.min_available_fraction {
+                    for id in m.pool.ids() {
+                        tracing::warn!(sandbox = %id, "memory pressure: draining warm pool");
+                        m.stop(&id, "pool_pressure");
+                    }
+                    continue;
+                }
+                for template in m.templates().list() {
+                    let Some(image) = m.template_image(&template) else {
+                        m.spawn_bake(&template);
+                        continue;
+                    };
+                    if m.pool.len(&template.spec.name) >= m.pool.target()
+                        || m.pool.total() >= m.pool.target() * m.templates().list().len().max(1)
+                    {
+                        continue;
+                    }
+                    if let Err(e) = m.add_pooled(&template, &image).await {
+                        tracing::warn!(template = %template.spec.name, error = %e, "pool refill failed");
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                    }
+                }
+            }
+        })
+    }
+
+    async fn add_pooled(
+        self: &Arc<Self>,
+        template: &hatchery_templates::Template,
+        image: &std::path::Path,
+    ) -> Result<(), crate::CoreError> {
+        let now = now_ms();
+        let row = SandboxRow {
+            id: new_sandbox_id(),
+            template: template.spec.name.clone(),
+            state: STATE_POOLED.into(),
+            created_at_ms: now,
+            expires_at_ms: now + self.pool.cfg.max_age.as_millis() as u64,
+            metadata: BTreeMap::new(),
+            env: BTreeMap::new(),
+        };
+        self.store.insert(&row)?;
+        let spec = SandboxSpec {
+            id: row.id.clone(),
+            rootfs: template.rootfs.clone(),
+            limits: template.limits(),
+            expires_at_ms: row.expires_at_ms,
+        };
+        match self.boot(&spec, Some(image)).await {
+            Ok(client) => {
+                self.store.set_state(&row.id, STATE_POOLED)?;
+                self.pool.put(&template.spec.name, row.id, client);
+                Ok(())
+            }
+            Err(e) => {
+                let _ = self.runtime.destroy(&row.id).await;
+                self.store.stop(&row.id, "create_failed", now_ms())?;
+                Err(e)
+            }
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! Snapshots and forks. A snapshot checkpoints a running sandbox (it keeps
+//! running) into a sealed image: files, including ones deleted from an
+//! editor but still open, processes and installed packages. A fork restores
+//! that image into new, independent sandboxes.
+
+use crate::ids::{new_sandbox_id, new_snapshot_id, valid_snapshot_id};
+use crate::manager::SandboxInfo;
+use crate::store::{SandboxRow, SnapshotRow, STATE_STARTING};
+use crate::template_images::image_err;
+use crate::{now_ms, CoreError, Manager};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotInfo {
+    pub id: String,
+    pub sandbox_id: String,
+    pub template: String,
+    pub created_at_ms: u64,
+    pub expires_at_ms: u64,
+    pub size_bytes: u64,
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl From<SnapshotRow> for SnapshotInfo {
+    fn from(r: SnapshotRow) -> Self {
+        SnapshotInfo {
+            id: r.id,
+            sandbox_id: r.sandbox_id,
+            template: r.template,
+            created_at_ms: r.created_at_ms,
+            expires_at_ms: r.expires_at_ms,
+            size_bytes: r.size_bytes,
+            metadata: r.metadata,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ForkRequest {
+    pub ttl_seconds: Option<u64>,
+    pub metadata: BTreeMap<String, String>,
+    pub count: usize,
+}
+
+impl Manager {
+    pub async fn snapshot(
+        &self,
+        sandbox_id: &str,
+        retention_s: Option<u64>,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<SnapshotInfo, CoreError> {
+        let retention = retention_s.unwrap_or(self.caps.default_retention_s);
+        if retention == 0 || retention > self.caps.max_retention_s {
+            return Err(CoreError::Invalid(format!(
+                "retention_seconds must be between 1 and {}",
+                self.caps.max_retention_s
+            )));
+        }
+        let sandbox = self.get(sandbox_id)?;
+        self.live_client(sandbox_id)?;
+        let row = self
+            .store
+            .get_live(sandbox_id)?
+            .ok_or_else(|| CoreError::SandboxNotFound(sandbox_id.into()))?;
+        let id = new_snapshot_id();
+        let dir = self.snapshots.prepare(&id).map_err(image_err)?;
+        let sealed = async {
+            self.runtime.checkpoint(sandbox_id, &dir).await?;
+            self.snapshots.seal(&id).map_err(image_err)
+        }
+        .await;
+        let sealed = match sealed {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = self.snapshots.remove(&id);
+                return Err(e);
+            }
+        };
+        let now = now_ms();
+        let snap = SnapshotRow {
+            id: id.clone(),
+            sandbox_id: sandbox_id.to_string(),
+            template: sandbox.template,
+            created_at_ms: now,
+            expires_at_ms: now + retention * 1000,
+            size_bytes: sealed.size_bytes,
+            metadata,
+            env: row.env,
+        };
+        if let Err(e) = self.store.insert_snapshot(&snap) {
+            let _ = self.snapshots.remove(&id);
+            return Err(e.into());
+        }
+        self.metrics.snapshots_created.inc();
+        tracing::info!(snapshot = %id, sandbox = %sandbox_id, bytes = sealed.size_bytes, "snapshot taken");
+        Ok(snap.into())
+    }
+
+    pub fn get_snapshot(&self, id: &str) -> Result<SnapshotInfo, CoreError> {
+        if !valid_snapshot_id(id) {
+            return Err(CoreError::SnapshotNotFound(id.into()));
+        }
+        self.store
+            .get_snapshot(id)?
+            .map(Into::into)
+            .ok_or_else(|| CoreError::SnapshotNotFound(id.into()))
+    }
+
+    pub fn list_snapshots(
+        &self,
+        filter: &BTreeMap<String, String>,
+    ) -> Result<Vec<SnapshotInfo>, CoreError> {
+        Ok(self
+            .store
+            .list_snapshots()?
+            .into_iter()
+            .filter(|r| filter.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
+            .map(Into::into)
+            .collect())
+    }
+
+    /// Idempotent; really frees the space.
+    pub fn delete_snapshot(&self, id: &str) -> Result<(), CoreError> {
+        if !valid_snapshot_id(id) {
+            return Ok(());
+        }
+        self.snapshots.remove(id).map_err(image_err)?;
+        if self.store.delete_snapshot(id)? {
+            tracing::info!(snapshot = %id, "snapshot deleted");
+        }
+        Ok(())
+    }
+
+    /// New sandboxes from a snapshot, each independent. All or nothing: if
+    /// one fails, the ones already made are stopped.
+    pub async fn fork(
+        self: &Arc<Self>,
+        snapshot_id: &str,
+        req: ForkRequest,
+    ) -> Result<Vec<SandboxInfo>, CoreError> {
+        if req.count == 0 || req.count > self.caps.max_fork_count {
+            return Err(CoreError::Invalid(format!(
+                "count must be between 1 and {}",
+                self.caps.max_fork_count
+            )));
+        }
+        let ttl = req.ttl_seconds.unwrap_or(self.caps.default_ttl_s);
+        if ttl == 0 || ttl > self.caps.max_ttl_s {
+            return Err(CoreError::Invalid(format!(
+                "ttl_seconds must be between 1 and {}",
+                self.caps.max_ttl_s
+            )));
+        }
+        let snap = self
+            .store
+            .get_snapshot(snapshot_id)?
+            .ok_or_else(|| CoreError::SnapshotNotFound(snapshot_id.into()))?;
+        let dir = self.snapshots.verify(snapshot_id).map_err(image_err)?;
+        let template = self.templates().get(&snap.template)?;
+        let mut made: Vec<SandboxInfo> = Vec::new();
+        for _ in 0..req.count {
+            let res = async {
+                self.reserve()?;
+                let started = Instant::now();
+                let now = now_ms();
+                let row = SandboxRow {
+                    id: new_sandbox_id(),
+                    template: snap.template.clone(),
+                    state: STATE_STARTING.into(),
+                    created_at_ms: now,
+                    expires_at_ms: now + ttl * 1000,
+                    metadata: req.metadata.clone(),
+                    env: snap.env.clone(),
+                };
+                let r = self
+                    .boot_row(row, &template, Some(&dir), "fork", started)
+                    .await;
+                self.unreserve();
+                r
+            }
+            .await;
+            match res {
+                Ok(info) => made.push(info),
+                Err(e) => {
+                    for m in &made {
+                        self.stop(&m.id, "fork_failed");
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(made)
+    }
+
+    pub(crate) fn expire_snapshots(&self) {
+        match self.store.expired_snapshots(now_ms()) {
+            Ok(ids) => {
+                for id in ids {
+                    if let Err(e) = self.delete_snapshot(&id) {
+                        tracing::warn!(snapshot = %id, error = %e, "could not delete expired snapshot");
+                    }
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "could not read snapshot retention"),
+        }
+    }
+}

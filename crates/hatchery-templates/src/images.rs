@@ -1,0 +1,251 @@
+//! Checkpoint images on disk: a template's warm checkpoint and every sandbox
+//! snapshot. An image is a directory written by the runtime, then *sealed*:
+//! each file's SHA-256 goes into `manifest.json` and permissions drop to
+//! 0600/0700, because a snapshot is a recording of a person's work. Before
+//! a restore the image is verified against its manifest, so a truncated,
+//! emptied or bit-flipped image is a typed error, never a half-restored
+//! sandbox.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+const MANIFEST: &str = "manifest.json";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    #[error("image {0} not found")]
+    NotFound(String),
+    #[error("image {id} is corrupt: {why}")]
+    Corrupt { id: String, why: String },
+    #[error("invalid image id {0:?}")]
+    InvalidId(String),
+    #[error("image i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct Manifest {
+    files: BTreeMap<String, FileSum>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct FileSum {
+    size: u64,
+    sha256: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SealedImage {
+    pub dir: PathBuf,
+    pub size_bytes: u64,
+}
+
+/// A directory of images, one subdirectory per id.
+#[derive(Debug, Clone)]
+pub struct ImageStore {
+    dir: PathBuf,
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 80
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn sha256_file(p: &Path) -> std::io::Result<(u64, String)> {
+    let mut f = std::fs::File::open(p)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut n = 0u64;
+    loop {
+        let k = f.read(&mut buf)?;
+        if k == 0 {
+            break;
+        }
+        n += k as u64;
+        h.update(&buf[..k]);
+    }
+    Ok((n, h.finalize().iter().map(|b| format!("{b:02x}")).collect()))
+}
+
+impl ImageStore {
+    pub fn new(dir: impl Into<PathBuf>) -> std::io::Result<Self> {
+        let dir = dir.into();
+        std::fs::create_dir_all(&dir)?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+        Ok(ImageStore { dir })
+    }
+
+    pub fn path(&self, id: &str) -> Result<PathBuf, ImageError> {
+        if !valid_id(id) {
+            return Err(ImageError::InvalidId(id.to_string()));
+        }
+        Ok(self.dir.join(id))
+    }
+
+    /// A fresh, empty, private directory for the runtime to write into.
+    pub fn prepare(&self, id: &str) -> Result<PathBuf, ImageError> {
+        let p = self.path(id)?;
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir(&p)?;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700))?;
+        Ok(p)
+    }
+
+    /// Checksums what the runtime wrote and locks it down.
+    pub fn seal(&self, id: &str) -> Result<SealedImage, ImageError> {
+        let dir = self.path(id)?;
+        let mut files = BTreeMap::new();
+        let mut total = 0;
+        for e in std::fs::read_dir(&dir)? {
+            let e = e?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name == MANIFEST || !e.file_type()?.is_file() {
+                continue;
+            }
+            std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o600))?;
+            let (size, sha256) = sha256_file(&e.path())?;
+            total += size;
+            files.insert(name, FileSum { size, sha256 });
+        }
+        if files.is_empty() {
+            return Err(ImageError::Corrupt {
+                id: id.into(),
+                why: "runtime wrote no files".into(),
+            });
+        }
+        let m = serde_json::to_vec_pretty(&Manifest { files }).map_err(std::io::Error::other)?;
+        let mp = dir.join(MANIFEST);
+        std::fs::write(&mp, m)?;
+        std::fs::set_permissions(&mp, std::fs::Permissions::from_mode(0o600))?;
+        Ok(SealedImage {
+            dir,
+            size_bytes: total,
+        })
+    }
+
+    /// The image's directory, if every file matches its manifest.
+    pub fn verify(&self, id: &str) -> Result<PathBuf, ImageError> {
+        let dir = self.path(id)?;
+        let raw = match std::fs::read(dir.join(MANIFEST)) {
+            Ok(r) => r,
+            Err(_) if !dir.exists() => return Err(ImageError::NotFound(id.into())),
+            Err(e) => {
+                return Err(ImageError::Corrupt {
+                    id: id.into(),
+                    why: format!("manifest unreadable: {e}"),
+                })
+            }
+        };
+        let corrupt = |why: String| ImageError::Corrupt { id: id.into(), why };
+        let m: Manifest =
+            serde_json::from_slice(&raw).map_err(|e| corrupt(format!("manifest: {e}")))?;
+        for (name, want) in &m.files {
+            let (size, sum) =
+                sha256_file(&dir.join(name)).map_err(|e| corrupt(format!("{name}: {e}")))?;
+            if size != want.size {
+                return Err(corrupt(format!(
+                    "{name} is {size} bytes, expected {}",
+                    want.size
+                )));
+            }
+            if sum != want.sha256 {
+                return Err(corrupt(format!("{name} checksum mismatch")));
+            }
+        }
+        Ok(dir)
+    }
+
+    pub fn remove(&self, id: &str) -> Result<(), ImageError> {
+        match std::fs::remove_dir_all(self.path(id)?) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
+    pub fn ids(&self) -> Vec<String> {
+        let Ok(rd) = std::fs::read_dir(&self.dir) else {
+            return vec![];
+        };
+        rd.flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store() -> ImageStore {
+        let d =
+            std::env::temp_dir().join(format!("hx-img-{}-{}", std::process::id(), rand_suffix()));
+        ImageStore::new(d).unwrap()
+    }
+
+    fn rand_suffix() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos() as u64
+    }
+
+    #[test]
+    fn seal_verify_and_detect_damage() {
+        let s = store();
+        let d = s.prepare("snap_a").unwrap();
+        std::fs::write(d.join("checkpoint.img"), vec![7u8; 10_000]).unwrap();
+        let sealed = s.seal("snap_a").unwrap();
+        assert_eq!(sealed.size_bytes, 10_000);
+        let mode = std::fs::metadata(d.join("checkpoint.img"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o600);
+        assert!(s.verify("snap_a").is_ok());
+
+        // bit flip
+        let mut data = std::fs::read(d.join("checkpoint.img")).unwrap();
+        data[5000] ^= 1;
+        std::fs::write(d.join("checkpoint.img"), &data).unwrap();
+        assert!(matches!(
+            s.verify("snap_a"),
+            Err(ImageError::Corrupt { .. })
+        ));
+        // truncated
+        std::fs::write(d.join("checkpoint.img"), &data[..100]).unwrap();
+        assert!(matches!(
+            s.verify("snap_a"),
+            Err(ImageError::Corrupt { .. })
+        ));
+        // emptied
+        std::fs::write(d.join("checkpoint.img"), b"").unwrap();
+        assert!(matches!(
+            s.verify("snap_a"),
+            Err(ImageError::Corrupt { .. })
+        ));
+
+        assert!(matches!(
+            s.verify("snap_none"),
+            Err(ImageError::NotFound(_))
+        ));
+        assert!(matches!(s.path("../x"), Err(ImageError::InvalidId(_))));
+        s.remove("snap_a").unwrap();
+        s.remove("snap_a").unwrap();
+        assert!(!d.exists());
+    }
+
+    #[test]
+    fn sealing_nothing_is_an_error() {
+        let s = store();
+        s.prepare("empty").unwrap();
+        assert!(matches!(s.seal("empty"), Err(ImageError::Corrupt { .. })));
+    }
+}
