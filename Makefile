@@ -17,8 +17,8 @@ setup:
 build: setup
 	cargo build --release --workspace
 
-template: setup
-	bash scripts/bake-template.sh $(TEMPLATES_DIR)
+template: build
+	$(BIN)/hatchery template build-local --templates-dir $(TEMPLATES_DIR) templates/code-interpreter.json
 
 run: build template
 	$(BIN)/hatcheryd --listen $(LISTEN) --data-dir $(DATA_DIR) --templates-dir $(TEMPLATES_DIR)

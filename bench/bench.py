@@ -75,6 +75,16 @@ class RawRunsc:
         self.runsc("run", "--detach", f"--bundle={b}", cid, check=True)
         return cid
 
+    def checkpoint_idle(self, cid):
+        img = os.path.join(self.dir, "img")
+        self.runsc("checkpoint", f"--image-path={img}", "--leave-running", cid, check=True)
+        return img
+
+    def restore(self, img):
+        b, cid = self.bundle(["sleep", "100000"])
+        self.runsc("restore", f"--image-path={img}", "--detach", f"--bundle={b}", cid, check=True)
+        self.runsc("delete", "--force", cid)
+
     def close(self):
         for c in os.listdir(self.dir):
             if c.startswith("b"):
@@ -89,31 +99,97 @@ def row(name, xs, base=None):
     return {"name": name, "n": len(xs), "p50_ms": round(p50, 2), "p99_ms": round(p99, 2), "ratio_p50": ratio}
 
 
+def metric(d, name):
+    for line in d.request("GET", "/metrics").body.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def wait_for(cond, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline and not cond():
+        time.sleep(0.05)
+
+
+def pss_kb(pid):
+    try:
+        for line in open(f"/proc/{pid}/smaps_rollup"):
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def sandbox_pss_mb(sid):
+    """PSS of everything on the host that belongs to one sandbox: Sentry,
+    gofer, systrap stubs, shim."""
+    total = 0
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            cmd = open(f"/proc/{p}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if sid.encode() in cmd:
+            total += pss_kb(int(p))
+            # systrap stubs are children of the Sentry and carry no id.
+            for c in open(f"/proc/{p}/task/{p}/children").read().split():
+                total += pss_kb(int(c))
+    return total / 1024
+
+
+def table_header(title):
+    print(f"\n{title}\n")
+    print(f"| {'operation':<44} | {'n':>4} | {'p50 ms':>8} | {'p99 ms':>8} | {'vs base':>8} |")
+    print(f"|{'-' * 46}|{'-' * 6}|{'-' * 10}|{'-' * 10}|{'-' * 10}|")
+
+
 def main():
     raw = RawRunsc()
-    d = Daemon(extra_args=["--max-sandboxes", "32"]).start()
+    d = Daemon(extra_args=["--max-sandboxes", "80", "--pool-size", "0"]).start()
     results = []
     try:
+        wait_for(lambda: metric(d, "hatchery_template_images_baked_total") >= 1)
         # Baselines.
         base_run = timed(raw.run_to_exit, max(5, N // 3))
         cid = raw.start_idle()
         base_exec_true = timed(lambda: raw.runsc("exec", cid, "/bin/true", check=True), N)
         base_exec_py = timed(lambda: raw.runsc("exec", cid, "python3", "-c", "print(1)", check=True), max(5, N // 2))
+        img = raw.checkpoint_idle(cid)
+        base_restore = timed(lambda: raw.restore(img), max(5, N // 2))
 
-        # Hatchery.
+        # Exec on a live sandbox.
         sid = d.create(ttl_seconds=600)
         d.exec(sid, "true")
         h_true = timed(lambda: d.exec(sid, argv=["true"]), N * 3)
         h_py = timed(lambda: d.exec(sid, argv=["python3", "-c", "print(1)"]), N)
+
+        # Snapshot and fork of a running session.
+        d.exec(sid, "mkdir -p /workspace && echo state > /workspace/s")
+        snaps = []
+        h_snap = timed(lambda: snaps.append(d.request("POST", f"/v1/sandboxes/{sid}/snapshots", {}).json()["id"]),
+                       max(5, N // 2))
+
+        def fork_one():
+            r = d.request("POST", f"/v1/snapshots/{snaps[0]}/fork", {"ttl_seconds": 60}).json()
+            for s in r["sandboxes"]:
+                d.delete(s["id"])
+        h_fork = timed(fork_one, max(5, N // 2))
+        for sn in snaps:
+            d.request("DELETE", f"/v1/snapshots/{sn}")
         d.delete(sid)
 
-        def create_delete():
+        def create_delete(expect):
             t = time.perf_counter()
-            s = d.create(ttl_seconds=60)
+            r = d.request("POST", "/v1/sandboxes", {"ttl_seconds": 60}).json()
             ms = (time.perf_counter() - t) * 1000
-            d.delete(s)
+            assert r["boot_mode"] == expect, r
+            d.delete(r["id"])
             return ms
-        h_create = [create_delete() for _ in range(max(5, N // 2))]
+        h_restore = [create_delete("restore") for _ in range(max(5, N // 2))]
 
         def run_button():
             t = time.perf_counter()
@@ -123,26 +199,99 @@ def main():
             assert r["stdout"] == "4999950000\n", r
             d.delete(s)
             return (time.perf_counter() - t) * 1000
-        rb1 = [run_button() for _ in range(max(5, N // 2))]
+        rb1_restore = [run_button() for _ in range(max(5, N // 3))]
+        d.cleanup()
+
+        # Warm pool. Refill happens off the request path, so each sequential
+        # create waits for a ready sandbox first, as a steady trickle would.
+        d = Daemon(extra_args=["--max-sandboxes", "80", "--pool-size", "8"]).start()
+        wait_for(lambda: metric(d, "hatchery_pool_ready") >= 8)
+
+        def pool_create():
+            wait_for(lambda: metric(d, "hatchery_pool_ready") >= 1)
+            return create_delete("pool")
+        h_pool = [pool_create() for _ in range(N)]
+
+        def first_command():
+            wait_for(lambda: metric(d, "hatchery_pool_ready") >= 1)
+            t = time.perf_counter()
+            s = d.create(ttl_seconds=60)
+            assert d.exec(s, argv=["echo", "hi"])["stdout"] == "hi\n"
+            ms = (time.perf_counter() - t) * 1000
+            d.delete(s)
+            return ms
+        h_first = [first_command() for _ in range(N)]
+
+        def rb_pooled():
+            wait_for(lambda: metric(d, "hatchery_pool_ready") >= 1)
+            return run_button()
+        rb1 = [rb_pooled() for _ in range(max(5, N // 3))]
+
+        conc = []
+        for _ in range(3):
+            wait_for(lambda: metric(d, "hatchery_pool_ready") >= 8)
+            with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                conc += list(pool.map(lambda _: create_delete("pool"), range(8)))
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             rb8 = list(pool.map(lambda _: run_button(), range(max(16, N))))
 
-        print(f"\nHatchery benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, runsc systrap\n")
-        print(f"| {'operation':<44} | {'n':>4} | {'p50 ms':>8} | {'p99 ms':>8} | {'vs base':>8} |")
-        print(f"|{'-' * 46}|{'-' * 6}|{'-' * 10}|{'-' * 10}|{'-' * 10}|")
+        # Density: PSS of idle sandboxes, and create latency as they pile up.
+        wait_for(lambda: metric(d, "hatchery_pool_ready") >= 8)
+        idle, pss, lat = [], [], []
+        base_lat = None
+        doubled_at = None
+        for step in range(6):
+            batch = []
+            for _ in range(8):
+                t = time.perf_counter()
+                idle.append(d.create(ttl_seconds=600))
+                batch.append((time.perf_counter() - t) * 1000)
+            lat.append((len(idle), pct(batch, 50)))
+            base_lat = base_lat or pct(batch, 50)
+            if doubled_at is None and step and pct(batch, 50) > 2 * base_lat:
+                doubled_at = len(idle)
+        time.sleep(2)
+        pss = [sandbox_pss_mb(s) for s in idle[-8:]]
+        for s in idle:
+            d.delete(s)
+
+        print(f"\nHatchery benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, runsc systrap, N={N}")
+        table_header("Exec on a live sandbox")
         results += [
             row("baseline: runsc exec /bin/true", base_exec_true),
             row("hatchery: exec true (HTTP round trip)", h_true, base_exec_true),
             row("baseline: runsc exec python3 -c print(1)", base_exec_py),
             row("hatchery: exec python3 -c print(1)", h_py, base_exec_py),
-            row("baseline: runsc run python3 (cold, to exit)", base_run),
-            row("hatchery: create, cold (API -> agent ready)", h_create, base_run),
-            row("hatchery: run button, 1 client", rb1, base_run),
-            row("hatchery: run button, 8 concurrent clients", rb8, base_run),
         ]
+        table_header("Create (API call -> sandbox accepts exec)")
+        results += [
+            row("baseline: runsc run python3 (cold, to exit)", base_run),
+            row("baseline: runsc restore (idle checkpoint)", base_restore),
+            row("hatchery: create, restore (no pool)", h_restore, base_restore),
+            row("hatchery: create, warm pool, sequential", h_pool, base_restore),
+            row("hatchery: create, warm pool, 8 concurrent", conc, base_restore),
+            row("hatchery: time to first command (pool+echo)", h_first, base_restore),
+        ]
+        table_header("Run button: create + write file + exec python + delete")
+        results += [
+            row("hatchery: run button, restore, 1 client", rb1_restore, base_run),
+            row("hatchery: run button, pool, 1 client", rb1, base_run),
+            row("hatchery: run button, pool, 8 concurrent", rb8, base_run),
+        ]
+        table_header("Snapshots and forks of a running session")
+        results += [
+            row("hatchery: snapshot (idle sandbox)", h_snap),
+            row("hatchery: fork (restore of the snapshot)", h_fork, base_restore),
+        ]
+        mean_pss = sum(pss) / len(pss)
+        print(f"\nDensity: idle sandbox PSS {mean_pss:.1f} MiB (mean of {len(pss)}) = "
+              f"{1024 / mean_pss:.0f} idle sandboxes per GiB")
+        print("create p50 as idle sandboxes pile up: " + ", ".join(f"{n}: {ms:.0f} ms" for n, ms in lat))
+        print(f"create p50 doubled at {doubled_at} idle sandboxes" if doubled_at
+              else f"create p50 did not double up to {len(idle)} idle sandboxes")
         out = os.environ.get("BENCH_JSON")
         if out:
-            json.dump(results, open(out, "w"), indent=2)
+            json.dump({"rows": results, "pss_mib": mean_pss, "latency_by_count": lat}, open(out, "w"), indent=2)
     finally:
         raw.close()
         d.cleanup()

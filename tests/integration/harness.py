@@ -26,6 +26,27 @@ def free_port():
     return port
 
 
+def metric(d, name):
+    for line in d.request("GET", "/metrics").body.decode().splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def wait_for(cond, timeout=60, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_baked(d):
+    """Waits for the template checkpoint the daemon bakes at start."""
+    wait_for(lambda: metric(d, "hatchery_template_images_baked_total") >= 1, what="template checkpoint")
+
+
 class Response:
     def __init__(self, status, body, headers):
         self.status = status
@@ -43,7 +64,7 @@ class Response:
 
 
 class Daemon:
-    def __init__(self, extra_args=(), data_dir=None):
+    def __init__(self, extra_args=(), data_dir=None, templates_dir=None):
         # Short path: unix socket paths are capped at 107 bytes.
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="hxt-", dir="/tmp")
         self.port = free_port()
@@ -51,13 +72,14 @@ class Daemon:
         self.proc = None
         self.log_path = os.path.join(self.data_dir, "daemon.log")
         self.created = set()
+        self.templates_dir = templates_dir or TEMPLATES_DIR
 
     def start(self):
         env = dict(os.environ, HATCHERY_API_KEY=KEY, RUST_LOG="info")
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [os.path.join(BIN_DIR, "hatcheryd"), "--listen", f"127.0.0.1:{self.port}",
-             "--data-dir", self.data_dir, "--templates-dir", TEMPLATES_DIR, *self.extra_args],
+             "--data-dir", self.data_dir, "--templates-dir", self.templates_dir, *self.extra_args],
             stdout=log, stderr=log, env=env)
         deadline = time.time() + 30
         while time.time() < deadline:
@@ -137,10 +159,12 @@ class Daemon:
     def delete(self, sid):
         return self.request("DELETE", f"/v1/sandboxes/{sid}")
 
-    def stream(self, sid, body, on_event=None, timeout=120):
-        """Runs exec/stream; returns the list of (event, data) pairs."""
+    def stream(self, sid, body, on_event=None, timeout=120, path=None, method="POST"):
+        """Runs exec/stream (or another SSE endpoint); returns the list of
+        (event, data) pairs."""
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        conn.request("POST", f"/v1/sandboxes/{sid}/exec/stream", body=json.dumps(body),
+        conn.request(method, path or f"/v1/sandboxes/{sid}/exec/stream",
+                     body=json.dumps(body) if body is not None else None,
                      headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
         r = conn.getresponse()
         assert r.status == 200, r.read()

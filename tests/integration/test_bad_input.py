@@ -3,12 +3,15 @@
 import os
 import urllib.parse
 
+from harness import wait_baked
+
 
 def count(daemon):
     return len(daemon.request("GET", "/v1/sandboxes").json()["sandboxes"])
 
 
 def test_create_rejections_leave_nothing(daemon):
+    wait_baked(daemon)  # so that no template builder is in the sandboxes dir
     cases = [
         ({"template": "no-such-template"}, 404, "template_not_found"),
         ({"template": "../../etc"}, 400, "invalid_template_name"),

@@ -4,7 +4,7 @@ re-adopts the living and destroys the expired and the unknown."""
 import os
 import time
 
-from harness import Daemon
+from harness import Daemon, wait_baked
 
 
 def restart(d):
@@ -25,6 +25,7 @@ def test_crash_then_restart_readopts_live_sandboxes(daemon):
 
 
 def test_ttl_holds_while_the_daemon_is_dead(daemon):
+    wait_baked(daemon)
     sid = daemon.create(ttl_seconds=2)
     daemon.crash()
     time.sleep(5)  # TTL plus the shim's 2 s grace

@@ -7,23 +7,7 @@ import time
 
 import pytest
 
-from harness import Daemon
-
-
-def metric(d, name):
-    for line in d.request("GET", "/metrics").body.decode().splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.split()[-1])
-    return 0.0
-
-
-def wait_for(cond, timeout=60, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+from harness import Daemon, metric, wait_for
 
 
 def create(d, **kw):

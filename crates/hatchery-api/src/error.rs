@@ -74,6 +74,9 @@ impl From<CoreError> for ApiError {
             CoreError::Template(TemplateError::Broken { .. }) => {
                 (S::INTERNAL_SERVER_ERROR, "template_broken")
             }
+            CoreError::Template(TemplateError::Invalid(_)) => (S::BAD_REQUEST, "invalid_request"),
+            CoreError::Template(_) => (S::INTERNAL_SERVER_ERROR, "template_error"),
+            CoreError::Conflict(_) => (S::CONFLICT, "conflict"),
             CoreError::Invalid(_) => (S::BAD_REQUEST, "invalid_request"),
             CoreError::FileNotFound(_) => (S::NOT_FOUND, "file_not_found"),
             CoreError::FileConflict(_) => (S::CONFLICT, "file_conflict"),

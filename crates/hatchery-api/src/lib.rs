@@ -61,6 +61,18 @@ pub fn router(state: AppState) -> Router {
             get(routes::snapshots::get).delete(routes::snapshots::delete),
         )
         .route("/snapshots/{id}/fork", post(routes::snapshots::fork))
+        .route(
+            "/templates",
+            post(routes::templates::create).get(routes::templates::list),
+        )
+        .route(
+            "/templates/{name}",
+            get(routes::templates::get).delete(routes::templates::delete),
+        )
+        .route(
+            "/templates/{name}/builds/{id}/events",
+            get(routes::templates::events),
+        )
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY));
     let authed = Router::new()
         .nest("/v1", v1)

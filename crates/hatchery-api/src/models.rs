@@ -204,6 +204,105 @@ pub struct FileList {
     pub entries: Vec<FileEntry>,
 }
 
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTemplate {
+    pub name: String,
+    /// Only `debian-bookworm` today.
+    pub base: Option<String>,
+    /// Debian packages, installed on top of python3 and procps.
+    #[serde(default)]
+    pub packages: Vec<String>,
+    /// Files written before setup: absolute path -> content.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+    /// Shell commands run in the build sandbox; their effects are captured
+    /// by the template's checkpoint.
+    #[serde(default)]
+    pub setup: Vec<String>,
+    pub cpus: Option<f64>,
+    pub memory_mb: Option<u64>,
+    pub pids_max: Option<u32>,
+    pub disk_mb: Option<u64>,
+    /// Network policy during the build. Sandboxes have no network yet, so
+    /// only `{"egress": "deny"}` (or omitting it) is accepted; packages come
+    /// from the host's Debian mirror at rootfs build time.
+    pub network: Option<serde_json::Value>,
+}
+
+impl CreateTemplate {
+    pub fn into_spec(self) -> Result<hatchery_templates::TemplateSpec, ApiError> {
+        deny_only_network(self.network.as_ref())?;
+        let mut spec = hatchery_templates::TemplateSpec::named(&self.name);
+        if let Some(b) = self.base {
+            spec.base = b;
+        }
+        spec.packages = self.packages;
+        spec.files = self.files;
+        spec.setup = self.setup;
+        spec.cpus = self.cpus.unwrap_or(spec.cpus);
+        spec.memory_mb = self.memory_mb.unwrap_or(spec.memory_mb);
+        spec.pids_max = self.pids_max.unwrap_or(spec.pids_max);
+        spec.disk_mb = self.disk_mb.unwrap_or(spec.disk_mb);
+        Ok(spec)
+    }
+}
+
+/// Sandboxes have no network until egress policy lands: a policy other
+/// than default-deny cannot be honoured, so it is refused, not ignored.
+pub fn deny_only_network(net: Option<&serde_json::Value>) -> Result<(), ApiError> {
+    let Some(net) = net else { return Ok(()) };
+    let deny_only = net.as_object().is_some_and(|o| {
+        o.get("egress").and_then(|v| v.as_str()) == Some("deny")
+            && o.keys().all(|k| {
+                k == "egress"
+                    || ((k == "allow" || k == "deny")
+                        && o[k].as_array().is_some_and(|a| a.is_empty()))
+            })
+    });
+    if deny_only {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(
+            "sandboxes have no network yet; only {\"egress\":\"deny\"} is accepted",
+        ))
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TemplateInfo {
+    pub name: String,
+    /// Content hash of the spec.
+    pub version: String,
+    pub base: String,
+    pub packages: Vec<String>,
+    /// Paths of the template's files.
+    pub files: Vec<String>,
+    pub setup: Vec<String>,
+    pub cpus: f64,
+    pub memory_mb: u64,
+    pub pids_max: u32,
+    pub disk_mb: u64,
+    /// Whether the warm checkpoint creates restore from is ready.
+    pub checkpoint_ready: bool,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TemplateList {
+    pub templates: Vec<TemplateInfo>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BuildAccepted {
+    pub build_id: String,
+    pub name: String,
+    /// The version this build will activate.
+    pub version: String,
+    /// Server-sent events: `step` {step, percent}, `log` {line}, then
+    /// `done` {name, version} or `error` {error}.
+    pub events_url: String,
+}
+
 fn seconds(v: Option<i64>, default: u64, max: u64, name: &str) -> Result<u64, ApiError> {
     match v {
         None => Ok(default),

@@ -18,11 +18,14 @@ use utoipa::{Modify, OpenApi};
         routes::exec::exec, routes::exec::exec_stream,
         routes::snapshots::create, routes::snapshots::list, routes::snapshots::get,
         routes::snapshots::delete, routes::snapshots::fork,
+        routes::templates::create, routes::templates::list, routes::templates::get,
+        routes::templates::delete, routes::templates::events,
         routes::meta::healthz, routes::meta::metrics,
     ),
     components(schemas(CreateSandbox, PatchSandbox, Sandbox, SandboxList, ExecBody, ExecResponse, OutputChunk,
                        FileEntry, FileList, ErrorBody, ErrorDetail,
-                       CreateSnapshot, Snapshot, SnapshotList, ForkBody)),
+                       CreateSnapshot, Snapshot, SnapshotList, ForkBody,
+                       CreateTemplate, TemplateInfo, TemplateList, BuildAccepted)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]

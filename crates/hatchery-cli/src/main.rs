@@ -1,8 +1,13 @@
-//! `hatchery`: the command line. Today it carries `serve` (the daemon);
-//! client commands (sandbox, exec, cp, template, snapshot) are tracked
+//! `hatchery`: the command line. `serve` runs the daemon; `template
+//! build-local` builds a template's root filesystem on this host without a
+//! daemon (how `make run` makes the default template). Client commands
+//! (sandbox, exec, cp, snapshot, remote template builds) are tracked
 //! separately.
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
+use hatchery_templates::{build_rootfs, default_mirror, TemplateSpec, Templates};
+use std::path::PathBuf;
 
 #[derive(Parser)]
 #[command(
@@ -19,6 +24,27 @@ struct Cli {
 enum Cmd {
     /// Run the daemon in the foreground (same as `hatcheryd`).
     Serve(hatcheryd::DaemonArgs),
+    /// Templates.
+    #[command(subcommand)]
+    Template(TemplateCmd),
+}
+
+#[derive(Subcommand)]
+enum TemplateCmd {
+    /// Build a template's rootfs from a spec file and make it current, on
+    /// this host, as root. The daemon bakes its checkpoint (files, setup,
+    /// warm-up) on first use. Does nothing if that version is already
+    /// current.
+    BuildLocal {
+        #[arg(
+            long,
+            env = "HATCHERY_TEMPLATES_DIR",
+            default_value = "/var/lib/hatchery/templates"
+        )]
+        templates_dir: PathBuf,
+        /// Template spec (JSON, the body of POST /v1/templates).
+        spec: PathBuf,
+    },
 }
 
 #[tokio::main]
@@ -28,6 +54,49 @@ async fn main() -> anyhow::Result<()> {
             hatcheryd::init_logging(args.log_json);
             hatcheryd::run(args).await?;
         }
+        Cmd::Template(TemplateCmd::BuildLocal {
+            templates_dir,
+            spec,
+        }) => build_local(&templates_dir, &spec)?,
     }
+    Ok(())
+}
+
+fn build_local(dir: &std::path::Path, spec_path: &std::path::Path) -> anyhow::Result<()> {
+    let raw =
+        std::fs::read(spec_path).with_context(|| format!("reading {}", spec_path.display()))?;
+    let spec: TemplateSpec =
+        serde_json::from_slice(&raw).with_context(|| format!("parsing {}", spec_path.display()))?;
+    spec.validate()?;
+    let templates = Templates::new(dir);
+    if templates
+        .get(&spec.name)
+        .is_ok_and(|t| t.version == spec.version())
+    {
+        return Ok(());
+    }
+    // Layout of the first releases: a bare rootfs/ and template.json.
+    let legacy = dir.join(&spec.name);
+    let _ = std::fs::remove_dir_all(legacy.join("rootfs"));
+    let _ = std::fs::remove_file(legacy.join("template.json"));
+    let dest = templates.rootfs_dir(&spec);
+    eprintln!(
+        "hatchery: building template {} ({}) in {} (debootstrap, about a minute)",
+        spec.name,
+        spec.version(),
+        dest.display()
+    );
+    let mut n: u32 = 0;
+    build_rootfs(&spec, &dest, &default_mirror(), &mut |line| {
+        n += 1;
+        if n.is_multiple_of(25) || line.starts_with("E:") {
+            eprintln!("  {line}");
+        }
+    })?;
+    let t = templates.activate(&spec)?;
+    eprintln!(
+        "hatchery: template {} version {} is current",
+        t.spec.name, t.version
+    );
     Ok(())
 }

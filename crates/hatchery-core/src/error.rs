@@ -17,6 +17,8 @@ pub enum CoreError {
     TooLarge(String),
     #[error("sandbox capacity reached ({0} live); try again later")]
     Capacity(usize),
+    #[error("{0}")]
+    Conflict(String),
     #[error("sandbox {0} is not running")]
     NotRunning(String),
     #[error("the sandbox's guest stopped answering: {0}")]

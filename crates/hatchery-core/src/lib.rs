@@ -4,6 +4,7 @@
 //! [`agent_client::AgentClient`].
 
 pub mod agent_client;
+pub mod builds;
 mod caps;
 mod error;
 pub mod exec;

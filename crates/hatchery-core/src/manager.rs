@@ -76,6 +76,7 @@ pub struct Manager {
     /// Templates whose checkpoint is being baked right now.
     pub(crate) baking: Mutex<std::collections::HashSet<String>>,
     pub(crate) closing: std::sync::atomic::AtomicBool,
+    pub(crate) builds: crate::builds::Builds,
 }
 
 /// Where checkpoint images live and how big the warm pool may get.
@@ -100,6 +101,7 @@ impl Manager {
             pool: WarmPool::new(images.pool),
             baking: Mutex::new(Default::default()),
             closing: Default::default(),
+            builds: Default::default(),
             caps,
             metrics: Metrics::new(),
             store,

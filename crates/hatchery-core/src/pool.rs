@@ -92,6 +92,13 @@ impl WarmPool {
         self.lock().values().map(|q| q.len()).sum()
     }
 
+    pub fn ids_of(&self, template: &str) -> Vec<String> {
+        self.lock()
+            .get(template)
+            .map(|q| q.iter().map(|(id, _)| id.clone()).collect())
+            .unwrap_or_default()
+    }
+
     pub fn ids(&self) -> Vec<String> {
         self.lock()
             .values()

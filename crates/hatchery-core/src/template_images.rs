@@ -1,6 +1,7 @@
-//! Baking a template's warm checkpoint: boot a builder sandbox once, warm
-//! the interpreter, checkpoint it, seal the image. Every create afterwards
-//! restores (or claims a pooled restore of) that image instead of booting.
+//! Baking a template's warm checkpoint: boot a builder sandbox once, write
+//! the template's files, run its setup commands, warm the interpreter,
+//! checkpoint it, seal the image. Every create afterwards restores (or
+//! claims a pooled restore of) that image instead of booting.
 
 use crate::exec::{ExecParams, Sink};
 use crate::ids::new_sandbox_id;
@@ -15,14 +16,25 @@ use std::time::Duration;
 /// Loads the interpreter and common modules so their pages are in the
 /// image, and the first `python3` in a new sandbox starts warm.
 const WARM_UP: &str = "python3 -c 'import json, os, re, subprocess, sys' >/dev/null 2>&1; true";
+/// Longest a single setup command may run.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(600);
+/// Output of a setup command kept for the build log, per stream.
+const SETUP_OUTPUT: u64 = 256 * 1024;
+
+fn shell(cmd: &str, timeout: Duration, max_output_bytes: u64) -> ExecParams {
+    ExecParams {
+        argv: vec!["/bin/sh".into(), "-c".into(), cmd.into()],
+        cwd: None,
+        env: Default::default(),
+        stdin: None,
+        timeout,
+        max_output_bytes,
+    }
+}
 
 impl Manager {
     pub(crate) fn template_image_id(&self, t: &Template) -> String {
-        format!(
-            "{}-{}",
-            t.spec.name,
-            t.version(&self.runtime.image_compat())
-        )
+        t.image_id(&self.runtime.image_compat())
     }
 
     /// The verified checkpoint for this template version, if baked.
@@ -30,71 +42,107 @@ impl Manager {
         self.template_images.verify(&self.template_image_id(t)).ok()
     }
 
+    /// Claims the right to bake `id`; false if a bake of it is running or
+    /// the daemon is stopping.
+    pub(crate) fn start_baking(&self, id: &str) -> bool {
+        !self.closing.load(std::sync::atomic::Ordering::SeqCst)
+            && self
+                .baking
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id.to_string())
+    }
+
+    pub(crate) fn done_baking(&self, id: &str) {
+        self.baking
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+    }
+
     /// Bakes in the background unless a bake for this version is running.
     pub fn spawn_bake(self: &Arc<Self>, t: &Template) {
         let id = self.template_image_id(t);
-        if self.closing.load(std::sync::atomic::Ordering::SeqCst) {
-            return;
-        }
-        if !self
-            .baking
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id.clone())
-        {
+        if !self.start_baking(&id) {
             return;
         }
         let (me, t) = (Arc::clone(self), t.clone());
         tokio::spawn(async move {
-            match me.bake(&t, &id).await {
+            match me.bake(&t, &id, &mut |_| {}).await {
                 Ok(()) => {
-                    me.metrics.template_images_baked.inc();
                     tracing::info!(template = %t.spec.name, image = %id, "template checkpoint baked")
                 }
                 Err(e) => {
                     tracing::error!(template = %t.spec.name, error = %e, "template checkpoint failed")
                 }
             }
-            me.baking
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&id);
+            me.done_baking(&id);
         });
     }
 
-    pub async fn bake(&self, t: &Template, image_id: &str) -> Result<(), CoreError> {
+    /// Boots `t` cold, writes its files, runs its setup commands (their
+    /// output goes to `log`, line by line), warms the interpreter and
+    /// checkpoints the result as `image_id`.
+    pub async fn bake(
+        &self,
+        t: &Template,
+        image_id: &str,
+        log: &mut (dyn FnMut(String) + Send),
+    ) -> Result<(), CoreError> {
         let spec = SandboxSpec {
             id: new_sandbox_id(),
             rootfs: t.rootfs.clone(),
             limits: t.limits(),
-            expires_at_ms: now_ms() + 600_000,
+            // Short: if the daemon dies mid-bake, the builder goes soon.
+            expires_at_ms: now_ms()
+                + 120_000
+                + t.spec.setup.len() as u64 * SETUP_TIMEOUT.as_millis() as u64,
         };
         self.runtime.create(&spec).await?;
         let res = async {
             let client = connect_and_ping(self.runtime.as_ref(), &spec.id).await?;
-            let warm = ExecParams {
-                argv: vec!["/bin/sh".into(), "-c".into(), WARM_UP.into()],
-                cwd: None,
-                env: Default::default(),
-                stdin: None,
-                timeout: Duration::from_secs(60),
-                max_output_bytes: 4096,
-            };
-            crate::exec::run(&client, warm, Sink::Collect).await?;
+            for (path, content) in &t.spec.files {
+                log(format!("file {path}"));
+                crate::files::write(&client, path, content.as_bytes()).await?;
+            }
+            for (i, cmd) in t.spec.setup.iter().enumerate() {
+                log(format!("setup[{i}]: {cmd}"));
+                let out = crate::exec::run(
+                    &client,
+                    shell(cmd, SETUP_TIMEOUT, SETUP_OUTPUT),
+                    Sink::Collect,
+                )
+                .await?;
+                for line in String::from_utf8_lossy(&out.stdout).lines() {
+                    log(line.to_string());
+                }
+                for line in String::from_utf8_lossy(&out.stderr).lines() {
+                    log(line.to_string());
+                }
+                if out.exit_code != 0 {
+                    let why = if out.timed_out { " (timed out)" } else { "" };
+                    return Err(CoreError::Invalid(format!(
+                        "setup[{i}] exited with {}{why}",
+                        out.exit_code
+                    )));
+                }
+            }
+            crate::exec::run(
+                &client,
+                shell(WARM_UP, Duration::from_secs(60), 4096),
+                Sink::Collect,
+            )
+            .await?;
             let dir = self.template_images.prepare(image_id).map_err(image_err)?;
             self.runtime.checkpoint(&spec.id, &dir).await?;
             self.template_images.seal(image_id).map_err(image_err)?;
-            // Older versions of this template are no longer restored.
-            for old in self.template_images.ids() {
-                if old != image_id && old.starts_with(&format!("{}-", t.spec.name)) {
-                    let _ = self.template_images.remove(&old);
-                }
-            }
             Ok::<_, CoreError>(())
         }
         .await;
         if res.is_err() {
             let _ = self.template_images.remove(image_id);
+        } else {
+            self.metrics.template_images_baked.inc();
         }
         self.runtime.destroy(&spec.id).await?;
         res

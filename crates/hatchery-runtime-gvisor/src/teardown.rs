@@ -36,6 +36,15 @@ fn runsc(runsc: &Path, flags: &[String], args: &[&str]) -> bool {
 pub fn destroy(runsc_bin: &Path, flags: &[String], id: &str, bundle: &Path) {
     runsc(runsc_bin, flags, &["kill", id, "KILL"]);
     runsc(runsc_bin, flags, &["delete", "--force", id]);
+    // runsc can only act on what its state directory still knows. If that
+    // is gone or damaged, the sandbox and gofer processes are found by the
+    // id in their command lines and killed directly.
+    for pid in pids_mentioning(id) {
+        // SAFETY: plain signal to a pid whose command line names this
+        // sandbox (our own pid is never in the list).
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50));
     for c in CGROUP_CONTROLLERS {
         let p = Path::new("/sys/fs/cgroup").join(c).join(id);
         if p.exists() {

@@ -3,3 +3,4 @@ pub mod files;
 pub mod meta;
 pub mod sandboxes;
 pub mod snapshots;
+pub mod templates;

@@ -84,21 +84,7 @@ pub async fn fork(
     let caps = &st.manager.caps;
     let ttl = validate_ttl(body.ttl_seconds, caps)?;
     validate_metadata(&body.metadata, caps)?;
-    if let Some(net) = &body.network {
-        let deny_only = net.as_object().is_some_and(|o| {
-            o.get("egress").and_then(|v| v.as_str()) == Some("deny")
-                && o.keys().all(|k| {
-                    k == "egress"
-                        || ((k == "allow" || k == "deny")
-                            && o[k].as_array().is_some_and(|a| a.is_empty()))
-                })
-        });
-        if !deny_only {
-            return Err(ApiError::bad_request(
-                "sandboxes have no network yet; only {\"egress\":\"deny\"} is accepted",
-            ));
-        }
-    }
+    crate::models::deny_only_network(body.network.as_ref())?;
     let count = match body.count {
         None => 1,
         Some(n) if n >= 1 && (n as usize) <= caps.max_fork_count => n as usize,

@@ -1,0 +1,220 @@
+//! Template builds: `POST /v1/templates` turns a spec into a new version.
+//! Steps: rootfs (debootstrap of base + packages, reused when only setup or
+//! shape changed), setup (files and commands in a build sandbox, then the
+//! warm checkpoint), activate (atomic switch of the template's current
+//! version). Progress is kept per build and streamed to any number of
+//! subscribers; a late subscriber gets the history first.
+
+use crate::ids::new_sandbox_id;
+use crate::{CoreError, Manager};
+use hatchery_templates::{build_rootfs, default_mirror, Template, TemplateSpec};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::sync::broadcast;
+
+/// Events kept per build; a debootstrap log is a few hundred lines.
+const MAX_EVENTS: usize = 5000;
+/// Finished builds remembered for late subscribers.
+const MAX_BUILDS: usize = 32;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct BuildEvent {
+    /// `step`, `log`, `done` or `error`.
+    pub kind: &'static str,
+    pub data: Value,
+}
+
+pub struct Build {
+    pub id: String,
+    pub name: String,
+    pub version: String,
+    events: Mutex<Vec<BuildEvent>>,
+    tx: broadcast::Sender<BuildEvent>,
+    finished: AtomicBool,
+}
+
+impl Build {
+    fn emit(&self, kind: &'static str, data: Value) {
+        let ev = BuildEvent { kind, data };
+        let mut evs = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        if evs.len() < MAX_EVENTS || kind != "log" {
+            evs.push(ev.clone());
+        }
+        if kind == "done" || kind == "error" {
+            self.finished.store(true, Ordering::SeqCst);
+        }
+        let _ = self.tx.send(ev);
+    }
+
+    fn step(&self, step: &str, percent: u32) {
+        self.emit("step", json!({"step": step, "percent": percent}));
+    }
+
+    pub fn finished(&self) -> bool {
+        self.finished.load(Ordering::SeqCst)
+    }
+
+    /// History so far plus a receiver for what comes next (none once the
+    /// build has finished), taken atomically so no event is missed.
+    pub fn subscribe(&self) -> (Vec<BuildEvent>, Option<broadcast::Receiver<BuildEvent>>) {
+        let evs = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let rx = (!self.finished()).then(|| self.tx.subscribe());
+        (evs.clone(), rx)
+    }
+}
+
+impl Manager {
+    pub fn build_template(self: &Arc<Self>, spec: TemplateSpec) -> Result<Arc<Build>, CoreError> {
+        spec.validate()?;
+        let mut builds = self.builds.lock().unwrap_or_else(|p| p.into_inner());
+        if builds
+            .values()
+            .any(|b| b.name == spec.name && !b.finished())
+        {
+            return Err(CoreError::Conflict(format!(
+                "template '{}' is already being built",
+                spec.name
+            )));
+        }
+        if builds.len() >= MAX_BUILDS {
+            let done: Vec<String> = builds
+                .iter()
+                .filter(|(_, b)| b.finished())
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in done.into_iter().take(builds.len() + 1 - MAX_BUILDS) {
+                builds.remove(&k);
+            }
+        }
+        let build = Arc::new(Build {
+            id: format!("bld_{}", &new_sandbox_id()[4..]),
+            name: spec.name.clone(),
+            version: spec.version(),
+            events: Mutex::new(Vec::new()),
+            tx: broadcast::channel(1024).0,
+            finished: AtomicBool::new(false),
+        });
+        builds.insert(build.id.clone(), Arc::clone(&build));
+        drop(builds);
+        let (me, b) = (Arc::clone(self), Arc::clone(&build));
+        tokio::spawn(async move {
+            tracing::info!(template = %b.name, version = %b.version, build = %b.id, "template build started");
+            match me.run_build(&b, spec).await {
+                Ok(t) => {
+                    tracing::info!(template = %b.name, version = %t.version, "template build done");
+                    b.emit(
+                        "done",
+                        json!({"name": t.spec.name, "version": t.version, "percent": 100}),
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(template = %b.name, error = %e, "template build failed");
+                    b.emit(
+                        "error",
+                        json!({"error": {"code": "build_failed", "message": e.to_string()}}),
+                    );
+                }
+            }
+        });
+        Ok(build)
+    }
+
+    pub fn get_build(&self, name: &str, id: &str) -> Option<Arc<Build>> {
+        let b = self
+            .builds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()?;
+        (b.name == name).then_some(b)
+    }
+
+    async fn run_build(
+        self: &Arc<Self>,
+        b: &Arc<Build>,
+        spec: TemplateSpec,
+    ) -> Result<Template, CoreError> {
+        b.step("rootfs", 5);
+        let rootfs = self.templates().rootfs_dir(&spec);
+        let (b2, spec2, dest) = (Arc::clone(b), spec.clone(), rootfs.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut lines = 0u32;
+            build_rootfs(&spec2, &dest, &default_mirror(), &mut |line| {
+                lines += 1;
+                b2.emit("log", json!({"line": line}));
+                if lines.is_multiple_of(20) {
+                    b2.step("rootfs", (5 + lines / 10).min(55));
+                }
+            })
+        })
+        .await
+        .map_err(|e| CoreError::Internal(e.to_string()))??;
+
+        b.step("setup", 60);
+        let template = Template {
+            version: spec.version(),
+            spec: spec.clone(),
+            rootfs,
+        };
+        let image_id = self.template_image_id(&template);
+        if self.start_baking(&image_id) {
+            let b2 = Arc::clone(b);
+            let res = self
+                .bake(&template, &image_id, &mut move |line| {
+                    b2.emit("log", json!({"line": line}))
+                })
+                .await;
+            self.done_baking(&image_id);
+            res?;
+        } else {
+            return Err(CoreError::Conflict(
+                "a checkpoint of this version is being baked".into(),
+            ));
+        }
+
+        b.step("activate", 95);
+        let active = self.templates().activate(&spec)?;
+        // New creates must get the new version: pooled sandboxes of the old
+        // one go, as do checkpoints nothing will restore any more.
+        for id in self.pool.ids_of(&spec.name) {
+            self.stop(&id, "pool_discard");
+        }
+        for old in self.template_images.ids() {
+            if old != image_id && old.starts_with(&format!("{}-", spec.name)) {
+                let _ = self.template_images.remove(&old);
+            }
+        }
+        Ok(active)
+    }
+
+    /// Deletes a template no running sandbox uses.
+    pub fn delete_template(self: &Arc<Self>, name: &str) -> Result<(), CoreError> {
+        self.templates().get(name)?;
+        let users = self
+            .store
+            .list_live()?
+            .into_iter()
+            .filter(|r| r.template == name)
+            .count();
+        if users > 0 {
+            return Err(CoreError::Conflict(format!(
+                "{users} running sandboxes use template '{name}'"
+            )));
+        }
+        for id in self.pool.ids_of(name) {
+            self.stop(&id, "pool_discard");
+        }
+        for img in self.template_images.ids() {
+            if img.starts_with(&format!("{name}-")) {
+                let _ = self.template_images.remove(&img);
+            }
+        }
+        self.templates().remove(name)?;
+        tracing::info!(template = %name, "template deleted");
+        Ok(())
+    }
+}
+
+pub type Builds = Mutex<HashMap<String, Arc<Build>>>;
