@@ -17,7 +17,16 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../tests/integration"))
 from harness import TEMPLATES_DIR, Daemon  # noqa: E402
 
-ROOTFS = os.path.join(TEMPLATES_DIR, "code-interpreter/rootfs")
+def _rootfs():
+    """The current code-interpreter rootfs (templates/<name>/rootfs-<key>)."""
+    import glob
+    for d in sorted(glob.glob(os.path.join(TEMPLATES_DIR, "code-interpreter", "rootfs-*"))):
+        if os.path.exists(os.path.join(d, ".complete")):
+            return d
+    raise SystemExit("no code-interpreter template: run `make template`")
+
+
+ROOTFS = _rootfs()
 N = int(os.environ.get("BENCH_N", "30"))
 
 

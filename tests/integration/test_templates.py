@@ -2,12 +2,15 @@
 progress stream, versions on rebuild, and deletion, end to end with
 debootstrap from the Debian mirror and real runsc checkpoints."""
 
+import json
+import os
 import shutil
+import subprocess
 import tempfile
 
 import pytest
 
-from harness import Daemon
+from harness import BIN_DIR, KEY, Daemon
 
 SPEC = {
     "name": "tpl-jq",
@@ -71,12 +74,18 @@ def test_build_use_rebuild_delete(builder):
 
     # Rebuild: new version, same rootfs (only setup changed), running
     # sandboxes unaffected.
+    # This time through the CLI, which follows the same event stream.
     spec2 = dict(SPEC, setup=["python3 -c \"open('/opt/setup-ran', 'w').write('v2')\""])
-    acc2, events2 = build(d, spec2)
-    assert events2[-1][0] == "done", events2[-3:]
-    v2 = events2[-1][1]["version"]
-    assert v2 != v1
-    assert any("reusing" in e["line"] for k, e in events2 if k == "log")
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(spec2, f)
+        f.flush()
+        cli = subprocess.run([os.path.join(BIN_DIR, "hatchery"), "template", "build", f.name],
+                             env=dict(os.environ, HATCHERY_URL=f"http://127.0.0.1:{d.port}", HATCHERY_API_KEY=KEY),
+                             capture_output=True, text=True, timeout=600)
+    assert cli.returncode == 0, cli.stderr
+    v2 = cli.stdout.strip()
+    assert v2 and v2 != v1
+    assert "100% done" in cli.stderr and "setup" in cli.stderr
     new = d.create(template="tpl-jq")
     assert d.exec(new, "cat /opt/setup-ran")["stdout"] == "v2"
     assert d.exec(old["id"], "cat /opt/setup-ran")["stdout"] == "v1"
@@ -112,3 +121,13 @@ def test_build_rejections(builder):
         assert r.status == 400, (body, r)
     assert d.request("GET", "/v1/templates/nope").status == 404
     assert d.request("GET", "/v1/templates/x/builds/bld_nope/events").status == 404
+
+
+def test_cli_says_how_to_start_a_missing_daemon(tmp_path):
+    spec = tmp_path / "t.json"
+    spec.write_text(json.dumps({"name": "x"}))
+    cli = subprocess.run([os.path.join(BIN_DIR, "hatchery"), "template", "build", str(spec)],
+                         env=dict(os.environ, HATCHERY_URL="http://127.0.0.1:9", HATCHERY_API_KEY="k"),
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode != 0
+    assert "cannot reach the daemon" in cli.stderr and "make run" in cli.stderr

@@ -1,8 +1,10 @@
-//! `hatchery`: the command line. `serve` runs the daemon; `template
+//! `hatchery`: the command line. `serve` runs the daemon; `template build`
+//! builds a template through the daemon with a progress bar; `template
 //! build-local` builds a template's root filesystem on this host without a
-//! daemon (how `make run` makes the default template). Client commands
-//! (sandbox, exec, cp, snapshot, remote template builds) are tracked
-//! separately.
+//! daemon (how `make run` makes the default template). The other client
+//! commands (sandbox, exec, cp, snapshot) are tracked separately.
+
+mod client;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -31,6 +33,14 @@ enum Cmd {
 
 #[derive(Subcommand)]
 enum TemplateCmd {
+    /// Build (or rebuild) a template on the daemon from a spec file,
+    /// showing progress until it is done.
+    Build {
+        /// Template spec (JSON, the body of POST /v1/templates).
+        spec: PathBuf,
+        #[command(flatten)]
+        api: client::Api,
+    },
     /// Build a template's rootfs from a spec file and make it current, on
     /// this host, as root. The daemon bakes its checkpoint (files, setup,
     /// warm-up) on first use. Does nothing if that version is already
@@ -58,6 +68,10 @@ async fn main() -> anyhow::Result<()> {
             templates_dir,
             spec,
         }) => build_local(&templates_dir, &spec)?,
+        // Blocking HTTP is fine here: the CLI does one thing at a time.
+        Cmd::Template(TemplateCmd::Build { spec, api }) => {
+            tokio::task::spawn_blocking(move || client::template_build(&api, &spec)).await??
+        }
     }
     Ok(())
 }

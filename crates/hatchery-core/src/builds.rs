@@ -181,8 +181,8 @@ impl Manager {
         for id in self.pool.ids_of(&spec.name) {
             self.stop(&id, "pool_discard");
         }
-        for old in self.template_images.ids() {
-            if old != image_id && old.starts_with(&format!("{}-", spec.name)) {
+        for old in self.template_images_of(&spec.name) {
+            if old != image_id {
                 let _ = self.template_images.remove(&old);
             }
         }
@@ -203,13 +203,17 @@ impl Manager {
                 "{users} running sandboxes use template '{name}'"
             )));
         }
+        let snaps = self.store.count_snapshots_of(name)?;
+        if snaps > 0 {
+            return Err(CoreError::Conflict(format!(
+                "{snaps} snapshots were taken on template '{name}'; delete them first"
+            )));
+        }
         for id in self.pool.ids_of(name) {
             self.stop(&id, "pool_discard");
         }
-        for img in self.template_images.ids() {
-            if img.starts_with(&format!("{name}-")) {
-                let _ = self.template_images.remove(&img);
-            }
+        for img in self.template_images_of(name) {
+            let _ = self.template_images.remove(&img);
         }
         self.templates().remove(name)?;
         tracing::info!(template = %name, "template deleted");

@@ -253,7 +253,7 @@ impl Manager {
             limits: template.limits(),
             expires_at_ms: row.expires_at_ms,
         };
-        let client = match self.boot(&spec, image).await {
+        let client = match self.boot(&spec, image, template).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(sandbox = %row.id, error = %e, "create failed");
@@ -271,12 +271,18 @@ impl Manager {
         &self,
         spec: &SandboxSpec,
         image: Option<&Path>,
+        template: &Template,
     ) -> Result<Arc<AgentClient>, CoreError> {
         match image {
             Some(dir) => self.runtime.restore(spec, dir).await?,
             None => self.runtime.create(spec).await?,
         }
-        connect_and_ping(self.runtime.as_ref(), &spec.id).await
+        let client = connect_and_ping(self.runtime.as_ref(), &spec.id).await?;
+        if image.is_none() {
+            // A checkpoint would already hold the template's files and setup.
+            self.prepare_guest(&client, template, &mut |_| {}).await?;
+        }
+        Ok(client)
     }
 
     /// Registers a connected sandbox and watches its channel: if the guest

@@ -182,15 +182,16 @@ impl Manager {
                     continue;
                 }
                 for template in m.templates().list() {
-                    let Some(image) = m.template_image(&template) else {
-                        m.spawn_bake(&template);
-                        continue;
-                    };
+                    // Cheap checks first: verifying an image hashes it.
                     if m.pool.len(&template.spec.name) >= m.pool.target()
                         || m.pool.total() >= m.pool.target() * m.templates().list().len().max(1)
                     {
                         continue;
                     }
+                    let Some(image) = m.template_image(&template) else {
+                        m.spawn_bake(&template);
+                        continue;
+                    };
                     if let Err(e) = m.add_pooled(&template, &image).await {
                         tracing::warn!(template = %template.spec.name, error = %e, "pool refill failed");
                         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -222,7 +223,7 @@ impl Manager {
             limits: template.limits(),
             expires_at_ms: row.expires_at_ms,
         };
-        match self.boot(&spec, Some(image)).await {
+        match self.boot(&spec, Some(image), template).await {
             Ok(client) => {
                 self.store.set_state(&row.id, STATE_POOLED)?;
                 self.pool.put(&template.spec.name, row.id, client);

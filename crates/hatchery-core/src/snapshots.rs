@@ -8,6 +8,7 @@ use crate::manager::SandboxInfo;
 use crate::store::{SandboxRow, SnapshotRow, STATE_STARTING};
 use crate::template_images::image_err;
 use crate::{now_ms, CoreError, Manager};
+use hatchery_templates::Template;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
@@ -59,6 +60,8 @@ impl Manager {
             )));
         }
         let sandbox = self.get(sandbox_id)?;
+        // Restores need exactly the rootfs and shape this sandbox runs on.
+        let template = self.templates().get(&sandbox.template)?;
         self.live_client(sandbox_id)?;
         let row = self
             .store
@@ -88,6 +91,8 @@ impl Manager {
             size_bytes: sealed.size_bytes,
             metadata,
             env: row.env,
+            rootfs: template.rootfs.to_string_lossy().into_owned(),
+            limits: serde_json::to_string(&template.limits()).unwrap_or_default(),
         };
         if let Err(e) = self.store.insert_snapshot(&snap) {
             let _ = self.snapshots.remove(&id);
@@ -158,7 +163,27 @@ impl Manager {
             .get_snapshot(snapshot_id)?
             .ok_or_else(|| CoreError::SnapshotNotFound(snapshot_id.into()))?;
         let dir = self.snapshots.verify(snapshot_id).map_err(image_err)?;
-        let template = self.templates().get(&snap.template)?;
+        // The rootfs and shape recorded with the snapshot, not whatever
+        // the template has become since.
+        let mut spec = hatchery_templates::TemplateSpec::named(&snap.template);
+        let limits: hatchery_runtime::Limits = serde_json::from_str(&snap.limits)
+            .map_err(|e| CoreError::SnapshotCorrupt(format!("snapshot record: {e}")))?;
+        (spec.cpus, spec.memory_mb, spec.pids_max, spec.disk_mb) = (
+            limits.cpus,
+            limits.memory_mb,
+            limits.pids_max,
+            limits.disk_mb,
+        );
+        let template = Template {
+            spec,
+            version: String::new(),
+            rootfs: snap.rootfs.clone().into(),
+        };
+        if !template.rootfs.is_dir() {
+            return Err(CoreError::Conflict(format!(
+                "the rootfs snapshot {snapshot_id} was taken on is gone"
+            )));
+        }
         let mut made: Vec<SandboxInfo> = Vec::new();
         for _ in 0..req.count {
             let res = async {

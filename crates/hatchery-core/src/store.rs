@@ -37,6 +37,10 @@ pub struct SnapshotRow {
     pub metadata: BTreeMap<String, String>,
     /// The sandbox's create-time env, inherited by forks.
     pub env: BTreeMap<String, String>,
+    /// What the snapshot must be restored on: the rootfs and resource
+    /// shape of its sandbox, independent of later template rebuilds.
+    pub rootfs: String,
+    pub limits: String,
 }
 
 pub struct Store {
@@ -80,7 +84,9 @@ impl Store {
                expires_at_ms INTEGER NOT NULL,
                size_bytes INTEGER NOT NULL,
                metadata TEXT NOT NULL,
-               env TEXT NOT NULL
+               env TEXT NOT NULL,
+               rootfs TEXT NOT NULL,
+               limits TEXT NOT NULL
              );",
         )?;
         Ok(Store {
@@ -208,8 +214,8 @@ impl Store {
 
     pub fn insert_snapshot(&self, s: &SnapshotRow) -> Result<()> {
         self.conn().execute(
-            "INSERT INTO snapshots (id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            "INSERT INTO snapshots (id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
             params![
                 s.id,
                 s.sandbox_id,
@@ -218,7 +224,9 @@ impl Store {
                 s.expires_at_ms as i64,
                 s.size_bytes as i64,
                 serde_json::to_string(&s.metadata).unwrap_or_default(),
-                serde_json::to_string(&s.env).unwrap_or_default()
+                serde_json::to_string(&s.env).unwrap_or_default(),
+                s.rootfs,
+                s.limits
             ],
         )?;
         Ok(())
@@ -235,6 +243,14 @@ impl Store {
         let mut st = c.prepare(&format!("{SNAP_SELECT} ORDER BY created_at_ms"))?;
         let rows = st.query_map([], snap_row)?;
         rows.collect()
+    }
+
+    pub fn count_snapshots_of(&self, template: &str) -> Result<u64> {
+        self.conn().query_row(
+            "SELECT COUNT(*) FROM snapshots WHERE template=?1",
+            params![template],
+            |r| r.get::<_, i64>(0).map(|n| n as u64),
+        )
     }
 
     pub fn delete_snapshot(&self, id: &str) -> Result<bool> {
@@ -288,7 +304,7 @@ fn row(r: &rusqlite::Row<'_>) -> Result<SandboxRow> {
 }
 
 const SNAP_SELECT: &str =
-    "SELECT id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env FROM snapshots";
+    "SELECT id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits FROM snapshots";
 
 fn snap_row(r: &rusqlite::Row<'_>) -> Result<SnapshotRow> {
     let metadata: String = r.get(6)?;
@@ -302,6 +318,8 @@ fn snap_row(r: &rusqlite::Row<'_>) -> Result<SnapshotRow> {
         size_bytes: r.get::<_, i64>(5)? as u64,
         metadata: serde_json::from_str(&metadata).unwrap_or_default(),
         env: serde_json::from_str(&env).unwrap_or_default(),
+        rootfs: r.get(8)?,
+        limits: r.get(9)?,
     })
 }
 

@@ -3,6 +3,7 @@
 //! checkpoint it, seal the image. Every create afterwards restores (or
 //! claims a pooled restore of) that image instead of booting.
 
+use crate::agent_client::AgentClient;
 use crate::exec::{ExecParams, Sink};
 use crate::ids::new_sandbox_id;
 use crate::manager::connect_and_ping;
@@ -10,6 +11,7 @@ use crate::{now_ms, CoreError, Manager};
 use hatchery_runtime::SandboxSpec;
 use hatchery_templates::Template;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,10 +44,24 @@ impl Manager {
         self.template_images.verify(&self.template_image_id(t)).ok()
     }
 
+    /// Checkpoints of template `name`. Ids are `<name>-<16 hex>`; a prefix
+    /// test alone would also match a template called `<name>-x`.
+    pub(crate) fn template_images_of(&self, name: &str) -> Vec<String> {
+        self.template_images
+            .ids()
+            .into_iter()
+            .filter(|id| {
+                id.strip_prefix(name)
+                    .and_then(|r| r.strip_prefix('-'))
+                    .is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+            })
+            .collect()
+    }
+
     /// Claims the right to bake `id`; false if a bake of it is running or
     /// the daemon is stopping.
     pub(crate) fn start_baking(&self, id: &str) -> bool {
-        !self.closing.load(std::sync::atomic::Ordering::SeqCst)
+        !self.closing.load(Ordering::SeqCst)
             && self
                 .baking
                 .lock()
@@ -60,29 +76,74 @@ impl Manager {
             .remove(id);
     }
 
-    /// Bakes in the background unless a bake for this version is running.
+    /// Bakes in the background, unless the checkpoint is already good or
+    /// a bake of it is running.
     pub fn spawn_bake(self: &Arc<Self>, t: &Template) {
         let id = self.template_image_id(t);
-        if !self.start_baking(&id) {
+        if self.template_image(t).is_some() || !self.start_baking(&id) {
             return;
         }
         let (me, t) = (Arc::clone(self), t.clone());
         tokio::spawn(async move {
-            match me.bake(&t, &id, &mut |_| {}).await {
-                Ok(()) => {
-                    tracing::info!(template = %t.spec.name, image = %id, "template checkpoint baked")
+            // A create may have found the image bad while this bake ran (and
+            // so could not start another): check again after each attempt.
+            for _ in 0..3 {
+                match me.bake(&t, &id, &mut |_| {}).await {
+                    Ok(()) => {
+                        tracing::info!(template = %t.spec.name, image = %id, "template checkpoint baked")
+                    }
+                    Err(e) => {
+                        tracing::error!(template = %t.spec.name, error = %e, "template checkpoint failed")
+                    }
                 }
-                Err(e) => {
-                    tracing::error!(template = %t.spec.name, error = %e, "template checkpoint failed")
+                if me.template_image(&t).is_some() || me.closing.load(Ordering::SeqCst) {
+                    break;
                 }
             }
             me.done_baking(&id);
         });
     }
 
-    /// Boots `t` cold, writes its files, runs its setup commands (their
-    /// output goes to `log`, line by line), warms the interpreter and
-    /// checkpoints the result as `image_id`.
+    /// Writes the template's files and runs its setup commands in a fresh
+    /// guest (their output goes to `log`, line by line): what a checkpoint
+    /// captures, and what a cold boot must redo.
+    pub(crate) async fn prepare_guest(
+        &self,
+        client: &AgentClient,
+        t: &Template,
+        log: &mut (dyn FnMut(String) + Send),
+    ) -> Result<(), CoreError> {
+        for (path, content) in &t.spec.files {
+            log(format!("file {path}"));
+            crate::files::write(client, path, content.as_bytes()).await?;
+        }
+        for (i, cmd) in t.spec.setup.iter().enumerate() {
+            log(format!("setup[{i}]: {cmd}"));
+            let out = crate::exec::run(
+                client,
+                shell(cmd, SETUP_TIMEOUT, SETUP_OUTPUT),
+                Sink::Collect,
+            )
+            .await?;
+            for line in String::from_utf8_lossy(&out.stdout).lines() {
+                log(line.to_string());
+            }
+            for line in String::from_utf8_lossy(&out.stderr).lines() {
+                log(line.to_string());
+            }
+            if out.exit_code != 0 {
+                let why = if out.timed_out { " (timed out)" } else { "" };
+                return Err(CoreError::Invalid(format!(
+                    "setup[{i}] exited with {}{why}",
+                    out.exit_code
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Boots `t` cold, prepares it, warms the interpreter and checkpoints
+    /// the result as `image_id`.
     pub async fn bake(
         &self,
         t: &Template,
@@ -101,32 +162,7 @@ impl Manager {
         self.runtime.create(&spec).await?;
         let res = async {
             let client = connect_and_ping(self.runtime.as_ref(), &spec.id).await?;
-            for (path, content) in &t.spec.files {
-                log(format!("file {path}"));
-                crate::files::write(&client, path, content.as_bytes()).await?;
-            }
-            for (i, cmd) in t.spec.setup.iter().enumerate() {
-                log(format!("setup[{i}]: {cmd}"));
-                let out = crate::exec::run(
-                    &client,
-                    shell(cmd, SETUP_TIMEOUT, SETUP_OUTPUT),
-                    Sink::Collect,
-                )
-                .await?;
-                for line in String::from_utf8_lossy(&out.stdout).lines() {
-                    log(line.to_string());
-                }
-                for line in String::from_utf8_lossy(&out.stderr).lines() {
-                    log(line.to_string());
-                }
-                if out.exit_code != 0 {
-                    let why = if out.timed_out { " (timed out)" } else { "" };
-                    return Err(CoreError::Invalid(format!(
-                        "setup[{i}] exited with {}{why}",
-                        out.exit_code
-                    )));
-                }
-            }
+            self.prepare_guest(&client, t, log).await?;
             crate::exec::run(
                 &client,
                 shell(WARM_UP, Duration::from_secs(60), 4096),
@@ -141,10 +177,12 @@ impl Manager {
         .await;
         if res.is_err() {
             let _ = self.template_images.remove(image_id);
-        } else {
-            self.metrics.template_images_baked.inc();
         }
         self.runtime.destroy(&spec.id).await?;
+        if res.is_ok() {
+            // Counted once the builder is gone: "baked" means done.
+            self.metrics.template_images_baked.inc();
+        }
         res
     }
 }

@@ -79,7 +79,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             .unwrap_or_else(|| data.join("templates")),
     );
     if templates.list().is_empty() {
-        tracing::warn!(dir = %templates.dir().display(), "no templates baked; run scripts/bake-template.sh");
+        tracing::warn!(dir = %templates.dir().display(), "no templates; run `make template` (hatchery template build-local) or POST /v1/templates");
     }
     let caps = Caps {
         max_ttl_s: args.max_ttl,
