@@ -77,6 +77,9 @@ pub struct Manager {
     pub(crate) baking: Mutex<std::collections::HashSet<String>>,
     pub(crate) closing: std::sync::atomic::AtomicBool,
     pub(crate) builds: crate::builds::Builds,
+    /// Held by the pool filler while it restores; shutdown takes it so no
+    /// refill is cut off halfway (which would orphan a sandbox).
+    pub(crate) filling: tokio::sync::Mutex<()>,
 }
 
 /// Where checkpoint images live and how big the warm pool may get.
@@ -95,15 +98,17 @@ impl Manager {
         templates: Templates,
         images: ImageConfig,
     ) -> Arc<Manager> {
+        let metrics = Metrics::new();
         Arc::new(Manager {
             template_images: images.template_images,
             snapshots: images.snapshots,
-            pool: WarmPool::new(images.pool),
+            pool: WarmPool::new(images.pool, metrics.pool_ready.clone()),
+            filling: Default::default(),
             baking: Mutex::new(Default::default()),
             closing: Default::default(),
             builds: Default::default(),
             caps,
-            metrics: Metrics::new(),
+            metrics,
             store,
             runtime,
             templates,

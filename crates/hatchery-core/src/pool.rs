@@ -9,7 +9,9 @@ use crate::ids::new_sandbox_id;
 use crate::store::{SandboxRow, STATE_POOLED};
 use crate::{now_ms, Manager};
 use hatchery_runtime::SandboxSpec;
+use prometheus::IntGauge;
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -37,8 +39,8 @@ impl Default for PoolConfig {
     }
 }
 
-/// Measured PSS of an idle restored sandbox is well under this (Sentry +
-/// gofer); the estimate errs high so the budget holds.
+/// Measured PSS of an idle restored sandbox is well under this (Sentry,
+/// gofer, stubs, shim); the estimate errs high so the budget holds.
 const IDLE_SANDBOX_MB: u64 = 64;
 
 /// Ready sandboxes per template, oldest first.
@@ -47,69 +49,75 @@ type Ready = HashMap<String, VecDeque<(String, Arc<AgentClient>)>>;
 pub struct WarmPool {
     pub cfg: PoolConfig,
     ready: Mutex<Ready>,
+    /// Kept exact on every change, so "ready" on /metrics can be trusted.
+    gauge: IntGauge,
 }
 
 impl WarmPool {
-    pub fn new(cfg: PoolConfig) -> Self {
+    pub fn new(cfg: PoolConfig, gauge: IntGauge) -> Self {
         WarmPool {
             cfg,
             ready: Mutex::new(HashMap::new()),
+            gauge,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Ready> {
-        self.ready.lock().unwrap_or_else(|p| p.into_inner())
+    fn with<T>(&self, f: impl FnOnce(&mut Ready) -> T) -> T {
+        let mut g = self.ready.lock().unwrap_or_else(|p| p.into_inner());
+        let out = f(&mut g);
+        self.gauge
+            .set(g.values().map(|q| q.len()).sum::<usize>() as i64);
+        out
     }
 
     pub fn take(&self, template: &str) -> Option<(String, Arc<AgentClient>)> {
-        self.lock().get_mut(template)?.pop_front()
+        self.with(|r| r.get_mut(template)?.pop_front())
     }
 
     fn put(&self, template: &str, id: String, client: Arc<AgentClient>) {
-        self.lock()
-            .entry(template.to_string())
-            .or_default()
-            .push_back((id, client));
+        self.with(|r| {
+            r.entry(template.to_string())
+                .or_default()
+                .push_back((id, client))
+        })
     }
 
     /// Drops `id` from the pool; true if it was there.
     pub fn remove(&self, id: &str) -> bool {
-        let mut g = self.lock();
-        for q in g.values_mut() {
-            if let Some(i) = q.iter().position(|(x, _)| x == id) {
-                q.remove(i);
-                return true;
-            }
-        }
-        false
+        self.with(|r| {
+            r.values_mut()
+                .any(|q| match q.iter().position(|(x, _)| x == id) {
+                    Some(i) => q.remove(i).is_some(),
+                    None => false,
+                })
+        })
     }
 
     pub fn len(&self, template: &str) -> usize {
-        self.lock().get(template).map_or(0, |q| q.len())
-    }
-
-    pub fn total(&self) -> usize {
-        self.lock().values().map(|q| q.len()).sum()
+        self.with(|r| r.get(template).map_or(0, |q| q.len()))
     }
 
     pub fn ids_of(&self, template: &str) -> Vec<String> {
-        self.lock()
-            .get(template)
-            .map(|q| q.iter().map(|(id, _)| id.clone()).collect())
-            .unwrap_or_default()
+        self.with(|r| {
+            r.get(template)
+                .map(|q| q.iter().map(|(id, _)| id.clone()).collect())
+                .unwrap_or_default()
+        })
     }
 
     pub fn ids(&self) -> Vec<String> {
-        self.lock()
-            .values()
-            .flat_map(|q| q.iter().map(|(id, _)| id.clone()))
-            .collect()
+        self.with(|r| {
+            r.values()
+                .flat_map(|q| q.iter().map(|(id, _)| id.clone()))
+                .collect()
+        })
     }
 
-    fn target(&self) -> usize {
-        self.cfg
-            .size
-            .min((self.cfg.memory_budget_mb / IDLE_SANDBOX_MB) as usize)
+    /// Ready sandboxes to keep per template when `templates` share the
+    /// memory budget.
+    fn target_per(&self, templates: usize) -> usize {
+        let budget = (self.cfg.memory_budget_mb / IDLE_SANDBOX_MB) as usize;
+        self.cfg.size.min(budget / templates.max(1))
     }
 }
 
@@ -133,12 +141,13 @@ pub fn available_fraction() -> f64 {
 }
 
 impl Manager {
-    /// For a graceful stop: no more refills, running bakes finish, and
-    /// pooled sandboxes are destroyed (a restart would discard them anyway;
-    /// live sandboxes are left to their shims on purpose).
+    /// For a graceful stop: no more refills (an in-flight one finishes),
+    /// running bakes finish, and pooled sandboxes are destroyed (a restart
+    /// would discard them anyway; live sandboxes are left to their shims
+    /// on purpose).
     pub async fn shutdown(&self) {
-        self.closing
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.closing.store(true, Ordering::SeqCst);
+        let _no_refill = self.filling.lock().await;
         for _ in 0..300 {
             if self
                 .baking
@@ -167,11 +176,11 @@ impl Manager {
             loop {
                 tokio::time::sleep(Duration::from_millis(250)).await;
                 let Some(m) = me.upgrade() else { return };
-                if m.closing.load(std::sync::atomic::Ordering::SeqCst) {
+                let _filling = m.filling.lock().await;
+                if m.closing.load(Ordering::SeqCst) {
                     return;
                 }
-                m.metrics.pool_ready.set(m.pool.total() as i64);
-                if m.pool.target() == 0 {
+                if m.pool.cfg.size == 0 {
                     continue;
                 }
                 if available_fraction() < m.pool.cfg.min_available_fraction {
@@ -181,11 +190,11 @@ impl Manager {
                     }
                     continue;
                 }
-                for template in m.templates().list() {
-                    // Cheap checks first: verifying an image hashes it.
-                    if m.pool.len(&template.spec.name) >= m.pool.target()
-                        || m.pool.total() >= m.pool.target() * m.templates().list().len().max(1)
-                    {
+                let templates = m.templates().list();
+                let target = m.pool.target_per(templates.len());
+                for template in templates {
+                    // Cheap check first: verifying an image hashes it.
+                    if m.pool.len(&template.spec.name) >= target {
                         continue;
                     }
                     let Some(image) = m.template_image(&template) else {
@@ -235,5 +244,34 @@ impl Manager {
                 Err(e)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_is_shared_between_templates() {
+        let g = IntGauge::new("g", "g").unwrap();
+        let p = WarmPool::new(
+            PoolConfig {
+                size: 8,
+                memory_budget_mb: 512,
+                ..Default::default()
+            },
+            g,
+        );
+        assert_eq!(p.target_per(1), 8);
+        assert_eq!(p.target_per(2), 4);
+        assert_eq!(p.target_per(16), 0);
+        let p0 = WarmPool::new(
+            PoolConfig {
+                size: 0,
+                ..Default::default()
+            },
+            IntGauge::new("h", "h").unwrap(),
+        );
+        assert_eq!(p0.target_per(1), 0);
     }
 }
