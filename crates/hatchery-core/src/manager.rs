@@ -80,6 +80,8 @@ pub struct Manager {
     /// Held by the pool filler while it restores; shutdown takes it so no
     /// refill is cut off halfway (which would orphan a sandbox).
     pub(crate) filling: tokio::sync::Mutex<()>,
+    /// Host teardowns running in the background.
+    pub(crate) teardowns: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Where checkpoint images live and how big the warm pool may get.
@@ -104,6 +106,7 @@ impl Manager {
             snapshots: images.snapshots,
             pool: WarmPool::new(images.pool, metrics.pool_ready.clone()),
             filling: Default::default(),
+            teardowns: Default::default(),
             baking: Mutex::new(Default::default()),
             closing: Default::default(),
             builds: Default::default(),
@@ -339,7 +342,11 @@ impl Manager {
         if was_live || was_pooled || changed {
             let rt = Arc::clone(&self.runtime);
             let id = id.to_string();
+            // Counted, so that a graceful stop can wait for teardowns
+            // instead of cutting them off halfway.
+            let guard = TeardownGuard::new(&self.teardowns);
             tokio::spawn(async move {
+                let _guard = guard;
                 if let Err(e) = rt.destroy(&id).await {
                     tracing::warn!(sandbox = %id, error = %e, "teardown failed");
                 }
@@ -466,6 +473,22 @@ impl Manager {
 
     pub fn live_count(&self) -> usize {
         self.live.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+/// Counts a teardown in flight for as long as it lives.
+pub(crate) struct TeardownGuard(Arc<std::sync::atomic::AtomicUsize>);
+
+impl TeardownGuard {
+    fn new(n: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        n.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        TeardownGuard(Arc::clone(n))
+    }
+}
+
+impl Drop for TeardownGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

@@ -166,6 +166,13 @@ impl Manager {
                 tracing::warn!(sandbox = %id, error = %e, "could not destroy pooled sandbox");
             }
         }
+        // Deletes answered just before the stop are still tearing down.
+        for _ in 0..300 {
+            if self.teardowns.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Keeps every template's pool full, within the memory budget, and

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 /// Loads the interpreter and common modules so their pages are in the
 /// image, and the first `python3` in a new sandbox starts warm.
-const WARM_UP: &str = "python3 -c 'import json, os, re, subprocess, sys' >/dev/null 2>&1; true";
+const WARM_UP: &str = "python3 -c 'import json, os, re, subprocess, sys' >/dev/null 2>&1; echo warm >/dev/null; /bin/echo warm >/dev/null; ls / >/dev/null; true";
 /// Longest a single setup command may run.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(600);
 /// Output of a setup command kept for the build log, per stream.

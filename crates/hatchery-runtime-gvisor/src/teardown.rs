@@ -5,19 +5,17 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-const CGROUP_CONTROLLERS: &[&str] = &[
-    "memory",
-    "pids",
-    "cpu",
-    "cpuacct",
-    "cpuset",
-    "blkio",
-    "devices",
-    "freezer",
-    "net_cls",
-    "perf_event",
-    "hugetlb",
-];
+/// The sandbox's cgroup in every v1 hierarchy mounted here (runsc makes
+/// one per hierarchy, named after the container, including `systemd`).
+fn cgroups(id: &str) -> Vec<std::path::PathBuf> {
+    let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return vec![];
+    };
+    rd.flatten()
+        .map(|h| h.path().join(id))
+        .filter(|p| p.is_dir())
+        .collect()
+}
 
 fn runsc(runsc: &Path, flags: &[String], args: &[&str]) -> bool {
     Command::new(runsc)
@@ -45,9 +43,8 @@ pub fn destroy(runsc_bin: &Path, flags: &[String], id: &str, bundle: &Path) {
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     }
     std::thread::sleep(std::time::Duration::from_millis(50));
-    for c in CGROUP_CONTROLLERS {
-        let p = Path::new("/sys/fs/cgroup").join(c).join(id);
-        if p.exists() {
+    for p in cgroups(id) {
+        {
             let _ = std::fs::remove_dir(&p);
         }
     }
@@ -60,9 +57,8 @@ pub fn leftovers(id: &str, bundle: &Path, runsc_root: &Path) -> Vec<String> {
     for pid in pids_mentioning(id) {
         left.push(format!("process {pid}"));
     }
-    for c in CGROUP_CONTROLLERS {
-        let p = Path::new("/sys/fs/cgroup").join(c).join(id);
-        if p.exists() {
+    for p in cgroups(id) {
+        {
             left.push(format!("cgroup {}", p.display()));
         }
     }
