@@ -1,7 +1,7 @@
 //! File transfer through the agent, and the path rules that keep every
 //! request inside the sandbox.
 
-use crate::agent_client::{expect_ok, guest_error, AgentClient};
+use crate::agent_client::{expect_ok, guest_error, AgentClient, Channel};
 use crate::CoreError;
 use hatchery_agent_proto::{
     FileEntry, FileListRequest, FilePathRequest, FileReadRequest, FileWriteRequest, Frame, Kind,
@@ -54,20 +54,30 @@ fn map_guest(path: &str, e: CoreError) -> CoreError {
     }
 }
 
+/// Opens a channel and sends its first (JSON) request on it.
+async fn request<T: serde::Serialize>(
+    client: &AgentClient,
+    kind: Kind,
+    req: &T,
+) -> Result<Channel, CoreError> {
+    let ch = client.open();
+    client
+        .send(&Frame::json(ch.id, kind, req))
+        .await
+        .map_err(closed)?;
+    Ok(ch)
+}
+
 fn closed(e: std::io::Error) -> CoreError {
     CoreError::GuestUnresponsive(e.to_string())
 }
 
 pub async fn write(client: &AgentClient, path: &str, data: &[u8]) -> Result<(), CoreError> {
-    let mut ch = client.open();
     let start = FileWriteRequest {
         path: path.to_string(),
         mode: 0o644,
     };
-    client
-        .send(&Frame::json(ch.id, Kind::FileWriteStart, &start))
-        .await
-        .map_err(closed)?;
+    let mut ch = request(client, Kind::FileWriteStart, &start).await?;
     for chunk in data.chunks(CHUNK) {
         client
             .send(&Frame::new(ch.id, Kind::FileData, chunk.to_vec()))
@@ -85,15 +95,11 @@ pub async fn write(client: &AgentClient, path: &str, data: &[u8]) -> Result<(), 
 }
 
 pub async fn read(client: &AgentClient, path: &str, max_bytes: u64) -> Result<Vec<u8>, CoreError> {
-    let mut ch = client.open();
     let req = FileReadRequest {
         path: path.to_string(),
         max_bytes,
     };
-    client
-        .send(&Frame::json(ch.id, Kind::FileRead, &req))
-        .await
-        .map_err(closed)?;
+    let mut ch = request(client, Kind::FileRead, &req).await?;
     let mut data = Vec::new();
     loop {
         match ch.rx.recv().await {
@@ -122,15 +128,11 @@ pub async fn list(
     path: &str,
     max_entries: u32,
 ) -> Result<Vec<FileEntry>, CoreError> {
-    let mut ch = client.open();
     let req = FileListRequest {
         path: path.to_string(),
         max_entries,
     };
-    client
-        .send(&Frame::json(ch.id, Kind::FileList, &req))
-        .await
-        .map_err(closed)?;
+    let mut ch = request(client, Kind::FileList, &req).await?;
     let f = expect_ok(&mut ch).await.map_err(|e| map_guest(path, e))?;
     let mut entries: Vec<FileEntry> = f
         .parse()
@@ -140,14 +142,10 @@ pub async fn list(
 }
 
 pub async fn remove(client: &AgentClient, path: &str) -> Result<(), CoreError> {
-    let mut ch = client.open();
     let req = FilePathRequest {
         path: path.to_string(),
     };
-    client
-        .send(&Frame::json(ch.id, Kind::FileRemove, &req))
-        .await
-        .map_err(closed)?;
+    let mut ch = request(client, Kind::FileRemove, &req).await?;
     expect_ok(&mut ch)
         .await
         .map(drop)

@@ -254,28 +254,39 @@ impl Manager {
         mode: &'static str,
         started: Instant,
     ) -> Result<SandboxInfo, CoreError> {
-        self.store.insert(&row)?;
+        let client = self.start_row(&row, template, image).await?;
+        self.store.set_running(&row.id)?;
+        self.adopt(&row.id, client, row.env.clone());
+        Ok(self.created(row, mode, started))
+    }
+
+    /// Records `row`, then boots or restores its sandbox. On failure the
+    /// row is stopped and the host cleaned, so nothing half-made remains.
+    pub(crate) async fn start_row(
+        &self,
+        row: &SandboxRow,
+        template: &Template,
+        image: Option<&Path>,
+    ) -> Result<Arc<AgentClient>, CoreError> {
+        self.store.insert(row)?;
         let spec = SandboxSpec {
             id: row.id.clone(),
             rootfs: template.rootfs.clone(),
             limits: template.limits(),
             expires_at_ms: row.expires_at_ms,
         };
-        let client = match self.boot(&spec, image, template).await {
-            Ok(c) => c,
+        match self.boot(&spec, image, template).await {
+            Ok(c) => Ok(c),
             Err(e) => {
                 tracing::warn!(sandbox = %row.id, error = %e, "create failed");
                 let _ = self.runtime.destroy(&row.id).await;
                 self.store.stop(&row.id, "create_failed", now_ms())?;
-                return Err(e);
+                Err(e)
             }
-        };
-        self.store.set_running(&row.id)?;
-        self.adopt(&row.id, client, row.env.clone());
-        Ok(self.created(row, mode, started))
+        }
     }
 
-    pub(crate) async fn boot(
+    async fn boot(
         &self,
         spec: &SandboxSpec,
         image: Option<&Path>,

@@ -8,7 +8,6 @@ use crate::agent_client::AgentClient;
 use crate::ids::new_sandbox_id;
 use crate::store::{SandboxRow, STATE_POOLED};
 use crate::{now_ms, Manager};
-use hatchery_runtime::SandboxSpec;
 use prometheus::IntGauge;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -232,25 +231,10 @@ impl Manager {
             metadata: BTreeMap::new(),
             env: BTreeMap::new(),
         };
-        self.store.insert(&row)?;
-        let spec = SandboxSpec {
-            id: row.id.clone(),
-            rootfs: template.rootfs.clone(),
-            limits: template.limits(),
-            expires_at_ms: row.expires_at_ms,
-        };
-        match self.boot(&spec, Some(image), template).await {
-            Ok(client) => {
-                self.store.set_state(&row.id, STATE_POOLED)?;
-                self.pool.put(&template.spec.name, row.id, client);
-                Ok(())
-            }
-            Err(e) => {
-                let _ = self.runtime.destroy(&row.id).await;
-                self.store.stop(&row.id, "create_failed", now_ms())?;
-                Err(e)
-            }
-        }
+        let client = self.start_row(&row, template, Some(image)).await?;
+        self.store.set_state(&row.id, STATE_POOLED)?;
+        self.pool.put(&template.spec.name, row.id, client);
+        Ok(())
     }
 }
 
