@@ -27,7 +27,7 @@ def _rootfs():
 
 
 ROOTFS = _rootfs()
-N = int(os.environ.get("BENCH_N", "30"))
+N = int(os.environ.get("BENCH_N", "20"))
 
 
 def pct(xs, p):
