@@ -261,15 +261,10 @@ impl GvisorRuntime {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
-        // Its own session: the shim must outlive the daemon and not get the
-        // terminal's signals.
-        // SAFETY: setsid is async-signal-safe and touches no memory.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::setsid();
-                Ok(())
-            });
-        }
+        // The shim makes itself a session leader (so it outlives the
+        // daemon and gets no terminal signals). Not a pre_exec setsid here:
+        // that would make std fork() this multi-threaded daemon instead of
+        // using posix_spawn, which costs milliseconds on every create.
         let mut child = cmd.spawn()?;
         let stdout = child
             .stdout

@@ -65,6 +65,10 @@ impl Shim {
 /// Runs the shim for the bundle at `bundle`. Prints `ready` (or `error: …`)
 /// on stdout once the sandbox is up, then detaches its stdio to `shim.log`.
 pub fn run(bundle: &Path) -> ! {
+    // Our own session: we must outlive the daemon that started us.
+    // SAFETY: setsid has no memory effects; failure (already a leader) is
+    // harmless.
+    unsafe { libc::setsid() };
     let cfg: ShimConfig = match std::fs::read(ShimConfig::path(bundle))
         .map_err(|e| e.to_string())
         .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
