@@ -151,3 +151,15 @@ def test_snapshot_and_fork_bad_input(daemon, sandbox):
     daemon.created.update(s["id"] for s in r.json()["sandboxes"])
     assert daemon.request("POST", "/v1/snapshots/snap_doesnotexist0000/fork", {}).status == 404
     assert daemon.request("GET", "/v1/snapshots/../../etc").status == 404
+
+
+def test_pool_stays_empty_under_memory_pressure():
+    # A threshold no host can meet: the pool must neither fill nor hand out.
+    d = Daemon(extra_args=["--pool-size", "2", "--pool-min-available", "1.01"]).start()
+    try:
+        wait_for(lambda: metric(d, "hatchery_template_images_baked_total") >= 1, what="template checkpoint")
+        time.sleep(2)
+        assert metric(d, "hatchery_pool_ready") == 0
+        assert create(d)["boot_mode"] == "restore"
+    finally:
+        d.cleanup()

@@ -30,6 +30,7 @@ pub struct Build {
     pub id: String,
     pub name: String,
     pub version: String,
+    started_ms: u64,
     events: Mutex<Vec<BuildEvent>>,
     tx: broadcast::Sender<BuildEvent>,
     finished: AtomicBool,
@@ -79,12 +80,14 @@ impl Manager {
             )));
         }
         if builds.len() >= MAX_BUILDS {
-            let done: Vec<String> = builds
+            // Forget the oldest finished builds first.
+            let mut done: Vec<(u64, String)> = builds
                 .iter()
                 .filter(|(_, b)| b.finished())
-                .map(|(k, _)| k.clone())
+                .map(|(k, b)| (b.started_ms, k.clone()))
                 .collect();
-            for k in done.into_iter().take(builds.len() + 1 - MAX_BUILDS) {
+            done.sort();
+            for (_, k) in done.into_iter().take(builds.len() + 1 - MAX_BUILDS) {
                 builds.remove(&k);
             }
         }
@@ -92,6 +95,7 @@ impl Manager {
             id: format!("bld_{}", &new_sandbox_id()[4..]),
             name: spec.name.clone(),
             version: spec.version(),
+            started_ms: crate::now_ms(),
             events: Mutex::new(Vec::new()),
             tx: broadcast::channel(1024).0,
             finished: AtomicBool::new(false),

@@ -39,6 +39,10 @@ pub struct DaemonArgs {
     /// Memory the warm pool may use in all, in MiB.
     #[arg(long, env = "HATCHERY_POOL_MEMORY_MB", default_value_t = 1024)]
     pub pool_memory_mb: u64,
+    /// Drain the pool and stop refilling while the host's available memory
+    /// is below this fraction of its total.
+    #[arg(long, env = "HATCHERY_POOL_MIN_AVAILABLE", default_value_t = 0.15)]
+    pub pool_min_available: f64,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "HATCHERY_LOG_JSON")]
     pub log_json: bool,

@@ -98,6 +98,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         pool: PoolConfig {
             size: args.pool_size,
             memory_budget_mb: args.pool_memory_mb,
+            min_available_fraction: args.pool_min_available,
             ..PoolConfig::default()
         },
     };
