@@ -98,8 +98,13 @@ def test_build_use_rebuild_delete(builder):
 
     r = d.request("DELETE", "/v1/templates/tpl-jq")
     assert r.status == 409 and r.error_code() == "conflict"
+    snap = d.request("POST", f"/v1/sandboxes/{new}/snapshots", {}).json()["id"]
     for s in (old["id"], new):
         d.delete(s)
+    # Forks need the rootfs a snapshot was taken on.
+    r = d.request("DELETE", "/v1/templates/tpl-jq")
+    assert r.status == 409 and "snapshots" in r.json()["error"]["message"]
+    assert d.request("DELETE", f"/v1/snapshots/{snap}").status == 204
     assert d.request("DELETE", "/v1/templates/tpl-jq").status == 204
     assert d.request("GET", "/v1/templates/tpl-jq").status == 404
     assert d.request("POST", "/v1/sandboxes", {"template": "tpl-jq"}).status == 404
