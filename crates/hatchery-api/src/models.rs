@@ -303,7 +303,9 @@ pub struct BuildAccepted {
     pub events_url: String,
 }
 
-fn seconds(v: Option<i64>, default: u64, max: u64, name: &str) -> Result<u64, ApiError> {
+/// `v` if it is in 1..=max, `default` if absent; the one bound check for
+/// every numeric field (TTLs, timeouts, byte caps, counts).
+pub fn bounded(v: Option<i64>, default: u64, max: u64, name: &str) -> Result<u64, ApiError> {
     match v {
         None => Ok(default),
         Some(s) if s >= 1 && (s as u64) <= max => Ok(s as u64),
@@ -314,7 +316,7 @@ fn seconds(v: Option<i64>, default: u64, max: u64, name: &str) -> Result<u64, Ap
 }
 
 pub fn validate_ttl(v: Option<i64>, caps: &Caps) -> Result<u64, ApiError> {
-    seconds(v, caps.default_ttl_s, caps.max_ttl_s, "ttl_seconds")
+    bounded(v, caps.default_ttl_s, caps.max_ttl_s, "ttl_seconds")
 }
 
 pub fn validate_metadata(md: &BTreeMap<String, String>, caps: &Caps) -> Result<(), ApiError> {
@@ -421,22 +423,18 @@ impl ExecBody {
                 caps.max_stdin_bytes
             )));
         }
-        let timeout = seconds(
+        let timeout = bounded(
             self.timeout_seconds,
             caps.default_exec_timeout_s,
             caps.max_exec_timeout_s,
             "timeout_seconds",
         )?;
-        let max_output_bytes = match self.max_output_bytes {
-            None => caps.default_output_bytes,
-            Some(n) if n >= 1 && (n as u64) <= caps.max_output_bytes => n as u64,
-            Some(_) => {
-                return Err(ApiError::bad_request(format!(
-                    "max_output_bytes must be between 1 and {}",
-                    caps.max_output_bytes
-                )))
-            }
-        };
+        let max_output_bytes = bounded(
+            self.max_output_bytes,
+            caps.default_output_bytes,
+            caps.max_output_bytes,
+            "max_output_bytes",
+        )?;
         Ok(ExecParams {
             argv,
             cwd: self.cwd,

@@ -27,6 +27,17 @@ pub struct Caps {
     pub max_fork_count: usize,
 }
 
+/// `v` if it is in 1..=max: the core's own check of every bound, whatever
+/// the caller already validated.
+pub fn within(name: &str, v: u64, max: u64) -> Result<u64, crate::CoreError> {
+    if v == 0 || v > max {
+        return Err(crate::CoreError::Invalid(format!(
+            "{name} must be between 1 and {max}"
+        )));
+    }
+    Ok(v)
+}
+
 impl Caps {
     /// Keeps every default within its (possibly lowered) maximum, so a
     /// small `--max-ttl` does not turn every create without a TTL into 400.

@@ -23,7 +23,7 @@ pub mod reconcile;
 pub mod store;
 mod time_util;
 
-pub use caps::Caps;
+pub use caps::{within, Caps};
 pub use error::CoreError;
 pub use ids::new_sandbox_id;
 pub use manager::{CreateRequest, ImageConfig, Manager, SandboxInfo};

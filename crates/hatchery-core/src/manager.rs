@@ -157,12 +157,7 @@ impl Manager {
     pub async fn create(self: &Arc<Self>, req: CreateRequest) -> Result<SandboxInfo, CoreError> {
         let template = self.templates.get(&req.template)?;
         let ttl = req.ttl_seconds.unwrap_or(self.caps.default_ttl_s);
-        if ttl == 0 || ttl > self.caps.max_ttl_s {
-            return Err(CoreError::Invalid(format!(
-                "ttl_seconds must be between 1 and {}",
-                self.caps.max_ttl_s
-            )));
-        }
+        crate::within("ttl_seconds", ttl, self.caps.max_ttl_s)?;
         self.reserve()?;
         let res = self.create_reserved(req, template, ttl).await;
         self.unreserve();
@@ -396,12 +391,7 @@ impl Manager {
     }
 
     pub async fn set_ttl(&self, id: &str, ttl: u64) -> Result<SandboxInfo, CoreError> {
-        if ttl == 0 || ttl > self.caps.max_ttl_s {
-            return Err(CoreError::Invalid(format!(
-                "ttl_seconds must be between 1 and {}",
-                self.caps.max_ttl_s
-            )));
-        }
+        crate::within("ttl_seconds", ttl, self.caps.max_ttl_s)?;
         self.live_get(id)?;
         let at = now_ms() + ttl * 1000;
         // Runtime first: if the shim cannot be told, the stored expiry must

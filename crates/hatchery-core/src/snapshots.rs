@@ -53,20 +53,14 @@ impl Manager {
         metadata: BTreeMap<String, String>,
     ) -> Result<SnapshotInfo, CoreError> {
         let retention = retention_s.unwrap_or(self.caps.default_retention_s);
-        if retention == 0 || retention > self.caps.max_retention_s {
-            return Err(CoreError::Invalid(format!(
-                "retention_seconds must be between 1 and {}",
-                self.caps.max_retention_s
-            )));
-        }
-        let sandbox = self.get(sandbox_id)?;
-        // Restores need exactly the rootfs and shape this sandbox runs on.
-        let template = self.templates().get(&sandbox.template)?;
+        crate::within("retention_seconds", retention, self.caps.max_retention_s)?;
         self.live_client(sandbox_id)?;
         let row = self
             .store
             .get_live(sandbox_id)?
             .ok_or_else(|| CoreError::SandboxNotFound(sandbox_id.into()))?;
+        // Restores need exactly the rootfs and shape this sandbox runs on.
+        let template = self.templates().get(&row.template)?;
         let id = new_snapshot_id();
         let dir = self.snapshots.prepare(&id).map_err(image_err)?;
         let sealed = async {
@@ -85,7 +79,7 @@ impl Manager {
         let snap = SnapshotRow {
             id: id.clone(),
             sandbox_id: sandbox_id.to_string(),
-            template: sandbox.template,
+            template: row.template.clone(),
             created_at_ms: now,
             expires_at_ms: now + retention * 1000,
             size_bytes: sealed.size_bytes,
@@ -145,19 +139,9 @@ impl Manager {
         snapshot_id: &str,
         req: ForkRequest,
     ) -> Result<Vec<SandboxInfo>, CoreError> {
-        if req.count == 0 || req.count > self.caps.max_fork_count {
-            return Err(CoreError::Invalid(format!(
-                "count must be between 1 and {}",
-                self.caps.max_fork_count
-            )));
-        }
+        crate::within("count", req.count as u64, self.caps.max_fork_count as u64)?;
         let ttl = req.ttl_seconds.unwrap_or(self.caps.default_ttl_s);
-        if ttl == 0 || ttl > self.caps.max_ttl_s {
-            return Err(CoreError::Invalid(format!(
-                "ttl_seconds must be between 1 and {}",
-                self.caps.max_ttl_s
-            )));
-        }
+        crate::within("ttl_seconds", ttl, self.caps.max_ttl_s)?;
         let snap = self
             .store
             .get_snapshot(snapshot_id)?

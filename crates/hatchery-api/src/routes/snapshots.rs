@@ -1,8 +1,8 @@
 use crate::error::ErrorBody;
 use crate::extract::Json;
 use crate::models::{
-    validate_metadata, validate_ttl, CreateSnapshot, ForkBody, Sandbox, SandboxList, Snapshot,
-    SnapshotList,
+    bounded, validate_metadata, validate_ttl, CreateSnapshot, ForkBody, Sandbox, SandboxList,
+    Snapshot, SnapshotList,
 };
 use crate::routes::sandboxes::metadata_filter;
 use crate::{ApiError, AppState};
@@ -20,17 +20,16 @@ pub async fn create(
 ) -> Result<(StatusCode, axum::Json<Snapshot>), ApiError> {
     let caps = &st.manager.caps;
     validate_metadata(&body.metadata, caps)?;
-    let retention = match body.retention_seconds {
-        None => None,
-        Some(s) if s >= 1 && (s as u64) <= caps.max_retention_s => Some(s as u64),
-        Some(_) => {
-            return Err(ApiError::bad_request(format!(
-                "retention_seconds must be between 1 and {}",
-                caps.max_retention_s
-            )))
-        }
-    };
-    let snap = st.manager.snapshot(&id, retention, body.metadata).await?;
+    let retention = bounded(
+        body.retention_seconds,
+        caps.default_retention_s,
+        caps.max_retention_s,
+        "retention_seconds",
+    )?;
+    let snap = st
+        .manager
+        .snapshot(&id, Some(retention), body.metadata)
+        .await?;
     Ok((StatusCode::CREATED, axum::Json(snap.into())))
 }
 
@@ -85,16 +84,7 @@ pub async fn fork(
     let ttl = validate_ttl(body.ttl_seconds, caps)?;
     validate_metadata(&body.metadata, caps)?;
     crate::models::deny_only_network(body.network.as_ref())?;
-    let count = match body.count {
-        None => 1,
-        Some(n) if n >= 1 && (n as usize) <= caps.max_fork_count => n as usize,
-        Some(_) => {
-            return Err(ApiError::bad_request(format!(
-                "count must be between 1 and {}",
-                caps.max_fork_count
-            )))
-        }
-    };
+    let count = bounded(body.count, 1, caps.max_fork_count as u64, "count")? as usize;
     let req = ForkRequest {
         ttl_seconds: Some(ttl),
         metadata: body.metadata,
