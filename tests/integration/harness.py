@@ -227,9 +227,10 @@ class Daemon:
 
     # Leak checks ----------------------------------------------------------
 
-    def leftovers(self):
+    def leftovers(self, net=True):
         """Everything on the host that still belongs to this daemon's
-        sandboxes: processes, cgroups, mounts, state directories."""
+        sandboxes: processes, cgroups, mounts, state directories, and once
+        the daemon is gone, its network slots and nftables table."""
         left = []
         me = os.getpid()
         daemon_pid = self.proc.pid if self.proc and self.proc.poll() is None else None
@@ -253,14 +254,14 @@ class Daemon:
         for line in open("/proc/self/mountinfo"):
             if self.data_dir in line or any(s in line for s in self.created):
                 left.append(f"mount {line.strip()}")
-        if daemon_pid is None:
+        if daemon_pid is None and net:
             left += net_leftovers(self.net_prefix)
         return left
 
-    def wait_no_leftovers(self, timeout=20):
+    def wait_no_leftovers(self, timeout=20, net=True):
         deadline = time.time() + timeout
         while time.time() < deadline:
-            left = self.leftovers()
+            left = self.leftovers(net)
             if not left:
                 return
             time.sleep(0.2)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from harness import Daemon, metric, wait_for
+from harness import Daemon, metric, wait_baked, wait_for
 from netlab import METADATA, PRIVATE, PROBE, PUBLIC, PUBLIC2, NetLab
 
 
@@ -30,6 +30,8 @@ def netd(lab):
     hosts.write(f"{PUBLIC} pypi.example\n")
     hosts.close()
     d = Daemon(extra_args=["--pool-size", "0", "--net-hosts-file", hosts.name]).start()
+    # The bake holds a slot while it runs; tests count slots from a rest.
+    wait_baked(d)
     yield d
     d.cleanup()
     os.unlink(hosts.name)
@@ -208,9 +210,13 @@ while time.time() < end:
 
 def test_host_rules_are_pinned_on_the_host(netd):
     sid = new(netd, {"allow": [{"host": "pypi.example", "ports": [80]}]})
+    # The pinned address is in the guest's /etc/hosts, so the name works.
+    r = netd.exec(sid, "python3 -c \"import socket; print(socket.gethostbyname('pypi.example'))\"")
+    assert r["stdout"].strip() == PUBLIC, r
+    assert opened(probe(netd, sid, "tcp,pypi.example,80")) == {"tcp,pypi.example,80"}
     # By name via the guest's own /etc/hosts pointing elsewhere: still only
     # the address the host resolved is open.
-    netd.exec(sid, f"echo '{PUBLIC2} pypi.example' >> /etc/hosts")
+    netd.exec(sid, f"echo '{PUBLIC2} pypi.example' > /etc/hosts")
     res = probe(netd, sid, f"tcp,{PUBLIC},80", f"tcp,{PUBLIC2},80", "tcp,pypi.example,80", f"tcp,{PUBLIC},8080")
     assert opened(res) == {f"tcp,{PUBLIC},80"}, res
     r = netd.request("PUT", f"/v1/sandboxes/{sid}/network", {"allow": [{"host": "nosuchhost.invalid"}]})

@@ -144,7 +144,8 @@ def test_snapshot_and_fork_bad_input(daemon, sandbox):
     assert daemon.request("POST", "/v1/sandboxes/sbx_doesnotexist0000/snapshots", {}).status == 404
     snap = daemon.request("POST", url, {}).json()
     furl = f"/v1/snapshots/{snap['id']}/fork"
-    for body in [{"count": 0}, {"count": 17}, {"ttl_seconds": 0}, {"network": {"egress": "allow"}}]:
+    for body in [{"count": 0}, {"count": 17}, {"ttl_seconds": 0}, {"network": {"egress": "sideways"}},
+                 {"network": {"allow": [{"cidr": "1.2.3.4", "host": "a.example"}]}}]:
         assert daemon.request("POST", furl, body).status == 400, body
     r = daemon.request("POST", furl, {"network": {"egress": "deny"}})
     assert r.status == 201, r

@@ -15,6 +15,7 @@
 mod addr;
 mod cmd;
 pub mod events;
+mod host;
 pub mod nft;
 mod plumbing;
 pub mod policy;

@@ -13,7 +13,6 @@ use crate::policy::Compiled;
 use crate::resolve::Resolver;
 use crate::{plumbing, Cidr, NetError, Policy, PolicyLimits, SlotAddrs};
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -96,44 +95,17 @@ pub struct Network {
     events: Mutex<HashMap<String, VecDeque<EgressEvent>>>,
     metrics: Metrics,
     closing: AtomicBool,
-    /// `ip_forward` before we set it, to put back on shutdown.
-    forward_was: Option<String>,
-    _lock: std::fs::File,
+    lock: Mutex<Option<crate::host::PrefixLock>>,
 }
-
-const LOCK_DIR: &str = "/run/hatchery";
-const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
 
 impl Network {
     /// Takes this prefix's host-wide lock, turns on forwarding (guarded),
     /// and starts the event reader. Call [`Network::reclaim`] next.
     pub fn start(cfg: NetworkConfig, metrics: Metrics) -> Result<Arc<Network>, NetError> {
         cfg.validate()?;
-        std::fs::create_dir_all(LOCK_DIR)?;
-        let lock = std::fs::File::create(format!("{LOCK_DIR}/net-{}.lock", cfg.prefix))?;
-        // SAFETY: flock on an fd we own; no memory is involved.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-            return Err(NetError::Busy(format!(
-                "another hatcheryd owns network prefix {:?} on this host; give this one another --net-prefix and --net-range",
-                cfg.prefix
-            )));
-        }
-        // A crashed predecessor may have turned forwarding on and recorded
-        // the original value; keep honouring that record.
-        let saved = PathBuf::from(format!("{LOCK_DIR}/net-{}.ip_forward", cfg.prefix));
-        let now = std::fs::read_to_string(IP_FORWARD)?.trim().to_string();
-        let forward_was = match std::fs::read_to_string(&saved) {
-            Ok(v) => Some(v.trim().to_string()),
-            Err(_) if now == "0" => {
-                std::fs::write(&saved, "0")?;
-                Some("0".to_string())
-            }
-            Err(_) => None,
-        };
-        if now != "1" {
-            std::fs::write(IP_FORWARD, "1")?;
-        }
-        let table = Table::new(&cfg.prefix, cfg.range, forward_was.as_deref() == Some("0"));
+        let lock = crate::host::PrefixLock::take(&cfg.prefix)?;
+        let guard = crate::host::enable_forwarding()?;
+        let table = Table::new(&cfg.prefix, cfg.range, guard);
         let net = Arc::new(Network {
             resolver: Resolver::with_overrides(cfg.hosts_file.as_deref())?,
             table,
@@ -143,8 +115,7 @@ impl Network {
             events: Mutex::default(),
             metrics,
             closing: AtomicBool::new(false),
-            forward_was,
-            _lock: lock,
+            lock: Mutex::new(Some(lock)),
         });
         let weak = Arc::downgrade(&net);
         events::follow_kmsg(net.table.log_prefix(), move |d| {
@@ -524,9 +495,9 @@ impl Network {
             return;
         }
         let _ = nft::apply(&self.table.delete_script());
-        if let Some(v) = &self.forward_was {
-            let _ = std::fs::write(IP_FORWARD, v);
-            let _ = std::fs::remove_file(format!("{LOCK_DIR}/net-{}.ip_forward", self.cfg.prefix));
+        if let Some(lock) = self.lock.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            crate::host::restore_forwarding(&lock);
+            lock.release();
         }
     }
 }
