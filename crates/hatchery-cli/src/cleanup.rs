@@ -11,6 +11,12 @@ static OWNED: Mutex<Vec<(Api, String)>> = Mutex::new(Vec::new());
 /// A create is in flight: a signal now waits for its id rather than leave
 /// the new sandbox to its TTL.
 static CREATING: AtomicBool = AtomicBool::new(false);
+/// A signal came: its handler owns the exit from now on.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
 
 /// Creates a sandbox with `create` and owns it, with no window in which a
 /// signal could miss it.
@@ -55,18 +61,26 @@ impl Drop for Owned {
     }
 }
 
-/// Waits for SIGINT, SIGTERM or SIGHUP, destroys every owned sandbox and
-/// exits with 128 + the signal, as the shell would have.
-pub async fn on_signals() -> std::io::Result<()> {
+/// Starts watching SIGINT, SIGTERM and SIGHUP now (so none is missed once
+/// this returns); the future destroys every owned sandbox on the first one
+/// and exits with 128 + the signal, as the shell would have.
+pub fn on_signals() -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut int = signal(SignalKind::interrupt())?;
     let mut term = signal(SignalKind::terminate())?;
     let mut hup = signal(SignalKind::hangup())?;
-    let sig = tokio::select! {
-        _ = int.recv() => libc::SIGINT,
-        _ = term.recv() => libc::SIGTERM,
-        _ = hup.recv() => libc::SIGHUP,
-    };
+    Ok(async move {
+        let sig = tokio::select! {
+            _ = int.recv() => libc::SIGINT,
+            _ = term.recv() => libc::SIGTERM,
+            _ = hup.recv() => libc::SIGHUP,
+        };
+        destroy_owned_and_exit(sig).await
+    })
+}
+
+async fn destroy_owned_and_exit(sig: i32) -> ! {
+    INTERRUPTED.store(true, Ordering::SeqCst);
     let since = Instant::now();
     while CREATING.load(Ordering::SeqCst) && since.elapsed() < Duration::from_secs(60) {
         tokio::time::sleep(Duration::from_millis(50)).await;

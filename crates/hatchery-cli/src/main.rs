@@ -81,16 +81,20 @@ async fn main() {
                 .map_err(anyhow::Error::from)
         }
         Cmd::Run(args) => {
-            tokio::spawn(async {
-                if let Err(e) = cleanup::on_signals().await {
-                    eprintln!("hatchery: cannot watch signals: {e}");
-                }
-            });
+            match cleanup::on_signals() {
+                Ok(watch) => drop(tokio::spawn(watch)),
+                Err(e) => eprintln!("hatchery: cannot watch signals: {e}"),
+            }
             blocking(move || run::run(&api, args)).await
         }
         // Blocking HTTP is fine for the rest: the CLI does one thing at a time.
         cmd => blocking(move || client_cmd(&api, cmd)).await,
     };
+    if cleanup::interrupted() {
+        // The signal handler is destroying our sandbox and exits with
+        // 128 + N; the error its deletion caused here is not the story.
+        tokio::time::sleep(std::time::Duration::from_secs(120)).await;
+    }
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
