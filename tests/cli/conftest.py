@@ -42,3 +42,9 @@ def sbx(hx):
     sid = hx.create("--ttl", "600")
     yield sid
     hx("sandbox", "kill", sid)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "network: needs the network policy API (GET/PUT /v1/sandboxes/{id}/network); "
+        "`make cli-network-test` runs these")

@@ -1,6 +1,6 @@
 //! `hatchery network get|set|events ID`: a sandbox's egress policy.
 
-use crate::client::Api;
+use crate::client::{api_code, Api};
 use crate::commands::sandbox::{check_id, not_found};
 use crate::output::{self, s};
 use anyhow::{bail, Context};
@@ -52,7 +52,7 @@ pub fn run(api: &Api, cmd: NetworkCmd) -> anyhow::Result<i32> {
             check_id(&id, "sbx_")?;
             let p = api
                 .get(&format!("/v1/sandboxes/{id}/network"))
-                .map_err(|e| not_found(e, &id))?;
+                .map_err(|e| missing(api, e, &id))?;
             show(&p, json);
         }
         NetworkCmd::Set {
@@ -74,14 +74,14 @@ pub fn run(api: &Api, cmd: NetworkCmd) -> anyhow::Result<i32> {
             };
             let p = api
                 .send("PUT", &format!("/v1/sandboxes/{id}/network"), &body)
-                .map_err(|e| not_found(e, &id))?;
+                .map_err(|e| missing(api, e, &id))?;
             show(&p, json);
         }
         NetworkCmd::Events { id, json } => {
             check_id(&id, "sbx_")?;
             let ev = api
                 .get(&format!("/v1/sandboxes/{id}/network/events"))
-                .map_err(|e| not_found(e, &id))?;
+                .map_err(|e| missing(api, e, &id))?;
             if json {
                 output::json(&ev["events"]);
             } else {
@@ -103,6 +103,18 @@ pub fn run(api: &Api, cmd: NetworkCmd) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// A 404 `not_found` here means no such route: a daemon from before the
+/// network policy API.
+fn missing(api: &Api, e: anyhow::Error, id: &str) -> anyhow::Error {
+    match api_code(&e) {
+        Some("not_found") => anyhow::anyhow!(
+            "the daemon at {} has no network policy API; upgrade it to use `hatchery network`",
+            api.url
+        ),
+        _ => not_found(e, id),
+    }
 }
 
 fn show(p: &Value, json: bool) {
