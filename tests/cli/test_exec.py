@@ -3,8 +3,12 @@
 own failures), and the request options."""
 
 import json
+import signal
 import subprocess
 import time
+
+from cli import HATCHERY
+from harness import wait_for
 
 
 def test_streams_output_as_it_is_produced(hx, sbx):
@@ -79,3 +83,21 @@ def test_failures_of_hatchery_itself_exit_125(hx, sbx):
     assert p.returncode == 127
     # No command at all is a usage error.
     assert hx("exec", sbx).returncode == 2
+
+
+def test_ctrl_c_kills_the_remote_command(hx, sbx):
+    p = hx.popen("exec", sbx, "--", "echo $$ > /tmp/pid; echo started; sleep 60; touch /tmp/finished",
+                 stdout=subprocess.PIPE)
+    assert p.stdout.readline() == "started\n"
+    p.send_signal(signal.SIGINT)
+    assert p.wait(10) != 0
+    # Closing the stream kills the command in the sandbox.
+    wait_for(lambda: hx("exec", sbx, "--", "kill -0 $(cat /tmp/pid)").returncode != 0, timeout=10,
+             what="the remote command to die")
+    assert hx("exec", sbx, "--", "test -e /tmp/finished").returncode == 1
+
+
+def test_a_closed_pipe_ends_quietly(hx, sbx):
+    p = subprocess.run(f"{HATCHERY} exec {sbx} -- 'seq 1 100000; sleep 30' | head -1", shell=True,
+                       capture_output=True, text=True, env=hx.env, timeout=30)
+    assert p.stdout == "1\n" and "panicked" not in p.stderr, p.stderr

@@ -18,17 +18,25 @@ pub struct Api {
     #[arg(
         long,
         global = true,
+        help_heading = "Connection",
         env = "HATCHERY_URL",
         default_value = "http://127.0.0.1:7423"
     )]
     pub url: String,
     /// API key (default: read from the local daemon's key file).
-    #[arg(long, global = true, env = "HATCHERY_API_KEY", hide_env_values = true)]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Connection",
+        env = "HATCHERY_API_KEY",
+        hide_env_values = true
+    )]
     pub api_key: Option<String>,
     /// Key file of a local daemon.
     #[arg(
         long,
         global = true,
+        help_heading = "Connection",
         env = "HATCHERY_KEY_FILE",
         default_value = "/var/lib/hatchery/api_key"
     )]

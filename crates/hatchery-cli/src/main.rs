@@ -26,6 +26,10 @@ struct Cli {
     cmd: Cmd,
 }
 
+const EXIT_CODES: &str = "Exit status: the command's own; 128+N when signal N killed it; \
+124 when the timeout killed it; 125 when hatchery itself failed (daemon unreachable, unknown \
+sandbox, invalid request).";
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the daemon in the foreground (same as `hatcheryd`).
@@ -34,6 +38,7 @@ enum Cmd {
     #[command(subcommand, alias = "sandboxes")]
     Sandbox(sandbox::SandboxCmd),
     /// Run a command in a sandbox, streaming its output; exits with its status.
+    #[command(after_help = EXIT_CODES)]
     Exec(exec::ExecArgs),
     /// Copy a file between here and a sandbox: `hatchery cp main.py ID:/workspace/`.
     Cp {
@@ -50,6 +55,7 @@ enum Cmd {
         cwd: String,
     },
     /// Run a local file in a fresh sandbox, print its output, destroy the sandbox.
+    #[command(after_help = EXIT_CODES)]
     Run(run::RunArgs),
     /// Snapshots of running sandboxes, and forks from them.
     #[command(subcommand, alias = "snapshots")]
@@ -72,6 +78,16 @@ async fn main() {
         Cmd::Exec(_) | Cmd::Run(_) => EXIT_HATCHERY,
         _ => 1,
     };
+    if !matches!(cli.cmd, Cmd::Serve(_) | Cmd::Run(_)) {
+        // Like other Unix tools, end quietly when a reader goes away
+        // (`hatchery sandbox ls | head -1`) instead of panicking in println!.
+        // `run` keeps ignoring SIGPIPE: it must live to destroy its sandbox.
+        // SAFETY: no other thread exists yet that could be relying on the
+        // disposition, and SIG_DFL is a valid handler for SIGPIPE.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     let result = match cli.cmd {
         Cmd::Serve(args) => {
             hatcheryd::init_logging(args.log_json);

@@ -15,6 +15,7 @@ use std::path::PathBuf;
 pub struct RunArgs {
     /// The program: .py runs with python3, .sh with sh; anything else needs --interpreter.
     pub file: PathBuf,
+    /// Template to start from.
     #[arg(long, default_value = "code-interpreter")]
     pub template: String,
     /// Command that runs the file (for example `python3 -u`).

@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 pub enum SandboxCmd {
     /// Create a sandbox; prints its id (or the whole object with --json).
     Create {
+        /// Template to start from.
         #[arg(long, default_value = "code-interpreter")]
         template: String,
         /// Seconds until the sandbox is destroyed (daemon default: 300).
