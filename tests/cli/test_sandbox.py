@@ -57,6 +57,12 @@ def test_unknown_ids_say_so(hx):
         assert f"no sandbox {ghost}" in p.stderr and "sandbox ls" in p.stderr, p.stderr
     p = hx("sandbox", "get", "snap_0000000000000000")
     assert p.returncode == 1 and "is not a sandbox id" in p.stderr
+    # A bad id among good ones: the good ones still go, the status says not all did.
+    good = hx.create()
+    p = hx("sandbox", "kill", ghost, "bogus", good)
+    assert p.returncode == 1 and p.stdout.split() == [good], p
+    assert "bogus" in p.stderr and ghost in p.stderr
+    assert hx.live() == []
 
 
 def test_bad_arguments(hx):

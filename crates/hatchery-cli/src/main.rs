@@ -82,8 +82,9 @@ async fn main() {
         // Like other Unix tools, end quietly when a reader goes away
         // (`hatchery sandbox ls | head -1`) instead of panicking in println!.
         // `run` keeps ignoring SIGPIPE: it must live to destroy its sandbox.
-        // SAFETY: no other thread exists yet that could be relying on the
-        // disposition, and SIG_DFL is a valid handler for SIGPIPE.
+        // SAFETY: signal(2) with SIG_DFL has no memory-safety preconditions;
+        // it only changes the process-wide disposition, and nothing here
+        // (the runtime's idle workers included) relies on SIGPIPE being ignored.
         unsafe {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }

@@ -2,7 +2,7 @@
 //! local path or `-` (stdin/stdout). Bytes are copied as they are.
 
 use crate::client::{api_code, query_path, Api};
-use crate::commands::sandbox::{get, split_remote};
+use crate::commands::sandbox::get;
 use anyhow::{bail, Context};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -89,4 +89,10 @@ fn download(api: &Api, id: &str, path: &str, dst: &str) -> anyhow::Result<()> {
         target = target.join(name);
     }
     std::fs::write(&target, &data).with_context(|| format!("writing {}", target.display()))
+}
+
+/// Reads `ID:/path`; None when the argument is a local path.
+fn split_remote(arg: &str) -> Option<(&str, &str)> {
+    let (id, path) = arg.split_once(':')?;
+    (id.starts_with("sbx_") && !id.contains('/')).then_some((id, path))
 }

@@ -134,7 +134,11 @@ pub fn run(api: &Api, cmd: SandboxCmd) -> anyhow::Result<i32> {
             // Delete answers 204 for anything; look first so a typo is an error.
             let mut missing = Vec::new();
             for id in &ids {
-                check_id(id, "sbx_")?;
+                if let Err(e) = check_id(id, "sbx_") {
+                    eprintln!("hatchery: {e}");
+                    missing.push(id.clone());
+                    continue;
+                }
                 match api.get(&format!("/v1/sandboxes/{id}")) {
                     Ok(_) => {
                         api.delete(&format!("/v1/sandboxes/{id}"))?;
@@ -227,10 +231,4 @@ fn print_table(list: &Value) {
         ],
         &rows,
     );
-}
-
-/// Reads `ID:/path`; None when the argument is a local path.
-pub fn split_remote(arg: &str) -> Option<(&str, &str)> {
-    let (id, path) = arg.split_once(':')?;
-    (id.starts_with("sbx_") && !id.contains('/')).then_some((id, path))
 }

@@ -129,13 +129,18 @@ pub fn run(api: &Api, cmd: SnapshotCmd) -> anyhow::Result<i32> {
             let mut missing = false;
             for id in &ids {
                 // Delete answers 204 for anything; look first so a typo is an error.
-                match get(api, id) {
+                if let Err(e) = check_id(id, "snap_") {
+                    eprintln!("hatchery: {e}");
+                    missing = true;
+                    continue;
+                }
+                match api.get(&format!("/v1/snapshots/{id}")) {
                     Ok(_) => {
                         api.delete(&format!("/v1/snapshots/{id}"))?;
                         println!("{id}");
                     }
-                    Err(e) if e.to_string().starts_with(NO_SNAPSHOT) => {
-                        eprintln!("hatchery: {e}");
+                    Err(e) if api_code(&e) == Some("snapshot_not_found") => {
+                        eprintln!("hatchery: {}", snap_not_found(e, id));
                         missing = true;
                     }
                     Err(e) => return Err(e),
@@ -149,8 +154,6 @@ pub fn run(api: &Api, cmd: SnapshotCmd) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-const NO_SNAPSHOT: &str = "no snapshot";
-
 fn get(api: &Api, id: &str) -> anyhow::Result<Value> {
     check_id(id, "snap_")?;
     api.get(&format!("/v1/snapshots/{id}"))
@@ -160,7 +163,7 @@ fn get(api: &Api, id: &str) -> anyhow::Result<Value> {
 fn snap_not_found(e: anyhow::Error, id: &str) -> anyhow::Error {
     match api_code(&e) {
         Some("snapshot_not_found") => anyhow::anyhow!(
-            "{NO_SNAPSHOT} {id}: it does not exist, was deleted or expired (see `hatchery snapshot ls`)"
+            "no snapshot {id}: it does not exist, was deleted or expired (see `hatchery snapshot ls`)"
         ),
         _ => e,
     }
