@@ -55,7 +55,8 @@ def test_wrong_key(hx):
 
 
 def test_usage_errors_and_help():
-    for args in (["nope"], ["sandbox"], ["exec"], ["cp", "only-one"], ["snapshot", "fork"], []):
+    for args in (["nope"], ["sandbox"], ["exec"], ["cp", "only-one"], ["snapshot", "fork"], [],
+                 ["network", "set", "sbx_0000000000000000", "--policy", "{}", "--egress", "allow"]):
         p = run(args)
         assert p.returncode == 2, (args, p)
     p = run(["--help"])

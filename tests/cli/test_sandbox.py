@@ -76,6 +76,8 @@ def test_bad_arguments(hx):
     assert p.returncode == 2 and "invalid value" in p.stderr
     p = hx("sandbox", "kill")
     assert p.returncode == 2
+    p = hx("sandbox", "kill", "-m", "a=b", "sbx_0000000000000000")
+    assert p.returncode == 1 and "only together with --all" in p.stderr
     p = hx("sandbox", "explode")
     assert p.returncode == 2 and "unrecognized subcommand" in p.stderr
     assert hx.live() == []

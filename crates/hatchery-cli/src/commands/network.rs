@@ -33,7 +33,7 @@ pub enum NetworkCmd {
         #[arg(long, value_name = "RULE")]
         deny: Vec<String>,
         /// The whole policy as JSON text or @FILE instead of the flags above.
-        #[arg(long, value_name = "JSON|@FILE", conflicts_with_all = ["allow", "deny"])]
+        #[arg(long, value_name = "JSON|@FILE", conflicts_with_all = ["allow", "deny", "egress"])]
         policy: Option<String>,
         #[arg(long)]
         json: bool,

@@ -120,6 +120,9 @@ pub fn run(api: &Api, cmd: SandboxCmd) -> anyhow::Result<i32> {
             }
         }
         SandboxCmd::Kill { ids, all, metadata } => {
+            if !all && !metadata.is_empty() {
+                bail!("--metadata selects sandboxes only together with --all");
+            }
             let ids = if all {
                 let list = api.get(&format!("/v1/sandboxes{}", metadata_query(&metadata)?))?;
                 list["sandboxes"]
