@@ -1,6 +1,7 @@
 """`hatchery cp`: both directions, binary content, directories as targets,
 stdin/stdout, and the mistakes people make."""
 
+import hashlib
 import os
 
 
@@ -11,7 +12,6 @@ def test_binary_round_trip_both_ways(hx, sbx, tmp_path):
     hx("cp", str(src), f"{sbx}:/workspace/in/blob.bin", check=0)
     # The bytes arrived intact: check inside the sandbox, too.
     digest = hx("exec", sbx, "--", "sha256sum /workspace/in/blob.bin", check=0).stdout.split()[0]
-    import hashlib
     assert digest == hashlib.sha256(data).hexdigest()
     back = tmp_path / "back.bin"
     hx("cp", f"{sbx}:/workspace/in/blob.bin", str(back), check=0)
