@@ -1,15 +1,17 @@
-//! `hatchery`: the command line. `serve` runs the daemon; `template build`
-//! builds a template through the daemon with a progress bar; `template
-//! build-local` builds a template's root filesystem on this host without a
-//! daemon (how `make run` makes the default template). The other client
-//! commands (sandbox, exec, cp, snapshot) are tracked separately.
+//! `hatchery`: the command line. `serve` runs the daemon; every other
+//! subcommand is a client of a running daemon (sandbox, exec, cp, shell, run,
+//! snapshot, template, network), except `template build-local`, which builds
+//! a template's root filesystem on this host (how `make run` makes the
+//! default template).
 
+mod cleanup;
 mod client;
+mod commands;
+mod output;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
-use hatchery_templates::{build_rootfs, default_mirror, TemplateSpec, Templates};
-use std::path::PathBuf;
+use client::{Api, EXIT_HATCHERY};
+use commands::{exec, network, run, sandbox, snapshot, template};
 
 #[derive(Parser)]
 #[command(
@@ -18,99 +20,120 @@ use std::path::PathBuf;
     version
 )]
 struct Cli {
+    #[command(flatten)]
+    api: Api,
     #[command(subcommand)]
     cmd: Cmd,
 }
+
+const EXIT_CODES: &str = "Exit status: the command's own; 128+N when signal N killed it; \
+124 when the timeout killed it; 125 when hatchery itself failed (daemon unreachable, unknown \
+sandbox, invalid request).";
 
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the daemon in the foreground (same as `hatcheryd`).
     Serve(hatcheryd::DaemonArgs),
+    /// Create, list, inspect, extend and destroy sandboxes.
+    #[command(subcommand, alias = "sandboxes")]
+    Sandbox(sandbox::SandboxCmd),
+    /// Run a command in a sandbox, streaming its output; exits with its status.
+    #[command(after_help = EXIT_CODES)]
+    Exec(exec::ExecArgs),
+    /// Copy a file between here and a sandbox: `hatchery cp main.py ID:/workspace/`.
+    Cp {
+        /// Local path, `-` (stdin) or ID:/path.
+        src: String,
+        /// Local path, `-` (stdout) or ID:/path.
+        dst: String,
+    },
+    /// A line-based shell in a sandbox (no PTY yet).
+    Shell {
+        id: String,
+        /// Starting directory.
+        #[arg(long, default_value = "/")]
+        cwd: String,
+    },
+    /// Run a local file in a fresh sandbox, print its output, destroy the sandbox.
+    #[command(after_help = EXIT_CODES)]
+    Run(run::RunArgs),
+    /// Snapshots of running sandboxes, and forks from them.
+    #[command(subcommand, alias = "snapshots")]
+    Snapshot(snapshot::SnapshotCmd),
     /// Templates.
+    #[command(subcommand, alias = "templates")]
+    Template(template::TemplateCmd),
+    /// A sandbox's network egress policy.
     #[command(subcommand)]
-    Template(TemplateCmd),
-}
-
-#[derive(Subcommand)]
-enum TemplateCmd {
-    /// Build (or rebuild) a template on the daemon from a spec file,
-    /// showing progress until it is done.
-    Build {
-        /// Template spec (JSON, the body of POST /v1/templates).
-        spec: PathBuf,
-        #[command(flatten)]
-        api: client::Api,
-    },
-    /// Build a template's rootfs from a spec file and make it current, on
-    /// this host, as root. The daemon bakes its checkpoint (files, setup,
-    /// warm-up) on first use. Does nothing if that version is already
-    /// current.
-    BuildLocal {
-        #[arg(
-            long,
-            env = "HATCHERY_TEMPLATES_DIR",
-            default_value = "/var/lib/hatchery/templates"
-        )]
-        templates_dir: PathBuf,
-        /// Template spec (JSON, the body of POST /v1/templates).
-        spec: PathBuf,
-    },
+    Network(network::NetworkCmd),
 }
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    match Cli::parse().cmd {
+async fn main() {
+    let cli = Cli::parse();
+    let api = cli.api;
+    // exec and run share their exit status with the command they ran, so
+    // their own failures get a status of their own.
+    let fail = match cli.cmd {
+        Cmd::Exec(_) | Cmd::Run(_) => EXIT_HATCHERY,
+        _ => 1,
+    };
+    if !matches!(cli.cmd, Cmd::Serve(_) | Cmd::Run(_)) {
+        // Like other Unix tools, end quietly when a reader goes away
+        // (`hatchery sandbox ls | head -1`) instead of panicking in println!.
+        // `run` keeps ignoring SIGPIPE: it must live to destroy its sandbox.
+        // SAFETY: signal(2) with SIG_DFL has no memory-safety preconditions;
+        // it only changes the process-wide disposition, and nothing here
+        // (the runtime's idle workers included) relies on SIGPIPE being ignored.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
+    let result = match cli.cmd {
         Cmd::Serve(args) => {
             hatcheryd::init_logging(args.log_json);
-            hatcheryd::run(args).await?;
+            hatcheryd::run(args)
+                .await
+                .map(|_| 0)
+                .map_err(anyhow::Error::from)
         }
-        Cmd::Template(TemplateCmd::BuildLocal {
-            templates_dir,
-            spec,
-        }) => build_local(&templates_dir, &spec)?,
-        // Blocking HTTP is fine here: the CLI does one thing at a time.
-        Cmd::Template(TemplateCmd::Build { spec, api }) => {
-            tokio::task::spawn_blocking(move || client::template_build(&api, &spec)).await??
+        Cmd::Run(args) => {
+            match cleanup::on_signals() {
+                Ok(watch) => drop(tokio::spawn(watch)),
+                Err(e) => eprintln!("hatchery: cannot watch signals: {e}"),
+            }
+            blocking(move || run::run(&api, args)).await
+        }
+        // Blocking HTTP is fine for the rest: the CLI does one thing at a time.
+        cmd => blocking(move || client_cmd(&api, cmd)).await,
+    };
+    if cleanup::interrupted() {
+        // The signal handler is destroying our sandbox and exits with
+        // 128 + N; the error its deletion caused here is not the story.
+        tokio::time::sleep(std::time::Duration::from_secs(120)).await;
+    }
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("hatchery: {e:#}");
+            std::process::exit(fail);
         }
     }
-    Ok(())
 }
 
-fn build_local(dir: &std::path::Path, spec_path: &std::path::Path) -> anyhow::Result<()> {
-    let raw =
-        std::fs::read(spec_path).with_context(|| format!("reading {}", spec_path.display()))?;
-    let spec: TemplateSpec =
-        serde_json::from_slice(&raw).with_context(|| format!("parsing {}", spec_path.display()))?;
-    spec.validate()?;
-    let templates = Templates::new(dir);
-    if templates
-        .get(&spec.name)
-        .is_ok_and(|t| t.version == spec.version())
-    {
-        return Ok(());
+async fn blocking(f: impl FnOnce() -> anyhow::Result<i32> + Send + 'static) -> anyhow::Result<i32> {
+    tokio::task::spawn_blocking(f).await?
+}
+
+fn client_cmd(api: &Api, cmd: Cmd) -> anyhow::Result<i32> {
+    match cmd {
+        Cmd::Sandbox(c) => sandbox::run(api, c),
+        Cmd::Exec(a) => exec::run(api, a),
+        Cmd::Cp { src, dst } => commands::cp::run(api, &src, &dst),
+        Cmd::Shell { id, cwd } => commands::shell::run(api, &id, cwd),
+        Cmd::Snapshot(c) => snapshot::run(api, c),
+        Cmd::Template(c) => template::run(api, c),
+        Cmd::Network(c) => network::run(api, c),
+        Cmd::Serve(_) | Cmd::Run(_) => unreachable!("handled in main"),
     }
-    // Layout of the first releases: a bare rootfs/ and template.json.
-    let legacy = dir.join(&spec.name);
-    let _ = std::fs::remove_dir_all(legacy.join("rootfs"));
-    let _ = std::fs::remove_file(legacy.join("template.json"));
-    let dest = templates.rootfs_dir(&spec);
-    eprintln!(
-        "hatchery: building template {} ({}) in {} (debootstrap, about a minute)",
-        spec.name,
-        spec.version(),
-        dest.display()
-    );
-    let mut n: u32 = 0;
-    build_rootfs(&spec, &dest, &default_mirror(), &mut |line| {
-        n += 1;
-        if n.is_multiple_of(25) || line.starts_with("E:") {
-            eprintln!("  {line}");
-        }
-    })?;
-    let t = templates.activate(&spec)?;
-    eprintln!(
-        "hatchery: template {} version {} is current",
-        t.spec.name, t.version
-    );
-    Ok(())
 }

@@ -1,0 +1,145 @@
+//! `hatchery exec ID -- CMD...`: runs a command over the daemon's streaming
+//! exec, writing its stdout and stderr to ours as they arrive, and exits with
+//! the command's status.
+
+use crate::client::{event_error, Api, EXIT_TIMEOUT};
+use crate::commands::sandbox::{check_id, not_found};
+use crate::output::{self, kv_map};
+use anyhow::{bail, Context};
+use clap::Args;
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+
+#[derive(Args)]
+pub struct ExecArgs {
+    /// Sandbox id.
+    pub id: String,
+    /// Working directory inside the sandbox (absolute).
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// KEY=VALUE for this command, repeatable.
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Seconds before the command is killed (daemon default 60, max 3600).
+    #[arg(long, short = 't')]
+    pub timeout: Option<u64>,
+    /// Send our stdin to the command (read to the end first; at most 1 MiB of UTF-8).
+    #[arg(long, short = 'i')]
+    pub stdin: bool,
+    /// Output kept per stream, in bytes (daemon default 1 MiB).
+    #[arg(long)]
+    pub max_output_bytes: Option<u64>,
+    /// Wait for the end and print the whole result object as JSON instead of streaming.
+    #[arg(long)]
+    pub json: bool,
+    /// The command. One argument runs through `/bin/sh -c`; several run as
+    /// an argv without a shell.
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, num_args = 1..)]
+    pub cmd: Vec<String>,
+}
+
+pub fn run(api: &Api, a: ExecArgs) -> anyhow::Result<i32> {
+    check_id(&a.id, "sbx_")?;
+    let mut body = json!({ "env": kv_map(&a.env, "--env")? });
+    if let [one] = a.cmd.as_slice() {
+        body["cmd"] = one.as_str().into();
+    } else {
+        body["argv"] = json!(a.cmd);
+    }
+    if let Some(c) = a.cwd {
+        body["cwd"] = c.into();
+    }
+    if let Some(t) = a.timeout {
+        body["timeout_seconds"] = t.into();
+    }
+    if let Some(m) = a.max_output_bytes {
+        body["max_output_bytes"] = m.into();
+    }
+    if a.stdin {
+        let mut buf = Vec::new();
+        std::io::stdin().read_to_end(&mut buf)?;
+        body["stdin"] = String::from_utf8(buf)
+            .context("--stdin takes UTF-8 text; copy binary input in with `hatchery cp`")?
+            .into();
+    }
+    if a.json {
+        let out = api
+            .send("POST", &format!("/v1/sandboxes/{}/exec", a.id), &body)
+            .map_err(|e| not_found(e, &a.id))?;
+        output::json(&out);
+        return Ok(status(&out, false));
+    }
+    let exit = stream(api, &a.id, &body, &mut |is_err, chunk| {
+        write_chunk(is_err, chunk);
+    })?;
+    Ok(status(&exit, true))
+}
+
+/// Writes a chunk to stdout or stderr right away, so output interleaves as
+/// it was produced.
+pub fn write_chunk(is_err: bool, chunk: &str) {
+    // A closed pipe (`| head`) is not worth a panic.
+    let _ = if is_err {
+        let mut e = std::io::stderr().lock();
+        e.write_all(chunk.as_bytes()).and_then(|_| e.flush())
+    } else {
+        let mut o = std::io::stdout().lock();
+        o.write_all(chunk.as_bytes()).and_then(|_| o.flush())
+    };
+}
+
+/// Runs exec/stream, handing each output chunk to `sink` (true = stderr);
+/// returns the `exit` event's object.
+pub fn stream(
+    api: &Api,
+    id: &str,
+    body: &Value,
+    sink: &mut dyn FnMut(bool, &str),
+) -> anyhow::Result<Value> {
+    let events = api
+        .events(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec/stream"),
+            Some(body),
+        )
+        .map_err(|e| not_found(e, id))?;
+    for ev in events {
+        let ev = ev?;
+        match ev.name.as_str() {
+            "stdout" | "stderr" => {
+                sink(ev.name == "stderr", ev.data["data"].as_str().unwrap_or(""))
+            }
+            "exit" => return Ok(ev.data),
+            "error" => return Err(not_found(event_error(&ev.data), id)),
+            _ => {}
+        }
+    }
+    bail!("the daemon closed the exec stream before the command ended")
+}
+
+/// Our exit status for an exec result, with a note on stderr for what the
+/// status alone does not say.
+pub fn status(exit: &Value, notes: bool) -> i32 {
+    let note = |m: String| {
+        if notes {
+            eprintln!("hatchery: {m}");
+        }
+    };
+    if exit["truncated"] == true {
+        note("output truncated at --max-output-bytes (per stream)".into());
+    }
+    if exit["oom_killed"] == true {
+        note("the sandbox ran out of memory during this command (OOM kill)".into());
+    }
+    if exit["timed_out"] == true {
+        note(format!(
+            "command timed out after {} ms and was killed (exit {EXIT_TIMEOUT})",
+            exit["duration_ms"]
+        ));
+        return EXIT_TIMEOUT;
+    }
+    match exit["exit_code"].as_i64() {
+        Some(c @ 0..=255) => c as i32,
+        _ => 255,
+    }
+}

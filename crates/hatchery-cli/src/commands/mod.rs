@@ -1,0 +1,10 @@
+//! One module per subcommand group.
+
+pub mod cp;
+pub mod exec;
+pub mod network;
+pub mod run;
+pub mod sandbox;
+pub mod shell;
+pub mod snapshot;
+pub mod template;
