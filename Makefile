@@ -9,7 +9,7 @@ LISTEN ?= 127.0.0.1:7423
 PYTEST := /usr/bin/python3 -m pytest
 BIN := target/release
 
-.PHONY: setup build template run test unit lint integration cli-test cli-network-test bench clean-state
+.PHONY: setup build template run test unit lint integration cli-test bench clean-state
 
 setup:
 	bash scripts/setup-host.sh
@@ -34,15 +34,10 @@ integration: build template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/integration
 
-# The `hatchery` binary end to end, against a daemon the tests start. The
-# `network` group needs the network policy API: cli-network-test runs it.
+# The `hatchery` binary end to end, against a daemon the tests start.
 cli-test: build template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
-	  $(PYTEST) -q -p no:cacheprovider -m "not network" tests/cli
-
-cli-network-test: build template
-	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
-	  $(PYTEST) -q -p no:cacheprovider -m network tests/cli
+	  $(PYTEST) -q -p no:cacheprovider tests/cli
 
 test: build template lint unit integration cli-test
 

@@ -46,5 +46,4 @@ def sbx(hx):
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "network: needs the network policy API (GET/PUT /v1/sandboxes/{id}/network); "
-        "`make cli-network-test` runs these")
+        "markers", "network: the network policy subcommands")

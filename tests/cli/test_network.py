@@ -1,8 +1,5 @@
 """`hatchery network get|set|events`, and --network on create and fork.
-
-This group needs the network policy API, which is not in every daemon yet:
-`make cli-test` leaves it out (-m "not network"), `make cli-network-test`
-runs it."""
+Run with the rest of tests/cli (`pytest -m network` selects just these)."""
 
 import json
 import time
