@@ -27,7 +27,11 @@ class Response:
         self.body = body
 
     def json(self) -> Any:
-        return jsonlib.loads(self.body)
+        try:
+            return jsonlib.loads(self.body)
+        except ValueError as e:
+            raise errors.HatcheryError(f"answer is not valid JSON ({e}): {self.body[:200]!r}",
+                                       status=self.status) from e
 
 
 def _retry_after(headers: Dict[str, str]) -> Optional[float]:
