@@ -210,6 +210,17 @@ export class Sandbox {
 
   static connect = Sandbox.get;
 
+  /** Creates a sandbox, runs `fn` with it and kills it afterwards, also when
+   * `fn` throws: the try/finally of the README, in one call. */
+  static async use<T>(opts: CreateSandboxOptions & WithClient, fn: (sbx: Sandbox) => Promise<T>): Promise<T> {
+    const sbx = await Sandbox.create(opts);
+    try {
+      return await fn(sbx);
+    } finally {
+      await sbx.kill();
+    }
+  }
+
   static async list(opts: { metadata?: Record<string, string> } & WithClient = {}): Promise<Sandbox[]> {
     const client = opts.client ?? getDefaultClient();
     const r = await client.json<wire.SandboxList>("GET /v1/sandboxes", {}, { query: metadataQuery(opts.metadata) });
