@@ -27,6 +27,8 @@ command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v sqlite3 >/dev/null 2>&1 || missing+=(sqlite3)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 /usr/bin/python3 -c 'import pytest' >/dev/null 2>&1 || missing+=(python3-pytest)
+# The Python SDK suite installs the package into a venv (make sdk-python-test).
+/usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
 
 if runsc_ok && [ ${#missing[@]} -eq 0 ]; then
   exit 0

@@ -120,3 +120,11 @@ def test_connection_reuse(client, sbx):
 def test_module_exports():
     for name in hatchery.__all__:
         assert hasattr(hatchery, name), name
+
+
+def test_installed_package_is_under_test():
+    """Under `make sdk-python-test` the suite must exercise the
+    pip-installed package, not the source tree."""
+    import os
+    if os.environ.get("HATCHERY_SDK_INSTALLED"):
+        assert "site-packages" in hatchery.__file__, hatchery.__file__
