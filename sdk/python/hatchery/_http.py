@@ -219,7 +219,8 @@ class SSE:
         self.closed = False
 
     def __iter__(self) -> Iterator[Tuple[str, Any]]:
-        event, data = None, []
+        event: Optional[str] = None
+        data: List[str] = []
         try:
             while True:
                 line = self._resp.readline()

@@ -48,6 +48,7 @@ class AsyncExecStream:
         item = await _run(_next, self._s)
         if item is _DONE:
             raise StopAsyncIteration
+        assert isinstance(item, OutputChunk)
         return item
 
     async def wait(self) -> ExecResult:

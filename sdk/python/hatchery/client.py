@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
 from . import errors
 from ._config import resolve_key, resolve_url
-from ._http import SSE, Transport, metadata_query, path
+from ._http import SSE, Response, Transport, metadata_query, path
 from .models import (BuildAccepted, BuildEvent, ExecResult, FileEntry, NetworkEvent, NetworkPolicy, OutputChunk,
                      PolicyLike, SandboxInfo, SnapshotInfo, TemplateInfo, policy_dict)
 
@@ -67,7 +67,7 @@ class Client:
         self.transport = Transport(self.url, resolve_key(api_key, self.url, key_file), timeout=timeout,
                                    max_retries=max_retries)
 
-    def call(self, method: str, route: str, *, params: Optional[Dict[str, str]] = None, **kw: Any):
+    def call(self, method: str, route: str, *, params: Optional[Dict[str, str]] = None, **kw: Any) -> Response:
         assert (method, route) in ROUTES, (method, route)
         if method in ("GET", "PUT", "DELETE", "PATCH"):
             kw.setdefault("idempotent", True)
@@ -78,13 +78,15 @@ class Client:
         return self.transport.stream(method, path(route, **(params or {})), **kw)
 
     def health(self) -> Dict[str, Any]:
-        return self.call("GET", "/healthz").json()
+        h: Dict[str, Any] = self.call("GET", "/healthz").json()
+        return h
 
     def metrics(self) -> str:
         return self.call("GET", "/metrics").body.decode()
 
     def openapi(self) -> Dict[str, Any]:
-        return self.call("GET", "/openapi.json").json()
+        doc: Dict[str, Any] = self.call("GET", "/openapi.json").json()
+        return doc
 
     def close(self) -> None:
         self.transport.close()
@@ -196,7 +198,7 @@ class Filesystem:
     def __init__(self, sandbox: "Sandbox"):
         self._s = sandbox
 
-    def _call(self, method: str, route: str, p: str, **kw: Any):
+    def _call(self, method: str, route: str, p: str, **kw: Any) -> Response:
         return self._s._client.call(method, route, params={"id": self._s.id}, query={"path": p}, **kw)
 
     def write(self, path: str, data: Union[str, bytes]) -> None:

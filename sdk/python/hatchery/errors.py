@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 
 class HatcheryError(Exception):
@@ -88,7 +88,7 @@ def error_for(status: int, code: Optional[str], message: str, retry_after: Optio
     return cls(message, status=status, code=code, retry_after=retry_after)
 
 
-def error_from_event(payload: dict, status: Optional[int] = None) -> HatcheryError:
+def error_from_event(payload: Any, status: Optional[int] = None) -> HatcheryError:
     """An ``error`` event of a stream: ``{"error": {"code", "message"}}``."""
     err = (payload or {}).get("error") or {}
     code = err.get("code")

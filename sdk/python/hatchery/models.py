@@ -7,13 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Optional, Type, TypeVar, Union
 
-T = TypeVar("T")
+T = TypeVar("T", bound=Any)
 
 
 def _from(cls: Type[T], d: Dict[str, Any]) -> T:
     names = {f.name for f in fields(cls)} - {"extra"}
-    obj = cls(**{k: v for k, v in d.items() if k in names})  # type: ignore[call-arg]
-    obj.extra = {k: v for k, v in d.items() if k not in names}  # type: ignore[attr-defined]
+    obj: T = cls(**{k: v for k, v in d.items() if k in names})
+    setattr(obj, "extra", {k: v for k, v in d.items() if k not in names})
     return obj
 
 
