@@ -26,6 +26,7 @@ command -v nft >/dev/null 2>&1 || missing+=(nftables)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v sqlite3 >/dev/null 2>&1 || missing+=(sqlite3)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
+command -v conntrack >/dev/null 2>&1 || missing+=(conntrack)
 /usr/bin/python3 -c 'import pytest' >/dev/null 2>&1 || missing+=(python3-pytest)
 # The Python SDK suite installs the package into a venv (make sdk-python-test).
 /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)

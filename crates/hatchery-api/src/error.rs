@@ -1,6 +1,7 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use hatchery_core::CoreError;
+use hatchery_net::NetError;
 use hatchery_runtime::RuntimeError;
 use hatchery_templates::TemplateError;
 use serde::Serialize;
@@ -94,6 +95,16 @@ impl From<CoreError> for ApiError {
             CoreError::Runtime(_) => (S::SERVICE_UNAVAILABLE, "runtime_error"),
             CoreError::SnapshotNotFound(_) => (S::NOT_FOUND, "snapshot_not_found"),
             CoreError::SnapshotCorrupt(_) => (S::UNPROCESSABLE_ENTITY, "snapshot_corrupt"),
+            CoreError::Network(n) => match n {
+                NetError::Invalid(_) | NetError::Resolve(..) => {
+                    (S::BAD_REQUEST, "invalid_network_policy")
+                }
+                NetError::Exhausted(_) => (S::SERVICE_UNAVAILABLE, "network_exhausted"),
+                NetError::Busy(_) => (S::CONFLICT, "conflict"),
+                NetError::Command(_) | NetError::Io(_) => {
+                    (S::INTERNAL_SERVER_ERROR, "network_error")
+                }
+            },
             CoreError::Store(_) | CoreError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "internal"),
         };
         // Only daemon-side faults: guest-triggered ones (504) are logged,

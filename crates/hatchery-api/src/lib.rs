@@ -8,6 +8,7 @@ mod auth;
 mod error;
 mod extract;
 pub mod models;
+pub mod network;
 pub mod openapi;
 mod routes;
 
@@ -49,6 +50,14 @@ pub fn router(state: AppState) -> Router {
                 .layer(DefaultBodyLimit::max(file_limit)),
         )
         .route("/sandboxes/{id}/files/list", get(routes::files::list))
+        .route(
+            "/sandboxes/{id}/network",
+            get(routes::network::get).put(routes::network::put),
+        )
+        .route(
+            "/sandboxes/{id}/network/events",
+            get(routes::network::events),
+        )
         .route("/sandboxes/{id}/exec", post(routes::exec::exec))
         .route(
             "/sandboxes/{id}/exec/stream",

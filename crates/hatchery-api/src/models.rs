@@ -21,6 +21,8 @@ pub struct CreateSandbox {
     /// Environment for every command run in the sandbox.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Egress policy; default `{"egress":"deny"}`: nothing leaves.
+    pub network: Option<crate::network::NetworkPolicy>,
 }
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -113,9 +115,9 @@ pub struct ForkBody {
     pub ttl_seconds: Option<i64>,
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
-    /// Network policy for the forks. Sandboxes have no network yet, so only
-    /// the default `{"egress": "deny"}` (or omitting it) is accepted.
-    pub network: Option<serde_json::Value>,
+    /// Egress policy of every fork; default deny-all (a fork does not
+    /// inherit its source's policy).
+    pub network: Option<crate::network::NetworkPolicy>,
     /// How many forks (default 1).
     pub count: Option<i64>,
 }
@@ -224,7 +226,7 @@ pub struct CreateTemplate {
     pub memory_mb: Option<u64>,
     pub pids_max: Option<u32>,
     pub disk_mb: Option<u64>,
-    /// Network policy during the build. Sandboxes have no network yet, so
+    /// Network policy during the build. Builds run offline, so
     /// only `{"egress": "deny"}` (or omitting it) is accepted; packages come
     /// from the host's Debian mirror at rootfs build time.
     pub network: Option<serde_json::Value>,
@@ -248,8 +250,9 @@ impl CreateTemplate {
     }
 }
 
-/// Sandboxes have no network until egress policy lands: a policy other
-/// than default-deny cannot be honoured, so it is refused, not ignored.
+/// Template builds run their setup offline (packages come from the
+/// host-side rootfs build): a policy other than default-deny cannot be
+/// honoured, so it is refused, not ignored.
 pub fn deny_only_network(net: Option<&serde_json::Value>) -> Result<(), ApiError> {
     let Some(net) = net else { return Ok(()) };
     let deny_only = net.as_object().is_some_and(|o| {
@@ -264,7 +267,7 @@ pub fn deny_only_network(net: Option<&serde_json::Value>) -> Result<(), ApiError
         Ok(())
     } else {
         Err(ApiError::bad_request(
-            "sandboxes have no network yet; only {\"egress\":\"deny\"} is accepted",
+            "template builds run offline; only {\"network\":{\"egress\":\"deny\"}} is accepted",
         ))
     }
 }

@@ -4,6 +4,7 @@
 
 use crate::error::{ErrorBody, ErrorDetail};
 use crate::models::*;
+use crate::network::*;
 use crate::routes;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -20,12 +21,14 @@ use utoipa::{Modify, OpenApi};
         routes::snapshots::delete, routes::snapshots::fork,
         routes::templates::create, routes::templates::list, routes::templates::get,
         routes::templates::delete, routes::templates::events,
+        routes::network::get, routes::network::put, routes::network::events,
         routes::meta::healthz, routes::meta::metrics,
     ),
     components(schemas(CreateSandbox, PatchSandbox, Sandbox, SandboxList, ExecBody, ExecResponse, OutputChunk,
                        FileEntry, FileList, ErrorBody, ErrorDetail,
                        CreateSnapshot, Snapshot, SnapshotList, ForkBody,
-                       CreateTemplate, TemplateInfo, TemplateList, BuildAccepted)),
+                       CreateTemplate, TemplateInfo, TemplateList, BuildAccepted,
+                       NetworkPolicy, NetworkRule, EgressMode, EgressEventBody, EgressEventList)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]

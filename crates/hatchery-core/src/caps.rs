@@ -25,6 +25,8 @@ pub struct Caps {
     pub default_retention_s: u64,
     pub max_retention_s: u64,
     pub max_fork_count: usize,
+    /// Rules per list and ports per rule of a network policy.
+    pub net_limits: hatchery_net::PolicyLimits,
 }
 
 /// `v` if it is in 1..=max: the core's own check of every bound, whatever
@@ -73,6 +75,7 @@ impl Default for Caps {
             default_retention_s: 7 * 24 * 3600,
             max_retention_s: 90 * 24 * 3600,
             max_fork_count: 16,
+            net_limits: Default::default(),
         }
     }
 }

@@ -31,6 +31,8 @@ pub enum CoreError {
     SnapshotNotFound(String),
     #[error("{0}")]
     SnapshotCorrupt(String),
+    #[error(transparent)]
+    Network(#[from] hatchery_net::NetError),
     #[error("state store: {0}")]
     Store(#[from] rusqlite::Error),
     #[error("internal: {0}")]

@@ -12,6 +12,7 @@ pub mod files;
 mod ids;
 mod manager;
 pub mod metrics;
+mod network;
 pub mod pool;
 pub mod ratelimit;
 pub mod snapshots;
@@ -25,6 +26,7 @@ mod time_util;
 
 pub use caps::{within, Caps};
 pub use error::CoreError;
+pub use hatchery_net::{EgressEvent, Policy as NetworkPolicy};
 pub use ids::new_sandbox_id;
 pub use manager::{CreateRequest, ImageConfig, Manager, SandboxInfo};
 pub use pool::PoolConfig;

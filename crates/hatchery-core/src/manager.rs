@@ -22,6 +22,8 @@ pub struct CreateRequest {
     pub ttl_seconds: Option<u64>,
     pub metadata: BTreeMap<String, String>,
     pub env: BTreeMap<String, String>,
+    /// Egress policy; `None` is the default, deny-all.
+    pub network: Option<hatchery_net::Policy>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -82,6 +84,8 @@ pub struct Manager {
     pub(crate) filling: tokio::sync::Mutex<()>,
     /// Host teardowns running in the background.
     pub(crate) teardowns: Arc<std::sync::atomic::AtomicUsize>,
+    /// Network slots and policies; `None` when networking is off.
+    pub(crate) net: Option<Arc<hatchery_net::Network>>,
 }
 
 /// Where checkpoint images live and how big the warm pool may get.
@@ -99,9 +103,11 @@ impl Manager {
         runtime: Arc<dyn Runtime>,
         templates: Templates,
         images: ImageConfig,
+        net: Option<Arc<hatchery_net::Network>>,
+        metrics: Metrics,
     ) -> Arc<Manager> {
-        let metrics = Metrics::new();
         Arc::new(Manager {
+            net,
             template_images: images.template_images,
             snapshots: images.snapshots,
             pool: WarmPool::new(images.pool, metrics.pool_ready.clone()),
@@ -129,7 +135,7 @@ impl Manager {
         &self.runtime
     }
 
-    fn live_get(&self, id: &str) -> Result<Arc<Live>, CoreError> {
+    pub(crate) fn live_get(&self, id: &str) -> Result<Arc<Live>, CoreError> {
         if let Some(l) = self.live.lock().unwrap_or_else(|p| p.into_inner()).get(id) {
             return Ok(Arc::clone(l));
         }
@@ -158,6 +164,9 @@ impl Manager {
         let template = self.templates.get(&req.template)?;
         let ttl = req.ttl_seconds.unwrap_or(self.caps.default_ttl_s);
         crate::within("ttl_seconds", ttl, self.caps.max_ttl_s)?;
+        if let Some(p) = &req.network {
+            self.check_policy(p)?;
+        }
         self.reserve()?;
         let res = self.create_reserved(req, template, ttl).await;
         self.unreserve();
@@ -175,6 +184,7 @@ impl Manager {
     ) -> Result<SandboxInfo, CoreError> {
         let started = Instant::now();
         let now = now_ms();
+        let policy = req.network.unwrap_or_default();
         let mut row = SandboxRow {
             id: new_sandbox_id(),
             template: template.spec.name.clone(),
@@ -186,7 +196,7 @@ impl Manager {
         };
         while let Some((id, client)) = self.pool.take(&template.spec.name) {
             row.id = id;
-            if let Some(info) = self.claim_pooled(&row, client, started).await {
+            if let Some(info) = self.claim_pooled(&row, &policy, client, started).await? {
                 return Ok(info);
             }
         }
@@ -198,7 +208,7 @@ impl Manager {
             self.spawn_bake(&template);
         }
         let mode = if image.is_some() { "restore" } else { "cold" };
-        self.boot_row(row, &template, image.as_deref(), mode, started)
+        self.boot_row(row, &policy, &template, image.as_deref(), mode, started)
             .await
     }
 
@@ -207,9 +217,18 @@ impl Manager {
     async fn claim_pooled(
         self: &Arc<Self>,
         row: &SandboxRow,
+        policy: &hatchery_net::Policy,
         client: Arc<AgentClient>,
         started: Instant,
-    ) -> Option<SandboxInfo> {
+    ) -> Result<Option<SandboxInfo>, CoreError> {
+        // Pooled sandboxes deny all egress; anything else is set before the
+        // caller can run a single command.
+        if *policy != hatchery_net::Policy::deny_all() {
+            if let Err(e) = self.set_slot_policy(&row.id, policy).await {
+                self.stop(&row.id, "pool_discard");
+                return Err(e);
+            }
+        }
         let ok = client.is_alive()
             && self.store.claim(&row.id, row).unwrap_or(false)
             && self
@@ -219,10 +238,10 @@ impl Manager {
                 .is_ok();
         if !ok {
             self.stop(&row.id, "pool_discard");
-            return None;
+            return Ok(None);
         }
         self.adopt(&row.id, client, row.env.clone());
-        Some(self.created(row.clone(), "pool", started))
+        Ok(Some(self.created(row.clone(), "pool", started)))
     }
 
     fn created(&self, row: SandboxRow, mode: &'static str, started: Instant) -> SandboxInfo {
@@ -244,12 +263,13 @@ impl Manager {
     pub(crate) async fn boot_row(
         self: &Arc<Self>,
         row: SandboxRow,
+        policy: &hatchery_net::Policy,
         template: &Template,
         image: Option<&Path>,
         mode: &'static str,
         started: Instant,
     ) -> Result<SandboxInfo, CoreError> {
-        let client = self.start_row(&row, template, image).await?;
+        let client = self.start_row(&row, policy, template, image).await?;
         self.store.set_running(&row.id)?;
         self.adopt(&row.id, client, row.env.clone());
         Ok(self.created(row, mode, started))
@@ -260,21 +280,31 @@ impl Manager {
     pub(crate) async fn start_row(
         &self,
         row: &SandboxRow,
+        policy: &hatchery_net::Policy,
         template: &Template,
         image: Option<&Path>,
     ) -> Result<Arc<AgentClient>, CoreError> {
         self.store.insert(row)?;
+        let netns = match self.claim_slot(&row.id, policy).await {
+            Ok(n) => n,
+            Err(e) => {
+                self.store.stop(&row.id, "create_failed", now_ms())?;
+                return Err(e);
+            }
+        };
         let spec = SandboxSpec {
             id: row.id.clone(),
             rootfs: template.rootfs.clone(),
             limits: template.limits(),
             expires_at_ms: row.expires_at_ms,
+            netns,
         };
         match self.boot(&spec, image, template).await {
             Ok(c) => Ok(c),
             Err(e) => {
                 tracing::warn!(sandbox = %row.id, error = %e, "create failed");
                 let _ = self.runtime.destroy(&row.id).await;
+                self.release_slot(&row.id).await;
                 self.store.stop(&row.id, "create_failed", now_ms())?;
                 Err(e)
             }
@@ -346,16 +376,17 @@ impl Manager {
             tracing::info!(sandbox = %id, reason, "sandbox stopped");
         }
         if was_live || was_pooled || changed {
-            let rt = Arc::clone(&self.runtime);
+            let me = Arc::clone(self);
             let id = id.to_string();
             // Counted, so that a graceful stop can wait for teardowns
             // instead of cutting them off halfway.
             let guard = TeardownGuard::new(&self.teardowns);
             tokio::spawn(async move {
                 let _guard = guard;
-                if let Err(e) = rt.destroy(&id).await {
+                if let Err(e) = me.runtime.destroy(&id).await {
                     tracing::warn!(sandbox = %id, error = %e, "teardown failed");
                 }
+                me.release_slot(&id).await;
             });
         }
     }

@@ -110,6 +110,28 @@ impl Metrics {
         m
     }
 
+    /// Registers and returns the network slot pool's metrics.
+    pub fn net_metrics(&self) -> hatchery_net::pool::Metrics {
+        let m = hatchery_net::pool::Metrics {
+            denied: IntCounter::new(
+                "hatchery_egress_denied_total",
+                "Denied egress attempts logged (rate-limited per sandbox)",
+            )
+            .unwrap(),
+            ready: IntGauge::new("hatchery_net_slots_ready", "Network slots made and waiting")
+                .unwrap(),
+            leased: IntGauge::new(
+                "hatchery_net_slots_leased",
+                "Network slots held by sandboxes",
+            )
+            .unwrap(),
+        };
+        self.registry.register(Box::new(m.denied.clone())).unwrap();
+        self.registry.register(Box::new(m.ready.clone())).unwrap();
+        self.registry.register(Box::new(m.leased.clone())).unwrap();
+        m
+    }
+
     pub fn render(&self) -> String {
         use prometheus::Encoder;
         let mut buf = Vec::new();

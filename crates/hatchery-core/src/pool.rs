@@ -144,7 +144,7 @@ impl Manager {
     /// running bakes finish, and pooled sandboxes are destroyed (a restart
     /// would discard them anyway; live sandboxes are left to their shims
     /// on purpose).
-    pub async fn shutdown(&self) {
+    pub async fn shutdown(self: &Arc<Self>) {
         self.closing.store(true, Ordering::SeqCst);
         let _no_refill = self.filling.lock().await;
         for _ in 0..300 {
@@ -164,6 +164,7 @@ impl Manager {
             if let Err(e) = self.runtime.destroy(&id).await {
                 tracing::warn!(sandbox = %id, error = %e, "could not destroy pooled sandbox");
             }
+            self.release_slot(&id).await;
         }
         // Deletes answered just before the stop are still tearing down.
         for _ in 0..300 {
@@ -172,6 +173,8 @@ impl Manager {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        let me = Arc::clone(self);
+        let _ = tokio::task::spawn_blocking(move || me.shutdown_network()).await;
     }
 
     /// Keeps every template's pool full, within the memory budget, and
@@ -231,7 +234,9 @@ impl Manager {
             metadata: BTreeMap::new(),
             env: BTreeMap::new(),
         };
-        let client = self.start_row(&row, template, Some(image)).await?;
+        let client = self
+            .start_row(&row, &Default::default(), template, Some(image))
+            .await?;
         self.store.set_state(&row.id, STATE_POOLED)?;
         self.pool.put(&template.spec.name, row.id, client);
         Ok(())

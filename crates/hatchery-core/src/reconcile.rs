@@ -48,6 +48,8 @@ impl Manager {
                 report.orphans_destroyed += 1;
             }
         }
+        // Only now, with every unknown sandbox gone, may their slots go.
+        self.reclaim_slots(&keep)?;
         tracing::info!(
             adopted = report.adopted,
             stopped = report.stopped,

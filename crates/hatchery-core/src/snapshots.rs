@@ -43,6 +43,8 @@ pub struct ForkRequest {
     pub ttl_seconds: Option<u64>,
     pub metadata: BTreeMap<String, String>,
     pub count: usize,
+    /// Every fork's egress policy (default deny-all; not inherited).
+    pub network: hatchery_net::Policy,
 }
 
 impl Manager {
@@ -142,6 +144,7 @@ impl Manager {
         crate::within("count", req.count as u64, self.caps.max_fork_count as u64)?;
         let ttl = req.ttl_seconds.unwrap_or(self.caps.default_ttl_s);
         crate::within("ttl_seconds", ttl, self.caps.max_ttl_s)?;
+        self.check_policy(&req.network)?;
         let snap = self
             .store
             .get_snapshot(snapshot_id)?
@@ -184,7 +187,7 @@ impl Manager {
                     env: snap.env.clone(),
                 };
                 let r = self
-                    .boot_row(row, &template, Some(&dir), "fork", started)
+                    .boot_row(row, &req.network, &template, Some(&dir), "fork", started)
                     .await;
                 self.unreserve();
                 r

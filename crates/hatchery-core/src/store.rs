@@ -87,6 +87,13 @@ impl Store {
                env TEXT NOT NULL,
                rootfs TEXT NOT NULL,
                limits TEXT NOT NULL
+             );
+             -- The network slot a live sandbox holds and its policy, so a
+             -- restarted daemon keeps both for the sandboxes it adopts.
+             CREATE TABLE IF NOT EXISTS sandbox_net (
+               id TEXT PRIMARY KEY,
+               slot INTEGER NOT NULL,
+               policy TEXT NOT NULL
              );",
         )?;
         Ok(Store {
@@ -282,6 +289,35 @@ impl Store {
         let rows = st.query_map(params![id], |r| {
             Ok((r.get::<_, i64>(0)? as u64, r.get(1)?, r.get(2)?))
         })?;
+        rows.collect()
+    }
+}
+
+impl Store {
+    pub fn set_net(&self, id: &str, slot: u32, policy: &str) -> Result<()> {
+        self.conn().execute(
+            "INSERT INTO sandbox_net (id, slot, policy) VALUES (?1, ?2, ?3)
+             ON CONFLICT(id) DO UPDATE SET slot=?2, policy=?3",
+            params![id, slot, policy],
+        )?;
+        Ok(())
+    }
+
+    pub fn event(&self, id: &str, kind: &str, detail: &str) -> Result<()> {
+        event(&self.conn(), id, kind, detail)
+    }
+
+    pub fn clear_net(&self, id: &str) -> Result<()> {
+        self.conn()
+            .execute("DELETE FROM sandbox_net WHERE id=?1", params![id])?;
+        Ok(())
+    }
+
+    /// (sandbox, slot, policy JSON) of every recorded slot.
+    pub fn all_net(&self) -> Result<Vec<(String, u32, String)>> {
+        let c = self.conn();
+        let mut st = c.prepare("SELECT id, slot, policy FROM sandbox_net")?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
         rows.collect()
     }
 }

@@ -150,16 +150,24 @@ impl Manager {
         image_id: &str,
         log: &mut (dyn FnMut(String) + Send),
     ) -> Result<(), CoreError> {
+        let id = new_sandbox_id();
+        // The builder has no egress: packages come from the host-side
+        // rootfs build, and setup steps run offline.
+        let netns = self.claim_slot(&id, &Default::default()).await?;
         let spec = SandboxSpec {
-            id: new_sandbox_id(),
+            id,
             rootfs: t.rootfs.clone(),
             limits: t.limits(),
             // Short: if the daemon dies mid-bake, the builder goes soon.
             expires_at_ms: now_ms()
                 + 120_000
                 + t.spec.setup.len() as u64 * SETUP_TIMEOUT.as_millis() as u64,
+            netns,
         };
-        self.runtime.create(&spec).await?;
+        if let Err(e) = self.runtime.create(&spec).await {
+            self.release_slot(&spec.id).await;
+            return Err(e.into());
+        }
         let res = async {
             let client = connect_and_ping(self.runtime.as_ref(), &spec.id).await?;
             self.prepare_guest(&client, t, log).await?;
@@ -178,7 +186,9 @@ impl Manager {
         if res.is_err() {
             let _ = self.template_images.remove(image_id);
         }
-        self.runtime.destroy(&spec.id).await?;
+        let destroyed = self.runtime.destroy(&spec.id).await;
+        self.release_slot(&spec.id).await;
+        destroyed?;
         if res.is_ok() {
             // Counted once the builder is gone: "baked" means done.
             self.metrics.template_images_baked.inc();

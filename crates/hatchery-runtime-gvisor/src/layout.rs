@@ -11,6 +11,9 @@ pub struct GvisorConfig {
     pub agent: PathBuf,
     /// "systrap" here; "kvm" on hosts with real KVM.
     pub platform: String,
+    /// Sandboxes get gVisor's own network stack (netstack) on the
+    /// interfaces of their slot's namespace; otherwise no network at all.
+    pub network: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -36,7 +39,13 @@ impl Layout {
         vec![
             format!("--root={}", self.runsc_root().display()),
             format!("--platform={}", self.cfg.platform),
-            "--network=none".into(),
+            // netstack, not hostinet: the guest's TCP/IP runs inside the
+            // Sentry, and it can be checkpointed (hostinet cannot).
+            if self.cfg.network {
+                "--network=sandbox".into()
+            } else {
+                "--network=none".into()
+            },
             // Writable root in sandbox memory over the shared read-only
             // template rootfs: the host copy is never written, and what the
             // guest writes is charged to its own memory cgroup.
@@ -56,6 +65,12 @@ pub struct ShimConfig {
     /// booting: how templates, pools and forks come up.
     #[serde(default)]
     pub restore_from: Option<PathBuf>,
+    /// Run runsc in a private mount namespace with `/proc/sys/net` masked.
+    /// runsc 20240729 decides it is in the host's root network namespace
+    /// when `/proc/sys/net/core/rmem_default` exists, and refuses netstack;
+    /// on current kernels that file exists in every namespace.
+    #[serde(default)]
+    pub mask_proc_sys_net: bool,
 }
 
 impl ShimConfig {

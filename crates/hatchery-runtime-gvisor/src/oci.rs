@@ -50,6 +50,10 @@ pub fn config(spec: &SandboxSpec, agent: &Path) -> Value {
     let nproc = effective_nproc(l);
     let period: u64 = 100_000;
     let quota = (l.cpus * period as f64).round().max(1000.0) as u64;
+    let network = match &spec.netns {
+        Some(path) => json!({"type": "network", "path": path}),
+        None => json!({"type": "network"}),
+    };
     json!({
         "ociVersion": "1.0.0",
         "process": {
@@ -78,7 +82,7 @@ pub fn config(spec: &SandboxSpec, agent: &Path) -> Value {
         ],
         "linux": {
             "namespaces": [
-                {"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, {"type": "network"}
+                {"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, network
             ],
             "resources": {
                 "memory": {"limit": l.memory_mb * 1024 * 1024},
@@ -106,6 +110,7 @@ mod tests {
                 disk_mb: 10,
             },
             expires_at_ms: 0,
+            netns: Some("/run/netns/hy-1".into()),
         };
         let v = config(&spec, Path::new("/a"));
         assert_eq!(
@@ -122,6 +127,7 @@ mod tests {
         };
         assert_eq!(effective_nproc(&big), 64, "memory, not pids_max, bounds it");
         assert_eq!(v["root"]["path"], "/r");
+        assert_eq!(v["linux"]["namespaces"][4]["path"], "/run/netns/hy-1");
         let caps = v["process"]["capabilities"]["bounding"].as_array().unwrap();
         assert!(!caps
             .iter()

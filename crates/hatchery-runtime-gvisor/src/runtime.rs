@@ -210,8 +210,9 @@ impl Runtime for GvisorRuntime {
                 .unwrap_or_default()
         };
         format!(
-            "gvisor|{}|{}|{}",
+            "gvisor|{}|net={}|{}|{}",
             self.layout.cfg.platform,
+            self.layout.cfg.network,
             stamp(&self.layout.cfg.agent),
             stamp(&self.layout.cfg.runsc)
         )
@@ -240,7 +241,14 @@ impl GvisorRuntime {
             runsc_flags: self.layout.runsc_flags(),
             expires_at_ms: spec.expires_at_ms + SHIM_GRACE_MS,
             restore_from: restore_from.map(Path::to_path_buf),
+            mask_proc_sys_net: self.layout.cfg.network,
         };
+        if self.layout.cfg.network != spec.netns.is_some() {
+            let _ = std::fs::remove_dir_all(&bundle);
+            return Err(RuntimeError::Start(
+                "a sandbox needs a network namespace exactly when networking is on".into(),
+            ));
+        }
         let write = || -> std::io::Result<()> {
             std::fs::write(
                 bundle.join("config.json"),

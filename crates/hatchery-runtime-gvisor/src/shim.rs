@@ -91,6 +91,9 @@ pub fn run(bundle: &Path) -> ! {
 }
 
 fn start(cfg: &ShimConfig, bundle: &Path) -> std::io::Result<(File, File, UnixListener)> {
+    if cfg.mask_proc_sys_net {
+        mask_proc_sys_net()?;
+    }
     let (agent_stdin, to_agent) = pipe()?;
     let (from_agent, agent_stdout) = pipe()?;
     let log = File::create(bundle.join("runsc.log"))?;
@@ -258,4 +261,43 @@ fn detach_stdio(bundle: &Path) {
             libc::dup2(log.as_raw_fd(), 2);
         }
     }
+}
+
+/// Moves the shim (and so runsc and the sandbox it starts) into a private
+/// mount namespace whose `/proc/sys/net` is an empty tmpfs; see
+/// [`ShimConfig::mask_proc_sys_net`]. Only `/proc/sys/net` is hidden: runsc
+/// reads other `/proc/sys` entries at start. The namespace dies with the
+/// last process in it, so the mask leaves nothing behind on the host.
+fn mask_proc_sys_net() -> std::io::Result<()> {
+    let check = |rc: i32| {
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    let root = c"/";
+    let target = c"/proc/sys/net";
+    let fstype = c"tmpfs";
+    let opts = c"size=4k,mode=0555";
+    // SAFETY: unshare affects only this (single-threaded) process; the mount
+    // calls take valid NUL-terminated strings that outlive the calls.
+    unsafe {
+        check(libc::unshare(libc::CLONE_NEWNS))?;
+        check(libc::mount(
+            std::ptr::null(),
+            root.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REC | libc::MS_PRIVATE,
+            std::ptr::null(),
+        ))?;
+        check(libc::mount(
+            fstype.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            opts.as_ptr().cast(),
+        ))?;
+    }
+    Ok(())
 }

@@ -34,6 +34,10 @@ pub struct SandboxSpec {
     /// Wall-clock deadline (ms since the epoch) after which the runtime must
     /// destroy the sandbox on its own, even if the daemon is not running.
     pub expires_at_ms: u64,
+    /// Network namespace to attach the sandbox's own network stack to (the
+    /// interfaces, addresses and routes found there). `None`: no network
+    /// at all.
+    pub netns: Option<PathBuf>,
 }
 
 /// A duplex byte stream to the guest agent, speaking `hatchery-agent-proto`.

@@ -43,6 +43,26 @@ pub struct DaemonArgs {
     /// is below this fraction of its total.
     #[arg(long, env = "HATCHERY_POOL_MIN_AVAILABLE", default_value_t = 0.15)]
     pub pool_min_available: f64,
+    /// `on`: every sandbox gets its own network namespace and egress policy
+    /// (default deny). `off`: sandboxes have no network at all, and
+    /// policies other than deny-all are refused.
+    #[arg(long, env = "HATCHERY_NETWORK", default_value = "on", value_parser = ["on", "off"])]
+    pub network: String,
+    /// Names this daemon's netns (`PREFIX-N`), veths (`PREFIXhN`, `PREFIXgN`)
+    /// and nftables table (`hatchery_PREFIX`); 1-5 lowercase letters.
+    #[arg(long, env = "HATCHERY_NET_PREFIX", default_value = "hy")]
+    pub net_prefix: String,
+    /// IPv4 range carved into one /30 per sandbox (a /16 gives 16,384).
+    /// Always blocked as a destination.
+    #[arg(long, env = "HATCHERY_NET_RANGE", default_value = "10.231.0.0/16")]
+    pub net_range: String,
+    /// Network slots made ahead of creates.
+    #[arg(long, env = "HATCHERY_NET_READY_SLOTS", default_value_t = 8)]
+    pub net_ready_slots: usize,
+    /// Fixed answers for `host` rules, in /etc/hosts format, consulted
+    /// before DNS (internal mirrors; tests).
+    #[arg(long, env = "HATCHERY_NET_HOSTS_FILE")]
+    pub net_hosts_file: Option<PathBuf>,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "HATCHERY_LOG_JSON")]
     pub log_json: bool,

@@ -18,6 +18,8 @@ pub enum DaemonError {
     Runtime(#[from] hatchery_runtime::RuntimeError),
     #[error(transparent)]
     Core(#[from] hatchery_core::CoreError),
+    #[error("network: {0}")]
+    Network(#[from] hatchery_net::NetError),
     #[error("listen on {0}: {1}")]
     Listen(std::net::SocketAddr, std::io::Error),
     #[error("server: {0}")]
@@ -72,6 +74,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         shim,
         agent,
         platform: args.platform.clone(),
+        network: args.network == "on",
     })?;
     let templates = Templates::new(
         args.templates_dir
@@ -102,7 +105,28 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             ..PoolConfig::default()
         },
     };
-    let manager = Manager::new(caps, store, Arc::new(runtime), templates, images);
+    let metrics = hatchery_core::metrics::Metrics::new();
+    let net = if args.network == "on" {
+        let cfg = hatchery_net::NetworkConfig {
+            prefix: args.net_prefix.clone(),
+            range: args.net_range.parse()?,
+            ready_target: args.net_ready_slots,
+            limits: caps.net_limits,
+            hosts_file: args.net_hosts_file.clone(),
+        };
+        Some(hatchery_net::Network::start(cfg, metrics.net_metrics())?)
+    } else {
+        None
+    };
+    let manager = Manager::new(
+        caps,
+        store,
+        Arc::new(runtime),
+        templates,
+        images,
+        net,
+        metrics,
+    );
     let report = manager.reconcile().await?;
     tracing::info!(?report, "state reconciled with the host");
     let _reaper = manager.spawn_reaper();

@@ -29,6 +29,7 @@ pub async fn create(
         ttl_seconds: Some(ttl),
         metadata: body.metadata,
         env: body.env,
+        network: body.network.map(Into::into),
     };
     let info = st.manager.create(req).await?;
     Ok((StatusCode::CREATED, axum::Json(info.into())))

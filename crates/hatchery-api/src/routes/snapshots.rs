@@ -83,12 +83,12 @@ pub async fn fork(
     let caps = &st.manager.caps;
     let ttl = validate_ttl(body.ttl_seconds, caps)?;
     validate_metadata(&body.metadata, caps)?;
-    crate::models::deny_only_network(body.network.as_ref())?;
     let count = bounded(body.count, 1, caps.max_fork_count as u64, "count")? as usize;
     let req = ForkRequest {
         ttl_seconds: Some(ttl),
         metadata: body.metadata,
         count,
+        network: body.network.map(Into::into).unwrap_or_default(),
     };
     let sandboxes: Vec<Sandbox> = st
         .manager

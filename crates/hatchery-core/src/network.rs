@@ -1,0 +1,142 @@
+//! Sandboxes and their network slots: a slot is claimed before the runtime
+//! starts the sandbox, follows it through policy updates, and is given back
+//! only after the runtime has destroyed the sandbox (so no guest ever sees
+//! a slot that is being scrubbed).
+
+use crate::{CoreError, Manager};
+use hatchery_net::{EgressEvent, NetError, Policy};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, NetError> + Send + 'static,
+) -> Result<T, CoreError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| CoreError::Internal(e.to_string()))?
+        .map_err(Into::into)
+}
+
+impl Manager {
+    pub fn network_enabled(&self) -> bool {
+        self.net.is_some()
+    }
+
+    fn net(&self) -> Result<&Arc<hatchery_net::Network>, CoreError> {
+        self.net.as_ref().ok_or_else(|| {
+            CoreError::Conflict(
+                "networking is off on this daemon (started with --network off)".into(),
+            )
+        })
+    }
+
+    /// Checks a requested policy before anything is spent on it.
+    pub fn check_policy(&self, p: &Policy) -> Result<(), CoreError> {
+        if *p == Policy::deny_all() && self.net.is_none() {
+            return Ok(());
+        }
+        p.validate(self.caps.net_limits)?;
+        self.net().map(|_| ())
+    }
+
+    /// Gives sandbox `id` a slot enforcing `policy`; the namespace to start
+    /// it in, or `None` when networking is off.
+    pub(crate) async fn claim_slot(
+        &self,
+        id: &str,
+        policy: &Policy,
+    ) -> Result<Option<PathBuf>, CoreError> {
+        let Some(net) = self.net.clone() else {
+            self.check_policy(policy)?;
+            return Ok(None);
+        };
+        let (owner, p) = (id.to_string(), policy.clone());
+        let lease = blocking(move || net.claim(&owner, &p)).await?;
+        let json = serde_json::to_string(policy).unwrap_or_default();
+        if let Err(e) = self.store.set_net(id, lease.index, &json) {
+            self.release_slot(id).await;
+            return Err(e.into());
+        }
+        Ok(Some(lease.netns))
+    }
+
+    /// Scrubs and returns `id`'s slot. Only once its sandbox is gone.
+    pub(crate) async fn release_slot(&self, id: &str) {
+        let Some(net) = self.net.clone() else { return };
+        let owner = id.to_string();
+        let _ = tokio::task::spawn_blocking(move || net.release(&owner)).await;
+        if let Err(e) = self.store.clear_net(id) {
+            tracing::warn!(sandbox = %id, error = %e, "forgetting a network slot failed");
+        }
+    }
+
+    pub fn network_policy(&self, id: &str) -> Result<Policy, CoreError> {
+        self.live_get(id)?;
+        Ok(self
+            .net
+            .as_ref()
+            .and_then(|n| n.policy(id))
+            .unwrap_or_default())
+    }
+
+    /// Applies `policy` to a running sandbox; enforced for new and open
+    /// connections when this returns.
+    pub async fn set_network_policy(&self, id: &str, policy: Policy) -> Result<Policy, CoreError> {
+        self.live_get(id)?;
+        self.set_slot_policy(id, &policy).await?;
+        Ok(policy)
+    }
+
+    pub(crate) async fn set_slot_policy(&self, id: &str, policy: &Policy) -> Result<(), CoreError> {
+        self.check_policy(policy)?;
+        let net = Arc::clone(self.net()?);
+        let (owner, p) = (id.to_string(), policy.clone());
+        blocking(move || net.set_policy(&owner, &p)).await?;
+        let json = serde_json::to_string(policy).unwrap_or_default();
+        self.store.set_net(id, self.slot_of(id)?, &json)?;
+        self.store.event(id, "network_policy", &json)?;
+        Ok(())
+    }
+
+    fn slot_of(&self, id: &str) -> Result<u32, CoreError> {
+        self.net()?
+            .lease_of(id)
+            .map(|l| l.index)
+            .ok_or_else(|| CoreError::Internal(format!("{id} has no network slot")))
+    }
+
+    pub fn network_events(&self, id: &str) -> Result<Vec<EgressEvent>, CoreError> {
+        self.live_get(id)?;
+        Ok(self.net.as_ref().map(|n| n.events(id)).unwrap_or_default())
+    }
+
+    /// At start: keeps the slots of `adopted` sandboxes (with their stored
+    /// policies) and destroys every other slot of ours on the host.
+    pub(crate) fn reclaim_slots(
+        &self,
+        adopted: &std::collections::HashSet<String>,
+    ) -> Result<(), CoreError> {
+        let Some(net) = &self.net else { return Ok(()) };
+        let mut keep = Vec::new();
+        for (id, slot, policy) in self.store.all_net()? {
+            if adopted.contains(&id) {
+                keep.push((slot, id, serde_json::from_str(&policy).unwrap_or_default()));
+            } else {
+                self.store.clear_net(&id)?;
+            }
+        }
+        for lost in net.reclaim(keep)? {
+            tracing::warn!(sandbox = %lost, "network slot of an adopted sandbox is gone");
+            self.store.clear_net(&lost)?;
+        }
+        net.spawn_filler();
+        Ok(())
+    }
+
+    /// Last step of a graceful stop, after every sandbox is gone.
+    pub fn shutdown_network(&self) {
+        if let Some(net) = &self.net {
+            net.shutdown();
+        }
+    }
+}
