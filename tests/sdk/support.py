@@ -4,13 +4,16 @@ default template, and a small HTTP proxy in front of it that plays a
 rate-limiting gateway or a connection that breaks mid-stream, so the SDKs'
 handling of 429 and of truncated streams is tested against real HTTP."""
 
+import atexit
 import glob
 import http.client
 import http.server
 import json
 import os
+import random
 import shutil
 import socketserver
+import string
 import subprocess
 import sys
 import tempfile
@@ -22,6 +25,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 from harness import KEY, TEMPLATES_DIR, Daemon, free_port, wait_baked  # noqa: E402
 
 DEFAULT_TEMPLATE = "code-interpreter"
+# A `host` rule name the daemons resolve from a hosts file (no DNS needed).
+NET_HOST, NET_HOST_ADDR = "pypi.example", "203.0.113.9"
 MAX_FILE_BYTES = 1 << 20
 
 
@@ -43,8 +48,40 @@ def seed_rootfs(templates_dir, name):
     subprocess.run(["cp", "-a", src, dst], check=True)
 
 
+_net_flags = None
+
+
+def net_args():
+    """Daemons with sandbox networking need their own names and address
+    range on the host (others run concurrently): a random prefix and /22."""
+    global _net_flags
+    if _net_flags is None:
+        from harness import BIN_DIR
+        out = subprocess.run([os.path.join(BIN_DIR, "hatcheryd"), "--help"], capture_output=True, text=True).stdout
+        _net_flags = "--net-prefix" in out
+    if not _net_flags:
+        return []
+    rnd = random.SystemRandom()
+    prefix = "s" + "".join(rnd.choice(string.ascii_lowercase) for _ in range(4))
+    return ["--net-prefix", prefix, "--net-range", f"10.{rnd.randrange(200, 256)}.{4 * rnd.randrange(64)}.0/22",
+            "--net-hosts-file", _hosts_file()]
+
+
+_hosts = None
+
+
+def _hosts_file():
+    global _hosts
+    if _hosts is None:
+        fd, _hosts = tempfile.mkstemp(prefix="hxsdk-hosts-", dir="/tmp")
+        os.write(fd, f"{NET_HOST_ADDR} {NET_HOST}\n".encode())
+        os.close(fd)
+        atexit.register(os.unlink, _hosts)
+    return _hosts
+
+
 def start_daemon(extra_args=(), templates_dir=None, bake=True):
-    d = Daemon(extra_args=["--pool-size", "0", "--max-file-bytes", str(MAX_FILE_BYTES), *extra_args],
+    d = Daemon(extra_args=["--pool-size", "0", "--max-file-bytes", str(MAX_FILE_BYTES), *net_args(), *extra_args],
                templates_dir=templates_dir).start()
     if bake:
         wait_baked(d)

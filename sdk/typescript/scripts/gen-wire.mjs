@@ -18,8 +18,12 @@ const out = join(here, "../src/wire.ts");
 export function generate(doc) {
   const schemas = doc.components.schemas;
   const type = (s) => {
-    if (!s || (s.type === undefined && !s.$ref)) return "unknown";
+    if (!s) return "unknown";
     if (s.$ref) return s.$ref.split("/").pop();
+    if (s.enum) return s.enum.map((v) => JSON.stringify(v)).join(" | ");
+    const alts = s.oneOf ?? s.anyOf;
+    if (alts) return alts.map(type).join(" | ");
+    if (s.type === undefined) return "unknown";
     const types = Array.isArray(s.type) ? s.type : [s.type];
     const parts = types.map((t) => {
       switch (t) {
@@ -43,6 +47,10 @@ export function generate(doc) {
     const s = schemas[name];
     const req = new Set(s.required ?? []);
     if (s.description) lines.push(`/** ${s.description.replace(/\*\//g, "*\\/").split("\n").join(" ")} */`);
+    if (s.type !== "object") {
+      lines.push(`export type ${name} = ${type(s)};`, "");
+      continue;
+    }
     lines.push(`export interface ${name} {`);
     for (const prop of Object.keys(s.properties ?? {}).sort()) {
       lines.push(`  ${prop}${req.has(prop) ? "" : "?"}: ${type(s.properties[prop])};`);

@@ -11,7 +11,7 @@ export {
 } from "./sandbox.js";
 export * from "./errors.js";
 export type {
-  BuildAccepted, BuildEvent, CreateSandboxOptions, ExecOptions, ExecResult, FileEntry, ForkOptions, NetworkEvent,
+  BuildAccepted, BuildEvent, CreateSandboxOptions, EgressMode, ExecOptions, ExecResult, FileEntry, ForkOptions, NetworkEvent,
   NetworkPolicy, NetworkRule, OutputChunk, SandboxInfo, SnapshotInfo, SnapshotOptions, TemplateInfo, TemplateSpec,
 } from "./models.js";
 export * as fields from "./models.js";

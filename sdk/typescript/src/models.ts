@@ -65,24 +65,14 @@ export const BUILD_ACCEPTED_FIELDS = {
 export type BuildAccepted = Renamed<wire.BuildAccepted, typeof BUILD_ACCEPTED_FIELDS>;
 export const buildAccepted = (w: wire.BuildAccepted): BuildAccepted => fromWire(BUILD_ACCEPTED_FIELDS, w);
 
-// Network policy: the contract being added to the daemon (not in the
-// OpenAPI document yet); its field names are single words, the same in both.
-export interface NetworkRule {
-  cidr?: string;
-  host?: string;
-  ports?: number[];
-}
-export interface NetworkPolicy {
-  egress: "deny" | "allow";
-  allow?: NetworkRule[];
-  deny?: NetworkRule[];
-}
-export interface NetworkEvent {
-  time: string;
-  protocol: "tcp" | "udp" | "icmp" | "other";
-  destination: string;
-  port: number | null;
-}
+// Network policy objects pass through as they are: their field names are
+// single words, the same in both cases (test/openapi.test.mjs checks that).
+export type NetworkPolicy = wire.NetworkPolicy;
+export type NetworkRule = wire.NetworkRule;
+export type EgressMode = wire.EgressMode;
+/** A denied connection attempt: `protocol` is tcp, udp, icmp or other. */
+export type NetworkEvent = wire.EgressEventBody;
+export const PASS_THROUGH = ["NetworkPolicy", "NetworkRule", "EgressEventBody"] as const;
 
 // Request options: each map says which option carries each body field.
 
@@ -94,7 +84,7 @@ export interface CreateSandboxOptions {
   network?: NetworkPolicy;
 }
 export const CREATE_SANDBOX_FIELDS = {
-  template: "template", ttl_seconds: "ttlSeconds", metadata: "metadata", env: "env",
+  template: "template", ttl_seconds: "ttlSeconds", metadata: "metadata", env: "env", network: "network",
 } as const satisfies FieldMap<wire.CreateSandbox> & Record<string, keyof CreateSandboxOptions>;
 
 export interface ExecOptions {

@@ -174,7 +174,7 @@ export class Network {
   }
 
   async events(): Promise<NetworkEvent[]> {
-    return (await this.sbx.client.json<{ events: NetworkEvent[] }>("GET /v1/sandboxes/{id}/network/events", { id: this.sbx.id })).events;
+    return (await this.sbx.client.json<wire.EgressEventList>("GET /v1/sandboxes/{id}/network/events", { id: this.sbx.id })).events;
   }
 }
 
@@ -197,9 +197,7 @@ export class Sandbox {
 
   static async create(opts: CreateSandboxOptions & WithClient = {}): Promise<Sandbox> {
     const client = opts.client ?? getDefaultClient();
-    const body: Record<string, unknown> = toWire<wire.CreateSandbox>(CREATE_SANDBOX_FIELDS, opts);
-    // Ahead of the OpenAPI document: the network policy contract.
-    if (opts.network !== undefined) body.network = opts.network;
+    const body = toWire<wire.CreateSandbox>(CREATE_SANDBOX_FIELDS, opts);
     return new Sandbox(sandboxInfo(await client.json<wire.Sandbox>("POST /v1/sandboxes", {}, { json: body })), client);
   }
 

@@ -11,6 +11,7 @@ export interface BuildAccepted {
 export interface CreateSandbox {
   env?: Record<string, string>;
   metadata?: Record<string, string>;
+  network?: null | NetworkPolicy;
   template?: string | null;
   ttl_seconds?: number | null;
 }
@@ -32,6 +33,22 @@ export interface CreateTemplate {
   pids_max?: number | null;
   setup?: Array<string>;
 }
+
+/** A denied connection attempt. */
+export interface EgressEventBody {
+  destination: string;
+  port?: number | null;
+  protocol: string;
+  time: string;
+}
+
+/** Oldest first; the last 256 per sandbox are kept. Attempts are logged at most 20 per second per sandbox (burst 40); the rest are still blocked. */
+export interface EgressEventList {
+  events: Array<EgressEventBody>;
+}
+
+/** What happens to traffic that no rule matches. */
+export type EgressMode = "deny" | "allow";
 
 export interface ErrorBody {
   error: ErrorDetail;
@@ -79,8 +96,22 @@ export interface FileList {
 export interface ForkBody {
   count?: number | null;
   metadata?: Record<string, string>;
-  network?: unknown;
+  network?: null | NetworkPolicy;
   ttl_seconds?: number | null;
+}
+
+/** Egress policy of a sandbox. Always blocked, whatever the policy: 169.254.0.0/16, 10/8, 172.16/12, 192.168/16, 100.64/10, 127/8, 0/8, multicast and reserved ranges, the host itself, other sandboxes, and all IPv6. Then `deny` rules, then `allow` rules, then `egress`. */
+export interface NetworkPolicy {
+  allow?: Array<NetworkRule>;
+  deny?: Array<NetworkRule>;
+  egress?: EgressMode;
+}
+
+/** One destination: exactly one of `cidr` (IPv4) and `host`. */
+export interface NetworkRule {
+  cidr?: string | null;
+  host?: string | null;
+  ports?: Array<number>;
 }
 
 /** Payload of `stdout` / `stderr` stream events. */
@@ -151,6 +182,8 @@ export const DOCUMENTED_ROUTES = [
   "GET /v1/sandboxes/{id}",
   "GET /v1/sandboxes/{id}/files",
   "GET /v1/sandboxes/{id}/files/list",
+  "GET /v1/sandboxes/{id}/network",
+  "GET /v1/sandboxes/{id}/network/events",
   "GET /v1/snapshots",
   "GET /v1/snapshots/{id}",
   "GET /v1/templates",
@@ -164,4 +197,5 @@ export const DOCUMENTED_ROUTES = [
   "POST /v1/snapshots/{id}/fork",
   "POST /v1/templates",
   "PUT /v1/sandboxes/{id}/files",
+  "PUT /v1/sandboxes/{id}/network",
 ] as const;

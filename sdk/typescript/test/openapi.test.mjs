@@ -15,7 +15,7 @@ import { client } from "./helpers.mjs";
 const here = dirname(fileURLToPath(import.meta.url));
 const DOC = join(here, "../../../docs/openapi.json");
 const WIRE = readFileSync(join(here, "../src/wire.ts"), "utf8");
-const AHEAD = new Set(["GET /v1/sandboxes/{id}/network", "PUT /v1/sandboxes/{id}/network", "GET /v1/sandboxes/{id}/network/events"]);
+const AHEAD = new Set();
 const UNDOCUMENTED = new Set(["GET /openapi.json"]);
 const MAPS = {
   Sandbox: fields.SANDBOX_FIELDS, ExecResponse: fields.EXEC_RESULT_FIELDS, FileEntry: fields.FILE_ENTRY_FIELDS,
@@ -23,8 +23,8 @@ const MAPS = {
   CreateSandbox: fields.CREATE_SANDBOX_FIELDS, ExecBody: fields.EXEC_FIELDS, PatchSandbox: fields.PATCH_FIELDS,
   CreateSnapshot: fields.SNAPSHOT_OPTION_FIELDS, ForkBody: fields.FORK_FIELDS, CreateTemplate: fields.TEMPLATE_SPEC_FIELDS,
 };
-const LISTS = { SandboxList: "sandboxes", SnapshotList: "snapshots", TemplateList: "templates", FileList: "entries" };
-const RAW = new Set(["ErrorBody", "ErrorDetail", "OutputChunk"]);
+const LISTS = { SandboxList: "sandboxes", SnapshotList: "snapshots", TemplateList: "templates", FileList: "entries", EgressEventList: "events" };
+const RAW = new Set(["ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode", ...fields.PASS_THROUGH]);
 
 function check(doc) {
   assert.equal(generate(doc), WIRE, "src/wire.ts is stale: run `npm run gen` and map the new fields");
@@ -36,6 +36,9 @@ function check(doc) {
   const schemas = doc.components.schemas;
   for (const name of Object.keys(schemas)) {
     assert.ok(name in MAPS || name in LISTS || RAW.has(name), `schema ${name} not mapped by the SDK`);
+  }
+  for (const name of fields.PASS_THROUGH) {
+    for (const prop of Object.keys(schemas[name].properties)) assert.match(prop, /^[a-z]+$/, `${name}.${prop} needs a camelCase mapping`);
   }
   for (const [name, map] of Object.entries(MAPS)) {
     assert.deepEqual(Object.keys(map).sort(), Object.keys(schemas[name].properties).sort(), name);
