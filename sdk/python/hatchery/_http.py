@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json as jsonlib
+import select
 import socket
 import threading
 import time
@@ -16,6 +17,9 @@ from . import errors
 
 USER_AGENT = "hatchery-python/0.1.0"
 MAX_RETRY_SLEEP = 10.0
+# Idle connections older than this are not reused (servers commonly close
+# idle keep-alive connections after 30 s or more).
+MAX_IDLE_S = 20.0
 _CONN_ERRORS = (ConnectionError, http.client.RemoteDisconnected, http.client.BadStatusLine,
                 http.client.IncompleteRead, BrokenPipeError)
 
@@ -32,6 +36,17 @@ class Response:
         except ValueError as e:
             raise errors.HatcheryError(f"answer is not valid JSON ({e}): {self.body[:200]!r}",
                                        status=self.status) from e
+
+
+def _dropped(conn: http.client.HTTPConnection) -> bool:
+    """True if the server closed (or wrote to) an idle connection."""
+    if conn.sock is None:
+        return True
+    try:
+        readable, _, _ = select.select([conn.sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
 
 
 def _retry_after(headers: Dict[str, str]) -> Optional[float]:
@@ -80,7 +95,7 @@ class Transport:
         self.timeout = timeout
         self.max_retries = max_retries
         self._pool_size = pool_size
-        self._idle: List[http.client.HTTPConnection] = []
+        self._idle: List[Tuple[http.client.HTTPConnection, float]] = []
         self._lock = threading.Lock()
 
     # Connections ---------------------------------------------------------
@@ -90,26 +105,33 @@ class Transport:
         return cls(self._host, self._port, timeout=timeout)
 
     def _checkout(self, timeout: Optional[float]) -> Tuple[http.client.HTTPConnection, bool]:
-        with self._lock:
-            conn = self._idle.pop() if self._idle else None
-        if conn is None:
-            return self._new_conn(timeout), False
-        conn.timeout = timeout
-        if conn.sock is not None:
-            conn.sock.settimeout(timeout)
-        return conn, True
+        while True:
+            with self._lock:
+                item = self._idle.pop() if self._idle else None
+            if item is None:
+                return self._new_conn(timeout), False
+            conn, since = item
+            # A connection the server may have closed while idle is not
+            # reused: a POST sent on it could fail without a safe retry.
+            if time.monotonic() - since > MAX_IDLE_S or _dropped(conn):
+                conn.close()
+                continue
+            conn.timeout = timeout
+            if conn.sock is not None:
+                conn.sock.settimeout(timeout)
+            return conn, True
 
     def _checkin(self, conn: http.client.HTTPConnection) -> None:
         with self._lock:
             if len(self._idle) < self._pool_size:
-                self._idle.append(conn)
+                self._idle.append((conn, time.monotonic()))
                 return
         conn.close()
 
     def close(self) -> None:
         with self._lock:
             idle, self._idle = self._idle, []
-        for c in idle:
+        for c, _ in idle:
             c.close()
 
     # Requests ------------------------------------------------------------
@@ -232,7 +254,11 @@ class SSE:
                 if text == "":
                     if event is not None or data:
                         raw = "\n".join(data)
-                        yield event or "message", (jsonlib.loads(raw) if raw else None)
+                        try:
+                            payload = jsonlib.loads(raw) if raw else None
+                        except ValueError as e:
+                            raise errors.StreamError(f"bad event data: {raw[:200]!r}") from e
+                        yield event or "message", payload
                     event, data = None, []
                 elif text.startswith("event:"):
                     event = text[6:].strip()

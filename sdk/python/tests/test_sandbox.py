@@ -112,9 +112,9 @@ def test_connection_reuse(client, sbx):
     for _ in range(5):
         sbx.refresh()
     assert len(client.transport._idle) == 1
-    conn = client.transport._idle[0]
+    conn = client.transport._idle[0][0]
     sbx.exec("true")
-    assert client.transport._idle == [conn]
+    assert [c for c, _ in client.transport._idle] == [conn]
 
 
 def test_module_exports():
