@@ -81,8 +81,10 @@ def _hosts_file():
 
 
 def start_daemon(extra_args=(), templates_dir=None, bake=True):
-    d = Daemon(extra_args=["--pool-size", "0", "--max-file-bytes", str(MAX_FILE_BYTES), *net_args(), *extra_args],
+    net = net_args()
+    d = Daemon(extra_args=["--pool-size", "0", "--max-file-bytes", str(MAX_FILE_BYTES), *net, *extra_args],
                templates_dir=templates_dir).start()
+    d.net_prefix = net[1] if net else None
     if bake:
         wait_baked(d)
     return d
@@ -102,6 +104,11 @@ def stop_daemon(d):
         d.created.add(sid)
     d.cleanup()
     assert not left, f"sandboxes left behind: {left}"
+    if d.net_prefix:
+        netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+        assert not [n for n in netns if n.startswith(d.net_prefix + "-")], f"network namespaces left: {netns}"
+        tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+        assert f"hatchery_{d.net_prefix}" not in tables, tables
 
 
 class Proxy:

@@ -99,3 +99,29 @@ def test_async_stream_without_exit_raises(proxy, sbx):
                 pass
 
     run(main())
+
+
+def test_async_templates_and_network(daemon, templates_dir, client):
+    name = "sdk-py-async"
+    support.seed_rootfs(templates_dir, name)
+
+    async def main():
+        progress = []
+        t = await AsyncTemplate.build(name, setup=["true"], on_progress=lambda p, s: progress.append(s), client=client)
+        assert t.name == name and progress[0] == "rootfs" and progress[-1] == "done"
+        with pytest.raises(NotFound):
+            async for _ in AsyncTemplate.build_events(name, "bld_nope", client=client):
+                pass
+        await AsyncTemplate.delete(name, client=client)
+        with pytest.raises(NotFound):
+            await AsyncTemplate.get(name, client=client)
+
+        from hatchery import NetworkPolicy, NetworkRule
+        async with await AsyncSandbox.create(ttl_seconds=60, client=client) as s:
+            daemon.created.add(s.id)
+            assert (await s.network.get()) == NetworkPolicy(egress="deny")
+            want = NetworkPolicy(allow=[NetworkRule(cidr="203.0.113.0/24")])
+            assert await s.network.update(want) == want
+            assert isinstance(await s.network.events(), list)
+
+    run(main())

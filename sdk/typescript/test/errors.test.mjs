@@ -1,5 +1,5 @@
 import assert from "node:assert/strict";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { test } from "node:test";
@@ -33,6 +33,7 @@ test("key file for a local daemon; url from the environment", async () => {
   } finally {
     process.env.HATCHERY_API_KEY = saved;
     delete process.env.HATCHERY_KEY_FILE;
+    rmSync(dir, { recursive: true, force: true });
   }
   assert.equal(new Client().url, URL);
   const savedUrl = process.env.HATCHERY_URL;
