@@ -186,6 +186,9 @@ export interface SSEEvent {
 
 /** Parses `event:` / `data:` blocks; comment lines (keep-alives) are skipped. */
 export class SSE implements AsyncIterable<SSEEvent> {
+  /** Called on every chunk read, keep-alive comments included. */
+  onActivity?: () => void;
+
   constructor(private readonly body: ReadableStream<Uint8Array>) {}
 
   async *[Symbol.asyncIterator](): AsyncIterator<SSEEvent> {
@@ -204,6 +207,7 @@ export class SSE implements AsyncIterable<SSEEvent> {
           throw new StreamError(`stream broken: ${(e as Error).message}`);
         }
         if (chunk.done) return;
+        this.onActivity?.();
         buf += decoder.decode(chunk.value, { stream: true });
         let nl: number;
         while ((nl = buf.indexOf("\n")) >= 0) {

@@ -44,6 +44,9 @@ export class ExecStream implements AsyncIterable<OutputChunk> {
   private idle?: NodeJS.Timeout;
 
   constructor(sse: SSE, private readonly abort: AbortController, private readonly cb: StreamCallbacks = {}) {
+    // Keep-alive comments count as activity: only a stream silent past
+    // three of their intervals is dead.
+    sse.onActivity = () => this.armIdle();
     this.events = sse[Symbol.asyncIterator]();
   }
 
