@@ -58,5 +58,6 @@ sdk-typescript-test: build template
 test: build template lint unit integration sdk-python-test sdk-typescript-test
 
 bench: build template
+	cargo build --release -p hatchery-net --example slot_bench
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/bench.py

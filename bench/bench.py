@@ -177,8 +177,47 @@ def table_header(title):
     print(f"|{'-' * 46}|{'-' * 6}|{'-' * 10}|{'-' * 10}|{'-' * 10}|")
 
 
+def create_delete(d, expect, body=None):
+    t = time.perf_counter()
+    r = d.request("POST", "/v1/sandboxes", dict(body or {}, ttl_seconds=60)).json()
+    ms = (time.perf_counter() - t) * 1000
+    assert r["boot_mode"] == expect, r
+    d.delete(r["id"])
+    return ms
+
+
+def network_off_figures(raw):
+    """Create without network (the raw runsc baseline of a template-image
+    restore is taken from this daemon's own spec and image, so both sides
+    run the same thing)."""
+    d = Daemon(extra_args=["--max-sandboxes", "80", "--pool-size", "0", "--network", "off"]).start()
+    try:
+        wait_for(lambda: metric(d, "hatchery_template_images_baked_total") >= 1)
+        create_delete(d, "restore")
+        off = [create_delete(d, "restore") for _ in range(max(5, N // 2))]
+        probe = d.create(ttl_seconds=60)
+        config = os.path.join(raw.dir, "template-config.json")
+        shutil.copy(os.path.join(d.data_dir, "sandboxes", probe, "config.json"), config)
+        d.delete(probe)
+        image = glob.glob(os.path.join(d.data_dir, "images", "*"))[0]
+        base = [raw.restore_image(image, config) for _ in range(max(5, N // 2))]
+        return off, base
+    finally:
+        d.cleanup()
+
+
+def slot_bench():
+    """Slot make / claim / update / release, from the hatchery-net example
+    (its own prefix and range, no daemon involved)."""
+    exe = os.path.join(os.path.dirname(__file__), "../target/release/examples/slot_bench")
+    out = subprocess.run([exe, str(max(20, N * 2))], capture_output=True, text=True, check=True).stdout
+    return out.strip().splitlines()
+
+
 def main():
     raw = RawRunsc()
+    h_restore_off, base_restore_tpl = network_off_figures(raw)
+    slots = slot_bench()
     d = Daemon(extra_args=["--max-sandboxes", "80", "--pool-size", "0"]).start()
     results = []
     try:
@@ -212,23 +251,17 @@ def main():
             d.request("DELETE", f"/v1/snapshots/{sn}")
         d.delete(sid)
 
-        def create_delete(expect):
+        h_restore = [create_delete(d, "restore") for _ in range(max(5, N // 2))]
+        # Policy updates on a live sandbox: one nft transaction each.
+        sid = d.create(ttl_seconds=600)
+        policies = [{"allow": [{"cidr": "198.51.100.0/24", "ports": [443]}]}, {"egress": "deny"}]
+        h_policy = []
+        for i in range(N * 2):
             t = time.perf_counter()
-            r = d.request("POST", "/v1/sandboxes", {"ttl_seconds": 60}).json()
-            ms = (time.perf_counter() - t) * 1000
-            assert r["boot_mode"] == expect, r
-            d.delete(r["id"])
-            return ms
-        h_restore = [create_delete("restore") for _ in range(max(5, N // 2))]
-        # Like-for-like baseline: raw runsc restoring the same template image
-        # with the same OCI spec (copied from a live sandbox's bundle).
-        probe = d.create(ttl_seconds=60)
-        config = os.path.join(d.data_dir, "sandboxes", probe, "config.json")
-        tmp_config = os.path.join(raw.dir, "template-config.json")
-        shutil.copy(config, tmp_config)
-        d.delete(probe)
-        image = glob.glob(os.path.join(d.data_dir, "images", "*"))[0]
-        base_restore_tpl = [raw.restore_image(image, tmp_config) for _ in range(max(5, N // 2))]
+            assert d.request("PUT", f"/v1/sandboxes/{sid}/network", policies[i % 2]).status == 200
+            h_policy.append((time.perf_counter() - t) * 1000)
+        h_restore_allow = [create_delete(d, "restore", {"network": policies[0]}) for _ in range(max(5, N // 2))]
+        d.delete(sid)
 
         def run_button():
             t = time.perf_counter()
@@ -268,7 +301,7 @@ def main():
 
         def pool_create():
             wait_for(lambda: metric(d, "hatchery_pool_ready") >= 1)
-            return create_delete("pool")
+            return create_delete(d, "pool")
         h_pool = [pool_create() for _ in range(N)]
 
         def first_command():
@@ -290,7 +323,7 @@ def main():
         for _ in range(3):
             wait_for(lambda: metric(d, "hatchery_pool_ready") >= 8)
             with concurrent.futures.ThreadPoolExecutor(8) as pool:
-                conc += list(pool.map(lambda _: create_delete("pool"), range(8)))
+                conc += list(pool.map(lambda _: create_delete(d, "pool"), range(8)))
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             rb8 = list(pool.map(lambda _: run_button(), range(max(16, N))))
 
@@ -312,6 +345,18 @@ def main():
             row("hatchery: create, warm pool, 8 concurrent", conc, base_restore),
             row("hatchery: time to first command (pool+echo)", h_first, base_restore),
         ]
+        table_header("Network (create by restore, no pool; same run)")
+        results += [
+            row("hatchery: create, --network off", h_restore_off, base_restore_tpl),
+            row("hatchery: create, default deny (network on)", h_restore, base_restore_tpl),
+            row("hatchery: create, with an allow rule", h_restore_allow, base_restore_tpl),
+            row("hatchery: PUT /network (policy update)", h_policy),
+        ]
+        print(f"\ncreate with default-deny network minus create without network, p50: "
+              f"{pct(h_restore, 50) - pct(h_restore_off, 50):+.1f} ms")
+        print("\nslot pool (hatchery-net example slot_bench):")
+        for line in slots:
+            print("  " + line)
         table_header("Run button: create + write file + exec python + delete")
         results += [
             row("hatchery: run button, restore, 1 client", rb1_restore, base_run),

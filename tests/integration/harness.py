@@ -47,6 +47,23 @@ def wait_baked(d):
     wait_for(lambda: metric(d, "hatchery_template_images_baked_total") >= 1, what="template checkpoint")
 
 
+def net_leftovers(prefix):
+    """Network namespaces, veths and the nftables table of a daemon that
+    is no longer running: all must be gone."""
+    left = []
+    if os.path.isdir("/run/netns"):
+        left += [f"netns {n}" for n in os.listdir("/run/netns") if n.startswith(prefix + "-")]
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    for line in links.splitlines():
+        name = line.split(": ")[1].split("@")[0]
+        if name.startswith(prefix + "h"):
+            left.append(f"veth {name}")
+    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+    if f"hatchery_{prefix}" in tables:
+        left.append(f"nftables table hatchery_{prefix}")
+    return left
+
+
 class Response:
     def __init__(self, status, body, headers):
         self.status = status
@@ -63,12 +80,32 @@ class Response:
         return f"<{self.status} {self.body[:300]!r}>"
 
 
+_seq = [0]
+
+
+def net_args():
+    """A network prefix and slot range of its own for each daemon, so
+    daemons running side by side (and one started by `make run`) never share
+    a netns name, an interface name or an address."""
+    _seq[0] += 1
+    n = (os.getpid() * 31 + _seq[0]) % (26 ** 4)
+    letters = "".join(chr(ord("a") + (n // 26 ** i) % 26) for i in range(4))
+    return ["--net-prefix", "t" + letters, "--net-range", f"10.{128 + n % 100}.0.0/16"]
+
+
+def arg(args, name):
+    return args[args.index(name) + 1] if name in args else None
+
+
 class Daemon:
     def __init__(self, extra_args=(), data_dir=None, templates_dir=None):
         # Short path: unix socket paths are capped at 107 bytes.
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="hxt-", dir="/tmp")
         self.port = free_port()
         self.extra_args = list(extra_args)
+        if "--net-prefix" not in self.extra_args:
+            self.extra_args += net_args()
+        self.net_prefix = arg(self.extra_args, "--net-prefix")
         self.proc = None
         self.log_path = os.path.join(self.data_dir, "daemon.log")
         self.created = set()
@@ -216,6 +253,8 @@ class Daemon:
         for line in open("/proc/self/mountinfo"):
             if self.data_dir in line or any(s in line for s in self.created):
                 left.append(f"mount {line.strip()}")
+        if daemon_pid is None:
+            left += net_leftovers(self.net_prefix)
         return left
 
     def wait_no_leftovers(self, timeout=20):

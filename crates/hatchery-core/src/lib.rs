@@ -12,7 +12,7 @@ pub mod files;
 mod ids;
 mod manager;
 pub mod metrics;
-mod network;
+pub(crate) mod network;
 pub mod pool;
 pub mod ratelimit;
 pub mod snapshots;

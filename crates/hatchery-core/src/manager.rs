@@ -240,6 +240,12 @@ impl Manager {
             self.stop(&row.id, "pool_discard");
             return Ok(None);
         }
+        if policy.has_hosts() {
+            if let Err(e) = self.write_pins(&row.id, &client).await {
+                self.stop(&row.id, "pool_discard");
+                return Err(e);
+            }
+        }
         self.adopt(&row.id, client, row.env.clone());
         Ok(Some(self.created(row.clone(), "pool", started)))
     }
@@ -270,6 +276,14 @@ impl Manager {
         started: Instant,
     ) -> Result<SandboxInfo, CoreError> {
         let client = self.start_row(&row, policy, template, image).await?;
+        if policy.has_hosts() {
+            if let Err(e) = self.write_pins(&row.id, &client).await {
+                let _ = self.runtime.destroy(&row.id).await;
+                self.release_slot(&row.id).await;
+                self.store.stop(&row.id, "create_failed", now_ms())?;
+                return Err(e);
+            }
+        }
         self.store.set_running(&row.id)?;
         self.adopt(&row.id, client, row.env.clone());
         Ok(self.created(row, mode, started))

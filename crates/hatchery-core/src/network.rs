@@ -3,8 +3,9 @@
 //! only after the runtime has destroyed the sandbox (so no guest ever sees
 //! a slot that is being scrubbed).
 
+use crate::agent_client::AgentClient;
 use crate::{CoreError, Manager};
-use hatchery_net::{EgressEvent, NetError, Policy};
+use hatchery_net::{EgressEvent, NetError, Pins, Policy};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -82,9 +83,30 @@ impl Manager {
     /// Applies `policy` to a running sandbox; enforced for new and open
     /// connections when this returns.
     pub async fn set_network_policy(&self, id: &str, policy: Policy) -> Result<Policy, CoreError> {
-        self.live_get(id)?;
+        let live = self.live_get(id)?;
+        let had_hosts = self.net.as_ref().is_some_and(|n| !n.pins(id).is_empty());
         self.set_slot_policy(id, &policy).await?;
+        if had_hosts || policy.has_hosts() {
+            self.write_pins(id, &live.client).await?;
+        }
         Ok(policy)
+    }
+
+    /// Writes the addresses the policy's host names were pinned to into the
+    /// guest's `/etc/hosts`, so those names resolve without any DNS. Only a
+    /// convenience: the guest may edit the file, but what it can reach is
+    /// decided by the pinned addresses on the host.
+    pub(crate) async fn write_pins(&self, id: &str, client: &AgentClient) -> Result<(), CoreError> {
+        let Some(net) = &self.net else { return Ok(()) };
+        let current = crate::files::read(client, "/etc/hosts", 1 << 20)
+            .await
+            .unwrap_or_default();
+        let current = String::from_utf8_lossy(&current);
+        let next = hosts_with_pins(&current, &net.pins(id));
+        if next != current {
+            crate::files::write(client, "/etc/hosts", next.as_bytes()).await?;
+        }
+        Ok(())
     }
 
     pub(crate) async fn set_slot_policy(&self, id: &str, policy: &Policy) -> Result<(), CoreError> {
@@ -138,5 +160,70 @@ impl Manager {
         if let Some(net) = &self.net {
             net.shutdown();
         }
+    }
+}
+
+const PINS_BEGIN: &str =
+    "# hatchery: pinned by the egress policy (edits here change nothing it allows)";
+const PINS_END: &str = "# hatchery: end";
+
+/// `/etc/hosts` with Hatchery's block replaced by `pins` (or removed).
+fn hosts_with_pins(current: &str, pins: &Pins) -> String {
+    let mut out = String::new();
+    let mut inside = false;
+    for line in current.lines() {
+        if line == PINS_BEGIN {
+            inside = true;
+        } else if line == PINS_END {
+            inside = false;
+        } else if !inside {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    if !pins.is_empty() {
+        out.push_str(PINS_BEGIN);
+        out.push('\n');
+        for (host, addrs) in pins {
+            for a in addrs {
+                out.push_str(&format!("{a} {host}\n"));
+            }
+        }
+        out.push_str(PINS_END);
+        out.push('\n');
+    }
+    out
+}
+
+/// The guest's `/etc/resolv.conf` until a template or the user sets one.
+/// With egress denied by default, the host's resolver is unreachable, and
+/// a query to it would hang for the resolver's full timeout; the guest's
+/// own loopback refuses at once, so lookups fail in milliseconds.
+pub(crate) const DEFAULT_RESOLV_CONF: &str =
+    "# Hatchery: no DNS resolver is reachable unless the egress policy allows one.\n\
+# Names in `host` rules are pinned in /etc/hosts. To use a resolver, allow it\n\
+# (e.g. {\"cidr\":\"1.1.1.1\",\"ports\":[53]}) and put it here.\n\
+nameserver 127.0.0.1\n\
+options timeout:1 attempts:1\n";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pins_replace_only_their_block() {
+        let base = "127.0.0.1 localhost\n";
+        let pins: Pins = vec![("pypi.example".into(), vec!["198.51.100.7".parse().unwrap()])];
+        let with = hosts_with_pins(base, &pins);
+        assert!(with.starts_with(base));
+        assert!(with.contains("198.51.100.7 pypi.example\n"));
+        let guest_edit = format!("{with}10.0.0.1 mine\n");
+        let again = hosts_with_pins(&guest_edit, &pins);
+        assert_eq!(again.matches("pypi.example").count(), 1);
+        assert!(again.contains("10.0.0.1 mine"));
+        assert_eq!(
+            hosts_with_pins(&again, &vec![]),
+            format!("{base}10.0.0.1 mine\n")
+        );
     }
 }

@@ -113,6 +113,13 @@ impl Manager {
         t: &Template,
         log: &mut (dyn FnMut(String) + Send),
     ) -> Result<(), CoreError> {
+        // Before the template's files, so a template can ship its own.
+        crate::files::write(
+            client,
+            "/etc/resolv.conf",
+            crate::network::DEFAULT_RESOLV_CONF.as_bytes(),
+        )
+        .await?;
         for (path, content) in &t.spec.files {
             log(format!("file {path}"));
             crate::files::write(client, path, content.as_bytes()).await?;

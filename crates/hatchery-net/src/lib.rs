@@ -24,7 +24,7 @@ pub mod resolve;
 pub use addr::{Cidr, SlotAddrs};
 pub use events::EgressEvent;
 pub use policy::{Egress, Policy, PolicyLimits, Rule};
-pub use pool::{Network, NetworkConfig, SlotLease};
+pub use pool::{Network, NetworkConfig, Pins, SlotLease};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {

@@ -61,7 +61,12 @@ pub struct SlotLease {
 struct Lease {
     owner: String,
     policy: Policy,
+    /// Addresses the policy's allowed host names were pinned to.
+    pins: Pins,
 }
+
+/// Host name → the addresses it was resolved to when the policy was set.
+pub type Pins = Vec<(String, Vec<std::net::Ipv4Addr>)>;
 
 #[derive(Default)]
 struct Inner {
@@ -172,11 +177,11 @@ impl Network {
                 continue;
             }
             // Host names are pinned again as they resolve now.
-            let rules = self
-                .compile(&policy)
-                .or_else(|_| self.compile(&Policy::deny_all()))?;
+            let (rules, pins) = self
+                .compile_pinned(&policy)
+                .or_else(|_| self.compile_pinned(&Policy::deny_all()))?;
             chains.push((self.slot(i), rules));
-            kept.push((i, owner, policy));
+            kept.push((i, owner, policy, pins));
         }
         nft::apply(&self.table.rebuild_script(&chains))?;
         let kept_idx: BTreeSet<u32> = kept.iter().map(|k| k.0).collect();
@@ -187,9 +192,16 @@ impl Network {
         *g = Inner::default();
         g.next = kept_idx.iter().next_back().map_or(0, |m| m + 1);
         g.holes = (0..g.next).filter(|i| !kept_idx.contains(i)).collect();
-        for (i, owner, policy) in kept {
+        for (i, owner, policy, pins) in kept {
             g.by_owner.insert(owner.clone(), i);
-            g.leases.insert(i, Lease { owner, policy });
+            g.leases.insert(
+                i,
+                Lease {
+                    owner,
+                    policy,
+                    pins,
+                },
+            );
         }
         self.metrics.leased.set(g.leases.len() as i64);
         self.metrics.ready.set(0);
@@ -265,22 +277,33 @@ impl Network {
         Ok(())
     }
 
-    fn compile(&self, p: &Policy) -> Result<SlotRules, NetError> {
+    fn compile_pinned(&self, p: &Policy) -> Result<(SlotRules, Pins), NetError> {
         p.validate(self.cfg.limits)?;
         let resolve = |h: &str| self.resolver.resolve(h);
         let all = |rules: &[crate::Rule]| -> Result<Vec<Compiled>, NetError> {
             rules.iter().map(|r| r.compile(&resolve)).collect()
         };
-        Ok(SlotRules {
+        let allow = all(&p.allow)?;
+        let pins = p
+            .allow
+            .iter()
+            .zip(&allow)
+            .filter_map(|(r, c)| {
+                let addrs = c.nets.iter().map(|n| n.addr).collect();
+                r.host.clone().map(|h| (h, addrs))
+            })
+            .collect();
+        let rules = SlotRules {
             egress: p.egress,
-            allow: all(&p.allow)?,
+            allow,
             deny: all(&p.deny)?,
-        })
+        };
+        Ok((rules, pins))
     }
 
     /// Gives `owner` a slot enforcing `policy`. Blocking.
     pub fn claim(&self, owner: &str, policy: &Policy) -> Result<SlotLease, NetError> {
-        let rules = self.compile(policy)?;
+        let (rules, pins) = self.compile_pinned(policy)?;
         let i = self.take_ready()?;
         let s = self.slot(i);
         // A ready slot already denies everything: the default costs nothing.
@@ -297,6 +320,7 @@ impl Network {
             Lease {
                 owner: owner.to_string(),
                 policy: policy.clone(),
+                pins,
             },
         );
         self.metrics.leased.set(g.leases.len() as i64);
@@ -334,13 +358,23 @@ impl Network {
     /// Replaces `owner`'s policy; new and existing connections follow it
     /// as soon as this returns. Blocking.
     pub fn set_policy(&self, owner: &str, policy: &Policy) -> Result<(), NetError> {
-        let rules = self.compile(policy)?;
+        let (rules, pins) = self.compile_pinned(policy)?;
         let i = self.index_of(owner)?;
         nft::apply(&self.table.set_policy_script(&self.slot(i), &rules))?;
         if let Some(l) = self.lock().leases.get_mut(&i) {
             l.policy = policy.clone();
+            l.pins = pins;
         }
         Ok(())
+    }
+
+    pub fn pins(&self, owner: &str) -> Pins {
+        let g = self.lock();
+        g.by_owner
+            .get(owner)
+            .and_then(|i| g.leases.get(i))
+            .map(|l| l.pins.clone())
+            .unwrap_or_default()
     }
 
     pub fn policy(&self, owner: &str) -> Option<Policy> {

@@ -1,0 +1,126 @@
+"""A fake internet on this machine: a network namespace the test creates,
+holding a "public" host (198.51.100.7 and .8), a "metadata" endpoint
+(169.254.169.254) and a "private" service (10.99.0.10), all served by one
+small server inside that namespace and routed from the host through a veth.
+Nothing is ever sent anywhere else; everything is removed afterwards."""
+
+import os
+import subprocess
+import sys
+import time
+
+NS = "hxtinet"
+HOST_IF, NS_IF = "hxtinr", "hxtinn"
+LINK_HOST, LINK_NS = "198.18.0.1", "198.18.0.2"
+PUBLIC, PUBLIC2 = "198.51.100.7", "198.51.100.8"
+METADATA = "169.254.169.254"
+PRIVATE = "10.99.0.10"
+TARGETS = [PUBLIC, PUBLIC2, METADATA, PRIVATE]
+
+SERVER = r'''
+import socket, socketserver, threading
+class Http(socketserver.BaseRequestHandler):
+    def handle(self):
+        self.request.settimeout(5)
+        try: self.request.recv(1024)
+        except OSError: pass
+        me = self.request.getsockname()
+        self.request.sendall(b"HTTP/1.0 200 OK\r\n\r\nhello from %s:%d\n" % (me[0].encode(), me[1]))
+class Echo(socketserver.BaseRequestHandler):
+    def handle(self):
+        self.request.settimeout(60)
+        while True:
+            try: d = self.request.recv(1024)
+            except OSError: return
+            if not d: return
+            self.request.sendall(d)
+class T(socketserver.ThreadingMixIn, socketserver.TCPServer):
+    allow_reuse_address = True; daemon_threads = True
+for port, h in ((80, Http), (8080, Http), (7, Echo)):
+    threading.Thread(target=T(("0.0.0.0", port), h).serve_forever, daemon=True).start()
+def udp(addr):
+    # Bound per address so replies leave from the address that was asked.
+    u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind((addr, 9999))
+    while True:
+        d, a = u.recvfrom(1024); u.sendto(b"udp-ok " + d, a)
+for addr in ADDRS:
+    threading.Thread(target=udp, args=(addr,), daemon=True).start()
+print("ready", flush=True)
+threading.Event().wait()
+'''
+
+
+def sh(*cmd, check=True):
+    return subprocess.run(cmd, check=check, capture_output=True, text=True)
+
+
+class NetLab:
+    def __init__(self):
+        self.server = None
+
+    def up(self):
+        self.down()
+        sh("ip", "netns", "add", NS)
+        sh("ip", "link", "add", HOST_IF, "type", "veth", "peer", "name", NS_IF, "netns", NS)
+        sh("ip", "addr", "add", f"{LINK_HOST}/30", "dev", HOST_IF)
+        sh("ip", "link", "set", HOST_IF, "up")
+        sh("ip", "-n", NS, "addr", "add", f"{LINK_NS}/30", "dev", NS_IF)
+        sh("ip", "-n", NS, "link", "set", NS_IF, "up")
+        sh("ip", "-n", NS, "link", "set", "lo", "up")
+        for a in TARGETS:
+            sh("ip", "-n", NS, "addr", "add", f"{a}/32", "dev", "lo")
+            sh("ip", "route", "add", f"{a}/32", "via", LINK_NS)
+        sh("ip", "-n", NS, "route", "add", "default", "via", LINK_HOST)
+        self.server = subprocess.Popen(["ip", "netns", "exec", NS, sys.executable, "-c",
+                                        f"ADDRS = {TARGETS!r}\n" + SERVER],
+                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        assert self.server.stdout.readline().strip() == "ready"
+        return self
+
+    def down(self):
+        if self.server:
+            self.server.kill()
+            self.server.wait()
+            self.server = None
+        for a in TARGETS:
+            sh("ip", "route", "del", f"{a}/32", check=False)
+        sh("ip", "link", "del", HOST_IF, check=False)
+        sh("ip", "netns", "del", NS, check=False)
+
+
+# Runs inside the sandbox: one probe per line of argv, JSON out.
+PROBE = r'''
+import json, socket, sys, time
+def tcp(h, p):
+    s = socket.socket(); s.settimeout(3)
+    try:
+        s.connect((h, p)); s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        return "open:" + s.recv(200).decode(errors="replace").split("\r\n\r\n")[-1].strip()
+    except Exception as e:
+        return "blocked:" + type(e).__name__
+    finally:
+        s.close()
+def udp(h, p):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2)
+    try:
+        s.sendto(b"x", (h, p)); return "open:" + s.recv(100).decode()
+    except Exception as e:
+        return "blocked:" + type(e).__name__
+def icmp(h, p):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP); s.settimeout(2)
+    try:
+        s.sendto(b"\x08\x00\x00\x00\x00\x01\x00\x01hatchery", (h, 0)); s.recv(100); return "open:pong"
+    except Exception as e:
+        return "blocked:" + type(e).__name__
+def tcp6(h, p):
+    s = socket.socket(socket.AF_INET6); s.settimeout(3)
+    try:
+        s.connect((h, p)); return "open:"
+    except Exception as e:
+        return "blocked:" + type(e).__name__
+out = {}
+for spec in sys.argv[1:]:
+    kind, h, p = spec.split(",")
+    out[spec] = globals()[kind](h, int(p))
+print(json.dumps(out))
+'''
