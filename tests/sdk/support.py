@@ -76,9 +76,15 @@ def _hosts_file():
 
 def start_daemon(extra_args=(), templates_dir=None, bake=True):
     d = Daemon(extra_args=["--pool-size", "0", "--max-file-bytes", str(MAX_FILE_BYTES), *net_args(), *extra_args],
-               templates_dir=templates_dir).start()
-    if bake:
-        wait_baked(d)
+               templates_dir=templates_dir)
+    try:
+        d.start()
+        if bake:
+            wait_baked(d)
+    except BaseException:
+        d.stop()
+        shutil.rmtree(d.data_dir, ignore_errors=True)
+        raise
     return d
 
 
