@@ -9,7 +9,7 @@ LISTEN ?= 127.0.0.1:7423
 PYTEST := /usr/bin/python3 -m pytest
 BIN := target/release
 
-.PHONY: setup build template run test unit lint integration cli-test bench clean-state
+.PHONY: setup build template run test unit lint integration cli-test sdk-python-test sdk-typescript-test bench clean-state
 
 setup:
 	bash scripts/setup-host.sh
@@ -39,7 +39,28 @@ cli-test: build template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/cli
 
-test: build template lint unit integration cli-test
+# The SDK suites drive a daemon of their own (tests/sdk/support.py) built from
+# this checkout. Python: the package is pip-installed into a fresh venv, as a
+# user would (the venv sees the system pytest). TypeScript: npm ci + build,
+# then node's test runner under tests/sdk/with_daemon.py.
+SDK_VENV := target/sdk-python-venv
+
+sdk-python-test: build template
+	rm -rf $(SDK_VENV)
+	/usr/bin/python3 -m venv --system-site-packages $(SDK_VENV)
+	$(SDK_VENV)/bin/pip install -q --no-index --no-build-isolation ./sdk/python
+	rm -rf sdk/python/build sdk/python/*.egg-info
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) HATCHERY_SDK_INSTALLED=1 \
+	  $(SDK_VENV)/bin/python -P -m pytest -q -p no:cacheprovider -c sdk/python/pytest.ini sdk/python/tests
+
+sdk-typescript-test: build template
+	@node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' 2>/dev/null && command -v npm >/dev/null || \
+	  { echo "sdk-typescript-test: needs Node.js >= 20 with npm (bookworm has 18; e.g. NodeSource's packages)" >&2; exit 1; }
+	cd sdk/typescript && npm ci --no-audit --no-fund --silent && npm run --silent build
+	cd sdk/typescript && HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  /usr/bin/python3 $(CURDIR)/tests/sdk/with_daemon.py node --test --test-concurrency=1 test/
+
+test: build template lint unit integration cli-test sdk-python-test sdk-typescript-test
 
 bench: build template
 	cargo build --release -p hatchery-net --example slot_bench

@@ -28,6 +28,10 @@ command -v sqlite3 >/dev/null 2>&1 || missing+=(sqlite3)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v conntrack >/dev/null 2>&1 || missing+=(conntrack)
 /usr/bin/python3 -c 'import pytest' >/dev/null 2>&1 || missing+=(python3-pytest)
+# The Python SDK suite pip-installs the package, offline, into a venv that
+# sees the system packages (make sdk-python-test): venv, and wheel to build it.
+/usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
+/usr/bin/python3 -c 'import wheel' >/dev/null 2>&1 || missing+=(python3-wheel)
 
 if runsc_ok && [ ${#missing[@]} -eq 0 ]; then
   exit 0

@@ -1,0 +1,26 @@
+"""Hatchery SDK: disposable, isolated Linux sandboxes.
+
+    from hatchery import Sandbox
+    with Sandbox.create(ttl_seconds=120) as sbx:
+        print(sbx.exec("python3 -c 'print(6*7)'").stdout)
+"""
+
+from .client import (ROUTES, Client, ExecStream, Filesystem, Network, Sandbox, Snapshot, Template, configure,
+                     default_client)
+from .errors import (AuthError, BadRequest, BuildFailed, Conflict, ConnectionFailed, GuestError, HatcheryError,
+                     NotFound, PermissionDenied, RateLimited, SandboxTimeout, ServerError, ServiceUnavailable,
+                     StreamError, TooLarge)
+from .models import (BuildAccepted, BuildEvent, ExecResult, FileEntry, NetworkEvent, NetworkPolicy, NetworkRule,
+                     OutputChunk, SandboxInfo, SnapshotInfo, TemplateInfo)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client", "Sandbox", "Snapshot", "Template", "Filesystem", "Network", "ExecStream", "configure",
+    "default_client", "ROUTES",
+    "HatcheryError", "BadRequest", "AuthError", "PermissionDenied", "NotFound", "Conflict", "TooLarge", "GuestError",
+    "RateLimited", "ServerError", "ServiceUnavailable", "SandboxTimeout", "ConnectionFailed", "StreamError",
+    "BuildFailed",
+    "SandboxInfo", "ExecResult", "OutputChunk", "FileEntry", "SnapshotInfo", "TemplateInfo", "BuildAccepted",
+    "BuildEvent", "NetworkPolicy", "NetworkRule", "NetworkEvent",
+]

@@ -1,0 +1,246 @@
+"""The async twin: the same API with `await`. Calls run on the event loop's
+default thread pool over the same keep-alive connection pool, so many
+calls (and streams) proceed concurrently without blocking the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, TypeVar, Union
+
+from . import client as sync
+from .client import Client, default_client
+from .models import (BuildEvent, ExecResult, FileEntry, NetworkEvent, NetworkPolicy, OutputChunk, PolicyLike,
+                     TemplateInfo)
+
+T = TypeVar("T")
+
+
+async def _run(fn: Callable[..., T], *args: Any, **kw: Any) -> T:
+    return await asyncio.get_running_loop().run_in_executor(None, functools.partial(fn, *args, **kw))
+
+
+_DONE = object()
+
+
+def _next(it: Any) -> Any:
+    try:
+        return next(it)
+    except StopIteration:
+        return _DONE
+
+
+class AsyncExecStream:
+    """`async for chunk in stream` yields OutputChunks; `await
+    stream.wait()` returns the ExecResult. `aclose()` kills the command."""
+
+    def __init__(self, s: sync.ExecStream):
+        self._s = s
+
+    @property
+    def result(self) -> Optional[ExecResult]:
+        return self._s.result
+
+    def __aiter__(self) -> "AsyncExecStream":
+        return self
+
+    async def __anext__(self) -> OutputChunk:
+        item = await _run(_next, self._s)
+        if item is _DONE:
+            raise StopAsyncIteration
+        assert isinstance(item, OutputChunk)
+        return item
+
+    async def wait(self) -> ExecResult:
+        return await _run(self._s.wait)
+
+    async def aclose(self) -> None:
+        self._s.close()
+
+    async def __aenter__(self) -> "AsyncExecStream":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+class AsyncFilesystem:
+    def __init__(self, fs: sync.Filesystem):
+        self._fs = fs
+
+    async def write(self, path: str, data: Union[str, bytes]) -> None:
+        await _run(self._fs.write, path, data)
+
+    async def read(self, path: str) -> bytes:
+        return await _run(self._fs.read, path)
+
+    async def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        return await _run(self._fs.read_text, path, encoding)
+
+    async def list(self, path: str = "/") -> List[FileEntry]:
+        return await _run(self._fs.list, path)
+
+    async def remove(self, path: str) -> None:
+        await _run(self._fs.remove, path)
+
+    async def exists(self, path: str) -> bool:
+        return await _run(self._fs.exists, path)
+
+
+class AsyncNetwork:
+    def __init__(self, n: sync.Network):
+        self._n = n
+
+    async def get(self) -> NetworkPolicy:
+        return await _run(self._n.get)
+
+    async def update(self, policy: PolicyLike) -> NetworkPolicy:
+        return await _run(self._n.update, policy)
+
+    async def events(self) -> List[NetworkEvent]:
+        return await _run(self._n.events)
+
+
+class AsyncSandbox:
+    """`async with await AsyncSandbox.create(...) as sbx:` kills it on exit."""
+
+    def __init__(self, s: sync.Sandbox):
+        self.sync = s
+        self.filesystem = AsyncFilesystem(s.filesystem)
+        self.files = self.filesystem
+        self.network = AsyncNetwork(s.network)
+
+    @property
+    def id(self) -> str:
+        return self.sync.id
+
+    @property
+    def info(self) -> Any:
+        return self.sync.info
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "sync":
+            raise AttributeError(name)
+        return getattr(self.sync.info, name)
+
+    def __repr__(self) -> str:
+        return f"<AsyncSandbox {self.id}>"
+
+    async def __aenter__(self) -> "AsyncSandbox":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.kill()
+
+    @classmethod
+    async def create(cls, template: Optional[str] = None, *, ttl_seconds: Optional[int] = None,
+                     metadata: Optional[Dict[str, str]] = None, env: Optional[Dict[str, str]] = None,
+                     network: Optional[PolicyLike] = None, client: Optional[Client] = None) -> "AsyncSandbox":
+        return cls(await _run(sync.Sandbox.create, template, ttl_seconds=ttl_seconds, metadata=metadata, env=env,
+                              network=network, client=client))
+
+    @classmethod
+    async def get(cls, sandbox_id: str, *, client: Optional[Client] = None) -> "AsyncSandbox":
+        return cls(await _run(sync.Sandbox.get, sandbox_id, client=client))
+
+    connect = get
+
+    @classmethod
+    async def list(cls, metadata: Optional[Dict[str, str]] = None, *,
+                   client: Optional[Client] = None) -> List["AsyncSandbox"]:
+        return [cls(s) for s in await _run(sync.Sandbox.list, metadata, client=client)]
+
+    async def refresh(self) -> "AsyncSandbox":
+        await _run(self.sync.refresh)
+        return self
+
+    async def is_running(self) -> bool:
+        return await _run(self.sync.is_running)
+
+    async def kill(self) -> None:
+        await _run(self.sync.kill)
+
+    async def set_ttl(self, ttl_seconds: int) -> "AsyncSandbox":
+        await _run(self.sync.set_ttl, ttl_seconds)
+        return self
+
+    async def exec(self, cmd: Optional[str] = None, **kw: Any) -> ExecResult:
+        """Same arguments as Sandbox.exec."""
+        return await _run(self.sync.exec, cmd, **kw)
+
+    async def exec_stream(self, cmd: Optional[str] = None, **kw: Any) -> AsyncExecStream:
+        """Same arguments as Sandbox.exec_stream (callbacks run on a pool
+        thread)."""
+        return AsyncExecStream(await _run(self.sync.exec_stream, cmd, **kw))
+
+    async def snapshot(self, retention_seconds: Optional[int] = None, *,
+                       metadata: Optional[Dict[str, str]] = None) -> "AsyncSnapshot":
+        return AsyncSnapshot(await _run(self.sync.snapshot, retention_seconds, metadata=metadata))
+
+
+class AsyncSnapshot:
+    def __init__(self, s: sync.Snapshot):
+        self.sync = s
+
+    @property
+    def id(self) -> str:
+        return self.sync.id
+
+    @property
+    def info(self) -> Any:
+        return self.sync.info
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "sync":
+            raise AttributeError(name)
+        return getattr(self.sync.info, name)
+
+    @classmethod
+    async def get(cls, snapshot_id: str, *, client: Optional[Client] = None) -> "AsyncSnapshot":
+        return cls(await _run(sync.Snapshot.get, snapshot_id, client=client))
+
+    @classmethod
+    async def list(cls, metadata: Optional[Dict[str, str]] = None, *,
+                   client: Optional[Client] = None) -> List["AsyncSnapshot"]:
+        return [cls(s) for s in await _run(sync.Snapshot.list, metadata, client=client)]
+
+    async def delete(self) -> None:
+        await _run(self.sync.delete)
+
+    async def fork(self, **kw: Any) -> AsyncSandbox:
+        return AsyncSandbox(await _run(self.sync.fork, **kw))
+
+    async def fork_many(self, count: int, **kw: Any) -> List[AsyncSandbox]:
+        return [AsyncSandbox(s) for s in await _run(self.sync.fork_many, count, **kw)]
+
+
+class AsyncTemplate:
+    @staticmethod
+    async def list(*, client: Optional[Client] = None) -> List[TemplateInfo]:
+        return await _run(sync.Template.list, client=client)
+
+    @staticmethod
+    async def get(name: str, *, client: Optional[Client] = None) -> TemplateInfo:
+        return await _run(sync.Template.get, name, client=client)
+
+    @staticmethod
+    async def delete(name: str, *, client: Optional[Client] = None) -> None:
+        await _run(sync.Template.delete, name, client=client)
+
+    @staticmethod
+    async def build(name: str, **kw: Any) -> TemplateInfo:
+        """Same arguments as Template.build (callbacks run on a pool thread)."""
+        return await _run(sync.Template.build, name, **kw)
+
+    @staticmethod
+    async def build_events(name: str, build_id: str, *, client: Optional[Client] = None) -> AsyncIterator[BuildEvent]:
+        it = sync.Template.build_events(name, build_id, client=client)
+        while True:
+            ev = await _run(_next, it)
+            if ev is _DONE:
+                return
+            yield ev
+
+
+__all__ = ["AsyncSandbox", "AsyncSnapshot", "AsyncTemplate", "AsyncExecStream", "AsyncFilesystem", "AsyncNetwork",
+           "Client", "default_client"]

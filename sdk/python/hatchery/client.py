@@ -1,0 +1,488 @@
+"""The synchronous API: Client, Sandbox (with .filesystem and .network),
+Snapshot and Template. Every HTTP route the SDK uses is listed in ROUTES,
+which tests/test_openapi.py compares with the daemon's OpenAPI document."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Dict, Iterator, List, Optional, Union
+
+from . import errors
+from ._config import resolve_key, resolve_url
+from ._http import SSE, Response, Transport, metadata_query, path
+from .models import (BuildAccepted, BuildEvent, ExecResult, FileEntry, NetworkEvent, NetworkPolicy, OutputChunk,
+                     PolicyLike, SandboxInfo, SnapshotInfo, TemplateInfo, policy_dict)
+
+# (method, path) -> what in this SDK calls it.
+ROUTES = {
+    ("GET", "/healthz"): "Client.health",
+    ("GET", "/metrics"): "Client.metrics",
+    ("GET", "/openapi.json"): "Client.openapi",
+    ("POST", "/v1/sandboxes"): "Sandbox.create",
+    ("GET", "/v1/sandboxes"): "Sandbox.list",
+    ("GET", "/v1/sandboxes/{id}"): "Sandbox.get",
+    ("PATCH", "/v1/sandboxes/{id}"): "Sandbox.set_ttl",
+    ("DELETE", "/v1/sandboxes/{id}"): "Sandbox.kill",
+    ("POST", "/v1/sandboxes/{id}/exec"): "Sandbox.exec",
+    ("POST", "/v1/sandboxes/{id}/exec/stream"): "Sandbox.exec_stream",
+    ("PUT", "/v1/sandboxes/{id}/files"): "Filesystem.write",
+    ("GET", "/v1/sandboxes/{id}/files"): "Filesystem.read",
+    ("DELETE", "/v1/sandboxes/{id}/files"): "Filesystem.remove",
+    ("GET", "/v1/sandboxes/{id}/files/list"): "Filesystem.list",
+    ("GET", "/v1/sandboxes/{id}/network"): "Network.get",
+    ("PUT", "/v1/sandboxes/{id}/network"): "Network.update",
+    ("GET", "/v1/sandboxes/{id}/network/events"): "Network.events",
+    ("POST", "/v1/sandboxes/{id}/snapshots"): "Sandbox.snapshot",
+    ("GET", "/v1/snapshots"): "Snapshot.list",
+    ("GET", "/v1/snapshots/{id}"): "Snapshot.get",
+    ("DELETE", "/v1/snapshots/{id}"): "Snapshot.delete",
+    ("POST", "/v1/snapshots/{id}/fork"): "Snapshot.fork",
+    ("GET", "/v1/templates"): "Template.list",
+    ("POST", "/v1/templates"): "Template.build",
+    ("GET", "/v1/templates/{name}"): "Template.get",
+    ("DELETE", "/v1/templates/{name}"): "Template.delete",
+    ("GET", "/v1/templates/{name}/builds/{id}/events"): "Template.build_events",
+}
+
+# Exec calls wait for the command; the HTTP timeout trails its deadline by
+# the daemon's own grace (kill 1 s after, give up 3 s after that) plus slack.
+EXEC_GRACE_S = 15.0
+DEFAULT_EXEC_TIMEOUT_S = 60
+
+
+def _drop_none(d: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+class Client:
+    """Connection settings plus a pool of keep-alive connections.
+
+    url: argument, else HATCHERY_URL, else http://127.0.0.1:7423.
+    api_key: argument, else HATCHERY_API_KEY, else (for a daemon on this
+    machine) the key file /var/lib/hatchery/api_key (HATCHERY_KEY_FILE)."""
+
+    def __init__(self, url: Optional[str] = None, api_key: Optional[str] = None, *, timeout: float = 60.0,
+                 max_retries: int = 2, key_file: Optional[str] = None):
+        self.url = resolve_url(url)
+        self.transport = Transport(self.url, resolve_key(api_key, self.url, key_file), timeout=timeout,
+                                   max_retries=max_retries)
+
+    def call(self, method: str, route: str, *, params: Optional[Dict[str, str]] = None, **kw: Any) -> Response:
+        assert (method, route) in ROUTES, (method, route)
+        if method in ("GET", "PUT", "DELETE", "PATCH"):
+            kw.setdefault("idempotent", True)
+        return self.transport.request(method, path(route, **(params or {})), **kw)
+
+    def stream(self, method: str, route: str, *, params: Optional[Dict[str, str]] = None, **kw: Any) -> SSE:
+        assert (method, route) in ROUTES, (method, route)
+        return self.transport.stream(method, path(route, **(params or {})), **kw)
+
+    def health(self) -> Dict[str, Any]:
+        h: Dict[str, Any] = self.call("GET", "/healthz").json()
+        return h
+
+    def metrics(self) -> str:
+        return self.call("GET", "/metrics").body.decode()
+
+    def openapi(self) -> Dict[str, Any]:
+        doc: Dict[str, Any] = self.call("GET", "/openapi.json").json()
+        return doc
+
+    def close(self) -> None:
+        self.transport.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+_default: Optional[Client] = None
+_default_lock = threading.Lock()
+
+
+def default_client() -> Client:
+    """Built from the environment on first use; `configure` replaces it."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Client()
+        return _default
+
+
+def configure(url: Optional[str] = None, api_key: Optional[str] = None, **kw: Any) -> Client:
+    global _default
+    with _default_lock:
+        if _default is not None:
+            _default.close()
+        _default = Client(url, api_key, **kw)
+        return _default
+
+
+def _exec_body(cmd: Optional[str], argv: Optional[List[str]], timeout_seconds: Optional[int], cwd: Optional[str],
+               env: Optional[Dict[str, str]], stdin: Optional[Union[str, bytes]],
+               max_output_bytes: Optional[int]) -> Dict[str, Any]:
+    if (cmd is None) == (argv is None):
+        raise ValueError("give exactly one of cmd and argv")
+    if isinstance(stdin, bytes):
+        stdin = stdin.decode("utf-8")
+    return _drop_none({"cmd": cmd, "argv": argv, "timeout_seconds": timeout_seconds, "cwd": cwd, "env": env,
+                       "stdin": stdin, "max_output_bytes": max_output_bytes})
+
+
+def _http_timeout(timeout_seconds: Optional[int]) -> float:
+    return (timeout_seconds or DEFAULT_EXEC_TIMEOUT_S) + EXEC_GRACE_S
+
+
+class ExecStream:
+    """Output of a running command, as it comes. Iterate it for
+    `OutputChunk`s, or call `wait()`; either way `result` ends up holding the
+    `ExecResult` (with the whole stdout/stderr collected). Closing it early
+    (or leaving a `with` block) kills the command. A stream that ends
+    without an exit event raises `StreamError`."""
+
+    def __init__(self, sse: SSE, on_stdout: Optional[Callable[[str], None]] = None,
+                 on_stderr: Optional[Callable[[str], None]] = None):
+        self._sse = sse
+        self._events = iter(sse)
+        self._cb = {"stdout": on_stdout, "stderr": on_stderr}
+        self._out: Dict[str, List[str]] = {"stdout": [], "stderr": []}
+        self.result: Optional[ExecResult] = None
+
+    def __iter__(self) -> Iterator[OutputChunk]:
+        return self
+
+    def __next__(self) -> OutputChunk:
+        if self.result is not None:
+            raise StopIteration
+        for kind, data in self._events:
+            if kind in ("stdout", "stderr"):
+                chunk = data["data"]
+                self._out[kind].append(chunk)
+                cb = self._cb[kind]
+                if cb is not None:
+                    cb(chunk)
+                return OutputChunk(kind, chunk)
+            if kind == "exit":
+                res = ExecResult.from_dict(data)
+                res.stdout = "".join(self._out["stdout"]) + res.stdout
+                res.stderr = "".join(self._out["stderr"]) + res.stderr
+                self.result = res
+                self._sse.close()
+                raise StopIteration
+            if kind == "error":
+                self._sse.close()
+                raise errors.error_from_event(data)
+        raise errors.StreamError("exec stream ended without an exit event")
+
+    def wait(self) -> ExecResult:
+        for _ in self:
+            pass
+        assert self.result is not None
+        return self.result
+
+    def close(self) -> None:
+        self._sse.close()
+
+    def __enter__(self) -> "ExecStream":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Filesystem:
+    """Files inside one sandbox; paths are absolute."""
+
+    def __init__(self, sandbox: "Sandbox"):
+        self._s = sandbox
+
+    def _call(self, method: str, route: str, p: str, **kw: Any) -> Response:
+        return self._s._client.call(method, route, params={"id": self._s.id}, query={"path": p}, **kw)
+
+    def write(self, path: str, data: Union[str, bytes]) -> None:
+        """Creates or truncates the file (mode 0644); missing parent
+        directories are created."""
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        self._call("PUT", "/v1/sandboxes/{id}/files", path, data=data,
+                   headers={"Content-Type": "application/octet-stream"})
+
+    def read(self, path: str) -> bytes:
+        return self._call("GET", "/v1/sandboxes/{id}/files", path).body
+
+    def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        return self.read(path).decode(encoding)
+
+    def list(self, path: str = "/") -> List[FileEntry]:
+        r = self._call("GET", "/v1/sandboxes/{id}/files/list", path).json()
+        return [FileEntry.from_dict(e) for e in r["entries"]]
+
+    def remove(self, path: str) -> None:
+        """A file, a symlink, or a directory with everything in it."""
+        self._call("DELETE", "/v1/sandboxes/{id}/files", path)
+
+    def exists(self, path: str) -> bool:
+        if path == "/":
+            return True
+        parent, _, name = path.rstrip("/").rpartition("/")
+        try:
+            return any(e.name == name for e in self.list(parent or "/"))
+        except (errors.NotFound, errors.Conflict):
+            return False
+
+
+class Network:
+    """The sandbox's egress policy and its log of denied connections."""
+
+    def __init__(self, sandbox: "Sandbox"):
+        self._s = sandbox
+
+    def get(self) -> NetworkPolicy:
+        r = self._s._client.call("GET", "/v1/sandboxes/{id}/network", params={"id": self._s.id})
+        return NetworkPolicy.from_dict(r.json())
+
+    def update(self, policy: PolicyLike) -> NetworkPolicy:
+        r = self._s._client.call("PUT", "/v1/sandboxes/{id}/network", params={"id": self._s.id},
+                                 json=policy_dict(policy))
+        return NetworkPolicy.from_dict(r.json())
+
+    def events(self) -> List[NetworkEvent]:
+        r = self._s._client.call("GET", "/v1/sandboxes/{id}/network/events", params={"id": self._s.id})
+        return [NetworkEvent.from_dict(e) for e in r.json()["events"]]
+
+
+class Sandbox:
+    """A live sandbox. Its fields (template, state, expires_at, metadata,
+    boot_mode...) are those of `info`, readable as attributes. Used as a
+    context manager, it is killed when the block ends, also on an error."""
+
+    def __init__(self, info: SandboxInfo, client: Optional[Client] = None):
+        self.info = info
+        self._client = client or default_client()
+        self.filesystem = Filesystem(self)
+        self.files = self.filesystem
+        self.network = Network(self)
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "info":
+            raise AttributeError(name)
+        try:
+            return getattr(self.info, name)
+        except AttributeError:
+            raise AttributeError(f"'Sandbox' has no attribute {name!r}") from None
+
+    def __repr__(self) -> str:
+        return f"<Sandbox {self.id} {self.info.template} expires {self.info.expires_at}>"
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.kill()
+
+    @classmethod
+    def create(cls, template: Optional[str] = None, *, ttl_seconds: Optional[int] = None,
+               metadata: Optional[Dict[str, str]] = None, env: Optional[Dict[str, str]] = None,
+               network: Optional[PolicyLike] = None, client: Optional[Client] = None) -> "Sandbox":
+        c = client or default_client()
+        body = _drop_none({"template": template, "ttl_seconds": ttl_seconds, "metadata": metadata, "env": env,
+                           "network": policy_dict(network)})
+        return cls(SandboxInfo.from_dict(c.call("POST", "/v1/sandboxes", json=body).json()), c)
+
+    @classmethod
+    def get(cls, sandbox_id: str, *, client: Optional[Client] = None) -> "Sandbox":
+        c = client or default_client()
+        return cls(SandboxInfo.from_dict(c.call("GET", "/v1/sandboxes/{id}", params={"id": sandbox_id}).json()), c)
+
+    connect = get
+
+    @classmethod
+    def list(cls, metadata: Optional[Dict[str, str]] = None, *, client: Optional[Client] = None) -> List["Sandbox"]:
+        c = client or default_client()
+        r = c.call("GET", "/v1/sandboxes", query=metadata_query(metadata)).json()
+        return [cls(SandboxInfo.from_dict(s), c) for s in r["sandboxes"]]
+
+    def refresh(self) -> "Sandbox":
+        self.info = SandboxInfo.from_dict(
+            self._client.call("GET", "/v1/sandboxes/{id}", params={"id": self.id}).json())
+        return self
+
+    def is_running(self) -> bool:
+        try:
+            return self.refresh().info.state == "running"
+        except errors.NotFound:
+            return False
+
+    def kill(self) -> None:
+        """Idempotent: killing a sandbox that is already gone is fine."""
+        self._client.call("DELETE", "/v1/sandboxes/{id}", params={"id": self.id})
+
+    def set_ttl(self, ttl_seconds: int) -> "Sandbox":
+        """The sandbox now expires `ttl_seconds` from now."""
+        self.info = SandboxInfo.from_dict(self._client.call(
+            "PATCH", "/v1/sandboxes/{id}", params={"id": self.id}, json={"ttl_seconds": ttl_seconds}).json())
+        return self
+
+    def exec(self, cmd: Optional[str] = None, *, argv: Optional[List[str]] = None,
+             timeout_seconds: Optional[int] = None, cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None,
+             stdin: Optional[Union[str, bytes]] = None, max_output_bytes: Optional[int] = None) -> ExecResult:
+        """Runs `cmd` with /bin/sh -c (or `argv` without a shell) and waits.
+        A non-zero exit or a timeout is a result, not an exception."""
+        body = _exec_body(cmd, argv, timeout_seconds, cwd, env, stdin, max_output_bytes)
+        r = self._client.call("POST", "/v1/sandboxes/{id}/exec", params={"id": self.id}, json=body,
+                              timeout=_http_timeout(timeout_seconds))
+        return ExecResult.from_dict(r.json())
+
+    def exec_stream(self, cmd: Optional[str] = None, *, argv: Optional[List[str]] = None,
+                    timeout_seconds: Optional[int] = None, cwd: Optional[str] = None,
+                    env: Optional[Dict[str, str]] = None, stdin: Optional[Union[str, bytes]] = None,
+                    max_output_bytes: Optional[int] = None, on_stdout: Optional[Callable[[str], None]] = None,
+                    on_stderr: Optional[Callable[[str], None]] = None) -> ExecStream:
+        body = _exec_body(cmd, argv, timeout_seconds, cwd, env, stdin, max_output_bytes)
+        # The daemon sends a keep-alive comment every 15 s while the command
+        # is silent, so a read timeout longer than that means a dead stream.
+        sse = self._client.stream("POST", "/v1/sandboxes/{id}/exec/stream", params={"id": self.id}, json=body,
+                                  timeout=max(self._client.transport.timeout, 45.0))
+        return ExecStream(sse, on_stdout, on_stderr)
+
+    def snapshot(self, retention_seconds: Optional[int] = None, *,
+                 metadata: Optional[Dict[str, str]] = None) -> "Snapshot":
+        body = _drop_none({"retention_seconds": retention_seconds, "metadata": metadata})
+        r = self._client.call("POST", "/v1/sandboxes/{id}/snapshots", params={"id": self.id}, json=body,
+                              timeout=max(self._client.transport.timeout, 120.0))
+        return Snapshot(SnapshotInfo.from_dict(r.json()), self._client)
+
+
+class Snapshot:
+    """A saved state of a sandbox; fork it into new sandboxes."""
+
+    def __init__(self, info: SnapshotInfo, client: Optional[Client] = None):
+        self.info = info
+        self._client = client or default_client()
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "info":
+            raise AttributeError(name)
+        try:
+            return getattr(self.info, name)
+        except AttributeError:
+            raise AttributeError(f"'Snapshot' has no attribute {name!r}") from None
+
+    def __repr__(self) -> str:
+        return f"<Snapshot {self.id} of {self.info.sandbox_id}>"
+
+    @classmethod
+    def get(cls, snapshot_id: str, *, client: Optional[Client] = None) -> "Snapshot":
+        c = client or default_client()
+        return cls(SnapshotInfo.from_dict(c.call("GET", "/v1/snapshots/{id}", params={"id": snapshot_id}).json()), c)
+
+    @classmethod
+    def list(cls, metadata: Optional[Dict[str, str]] = None, *,
+             client: Optional[Client] = None) -> List["Snapshot"]:
+        c = client or default_client()
+        r = c.call("GET", "/v1/snapshots", query=metadata_query(metadata)).json()
+        return [cls(SnapshotInfo.from_dict(s), c) for s in r["snapshots"]]
+
+    def delete(self) -> None:
+        """Idempotent; the image files are gone when this returns."""
+        self._client.call("DELETE", "/v1/snapshots/{id}", params={"id": self.id})
+
+    def fork(self, *, ttl_seconds: Optional[int] = None, metadata: Optional[Dict[str, str]] = None,
+             network: Optional[PolicyLike] = None) -> Sandbox:
+        """One new sandbox in the state the snapshot recorded."""
+        return self.fork_many(1, ttl_seconds=ttl_seconds, metadata=metadata, network=network)[0]
+
+    def fork_many(self, count: int, *, ttl_seconds: Optional[int] = None, metadata: Optional[Dict[str, str]] = None,
+                  network: Optional[PolicyLike] = None) -> List[Sandbox]:
+        """`count` (1..16) independent sandboxes; all or nothing."""
+        body = _drop_none({"count": count, "ttl_seconds": ttl_seconds, "metadata": metadata,
+                           "network": policy_dict(network)})
+        r = self._client.call("POST", "/v1/snapshots/{id}/fork", params={"id": self.id}, json=body,
+                              timeout=max(self._client.transport.timeout, 60.0 * count))
+        return [Sandbox(SandboxInfo.from_dict(s), self._client) for s in r.json()["sandboxes"]]
+
+
+class Template:
+    """Templates: list, inspect, build (with progress) and delete."""
+
+    @staticmethod
+    def list(*, client: Optional[Client] = None) -> List[TemplateInfo]:
+        c = client or default_client()
+        return [TemplateInfo.from_dict(t) for t in c.call("GET", "/v1/templates").json()["templates"]]
+
+    @staticmethod
+    def get(name: str, *, client: Optional[Client] = None) -> TemplateInfo:
+        c = client or default_client()
+        return TemplateInfo.from_dict(c.call("GET", "/v1/templates/{name}", params={"name": name}).json())
+
+    @staticmethod
+    def delete(name: str, *, client: Optional[Client] = None) -> None:
+        c = client or default_client()
+        c.call("DELETE", "/v1/templates/{name}", params={"name": name})
+
+    @staticmethod
+    def start_build(name: str, *, base: Optional[str] = None, packages: Optional[List[str]] = None,
+                    files: Optional[Dict[str, str]] = None, setup: Optional[List[str]] = None,
+                    cpus: Optional[float] = None, memory_mb: Optional[int] = None, pids_max: Optional[int] = None,
+                    disk_mb: Optional[int] = None, network: Optional[PolicyLike] = None,
+                    client: Optional[Client] = None) -> BuildAccepted:
+        """Starts a build and returns at once (202); follow it with
+        `build_events`."""
+        c = client or default_client()
+        body = _drop_none({"name": name, "base": base, "packages": packages, "files": files, "setup": setup,
+                           "cpus": cpus, "memory_mb": memory_mb, "pids_max": pids_max, "disk_mb": disk_mb,
+                           "network": policy_dict(network)})
+        return BuildAccepted.from_dict(c.call("POST", "/v1/templates", json=body).json())
+
+    @staticmethod
+    def build_events(name: str, build_id: str, *, client: Optional[Client] = None) -> Iterator[BuildEvent]:
+        """Every event of the build from its start (history first), ending
+        after `done` or `error`; raises StreamError if it ends otherwise."""
+        c = client or default_client()
+        sse = c.stream("GET", "/v1/templates/{name}/builds/{id}/events", params={"name": name, "id": build_id},
+                       timeout=max(c.transport.timeout, 120.0))
+        try:
+            for kind, data in sse:
+                yield BuildEvent(kind, data or {})
+                if kind in ("done", "error"):
+                    return
+            raise errors.StreamError("build event stream ended without done or error")
+        finally:
+            sse.close()
+
+    @staticmethod
+    def build(name: str, *, base: Optional[str] = None, packages: Optional[List[str]] = None,
+              files: Optional[Dict[str, str]] = None, setup: Optional[List[str]] = None,
+              cpus: Optional[float] = None, memory_mb: Optional[int] = None, pids_max: Optional[int] = None,
+              disk_mb: Optional[int] = None, network: Optional[PolicyLike] = None,
+              on_progress: Optional[Callable[[int, str], None]] = None,
+              on_log: Optional[Callable[[str], None]] = None, client: Optional[Client] = None) -> TemplateInfo:
+        """Builds and waits: `on_progress(percent, step)` for each step,
+        `on_log(line)` for each log line. Returns the activated template;
+        raises BuildFailed if the build fails."""
+        c = client or default_client()
+        acc = Template.start_build(name, base=base, packages=packages, files=files, setup=setup, cpus=cpus,
+                                   memory_mb=memory_mb, pids_max=pids_max, disk_mb=disk_mb, network=network, client=c)
+        for ev in Template.build_events(name, acc.build_id, client=c):
+            if ev.kind == "step" and on_progress:
+                on_progress(int(ev.data.get("percent", 0)), str(ev.data.get("step", "")))
+            elif ev.kind == "log" and on_log:
+                on_log(str(ev.data.get("line", "")))
+            elif ev.kind == "done":
+                if on_progress:
+                    on_progress(100, "done")
+            elif ev.kind == "error":
+                err = ev.data.get("error") or {}
+                raise errors.BuildFailed(err.get("message", "build failed"), code=err.get("code", "build_failed"))
+        return Template.get(name, client=c)
+

@@ -1,0 +1,105 @@
+"""Typed errors. Every failure the daemon reports carries its stable `code`
+(e.g. ``sandbox_not_found``), the human `message` and the HTTP `status`."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+
+class HatcheryError(Exception):
+    """Base class of every error this SDK raises."""
+
+    def __init__(self, message: str, *, status: Optional[int] = None, code: Optional[str] = None,
+                 retry_after: Optional[float] = None):
+        super().__init__(message if code is None else f"{code}: {message}")
+        self.message = message
+        self.status = status
+        self.code = code
+        self.retry_after = retry_after
+
+
+class BadRequest(HatcheryError):
+    """400 or 415: the request failed validation."""
+
+
+class AuthError(HatcheryError):
+    """401: missing or wrong API key."""
+
+
+class PermissionDenied(HatcheryError):
+    """403: the guest refused a file operation."""
+
+
+class NotFound(HatcheryError):
+    """404: no such sandbox, snapshot, template, build, file or cwd."""
+
+
+class Conflict(HatcheryError):
+    """409: sandbox not running, build already running, template in use,
+    reading a directory..."""
+
+
+class TooLarge(HatcheryError):
+    """413: body or file over its limit, or no space left in the sandbox."""
+
+
+class GuestError(HatcheryError):
+    """422: the guest failed the operation (``guest_error``), or a snapshot
+    image is corrupt (``snapshot_corrupt``)."""
+
+
+class RateLimited(HatcheryError):
+    """429: too many requests; `retry_after` is in seconds (or None)."""
+
+
+class ServerError(HatcheryError):
+    """5xx: the daemon's own failure (or a capacity/runtime 503)."""
+
+
+class ServiceUnavailable(ServerError):
+    """503: ``capacity`` or ``runtime_error``; `retry_after` is set."""
+
+
+class SandboxTimeout(HatcheryError):
+    """504 ``guest_unresponsive``, or no answer within the client timeout."""
+
+
+class ConnectionFailed(HatcheryError):
+    """The daemon could not be reached, or dropped the connection."""
+
+
+class StreamError(HatcheryError):
+    """A server-sent event stream ended without its final event."""
+
+
+class BuildFailed(HatcheryError):
+    """A template build ended with an ``error`` event."""
+
+
+_BY_STATUS = {400: BadRequest, 401: AuthError, 403: PermissionDenied, 404: NotFound, 409: Conflict,
+              413: TooLarge, 415: BadRequest, 422: GuestError, 429: RateLimited, 503: ServiceUnavailable,
+              504: SandboxTimeout}
+
+
+def error_for(status: int, code: Optional[str], message: str, retry_after: Optional[float] = None) -> HatcheryError:
+    cls = _BY_STATUS.get(status)
+    if cls is None:
+        cls = ServerError if status >= 500 else HatcheryError
+    return cls(message, status=status, code=code, retry_after=retry_after)
+
+
+def error_from_event(payload: Any, status: Optional[int] = None) -> HatcheryError:
+    """An ``error`` event of a stream: ``{"error": {"code", "message"}}``."""
+    err = (payload or {}).get("error") or {}
+    code = err.get("code")
+    status = status or _CODE_STATUS.get(code or "", 500)
+    return error_for(status, code, err.get("message", "stream error"))
+
+
+# Status a code is answered with outside a stream (docs/api.md), so that an
+# error arriving inside an SSE stream raises the same type.
+_CODE_STATUS = {"unauthorized": 401, "not_found": 404, "sandbox_not_found": 404, "snapshot_not_found": 404,
+                "file_not_found": 404, "template_not_found": 404, "build_not_found": 404,
+                "sandbox_not_running": 409, "conflict": 409, "file_conflict": 409, "too_large": 413,
+                "permission_denied": 403, "guest_error": 422, "snapshot_corrupt": 422,
+                "guest_unresponsive": 504, "capacity": 503, "runtime_error": 503}

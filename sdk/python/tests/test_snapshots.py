@@ -1,0 +1,38 @@
+import pytest
+
+from hatchery import NotFound, Sandbox, Snapshot, SnapshotInfo
+
+
+def test_snapshot_fork_list_delete(daemon, client, sbx):
+    sbx.filesystem.write("/workspace/state.txt", "before")
+    snap = sbx.snapshot(retention_seconds=3600, metadata={"candidate": "c-42"})
+    assert isinstance(snap, Snapshot) and snap.id.startswith("snap_") and isinstance(snap.info, SnapshotInfo)
+    assert snap.sandbox_id == sbx.id and snap.size_bytes > 0 and snap.metadata == {"candidate": "c-42"}
+    other = sbx.snapshot()
+    assert Snapshot.get(snap.id, client=client).created_at == snap.created_at
+    assert [s.id for s in Snapshot.list(client=client)] == [snap.id, other.id]
+    assert [s.id for s in Snapshot.list(metadata={"candidate": "c-42"}, client=client)] == [snap.id]
+
+    sbx.filesystem.write("/workspace/state.txt", "after")
+    fork = snap.fork(ttl_seconds=120, metadata={"role": "reviewer"})
+    daemon.created.add(fork.id)
+    assert isinstance(fork, Sandbox) and fork.boot_mode == "fork" and fork.metadata == {"role": "reviewer"}
+    assert fork.filesystem.read_text("/workspace/state.txt") == "before"
+    assert sbx.filesystem.read_text("/workspace/state.txt") == "after"
+
+    many = snap.fork_many(2, ttl_seconds=60)
+    for f in many:
+        daemon.created.add(f.id)
+    assert len({f.id for f in many}) == 2 and all(f.exec("cat /workspace/state.txt").stdout == "before" for f in many)
+    for f in [fork, *many]:
+        f.kill()
+
+    snap.delete()
+    snap.delete()  # idempotent
+    other.delete()
+    with pytest.raises(NotFound) as e:
+        Snapshot.get(snap.id, client=client)
+    assert e.value.code == "snapshot_not_found"
+    with pytest.raises(NotFound):
+        snap.fork()
+    assert Snapshot.list(client=client) == []

@@ -1,0 +1,106 @@
+// Client: connection settings, the route table and the calls that are not
+// about one sandbox. Every HTTP route the SDK uses is in ROUTES, which is
+// typed to contain every route of the OpenAPI document.
+import type { DOCUMENTED_ROUTES } from "./wire.js";
+import { type ClientOptions, type Query, type RequestOptions, SSE, Transport } from "./http.js";
+
+type Documented = (typeof DOCUMENTED_ROUTES)[number];
+
+/** `METHOD /path` -> what in this SDK calls it. */
+export const ROUTES = {
+  "GET /healthz": "Client.health",
+  "GET /metrics": "Client.metrics",
+  "GET /openapi.json": "Client.openapi",
+  "POST /v1/sandboxes": "Sandbox.create",
+  "GET /v1/sandboxes": "Sandbox.list",
+  "GET /v1/sandboxes/{id}": "Sandbox.get",
+  "PATCH /v1/sandboxes/{id}": "Sandbox.setTtl",
+  "DELETE /v1/sandboxes/{id}": "Sandbox.kill",
+  "POST /v1/sandboxes/{id}/exec": "Sandbox.exec",
+  "POST /v1/sandboxes/{id}/exec/stream": "Sandbox.execStream",
+  "PUT /v1/sandboxes/{id}/files": "Filesystem.write",
+  "GET /v1/sandboxes/{id}/files": "Filesystem.read",
+  "DELETE /v1/sandboxes/{id}/files": "Filesystem.remove",
+  "GET /v1/sandboxes/{id}/files/list": "Filesystem.list",
+  "GET /v1/sandboxes/{id}/network": "Network.get",
+  "PUT /v1/sandboxes/{id}/network": "Network.update",
+  "GET /v1/sandboxes/{id}/network/events": "Network.events",
+  "POST /v1/sandboxes/{id}/snapshots": "Sandbox.snapshot",
+  "GET /v1/snapshots": "Snapshot.list",
+  "GET /v1/snapshots/{id}": "Snapshot.get",
+  "DELETE /v1/snapshots/{id}": "Snapshot.delete",
+  "POST /v1/snapshots/{id}/fork": "Snapshot.fork",
+  "GET /v1/templates": "Template.list",
+  "POST /v1/templates": "Template.build",
+  "GET /v1/templates/{name}": "Template.get",
+  "DELETE /v1/templates/{name}": "Template.delete",
+  "GET /v1/templates/{name}/builds/{id}/events": "Template.buildEvents",
+} as const satisfies Record<Documented, string> & Record<string, string>;
+
+export type Route = keyof typeof ROUTES;
+
+export type { ClientOptions };
+
+export function metadataQuery(metadata?: Record<string, string>): Query {
+  return Object.entries(metadata ?? {}).map(([k, v]) => [`metadata.${k}`, v]);
+}
+
+export class Client {
+  readonly transport: Transport;
+
+  constructor(opts: ClientOptions = {}) {
+    this.transport = new Transport(opts);
+  }
+
+  get url(): string {
+    return this.transport.url;
+  }
+
+  private split(route: Route, params: Record<string, string>): [string, string] {
+    const [method, template] = route.split(" ") as [string, string];
+    const path = template.replace(/\{(\w+)\}/g, (_, k: string) => encodeURIComponent(params[k] ?? ""));
+    return [method, path];
+  }
+
+  call(route: Route, params: Record<string, string> = {}, opts: RequestOptions = {}): Promise<Response> {
+    const [method, path] = this.split(route, params);
+    const idempotent = opts.idempotent ?? ["GET", "PUT", "DELETE", "PATCH"].includes(method);
+    return this.transport.request(method, path, { ...opts, idempotent });
+  }
+
+  json<T>(route: Route, params: Record<string, string> = {}, opts: RequestOptions = {}): Promise<T> {
+    const [method, path] = this.split(route, params);
+    const idempotent = opts.idempotent ?? ["GET", "PUT", "DELETE", "PATCH"].includes(method);
+    return this.transport.json<T>(method, path, { ...opts, idempotent });
+  }
+
+  stream(route: Route, params: Record<string, string>, json: unknown, signal: AbortSignal): Promise<SSE> {
+    const [method, path] = this.split(route, params);
+    return this.transport.stream(method, path, json, signal);
+  }
+
+  async health(): Promise<{ status: string; runtime: string; live: number }> {
+    return this.json("GET /healthz");
+  }
+
+  async metrics(): Promise<string> {
+    const r = await this.call("GET /metrics");
+    return r.text();
+  }
+
+  async openapi(): Promise<Record<string, any>> {
+    return this.json("GET /openapi.json");
+  }
+}
+
+let defaultClient: Client | undefined;
+
+/** Built from the environment on first use; `configure` replaces it. */
+export function getDefaultClient(): Client {
+  return (defaultClient ??= new Client());
+}
+
+export function configure(opts: ClientOptions = {}): Client {
+  defaultClient = new Client(opts);
+  return defaultClient;
+}

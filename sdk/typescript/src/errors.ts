@@ -1,0 +1,77 @@
+// Typed errors. Every failure the daemon reports carries its stable `code`
+// (e.g. "sandbox_not_found"), the human `message` and the HTTP `status`.
+
+export interface ErrorInit {
+  status?: number;
+  code?: string;
+  retryAfter?: number;
+}
+
+/** Base class of every error this SDK throws. */
+export class HatcheryError extends Error {
+  readonly status?: number;
+  readonly code?: string;
+  /** Seconds, from Retry-After (429 and 503). */
+  readonly retryAfter?: number;
+
+  constructor(message: string, init: ErrorInit = {}) {
+    super(init.code ? `${init.code}: ${message}` : message);
+    this.name = new.target.name;
+    this.status = init.status;
+    this.code = init.code;
+    this.retryAfter = init.retryAfter;
+  }
+}
+
+/** 400 or 415: the request failed validation. */
+export class BadRequest extends HatcheryError {}
+/** 401: missing or wrong API key. */
+export class AuthError extends HatcheryError {}
+/** 403: the guest refused a file operation. */
+export class PermissionDenied extends HatcheryError {}
+/** 404: no such sandbox, snapshot, template, build, file or cwd. */
+export class NotFound extends HatcheryError {}
+/** 409: sandbox not running, build already running, template in use, reading a directory... */
+export class Conflict extends HatcheryError {}
+/** 413: body or file over its limit, or no space left in the sandbox. */
+export class TooLarge extends HatcheryError {}
+/** 422: the guest failed the operation, or a snapshot image is corrupt. */
+export class GuestError extends HatcheryError {}
+/** 429: too many requests; `retryAfter` in seconds. */
+export class RateLimited extends HatcheryError {}
+/** 5xx: the daemon's own failure. */
+export class ServerError extends HatcheryError {}
+/** 503 `capacity` or `runtime_error`; `retryAfter` is set. */
+export class ServiceUnavailable extends ServerError {}
+/** 504 `guest_unresponsive`, or no answer within the client timeout. */
+export class SandboxTimeout extends HatcheryError {}
+/** The daemon could not be reached, or dropped the connection. */
+export class ConnectionFailed extends HatcheryError {}
+/** A server-sent event stream ended without its final event. */
+export class StreamError extends HatcheryError {}
+/** A template build ended with an `error` event. */
+export class BuildFailed extends HatcheryError {}
+
+const BY_STATUS: Record<number, typeof HatcheryError> = {
+  400: BadRequest, 401: AuthError, 403: PermissionDenied, 404: NotFound, 409: Conflict, 413: TooLarge,
+  415: BadRequest, 422: GuestError, 429: RateLimited, 503: ServiceUnavailable, 504: SandboxTimeout,
+};
+
+// The status each code is answered with outside a stream (docs/api.md), so an
+// error arriving inside an SSE stream throws the same class.
+const CODE_STATUS: Record<string, number> = {
+  unauthorized: 401, not_found: 404, sandbox_not_found: 404, snapshot_not_found: 404, file_not_found: 404,
+  template_not_found: 404, build_not_found: 404, sandbox_not_running: 409, conflict: 409, file_conflict: 409,
+  too_large: 413, permission_denied: 403, guest_error: 422, snapshot_corrupt: 422, guest_unresponsive: 504,
+  capacity: 503, runtime_error: 503,
+};
+
+export function errorFor(status: number, code: string | undefined, message: string, retryAfter?: number): HatcheryError {
+  const cls = BY_STATUS[status] ?? (status >= 500 ? ServerError : HatcheryError);
+  return new cls(message, { status, code, retryAfter });
+}
+
+export function errorFromEvent(payload: unknown): HatcheryError {
+  const err = (payload as { error?: { code?: string; message?: string } } | null)?.error ?? {};
+  return errorFor(CODE_STATUS[err.code ?? ""] ?? 500, err.code, err.message ?? "stream error");
+}

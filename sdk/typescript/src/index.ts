@@ -1,0 +1,18 @@
+// hatchery-sdk: disposable, isolated Linux sandboxes.
+//
+//   import { Sandbox } from "hatchery-sdk";
+//   const sbx = await Sandbox.create({ ttlSeconds: 120 });
+//   try { console.log((await sbx.exec("python3 -c 'print(6*7)'")).stdout); } finally { await sbx.kill(); }
+export { Client, ROUTES, configure, getDefaultClient, type Route } from "./client.js";
+export { type ClientOptions, DEFAULT_URL, DEFAULT_KEY_FILE } from "./http.js";
+export {
+  ExecStream, Filesystem, Network, Sandbox, Snapshot, Template, type BuildCallbacks, type StreamCallbacks,
+  type WithClient,
+} from "./sandbox.js";
+export * from "./errors.js";
+export type {
+  BuildAccepted, BuildEvent, CreateSandboxOptions, EgressMode, ExecOptions, ExecResult, FileEntry, ForkOptions, NetworkEvent,
+  NetworkPolicy, NetworkRule, OutputChunk, SandboxInfo, SnapshotInfo, SnapshotOptions, TemplateInfo, TemplateSpec,
+} from "./models.js";
+export * as fields from "./models.js";
+export type * as wire from "./wire.js";

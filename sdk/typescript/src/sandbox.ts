@@ -1,0 +1,388 @@
+// Sandbox (with .filesystem and .network), ExecStream, Snapshot, Template.
+import { Client, getDefaultClient, metadataQuery } from "./client.js";
+import { BuildFailed, Conflict, NotFound, StreamError, errorFromEvent } from "./errors.js";
+import type { SSE } from "./http.js";
+import {
+  type BuildAccepted, type BuildEvent, CREATE_SANDBOX_FIELDS, type CreateSandboxOptions, EXEC_FIELDS,
+  type ExecOptions, type ExecResult, FORK_FIELDS, type FileEntry, type ForkOptions, type NetworkEvent,
+  type NetworkPolicy, type OutputChunk, PATCH_FIELDS, SNAPSHOT_OPTION_FIELDS, type SandboxInfo, type SnapshotInfo,
+  type SnapshotOptions, TEMPLATE_SPEC_FIELDS, type TemplateInfo, type TemplateSpec, buildAccepted, execResult,
+  fileEntry, sandboxInfo, snapshotInfo, templateInfo, toWire,
+} from "./models.js";
+import type * as wire from "./wire.js";
+
+/** Which client to use; default: one configured from the environment. */
+export interface WithClient {
+  client?: Client;
+}
+
+// Exec calls wait for the command: the HTTP timeout trails its deadline by the
+// daemon's grace (kill 1 s after, give up 3 s after that) plus slack.
+const EXEC_GRACE_MS = 15_000;
+const DEFAULT_EXEC_TIMEOUT_S = 60;
+// The daemon sends a keep-alive comment every 15 s on a silent stream.
+const STREAM_IDLE_MS = 45_000;
+
+function execBody(cmd: string | undefined, opts: ExecOptions): Partial<wire.ExecBody> {
+  if ((cmd === undefined) === (opts.argv === undefined)) throw new TypeError("give exactly one of cmd and argv");
+  return toWire<wire.ExecBody>(EXEC_FIELDS, { ...opts, cmd });
+}
+
+export interface StreamCallbacks {
+  onStdout?: (data: string) => void;
+  onStderr?: (data: string) => void;
+}
+
+/** Output of a running command, as it comes. `for await` it for chunks, or
+ * `await wait()`; either way `result` ends up holding the ExecResult (with the
+ * whole stdout/stderr collected). `close()` kills the command. A stream that
+ * ends without an exit event throws StreamError. */
+export class ExecStream implements AsyncIterable<OutputChunk> {
+  result?: ExecResult;
+  private readonly out = { stdout: [] as string[], stderr: [] as string[] };
+  private readonly events: AsyncIterator<{ event: string; data: unknown }>;
+  private idle?: NodeJS.Timeout;
+
+  constructor(sse: SSE, private readonly abort: AbortController, private readonly cb: StreamCallbacks = {}) {
+    // Keep-alive comments count as activity: only a stream silent past
+    // three of their intervals is dead.
+    sse.onActivity = () => this.armIdle();
+    this.events = sse[Symbol.asyncIterator]();
+  }
+
+  private armIdle(): void {
+    clearTimeout(this.idle);
+    this.idle = setTimeout(() => this.abort.abort(new StreamError("stream silent past the keep-alive interval")), STREAM_IDLE_MS);
+    this.idle.unref();
+  }
+
+  async next(): Promise<IteratorResult<OutputChunk>> {
+    if (this.result) return { done: true, value: undefined };
+    try {
+      for (;;) {
+        this.armIdle();
+        let step: IteratorResult<{ event: string; data: unknown }>;
+        try {
+          step = await this.events.next();
+        } catch (e) {
+          if (e instanceof StreamError || (e as Error)?.name === "SandboxTimeout") throw e;
+          throw new StreamError(`exec stream broken: ${(e as Error).message}`);
+        }
+        if (step.done) throw new StreamError("exec stream ended without an exit event");
+        const { event, data } = step.value;
+        if (event === "stdout" || event === "stderr") {
+          const chunk = (data as wire.OutputChunk).data;
+          this.out[event].push(chunk);
+          (event === "stdout" ? this.cb.onStdout : this.cb.onStderr)?.(chunk);
+          return { done: false, value: { stream: event, data: chunk } };
+        }
+        if (event === "exit") {
+          const r = execResult(data as wire.ExecResponse);
+          r.stdout = this.out.stdout.join("") + r.stdout;
+          r.stderr = this.out.stderr.join("") + r.stderr;
+          this.result = r;
+          this.close();
+          return { done: true, value: undefined };
+        }
+        if (event === "error") {
+          this.close();
+          throw errorFromEvent(data);
+        }
+      }
+    } catch (e) {
+      this.close();
+      throw e;
+    } finally {
+      clearTimeout(this.idle);
+    }
+  }
+
+  [Symbol.asyncIterator](): AsyncIterator<OutputChunk> {
+    return { next: () => this.next(), return: async () => { this.close(); return { done: true, value: undefined }; } };
+  }
+
+  async wait(): Promise<ExecResult> {
+    while (!(await this.next()).done) { /* drain */ }
+    return this.result!;
+  }
+
+  close(): void {
+    clearTimeout(this.idle);
+    if (!this.abort.signal.aborted) this.abort.abort();
+  }
+}
+
+/** Files inside one sandbox; paths are absolute. */
+export class Filesystem {
+  constructor(private readonly sbx: Sandbox) {}
+
+  private q(path: string): { query: Array<[string, string]> } {
+    return { query: [["path", path]] };
+  }
+
+  /** Creates or truncates the file (mode 0644); missing parent directories are created. */
+  async write(path: string, data: string | Uint8Array): Promise<void> {
+    const body = typeof data === "string" ? new TextEncoder().encode(data) : data;
+    const r = await this.sbx.client.call("PUT /v1/sandboxes/{id}/files", { id: this.sbx.id }, {
+      ...this.q(path), body, headers: { "content-type": "application/octet-stream" },
+    });
+    await r.body?.cancel();
+  }
+
+  async read(path: string): Promise<Uint8Array> {
+    const r = await this.sbx.client.call("GET /v1/sandboxes/{id}/files", { id: this.sbx.id }, this.q(path));
+    return new Uint8Array(await r.arrayBuffer());
+  }
+
+  async readText(path: string): Promise<string> {
+    return new TextDecoder().decode(await this.read(path));
+  }
+
+  async list(path = "/"): Promise<FileEntry[]> {
+    const r = await this.sbx.client.json<wire.FileList>("GET /v1/sandboxes/{id}/files/list", { id: this.sbx.id }, this.q(path));
+    return r.entries.map(fileEntry);
+  }
+
+  /** A file, a symlink, or a directory with everything in it. */
+  async remove(path: string): Promise<void> {
+    const r = await this.sbx.client.call("DELETE /v1/sandboxes/{id}/files", { id: this.sbx.id }, this.q(path));
+    await r.body?.cancel();
+  }
+
+  async exists(path: string): Promise<boolean> {
+    if (path === "/") return true;
+    const trimmed = path.replace(/\/+$/, "");
+    const i = trimmed.lastIndexOf("/");
+    const parent = trimmed.slice(0, i) || "/";
+    const name = trimmed.slice(i + 1);
+    try {
+      return (await this.list(parent)).some((e) => e.name === name);
+    } catch (e) {
+      if (e instanceof NotFound || e instanceof Conflict) return false;
+      throw e;
+    }
+  }
+}
+
+/** The sandbox's egress policy and its log of denied connections. */
+export class Network {
+  constructor(private readonly sbx: Sandbox) {}
+
+  get(): Promise<NetworkPolicy> {
+    return this.sbx.client.json("GET /v1/sandboxes/{id}/network", { id: this.sbx.id });
+  }
+
+  update(policy: NetworkPolicy): Promise<NetworkPolicy> {
+    return this.sbx.client.json("PUT /v1/sandboxes/{id}/network", { id: this.sbx.id }, { json: policy });
+  }
+
+  async events(): Promise<NetworkEvent[]> {
+    return (await this.sbx.client.json<wire.EgressEventList>("GET /v1/sandboxes/{id}/network/events", { id: this.sbx.id })).events;
+  }
+}
+
+/** A live sandbox. `info` holds its fields (template, state, expiresAt,
+ * metadata, bootMode...). Supports `await using` (killed at scope end). */
+export class Sandbox {
+  readonly filesystem: Filesystem;
+  readonly files: Filesystem;
+  readonly network: Network;
+
+  constructor(public info: SandboxInfo, readonly client: Client = getDefaultClient()) {
+    this.filesystem = new Filesystem(this);
+    this.files = this.filesystem;
+    this.network = new Network(this);
+  }
+
+  get id(): string {
+    return this.info.id;
+  }
+
+  static async create(opts: CreateSandboxOptions & WithClient = {}): Promise<Sandbox> {
+    const client = opts.client ?? getDefaultClient();
+    const body = toWire<wire.CreateSandbox>(CREATE_SANDBOX_FIELDS, opts);
+    return new Sandbox(sandboxInfo(await client.json<wire.Sandbox>("POST /v1/sandboxes", {}, { json: body })), client);
+  }
+
+  static async get(id: string, opts: WithClient = {}): Promise<Sandbox> {
+    const client = opts.client ?? getDefaultClient();
+    return new Sandbox(sandboxInfo(await client.json<wire.Sandbox>("GET /v1/sandboxes/{id}", { id })), client);
+  }
+
+  static connect = Sandbox.get;
+
+  /** Creates a sandbox, runs `fn` with it and kills it afterwards, also when
+   * `fn` throws: the try/finally of the README, in one call. */
+  static async use<T>(opts: CreateSandboxOptions & WithClient, fn: (sbx: Sandbox) => Promise<T>): Promise<T> {
+    const sbx = await Sandbox.create(opts);
+    try {
+      return await fn(sbx);
+    } finally {
+      await sbx.kill();
+    }
+  }
+
+  static async list(opts: { metadata?: Record<string, string> } & WithClient = {}): Promise<Sandbox[]> {
+    const client = opts.client ?? getDefaultClient();
+    const r = await client.json<wire.SandboxList>("GET /v1/sandboxes", {}, { query: metadataQuery(opts.metadata) });
+    return r.sandboxes.map((s) => new Sandbox(sandboxInfo(s), client));
+  }
+
+  async refresh(): Promise<this> {
+    this.info = sandboxInfo(await this.client.json<wire.Sandbox>("GET /v1/sandboxes/{id}", { id: this.id }));
+    return this;
+  }
+
+  async isRunning(): Promise<boolean> {
+    try {
+      return (await this.refresh()).info.state === "running";
+    } catch (e) {
+      if (e instanceof NotFound) return false;
+      throw e;
+    }
+  }
+
+  /** Idempotent: killing a sandbox that is already gone is fine. */
+  async kill(): Promise<void> {
+    const r = await this.client.call("DELETE /v1/sandboxes/{id}", { id: this.id });
+    await r.body?.cancel();
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.kill();
+  }
+
+  /** The sandbox now expires `ttlSeconds` from now. */
+  async setTtl(ttlSeconds: number): Promise<this> {
+    const body = toWire<wire.PatchSandbox>(PATCH_FIELDS, { ttlSeconds });
+    this.info = sandboxInfo(await this.client.json<wire.Sandbox>("PATCH /v1/sandboxes/{id}", { id: this.id }, { json: body }));
+    return this;
+  }
+
+  /** Runs `cmd` with /bin/sh -c (or `opts.argv` without a shell, with `cmd`
+   * undefined) and waits. A non-zero exit or a timeout is a result, not an error. */
+  async exec(cmd: string | undefined, opts: ExecOptions = {}): Promise<ExecResult> {
+    const json = execBody(cmd, opts);
+    const timeoutMs = (opts.timeoutSeconds ?? DEFAULT_EXEC_TIMEOUT_S) * 1000 + EXEC_GRACE_MS;
+    return execResult(await this.client.json<wire.ExecResponse>("POST /v1/sandboxes/{id}/exec", { id: this.id }, { json, timeoutMs }));
+  }
+
+  /** Starts `cmd` and returns its output stream; HTTP errors (404, 400...) throw here. */
+  async execStream(cmd: string | undefined, opts: ExecOptions & StreamCallbacks = {}): Promise<ExecStream> {
+    const json = execBody(cmd, opts);
+    const abort = new AbortController();
+    const sse = await this.client.stream("POST /v1/sandboxes/{id}/exec/stream", { id: this.id }, json, abort.signal);
+    return new ExecStream(sse, abort, opts);
+  }
+
+  async snapshot(opts: SnapshotOptions = {}): Promise<Snapshot> {
+    const json = toWire<wire.CreateSnapshot>(SNAPSHOT_OPTION_FIELDS, opts);
+    const timeoutMs = Math.max(this.client.transport.timeoutMs, 120_000);
+    const w = await this.client.json<wire.Snapshot>("POST /v1/sandboxes/{id}/snapshots", { id: this.id }, { json, timeoutMs });
+    return new Snapshot(snapshotInfo(w), this.client);
+  }
+}
+
+/** A saved state of a sandbox; fork it into new sandboxes. */
+export class Snapshot {
+  constructor(public info: SnapshotInfo, readonly client: Client = getDefaultClient()) {}
+
+  get id(): string {
+    return this.info.id;
+  }
+
+  static async get(id: string, opts: WithClient = {}): Promise<Snapshot> {
+    const client = opts.client ?? getDefaultClient();
+    return new Snapshot(snapshotInfo(await client.json<wire.Snapshot>("GET /v1/snapshots/{id}", { id })), client);
+  }
+
+  static async list(opts: { metadata?: Record<string, string> } & WithClient = {}): Promise<Snapshot[]> {
+    const client = opts.client ?? getDefaultClient();
+    const r = await client.json<wire.SnapshotList>("GET /v1/snapshots", {}, { query: metadataQuery(opts.metadata) });
+    return r.snapshots.map((s) => new Snapshot(snapshotInfo(s), client));
+  }
+
+  /** Idempotent; the image files are gone when this resolves. */
+  async delete(): Promise<void> {
+    const r = await this.client.call("DELETE /v1/snapshots/{id}", { id: this.id });
+    await r.body?.cancel();
+  }
+
+  /** One new sandbox in the state the snapshot recorded. */
+  async fork(opts: ForkOptions = {}): Promise<Sandbox> {
+    return (await this.forkMany(1, opts))[0]!;
+  }
+
+  /** `count` (1..16) independent sandboxes; all or nothing. */
+  async forkMany(count: number, opts: ForkOptions = {}): Promise<Sandbox[]> {
+    const json = toWire<wire.ForkBody>(FORK_FIELDS, { ...opts, count });
+    const timeoutMs = Math.max(this.client.transport.timeoutMs, 60_000 * count);
+    const r = await this.client.json<wire.SandboxList>("POST /v1/snapshots/{id}/fork", { id: this.id }, { json, timeoutMs });
+    return r.sandboxes.map((s) => new Sandbox(sandboxInfo(s), this.client));
+  }
+}
+
+export interface BuildCallbacks {
+  /** Each step: (percent, step); last (100, "done"). */
+  onProgress?: (percent: number, step: string) => void;
+  onLog?: (line: string) => void;
+}
+
+/** Templates: list, inspect, build (with progress) and delete. */
+export class Template {
+  static async list(opts: WithClient = {}): Promise<TemplateInfo[]> {
+    const client = opts.client ?? getDefaultClient();
+    return (await client.json<wire.TemplateList>("GET /v1/templates")).templates.map(templateInfo);
+  }
+
+  static async get(name: string, opts: WithClient = {}): Promise<TemplateInfo> {
+    const client = opts.client ?? getDefaultClient();
+    return templateInfo(await client.json<wire.TemplateInfo>("GET /v1/templates/{name}", { name }));
+  }
+
+  static async delete(name: string, opts: WithClient = {}): Promise<void> {
+    const client = opts.client ?? getDefaultClient();
+    const r = await client.call("DELETE /v1/templates/{name}", { name });
+    await r.body?.cancel();
+  }
+
+  /** Starts a build and returns at once (202); follow it with buildEvents. */
+  static async startBuild(spec: TemplateSpec, opts: WithClient = {}): Promise<BuildAccepted> {
+    const client = opts.client ?? getDefaultClient();
+    const json = toWire<wire.CreateTemplate>(TEMPLATE_SPEC_FIELDS, spec);
+    return buildAccepted(await client.json<wire.BuildAccepted>("POST /v1/templates", {}, { json }));
+  }
+
+  /** Every event of the build from its start, ending after done or error;
+   * throws StreamError if the stream ends otherwise. */
+  static async *buildEvents(name: string, buildId: string, opts: WithClient = {}): AsyncGenerator<BuildEvent> {
+    const client = opts.client ?? getDefaultClient();
+    const abort = new AbortController();
+    const sse = await client.stream("GET /v1/templates/{name}/builds/{id}/events", { name, id: buildId }, undefined, abort.signal);
+    try {
+      for await (const { event, data } of sse) {
+        yield { kind: event, data: (data ?? {}) as Record<string, unknown> };
+        if (event === "done" || event === "error") return;
+      }
+      throw new StreamError("build event stream ended without done or error");
+    } finally {
+      abort.abort();
+    }
+  }
+
+  /** Builds and waits; resolves to the activated template, throws BuildFailed if the build fails. */
+  static async build(spec: TemplateSpec, opts: BuildCallbacks & WithClient = {}): Promise<TemplateInfo> {
+    const client = opts.client ?? getDefaultClient();
+    const acc = await Template.startBuild(spec, { client });
+    for await (const ev of Template.buildEvents(spec.name, acc.buildId, { client })) {
+      if (ev.kind === "step") opts.onProgress?.(Number(ev.data.percent ?? 0), String(ev.data.step ?? ""));
+      else if (ev.kind === "log") opts.onLog?.(String(ev.data.line ?? ""));
+      else if (ev.kind === "done") opts.onProgress?.(100, "done");
+      else if (ev.kind === "error") {
+        const err = (ev.data.error ?? {}) as { code?: string; message?: string };
+        throw new BuildFailed(err.message ?? "build failed", { code: err.code ?? "build_failed" });
+      }
+    }
+    return Template.get(spec.name, { client });
+  }
+}

@@ -1,0 +1,46 @@
+// Network policy API (GET/PUT /v1/sandboxes/{id}/network, .../events, and
+// `network` on create and fork). Skipped, saying so, on a daemon whose OpenAPI
+// document does not list the route (one built before it existed).
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import { BadRequest, Sandbox } from "../dist/index.js";
+import { client, noLeftovers } from "./helpers.mjs";
+
+noLeftovers();
+const has = "/v1/sandboxes/{id}/network" in (await client.openapi()).paths;
+const skip = has ? false : "daemon has no network policy API";
+const HOST = "pypi.example"; // resolved by the test daemons' hosts file (tests/sdk/support.py)
+
+test("network: default, update, events", { skip }, async () => {
+  await Sandbox.use({ ttlSeconds: 60, client }, async (s) => {
+    assert.deepEqual(await s.network.get(), { egress: "deny", allow: [], deny: [] });
+    const want = { egress: "deny", allow: [{ cidr: "203.0.113.0/24", ports: [9, 443] }], deny: [] };
+    assert.deepEqual(await s.network.update(want), want);
+    assert.deepEqual(await s.network.get(), want);
+    assert.deepEqual((await s.network.update({ egress: "deny", deny: [{ host: HOST }] })).deny, [{ host: HOST, ports: [] }]);
+    await assert.rejects(s.network.update({ egress: "sometimes" }), BadRequest);
+    await assert.rejects(s.network.update({ egress: "deny", allow: [{ cidr: "203.0.113.0/24", host: "both.example" }] }), BadRequest);
+    await s.network.update({ egress: "deny" });
+    await s.exec("python3 -c \"import socket; s=socket.socket(); s.settimeout(2); s.connect_ex(('198.51.100.7', 443))\"", { timeoutSeconds: 10 });
+    const evs = await s.network.events();
+    assert.ok(evs.some((e) => e.destination === "198.51.100.7" && e.port === 443 && e.protocol === "tcp"), JSON.stringify(evs));
+  });
+});
+
+test("network: on create and fork", { skip }, async () => {
+  const policy = { egress: "deny", allow: [{ host: HOST, ports: [443] }], deny: [] };
+  await Sandbox.use({ ttlSeconds: 60, network: policy, client }, async (s) => {
+    assert.deepEqual(await s.network.get(), policy);
+    const snap = await s.snapshot();
+    const f = await snap.fork({ ttlSeconds: 60, network: { egress: "deny", allow: [{ cidr: "203.0.113.0/24" }] } });
+    const plain = await snap.fork({ ttlSeconds: 60 });
+    try {
+      assert.deepEqual(await f.network.get(), { egress: "deny", allow: [{ cidr: "203.0.113.0/24", ports: [] }], deny: [] });
+      assert.deepEqual(await plain.network.get(), { egress: "deny", allow: [], deny: [] }); // forks do not inherit
+    } finally {
+      await f.kill();
+      await plain.kill();
+      await snap.delete();
+    }
+  });
+});
