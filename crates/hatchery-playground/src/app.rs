@@ -69,7 +69,7 @@ impl App {
             limits: Limits {
                 timeout: cfg.timeout(),
                 // The TTL must outlast create + write + the run itself.
-                ttl_seconds: cfg.ttl_seconds.max(cfg.timeout().as_secs() + 30),
+                ttl_seconds: cfg.ttl_seconds.max(cfg.timeout().as_secs() + 10),
                 max_output_bytes: cfg.max_output_bytes.max(1),
             },
             cache: Cache::new(cfg.cache_entries, cfg.cache_bytes),

@@ -175,8 +175,10 @@ async fn run_snippet(
     let t0 = Instant::now();
     let xff = headers.get("x-forwarded-for").and_then(|v| v.to_str().ok());
     let ip = client_ip(peer.ip(), xff, &app.trusted);
-    let session = session_of(&headers);
-    let new_session = session.is_none().then(|| random_hex(32));
+    let cookie = session_of(&headers);
+    let new_session = cookie.is_none().then(|| random_hex(32));
+    // A newly issued session is charged too, so its first run counts.
+    let session = cookie.or_else(|| new_session.clone());
     let v = Visitor {
         ip,
         ip_hash: app.runs.ip_hash(ip),
