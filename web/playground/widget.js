@@ -41,7 +41,7 @@
     editor.value = code;
     editor.spellcheck = false;
     editor.setAttribute("aria-label", "Code (editable)");
-    editor.rows = Math.min(Math.max(code.split("\n").length - 1, 2), 30);
+    editor.rows = Math.min(Math.max(code.split("\n").length, 2), 30);
     var bar = el("div", "hx-pg-bar");
     var button = el("button", "hx-pg-run", "Run");
     button.type = "button";
@@ -70,7 +70,7 @@
       }
     });
     editor.addEventListener("input", function () {
-      editor.rows = Math.min(Math.max(editor.value.split("\n").length, 2), 30);
+      editor.rows = Math.min(Math.max(editor.value.split("\n").length + 1, 2), 30);
     });
   }
 
