@@ -9,7 +9,7 @@ LISTEN ?= 127.0.0.1:7423
 PYTEST := /usr/bin/python3 -m pytest
 BIN := target/release
 
-.PHONY: setup build template run test unit lint integration bench clean-state
+.PHONY: setup build template run test unit lint integration playground-test playground-load bench clean-state
 
 setup:
 	bash scripts/setup-host.sh
@@ -34,8 +34,20 @@ integration: build template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/integration
 
-test: build template lint unit integration
+# The docs playground: HTTP and browser (headless Chromium) tests, then a
+# bounded load test (about 70 s).
+playground-test: build template
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  $(PYTEST) -q -p no:cacheprovider tests/playground/test_http.py tests/playground/test_browser.py
+
+playground-load: build template
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  $(PYTEST) -q -s -p no:cacheprovider tests/playground/test_load.py
+
+test: build template lint unit integration playground-test playground-load
 
 bench: build template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/bench.py
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  /usr/bin/python3 bench/playground_bench.py

@@ -27,6 +27,8 @@ command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v sqlite3 >/dev/null 2>&1 || missing+=(sqlite3)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 /usr/bin/python3 -c 'import pytest' >/dev/null 2>&1 || missing+=(python3-pytest)
+# Headless browser for the playground widget's tests (driven over CDP).
+[ -x /usr/lib/chromium/chromium ] || command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 
 if runsc_ok && [ ${#missing[@]} -eq 0 ]; then
   exit 0

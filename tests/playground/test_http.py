@@ -347,6 +347,7 @@ def test_assets_cors_and_unknown_routes(gateway_factory):
     other = g.request("OPTIONS", "/playground/run", headers={"Origin": "https://evil.example"})
     assert "access-control-allow-origin" not in {k.lower() for k in other.headers}
     assert_error(g.get("/nope"), 404, "not_found")
+    assert_error(g.get("/playground/run"), 405, "method_not_allowed")
 
 
 def test_no_sandbox_left_after_suite(daemon):

@@ -96,13 +96,22 @@ impl App {
                 }
             }
         }
-        let ver = match self.daemon.template_version(name).await {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::warn!(template = name, error = %e, "template version lookup failed");
-                return None;
-            }
-        };
+        // A failed lookup is remembered too (as "no version": not cached), so
+        // a daemon that is down or slow is asked once per interval, not per request.
+        let ver =
+            match tokio::time::timeout(Duration::from_secs(5), self.daemon.template_version(name))
+                .await
+            {
+                Ok(Ok(v)) => v,
+                Ok(Err(e)) => {
+                    tracing::warn!(template = name, error = %e, "template version lookup failed");
+                    None
+                }
+                Err(_) => {
+                    tracing::warn!(template = name, "template version lookup timed out");
+                    None
+                }
+            };
         self.versions
             .lock()
             .unwrap_or_else(|e| e.into_inner())

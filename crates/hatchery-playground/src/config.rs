@@ -81,7 +81,11 @@ pub struct Config {
     #[arg(long, env = "HATCHERY_PLAYGROUND_MAX_IN_FLIGHT", default_value_t = 40)]
     pub max_in_flight: usize,
     /// Wall-clock cap on a snippet's run, in seconds (enforced by the gateway).
-    #[arg(long = "timeout", env = "HATCHERY_PLAYGROUND_TIMEOUT", default_value_t = 10.0)]
+    #[arg(
+        long = "timeout",
+        env = "HATCHERY_PLAYGROUND_TIMEOUT",
+        default_value_t = 10.0
+    )]
     pub timeout_seconds: f64,
     /// Sandbox TTL: the daemon destroys the sandbox after this even if the gateway dies
     /// (raised to the time limit + 10 s if lower).

@@ -20,6 +20,8 @@ pub enum Refusal {
     UnknownTemplate(String),
     #[error("no such page")]
     NotFound,
+    #[error("method not allowed")]
+    MethodNotAllowed,
 }
 
 fn secs(d: Duration) -> u64 {
@@ -36,6 +38,7 @@ impl Refusal {
             Refusal::Busy => "busy",
             Refusal::UnknownTemplate(_) => "unknown_template",
             Refusal::NotFound => "not_found",
+            Refusal::MethodNotAllowed => "method_not_allowed",
         }
     }
 
@@ -46,6 +49,7 @@ impl Refusal {
             Refusal::RateLimited(_) => StatusCode::TOO_MANY_REQUESTS,
             Refusal::Busy => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::NotFound => StatusCode::NOT_FOUND,
+            Refusal::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
 

@@ -55,6 +55,7 @@ pub fn router(app: Arc<App>) -> Router {
             get(|| async { axum::Json(json!({"status": "ok"})) }),
         )
         .fallback(|| async { Refusal::NotFound })
+        .method_not_allowed_fallback(|| async { Refusal::MethodNotAllowed })
         .layer(middleware::from_fn_with_state(app.clone(), cors))
         .with_state(app)
 }
@@ -173,8 +174,14 @@ async fn run_snippet(
     body: Body,
 ) -> Response {
     let t0 = Instant::now();
-    let xff = headers.get("x-forwarded-for").and_then(|v| v.to_str().ok());
-    let ip = client_ip(peer.ip(), xff, &app.trusted);
+    // Several X-Forwarded-For lines read as one list, in order.
+    let xff: Vec<&str> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let xff = (!xff.is_empty()).then(|| xff.join(","));
+    let ip = client_ip(peer.ip(), xff.as_deref(), &app.trusted);
     let cookie = session_of(&headers);
     let new_session = cookie.is_none().then(|| random_hex(32));
     // A newly issued session is charged too, so its first run counts.
