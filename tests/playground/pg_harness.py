@@ -176,13 +176,14 @@ def read_sse(r, on_event=None):
             event = line[6:].strip()
         elif line.startswith("data:"):
             data.append(line[5:].lstrip())
-        elif line == "" and event:
-            ev = (event, json.loads("\n".join(data)))
-            events.append(ev)
-            times.append(time.monotonic())
+        elif line == "":
+            if event:
+                ev = (event, json.loads("\n".join(data)))
+                events.append(ev)
+                times.append(time.monotonic())
+                if on_event and on_event(ev) is False:
+                    break
             event, data = None, []
-            if on_event and on_event(ev) is False:
-                break
     return events, times
 
 

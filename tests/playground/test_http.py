@@ -350,6 +350,21 @@ def test_assets_cors_and_unknown_routes(gateway_factory):
     assert_error(g.get("/playground/run"), 405, "method_not_allowed")
 
 
+def test_sigterm_lets_runs_finish_and_clean_up(gateway_factory, daemon):
+    g = gateway_factory(*TRUST)
+    conn, r = g.open_run(f"# {uuid.uuid4().hex}\nimport time\nprint('a', flush=True)\ntime.sleep(1.5)\nprint('b')\n",
+                         ip=ip())
+    read_sse_until_stdout(r)
+    g.proc.send_signal(signal.SIGTERM)
+    from pg_harness import read_sse
+    events, _ = read_sse(r)
+    conn.close()
+    assert "".join(d["data"] for e, d in events if e == "stdout").endswith("b\n"), events
+    assert events[-1][0] == "exit" and events[-1][1]["exit_code"] == 0, events
+    assert g.proc.wait(15) == 0
+    assert sandboxes(daemon) == []
+
+
 def test_no_sandbox_left_after_suite(daemon):
     # Runs last in this module (pytest keeps file order).
     assert_no_sandboxes(daemon)
