@@ -100,6 +100,7 @@ pub struct RateLimiter {
 impl RateLimiter {
     pub fn check(&self, ip: IpAddr, session: Option<&str>) -> Result<(), LimitError> {
         let now = Instant::now();
+        let ip = bucket_key(ip);
         let session = session.map(str::to_string);
         let ip_wait = self.ip.wait(&ip, now);
         let session_wait = session.as_ref().and_then(|s| self.session.wait(s, now));
@@ -111,6 +112,15 @@ impl RateLimiter {
             self.session.take(s, now);
         }
         Ok(())
+    }
+}
+
+/// One IPv6 client usually holds a whole /64, so that is what a bucket
+/// covers; an IPv4 address is its own bucket.
+pub fn bucket_key(ip: IpAddr) -> IpAddr {
+    match canonical(ip) {
+        IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into()),
+        v4 => v4,
     }
 }
 
@@ -242,6 +252,25 @@ mod tests {
             client_ip(lo, Some("203.0.113.9"), &[]),
             lo,
             "no trusted proxies"
+        );
+    }
+
+    #[test]
+    fn ipv6_buckets_per_64() {
+        let l = RateLimiter {
+            ip: Buckets::new(60.0, 1.0),
+            session: Buckets::new(60.0, 1.0),
+        };
+        l.check("2001:db8:1:2::1".parse().unwrap(), None).unwrap();
+        assert!(
+            l.check("2001:db8:1:2:ffff::9".parse().unwrap(), None)
+                .is_err(),
+            "same /64"
+        );
+        l.check("2001:db8:1:3::1".parse().unwrap(), None).unwrap();
+        assert_eq!(
+            bucket_key("::ffff:1.2.3.4".parse().unwrap()),
+            "1.2.3.4".parse::<IpAddr>().unwrap()
         );
     }
 
