@@ -118,3 +118,52 @@ def test_refusal_is_shown_kindly(gateway_factory, daemon, browser):
     assert "Try again in" in s["msg"] and not s["disabled"]
     assert b.exceptions() == []
     assert_no_sandboxes(daemon)
+
+
+def test_static_page_on_another_origin(gateway_factory, daemon, browser, tmp_path):
+    """What docs/playground.md tells a docs author to do: a static page on
+    its own origin, the widget from the gateway, the origin allowed."""
+    import functools
+    import http.server
+    import threading
+
+    from pg_harness import free_port
+
+    docs_port = free_port()
+    origin = f"http://127.0.0.1:{docs_port}"
+    g = gateway_factory("--allow-origin", origin)
+    gw = f"http://127.0.0.1:{g.port}"
+    (tmp_path / "index.html").write_text(f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>My docs</title>
+<link rel="stylesheet" href="{gw}/playground/widget.css">
+<script src="{gw}/playground/widget.js" defer></script></head>
+<body><h1>My library</h1>
+<div id="ex"><pre data-hatchery-run data-template="code-interpreter">
+import sys
+print("from a static page", 2 ** 10)
+print("on stderr", file=sys.stderr)
+</pre></div></body></html>
+""")
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+    handler = functools.partial(Quiet, directory=str(tmp_path))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", docs_port), handler)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    try:
+        b = browser
+        b.goto(origin + "/index.html")
+        b.wait("document.querySelectorAll('.hx-pg').length === 1", what="widget")
+        b.click("#ex .hx-pg-run")
+        s = wait_done(b, "ex")
+        assert s["kind"] == "ok", s
+        assert s["out"] == "from a static page 1024\non stderr\n", s
+        stderr = "[...document.querySelectorAll('#ex .hx-pg-stderr')].map(e => e.textContent).join('')"
+        assert b.eval(stderr) == "on stderr\n"
+        assert b.exceptions() == []
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert_no_sandboxes(daemon)

@@ -295,6 +295,9 @@ async fn admit(app: &Arc<App>, v: &Visitor, run_id: &str, body: Body) -> Result<
         row.exit_code = report.exit.as_ref().and_then(|e| e.exit_code);
         row.bytes_out = report.bytes_out;
         row.outcome = report.outcome;
+        tracing::info!(run = %row.run_id, template = ?row.template, outcome = row.outcome,
+                       duration_ms = row.duration_ms, exit_code = ?row.exit_code, bytes_out = row.bytes_out,
+                       "run finished");
         app2.runs.record(row);
     });
     Ok(sse_response(rx))
