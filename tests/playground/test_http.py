@@ -119,10 +119,13 @@ def test_refusal_order_rate_then_busy_then_template(gateway_factory, daemon):
     # Disconnecting the holder frees the slot (its sandbox is deleted).
     assert_no_sandboxes(daemon)
     wait_for(lambda: g.metric("hatchery_playground_in_flight") == 0, timeout=10, what="slot freed")
-    assert_error(g.run("print(2)", template="nope", ip=ip()), 400, "unknown_template")
+    res = g.run("print(2)", template="n" * 5000, ip=ip())
+    assert_error(res, 400, "unknown_template")
+    assert len(res.body) < 300, "visitor input is not echoed at length"
     reasons = {r: g.metric(f'hatchery_playground_refusals_total{{reason="{r}"}}')
                for r in ("rate_limited", "busy", "unknown_template")}
     assert reasons == {"rate_limited": 1, "busy": 2, "unknown_template": 1}, reasons
+    assert max(len(t or "") for (t,) in query(g, "SELECT template FROM runs")) <= 64
 
 
 # --- cache --------------------------------------------------------------------

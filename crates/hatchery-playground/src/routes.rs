@@ -6,7 +6,7 @@
 use crate::app::App;
 use crate::assets;
 use crate::cache::{key, Entry};
-use crate::events::Exit;
+use crate::events::{cut, Exit};
 use crate::limits::{client_ip, LimitError};
 use crate::refusal::Refusal;
 use crate::run::{self, Event, Job};
@@ -232,7 +232,8 @@ async fn admit(app: &Arc<App>, v: &Visitor, run_id: &str, body: Body) -> Result<
         .to_bytes();
     let req: RunBody =
         serde_json::from_slice(&bytes).map_err(|e| (Refusal::InvalidJson(e.to_string()), None))?;
-    let tpl = Some(req.template.clone());
+    // Visitor-supplied: bounded before it is logged, stored or echoed.
+    let tpl = Some(cut(&req.template, 64).to_string());
     if req.code.len() > app.max_code_bytes {
         return Err((Refusal::TooLarge(app.max_code_bytes), tpl));
     }
@@ -259,7 +260,10 @@ async fn admit(app: &Arc<App>, v: &Visitor, run_id: &str, body: Body) -> Result<
         .try_acquire()
         .map_err(|_| (Refusal::Busy, tpl.clone()))?;
     let Some(runner) = runner else {
-        return Err((Refusal::UnknownTemplate(req.template), tpl));
+        return Err((
+            Refusal::UnknownTemplate(cut(&req.template, 64).to_string()),
+            tpl,
+        ));
     };
     app.metrics.cache_misses.inc();
     let (tx, rx) = mpsc::channel::<Event>(16);
