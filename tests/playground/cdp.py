@@ -5,6 +5,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -111,7 +112,7 @@ class Browser:
         self.proc = subprocess.Popen(
             [chromium_binary(), *CHROMIUM_FLAGS, f"--user-data-dir={self.profile}",
              f"--window-size={width},{height}", "about:blank"],
-            stdout=self.log, stderr=self.log)
+            stdout=self.log, stderr=self.log, start_new_session=True)
         port_file = os.path.join(self.profile, "DevToolsActivePort")
         deadline = time.time() + 30
         while not (os.path.exists(port_file) and open(port_file).read().count("\n") >= 1):
@@ -195,11 +196,20 @@ class Browser:
 
     def close(self):
         self.ws.close()
-        self.proc.terminate()
+        # Chromium's helpers (zygote, renderers) share its process group.
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
         try:
             self.proc.wait(10)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         self.log.close()
-        shutil.rmtree(self.profile, ignore_errors=True)
+        # Helpers may still be flushing into the profile for a moment.
+        for _ in range(20):
+            shutil.rmtree(self.profile, ignore_errors=True)
+            if not os.path.exists(self.profile):
+                break
+            time.sleep(0.1)
