@@ -9,7 +9,7 @@ LISTEN ?= 127.0.0.1:7423
 PYTEST := /usr/bin/python3 -m pytest
 BIN := target/release
 
-.PHONY: setup build template run test unit lint integration cli-test sdk-python-test sdk-typescript-test bench clean-state
+.PHONY: setup build template run test unit lint integration cli-test sdk-python-test sdk-typescript-test playground-test playground-load bench clean-state
 
 setup:
 	bash scripts/setup-host.sh
@@ -60,9 +60,22 @@ sdk-typescript-test: build template
 	cd sdk/typescript && HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 $(CURDIR)/tests/sdk/with_daemon.py node --test --test-concurrency=1 test/
 
-test: build template lint unit integration cli-test sdk-python-test sdk-typescript-test
+
+# The docs playground: HTTP and browser (headless Chromium) tests, then a
+# bounded load test (about 70 s).
+playground-test: build template
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  $(PYTEST) -q -p no:cacheprovider tests/playground/test_http.py tests/playground/test_network.py tests/playground/test_browser.py
+
+playground-load: build template
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  $(PYTEST) -q -s -p no:cacheprovider tests/playground/test_load.py
+
+test: build template lint unit integration cli-test sdk-python-test sdk-typescript-test playground-test playground-load
 
 bench: build template
 	cargo build --release -p hatchery-net --example slot_bench
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/bench.py
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  /usr/bin/python3 bench/playground_bench.py

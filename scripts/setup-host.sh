@@ -32,6 +32,8 @@ command -v conntrack >/dev/null 2>&1 || missing+=(conntrack)
 # sees the system packages (make sdk-python-test): venv, and wheel to build it.
 /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
 /usr/bin/python3 -c 'import wheel' >/dev/null 2>&1 || missing+=(python3-wheel)
+# Headless browser for the playground widget's tests (driven over CDP).
+[ -x /usr/lib/chromium/chromium ] || command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 
 if runsc_ok && [ ${#missing[@]} -eq 0 ]; then
   exit 0
