@@ -17,8 +17,13 @@ from harness import Daemon, wait_baked  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def daemon():
-    d = Daemon(extra_args=["--max-file-bytes", str(4 << 20), "--max-ttl", "3600", "--pool-size", "0"]).start()
+def daemon(tmp_path_factory):
+    # `host` rules are resolved on the host: the test names resolve here,
+    # to a documentation address nothing is ever sent to.
+    hosts = tmp_path_factory.mktemp("net") / "hosts"
+    hosts.write_text("198.51.100.7 pypi.example\n")
+    d = Daemon(extra_args=["--max-file-bytes", str(4 << 20), "--max-ttl", "3600", "--pool-size", "0",
+                           "--net-hosts-file", str(hosts)]).start()
     wait_baked(d)
     yield d
     d.cleanup()

@@ -93,8 +93,25 @@ impl Api {
     }
 
     pub fn put_bytes(&self, path: &str, body: &[u8]) -> anyhow::Result<()> {
-        self.done(self.request("PUT", path)?.send_bytes(body))?;
-        Ok(())
+        match self.request("PUT", path)?.send_bytes(body) {
+            // The daemon answers 413 from the Content-Length alone and
+            // closes the connection without reading the body, so the client
+            // sees a broken pipe instead of the answer. If the daemon is up,
+            // that is what happened.
+            Err(ureq::Error::Transport(t)) if self.alive() => Err(anyhow::anyhow!(
+                "the daemon closed the connection without reading the {} byte upload ({t}); it does \
+                 that for bodies over its --max-file-bytes limit (too_large)",
+                body.len()
+            )),
+            r => self.done(r).map(drop),
+        }
+    }
+
+    fn alive(&self) -> bool {
+        ureq::get(&self.url("/healthz"))
+            .timeout(std::time::Duration::from_secs(5))
+            .call()
+            .is_ok()
     }
 
     pub fn get_reader(&self, path: &str) -> anyhow::Result<Box<dyn Read + Send + Sync>> {
