@@ -52,11 +52,11 @@ def net_leftovers(prefix):
     is no longer running: all must be gone."""
     left = []
     if os.path.isdir("/run/netns"):
-        left += [f"netns {n}" for n in os.listdir("/run/netns") if n.startswith(prefix + "-")]
+        left += [f"netns {n}" for n in os.listdir("/run/netns") if n.startswith(f"hx{prefix}-")]
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     for line in links.splitlines():
         name = line.split(": ")[1].split("@")[0]
-        if name.startswith(prefix + "h"):
+        if name.startswith(f"hx{prefix}."):
             left.append(f"veth {name}")
     tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
     if f"hatchery_{prefix}" in tables:

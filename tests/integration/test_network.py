@@ -334,3 +334,19 @@ def test_network_off_daemon_refuses_policies(lab):
         assert r["exit_code"] != 0
     finally:
         d.cleanup()
+
+
+def test_two_daemons_side_by_side_do_not_cut_each_other(netd):
+    # Each daemon's table guards host forwarding; neither guard may drop the
+    # other daemon's slots.
+    other = Daemon(extra_args=["--pool-size", "0"]).start()
+    try:
+        allow = {"allow": [{"cidr": PUBLIC, "ports": [80]}]}
+        mine, theirs = new(netd, allow), new(other, allow)
+        for d, sid in ((netd, mine), (other, theirs)):
+            assert opened(probe(d, sid, f"tcp,{PUBLIC},80", f"tcp,{PUBLIC},8080")) == {f"tcp,{PUBLIC},80"}
+        assert guest_ip(netd, mine) != guest_ip(other, theirs)
+    finally:
+        other.cleanup()
+    # The first daemon still works once the second has gone.
+    assert opened(probe(netd, mine, f"tcp,{PUBLIC},80")) == {f"tcp,{PUBLIC},80"}

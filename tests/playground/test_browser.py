@@ -139,8 +139,9 @@ def test_static_page_on_another_origin(gateway_factory, daemon, browser, tmp_pat
 <script src="{gw}/playground/widget.js" defer></script></head>
 <body><h1>My library</h1>
 <div id="ex"><pre data-hatchery-run data-template="code-interpreter">
-import sys
-print("from a static page", 2 ** 10)
+import sys, time
+print("from a static page", 2 ** 10, flush=True)
+time.sleep(0.3)
 print("on stderr", file=sys.stderr)
 </pre></div></body></html>
 """)

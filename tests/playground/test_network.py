@@ -20,4 +20,7 @@ def test_playground_sandbox_egress_is_deny(gateway_factory, daemon):
         body = pol.json()
         assert body["egress"] == "deny" and body.get("allow", []) == [], body
     finally:
+        # The response still holds the socket: shut it down so the gateway
+        # sees the visitor leave and kills the run now.
+        conn.sock.shutdown(2)
         conn.close()

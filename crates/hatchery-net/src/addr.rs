@@ -62,6 +62,15 @@ impl FromStr for Cidr {
     }
 }
 
+/// Common start of every Hatchery host interface, whatever the daemon:
+/// lets each daemon tell "some daemon's slot" from "not ours at all".
+pub const HOST_IF_MARK: &str = "hx";
+
+/// Start of the host interface names of one daemon's slots.
+pub fn host_if_prefix(prefix: &str) -> String {
+    format!("{HOST_IF_MARK}{prefix}.")
+}
+
 /// Names and addresses of one slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SlotAddrs {
@@ -74,15 +83,18 @@ pub struct SlotAddrs {
 }
 
 impl SlotAddrs {
-    /// Interface names stay within IFNAMSIZ (15) for any prefix of up to
-    /// 5 characters and 16,384+ slots.
+    /// Every daemon's host interfaces start with [`HOST_IF_MARK`], then the
+    /// prefix, then a `.` that no prefix contains (so prefix `a` never
+    /// matches prefix `ab`'s interfaces), then the index: within IFNAMSIZ
+    /// (15) for prefixes of up to 5 letters and 16,384+ slots. The guest
+    /// end lives in the slot's own namespace, so it can simply be `eth0`.
     pub fn new(prefix: &str, range: Cidr, index: u32) -> SlotAddrs {
         let base = u32::from(range.addr) + index * 4;
         SlotAddrs {
             index,
-            netns: format!("{prefix}-{index}"),
-            host_if: format!("{prefix}h{index}"),
-            guest_if: format!("{prefix}g{index}"),
+            netns: format!("{HOST_IF_MARK}{prefix}-{index}"),
+            host_if: format!("{}{index}", host_if_prefix(prefix)),
+            guest_if: "eth0".into(),
             host_ip: Ipv4Addr::from(base + 1),
             guest_ip: Ipv4Addr::from(base + 2),
         }
@@ -120,9 +132,19 @@ mod tests {
         let s = SlotAddrs::new("hy", r, 16_383);
         assert_eq!(s.host_ip, "10.231.255.253".parse::<Ipv4Addr>().unwrap());
         assert_eq!(s.guest_ip, "10.231.255.254".parse::<Ipv4Addr>().unwrap());
-        assert!(s.host_if.len() <= 15 && s.guest_if.len() <= 15);
+        assert_eq!(
+            (s.host_if.as_str(), s.netns.as_str()),
+            ("hxhy.16383", "hxhy-16383")
+        );
         let long = SlotAddrs::new("abcde", r, 16_383);
         assert!(long.host_if.len() <= 15, "{}", long.host_if);
+        let a = SlotAddrs::new("a", r, 1).host_if;
+        assert!(
+            !a.starts_with(&host_if_prefix("ab"))
+                && !SlotAddrs::new("ab", r, 1)
+                    .host_if
+                    .starts_with(&host_if_prefix("a"))
+        );
         assert_eq!(
             SlotAddrs::new("hy", r, 1).guest_ip,
             "10.231.0.6".parse::<Ipv4Addr>().unwrap()

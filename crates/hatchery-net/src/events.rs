@@ -96,17 +96,17 @@ mod tests {
     #[test]
     fn parses_kernel_log_records() {
         let tag = "hxdeny:hy ";
-        let tcp = "6,1234,99887766,-;hxdeny:hy IN=hyh3 OUT=eth0 MAC=aa SRC=10.231.0.14 DST=198.51.100.7 LEN=60 TOS=0x00 PREC=0x00 TTL=63 ID=1 DF PROTO=TCP SPT=40000 DPT=80 WINDOW=1 RES=0x00 SYN URGP=0 \n";
+        let tcp = "6,1234,99887766,-;hxdeny:hy IN=hxhy.3 OUT=eth0 MAC=aa SRC=10.231.0.14 DST=198.51.100.7 LEN=60 TOS=0x00 PREC=0x00 TTL=63 ID=1 DF PROTO=TCP SPT=40000 DPT=80 WINDOW=1 RES=0x00 SYN URGP=0 \n";
         assert_eq!(
             parse(tcp, tag),
             Some(Denied {
-                host_if: "hyh3".into(),
+                host_if: "hxhy.3".into(),
                 protocol: "tcp".into(),
                 destination: "198.51.100.7".into(),
                 port: Some(80),
             })
         );
-        let icmp = "6,1,2,-;hxdeny:hy IN=hyh0 OUT= MAC=aa SRC=10.231.0.2 DST=10.231.0.1 LEN=84 PROTO=ICMP TYPE=8 CODE=0 ID=1 SEQ=1\n";
+        let icmp = "6,1,2,-;hxdeny:hy IN=hxhy.0 OUT= MAC=aa SRC=10.231.0.2 DST=10.231.0.1 LEN=84 PROTO=ICMP TYPE=8 CODE=0 ID=1 SEQ=1\n";
         let d = parse(icmp, tag).unwrap();
         assert_eq!((d.protocol.as_str(), d.port), ("icmp", None));
         assert_eq!(parse(tcp, "hxdeny:other "), None, "another daemon's line");

@@ -46,7 +46,7 @@ impl Table {
     }
 
     fn if_glob(&self) -> String {
-        format!("\"{}h*\"", self.prefix)
+        format!("\"{}*\"", crate::addr::host_if_prefix(&self.prefix))
     }
 
     pub fn log_prefix(&self) -> String {
@@ -76,7 +76,10 @@ impl Table {
         s += &format!("add rule {t} forward oifname {g} ct state established,related accept\n");
         s += &format!("add rule {t} forward oifname {g} drop\n");
         if self.guard_forward {
-            s += &format!("add rule {t} forward drop\n");
+            // Not "everything but ours": another daemon's table must not
+            // cut this one's slots, nor this one theirs.
+            let any = format!("\"{}*\"", crate::addr::HOST_IF_MARK);
+            s += &format!("add rule {t} forward iifname != {any} oifname != {any} drop\n");
         }
         s += &format!(
             "add chain {t} input {{ type filter hook input priority 0 ; policy accept ; }}\n"
@@ -236,7 +239,11 @@ mod tests {
         let full = t.rebuild_script(&[(slot, SlotRules::default())]);
         assert!(full.starts_with("add table inet hatchery_hy\ndelete table"));
         assert!(full.contains("169.254.0.0/16") && full.contains("10.231.0.0/16"));
-        assert!(full.contains("\"hyh3\" : jump s3"));
-        assert!(full.contains("forward drop\n"), "guard present");
+        assert!(full.contains("\"hxhy.3\" : jump s3"), "{full}");
+        assert!(full.contains("iifname \"hxhy.*\" drop"), "{full}");
+        assert!(
+            full.contains("forward iifname != \"hx*\" oifname != \"hx*\" drop\n"),
+            "guard spares every daemon's slots"
+        );
     }
 }

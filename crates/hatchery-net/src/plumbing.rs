@@ -84,7 +84,7 @@ pub fn destroy(s: &SlotAddrs) {
 /// Slot indexes with a namespace or host veth on this host for `prefix`.
 pub fn existing(prefix: &str) -> Result<Vec<u32>, NetError> {
     let mut found = std::collections::BTreeSet::new();
-    let ns_prefix = format!("{prefix}-");
+    let ns_prefix = format!("{}{prefix}-", crate::addr::HOST_IF_MARK);
     if let Ok(rd) = std::fs::read_dir("/run/netns") {
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
@@ -93,7 +93,7 @@ pub fn existing(prefix: &str) -> Result<Vec<u32>, NetError> {
             }
         }
     }
-    let if_prefix = format!("{prefix}h");
+    let if_prefix = crate::addr::host_if_prefix(prefix);
     for line in output("ip", &["-o", "link", "show", "type", "veth"])?.lines() {
         // "12: hyh3@if2: <...>"
         let Some(name) = line.split(": ").nth(1) else {

@@ -421,7 +421,7 @@ impl Network {
     fn record(&self, d: events::Denied) {
         let Some(i) = d
             .host_if
-            .strip_prefix(&format!("{}h", self.cfg.prefix))
+            .strip_prefix(&crate::addr::host_if_prefix(&self.cfg.prefix))
             .and_then(|n| n.parse::<u32>().ok())
         else {
             return;

@@ -48,7 +48,7 @@ pub struct DaemonArgs {
     /// policies other than deny-all are refused.
     #[arg(long, env = "HATCHERY_NETWORK", default_value = "on", value_parser = ["on", "off"])]
     pub network: String,
-    /// Names this daemon's netns (`PREFIX-N`), veths (`PREFIXhN`, `PREFIXgN`)
+    /// Names this daemon's netns (`hxPREFIX-N`), host veths (`hxPREFIX.N`)
     /// and nftables table (`hatchery_PREFIX`); 1-5 lowercase letters.
     #[arg(long, env = "HATCHERY_NET_PREFIX", default_value = "hy")]
     pub net_prefix: String,
