@@ -1,6 +1,5 @@
 """Network policy API (GET/PUT /v1/sandboxes/{id}/network, .../events, and
-`network` on create and fork). Skipped, saying so, on a daemon whose
-OpenAPI document does not list the route (one built before it existed)."""
+`network` on create and fork)."""
 
 import pytest
 
@@ -9,12 +8,6 @@ from hatchery import BadRequest, NetworkEvent, NetworkPolicy, NetworkRule, Sandb
 import support
 
 pytestmark = pytest.mark.network
-
-
-@pytest.fixture(autouse=True)
-def needs_network_api(client):
-    if "/v1/sandboxes/{id}/network" not in client.openapi()["paths"]:
-        pytest.skip("daemon has no network policy API")
 
 
 def test_network_policy_default_update_events(daemon, client):

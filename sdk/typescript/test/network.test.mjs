@@ -1,17 +1,14 @@
 // Network policy API (GET/PUT /v1/sandboxes/{id}/network, .../events, and
-// `network` on create and fork). Skipped, saying so, on a daemon whose OpenAPI
-// document does not list the route (one built before it existed).
+// `network` on create and fork).
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { BadRequest, Sandbox } from "../dist/index.js";
 import { client, noLeftovers } from "./helpers.mjs";
 
 noLeftovers();
-const has = "/v1/sandboxes/{id}/network" in (await client.openapi()).paths;
-const skip = has ? false : "daemon has no network policy API";
 const HOST = "pypi.example"; // resolved by the test daemons' hosts file (tests/sdk/support.py)
 
-test("network: default, update, events", { skip }, async () => {
+test("network: default, update, events", async () => {
   await Sandbox.use({ ttlSeconds: 60, client }, async (s) => {
     assert.deepEqual(await s.network.get(), { egress: "deny", allow: [], deny: [] });
     const want = { egress: "deny", allow: [{ cidr: "203.0.113.0/24", ports: [9, 443] }], deny: [] };
@@ -27,7 +24,7 @@ test("network: default, update, events", { skip }, async () => {
   });
 });
 
-test("network: on create and fork", { skip }, async () => {
+test("network: on create and fork", async () => {
   const policy = { egress: "deny", allow: [{ host: HOST, ports: [443] }], deny: [] };
   await Sandbox.use({ ttlSeconds: 60, network: policy, client }, async (s) => {
     assert.deepEqual(await s.network.get(), policy);
