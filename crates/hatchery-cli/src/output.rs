@@ -14,6 +14,16 @@ pub fn json(v: &Value) {
 }
 
 /// Columns padded to their widest cell; the last column is not padded.
+/// `--json` prints `v` as it came from the API; otherwise `human` prints
+/// it for people. Every command's output goes through here.
+pub fn show(json_out: bool, v: &Value, human: impl FnOnce(&Value)) {
+    if json_out {
+        json(v)
+    } else {
+        human(v)
+    }
+}
+
 pub fn table(head: &[&str], rows: &[Vec<String>]) {
     let mut width: Vec<usize> = head.iter().map(|h| h.len()).collect();
     for r in rows {

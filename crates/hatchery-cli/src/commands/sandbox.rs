@@ -89,19 +89,11 @@ pub fn run(api: &Api, cmd: SandboxCmd) -> anyhow::Result<i32> {
                 body["network"] = super::network::policy_arg(&n)?;
             }
             let sbx = api.send("POST", "/v1/sandboxes", &body)?;
-            if json {
-                output::json(&sbx);
-            } else {
-                println!("{}", s(&sbx["id"]));
-            }
+            output::show(json, &sbx, |v| println!("{}", s(&v["id"])));
         }
         SandboxCmd::Ls { metadata, json } => {
             let list = api.get(&format!("/v1/sandboxes{}", metadata_query(&metadata)?))?;
-            if json {
-                output::json(&list["sandboxes"]);
-            } else {
-                print_table(&list["sandboxes"]);
-            }
+            output::show(json, &list["sandboxes"], print_table);
         }
         SandboxCmd::Get { id, json } => {
             let sbx = get(api, &id)?;
@@ -167,11 +159,7 @@ pub fn run(api: &Api, cmd: SandboxCmd) -> anyhow::Result<i32> {
                     &json!({ "ttl_seconds": seconds }),
                 )
                 .map_err(|e| not_found(e, &id))?;
-            if json {
-                output::json(&sbx);
-            } else {
-                println!("{}", s(&sbx["expires_at"]));
-            }
+            output::show(json, &sbx, |v| println!("{}", s(&v["expires_at"])));
         }
     }
     Ok(0)

@@ -72,19 +72,11 @@ pub fn run(api: &Api, cmd: SnapshotCmd) -> anyhow::Result<i32> {
             let snap = api
                 .send("POST", &format!("/v1/sandboxes/{sandbox}/snapshots"), &body)
                 .map_err(|e| not_found(e, &sandbox))?;
-            if json {
-                output::json(&snap);
-            } else {
-                println!("{}", s(&snap["id"]));
-            }
+            output::show(json, &snap, |v| println!("{}", s(&v["id"])));
         }
         SnapshotCmd::Ls { metadata, json } => {
             let list = api.get(&format!("/v1/snapshots{}", metadata_query(&metadata)?))?;
-            if json {
-                output::json(&list["snapshots"]);
-            } else {
-                print_table(&list["snapshots"]);
-            }
+            output::show(json, &list["snapshots"], print_table);
         }
         SnapshotCmd::Get { id, json } => {
             let snap = get(api, &id)?;
