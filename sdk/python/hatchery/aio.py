@@ -101,18 +101,14 @@ class AsyncNetwork:
         return await _run(self._n.events)
 
 
-class AsyncSandbox:
-    """`async with await AsyncSandbox.create(...) as sbx:` kills it on exit."""
+class _AsyncRecord:
+    """Async face of a sync record: `.id`, `.info` and its fields."""
 
-    def __init__(self, s: sync.Sandbox):
-        self.sync = s
-        self.filesystem = AsyncFilesystem(s.filesystem)
-        self.files = self.filesystem
-        self.network = AsyncNetwork(s.network)
+    sync: Any
 
     @property
     def id(self) -> str:
-        return self.sync.id
+        return str(self.sync.id)
 
     @property
     def info(self) -> Any:
@@ -122,6 +118,16 @@ class AsyncSandbox:
         if name.startswith("_") or name == "sync":
             raise AttributeError(name)
         return getattr(self.sync.info, name)
+
+
+class AsyncSandbox(_AsyncRecord):
+    """`async with await AsyncSandbox.create(...) as sbx:` kills it on exit."""
+
+    def __init__(self, s: sync.Sandbox):
+        self.sync = s
+        self.filesystem = AsyncFilesystem(s.filesystem)
+        self.files = self.filesystem
+        self.network = AsyncNetwork(s.network)
 
     def __repr__(self) -> str:
         return f"<AsyncSandbox {self.id}>"
@@ -178,22 +184,9 @@ class AsyncSandbox:
         return AsyncSnapshot(await _run(self.sync.snapshot, retention_seconds, metadata=metadata))
 
 
-class AsyncSnapshot:
+class AsyncSnapshot(_AsyncRecord):
     def __init__(self, s: sync.Snapshot):
         self.sync = s
-
-    @property
-    def id(self) -> str:
-        return self.sync.id
-
-    @property
-    def info(self) -> Any:
-        return self.sync.info
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name == "sync":
-            raise AttributeError(name)
-        return getattr(self.sync.info, name)
 
     @classmethod
     async def get(cls, snapshot_id: str, *, client: Optional[Client] = None) -> "AsyncSnapshot":

@@ -253,7 +253,25 @@ class Network:
         return [NetworkEvent.from_dict(e) for e in r.json()["events"]]
 
 
-class Sandbox:
+class _Record:
+    """An API object: `.id`, and every field of its `.info` as an attribute."""
+
+    info: Any
+
+    @property
+    def id(self) -> str:
+        return str(self.info.id)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name == "info":
+            raise AttributeError(name)
+        try:
+            return getattr(self.info, name)
+        except AttributeError:
+            raise AttributeError(f"'{type(self).__name__}' has no attribute {name!r}") from None
+
+
+class Sandbox(_Record):
     """A live sandbox. Its fields (template, state, expires_at, metadata,
     boot_mode...) are those of `info`, readable as attributes. Used as a
     context manager, it is killed when the block ends, also on an error."""
@@ -264,18 +282,6 @@ class Sandbox:
         self.filesystem = Filesystem(self)
         self.files = self.filesystem
         self.network = Network(self)
-
-    @property
-    def id(self) -> str:
-        return self.info.id
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name == "info":
-            raise AttributeError(name)
-        try:
-            return getattr(self.info, name)
-        except AttributeError:
-            raise AttributeError(f"'Sandbox' has no attribute {name!r}") from None
 
     def __repr__(self) -> str:
         return f"<Sandbox {self.id} {self.info.template} expires {self.info.expires_at}>"
@@ -359,24 +365,12 @@ class Sandbox:
         return Snapshot(SnapshotInfo.from_dict(r.json()), self._client)
 
 
-class Snapshot:
+class Snapshot(_Record):
     """A saved state of a sandbox; fork it into new sandboxes."""
 
     def __init__(self, info: SnapshotInfo, client: Optional[Client] = None):
         self.info = info
         self._client = client or default_client()
-
-    @property
-    def id(self) -> str:
-        return self.info.id
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("_") or name == "info":
-            raise AttributeError(name)
-        try:
-            return getattr(self.info, name)
-        except AttributeError:
-            raise AttributeError(f"'Snapshot' has no attribute {name!r}") from None
 
     def __repr__(self) -> str:
         return f"<Snapshot {self.id} of {self.info.sandbox_id}>"
