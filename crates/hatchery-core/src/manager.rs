@@ -276,14 +276,6 @@ impl Manager {
         started: Instant,
     ) -> Result<SandboxInfo, CoreError> {
         let client = self.start_row(&row, policy, template, image).await?;
-        if policy.has_hosts() {
-            if let Err(e) = self.write_pins(&row.id, &client).await {
-                let _ = self.runtime.destroy(&row.id).await;
-                self.release_slot(&row.id).await;
-                self.store.stop(&row.id, "create_failed", now_ms())?;
-                return Err(e);
-            }
-        }
         self.store.set_running(&row.id)?;
         self.adopt(&row.id, client, row.env.clone());
         Ok(self.created(row, mode, started))
@@ -313,7 +305,15 @@ impl Manager {
             expires_at_ms: row.expires_at_ms,
             netns,
         };
-        match self.boot(&spec, image, template).await {
+        let booted = async {
+            let client = self.boot(&spec, image, template).await?;
+            if policy.has_hosts() {
+                self.write_pins(&row.id, &client).await?;
+            }
+            Ok(client)
+        }
+        .await;
+        match booted {
             Ok(c) => Ok(c),
             Err(e) => {
                 tracing::warn!(sandbox = %row.id, error = %e, "create failed");

@@ -295,11 +295,16 @@ impl Network {
             },
         );
         self.metrics.leased.set(g.leases.len() as i64);
-        Ok(SlotLease {
+        Ok(self.lease(i))
+    }
+
+    fn lease(&self, i: u32) -> SlotLease {
+        let s = self.slot(i);
+        SlotLease {
             index: i,
             netns: s.netns_path(),
             guest_ip: s.guest_ip,
-        })
+        }
     }
 
     fn take_ready(&self) -> Result<u32, NetError> {
@@ -355,13 +360,7 @@ impl Network {
     }
 
     pub fn lease_of(&self, owner: &str) -> Option<SlotLease> {
-        let i = self.index_of(owner).ok()?;
-        let s = self.slot(i);
-        Some(SlotLease {
-            index: i,
-            netns: s.netns_path(),
-            guest_ip: s.guest_ip,
-        })
+        Some(self.lease(self.index_of(owner).ok()?))
     }
 
     fn index_of(&self, owner: &str) -> Result<u32, NetError> {
