@@ -11,8 +11,27 @@ pub struct ExecRequest {
     pub stdin: Option<String>,
     /// In-guest deadline. The host enforces its own, later one on top.
     pub timeout_ms: u64,
-    /// Per stream; bytes beyond it are drained and dropped in the guest.
+    /// Per stream. When a stream passes it the command's whole tree is
+    /// killed and the result says `output_limit`.
     pub max_output_bytes: u64,
+    /// CPU time of the whole tree after which it is killed (`cpu_limit`).
+    #[serde(default)]
+    pub cpu_limit_ms: Option<u64>,
+}
+
+/// Why a command ended, as the guest saw it. The host adds `Oom` (only it
+/// can see its cgroup's OOM kills) and `Timeout` when its own deadline fired.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum EndReason {
+    #[default]
+    Exited,
+    Signaled,
+    Timeout,
+    CpuLimit,
+    Oom,
+    OutputLimit,
+    Cancelled,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -23,7 +42,20 @@ pub struct ExecResult {
     pub timed_out: bool,
     pub truncated: bool,
     pub duration_ms: u64,
+    /// CPU time of every process the command started (its per-exec cgroup
+    /// inside the guest), or of the direct child only when `contained` is
+    /// false.
     pub cpu_ms: u64,
+    #[serde(default)]
+    pub reason: EndReason,
+    /// Largest memory use seen: sampled from the exec's cgroup, and the
+    /// direct child's max RSS.
+    #[serde(default)]
+    pub memory_peak_bytes: Option<u64>,
+    /// Whether the command ran in its own in-guest cgroup (kill and
+    /// accounting cover the whole tree) or fell back to process-group kill.
+    #[serde(default)]
+    pub contained: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

@@ -1,13 +1,14 @@
+use crate::cgroup::Unit;
 use crate::kill::kill_tree;
 use crate::out::{send_locked, Out};
-use crate::reaper::{exit_code, Reaper};
-use hatchery_agent_proto::{ExecRequest, ExecResult, Frame, Kind};
+use crate::reaper::{exit_code, Exit, Reaper};
+use hatchery_agent_proto::{EndReason, ExecRequest, ExecResult, Frame, Kind};
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{channel, RecvTimeoutError};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,14 +20,81 @@ const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin
 
 static NEXT_MARK: AtomicU64 = AtomicU64::new(1);
 
-struct Running {
+/// How often a running command's unit is sampled: often enough that a CPU
+/// limit fires within a few ticks of being spent.
+const TICK_WITH_CPU_LIMIT: Duration = Duration::from_millis(10);
+const TICK: Duration = Duration::from_millis(50);
+
+/// Why a command is being stopped; the first reason set wins.
+#[derive(Default)]
+pub struct Stop(AtomicU8);
+
+impl Stop {
+    fn set(&self, r: EndReason) -> bool {
+        self.0
+            .compare_exchange(0, r as u8 + 1, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+    fn get(&self) -> Option<EndReason> {
+        const ALL: [EndReason; 7] = [
+            EndReason::Exited,
+            EndReason::Signaled,
+            EndReason::Timeout,
+            EndReason::CpuLimit,
+            EndReason::Oom,
+            EndReason::OutputLimit,
+            EndReason::Cancelled,
+        ];
+        match self.0.load(Ordering::SeqCst) {
+            0 => None,
+            n => ALL.get(n as usize - 1).copied(),
+        }
+    }
+}
+
+/// What a kill must reach: the command's unit (everything it started), and
+/// as a fallback when there is none its process group and environment marker.
+pub struct Tree {
     pgid: i32,
     marker: Vec<u8>,
+    unit: Option<Arc<Unit>>,
+    pub stop: Stop,
+}
+
+impl Tree {
+    pub fn new(pgid: i32, marker: Vec<u8>, unit: Option<Arc<Unit>>) -> Self {
+        Tree {
+            pgid,
+            marker,
+            unit,
+            stop: Stop::default(),
+        }
+    }
+
+    /// Records why (unless a reason was recorded first) and kills it all.
+    pub fn stop(&self, why: EndReason) {
+        self.stop.set(why);
+        self.kill_all();
+    }
+
+    pub fn kill_all(&self) {
+        // SAFETY: kill(2) with a negative pid signals a process group; the
+        // worst case on a stale pgid is ESRCH.
+        unsafe { libc::kill(-self.pgid, libc::SIGKILL) };
+        match self.unit.as_ref().map(|u| u.kill()) {
+            Some(Ok(0)) => {}
+            _ => kill_tree(self.pgid, &self.marker),
+        }
+    }
+
+    pub fn unit(&self) -> Option<&Arc<Unit>> {
+        self.unit.as_ref()
+    }
 }
 
 /// Running commands by channel, so that a host `Kill` finds its tree.
 #[derive(Clone, Default)]
-pub struct Registry(Arc<Mutex<HashMap<u32, Running>>>);
+pub struct Registry(Arc<Mutex<HashMap<u32, Arc<Tree>>>>);
 
 impl Registry {
     pub fn kill(&self, chan: u32) {
@@ -35,9 +103,9 @@ impl Registry {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&chan)
-            .map(|r| (r.pgid, r.marker.clone()));
-        if let Some((pgid, marker)) = target {
-            kill_tree(pgid, &marker);
+            .cloned();
+        if let Some(t) = target {
+            crate::pool::run(move || t.stop(EndReason::Cancelled));
         }
     }
 }
@@ -55,11 +123,33 @@ pub fn spawn(chan: u32, req: ExecRequest, out: Out, reaper: Arc<Reaper>, reg: Re
     });
 }
 
+/// Spawns `cmd` inside `unit` (when there is one) from a fresh thread that
+/// has dropped CAP_SYS_ADMIN. Returns the child, its exit receiver, and the
+/// unit if the child really was born inside it.
+pub fn spawn_contained(
+    mut cmd: Command,
+    unit: Option<Unit>,
+    reaper: &Arc<Reaper>,
+) -> std::io::Result<(Child, Receiver<Exit>, Option<Arc<Unit>>)> {
+    let reaper = Arc::clone(reaper);
+    let got = crate::spawner::once(move || {
+        let unit = unit.filter(|u| u.join_current_thread().is_ok());
+        crate::spawner::drop_sys_admin();
+        let spawned = reaper.spawn_watched(|| {
+            let c = cmd.spawn()?;
+            let pid = c.id() as i32;
+            Ok((c, pid))
+        });
+        spawned.map(|(c, rx)| (c, rx, unit.map(Arc::new)))
+    });
+    got.unwrap_or_else(|| Err(std::io::Error::other("no spawner thread")))
+}
+
 fn run(
     chan: u32,
     req: ExecRequest,
     out: &Out,
-    reaper: &Reaper,
+    reaper: &Arc<Reaper>,
     reg: &Registry,
 ) -> std::io::Result<()> {
     let start = Instant::now();
@@ -106,23 +196,17 @@ fn run(
     // posix_spawn (vfork).
     cmd.process_group(0);
 
-    let spawned = reaper.spawn_watched(|| {
-        let c = cmd.spawn()?;
-        let pid = c.id() as i32;
-        Ok((c, pid))
-    });
-    let (mut child, exited) = match spawned {
+    let unit = crate::cgroup::keeper().new_unit();
+    let (mut child, exited, unit) = match spawn_contained(cmd, unit, reaper) {
         Ok(x) => x,
         Err(e) => return spawn_failure(chan, prog, e, start, out),
     };
     let pgid = child.id() as i32;
-    reg.0.lock().unwrap_or_else(|p| p.into_inner()).insert(
-        chan,
-        Running {
-            pgid,
-            marker: marker.clone(),
-        },
-    );
+    let tree = Arc::new(Tree::new(pgid, marker, unit));
+    reg.0
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(chan, Arc::clone(&tree));
 
     if let (Some(mut stdin), Some(data)) = (child.stdin.take(), req.stdin) {
         crate::pool::run(move || {
@@ -149,36 +233,31 @@ fn run(
         ),
     ] {
         let Some(pipe) = pipe else { continue };
-        let (out, done, truncated, tx) = (
+        let (out, done, truncated, tx, tree) = (
             out.clone(),
             done.clone(),
             truncated.clone(),
             drained_tx.clone(),
+            Arc::clone(&tree),
         );
         let cap = req.max_output_bytes;
         crate::pool::run(move || {
-            pump(chan, kind, pipe, cap, &out, &done, &truncated);
+            let over = || {
+                let t = Arc::clone(&tree);
+                crate::pool::run(move || t.stop(EndReason::OutputLimit));
+            };
+            pump(chan, kind, pipe, cap, &out, &done, &truncated, &over);
             let _ = tx.send(());
         });
     }
     drop(drained_tx);
 
     let deadline = start + Duration::from_millis(req.timeout_ms);
-    let mut timed_out = false;
-    let exit = match exited.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-        Ok(e) => e,
-        Err(RecvTimeoutError::Timeout) => {
-            timed_out = true;
-            kill_tree(pgid, &marker);
-            exited
-                .recv()
-                .map_err(|_| std::io::Error::other("reaper gone"))?
-        }
-        Err(RecvTimeoutError::Disconnected) => return Err(std::io::Error::other("reaper gone")),
-    };
-    if timed_out {
-        // Its tree is dead, so the pipes close at once.
-        kill_tree(pgid, &marker);
+    let (exit, peak) = watch(&tree, &exited, deadline, req.cpu_limit_ms)?;
+    if tree.stop.get().is_some() {
+        // Once more, for anything forked during the first sweep; then the
+        // pipes close at once.
+        tree.kill_all();
     }
     let grace_end = Instant::now() + DRAIN_GRACE;
     for _ in 0..2 {
@@ -190,13 +269,22 @@ fn run(
         }
     }
     let (code, signal) = exit_code(exit.status);
+    let last = tree.unit().and_then(|u| u.stat());
+    let reason = tree.stop.get().unwrap_or(if signal.is_some() {
+        EndReason::Signaled
+    } else {
+        EndReason::Exited
+    });
     let result = ExecResult {
         exit_code: code,
         signal,
-        timed_out,
+        timed_out: reason == EndReason::Timeout,
         truncated: truncated.load(Ordering::SeqCst),
         duration_ms: start.elapsed().as_millis() as u64,
-        cpu_ms: exit.cpu_ms,
+        cpu_ms: last.map(|s| ns_to_ms(s.cpu_ns)).unwrap_or(exit.cpu_ms),
+        reason,
+        memory_peak_bytes: Some(peak.max(last.map(|s| s.mem_bytes).unwrap_or(0)).max(exit.max_rss_bytes)),
+        contained: tree.unit().is_some(),
     };
     let mut w = out.lock();
     // Under the writer lock, so no output frame can follow the result.
@@ -205,8 +293,55 @@ fn run(
     Ok(())
 }
 
-/// Copies one output pipe to the host up to `cap` bytes, then keeps draining
-/// so that the command never blocks on a full pipe, and drops the rest.
+fn ns_to_ms(ns: u64) -> u64 {
+    (ns + 500_000) / 1_000_000
+}
+
+/// Waits for the direct child to exit while enforcing the deadline and the
+/// CPU limit on the whole unit. Returns the exit and the peak memory seen.
+pub fn watch(
+    tree: &Tree,
+    exited: &Receiver<Exit>,
+    deadline: Instant,
+    cpu_limit_ms: Option<u64>,
+) -> std::io::Result<(Exit, u64)> {
+    let tick = if cpu_limit_ms.is_some() {
+        TICK_WITH_CPU_LIMIT
+    } else {
+        TICK
+    };
+    let mut peak = 0u64;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() && tree.stop.get().is_none() {
+            tree.stop(EndReason::Timeout);
+        }
+        let wait = if tree.stop.get().is_some() {
+            Duration::from_secs(3600)
+        } else {
+            left.min(tick)
+        };
+        match exited.recv_timeout(wait) {
+            Ok(e) => return Ok((e, peak)),
+            Err(RecvTimeoutError::Timeout) => {
+                let Some(s) = tree.unit().and_then(|u| u.stat()) else {
+                    continue;
+                };
+                peak = peak.max(s.mem_bytes);
+                if cpu_limit_ms.is_some_and(|l| ns_to_ms(s.cpu_ns) >= l) {
+                    tree.stop(EndReason::CpuLimit);
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                return Err(std::io::Error::other("reaper gone"))
+            }
+        }
+    }
+}
+
+/// Copies one output pipe to the host up to `cap` bytes; past it, asks for
+/// the tree to be stopped and keeps draining (dropping the rest) so that
+/// nothing blocks on a full pipe until it is dead.
 fn pump(
     chan: u32,
     kind: Kind,
@@ -215,6 +350,7 @@ fn pump(
     out: &Out,
     done: &AtomicBool,
     truncated: &AtomicBool,
+    over_cap: &dyn Fn(),
 ) {
     let mut sent: u64 = 0;
     let mut buf = vec![0u8; CHUNK];
@@ -224,8 +360,8 @@ fn pump(
             Ok(n) => n,
         };
         let room = cap.saturating_sub(sent) as usize;
-        if room < n {
-            truncated.store(true, Ordering::SeqCst);
+        if room < n && !truncated.swap(true, Ordering::SeqCst) {
+            over_cap();
         }
         let take = n.min(room);
         if take == 0 {

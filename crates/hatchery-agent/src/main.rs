@@ -3,12 +3,14 @@
 //! map onto a vsock stream under Firecracker. Plain threads, no async runtime:
 //! it must start fast and stay small, and everything it does blocks anyway.
 
+mod cgroup;
 mod exec;
 mod files;
 mod kill;
 mod out;
 mod pool;
 mod reaper;
+mod spawner;
 
 use hatchery_agent_proto::{read_frame, Frame, Kind};
 use std::collections::HashMap;
@@ -18,6 +20,9 @@ use std::os::fd::FromRawFd;
 use std::sync::Arc;
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("--cgroup-keeper") {
+        cgroup::keeper::main();
+    }
     // SAFETY: fd 0 is the host channel handed to us as init's stdin; nothing
     // else in this process owns it.
     let input = unsafe { File::from_raw_fd(0) };
@@ -27,6 +32,12 @@ fn main() {
     silence_stderr();
     let reaper = reaper::Reaper::start();
     pool::prestart(4);
+    spawner::prestart();
+    // Started now, so that it is inside the template's checkpoint and every
+    // restored sandbox has it running.
+    pool::run(|| {
+        cgroup::keeper().available();
+    });
     let execs = exec::Registry::default();
     let mut writes: HashMap<u32, files::PendingWrite> = HashMap::new();
     let mut input = BufReader::with_capacity(256 * 1024, input);

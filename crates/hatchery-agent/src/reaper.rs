@@ -10,6 +10,7 @@ use std::time::Duration;
 pub struct Exit {
     pub status: i32,
     pub cpu_ms: u64,
+    pub max_rss_bytes: u64,
 }
 
 #[derive(Default)]
@@ -49,13 +50,18 @@ impl Reaper {
             let pid = unsafe { libc::wait4(-1, &mut status, 0, &mut ru) };
             if pid > 0 {
                 let cpu_ms = tv_ms(ru.ru_utime) + tv_ms(ru.ru_stime);
+                let max_rss_bytes = (ru.ru_maxrss.max(0) as u64) * 1024;
                 let tx = self
                     .waiters
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(&pid);
                 if let Some(tx) = tx {
-                    let _ = tx.send(Exit { status, cpu_ms });
+                    let _ = tx.send(Exit {
+                        status,
+                        cpu_ms,
+                        max_rss_bytes,
+                    });
                 }
                 continue;
             }

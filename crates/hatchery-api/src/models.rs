@@ -142,8 +142,44 @@ pub struct ExecBody {
     pub stdin: Option<String>,
     /// Deadline in seconds (default 60), enforced from the host.
     pub timeout_seconds: Option<i64>,
-    /// Per-stream output cap in bytes (default 1 MiB).
+    /// Per-stream output cap in bytes (default 1 MiB). A stream that passes
+    /// it ends the command (`reason` `output_limit`).
     pub max_output_bytes: Option<i64>,
+    /// CPU time of everything the command started, in ms, after which all
+    /// of it is killed (`reason` `cpu_limit`). At most the timeout.
+    pub cpu_limit_ms: Option<i64>,
+}
+
+/// Why a command ended.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecReason {
+    /// It exited by itself.
+    Exited,
+    /// A signal it did not catch ended it (not one of ours).
+    Signaled,
+    Timeout,
+    CpuLimit,
+    /// The sandbox's memory ceiling was hit during the command.
+    Oom,
+    OutputLimit,
+    /// The client cancelled it (or disconnected from its stream).
+    Cancelled,
+}
+
+impl From<hatchery_agent_proto::EndReason> for ExecReason {
+    fn from(r: hatchery_agent_proto::EndReason) -> Self {
+        use hatchery_agent_proto::EndReason as R;
+        match r {
+            R::Exited => ExecReason::Exited,
+            R::Signaled => ExecReason::Signaled,
+            R::Timeout => ExecReason::Timeout,
+            R::CpuLimit => ExecReason::CpuLimit,
+            R::Oom => ExecReason::Oom,
+            R::OutputLimit => ExecReason::OutputLimit,
+            R::Cancelled => ExecReason::Cancelled,
+        }
+    }
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -157,7 +193,15 @@ pub struct ExecResponse {
     pub truncated: bool,
     pub oom_killed: bool,
     pub duration_ms: u64,
+    /// CPU time of every process the command started (not of other
+    /// commands running in the same sandbox).
     pub cpu_ms: u64,
+    pub reason: ExecReason,
+    /// Largest memory use seen for the command's processes, sampled.
+    pub memory_peak_bytes: Option<u64>,
+    /// True when every process the command started was killed with it and
+    /// counted in `cpu_ms` (its own cgroup inside the sandbox).
+    pub contained: bool,
 }
 
 impl From<ExecOutcome> for ExecResponse {
@@ -171,6 +215,9 @@ impl From<ExecOutcome> for ExecResponse {
             oom_killed: o.oom_killed,
             duration_ms: o.duration_ms,
             cpu_ms: o.cpu_ms,
+            reason: o.reason.into(),
+            memory_peak_bytes: o.memory_peak_bytes,
+            contained: o.contained,
         }
     }
 }
@@ -438,6 +485,16 @@ impl ExecBody {
             caps.max_output_bytes,
             "max_output_bytes",
         )?;
+        let cpu_limit_ms = match self.cpu_limit_ms {
+            None => None,
+            Some(ms) if ms >= 1 && (ms as u64) <= timeout * 1000 => Some(ms as u64),
+            Some(_) => {
+                return Err(ApiError::bad_request(format!(
+                    "cpu_limit_ms must be between 1 and the timeout ({} ms)",
+                    timeout * 1000
+                )))
+            }
+        };
         Ok(ExecParams {
             argv,
             cwd: self.cwd,
@@ -445,6 +502,7 @@ impl ExecBody {
             stdin: self.stdin,
             timeout: Duration::from_secs(timeout),
             max_output_bytes,
+            cpu_limit_ms,
         })
     }
 }

@@ -24,7 +24,7 @@ use utoipa::{Modify, OpenApi};
         routes::network::get, routes::network::put, routes::network::events,
         routes::meta::healthz, routes::meta::metrics,
     ),
-    components(schemas(CreateSandbox, PatchSandbox, Sandbox, SandboxList, ExecBody, ExecResponse, OutputChunk,
+    components(schemas(CreateSandbox, PatchSandbox, Sandbox, SandboxList, ExecBody, ExecResponse, ExecReason, OutputChunk,
                        FileEntry, FileList, ErrorBody, ErrorDetail,
                        CreateSnapshot, Snapshot, SnapshotList, ForkBody,
                        CreateTemplate, TemplateInfo, TemplateList, BuildAccepted,

@@ -8,7 +8,7 @@
 
 use crate::agent_client::{guest_error, AgentClient};
 use crate::CoreError;
-use hatchery_agent_proto::{ExecRequest, ExecResult, Frame, Kind};
+use hatchery_agent_proto::{EndReason, ExecRequest, ExecResult, Frame, Kind};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -24,6 +24,8 @@ pub struct ExecParams {
     pub stdin: Option<String>,
     pub timeout: Duration,
     pub max_output_bytes: u64,
+    /// CPU time of the whole tree after which the guest kills it.
+    pub cpu_limit_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -42,6 +44,11 @@ pub struct ExecOutcome {
     pub oom_killed: bool,
     pub duration_ms: u64,
     pub cpu_ms: u64,
+    pub reason: EndReason,
+    pub memory_peak_bytes: Option<u64>,
+    /// Whether kill and accounting covered every process the command
+    /// started (its in-guest cgroup), not just its process group.
+    pub contained: bool,
 }
 
 /// Where output goes: collected (bounded by the cap) or streamed to a
@@ -65,6 +72,7 @@ pub async fn run(
         stdin: p.stdin,
         timeout_ms: p.timeout.as_millis() as u64,
         max_output_bytes: p.max_output_bytes,
+        cpu_limit_ms: p.cpu_limit_ms,
     };
     client
         .send(&Frame::json(ch.id, Kind::Exec, &req))
@@ -142,6 +150,13 @@ pub async fn run(
     out.timed_out = result.timed_out || host_killed;
     out.truncated |= result.truncated;
     out.cpu_ms = result.cpu_ms;
+    out.memory_peak_bytes = result.memory_peak_bytes;
+    out.contained = result.contained;
+    out.reason = if host_killed && !result.timed_out {
+        EndReason::Timeout
+    } else {
+        result.reason
+    };
     out.duration_ms = start.elapsed().as_millis() as u64;
     Ok(out)
 }

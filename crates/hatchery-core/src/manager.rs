@@ -471,6 +471,11 @@ impl Manager {
         if let (Some(a), Some(b)) = (ooms_before, self.runtime.oom_kills(id)) {
             out.oom_killed = b > a;
         }
+        // Only the host sees its cgroup's OOM kills; a command the kernel
+        // killed for memory reads as signaled from inside.
+        if out.oom_killed && out.reason == hatchery_agent_proto::EndReason::Signaled {
+            out.reason = hatchery_agent_proto::EndReason::Oom;
+        }
         self.metrics
             .exec_seconds
             .observe(out.duration_ms as f64 / 1000.0);

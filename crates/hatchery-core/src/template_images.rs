@@ -31,6 +31,7 @@ fn shell(cmd: &str, timeout: Duration, max_output_bytes: u64) -> ExecParams {
         stdin: None,
         timeout,
         max_output_bytes,
+        cpu_limit_ms: None,
     }
 }
 

@@ -8,10 +8,14 @@ use std::path::Path;
 /// so templates never need re-baking when the agent changes.
 pub const GUEST_AGENT: &str = "/opt/hatchery/agent";
 
-/// Capabilities a sandbox root keeps. No CAP_SYS_ADMIN, CAP_SYS_PTRACE or
-/// CAP_SYS_RESOURCE: without them root inside cannot lift RLIMIT_NPROC or
-/// tamper with the agent (PID 1).
+/// Capabilities of the agent (PID 1). Commands get these less
+/// CAP_SYS_ADMIN, which only the agent holds (inside gVisor, not on the
+/// host) to start the cgroup keeper; the agent drops it from the bounding
+/// set of every thread that spawns a command (hatchery-agent `spawner.rs`).
+/// No CAP_SYS_PTRACE or CAP_SYS_RESOURCE: without them root inside cannot
+/// lift RLIMIT_NPROC or tamper with the agent or the keeper.
 const CAPS: &[&str] = &[
+    "CAP_SYS_ADMIN",
     "CAP_CHOWN",
     "CAP_DAC_OVERRIDE",
     "CAP_FOWNER",
@@ -131,6 +135,6 @@ mod tests {
         let caps = v["process"]["capabilities"]["bounding"].as_array().unwrap();
         assert!(!caps
             .iter()
-            .any(|c| c == "CAP_SYS_ADMIN" || c == "CAP_SYS_PTRACE"));
+            .any(|c| c == "CAP_SYS_PTRACE" || c == "CAP_SYS_RESOURCE"));
     }
 }

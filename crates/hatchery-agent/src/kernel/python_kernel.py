@@ -1,0 +1,354 @@
+"""Hatchery's in-sandbox Python kernel, the engine behind run_code.
+
+The agent starts it as `python3 -u -E -s -c <this source>` in the context's
+working directory. fd 0 is /dev/null; fd 1 and fd 2 are pipes the agent
+forwards as they are (child processes, C-level writes); fd 3 carries requests,
+one JSON object a line ({"id", "code", "env"}); fd 4 carries events, one JSON
+object a line (ready, stdout, stderr, result, error, done). Standard library
+only, no threads.
+"""
+import ast
+import base64
+import builtins
+import io
+import json
+import linecache
+import os
+import platform
+import signal
+import sys
+import threading
+import traceback
+
+os.environ["MPLBACKEND"] = "Agg"  # before any user import: no display in a sandbox
+os.set_inheritable(3, False)  # children must never hold the kernel's pipes
+os.set_inheritable(4, False)
+
+_FLAGS = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+_CO_COROUTINE = 0x80  # inspect.CO_COROUTINE (set when a cell awaits), without importing inspect
+_KERNEL_FILE = sys._getframe().f_code.co_filename  # "<string>" under -c
+_MIMES = (
+    ("text/html", "_repr_html_"), ("text/markdown", "_repr_markdown_"),
+    ("image/svg+xml", "_repr_svg_"), ("image/png", "_repr_png_"),
+    ("image/jpeg", "_repr_jpeg_"), ("application/json", "_repr_json_"),
+    ("text/latex", "_repr_latex_"), ("application/javascript", "_repr_javascript_"),
+)
+_lock = threading.RLock()  # user threads may print too; re-entrant for signal handlers
+_current_id = None  # the request that output is attributed to
+_count = 0  # execution_count
+_loop = None  # one asyncio loop for all cells, made on the first top-level await
+_ns = None  # the user's namespace, see main()
+
+
+def _emit(event):
+    """Write one event line to fd 4. SIGINT is held off during the write so an
+    interrupt never leaves half a line on the pipe."""
+    # ensure_ascii=False + "replace": a lone surrogate becomes "?" rather than
+    # a \udXXX escape that strict JSON parsers reject.
+    data = memoryview((json.dumps(event, ensure_ascii=False) + "\n").encode("utf-8", "replace"))
+    with _lock:
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            while data:
+                data = data[os.write(4, data):]
+        except BrokenPipeError:
+            os._exit(1)  # the agent is gone: nobody is left to serve
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+class _Stream(io.TextIOBase):
+    """sys.stdout / sys.stderr: one event per write(), unbuffered, so the first
+    print reaches the host at once."""
+
+    encoding = "utf-8"
+    errors = "strict"
+
+    def __init__(self, kind, fd):
+        self.kind, self._fd, self.name = kind, fd, "<%s>" % kind
+
+    def writable(self):
+        return True
+
+    def isatty(self):
+        return False
+
+    def fileno(self):
+        return self._fd  # e.g. subprocess.run(stdout=sys.stdout) writes to fd 1/2
+
+    def write(self, s):
+        if not isinstance(s, str):
+            raise TypeError("write() argument must be str, not " + type(s).__name__)
+        if s:
+            _emit({"id": _current_id, "type": self.kind, "text": s})
+        return len(s)
+
+
+def _safe(fn, *args, **kwargs):
+    """fn(*args), or None if it raises: a broken repr must not kill the execution."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception:
+        return None
+
+
+def _repr_call(obj, name, **kwargs):
+    meth = None if isinstance(obj, type) else _safe(getattr, obj, name, None)  # a class's are unbound
+    return _safe(meth, **kwargs) if callable(meth) else None
+
+
+def _mime_value(mime, value):
+    """Normalise one _repr_*_ return value for the wire, or None to skip it."""
+    if isinstance(value, tuple) and len(value) == 2:
+        value = value[0]  # IPython allows (data, metadata)
+    if value is None:
+        return None
+    if mime == "application/json" or mime.endswith("+json"):
+        try:
+            value = json.loads(value) if isinstance(value, (str, bytes)) else value
+            json.dumps(value, allow_nan=False)  # must survive the event encoding
+            return value
+        except (TypeError, ValueError):
+            return None
+    if isinstance(value, (bytes, bytearray)):
+        if mime.startswith("image/") and mime != "image/svg+xml":
+            return base64.b64encode(value).decode("ascii")
+        return bytes(value).decode("utf-8", "replace")
+    return value if isinstance(value, str) else _safe(str, value)
+
+
+def _is_figure(obj):
+    return type(obj).__module__.startswith("matplotlib") and _safe(hasattr, obj, "savefig")
+
+
+def _figure_bundle(fig):
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    data = {"image/png": base64.b64encode(buf.getvalue()).decode("ascii"), "text/plain": _plain(fig)}
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is not None:
+        plt.close(fig)  # shown now, so the end-of-cell flush does not show it again
+    return data
+
+
+def _plain(obj):
+    text = _safe(repr, obj)
+    return text if isinstance(text, str) else object.__repr__(obj)
+
+
+def _bundle(obj):
+    """A Jupyter-style MIME bundle for obj; text/plain is always there."""
+    if _is_figure(obj):
+        return _figure_bundle(obj)
+    found = _repr_call(obj, "_repr_mimebundle_", include=None, exclude=None)
+    if isinstance(found, tuple):
+        found = found[0] if found else None  # (data, metadata)
+    data = dict(found) if isinstance(found, dict) else {}
+    for mime, meth in _MIMES:
+        if mime not in data:
+            data[mime] = _repr_call(obj, meth)
+    data = {mime: _mime_value(mime, v) for mime, v in data.items() if isinstance(mime, str)}
+    data = {mime: v for mime, v in data.items() if v is not None}
+    data["text/plain"] = _plain(obj)
+    return data
+
+
+def _result(obj, main):
+    _emit({"id": _current_id, "type": "result", "data": _bundle(obj), "is_main_result": main})
+
+
+def display(*objs, **_options):
+    """Show each object as a rich result (a minimal Jupyter display())."""
+    for obj in objs:
+        _result(obj, False)
+
+
+def _flush_figures():
+    """Show every open pyplot figure as a PNG result, then close them all."""
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return
+    _patch_show(plt)
+    try:
+        for num in plt.get_fignums():
+            _emit({"id": _current_id, "type": "result", "data": _figure_bundle(plt.figure(num)),
+                   "is_main_result": False})
+    finally:
+        plt.close("all")
+
+
+def _patch_show(plt):
+    if not getattr(getattr(plt, "show", None), "_hatchery", False):
+        def show(*args, **kwargs):
+            """Show the open figures now (Hatchery's replacement for pyplot.show)."""
+            _flush_figures()
+        show._hatchery = True
+        plt.show = show
+
+
+class _PyplotHook:
+    """Meta path finder: patches pyplot.show right after matplotlib.pyplot is
+    imported, so plt.show() works even in the cell that imports it."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "matplotlib.pyplot":
+            return None
+        for finder in sys.meta_path:
+            spec = None if finder is self else _find(finder, name, path, target)
+            if spec is not None:
+                if hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
+
+
+def _find(finder, name, path, target):
+    find_spec = getattr(finder, "find_spec", None)
+    return find_spec(name, path, target) if find_spec else None
+
+
+class _PatchingLoader:
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)  # get_source, get_resource_reader, ...
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module):
+        self._inner.exec_module(module)
+        _patch_show(module)
+
+
+def _run(code):
+    """Evaluate one compiled piece of a cell; a top-level-await piece runs on the kernel's loop."""
+    global _loop
+    value = eval(code, _ns)
+    if not code.co_flags & _CO_COROUTINE:
+        return value
+    import asyncio  # lazily: most cells never await, and the import costs startup time
+
+    if _loop is None:
+        _loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(_loop)  # user code may have unset it (asyncio.run does)
+    task = _loop.create_task(value)
+    try:
+        return _loop.run_until_complete(task)
+    except BaseException:
+        task.cancel()  # e.g. KeyboardInterrupt: this cell must not resume inside a later one
+        try:
+            _loop.run_until_complete(task)
+        except BaseException:
+            pass
+        raise
+
+
+def _run_cell(code, filename):
+    """Exec a cell in the user namespace; a final expression's value is the main result."""
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)  # lines in tracebacks
+    tree = compile(code, filename, "exec", ast.PyCF_ONLY_AST | _FLAGS, dont_inherit=True)
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    _run(compile(tree, filename, "exec", _FLAGS, dont_inherit=True))
+    if last is not None:
+        value = _run(compile(ast.Expression(last.value), filename, "eval", _FLAGS, dont_inherit=True))
+        if value is not None:
+            builtins._ = value
+            _result(value, True)
+
+
+def _user_traceback(tb):
+    """Drop the kernel's (and the event loop's) frames in front of the user's first one."""
+    while tb is not None and (
+        tb.tb_frame.f_code.co_filename == _KERNEL_FILE
+        or str(tb.tb_frame.f_globals.get("__name__")).split(".")[0] in ("asyncio", "selectors")
+    ):
+        tb = tb.tb_next
+    return tb
+
+
+def _error(exc):
+    tb = _user_traceback(exc.__traceback__)
+    sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb  # for pdb.pm()
+    value = _safe(str, exc.code if isinstance(exc, SystemExit) else exc)
+    _emit({"id": _current_id, "type": "error", "name": type(exc).__name__,
+           "value": value if isinstance(value, str) else "<unprintable>",
+           "traceback": "".join(traceback.format_exception(type(exc), exc, tb))})
+
+
+def _kernel_error(message):
+    _emit({"id": _current_id, "type": "error", "name": "KernelError", "value": message,
+           "traceback": "KernelError: %s\n" % message})
+
+
+def _handle(line):
+    """Serve one request line; the caller emits its "done"."""
+    global _current_id, _count
+    _current_id = None
+    try:
+        req = json.loads(line)
+        if not isinstance(req, dict):
+            raise ValueError("a request must be a JSON object")
+        rid, code, env = req.get("id"), req.get("code"), req.get("env") or {}
+        if not isinstance(rid, int) or isinstance(rid, bool):
+            raise ValueError("'id' must be an integer")
+        _current_id = rid
+        if not isinstance(code, str):
+            raise ValueError("'code' must be a string")
+        if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+            raise ValueError("'env' must map strings to strings")
+    except ValueError as exc:  # includes bad JSON and bad UTF-8
+        return _kernel_error("malformed request: %s" % exc)
+    saved = {k: os.environ.get(k) for k in env}
+    try:
+        try:
+            os.environ.update(env)
+        except ValueError as exc:  # "=" in a name, a NUL byte
+            return _kernel_error("bad env: %s" % exc)
+        _count += 1
+        try:
+            _run_cell(code, "<cell-%d>" % _count)
+        except BaseException as exc:  # SystemExit and KeyboardInterrupt too: the kernel lives on
+            _error(exc)
+        try:
+            _flush_figures()
+        except BaseException as exc:
+            _error(exc)
+    finally:
+        for k, v in saved.items():  # the env was for this execution only
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def main():
+    global _ns
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if SIGINT came in ignored
+    # A fresh __main__ module for user code, so pickle finds classes defined in cells.
+    user_main = type(sys)("__main__")
+    user_main.__builtins__ = builtins
+    sys.modules["__main__"], _ns = user_main, user_main.__dict__
+    sys.path.insert(0, os.getcwd())  # user modules in the working directory import
+    sys.meta_path.insert(0, _PyplotHook())
+    builtins.display = display
+    sys.stdout, sys.stderr = _Stream("stdout", 1), _Stream("stderr", 2)
+    requests = open(3, "rb")
+    _emit({"type": "ready", "pid": os.getpid(), "language": "python",
+           "version": platform.python_version()})
+    while True:
+        try:
+            line = requests.readline()
+            if not line:
+                return  # the agent closed fd 3: exit 0
+            try:
+                _handle(line)
+            finally:
+                _emit({"id": _current_id, "type": "done", "execution_count": _count})
+        except KeyboardInterrupt:
+            pass  # an interrupt outside user code (idle, or between events): nothing to stop
+
+
+if __name__ == "__main__":
+    main()
