@@ -46,10 +46,19 @@ kinds! {
     FileList = 14,
     FileRemove = 15,
     Ping = 20,
+    CodeRun = 30,
+    ContextCreate = 31,
+    ContextList = 32,
+    ContextRestart = 33,
+    ContextDelete = 34,
     // guest → host
     Stdout = 101,
     Stderr = 102,
     ExitResult = 103,
+    // a rich result or an error from an interpreter (JSON)
+    CodeEvent = 104,
+    // the end of a code run (CodeResult)
+    CodeDone = 105,
     Ok = 110,
     Error = 111,
     FileChunk = 112,

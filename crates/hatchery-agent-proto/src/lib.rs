@@ -20,6 +20,6 @@ pub use frame::{
     check_len, read_frame, write_frame, Frame, FrameError, Kind, HEADER_LEN, MAX_FRAME,
 };
 pub use messages::{
-    EndReason, ExecRequest, ExecResult, FileEntry, FileListRequest, FilePathRequest, FileReadRequest,
+    CodeRequest, CodeResult, ContextInfo, ContextRequest, EndReason, ExecRequest, ExecResult, FileEntry, FileListRequest, FilePathRequest, FileReadRequest,
     FileWriteRequest, GuestError, ShimControl,
 };

@@ -58,6 +58,58 @@ pub struct ExecResult {
     pub contained: bool,
 }
 
+/// Run code in an interpreter context (`None`: the sandbox's default
+/// context, which is running already in every restored sandbox).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CodeRequest {
+    pub context: Option<String>,
+    pub language: String,
+    pub code: String,
+    pub env: BTreeMap<String, String>,
+    pub timeout_ms: u64,
+    pub cpu_limit_ms: Option<u64>,
+    /// Per stream, and for the rich results together.
+    pub max_output_bytes: u64,
+    /// Run the agent's own warm-up cell instead of `code`, leaving the
+    /// context's namespace and execution count as they were.
+    #[serde(default)]
+    pub warm: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CodeResult {
+    pub context: String,
+    pub execution_count: u64,
+    pub reason: EndReason,
+    pub truncated: bool,
+    pub duration_ms: u64,
+    pub cpu_ms: u64,
+    pub memory_peak_bytes: Option<u64>,
+    /// The interpreter died or was killed during the run and a clean one
+    /// replaced it: the context's variables are gone.
+    pub restarted: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ContextRequest {
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub language: Option<String>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ContextInfo {
+    pub id: String,
+    pub language: String,
+    pub cwd: String,
+    /// `ready`, `busy` or `starting`.
+    pub state: String,
+    pub execution_count: u64,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct FileWriteRequest {
     pub path: String,

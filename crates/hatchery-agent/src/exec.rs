@@ -35,7 +35,7 @@ impl Stop {
             .compare_exchange(0, r as u8 + 1, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
     }
-    fn get(&self) -> Option<EndReason> {
+    pub fn get(&self) -> Option<EndReason> {
         const ALL: [EndReason; 7] = [
             EndReason::Exited,
             EndReason::Signaled,
@@ -97,6 +97,17 @@ impl Tree {
 pub struct Registry(Arc<Mutex<HashMap<u32, Arc<Tree>>>>);
 
 impl Registry {
+    pub fn insert(&self, chan: u32, tree: Arc<Tree>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(chan, tree);
+    }
+
+    pub fn remove(&self, chan: u32) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(&chan);
+    }
+
     pub fn kill(&self, chan: u32) {
         let target = self
             .0

@@ -4,6 +4,7 @@
 //! it must start fast and stay small, and everything it does blocks anyway.
 
 mod cgroup;
+mod code;
 mod exec;
 mod files;
 mod kill;
@@ -39,6 +40,8 @@ fn main() {
         cgroup::keeper().available();
     });
     let execs = exec::Registry::default();
+    let contexts = code::Contexts::new(Arc::clone(&reaper), execs.clone());
+    contexts.start_default();
     let mut writes: HashMap<u32, files::PendingWrite> = HashMap::new();
     let mut input = BufReader::with_capacity(256 * 1024, input);
 
@@ -60,6 +63,23 @@ fn main() {
                 Err(e) => out.error(chan, "invalid", e.to_string()),
             },
             Kind::Kill => execs.kill(chan),
+            Kind::CodeRun => match frame.parse() {
+                Ok(req) => contexts.run(chan, req, out.clone()),
+                Err(e) => out.error(chan, "invalid", e.to_string()),
+            },
+            Kind::ContextCreate | Kind::ContextRestart | Kind::ContextDelete => {
+                match frame.parse() {
+                    Ok(req) if frame.kind == Kind::ContextCreate => {
+                        contexts.create(chan, req, out.clone())
+                    }
+                    Ok(req) if frame.kind == Kind::ContextRestart => {
+                        contexts.restart(chan, req, out.clone())
+                    }
+                    Ok(req) => contexts.delete(chan, req, out.clone()),
+                    Err(e) => out.error(chan, "invalid", e.to_string()),
+                }
+            }
+            Kind::ContextList => contexts.list(chan, &out),
             Kind::FileWriteStart => match frame.parse() {
                 Ok(req) => {
                     writes.insert(chan, files::PendingWrite::open(&req));

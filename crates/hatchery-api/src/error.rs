@@ -94,6 +94,7 @@ impl From<CoreError> for ApiError {
             CoreError::Runtime(RuntimeError::Unsupported(..)) => (S::CONFLICT, "unsupported"),
             CoreError::Runtime(_) => (S::SERVICE_UNAVAILABLE, "runtime_error"),
             CoreError::SnapshotNotFound(_) => (S::NOT_FOUND, "snapshot_not_found"),
+            CoreError::ContextNotFound(_) => (S::NOT_FOUND, "context_not_found"),
             CoreError::SnapshotCorrupt(_) => (S::UNPROCESSABLE_ENTITY, "snapshot_corrupt"),
             CoreError::Network(n) => match n {
                 NetError::Invalid(_) | NetError::Resolve(..) => {

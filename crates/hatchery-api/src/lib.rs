@@ -5,6 +5,7 @@
 //! snapshot-tested, so it cannot drift from the code.
 
 mod auth;
+pub mod code_models;
 mod error;
 mod extract;
 pub mod models;
@@ -13,7 +14,7 @@ pub mod openapi;
 mod routes;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::Router;
 use hatchery_core::Manager;
 use std::sync::Arc;
@@ -62,6 +63,20 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/sandboxes/{id}/exec/stream",
             post(routes::exec::exec_stream),
+        )
+        .route("/sandboxes/{id}/code", post(routes::code::run))
+        .route("/sandboxes/{id}/code/stream", post(routes::code::stream))
+        .route(
+            "/sandboxes/{id}/code/contexts",
+            post(routes::code::create_context).get(routes::code::list_contexts),
+        )
+        .route(
+            "/sandboxes/{id}/code/contexts/{context_id}",
+            delete(routes::code::delete_context),
+        )
+        .route(
+            "/sandboxes/{id}/code/contexts/{context_id}/restart",
+            post(routes::code::restart_context),
         )
         .route("/sandboxes/{id}/snapshots", post(routes::snapshots::create))
         .route("/snapshots", get(routes::snapshots::list))

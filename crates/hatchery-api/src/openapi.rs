@@ -2,6 +2,7 @@
 //! `tests/openapi_snapshot.rs` pins it to `docs/openapi.json`; SDKs are
 //! checked against that file.
 
+use crate::code_models::*;
 use crate::error::{ErrorBody, ErrorDetail};
 use crate::models::*;
 use crate::network::*;
@@ -17,6 +18,8 @@ use utoipa::{Modify, OpenApi};
         routes::sandboxes::delete, routes::sandboxes::patch,
         routes::files::write, routes::files::read, routes::files::list, routes::files::remove,
         routes::exec::exec, routes::exec::exec_stream,
+        routes::code::run, routes::code::stream, routes::code::create_context, routes::code::list_contexts,
+        routes::code::restart_context, routes::code::delete_context,
         routes::snapshots::create, routes::snapshots::list, routes::snapshots::get,
         routes::snapshots::delete, routes::snapshots::fork,
         routes::templates::create, routes::templates::list, routes::templates::get,
@@ -25,6 +28,7 @@ use utoipa::{Modify, OpenApi};
         routes::meta::healthz, routes::meta::metrics,
     ),
     components(schemas(CreateSandbox, PatchSandbox, Sandbox, SandboxList, ExecBody, ExecResponse, ExecReason, OutputChunk,
+                       CodeBody, CodeResponse, CodeSummary, CodeResultItem, CodeError, CreateContext, CodeContext, CodeContextList,
                        FileEntry, FileList, ErrorBody, ErrorDetail,
                        CreateSnapshot, Snapshot, SnapshotList, ForkBody,
                        CreateTemplate, TemplateInfo, TemplateList, BuildAccepted,

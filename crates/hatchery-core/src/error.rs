@@ -27,6 +27,8 @@ pub enum CoreError {
     Guest { code: String, message: String },
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+    #[error("code context {0}")]
+    ContextNotFound(String),
     #[error("snapshot {0} not found")]
     SnapshotNotFound(String),
     #[error("{0}")]

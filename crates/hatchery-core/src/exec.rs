@@ -32,6 +32,8 @@ pub struct ExecParams {
 pub enum ExecEvent {
     Stdout(Vec<u8>),
     Stderr(Vec<u8>),
+    /// A code run's rich result or error, as the kernel reported it.
+    Rich(serde_json::Value),
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -61,10 +63,9 @@ pub enum Sink {
 pub async fn run(
     client: &AgentClient,
     p: ExecParams,
-    mut sink: Sink,
+    sink: Sink,
 ) -> Result<ExecOutcome, CoreError> {
     let start = Instant::now();
-    let mut ch = client.open();
     let req = ExecRequest {
         argv: p.argv,
         cwd: p.cwd,
@@ -74,18 +75,63 @@ pub async fn run(
         max_output_bytes: p.max_output_bytes,
         cpu_limit_ms: p.cpu_limit_ms,
     };
+    let limits = (p.timeout, p.max_output_bytes);
+    let (got, result, host_killed) =
+        drive::<_, ExecResult>(client, Kind::Exec, &req, Kind::ExitResult, limits, sink).await?;
+    Ok(ExecOutcome {
+        exit_code: result.exit_code,
+        stdout: got.stdout,
+        stderr: got.stderr,
+        timed_out: result.timed_out || host_killed,
+        truncated: got.truncated || result.truncated,
+        oom_killed: false,
+        duration_ms: start.elapsed().as_millis() as u64,
+        cpu_ms: result.cpu_ms,
+        reason: if host_killed && !result.timed_out {
+            EndReason::Timeout
+        } else {
+            result.reason
+        },
+        memory_peak_bytes: result.memory_peak_bytes,
+        contained: result.contained,
+    })
+}
+
+/// What a run sent before its end frame, when collected.
+#[derive(Debug, Default)]
+pub struct Collected {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// Rich results and errors of a code run, in order.
+    pub rich: Vec<serde_json::Value>,
+    pub truncated: bool,
+}
+
+/// Sends `req` on a new channel and relays what comes back (output, rich
+/// events) into `sink` until the `end` frame, enforcing the host's own
+/// deadline on top of the guest's. Shared by exec and code runs. Returns
+/// whether the host had to send its own kill.
+pub(crate) async fn drive<Q: serde::Serialize, R: serde::de::DeserializeOwned>(
+    client: &AgentClient,
+    kind: Kind,
+    req: &Q,
+    end: Kind,
+    (timeout, max_output_bytes): (Duration, u64),
+    mut sink: Sink,
+) -> Result<(Collected, R, bool), CoreError> {
+    let mut ch = client.open();
     client
-        .send(&Frame::json(ch.id, Kind::Exec, &req))
+        .send(&Frame::json(ch.id, kind, req))
         .await
         .map_err(|e| CoreError::GuestUnresponsive(e.to_string()))?;
 
-    let mut out = ExecOutcome::default();
+    let mut out = Collected::default();
     let (mut sent_out, mut sent_err) = (0u64, 0u64);
-    let host_deadline = tokio::time::Instant::now() + p.timeout + HOST_GRACE;
+    let host_deadline = tokio::time::Instant::now() + timeout + HOST_GRACE;
     let mut give_up_at: Option<tokio::time::Instant> = None;
     let mut host_killed = false;
 
-    let result: ExecResult = loop {
+    let result: R = loop {
         let consumer_gone = async {
             match &sink {
                 Sink::Stream(tx) => tx.closed().await,
@@ -98,12 +144,12 @@ pub async fn run(
                 let Some(f) = f else {
                     return Err(CoreError::GuestUnresponsive("agent connection closed during exec".into()));
                 };
-                match f.kind {
+                let ev = match f.kind {
                     Kind::Stdout | Kind::Stderr => {
                         let is_out = f.kind == Kind::Stdout;
                         let sent = if is_out { &mut sent_out } else { &mut sent_err };
                         // The guest is asked to cap, but is not trusted to.
-                        let room = p.max_output_bytes.saturating_sub(*sent) as usize;
+                        let room = max_output_bytes.saturating_sub(*sent) as usize;
                         if f.payload.len() > room {
                             out.truncated = true;
                         }
@@ -112,30 +158,36 @@ pub async fn run(
                             continue;
                         }
                         *sent += data.len() as u64;
-                        match &mut sink {
-                            Sink::Collect => {
-                                if is_out { out.stdout.extend_from_slice(data) } else { out.stderr.extend_from_slice(data) }
-                            }
-                            Sink::Stream(tx) => {
-                                let ev = if is_out { ExecEvent::Stdout(data.to_vec()) } else { ExecEvent::Stderr(data.to_vec()) };
-                                if tx.send(ev).await.is_err() {
-                                    kill(client, ch.id, &mut give_up_at).await;
-                                }
-                            }
-                        }
+                        if is_out { ExecEvent::Stdout(data.to_vec()) } else { ExecEvent::Stderr(data.to_vec()) }
                     }
-                    Kind::ExitResult => match f.parse::<ExecResult>() {
+                    Kind::CodeEvent => match serde_json::from_slice::<serde_json::Value>(&f.payload) {
+                        Ok(v) if v.is_object() => ExecEvent::Rich(v),
+                        _ => continue,
+                    },
+                    k if k == end => match f.parse::<R>() {
                         Ok(r) => break r,
-                        Err(e) => return Err(CoreError::GuestUnresponsive(format!("bad exit result: {e}"))),
+                        Err(e) => return Err(CoreError::GuestUnresponsive(format!("bad end frame: {e}"))),
                     },
                     Kind::Error => return Err(guest_error(&f)),
-                    _ => {}
+                    _ => continue,
+                };
+                match &mut sink {
+                    Sink::Collect => match ev {
+                        ExecEvent::Stdout(d) => out.stdout.extend_from_slice(&d),
+                        ExecEvent::Stderr(d) => out.stderr.extend_from_slice(&d),
+                        ExecEvent::Rich(v) => out.rich.push(v),
+                    },
+                    Sink::Stream(tx) => {
+                        if tx.send(ev).await.is_err() {
+                            kill(client, ch.id, &mut give_up_at).await;
+                        }
+                    }
                 }
             }
             _ = tokio::time::sleep_until(wake) => {
                 if give_up_at.is_some() {
                     return Err(CoreError::GuestUnresponsive(format!(
-                        "no answer {}s after the {}s deadline", (HOST_GRACE + KILL_GRACE).as_secs(), p.timeout.as_secs()
+                        "no answer {}s after the {}s deadline", (HOST_GRACE + KILL_GRACE).as_secs(), timeout.as_secs()
                     )));
                 }
                 host_killed = true;
@@ -146,19 +198,7 @@ pub async fn run(
             }
         }
     };
-    out.exit_code = result.exit_code;
-    out.timed_out = result.timed_out || host_killed;
-    out.truncated |= result.truncated;
-    out.cpu_ms = result.cpu_ms;
-    out.memory_peak_bytes = result.memory_peak_bytes;
-    out.contained = result.contained;
-    out.reason = if host_killed && !result.timed_out {
-        EndReason::Timeout
-    } else {
-        result.reason
-    };
-    out.duration_ms = start.elapsed().as_millis() as u64;
-    Ok(out)
+    Ok((out, result, host_killed))
 }
 
 async fn kill(client: &AgentClient, chan: u32, give_up_at: &mut Option<tokio::time::Instant>) {

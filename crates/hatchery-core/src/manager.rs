@@ -493,6 +493,66 @@ impl Manager {
         Ok(out)
     }
 
+    /// Runs code in one of the sandbox's interpreter contexts. The
+    /// sandbox's create-time env applies, under the run's own.
+    pub async fn run_code(
+        &self,
+        id: &str,
+        mut p: crate::code::CodeParams,
+        sink: Sink,
+    ) -> Result<crate::code::CodeOutcome, CoreError> {
+        let live = self.live_get(id)?;
+        let mut env = live.env.clone();
+        env.append(&mut p.env);
+        p.env = env;
+        let ooms_before = self.runtime.oom_kills(id);
+        self.metrics.code_runs.inc();
+        let mut out = crate::code::run(&live.client, p, sink).await.inspect_err(|e| {
+            crate::limited_warn!(self.logs, &format!("{id}/code"), sandbox = %id, error = %e, "code run failed");
+        })?;
+        if let (Some(a), Some(b)) = (ooms_before, self.runtime.oom_kills(id)) {
+            out.oom_killed = b > a;
+        }
+        if out.oom_killed && out.reason == hatchery_agent_proto::EndReason::Signaled {
+            out.reason = hatchery_agent_proto::EndReason::Oom;
+        }
+        if out.reason == hatchery_agent_proto::EndReason::Timeout {
+            self.metrics.exec_timeouts.inc();
+        }
+        Ok(out)
+    }
+
+    pub async fn create_context(
+        &self,
+        id: &str,
+        language: &str,
+        cwd: Option<String>,
+    ) -> Result<hatchery_agent_proto::ContextInfo, CoreError> {
+        if let Some(c) = &cwd {
+            files::validate_path(c, self.caps.max_path_bytes)?;
+        }
+        crate::code::create_context(&self.live_get(id)?.client, language, cwd).await
+    }
+
+    pub async fn list_contexts(
+        &self,
+        id: &str,
+    ) -> Result<Vec<hatchery_agent_proto::ContextInfo>, CoreError> {
+        crate::code::list_contexts(&self.live_get(id)?.client).await
+    }
+
+    pub async fn restart_context(
+        &self,
+        id: &str,
+        ctx: &str,
+    ) -> Result<hatchery_agent_proto::ContextInfo, CoreError> {
+        crate::code::restart_context(&self.live_get(id)?.client, ctx).await
+    }
+
+    pub async fn delete_context(&self, id: &str, ctx: &str) -> Result<(), CoreError> {
+        crate::code::delete_context(&self.live_get(id)?.client, ctx).await
+    }
+
     pub async fn write_file(&self, id: &str, path: &str, data: &[u8]) -> Result<(), CoreError> {
         files::validate_path(path, self.caps.max_path_bytes)?;
         if data.len() as u64 > self.caps.max_file_bytes {

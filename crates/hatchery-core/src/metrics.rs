@@ -10,6 +10,7 @@ pub struct Metrics {
     pub create_failures: IntCounter,
     pub create_seconds: Histogram,
     pub execs: IntCounter,
+    pub code_runs: IntCounter,
     pub exec_seconds: Histogram,
     pub exec_timeouts: IntCounter,
     pub exec_ooms: IntCounter,
@@ -56,6 +57,7 @@ impl Metrics {
             )
             .unwrap(),
             execs: IntCounter::new("hatchery_execs_total", "Commands executed").unwrap(),
+            code_runs: IntCounter::new("hatchery_code_runs_total", "Code runs in interpreter contexts").unwrap(),
             exec_seconds: Histogram::with_opts(
                 HistogramOpts::new("hatchery_exec_seconds", "Exec wall time").buckets(buckets),
             )
@@ -99,6 +101,7 @@ impl Metrics {
         r.register(Box::new(m.create_failures.clone())).unwrap();
         r.register(Box::new(m.create_seconds.clone())).unwrap();
         r.register(Box::new(m.execs.clone())).unwrap();
+        r.register(Box::new(m.code_runs.clone())).unwrap();
         r.register(Box::new(m.exec_seconds.clone())).unwrap();
         r.register(Box::new(m.exec_timeouts.clone())).unwrap();
         r.register(Box::new(m.exec_ooms.clone())).unwrap();

@@ -185,6 +185,7 @@ impl Manager {
                 Sink::Collect,
             )
             .await?;
+            wait_interpreters_ready(&client).await;
             let dir = self.template_images.prepare(image_id).map_err(image_err)?;
             self.runtime.checkpoint(&spec.id, &dir).await?;
             self.template_images.seal(image_id).map_err(image_err)?;
@@ -202,6 +203,20 @@ impl Manager {
             self.metrics.template_images_baked.inc();
         }
         res
+    }
+}
+
+/// The default code context starts with the agent; the checkpoint must
+/// catch it ready, so that every restored sandbox runs code at once. A
+/// template without Python has no contexts and nothing to wait for.
+async fn wait_interpreters_ready(client: &crate::agent_client::AgentClient) {
+    let end = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tokio::time::Instant::now() < end {
+        match crate::code::list_contexts(client).await {
+            Ok(all) if all.iter().all(|c| c.state == "ready") => return,
+            Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(_) => return,
+        }
     }
 }
 

@@ -127,7 +127,7 @@ def _figure_bundle(fig):
     data = {"image/png": base64.b64encode(buf.getvalue()).decode("ascii"), "text/plain": _plain(fig)}
     plt = sys.modules.get("matplotlib.pyplot")
     if plt is not None:
-        plt.close(fig)  # shown now, so the end-of-cell flush does not show it again
+        _safe(plt.close, fig)  # shown now, so the end-of-cell flush does not show it again
     return data
 
 
@@ -194,17 +194,13 @@ class _PyplotHook:
         if name != "matplotlib.pyplot":
             return None
         for finder in sys.meta_path:
-            spec = None if finder is self else _find(finder, name, path, target)
+            find_spec = None if finder is self else getattr(finder, "find_spec", None)
+            spec = find_spec(name, path, target) if find_spec else None
             if spec is not None:
                 if hasattr(spec.loader, "exec_module"):
                     spec.loader = _PatchingLoader(spec.loader)
                 return spec
         return None
-
-
-def _find(finder, name, path, target):
-    find_spec = getattr(finder, "find_spec", None)
-    return find_spec(name, path, target) if find_spec else None
 
 
 class _PatchingLoader:
@@ -237,11 +233,15 @@ def _run(code):
     try:
         return _loop.run_until_complete(task)
     except BaseException:
-        task.cancel()  # e.g. KeyboardInterrupt: this cell must not resume inside a later one
-        try:
-            _loop.run_until_complete(task)
-        except BaseException:
-            pass
+        # Interrupted from outside the task (e.g. SIGINT in select): cancel it so it
+        # does not resume inside a later cell. (A task that died of KeyboardInterrupt
+        # is done, and running a done one again would never stop the loop.)
+        if not task.done():
+            task.cancel()
+            try:
+                _loop.run_until_complete(task)
+            except BaseException:
+                pass
         raise
 
 
@@ -258,18 +258,31 @@ def _run_cell(code, filename):
             _result(value, True)
 
 
-def _user_traceback(tb):
-    """Drop the kernel's (and the event loop's) frames in front of the user's first one."""
-    while tb is not None and (
-        tb.tb_frame.f_code.co_filename == _KERNEL_FILE
-        or str(tb.tb_frame.f_globals.get("__name__")).split(".")[0] in ("asyncio", "selectors")
-    ):
+def _user_traceback(exc):
+    """exc's traceback without the kernel's frames, without the event loop's in
+    front of the user's, and, for an interrupt that landed in the kernel's own
+    plumbing (e.g. inside print), without what the kernel had called."""
+    kept, in_kernel, tb = [], False, exc.__traceback__
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        module = str(tb.tb_frame.f_globals.get("__name__")).split(".")[0]
+        if filename == _KERNEL_FILE:
+            in_kernel = True
+        elif filename.startswith("<cell-"):
+            in_kernel = False
+            kept.append(tb)
+        elif not (in_kernel and isinstance(exc, KeyboardInterrupt)) and (
+                kept or module not in ("asyncio", "selectors")):
+            kept.append(tb)
         tb = tb.tb_next
+    tb = None
+    for t in reversed(kept):
+        tb = type(t)(tb, t.tb_frame, t.tb_lasti, t.tb_lineno)
     return tb
 
 
 def _error(exc):
-    tb = _user_traceback(exc.__traceback__)
+    tb = _user_traceback(exc)
     sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb  # for pdb.pm()
     value = _safe(str, exc.code if isinstance(exc, SystemExit) else exc)
     _emit({"id": _current_id, "type": "error", "name": type(exc).__name__,
@@ -298,7 +311,7 @@ def _handle(line):
             raise ValueError("'code' must be a string")
         if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
             raise ValueError("'env' must map strings to strings")
-    except ValueError as exc:  # includes bad JSON and bad UTF-8
+    except Exception as exc:  # bad JSON, bad UTF-8, absurd nesting, wrong shape
         return _kernel_error("malformed request: %s" % exc)
     saved = {k: os.environ.get(k) for k in env}
     try:
@@ -344,6 +357,8 @@ def main():
                 return  # the agent closed fd 3: exit 0
             try:
                 _handle(line)
+            except Exception as exc:  # a kernel bug must not end the session
+                _kernel_error("internal error: %r" % exc)
             finally:
                 _emit({"id": _current_id, "type": "done", "execution_count": _count})
         except KeyboardInterrupt:

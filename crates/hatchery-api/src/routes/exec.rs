@@ -45,18 +45,20 @@ pub async fn exec_stream(
     let (tx, rx) = mpsc::channel::<ExecEvent>(16);
     let manager = st.manager.clone();
     let task = tokio::spawn(async move { manager.exec(&id, params, Sink::Stream(tx)).await });
-    let output = ReceiverStream::new(rx).map(|ev| {
+    let output = ReceiverStream::new(rx).filter_map(|ev| async move {
         let (name, data) = match ev {
             ExecEvent::Stdout(d) => ("stdout", d),
             ExecEvent::Stderr(d) => ("stderr", d),
+            // Commands have no rich results.
+            ExecEvent::Rich(_) => return None,
         };
         let chunk = OutputChunk {
             data: String::from_utf8_lossy(&data).into_owned(),
         };
-        Ok(Event::default()
+        Some(Ok(Event::default()
             .event(name)
             .json_data(chunk)
-            .unwrap_or_default())
+            .unwrap_or_default()))
     });
     let last = stream::once(async move {
         let ev = match task.await {

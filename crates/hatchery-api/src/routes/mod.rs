@@ -1,3 +1,4 @@
+pub mod code;
 pub mod exec;
 pub mod files;
 pub mod meta;

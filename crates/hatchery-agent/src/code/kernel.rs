@@ -1,0 +1,184 @@
+//! One interpreter process: a Python kernel (`python_kernel.py`) in a unit
+//! of its own, with four pipes: requests (its fd 3), events (its fd 4) and
+//! its raw stdout and stderr (what its child processes write).
+
+use crate::exec::{spawn_contained, Tree};
+use crate::reaper::{Exit, Reaper};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub const PYTHON_KERNEL: &str = include_str!("../kernel/python_kernel.py");
+const PYTHON: &str = "/usr/bin/python3";
+const READY_TIMEOUT: Duration = Duration::from_secs(20);
+
+static NEXT_MARK: AtomicU64 = AtomicU64::new(1);
+
+pub struct Kernel {
+    pub tree: Arc<Tree>,
+    pub req: Arc<File>,
+    pub events: File,
+    pub stdout: File,
+    pub stderr: File,
+    pub exited: Receiver<Exit>,
+    /// Bytes of `events` read past the last full line.
+    pub pending: Vec<u8>,
+    _child: Child,
+}
+
+/// A pipe whose ends are above the fds the kernel is given (3 and 4), so
+/// that the dup2s in the child can never clobber one another.
+fn high_pipe() -> std::io::Result<(File, File)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: pipe2 writes two fds into the array we pass.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut high = [0 as RawFd; 2];
+    for i in 0..2 {
+        // SAFETY: F_DUPFD_CLOEXEC on an fd we own; then close the original.
+        high[i] = unsafe { libc::fcntl(fds[i], libc::F_DUPFD_CLOEXEC, 10) };
+        unsafe { libc::close(fds[i]) };
+        if high[i] < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    // SAFETY: both fds are fresh and owned by nothing else.
+    Ok(unsafe { (File::from_raw_fd(high[0]), File::from_raw_fd(high[1])) })
+}
+
+pub fn set_nonblocking(f: &File) {
+    // SAFETY: fcntl on an fd we own.
+    unsafe {
+        let fl = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(f.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
+    }
+}
+
+impl Kernel {
+    /// Starts a Python kernel in `cwd` and waits until it says it is ready.
+    pub fn start_python(cwd: &str, reaper: &Arc<Reaper>) -> std::io::Result<Kernel> {
+        let (req_r, req_w) = high_pipe()?;
+        let (ev_r, ev_w) = high_pipe()?;
+        let (req_fd, ev_fd) = (req_r.as_raw_fd(), ev_w.as_raw_fd());
+        let mark = format!("k-{}", NEXT_MARK.fetch_add(1, Ordering::Relaxed));
+        let mut cmd = Command::new(PYTHON);
+        cmd.args(["-u", "-E", "-s", "-c", PYTHON_KERNEL])
+            .env_clear()
+            .env(
+                "PATH",
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            )
+            .env("HOME", "/root")
+            .env("LANG", "C.UTF-8")
+            .env("HATCHERY_EXEC_ID", &mark)
+            .current_dir(cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0);
+        // SAFETY: only dup2 (async-signal-safe) between fork and exec; the
+        // sources are CLOEXEC and vanish at exec, the copies do not.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(req_fd, 3) < 0 || libc::dup2(ev_fd, 4) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let unit = crate::cgroup::keeper().new_unit();
+        let (mut child, exited, unit) = spawn_contained(cmd, unit, reaper)?;
+        drop((req_r, ev_w));
+        let marker = format!("HATCHERY_EXEC_ID={mark}").into_bytes();
+        let tree = Arc::new(Tree::new(child.id() as i32, marker, unit));
+        let stdout = File::from(std::os::fd::OwnedFd::from(
+            child.stdout.take().expect("piped"),
+        ));
+        let stderr = File::from(std::os::fd::OwnedFd::from(
+            child.stderr.take().expect("piped"),
+        ));
+        let mut k = Kernel {
+            tree,
+            req: Arc::new(req_w),
+            events: ev_r,
+            stdout,
+            stderr,
+            exited,
+            pending: Vec::new(),
+            _child: child,
+        };
+        if let Err(e) = k.wait_ready() {
+            k.tree.kill_all();
+            return Err(e);
+        }
+        for f in [&k.events, &k.stdout, &k.stderr] {
+            set_nonblocking(f);
+        }
+        Ok(k)
+    }
+
+    fn wait_ready(&mut self) -> std::io::Result<()> {
+        let end = Instant::now() + READY_TIMEOUT;
+        let mut buf = [0u8; 4096];
+        while Instant::now() < end {
+            let mut pfd = libc::pollfd {
+                fd: self.events.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut pfd, 1, 100) };
+            if pfd.revents == 0 {
+                continue;
+            }
+            let n = self.events.read(&mut buf)?;
+            if n == 0 {
+                return Err(std::io::Error::other("interpreter exited while starting"));
+            }
+            self.pending.extend_from_slice(&buf[..n]);
+            if let Some(pos) = self.pending.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.pending.drain(..=pos).collect();
+                let v: serde_json::Value = serde_json::from_slice(&line).unwrap_or_default();
+                if v["type"] == "ready" {
+                    return Ok(());
+                }
+            }
+            if self.pending.len() > 64 * 1024 {
+                break;
+            }
+        }
+        Err(std::io::Error::other("interpreter did not get ready"))
+    }
+
+    /// Sends one request line without blocking the caller: a kernel that
+    /// is stuck must not wedge the run that will kill it.
+    pub fn send(&self, line: Vec<u8>) {
+        // Most cells fit in the pipe: write them here, without a thread
+        // hand-off. A pipe buffer holds at least 4 KiB (PIPE_BUF).
+        if line.len() <= 4096 {
+            let _ = (&*self.req).write_all(&line);
+            return;
+        }
+        let req = Arc::clone(&self.req);
+        crate::pool::run(move || {
+            let _ = (&*req).write_all(&line);
+        });
+    }
+
+    /// Throws away whatever arrived between runs: output of background
+    /// threads or processes belongs to no run.
+    pub fn discard_stale(&mut self) {
+        let mut buf = [0u8; 16 * 1024];
+        for f in [&mut self.stdout, &mut self.stderr, &mut self.events] {
+            while matches!(f.read(&mut buf), Ok(n) if n > 0) {}
+        }
+        self.pending.clear();
+    }
+}

@@ -1,0 +1,283 @@
+//! Interpreter contexts for `run_code`: long-lived kernels that keep a
+//! notebook's variables between runs. The default context is started with
+//! the agent, so it is running (and clean) in every sandbox restored from a
+//! template checkpoint: a run costs no process start.
+
+mod kernel;
+mod run;
+
+use crate::exec::Registry;
+use crate::out::Out;
+use crate::reaper::Reaper;
+use hatchery_agent_proto::{CodeRequest, ContextInfo, ContextRequest, Frame, Kind};
+use kernel::Kernel;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+pub const DEFAULT: &str = "default";
+/// Contexts per sandbox, the default one included. Each is a process of
+/// about 10 MiB.
+pub const MAX_CONTEXTS: usize = 16;
+const DEFAULT_CWD: &str = "/workspace";
+/// Touches the kernel's paths for a cell (parse, exec, a stream write, the
+/// last-expression eval) and unbinds what it bound.
+const WARM_CELL: &str = "import sys as __hx_w\n__hx_w.stdout.write('')\ndel __hx_w\n(lambda: None)()";
+
+pub struct Context {
+    id: String,
+    language: String,
+    cwd: String,
+    /// None while the interpreter is being (re)started. Held for a whole
+    /// run, so runs in one context queue up.
+    kernel: Mutex<Option<Kernel>>,
+    count: AtomicU64,
+    /// The tree of the run in progress, so restart and delete can cut it.
+    running: Mutex<Option<Arc<crate::exec::Tree>>>,
+}
+
+impl Context {
+    fn info(&self) -> ContextInfo {
+        let state = match self.kernel.try_lock() {
+            Ok(g) if g.is_some() => "ready",
+            Ok(_) => "starting",
+            Err(_) => "busy",
+        };
+        ContextInfo {
+            id: self.id.clone(),
+            language: self.language.clone(),
+            cwd: self.cwd.clone(),
+            state: state.into(),
+            execution_count: self.count.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Stops the run in progress, if any (it answers `cancelled`).
+    fn cancel_run(&self) {
+        let t = self.running.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(t) = t {
+            t.stop(hatchery_agent_proto::EndReason::Cancelled);
+        }
+    }
+
+    /// Replaces the interpreter with a clean one (killing all it started).
+    fn restart(&self, reaper: &Arc<Reaper>) -> std::io::Result<()> {
+        self.cancel_run();
+        let mut g = self.kernel.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = g.take() {
+            old.tree.kill_all();
+        }
+        self.count.store(0, Ordering::SeqCst);
+        *g = Some(Kernel::start_python(&self.cwd, reaper)?);
+        Ok(())
+    }
+}
+
+#[derive(Clone)]
+pub struct Contexts {
+    map: Arc<Mutex<BTreeMap<String, Arc<Context>>>>,
+    reaper: Arc<Reaper>,
+    execs: Registry,
+}
+
+fn languages() -> &'static [&'static str] {
+    static L: OnceLock<Vec<&'static str>> = OnceLock::new();
+    L.get_or_init(|| {
+        let mut l = vec![];
+        if std::path::Path::new("/usr/bin/python3").exists() {
+            l.push("python");
+        }
+        l
+    })
+}
+
+fn new_id() -> String {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom into a local buffer of the given length.
+    unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("ctx_{hex}")
+}
+
+impl Contexts {
+    pub fn new(reaper: Arc<Reaper>, execs: Registry) -> Self {
+        Contexts {
+            map: Arc::default(),
+            reaper,
+            execs,
+        }
+    }
+
+    /// Starts the default Python context (in the background; a run that
+    /// comes first waits for it).
+    pub fn start_default(&self) {
+        if !languages().contains(&"python") {
+            return;
+        }
+        let cwd = if std::path::Path::new(DEFAULT_CWD).is_dir() {
+            DEFAULT_CWD
+        } else {
+            "/"
+        };
+        let ctx = self.insert(DEFAULT.into(), "python".into(), cwd.into());
+        let reaper = Arc::clone(&self.reaper);
+        crate::pool::run(move || {
+            let _ = ctx.restart(&reaper);
+        });
+    }
+
+    fn insert(&self, id: String, language: String, cwd: String) -> Arc<Context> {
+        let ctx = Arc::new(Context {
+            id: id.clone(),
+            language,
+            cwd,
+            kernel: Mutex::new(None),
+            count: AtomicU64::new(0),
+            running: Mutex::new(None),
+        });
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, Arc::clone(&ctx));
+        ctx
+    }
+
+    fn get(&self, id: &str) -> Option<Arc<Context>> {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned()
+    }
+
+    pub fn run(&self, chan: u32, req: CodeRequest, out: Out) {
+        let me = self.clone();
+        crate::pool::run(move || me.run_blocking(chan, req, &out));
+    }
+
+    fn run_blocking(&self, chan: u32, req: CodeRequest, out: &Out) {
+        let id = req.context.clone().unwrap_or_else(|| DEFAULT.into());
+        let Some(ctx) = self.get(&id) else {
+            return out.error(chan, "not_found", format!("no context {id}"));
+        };
+        if ctx.language != req.language {
+            return out.error(
+                chan,
+                "invalid",
+                format!("context {id} runs {}, not {}", ctx.language, req.language),
+            );
+        }
+        let mut g = ctx.kernel.lock().unwrap_or_else(|p| p.into_inner());
+        if g.is_none() {
+            match Kernel::start_python(&ctx.cwd, &self.reaper) {
+                Ok(k) => *g = Some(k),
+                Err(e) => return out.error(chan, "spawn_failed", e.to_string()),
+            }
+        }
+        let k = g.as_mut().expect("just started");
+        self.execs.insert(chan, Arc::clone(&k.tree));
+        *ctx.running.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&k.tree));
+        let (count, req) = if req.warm {
+            // Request id 0 is never a user run's; nothing it binds survives.
+            let warm = CodeRequest {
+                code: WARM_CELL.into(),
+                ..req
+            };
+            (0, warm)
+        } else {
+            (ctx.count.fetch_add(1, Ordering::SeqCst) + 1, req)
+        };
+        let outcome = run::run(k, chan, &req, count, out);
+        *ctx.running.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.execs.remove(chan);
+        let mut result = outcome.result;
+        result.context = id;
+        if outcome.dead {
+            if let Some(old) = g.take() {
+                old.tree.kill_all();
+            }
+            ctx.count.store(0, Ordering::SeqCst);
+            // A clean interpreter for the next run, started off this
+            // run's answer path.
+            let (ctx2, reaper) = (Arc::clone(&ctx), Arc::clone(&self.reaper));
+            crate::pool::run(move || {
+                let mut g = ctx2.kernel.lock().unwrap_or_else(|p| p.into_inner());
+                if g.is_none() {
+                    *g = Kernel::start_python(&ctx2.cwd, &reaper).ok();
+                }
+            });
+        }
+        drop(g);
+        out.send(&Frame::json(chan, Kind::CodeDone, &result));
+    }
+
+    pub fn create(&self, chan: u32, req: ContextRequest, out: Out) {
+        let me = self.clone();
+        crate::pool::run(move || {
+            let language = req.language.unwrap_or_else(|| "python".into());
+            if !languages().contains(&language.as_str()) {
+                return out.error(chan, "invalid", format!("no {language} interpreter in this sandbox"));
+            }
+            let cwd = req.cwd.unwrap_or_else(|| DEFAULT_CWD.into());
+            if !std::path::Path::new(&cwd).is_dir() {
+                return out.error(chan, "not_found", format!("cwd {cwd} is not a directory"));
+            }
+            if me.map.lock().unwrap_or_else(|p| p.into_inner()).len() >= MAX_CONTEXTS {
+                return out.error(chan, "too_many", format!("at most {MAX_CONTEXTS} contexts per sandbox"));
+            }
+            let ctx = me.insert(new_id(), language, cwd);
+            match ctx.restart(&me.reaper) {
+                Ok(()) => out.send(&Frame::json(chan, Kind::Ok, &ctx.info())),
+                Err(e) => {
+                    me.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&ctx.id);
+                    out.error(chan, "spawn_failed", e.to_string())
+                }
+            }
+        });
+    }
+
+    pub fn list(&self, chan: u32, out: &Out) {
+        let all: Vec<ContextInfo> = self
+            .map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|c| c.info())
+            .collect();
+        out.send(&Frame::json(chan, Kind::Ok, &all));
+    }
+
+    pub fn restart(&self, chan: u32, req: ContextRequest, out: Out) {
+        let me = self.clone();
+        crate::pool::run(move || {
+            let id = req.id.unwrap_or_default();
+            let Some(ctx) = me.get(&id) else {
+                return out.error(chan, "not_found", format!("no context {id}"));
+            };
+            // A run in progress is cut short: its unit dies with the old
+            // interpreter, and the run answers `cancelled`.
+            match ctx.restart(&me.reaper) {
+                Ok(()) => out.send(&Frame::json(chan, Kind::Ok, &ctx.info())),
+                Err(e) => out.error(chan, "spawn_failed", e.to_string()),
+            }
+        });
+    }
+
+    pub fn delete(&self, chan: u32, req: ContextRequest, out: Out) {
+        let id = req.id.unwrap_or_default();
+        if id == DEFAULT {
+            return out.error(chan, "invalid", "the default context can be restarted, not deleted");
+        }
+        let removed = self.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        let Some(ctx) = removed else {
+            return out.error(chan, "not_found", format!("no context {id}"));
+        };
+        crate::pool::run(move || {
+            ctx.cancel_run();
+            if let Some(k) = ctx.kernel.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                k.tree.kill_all();
+            }
+            out.send(&Frame::new(chan, Kind::Ok, b"{}".to_vec()));
+        });
+    }
+}
