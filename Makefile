@@ -9,7 +9,7 @@ LISTEN ?= 127.0.0.1:7423
 PYTEST := /usr/bin/python3 -m pytest
 BIN := target/release
 
-.PHONY: setup build template run test unit lint integration cli-test sdk-python-test sdk-typescript-test playground-test playground-load bench clean-state
+.PHONY: setup build template run test unit kernel-test lint integration cli-test sdk-python-test sdk-typescript-test playground-test playground-load bench clean-state
 
 setup:
 	bash scripts/setup-host.sh
@@ -29,6 +29,10 @@ lint:
 
 unit:
 	cargo test --workspace --release
+
+# The run_code Python kernel, on the host's python3 (no build, no daemon).
+kernel-test:
+	$(PYTEST) -q -p no:cacheprovider tests/kernel
 
 integration: build template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
@@ -71,7 +75,7 @@ playground-load: build template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -s -p no:cacheprovider tests/playground/test_load.py
 
-test: build template lint unit integration cli-test sdk-python-test sdk-typescript-test playground-test playground-load
+test: build template lint unit kernel-test integration cli-test sdk-python-test sdk-typescript-test playground-test playground-load
 
 bench: build template
 	cargo build --release -p hatchery-net --example slot_bench

@@ -31,6 +31,11 @@ fn every_route_is_documented() {
         "/v1/sandboxes/{id}/files/list",
         "/v1/sandboxes/{id}/exec",
         "/v1/sandboxes/{id}/exec/stream",
+        "/v1/sandboxes/{id}/code",
+        "/v1/sandboxes/{id}/code/stream",
+        "/v1/sandboxes/{id}/code/contexts",
+        "/v1/sandboxes/{id}/code/contexts/{context_id}",
+        "/v1/sandboxes/{id}/code/contexts/{context_id}/restart",
         "/healthz",
         "/metrics",
     ] {
@@ -46,6 +51,9 @@ fn every_route_is_documented() {
         "oom_killed",
         "duration_ms",
         "cpu_ms",
+        "reason",
+        "memory_peak_bytes",
+        "contained",
     ] {
         assert!(exec.get(f).is_some(), "ExecResponse.{f} missing");
     }
