@@ -178,6 +178,13 @@ pub(crate) async fn drive<Q: serde::Serialize, R: serde::de::DeserializeOwned>(
                         ExecEvent::Rich(v) => out.rich.push(v),
                     },
                     Sink::Stream(tx) => {
+                        // The end summary of a streamed code run repeats
+                        // its error, so the error is kept as well as sent.
+                        if let ExecEvent::Rich(v) = &ev {
+                            if v["type"] == "error" {
+                                out.rich.push(v.clone());
+                            }
+                        }
                         if tx.send(ev).await.is_err() {
                             kill(client, ch.id, &mut give_up_at).await;
                         }

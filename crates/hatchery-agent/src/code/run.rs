@@ -113,10 +113,12 @@ pub fn run(k: &mut Kernel, chan: u32, req: &CodeRequest, count: u64, out: &Out) 
                 Err(_) => {}
             }
         }
-        match k.exited.try_recv() {
-            Ok(e) => died = Some(e.status),
-            Err(TryRecvError::Disconnected) => died = Some(0),
-            Err(TryRecvError::Empty) => {}
+        if died.is_none() {
+            match k.exited.try_recv() {
+                Ok(e) => died = Some(e.status),
+                Err(TryRecvError::Disconnected) => died = Some(0),
+                Err(TryRecvError::Empty) => {}
+            }
         }
         // Sampled on the tick, not on every wake-up: each sample is a round
         // trip to the keeper process.
