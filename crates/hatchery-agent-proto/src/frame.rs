@@ -51,6 +51,16 @@ kinds! {
     ContextList = 32,
     ContextRestart = 33,
     ContextDelete = 34,
+    // background processes: 60-69 (replies 160-169)
+    ProcStart = 60,
+    ProcList = 61,
+    ProcRead = 62,
+    // payload: the process id, a NUL, then the bytes
+    ProcStdin = 63,
+    ProcStdinClose = 64,
+    ProcSignal = 65,
+    ProcWait = 66,
+    ProcKill = 67,
     // guest → host
     Stdout = 101,
     Stderr = 102,
@@ -59,6 +69,10 @@ kinds! {
     CodeEvent = 104,
     // the end of a code run (CodeResult)
     CodeDone = 105,
+    // payload: u64 BE offset, u8 stream (1 stdout, 2 stderr), the bytes
+    ProcChunk = 160,
+    // a ProcInfo: the end of a ProcRead
+    ProcEnd = 161,
     Ok = 110,
     Error = 111,
     FileChunk = 112,

@@ -21,5 +21,5 @@ pub use frame::{
 };
 pub use messages::{
     CodeRequest, CodeResult, ContextInfo, ContextRequest, EndReason, ExecRequest, ExecResult, FileEntry, FileListRequest, FilePathRequest, FileReadRequest,
-    FileWriteRequest, GuestError, ShimControl,
+    FileWriteRequest, GuestError, ProcInfo, ProcRequest, ShimControl,
 };

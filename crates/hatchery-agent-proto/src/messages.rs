@@ -110,6 +110,43 @@ pub struct ContextInfo {
     pub execution_count: u64,
 }
 
+/// A background process, as the agent keeps it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ProcInfo {
+    pub id: String,
+    pub pid: i32,
+    pub argv: Vec<String>,
+    pub started_at_ms: u64,
+    pub running: bool,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub reason: Option<EndReason>,
+    pub cpu_ms: u64,
+    /// Bytes of output so far (stdout and stderr share one offset space).
+    pub output_bytes: u64,
+    /// The oldest offset still in the ring; older output was dropped.
+    pub first_offset: u64,
+    pub stdin_open: bool,
+}
+
+/// Names one background process, with what the operation needs.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ProcRequest {
+    pub id: String,
+    /// ProcRead: the first output offset wanted.
+    #[serde(default)]
+    pub offset: u64,
+    /// ProcRead: keep streaming until the process exits.
+    #[serde(default)]
+    pub follow: bool,
+    /// ProcSignal.
+    #[serde(default)]
+    pub signal: i32,
+    /// ProcWait: how long to wait for the exit.
+    #[serde(default)]
+    pub timeout_ms: u64,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct FileWriteRequest {
     pub path: String,

@@ -156,22 +156,25 @@ pub fn spawn_contained(
     got.unwrap_or_else(|| Err(std::io::Error::other("no spawner thread")))
 }
 
-fn run(
-    chan: u32,
-    req: ExecRequest,
-    out: &Out,
-    reaper: &Arc<Reaper>,
-    reg: &Registry,
-) -> std::io::Result<()> {
-    let start = Instant::now();
+/// Why a command could not be started.
+pub enum Refused {
+    /// Bad request: (error code, message) for the host.
+    Invalid(&'static str, String),
+    /// The program could not be run (127/126 like a shell, or another error).
+    Spawn(String, std::io::Error),
+}
+
+/// A command ready to spawn, and the marker its fallback kill looks for.
+pub fn prepare(chan: u32, req: &ExecRequest) -> Result<(Command, Vec<u8>), Refused> {
     let Some((prog, args)) = req.argv.split_first() else {
-        out.error(chan, "invalid", "empty argv");
-        return Ok(());
+        return Err(Refused::Invalid("invalid", "empty argv".into()));
     };
     let cwd = req.cwd.as_deref().unwrap_or("/");
     if !std::path::Path::new(cwd).is_dir() {
-        out.error(chan, "not_found", format!("cwd {cwd} is not a directory"));
-        return Ok(());
+        return Err(Refused::Invalid(
+            "not_found",
+            format!("cwd {cwd} is not a directory"),
+        ));
     }
     let mark_value = format!("{}-{}", chan, NEXT_MARK.fetch_add(1, Ordering::Relaxed));
     let marker = format!("HATCHERY_EXEC_ID={mark_value}").into_bytes();
@@ -182,7 +185,7 @@ fn run(
     let path_env = req.env.get("PATH").map(String::as_str).unwrap_or(BASE_PATH);
     let Some(resolved) = resolve(prog, path_env) else {
         let e = std::io::Error::new(std::io::ErrorKind::NotFound, "command not found");
-        return spawn_failure(chan, prog, e, start, out);
+        return Err(Refused::Spawn(prog.clone(), e));
     };
     let mut cmd = Command::new(resolved);
     cmd.arg0(prog);
@@ -194,11 +197,6 @@ fn run(
         .envs(&req.env)
         .env("HATCHERY_EXEC_ID", &mark_value)
         .current_dir(cwd)
-        .stdin(if req.stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     // Its own process group, so one kill reaches the ordinary tree. Not a
@@ -206,11 +204,35 @@ fn run(
     // agent, which costs tens of ms under gVisor, while a plain spawn uses
     // posix_spawn (vfork).
     cmd.process_group(0);
+    Ok((cmd, marker))
+}
 
+fn run(
+    chan: u32,
+    req: ExecRequest,
+    out: &Out,
+    reaper: &Arc<Reaper>,
+    reg: &Registry,
+) -> std::io::Result<()> {
+    let start = Instant::now();
+    let (mut cmd, marker) = match prepare(chan, &req) {
+        Ok(x) => x,
+        Err(Refused::Invalid(code, msg)) => {
+            out.error(chan, code, msg);
+            return Ok(());
+        }
+        Err(Refused::Spawn(prog, e)) => return spawn_failure(chan, &prog, e, start, out),
+    };
+    cmd.stdin(if req.stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
+    let prog = req.argv[0].clone();
     let unit = crate::cgroup::keeper().new_unit();
     let (mut child, exited, unit) = match spawn_contained(cmd, unit, reaper) {
         Ok(x) => x,
-        Err(e) => return spawn_failure(chan, prog, e, start, out),
+        Err(e) => return spawn_failure(chan, &prog, e, start, out),
     };
     let pgid = child.id() as i32;
     let tree = Arc::new(Tree::new(pgid, marker, unit));

@@ -10,6 +10,7 @@ mod files;
 mod kill;
 mod out;
 mod pool;
+mod procs;
 mod reaper;
 mod spawner;
 
@@ -42,6 +43,7 @@ fn main() {
     let execs = exec::Registry::default();
     let contexts = code::Contexts::new(Arc::clone(&reaper), execs.clone());
     contexts.start_default();
+    let procs = procs::Procs::default();
     let mut writes: HashMap<u32, files::PendingWrite> = HashMap::new();
     let mut input = BufReader::with_capacity(256 * 1024, input);
 
@@ -62,7 +64,31 @@ fn main() {
                 Ok(req) => exec::spawn(chan, req, out.clone(), Arc::clone(&reaper), execs.clone()),
                 Err(e) => out.error(chan, "invalid", e.to_string()),
             },
-            Kind::Kill => execs.kill(chan),
+            Kind::Kill => {
+                if !procs.stop_reader(chan) {
+                    execs.kill(chan)
+                }
+            }
+            Kind::ProcStart => match frame.parse() {
+                Ok(req) => procs.start(chan, req, out.clone(), Arc::clone(&reaper)),
+                Err(e) => out.error(chan, "invalid", e.to_string()),
+            },
+            Kind::ProcList => procs.list(chan, &out),
+            Kind::ProcStdin => procs.stdin(chan, &frame.payload, &out),
+            Kind::ProcRead
+            | Kind::ProcStdinClose
+            | Kind::ProcSignal
+            | Kind::ProcWait
+            | Kind::ProcKill => match frame.parse() {
+                Ok(req) => match frame.kind {
+                    Kind::ProcRead => procs.read(chan, req, out.clone()),
+                    Kind::ProcStdinClose => procs.close_stdin(chan, req, &out),
+                    Kind::ProcSignal => procs.signal(chan, req, &out),
+                    Kind::ProcWait => procs.wait(chan, req, out.clone()),
+                    _ => procs.kill(chan, req, out.clone()),
+                },
+                Err(e) => out.error(chan, "invalid", e.to_string()),
+            },
             Kind::CodeRun => match frame.parse() {
                 Ok(req) => contexts.run(chan, req, out.clone()),
                 Err(e) => out.error(chan, "invalid", e.to_string()),

@@ -95,6 +95,8 @@ impl From<CoreError> for ApiError {
             CoreError::Runtime(_) => (S::SERVICE_UNAVAILABLE, "runtime_error"),
             CoreError::SnapshotNotFound(_) => (S::NOT_FOUND, "snapshot_not_found"),
             CoreError::ContextNotFound(_) => (S::NOT_FOUND, "context_not_found"),
+            CoreError::ProcessNotFound(_) => (S::NOT_FOUND, "process_not_found"),
+            CoreError::TooMany(_) => (S::TOO_MANY_REQUESTS, "too_many"),
             CoreError::SnapshotCorrupt(_) => (S::UNPROCESSABLE_ENTITY, "snapshot_corrupt"),
             CoreError::Network(n) => match n {
                 NetError::Invalid(_) | NetError::Resolve(..) => {

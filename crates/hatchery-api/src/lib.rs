@@ -5,6 +5,8 @@
 //! snapshot-tested, so it cannot drift from the code.
 
 mod auth;
+pub mod output;
+pub mod process_models;
 pub mod code_models;
 mod error;
 mod extract;
@@ -77,6 +79,31 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/sandboxes/{id}/code/contexts/{context_id}/restart",
             post(routes::code::restart_context),
+        )
+        .route("/sandboxes/{id}/processes", get(routes::processes::list))
+        .route(
+            "/sandboxes/{id}/processes/{pid}",
+            get(routes::processes::get).delete(routes::processes::kill),
+        )
+        .route(
+            "/sandboxes/{id}/processes/{pid}/output",
+            get(routes::processes::output),
+        )
+        .route(
+            "/sandboxes/{id}/processes/{pid}/stdin",
+            post(routes::processes::stdin),
+        )
+        .route(
+            "/sandboxes/{id}/processes/{pid}/stdin/close",
+            post(routes::processes::close_stdin),
+        )
+        .route(
+            "/sandboxes/{id}/processes/{pid}/signal",
+            post(routes::processes::signal),
+        )
+        .route(
+            "/sandboxes/{id}/processes/{pid}/wait",
+            post(routes::processes::wait),
         )
         .route("/sandboxes/{id}/snapshots", post(routes::snapshots::create))
         .route("/snapshots", get(routes::snapshots::list))

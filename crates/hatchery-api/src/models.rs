@@ -148,6 +148,14 @@ pub struct ExecBody {
     /// CPU time of everything the command started, in ms, after which all
     /// of it is killed (`reason` `cpu_limit`). At most the timeout.
     pub cpu_limit_ms: Option<i64>,
+    /// Start it and answer at once (202, a `ProcessInfo`); its output is
+    /// kept in a ring to read from `/processes/{pid}/output`. Without
+    /// `timeout_seconds` it runs as long as the sandbox.
+    #[serde(default)]
+    pub background: bool,
+    /// `text` (default) or `base64` for stdout/stderr (and stream data).
+    #[serde(default)]
+    pub output: crate::output::OutputEncoding,
 }
 
 /// Why a command ended.
@@ -206,10 +214,16 @@ pub struct ExecResponse {
 
 impl From<ExecOutcome> for ExecResponse {
     fn from(o: ExecOutcome) -> Self {
+        Self::encoded(o, crate::output::OutputEncoding::Text)
+    }
+}
+
+impl ExecResponse {
+    pub fn encoded(o: ExecOutcome, enc: crate::output::OutputEncoding) -> Self {
         ExecResponse {
             exit_code: o.exit_code,
-            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+            stdout: enc.whole(&o.stdout),
+            stderr: enc.whole(&o.stderr),
             timed_out: o.timed_out,
             truncated: o.truncated,
             oom_killed: o.oom_killed,

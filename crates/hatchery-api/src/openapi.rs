@@ -3,6 +3,8 @@
 //! checked against that file.
 
 use crate::code_models::*;
+use crate::output::OutputEncoding;
+use crate::process_models::*;
 use crate::error::{ErrorBody, ErrorDetail};
 use crate::models::*;
 use crate::network::*;
@@ -20,6 +22,8 @@ use utoipa::{Modify, OpenApi};
         routes::exec::exec, routes::exec::exec_stream,
         routes::code::run, routes::code::stream, routes::code::create_context, routes::code::list_contexts,
         routes::code::restart_context, routes::code::delete_context,
+        routes::processes::list, routes::processes::get, routes::processes::output, routes::processes::stdin,
+        routes::processes::close_stdin, routes::processes::signal, routes::processes::wait, routes::processes::kill,
         routes::snapshots::create, routes::snapshots::list, routes::snapshots::get,
         routes::snapshots::delete, routes::snapshots::fork,
         routes::templates::create, routes::templates::list, routes::templates::get,
@@ -29,6 +33,7 @@ use utoipa::{Modify, OpenApi};
     ),
     components(schemas(CreateSandbox, PatchSandbox, Sandbox, SandboxList, ExecBody, ExecResponse, ExecReason, OutputChunk,
                        CodeBody, CodeResponse, CodeSummary, CodeResultItem, CodeError, CreateContext, CodeContext, CodeContextList,
+                       OutputEncoding, ProcessInfo, ProcessList, ProcessChunk, SignalBody,
                        FileEntry, FileList, ErrorBody, ErrorDetail,
                        CreateSnapshot, Snapshot, SnapshotList, ForkBody,
                        CreateTemplate, TemplateInfo, TemplateList, BuildAccepted,

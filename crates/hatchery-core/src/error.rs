@@ -29,6 +29,10 @@ pub enum CoreError {
     Runtime(#[from] RuntimeError),
     #[error("code context {0}")]
     ContextNotFound(String),
+    #[error("process {0}")]
+    ProcessNotFound(String),
+    #[error("{0}")]
+    TooMany(String),
     #[error("snapshot {0} not found")]
     SnapshotNotFound(String),
     #[error("{0}")]

@@ -522,6 +522,27 @@ impl Manager {
         Ok(out)
     }
 
+    /// Starts a background process; the sandbox's create-time env applies.
+    pub async fn start_process(
+        &self,
+        id: &str,
+        mut p: ExecParams,
+        timeout: Option<Duration>,
+    ) -> Result<hatchery_agent_proto::ProcInfo, CoreError> {
+        let live = self.live_get(id)?;
+        let mut env = live.env.clone();
+        env.append(&mut p.env);
+        p.env = env;
+        self.metrics.execs.inc();
+        crate::procs::start(&live.client, p, timeout).await
+    }
+
+    /// The agent connection of a running sandbox, for operations that need
+    /// nothing else from the manager (process control, reads).
+    pub fn agent(&self, id: &str) -> Result<Arc<AgentClient>, CoreError> {
+        Ok(Arc::clone(&self.live_get(id)?.client))
+    }
+
     pub async fn create_context(
         &self,
         id: &str,

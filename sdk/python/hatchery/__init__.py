@@ -3,6 +3,7 @@
     from hatchery import Sandbox
     with Sandbox.create(ttl_seconds=120) as sbx:
         print(sbx.exec("python3 -c 'print(6*7)'").stdout)
+        print(sbx.run_code("6 * 7").text)
 """
 
 from .client import (ROUTES, Client, ExecStream, Filesystem, Network, Sandbox, Snapshot, Template, configure,
@@ -10,8 +11,9 @@ from .client import (ROUTES, Client, ExecStream, Filesystem, Network, Sandbox, S
 from .errors import (AuthError, BadRequest, BuildFailed, Conflict, ConnectionFailed, GuestError, HatcheryError,
                      NotFound, PermissionDenied, RateLimited, SandboxTimeout, ServerError, ServiceUnavailable,
                      StreamError, TooLarge)
-from .models import (BuildAccepted, BuildEvent, ExecResult, FileEntry, NetworkEvent, NetworkPolicy, NetworkRule,
-                     OutputChunk, SandboxInfo, SnapshotInfo, TemplateInfo)
+from .models import (BuildAccepted, BuildEvent, CodeContext, ExecReason, ExecResult, Execution, ExecutionError,
+                     FileEntry, Logs, NetworkEvent, NetworkPolicy, NetworkRule, OutputChunk, Result, SandboxInfo,
+                     SnapshotInfo, TemplateInfo)
 
 __version__ = "0.1.0"
 
@@ -22,5 +24,6 @@ __all__ = [
     "RateLimited", "ServerError", "ServiceUnavailable", "SandboxTimeout", "ConnectionFailed", "StreamError",
     "BuildFailed",
     "SandboxInfo", "ExecResult", "OutputChunk", "FileEntry", "SnapshotInfo", "TemplateInfo", "BuildAccepted",
-    "BuildEvent", "NetworkPolicy", "NetworkRule", "NetworkEvent",
+    "BuildEvent", "NetworkPolicy", "NetworkRule", "NetworkEvent", "ExecReason",
+    "Execution", "Result", "ExecutionError", "Logs", "CodeContext",
 ]

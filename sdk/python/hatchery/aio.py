@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 from typing import Any, AsyncIterator, Callable, Dict, List, Optional, TypeVar, Union
 
 from . import client as sync
 from .client import Client, default_client
-from .models import (BuildEvent, ExecResult, FileEntry, NetworkEvent, NetworkPolicy, OutputChunk, PolicyLike,
-                     TemplateInfo)
+from .models import (BuildEvent, CodeContext, ContextLike, ExecResult, Execution, ExecutionError, FileEntry,
+                     NetworkEvent, NetworkPolicy, OutputChunk, PolicyLike, Result, TemplateInfo)
 
 T = TypeVar("T")
 
@@ -21,6 +22,25 @@ async def _run(fn: Callable[..., T], *args: Any, **kw: Any) -> T:
 
 
 _DONE = object()
+
+
+async def _awaited(aw: Any) -> Any:
+    return await aw
+
+
+def _on_loop(cb: Optional[Callable[[Any], Any]], loop: asyncio.AbstractEventLoop) -> Optional[Callable[[Any], None]]:
+    """A callback for the pool thread that runs the call: a plain function
+    runs there; an async one runs on the caller's loop, and the stream waits
+    for it (so callbacks still run one at a time, in order)."""
+    if cb is None:
+        return None
+
+    def call(arg: Any) -> None:
+        out = cb(arg)
+        if inspect.isawaitable(out):
+            asyncio.run_coroutine_threadsafe(_awaited(out), loop).result()
+
+    return call
 
 
 def _next(it: Any) -> Any:
@@ -182,6 +202,33 @@ class AsyncSandbox(_AsyncRecord):
     async def snapshot(self, retention_seconds: Optional[int] = None, *,
                        metadata: Optional[Dict[str, str]] = None) -> "AsyncSnapshot":
         return AsyncSnapshot(await _run(self.sync.snapshot, retention_seconds, metadata=metadata))
+
+    async def run_code(self, code: str, *, language: Optional[str] = "python", context: Optional[ContextLike] = None,
+                       on_stdout: Optional[Callable[[str], Any]] = None,
+                       on_stderr: Optional[Callable[[str], Any]] = None,
+                       on_result: Optional[Callable[[Result], Any]] = None,
+                       on_error: Optional[Callable[[ExecutionError], Any]] = None,
+                       envs: Optional[Dict[str, str]] = None, timeout: Optional[float] = None,
+                       cpu_limit_ms: Optional[int] = None, max_output_bytes: Optional[int] = None) -> Execution:
+        """Same as Sandbox.run_code. Callbacks may be plain functions (run on
+        a pool thread) or async ones (awaited on this loop, in order)."""
+        loop = asyncio.get_running_loop()
+        return await _run(self.sync.run_code, code, language=language, context=context,
+                          on_stdout=_on_loop(on_stdout, loop), on_stderr=_on_loop(on_stderr, loop),
+                          on_result=_on_loop(on_result, loop), on_error=_on_loop(on_error, loop), envs=envs,
+                          timeout=timeout, cpu_limit_ms=cpu_limit_ms, max_output_bytes=max_output_bytes)
+
+    async def create_code_context(self, cwd: Optional[str] = None, language: Optional[str] = None) -> CodeContext:
+        return await _run(self.sync.create_code_context, cwd, language)
+
+    async def list_code_contexts(self) -> List[CodeContext]:
+        return await _run(self.sync.list_code_contexts)
+
+    async def restart_code_context(self, context: ContextLike) -> CodeContext:
+        return await _run(self.sync.restart_code_context, context)
+
+    async def remove_code_context(self, context: ContextLike) -> None:
+        await _run(self.sync.remove_code_context, context)
 
 
 class AsyncSnapshot(_AsyncRecord):

@@ -4,14 +4,16 @@ which tests/test_openapi.py compares with the daemon's OpenAPI document."""
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Callable, Dict, Iterator, List, Optional, Union
 
 from . import errors
 from ._config import resolve_key, resolve_url
 from ._http import SSE, Response, Transport, metadata_query, path
-from .models import (BuildAccepted, BuildEvent, ExecResult, FileEntry, NetworkEvent, NetworkPolicy, OutputChunk,
-                     PolicyLike, SandboxInfo, SnapshotInfo, TemplateInfo, policy_dict)
+from .models import (BuildAccepted, BuildEvent, CodeContext, ContextLike, ExecResult, Execution, ExecutionError,
+                     FileEntry, Logs, NetworkEvent, NetworkPolicy, OutputChunk, PolicyLike, Result, SandboxInfo,
+                     SnapshotInfo, TemplateInfo, context_id, policy_dict)
 
 # (method, path) -> what in this SDK calls it.
 ROUTES = {
@@ -25,6 +27,12 @@ ROUTES = {
     ("DELETE", "/v1/sandboxes/{id}"): "Sandbox.kill",
     ("POST", "/v1/sandboxes/{id}/exec"): "Sandbox.exec",
     ("POST", "/v1/sandboxes/{id}/exec/stream"): "Sandbox.exec_stream",
+    ("POST", "/v1/sandboxes/{id}/code"): "Sandbox.run_code",
+    ("POST", "/v1/sandboxes/{id}/code/stream"): "Sandbox.run_code",
+    ("POST", "/v1/sandboxes/{id}/code/contexts"): "Sandbox.create_code_context",
+    ("GET", "/v1/sandboxes/{id}/code/contexts"): "Sandbox.list_code_contexts",
+    ("POST", "/v1/sandboxes/{id}/code/contexts/{context_id}/restart"): "Sandbox.restart_code_context",
+    ("DELETE", "/v1/sandboxes/{id}/code/contexts/{context_id}"): "Sandbox.remove_code_context",
     ("PUT", "/v1/sandboxes/{id}/files"): "Filesystem.write",
     ("GET", "/v1/sandboxes/{id}/files"): "Filesystem.read",
     ("DELETE", "/v1/sandboxes/{id}/files"): "Filesystem.remove",
@@ -48,6 +56,10 @@ ROUTES = {
 # the daemon's own grace (kill 1 s after, give up 3 s after that) plus slack.
 EXEC_GRACE_S = 15.0
 DEFAULT_EXEC_TIMEOUT_S = 60
+DEFAULT_CODE_TIMEOUT_S = 30
+# The daemon sends a keep-alive comment every 15 s on a silent stream, so a
+# read timeout longer than that means a dead stream.
+STREAM_IDLE_S = 45.0
 
 
 def _drop_none(d: Dict[str, Any]) -> Dict[str, Any]:
@@ -122,17 +134,60 @@ def configure(url: Optional[str] = None, api_key: Optional[str] = None, **kw: An
 
 def _exec_body(cmd: Optional[str], argv: Optional[List[str]], timeout_seconds: Optional[int], cwd: Optional[str],
                env: Optional[Dict[str, str]], stdin: Optional[Union[str, bytes]],
-               max_output_bytes: Optional[int]) -> Dict[str, Any]:
+               max_output_bytes: Optional[int], cpu_limit_ms: Optional[int]) -> Dict[str, Any]:
     if (cmd is None) == (argv is None):
         raise ValueError("give exactly one of cmd and argv")
     if isinstance(stdin, bytes):
         stdin = stdin.decode("utf-8")
     return _drop_none({"cmd": cmd, "argv": argv, "timeout_seconds": timeout_seconds, "cwd": cwd, "env": env,
-                       "stdin": stdin, "max_output_bytes": max_output_bytes})
+                       "stdin": stdin, "max_output_bytes": max_output_bytes, "cpu_limit_ms": cpu_limit_ms})
 
 
-def _http_timeout(timeout_seconds: Optional[int]) -> float:
-    return (timeout_seconds or DEFAULT_EXEC_TIMEOUT_S) + EXEC_GRACE_S
+def _http_timeout(timeout_seconds: Optional[int], default: int = DEFAULT_EXEC_TIMEOUT_S) -> float:
+    return (timeout_seconds or default) + EXEC_GRACE_S
+
+
+def _whole_seconds(timeout: Optional[float]) -> Optional[int]:
+    """The API counts whole seconds: a fraction rounds up."""
+    return None if timeout is None else int(math.ceil(timeout))
+
+
+class _CodeEvents:
+    """Folds the events of a streamed code run into an Execution, calling
+    the callbacks as they arrive."""
+
+    def __init__(self, on_stdout: Optional[Callable[[str], Any]], on_stderr: Optional[Callable[[str], Any]],
+                 on_result: Optional[Callable[[Result], Any]], on_error: Optional[Callable[[ExecutionError], Any]]):
+        self.on_stdout, self.on_stderr, self.on_result, self.on_error = on_stdout, on_stderr, on_result, on_error
+        self.logs = Logs()
+        self.results: List[Result] = []
+        self.error: Optional[ExecutionError] = None
+
+    def feed(self, kind: str, data: Any) -> Optional[Execution]:
+        """One event; the Execution once the run is done."""
+        if kind in ("stdout", "stderr"):
+            chunk = data["data"]
+            getattr(self.logs, kind).append(chunk)
+            cb = self.on_stdout if kind == "stdout" else self.on_stderr
+            if cb is not None:
+                cb(chunk)
+        elif kind == "result":
+            r = Result.from_dict(data)
+            self.results.append(r)
+            if self.on_result is not None:
+                self.on_result(r)
+        elif kind == "error":
+            self.error = ExecutionError.from_dict(data)
+            if self.on_error is not None:
+                self.on_error(self.error)
+        elif kind == "done":
+            ex = Execution.from_summary(data, self.results, self.logs, self.error)
+            if ex.error is not None and self.error is None and self.on_error is not None:
+                self.on_error(ex.error)
+            return ex
+        elif kind == "failed":
+            raise errors.error_from_event(data)
+        return None
 
 
 class ExecStream:
@@ -337,10 +392,15 @@ class Sandbox(_Record):
 
     def exec(self, cmd: Optional[str] = None, *, argv: Optional[List[str]] = None,
              timeout_seconds: Optional[int] = None, cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None,
-             stdin: Optional[Union[str, bytes]] = None, max_output_bytes: Optional[int] = None) -> ExecResult:
+             stdin: Optional[Union[str, bytes]] = None, max_output_bytes: Optional[int] = None,
+             cpu_limit_ms: Optional[int] = None) -> ExecResult:
         """Runs `cmd` with /bin/sh -c (or `argv` without a shell) and waits.
-        A non-zero exit or a timeout is a result, not an exception."""
-        body = _exec_body(cmd, argv, timeout_seconds, cwd, env, stdin, max_output_bytes)
+        A non-zero exit or a timeout is a result, not an exception:
+        `reason` says why it ended. `cpu_limit_ms` (1 to the timeout) kills
+        everything the command started once it has used that much CPU time
+        (reason ``cpu_limit``); an output stream passing `max_output_bytes`
+        ends the command (reason ``output_limit``)."""
+        body = _exec_body(cmd, argv, timeout_seconds, cwd, env, stdin, max_output_bytes, cpu_limit_ms)
         r = self._client.call("POST", "/v1/sandboxes/{id}/exec", params={"id": self.id}, json=body,
                               timeout=_http_timeout(timeout_seconds))
         return ExecResult.from_dict(r.json())
@@ -349,13 +409,83 @@ class Sandbox(_Record):
                     timeout_seconds: Optional[int] = None, cwd: Optional[str] = None,
                     env: Optional[Dict[str, str]] = None, stdin: Optional[Union[str, bytes]] = None,
                     max_output_bytes: Optional[int] = None, on_stdout: Optional[Callable[[str], None]] = None,
-                    on_stderr: Optional[Callable[[str], None]] = None) -> ExecStream:
-        body = _exec_body(cmd, argv, timeout_seconds, cwd, env, stdin, max_output_bytes)
+                    on_stderr: Optional[Callable[[str], None]] = None,
+                    cpu_limit_ms: Optional[int] = None) -> ExecStream:
+        body = _exec_body(cmd, argv, timeout_seconds, cwd, env, stdin, max_output_bytes, cpu_limit_ms)
         # The daemon sends a keep-alive comment every 15 s while the command
         # is silent, so a read timeout longer than that means a dead stream.
         sse = self._client.stream("POST", "/v1/sandboxes/{id}/exec/stream", params={"id": self.id}, json=body,
-                                  timeout=max(self._client.transport.timeout, 45.0))
+                                  timeout=max(self._client.transport.timeout, STREAM_IDLE_S))
         return ExecStream(sse, on_stdout, on_stderr)
+
+    # Code interpreter -------------------------------------------------------
+
+    def run_code(self, code: str, *, language: Optional[str] = "python", context: Optional[ContextLike] = None,
+                 on_stdout: Optional[Callable[[str], Any]] = None, on_stderr: Optional[Callable[[str], Any]] = None,
+                 on_result: Optional[Callable[[Result], Any]] = None,
+                 on_error: Optional[Callable[[ExecutionError], Any]] = None, envs: Optional[Dict[str, str]] = None,
+                 timeout: Optional[float] = None, cpu_limit_ms: Optional[int] = None,
+                 max_output_bytes: Optional[int] = None) -> Execution:
+        """Runs a cell in a stateful interpreter: the sandbox's default
+        context (already running), or `context` (a CodeContext or its id).
+        Variables persist between calls in the same context.
+
+        `timeout` is in seconds (default 30, whole seconds, a fraction rounds
+        up); past it, or past `cpu_limit_ms` of CPU time, the cell is killed
+        and the context restarted (`reason` timeout / cpu_limit,
+        `restarted` True). `envs` are set in os.environ for this run only.
+        An exception in the cell is `Execution.error`, not a Python error.
+
+        With any callback given, the cell's output is streamed: on_stdout /
+        on_stderr get each chunk (str), on_result each Result, on_error the
+        ExecutionError, as they happen; run_code still returns the whole
+        Execution at the end."""
+        body = _drop_none({"code": code, "language": language, "context_id": context_id(context),
+                           "timeout_seconds": _whole_seconds(timeout), "cpu_limit_ms": cpu_limit_ms,
+                           "max_output_bytes": max_output_bytes, "env": envs})
+        params = {"id": self.id}
+        if on_stdout is None and on_stderr is None and on_result is None and on_error is None:
+            r = self._client.call("POST", "/v1/sandboxes/{id}/code", params=params, json=body,
+                                  timeout=_http_timeout(body.get("timeout_seconds"), DEFAULT_CODE_TIMEOUT_S))
+            return Execution.from_dict(r.json())
+        events = _CodeEvents(on_stdout, on_stderr, on_result, on_error)
+        sse = self._client.stream("POST", "/v1/sandboxes/{id}/code/stream", params=params, json=body,
+                                  timeout=max(self._client.transport.timeout, STREAM_IDLE_S))
+        try:
+            for kind, data in sse:
+                done = events.feed(kind, data)
+                if done is not None:
+                    return done
+            raise errors.StreamError("code stream ended without a done event")
+        finally:
+            sse.close()  # also when a callback raised: that cancels the run
+
+    def create_code_context(self, cwd: Optional[str] = None, language: Optional[str] = None) -> CodeContext:
+        """A new interpreter with its own variables (at most 16 contexts per
+        sandbox: Conflict beyond). `cwd` default /workspace, `language`
+        default python."""
+        r = self._client.call("POST", "/v1/sandboxes/{id}/code/contexts", params={"id": self.id},
+                              json=_drop_none({"cwd": cwd, "language": language}))
+        return CodeContext.from_dict(r.json())
+
+    def list_code_contexts(self) -> List[CodeContext]:
+        """Every context of the sandbox, ``default`` included."""
+        r = self._client.call("GET", "/v1/sandboxes/{id}/code/contexts", params={"id": self.id})
+        return [CodeContext.from_dict(c) for c in r.json()["contexts"]]
+
+    def restart_code_context(self, context: ContextLike) -> CodeContext:
+        """Replaces the context's interpreter with a clean one (its
+        variables are gone); ``default`` can be restarted too."""
+        r = self._client.call("POST", "/v1/sandboxes/{id}/code/contexts/{context_id}/restart",
+                              params={"id": self.id, "context_id": str(context_id(context))},
+                              timeout=max(self._client.transport.timeout, 60.0))
+        return CodeContext.from_dict(r.json())
+
+    def remove_code_context(self, context: ContextLike) -> None:
+        """Stops the context's interpreter; ``default`` cannot be removed
+        (BadRequest)."""
+        self._client.call("DELETE", "/v1/sandboxes/{id}/code/contexts/{context_id}",
+                          params={"id": self.id, "context_id": str(context_id(context))})
 
     def snapshot(self, retention_seconds: Optional[int] = None, *,
                  metadata: Optional[Dict[str, str]] = None) -> "Snapshot":

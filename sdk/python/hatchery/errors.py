@@ -31,16 +31,18 @@ class PermissionDenied(HatcheryError):
 
 
 class NotFound(HatcheryError):
-    """404: no such sandbox, snapshot, template, build, file or cwd."""
+    """404: no such sandbox, snapshot, template, build, file, cwd or code
+    context (``context_not_found``)."""
 
 
 class Conflict(HatcheryError):
     """409: sandbox not running, build already running, template in use,
-    reading a directory..."""
+    reading a directory, a 17th code context..."""
 
 
 class TooLarge(HatcheryError):
-    """413: body or file over its limit, or no space left in the sandbox."""
+    """413: body, file or code cell (256 KiB) over its limit, or no space
+    left in the sandbox."""
 
 
 class GuestError(HatcheryError):
@@ -98,8 +100,11 @@ def error_from_event(payload: Any, status: Optional[int] = None) -> HatcheryErro
 
 # Status a code is answered with outside a stream (docs/api.md), so that an
 # error arriving inside an SSE stream raises the same type.
-_CODE_STATUS = {"unauthorized": 401, "not_found": 404, "sandbox_not_found": 404, "snapshot_not_found": 404,
-                "file_not_found": 404, "template_not_found": 404, "build_not_found": 404,
-                "sandbox_not_running": 409, "conflict": 409, "file_conflict": 409, "too_large": 413,
-                "permission_denied": 403, "guest_error": 422, "snapshot_corrupt": 422,
-                "guest_unresponsive": 504, "capacity": 503, "runtime_error": 503}
+_CODE_STATUS = {"invalid_request": 400, "invalid_json": 400, "invalid_body": 400, "invalid_query": 400,
+                "invalid_network_policy": 400, "invalid_template_name": 400, "unsupported_media_type": 415,
+                "unauthorized": 401, "permission_denied": 403, "not_found": 404, "sandbox_not_found": 404,
+                "snapshot_not_found": 404, "file_not_found": 404, "template_not_found": 404,
+                "build_not_found": 404, "context_not_found": 404, "sandbox_not_running": 409, "conflict": 409,
+                "file_conflict": 409, "unsupported": 409, "too_large": 413, "guest_error": 422,
+                "snapshot_corrupt": 422, "capacity": 503, "runtime_error": 503, "network_exhausted": 503,
+                "guest_unresponsive": 504}

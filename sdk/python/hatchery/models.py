@@ -5,9 +5,12 @@ step). Fields the daemon adds later land in `extra` rather than being lost."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, List, Optional, Type, TypeVar, Union
+from typing import Any, Dict, List, Literal, Optional, Type, TypeVar, Union
 
 T = TypeVar("T", bound=Any)
+
+#: Why a command (or a code run) ended.
+ExecReason = Literal["exited", "signaled", "timeout", "cpu_limit", "oom", "output_limit", "cancelled"]
 
 
 def _from(cls: Type[T], d: Dict[str, Any]) -> T:
@@ -36,6 +39,10 @@ class SandboxInfo:
 
 @dataclass
 class ExecResult:
+    """`reason` says why the command ended (exited, signaled, timeout,
+    cpu_limit, oom, output_limit, cancelled); `contained` is True when every
+    process it started was killed with it and counted in `cpu_ms`;
+    `memory_peak_bytes` is the largest memory use seen (sampled), if known."""
     exit_code: int
     stdout: str
     stderr: str
@@ -44,6 +51,9 @@ class ExecResult:
     oom_killed: bool
     duration_ms: int
     cpu_ms: int
+    reason: ExecReason
+    contained: bool
+    memory_peak_bytes: Optional[int] = None
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -177,6 +187,223 @@ class NetworkEvent:
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "NetworkEvent":
         return _from(cls, d)
+
+
+# run_code ---------------------------------------------------------------
+
+# MIME type -> the Result attribute that reads it (E2B's names).
+MIME_ATTRS = {"text/plain": "text", "text/html": "html", "text/markdown": "markdown", "image/svg+xml": "svg",
+              "image/png": "png", "image/jpeg": "jpeg", "application/pdf": "pdf", "text/latex": "latex",
+              "application/json": "json", "application/javascript": "javascript"}
+
+
+@dataclass
+class Result:
+    """One rich result of a cell: the MIME bundle `data` (``text/plain``
+    always; ``text/html``, ``image/png`` (base64), ``application/json`` (a
+    JSON value)... when the value offers them), readable as `.text`,
+    `.html`, `.markdown`, `.svg`, `.png`, `.jpeg`, `.pdf`, `.latex`, `.json`
+    and `.javascript` (None when absent). `is_main_result` is True for the
+    value of the cell's last expression, False for a ``display()``."""
+    data: Dict[str, Any]
+    is_main_result: bool
+    extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "Result":
+        r = _from(cls, d)
+        r.data = dict(r.data or {})
+        return r
+
+    def _str(self, mime: str) -> Optional[str]:
+        v = self.data.get(mime)
+        return v if isinstance(v, str) else None
+
+    @property
+    def text(self) -> Optional[str]:
+        """text/plain"""
+        return self._str("text/plain")
+
+    @property
+    def html(self) -> Optional[str]:
+        """text/html"""
+        return self._str("text/html")
+
+    @property
+    def markdown(self) -> Optional[str]:
+        """text/markdown"""
+        return self._str("text/markdown")
+
+    @property
+    def svg(self) -> Optional[str]:
+        """image/svg+xml"""
+        return self._str("image/svg+xml")
+
+    @property
+    def png(self) -> Optional[str]:
+        """image/png, base64"""
+        return self._str("image/png")
+
+    @property
+    def jpeg(self) -> Optional[str]:
+        """image/jpeg, base64"""
+        return self._str("image/jpeg")
+
+    @property
+    def pdf(self) -> Optional[str]:
+        """application/pdf, base64"""
+        return self._str("application/pdf")
+
+    @property
+    def latex(self) -> Optional[str]:
+        """text/latex"""
+        return self._str("text/latex")
+
+    @property
+    def json(self) -> Any:
+        """application/json: a JSON value (dict, list...)"""
+        return self.data.get("application/json")
+
+    @property
+    def javascript(self) -> Optional[str]:
+        """application/javascript"""
+        return self._str("application/javascript")
+
+    def formats(self) -> List[str]:
+        """The formats besides text: their attribute names (``html``,
+        ``png``...), then any other MIME type as it is."""
+        known = [a for m, a in MIME_ATTRS.items() if m != "text/plain" and self.data.get(m) is not None]
+        return known + [m for m in self.data if m not in MIME_ATTRS]
+
+    def __str__(self) -> str:
+        return str(self.text) if self.text is not None else repr(self)
+
+    # Displayed in a notebook the way the sandbox's value would be.
+    def _repr_html_(self) -> Optional[str]:
+        return self.html
+
+    def _repr_markdown_(self) -> Optional[str]:
+        return self.markdown
+
+    def _repr_svg_(self) -> Optional[str]:
+        return self.svg
+
+    def _repr_png_(self) -> Optional[str]:
+        return self.png
+
+    def _repr_jpeg_(self) -> Optional[str]:
+        return self.jpeg
+
+    def _repr_latex_(self) -> Optional[str]:
+        return self.latex
+
+    def _repr_json_(self) -> Any:
+        return self.json
+
+    def _repr_javascript_(self) -> Optional[str]:
+        return self.javascript
+
+
+@dataclass
+class ExecutionError:
+    """The exception a cell raised: its class `name`, its `value` (the
+    message) and the formatted `traceback`. `InterpreterDied` when the
+    interpreter itself died."""
+    name: str
+    value: str
+    traceback: str
+    extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "ExecutionError":
+        return _from(cls, d)
+
+
+@dataclass
+class Logs:
+    """What the cell printed, as the chunks arrived."""
+    stdout: List[str] = field(default_factory=list)
+    stderr: List[str] = field(default_factory=list)
+
+
+@dataclass
+class Execution:
+    """The outcome of `run_code`: `results` (rich results, the main one
+    last), `logs`, `error` (None unless the cell raised), `execution_count`
+    (the cell's number in its context), and Hatchery's accounting: `reason`
+    (``exited`` when the cell ran to its end, with or without an error;
+    else timeout, cpu_limit, oom, output_limit, cancelled...),
+    `restarted` (the interpreter was replaced: its variables are gone),
+    `truncated`, `duration_ms`, `cpu_ms`, `memory_peak_bytes`,
+    `oom_killed` and `context_id`."""
+    results: List[Result]
+    logs: Logs
+    context_id: str
+    execution_count: int
+    reason: ExecReason
+    truncated: bool
+    duration_ms: int
+    cpu_ms: int
+    restarted: bool
+    oom_killed: bool
+    error: Optional[ExecutionError] = None
+    memory_peak_bytes: Optional[int] = None
+    extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_summary(cls, summary: Dict[str, Any], results: List[Result], logs: Logs,
+                     error: Optional[ExecutionError] = None) -> "Execution":
+        """From the summary fields (the ``done`` event, or the whole
+        response), the results and the logs."""
+        d = dict(summary)
+        for k in ("stdout", "stderr", "results"):
+            d.pop(k, None)
+        err = d.pop("error", None)
+        d.update(results=results, logs=logs, error=ExecutionError.from_dict(err) if err else error)
+        return _from(cls, d)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "Execution":
+        logs = Logs([d["stdout"]] if d.get("stdout") else [], [d["stderr"]] if d.get("stderr") else [])
+        return cls.from_summary(d, [Result.from_dict(r) for r in d.get("results") or []], logs)
+
+    @property
+    def text(self) -> Optional[str]:
+        """text/plain of the main result (the cell's last expression)."""
+        for r in self.results:
+            if r.is_main_result:
+                return r.text
+        return None
+
+    @property
+    def ok(self) -> bool:
+        """The cell ran to its end without raising."""
+        return self.error is None and self.reason == "exited"
+
+
+@dataclass
+class CodeContext:
+    """An interpreter with its own variables. `state` is ready, busy (a run
+    in progress) or starting; ``default`` exists in every sandbox."""
+    id: str
+    language: str
+    cwd: str
+    state: str
+    execution_count: int
+    extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "CodeContext":
+        return _from(cls, d)
+
+
+ContextLike = Union[CodeContext, str]
+
+
+def context_id(c: Optional[ContextLike]) -> Optional[str]:
+    if c is None or isinstance(c, str):
+        return c
+    return c.id
 
 
 PolicyLike = Union[NetworkPolicy, Dict[str, Any]]

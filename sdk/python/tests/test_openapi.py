@@ -8,11 +8,13 @@ import dataclasses
 import inspect
 import json
 import os
+import typing
 
 import pytest
 
 import hatchery
 from hatchery import models
+from hatchery.aio import AsyncSandbox
 from hatchery.client import Sandbox, Snapshot, Template
 
 import conftest
@@ -23,23 +25,52 @@ DOC = os.path.join(conftest.ROOT, "docs", "openapi.json")
 MODELS = {"Sandbox": models.SandboxInfo, "ExecResponse": models.ExecResult, "FileEntry": models.FileEntry,
           "Snapshot": models.SnapshotInfo, "TemplateInfo": models.TemplateInfo, "BuildAccepted": models.BuildAccepted,
           "NetworkPolicy": models.NetworkPolicy, "NetworkRule": models.NetworkRule,
-          "EgressEventBody": models.NetworkEvent}
+          "EgressEventBody": models.NetworkEvent, "CodeContext": models.CodeContext,
+          "CodeResultItem": models.Result, "CodeError": models.ExecutionError}
+# Schemas a model holds partly under other names:
+# schema -> (model, {schema field: model field}, model fields filled from elsewhere).
+# A code run's stdout/stderr are Execution.logs; the stream's `done` event
+# (CodeSummary) is an Execution less what the other events carried.
+RENAMED = {"CodeResponse": (models.Execution, {"stdout": "logs", "stderr": "logs"}, set()),
+           "CodeSummary": (models.Execution, {}, {"results", "logs"})}
 # Wrappers the SDK unwraps: schema -> (field it reads, item schema).
 LISTS = {"SandboxList": ("sandboxes", "Sandbox"), "SnapshotList": ("snapshots", "Snapshot"),
          "TemplateList": ("templates", "TemplateInfo"), "FileList": ("entries", "FileEntry"),
-         "EgressEventList": ("events", "EgressEventBody")}
+         "EgressEventList": ("events", "EgressEventBody"), "CodeContextList": ("contexts", "CodeContext")}
 # Request schemas -> the methods whose parameters carry them.
 REQUESTS = {"CreateSandbox": [Sandbox.create], "ExecBody": [Sandbox.exec, Sandbox.exec_stream],
             "PatchSandbox": [Sandbox.set_ttl], "CreateSnapshot": [Sandbox.snapshot],
-            "ForkBody": [Snapshot.fork_many], "CreateTemplate": [Template.build, Template.start_build]}
-# Schemas read as raw JSON: error bodies and stream payloads.
-RAW = {"ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode"}
+            "ForkBody": [Snapshot.fork_many], "CreateTemplate": [Template.build, Template.start_build],
+            "CodeBody": [Sandbox.run_code, AsyncSandbox.run_code],
+            "CreateContext": [Sandbox.create_code_context, AsyncSandbox.create_code_context]}
+# Request fields whose parameter has another name (E2B's, for run_code).
+PARAMS = {"CodeBody": {"code": "code", "context_id": "context", "env": "envs", "timeout_seconds": "timeout"}}
+# Schemas read as raw JSON (error bodies and stream payloads), or checked
+# separately below (enums).
+RAW = {"ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode", "ExecReason"}
 # Served but left out of the document on purpose (docs/api.md).
 UNDOCUMENTED = {("GET", "/openapi.json")}
 
 
 def model_fields(cls):
     return {f.name for f in dataclasses.fields(cls)} - {"extra"}
+
+
+def optional_fields(cls):
+    return {f.name for f in dataclasses.fields(cls)
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
+
+
+def resolved(schemas, s):
+    """(properties, required) of a schema, `allOf` parts merged."""
+    if "$ref" in s:
+        s = schemas[s["$ref"].split("/")[-1]]
+    props, required = dict(s.get("properties", {})), set(s.get("required", []))
+    for part in s.get("allOf", []):
+        p, r = resolved(schemas, part)
+        props.update(p)
+        required |= r
+    return props, required
 
 
 def check(doc):
@@ -49,24 +80,29 @@ def check(doc):
     assert sdk - ops - UNDOCUMENTED == set(), "SDK routes the API does not have"
 
     schemas = doc["components"]["schemas"]
-    unknown = set(schemas) - set(MODELS) - set(LISTS) - set(REQUESTS) - RAW
+    unknown = set(schemas) - set(MODELS) - set(RENAMED) - set(LISTS) - set(REQUESTS) - RAW
     assert not unknown, f"schemas this test does not map to the SDK: {unknown}"
     for name, cls in MODELS.items():
         assert set(schemas[name]["properties"]) == model_fields(cls), name
         required = set(schemas[name].get("required", []))
-        optional = {f.name for f in dataclasses.fields(cls)
-                    if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
-        assert required & optional <= {"metadata"}, (name, required & optional)
+        assert required & optional_fields(cls) <= {"metadata"}, (name, required & optional_fields(cls))
+    for name, (cls, renames, elsewhere) in RENAMED.items():
+        props, required = resolved(schemas, schemas[name])
+        assert {renames.get(p, p) for p in props} | elsewhere == model_fields(cls), name
+        required = {renames.get(p, p) for p in required}
+        assert not required & optional_fields(cls), (name, required & optional_fields(cls))
     for name, (field, item) in LISTS.items():
         props = schemas[name]["properties"]
         assert set(props) - {"path"} == {field} and props[field]["items"]["$ref"].endswith("/" + item), name
     for name, fns in REQUESTS.items():
         for fn in fns:
             params = set(inspect.signature(fn).parameters)
-            missing = set(schemas[name]["properties"]) - params
+            names = PARAMS.get(name, {})
+            missing = {names.get(p, p) for p in schemas[name]["properties"]} - params
             assert not missing, f"{fn.__qualname__} lacks {missing} of {name}"
     assert set(schemas["OutputChunk"]["properties"]) == {"data"}
     assert set(schemas["ErrorDetail"]["properties"]) == {"code", "message"}
+    assert list(typing.get_args(models.ExecReason)) == schemas["ExecReason"]["enum"]
 
 
 def test_committed_document():
@@ -87,6 +123,17 @@ def test_check_catches_a_new_field():
     with open(DOC) as f:
         doc = json.load(f)
     doc["components"]["schemas"]["ExecBody"]["properties"]["priority"] = {"type": "integer"}
+    with pytest.raises(AssertionError):
+        check(doc)
+    for schema in ("CodeSummary", "CodeBody", "CodeResultItem"):
+        with open(DOC) as f:
+            doc = json.load(f)
+        doc["components"]["schemas"][schema]["properties"]["new_field"] = {"type": "integer"}
+        with pytest.raises(AssertionError):
+            check(doc)
+    with open(DOC) as f:
+        doc = json.load(f)
+    doc["components"]["schemas"]["ExecReason"]["enum"].append("paused")
     with pytest.raises(AssertionError):
         check(doc)
     with open(DOC) as f:

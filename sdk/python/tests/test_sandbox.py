@@ -69,6 +69,8 @@ def test_exec_result_fields(sbx):
     assert (r.stdout, r.stderr, r.exit_code, r.timed_out, r.truncated, r.oom_killed) == ("out\n", "err\n", 3, False,
                                                                                           False, False)
     assert r.duration_ms >= 0 and r.cpu_ms >= 0 and not r.ok
+    assert r.reason == "exited" and r.contained is True
+    assert r.memory_peak_bytes is None or r.memory_peak_bytes > 0
 
 
 def test_exec_options(sbx):
@@ -79,7 +81,7 @@ def test_exec_options(sbx):
     assert sbx.exec("cat", stdin=b"bytes").stdout == "bytes"
     assert sbx.exec(argv=["python3", "-c", "import sys; print(sys.argv[1])", "a b; c"]).stdout == "a b; c\n"
     r = sbx.exec("head -c 5000 /dev/zero | tr '\\0' a", max_output_bytes=100)
-    assert r.truncated and len(r.stdout) == 100
+    assert r.truncated and len(r.stdout) == 100 and r.reason == "output_limit"
     with pytest.raises(ValueError):
         sbx.exec("true", argv=["true"])
     with pytest.raises(NotFound) as e:
@@ -90,7 +92,7 @@ def test_exec_options(sbx):
 def test_exec_timeout_is_a_result(sbx):
     t = time.time()
     r = sbx.exec("sleep 30", timeout_seconds=1)
-    assert r.timed_out and r.exit_code == 137 and time.time() - t < 10
+    assert r.timed_out and r.exit_code == 137 and r.reason == "timeout" and time.time() - t < 10
 
 
 def test_refresh_and_attributes(sbx, client):

@@ -43,19 +43,28 @@ export function generate(doc) {
     "// The API's JSON, field for field (snake_case, as sent and received).",
     "",
   ];
+  const props = (s) => {
+    const req = new Set(s.required ?? []);
+    return Object.keys(s.properties ?? {}).sort()
+      .map((prop) => `  ${prop}${req.has(prop) ? "" : "?"}: ${type(s.properties[prop])};`);
+  };
   for (const name of Object.keys(schemas).sort()) {
     const s = schemas[name];
-    const req = new Set(s.required ?? []);
     if (s.description) lines.push(`/** ${s.description.replace(/\*\//g, "*\\/").split("\n").join(" ")} */`);
+    if (s.allOf && s.allOf.every((p) => p.$ref || p.type === "object")) {
+      // A composed schema: an interface extending the referenced ones, with
+      // the inline parts' fields.
+      const bases = s.allOf.filter((p) => p.$ref).map(type);
+      lines.push(`export interface ${name}${bases.length ? ` extends ${bases.join(", ")}` : ""} {`);
+      for (const part of s.allOf.filter((p) => !p.$ref)) lines.push(...props(part));
+      lines.push("}", "");
+      continue;
+    }
     if (s.type !== "object") {
       lines.push(`export type ${name} = ${type(s)};`, "");
       continue;
     }
-    lines.push(`export interface ${name} {`);
-    for (const prop of Object.keys(s.properties ?? {}).sort()) {
-      lines.push(`  ${prop}${req.has(prop) ? "" : "?"}: ${type(s.properties[prop])};`);
-    }
-    lines.push("}", "");
+    lines.push(`export interface ${name} {`, ...props(s), "}", "");
   }
   const ops = [];
   for (const [p, item] of Object.entries(doc.paths)) for (const m of Object.keys(item)) ops.push(`${m.toUpperCase()} ${p}`);

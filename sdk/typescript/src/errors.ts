@@ -29,11 +29,11 @@ export class BadRequest extends HatcheryError {}
 export class AuthError extends HatcheryError {}
 /** 403: the guest refused a file operation. */
 export class PermissionDenied extends HatcheryError {}
-/** 404: no such sandbox, snapshot, template, build, file or cwd. */
+/** 404: no such sandbox, snapshot, template, build, file, cwd or code context (`context_not_found`). */
 export class NotFound extends HatcheryError {}
-/** 409: sandbox not running, build already running, template in use, reading a directory... */
+/** 409: sandbox not running, build already running, template in use, reading a directory, a 17th code context... */
 export class Conflict extends HatcheryError {}
-/** 413: body or file over its limit, or no space left in the sandbox. */
+/** 413: body, file or code cell (256 KiB) over its limit, or no space left in the sandbox. */
 export class TooLarge extends HatcheryError {}
 /** 422: the guest failed the operation, or a snapshot image is corrupt. */
 export class GuestError extends HatcheryError {}
@@ -60,10 +60,12 @@ const BY_STATUS: Record<number, typeof HatcheryError> = {
 // The status each code is answered with outside a stream (docs/api.md), so an
 // error arriving inside an SSE stream throws the same class.
 const CODE_STATUS: Record<string, number> = {
-  unauthorized: 401, not_found: 404, sandbox_not_found: 404, snapshot_not_found: 404, file_not_found: 404,
-  template_not_found: 404, build_not_found: 404, sandbox_not_running: 409, conflict: 409, file_conflict: 409,
-  too_large: 413, permission_denied: 403, guest_error: 422, snapshot_corrupt: 422, guest_unresponsive: 504,
-  capacity: 503, runtime_error: 503,
+  invalid_request: 400, invalid_json: 400, invalid_body: 400, invalid_query: 400, invalid_network_policy: 400,
+  invalid_template_name: 400, unsupported_media_type: 415, unauthorized: 401, permission_denied: 403, not_found: 404,
+  sandbox_not_found: 404, snapshot_not_found: 404, file_not_found: 404, template_not_found: 404, build_not_found: 404,
+  context_not_found: 404, sandbox_not_running: 409, conflict: 409, file_conflict: 409, unsupported: 409,
+  too_large: 413, guest_error: 422, snapshot_corrupt: 422, capacity: 503, runtime_error: 503,
+  network_exhausted: 503, guest_unresponsive: 504,
 };
 
 export function errorFor(status: number, code: string | undefined, message: string, retryAfter?: number): HatcheryError {

@@ -2,7 +2,10 @@
 //
 //   import { Sandbox } from "hatchery-sdk";
 //   const sbx = await Sandbox.create({ ttlSeconds: 120 });
-//   try { console.log((await sbx.exec("python3 -c 'print(6*7)'")).stdout); } finally { await sbx.kill(); }
+//   try {
+//     console.log((await sbx.exec("python3 -c 'print(6*7)'")).stdout);
+//     console.log((await sbx.runCode("6 * 7")).text);
+//   } finally { await sbx.kill(); }
 export { Client, ROUTES, configure, getDefaultClient, type Route } from "./client.js";
 export { type ClientOptions, DEFAULT_URL, DEFAULT_KEY_FILE } from "./http.js";
 export {
@@ -10,9 +13,11 @@ export {
   type WithClient,
 } from "./sandbox.js";
 export * from "./errors.js";
+export { Execution, Result } from "./models.js";
 export type {
-  BuildAccepted, BuildEvent, CreateSandboxOptions, EgressMode, ExecOptions, ExecResult, FileEntry, ForkOptions, NetworkEvent,
-  NetworkPolicy, NetworkRule, OutputChunk, SandboxInfo, SnapshotInfo, SnapshotOptions, TemplateInfo, TemplateSpec,
+  BuildAccepted, BuildEvent, CodeContext, CreateCodeContextOptions, CreateSandboxOptions, EgressMode, ExecOptions,
+  ExecReason, ExecResult, ExecutionError, FileEntry, ForkOptions, Logs, NetworkEvent, NetworkPolicy, NetworkRule,
+  OutputChunk, RunCodeOptions, SandboxInfo, SnapshotInfo, SnapshotOptions, TemplateInfo, TemplateSpec,
 } from "./models.js";
 export * as fields from "./models.js";
 export type * as wire from "./wire.js";

@@ -32,9 +32,16 @@ export const SANDBOX_FIELDS = {
 export type SandboxInfo = Renamed<wire.Sandbox, typeof SANDBOX_FIELDS>;
 export const sandboxInfo = (w: wire.Sandbox): SandboxInfo => fromWire(SANDBOX_FIELDS, w);
 
+/** Why a command (or a code run) ended. */
+export type ExecReason = wire.ExecReason;
+
+/** `reason` says why the command ended; `contained` is true when every process
+ * it started was killed with it and counted in `cpuMs`; `memoryPeakBytes` is
+ * the largest memory use seen (sampled), when known. */
 export const EXEC_RESULT_FIELDS = {
   exit_code: "exitCode", stdout: "stdout", stderr: "stderr", timed_out: "timedOut", truncated: "truncated",
-  oom_killed: "oomKilled", duration_ms: "durationMs", cpu_ms: "cpuMs",
+  oom_killed: "oomKilled", duration_ms: "durationMs", cpu_ms: "cpuMs", reason: "reason",
+  memory_peak_bytes: "memoryPeakBytes", contained: "contained",
 } as const satisfies FieldMap<wire.ExecResponse>;
 export type ExecResult = Renamed<wire.ExecResponse, typeof EXEC_RESULT_FIELDS>;
 export const execResult = (w: wire.ExecResponse): ExecResult => fromWire(EXEC_RESULT_FIELDS, w);
@@ -72,7 +79,134 @@ export type NetworkRule = wire.NetworkRule;
 export type EgressMode = wire.EgressMode;
 /** A denied connection attempt: `protocol` is tcp, udp, icmp or other. */
 export type NetworkEvent = wire.EgressEventBody;
-export const PASS_THROUGH = ["NetworkPolicy", "NetworkRule", "EgressEventBody"] as const;
+/** The exception a cell raised: its class `name`, its `value` (the message)
+ * and the formatted `traceback` (`InterpreterDied` when the interpreter itself died). */
+export type ExecutionError = wire.CodeError;
+export const PASS_THROUGH = ["NetworkPolicy", "NetworkRule", "EgressEventBody", "CodeError"] as const;
+
+// run_code ----------------------------------------------------------------
+
+export const CODE_CONTEXT_FIELDS = {
+  id: "id", language: "language", cwd: "cwd", state: "state", execution_count: "executionCount",
+} as const satisfies FieldMap<wire.CodeContext>;
+/** An interpreter with its own variables; `state` is ready, busy (a run in
+ * progress) or starting. `default` exists in every sandbox. */
+export type CodeContext = Renamed<wire.CodeContext, typeof CODE_CONTEXT_FIELDS>;
+export const codeContext = (w: wire.CodeContext): CodeContext => fromWire(CODE_CONTEXT_FIELDS, w);
+
+export const CODE_RESULT_FIELDS = { data: "data", is_main_result: "isMainResult" } as const satisfies FieldMap<wire.CodeResultItem>;
+
+/** MIME type -> the Result getter that reads it (E2B's names). */
+export const MIME_FORMATS = {
+  "text/plain": "text", "text/html": "html", "text/markdown": "markdown", "image/svg+xml": "svg", "image/png": "png",
+  "image/jpeg": "jpeg", "application/pdf": "pdf", "text/latex": "latex", "application/json": "json",
+  "application/javascript": "javascript",
+} as const;
+
+export interface Result extends Renamed<wire.CodeResultItem, typeof CODE_RESULT_FIELDS> {}
+/** One rich result of a cell: the MIME bundle `data` (`text/plain` always;
+ * `text/html`, `image/png` (base64), `application/json` (a JSON value)... when
+ * the value offers them), readable as `text`, `html`, `markdown`, `svg`, `png`,
+ * `jpeg`, `pdf`, `latex`, `json` and `javascript` (undefined when absent).
+ * `isMainResult` is true for the value of the cell's last expression, false
+ * for a `display()`. */
+export class Result {
+  constructor(w: wire.CodeResultItem) {
+    Object.assign(this, fromWire(CODE_RESULT_FIELDS, w));
+    this.data = { ...(w.data ?? {}) };
+  }
+
+  private str(mime: string): string | undefined {
+    const v = this.data[mime];
+    return typeof v === "string" ? v : undefined;
+  }
+
+  get text(): string | undefined { return this.str("text/plain"); }
+  get html(): string | undefined { return this.str("text/html"); }
+  get markdown(): string | undefined { return this.str("text/markdown"); }
+  get svg(): string | undefined { return this.str("image/svg+xml"); }
+  /** Base64. */
+  get png(): string | undefined { return this.str("image/png"); }
+  /** Base64. */
+  get jpeg(): string | undefined { return this.str("image/jpeg"); }
+  /** Base64. */
+  get pdf(): string | undefined { return this.str("application/pdf"); }
+  get latex(): string | undefined { return this.str("text/latex"); }
+  /** A JSON value (object, array...). */
+  get json(): unknown { return this.data["application/json"]; }
+  get javascript(): string | undefined { return this.str("application/javascript"); }
+
+  /** The formats besides text: their getter names (`html`, `png`...), then
+   * any other MIME type as it is. */
+  formats(): string[] {
+    const known = Object.entries(MIME_FORMATS)
+      .filter(([mime, name]) => name !== "text" && this.data[mime] !== undefined && this.data[mime] !== null)
+      .map(([, name]) => name);
+    return [...known, ...Object.keys(this.data).filter((m) => !(m in MIME_FORMATS))];
+  }
+
+  toString(): string {
+    return this.text ?? "[Result]";
+  }
+}
+
+/** What the cell printed, as the chunks arrived. */
+export interface Logs {
+  stdout: string[];
+  stderr: string[];
+}
+
+export const CODE_SUMMARY_FIELDS = {
+  context_id: "contextId", execution_count: "executionCount", reason: "reason", truncated: "truncated",
+  duration_ms: "durationMs", cpu_ms: "cpuMs", memory_peak_bytes: "memoryPeakBytes", restarted: "restarted",
+  oom_killed: "oomKilled", error: "error",
+} as const satisfies FieldMap<wire.CodeSummary>;
+/** Where each field of the non-streaming answer lands in an Execution. */
+export const CODE_RESPONSE_FIELDS = {
+  ...CODE_SUMMARY_FIELDS, results: "results", stdout: "logs", stderr: "logs",
+} as const satisfies FieldMap<wire.CodeResponse>;
+type Summary = Omit<Renamed<wire.CodeSummary, typeof CODE_SUMMARY_FIELDS>, "error">;
+
+export interface Execution extends Summary {}
+/** The outcome of runCode: `results` (rich results, the main one last),
+ * `logs`, `error` (unless the cell raised: undefined), `executionCount` (the
+ * cell's number in its context), and Hatchery's accounting: `reason` (`exited`
+ * when the cell ran to its end, with or without an error; else timeout,
+ * cpu_limit, oom, output_limit, cancelled...), `restarted` (the interpreter was
+ * replaced: its variables are gone), `truncated`, `durationMs`, `cpuMs`,
+ * `memoryPeakBytes`, `oomKilled` and `contextId`. */
+export class Execution {
+  results: Result[];
+  logs: Logs;
+  error?: ExecutionError;
+
+  /** From the summary (the stream's `done` event, or the whole answer), the
+   * results and the logs. */
+  constructor(summary: wire.CodeSummary, results: Result[], logs: Logs, error?: ExecutionError) {
+    const { error: e, ...rest } = fromWire(CODE_SUMMARY_FIELDS, summary);
+    Object.assign(this, rest);
+    this.results = results;
+    this.logs = logs;
+    const err = e ?? error;
+    if (err) this.error = err;
+  }
+
+  static fromResponse(w: wire.CodeResponse): Execution {
+    const { stdout, stderr, results, ...summary } = w;
+    const logs = { stdout: stdout ? [stdout] : [], stderr: stderr ? [stderr] : [] };
+    return new Execution(summary, (results ?? []).map((r) => new Result(r)), logs);
+  }
+
+  /** text/plain of the main result (the cell's last expression). */
+  get text(): string | undefined {
+    return this.results.find((r) => r.isMainResult)?.text;
+  }
+
+  /** The cell ran to its end without raising. */
+  get ok(): boolean {
+    return this.error === undefined && this.reason === "exited";
+  }
+}
 
 // Request options: each map says which option carries each body field.
 
@@ -94,12 +228,51 @@ export interface ExecOptions {
   cwd?: string;
   env?: Record<string, string>;
   stdin?: string;
+  /** Per-stream cap in bytes (default 1 MiB); a stream passing it ends the command (reason `output_limit`). */
   maxOutputBytes?: number;
+  /** CPU time (1 to the timeout, in ms) after which everything the command started is killed (reason `cpu_limit`). */
+  cpuLimitMs?: number;
 }
 export const EXEC_FIELDS = {
   cmd: "cmd", argv: "argv", timeout_seconds: "timeoutSeconds", cwd: "cwd", env: "env", stdin: "stdin",
-  max_output_bytes: "maxOutputBytes",
+  max_output_bytes: "maxOutputBytes", cpu_limit_ms: "cpuLimitMs",
 } as const satisfies FieldMap<wire.ExecBody> & Record<string, keyof (ExecOptions & { cmd?: string })>;
+
+/** Callbacks may return a promise: it is awaited before the next event. */
+export interface RunCodeOptions {
+  /** `python` (the default). */
+  language?: string;
+  /** A context from createCodeContext, or its id; default: the sandbox's default context. */
+  context?: CodeContext | string;
+  onStdout?: (data: string) => unknown;
+  onStderr?: (data: string) => unknown;
+  onResult?: (result: Result) => unknown;
+  onError?: (error: ExecutionError) => unknown;
+  /** Set in os.environ for this run only. */
+  envs?: Record<string, string>;
+  /** Deadline (default 30 s); the API counts whole seconds, so it rounds up. */
+  timeoutMs?: number;
+  /** The same deadline in seconds (give one of timeoutMs and timeoutSeconds). */
+  timeoutSeconds?: number;
+  /** CPU time after which the cell is killed and the context restarted (reason `cpu_limit`). */
+  cpuLimitMs?: number;
+  /** Per stream, and for the rich results together (default 1 MiB). */
+  maxOutputBytes?: number;
+}
+export const CODE_BODY_FIELDS = {
+  code: "code", language: "language", context_id: "context", timeout_seconds: "timeoutSeconds",
+  cpu_limit_ms: "cpuLimitMs", max_output_bytes: "maxOutputBytes", env: "envs",
+} as const satisfies FieldMap<wire.CodeBody> & Record<string, keyof (RunCodeOptions & { code?: string })>;
+
+export interface CreateCodeContextOptions {
+  /** Working directory of the interpreter (default /workspace). */
+  cwd?: string;
+  /** `python` (the default). */
+  language?: string;
+}
+export const CREATE_CONTEXT_FIELDS = {
+  cwd: "cwd", language: "language",
+} as const satisfies FieldMap<wire.CreateContext> & Record<string, keyof CreateCodeContextOptions>;
 
 export const PATCH_FIELDS = { ttl_seconds: "ttlSeconds" } as const satisfies FieldMap<wire.PatchSandbox>;
 

@@ -3,11 +3,13 @@ import { Client, getDefaultClient, metadataQuery } from "./client.js";
 import { BuildFailed, Conflict, NotFound, StreamError, errorFromEvent } from "./errors.js";
 import type { SSE } from "./http.js";
 import {
-  type BuildAccepted, type BuildEvent, CREATE_SANDBOX_FIELDS, type CreateSandboxOptions, EXEC_FIELDS,
-  type ExecOptions, type ExecResult, FORK_FIELDS, type FileEntry, type ForkOptions, type NetworkEvent,
-  type NetworkPolicy, type OutputChunk, PATCH_FIELDS, SNAPSHOT_OPTION_FIELDS, type SandboxInfo, type SnapshotInfo,
-  type SnapshotOptions, TEMPLATE_SPEC_FIELDS, type TemplateInfo, type TemplateSpec, buildAccepted, execResult,
-  fileEntry, sandboxInfo, snapshotInfo, templateInfo, toWire,
+  type BuildAccepted, type BuildEvent, CODE_BODY_FIELDS, CREATE_CONTEXT_FIELDS, CREATE_SANDBOX_FIELDS,
+  type CodeContext, type CreateCodeContextOptions, type CreateSandboxOptions, EXEC_FIELDS, type ExecOptions,
+  type ExecResult, Execution, type ExecutionError, FORK_FIELDS, type FileEntry, type ForkOptions, type Logs,
+  type NetworkEvent, type NetworkPolicy, type OutputChunk, PATCH_FIELDS, Result, type RunCodeOptions,
+  SNAPSHOT_OPTION_FIELDS, type SandboxInfo, type SnapshotInfo, type SnapshotOptions, TEMPLATE_SPEC_FIELDS,
+  type TemplateInfo, type TemplateSpec, buildAccepted, codeContext, execResult, fileEntry, sandboxInfo, snapshotInfo,
+  templateInfo, toWire,
 } from "./models.js";
 import type * as wire from "./wire.js";
 
@@ -20,6 +22,7 @@ export interface WithClient {
 // daemon's grace (kill 1 s after, give up 3 s after that) plus slack.
 const EXEC_GRACE_MS = 15_000;
 const DEFAULT_EXEC_TIMEOUT_S = 60;
+const DEFAULT_CODE_TIMEOUT_S = 30;
 // The daemon sends a keep-alive comment every 15 s on a silent stream.
 const STREAM_IDLE_MS = 45_000;
 
@@ -27,6 +30,18 @@ function execBody(cmd: string | undefined, opts: ExecOptions): Partial<wire.Exec
   if ((cmd === undefined) === (opts.argv === undefined)) throw new TypeError("give exactly one of cmd and argv");
   return toWire<wire.ExecBody>(EXEC_FIELDS, { ...opts, cmd });
 }
+
+function codeBody(code: string, opts: RunCodeOptions): Partial<wire.CodeBody> {
+  if (opts.timeoutMs !== undefined && opts.timeoutSeconds !== undefined) {
+    throw new TypeError("give at most one of timeoutMs and timeoutSeconds");
+  }
+  // The API counts whole seconds: a fraction rounds up.
+  const timeoutSeconds = opts.timeoutMs !== undefined ? Math.ceil(opts.timeoutMs / 1000) : opts.timeoutSeconds;
+  const context = opts.context === undefined ? undefined : contextId(opts.context);
+  return toWire<wire.CodeBody>(CODE_BODY_FIELDS, { ...opts, code, context, timeoutSeconds });
+}
+
+const contextId = (c: CodeContext | string): string => (typeof c === "string" ? c : c.id);
 
 export interface StreamCallbacks {
   onStdout?: (data: string) => void;
@@ -273,6 +288,93 @@ export class Sandbox {
     const abort = new AbortController();
     const sse = await this.client.stream("POST /v1/sandboxes/{id}/exec/stream", { id: this.id }, json, abort.signal);
     return new ExecStream(sse, abort, opts);
+  }
+
+  /** Runs a cell in a stateful interpreter: the sandbox's default context
+   * (already running), or `opts.context` (a CodeContext or its id). Variables
+   * persist between calls in the same context. Past the timeout (default
+   * 30 s) or `cpuLimitMs`, the cell is killed and the context restarted
+   * (`reason` timeout / cpu_limit, `restarted` true). An exception in the cell
+   * is `Execution.error`, not a rejection.
+   *
+   * With any callback given the output is streamed: onStdout / onStderr get
+   * each chunk, onResult each Result, onError the ExecutionError, as they
+   * happen; the promise still resolves to the whole Execution at the end. */
+  async runCode(code: string, opts: RunCodeOptions = {}): Promise<Execution> {
+    const json = codeBody(code, opts);
+    if (!opts.onStdout && !opts.onStderr && !opts.onResult && !opts.onError) {
+      const timeoutMs = (json.timeout_seconds ?? DEFAULT_CODE_TIMEOUT_S) * 1000 + EXEC_GRACE_MS;
+      const w = await this.client.json<wire.CodeResponse>("POST /v1/sandboxes/{id}/code", { id: this.id }, { json, timeoutMs });
+      return Execution.fromResponse(w);
+    }
+    const abort = new AbortController();
+    const sse = await this.client.stream("POST /v1/sandboxes/{id}/code/stream", { id: this.id }, json, abort.signal);
+    let idle: NodeJS.Timeout | undefined;
+    const arm = () => {
+      clearTimeout(idle);
+      idle = setTimeout(() => abort.abort(new StreamError("stream silent past the keep-alive interval")), STREAM_IDLE_MS);
+      idle.unref();
+    };
+    sse.onActivity = arm;
+    const logs: Logs = { stdout: [], stderr: [] };
+    const results: Result[] = [];
+    let error: ExecutionError | undefined;
+    try {
+      arm();
+      for await (const { event, data } of sse) {
+        if (event === "stdout" || event === "stderr") {
+          const chunk = (data as wire.OutputChunk).data;
+          logs[event].push(chunk);
+          await (event === "stdout" ? opts.onStdout : opts.onStderr)?.(chunk);
+        } else if (event === "result") {
+          const r = new Result(data as wire.CodeResultItem);
+          results.push(r);
+          await opts.onResult?.(r);
+        } else if (event === "error") {
+          error = data as wire.CodeError;
+          await opts.onError?.(error);
+        } else if (event === "done") {
+          const ex = new Execution(data as wire.CodeSummary, results, logs, error);
+          if (ex.error && !error) await opts.onError?.(ex.error);
+          return ex;
+        } else if (event === "failed") {
+          throw errorFromEvent(data);
+        }
+      }
+      throw new StreamError("code stream ended without a done event");
+    } finally {
+      clearTimeout(idle);
+      // Also when a callback threw: closing the stream cancels the run.
+      if (!abort.signal.aborted) abort.abort();
+    }
+  }
+
+  /** A new interpreter with its own variables (at most 16 contexts per
+   * sandbox: Conflict beyond). cwd default /workspace, language python. */
+  async createCodeContext(opts: CreateCodeContextOptions = {}): Promise<CodeContext> {
+    const json = toWire<wire.CreateContext>(CREATE_CONTEXT_FIELDS, opts);
+    return codeContext(await this.client.json<wire.CodeContext>("POST /v1/sandboxes/{id}/code/contexts", { id: this.id }, { json }));
+  }
+
+  /** Every context of the sandbox, `default` included. */
+  async listCodeContexts(): Promise<CodeContext[]> {
+    const r = await this.client.json<wire.CodeContextList>("GET /v1/sandboxes/{id}/code/contexts", { id: this.id });
+    return r.contexts.map(codeContext);
+  }
+
+  /** Replaces the context's interpreter with a clean one (its variables are
+   * gone); `default` can be restarted too. */
+  async restartCodeContext(context: CodeContext | string): Promise<CodeContext> {
+    const timeoutMs = Math.max(this.client.transport.timeoutMs, 60_000);
+    const params = { id: this.id, context_id: contextId(context) };
+    return codeContext(await this.client.json<wire.CodeContext>("POST /v1/sandboxes/{id}/code/contexts/{context_id}/restart", params, { timeoutMs }));
+  }
+
+  /** Stops the context's interpreter; `default` cannot be removed (BadRequest). */
+  async removeCodeContext(context: CodeContext | string): Promise<void> {
+    const params = { id: this.id, context_id: contextId(context) };
+    const r = await this.client.call("DELETE /v1/sandboxes/{id}/code/contexts/{context_id}", params);
+    await r.body?.cancel();
   }
 
   async snapshot(opts: SnapshotOptions = {}): Promise<Snapshot> {

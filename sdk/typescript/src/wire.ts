@@ -8,6 +8,65 @@ export interface BuildAccepted {
   version: string;
 }
 
+export interface CodeBody {
+  code: string;
+  context_id?: string | null;
+  cpu_limit_ms?: number | null;
+  env?: Record<string, string>;
+  language?: string | null;
+  max_output_bytes?: number | null;
+  timeout_seconds?: number | null;
+}
+
+export interface CodeContext {
+  cwd: string;
+  execution_count: number;
+  id: string;
+  language: string;
+  state: string;
+}
+
+export interface CodeContextList {
+  contexts: Array<CodeContext>;
+}
+
+export interface CodeError {
+  name: string;
+  traceback: string;
+  value: string;
+}
+
+export interface CodeResponse extends CodeSummary {
+  results: Array<CodeResultItem>;
+  stderr: string;
+  stdout: string;
+}
+
+/** A rich result: a MIME bundle, the way a Jupyter kernel reports display data (`text/plain` always; `text/html`, `image/png` (base64), `image/svg+xml`, `application/json`, ... when the value offers them). */
+export interface CodeResultItem {
+  data: Record<string, unknown>;
+  is_main_result: boolean;
+}
+
+/** Accounting of a code run; also the `done` event of the stream. */
+export interface CodeSummary {
+  context_id: string;
+  cpu_ms: number;
+  duration_ms: number;
+  error?: null | CodeError;
+  execution_count: number;
+  memory_peak_bytes?: number | null;
+  oom_killed: boolean;
+  reason: ExecReason;
+  restarted: boolean;
+  truncated: boolean;
+}
+
+export interface CreateContext {
+  cwd?: string | null;
+  language?: string | null;
+}
+
 export interface CreateSandbox {
   env?: Record<string, string>;
   metadata?: Record<string, string>;
@@ -62,6 +121,7 @@ export interface ErrorDetail {
 export interface ExecBody {
   argv?: Array<string> | null;
   cmd?: string | null;
+  cpu_limit_ms?: number | null;
   cwd?: string | null;
   env?: Record<string, string>;
   max_output_bytes?: number | null;
@@ -69,11 +129,17 @@ export interface ExecBody {
   timeout_seconds?: number | null;
 }
 
+/** Why a command ended. */
+export type ExecReason = "exited" | "signaled" | "timeout" | "cpu_limit" | "oom" | "output_limit" | "cancelled";
+
 export interface ExecResponse {
+  contained: boolean;
   cpu_ms: number;
   duration_ms: number;
   exit_code: number;
+  memory_peak_bytes?: number | null;
   oom_killed: boolean;
+  reason: ExecReason;
   stderr: string;
   stdout: string;
   timed_out: boolean;
@@ -173,6 +239,7 @@ export interface TemplateList {
 /** Every route of the document, as `METHOD /path`. */
 export const DOCUMENTED_ROUTES = [
   "DELETE /v1/sandboxes/{id}",
+  "DELETE /v1/sandboxes/{id}/code/contexts/{context_id}",
   "DELETE /v1/sandboxes/{id}/files",
   "DELETE /v1/snapshots/{id}",
   "DELETE /v1/templates/{name}",
@@ -180,6 +247,7 @@ export const DOCUMENTED_ROUTES = [
   "GET /metrics",
   "GET /v1/sandboxes",
   "GET /v1/sandboxes/{id}",
+  "GET /v1/sandboxes/{id}/code/contexts",
   "GET /v1/sandboxes/{id}/files",
   "GET /v1/sandboxes/{id}/files/list",
   "GET /v1/sandboxes/{id}/network",
@@ -191,6 +259,10 @@ export const DOCUMENTED_ROUTES = [
   "GET /v1/templates/{name}/builds/{id}/events",
   "PATCH /v1/sandboxes/{id}",
   "POST /v1/sandboxes",
+  "POST /v1/sandboxes/{id}/code",
+  "POST /v1/sandboxes/{id}/code/contexts",
+  "POST /v1/sandboxes/{id}/code/contexts/{context_id}/restart",
+  "POST /v1/sandboxes/{id}/code/stream",
   "POST /v1/sandboxes/{id}/exec",
   "POST /v1/sandboxes/{id}/exec/stream",
   "POST /v1/sandboxes/{id}/snapshots",

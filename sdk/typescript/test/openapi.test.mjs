@@ -22,9 +22,20 @@ const MAPS = {
   Snapshot: fields.SNAPSHOT_FIELDS, TemplateInfo: fields.TEMPLATE_FIELDS, BuildAccepted: fields.BUILD_ACCEPTED_FIELDS,
   CreateSandbox: fields.CREATE_SANDBOX_FIELDS, ExecBody: fields.EXEC_FIELDS, PatchSandbox: fields.PATCH_FIELDS,
   CreateSnapshot: fields.SNAPSHOT_OPTION_FIELDS, ForkBody: fields.FORK_FIELDS, CreateTemplate: fields.TEMPLATE_SPEC_FIELDS,
+  CodeContext: fields.CODE_CONTEXT_FIELDS, CodeResultItem: fields.CODE_RESULT_FIELDS, CodeSummary: fields.CODE_SUMMARY_FIELDS,
+  CodeResponse: fields.CODE_RESPONSE_FIELDS, CodeBody: fields.CODE_BODY_FIELDS, CreateContext: fields.CREATE_CONTEXT_FIELDS,
 };
-const LISTS = { SandboxList: "sandboxes", SnapshotList: "snapshots", TemplateList: "templates", FileList: "entries", EgressEventList: "events" };
-const RAW = new Set(["ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode", ...fields.PASS_THROUGH]);
+const LISTS = {
+  SandboxList: "sandboxes", SnapshotList: "snapshots", TemplateList: "templates", FileList: "entries", EgressEventList: "events",
+  CodeContextList: "contexts",
+};
+const RAW = new Set(["ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode", "ExecReason", ...fields.PASS_THROUGH]);
+
+/** A schema's properties, `allOf` parts merged. */
+function properties(schemas, s) {
+  if (s.$ref) return properties(schemas, schemas[s.$ref.split("/").pop()]);
+  return Object.assign({}, s.properties ?? {}, ...(s.allOf ?? []).map((p) => properties(schemas, p)));
+}
 
 function check(doc) {
   assert.equal(generate(doc), WIRE, "src/wire.ts is stale: run `npm run gen` and map the new fields");
@@ -41,7 +52,7 @@ function check(doc) {
     for (const prop of Object.keys(schemas[name].properties)) assert.match(prop, /^[a-z]+$/, `${name}.${prop} needs a camelCase mapping`);
   }
   for (const [name, map] of Object.entries(MAPS)) {
-    assert.deepEqual(Object.keys(map).sort(), Object.keys(schemas[name].properties).sort(), name);
+    assert.deepEqual(Object.keys(map).sort(), Object.keys(properties(schemas, schemas[name])).sort(), name);
   }
 }
 
@@ -57,6 +68,11 @@ test("the check catches a new field or route", () => {
   const b = doc();
   b.paths["/v1/sandboxes/{id}/pause"] = { post: {} };
   assert.throws(() => check(b));
+  for (const schema of ["CodeSummary", "CodeBody", "CodeResultItem"]) {
+    const c = doc();
+    c.components.schemas[schema].properties.new_field = { type: "integer" };
+    assert.throws(() => check(c), schema);
+  }
   // And gen-wire --check (run by `npm run build`) refuses a stale wire.ts.
   assert.doesNotThrow(() => execFileSync("node", [join(here, "../scripts/gen-wire.mjs"), "--check"]));
 });

@@ -76,6 +76,7 @@ test("exec result fields and options", async (t) => {
     ["out\n", "err\n", 3, false, false, false],
   );
   assert.ok(r.durationMs >= 0 && r.cpuMs >= 0);
+  assert.deepEqual([r.reason, r.contained], ["exited", true]);
   await s.filesystem.write("/workspace/d/f.txt", "x");
   assert.equal((await s.exec("pwd; ls", { cwd: "/workspace/d" })).stdout, "/workspace/d\nf.txt\n");
   assert.equal((await s.exec("echo $A-$B", { env: { A: "1", B: "2" } })).stdout, "1-2\n");
@@ -84,9 +85,11 @@ test("exec result fields and options", async (t) => {
   const big = await s.exec("head -c 5000 /dev/zero | tr '\\0' a", { maxOutputBytes: 100 });
   assert.ok(big.truncated);
   assert.equal(big.stdout.length, 100);
+  assert.equal(big.reason, "output_limit");
   const slow = await s.exec("sleep 30", { timeoutSeconds: 1 });
   assert.ok(slow.timedOut);
   assert.equal(slow.exitCode, 137);
+  assert.equal(slow.reason, "timeout");
   await assert.rejects(s.exec("true", { argv: ["true"] }), TypeError);
   await assert.rejects(s.exec("true", { cwd: "/nope" }), (e) => e instanceof NotFound && e.code === "not_found");
   await assert.rejects(s.exec("true", { timeoutSeconds: 0 }), (e) => e instanceof BadRequest && e.code === "invalid_request");
