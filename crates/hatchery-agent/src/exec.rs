@@ -105,7 +105,10 @@ impl Registry {
     }
 
     pub fn remove(&self, chan: u32) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(&chan);
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&chan);
     }
 
     pub fn kill(&self, chan: u32) {
@@ -266,20 +269,15 @@ fn run(
         ),
     ] {
         let Some(pipe) = pipe else { continue };
-        let (out, done, truncated, tx, tree) = (
-            out.clone(),
-            done.clone(),
-            truncated.clone(),
-            drained_tx.clone(),
-            Arc::clone(&tree),
-        );
+        let ctl = PumpCtl {
+            done: done.clone(),
+            truncated: truncated.clone(),
+            tree: Arc::clone(&tree),
+        };
+        let (out, tx) = (out.clone(), drained_tx.clone());
         let cap = req.max_output_bytes;
         crate::pool::run(move || {
-            let over = || {
-                let t = Arc::clone(&tree);
-                crate::pool::run(move || t.stop(EndReason::OutputLimit));
-            };
-            pump(chan, kind, pipe, cap, &out, &done, &truncated, &over);
+            pump(chan, kind, pipe, cap, &out, &ctl);
             let _ = tx.send(());
         });
     }
@@ -316,7 +314,10 @@ fn run(
         duration_ms: start.elapsed().as_millis() as u64,
         cpu_ms: last.map(|s| ns_to_ms(s.cpu_ns)).unwrap_or(exit.cpu_ms),
         reason,
-        memory_peak_bytes: Some(peak.max(last.map(|s| s.mem_bytes).unwrap_or(0)).max(exit.max_rss_bytes)),
+        memory_peak_bytes: Some(
+            peak.max(last.map(|s| s.mem_bytes).unwrap_or(0))
+                .max(exit.max_rss_bytes),
+        ),
         contained: tree.unit().is_some(),
     };
     let mut w = out.lock();
@@ -375,16 +376,16 @@ pub fn watch(
 /// Copies one output pipe to the host up to `cap` bytes; past it, asks for
 /// the tree to be stopped and keeps draining (dropping the rest) so that
 /// nothing blocks on a full pipe until it is dead.
-fn pump(
-    chan: u32,
-    kind: Kind,
-    mut pipe: Box<dyn Read + Send>,
-    cap: u64,
-    out: &Out,
-    done: &AtomicBool,
-    truncated: &AtomicBool,
-    over_cap: &dyn Fn(),
-) {
+struct PumpCtl {
+    /// Set once the result is sent: no output may follow it.
+    done: Arc<AtomicBool>,
+    truncated: Arc<AtomicBool>,
+    /// Stopped (`output_limit`) when the stream passes its cap.
+    tree: Arc<Tree>,
+}
+
+fn pump(chan: u32, kind: Kind, mut pipe: Box<dyn Read + Send>, cap: u64, out: &Out, ctl: &PumpCtl) {
+    let (done, truncated) = (&ctl.done, &ctl.truncated);
     let mut sent: u64 = 0;
     let mut buf = vec![0u8; CHUNK];
     loop {
@@ -394,7 +395,8 @@ fn pump(
         };
         let room = cap.saturating_sub(sent) as usize;
         if room < n && !truncated.swap(true, Ordering::SeqCst) {
-            over_cap();
+            let t = Arc::clone(&ctl.tree);
+            crate::pool::run(move || t.stop(EndReason::OutputLimit));
         }
         let take = n.min(room);
         if take == 0 {

@@ -210,7 +210,11 @@ impl Procs {
         let me = self.clone();
         crate::pool::run(move || {
             if !me.admit() {
-                return out.error(chan, "too_many", format!("at most {MAX_RUNNING} background processes run at once"));
+                return out.error(
+                    chan,
+                    "too_many",
+                    format!("at most {MAX_RUNNING} background processes run at once"),
+                );
             }
             let (mut cmd, marker) = match prepare(chan, &req) {
                 Ok(x) => x,
@@ -225,7 +229,11 @@ impl Procs {
                 Ok(x) => x,
                 // EAGAIN: the sandbox's process ceiling.
                 Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
-                    return out.error(chan, "too_many", format!("the sandbox is at its process limit: {e}"))
+                    return out.error(
+                        chan,
+                        "too_many",
+                        format!("the sandbox is at its process limit: {e}"),
+                    )
                 }
                 Err(e) => return out.error(chan, "spawn_failed", format!("{}: {e}", req.argv[0])),
             };
@@ -262,10 +270,22 @@ impl Procs {
                 ms => Duration::from_millis(ms),
             };
             let pipes = [
-                child.stdout.take().map(|p| File::from(std::os::fd::OwnedFd::from(p))),
-                child.stderr.take().map(|p| File::from(std::os::fd::OwnedFd::from(p))),
+                child
+                    .stdout
+                    .take()
+                    .map(|p| File::from(std::os::fd::OwnedFd::from(p))),
+                child
+                    .stderr
+                    .take()
+                    .map(|p| File::from(std::os::fd::OwnedFd::from(p))),
             ];
-            drive(&p, pipes, &exited, Instant::now() + timeout, req.cpu_limit_ms);
+            drive(
+                &p,
+                pipes,
+                &exited,
+                Instant::now() + timeout,
+                req.cpu_limit_ms,
+            );
         });
     }
 
@@ -325,7 +345,10 @@ impl Procs {
                     break;
                 }
             }
-            readers.lock().unwrap_or_else(|e| e.into_inner()).remove(&chan);
+            readers
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&chan);
             out.send(&Frame::json(chan, Kind::ProcEnd, &p.info()));
         });
     }
@@ -333,7 +356,12 @@ impl Procs {
     /// A host `Kill` on a reader's channel ends that reader (the process
     /// goes on). Returns whether `chan` was a reader.
     pub fn stop_reader(&self, chan: u32) -> bool {
-        match self.readers.lock().unwrap_or_else(|e| e.into_inner()).get(&chan) {
+        match self
+            .readers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&chan)
+        {
             Some(s) => {
                 s.store(true, Ordering::SeqCst);
                 true
@@ -448,23 +476,44 @@ fn drive(
         let mut fds: Vec<libc::pollfd> = pipes
             .iter()
             .flatten()
-            .map(|f| libc::pollfd { fd: f.as_raw_fd(), events: libc::POLLIN, revents: 0 })
+            .map(|f| libc::pollfd {
+                fd: f.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            })
             .collect();
         let want_out = {
             let st = p.stdin.lock().unwrap_or_else(|e| e.into_inner());
-            st.pipe.as_ref().filter(|_| !st.pending.is_empty()).map(|s| s.as_raw_fd())
+            st.pipe
+                .as_ref()
+                .filter(|_| !st.pending.is_empty())
+                .map(|s| s.as_raw_fd())
         };
         if let Some(fd) = want_out {
-            fds.push(libc::pollfd { fd, events: libc::POLLOUT, revents: 0 });
+            fds.push(libc::pollfd {
+                fd,
+                events: libc::POLLOUT,
+                revents: 0,
+            });
         }
         // SAFETY: a valid array of pollfds of the given length.
-        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, TICK.as_millis() as i32) };
+        unsafe {
+            libc::poll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                TICK.as_millis() as i32,
+            )
+        };
         for (i, stream) in [(0usize, 1u8), (1, 2)] {
             let Some(f) = pipes[i].as_mut() else { continue };
             match f.read(&mut buf) {
                 Ok(0) => pipes[i] = None,
                 Ok(n) => {
-                    p.state.lock().unwrap_or_else(|e| e.into_inner()).ring.push(stream, &buf[..n]);
+                    p.state
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .ring
+                        .push(stream, &buf[..n]);
                     p.changed.notify_all();
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -492,7 +541,11 @@ fn drive(
             if Instant::now() >= deadline {
                 p.tree.stop(EndReason::Timeout);
             }
-            let spent = p.tree.unit().and_then(|u| u.stat()).map(|s| s.cpu_ns / 1_000_000);
+            let spent = p
+                .tree
+                .unit()
+                .and_then(|u| u.stat())
+                .map(|s| s.cpu_ns / 1_000_000);
             if cpu_limit_ms.zip(spent).is_some_and(|(l, s)| s >= l) {
                 p.tree.stop(EndReason::CpuLimit);
             }
@@ -539,6 +592,10 @@ mod tests {
         r.push(1, &big);
         assert_eq!(r.first(), 11, "the old chunks were dropped");
         assert_eq!(r.next, 11 + RING_BYTES as u64);
-        assert_eq!(r.since(0)[0].0, 11, "a reader behind the ring starts at its start");
+        assert_eq!(
+            r.since(0)[0].0,
+            11,
+            "a reader behind the ring starts at its start"
+        );
     }
 }

@@ -5,14 +5,14 @@
 //! snapshot-tested, so it cannot drift from the code.
 
 mod auth;
-pub mod output;
-pub mod process_models;
 pub mod code_models;
 mod error;
 mod extract;
 pub mod models;
 pub mod network;
 pub mod openapi;
+pub mod output;
+pub mod process_models;
 mod routes;
 
 use axum::extract::DefaultBodyLimit;

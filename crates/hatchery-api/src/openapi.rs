@@ -3,11 +3,11 @@
 //! checked against that file.
 
 use crate::code_models::*;
-use crate::output::OutputEncoding;
-use crate::process_models::*;
 use crate::error::{ErrorBody, ErrorDetail};
 use crate::models::*;
 use crate::network::*;
+use crate::output::OutputEncoding;
+use crate::process_models::*;
 use crate::routes;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};

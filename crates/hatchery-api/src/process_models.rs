@@ -91,11 +91,18 @@ pub fn parse_signal(v: &serde_json::Value) -> Option<i32> {
     match v {
         serde_json::Value::Number(n) => {
             let n = n.as_i64()?;
-            SIGNALS.iter().find(|(_, s)| i64::from(*s) == n).map(|x| x.1)
+            SIGNALS
+                .iter()
+                .find(|(_, s)| i64::from(*s) == n)
+                .map(|x| x.1)
         }
         serde_json::Value::String(s) => {
             let up = s.to_ascii_uppercase();
-            let full = if up.starts_with("SIG") { up } else { format!("SIG{up}") };
+            let full = if up.starts_with("SIG") {
+                up
+            } else {
+                format!("SIG{up}")
+            };
             SIGNALS.iter().find(|(n, _)| *n == full).map(|x| x.1)
         }
         _ => None,

@@ -47,7 +47,10 @@ fn map(e: CoreError) -> CoreError {
     }
 }
 
-async fn open_with(client: &AgentClient, f: impl FnOnce(u32) -> Frame) -> Result<Channel, CoreError> {
+async fn open_with(
+    client: &AgentClient,
+    f: impl FnOnce(u32) -> Frame,
+) -> Result<Channel, CoreError> {
     let ch = client.open();
     client
         .send(&f(ch.id))
@@ -80,13 +83,19 @@ fn req(id: &str) -> ProcRequest {
 
 const ANSWER: Duration = Duration::from_secs(10);
 
-pub async fn start(client: &AgentClient, p: ExecParams, background_timeout: Option<Duration>) -> Result<ProcInfo, CoreError> {
+pub async fn start(
+    client: &AgentClient,
+    p: ExecParams,
+    background_timeout: Option<Duration>,
+) -> Result<ProcInfo, CoreError> {
     let r = ExecRequest {
         argv: p.argv,
         cwd: p.cwd,
         env: p.env,
         stdin: None,
-        timeout_ms: background_timeout.map(|d| d.as_millis() as u64).unwrap_or(0),
+        timeout_ms: background_timeout
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
         max_output_bytes: p.max_output_bytes,
         cpu_limit_ms: p.cpu_limit_ms,
     };
@@ -138,14 +147,15 @@ pub async fn close_stdin(client: &AgentClient, id: &str) -> Result<(), CoreError
 }
 
 pub async fn signal(client: &AgentClient, id: &str, signal: i32) -> Result<ProcInfo, CoreError> {
-    let r = ProcRequest {
-        signal,
-        ..req(id)
-    };
+    let r = ProcRequest { signal, ..req(id) };
     call(client, Kind::ProcSignal, &r, ANSWER).await
 }
 
-pub async fn wait(client: &AgentClient, id: &str, timeout: Duration) -> Result<ProcInfo, CoreError> {
+pub async fn wait(
+    client: &AgentClient,
+    id: &str,
+    timeout: Duration,
+) -> Result<ProcInfo, CoreError> {
     let r = ProcRequest {
         timeout_ms: timeout.as_millis() as u64,
         ..req(id)
@@ -184,7 +194,9 @@ pub async fn read(
             }
         };
         let Some(f) = f else {
-            return Err(CoreError::GuestUnresponsive("agent connection closed".into()));
+            return Err(CoreError::GuestUnresponsive(
+                "agent connection closed".into(),
+            ));
         };
         match f.kind {
             Kind::ProcChunk if f.payload.len() >= 9 => {

@@ -21,13 +21,18 @@ fn check(pid: &str) -> Result<(), ApiError> {
     if valid_process_id(pid) {
         Ok(())
     } else {
-        Err(ApiError::bad_request(format!("{pid:?} is not a process id")))
+        Err(ApiError::bad_request(format!(
+            "{pid:?} is not a process id"
+        )))
     }
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/processes", tag = "processes", params(("id" = String, Path)),
     responses((status = 200, body = ProcessList), (status = 404, body = ErrorBody)))]
-pub async fn list(State(st): State<AppState>, Path(id): Path<String>) -> Result<axum::Json<ProcessList>, ApiError> {
+pub async fn list(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<ProcessList>, ApiError> {
     let all = procs::list(&*st.manager.agent(&id)?).await?;
     Ok(axum::Json(ProcessList {
         processes: all.into_iter().map(Into::into).collect(),
@@ -42,7 +47,9 @@ pub async fn get(
     Path((id, pid)): Path<(String, String)>,
 ) -> Result<axum::Json<ProcessInfo>, ApiError> {
     check(&pid)?;
-    Ok(axum::Json(procs::get(&*st.manager.agent(&id)?, &pid).await?.into()))
+    Ok(axum::Json(
+        procs::get(&*st.manager.agent(&id)?, &pid).await?.into(),
+    ))
 }
 
 /// Server-sent events: `stdout` / `stderr` (`ProcessChunk`: data and its
@@ -75,7 +82,10 @@ pub async fn output(
         let ev = (!data.is_empty()).then(|| {
             Ok(Event::default()
                 .event(name)
-                .json_data(ProcessChunk { data, offset: c.offset })
+                .json_data(ProcessChunk {
+                    data,
+                    offset: c.offset,
+                })
                 .unwrap_or_default())
         });
         async move { ev }
@@ -84,9 +94,13 @@ pub async fn output(
         let ev = match task.await {
             Ok(Ok(info)) => {
                 let name = if info.running { "end" } else { "exit" };
-                Event::default().event(name).json_data(ProcessInfo::from(info))
+                Event::default()
+                    .event(name)
+                    .json_data(ProcessInfo::from(info))
             }
-            Ok(Err(e)) => Event::default().event("error").json_data(ApiError::from(e).body()),
+            Ok(Err(e)) => Event::default()
+                .event("error")
+                .json_data(ApiError::from(e).body()),
             Err(e) => Event::default().event("error").json_data(
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()).body(),
             ),
@@ -142,8 +156,13 @@ pub async fn signal(
     Json(body): Json<SignalBody>,
 ) -> Result<axum::Json<ProcessInfo>, ApiError> {
     check(&pid)?;
-    let sig = parse_signal(&body.signal).ok_or_else(|| ApiError::bad_request("unknown or disallowed signal"))?;
-    Ok(axum::Json(procs::signal(&*st.manager.agent(&id)?, &pid, sig).await?.into()))
+    let sig = parse_signal(&body.signal)
+        .ok_or_else(|| ApiError::bad_request("unknown or disallowed signal"))?;
+    Ok(axum::Json(
+        procs::signal(&*st.manager.agent(&id)?, &pid, sig)
+            .await?
+            .into(),
+    ))
 }
 
 /// Answers when the process has exited, or after the timeout with it still
