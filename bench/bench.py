@@ -314,6 +314,29 @@ def main():
             return ms
         h_first = [first_command() for _ in range(N)]
 
+        def first_output(include_create):
+            """run_code of print("hi") in a pooled sandbox: to the first
+            stdout event, with or without the create before it."""
+            wait_for(lambda: metric(d, "hatchery_pool_ready") >= 1)
+            t = time.perf_counter()
+            s = d.create(ttl_seconds=60)
+            if not include_create:
+                t = time.perf_counter()
+            got = []
+            d.stream(s, {"code": "print('hi')"}, path=f"/v1/sandboxes/{s}/code/stream",
+                     on_event=lambda ev: got.append(time.perf_counter()) or False if ev[0] == "stdout" else None)
+            d.delete(s)
+            return (got[0] - t) * 1000
+        h_code_first = [first_output(False) for _ in range(N)]
+        h_code_first_create = [first_output(True) for _ in range(N)]
+        s_code = d.create(ttl_seconds=300)
+        h_code_again = timed(lambda: d.request("POST", f"/v1/sandboxes/{s_code}/code", {"code": "print('hi')"}), N)
+        burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass"
+        cpu_code = [d.request("POST", f"/v1/sandboxes/{s_code}/code", {"code": burn}).json()["cpu_ms"] for _ in range(3)]
+        cpu_exec = [d.exec(s_code, argv=["python3", "-c", burn], timeout_seconds=30)["cpu_ms"] for _ in range(3)]
+        cpu_setsid = [d.exec(s_code, f"setsid python3 -c '{burn}' & wait", timeout_seconds=30)["cpu_ms"] for _ in range(3)]
+        d.delete(s_code)
+
         def rb_pooled():
             wait_for(lambda: metric(d, "hatchery_pool_ready") >= 1)
             return run_button()
@@ -345,6 +368,14 @@ def main():
             row("hatchery: create, warm pool, 8 concurrent", conc, base_restore),
             row("hatchery: time to first command (pool+echo)", h_first, base_restore),
         ]
+        table_header("run_code (interpreter already running; baseline: runsc exec python3)")
+        results += [
+            row("hatchery: run_code print, first output", h_code_first, base_exec_py),
+            row("hatchery: create + run_code, first output", h_code_first_create, base_exec_py),
+            row("hatchery: run_code print, 2nd run, answer", h_code_again, base_exec_py),
+        ]
+        print(f"\ncpu_ms reported for a 1.0 s CPU burner: run_code {cpu_code}, exec {cpu_exec}, "
+              f"exec with the burner setsid'd away {cpu_setsid}")
         table_header("Network (create by restore, no pool; same run)")
         results += [
             row("hatchery: create, --network off", h_restore_off, base_restore_tpl),
