@@ -1,6 +1,6 @@
 //! Wire types of `run_code` and its contexts.
 
-use crate::models::{bounded, validate_env, ExecReason};
+use crate::models::{bounded, validate_cpu_limit, validate_env, ExecReason};
 use crate::ApiError;
 use hatchery_core::code::{CodeOutcome, CodeParams, LANGUAGES};
 use hatchery_core::Caps;
@@ -62,16 +62,7 @@ impl CodeBody {
             caps.max_exec_timeout_s,
             "timeout_seconds",
         )?;
-        let cpu_limit_ms = match self.cpu_limit_ms {
-            None => None,
-            Some(ms) if ms >= 1 && (ms as u64) <= timeout * 1000 => Some(ms as u64),
-            Some(_) => {
-                return Err(ApiError::bad_request(format!(
-                    "cpu_limit_ms must be between 1 and the timeout ({} ms)",
-                    timeout * 1000
-                )))
-            }
-        };
+        let cpu_limit_ms = validate_cpu_limit(self.cpu_limit_ms, timeout)?;
         Ok(CodeParams {
             language,
             context: self.context_id,

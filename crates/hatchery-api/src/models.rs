@@ -379,6 +379,18 @@ pub fn bounded(v: Option<i64>, default: u64, max: u64, name: &str) -> Result<u64
     }
 }
 
+/// A CPU limit is 1 ms up to the whole deadline (`timeout_s`).
+pub fn validate_cpu_limit(v: Option<i64>, timeout_s: u64) -> Result<Option<u64>, ApiError> {
+    match v {
+        None => Ok(None),
+        Some(ms) if ms >= 1 && (ms as u64) <= timeout_s * 1000 => Ok(Some(ms as u64)),
+        Some(_) => Err(ApiError::bad_request(format!(
+            "cpu_limit_ms must be between 1 and the timeout ({} ms)",
+            timeout_s * 1000
+        ))),
+    }
+}
+
 pub fn validate_ttl(v: Option<i64>, caps: &Caps) -> Result<u64, ApiError> {
     bounded(v, caps.default_ttl_s, caps.max_ttl_s, "ttl_seconds")
 }
@@ -499,16 +511,7 @@ impl ExecBody {
             caps.max_output_bytes,
             "max_output_bytes",
         )?;
-        let cpu_limit_ms = match self.cpu_limit_ms {
-            None => None,
-            Some(ms) if ms >= 1 && (ms as u64) <= timeout * 1000 => Some(ms as u64),
-            Some(_) => {
-                return Err(ApiError::bad_request(format!(
-                    "cpu_limit_ms must be between 1 and the timeout ({} ms)",
-                    timeout * 1000
-                )))
-            }
-        };
+        let cpu_limit_ms = validate_cpu_limit(self.cpu_limit_ms, timeout)?;
         Ok(ExecParams {
             argv,
             cwd: self.cwd,
