@@ -215,3 +215,19 @@ def test_context_bad_input(daemon, sandbox):
     assert r.status == 400, r
     r = daemon.request("POST", f"/v1/sandboxes/nope/code", {"code": "1"})
     assert r.status == 404, r
+
+
+def test_forks_resume_the_notebook(daemon, sandbox):
+    # A snapshot keeps the contexts as they were; each fork resumes them
+    # independently (a replay of an interview's session state).
+    code(daemon, sandbox, "history = ['a']")
+    snap = daemon.request("POST", f"/v1/sandboxes/{sandbox}/snapshots", {}).json()
+    r = daemon.request("POST", f"/v1/snapshots/{snap['id']}/fork", {"count": 2})
+    assert r.status == 201, r
+    forks = [s["id"] for s in r.json()["sandboxes"]]
+    daemon.created.update(forks)
+    code(daemon, forks[0], "history.append('fork0')")
+    assert code(daemon, forks[1], "history")["results"][0]["data"]["text/plain"] == "['a']"
+    assert code(daemon, forks[0], "history")["results"][0]["data"]["text/plain"] == "['a', 'fork0']"
+    assert code(daemon, sandbox, "history")["results"][0]["data"]["text/plain"] == "['a']"
+    daemon.request("DELETE", f"/v1/snapshots/{snap['id']}")
