@@ -4,26 +4,29 @@
     with Sandbox.create(ttl_seconds=120) as sbx:
         print(sbx.exec("python3 -c 'print(6*7)'").stdout)
         print(sbx.run_code("6 * 7").text)
+        server = sbx.exec("python3 -m http.server 8000", background=True)
 """
 
-from .client import (ROUTES, Client, ExecStream, Filesystem, Network, Sandbox, Snapshot, Template, configure,
-                     default_client)
+from .client import (ROUTES, Client, ExecStream, Filesystem, Network, Process, ProcessOutput, Sandbox, Snapshot,
+                     Template, configure, default_client)
 from .errors import (AuthError, BadRequest, BuildFailed, Conflict, ConnectionFailed, GuestError, HatcheryError,
                      NotFound, PermissionDenied, RateLimited, SandboxTimeout, ServerError, ServiceUnavailable,
                      StreamError, TooLarge)
 from .models import (BuildAccepted, BuildEvent, CodeContext, ExecReason, ExecResult, Execution, ExecutionError,
-                     FileEntry, Logs, NetworkEvent, NetworkPolicy, NetworkRule, OutputChunk, Result, SandboxInfo,
-                     SnapshotInfo, TemplateInfo)
+                     FileEntry, Logs, NetworkEvent, NetworkPolicy, NetworkRule, OutputChunk, OutputEncoding,
+                     ProcessChunk, ProcessInfo, ProcessState, Result, SandboxInfo, SnapshotInfo, TemplateInfo)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Sandbox", "Snapshot", "Template", "Filesystem", "Network", "ExecStream", "configure",
+    "Client", "Sandbox", "Snapshot", "Template", "Filesystem", "Network", "ExecStream", "Process", "ProcessOutput",
+    "configure",
     "default_client", "ROUTES",
     "HatcheryError", "BadRequest", "AuthError", "PermissionDenied", "NotFound", "Conflict", "TooLarge", "GuestError",
     "RateLimited", "ServerError", "ServiceUnavailable", "SandboxTimeout", "ConnectionFailed", "StreamError",
     "BuildFailed",
     "SandboxInfo", "ExecResult", "OutputChunk", "FileEntry", "SnapshotInfo", "TemplateInfo", "BuildAccepted",
     "BuildEvent", "NetworkPolicy", "NetworkRule", "NetworkEvent", "ExecReason",
-    "Execution", "Result", "ExecutionError", "Logs", "CodeContext",
+    "Execution", "Result", "ExecutionError", "Logs", "CodeContext", "ProcessInfo", "ProcessChunk", "ProcessState",
+    "OutputEncoding",
 ]

@@ -203,7 +203,8 @@ class Transport:
             raise_for(r.status, rh, body)
             return Response(r.status, rh, body)
 
-    def stream(self, method: str, p: str, *, json: Any = None, timeout: Optional[float] = None) -> "SSE":
+    def stream(self, method: str, p: str, *, json: Any = None, query: Any = None,
+               timeout: Optional[float] = None) -> "SSE":
         """Opens a server-sent event stream on its own connection (closing it
         is how a stream is cancelled, so it never goes back to the pool)."""
         h: Dict[str, str] = {"Accept": "text/event-stream"}
@@ -212,7 +213,7 @@ class Transport:
             data = jsonlib.dumps(json).encode()
             h["Content-Type"] = "application/json"
         hdrs = self._headers(h)
-        target = self._target(p, None)
+        target = self._target(p, query)
         conn = self._new_conn(self.timeout if timeout is None else timeout)
         try:
             conn.request(method, target, body=data, headers=hdrs)

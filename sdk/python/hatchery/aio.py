@@ -7,12 +7,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional, TypeVar, Union
+from typing import Any, AsyncIterator, Callable, Dict, List, Literal, Optional, TypeVar, Union, overload
 
 from . import client as sync
 from .client import Client, default_client
-from .models import (BuildEvent, CodeContext, ContextLike, ExecResult, Execution, ExecutionError, FileEntry,
-                     NetworkEvent, NetworkPolicy, OutputChunk, PolicyLike, Result, TemplateInfo)
+from .models import (BuildEvent, CodeContext, ContextLike, ExecReason, ExecResult, Execution, ExecutionError,
+                     FileEntry, NetworkEvent, NetworkPolicy, OutputChunk, OutputEncoding, PolicyLike, ProcessChunk,
+                     ProcessInfo, Result, TemplateInfo)
 
 T = TypeVar("T")
 
@@ -82,6 +83,149 @@ class AsyncExecStream:
 
     async def __aexit__(self, *exc: Any) -> None:
         await self.aclose()
+
+
+class AsyncProcessOutput:
+    """`async for chunk in out` yields ProcessChunks (the stream opens on the
+    first one, where HTTP errors such as NotFound raise); afterwards `info`
+    and `next_offset` are set as on ProcessOutput. `aclose()` stops reading
+    (not the process)."""
+
+    def __init__(self, p: sync.Process, offset: int, follow: bool, encoding: OutputEncoding):
+        self._open = functools.partial(p.output, offset, follow=follow, encoding=encoding)
+        self._offset = offset
+        self._o: Optional[sync.ProcessOutput] = None
+        self._closed = False
+
+    @property
+    def info(self) -> Optional[ProcessInfo]:
+        return self._o.info if self._o is not None else None
+
+    @property
+    def next_offset(self) -> int:
+        return self._o.next_offset if self._o is not None else self._offset
+
+    @property
+    def exited(self) -> bool:
+        return self._o is not None and self._o.exited
+
+    def __aiter__(self) -> "AsyncProcessOutput":
+        return self
+
+    async def __anext__(self) -> ProcessChunk:
+        if self._closed:
+            raise StopAsyncIteration
+        if self._o is None:
+            self._o = await _run(self._open)
+        item = await _run(_next, self._o)
+        if item is _DONE:
+            raise StopAsyncIteration
+        assert isinstance(item, ProcessChunk)
+        return item
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._o is not None:
+            self._o.close()
+
+    async def __aenter__(self) -> "AsyncProcessOutput":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+
+class AsyncProcess:
+    """The async face of Process: the same fields (from `info`) and
+    methods, awaited; `async for chunk in proc` follows its output."""
+
+    def __init__(self, p: sync.Process):
+        self.sync = p
+
+    def __repr__(self) -> str:
+        return f"<AsyncProcess {self.id} pid {self.pid} {self.state}>"
+
+    @property
+    def info(self) -> ProcessInfo:
+        return self.sync.info
+
+    @property
+    def id(self) -> str:
+        return self.sync.id
+
+    @property
+    def pid(self) -> int:
+        return self.sync.pid
+
+    @property
+    def argv(self) -> List[str]:
+        return self.sync.argv
+
+    @property
+    def started_at(self) -> str:
+        return self.sync.started_at
+
+    @property
+    def state(self) -> str:
+        return self.sync.state
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        return self.sync.exit_code
+
+    @property
+    def reason(self) -> Optional[ExecReason]:
+        return self.sync.reason
+
+    @property
+    def cpu_ms(self) -> int:
+        return self.sync.cpu_ms
+
+    @property
+    def output_bytes(self) -> int:
+        return self.sync.output_bytes
+
+    @property
+    def first_offset(self) -> int:
+        return self.sync.first_offset
+
+    @property
+    def stdin_open(self) -> bool:
+        return self.sync.stdin_open
+
+    @property
+    def running(self) -> bool:
+        return self.sync.running
+
+    async def refresh(self) -> "AsyncProcess":
+        await _run(self.sync.refresh)
+        return self
+
+    async def wait(self, timeout: Optional[float] = None) -> ProcessInfo:
+        return await _run(self.sync.wait, timeout)
+
+    async def kill(self) -> ProcessInfo:
+        return await _run(self.sync.kill)
+
+    async def signal(self, signal: Union[str, int]) -> ProcessInfo:
+        return await _run(self.sync.signal, signal)
+
+    async def send_stdin(self, data: Union[str, bytes]) -> None:
+        await _run(self.sync.send_stdin, data)
+
+    async def close_stdin(self) -> None:
+        await _run(self.sync.close_stdin)
+
+    def output(self, offset: int = 0, *, follow: bool = True, encoding: OutputEncoding = "text") -> AsyncProcessOutput:
+        """Same as Process.output; `async for` the result (no await)."""
+        if encoding not in ("text", "base64"):
+            raise ValueError(f"encoding must be 'text' or 'base64', not {encoding!r}")
+        return AsyncProcessOutput(self.sync, offset, follow, encoding)
+
+    async def __aiter__(self) -> AsyncIterator[ProcessChunk]:
+        async with self.output() as out:
+            async for chunk in out:
+                yield chunk
 
 
 class AsyncFilesystem:
@@ -190,9 +334,26 @@ class AsyncSandbox(_AsyncRecord):
         await _run(self.sync.set_ttl, ttl_seconds)
         return self
 
-    async def exec(self, cmd: Optional[str] = None, **kw: Any) -> ExecResult:
-        """Same arguments as Sandbox.exec."""
-        return await _run(self.sync.exec, cmd, **kw)
+    @overload
+    async def exec(self, cmd: Optional[str] = None, *, background: Literal[False] = False,
+                   **kw: Any) -> ExecResult: ...
+
+    @overload
+    async def exec(self, cmd: Optional[str] = None, *, background: Literal[True], **kw: Any) -> AsyncProcess: ...
+
+    async def exec(self, cmd: Optional[str] = None, *, background: bool = False,
+                   **kw: Any) -> Union[ExecResult, AsyncProcess]:
+        """Same arguments as Sandbox.exec; ``background=True`` gives an
+        AsyncProcess."""
+        r = await _run(self.sync.exec, cmd, background=background, **kw)
+        return AsyncProcess(r) if isinstance(r, sync.Process) else r
+
+    async def processes(self) -> List[AsyncProcess]:
+        return [AsyncProcess(p) for p in await _run(self.sync.processes)]
+
+    async def process(self, process_id: Union[str, AsyncProcess, sync.Process]) -> AsyncProcess:
+        pid = process_id if isinstance(process_id, str) else process_id.id
+        return AsyncProcess(await _run(self.sync.process, pid))
 
     async def exec_stream(self, cmd: Optional[str] = None, **kw: Any) -> AsyncExecStream:
         """Same arguments as Sandbox.exec_stream (callbacks run on a pool
@@ -283,4 +444,4 @@ class AsyncTemplate:
 
 
 __all__ = ["AsyncSandbox", "AsyncSnapshot", "AsyncTemplate", "AsyncExecStream", "AsyncFilesystem", "AsyncNetwork",
-           "Client", "default_client"]
+           "AsyncProcess", "AsyncProcessOutput", "Client", "default_client"]

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Callable, Dict, Iterator, List, Optional, Union
+import time
+from base64 import b64decode
+from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Union, overload
 
 from . import errors
 from ._config import resolve_key, resolve_url
 from ._http import SSE, Response, Transport, metadata_query, path
-from .models import (BuildAccepted, BuildEvent, CodeContext, ContextLike, ExecResult, Execution, ExecutionError,
-                     FileEntry, Logs, NetworkEvent, NetworkPolicy, OutputChunk, PolicyLike, Result, SandboxInfo,
-                     SnapshotInfo, TemplateInfo, context_id, policy_dict)
+from .models import (BuildAccepted, BuildEvent, CodeContext, ContextLike, ExecReason, ExecResult, Execution,
+                     ExecutionError, FileEntry, Logs, NetworkEvent, NetworkPolicy, OutputChunk, OutputEncoding,
+                     PolicyLike, ProcessChunk, ProcessInfo, Result, SandboxInfo, SnapshotInfo, TemplateInfo,
+                     context_id, policy_dict)
 
 # (method, path) -> what in this SDK calls it.
 ROUTES = {
@@ -33,6 +36,14 @@ ROUTES = {
     ("GET", "/v1/sandboxes/{id}/code/contexts"): "Sandbox.list_code_contexts",
     ("POST", "/v1/sandboxes/{id}/code/contexts/{context_id}/restart"): "Sandbox.restart_code_context",
     ("DELETE", "/v1/sandboxes/{id}/code/contexts/{context_id}"): "Sandbox.remove_code_context",
+    ("GET", "/v1/sandboxes/{id}/processes"): "Sandbox.processes",
+    ("GET", "/v1/sandboxes/{id}/processes/{pid}"): "Sandbox.process",
+    ("DELETE", "/v1/sandboxes/{id}/processes/{pid}"): "Process.kill",
+    ("GET", "/v1/sandboxes/{id}/processes/{pid}/output"): "Process.output",
+    ("POST", "/v1/sandboxes/{id}/processes/{pid}/stdin"): "Process.send_stdin",
+    ("POST", "/v1/sandboxes/{id}/processes/{pid}/stdin/close"): "Process.close_stdin",
+    ("POST", "/v1/sandboxes/{id}/processes/{pid}/signal"): "Process.signal",
+    ("POST", "/v1/sandboxes/{id}/processes/{pid}/wait"): "Process.wait",
     ("PUT", "/v1/sandboxes/{id}/files"): "Filesystem.write",
     ("GET", "/v1/sandboxes/{id}/files"): "Filesystem.read",
     ("DELETE", "/v1/sandboxes/{id}/files"): "Filesystem.remove",
@@ -60,6 +71,8 @@ DEFAULT_CODE_TIMEOUT_S = 30
 # The daemon sends a keep-alive comment every 15 s on a silent stream, so a
 # read timeout longer than that means a dead stream.
 STREAM_IDLE_S = 45.0
+# The longest wait the daemon accepts for a background process (seconds).
+MAX_WAIT_S = 300
 
 
 def _drop_none(d: Dict[str, Any]) -> Dict[str, Any]:
@@ -134,13 +147,21 @@ def configure(url: Optional[str] = None, api_key: Optional[str] = None, **kw: An
 
 def _exec_body(cmd: Optional[str], argv: Optional[List[str]], timeout_seconds: Optional[int], cwd: Optional[str],
                env: Optional[Dict[str, str]], stdin: Optional[Union[str, bytes]],
-               max_output_bytes: Optional[int], cpu_limit_ms: Optional[int]) -> Dict[str, Any]:
+               max_output_bytes: Optional[int], cpu_limit_ms: Optional[int], output: Optional[str] = None,
+               background: bool = False) -> Dict[str, Any]:
     if (cmd is None) == (argv is None):
         raise ValueError("give exactly one of cmd and argv")
+    if output not in (None, "text", "base64"):
+        raise ValueError(f"output must be 'text' or 'base64', not {output!r}")
     if isinstance(stdin, bytes):
         stdin = stdin.decode("utf-8")
-    return _drop_none({"cmd": cmd, "argv": argv, "timeout_seconds": timeout_seconds, "cwd": cwd, "env": env,
-                       "stdin": stdin, "max_output_bytes": max_output_bytes, "cpu_limit_ms": cpu_limit_ms})
+    body = _drop_none({"cmd": cmd, "argv": argv, "timeout_seconds": timeout_seconds, "cwd": cwd, "env": env,
+                     "stdin": stdin, "max_output_bytes": max_output_bytes, "cpu_limit_ms": cpu_limit_ms})
+    if output == "base64":
+        body["output"] = output
+    if background:
+        body["background"] = True
+    return body
 
 
 def _http_timeout(timeout_seconds: Optional[int], default: int = DEFAULT_EXEC_TIMEOUT_S) -> float:
@@ -197,12 +218,13 @@ class ExecStream:
     (or leaving a `with` block) kills the command. A stream that ends
     without an exit event raises `StreamError`."""
 
-    def __init__(self, sse: SSE, on_stdout: Optional[Callable[[str], None]] = None,
-                 on_stderr: Optional[Callable[[str], None]] = None):
+    def __init__(self, sse: SSE, on_stdout: Optional[Callable[[Any], None]] = None,
+                 on_stderr: Optional[Callable[[Any], None]] = None, output: Optional[str] = None):
         self._sse = sse
         self._events = iter(sse)
         self._cb = {"stdout": on_stdout, "stderr": on_stderr}
-        self._out: Dict[str, List[str]] = {"stdout": [], "stderr": []}
+        self._raw = output == "base64"
+        self._out: Dict[str, List[Any]] = {"stdout": [], "stderr": []}
         self.result: Optional[ExecResult] = None
 
     def __iter__(self) -> Iterator[OutputChunk]:
@@ -213,16 +235,24 @@ class ExecStream:
             raise StopIteration
         for kind, data in self._events:
             if kind in ("stdout", "stderr"):
-                chunk = data["data"]
+                chunk: Union[str, bytes] = b64decode(data["data"]) if self._raw else data["data"]
                 self._out[kind].append(chunk)
                 cb = self._cb[kind]
                 if cb is not None:
                     cb(chunk)
                 return OutputChunk(kind, chunk)
             if kind == "exit":
-                res = ExecResult.from_dict(data)
-                res.stdout = "".join(self._out["stdout"]) + res.stdout
-                res.stderr = "".join(self._out["stderr"]) + res.stderr
+                if self._raw:
+                    # The output came as events; the exit's own is empty.
+                    res = ExecResult.from_dict(data, "base64")
+                    raw = {k: b"".join(self._out[k]) + res._bytes(k) for k in ("stdout", "stderr")}
+                    setattr(res, "_raw", raw)
+                    res.stdout = raw["stdout"].decode("utf-8", "replace")
+                    res.stderr = raw["stderr"].decode("utf-8", "replace")
+                else:
+                    res = ExecResult.from_dict(data)
+                    res.stdout = "".join(self._out["stdout"]) + res.stdout
+                    res.stderr = "".join(self._out["stderr"]) + res.stderr
                 self.result = res
                 self._sse.close()
                 raise StopIteration
@@ -308,6 +338,215 @@ class Network:
         return [NetworkEvent.from_dict(e) for e in r.json()["events"]]
 
 
+class ProcessOutput:
+    """The output of a background process from some offset: iterate it for
+    `ProcessChunk`s. Following (the default), it ends when the process
+    exits; otherwise once the output so far is read. Either way `info` then
+    holds the process's `ProcessInfo` (its final one if it exited; the
+    Process is updated too) and `next_offset` where to resume. Closing it
+    (or leaving a `with` block) stops reading, not the process. A stream
+    that ends without its final event raises `StreamError`."""
+
+    def __init__(self, sse: SSE, offset: int, encoding: str, process: Optional["Process"] = None):
+        self._sse = sse
+        self._process = process
+        self._events = iter(sse)
+        self._raw = encoding == "base64"
+        self.next_offset = offset
+        self.info: Optional[ProcessInfo] = None
+
+    @property
+    def exited(self) -> bool:
+        """The stream ended with the process's exit (not just the output so
+        far, with follow=False)."""
+        return self.info is not None and not self.info.running
+
+    def __iter__(self) -> Iterator[ProcessChunk]:
+        return self
+
+    def __next__(self) -> ProcessChunk:
+        if self.info is not None:
+            raise StopIteration
+        for kind, data in self._events:
+            if kind in ("stdout", "stderr"):
+                chunk = ProcessChunk(kind, b64decode(data["data"]) if self._raw else data["data"], data["offset"])
+                self.next_offset = max(self.next_offset, chunk.end_offset)
+                return chunk
+            if kind in ("exit", "end"):
+                self.info = ProcessInfo.from_dict(data)
+                if self._process is not None:
+                    self._process.info = self.info
+                self._sse.close()
+                raise StopIteration
+            if kind == "error":
+                self._sse.close()
+                raise errors.error_from_event(data)
+        raise errors.StreamError("process output ended without an exit or end event")
+
+    def close(self) -> None:
+        self._sse.close()
+
+    def __enter__(self) -> "ProcessOutput":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Process:
+    """A background process (``sbx.exec(..., background=True)``,
+    ``sbx.processes()``, ``sbx.process(id)``). Its fields are those of `info`
+    (ProcessInfo), as of the last call that returned it (`refresh`, `wait`,
+    `kill`, `signal`, the end of an `output`): `id` (``proc_...``,
+    what `Sandbox.process` takes back), `pid` (inside the sandbox), `argv`,
+    `state`, `exit_code`, `reason`, `cpu_ms`, `output_bytes`,
+    `first_offset`, `stdin_open`, `started_at`; the signal that ended it is
+    ``info.signal`` (`signal` is the method that sends one). Iterating a
+    Process follows its output from the start."""
+
+    def __init__(self, info: ProcessInfo, sandbox: "Sandbox"):
+        self.info = info
+        self.sandbox = sandbox
+
+    def __repr__(self) -> str:
+        return f"<Process {self.id} pid {self.pid} {self.state} in {self.sandbox.id}>"
+
+    @property
+    def id(self) -> str:
+        """``proc_`` + 16 hex digits; names the process in its sandbox only."""
+        return self.info.id
+
+    @property
+    def pid(self) -> int:
+        """Its pid inside the sandbox."""
+        return self.info.pid
+
+    @property
+    def argv(self) -> List[str]:
+        return self.info.argv
+
+    @property
+    def started_at(self) -> str:
+        """RFC 3339."""
+        return self.info.started_at
+
+    @property
+    def state(self) -> str:
+        """``running`` or ``exited``."""
+        return self.info.state
+
+    @property
+    def exit_code(self) -> Optional[int]:
+        """Once exited: its status (128+N when killed by signal N)."""
+        return self.info.exit_code
+
+    @property
+    def reason(self) -> Optional[ExecReason]:
+        """Once exited: why (exited, signaled, timeout, cpu_limit, cancelled...)."""
+        return self.info.reason
+
+    @property
+    def cpu_ms(self) -> int:
+        return self.info.cpu_ms
+
+    @property
+    def output_bytes(self) -> int:
+        """Output so far, stdout and stderr together."""
+        return self.info.output_bytes
+
+    @property
+    def first_offset(self) -> int:
+        """The oldest offset still kept."""
+        return self.info.first_offset
+
+    @property
+    def stdin_open(self) -> bool:
+        return self.info.stdin_open
+
+    @property
+    def running(self) -> bool:
+        return self.info.running
+
+    def _call(self, method: str, route: str, **kw: Any) -> Response:
+        return self.sandbox._client.call(method, route, params={"id": self.sandbox.id, "pid": self.id}, **kw)
+
+    def _update(self, r: Response) -> ProcessInfo:
+        self.info = ProcessInfo.from_dict(r.json())
+        return self.info
+
+    def refresh(self) -> "Process":
+        self._update(self._call("GET", "/v1/sandboxes/{id}/processes/{pid}"))
+        return self
+
+    def wait(self, timeout: Optional[float] = None) -> ProcessInfo:
+        """Waits until the process has exited, or `timeout` seconds have
+        passed (None: as long as it takes; the API counts whole seconds, so
+        a fraction rounds up), and returns its info: check `state` (still
+        ``running`` after a timeout) and `exit_code`."""
+        if timeout is not None and timeout <= 0:
+            return self.refresh().info
+        deadline = None if timeout is None else time.monotonic() + timeout
+        info: Optional[ProcessInfo] = None
+        while True:
+            if deadline is None:
+                secs = MAX_WAIT_S
+            else:
+                left = deadline - time.monotonic()
+                if info is not None and left <= 0.1:
+                    return info
+                secs = min(MAX_WAIT_S, max(1, math.ceil(left)))
+            # Waiting does nothing, so a dropped connection may be retried.
+            info = self._update(self._call("POST", "/v1/sandboxes/{id}/processes/{pid}/wait",
+                                           query={"timeout_seconds": str(secs)}, idempotent=True,
+                                           timeout=secs + EXEC_GRACE_S))
+            if not info.running:
+                return info
+
+    def kill(self) -> ProcessInfo:
+        """Kills the process and everything it started (``reason``
+        ``cancelled``) and returns its final info. Killing one that has
+        exited already just returns its info."""
+        return self._update(self._call("DELETE", "/v1/sandboxes/{id}/processes/{pid}"))
+
+    def signal(self, signal: Union[str, int]) -> ProcessInfo:
+        """Sends a signal to the process's group: a name (``"SIGTERM"``,
+        ``"TERM"``) or number from HUP INT QUIT KILL USR1 USR2 TERM CONT STOP
+        WINCH (others are BadRequest). Returns its info right after."""
+        return self._update(self._call("POST", "/v1/sandboxes/{id}/processes/{pid}/signal",
+                                       json={"signal": signal}))
+
+    def send_stdin(self, data: Union[str, bytes]) -> None:
+        """Writes to the process's stdin (a str as UTF-8), at most 1 MiB a
+        call (TooLarge). Conflict once stdin is closed; RateLimited while
+        4 MiB sit queued that the process has not read."""
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        self._call("POST", "/v1/sandboxes/{id}/processes/{pid}/stdin", data=data,
+                   headers={"Content-Type": "application/octet-stream"})
+
+    def close_stdin(self) -> None:
+        """Closes stdin once what is queued has been written (the process
+        reads end of file)."""
+        self._call("POST", "/v1/sandboxes/{id}/processes/{pid}/stdin/close")
+
+    def output(self, offset: int = 0, *, follow: bool = True,
+               encoding: OutputEncoding = "text") -> ProcessOutput:
+        """Its output from `offset` (0: all of it still kept, the last
+        1 MiB): with `follow`, until it exits, else what there is so far.
+        ``encoding="base64"`` gives chunks of exact `bytes`. The stream opens
+        here, so HTTP errors (NotFound...) raise here."""
+        if encoding not in ("text", "base64"):
+            raise ValueError(f"encoding must be 'text' or 'base64', not {encoding!r}")
+        query = [("offset", str(offset)), ("follow", "true" if follow else "false"), ("encoding", encoding)]
+        sse = self.sandbox._client.stream("GET", "/v1/sandboxes/{id}/processes/{pid}/output",
+                                          params={"id": self.sandbox.id, "pid": self.id}, query=query,
+                                          timeout=max(self.sandbox._client.transport.timeout, STREAM_IDLE_S))
+        return ProcessOutput(sse, offset, encoding, self)
+
+    def __iter__(self) -> Iterator[ProcessChunk]:
+        return self.output()
+
+
 class _Record:
     """An API object: `.id`, and every field of its `.info` as an attribute."""
 
@@ -376,7 +615,7 @@ class Sandbox(_Record):
 
     def is_running(self) -> bool:
         try:
-            return self.refresh().info.state == "running"
+            return bool(self.refresh().info.state == "running")
         except errors.NotFound:
             return False
 
@@ -390,33 +629,78 @@ class Sandbox(_Record):
             "PATCH", "/v1/sandboxes/{id}", params={"id": self.id}, json={"ttl_seconds": ttl_seconds}).json())
         return self
 
+    @overload
     def exec(self, cmd: Optional[str] = None, *, argv: Optional[List[str]] = None,
              timeout_seconds: Optional[int] = None, cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None,
              stdin: Optional[Union[str, bytes]] = None, max_output_bytes: Optional[int] = None,
-             cpu_limit_ms: Optional[int] = None) -> ExecResult:
+             cpu_limit_ms: Optional[int] = None, output: OutputEncoding = "text",
+             background: Literal[False] = False) -> ExecResult: ...
+
+    @overload
+    def exec(self, cmd: Optional[str] = None, *, argv: Optional[List[str]] = None,
+             timeout_seconds: Optional[int] = None, cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None,
+             stdin: Optional[Union[str, bytes]] = None, max_output_bytes: Optional[int] = None,
+             cpu_limit_ms: Optional[int] = None, output: OutputEncoding = "text",
+             background: Literal[True]) -> Process: ...
+
+    def exec(self, cmd: Optional[str] = None, *, argv: Optional[List[str]] = None,
+             timeout_seconds: Optional[int] = None, cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None,
+             stdin: Optional[Union[str, bytes]] = None, max_output_bytes: Optional[int] = None,
+             cpu_limit_ms: Optional[int] = None, output: OutputEncoding = "text",
+             background: bool = False) -> Union[ExecResult, Process]:
         """Runs `cmd` with /bin/sh -c (or `argv` without a shell) and waits.
         A non-zero exit or a timeout is a result, not an exception:
         `reason` says why it ended. `cpu_limit_ms` (1 to the timeout) kills
         everything the command started once it has used that much CPU time
         (reason ``cpu_limit``); an output stream passing `max_output_bytes`
-        ends the command (reason ``output_limit``)."""
-        body = _exec_body(cmd, argv, timeout_seconds, cwd, env, stdin, max_output_bytes, cpu_limit_ms)
+        ends the command (reason ``output_limit``). ``output="base64"``
+        brings the exact bytes: `ExecResult.stdout_bytes` / `stderr_bytes`.
+
+        ``background=True`` starts it and returns a `Process` at once; it
+        runs until it exits, is killed, or `timeout_seconds` (if given) pass,
+        or the sandbox goes. `stdin` is written to it and stdin stays open.
+        At most 16 run at once per sandbox: the 17th raises RateLimited
+        (``too_many``)."""
+        body = _exec_body(cmd, argv, timeout_seconds, cwd, env, stdin, max_output_bytes, cpu_limit_ms, output,
+                          background)
+        if background:
+            r = self._client.call("POST", "/v1/sandboxes/{id}/exec", params={"id": self.id}, json=body)
+            return Process(ProcessInfo.from_dict(r.json()), self)
         r = self._client.call("POST", "/v1/sandboxes/{id}/exec", params={"id": self.id}, json=body,
                               timeout=_http_timeout(timeout_seconds))
-        return ExecResult.from_dict(r.json())
+        return ExecResult.from_dict(r.json(), output)
 
     def exec_stream(self, cmd: Optional[str] = None, *, argv: Optional[List[str]] = None,
                     timeout_seconds: Optional[int] = None, cwd: Optional[str] = None,
                     env: Optional[Dict[str, str]] = None, stdin: Optional[Union[str, bytes]] = None,
-                    max_output_bytes: Optional[int] = None, on_stdout: Optional[Callable[[str], None]] = None,
-                    on_stderr: Optional[Callable[[str], None]] = None,
-                    cpu_limit_ms: Optional[int] = None) -> ExecStream:
-        body = _exec_body(cmd, argv, timeout_seconds, cwd, env, stdin, max_output_bytes, cpu_limit_ms)
+                    max_output_bytes: Optional[int] = None, on_stdout: Optional[Callable[[Any], None]] = None,
+                    on_stderr: Optional[Callable[[Any], None]] = None,
+                    cpu_limit_ms: Optional[int] = None, output: OutputEncoding = "text") -> ExecStream:
+        """Same arguments as `exec` (not `background`), plus callbacks for
+        each chunk. With ``output="base64"`` chunks (and callbacks) get
+        `bytes`."""
+        body = _exec_body(cmd, argv, timeout_seconds, cwd, env, stdin, max_output_bytes, cpu_limit_ms, output)
         # The daemon sends a keep-alive comment every 15 s while the command
         # is silent, so a read timeout longer than that means a dead stream.
         sse = self._client.stream("POST", "/v1/sandboxes/{id}/exec/stream", params={"id": self.id}, json=body,
                                   timeout=max(self._client.transport.timeout, STREAM_IDLE_S))
-        return ExecStream(sse, on_stdout, on_stderr)
+        return ExecStream(sse, on_stdout, on_stderr, output)
+
+    # Background processes ---------------------------------------------------
+
+    def processes(self) -> List[Process]:
+        """The sandbox's background processes: those running and the last 64
+        that exited."""
+        r = self._client.call("GET", "/v1/sandboxes/{id}/processes", params={"id": self.id})
+        return [Process(ProcessInfo.from_dict(p), self) for p in r.json()["processes"]]
+
+    def process(self, process_id: Union[str, Process]) -> Process:
+        """A background process by its id (``proc_...``), e.g. to reconnect
+        from another program; NotFound (``process_not_found``) if the
+        sandbox has none of that id."""
+        pid = process_id.id if isinstance(process_id, Process) else process_id
+        r = self._client.call("GET", "/v1/sandboxes/{id}/processes/{pid}", params={"id": self.id, "pid": pid})
+        return Process(ProcessInfo.from_dict(r.json()), self)
 
     # Code interpreter -------------------------------------------------------
 

@@ -4,6 +4,7 @@ step). Fields the daemon adds later land in `extra` rather than being lost."""
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Literal, Optional, Type, TypeVar, Union
 
@@ -11,6 +12,9 @@ T = TypeVar("T", bound=Any)
 
 #: Why a command (or a code run) ended.
 ExecReason = Literal["exited", "signaled", "timeout", "cpu_limit", "oom", "output_limit", "cancelled"]
+#: How output is put in JSON: ``text`` (UTF-8, invalid bytes as U+FFFD) or
+#: ``base64`` (the exact bytes; this SDK decodes them to `bytes`).
+OutputEncoding = Literal["text", "base64"]
 
 
 def _from(cls: Type[T], d: Dict[str, Any]) -> T:
@@ -57,8 +61,36 @@ class ExecResult:
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def from_dict(cls, d: Dict[str, Any]) -> "ExecResult":
-        return _from(cls, d)
+    def from_dict(cls, d: Dict[str, Any], encoding: Optional[str] = None) -> "ExecResult":
+        """With ``encoding="base64"`` the answer's stdout/stderr are base64:
+        they are decoded into `stdout_bytes`/`stderr_bytes`, and `stdout`/
+        `stderr` hold their UTF-8 decoding (U+FFFD for invalid bytes)."""
+        if encoding != "base64":
+            return _from(cls, d)
+        d = dict(d)
+        raw = {k: base64.b64decode(d.get(k) or "") for k in ("stdout", "stderr")}
+        d.update({k: v.decode("utf-8", "replace") for k, v in raw.items()})
+        r = _from(cls, d)
+        setattr(r, "_raw", raw)
+        return r
+
+    def _bytes(self, name: str) -> bytes:
+        raw: Optional[Dict[str, bytes]] = getattr(self, "_raw", None)
+        if raw is not None:
+            return raw[name]
+        text: str = getattr(self, name)
+        return text.encode("utf-8")
+
+    @property
+    def stdout_bytes(self) -> bytes:
+        """The exact bytes with ``output="base64"``; otherwise `stdout`
+        encoded as UTF-8 (invalid bytes were already replaced by U+FFFD)."""
+        return self._bytes("stdout")
+
+    @property
+    def stderr_bytes(self) -> bytes:
+        """Like `stdout_bytes`, for stderr."""
+        return self._bytes("stderr")
 
     @property
     def ok(self) -> bool:
@@ -67,9 +99,65 @@ class ExecResult:
 
 @dataclass
 class OutputChunk:
-    """One piece of streamed output: `stream` is "stdout" or "stderr"."""
+    """One piece of streamed output: `stream` is "stdout" or "stderr";
+    `data` is text, or `bytes` with ``output="base64"``."""
     stream: str
-    data: str
+    data: Union[str, bytes]
+
+
+#: ``running`` or ``exited``.
+ProcessState = Literal["running", "exited"]
+
+
+@dataclass
+class ProcessInfo:
+    """A background process. `id` (``proc_`` + 16 hex digits) names it in
+    its sandbox; `pid` is its pid inside the sandbox. Once `state` is
+    ``exited``: `exit_code` (128+N when killed by signal N), `signal` (the
+    signal that ended it, if one did) and `reason` (why it ended, as for an
+    exec: exited, signaled, timeout, cancelled...). `cpu_ms` counts
+    everything it started. stdout and stderr share one offset space:
+    `output_bytes` is the total so far, `first_offset` the oldest byte still
+    kept (the last 1 MiB is)."""
+    id: str
+    pid: int
+    argv: List[str]
+    started_at: str
+    state: str
+    cpu_ms: int
+    output_bytes: int
+    first_offset: int
+    stdin_open: bool
+    exit_code: Optional[int] = None
+    signal: Optional[int] = None
+    reason: Optional[ExecReason] = None
+    extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "ProcessInfo":
+        return _from(cls, d)
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+
+@dataclass
+class ProcessChunk:
+    """A piece of a background process's output: `stream` ("stdout" or
+    "stderr"), `data` (text, or `bytes` with ``encoding="base64"``) and
+    `offset`, where its bytes start in the process's output (stdout and
+    stderr together)."""
+    stream: str
+    data: Union[str, bytes]
+    offset: int
+
+    @property
+    def end_offset(self) -> int:
+        """The offset just past this chunk: where to resume reading. Exact
+        with ``encoding="base64"`` (and for valid UTF-8 text)."""
+        n = len(self.data) if isinstance(self.data, bytes) else len(self.data.encode("utf-8"))
+        return self.offset + n
 
 
 @dataclass

@@ -79,9 +79,9 @@ def test_503_capacity_is_retried_then_raised(daemon):
 
 
 def test_429_rate_limited(proxy):
-    """The daemon itself never answers 429 (docs/api.md), so a rate-limiting
-    gateway in front of it does: the first n requests get 429 with
-    Retry-After: 1."""
+    """A rate-limiting gateway in front of the daemon (the test proxy): the
+    first n requests get 429 with Retry-After: 1. (The daemon's own 429,
+    ``too_many``, is in test_processes.py.)"""
     c = Client(f"{proxy.url}/ratelimit/a/5", support.KEY, max_retries=0)
     with pytest.raises(RateLimited) as e:
         Sandbox.list(client=c)

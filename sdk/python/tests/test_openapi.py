@@ -14,8 +14,8 @@ import pytest
 
 import hatchery
 from hatchery import models
-from hatchery.aio import AsyncSandbox
-from hatchery.client import Sandbox, Snapshot, Template
+from hatchery.aio import AsyncProcess, AsyncSandbox
+from hatchery.client import Process, Sandbox, Snapshot, Template
 
 import conftest
 
@@ -26,28 +26,40 @@ MODELS = {"Sandbox": models.SandboxInfo, "ExecResponse": models.ExecResult, "Fil
           "Snapshot": models.SnapshotInfo, "TemplateInfo": models.TemplateInfo, "BuildAccepted": models.BuildAccepted,
           "NetworkPolicy": models.NetworkPolicy, "NetworkRule": models.NetworkRule,
           "EgressEventBody": models.NetworkEvent, "CodeContext": models.CodeContext,
-          "CodeResultItem": models.Result, "CodeError": models.ExecutionError}
+          "CodeResultItem": models.Result, "CodeError": models.ExecutionError, "ProcessInfo": models.ProcessInfo}
 # Schemas a model holds partly under other names:
 # schema -> (model, {schema field: model field}, model fields filled from elsewhere).
 # A code run's stdout/stderr are Execution.logs; the stream's `done` event
 # (CodeSummary) is an Execution less what the other events carried.
 RENAMED = {"CodeResponse": (models.Execution, {"stdout": "logs", "stderr": "logs"}, set()),
-           "CodeSummary": (models.Execution, {}, {"results", "logs"})}
+           "CodeSummary": (models.Execution, {}, {"results", "logs"}),
+           # A process output event: its name is the chunk's stream.
+           "ProcessChunk": (models.ProcessChunk, {}, {"stream"})}
 # Wrappers the SDK unwraps: schema -> (field it reads, item schema).
 LISTS = {"SandboxList": ("sandboxes", "Sandbox"), "SnapshotList": ("snapshots", "Snapshot"),
          "TemplateList": ("templates", "TemplateInfo"), "FileList": ("entries", "FileEntry"),
-         "EgressEventList": ("events", "EgressEventBody"), "CodeContextList": ("contexts", "CodeContext")}
+         "EgressEventList": ("events", "EgressEventBody"), "CodeContextList": ("contexts", "CodeContext"),
+         "ProcessList": ("processes", "ProcessInfo")}
 # Request schemas -> the methods whose parameters carry them.
 REQUESTS = {"CreateSandbox": [Sandbox.create], "ExecBody": [Sandbox.exec, Sandbox.exec_stream],
             "PatchSandbox": [Sandbox.set_ttl], "CreateSnapshot": [Sandbox.snapshot],
             "ForkBody": [Snapshot.fork_many], "CreateTemplate": [Template.build, Template.start_build],
             "CodeBody": [Sandbox.run_code, AsyncSandbox.run_code],
-            "CreateContext": [Sandbox.create_code_context, AsyncSandbox.create_code_context]}
+            "CreateContext": [Sandbox.create_code_context, AsyncSandbox.create_code_context],
+            "SignalBody": [Process.signal, AsyncProcess.signal]}
 # Request fields whose parameter has another name (E2B's, for run_code).
 PARAMS = {"CodeBody": {"code": "code", "context_id": "context", "env": "envs", "timeout_seconds": "timeout"}}
+# Request fields a method leaves out on purpose: a stream cannot run in the
+# background (the daemon answers 400).
+NOT_PARAMS = {("ExecBody", "Sandbox.exec_stream"): {"background"}}
+# Query parameters of a route -> the methods whose parameters carry them
+# ({query name: parameter name} where they differ).
+QUERIES = {("GET", "/v1/sandboxes/{id}/processes/{pid}/output"): ([Process.output, AsyncProcess.output], {}),
+           ("POST", "/v1/sandboxes/{id}/processes/{pid}/wait"): ([Process.wait, AsyncProcess.wait],
+                                                                 {"timeout_seconds": "timeout"})}
 # Schemas read as raw JSON (error bodies and stream payloads), or checked
 # separately below (enums).
-RAW = {"ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode", "ExecReason"}
+RAW = {"ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode", "ExecReason", "OutputEncoding"}
 # Served but left out of the document on purpose (docs/api.md).
 UNDOCUMENTED = {("GET", "/openapi.json")}
 
@@ -99,10 +111,17 @@ def check(doc):
             params = set(inspect.signature(fn).parameters)
             names = PARAMS.get(name, {})
             missing = {names.get(p, p) for p in schemas[name]["properties"]} - params
+            missing -= NOT_PARAMS.get((name, fn.__qualname__), set())
             assert not missing, f"{fn.__qualname__} lacks {missing} of {name}"
+    for (method, route), (fns, names) in QUERIES.items():
+        query = {p["name"] for p in doc["paths"][route][method.lower()].get("parameters", []) if p["in"] == "query"}
+        for fn in fns:
+            missing = {names.get(q, q) for q in query} - set(inspect.signature(fn).parameters)
+            assert not missing, f"{fn.__qualname__} lacks the query parameters {missing} of {route}"
     assert set(schemas["OutputChunk"]["properties"]) == {"data"}
     assert set(schemas["ErrorDetail"]["properties"]) == {"code", "message"}
     assert list(typing.get_args(models.ExecReason)) == schemas["ExecReason"]["enum"]
+    assert list(typing.get_args(models.OutputEncoding)) == schemas["OutputEncoding"]["enum"]
 
 
 def test_committed_document():
@@ -125,7 +144,7 @@ def test_check_catches_a_new_field():
     doc["components"]["schemas"]["ExecBody"]["properties"]["priority"] = {"type": "integer"}
     with pytest.raises(AssertionError):
         check(doc)
-    for schema in ("CodeSummary", "CodeBody", "CodeResultItem"):
+    for schema in ("CodeSummary", "CodeBody", "CodeResultItem", "ProcessInfo", "ProcessChunk", "SignalBody"):
         with open(DOC) as f:
             doc = json.load(f)
         doc["components"]["schemas"][schema]["properties"]["new_field"] = {"type": "integer"}
@@ -139,5 +158,16 @@ def test_check_catches_a_new_field():
     with open(DOC) as f:
         doc = json.load(f)
     doc["paths"]["/v1/sandboxes/{id}/pause"] = {"post": {}}
+    with pytest.raises(AssertionError):
+        check(doc)
+    with open(DOC) as f:
+        doc = json.load(f)
+    doc["paths"]["/v1/sandboxes/{id}/processes/{pid}/output"]["get"]["parameters"].append(
+        {"name": "tail", "in": "query", "schema": {"type": "integer"}})
+    with pytest.raises(AssertionError):
+        check(doc)
+    with open(DOC) as f:
+        doc = json.load(f)
+    doc["components"]["schemas"]["OutputEncoding"]["enum"].append("hex")
     with pytest.raises(AssertionError):
         check(doc)

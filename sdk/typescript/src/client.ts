@@ -24,6 +24,14 @@ export const ROUTES = {
   "GET /v1/sandboxes/{id}/code/contexts": "Sandbox.listCodeContexts",
   "POST /v1/sandboxes/{id}/code/contexts/{context_id}/restart": "Sandbox.restartCodeContext",
   "DELETE /v1/sandboxes/{id}/code/contexts/{context_id}": "Sandbox.removeCodeContext",
+  "GET /v1/sandboxes/{id}/processes": "Sandbox.processes",
+  "GET /v1/sandboxes/{id}/processes/{pid}": "Sandbox.process",
+  "DELETE /v1/sandboxes/{id}/processes/{pid}": "Process.kill",
+  "GET /v1/sandboxes/{id}/processes/{pid}/output": "Process.output",
+  "POST /v1/sandboxes/{id}/processes/{pid}/stdin": "Process.sendStdin",
+  "POST /v1/sandboxes/{id}/processes/{pid}/stdin/close": "Process.closeStdin",
+  "POST /v1/sandboxes/{id}/processes/{pid}/signal": "Process.signal",
+  "POST /v1/sandboxes/{id}/processes/{pid}/wait": "Process.wait",
   "PUT /v1/sandboxes/{id}/files": "Filesystem.write",
   "GET /v1/sandboxes/{id}/files": "Filesystem.read",
   "DELETE /v1/sandboxes/{id}/files": "Filesystem.remove",
@@ -80,9 +88,9 @@ export class Client {
     return this.transport.json<T>(method, path, { ...opts, idempotent });
   }
 
-  stream(route: Route, params: Record<string, string>, json: unknown, signal: AbortSignal): Promise<SSE> {
+  stream(route: Route, params: Record<string, string>, json: unknown, signal: AbortSignal, query?: Query): Promise<SSE> {
     const [method, path] = this.split(route, params);
-    return this.transport.stream(method, path, json, signal);
+    return this.transport.stream(method, path, json, signal, query);
   }
 
   async health(): Promise<{ status: string; runtime: string; live: number }> {

@@ -29,15 +29,15 @@ export class BadRequest extends HatcheryError {}
 export class AuthError extends HatcheryError {}
 /** 403: the guest refused a file operation. */
 export class PermissionDenied extends HatcheryError {}
-/** 404: no such sandbox, snapshot, template, build, file, cwd or code context (`context_not_found`). */
+/** 404: no such sandbox, snapshot, template, build, file, cwd, code context (`context_not_found`) or background process (`process_not_found`). */
 export class NotFound extends HatcheryError {}
-/** 409: sandbox not running, build already running, template in use, reading a directory, a 17th code context... */
+/** 409: sandbox not running, build already running, template in use, reading a directory, a 17th code context, writing to a closed stdin... */
 export class Conflict extends HatcheryError {}
-/** 413: body, file or code cell (256 KiB) over its limit, or no space left in the sandbox. */
+/** 413: body, file, code cell (256 KiB) or stdin write (1 MiB) over its limit, or no space left in the sandbox. */
 export class TooLarge extends HatcheryError {}
 /** 422: the guest failed the operation, or a snapshot image is corrupt. */
 export class GuestError extends HatcheryError {}
-/** 429: too many requests; `retryAfter` in seconds. */
+/** 429: too many requests, e.g. `too_many` (a 17th running background process, or 4 MiB of stdin queued unread); `retryAfter` in seconds. */
 export class RateLimited extends HatcheryError {}
 /** 5xx: the daemon's own failure. */
 export class ServerError extends HatcheryError {}
@@ -63,8 +63,8 @@ const CODE_STATUS: Record<string, number> = {
   invalid_request: 400, invalid_json: 400, invalid_body: 400, invalid_query: 400, invalid_network_policy: 400,
   invalid_template_name: 400, unsupported_media_type: 415, unauthorized: 401, permission_denied: 403, not_found: 404,
   sandbox_not_found: 404, snapshot_not_found: 404, file_not_found: 404, template_not_found: 404, build_not_found: 404,
-  context_not_found: 404, sandbox_not_running: 409, conflict: 409, file_conflict: 409, unsupported: 409,
-  too_large: 413, guest_error: 422, snapshot_corrupt: 422, capacity: 503, runtime_error: 503,
+  context_not_found: 404, process_not_found: 404, sandbox_not_running: 409, conflict: 409, file_conflict: 409, unsupported: 409,
+  too_large: 413, guest_error: 422, snapshot_corrupt: 422, too_many: 429, capacity: 503, runtime_error: 503,
   network_exhausted: 503, guest_unresponsive: 504,
 };
 

@@ -160,7 +160,7 @@ export class Transport {
 
   /** Opens a server-sent event stream. `signal` aborts it (closing the
    * connection, which for an exec kills the command). */
-  async stream(method: string, path: string, json: unknown, signal: AbortSignal): Promise<SSE> {
+  async stream(method: string, path: string, json: unknown, signal: AbortSignal, query?: Query): Promise<SSE> {
     const headers = this.headers({ accept: "text/event-stream" });
     let body: string | undefined;
     if (json !== undefined) {
@@ -169,7 +169,7 @@ export class Transport {
     }
     let r: Response;
     try {
-      r = await fetch(this.target(path), { method, headers, body, signal });
+      r = await fetch(this.target(path, query), { method, headers, body, signal });
     } catch (e) {
       throw new ConnectionFailed(`${method} ${path}: ${(e as Error).message}`);
     }

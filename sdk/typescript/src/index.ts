@@ -5,19 +5,21 @@
 //   try {
 //     console.log((await sbx.exec("python3 -c 'print(6*7)'")).stdout);
 //     console.log((await sbx.runCode("6 * 7")).text);
+//     const server = await sbx.exec("python3 -m http.server 8000", { background: true });
 //   } finally { await sbx.kill(); }
 export { Client, ROUTES, configure, getDefaultClient, type Route } from "./client.js";
 export { type ClientOptions, DEFAULT_URL, DEFAULT_KEY_FILE } from "./http.js";
 export {
-  ExecStream, Filesystem, Network, Sandbox, Snapshot, Template, type BuildCallbacks, type StreamCallbacks,
-  type WithClient,
+  ExecStream, Filesystem, Network, Process, ProcessOutput, Sandbox, Snapshot, Template, type BuildCallbacks,
+  type StreamCallbacks, type WithClient,
 } from "./sandbox.js";
 export * from "./errors.js";
 export { Execution, Result } from "./models.js";
 export type {
   BuildAccepted, BuildEvent, CodeContext, CreateCodeContextOptions, CreateSandboxOptions, EgressMode, ExecOptions,
   ExecReason, ExecResult, ExecutionError, FileEntry, ForkOptions, Logs, NetworkEvent, NetworkPolicy, NetworkRule,
-  OutputChunk, RunCodeOptions, SandboxInfo, SnapshotInfo, SnapshotOptions, TemplateInfo, TemplateSpec,
+  OutputChunk, OutputEncoding, ProcessChunk, ProcessInfo, ProcessOutputOptions, RunCodeOptions, SandboxInfo, Signal,
+  SnapshotInfo, SnapshotOptions, TemplateInfo, TemplateSpec, WaitOptions,
 } from "./models.js";
 export * as fields from "./models.js";
 export type * as wire from "./wire.js";

@@ -35,16 +35,97 @@ export const sandboxInfo = (w: wire.Sandbox): SandboxInfo => fromWire(SANDBOX_FI
 /** Why a command (or a code run) ended. */
 export type ExecReason = wire.ExecReason;
 
+/** How output is put in JSON: `text` (UTF-8, invalid bytes as U+FFFD) or
+ * `base64` (the exact bytes, which this SDK decodes into Uint8Arrays). */
+export type OutputEncoding = wire.OutputEncoding;
+
 /** `reason` says why the command ended; `contained` is true when every process
  * it started was killed with it and counted in `cpuMs`; `memoryPeakBytes` is
- * the largest memory use seen (sampled), when known. */
+ * the largest memory use seen (sampled), when known. `stdoutBytes` /
+ * `stderrBytes` are the exact bytes with `output: "base64"` (`stdout` /
+ * `stderr` then hold their UTF-8 decoding); in text mode they are just
+ * `stdout` / `stderr` encoded as UTF-8. */
 export const EXEC_RESULT_FIELDS = {
   exit_code: "exitCode", stdout: "stdout", stderr: "stderr", timed_out: "timedOut", truncated: "truncated",
   oom_killed: "oomKilled", duration_ms: "durationMs", cpu_ms: "cpuMs", reason: "reason",
   memory_peak_bytes: "memoryPeakBytes", contained: "contained",
 } as const satisfies FieldMap<wire.ExecResponse>;
-export type ExecResult = Renamed<wire.ExecResponse, typeof EXEC_RESULT_FIELDS>;
-export const execResult = (w: wire.ExecResponse): ExecResult => fromWire(EXEC_RESULT_FIELDS, w);
+export type ExecResult = Renamed<wire.ExecResponse, typeof EXEC_RESULT_FIELDS> & {
+  stdoutBytes: Uint8Array;
+  stderrBytes: Uint8Array;
+};
+
+/** Base64 -> bytes (a plain Uint8Array, not a pooled Buffer). */
+export const fromBase64 = (s: string): Uint8Array => new Uint8Array(Buffer.from(s, "base64"));
+const utf8 = new TextDecoder();
+const utf8Encoder = new TextEncoder();
+/** Bytes -> text, invalid sequences as U+FFFD (as the daemon's text mode does). */
+export const decodeText = (b: Uint8Array): string => utf8.decode(b);
+export const encodeText = (s: string): Uint8Array => utf8Encoder.encode(s);
+
+export function execResult(w: wire.ExecResponse, output?: OutputEncoding): ExecResult {
+  const r = fromWire(EXEC_RESULT_FIELDS, w) as ExecResult;
+  if (output === "base64") {
+    r.stdoutBytes = fromBase64(w.stdout);
+    r.stderrBytes = fromBase64(w.stderr);
+    r.stdout = decodeText(r.stdoutBytes);
+    r.stderr = decodeText(r.stderrBytes);
+  } else {
+    r.stdoutBytes = encodeText(w.stdout);
+    r.stderrBytes = encodeText(w.stderr);
+  }
+  return r;
+}
+
+// Background processes ------------------------------------------------------
+
+export const PROCESS_INFO_FIELDS = {
+  id: "id", pid: "pid", argv: "argv", started_at: "startedAt", state: "state", exit_code: "exitCode",
+  signal: "signal", reason: "reason", cpu_ms: "cpuMs", output_bytes: "outputBytes", first_offset: "firstOffset",
+  stdin_open: "stdinOpen",
+} as const satisfies FieldMap<wire.ProcessInfo>;
+/** A background process. `id` (`proc_` + 16 hex digits) names it in its
+ * sandbox; `pid` is its pid inside the sandbox; `state` is `running` or
+ * `exited`. Once exited: `exitCode` (128+N when killed by signal N), `signal`
+ * (the signal that ended it, if one did) and `reason` (as for an exec:
+ * exited, signaled, timeout, cancelled...). stdout and stderr share one
+ * offset space: `outputBytes` is the total so far, `firstOffset` the oldest
+ * byte still kept (the last 1 MiB is). */
+export type ProcessInfo = Renamed<wire.ProcessInfo, typeof PROCESS_INFO_FIELDS>;
+export const processInfo = (w: wire.ProcessInfo): ProcessInfo => fromWire(PROCESS_INFO_FIELDS, w);
+
+/** The payload of a process output event: the stream is the event's name. */
+export const PROCESS_CHUNK_FIELDS = { data: "data", offset: "offset" } as const satisfies FieldMap<wire.ProcessChunk>;
+/** A piece of a background process's output: `data` (text, or a Uint8Array
+ * with `encoding: "base64"`), `offset` where its bytes start in the process's
+ * output (stdout and stderr together) and `endOffset` just past them, where
+ * to resume (exact with base64, and for valid UTF-8 text). */
+export interface ProcessChunk<D extends string | Uint8Array = string> {
+  stream: "stdout" | "stderr";
+  data: D;
+  offset: number;
+  endOffset: number;
+}
+
+export const SIGNAL_FIELDS = { signal: "signal" } as const satisfies FieldMap<wire.SignalBody>;
+/** A name (`SIGTERM`, `TERM`) or number from HUP INT QUIT KILL USR1 USR2 TERM CONT STOP WINCH. */
+export type Signal = string | number;
+
+export interface ProcessOutputOptions {
+  /** First byte wanted (default 0: everything still kept, the last 1 MiB). */
+  offset?: number;
+  /** Keep going until the process exits (default true); false: the output so far. */
+  follow?: boolean;
+  /** `text` (default) or `base64` (chunks of Uint8Array). */
+  encoding?: OutputEncoding;
+}
+
+export interface WaitOptions {
+  /** How long to wait (default: as long as it takes). The API counts whole seconds: a fraction rounds up. */
+  timeoutMs?: number;
+  /** The same in seconds (give one of timeoutMs and timeoutSeconds). */
+  timeoutSeconds?: number;
+}
 
 export const FILE_ENTRY_FIELDS = {
   name: "name", type: "type", size: "size", mode: "mode", mtime: "mtime",
@@ -232,10 +313,15 @@ export interface ExecOptions {
   maxOutputBytes?: number;
   /** CPU time (1 to the timeout, in ms) after which everything the command started is killed (reason `cpu_limit`). */
   cpuLimitMs?: number;
+  /** `base64`: the exact bytes (`stdoutBytes` / `stderrBytes`; stream chunks of Uint8Array). Default `text`. */
+  output?: OutputEncoding;
+  /** Start it and resolve to a Process at once (only `exec`). It runs until it
+   * exits, is killed, `timeoutSeconds` (if given) pass, or the sandbox goes. */
+  background?: boolean;
 }
 export const EXEC_FIELDS = {
   cmd: "cmd", argv: "argv", timeout_seconds: "timeoutSeconds", cwd: "cwd", env: "env", stdin: "stdin",
-  max_output_bytes: "maxOutputBytes", cpu_limit_ms: "cpuLimitMs",
+  max_output_bytes: "maxOutputBytes", cpu_limit_ms: "cpuLimitMs", output: "output", background: "background",
 } as const satisfies FieldMap<wire.ExecBody> & Record<string, keyof (ExecOptions & { cmd?: string })>;
 
 /** Callbacks may return a promise: it is awaited before the next event. */
@@ -311,9 +397,10 @@ export const TEMPLATE_SPEC_FIELDS = {
   memory_mb: "memoryMb", pids_max: "pidsMax", disk_mb: "diskMb", network: "network",
 } as const satisfies FieldMap<wire.CreateTemplate> & Record<string, keyof TemplateSpec>;
 
-export interface OutputChunk {
+/** One piece of streamed output: text, or a Uint8Array with `output: "base64"`. */
+export interface OutputChunk<D extends string | Uint8Array = string> {
   stream: "stdout" | "stderr";
-  data: string;
+  data: D;
 }
 
 export interface BuildEvent {

@@ -1,15 +1,18 @@
-// Sandbox (with .filesystem and .network), ExecStream, Snapshot, Template.
+// Sandbox (with .filesystem and .network), ExecStream, Process (background
+// processes) and ProcessOutput, Snapshot, Template.
 import { Client, getDefaultClient, metadataQuery } from "./client.js";
 import { BuildFailed, Conflict, NotFound, StreamError, errorFromEvent } from "./errors.js";
-import type { SSE } from "./http.js";
+import type { SSE, SSEEvent } from "./http.js";
 import {
   type BuildAccepted, type BuildEvent, CODE_BODY_FIELDS, CREATE_CONTEXT_FIELDS, CREATE_SANDBOX_FIELDS,
   type CodeContext, type CreateCodeContextOptions, type CreateSandboxOptions, EXEC_FIELDS, type ExecOptions,
-  type ExecResult, Execution, type ExecutionError, FORK_FIELDS, type FileEntry, type ForkOptions, type Logs,
-  type NetworkEvent, type NetworkPolicy, type OutputChunk, PATCH_FIELDS, Result, type RunCodeOptions,
-  SNAPSHOT_OPTION_FIELDS, type SandboxInfo, type SnapshotInfo, type SnapshotOptions, TEMPLATE_SPEC_FIELDS,
-  type TemplateInfo, type TemplateSpec, buildAccepted, codeContext, execResult, fileEntry, sandboxInfo, snapshotInfo,
-  templateInfo, toWire,
+  type ExecReason, type ExecResult, Execution, type ExecutionError, FORK_FIELDS, type FileEntry, type ForkOptions,
+  type Logs, type NetworkEvent, type NetworkPolicy, type OutputChunk, type OutputEncoding, PATCH_FIELDS,
+  type ProcessChunk, type ProcessInfo, type ProcessOutputOptions, Result, type RunCodeOptions, SIGNAL_FIELDS,
+  SNAPSHOT_OPTION_FIELDS, type SandboxInfo, type Signal, type SnapshotInfo, type SnapshotOptions,
+  TEMPLATE_SPEC_FIELDS, type TemplateInfo, type TemplateSpec, type WaitOptions, buildAccepted, codeContext,
+  decodeText, encodeText, execResult, fileEntry, fromBase64, processInfo, sandboxInfo, snapshotInfo, templateInfo,
+  toWire,
 } from "./models.js";
 import type * as wire from "./wire.js";
 
@@ -25,6 +28,22 @@ const DEFAULT_EXEC_TIMEOUT_S = 60;
 const DEFAULT_CODE_TIMEOUT_S = 30;
 // The daemon sends a keep-alive comment every 15 s on a silent stream.
 const STREAM_IDLE_MS = 45_000;
+// The longest wait the daemon accepts for a background process (seconds).
+const MAX_WAIT_S = 300;
+
+function concat(parts: Uint8Array[]): Uint8Array {
+  return new Uint8Array(Buffer.concat(parts));
+}
+
+/** A stream's next event; a broken connection is a StreamError. */
+async function nextEvent(events: AsyncIterator<SSEEvent>, what: string): Promise<IteratorResult<SSEEvent>> {
+  try {
+    return await events.next();
+  } catch (e) {
+    if (e instanceof StreamError || (e as Error)?.name === "SandboxTimeout") throw e;
+    throw new StreamError(`${what} broken: ${(e as Error).message}`);
+  }
+}
 
 function execBody(cmd: string | undefined, opts: ExecOptions): Partial<wire.ExecBody> {
   if ((cmd === undefined) === (opts.argv === undefined)) throw new TypeError("give exactly one of cmd and argv");
@@ -43,22 +62,25 @@ function codeBody(code: string, opts: RunCodeOptions): Partial<wire.CodeBody> {
 
 const contextId = (c: CodeContext | string): string => (typeof c === "string" ? c : c.id);
 
-export interface StreamCallbacks {
-  onStdout?: (data: string) => void;
-  onStderr?: (data: string) => void;
+/** Chunk callbacks: text, or Uint8Array with `output: "base64"`. */
+export interface StreamCallbacks<D extends string | Uint8Array = string> {
+  onStdout?: (data: D) => void;
+  onStderr?: (data: D) => void;
 }
 
 /** Output of a running command, as it comes. `for await` it for chunks, or
  * `await wait()`; either way `result` ends up holding the ExecResult (with the
  * whole stdout/stderr collected). `close()` kills the command. A stream that
- * ends without an exit event throws StreamError. */
-export class ExecStream implements AsyncIterable<OutputChunk> {
+ * ends without an exit event throws StreamError. With `output: "base64"` the
+ * chunks are Uint8Arrays (an `ExecStream<Uint8Array>`). */
+export class ExecStream<D extends string | Uint8Array = string> implements AsyncIterable<OutputChunk<D>> {
   result?: ExecResult;
-  private readonly out = { stdout: [] as string[], stderr: [] as string[] };
-  private readonly events: AsyncIterator<{ event: string; data: unknown }>;
+  private readonly out = { stdout: [] as D[], stderr: [] as D[] };
+  private readonly events: AsyncIterator<SSEEvent>;
   private idle?: NodeJS.Timeout;
 
-  constructor(sse: SSE, private readonly abort: AbortController, private readonly cb: StreamCallbacks = {}) {
+  constructor(sse: SSE, private readonly abort: AbortController, private readonly cb: StreamCallbacks<D> = {},
+              private readonly output?: OutputEncoding) {
     // Keep-alive comments count as activity: only a stream silent past
     // three of their intervals is dead.
     sse.onActivity = () => this.armIdle();
@@ -71,30 +93,36 @@ export class ExecStream implements AsyncIterable<OutputChunk> {
     this.idle.unref();
   }
 
-  async next(): Promise<IteratorResult<OutputChunk>> {
+  async next(): Promise<IteratorResult<OutputChunk<D>>> {
     if (this.result) return { done: true, value: undefined };
+    const raw = this.output === "base64";
     try {
       for (;;) {
         this.armIdle();
-        let step: IteratorResult<{ event: string; data: unknown }>;
-        try {
-          step = await this.events.next();
-        } catch (e) {
-          if (e instanceof StreamError || (e as Error)?.name === "SandboxTimeout") throw e;
-          throw new StreamError(`exec stream broken: ${(e as Error).message}`);
-        }
+        const step = await nextEvent(this.events, "exec stream");
         if (step.done) throw new StreamError("exec stream ended without an exit event");
         const { event, data } = step.value;
         if (event === "stdout" || event === "stderr") {
-          const chunk = (data as wire.OutputChunk).data;
+          const text = (data as wire.OutputChunk).data;
+          const chunk = (raw ? fromBase64(text) : text) as D;
           this.out[event].push(chunk);
           (event === "stdout" ? this.cb.onStdout : this.cb.onStderr)?.(chunk);
           return { done: false, value: { stream: event, data: chunk } };
         }
         if (event === "exit") {
-          const r = execResult(data as wire.ExecResponse);
-          r.stdout = this.out.stdout.join("") + r.stdout;
-          r.stderr = this.out.stderr.join("") + r.stderr;
+          // The output came as events; the exit's own stdout/stderr are empty.
+          const r = execResult(data as wire.ExecResponse, this.output);
+          if (raw) {
+            r.stdoutBytes = concat([...(this.out.stdout as Uint8Array[]), r.stdoutBytes]);
+            r.stderrBytes = concat([...(this.out.stderr as Uint8Array[]), r.stderrBytes]);
+            r.stdout = decodeText(r.stdoutBytes);
+            r.stderr = decodeText(r.stderrBytes);
+          } else {
+            r.stdout = this.out.stdout.join("") + r.stdout;
+            r.stderr = this.out.stderr.join("") + r.stderr;
+            r.stdoutBytes = encodeText(r.stdout);
+            r.stderrBytes = encodeText(r.stderr);
+          }
           this.result = r;
           this.close();
           return { done: true, value: undefined };
@@ -112,7 +140,7 @@ export class ExecStream implements AsyncIterable<OutputChunk> {
     }
   }
 
-  [Symbol.asyncIterator](): AsyncIterator<OutputChunk> {
+  [Symbol.asyncIterator](): AsyncIterator<OutputChunk<D>> {
     return { next: () => this.next(), return: async () => { this.close(); return { done: true, value: undefined }; } };
   }
 
@@ -124,6 +152,202 @@ export class ExecStream implements AsyncIterable<OutputChunk> {
   close(): void {
     clearTimeout(this.idle);
     if (!this.abort.signal.aborted) this.abort.abort();
+  }
+}
+
+/** The output of a background process from some offset, as an async
+ * iterator of ProcessChunks (connecting on the first `next()`, where HTTP
+ * errors such as NotFound throw). Following (the default) it ends when the
+ * process exits, otherwise once the output so far is read; either way `info`
+ * then holds the process's info (its final one if it exited; the Process is
+ * updated too) and `nextOffset` where to resume. `close()`, or leaving a
+ * `for await` early, stops the reader, not the process. A stream that ends
+ * without its final event throws StreamError. */
+export class ProcessOutput<D extends string | Uint8Array = string> implements AsyncIterable<ProcessChunk<D>> {
+  info?: ProcessInfo;
+  nextOffset: number;
+  private events?: AsyncIterator<SSEEvent>;
+  private readonly abort = new AbortController();
+  private idle?: NodeJS.Timeout;
+
+  constructor(private readonly proc: Process, private readonly opts: ProcessOutputOptions = {}) {
+    this.nextOffset = opts.offset ?? 0;
+  }
+
+  /** The stream ended with the process's exit (not just the output so far). */
+  get exited(): boolean {
+    return this.info !== undefined && this.info.state !== "running";
+  }
+
+  private armIdle(): void {
+    clearTimeout(this.idle);
+    this.idle = setTimeout(() => this.abort.abort(new StreamError("stream silent past the keep-alive interval")), STREAM_IDLE_MS);
+    this.idle.unref();
+  }
+
+  private async open(): Promise<AsyncIterator<SSEEvent>> {
+    const { offset = 0, follow = true, encoding = "text" } = this.opts;
+    if (encoding !== "text" && encoding !== "base64") throw new TypeError(`encoding must be text or base64, not ${encoding}`);
+    const query: Array<[string, string]> = [["offset", String(offset)], ["follow", String(follow)], ["encoding", encoding]];
+    const sbx = this.proc.sandbox;
+    const sse = await sbx.client.stream("GET /v1/sandboxes/{id}/processes/{pid}/output", { id: sbx.id, pid: this.proc.id },
+      undefined, this.abort.signal, query);
+    sse.onActivity = () => this.armIdle();
+    return (this.events = sse[Symbol.asyncIterator]());
+  }
+
+  async next(): Promise<IteratorResult<ProcessChunk<D>>> {
+    if (this.info || this.abort.signal.aborted) return { done: true, value: undefined };
+    const raw = this.opts.encoding === "base64";
+    try {
+      const events = this.events ?? (await this.open());
+      for (;;) {
+        this.armIdle();
+        const step = await nextEvent(events, "process output");
+        if (step.done) throw new StreamError("process output ended without an exit or end event");
+        const { event, data } = step.value;
+        if (event === "stdout" || event === "stderr") {
+          const w = data as wire.ProcessChunk;
+          const bytes = raw ? fromBase64(w.data) : undefined;
+          const endOffset = w.offset + (bytes ? bytes.length : Buffer.byteLength(w.data, "utf8"));
+          this.nextOffset = Math.max(this.nextOffset, endOffset);
+          return { done: false, value: { stream: event, data: (bytes ?? w.data) as D, offset: w.offset, endOffset } };
+        }
+        if (event === "exit" || event === "end") {
+          this.info = this.proc.info = processInfo(data as wire.ProcessInfo);
+          this.close();
+          return { done: true, value: undefined };
+        }
+        if (event === "error") throw errorFromEvent(data);
+      }
+    } catch (e) {
+      this.close();
+      throw e;
+    } finally {
+      clearTimeout(this.idle);
+    }
+  }
+
+  [Symbol.asyncIterator](): AsyncIterator<ProcessChunk<D>> {
+    return { next: () => this.next(), return: async () => { this.close(); return { done: true, value: undefined }; } };
+  }
+
+  close(): void {
+    clearTimeout(this.idle);
+    if (!this.abort.signal.aborted) this.abort.abort();
+  }
+}
+
+/** A background process (`sbx.exec(cmd, { background: true })`,
+ * `sbx.processes()`, `sbx.process(id)`). `info` holds its fields as of the last
+ * call that returned them (`refresh()` reads them again; wait, kill and signal
+ * update them), also readable on the Process itself: `id` (`proc_...`, what
+ * `sbx.process` takes back), `pid` (inside the sandbox), `state`, `exitCode`,
+ * `reason`...; the signal that ended it is `info.signal` (`signal()` sends
+ * one). `for await` over a Process follows its output from the start. */
+export class Process implements AsyncIterable<ProcessChunk> {
+  constructor(public info: ProcessInfo, readonly sandbox: Sandbox) {}
+
+  /** `proc_` + 16 hex digits; names the process in its sandbox only. */
+  get id(): string { return this.info.id; }
+  /** Its pid inside the sandbox. */
+  get pid(): number { return this.info.pid; }
+  get argv(): string[] { return this.info.argv; }
+  /** RFC 3339. */
+  get startedAt(): string { return this.info.startedAt; }
+  /** `running` or `exited`. */
+  get state(): string { return this.info.state; }
+  get running(): boolean { return this.info.state === "running"; }
+  /** Once exited: its status (128+N when killed by signal N). */
+  get exitCode(): number | null | undefined { return this.info.exitCode; }
+  /** Once exited: why (exited, signaled, timeout, cpu_limit, cancelled...). */
+  get reason(): ExecReason | null | undefined { return this.info.reason; }
+  get cpuMs(): number { return this.info.cpuMs; }
+  /** Output so far, stdout and stderr together. */
+  get outputBytes(): number { return this.info.outputBytes; }
+  /** The oldest offset still kept. */
+  get firstOffset(): number { return this.info.firstOffset; }
+  get stdinOpen(): boolean { return this.info.stdinOpen; }
+
+  private get params(): Record<string, string> {
+    return { id: this.sandbox.id, pid: this.id };
+  }
+
+  private update(w: wire.ProcessInfo): ProcessInfo {
+    return (this.info = processInfo(w));
+  }
+
+  async refresh(): Promise<this> {
+    this.update(await this.sandbox.client.json<wire.ProcessInfo>("GET /v1/sandboxes/{id}/processes/{pid}", this.params));
+    return this;
+  }
+
+  /** Waits until the process has exited, or the timeout has passed (default:
+   * as long as it takes), and resolves to its info: check `state` (still
+   * `running` after a timeout) and `exitCode`. */
+  async wait(opts: WaitOptions = {}): Promise<ProcessInfo> {
+    if (opts.timeoutMs !== undefined && opts.timeoutSeconds !== undefined) {
+      throw new TypeError("give at most one of timeoutMs and timeoutSeconds");
+    }
+    const timeoutMs = opts.timeoutMs ?? (opts.timeoutSeconds === undefined ? undefined : opts.timeoutSeconds * 1000);
+    if (timeoutMs !== undefined && timeoutMs <= 0) return (await this.refresh()).info;
+    const deadline = timeoutMs === undefined ? undefined : Date.now() + timeoutMs;
+    let info: ProcessInfo | undefined;
+    for (;;) {
+      let secs = MAX_WAIT_S;
+      if (deadline !== undefined) {
+        const left = deadline - Date.now();
+        if (info && left <= 100) return info;
+        secs = Math.min(MAX_WAIT_S, Math.max(1, Math.ceil(left / 1000)));
+      }
+      // Waiting does nothing, so a dropped connection may be retried.
+      info = this.update(await this.sandbox.client.json<wire.ProcessInfo>("POST /v1/sandboxes/{id}/processes/{pid}/wait",
+        this.params, { query: [["timeout_seconds", String(secs)]], idempotent: true, timeoutMs: secs * 1000 + EXEC_GRACE_MS }));
+      if (info.state !== "running") return info;
+    }
+  }
+
+  /** Kills the process and everything it started (`reason` `cancelled`) and
+   * resolves to its final info; for one that has exited, just its info. */
+  async kill(): Promise<ProcessInfo> {
+    return this.update(await this.sandbox.client.json<wire.ProcessInfo>("DELETE /v1/sandboxes/{id}/processes/{pid}", this.params));
+  }
+
+  /** Sends a signal to the process's group: a name (`SIGTERM`, `TERM`) or
+   * number from HUP INT QUIT KILL USR1 USR2 TERM CONT STOP WINCH (others are
+   * BadRequest). Resolves to its info right after. */
+  async signal(signal: Signal): Promise<ProcessInfo> {
+    const json = toWire<wire.SignalBody>(SIGNAL_FIELDS, { signal });
+    return this.update(await this.sandbox.client.json<wire.ProcessInfo>("POST /v1/sandboxes/{id}/processes/{pid}/signal", this.params, { json }));
+  }
+
+  /** Writes to its stdin (a string as UTF-8), at most 1 MiB a call (TooLarge).
+   * Conflict once stdin is closed; RateLimited while 4 MiB sit queued unread. */
+  async sendStdin(data: string | Uint8Array): Promise<void> {
+    const body = typeof data === "string" ? encodeText(data) : data;
+    const r = await this.sandbox.client.call("POST /v1/sandboxes/{id}/processes/{pid}/stdin", this.params, {
+      body, headers: { "content-type": "application/octet-stream" },
+    });
+    await r.body?.cancel();
+  }
+
+  /** Closes stdin once what is queued has been written (the process reads end of file). */
+  async closeStdin(): Promise<void> {
+    const r = await this.sandbox.client.call("POST /v1/sandboxes/{id}/processes/{pid}/stdin/close", this.params);
+    await r.body?.cancel();
+  }
+
+  /** Its output from `offset` (default 0: all still kept, the last 1 MiB):
+   * with `follow` (default) until it exits, else what there is so far.
+   * `encoding: "base64"` gives chunks of Uint8Array. */
+  output(opts: ProcessOutputOptions & { encoding: "base64" }): ProcessOutput<Uint8Array>;
+  output(opts?: ProcessOutputOptions & { encoding?: "text" }): ProcessOutput<string>;
+  output(opts: ProcessOutputOptions = {}): ProcessOutput<string> | ProcessOutput<Uint8Array> {
+    return new ProcessOutput<string>(this, opts);
+  }
+
+  [Symbol.asyncIterator](): AsyncIterator<ProcessChunk> {
+    return this.output()[Symbol.asyncIterator]();
   }
 }
 
@@ -275,19 +499,53 @@ export class Sandbox {
   }
 
   /** Runs `cmd` with /bin/sh -c (or `opts.argv` without a shell, with `cmd`
-   * undefined) and waits. A non-zero exit or a timeout is a result, not an error. */
-  async exec(cmd: string | undefined, opts: ExecOptions = {}): Promise<ExecResult> {
+   * undefined) and waits. A non-zero exit or a timeout is a result, not an
+   * error. `output: "base64"` brings the exact bytes (`stdoutBytes` /
+   * `stderrBytes`).
+   *
+   * With `background: true` it resolves at once to a Process, which runs
+   * until it exits, is killed, `timeoutSeconds` (if given) pass, or the
+   * sandbox goes; `stdin` is written to it and stdin stays open. At most 16
+   * run at once per sandbox: the 17th throws RateLimited (`too_many`). */
+  exec(cmd: string | undefined, opts: ExecOptions & { background: true }): Promise<Process>;
+  exec(cmd: string | undefined, opts?: ExecOptions & { background?: false }): Promise<ExecResult>;
+  exec(cmd: string | undefined, opts?: ExecOptions): Promise<ExecResult | Process>;
+  async exec(cmd: string | undefined, opts: ExecOptions = {}): Promise<ExecResult | Process> {
     const json = execBody(cmd, opts);
+    if (opts.background) {
+      const w = await this.client.json<wire.ProcessInfo>("POST /v1/sandboxes/{id}/exec", { id: this.id }, { json });
+      return new Process(processInfo(w), this);
+    }
     const timeoutMs = (opts.timeoutSeconds ?? DEFAULT_EXEC_TIMEOUT_S) * 1000 + EXEC_GRACE_MS;
-    return execResult(await this.client.json<wire.ExecResponse>("POST /v1/sandboxes/{id}/exec", { id: this.id }, { json, timeoutMs }));
+    const w = await this.client.json<wire.ExecResponse>("POST /v1/sandboxes/{id}/exec", { id: this.id }, { json, timeoutMs });
+    return execResult(w, opts.output);
   }
 
-  /** Starts `cmd` and returns its output stream; HTTP errors (404, 400...) throw here. */
-  async execStream(cmd: string | undefined, opts: ExecOptions & StreamCallbacks = {}): Promise<ExecStream> {
+  /** Starts `cmd` and returns its output stream; HTTP errors (404, 400...)
+   * throw here. The same options as exec (not `background`); with
+   * `output: "base64"`, chunks and callbacks get Uint8Arrays. */
+  execStream(cmd: string | undefined, opts: ExecOptions & StreamCallbacks<Uint8Array> & { output: "base64" }): Promise<ExecStream<Uint8Array>>;
+  execStream(cmd: string | undefined, opts?: ExecOptions & StreamCallbacks & { output?: "text" }): Promise<ExecStream>;
+  async execStream(cmd: string | undefined, opts: ExecOptions & StreamCallbacks<any> = {}): Promise<ExecStream<any>> {
+    if (opts.background) throw new TypeError("a background process is started with exec(cmd, { background: true }); read it with output()");
     const json = execBody(cmd, opts);
     const abort = new AbortController();
     const sse = await this.client.stream("POST /v1/sandboxes/{id}/exec/stream", { id: this.id }, json, abort.signal);
-    return new ExecStream(sse, abort, opts);
+    return new ExecStream(sse, abort, opts, opts.output);
+  }
+
+  /** The sandbox's background processes: those running and the last 64 that exited. */
+  async processes(): Promise<Process[]> {
+    const r = await this.client.json<wire.ProcessList>("GET /v1/sandboxes/{id}/processes", { id: this.id });
+    return r.processes.map((p) => new Process(processInfo(p), this));
+  }
+
+  /** A background process by its id (`proc_...`), e.g. to reconnect from
+   * another program; NotFound (`process_not_found`) if the sandbox has none. */
+  async process(id: string | Process): Promise<Process> {
+    const pid = typeof id === "string" ? id : id.id;
+    const w = await this.client.json<wire.ProcessInfo>("GET /v1/sandboxes/{id}/processes/{pid}", { id: this.id, pid });
+    return new Process(processInfo(w), this);
   }
 
   /** Runs a cell in a stateful interpreter: the sandbox's default context

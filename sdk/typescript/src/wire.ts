@@ -120,11 +120,13 @@ export interface ErrorDetail {
 
 export interface ExecBody {
   argv?: Array<string> | null;
+  background?: boolean;
   cmd?: string | null;
   cpu_limit_ms?: number | null;
   cwd?: string | null;
   env?: Record<string, string>;
   max_output_bytes?: number | null;
+  output?: OutputEncoding;
   stdin?: string | null;
   timeout_seconds?: number | null;
 }
@@ -185,8 +187,35 @@ export interface OutputChunk {
   data: string;
 }
 
+export type OutputEncoding = "text" | "base64";
+
 export interface PatchSandbox {
   ttl_seconds: number;
+}
+
+/** Payload of a process output event. */
+export interface ProcessChunk {
+  data: string;
+  offset: number;
+}
+
+export interface ProcessInfo {
+  argv: Array<string>;
+  cpu_ms: number;
+  exit_code?: number | null;
+  first_offset: number;
+  id: string;
+  output_bytes: number;
+  pid: number;
+  reason?: null | ExecReason;
+  signal?: number | null;
+  started_at: string;
+  state: string;
+  stdin_open: boolean;
+}
+
+export interface ProcessList {
+  processes: Array<ProcessInfo>;
 }
 
 export interface Sandbox {
@@ -202,6 +231,10 @@ export interface Sandbox {
 
 export interface SandboxList {
   sandboxes: Array<Sandbox>;
+}
+
+export interface SignalBody {
+  signal: Record<string, unknown>;
 }
 
 export interface Snapshot {
@@ -241,6 +274,7 @@ export const DOCUMENTED_ROUTES = [
   "DELETE /v1/sandboxes/{id}",
   "DELETE /v1/sandboxes/{id}/code/contexts/{context_id}",
   "DELETE /v1/sandboxes/{id}/files",
+  "DELETE /v1/sandboxes/{id}/processes/{pid}",
   "DELETE /v1/snapshots/{id}",
   "DELETE /v1/templates/{name}",
   "GET /healthz",
@@ -252,6 +286,9 @@ export const DOCUMENTED_ROUTES = [
   "GET /v1/sandboxes/{id}/files/list",
   "GET /v1/sandboxes/{id}/network",
   "GET /v1/sandboxes/{id}/network/events",
+  "GET /v1/sandboxes/{id}/processes",
+  "GET /v1/sandboxes/{id}/processes/{pid}",
+  "GET /v1/sandboxes/{id}/processes/{pid}/output",
   "GET /v1/snapshots",
   "GET /v1/snapshots/{id}",
   "GET /v1/templates",
@@ -265,6 +302,10 @@ export const DOCUMENTED_ROUTES = [
   "POST /v1/sandboxes/{id}/code/stream",
   "POST /v1/sandboxes/{id}/exec",
   "POST /v1/sandboxes/{id}/exec/stream",
+  "POST /v1/sandboxes/{id}/processes/{pid}/signal",
+  "POST /v1/sandboxes/{id}/processes/{pid}/stdin",
+  "POST /v1/sandboxes/{id}/processes/{pid}/stdin/close",
+  "POST /v1/sandboxes/{id}/processes/{pid}/wait",
   "POST /v1/sandboxes/{id}/snapshots",
   "POST /v1/snapshots/{id}/fork",
   "POST /v1/templates",

@@ -72,8 +72,8 @@ test("503 capacity: retried after Retry-After, then thrown", async () => {
 });
 
 test("429 from a rate-limiting gateway: RateLimited with retryAfter, and retried", async () => {
-  // The daemon itself never answers 429 (docs/api.md); the test proxy in
-  // front of it answers the first n requests of a token with 429.
+  // The test proxy in front of the daemon plays a rate-limiting gateway: it
+  // answers the first n requests of a token with 429 and Retry-After: 1.
   await assert.rejects(Sandbox.list({ client: new Client({ url: `${PROXY}/ratelimit/ts-a/5`, apiKey: KEY, maxRetries: 0 }) }),
     (e) => e instanceof RateLimited && e.status === 429 && e.retryAfter === 1 && e.code === "rate_limited");
   const t = Date.now();

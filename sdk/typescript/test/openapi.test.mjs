@@ -24,12 +24,13 @@ const MAPS = {
   CreateSnapshot: fields.SNAPSHOT_OPTION_FIELDS, ForkBody: fields.FORK_FIELDS, CreateTemplate: fields.TEMPLATE_SPEC_FIELDS,
   CodeContext: fields.CODE_CONTEXT_FIELDS, CodeResultItem: fields.CODE_RESULT_FIELDS, CodeSummary: fields.CODE_SUMMARY_FIELDS,
   CodeResponse: fields.CODE_RESPONSE_FIELDS, CodeBody: fields.CODE_BODY_FIELDS, CreateContext: fields.CREATE_CONTEXT_FIELDS,
+  ProcessInfo: fields.PROCESS_INFO_FIELDS, ProcessChunk: fields.PROCESS_CHUNK_FIELDS, SignalBody: fields.SIGNAL_FIELDS,
 };
 const LISTS = {
   SandboxList: "sandboxes", SnapshotList: "snapshots", TemplateList: "templates", FileList: "entries", EgressEventList: "events",
-  CodeContextList: "contexts",
+  CodeContextList: "contexts", ProcessList: "processes",
 };
-const RAW = new Set(["ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode", "ExecReason", ...fields.PASS_THROUGH]);
+const RAW = new Set(["ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode", "ExecReason", "OutputEncoding", ...fields.PASS_THROUGH]);
 
 /** A schema's properties, `allOf` parts merged. */
 function properties(schemas, s) {
@@ -68,7 +69,7 @@ test("the check catches a new field or route", () => {
   const b = doc();
   b.paths["/v1/sandboxes/{id}/pause"] = { post: {} };
   assert.throws(() => check(b));
-  for (const schema of ["CodeSummary", "CodeBody", "CodeResultItem"]) {
+  for (const schema of ["CodeSummary", "CodeBody", "CodeResultItem", "ProcessInfo", "ProcessChunk", "SignalBody"]) {
     const c = doc();
     c.components.schemas[schema].properties.new_field = { type: "integer" };
     assert.throws(() => check(c), schema);

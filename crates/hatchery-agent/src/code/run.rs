@@ -34,7 +34,8 @@ struct Caps {
 }
 
 impl Caps {
-    /// Counts `n` more bytes of `kind`; false once past the cap.
+    /// Counts up to `n` more bytes of `kind`; returns how many fit under
+    /// the cap (fewer than `n` marks the run truncated).
     fn take(&mut self, kind: Kind, n: usize) -> usize {
         let used = match kind {
             Kind::Stdout => &mut self.out,
