@@ -64,9 +64,29 @@ def test_json_result_and_truncation_note(hx, sbx):
     assert p.returncode == 5
     r = json.loads(p.stdout)
     assert (r["stdout"], r["exit_code"], r["timed_out"]) == ("hi\n", 5, False)
-    p = hx("exec", sbx, "--max-output-bytes", "10", "--", "head -c 1000 /dev/zero | tr '\\0' a")
-    assert p.returncode == 0 and p.stdout == "a" * 10
-    assert "output truncated" in p.stderr
+    # A stream past the cap ends the command (killed: 137), and stderr says why.
+    p = hx("exec", sbx, "--max-output-bytes", "10", "--", "head -c 1000 /dev/zero | tr '\\0' a; sleep 30")
+    assert p.returncode == 137 and p.stdout == "a" * 10, p
+    assert "output_limit" in p.stderr and "--max-output-bytes" in p.stderr, p.stderr
+
+
+def test_cpu_limit_stops_the_command_and_says_so(hx, sbx):
+    start = time.time()
+    p = hx("exec", sbx, "--cpu-limit-ms", "300", "--", "python3 -c 'while True: pass'")
+    assert p.returncode == 137, p
+    assert "cpu_limit" in p.stderr and "CPU" in p.stderr, p.stderr
+    assert time.time() - start < 20
+    # Under the limit nothing happens; --json shows the reason.
+    p = hx("exec", sbx, "--cpu-limit-ms", "5000", "--json", "--", "echo fine")
+    r = json.loads(p.stdout)
+    assert (p.returncode, r["reason"], r["stdout"]) == (0, "exited", "fine\n"), p
+    p = hx("exec", sbx, "--json", "--cpu-limit-ms", "300", "--", "python3 -c 'while True: pass'")
+    r = json.loads(p.stdout)
+    assert p.returncode == 137 and r["reason"] == "cpu_limit" and r["cpu_ms"] >= 300, r
+    assert p.stderr == "", "--json prints no notes"
+    # More CPU than the deadline allows is the request's fault: 125.
+    p = hx("exec", sbx, "--timeout", "1", "--cpu-limit-ms", "5000", "--", "true")
+    assert p.returncode == 125 and "cpu_limit_ms" in p.stderr, p
 
 
 def test_failures_of_hatchery_itself_exit_125(hx, sbx):

@@ -82,3 +82,84 @@ def test_interrupt_during_create_does_not_leak(hx, tmp_path):
     # 130: our handler ran; -2: the signal beat it, before any request.
     assert p.wait(60) in (130, -2), p.stderr.read()
     wait_for(lambda: hx.live() == [], timeout=10, what="no sandbox after an early Ctrl-C")
+
+
+# --- run --code: the sandbox's interpreter (run_code) -------------------------
+
+def test_code_prints_output_and_results_and_cleans_up(hx, daemon, tmp_path):
+    from harness import metric
+    runs = metric(daemon, "hatchery_code_runs_total")
+    cell = tmp_path / "cell.py"
+    cell.write_text("import os, sys\nprint('out', os.getcwd(), os.environ.get('MODE'))\n"
+                    "print('err', file=sys.stderr)\ndisplay('shown')\n6 * 7\n")
+    p = hx("run", "-e", "MODE=x", "--code", str(cell))
+    assert p.returncode == 0, p
+    # stdout as printed, then each result's text/plain.
+    assert p.stdout == "out /workspace x\n'shown'\n42\n", p.stdout
+    assert p.stderr == "err\n", p.stderr
+    assert metric(daemon, "hatchery_code_runs_total") >= runs + 1, "ran through run_code"
+    assert hx.live() == []
+
+
+def test_code_from_stdin(hx):
+    p = hx("run", "--code", "-", input="x = [i * i for i in range(5)]\nprint(sum(x))\n")
+    assert (p.returncode, p.stdout) == (0, "30\n"), p
+    assert hx.live() == []
+
+
+def test_code_exception_exits_1_with_the_traceback_on_stderr(hx, tmp_path):
+    cell = tmp_path / "boom.py"
+    cell.write_text("print('before')\ndef f():\n    return {}['missing']\nf()\nprint('after')\n")
+    p = hx("run", "--code", str(cell))
+    assert p.returncode == 1, p
+    assert p.stdout == "before\n"
+    assert p.stderr.startswith("Traceback (most recent call last):"), p.stderr
+    assert "KeyError: 'missing'" in p.stderr and "line 3, in f" in p.stderr, p.stderr
+    # sys.exit behaves as it does under python3: its status, no traceback.
+    p = hx("run", "--code", "-", input="import sys\nprint('bye')\nsys.exit(3)\n")
+    assert (p.returncode, p.stdout, p.stderr) == (3, "bye\n", ""), p
+    # A syntax error is an exception too.
+    p = hx("run", "--code", "-", input="def (:\n")
+    assert p.returncode == 1 and "SyntaxError" in p.stderr, p
+    assert hx.live() == []
+
+
+def test_code_timeout_is_124_and_cleans_up(hx):
+    start = time.time()
+    p = hx("run", "--timeout", "2", "--code", "-",
+           input="import time\nprint('going', flush=True)\ntime.sleep(60)\n")
+    assert p.returncode == 124, p
+    assert p.stdout == "going\n" and "timed out" in p.stderr, p
+    assert time.time() - start < 20
+    assert hx.live() == []
+
+
+def test_code_cpu_limit_and_hatchery_failures(hx):
+    p = hx("run", "--cpu-limit-ms", "300", "--code", "-", input="while True:\n    pass\n")
+    assert p.returncode == 137 and "cpu_limit" in p.stderr, p
+    # Hatchery's own failures are 125; nothing is left behind either way.
+    p = hx("run", "--template", "no-such-template", "--code", "-", input="print(1)\n")
+    assert p.returncode == 125 and "template_not_found" in p.stderr, p
+    p = hx("run", "--code", "/nonexistent/cell.py")
+    assert p.returncode == 125 and "reading" in p.stderr, p
+    p = hx("run", "--timeout", "2", "--cpu-limit-ms", "5000", "--code", "-", input="print(1)\n")
+    assert p.returncode == 125 and "cpu_limit_ms" in p.stderr, p
+    # --code and a FILE, or --code and program arguments, do not mix.
+    assert hx("run", "--code", "-", "x.py", input="").returncode == 2
+    assert hx("run", "--code", "-", "--", "arg", input="").returncode == 2
+    assert hx.live() == []
+
+
+def test_code_ctrl_c_destroys_the_sandbox(hx):
+    p = hx.popen("run", "--code", "-", stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdin.write("import time\nprint('started', flush=True)\ntime.sleep(120)\n")
+    p.stdin.close()
+    assert p.stdout.readline() == "started\n"
+    running = hx.live()
+    assert len(running) == 1
+    p.send_signal(signal.SIGINT)
+    rc = p.wait(30)
+    err = p.stderr.read()
+    assert rc == 130, (rc, err)
+    assert f"destroyed sandbox {running[0]}" in err
+    assert hx.live() == []

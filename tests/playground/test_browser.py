@@ -98,6 +98,20 @@ def test_demo_page_in_chromium(gateway_factory, daemon, browser):
     s = wait_done(b, "hello")
     assert s["out"] == "edited 42\n" and "cached" in s["msg"], s
 
+    # (6) A Python exception: its traceback shows in the output, in the
+    # stderr colour, after what was printed before it, and the status line
+    # names the exception.
+    b.type_into("#hello .hx-pg-code", 'print("before")\ndef f():\n    raise ValueError("boom")\nf()\n')
+    b.click("#hello .hx-pg-run")
+    s = wait_done(b, "hello")
+    assert s["out"].startswith("before\nTraceback (most recent call last):\n"), s
+    assert s["out"].endswith("ValueError: boom\n") and 'line 3, in f' in s["out"], s
+    stderr = "[...document.querySelectorAll('#hello .hx-pg-stderr')].map(e => e.textContent).join('')"
+    assert b.eval(stderr) == s["out"][len("before\n"):], b.eval(stderr)
+    color = b.eval("getComputedStyle(document.querySelector('#hello .hx-pg-stderr')).color")
+    assert color == "rgb(255, 123, 114)", color
+    assert s["kind"] == "exit" and "raised ValueError" in s["msg"], s
+
     path = b.screenshot(os.path.join(ARTIFACTS, "playground-demo.png"))
     assert os.path.getsize(path) > 10_000
     assert b.exceptions() == [], b.exceptions()

@@ -253,17 +253,74 @@ def test_ttl_backstop_when_gateway_dies(gateway_factory, daemon):
     assert_no_sandboxes(daemon, timeout=25)
 
 
-# --- no shell, files, templates ---------------------------------------------
+# --- run_code, no shell, files, templates --------------------------------------
 
-def test_snippet_is_a_file_not_a_shell_string(gateway_factory):
+def test_python_runs_through_run_code(gateway_factory, daemon):
+    """An uncached Python snippet goes to the sandbox's running interpreter
+    (the daemon's code/stream), not to a file and python3."""
+    g = gateway_factory(*TRUST)
+    runs, execs = metric(daemon, "hatchery_code_runs_total"), metric(daemon, "hatchery_execs_total")
+    created = metric(daemon, "hatchery_sandboxes_created_total")
+    code = f"# {uuid.uuid4().hex}\nprint('Hello, world!')\n"
+    r = g.run(code, ip=ip())
+    assert r.stdout() == "Hello, world!\n" and r.stderr() == "", r
+    ex = r.exit()
+    assert ex["exit_code"] == 0 and ex["exception"] is None and ex["cached"] is False, ex
+    assert metric(daemon, "hatchery_code_runs_total") == runs + 1
+    assert metric(daemon, "hatchery_execs_total") == execs, "no exec, no file"
+    assert metric(daemon, "hatchery_sandboxes_created_total") == created + 1, "a fresh sandbox"
+    # Its cache hit spends neither.
+    hit = g.run(code, ip=ip())
+    assert hit.exit()["cached"] is True and hit.stdout() == "Hello, world!\n"
+    assert metric(daemon, "hatchery_code_runs_total") == runs + 1
+
+
+def test_exception_traceback_on_stderr_and_results_on_stdout(gateway_factory, daemon):
+    g = gateway_factory(*TRUST)
+    code = f"# {uuid.uuid4().hex}\nprint('before')\ndef f():\n    return 1 / 0\nf()\nprint('never')\n"
+    r = g.run(code, ip=ip())
+    assert r.stdout() == "before\n", r
+    assert r.stderr().startswith("Traceback (most recent call last):\n"), r.stderr()
+    assert "in f\n" in r.stderr() and r.stderr().endswith("ZeroDivisionError: division by zero\n"), r.stderr()
+    ex = r.exit()
+    assert ex["exit_code"] == 1 and not ex["timed_out"] and not ex["truncated"], ex
+    assert ex["exception"] == {"name": "ZeroDivisionError", "value": "division by zero"}, ex
+    # The cache replays the traceback and the exception alike.
+    hit = g.run(code, ip=ip())
+    assert hit.stderr() == r.stderr() and hit.exit()["exception"] == ex["exception"], hit
+    # A last expression's value and display() show as stdout, as in a notebook.
+    r = g.run(f"# {uuid.uuid4().hex}\ndisplay({{'a': 1}})\nprint('x')\n6 * 7\n", ip=ip())
+    assert r.stdout() == "{'a': 1}\nx\n42\n", r
+    assert r.exit()["exit_code"] == 0 and r.exit()["exception"] is None
+    # A syntax error is an exception with exit status 1, too.
+    r = g.run(f"# {uuid.uuid4().hex}\ndef (:\n", ip=ip())
+    assert r.exit()["exit_code"] == 1 and r.exit()["exception"]["name"] == "SyntaxError", r
+    assert "SyntaxError" in r.stderr()
+
+
+def test_snippet_is_never_a_shell_string(gateway_factory):
     g = gateway_factory(*TRUST, "--template", "code-interpreter=python,sh-demo=sh")
     nasty = "'; echo INJECTED; ' $(echo INJECTED) `echo INJECTED` \" \\"
-    r = g.run(f"print({json.dumps(nasty)})\nimport sys\nprint(sys.argv[0])\n", ip=ip())
-    assert r.stdout() == nasty + "\n/workspace/main.py\n", r.stdout()
+    r = g.run(f"print({json.dumps(nasty)})\nimport os\nprint(os.getcwd())\n", ip=ip())
+    assert r.stdout() == nasty + "\n/workspace\n", r.stdout()
     # The shell runner is only known to the gateway; the daemon has no such
     # template, so the run fails kindly rather than running anything else.
     r = g.run("echo hi", template="sh-demo", ip=ip())
     assert r.status == 200 and r.named("error")[0]["error"]["code"] == "unavailable", r
+
+
+def test_python_exec_runner_writes_a_file(gateway_factory, daemon):
+    """`NAME=python-exec` keeps the file-and-exec path: the snippet becomes
+    /workspace/main.py, run with python3 -u as an argv."""
+    g = gateway_factory(*TRUST, "--template", "code-interpreter=python-exec")
+    runs, execs = metric(daemon, "hatchery_code_runs_total"), metric(daemon, "hatchery_execs_total")
+    nasty = "'; echo INJECTED; ' $(echo INJECTED) `echo INJECTED` \" \\"
+    r = g.run(f"print({json.dumps(nasty)})\nimport sys\nprint(sys.argv[0])\n1 / 0\n", ip=ip())
+    assert r.stdout() == nasty + "\n/workspace/main.py\n", r.stdout()
+    assert 'File "/workspace/main.py", line 4' in r.stderr(), r.stderr()
+    assert r.exit()["exit_code"] == 1 and r.exit()["exception"] is None, r.exit()
+    assert metric(daemon, "hatchery_execs_total") == execs + 1
+    assert metric(daemon, "hatchery_code_runs_total") == runs
 
 
 def test_exit_status_and_stderr(gateway_factory):

@@ -100,6 +100,9 @@
       this.say("truncated", "Output was cut off at the size limit, and the snippet was stopped." + tail);
     } else if (x.oom_killed) {
       this.say("exit", "The snippet ran out of memory (exit status " + x.exit_code + ")." + tail);
+    } else if (x.exception && x.exception.name) {
+      // A Python snippet that raised: its traceback is in the output, in red.
+      this.say("exit", "The snippet raised " + x.exception.name + "." + tail);
     } else if (x.exit_code === 0) {
       this.say("ok", "Finished in " + x.duration_ms + " ms." + tail);
     } else {

@@ -30,6 +30,11 @@ const EXIT_CODES: &str = "Exit status: the command's own; 128+N when signal N ki
 124 when the timeout killed it; 125 when hatchery itself failed (daemon unreachable, unknown \
 sandbox, invalid request).";
 
+const RUN_EXIT_CODES: &str = "Exit status: the program's own; 128+N when signal N killed it; \
+124 when the timeout killed it; 125 when hatchery itself failed (daemon unreachable, unknown \
+template, invalid request). With --code: 0, 1 when the code raised (sys.exit(N): N), 124 on \
+timeout, 125 when hatchery failed.";
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the daemon in the foreground (same as `hatcheryd`).
@@ -54,8 +59,9 @@ enum Cmd {
         #[arg(long, default_value = "/")]
         cwd: String,
     },
-    /// Run a local file in a fresh sandbox, print its output, destroy the sandbox.
-    #[command(after_help = EXIT_CODES)]
+    /// Run a local file (or, with --code, Python code in the sandbox's
+    /// interpreter) in a fresh sandbox, print its output, destroy the sandbox.
+    #[command(after_help = RUN_EXIT_CODES)]
     Run(run::RunArgs),
     /// Snapshots of running sandboxes, and forks from them.
     #[command(subcommand, alias = "snapshots")]

@@ -21,7 +21,10 @@ pub struct Entry {
 
 impl Entry {
     fn bytes(&self) -> usize {
-        self.output.iter().map(|o| o.data.len() + 16).sum::<usize>() + 64
+        let exception = self.exit.exception.as_ref();
+        self.output.iter().map(|o| o.data.len() + 16).sum::<usize>()
+            + exception.map_or(0, |e| e.name.len() + e.value.len())
+            + 64
     }
 }
 

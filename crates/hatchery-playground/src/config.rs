@@ -8,7 +8,9 @@ use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("bad --template {0:?}: want NAME or NAME=RUNNER with RUNNER one of python, sh")]
+    #[error(
+        "bad --template {0:?}: want NAME or NAME=RUNNER with RUNNER one of python, python-exec, sh"
+    )]
     Template(String),
     #[error("bad --trusted-proxy {0:?}: want an IP address or CIDR such as 10.0.0.0/8")]
     Proxy(String),
@@ -39,7 +41,8 @@ pub struct Config {
     /// Runs table (SQLite).
     #[arg(long, env = "HATCHERY_PLAYGROUND_DB", default_value = "playground.db")]
     pub db: PathBuf,
-    /// Templates visitors may run, as NAME or NAME=RUNNER (python, sh). Repeatable.
+    /// Templates visitors may run, as NAME or NAME=RUNNER: python (run_code in the
+    /// sandbox's interpreter), python-exec (a file run with python3), sh. Repeatable.
     #[arg(
         long = "template",
         env = "HATCHERY_PLAYGROUND_TEMPLATES",
@@ -136,24 +139,35 @@ impl Config {
     }
 }
 
-/// How a template's snippet is written and started. The snippet always goes
-/// into a file and the command is an argv, so visitor input never meets a shell.
+/// How a template's snippet runs. Visitor input never meets a shell: it is
+/// either the body of a run_code call or a file started with a fixed argv.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Runner {
-    pub path: &'static str,
-    pub argv: &'static [&'static str],
+pub enum Runner {
+    /// The daemon's run_code (`POST /v1/sandboxes/{id}/code/stream`): the
+    /// snippet goes to the interpreter already running in the sandbox, so
+    /// no file is written and no process is started.
+    Code { language: &'static str },
+    /// The snippet written to `path`, then `argv` run with the exec API.
+    File {
+        path: &'static str,
+        argv: &'static [&'static str],
+    },
 }
 
-pub const PYTHON: Runner = Runner {
+/// Python through run_code (the default).
+pub const PYTHON: Runner = Runner::Code { language: "python" };
+/// Python as a file started with `python3 -u` (how every Python snippet ran
+/// before run_code; for a daemon or template without it).
+pub const PYTHON_EXEC: Runner = Runner::File {
     path: "/workspace/main.py",
     argv: &["python3", "-u", "/workspace/main.py"],
 };
-pub const SH: Runner = Runner {
+pub const SH: Runner = Runner::File {
     path: "/workspace/main.sh",
     argv: &["sh", "/workspace/main.sh"],
 };
 
-/// Parses `NAME` (python) or `NAME=python|sh`.
+/// Parses `NAME` (python) or `NAME=python|python-exec|sh`.
 pub fn parse_template(spec: &str) -> Result<(String, Runner), ConfigError> {
     let (name, runner) = match spec.split_once('=') {
         Some((n, r)) => (n.trim(), r.trim()),
@@ -167,6 +181,7 @@ pub fn parse_template(spec: &str) -> Result<(String, Runner), ConfigError> {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
     let runner = match runner {
         "python" => PYTHON,
+        "python-exec" => PYTHON_EXEC,
         "sh" => SH,
         _ => return Err(ConfigError::Template(spec.into())),
     };
@@ -250,6 +265,8 @@ mod tests {
     fn templates() {
         assert_eq!(parse_template("code-interpreter").unwrap().1, PYTHON);
         assert_eq!(parse_template("shell=sh").unwrap(), ("shell".into(), SH));
+        assert_eq!(parse_template("py=python").unwrap().1, PYTHON);
+        assert_eq!(parse_template("py=python-exec").unwrap().1, PYTHON_EXEC);
         assert!(parse_template("x=ruby").is_err());
         assert!(parse_template("Bad").is_err());
         assert!(parse_template("=python").is_err());

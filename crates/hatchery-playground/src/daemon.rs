@@ -218,12 +218,52 @@ impl Daemon {
             "timeout_seconds": timeout_seconds,
             "max_output_bytes": max_output_bytes,
         });
-        let uri = format!("/v1/sandboxes/{id}/exec/stream");
+        self.events(
+            &format!("/v1/sandboxes/{id}/exec/stream"),
+            &body,
+            MAX_SSE_LINE,
+        )
+        .await
+    }
+
+    /// Runs `code` in the sandbox's default interpreter context (run_code)
+    /// and returns its event stream: stdout, stderr, result, error, then
+    /// done or failed. Dropping the stream closes the connection, which
+    /// cancels the run.
+    pub async fn code_stream(
+        &self,
+        id: &str,
+        language: &str,
+        code: &str,
+        timeout_seconds: u64,
+        max_output_bytes: usize,
+    ) -> Result<ExecStream, DaemonError> {
+        let body = json!({
+            "code": code,
+            "language": language,
+            "timeout_seconds": timeout_seconds,
+            "max_output_bytes": max_output_bytes,
+        });
+        // A result event carries its whole MIME bundle on one line; the
+        // daemon caps the bundles of a run at max_output_bytes together.
+        let max_line =
+            MAX_SSE_LINE.max(max_output_bytes.saturating_mul(2).saturating_add(64 << 10));
+        self.events(&format!("/v1/sandboxes/{id}/code/stream"), &body, max_line)
+            .await
+    }
+
+    /// POSTs `body` to an event-stream route; a non-200 answer is an error.
+    async fn events(
+        &self,
+        uri: &str,
+        body: &Value,
+        max_line: usize,
+    ) -> Result<ExecStream, DaemonError> {
         let resp = tokio::time::timeout(
             CALL_TIMEOUT,
             self.send(
                 Method::POST,
-                &uri,
+                uri,
                 Some(("application/json", Bytes::from(body.to_string()))),
             ),
         )
@@ -240,12 +280,13 @@ impl Daemon {
         }
         Ok(ExecStream {
             body: resp.into_body(),
-            parser: SseParser::new(MAX_SSE_LINE),
+            parser: SseParser::new(max_line),
             pending: Vec::new(),
         })
     }
 }
 
+/// The events of an exec or code stream, as the daemon sends them.
 pub struct ExecStream {
     body: Incoming,
     parser: SseParser,

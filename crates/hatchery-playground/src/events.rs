@@ -41,6 +41,15 @@ pub struct Exit {
     pub oom_killed: bool,
     pub duration_ms: u64,
     pub cached: bool,
+    /// The exception a run_code snippet ended with (its traceback went to
+    /// stderr); null otherwise, and for `sys.exit`.
+    pub exception: Option<Exception>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Exception {
+    pub name: String,
+    pub value: String,
 }
 
 /// One event of the daemon's exec stream.

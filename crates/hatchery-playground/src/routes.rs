@@ -270,8 +270,7 @@ async fn admit(app: &Arc<App>, v: &Visitor, run_id: &str, body: Body) -> Result<
     let job = Job {
         run_id: run_id.to_string(),
         template: req.template,
-        path: runner.path,
-        argv: runner.argv,
+        runner,
         code: req.code,
     };
     let app2 = app.clone();

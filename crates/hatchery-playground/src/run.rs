@@ -1,10 +1,13 @@
-//! One visitor's run: a fresh sandbox, the snippet written as a file, the
-//! command streamed with a byte cap and a wall-clock cap enforced here, and
-//! the sandbox deleted on every path (success, error, visitor gone, time up).
+//! One visitor's run: a fresh sandbox, the snippet run (Python through the
+//! daemon's run_code, in the interpreter already running in the sandbox;
+//! other runners as a file and a command), its output streamed with a byte
+//! cap and a wall-clock cap enforced here, and the sandbox deleted on every
+//! path (success, error, visitor gone, time up).
 
 use crate::cache::Entry;
-use crate::daemon::{Daemon, DaemonError};
-use crate::events::{cut, Exit, Output, Stream};
+use crate::config::Runner;
+use crate::daemon::{Daemon, DaemonError, ExecStream};
+use crate::events::{cut, Exception, Exit, Output, SseEvent, Stream};
 use bytes::Bytes;
 use serde::Deserialize;
 use std::time::{Duration, Instant};
@@ -29,8 +32,7 @@ pub struct Limits {
 pub struct Job {
     pub run_id: String,
     pub template: String,
-    pub path: &'static str,
-    pub argv: &'static [&'static str],
+    pub runner: Runner,
     pub code: String,
 }
 
@@ -57,6 +59,26 @@ struct DaemonExit {
     truncated: bool,
     #[serde(default)]
     oom_killed: bool,
+}
+
+/// The `done` event of a code stream (the fields used here).
+#[derive(Deserialize)]
+struct CodeDone {
+    reason: String,
+    #[serde(default)]
+    truncated: bool,
+    #[serde(default)]
+    oom_killed: bool,
+}
+
+/// The `error` event of a code stream: the snippet's exception.
+#[derive(Deserialize)]
+struct CodeError {
+    name: String,
+    #[serde(default)]
+    value: String,
+    #[serde(default)]
+    traceback: String,
 }
 
 enum Ended {
@@ -170,26 +192,24 @@ async fn drive(
     if tx.is_closed() {
         return Ended::Disconnected;
     }
-    if let Err(e) = daemon
-        .put_file(id, job.path, Bytes::from(job.code.clone()))
-        .await
-    {
-        return Ended::Failed("unavailable", format!("could not write the snippet: {e}"));
-    }
     // The daemon's own deadline trails ours: ours stops the run, its is a backstop.
     let backstop = limits.timeout.as_secs() + 2;
-    let mut stream = match daemon
-        .exec_stream(id, job.argv, backstop, limits.max_output_bytes)
-        .await
-    {
+    let mut stream = match start(daemon, limits, job, id, backstop).await {
         Ok(s) => s,
-        Err(e) => return Ended::Failed("unavailable", format!("could not start the snippet: {e}")),
+        Err(e) => return e,
     };
     let deadline = tokio::time::Instant::now() + limits.timeout;
-    let mut sent = [0usize; 2];
+    let mut fwd = Forward {
+        limits,
+        code: matches!(job.runner, Runner::Code { .. }),
+        sent: [0; 2],
+        exception: None,
+        exit_code: 0,
+        started,
+    };
     loop {
         tokio::select! {
-            ev = stream.next() => match handle(ev, limits, &mut sent, output, report, started) {
+            ev = stream.next() => match fwd.handle(ev, output, report) {
                 Step::Send(o) => {
                     report.first_output.get_or_insert_with(Instant::now);
                     if tx.send(Event::Output(o)).await.is_err() {
@@ -205,7 +225,12 @@ async fn drive(
                     if tx.send(Event::Output(o)).await.is_err() {
                         return Ended::Disconnected;
                     }
-                    return Ended::Exit(Exit { truncated: true, duration_ms: ms(started), ..Exit::default() });
+                    return Ended::Exit(Exit {
+                        truncated: true,
+                        duration_ms: ms(started),
+                        exception: fwd.exception.clone(),
+                        ..Exit::default()
+                    });
                 }
                 Step::Done(e) => return e,
             },
@@ -213,7 +238,7 @@ async fn drive(
                 drop(stream);
                 return Ended::Exit(Exit {
                     timed_out: true,
-                    truncated: sent.iter().any(|&s| s >= limits.max_output_bytes),
+                    truncated: fwd.capped(),
                     duration_ms: ms(started),
                     ..Exit::default()
                 });
@@ -234,62 +259,390 @@ fn ms(since: Instant) -> u64 {
     since.elapsed().as_millis() as u64
 }
 
-fn handle(
-    ev: Result<Option<crate::events::SseEvent>, DaemonError>,
+/// Writes the snippet and starts it (file + exec), or hands it to the
+/// sandbox's interpreter (run_code).
+async fn start(
+    daemon: &Daemon,
     limits: &Limits,
-    sent: &mut [usize; 2],
-    output: &mut Vec<Output>,
-    report: &mut Report,
+    job: &Job,
+    id: &str,
+    backstop: u64,
+) -> Result<ExecStream, Ended> {
+    let started = match &job.runner {
+        Runner::File { path, argv } => {
+            if let Err(e) = daemon
+                .put_file(id, path, Bytes::from(job.code.clone()))
+                .await
+            {
+                return Err(Ended::Failed(
+                    "unavailable",
+                    format!("could not write the snippet: {e}"),
+                ));
+            }
+            daemon
+                .exec_stream(id, argv, backstop, limits.max_output_bytes)
+                .await
+        }
+        Runner::Code { language } => {
+            daemon
+                .code_stream(id, language, &job.code, backstop, limits.max_output_bytes)
+                .await
+        }
+    };
+    started.map_err(|e| Ended::Failed("unavailable", format!("could not start the snippet: {e}")))
+}
+
+/// Turns the daemon's events into the visitor's, counting bytes per stream.
+struct Forward<'a> {
+    limits: &'a Limits,
+    /// A run_code stream (events result, error, done, failed) rather than
+    /// an exec stream (exit, error).
+    code: bool,
+    sent: [usize; 2],
+    /// The snippet's exception and the exit status it means, from a code
+    /// stream's `error` event.
+    exception: Option<Exception>,
+    exit_code: i32,
     started: Instant,
-) -> Step {
-    let ev = match ev {
-        Ok(Some(ev)) => ev,
-        Ok(None) => {
-            return Step::Done(Ended::Failed(
-                "unavailable",
-                "the sandbox went away mid-run".into(),
-            ))
-        }
-        Err(e) => return Step::Done(Ended::Failed("unavailable", e.to_string())),
-    };
-    let stream = match ev.event.as_str() {
-        "stdout" => Stream::Stdout,
-        "stderr" => Stream::Stderr,
-        "exit" => {
-            return match serde_json::from_str::<DaemonExit>(&ev.data) {
-                Ok(d) => Step::Done(Ended::Exit(Exit {
-                    exit_code: Some(d.exit_code),
-                    timed_out: d.timed_out,
-                    truncated: d.truncated || sent.iter().any(|&s| s >= limits.max_output_bytes),
-                    oom_killed: d.oom_killed,
-                    duration_ms: ms(started),
-                    cached: false,
-                })),
-                Err(e) => Step::Done(Ended::Failed("unavailable", format!("bad exit event: {e}"))),
-            };
-        }
-        "error" => {
-            return Step::Done(Ended::Failed(
-                "unavailable",
-                format!("the run failed: {}", ev.data),
-            ))
-        }
-        _ => return Step::Skip,
-    };
-    let Ok(chunk) = serde_json::from_str::<Chunk>(&ev.data) else {
-        return Step::Skip;
-    };
-    let i = (stream == Stream::Stderr) as usize;
-    let room = limits.max_output_bytes.saturating_sub(sent[i]);
-    let data = cut(&chunk.data, room).to_string();
-    let capped = data.len() < chunk.data.len() || sent[i] + data.len() >= limits.max_output_bytes;
-    sent[i] += data.len();
-    report.bytes_out += data.len() as u64;
-    let o = Output { stream, data };
-    output.push(o.clone());
-    if capped {
-        Step::Capped(o)
+}
+
+/// What the browser is shown of a result: its text/plain, as a line.
+fn result_text(data: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(data).ok()?;
+    let text = v["data"]["text/plain"].as_str()?;
+    Some(line(text))
+}
+
+fn line(s: &str) -> String {
+    if s.ends_with('\n') {
+        s.to_string()
     } else {
-        Step::Send(o)
+        format!("{s}\n")
+    }
+}
+
+/// How `python3 main.py` would have ended with this exception: (exit code,
+/// what stderr shows, the exception to report). `sys.exit(N)` exits N with
+/// nothing shown, `sys.exit("msg")` shows the message and exits 1; any
+/// other exception shows its traceback and exits 1; a dead interpreter
+/// exits 128+N for signal N, else at least 1.
+fn python_exit(e: &CodeError) -> (i32, Option<String>, Option<Exception>) {
+    let exception = Some(Exception {
+        name: cut(&e.name, 200).to_string(),
+        value: cut(&e.value, 1000).to_string(),
+    });
+    let num = |after: &str| {
+        e.value
+            .split(after)
+            .nth(1)
+            .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse::<i32>().ok())
+    };
+    match e.name.as_str() {
+        "SystemExit" if e.value == "None" => (0, None, None),
+        "SystemExit" => match e.value.parse::<i64>() {
+            Ok(c) => ((c & 0xff) as i32, None, None),
+            Err(_) => (1, Some(line(&e.value)), None),
+        },
+        "InterpreterDied" => {
+            let code = match (num("killed by signal "), num("exited with status ")) {
+                (Some(sig), _) => 128 + sig,
+                (None, Some(c @ 1..=255)) => c,
+                _ => 1,
+            };
+            (
+                code,
+                Some(line(&format!("{}: {}", e.name, e.value))),
+                exception,
+            )
+        }
+        _ => {
+            let shown = if e.traceback.is_empty() {
+                format!("{}: {}", e.name, e.value)
+            } else {
+                e.traceback.clone()
+            };
+            (1, Some(line(&shown)), exception)
+        }
+    }
+}
+
+impl Forward<'_> {
+    fn capped(&self) -> bool {
+        self.sent.iter().any(|&s| s >= self.limits.max_output_bytes)
+    }
+
+    /// A code run's end. The daemon stopping it (its backstop deadline, its
+    /// own output cap) reads as the gateway stopping it: no exit code.
+    fn done(&self, data: &str) -> Ended {
+        let d = match serde_json::from_str::<CodeDone>(data) {
+            Ok(d) => d,
+            Err(e) => return Ended::Failed("unavailable", format!("bad done event: {e}")),
+        };
+        let mut exit = Exit {
+            exit_code: Some(self.exit_code),
+            truncated: d.truncated || self.capped(),
+            oom_killed: d.oom_killed,
+            duration_ms: ms(self.started),
+            exception: self.exception.clone(),
+            ..Exit::default()
+        };
+        match d.reason.as_str() {
+            "timeout" => {
+                exit.exit_code = None;
+                exit.timed_out = true;
+            }
+            "output_limit" => {
+                exit.exit_code = None;
+                exit.truncated = true;
+            }
+            // Killed (as exec reports it: SIGKILL).
+            "oom" | "cpu_limit" => {
+                exit.exit_code = Some(137);
+                exit.oom_killed |= d.reason == "oom";
+            }
+            "cancelled" => {
+                return Ended::Failed("unavailable", "the daemon cancelled the run".into())
+            }
+            _ => {}
+        }
+        Ended::Exit(exit)
+    }
+
+    fn handle(
+        &mut self,
+        ev: Result<Option<SseEvent>, DaemonError>,
+        output: &mut Vec<Output>,
+        report: &mut Report,
+    ) -> Step {
+        let ev = match ev {
+            Ok(Some(ev)) => ev,
+            Ok(None) => {
+                return Step::Done(Ended::Failed(
+                    "unavailable",
+                    "the sandbox went away mid-run".into(),
+                ))
+            }
+            Err(e) => return Step::Done(Ended::Failed("unavailable", e.to_string())),
+        };
+        let (stream, data) = match (self.code, ev.event.as_str()) {
+            (_, "stdout") | (_, "stderr") => {
+                let Ok(chunk) = serde_json::from_str::<Chunk>(&ev.data) else {
+                    return Step::Skip;
+                };
+                let stream = if ev.event == "stdout" {
+                    Stream::Stdout
+                } else {
+                    Stream::Stderr
+                };
+                (stream, chunk.data)
+            }
+            (false, "exit") => {
+                return match serde_json::from_str::<DaemonExit>(&ev.data) {
+                    Ok(d) => Step::Done(Ended::Exit(Exit {
+                        exit_code: Some(d.exit_code),
+                        timed_out: d.timed_out,
+                        truncated: d.truncated || self.capped(),
+                        oom_killed: d.oom_killed,
+                        duration_ms: ms(self.started),
+                        ..Exit::default()
+                    })),
+                    Err(e) => {
+                        Step::Done(Ended::Failed("unavailable", format!("bad exit event: {e}")))
+                    }
+                };
+            }
+            (false, "error") | (true, "failed") => {
+                return Step::Done(Ended::Failed(
+                    "unavailable",
+                    format!("the run failed: {}", cut(&ev.data, 1000)),
+                ))
+            }
+            (true, "result") => match result_text(&ev.data) {
+                Some(text) => (Stream::Stdout, text),
+                None => return Step::Skip,
+            },
+            (true, "error") => {
+                let Ok(e) = serde_json::from_str::<CodeError>(&ev.data) else {
+                    return Step::Skip;
+                };
+                let (code, shown, exception) = python_exit(&e);
+                self.exit_code = code;
+                self.exception = exception;
+                match shown {
+                    Some(text) => (Stream::Stderr, text),
+                    None => return Step::Skip,
+                }
+            }
+            (true, "done") => return Step::Done(self.done(&ev.data)),
+            _ => return Step::Skip,
+        };
+        let i = (stream == Stream::Stderr) as usize;
+        let room = self.limits.max_output_bytes.saturating_sub(self.sent[i]);
+        let full = data;
+        let data = cut(&full, room).to_string();
+        let capped =
+            data.len() < full.len() || self.sent[i] + data.len() >= self.limits.max_output_bytes;
+        self.sent[i] += data.len();
+        report.bytes_out += data.len() as u64;
+        let o = Output { stream, data };
+        output.push(o.clone());
+        if capped {
+            Step::Capped(o)
+        } else {
+            Step::Send(o)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fwd(limits: &Limits) -> Forward<'_> {
+        Forward {
+            limits,
+            code: true,
+            sent: [0; 2],
+            exception: None,
+            exit_code: 0,
+            started: Instant::now(),
+        }
+    }
+
+    fn ev(event: &str, data: serde_json::Value) -> Result<Option<SseEvent>, DaemonError> {
+        Ok(Some(SseEvent {
+            event: event.into(),
+            data: data.to_string(),
+        }))
+    }
+
+    fn limits(cap: usize) -> Limits {
+        Limits {
+            timeout: Duration::from_secs(5),
+            ttl_seconds: 60,
+            max_output_bytes: cap,
+        }
+    }
+
+    fn report() -> Report {
+        Report {
+            outcome: "error",
+            exit: None,
+            bytes_out: 0,
+            entry: None,
+            first_output: None,
+        }
+    }
+
+    #[test]
+    fn code_events_map_onto_the_visitors() {
+        let l = limits(1000);
+        let mut f = fwd(&l);
+        let (mut out, mut r) = (Vec::new(), report());
+        let sent = |s: Step| match s {
+            Step::Send(o) => (o.stream, o.data),
+            _ => panic!("not sent"),
+        };
+        let s = f.handle(
+            ev("stdout", serde_json::json!({"data": "hi\n"})),
+            &mut out,
+            &mut r,
+        );
+        assert_eq!(sent(s), (Stream::Stdout, "hi\n".into()));
+        let res = serde_json::json!({"data": {"text/plain": "42", "text/html": "<b>42</b>"}, "is_main_result": true});
+        assert_eq!(
+            sent(f.handle(ev("result", res), &mut out, &mut r)),
+            (Stream::Stdout, "42\n".into())
+        );
+        let err = serde_json::json!({"name": "ZeroDivisionError", "value": "division by zero",
+            "traceback": "Traceback (most recent call last):\nZeroDivisionError: division by zero\n"});
+        let (stream, text) = sent(f.handle(ev("error", err), &mut out, &mut r));
+        assert_eq!(stream, Stream::Stderr);
+        assert!(text.starts_with("Traceback"));
+        let done = serde_json::json!({"reason": "exited", "truncated": false, "oom_killed": false, "error": null});
+        let Step::Done(Ended::Exit(x)) = f.handle(ev("done", done), &mut out, &mut r) else {
+            panic!("no exit")
+        };
+        assert_eq!(x.exit_code, Some(1));
+        assert_eq!(x.exception.unwrap().name, "ZeroDivisionError");
+        assert!(!x.timed_out && !x.truncated);
+        assert_eq!(out.len(), 3);
+        assert_eq!(
+            r.bytes_out as usize,
+            out.iter().map(|o| o.data.len()).sum::<usize>()
+        );
+    }
+
+    #[test]
+    fn failures_and_limits() {
+        let l = limits(4);
+        let mut f = fwd(&l);
+        let (mut out, mut r) = (Vec::new(), report());
+        // The traceback counts against the stderr cap.
+        let err = serde_json::json!({"name": "E", "value": "", "traceback": "long traceback"});
+        let Step::Capped(o) = f.handle(ev("error", err), &mut out, &mut r) else {
+            panic!("not capped")
+        };
+        assert_eq!((o.stream, o.data.as_str()), (Stream::Stderr, "long"));
+        let failed = serde_json::json!({"error": {"code": "sandbox_not_found", "message": "gone"}});
+        assert!(matches!(
+            f.handle(ev("failed", failed), &mut out, &mut r),
+            Step::Done(Ended::Failed("unavailable", _))
+        ));
+        let mut f = fwd(&l);
+        let done =
+            serde_json::json!({"reason": "timeout", "truncated": false, "oom_killed": false});
+        let Step::Done(Ended::Exit(x)) = f.handle(ev("done", done), &mut out, &mut r) else {
+            panic!("no exit")
+        };
+        assert!(x.timed_out && x.exit_code.is_none());
+        let done =
+            serde_json::json!({"reason": "signaled", "truncated": false, "oom_killed": true});
+        let died = serde_json::json!({"name": "InterpreterDied",
+            "value": "the interpreter killed by signal 9; the context was restarted", "traceback": ""});
+        let mut f = fwd(&l);
+        f.handle(ev("error", died), &mut out, &mut r);
+        let Step::Done(Ended::Exit(x)) = f.handle(ev("done", done), &mut out, &mut r) else {
+            panic!("no exit")
+        };
+        assert_eq!((x.exit_code, x.oom_killed), (Some(137), true));
+        // An exec stream's `error` is a daemon failure, and `done` means nothing there.
+        let mut f = fwd(&l);
+        f.code = false;
+        let e = serde_json::json!({"error": {"code": "x", "message": "y"}});
+        assert!(matches!(
+            f.handle(ev("error", e), &mut out, &mut r),
+            Step::Done(Ended::Failed(..))
+        ));
+        assert!(matches!(
+            f.handle(ev("done", serde_json::json!({})), &mut out, &mut r),
+            Step::Skip
+        ));
+    }
+
+    #[test]
+    fn exits_like_python3() {
+        let e = |name: &str, value: &str| CodeError {
+            name: name.into(),
+            value: value.into(),
+            traceback: "tb\n".into(),
+        };
+        assert_eq!(python_exit(&e("SystemExit", "3")).0, 3);
+        assert_eq!(python_exit(&e("SystemExit", "3")).1, None);
+        assert_eq!(python_exit(&e("SystemExit", "None")), (0, None, None));
+        let (code, shown, exc) = python_exit(&e("SystemExit", "bye"));
+        assert_eq!((code, shown.as_deref(), exc), (1, Some("bye\n"), None));
+        let (code, shown, exc) = python_exit(&e("ValueError", "bad"));
+        assert_eq!((code, shown.as_deref()), (1, Some("tb\n")));
+        assert_eq!(exc.unwrap().value, "bad");
+        assert_eq!(
+            python_exit(&e(
+                "InterpreterDied",
+                "the interpreter exited with status 0"
+            ))
+            .0,
+            1
+        );
     }
 }

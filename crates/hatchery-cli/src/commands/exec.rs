@@ -26,9 +26,14 @@ pub struct ExecArgs {
     /// Send our stdin to the command (read to the end first; at most 1 MiB of UTF-8).
     #[arg(long, short = 'i')]
     pub stdin: bool,
-    /// Output kept per stream, in bytes (daemon default 1 MiB).
+    /// Output kept per stream, in bytes (daemon default 1 MiB); a stream
+    /// that passes it ends the command.
     #[arg(long)]
     pub max_output_bytes: Option<u64>,
+    /// CPU time the command and everything it starts may use, in ms; then
+    /// all of it is killed. At most the timeout.
+    #[arg(long, value_name = "MS")]
+    pub cpu_limit_ms: Option<u64>,
     /// Wait for the end and print the whole result object as JSON instead of streaming.
     #[arg(long)]
     pub json: bool,
@@ -54,6 +59,9 @@ pub fn run(api: &Api, a: ExecArgs) -> anyhow::Result<i32> {
     }
     if let Some(m) = a.max_output_bytes {
         body["max_output_bytes"] = m.into();
+    }
+    if let Some(c) = a.cpu_limit_ms {
+        body["cpu_limit_ms"] = c.into();
     }
     if a.stdin {
         let mut buf = Vec::new();
@@ -118,28 +126,83 @@ pub fn stream(
 }
 
 /// Our exit status for an exec result, with a note on stderr for what the
-/// status alone does not say.
+/// status alone does not say (why the command was stopped).
 pub fn status(exit: &Value, notes: bool) -> i32 {
-    let note = |m: String| {
-        if notes {
-            eprintln!("hatchery: {m}");
+    if notes {
+        for n in stop_notes(exit) {
+            eprintln!("hatchery: {n}");
         }
-    };
-    if exit["truncated"] == true {
-        note("output truncated at --max-output-bytes (per stream)".into());
     }
-    if exit["oom_killed"] == true {
-        note("the sandbox ran out of memory during this command (OOM kill)".into());
-    }
-    if exit["timed_out"] == true {
-        note(format!(
-            "command timed out after {} ms and was killed (exit {EXIT_TIMEOUT})",
-            exit["duration_ms"]
-        ));
+    if exit["timed_out"] == true || exit["reason"] == "timeout" {
         return EXIT_TIMEOUT;
     }
     match exit["exit_code"].as_i64() {
         Some(c @ 0..=255) => c as i32,
         _ => 255,
+    }
+}
+
+/// Why an exec or code run was stopped, in words: one line per cause, from
+/// its `reason` (timeout, cpu_limit, output_limit, oom) and the older
+/// `truncated` / `oom_killed` / `timed_out` flags a daemon without `reason`
+/// still sends.
+pub fn stop_notes(end: &Value) -> Vec<String> {
+    let reason = end["reason"].as_str().unwrap_or("");
+    let mut notes = Vec::new();
+    if reason == "output_limit" {
+        notes.push(
+            "output passed --max-output-bytes (per stream); the command was stopped (output_limit)"
+                .into(),
+        );
+    } else if end["truncated"] == true {
+        notes.push("output truncated at --max-output-bytes (per stream)".into());
+    }
+    if reason == "cpu_limit" {
+        notes.push(format!(
+            "the command used up its CPU time limit ({} ms of CPU) and was killed (cpu_limit)",
+            end["cpu_ms"]
+        ));
+    }
+    if reason == "oom" || end["oom_killed"] == true {
+        notes.push("the sandbox ran out of memory during this command (OOM kill)".into());
+    }
+    if end["timed_out"] == true || reason == "timeout" {
+        notes.push(format!(
+            "command timed out after {} ms and was killed (exit {EXIT_TIMEOUT})",
+            end["duration_ms"]
+        ));
+    }
+    notes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_and_notes() {
+        let ok = json!({"exit_code": 0, "reason": "exited", "timed_out": false});
+        assert_eq!(status(&ok, false), 0);
+        assert!(stop_notes(&ok).is_empty());
+        let t =
+            json!({"exit_code": 137, "reason": "timeout", "timed_out": true, "duration_ms": 1000});
+        assert_eq!(status(&t, false), EXIT_TIMEOUT);
+        assert_eq!(stop_notes(&t).len(), 1);
+        assert!(stop_notes(&t)[0].contains("timed out after 1000 ms"));
+        let cpu = json!({"exit_code": 137, "reason": "cpu_limit", "cpu_ms": 205});
+        assert_eq!(status(&cpu, false), 137);
+        assert!(
+            stop_notes(&cpu)[0].contains("cpu_limit"),
+            "{:?}",
+            stop_notes(&cpu)
+        );
+        let out = json!({"exit_code": 137, "reason": "output_limit", "truncated": true});
+        assert_eq!(stop_notes(&out).len(), 1);
+        assert!(stop_notes(&out)[0].contains("output_limit"));
+        let oom = json!({"exit_code": 137, "reason": "oom", "oom_killed": true});
+        assert_eq!(stop_notes(&oom).len(), 1);
+        // An older daemon: flags only.
+        let old = json!({"exit_code": 0, "truncated": true});
+        assert!(stop_notes(&old)[0].contains("truncated"));
     }
 }
