@@ -106,8 +106,8 @@ def error_from_event(payload: Any, status: Optional[int] = None) -> HatcheryErro
 _CODE_STATUS = {"invalid_request": 400, "invalid_json": 400, "invalid_body": 400, "invalid_query": 400,
                 "invalid_network_policy": 400, "invalid_template_name": 400, "unsupported_media_type": 415,
                 "unauthorized": 401, "permission_denied": 403, "not_found": 404, "sandbox_not_found": 404,
-                "snapshot_not_found": 404, "file_not_found": 404, "template_not_found": 404,
-                "build_not_found": 404, "context_not_found": 404, "process_not_found": 404, "sandbox_not_running": 409, "conflict": 409,
+                "snapshot_not_found": 404, "file_not_found": 404, "template_not_found": 404, "build_not_found": 404,
+                "context_not_found": 404, "process_not_found": 404, "sandbox_not_running": 409, "conflict": 409,
                 "file_conflict": 409, "unsupported": 409, "too_large": 413, "guest_error": 422,
-                "snapshot_corrupt": 422, "too_many": 429, "capacity": 503, "runtime_error": 503, "network_exhausted": 503,
-                "guest_unresponsive": 504}
+                "snapshot_corrupt": 422, "too_many": 429, "capacity": 503, "runtime_error": 503,
+                "network_exhausted": 503, "guest_unresponsive": 504}
