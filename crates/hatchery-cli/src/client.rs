@@ -87,6 +87,23 @@ impl Api {
         r.into_json().context("the daemon's answer is not JSON")
     }
 
+    /// A request without a body that answers JSON (or nothing, for 204).
+    pub fn call(&self, method: &str, path: &str) -> anyhow::Result<Value> {
+        let r = self.done(self.request(method, path)?.call())?;
+        if r.status() == 204 {
+            return Ok(Value::Null);
+        }
+        r.into_json().context("the daemon's answer is not JSON")
+    }
+
+    /// POSTs raw bytes (`application/octet-stream`); the answer is not read.
+    pub fn post_bytes(&self, path: &str, body: &[u8]) -> anyhow::Result<()> {
+        let req = self
+            .request("POST", path)?
+            .set("Content-Type", "application/octet-stream");
+        self.done(req.send_bytes(body)).map(drop)
+    }
+
     pub fn delete(&self, path: &str) -> anyhow::Result<()> {
         self.done(self.request("DELETE", path)?.call())?;
         Ok(())

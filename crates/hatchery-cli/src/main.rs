@@ -1,8 +1,8 @@
 //! `hatchery`: the command line. `serve` runs the daemon; every other
-//! subcommand is a client of a running daemon (sandbox, exec, cp, shell, run,
-//! snapshot, template, network), except `template build-local`, which builds
-//! a template's root filesystem on this host (how `make run` makes the
-//! default template).
+//! subcommand is a client of a running daemon (sandbox, exec, ps, attach,
+//! wait, kill, cp, shell, run, snapshot, template, network), except
+//! `template build-local`, which builds a template's root filesystem on this
+//! host (how `make run` makes the default template).
 
 mod cleanup;
 mod client;
@@ -11,7 +11,7 @@ mod output;
 
 use clap::{Parser, Subcommand};
 use client::{Api, EXIT_HATCHERY};
-use commands::{exec, network, run, sandbox, snapshot, template};
+use commands::{exec, network, procs, run, sandbox, snapshot, template};
 
 #[derive(Parser)]
 #[command(
@@ -35,6 +35,11 @@ const RUN_EXIT_CODES: &str = "Exit status: the program's own; 128+N when signal 
 template, invalid request). With --code: 0, 1 when the code raised (sys.exit(N): N), 124 on \
 timeout, 125 when hatchery failed.";
 
+const PROC_EXIT_CODES: &str = "Exit status: the process's own once it has exited; 128+N when \
+signal N killed it; 124 when `wait --timeout` passed with it still running; 130 when Ctrl-C \
+detached `attach`; 125 when hatchery itself failed (daemon unreachable, unknown sandbox or \
+process, invalid request).";
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the daemon in the foreground (same as `hatcheryd`).
@@ -45,6 +50,18 @@ enum Cmd {
     /// Run a command in a sandbox, streaming its output; exits with its status.
     #[command(after_help = EXIT_CODES)]
     Exec(exec::ExecArgs),
+    /// List a sandbox's background processes (`exec --background` starts them).
+    Ps(procs::PsArgs),
+    /// Stream a background process's output (and feed it our stdin); exits
+    /// with its status. Ctrl-C detaches and leaves it running.
+    #[command(after_help = PROC_EXIT_CODES)]
+    Attach(procs::AttachArgs),
+    /// Wait for a background process to end; exits with its status.
+    #[command(after_help = PROC_EXIT_CODES)]
+    Wait(procs::WaitArgs),
+    /// Kill a background process and everything it started, or (--signal)
+    /// send it a signal.
+    Kill(procs::KillArgs),
     /// Copy a file between here and a sandbox: `hatchery cp main.py ID:/workspace/`.
     Cp {
         /// Local path, `-` (stdin) or ID:/path.
@@ -81,7 +98,7 @@ async fn main() {
     // exec and run share their exit status with the command they ran, so
     // their own failures get a status of their own.
     let fail = match cli.cmd {
-        Cmd::Exec(_) | Cmd::Run(_) => EXIT_HATCHERY,
+        Cmd::Exec(_) | Cmd::Run(_) | Cmd::Attach(_) | Cmd::Wait(_) => EXIT_HATCHERY,
         _ => 1,
     };
     if !matches!(cli.cmd, Cmd::Serve(_) | Cmd::Run(_)) {
@@ -135,6 +152,10 @@ fn client_cmd(api: &Api, cmd: Cmd) -> anyhow::Result<i32> {
     match cmd {
         Cmd::Sandbox(c) => sandbox::run(api, c),
         Cmd::Exec(a) => exec::run(api, a),
+        Cmd::Ps(a) => procs::ps(api, a),
+        Cmd::Attach(a) => procs::attach(api, a),
+        Cmd::Wait(a) => procs::wait(api, a),
+        Cmd::Kill(a) => procs::kill(api, a),
         Cmd::Cp { src, dst } => commands::cp::run(api, &src, &dst),
         Cmd::Shell { id, cwd } => commands::shell::run(api, &id, cwd),
         Cmd::Snapshot(c) => snapshot::run(api, c),

@@ -34,7 +34,13 @@ pub struct ExecArgs {
     /// all of it is killed. At most the timeout.
     #[arg(long, value_name = "MS")]
     pub cpu_limit_ms: Option<u64>,
-    /// Wait for the end and print the whole result object as JSON instead of streaming.
+    /// Start the command in the background and print its process id at once
+    /// (then `hatchery ps`, `attach`, `wait`, `kill`). No timeout unless
+    /// --timeout: it runs as long as the sandbox.
+    #[arg(long, short = 'b')]
+    pub background: bool,
+    /// Wait for the end and print the whole result object as JSON instead of
+    /// streaming (with --background: the new process's ProcessInfo).
     #[arg(long)]
     pub json: bool,
     /// The command. One argument runs through `/bin/sh -c`; several run as
@@ -69,6 +75,14 @@ pub fn run(api: &Api, a: ExecArgs) -> anyhow::Result<i32> {
         body["stdin"] = String::from_utf8(buf)
             .context("--stdin takes UTF-8 text; copy binary input in with `hatchery cp`")?
             .into();
+    }
+    if a.background {
+        body["background"] = true.into();
+        let info = api
+            .send("POST", &format!("/v1/sandboxes/{}/exec", a.id), &body)
+            .map_err(|e| not_found(e, &a.id))?;
+        output::show(a.json, &info, |v| println!("{}", output::s(&v["id"])));
+        return Ok(0);
     }
     if a.json {
         let out = api

@@ -3,6 +3,7 @@
 pub mod cp;
 pub mod exec;
 pub mod network;
+pub mod procs;
 pub mod run;
 pub mod sandbox;
 pub mod shell;

@@ -185,10 +185,10 @@ pub fn not_found(e: anyhow::Error, id: &str) -> anyhow::Error {
 /// before the daemon answers a vaguer 404.
 pub fn check_id(id: &str, prefix: &str) -> anyhow::Result<()> {
     if !id.starts_with(prefix) {
-        let kind = if prefix == "sbx_" {
-            "sandbox"
-        } else {
-            "snapshot"
+        let kind = match prefix {
+            "sbx_" => "sandbox",
+            "proc_" => "process",
+            _ => "snapshot",
         };
         bail!("{id:?} is not a {kind} id (those start with {prefix})");
     }
