@@ -359,6 +359,7 @@ pub fn watch(
 /// Copies one output pipe to the host up to `cap` bytes; past it, asks for
 /// the tree to be stopped and keeps draining (dropping the rest) so that
 /// nothing blocks on a full pipe until it is dead.
+#[allow(clippy::too_many_arguments)]
 fn pump(
     chan: u32,
     kind: Kind,
