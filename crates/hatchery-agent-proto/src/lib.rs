@@ -15,11 +15,14 @@
 
 mod frame;
 mod messages;
+pub mod relay;
 
 pub use frame::{
     check_len, read_frame, write_frame, Frame, FrameError, Kind, HEADER_LEN, MAX_FRAME,
 };
 pub use messages::{
-    CodeRequest, CodeResult, ContextInfo, ContextRequest, EndReason, ExecRequest, ExecResult, FileEntry, FileListRequest, FilePathRequest, FileReadRequest,
-    FileWriteRequest, GuestError, ShimControl,
+    CodeRequest, CodeResult, ContextInfo, ContextRequest, EndReason, ExecRequest, ExecResult,
+    FileEntry, FileListRequest, FilePathRequest, FileReadRequest, FileWriteRequest, GuestError,
+    ShimControl,
 };
+pub use relay::{RelayIncoming, RelayListen, RelayListening, RelayOpen};

@@ -11,6 +11,7 @@ mod kill;
 mod out;
 mod pool;
 mod reaper;
+mod relay;
 mod spawner;
 
 use hatchery_agent_proto::{read_frame, Frame, Kind};
@@ -42,6 +43,7 @@ fn main() {
     let execs = exec::Registry::default();
     let contexts = code::Contexts::new(Arc::clone(&reaper), execs.clone());
     contexts.start_default();
+    let relays = relay::Relays::new(out.clone());
     let mut writes: HashMap<u32, files::PendingWrite> = HashMap::new();
     let mut input = BufReader::with_capacity(256 * 1024, input);
 
@@ -114,6 +116,18 @@ fn main() {
                 Err(e) => out.error(chan, "invalid", e.to_string()),
             },
             Kind::Ping => out.send(&Frame::new(chan, Kind::Pong, frame.payload)),
+            Kind::RelayListen => match frame.parse() {
+                Ok(req) => relays.listen(chan, req),
+                Err(e) => out.error(chan, "invalid", e.to_string()),
+            },
+            Kind::RelayOpen => match frame.parse() {
+                Ok(req) => relays.open(chan, req),
+                Err(e) => out.error(chan, "invalid", e.to_string()),
+            },
+            Kind::RelayData => relays.data(chan, frame.payload),
+            Kind::RelayShut => relays.shut(chan),
+            Kind::RelayClose => relays.close(chan),
+            Kind::RelayWindow => relays.window(chan, &frame.payload),
             other => out.error(chan, "invalid", format!("unexpected frame kind {other:?}")),
         }
     }
