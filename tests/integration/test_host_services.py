@@ -24,6 +24,7 @@ from harness import Daemon, metric, wait_baked, wait_for
 
 class EchoHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
 
     def log_message(self, *a):
         pass

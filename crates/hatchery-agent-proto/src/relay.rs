@@ -14,11 +14,11 @@
 use serde::{Deserialize, Serialize};
 
 /// Credit each side starts with, per connection and direction.
-pub const WINDOW: u32 = 512 * 1024;
+pub const WINDOW: u32 = 1024 * 1024;
 /// Least credit a data frame costs, whatever its size.
 pub const MIN_COST: u32 = 4 * 1024;
 /// Largest data frame payload either side sends.
-pub const CHUNK: usize = 64 * 1024;
+pub const CHUNK: usize = 256 * 1024;
 /// Data frames of one direction that can be in flight at once.
 pub const MAX_FRAMES_IN_FLIGHT: usize = (WINDOW / MIN_COST) as usize;
 /// Set in the channel id of connections the guest started, so they never
@@ -81,7 +81,7 @@ mod tests {
     fn cost_has_a_floor_and_the_window_bounds_frames() {
         assert_eq!(cost(1), MIN_COST);
         assert_eq!(cost(CHUNK), CHUNK as u32);
-        assert_eq!(MAX_FRAMES_IN_FLIGHT, 128);
+        assert_eq!(MAX_FRAMES_IN_FLIGHT, 256);
         assert_eq!(parse_window(&window_payload(77)), Some(77));
         assert_eq!(parse_window(b"abc"), None);
     }

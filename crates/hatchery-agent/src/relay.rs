@@ -35,6 +35,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Guest-started connections open at once; more are closed on accept.
 /// The host enforces its own cap too.
 const MAX_GUEST_CONNS: usize = 64;
+/// Reads of one connection per readiness, for fairness between them.
+const READS_PER_TURN: usize = 4;
 /// How often ports that could not be bound are tried again.
 const REBIND_EVERY: Duration = Duration::from_secs(5);
 
@@ -448,28 +450,44 @@ impl Loop {
         if asked & libc::POLLIN != 0
             && revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0
         {
-            self.read(chan);
+            // A few chunks while the data and the credit last, then the
+            // other connections get their turn.
+            for _ in 0..READS_PER_TURN {
+                if !self.read(chan) {
+                    break;
+                }
+            }
         }
     }
 
-    /// One read, within the credit the host has granted.
-    fn read(&mut self, chan: u32) {
+    /// One read, within the credit the host has granted. True if another
+    /// may follow at once (a full chunk came and credit remains).
+    fn read(&mut self, chan: u32) -> bool {
         let Some(c) = self.conns.get_mut(&chan) else {
-            return;
+            return false;
         };
+        if c.read_done || c.credit < MIN_COST {
+            return false;
+        }
         let want = CHUNK.min(c.credit as usize);
         match c.sock.read(&mut self.buf[..want]) {
             Ok(0) => {
                 c.read_done = true;
                 self.send(Frame::new(chan, Kind::RelayGuestShut, vec![]));
+                false
             }
             Ok(n) => {
                 c.credit -= cost(n);
                 let f = Frame::new(chan, Kind::RelayGuestData, self.buf[..n].to_vec());
                 self.send(f);
+                n == want
             }
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {}
-            Err(_) => self.fail(chan),
+            Err(e) if e.kind() == ErrorKind::Interrupted => true,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => false,
+            Err(_) => {
+                self.fail(chan);
+                false
+            }
         }
     }
 

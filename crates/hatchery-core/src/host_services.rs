@@ -520,4 +520,53 @@ mod tests {
         hub.remove("a").unwrap();
         assert!(hub.list().is_empty());
     }
+
+    #[tokio::test]
+    async fn attach_resets_and_registrations_reach_attached_agents() {
+        use hatchery_agent_proto::relay::GUEST_CHANNEL_BIT;
+        use hatchery_agent_proto::RelayIncoming;
+        let (client, mut agent) = crate::relay::tests::pair();
+        let metrics = crate::metrics::Metrics::new();
+        let hub = Hub::new(metrics.relay.clone());
+        hub.insert("a=9100=127.0.0.1:1".parse().unwrap()).unwrap();
+        let (h, c) = (Arc::clone(&hub), Arc::clone(&client));
+        let attach = tokio::spawn(async move { h.attach(&c, "sbx_x").await });
+        let f = agent.recv().await;
+        assert_eq!(f.kind, Kind::RelayListen);
+        let want = RelayListen {
+            ports: vec![9100],
+            reset: true,
+        };
+        assert_eq!(f.parse::<RelayListen>().unwrap(), want);
+        let ok = RelayListening {
+            listening: vec![9100],
+            failed: vec![],
+        };
+        agent.send(Frame::json(f.channel, Kind::Ok, &ok)).await;
+        attach.await.unwrap();
+        // Registered later: attached agents listen at once, relays kept.
+        hub.insert("b=9200=127.0.0.1:1".parse().unwrap()).unwrap();
+        hub.broadcast();
+        let f = agent.recv().await;
+        let want = RelayListen {
+            ports: vec![9100, 9200],
+            reset: false,
+        };
+        assert_eq!(f.parse::<RelayListen>().unwrap(), want);
+        // A connection to a port no service has: refused and counted.
+        let chan = GUEST_CHANNEL_BIT | 7;
+        let inc = RelayIncoming { port: 9300 };
+        agent
+            .send(Frame::json(chan, Kind::RelayIncoming, &inc))
+            .await;
+        let f = agent.recv().await;
+        assert_eq!((f.channel, f.kind), (chan, Kind::RelayClose));
+        let text = metrics.render();
+        assert!(
+            text.contains(
+                r#"hatchery_relay_rejected_total{kind="host_service",reason="no_service"} 1"#
+            ),
+            "{text}"
+        );
+    }
 }

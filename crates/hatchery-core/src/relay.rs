@@ -362,7 +362,7 @@ pub(crate) async fn open_port(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::metrics::Metrics;
     use hatchery_agent_proto::relay::GUEST_CHANNEL_BIT;
@@ -370,10 +370,10 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
     /// The agent's end of a fake connection: whole frames both ways.
-    struct FakeAgent(DuplexStream);
+    pub(crate) struct FakeAgent(DuplexStream);
 
     impl FakeAgent {
-        async fn recv(&mut self) -> Frame {
+        pub(crate) async fn recv(&mut self) -> Frame {
             let mut len = [0u8; 4];
             self.0.read_exact(&mut len).await.unwrap();
             let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
@@ -383,7 +383,7 @@ mod tests {
             read_frame(&mut &whole[..]).unwrap().unwrap()
         }
 
-        async fn send(&mut self, f: Frame) {
+        pub(crate) async fn send(&mut self, f: Frame) {
             self.0.write_all(&f.encode()).await.unwrap();
         }
 
@@ -400,7 +400,7 @@ mod tests {
         }
     }
 
-    fn pair() -> (Arc<AgentClient>, FakeAgent) {
+    pub(crate) fn pair() -> (Arc<AgentClient>, FakeAgent) {
         let (a, b) = tokio::io::duplex(8 << 20);
         (AgentClient::new(Box::pin(a)), FakeAgent(b))
     }

@@ -150,9 +150,15 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         preview: Arc::new(preview),
         public_url: args.public_url.as_deref().map(Into::into),
     });
+    use axum::serve::ListenerExt;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
-        .map_err(|e| DaemonError::Listen(args.listen, e))?;
+        .map_err(|e| DaemonError::Listen(args.listen, e))?
+        // Streamed answers (relayed responses, SSE) go out in pieces: with
+        // Nagle on, a piece waits for the caller's delayed ACK (~40 ms).
+        .tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
     tracing::info!(listen = %args.listen, data_dir = %data.display(), "hatcheryd ready");
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
