@@ -6,9 +6,11 @@ traffic is to 127.0.0.1."""
 
 import concurrent.futures
 import glob
+import http.client
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -16,7 +18,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../tests/integration"))
-from harness import TEMPLATES_DIR, Daemon  # noqa: E402
+from harness import KEY, TEMPLATES_DIR, Daemon, free_port  # noqa: E402
+from guest_servers import HTTP_ECHO, WAIT_PORT, WS, WS_ECHO, start_guest_server  # noqa: E402
 
 def _rootfs():
     """The current code-interpreter rootfs (templates/<name>/rootfs-<key>)."""
@@ -214,10 +217,141 @@ def slot_bench():
     return out.strip().splitlines()
 
 
+# Timed inside the guest: GETs on one kept-alive connection.
+GUEST_GETS = r'''
+import http.client, json, sys, time
+port, path, n, fresh = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4] == "fresh"
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+out = []
+for _ in range(n + 2):
+    t = time.perf_counter()
+    if fresh:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", path)
+    body = c.getresponse().read()
+    if fresh:
+        c.close()
+    out.append((time.perf_counter() - t) * 1000)
+print(json.dumps(out[2:]))
+'''
+
+
+def keepalive_gets(port, path, n, headers=None):
+    """GETs on one kept-alive connection from this process (2 warm-ups)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    out = []
+    for _ in range(n + 2):
+        t = time.perf_counter()
+        c.request("GET", path, headers=headers or {})
+        r = c.getresponse()
+        body = r.read()
+        assert r.status == 200, (r.status, body[:200])
+        out.append((time.perf_counter() - t) * 1000)
+    c.close()
+    return out[2:]
+
+
+def ws_round_trips(port, path, n, headers=None, size=16):
+    ws = WS(port, path, headers)
+    assert ws.status == 101, ws.head
+    ws.recv()
+    msg = b"x" * size
+    out = []
+    for _ in range(n + 5):
+        t = time.perf_counter()
+        ws.send(msg)
+        assert ws.recv() == (2, msg)
+        out.append((time.perf_counter() - t) * 1000)
+    ws.close()
+    return out[5:]
+
+
+def guest_gets(d, sid, port, path, n, fresh=False):
+    """Timed inside the guest, on one kept-alive connection or (`fresh`) a
+    new connection per GET."""
+    r = d.exec(sid, argv=["python3", "-c", GUEST_GETS, str(port), path, str(n), "fresh" if fresh else "keep"],
+               timeout_seconds=300)
+    assert r["exit_code"] == 0, r
+    return json.loads(r["stdout"])
+
+
+def relay_figures():
+    """Port relay: the same stdlib servers on host loopback (baseline) and
+    inside a sandbox reached through /ports/ (HTTP, WebSocket), plus a
+    host service reached from inside the guest."""
+    tmp = tempfile.mkdtemp(prefix="hxbr-", dir="/tmp")
+    procs = []
+    try:
+        ports = {}
+        for name, src in (("http", HTTP_ECHO), ("ws", WS_ECHO)):
+            f = os.path.join(tmp, f"bench_{name}_server.py")
+            open(f, "w").write(src)
+            ports[name] = free_port()
+            procs.append(subprocess.Popen([sys.executable, f, str(ports[name])], stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL))
+            subprocess.run([sys.executable, "-c", WAIT_PORT, str(ports[name])], check=True)
+        d = Daemon(extra_args=["--pool-size", "0", "--host-service", f"bench=9100=127.0.0.1:{ports['http']}"]).start()
+        try:
+            sid = d.create(ttl_seconds=600)
+            start_guest_server(d, sid, "echo", HTTP_ECHO, 8000)
+            start_guest_server(d, sid, "ws", WS_ECHO, 8765)
+            auth = {"Authorization": f"Bearer {KEY}"}
+            via = f"/v1/sandboxes/{sid}/ports"
+            mib, n_big, n_small = f"/big/{1 << 20}", max(10, N), max(50, N * 5)
+            res = {
+                "base_big": keepalive_gets(ports["http"], mib, n_big),
+                "relay_big": keepalive_gets(d.port, f"{via}/8000{mib}", n_big, auth),
+                "guest_big": guest_gets(d, sid, 8000, mib, n_big),
+                "base_small": keepalive_gets(ports["http"], "/s", n_small),
+                "relay_small": keepalive_gets(d.port, f"{via}/8000/s", n_small, auth),
+                "guest_small": guest_gets(d, sid, 8000, "/s", n_small),
+                "guest_small_fresh": guest_gets(d, sid, 8000, "/s", n_small, fresh=True),
+                "base_ws": ws_round_trips(ports["ws"], "/", n_small * 4),
+                "relay_ws": ws_round_trips(d.port, f"{via}/8765/", n_small * 4, auth),
+                "svc_small": guest_gets(d, sid, 9100, "/s", n_small),
+                "svc_big": guest_gets(d, sid, 9100, mib, n_big),
+            }
+            d.delete(sid)
+        finally:
+            d.cleanup()
+        return res
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def relay_table(r):
+    table_header("Port relay (into the sandbox over its agent channel; host services out of it)")
+    rows = [
+        row("baseline: GET 1 MiB, host loopback", r["base_big"]),
+        row("hatchery: GET 1 MiB via /ports/ (relay)", r["relay_big"], r["base_big"]),
+        row("  (gVisor alone: same GET inside the guest)", r["guest_big"], r["base_big"]),
+        row("baseline: GET small, host loopback", r["base_small"]),
+        row("hatchery: GET small via /ports/ (relay)", r["relay_small"], r["base_small"]),
+        row("  (gVisor alone: same GET inside the guest)", r["guest_small"], r["base_small"]),
+        row("  (in the guest, a new connection per GET)", r["guest_small_fresh"], r["base_small"]),
+        row("baseline: WebSocket echo 16 B, host loopback", r["base_ws"]),
+        row("hatchery: WebSocket echo 16 B via /ports/", r["relay_ws"], r["base_ws"]),
+        row("hatchery: guest -> host service, GET small", r["svc_small"], r["base_small"]),
+        row("hatchery: guest -> host service, GET 1 MiB", r["svc_big"], r["base_big"]),
+    ]
+    print(f"\nrelay goals: 1 MiB response p50 {pct(r['relay_big'], 50):.1f} ms (goal <= 10), "
+          f"small round trip p50 {pct(r['relay_ws'], 50):.2f} ms over an open WebSocket, "
+          f"{pct(r['relay_small'], 50):.2f} ms as an HTTP request on a new relayed connection (goal <= 1)")
+    return rows
+
+
 def main():
+    if os.environ.get("BENCH_ONLY") == "relay":
+        print(f"\nHatchery relay benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, N={N}")
+        relay_table(relay_figures())
+        return
     raw = RawRunsc()
     h_restore_off, base_restore_tpl = network_off_figures(raw)
     slots = slot_bench()
+    relay = relay_figures()
     d = Daemon(extra_args=["--max-sandboxes", "80", "--pool-size", "0"]).start()
     results = []
     try:
@@ -399,6 +533,7 @@ def main():
             row("hatchery: snapshot (idle sandbox)", h_snap),
             row("hatchery: fork (restore of the snapshot)", h_fork, base_restore),
         ]
+        results += relay_table(relay)
         mean_pss = sum(pss) / len(pss)
         print(f"\nDensity: idle sandbox PSS {mean_pss:.1f} MiB (mean of {len(pss)}) = "
               f"{1024 / mean_pss:.0f} idle sandboxes per GiB")

@@ -61,6 +61,19 @@ kinds! {
     ProcSignal = 65,
     ProcWait = 66,
     ProcKill = 67,
+    // port relay (relay.rs), host → guest. Listen on these guest loopback
+    // ports for host services (RelayListen), answered with Ok (RelayListening)
+    RelayListen = 40,
+    // connect to 127.0.0.1:port in the guest (RelayOpen); RelayOpened or Error
+    RelayOpen = 41,
+    // bytes for the guest socket
+    RelayData = 42,
+    // the host end will send nothing more (half-close)
+    RelayShut = 43,
+    // abort the connection both ways
+    RelayClose = 44,
+    // the host consumed this much of the guest's window (u32 BE)
+    RelayWindow = 45,
     // guest → host
     Stdout = 101,
     Stderr = 102,
@@ -78,6 +91,19 @@ kinds! {
     FileChunk = 112,
     FileEof = 113,
     Pong = 120,
+    // port relay, guest → host. A guest program connected to a host service
+    // listener (RelayIncoming); its channel id has GUEST_CHANNEL_BIT set
+    RelayIncoming = 140,
+    // the guest connected (reply to RelayOpen)
+    RelayOpened = 141,
+    // bytes from the guest socket
+    RelayGuestData = 142,
+    // the guest end will send nothing more (half-close)
+    RelayGuestShut = 143,
+    // the guest aborted the connection
+    RelayGuestClose = 144,
+    // the guest consumed this much of the host's window (u32 BE)
+    RelayGuestWindow = 145,
     // shim control, channel 0, either direction
     Control = 200,
 }

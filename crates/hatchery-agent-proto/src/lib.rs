@@ -15,6 +15,7 @@
 
 mod frame;
 mod messages;
+pub mod relay;
 
 pub use frame::{
     check_len, read_frame, write_frame, Frame, FrameError, Kind, HEADER_LEN, MAX_FRAME,
@@ -24,3 +25,4 @@ pub use messages::{
     FileEntry, FileListRequest, FilePathRequest, FileReadRequest, FileWriteRequest, GuestError,
     ProcInfo, ProcRequest, ShimControl,
 };
+pub use relay::{RelayIncoming, RelayListen, RelayListening, RelayOpen};

@@ -12,6 +12,7 @@ mod out;
 mod pool;
 mod procs;
 mod reaper;
+mod relay;
 mod spawner;
 
 use hatchery_agent_proto::{read_frame, Frame, Kind};
@@ -44,6 +45,7 @@ fn main() {
     let contexts = code::Contexts::new(Arc::clone(&reaper), execs.clone());
     contexts.start_default();
     let procs = procs::Procs::default();
+    let relays = relay::Relays::new(out.clone());
     let mut writes: HashMap<u32, files::PendingWrite> = HashMap::new();
     let mut input = BufReader::with_capacity(256 * 1024, input);
 
@@ -140,6 +142,18 @@ fn main() {
                 Err(e) => out.error(chan, "invalid", e.to_string()),
             },
             Kind::Ping => out.send(&Frame::new(chan, Kind::Pong, frame.payload)),
+            Kind::RelayListen => match frame.parse() {
+                Ok(req) => relays.listen(chan, req),
+                Err(e) => out.error(chan, "invalid", e.to_string()),
+            },
+            Kind::RelayOpen => match frame.parse() {
+                Ok(req) => relays.open(chan, req),
+                Err(e) => out.error(chan, "invalid", e.to_string()),
+            },
+            Kind::RelayData => relays.data(chan, frame.payload),
+            Kind::RelayShut => relays.shut(chan),
+            Kind::RelayClose => relays.close(chan),
+            Kind::RelayWindow => relays.window(chan, &frame.payload),
             other => out.error(chan, "invalid", format!("unexpected frame kind {other:?}")),
         }
     }

@@ -111,6 +111,10 @@ impl From<CoreError> for ApiError {
                     (S::INTERNAL_SERVER_ERROR, "network_error")
                 }
             },
+            CoreError::PortClosed(_) => (S::BAD_GATEWAY, "port_closed"),
+            CoreError::BadGateway(_) => (S::BAD_GATEWAY, "bad_gateway"),
+            CoreError::TooManyConnections(_) => (S::TOO_MANY_REQUESTS, "too_many_connections"),
+            CoreError::HostService(_) => (S::BAD_REQUEST, "invalid_host_service"),
             CoreError::Store(_) | CoreError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "internal"),
         };
         // Only daemon-side faults: guest-triggered ones (504) are logged,

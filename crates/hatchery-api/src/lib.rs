@@ -16,7 +16,7 @@ pub mod process_models;
 mod routes;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{delete, get, post};
+use axum::routing::{any, delete, get, post};
 use axum::Router;
 use hatchery_core::Manager;
 use std::sync::Arc;
@@ -27,6 +27,11 @@ pub use error::ApiError;
 pub struct AppState {
     pub manager: Arc<Manager>,
     pub api_key: Arc<str>,
+    /// Signs and checks preview URLs.
+    pub preview: Arc<hatchery_core::PreviewKey>,
+    /// Base of the absolute preview URLs handed out (`--public-url`);
+    /// without it they are built from the request's `Host`.
+    pub public_url: Option<Arc<str>>,
 }
 
 /// JSON bodies are small; file uploads get their own, larger limit.
@@ -112,6 +117,16 @@ pub fn router(state: AppState) -> Router {
             get(routes::snapshots::get).delete(routes::snapshots::delete),
         )
         .route("/snapshots/{id}/fork", post(routes::snapshots::fork))
+        .route("/sandboxes/{id}/ports/{port}", any(routes::ports::proxy))
+        .route("/sandboxes/{id}/ports/{port}/", any(routes::ports::proxy))
+        .route(
+            "/sandboxes/{id}/ports/{port}/preview-url",
+            post(routes::ports::preview_url).fallback(routes::ports::proxy),
+        )
+        .route(
+            "/sandboxes/{id}/ports/{port}/{*path}",
+            any(routes::ports::proxy),
+        )
         .route(
             "/templates",
             post(routes::templates::create).get(routes::templates::list),
@@ -136,6 +151,10 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(authed)
         .route("/healthz", get(routes::meta::healthz))
+        // Previews carry their own grant (a signed token), not the key.
+        .route("/preview/{token}", any(routes::ports::preview))
+        .route("/preview/{token}/", any(routes::ports::preview))
+        .route("/preview/{token}/{*path}", any(routes::ports::preview))
         .fallback(routes::meta::not_found)
         .method_not_allowed_fallback(routes::meta::method_not_allowed)
         .with_state(state)

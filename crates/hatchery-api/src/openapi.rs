@@ -29,6 +29,7 @@ use utoipa::{Modify, OpenApi};
         routes::templates::create, routes::templates::list, routes::templates::get,
         routes::templates::delete, routes::templates::events,
         routes::network::get, routes::network::put, routes::network::events,
+        routes::ports::proxy, routes::ports::preview_url, routes::ports::preview,
         routes::meta::healthz, routes::meta::metrics,
     ),
     components(schemas(CreateSandbox, PatchSandbox, Sandbox, SandboxList, ExecBody, ExecResponse, ExecReason, OutputChunk,
@@ -37,7 +38,8 @@ use utoipa::{Modify, OpenApi};
                        FileEntry, FileList, ErrorBody, ErrorDetail,
                        CreateSnapshot, Snapshot, SnapshotList, ForkBody,
                        CreateTemplate, TemplateInfo, TemplateList, BuildAccepted,
-                       NetworkPolicy, NetworkRule, EgressMode, EgressEventBody, EgressEventList)),
+                       NetworkPolicy, NetworkRule, EgressMode, EgressEventBody, EgressEventList,
+                       routes::ports::CreatePreviewUrl, routes::ports::PreviewUrl)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]

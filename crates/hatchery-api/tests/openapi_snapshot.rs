@@ -36,11 +36,28 @@ fn every_route_is_documented() {
         "/v1/sandboxes/{id}/code/contexts",
         "/v1/sandboxes/{id}/code/contexts/{context_id}",
         "/v1/sandboxes/{id}/code/contexts/{context_id}/restart",
+        "/v1/sandboxes/{id}/ports/{port}/{path}",
+        "/v1/sandboxes/{id}/ports/{port}/preview-url",
+        "/preview/{token}/{path}",
         "/healthz",
         "/metrics",
     ] {
         assert!(paths.contains_key(p), "{p} missing from OpenAPI");
     }
+    // Port relays take every method, WebSocket upgrades (101) included.
+    for p in [
+        "/v1/sandboxes/{id}/ports/{port}/{path}",
+        "/preview/{token}/{path}",
+    ] {
+        for m in ["get", "post", "put", "delete", "patch", "head", "options"] {
+            assert!(paths[p].get(m).is_some(), "{m} {p} missing");
+        }
+        assert!(
+            paths[p]["get"]["responses"].get("101").is_some(),
+            "{p}: no 101"
+        );
+    }
+    assert!(paths["/preview/{token}/{path}"]["get"]["security"] == serde_json::json!([{}]));
     let exec = &doc["components"]["schemas"]["ExecResponse"]["properties"];
     for f in [
         "exit_code",

@@ -3,10 +3,12 @@
 //! frames are size-checked before allocation and a protocol violation
 //! closes the connection (and with it, the sandbox's usefulness).
 
-use hatchery_agent_proto::{check_len, Frame, Kind};
+use crate::relay::Credit;
+use hatchery_agent_proto::relay::{parse_window, GUEST_CHANNEL_BIT, MAX_FRAMES_IN_FLIGHT};
+use hatchery_agent_proto::{check_len, Frame, Kind, RelayIncoming};
 use hatchery_runtime::AgentStream;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::{mpsc, watch};
@@ -14,20 +16,65 @@ use tokio::sync::{mpsc, watch};
 /// Frames buffered per channel before the reader waits: that wait is the
 /// backpressure that reaches the guest's pipes.
 const CHANNEL_DEPTH: usize = 32;
+/// A relayed connection's queue holds every frame an agent that keeps to
+/// the window can have in flight, plus its shut and close: such a channel
+/// never makes the reader wait, and one that overflows it is closed.
+const RELAY_DEPTH: usize = MAX_FRAMES_IN_FLIGHT + 8;
+
+struct Route {
+    tx: mpsc::Sender<Frame>,
+    /// Set for relayed connections: window frames are credited here at
+    /// once instead of being queued behind data.
+    credit: Option<Arc<Credit>>,
+}
+
+type Routes = Arc<Mutex<HashMap<u32, Route>>>;
+
+/// The write half, shared by requests and the reader (which only ever
+/// sends from spawned tasks, so that it never waits on a write).
+pub(crate) struct Writer {
+    w: tokio::sync::Mutex<WriteHalf<AgentStream>>,
+    alive: Arc<AtomicBool>,
+}
+
+impl Writer {
+    async fn send(&self, f: &Frame) -> std::io::Result<()> {
+        if !self.alive.load(Ordering::SeqCst) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "agent connection closed",
+            ));
+        }
+        let mut w = self.w.lock().await;
+        w.write_all(&f.encode()).await?;
+        w.flush().await
+    }
+}
+
+/// A connection a guest program opened to a host service listener.
+pub struct Incoming {
+    pub port: u16,
+    pub channel: Channel,
+    pub credit: Arc<Credit>,
+}
 
 pub struct AgentClient {
-    writer: tokio::sync::Mutex<WriteHalf<AgentStream>>,
-    routes: Arc<Mutex<HashMap<u32, mpsc::Sender<Frame>>>>,
+    writer: Arc<Writer>,
+    routes: Routes,
     next: AtomicU32,
     alive: Arc<AtomicBool>,
     closed: watch::Receiver<bool>,
+    incoming: Arc<Mutex<Option<mpsc::Sender<Incoming>>>>,
+    /// Relayed connections open now, host-started and guest-started.
+    pub(crate) relays_out: Arc<AtomicUsize>,
+    pub(crate) relays_in: Arc<AtomicUsize>,
 }
 
 /// One request's view of the connection; dropping it frees the channel.
 pub struct Channel {
     pub id: u32,
     pub rx: mpsc::Receiver<Frame>,
-    routes: Arc<Mutex<HashMap<u32, mpsc::Sender<Frame>>>>,
+    routes: Routes,
 }
 
 impl Drop for Channel {
@@ -42,23 +89,35 @@ impl Drop for Channel {
 impl AgentClient {
     pub fn new(stream: AgentStream) -> Arc<AgentClient> {
         let (r, w) = tokio::io::split(stream);
-        let routes = Arc::new(Mutex::new(HashMap::new()));
+        let routes: Routes = Arc::new(Mutex::new(HashMap::new()));
         let alive = Arc::new(AtomicBool::new(true));
         let (closed_tx, closed) = watch::channel(false);
+        let writer = Arc::new(Writer {
+            w: tokio::sync::Mutex::new(w),
+            alive: Arc::clone(&alive),
+        });
+        let incoming = Arc::new(Mutex::new(None));
         tokio::spawn(read_loop(
             r,
-            Arc::clone(&routes),
+            Reader {
+                routes: Arc::clone(&routes),
+                writer: Arc::clone(&writer),
+                incoming: Arc::clone(&incoming),
+            },
             Arc::clone(&alive),
             closed_tx,
         ));
         Arc::new(AgentClient {
-            writer: tokio::sync::Mutex::new(w),
+            writer,
             routes,
             // A random start: after a daemon restart, a late frame from an
             // exec of the previous connection must not land in a new request.
             next: AtomicU32::new(rand::random::<u32>() >> 1 | 1),
             alive,
             closed,
+            incoming,
+            relays_out: Default::default(),
+            relays_in: Default::default(),
         })
     }
 
@@ -72,16 +131,27 @@ impl AgentClient {
     }
 
     pub fn open(&self) -> Channel {
-        let (tx, rx) = mpsc::channel(CHANNEL_DEPTH);
-        let mut id = self.next.fetch_add(1, Ordering::Relaxed);
-        if id == 0 {
-            // 0 belongs to the shim.
-            id = self.next.fetch_add(1, Ordering::Relaxed);
-        }
-        self.routes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, tx);
+        self.open_with(CHANNEL_DEPTH, None)
+    }
+
+    /// A channel for a relayed connection: a queue deep enough for the
+    /// whole window, and window frames credited to `credit` directly.
+    pub(crate) fn open_relay(&self, credit: Arc<Credit>) -> Channel {
+        self.open_with(RELAY_DEPTH, Some(credit))
+    }
+
+    fn open_with(&self, depth: usize, credit: Option<Arc<Credit>>) -> Channel {
+        let (tx, rx) = mpsc::channel(depth);
+        let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        // The high bit is the guest's (connections it starts); 0 is the
+        // shim's; and a live id is never handed out twice.
+        let id = loop {
+            let id = self.next.fetch_add(1, Ordering::Relaxed) & !GUEST_CHANNEL_BIT;
+            if id != 0 && !routes.contains_key(&id) {
+                break id;
+            }
+        };
+        routes.insert(id, Route { tx, credit });
         Channel {
             id,
             rx,
@@ -89,46 +159,161 @@ impl AgentClient {
         }
     }
 
-    pub async fn send(&self, f: &Frame) -> std::io::Result<()> {
-        if !self.is_alive() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::BrokenPipe,
-                "agent connection closed",
-            ));
+    /// Where connections from guest programs to host service listeners
+    /// go. Without a handler they are refused.
+    pub(crate) fn set_incoming(&self, tx: mpsc::Sender<Incoming>) {
+        if self.is_alive() {
+            *self.incoming.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
         }
-        let mut w = self.writer.lock().await;
-        w.write_all(&f.encode()).await?;
-        w.flush().await
+    }
+
+    pub async fn send(&self, f: &Frame) -> std::io::Result<()> {
+        self.writer.send(f).await
+    }
+
+    /// Sends without waiting, for replies that must not hold anyone up.
+    pub(crate) fn send_later(&self, f: Frame) {
+        spawn_send(&self.writer, f);
+    }
+}
+
+fn spawn_send(w: &Arc<Writer>, f: Frame) {
+    let w = Arc::clone(w);
+    tokio::spawn(async move {
+        let _ = w.send(&f).await;
+    });
+}
+
+struct Reader {
+    routes: Routes,
+    writer: Arc<Writer>,
+    incoming: Arc<Mutex<Option<mpsc::Sender<Incoming>>>>,
+}
+
+impl Reader {
+    async fn route(&self, f: Frame) {
+        if f.kind == Kind::RelayIncoming {
+            return self.incoming(f);
+        }
+        let (tx, credit) = {
+            let routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+            // Frames for channels nobody listens to (a caller gave up)
+            // are dropped.
+            let Some(r) = routes.get(&f.channel) else {
+                return;
+            };
+            (r.tx.clone(), r.credit.clone())
+        };
+        let Some(credit) = credit else {
+            let _ = tx.send(f).await;
+            return;
+        };
+        if f.kind == Kind::RelayGuestWindow {
+            match parse_window(&f.payload) {
+                Some(n) => credit.grant(n),
+                None => self.abort_relay(f.channel),
+            }
+            return;
+        }
+        match tx.try_send(f) {
+            Ok(()) => {}
+            // Only a guest that ignores the window fills this queue.
+            Err(mpsc::error::TrySendError::Full(f)) => self.abort_relay(f.channel),
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
+
+    /// Drops a relayed connection's route (its stream sees the end) and
+    /// tells the guest.
+    fn abort_relay(&self, chan: u32) {
+        let gone = self
+            .routes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&chan);
+        if let Some(c) = gone.and_then(|r| r.credit) {
+            c.close();
+        }
+        spawn_send(&self.writer, Frame::new(chan, Kind::RelayClose, vec![]));
+    }
+
+    fn incoming(&self, f: Frame) {
+        let chan = f.channel;
+        let port = match f.parse::<RelayIncoming>() {
+            Ok(m) if chan & GUEST_CHANNEL_BIT != 0 => m.port,
+            // Not a channel the guest may start: say no, route nothing.
+            _ => return spawn_send(&self.writer, Frame::new(chan, Kind::RelayClose, vec![])),
+        };
+        let handler = self
+            .incoming
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        let (Some(handler), false) = (handler, routes.contains_key(&chan)) else {
+            drop(routes);
+            return spawn_send(&self.writer, Frame::new(chan, Kind::RelayClose, vec![]));
+        };
+        let credit = Credit::new();
+        let (tx, rx) = mpsc::channel(RELAY_DEPTH);
+        routes.insert(
+            chan,
+            Route {
+                tx,
+                credit: Some(Arc::clone(&credit)),
+            },
+        );
+        let channel = Channel {
+            id: chan,
+            rx,
+            routes: Arc::clone(&self.routes),
+        };
+        drop(routes);
+        if let Err(e) = handler.try_send(Incoming {
+            port,
+            channel,
+            credit,
+        }) {
+            // The handler is swamped or gone; dropping the channel frees
+            // the route.
+            drop(e);
+            spawn_send(&self.writer, Frame::new(chan, Kind::RelayClose, vec![]));
+        }
     }
 }
 
 async fn read_loop(
     mut r: ReadHalf<AgentStream>,
-    routes: Arc<Mutex<HashMap<u32, mpsc::Sender<Frame>>>>,
+    reader: Reader,
     alive: Arc<AtomicBool>,
     closed: watch::Sender<bool>,
 ) {
     let why = loop {
         match read_one(&mut r).await {
-            Ok(Some(f)) => {
-                let tx = routes
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(&f.channel)
-                    .cloned();
-                // Frames for channels nobody listens to (a caller gave up)
-                // are dropped.
-                if let Some(tx) = tx {
-                    let _ = tx.send(f).await;
-                }
-            }
+            Ok(Some(f)) => reader.route(f).await,
             Ok(None) => break "eof".to_string(),
             Err(e) => break e.to_string(),
         }
     };
     tracing::debug!(reason = %why, "agent connection closed");
     alive.store(false, Ordering::SeqCst);
-    routes.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    reader
+        .incoming
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+    let routes: Vec<Route> = reader
+        .routes
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .drain()
+        .map(|(_, r)| r)
+        .collect();
+    // Relayed connections waiting for credit learn that none will come.
+    for c in routes.iter().filter_map(|r| r.credit.as_ref()) {
+        c.close();
+    }
+    drop(routes);
     let _ = closed.send(true);
 }
 

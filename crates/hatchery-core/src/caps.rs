@@ -27,6 +27,12 @@ pub struct Caps {
     pub max_fork_count: usize,
     /// Rules per list and ports per rule of a network policy.
     pub net_limits: hatchery_net::PolicyLimits,
+    /// Relayed connections into one sandbox open at once (ports API and
+    /// previews); more get 429.
+    pub max_relays_per_sandbox: usize,
+    /// Longest a preview URL may be valid, and the default.
+    pub max_preview_ttl_s: u64,
+    pub default_preview_ttl_s: u64,
 }
 
 /// `v` if it is in 1..=max: the core's own check of every bound, whatever
@@ -76,6 +82,9 @@ impl Default for Caps {
             max_retention_s: 90 * 24 * 3600,
             max_fork_count: 16,
             net_limits: Default::default(),
+            max_relays_per_sandbox: 64,
+            max_preview_ttl_s: 24 * 3600,
+            default_preview_ttl_s: 3600,
         }
     }
 }

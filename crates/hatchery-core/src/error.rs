@@ -39,6 +39,14 @@ pub enum CoreError {
     SnapshotCorrupt(String),
     #[error(transparent)]
     Network(#[from] hatchery_net::NetError),
+    #[error("{0}")]
+    PortClosed(String),
+    #[error("{0}")]
+    TooManyConnections(String),
+    #[error("the sandbox's server answered badly: {0}")]
+    BadGateway(String),
+    #[error(transparent)]
+    HostService(#[from] crate::host_services::HostServiceError),
     #[error("state store: {0}")]
     Store(#[from] rusqlite::Error),
     #[error("internal: {0}")]

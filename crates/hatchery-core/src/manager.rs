@@ -86,6 +86,8 @@ pub struct Manager {
     pub(crate) teardowns: Arc<std::sync::atomic::AtomicUsize>,
     /// Network slots and policies; `None` when networking is off.
     pub(crate) net: Option<Arc<hatchery_net::Network>>,
+    /// Host services every sandbox reaches on its loopback.
+    pub(crate) host_services: Arc<crate::host_services::Hub>,
 }
 
 /// Where checkpoint images live and how big the warm pool may get.
@@ -107,6 +109,7 @@ impl Manager {
         metrics: Metrics,
     ) -> Arc<Manager> {
         Arc::new(Manager {
+            host_services: crate::host_services::Hub::new(metrics.relay.clone()),
             net,
             template_images: images.template_images,
             snapshots: images.snapshots,
@@ -335,7 +338,7 @@ impl Manager {
             Some(dir) => self.runtime.restore(spec, dir).await?,
             None => self.runtime.create(spec).await?,
         }
-        let client = connect_and_ping(self.runtime.as_ref(), &spec.id).await?;
+        let client = self.connect_agent(&spec.id).await?;
         if image.is_none() {
             // A checkpoint would already hold the template's files and setup.
             self.prepare_guest(&client, template, &mut |_| {}).await?;
@@ -601,6 +604,71 @@ impl Manager {
             return Err(CoreError::Invalid("refusing to remove /".into()));
         }
         files::remove(&self.live_get(id)?.client, path).await
+    }
+
+    /// Connects to a sandbox's agent, checks it answers, and attaches the
+    /// host services (which also drops relays of any earlier connection).
+    pub(crate) async fn connect_agent(&self, id: &str) -> Result<Arc<AgentClient>, CoreError> {
+        let client = connect_and_ping(self.runtime.as_ref(), id).await?;
+        self.host_services.attach(&client, id).await;
+        Ok(client)
+    }
+
+    /// A TCP connection to `127.0.0.1:port` inside the sandbox, relayed
+    /// over its agent channel (the sandbox has no route to the host).
+    /// At most `Caps::max_relays_per_sandbox` are open per sandbox.
+    pub async fn open_port(
+        &self,
+        id: &str,
+        port: u16,
+    ) -> Result<crate::relay::RelayStream, CoreError> {
+        if port == 0 {
+            return Err(CoreError::Invalid(
+                "port must be between 1 and 65535".into(),
+            ));
+        }
+        let client = self.live_client(id)?;
+        let relay = &self.metrics.relay;
+        let res =
+            crate::relay::open_port(&client, port, self.caps.max_relays_per_sandbox, relay).await;
+        match &res {
+            Err(CoreError::TooManyConnections(_)) => {
+                relay.reject("port", "capacity");
+                crate::limited_warn!(self.logs, &format!("{id}/relay-cap"), sandbox = %id, "relayed connection refused: per-sandbox cap reached");
+            }
+            Err(CoreError::PortClosed(_)) => relay.reject("port", "port_closed"),
+            Err(e @ CoreError::GuestUnresponsive(_)) => {
+                relay.reject("port", "guest");
+                crate::limited_warn!(self.logs, &format!("{id}/relay"), sandbox = %id, error = %e, "relayed connect failed");
+            }
+            _ => {}
+        }
+        res
+    }
+
+    /// The host services every sandbox can reach (see `host_services`).
+    pub fn host_services(&self) -> Vec<crate::host_services::HostService> {
+        self.host_services.list()
+    }
+
+    /// Registers a host service: sandboxes connected from now on listen for
+    /// it, and every connected one is told at once.
+    pub fn add_host_service(
+        &self,
+        svc: crate::host_services::HostService,
+    ) -> Result<(), CoreError> {
+        tracing::info!(service = %svc.name, guest_port = svc.guest_port, addr = %svc.addr, identity = ?svc.identity, "host service registered");
+        self.host_services.insert(svc)?;
+        self.host_services.broadcast();
+        Ok(())
+    }
+
+    /// Removes a host service; guest listeners for it close, connections
+    /// already relayed stay up until they end.
+    pub fn remove_host_service(&self, name: &str) -> Result<(), CoreError> {
+        self.host_services.remove(name)?;
+        self.host_services.broadcast();
+        Ok(())
     }
 
     pub fn live_count(&self) -> usize {

@@ -1,6 +1,8 @@
 //! Prometheus metrics. One registry per daemon, so tests can run several.
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 
 pub struct Metrics {
     pub registry: Registry,
@@ -18,6 +20,71 @@ pub struct Metrics {
     pub snapshots_created: IntCounter,
     pub pool_ready: IntGauge,
     pub template_images_baked: IntCounter,
+    pub relay: RelayMetrics,
+}
+
+/// Relayed connections, labelled `kind` = `port` (into the guest: the
+/// ports API and previews) or `host_service` (out of it).
+#[derive(Clone)]
+pub struct RelayMetrics {
+    pub connections: IntCounterVec,
+    /// Also labelled `direction` = `to_guest` or `from_guest`.
+    pub bytes: IntCounterVec,
+    pub open: IntGaugeVec,
+    /// Also labelled `reason`.
+    pub rejected: IntCounterVec,
+}
+
+impl RelayMetrics {
+    fn new() -> RelayMetrics {
+        RelayMetrics {
+            connections: IntCounterVec::new(
+                Opts::new(
+                    "hatchery_relay_connections_total",
+                    "Connections relayed over agent channels, by kind (port, host_service)",
+                ),
+                &["kind"],
+            )
+            .unwrap(),
+            bytes: IntCounterVec::new(
+                Opts::new(
+                    "hatchery_relay_bytes_total",
+                    "Bytes relayed over agent channels, by kind and direction",
+                ),
+                &["kind", "direction"],
+            )
+            .unwrap(),
+            open: IntGaugeVec::new(
+                Opts::new(
+                    "hatchery_relay_open",
+                    "Relayed connections open now, by kind",
+                ),
+                &["kind"],
+            )
+            .unwrap(),
+            rejected: IntCounterVec::new(
+                Opts::new(
+                    "hatchery_relay_rejected_total",
+                    "Relayed connections refused, by kind and reason",
+                ),
+                &["kind", "reason"],
+            )
+            .unwrap(),
+        }
+    }
+
+    pub(crate) fn meters(&self, kind: &str) -> crate::relay::Meters {
+        self.connections.with_label_values(&[kind]).inc();
+        crate::relay::Meters {
+            to_guest: self.bytes.with_label_values(&[kind, "to_guest"]),
+            from_guest: self.bytes.with_label_values(&[kind, "from_guest"]),
+            open: self.open.with_label_values(&[kind]),
+        }
+    }
+
+    pub(crate) fn reject(&self, kind: &str, reason: &str) {
+        self.rejected.with_label_values(&[kind, reason]).inc();
+    }
 }
 
 impl Metrics {
@@ -96,6 +163,7 @@ impl Metrics {
                 "Template checkpoints baked",
             )
             .unwrap(),
+            relay: RelayMetrics::new(),
             registry,
         };
         let r = &m.registry;
@@ -114,6 +182,10 @@ impl Metrics {
         r.register(Box::new(m.pool_ready.clone())).unwrap();
         r.register(Box::new(m.template_images_baked.clone()))
             .unwrap();
+        r.register(Box::new(m.relay.connections.clone())).unwrap();
+        r.register(Box::new(m.relay.bytes.clone())).unwrap();
+        r.register(Box::new(m.relay.open.clone())).unwrap();
+        r.register(Box::new(m.relay.rejected.clone())).unwrap();
         m
     }
 

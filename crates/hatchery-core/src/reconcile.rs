@@ -4,7 +4,6 @@
 //! - on the host but unknown (a crash between runtime create and the state
 //!   write): destroy.
 
-use crate::manager::connect_and_ping;
 use crate::{now_ms, CoreError, Manager};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -25,7 +24,7 @@ impl Manager {
             // Pooled sandboxes are cheap to remake and their pool is gone
             // with the old process: discard them.
             if row.state != crate::store::STATE_POOLED && row.expires_at_ms > now {
-                if let Ok(client) = connect_and_ping(self.runtime.as_ref(), &row.id).await {
+                if let Ok(client) = self.connect_agent(&row.id).await {
                     self.store.set_running(&row.id)?;
                     self.adopt(&row.id, client, row.env.clone());
                     keep.insert(row.id.clone());

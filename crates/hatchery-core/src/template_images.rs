@@ -6,7 +6,6 @@
 use crate::agent_client::AgentClient;
 use crate::exec::{ExecParams, Sink};
 use crate::ids::new_sandbox_id;
-use crate::manager::connect_and_ping;
 use crate::{now_ms, CoreError, Manager};
 use hatchery_runtime::SandboxSpec;
 use hatchery_templates::Template;
@@ -177,7 +176,7 @@ impl Manager {
             return Err(e.into());
         }
         let res = async {
-            let client = connect_and_ping(self.runtime.as_ref(), &spec.id).await?;
+            let client = self.connect_agent(&spec.id).await?;
             self.prepare_guest(&client, t, log).await?;
             crate::exec::run(
                 &client,

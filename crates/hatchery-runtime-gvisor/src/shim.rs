@@ -37,9 +37,16 @@ fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
         return Err(std::io::Error::last_os_error());
     }
+    // Larger than the 64 KiB default, so a whole data frame (relayed bytes,
+    // file chunks) fits and crosses with fewer wake-ups; best effort.
+    // SAFETY: fcntl on a descriptor pipe2 just gave us.
+    unsafe { libc::fcntl(fds[1], libc::F_SETPIPE_SZ, PIPE_BYTES) };
     // SAFETY: pipe2 succeeded, so both fds are open and owned by nobody else.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
+
+/// Buffer of each agent pipe.
+const PIPE_BYTES: libc::c_int = 1 << 20;
 
 struct Shim {
     cfg: ShimConfig,

@@ -63,6 +63,22 @@ pub struct DaemonArgs {
     /// before DNS (internal mirrors; tests).
     #[arg(long, env = "HATCHERY_NET_HOSTS_FILE")]
     pub net_hosts_file: Option<PathBuf>,
+    /// A host service every sandbox reaches at 127.0.0.1:GUEST_PORT inside
+    /// the guest, relayed over the agent channel to HOST_ADDR (IP:PORT or
+    /// unix:/path). Repeatable: NAME=GUEST_PORT=HOST_ADDR[,identity=http|proxy].
+    /// `http` (default) sets `X-Hatchery-Sandbox: <id>` on every request;
+    /// `proxy` sends a PROXY protocol v1 line `PROXY UNKNOWN <id>` first.
+    #[arg(
+        long = "host-service",
+        env = "HATCHERY_HOST_SERVICES",
+        value_delimiter = ' ',
+        value_name = "NAME=GUEST_PORT=HOST_ADDR"
+    )]
+    pub host_services: Vec<hatchery_core::HostService>,
+    /// Base of the absolute preview URLs handed out (e.g.
+    /// https://sandboxes.example.com); default: the request's Host header.
+    #[arg(long, env = "HATCHERY_PUBLIC_URL")]
+    pub public_url: Option<String>,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "HATCHERY_LOG_JSON")]
     pub log_json: bool,

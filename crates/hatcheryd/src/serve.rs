@@ -67,6 +67,9 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         None => tracing::info!("API key taken from HATCHERY_API_KEY"),
     }
 
+    let preview = hatchery_core::PreviewKey::load_or_create(&data)
+        .map_err(|e| DaemonError::DataDir(data.join(hatchery_core::preview::KEY_FILE), e))?;
+
     let store = Store::open(&data.join("state.db")).map_err(hatchery_core::CoreError::from)?;
     let runtime = GvisorRuntime::new(GvisorConfig {
         state_dir: data.clone(),
@@ -127,6 +130,10 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         net,
         metrics,
     );
+    // Before reconcile, so that re-adopted sandboxes listen for them too.
+    for svc in &args.host_services {
+        manager.add_host_service(svc.clone())?;
+    }
     let report = manager.reconcile().await?;
     tracing::info!(?report, "state reconciled with the host");
     let _reaper = manager.spawn_reaper();
@@ -140,10 +147,18 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let app = hatchery_api::router(AppState {
         manager: manager.clone(),
         api_key: key.into(),
+        preview: Arc::new(preview),
+        public_url: args.public_url.as_deref().map(Into::into),
     });
+    use axum::serve::ListenerExt;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
-        .map_err(|e| DaemonError::Listen(args.listen, e))?;
+        .map_err(|e| DaemonError::Listen(args.listen, e))?
+        // Streamed answers (relayed responses, SSE) go out in pieces: with
+        // Nagle on, a piece waits for the caller's delayed ACK (~40 ms).
+        .tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
     tracing::info!(listen = %args.listen, data_dir = %data.display(), "hatcheryd ready");
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())

@@ -3,6 +3,7 @@ pub mod exec;
 pub mod files;
 pub mod meta;
 pub mod network;
+pub mod ports;
 pub mod processes;
 pub mod sandboxes;
 pub mod snapshots;

@@ -1,0 +1,262 @@
+//! HTTP over relayed connections, both ways:
+//!
+//! - [`forward`]: a caller's request (port preview or the API's
+//!   `/ports/{port}/` route) to a server inside the guest, over a
+//!   [`RelayStream`]; path-absolute redirects and cookie paths are put
+//!   under the public prefix so the page keeps working there;
+//! - [`exchange`]: one request on an upstream HTTP/1.1 connection, used
+//!   for that and by host services (`host_services.rs`).
+//!
+//! Both splice the raw bytes after a protocol upgrade (WebSocket) that both
+//! sides agreed to. Hop-by-hop headers are never passed through.
+
+use crate::relay::RelayStream;
+use crate::CoreError;
+use hyper::body::{Body, Incoming};
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::{Request, Response, StatusCode, Version};
+use hyper_util::rt::TokioIo;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Buffer per direction when splicing an upgraded connection.
+const SPLICE_BUF: usize = 64 * 1024;
+
+/// How a caller's request is put to the guest's server.
+#[derive(Debug, Clone)]
+pub struct Forward {
+    /// Origin-form target for the guest: path and query, starting with `/`.
+    pub path_and_query: String,
+    /// Public path the guest's `/` is served under (no trailing slash).
+    pub prefix: String,
+    /// Drop the caller's `Authorization`: on the API route it is the
+    /// daemon's key, which the guest must never see.
+    pub strip_authorization: bool,
+}
+
+/// Sends `req` to the guest's server over `io` and returns its response,
+/// headers adjusted for `opts.prefix`.
+pub async fn forward<B>(
+    io: RelayStream,
+    mut req: Request<B>,
+    opts: &Forward,
+) -> Result<Response<Incoming>, CoreError>
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    *req.uri_mut() = opts
+        .path_and_query
+        .parse()
+        .map_err(|e| CoreError::Invalid(format!("request target: {e}")))?;
+    let h = req.headers_mut();
+    if opts.strip_authorization {
+        h.remove(header::AUTHORIZATION);
+    }
+    if let Some(host) = h.get(header::HOST).cloned() {
+        h.insert("x-forwarded-host", host);
+    }
+    h.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    if let Ok(v) = HeaderValue::from_str(&opts.prefix) {
+        h.insert("x-forwarded-prefix", v);
+    }
+    let (mut sender, conn) = http1::Builder::new()
+        .handshake(TokioIo::new(io))
+        .await
+        .map_err(bad_gateway)?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "relayed HTTP connection ended");
+        }
+    });
+    let mut resp = exchange(&mut sender, req).await?;
+    rewrite_for_prefix(resp.headers_mut(), &opts.prefix);
+    Ok(resp)
+}
+
+/// One request on `sender`. If it asks for an upgrade and the server
+/// agrees (101), the two upgraded connections are spliced in the
+/// background once the caller has sent the 101 on.
+pub async fn exchange<B>(
+    sender: &mut SendRequest<B>,
+    mut req: Request<B>,
+) -> Result<Response<Incoming>, CoreError>
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    let downstream = is_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
+    let upgrade = req.headers().get(header::UPGRADE).cloned();
+    let h = req.headers_mut();
+    strip_hop_by_hop(h);
+    if let (Some(u), true) = (upgrade, downstream.is_some()) {
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        h.insert(header::UPGRADE, u);
+    }
+    if h.get(header::HOST).is_none() {
+        // An HTTP/2 caller names the host in the URI only.
+        if let Some(v) = req
+            .uri()
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        {
+            req.headers_mut().insert(header::HOST, v);
+        }
+    }
+    *req.version_mut() = Version::HTTP_11;
+    sender.ready().await.map_err(bad_gateway)?;
+    let mut resp = sender.send_request(req).await.map_err(bad_gateway)?;
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let Some(down) = downstream else {
+            return Err(CoreError::BadGateway(
+                "101 Switching Protocols to a request that asked for no upgrade".into(),
+            ));
+        };
+        let up = hyper::upgrade::on(&mut resp);
+        tokio::spawn(async move {
+            let (Ok(d), Ok(u)) = tokio::join!(down, up) else {
+                return;
+            };
+            let _ = tokio::io::copy_bidirectional_with_sizes(
+                &mut TokioIo::new(d),
+                &mut TokioIo::new(u),
+                SPLICE_BUF,
+                SPLICE_BUF,
+            )
+            .await;
+        });
+    } else {
+        strip_hop_by_hop(resp.headers_mut());
+    }
+    Ok(resp)
+}
+
+fn bad_gateway(e: hyper::Error) -> CoreError {
+    CoreError::BadGateway(e.to_string())
+}
+
+fn tokens(h: &HeaderMap, name: HeaderName) -> impl Iterator<Item = String> + '_ {
+    h.get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+        .filter(|t| !t.is_empty())
+}
+
+fn is_upgrade(h: &HeaderMap) -> bool {
+    h.contains_key(header::UPGRADE) && tokens(h, header::CONNECTION).any(|t| t == "upgrade")
+}
+
+/// Removes the headers that describe one connection (RFC 9110 7.6.1),
+/// including any the `Connection` header names.
+pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let named: Vec<HeaderName> = tokens(h, header::CONNECTION)
+        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+        .collect();
+    for n in named {
+        h.remove(n);
+    }
+    for n in [
+        header::CONNECTION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+    ] {
+        h.remove(n);
+    }
+    h.remove("keep-alive");
+    h.remove("proxy-connection");
+}
+
+/// A page served under `prefix` redirects and sets cookies as if it were
+/// at `/`: path-absolute `Location`s and cookie `Path`s get the prefix.
+fn rewrite_for_prefix(h: &mut HeaderMap, prefix: &str) {
+    if let Some(loc) = h.get(header::LOCATION).and_then(|v| v.to_str().ok()) {
+        if loc.starts_with('/') && !loc.starts_with("//") {
+            if let Ok(v) = HeaderValue::from_str(&format!("{prefix}{loc}")) {
+                h.insert(header::LOCATION, v);
+            }
+        }
+    }
+    let cookies: Vec<HeaderValue> = h
+        .get_all(header::SET_COOKIE)
+        .iter()
+        .map(|v| match v.to_str() {
+            Ok(s) => HeaderValue::from_str(&cookie_under(s, prefix)).unwrap_or_else(|_| v.clone()),
+            Err(_) => v.clone(),
+        })
+        .collect();
+    if !cookies.is_empty() {
+        h.remove(header::SET_COOKIE);
+        for c in cookies {
+            h.append(header::SET_COOKIE, c);
+        }
+    }
+}
+
+fn cookie_under(cookie: &str, prefix: &str) -> String {
+    cookie
+        .split(';')
+        .map(|part| {
+            let t = part.trim_start();
+            match t.get(..5) {
+                Some(k) if k.eq_ignore_ascii_case("path=") && t[5..].starts_with('/') => {
+                    format!(" Path={prefix}{}", &t[5..])
+                }
+                _ => part.to_string(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_go_including_named_ones() {
+        let mut h = HeaderMap::new();
+        h.insert(header::CONNECTION, "keep-alive, x-secret".parse().unwrap());
+        h.insert("x-secret", "1".parse().unwrap());
+        h.insert("keep-alive", "timeout=5".parse().unwrap());
+        h.insert(header::TRANSFER_ENCODING, "chunked".parse().unwrap());
+        h.insert(header::CONTENT_TYPE, "text/html".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key(header::CONTENT_TYPE));
+    }
+
+    #[test]
+    fn upgrade_needs_both_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(header::UPGRADE, "websocket".parse().unwrap());
+        assert!(!is_upgrade(&h));
+        h.insert(header::CONNECTION, "keep-alive, Upgrade".parse().unwrap());
+        assert!(is_upgrade(&h));
+    }
+
+    #[test]
+    fn redirects_and_cookie_paths_move_under_the_prefix() {
+        let mut h = HeaderMap::new();
+        h.insert(header::LOCATION, "/sub/".parse().unwrap());
+        h.append(header::SET_COOKIE, "a=1; Path=/; HttpOnly".parse().unwrap());
+        h.append(header::SET_COOKIE, "b=2".parse().unwrap());
+        rewrite_for_prefix(&mut h, "/preview/tok");
+        assert_eq!(h[header::LOCATION], "/preview/tok/sub/");
+        let c: Vec<_> = h.get_all(header::SET_COOKIE).iter().collect();
+        assert_eq!(c[0], "a=1; Path=/preview/tok/; HttpOnly");
+        assert_eq!(c[1], "b=2");
+        let mut h = HeaderMap::new();
+        h.insert(header::LOCATION, "//elsewhere/x".parse().unwrap());
+        rewrite_for_prefix(&mut h, "/p");
+        assert_eq!(h[header::LOCATION], "//elsewhere/x");
+    }
+}
