@@ -20,6 +20,7 @@ pub use frame::{
     check_len, read_frame, write_frame, Frame, FrameError, Kind, HEADER_LEN, MAX_FRAME,
 };
 pub use messages::{
-    CodeRequest, CodeResult, ContextInfo, ContextRequest, EndReason, ExecRequest, ExecResult, FileEntry, FileListRequest, FilePathRequest, FileReadRequest,
-    FileWriteRequest, GuestError, ShimControl,
+    CodeRequest, CodeResult, ContextInfo, ContextRequest, EndReason, ExecRequest, ExecResult,
+    FileEntry, FileListRequest, FilePathRequest, FileReadRequest, FileWriteRequest, GuestError,
+    ShimControl,
 };

@@ -105,7 +105,10 @@ impl Registry {
     }
 
     pub fn remove(&self, chan: u32) {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(&chan);
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&chan);
     }
 
     pub fn kill(&self, chan: u32) {
@@ -294,7 +297,10 @@ fn run(
         duration_ms: start.elapsed().as_millis() as u64,
         cpu_ms: last.map(|s| ns_to_ms(s.cpu_ns)).unwrap_or(exit.cpu_ms),
         reason,
-        memory_peak_bytes: Some(peak.max(last.map(|s| s.mem_bytes).unwrap_or(0)).max(exit.max_rss_bytes)),
+        memory_peak_bytes: Some(
+            peak.max(last.map(|s| s.mem_bytes).unwrap_or(0))
+                .max(exit.max_rss_bytes),
+        ),
         contained: tree.unit().is_some(),
     };
     let mut w = out.lock();
@@ -353,6 +359,7 @@ pub fn watch(
 /// Copies one output pipe to the host up to `cap` bytes; past it, asks for
 /// the tree to be stopped and keeps draining (dropping the rest) so that
 /// nothing blocks on a full pipe until it is dead.
+#[allow(clippy::too_many_arguments)] // one pump's whole context; a struct would only rename it
 fn pump(
     chan: u32,
     kind: Kind,

@@ -62,7 +62,11 @@ pub fn once<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option
     let job: Job = Box::new(move || {
         let _ = tx.send(f());
     });
-    let worker = ready().lock().unwrap_or_else(|p| p.into_inner()).recv().ok()?;
+    let worker = ready()
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .recv()
+        .ok()?;
     worker.send(job).ok()?;
     rx.recv().ok()
 }

@@ -257,9 +257,17 @@ mod tests {
         assert_eq!(e.status, axum::http::StatusCode::PAYLOAD_TOO_LARGE);
         assert!(params(serde_json::json!({"code": "1", "language": "cobol"})).is_err());
         assert!(params(serde_json::json!({"code": "1", "context_id": "../x"})).is_err());
-        assert!(params(serde_json::json!({"code": "1", "context_id": "ctx_0123456789abcdef"})).is_ok());
-        assert!(params(serde_json::json!({"code": "1", "timeout_seconds": 2, "cpu_limit_ms": 2001})).is_err());
-        assert!(params(serde_json::json!({"code": "1", "timeout_seconds": 2, "cpu_limit_ms": 2000})).is_ok());
+        assert!(
+            params(serde_json::json!({"code": "1", "context_id": "ctx_0123456789abcdef"})).is_ok()
+        );
+        assert!(params(
+            serde_json::json!({"code": "1", "timeout_seconds": 2, "cpu_limit_ms": 2001})
+        )
+        .is_err());
+        assert!(params(
+            serde_json::json!({"code": "1", "timeout_seconds": 2, "cpu_limit_ms": 2000})
+        )
+        .is_ok());
         assert!(params(serde_json::json!({"code": "1", "cpu_limit_ms": 0})).is_err());
     }
 }

@@ -114,7 +114,15 @@ pub async fn warm(client: &AgentClient) {
         warm: true,
     };
     let limits = (Duration::from_secs(10), 4096);
-    let _ = drive::<_, CodeResult>(client, Kind::CodeRun, &req, Kind::CodeDone, limits, Sink::Collect).await;
+    let _ = drive::<_, CodeResult>(
+        client,
+        Kind::CodeRun,
+        &req,
+        Kind::CodeDone,
+        limits,
+        Sink::Collect,
+    )
+    .await;
 }
 
 fn map_guest(e: CoreError) -> CoreError {
@@ -139,7 +147,9 @@ async fn call(client: &AgentClient, kind: Kind, req: &ContextRequest) -> Result<
     // says nothing for this long is not going to.
     match tokio::time::timeout(Duration::from_secs(30), expect_ok(&mut ch)).await {
         Ok(r) => r.map_err(map_guest),
-        Err(_) => Err(CoreError::GuestUnresponsive("no answer about the context".into())),
+        Err(_) => Err(CoreError::GuestUnresponsive(
+            "no answer about the context".into(),
+        )),
     }
 }
 
@@ -213,7 +223,10 @@ mod tests {
             code: c.into(),
             message: "m".into(),
         };
-        assert!(matches!(map_guest(g("not_found")), CoreError::ContextNotFound(_)));
+        assert!(matches!(
+            map_guest(g("not_found")),
+            CoreError::ContextNotFound(_)
+        ));
         assert!(matches!(map_guest(g("invalid")), CoreError::Invalid(_)));
         assert!(matches!(map_guest(g("too_many")), CoreError::Conflict(_)));
         assert!(matches!(map_guest(g("io")), CoreError::Guest { .. }));

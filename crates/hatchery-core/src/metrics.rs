@@ -57,7 +57,11 @@ impl Metrics {
             )
             .unwrap(),
             execs: IntCounter::new("hatchery_execs_total", "Commands executed").unwrap(),
-            code_runs: IntCounter::new("hatchery_code_runs_total", "Code runs in interpreter contexts").unwrap(),
+            code_runs: IntCounter::new(
+                "hatchery_code_runs_total",
+                "Code runs in interpreter contexts",
+            )
+            .unwrap(),
             exec_seconds: Histogram::with_opts(
                 HistogramOpts::new("hatchery_exec_seconds", "Exec wall time").buckets(buckets),
             )

@@ -108,7 +108,8 @@ fn unit(name: &str) -> Result<&str, String> {
         && name
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-    ok.then_some(name).ok_or_else(|| "bad unit name".to_string())
+    ok.then_some(name)
+        .ok_or_else(|| "bad unit name".to_string())
 }
 
 fn path(controller: &str, name: &str, file: &str) -> PathBuf {
@@ -117,27 +118,30 @@ fn path(controller: &str, name: &str, file: &str) -> PathBuf {
 
 fn handle(line: &str, spare: &[i32]) -> Result<String, String> {
     let mut words = line.split_ascii_whitespace();
-    let (verb, name) = (words.next().unwrap_or(""), unit(words.next().unwrap_or(""))?);
+    let (verb, name) = (
+        words.next().unwrap_or(""),
+        unit(words.next().unwrap_or(""))?,
+    );
     let err = |what: &str, e: std::io::Error| format!("{what} {name}: {e}");
     match verb {
         "new" => {
             for c in CONTROLLERS {
-                std::fs::create_dir(Path::new(BASE).join(c).join(name)).map_err(|e| err("new", e))?;
+                std::fs::create_dir(Path::new(BASE).join(c).join(name))
+                    .map_err(|e| err("new", e))?;
             }
             Ok("ok".into())
         }
         "join" => {
-            let tid: i32 = words
-                .next()
-                .and_then(|t| t.parse().ok())
-                .ok_or("bad tid")?;
+            let tid: i32 = words.next().and_then(|t| t.parse().ok()).ok_or("bad tid")?;
             for c in CONTROLLERS {
-                std::fs::write(path(c, name, "tasks"), tid.to_string()).map_err(|e| err("join", e))?;
+                std::fs::write(path(c, name, "tasks"), tid.to_string())
+                    .map_err(|e| err("join", e))?;
             }
             Ok("ok".into())
         }
         "stat" => {
-            let cpu = read_u64(&path("cpuacct", name, "cpuacct.usage")).map_err(|e| err("stat", e))?;
+            let cpu =
+                read_u64(&path("cpuacct", name, "cpuacct.usage")).map_err(|e| err("stat", e))?;
             let mem = read_u64(&path("memory", name, "memory.usage_in_bytes")).unwrap_or(0);
             let procs = procs(name, spare).map_err(|e| err("stat", e))?.len();
             Ok(format!("ok {cpu} {mem} {procs}"))

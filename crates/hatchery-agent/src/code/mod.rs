@@ -22,7 +22,8 @@ pub const MAX_CONTEXTS: usize = 16;
 const DEFAULT_CWD: &str = "/workspace";
 /// Touches the kernel's paths for a cell (parse, exec, a stream write, the
 /// last-expression eval) and unbinds what it bound.
-const WARM_CELL: &str = "import sys as __hx_w\n__hx_w.stdout.write('')\ndel __hx_w\n(lambda: None)()";
+const WARM_CELL: &str =
+    "import sys as __hx_w\n__hx_w.stdout.write('')\ndel __hx_w\n(lambda: None)()";
 
 pub struct Context {
     id: String,
@@ -54,7 +55,11 @@ impl Context {
 
     /// Stops the run in progress, if any (it answers `cancelled`).
     fn cancel_run(&self) {
-        let t = self.running.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let t = self
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         if let Some(t) = t {
             t.stop(hatchery_agent_proto::EndReason::Cancelled);
         }
@@ -216,20 +221,31 @@ impl Contexts {
         crate::pool::run(move || {
             let language = req.language.unwrap_or_else(|| "python".into());
             if !languages().contains(&language.as_str()) {
-                return out.error(chan, "invalid", format!("no {language} interpreter in this sandbox"));
+                return out.error(
+                    chan,
+                    "invalid",
+                    format!("no {language} interpreter in this sandbox"),
+                );
             }
             let cwd = req.cwd.unwrap_or_else(|| DEFAULT_CWD.into());
             if !std::path::Path::new(&cwd).is_dir() {
                 return out.error(chan, "not_found", format!("cwd {cwd} is not a directory"));
             }
             if me.map.lock().unwrap_or_else(|p| p.into_inner()).len() >= MAX_CONTEXTS {
-                return out.error(chan, "too_many", format!("at most {MAX_CONTEXTS} contexts per sandbox"));
+                return out.error(
+                    chan,
+                    "too_many",
+                    format!("at most {MAX_CONTEXTS} contexts per sandbox"),
+                );
             }
             let ctx = me.insert(new_id(), language, cwd);
             match ctx.restart(&me.reaper) {
                 Ok(()) => out.send(&Frame::json(chan, Kind::Ok, &ctx.info())),
                 Err(e) => {
-                    me.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&ctx.id);
+                    me.map
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&ctx.id);
                     out.error(chan, "spawn_failed", e.to_string())
                 }
             }
@@ -266,9 +282,17 @@ impl Contexts {
     pub fn delete(&self, chan: u32, req: ContextRequest, out: Out) {
         let id = req.id.unwrap_or_default();
         if id == DEFAULT {
-            return out.error(chan, "invalid", "the default context can be restarted, not deleted");
+            return out.error(
+                chan,
+                "invalid",
+                "the default context can be restarted, not deleted",
+            );
         }
-        let removed = self.map.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        let removed = self
+            .map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
         let Some(ctx) = removed else {
             return out.error(chan, "not_found", format!("no context {id}"));
         };

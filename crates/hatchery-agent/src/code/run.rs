@@ -64,7 +64,11 @@ pub fn run(k: &mut Kernel, chan: u32, req: &CodeRequest, count: u64, out: &Out) 
     let start = Instant::now();
     k.discard_stale();
     let unit = k.tree.unit().cloned();
-    let cpu0 = unit.as_ref().and_then(|u| u.stat()).map(|s| s.cpu_ns).unwrap_or(0);
+    let cpu0 = unit
+        .as_ref()
+        .and_then(|u| u.stat())
+        .map(|s| s.cpu_ns)
+        .unwrap_or(0);
     let mut line = serde_json::to_vec(&serde_json::json!({
         "id": count, "code": req.code, "env": req.env,
     }))
@@ -86,8 +90,16 @@ pub fn run(k: &mut Kernel, chan: u32, req: &CodeRequest, count: u64, out: &Out) 
     let mut buf = vec![0u8; 64 * 1024];
     let mut next_stat = Instant::now() + Duration::from_millis(TICK_MS as u64);
     while !done && died.is_none() && k.tree.stop.get().is_none() {
-        let mut pfds = [k.events.as_raw_fd(), k.stdout.as_raw_fd(), k.stderr.as_raw_fd()]
-            .map(|fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+        let mut pfds = [
+            k.events.as_raw_fd(),
+            k.stdout.as_raw_fd(),
+            k.stderr.as_raw_fd(),
+        ]
+        .map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
         // SAFETY: a valid array of three pollfds.
         unsafe { libc::poll(pfds.as_mut_ptr(), 3, TICK_MS) };
         for (i, kind) in [(1, Kind::Stdout), (2, Kind::Stderr)] {
@@ -206,7 +218,11 @@ fn handle_events(k: &mut Kernel, chan: u32, count: u64, out: &Out, caps: &mut Ca
         }
         match v["type"].as_str() {
             Some("stdout") | Some("stderr") => {
-                let kind = if v["type"] == "stdout" { Kind::Stdout } else { Kind::Stderr };
+                let kind = if v["type"] == "stdout" {
+                    Kind::Stdout
+                } else {
+                    Kind::Stderr
+                };
                 let text = v["text"].as_str().unwrap_or("");
                 if !send_bytes(out, chan, kind, text.as_bytes(), caps) {
                     k.tree.stop(EndReason::OutputLimit);

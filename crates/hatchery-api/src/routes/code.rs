@@ -91,7 +91,9 @@ pub async fn create_context(
 ) -> Result<(StatusCode, axum::Json<CodeContext>), ApiError> {
     let language = body.language.unwrap_or_else(|| "python".into());
     if !hatchery_core::code::LANGUAGES.contains(&language.as_str()) {
-        return Err(ApiError::bad_request(format!("unknown language {language:?}")));
+        return Err(ApiError::bad_request(format!(
+            "unknown language {language:?}"
+        )));
     }
     let c = st.manager.create_context(&id, &language, body.cwd).await?;
     Ok((StatusCode::CREATED, axum::Json(c.into())))
@@ -117,7 +119,9 @@ pub async fn restart_context(
     Path((id, ctx)): Path<(String, String)>,
 ) -> Result<axum::Json<CodeContext>, ApiError> {
     validate_context_id(&ctx)?;
-    Ok(axum::Json(st.manager.restart_context(&id, &ctx).await?.into()))
+    Ok(axum::Json(
+        st.manager.restart_context(&id, &ctx).await?.into(),
+    ))
 }
 
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}/code/contexts/{context_id}", tag = "code",
