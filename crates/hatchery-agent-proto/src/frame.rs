@@ -51,6 +51,12 @@ kinds! {
     ContextList = 32,
     ContextRestart = 33,
     ContextDelete = 34,
+    // a terminal: start it (PtyOpen), keystrokes (raw bytes), a new
+    // window size (PtySize, JSON), end it and everything started in it
+    PtyOpen = 50,
+    PtyInput = 51,
+    PtyResize = 52,
+    PtyClose = 53,
     // guest → host
     Stdout = 101,
     Stderr = 102,
@@ -64,6 +70,11 @@ kinds! {
     FileChunk = 112,
     FileEof = 113,
     Pong = 120,
+    // a terminal is running (PtyStarted), its output (raw bytes), its end
+    // (PtyExit, the last frame of the channel)
+    PtyStarted = 150,
+    PtyOutput = 151,
+    PtyExit = 152,
     // shim control, channel 0, either direction
     Control = 200,
 }

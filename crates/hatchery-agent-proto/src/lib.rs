@@ -22,5 +22,5 @@ pub use frame::{
 pub use messages::{
     CodeRequest, CodeResult, ContextInfo, ContextRequest, EndReason, ExecRequest, ExecResult,
     FileEntry, FileListRequest, FilePathRequest, FileReadRequest, FileWriteRequest, GuestError,
-    ShimControl,
+    PtyExit, PtyRequest, PtySize, PtyStarted, ShimControl,
 };

@@ -10,6 +10,7 @@ mod files;
 mod kill;
 mod out;
 mod pool;
+mod pty;
 mod reaper;
 mod spawner;
 
@@ -40,6 +41,7 @@ fn main() {
         cgroup::keeper().available();
     });
     let execs = exec::Registry::default();
+    let ptys = pty::Ptys::default();
     let contexts = code::Contexts::new(Arc::clone(&reaper), execs.clone());
     contexts.start_default();
     let mut writes: HashMap<u32, files::PendingWrite> = HashMap::new();
@@ -113,6 +115,17 @@ fn main() {
                 Ok(req) => files::remove(chan, req, &out),
                 Err(e) => out.error(chan, "invalid", e.to_string()),
             },
+            Kind::PtyOpen => match frame.parse() {
+                Ok(req) => ptys.open(chan, req, out.clone(), Arc::clone(&reaper)),
+                Err(e) => out.error(chan, "invalid", e.to_string()),
+            },
+            Kind::PtyInput => ptys.input(chan, frame.payload),
+            Kind::PtyResize => {
+                if let Ok(size) = frame.parse() {
+                    ptys.resize(chan, size);
+                }
+            }
+            Kind::PtyClose => ptys.close(chan),
             Kind::Ping => out.send(&Frame::new(chan, Kind::Pong, frame.payload)),
             other => out.error(chan, "invalid", format!("unexpected frame kind {other:?}")),
         }
