@@ -12,6 +12,8 @@ pub mod models;
 pub mod network;
 pub mod openapi;
 mod routes;
+pub mod terminal_models;
+pub mod terminal_token;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{delete, get, post};
@@ -25,6 +27,8 @@ pub use error::ApiError;
 pub struct AppState {
     pub manager: Arc<Manager>,
     pub api_key: Arc<str>,
+    /// Mints and checks the tokens browsers attach to terminals with.
+    pub terminal_tokens: Arc<terminal_token::TerminalTokens>,
 }
 
 /// JSON bodies are small; file uploads get their own, larger limit.
@@ -78,6 +82,7 @@ pub fn router(state: AppState) -> Router {
             "/sandboxes/{id}/code/contexts/{context_id}/restart",
             post(routes::code::restart_context),
         )
+        .route("/sandboxes/{id}/pty/token", post(routes::pty::token))
         .route("/sandboxes/{id}/snapshots", post(routes::snapshots::create))
         .route("/snapshots", get(routes::snapshots::list))
         .route(
@@ -108,6 +113,13 @@ pub fn router(state: AppState) -> Router {
         ));
     Router::new()
         .merge(authed)
+        // Authenticates itself: the API key, or a terminal token (browsers
+        // cannot set headers on a WebSocket).
+        .route("/v1/sandboxes/{id}/pty", get(routes::pty::attach))
+        // The browser terminal's page and script: static, nothing secret.
+        .route("/terminal", get(routes::terminal_page::redirect))
+        .route("/terminal/", get(routes::terminal_page::index))
+        .route("/terminal/{file}", get(routes::terminal_page::asset))
         .route("/healthz", get(routes::meta::healthz))
         .fallback(routes::meta::not_found)
         .method_not_allowed_fallback(routes::meta::method_not_allowed)

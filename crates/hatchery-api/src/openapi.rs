@@ -7,7 +7,8 @@ use crate::error::{ErrorBody, ErrorDetail};
 use crate::models::*;
 use crate::network::*;
 use crate::routes;
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use crate::terminal_models::*;
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 #[derive(OpenApi)]
@@ -25,6 +26,7 @@ use utoipa::{Modify, OpenApi};
         routes::templates::create, routes::templates::list, routes::templates::get,
         routes::templates::delete, routes::templates::events,
         routes::network::get, routes::network::put, routes::network::events,
+        routes::pty::attach, routes::pty::token,
         routes::meta::healthz, routes::meta::metrics,
     ),
     components(schemas(CreateSandbox, PatchSandbox, Sandbox, SandboxList, ExecBody, ExecResponse, ExecReason, OutputChunk,
@@ -32,7 +34,8 @@ use utoipa::{Modify, OpenApi};
                        FileEntry, FileList, ErrorBody, ErrorDetail,
                        CreateSnapshot, Snapshot, SnapshotList, ForkBody,
                        CreateTemplate, TemplateInfo, TemplateList, BuildAccepted,
-                       NetworkPolicy, NetworkRule, EgressMode, EgressEventBody, EgressEventList)),
+                       NetworkPolicy, NetworkRule, EgressMode, EgressEventBody, EgressEventList,
+                       TerminalToken, TerminalClientMessage, TerminalServerMessage)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]
@@ -46,6 +49,14 @@ impl Modify for BearerAuth {
             c.add_security_scheme(
                 "bearer",
                 SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+            );
+            // Terminals only: a token from POST /v1/sandboxes/{id}/pty/token.
+            c.add_security_scheme(
+                "terminal_token",
+                SecurityScheme::ApiKey(ApiKey::Query(ApiKeyValue::with_description(
+                    "token",
+                    "From POST /v1/sandboxes/{id}/pty/token: one terminal of that sandbox, once, within 60 s",
+                ))),
             );
         }
     }

@@ -27,6 +27,13 @@ pub struct Caps {
     pub max_fork_count: usize,
     /// Rules per list and ports per rule of a network policy.
     pub net_limits: hatchery_net::PolicyLimits,
+    /// A terminal with no input (keystrokes or resizes) for this long is
+    /// closed and everything started in it killed.
+    pub terminal_idle_timeout_s: u64,
+    /// Terminals attached to one sandbox at once; more get 429.
+    pub max_terminals_per_sandbox: usize,
+    /// Largest window, in columns and in rows.
+    pub max_terminal_cells: u16,
 }
 
 /// `v` if it is in 1..=max: the core's own check of every bound, whatever
@@ -76,6 +83,9 @@ impl Default for Caps {
             max_retention_s: 90 * 24 * 3600,
             max_fork_count: 16,
             net_limits: Default::default(),
+            terminal_idle_timeout_s: 15 * 60,
+            max_terminals_per_sandbox: 8,
+            max_terminal_cells: 1000,
         }
     }
 }

@@ -15,6 +15,7 @@ mod manager;
 pub mod metrics;
 pub(crate) mod network;
 pub mod pool;
+pub mod pty;
 pub mod ratelimit;
 pub mod snapshots;
 mod template_images;

@@ -18,6 +18,8 @@ pub struct Metrics {
     pub snapshots_created: IntCounter,
     pub pool_ready: IntGauge,
     pub template_images_baked: IntCounter,
+    pub terminals_open: IntGauge,
+    pub terminals_opened: IntCounter,
 }
 
 impl Metrics {
@@ -96,6 +98,13 @@ impl Metrics {
                 "Template checkpoints baked",
             )
             .unwrap(),
+            terminals_open: IntGauge::new("hatchery_terminals_open", "PTY terminals attached now")
+                .unwrap(),
+            terminals_opened: IntCounter::new(
+                "hatchery_terminals_opened_total",
+                "PTY terminals opened",
+            )
+            .unwrap(),
             registry,
         };
         let r = &m.registry;
@@ -114,6 +123,8 @@ impl Metrics {
         r.register(Box::new(m.pool_ready.clone())).unwrap();
         r.register(Box::new(m.template_images_baked.clone()))
             .unwrap();
+        r.register(Box::new(m.terminals_open.clone())).unwrap();
+        r.register(Box::new(m.terminals_opened.clone())).unwrap();
         m
     }
 

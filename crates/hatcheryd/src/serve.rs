@@ -67,6 +67,9 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         None => tracing::info!("API key taken from HATCHERY_API_KEY"),
     }
 
+    let terminal_secret = crate::key::terminal_secret(&data)
+        .map_err(|e| DaemonError::DataDir(data.join("terminal_secret"), e))?;
+
     let store = Store::open(&data.join("state.db")).map_err(hatchery_core::CoreError::from)?;
     let runtime = GvisorRuntime::new(GvisorConfig {
         state_dir: data.clone(),
@@ -89,6 +92,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         max_live_sandboxes: args.max_sandboxes,
         max_output_bytes: args.max_output_bytes,
         max_file_bytes: args.max_file_bytes,
+        terminal_idle_timeout_s: args.terminal_idle_timeout,
+        max_terminals_per_sandbox: args.max_terminals as usize,
         ..Caps::default()
     }
     .normalized();
@@ -140,6 +145,9 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let app = hatchery_api::router(AppState {
         manager: manager.clone(),
         api_key: key.into(),
+        terminal_tokens: Arc::new(hatchery_api::terminal_token::TerminalTokens::new(
+            terminal_secret,
+        )),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

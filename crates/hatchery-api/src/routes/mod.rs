@@ -3,6 +3,8 @@ pub mod exec;
 pub mod files;
 pub mod meta;
 pub mod network;
+pub mod pty;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod templates;
+pub mod terminal_page;
