@@ -30,6 +30,12 @@ const EXIT_CODES: &str = "Exit status: the command's own; 128+N when signal N ki
 124 when the timeout killed it; 125 when hatchery itself failed (daemon unreachable, unknown \
 sandbox, invalid request).";
 
+const SHELL_HELP: &str = "On a terminal: the sandbox's login shell (or CMD) on a pseudo-terminal; \
+exits with its status. The terminal and everything started in it end when you leave, when the \
+daemon's idle timeout (15 min without a key press) passes, or when the sandbox goes. Not on a \
+terminal (a pipe, a file): each line runs as its own /bin/sh -c command, the directory carries \
+over, variables do not; exits with the last command's status.";
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the daemon in the foreground (same as `hatcheryd`).
@@ -47,12 +53,21 @@ enum Cmd {
         /// Local path, `-` (stdout) or ID:/path.
         dst: String,
     },
-    /// A line-based shell in a sandbox (no PTY yet).
+    /// A shell in a sandbox: a real terminal when stdin is one (raw mode,
+    /// window size, Ctrl-C goes to the sandbox), else line by line.
+    #[command(after_help = SHELL_HELP)]
     Shell {
         id: String,
-        /// Starting directory.
-        #[arg(long, default_value = "/")]
-        cwd: String,
+        /// Starting directory (default: /root on a terminal, / line by line).
+        #[arg(long)]
+        cwd: Option<String>,
+        /// Line by line even on a terminal.
+        #[arg(long)]
+        lines: bool,
+        /// Run this program on the terminal instead of a login shell
+        /// (`hatchery shell ID -- python3`). Terminal mode only.
+        #[arg(last = true)]
+        cmd: Vec<String>,
     },
     /// Run a local file in a fresh sandbox, print its output, destroy the sandbox.
     #[command(after_help = EXIT_CODES)]
@@ -130,7 +145,12 @@ fn client_cmd(api: &Api, cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Sandbox(c) => sandbox::run(api, c),
         Cmd::Exec(a) => exec::run(api, a),
         Cmd::Cp { src, dst } => commands::cp::run(api, &src, &dst),
-        Cmd::Shell { id, cwd } => commands::shell::run(api, &id, cwd),
+        Cmd::Shell {
+            id,
+            cwd,
+            lines,
+            cmd,
+        } => commands::shell::run(api, &id, cwd, lines, &cmd),
         Cmd::Snapshot(c) => snapshot::run(api, c),
         Cmd::Template(c) => template::run(api, c),
         Cmd::Network(c) => network::run(api, c),

@@ -8,3 +8,4 @@ pub mod sandbox;
 pub mod shell;
 pub mod snapshot;
 pub mod template;
+pub mod terminal;
