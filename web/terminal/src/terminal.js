@@ -114,15 +114,16 @@ export function attachTerminal(element, opts) {
   if (observer) observer.observe(element);
   else window.addEventListener("resize", refit);
 
-  return {
-    term,
-    socket,
-    fit,
-    state: () => state,
-    close() {
-      if (observer) observer.disconnect();
-      else window.removeEventListener("resize", refit);
-      socket.close(1000, "closed by the page");
-    },
+  const close = () => {
+    if (observer) observer.disconnect();
+    else window.removeEventListener("resize", refit);
+    window.removeEventListener("pagehide", close);
+    if (socket.readyState <= WebSocket.OPEN) socket.close(1000, "closed by the page");
   };
+  // Leaving the page ends the terminal (and everything started in it).
+  // Without this, a browser that keeps the page in its back/forward cache
+  // keeps the socket, and the terminal, open.
+  window.addEventListener("pagehide", close);
+
+  return { term, socket, fit, state: () => state, close };
 }
