@@ -209,6 +209,15 @@ def test_bad_control_messages_are_refused_and_ignored(daemon, sandbox):
     t.ws.close()
 
 
+def test_a_message_over_1_mib_closes_with_1009(daemon, sandbox):
+    t = attach(daemon, sandbox, argv=["/bin/cat"])
+    t.type(b"x" * (1 << 20))  # a 1 MiB paste is fine
+    t.wait_for(b"x" * 1000)  # (the line discipline keeps 4 KiB of an unfinished line)
+    t.type(b"y" * ((1 << 20) + 1))
+    assert t.wait_closed()[0] == 1009
+    assert wait_no_procs(daemon, sandbox, "^/bin/cat") == []
+
+
 def test_bad_requests_are_refused_before_the_upgrade(daemon, sandbox):
     base = f"/v1/sandboxes/{sandbox}/pty"
     # No credentials, a wrong key, a bad token.

@@ -23,8 +23,8 @@ use hatchery_core::pty::{Terminal, TerminalEvent};
 use hatchery_core::CoreError;
 use tokio::time::{timeout_at, Instant};
 
-/// Largest message a client may send (a paste); bigger ones close the
-/// connection (1009).
+/// Largest message a client may send (a paste); a bigger one closes the
+/// connection (1009, and the terminal with it).
 const MAX_MESSAGE: usize = 1 << 20;
 pub const CLOSE_IDLE: u16 = 4000;
 
@@ -168,7 +168,15 @@ async fn relay(mut socket: WebSocket, mut term: Terminal) {
                 }
             },
             msg = socket.recv() => match msg {
-                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => break (None, None, "client closed"),
+                None | Some(Ok(Message::Close(_))) => break (None, None, "client closed"),
+                Some(Err(e)) => {
+                    let code = match e.into_inner().downcast::<tungstenite::Error>().map(|e| *e) {
+                        Ok(tungstenite::Error::Capacity(_)) => Some(1009),
+                        Ok(tungstenite::Error::Protocol(_)) => Some(1002),
+                        _ => None,
+                    };
+                    break (None, code, "client message refused");
+                }
                 Some(Ok(Message::Binary(b))) => {
                     deadline = Instant::now() + idle;
                     if let Err(e) = term.input(&b).await {
@@ -221,10 +229,12 @@ async fn relay(mut socket: WebSocket, mut term: Terminal) {
     // End the terminal first: closing the socket must never leave it
     // running, however the client behaves from here on.
     term.close().await;
-    if let (Some(m), Some(code)) = (message, code) {
+    if let Some(code) = code {
         let grace = Instant::now() + std::time::Duration::from_secs(2);
         let _ = timeout_at(grace, async {
-            socket.send(control(&m)).await?;
+            if let Some(m) = &message {
+                socket.send(control(m)).await?;
+            }
             socket.send(close(code, reason)).await
         })
         .await;
