@@ -258,7 +258,9 @@ def test_browser_tokens_open_one_terminal_of_one_sandbox_once(daemon, sandbox):
     body = r.json()
     assert set(body) == {"token", "expires_at"}
     token = urllib.parse.quote(body["token"])
-    # Not for another sandbox ...
+    # A request that opens nothing (here a bad size) does not use it up ...
+    assert refused(daemon, f"/v1/sandboxes/{sandbox}/pty?token={token}&cols=0", headers={}).status == 400
+    # ... nor does one for another sandbox.
     r = refused(daemon, f"/v1/sandboxes/{other}/pty?token={token}", headers={})
     assert r.status == 401 and "not valid for this sandbox" in r.json()["error"]["message"]
     # ... for this one, once.

@@ -70,8 +70,9 @@ impl TerminalTokens {
         (format!("{expires}.{nonce}.{mac}"), expires)
     }
 
-    /// Checks a token for `sandbox` and uses it up.
-    pub fn redeem(&self, sandbox: &str, token: &str, now_ms: u64) -> Result<(), TokenError> {
+    /// Checks a token for `sandbox` and uses it up. Returns its nonce, for
+    /// [`TerminalTokens::release`].
+    pub fn redeem(&self, sandbox: &str, token: &str, now_ms: u64) -> Result<String, TokenError> {
         use base64::Engine;
         let mut parts = token.splitn(3, '.');
         let (Some(exp), Some(nonce), Some(mac)) = (parts.next(), parts.next(), parts.next()) else {
@@ -97,7 +98,17 @@ impl TerminalTokens {
             return Err(TokenError::Used);
         }
         used.insert(nonce.to_string(), expires);
-        Ok(())
+        Ok(nonce.to_string())
+    }
+
+    /// Gives a redeemed token back when no terminal came of it (a full
+    /// sandbox, a missing program), so the client can retry with it until
+    /// it expires. A token still opens at most one terminal.
+    pub fn release(&self, nonce: &str) {
+        self.used
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(nonce);
     }
 }
 
@@ -126,11 +137,15 @@ mod tests {
             Err(TokenError::BadSignature)
         );
         assert_eq!(t.redeem("sbx_a", &tok, exp + 1), Err(TokenError::Expired));
-        assert_eq!(t.redeem("sbx_a", &tok, 2_000), Ok(()));
+        let nonce = t.redeem("sbx_a", &tok, 2_000).unwrap();
         assert_eq!(t.redeem("sbx_a", &tok, 2_001), Err(TokenError::Used));
+        // Given back (nothing was opened with it): usable again, once.
+        t.release(&nonce);
+        assert!(t.redeem("sbx_a", &tok, 2_002).is_ok());
+        assert_eq!(t.redeem("sbx_a", &tok, 2_003), Err(TokenError::Used));
         let (tok2, _) = t.issue("sbx_a", 1_000);
         assert_ne!(tok, tok2);
-        assert_eq!(t.redeem("sbx_a", &tok2, exp), Ok(()));
+        assert!(t.redeem("sbx_a", &tok2, exp).is_ok());
     }
 
     #[test]

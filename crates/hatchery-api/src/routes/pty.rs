@@ -67,16 +67,30 @@ pub async fn attach(
     Query(q): Query<TerminalQuery>,
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
-    authorize(&st, &id, &headers, q.token.as_deref())?;
-    let ws = ws.map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "not_a_websocket",
-            format!("this route is a WebSocket upgrade: {}", e.body_text()),
-        )
-    })?;
-    let params = q.into_params(&st.manager.caps)?;
-    let term = st.manager.open_terminal(&id, params).await?;
+    let nonce = authorize(&st, &id, &headers, q.token.as_deref())?;
+    let opened = async {
+        let ws = ws.map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "not_a_websocket",
+                format!("this route is a WebSocket upgrade: {}", e.body_text()),
+            )
+        })?;
+        let params = q.into_params(&st.manager.caps)?;
+        let term = st.manager.open_terminal(&id, params).await?;
+        Ok::<_, ApiError>((ws, term))
+    }
+    .await;
+    let (ws, term) = match opened {
+        Ok(x) => x,
+        Err(e) => {
+            // No terminal came of this token: the client may retry with it.
+            if let Some(n) = nonce {
+                st.terminal_tokens.release(&n);
+            }
+            return Err(e);
+        }
+    };
     Ok(ws
         .max_message_size(MAX_MESSAGE)
         .max_frame_size(MAX_MESSAGE)
@@ -85,13 +99,13 @@ pub async fn attach(
 }
 
 /// The API key (Bearer, compared in constant time) or a token for this
-/// sandbox, used up by this request.
+/// sandbox, used up by this request (its nonce is returned).
 fn authorize(
     st: &AppState,
     id: &str,
     headers: &HeaderMap,
     token: Option<&str>,
-) -> Result<(), ApiError> {
+) -> Result<Option<String>, ApiError> {
     let unauthorized = |m: &str| ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", m);
     if let Some(h) = headers.get(axum::http::header::AUTHORIZATION) {
         let given = h
@@ -100,7 +114,7 @@ fn authorize(
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
         return if crate::auth::constant_time_eq(given.as_bytes(), st.api_key.as_bytes()) {
-            Ok(())
+            Ok(None)
         } else {
             Err(unauthorized("missing or wrong API key"))
         };
@@ -109,6 +123,7 @@ fn authorize(
         Some(t) => st
             .terminal_tokens
             .redeem(id, t, hatchery_core::now_ms())
+            .map(Some)
             .map_err(|e| unauthorized(e.message())),
         None => Err(unauthorized(
             "missing API key (Authorization: Bearer) or ?token= from POST /v1/sandboxes/{id}/pty/token",
