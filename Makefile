@@ -9,7 +9,7 @@ LISTEN ?= 127.0.0.1:7423
 PYTEST := /usr/bin/python3 -m pytest
 BIN := target/release
 
-.PHONY: setup build template run test unit kernel-test lint integration cli-test sdk-python-test sdk-typescript-test playground-test playground-load bench clean-state
+.PHONY: setup build template run test unit kernel-test lint integration cli-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load bench clean-state
 
 setup:
 	bash scripts/setup-host.sh
@@ -57,13 +57,32 @@ sdk-python-test: build template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) HATCHERY_SDK_INSTALLED=1 \
 	  $(SDK_VENV)/bin/python -P -m pytest -q -p no:cacheprovider -c sdk/python/pytest.ini sdk/python/tests
 
+NEED_NODE = @node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' 2>/dev/null && command -v npm >/dev/null || \
+	  { echo "$@: needs Node.js >= 20 with npm (bookworm has 18; e.g. NodeSource's packages)" >&2; exit 1; }
+
 sdk-typescript-test: build template
-	@node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' 2>/dev/null && command -v npm >/dev/null || \
-	  { echo "sdk-typescript-test: needs Node.js >= 20 with npm (bookworm has 18; e.g. NodeSource's packages)" >&2; exit 1; }
+	$(NEED_NODE)
 	cd sdk/typescript && npm ci --no-audit --no-fund --silent && npm run --silent build
 	cd sdk/typescript && HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 $(CURDIR)/tests/sdk/with_daemon.py node --test --test-concurrency=1 test/
 
+# The browser terminal (web/terminal: xterm.js on the PTY WebSocket). The
+# daemon embeds web/terminal/dist at compile time, so `make build` needs no
+# Node; terminal-check rebuilds the bundle from the sources and the lockfile
+# (npm ci, esbuild) and fails if the committed dist/ differs, and
+# terminal-build rewrites dist/ (commit it). terminal-test then drives
+# /terminal/ in headless Chromium against a real daemon.
+terminal-check:
+	$(NEED_NODE)
+	cd web/terminal && npm ci --no-audit --no-fund --silent && npm run --silent check
+
+terminal-build:
+	$(NEED_NODE)
+	cd web/terminal && npm ci --no-audit --no-fund --silent && npm run --silent build
+
+terminal-test: terminal-check build template
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  $(PYTEST) -q -p no:cacheprovider tests/terminal
 
 # The docs playground: HTTP and browser (headless Chromium) tests, then a
 # bounded load test (about 70 s).
@@ -75,7 +94,7 @@ playground-load: build template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -s -p no:cacheprovider tests/playground/test_load.py
 
-test: build template lint unit kernel-test integration cli-test sdk-python-test sdk-typescript-test playground-test playground-load
+test: build template lint unit kernel-test integration cli-test sdk-python-test sdk-typescript-test terminal-test playground-test playground-load
 
 bench: build template
 	cargo build --release -p hatchery-net --example slot_bench

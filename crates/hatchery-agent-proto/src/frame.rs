@@ -74,6 +74,12 @@ kinds! {
     RelayClose = 44,
     // the host consumed this much of the guest's window (u32 BE)
     RelayWindow = 45,
+    // a terminal: start it (PtyOpen), keystrokes (raw bytes), a new
+    // window size (PtySize, JSON), end it and everything started in it
+    PtyOpen = 50,
+    PtyInput = 51,
+    PtyResize = 52,
+    PtyClose = 53,
     // guest → host
     Stdout = 101,
     Stderr = 102,
@@ -104,6 +110,11 @@ kinds! {
     RelayGuestClose = 144,
     // the guest consumed this much of the host's window (u32 BE)
     RelayGuestWindow = 145,
+    // a terminal is running (PtyStarted), its output (raw bytes), its end
+    // (PtyExit, the last frame of the channel)
+    PtyStarted = 150,
+    PtyOutput = 151,
+    PtyExit = 152,
     // shim control, channel 0, either direction
     Control = 200,
 }

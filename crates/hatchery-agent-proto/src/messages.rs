@@ -213,3 +213,42 @@ pub enum ShimControl {
     Shutdown,
     Ack,
 }
+
+/// Start a program on a new pseudo-terminal. An empty `argv` is the
+/// guest's login shell (`/bin/bash -l`, else `/bin/sh`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PtyRequest {
+    pub argv: Vec<String>,
+    pub cwd: Option<String>,
+    pub env: BTreeMap<String, String>,
+    pub size: PtySize,
+    /// The guest's own backstop: with no input or resize for this long the
+    /// terminal is ended. The host closes idle terminals earlier; this one
+    /// catches terminals whose host side is gone (a daemon that died).
+    pub idle_timeout_ms: u64,
+}
+
+/// A terminal's window, in character cells.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PtySize {
+    pub cols: u16,
+    pub rows: u16,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PtyStarted {
+    pub pid: i32,
+    /// Whether the terminal has a unit of its own (see `ExecResult`).
+    pub contained: bool,
+}
+
+/// How a terminal's program ended.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PtyExit {
+    /// 128+N when killed by signal N.
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+    /// `exited`, `signaled`, `cancelled` (the host closed it) or `timeout`
+    /// (the guest's idle backstop).
+    pub reason: EndReason,
+}

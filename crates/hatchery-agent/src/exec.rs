@@ -16,7 +16,7 @@ const CHUNK: usize = 32 * 1024;
 /// After the command exits, how long to wait for its pipes to drain. A
 /// background child that keeps them open must not hold the result hostage.
 const DRAIN_GRACE: Duration = Duration::from_millis(100);
-const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub(crate) const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 static NEXT_MARK: AtomicU64 = AtomicU64::new(1);
 
@@ -411,7 +411,7 @@ fn pump(chan: u32, kind: Kind, mut pipe: Box<dyn Read + Send>, cap: u64, out: &O
     }
 }
 
-fn resolve(prog: &str, path_env: &str) -> Option<std::path::PathBuf> {
+pub(crate) fn resolve(prog: &str, path_env: &str) -> Option<std::path::PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     if prog.contains('/') {
         return Some(prog.into());

@@ -11,6 +11,7 @@ mod kill;
 mod out;
 mod pool;
 mod procs;
+mod pty;
 mod reaper;
 mod relay;
 mod spawner;
@@ -42,6 +43,7 @@ fn main() {
         cgroup::keeper().available();
     });
     let execs = exec::Registry::default();
+    let ptys = pty::Ptys::default();
     let contexts = code::Contexts::new(Arc::clone(&reaper), execs.clone());
     contexts.start_default();
     let procs = procs::Procs::default();
@@ -141,6 +143,17 @@ fn main() {
                 Ok(req) => files::remove(chan, req, &out),
                 Err(e) => out.error(chan, "invalid", e.to_string()),
             },
+            Kind::PtyOpen => match frame.parse() {
+                Ok(req) => ptys.open(chan, req, out.clone(), Arc::clone(&reaper)),
+                Err(e) => out.error(chan, "invalid", e.to_string()),
+            },
+            Kind::PtyInput => ptys.input(chan, frame.payload),
+            Kind::PtyResize => {
+                if let Ok(size) = frame.parse() {
+                    ptys.resize(chan, size);
+                }
+            }
+            Kind::PtyClose => ptys.close(chan),
             Kind::Ping => out.send(&Frame::new(chan, Kind::Pong, frame.payload)),
             Kind::RelayListen => match frame.parse() {
                 Ok(req) => relays.listen(chan, req),

@@ -86,6 +86,7 @@ impl From<CoreError> for ApiError {
             CoreError::FileConflict(_) => (S::CONFLICT, "file_conflict"),
             CoreError::TooLarge(_) => (S::PAYLOAD_TOO_LARGE, "too_large"),
             CoreError::Capacity(_) => (S::SERVICE_UNAVAILABLE, "capacity"),
+            CoreError::TooManyTerminals(_) => (S::TOO_MANY_REQUESTS, "too_many_terminals"),
             CoreError::NotRunning(_) => (S::CONFLICT, "sandbox_not_running"),
             CoreError::GuestUnresponsive(_) => (S::GATEWAY_TIMEOUT, "guest_unresponsive"),
             CoreError::Guest { code, .. } if code == "not_found" => (S::NOT_FOUND, "not_found"),

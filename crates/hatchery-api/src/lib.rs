@@ -14,6 +14,8 @@ pub mod openapi;
 pub mod output;
 pub mod process_models;
 mod routes;
+pub mod terminal_models;
+pub mod terminal_token;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{any, delete, get, post};
@@ -32,6 +34,8 @@ pub struct AppState {
     /// Base of the absolute preview URLs handed out (`--public-url`);
     /// without it they are built from the request's `Host`.
     pub public_url: Option<Arc<str>>,
+    /// Mints and checks the tokens browsers attach to terminals with.
+    pub terminal_tokens: Arc<terminal_token::TerminalTokens>,
 }
 
 /// JSON bodies are small; file uploads get their own, larger limit.
@@ -110,6 +114,7 @@ pub fn router(state: AppState) -> Router {
             "/sandboxes/{id}/processes/{pid}/wait",
             post(routes::processes::wait),
         )
+        .route("/sandboxes/{id}/pty/token", post(routes::pty::token))
         .route("/sandboxes/{id}/snapshots", post(routes::snapshots::create))
         .route("/snapshots", get(routes::snapshots::list))
         .route(
@@ -150,6 +155,13 @@ pub fn router(state: AppState) -> Router {
         ));
     Router::new()
         .merge(authed)
+        // Authenticates itself: the API key, or a terminal token (browsers
+        // cannot set headers on a WebSocket).
+        .route("/v1/sandboxes/{id}/pty", get(routes::pty::attach))
+        // The browser terminal's page and script: static, nothing secret.
+        .route("/terminal", get(routes::terminal_page::redirect))
+        .route("/terminal/", get(routes::terminal_page::index))
+        .route("/terminal/{file}", get(routes::terminal_page::asset))
         .route("/healthz", get(routes::meta::healthz))
         // Previews carry their own grant (a signed token), not the key.
         .route("/preview/{token}", any(routes::ports::preview))

@@ -9,7 +9,8 @@ use crate::network::*;
 use crate::output::OutputEncoding;
 use crate::process_models::*;
 use crate::routes;
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use crate::terminal_models::*;
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 #[derive(OpenApi)]
@@ -30,6 +31,7 @@ use utoipa::{Modify, OpenApi};
         routes::templates::delete, routes::templates::events,
         routes::network::get, routes::network::put, routes::network::events,
         routes::ports::proxy, routes::ports::preview_url, routes::ports::preview,
+        routes::pty::attach, routes::pty::token,
         routes::meta::healthz, routes::meta::metrics,
     ),
     components(schemas(CreateSandbox, PatchSandbox, Sandbox, SandboxList, ExecBody, ExecResponse, ExecReason, OutputChunk,
@@ -39,7 +41,8 @@ use utoipa::{Modify, OpenApi};
                        CreateSnapshot, Snapshot, SnapshotList, ForkBody,
                        CreateTemplate, TemplateInfo, TemplateList, BuildAccepted,
                        NetworkPolicy, NetworkRule, EgressMode, EgressEventBody, EgressEventList,
-                       routes::ports::CreatePreviewUrl, routes::ports::PreviewUrl)),
+                       routes::ports::CreatePreviewUrl, routes::ports::PreviewUrl,
+                       TerminalToken, TerminalClientMessage, TerminalServerMessage)),
     modifiers(&BearerAuth),
     security(("bearer" = []))
 )]
@@ -53,6 +56,14 @@ impl Modify for BearerAuth {
             c.add_security_scheme(
                 "bearer",
                 SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+            );
+            // Terminals only: a token from POST /v1/sandboxes/{id}/pty/token.
+            c.add_security_scheme(
+                "terminal_token",
+                SecurityScheme::ApiKey(ApiKey::Query(ApiKeyValue::with_description(
+                    "token",
+                    "From POST /v1/sandboxes/{id}/pty/token: one terminal of that sandbox, once, within 60 s",
+                ))),
             );
         }
     }

@@ -44,7 +44,7 @@ pub struct Api {
 }
 
 impl Api {
-    fn key(&self) -> anyhow::Result<String> {
+    pub(crate) fn key(&self) -> anyhow::Result<String> {
         if let Some(k) = self.api_key.as_ref().filter(|k| !k.is_empty()) {
             return Ok(k.clone());
         }

@@ -39,6 +39,11 @@ const PROC_EXIT_CODES: &str = "Exit status: the process's own once it has exited
 signal N killed it; 124 when `wait --timeout` passed with it still running; 130 when Ctrl-C \
 detached `attach`; 125 when hatchery itself failed (daemon unreachable, unknown sandbox or \
 process, invalid request).";
+const SHELL_HELP: &str = "On a terminal: the sandbox's login shell (or CMD) on a pseudo-terminal; \
+exits with its status. The terminal and everything started in it end when you leave, when the \
+daemon's idle timeout (15 min without a key press) passes, or when the sandbox goes. Not on a \
+terminal (a pipe, a file): each line runs as its own /bin/sh -c command, the directory carries \
+over, variables do not; exits with the last command's status.";
 
 #[derive(Subcommand)]
 enum Cmd {
@@ -69,12 +74,21 @@ enum Cmd {
         /// Local path, `-` (stdout) or ID:/path.
         dst: String,
     },
-    /// A line-based shell in a sandbox (no PTY yet).
+    /// A shell in a sandbox: a real terminal when stdin is one (raw mode,
+    /// window size, Ctrl-C goes to the sandbox), else line by line.
+    #[command(after_help = SHELL_HELP)]
     Shell {
         id: String,
-        /// Starting directory.
-        #[arg(long, default_value = "/")]
-        cwd: String,
+        /// Starting directory (default: /root on a terminal, / line by line).
+        #[arg(long)]
+        cwd: Option<String>,
+        /// Line by line even on a terminal.
+        #[arg(long)]
+        lines: bool,
+        /// Run this program on the terminal instead of a login shell
+        /// (`hatchery shell ID -- python3`). Terminal mode only.
+        #[arg(last = true)]
+        cmd: Vec<String>,
     },
     /// Run a local file (or, with --code, Python code in the sandbox's
     /// interpreter) in a fresh sandbox, print its output, destroy the sandbox.
@@ -157,7 +171,12 @@ fn client_cmd(api: &Api, cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Wait(a) => procs::wait(api, a),
         Cmd::Kill(a) => procs::kill(api, a),
         Cmd::Cp { src, dst } => commands::cp::run(api, &src, &dst),
-        Cmd::Shell { id, cwd } => commands::shell::run(api, &id, cwd),
+        Cmd::Shell {
+            id,
+            cwd,
+            lines,
+            cmd,
+        } => commands::shell::run(api, &id, cwd, lines, &cmd),
         Cmd::Snapshot(c) => snapshot::run(api, c),
         Cmd::Template(c) => template::run(api, c),
         Cmd::Network(c) => network::run(api, c),

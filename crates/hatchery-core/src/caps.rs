@@ -33,6 +33,13 @@ pub struct Caps {
     /// Longest a preview URL may be valid, and the default.
     pub max_preview_ttl_s: u64,
     pub default_preview_ttl_s: u64,
+    /// A terminal with no input (keystrokes or resizes) for this long is
+    /// closed and everything started in it killed.
+    pub terminal_idle_timeout_s: u64,
+    /// Terminals attached to one sandbox at once; more get 429.
+    pub max_terminals_per_sandbox: usize,
+    /// Largest window, in columns and in rows.
+    pub max_terminal_cells: u16,
 }
 
 /// `v` if it is in 1..=max: the core's own check of every bound, whatever
@@ -85,6 +92,9 @@ impl Default for Caps {
             max_relays_per_sandbox: 64,
             max_preview_ttl_s: 24 * 3600,
             default_preview_ttl_s: 3600,
+            terminal_idle_timeout_s: 15 * 60,
+            max_terminals_per_sandbox: 8,
+            max_terminal_cells: 1000,
         }
     }
 }

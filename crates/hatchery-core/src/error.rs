@@ -19,6 +19,8 @@ pub enum CoreError {
     Capacity(usize),
     #[error("{0}")]
     Conflict(String),
+    #[error("{0} terminals are attached to this sandbox already (the limit); close one first")]
+    TooManyTerminals(usize),
     #[error("sandbox {0} is not running")]
     NotRunning(String),
     #[error("the sandbox's guest stopped answering: {0}")]

@@ -19,6 +19,7 @@ pub mod pool;
 pub mod preview;
 pub mod procs;
 pub mod proxy;
+pub mod pty;
 pub mod ratelimit;
 pub mod snapshots;
 mod template_images;

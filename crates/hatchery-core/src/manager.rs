@@ -57,6 +57,8 @@ impl From<SandboxRow> for SandboxInfo {
 pub(crate) struct Live {
     pub client: Arc<AgentClient>,
     pub env: BTreeMap<String, String>,
+    /// Channels of the terminals attached now.
+    pub terminals: Mutex<std::collections::HashSet<u32>>,
 }
 
 /// Owns every sandbox of this daemon: the state store, the runtime, the
@@ -356,10 +358,14 @@ impl Manager {
         env: BTreeMap<String, String>,
     ) {
         let mut closed = client.closed();
-        self.live
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id.to_string(), Arc::new(Live { client, env }));
+        self.live.lock().unwrap_or_else(|p| p.into_inner()).insert(
+            id.to_string(),
+            Arc::new(Live {
+                client,
+                env,
+                terminals: Default::default(),
+            }),
+        );
         self.metrics.sandboxes_live.inc();
         let me = Arc::downgrade(self);
         let id = id.to_string();

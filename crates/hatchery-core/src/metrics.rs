@@ -21,6 +21,8 @@ pub struct Metrics {
     pub pool_ready: IntGauge,
     pub template_images_baked: IntCounter,
     pub relay: RelayMetrics,
+    pub terminals_open: IntGauge,
+    pub terminals_opened: IntCounter,
 }
 
 /// Relayed connections, labelled `kind` = `port` (into the guest: the
@@ -164,6 +166,13 @@ impl Metrics {
             )
             .unwrap(),
             relay: RelayMetrics::new(),
+            terminals_open: IntGauge::new("hatchery_terminals_open", "PTY terminals attached now")
+                .unwrap(),
+            terminals_opened: IntCounter::new(
+                "hatchery_terminals_opened_total",
+                "PTY terminals opened",
+            )
+            .unwrap(),
             registry,
         };
         let r = &m.registry;
@@ -186,6 +195,8 @@ impl Metrics {
         r.register(Box::new(m.relay.bytes.clone())).unwrap();
         r.register(Box::new(m.relay.open.clone())).unwrap();
         r.register(Box::new(m.relay.rejected.clone())).unwrap();
+        r.register(Box::new(m.terminals_open.clone())).unwrap();
+        r.register(Box::new(m.terminals_opened.clone())).unwrap();
         m
     }
 

@@ -146,6 +146,7 @@ impl Manager {
     /// on purpose).
     pub async fn shutdown(self: &Arc<Self>) {
         self.closing.store(true, Ordering::SeqCst);
+        self.close_terminals().await;
         let _no_refill = self.filling.lock().await;
         for _ in 0..300 {
             if self

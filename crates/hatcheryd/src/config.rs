@@ -79,6 +79,16 @@ pub struct DaemonArgs {
     /// https://sandboxes.example.com); default: the request's Host header.
     #[arg(long, env = "HATCHERY_PUBLIC_URL")]
     pub public_url: Option<String>,
+    /// Seconds without input (keystrokes or resizes) after which a
+    /// terminal (`GET /v1/sandboxes/{id}/pty`) is closed and everything
+    /// started in it killed.
+    #[arg(long, env = "HATCHERY_TERMINAL_IDLE_TIMEOUT", default_value_t = 900,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub terminal_idle_timeout: u64,
+    /// Terminals attached to one sandbox at once; more get 429.
+    #[arg(long, env = "HATCHERY_MAX_TERMINALS", default_value_t = 8,
+          value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub max_terminals: u64,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "HATCHERY_LOG_JSON")]
     pub log_json: bool,

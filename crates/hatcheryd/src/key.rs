@@ -32,3 +32,26 @@ pub fn load_or_create(data_dir: &Path) -> std::io::Result<(String, Option<std::p
     f.write_all(key.as_bytes())?;
     Ok((key, Some(path)))
 }
+
+/// The secret terminal tokens are signed with: DATA_DIR/terminal_secret,
+/// 32 random bytes (hex), made 0600 on first start. Deleting the file (and
+/// restarting) invalidates every token not yet used.
+pub fn terminal_secret(data_dir: &Path) -> std::io::Result<Vec<u8>> {
+    let path = data_dir.join("terminal_secret");
+    match std::fs::read_to_string(&path) {
+        Ok(s) if s.trim().len() >= 32 => return Ok(s.trim().as_bytes().to_vec()),
+        Ok(_) => std::fs::remove_file(&path)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let mut raw = [0u8; 32];
+    rand::thread_rng().fill_bytes(&mut raw);
+    let secret: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)?;
+    f.write_all(secret.as_bytes())?;
+    Ok(secret.into_bytes())
+}

@@ -69,6 +69,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
 
     let preview = hatchery_core::PreviewKey::load_or_create(&data)
         .map_err(|e| DaemonError::DataDir(data.join(hatchery_core::preview::KEY_FILE), e))?;
+    let terminal_secret = crate::key::terminal_secret(&data)
+        .map_err(|e| DaemonError::DataDir(data.join("terminal_secret"), e))?;
 
     let store = Store::open(&data.join("state.db")).map_err(hatchery_core::CoreError::from)?;
     let runtime = GvisorRuntime::new(GvisorConfig {
@@ -92,6 +94,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         max_live_sandboxes: args.max_sandboxes,
         max_output_bytes: args.max_output_bytes,
         max_file_bytes: args.max_file_bytes,
+        terminal_idle_timeout_s: args.terminal_idle_timeout,
+        max_terminals_per_sandbox: args.max_terminals as usize,
         ..Caps::default()
     }
     .normalized();
@@ -149,6 +153,9 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         api_key: key.into(),
         preview: Arc::new(preview),
         public_url: args.public_url.as_deref().map(Into::into),
+        terminal_tokens: Arc::new(hatchery_api::terminal_token::TerminalTokens::new(
+            terminal_secret,
+        )),
     });
     use axum::serve::ListenerExt;
     let listener = tokio::net::TcpListener::bind(args.listen)

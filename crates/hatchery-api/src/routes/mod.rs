@@ -5,6 +5,8 @@ pub mod meta;
 pub mod network;
 pub mod ports;
 pub mod processes;
+pub mod pty;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod templates;
+pub mod terminal_page;

@@ -9,3 +9,4 @@ pub mod sandbox;
 pub mod shell;
 pub mod snapshot;
 pub mod template;
+pub mod terminal;

@@ -1,8 +1,8 @@
-//! `hatchery shell ID`: a line-based shell. Each line runs as its own
-//! `/bin/sh -c` exec; the working directory carries over between lines
-//! (shell variables do not). There is no PTY yet, so full-screen and
-//! interactive programs (vim, a python REPL) do not work, and stdin of each
-//! command is empty.
+//! `hatchery shell ID`. On a terminal, a real one in the sandbox (see
+//! `terminal.rs`). Otherwise (stdin a pipe or a file, or `--lines`) a
+//! line-based shell: each line runs as its own `/bin/sh -c` exec; the
+//! working directory carries over between lines (shell variables do not),
+//! and stdin of each command is empty.
 
 use crate::client::Api;
 use crate::commands::exec::{status, stream, write_chunk};
@@ -13,16 +13,31 @@ use std::io::{BufRead, IsTerminal, Write};
 /// Printed on stderr after each command so we learn where `cd` left it.
 const MARK: &str = "\x1eHXCWD ";
 
-pub fn run(api: &Api, id: &str, cwd: String) -> anyhow::Result<i32> {
+pub fn run(
+    api: &Api,
+    id: &str,
+    cwd: Option<String>,
+    lines: bool,
+    cmd: &[String],
+) -> anyhow::Result<i32> {
     get(api, id)?;
     let interactive = std::io::stdin().is_terminal();
+    if interactive && !lines {
+        return crate::commands::terminal::run(api, id, cwd.as_deref(), cmd);
+    }
+    if !cmd.is_empty() {
+        anyhow::bail!(
+            "a program after -- needs a terminal (stdin is not one, or --lines was given); \
+             use `hatchery exec {id} -- ...` instead"
+        );
+    }
     if interactive {
         eprintln!(
-            "hatchery: line-based shell in {id} (no PTY: one command per line, the directory \
+            "hatchery: line-based shell in {id} (one command per line, the directory \
              carries over, variables do not). Ctrl-D or `exit` leaves; Ctrl-C kills the command and leaves."
         );
     }
-    let mut cwd = cwd;
+    let mut cwd = cwd.unwrap_or_else(|| "/".to_string());
     let mut last = 0;
     let mut stdin = std::io::stdin().lock();
     loop {
