@@ -63,6 +63,9 @@ pub struct DaemonArgs {
     /// before DNS (internal mirrors; tests).
     #[arg(long, env = "HATCHERY_NET_HOSTS_FILE")]
     pub net_hosts_file: Option<PathBuf>,
+    /// HTTP connection limits (timeouts, caps in total and per peer).
+    #[command(flatten)]
+    pub http: hatchery_serve::HttpLimits,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "HATCHERY_LOG_JSON")]
     pub log_json: bool,
