@@ -173,10 +173,10 @@ def test_connection_cap_answers_503():
 def test_filling_the_disk_ends_in_enospc_and_the_sandbox_lives(daemon):
     sid = daemon.create(ttl_seconds=300)
     r = daemon.request("POST", f"/v1/sandboxes/{sid}/exec", {
-        "cmd": "dd if=/dev/zero of=/tmp/fill1 bs=1M count=3000 2>&1 | tail -1; echo rc=$?;"
-               " dd if=/dev/zero of=/tmp/fill2 bs=1M count=3000 2>&1 | tail -1",
+        "cmd": "dd if=/dev/zero of=/tmp/fill1 bs=1M count=3000; echo rc=$?;"
+               " dd if=/dev/zero of=/tmp/fill2 bs=1M count=3000; echo rc=$?",
         "timeout_seconds": 120}, timeout=180)
     assert r.status == 200, r
     out = r.json()["stdout"] + r.json()["stderr"]
-    assert "No space left on device" in out, out
+    assert out.count("No space left on device") == 2 and out.count("rc=1") == 2, out
     assert daemon.exec(sid, "rm -f /tmp/fill1 /tmp/fill2; echo alive", timeout_seconds=30)["stdout"] == "alive\n"
