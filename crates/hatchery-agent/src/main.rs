@@ -135,12 +135,20 @@ fn main() {
                 }
                 Err(e) => out.error(chan, "invalid", e.to_string()),
             },
+            // Off the frame loop: nothing a file operation meets may stall
+            // the channel every other request of this sandbox rides on.
             Kind::FileList => match frame.parse() {
-                Ok(req) => files::list(chan, req, &out),
+                Ok(req) => {
+                    let out = out.clone();
+                    pool::run(move || files::list(chan, req, &out));
+                }
                 Err(e) => out.error(chan, "invalid", e.to_string()),
             },
             Kind::FileRemove => match frame.parse() {
-                Ok(req) => files::remove(chan, req, &out),
+                Ok(req) => {
+                    let out = out.clone();
+                    pool::run(move || files::remove(chan, req, &out));
+                }
                 Err(e) => out.error(chan, "invalid", e.to_string()),
             },
             Kind::PtyOpen => match frame.parse() {

@@ -93,6 +93,9 @@ impl From<CoreError> for ApiError {
             CoreError::Guest { code, .. } if code == "permission_denied" => {
                 (S::FORBIDDEN, "permission_denied")
             }
+            CoreError::Guest { code, .. } if code == "not_a_regular_file" => {
+                (S::BAD_REQUEST, "not_a_regular_file")
+            }
             CoreError::Guest { .. } => (S::UNPROCESSABLE_ENTITY, "guest_error"),
             CoreError::Runtime(RuntimeError::NotFound(_)) => (S::NOT_FOUND, "sandbox_not_found"),
             CoreError::Runtime(RuntimeError::Unsupported(..)) => (S::CONFLICT, "unsupported"),

@@ -9,6 +9,26 @@ use hatchery_agent_proto::{
 
 const CHUNK: usize = 256 * 1024;
 
+/// Longest any one file operation may take, end to end, before the host
+/// gives up on it (504). Generous for the 64 MiB cap; the agent runs file
+/// operations off its frame loop, so one that never finishes costs a guest
+/// thread, never the sandbox's channel.
+pub const FILE_OP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+async fn deadline<T>(
+    what: &str,
+    path: &str,
+    fut: impl std::future::Future<Output = Result<T, CoreError>>,
+) -> Result<T, CoreError> {
+    match tokio::time::timeout(FILE_OP_TIMEOUT, fut).await {
+        Ok(r) => r,
+        Err(_) => Err(CoreError::GuestUnresponsive(format!(
+            "file {what} of {path:?} did not finish within {}s",
+            FILE_OP_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
 /// Accepts only absolute, normalized paths: no `..`, no `.`, no empty
 /// components, no NUL, bounded length. The agent resolves them inside the
 /// sandbox's own filesystem view, so even a symlink planted by the guest
@@ -72,7 +92,7 @@ fn closed(e: std::io::Error) -> CoreError {
     CoreError::GuestUnresponsive(e.to_string())
 }
 
-pub async fn write(client: &AgentClient, path: &str, data: &[u8]) -> Result<(), CoreError> {
+async fn write_inner(client: &AgentClient, path: &str, data: &[u8]) -> Result<(), CoreError> {
     let start = FileWriteRequest {
         path: path.to_string(),
         mode: 0o644,
@@ -94,7 +114,11 @@ pub async fn write(client: &AgentClient, path: &str, data: &[u8]) -> Result<(), 
         .map_err(|e| map_guest(path, e))
 }
 
-pub async fn read(client: &AgentClient, path: &str, max_bytes: u64) -> Result<Vec<u8>, CoreError> {
+async fn read_inner(
+    client: &AgentClient,
+    path: &str,
+    max_bytes: u64,
+) -> Result<Vec<u8>, CoreError> {
     let req = FileReadRequest {
         path: path.to_string(),
         max_bytes,
@@ -123,7 +147,7 @@ pub async fn read(client: &AgentClient, path: &str, max_bytes: u64) -> Result<Ve
     }
 }
 
-pub async fn list(
+async fn list_inner(
     client: &AgentClient,
     path: &str,
     max_entries: u32,
@@ -141,7 +165,7 @@ pub async fn list(
     Ok(entries)
 }
 
-pub async fn remove(client: &AgentClient, path: &str) -> Result<(), CoreError> {
+async fn remove_inner(client: &AgentClient, path: &str) -> Result<(), CoreError> {
     let req = FilePathRequest {
         path: path.to_string(),
     };
@@ -150,6 +174,30 @@ pub async fn remove(client: &AgentClient, path: &str) -> Result<(), CoreError> {
         .await
         .map(drop)
         .map_err(|e| map_guest(path, e))
+}
+
+/// Writes `data` to `path` (a regular file, created or truncated).
+pub async fn write(client: &AgentClient, path: &str, data: &[u8]) -> Result<(), CoreError> {
+    deadline("write", path, write_inner(client, path, data)).await
+}
+
+/// Reads the regular file at `path`, up to `max_bytes`.
+pub async fn read(client: &AgentClient, path: &str, max_bytes: u64) -> Result<Vec<u8>, CoreError> {
+    deadline("read", path, read_inner(client, path, max_bytes)).await
+}
+
+/// Lists the directory at `path`, up to `max_entries`.
+pub async fn list(
+    client: &AgentClient,
+    path: &str,
+    max_entries: u32,
+) -> Result<Vec<FileEntry>, CoreError> {
+    deadline("list", path, list_inner(client, path, max_entries)).await
+}
+
+/// Removes `path` (a directory recursively).
+pub async fn remove(client: &AgentClient, path: &str) -> Result<(), CoreError> {
+    deadline("remove", path, remove_inner(client, path)).await
 }
 
 #[cfg(test)]

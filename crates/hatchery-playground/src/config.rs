@@ -131,6 +131,10 @@ pub struct Config {
     /// Runs older than this many days are deleted from the runs table.
     #[arg(long, env = "HATCHERY_PLAYGROUND_RETENTION_DAYS", default_value_t = 30)]
     pub retention_days: u64,
+    /// HTTP connection limits (timeouts, caps in total and per peer), the
+    /// same flags as the daemon's.
+    #[command(flatten)]
+    pub http: hatchery_serve::HttpLimits,
 }
 
 impl Config {

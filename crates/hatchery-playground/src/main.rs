@@ -3,7 +3,6 @@ use clap::Parser;
 use hatchery_playground::app::App;
 use hatchery_playground::config::Config;
 use hatchery_playground::routes;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use tracing_subscriber::EnvFilter;
 
@@ -21,13 +20,18 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
     tracing::info!(listen = %cfg.listen, daemon = %cfg.daemon_url, templates = ?cfg.templates,
                    "hatchery-playground serving");
-    let service = routes::router(app).into_make_service_with_connect_info::<SocketAddr>();
     // Graceful: in-flight runs finish (each is bounded by the wall-clock cap)
-    // and delete their sandboxes before the process exits.
-    axum::serve(listener, service)
-        .with_graceful_shutdown(shutdown())
-        .await
-        .context("server failed")?;
+    // and delete their sandboxes before the process exits. The serve loop
+    // puts each connection's peer address where ConnectInfo finds it.
+    hatchery_serve::serve(
+        listener,
+        routes::router(app),
+        cfg.http.clone(),
+        shutdown(),
+        None,
+    )
+    .await
+    .context("server failed")?;
     tracing::info!("stopped");
     Ok(())
 }

@@ -58,6 +58,7 @@ pub fn config(spec: &SandboxSpec, agent: &Path) -> Value {
         Some(path) => json!({"type": "network", "path": path}),
         None => json!({"type": "network"}),
     };
+    let fsize = (l.disk_mb + 1) * 1024 * 1024;
     json!({
         "ociVersion": "1.0.0",
         "process": {
@@ -70,7 +71,9 @@ pub fn config(spec: &SandboxSpec, agent: &Path) -> Value {
             "rlimits": [
                 {"type": "RLIMIT_NPROC", "hard": nproc, "soft": nproc},
                 {"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096},
-                {"type": "RLIMIT_FSIZE", "hard": l.disk_mb * 1024 * 1024, "soft": l.disk_mb * 1024 * 1024}
+                // Per file, one MiB over the /tmp cap so that filling /tmp
+                // ends in ENOSPC there, not in SIGXFSZ.
+                {"type": "RLIMIT_FSIZE", "hard": fsize, "soft": fsize}
             ],
             "noNewPrivileges": true
         },
@@ -81,6 +84,13 @@ pub fn config(spec: &SandboxSpec, agent: &Path) -> Value {
         "mounts": [
             {"destination": "/proc", "type": "proc", "source": "proc"},
             {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+            // /tmp: a tmpfs of the sandbox's own, capped at disk_mb, so that
+            // filling it ends in ENOSPC inside instead of the memory cgroup
+            // killing the sandbox (runsc would otherwise mount an uncapped
+            // one). The root overlay upper layer is not capped by this; see
+            // docs/threat-model.md, "Disk".
+            {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
+             "options": ["nosuid", "nodev", "mode=1777", format!("size={}m", l.disk_mb)]},
             {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["ro", "nosuid", "noexec", "nodev"]},
             {"destination": GUEST_AGENT, "type": "bind", "source": agent, "options": ["ro", "rbind"]}
         ],
@@ -131,6 +141,16 @@ mod tests {
         };
         assert_eq!(effective_nproc(&big), 64, "memory, not pids_max, bounds it");
         assert_eq!(v["root"]["path"], "/r");
+        let tmp = v["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["destination"] == "/tmp")
+            .unwrap();
+        assert!(tmp["options"]
+            .as_array()
+            .unwrap()
+            .contains(&"size=10m".into()));
         assert_eq!(v["linux"]["namespaces"][4]["path"], "/run/netns/hy-1");
         let caps = v["process"]["capabilities"]["bounding"].as_array().unwrap();
         assert!(!caps

@@ -89,6 +89,9 @@ pub struct DaemonArgs {
     #[arg(long, env = "HATCHERY_MAX_TERMINALS", default_value_t = 8,
           value_parser = clap::value_parser!(u64).range(1..=256))]
     pub max_terminals: u64,
+    /// HTTP connection limits (timeouts, caps in total and per peer).
+    #[command(flatten)]
+    pub http: hatchery_serve::HttpLimits,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "HATCHERY_LOG_JSON")]
     pub log_json: bool,

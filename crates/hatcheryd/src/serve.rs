@@ -157,20 +157,22 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             terminal_secret,
         )),
     });
-    use axum::serve::ListenerExt;
+    // hatchery-serve sets TCP_NODELAY on every accepted connection.
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
-        .map_err(|e| DaemonError::Listen(args.listen, e))?
-        // Streamed answers (relayed responses, SSE) go out in pieces: with
-        // Nagle on, a piece waits for the caller's delayed ACK (~40 ms).
-        .tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
+        .map_err(|e| DaemonError::Listen(args.listen, e))?;
     tracing::info!(listen = %args.listen, data_dir = %data.display(), "hatcheryd ready");
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(DaemonError::Serve)?;
+    // Requests in flight get 30 s to finish; SSE follows and the like are
+    // cut after that (clients reconnect to the restarted daemon).
+    hatchery_serve::serve(
+        listener,
+        app,
+        args.http.clone(),
+        shutdown_signal(),
+        Some(std::time::Duration::from_secs(30)),
+    )
+    .await
+    .map_err(DaemonError::Serve)?;
     manager.shutdown().await;
     // Sandboxes outlive the daemon on purpose: their shims keep the agent
     // channel and the TTL, and the next start re-adopts them.

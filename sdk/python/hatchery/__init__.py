@@ -8,13 +8,14 @@
 """
 
 from .client import (ROUTES, Client, ExecStream, Filesystem, Network, Process, ProcessOutput, Sandbox, Snapshot,
-                     Template, configure, default_client)
+                     Template, Terminal, configure, default_client)
 from .errors import (AuthError, BadRequest, BuildFailed, Conflict, ConnectionFailed, GuestError, HatcheryError,
                      NotFound, PermissionDenied, RateLimited, SandboxTimeout, ServerError, ServiceUnavailable,
                      StreamError, TooLarge)
 from .models import (BuildAccepted, BuildEvent, CodeContext, ExecReason, ExecResult, Execution, ExecutionError,
                      FileEntry, Logs, NetworkEvent, NetworkPolicy, NetworkRule, OutputChunk, OutputEncoding,
-                     ProcessChunk, ProcessInfo, ProcessState, Result, SandboxInfo, SnapshotInfo, TemplateInfo)
+                     PreviewUrl, ProcessChunk, ProcessInfo, ProcessState, Result, SandboxInfo, SnapshotInfo, TemplateInfo,
+                     TerminalExit, TerminalToken)
 
 __version__ = "0.1.0"
 
@@ -28,5 +29,5 @@ __all__ = [
     "SandboxInfo", "ExecResult", "OutputChunk", "FileEntry", "SnapshotInfo", "TemplateInfo", "BuildAccepted",
     "BuildEvent", "NetworkPolicy", "NetworkRule", "NetworkEvent", "ExecReason",
     "Execution", "Result", "ExecutionError", "Logs", "CodeContext", "ProcessInfo", "ProcessChunk", "ProcessState",
-    "OutputEncoding",
+    "OutputEncoding", "Terminal", "PreviewUrl", "TerminalToken", "TerminalExit",
 ]

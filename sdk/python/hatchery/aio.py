@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from typing import Any, AsyncIterator, Callable, Dict, List, Literal, Optional, TypeVar, Union, overload
+from typing import Any, AsyncIterator, Callable, Dict, List, Literal, Optional, Tuple, TypeVar, Union, overload
 
 from . import client as sync
 from .client import Client, default_client
 from .models import (BuildEvent, CodeContext, ContextLike, ExecReason, ExecResult, Execution, ExecutionError,
                      FileEntry, NetworkEvent, NetworkPolicy, OutputChunk, OutputEncoding, PolicyLike, ProcessChunk,
-                     ProcessInfo, Result, TemplateInfo)
+                     PreviewUrl, ProcessInfo, Result, TemplateInfo, TerminalExit, TerminalToken)
 
 T = TypeVar("T")
 
@@ -390,6 +390,61 @@ class AsyncSandbox(_AsyncRecord):
 
     async def remove_code_context(self, context: ContextLike) -> None:
         await _run(self.sync.remove_code_context, context)
+
+    def get_url(self, port: int, *, path: str = "/") -> str:
+        return self.sync.get_url(port, path=path)
+
+    async def port_request(self, port: int, method: str = "GET", path: str = "/",
+                           body: Optional[Union[str, bytes]] = None, headers: Optional[Dict[str, str]] = None, *,
+                           timeout: Optional[float] = None) -> Tuple[int, Dict[str, str], bytes]:
+        return await _run(self.sync.port_request, port, method, path, body, headers, timeout=timeout)
+
+    async def preview_url(self, port: int, ttl_seconds: Optional[int] = 3600) -> PreviewUrl:
+        return await _run(self.sync.preview_url, port, ttl_seconds)
+
+    async def pty_token(self) -> TerminalToken:
+        return await _run(self.sync.pty_token)
+
+    async def pty(self, cols: int = 80, rows: int = 24, cmd: Optional[str] = None, cwd: Optional[str] = None, *,
+                  argv: Optional[List[str]] = None, env: Optional[Dict[str, str]] = None,
+                  token: Optional[str] = None, timeout: float = 30.0) -> "AsyncTerminal":
+        return AsyncTerminal(await _run(self.sync.pty, cols, rows, cmd, cwd, argv=argv, env=env, token=token,
+                                        timeout=timeout))
+
+
+class AsyncTerminal:
+    """The async twin of `Terminal`: `async with await sbx.pty() as t:`."""
+
+    def __init__(self, t: sync.Terminal):
+        self.sync = t
+
+    @property
+    def exit(self) -> Optional[TerminalExit]:
+        return self.sync.exit
+
+    async def write(self, data: Union[str, bytes]) -> None:
+        await _run(self.sync.write, data)
+
+    async def resize(self, cols: int, rows: int) -> None:
+        await _run(self.sync.resize, cols, rows)
+
+    async def read(self, timeout: Optional[float] = None) -> bytes:
+        return await _run(self.sync.read, timeout)
+
+    async def read_until(self, needle: Union[str, bytes], timeout: float = 10.0) -> bytes:
+        return await _run(self.sync.read_until, needle, timeout)
+
+    async def wait(self, timeout: Optional[float] = None) -> TerminalExit:
+        return await _run(self.sync.wait, timeout)
+
+    async def close(self) -> None:
+        await _run(self.sync.close)
+
+    async def __aenter__(self) -> "AsyncTerminal":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
 
 
 class AsyncSnapshot(_AsyncRecord):

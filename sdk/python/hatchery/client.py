@@ -4,19 +4,25 @@ which tests/test_openapi.py compares with the daemon's OpenAPI document."""
 
 from __future__ import annotations
 
+import json as _json
 import math
+import queue
+import socket
 import threading
 import time
 from base64 import b64decode
-from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Union, overload
+import http.client as http_client
+from typing import Any, Callable, Dict, Iterator, List, Literal, Optional, Tuple, Union, overload
+from urllib.parse import quote, urlencode, urlsplit
 
 from . import errors
 from ._config import resolve_key, resolve_url
-from ._http import SSE, Response, Transport, metadata_query, path
+from ._http import SSE, Response, Transport, metadata_query, path, raise_for
+from ._ws import Closed, WebSocket
 from .models import (BuildAccepted, BuildEvent, CodeContext, ContextLike, ExecReason, ExecResult, Execution,
                      ExecutionError, FileEntry, Logs, NetworkEvent, NetworkPolicy, OutputChunk, OutputEncoding,
-                     PolicyLike, ProcessChunk, ProcessInfo, Result, SandboxInfo, SnapshotInfo, TemplateInfo,
-                     context_id, policy_dict)
+                     PolicyLike, PreviewUrl, ProcessChunk, ProcessInfo, Result, SandboxInfo, SnapshotInfo, TemplateInfo,
+                     TerminalExit, TerminalToken, context_id, policy_dict)
 
 # (method, path) -> what in this SDK calls it.
 ROUTES = {
@@ -51,6 +57,23 @@ ROUTES = {
     ("GET", "/v1/sandboxes/{id}/network"): "Network.get",
     ("PUT", "/v1/sandboxes/{id}/network"): "Network.update",
     ("GET", "/v1/sandboxes/{id}/network/events"): "Network.events",
+    ("GET", "/v1/sandboxes/{id}/ports/{port}/{path}"): "Sandbox.port_request",
+    ("PUT", "/v1/sandboxes/{id}/ports/{port}/{path}"): "Sandbox.port_request",
+    ("POST", "/v1/sandboxes/{id}/ports/{port}/{path}"): "Sandbox.port_request",
+    ("DELETE", "/v1/sandboxes/{id}/ports/{port}/{path}"): "Sandbox.port_request",
+    ("PATCH", "/v1/sandboxes/{id}/ports/{port}/{path}"): "Sandbox.port_request",
+    ("HEAD", "/v1/sandboxes/{id}/ports/{port}/{path}"): "Sandbox.port_request",
+    ("OPTIONS", "/v1/sandboxes/{id}/ports/{port}/{path}"): "Sandbox.port_request",
+    ("POST", "/v1/sandboxes/{id}/ports/{port}/preview-url"): "Sandbox.preview_url",
+    ("GET", "/preview/{token}/{path}"): "Client.preview_request",
+    ("PUT", "/preview/{token}/{path}"): "Client.preview_request",
+    ("POST", "/preview/{token}/{path}"): "Client.preview_request",
+    ("DELETE", "/preview/{token}/{path}"): "Client.preview_request",
+    ("PATCH", "/preview/{token}/{path}"): "Client.preview_request",
+    ("HEAD", "/preview/{token}/{path}"): "Client.preview_request",
+    ("OPTIONS", "/preview/{token}/{path}"): "Client.preview_request",
+    ("GET", "/v1/sandboxes/{id}/pty"): "Sandbox.pty",
+    ("POST", "/v1/sandboxes/{id}/pty/token"): "Sandbox.pty_token",
     ("POST", "/v1/sandboxes/{id}/snapshots"): "Sandbox.snapshot",
     ("GET", "/v1/snapshots"): "Snapshot.list",
     ("GET", "/v1/snapshots/{id}"): "Snapshot.get",
@@ -112,6 +135,40 @@ class Client:
     def openapi(self) -> Dict[str, Any]:
         doc: Dict[str, Any] = self.call("GET", "/openapi.json").json()
         return doc
+
+    def raw(self, method: str, target: str, *, body: Optional[Union[str, bytes]] = None,
+            headers: Optional[Dict[str, str]] = None, auth: bool = True,
+            timeout: Optional[float] = None) -> Tuple[int, Dict[str, str], bytes]:
+        """One request to `target` (a path under the daemon's URL, sent as
+        is), on its own connection; any status comes back, not raised."""
+        t = self.transport
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        h = t._headers(headers) if auth else {"User-Agent": t._headers(None)["User-Agent"], **(headers or {})}
+        conn = t._new_conn(t.timeout if timeout is None else timeout)
+        try:
+            conn.request(method, t._prefix + target, body=body, headers=h)
+            r = conn.getresponse()
+            return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+        except socket.timeout as e:
+            raise errors.SandboxTimeout(f"no answer: {method} {target}") from e
+        except (OSError, http_client.HTTPException) as e:
+            raise errors.ConnectionFailed(f"{method} {target}: {e!r}") from e
+        finally:
+            conn.close()
+
+    def preview_request(self, url: str, method: str = "GET", path: str = "/", body: Optional[Union[str, bytes]] = None,
+                        headers: Optional[Dict[str, str]] = None) -> Tuple[int, Dict[str, str], bytes]:
+        """Fetches `path` under a preview URL (a `PreviewUrl` or its `url`/`path`)
+        without the API key, as a browser would: (status, headers, body)."""
+        if isinstance(url, PreviewUrl):
+            url = url.path
+        p = urlsplit(url).path
+        prefix = self.transport._prefix
+        if prefix and p.startswith(prefix + "/"):
+            p = p[len(prefix):]
+        assert p.startswith("/preview/"), url
+        return self.raw(method, p.rstrip("/") + "/" + path.lstrip("/"), body=body, headers=headers, auth=False)
 
     def close(self) -> None:
         self.transport.close()
@@ -565,6 +622,128 @@ class _Record:
             raise AttributeError(f"'{type(self).__name__}' has no attribute {name!r}") from None
 
 
+class Terminal:
+    """A pseudo-terminal in the sandbox over a WebSocket (`Sandbox.pty`).
+    `write` sends keystrokes, `read` returns output bytes as they come,
+    `resize` changes the window, `wait` gives the `TerminalExit`. Closing it
+    (or leaving a `with` block) ends the terminal and everything started in
+    it."""
+
+    def __init__(self, ws: WebSocket):
+        self._ws = ws
+        self._q: "queue.Queue[Optional[bytes]]" = queue.Queue()
+        self._pending = b""
+        self._eof = False
+        self.exit: Optional[TerminalExit] = None
+        self.errors: List[Dict[str, Any]] = []
+        self._done = threading.Event()
+        self._reader = threading.Thread(target=self._read_loop, name="hatchery-pty", daemon=True)
+        self._reader.start()
+
+    def _read_loop(self) -> None:
+        closed: Optional[Dict[str, Any]] = None
+        try:
+            while True:
+                kind, data = self._ws.recv()
+                if kind == "binary":
+                    self._q.put(data)
+                    continue
+                try:
+                    msg = _json.loads(data)
+                except ValueError:
+                    continue
+                t = msg.get("type")
+                if t == "exit":
+                    self.exit = TerminalExit(exit_code=msg.get("exit_code"), reason=msg.get("reason", "exited"),
+                                             signal=msg.get("signal"))
+                elif t == "closed":
+                    closed = msg
+                elif t == "error":
+                    self.errors.append(msg)
+        except Closed as e:
+            if self.exit is None:
+                self.exit = TerminalExit(exit_code=None, reason=(closed or {}).get("reason") or e.reason or "closed",
+                                         close_code=e.code, message=(closed or {}).get("message"))
+            else:
+                self.exit.close_code = e.code
+        except Exception as e:  # noqa: BLE001 - the reader must always finish
+            if self.exit is None:
+                self.exit = TerminalExit(exit_code=None, reason="error", message=repr(e))
+        finally:
+            self._q.put(None)
+            self._done.set()
+
+    def write(self, data: Union[str, bytes]) -> None:
+        """Keystrokes or a paste (str is sent as UTF-8)."""
+        self._ws.send_binary(data.encode("utf-8") if isinstance(data, str) else bytes(data))
+
+    def resize(self, cols: int, rows: int) -> None:
+        self._ws.send_text(_json.dumps({"type": "resize", "cols": cols, "rows": rows}))
+
+    def read(self, timeout: Optional[float] = None) -> bytes:
+        """The output that has come (waiting up to `timeout` seconds for
+        some; None waits for ever); b"" on timeout or once the terminal has
+        ended and everything was read."""
+        if self._eof:
+            return b""
+        try:
+            first = self._q.get(timeout=timeout)
+        except queue.Empty:
+            return b""
+        chunks = []
+        item: Optional[bytes] = first
+        while True:
+            if item is None:
+                self._eof = True
+                break
+            chunks.append(item)
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                break
+        return b"".join(chunks)
+
+    def read_until(self, needle: Union[str, bytes], timeout: float = 10.0) -> bytes:
+        """Reads until `needle` appears in the output; returns all read so far.
+        Raises SandboxTimeout if it does not appear within `timeout`."""
+        if isinstance(needle, str):
+            needle = needle.encode()
+        deadline = time.monotonic() + timeout
+        buf = self._pending
+        while needle not in buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or self._eof:
+                self._pending = buf
+                raise errors.SandboxTimeout(f"{needle!r} did not appear in the terminal: {buf[-500:]!r}")
+            buf += self.read(timeout=left)
+        i = buf.index(needle) + len(needle)
+        self._pending = buf[i:]
+        return buf[:i]
+
+    def wait(self, timeout: Optional[float] = None) -> TerminalExit:
+        """Waits for the terminal to end (its program exits, or the server
+        closes it); output not read is dropped from the queue meanwhile only
+        if read later. Raises SandboxTimeout past `timeout`."""
+        if not self._done.wait(timeout):
+            raise errors.SandboxTimeout(f"the terminal did not end within {timeout}s")
+        assert self.exit is not None
+        return self.exit
+
+    @property
+    def closed(self) -> bool:
+        return self._done.is_set()
+
+    def close(self) -> None:
+        self._ws.close()
+        self._done.wait(5)
+
+    def __enter__(self) -> "Terminal":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 class Sandbox(_Record):
     """A live sandbox. Its fields (template, state, expires_at, metadata,
     boot_mode...) are those of `info`, readable as attributes. Used as a
@@ -770,6 +949,78 @@ class Sandbox(_Record):
         (BadRequest)."""
         self._client.call("DELETE", "/v1/sandboxes/{id}/code/contexts/{context_id}",
                           params={"id": self.id, "context_id": str(context_id(context))})
+
+    # Ports ----------------------------------------------------------------
+
+    def _port_prefix(self, port: int) -> str:
+        return f"/v1/sandboxes/{quote(self.id, safe='')}/ports/{int(port)}"
+
+    def get_url(self, port: int, *, path: str = "/") -> str:
+        """The URL of `path` on the server listening on 127.0.0.1:`port` in
+        the sandbox, through the daemon. It needs the API key (send it as
+        `Authorization: Bearer`): for server-side use; give a browser
+        `preview_url` instead. `path` is sent as is (query included)."""
+        return self._client.url.rstrip("/") + self._port_prefix(port) + "/" + path.lstrip("/")
+
+    def port_request(self, port: int, method: str = "GET", path: str = "/",
+                     body: Optional[Union[str, bytes]] = None, headers: Optional[Dict[str, str]] = None, *,
+                     timeout: Optional[float] = None) -> Tuple[int, Dict[str, str], bytes]:
+        """One HTTP request to the server on `port` in the sandbox, with the
+        key: (status, headers, body) of the guest server's answer, whatever
+        its status. The daemon's own errors (400 `invalid_port`, 502
+        `port_closed`, 429 too many connections, 404...) raise."""
+        status, h, b = self._client.raw(method.upper(), self._port_prefix(port) + "/" + path.lstrip("/"),
+                                        body=body, headers=headers, timeout=timeout)
+        if status >= 400 and h.get("content-type", "").startswith("application/json"):
+            try:
+                code = _json.loads(b)["error"]["code"]
+            except (ValueError, KeyError, TypeError):
+                code = None
+            if code in ("invalid_port", "port_closed", "bad_gateway", "too_many_connections", "sandbox_not_found",
+                        "sandbox_not_running", "guest_unresponsive", "unauthorized"):
+                raise_for(status, h, b)
+        return status, h, b
+
+    def preview_url(self, port: int, ttl_seconds: Optional[int] = 3600) -> PreviewUrl:
+        """A signed URL (under /preview/{token}/) that serves `port` without
+        the API key until it expires (`ttl_seconds`, 1 to 86400)."""
+        body = _drop_none({"ttl_seconds": ttl_seconds})
+        r = self._client.call("POST", "/v1/sandboxes/{id}/ports/{port}/preview-url",
+                              params={"id": self.id, "port": str(int(port))}, json=body)
+        return PreviewUrl.from_dict(r.json())
+
+    # Terminals ------------------------------------------------------------
+
+    def pty_token(self) -> TerminalToken:
+        """A token that opens one terminal of this sandbox once, within 60 s
+        (for a browser: `?token=` on the pty WebSocket)."""
+        r = self._client.call("POST", "/v1/sandboxes/{id}/pty/token", params={"id": self.id})
+        return TerminalToken.from_dict(r.json())
+
+    def pty(self, cols: int = 80, rows: int = 24, cmd: Optional[str] = None, cwd: Optional[str] = None, *,
+            argv: Optional[List[str]] = None, env: Optional[Dict[str, str]] = None,
+            token: Optional[str] = None, timeout: float = 30.0) -> Terminal:
+        """Opens a terminal: the login shell, or `cmd` (through /bin/sh -c)
+        or `argv`, in a `cols` x `rows` window. With `token` (from
+        `pty_token`) instead of the API key."""
+        if cmd is not None and argv is not None:
+            raise ValueError("give at most one of cmd and argv")
+        q: List[Tuple[str, str]] = [("cols", str(cols)), ("rows", str(rows))]
+        if cwd is not None:
+            q.append(("cwd", cwd))
+        if cmd is not None:
+            q.append(("cmd", cmd))
+        if argv is not None:
+            q.append(("argv", _json.dumps(argv)))
+        if env is not None:
+            q.append(("env", _json.dumps(env)))
+        if token is not None:
+            q.append(("token", token))
+        headers = {"User-Agent": self._client.transport._headers(None)["User-Agent"]}
+        if token is None and self._client.transport._key:
+            headers["Authorization"] = f"Bearer {self._client.transport._key}"
+        url = self._client.url.rstrip("/") + path("/v1/sandboxes/{id}/pty", id=self.id) + "?" + urlencode(q)
+        return Terminal(WebSocket.connect(url, headers, timeout=timeout))
 
     def snapshot(self, retention_seconds: Optional[int] = None, *,
                  metadata: Optional[Dict[str, str]] = None) -> "Snapshot":

@@ -501,3 +501,45 @@ def policy_dict(p: Optional[PolicyLike]) -> Optional[Dict[str, Any]]:
     if p is None:
         return None
     return p.to_dict() if isinstance(p, NetworkPolicy) else dict(p)
+
+
+@dataclass
+class PreviewUrl:
+    """A signed URL a browser opens without the API key: `url` (absolute),
+    `path` (``/preview/{token}/``), valid until `expires_at`, for `port` of
+    `sandbox_id`."""
+    url: str
+    path: str
+    expires_at: str
+    sandbox_id: str
+    port: int
+    extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "PreviewUrl":
+        return _from(cls, d)
+
+
+@dataclass
+class TerminalToken:
+    """Opens one terminal of one sandbox, once, within a minute (``?token=``)."""
+    token: str
+    expires_at: str
+    extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "TerminalToken":
+        return _from(cls, d)
+
+
+@dataclass
+class TerminalExit:
+    """How a terminal ended: the server's ``exit`` message (`exit_code`,
+    `signal`, `reason`), or for a terminal the server closed otherwise
+    (`closed` message or a dropped socket) `exit_code` None and `reason` the
+    close reason."""
+    exit_code: Optional[int]
+    reason: str
+    signal: Optional[int] = None
+    close_code: Optional[int] = None
+    message: Optional[str] = None

@@ -26,7 +26,8 @@ MODELS = {"Sandbox": models.SandboxInfo, "ExecResponse": models.ExecResult, "Fil
           "Snapshot": models.SnapshotInfo, "TemplateInfo": models.TemplateInfo, "BuildAccepted": models.BuildAccepted,
           "NetworkPolicy": models.NetworkPolicy, "NetworkRule": models.NetworkRule,
           "EgressEventBody": models.NetworkEvent, "CodeContext": models.CodeContext,
-          "CodeResultItem": models.Result, "CodeError": models.ExecutionError, "ProcessInfo": models.ProcessInfo}
+          "CodeResultItem": models.Result, "CodeError": models.ExecutionError, "ProcessInfo": models.ProcessInfo,
+          "PreviewUrl": models.PreviewUrl, "TerminalToken": models.TerminalToken}
 # Schemas a model holds partly under other names:
 # schema -> (model, {schema field: model field}, model fields filled from elsewhere).
 # A code run's stdout/stderr are Execution.logs; the stream's `done` event
@@ -46,7 +47,8 @@ REQUESTS = {"CreateSandbox": [Sandbox.create], "ExecBody": [Sandbox.exec, Sandbo
             "ForkBody": [Snapshot.fork_many], "CreateTemplate": [Template.build, Template.start_build],
             "CodeBody": [Sandbox.run_code, AsyncSandbox.run_code],
             "CreateContext": [Sandbox.create_code_context, AsyncSandbox.create_code_context],
-            "SignalBody": [Process.signal, AsyncProcess.signal]}
+            "SignalBody": [Process.signal, AsyncProcess.signal],
+            "CreatePreviewUrl": [Sandbox.preview_url, AsyncSandbox.preview_url]}
 # Request fields whose parameter has another name (E2B's, for run_code).
 PARAMS = {"CodeBody": {"code": "code", "context_id": "context", "env": "envs", "timeout_seconds": "timeout"}}
 # Request fields a method leaves out on purpose: a stream cannot run in the
@@ -56,10 +58,13 @@ NOT_PARAMS = {("ExecBody", "Sandbox.exec_stream"): {"background"}}
 # ({query name: parameter name} where they differ).
 QUERIES = {("GET", "/v1/sandboxes/{id}/processes/{pid}/output"): ([Process.output, AsyncProcess.output], {}),
            ("POST", "/v1/sandboxes/{id}/processes/{pid}/wait"): ([Process.wait, AsyncProcess.wait],
-                                                                 {"timeout_seconds": "timeout"})}
+                                                                 {"timeout_seconds": "timeout"}),
+           ("GET", "/v1/sandboxes/{id}/pty"): ([Sandbox.pty, AsyncSandbox.pty], {})}
 # Schemas read as raw JSON (error bodies and stream payloads), or checked
 # separately below (enums).
-RAW = {"ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode", "ExecReason", "OutputEncoding"}
+# The terminal's control messages are JSON over the pty WebSocket (oneOf).
+RAW = {"ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode", "ExecReason", "OutputEncoding",
+       "TerminalClientMessage", "TerminalServerMessage"}
 # Served but left out of the document on purpose (docs/api.md).
 UNDOCUMENTED = {("GET", "/openapi.json")}
 

@@ -6,6 +6,7 @@
 //     console.log((await sbx.exec("python3 -c 'print(6*7)'")).stdout);
 //     console.log((await sbx.runCode("6 * 7")).text);
 //     const server = await sbx.exec("python3 -m http.server 8000", { background: true });
+//     const { url } = await sbx.previewUrl(8000);  // for a browser, no key
 //   } finally { await sbx.kill(); }
 export { Client, ROUTES, configure, getDefaultClient, type Route } from "./client.js";
 export { type ClientOptions, DEFAULT_URL, DEFAULT_KEY_FILE } from "./http.js";
@@ -14,11 +15,12 @@ export {
   type StreamCallbacks, type WithClient,
 } from "./sandbox.js";
 export * from "./errors.js";
+export { Terminal } from "./terminal.js";
 export { Execution, Result } from "./models.js";
 export type {
   BuildAccepted, BuildEvent, CodeContext, CreateCodeContextOptions, CreateSandboxOptions, EgressMode, ExecOptions,
   ExecReason, ExecResult, ExecutionError, FileEntry, ForkOptions, Logs, NetworkEvent, NetworkPolicy, NetworkRule,
-  OutputChunk, OutputEncoding, ProcessChunk, ProcessInfo, ProcessOutputOptions, RunCodeOptions, SandboxInfo, Signal,
+  OutputChunk, OutputEncoding, PreviewUrl, PreviewUrlOptions, ProcessChunk, PtyOptions, TerminalExit, TerminalToken, ProcessInfo, ProcessOutputOptions, RunCodeOptions, SandboxInfo, Signal,
   SnapshotInfo, SnapshotOptions, TemplateInfo, TemplateSpec, WaitOptions,
 } from "./models.js";
 export * as fields from "./models.js";

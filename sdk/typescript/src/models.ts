@@ -407,3 +407,53 @@ export interface BuildEvent {
   kind: "step" | "log" | "done" | "error" | string;
   data: Record<string, unknown>;
 }
+
+export const PREVIEW_URL_FIELDS = {
+  url: "url", path: "path", expires_at: "expiresAt", sandbox_id: "sandboxId", port: "port",
+} as const satisfies FieldMap<wire.PreviewUrl>;
+/** A signed URL a browser opens without the API key: `url` (absolute), `path`
+ * (`/preview/{token}/`), valid until `expiresAt`, for `port` of `sandboxId`. */
+export type PreviewUrl = Renamed<wire.PreviewUrl, typeof PREVIEW_URL_FIELDS>;
+export const previewUrl = (w: wire.PreviewUrl): PreviewUrl => fromWire(PREVIEW_URL_FIELDS, w);
+
+export interface PreviewUrlOptions {
+  /** How long the URL works, 1..86400 seconds (default 3600). */
+  ttlSeconds?: number;
+}
+export const CREATE_PREVIEW_URL_FIELDS = {
+  ttl_seconds: "ttlSeconds",
+} as const satisfies FieldMap<wire.CreatePreviewUrl> & Record<string, keyof PreviewUrlOptions>;
+
+export const TERMINAL_TOKEN_FIELDS = { token: "token", expires_at: "expiresAt" } as const satisfies FieldMap<wire.TerminalToken>;
+/** Opens one terminal of one sandbox, once, within a minute (`PtyOptions.token`). */
+export type TerminalToken = Renamed<wire.TerminalToken, typeof TERMINAL_TOKEN_FIELDS>;
+export const terminalToken = (w: wire.TerminalToken): TerminalToken => fromWire(TERMINAL_TOKEN_FIELDS, w);
+
+export interface PtyOptions {
+  /** Window size (default 80x24), 1..1000 each. */
+  cols?: number;
+  rows?: number;
+  /** Run this through /bin/sh -c instead of the login shell. */
+  cmd?: string;
+  /** Run this argv instead of the login shell (not with cmd). */
+  argv?: string[];
+  /** Absolute starting directory (default /root). */
+  cwd?: string;
+  /** Extra environment for the program. */
+  envs?: Record<string, string>;
+  /** A token from `ptyToken()`, used instead of the API key. */
+  token?: string;
+  /** Handshake timeout (default 30000). */
+  timeoutMs?: number;
+}
+
+/** How a terminal ended: the server's `exit` message (`exitCode`, `signal`,
+ * `reason`), or, when the server closed it otherwise, `exitCode` null and
+ * `reason` the close reason (`idle_timeout`, `sandbox_gone`...). */
+export interface TerminalExit {
+  exitCode: number | null;
+  reason: string;
+  signal?: number | null;
+  closeCode?: number;
+  message?: string;
+}

@@ -1,7 +1,7 @@
 // Sandbox (with .filesystem and .network), ExecStream, Process (background
 // processes) and ProcessOutput, Snapshot, Template.
 import { Client, getDefaultClient, metadataQuery } from "./client.js";
-import { BuildFailed, Conflict, NotFound, StreamError, errorFromEvent } from "./errors.js";
+import { BuildFailed, Conflict, ConnectionFailed, NotFound, SandboxTimeout, StreamError, errorFor, errorFromEvent } from "./errors.js";
 import type { SSE, SSEEvent } from "./http.js";
 import {
   type BuildAccepted, type BuildEvent, CODE_BODY_FIELDS, CREATE_CONTEXT_FIELDS, CREATE_SANDBOX_FIELDS,
@@ -12,8 +12,10 @@ import {
   SNAPSHOT_OPTION_FIELDS, type SandboxInfo, type Signal, type SnapshotInfo, type SnapshotOptions,
   TEMPLATE_SPEC_FIELDS, type TemplateInfo, type TemplateSpec, type WaitOptions, buildAccepted, codeContext,
   decodeText, encodeText, execResult, fileEntry, fromBase64, processInfo, sandboxInfo, snapshotInfo, templateInfo,
-  toWire,
+  toWire, CREATE_PREVIEW_URL_FIELDS, type PreviewUrl, type PreviewUrlOptions, type PtyOptions, type TerminalToken,
+  previewUrl, terminalToken,
 } from "./models.js";
+import { Terminal } from "./terminal.js";
 import type * as wire from "./wire.js";
 
 /** Which client to use; default: one configured from the environment. */
@@ -422,6 +424,10 @@ export class Network {
 
 /** A live sandbox. `info` holds its fields (template, state, expiresAt,
  * metadata, bootMode...). Supports `await using` (killed at scope end). */
+/** Error codes of the daemon itself on the port routes (others come from the guest server). */
+const DAEMON_PORT_ERRORS = new Set(["invalid_port", "port_closed", "bad_gateway", "too_many_connections",
+  "sandbox_not_found", "sandbox_not_running", "guest_unresponsive", "unauthorized"]);
+
 export class Sandbox {
   readonly filesystem: Filesystem;
   readonly files: Filesystem;
@@ -633,6 +639,75 @@ export class Sandbox {
     const params = { id: this.id, context_id: contextId(context) };
     const r = await this.client.call("DELETE /v1/sandboxes/{id}/code/contexts/{context_id}", params);
     await r.body?.cancel();
+  }
+
+  private portPrefix(port: number): string {
+    return `/v1/sandboxes/${encodeURIComponent(this.id)}/ports/${Math.trunc(port)}`;
+  }
+
+  /** The URL of `path` on the server listening on 127.0.0.1:`port` in the
+   * sandbox, through the daemon. It needs the API key (as `Authorization:
+   * Bearer`): for server-side use; give a browser `previewUrl` instead. */
+  getUrl(port: number, opts: { path?: string } = {}): string {
+    return `${this.client.url}${this.portPrefix(port)}/${(opts.path ?? "/").replace(/^\/+/, "")}`;
+  }
+
+  /** One HTTP request to the server on `port`, with the key: the guest
+   * server's Response, whatever its status. The daemon's own refusals
+   * (400 `invalid_port`, 502 `port_closed`, 429, 404...) throw. */
+  async portRequest(port: number, opts: { method?: string; path?: string; body?: string | Uint8Array;
+    headers?: Record<string, string>; timeoutMs?: number } = {}): Promise<Response> {
+    const headers: Record<string, string> = { ...(opts.headers ?? {}) };
+    if (this.client.transport.apiKey) headers.authorization = `Bearer ${this.client.transport.apiKey}`;
+    const method = (opts.method ?? "GET").toUpperCase();
+    const timeoutMs = opts.timeoutMs ?? this.client.transport.timeoutMs;
+    let r: Response;
+    try {
+      r = await fetch(this.getUrl(port, { path: opts.path }), { method, headers, body: opts.body, signal: AbortSignal.timeout(timeoutMs) });
+    } catch (e) {
+      if (e instanceof Error && (e.name === "TimeoutError" || e.name === "AbortError")) {
+        throw new SandboxTimeout(`no answer within ${timeoutMs} ms: ${method} port ${port}`);
+      }
+      throw new ConnectionFailed(`${method} port ${port}: ${(e as Error).message}`);
+    }
+    if (r.status >= 400 && (r.headers.get("content-type") ?? "").startsWith("application/json")) {
+      const text = await r.clone().text();
+      let err: { code?: string; message?: string } | undefined;
+      try { err = JSON.parse(text).error; } catch { /* the guest's own */ }
+      if (err?.code && DAEMON_PORT_ERRORS.has(err.code)) {
+        const ra = Number(r.headers.get("retry-after") ?? NaN);
+        throw errorFor(r.status, err.code, err.message ?? text, Number.isFinite(ra) ? ra : undefined);
+      }
+    }
+    return r;
+  }
+
+  /** A signed URL (under /preview/{token}/) that serves `port` without the
+   * API key until it expires (`ttlSeconds`, 1..86400, default 3600). */
+  async previewUrl(port: number, opts: PreviewUrlOptions = {}): Promise<PreviewUrl> {
+    const body = toWire<wire.CreatePreviewUrl>(CREATE_PREVIEW_URL_FIELDS, opts);
+    return previewUrl(await this.client.json<wire.PreviewUrl>("POST /v1/sandboxes/{id}/ports/{port}/preview-url",
+      { id: this.id, port: String(Math.trunc(port)) }, { json: body }));
+  }
+
+  /** A token that opens one terminal of this sandbox once, within 60 s (for a browser). */
+  async ptyToken(): Promise<TerminalToken> {
+    return terminalToken(await this.client.json<wire.TerminalToken>("POST /v1/sandboxes/{id}/pty/token", { id: this.id }));
+  }
+
+  /** Opens a terminal: the login shell, or `cmd` / `argv`, in a cols x rows
+   * window. Closing it ends it and everything started in it. */
+  async pty(opts: PtyOptions = {}): Promise<Terminal> {
+    if (opts.cmd !== undefined && opts.argv !== undefined) throw new TypeError("give at most one of cmd and argv");
+    const q = new URLSearchParams({ cols: String(opts.cols ?? 80), rows: String(opts.rows ?? 24) });
+    if (opts.cwd !== undefined) q.set("cwd", opts.cwd);
+    if (opts.cmd !== undefined) q.set("cmd", opts.cmd);
+    if (opts.argv !== undefined) q.set("argv", JSON.stringify(opts.argv));
+    if (opts.envs !== undefined) q.set("env", JSON.stringify(opts.envs));
+    if (opts.token !== undefined) q.set("token", opts.token);
+    const headers: Record<string, string> = { "user-agent": "hatchery-typescript/0.1.0" };
+    if (opts.token === undefined && this.client.transport.apiKey) headers.authorization = `Bearer ${this.client.transport.apiKey}`;
+    return Terminal.open(`${this.client.url}/v1/sandboxes/${encodeURIComponent(this.id)}/pty?${q}`, headers, opts.timeoutMs);
   }
 
   async snapshot(opts: SnapshotOptions = {}): Promise<Snapshot> {

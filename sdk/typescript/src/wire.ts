@@ -67,6 +67,10 @@ export interface CreateContext {
   language?: string | null;
 }
 
+export interface CreatePreviewUrl {
+  ttl_seconds?: number | null;
+}
+
 export interface CreateSandbox {
   env?: Record<string, string>;
   metadata?: Record<string, string>;
@@ -193,6 +197,14 @@ export interface PatchSandbox {
   ttl_seconds: number;
 }
 
+export interface PreviewUrl {
+  expires_at: string;
+  path: string;
+  port: number;
+  sandbox_id: string;
+  url: string;
+}
+
 /** Payload of a process output event. */
 export interface ProcessChunk {
   data: string;
@@ -269,16 +281,31 @@ export interface TemplateList {
   templates: Array<TemplateInfo>;
 }
 
+/** A text (JSON) message from the client. Binary messages are keystrokes. */
+export type TerminalClientMessage = Record<string, unknown>;
+
+/** A text (JSON) message from the server. Binary messages are the terminal's output. */
+export type TerminalServerMessage = Record<string, unknown> | Record<string, unknown> | Record<string, unknown>;
+
+/** A token that opens one terminal of one sandbox, once, within a minute. */
+export interface TerminalToken {
+  expires_at: string;
+  token: string;
+}
+
 /** Every route of the document, as `METHOD /path`. */
 export const DOCUMENTED_ROUTES = [
+  "DELETE /preview/{token}/{path}",
   "DELETE /v1/sandboxes/{id}",
   "DELETE /v1/sandboxes/{id}/code/contexts/{context_id}",
   "DELETE /v1/sandboxes/{id}/files",
+  "DELETE /v1/sandboxes/{id}/ports/{port}/{path}",
   "DELETE /v1/sandboxes/{id}/processes/{pid}",
   "DELETE /v1/snapshots/{id}",
   "DELETE /v1/templates/{name}",
   "GET /healthz",
   "GET /metrics",
+  "GET /preview/{token}/{path}",
   "GET /v1/sandboxes",
   "GET /v1/sandboxes/{id}",
   "GET /v1/sandboxes/{id}/code/contexts",
@@ -286,15 +313,24 @@ export const DOCUMENTED_ROUTES = [
   "GET /v1/sandboxes/{id}/files/list",
   "GET /v1/sandboxes/{id}/network",
   "GET /v1/sandboxes/{id}/network/events",
+  "GET /v1/sandboxes/{id}/ports/{port}/{path}",
   "GET /v1/sandboxes/{id}/processes",
   "GET /v1/sandboxes/{id}/processes/{pid}",
   "GET /v1/sandboxes/{id}/processes/{pid}/output",
+  "GET /v1/sandboxes/{id}/pty",
   "GET /v1/snapshots",
   "GET /v1/snapshots/{id}",
   "GET /v1/templates",
   "GET /v1/templates/{name}",
   "GET /v1/templates/{name}/builds/{id}/events",
+  "HEAD /preview/{token}/{path}",
+  "HEAD /v1/sandboxes/{id}/ports/{port}/{path}",
+  "OPTIONS /preview/{token}/{path}",
+  "OPTIONS /v1/sandboxes/{id}/ports/{port}/{path}",
+  "PATCH /preview/{token}/{path}",
   "PATCH /v1/sandboxes/{id}",
+  "PATCH /v1/sandboxes/{id}/ports/{port}/{path}",
+  "POST /preview/{token}/{path}",
   "POST /v1/sandboxes",
   "POST /v1/sandboxes/{id}/code",
   "POST /v1/sandboxes/{id}/code/contexts",
@@ -302,13 +338,18 @@ export const DOCUMENTED_ROUTES = [
   "POST /v1/sandboxes/{id}/code/stream",
   "POST /v1/sandboxes/{id}/exec",
   "POST /v1/sandboxes/{id}/exec/stream",
+  "POST /v1/sandboxes/{id}/ports/{port}/preview-url",
+  "POST /v1/sandboxes/{id}/ports/{port}/{path}",
   "POST /v1/sandboxes/{id}/processes/{pid}/signal",
   "POST /v1/sandboxes/{id}/processes/{pid}/stdin",
   "POST /v1/sandboxes/{id}/processes/{pid}/stdin/close",
   "POST /v1/sandboxes/{id}/processes/{pid}/wait",
+  "POST /v1/sandboxes/{id}/pty/token",
   "POST /v1/sandboxes/{id}/snapshots",
   "POST /v1/snapshots/{id}/fork",
   "POST /v1/templates",
+  "PUT /preview/{token}/{path}",
   "PUT /v1/sandboxes/{id}/files",
   "PUT /v1/sandboxes/{id}/network",
+  "PUT /v1/sandboxes/{id}/ports/{port}/{path}",
 ] as const;

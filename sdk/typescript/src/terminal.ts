@@ -1,0 +1,151 @@
+// A terminal in a sandbox: a pseudo-terminal relayed over a WebSocket
+// (GET /v1/sandboxes/{id}/pty). Binary messages are terminal bytes both
+// ways; text messages are JSON control messages.
+import { SandboxTimeout } from "./errors.js";
+import type { TerminalExit } from "./models.js";
+import { WebSocketClient } from "./ws.js";
+
+export class Terminal implements AsyncIterable<Uint8Array> {
+  private ws!: WebSocketClient;
+  private listeners: Array<(data: Uint8Array) => void> = [];
+  private queue: Uint8Array[] = [];
+  private waiters: Array<() => void> = [];
+  private closedMsg?: { reason?: string; message?: string };
+  private exitInfo?: TerminalExit;
+  private readonly done: Promise<TerminalExit>;
+  private resolveDone!: (e: TerminalExit) => void;
+  /** Client messages the server refused (`{type: "error", code, message}`). */
+  readonly errors: Array<{ code: string; message: string }> = [];
+
+  private constructor() {
+    this.done = new Promise((r) => { this.resolveDone = r; });
+  }
+
+  /** @internal */
+  static async open(url: string, headers: Record<string, string>, timeoutMs?: number): Promise<Terminal> {
+    const t = new Terminal();
+    t.ws = await WebSocketClient.connect(url, headers, {
+      message: (kind, data) => t.onMessage(kind, data),
+      close: (code, reason) => t.onClose(code, reason),
+    }, timeoutMs);
+    return t;
+  }
+
+  private onMessage(kind: "text" | "binary", data: Buffer): void {
+    if (kind === "binary") {
+      const bytes = new Uint8Array(data.buffer, data.byteOffset, data.length);
+      if (this.listeners.length) for (const l of this.listeners) l(bytes);
+      else this.queue.push(bytes);
+      this.wake();
+      return;
+    }
+    let msg: any;
+    try { msg = JSON.parse(data.toString("utf8")); } catch { return; }
+    if (msg?.type === "exit") this.exitInfo = { exitCode: msg.exit_code, reason: msg.reason ?? "exited", signal: msg.signal ?? null };
+    else if (msg?.type === "closed") this.closedMsg = msg;
+    else if (msg?.type === "error") this.errors.push({ code: msg.code, message: msg.message });
+  }
+
+  private onClose(code: number, reason: string): void {
+    const exit = this.exitInfo
+      ? { ...this.exitInfo, closeCode: code }
+      : { exitCode: null, reason: this.closedMsg?.reason ?? (reason || "closed"), closeCode: code, message: this.closedMsg?.message };
+    this.exitInfo = exit;
+    this.resolveDone(exit);
+    this.wake();
+  }
+
+  private wake(): void {
+    const w = this.waiters;
+    this.waiters = [];
+    for (const f of w) f();
+  }
+
+  /** Set once the terminal has ended. */
+  get exit(): TerminalExit | undefined {
+    return this.ws.closed ? this.exitInfo : undefined;
+  }
+
+  /** Keystrokes or a paste (a string is sent as UTF-8). */
+  write(data: string | Uint8Array): void {
+    this.ws.sendBinary(typeof data === "string" ? Buffer.from(data, "utf8") : data);
+  }
+
+  resize(cols: number, rows: number): void {
+    this.ws.sendText(JSON.stringify({ type: "resize", cols, rows }));
+  }
+
+  /** Calls `cb` with each piece of output (output that came before is
+   * delivered first). Returns a function that removes the listener. */
+  onData(cb: (data: Uint8Array) => void): () => void {
+    this.listeners.push(cb);
+    const q = this.queue;
+    this.queue = [];
+    for (const d of q) cb(d);
+    return () => { this.listeners = this.listeners.filter((l) => l !== cb); };
+  }
+
+  /** The output that has come, waiting up to `timeoutMs` for some; an empty
+   * array on timeout or once the terminal ended and everything was read. */
+  async read(timeoutMs?: number): Promise<Uint8Array> {
+    if (!this.queue.length && !this.ws.closed) {
+      await new Promise<void>((res) => {
+        this.waiters.push(res);
+        if (timeoutMs !== undefined) setTimeout(res, timeoutMs).unref();
+      });
+    }
+    const q = this.queue;
+    this.queue = [];
+    return q.length === 1 ? q[0]! : new Uint8Array(Buffer.concat(q));
+  }
+
+  private pending = "";
+
+  /** Reads until `needle` appears in the output (decoded as UTF-8); returns
+   * the text up to and including it. Rejects with SandboxTimeout otherwise. */
+  async readUntil(needle: string, timeoutMs = 10_000): Promise<string> {
+    const deadline = Date.now() + timeoutMs;
+    const dec = new TextDecoder();
+    let text = this.pending;
+    while (!text.includes(needle)) {
+      const left = deadline - Date.now();
+      if (left <= 0 || (this.ws.closed && !this.queue.length)) {
+        this.pending = text;
+        throw new SandboxTimeout(`${JSON.stringify(needle)} did not appear in the terminal: ${JSON.stringify(text.slice(-500))}`);
+      }
+      text += dec.decode(await this.read(left), { stream: true });
+    }
+    const i = text.indexOf(needle) + needle.length;
+    this.pending = text.slice(i);
+    return text.slice(0, i);
+  }
+
+  /** The output as it comes, until the terminal ends. */
+  async *[Symbol.asyncIterator](): AsyncIterator<Uint8Array> {
+    for (;;) {
+      const d = await this.read();
+      if (d.length) yield d;
+      else if (this.ws.closed && !this.queue.length) return;
+    }
+  }
+
+  /** Resolves when the terminal ends (its program exits or the server closes it). */
+  async wait(opts: { timeoutMs?: number } = {}): Promise<TerminalExit> {
+    if (opts.timeoutMs === undefined) return this.done;
+    let timer: NodeJS.Timeout | undefined;
+    const t = new Promise<never>((_, rej) => {
+      timer = setTimeout(() => rej(new SandboxTimeout(`the terminal did not end within ${opts.timeoutMs} ms`)), opts.timeoutMs);
+    });
+    try { return await Promise.race([this.done, t]); } finally { clearTimeout(timer); }
+  }
+
+  /** Ends the terminal and everything started in it. */
+  async close(): Promise<void> {
+    this.ws.close();
+    await Promise.race([this.done, new Promise((r) => setTimeout(r, 5000).unref())]);
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    await this.close();
+  }
+}
