@@ -48,7 +48,8 @@ over, variables do not; exits with the last command's status.";
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the daemon in the foreground (same as `hatcheryd`).
-    Serve(hatcheryd::DaemonArgs),
+    // Boxed: the daemon's flags dwarf every other command's.
+    Serve(Box<hatcheryd::DaemonArgs>),
     /// Create, list, inspect, extend and destroy sandboxes.
     #[command(subcommand, alias = "sandboxes")]
     Sandbox(sandbox::SandboxCmd),
@@ -129,7 +130,7 @@ async fn main() {
     let result = match cli.cmd {
         Cmd::Serve(args) => {
             hatcheryd::init_logging(args.log_json);
-            hatcheryd::run(args)
+            hatcheryd::run(*args)
                 .await
                 .map(|_| 0)
                 .map_err(anyhow::Error::from)
