@@ -9,7 +9,7 @@ LISTEN ?= 127.0.0.1:7423
 PYTEST := /usr/bin/python3 -m pytest
 BIN := target/release
 
-.PHONY: setup build template run test unit kernel-test lint integration cli-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load bench clean-state
+.PHONY: setup build template run test unit kernel-test lint integration cli-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load bench bench-code clean-state
 
 setup:
 	bash scripts/setup-host.sh
@@ -95,6 +95,11 @@ playground-load: build template
 	  $(PYTEST) -q -s -p no:cacheprovider tests/playground/test_load.py
 
 test: build template lint unit kernel-test integration cli-test sdk-python-test sdk-typescript-test terminal-test playground-test playground-load
+
+# The Run-button path alone (about a minute): run_code and exec against raw runsc.
+bench-code: build template
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  /usr/bin/python3 bench/code_bench.py
 
 bench: build template
 	cargo build --release -p hatchery-net --example slot_bench

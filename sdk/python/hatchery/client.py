@@ -157,7 +157,7 @@ class Client:
         finally:
             conn.close()
 
-    def preview_request(self, url: str, method: str = "GET", path: str = "/", body: Optional[Union[str, bytes]] = None,
+    def preview_request(self, url: Union[str, PreviewUrl], method: str = "GET", path: str = "/", body: Optional[Union[str, bytes]] = None,
                         headers: Optional[Dict[str, str]] = None) -> Tuple[int, Dict[str, str], bytes]:
         """Fetches `path` under a preview URL (a `PreviewUrl` or its `url`/`path`)
         without the API key, as a browser would: (status, headers, body)."""
