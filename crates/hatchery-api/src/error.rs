@@ -52,8 +52,11 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut resp = (self.status, axum::Json(self.body())).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE
-            || self.status == StatusCode::TOO_MANY_REQUESTS
+        // `too_many_terminals` is a cap on what the caller itself keeps
+        // open: a retry in a second would fail the same way, so no hint.
+        if (self.status == StatusCode::SERVICE_UNAVAILABLE
+            || self.status == StatusCode::TOO_MANY_REQUESTS)
+            && self.code != "too_many_terminals"
         {
             resp.headers_mut()
                 .insert("retry-after", axum::http::HeaderValue::from_static("1"));
