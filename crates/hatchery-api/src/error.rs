@@ -52,11 +52,12 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut resp = (self.status, axum::Json(self.body())).into_response();
-        // `too_many` is a cap on what the caller itself keeps running: a
-        // retry in a second would fail the same way, so it gets no hint.
+        // `too_many` and `too_many_terminals` cap what the caller itself
+        // keeps running or open: a retry in a second would fail the same
+        // way, so they get no hint.
         if (self.status == StatusCode::SERVICE_UNAVAILABLE
             || self.status == StatusCode::TOO_MANY_REQUESTS)
-            && self.code != "too_many"
+            && !matches!(self.code, "too_many" | "too_many_terminals")
         {
             resp.headers_mut()
                 .insert("retry-after", axum::http::HeaderValue::from_static("1"));
