@@ -10,7 +10,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from bench import N, RawRunsc, metric, row, table_header, timed, wait_for  # noqa: E402
+from bench import N, RawRunsc, code_first_output, metric, row, table_header, timed, wait_for  # noqa: E402
 from harness import Daemon  # noqa: E402
 
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < 1.0: pass"
@@ -31,21 +31,8 @@ def main():
         h_true = timed(lambda: d.exec(sid, argv=["true"]), N * 2)
         h_py = timed(lambda: d.exec(sid, argv=["python3", "-c", "print(1)"]), N)
 
-        def first_output(include_create):
-            wait_for(lambda: metric(d, "hatchery_pool_ready") >= 1)
-            time.sleep(0.2)  # let the refill's restore finish: it shares the 2 CPUs
-            t = time.perf_counter()
-            s = d.create(ttl_seconds=60)
-            if not include_create:
-                t = time.perf_counter()
-            got = []
-            d.stream(s, {"code": "print('hi')"}, path=f"/v1/sandboxes/{s}/code/stream",
-                     on_event=lambda ev: got.append(time.perf_counter()) or False if ev[0] == "stdout" else None)
-            d.delete(s)
-            return (got[0] - t) * 1000
-
-        first = [first_output(False) for _ in range(N)]
-        first_create = [first_output(True) for _ in range(N)]
+        first = [code_first_output(d, False) for _ in range(N)]
+        first_create = [code_first_output(d, True) for _ in range(N)]
         again = timed(lambda: d.request("POST", f"/v1/sandboxes/{sid}/code", {"code": "print('hi')"}), N * 2)
         cpu_code = [d.request("POST", f"/v1/sandboxes/{sid}/code", {"code": BURN}).json()["cpu_ms"] for _ in range(3)]
         cpu_exec = [d.exec(sid, f"setsid python3 -c '{BURN_TOTAL}' & wait", timeout_seconds=30)["cpu_ms"] for _ in range(3)]
