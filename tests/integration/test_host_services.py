@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from guest_servers import wait_relays_closed
-from harness import Daemon, metric, wait_baked, wait_for
+from harness import Daemon, arg, metric, wait_baked, wait_for
 
 
 class EchoHandler(BaseHTTPRequestHandler):
@@ -281,7 +281,10 @@ def test_listeners_follow_a_daemon_restart(services):
         d.crash()
         # The next daemon knows one more service; the adopted sandbox
         # listens for it and keeps its identity.
-        d2 = Daemon(extra_args=["--pool-size", "0", *flags(services)], data_dir=d.data_dir).start()
+        # Same network prefix and range: the new daemon must re-adopt the
+        # crashed one's slots (a fresh prefix would leave them behind).
+        net = ["--net-prefix", d.net_prefix, "--net-range", arg(d.extra_args, "--net-range")]
+        d2 = Daemon(extra_args=["--pool-size", "0", *flags(services), *net], data_dir=d.data_dir).start()
         d2.created |= d.created
         assert identities(guest_http(d2, sid)["first"]) == [sid]
         r = d2.exec(sid, argv=["python3", "-c", RAW_CLIENT, "9102"])
