@@ -450,40 +450,52 @@ pub fn validate_env(env: &BTreeMap<String, String>, caps: &Caps) -> Result<(), A
     Ok(())
 }
 
+/// The command line of an exec or a terminal: a shell `cmd` or an `argv`,
+/// not both, within the caps and without NUL. `None` when neither is given.
+pub fn command_line(
+    cmd: Option<String>,
+    argv: Option<Vec<String>>,
+    caps: &Caps,
+) -> Result<Option<Vec<String>>, ApiError> {
+    let argv = match (cmd, argv) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad_request("give either cmd or argv, not both"))
+        }
+        (None, None) => return Ok(None),
+        (Some(cmd), None) => {
+            if cmd.trim().is_empty() {
+                return Err(ApiError::bad_request("cmd is empty"));
+            }
+            if cmd.len() > caps.max_cmd_bytes {
+                return Err(ApiError::bad_request(format!(
+                    "cmd is over {} bytes",
+                    caps.max_cmd_bytes
+                )));
+            }
+            vec!["/bin/sh".to_string(), "-c".to_string(), cmd]
+        }
+        (None, Some(argv)) => {
+            if argv.is_empty() || argv[0].is_empty() {
+                return Err(ApiError::bad_request("argv is empty"));
+            }
+            if argv.len() > caps.max_argv
+                || argv.iter().map(|a| a.len()).sum::<usize>() > caps.max_cmd_bytes
+            {
+                return Err(ApiError::bad_request("argv is too long"));
+            }
+            argv
+        }
+    };
+    if argv.iter().any(|a| a.contains('\0')) {
+        return Err(ApiError::bad_request("command contains NUL"));
+    }
+    Ok(Some(argv))
+}
+
 impl ExecBody {
     pub fn into_params(self, caps: &Caps) -> Result<ExecParams, ApiError> {
-        let argv = match (self.cmd, self.argv) {
-            (Some(_), Some(_)) => {
-                return Err(ApiError::bad_request("give either cmd or argv, not both"))
-            }
-            (None, None) => return Err(ApiError::bad_request("cmd or argv is required")),
-            (Some(cmd), None) => {
-                if cmd.trim().is_empty() {
-                    return Err(ApiError::bad_request("cmd is empty"));
-                }
-                if cmd.len() > caps.max_cmd_bytes {
-                    return Err(ApiError::bad_request(format!(
-                        "cmd is over {} bytes",
-                        caps.max_cmd_bytes
-                    )));
-                }
-                vec!["/bin/sh".to_string(), "-c".to_string(), cmd]
-            }
-            (None, Some(argv)) => {
-                if argv.is_empty() || argv[0].is_empty() {
-                    return Err(ApiError::bad_request("argv is empty"));
-                }
-                if argv.len() > caps.max_argv
-                    || argv.iter().map(|a| a.len()).sum::<usize>() > caps.max_cmd_bytes
-                {
-                    return Err(ApiError::bad_request("argv is too long"));
-                }
-                argv
-            }
-        };
-        if argv.iter().any(|a| a.contains('\0')) {
-            return Err(ApiError::bad_request("command contains NUL"));
-        }
+        let argv = command_line(self.cmd, self.argv, caps)?
+            .ok_or_else(|| ApiError::bad_request("cmd or argv is required"))?;
         if let Some(cwd) = &self.cwd {
             hatchery_core::files::validate_path(cwd, caps.max_path_bytes)
                 .map_err(|e| ApiError::bad_request(e.to_string()))?;

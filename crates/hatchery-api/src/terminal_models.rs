@@ -52,41 +52,17 @@ impl TerminalQuery {
     pub fn into_params(self, caps: &Caps) -> Result<TerminalParams, ApiError> {
         let cols = cells(self.cols, DEFAULT_COLS, "cols", caps)?;
         let rows = cells(self.rows, DEFAULT_ROWS, "rows", caps)?;
-        let argv = match (self.cmd, self.argv) {
+        let argv = match (&self.cmd, self.argv) {
             (Some(_), Some(_)) => {
                 return Err(ApiError::bad_request("give either cmd or argv, not both"))
             }
-            (None, None) => Vec::new(),
-            (Some(cmd), None) => {
-                if cmd.trim().is_empty() {
-                    return Err(ApiError::bad_request("cmd is empty"));
-                }
-                if cmd.len() > caps.max_cmd_bytes {
-                    return Err(ApiError::bad_request(format!(
-                        "cmd is over {} bytes",
-                        caps.max_cmd_bytes
-                    )));
-                }
-                vec!["/bin/sh".to_string(), "-c".to_string(), cmd]
-            }
-            (None, Some(json)) => {
-                let argv: Vec<String> = serde_json::from_str(&json).map_err(|e| {
-                    ApiError::bad_request(format!("argv must be a JSON array of strings: {e}"))
-                })?;
-                if argv.is_empty() || argv[0].is_empty() {
-                    return Err(ApiError::bad_request("argv is empty"));
-                }
-                if argv.len() > caps.max_argv
-                    || argv.iter().map(|a| a.len()).sum::<usize>() > caps.max_cmd_bytes
-                {
-                    return Err(ApiError::bad_request("argv is too long"));
-                }
-                argv
-            }
+            (_, Some(json)) => Some(serde_json::from_str(&json).map_err(|e| {
+                ApiError::bad_request(format!("argv must be a JSON array of strings: {e}"))
+            })?),
+            (_, None) => None,
         };
-        if argv.iter().any(|a| a.contains('\0')) {
-            return Err(ApiError::bad_request("command contains NUL"));
-        }
+        // Neither: the sandbox's login shell.
+        let argv = crate::models::command_line(self.cmd, argv, caps)?.unwrap_or_default();
         if let Some(cwd) = &self.cwd {
             hatchery_core::files::validate_path(cwd, caps.max_path_bytes)
                 .map_err(|e| ApiError::bad_request(e.to_string()))?;
