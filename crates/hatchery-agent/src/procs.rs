@@ -124,6 +124,16 @@ impl Stdin {
 }
 
 impl Proc {
+    /// Whether it still runs, without `info`'s CPU sample (a keeper round
+    /// trip per process).
+    fn running(&self) -> bool {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .exit
+            .is_none()
+    }
+
     fn info(&self) -> ProcInfo {
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let (exit_code, signal, reason, cpu_ms) = match st.exit {
@@ -193,7 +203,7 @@ impl Procs {
         let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
         let (mut exited, running): (Vec<_>, Vec<_>) = m
             .values()
-            .map(|p| (p.started_at_ms, p.id.clone(), p.info().running))
+            .map(|p| (p.started_at_ms, p.id.clone(), p.running()))
             .partition(|x| !x.2);
         if running.len() >= MAX_RUNNING {
             return false;
@@ -405,7 +415,7 @@ impl Procs {
         let Some(p) = self.get(&req.id) else {
             return out.error(chan, "not_found", format!("no process {}", req.id));
         };
-        if p.info().running {
+        if p.running() {
             // To its process group, as a terminal would.
             // SAFETY: kill(2) of a process group we started, with a signal
             // number the host validated.
