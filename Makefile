@@ -96,7 +96,8 @@ playground-load: build template
 
 # The model gateway with the real `openai` and `anthropic` clients (PyPI,
 # versions pinned in tests/gateway/requirements.txt) in a venv of their own,
-# in front of a scripted upstream. No sandboxes, about 30 s.
+# in front of a scripted upstream, and from inside real sandboxes through the
+# daemon's host-service relay (test_from_sandbox.py). About 40 s.
 GATEWAY_VENV := target/gateway-venv
 
 $(GATEWAY_VENV)/.installed: tests/gateway/requirements.txt
@@ -105,8 +106,9 @@ $(GATEWAY_VENV)/.installed: tests/gateway/requirements.txt
 	$(GATEWAY_VENV)/bin/pip install -q -r tests/gateway/requirements.txt
 	touch $@
 
-gateway-test: build $(GATEWAY_VENV)/.installed
-	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) $(GATEWAY_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/gateway
+gateway-test: build template $(GATEWAY_VENV)/.installed
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  $(GATEWAY_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/gateway
 
 test: build template lint unit kernel-test integration cli-test sdk-python-test sdk-typescript-test terminal-test playground-test playground-load gateway-test
 

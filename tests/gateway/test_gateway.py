@@ -37,8 +37,9 @@ def free_port():
 
 
 class Gateway:
-    def __init__(self, upstream, ttl=300, db_dir=None):
+    def __init__(self, upstream, ttl=300, db_dir=None, extra=()):
         self.dir = db_dir or tempfile.mkdtemp(prefix="hxgw-")
+        self.extra = list(extra)
         self.upstream = upstream
         self.ttl = ttl
         open(os.path.join(self.dir, "prices.json"), "w").write(json.dumps(PRICES))
@@ -54,7 +55,7 @@ class Gateway:
              "--openai-upstream", up, "--anthropic-upstream", up,
              "--upstream-key-file", os.path.join(self.dir, "upstream_key"),
              "--prices", os.path.join(self.dir, "prices.json"), "--max-output-tokens", str(CAP),
-             "--max-body-bytes", str(64 << 10), "--reservation-ttl-seconds", str(self.ttl)],
+             "--max-body-bytes", str(64 << 10), "--reservation-ttl-seconds", str(self.ttl), *self.extra],
             env=dict(os.environ, HATCHERY_GATEWAY_ADMIN_KEY=ADMIN), stdout=self.log, stderr=self.log)
         deadline = time.time() + 20
         while time.time() < deadline:

@@ -162,6 +162,55 @@ pub async fn issue_key(
         .into_response())
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Binding {
+    session: String,
+    tenant: Option<String>,
+}
+
+/// Binds sandbox `id` to a session: its relayed calls are charged there.
+pub async fn bind_sandbox(
+    State(g): State<Arc<Gateway>>,
+    h: HeaderMap,
+    Path(id): Path<String>,
+    body: Result<Json<Binding>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, AdminError> {
+    authorize(&g, &h)?;
+    let Json(b) = body.map_err(|e| AdminError::BadRequest(e.body_text()))?;
+    if !valid_id(&id) || !valid_id(&b.session) || b.tenant.as_deref().is_some_and(|t| !valid_id(t))
+    {
+        return Err(AdminError::BadRequest(
+            "sandbox, session and tenant must be 1-128 of A-Z a-z 0-9 _ - .".into(),
+        ));
+    }
+    let caller = Caller {
+        session: b.session,
+        tenant: b.tenant,
+    };
+    g.keys
+        .bind_sandbox(&id, &caller)
+        .await
+        .map_err(AdminError::Store)?;
+    Ok(
+        Json(json!({"sandbox": id, "session": caller.session, "tenant": caller.tenant}))
+            .into_response(),
+    )
+}
+
+pub async fn unbind_sandbox(
+    State(g): State<Arc<Gateway>>,
+    h: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, AdminError> {
+    authorize(&g, &h)?;
+    g.keys
+        .unbind_sandbox(&id)
+        .await
+        .map_err(AdminError::Store)?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
 pub async fn metrics(State(g): State<Arc<Gateway>>) -> String {
     use prometheus::Encoder;
     let mut out = Vec::new();

@@ -118,6 +118,14 @@ const MIGRATIONS: &[&str] = &[
         tenant TEXT,
         expires_ms INTEGER NOT NULL
      );",
+    // 3: sandboxes bound to a caller: calls that arrive through the
+    // daemon's host-service relay carry the sandbox id (set by the host,
+    // never by the guest) and need no key at all.
+    "CREATE TABLE sandbox_bindings (
+        sandbox TEXT PRIMARY KEY,
+        session TEXT NOT NULL,
+        tenant TEXT
+     );",
 ];
 
 /// Who a call is charged to.
@@ -148,6 +156,11 @@ pub trait KeyStore: Send + Sync {
         expires_ms: u64,
     ) -> Result<(), BudgetError>;
     async fn caller(&self, hash: &str, now_ms: u64) -> Result<Option<Caller>, BudgetError>;
+    /// Binds (or rebinds) a sandbox to the caller its calls are charged to.
+    async fn bind_sandbox(&self, sandbox: &str, caller: &Caller) -> Result<(), BudgetError>;
+    /// Returns whether there was a binding.
+    async fn unbind_sandbox(&self, sandbox: &str) -> Result<bool, BudgetError>;
+    async fn caller_of_sandbox(&self, sandbox: &str) -> Result<Option<Caller>, BudgetError>;
 }
 
 pub struct SqliteBudgets {
@@ -430,17 +443,56 @@ impl KeyStore for SqliteBudgets {
             Ok(c.query_row(
                 "SELECT session, tenant FROM keys WHERE hash = ?1 AND expires_ms > ?2",
                 params![hash, now_ms as i64],
-                |r| {
-                    Ok(Caller {
-                        session: r.get("session")?,
-                        tenant: r.get("tenant")?,
-                    })
-                },
+                read_caller,
             )
             .optional()?)
         })
         .await
     }
+
+    async fn bind_sandbox(&self, sandbox: &str, caller: &Caller) -> Result<(), BudgetError> {
+        let (sandbox, caller) = (sandbox.to_string(), caller.clone());
+        self.with(move |c| {
+            c.execute(
+                "INSERT INTO sandbox_bindings (sandbox, session, tenant) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(sandbox) DO UPDATE SET session = ?2, tenant = ?3",
+                params![sandbox, caller.session, caller.tenant],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn unbind_sandbox(&self, sandbox: &str) -> Result<bool, BudgetError> {
+        let sandbox = sandbox.to_string();
+        self.with(move |c| {
+            Ok(c.execute(
+                "DELETE FROM sandbox_bindings WHERE sandbox = ?1",
+                params![sandbox],
+            )? == 1)
+        })
+        .await
+    }
+
+    async fn caller_of_sandbox(&self, sandbox: &str) -> Result<Option<Caller>, BudgetError> {
+        let sandbox = sandbox.to_string();
+        self.with(move |c| {
+            Ok(c.query_row(
+                "SELECT session, tenant FROM sandbox_bindings WHERE sandbox = ?1",
+                params![sandbox],
+                read_caller,
+            )
+            .optional()?)
+        })
+        .await
+    }
+}
+
+fn read_caller(r: &rusqlite::Row<'_>) -> rusqlite::Result<Caller> {
+    Ok(Caller {
+        session: r.get("session")?,
+        tenant: r.get("tenant")?,
+    })
 }
 
 #[cfg(test)]
@@ -528,6 +580,22 @@ mod tests {
         // A late settle of the expired one still records its spend.
         assert!(s.settle("old", &scopes, c(3)).await.unwrap());
         assert_eq!(s.get("session:a").await.unwrap().used_usd_cents, 3);
+    }
+
+    #[tokio::test]
+    async fn sandbox_bindings_rebind_and_unbind() {
+        let (_d, s) = store();
+        let c = |x: &str| Caller {
+            session: x.into(),
+            tenant: None,
+        };
+        assert_eq!(s.caller_of_sandbox("sbx_1").await.unwrap(), None);
+        s.bind_sandbox("sbx_1", &c("a")).await.unwrap();
+        s.bind_sandbox("sbx_1", &c("b")).await.unwrap();
+        assert_eq!(s.caller_of_sandbox("sbx_1").await.unwrap(), Some(c("b")));
+        assert!(s.unbind_sandbox("sbx_1").await.unwrap());
+        assert!(!s.unbind_sandbox("sbx_1").await.unwrap());
+        assert_eq!(s.caller_of_sandbox("sbx_1").await.unwrap(), None);
     }
 
     #[tokio::test]

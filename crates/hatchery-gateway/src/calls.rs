@@ -40,6 +40,34 @@ fn presented_key(headers: &HeaderMap) -> Option<&str> {
         .map(str::trim)
 }
 
+/// The header the daemon's host-service relay sets on every request from
+/// a sandbox (hatchery-core `host_services.rs`), after removing any the
+/// guest sent.
+pub const SANDBOX_HEADER: &str = "x-hatchery-sandbox";
+
+/// Who is calling: with `trust_sandbox_header`, a request relayed from a
+/// sandbox is charged to the caller its sandbox is bound to and needs no
+/// key (the sandbox holds no credential at all); otherwise the gateway key.
+async fn identify(g: &Gateway, headers: &HeaderMap) -> Result<Caller, CallError> {
+    if g.trust_sandbox_header {
+        if let Some(sbx) = headers.get(SANDBOX_HEADER) {
+            let sbx = sbx.to_str().map_err(|_| CallError::Unauthorized)?;
+            return g
+                .keys
+                .caller_of_sandbox(sbx)
+                .await
+                .map_err(CallError::Store)?
+                .ok_or(CallError::UnboundSandbox);
+        }
+    }
+    let key = presented_key(headers).ok_or(CallError::Unauthorized)?;
+    g.keys
+        .caller(&key_hash(key), crate::now_ms())
+        .await
+        .map_err(CallError::Store)?
+        .ok_or(CallError::Unauthorized)
+}
+
 /// What the gateway needs from a request body, checked before anything is
 /// reserved or sent.
 struct Plan {
@@ -172,13 +200,7 @@ async fn call_inner(
         Flavor::Anthropic => g.anthropic.clone(),
     }
     .ok_or((None, CallError::NoUpstream))?;
-    let key = presented_key(headers).ok_or((None, CallError::Unauthorized))?;
-    let caller = g
-        .keys
-        .caller(&key_hash(key), crate::now_ms())
-        .await
-        .map_err(|e| (None, CallError::Store(e)))?
-        .ok_or((None, CallError::Unauthorized))?;
+    let caller = identify(g, headers).await.map_err(|e| (None, e))?;
     let fail = |e: CallError| (Some(caller.clone()), e);
     let raw = Limited::new(body, g.max_body)
         .collect()

@@ -14,6 +14,8 @@ use serde_json::json;
 pub enum CallError {
     #[error("missing or unknown gateway key")]
     Unauthorized,
+    #[error("this sandbox is not bound to a session")]
+    UnboundSandbox,
     #[error("{0}")]
     BadRequest(String),
     #[error("max tokens {asked} is over the gateway's cap of {cap}")]
@@ -36,6 +38,7 @@ impl CallError {
     pub fn code(&self) -> &'static str {
         match self {
             CallError::Unauthorized => "invalid_api_key",
+            CallError::UnboundSandbox => "unbound_sandbox",
             CallError::BadRequest(_) => "invalid_request",
             CallError::OverCap { .. } => "max_tokens_over_cap",
             CallError::TooLarge(_) => "request_too_large",
@@ -59,7 +62,7 @@ impl CallError {
 
     fn status(&self) -> StatusCode {
         match self {
-            CallError::Unauthorized => StatusCode::UNAUTHORIZED,
+            CallError::Unauthorized | CallError::UnboundSandbox => StatusCode::UNAUTHORIZED,
             CallError::BadRequest(_) | CallError::OverCap { .. } | CallError::Pricing(_) => {
                 StatusCode::BAD_REQUEST
             }

@@ -38,6 +38,10 @@ pub struct Gateway {
     /// Largest request body.
     pub max_body: usize,
     pub reservation_ttl_ms: u64,
+    /// Accept the daemon's `X-Hatchery-Sandbox` header as the caller's
+    /// identity. Only for a gateway that nothing but the daemon's relay can
+    /// reach (sandboxes cannot reach host addresses; see docs/gateway.md).
+    pub trust_sandbox_header: bool,
     /// Bearer key of the admin routes (budgets, keys).
     pub admin_key: String,
     pub metrics: metrics::Metrics,
@@ -68,6 +72,10 @@ pub fn router(g: Arc<Gateway>) -> Router {
             put(admin::set_budget).get(admin::get_budget),
         )
         .route("/admin/keys", post(admin::issue_key))
+        .route(
+            "/admin/sandboxes/{id}",
+            put(admin::bind_sandbox).delete(admin::unbind_sandbox),
+        )
         .route("/metrics", get(admin::metrics))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(g)

@@ -48,6 +48,12 @@ struct Args {
     /// Longest an upstream may take to answer (the head of its answer).
     #[arg(long, default_value_t = 120)]
     upstream_timeout_seconds: u64,
+    /// Take the caller from the `X-Hatchery-Sandbox` header that the
+    /// daemon's host-service relay sets (sandboxes bound with PUT
+    /// /admin/sandboxes/{id}). Only where nothing but the daemon can reach
+    /// this listener.
+    #[arg(long)]
+    trust_sandbox_header: bool,
     #[command(flatten)]
     http: hatchery_serve::HttpLimits,
 }
@@ -96,6 +102,7 @@ async fn main() -> anyhow::Result<()> {
         max_output_tokens: a.max_output_tokens,
         max_body: a.max_body_bytes,
         reservation_ttl_ms: a.reservation_ttl_seconds.max(1) * 1000,
+        trust_sandbox_header: a.trust_sandbox_header,
         admin_key: a.admin_key.clone(),
         metrics: metrics::Metrics::default(),
         events: Arc::new(events::LogEvents::new(20)),
