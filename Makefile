@@ -97,7 +97,9 @@ playground-load: build template
 # The model gateway with the real `openai` and `anthropic` clients (PyPI,
 # versions pinned in tests/gateway/requirements.txt) in a venv of their own,
 # in front of a scripted upstream, and from inside real sandboxes through the
-# daemon's host-service relay (test_from_sandbox.py). About 40 s.
+# daemon's host-service relay (test_from_sandbox.py); the budget store's
+# conformance suite and the concurrency test also run on a private
+# PostgreSQL (tests/pg/pg.py). About 2 minutes.
 GATEWAY_VENV := target/gateway-venv
 
 $(GATEWAY_VENV)/.installed: tests/gateway/requirements.txt
@@ -107,6 +109,8 @@ $(GATEWAY_VENV)/.installed: tests/gateway/requirements.txt
 	touch $@
 
 gateway-test: build template $(GATEWAY_VENV)/.installed
+	/usr/bin/python3 tests/pg/pg.py -- env HATCHERY_REQUIRE_PG=1 \
+	  cargo test --release -p hatchery-gateway conformance_on_postgres
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(GATEWAY_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/gateway
 

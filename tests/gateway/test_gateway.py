@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -17,6 +18,9 @@ import openai
 import pytest
 
 from scripted_upstream import Upstream
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../pg"))
+from pg import Postgres  # noqa: E402
 
 BIN = os.path.join(os.environ.get("HATCHERY_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../target/release")),
                    "hatchery-gateway")
@@ -37,9 +41,10 @@ def free_port():
 
 
 class Gateway:
-    def __init__(self, upstream, ttl=300, db_dir=None, extra=()):
+    def __init__(self, upstream, ttl=300, db_dir=None, extra=(), db=None):
         self.dir = db_dir or tempfile.mkdtemp(prefix="hxgw-")
         self.extra = list(extra)
+        self.db = db or os.path.join(self.dir, "gw.db")
         self.upstream = upstream
         self.ttl = ttl
         open(os.path.join(self.dir, "prices.json"), "w").write(json.dumps(PRICES))
@@ -51,7 +56,7 @@ class Gateway:
         up = f"http://127.0.0.1:{self.upstream.port}"
         self.log = open(os.path.join(self.dir, "gateway.log"), "ab")
         self.proc = subprocess.Popen(
-            [BIN, "--listen", f"127.0.0.1:{self.port}", "--db", os.path.join(self.dir, "gw.db"),
+            [BIN, "--listen", f"127.0.0.1:{self.port}", "--db", self.db,
              "--openai-upstream", up, "--anthropic-upstream", up,
              "--upstream-key-file", os.path.join(self.dir, "upstream_key"),
              "--prices", os.path.join(self.dir, "prices.json"), "--max-output-tokens", str(CAP),
@@ -178,11 +183,31 @@ def test_anthropic_client_whole_and_streamed(gw, upstream):
 
 
 def test_50_concurrent_calls_never_overspend_a_budget_that_fits_10(gw, upstream):
+    overspend_check(gw, upstream)
+
+
+def test_the_same_on_postgresql(upstream):
+    """The gateway with its budgets on PostgreSQL (a private server from the
+    Debian package, tests/pg/pg.py): the same 20 x 50 race, and a restart
+    that finds the spend where it left it."""
+    with Postgres() as pg:
+        g = Gateway(upstream, db=pg.dsn)
+        try:
+            overspend_check(g, upstream, reps=10)
+            before = g.spent("session:ses_c0")
+            g.stop()
+            g.start()
+            assert g.spent("session:ses_c0") == before
+        finally:
+            g.stop()
+
+
+def overspend_check(gw, upstream, reps=20):
     # Each call's worst case: body bytes (about 110) + max_tokens 100. A
     # token limit of 10 reservations' worth lets about 10 in at once.
     body_msgs = [{"role": "user", "content": "x" * 40}]
-    admitted = 0
-    for rep in range(20):
+    admitted, seen = 0, len(upstream.requests)
+    for rep in range(reps):
         s = f"ses_c{rep}"
         key = gw.key(s)
         probe = json.dumps({"model": "gpt-test", "max_tokens": 100, "messages": body_msgs}).encode()
@@ -209,7 +234,7 @@ def test_50_concurrent_calls_never_overspend_a_budget_that_fits_10(gw, upstream)
         assert outcomes.count("ok") >= 10, outcomes
         admitted += outcomes.count("ok")
     # Refused calls never reached the upstream.
-    assert len(upstream.requests) == admitted
+    assert len(upstream.requests) - seen == admitted
 
 
 def test_a_reservation_left_by_a_crash_is_freed_by_the_janitor(upstream):

@@ -54,6 +54,14 @@ pub enum BudgetError {
     },
     #[error("budget store task failed: {0}")]
     Task(String),
+    #[error("budget store (PostgreSQL): {what}: {source}")]
+    Pg {
+        what: &'static str,
+        #[source]
+        source: tokio_postgres::Error,
+    },
+    #[error("budget store (PostgreSQL) pool: {0}")]
+    Pool(String),
 }
 
 /// The store behind budgets; SQLite here, PostgreSQL later.
@@ -267,7 +275,7 @@ fn read_budget(c: &Connection, scope: &str) -> rusqlite::Result<Option<Budget>> 
 }
 
 /// The check of one unit: `used + reserved + estimate <= limit`.
-fn check(
+pub(crate) fn check(
     scope: &str,
     unit: &'static str,
     limit: Option<u64>,
@@ -499,108 +507,16 @@ fn read_caller(r: &rusqlite::Row<'_>) -> rusqlite::Result<Caller> {
 mod tests {
     use super::*;
 
-    fn store() -> (tempdir::Dir, SqliteBudgets) {
-        let d = tempdir::Dir::new();
+    #[tokio::test]
+    async fn conformance_on_sqlite() {
+        let d = crate::conformance::TempDir::new();
         let s = SqliteBudgets::open(&d.0.join("b.db")).unwrap();
-        (d, s)
-    }
-
-    mod tempdir {
-        pub struct Dir(pub std::path::PathBuf);
-        impl Dir {
-            pub fn new() -> Self {
-                let p = std::env::temp_dir().join(format!(
-                    "hx-budget-{}-{}",
-                    std::process::id(),
-                    rand::random::<u64>()
-                ));
-                std::fs::create_dir_all(&p).unwrap();
-                Dir(p)
-            }
-        }
-        impl Drop for Dir {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_dir_all(&self.0);
-            }
-        }
-    }
-
-    fn amt(tokens: u64) -> Amount {
-        Amount {
-            tokens,
-            usd_cents: 0,
-        }
-    }
-
-    #[tokio::test]
-    async fn reservations_count_against_the_limit_until_settled() {
-        let (_d, s) = store();
-        s.set_limits("session:a", Some(100), None).await.unwrap();
-        let scopes = vec!["session:a".to_string()];
-        s.reserve("r1", &scopes, amt(60), 0, 1000).await.unwrap();
-        let e = s.reserve("r2", &scopes, amt(60), 0, 1000).await;
-        assert!(
-            matches!(e, Err(BudgetError::Exhausted { reserved: 60, .. })),
-            "{e:?}"
-        );
-        // Settling at the actual (smaller) usage frees the rest.
-        assert!(s.settle("r1", &scopes, amt(10)).await.unwrap());
-        assert!(
-            !s.settle("r1", &scopes, amt(10)).await.unwrap(),
-            "idempotent"
-        );
-        s.reserve("r2", &scopes, amt(60), 0, 1000).await.unwrap();
-        let b = s.get("session:a").await.unwrap();
-        assert_eq!((b.used_tokens, b.reserved_tokens), (10, 60));
-    }
-
-    #[tokio::test]
-    async fn a_refused_reservation_holds_nothing_in_any_scope() {
-        let (_d, s) = store();
-        s.set_limits("tenant:t", Some(1000), None).await.unwrap();
-        s.set_limits("session:a", Some(50), None).await.unwrap();
-        let scopes = vec!["tenant:t".to_string(), "session:a".to_string()];
-        assert!(s.reserve("r", &scopes, amt(80), 0, 1000).await.is_err());
-        assert_eq!(s.get("tenant:t").await.unwrap().reserved_tokens, 0);
-    }
-
-    #[tokio::test]
-    async fn the_janitor_frees_expired_reservations_only() {
-        let (_d, s) = store();
-        s.set_limits("session:a", None, Some(10)).await.unwrap();
-        let scopes = vec!["session:a".to_string()];
-        let c = |c| Amount {
-            tokens: 0,
-            usd_cents: c,
-        };
-        s.reserve("old", &scopes, c(5), 0, 100).await.unwrap();
-        s.reserve("new", &scopes, c(5), 0, 10_000).await.unwrap();
-        assert_eq!(s.expire(5_000).await.unwrap(), 1);
-        assert_eq!(s.get("session:a").await.unwrap().reserved_usd_cents, 5);
-        // A late settle of the expired one still records its spend.
-        assert!(s.settle("old", &scopes, c(3)).await.unwrap());
-        assert_eq!(s.get("session:a").await.unwrap().used_usd_cents, 3);
-    }
-
-    #[tokio::test]
-    async fn sandbox_bindings_rebind_and_unbind() {
-        let (_d, s) = store();
-        let c = |x: &str| Caller {
-            session: x.into(),
-            tenant: None,
-        };
-        assert_eq!(s.caller_of_sandbox("sbx_1").await.unwrap(), None);
-        s.bind_sandbox("sbx_1", &c("a")).await.unwrap();
-        s.bind_sandbox("sbx_1", &c("b")).await.unwrap();
-        assert_eq!(s.caller_of_sandbox("sbx_1").await.unwrap(), Some(c("b")));
-        assert!(s.unbind_sandbox("sbx_1").await.unwrap());
-        assert!(!s.unbind_sandbox("sbx_1").await.unwrap());
-        assert_eq!(s.caller_of_sandbox("sbx_1").await.unwrap(), None);
+        crate::conformance::run_all(&s).await;
     }
 
     #[tokio::test]
     async fn migrations_run_once() {
-        let d = tempdir::Dir::new();
+        let d = crate::conformance::TempDir::new();
         let p = d.0.join("b.db");
         SqliteBudgets::open(&p)
             .unwrap()

@@ -7,7 +7,9 @@
 
 pub mod admin;
 pub mod budget;
+pub mod budget_pg;
 pub mod calls;
+pub mod conformance;
 pub mod errors;
 pub mod events;
 pub mod metrics;

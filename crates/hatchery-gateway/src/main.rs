@@ -1,6 +1,7 @@
 use anyhow::Context;
 use clap::Parser;
-use hatchery_gateway::budget::SqliteBudgets;
+use hatchery_gateway::budget::{BudgetStore, KeyStore, SqliteBudgets};
+use hatchery_gateway::budget_pg::PgBudgets;
 use hatchery_gateway::upstream::Upstream;
 use hatchery_gateway::usage::Flavor;
 use hatchery_gateway::{events, metrics, pricing, router, spawn_janitor, Gateway};
@@ -15,9 +16,13 @@ use tracing_subscriber::EnvFilter;
 struct Args {
     #[arg(long, default_value = "127.0.0.1:7425")]
     listen: SocketAddr,
-    /// SQLite file for budgets, reservations and keys.
+    /// Where budgets, reservations and keys live: a SQLite file, or a
+    /// PostgreSQL `postgres://` URL (for a gateway shared by many hosts).
     #[arg(long, default_value = "/var/lib/hatchery/gateway.db")]
-    db: PathBuf,
+    db: String,
+    /// Connections to PostgreSQL, at most.
+    #[arg(long, default_value_t = 16)]
+    db_pool_size: usize,
     /// OpenAI-compatible upstream, http://host:port[/prefix].
     #[arg(long)]
     openai_upstream: Option<String>,
@@ -92,10 +97,17 @@ async fn main() -> anyhow::Result<()> {
             .transpose()
             .map_err(Into::into)
     };
-    let store = Arc::new(SqliteBudgets::open(&a.db)?);
+    let (store, keys): (Arc<dyn BudgetStore>, Arc<dyn KeyStore>) =
+        if a.db.starts_with("postgres://") || a.db.starts_with("postgresql://") {
+            let s = Arc::new(PgBudgets::connect(&a.db, a.db_pool_size).await?);
+            (s.clone(), s)
+        } else {
+            let s = Arc::new(SqliteBudgets::open(&PathBuf::from(&a.db))?);
+            (s.clone(), s)
+        };
     let g = Arc::new(Gateway {
         store: store.clone(),
-        keys: store.clone(),
+        keys,
         prices,
         openai: up(Flavor::OpenAi, &a.openai_upstream)?,
         anthropic: up(Flavor::Anthropic, &a.anthropic_upstream)?,
