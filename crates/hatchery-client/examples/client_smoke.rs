@@ -146,7 +146,10 @@ async fn exercise(
             )
             .await?;
         check!(p.is_running(), "started {p:?}");
-        check!(c.list_processes(&id).await?.iter().any(|x| x.id == p.id), "ps");
+        check!(
+            c.list_processes(&id).await?.iter().any(|x| x.id == p.id),
+            "ps"
+        );
         c.write_stdin(&id, &p.id, "one\n").await?;
         c.write_stdin(&id, &p.id, "two\n").await?;
         c.close_stdin(&id, &p.id).await?;
@@ -287,9 +290,15 @@ async fn exercise(
                 },
             )
             .await?;
-        check!(c.get_snapshot(&snap.id).await?.sandbox_id == id, "snapshot get");
         check!(
-            c.list_snapshots(&meta).await?.iter().any(|s| s.id == snap.id),
+            c.get_snapshot(&snap.id).await?.sandbox_id == id,
+            "snapshot get"
+        );
+        check!(
+            c.list_snapshots(&meta)
+                .await?
+                .iter()
+                .any(|s| s.id == snap.id),
             "snapshots list"
         );
         let forks = c

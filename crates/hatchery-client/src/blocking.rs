@@ -1,5 +1,5 @@
 //! A blocking facade for synchronous callers (the CLI): the async client on
-//! a private current-thread runtime. Not for use inside an async task (it
+//! a private one-worker runtime. Not for use inside an async task (it
 //! would block that task's thread); call it from a plain thread or from
 //! `spawn_blocking`.
 
@@ -16,9 +16,20 @@ pub struct BlockingClient {
     client: Client,
 }
 
+impl std::fmt::Debug for BlockingClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockingClient")
+            .field("client", &self.client)
+            .finish()
+    }
+}
+
 impl BlockingClient {
     pub fn new(client: Client) -> Result<Self> {
-        let rt = tokio::runtime::Builder::new_current_thread()
+        // One worker runs the connections, so several threads can each
+        // block on a call of their own at once (a reader and a stdin writer).
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
             .enable_all()
             .build()
             .map_err(|e| ClientError::InvalidRequest(format!("cannot start a runtime: {e}")))?;

@@ -729,6 +729,29 @@ impl Client {
         })
     }
 
+    /// Raw bytes to and from any route (`application/octet-stream` when a
+    /// body is given): the answer's bytes, at most `max_file_bytes`. Any
+    /// non-2xx is an error.
+    pub async fn request_bytes(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Bytes>,
+    ) -> Result<Bytes> {
+        let c = &self.t.config;
+        let body = body.map(ReqBody::Bytes).unwrap_or(ReqBody::Empty);
+        let (status, bytes) = self
+            .t
+            .call(method.clone(), path, body, c.max_file_bytes, c.call_timeout)
+            .await?;
+        if !status.is_success() {
+            return Err(crate::transport::status_error(
+                &method, path, status, &bytes,
+            ));
+        }
+        Ok(bytes)
+    }
+
     /// Opens any event-stream route.
     pub async fn request_events(
         &self,
