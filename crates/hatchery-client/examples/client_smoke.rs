@@ -18,6 +18,7 @@ async fn exercise(
     c: &Client,
     report: &mut serde_json::Map<String, serde_json::Value>,
 ) -> Result<()> {
+    c.wait_healthy(std::time::Duration::from_secs(30)).await?;
     let h = c.health().await?;
     check!(h.status == "ok", "health: {h:?}");
     let templates = c.list_templates().await?;

@@ -112,6 +112,14 @@ impl Client {
         &self.t.config
     }
 
+    /// The same daemon and key with other limits (a shorter deadline for
+    /// one caller, say).
+    pub fn with_limits(&self, config: ClientConfig) -> Client {
+        let mut c = self.clone();
+        c.t.config = config;
+        c
+    }
+
     async fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T> {
         let c = &self.t.config;
         self.t
@@ -159,6 +167,44 @@ impl Client {
     /// `GET /healthz` (no key needed).
     pub async fn health(&self) -> Result<Health> {
         self.get("/healthz").await
+    }
+
+    /// Polls `/healthz` until it answers ok or `within` passes (a daemon
+    /// just started); the last error when it never did.
+    pub async fn wait_healthy(&self, within: Duration) -> Result<Health> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let short = self.with_limits(
+                self.t
+                    .config
+                    .clone()
+                    .call_timeout(
+                        left.min(Duration::from_secs(5))
+                            .max(Duration::from_millis(10)),
+                    )
+                    .connect_timeout(
+                        left.min(Duration::from_secs(2))
+                            .max(Duration::from_millis(10)),
+                    ),
+            );
+            match short.health().await {
+                Ok(h) if h.status == "ok" => return Ok(h),
+                Ok(_) | Err(_)
+                    if tokio::time::Instant::now() + Duration::from_millis(100) < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Ok(h) => {
+                    return Err(ClientError::Protocol {
+                        method: "GET".into(),
+                        path: "/healthz".into(),
+                        detail: format!("status {:?}", h.status),
+                    })
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     // ---- templates ----

@@ -21,6 +21,8 @@
 pub mod blocking;
 mod client;
 pub mod error;
+#[cfg(test)]
+mod limits_tests;
 pub mod models;
 #[cfg(test)]
 mod openapi_check;

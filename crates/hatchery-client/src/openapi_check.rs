@@ -134,6 +134,14 @@ fn response<T: DeserializeOwned + Serialize>(schema: &str) {
         .unwrap_or_else(|e| panic!("{schema}: a schema-shaped answer does not parse: {e}\n{v:#}"));
     let back = serde_json::to_value(&t).unwrap();
     conforms(&back, &s, &spec, schema, true);
+    // And nothing the daemon sends is dropped: every property, optional
+    // ones too, comes back.
+    for k in resolve(&s, &spec)["properties"].as_object().unwrap().keys() {
+        assert!(
+            back.get(k).is_some(),
+            "{schema}.{k}: sent by the API, dropped by the client"
+        );
+    }
 }
 
 /// A request's every field is a property of the schema, and every schema
