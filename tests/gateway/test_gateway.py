@@ -7,7 +7,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,7 +19,7 @@ import pytest
 from scripted_upstream import Upstream
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../pg"))
-from pg import Postgres  # noqa: E402
+from pg import Postgres, free_port  # noqa: E402
 
 BIN = os.path.join(os.environ.get("HATCHERY_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../target/release")),
                    "hatchery-gateway")
@@ -30,14 +29,6 @@ PRICES = {"models": {"gpt-test": {"input_cents_per_mtok": 100000, "output_cents_
                      "slow-model": {"input_cents_per_mtok": 100000, "output_cents_per_mtok": 400000},
                      "claude-test": {"input_cents_per_mtok": 100000, "output_cents_per_mtok": 400000}}}
 CAP = 256
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 class Gateway:

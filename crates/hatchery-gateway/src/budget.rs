@@ -274,8 +274,28 @@ fn read_budget(c: &Connection, scope: &str) -> rusqlite::Result<Option<Budget>> 
     }))
 }
 
+/// Whether `estimate` fits in budget `b`, in every unit.
+pub(crate) fn admits(b: &Budget, estimate: Amount) -> Result<(), BudgetError> {
+    check(
+        &b.scope,
+        "tokens",
+        b.limit_tokens,
+        b.used_tokens,
+        b.reserved_tokens,
+        estimate.tokens,
+    )?;
+    check(
+        &b.scope,
+        "usd_cents",
+        b.limit_usd_cents,
+        b.used_usd_cents,
+        b.reserved_usd_cents,
+        estimate.usd_cents,
+    )
+}
+
 /// The check of one unit: `used + reserved + estimate <= limit`.
-pub(crate) fn check(
+fn check(
     scope: &str,
     unit: &'static str,
     limit: Option<u64>,
@@ -342,25 +362,7 @@ impl BudgetStore for SqliteBudgets {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             for scope in &scopes {
                 if let Some(b) = read_budget(&tx, scope)? {
-                    check(
-                        scope,
-                        "tokens",
-                        b.limit_tokens,
-                        b.used_tokens,
-                        b.reserved_tokens,
-                        estimate.tokens,
-                    )
-                    .and_then(|_| {
-                        check(
-                            scope,
-                            "usd_cents",
-                            b.limit_usd_cents,
-                            b.used_usd_cents,
-                            b.reserved_usd_cents,
-                            estimate.usd_cents,
-                        )
-                    })
-                    .map_err(BudgetFail::Refused)?;
+                    admits(&b, estimate).map_err(BudgetFail::Refused)?;
                 }
                 tx.execute(
                     "INSERT INTO reservations (id, scope, tokens, usd_cents, expires_ms)

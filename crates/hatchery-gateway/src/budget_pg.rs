@@ -192,22 +192,7 @@ impl BudgetStore for PgBudgets {
         .map_err(pg("lock budgets"))?;
         for scope in scopes {
             if let Some(b) = read_budget(&tx, scope).await? {
-                crate::budget::check(
-                    scope,
-                    "tokens",
-                    b.limit_tokens,
-                    b.used_tokens,
-                    b.reserved_tokens,
-                    estimate.tokens,
-                )?;
-                crate::budget::check(
-                    scope,
-                    "usd_cents",
-                    b.limit_usd_cents,
-                    b.used_usd_cents,
-                    b.reserved_usd_cents,
-                    estimate.usd_cents,
-                )?;
+                crate::budget::admits(&b, estimate)?;
             }
             tx.execute(
                 "INSERT INTO reservations (id, scope, tokens, usd_cents, expires_ms)
