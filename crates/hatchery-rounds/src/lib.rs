@@ -11,6 +11,7 @@
 //! [`store::RoundStore`].
 
 mod auth;
+pub mod client_backend;
 mod error;
 mod extract;
 mod grading;
