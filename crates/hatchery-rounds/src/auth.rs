@@ -21,10 +21,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 impl FromRequestParts<Arc<Rounds>> for Caller {
     type Rejection = RoundsError;
-    async fn from_request_parts(
-        parts: &mut Parts,
-        st: &Arc<Rounds>,
-    ) -> Result<Self, RoundsError> {
+    async fn from_request_parts(parts: &mut Parts, st: &Arc<Rounds>) -> Result<Self, RoundsError> {
         let given = parts
             .headers
             .get(axum::http::header::AUTHORIZATION)

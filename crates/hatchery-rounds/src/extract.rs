@@ -13,7 +13,9 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Json<T> {
     async fn from_request(req: Request, state: &S) -> Result<Self, RoundsError> {
         match axum::Json::<T>::from_request(req, state).await {
             Ok(axum::Json(v)) => Ok(Json(v)),
-            Err(JsonRejection::BytesRejection(b)) if b.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            Err(JsonRejection::BytesRejection(b))
+                if b.status() == StatusCode::PAYLOAD_TOO_LARGE =>
+            {
                 Err(RoundsError::TooLarge(format!(
                     "request body over {} bytes",
                     crate::limits::MAX_BODY

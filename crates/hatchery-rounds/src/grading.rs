@@ -93,7 +93,8 @@ impl Rounds {
             session_id: s.id.clone(),
             round_id: r.id.clone(),
             sha256: files_sha256(&files),
-            files: serde_json::to_string(&files).map_err(|e| RoundsError::Internal(e.to_string()))?,
+            files: serde_json::to_string(&files)
+                .map_err(|e| RoundsError::Internal(e.to_string()))?,
             created_at_ms: now_ms(),
         };
         if !self
@@ -242,7 +243,11 @@ impl Rounds {
         }
         for (p, text) in &suite.files {
             self.sandboxes
-                .write_file(grader, &format!("{GRADER_DIR}/tests/{p}"), text.as_bytes().to_vec())
+                .write_file(
+                    grader,
+                    &format!("{GRADER_DIR}/tests/{p}"),
+                    text.as_bytes().to_vec(),
+                )
                 .await?;
         }
         let report_path = format!("{GRADER_DIR}/report.json");

@@ -50,8 +50,14 @@ pub fn router(rounds: Arc<Rounds>) -> Router {
         .route("/v1/rounds", post(admin::create).get(admin::list))
         .route("/v1/rounds/{id}", get(admin::get))
         .route("/v1/rounds/{id}/archive", post(admin::archive))
-        .route("/v1/rounds/{id}/reviewer-tokens", post(admin::reviewer_token))
-        .route("/v1/rounds/{id}/sessions", post(admin::invite).get(r::sessions))
+        .route(
+            "/v1/rounds/{id}/reviewer-tokens",
+            post(admin::reviewer_token),
+        )
+        .route(
+            "/v1/rounds/{id}/sessions",
+            post(admin::invite).get(r::sessions),
+        )
         .route(s, get(c::get))
         .route(&format!("{s}/files"), get(c::files))
         .route(&format!("{s}/run"), post(c::run))
@@ -62,11 +68,20 @@ pub fn router(rounds: Arc<Rounds>) -> Router {
         .route(&format!("{s}/runs"), get(r::runs))
         .route(&format!("{s}/report"), get(r::report))
         .route(&format!("{s}/submissions/{{sub}}"), get(r::submission))
-        .route(&format!("{s}/submissions/{{sub}}/regrade"), post(r::regrade))
-        .route(&format!("{s}/replays"), post(r::take_replay).get(r::replays))
+        .route(
+            &format!("{s}/submissions/{{sub}}/regrade"),
+            post(r::regrade),
+        )
+        .route(
+            &format!("{s}/replays"),
+            post(r::take_replay).get(r::replays),
+        )
         .route("/v1/rounds/{id}/replays/{rid}", get(r::replay))
         .route("/v1/rounds/{id}/replays/{rid}/forks", post(r::fork))
-        .route("/v1/rounds/{id}/forks/{fid}", axum::routing::delete(r::delete_fork))
+        .route(
+            "/v1/rounds/{id}/forks/{fid}",
+            axum::routing::delete(r::delete_fork),
+        )
         .route("/v1/rounds/{id}/forks/{fid}/files", get(r::fork_files))
         .route("/v1/rounds/{id}/forks/{fid}/file", get(r::fork_file))
         .route("/v1/rounds/{id}/forks/{fid}/exec", post(r::fork_exec))

@@ -52,7 +52,11 @@ impl Rounds {
             .snapshot(
                 sbx,
                 spec.retention_seconds,
-                meta(&[("round", &r.id), ("session", &s.id), ("kind", "round-replay")]),
+                meta(&[
+                    ("round", &r.id),
+                    ("session", &s.id),
+                    ("kind", "round-replay"),
+                ]),
             )
             .await?;
         let now = now_ms();
@@ -74,7 +78,11 @@ impl Rounds {
         Ok(rec)
     }
 
-    pub async fn replay_now(&self, round_id: &str, session_id: &str) -> Result<Replay, RoundsError> {
+    pub async fn replay_now(
+        &self,
+        round_id: &str,
+        session_id: &str,
+    ) -> Result<Replay, RoundsError> {
         let (_, s) = self.session(round_id, session_id).await?;
         let lock = self.session_lock(&s.id);
         let _g = lock.lock().await;
@@ -141,7 +149,11 @@ impl Rounds {
             .fork(
                 &rp.snapshot_id,
                 FORK_TTL_S,
-                meta(&[("round", round_id), ("replay", replay_id), ("kind", "round-review-fork")]),
+                meta(&[
+                    ("round", round_id),
+                    ("replay", replay_id),
+                    ("kind", "round-review-fork"),
+                ]),
             )
             .await?;
         let now = now_ms();
@@ -224,7 +236,12 @@ impl Rounds {
         caller: &Caller,
     ) -> Result<ForkExecResult, RoundsError> {
         let argv = check_argv("argv", &serde_json::json!(body.argv))?;
-        let timeout = within("timeout_seconds", body.timeout_seconds.unwrap_or(30), 1, 300)?;
+        let timeout = within(
+            "timeout_seconds",
+            body.timeout_seconds.unwrap_or(30),
+            1,
+            300,
+        )?;
         let f = self.own_fork(round_id, fork_id, caller).await?;
         let o = self
             .sandboxes

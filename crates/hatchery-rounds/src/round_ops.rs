@@ -52,7 +52,12 @@ fn check(body: CreateRound) -> Result<Checked, RoundsError> {
         MAX_CPU_LIMIT_MS,
     )?;
     let wall = match body.wall_time_limit_ms {
-        Some(w) => within("wall_time_limit_ms", w, cpu.max(MIN_WALL_LIMIT_MS), MAX_WALL_LIMIT_MS)?,
+        Some(w) => within(
+            "wall_time_limit_ms",
+            w,
+            cpu.max(MIN_WALL_LIMIT_MS),
+            MAX_WALL_LIMIT_MS,
+        )?,
         None => (cpu * 3).max(MIN_WALL_LIMIT_MS),
     };
     // The host's deadline is whole seconds: round up, never down.
@@ -176,7 +181,8 @@ impl Rounds {
             state: RoundState::Ready,
             template: c.template,
             template_version: tpl.version,
-            spec: serde_json::to_string(&c.spec).map_err(|e| RoundsError::Internal(e.to_string()))?,
+            spec: serde_json::to_string(&c.spec)
+                .map_err(|e| RoundsError::Internal(e.to_string()))?,
             tests: serde_json::to_string(&c.suite)
                 .map_err(|e| RoundsError::Internal(e.to_string()))?,
             prepared_snapshot: Some(snapshot.clone()),
@@ -243,7 +249,10 @@ impl Rounds {
             .exec(sbx, sh(&format!("mkdir -p {WORKDIR}"), 30))
             .await?;
         if mk.exit_code != 0 {
-            return Err(RoundsError::Internal(format!("mkdir {WORKDIR}: {}", mk.stderr)));
+            return Err(RoundsError::Internal(format!(
+                "mkdir {WORKDIR}: {}",
+                mk.stderr
+            )));
         }
         for (path, text) in &c.spec.starter_files {
             self.sandboxes
@@ -299,7 +308,13 @@ impl Rounds {
         if r.state != RoundState::Archived
             && !self
                 .store
-                .set_round_state(id, &RoundState::sources(RoundState::Archived), RoundState::Archived, None, None)
+                .set_round_state(
+                    id,
+                    &RoundState::sources(RoundState::Archived),
+                    RoundState::Archived,
+                    None,
+                    None,
+                )
                 .await?
         {
             return Err(RoundsError::state(
@@ -333,7 +348,10 @@ mod tests {
             "wall_time_limit_ms": 2500
         })))
         .unwrap();
-        assert_eq!(c.spec.wall_time_limit_ms, 3000, "rounded up to whole seconds");
+        assert_eq!(
+            c.spec.wall_time_limit_ms, 3000,
+            "rounded up to whole seconds"
+        );
         for bad in [
             serde_json::json!({"name": "r", "tests": {"files": {"t.py": ""}}, "cpu_time_limit_ms": 0}),
             serde_json::json!({"name": "r", "tests": {"files": {"t.py": ""}}, "cpu_time_limit_ms": 2000, "wall_time_limit_ms": 1000}),
@@ -343,11 +361,16 @@ mod tests {
             serde_json::json!({"name": "", "tests": {"files": {"t.py": ""}}, "cpu_time_limit_ms": 1}),
             serde_json::json!({"name": "r", "template": "../x", "tests": {"files": {"t.py": ""}}, "cpu_time_limit_ms": 1}),
         ] {
-            assert!(matches!(check(body(bad.clone())), Err(RoundsError::Invalid(_))), "{bad}");
+            assert!(
+                matches!(check(body(bad.clone())), Err(RoundsError::Invalid(_))),
+                "{bad}"
+            );
         }
         let big = "x".repeat(MAX_TESTS_BYTES + 1);
         assert!(matches!(
-            check(body(serde_json::json!({"name": "r", "tests": {"files": {"t.py": big}}, "cpu_time_limit_ms": 1}))),
+            check(body(
+                serde_json::json!({"name": "r", "tests": {"files": {"t.py": big}}, "cpu_time_limit_ms": 1})
+            )),
             Err(RoundsError::TooLarge(_))
         ));
     }

@@ -78,7 +78,11 @@ impl Rounds {
         for (p, text) in files {
             if let Err(e) = self
                 .sandboxes
-                .write_file(&target.sandbox, &format!("{WORKDIR}/{p}"), text.as_bytes().to_vec())
+                .write_file(
+                    &target.sandbox,
+                    &format!("{WORKDIR}/{p}"),
+                    text.as_bytes().to_vec(),
+                )
                 .await
             {
                 self.drop_target(&target).await;
@@ -113,9 +117,18 @@ impl Rounds {
         Ok((r, s, spec))
     }
 
-    fn result(&self, spec: &RoundSpec, o: &ExecOutcome, stdout: String, stderr: String) -> RunResult {
+    fn result(
+        &self,
+        spec: &RoundSpec,
+        o: &ExecOutcome,
+        stdout: String,
+        stderr: String,
+    ) -> RunResult {
         let v = verdict(o, spec.memory_limit_mb << 20);
-        self.metrics.runs.with_label_values(&[verdict_name(v)]).inc();
+        self.metrics
+            .runs
+            .with_label_values(&[verdict_name(v)])
+            .inc();
         RunResult {
             run_id: new_id("run"),
             stdout: tail(&stdout, STDOUT_TAIL),
@@ -151,7 +164,10 @@ impl Rounds {
     ) -> Result<RunResult, RoundsError> {
         let lock = self.session_lock(session_id);
         let _g = lock.try_lock().map_err(|_| {
-            RoundsError::state("run_in_progress", "a Run or Submit of this session is in progress")
+            RoundsError::state(
+                "run_in_progress",
+                "a Run or Submit of this session is in progress",
+            )
         })?;
         let (r, s, spec) = self.admit_run(round_id, session_id, &body).await?;
         let t = self.run_target(&r, &s, &spec, &body.files).await?;
@@ -173,11 +189,18 @@ impl Rounds {
     ) -> Result<BoxStream<'static, RunEvent>, RoundsError> {
         let lock = self.session_lock(session_id);
         let guard = lock.try_lock_owned().map_err(|_| {
-            RoundsError::state("run_in_progress", "a Run or Submit of this session is in progress")
+            RoundsError::state(
+                "run_in_progress",
+                "a Run or Submit of this session is in progress",
+            )
         })?;
         let (r, s, spec) = self.admit_run(round_id, session_id, &body).await?;
         let t = self.run_target(&r, &s, &spec, &body.files).await?;
-        let events = match self.sandboxes.exec_stream(&t.sandbox, self.exec_spec(&spec)).await {
+        let events = match self
+            .sandboxes
+            .exec_stream(&t.sandbox, self.exec_spec(&spec))
+            .await
+        {
             Ok(ev) => ev,
             Err(e) => {
                 self.drop_target(&t).await;

@@ -39,7 +39,10 @@ pub struct Metrics {
 impl Metrics {
     pub fn new(reg: &Registry) -> Self {
         let runs = IntCounterVec::new(
-            Opts::new("hatchery_rounds_runs_total", "Runs of candidate code, by verdict"),
+            Opts::new(
+                "hatchery_rounds_runs_total",
+                "Runs of candidate code, by verdict",
+            ),
             &["verdict"],
         )
         .expect("static metric");

@@ -84,7 +84,11 @@ impl Rounds {
             .fork(
                 &snap,
                 ttl,
-                meta(&[("round", round_id), ("session", &id), ("kind", "round-session")]),
+                meta(&[
+                    ("round", round_id),
+                    ("session", &id),
+                    ("kind", "round-session"),
+                ]),
             )
             .await
             .map_err(|e| fork_error(&r, e))?;
@@ -189,7 +193,13 @@ impl Rounds {
         if s.state == SessionState::Ready
             && self
                 .store
-                .set_session_state(&s.id, &[SessionState::Ready], SessionState::Live, None, None)
+                .set_session_state(
+                    &s.id,
+                    &[SessionState::Ready],
+                    SessionState::Live,
+                    None,
+                    None,
+                )
                 .await?
         {
             return Ok(SessionState::Live);
@@ -280,7 +290,11 @@ impl Rounds {
             return Ok(());
         }
         let mut err = None;
-        if let Some(sbx) = cur.sandbox_id.as_deref().filter(|_| cur.state.has_sandbox()) {
+        if let Some(sbx) = cur
+            .sandbox_id
+            .as_deref()
+            .filter(|_| cur.state.has_sandbox())
+        {
             if let Err(e) = self.take_replay(&cur, "end").await {
                 tracing::warn!(session = %cur.id, error = %e, "rounds: replay at end failed");
                 err = Some(format!("replay at end failed: {e}"));

@@ -125,7 +125,10 @@ impl SessionState {
     }
     /// Run and file access need the sandbox up and no grading in flight.
     pub fn can_run(self) -> bool {
-        matches!(self, SessionState::Ready | SessionState::Live | SessionState::Graded)
+        matches!(
+            self,
+            SessionState::Ready | SessionState::Live | SessionState::Graded
+        )
     }
     pub fn can_submit(self) -> bool {
         self.valid_transition(SessionState::Submitted)

@@ -33,8 +33,7 @@ pub fn hash(token: &str) -> String {
 pub fn looks_like_token(s: &str) -> bool {
     s.strip_prefix(PREFIX).is_some_and(|b| {
         b.len() == BODY_LEN
-            && b
-                .bytes()
+            && b.bytes()
                 .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
     })
 }

@@ -24,7 +24,10 @@ pub async fn create(
     Json(body): Json<CreateRound>,
 ) -> Result<(StatusCode, axum::Json<Round>), RoundsError> {
     caller.require_key()?;
-    Ok((StatusCode::CREATED, axum::Json(st.create_round(body).await?)))
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(st.create_round(body).await?),
+    ))
 }
 
 #[utoipa::path(get, path = "/v1/rounds", tag = "rounds", responses((status = 200, body = RoundList)))]

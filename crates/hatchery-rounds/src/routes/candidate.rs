@@ -123,7 +123,10 @@ pub async fn submit(
     OptJson(body): OptJson<SubmitBody>,
 ) -> Result<(StatusCode, axum::Json<SubmitAccepted>), RoundsError> {
     caller.require_candidate(&id, &sid)?;
-    Ok((StatusCode::ACCEPTED, axum::Json(st.submit(&id, &sid, body).await?)))
+    Ok((
+        StatusCode::ACCEPTED,
+        axum::Json(st.submit(&id, &sid, body).await?),
+    ))
 }
 
 /// A one-use token for the session sandbox's terminal (60 s).

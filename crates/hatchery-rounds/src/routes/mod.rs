@@ -9,5 +9,6 @@ pub mod review;
 use axum::http::HeaderMap;
 
 pub(crate) fn host(h: &HeaderMap) -> Option<&str> {
-    h.get(axum::http::header::HOST).and_then(|v| v.to_str().ok())
+    h.get(axum::http::header::HOST)
+        .and_then(|v| v.to_str().ok())
 }

@@ -86,7 +86,10 @@ pub async fn take_replay(
     Path((id, sid)): Path<(String, String)>,
 ) -> Result<(StatusCode, axum::Json<Replay>), RoundsError> {
     caller.require_reviewer(&id)?;
-    Ok((StatusCode::CREATED, axum::Json(st.replay_now(&id, &sid).await?)))
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(st.replay_now(&id, &sid).await?),
+    ))
 }
 
 #[utoipa::path(get, path = "/v1/rounds/{id}/sessions/{sid}/replays", tag = "rounds",
@@ -123,7 +126,10 @@ pub async fn fork(
     Path((id, rid)): Path<(String, String)>,
 ) -> Result<(StatusCode, axum::Json<Fork>), RoundsError> {
     caller.require_reviewer(&id)?;
-    Ok((StatusCode::CREATED, axum::Json(st.fork_replay(&id, &rid, &caller).await?)))
+    Ok((
+        StatusCode::CREATED,
+        axum::Json(st.fork_replay(&id, &rid, &caller).await?),
+    ))
 }
 
 #[utoipa::path(get, path = "/v1/rounds/{id}/forks/{fid}/files", tag = "rounds",

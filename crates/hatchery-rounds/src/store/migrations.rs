@@ -115,6 +115,10 @@ mod tests {
         }
         let v = super::migrate(&mut c).unwrap();
         assert_eq!(v as usize, super::MIGRATIONS.len());
-        assert_eq!(super::migrate(&mut c).unwrap(), v, "a second run changes nothing");
+        assert_eq!(
+            super::migrate(&mut c).unwrap(),
+            v,
+            "a second run changes nothing"
+        );
     }
 }

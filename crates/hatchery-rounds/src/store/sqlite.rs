@@ -585,17 +585,32 @@ mod tests {
         let s = SqliteStore::in_memory().unwrap();
         s.insert_round(&round()).await.unwrap();
         assert!(s
-            .set_round_state("rnd_a", &[RoundState::Preparing], RoundState::Ready, Some("snp"), None)
+            .set_round_state(
+                "rnd_a",
+                &[RoundState::Preparing],
+                RoundState::Ready,
+                Some("snp"),
+                None
+            )
             .await
             .unwrap());
         assert!(
-            !s.set_round_state("rnd_a", &[RoundState::Preparing], RoundState::Failed, None, None)
-                .await
-                .unwrap(),
+            !s.set_round_state(
+                "rnd_a",
+                &[RoundState::Preparing],
+                RoundState::Failed,
+                None,
+                None
+            )
+            .await
+            .unwrap(),
             "not from ready"
         );
         let r = s.get_round("rnd_a").await.unwrap().unwrap();
-        assert_eq!((r.state, r.prepared_snapshot.as_deref()), (RoundState::Ready, Some("snp")));
+        assert_eq!(
+            (r.state, r.prepared_snapshot.as_deref()),
+            (RoundState::Ready, Some("snp"))
+        );
 
         let (ses, tok) = session();
         s.insert_session(&ses, &tok).await.unwrap();
@@ -634,7 +649,10 @@ mod tests {
         s.finish_grading(&g, "ses_a").await.unwrap();
         let ses = s.get_session("ses_a").await.unwrap().unwrap();
         assert_eq!(ses.state, SessionState::Graded);
-        assert_eq!(s.get_token("h").await.unwrap().unwrap().scope, Scope::Candidate);
+        assert_eq!(
+            s.get_token("h").await.unwrap().unwrap().scope,
+            Scope::Candidate
+        );
         assert_eq!(s.expired_sessions(100).await.unwrap().len(), 1);
         assert_eq!(s.expired_sessions(99).await.unwrap().len(), 0);
     }
