@@ -9,7 +9,7 @@ LISTEN ?= 127.0.0.1:7423
 PYTEST := /usr/bin/python3 -m pytest
 BIN := target/release
 
-.PHONY: setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load bench bench-code clean-state
+.PHONY: setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load rounds-pages-check rounds-pages-build rounds-test bench bench-code clean-state
 
 setup:
 	bash scripts/setup-host.sh
@@ -101,7 +101,23 @@ playground-load: build template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -s -p no:cacheprovider tests/playground/test_load.py
 
-test: build template lint unit kernel-test integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test playground-test playground-load
+# Interview rounds pages (web/rounds: CodeMirror 6 bundled by esbuild, dist/
+# committed and embedded in the daemon): check/build as for the terminal,
+# then the candidate room and the reviewer page in headless Chromium
+# (about 15 s). The HTTP suite is tests/integration/test_rounds.py.
+rounds-pages-check:
+	$(NEED_NODE)
+	cd web/rounds && npm ci --no-audit --no-fund --silent && npm run --silent check
+
+rounds-pages-build:
+	$(NEED_NODE)
+	cd web/rounds && npm ci --no-audit --no-fund --silent && npm run --silent build
+
+rounds-test: rounds-pages-check build template
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  $(PYTEST) -q -p no:cacheprovider tests/rounds
+
+test: build template lint unit kernel-test integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test playground-test playground-load
 
 # The Run-button path alone (about a minute): run_code and exec against raw runsc.
 bench-code: build template

@@ -145,7 +145,7 @@ def test_round_run_submit_grade_review(d):
 
     inv = invite(d, rid)
     sid, tok = inv["id"], inv["token"]
-    assert inv["url"].endswith(f"/rounds/room/#{tok}")
+    assert inv["url"].endswith(f"/rounds/room/?round={rid}&session={sid}#{tok}")
     assert inv["state"] == "ready"
     s = req(d, "GET", f"/v1/rounds/{rid}/sessions/{sid}", token=tok).json()
     assert s["state"] == "live", "the candidate's first look joins"

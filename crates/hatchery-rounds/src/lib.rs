@@ -19,6 +19,7 @@ pub mod ids;
 pub mod limits;
 pub mod models;
 pub mod openapi;
+mod pages;
 mod replays;
 mod round_ops;
 mod routes;
@@ -85,6 +86,11 @@ pub fn router(rounds: Arc<Rounds>) -> Router {
         .route("/v1/rounds/{id}/forks/{fid}/files", get(r::fork_files))
         .route("/v1/rounds/{id}/forks/{fid}/file", get(r::fork_file))
         .route("/v1/rounds/{id}/forks/{fid}/exec", post(r::fork_exec))
+        .route("/rounds/room", get(pages::room_redirect))
+        .route("/rounds/room/", get(pages::room))
+        .route("/rounds/review", get(pages::review_redirect))
+        .route("/rounds/review/", get(pages::review))
+        .route("/rounds/assets/{file}", get(pages::file))
         .layer(DefaultBodyLimit::max(limits::MAX_BODY))
         .with_state(rounds)
 }

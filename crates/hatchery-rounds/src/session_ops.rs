@@ -111,7 +111,10 @@ impl Rounds {
         }
         self.metrics.sessions.inc();
         tracing::info!(round = %round_id, session = %id, sandbox = %sbx, "candidate session ready");
-        let url = format!("{}/rounds/room/#{token}", self.base_url(host));
+        let url = format!(
+            "{}/rounds/room/?round={round_id}&session={id}#{token}",
+            self.base_url(host)
+        );
         Ok(SessionCreated {
             session: self.session_view(&rec, &r).await?,
             token,
