@@ -95,7 +95,9 @@ def neighbours(d, n):
 
 def main():
     d = Daemon(extra_args=["--pool-size", "0", "--max-ttl", "7200"]).start()
-    out = {"n": N, "loads": {}, "limit": {}}
+    # The host's own load: other work on it inflates CPU time as gVisor
+    # (systrap) counts it, so it belongs with the figures.
+    out = {"n": N, "loads": {}, "limit": {}, "host_loadavg_at_start": os.getloadavg(), "host_cpus": os.cpu_count()}
     try:
         base, tok = make_session(d, 5000)
         one_s = calibrate(d, base, tok, 1000)
@@ -126,7 +128,8 @@ def main():
                   f"1.8 s -> {verdicts['fast']}  2.1 s -> {verdicts['slow']}", flush=True)
         base0 = out["loads"][0]["wall_ms"]["p50"]
         print()
-        print(f"Interview rounds fairness ({N} Runs of ~1 s CPU per load; neighbours burn 1 CPU each)")
+        print(f"Interview rounds fairness ({N} Runs of ~1 s CPU per load; neighbours burn 1 CPU each; "
+              f"host: {os.cpu_count()} CPUs, load average at start {out['host_loadavg_at_start'][0]:.1f})")
         print("| neighbours | cpu_ms min | cpu_ms max | cpu max/min | cpu p50 | cpu p99 | wall min | wall max | wall max/min | wall p50 | wall p99 | wall p50 vs 0 |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for load in LOADS:

@@ -111,8 +111,11 @@ impl IntoResponse for RoundsError {
             tracing::error!(request_id = %rid, error = %self, "rounds request failed");
             format!("internal error (request id {rid})")
         } else {
+            // A candidate can make these happen at will: rate-limited.
             if matches!(self, RoundsError::Sandbox(_)) {
-                tracing::warn!(error = %self, "rounds: sandbox call failed");
+                if let Some(dropped) = crate::ratelimit::SANDBOX_ERRORS.allow() {
+                    tracing::warn!(error = %self, dropped, "rounds: sandbox call failed");
+                }
             }
             self.to_string()
         };

@@ -110,7 +110,9 @@ impl Rounds {
             return Err(refusal(now, "submit"));
         }
         drop(guard);
-        tracing::info!(session = %s.id, submission = %sub.id, sha256 = %sub.sha256, files = files.len(), "submission captured");
+        if let Some(dropped) = crate::ratelimit::CANDIDATE_EVENTS.allow() {
+            tracing::info!(dropped, session = %s.id, submission = %sub.id, sha256 = %sub.sha256, files = files.len(), "submission captured");
+        }
         let me = self.clone();
         let (sub2, s2) = (sub.clone(), s.clone());
         tokio::spawn(async move {
@@ -139,7 +141,9 @@ impl Rounds {
         let report = match self.grade_in_grader(&id, r, s, sub).await {
             Ok(rep) => rep,
             Err(e) => {
-                tracing::warn!(submission = %sub.id, error = %e, "rounds: grading failed");
+                if let Some(dropped) = crate::ratelimit::CANDIDATE_EVENTS.allow() {
+                    tracing::warn!(dropped, submission = %sub.id, error = %e, "rounds: grading failed");
+                }
                 GradingReport {
                     grading_id: id.clone(),
                     status: "error".into(),
@@ -206,7 +210,9 @@ impl Rounds {
             .await;
         // Always destroyed, whatever happened.
         if let Err(e) = self.sandboxes.delete(&grader).await {
-            tracing::warn!(sandbox = %grader, error = %e, "rounds: deleting a grader failed");
+            if let Some(dropped) = crate::ratelimit::CANDIDATE_EVENTS.allow() {
+                tracing::warn!(dropped, sandbox = %grader, error = %e, "rounds: deleting a grader failed");
+            }
         }
         res
     }

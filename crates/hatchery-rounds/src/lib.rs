@@ -20,6 +20,7 @@ pub mod limits;
 pub mod models;
 pub mod openapi;
 mod pages;
+mod ratelimit;
 mod replays;
 mod round_ops;
 mod routes;

@@ -95,7 +95,9 @@ impl Rounds {
     async fn drop_target(&self, t: &Target) {
         if t.fresh {
             if let Err(e) = self.sandboxes.delete(&t.sandbox).await {
-                tracing::warn!(sandbox = %t.sandbox, error = %e, "rounds: deleting a fresh Run sandbox failed");
+                if let Some(dropped) = crate::ratelimit::CANDIDATE_EVENTS.allow() {
+                    tracing::warn!(dropped, sandbox = %t.sandbox, error = %e, "rounds: deleting a fresh Run sandbox failed");
+                }
             }
         }
     }
@@ -152,7 +154,9 @@ impl Rounds {
             result: serde_json::to_string(res).unwrap_or_default(),
         };
         if let Err(e) = self.store.insert_run(&rec, RUNS_KEPT).await {
-            tracing::warn!(session = %session_id, error = %e, "rounds: recording a run failed");
+            if let Some(dropped) = crate::ratelimit::CANDIDATE_EVENTS.allow() {
+                tracing::warn!(dropped, session = %session_id, error = %e, "rounds: recording a run failed");
+            }
         }
     }
 
