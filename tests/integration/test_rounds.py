@@ -422,6 +422,19 @@ def test_replays_forks_and_retention(d):
     assert (r.status, r.error_code()) == (409, "replay_expired")
 
 
+def test_setup_egress_is_closed_before_candidates(d):
+    # A setup-only hole (a documentation address: nothing is sent to it).
+    rnd = make_round(d, setup={"commands": ["echo ok > setup.txt"],
+                               "allow": [{"cidr": "203.0.113.9", "ports": [443]}]})
+    s = invite(d, rnd["id"])
+    (sbx,) = sandbox_of(d, s["id"])
+    pol = d.request("GET", f"/v1/sandboxes/{sbx}/network").json()
+    assert pol["egress"] == "deny" and pol["allow"] == [], pol
+    r = req(d, "POST", "/v1/rounds", round_body(setup={"allow": [{"cidr": "not-an-ip"}]}))
+    assert (r.status, r.error_code()) == (400, "invalid_request"), r
+    assert req(d, "POST", f"/v1/rounds/{rnd['id']}/sessions/{s['id']}/end").status == 200
+
+
 def test_fresh_run_mode(d):
     rnd = make_round(d, run_mode="fresh", cpu_time_limit_ms=1000)
     rid = rnd["id"]
