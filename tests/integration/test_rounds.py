@@ -435,6 +435,30 @@ def test_setup_egress_is_closed_before_candidates(d):
     assert req(d, "POST", f"/v1/rounds/{rnd['id']}/sessions/{s['id']}/end").status == 200
 
 
+def test_grading_resumes_after_a_crash():
+    """A daemon killed mid-grading: the restarted one deletes the orphaned
+    grader and grades the stored submission; the candidate sees the result."""
+    slow = {"test_slow.py": "import time\nfrom solution import add\n\ndef test_slow():\n    time.sleep(6)\n    assert add(1, 1) == 2\n"}
+    d1 = Daemon(extra_args=["--pool-size", "0", "--max-ttl", "7200", "--rounds-reap-interval", "1"]).start()
+    d2 = None
+    try:
+        rnd = make_round(d1, tests={"files": slow})
+        s = invite(d1, rnd["id"])
+        base = f"/v1/rounds/{rnd['id']}/sessions/{s['id']}"
+        assert req(d1, "POST", f"{base}/submit", {"files": {"solution.py": SOLUTION_OK}}, token=s["token"]).status == 202
+        wait_for(lambda: sandbox_of(d1, s["id"], "round-grader") != [], timeout=60, what="grader up")
+        d1.created |= set(sandbox_of(d1, s["id"], "round-grader"))
+        d1.crash()
+        d2 = Daemon(extra_args=d1.extra_args, data_dir=d1.data_dir).start()
+        d2.created |= d1.created
+        g = wait_graded(d2, rnd["id"], s["id"], s["token"])
+        assert (g["result"]["passed"], g["result"]["total"], g["result"]["status"]) == (1, 1, "graded"), g
+        wait_for(lambda: sandbox_of(d2, s["id"], "round-grader") == [], timeout=30, what="graders gone")
+        assert req(d2, "POST", f"{base}/end").status == 200
+    finally:
+        (d2 or d1).cleanup()
+
+
 def test_fresh_run_mode(d):
     rnd = make_round(d, run_mode="fresh", cpu_time_limit_ms=1000)
     rid = rnd["id"]

@@ -127,6 +127,11 @@ impl Sandboxes for ClientSandboxes {
         self.client.delete_sandbox(id).await.map_err(err)
     }
 
+    async fn list(&self, filter: BTreeMap<String, String>) -> Result<Vec<String>, SandboxError> {
+        let l = self.client.list_sandboxes(&filter).await.map_err(err)?;
+        Ok(l.into_iter().map(|s| s.id).collect())
+    }
+
     async fn exists(&self, id: &str) -> Result<bool, SandboxError> {
         match self.client.get_sandbox(id).await {
             Ok(_) => Ok(true),

@@ -128,6 +128,47 @@ impl Rounds {
         })
     }
 
+    /// After a restart: a session left in `submitted` had its grading cut
+    /// off with the old process. Its captured submission is graded now
+    /// (the capture is stored, so nothing of the candidate's is needed).
+    pub async fn resume_gradings(self: &Arc<Self>) -> Result<usize, RoundsError> {
+        // Graders, fresh Runs and preparing sandboxes are never handed
+        // over: any left from the previous process is an orphan.
+        for kind in ["round-grader", "round-run", "round-prepare"] {
+            let ids = self
+                .sandboxes
+                .list(crate::session_ops::meta(&[("kind", kind)]))
+                .await?;
+            for id in ids {
+                tracing::info!(sandbox = %id, kind, "rounds: deleting a sandbox orphaned by a restart");
+                let _ = self.sandboxes.delete(&id).await;
+            }
+        }
+        let mut n = 0;
+        for s in self
+            .store
+            .sessions_in_state(SessionState::Submitted)
+            .await?
+        {
+            let Some(sub) = self.store.list_submissions(&s.id).await?.pop() else {
+                continue;
+            };
+            if !self.store.list_gradings(&sub.id).await?.is_empty() {
+                continue;
+            }
+            let r = self.round(&s.round_id).await?;
+            let me = self.clone();
+            tokio::spawn(async move {
+                let g = me.grade(&r, &s, &sub).await;
+                if let Err(e) = me.store.finish_grading(&g, &s.id).await {
+                    tracing::error!(submission = %sub.id, error = %e, "rounds: storing a resumed grading failed");
+                }
+            });
+            n += 1;
+        }
+        Ok(n)
+    }
+
     /// One grading of a submission in a fresh grader. Never fails: a
     /// grader that could not run is a grading with status `error`.
     pub(crate) async fn grade(

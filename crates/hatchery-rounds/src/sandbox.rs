@@ -91,6 +91,8 @@ pub trait Sandboxes: Send + Sync + 'static {
     async fn template(&self, name: &str) -> Result<TemplateVersion, SandboxError>;
     async fn create(&self, req: NewSandbox) -> Result<String, SandboxError>;
     async fn delete(&self, id: &str) -> Result<(), SandboxError>;
+    /// Ids of live sandboxes whose metadata has every pair of `filter`.
+    async fn list(&self, filter: BTreeMap<String, String>) -> Result<Vec<String>, SandboxError>;
     async fn exists(&self, id: &str) -> Result<bool, SandboxError>;
     async fn set_network(&self, id: &str, policy: serde_json::Value) -> Result<(), SandboxError>;
     async fn write_file(&self, id: &str, path: &str, data: Vec<u8>) -> Result<(), SandboxError>;

@@ -128,6 +128,12 @@ impl Rounds {
     pub fn spawn_reaper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let me = self.clone();
         tokio::spawn(async move {
+            // Once, at start: gradings a previous process did not finish.
+            match me.resume_gradings().await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(n, "rounds: resumed gradings cut off by a restart"),
+                Err(e) => tracing::warn!(error = %e, "rounds: resuming gradings failed"),
+            }
             let mut tick = tokio::time::interval(me.cfg.reap_interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {

@@ -160,13 +160,15 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         )),
     });
     let rounds = crate::rounds::start(&args, &data, &key, &manager.metrics.registry)?;
-    let _rounds_reaper = rounds.spawn_reaper();
     // The rounds router has no fallback, so the API's answers unknown routes.
-    let app = hatchery_rounds::router(rounds).merge(app);
+    let app = hatchery_rounds::router(rounds.clone()).merge(app);
     // hatchery-serve sets TCP_NODELAY on every accepted connection.
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| DaemonError::Listen(args.listen, e))?;
+    // After the bind: the reaper's first act may be resuming gradings,
+    // which call this daemon's own API.
+    let _rounds_reaper = rounds.spawn_reaper();
     tracing::info!(listen = %args.listen, data_dir = %data.display(), "hatcheryd ready");
     // Requests in flight get 30 s to finish; SSE follows and the like are
     // cut after that (clients reconnect to the restarted daemon).

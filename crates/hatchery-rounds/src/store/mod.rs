@@ -158,6 +158,8 @@ pub trait RoundStore: Send + Sync + 'static {
     async fn insert_session(&self, s: &SessionRecord, token: &TokenRecord) -> StoreResult<()>;
     async fn get_session(&self, id: &str) -> StoreResult<Option<SessionRecord>>;
     async fn list_sessions(&self, round_id: &str) -> StoreResult<Vec<SessionRecord>>;
+    /// Sessions in `state` (a restarted daemon resumes `submitted` ones).
+    async fn sessions_in_state(&self, state: SessionState) -> StoreResult<Vec<SessionRecord>>;
     /// Sessions not ended whose expiry has passed.
     async fn expired_sessions(&self, now_ms: u64) -> StoreResult<Vec<SessionRecord>>;
     async fn set_session_state(

@@ -277,6 +277,14 @@ impl RoundStore for SqliteStore {
         )
     }
 
+    async fn sessions_in_state(&self, state: SessionState) -> StoreResult<Vec<SessionRecord>> {
+        self.many(
+            "SELECT * FROM sessions WHERE state = ?1 ORDER BY created_at_ms, id",
+            [state.as_str()],
+            session_row,
+        )
+    }
+
     async fn expired_sessions(&self, now_ms: u64) -> StoreResult<Vec<SessionRecord>> {
         self.many(
             "SELECT * FROM sessions WHERE state != 'ended' AND expires_at_ms <= ?1",
@@ -654,6 +662,18 @@ mod tests {
             Scope::Candidate
         );
         assert_eq!(s.expired_sessions(100).await.unwrap().len(), 1);
+        assert_eq!(
+            s.sessions_in_state(SessionState::Graded)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+        assert!(s
+            .sessions_in_state(SessionState::Submitted)
+            .await
+            .unwrap()
+            .is_empty());
         assert_eq!(s.expired_sessions(99).await.unwrap().len(), 0);
     }
 
