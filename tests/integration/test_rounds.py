@@ -460,7 +460,8 @@ def test_grading_resumes_after_a_crash():
 
 
 def test_fresh_run_mode(d):
-    rnd = make_round(d, run_mode="fresh", cpu_time_limit_ms=1000)
+    rnd = make_round(d, run_mode="fresh", cpu_time_limit_ms=1000, memory_limit_mb=64)
+    assert rnd["wall_time_limit_ms"] == 3000
     rid = rnd["id"]
     s = invite(d, rid)
     base = f"/v1/rounds/{rid}/sessions/{s['id']}"
@@ -468,6 +469,12 @@ def test_fresh_run_mode(d):
     code = "import os\nprint(os.path.exists('left.txt'))\nopen('left.txt','w').write('x')\n"
     outs = [req(d, "POST", f"{base}/run", {"files": {"solution.py": code}}, token=tok).json() for _ in range(2)]
     assert [o["stdout"] for o in outs] == ["False\n", "False\n"], outs
+    # The wall-clock safety net (3 s) and the memory verdict (64 MB).
+    r = req(d, "POST", f"{base}/run", {"files": {"solution.py": "import time\ntime.sleep(10)\n"}}, token=tok).json()
+    assert r["verdict"] == "wall_limit" and r["cpu_ms"] < 1000, r
+    r = req(d, "POST", f"{base}/run", {"files": {"solution.py": "import time\nb = bytearray(120 << 20)\ntime.sleep(0.5)\n"}},
+            token=tok).json()
+    assert r["verdict"] == "memory_limit" and r["memory_peak_bytes"] > 64 << 20, r
     # Nothing of a fresh Run in the session's own sandbox, and no Run sandbox left.
     files = req(d, "GET", f"{base}/files", token=tok).json()["files"]
     assert "left.txt" not in files
