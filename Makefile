@@ -9,7 +9,7 @@ LISTEN ?= 127.0.0.1:7423
 PYTEST := /usr/bin/python3 -m pytest
 BIN := target/release
 
-.PHONY: gateway-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load bench bench-code clean-state
+.PHONY: gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load bench bench-code clean-state
 
 setup:
 	bash scripts/setup-host.sh
@@ -115,13 +115,23 @@ $(GATEWAY_VENV)/.installed: tests/gateway/requirements.txt
 	$(GATEWAY_VENV)/bin/pip install -q -r tests/gateway/requirements.txt
 	touch $@
 
-gateway-test: build template $(GATEWAY_VENV)/.installed
-	/usr/bin/python3 tests/pg/pg.py -- env HATCHERY_REQUIRE_PG=1 \
-	  cargo test --release -p hatchery-gateway conformance_on_postgres
-	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
-	  $(GATEWAY_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/gateway
+gateway-# Interview rounds pages (web/rounds: CodeMirror 6 bundled by esbuild, dist/
+# committed and embedded in the daemon): check/build as for the terminal,
+# then the candidate room and the reviewer page in headless Chromium
+# (about 15 s). The HTTP suite is tests/integration/test_rounds.py.
+rounds-pages-check:
+	$(NEED_NODE)
+	cd web/rounds && npm ci --no-audit --no-fund --silent && npm run --silent check
 
-test: build template lint unit kernel-test integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test playground-test playground-load gateway-test
+rounds-pages-build:
+	$(NEED_NODE)
+	cd web/rounds && npm ci --no-audit --no-fund --silent && npm run --silent build
+
+rounds-test: rounds-pages-check build template
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  $(PYTEST) -q -p no:cacheprovider tests/rounds
+
+test: build template lint unit kernel-test integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test playground-test playground-load gateway-test
 
 # The Run-button path alone (about a minute): run_code and exec against raw runsc.
 bench-code: build template
@@ -137,3 +147,5 @@ bench: build template
 	cargo build --release -p hatchery-gateway --example reserve_bench
 	$(BIN)/examples/reserve_bench
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) /usr/bin/python3 bench/gateway_bench.py
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  /usr/bin/python3 bench/rounds_fairness.py

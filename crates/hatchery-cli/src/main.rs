@@ -104,6 +104,9 @@ enum Cmd {
     /// A sandbox's network egress policy.
     #[command(subcommand)]
     Network(network::NetworkCmd),
+    /// Interview rounds: create, list, invite, reports, replays.
+    #[command(subcommand, alias = "rounds")]
+    Round(commands::round::RoundCmd),
 }
 
 #[tokio::main]
@@ -142,6 +145,7 @@ async fn main() {
             }
             blocking(move || run::run(&api, args)).await
         }
+        Cmd::Round(c) => commands::round::run(&api, c).await,
         // Blocking HTTP is fine for the rest: the CLI does one thing at a time.
         cmd => blocking(move || client_cmd(&api, cmd)).await,
     };
@@ -181,6 +185,6 @@ fn client_cmd(api: &Api, cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Snapshot(c) => snapshot::run(api, c),
         Cmd::Template(c) => template::run(api, c),
         Cmd::Network(c) => network::run(api, c),
-        Cmd::Serve(_) | Cmd::Run(_) => unreachable!("handled in main"),
+        Cmd::Serve(_) | Cmd::Run(_) | Cmd::Round(_) => unreachable!("handled in main"),
     }
 }

@@ -92,6 +92,11 @@ pub struct DaemonArgs {
     /// HTTP connection limits (timeouts, caps in total and per peer).
     #[command(flatten)]
     pub http: hatchery_serve::HttpLimits,
+    /// Seconds between passes of the interview-rounds reaper (replays past
+    /// their retention window, sessions past their length).
+    #[arg(long, env = "HATCHERY_ROUNDS_REAP_INTERVAL", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub rounds_reap_interval: u64,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "HATCHERY_LOG_JSON")]
     pub log_json: bool,

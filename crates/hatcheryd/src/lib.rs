@@ -2,6 +2,7 @@
 
 mod config;
 mod key;
+mod rounds;
 mod serve;
 
 pub use config::DaemonArgs;

@@ -24,6 +24,8 @@ pub enum DaemonError {
     Listen(std::net::SocketAddr, std::io::Error),
     #[error("server: {0}")]
     Serve(std::io::Error),
+    #[error("interview rounds: {0}")]
+    Rounds(String),
 }
 
 fn sibling(name: &str) -> PathBuf {
@@ -150,17 +152,23 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
 
     let app = hatchery_api::router(AppState {
         manager: manager.clone(),
-        api_key: key.into(),
+        api_key: key.clone().into(),
         preview: Arc::new(preview),
         public_url: args.public_url.as_deref().map(Into::into),
         terminal_tokens: Arc::new(hatchery_api::terminal_token::TerminalTokens::new(
             terminal_secret,
         )),
     });
+    let rounds = crate::rounds::start(&args, &data, &key, &manager.metrics.registry)?;
+    // The rounds router has no fallback, so the API's answers unknown routes.
+    let app = hatchery_rounds::router(rounds.clone()).merge(app);
     // hatchery-serve sets TCP_NODELAY on every accepted connection.
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| DaemonError::Listen(args.listen, e))?;
+    // After the bind: the reaper's first act may be resuming gradings,
+    // which call this daemon's own API.
+    let _rounds_reaper = rounds.spawn_reaper();
     tracing::info!(listen = %args.listen, data_dir = %data.display(), "hatcheryd ready");
     // Requests in flight get 30 s to finish; SSE follows and the like are
     // cut after that (clients reconnect to the restarted daemon).

@@ -4,6 +4,7 @@ pub mod cp;
 pub mod exec;
 pub mod network;
 pub mod procs;
+pub mod round;
 pub mod run;
 pub mod sandbox;
 pub mod shell;

@@ -1,0 +1,98 @@
+//! Who is calling: the daemon's API key (the hiring team's server), a
+//! candidate token (one session) or a reviewer token (one round's
+//! sessions, reports and replays). Each route says what it accepts.
+
+use crate::store::{Scope, TokenRecord};
+use crate::{Rounds, RoundsError};
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use std::sync::Arc;
+
+#[derive(Debug, Clone)]
+pub enum Caller {
+    Key,
+    Candidate(TokenRecord),
+    Reviewer(TokenRecord),
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl FromRequestParts<Arc<Rounds>> for Caller {
+    type Rejection = RoundsError;
+    async fn from_request_parts(parts: &mut Parts, st: &Arc<Rounds>) -> Result<Self, RoundsError> {
+        let given = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if given.is_empty() {
+            return Err(RoundsError::Unauthorized);
+        }
+        if constant_time_eq(given.as_bytes(), st.api_key.as_bytes()) {
+            return Ok(Caller::Key);
+        }
+        let rec = crate::tokens::check(st.store.as_ref(), given, crate::ids::now_ms()).await?;
+        Ok(match rec.scope {
+            Scope::Candidate => Caller::Candidate(rec),
+            Scope::Reviewer => Caller::Reviewer(rec),
+        })
+    }
+}
+
+impl Caller {
+    pub fn require_key(&self) -> Result<(), RoundsError> {
+        match self {
+            Caller::Key => Ok(()),
+            _ => Err(RoundsError::Forbidden(
+                "this route needs the API key".into(),
+            )),
+        }
+    }
+
+    /// The API key, or a reviewer token of this round.
+    pub fn require_reviewer(&self, round_id: &str) -> Result<(), RoundsError> {
+        match self {
+            Caller::Key => Ok(()),
+            Caller::Reviewer(t) if t.round_id == round_id => Ok(()),
+            Caller::Reviewer(_) => Err(RoundsError::Forbidden(
+                "this reviewer token is for another round".into(),
+            )),
+            Caller::Candidate(_) => Err(RoundsError::Forbidden(
+                "a candidate token cannot read reviews".into(),
+            )),
+        }
+    }
+
+    /// The API key, or the candidate token of this very session.
+    pub fn require_candidate(&self, round_id: &str, session_id: &str) -> Result<(), RoundsError> {
+        match self {
+            Caller::Key => Ok(()),
+            Caller::Candidate(t)
+                if t.round_id == round_id && t.session_id.as_deref() == Some(session_id) =>
+            {
+                Ok(())
+            }
+            Caller::Candidate(_) => Err(RoundsError::Forbidden(
+                "this candidate token is for another session".into(),
+            )),
+            Caller::Reviewer(_) => Err(RoundsError::Forbidden(
+                "a reviewer token cannot act for the candidate".into(),
+            )),
+        }
+    }
+
+    /// What a fork records as its owner: only the same caller may use it.
+    pub fn owner(&self) -> String {
+        match self {
+            Caller::Key => "api_key".into(),
+            Caller::Candidate(t) | Caller::Reviewer(t) => t.hash.clone(),
+        }
+    }
+
+    pub fn is_candidate(&self) -> bool {
+        matches!(self, Caller::Candidate(_))
+    }
+}

@@ -1,0 +1,159 @@
+//! The one error type of the rounds routes, answered as the API's
+//! `{"error":{"code","message"}}` with a fitting status. Store and sandbox
+//! failures arrive already typed ([`StoreError`], [`SandboxError`]), so no
+//! SQL or HTTP client type leaks into what callers see.
+
+use crate::sandbox::SandboxError;
+use crate::store::StoreError;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RoundsError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    TooLarge(String),
+    #[error("missing, wrong, altered or expired token")]
+    Unauthorized,
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0} not found")]
+    NotFound(String),
+    /// A state guard refused: the message says which state it is in.
+    #[error("{message}")]
+    State { code: &'static str, message: String },
+    #[error("template '{template}' version {version} is gone: {why}")]
+    TemplateVersionGone {
+        template: String,
+        version: String,
+        why: String,
+    },
+    #[error("{0}")]
+    Capacity(String),
+    #[error("sandbox: {0}")]
+    Sandbox(#[from] SandboxError),
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable, machine-readable code, e.g. `round_not_found`.
+    pub code: String,
+    pub message: String,
+}
+
+impl RoundsError {
+    pub fn state(code: &'static str, message: impl Into<String>) -> Self {
+        RoundsError::State {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn status_code(&self) -> (StatusCode, &'static str) {
+        use StatusCode as S;
+        match self {
+            RoundsError::Invalid(_) => (S::BAD_REQUEST, "invalid_request"),
+            RoundsError::TooLarge(_) => (S::PAYLOAD_TOO_LARGE, "too_large"),
+            RoundsError::Unauthorized => (S::UNAUTHORIZED, "unauthorized"),
+            RoundsError::Forbidden(_) => (S::FORBIDDEN, "forbidden"),
+            RoundsError::NotFound(what) if what.starts_with("round ") => {
+                (S::NOT_FOUND, "round_not_found")
+            }
+            RoundsError::NotFound(what) if what.starts_with("session ") => {
+                (S::NOT_FOUND, "session_not_found")
+            }
+            RoundsError::NotFound(what) if what.starts_with("replay ") => {
+                (S::NOT_FOUND, "replay_not_found")
+            }
+            RoundsError::NotFound(_) => (S::NOT_FOUND, "not_found"),
+            RoundsError::State { code, .. } => (S::CONFLICT, code),
+            RoundsError::TemplateVersionGone { .. } => (S::CONFLICT, "template_version_gone"),
+            RoundsError::Capacity(_) => (S::SERVICE_UNAVAILABLE, "capacity"),
+            RoundsError::Sandbox(e) => match e {
+                SandboxError::Api { status, .. } if *status == 503 || *status == 429 => {
+                    (S::SERVICE_UNAVAILABLE, "sandbox_unavailable")
+                }
+                SandboxError::Api { code, .. } if code == "template_not_found" => {
+                    (S::NOT_FOUND, "template_not_found")
+                }
+                SandboxError::Api { code, .. } if code == "too_large" => {
+                    (S::PAYLOAD_TOO_LARGE, "too_large")
+                }
+                _ => (S::BAD_GATEWAY, "sandbox_error"),
+            },
+            RoundsError::Store(StoreError::Conflict(_)) => (S::CONFLICT, "conflict"),
+            RoundsError::Store(_) | RoundsError::Internal(_) => {
+                (S::INTERNAL_SERVER_ERROR, "internal")
+            }
+        }
+    }
+}
+
+impl IntoResponse for RoundsError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_code();
+        let message = if status == StatusCode::INTERNAL_SERVER_ERROR {
+            // The cause goes to the log under a request id, not to the
+            // caller (who may be a candidate).
+            let rid = crate::ids::new_id("req");
+            tracing::error!(request_id = %rid, error = %self, "rounds request failed");
+            format!("internal error (request id {rid})")
+        } else {
+            // A candidate can make these happen at will: rate-limited.
+            if matches!(self, RoundsError::Sandbox(_)) {
+                if let Some(dropped) = crate::ratelimit::SANDBOX_ERRORS.allow() {
+                    tracing::warn!(error = %self, dropped, "rounds: sandbox call failed");
+                }
+            }
+            self.to_string()
+        };
+        let mut resp = (
+            status,
+            axum::Json(ErrorBody {
+                error: ErrorDetail {
+                    code: code.to_string(),
+                    message,
+                },
+            }),
+        )
+            .into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            resp.headers_mut()
+                .insert("retry-after", axum::http::HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes() {
+        assert_eq!(
+            RoundsError::NotFound("round rnd_x".into()).status_code(),
+            (StatusCode::NOT_FOUND, "round_not_found")
+        );
+        assert_eq!(
+            RoundsError::state("grading_in_progress", "x").status_code(),
+            (StatusCode::CONFLICT, "grading_in_progress")
+        );
+        assert_eq!(
+            RoundsError::Unauthorized.status_code().0,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+}

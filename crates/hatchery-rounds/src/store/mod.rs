@@ -1,0 +1,210 @@
+//! Where rounds keep their state: a small async trait, so a PostgreSQL
+//! backend can come later beside the SQLite one. Errors are ours
+//! ([`StoreError`]), never the driver's, and every state change names the
+//! states it may move from.
+
+mod migrations;
+mod sqlite;
+
+pub use sqlite::SqliteStore;
+
+use crate::state::{RoundState, SessionState};
+use async_trait::async_trait;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The backend failed (I/O, corruption, a bug): the text is for logs.
+    #[error("backend: {0}")]
+    Backend(String),
+    /// A uniqueness or state guard refused the write.
+    #[error("conflict: {0}")]
+    Conflict(String),
+    /// A stored value could not be read back.
+    #[error("corrupt record: {0}")]
+    Corrupt(String),
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoundRecord {
+    pub id: String,
+    pub name: String,
+    pub state: RoundState,
+    pub template: String,
+    pub template_version: String,
+    /// The round's public definition (`RoundSpec`, JSON).
+    pub spec: String,
+    /// The hidden suite (`TestSuite`, JSON). Only the grader reads it.
+    pub tests: String,
+    pub prepared_snapshot: Option<String>,
+    pub error: Option<String>,
+    pub created_at_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionRecord {
+    pub id: String,
+    pub round_id: String,
+    pub candidate: String,
+    pub state: SessionState,
+    pub sandbox_id: Option<String>,
+    pub created_at_ms: u64,
+    pub expires_at_ms: u64,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Candidate,
+    Reviewer,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Candidate => "candidate",
+            Scope::Reviewer => "reviewer",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenRecord {
+    /// SHA-256 of the token, hex. The token itself is never stored.
+    pub hash: String,
+    pub scope: Scope,
+    pub round_id: String,
+    pub session_id: Option<String>,
+    pub created_at_ms: u64,
+    pub expires_at_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRecord {
+    pub id: String,
+    pub session_id: String,
+    pub created_at_ms: u64,
+    /// The `RunResult` JSON the candidate got.
+    pub result: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubmissionRecord {
+    pub id: String,
+    pub session_id: String,
+    pub round_id: String,
+    /// `{path: text}` JSON as captured.
+    pub files: String,
+    pub sha256: String,
+    pub created_at_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct GradingRecord {
+    pub id: String,
+    pub submission_id: String,
+    pub created_at_ms: u64,
+    /// `graded` or `error`.
+    pub status: String,
+    pub passed: u32,
+    pub total: u32,
+    /// The full report (`GradingReport` JSON): reviewer only.
+    pub report: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplayRecord {
+    pub id: String,
+    pub session_id: String,
+    pub round_id: String,
+    pub snapshot_id: String,
+    /// `end` or `on_demand`.
+    pub reason: String,
+    pub created_at_ms: u64,
+    pub expires_at_ms: u64,
+    /// `active` or `expired`.
+    pub state: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ForkRecord {
+    pub id: String,
+    pub replay_id: String,
+    pub round_id: String,
+    pub sandbox_id: String,
+    /// Who made it (a token hash, or `api_key`): only they may use it.
+    pub owner: String,
+    pub created_at_ms: u64,
+    pub expires_at_ms: u64,
+}
+
+#[async_trait]
+pub trait RoundStore: Send + Sync + 'static {
+    async fn insert_round(&self, r: &RoundRecord) -> StoreResult<()>;
+    async fn get_round(&self, id: &str) -> StoreResult<Option<RoundRecord>>;
+    async fn list_rounds(&self) -> StoreResult<Vec<RoundRecord>>;
+    /// Moves the round to `to` if it is in one of `from`; `false` if not.
+    async fn set_round_state(
+        &self,
+        id: &str,
+        from: &[RoundState],
+        to: RoundState,
+        prepared_snapshot: Option<&str>,
+        error: Option<&str>,
+    ) -> StoreResult<bool>;
+
+    /// The session and its candidate token, in one transaction.
+    async fn insert_session(&self, s: &SessionRecord, token: &TokenRecord) -> StoreResult<()>;
+    async fn get_session(&self, id: &str) -> StoreResult<Option<SessionRecord>>;
+    async fn list_sessions(&self, round_id: &str) -> StoreResult<Vec<SessionRecord>>;
+    /// Sessions in `state` (a restarted daemon resumes `submitted` ones).
+    async fn sessions_in_state(&self, state: SessionState) -> StoreResult<Vec<SessionRecord>>;
+    /// Sessions not ended whose expiry has passed.
+    async fn expired_sessions(&self, now_ms: u64) -> StoreResult<Vec<SessionRecord>>;
+    async fn set_session_state(
+        &self,
+        id: &str,
+        from: &[SessionState],
+        to: SessionState,
+        sandbox_id: Option<&str>,
+        error: Option<&str>,
+    ) -> StoreResult<bool>;
+
+    async fn insert_token(&self, t: &TokenRecord) -> StoreResult<()>;
+    async fn get_token(&self, hash: &str) -> StoreResult<Option<TokenRecord>>;
+
+    /// Records a run, keeping the newest `keep` of the session.
+    async fn insert_run(&self, r: &RunRecord, keep: usize) -> StoreResult<()>;
+    async fn list_runs(&self, session_id: &str) -> StoreResult<Vec<RunRecord>>;
+
+    /// Moves the session to `submitted` (from one of `from`) and records
+    /// the submission, in one transaction; `false` (nothing written) if
+    /// the session was not in one of `from`.
+    async fn begin_submission(
+        &self,
+        sub: &SubmissionRecord,
+        from: &[SessionState],
+    ) -> StoreResult<bool>;
+    /// Records a grading and, for a first grading, moves the session from
+    /// `submitted` to `graded`, in one transaction.
+    async fn finish_grading(&self, g: &GradingRecord, session_id: &str) -> StoreResult<()>;
+    /// A regrade: only the grading row.
+    async fn insert_grading(&self, g: &GradingRecord) -> StoreResult<()>;
+    async fn get_submission(&self, id: &str) -> StoreResult<Option<SubmissionRecord>>;
+    async fn list_submissions(&self, session_id: &str) -> StoreResult<Vec<SubmissionRecord>>;
+    async fn list_gradings(&self, submission_id: &str) -> StoreResult<Vec<GradingRecord>>;
+
+    async fn insert_replay(&self, r: &ReplayRecord) -> StoreResult<()>;
+    async fn get_replay(&self, id: &str) -> StoreResult<Option<ReplayRecord>>;
+    async fn list_replays(&self, session_id: &str) -> StoreResult<Vec<ReplayRecord>>;
+    /// Active replays whose window has closed.
+    async fn due_replays(&self, now_ms: u64) -> StoreResult<Vec<ReplayRecord>>;
+    /// `active` → `expired`; `false` if it was not active.
+    async fn expire_replay(&self, id: &str) -> StoreResult<bool>;
+
+    async fn insert_fork(&self, f: &ForkRecord) -> StoreResult<()>;
+    async fn get_fork(&self, id: &str) -> StoreResult<Option<ForkRecord>>;
+    async fn list_forks(&self, replay_id: &str) -> StoreResult<Vec<ForkRecord>>;
+    async fn delete_fork(&self, id: &str) -> StoreResult<bool>;
+}

@@ -1,0 +1,29 @@
+import os
+import sys
+
+import pytest
+
+HERE = os.path.dirname(__file__)
+# The integration harness (Daemon, KEY, leak checks) and the playground's
+# DevTools driver (headless Chromium, stdlib only).
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+sys.path.insert(0, os.path.join(HERE, "..", "playground"))
+
+import cdp  # noqa: E402
+from harness import Daemon  # noqa: E402
+
+cdp.CHROMIUM_FLAGS = cdp.CHROMIUM_FLAGS + ["--disable-quic"]
+
+
+@pytest.fixture(scope="module")
+def daemon():
+    d = Daemon(extra_args=["--pool-size", "0", "--max-ttl", "7200"]).start()
+    yield d
+    d.cleanup()
+
+
+@pytest.fixture
+def browser():
+    b = cdp.Browser(width=1280, height=900)
+    yield b
+    b.close()
