@@ -77,7 +77,11 @@ impl Policy {
                 "name must be 1–{MAX_NAME_BYTES} bytes"
             )));
         }
-        if doc.description.as_ref().is_some_and(|d| d.len() > MAX_DESCRIPTION_BYTES) {
+        if doc
+            .description
+            .as_ref()
+            .is_some_and(|d| d.len() > MAX_DESCRIPTION_BYTES)
+        {
             return Err(ValidationError::Policy(format!(
                 "description over {MAX_DESCRIPTION_BYTES} bytes"
             )));
@@ -120,7 +124,11 @@ fn valid_id(id: &str) -> bool {
 }
 
 fn compile_rule(rule: &Rule) -> Result<CompiledRule, String> {
-    if rule.description.as_ref().is_some_and(|d| d.len() > MAX_DESCRIPTION_BYTES) {
+    if rule
+        .description
+        .as_ref()
+        .is_some_and(|d| d.len() > MAX_DESCRIPTION_BYTES)
+    {
         return Err(format!("description over {MAX_DESCRIPTION_BYTES} bytes"));
     }
     let m = &rule.matcher;
@@ -128,21 +136,30 @@ fn compile_rule(rule: &Rule) -> Result<CompiledRule, String> {
         None => None,
         Some(t) => {
             if t.is_empty() {
-                return Err("match.tools is empty (it would match nothing); omit it to match every tool".into());
+                return Err(
+                    "match.tools is empty (it would match nothing); omit it to match every tool"
+                        .into(),
+                );
             }
             if t.len() > MAX_PATTERNS_PER_RULE {
-                return Err(format!("match.tools: at most {MAX_PATTERNS_PER_RULE} patterns"));
+                return Err(format!(
+                    "match.tools: at most {MAX_PATTERNS_PER_RULE} patterns"
+                ));
             }
             for p in t {
                 if p.is_empty() || p.len() > MAX_STRING_BYTES {
-                    return Err(format!("match.tools: pattern must be 1–{MAX_STRING_BYTES} bytes"));
+                    return Err(format!(
+                        "match.tools: pattern must be 1–{MAX_STRING_BYTES} bytes"
+                    ));
                 }
             }
             Some(t.clone())
         }
     };
     if m.args.len() > MAX_CONDITIONS_PER_RULE {
-        return Err(format!("match.args: at most {MAX_CONDITIONS_PER_RULE} conditions"));
+        return Err(format!(
+            "match.args: at most {MAX_CONDITIONS_PER_RULE} conditions"
+        ));
     }
     let args = m
         .args
@@ -155,7 +172,12 @@ fn compile_rule(rule: &Rule) -> Result<CompiledRule, String> {
         Some(c) if matches!(c.op, Op::Eq | Op::Ne | Op::Gt | Op::Ge | Op::Lt | Op::Le) => {
             Some((c.op, c.value))
         }
-        Some(c) => return Err(format!("match.cost_cents: op {:?} is not a comparison", c.op)),
+        Some(c) => {
+            return Err(format!(
+                "match.cost_cents: op {:?} is not a comparison",
+                c.op
+            ))
+        }
     };
     let hosts = match &m.hosts {
         None => None,
@@ -164,7 +186,9 @@ fn compile_rule(rule: &Rule) -> Result<CompiledRule, String> {
                 return Err("match.hosts is empty (it would match nothing)".into());
             }
             if h.len() > MAX_PATTERNS_PER_RULE {
-                return Err(format!("match.hosts: at most {MAX_PATTERNS_PER_RULE} patterns"));
+                return Err(format!(
+                    "match.hosts: at most {MAX_PATTERNS_PER_RULE} patterns"
+                ));
             }
             Some(
                 h.iter()
@@ -180,7 +204,9 @@ fn compile_rule(rule: &Rule) -> Result<CompiledRule, String> {
                 return Err("match.ports is empty (it would match nothing)".into());
             }
             if p.len() > MAX_PATTERNS_PER_RULE {
-                return Err(format!("match.ports: at most {MAX_PATTERNS_PER_RULE} entries"));
+                return Err(format!(
+                    "match.ports: at most {MAX_PATTERNS_PER_RULE} entries"
+                ));
             }
             Some(
                 p.iter()
@@ -213,9 +239,7 @@ fn compile_cond(c: &ArgCondition) -> Result<CompiledCond, String> {
     }
     let operand = match (&c.value, c.op) {
         (None, Op::Exists | Op::Absent) => Operand::None,
-        (Some(_), Op::Exists | Op::Absent) => {
-            return Err(format!("op {:?} takes no value", c.op))
-        }
+        (Some(_), Op::Exists | Op::Absent) => return Err(format!("op {:?} takes no value", c.op)),
         (None, op) => return Err(format!("op {op:?} needs a value")),
         (Some(v), op) => {
             if let Some(name) = ctx_ref(v)? {
@@ -243,7 +267,9 @@ fn ctx_ref(v: &Value) -> Result<Option<String>, String> {
     match o.get("ctx") {
         None => Ok(None),
         Some(Value::String(s)) if o.len() == 1 && valid_id(s) => Ok(Some(s.clone())),
-        Some(_) => Err(r#"a context reference is {"ctx": "<name>"} with a name of [a-z0-9_.-]"#.into()),
+        Some(_) => {
+            Err(r#"a context reference is {"ctx": "<name>"} with a name of [a-z0-9_.-]"#.into())
+        }
     }
 }
 
@@ -260,7 +286,9 @@ fn check_operand(op: Op, v: &Value) -> Result<(), String> {
             Value::Array(a) if !a.is_empty() => {
                 let first = std::mem::discriminant(&a[0]);
                 if a.iter().any(|x| std::mem::discriminant(x) != first) {
-                    Err(format!("op {op:?}: array elements must share one JSON type"))
+                    Err(format!(
+                        "op {op:?}: array elements must share one JSON type"
+                    ))
                 } else {
                     Ok(())
                 }
@@ -354,11 +382,19 @@ fn parse_port(v: &Value) -> Result<(u16, u16), String> {
 pub(crate) fn mask(ip: IpAddr, len: u8) -> IpAddr {
     match ip {
         IpAddr::V4(a) => {
-            let m = if len == 0 { 0 } else { u32::MAX << (32 - len as u32) };
+            let m = if len == 0 {
+                0
+            } else {
+                u32::MAX << (32 - len as u32)
+            };
             IpAddr::V4((u32::from(a) & m).into())
         }
         IpAddr::V6(a) => {
-            let m = if len == 0 { 0 } else { u128::MAX << (128 - len as u32) };
+            let m = if len == 0 {
+                0
+            } else {
+                u128::MAX << (128 - len as u32)
+            };
             IpAddr::V6((u128::from(a) & m).into())
         }
     }
@@ -397,21 +433,66 @@ mod tests {
     #[test]
     fn rejects_bad_parts() {
         for (rules, needle) in [
-            (serde_json::json!([{"id": "Bad", "effect": "allow"}]), "id must be"),
-            (serde_json::json!([{"id": "h", "effect": "allow", "match": {"hosts": ["Example.COM"]}}]), "not a host name"),
-            (serde_json::json!([{"id": "h", "effect": "allow", "match": {"hosts": ["example.com."]}}]), "not a host name"),
-            (serde_json::json!([{"id": "h", "effect": "allow", "match": {"hosts": ["bücher.de"]}}]), "not a host name"),
-            (serde_json::json!([{"id": "h", "effect": "allow", "match": {"hosts": ["2130706433"]}}]), "not a host name"),
-            (serde_json::json!([{"id": "h", "effect": "allow", "match": {"hosts": ["10.0.0.0/33"]}}]), "prefix length"),
-            (serde_json::json!([{"id": "h", "effect": "allow", "match": {"hosts": []}}]), "empty"),
-            (serde_json::json!([{"id": "p", "effect": "allow", "match": {"ports": [0]}}]), "1–65535"),
-            (serde_json::json!([{"id": "p", "effect": "allow", "match": {"ports": ["90-80"]}}]), "lo ≤ hi"),
-            (serde_json::json!([{"id": "a", "effect": "allow", "match": {"args": [{"field": "x", "op": "exists", "value": 1}]}}]), "takes no value"),
-            (serde_json::json!([{"id": "a", "effect": "allow", "match": {"args": [{"field": "x", "op": "eq"}]}}]), "needs a value"),
-            (serde_json::json!([{"id": "a", "effect": "allow", "match": {"args": [{"field": "x..y", "op": "exists"}]}}]), "empty path"),
-            (serde_json::json!([{"id": "a", "effect": "allow", "match": {"args": [{"field": "x", "op": "in", "value": [1, "a"]}]}}]), "one JSON type"),
-            (serde_json::json!([{"id": "a", "effect": "allow", "match": {"args": [{"field": "x", "op": "eq", "value": {"ctx": 3}}]}}]), "context reference"),
-            (serde_json::json!([{"id": "c", "effect": "allow", "match": {"cost_cents": {"op": "glob", "value": 3}}}]), "not a comparison"),
+            (
+                serde_json::json!([{"id": "Bad", "effect": "allow"}]),
+                "id must be",
+            ),
+            (
+                serde_json::json!([{"id": "h", "effect": "allow", "match": {"hosts": ["Example.COM"]}}]),
+                "not a host name",
+            ),
+            (
+                serde_json::json!([{"id": "h", "effect": "allow", "match": {"hosts": ["example.com."]}}]),
+                "not a host name",
+            ),
+            (
+                serde_json::json!([{"id": "h", "effect": "allow", "match": {"hosts": ["bücher.de"]}}]),
+                "not a host name",
+            ),
+            (
+                serde_json::json!([{"id": "h", "effect": "allow", "match": {"hosts": ["2130706433"]}}]),
+                "not a host name",
+            ),
+            (
+                serde_json::json!([{"id": "h", "effect": "allow", "match": {"hosts": ["10.0.0.0/33"]}}]),
+                "prefix length",
+            ),
+            (
+                serde_json::json!([{"id": "h", "effect": "allow", "match": {"hosts": []}}]),
+                "empty",
+            ),
+            (
+                serde_json::json!([{"id": "p", "effect": "allow", "match": {"ports": [0]}}]),
+                "1–65535",
+            ),
+            (
+                serde_json::json!([{"id": "p", "effect": "allow", "match": {"ports": ["90-80"]}}]),
+                "lo ≤ hi",
+            ),
+            (
+                serde_json::json!([{"id": "a", "effect": "allow", "match": {"args": [{"field": "x", "op": "exists", "value": 1}]}}]),
+                "takes no value",
+            ),
+            (
+                serde_json::json!([{"id": "a", "effect": "allow", "match": {"args": [{"field": "x", "op": "eq"}]}}]),
+                "needs a value",
+            ),
+            (
+                serde_json::json!([{"id": "a", "effect": "allow", "match": {"args": [{"field": "x..y", "op": "exists"}]}}]),
+                "empty path",
+            ),
+            (
+                serde_json::json!([{"id": "a", "effect": "allow", "match": {"args": [{"field": "x", "op": "in", "value": [1, "a"]}]}}]),
+                "one JSON type",
+            ),
+            (
+                serde_json::json!([{"id": "a", "effect": "allow", "match": {"args": [{"field": "x", "op": "eq", "value": {"ctx": 3}}]}}]),
+                "context reference",
+            ),
+            (
+                serde_json::json!([{"id": "c", "effect": "allow", "match": {"cost_cents": {"op": "glob", "value": 3}}}]),
+                "not a comparison",
+            ),
         ] {
             let (_, _, m) = rule_err(rules.clone());
             assert!(m.contains(needle), "{rules}: {m}");
@@ -423,7 +504,12 @@ mod tests {
         let rules: Vec<Value> = (0..MAX_RULES)
             .map(|i| serde_json::json!({"id": format!("r{i}"), "effect": "deny"}))
             .collect();
-        assert_eq!(Policy::compile(&doc(Value::Array(rules.clone()))).unwrap().rule_count(), MAX_RULES);
+        assert_eq!(
+            Policy::compile(&doc(Value::Array(rules.clone())))
+                .unwrap()
+                .rule_count(),
+            MAX_RULES
+        );
         let mut more = rules;
         more.push(serde_json::json!({"id": "extra", "effect": "deny"}));
         assert!(matches!(
@@ -433,7 +519,8 @@ mod tests {
         let conds: Vec<Value> = (0..=MAX_CONDITIONS_PER_RULE)
             .map(|i| serde_json::json!({"field": format!("f{i}"), "op": "exists"}))
             .collect();
-        let (_, _, m) = rule_err(serde_json::json!([{"id": "a", "effect": "allow", "match": {"args": conds}}]));
+        let (_, _, m) =
+            rule_err(serde_json::json!([{"id": "a", "effect": "allow", "match": {"args": conds}}]));
         assert!(m.contains("at most"), "{m}");
     }
 

@@ -120,7 +120,10 @@ fn host_matches(hosts: &[HostPattern], d: &Destination<'_>) -> Option<bool> {
                 }
             }
             HostPattern::Below(suffix) => {
-                if literal.is_none() && d.host.len() > suffix.len() && d.host.ends_with(suffix.as_str()) {
+                if literal.is_none()
+                    && d.host.len() > suffix.len()
+                    && d.host.ends_with(suffix.as_str())
+                {
                     return Some(false);
                 }
             }
@@ -191,7 +194,9 @@ fn cond_holds(c: &CompiledCond, req: &Request<'_>) -> bool {
             _ => false,
         },
         Op::In | Op::NotIn => {
-            let Value::Array(items) = operand else { return false };
+            let Value::Array(items) = operand else {
+                return false;
+            };
             if !items.first().is_some_and(|x| same_type(field, x)) {
                 return false;
             }
@@ -242,12 +247,19 @@ mod tests {
     use serde_json::json;
 
     fn policy(rules: Value) -> Policy {
-        let d: PolicyDocument = serde_json::from_value(json!({"name": "t", "rules": rules})).unwrap();
+        let d: PolicyDocument =
+            serde_json::from_value(json!({"name": "t", "rules": rules})).unwrap();
         Policy::compile(&d).unwrap()
     }
 
     fn call<'a>(tool: &'a str, args: &'a Value) -> Request<'a> {
-        Request { tool, args, cost_cents: None, dest: None, ctx: None }
+        Request {
+            tool,
+            args,
+            cost_cents: None,
+            dest: None,
+            ctx: None,
+        }
     }
 
     #[test]
@@ -259,13 +271,19 @@ mod tests {
         ]));
         let main = json!({"branch": "main"});
         let d = p.evaluate(&call("git_push", &main));
-        assert_eq!((d.effect, d.rule_index, d.rule_id), (Effect::Deny, Some(0), Some("no-main")));
+        assert_eq!(
+            (d.effect, d.rule_index, d.rule_id),
+            (Effect::Deny, Some(0), Some("no-main"))
+        );
         let feat = json!({"branch": "feat"});
         let d = p.evaluate(&call("git_push", &feat));
         assert_eq!((d.effect, d.rule_id), (Effect::Allow, Some("push")));
         let d = p.evaluate(&call("rm_rf", &feat));
         assert_eq!(d, Decision::DEFAULT_DENY);
-        assert_eq!(policy(json!([])).evaluate(&call("x", &Value::Null)), Decision::DEFAULT_DENY);
+        assert_eq!(
+            policy(json!([])).evaluate(&call("x", &Value::Null)),
+            Decision::DEFAULT_DENY
+        );
     }
 
     #[test]
@@ -281,7 +299,11 @@ mod tests {
         assert_eq!(eff(json!({"diff": {"lines": 501}})), Some("big"));
         assert_eq!(eff(json!({"diff": {"lines": 500}})), None);
         assert_eq!(eff(json!({"diff": {"lines": 500.5}})), Some("big"));
-        assert_eq!(eff(json!({"diff": {"lines": "9999"}})), None, "a string is not a number");
+        assert_eq!(
+            eff(json!({"diff": {"lines": "9999"}})),
+            None,
+            "a string is not a number"
+        );
         assert_eq!(eff(json!({"path": "docs/a.md"})), Some("docs"));
         assert_eq!(eff(json!({"path": "docs/a.md.sh"})), None);
         assert_eq!(eff(json!({"path": "/tmp/x"})), Some("tmp"));
@@ -297,12 +319,26 @@ mod tests {
             {"id": "not-main", "effect": "allow", "match": {"args": [{"field": "branch", "op": "ne", "value": "main"}]}},
             {"id": "not-listed", "effect": "allow", "match": {"args": [{"field": "b", "op": "not_in", "value": ["main", "master"]}]}}
         ]));
-        for v in [json!({"branch": ["main"]}), json!({"branch": null}), json!({}), json!({"b": 1})] {
+        for v in [
+            json!({"branch": ["main"]}),
+            json!({"branch": null}),
+            json!({}),
+            json!({"b": 1}),
+        ] {
             assert_eq!(p.evaluate(&call("t", &v)).effect, Effect::Deny, "{v}");
         }
-        assert_eq!(p.evaluate(&call("t", &json!({"branch": "dev"}))).effect, Effect::Allow);
-        assert_eq!(p.evaluate(&call("t", &json!({"b": "dev"}))).rule_id, Some("not-listed"));
-        assert_eq!(p.evaluate(&call("t", &json!({"b": "main"}))).effect, Effect::Deny);
+        assert_eq!(
+            p.evaluate(&call("t", &json!({"branch": "dev"}))).effect,
+            Effect::Allow
+        );
+        assert_eq!(
+            p.evaluate(&call("t", &json!({"b": "dev"}))).rule_id,
+            Some("not-listed")
+        );
+        assert_eq!(
+            p.evaluate(&call("t", &json!({"b": "main"}))).effect,
+            Effect::Deny
+        );
     }
 
     #[test]
@@ -348,16 +384,30 @@ mod tests {
                 tool: "egress",
                 args: &Value::Null,
                 cost_cents: None,
-                dest: Some(Destination { host, ip: ip.map(|i| i.parse().unwrap()), port }),
+                dest: Some(Destination {
+                    host,
+                    ip: ip.map(|i| i.parse().unwrap()),
+                    port,
+                }),
                 ctx: None,
             };
             let dec = p.evaluate(&req);
             (dec.rule_id, dec.matched_address_range)
         };
-        assert_eq!(d("pypi.org", Some("151.101.0.223"), 443), (Some("pypi"), false));
+        assert_eq!(
+            d("pypi.org", Some("151.101.0.223"), 443),
+            (Some("pypi"), false)
+        );
         assert_eq!(d("pypi.org", None, 80), (None, false));
-        assert_eq!(d("files.pythonhosted.org", None, 443), (Some("pypi"), false));
-        assert_eq!(d("pythonhosted.org", None, 443), (None, false), "*.x is below x only");
+        assert_eq!(
+            d("files.pythonhosted.org", None, 443),
+            (Some("pypi"), false)
+        );
+        assert_eq!(
+            d("pythonhosted.org", None, 443),
+            (None, false),
+            "*.x is below x only"
+        );
         assert_eq!(d("evilpythonhosted.org", None, 443), (None, false));
         assert_eq!(d("localhost", Some("127.0.0.1"), 8080), (Some("lo"), true));
         assert_eq!(d("127.0.0.1", None, 8080), (Some("lo"), true));
@@ -366,6 +416,10 @@ mod tests {
         assert_eq!(d("fd12::1", None, 1), (Some("v6"), true));
         // A literal that is spelled like a name pattern never matches one.
         let none = call("egress", &Value::Null);
-        assert_eq!(p.evaluate(&none).rule_id, None, "no destination: host rules do not match");
+        assert_eq!(
+            p.evaluate(&none).rule_id,
+            None,
+            "no destination: host rules do not match"
+        );
     }
 }

@@ -8,8 +8,26 @@ use utoipa::OpenApi;
 
 #[derive(OpenApi)]
 #[openapi(
-    paths(http::create, http::add_version, http::list, http::latest, http::version),
-    components(schemas(PolicyDocument, Rule, Effect, Match, ArgCondition, NumberCondition, Op,
-                       StoredPolicy, PolicySummary, PolicyList, ErrorBody, ErrorDetail))
+    paths(
+        http::create,
+        http::add_version,
+        http::list,
+        http::latest,
+        http::version
+    ),
+    components(schemas(
+        PolicyDocument,
+        Rule,
+        Effect,
+        Match,
+        ArgCondition,
+        NumberCondition,
+        Op,
+        StoredPolicy,
+        PolicySummary,
+        PolicyList,
+        ErrorBody,
+        ErrorDetail
+    ))
 )]
 pub struct PolicyApiDoc;

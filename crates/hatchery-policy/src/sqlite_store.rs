@@ -64,7 +64,11 @@ impl SqlitePolicyStore {
         migrate(&mut conn)?;
         let tx = conn.transaction()?;
         let have: bool = tx
-            .query_row("SELECT 1 FROM policies WHERE id = ?1", [STANDARD_ID], |_| Ok(()))
+            .query_row(
+                "SELECT 1 FROM policies WHERE id = ?1",
+                [STANDARD_ID],
+                |_| Ok(()),
+            )
             .optional()?
             .is_some();
         if !have {
@@ -160,7 +164,8 @@ fn insert_policy(
     })
 }
 
-const SELECT_VERSION: &str = "SELECT v.policy_id, v.version, v.document, v.sha256, v.created_at, p.builtin
+const SELECT_VERSION: &str =
+    "SELECT v.policy_id, v.version, v.document, v.sha256, v.created_at, p.builtin
      FROM policy_versions v JOIN policies p ON p.id = v.policy_id";
 
 fn read_version(r: &Row<'_>) -> rusqlite::Result<(String, u32, String, String, String, bool)> {
@@ -240,7 +245,9 @@ impl PolicyStore for SqlitePolicyStore {
                 params![id, version, doc.name, ts, latest],
             )?;
             if moved != 1 {
-                return Err(StoreError::Task(format!("{id}: latest version moved under us")));
+                return Err(StoreError::Task(format!(
+                    "{id}: latest version moved under us"
+                )));
             }
             tx.commit()?;
             Ok(StoredPolicy {
@@ -279,7 +286,8 @@ impl PolicyStore for SqlitePolicyStore {
     async fn latest(&self, id: &str) -> Result<StoredPolicy, StoreError> {
         let id = id.to_string();
         self.with(move |c| {
-            let sql = format!("{SELECT_VERSION} WHERE v.policy_id = ?1 AND v.version = p.latest_version");
+            let sql =
+                format!("{SELECT_VERSION} WHERE v.policy_id = ?1 AND v.version = p.latest_version");
             let row = c.query_row(&sql, [&id], read_version).optional()?;
             decode(row.ok_or(StoreError::NotFound(id))?)
         })
@@ -290,7 +298,10 @@ impl PolicyStore for SqlitePolicyStore {
         let id = id.to_string();
         self.with(move |c| {
             let sql = format!("{SELECT_VERSION} WHERE v.policy_id = ?1 AND v.version = ?2");
-            match c.query_row(&sql, params![id, version], read_version).optional()? {
+            match c
+                .query_row(&sql, params![id, version], read_version)
+                .optional()?
+            {
                 Some(row) => decode(row),
                 None => {
                     let exists = c
@@ -324,26 +335,54 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("policies.db");
         let s = SqlitePolicyStore::open(&path).unwrap();
-        let p1 = s.create(doc("a", json!([{"id": "r", "effect": "allow"}]))).await.unwrap();
+        let p1 = s
+            .create(doc("a", json!([{"id": "r", "effect": "allow"}])))
+            .await
+            .unwrap();
         assert_eq!(p1.version, 1);
         assert!(p1.id.starts_with("pol_") && p1.id.len() == 20);
-        let p2 = s.add_version(&p1.id, doc("a2", json!([{"id": "r", "effect": "deny"}]))).await.unwrap();
+        let p2 = s
+            .add_version(&p1.id, doc("a2", json!([{"id": "r", "effect": "deny"}])))
+            .await
+            .unwrap();
         assert_eq!(p2.version, 2);
         assert_ne!(p1.sha256, p2.sha256);
         assert_eq!(s.latest(&p1.id).await.unwrap().version, 2);
         let old = s.version(&p1.id, 1).await.unwrap();
         assert_eq!(old.document, p1.document, "version 1 is unchanged");
-        assert!(matches!(s.version(&p1.id, 3).await, Err(StoreError::VersionNotFound(_, 3))));
-        assert!(matches!(s.latest("pol_nope").await, Err(StoreError::NotFound(_))));
-        assert!(matches!(s.add_version("pol_nope", p1.document.clone()).await, Err(StoreError::NotFound(_))));
+        assert!(matches!(
+            s.version(&p1.id, 3).await,
+            Err(StoreError::VersionNotFound(_, 3))
+        ));
+        assert!(matches!(
+            s.latest("pol_nope").await,
+            Err(StoreError::NotFound(_))
+        ));
+        assert!(matches!(
+            s.add_version("pol_nope", p1.document.clone()).await,
+            Err(StoreError::NotFound(_))
+        ));
         assert!(matches!(
             s.add_version(STANDARD_ID, p1.document.clone()).await,
             Err(StoreError::ReadOnly(_))
         ));
-        let bad = doc("b", json!([{"id": "ok", "effect": "allow"}, {"id": "BAD", "effect": "deny"}]));
-        assert!(matches!(s.create(bad.clone()).await, Err(StoreError::Invalid(_))));
-        assert!(matches!(s.add_version(&p1.id, bad).await, Err(StoreError::Invalid(_))));
-        assert_eq!(s.latest(&p1.id).await.unwrap().version, 2, "a refused version leaves nothing");
+        let bad = doc(
+            "b",
+            json!([{"id": "ok", "effect": "allow"}, {"id": "BAD", "effect": "deny"}]),
+        );
+        assert!(matches!(
+            s.create(bad.clone()).await,
+            Err(StoreError::Invalid(_))
+        ));
+        assert!(matches!(
+            s.add_version(&p1.id, bad).await,
+            Err(StoreError::Invalid(_))
+        ));
+        assert_eq!(
+            s.latest(&p1.id).await.unwrap().version,
+            2,
+            "a refused version leaves nothing"
+        );
         let list = s.list().await.unwrap();
         assert_eq!(list.len(), 2);
         assert!(list.iter().any(|p| p.id == STANDARD_ID && p.builtin));
@@ -352,7 +391,10 @@ mod tests {
         // The database itself refuses to rewrite or drop a version.
         let c = Connection::open(&path).unwrap();
         let e = c
-            .execute("UPDATE policy_versions SET document = '{}' WHERE policy_id = ?1", [&p1.id])
+            .execute(
+                "UPDATE policy_versions SET document = '{}' WHERE policy_id = ?1",
+                [&p1.id],
+            )
             .unwrap_err();
         assert!(e.to_string().contains("immutable"), "{e}");
         assert!(c.execute("DELETE FROM policy_versions", []).is_err());
@@ -373,7 +415,10 @@ mod tests {
             let s = s.clone();
             let id = p.id.clone();
             tasks.push(tokio::spawn(async move {
-                s.add_version(&id, doc("a", json!([]))).await.unwrap().version
+                s.add_version(&id, doc("a", json!([])))
+                    .await
+                    .unwrap()
+                    .version
             }));
         }
         let mut got: Vec<u32> = Vec::new();

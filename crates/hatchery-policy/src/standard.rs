@@ -61,8 +61,14 @@ mod tests {
         ctx.insert("session_branch".into(), json!("hatchery/ses_1"));
         let push = |branch: &str| {
             let args = json!({"branch": branch});
-            p.evaluate(&Request { tool: "git_push", args: &args, cost_cents: None, dest: None, ctx: Some(&ctx) })
-                .effect
+            p.evaluate(&Request {
+                tool: "git_push",
+                args: &args,
+                cost_cents: None,
+                dest: None,
+                ctx: Some(&ctx),
+            })
+            .effect
         };
         assert_eq!(push("hatchery/ses_1"), Effect::Allow);
         assert_eq!(push("main"), Effect::Deny);
@@ -73,7 +79,11 @@ mod tests {
                 tool,
                 args: &Value::Null,
                 cost_cents: None,
-                dest: Some(Destination { host, ip: None, port }),
+                dest: Some(Destination {
+                    host,
+                    ip: None,
+                    port,
+                }),
                 ctx: Some(&ctx),
             })
             .effect
