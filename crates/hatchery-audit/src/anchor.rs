@@ -65,7 +65,10 @@ impl Anchor {
                 seq: h.seq,
                 hash: h.hash.clone(),
             };
-            buf.push_str(&serde_json::to_string(&line).map_err(|e| AuditError::Invalid("anchor", e.to_string()))?);
+            buf.push_str(
+                &serde_json::to_string(&line)
+                    .map_err(|e| AuditError::Invalid("anchor", e.to_string()))?,
+            );
             buf.push('\n');
         }
         // One write of whole lines: O_APPEND keeps concurrent writers'
@@ -74,7 +77,9 @@ impl Anchor {
         f.sync_all().map_err(err)?;
         if created {
             if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(err)?;
+                std::fs::File::open(dir)
+                    .and_then(|d| d.sync_all())
+                    .map_err(err)?;
             }
         }
         if let Some(argv) = &self.hook {
@@ -102,7 +107,10 @@ fn run_hook(argv: &[String], input: &[u8]) -> Result<(), AuditError> {
     }
     let deadline = std::time::Instant::now() + HOOK_TIMEOUT;
     loop {
-        match child.try_wait().map_err(|e| AuditError::Hook(e.to_string()))? {
+        match child
+            .try_wait()
+            .map_err(|e| AuditError::Hook(e.to_string()))?
+        {
             Some(st) if st.success() => return Ok(()),
             Some(st) => {
                 let mut msg = String::new();
@@ -110,12 +118,17 @@ fn run_hook(argv: &[String], input: &[u8]) -> Result<(), AuditError> {
                     use std::io::Read;
                     let _ = e.by_ref().take(4096).read_to_string(&mut msg);
                 }
-                return Err(AuditError::Hook(format!("{prog} exited with {st}: {}", msg.trim())));
+                return Err(AuditError::Hook(format!(
+                    "{prog} exited with {st}: {}",
+                    msg.trim()
+                )));
             }
             None if std::time::Instant::now() > deadline => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(AuditError::Hook(format!("{prog} took over {HOOK_TIMEOUT:?}")));
+                return Err(AuditError::Hook(format!(
+                    "{prog} took over {HOOK_TIMEOUT:?}"
+                )));
             }
             None => std::thread::sleep(Duration::from_millis(10)),
         }
@@ -131,8 +144,9 @@ pub fn read_anchors(path: &Path) -> Result<Vec<Head>, AuditError> {
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
-            let a: AnchorLine = serde_json::from_str(l)
-                .map_err(|e| AuditError::Invalid("anchor line", format!("{}:{}: {e}", path.display(), i + 1)))?;
+            let a: AnchorLine = serde_json::from_str(l).map_err(|e| {
+                AuditError::Invalid("anchor line", format!("{}:{}: {e}", path.display(), i + 1))
+            })?;
             Ok(Head {
                 chain: a.chain,
                 seq: a.seq,
@@ -146,7 +160,11 @@ pub fn read_anchors(path: &Path) -> Result<Vec<Head>, AuditError> {
 /// `heads` reads them from the store (it runs on a blocking thread). A
 /// failed round is logged and retried at the next tick with everything
 /// still unanchored.
-pub fn spawn_periodic<F>(anchor: Anchor, interval: Duration, heads: F) -> tokio::task::JoinHandle<()>
+pub fn spawn_periodic<F>(
+    anchor: Anchor,
+    interval: Duration,
+    heads: F,
+) -> tokio::task::JoinHandle<()>
 where
     F: Fn() -> Result<Vec<Head>, AuditError> + Send + Sync + 'static,
 {
@@ -173,7 +191,9 @@ where
                         last.insert(m.chain, m.seq);
                     }
                 }
-                Ok(Err(e)) => tracing::error!(error = %e, "audit anchoring failed; retrying next round"),
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "audit anchoring failed; retrying next round")
+                }
                 Err(e) => tracing::error!(error = %e, "audit anchoring task failed"),
             }
         }

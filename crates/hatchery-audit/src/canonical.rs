@@ -101,14 +101,21 @@ mod tests {
             canonical_json(&v).unwrap(),
             "{\"B\":false,\"a\":\"x\\\"\\\\/\\n\\u0001é\",\"b\":[1,-2,{\"a\":true,\"z\":null}],\"é\":0}"
         );
-        assert_eq!(canonical_json(&json!(u64::MAX)).unwrap(), "18446744073709551615");
-        assert_eq!(canonical_json(&json!(1.5)), Err(CanonicalError::Float("1.5".into())));
+        assert_eq!(
+            canonical_json(&json!(u64::MAX)).unwrap(),
+            "18446744073709551615"
+        );
+        assert_eq!(
+            canonical_json(&json!(1.5)),
+            Err(CanonicalError::Float("1.5".into()))
+        );
     }
 
     #[test]
     fn same_value_same_bytes() {
         let a: Value = serde_json::from_str(r#"{"x":1,"y":{"b":2,"a":1}}"#).unwrap();
-        let b: Value = serde_json::from_str("{\n  \"y\": {\"a\": 1, \"b\": 2},\n  \"x\": 1\n}").unwrap();
+        let b: Value =
+            serde_json::from_str("{\n  \"y\": {\"a\": 1, \"b\": 2},\n  \"x\": 1\n}").unwrap();
         assert_eq!(canonical_json(&a).unwrap(), canonical_json(&b).unwrap());
     }
 }

@@ -106,7 +106,8 @@ mod tests {
         );
         // Computed independently, with Python's hashlib:
         // sha256(b"\0" * 32 + canonical).hexdigest()
-        let want = from_hex("6a68c503ad02fe9df0dae493a36b9c3417abc0e728c54e5e343c435be68dbec7").unwrap();
+        let want =
+            from_hex("6a68c503ad02fe9df0dae493a36b9c3417abc0e728c54e5e343c435be68dbec7").unwrap();
         assert_eq!(e.hash(&GENESIS).unwrap(), want);
         assert_eq!(from_hex(&to_hex(&want)), Some(want));
         assert_eq!(from_hex("zz"), None);

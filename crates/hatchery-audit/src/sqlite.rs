@@ -75,18 +75,35 @@ impl SqliteAuditLog {
     }
 
     /// Seals and appends one event to `chain`; returns it as stored.
-    pub fn append(&mut self, chain: &str, kind: &str, data: Value) -> Result<StoredEvent, AuditError> {
+    pub fn append(
+        &mut self,
+        chain: &str,
+        kind: &str,
+        data: Value,
+    ) -> Result<StoredEvent, AuditError> {
         if chain.is_empty() || chain.len() > MAX_CHAIN_BYTES {
-            return Err(AuditError::Invalid("chain", format!("must be 1–{MAX_CHAIN_BYTES} bytes")));
+            return Err(AuditError::Invalid(
+                "chain",
+                format!("must be 1–{MAX_CHAIN_BYTES} bytes"),
+            ));
         }
         if kind.is_empty() || kind.len() > MAX_KIND_BYTES {
-            return Err(AuditError::Invalid("kind", format!("must be 1–{MAX_KIND_BYTES} bytes")));
+            return Err(AuditError::Invalid(
+                "kind",
+                format!("must be 1–{MAX_KIND_BYTES} bytes"),
+            ));
         }
-        let data_json = serde_json::to_string(&data).map_err(|e| AuditError::Invalid("data", e.to_string()))?;
+        let data_json =
+            serde_json::to_string(&data).map_err(|e| AuditError::Invalid("data", e.to_string()))?;
         if data_json.len() > MAX_DATA_BYTES {
-            return Err(AuditError::Invalid("data", format!("over {MAX_DATA_BYTES} bytes")));
+            return Err(AuditError::Invalid(
+                "data",
+                format!("over {MAX_DATA_BYTES} bytes"),
+            ));
         }
-        let tx = self.conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)?;
         let head: Option<(u64, String)> = tx
             .query_row(
                 "SELECT seq, hash FROM audit_events WHERE chain = ?1 ORDER BY seq DESC LIMIT 1",
@@ -127,7 +144,9 @@ impl SqliteAuditLog {
     }
 
     pub fn chains(&self) -> Result<Vec<String>, AuditError> {
-        let mut st = self.conn.prepare("SELECT DISTINCT chain FROM audit_events ORDER BY chain")?;
+        let mut st = self
+            .conn
+            .prepare("SELECT DISTINCT chain FROM audit_events ORDER BY chain")?;
         let rows = st.query_map([], |r| r.get::<_, String>("chain"))?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
@@ -178,7 +197,11 @@ fn migrate(conn: &mut Connection) -> Result<(), AuditError> {
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS audit_migrations (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)",
     )?;
-    let done: i64 = conn.query_row("SELECT COALESCE(MAX(version), 0) FROM audit_migrations", [], |r| r.get(0))?;
+    let done: i64 = conn.query_row(
+        "SELECT COALESCE(MAX(version), 0) FROM audit_migrations",
+        [],
+        |r| r.get(0),
+    )?;
     for (i, sql) in MIGRATIONS.iter().enumerate() {
         let n = i as i64 + 1;
         if n > done {

@@ -133,7 +133,7 @@ pub fn check_anchors(
                     anchored_hash: a.hash.clone(),
                 },
             };
-            if worst.as_ref().map_or(true, |w| bad.seq < w.seq) {
+            if !matches!(&worst, Some(w) if w.seq <= bad.seq) {
                 worst = Some(bad);
             }
         }

@@ -17,7 +17,10 @@ impl Drop for Tmp {
 }
 
 fn tmpdir() -> Tmp {
-    let n = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     let d = std::env::temp_dir().join(format!("hatchery-audit-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     Tmp(d)
@@ -28,22 +31,31 @@ fn fixture(dir: &Tmp) -> PathBuf {
     let path = dir.0.join("audit.db");
     let mut log = SqliteAuditLog::open(&path).unwrap();
     for i in 0..20 {
-        log.append("ses_a", "tool_call.recorded", json!({"seq": i, "tool": "git_push", "args": {"branch": "b"}}))
-            .unwrap();
+        log.append(
+            "ses_a",
+            "tool_call.recorded",
+            json!({"seq": i, "tool": "git_push", "args": {"branch": "b"}}),
+        )
+        .unwrap();
         if i < 5 {
-            log.append("ses_b", "egress.denied", json!({"host": "evil.example", "port": 443})).unwrap();
+            log.append(
+                "ses_b",
+                "egress.denied",
+                json!({"host": "evil.example", "port": 443}),
+            )
+            .unwrap();
         }
     }
     path
 }
 
-fn first_bad(path: &PathBuf, chain: &str) -> Option<(u64, Problem)> {
+fn first_bad(path: &std::path::Path, chain: &str) -> Option<(u64, Problem)> {
     let log = SqliteAuditLog::open_read_only(path).unwrap();
     let r = log.verify_chain(chain, &[]).unwrap();
     r.first_bad.map(|b| (b.seq, b.problem))
 }
 
-fn sql(path: &PathBuf, stmt: &str) {
+fn sql(path: &std::path::Path, stmt: &str) {
     Connection::open(path).unwrap().execute_batch(stmt).unwrap();
 }
 
@@ -58,7 +70,13 @@ fn untouched_log_verifies() {
     assert_eq!(r.head.as_ref().unwrap().seq, 20);
     assert_eq!(log.chains().unwrap(), vec!["ses_a", "ses_b"]);
     let heads = log.heads().unwrap();
-    assert_eq!(heads.iter().map(|h| (h.chain.as_str(), h.seq)).collect::<Vec<_>>(), vec![("ses_a", 20), ("ses_b", 5)]);
+    assert_eq!(
+        heads
+            .iter()
+            .map(|h| (h.chain.as_str(), h.seq))
+            .collect::<Vec<_>>(),
+        vec![("ses_a", 20), ("ses_b", 5)]
+    );
     assert_eq!(first_bad(&path, "ses_b"), None);
 }
 
@@ -80,24 +98,48 @@ fn edited_rows_are_caught_at_their_seq() {
     // A hash edited to match nothing, or to garbage.
     let d = tmpdir();
     let path = fixture(&d);
-    sql(&path, &format!("UPDATE audit_events SET hash = '{}' WHERE chain='ses_a' AND seq=4", "0".repeat(64)));
+    sql(
+        &path,
+        &format!(
+            "UPDATE audit_events SET hash = '{}' WHERE chain='ses_a' AND seq=4",
+            "0".repeat(64)
+        ),
+    );
     assert_eq!(first_bad(&path, "ses_a"), Some((4, Problem::HashMismatch)));
     let d = tmpdir();
     let path = fixture(&d);
-    sql(&path, "UPDATE audit_events SET prev_hash = 'zz' WHERE chain='ses_a' AND seq=9");
-    assert_eq!(first_bad(&path, "ses_a"), Some((9, Problem::PrevHashMismatch)));
+    sql(
+        &path,
+        "UPDATE audit_events SET prev_hash = 'zz' WHERE chain='ses_a' AND seq=9",
+    );
+    assert_eq!(
+        first_bad(&path, "ses_a"),
+        Some((9, Problem::PrevHashMismatch))
+    );
 }
 
 #[test]
 fn deleted_rows_are_caught() {
     let d = tmpdir();
     let path = fixture(&d);
-    sql(&path, "DELETE FROM audit_events WHERE chain='ses_a' AND seq=5");
-    assert_eq!(first_bad(&path, "ses_a"), Some((5, Problem::SeqGap { found: 6 })));
+    sql(
+        &path,
+        "DELETE FROM audit_events WHERE chain='ses_a' AND seq=5",
+    );
+    assert_eq!(
+        first_bad(&path, "ses_a"),
+        Some((5, Problem::SeqGap { found: 6 }))
+    );
     let d = tmpdir();
     let path = fixture(&d);
-    sql(&path, "DELETE FROM audit_events WHERE chain='ses_a' AND seq=1");
-    assert_eq!(first_bad(&path, "ses_a"), Some((1, Problem::SeqGap { found: 2 })));
+    sql(
+        &path,
+        "DELETE FROM audit_events WHERE chain='ses_a' AND seq=1",
+    );
+    assert_eq!(
+        first_bad(&path, "ses_a"),
+        Some((1, Problem::SeqGap { found: 2 }))
+    );
     // Deleting a row and renumbering the rest to close the gap.
     let d = tmpdir();
     let path = fixture(&d);
@@ -107,7 +149,10 @@ fn deleted_rows_are_caught() {
          UPDATE audit_events SET seq = -(seq - 1) WHERE chain='ses_a' AND seq > 5;
          UPDATE audit_events SET seq = -seq WHERE chain='ses_a' AND seq < 0;",
     );
-    assert_eq!(first_bad(&path, "ses_a"), Some((5, Problem::PrevHashMismatch)));
+    assert_eq!(
+        first_bad(&path, "ses_a"),
+        Some((5, Problem::PrevHashMismatch))
+    );
 }
 
 #[test]
@@ -121,7 +166,10 @@ fn reordered_rows_are_caught() {
          UPDATE audit_events SET seq = 3 WHERE chain='ses_a' AND seq=4;
          UPDATE audit_events SET seq = 4 WHERE chain='ses_a' AND seq=-1;",
     );
-    assert_eq!(first_bad(&path, "ses_a"), Some((3, Problem::PrevHashMismatch)));
+    assert_eq!(
+        first_bad(&path, "ses_a"),
+        Some((3, Problem::PrevHashMismatch))
+    );
     // Swap everything but seq (rows' content changes places).
     let d = tmpdir();
     let path = fixture(&d);
@@ -132,12 +180,21 @@ fn reordered_rows_are_caught() {
            (SELECT ts, kind, data, prev_hash, hash FROM t WHERE t.seq = 21 - audit_events.seq)
          WHERE chain='ses_a' AND seq IN (10, 11);",
     );
-    assert_eq!(first_bad(&path, "ses_a"), Some((10, Problem::PrevHashMismatch)));
+    assert_eq!(
+        first_bad(&path, "ses_a"),
+        Some((10, Problem::PrevHashMismatch))
+    );
     // Move a row to another chain.
     let d = tmpdir();
     let path = fixture(&d);
-    sql(&path, "UPDATE audit_events SET chain='ses_b', seq=6 WHERE chain='ses_a' AND seq=20");
-    assert_eq!(first_bad(&path, "ses_b"), Some((6, Problem::PrevHashMismatch)));
+    sql(
+        &path,
+        "UPDATE audit_events SET chain='ses_b', seq=6 WHERE chain='ses_a' AND seq=20",
+    );
+    assert_eq!(
+        first_bad(&path, "ses_b"),
+        Some((6, Problem::PrevHashMismatch))
+    );
 }
 
 #[test]
@@ -148,16 +205,26 @@ fn anchors_catch_a_dropped_or_rewritten_tail() {
     let hook_out = d.0.join("hook.out");
     let anchor = Anchor {
         path: anchors_path.clone(),
-        hook: Some(vec!["/bin/sh".into(), "-c".into(), format!("cat >> {}", hook_out.display())]),
+        hook: Some(vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            format!("cat >> {}", hook_out.display()),
+        ]),
     };
     let heads = SqliteAuditLog::open(&path).unwrap().heads().unwrap();
     anchor.anchor(&heads).unwrap();
-    assert_eq!(std::fs::read_to_string(&anchors_path).unwrap(), std::fs::read_to_string(&hook_out).unwrap());
+    assert_eq!(
+        std::fs::read_to_string(&anchors_path).unwrap(),
+        std::fs::read_to_string(&hook_out).unwrap()
+    );
     let anchors = read_anchors(&anchors_path).unwrap();
     assert_eq!(anchors, heads);
 
     // Dropping the last event leaves a valid, shorter chain.
-    sql(&path, "DELETE FROM audit_events WHERE chain='ses_a' AND seq=20");
+    sql(
+        &path,
+        "DELETE FROM audit_events WHERE chain='ses_a' AND seq=20",
+    );
     let log = SqliteAuditLog::open_read_only(&path).unwrap();
     assert!(log.verify_chain("ses_a", &[]).unwrap().ok());
     let r = log.verify_chain("ses_a", &anchors).unwrap();
@@ -173,14 +240,30 @@ fn anchors_catch_a_dropped_or_rewritten_tail() {
     let path = fixture(&d);
     let c = Connection::open(&path).unwrap();
     let mut prev: [u8; 32] = {
-        let h: String = c.query_row("SELECT hash FROM audit_events WHERE chain='ses_a' AND seq=14", [], |r| r.get(0)).unwrap();
+        let h: String = c
+            .query_row(
+                "SELECT hash FROM audit_events WHERE chain='ses_a' AND seq=14",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
         from_hex(&h).unwrap()
     };
     for seq in 15..=20u64 {
         let ts: String = c
-            .query_row("SELECT ts FROM audit_events WHERE chain='ses_a' AND seq=?1", [seq], |r| r.get(0))
+            .query_row(
+                "SELECT ts FROM audit_events WHERE chain='ses_a' AND seq=?1",
+                [seq],
+                |r| r.get(0),
+            )
             .unwrap();
-        let ev = Event { chain: "ses_a".into(), seq, ts, kind: "tool_call.recorded".into(), data: json!({"forged": true}) };
+        let ev = Event {
+            chain: "ses_a".into(),
+            seq,
+            ts,
+            kind: "tool_call.recorded".into(),
+            data: json!({"forged": true}),
+        };
         let s = ev.seal(prev).unwrap();
         c.execute(
             "UPDATE audit_events SET data = ?1, prev_hash = ?2, hash = ?3 WHERE chain='ses_a' AND seq=?4",
@@ -191,7 +274,10 @@ fn anchors_catch_a_dropped_or_rewritten_tail() {
     }
     drop(c);
     let log = SqliteAuditLog::open_read_only(&path).unwrap();
-    assert!(log.verify_chain("ses_a", &[]).unwrap().ok(), "a consistent rewrite passes the chain check alone");
+    assert!(
+        log.verify_chain("ses_a", &[]).unwrap().ok(),
+        "a consistent rewrite passes the chain check alone"
+    );
     let r = log.verify_chain("ses_a", &anchors).unwrap();
     assert_eq!(r.first_bad.map(|b| b.seq), Some(20));
 }
@@ -199,8 +285,19 @@ fn anchors_catch_a_dropped_or_rewritten_tail() {
 #[test]
 fn anchor_hook_failure_is_an_error_and_the_file_keeps_the_line() {
     let d = tmpdir();
-    let a = Anchor { path: d.0.join("a.jsonl"), hook: Some(vec!["/bin/sh".into(), "-c".into(), "echo nope >&2; exit 3".into()]) };
-    let heads = vec![hatchery_audit::Head { chain: "c".into(), seq: 1, hash: "00".repeat(32) }];
+    let a = Anchor {
+        path: d.0.join("a.jsonl"),
+        hook: Some(vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            "echo nope >&2; exit 3".into(),
+        ]),
+    };
+    let heads = vec![hatchery_audit::Head {
+        chain: "c".into(),
+        seq: 1,
+        hash: "00".repeat(32),
+    }];
     let e = a.anchor(&heads).unwrap_err().to_string();
     assert!(e.contains("exit") && e.contains("nope"), "{e}");
     assert_eq!(read_anchors(&a.path).unwrap(), heads);
@@ -218,7 +315,10 @@ fn caps_on_appends() {
     assert!(log.append("c", "k", json!("x".repeat(max - 1))).is_err());
     assert!(log.append("", "k", json!({})).is_err());
     assert!(log.append(&"c".repeat(129), "k", json!({})).is_err());
-    assert!(log.append("c", "k", json!({"f": 1.5})).is_err(), "floats have no canonical form");
+    assert!(
+        log.append("c", "k", json!({"f": 1.5})).is_err(),
+        "floats have no canonical form"
+    );
     let r = log.verify_chain("c", &[]).unwrap();
     assert!(r.ok() && r.verified == 1, "{r:?}");
 }
