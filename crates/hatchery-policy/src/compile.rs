@@ -167,14 +167,14 @@ fn compile_rule(rule: &Rule) -> Result<CompiledRule, String> {
         .enumerate()
         .map(|(i, c)| compile_cond(c).map_err(|e| format!("match.args[{i}] ({:?}): {e}", c.field)))
         .collect::<Result<Vec<_>, _>>()?;
-    let cost = match &m.cost_cents {
+    let cost = match &m.cost {
         None => None,
         Some(c) if matches!(c.op, Op::Eq | Op::Ne | Op::Gt | Op::Ge | Op::Lt | Op::Le) => {
             Some((c.op, c.value))
         }
         Some(c) => {
             return Err(format!(
-                "match.cost_cents: op {:?} is not a comparison",
+                "match.cost: op {:?} is not a comparison",
                 c.op
             ))
         }
@@ -490,7 +490,7 @@ mod tests {
                 "context reference",
             ),
             (
-                serde_json::json!([{"id": "c", "effect": "allow", "match": {"cost_cents": {"op": "glob", "value": 3}}}]),
+                serde_json::json!([{"id": "c", "effect": "allow", "match": {"cost": {"op": "glob", "value": 3}}}]),
                 "not a comparison",
             ),
         ] {

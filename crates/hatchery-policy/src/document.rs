@@ -51,10 +51,10 @@ pub struct Match {
     /// Conditions on the call's JSON arguments; all must hold.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<ArgCondition>,
-    /// A comparison on the call's estimated cost in cents. A request without
+    /// A comparison on the call's estimated cost, in cents. A request without
     /// an estimate does not match a rule that has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cost_cents: Option<NumberCondition>,
+    pub cost: Option<NumberCondition>,
     /// Destination host patterns; one must match. `example.com` exactly,
     /// `*.example.com` any name below it (not itself), an IP literal, or a
     /// CIDR range such as `10.1.0.0/16` (matched against the resolved

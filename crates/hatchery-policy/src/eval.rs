@@ -361,8 +361,8 @@ mod tests {
     #[test]
     fn cost() {
         let p = policy(json!([
-            {"id": "cheap", "effect": "allow", "match": {"cost_cents": {"op": "le", "value": 100}}},
-            {"id": "dear", "effect": "require_approval", "match": {"cost_cents": {"op": "gt", "value": 100}}}
+            {"id": "cheap", "effect": "allow", "match": {"cost": {"op": "le", "value": 100}}},
+            {"id": "dear", "effect": "require_approval", "match": {"cost": {"op": "gt", "value": 100}}}
         ]));
         let mut r = call("llm", &Value::Null);
         assert_eq!(p.evaluate(&r).effect, Effect::Deny, "no estimate: no match");

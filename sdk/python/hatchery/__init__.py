@@ -7,8 +7,8 @@
         server = sbx.exec("python3 -m http.server 8000", background=True)
 """
 
-from .client import (ROUTES, Client, ExecStream, Filesystem, Network, Process, ProcessOutput, Sandbox, Snapshot,
-                     Template, Terminal, configure, default_client)
+from .client import (ROUTES, Client, ExecStream, Filesystem, Network, Policies, Process, ProcessOutput, Sandbox,
+                     Snapshot, Template, Terminal, configure, default_client)
 from .errors import (AuthError, BadRequest, BuildFailed, Conflict, ConnectionFailed, GuestError, HatcheryError,
                      NotFound, PermissionDenied, RateLimited, SandboxTimeout, ServerError, ServiceUnavailable,
                      StreamError, TooLarge)
@@ -16,6 +16,7 @@ from .models import (BuildAccepted, BuildEvent, CodeContext, ExecReason, ExecRes
                      FileEntry, Logs, NetworkEvent, NetworkPolicy, NetworkRule, OutputChunk, OutputEncoding,
                      PreviewUrl, ProcessChunk, ProcessInfo, ProcessState, Result, SandboxInfo, SnapshotInfo, TemplateInfo,
                      TerminalExit, TerminalToken)
+from .models import PolicySummary, StoredPolicy
 
 __version__ = "0.1.0"
 
@@ -30,4 +31,5 @@ __all__ = [
     "BuildEvent", "NetworkPolicy", "NetworkRule", "NetworkEvent", "ExecReason",
     "Execution", "Result", "ExecutionError", "Logs", "CodeContext", "ProcessInfo", "ProcessChunk", "ProcessState",
     "OutputEncoding", "Terminal", "PreviewUrl", "TerminalToken", "TerminalExit",
+    "Policies", "StoredPolicy", "PolicySummary",
 ]
