@@ -172,12 +172,7 @@ fn compile_rule(rule: &Rule) -> Result<CompiledRule, String> {
         Some(c) if matches!(c.op, Op::Eq | Op::Ne | Op::Gt | Op::Ge | Op::Lt | Op::Le) => {
             Some((c.op, c.value))
         }
-        Some(c) => {
-            return Err(format!(
-                "match.cost: op {:?} is not a comparison",
-                c.op
-            ))
-        }
+        Some(c) => return Err(format!("match.cost: op {:?} is not a comparison", c.op)),
     };
     let hosts = match &m.hosts {
         None => None,
