@@ -104,6 +104,10 @@ enum Cmd {
     /// A sandbox's network egress policy.
     #[command(subcommand)]
     Network(network::NetworkCmd),
+    /// Audit logs: `audit verify --db FILE [CHAIN]` checks hash chains
+    /// offline (exit 2 names the first bad seq).
+    #[command(subcommand)]
+    Audit(commands::audit::AuditCmd),
 }
 
 #[tokio::main]
@@ -181,6 +185,7 @@ fn client_cmd(api: &Api, cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Snapshot(c) => snapshot::run(api, c),
         Cmd::Template(c) => template::run(api, c),
         Cmd::Network(c) => network::run(api, c),
+        Cmd::Audit(c) => commands::audit::run(c),
         Cmd::Serve(_) | Cmd::Run(_) => unreachable!("handled in main"),
     }
 }
