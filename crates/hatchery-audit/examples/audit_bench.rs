@@ -29,7 +29,9 @@ fn main() {
     let data = |i: usize| json!({"tool": "git_push", "seq": i, "args": {"branch": "hatchery/ses_1", "remote": "origin"}, "decision": {"effect": "allow", "rule": "push-session-branch"}});
 
     let samples = n.min(1000);
+    // Interleaved, so both see the same disk and WAL state over the run.
     let mut plain = Vec::with_capacity(samples);
+    let mut sealed = Vec::with_capacity(samples);
     for i in 0..samples {
         let d = data(i).to_string();
         let t = Instant::now();
@@ -40,9 +42,6 @@ fn main() {
             )
             .unwrap();
         plain.push(t.elapsed().as_secs_f64() * 1e6);
-    }
-    let mut sealed = Vec::with_capacity(samples);
-    for i in 0..samples {
         let t = Instant::now();
         log.append("ses_1", "tool_call", data(i)).unwrap();
         sealed.push(t.elapsed().as_secs_f64() * 1e6);

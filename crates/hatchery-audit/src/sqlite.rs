@@ -63,6 +63,8 @@ impl SqliteAuditLog {
         let mut conn = Connection::open(path)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
+        // An event must be on disk before the effect it records happens.
+        conn.pragma_update(None, "synchronous", "FULL")?;
         migrate(&mut conn)?;
         Ok(SqliteAuditLog { conn })
     }

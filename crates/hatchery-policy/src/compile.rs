@@ -172,7 +172,7 @@ fn compile_rule(rule: &Rule) -> Result<CompiledRule, String> {
         Some(c) if matches!(c.op, Op::Eq | Op::Ne | Op::Gt | Op::Ge | Op::Lt | Op::Le) => {
             Some((c.op, c.value))
         }
-        Some(c) => return Err(format!("match.cost: op {:?} is not a comparison", c.op)),
+        Some(c) => return Err(format!("match.cost: op {} is not a comparison", c.op)),
     };
     let hosts = match &m.hosts {
         None => None,
@@ -234,12 +234,12 @@ fn compile_cond(c: &ArgCondition) -> Result<CompiledCond, String> {
     }
     let operand = match (&c.value, c.op) {
         (None, Op::Exists | Op::Absent) => Operand::None,
-        (Some(_), Op::Exists | Op::Absent) => return Err(format!("op {:?} takes no value", c.op)),
-        (None, op) => return Err(format!("op {op:?} needs a value")),
+        (Some(_), Op::Exists | Op::Absent) => return Err(format!("op {} takes no value", c.op)),
+        (None, op) => return Err(format!("op {op} needs a value")),
         (Some(v), op) => {
             if let Some(name) = ctx_ref(v)? {
                 if matches!(op, Op::In | Op::NotIn) {
-                    return Err(format!("op {op:?} needs an array, not a context value"));
+                    return Err(format!("op {op} needs an array, not a context value"));
                 }
                 Operand::Ctx(name)
             } else {
@@ -274,21 +274,21 @@ fn check_operand(op: Op, v: &Value) -> Result<(), String> {
     }
     match op {
         Op::Gt | Op::Ge | Op::Lt | Op::Le if !v.is_number() => {
-            Err(format!("op {op:?} needs a number value"))
+            Err(format!("op {op} needs a number value"))
         }
-        Op::Glob | Op::Prefix if !v.is_string() => Err(format!("op {op:?} needs a string value")),
+        Op::Glob | Op::Prefix if !v.is_string() => Err(format!("op {op} needs a string value")),
         Op::In | Op::NotIn => match v {
             Value::Array(a) if !a.is_empty() => {
                 let first = std::mem::discriminant(&a[0]);
                 if a.iter().any(|x| std::mem::discriminant(x) != first) {
                     Err(format!(
-                        "op {op:?}: array elements must share one JSON type"
+                        "op {op}: array elements must share one JSON type"
                     ))
                 } else {
                     Ok(())
                 }
             }
-            _ => Err(format!("op {op:?} needs a non-empty array value")),
+            _ => Err(format!("op {op} needs a non-empty array value")),
         },
         _ => Ok(()),
     }

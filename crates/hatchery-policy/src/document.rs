@@ -111,3 +111,23 @@ pub enum Op {
     Exists,
     Absent,
 }
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The document's spelling, so errors quote what the caller wrote.
+        f.write_str(match self {
+            Op::Eq => "eq",
+            Op::Ne => "ne",
+            Op::Gt => "gt",
+            Op::Ge => "ge",
+            Op::Lt => "lt",
+            Op::Le => "le",
+            Op::Glob => "glob",
+            Op::Prefix => "prefix",
+            Op::In => "in",
+            Op::NotIn => "not_in",
+            Op::Exists => "exists",
+            Op::Absent => "absent",
+        })
+    }
+}
