@@ -93,6 +93,7 @@ pub struct Proxy {
     limits: Limits,
     tunnels: Arc<Semaphore>,
     per_session: Mutex<HashMap<SessionId, usize>>,
+    metrics: crate::metrics::EgressMetrics,
 }
 
 struct Refusal {
@@ -129,7 +130,12 @@ impl Proxy {
             tunnels: Arc::new(Semaphore::new(limits.max_tunnels)),
             limits,
             per_session: Mutex::new(HashMap::new()),
+            metrics: crate::metrics::EgressMetrics::new(),
         })
+    }
+
+    pub fn metrics(&self) -> &crate::metrics::EgressMetrics {
+        &self.metrics
     }
 
     /// Accepts until the listener fails.
@@ -143,6 +149,14 @@ impl Proxy {
     }
 
     fn emit(&self, verdict: Verdict, session: Option<&str>, peer: SocketAddr, r: &Refusal) {
+        let v = match verdict {
+            Verdict::Allowed => "allowed",
+            Verdict::Denied => "denied",
+        };
+        self.metrics
+            .connections
+            .with_label_values(&[v, &r.status.to_string()])
+            .inc();
         (self.events)(EgressEvent {
             verdict,
             session: session.map(str::to_string),
@@ -170,27 +184,27 @@ impl Proxy {
             answer(&mut sock, &r).await;
             return;
         };
+        // Counted from here, before anything is dialled: a session at its
+        // cap makes no new upstream connection at all.
+        let Some(_slot) = SessionSlot::take(&self, &session) else {
+            let r = refuse(
+                429,
+                format!(
+                    "session has {} tunnels open (the cap)",
+                    self.limits.max_tunnels_per_session
+                ),
+            );
+            self.emit(Verdict::Denied, Some(&session), peer, &r);
+            answer(&mut sock, &r).await;
+            return;
+        };
         match self.open(&mut sock, &session).await {
             Err(r) => {
                 self.emit(Verdict::Denied, Some(&session), peer, &r);
                 answer(&mut sock, &r).await;
             }
-            Ok((upstream, first, ok)) => {
-                let Some(_slot) = SessionSlot::take(&self, &session) else {
-                    let r = Refusal {
-                        status: 429,
-                        reason: format!(
-                            "session has {} tunnels open (the cap)",
-                            self.limits.max_tunnels_per_session
-                        ),
-                        ..ok
-                    };
-                    self.emit(Verdict::Denied, Some(&session), peer, &r);
-                    answer(&mut sock, &r).await;
-                    return;
-                };
+            Ok((mut upstream, first, ok)) => {
                 self.emit(Verdict::Allowed, Some(&session), peer, &ok);
-                let mut upstream = upstream;
                 if let Some(reply) = first.reply {
                     if sock.write_all(reply.as_bytes()).await.is_err() {
                         return;
@@ -199,7 +213,11 @@ impl Proxy {
                 if upstream.write_all(&first.to_upstream).await.is_err() {
                     return;
                 }
-                pump(sock, upstream, self.limits.idle).await;
+                self.metrics.tunnels_open.inc();
+                let (up, down) = pump(sock, upstream, self.limits.idle).await;
+                self.metrics.bytes.with_label_values(&["up"]).inc_by(up);
+                self.metrics.bytes.with_label_values(&["down"]).inc_by(down);
+                self.metrics.tunnels_open.dec();
             }
         }
     }
@@ -473,14 +491,16 @@ async fn answer(sock: &mut TcpStream, r: &Refusal) {
     let _ = sock.shutdown().await;
 }
 
-/// Relays both ways until both sides finish or nothing moves for `idle`.
-async fn pump(a: TcpStream, b: TcpStream, idle: Duration) {
+/// Relays both ways until both sides finish or nothing moves for `idle`;
+/// returns the bytes moved (up, down).
+async fn pump(a: TcpStream, b: TcpStream, idle: Duration) -> (u64, u64) {
     let start = Instant::now();
     let last = Arc::new(AtomicU64::new(0));
     let (ar, aw) = a.into_split();
     let (br, bw) = b.into_split();
-    let up = copy_half(ar, bw, last.clone(), start);
-    let down = copy_half(br, aw, last.clone(), start);
+    let (up_n, down_n) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let up = copy_half(ar, bw, last.clone(), start, up_n.clone());
+    let down = copy_half(br, aw, last.clone(), start, down_n.clone());
     let watchdog = async {
         let tick = (idle / 4).max(Duration::from_millis(50));
         loop {
@@ -497,6 +517,7 @@ async fn pump(a: TcpStream, b: TcpStream, idle: Duration) {
         _ = async { tokio::join!(up, down) } => {}
         _ = watchdog => {}
     }
+    (up_n.load(Ordering::Relaxed), down_n.load(Ordering::Relaxed))
 }
 
 async fn copy_half<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
@@ -504,6 +525,7 @@ async fn copy_half<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     mut w: W,
     last: Arc<AtomicU64>,
     start: Instant,
+    moved: Arc<AtomicU64>,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
@@ -515,6 +537,7 @@ async fn copy_half<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             break;
         }
         last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+        moved.fetch_add(n as u64, Ordering::Relaxed);
     }
     let _ = w.shutdown().await;
 }

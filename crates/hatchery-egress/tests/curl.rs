@@ -75,6 +75,7 @@ fn policy(json: serde_json::Value) -> Arc<Policy> {
 }
 
 struct Setup {
+    handle: Arc<Proxy>,
     proxy: SocketAddr,
     origin: SocketAddr,
     events: Arc<Mutex<Vec<EgressEvent>>>,
@@ -100,8 +101,9 @@ async fn setup(session: &'static str, limits: Limits) -> Setup {
     );
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
-    tokio::spawn(proxy.serve(l));
+    tokio::spawn(proxy.clone().serve(l));
     Setup {
+        handle: proxy,
         proxy: addr,
         origin,
         events,
@@ -155,6 +157,20 @@ async fn curl_through_connect_and_forward() {
         assert_eq!(e.ip, Some("127.0.0.1".parse().unwrap()));
         assert_eq!(e.session.as_deref(), Some("ses_ok"));
     }
+    let m = s.handle.metrics().render();
+    assert!(
+        m.contains(r#"hatchery_egress_connections_total{status="200",verdict="allowed"} 2"#),
+        "{m}"
+    );
+    // The relays wind down just after curl exits.
+    for _ in 0..200 {
+        if s.handle.metrics().tunnels_open.get() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(s.handle.metrics().tunnels_open.get(), 0);
+    assert!(s.handle.metrics().bytes.with_label_values(&["down"]).get() > 0);
 }
 
 #[tokio::test]

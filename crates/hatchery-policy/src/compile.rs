@@ -281,9 +281,7 @@ fn check_operand(op: Op, v: &Value) -> Result<(), String> {
             Value::Array(a) if !a.is_empty() => {
                 let first = std::mem::discriminant(&a[0]);
                 if a.iter().any(|x| std::mem::discriminant(x) != first) {
-                    Err(format!(
-                        "op {op}: array elements must share one JSON type"
-                    ))
+                    Err(format!("op {op}: array elements must share one JSON type"))
                 } else {
                     Ok(())
                 }

@@ -10,6 +10,7 @@
 //!
 //! docs/policy.md describes the format and `pol_standard`.
 
+pub mod cache;
 pub mod compile;
 pub mod document;
 pub mod eval;
