@@ -52,7 +52,7 @@ def test_audit_verify_finds_the_first_bad_seq():
                       WHERE chain = 'ses_a' AND seq = 17""")
         db.commit()
         p = verify("--db", path, "ses_a")
-        assert p.returncode == 2, (p.stdout, p.stderr)
+        assert p.returncode == 3, (p.stdout, p.stderr)
         assert "ses_a: BAD at seq 17: hash_mismatch (16 events verified" in p.stdout, p.stdout
         p = verify("--db", path, "ses_b", "--json")
         assert p.returncode == 0 and json.loads(p.stdout)["verified"] == 3, p.stdout
@@ -61,7 +61,7 @@ def test_audit_verify_finds_the_first_bad_seq():
         db.commit()
         p = verify("--db", path, "--json")
         reports = {r["chain"]: r for r in map(json.loads, p.stdout.splitlines())}
-        assert p.returncode == 2
+        assert p.returncode == 3
         assert reports["ses_b"]["first_bad"] == {"seq": 2, "reason": "seq_gap", "found": 3}, reports
         assert reports["ses_a"]["first_bad"]["seq"] == 17
 

@@ -105,7 +105,7 @@ enum Cmd {
     #[command(subcommand)]
     Network(network::NetworkCmd),
     /// Audit logs: `audit verify --db FILE [CHAIN]` checks hash chains
-    /// offline (exit 2 names the first bad seq).
+    /// offline (exit 3 names the first bad seq).
     #[command(subcommand)]
     Audit(commands::audit::AuditCmd),
 }

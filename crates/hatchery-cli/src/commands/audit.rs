@@ -6,12 +6,13 @@
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
 
-/// Exit status when a chain does not verify (1 is for errors).
-pub const EXIT_TAMPERED: i32 = 2;
+/// Exit status when a chain does not verify (1 is for errors, 2 for
+/// usage errors, as clap answers them).
+pub const EXIT_TAMPERED: i32 = 3;
 
 #[derive(Subcommand)]
 pub enum AuditCmd {
-    /// Verify every chain (or one); exit 0 if all verify, 2 if one does not.
+    /// Verify every chain (or one); exit 0 if all verify, 3 if one does not.
     Verify(VerifyArgs),
 }
 
