@@ -339,7 +339,7 @@ async fn periodic_anchoring_writes_moved_heads_only() {
     let wait_for = |n: usize| {
         let anchors = anchors.clone();
         async move {
-            for _ in 0..400 {
+            for _ in 0..1200 {
                 if read_anchors(&anchors).map(|a| a.len()).unwrap_or(0) >= n {
                     return read_anchors(&anchors).unwrap();
                 }

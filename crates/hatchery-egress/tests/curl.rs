@@ -299,7 +299,7 @@ async fn tunnel_caps_and_idle_timeout() {
         "ses_ok",
         Limits {
             max_tunnels_per_session: 1,
-            idle: Duration::from_millis(600),
+            idle: Duration::from_secs(2),
             ..Limits::default()
         },
     )
