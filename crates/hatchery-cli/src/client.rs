@@ -1,10 +1,15 @@
-//! Talking to a running daemon: where it is, the key, requests, and turning
-//! every failure into a message that says what to do next.
+//! Talking to a running daemon: where it is, the key, and turning every
+//! failure into a message that says what to do next. The HTTP itself is
+//! hatchery-client's (its blocking facade: the CLI does one thing at a
+//! time, from `spawn_blocking`).
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::Args;
+use hatchery_client::blocking::BlockingClient;
+use hatchery_client::{Client, ClientConfig, ClientError, Method};
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Read};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 /// Exit status for failures of hatchery itself (daemon unreachable, unknown
 /// id, bad request) in `exec` and `run`, where 1..=123 belong to the command.
@@ -41,6 +46,9 @@ pub struct Api {
         default_value = "/var/lib/hatchery/api_key"
     )]
     pub key_file: String,
+    /// The client, made on first use (the key is read then).
+    #[arg(skip)]
+    client: Arc<OnceLock<Arc<BlockingClient>>>,
 }
 
 impl Api {
@@ -60,92 +68,100 @@ impl Api {
             })
     }
 
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.url.trim_end_matches('/'))
+    /// The blocking client of this daemon.
+    fn blocking(&self) -> anyhow::Result<&Arc<BlockingClient>> {
+        if let Some(c) = self.client.get() {
+            return Ok(c);
+        }
+        let c = Client::with_config(&self.url, &self.key()?, cli_config()).map_err(|e| {
+            anyhow::anyhow!(
+                "{e}. Point HATCHERY_URL / --url at the daemon, e.g. http://127.0.0.1:7423"
+            )
+        })?;
+        let c = Arc::new(BlockingClient::new(c)?);
+        Ok(self.client.get_or_init(|| c))
     }
 
-    fn request(&self, method: &str, path: &str) -> anyhow::Result<ureq::Request> {
-        Ok(ureq::request(method, &self.url(path))
-            .set("Authorization", &format!("Bearer {}", self.key()?)))
+    /// The typed client, to build a call for `run`.
+    pub fn c(&self) -> anyhow::Result<&Client> {
+        Ok(self.blocking()?.client())
     }
 
-    fn done(&self, r: Result<ureq::Response, ureq::Error>) -> anyhow::Result<ureq::Response> {
-        r.map_err(|e| explain(&self.url, e))
+    /// Runs one call of the typed client, with the CLI's explanations of
+    /// what failed: `api.run(api.c()?.get_sandbox(id))`.
+    pub fn run<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, ClientError>>,
+    ) -> anyhow::Result<T> {
+        self.blocking()?
+            .run(call)
+            .map_err(|e| explain(&self.url, e))
+    }
+
+    fn method(m: &str) -> anyhow::Result<Method> {
+        Method::from_bytes(m.as_bytes()).map_err(|e| anyhow::anyhow!("bad method {m}: {e}"))
     }
 
     pub fn get(&self, path: &str) -> anyhow::Result<Value> {
-        let r = self.done(self.request("GET", path)?.call())?;
-        r.into_json().context("the daemon's answer is not JSON")
+        self.run(self.c()?.request_json(Method::GET, path, None))
     }
 
     /// A JSON request that answers JSON (or nothing, for 204).
     pub fn send(&self, method: &str, path: &str, body: &Value) -> anyhow::Result<Value> {
-        let r = self.done(self.request(method, path)?.send_json(body))?;
-        if r.status() == 204 {
-            return Ok(Value::Null);
-        }
-        r.into_json().context("the daemon's answer is not JSON")
+        let m = Self::method(method)?;
+        self.run(self.c()?.request_json(m, path, Some(body)))
     }
 
     /// A request without a body that answers JSON (or nothing, for 204).
     pub fn call(&self, method: &str, path: &str) -> anyhow::Result<Value> {
-        let r = self.done(self.request(method, path)?.call())?;
-        if r.status() == 204 {
-            return Ok(Value::Null);
-        }
-        r.into_json().context("the daemon's answer is not JSON")
-    }
-
-    /// POSTs raw bytes (`application/octet-stream`); the answer is not read.
-    pub fn post_bytes(&self, path: &str, body: &[u8]) -> anyhow::Result<()> {
-        let req = self
-            .request("POST", path)?
-            .set("Content-Type", "application/octet-stream");
-        self.done(req.send_bytes(body)).map(drop)
+        let m = Self::method(method)?;
+        self.run(self.c()?.request_json(m, path, None))
     }
 
     pub fn delete(&self, path: &str) -> anyhow::Result<()> {
-        self.done(self.request("DELETE", path)?.call())?;
-        Ok(())
+        self.run(self.c()?.request_bytes(Method::DELETE, path, None))
+            .map(drop)
     }
 
-    pub fn put_bytes(&self, path: &str, body: &[u8]) -> anyhow::Result<()> {
-        match self.request("PUT", path)?.send_bytes(body) {
-            // The daemon answers 413 from the Content-Length alone and
-            // closes the connection without reading the body, so the client
-            // sees a broken pipe instead of the answer. If the daemon is up,
-            // that is what happened.
-            Err(ureq::Error::Transport(t)) if self.alive() => Err(anyhow::anyhow!(
-                "the daemon closed the connection without reading the {} byte upload ({t}); it does \
-                 that for bodies over its --max-file-bytes limit (too_large)",
-                body.len()
-            )),
-            r => self.done(r).map(drop),
+    /// Uploads a file. The daemon answers 413 from the Content-Length alone
+    /// and may close the connection before reading the body, so the answer
+    /// can be lost in a broken pipe; if the daemon is up, that is what
+    /// happened.
+    pub fn upload(&self, id: &str, path: &str, data: Vec<u8>) -> anyhow::Result<()> {
+        let len = data.len();
+        let b = self.blocking()?;
+        match b.run(b.client().write_file(id, path, data)) {
+            Ok(()) => Ok(()),
+            Err(e @ ClientError::Http { .. }) if b.run(b.client().health()).is_ok() => {
+                Err(anyhow::anyhow!(
+                    "the daemon closed the connection without reading the {len} byte upload ({e}); it \
+                     does that for bodies over its --max-file-bytes limit (too_large)"
+                ))
+            }
+            Err(e) => Err(explain(&self.url, e)),
         }
-    }
-
-    fn alive(&self) -> bool {
-        ureq::get(&self.url("/healthz"))
-            .timeout(std::time::Duration::from_secs(5))
-            .call()
-            .is_ok()
-    }
-
-    pub fn get_reader(&self, path: &str) -> anyhow::Result<Box<dyn Read + Send + Sync>> {
-        Ok(self.done(self.request("GET", path)?.call())?.into_reader())
     }
 
     /// Opens a server-sent event stream (POST with a body, or GET).
     pub fn events(&self, method: &str, path: &str, body: Option<&Value>) -> anyhow::Result<Events> {
-        let req = self.request(method, path)?;
-        let r = match body {
-            Some(b) => req.send_json(b),
-            None => req.call(),
-        };
+        let m = Self::method(method)?;
+        let stream = self.run(self.c()?.request_events(m, path, body))?;
         Ok(Events {
-            lines: BufReader::new(self.done(r)?.into_reader()),
+            client: self.blocking()?.clone(),
+            stream,
+            url: self.url.clone(),
         })
     }
+}
+
+/// The CLI waits as long as the commands it runs may: the daemon's longest
+/// exec timeout (3600 s) and then some. Streams are bounded by the idle
+/// timeout between the daemon's keep-alives instead.
+fn cli_config() -> ClientConfig {
+    ClientConfig::default()
+        .call_timeout(Duration::from_secs(3600 + 60))
+        .max_json_bytes(64 << 20)
+        .max_file_bytes(1 << 30)
 }
 
 /// The `code` of an API error, when that is what failed; lets callers turn
@@ -176,23 +192,24 @@ impl std::fmt::Display for ApiError {
 
 impl std::error::Error for ApiError {}
 
-fn explain(url: &str, e: ureq::Error) -> anyhow::Error {
+fn explain(url: &str, e: ClientError) -> anyhow::Error {
     match e {
-        ureq::Error::Status(status, r) => {
-            let body = r.into_string().unwrap_or_default();
-            let v: Value = serde_json::from_str(&body).unwrap_or_default();
-            let text = |k: &str| v["error"][k].as_str().map(str::to_string);
-            ApiError {
-                status,
-                code: text("code").unwrap_or_else(|| "unknown".into()),
-                message: text("message").unwrap_or(body),
-            }
-            .into()
+        ClientError::Api {
+            status,
+            code,
+            message,
+            ..
+        } => ApiError {
+            status,
+            code,
+            message,
         }
-        ureq::Error::Transport(t) => anyhow::anyhow!(
-            "cannot reach the daemon at {url} ({t}). Start it with `make run` or `hatchery serve`, \
+        .into(),
+        ClientError::Connect { source, .. } => anyhow::anyhow!(
+            "cannot reach the daemon at {url} ({source}). Start it with `make run` or `hatchery serve`, \
              or point HATCHERY_URL / --url at a running one."
         ),
+        e => e.into(),
     }
 }
 
@@ -203,38 +220,22 @@ pub struct Event {
 }
 
 pub struct Events {
-    lines: BufReader<Box<dyn Read + Send + Sync>>,
+    client: Arc<BlockingClient>,
+    stream: hatchery_client::EventStream,
+    url: String,
 }
 
 impl Iterator for Events {
     type Item = anyhow::Result<Event>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let (mut name, mut data) = (String::new(), String::new());
-        let mut line = String::new();
-        loop {
-            line.clear();
-            match self.lines.read_line(&mut line) {
-                Ok(0) => return None,
-                Ok(_) => {}
-                Err(e) => return Some(Err(e.into())),
-            }
-            let l = line.trim_end_matches(['\n', '\r']);
-            if l.is_empty() {
-                if name.is_empty() && data.is_empty() {
-                    continue;
-                }
-                let data = serde_json::from_str(&data).unwrap_or(Value::Null);
-                return Some(Ok(Event { name, data }));
-            } else if let Some(e) = l.strip_prefix("event:") {
-                name = e.trim().to_string();
-            } else if let Some(d) = l.strip_prefix("data:") {
-                if !data.is_empty() {
-                    data.push('\n');
-                }
-                data.push_str(d.strip_prefix(' ').unwrap_or(d));
-            }
-            // Comment lines (":") are keep-alives.
+        match self.client.run(self.stream.next()) {
+            Ok(Some(ev)) => Some(Ok(Event {
+                data: ev.json(),
+                name: ev.event,
+            })),
+            Ok(None) => None,
+            Err(e) => Some(Err(explain(&self.url, e))),
         }
     }
 }
@@ -254,13 +255,9 @@ pub fn query_path(path: &str) -> anyhow::Result<String> {
     if !path.starts_with('/') {
         bail!("sandbox paths are absolute: {path:?} does not start with /");
     }
-    let mut out = String::new();
-    for b in path.bytes() {
-        if b.is_ascii_alphanumeric() || b"/-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    Ok(out)
+    Ok(path
+        .split('/')
+        .map(hatchery_client::encode_component)
+        .collect::<Vec<_>>()
+        .join("/"))
 }

@@ -2,11 +2,11 @@
 
 use crate::cache::Cache;
 use crate::config::{parse_daemon_url, parse_template, Cidr, Config, ConfigError, Runner};
-use crate::daemon::Daemon;
 use crate::limits::{Buckets, InFlight, RateLimiter};
 use crate::metrics::{Metrics, MetricsError};
 use crate::run::Limits;
 use crate::runs::{Runs, RunsError};
+use hatchery_client::{Client, ClientConfig, ClientError};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -19,10 +19,18 @@ pub enum AppError {
     Runs(#[from] RunsError),
     #[error(transparent)]
     Metrics(#[from] MetricsError),
+    #[error(transparent)]
+    Client(#[from] ClientError),
 }
 
+/// Ordinary daemon calls (create, write, delete) are bounded by this; a
+/// run's stream is bounded by the run's own deadline.
+const DAEMON_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest JSON answer taken from the daemon.
+const DAEMON_MAX_JSON: usize = 1 << 20;
+
 pub struct App {
-    pub daemon: Daemon,
+    pub daemon: Client,
     pub templates: HashMap<String, Runner>,
     pub trusted: Vec<Cidr>,
     pub allow_origins: Vec<String>,
@@ -56,7 +64,13 @@ impl App {
             b.iter().map(|x| format!("{x:02x}")).collect()
         });
         Ok(App {
-            daemon: Daemon::new(parse_daemon_url(&cfg.daemon_url)?, &cfg.api_key),
+            daemon: Client::with_config(
+                &format!("http://{}", parse_daemon_url(&cfg.daemon_url)?),
+                &cfg.api_key,
+                ClientConfig::default()
+                    .call_timeout(DAEMON_CALL_TIMEOUT)
+                    .max_json_bytes(DAEMON_MAX_JSON),
+            )?,
             templates,
             trusted,
             allow_origins: cfg.allow_origins.clone(),
@@ -98,20 +112,20 @@ impl App {
         }
         // A failed lookup is remembered too (as "no version": not cached), so
         // a daemon that is down or slow is asked once per interval, not per request.
-        let ver =
-            match tokio::time::timeout(Duration::from_secs(5), self.daemon.template_version(name))
-                .await
-            {
-                Ok(Ok(v)) => v,
-                Ok(Err(e)) => {
-                    tracing::warn!(template = name, error = %e, "template version lookup failed");
-                    None
-                }
-                Err(_) => {
-                    tracing::warn!(template = name, "template version lookup timed out");
-                    None
-                }
-            };
+        let ver = match tokio::time::timeout(Duration::from_secs(5), self.daemon.get_template(name))
+            .await
+        {
+            Ok(Ok(t)) => Some(t.version),
+            Ok(Err(e)) if e.is_not_found() => None,
+            Ok(Err(e)) => {
+                tracing::warn!(template = name, error = %e, "template version lookup failed");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(template = name, "template version lookup timed out");
+                None
+            }
+        };
         self.versions
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -1,13 +1,7 @@
 //! The events a visitor's run produces (what the gateway streams and what the
-//! cache stores), and an incremental parser for the daemon's SSE stream.
+//! cache stores). The daemon's SSE stream is parsed by hatchery-client.
 
 use serde::{Deserialize, Serialize};
-
-#[derive(Debug, thiserror::Error)]
-pub enum SseError {
-    #[error("SSE line over {0} bytes")]
-    LineTooLong(usize),
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -52,70 +46,6 @@ pub struct Exception {
     pub value: String,
 }
 
-/// One event of the daemon's exec stream.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SseEvent {
-    pub event: String,
-    pub data: String,
-}
-
-/// Feeds bytes in, gets whole events out. Comment lines (keep-alives) are
-/// skipped; a single line is bounded so a broken peer cannot grow memory.
-pub struct SseParser {
-    buf: Vec<u8>,
-    event: String,
-    data: Vec<String>,
-    max_line: usize,
-}
-
-impl SseParser {
-    pub fn new(max_line: usize) -> Self {
-        SseParser {
-            buf: Vec::new(),
-            event: String::new(),
-            data: Vec::new(),
-            max_line,
-        }
-    }
-
-    pub fn feed(&mut self, bytes: &[u8]) -> Result<Vec<SseEvent>, SseError> {
-        self.buf.extend_from_slice(bytes);
-        let mut out = Vec::new();
-        let mut start = 0;
-        while let Some(nl) = self.buf[start..].iter().position(|&b| b == b'\n') {
-            let mut line = &self.buf[start..start + nl];
-            start += nl + 1;
-            if line.last() == Some(&b'\r') {
-                line = &line[..line.len() - 1];
-            }
-            let line = String::from_utf8_lossy(line).into_owned();
-            if line.is_empty() {
-                if !self.data.is_empty() || !self.event.is_empty() {
-                    out.push(SseEvent {
-                        event: std::mem::take(&mut self.event),
-                        data: std::mem::take(&mut self.data).join("\n"),
-                    });
-                }
-            } else if line.starts_with(':') {
-                // keep-alive comment
-            } else {
-                let (field, value) = line.split_once(':').unwrap_or((&line, ""));
-                let value = value.strip_prefix(' ').unwrap_or(value);
-                match field {
-                    "event" => self.event = value.to_string(),
-                    "data" => self.data.push(value.to_string()),
-                    _ => {}
-                }
-            }
-        }
-        self.buf.drain(..start);
-        if self.buf.len() > self.max_line {
-            return Err(SseError::LineTooLong(self.max_line));
-        }
-        Ok(out)
-    }
-}
-
 /// Cuts `s` to at most `max` bytes on a character boundary.
 pub fn cut(s: &str, max: usize) -> &str {
     if s.len() <= max {
@@ -131,35 +61,6 @@ pub fn cut(s: &str, max: usize) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_split_events() {
-        let mut p = SseParser::new(1024);
-        let raw = b"event: stdout\ndata: {\"data\":\"1\\n\"}\n\n: keep-alive\n\nevent: exit\r\ndata: {}\r\n\r\n";
-        let mut all = Vec::new();
-        for chunk in raw.chunks(5) {
-            all.extend(p.feed(chunk).unwrap());
-        }
-        assert_eq!(
-            all,
-            vec![
-                SseEvent {
-                    event: "stdout".into(),
-                    data: "{\"data\":\"1\\n\"}".into()
-                },
-                SseEvent {
-                    event: "exit".into(),
-                    data: "{}".into()
-                },
-            ]
-        );
-    }
-
-    #[test]
-    fn bounded_line() {
-        let mut p = SseParser::new(10);
-        assert!(p.feed(&[b'x'; 11]).is_err());
-    }
 
     #[test]
     fn cuts_on_char_boundary() {

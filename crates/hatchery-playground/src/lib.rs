@@ -5,7 +5,6 @@ pub mod app;
 pub mod assets;
 pub mod cache;
 pub mod config;
-pub mod daemon;
 pub mod events;
 pub mod limits;
 pub mod metrics;

@@ -6,10 +6,14 @@
 
 use crate::cache::Entry;
 use crate::config::Runner;
-use crate::daemon::{Daemon, DaemonError, ExecStream};
-use crate::events::{cut, Exception, Exit, Output, SseEvent, Stream};
+use crate::events::{cut, Exception, Exit, Output, Stream};
 use bytes::Bytes;
+use hatchery_client::sse::SseEvent;
+use hatchery_client::{
+    Client, ClientError, CodeRequest, CreateSandbox, EventStream, ExecRequest, NetworkPolicy,
+};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
@@ -88,7 +92,7 @@ enum Ended {
 }
 
 pub async fn execute(
-    daemon: &Daemon,
+    daemon: &Client,
     limits: &Limits,
     job: Job,
     tx: mpsc::Sender<Event>,
@@ -109,8 +113,8 @@ pub async fn execute(
     };
     // Not cancelled on disconnect: dropping a create half-way could leave a
     // sandbox whose id we never learn (the TTL would still get it).
-    let id = match daemon.create(&job.template, limits.ttl_seconds).await {
-        Ok(id) => id,
+    let id = match daemon.create_sandbox(&create_request(&job, limits)).await {
+        Ok(s) => s.id,
         Err(e) => {
             let code = if e.is_capacity() {
                 "busy"
@@ -142,7 +146,7 @@ pub async fn execute(
     .await;
     // Always delete, and before the last event goes out: a visitor who has
     // seen `exit` can rely on the sandbox being gone.
-    if let Err(e) = daemon.delete(&id).await {
+    if let Err(e) = daemon.delete_sandbox(&id).await {
         tracing::error!(run = %job.run_id, sandbox = %id, error = %e, "delete failed; the TTL will reap it");
     }
     match ended {
@@ -170,7 +174,20 @@ pub async fn execute(
     report
 }
 
-fn create_message(e: &DaemonError) -> String {
+/// A fresh sandbox whose TTL destroys it even if nobody else does.
+fn create_request(job: &Job, limits: &Limits) -> CreateSandbox {
+    CreateSandbox {
+        template: Some(job.template.clone()),
+        ttl_seconds: Some(limits.ttl_seconds),
+        metadata: BTreeMap::from([("created_by".into(), "hatchery-playground".into())]),
+        // Explicit, not the daemon's default: a visitor's snippet must
+        // never reach the network even on a daemon configured otherwise.
+        network: Some(NetworkPolicy::deny_all()),
+        ..Default::default()
+    }
+}
+
+fn create_message(e: &ClientError) -> String {
     if e.is_capacity() {
         "the playground is at capacity; try again in a moment".into()
     } else {
@@ -180,7 +197,7 @@ fn create_message(e: &DaemonError) -> String {
 
 #[allow(clippy::too_many_arguments)]
 async fn drive(
-    daemon: &Daemon,
+    daemon: &Client,
     limits: &Limits,
     job: &Job,
     id: &str,
@@ -262,16 +279,16 @@ fn ms(since: Instant) -> u64 {
 /// Writes the snippet and starts it (file + exec), or hands it to the
 /// sandbox's interpreter (run_code).
 async fn start(
-    daemon: &Daemon,
+    daemon: &Client,
     limits: &Limits,
     job: &Job,
     id: &str,
     backstop: u64,
-) -> Result<ExecStream, Ended> {
+) -> Result<EventStream, Ended> {
     let started = match &job.runner {
         Runner::File { path, argv } => {
             if let Err(e) = daemon
-                .put_file(id, path, Bytes::from(job.code.clone()))
+                .write_file(id, path, Bytes::from(job.code.clone()))
                 .await
             {
                 return Err(Ended::Failed(
@@ -279,14 +296,23 @@ async fn start(
                     format!("could not write the snippet: {e}"),
                 ));
             }
-            daemon
-                .exec_stream(id, argv, backstop, limits.max_output_bytes)
-                .await
+            let req = ExecRequest::argv(argv.iter().copied())
+                .cwd("/workspace")
+                .env("PYTHONUNBUFFERED", "1")
+                .timeout_seconds(backstop)
+                .max_output_bytes(limits.max_output_bytes as u64);
+            daemon.exec_stream(id, &req).await.map(|s| s.into_raw())
         }
         Runner::Code { language } => {
-            daemon
-                .code_stream(id, language, &job.code, backstop, limits.max_output_bytes)
-                .await
+            let req = CodeRequest {
+                code: job.code.clone(),
+                language: Some(language.to_string()),
+                timeout_seconds: Some(backstop),
+                max_output_bytes: Some(limits.max_output_bytes as u64),
+                ..Default::default()
+            };
+            // The raw events: Forward maps them onto the visitor's.
+            daemon.run_code_stream(id, &req).await.map(|s| s.into_raw())
         }
     };
     started.map_err(|e| Ended::Failed("unavailable", format!("could not start the snippet: {e}")))
@@ -411,7 +437,7 @@ impl Forward<'_> {
 
     fn handle(
         &mut self,
-        ev: Result<Option<SseEvent>, DaemonError>,
+        ev: Result<Option<SseEvent>, ClientError>,
         output: &mut Vec<Output>,
         report: &mut Report,
     ) -> Step {
@@ -510,7 +536,7 @@ mod tests {
         }
     }
 
-    fn ev(event: &str, data: serde_json::Value) -> Result<Option<SseEvent>, DaemonError> {
+    fn ev(event: &str, data: serde_json::Value) -> Result<Option<SseEvent>, ClientError> {
         Ok(Some(SseEvent {
             event: event.into(),
             data: data.to_string(),

@@ -43,8 +43,8 @@ fn upload(api: &Api, src: &str, id: &str, path: &str) -> anyhow::Result<()> {
             .context("stdin has no name: give the full destination path")?;
         target = format!("{target}/{}", name.to_string_lossy());
     }
-    let q = query_path(&target)?;
-    api.put_bytes(&format!("/v1/sandboxes/{id}/files?path={q}"), &data)
+    query_path(&target)?;
+    api.upload(id, &target, data)
         .with_context(|| format!("writing {id}:{target}"))
 }
 
@@ -52,8 +52,8 @@ fn is_remote_dir(api: &Api, id: &str, path: &str) -> anyhow::Result<bool> {
     if path.is_empty() {
         return Ok(true);
     }
-    let q = query_path(path)?;
-    match api.get(&format!("/v1/sandboxes/{id}/files/list?path={q}")) {
+    query_path(path)?;
+    match api.run(api.c()?.list_files(id, path)) {
         Ok(_) => Ok(true),
         Err(e) if matches!(api_code(&e), Some("file_not_found" | "file_conflict")) => Ok(false),
         Err(e) => Err(e),
@@ -62,10 +62,9 @@ fn is_remote_dir(api: &Api, id: &str, path: &str) -> anyhow::Result<bool> {
 
 fn download(api: &Api, id: &str, path: &str, dst: &str) -> anyhow::Result<()> {
     get(api, id)?;
-    let q = query_path(path)?;
-    let mut data = Vec::new();
-    match api.get_reader(&format!("/v1/sandboxes/{id}/files?path={q}")) {
-        Ok(mut r) => r.read_to_end(&mut data)?,
+    query_path(path)?;
+    let data = match api.run(api.c()?.read_file(id, path)) {
+        Ok(d) => d,
         Err(e) => {
             return Err(match api_code(&e) {
                 Some("file_not_found") => anyhow::anyhow!("no file {id}:{path}"),

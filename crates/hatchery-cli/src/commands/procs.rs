@@ -345,7 +345,6 @@ pub fn attach(api: &Api, a: AttachArgs) -> anyhow::Result<i32> {
 fn forward_stdin(api: &Api, id: &str, proc: &str) -> anyhow::Result<()> {
     let mut stdin = std::io::stdin().lock();
     let mut buf = vec![0u8; 64 << 10];
-    let write = format!("{}/stdin", path(id, proc));
     loop {
         let n = match stdin.read(&mut buf) {
             Ok(n) => n,
@@ -356,7 +355,8 @@ fn forward_stdin(api: &Api, id: &str, proc: &str) -> anyhow::Result<()> {
             break;
         }
         loop {
-            match api.post_bytes(&write, &buf[..n]) {
+            let chunk = bytes::Bytes::copy_from_slice(&buf[..n]);
+            match api.run(api.c()?.write_stdin(id, proc, chunk)) {
                 Ok(()) => break,
                 // Over 4 MiB queued that the process has not read yet.
                 Err(e) if api_code(&e) == Some("too_many") || is_status(&e, 429) => {
@@ -368,7 +368,7 @@ fn forward_stdin(api: &Api, id: &str, proc: &str) -> anyhow::Result<()> {
             }
         }
     }
-    match api.call("POST", &format!("{}/stdin/close", path(id, proc))) {
+    match api.run(api.c()?.close_stdin(id, proc)) {
         Err(e) if is_status(&e, 409) || is_status(&e, 404) => Ok(()),
         r => r.map(drop),
     }

@@ -5,7 +5,7 @@
 //! so nothing is copied and no python3 is started.
 
 use crate::cleanup::create_owned;
-use crate::client::{event_error, query_path, Api, EXIT_HATCHERY, EXIT_TIMEOUT};
+use crate::client::{event_error, Api, EXIT_HATCHERY, EXIT_TIMEOUT};
 use crate::commands::exec::{status, stop_notes, stream, write_chunk};
 use crate::commands::sandbox::not_found;
 use crate::output::{kv_map, s};
@@ -95,12 +95,8 @@ pub fn run(api: &Api, a: RunArgs) -> anyhow::Result<i32> {
     let sbx = create_owned(api, || {
         Ok(s(&api.send("POST", "/v1/sandboxes", &create)?["id"]))
     })?;
-    let path = query_path(&format!("/workspace/{name}"))?;
-    api.put_bytes(
-        &format!("/v1/sandboxes/{}/files?path={path}", sbx.id),
-        &code,
-    )
-    .context("copying the file in")?;
+    api.upload(&sbx.id, &format!("/workspace/{name}"), code)
+        .context("copying the file in")?;
     let exit = stream(api, &sbx.id, &exec, &mut write_chunk)?;
     Ok(status(&exit, true))
 }
