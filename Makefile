@@ -140,6 +140,9 @@ bench-code: build template
 
 bench: build template
 	cargo build --release -p hatchery-net --example slot_bench
+	cargo run -q --release -p hatchery-policy --example policy_bench
+	cargo run -q --release -p hatchery-audit --example audit_bench
+	cargo run -q --release -p hatchery-egress --example egress_bench
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/bench.py
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \

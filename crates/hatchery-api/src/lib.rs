@@ -42,6 +42,13 @@ pub struct AppState {
 pub const MAX_JSON_BODY: usize = 2 << 20;
 
 pub fn router(state: AppState) -> Router {
+    router_with(state, Router::new())
+}
+
+/// [`router`] plus product routers (each with its own state already
+/// applied) mounted behind the same API key, e.g. hatchery-policy's
+/// `/v1/policies`.
+pub fn router_with(state: AppState, products: Router) -> Router {
     let file_limit = state.manager.caps.max_file_bytes as usize + 1;
     let v1 = Router::new()
         .route(
@@ -147,6 +154,7 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY));
     let authed = Router::new()
         .nest("/v1", v1)
+        .merge(products.with_state::<AppState>(()))
         .route("/metrics", get(routes::meta::metrics))
         .route("/openapi.json", get(routes::meta::openapi))
         .route_layer(axum::middleware::from_fn_with_state(

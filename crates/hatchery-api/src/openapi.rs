@@ -69,6 +69,12 @@ impl Modify for BearerAuth {
     }
 }
 
+/// The daemon's whole document: the sandbox API and the product routers
+/// mounted next to it.
+pub fn doc() -> utoipa::openapi::OpenApi {
+    ApiDoc::openapi().merge_from(hatchery_policy::openapi::PolicyApiDoc::openapi())
+}
+
 pub fn json() -> String {
-    ApiDoc::openapi().to_pretty_json().unwrap_or_default()
+    doc().to_pretty_json().unwrap_or_default()
 }

@@ -41,6 +41,10 @@ fn every_route_is_documented() {
         "/preview/{token}/{path}",
         "/healthz",
         "/metrics",
+        "/v1/policies",
+        "/v1/policies/{id}",
+        "/v1/policies/{id}/versions",
+        "/v1/policies/{id}/versions/{version}",
     ] {
         assert!(paths.contains_key(p), "{p} missing from OpenAPI");
     }

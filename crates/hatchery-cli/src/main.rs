@@ -107,6 +107,10 @@ enum Cmd {
     /// Interview rounds: create, list, invite, reports, replays.
     #[command(subcommand, alias = "rounds")]
     Round(commands::round::RoundCmd),
+    /// Audit logs: `audit verify --db FILE [CHAIN]` checks hash chains
+    /// offline (exit 3 names the first bad seq).
+    #[command(subcommand)]
+    Audit(commands::audit::AuditCmd),
 }
 
 #[tokio::main]
@@ -185,6 +189,7 @@ fn client_cmd(api: &Api, cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Snapshot(c) => snapshot::run(api, c),
         Cmd::Template(c) => template::run(api, c),
         Cmd::Network(c) => network::run(api, c),
+        Cmd::Audit(c) => commands::audit::run(c),
         Cmd::Serve(_) | Cmd::Run(_) | Cmd::Round(_) => unreachable!("handled in main"),
     }
 }

@@ -22,6 +22,8 @@ pub enum DaemonError {
     Network(#[from] hatchery_net::NetError),
     #[error("listen on {0}: {1}")]
     Listen(std::net::SocketAddr, std::io::Error),
+    #[error("policy store: {0}")]
+    Policy(#[from] hatchery_policy::StoreError),
     #[error("server: {0}")]
     Serve(std::io::Error),
     #[error("interview rounds: {0}")]
@@ -150,15 +152,20 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     }
     let _pool = manager.spawn_pool_filler();
 
-    let app = hatchery_api::router(AppState {
-        manager: manager.clone(),
-        api_key: key.clone().into(),
-        preview: Arc::new(preview),
-        public_url: args.public_url.as_deref().map(Into::into),
-        terminal_tokens: Arc::new(hatchery_api::terminal_token::TerminalTokens::new(
-            terminal_secret,
-        )),
-    });
+    // Policies live in their own file: their migrations are their own.
+    let policies = hatchery_policy::SqlitePolicyStore::open(&data.join("policies.db"))?;
+    let app = hatchery_api::router_with(
+        AppState {
+            manager: manager.clone(),
+            api_key: key.clone().into(),
+            preview: Arc::new(preview),
+            public_url: args.public_url.as_deref().map(Into::into),
+            terminal_tokens: Arc::new(hatchery_api::terminal_token::TerminalTokens::new(
+                terminal_secret,
+            )),
+        },
+        hatchery_policy::http::router(Arc::new(policies)),
+    );
     let rounds = crate::rounds::start(&args, &data, &key, &manager.metrics.registry)?;
     // The rounds router has no fallback, so the API's answers unknown routes.
     let app = hatchery_rounds::router(rounds.clone()).merge(app);

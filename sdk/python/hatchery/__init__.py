@@ -7,8 +7,8 @@
         server = sbx.exec("python3 -m http.server 8000", background=True)
 """
 
-from .client import (ROUTES, Client, ExecStream, Filesystem, Network, Process, ProcessOutput, Sandbox, Snapshot,
-                     Template, Terminal, configure, default_client)
+from .client import (ROUTES, Client, ExecStream, Filesystem, Network, Policies, Process, ProcessOutput, Sandbox,
+                     Snapshot, Template, Terminal, configure, default_client)
 from .errors import (AuthError, BadRequest, BuildFailed, Conflict, ConnectionFailed, GuestError, HatcheryError,
                      NotFound, PermissionDenied, RateLimited, SandboxTimeout, ServerError, ServiceUnavailable,
                      StreamError, TooLarge)
@@ -17,6 +17,7 @@ from .models import (BuildAccepted, BuildEvent, CodeContext, ExecReason, ExecRes
                      PreviewUrl, ProcessChunk, ProcessInfo, ProcessState, Result, SandboxInfo, SnapshotInfo, TemplateInfo,
                      TerminalExit, TerminalToken)
 from .rounds import InterviewSession, ReplayFork, Round
+from .models import PolicySummary, StoredPolicy
 
 __version__ = "0.1.0"
 
@@ -32,4 +33,5 @@ __all__ = [
     "Execution", "Result", "ExecutionError", "Logs", "CodeContext", "ProcessInfo", "ProcessChunk", "ProcessState",
     "OutputEncoding", "Terminal", "PreviewUrl", "TerminalToken", "TerminalExit",
     "Round", "InterviewSession", "ReplayFork",
+    "Policies", "StoredPolicy", "PolicySummary",
 ]

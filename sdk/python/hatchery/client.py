@@ -21,12 +21,17 @@ from ._http import SSE, Response, Transport, metadata_query, path, raise_for
 from ._ws import Closed, WebSocket
 from .models import (BuildAccepted, BuildEvent, CodeContext, ContextLike, ExecReason, ExecResult, Execution,
                      ExecutionError, FileEntry, Logs, NetworkEvent, NetworkPolicy, OutputChunk, OutputEncoding,
-                     PolicyLike, PreviewUrl, ProcessChunk, ProcessInfo, Result, SandboxInfo, SnapshotInfo, TemplateInfo,
-                     TerminalExit, TerminalToken, context_id, policy_dict)
+                     PolicyLike, PolicySummary, PreviewUrl, ProcessChunk, ProcessInfo, Result, SandboxInfo, SnapshotInfo, StoredPolicy,
+                     TemplateInfo, TerminalExit, TerminalToken, context_id, policy_dict)
 
 # (method, path) -> what in this SDK calls it.
 ROUTES = {
     ("GET", "/healthz"): "Client.health",
+    ("POST", "/v1/policies"): "Policies.create",
+    ("GET", "/v1/policies"): "Policies.list",
+    ("GET", "/v1/policies/{id}"): "Policies.get",
+    ("POST", "/v1/policies/{id}/versions"): "Policies.add_version",
+    ("GET", "/v1/policies/{id}/versions/{version}"): "Policies.get_version",
     ("GET", "/metrics"): "Client.metrics",
     ("GET", "/openapi.json"): "Client.openapi",
     ("POST", "/v1/sandboxes"): "Sandbox.create",
@@ -1145,3 +1150,43 @@ class Template:
                 raise errors.BuildFailed(err.get("message", "build failed"), code=err.get("code", "build_failed"))
         return Template.get(name, client=c)
 
+
+class Policies:
+    """Tool and egress policies (docs/policy.md): ordered rules, first match
+    wins, default deny. Versions are immutable; `rules` are dicts in the
+    document format, e.g. {"id": "no-main", "effect": "deny", "match":
+    {"tools": ["git_push"], "args": [{"field": "branch", "op": "eq", "value": "main"}]}}."""
+
+    @staticmethod
+    def create(name: str, rules: List[Dict[str, Any]], *, description: Optional[str] = None,
+               client: Optional[Client] = None) -> StoredPolicy:
+        """A new policy at version 1; BadRequest names the first bad rule."""
+        c = client or default_client()
+        body = _drop_none({"name": name, "description": description, "rules": rules})
+        return StoredPolicy.from_dict(c.call("POST", "/v1/policies", json=body).json())
+
+    @staticmethod
+    def add_version(policy_id: str, name: str, rules: List[Dict[str, Any]], *, description: Optional[str] = None,
+                    client: Optional[Client] = None) -> StoredPolicy:
+        """The next version; earlier versions (and sessions pinned to them) keep their rules."""
+        c = client or default_client()
+        body = _drop_none({"name": name, "description": description, "rules": rules})
+        return StoredPolicy.from_dict(
+            c.call("POST", "/v1/policies/{id}/versions", params={"id": policy_id}, json=body).json())
+
+    @staticmethod
+    def list(*, client: Optional[Client] = None) -> List[PolicySummary]:
+        c = client or default_client()
+        return [PolicySummary.from_dict(p) for p in c.call("GET", "/v1/policies").json()["policies"]]
+
+    @staticmethod
+    def get(policy_id: str, *, client: Optional[Client] = None) -> StoredPolicy:
+        """The latest version."""
+        c = client or default_client()
+        return StoredPolicy.from_dict(c.call("GET", "/v1/policies/{id}", params={"id": policy_id}).json())
+
+    @staticmethod
+    def get_version(policy_id: str, version: int, *, client: Optional[Client] = None) -> StoredPolicy:
+        c = client or default_client()
+        return StoredPolicy.from_dict(c.call("GET", "/v1/policies/{id}/versions/{version}",
+                                             params={"id": policy_id, "version": str(version)}).json())

@@ -211,6 +211,38 @@ class TemplateInfo:
 
 
 @dataclass
+class StoredPolicy:
+    """One immutable version of a tool/egress policy (`/v1/policies`).
+    `document` is the policy as written: name, description, rules."""
+    id: str
+    version: int
+    created_at: str
+    sha256: str
+    builtin: bool
+    document: Dict[str, Any]
+    extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "StoredPolicy":
+        return _from(cls, d)
+
+
+@dataclass
+class PolicySummary:
+    id: str
+    name: str
+    latest_version: int
+    created_at: str
+    updated_at: str
+    builtin: bool
+    extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "PolicySummary":
+        return _from(cls, d)
+
+
+@dataclass
 class BuildAccepted:
     build_id: str
     name: str

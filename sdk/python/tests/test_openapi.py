@@ -15,7 +15,7 @@ import pytest
 import hatchery
 from hatchery import models
 from hatchery.aio import AsyncProcess, AsyncSandbox
-from hatchery.client import Process, Sandbox, Snapshot, Template
+from hatchery.client import Policies, Process, Sandbox, Snapshot, Template
 
 import conftest
 
@@ -27,7 +27,8 @@ MODELS = {"Sandbox": models.SandboxInfo, "ExecResponse": models.ExecResult, "Fil
           "NetworkPolicy": models.NetworkPolicy, "NetworkRule": models.NetworkRule,
           "EgressEventBody": models.NetworkEvent, "CodeContext": models.CodeContext,
           "CodeResultItem": models.Result, "CodeError": models.ExecutionError, "ProcessInfo": models.ProcessInfo,
-          "PreviewUrl": models.PreviewUrl, "TerminalToken": models.TerminalToken}
+          "PreviewUrl": models.PreviewUrl, "TerminalToken": models.TerminalToken,
+          "StoredPolicy": models.StoredPolicy, "PolicySummary": models.PolicySummary}
 # Schemas a model holds partly under other names:
 # schema -> (model, {schema field: model field}, model fields filled from elsewhere).
 # A code run's stdout/stderr are Execution.logs; the stream's `done` event
@@ -40,7 +41,7 @@ RENAMED = {"CodeResponse": (models.Execution, {"stdout": "logs", "stderr": "logs
 LISTS = {"SandboxList": ("sandboxes", "Sandbox"), "SnapshotList": ("snapshots", "Snapshot"),
          "TemplateList": ("templates", "TemplateInfo"), "FileList": ("entries", "FileEntry"),
          "EgressEventList": ("events", "EgressEventBody"), "CodeContextList": ("contexts", "CodeContext"),
-         "ProcessList": ("processes", "ProcessInfo")}
+         "ProcessList": ("processes", "ProcessInfo"), "PolicyList": ("policies", "PolicySummary")}
 # Request schemas -> the methods whose parameters carry them.
 REQUESTS = {"CreateSandbox": [Sandbox.create], "ExecBody": [Sandbox.exec, Sandbox.exec_stream],
             "PatchSandbox": [Sandbox.set_ttl], "CreateSnapshot": [Sandbox.snapshot],
@@ -48,7 +49,8 @@ REQUESTS = {"CreateSandbox": [Sandbox.create], "ExecBody": [Sandbox.exec, Sandbo
             "CodeBody": [Sandbox.run_code, AsyncSandbox.run_code],
             "CreateContext": [Sandbox.create_code_context, AsyncSandbox.create_code_context],
             "SignalBody": [Process.signal, AsyncProcess.signal],
-            "CreatePreviewUrl": [Sandbox.preview_url, AsyncSandbox.preview_url]}
+            "CreatePreviewUrl": [Sandbox.preview_url, AsyncSandbox.preview_url],
+            "PolicyDocument": [Policies.create, Policies.add_version]}
 # Request fields whose parameter has another name (E2B's, for run_code).
 PARAMS = {"CodeBody": {"code": "code", "context_id": "context", "env": "envs", "timeout_seconds": "timeout"}}
 # Request fields a method leaves out on purpose: a stream cannot run in the
@@ -64,7 +66,9 @@ QUERIES = {("GET", "/v1/sandboxes/{id}/processes/{pid}/output"): ([Process.outpu
 # separately below (enums).
 # The terminal's control messages are JSON over the pty WebSocket (oneOf).
 RAW = {"ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode", "ExecReason", "OutputEncoding",
-       "TerminalClientMessage", "TerminalServerMessage"}
+       "TerminalClientMessage", "TerminalServerMessage",
+       # A policy document's parts travel as plain dicts in the document format.
+       "Rule", "Match", "ArgCondition", "NumberCondition", "Effect", "Op"}
 # Served but left out of the document on purpose (docs/api.md).
 UNDOCUMENTED = {("GET", "/openapi.json")}
 

@@ -66,6 +66,11 @@ export const ROUTES = {
   "GET /v1/templates/{name}": "Template.get",
   "DELETE /v1/templates/{name}": "Template.delete",
   "GET /v1/templates/{name}/builds/{id}/events": "Template.buildEvents",
+  "POST /v1/policies": "Policies.create",
+  "GET /v1/policies": "Policies.list",
+  "GET /v1/policies/{id}": "Policies.get",
+  "POST /v1/policies/{id}/versions": "Policies.addVersion",
+  "GET /v1/policies/{id}/versions/{version}": "Policies.getVersion",
 } as const satisfies Record<Documented, string> & Record<string, string>;
 
 export type Route = keyof typeof ROUTES;

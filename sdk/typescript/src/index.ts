@@ -16,6 +16,8 @@ export {
 } from "./sandbox.js";
 export * from "./errors.js";
 export { Terminal } from "./terminal.js";
+export { Policies } from "./policies.js";
+export type { PolicyDocument, PolicyRule, PolicySummary, StoredPolicy } from "./models.js";
 export { Execution, Result } from "./models.js";
 export type {
   BuildAccepted, BuildEvent, CodeContext, CreateCodeContextOptions, CreateSandboxOptions, EgressMode, ExecOptions,

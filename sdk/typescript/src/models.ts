@@ -163,7 +163,25 @@ export type NetworkEvent = wire.EgressEventBody;
 /** The exception a cell raised: its class `name`, its `value` (the message)
  * and the formatted `traceback` (`InterpreterDied` when the interpreter itself died). */
 export type ExecutionError = wire.CodeError;
-export const PASS_THROUGH = ["NetworkPolicy", "NetworkRule", "EgressEventBody", "CodeError"] as const;
+// Policy documents (docs/policy.md) pass through too: single-word fields.
+export type PolicyDocument = wire.PolicyDocument;
+export type PolicyRule = wire.Rule;
+export const PASS_THROUGH = ["NetworkPolicy", "NetworkRule", "EgressEventBody", "CodeError",
+  "PolicyDocument", "Rule", "Match", "ArgCondition", "NumberCondition"] as const;
+
+export const STORED_POLICY_FIELDS = {
+  id: "id", version: "version", created_at: "createdAt", sha256: "sha256", builtin: "builtin", document: "document",
+} as const satisfies FieldMap<wire.StoredPolicy>;
+/** One immutable version of a policy. */
+export type StoredPolicy = Renamed<wire.StoredPolicy, typeof STORED_POLICY_FIELDS>;
+export const storedPolicy = (w: wire.StoredPolicy): StoredPolicy => fromWire(STORED_POLICY_FIELDS, w);
+
+export const POLICY_SUMMARY_FIELDS = {
+  id: "id", name: "name", latest_version: "latestVersion", created_at: "createdAt", updated_at: "updatedAt",
+  builtin: "builtin",
+} as const satisfies FieldMap<wire.PolicySummary>;
+export type PolicySummary = Renamed<wire.PolicySummary, typeof POLICY_SUMMARY_FIELDS>;
+export const policySummary = (w: wire.PolicySummary): PolicySummary => fromWire(POLICY_SUMMARY_FIELDS, w);
 
 // run_code ----------------------------------------------------------------
 

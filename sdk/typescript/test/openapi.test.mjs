@@ -26,14 +26,15 @@ const MAPS = {
   CodeResponse: fields.CODE_RESPONSE_FIELDS, CodeBody: fields.CODE_BODY_FIELDS, CreateContext: fields.CREATE_CONTEXT_FIELDS,
   ProcessInfo: fields.PROCESS_INFO_FIELDS, ProcessChunk: fields.PROCESS_CHUNK_FIELDS, SignalBody: fields.SIGNAL_FIELDS,
   PreviewUrl: fields.PREVIEW_URL_FIELDS, CreatePreviewUrl: fields.CREATE_PREVIEW_URL_FIELDS, TerminalToken: fields.TERMINAL_TOKEN_FIELDS,
+  StoredPolicy: fields.STORED_POLICY_FIELDS, PolicySummary: fields.POLICY_SUMMARY_FIELDS,
 };
 const LISTS = {
   SandboxList: "sandboxes", SnapshotList: "snapshots", TemplateList: "templates", FileList: "entries", EgressEventList: "events",
-  CodeContextList: "contexts", ProcessList: "processes",
+  CodeContextList: "contexts", ProcessList: "processes", PolicyList: "policies",
 };
 // The terminal's control messages: JSON over the pty WebSocket (oneOf), read as is.
 const RAW = new Set(["ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode", "ExecReason", "OutputEncoding",
-  "TerminalClientMessage", "TerminalServerMessage", ...fields.PASS_THROUGH]);
+  "TerminalClientMessage", "TerminalServerMessage", "Effect", "Op", ...fields.PASS_THROUGH]);
 
 /** A schema's properties, `allOf` parts merged. */
 function properties(schemas, s) {

@@ -2,7 +2,6 @@ use crate::{ApiError, AppState};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
-use utoipa::OpenApi;
 
 #[utoipa::path(get, path = "/healthz", tag = "meta", security(()), responses((status = 200, description = "ok")))]
 pub async fn healthz(State(st): State<AppState>) -> impl IntoResponse {
@@ -21,7 +20,7 @@ pub async fn metrics(State(st): State<AppState>) -> impl IntoResponse {
 }
 
 pub async fn openapi() -> impl IntoResponse {
-    axum::Json(crate::openapi::ApiDoc::openapi())
+    axum::Json(crate::openapi::doc())
 }
 
 pub async fn not_found() -> ApiError {

@@ -1,5 +1,6 @@
 //! One module per subcommand group.
 
+pub mod audit;
 pub mod cp;
 pub mod exec;
 pub mod network;

@@ -1,0 +1,76 @@
+//! `hatchery audit verify --db FILE [CHAIN]`: recomputes hash chains in an
+//! audit database with hatchery-audit's table layout (docs/policy.md,
+//! "Audit") and names the first bad seq of each chain. Works on the file
+//! alone, read-only, with no daemon running.
+
+use clap::{Args, Subcommand};
+use std::path::PathBuf;
+
+/// Exit status when a chain does not verify (1 is for errors, 2 for
+/// usage errors, as clap answers them).
+pub const EXIT_TAMPERED: i32 = 3;
+
+#[derive(Subcommand)]
+pub enum AuditCmd {
+    /// Verify every chain (or one); exit 0 if all verify, 3 if one does not.
+    Verify(VerifyArgs),
+}
+
+#[derive(Args)]
+pub struct VerifyArgs {
+    /// The audit database (SQLite).
+    #[arg(long)]
+    db: PathBuf,
+    /// Only this chain (a session id, or `global`).
+    chain: Option<String>,
+    /// An anchor file: each anchored head must still be in its chain.
+    #[arg(long)]
+    anchors: Option<PathBuf>,
+    /// One JSON report per chain instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(cmd: AuditCmd) -> anyhow::Result<i32> {
+    let AuditCmd::Verify(a) = cmd;
+    if !a.db.exists() {
+        anyhow::bail!("{}: no such file", a.db.display());
+    }
+    let log = hatchery_audit::SqliteAuditLog::open_read_only(&a.db)?;
+    let anchors = match &a.anchors {
+        Some(p) => hatchery_audit::read_anchors(p)?,
+        None => Vec::new(),
+    };
+    let chains = match a.chain {
+        Some(c) => vec![c],
+        None => log.chains()?,
+    };
+    let mut bad = false;
+    for chain in chains {
+        let r = log.verify_chain(&chain, &anchors)?;
+        if a.json {
+            println!("{}", serde_json::to_string(&r)?);
+        } else {
+            match &r.first_bad {
+                None => println!(
+                    "{chain}: ok, {} events, head {}",
+                    r.verified,
+                    r.head
+                        .as_ref()
+                        .map(|h| format!("seq {} {}", h.seq, h.hash))
+                        .unwrap_or_else(|| "none (empty chain)".into())
+                ),
+                Some(b) => println!(
+                    "{chain}: BAD at seq {}: {} ({} events verified before it)",
+                    b.seq,
+                    serde_json::to_value(&b.problem)?["reason"]
+                        .as_str()
+                        .unwrap_or("?"),
+                    r.verified
+                ),
+            }
+        }
+        bad |= !r.ok();
+    }
+    Ok(if bad { EXIT_TAMPERED } else { 0 })
+}

@@ -1,0 +1,12 @@
+//! The egress proxy: HTTP CONNECT and plain-HTTP forward, each connection
+//! checked against its session's pinned policy at connection time.
+//! docs/policy.md, "Egress proxy".
+
+pub mod addr;
+pub mod metrics;
+pub mod proxy;
+pub mod target;
+
+pub use proxy::{
+    EgressEvent, EventSink, Identify, Limits, PolicySource, Proxy, SessionId, Verdict,
+};

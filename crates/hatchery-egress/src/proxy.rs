@@ -1,0 +1,543 @@
+//! The listener and per-connection logic. Order of checks, each failing
+//! closed with a status and an event: tunnel cap → identity → request head
+//! (size, time, syntax) → per-session cap → the session's pinned policy →
+//! resolve → policy per resolved address (special ranges only by an
+//! explicit CIDR/IP rule) → dial that exact address → relay with an idle
+//! limit. The address dialled is the one the policy saw: no second lookup,
+//! so no DNS rebinding between check and dial.
+
+use crate::addr::special_range;
+use crate::target::{parse_request_line, Host, Request, Target};
+use hatchery_policy::{Destination, Effect, Policy, EGRESS_TOOL};
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+pub type SessionId = String;
+
+/// Who a connection comes from. Sessions implement it from the
+/// sandbox-local endpoint the connection arrived on; the guest cannot
+/// choose the answer.
+#[async_trait::async_trait]
+pub trait Identify: Send + Sync + 'static {
+    async fn identify(&self, peer: SocketAddr, local: SocketAddr) -> Option<SessionId>;
+}
+
+/// The policy version a session is pinned to, compiled. An error fails the
+/// connection closed.
+#[async_trait::async_trait]
+pub trait PolicySource: Send + Sync + 'static {
+    async fn policy_for(&self, session: &str) -> Result<Arc<Policy>, String>;
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Allowed,
+    Denied,
+}
+
+/// One per connection attempt, allowed or denied.
+#[derive(Debug, Clone)]
+pub struct EgressEvent {
+    pub verdict: Verdict,
+    pub session: Option<SessionId>,
+    pub peer: SocketAddr,
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    /// The address dialled (allowed) or the last one considered (denied).
+    pub ip: Option<IpAddr>,
+    pub rule_id: Option<String>,
+    /// HTTP status answered to the client.
+    pub status: u16,
+    pub reason: String,
+}
+
+pub type EventSink = Arc<dyn Fn(EgressEvent) + Send + Sync>;
+
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_tunnels: usize,
+    pub max_tunnels_per_session: usize,
+    /// A tunnel with no bytes either way for this long is closed.
+    pub idle: Duration,
+    /// The whole request head must arrive within this.
+    pub head_timeout: Duration,
+    pub max_head_bytes: usize,
+    pub resolve_timeout: Duration,
+    pub connect_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_tunnels: 1024,
+            max_tunnels_per_session: 64,
+            idle: Duration::from_secs(300),
+            head_timeout: Duration::from_secs(10),
+            max_head_bytes: 16 * 1024,
+            resolve_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+pub struct Proxy {
+    identify: Arc<dyn Identify>,
+    policies: Arc<dyn PolicySource>,
+    events: EventSink,
+    limits: Limits,
+    tunnels: Arc<Semaphore>,
+    per_session: Mutex<HashMap<SessionId, usize>>,
+    metrics: crate::metrics::EgressMetrics,
+}
+
+struct Refusal {
+    status: u16,
+    reason: String,
+    host: Option<String>,
+    port: Option<u16>,
+    ip: Option<IpAddr>,
+    rule_id: Option<String>,
+}
+
+fn refuse(status: u16, reason: impl Into<String>) -> Refusal {
+    Refusal {
+        status,
+        reason: reason.into(),
+        host: None,
+        port: None,
+        ip: None,
+        rule_id: None,
+    }
+}
+
+impl Proxy {
+    pub fn new(
+        identify: Arc<dyn Identify>,
+        policies: Arc<dyn PolicySource>,
+        events: EventSink,
+        limits: Limits,
+    ) -> Arc<Proxy> {
+        Arc::new(Proxy {
+            identify,
+            policies,
+            events,
+            tunnels: Arc::new(Semaphore::new(limits.max_tunnels)),
+            limits,
+            per_session: Mutex::new(HashMap::new()),
+            metrics: crate::metrics::EgressMetrics::new(),
+        })
+    }
+
+    pub fn metrics(&self) -> &crate::metrics::EgressMetrics {
+        &self.metrics
+    }
+
+    /// Accepts until the listener fails.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener) -> std::io::Result<()> {
+        loop {
+            let (sock, peer) = listener.accept().await?;
+            let _ = sock.set_nodelay(true);
+            let me = self.clone();
+            tokio::spawn(async move { me.handle(sock, peer).await });
+        }
+    }
+
+    fn emit(&self, verdict: Verdict, session: Option<&str>, peer: SocketAddr, r: &Refusal) {
+        let v = match verdict {
+            Verdict::Allowed => "allowed",
+            Verdict::Denied => "denied",
+        };
+        self.metrics
+            .connections
+            .with_label_values(&[v, &r.status.to_string()])
+            .inc();
+        (self.events)(EgressEvent {
+            verdict,
+            session: session.map(str::to_string),
+            peer,
+            host: r.host.clone(),
+            port: r.port,
+            ip: r.ip,
+            rule_id: r.rule_id.clone(),
+            status: r.status,
+            reason: r.reason.clone(),
+        });
+    }
+
+    async fn handle(self: Arc<Self>, mut sock: TcpStream, peer: SocketAddr) {
+        let Ok(_permit) = self.tunnels.clone().try_acquire_owned() else {
+            let r = refuse(503, "too many tunnels on this proxy");
+            self.emit(Verdict::Denied, None, peer, &r);
+            answer(&mut sock, &r).await;
+            return;
+        };
+        let local = sock.local_addr().unwrap_or(peer);
+        let Some(session) = self.identify.identify(peer, local).await else {
+            let r = refuse(403, "connection not from a known session");
+            self.emit(Verdict::Denied, None, peer, &r);
+            answer(&mut sock, &r).await;
+            return;
+        };
+        // Counted from here, before anything is dialled: a session at its
+        // cap makes no new upstream connection at all.
+        let Some(_slot) = SessionSlot::take(&self, &session) else {
+            let r = refuse(
+                429,
+                format!(
+                    "session has {} tunnels open (the cap)",
+                    self.limits.max_tunnels_per_session
+                ),
+            );
+            self.emit(Verdict::Denied, Some(&session), peer, &r);
+            answer(&mut sock, &r).await;
+            return;
+        };
+        match self.open(&mut sock, &session).await {
+            Err(r) => {
+                self.emit(Verdict::Denied, Some(&session), peer, &r);
+                answer(&mut sock, &r).await;
+            }
+            Ok((mut upstream, first, ok)) => {
+                self.emit(Verdict::Allowed, Some(&session), peer, &ok);
+                if let Some(reply) = first.reply {
+                    if sock.write_all(reply.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+                if upstream.write_all(&first.to_upstream).await.is_err() {
+                    return;
+                }
+                self.metrics.tunnels_open.inc();
+                let (up, down) = pump(sock, upstream, self.limits.idle).await;
+                self.metrics.bytes.with_label_values(&["up"]).inc_by(up);
+                self.metrics.bytes.with_label_values(&["down"]).inc_by(down);
+                self.metrics.tunnels_open.dec();
+            }
+        }
+    }
+
+    /// Everything up to a connected upstream, or the refusal to answer.
+    async fn open(
+        &self,
+        sock: &mut TcpStream,
+        session: &str,
+    ) -> Result<(TcpStream, FirstBytes, Refusal), Refusal> {
+        let (head, rest) = read_head(sock, &self.limits).await?;
+        let text =
+            std::str::from_utf8(&head).map_err(|_| refuse(400, "request head is not UTF-8"))?;
+        let mut lines = text.split("\r\n");
+        let line = lines.next().unwrap_or("");
+        let req = parse_request_line(line).map_err(|e| refuse(400, e.to_string()))?;
+        let target = match &req {
+            Request::Connect(t) => t.clone(),
+            Request::Forward { target, .. } => target.clone(),
+        };
+        let host_str = target.host.as_policy_str();
+        let with_target = |mut r: Refusal| {
+            r.host = Some(host_str.clone());
+            r.port = Some(target.port);
+            r
+        };
+        let policy = self
+            .policies
+            .policy_for(session)
+            .await
+            .map_err(|e| with_target(refuse(503, format!("policy unavailable: {e}"))))?;
+        let (addr, rule_id) = self
+            .choose(&policy, &target, &host_str)
+            .await
+            .map_err(with_target)?;
+        let upstream = tokio::time::timeout(self.limits.connect_timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| refuse(504, format!("connect to {addr} timed out")))
+            .and_then(|r| r.map_err(|e| refuse(502, format!("connect to {addr}: {e}"))))
+            .map_err(|mut r| {
+                r.ip = Some(addr.ip());
+                r.rule_id = rule_id.clone();
+                with_target(r)
+            })?;
+        let _ = upstream.set_nodelay(true);
+        let first = match req {
+            Request::Connect(_) => FirstBytes {
+                reply: Some("HTTP/1.1 200 Connection Established\r\n\r\n".into()),
+                to_upstream: rest,
+            },
+            Request::Forward { method, path, .. } => {
+                let mut out = format!(
+                    "{method} {path} HTTP/1.1\r\nHost: {}\r\n",
+                    authority(&target)
+                );
+                for h in lines.filter(|l| !l.is_empty()) {
+                    let name = h
+                        .split(':')
+                        .next()
+                        .unwrap_or("")
+                        .trim()
+                        .to_ascii_lowercase();
+                    // Hop-by-hop headers stop here; Host is the target's.
+                    if matches!(
+                        name.as_str(),
+                        "host"
+                            | "connection"
+                            | "proxy-connection"
+                            | "proxy-authorization"
+                            | "keep-alive"
+                            | "te"
+                            | "upgrade"
+                    ) {
+                        continue;
+                    }
+                    out.push_str(h);
+                    out.push_str("\r\n");
+                }
+                out.push_str("Connection: close\r\n\r\n");
+                let mut bytes = out.into_bytes();
+                bytes.extend_from_slice(&rest);
+                FirstBytes {
+                    reply: None,
+                    to_upstream: bytes,
+                }
+            }
+        };
+        let ok = Refusal {
+            status: 200,
+            reason: "allowed".into(),
+            host: Some(host_str.clone()),
+            port: Some(target.port),
+            ip: Some(addr.ip()),
+            rule_id,
+        };
+        Ok((upstream, first, ok))
+    }
+
+    /// Resolves (once) and picks the first address the policy allows.
+    async fn choose(
+        &self,
+        policy: &Policy,
+        target: &Target,
+        host_str: &str,
+    ) -> Result<(SocketAddr, Option<String>), Refusal> {
+        let ips: Vec<IpAddr> = match &target.host {
+            Host::Ip(ip) => vec![*ip],
+            Host::Name(name) => {
+                let found = tokio::time::timeout(
+                    self.limits.resolve_timeout,
+                    tokio::net::lookup_host((name.as_str(), target.port)),
+                )
+                .await
+                .map_err(|_| refuse(504, format!("resolving {name} timed out")))?
+                .map_err(|e| refuse(502, format!("resolving {name}: {e}")))?;
+                let mut v: Vec<IpAddr> = found.map(|a| a.ip()).collect();
+                v.dedup();
+                v
+            }
+        };
+        let mut last = refuse(403, "no address");
+        for ip in ips {
+            let d = policy.evaluate(&hatchery_policy::Request {
+                tool: EGRESS_TOOL,
+                args: &serde_json::Value::Null,
+                cost_cents: None,
+                dest: Some(Destination {
+                    host: host_str,
+                    ip: Some(ip),
+                    port: target.port,
+                }),
+                ctx: None,
+            });
+            let rule_id = d.rule_id.map(str::to_string);
+            if d.effect == Effect::Allow {
+                match special_range(ip) {
+                    Some(range) if !d.matched_address_range => {
+                        last = Refusal {
+                            ip: Some(ip),
+                            rule_id,
+                            ..refuse(403, format!("{ip} is {range}; only a rule naming that address range allows it"))
+                        };
+                    }
+                    _ => return Ok((SocketAddr::new(ip, target.port), rule_id)),
+                }
+            } else {
+                let why = match d.rule_id {
+                    Some(id) => format!("denied by rule {id:?}"),
+                    None => "no rule allows it (default deny)".into(),
+                };
+                last = Refusal {
+                    ip: Some(ip),
+                    rule_id,
+                    ..refuse(403, why)
+                };
+            }
+        }
+        Err(last)
+    }
+}
+
+struct FirstBytes {
+    /// What the client gets before relaying starts (CONNECT's 200).
+    reply: Option<String>,
+    to_upstream: Vec<u8>,
+}
+
+fn authority(t: &Target) -> String {
+    match &t.host {
+        Host::Ip(IpAddr::V6(a)) => format!("[{a}]:{}", t.port),
+        h => format!("{}:{}", h.as_policy_str(), t.port),
+    }
+}
+
+/// Counts a session's open tunnels; released on drop.
+struct SessionSlot<'a> {
+    proxy: &'a Proxy,
+    session: String,
+}
+
+impl<'a> SessionSlot<'a> {
+    fn take(proxy: &'a Proxy, session: &str) -> Option<Self> {
+        let mut m = proxy.per_session.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(session.to_string()).or_insert(0);
+        if *n >= proxy.limits.max_tunnels_per_session {
+            return None;
+        }
+        *n += 1;
+        Some(SessionSlot {
+            proxy,
+            session: session.to_string(),
+        })
+    }
+}
+
+impl Drop for SessionSlot<'_> {
+    fn drop(&mut self) {
+        let mut m = self
+            .proxy
+            .per_session
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.session) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.session);
+            }
+        }
+    }
+}
+
+/// Reads until the blank line; returns the head (without it) and any bytes
+/// that came after.
+async fn read_head(sock: &mut TcpStream, limits: &Limits) -> Result<(Vec<u8>, Vec<u8>), Refusal> {
+    let mut buf = Vec::with_capacity(1024);
+    let deadline = tokio::time::Instant::now() + limits.head_timeout;
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(i) = find(&buf, b"\r\n\r\n") {
+            if i + 4 > limits.max_head_bytes {
+                break;
+            }
+            let rest = buf.split_off(i + 4);
+            buf.truncate(i);
+            return Ok((buf, rest));
+        }
+        if buf.len() > limits.max_head_bytes {
+            break;
+        }
+        let n = tokio::time::timeout_at(deadline, sock.read(&mut chunk))
+            .await
+            .map_err(|_| refuse(408, "request head not complete in time"))?
+            .map_err(|e| refuse(400, format!("read: {e}")))?;
+        if n == 0 {
+            return Err(refuse(
+                400,
+                "connection closed before the request head ended",
+            ));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    Err(refuse(
+        431,
+        format!("request head over {} bytes", limits.max_head_bytes),
+    ))
+}
+
+fn find(h: &[u8], n: &[u8]) -> Option<usize> {
+    h.windows(n.len()).position(|w| w == n)
+}
+
+async fn answer(sock: &mut TcpStream, r: &Refusal) {
+    let phrase = match r.status {
+        400 => "Bad Request",
+        403 => "Forbidden",
+        408 => "Request Timeout",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Error",
+    };
+    let body = format!("{}\n", r.reason);
+    let resp = format!(
+        "HTTP/1.1 {} {phrase}\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\nX-Hatchery-Egress: denied\r\n\r\n{body}",
+        r.status,
+        body.len()
+    );
+    let _ = sock.write_all(resp.as_bytes()).await;
+    let _ = sock.shutdown().await;
+}
+
+/// Relays both ways until both sides finish or nothing moves for `idle`;
+/// returns the bytes moved (up, down).
+async fn pump(a: TcpStream, b: TcpStream, idle: Duration) -> (u64, u64) {
+    let start = Instant::now();
+    let last = Arc::new(AtomicU64::new(0));
+    let (ar, aw) = a.into_split();
+    let (br, bw) = b.into_split();
+    let (up_n, down_n) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let up = copy_half(ar, bw, last.clone(), start, up_n.clone());
+    let down = copy_half(br, aw, last.clone(), start, down_n.clone());
+    let watchdog = async {
+        let tick = (idle / 4).max(Duration::from_millis(50));
+        loop {
+            tokio::time::sleep(tick).await;
+            let since = start
+                .elapsed()
+                .saturating_sub(Duration::from_millis(last.load(Ordering::Relaxed)));
+            if since > idle {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        _ = async { tokio::join!(up, down) } => {}
+        _ = watchdog => {}
+    }
+    (up_n.load(Ordering::Relaxed), down_n.load(Ordering::Relaxed))
+}
+
+async fn copy_half<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    mut r: R,
+    mut w: W,
+    last: Arc<AtomicU64>,
+    start: Instant,
+    moved: Arc<AtomicU64>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if w.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+        last.store(start.elapsed().as_millis() as u64, Ordering::Relaxed);
+        moved.fetch_add(n as u64, Ordering::Relaxed);
+    }
+    let _ = w.shutdown().await;
+}

@@ -1,0 +1,214 @@
+//! `/v1/policies`: create, version, list and read policies. Every failure
+//! is `{"error":{"code","message"}}`; a validation error's message names the
+//! rule by index and id. The daemon mounts this behind its API key.
+
+use crate::document::PolicyDocument;
+use crate::store::{PolicyStore, PolicySummary, StoreError, StoredPolicy};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Serialize;
+use std::sync::Arc;
+use utoipa::ToSchema;
+
+/// Largest policy document accepted, in bytes (the JSON body).
+pub const MAX_DOCUMENT_BYTES: usize = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct HttpError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable, machine-readable code, e.g. `sandbox_not_found`.
+    pub code: String,
+    pub message: String,
+}
+
+impl HttpError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        HttpError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_string(),
+                message: self.message,
+            },
+        };
+        (self.status, Json(body)).into_response()
+    }
+}
+
+impl From<StoreError> for HttpError {
+    fn from(e: StoreError) -> Self {
+        use StatusCode as S;
+        let (status, code) = match &e {
+            StoreError::NotFound(_) => (S::NOT_FOUND, "policy_not_found"),
+            StoreError::VersionNotFound(..) => (S::NOT_FOUND, "policy_version_not_found"),
+            StoreError::Invalid(_) => (S::BAD_REQUEST, "invalid_policy"),
+            StoreError::ReadOnly(_) => (S::CONFLICT, "policy_read_only"),
+            StoreError::TooMany(..) | StoreError::TooManyVersions(..) => {
+                (S::CONFLICT, "too_many_policies")
+            }
+            StoreError::Db(_) | StoreError::Corrupt(_) | StoreError::Task(_) => {
+                // The cause stays in the log; the caller gets an id to quote.
+                let request_id = format!("req_{:016x}", rand::random::<u64>());
+                tracing::error!(%request_id, error = %e, "policy store failed");
+                return HttpError::new(
+                    S::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    format!("internal error (request id {request_id})"),
+                );
+            }
+        };
+        HttpError::new(status, code, e.to_string())
+    }
+}
+
+type Store = Arc<dyn PolicyStore>;
+
+pub fn router(store: Store) -> Router {
+    Router::new()
+        .route("/v1/policies", post(create).get(list))
+        .route("/v1/policies/{id}", get(latest))
+        .route("/v1/policies/{id}/versions", post(add_version))
+        .route("/v1/policies/{id}/versions/{version}", get(version))
+        .layer(DefaultBodyLimit::max(MAX_DOCUMENT_BYTES))
+        .with_state(store)
+}
+
+fn parse_doc(body: Result<Bytes, BytesRejection>) -> Result<PolicyDocument, HttpError> {
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            HttpError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!("policy document over {MAX_DOCUMENT_BYTES} bytes"),
+            )
+        } else {
+            HttpError::new(StatusCode::BAD_REQUEST, "invalid_request", e.body_text())
+        }
+    })?;
+    serde_json::from_slice(&body).map_err(|e| {
+        HttpError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_policy",
+            format!("policy document: {e}"),
+        )
+    })
+}
+
+fn check_id(id: &str) -> Result<(), HttpError> {
+    let ok = id.len() <= 64
+        && id.starts_with("pol_")
+        && id[4..]
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(HttpError::new(
+            StatusCode::NOT_FOUND,
+            "policy_not_found",
+            format!("policy {id:?} not found"),
+        ))
+    }
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct PolicyList {
+    pub policies: Vec<PolicySummary>,
+}
+
+/// Create a policy; it starts at version 1.
+#[utoipa::path(post, path = "/v1/policies", tag = "policies", request_body = PolicyDocument,
+    responses((status = 201, body = StoredPolicy),
+              (status = 400, body = ErrorBody, description = "invalid_policy: the message names the rule (index and id)"),
+              (status = 413, body = ErrorBody)))]
+pub async fn create(
+    State(store): State<Store>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<StoredPolicy>), HttpError> {
+    let doc = parse_doc(body)?;
+    let p = store.create(doc).await?;
+    tracing::info!(policy = %p.id, version = p.version, rules = p.document.rules.len(), "policy created");
+    Ok((StatusCode::CREATED, Json(p)))
+}
+
+/// Add the next version of a policy. Earlier versions stay as they were:
+/// sessions pinned to them keep their rules.
+#[utoipa::path(post, path = "/v1/policies/{id}/versions", tag = "policies", request_body = PolicyDocument,
+    params(("id" = String, Path)),
+    responses((status = 201, body = StoredPolicy),
+              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody, description = "policy_read_only: pol_standard")))]
+pub async fn add_version(
+    State(store): State<Store>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<StoredPolicy>), HttpError> {
+    check_id(&id)?;
+    let doc = parse_doc(body)?;
+    let p = store.add_version(&id, doc).await?;
+    tracing::info!(policy = %p.id, version = p.version, rules = p.document.rules.len(), "policy version added");
+    Ok((StatusCode::CREATED, Json(p)))
+}
+
+/// Every policy with its latest version number.
+#[utoipa::path(get, path = "/v1/policies", tag = "policies", responses((status = 200, body = PolicyList)))]
+pub async fn list(State(store): State<Store>) -> Result<Json<PolicyList>, HttpError> {
+    Ok(Json(PolicyList {
+        policies: store.list().await?,
+    }))
+}
+
+/// The latest version of a policy.
+#[utoipa::path(get, path = "/v1/policies/{id}", tag = "policies", params(("id" = String, Path)),
+    responses((status = 200, body = StoredPolicy), (status = 404, body = ErrorBody)))]
+pub async fn latest(
+    State(store): State<Store>,
+    Path(id): Path<String>,
+) -> Result<Json<StoredPolicy>, HttpError> {
+    check_id(&id)?;
+    Ok(Json(store.latest(&id).await?))
+}
+
+/// One version of a policy, as it was written.
+#[utoipa::path(get, path = "/v1/policies/{id}/versions/{version}", tag = "policies",
+    params(("id" = String, Path), ("version" = u32, Path)),
+    responses((status = 200, body = StoredPolicy), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn version(
+    State(store): State<Store>,
+    Path((id, version)): Path<(String, String)>,
+) -> Result<Json<StoredPolicy>, HttpError> {
+    check_id(&id)?;
+    let v: u32 = version.parse().ok().filter(|v| *v >= 1).ok_or_else(|| {
+        HttpError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("version {version:?} is not a positive integer"),
+        )
+    })?;
+    Ok(Json(store.version(&id, v).await?))
+}

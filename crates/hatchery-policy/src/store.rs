@@ -1,0 +1,67 @@
+//! Policies with immutable, numbered versions behind an async trait, so the
+//! SQLite store can be joined by a PostgreSQL one. A version, once written,
+//! never changes: sessions pin `(id, version)` and must see the same rules
+//! for as long as they live.
+
+use crate::compile::ValidationError;
+use crate::document::PolicyDocument;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("policy {0} not found")]
+    NotFound(String),
+    #[error("policy {0} has no version {1}")]
+    VersionNotFound(String, u32),
+    #[error("{0}")]
+    Invalid(#[from] ValidationError),
+    #[error("policy {0} is built in and read-only; create a policy of your own")]
+    ReadOnly(String),
+    #[error("{0} policies stored; at most {1}")]
+    TooMany(u64, u64),
+    #[error("policy {0} has {1} versions; at most {2}")]
+    TooManyVersions(String, u32, u32),
+    #[error("database: {0}")]
+    Db(#[from] rusqlite::Error),
+    #[error("stored document: {0}")]
+    Corrupt(String),
+    #[error("store task: {0}")]
+    Task(String),
+}
+
+/// One version of one policy.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct StoredPolicy {
+    /// `pol_` and 16 hex digits, or `pol_standard`.
+    pub id: String,
+    /// 1 for the first; each new version adds one.
+    pub version: u32,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+    /// SHA-256 (hex) of the stored document's JSON, to compare versions.
+    pub sha256: String,
+    pub builtin: bool,
+    pub document: PolicyDocument,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct PolicySummary {
+    pub id: String,
+    pub name: String,
+    pub latest_version: u32,
+    pub created_at: String,
+    pub updated_at: String,
+    pub builtin: bool,
+}
+
+#[async_trait::async_trait]
+pub trait PolicyStore: Send + Sync + 'static {
+    /// Validates and stores a new policy at version 1.
+    async fn create(&self, doc: PolicyDocument) -> Result<StoredPolicy, StoreError>;
+    /// Validates and stores the next version of an existing policy.
+    async fn add_version(&self, id: &str, doc: PolicyDocument) -> Result<StoredPolicy, StoreError>;
+    async fn list(&self) -> Result<Vec<PolicySummary>, StoreError>;
+    async fn latest(&self, id: &str) -> Result<StoredPolicy, StoreError>;
+    async fn version(&self, id: &str, version: u32) -> Result<StoredPolicy, StoreError>;
+}
