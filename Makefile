@@ -9,7 +9,7 @@ LISTEN ?= 127.0.0.1:7423
 PYTEST := /usr/bin/python3 -m pytest
 BIN := target/release
 
-.PHONY: setup build template run test unit kernel-test lint integration cli-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load bench bench-code clean-state
+.PHONY: setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load bench bench-code clean-state
 
 setup:
 	bash scripts/setup-host.sh
@@ -42,6 +42,13 @@ integration: build template
 cli-test: build template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/cli
+
+# The typed Rust client (crates/hatchery-client) against a live daemon: its
+# client_smoke example drives every part of the API (about 10 s).
+client-test: build template
+	cargo build --release -p hatchery-client --example client_smoke
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  $(PYTEST) -q -p no:cacheprovider tests/client
 
 # The SDK suites drive a daemon of their own (tests/sdk/support.py) built from
 # this checkout. Python: the package is pip-installed into a fresh venv, as a
@@ -94,7 +101,7 @@ playground-load: build template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -s -p no:cacheprovider tests/playground/test_load.py
 
-test: build template lint unit kernel-test integration cli-test sdk-python-test sdk-typescript-test terminal-test playground-test playground-load
+test: build template lint unit kernel-test integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test playground-test playground-load
 
 # The Run-button path alone (about a minute): run_code and exec against raw runsc.
 bench-code: build template
