@@ -11,6 +11,7 @@ runner has acknowledged its `tool_call` line, so the event is in the log
 before the effect. Standard library only.
 """
 
+import http.client
 import json
 import os
 import queue
@@ -107,8 +108,11 @@ def chat(conf, messages):
         try:
             with urllib.request.urlopen(req, timeout=300) as r:
                 return json.loads(r.read())
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
+            # A blip on the way to the model (the relay, the gateway):
+            # asking again is safe, the model call has no side effect.
             last = e
+            print(f"model call failed ({e!r}); retrying", file=sys.stderr, flush=True)
             time.sleep(0.5 * (attempt + 1))
     raise RuntimeError(f"model endpoint {url} failed: {last}")
 

@@ -6,6 +6,7 @@
 
 pub mod agent_proto;
 pub mod bus;
+pub mod client_sandboxes;
 pub mod config;
 pub mod error;
 pub mod events;

@@ -20,12 +20,15 @@ use tokio::sync::Notify;
 pub const WORKDIR: &str = "/workspace";
 const AGENT_DIR: &str = "/opt/hatchery";
 const REFERENCE_AGENT: &str = include_str!("../agent/reference_agent.py");
+const WORKSPACE_DIFF: &str = include_str!("../agent/workspace_diff.py");
 /// Snapshots (idle and review) are kept this long.
 const SNAPSHOT_RETENTION_S: u64 = 7 * 86_400;
 /// Sandboxes outlive the session's wall budget by this much, so the
 /// runner (not the TTL) ends them.
 const TTL_MARGIN_S: u64 = 900;
 const MAX_TTL_S: u64 = 86_400;
+/// How much of the agent's stderr a failure reason quotes.
+const STDERR_TAIL: usize = 2048;
 
 #[derive(Debug, thiserror::Error)]
 enum RunError {
@@ -296,8 +299,16 @@ async fn start(svc: &Arc<Sessions>, s: &Session) -> R<()> {
     .await
     .map_err(|e| fail("repo_fetch_failed", e.to_string()))?;
     let bytes = co.tar.len() as u64;
+    // The tar stays as the base the final diff is made against.
     svc.sandboxes
-        .write_file(&sbx, "/tmp/hatchery-repo.tar", co.tar)
+        .write_file(&sbx, &format!("{AGENT_DIR}/base.tar"), co.tar)
+        .await?;
+    svc.sandboxes
+        .write_file(
+            &sbx,
+            &format!("{AGENT_DIR}/workspace_diff.py"),
+            WORKSPACE_DIFF.as_bytes().to_vec(),
+        )
         .await?;
     let x = svc
         .sandboxes
@@ -306,7 +317,7 @@ async fn start(svc: &Arc<Sessions>, s: &Session) -> R<()> {
             vec![
                 "/bin/sh".into(),
                 "-c".into(),
-                format!("mkdir -p {WORKDIR} && tar -xf /tmp/hatchery-repo.tar -C {WORKDIR} && rm -f /tmp/hatchery-repo.tar"),
+                format!("mkdir -p {WORKDIR} && tar -xf {AGENT_DIR}/base.tar -C {WORKDIR}"),
             ],
             "/",
             120,
@@ -450,6 +461,7 @@ async fn attached(
         waiting_since.get_or_insert_with(tokio::time::Instant::now);
     }
     let mut summary = String::new();
+    let mut stderr_tail: Vec<u8> = Vec::new();
     let started = s.started_at.clone();
     let wall_left = s
         .spec
@@ -473,8 +485,14 @@ async fn attached(
                         }
                     }
                 }
-                Some(Ok(OutputItem::Chunk { .. })) => {}
-                Some(Ok(OutputItem::Exit(st))) => return finish(svc, &id, st, summary).await,
+                Some(Ok(OutputItem::Chunk { data, .. })) => {
+                    // stderr: the agent's own log; the tail explains a crash.
+                    stderr_tail.extend_from_slice(&data);
+                    if stderr_tail.len() > STDERR_TAIL {
+                        stderr_tail.drain(..stderr_tail.len() - STDERR_TAIL);
+                    }
+                }
+                Some(Ok(OutputItem::Exit(st))) => return finish(svc, &id, st, summary, &stderr_tail).await,
                 Some(Err(_)) | None => {
                     // The follow broke (daemon-side hiccup): re-check and
                     // read again from the last handled line.
@@ -629,16 +647,18 @@ async fn deliver(svc: &Arc<Sessions>, id: &str, sbx: &str, pid: &str) -> R<bool>
     Ok(any)
 }
 
-/// `git diff` of the checkout against the fetched commit, as an event.
+/// What changed in the checkout against the fetched tree, as an event.
 async fn record_diff(svc: &Arc<Sessions>, id: &str, sbx: &str) {
-    let cmd = format!(
-        "cd {WORKDIR} && git add -A >/dev/null 2>&1; git -c core.pager=cat diff --cached --stat; echo '@@HATCHERY@@'; git -c core.pager=cat diff --cached"
-    );
+    let cmd = format!("python3 {AGENT_DIR}/workspace_diff.py {AGENT_DIR}/base.tar {WORKDIR}");
     if let Ok(x) = svc
         .sandboxes
         .exec(sbx, vec!["/bin/sh".into(), "-c".into(), cmd], "/", 60)
         .await
     {
+        if x.exit_code != 0 {
+            tracing::warn!(session = %id, stderr = %crate::events::cut(&x.stderr, 500), "workspace diff failed");
+            return;
+        }
         let (stat, patch) = x
             .stdout
             .split_once("@@HATCHERY@@\n")
@@ -657,7 +677,13 @@ async fn record_diff(svc: &Arc<Sessions>, id: &str, sbx: &str) {
     }
 }
 
-async fn finish(svc: &Arc<Sessions>, id: &str, st: ProcState, summary: String) -> R<()> {
+async fn finish(
+    svc: &Arc<Sessions>,
+    id: &str,
+    st: ProcState,
+    summary: String,
+    stderr_tail: &[u8],
+) -> R<()> {
     let (code, why) = match st {
         ProcState::Exited { exit_code, reason } => (exit_code, reason),
         ProcState::Running => (None, None),
@@ -700,12 +726,19 @@ async fn finish(svc: &Arc<Sessions>, id: &str, st: ProcState, summary: String) -
         .await?;
         Ok(())
     } else {
+        let tail = String::from_utf8_lossy(stderr_tail);
+        let tail = tail.trim();
         Err(fail(
             "agent_failed",
             format!(
-                "agent exited with code {}{}",
+                "agent exited with code {}{}{}",
                 code.map(|c| c.to_string()).unwrap_or_else(|| "none".into()),
-                why.map(|r| format!(" ({r})")).unwrap_or_default()
+                why.map(|r| format!(" ({r})")).unwrap_or_default(),
+                if tail.is_empty() {
+                    String::new()
+                } else {
+                    format!("; stderr: {tail}")
+                }
             ),
         ))
     }

@@ -92,6 +92,9 @@ pub struct DaemonArgs {
     /// HTTP connection limits (timeouts, caps in total and per peer).
     #[command(flatten)]
     pub http: hatchery_serve::HttpLimits,
+    /// Agent sessions (`/v1/sessions`).
+    #[command(flatten)]
+    pub sessions: hatchery_sessions::SessionArgs,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "HATCHERY_LOG_JSON")]
     pub log_json: bool,

@@ -3,6 +3,7 @@
 mod config;
 mod key;
 mod serve;
+mod sessions;
 
 pub use config::DaemonArgs;
 pub use serve::{run, DaemonError};

@@ -24,6 +24,8 @@ pub enum DaemonError {
     Listen(std::net::SocketAddr, std::io::Error),
     #[error("server: {0}")]
     Serve(std::io::Error),
+    #[error("sessions: {0}")]
+    Sessions(String),
 }
 
 fn sibling(name: &str) -> PathBuf {
@@ -148,6 +150,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     }
     let _pool = manager.spawn_pool_filler();
 
+    let (sessions_app, sessions) = crate::sessions::build(&args, &key, &manager.metrics.registry)?;
     let app = hatchery_api::router(AppState {
         manager: manager.clone(),
         api_key: key.into(),
@@ -156,11 +159,19 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         terminal_tokens: Arc::new(hatchery_api::terminal_token::TerminalTokens::new(
             terminal_secret,
         )),
-    });
+    })
+    .merge(sessions_app);
     // hatchery-serve sets TCP_NODELAY on every accepted connection.
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| DaemonError::Listen(args.listen, e))?;
+    // Runners talk to this daemon's API, so they start once it listens.
+    tokio::spawn(async move {
+        match sessions.recover().await {
+            Ok(n) => tracing::info!(sessions = n, "unfinished sessions resumed"),
+            Err(e) => tracing::error!(error = %e, "sessions not recovered"),
+        }
+    });
     tracing::info!(listen = %args.listen, data_dir = %data.display(), "hatcheryd ready");
     // Requests in flight get 30 s to finish; SSE follows and the like are
     // cut after that (clients reconnect to the restarted daemon).
