@@ -125,7 +125,7 @@ class ScriptedModel:
         script = self.scripts.get(m.group(1) if m else "default") or [{"content": "no script"}]
         step = sum(1 for m in msgs if m.get("role") == "assistant")
         turn = script[step] if step < len(script) else script[-1]
-        turn = _subst(turn, _text(users[-1]) if users else "")
+        turn = dict(_subst(turn, _text(users[-1]) if users else ""), _step=step)
         prompt = sum(len(json.dumps(m)) for m in msgs) // 4
         usage = {"prompt_tokens": prompt, "completion_tokens": len(json.dumps(turn)) // 4 + 1}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
@@ -135,7 +135,7 @@ class ScriptedModel:
         out = []
         for i, c in enumerate(turn.get("tool_calls") or []):
             args = c.get("arguments", {})
-            out.append({"id": c.get("id") or f"call_{i}", "type": "function",
+            out.append({"id": c.get("id") or f"call_{turn.get('_step', 0)}_{i}", "type": "function",
                         "function": {"name": c["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}})
         return out
 

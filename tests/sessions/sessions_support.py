@@ -44,6 +44,13 @@ SCRIPTS = {
         {"tool_calls": [{"name": "shell", "arguments": {"command": "echo '{last_user}' > steer.txt"}}]},
         {"tool_calls": [{"name": "finish", "arguments": {"summary": "done slowly"}}]},
     ],
+    # Steered mid-run, then cancelled during a long command.
+    "steer": [
+        {"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 3; echo one"}}]},
+        {"tool_calls": [{"name": "shell", "arguments": {"command": "echo '{last_user}' > steer.txt"}}]},
+        {"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 120"}}]},
+        {"tool_calls": [{"name": "finish", "arguments": {"summary": "not cancelled"}}]},
+    ],
     "approve": [
         {"tool_calls": [{"name": "request_approval", "arguments": {"action": "git_push", "details": "main"}}]},
         {"tool_calls": [{"name": "shell", "arguments": {"command": "echo approved > pushed.txt"}}]},

@@ -19,8 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 
 MAX_OUTPUT = 64 * 1024
 SYSTEM = (
@@ -97,24 +96,44 @@ def cap(s):
     return s if len(s) <= MAX_OUTPUT else s[:MAX_OUTPUT] + "\n[output cut]"
 
 
+_conn = [None]
+
+
 def chat(conf, messages):
+    """One chat-completions call on a kept-alive connection (one relayed
+    connection for the whole session), made again after any failure."""
     body = json.dumps({"model": conf["model"], "messages": messages, "tools": TOOLS,
                        "tool_choice": "auto"}).encode()
-    url = conf["model_url"].rstrip("/") + "/chat/completions"
+    u = urllib.parse.urlsplit(conf["model_url"].rstrip("/") + "/chat/completions")
+    path = u.path + (("?" + u.query) if u.query else "")
+    headers = {"Content-Type": "application/json",
+               "Authorization": "Bearer " + os.environ.get("OPENAI_API_KEY", "")}
     last = None
-    for attempt in range(5):
-        req = urllib.request.Request(url, data=body, headers={
-            "Content-Type": "application/json", "Authorization": "Bearer " + os.environ.get("OPENAI_API_KEY", "")})
+    for attempt in range(8):
         try:
-            with urllib.request.urlopen(req, timeout=300) as r:
-                return json.loads(r.read())
-        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as e:
+            if _conn[0] is None:
+                cls = http.client.HTTPSConnection if u.scheme == "https" else http.client.HTTPConnection
+                _conn[0] = cls(u.hostname, u.port, timeout=300)
+            _conn[0].request("POST", path, body=body, headers=headers)
+            r = _conn[0].getresponse()
+            data = r.read()
+            if r.status >= 500:
+                raise http.client.HTTPException(f"HTTP {r.status}: {data[:200]!r}")
+            if r.status != 200:
+                raise RuntimeError(f"model endpoint answered {r.status}: {data[:500]!r}")
+            return json.loads(data)
+        except (http.client.HTTPException, OSError, ValueError) as e:
             # A blip on the way to the model (the relay, the gateway):
             # asking again is safe, the model call has no side effect.
             last = e
+            try:
+                _conn[0].close()
+            except Exception:
+                pass
+            _conn[0] = None
             print(f"model call failed ({e!r}); retrying", file=sys.stderr, flush=True)
-            time.sleep(0.5 * (attempt + 1))
-    raise RuntimeError(f"model endpoint {url} failed: {last}")
+            time.sleep(min(0.25 * (2 ** attempt), 4))
+    raise RuntimeError(f"model endpoint {conf['model_url']} failed: {last}")
 
 
 def safe_path(workdir, p):
