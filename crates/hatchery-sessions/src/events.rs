@@ -276,9 +276,7 @@ impl EventKind {
     /// The text fields that may be large, with their `*_ref` slots: the
     /// store cuts each to [`INLINE_TEXT_BYTES`] and keeps the whole as a
     /// blob.
-    pub(crate) fn large_fields(
-        &mut self,
-    ) -> Vec<(&mut String, Option<&mut Option<String>>, Option<&mut bool>)> {
+    pub(crate) fn large_fields(&mut self) -> Vec<LargeField<'_>> {
         match self {
             EventKind::ModelResponse {
                 content: Some(c),
@@ -321,6 +319,13 @@ impl EventKind {
         }
     }
 }
+
+/// A text field, its blob reference slot, its `truncated` flag.
+pub(crate) type LargeField<'a> = (
+    &'a mut String,
+    Option<&'a mut Option<String>>,
+    Option<&'a mut bool>,
+);
 
 /// A stored event.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

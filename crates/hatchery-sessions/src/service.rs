@@ -396,11 +396,10 @@ impl Sessions {
                 .await;
             match r {
                 Ok(evs) => self.bus.publish(id, &evs),
-                Err(crate::store::StoreError::StateConflict { current, .. })
-                    if current == SessionState::Cancelled =>
-                {
-                    return self.view(id).await
-                }
+                Err(crate::store::StoreError::StateConflict {
+                    current: SessionState::Cancelled,
+                    ..
+                }) => return self.view(id).await,
                 Err(e) => return Err(e.into()),
             }
         }
