@@ -16,6 +16,7 @@ from .models import (BuildAccepted, BuildEvent, CodeContext, ExecReason, ExecRes
                      FileEntry, Logs, NetworkEvent, NetworkPolicy, NetworkRule, OutputChunk, OutputEncoding,
                      PreviewUrl, ProcessChunk, ProcessInfo, ProcessState, Result, SandboxInfo, SnapshotInfo, TemplateInfo,
                      TerminalExit, TerminalToken)
+from .sessions import Session
 
 __version__ = "0.1.0"
 
@@ -30,4 +31,5 @@ __all__ = [
     "BuildEvent", "NetworkPolicy", "NetworkRule", "NetworkEvent", "ExecReason",
     "Execution", "Result", "ExecutionError", "Logs", "CodeContext", "ProcessInfo", "ProcessChunk", "ProcessState",
     "OutputEncoding", "Terminal", "PreviewUrl", "TerminalToken", "TerminalExit",
+    "Session",
 ]
