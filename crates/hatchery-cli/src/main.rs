@@ -104,6 +104,9 @@ enum Cmd {
     /// A sandbox's network egress policy.
     #[command(subcommand)]
     Network(network::NetworkCmd),
+    /// Agent sessions: a coding agent on a repository, in a sandbox.
+    #[command(subcommand, alias = "sessions")]
+    Session(commands::session::SessionCmd),
 }
 
 #[tokio::main]
@@ -181,6 +184,7 @@ fn client_cmd(api: &Api, cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Snapshot(c) => snapshot::run(api, c),
         Cmd::Template(c) => template::run(api, c),
         Cmd::Network(c) => network::run(api, c),
+        Cmd::Session(c) => commands::session::run(api, c),
         Cmd::Serve(_) | Cmd::Run(_) => unreachable!("handled in main"),
     }
 }

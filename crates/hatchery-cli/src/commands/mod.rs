@@ -6,6 +6,7 @@ pub mod network;
 pub mod procs;
 pub mod run;
 pub mod sandbox;
+pub mod session;
 pub mod shell;
 pub mod snapshot;
 pub mod template;
