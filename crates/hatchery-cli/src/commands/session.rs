@@ -9,47 +9,51 @@ use serde_json::{json, Value};
 
 const FINAL: [&str; 3] = ["completed", "failed", "cancelled"];
 
+#[derive(clap::Args)]
+pub struct CreateArgs {
+    /// https://…, git://… or file:///… (under an allowed root).
+    #[arg(long)]
+    pub repo: String,
+    /// What the agent should do.
+    #[arg(long)]
+    pub task: String,
+    /// Branch, tag or commit (default main).
+    #[arg(long = "ref")]
+    pub git_ref: Option<String>,
+    #[arg(long)]
+    pub policy: Option<String>,
+    #[arg(long)]
+    pub tokens: Option<i64>,
+    #[arg(long)]
+    pub usd_cents: Option<i64>,
+    /// Wall-clock budget in seconds.
+    #[arg(long)]
+    pub wall: Option<i64>,
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    #[arg(long)]
+    pub template: Option<String>,
+    /// The model endpoint as the sandbox sees it.
+    #[arg(long)]
+    pub model_url: Option<String>,
+    #[arg(long)]
+    pub model: Option<String>,
+    #[arg(long)]
+    pub max_steps: Option<u32>,
+    /// Run this instead of the reference agent (a third-party agent).
+    #[arg(long)]
+    pub agent_command: Option<String>,
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    #[arg(long)]
+    pub json: bool,
+}
+
 #[derive(Subcommand)]
 pub enum SessionCmd {
     /// Start an agent on a repository; prints the session id.
-    Create {
-        /// https://…, git://… or file:///… (under an allowed root).
-        #[arg(long)]
-        repo: String,
-        /// What the agent should do.
-        #[arg(long)]
-        task: String,
-        /// Branch, tag or commit (default main).
-        #[arg(long = "ref")]
-        git_ref: Option<String>,
-        #[arg(long)]
-        policy: Option<String>,
-        #[arg(long)]
-        tokens: Option<i64>,
-        #[arg(long)]
-        usd_cents: Option<i64>,
-        /// Wall-clock budget in seconds.
-        #[arg(long)]
-        wall: Option<i64>,
-        #[arg(long)]
-        idempotency_key: Option<String>,
-        #[arg(long)]
-        template: Option<String>,
-        /// The model endpoint as the sandbox sees it.
-        #[arg(long)]
-        model_url: Option<String>,
-        #[arg(long)]
-        model: Option<String>,
-        #[arg(long)]
-        max_steps: Option<u32>,
-        /// Run this instead of the reference agent (a third-party agent).
-        #[arg(long)]
-        agent_command: Option<String>,
-        #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
-        env: Vec<String>,
-        #[arg(long)]
-        json: bool,
-    },
+    // Boxed: its flags dwarf every other subcommand's.
+    Create(Box<CreateArgs>),
     /// List sessions, oldest first.
     Ls {
         #[arg(long)]
@@ -111,23 +115,24 @@ fn check(id: &str) -> anyhow::Result<()> {
 
 pub fn run(api: &Api, cmd: SessionCmd) -> anyhow::Result<i32> {
     match cmd {
-        SessionCmd::Create {
-            repo,
-            task,
-            git_ref,
-            policy,
-            tokens,
-            usd_cents,
-            wall,
-            idempotency_key,
-            template,
-            model_url,
-            model,
-            max_steps,
-            agent_command,
-            env,
-            json,
-        } => {
+        SessionCmd::Create(a) => {
+            let CreateArgs {
+                repo,
+                task,
+                git_ref,
+                policy,
+                tokens,
+                usd_cents,
+                wall,
+                idempotency_key,
+                template,
+                model_url,
+                model,
+                max_steps,
+                agent_command,
+                env,
+                json,
+            } = *a;
             let mut body = json!({"repo": repo, "task": task});
             let set = |b: &mut Value, k: &str, v: Option<Value>| {
                 if let Some(v) = v {
