@@ -72,6 +72,8 @@ sdk-typescript-test: build template
 	cd sdk/typescript && npm ci --no-audit --no-fund --silent && npm run --silent build
 	cd sdk/typescript && HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 $(CURDIR)/tests/sdk/with_daemon.py node --test --test-concurrency=1 test/
+	cd sdk/typescript && HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  /usr/bin/python3 $(CURDIR)/tests/sessions/with_session_daemon.py node --test --test-concurrency=1 test-sessions/
 
 # The browser terminal (web/terminal: xterm.js on the PTY WebSocket). The
 # daemon embeds web/terminal/dist at compile time, so `make build` needs no

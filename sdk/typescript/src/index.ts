@@ -25,3 +25,4 @@ export type {
 } from "./models.js";
 export * as fields from "./models.js";
 export type * as wire from "./wire.js";
+export { Session, FINAL_STATES, type CreateSessionOptions, type SessionEvent, type SessionInfo } from "./session.js";
