@@ -51,6 +51,10 @@ SCRIPTS = {
         {"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 120"}}]},
         {"tool_calls": [{"name": "finish", "arguments": {"summary": "not cancelled"}}]},
     ],
+    # Done at once (session start figures).
+    "quick": [
+        {"tool_calls": [{"name": "finish", "arguments": {"summary": "nothing to do"}}]},
+    ],
     "approve": [
         {"tool_calls": [{"name": "request_approval", "arguments": {"action": "git_push", "details": "main"}}]},
         {"tool_calls": [{"name": "shell", "arguments": {"command": "echo approved > pushed.txt"}}]},
@@ -61,7 +65,7 @@ SCRIPTS = {
 
 class SessionDaemon(Daemon):
     def __init__(self, model_port, extra=(), data_dir=None, net_args=None):
-        args = ["--max-ttl", "7200", "--pool-size", "1",
+        args = ["--max-ttl", "7200", *([] if "--pool-size" in extra else ["--pool-size", "1"]),
                 "--host-service", f"model={MODEL_GUEST_PORT}=127.0.0.1:{model_port}",
                 "--sessions-model-url", f"http://127.0.0.1:{MODEL_GUEST_PORT}/v1",
                 "--sessions-model", "scripted", *extra]
