@@ -387,10 +387,8 @@ async fn start(svc: &Arc<Sessions>, s: &Session) -> R<()> {
         "HATCHERY_TASK_FILE".into(),
         format!("{AGENT_DIR}/session.json"),
     );
-    let s_now = svc.store.get(id).await?;
-    if s_now.cancel_requested {
-        // Cancelled while starting: the attached loop takes the snapshot.
-    }
+    // A cancel that came in while starting is taken by the attached loop
+    // (its nudge is kept), which stops the agent and snapshots.
     let pid = svc
         .sandboxes
         .start_process(&sbx, argv, WORKDIR, env)
@@ -446,13 +444,13 @@ async fn attached(
             .await;
     }
     if s.state == S::Running {
-        if let Some(a) = svc.store.pending_approval(&id).await? {
-            let _ = a;
+        // Recorded before a crash, state change not yet made.
+        if svc.store.pending_approval(&id).await?.is_some() {
             to_state(svc, &id, S::WaitingApproval, None, vec![], Patch::default()).await?;
         }
     }
     deliver(svc, &id, &sbx, &pid).await?;
-    let mut offset = svc.store.get(&id).await?.output_offset;
+    let offset = svc.store.get(&id).await?.output_offset;
     let mut stream = svc.sandboxes.follow_output(&sbx, &pid, offset).await?;
     let mut lines = LineSplitter::default();
     let mut waiting_since: Option<tokio::time::Instant> =
@@ -462,20 +460,17 @@ async fn attached(
     }
     let mut summary = String::new();
     let mut stderr_tail: Vec<u8> = Vec::new();
-    let started = s.started_at.clone();
     let wall_left = s
         .spec
         .budget_wall_s
         .saturating_sub(crate::models::wall_s(&s));
     let wall_deadline = tokio::time::Instant::now() + Duration::from_secs(wall_left);
-    let _ = started;
     loop {
         let idle_at = waiting_since.map(|t| t + svc.cfg.idle_timeout);
         tokio::select! {
             item = stream.next() => match item {
                 Some(Ok(OutputItem::Chunk { stdout: true, offset: o, data })) => {
                     for (line, end) in lines.feed(o, &data) {
-                        offset = end;
                         match handle_line(svc, &id, &sbx, &pid, &line, end).await? {
                             Effect::Waiting(_) => waiting_since = Some(tokio::time::Instant::now()),
                             Effect::ApprovalRequest { .. } => waiting_since = Some(tokio::time::Instant::now()),
@@ -500,7 +495,7 @@ async fn attached(
                     if !svc.sandboxes.exists(&sbx).await? {
                         return Err(fail("lost_sandbox", format!("sandbox {sbx} went away")));
                     }
-                    offset = svc.store.get(&id).await?.output_offset;
+                    let offset = svc.store.get(&id).await?.output_offset;
                     lines.clear();
                     stream = svc.sandboxes.follow_output(&sbx, &pid, offset).await?;
                 }
@@ -521,7 +516,6 @@ async fn attached(
                 return Err(fail("budget_exhausted", format!("wall_s budget of {} s used up", s.spec.budget_wall_s)));
             }
         }
-        let _ = offset;
     }
 }
 
