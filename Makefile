@@ -9,7 +9,7 @@ LISTEN ?= 127.0.0.1:7423
 PYTEST := /usr/bin/python3 -m pytest
 BIN := target/release
 
-.PHONY: gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load bench bench-code clean-state
+.PHONY: gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load sessions-test bench bench-code clean-state
 
 setup:
 	bash scripts/setup-host.sh
@@ -72,6 +72,8 @@ sdk-typescript-test: build template
 	cd sdk/typescript && npm ci --no-audit --no-fund --silent && npm run --silent build
 	cd sdk/typescript && HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 $(CURDIR)/tests/sdk/with_daemon.py node --test --test-concurrency=1 test/
+	cd sdk/typescript && HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  /usr/bin/python3 $(CURDIR)/tests/sessions/with_session_daemon.py node --test --test-concurrency=1 test-sessions/
 
 # The browser terminal (web/terminal: xterm.js on the PTY WebSocket). The
 # daemon embeds web/terminal/dist at compile time, so `make build` needs no
@@ -131,7 +133,13 @@ rounds-test: rounds-pages-check build template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/rounds
 
-test: build template lint unit kernel-test integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test playground-test playground-load gateway-test
+# Agent sessions against real sandboxes, a real `git daemon` and the
+# scripted model server (about 80 s).
+sessions-test: build template
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  $(PYTEST) -q -p no:cacheprovider tests/sessions
+
+test: build template lint unit kernel-test integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test sessions-test playground-test playground-load gateway-test
 
 # The Run-button path alone (about a minute): run_code and exec against raw runsc.
 bench-code: build template
@@ -152,3 +160,5 @@ bench: build template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) /usr/bin/python3 bench/gateway_bench.py
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/rounds_fairness.py
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  /usr/bin/python3 bench/sessions_bench.py

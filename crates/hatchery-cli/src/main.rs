@@ -111,6 +111,9 @@ enum Cmd {
     /// offline (exit 3 names the first bad seq).
     #[command(subcommand)]
     Audit(commands::audit::AuditCmd),
+    /// Agent sessions: a coding agent on a repository, in a sandbox.
+    #[command(subcommand, alias = "sessions")]
+    Session(commands::session::SessionCmd),
 }
 
 #[tokio::main]
@@ -190,6 +193,7 @@ fn client_cmd(api: &Api, cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Template(c) => template::run(api, c),
         Cmd::Network(c) => network::run(api, c),
         Cmd::Audit(c) => commands::audit::run(c),
+        Cmd::Session(c) => commands::session::run(api, c),
         Cmd::Serve(_) | Cmd::Run(_) | Cmd::Round(_) => unreachable!("handled in main"),
     }
 }

@@ -97,6 +97,9 @@ pub struct DaemonArgs {
     #[arg(long, env = "HATCHERY_ROUNDS_REAP_INTERVAL", default_value_t = 30,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub rounds_reap_interval: u64,
+    /// Agent sessions (`/v1/sessions`).
+    #[command(flatten)]
+    pub sessions: hatchery_sessions::SessionArgs,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "HATCHERY_LOG_JSON")]
     pub log_json: bool,

@@ -4,6 +4,7 @@ mod config;
 mod key;
 mod rounds;
 mod serve;
+mod sessions;
 
 pub use config::DaemonArgs;
 pub use serve::{run, DaemonError};

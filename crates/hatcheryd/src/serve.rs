@@ -28,6 +28,8 @@ pub enum DaemonError {
     Serve(std::io::Error),
     #[error("interview rounds: {0}")]
     Rounds(String),
+    #[error("sessions: {0}")]
+    Sessions(String),
 }
 
 fn sibling(name: &str) -> PathBuf {
@@ -152,6 +154,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     }
     let _pool = manager.spawn_pool_filler();
 
+    let (sessions_app, sessions) = crate::sessions::build(&args, &key, &manager.metrics.registry)?;
     // Policies live in their own file: their migrations are their own.
     let policies = hatchery_policy::SqlitePolicyStore::open(&data.join("policies.db"))?;
     let app = hatchery_api::router_with(
@@ -165,7 +168,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             )),
         },
         hatchery_policy::http::router(Arc::new(policies)),
-    );
+    )
+    .merge(sessions_app);
     let rounds = crate::rounds::start(&args, &data, &key, &manager.metrics.registry)?;
     // The rounds router has no fallback, so the API's answers unknown routes.
     let app = hatchery_rounds::router(rounds.clone()).merge(app);
@@ -176,6 +180,13 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // After the bind: the reaper's first act may be resuming gradings,
     // which call this daemon's own API.
     let _rounds_reaper = rounds.spawn_reaper();
+    // Runners talk to this daemon's API, so they start once it listens.
+    tokio::spawn(async move {
+        match sessions.recover().await {
+            Ok(n) => tracing::info!(sessions = n, "unfinished sessions resumed"),
+            Err(e) => tracing::error!(error = %e, "sessions not recovered"),
+        }
+    });
     tracing::info!(listen = %args.listen, data_dir = %data.display(), "hatcheryd ready");
     // Requests in flight get 30 s to finish; SSE follows and the like are
     // cut after that (clients reconnect to the restarted daemon).

@@ -18,6 +18,7 @@ from .models import (BuildAccepted, BuildEvent, CodeContext, ExecReason, ExecRes
                      TerminalExit, TerminalToken)
 from .rounds import InterviewSession, ReplayFork, Round
 from .models import PolicySummary, StoredPolicy
+from .sessions import Session
 
 __version__ = "0.1.0"
 
@@ -34,4 +35,5 @@ __all__ = [
     "OutputEncoding", "Terminal", "PreviewUrl", "TerminalToken", "TerminalExit",
     "Round", "InterviewSession", "ReplayFork",
     "Policies", "StoredPolicy", "PolicySummary",
+    "Session",
 ]

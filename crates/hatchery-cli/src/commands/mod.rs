@@ -8,6 +8,7 @@ pub mod procs;
 pub mod round;
 pub mod run;
 pub mod sandbox;
+pub mod session;
 pub mod shell;
 pub mod snapshot;
 pub mod template;

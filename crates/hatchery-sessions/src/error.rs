@@ -1,0 +1,131 @@
+//! API errors of the sessions routes, in the daemon's JSON shape.
+
+use crate::sandbox::SandboxError;
+use crate::store::StoreError;
+use crate::validate::ValidationError;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error(transparent)]
+    Validation(#[from] ValidationError),
+    #[error("{code}: {message}")]
+    Request { code: &'static str, message: String },
+    #[error("policy {0:?} not found")]
+    UnknownPolicy(String),
+    #[error("template {0:?} not found")]
+    UnknownTemplate(String),
+    #[error("session {0} not found")]
+    NotFound(String),
+    #[error("approval {0} not found or already decided")]
+    ApprovalNotFound(String),
+    #[error("{0}")]
+    Conflict(String),
+    #[error("idempotency key already used for session {0} with a different request")]
+    IdempotencyConflict(String),
+    #[error("{0} event streams are open; the cap is reached")]
+    TooManyStreams(usize),
+    #[error("blob {0} not found")]
+    BlobNotFound(String),
+    #[error("sandboxes: {0}")]
+    Sandbox(SandboxError),
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl From<StoreError> for SessionError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound(id) => SessionError::NotFound(id),
+            StoreError::StateConflict { id, current } => {
+                SessionError::Conflict(format!("session {id} is {current}"))
+            }
+            StoreError::ApprovalNotFound(a) => SessionError::ApprovalNotFound(a),
+            StoreError::Backend(m) => SessionError::Internal(m),
+        }
+    }
+}
+
+impl SessionError {
+    pub fn bad(code: &'static str, message: impl Into<String>) -> Self {
+        SessionError::Request {
+            code,
+            message: message.into(),
+        }
+    }
+    fn status_code(&self) -> (StatusCode, &'static str) {
+        use StatusCode as S;
+        match self {
+            SessionError::Validation(ValidationError::Repo(_)) => (S::BAD_REQUEST, "invalid_repo"),
+            SessionError::Validation(ValidationError::Budget(_)) => {
+                (S::BAD_REQUEST, "invalid_budget")
+            }
+            SessionError::Validation(ValidationError::Invalid(_)) => {
+                (S::BAD_REQUEST, "invalid_request")
+            }
+            SessionError::Request { code, .. } => {
+                let status = match *code {
+                    "unsupported_media_type" => S::UNSUPPORTED_MEDIA_TYPE,
+                    "too_large" => S::PAYLOAD_TOO_LARGE,
+                    _ => S::BAD_REQUEST,
+                };
+                (status, code)
+            }
+            SessionError::UnknownPolicy(_) => (S::BAD_REQUEST, "policy_not_found"),
+            SessionError::UnknownTemplate(_) => (S::NOT_FOUND, "template_not_found"),
+            SessionError::NotFound(_) => (S::NOT_FOUND, "session_not_found"),
+            SessionError::ApprovalNotFound(_) => (S::NOT_FOUND, "approval_not_found"),
+            SessionError::Conflict(_) => (S::CONFLICT, "session_state_conflict"),
+            SessionError::IdempotencyConflict(_) => (S::CONFLICT, "idempotency_conflict"),
+            SessionError::TooManyStreams(_) => (S::SERVICE_UNAVAILABLE, "too_many_streams"),
+            SessionError::BlobNotFound(_) => (S::NOT_FOUND, "blob_not_found"),
+            SessionError::Sandbox(SandboxError::Capacity(_)) => {
+                (S::SERVICE_UNAVAILABLE, "capacity")
+            }
+            SessionError::Sandbox(_) => (S::BAD_GATEWAY, "sandbox_error"),
+            SessionError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    pub code: String,
+    pub message: String,
+}
+
+impl IntoResponse for SessionError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_code();
+        let message = if status == StatusCode::INTERNAL_SERVER_ERROR {
+            // The cause goes to the log, the caller gets an id to quote.
+            let rid = crate::ids::new_id("req");
+            tracing::error!(request_id = %rid, error = %self, "sessions request failed");
+            format!("internal error (request id {rid})")
+        } else {
+            self.to_string()
+        };
+        let mut resp = (
+            status,
+            axum::Json(ErrorBody {
+                error: ErrorDetail {
+                    code: code.to_string(),
+                    message,
+                },
+            }),
+        )
+            .into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            resp.headers_mut()
+                .insert("retry-after", axum::http::HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}

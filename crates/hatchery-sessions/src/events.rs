@@ -1,0 +1,388 @@
+//! Typed session events. Each is stored with a per-session `seq` (1, 2, …
+//! without gaps), a time and an actor. Large text fields are capped in the
+//! event itself; the full text (up to [`MAX_BLOB_BYTES`]) is stored as a
+//! blob that the event names by reference.
+
+use crate::state::SessionState;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Text fields longer than this are cut in the event and stored whole as a
+/// blob (`*_ref`).
+pub const INLINE_TEXT_BYTES: usize = 4096;
+/// Largest blob kept per field; beyond it the text is cut for good.
+pub const MAX_BLOB_BYTES: usize = 1 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Actor {
+    /// The API caller.
+    User,
+    /// The agent inside the sandbox (what it says may be anything).
+    Agent,
+    /// The session runner on the host.
+    System,
+}
+
+impl Actor {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Actor::User => "user",
+            Actor::Agent => "agent",
+            Actor::System => "system",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        [Actor::User, Actor::Agent, Actor::System]
+            .into_iter()
+            .find(|a| a.as_str() == s)
+    }
+}
+
+/// A tool call as the model asked for it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ToolCallInfo {
+    pub call_id: String,
+    pub tool: String,
+    /// The arguments, as the JSON text the model produced.
+    pub arguments: String,
+}
+
+/// What happened. `type` names the variant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventKind {
+    /// The session was accepted and stored (seq 1 of every session).
+    SessionCreated {
+        repo: String,
+        #[serde(rename = "ref")]
+        git_ref: String,
+        task: String,
+        policy_id: String,
+        policy_version: u32,
+        template: String,
+    },
+    /// A state change; written in the same transaction as the change.
+    StateChanged {
+        from: SessionState,
+        to: SessionState,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    /// The runner is about to get a sandbox (from the warm pool, a
+    /// checkpoint restore or a fork of an idle snapshot).
+    SandboxRequested {
+        template: String,
+    },
+    SandboxReady {
+        sandbox_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        boot_mode: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        boot_ms: Option<u64>,
+    },
+    /// The host is about to fetch the repository (the credential stays on
+    /// the host).
+    RepoFetchStarted {
+        repo: String,
+        #[serde(rename = "ref")]
+        git_ref: String,
+    },
+    RepoCheckedOut {
+        commit: String,
+        path: String,
+        bytes: u64,
+    },
+    AgentStarted {
+        process_id: String,
+        agent: String,
+    },
+    /// The agent asked the model for its next step.
+    ModelRequest {
+        step: u32,
+        messages: u32,
+    },
+    /// The model's answer: text and/or tool calls, and token usage.
+    ModelResponse {
+        step: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        content: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        content_ref: Option<String>,
+        #[serde(default)]
+        tool_calls: Vec<ToolCallInfo>,
+        #[serde(default)]
+        prompt_tokens: u64,
+        #[serde(default)]
+        completion_tokens: u64,
+    },
+    /// A tool is about to run. Written before it runs: the agent waits for
+    /// the runner's acknowledgement.
+    ToolCall {
+        call_id: String,
+        tool: String,
+        arguments: String,
+    },
+    ToolResult {
+        call_id: String,
+        tool: String,
+        ok: bool,
+        output: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output_ref: Option<String>,
+        #[serde(default)]
+        truncated: bool,
+    },
+    /// A shell command the agent ran, with its exit code.
+    CommandRun {
+        call_id: String,
+        command: String,
+        exit_code: i32,
+        duration_ms: u64,
+        output: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output_ref: Option<String>,
+        #[serde(default)]
+        truncated: bool,
+    },
+    FileChanged {
+        call_id: String,
+        path: String,
+        bytes: u64,
+    },
+    /// A steering message from the user; written before it is delivered.
+    Message {
+        text: String,
+    },
+    /// The agent received messages up to `seq`.
+    MessageDelivered {
+        message_seq: u64,
+    },
+    /// The agent says something to the user (a final answer or a question).
+    AgentMessage {
+        text: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        text_ref: Option<String>,
+    },
+    /// The agent waits for the user (a message).
+    Waiting {
+        waiting_for: String,
+    },
+    ApprovalRequested {
+        approval_id: String,
+        action: String,
+        #[serde(default)]
+        details: String,
+    },
+    ApprovalDecided {
+        approval_id: String,
+        decision: String,
+        #[serde(default)]
+        note: String,
+    },
+    /// Spend so far.
+    Budget {
+        tokens: u64,
+        usd_cents: u64,
+        wall_s: u64,
+    },
+    /// A snapshot of the sandbox is about to be taken (`idle` to free it,
+    /// `review` on cancel), then was taken.
+    SnapshotStarted {
+        purpose: String,
+    },
+    SnapshotTaken {
+        purpose: String,
+        snapshot_id: String,
+    },
+    SandboxReleased {
+        sandbox_id: String,
+    },
+    /// Back from an idle snapshot into a new sandbox.
+    Resumed {
+        sandbox_id: String,
+        resume_ms: u64,
+    },
+    CancelRequested,
+    /// The agent said it is done.
+    AgentDone {
+        summary: String,
+    },
+    AgentExited {
+        exit_code: Option<i32>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    /// What the agent changed in the checkout (`git diff` against the
+    /// fetched commit), recorded when it ends.
+    WorkspaceDiff {
+        stat: String,
+        patch: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        patch_ref: Option<String>,
+        #[serde(default)]
+        truncated: bool,
+    },
+    /// Something went wrong; `code` is stable.
+    Error {
+        code: String,
+        message: String,
+    },
+    /// A line the agent printed that was not a valid protocol message
+    /// (kept, capped, so nothing it says is lost).
+    AgentOutput {
+        text: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        text_ref: Option<String>,
+    },
+}
+
+impl EventKind {
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            EventKind::SessionCreated { .. } => "session_created",
+            EventKind::StateChanged { .. } => "state_changed",
+            EventKind::SandboxRequested { .. } => "sandbox_requested",
+            EventKind::SandboxReady { .. } => "sandbox_ready",
+            EventKind::RepoFetchStarted { .. } => "repo_fetch_started",
+            EventKind::RepoCheckedOut { .. } => "repo_checked_out",
+            EventKind::AgentStarted { .. } => "agent_started",
+            EventKind::ModelRequest { .. } => "model_request",
+            EventKind::ModelResponse { .. } => "model_response",
+            EventKind::ToolCall { .. } => "tool_call",
+            EventKind::ToolResult { .. } => "tool_result",
+            EventKind::CommandRun { .. } => "command_run",
+            EventKind::FileChanged { .. } => "file_changed",
+            EventKind::Message { .. } => "message",
+            EventKind::MessageDelivered { .. } => "message_delivered",
+            EventKind::AgentMessage { .. } => "agent_message",
+            EventKind::Waiting { .. } => "waiting",
+            EventKind::ApprovalRequested { .. } => "approval_requested",
+            EventKind::ApprovalDecided { .. } => "approval_decided",
+            EventKind::Budget { .. } => "budget",
+            EventKind::SnapshotStarted { .. } => "snapshot_started",
+            EventKind::SnapshotTaken { .. } => "snapshot_taken",
+            EventKind::SandboxReleased { .. } => "sandbox_released",
+            EventKind::Resumed { .. } => "resumed",
+            EventKind::CancelRequested => "cancel_requested",
+            EventKind::AgentDone { .. } => "agent_done",
+            EventKind::AgentExited { .. } => "agent_exited",
+            EventKind::WorkspaceDiff { .. } => "workspace_diff",
+            EventKind::Error { .. } => "error",
+            EventKind::AgentOutput { .. } => "agent_output",
+        }
+    }
+
+    /// The text fields that may be large, with their `*_ref` slots: the
+    /// store cuts each to [`INLINE_TEXT_BYTES`] and keeps the whole as a
+    /// blob.
+    pub(crate) fn large_fields(&mut self) -> Vec<LargeField<'_>> {
+        match self {
+            EventKind::ModelResponse {
+                content: Some(c),
+                content_ref,
+                ..
+            } => {
+                vec![(c, Some(content_ref), None)]
+            }
+            EventKind::ToolResult {
+                output,
+                output_ref,
+                truncated,
+                ..
+            }
+            | EventKind::CommandRun {
+                output,
+                output_ref,
+                truncated,
+                ..
+            } => {
+                vec![(output, Some(output_ref), Some(truncated))]
+            }
+            EventKind::AgentMessage { text, text_ref }
+            | EventKind::AgentOutput { text, text_ref } => {
+                vec![(text, Some(text_ref), None)]
+            }
+            EventKind::WorkspaceDiff {
+                patch,
+                patch_ref,
+                truncated,
+                ..
+            } => {
+                vec![(patch, Some(patch_ref), Some(truncated))]
+            }
+            EventKind::ToolCall { arguments, .. } => vec![(arguments, None, None)],
+            EventKind::Message { text } => vec![(text, None, None)],
+            EventKind::Error { message, .. } => vec![(message, None, None)],
+            EventKind::AgentDone { summary } => vec![(summary, None, None)],
+            _ => vec![],
+        }
+    }
+}
+
+/// A text field, its blob reference slot, its `truncated` flag.
+pub(crate) type LargeField<'a> = (
+    &'a mut String,
+    Option<&'a mut Option<String>>,
+    Option<&'a mut bool>,
+);
+
+/// A stored event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Event {
+    pub seq: u64,
+    /// RFC 3339 UTC, when it was appended.
+    pub at: String,
+    pub actor: Actor,
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+/// Cuts `s` to at most `max` bytes on a character boundary.
+pub fn cut(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wire_shape() {
+        let e = Event {
+            seq: 3,
+            at: "2026-12-01T00:00:00Z".into(),
+            actor: Actor::Agent,
+            kind: EventKind::CommandRun {
+                call_id: "c1".into(),
+                command: "pytest".into(),
+                exit_code: 1,
+                duration_ms: 5,
+                output: "F".into(),
+                output_ref: None,
+                truncated: false,
+            },
+        };
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(v["type"], "command_run");
+        assert_eq!(v["seq"], 3);
+        assert_eq!(v["actor"], "agent");
+        assert_eq!(v["exit_code"], 1);
+        let back: Event = serde_json::from_value(v).unwrap();
+        assert_eq!(back, e);
+        assert_eq!(e.kind.type_name(), "command_run");
+    }
+
+    #[test]
+    fn cut_respects_chars() {
+        assert_eq!(cut("héllo", 2), "h");
+        assert_eq!(cut("abc", 5), "abc");
+    }
+}

@@ -1,0 +1,31 @@
+//! Agent sessions: a coding agent working on a repository in a sandbox.
+//! The crate holds the sessions API (`/v1/sessions`), the typed lifecycle,
+//! the ordered event log with its SSE fan-out, the store trait (SQLite
+//! now), the scheduler interface, and the runner that drives each session
+//! through a sandbox it uses via the narrow [`sandbox::Sandboxes`] trait.
+
+pub mod agent_proto;
+pub mod bus;
+pub mod client_sandboxes;
+pub mod config;
+pub mod error;
+pub mod events;
+mod extract;
+pub mod ids;
+pub mod metrics;
+pub mod models;
+pub mod openapi;
+pub mod policy;
+pub mod repo;
+pub mod routes;
+mod runner;
+pub mod sandbox;
+pub mod scheduler;
+pub mod service;
+pub mod state;
+pub mod store;
+pub mod validate;
+
+pub use config::{SessionArgs, SessionsConfig};
+pub use routes::router;
+pub use service::Sessions;

@@ -1,0 +1,93 @@
+//! Prometheus collectors of the sessions layer; the daemon registers them
+//! in its own registry so they appear on `/metrics`.
+
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+
+pub struct SessionMetrics {
+    pub created: IntCounter,
+    pub messages: IntCounter,
+    pub transitions: IntCounterVec,
+    pub append_seconds: Histogram,
+    pub open_streams: IntGauge,
+    pub streams_refused: IntCounter,
+    pub resume_seconds: Histogram,
+    pub start_seconds: Histogram,
+}
+
+impl SessionMetrics {
+    pub fn new() -> Self {
+        let buckets = vec![
+            0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+        ];
+        let slow = vec![0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+        SessionMetrics {
+            created: IntCounter::new("hatchery_sessions_created_total", "Sessions created")
+                .expect("metric"),
+            messages: IntCounter::new(
+                "hatchery_sessions_messages_total",
+                "Steering messages accepted",
+            )
+            .expect("metric"),
+            transitions: IntCounterVec::new(
+                Opts::new(
+                    "hatchery_sessions_transitions_total",
+                    "Session state changes, by new state",
+                ),
+                &["to"],
+            )
+            .expect("metric"),
+            append_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "hatchery_sessions_event_append_seconds",
+                    "Event append (one transaction)",
+                )
+                .buckets(buckets),
+            )
+            .expect("metric"),
+            open_streams: IntGauge::new(
+                "hatchery_sessions_open_streams",
+                "Open session event streams",
+            )
+            .expect("metric"),
+            streams_refused: IntCounter::new(
+                "hatchery_sessions_streams_refused_total",
+                "Event streams refused with 503 at the cap",
+            )
+            .expect("metric"),
+            resume_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "hatchery_sessions_resume_seconds",
+                    "Resume from an idle snapshot",
+                )
+                .buckets(slow.clone()),
+            )
+            .expect("metric"),
+            start_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "hatchery_sessions_start_seconds",
+                    "Lease to running (sandbox, checkout, agent start)",
+                )
+                .buckets(slow),
+            )
+            .expect("metric"),
+        }
+    }
+
+    pub fn register(&self, r: &Registry) -> prometheus::Result<()> {
+        r.register(Box::new(self.created.clone()))?;
+        r.register(Box::new(self.messages.clone()))?;
+        r.register(Box::new(self.transitions.clone()))?;
+        r.register(Box::new(self.append_seconds.clone()))?;
+        r.register(Box::new(self.open_streams.clone()))?;
+        r.register(Box::new(self.streams_refused.clone()))?;
+        r.register(Box::new(self.resume_seconds.clone()))?;
+        r.register(Box::new(self.start_seconds.clone()))?;
+        Ok(())
+    }
+}
+
+impl Default for SessionMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

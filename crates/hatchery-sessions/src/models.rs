@@ -1,0 +1,215 @@
+//! Wire types of `/v1/sessions`.
+
+use crate::events::Event;
+use crate::state::SessionState;
+use crate::store::{Approval, Session};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use utoipa::ToSchema;
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetBody {
+    /// Model tokens (prompt + completion).
+    #[serde(default = "default_tokens")]
+    pub tokens: i64,
+    #[serde(default)]
+    pub usd_cents: i64,
+    /// Wall-clock seconds from the first start.
+    #[serde(default = "default_wall")]
+    pub wall_s: i64,
+}
+
+fn default_tokens() -> i64 {
+    1_000_000
+}
+fn default_wall() -> i64 {
+    3600
+}
+
+impl Default for BudgetBody {
+    fn default() -> Self {
+        BudgetBody {
+            tokens: default_tokens(),
+            usd_cents: 0,
+            wall_s: default_wall(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AgentBody {
+    /// `reference` (default): Hatchery's agent; `command`: run `command`
+    /// in the checkout (a third-party agent) with the model URL in
+    /// `OPENAI_BASE_URL`.
+    pub kind: Option<String>,
+    /// OpenAI-compatible base URL as seen from inside the sandbox
+    /// (default: the daemon's `--sessions-model-url`).
+    pub model_url: Option<String>,
+    pub model: Option<String>,
+    /// 1..200 model calls (default 30).
+    pub max_steps: Option<u32>,
+    pub command: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSessionBody {
+    /// `https://…`, `git://…` or `file:///…` under an allowed root.
+    pub repo: String,
+    /// Branch, tag or commit (default `main`).
+    #[serde(rename = "ref")]
+    pub git_ref: Option<String>,
+    pub task: String,
+    /// Default `pol_standard`.
+    pub policy_id: Option<String>,
+    #[serde(default)]
+    pub budget: Option<BudgetBody>,
+    /// The same key with the same body returns the same session; with
+    /// another body, 409.
+    pub idempotency_key: Option<String>,
+    /// Default `code-interpreter`.
+    pub template: Option<String>,
+    pub agent: Option<AgentBody>,
+    /// Environment for the agent process.
+    pub env: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CreatedSession {
+    pub session_id: String,
+    pub state: SessionState,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Spend {
+    pub tokens: u64,
+    pub usd_cents: u64,
+    pub wall_s: u64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionView {
+    pub session_id: String,
+    pub state: SessionState,
+    pub repo: String,
+    #[serde(rename = "ref")]
+    pub git_ref: String,
+    pub task: String,
+    pub policy_id: String,
+    pub policy_version: u32,
+    pub template: String,
+    pub budget: Spend,
+    pub spend: Spend,
+    pub pending_approval: Option<Approval>,
+    /// What the agent waits for (`message`), if anything.
+    pub waiting: Option<String>,
+    pub created_at: String,
+    pub started_at: Option<String>,
+    pub ended_at: Option<String>,
+    /// Why it ended (completed, failed or cancelled).
+    pub reason: Option<String>,
+    pub sandbox_id: Option<String>,
+    /// While idle: the snapshot it resumes from.
+    pub snapshot_id: Option<String>,
+    /// After a cancel: the snapshot kept for review.
+    pub review_snapshot_id: Option<String>,
+    /// Seq of the newest event.
+    pub last_seq: u64,
+}
+
+pub(crate) fn wall_s(s: &Session) -> u64 {
+    let parse = |t: &str| {
+        time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()
+    };
+    let Some(start) = s.started_at.as_deref().and_then(parse) else {
+        return 0;
+    };
+    let end = s
+        .ended_at
+        .as_deref()
+        .and_then(parse)
+        .unwrap_or_else(time::OffsetDateTime::now_utc);
+    (end - start).whole_seconds().max(0) as u64
+}
+
+impl SessionView {
+    pub fn new(s: Session, pending_approval: Option<Approval>) -> Self {
+        let wall = wall_s(&s);
+        SessionView {
+            session_id: s.id,
+            state: s.state,
+            repo: s.spec.repo,
+            git_ref: s.spec.git_ref,
+            task: s.spec.task,
+            policy_id: s.spec.policy_id,
+            policy_version: s.spec.policy_version,
+            template: s.spec.template,
+            budget: Spend {
+                tokens: s.spec.budget_tokens,
+                usd_cents: s.spec.budget_usd_cents,
+                wall_s: s.spec.budget_wall_s,
+            },
+            spend: Spend {
+                tokens: s.spend_tokens,
+                usd_cents: s.spend_usd_cents,
+                wall_s: wall,
+            },
+            pending_approval,
+            waiting: s.waiting,
+            created_at: s.created_at,
+            started_at: s.started_at,
+            ended_at: s.ended_at,
+            reason: s.reason,
+            sandbox_id: s.sandbox_id,
+            snapshot_id: s.snapshot_id,
+            review_snapshot_id: s.review_snapshot_id,
+            last_seq: s.last_seq,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SessionList {
+    pub sessions: Vec<SessionView>,
+    /// Pass as `after` for the next page; absent on the last page.
+    pub next_after: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EventPage {
+    pub events: Vec<Event>,
+    /// Seq of the newest event of the session when the page was read.
+    pub last_seq: u64,
+    pub has_more: bool,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MessageBody {
+    /// Up to 64 KiB.
+    pub text: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MessageAccepted {
+    /// The message's event seq.
+    pub seq: u64,
+    pub state: SessionState,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalBody {
+    /// `approve` or `deny`.
+    pub decision: String,
+    #[serde(default)]
+    pub note: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ApprovalDecided {
+    pub seq: u64,
+    pub state: SessionState,
+}

@@ -1,0 +1,57 @@
+//! The sessions part of the OpenAPI document; `tests/openapi_snapshot.rs`
+//! pins it to `docs/openapi-sessions.json`.
+
+use crate::error::{ErrorBody, ErrorDetail};
+use crate::events::{Actor, Event, EventKind, ToolCallInfo};
+use crate::models::*;
+use crate::routes;
+use crate::state::SessionState;
+use crate::store::{AgentSpec, Approval};
+use utoipa::OpenApi;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Hatchery sessions API",
+        version = "1",
+        description = "Agent sessions: a coding agent on a repository, in a sandbox."
+    ),
+    paths(
+        routes::create,
+        routes::list,
+        routes::get_one,
+        routes::cancel,
+        routes::message,
+        routes::approve,
+        routes::events,
+        routes::blob
+    ),
+    components(schemas(
+        CreateSessionBody,
+        BudgetBody,
+        AgentBody,
+        CreatedSession,
+        SessionView,
+        SessionList,
+        Spend,
+        EventPage,
+        Event,
+        EventKind,
+        Actor,
+        ToolCallInfo,
+        SessionState,
+        Approval,
+        AgentSpec,
+        MessageBody,
+        MessageAccepted,
+        ApprovalBody,
+        ApprovalDecided,
+        ErrorBody,
+        ErrorDetail
+    ))
+)]
+pub struct SessionsDoc;
+
+pub fn json() -> String {
+    SessionsDoc::openapi().to_pretty_json().unwrap_or_default()
+}

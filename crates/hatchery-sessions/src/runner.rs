@@ -1,0 +1,922 @@
+//! One task per unfinished session drives it through its states. It reads
+//! the session from the store at every step, so a restarted daemon picks
+//! up where the last one stopped: queued sessions wait again, running ones
+//! re-attach to their agent from the stored output offset, idle ones wait
+//! for a message. Every effect is preceded by its event.
+
+use crate::agent_proto::{self, Effect, LineSplitter};
+use crate::events::{Actor, EventKind};
+use crate::sandbox::{NewSandbox, OutputItem, ProcState, SandboxError};
+use crate::scheduler::Lease;
+use crate::service::Sessions;
+use crate::state::SessionState as S;
+use crate::store::{Patch, Session, StoreError};
+use futures::StreamExt;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+pub const WORKDIR: &str = "/workspace";
+const AGENT_DIR: &str = "/opt/hatchery";
+const REFERENCE_AGENT: &str = include_str!("../agent/reference_agent.py");
+const WORKSPACE_DIFF: &str = include_str!("../agent/workspace_diff.py");
+/// Snapshots (idle and review) are kept this long.
+const SNAPSHOT_RETENTION_S: u64 = 7 * 86_400;
+/// Sandboxes outlive the session's wall budget by this much, so the
+/// runner (not the TTL) ends them.
+const TTL_MARGIN_S: u64 = 900;
+const MAX_TTL_S: u64 = 86_400;
+/// How much of the agent's stderr a failure reason quotes.
+const STDERR_TAIL: usize = 2048;
+
+#[derive(Debug, thiserror::Error)]
+enum RunError {
+    #[error("{0}")]
+    Sandbox(#[from] SandboxError),
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    /// Ends the session as failed with this code and reason.
+    #[error("{code}: {message}")]
+    Fail { code: &'static str, message: String },
+}
+
+fn fail(code: &'static str, message: impl Into<String>) -> RunError {
+    RunError::Fail {
+        code,
+        message: message.into(),
+    }
+}
+
+type R<T> = Result<T, RunError>;
+
+pub(crate) async fn run(svc: Arc<Sessions>, id: String, notify: Arc<Notify>) {
+    let mut lease: Option<Lease> = None;
+    loop {
+        let s = match svc.store.get(&id).await {
+            Ok(s) => s,
+            Err(StoreError::NotFound(_)) => return,
+            Err(e) => {
+                tracing::error!(session = %id, error = %e, "session runner: store read failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        if s.state.is_terminal() {
+            return;
+        }
+        let r = match s.state {
+            S::Queued => queued(&svc, &s, &notify, &mut lease).await,
+            S::Starting => Err(fail(
+                "interrupted_start",
+                "the daemon stopped while the session was starting; its sandbox was released",
+            )),
+            S::Running | S::WaitingApproval => attached(&svc, s, &notify, &mut lease).await,
+            S::Idle => idle(&svc, s, &notify, &mut lease).await,
+            _ => return,
+        };
+        match r {
+            Ok(()) => {}
+            Err(RunError::Store(StoreError::StateConflict { .. })) => {
+                // Someone else moved it (cancel of a queued session); re-read.
+            }
+            Err(e) => {
+                let (code, message) = match e {
+                    RunError::Fail { code, message } => (code, message),
+                    RunError::Sandbox(e) => ("sandbox_error", e.to_string()),
+                    RunError::Store(e) => ("store_error", e.to_string()),
+                };
+                tracing::warn!(session = %id, code, %message, "session failed");
+                if let Err(e) = end_failed(&svc, &id, code, &message).await {
+                    tracing::error!(session = %id, error = %e, "could not record the failure; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                lease = None;
+            }
+        }
+        if let Ok(s) = svc.store.get(&id).await {
+            if !s.state.holds_sandbox() {
+                lease = None;
+            }
+        }
+    }
+}
+
+async fn end_failed(svc: &Arc<Sessions>, id: &str, code: &str, message: &str) -> R<()> {
+    let s = svc.store.get(id).await?;
+    if s.state.is_terminal() {
+        return Ok(());
+    }
+    svc.append(
+        id,
+        vec![(
+            Actor::System,
+            EventKind::Error {
+                code: code.to_string(),
+                message: message.to_string(),
+            },
+        )],
+        Patch::default(),
+    )
+    .await
+    .map_err(|e| fail("store_error", e.to_string()))?;
+    release(svc, &s).await;
+    svc.transition(
+        id,
+        S::Failed,
+        Some(format!("{code}: {message}")),
+        vec![],
+        Patch {
+            sandbox_id: Some(None),
+            ..Default::default()
+        },
+    )
+    .await
+    .map_err(|e| fail("store_error", e.to_string()))?;
+    Ok(())
+}
+
+/// Deletes the session's sandbox, after saying so.
+async fn release(svc: &Arc<Sessions>, s: &Session) {
+    if let Some(sbx) = &s.sandbox_id {
+        let _ = svc
+            .append(
+                &s.id,
+                vec![(
+                    Actor::System,
+                    EventKind::SandboxReleased {
+                        sandbox_id: sbx.clone(),
+                    },
+                )],
+                Patch::default(),
+            )
+            .await;
+        if let Err(e) = svc.sandboxes.delete(sbx).await {
+            tracing::warn!(session = %s.id, sandbox = %sbx, error = %e, "sandbox delete failed");
+        }
+    }
+}
+
+fn ttl_for(s: &Session) -> u64 {
+    let left = s
+        .spec
+        .budget_wall_s
+        .saturating_sub(crate::models::wall_s(s));
+    (left + TTL_MARGIN_S).min(MAX_TTL_S)
+}
+
+async fn ev(svc: &Arc<Sessions>, id: &str, kind: EventKind) -> R<()> {
+    svc.append(id, vec![(Actor::System, kind)], Patch::default())
+        .await
+        .map_err(|e| fail("store_error", e.to_string()))?;
+    Ok(())
+}
+
+async fn to_state(
+    svc: &Arc<Sessions>,
+    id: &str,
+    to: S,
+    reason: Option<String>,
+    extra: Vec<EventKind>,
+    patch: Patch,
+) -> R<Session> {
+    svc.transition(
+        id,
+        to,
+        reason,
+        extra.into_iter().map(|k| (Actor::System, k)).collect(),
+        patch,
+    )
+    .await
+    .map_err(|e| match e {
+        crate::error::SessionError::Conflict(m) => fail("state_conflict", m),
+        e => fail("store_error", e.to_string()),
+    })
+}
+
+async fn queued(
+    svc: &Arc<Sessions>,
+    s: &Session,
+    notify: &Notify,
+    lease: &mut Option<Lease>,
+) -> R<()> {
+    if s.cancel_requested {
+        to_state(
+            svc,
+            &s.id,
+            S::Cancelled,
+            Some("cancelled before it started".into()),
+            vec![],
+            Patch::default(),
+        )
+        .await?;
+        return Ok(());
+    }
+    if lease.is_none() {
+        tokio::select! {
+            l = svc.scheduler.acquire(&s.id) => *lease = Some(l),
+            _ = notify.notified() => return Ok(()),
+        }
+    }
+    let s = svc.store.get(&s.id).await?;
+    if s.cancel_requested || s.state != S::Queued {
+        return Ok(());
+    }
+    to_state(svc, &s.id, S::Starting, None, vec![], Patch::default()).await?;
+    let t0 = Instant::now();
+    start(svc, &s).await?;
+    svc.metrics
+        .start_seconds
+        .observe(t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Sandbox, checkout, agent; then running.
+async fn start(svc: &Arc<Sessions>, s: &Session) -> R<()> {
+    let id = &s.id;
+    ev(
+        svc,
+        id,
+        EventKind::SandboxRequested {
+            template: s.spec.template.clone(),
+        },
+    )
+    .await?;
+    let mut meta = BTreeMap::new();
+    meta.insert("hatchery_session".to_string(), id.clone());
+    let info = svc
+        .sandboxes
+        .create(NewSandbox {
+            template: s.spec.template.clone(),
+            ttl_s: ttl_for(s),
+            env: BTreeMap::new(),
+            metadata: meta,
+        })
+        .await?;
+    let sbx = info.id.clone();
+    svc.append(
+        id,
+        vec![(
+            Actor::System,
+            EventKind::SandboxReady {
+                sandbox_id: sbx.clone(),
+                boot_mode: info.boot_mode,
+                boot_ms: info.boot_ms,
+            },
+        )],
+        Patch {
+            sandbox_id: Some(Some(sbx.clone())),
+            ..Default::default()
+        },
+    )
+    .await
+    .map_err(|e| fail("store_error", e.to_string()))?;
+
+    ev(
+        svc,
+        id,
+        EventKind::RepoFetchStarted {
+            repo: s.spec.repo.clone(),
+            git_ref: s.spec.git_ref.clone(),
+        },
+    )
+    .await?;
+    let cred = match &svc.cfg.git_credential_file {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .map_err(|e| fail("repo_fetch_failed", format!("credential file: {e}")))?
+                .trim()
+                .to_string(),
+        ),
+        None => None,
+    };
+    let co = crate::repo::fetch(
+        &s.spec.repo,
+        &s.spec.git_ref,
+        cred.as_deref(),
+        svc.cfg.max_repo_bytes,
+    )
+    .await
+    .map_err(|e| fail("repo_fetch_failed", e.to_string()))?;
+    let bytes = co.tar.len() as u64;
+    // The tar stays as the base the final diff is made against.
+    svc.sandboxes
+        .write_file(&sbx, &format!("{AGENT_DIR}/base.tar"), co.tar)
+        .await?;
+    svc.sandboxes
+        .write_file(
+            &sbx,
+            &format!("{AGENT_DIR}/workspace_diff.py"),
+            WORKSPACE_DIFF.as_bytes().to_vec(),
+        )
+        .await?;
+    let x = svc
+        .sandboxes
+        .exec(
+            &sbx,
+            vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                format!("mkdir -p {WORKDIR} && tar -xf {AGENT_DIR}/base.tar -C {WORKDIR}"),
+            ],
+            "/",
+            120,
+        )
+        .await?;
+    if x.exit_code != 0 {
+        return Err(fail(
+            "checkout_failed",
+            format!("unpacking in the sandbox: {}", x.stderr),
+        ));
+    }
+    ev(
+        svc,
+        id,
+        EventKind::RepoCheckedOut {
+            commit: co.commit,
+            path: WORKDIR.into(),
+            bytes,
+        },
+    )
+    .await?;
+
+    let conf = serde_json::json!({
+        "session_id": id,
+        "task": s.spec.task,
+        "model_url": s.spec.agent.model_url,
+        "model": s.spec.agent.model,
+        "max_steps": s.spec.agent.max_steps,
+        "workdir": WORKDIR,
+    });
+    svc.sandboxes
+        .write_file(
+            &sbx,
+            &format!("{AGENT_DIR}/session.json"),
+            serde_json::to_vec(&conf).unwrap_or_default(),
+        )
+        .await?;
+    let (argv, agent_name) = match s.spec.agent.command.as_deref() {
+        None => {
+            svc.sandboxes
+                .write_file(
+                    &sbx,
+                    &format!("{AGENT_DIR}/reference_agent.py"),
+                    REFERENCE_AGENT.as_bytes().to_vec(),
+                )
+                .await?;
+            (
+                vec![
+                    "python3".to_string(),
+                    "-u".into(),
+                    format!("{AGENT_DIR}/reference_agent.py"),
+                    format!("{AGENT_DIR}/session.json"),
+                ],
+                "reference".to_string(),
+            )
+        }
+        Some(cmd) => (
+            vec!["/bin/sh".into(), "-c".into(), cmd.to_string()],
+            "command".to_string(),
+        ),
+    };
+    let mut env = s.spec.env.clone();
+    env.insert("OPENAI_BASE_URL".into(), s.spec.agent.model_url.clone());
+    env.insert("OPENAI_API_KEY".into(), "unused-inside-the-sandbox".into());
+    env.insert("HATCHERY_SESSION_ID".into(), id.clone());
+    env.insert(
+        "HATCHERY_TASK_FILE".into(),
+        format!("{AGENT_DIR}/session.json"),
+    );
+    // A cancel that came in while starting is taken by the attached loop
+    // (its nudge is kept), which stops the agent and snapshots.
+    let pid = svc
+        .sandboxes
+        .start_process(&sbx, argv, WORKDIR, env)
+        .await?;
+    to_state(
+        svc,
+        id,
+        S::Running,
+        None,
+        vec![EventKind::AgentStarted {
+            process_id: pid.clone(),
+            agent: agent_name,
+        }],
+        Patch {
+            process_id: Some(Some(pid)),
+            ..Default::default()
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// Attached to a running agent: its output becomes events; steering
+/// messages and approval decisions go to its stdin.
+async fn attached(
+    svc: &Arc<Sessions>,
+    s: Session,
+    notify: &Notify,
+    lease: &mut Option<Lease>,
+) -> R<()> {
+    let id = s.id.clone();
+    let (Some(sbx), Some(pid)) = (s.sandbox_id.clone(), s.process_id.clone()) else {
+        return Err(fail(
+            "lost_sandbox",
+            "the session has no sandbox or agent process on record",
+        ));
+    };
+    if lease.is_none() {
+        // After a restart: the session already holds its sandbox.
+        *lease = Some(match svc.scheduler.try_acquire(&id) {
+            Some(l) => l,
+            None => svc.scheduler.acquire(&id).await,
+        });
+    }
+    if !svc.sandboxes.exists(&sbx).await? {
+        return Err(fail("lost_sandbox", format!("sandbox {sbx} is gone")));
+    }
+    // A line handled before a crash may still wait for its ack.
+    if s.agent_seq > 0 {
+        let _ = svc
+            .sandboxes
+            .write_stdin(&sbx, &pid, agent_proto::ack(s.agent_seq))
+            .await;
+    }
+    if s.state == S::Running {
+        // Recorded before a crash, state change not yet made.
+        if svc.store.pending_approval(&id).await?.is_some() {
+            to_state(svc, &id, S::WaitingApproval, None, vec![], Patch::default()).await?;
+        }
+    }
+    deliver(svc, &id, &sbx, &pid).await?;
+    let offset = svc.store.get(&id).await?.output_offset;
+    let mut stream = svc.sandboxes.follow_output(&sbx, &pid, offset).await?;
+    let mut lines = LineSplitter::default();
+    let mut waiting_since: Option<tokio::time::Instant> =
+        s.waiting.as_ref().map(|_| tokio::time::Instant::now());
+    if s.state == S::WaitingApproval {
+        waiting_since.get_or_insert_with(tokio::time::Instant::now);
+    }
+    let mut summary = String::new();
+    let mut stderr_tail: Vec<u8> = Vec::new();
+    let wall_left = s
+        .spec
+        .budget_wall_s
+        .saturating_sub(crate::models::wall_s(&s));
+    let wall_deadline = tokio::time::Instant::now() + Duration::from_secs(wall_left);
+    loop {
+        let idle_at = waiting_since.map(|t| t + svc.cfg.idle_timeout);
+        tokio::select! {
+            item = stream.next() => match item {
+                Some(Ok(OutputItem::Chunk { stdout: true, offset: o, data })) => {
+                    for (line, end) in lines.feed(o, &data) {
+                        match handle_line(svc, &id, &sbx, &pid, &line, end).await? {
+                            Effect::Waiting(_) => waiting_since = Some(tokio::time::Instant::now()),
+                            Effect::ApprovalRequest { .. } => waiting_since = Some(tokio::time::Instant::now()),
+                            Effect::Busy => waiting_since = None,
+                            Effect::Done(sm) => summary = sm,
+                            Effect::None => {}
+                        }
+                    }
+                }
+                Some(Ok(OutputItem::Chunk { data, .. })) => {
+                    // stderr: the agent's own log; the tail explains a crash.
+                    stderr_tail.extend_from_slice(&data);
+                    if stderr_tail.len() > STDERR_TAIL {
+                        stderr_tail.drain(..stderr_tail.len() - STDERR_TAIL);
+                    }
+                }
+                Some(Ok(OutputItem::Exit(st))) => return finish(svc, &id, st, summary, &stderr_tail).await,
+                Some(Err(_)) | None => {
+                    // The follow broke (daemon-side hiccup): re-check and
+                    // read again from the last handled line.
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    if !svc.sandboxes.exists(&sbx).await? {
+                        return Err(fail("lost_sandbox", format!("sandbox {sbx} went away")));
+                    }
+                    let offset = svc.store.get(&id).await?.output_offset;
+                    lines.clear();
+                    stream = svc.sandboxes.follow_output(&sbx, &pid, offset).await?;
+                }
+            },
+            _ = notify.notified() => {
+                let cur = svc.store.get(&id).await?;
+                if cur.cancel_requested {
+                    return cancel_running(svc, &cur).await;
+                }
+                if deliver(svc, &id, &sbx, &pid).await? {
+                    waiting_since = None;
+                }
+            }
+            _ = sleep_opt(idle_at) => {
+                return go_idle(svc, &id, lease).await;
+            }
+            _ = tokio::time::sleep_until(wall_deadline) => {
+                return Err(fail("budget_exhausted", format!("wall_s budget of {} s used up", s.spec.budget_wall_s)));
+            }
+        }
+    }
+}
+
+async fn sleep_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => futures::future::pending().await,
+    }
+}
+
+/// One line of agent stdout: an event (exactly once, with the offset), an
+/// ack if the agent waits for one, and the effect on the session.
+async fn handle_line(
+    svc: &Arc<Sessions>,
+    id: &str,
+    sbx: &str,
+    pid: &str,
+    line: &[u8],
+    end: u64,
+) -> R<Effect> {
+    let mut p = agent_proto::parse(line);
+    let mut patch = Patch {
+        add_tokens: p.tokens,
+        ..Default::default()
+    };
+    match &p.effect {
+        Effect::Waiting(w) => patch.waiting = Some(Some(w.clone())),
+        Effect::Busy => patch.waiting = Some(None),
+        Effect::ApprovalRequest { action, details } => {
+            let aid = approval_id(id, p.n.unwrap_or(end));
+            if let EventKind::ApprovalRequested { approval_id, .. } = &mut p.event {
+                *approval_id = aid.clone();
+            }
+            patch.new_approval = Some((aid, action.clone(), details.clone()));
+        }
+        _ => {}
+    }
+    let appended = svc
+        .store
+        .append_agent(id, end, p.n, vec![(Actor::Agent, p.event)], patch)
+        .await?;
+    let Some(evs) = appended else {
+        return Ok(Effect::None);
+    };
+    svc.bus.publish(id, &evs);
+    if p.wants_ack {
+        if let Some(n) = p.n {
+            svc.sandboxes
+                .write_stdin(sbx, pid, agent_proto::ack(n))
+                .await?;
+        }
+    }
+    if p.tokens > 0 {
+        let s = svc.store.get(id).await?;
+        if s.spend_tokens > s.spec.budget_tokens {
+            return Err(fail(
+                "budget_exhausted",
+                format!(
+                    "{} tokens used of a budget of {}",
+                    s.spend_tokens, s.spec.budget_tokens
+                ),
+            ));
+        }
+        ev(
+            svc,
+            id,
+            EventKind::Budget {
+                tokens: s.spend_tokens,
+                usd_cents: s.spend_usd_cents,
+                wall_s: crate::models::wall_s(&s),
+            },
+        )
+        .await?;
+    }
+    if let Effect::ApprovalRequest { .. } = p.effect {
+        to_state(svc, id, S::WaitingApproval, None, vec![], Patch::default()).await?;
+    }
+    Ok(p.effect)
+}
+
+fn approval_id(session: &str, n: u64) -> String {
+    use sha2::{Digest, Sha256};
+    let h = Sha256::digest(format!("{session}/{n}").as_bytes());
+    let alpha = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let tail: String = h
+        .iter()
+        .take(16)
+        .map(|b| alpha[*b as usize % alpha.len()] as char)
+        .collect();
+    format!("apr_{tail}")
+}
+
+/// Hands the agent every message and decision after the last delivered
+/// one. True if anything was delivered.
+async fn deliver(svc: &Arc<Sessions>, id: &str, sbx: &str, pid: &str) -> R<bool> {
+    let s = svc.store.get(id).await?;
+    let pending = svc.store.deliverables_after(id, s.delivered_seq).await?;
+    let mut any = false;
+    for e in pending {
+        let Some(bytes) = agent_proto::deliverable(e.seq, &e.kind) else {
+            continue;
+        };
+        svc.sandboxes.write_stdin(sbx, pid, bytes).await?;
+        any = true;
+        svc.store
+            .append(
+                id,
+                vec![],
+                Patch {
+                    delivered_seq: Some(e.seq),
+                    waiting: Some(None),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        if matches!(e.kind, EventKind::ApprovalDecided { .. }) {
+            let cur = svc.store.get(id).await?;
+            if cur.state == S::WaitingApproval && svc.store.pending_approval(id).await?.is_none() {
+                to_state(svc, id, S::Running, None, vec![], Patch::default()).await?;
+            }
+        }
+    }
+    Ok(any)
+}
+
+/// What changed in the checkout against the fetched tree, as an event.
+async fn record_diff(svc: &Arc<Sessions>, id: &str, sbx: &str) {
+    let cmd = format!("python3 {AGENT_DIR}/workspace_diff.py {AGENT_DIR}/base.tar {WORKDIR}");
+    if let Ok(x) = svc
+        .sandboxes
+        .exec(sbx, vec!["/bin/sh".into(), "-c".into(), cmd], "/", 60)
+        .await
+    {
+        if x.exit_code != 0 {
+            tracing::warn!(session = %id, stderr = %crate::events::cut(&x.stderr, 500), "workspace diff failed");
+            return;
+        }
+        let (stat, patch) = x
+            .stdout
+            .split_once("@@HATCHERY@@\n")
+            .unwrap_or((&x.stdout, ""));
+        let _ = ev(
+            svc,
+            id,
+            EventKind::WorkspaceDiff {
+                stat: crate::events::cut(stat, 8192).to_string(),
+                patch: patch.to_string(),
+                patch_ref: None,
+                truncated: false,
+            },
+        )
+        .await;
+    }
+}
+
+async fn finish(
+    svc: &Arc<Sessions>,
+    id: &str,
+    st: ProcState,
+    summary: String,
+    stderr_tail: &[u8],
+) -> R<()> {
+    let (code, why) = match st {
+        ProcState::Exited { exit_code, reason } => (exit_code, reason),
+        ProcState::Running => (None, None),
+    };
+    let cur = svc.store.get(id).await?;
+    if cur.cancel_requested {
+        return cancel_running(svc, &cur).await;
+    }
+    ev(
+        svc,
+        id,
+        EventKind::AgentExited {
+            exit_code: code,
+            reason: why.clone(),
+        },
+    )
+    .await?;
+    if let Some(sbx) = &cur.sandbox_id {
+        record_diff(svc, id, sbx).await;
+    }
+    let cur = svc.store.get(id).await?;
+    if code == Some(0) && cur.state == S::Running {
+        release(svc, &cur).await;
+        let reason = if summary.is_empty() {
+            "agent finished".to_string()
+        } else {
+            format!("agent finished: {}", crate::events::cut(&summary, 500))
+        };
+        to_state(
+            svc,
+            id,
+            S::Completed,
+            Some(reason),
+            vec![],
+            Patch {
+                sandbox_id: Some(None),
+                ..Default::default()
+            },
+        )
+        .await?;
+        Ok(())
+    } else {
+        let tail = String::from_utf8_lossy(stderr_tail);
+        let tail = tail.trim();
+        Err(fail(
+            "agent_failed",
+            format!(
+                "agent exited with code {}{}{}",
+                code.map(|c| c.to_string()).unwrap_or_else(|| "none".into()),
+                why.map(|r| format!(" ({r})")).unwrap_or_default(),
+                if tail.is_empty() {
+                    String::new()
+                } else {
+                    format!("; stderr: {tail}")
+                }
+            ),
+        ))
+    }
+}
+
+/// Stop the agent, keep a snapshot for review, release, cancelled.
+async fn cancel_running(svc: &Arc<Sessions>, s: &Session) -> R<()> {
+    let id = &s.id;
+    let mut reason = "cancelled by the user".to_string();
+    let mut review = None;
+    if let Some(sbx) = &s.sandbox_id {
+        if let Some(pid) = &s.process_id {
+            let _ = svc.sandboxes.kill_process(sbx, pid).await;
+        }
+        record_diff(svc, id, sbx).await;
+        ev(
+            svc,
+            id,
+            EventKind::SnapshotStarted {
+                purpose: "review".into(),
+            },
+        )
+        .await?;
+        let mut meta = BTreeMap::new();
+        meta.insert("hatchery_session".to_string(), id.clone());
+        meta.insert("purpose".to_string(), "review".to_string());
+        match svc
+            .sandboxes
+            .snapshot(sbx, SNAPSHOT_RETENTION_S, meta)
+            .await
+        {
+            Ok(snap) => {
+                ev(
+                    svc,
+                    id,
+                    EventKind::SnapshotTaken {
+                        purpose: "review".into(),
+                        snapshot_id: snap.clone(),
+                    },
+                )
+                .await?;
+                review = Some(snap);
+            }
+            Err(e) => reason = format!("cancelled by the user (no review snapshot: {e})"),
+        }
+        release(svc, s).await;
+    }
+    to_state(
+        svc,
+        id,
+        S::Cancelled,
+        Some(reason),
+        vec![],
+        Patch {
+            sandbox_id: Some(None),
+            review_snapshot_id: Some(review),
+            ..Default::default()
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// Waited too long: snapshot, free the sandbox and the place.
+async fn go_idle(svc: &Arc<Sessions>, id: &str, lease: &mut Option<Lease>) -> R<()> {
+    let s = svc.store.get(id).await?;
+    let Some(sbx) = s.sandbox_id.clone() else {
+        return Err(fail("lost_sandbox", "no sandbox to snapshot"));
+    };
+    ev(
+        svc,
+        id,
+        EventKind::SnapshotStarted {
+            purpose: "idle".into(),
+        },
+    )
+    .await?;
+    let mut meta = BTreeMap::new();
+    meta.insert("hatchery_session".to_string(), id.to_string());
+    meta.insert("purpose".to_string(), "idle".to_string());
+    let snap = svc
+        .sandboxes
+        .snapshot(&sbx, SNAPSHOT_RETENTION_S, meta)
+        .await?;
+    ev(
+        svc,
+        id,
+        EventKind::SnapshotTaken {
+            purpose: "idle".into(),
+            snapshot_id: snap.clone(),
+        },
+    )
+    .await?;
+    release(svc, &s).await;
+    to_state(
+        svc,
+        id,
+        S::Idle,
+        None,
+        vec![],
+        Patch {
+            sandbox_id: Some(None),
+            snapshot_id: Some(Some(snap)),
+            ..Default::default()
+        },
+    )
+    .await?;
+    *lease = None;
+    Ok(())
+}
+
+/// Idle: wait for a message or decision (or cancel), then fork the
+/// snapshot into a new sandbox and re-attach.
+async fn idle(
+    svc: &Arc<Sessions>,
+    s: Session,
+    notify: &Notify,
+    lease: &mut Option<Lease>,
+) -> R<()> {
+    let id = s.id.clone();
+    if s.cancel_requested {
+        to_state(
+            svc,
+            &id,
+            S::Cancelled,
+            Some("cancelled by the user while idle".into()),
+            vec![],
+            Patch {
+                review_snapshot_id: Some(s.snapshot_id.clone()),
+                snapshot_id: Some(None),
+                ..Default::default()
+            },
+        )
+        .await?;
+        return Ok(());
+    }
+    let pending = svc.store.deliverables_after(&id, s.delivered_seq).await?;
+    if pending.is_empty() {
+        notify.notified().await;
+        return Ok(());
+    }
+    let Some(snap) = s.snapshot_id.clone() else {
+        return Err(fail("lost_snapshot", "idle without a snapshot on record"));
+    };
+    if lease.is_none() {
+        tokio::select! {
+            l = svc.scheduler.acquire(&id) => *lease = Some(l),
+            _ = notify.notified() => return Ok(()),
+        }
+    }
+    let t0 = Instant::now();
+    let mut meta = BTreeMap::new();
+    meta.insert("hatchery_session".to_string(), id.clone());
+    ev(
+        svc,
+        &id,
+        EventKind::SandboxRequested {
+            template: s.spec.template.clone(),
+        },
+    )
+    .await?;
+    let info = svc.sandboxes.fork(&snap, ttl_for(&s), meta).await?;
+    let ms = t0.elapsed().as_millis() as u64;
+    to_state(
+        svc,
+        &id,
+        S::Running,
+        None,
+        vec![EventKind::Resumed {
+            sandbox_id: info.id.clone(),
+            resume_ms: ms,
+        }],
+        Patch {
+            sandbox_id: Some(Some(info.id.clone())),
+            snapshot_id: Some(None),
+            ..Default::default()
+        },
+    )
+    .await?;
+    svc.metrics
+        .resume_seconds
+        .observe(t0.elapsed().as_secs_f64());
+    if let Err(e) = svc.sandboxes.delete_snapshot(&snap).await {
+        tracing::warn!(session = %id, snapshot = %snap, error = %e, "idle snapshot not deleted");
+    }
+    Ok(())
+}

@@ -1,0 +1,111 @@
+//! The narrow view of sandboxes a session needs. Implemented over the
+//! typed `hatchery-client` (HTTP to the daemon) in `client_sandboxes.rs`.
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use std::collections::BTreeMap;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("template {0} not found")]
+    TemplateNotFound(String),
+    /// Out of capacity (retry later).
+    #[error("capacity: {0}")]
+    Capacity(String),
+    #[error("{0}")]
+    Other(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct NewSandbox {
+    pub template: String,
+    pub ttl_s: u64,
+    pub env: BTreeMap<String, String>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct SandboxInfo {
+    pub id: String,
+    pub boot_mode: Option<String>,
+    pub boot_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ExecOutcome {
+    pub exit_code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProcState {
+    Running,
+    Exited {
+        exit_code: Option<i32>,
+        reason: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutputItem {
+    /// Bytes at `offset` in the process's output (stdout and stderr share
+    /// one offset space).
+    Chunk {
+        stdout: bool,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    Exit(ProcState),
+}
+
+#[async_trait]
+pub trait Sandboxes: Send + Sync + 'static {
+    async fn template_exists(&self, name: &str) -> Result<bool, SandboxError>;
+    async fn create(&self, req: NewSandbox) -> Result<SandboxInfo, SandboxError>;
+    async fn exists(&self, id: &str) -> Result<bool, SandboxError>;
+    /// Idempotent.
+    async fn delete(&self, id: &str) -> Result<(), SandboxError>;
+    async fn exec(
+        &self,
+        id: &str,
+        argv: Vec<String>,
+        cwd: &str,
+        timeout_s: u64,
+    ) -> Result<ExecOutcome, SandboxError>;
+    async fn write_file(&self, id: &str, path: &str, data: Vec<u8>) -> Result<(), SandboxError>;
+    /// Starts `argv` in the background with stdin open; returns its id.
+    async fn start_process(
+        &self,
+        id: &str,
+        argv: Vec<String>,
+        cwd: &str,
+        env: BTreeMap<String, String>,
+    ) -> Result<String, SandboxError>;
+    async fn process_state(&self, id: &str, pid: &str) -> Result<ProcState, SandboxError>;
+    async fn write_stdin(&self, id: &str, pid: &str, data: Vec<u8>) -> Result<(), SandboxError>;
+    /// Output from `offset` on, following; ends with `Exit` (or with the
+    /// stream simply ending when the connection broke).
+    async fn follow_output(
+        &self,
+        id: &str,
+        pid: &str,
+        offset: u64,
+    ) -> Result<BoxStream<'static, Result<OutputItem, SandboxError>>, SandboxError>;
+    async fn kill_process(&self, id: &str, pid: &str) -> Result<(), SandboxError>;
+    async fn snapshot(
+        &self,
+        id: &str,
+        retention_s: u64,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<String, SandboxError>;
+    async fn fork(
+        &self,
+        snapshot_id: &str,
+        ttl_s: u64,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<SandboxInfo, SandboxError>;
+    async fn delete_snapshot(&self, id: &str) -> Result<(), SandboxError>;
+}

@@ -1,0 +1,429 @@
+//! The session service: what the routes and the runner share. Every
+//! change goes to the store first and is published to live streams after
+//! it is committed.
+
+use crate::bus::{Bus, StreamSlots};
+use crate::config::SessionsConfig;
+use crate::error::SessionError;
+use crate::events::{Actor, Event, EventKind};
+use crate::models::*;
+use crate::policy::{PolicyCatalog, DEFAULT_POLICY};
+use crate::sandbox::Sandboxes;
+use crate::scheduler::Scheduler;
+use crate::state::SessionState;
+use crate::store::{AgentSpec, CreateOutcome, NewEvent, Patch, Session, SessionSpec, SessionStore};
+use crate::validate::{
+    self, MAX_IDEMPOTENCY_KEY_BYTES, MAX_MESSAGE_BYTES, MAX_NOTE_BYTES, MAX_TASK_BYTES,
+};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tokio::sync::Notify;
+
+pub const DEFAULT_TEMPLATE: &str = "code-interpreter";
+
+pub struct Sessions {
+    pub(crate) store: Arc<dyn SessionStore>,
+    pub(crate) bus: Bus,
+    pub(crate) cfg: SessionsConfig,
+    pub(crate) policies: Arc<dyn PolicyCatalog>,
+    pub(crate) sandboxes: Arc<dyn Sandboxes>,
+    pub(crate) scheduler: Arc<dyn Scheduler>,
+    pub(crate) streams: StreamSlots,
+    /// One runner task per unfinished session, woken through its Notify.
+    actors: Mutex<HashMap<String, Arc<Notify>>>,
+    pub(crate) metrics: crate::metrics::SessionMetrics,
+}
+
+impl Sessions {
+    pub fn new(
+        store: Arc<dyn SessionStore>,
+        cfg: SessionsConfig,
+        policies: Arc<dyn PolicyCatalog>,
+        sandboxes: Arc<dyn Sandboxes>,
+        scheduler: Arc<dyn Scheduler>,
+    ) -> Arc<Self> {
+        Arc::new(Sessions {
+            store,
+            bus: Bus::default(),
+            streams: StreamSlots::new(cfg.max_streams),
+            cfg,
+            policies,
+            sandboxes,
+            scheduler,
+            actors: Mutex::new(HashMap::new()),
+            metrics: crate::metrics::SessionMetrics::new(),
+        })
+    }
+
+    pub fn metrics(&self) -> &crate::metrics::SessionMetrics {
+        &self.metrics
+    }
+
+    /// Starts a runner for every unfinished session (after a restart).
+    pub async fn recover(self: &Arc<Self>) -> Result<usize, SessionError> {
+        let all = self.store.unfinished().await?;
+        let n = all.len();
+        for s in all {
+            tracing::info!(session = %s.id, state = %s.state, "recovering session");
+            self.spawn_actor(&s.id);
+        }
+        Ok(n)
+    }
+
+    pub(crate) fn spawn_actor(self: &Arc<Self>, id: &str) {
+        let notify = {
+            let mut m = self.actors.lock().unwrap_or_else(|p| p.into_inner());
+            if m.contains_key(id) {
+                return;
+            }
+            let n = Arc::new(Notify::new());
+            m.insert(id.to_string(), n.clone());
+            n
+        };
+        let me = self.clone();
+        let id = id.to_string();
+        tokio::spawn(async move {
+            crate::runner::run(me.clone(), id.clone(), notify).await;
+            me.actors
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+        });
+    }
+
+    pub(crate) fn nudge(self: &Arc<Self>, id: &str) {
+        let n = self
+            .actors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(id)
+            .cloned();
+        match n {
+            Some(n) => n.notify_one(),
+            None => self.spawn_actor(id),
+        }
+    }
+
+    pub(crate) async fn append(
+        &self,
+        id: &str,
+        events: Vec<NewEvent>,
+        patch: Patch,
+    ) -> Result<Vec<Event>, SessionError> {
+        let t = std::time::Instant::now();
+        let out = self.store.append(id, events, patch).await?;
+        self.metrics
+            .append_seconds
+            .observe(t.elapsed().as_secs_f64());
+        self.bus.publish(id, &out);
+        Ok(out)
+    }
+
+    pub(crate) async fn transition(
+        &self,
+        id: &str,
+        to: SessionState,
+        reason: Option<String>,
+        extra: Vec<NewEvent>,
+        patch: Patch,
+    ) -> Result<Session, SessionError> {
+        let (s, evs) = self
+            .store
+            .transition(id, &SessionState::sources_of(to), to, reason, extra, patch)
+            .await?;
+        self.metrics
+            .transitions
+            .with_label_values(&[to.as_str()])
+            .inc();
+        self.bus.publish(id, &evs);
+        Ok(s)
+    }
+
+    /// Validates, resolves policy and template, stores the session as
+    /// queued, and starts its runner. `Ok((created, true))` when a new
+    /// session was made, `false` for an idempotent replay.
+    pub async fn create(
+        self: &Arc<Self>,
+        body: CreateSessionBody,
+    ) -> Result<(CreatedSession, bool), SessionError> {
+        let spec = self.spec_of(&body).await?;
+        if let Some(k) = &body.idempotency_key {
+            validate::text("idempotency_key", k, MAX_IDEMPOTENCY_KEY_BYTES, false)?;
+        }
+        let canonical =
+            serde_json::to_vec(&spec).map_err(|e| SessionError::Internal(e.to_string()))?;
+        let hash: String = Sha256::digest(&canonical)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let id = crate::ids::new_id("ses");
+        match self
+            .store
+            .create(&id, &spec, body.idempotency_key.as_deref(), &hash)
+            .await?
+        {
+            CreateOutcome::Created(s, ev) => {
+                self.bus.publish(&s.id, &[ev]);
+                self.metrics.created.inc();
+                self.spawn_actor(&s.id);
+                Ok((
+                    CreatedSession {
+                        session_id: s.id,
+                        state: s.state,
+                    },
+                    true,
+                ))
+            }
+            CreateOutcome::Existing(s) => Ok((
+                CreatedSession {
+                    session_id: s.id,
+                    state: s.state,
+                },
+                false,
+            )),
+            CreateOutcome::KeyConflict(existing) => {
+                Err(SessionError::IdempotencyConflict(existing))
+            }
+        }
+    }
+
+    async fn spec_of(&self, b: &CreateSessionBody) -> Result<SessionSpec, SessionError> {
+        validate::repo_url(&b.repo, &self.cfg)?;
+        let git_ref = b.git_ref.clone().unwrap_or_else(|| "main".into());
+        validate::git_ref(&git_ref)?;
+        validate::text("task", &b.task, MAX_TASK_BYTES, false)?;
+        let budget = b.budget.clone().unwrap_or_default();
+        let (tokens, cents, wall) =
+            validate::budget(budget.tokens, budget.usd_cents, budget.wall_s, &self.cfg)?;
+        let env = b.env.clone().unwrap_or_default();
+        validate::env(&env)?;
+        let a = b.agent.clone().unwrap_or_default();
+        let kind = a.kind.clone().unwrap_or_else(|| "reference".into());
+        let command = match (kind.as_str(), &a.command) {
+            ("reference", None) => None,
+            ("reference", Some(_)) => {
+                return Err(SessionError::bad(
+                    "invalid_request",
+                    "agent.command is only for agent.kind \"command\"",
+                ))
+            }
+            ("command", Some(c)) => {
+                validate::text("agent.command", c, 4096, false)?;
+                Some(c.clone())
+            }
+            ("command", None) => {
+                return Err(SessionError::bad(
+                    "invalid_request",
+                    "agent.kind \"command\" needs agent.command",
+                ))
+            }
+            (other, _) => {
+                return Err(SessionError::bad(
+                    "invalid_request",
+                    format!("agent.kind {other:?} is not reference or command"),
+                ))
+            }
+        };
+        let model_url = a
+            .model_url
+            .clone()
+            .unwrap_or_else(|| self.cfg.model_url.clone());
+        validate::model_url(&model_url)?;
+        let model = a.model.clone().unwrap_or_else(|| self.cfg.model.clone());
+        validate::text("agent.model", &model, 200, false)?;
+        let max_steps = a.max_steps.unwrap_or(30);
+        if !(1..=200).contains(&max_steps) {
+            return Err(SessionError::bad(
+                "invalid_request",
+                "agent.max_steps must be 1..200",
+            ));
+        }
+        let policy_id = b.policy_id.clone().unwrap_or_else(|| DEFAULT_POLICY.into());
+        let policy = self
+            .policies
+            .resolve(&policy_id)
+            .ok_or_else(|| SessionError::UnknownPolicy(policy_id.clone()))?;
+        let template = b
+            .template
+            .clone()
+            .unwrap_or_else(|| DEFAULT_TEMPLATE.into());
+        validate::template_name(&template)?;
+        match self.sandboxes.template_exists(&template).await {
+            Ok(true) => {}
+            Ok(false) => return Err(SessionError::UnknownTemplate(template)),
+            Err(e) => return Err(SessionError::Sandbox(e)),
+        }
+        Ok(SessionSpec {
+            repo: b.repo.clone(),
+            git_ref,
+            task: b.task.clone(),
+            policy_id: policy.id,
+            policy_version: policy.version,
+            budget_tokens: tokens,
+            budget_usd_cents: cents,
+            budget_wall_s: wall,
+            template,
+            agent: AgentSpec {
+                kind,
+                model_url,
+                model,
+                max_steps,
+                command,
+            },
+            env,
+        })
+    }
+
+    pub async fn view(&self, id: &str) -> Result<SessionView, SessionError> {
+        let s = self.store.get(id).await?;
+        let pending = self.store.pending_approval(id).await?;
+        Ok(SessionView::new(s, pending))
+    }
+
+    pub async fn message(
+        self: &Arc<Self>,
+        id: &str,
+        text: &str,
+    ) -> Result<MessageAccepted, SessionError> {
+        validate::text("text", text, MAX_MESSAGE_BYTES, false)?;
+        let live: Vec<SessionState> = SessionState::ALL
+            .into_iter()
+            .filter(|s| s.can_message())
+            .collect();
+        let evs = match self
+            .store
+            .append_if_state(
+                id,
+                &live,
+                vec![(
+                    Actor::User,
+                    EventKind::Message {
+                        text: text.to_string(),
+                    },
+                )],
+                Patch::default(),
+            )
+            .await
+        {
+            Ok(e) => e,
+            Err(crate::store::StoreError::StateConflict { current, .. }) => {
+                return Err(SessionError::Conflict(format!(
+                    "session {id} is {current}; messages go only to sessions that have not ended"
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        self.bus.publish(id, &evs);
+        self.metrics.messages.inc();
+        self.nudge(id);
+        let s = self.store.get(id).await?;
+        Ok(MessageAccepted {
+            seq: evs[0].seq,
+            state: s.state,
+        })
+    }
+
+    pub async fn decide(
+        self: &Arc<Self>,
+        id: &str,
+        approval_id: &str,
+        body: &ApprovalBody,
+    ) -> Result<ApprovalDecided, SessionError> {
+        if !matches!(body.decision.as_str(), "approve" | "deny") {
+            return Err(SessionError::bad(
+                "invalid_request",
+                "decision must be \"approve\" or \"deny\"",
+            ));
+        }
+        validate::text("note", &body.note, MAX_NOTE_BYTES, true)?;
+        let s = self.store.get(id).await?;
+        if !s.state.can_decide_approval() {
+            // A decided or unknown approval is 404 below; this is the
+            // session-level conflict.
+            if s.state.is_terminal() {
+                return Err(SessionError::Conflict(format!(
+                    "session {id} is {}",
+                    s.state
+                )));
+            }
+        }
+        let evs = self
+            .store
+            .decide_approval(id, approval_id, &body.decision, &body.note)
+            .await?;
+        self.bus.publish(id, &evs);
+        self.nudge(id);
+        let s = self.store.get(id).await?;
+        Ok(ApprovalDecided {
+            seq: evs[0].seq,
+            state: s.state,
+        })
+    }
+
+    /// Cancel: idempotent on a cancelled session, 409 on one that completed
+    /// or failed. Waits (up to `wait`) for the runner to stop the agent and
+    /// keep a snapshot for review.
+    pub async fn cancel(
+        self: &Arc<Self>,
+        id: &str,
+        wait: std::time::Duration,
+    ) -> Result<SessionView, SessionError> {
+        let s = self.store.get(id).await?;
+        match s.state {
+            SessionState::Cancelled => return self.view(id).await,
+            SessionState::Completed | SessionState::Failed => {
+                return Err(SessionError::Conflict(format!(
+                    "session {id} already {}",
+                    s.state
+                )))
+            }
+            _ => {}
+        }
+        let mut rx = self.bus.subscribe(id);
+        if !s.cancel_requested {
+            let r = self
+                .store
+                .append_if_state(
+                    id,
+                    &SessionState::sources_of(SessionState::Cancelled),
+                    vec![(Actor::User, EventKind::CancelRequested)],
+                    Patch {
+                        cancel_requested: Some(true),
+                        ..Default::default()
+                    },
+                )
+                .await;
+            match r {
+                Ok(evs) => self.bus.publish(id, &evs),
+                Err(crate::store::StoreError::StateConflict {
+                    current: SessionState::Cancelled,
+                    ..
+                }) => return self.view(id).await,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.nudge(id);
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let cur = self.store.get(id).await?;
+            if cur.state.is_terminal() {
+                break;
+            }
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Err(_) => break,
+                Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => break,
+                Ok(_) => {}
+            }
+        }
+        self.view(id).await
+    }
+
+    pub async fn blob(&self, id: &str, r: &str) -> Result<Vec<u8>, SessionError> {
+        self.store.get(id).await?;
+        self.store
+            .blob(id, r)
+            .await?
+            .ok_or_else(|| SessionError::BlobNotFound(r.to_string()))
+    }
+}

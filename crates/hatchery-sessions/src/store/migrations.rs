@@ -1,0 +1,73 @@
+//! Numbered schema migrations, applied in order inside one transaction
+//! each; `PRAGMA user_version` records the last one applied.
+
+pub const MIGRATIONS: &[(u32, &str)] = &[(
+    1,
+    "CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        spec TEXT NOT NULL,
+        state TEXT NOT NULL,
+        repo TEXT NOT NULL,
+        idempotency_key TEXT UNIQUE,
+        request_hash TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        started_at TEXT,
+        ended_at TEXT,
+        reason TEXT,
+        spend_tokens INTEGER NOT NULL DEFAULT 0,
+        spend_usd_cents INTEGER NOT NULL DEFAULT 0,
+        spend_wall_s INTEGER NOT NULL DEFAULT 0,
+        sandbox_id TEXT,
+        process_id TEXT,
+        snapshot_id TEXT,
+        review_snapshot_id TEXT,
+        waiting TEXT,
+        output_offset INTEGER NOT NULL DEFAULT 0,
+        agent_seq INTEGER NOT NULL DEFAULT 0,
+        delivered_seq INTEGER NOT NULL DEFAULT 0,
+        cancel_requested INTEGER NOT NULL DEFAULT 0,
+        last_seq INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX sessions_state ON sessions(state);
+    CREATE TABLE events (
+        session_id TEXT NOT NULL REFERENCES sessions(id),
+        seq INTEGER NOT NULL,
+        at TEXT NOT NULL,
+        actor TEXT NOT NULL,
+        type TEXT NOT NULL,
+        data TEXT NOT NULL,
+        PRIMARY KEY (session_id, seq)
+    ) WITHOUT ROWID;
+    CREATE TABLE blobs (
+        session_id TEXT NOT NULL REFERENCES sessions(id),
+        ref TEXT NOT NULL,
+        data BLOB NOT NULL,
+        PRIMARY KEY (session_id, ref)
+    ) WITHOUT ROWID;
+    CREATE TABLE approvals (
+        id TEXT PRIMARY KEY,
+        session_id TEXT NOT NULL REFERENCES sessions(id),
+        action TEXT NOT NULL,
+        details TEXT NOT NULL,
+        state TEXT NOT NULL,
+        decision TEXT,
+        note TEXT,
+        created_at TEXT NOT NULL,
+        decided_at TEXT
+    );
+    CREATE INDEX approvals_session ON approvals(session_id, state);",
+)];
+
+pub fn apply(conn: &mut rusqlite::Connection) -> rusqlite::Result<()> {
+    let current: u32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    for (n, sql) in MIGRATIONS {
+        if *n <= current {
+            continue;
+        }
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", n)?;
+        tx.commit()?;
+    }
+    Ok(())
+}

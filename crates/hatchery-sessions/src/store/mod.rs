@@ -1,0 +1,216 @@
+//! The session store: sessions, their event log, approvals and blobs,
+//! behind an async trait so that the multi-host issue can add PostgreSQL.
+//! Errors carry no SQL types.
+
+mod migrations;
+mod sqlite;
+
+pub use sqlite::SqliteStore;
+
+use crate::events::{Actor, Event, EventKind};
+use crate::state::SessionState;
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("session {0} not found")]
+    NotFound(String),
+    #[error("session {id} is {current}, not one of the states this change may start from")]
+    StateConflict { id: String, current: SessionState },
+    #[error("approval {0} not found or already decided")]
+    ApprovalNotFound(String),
+    /// The backend failed; the text is for logs.
+    #[error("store backend: {0}")]
+    Backend(String),
+}
+
+/// What the caller asked for, normalised (the idempotency hash covers it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionSpec {
+    pub repo: String,
+    #[serde(rename = "ref")]
+    pub git_ref: String,
+    pub task: String,
+    pub policy_id: String,
+    pub policy_version: u32,
+    pub budget_tokens: u64,
+    pub budget_usd_cents: u64,
+    pub budget_wall_s: u64,
+    pub template: String,
+    pub agent: AgentSpec,
+    pub env: std::collections::BTreeMap<String, String>,
+}
+
+/// Which agent runs and where it finds its model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct AgentSpec {
+    /// `reference` (Hatchery's own agent) or `command` (anything else,
+    /// started with `command`).
+    pub kind: String,
+    /// The model endpoint as the sandbox sees it (an OpenAI-compatible
+    /// base URL, normally a host service such as http://127.0.0.1:9100/v1).
+    pub model_url: String,
+    pub model: String,
+    /// Most model calls the reference agent makes.
+    pub max_steps: u32,
+    /// For `kind: command`: the command line, run in the checkout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Session {
+    pub id: String,
+    pub spec: SessionSpec,
+    pub state: SessionState,
+    pub idempotency_key: Option<String>,
+    pub created_at: String,
+    pub started_at: Option<String>,
+    pub ended_at: Option<String>,
+    pub reason: Option<String>,
+    pub spend_tokens: u64,
+    pub spend_usd_cents: u64,
+    /// Seconds the session has held a sandbox, up to its last release.
+    pub spend_wall_s: u64,
+    pub sandbox_id: Option<String>,
+    pub process_id: Option<String>,
+    pub snapshot_id: Option<String>,
+    pub review_snapshot_id: Option<String>,
+    /// What the agent waits for (`message`), if anything.
+    pub waiting: Option<String>,
+    /// Offset in the agent's output up to which every line is handled.
+    pub output_offset: u64,
+    /// The highest agent message number handled (dedupes re-reads).
+    pub agent_seq: u64,
+    /// Seq of the last steering message handed to the agent.
+    pub delivered_seq: u64,
+    pub cancel_requested: bool,
+    pub last_seq: u64,
+}
+
+/// Fields a runner step changes (None: leave as is).
+#[derive(Debug, Default, Clone)]
+pub struct Patch {
+    pub sandbox_id: Option<Option<String>>,
+    pub process_id: Option<Option<String>>,
+    pub snapshot_id: Option<Option<String>>,
+    pub review_snapshot_id: Option<Option<String>>,
+    pub waiting: Option<Option<String>>,
+    pub delivered_seq: Option<u64>,
+    pub add_tokens: u64,
+    pub add_usd_cents: u64,
+    pub add_wall_s: u64,
+    pub cancel_requested: Option<bool>,
+    /// A pending approval to record: (approval_id, action, details).
+    pub new_approval: Option<(String, String, String)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct Approval {
+    pub approval_id: String,
+    pub action: String,
+    pub details: String,
+    pub state: String,
+    pub created_at: String,
+}
+
+#[derive(Debug)]
+pub enum CreateOutcome {
+    Created(Session, Event),
+    /// The same idempotency key with the same request.
+    Existing(Session),
+    /// The same idempotency key with another request.
+    KeyConflict(String),
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct ListFilter {
+    pub state: Option<SessionState>,
+    pub repo: Option<String>,
+    /// Sessions created after this id's row (keyset pagination).
+    pub after_id: Option<String>,
+    pub limit: usize,
+}
+
+/// One event to append, with its actor.
+pub type NewEvent = (Actor, EventKind);
+
+#[async_trait]
+pub trait SessionStore: Send + Sync + 'static {
+    /// Stores a queued session and its first event, in one transaction;
+    /// with an idempotency key seen before, compares `request_hash`.
+    async fn create(
+        &self,
+        id: &str,
+        spec: &SessionSpec,
+        idempotency_key: Option<&str>,
+        request_hash: &str,
+    ) -> Result<CreateOutcome, StoreError>;
+    async fn get(&self, id: &str) -> Result<Session, StoreError>;
+    async fn list(&self, f: &ListFilter) -> Result<Vec<Session>, StoreError>;
+    /// Sessions not completed, failed or cancelled (for recovery).
+    async fn unfinished(&self) -> Result<Vec<Session>, StoreError>;
+    /// Appends events in one transaction that assigns the next seqs, and
+    /// applies `patch` in it.
+    async fn append(
+        &self,
+        id: &str,
+        events: Vec<NewEvent>,
+        patch: Patch,
+    ) -> Result<Vec<Event>, StoreError>;
+    /// Appends what one line of agent output produced, unless the line
+    /// (which ends at `line_end`) was handled before (then `None`); records
+    /// the offset, and `n` (the agent's message number) in the same
+    /// transaction, so a re-read after a crash neither loses nor repeats.
+    async fn append_agent(
+        &self,
+        id: &str,
+        line_end: u64,
+        n: Option<u64>,
+        events: Vec<NewEvent>,
+        patch: Patch,
+    ) -> Result<Option<Vec<Event>>, StoreError>;
+    /// Moves the session to `to` if it is in one of `from`, appending a
+    /// `state_changed` event (and `extra` before it) in the same transaction.
+    async fn transition(
+        &self,
+        id: &str,
+        from: &[SessionState],
+        to: SessionState,
+        reason: Option<String>,
+        extra: Vec<NewEvent>,
+        patch: Patch,
+    ) -> Result<(Session, Vec<Event>), StoreError>;
+    async fn events(&self, id: &str, after: u64, limit: usize) -> Result<Vec<Event>, StoreError>;
+    /// What the agent must be handed after `after`: steering messages and
+    /// approval decisions, in seq order.
+    async fn deliverables_after(&self, id: &str, after: u64) -> Result<Vec<Event>, StoreError>;
+    /// Appends only while the session is in one of `states` (checked in the
+    /// same transaction).
+    async fn append_if_state(
+        &self,
+        id: &str,
+        states: &[SessionState],
+        events: Vec<NewEvent>,
+        patch: Patch,
+    ) -> Result<Vec<Event>, StoreError>;
+    async fn blob(&self, id: &str, blob_ref: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Records a pending approval and its event.
+    async fn request_approval(
+        &self,
+        id: &str,
+        approval_id: &str,
+        action: &str,
+        details: &str,
+    ) -> Result<Vec<Event>, StoreError>;
+    async fn pending_approval(&self, id: &str) -> Result<Option<Approval>, StoreError>;
+    /// Decides a pending approval and appends its event.
+    async fn decide_approval(
+        &self,
+        id: &str,
+        approval_id: &str,
+        decision: &str,
+        note: &str,
+    ) -> Result<Vec<Event>, StoreError>;
+}

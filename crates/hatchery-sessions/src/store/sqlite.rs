@@ -1,0 +1,848 @@
+//! SQLite backend: its own file (`DATA_DIR/sessions.db`), WAL, one
+//! connection behind a mutex, every call on the blocking pool.
+
+use super::*;
+use crate::events::{cut, INLINE_TEXT_BYTES, MAX_BLOB_BYTES};
+use rusqlite::{params, Connection, OptionalExtension, Row, Transaction};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+#[derive(Clone)]
+pub struct SqliteStore {
+    conn: Arc<Mutex<Connection>>,
+}
+
+fn be(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+pub(crate) fn now() -> String {
+    let t = time::OffsetDateTime::now_utc();
+    let f = time::format_description::well_known::Rfc3339;
+    // Millisecond precision, always `Z`.
+    let t = t
+        .replace_nanosecond(t.millisecond() as u32 * 1_000_000)
+        .unwrap_or(t);
+    t.format(&f).unwrap_or_default()
+}
+
+impl SqliteStore {
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        let mut conn = Connection::open(path).map_err(be)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(be)?;
+        // WAL with NORMAL survives a process crash (SIGKILL) with every
+        // committed transaction; only an OS crash could lose the last ones.
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .map_err(be)?;
+        conn.pragma_update(None, "foreign_keys", "ON").map_err(be)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(be)?;
+        super::migrations::apply(&mut conn).map_err(be)?;
+        Ok(SqliteStore {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    async fn with<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut c = conn.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut c)
+        })
+        .await
+        .map_err(be)?
+    }
+}
+
+const SESSION_COLS: &str = "id, spec, state, idempotency_key, created_at, started_at, ended_at, reason, \
+    spend_tokens, spend_usd_cents, spend_wall_s, sandbox_id, process_id, snapshot_id, review_snapshot_id, \
+    waiting, output_offset, agent_seq, delivered_seq, cancel_requested, last_seq";
+
+fn session_row(r: &Row) -> rusqlite::Result<Session> {
+    let spec: String = r.get("spec")?;
+    let state: String = r.get("state")?;
+    let bad = |what: &str, v: &str| {
+        rusqlite::Error::FromSqlConversionFailure(
+            0,
+            rusqlite::types::Type::Text,
+            format!("bad {what}: {v}").into(),
+        )
+    };
+    Ok(Session {
+        id: r.get("id")?,
+        spec: serde_json::from_str(&spec).map_err(|_| bad("spec", &spec))?,
+        state: SessionState::parse(&state).ok_or_else(|| bad("state", &state))?,
+        idempotency_key: r.get("idempotency_key")?,
+        created_at: r.get("created_at")?,
+        started_at: r.get("started_at")?,
+        ended_at: r.get("ended_at")?,
+        reason: r.get("reason")?,
+        spend_tokens: r.get::<_, i64>("spend_tokens")? as u64,
+        spend_usd_cents: r.get::<_, i64>("spend_usd_cents")? as u64,
+        spend_wall_s: r.get::<_, i64>("spend_wall_s")? as u64,
+        sandbox_id: r.get("sandbox_id")?,
+        process_id: r.get("process_id")?,
+        snapshot_id: r.get("snapshot_id")?,
+        review_snapshot_id: r.get("review_snapshot_id")?,
+        waiting: r.get("waiting")?,
+        output_offset: r.get::<_, i64>("output_offset")? as u64,
+        agent_seq: r.get::<_, i64>("agent_seq")? as u64,
+        delivered_seq: r.get::<_, i64>("delivered_seq")? as u64,
+        cancel_requested: r.get::<_, i64>("cancel_requested")? != 0,
+        last_seq: r.get::<_, i64>("last_seq")? as u64,
+    })
+}
+
+fn event_row(r: &Row) -> rusqlite::Result<Event> {
+    let data: String = r.get("data")?;
+    let actor: String = r.get("actor")?;
+    let kind: EventKind = serde_json::from_str(&data).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+    })?;
+    Ok(Event {
+        seq: r.get::<_, i64>("seq")? as u64,
+        at: r.get("at")?,
+        actor: Actor::parse(&actor).unwrap_or(Actor::System),
+        kind,
+    })
+}
+
+fn get_session(tx: &Connection, id: &str) -> Result<Session, StoreError> {
+    tx.query_row(
+        &format!("SELECT {SESSION_COLS} FROM sessions WHERE id = ?1"),
+        [id],
+        session_row,
+    )
+    .optional()
+    .map_err(be)?
+    .ok_or_else(|| StoreError::NotFound(id.to_string()))
+}
+
+fn apply_patch(tx: &Transaction, id: &str, p: &Patch) -> Result<(), StoreError> {
+    let opt = |col: &str, v: &Option<Option<String>>| -> Result<(), StoreError> {
+        if let Some(v) = v {
+            tx.execute(
+                &format!("UPDATE sessions SET {col} = ?2 WHERE id = ?1"),
+                params![id, v],
+            )
+            .map_err(be)?;
+        }
+        Ok(())
+    };
+    opt("sandbox_id", &p.sandbox_id)?;
+    opt("process_id", &p.process_id)?;
+    opt("snapshot_id", &p.snapshot_id)?;
+    opt("review_snapshot_id", &p.review_snapshot_id)?;
+    opt("waiting", &p.waiting)?;
+    if let Some(d) = p.delivered_seq {
+        tx.execute(
+            "UPDATE sessions SET delivered_seq = MAX(delivered_seq, ?2) WHERE id = ?1",
+            params![id, d as i64],
+        )
+        .map_err(be)?;
+    }
+    if p.add_tokens > 0 || p.add_usd_cents > 0 || p.add_wall_s > 0 {
+        tx.execute(
+            "UPDATE sessions SET spend_tokens = spend_tokens + ?2, spend_usd_cents = spend_usd_cents + ?3, \
+             spend_wall_s = spend_wall_s + ?4 WHERE id = ?1",
+            params![id, p.add_tokens as i64, p.add_usd_cents as i64, p.add_wall_s as i64],
+        )
+        .map_err(be)?;
+    }
+    if let Some((aid, action, details)) = &p.new_approval {
+        tx.execute(
+            "INSERT OR IGNORE INTO approvals (id, session_id, action, details, state, created_at) \
+             VALUES (?1, ?2, ?3, ?4, 'pending', ?5)",
+            params![aid, id, action, details, now()],
+        )
+        .map_err(be)?;
+    }
+    if let Some(c) = p.cancel_requested {
+        tx.execute(
+            "UPDATE sessions SET cancel_requested = ?2 WHERE id = ?1",
+            params![id, c as i64],
+        )
+        .map_err(be)?;
+    }
+    Ok(())
+}
+
+/// Appends inside an open transaction: the next seq comes from the
+/// session row (`last_seq + 1`), so seqs have no gaps and two appends can
+/// never get the same one. Large fields are cut and stored as blobs.
+fn append_tx(tx: &Transaction, id: &str, events: Vec<NewEvent>) -> Result<Vec<Event>, StoreError> {
+    let mut out = Vec::with_capacity(events.len());
+    for (actor, mut kind) in events {
+        let seq: i64 = tx
+            .query_row(
+                "UPDATE sessions SET last_seq = last_seq + 1 WHERE id = ?1 RETURNING last_seq",
+                [id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(be)?
+            .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        for (i, (text, slot, truncated)) in kind.large_fields().into_iter().enumerate() {
+            if text.len() <= INLINE_TEXT_BYTES {
+                continue;
+            }
+            if let Some(slot) = slot {
+                let blob_ref = format!("b{seq}.{i}");
+                let whole = cut(text, MAX_BLOB_BYTES);
+                tx.execute(
+                    "INSERT INTO blobs (session_id, ref, data) VALUES (?1, ?2, ?3)",
+                    params![id, blob_ref, whole.as_bytes()],
+                )
+                .map_err(be)?;
+                *slot = Some(blob_ref);
+            }
+            if let Some(t) = truncated {
+                *t = true;
+            }
+            *text = cut(text, INLINE_TEXT_BYTES).to_string();
+        }
+        let at = now();
+        let data = serde_json::to_string(&kind).map_err(be)?;
+        tx.execute(
+            "INSERT INTO events (session_id, seq, at, actor, type, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![id, seq, at, actor.as_str(), kind.type_name(), data],
+        )
+        .map_err(be)?;
+        out.push(Event {
+            seq: seq as u64,
+            at,
+            actor,
+            kind,
+        });
+    }
+    Ok(out)
+}
+
+#[async_trait]
+impl SessionStore for SqliteStore {
+    async fn create(
+        &self,
+        id: &str,
+        spec: &SessionSpec,
+        idempotency_key: Option<&str>,
+        request_hash: &str,
+    ) -> Result<CreateOutcome, StoreError> {
+        let (id, spec) = (id.to_string(), spec.clone());
+        let key = idempotency_key.map(str::to_string);
+        let hash = request_hash.to_string();
+        self.with(move |c| {
+            let tx = c.transaction().map_err(be)?;
+            if let Some(k) = &key {
+                let found: Option<(String, String)> = tx
+                    .query_row(
+                        "SELECT id, request_hash FROM sessions WHERE idempotency_key = ?1",
+                        [k],
+                        |r| Ok((r.get("id")?, r.get("request_hash")?)),
+                    )
+                    .optional()
+                    .map_err(be)?;
+                if let Some((existing, h)) = found {
+                    return Ok(if h == hash {
+                        CreateOutcome::Existing(get_session(&tx, &existing)?)
+                    } else {
+                        CreateOutcome::KeyConflict(existing)
+                    });
+                }
+            }
+            tx.execute(
+                "INSERT INTO sessions (id, spec, state, repo, idempotency_key, request_hash, created_at) \
+                 VALUES (?1, ?2, 'queued', ?3, ?4, ?5, ?6)",
+                params![id, serde_json::to_string(&spec).map_err(be)?, spec.repo, key, hash, now()],
+            )
+            .map_err(be)?;
+            let ev = append_tx(
+                &tx,
+                &id,
+                vec![(
+                    Actor::User,
+                    EventKind::SessionCreated {
+                        repo: spec.repo.clone(),
+                        git_ref: spec.git_ref.clone(),
+                        task: spec.task.clone(),
+                        policy_id: spec.policy_id.clone(),
+                        policy_version: spec.policy_version,
+                        template: spec.template.clone(),
+                    },
+                )],
+            )?;
+            let s = get_session(&tx, &id)?;
+            tx.commit().map_err(be)?;
+            Ok(CreateOutcome::Created(s, ev.into_iter().next().expect("one event")))
+        })
+        .await
+    }
+
+    async fn get(&self, id: &str) -> Result<Session, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| get_session(c, &id)).await
+    }
+
+    async fn list(&self, f: &ListFilter) -> Result<Vec<Session>, StoreError> {
+        let f = f.clone();
+        self.with(move |c| {
+            // rowid order is creation order; the cursor is a session id.
+            let mut sql = format!("SELECT {SESSION_COLS} FROM sessions WHERE 1=1");
+            let mut args: Vec<String> = vec![];
+            if let Some(s) = f.state {
+                args.push(s.as_str().to_string());
+                sql += &format!(" AND state = ?{}", args.len());
+            }
+            if let Some(r) = &f.repo {
+                args.push(r.clone());
+                sql += &format!(" AND repo = ?{}", args.len());
+            }
+            if let Some(a) = &f.after_id {
+                args.push(a.clone());
+                sql += &format!(
+                    " AND rowid > COALESCE((SELECT rowid FROM sessions WHERE id = ?{}), 0)",
+                    args.len()
+                );
+            }
+            sql += &format!(" ORDER BY rowid LIMIT {}", f.limit.max(1));
+            let mut st = c.prepare(&sql).map_err(be)?;
+            let rows = st
+                .query_map(rusqlite::params_from_iter(args.iter()), session_row)
+                .map_err(be)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(be)
+        })
+        .await
+    }
+
+    async fn unfinished(&self) -> Result<Vec<Session>, StoreError> {
+        self.with(move |c| {
+            let mut st = c
+                .prepare(&format!(
+                    "SELECT {SESSION_COLS} FROM sessions WHERE state NOT IN ('completed','failed','cancelled') ORDER BY rowid"
+                ))
+                .map_err(be)?;
+            let rows = st.query_map([], session_row).map_err(be)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(be)
+        })
+        .await
+    }
+
+    async fn append(
+        &self,
+        id: &str,
+        events: Vec<NewEvent>,
+        patch: Patch,
+    ) -> Result<Vec<Event>, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| {
+            let tx = c.transaction().map_err(be)?;
+            let out = append_tx(&tx, &id, events)?;
+            apply_patch(&tx, &id, &patch)?;
+            tx.commit().map_err(be)?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn append_agent(
+        &self,
+        id: &str,
+        line_end: u64,
+        n: Option<u64>,
+        events: Vec<NewEvent>,
+        patch: Patch,
+    ) -> Result<Option<Vec<Event>>, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| {
+            let tx = c.transaction().map_err(be)?;
+            let done: i64 = tx
+                .query_row("SELECT output_offset FROM sessions WHERE id = ?1", [&id], |r| r.get(0))
+                .optional()
+                .map_err(be)?
+                .ok_or_else(|| StoreError::NotFound(id.clone()))?;
+            if line_end as i64 <= done {
+                return Ok(None);
+            }
+            let out = append_tx(&tx, &id, events)?;
+            apply_patch(&tx, &id, &patch)?;
+            tx.execute(
+                "UPDATE sessions SET output_offset = ?2, agent_seq = MAX(agent_seq, ?3) WHERE id = ?1",
+                params![id, line_end as i64, n.unwrap_or(0) as i64],
+            )
+            .map_err(be)?;
+            tx.commit().map_err(be)?;
+            Ok(Some(out))
+        })
+        .await
+    }
+
+    async fn transition(
+        &self,
+        id: &str,
+        from: &[SessionState],
+        to: SessionState,
+        reason: Option<String>,
+        extra: Vec<NewEvent>,
+        patch: Patch,
+    ) -> Result<(Session, Vec<Event>), StoreError> {
+        let id = id.to_string();
+        let from = from.to_vec();
+        self.with(move |c| {
+            let tx = c.transaction().map_err(be)?;
+            let cur = get_session(&tx, &id)?;
+            if !from.contains(&cur.state) || !cur.state.valid_transition(to) {
+                return Err(StoreError::StateConflict {
+                    id,
+                    current: cur.state,
+                });
+            }
+            let mut evs = extra;
+            evs.push((
+                Actor::System,
+                EventKind::StateChanged {
+                    from: cur.state,
+                    to,
+                    reason: reason.clone(),
+                },
+            ));
+            let out = append_tx(&tx, &id, evs)?;
+            apply_patch(&tx, &id, &patch)?;
+            tx.execute("UPDATE sessions SET state = ?2 WHERE id = ?1", params![id, to.as_str()])
+                .map_err(be)?;
+            if to == SessionState::Running {
+                tx.execute(
+                    "UPDATE sessions SET started_at = COALESCE(started_at, ?2) WHERE id = ?1",
+                    params![id, now()],
+                )
+                .map_err(be)?;
+            }
+            if to.is_terminal() {
+                tx.execute(
+                    "UPDATE sessions SET ended_at = ?2, reason = ?3, waiting = NULL WHERE id = ?1",
+                    params![id, now(), reason],
+                )
+                .map_err(be)?;
+                tx.execute(
+                    "UPDATE approvals SET state = 'expired' WHERE session_id = ?1 AND state = 'pending'",
+                    [&id],
+                )
+                .map_err(be)?;
+            }
+            let s = get_session(&tx, &id)?;
+            tx.commit().map_err(be)?;
+            Ok((s, out))
+        })
+        .await
+    }
+
+    async fn events(&self, id: &str, after: u64, limit: usize) -> Result<Vec<Event>, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| {
+            let mut st = c
+                .prepare_cached(
+                    "SELECT seq, at, actor, data FROM events WHERE session_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+                )
+                .map_err(be)?;
+            let rows = st
+                .query_map(params![id, after as i64, limit as i64], event_row)
+                .map_err(be)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(be)
+        })
+        .await
+    }
+
+    async fn append_if_state(
+        &self,
+        id: &str,
+        states: &[SessionState],
+        events: Vec<NewEvent>,
+        patch: Patch,
+    ) -> Result<Vec<Event>, StoreError> {
+        let id = id.to_string();
+        let states = states.to_vec();
+        self.with(move |c| {
+            let tx = c.transaction().map_err(be)?;
+            let cur = get_session(&tx, &id)?;
+            if !states.contains(&cur.state) {
+                return Err(StoreError::StateConflict {
+                    id,
+                    current: cur.state,
+                });
+            }
+            let out = append_tx(&tx, &id, events)?;
+            apply_patch(&tx, &id, &patch)?;
+            tx.commit().map_err(be)?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn deliverables_after(&self, id: &str, after: u64) -> Result<Vec<Event>, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| {
+            let mut st = c
+                .prepare_cached(
+                    "SELECT seq, at, actor, data FROM events WHERE session_id = ?1 AND seq > ?2 AND type IN ('message', 'approval_decided') ORDER BY seq",
+                )
+                .map_err(be)?;
+            let rows = st.query_map(params![id, after as i64], event_row).map_err(be)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(be)
+        })
+        .await
+    }
+
+    async fn blob(&self, id: &str, blob_ref: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let (id, r) = (id.to_string(), blob_ref.to_string());
+        self.with(move |c| {
+            c.query_row(
+                "SELECT data FROM blobs WHERE session_id = ?1 AND ref = ?2",
+                params![id, r],
+                |row| row.get("data"),
+            )
+            .optional()
+            .map_err(be)
+        })
+        .await
+    }
+
+    async fn request_approval(
+        &self,
+        id: &str,
+        approval_id: &str,
+        action: &str,
+        details: &str,
+    ) -> Result<Vec<Event>, StoreError> {
+        let (id, aid, action, details) = (
+            id.to_string(),
+            approval_id.to_string(),
+            action.to_string(),
+            details.to_string(),
+        );
+        self.with(move |c| {
+            let tx = c.transaction().map_err(be)?;
+            tx.execute(
+                "INSERT OR IGNORE INTO approvals (id, session_id, action, details, state, created_at) \
+                 VALUES (?1, ?2, ?3, ?4, 'pending', ?5)",
+                params![aid, id, action, details, now()],
+            )
+            .map_err(be)?;
+            let out = append_tx(
+                &tx,
+                &id,
+                vec![(
+                    Actor::Agent,
+                    EventKind::ApprovalRequested {
+                        approval_id: aid.clone(),
+                        action: action.clone(),
+                        details: details.clone(),
+                    },
+                )],
+            )?;
+            tx.commit().map_err(be)?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn pending_approval(&self, id: &str) -> Result<Option<Approval>, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| {
+            c.query_row(
+                "SELECT id, action, details, state, created_at FROM approvals \
+                 WHERE session_id = ?1 AND state = 'pending' ORDER BY created_at LIMIT 1",
+                [id],
+                |r| {
+                    Ok(Approval {
+                        approval_id: r.get("id")?,
+                        action: r.get("action")?,
+                        details: r.get("details")?,
+                        state: r.get("state")?,
+                        created_at: r.get("created_at")?,
+                    })
+                },
+            )
+            .optional()
+            .map_err(be)
+        })
+        .await
+    }
+
+    async fn decide_approval(
+        &self,
+        id: &str,
+        approval_id: &str,
+        decision: &str,
+        note: &str,
+    ) -> Result<Vec<Event>, StoreError> {
+        let (id, aid, decision, note) = (
+            id.to_string(),
+            approval_id.to_string(),
+            decision.to_string(),
+            note.to_string(),
+        );
+        self.with(move |c| {
+            let tx = c.transaction().map_err(be)?;
+            let n = tx
+                .execute(
+                    "UPDATE approvals SET state = 'decided', decision = ?3, note = ?4, decided_at = ?5 \
+                     WHERE id = ?1 AND session_id = ?2 AND state = 'pending'",
+                    params![aid, id, decision, note, now()],
+                )
+                .map_err(be)?;
+            if n == 0 {
+                return Err(StoreError::ApprovalNotFound(aid));
+            }
+            let out = append_tx(
+                &tx,
+                &id,
+                vec![(
+                    Actor::User,
+                    EventKind::ApprovalDecided {
+                        approval_id: aid.clone(),
+                        decision: decision.clone(),
+                        note: note.clone(),
+                    },
+                )],
+            )?;
+            tx.commit().map_err(be)?;
+            Ok(out)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn spec() -> SessionSpec {
+        SessionSpec {
+            repo: "git://127.0.0.1/r.git".into(),
+            git_ref: "main".into(),
+            task: "fix".into(),
+            policy_id: "pol_standard".into(),
+            policy_version: 1,
+            budget_tokens: 1000,
+            budget_usd_cents: 0,
+            budget_wall_s: 60,
+            template: "code-interpreter".into(),
+            agent: AgentSpec {
+                kind: "reference".into(),
+                model_url: "http://127.0.0.1:9100/v1".into(),
+                model: "m".into(),
+                max_steps: 10,
+                command: None,
+            },
+            env: Default::default(),
+        }
+    }
+
+    fn open() -> (tempfile::TempDir, SqliteStore) {
+        let d = tempfile::tempdir().unwrap();
+        let s = SqliteStore::open(&d.path().join("s.db")).unwrap();
+        (d, s)
+    }
+
+    #[tokio::test]
+    async fn create_idempotent_and_conflict() {
+        let (_d, s) = open();
+        let a = s.create("ses_a", &spec(), Some("k1"), "h1").await.unwrap();
+        assert!(
+            matches!(a, CreateOutcome::Created(ref x, ref e) if x.state == SessionState::Queued && e.seq == 1)
+        );
+        let b = s.create("ses_b", &spec(), Some("k1"), "h1").await.unwrap();
+        assert!(matches!(b, CreateOutcome::Existing(ref x) if x.id == "ses_a"));
+        let c = s.create("ses_c", &spec(), Some("k1"), "h2").await.unwrap();
+        assert!(matches!(c, CreateOutcome::KeyConflict(ref x) if x == "ses_a"));
+        assert!(matches!(s.get("ses_c").await, Err(StoreError::NotFound(_))));
+        assert_eq!(
+            s.list(&ListFilter {
+                limit: 10,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .len(),
+            1
+        );
+    }
+
+    #[tokio::test]
+    async fn seqs_have_no_gaps_under_concurrency() {
+        let (_d, s) = open();
+        s.create("ses_a", &spec(), None, "h").await.unwrap();
+        let mut tasks = vec![];
+        for i in 0..40 {
+            let s = s.clone();
+            tasks.push(tokio::spawn(async move {
+                s.append(
+                    "ses_a",
+                    vec![(
+                        Actor::User,
+                        EventKind::Message {
+                            text: format!("m{i}"),
+                        },
+                    )],
+                    Patch::default(),
+                )
+                .await
+                .unwrap()
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let evs = s.events("ses_a", 0, 1000).await.unwrap();
+        let seqs: Vec<u64> = evs.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, (1..=41).collect::<Vec<_>>());
+        assert_eq!(s.events("ses_a", 39, 10).await.unwrap().len(), 2);
+        assert_eq!(s.deliverables_after("ses_a", 20).await.unwrap().len(), 21);
+    }
+
+    #[tokio::test]
+    async fn transitions_are_guarded() {
+        let (_d, s) = open();
+        s.create("ses_a", &spec(), None, "h").await.unwrap();
+        let err = s
+            .transition(
+                "ses_a",
+                &[SessionState::Running],
+                SessionState::Completed,
+                None,
+                vec![],
+                Patch::default(),
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            StoreError::StateConflict {
+                current: SessionState::Queued,
+                ..
+            }
+        ));
+        let (x, evs) = s
+            .transition(
+                "ses_a",
+                &[SessionState::Queued],
+                SessionState::Starting,
+                None,
+                vec![],
+                Patch::default(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(x.state, SessionState::Starting);
+        assert_eq!(evs[0].seq, 2);
+        let (x, _) = s
+            .transition(
+                "ses_a",
+                &SessionState::sources_of(SessionState::Failed),
+                SessionState::Failed,
+                Some("boom".into()),
+                vec![],
+                Patch::default(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(x.reason.as_deref(), Some("boom"));
+        assert!(x.ended_at.is_some());
+    }
+
+    #[tokio::test]
+    async fn agent_lines_dedupe_and_large_fields_become_blobs() {
+        let (_d, s) = open();
+        s.create("ses_a", &spec(), None, "h").await.unwrap();
+        let big = "x".repeat(INLINE_TEXT_BYTES * 3);
+        let ev = (
+            Actor::Agent,
+            EventKind::CommandRun {
+                call_id: "c".into(),
+                command: "ls".into(),
+                exit_code: 0,
+                duration_ms: 1,
+                output: big.clone(),
+                output_ref: None,
+                truncated: false,
+            },
+        );
+        let first = s
+            .append_agent("ses_a", 100, Some(1), vec![ev.clone()], Patch::default())
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(s
+            .append_agent("ses_a", 100, Some(1), vec![ev.clone()], Patch::default())
+            .await
+            .unwrap()
+            .is_none());
+        assert!(s
+            .append_agent("ses_a", 50, None, vec![ev], Patch::default())
+            .await
+            .unwrap()
+            .is_none());
+        let EventKind::CommandRun {
+            output,
+            output_ref,
+            truncated,
+            ..
+        } = &first[0].kind
+        else {
+            panic!()
+        };
+        assert_eq!(output.len(), INLINE_TEXT_BYTES);
+        assert!(truncated);
+        let blob = s
+            .blob("ses_a", output_ref.as_ref().unwrap())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(blob, big.as_bytes());
+        let sess = s.get("ses_a").await.unwrap();
+        assert_eq!(
+            (sess.agent_seq, sess.output_offset, sess.last_seq),
+            (1, 100, 2)
+        );
+    }
+
+    #[tokio::test]
+    async fn approvals() {
+        let (_d, s) = open();
+        s.create("ses_a", &spec(), None, "h").await.unwrap();
+        s.request_approval("ses_a", "apr_1", "git_push", "main")
+            .await
+            .unwrap();
+        assert_eq!(
+            s.pending_approval("ses_a")
+                .await
+                .unwrap()
+                .unwrap()
+                .approval_id,
+            "apr_1"
+        );
+        s.decide_approval("ses_a", "apr_1", "approve", "ok")
+            .await
+            .unwrap();
+        assert!(s.pending_approval("ses_a").await.unwrap().is_none());
+        assert!(matches!(
+            s.decide_approval("ses_a", "apr_1", "deny", "").await,
+            Err(StoreError::ApprovalNotFound(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn reopen_keeps_everything() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("s.db");
+        {
+            let s = SqliteStore::open(&p).unwrap();
+            s.create("ses_a", &spec(), None, "h").await.unwrap();
+        }
+        let s = SqliteStore::open(&p).unwrap();
+        assert_eq!(s.unfinished().await.unwrap().len(), 1);
+        assert_eq!(s.get("ses_a").await.unwrap().spec, spec());
+    }
+}

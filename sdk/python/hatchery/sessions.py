@@ -1,0 +1,172 @@
+"""Agent sessions: a coding agent working on a repository in a sandbox.
+
+    from hatchery import Session
+    s = Session.create(repo="https://git.example.com/acme/api.git", task="Fix the flaky test")
+    for ev in s.events():            # reconnects with `after` on its own
+        print(ev["seq"], ev["type"])
+    print(s.refresh().state, s.info["reason"])
+
+The routes are /v1/sessions (docs/openapi-sessions.json)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Dict, Iterator, List, Optional
+
+from . import errors
+from ._http import path
+from .client import Client, default_client
+
+FINAL_STATES = ("completed", "failed", "cancelled")
+
+
+def _is_end(ev: Dict[str, Any]) -> bool:
+    return ev.get("type") == "state_changed" and ev.get("to") in FINAL_STATES
+
+
+class Session:
+    """One session. `info` is the last state read from the daemon."""
+
+    def __init__(self, info: Dict[str, Any], client: Optional[Client] = None):
+        self.client = client or default_client()
+        self.info = info
+
+    def __repr__(self) -> str:
+        return f"<Session {self.id} {self.state}>"
+
+    @property
+    def id(self) -> str:
+        return str(self.info["session_id"])
+
+    @property
+    def state(self) -> str:
+        return str(self.info["state"])
+
+    @property
+    def pending_approval(self) -> Optional[Dict[str, Any]]:
+        return self.info.get("pending_approval")
+
+    # Calls ---------------------------------------------------------------
+
+    @classmethod
+    def create(cls, repo: str, task: str, *, ref: Optional[str] = None, policy_id: Optional[str] = None,
+               budget: Optional[Dict[str, int]] = None, idempotency_key: Optional[str] = None,
+               template: Optional[str] = None, agent: Optional[Dict[str, Any]] = None,
+               env: Optional[Dict[str, str]] = None, client: Optional[Client] = None) -> "Session":
+        c = client or default_client()
+        body = {k: v for k, v in dict(repo=repo, ref=ref, task=task, policy_id=policy_id, budget=budget,
+                                      idempotency_key=idempotency_key, template=template, agent=agent,
+                                      env=env).items() if v is not None}
+        # With an idempotency key a retry cannot make a second session.
+        r = c.transport.request("POST", "/v1/sessions", json=body, idempotent=idempotency_key is not None)
+        return cls.get(r.json()["session_id"], client=c)
+
+    @classmethod
+    def get(cls, session_id: str, client: Optional[Client] = None) -> "Session":
+        c = client or default_client()
+        r = c.transport.request("GET", path("/v1/sessions/{id}", id=session_id), idempotent=True)
+        return cls(r.json(), c)
+
+    @classmethod
+    def list(cls, state: Optional[str] = None, repo: Optional[str] = None,
+             client: Optional[Client] = None) -> List["Session"]:
+        """Every session (all pages), oldest first."""
+        c = client or default_client()
+        out: List[Session] = []
+        after: Optional[str] = None
+        while True:
+            q = {k: v for k, v in dict(state=state, repo=repo, after=after, limit="1000").items() if v is not None}
+            page = c.transport.request("GET", "/v1/sessions", query=q, idempotent=True).json()
+            out += [cls(s, c) for s in page["sessions"]]
+            after = page.get("next_after")
+            if not after:
+                return out
+
+    def refresh(self) -> "Session":
+        self.info = Session.get(self.id, self.client).info
+        return self
+
+    def message(self, text: str) -> int:
+        """Steers the agent; returns the message's event seq."""
+        r = self.client.transport.request("POST", path("/v1/sessions/{id}/messages", id=self.id), json={"text": text})
+        return int(r.json()["seq"])
+
+    def approve(self, approval_id: str, note: str = "") -> int:
+        return self._decide(approval_id, "approve", note)
+
+    def deny(self, approval_id: str, note: str = "") -> int:
+        return self._decide(approval_id, "deny", note)
+
+    def _decide(self, approval_id: str, decision: str, note: str) -> int:
+        r = self.client.transport.request(
+            "POST", path("/v1/sessions/{id}/approvals/{aid}", id=self.id, aid=approval_id),
+            json={"decision": decision, "note": note})
+        return int(r.json()["seq"])
+
+    def cancel(self) -> "Session":
+        """Stops the agent (a snapshot is kept for review). Idempotent."""
+        r = self.client.transport.request("POST", path("/v1/sessions/{id}", id=self.id) + ":cancel",
+                                          timeout=max(self.client.transport.timeout, 120), idempotent=True)
+        self.info = r.json()
+        return self
+
+    def events_page(self, after: int = 0, limit: int = 100) -> Dict[str, Any]:
+        r = self.client.transport.request("GET", path("/v1/sessions/{id}/events", id=self.id),
+                                          query={"after": str(after), "limit": str(limit), "format": "json"},
+                                          idempotent=True)
+        page: Dict[str, Any] = r.json()
+        return page
+
+    def events(self, after: int = 0, follow: bool = True, max_reconnects: int = 100) -> Iterator[Dict[str, Any]]:
+        """Every event after `after`, in order, each once. Following, it
+        ends after the session's final state change; a dropped stream is
+        reopened with `after` = the last seq seen."""
+        if not follow:
+            while True:
+                page = self.events_page(after, 1000)
+                for ev in page["events"]:
+                    after = ev["seq"]
+                    yield ev
+                if not page["has_more"]:
+                    return
+        failures = 0
+        while True:
+            try:
+                sse = self.client.transport.stream(
+                    "GET", path("/v1/sessions/{id}/events", id=self.id), query={"after": str(after)},
+                    timeout=max(self.client.transport.timeout, 60))
+                for _kind, ev in sse:
+                    if ev["seq"] <= after:
+                        continue
+                    after = ev["seq"]
+                    failures = 0
+                    yield ev
+                    if _is_end(ev):
+                        sse.close()
+                        return
+            except (errors.StreamError, errors.ConnectionFailed, errors.SandboxTimeout, errors.ServiceUnavailable):
+                failures += 1
+                if failures > max_reconnects:
+                    raise
+                time.sleep(min(0.2 * failures, 2.0))
+                continue
+            # The server ended the stream without the final event (it
+            # restarted): reconnect unless the session is over.
+            if self.refresh().state in FINAL_STATES and after >= int(self.info["last_seq"]):
+                return
+            failures += 1
+            if failures > max_reconnects:
+                raise errors.StreamError("event stream keeps ending early")
+            time.sleep(min(0.2 * failures, 2.0))
+
+    def wait(self, states: Any = FINAL_STATES, timeout: float = 600.0, poll: float = 0.25) -> "Session":
+        want = {states} if isinstance(states, str) else set(states)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.refresh().state in want:
+                return self
+            if self.state in FINAL_STATES:
+                raise errors.HatcheryError(f"session {self.id} ended {self.state}: {self.info.get('reason')}")
+            if time.monotonic() > deadline:
+                raise errors.SandboxTimeout(f"session {self.id} still {self.state} after {timeout}s")
+            time.sleep(poll)

@@ -1,0 +1,70 @@
+"""`hatchery session ...` against a daemon with the scripted model as a
+host service and a real git server (tests/sessions)."""
+
+import json
+import os
+import re
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "sessions"))
+
+from cli import Cli  # noqa: E402
+from gitserver import GitServer  # noqa: E402
+from scripted_model import ScriptedModel  # noqa: E402
+from sessions_support import DEMO_FILES, SCRIPTS, SessionDaemon  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def env():
+    g = GitServer().start()
+    m = ScriptedModel(SCRIPTS).start()
+    d = SessionDaemon(m.port).start()
+    yield d, Cli(d), g
+    d.cleanup_sessions()
+    m.stop()
+    g.stop()
+
+
+def test_session_commands(env):
+    d, hx, g = env
+    repo = g.add_repo("cli-ask", DEMO_FILES)
+    sid = hx("session", "create", "--repo", repo, "--task", "[script:ask] ask", "--wall", "600", check=0).stdout.strip()
+    assert re.fullmatch(r"ses_[a-z0-9]{16}", sid), sid
+    d.wait_event(sid, "waiting")
+    assert hx("session", "message", sid, "cli.txt", check=0).stdout.strip().isdigit()
+    # --follow streams until the end and exits 0 for completed.
+    p = hx("session", "events", sid, "--follow", "--json", timeout=300, check=0)
+    evs = [json.loads(line) for line in p.stdout.splitlines()]
+    assert evs[-1]["type"] == "state_changed" and evs[-1]["to"] == "completed"
+    assert [e["seq"] for e in evs] == list(range(1, len(evs) + 1))
+    # --after skips what was seen; the plain listing is the same log.
+    listed = hx("session", "events", sid, "--after", "3", check=0).stdout.splitlines()
+    assert len(listed) == len(evs) - 3 and listed[0].split()[0] == "4"
+    got = json.loads(hx("session", "get", sid, "--json", check=0).stdout)
+    assert got["state"] == "completed" and got["reason"] == "agent finished: wrote cli.txt"
+    assert sid in hx("session", "ls", check=0).stdout
+    assert json.loads(hx("session", "ls", "--state", "failed", "--json", check=0).stdout) == []
+    p = hx("session", "message", sid, "late")
+    assert p.returncode != 0 and "409" in p.stderr
+    d.track_sandboxes(sid)
+
+    sid = hx("session", "create", "--repo", repo, "--task", "[script:approve] push", check=0).stdout.strip()
+    s = d.wait_state(sid, "waiting_approval")
+    hx("session", "approve", sid, s["pending_approval"]["approval_id"], "--note", "ok", check=0)
+    d.wait_state(sid, "completed")
+    d.track_sandboxes(sid)
+
+    sid = hx("session", "create", "--repo", repo, "--task", "[script:steer] long", check=0).stdout.strip()
+    d.wait_event(sid, "tool_call")
+    assert hx("session", "cancel", sid, timeout=200, check=0).stdout.strip() == "cancelled"
+    assert hx("session", "cancel", sid, check=0).stdout.strip() == "cancelled"
+    p = hx("session", "events", sid, "--follow", timeout=60)
+    assert p.returncode == 1 and "cancelled" in p.stdout.splitlines()[-1]
+    d.track_sandboxes(sid)
+
+    p = hx("session", "create", "--repo", "ssh://h/r.git", "--task", "t")
+    assert p.returncode != 0 and "invalid_repo" in p.stderr
+    p = hx("session", "get", "nope")
+    assert p.returncode != 0
