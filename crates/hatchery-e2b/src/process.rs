@@ -339,20 +339,22 @@ fn pty_stream(s: Arc<Shared>, sandbox: String, pid: u32, p: Arc<dyn Pty>, ka: Du
         }
         let deadline = timeout.map(|d| tokio::time::Instant::now() + d);
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + ka, ka);
+        // A client that went away leaves the terminal running, as in E2B
+        // (SendSignal or the sandbox's end kills it); its output is then
+        // read and dropped, so the program never blocks on it.
+        let mut detached = false;
         let result: Result<(i32, bool), ConnectError> = loop {
             tokio::select! {
                 ev = p.next() => match ev {
                     Ok(PtyEvent::Output(b)) => {
                         let e = event(process_event::Event::Data(process_event::DataEvent { output: Some(Output::Pty(b.into())) }));
-                        // A client that went away leaves the terminal running,
-                        // as in E2B; it is killed by SendSignal or the sandbox.
-                        if tx.send(frame(Reply::Start, e)).await.is_err() { return; }
+                        if !detached && tx.send(frame(Reply::Start, e)).await.is_err() { detached = true; }
                     }
                     Ok(PtyEvent::Exit { exit_code, signaled }) => break Ok((exit_code, signaled)),
                     Err(e) => break Err(e.into()),
                 },
-                _ = tick.tick() => {
-                    if tx.send(keepalive(Reply::Start)).await.is_err() { return; }
+                _ = tick.tick(), if !detached => {
+                    if tx.send(keepalive(Reply::Start)).await.is_err() { detached = true; }
                 }
                 _ = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
                     p.close().await;

@@ -148,6 +148,14 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     }
     let _pool = manager.spawn_pool_filler();
 
+    // E2B's protocol, over the same manager (docs/e2b.md).
+    let e2b = hatchery_e2b::router(
+        Arc::new(crate::e2b_backend::ManagerBackend {
+            manager: manager.clone(),
+            api_key: key.clone(),
+        }),
+        manager.caps.max_file_bytes,
+    );
     let app = hatchery_api::router(AppState {
         manager: manager.clone(),
         api_key: key.into(),
@@ -156,7 +164,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         terminal_tokens: Arc::new(hatchery_api::terminal_token::TerminalTokens::new(
             terminal_secret,
         )),
-    });
+    })
+    .merge(e2b);
     // hatchery-serve sets TCP_NODELAY on every accepted connection.
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
