@@ -486,8 +486,10 @@ fn parse_query(q: Option<&str>) -> ApiResult<ListQuery> {
     for (k, v) in form_pairs(q.unwrap_or(""))? {
         match k.as_str() {
             "metadata" => {
+                // The SDKs percent-encode each key and value before
+                // building this inner query string: one more decode.
                 for (mk, mv) in form_pairs(&v)? {
-                    out.metadata.insert(mk, mv);
+                    out.metadata.insert(pct_decode(&mk)?, pct_decode(&mv)?);
                 }
             }
             "state" => {
@@ -663,9 +665,9 @@ mod tests {
 
     #[test]
     fn metadata_query_is_decoded_twice() {
-        let q = parse_query(Some("metadata=user%3Dabc%26app%3Dprod&state=running,paused&limit=5")).unwrap();
+        let q = parse_query(Some("metadata=user%3Dabc%26app%3Dprod%2520x&state=running,paused&limit=5")).unwrap();
         assert_eq!(q.metadata.get("user").map(String::as_str), Some("abc"));
-        assert_eq!(q.metadata.get("app").map(String::as_str), Some("prod"));
+        assert_eq!(q.metadata.get("app").map(String::as_str), Some("prod x"));
         assert_eq!(q.states, vec!["running", "paused"]);
         assert_eq!(q.limit, Some(5));
         assert!(parse_query(Some("limit=0")).is_err());

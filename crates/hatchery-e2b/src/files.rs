@@ -93,22 +93,23 @@ pub async fn download(State(s): State<Arc<Shared>>, Extension(t): Extension<Targ
     }
 }
 
-/// Gives an uploaded file to the user it was written for (Hatchery writes
-/// as root). Nothing happens for root or a user the sandbox lacks.
-async fn chown(s: &Shared, t: &Target, who: &str, path: &str) {
+/// Creates the file (and missing parents) as the user it is written for,
+/// so they own it, and so a user who may not write there is refused as in
+/// E2B; Hatchery's write then fills it as root, keeping the owner. Nothing
+/// to do for root, or a user the sandbox lacks (the write runs as root).
+async fn prepare(s: &Shared, t: &Target, who: &str, path: &str) -> Result<(), Response> {
     if who == "root" {
-        return;
+        return Ok(());
     }
-    let argv = vec![
-        "/bin/sh".into(),
-        "-c".into(),
-        "id -u \"$1\" >/dev/null 2>&1 && chown \"$1\": \"$2\"; exit 0".into(),
-        "e2b".into(),
-        who.into(),
-        path.into(),
-    ];
-    if let Err(e) = s.backend.exec(&t.sandbox, argv, None, Duration::from_secs(30)).await {
-        tracing::debug!(sandbox = %t.sandbox, error = %e, "chown after upload failed");
+    let script = r#"d=$(dirname -- "$1"); mkdir -p -- "$d" && : >> "$1""#;
+    let argv = user::wrap(who, Some("/"), vec!["/bin/sh".into(), "-c".into(), script.into(), "e2b".into(), path.into()]);
+    match s.backend.exec(&t.sandbox, argv, None, Duration::from_secs(30)).await {
+        Ok(o) if o.exit_code == 0 => Ok(()),
+        Ok(o) => {
+            let msg = String::from_utf8_lossy(&o.stderr).trim().chars().take(300).collect::<String>();
+            Err(plain_error(StatusCode::FORBIDDEN, format!("cannot write {path} as {who}: {msg}")))
+        }
+        Err(e) => Err(error(e)),
     }
 }
 
@@ -182,10 +183,12 @@ pub async fn upload(
         let Some(abs) = user::resolve_path(&who, &p) else {
             return plain_error(StatusCode::BAD_REQUEST, format!("invalid path {p:?}"));
         };
+        if let Err(r) = prepare(&s, &t, &who, &abs).await {
+            return r;
+        }
         if let Err(e) = s.backend.write_file(&t.sandbox, &abs, &data).await {
             return error(e);
         }
-        chown(&s, &t, &who, &abs).await;
         let name = abs.rsplit('/').next().unwrap_or("").to_string();
         written.push(json!({"name": name, "type": "file", "path": abs}));
     }

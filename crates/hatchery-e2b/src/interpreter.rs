@@ -197,8 +197,8 @@ pub async fn create_context(
     }
     let res: Result<Response, ApiError> = async {
         language_ok(b.language.as_deref())?;
-        let cwd = b.cwd.unwrap_or_else(|| crate::user::home_of(crate::user::user_of(&t)));
-        let c = s.backend.create_context(&t.sandbox, Some(cwd)).await?;
+        // Without a cwd, Hatchery's default (templates need not have /home/user).
+        let c = s.backend.create_context(&t.sandbox, b.cwd).await?;
         Ok(Json(ctx_json(&c)).into_response())
     }
     .await;
