@@ -26,7 +26,8 @@ pub mod state;
 pub mod user;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{delete, get, post};
+use axum::extract::State;
+use axum::routing::{any, delete, get, post};
 use axum::Router;
 use std::sync::Arc;
 
@@ -60,7 +61,9 @@ pub fn router(backend: Arc<dyn Backend>, max_file_bytes: u64) -> Router {
             control::require_key,
         ));
     let upload_limit = max_file_bytes as usize + (1 << 20);
-    let sandbox = Router::new()
+    // Paths here are without SANDBOX_PREFIX; `sandbox::dispatch` strips
+    // it, authenticates and routes by port before these see a request.
+    let envd = Router::new()
         .route("/process.Process/{method}", post(process::rpc))
         .route("/filesystem.Filesystem/{method}", post(fs::rpc))
         .route(
@@ -79,13 +82,19 @@ pub fn router(backend: Arc<dyn Backend>, max_file_bytes: u64) -> Router {
         .route("/contexts/{id}/restart", post(interpreter::restart_context))
         .layer(DefaultBodyLimit::max(connect::MAX_MESSAGE_BYTES + 5))
         .fallback(sandbox_fallback)
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&shared),
-            sandbox::route,
-        ));
+        .method_not_allowed_fallback(sandbox_fallback)
+        .with_state(Arc::clone(&shared));
+    let entry = {
+        let envd = envd.clone();
+        move |State(s): State<Arc<state::Shared>>, req: axum::extract::Request| {
+            sandbox::dispatch(s, envd.clone(), req)
+        }
+    };
     Router::new()
         .nest(API_PREFIX, control.fallback(control::not_found))
-        .nest(SANDBOX_PREFIX, sandbox)
+        .route(SANDBOX_PREFIX, any(entry.clone()))
+        .route(&format!("{SANDBOX_PREFIX}/"), any(entry.clone()))
+        .route(&format!("{SANDBOX_PREFIX}/{{*rest}}"), any(entry))
         .with_state(shared)
 }
 
@@ -106,12 +115,12 @@ pub(crate) async fn read_body(
     })
 }
 
-/// A sandbox request's path without [`SANDBOX_PREFIX`].
-pub(crate) fn strip_prefix(path: &str) -> &str {
+/// A sandbox request's path (and query) without [`SANDBOX_PREFIX`].
+pub(crate) fn strip_prefix(path: &str) -> String {
     match path.strip_prefix(SANDBOX_PREFIX) {
-        Some("") => "/",
-        Some(rest) => rest,
-        None => path,
+        Some(rest) if rest.starts_with('/') => rest.to_string(),
+        Some(rest) => format!("/{rest}"),
+        None => path.to_string(),
     }
 }
 

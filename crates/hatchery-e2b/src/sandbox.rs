@@ -9,9 +9,8 @@
 //! key), or the API key itself as `X-API-KEY`.
 
 use crate::state::Shared;
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderMap, StatusCode};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
@@ -76,7 +75,9 @@ pub fn basic_user(h: &HeaderMap) -> Result<Option<String>, String> {
     Ok(Some(user))
 }
 
-pub async fn route(State(s): State<Arc<Shared>>, mut req: Request, next: Next) -> Response {
+/// Authenticates and routes one sandbox request: envd and interpreter
+/// ports to `envd` (paths without the prefix), other ports to the relay.
+pub async fn dispatch(s: Arc<Shared>, envd: axum::Router, req: Request) -> Response {
     let h = req.headers();
     let Some(id) = header(h, "e2b-sandbox-id").map(str::to_string) else {
         return plain_error(StatusCode::BAD_REQUEST, "missing E2b-Sandbox-Id header");
@@ -128,8 +129,29 @@ pub async fn route(State(s): State<Arc<Shared>>, mut req: Request, next: Next) -
     if port != ENVD_PORT && port != INTERPRETER_PORT {
         return relay(&s, t, req).await;
     }
+    let pq = crate::strip_prefix(
+        req.uri()
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/"),
+    );
+    let Ok(uri) = pq.parse::<axum::http::Uri>() else {
+        return plain_error(StatusCode::BAD_REQUEST, "malformed request target");
+    };
+    // A fresh request: the outer route's path parameters (kept in the
+    // extensions) must not reach the inner routes' extractors.
+    let (parts, body) = req.into_parts();
+    let mut req = Request::new(body);
+    *req.method_mut() = parts.method;
+    *req.uri_mut() = uri;
+    *req.version_mut() = parts.version;
+    *req.headers_mut() = parts.headers;
     req.extensions_mut().insert(t);
-    next.run(req).await
+    use tower::ServiceExt;
+    match envd.oneshot(req).await {
+        Ok(r) => r,
+        Err(e) => match e {},
+    }
 }
 
 /// Any other port: relayed over Hatchery's port relay as is.
@@ -139,7 +161,7 @@ async fn relay(s: &Shared, t: Target, mut req: Request) -> Response {
         .path_and_query()
         .map(|p| p.as_str().to_string())
         .unwrap_or_else(|| "/".into());
-    let pq = crate::strip_prefix(&pq).to_string();
+    let pq = crate::strip_prefix(&pq);
     let h = req.headers_mut();
     for k in ["x-access-token", "x-api-key", "e2b-sandbox-id", "e2b-sandbox-port"] {
         h.remove(k);
