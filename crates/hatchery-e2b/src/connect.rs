@@ -224,9 +224,9 @@ pub fn decode_request<T: DeserializeOwned>(
         Framing::Stream => {
             let mut frames = Envelopes::default();
             frames.push(body);
-            let first = frames
-                .next_frame()?
-                .ok_or_else(|| ConnectError::new(Code::InvalidArgument, "no message in the request"))?;
+            let first = frames.next_frame()?.ok_or_else(|| {
+                ConnectError::new(Code::InvalidArgument, "no message in the request")
+            })?;
             if first.0 & FLAG_END_STREAM != 0 {
                 return Err(ConnectError::new(
                     Code::InvalidArgument,
@@ -308,7 +308,10 @@ fn envelope(flags: u8, json: &[u8]) -> Bytes {
 
 /// One message of a server stream.
 pub fn stream_message<T: Serialize>(msg: &T) -> Bytes {
-    envelope(0, &serde_json::to_vec(msg).expect("generated messages serialize"))
+    envelope(
+        0,
+        &serde_json::to_vec(msg).expect("generated messages serialize"),
+    )
 }
 
 /// The end-of-stream envelope: success, or the error the stream ended with.
@@ -423,7 +426,10 @@ mod tests {
         assert_eq!(timeout(&h).unwrap(), Some(Duration::from_millis(1500)));
         h.insert("connect-timeout-ms", HeaderValue::from_static("-1"));
         assert!(timeout(&h).is_err());
-        h.insert("connect-timeout-ms", HeaderValue::from_static("12345678901"));
+        h.insert(
+            "connect-timeout-ms",
+            HeaderValue::from_static("12345678901"),
+        );
         assert!(timeout(&h).is_err());
     }
 }

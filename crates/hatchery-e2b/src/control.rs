@@ -48,7 +48,10 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, message)
     }
     fn not_found(id: &str) -> Self {
-        Self::new(StatusCode::NOT_FOUND, format!("sandbox \"{id}\" was not found"))
+        Self::new(
+            StatusCode::NOT_FOUND,
+            format!("sandbox \"{id}\" was not found"),
+        )
     }
 }
 
@@ -207,7 +210,10 @@ fn refuse_unsupported(rest: &BTreeMap<String, Value>, what: &str) -> ApiResult<(
     Ok(())
 }
 
-fn network_spec(allow_internet: Option<bool>, n: Option<&NetworkBody>) -> ApiResult<Option<NetworkSpec>> {
+fn network_spec(
+    allow_internet: Option<bool>,
+    n: Option<&NetworkBody>,
+) -> ApiResult<Option<NetworkSpec>> {
     if let Some(n) = n {
         refuse_unsupported(&n.rest, "network")?;
     }
@@ -231,7 +237,9 @@ fn network_spec(allow_internet: Option<bool>, n: Option<&NetworkBody>) -> ApiRes
 fn timeout_of(t: Option<i64>, default: u64) -> ApiResult<u64> {
     match t {
         None => Ok(default),
-        Some(t) if t <= 0 => Err(ApiError::bad("timeout must be a positive number of seconds")),
+        Some(t) if t <= 0 => Err(ApiError::bad(
+            "timeout must be a positive number of seconds",
+        )),
         Some(t) => Ok(t as u64),
     }
 }
@@ -239,7 +247,9 @@ fn timeout_of(t: Option<i64>, default: u64) -> ApiResult<u64> {
 async fn do_create(s: &Shared, b: NewSandbox, default_timeout: u64) -> ApiResult<Response> {
     refuse_unsupported(&b.rest, "sandbox")?;
     if b.auto_pause == Some(true) {
-        return Err(ApiError::bad("autoPause is not supported by Hatchery (see docs/e2b.md)"));
+        return Err(ApiError::bad(
+            "autoPause is not supported by Hatchery (see docs/e2b.md)",
+        ));
     }
     let template = template_alias(&b.template_id).to_string();
     if !s.backend.template_exists(&template) {
@@ -259,12 +269,18 @@ async fn do_create(s: &Shared, b: NewSandbox, default_timeout: u64) -> ApiResult
     Ok((StatusCode::CREATED, Json(sandbox_json(s, &v.id, &v))).into_response())
 }
 
-pub async fn create_v1(State(s): State<Arc<Shared>>, Body(b): Body<NewSandbox>) -> ApiResult<Response> {
+pub async fn create_v1(
+    State(s): State<Arc<Shared>>,
+    Body(b): Body<NewSandbox>,
+) -> ApiResult<Response> {
     // v1 defaults to 15 s, as E2B's.
     do_create(&s, b, 15).await
 }
 
-pub async fn create_v2(State(s): State<Arc<Shared>>, Body(b): Body<NewSandbox>) -> ApiResult<Response> {
+pub async fn create_v2(
+    State(s): State<Arc<Shared>>,
+    Body(b): Body<NewSandbox>,
+) -> ApiResult<Response> {
     do_create(&s, b, DEFAULT_TIMEOUT_S).await
 }
 
@@ -359,7 +375,11 @@ async fn resume_paused(s: &Shared, id: &str, ttl: u64) -> ApiResult<Response> {
     let Some(p) = s.take_paused(id) else {
         return Err(ApiError::not_found(id));
     };
-    match s.backend.restore(&p.snapshot, ttl, p.view.metadata.clone()).await {
+    match s
+        .backend
+        .restore(&p.snapshot, ttl, p.view.metadata.clone())
+        .await
+    {
         Ok(v) => {
             s.set_alias(id, &v.id);
             s.backend.delete_snapshot(&p.snapshot);
@@ -376,7 +396,9 @@ async fn resume_paused(s: &Shared, id: &str, ttl: u64) -> ApiResult<Response> {
 /// The TTL is only ever extended.
 async fn do_connect(s: &Shared, id: &str, b: ConnectBody, default: u64) -> ApiResult<Response> {
     if b.memory == Some(false) {
-        return Err(ApiError::bad("memory=false (resume from disk only) is not supported by Hatchery"));
+        return Err(ApiError::bad(
+            "memory=false (resume from disk only) is not supported by Hatchery",
+        ));
     }
     let ttl = timeout_of(b.timeout, default)?;
     if let Some((h, v)) = live(s, id)? {
@@ -412,10 +434,15 @@ pub async fn resume(
     Body(b): Body<ConnectBody>,
 ) -> ApiResult<Response> {
     if b.memory == Some(false) {
-        return Err(ApiError::bad("memory=false (resume from disk only) is not supported by Hatchery"));
+        return Err(ApiError::bad(
+            "memory=false (resume from disk only) is not supported by Hatchery",
+        ));
     }
     if live(&s, &id)?.is_some() {
-        return Err(ApiError::new(StatusCode::CONFLICT, format!("sandbox \"{id}\" is already running")));
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox \"{id}\" is already running"),
+        ));
     }
     resume_paused(&s, &id, timeout_of(b.timeout, 15)?).await
 }
@@ -441,12 +468,17 @@ pub async fn pause(
             _ => v.is_null(),
         };
         if !fine {
-            return Err(ApiError::bad(format!("pause option {k:?}={v} is not supported by Hatchery")));
+            return Err(ApiError::bad(format!(
+                "pause option {k:?}={v} is not supported by Hatchery"
+            )));
         }
     }
     let Some((h, v)) = live(&s, &id)? else {
         return Err(match s.paused(&id) {
-            Some(_) => ApiError::new(StatusCode::CONFLICT, format!("sandbox \"{id}\" is already paused")),
+            Some(_) => ApiError::new(
+                StatusCode::CONFLICT,
+                format!("sandbox \"{id}\" is already paused"),
+            ),
             None => ApiError::not_found(&id),
         });
     };
@@ -459,7 +491,13 @@ pub async fn pause(
     let mut meta = v.metadata.clone();
     meta.insert("e2b_paused_sandbox".into(), id.clone());
     let snap = s.backend.snapshot(&h, meta).await?;
-    s.set_paused(&id, Paused { snapshot: snap, view: v });
+    s.set_paused(
+        &id,
+        Paused {
+            snapshot: snap,
+            view: v,
+        },
+    );
     s.backend.kill(&h);
     Ok(StatusCode::NO_CONTENT)
 }
@@ -501,9 +539,13 @@ fn parse_query(q: Option<&str>) -> ApiResult<ListQuery> {
                 }
             }
             "limit" => {
-                let n: usize = v.parse().map_err(|_| ApiError::bad("limit must be a number"))?;
+                let n: usize = v
+                    .parse()
+                    .map_err(|_| ApiError::bad("limit must be a number"))?;
                 if n == 0 || n > MAX_PAGE {
-                    return Err(ApiError::bad(format!("limit must be between 1 and {MAX_PAGE}")));
+                    return Err(ApiError::bad(format!(
+                        "limit must be between 1 and {MAX_PAGE}"
+                    )));
                 }
                 out.limit = Some(n);
             }
@@ -563,15 +605,24 @@ fn everything(s: &Shared) -> ApiResult<Vec<(String, SandboxView, &'static str)>>
         .into_iter()
         .map(|v| (s.e2b_id(&v.id), v, "running"))
         .collect();
-    all.extend(s.all_paused().into_iter().map(|(id, p)| (id, p.view, "paused")));
+    all.extend(
+        s.all_paused()
+            .into_iter()
+            .map(|(id, p)| (id, p.view, "paused")),
+    );
     Ok(all)
 }
 
-pub async fn list_v1(State(s): State<Arc<Shared>>, RawQuery(q): RawQuery) -> ApiResult<Json<Value>> {
+pub async fn list_v1(
+    State(s): State<Arc<Shared>>,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Json<Value>> {
     let q = parse_query(q.as_deref())?;
     let out: Vec<Value> = everything(&s)?
         .into_iter()
-        .filter(|(_, v, st)| *st == "running" && q.metadata.iter().all(|(k, x)| v.metadata.get(k) == Some(x)))
+        .filter(|(_, v, st)| {
+            *st == "running" && q.metadata.iter().all(|(k, x)| v.metadata.get(k) == Some(x))
+        })
         .map(|(id, v, st)| detail_json(&id, &v, st))
         .collect();
     Ok(Json(Value::Array(out)))
@@ -602,7 +653,11 @@ pub async fn list_v2(State(s): State<Arc<Shared>>, RawQuery(q): RawQuery) -> Api
             all.iter()
                 .position(|(i, v, _)| {
                     let k = (v.created_at_ms, i.as_str());
-                    if q.asc { k > (ms, id) } else { k < (ms, id) }
+                    if q.asc {
+                        k > (ms, id)
+                    } else {
+                        k < (ms, id)
+                    }
                 })
                 .unwrap_or(all.len())
         }
@@ -610,9 +665,13 @@ pub async fn list_v2(State(s): State<Arc<Shared>>, RawQuery(q): RawQuery) -> Api
     let limit = q.limit.unwrap_or(MAX_PAGE);
     let page: Vec<_> = all.iter().skip(start).take(limit).collect();
     let more = start + page.len() < all.len();
-    let body: Vec<Value> = page.iter().map(|(id, v, st)| detail_json(id, v, st)).collect();
+    let body: Vec<Value> = page
+        .iter()
+        .map(|(id, v, st)| detail_json(id, v, st))
+        .collect();
     let mut r = Json(Value::Array(body)).into_response();
-    r.headers_mut().insert("x-total-running", HeaderValue::from(running));
+    r.headers_mut()
+        .insert("x-total-running", HeaderValue::from(running));
     if more {
         if let Some((id, v, _)) = page.last() {
             if let Ok(h) = HeaderValue::from_str(&format!("{}_{}", v.created_at_ms, id)) {
@@ -625,7 +684,10 @@ pub async fn list_v2(State(s): State<Arc<Shared>>, RawQuery(q): RawQuery) -> Api
 
 /// Unknown control-plane routes, in E2B's error shape.
 pub async fn not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "no such route (see docs/e2b.md for what is supported)")
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no such route (see docs/e2b.md for what is supported)",
+    )
 }
 
 /// The daemon's key, as `X-API-KEY` (or `e2b_` + its hex, for clients
@@ -654,7 +716,11 @@ pub async fn require_key(
     next: axum::middleware::Next,
 ) -> Response {
     if !key_ok(req.headers(), s.backend.api_key()) {
-        return ApiError::new(StatusCode::UNAUTHORIZED, "missing or wrong API key (X-API-KEY)").into_response();
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong API key (X-API-KEY)",
+        )
+        .into_response();
     }
     next.run(req).await
 }
@@ -665,7 +731,10 @@ mod tests {
 
     #[test]
     fn metadata_query_is_decoded_twice() {
-        let q = parse_query(Some("metadata=user%3Dabc%26app%3Dprod%2520x&state=running,paused&limit=5")).unwrap();
+        let q = parse_query(Some(
+            "metadata=user%3Dabc%26app%3Dprod%2520x&state=running,paused&limit=5",
+        ))
+        .unwrap();
         assert_eq!(q.metadata.get("user").map(String::as_str), Some("abc"));
         assert_eq!(q.metadata.get("app").map(String::as_str), Some("prod x"));
         assert_eq!(q.states, vec!["running", "paused"]);

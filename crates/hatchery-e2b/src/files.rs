@@ -45,15 +45,22 @@ struct Query {
 }
 
 fn query(q: Option<&str>) -> Result<Query, Response> {
-    let mut out = Query { path: None, user: None };
+    let mut out = Query {
+        path: None,
+        user: None,
+    };
     for part in q.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (k, v) = part.split_once('=').unwrap_or((part, ""));
-        let v = crate::pct_decode(v).ok_or_else(|| plain_error(StatusCode::BAD_REQUEST, "malformed query"))?;
+        let v = crate::pct_decode(v)
+            .ok_or_else(|| plain_error(StatusCode::BAD_REQUEST, "malformed query"))?;
         match k {
             "path" => out.path = Some(v),
             "username" => out.user = Some(v),
             "signature" | "signature_expiration" => {
-                return Err(plain_error(StatusCode::BAD_REQUEST, "signed file URLs are not supported by Hatchery; send the access token"))
+                return Err(plain_error(
+                    StatusCode::BAD_REQUEST,
+                    "signed file URLs are not supported by Hatchery; send the access token",
+                ))
             }
             _ => {}
         }
@@ -62,10 +69,16 @@ fn query(q: Option<&str>) -> Result<Query, Response> {
 }
 
 fn who(t: &Target, q: &Query) -> String {
-    q.user.clone().unwrap_or_else(|| user::user_of(t).to_string())
+    q.user
+        .clone()
+        .unwrap_or_else(|| user::user_of(t).to_string())
 }
 
-pub async fn download(State(s): State<Arc<Shared>>, Extension(t): Extension<Target>, RawQuery(q): RawQuery) -> Response {
+pub async fn download(
+    State(s): State<Arc<Shared>>,
+    Extension(t): Extension<Target>,
+    RawQuery(q): RawQuery,
+) -> Response {
     if t.port != crate::sandbox::ENVD_PORT {
         return crate::sandbox::wrong_port(&t);
     }
@@ -73,7 +86,11 @@ pub async fn download(State(s): State<Arc<Shared>>, Extension(t): Extension<Targ
         Ok(q) => q,
         Err(r) => return r,
     };
-    let Some(p) = q.path.as_deref().and_then(|p| user::resolve_path(&who(&t, &q), p)) else {
+    let Some(p) = q
+        .path
+        .as_deref()
+        .and_then(|p| user::resolve_path(&who(&t, &q), p))
+    else {
         return plain_error(StatusCode::BAD_REQUEST, "path is required");
     };
     match s.backend.read_file(&t.sandbox, &p).await {
@@ -83,7 +100,10 @@ pub async fn download(State(s): State<Arc<Shared>>, Extension(t): Extension<Targ
                 StatusCode::OK,
                 [
                     (header::CONTENT_TYPE, "application/octet-stream".to_string()),
-                    (header::CONTENT_DISPOSITION, format!("attachment; filename=\"{name}\"")),
+                    (
+                        header::CONTENT_DISPOSITION,
+                        format!("attachment; filename=\"{name}\""),
+                    ),
                 ],
                 data,
             )
@@ -102,12 +122,33 @@ async fn prepare(s: &Shared, t: &Target, who: &str, path: &str) -> Result<(), Re
         return Ok(());
     }
     let script = r#"d=$(dirname -- "$1"); mkdir -p -- "$d" && : >> "$1""#;
-    let argv = user::wrap(who, Some("/"), vec!["/bin/sh".into(), "-c".into(), script.into(), "e2b".into(), path.into()]);
-    match s.backend.exec(&t.sandbox, argv, None, Duration::from_secs(30)).await {
+    let argv = user::wrap(
+        who,
+        Some("/"),
+        vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            script.into(),
+            "e2b".into(),
+            path.into(),
+        ],
+    );
+    match s
+        .backend
+        .exec(&t.sandbox, argv, None, Duration::from_secs(30))
+        .await
+    {
         Ok(o) if o.exit_code == 0 => Ok(()),
         Ok(o) => {
-            let msg = String::from_utf8_lossy(&o.stderr).trim().chars().take(300).collect::<String>();
-            Err(plain_error(StatusCode::FORBIDDEN, format!("cannot write {path} as {who}: {msg}")))
+            let msg = String::from_utf8_lossy(&o.stderr)
+                .trim()
+                .chars()
+                .take(300)
+                .collect::<String>();
+            Err(plain_error(
+                StatusCode::FORBIDDEN,
+                format!("cannot write {path} as {who}: {msg}"),
+            ))
         }
         Err(e) => Err(error(e)),
     }
@@ -134,7 +175,10 @@ pub async fn upload(
         .unwrap_or("")
         .to_ascii_lowercase();
     if req.headers().get(header::CONTENT_ENCODING).is_some() {
-        return plain_error(StatusCode::BAD_REQUEST, "compressed uploads (Content-Encoding) are not supported");
+        return plain_error(
+            StatusCode::BAD_REQUEST,
+            "compressed uploads (Content-Encoding) are not supported",
+        );
     }
     let mut files: Vec<(String, Bytes)> = vec![];
     if ct.starts_with("multipart/form-data") {
@@ -149,7 +193,10 @@ pub async fn upload(
                 Err(e) => return plain_error(e.status(), e.body_text()),
             };
             if files.len() >= MAX_PARTS {
-                return plain_error(StatusCode::BAD_REQUEST, format!("at most {MAX_PARTS} files per upload"));
+                return plain_error(
+                    StatusCode::BAD_REQUEST,
+                    format!("at most {MAX_PARTS} files per upload"),
+                );
             }
             let name = field.file_name().map(str::to_string);
             let data = match field.bytes().await {
@@ -161,7 +208,9 @@ pub async fn upload(
             let target = match (&q.path, name) {
                 (Some(p), _) if files.is_empty() => p.clone(),
                 (None, Some(n)) => n,
-                (Some(_), _) => return plain_error(StatusCode::BAD_REQUEST, "one file per upload with ?path="),
+                (Some(_), _) => {
+                    return plain_error(StatusCode::BAD_REQUEST, "one file per upload with ?path=")
+                }
                 (None, None) => return plain_error(StatusCode::BAD_REQUEST, "path is required"),
             };
             files.push((target, data));

@@ -8,10 +8,10 @@ use crate::backend::{OutputChunk, ProcSpec};
 use crate::connect::{self, Code, ConnectError, Framing};
 use crate::pb::filesystem::{
     watch_dir_response, CreateWatcherRequest, CreateWatcherResponse, EntryInfo, EventType,
-    FileType, FilesystemEvent, GetWatcherEventsRequest, GetWatcherEventsResponse,
-    ListDirRequest, ListDirResponse, MakeDirRequest, MakeDirResponse, MoveRequest, MoveResponse,
-    RemoveRequest, RemoveResponse, RemoveWatcherRequest, RemoveWatcherResponse, StatRequest,
-    StatResponse, WatchDirRequest, WatchDirResponse,
+    FileType, FilesystemEvent, GetWatcherEventsRequest, GetWatcherEventsResponse, ListDirRequest,
+    ListDirResponse, MakeDirRequest, MakeDirResponse, MoveRequest, MoveResponse, RemoveRequest,
+    RemoveResponse, RemoveWatcherRequest, RemoveWatcherResponse, StatRequest, StatResponse,
+    WatchDirRequest, WatchDirResponse,
 };
 use crate::sandbox::Target;
 use crate::state::{Shared, Watcher};
@@ -70,7 +70,14 @@ async fn run(s: &Shared, t: &Target, op: &str, args: Value) -> Result<Value, Con
         .await?;
     let v: Value = serde_json::from_slice(&out.stdout).map_err(|_| {
         let err = String::from_utf8_lossy(&out.stderr);
-        let tail: String = err.chars().rev().take(300).collect::<Vec<_>>().into_iter().rev().collect();
+        let tail: String = err
+            .chars()
+            .rev()
+            .take(300)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
         ConnectError::new(
             Code::Internal,
             format!("filesystem helper failed (exit {}): {tail}", out.exit_code),
@@ -136,8 +143,11 @@ pub async fn rpc(
             .unwrap_or_else(connect::stream_error);
     }
     if framing != Framing::Unary {
-        return ConnectError::new(Code::InvalidArgument, "a unary method takes application/json")
-            .into_response_for(framing);
+        return ConnectError::new(
+            Code::InvalidArgument,
+            "a unary method takes application/json",
+        )
+        .into_response_for(framing);
     }
     let res = match method.as_str() {
         "Stat" => call(&body, |r: StatRequest| async move {
@@ -198,7 +208,12 @@ where
     Ok(connect::unary_response(&f(req).await?))
 }
 
-async fn start_watch(s: &Shared, t: &Target, path: &str, recursive: bool) -> Result<String, ConnectError> {
+async fn start_watch(
+    s: &Shared,
+    t: &Target,
+    path: &str,
+    recursive: bool,
+) -> Result<String, ConnectError> {
     let p = path_of(t, path)?;
     // The helper checks the directory and says so before it watches, so
     // a bad path is an error of this call, not of a later poll.
@@ -206,13 +221,23 @@ async fn start_watch(s: &Shared, t: &Target, path: &str, recursive: bool) -> Res
         if v["entry"]["type"] == "dir" {
             Ok(())
         } else {
-            Err(ConnectError::new(Code::InvalidArgument, format!("{p} is not a directory")))
+            Err(ConnectError::new(
+                Code::InvalidArgument,
+                format!("{p} is not a directory"),
+            ))
         }
     })?;
     let argv = helper_argv(t, "watch", &json!({"path": p, "recursive": recursive}));
     let v = s
         .backend
-        .start_process(&t.sandbox, ProcSpec { argv, env: Default::default(), timeout: None })
+        .start_process(
+            &t.sandbox,
+            ProcSpec {
+                argv,
+                env: Default::default(),
+                timeout: None,
+            },
+        )
         .await?;
     s.backend.close_stdin(&t.sandbox, &v.id).await?;
     Ok(v.id)
@@ -228,7 +253,11 @@ fn parse_event(line: &[u8]) -> Option<FilesystemEvent> {
         "chmod" => EventType::Chmod,
         _ => return None,
     };
-    Some(FilesystemEvent { name: v["name"].as_str()?.into(), r#type: ty as i32, entry: None })
+    Some(FilesystemEvent {
+        name: v["name"].as_str()?.into(),
+        r#type: ty as i32,
+        entry: None,
+    })
 }
 
 /// Splits output into lines, keeping an unfinished one for later.
@@ -244,9 +273,18 @@ fn lines(partial: &mut Vec<u8>, data: &[u8]) -> Vec<Vec<u8>> {
     out
 }
 
-async fn watch_dir(s: &Arc<Shared>, t: &Target, framing: Framing, h: &axum::http::HeaderMap, body: &[u8]) -> Result<Response, ConnectError> {
+async fn watch_dir(
+    s: &Arc<Shared>,
+    t: &Target,
+    framing: Framing,
+    h: &axum::http::HeaderMap,
+    body: &[u8],
+) -> Result<Response, ConnectError> {
     if framing != Framing::Stream {
-        return Err(ConnectError::new(Code::InvalidArgument, "a streaming method takes application/connect+json"));
+        return Err(ConnectError::new(
+            Code::InvalidArgument,
+            "a streaming method takes application/connect+json",
+        ));
     }
     let r: WatchDirRequest = connect::decode_request(framing, body)?;
     let deadline = connect::timeout(h)?.filter(|d| !d.is_zero());
@@ -255,11 +293,14 @@ async fn watch_dir(s: &Arc<Shared>, t: &Target, framing: Framing, h: &axum::http
     let s = Arc::clone(s);
     let sandbox = t.sandbox.clone();
     tokio::spawn(async move {
-        let msg = |e: watch_dir_response::Event| connect::stream_message(&WatchDirResponse { event: Some(e) });
+        let msg = |e: watch_dir_response::Event| {
+            connect::stream_message(&WatchDirResponse { event: Some(e) })
+        };
         let (ctx, mut crx) = mpsc::channel::<OutputChunk>(16);
         let backend = Arc::clone(&s.backend);
         let (sb, pid) = (sandbox.clone(), proc_id.clone());
-        let reader = tokio::spawn(async move { backend.read_process(&sb, &pid, 0, true, ctx).await });
+        let reader =
+            tokio::spawn(async move { backend.read_process(&sb, &pid, 0, true, ctx).await });
         let mut partial = vec![];
         let mut started = false;
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + KEEPALIVE, KEEPALIVE);
@@ -299,21 +340,37 @@ async fn watch_dir(s: &Arc<Shared>, t: &Target, framing: Framing, h: &axum::http
             let _ = tx.send(connect::end_stream(Some(&e))).await;
         }
     });
-    Ok(connect::stream_response(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    Ok(connect::stream_response(
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+    ))
 }
 
-async fn create_watcher(s: &Shared, t: &Target, r: CreateWatcherRequest) -> Result<CreateWatcherResponse, ConnectError> {
+async fn create_watcher(
+    s: &Shared,
+    t: &Target,
+    r: CreateWatcherRequest,
+) -> Result<CreateWatcherResponse, ConnectError> {
     let proc_id = start_watch(s, t, &r.path, r.recursive).await?;
     let id = format!("w_{}", &proc_id.trim_start_matches("proc_"));
-    let w = Watcher { sandbox: t.sandbox.clone(), proc_id: proc_id.clone(), offset: 0, partial: vec![] };
+    let w = Watcher {
+        sandbox: t.sandbox.clone(),
+        proc_id: proc_id.clone(),
+        offset: 0,
+        partial: vec![],
+    };
     if !s.add_watcher(&id, w) {
         let _ = s.backend.signal_process(&t.sandbox, &proc_id, 9).await;
-        return Err(ConnectError::new(Code::ResourceExhausted, "too many directory watchers; remove one first"));
+        return Err(ConnectError::new(
+            Code::ResourceExhausted,
+            "too many directory watchers; remove one first",
+        ));
     }
     // Events count from when the watch is in place.
     for _ in 0..100 {
         let (tx, mut rx) = mpsc::channel(64);
-        s.backend.read_process(&t.sandbox, &proc_id, 0, false, tx).await?;
+        s.backend
+            .read_process(&t.sandbox, &proc_id, 0, false, tx)
+            .await?;
         let mut seen = false;
         while let Some(c) = rx.recv().await {
             seen |= !c.stderr && c.data.starts_with(b"{\"started\"");
@@ -332,7 +389,11 @@ fn watcher_for(s: &Shared, t: &Target, id: &str) -> Result<Watcher, ConnectError
         .ok_or_else(|| ConnectError::new(Code::NotFound, format!("watcher {id} not found")))
 }
 
-async fn watcher_events(s: &Shared, t: &Target, r: GetWatcherEventsRequest) -> Result<GetWatcherEventsResponse, ConnectError> {
+async fn watcher_events(
+    s: &Shared,
+    t: &Target,
+    r: GetWatcherEventsRequest,
+) -> Result<GetWatcherEventsResponse, ConnectError> {
     let w = watcher_for(s, t, &r.watcher_id)?;
     let (tx, mut rx) = mpsc::channel(64);
     let backend = Arc::clone(&s.backend);
@@ -352,15 +413,24 @@ async fn watcher_events(s: &Shared, t: &Target, r: GetWatcherEventsRequest) -> R
             }
         }
     }
-    let info = reader.await.map_err(|_| ConnectError::new(Code::Internal, "watcher reader failed"))??;
+    let info = reader
+        .await
+        .map_err(|_| ConnectError::new(Code::Internal, "watcher reader failed"))??;
     s.update_watcher(&r.watcher_id, offset, partial);
     if !info.running && events.is_empty() {
-        return Err(ConnectError::new(Code::Internal, "the directory watcher ended"));
+        return Err(ConnectError::new(
+            Code::Internal,
+            "the directory watcher ended",
+        ));
     }
     Ok(GetWatcherEventsResponse { events })
 }
 
-async fn remove_watcher(s: &Shared, t: &Target, r: RemoveWatcherRequest) -> Result<RemoveWatcherResponse, ConnectError> {
+async fn remove_watcher(
+    s: &Shared,
+    t: &Target,
+    r: RemoveWatcherRequest,
+) -> Result<RemoveWatcherResponse, ConnectError> {
     let w = watcher_for(s, t, &r.watcher_id)?;
     s.remove_watcher(&r.watcher_id);
     let _ = s.backend.signal_process(&w.sandbox, &w.proc_id, 9).await;

@@ -86,14 +86,21 @@ fn result_line(v: &Value) -> Value {
     if !extra.is_empty() {
         out.insert("extra".into(), Value::Object(extra));
     }
-    out.insert("is_main_result".into(), json!(v["is_main_result"].as_bool().unwrap_or(false)));
+    out.insert(
+        "is_main_result".into(),
+        json!(v["is_main_result"].as_bool().unwrap_or(false)),
+    );
     Value::Object(out)
 }
 
 fn error_line(v: &Value) -> Value {
     let tb = match &v["traceback"] {
         Value::String(s) => s.clone(),
-        Value::Array(a) => a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join("\n"),
+        Value::Array(a) => a
+            .iter()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join("\n"),
         _ => String::new(),
     };
     json!({"type": "error", "name": v["name"].as_str().unwrap_or("Error"),
@@ -116,13 +123,21 @@ pub async fn execute(
         return r;
     }
     if b.language.is_some() && b.context_id.is_some() {
-        return ApiError::new(StatusCode::BAD_REQUEST, "give context_id or language, not both").into_response();
+        return ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "give context_id or language, not both",
+        )
+        .into_response();
     }
     if let Err(e) = language_ok(b.language.as_deref()) {
         return e.into_response();
     }
     if b.code.len() > MAX_CODE_BYTES {
-        return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("code over {MAX_CODE_BYTES} bytes")).into_response();
+        return ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("code over {MAX_CODE_BYTES} bytes"),
+        )
+        .into_response();
     }
     let spec = CodeSpec {
         code: b.code,
@@ -139,8 +154,12 @@ pub async fn execute(
         let run = tokio::spawn(async move { backend.run_code(&sandbox, spec, etx).await });
         while let Some(ev) = erx.recv().await {
             let v = match ev {
-                CodeEvent::Stdout(b) => json!({"type": "stdout", "text": String::from_utf8_lossy(&b), "timestamp": now()}),
-                CodeEvent::Stderr(b) => json!({"type": "stderr", "text": String::from_utf8_lossy(&b), "timestamp": now()}),
+                CodeEvent::Stdout(b) => {
+                    json!({"type": "stdout", "text": String::from_utf8_lossy(&b), "timestamp": now()})
+                }
+                CodeEvent::Stderr(b) => {
+                    json!({"type": "stderr", "text": String::from_utf8_lossy(&b), "timestamp": now()})
+                }
                 CodeEvent::Rich(v) if v["type"] == "error" => error_line(&v),
                 CodeEvent::Rich(v) => result_line(&v),
             };
@@ -162,7 +181,11 @@ pub async fn execute(
                 let _ = tx.send(line(&json!({"type": "number_of_executions", "execution_count": done.execution_count}))).await;
             }
             Ok(Err(e)) => {
-                let name = if e.kind == FailKind::ContextNotFound { "ContextNotFound" } else { "HatcheryError" };
+                let name = if e.kind == FailKind::ContextNotFound {
+                    "ContextNotFound"
+                } else {
+                    "HatcheryError"
+                };
                 let _ = tx.send(line(&json!({"type": "error", "name": name, "value": e.message, "traceback": ""}))).await;
             }
             Err(_) => {
@@ -171,10 +194,16 @@ pub async fn execute(
         }
         let _ = tx.send(line(&json!({"type": "end_of_execution"}))).await;
     });
-    let body = axum::body::Body::from_stream(
-        futures::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), Ok::<_, std::convert::Infallible>),
-    );
-    (StatusCode::OK, [(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response()
+    let body = axum::body::Body::from_stream(futures::StreamExt::map(
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+        Ok::<_, std::convert::Infallible>,
+    ));
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        body,
+    )
+        .into_response()
 }
 
 #[derive(Deserialize, Default)]
@@ -205,7 +234,10 @@ pub async fn create_context(
     res.unwrap_or_else(IntoResponse::into_response)
 }
 
-pub async fn list_contexts(State(s): State<Arc<Shared>>, Extension(t): Extension<Target>) -> Response {
+pub async fn list_contexts(
+    State(s): State<Arc<Shared>>,
+    Extension(t): Extension<Target>,
+) -> Response {
     if let Err(r) = port_check(&t) {
         return r;
     }
@@ -255,7 +287,9 @@ mod tests {
         assert_eq!(r["png"], "iVBO");
         assert_eq!(r["extra"]["application/x-custom"], 1);
         assert_eq!(r["is_main_result"], true);
-        let e = error_line(&json!({"name": "ZeroDivisionError", "value": "division by zero", "traceback": ["a", "b"]}));
+        let e = error_line(
+            &json!({"name": "ZeroDivisionError", "value": "division by zero", "traceback": ["a", "b"]}),
+        );
         assert_eq!(e["traceback"], "a\nb");
     }
 }

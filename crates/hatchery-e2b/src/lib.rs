@@ -46,7 +46,10 @@ pub fn router(backend: Arc<dyn Backend>, max_file_bytes: u64) -> Router {
     let shared = state::Shared::new(backend);
     let control = Router::new()
         .route("/sandboxes", post(control::create_v1).get(control::list_v1))
-        .route("/v2/sandboxes", post(control::create_v2).get(control::list_v2))
+        .route(
+            "/v2/sandboxes",
+            post(control::create_v2).get(control::list_v2),
+        )
         .route("/sandboxes/{id}", get(control::get).delete(control::kill))
         .route("/sandboxes/{id}/timeout", post(control::set_timeout))
         .route("/sandboxes/{id}/refreshes", post(control::refresh))
@@ -54,7 +57,10 @@ pub fn router(backend: Arc<dyn Backend>, max_file_bytes: u64) -> Router {
         .route("/v2/sandboxes/{id}/connect", post(control::connect_v2))
         .route("/sandboxes/{id}/pause", post(control::pause))
         .route("/sandboxes/{id}/resume", post(control::resume))
-        .route("/sandboxes/{id}/network", axum::routing::put(control::set_network))
+        .route(
+            "/sandboxes/{id}/network",
+            axum::routing::put(control::set_network),
+        )
         .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
         .route_layer(axum::middleware::from_fn_with_state(
             Arc::clone(&shared),
@@ -107,12 +113,14 @@ pub(crate) async fn read_body(
     req: axum::extract::Request,
     max: usize,
 ) -> Result<axum::body::Bytes, connect::ConnectError> {
-    axum::body::to_bytes(req.into_body(), max).await.map_err(|_| {
-        connect::ConnectError::new(
-            connect::Code::ResourceExhausted,
-            format!("request over {max} bytes, or its body failed"),
-        )
-    })
+    axum::body::to_bytes(req.into_body(), max)
+        .await
+        .map_err(|_| {
+            connect::ConnectError::new(
+                connect::Code::ResourceExhausted,
+                format!("request over {max} bytes, or its body failed"),
+            )
+        })
 }
 
 /// A sandbox request's path (and query) without [`SANDBOX_PREFIX`].

@@ -13,10 +13,10 @@ use crate::backend::{OutputChunk, ProcSpec, ProcView, Pty, PtyEvent};
 use crate::connect::{self, Code, ConnectError, Framing};
 use crate::pb::process::{
     process_event, process_input, process_selector, stream_input_request, CloseStdinRequest,
-    CloseStdinResponse, ConnectRequest, ConnectResponse, ListRequest, ListResponse,
-    ProcessConfig, ProcessEvent, ProcessInfo, ProcessInput, ProcessSelector, SendInputRequest,
-    SendInputResponse, SendSignalRequest, SendSignalResponse, StartRequest, StartResponse,
-    StreamInputRequest, StreamInputResponse, UpdateRequest, UpdateResponse,
+    CloseStdinResponse, ConnectRequest, ConnectResponse, ListRequest, ListResponse, ProcessConfig,
+    ProcessEvent, ProcessInfo, ProcessInput, ProcessSelector, SendInputRequest, SendInputResponse,
+    SendSignalRequest, SendSignalResponse, StartRequest, StartResponse, StreamInputRequest,
+    StreamInputResponse, UpdateRequest, UpdateResponse,
 };
 use crate::sandbox::Target;
 use crate::state::{ProcDetails, Shared};
@@ -63,7 +63,10 @@ fn data(chunk: &OutputChunk) -> ProcessEvent {
 
 fn end_event(p: &ProcView) -> ProcessEvent {
     let code = p.exit_code.unwrap_or(-1);
-    let signaled = matches!(p.reason.as_deref(), Some("signaled" | "cancelled" | "timeout" | "cpu_limit" | "oom" | "output_limit"));
+    let signaled = matches!(
+        p.reason.as_deref(),
+        Some("signaled" | "cancelled" | "timeout" | "cpu_limit" | "oom" | "output_limit")
+    );
     let status = if signaled && code > 128 {
         format!("signal: {}", signal_name(code - 128))
     } else {
@@ -144,8 +147,18 @@ pub async fn rpc(
         "Connect" => return connect_stream(&s, &t, &headers, framing, &body).await,
         "List" => unary(framing, &body, |_: ListRequest| list(&s, &t)).await,
         "SendInput" => unary(framing, &body, |r: SendInputRequest| send_input(&s, &t, r)).await,
-        "SendSignal" => unary(framing, &body, |r: SendSignalRequest| send_signal(&s, &t, r)).await,
-        "CloseStdin" => unary(framing, &body, |r: CloseStdinRequest| close_stdin(&s, &t, r)).await,
+        "SendSignal" => {
+            unary(framing, &body, |r: SendSignalRequest| {
+                send_signal(&s, &t, r)
+            })
+            .await
+        }
+        "CloseStdin" => {
+            unary(framing, &body, |r: CloseStdinRequest| {
+                close_stdin(&s, &t, r)
+            })
+            .await
+        }
         "Update" => unary(framing, &body, |r: UpdateRequest| update(&s, &t, r)).await,
         other => Err(ConnectError::new(
             Code::Unimplemented,
@@ -158,7 +171,11 @@ pub async fn rpc(
     }
 }
 
-async fn unary<Req, Resp, F, Fut>(framing: Framing, body: &[u8], f: F) -> Result<Response, ConnectError>
+async fn unary<Req, Resp, F, Fut>(
+    framing: Framing,
+    body: &[u8],
+    f: F,
+) -> Result<Response, ConnectError>
 where
     Req: serde::de::DeserializeOwned,
     Resp: serde::Serialize,
@@ -187,15 +204,31 @@ fn need_stream(framing: Framing) -> Result<(), ConnectError> {
 
 /// The Hatchery process behind a selector: a running one with that pid
 /// first, else the latest that had it.
-async fn find(s: &Shared, t: &Target, sel: Option<ProcessSelector>) -> Result<(u32, Option<ProcView>), ConnectError> {
+async fn find(
+    s: &Shared,
+    t: &Target,
+    sel: Option<ProcessSelector>,
+) -> Result<(u32, Option<ProcView>), ConnectError> {
     let pid = match sel.and_then(|x| x.selector) {
         Some(process_selector::Selector::Pid(p)) => p,
-        Some(process_selector::Selector::Tag(tag)) => s
-            .pid_for_tag(&t.sandbox, &tag)
-            .ok_or_else(|| ConnectError::new(Code::NotFound, format!("process with tag {tag:?} not found")))?,
-        None => return Err(ConnectError::new(Code::InvalidArgument, "process selector (pid or tag) is required")),
+        Some(process_selector::Selector::Tag(tag)) => {
+            s.pid_for_tag(&t.sandbox, &tag).ok_or_else(|| {
+                ConnectError::new(
+                    Code::NotFound,
+                    format!("process with tag {tag:?} not found"),
+                )
+            })?
+        }
+        None => {
+            return Err(ConnectError::new(
+                Code::InvalidArgument,
+                "process selector (pid or tag) is required",
+            ))
+        }
     };
-    if s.proc_details(&t.sandbox, pid).is_some_and(|d| d.pty.is_some()) {
+    if s.proc_details(&t.sandbox, pid)
+        .is_some_and(|d| d.pty.is_some())
+    {
         return Ok((pid, None));
     }
     let procs = s.backend.list_processes(&t.sandbox).await?;
@@ -204,7 +237,9 @@ async fn find(s: &Shared, t: &Target, sel: Option<ProcessSelector>) -> Result<(u
         .filter(|p| p.pid == pid)
         .max_by_key(|p| p.running)
         .cloned()
-        .ok_or_else(|| ConnectError::new(Code::NotFound, format!("process with pid {pid} not found")))?;
+        .ok_or_else(|| {
+            ConnectError::new(Code::NotFound, format!("process with pid {pid} not found"))
+        })?;
     Ok((pid, Some(p)))
 }
 
@@ -212,13 +247,19 @@ fn pty_of(s: &Shared, t: &Target, pid: u32) -> Option<Arc<dyn Pty>> {
     s.proc_details(&t.sandbox, pid).and_then(|d| d.pty)
 }
 
-async fn start(s: &Arc<Shared>, t: &Target, h: &HeaderMap, framing: Framing, body: &[u8]) -> Response {
+async fn start(
+    s: &Arc<Shared>,
+    t: &Target,
+    h: &HeaderMap,
+    framing: Framing,
+    body: &[u8],
+) -> Response {
     let res: Result<Response, ConnectError> = async {
         need_stream(framing)?;
         let req: StartRequest = connect::decode_request(framing, body)?;
-        let cfg = req
-            .process
-            .ok_or_else(|| ConnectError::new(Code::InvalidArgument, "process config is required"))?;
+        let cfg = req.process.ok_or_else(|| {
+            ConnectError::new(Code::InvalidArgument, "process config is required")
+        })?;
         if cfg.cmd.is_empty() {
             return Err(ConnectError::new(Code::InvalidArgument, "cmd is required"));
         }
@@ -239,7 +280,10 @@ async fn start(s: &Arc<Shared>, t: &Target, h: &HeaderMap, framing: Framing, bod
         if let Some(pty) = req.pty {
             let size = pty.size.unwrap_or_default();
             if size.cols == 0 || size.rows == 0 || size.cols > MAX_CELLS || size.rows > MAX_CELLS {
-                return Err(ConnectError::new(Code::InvalidArgument, "pty size must be 1..1000 columns and rows"));
+                return Err(ConnectError::new(
+                    Code::InvalidArgument,
+                    "pty size must be 1..1000 columns and rows",
+                ));
             }
             let p: Arc<dyn Pty> = Arc::from(
                 s.backend
@@ -247,8 +291,25 @@ async fn start(s: &Arc<Shared>, t: &Target, h: &HeaderMap, framing: Framing, bod
                     .await?,
             );
             let pid = p.pid();
-            s.remember_proc(&t.sandbox, pid, ProcDetails { proc_id: None, config: cfg, tag: req.tag, pty: Some(Arc::clone(&p)), seq: 0 });
-            return Ok(pty_stream(Arc::clone(s), t.sandbox.clone(), pid, p, ka, timeout));
+            s.remember_proc(
+                &t.sandbox,
+                pid,
+                ProcDetails {
+                    proc_id: None,
+                    config: cfg,
+                    tag: req.tag,
+                    pty: Some(Arc::clone(&p)),
+                    seq: 0,
+                },
+            );
+            return Ok(pty_stream(
+                Arc::clone(s),
+                t.sandbox.clone(),
+                pid,
+                p,
+                ka,
+                timeout,
+            ));
         }
         let view = s
             .backend
@@ -257,14 +318,36 @@ async fn start(s: &Arc<Shared>, t: &Target, h: &HeaderMap, framing: Framing, bod
         if req.stdin == Some(false) {
             s.backend.close_stdin(&t.sandbox, &view.id).await?;
         }
-        s.remember_proc(&t.sandbox, view.pid, ProcDetails { proc_id: Some(view.id.clone()), config: cfg, tag: req.tag, pty: None, seq: 0 });
-        Ok(output_stream(Arc::clone(s), t.sandbox.clone(), view, Reply::Start, ka))
+        s.remember_proc(
+            &t.sandbox,
+            view.pid,
+            ProcDetails {
+                proc_id: Some(view.id.clone()),
+                config: cfg,
+                tag: req.tag,
+                pty: None,
+                seq: 0,
+            },
+        );
+        Ok(output_stream(
+            Arc::clone(s),
+            t.sandbox.clone(),
+            view,
+            Reply::Start,
+            ka,
+        ))
     }
     .await;
     res.unwrap_or_else(connect::stream_error)
 }
 
-async fn connect_stream(s: &Arc<Shared>, t: &Target, h: &HeaderMap, framing: Framing, body: &[u8]) -> Response {
+async fn connect_stream(
+    s: &Arc<Shared>,
+    t: &Target,
+    h: &HeaderMap,
+    framing: Framing,
+    body: &[u8],
+) -> Response {
     let res: Result<Response, ConnectError> = async {
         need_stream(framing)?;
         let req: ConnectRequest = connect::decode_request(framing, body)?;
@@ -280,17 +363,26 @@ async fn connect_stream(s: &Arc<Shared>, t: &Target, h: &HeaderMap, framing: Fra
 
 /// start (pid), the output as it comes, keep-alives while silent, then
 /// the end event and the end of the stream.
-fn output_stream(s: Arc<Shared>, sandbox: String, view: ProcView, kind: Reply, ka: Duration) -> Response {
+fn output_stream(
+    s: Arc<Shared>,
+    sandbox: String,
+    view: ProcView,
+    kind: Reply,
+    ka: Duration,
+) -> Response {
     let (tx, rx) = mpsc::channel::<Msg>(16);
     tokio::spawn(async move {
-        let start = event(process_event::Event::Start(process_event::StartEvent { pid: view.pid }));
+        let start = event(process_event::Event::Start(process_event::StartEvent {
+            pid: view.pid,
+        }));
         if tx.send(frame(kind, start)).await.is_err() {
             return;
         }
         let (ctx, mut crx) = mpsc::channel::<OutputChunk>(16);
         let backend = Arc::clone(&s.backend);
         let (sb, pid) = (sandbox.clone(), view.id.clone());
-        let reader = tokio::spawn(async move { backend.read_process(&sb, &pid, 0, true, ctx).await });
+        let reader =
+            tokio::spawn(async move { backend.read_process(&sb, &pid, 0, true, ctx).await });
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + ka, ka);
         loop {
             tokio::select! {
@@ -309,9 +401,10 @@ fn output_stream(s: Arc<Shared>, sandbox: String, view: ProcView, kind: Reply, k
             }
         }
         let end = match reader.await {
-            Ok(Ok(p)) if p.reason.as_deref() == Some("timeout") => {
-                Err(ConnectError::new(Code::DeadlineExceeded, "the process reached its deadline (Connect-Timeout-Ms) and was killed"))
-            }
+            Ok(Ok(p)) if p.reason.as_deref() == Some("timeout") => Err(ConnectError::new(
+                Code::DeadlineExceeded,
+                "the process reached its deadline (Connect-Timeout-Ms) and was killed",
+            )),
             Ok(Ok(p)) => Ok(p),
             Ok(Err(e)) => Err(ConnectError::from(e)),
             Err(_) => Err(ConnectError::new(Code::Internal, "output reader failed")),
@@ -329,11 +422,20 @@ fn output_stream(s: Arc<Shared>, sandbox: String, view: ProcView, kind: Reply, k
     connect::stream_response(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
-fn pty_stream(s: Arc<Shared>, sandbox: String, pid: u32, p: Arc<dyn Pty>, ka: Duration, timeout: Option<Duration>) -> Response {
+fn pty_stream(
+    s: Arc<Shared>,
+    sandbox: String,
+    pid: u32,
+    p: Arc<dyn Pty>,
+    ka: Duration,
+    timeout: Option<Duration>,
+) -> Response {
     use process_event::data_event::Output;
     let (tx, rx) = mpsc::channel::<Msg>(16);
     tokio::spawn(async move {
-        let start = event(process_event::Event::Start(process_event::StartEvent { pid }));
+        let start = event(process_event::Event::Start(process_event::StartEvent {
+            pid,
+        }));
         if tx.send(frame(Reply::Start, start)).await.is_err() {
             return;
         }
@@ -368,10 +470,16 @@ fn pty_stream(s: Arc<Shared>, sandbox: String, pid: u32, p: Arc<dyn Pty>, ka: Du
                 let end = process_event::EndEvent {
                     exit_code: code,
                     exited: !signaled,
-                    status: if signaled { format!("signal: {}", signal_name(code - 128)) } else { format!("exit status {code}") },
+                    status: if signaled {
+                        format!("signal: {}", signal_name(code - 128))
+                    } else {
+                        format!("exit status {code}")
+                    },
                     error: None,
                 };
-                let _ = tx.send(frame(Reply::Start, event(process_event::Event::End(end)))).await;
+                let _ = tx
+                    .send(frame(Reply::Start, event(process_event::Event::End(end))))
+                    .await;
                 let _ = tx.send(connect::end_stream(None)).await;
             }
             Err(e) => {
@@ -384,7 +492,13 @@ fn pty_stream(s: Arc<Shared>, sandbox: String, pid: u32, p: Arc<dyn Pty>, ka: Du
 
 async fn list(s: &Shared, t: &Target) -> Result<ListResponse, ConnectError> {
     let mut out = vec![];
-    for p in s.backend.list_processes(&t.sandbox).await?.into_iter().filter(|p| p.running) {
+    for p in s
+        .backend
+        .list_processes(&t.sandbox)
+        .await?
+        .into_iter()
+        .filter(|p| p.running)
+    {
         let d = s.proc_details(&t.sandbox, p.pid);
         let config = d.as_ref().map(|d| d.config.clone()).unwrap_or_else(|| {
             let a = real_argv(&p.argv);
@@ -395,10 +509,18 @@ async fn list(s: &Shared, t: &Target) -> Result<ListResponse, ConnectError> {
                 cwd: None,
             }
         });
-        out.push(ProcessInfo { config: Some(config), pid: p.pid, tag: d.and_then(|d| d.tag) });
+        out.push(ProcessInfo {
+            config: Some(config),
+            pid: p.pid,
+            tag: d.and_then(|d| d.tag),
+        });
     }
     for (pid, d) in s.ptys(&t.sandbox) {
-        out.push(ProcessInfo { config: Some(d.config), pid, tag: d.tag });
+        out.push(ProcessInfo {
+            config: Some(d.config),
+            pid,
+            tag: d.tag,
+        });
     }
     out.sort_by_key(|p| p.pid);
     Ok(ListResponse { processes: out })
@@ -408,39 +530,69 @@ fn input_bytes(i: Option<ProcessInput>) -> Result<(Vec<u8>, bool), ConnectError>
     match i.and_then(|i| i.input) {
         Some(process_input::Input::Stdin(b)) => Ok((b.to_vec(), false)),
         Some(process_input::Input::Pty(b)) => Ok((b.to_vec(), true)),
-        None => Err(ConnectError::new(Code::InvalidArgument, "input (stdin or pty) is required")),
+        None => Err(ConnectError::new(
+            Code::InvalidArgument,
+            "input (stdin or pty) is required",
+        )),
     }
 }
 
-async fn write_input(s: &Shared, t: &Target, sel: Option<ProcessSelector>, input: Option<ProcessInput>) -> Result<(), ConnectError> {
+async fn write_input(
+    s: &Shared,
+    t: &Target,
+    sel: Option<ProcessSelector>,
+    input: Option<ProcessInput>,
+) -> Result<(), ConnectError> {
     let (bytes, _) = input_bytes(input)?;
     let (pid, view) = find(s, t, sel).await?;
     match view {
         None => {
-            let p = pty_of(s, t, pid).ok_or_else(|| ConnectError::new(Code::NotFound, format!("process with pid {pid} not found")))?;
+            let p = pty_of(s, t, pid).ok_or_else(|| {
+                ConnectError::new(Code::NotFound, format!("process with pid {pid} not found"))
+            })?;
             p.input(&bytes).await?;
         }
-        Some(v) => s.backend.write_stdin(&t.sandbox, &v.id, &bytes).await.map_err(|e| {
-            if e.kind == crate::backend::FailKind::Conflict {
-                ConnectError::new(Code::FailedPrecondition, format!("stdin of process {pid} is closed"))
-            } else {
-                e.into()
-            }
-        })?,
+        Some(v) => s
+            .backend
+            .write_stdin(&t.sandbox, &v.id, &bytes)
+            .await
+            .map_err(|e| {
+                if e.kind == crate::backend::FailKind::Conflict {
+                    ConnectError::new(
+                        Code::FailedPrecondition,
+                        format!("stdin of process {pid} is closed"),
+                    )
+                } else {
+                    e.into()
+                }
+            })?,
     }
     Ok(())
 }
 
-async fn send_input(s: &Shared, t: &Target, r: SendInputRequest) -> Result<SendInputResponse, ConnectError> {
+async fn send_input(
+    s: &Shared,
+    t: &Target,
+    r: SendInputRequest,
+) -> Result<SendInputResponse, ConnectError> {
     write_input(s, t, r.process, r.input).await?;
     Ok(SendInputResponse {})
 }
 
-async fn send_signal(s: &Shared, t: &Target, r: SendSignalRequest) -> Result<SendSignalResponse, ConnectError> {
+async fn send_signal(
+    s: &Shared,
+    t: &Target,
+    r: SendSignalRequest,
+) -> Result<SendSignalResponse, ConnectError> {
     let sig = match r.signal {
         9 => 9,
         15 => 15,
-        n => return Err(ConnectError::new(Code::InvalidArgument, format!("unsupported signal {n} (SIGKILL and SIGTERM are)"))),
+        n => {
+            return Err(ConnectError::new(
+                Code::InvalidArgument,
+                format!("unsupported signal {n} (SIGKILL and SIGTERM are)"),
+            ))
+        }
     };
     let (pid, view) = find(s, t, r.process).await?;
     match view {
@@ -453,7 +605,10 @@ async fn send_signal(s: &Shared, t: &Target, r: SendSignalRequest) -> Result<Sen
         }
         Some(v) => {
             if !v.running {
-                return Err(ConnectError::new(Code::NotFound, format!("process with pid {pid} is not running")));
+                return Err(ConnectError::new(
+                    Code::NotFound,
+                    format!("process with pid {pid} is not running"),
+                ));
             }
             s.backend.signal_process(&t.sandbox, &v.id, sig).await?;
         }
@@ -461,10 +616,17 @@ async fn send_signal(s: &Shared, t: &Target, r: SendSignalRequest) -> Result<Sen
     Ok(SendSignalResponse {})
 }
 
-async fn close_stdin(s: &Shared, t: &Target, r: CloseStdinRequest) -> Result<CloseStdinResponse, ConnectError> {
+async fn close_stdin(
+    s: &Shared,
+    t: &Target,
+    r: CloseStdinRequest,
+) -> Result<CloseStdinResponse, ConnectError> {
     let (pid, view) = find(s, t, r.process).await?;
     let Some(v) = view else {
-        return Err(ConnectError::new(Code::FailedPrecondition, format!("process {pid} is a terminal; send Ctrl-D (0x04) instead")));
+        return Err(ConnectError::new(
+            Code::FailedPrecondition,
+            format!("process {pid} is a terminal; send Ctrl-D (0x04) instead"),
+        ));
     };
     s.backend.close_stdin(&t.sandbox, &v.id).await?;
     Ok(CloseStdinResponse {})
@@ -473,13 +635,24 @@ async fn close_stdin(s: &Shared, t: &Target, r: CloseStdinRequest) -> Result<Clo
 async fn update(s: &Shared, t: &Target, r: UpdateRequest) -> Result<UpdateResponse, ConnectError> {
     let (pid, view) = find(s, t, r.process).await?;
     if view.is_some() {
-        return Err(ConnectError::new(Code::FailedPrecondition, format!("process {pid} has no terminal to resize")));
+        return Err(ConnectError::new(
+            Code::FailedPrecondition,
+            format!("process {pid} has no terminal to resize"),
+        ));
     }
-    let size = r.pty.and_then(|p| p.size).ok_or_else(|| ConnectError::new(Code::InvalidArgument, "pty size is required"))?;
+    let size = r
+        .pty
+        .and_then(|p| p.size)
+        .ok_or_else(|| ConnectError::new(Code::InvalidArgument, "pty size is required"))?;
     if size.cols == 0 || size.rows == 0 || size.cols > MAX_CELLS || size.rows > MAX_CELLS {
-        return Err(ConnectError::new(Code::InvalidArgument, "pty size must be 1..1000 columns and rows"));
+        return Err(ConnectError::new(
+            Code::InvalidArgument,
+            "pty size must be 1..1000 columns and rows",
+        ));
     }
-    let p = pty_of(s, t, pid).ok_or_else(|| ConnectError::new(Code::NotFound, format!("process with pid {pid} not found")))?;
+    let p = pty_of(s, t, pid).ok_or_else(|| {
+        ConnectError::new(Code::NotFound, format!("process with pid {pid} not found"))
+    })?;
     p.resize(size.cols as u16, size.rows as u16).await?;
     Ok(UpdateResponse {})
 }
@@ -495,8 +668,11 @@ async fn stream_input(s: &Shared, t: &Target, framing: Framing, req: Request) ->
         let mut target: Option<ProcessSelector> = None;
         let mut ended = false;
         while !ended {
-            let Some(chunk) = body.next().await else { break };
-            let chunk = chunk.map_err(|e| ConnectError::new(Code::Canceled, format!("request body: {e}")))?;
+            let Some(chunk) = body.next().await else {
+                break;
+            };
+            let chunk = chunk
+                .map_err(|e| ConnectError::new(Code::Canceled, format!("request body: {e}")))?;
             env.push(&chunk);
             while let Some((flags, msg)) = env.next_frame()? {
                 if flags & 0x02 != 0 {
@@ -507,7 +683,12 @@ async fn stream_input(s: &Shared, t: &Target, framing: Framing, req: Request) ->
                 match m.event {
                     Some(stream_input_request::Event::Start(st)) => target = st.process,
                     Some(stream_input_request::Event::Data(d)) => {
-                        let sel = target.clone().ok_or_else(|| ConnectError::new(Code::InvalidArgument, "data before the start message"))?;
+                        let sel = target.clone().ok_or_else(|| {
+                            ConnectError::new(
+                                Code::InvalidArgument,
+                                "data before the start message",
+                            )
+                        })?;
                         write_input(s, t, Some(sel), d.input).await?;
                     }
                     Some(stream_input_request::Event::Keepalive(_)) | None => {}
@@ -515,7 +696,10 @@ async fn stream_input(s: &Shared, t: &Target, framing: Framing, req: Request) ->
             }
         }
         if env.leftover() != 0 {
-            return Err(ConnectError::new(Code::InvalidArgument, "the request ended inside a message"));
+            return Err(ConnectError::new(
+                Code::InvalidArgument,
+                "the request ended inside a message",
+            ));
         }
         Ok(())
     }

@@ -82,14 +82,24 @@ pub async fn dispatch(s: Arc<Shared>, envd: axum::Router, req: Request) -> Respo
     let Some(id) = header(h, "e2b-sandbox-id").map(str::to_string) else {
         return plain_error(StatusCode::BAD_REQUEST, "missing E2b-Sandbox-Id header");
     };
-    if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+    if id.is_empty()
+        || id.len() > 64
+        || !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
         return plain_error(StatusCode::BAD_REQUEST, "malformed E2b-Sandbox-Id header");
     }
     let port = match header(h, "e2b-sandbox-port") {
         None => ENVD_PORT,
         Some(p) => match p.parse::<u16>() {
             Ok(p) if p > 0 => p,
-            _ => return plain_error(StatusCode::BAD_REQUEST, "E2b-Sandbox-Port must be a port number (1-65535)"),
+            _ => {
+                return plain_error(
+                    StatusCode::BAD_REQUEST,
+                    "E2b-Sandbox-Port must be a port number (1-65535)",
+                )
+            }
         },
     };
     let token = header(h, "x-access-token");
@@ -163,7 +173,12 @@ async fn relay(s: &Shared, t: Target, mut req: Request) -> Response {
         .unwrap_or_else(|| "/".into());
     let pq = crate::strip_prefix(&pq);
     let h = req.headers_mut();
-    for k in ["x-access-token", "x-api-key", "e2b-sandbox-id", "e2b-sandbox-port"] {
+    for k in [
+        "x-access-token",
+        "x-api-key",
+        "e2b-sandbox-id",
+        "e2b-sandbox-port",
+    ] {
         h.remove(k);
     }
     match s.backend.proxy_port(&t.sandbox, t.port, req, pq).await {

@@ -158,7 +158,8 @@ impl Shared {
         }
         let mut g = self.lock();
         g.alias.insert(e2b_id.to_string(), hatchery_id.to_string());
-        g.reverse.insert(hatchery_id.to_string(), e2b_id.to_string());
+        g.reverse
+            .insert(hatchery_id.to_string(), e2b_id.to_string());
     }
 
     /// Forgets a sandbox entirely (killed): its alias, pause record and

@@ -79,9 +79,15 @@ mod tests {
 
     #[test]
     fn paths() {
-        assert_eq!(resolve_path("user", "a.txt").as_deref(), Some("/home/user/a.txt"));
+        assert_eq!(
+            resolve_path("user", "a.txt").as_deref(),
+            Some("/home/user/a.txt")
+        );
         assert_eq!(resolve_path("root", "a/../b").as_deref(), Some("/root/b"));
-        assert_eq!(resolve_path("user", "/tmp//x/./y/").as_deref(), Some("/tmp/x/y"));
+        assert_eq!(
+            resolve_path("user", "/tmp//x/./y/").as_deref(),
+            Some("/tmp/x/y")
+        );
         assert_eq!(resolve_path("user", "/../..").as_deref(), Some("/"));
         assert_eq!(resolve_path("user", "~/x").as_deref(), Some("/home/user/x"));
         assert_eq!(resolve_path("user", ""), None);
