@@ -44,7 +44,7 @@ struct Query {
     user: Option<String>,
 }
 
-fn query(q: Option<&str>) -> Result<Query, Response> {
+fn query(q: Option<&str>) -> Result<Query, Box<Response>> {
     let mut out = Query {
         path: None,
         user: None,
@@ -52,15 +52,15 @@ fn query(q: Option<&str>) -> Result<Query, Response> {
     for part in q.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (k, v) = part.split_once('=').unwrap_or((part, ""));
         let v = crate::pct_decode(v)
-            .ok_or_else(|| plain_error(StatusCode::BAD_REQUEST, "malformed query"))?;
+            .ok_or_else(|| Box::new(plain_error(StatusCode::BAD_REQUEST, "malformed query")))?;
         match k {
             "path" => out.path = Some(v),
             "username" => out.user = Some(v),
             "signature" | "signature_expiration" => {
-                return Err(plain_error(
+                return Err(Box::new(plain_error(
                     StatusCode::BAD_REQUEST,
                     "signed file URLs are not supported by Hatchery; send the access token",
-                ))
+                )))
             }
             _ => {}
         }
@@ -84,7 +84,7 @@ pub async fn download(
     }
     let q = match query(q.as_deref()) {
         Ok(q) => q,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let Some(p) = q
         .path
@@ -117,7 +117,7 @@ pub async fn download(
 /// so they own it, and so a user who may not write there is refused as in
 /// E2B; Hatchery's write then fills it as root, keeping the owner. Nothing
 /// to do for root, or a user the sandbox lacks (the write runs as root).
-async fn prepare(s: &Shared, t: &Target, who: &str, path: &str) -> Result<(), Response> {
+async fn prepare(s: &Shared, t: &Target, who: &str, path: &str) -> Result<(), Box<Response>> {
     if who == "root" {
         return Ok(());
     }
@@ -145,12 +145,12 @@ async fn prepare(s: &Shared, t: &Target, who: &str, path: &str) -> Result<(), Re
                 .chars()
                 .take(300)
                 .collect::<String>();
-            Err(plain_error(
+            Err(Box::new(plain_error(
                 StatusCode::FORBIDDEN,
                 format!("cannot write {path} as {who}: {msg}"),
-            ))
+            )))
         }
-        Err(e) => Err(error(e)),
+        Err(e) => Err(Box::new(error(e))),
     }
 }
 
@@ -165,7 +165,7 @@ pub async fn upload(
     }
     let q = match query(q.as_deref()) {
         Ok(q) => q,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let who = who(&t, &q);
     let ct = req
@@ -233,7 +233,7 @@ pub async fn upload(
             return plain_error(StatusCode::BAD_REQUEST, format!("invalid path {p:?}"));
         };
         if let Err(r) = prepare(&s, &t, &who, &abs).await {
-            return r;
+            return *r;
         }
         if let Err(e) = s.backend.write_file(&t.sandbox, &abs, &data).await {
             return error(e);

@@ -25,9 +25,9 @@ use tokio::sync::mpsc;
 const MAX_RUN: Duration = Duration::from_secs(3600);
 pub const MAX_CODE_BYTES: usize = 256 * 1024;
 
-fn port_check(t: &Target) -> Result<(), Response> {
+fn port_check(t: &Target) -> Result<(), Box<Response>> {
     if t.port != INTERPRETER_PORT {
-        return Err(crate::sandbox::wrong_port(t));
+        return Err(Box::new(crate::sandbox::wrong_port(t)));
     }
     Ok(())
 }
@@ -120,7 +120,7 @@ pub async fn execute(
     Body(b): Body<ExecuteBody>,
 ) -> Response {
     if let Err(r) = port_check(&t) {
-        return r;
+        return *r;
     }
     if b.language.is_some() && b.context_id.is_some() {
         return ApiError::new(
@@ -222,7 +222,7 @@ pub async fn create_context(
     Body(b): Body<NewContext>,
 ) -> Response {
     if let Err(r) = port_check(&t) {
-        return r;
+        return *r;
     }
     let res: Result<Response, ApiError> = async {
         language_ok(b.language.as_deref())?;
@@ -239,7 +239,7 @@ pub async fn list_contexts(
     Extension(t): Extension<Target>,
 ) -> Response {
     if let Err(r) = port_check(&t) {
-        return r;
+        return *r;
     }
     match s.backend.list_contexts(&t.sandbox).await {
         Ok(cs) => Json(cs.iter().map(ctx_json).collect::<Vec<_>>()).into_response(),
@@ -253,7 +253,7 @@ pub async fn delete_context(
     Path(id): Path<String>,
 ) -> Response {
     if let Err(r) = port_check(&t) {
-        return r;
+        return *r;
     }
     match s.backend.delete_context(&t.sandbox, &id).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
@@ -267,7 +267,7 @@ pub async fn restart_context(
     Path(id): Path<String>,
 ) -> Response {
     if let Err(r) = port_check(&t) {
-        return r;
+        return *r;
     }
     match s.backend.restart_context(&t.sandbox, &id).await {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),

@@ -52,9 +52,9 @@ fn event(e: process_event::Event) -> ProcessEvent {
 fn data(chunk: &OutputChunk) -> ProcessEvent {
     use process_event::data_event::Output;
     let out = if chunk.stderr {
-        Output::Stderr(chunk.data.clone().into())
+        Output::Stderr(chunk.data.clone())
     } else {
-        Output::Stdout(chunk.data.clone().into())
+        Output::Stdout(chunk.data.clone())
     };
     event(process_event::Event::Data(process_event::DataEvent {
         output: Some(out),
@@ -449,7 +449,7 @@ fn pty_stream(
             tokio::select! {
                 ev = p.next() => match ev {
                     Ok(PtyEvent::Output(b)) => {
-                        let e = event(process_event::Event::Data(process_event::DataEvent { output: Some(Output::Pty(b.into())) }));
+                        let e = event(process_event::Event::Data(process_event::DataEvent { output: Some(Output::Pty(b)) }));
                         if !detached && tx.send(frame(Reply::Start, e)).await.is_err() { detached = true; }
                     }
                     Ok(PtyEvent::Exit { exit_code, signaled }) => break Ok((exit_code, signaled)),

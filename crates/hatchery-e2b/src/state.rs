@@ -244,7 +244,7 @@ impl Shared {
 }
 
 fn hex(s: &str) -> Result<Vec<u8>, ()> {
-    if s.len() % 2 != 0 || s.len() > 128 {
+    if s.len() & 1 == 1 || s.len() > 128 {
         return Err(());
     }
     (0..s.len())
