@@ -127,9 +127,19 @@ def test_pty(sbx):
     assert e.value.exit_code == 7
     text = b"".join(out)
     assert b"30 100" in text and b"pty-42" in text
+    # Disconnect, connect again (the terminal ran on meanwhile), finish.
     h = sbx.pty.create(PtySize(cols=80, rows=24))
+    h.disconnect()
     assert h.pid in [p.pid for p in sbx.commands.list()]
+    h2 = sbx.pty.connect(h.pid)
+    sbx.pty.send_stdin(h.pid, b"echo again-$((1+1)); exit 0\n")
+    out = []
+    assert h2.wait(on_pty=out.append).exit_code == 0
+    assert b"again-2" in b"".join(out)
+    h = sbx.pty.create(PtySize(cols=80, rows=24))
     assert sbx.pty.kill(h.pid) is True
+    time.sleep(0.5)
+    assert h.pid not in [p.pid for p in sbx.commands.list()]
 
 
 def test_list_by_metadata_set_timeout_and_kill(daemon):
@@ -208,3 +218,19 @@ def test_code_interpreter(daemon):
         assert ctx.id not in [x.id for x in c.list_code_contexts()]
     finally:
         c.kill()
+
+
+def test_fork(sbx):
+    sbx.files.write("/home/user/f.txt", "from the parent")
+    forks = sbx.fork(count=2, timeout=120)
+    try:
+        assert len(forks) == 2 and all(isinstance(f, Sandbox) for f in forks), forks
+        assert len({f.sandbox_id for f in forks} | {sbx.sandbox_id}) == 3
+        for f in forks:
+            assert f.files.read("/home/user/f.txt") == "from the parent"
+            f.files.write("/home/user/f.txt", "changed")
+        assert sbx.files.read("/home/user/f.txt") == "from the parent"
+    finally:
+        for f in forks:
+            if isinstance(f, Sandbox):
+                f.kill()

@@ -502,6 +502,50 @@ pub async fn pause(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Most forks per request (E2B's SDK allows 1..20).
+pub const MAX_FORKS: i64 = 20;
+
+#[derive(Deserialize, Default)]
+pub struct ForkBody {
+    count: Option<i64>,
+    timeout: Option<i64>,
+}
+
+/// Fork: one snapshot of the running sandbox (which keeps running), then
+/// `count` sandboxes restored from it, each reported on its own; the
+/// snapshot is deleted afterwards.
+pub async fn fork(
+    State(s): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    Body(b): Body<ForkBody>,
+) -> ApiResult<Response> {
+    let count = b.count.unwrap_or(1);
+    if !(1..=MAX_FORKS).contains(&count) {
+        return Err(ApiError::bad(format!(
+            "count must be between 1 and {MAX_FORKS}"
+        )));
+    }
+    let ttl = timeout_of(b.timeout, 15)?;
+    let Some((h, v)) = live(&s, &id)? else {
+        return Err(ApiError::not_found(&id));
+    };
+    let mut meta = v.metadata.clone();
+    meta.insert("e2b_fork_of".into(), id.clone());
+    let snap = s.backend.snapshot(&h, meta).await?;
+    let mut out = vec![];
+    for _ in 0..count {
+        match s.backend.restore(&snap, ttl, v.metadata.clone()).await {
+            Ok(f) => out.push(json!({"sandbox": sandbox_json(&s, &f.id, &f)})),
+            Err(e) => {
+                let e = ApiError::from(e);
+                out.push(json!({"error": {"code": e.status.as_u16(), "message": e.message}}));
+            }
+        }
+    }
+    s.backend.delete_snapshot(&snap);
+    Ok((StatusCode::CREATED, Json(Value::Array(out))).into_response())
+}
+
 pub async fn set_network(
     State(s): State<Arc<Shared>>,
     Path(id): Path<String>,

@@ -57,6 +57,7 @@ pub fn router(backend: Arc<dyn Backend>, max_file_bytes: u64) -> Router {
         .route("/v2/sandboxes/{id}/connect", post(control::connect_v2))
         .route("/sandboxes/{id}/pause", post(control::pause))
         .route("/sandboxes/{id}/resume", post(control::resume))
+        .route("/sandboxes/{id}/fork", post(control::fork))
         .route(
             "/sandboxes/{id}/network",
             axum::routing::put(control::set_network),

@@ -93,7 +93,7 @@ fn signal_name(n: i32) -> &'static str {
 /// Which message type goes on the wire, `StartResponse` or `ConnectResponse`
 /// (the same shape).
 #[derive(Clone, Copy)]
-enum Reply {
+pub enum Reply {
     Start,
     Connect,
 }
@@ -291,6 +291,7 @@ async fn start(
                     .await?,
             );
             let pid = p.pid();
+            let tap = Arc::new(PtyTap::default());
             s.remember_proc(
                 &t.sandbox,
                 pid,
@@ -299,17 +300,13 @@ async fn start(
                     config: cfg,
                     tag: req.tag,
                     pty: Some(Arc::clone(&p)),
+                    tap: Some(Arc::clone(&tap)),
                     seq: 0,
                 },
             );
-            return Ok(pty_stream(
-                Arc::clone(s),
-                t.sandbox.clone(),
-                pid,
-                p,
-                ka,
-                timeout,
-            ));
+            let rx = tap.attach(Reply::Start, pid).await;
+            pty_pump(Arc::clone(s), t.sandbox.clone(), pid, p, tap, ka, timeout);
+            return Ok(rx_response(rx));
         }
         let view = s
             .backend
@@ -326,6 +323,7 @@ async fn start(
                 config: cfg,
                 tag: req.tag,
                 pty: None,
+                tap: None,
                 seq: 0,
             },
         );
@@ -351,11 +349,23 @@ async fn connect_stream(
     let res: Result<Response, ConnectError> = async {
         need_stream(framing)?;
         let req: ConnectRequest = connect::decode_request(framing, body)?;
-        let (_, view) = find(s, t, req.process).await?;
+        let (pid, view) = find(s, t, req.process).await?;
         let Some(view) = view else {
-            return Err(ConnectError::new(Code::Unimplemented, "connecting to a terminal (pty) is not supported; its output goes to the stream that started it"));
+            let tap = s
+                .proc_details(&t.sandbox, pid)
+                .and_then(|d| d.tap)
+                .ok_or_else(|| {
+                    ConnectError::new(Code::NotFound, format!("process with pid {pid} not found"))
+                })?;
+            return Ok(rx_response(tap.attach(Reply::Connect, pid).await));
         };
-        Ok(output_stream(Arc::clone(s), t.sandbox.clone(), view, Reply::Connect, keepalive_interval(h)))
+        Ok(output_stream(
+            Arc::clone(s),
+            t.sandbox.clone(),
+            view,
+            Reply::Connect,
+            keepalive_interval(h),
+        ))
     }
     .await;
     res.unwrap_or_else(connect::stream_error)
@@ -422,42 +432,80 @@ fn output_stream(
     connect::stream_response(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
-fn pty_stream(
+/// Where a terminal's output goes: the stream of the client that started
+/// it or last connected to it. A new `Connect` takes over (the previous
+/// stream ends with `aborted`); with nobody attached, output is read and
+/// dropped so the program never blocks on it.
+#[derive(Default)]
+pub struct PtyTap {
+    sub: std::sync::Mutex<Option<(Reply, mpsc::Sender<Msg>)>>,
+}
+
+impl PtyTap {
+    fn current(&self) -> Option<(Reply, mpsc::Sender<Msg>)> {
+        self.sub.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn detach(&self, tx: &mpsc::Sender<Msg>) {
+        let mut g = self.sub.lock().unwrap_or_else(|p| p.into_inner());
+        if g.as_ref().is_some_and(|(_, cur)| cur.same_channel(tx)) {
+            *g = None;
+        }
+    }
+
+    /// Attaches a new stream, sending it the start event first.
+    async fn attach(&self, kind: Reply, pid: u32) -> mpsc::Receiver<Msg> {
+        let (tx, rx) = mpsc::channel::<Msg>(16);
+        let start = event(process_event::Event::Start(process_event::StartEvent {
+            pid,
+        }));
+        let _ = tx.send(frame(kind, start)).await;
+        let old = self
+            .sub
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace((kind, tx));
+        if let Some((_, old)) = old {
+            let e = ConnectError::new(Code::Aborted, "another client connected to this terminal");
+            let _ = old.try_send(connect::end_stream(Some(&e)));
+        }
+        rx
+    }
+
+    async fn send(&self, f: impl Fn(Reply) -> Msg) {
+        if let Some((kind, tx)) = self.current() {
+            if tx.send(f(kind)).await.is_err() {
+                self.detach(&tx);
+            }
+        }
+    }
+}
+
+/// Reads the terminal until it ends, for whoever is attached.
+fn pty_pump(
     s: Arc<Shared>,
     sandbox: String,
     pid: u32,
     p: Arc<dyn Pty>,
+    tap: Arc<PtyTap>,
     ka: Duration,
     timeout: Option<Duration>,
-) -> Response {
+) {
     use process_event::data_event::Output;
-    let (tx, rx) = mpsc::channel::<Msg>(16);
     tokio::spawn(async move {
-        let start = event(process_event::Event::Start(process_event::StartEvent {
-            pid,
-        }));
-        if tx.send(frame(Reply::Start, start)).await.is_err() {
-            return;
-        }
         let deadline = timeout.map(|d| tokio::time::Instant::now() + d);
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + ka, ka);
-        // A client that went away leaves the terminal running, as in E2B
-        // (SendSignal or the sandbox's end kills it); its output is then
-        // read and dropped, so the program never blocks on it.
-        let mut detached = false;
         let result: Result<(i32, bool), ConnectError> = loop {
             tokio::select! {
                 ev = p.next() => match ev {
                     Ok(PtyEvent::Output(b)) => {
                         let e = event(process_event::Event::Data(process_event::DataEvent { output: Some(Output::Pty(b)) }));
-                        if !detached && tx.send(frame(Reply::Start, e)).await.is_err() { detached = true; }
+                        tap.send(|k| frame(k, e.clone())).await;
                     }
                     Ok(PtyEvent::Exit { exit_code, signaled }) => break Ok((exit_code, signaled)),
                     Err(e) => break Err(e.into()),
                 },
-                _ = tick.tick(), if !detached => {
-                    if tx.send(keepalive(Reply::Start)).await.is_err() { detached = true; }
-                }
+                _ = tick.tick() => tap.send(keepalive).await,
                 _ = async { match deadline { Some(d) => tokio::time::sleep_until(d).await, None => std::future::pending().await } } => {
                     p.close().await;
                     break Err(ConnectError::new(Code::DeadlineExceeded, "the terminal reached its deadline (Connect-Timeout-Ms) and was closed"));
@@ -477,16 +525,16 @@ fn pty_stream(
                     },
                     error: None,
                 };
-                let _ = tx
-                    .send(frame(Reply::Start, event(process_event::Event::End(end))))
+                tap.send(|k| frame(k, event(process_event::Event::End(end.clone()))))
                     .await;
-                let _ = tx.send(connect::end_stream(None)).await;
+                tap.send(|_| connect::end_stream(None)).await;
             }
-            Err(e) => {
-                let _ = tx.send(connect::end_stream(Some(&e))).await;
-            }
+            Err(e) => tap.send(|_| connect::end_stream(Some(&e))).await,
         }
     });
+}
+
+fn rx_response(rx: mpsc::Receiver<Msg>) -> Response {
     connect::stream_response(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 

@@ -31,6 +31,8 @@ pub struct ProcDetails {
     pub config: ProcessConfig,
     pub tag: Option<String>,
     pub pty: Option<Arc<dyn Pty>>,
+    /// Where a terminal's output goes (see `process::PtyTap`).
+    pub tap: Option<Arc<crate::process::PtyTap>>,
     pub seq: u64,
 }
 
