@@ -9,7 +9,7 @@ LISTEN ?= 127.0.0.1:7423
 PYTEST := /usr/bin/python3 -m pytest
 BIN := target/release
 
-.PHONY: setup build template run test unit kernel-test lint integration cli-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load e2b-test bench bench-code clean-state
+.PHONY: gateway-test setup build template run test unit kernel-test lint integration cli-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load e2b-test bench bench-code clean-state
 
 setup:
 	bash scripts/setup-host.sh
@@ -110,7 +110,27 @@ playground-load: build template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -s -p no:cacheprovider tests/playground/test_load.py
 
-test: build template lint unit kernel-test integration cli-test sdk-python-test sdk-typescript-test terminal-test playground-test playground-load e2b-test
+# The model gateway with the real `openai` and `anthropic` clients (PyPI,
+# versions pinned in tests/gateway/requirements.txt) in a venv of their own,
+# in front of a scripted upstream, and from inside real sandboxes through the
+# daemon's host-service relay (test_from_sandbox.py); the budget store's
+# conformance suite and the concurrency test also run on a private
+# PostgreSQL (tests/pg/pg.py). About 2 minutes.
+GATEWAY_VENV := target/gateway-venv
+
+$(GATEWAY_VENV)/.installed: tests/gateway/requirements.txt
+	rm -rf $(GATEWAY_VENV)
+	/usr/bin/python3 -m venv --system-site-packages $(GATEWAY_VENV)
+	$(GATEWAY_VENV)/bin/pip install -q -r tests/gateway/requirements.txt
+	touch $@
+
+gateway-test: build template $(GATEWAY_VENV)/.installed
+	/usr/bin/python3 tests/pg/pg.py -- env HATCHERY_REQUIRE_PG=1 \
+	  cargo test --release -p hatchery-gateway conformance_on_postgres
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  $(GATEWAY_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/gateway
+
+test: build template lint unit kernel-test integration cli-test sdk-python-test sdk-typescript-test terminal-test playground-test playground-load gateway-test e2b-test
 
 # The Run-button path alone (about a minute): run_code and exec against raw runsc.
 bench-code: build template
@@ -123,3 +143,6 @@ bench: build template
 	  /usr/bin/python3 bench/bench.py
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/playground_bench.py
+	cargo build --release -p hatchery-gateway --example reserve_bench
+	$(BIN)/examples/reserve_bench
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) /usr/bin/python3 bench/gateway_bench.py

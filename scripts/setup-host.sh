@@ -27,6 +27,9 @@ command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v sqlite3 >/dev/null 2>&1 || missing+=(sqlite3)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v conntrack >/dev/null 2>&1 || missing+=(conntrack)
+# PostgreSQL for the tests of the shared (many-hosts) stores; the tests run
+# their own server as the postgres user (tests/pg/pg.py), never the system one.
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 /usr/bin/python3 -c 'import pytest' >/dev/null 2>&1 || missing+=(python3-pytest)
 # The Python SDK suite pip-installs the package, offline, into a venv that
 # sees the system packages (make sdk-python-test): venv, and wheel to build it.

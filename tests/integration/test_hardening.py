@@ -180,3 +180,52 @@ def test_filling_the_disk_ends_in_enospc_and_the_sandbox_lives(daemon):
     out = r.json()["stdout"] + r.json()["stderr"]
     assert out.count("No space left on device") == 2 and out.count("rc=1") == 2, out
     assert daemon.exec(sid, "rm -f /tmp/fill1 /tmp/fill2; echo alive", timeout_seconds=30)["stdout"] == "alive\n"
+
+
+def test_the_disk_quota_is_a_total_over_root_and_tmp(daemon):
+    """disk_mb (256 in the default template) caps everything the guest
+    writes, together: the root overlay (/root, /workspace, /usr, ...) and
+    /tmp share one tmpfs of that size on the host. Before, only /tmp was
+    capped and filling /root grew until the memory cgroup killed the
+    sandbox (504 guest_unresponsive)."""
+    sid = daemon.create(ttl_seconds=300)
+    r = daemon.request("POST", f"/v1/sandboxes/{sid}/exec", {
+        "cmd": "dd if=/dev/zero of=/tmp/half bs=1M count=150 2>&1 | tail -1; echo rc=$?;"
+               " dd if=/dev/zero of=/root/fill bs=1M count=3000 2>&1 | head -1;"
+               " dd if=/dev/zero of=/usr/fill2 bs=1M count=3000 2>&1 | head -1;"
+               " du -sm /tmp/half /root/fill /usr/fill2 | awk '{s+=$1} END {print \"total=\" s}'",
+        "timeout_seconds": 120}, timeout=180)
+    assert r.status == 200, r
+    out = r.json()["stdout"] + r.json()["stderr"]
+    assert out.count("No space left on device") == 2, out
+    total = int(out.split("total=")[1].split()[0])
+    assert 200 <= total <= 257, out
+    # Alive, and freeing space gives it back.
+    r = daemon.exec(sid, "rm -f /tmp/half /root/fill /usr/fill2;"
+                         " dd if=/dev/zero of=/workspace/again bs=1M count=200 2>&1 | tail -1; echo rc=$?",
+                    timeout_seconds=60)
+    assert "rc=0" in r["stdout"], r
+
+
+def test_files_on_the_capped_disk_survive_snapshot_and_fork(daemon):
+    """The overlay's upper layers live in the sandbox's disk tmpfs; a
+    checkpoint carries them and a fork restores them onto its own disk,
+    whose cap is its own again."""
+    sid = daemon.create(ttl_seconds=300)
+    daemon.exec(sid, "echo in-tmp > /tmp/a; echo in-root > /root/b;"
+                     " dd if=/dev/zero of=/workspace/big bs=1M count=100 2>/dev/null; stat -c %a /tmp > /root/mode")
+    snap = daemon.request("POST", f"/v1/sandboxes/{sid}/snapshots", {}).json()
+    r = daemon.request("POST", f"/v1/snapshots/{snap['id']}/fork", {"count": 1})
+    assert r.status == 201, r
+    fork = r.json()["sandboxes"][0]["id"]
+    daemon.created.add(fork)
+    r = daemon.exec(fork, "cat /tmp/a /root/b /root/mode; stat -c %s /workspace/big;"
+                          " dd if=/dev/zero of=/root/more bs=1M count=3000 2>&1 | head -1")
+    lines = r["stdout"].splitlines() + r["stderr"].splitlines()
+    assert lines[:4] == ["in-tmp", "in-root", "1777", str(100 << 20)], r
+    assert "No space left on device" in r["stdout"] + r["stderr"], r
+    # The source's disk is not the fork's: it has its own room left.
+    r = daemon.exec(sid, "dd if=/dev/zero of=/root/more bs=1M count=100 2>&1 | tail -1; echo rc=$?")
+    assert "rc=0" in r["stdout"], r
+    assert daemon.request("DELETE", f"/v1/snapshots/{snap['id']}").status == 204
+

@@ -300,3 +300,23 @@ def guest_http_first(d, sid):
     r = d.exec(sid, argv=["python3", "-c", code])
     assert r["exit_code"] == 0, r
     return json.loads(r["stdout"])
+
+
+def test_a_connection_close_request_gets_its_whole_answer(hsd):
+    """urllib (and any HTTP/1.0-style client) sends `Connection: close`; the
+    relay's HTTP server then answers, half-closes and drops the stream. The
+    agent used to take that drop as an abort and throw away the answer it
+    had not yet written to the guest socket (RemoteDisconnected in the
+    guest). Now it writes the answer, then closes."""
+    d = hsd
+    sid = d.create(ttl_seconds=300)
+    code = ("import json, urllib.request as u\n"
+            "for n in (10, 3000000):\n"
+            "    r = u.urlopen(u.Request(f'http://127.0.0.1:9100/big/{n}'), timeout=20)\n"
+            "    print(r.status, len(r.read()))\n"
+            "r = u.urlopen(u.Request('http://127.0.0.1:9100/echo', data=b'x' * 1000, method='POST'), timeout=20)\n"
+            "print(r.status, json.loads(r.read())['path'])\n")
+    r = d.exec(sid, argv=["python3", "-c", code], timeout_seconds=60)
+    assert r["exit_code"] == 0, r
+    assert r["stdout"].splitlines() == ["200 10", "200 3000000", "200 /echo"], r
+    wait_relays_closed(d)

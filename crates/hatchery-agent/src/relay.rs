@@ -310,8 +310,19 @@ impl Loop {
                 }
             }
             Cmd::Close(chan) => {
-                // Dropping the socket closes it.
-                self.conns.remove(&chan);
+                match self.conns.get_mut(&chan) {
+                    // The host finished writing (Shut came first) and then
+                    // stopped reading: an HTTP server answering
+                    // `Connection: close` does exactly that. What it wrote
+                    // must still reach the guest, so the connection stays
+                    // until the queue is written and the write side shut
+                    // (`settle`); whatever the guest sends now is not read.
+                    Some(c) if c.shut_wanted => c.read_done = true,
+                    // An abort: dropping the socket closes it.
+                    _ => {
+                        self.conns.remove(&chan);
+                    }
+                }
             }
             Cmd::Window(chan, n) => {
                 if let Some(c) = self.conns.get_mut(&chan) {

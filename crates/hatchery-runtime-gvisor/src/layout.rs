@@ -34,7 +34,35 @@ impl Layout {
     pub fn socket(&self, id: &str) -> PathBuf {
         self.bundle(id).join("shim.sock")
     }
-    /// Global runsc flags, identical for run, kill and delete.
+    /// Mount point of the sandbox's disk: a tmpfs of `disk_mb` that the
+    /// shim mounts in its private mount namespace, holding the upper layer
+    /// of every writable filesystem of the guest (root and `/tmp`).
+    pub fn disk_dir(bundle: &Path) -> PathBuf {
+        bundle.join("disk")
+    }
+    /// Mount point of the read-only, empty lower layer of the guest's
+    /// `/tmp` (also mounted by the shim, in its namespace).
+    pub fn tmp_lower(bundle: &Path) -> PathBuf {
+        bundle.join("tmp-lower")
+    }
+    /// Flags for `runsc run` and `runsc restore` of sandbox `id`: the
+    /// global ones plus where its writable layers live.
+    pub fn start_flags(&self, id: &str) -> Vec<String> {
+        let mut f = self.runsc_flags();
+        // `all`: the root and every writable bind mount (the guest's /tmp)
+        // get an overlay whose upper layer is a file in the sandbox's disk
+        // tmpfs, so everything the guest writes shares one cap and a full
+        // disk is ENOSPC inside, not the memory cgroup's OOM killer. The
+        // host copies (template rootfs, empty /tmp) are never written, and
+        // the upper layers are part of every checkpoint.
+        f.push(format!(
+            "--overlay2=all:dir={}",
+            Self::disk_dir(&self.bundle(id)).display()
+        ));
+        f
+    }
+    /// Global runsc flags, identical for every command (run and restore
+    /// add [`Layout::start_flags`]'s overlay).
     pub fn runsc_flags(&self) -> Vec<String> {
         vec![
             format!("--root={}", self.runsc_root().display()),
@@ -46,10 +74,6 @@ impl Layout {
             } else {
                 "--network=none".into()
             },
-            // Writable root in sandbox memory over the shared read-only
-            // template rootfs: the host copy is never written, and what the
-            // guest writes is charged to its own memory cgroup.
-            "--overlay2=root:memory".into(),
         ]
     }
 }
@@ -71,6 +95,10 @@ pub struct ShimConfig {
     /// on current kernels that file exists in every namespace.
     #[serde(default)]
     pub mask_proc_sys_net: bool,
+    /// Size of the sandbox's disk tmpfs ([`Layout::disk_dir`]), the cap on
+    /// everything the guest writes.
+    #[serde(default)]
+    pub disk_mb: u64,
 }
 
 impl ShimConfig {

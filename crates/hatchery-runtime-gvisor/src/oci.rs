@@ -49,7 +49,9 @@ pub fn effective_nproc(l: &hatchery_runtime::Limits) -> u64 {
     (l.pids_max as u64).min((l.memory_mb / MIB_PER_PROCESS).max(16))
 }
 
-pub fn config(spec: &SandboxSpec, agent: &Path) -> Value {
+/// `tmp_lower` is the empty, read-only directory under the guest's `/tmp`
+/// (the shim mounts it); its writable layer is in the sandbox's disk.
+pub fn config(spec: &SandboxSpec, agent: &Path, tmp_lower: &Path) -> Value {
     let l = &spec.limits;
     let nproc = effective_nproc(l);
     let period: u64 = 100_000;
@@ -71,26 +73,26 @@ pub fn config(spec: &SandboxSpec, agent: &Path) -> Value {
             "rlimits": [
                 {"type": "RLIMIT_NPROC", "hard": nproc, "soft": nproc},
                 {"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 4096},
-                // Per file, one MiB over the /tmp cap so that filling /tmp
-                // ends in ENOSPC there, not in SIGXFSZ.
+                // Per file, one MiB over the disk cap so that filling the
+                // disk ends in ENOSPC, not in SIGXFSZ.
                 {"type": "RLIMIT_FSIZE", "hard": fsize, "soft": fsize}
             ],
             "noNewPrivileges": true
         },
-        // Not read-only to gVisor: writes land in the --overlay2=root:memory
-        // upper layer, never in the shared host rootfs.
+        // Not read-only to gVisor: writes land in the overlay's upper layer
+        // in the sandbox's disk (layout.rs `start_flags`), never in the
+        // shared host rootfs.
         "root": {"path": spec.rootfs, "readonly": false},
         "hostname": "sandbox",
         "mounts": [
             {"destination": "/proc", "type": "proc", "source": "proc"},
             {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
-            // /tmp: a tmpfs of the sandbox's own, capped at disk_mb, so that
-            // filling it ends in ENOSPC inside instead of the memory cgroup
-            // killing the sandbox (runsc would otherwise mount an uncapped
-            // one). The root overlay upper layer is not capped by this; see
-            // docs/threat-model.md, "Disk".
-            {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
-             "options": ["nosuid", "nodev", "mode=1777", format!("size={}m", l.disk_mb)]},
+            // /tmp: a writable bind of an empty read-only directory, so it
+            // is overlaid like the root and its files count against the
+            // same disk cap (runsc would otherwise mount an uncapped tmpfs
+            // of its own). See docs/threat-model.md, "Disk".
+            {"destination": "/tmp", "type": "bind", "source": tmp_lower,
+             "options": ["rbind", "rw", "nosuid", "nodev"]},
             {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["ro", "nosuid", "noexec", "nodev"]},
             {"destination": GUEST_AGENT, "type": "bind", "source": agent, "options": ["ro", "rbind"]}
         ],
@@ -126,7 +128,7 @@ mod tests {
             expires_at_ms: 0,
             netns: Some("/run/netns/hy-1".into()),
         };
-        let v = config(&spec, Path::new("/a"));
+        let v = config(&spec, Path::new("/a"), Path::new("/b/tmp-lower"));
         assert_eq!(
             v["linux"]["resources"]["memory"]["limit"],
             1024 * 1024 * 1024
@@ -147,10 +149,8 @@ mod tests {
             .iter()
             .find(|m| m["destination"] == "/tmp")
             .unwrap();
-        assert!(tmp["options"]
-            .as_array()
-            .unwrap()
-            .contains(&"size=10m".into()));
+        assert_eq!(tmp["source"], "/b/tmp-lower");
+        assert!(tmp["options"].as_array().unwrap().contains(&"rw".into()));
         assert_eq!(v["linux"]["namespaces"][4]["path"], "/run/netns/hy-1");
         let caps = v["process"]["capabilities"]["bounding"].as_array().unwrap();
         assert!(!caps

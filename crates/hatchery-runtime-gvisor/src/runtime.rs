@@ -210,7 +210,7 @@ impl Runtime for GvisorRuntime {
                 .unwrap_or_default()
         };
         format!(
-            "gvisor|{}|net={}|{}|{}",
+            "gvisor|{}|net={}|disk=overlay-dir|{}|{}",
             self.layout.cfg.platform,
             self.layout.cfg.network,
             stamp(&self.layout.cfg.agent),
@@ -234,14 +234,15 @@ impl GvisorRuntime {
         let bundle = self.layout.bundle(&spec.id);
         std::fs::create_dir(&bundle)?;
         std::fs::set_permissions(&bundle, std::fs::Permissions::from_mode(0o700))?;
-        let config = oci::config(spec, &self.layout.cfg.agent);
+        let config = oci::config(spec, &self.layout.cfg.agent, &Layout::tmp_lower(&bundle));
         let shim_cfg = ShimConfig {
             id: spec.id.clone(),
             runsc: self.layout.cfg.runsc.clone(),
-            runsc_flags: self.layout.runsc_flags(),
+            runsc_flags: self.layout.start_flags(&spec.id),
             expires_at_ms: spec.expires_at_ms + SHIM_GRACE_MS,
             restore_from: restore_from.map(Path::to_path_buf),
             mask_proc_sys_net: self.layout.cfg.network,
+            disk_mb: spec.limits.disk_mb,
         };
         if self.layout.cfg.network != spec.netns.is_some() {
             let _ = std::fs::remove_dir_all(&bundle);

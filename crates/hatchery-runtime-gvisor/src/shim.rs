@@ -7,7 +7,7 @@
 //!   re-attaches).
 //! - `C`: one [`ShimControl`] request on channel 0, answered with `Ack`.
 
-use crate::layout::ShimConfig;
+use crate::layout::{Layout, ShimConfig};
 use crate::teardown;
 use hatchery_agent_proto::{read_frame, write_frame, Frame, Kind, ShimControl};
 use std::fs::File;
@@ -98,9 +98,7 @@ pub fn run(bundle: &Path) -> ! {
 }
 
 fn start(cfg: &ShimConfig, bundle: &Path) -> std::io::Result<(File, File, UnixListener)> {
-    if cfg.mask_proc_sys_net {
-        mask_proc_sys_net()?;
-    }
+    private_mounts(cfg, bundle)?;
     let (agent_stdin, to_agent) = pipe()?;
     let (from_agent, agent_stdout) = pipe()?;
     let log = File::create(bundle.join("runsc.log"))?;
@@ -271,40 +269,103 @@ fn detach_stdio(bundle: &Path) {
 }
 
 /// Moves the shim (and so runsc and the sandbox it starts) into a private
-/// mount namespace whose `/proc/sys/net` is an empty tmpfs; see
-/// [`ShimConfig::mask_proc_sys_net`]. Only `/proc/sys/net` is hidden: runsc
-/// reads other `/proc/sys` entries at start. The namespace dies with the
-/// last process in it, so the mask leaves nothing behind on the host.
-fn mask_proc_sys_net() -> std::io::Result<()> {
-    let check = |rc: i32| {
+/// mount namespace and mounts there what the sandbox needs from the host:
+/// - with `mask_proc_sys_net`, an empty tmpfs over `/proc/sys/net` (see
+///   [`ShimConfig::mask_proc_sys_net`]; only that is hidden, runsc reads
+///   other `/proc/sys` entries at start);
+/// - the sandbox's disk, a tmpfs of `disk_mb` ([`Layout::disk_dir`]), and
+///   the empty read-only lower layer of its `/tmp` ([`Layout::tmp_lower`]).
+///
+/// The namespace dies with the last process in it, so none of these can be
+/// left behind on the host, whatever kills the sandbox: the daemon's mount
+/// table never holds them.
+fn private_mounts(cfg: &ShimConfig, bundle: &Path) -> std::io::Result<()> {
+    fn check(what: &str, rc: i32) -> std::io::Result<()> {
         if rc == 0 {
             Ok(())
         } else {
-            Err(std::io::Error::last_os_error())
+            let e = std::io::Error::last_os_error();
+            Err(std::io::Error::new(e.kind(), format!("{what}: {e}")))
         }
-    };
-    let root = c"/";
-    let target = c"/proc/sys/net";
-    let fstype = c"tmpfs";
-    let opts = c"size=4k,mode=0555";
-    // SAFETY: unshare affects only this (single-threaded) process; the mount
-    // calls take valid NUL-terminated strings that outlive the calls.
+    }
+    fn cstr(p: &Path) -> std::io::Result<std::ffi::CString> {
+        std::ffi::CString::new(p.as_os_str().as_encoded_bytes())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+    }
+    let tmpfs = c"tmpfs";
+    let nosuid = libc::MS_NOSUID | libc::MS_NODEV;
+    // SAFETY: unshare affects only this (single-threaded) process; the
+    // mount calls take valid NUL-terminated strings that outlive the calls.
     unsafe {
-        check(libc::unshare(libc::CLONE_NEWNS))?;
-        check(libc::mount(
-            std::ptr::null(),
-            root.as_ptr(),
-            std::ptr::null(),
-            libc::MS_REC | libc::MS_PRIVATE,
-            std::ptr::null(),
-        ))?;
-        check(libc::mount(
-            fstype.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            opts.as_ptr().cast(),
-        ))?;
+        check("unshare mount namespace", libc::unshare(libc::CLONE_NEWNS))?;
+        check(
+            "make / private",
+            libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ),
+        )?;
+    }
+    if cfg.mask_proc_sys_net {
+        // SAFETY: as above.
+        check("mask /proc/sys/net", unsafe {
+            libc::mount(
+                tmpfs.as_ptr(),
+                c"/proc/sys/net".as_ptr(),
+                tmpfs.as_ptr(),
+                nosuid | libc::MS_NOEXEC,
+                c"size=4k,mode=0555".as_ptr().cast(),
+            )
+        })?;
+    }
+    if cfg.disk_mb > 0 {
+        let (disk, lower) = (Layout::disk_dir(bundle), Layout::tmp_lower(bundle));
+        std::fs::create_dir_all(&disk)?;
+        std::fs::create_dir_all(&lower)?;
+        let (disk_c, lower_c) = (cstr(&disk)?, cstr(&lower)?);
+        let disk_opts = std::ffi::CString::new(format!("size={}m,mode=0700", cfg.disk_mb))
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        let lower_opts = c"size=4k,mode=1777";
+        // SAFETY: as above.
+        unsafe {
+            // Not noexec: the Sentry maps the upper layer's file with
+            // PROT_EXEC when the guest runs a binary it wrote.
+            check(
+                "mount the sandbox disk",
+                libc::mount(
+                    tmpfs.as_ptr(),
+                    disk_c.as_ptr(),
+                    tmpfs.as_ptr(),
+                    nosuid,
+                    disk_opts.as_ptr().cast(),
+                ),
+            )?;
+            // Read-only: were /tmp ever not overlaid, a guest write would
+            // fail here rather than land on the host.
+            check(
+                "mount the /tmp lower layer",
+                libc::mount(
+                    tmpfs.as_ptr(),
+                    lower_c.as_ptr(),
+                    tmpfs.as_ptr(),
+                    nosuid | libc::MS_NOEXEC,
+                    lower_opts.as_ptr().cast(),
+                ),
+            )?;
+            check(
+                "make the /tmp lower layer read-only",
+                libc::mount(
+                    std::ptr::null(),
+                    lower_c.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REMOUNT | libc::MS_RDONLY | nosuid | libc::MS_NOEXEC,
+                    lower_opts.as_ptr().cast(),
+                ),
+            )?;
+        }
     }
     Ok(())
 }

@@ -48,7 +48,33 @@ pub fn destroy(runsc_bin: &Path, flags: &[String], id: &str, bundle: &Path) {
             let _ = std::fs::remove_dir(&p);
         }
     }
+    unmount_disk(bundle);
     let _ = std::fs::remove_dir_all(bundle);
+}
+
+/// The shim mounts the sandbox's disk and `/tmp` lower layer inside the
+/// bundle, in its private mount namespace; when the shim itself tears down
+/// (TTL, agent death) they must go before the bundle can be removed. In the
+/// daemon's namespace they are plain empty directories and this is a no-op
+/// (EINVAL: not a mount point).
+fn unmount_disk(bundle: &Path) {
+    for p in [
+        crate::layout::Layout::disk_dir(bundle),
+        crate::layout::Layout::tmp_lower(bundle),
+    ] {
+        let Ok(c) = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()) else {
+            continue;
+        };
+        // SAFETY: umount2 takes a valid NUL-terminated path; MNT_DETACH
+        // only affects this process's mount namespace.
+        let rc = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        if rc != 0 {
+            let e = std::io::Error::last_os_error();
+            if !matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOENT)) {
+                eprintln!("teardown: unmount {}: {e}", p.display());
+            }
+        }
+    }
 }
 
 /// What is left of sandbox `id` on the host. Empty means fully torn down.

@@ -1,0 +1,200 @@
+//! The contract of a budget store, run against every backend: SQLite in
+//! the unit tests, PostgreSQL when `HATCHERY_TEST_PG_DSN` names a database
+//! (`make gateway-pg-test` starts one). Scope names are unique per run, so
+//! a database may be reused.
+
+use crate::budget::{Amount, BudgetError, BudgetStore, Caller, KeyStore};
+use std::sync::Arc;
+
+pub struct TempDir(pub std::path::PathBuf);
+
+impl TempDir {
+    pub fn new() -> Self {
+        let p = std::env::temp_dir().join(format!(
+            "hx-budget-{}-{}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::create_dir_all(&p).expect("temp dir");
+        TempDir(p)
+    }
+}
+
+impl Default for TempDir {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn amt(tokens: u64) -> Amount {
+    Amount {
+        tokens,
+        usd_cents: 0,
+    }
+}
+
+fn cents(c: u64) -> Amount {
+    Amount {
+        tokens: 0,
+        usd_cents: c,
+    }
+}
+
+pub async fn run_all<S: BudgetStore + KeyStore + 'static>(s: &S) {
+    let run = format!("{:x}", rand::random::<u32>());
+    reservations_count_until_settled(s, &run).await;
+    refused_reservations_hold_nothing(s, &run).await;
+    janitor_frees_expired_only(s, &run).await;
+    spend_of_unlimited_scopes_is_recorded(s, &run).await;
+    keys_and_bindings(s, &run).await;
+}
+
+async fn reservations_count_until_settled<S: BudgetStore>(s: &S, run: &str) {
+    let scope = format!("session:a{run}");
+    s.set_limits(&scope, Some(100), None).await.unwrap();
+    let scopes = vec![scope.clone()];
+    let (r1, r2) = (format!("r1{run}"), format!("r2{run}"));
+    s.reserve(&r1, &scopes, amt(60), 0, 1000).await.unwrap();
+    let e = s.reserve(&r2, &scopes, amt(60), 0, 1000).await;
+    assert!(
+        matches!(e, Err(BudgetError::Exhausted { reserved: 60, .. })),
+        "{e:?}"
+    );
+    // Settling at the actual (smaller) usage frees the rest; once only.
+    assert!(s.settle(&r1, &scopes, amt(10)).await.unwrap());
+    assert!(
+        !s.settle(&r1, &scopes, amt(10)).await.unwrap(),
+        "idempotent"
+    );
+    s.reserve(&r2, &scopes, amt(60), 0, 1000).await.unwrap();
+    let b = s.get(&scope).await.unwrap();
+    assert_eq!((b.used_tokens, b.reserved_tokens), (10, 60));
+}
+
+async fn refused_reservations_hold_nothing<S: BudgetStore>(s: &S, run: &str) {
+    let (t, a) = (format!("tenant:t{run}"), format!("session:b{run}"));
+    s.set_limits(&t, Some(1000), None).await.unwrap();
+    s.set_limits(&a, Some(50), None).await.unwrap();
+    let scopes = vec![t.clone(), a.clone()];
+    assert!(s
+        .reserve(&format!("r{run}"), &scopes, amt(80), 0, 1000)
+        .await
+        .is_err());
+    assert_eq!(s.get(&t).await.unwrap().reserved_tokens, 0);
+}
+
+async fn janitor_frees_expired_only<S: BudgetStore>(s: &S, run: &str) {
+    let scope = format!("session:c{run}");
+    s.set_limits(&scope, None, Some(10)).await.unwrap();
+    let scopes = vec![scope.clone()];
+    let (old, new) = (format!("old{run}"), format!("new{run}"));
+    s.reserve(&old, &scopes, cents(5), 0, 100).await.unwrap();
+    s.reserve(&new, &scopes, cents(5), 0, 10_000_000_000_000)
+        .await
+        .unwrap();
+    assert!(s.expire(5_000).await.unwrap() >= 1);
+    assert_eq!(s.get(&scope).await.unwrap().reserved_usd_cents, 5);
+    // A late settle of the expired one still records its spend.
+    assert!(s.settle(&old, &scopes, cents(3)).await.unwrap());
+    assert_eq!(s.get(&scope).await.unwrap().used_usd_cents, 3);
+    s.settle(&new, &scopes, cents(0)).await.unwrap();
+}
+
+async fn spend_of_unlimited_scopes_is_recorded<S: BudgetStore>(s: &S, run: &str) {
+    let scope = format!("tenant:u{run}");
+    assert!(matches!(
+        s.get(&scope).await,
+        Err(BudgetError::UnknownScope(_))
+    ));
+    let scopes = vec![scope.clone()];
+    s.reserve(&format!("u{run}"), &scopes, amt(5), 0, 1000)
+        .await
+        .unwrap();
+    s.settle(&format!("u{run}"), &scopes, amt(4)).await.unwrap();
+    let b = s.get(&scope).await.unwrap();
+    assert_eq!((b.limit_tokens, b.used_tokens), (None, 4));
+}
+
+async fn keys_and_bindings<S: KeyStore>(s: &S, run: &str) {
+    let c = |x: &str| Caller {
+        session: format!("{x}{run}"),
+        tenant: None,
+    };
+    let h = format!("hash{run}");
+    s.add_key(&h, &c("k"), 1000).await.unwrap();
+    assert_eq!(s.caller(&h, 999).await.unwrap(), Some(c("k")));
+    assert_eq!(s.caller(&h, 1000).await.unwrap(), None, "expired");
+    let sbx = format!("sbx_{run}");
+    assert_eq!(s.caller_of_sandbox(&sbx).await.unwrap(), None);
+    s.bind_sandbox(&sbx, &c("a")).await.unwrap();
+    s.bind_sandbox(&sbx, &c("b")).await.unwrap();
+    assert_eq!(s.caller_of_sandbox(&sbx).await.unwrap(), Some(c("b")));
+    assert!(s.unbind_sandbox(&sbx).await.unwrap());
+    assert!(!s.unbind_sandbox(&sbx).await.unwrap());
+}
+
+/// 50 reservations at once against a limit that fits exactly 10 of them:
+/// exactly 10 are admitted, whatever the interleaving.
+pub async fn concurrent_reservations<S: BudgetStore + 'static>(s: Arc<S>) {
+    let run = format!("{:x}", rand::random::<u32>());
+    let scope = format!("session:race{run}");
+    s.set_limits(&scope, Some(1000), None).await.unwrap();
+    let mut tasks = Vec::new();
+    for n in 0..50 {
+        let (s, scope, run) = (s.clone(), scope.clone(), run.clone());
+        tasks.push(tokio::spawn(async move {
+            s.reserve(&format!("race{run}-{n}"), &[scope], amt(100), 0, 60_000)
+                .await
+                .is_ok()
+        }));
+    }
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += t.await.unwrap() as usize;
+    }
+    assert_eq!(admitted, 10);
+    assert_eq!(s.get(&scope).await.unwrap().reserved_tokens, 1000);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_reservations_on_sqlite() {
+        let d = TempDir::new();
+        let s = Arc::new(crate::budget::SqliteBudgets::open(&d.0.join("b.db")).unwrap());
+        concurrent_reservations(s).await;
+    }
+
+    /// PostgreSQL, when a database is given. `make gateway-pg-test` starts
+    /// one and sets HATCHERY_REQUIRE_PG, so there this cannot pass by
+    /// skipping.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn conformance_on_postgres() {
+        let Ok(dsn) = std::env::var("HATCHERY_TEST_PG_DSN") else {
+            assert!(
+                std::env::var_os("HATCHERY_REQUIRE_PG").is_none(),
+                "HATCHERY_REQUIRE_PG is set but HATCHERY_TEST_PG_DSN is not"
+            );
+            eprintln!("conformance_on_postgres: no HATCHERY_TEST_PG_DSN, not run here");
+            return;
+        };
+        let s = Arc::new(
+            crate::budget_pg::PgBudgets::connect(&dsn, 16)
+                .await
+                .unwrap(),
+        );
+        run_all(&*s).await;
+        concurrent_reservations(s.clone()).await;
+        // Migrations are idempotent: a second gateway on the same database.
+        let again = crate::budget_pg::PgBudgets::connect(&dsn, 2).await.unwrap();
+        run_all(&again).await;
+    }
+}

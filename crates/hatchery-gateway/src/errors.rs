@@ -1,0 +1,113 @@
+//! Why a model call was refused, answered in the caller's protocol: the
+//! OpenAI shape `{"error": {"message", "type", "code"}}` or the Anthropic
+//! shape `{"type": "error", "error": {"type", "message"}}`.
+
+use crate::budget::BudgetError;
+use crate::pricing::PricingError;
+use crate::upstream::UpstreamError;
+use crate::usage::Flavor;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("missing or unknown gateway key")]
+    Unauthorized,
+    #[error("this sandbox is not bound to a session")]
+    UnboundSandbox,
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("max tokens {asked} is over the gateway's cap of {cap}")]
+    OverCap { asked: u64, cap: u64 },
+    #[error("the request body is larger than {0} bytes")]
+    TooLarge(usize),
+    #[error(transparent)]
+    Pricing(#[from] PricingError),
+    #[error(transparent)]
+    Store(BudgetError),
+    #[error("no upstream is configured for this API")]
+    NoUpstream,
+    #[error(transparent)]
+    Upstream(UpstreamError),
+    #[error("the upstream's answer was too large or broken")]
+    BadUpstreamAnswer,
+}
+
+impl CallError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            CallError::Unauthorized => "invalid_api_key",
+            CallError::UnboundSandbox => "unbound_sandbox",
+            CallError::BadRequest(_) => "invalid_request",
+            CallError::OverCap { .. } => "max_tokens_over_cap",
+            CallError::TooLarge(_) => "request_too_large",
+            CallError::Pricing(_) => "unknown_model",
+            CallError::Store(BudgetError::Exhausted { .. }) => "budget_exhausted",
+            CallError::Store(_) => "internal",
+            CallError::NoUpstream => "no_upstream",
+            CallError::Upstream(_) | CallError::BadUpstreamAnswer => "upstream_unavailable",
+        }
+    }
+
+    /// Label for the calls counter.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            CallError::Store(BudgetError::Exhausted { .. }) => "budget_exhausted",
+            CallError::Upstream(_) | CallError::BadUpstreamAnswer => "upstream_unavailable",
+            CallError::Store(_) => "internal",
+            _ => "refused",
+        }
+    }
+
+    fn status(&self) -> StatusCode {
+        match self {
+            CallError::Unauthorized | CallError::UnboundSandbox => StatusCode::UNAUTHORIZED,
+            CallError::BadRequest(_) | CallError::OverCap { .. } | CallError::Pricing(_) => {
+                StatusCode::BAD_REQUEST
+            }
+            CallError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            CallError::Store(BudgetError::Exhausted { .. }) => StatusCode::TOO_MANY_REQUESTS,
+            CallError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            CallError::NoUpstream => StatusCode::NOT_FOUND,
+            CallError::Upstream(_) | CallError::BadUpstreamAnswer => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    pub fn into_response(self, flavor: Flavor) -> Response {
+        let status = self.status();
+        // The cause of an internal error is logged, not echoed.
+        let message = if status == StatusCode::INTERNAL_SERVER_ERROR {
+            let rid = format!("req_{:016x}", rand::random::<u64>());
+            tracing::error!(request_id = %rid, error = %self, "model call failed");
+            format!("internal error (request id {rid})")
+        } else {
+            self.to_string()
+        };
+        let body = match flavor {
+            Flavor::OpenAi => json!({"error": {
+                "message": message,
+                "type": match status {
+                    StatusCode::TOO_MANY_REQUESTS => "insufficient_quota",
+                    StatusCode::UNAUTHORIZED => "invalid_request_error",
+                    s if s.is_server_error() => "api_error",
+                    _ => "invalid_request_error",
+                },
+                "param": null,
+                "code": self.code(),
+            }}),
+            Flavor::Anthropic => json!({"type": "error", "error": {
+                "type": match status {
+                    StatusCode::UNAUTHORIZED => "authentication_error",
+                    StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+                    StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+                    StatusCode::NOT_FOUND => "not_found_error",
+                    s if s.is_server_error() => "api_error",
+                    _ => "invalid_request_error",
+                },
+                "message": message,
+            }}),
+        };
+        (status, axum::Json(body)).into_response()
+    }
+}

@@ -1,0 +1,106 @@
+//! What the gateway reports about calls. Sessions record these in their
+//! event log; standalone, they are log lines, rate-limited because guest
+//! code can cause them in a loop.
+
+use crate::budget::{Amount, Caller};
+use crate::usage::Flavor;
+use std::sync::Mutex;
+use std::time::Instant;
+
+#[derive(Debug, Clone)]
+pub enum GatewayEvent {
+    Called {
+        caller: Caller,
+        flavor: Flavor,
+        model: String,
+        input_tokens: Option<u64>,
+        output_tokens: Option<u64>,
+        charged: Amount,
+        reserved: Amount,
+    },
+    Refused {
+        caller: Option<Caller>,
+        flavor: Flavor,
+        code: &'static str,
+        message: String,
+    },
+    Exhausted {
+        caller: Caller,
+        scope: String,
+    },
+}
+
+pub trait GatewayEvents: Send + Sync {
+    fn record(&self, e: GatewayEvent);
+}
+
+/// Log lines, at most `per_second` a second (the rest are counted and
+/// reported with the next line that gets through).
+pub struct LogEvents {
+    per_second: u32,
+    window: Mutex<(Instant, u32, u64)>,
+}
+
+impl LogEvents {
+    pub fn new(per_second: u32) -> Self {
+        LogEvents {
+            per_second,
+            window: Mutex::new((Instant::now(), 0, 0)),
+        }
+    }
+
+    /// Whether a line may go out now, and how many were dropped before it.
+    fn admit(&self) -> Option<u64> {
+        let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
+        if w.0.elapsed().as_secs() >= 1 {
+            *w = (Instant::now(), 0, w.2);
+        }
+        if w.1 >= self.per_second {
+            w.2 += 1;
+            return None;
+        }
+        w.1 += 1;
+        Some(std::mem::take(&mut w.2))
+    }
+}
+
+impl GatewayEvents for LogEvents {
+    fn record(&self, e: GatewayEvent) {
+        let Some(dropped) = self.admit() else { return };
+        match e {
+            GatewayEvent::Called {
+                caller,
+                flavor,
+                model,
+                input_tokens,
+                output_tokens,
+                charged,
+                reserved,
+            } => tracing::info!(session = %caller.session, ?flavor, %model, ?input_tokens,
+                ?output_tokens, charged_tokens = charged.tokens, charged_cents = charged.usd_cents,
+                reserved_tokens = reserved.tokens, dropped, "model call"),
+            GatewayEvent::Refused {
+                caller,
+                flavor,
+                code,
+                message,
+            } => tracing::warn!(session = caller.as_ref().map(|c| c.session.as_str()), ?flavor,
+                code, %message, dropped, "model call refused"),
+            GatewayEvent::Exhausted { caller, scope } => {
+                tracing::warn!(session = %caller.session, %scope, dropped, "budget exhausted")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_are_rate_limited() {
+        let l = LogEvents::new(3);
+        let admitted = (0..10).filter(|_| l.admit().is_some()).count();
+        assert_eq!(admitted, 3);
+    }
+}
