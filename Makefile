@@ -9,7 +9,7 @@ LISTEN ?= 127.0.0.1:7423
 PYTEST := /usr/bin/python3 -m pytest
 BIN := target/release
 
-.PHONY: gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load sessions-test bench bench-code clean-state
+.PHONY: gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load sessions-test e2b-test bench bench-code clean-state
 
 setup:
 	bash scripts/setup-host.sh
@@ -75,6 +75,22 @@ sdk-typescript-test: build template
 	cd sdk/typescript && HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 $(CURDIR)/tests/sessions/with_session_daemon.py node --test --test-concurrency=1 test-sessions/
 
+# E2B compatibility (docs/e2b.md): the official `e2b` and
+# `e2b-code-interpreter` from PyPI in a fresh venv, and `e2b` from npm
+# (npm ci from tests/e2b/js/package-lock.json), against a live daemon.
+E2B_VENV := target/e2b-venv
+E2B_JS := target/e2b-js
+
+e2b-test: build template
+	$(NEED_NODE)
+	rm -rf $(E2B_VENV) $(E2B_JS)
+	/usr/bin/python3 -m venv $(E2B_VENV)
+	$(E2B_VENV)/bin/pip install -q pytest e2b==2.63.0 e2b-code-interpreter==2.11.5
+	mkdir -p $(E2B_JS) && cp tests/e2b/js/package.json tests/e2b/js/package-lock.json $(E2B_JS)/
+	cd $(E2B_JS) && npm ci --no-audit --no-fund --silent
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  $(E2B_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/e2b
+
 # The browser terminal (web/terminal: xterm.js on the PTY WebSocket). The
 # daemon embeds web/terminal/dist at compile time, so `make build` needs no
 # Node; terminal-check rebuilds the bundle from the sources and the lockfile
@@ -139,7 +155,7 @@ sessions-test: build template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/sessions
 
-test: build template lint unit kernel-test integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test sessions-test playground-test playground-load gateway-test
+test: build template lint unit kernel-test integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test sessions-test playground-test playground-load gateway-test e2b-test
 
 # The Run-button path alone (about a minute): run_code and exec against raw runsc.
 bench-code: build template

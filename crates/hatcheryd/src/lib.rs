@@ -1,6 +1,7 @@
 //! Daemon assembly, shared by `hatcheryd` and `hatchery serve`.
 
 mod config;
+mod e2b_backend;
 mod key;
 mod rounds;
 mod serve;

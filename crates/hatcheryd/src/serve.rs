@@ -154,6 +154,14 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     }
     let _pool = manager.spawn_pool_filler();
 
+    // E2B's protocol, over the same manager (docs/e2b.md).
+    let e2b = hatchery_e2b::router(
+        Arc::new(crate::e2b_backend::ManagerBackend {
+            manager: manager.clone(),
+            api_key: key.clone(),
+        }),
+        manager.caps.max_file_bytes,
+    );
     let (sessions_app, sessions) = crate::sessions::build(&args, &key, &manager.metrics.registry)?;
     // Policies live in their own file: their migrations are their own.
     let policies = hatchery_policy::SqlitePolicyStore::open(&data.join("policies.db"))?;
@@ -169,7 +177,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         },
         hatchery_policy::http::router(Arc::new(policies)),
     )
-    .merge(sessions_app);
+    .merge(sessions_app)
+    .merge(e2b);
     let rounds = crate::rounds::start(&args, &data, &key, &manager.metrics.registry)?;
     // The rounds router has no fallback, so the API's answers unknown routes.
     let app = hatchery_rounds::router(rounds.clone()).merge(app);

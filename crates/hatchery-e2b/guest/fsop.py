@@ -1,0 +1,162 @@
+# Filesystem operations for the E2B adapter (hatchery-e2b), run inside the
+# sandbox as the requesting user: `python3 -c <this> OP JSON`. Prints one
+# JSON object; errors as {"error": kind, "message": ...}. `watch` prints
+# one JSON line per event until killed.
+import json, os, stat, sys, pwd, grp, shutil, errno
+
+def kind_of(e):
+    return {errno.ENOENT: "not_found", errno.EEXIST: "exists", errno.EACCES: "permission",
+            errno.EPERM: "permission", errno.ENOTDIR: "not_dir", errno.EISDIR: "is_dir",
+            errno.ENOTEMPTY: "not_empty", errno.ENOSPC: "no_space"}.get(e.errno, "io")
+
+def perms(m):
+    t = "d" if stat.S_ISDIR(m) else "L" if stat.S_ISLNK(m) else "-"
+    bits = "rwxrwxrwx"
+    return t + "".join(bits[i] if m & (1 << (8 - i)) else "-" for i in range(9))
+
+def name_of(f, ids):
+    try:
+        return f(ids).pw_name if f is pwd.getpwuid else f(ids).gr_name
+    except KeyError:
+        return str(ids)
+
+def entry(path):
+    st = os.lstat(path)
+    m = st.st_mode
+    t = "dir" if stat.S_ISDIR(m) else "symlink" if stat.S_ISLNK(m) else "file" if stat.S_ISREG(m) else "other"
+    e = {"name": os.path.basename(path) or "/", "type": t, "path": path, "size": st.st_size,
+         "mode": stat.S_IMODE(m), "permissions": perms(m),
+         "owner": name_of(pwd.getpwuid, st.st_uid), "group": name_of(grp.getgrgid, st.st_gid),
+         "mtime_ns": st.st_mtime_ns}
+    if t == "symlink":
+        e["symlink_target"] = os.path.realpath(path)
+        try:
+            s2 = os.stat(path)
+            if stat.S_ISDIR(s2.st_mode):
+                e["type"] = "dir"
+            elif stat.S_ISREG(s2.st_mode):
+                e["type"] = "file"
+        except OSError:
+            pass
+    return e
+
+def listdir(path, depth, limit):
+    out = []
+    st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(errno.ENOTDIR, "not a directory")
+    def walk(d, level):
+        for n in sorted(os.listdir(d)):
+            if len(out) >= limit:
+                return
+            p = os.path.join(d, n)
+            e = entry(p)
+            out.append(e)
+            if level < depth and stat.S_ISDIR(os.lstat(p).st_mode):
+                try:
+                    walk(p, level + 1)
+                except PermissionError:
+                    pass
+    walk(path, 1)
+    return out
+
+def watch(path, recursive):
+    import ctypes, struct, select
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init1(os.O_NONBLOCK)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "inotify_init1")
+    mask = 0x2 | 0x4 | 0x40 | 0x80 | 0x100 | 0x200 | 0x8  # modify attrib moved_from moved_to create delete close_write
+    wds = {}
+    def add(p):
+        wd = libc.inotify_add_watch(fd, p.encode(), mask)
+        if wd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_add_watch " + p)
+        wds[wd] = p
+    st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(errno.ENOTDIR, "not a directory")
+    add(path)
+    if recursive:
+        for d, subs, _ in os.walk(path):
+            for s in subs:
+                try:
+                    add(os.path.join(d, s))
+                except OSError:
+                    pass
+    print(json.dumps({"started": True}), flush=True)
+    while True:
+        select.select([fd], [], [])
+        try:
+            buf = os.read(fd, 65536)
+        except BlockingIOError:
+            continue
+        i = 0
+        while i + 16 <= len(buf):
+            wd, m, _, ln = struct.unpack_from("iIII", buf, i)
+            name = buf[i + 16:i + 16 + ln].rstrip(b"\0").decode("utf-8", "replace")
+            i += 16 + ln
+            base = wds.get(wd)
+            if base is None:
+                continue
+            full = os.path.join(base, name) if name else base
+            rel = os.path.relpath(full, path)
+            if m & 0x100:
+                t = "create"
+                if recursive and m & 0x40000000:
+                    try:
+                        add(full)
+                    except OSError:
+                        pass
+            elif m & 0x200:
+                t = "remove"
+            elif m & (0x40 | 0x80):
+                t = "rename" if m & 0x40 else "create"
+            elif m & (0x2 | 0x8):
+                t = "write"
+            elif m & 0x4:
+                t = "chmod"
+            else:
+                continue
+            print(json.dumps({"name": rel, "type": t}), flush=True)
+
+def main():
+    op, args = sys.argv[1], json.loads(sys.argv[2])
+    try:
+        if op == "stat":
+            r = {"entry": entry(args["path"])}
+            os.stat(args["path"])
+        elif op == "mkdir":
+            p = args["path"]
+            if os.path.lexists(p):
+                raise OSError(errno.EEXIST, "already exists")
+            os.makedirs(p)
+            r = {"entry": entry(p)}
+        elif op == "move":
+            src, dst = args["source"], args["destination"]
+            os.lstat(src)
+            parent = os.path.dirname(dst)
+            if parent:
+                os.makedirs(parent, exist_ok=True)
+            os.rename(src, dst)
+            r = {"entry": entry(dst)}
+        elif op == "list":
+            r = {"entries": listdir(args["path"], args["depth"], args["limit"])}
+        elif op == "remove":
+            p = args["path"]
+            st = os.lstat(p)
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(p)
+            else:
+                os.unlink(p)
+            r = {}
+        elif op == "watch":
+            watch(args["path"], args["recursive"])
+            return
+        else:
+            r = {"error": "invalid", "message": "unknown op " + op}
+    except OSError as e:
+        r = {"error": kind_of(e), "message": "%s: %s" % (e.strerror or e, args.get("path") or args.get("source"))}
+    print(json.dumps(r), flush=True)
+
+main()

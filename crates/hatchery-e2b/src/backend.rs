@@ -1,0 +1,260 @@
+//! The narrow interface this crate needs from Hatchery. The daemon
+//! implements it over its manager (`hatcheryd/src/e2b_backend.rs`); this
+//! crate never sees Hatchery's internals, only these types.
+
+use async_trait::async_trait;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// What went wrong, in the categories both protocols need to tell apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailKind {
+    SandboxNotFound,
+    TemplateNotFound,
+    SnapshotNotFound,
+    FileNotFound,
+    ProcessNotFound,
+    ContextNotFound,
+    Invalid,
+    /// Exists but is the wrong kind (a directory where a file was wanted).
+    WrongType,
+    Conflict,
+    PermissionDenied,
+    TooLarge,
+    NoSpace,
+    TooMany,
+    Capacity,
+    NotRunning,
+    PortClosed,
+    Unresponsive,
+    Internal,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct BackendError {
+    pub kind: FailKind,
+    pub message: String,
+}
+
+impl BackendError {
+    pub fn new(kind: FailKind, message: impl Into<String>) -> Self {
+        BackendError {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+pub type BResult<T> = Result<T, BackendError>;
+
+/// A live sandbox as Hatchery reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxView {
+    pub id: String,
+    pub template: String,
+    pub created_at_ms: u64,
+    pub expires_at_ms: u64,
+    pub metadata: BTreeMap<String, String>,
+    pub cpus: f64,
+    pub memory_mb: u64,
+    pub disk_mb: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct CreateSpec {
+    pub template: String,
+    pub ttl_seconds: u64,
+    pub metadata: BTreeMap<String, String>,
+    pub env: BTreeMap<String, String>,
+    /// Egress: `None` keeps Hatchery's default (deny all).
+    pub network: Option<NetworkSpec>,
+}
+
+/// Egress rules in E2B's terms (CIDRs or host names).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NetworkSpec {
+    pub allow_all: bool,
+    pub allow: Vec<String>,
+    pub deny: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ProcSpec {
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    /// Ends the process after this long; `None`: as long as the sandbox.
+    pub timeout: Option<Duration>,
+}
+
+/// A background process.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcView {
+    pub id: String,
+    pub pid: u32,
+    pub argv: Vec<String>,
+    pub running: bool,
+    pub exit_code: Option<i32>,
+    /// Why it ended (`exited`, `signaled`, `timeout`, ...).
+    pub reason: Option<String>,
+    pub stdin_open: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutputChunk {
+    pub offset: u64,
+    pub stderr: bool,
+    pub data: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ExecOutput {
+    pub exit_code: i32,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileEntry {
+    pub name: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    pub kind: String,
+    pub size: u64,
+    pub mode: u32,
+    pub mtime: i64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct CodeSpec {
+    pub code: String,
+    pub context: Option<String>,
+    pub env: BTreeMap<String, String>,
+    pub timeout: Duration,
+}
+
+/// What a code run reports while it runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CodeEvent {
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+    /// A rich result or the cell's error, as the kernel reported it
+    /// (`{"type": "result"|"error", ...}`).
+    Rich(serde_json::Value),
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct CodeDone {
+    pub execution_count: u64,
+    /// `exited` when the cell ran to its end, else why it was stopped.
+    pub reason: String,
+    pub error: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContextView {
+    pub id: String,
+    pub language: String,
+    pub cwd: String,
+}
+
+/// One terminal (a program on a pseudo-terminal) in a sandbox.
+#[async_trait]
+pub trait Pty: Send + Sync {
+    fn pid(&self) -> u32;
+    /// The next output, or the exit code once the program has ended.
+    async fn next(&self) -> BResult<PtyEvent>;
+    async fn input(&self, data: &[u8]) -> BResult<()>;
+    async fn resize(&self, cols: u16, rows: u16) -> BResult<()>;
+    /// Ends the program and everything started in it.
+    async fn close(&self);
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum PtyEvent {
+    Output(Vec<u8>),
+    Exit { exit_code: i32, signaled: bool },
+}
+
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// The daemon's API key, which E2B clients send as `X-API-KEY`.
+    fn api_key(&self) -> &str;
+    /// Whether the template exists (after E2B aliases are resolved).
+    fn template_exists(&self, name: &str) -> bool;
+    async fn create(&self, spec: CreateSpec) -> BResult<SandboxView>;
+    fn get(&self, id: &str) -> BResult<SandboxView>;
+    fn list(&self) -> BResult<Vec<SandboxView>>;
+    /// Idempotent.
+    fn kill(&self, id: &str);
+    async fn set_ttl(&self, id: &str, ttl_seconds: u64) -> BResult<SandboxView>;
+    /// Replaces the egress policy.
+    async fn set_network(&self, id: &str, net: NetworkSpec) -> BResult<()>;
+    /// Checkpoints the sandbox (it keeps running) and returns the snapshot id.
+    async fn snapshot(&self, id: &str, metadata: BTreeMap<String, String>) -> BResult<String>;
+    /// A new sandbox restored from the snapshot.
+    async fn restore(
+        &self,
+        snapshot: &str,
+        ttl_seconds: u64,
+        metadata: BTreeMap<String, String>,
+    ) -> BResult<SandboxView>;
+    fn delete_snapshot(&self, snapshot: &str);
+
+    async fn exec(
+        &self,
+        id: &str,
+        argv: Vec<String>,
+        stdin: Option<String>,
+        timeout: Duration,
+    ) -> BResult<ExecOutput>;
+    async fn start_process(&self, id: &str, spec: ProcSpec) -> BResult<ProcView>;
+    async fn list_processes(&self, id: &str) -> BResult<Vec<ProcView>>;
+    /// Output from `offset`; with `follow`, until the process ends. Returns
+    /// the process as it ended (or as it is, without `follow`).
+    async fn read_process(
+        &self,
+        id: &str,
+        proc_id: &str,
+        offset: u64,
+        follow: bool,
+        tx: mpsc::Sender<OutputChunk>,
+    ) -> BResult<ProcView>;
+    async fn write_stdin(&self, id: &str, proc_id: &str, data: &[u8]) -> BResult<()>;
+    async fn close_stdin(&self, id: &str, proc_id: &str) -> BResult<()>;
+    async fn signal_process(&self, id: &str, proc_id: &str, signal: i32) -> BResult<()>;
+
+    async fn read_file(&self, id: &str, path: &str) -> BResult<Vec<u8>>;
+    async fn write_file(&self, id: &str, path: &str, data: &[u8]) -> BResult<()>;
+    async fn list_dir(&self, id: &str, path: &str) -> BResult<Vec<FileEntry>>;
+    async fn remove(&self, id: &str, path: &str) -> BResult<()>;
+
+    async fn run_code(
+        &self,
+        id: &str,
+        spec: CodeSpec,
+        tx: mpsc::Sender<CodeEvent>,
+    ) -> BResult<CodeDone>;
+    async fn create_context(&self, id: &str, cwd: Option<String>) -> BResult<ContextView>;
+    async fn list_contexts(&self, id: &str) -> BResult<Vec<ContextView>>;
+    async fn restart_context(&self, id: &str, ctx: &str) -> BResult<()>;
+    async fn delete_context(&self, id: &str, ctx: &str) -> BResult<()>;
+
+    /// Relays an HTTP request to `127.0.0.1:port` inside the sandbox.
+    async fn proxy_port(
+        &self,
+        id: &str,
+        port: u16,
+        req: axum::extract::Request,
+        path_and_query: String,
+    ) -> BResult<axum::response::Response>;
+
+    async fn open_pty(
+        &self,
+        id: &str,
+        argv: Vec<String>,
+        env: BTreeMap<String, String>,
+        cols: u16,
+        rows: u16,
+    ) -> BResult<Box<dyn Pty>>;
+}

@@ -1,0 +1,819 @@
+//! E2B's control plane (`E2B_API_URL`): the REST calls the SDKs make to
+//! create, find, time out, pause, resume and kill sandboxes, with E2B's
+//! shapes, status codes and `{"code": <status>, "message"}` errors.
+
+use crate::backend::{BackendError, CreateSpec, FailKind, NetworkSpec, SandboxView};
+use crate::state::{Paused, Shared, MAX_PAUSED};
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The envd version reported for every sandbox: the SDKs turn features on
+/// by it. 0.5.7 has the default user, stdin control, `CloseStdin` and
+/// octet-stream uploads, and not file metadata (0.6.2) or entry info in
+/// watch events (0.6.3), which this adapter does not implement.
+pub const ENVD_VERSION: &str = "0.5.7";
+/// E2B's default timeout for `POST /v2/sandboxes` and connects.
+pub const DEFAULT_TIMEOUT_S: u64 = 300;
+/// Page size bounds of `GET /v2/sandboxes`.
+pub const MAX_PAGE: usize = 100;
+
+/// E2B template names that stand for a Hatchery one.
+pub fn template_alias(name: &str) -> &str {
+    match name {
+        "code-interpreter-v1" | "code-interpreter-beta" => "code-interpreter",
+        other => other,
+    }
+}
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+    fn bad(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+    fn not_found(id: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            format!("sandbox \"{id}\" was not found"),
+        )
+    }
+}
+
+impl From<BackendError> for ApiError {
+    fn from(e: BackendError) -> Self {
+        let status = match e.kind {
+            FailKind::SandboxNotFound
+            | FailKind::TemplateNotFound
+            | FailKind::SnapshotNotFound
+            | FailKind::FileNotFound
+            | FailKind::ProcessNotFound
+            | FailKind::ContextNotFound => StatusCode::NOT_FOUND,
+            FailKind::Invalid | FailKind::WrongType => StatusCode::BAD_REQUEST,
+            FailKind::Conflict | FailKind::NotRunning => StatusCode::CONFLICT,
+            FailKind::PermissionDenied => StatusCode::FORBIDDEN,
+            FailKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            FailKind::TooMany => StatusCode::TOO_MANY_REQUESTS,
+            FailKind::Capacity | FailKind::NoSpace => StatusCode::SERVICE_UNAVAILABLE,
+            FailKind::PortClosed => StatusCode::BAD_GATEWAY,
+            FailKind::Unresponsive => StatusCode::GATEWAY_TIMEOUT,
+            FailKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            tracing::error!(error = %e.message, "e2b control plane: internal error");
+            return ApiError::new(status, "internal error (see the daemon log)");
+        }
+        ApiError::new(status, e.message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(json!({"code": self.status.as_u16(), "message": self.message})),
+        )
+            .into_response()
+    }
+}
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// A JSON body, with failures in E2B's error shape. An empty body is `{}`.
+pub struct Body<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<S> for Body<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|e| ApiError::new(e.status(), e.body_text()))?;
+        let bytes = if bytes.iter().all(u8::is_ascii_whitespace) {
+            axum::body::Bytes::from_static(b"{}")
+        } else {
+            bytes
+        };
+        serde_json::from_slice(&bytes)
+            .map(Body)
+            .map_err(|e| ApiError::bad(format!("invalid request body: {e}")))
+    }
+}
+
+fn rfc3339(ms: u64) -> String {
+    let t = time::OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    t.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+fn sandbox_json(s: &Shared, e2b_id: &str, v: &SandboxView) -> Value {
+    json!({
+        "templateID": v.template,
+        "alias": v.template,
+        "sandboxID": e2b_id,
+        "clientID": "hatchery",
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": s.access_token(e2b_id),
+        "domain": null,
+        "trafficAccessToken": null,
+    })
+}
+
+fn detail_json(e2b_id: &str, v: &SandboxView, state: &str) -> Value {
+    json!({
+        "templateID": v.template,
+        "alias": v.template,
+        "sandboxID": e2b_id,
+        "clientID": "hatchery",
+        "startedAt": rfc3339(v.created_at_ms),
+        "endAt": rfc3339(v.expires_at_ms),
+        "cpuCount": (v.cpus.ceil() as i64).max(1),
+        "memoryMB": v.memory_mb,
+        "diskSizeMB": v.disk_mb,
+        "envdVersion": ENVD_VERSION,
+        "state": state,
+        "metadata": v.metadata,
+    })
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct NewSandbox {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    timeout: Option<i64>,
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    env_vars: BTreeMap<String, String>,
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+    network: Option<NetworkBody>,
+    auto_pause: Option<bool>,
+    /// Accepted and ignored: every Hatchery sandbox's envd is authenticated.
+    #[serde(default)]
+    #[allow(dead_code)]
+    secure: Option<bool>,
+    #[serde(flatten)]
+    rest: BTreeMap<String, Value>,
+}
+
+#[derive(Deserialize, Default, Clone)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkBody {
+    #[serde(default)]
+    allow_out: Vec<String>,
+    #[serde(default)]
+    deny_out: Vec<String>,
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+    #[serde(flatten)]
+    rest: BTreeMap<String, Value>,
+}
+
+/// Options that need something Hatchery does not have are refused, not
+/// silently dropped. `null`, `false` and empty values are fine.
+fn refuse_unsupported(rest: &BTreeMap<String, Value>, what: &str) -> ApiResult<()> {
+    for (k, v) in rest {
+        let empty = match v {
+            Value::Null | Value::Bool(false) => true,
+            Value::Array(a) => a.is_empty(),
+            Value::Object(o) => o.is_empty(),
+            Value::String(s) => s.is_empty(),
+            _ => false,
+        };
+        // Secure is accepted, allowPublicTraffic is what Hatchery does anyway
+        // (ports are reached with the key only).
+        let harmless = matches!(k.as_str(), "allowPublicTraffic" | "autoPauseMemory");
+        if !empty && !harmless {
+            return Err(ApiError::bad(format!(
+                "{what} option {k:?} is not supported by Hatchery (see docs/e2b.md)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn network_spec(
+    allow_internet: Option<bool>,
+    n: Option<&NetworkBody>,
+) -> ApiResult<Option<NetworkSpec>> {
+    if let Some(n) = n {
+        refuse_unsupported(&n.rest, "network")?;
+    }
+    let allow_internet = allow_internet.or(n.and_then(|n| n.allow_internet_access));
+    let (allow, deny) = n
+        .map(|n| (n.allow_out.clone(), n.deny_out.clone()))
+        .unwrap_or_default();
+    if allow_internet.is_none() && allow.is_empty() && deny.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(NetworkSpec {
+        // E2B's default is open internet; `false` is the same as denying
+        // 0.0.0.0/0, and an allow list alone still means "deny the rest"
+        // only when something is denied.
+        allow_all: allow_internet.unwrap_or(true) && !deny.iter().any(|d| d == "0.0.0.0/0"),
+        allow,
+        deny: deny.into_iter().filter(|d| d != "0.0.0.0/0").collect(),
+    }))
+}
+
+fn timeout_of(t: Option<i64>, default: u64) -> ApiResult<u64> {
+    match t {
+        None => Ok(default),
+        Some(t) if t <= 0 => Err(ApiError::bad(
+            "timeout must be a positive number of seconds",
+        )),
+        Some(t) => Ok(t as u64),
+    }
+}
+
+async fn do_create(s: &Shared, b: NewSandbox, default_timeout: u64) -> ApiResult<Response> {
+    refuse_unsupported(&b.rest, "sandbox")?;
+    if b.auto_pause == Some(true) {
+        return Err(ApiError::bad(
+            "autoPause is not supported by Hatchery (see docs/e2b.md)",
+        ));
+    }
+    let template = template_alias(&b.template_id).to_string();
+    if !s.backend.template_exists(&template) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("template '{}' not found", b.template_id),
+        ));
+    }
+    let spec = CreateSpec {
+        template,
+        ttl_seconds: timeout_of(b.timeout, default_timeout)?,
+        metadata: b.metadata,
+        env: b.env_vars,
+        network: network_spec(b.allow_internet_access, b.network.as_ref())?,
+    };
+    let v = s.backend.create(spec).await?;
+    Ok((StatusCode::CREATED, Json(sandbox_json(s, &v.id, &v))).into_response())
+}
+
+pub async fn create_v1(
+    State(s): State<Arc<Shared>>,
+    Body(b): Body<NewSandbox>,
+) -> ApiResult<Response> {
+    // v1 defaults to 15 s, as E2B's.
+    do_create(&s, b, 15).await
+}
+
+pub async fn create_v2(
+    State(s): State<Arc<Shared>>,
+    Body(b): Body<NewSandbox>,
+) -> ApiResult<Response> {
+    do_create(&s, b, DEFAULT_TIMEOUT_S).await
+}
+
+/// A running sandbox by its E2B id (`None`: not running, maybe paused).
+fn live(s: &Shared, e2b_id: &str) -> ApiResult<Option<(String, SandboxView)>> {
+    let h = s.resolve(e2b_id);
+    match s.backend.get(&h) {
+        Ok(v) => Ok(Some((h, v))),
+        Err(e) if e.kind == FailKind::SandboxNotFound => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub async fn get(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+    if let Some((_, v)) = live(&s, &id)? {
+        let mut d = detail_json(&id, &v, "running");
+        d["envdAccessToken"] = json!(s.access_token(&id));
+        return Ok(Json(d));
+    }
+    match s.paused(&id) {
+        Some(p) => Ok(Json(detail_json(&id, &p.view, "paused"))),
+        None => Err(ApiError::not_found(&id)),
+    }
+}
+
+pub async fn kill(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    if let Some((h, _)) = live(&s, &id)? {
+        s.backend.kill(&h);
+        s.forget(&id);
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    match s.forget(&id) {
+        Some(snap) => {
+            s.backend.delete_snapshot(&snap);
+            Ok(StatusCode::NO_CONTENT)
+        }
+        None => Err(ApiError::not_found(&id)),
+    }
+}
+
+#[derive(Deserialize)]
+pub struct TimeoutBody {
+    timeout: i64,
+}
+
+pub async fn set_timeout(
+    State(s): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    Body(b): Body<TimeoutBody>,
+) -> ApiResult<StatusCode> {
+    let t = timeout_of(Some(b.timeout), 0)?;
+    let Some((h, _)) = live(&s, &id)? else {
+        return Err(ApiError::not_found(&id));
+    };
+    s.backend.set_ttl(&h, t).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize, Default)]
+pub struct RefreshBody {
+    duration: Option<i64>,
+}
+
+pub async fn refresh(
+    State(s): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    Body(b): Body<RefreshBody>,
+) -> ApiResult<StatusCode> {
+    let t = timeout_of(b.duration, 60)?;
+    let Some((h, v)) = live(&s, &id)? else {
+        return Err(ApiError::not_found(&id));
+    };
+    // A refresh only extends.
+    let now = crate::now_ms();
+    if v.expires_at_ms < now + t * 1000 {
+        s.backend.set_ttl(&h, t).await?;
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize, Default)]
+pub struct ConnectBody {
+    timeout: Option<i64>,
+    /// `false` (a cold boot from disk) cannot be honoured: refused.
+    memory: Option<bool>,
+    #[serde(rename = "autoPause")]
+    #[allow(dead_code)]
+    auto_pause: Option<bool>,
+}
+
+async fn resume_paused(s: &Shared, id: &str, ttl: u64) -> ApiResult<Response> {
+    let Some(p) = s.take_paused(id) else {
+        return Err(ApiError::not_found(id));
+    };
+    match s
+        .backend
+        .restore(&p.snapshot, ttl, p.view.metadata.clone())
+        .await
+    {
+        Ok(v) => {
+            s.set_alias(id, &v.id);
+            s.backend.delete_snapshot(&p.snapshot);
+            Ok((StatusCode::CREATED, Json(sandbox_json(s, id, &v))).into_response())
+        }
+        Err(e) => {
+            s.put_back_paused(id, p);
+            Err(e.into())
+        }
+    }
+}
+
+/// Connect: the sandbox as it is (200), resumed first if paused (201).
+/// The TTL is only ever extended.
+async fn do_connect(s: &Shared, id: &str, b: ConnectBody, default: u64) -> ApiResult<Response> {
+    if b.memory == Some(false) {
+        return Err(ApiError::bad(
+            "memory=false (resume from disk only) is not supported by Hatchery",
+        ));
+    }
+    let ttl = timeout_of(b.timeout, default)?;
+    if let Some((h, v)) = live(s, id)? {
+        let v = if v.expires_at_ms < crate::now_ms() + ttl * 1000 {
+            s.backend.set_ttl(&h, ttl).await?
+        } else {
+            v
+        };
+        return Ok((StatusCode::OK, Json(sandbox_json(s, id, &v))).into_response());
+    }
+    resume_paused(s, id, ttl).await
+}
+
+pub async fn connect_v1(
+    State(s): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    Body(b): Body<ConnectBody>,
+) -> ApiResult<Response> {
+    do_connect(&s, &id, b, 15).await
+}
+
+pub async fn connect_v2(
+    State(s): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    Body(b): Body<ConnectBody>,
+) -> ApiResult<Response> {
+    do_connect(&s, &id, b, DEFAULT_TIMEOUT_S).await
+}
+
+pub async fn resume(
+    State(s): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    Body(b): Body<ConnectBody>,
+) -> ApiResult<Response> {
+    if b.memory == Some(false) {
+        return Err(ApiError::bad(
+            "memory=false (resume from disk only) is not supported by Hatchery",
+        ));
+    }
+    if live(&s, &id)?.is_some() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox \"{id}\" is already running"),
+        ));
+    }
+    resume_paused(&s, &id, timeout_of(b.timeout, 15)?).await
+}
+
+#[derive(Deserialize, Default)]
+pub struct PauseBody {
+    #[serde(flatten)]
+    rest: BTreeMap<String, Value>,
+}
+
+/// Pause: a snapshot of the running sandbox, then the sandbox is stopped;
+/// a resume restores the snapshot under the same E2B id.
+pub async fn pause(
+    State(s): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    Body(b): Body<PauseBody>,
+) -> ApiResult<StatusCode> {
+    // `strict` and `mode: "memory"` are what a snapshot does anyway.
+    for (k, v) in &b.rest {
+        let fine = match k.as_str() {
+            "strict" => true,
+            "mode" => v.is_null() || v == "memory",
+            _ => v.is_null(),
+        };
+        if !fine {
+            return Err(ApiError::bad(format!(
+                "pause option {k:?}={v} is not supported by Hatchery"
+            )));
+        }
+    }
+    let Some((h, v)) = live(&s, &id)? else {
+        return Err(match s.paused(&id) {
+            Some(_) => ApiError::new(
+                StatusCode::CONFLICT,
+                format!("sandbox \"{id}\" is already paused"),
+            ),
+            None => ApiError::not_found(&id),
+        });
+    };
+    if s.paused_count() >= MAX_PAUSED {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("{MAX_PAUSED} sandboxes are paused already; kill or resume one first"),
+        ));
+    }
+    let mut meta = v.metadata.clone();
+    meta.insert("e2b_paused_sandbox".into(), id.clone());
+    let snap = s.backend.snapshot(&h, meta).await?;
+    s.set_paused(
+        &id,
+        Paused {
+            snapshot: snap,
+            view: v,
+        },
+    );
+    s.backend.kill(&h);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Most forks per request (E2B's SDK allows 1..20).
+pub const MAX_FORKS: i64 = 20;
+
+#[derive(Deserialize, Default)]
+pub struct ForkBody {
+    count: Option<i64>,
+    timeout: Option<i64>,
+}
+
+/// Fork: one snapshot of the running sandbox (which keeps running), then
+/// `count` sandboxes restored from it, each reported on its own; the
+/// snapshot is deleted afterwards.
+pub async fn fork(
+    State(s): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    Body(b): Body<ForkBody>,
+) -> ApiResult<Response> {
+    let count = b.count.unwrap_or(1);
+    if !(1..=MAX_FORKS).contains(&count) {
+        return Err(ApiError::bad(format!(
+            "count must be between 1 and {MAX_FORKS}"
+        )));
+    }
+    let ttl = timeout_of(b.timeout, 15)?;
+    let Some((h, v)) = live(&s, &id)? else {
+        return Err(ApiError::not_found(&id));
+    };
+    let mut meta = v.metadata.clone();
+    meta.insert("e2b_fork_of".into(), id.clone());
+    let snap = s.backend.snapshot(&h, meta).await?;
+    let mut out = vec![];
+    for _ in 0..count {
+        match s.backend.restore(&snap, ttl, v.metadata.clone()).await {
+            Ok(f) => out.push(json!({"sandbox": sandbox_json(&s, &f.id, &f)})),
+            Err(e) => {
+                let e = ApiError::from(e);
+                out.push(json!({"error": {"code": e.status.as_u16(), "message": e.message}}));
+            }
+        }
+    }
+    s.backend.delete_snapshot(&snap);
+    Ok((StatusCode::CREATED, Json(Value::Array(out))).into_response())
+}
+
+pub async fn set_network(
+    State(s): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    Body(b): Body<NetworkBody>,
+) -> ApiResult<StatusCode> {
+    let Some((h, _)) = live(&s, &id)? else {
+        return Err(ApiError::not_found(&id));
+    };
+    let spec = network_spec(None, Some(&b))?.unwrap_or(NetworkSpec {
+        allow_all: true,
+        ..Default::default()
+    });
+    s.backend.set_network(&h, spec).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `metadata=k1%3Dv1%26k2%3Dv2`: a query string inside one parameter.
+fn parse_query(q: Option<&str>) -> ApiResult<ListQuery> {
+    let mut out = ListQuery::default();
+    for (k, v) in form_pairs(q.unwrap_or(""))? {
+        match k.as_str() {
+            "metadata" => {
+                // The SDKs percent-encode each key and value before
+                // building this inner query string: one more decode.
+                for (mk, mv) in form_pairs(&v)? {
+                    out.metadata.insert(pct_decode(&mk)?, pct_decode(&mv)?);
+                }
+            }
+            "state" => {
+                for st in v.split(',').filter(|x| !x.is_empty()) {
+                    match st {
+                        "running" | "paused" => out.states.push(st.to_string()),
+                        other => return Err(ApiError::bad(format!("unknown state {other:?}"))),
+                    }
+                }
+            }
+            "limit" => {
+                let n: usize = v
+                    .parse()
+                    .map_err(|_| ApiError::bad("limit must be a number"))?;
+                if n == 0 || n > MAX_PAGE {
+                    return Err(ApiError::bad(format!(
+                        "limit must be between 1 and {MAX_PAGE}"
+                    )));
+                }
+                out.limit = Some(n);
+            }
+            "nextToken" => out.next = Some(v),
+            "order" if v == "asc" || v == "desc" => out.asc = v == "asc",
+            _ => return Err(ApiError::bad(format!("unsupported query parameter {k:?}"))),
+        }
+    }
+    Ok(out)
+}
+
+#[derive(Default)]
+struct ListQuery {
+    metadata: BTreeMap<String, String>,
+    states: Vec<String>,
+    limit: Option<usize>,
+    next: Option<String>,
+    asc: bool,
+}
+
+fn form_pairs(q: &str) -> ApiResult<Vec<(String, String)>> {
+    let mut out = vec![];
+    for part in q.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = part.split_once('=').unwrap_or((part, ""));
+        out.push((pct_decode(k)?, pct_decode(v)?));
+    }
+    Ok(out)
+}
+
+fn pct_decode(s: &str) -> ApiResult<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let h = s
+                    .get(i + 1..i + 3)
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or_else(|| ApiError::bad("malformed percent-encoding in the query"))?;
+                out.push(h);
+                i += 2;
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).map_err(|_| ApiError::bad("query is not UTF-8"))
+}
+
+/// Every sandbox, running and paused, with its E2B id and state.
+fn everything(s: &Shared) -> ApiResult<Vec<(String, SandboxView, &'static str)>> {
+    let mut all: Vec<_> = s
+        .backend
+        .list()?
+        .into_iter()
+        .map(|v| (s.e2b_id(&v.id), v, "running"))
+        .collect();
+    all.extend(
+        s.all_paused()
+            .into_iter()
+            .map(|(id, p)| (id, p.view, "paused")),
+    );
+    Ok(all)
+}
+
+pub async fn list_v1(
+    State(s): State<Arc<Shared>>,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Json<Value>> {
+    let q = parse_query(q.as_deref())?;
+    let out: Vec<Value> = everything(&s)?
+        .into_iter()
+        .filter(|(_, v, st)| {
+            *st == "running" && q.metadata.iter().all(|(k, x)| v.metadata.get(k) == Some(x))
+        })
+        .map(|(id, v, st)| detail_json(&id, &v, st))
+        .collect();
+    Ok(Json(Value::Array(out)))
+}
+
+pub async fn list_v2(State(s): State<Arc<Shared>>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+    let q = parse_query(q.as_deref())?;
+    let mut all: Vec<_> = everything(&s)?
+        .into_iter()
+        .filter(|(_, v, st)| {
+            (q.states.is_empty() || q.states.iter().any(|x| x == st))
+                && q.metadata.iter().all(|(k, x)| v.metadata.get(k) == Some(x))
+        })
+        .collect();
+    // Newest first by default; the id breaks ties so pages are stable.
+    all.sort_by(|a, b| (a.1.created_at_ms, &a.0).cmp(&(b.1.created_at_ms, &b.0)));
+    if !q.asc {
+        all.reverse();
+    }
+    let running = all.iter().filter(|x| x.2 == "running").count();
+    let start = match &q.next {
+        None => 0,
+        Some(tok) => {
+            let (ms, id) = tok
+                .split_once('_')
+                .and_then(|(ms, id)| Some((ms.parse::<u64>().ok()?, id)))
+                .ok_or_else(|| ApiError::bad("malformed nextToken"))?;
+            all.iter()
+                .position(|(i, v, _)| {
+                    let k = (v.created_at_ms, i.as_str());
+                    if q.asc {
+                        k > (ms, id)
+                    } else {
+                        k < (ms, id)
+                    }
+                })
+                .unwrap_or(all.len())
+        }
+    };
+    let limit = q.limit.unwrap_or(MAX_PAGE);
+    let page: Vec<_> = all.iter().skip(start).take(limit).collect();
+    let more = start + page.len() < all.len();
+    let body: Vec<Value> = page
+        .iter()
+        .map(|(id, v, st)| detail_json(id, v, st))
+        .collect();
+    let mut r = Json(Value::Array(body)).into_response();
+    r.headers_mut()
+        .insert("x-total-running", HeaderValue::from(running));
+    if more {
+        if let Some((id, v, _)) = page.last() {
+            if let Ok(h) = HeaderValue::from_str(&format!("{}_{}", v.created_at_ms, id)) {
+                r.headers_mut().insert("x-next-token", h);
+            }
+        }
+    }
+    Ok(r)
+}
+
+/// Unknown control-plane routes, in E2B's error shape.
+pub async fn not_found() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "no such route (see docs/e2b.md for what is supported)",
+    )
+}
+
+/// The daemon's key, as `X-API-KEY` (or `e2b_` + its hex, for clients
+/// that insist on E2B's key shape), or a Bearer token.
+pub fn key_ok(headers: &HeaderMap, key: &str) -> bool {
+    let given = headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| {
+            headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::to_string)
+        });
+    let Some(given) = given else { return false };
+    let alt = key.strip_prefix("hx_").map(|hex| format!("e2b_{hex}"));
+    crate::ct_eq(given.as_bytes(), key.as_bytes())
+        || alt.is_some_and(|a| crate::ct_eq(given.as_bytes(), a.as_bytes()))
+}
+
+pub async fn require_key(
+    State(s): State<Arc<Shared>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if !key_ok(req.headers(), s.backend.api_key()) {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong API key (X-API-KEY)",
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_query_is_decoded_twice() {
+        let q = parse_query(Some(
+            "metadata=user%3Dabc%26app%3Dprod%2520x&state=running,paused&limit=5",
+        ))
+        .unwrap();
+        assert_eq!(q.metadata.get("user").map(String::as_str), Some("abc"));
+        assert_eq!(q.metadata.get("app").map(String::as_str), Some("prod x"));
+        assert_eq!(q.states, vec!["running", "paused"]);
+        assert_eq!(q.limit, Some(5));
+        assert!(parse_query(Some("limit=0")).is_err());
+        assert!(parse_query(Some("state=dead")).is_err());
+        assert!(parse_query(Some("bogus=1")).is_err());
+        assert!(parse_query(Some("metadata=%zz")).is_err());
+    }
+
+    #[test]
+    fn keys() {
+        let mut h = HeaderMap::new();
+        assert!(!key_ok(&h, "hx_ab12"));
+        h.insert("x-api-key", HeaderValue::from_static("hx_ab12"));
+        assert!(key_ok(&h, "hx_ab12"));
+        h.insert("x-api-key", HeaderValue::from_static("e2b_ab12"));
+        assert!(key_ok(&h, "hx_ab12"));
+        h.insert("x-api-key", HeaderValue::from_static("e2b_ab13"));
+        assert!(!key_ok(&h, "hx_ab12"));
+    }
+
+    #[test]
+    fn network_mapping() {
+        assert_eq!(network_spec(None, None).unwrap(), None);
+        let off = network_spec(Some(false), None).unwrap().unwrap();
+        assert!(!off.allow_all);
+        let n = NetworkBody {
+            allow_out: vec!["1.1.1.1/32".into()],
+            deny_out: vec!["0.0.0.0/0".into()],
+            ..Default::default()
+        };
+        let s = network_spec(None, Some(&n)).unwrap().unwrap();
+        assert!(!s.allow_all);
+        assert_eq!(s.allow, vec!["1.1.1.1/32"]);
+        assert!(s.deny.is_empty());
+    }
+}

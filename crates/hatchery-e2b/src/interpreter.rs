@@ -1,0 +1,295 @@
+//! The code interpreter (port 49999) of `e2b-code-interpreter`:
+//! `POST /execute` answers newline-delimited JSON (`stdout`, `stderr`,
+//! `result` with MIME keys, `error`, `number_of_executions`,
+//! `end_of_execution`) from Hatchery's `run_code`; `/contexts` are
+//! Hatchery's code contexts.
+
+use crate::backend::{CodeEvent, CodeSpec, FailKind};
+use crate::control::{ApiError, Body};
+use crate::sandbox::{Target, INTERPRETER_PORT};
+use crate::state::Shared;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Longest run: E2B's SDK bounds it on the client (default 300 s);
+/// Hatchery's `run_code` allows an hour.
+const MAX_RUN: Duration = Duration::from_secs(3600);
+pub const MAX_CODE_BYTES: usize = 256 * 1024;
+
+fn port_check(t: &Target) -> Result<(), Box<Response>> {
+    if t.port != INTERPRETER_PORT {
+        return Err(Box::new(crate::sandbox::wrong_port(t)));
+    }
+    Ok(())
+}
+
+#[derive(Deserialize)]
+pub struct ExecuteBody {
+    code: String,
+    context_id: Option<String>,
+    language: Option<String>,
+    #[serde(default)]
+    env_vars: Option<BTreeMap<String, String>>,
+}
+
+fn language_ok(l: Option<&str>) -> Result<(), ApiError> {
+    match l {
+        None | Some("python") | Some("python3") => Ok(()),
+        Some(other) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("language {other:?} is not supported (Hatchery runs python)"),
+        )),
+    }
+}
+
+fn now() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+/// MIME bundle keys as the SDK names them.
+fn result_line(v: &Value) -> Value {
+    let mut out = Map::new();
+    out.insert("type".into(), json!("result"));
+    let mut extra = Map::new();
+    if let Some(data) = v["data"].as_object() {
+        for (mime, val) in data {
+            let key = match mime.as_str() {
+                "text/plain" => "text",
+                "text/html" => "html",
+                "text/markdown" => "markdown",
+                "image/svg+xml" => "svg",
+                "image/png" => "png",
+                "image/jpeg" => "jpeg",
+                "application/pdf" => "pdf",
+                "text/latex" => "latex",
+                "application/json" => "json",
+                "application/javascript" => "javascript",
+                _ => {
+                    extra.insert(mime.clone(), val.clone());
+                    continue;
+                }
+            };
+            out.insert(key.into(), val.clone());
+        }
+    }
+    if !extra.is_empty() {
+        out.insert("extra".into(), Value::Object(extra));
+    }
+    out.insert(
+        "is_main_result".into(),
+        json!(v["is_main_result"].as_bool().unwrap_or(false)),
+    );
+    Value::Object(out)
+}
+
+fn error_line(v: &Value) -> Value {
+    let tb = match &v["traceback"] {
+        Value::String(s) => s.clone(),
+        Value::Array(a) => a
+            .iter()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    };
+    json!({"type": "error", "name": v["name"].as_str().unwrap_or("Error"),
+           "value": v["value"].as_str().map(str::to_string).unwrap_or_else(|| v["value"].to_string()),
+           "traceback": tb})
+}
+
+fn line(v: &Value) -> Bytes {
+    let mut b = serde_json::to_vec(v).expect("json values serialize");
+    b.push(b'\n');
+    b.into()
+}
+
+pub async fn execute(
+    State(s): State<Arc<Shared>>,
+    Extension(t): Extension<Target>,
+    Body(b): Body<ExecuteBody>,
+) -> Response {
+    if let Err(r) = port_check(&t) {
+        return *r;
+    }
+    if b.language.is_some() && b.context_id.is_some() {
+        return ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "give context_id or language, not both",
+        )
+        .into_response();
+    }
+    if let Err(e) = language_ok(b.language.as_deref()) {
+        return e.into_response();
+    }
+    if b.code.len() > MAX_CODE_BYTES {
+        return ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("code over {MAX_CODE_BYTES} bytes"),
+        )
+        .into_response();
+    }
+    let spec = CodeSpec {
+        code: b.code,
+        context: b.context_id.filter(|c| !c.is_empty()),
+        env: b.env_vars.unwrap_or_default(),
+        timeout: MAX_RUN,
+    };
+    let (tx, rx) = mpsc::channel::<Bytes>(32);
+    tokio::spawn(async move {
+        let (etx, mut erx) = mpsc::channel::<CodeEvent>(32);
+        let backend = Arc::clone(&s.backend);
+        let sandbox = t.sandbox.clone();
+        // Dropping the events receiver (the client went away) cancels the run.
+        let run = tokio::spawn(async move { backend.run_code(&sandbox, spec, etx).await });
+        while let Some(ev) = erx.recv().await {
+            let v = match ev {
+                CodeEvent::Stdout(b) => {
+                    json!({"type": "stdout", "text": String::from_utf8_lossy(&b), "timestamp": now()})
+                }
+                CodeEvent::Stderr(b) => {
+                    json!({"type": "stderr", "text": String::from_utf8_lossy(&b), "timestamp": now()})
+                }
+                CodeEvent::Rich(v) if v["type"] == "error" => error_line(&v),
+                CodeEvent::Rich(v) => result_line(&v),
+            };
+            if tx.send(line(&v)).await.is_err() {
+                run.abort();
+                return;
+            }
+        }
+        match run.await {
+            Ok(Ok(done)) => {
+                if done.reason != "exited" && done.error.is_none() {
+                    let why = match done.reason.as_str() {
+                        "timeout" => "the run reached its time limit",
+                        "output_limit" => "the run's output reached its limit",
+                        _ => "the run was stopped",
+                    };
+                    let _ = tx.send(line(&json!({"type": "error", "name": "ExecutionStopped", "value": format!("{why} ({}); the context was restarted", done.reason), "traceback": ""}))).await;
+                }
+                let _ = tx.send(line(&json!({"type": "number_of_executions", "execution_count": done.execution_count}))).await;
+            }
+            Ok(Err(e)) => {
+                let name = if e.kind == FailKind::ContextNotFound {
+                    "ContextNotFound"
+                } else {
+                    "HatcheryError"
+                };
+                let _ = tx.send(line(&json!({"type": "error", "name": name, "value": e.message, "traceback": ""}))).await;
+            }
+            Err(_) => {
+                let _ = tx.send(line(&json!({"type": "error", "name": "HatcheryError", "value": "the run failed", "traceback": ""}))).await;
+            }
+        }
+        let _ = tx.send(line(&json!({"type": "end_of_execution"}))).await;
+    });
+    let body = axum::body::Body::from_stream(futures::StreamExt::map(
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+        Ok::<_, std::convert::Infallible>,
+    ));
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        body,
+    )
+        .into_response()
+}
+
+#[derive(Deserialize, Default)]
+pub struct NewContext {
+    language: Option<String>,
+    cwd: Option<String>,
+}
+
+fn ctx_json(c: &crate::backend::ContextView) -> Value {
+    json!({"id": c.id, "language": c.language, "cwd": c.cwd})
+}
+
+pub async fn create_context(
+    State(s): State<Arc<Shared>>,
+    Extension(t): Extension<Target>,
+    Body(b): Body<NewContext>,
+) -> Response {
+    if let Err(r) = port_check(&t) {
+        return *r;
+    }
+    let res: Result<Response, ApiError> = async {
+        language_ok(b.language.as_deref())?;
+        // Without a cwd, Hatchery's default (templates need not have /home/user).
+        let c = s.backend.create_context(&t.sandbox, b.cwd).await?;
+        Ok(Json(ctx_json(&c)).into_response())
+    }
+    .await;
+    res.unwrap_or_else(IntoResponse::into_response)
+}
+
+pub async fn list_contexts(
+    State(s): State<Arc<Shared>>,
+    Extension(t): Extension<Target>,
+) -> Response {
+    if let Err(r) = port_check(&t) {
+        return *r;
+    }
+    match s.backend.list_contexts(&t.sandbox).await {
+        Ok(cs) => Json(cs.iter().map(ctx_json).collect::<Vec<_>>()).into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+pub async fn delete_context(
+    State(s): State<Arc<Shared>>,
+    Extension(t): Extension<Target>,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err(r) = port_check(&t) {
+        return *r;
+    }
+    match s.backend.delete_context(&t.sandbox, &id).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+pub async fn restart_context(
+    State(s): State<Arc<Shared>>,
+    Extension(t): Extension<Target>,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err(r) = port_check(&t) {
+        return *r;
+    }
+    match s.backend.restart_context(&t.sandbox, &id).await {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mime_keys() {
+        let v = json!({"type": "result", "data": {"text/plain": "42", "image/png": "iVBO", "application/x-custom": 1}, "is_main_result": true});
+        let r = result_line(&v);
+        assert_eq!(r["text"], "42");
+        assert_eq!(r["png"], "iVBO");
+        assert_eq!(r["extra"]["application/x-custom"], 1);
+        assert_eq!(r["is_main_result"], true);
+        let e = error_line(
+            &json!({"name": "ZeroDivisionError", "value": "division by zero", "traceback": ["a", "b"]}),
+        );
+        assert_eq!(e["traceback"], "a\nb");
+    }
+}

@@ -1,0 +1,164 @@
+//! E2B compatibility: the official E2B SDKs (`e2b`, `e2b-code-interpreter`
+//! on PyPI, `e2b` on npm) drive Hatchery unchanged with
+//!
+//! ```text
+//! E2B_API_URL=http://127.0.0.1:7423/e2b
+//! E2B_SANDBOX_URL=http://127.0.0.1:7423/e2b/sandbox
+//! E2B_API_KEY=$(cat /var/lib/hatchery/api_key)
+//! ```
+//!
+//! [`control`] is the control plane, [`sandbox`] routes sandbox traffic by
+//! the `E2b-Sandbox-Id`/`-Port` headers to envd ([`process`], [`fs`],
+//! [`files`]) or the code interpreter ([`interpreter`]). Sandboxes are
+//! reached only through the [`backend::Backend`] trait. docs/e2b.md lists
+//! what is supported.
+
+pub mod backend;
+pub mod connect;
+pub mod control;
+pub mod files;
+pub mod fs;
+pub mod interpreter;
+pub mod pb;
+pub mod process;
+pub mod sandbox;
+pub mod state;
+pub mod user;
+
+use axum::extract::DefaultBodyLimit;
+use axum::extract::State;
+use axum::routing::{any, delete, get, post};
+use axum::Router;
+use std::sync::Arc;
+
+pub use backend::Backend;
+
+/// Where the control plane is mounted.
+pub const API_PREFIX: &str = "/e2b";
+/// Where sandbox traffic (`E2B_SANDBOX_URL`) is mounted.
+pub const SANDBOX_PREFIX: &str = "/e2b/sandbox";
+/// Control-plane JSON bodies.
+pub const MAX_JSON_BODY: usize = 1 << 20;
+
+/// The E2B routes, to merge into the daemon's router. Uploads are bounded
+/// by `max_file_bytes` (plus multipart overhead).
+pub fn router(backend: Arc<dyn Backend>, max_file_bytes: u64) -> Router {
+    let shared = state::Shared::new(backend);
+    let control = Router::new()
+        .route("/sandboxes", post(control::create_v1).get(control::list_v1))
+        .route(
+            "/v2/sandboxes",
+            post(control::create_v2).get(control::list_v2),
+        )
+        .route("/sandboxes/{id}", get(control::get).delete(control::kill))
+        .route("/sandboxes/{id}/timeout", post(control::set_timeout))
+        .route("/sandboxes/{id}/refreshes", post(control::refresh))
+        .route("/sandboxes/{id}/connect", post(control::connect_v1))
+        .route("/v2/sandboxes/{id}/connect", post(control::connect_v2))
+        .route("/sandboxes/{id}/pause", post(control::pause))
+        .route("/sandboxes/{id}/resume", post(control::resume))
+        .route("/sandboxes/{id}/fork", post(control::fork))
+        .route(
+            "/sandboxes/{id}/network",
+            axum::routing::put(control::set_network),
+        )
+        .layer(DefaultBodyLimit::max(MAX_JSON_BODY))
+        .route_layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&shared),
+            control::require_key,
+        ));
+    let upload_limit = max_file_bytes as usize + (1 << 20);
+    // Paths here are without SANDBOX_PREFIX; `sandbox::dispatch` strips
+    // it, authenticates and routes by port before these see a request.
+    let envd = Router::new()
+        .route("/process.Process/{method}", post(process::rpc))
+        .route("/filesystem.Filesystem/{method}", post(fs::rpc))
+        .route(
+            "/files",
+            get(files::download)
+                .post(files::upload)
+                .layer(DefaultBodyLimit::max(upload_limit)),
+        )
+        .route("/health", get(files::health))
+        .route("/execute", post(interpreter::execute))
+        .route(
+            "/contexts",
+            post(interpreter::create_context).get(interpreter::list_contexts),
+        )
+        .route("/contexts/{id}", delete(interpreter::delete_context))
+        .route("/contexts/{id}/restart", post(interpreter::restart_context))
+        .layer(DefaultBodyLimit::max(connect::MAX_MESSAGE_BYTES + 5))
+        .fallback(sandbox_fallback)
+        .method_not_allowed_fallback(sandbox_fallback)
+        .with_state(Arc::clone(&shared));
+    let entry = {
+        let envd = envd.clone();
+        move |State(s): State<Arc<state::Shared>>, req: axum::extract::Request| {
+            sandbox::dispatch(s, envd.clone(), req)
+        }
+    };
+    Router::new()
+        .nest(API_PREFIX, control.fallback(control::not_found))
+        .route(SANDBOX_PREFIX, any(entry.clone()))
+        .route(&format!("{SANDBOX_PREFIX}/"), any(entry.clone()))
+        .route(&format!("{SANDBOX_PREFIX}/{{*rest}}"), any(entry))
+        .with_state(shared)
+}
+
+async fn sandbox_fallback() -> axum::response::Response {
+    sandbox::plain_error(axum::http::StatusCode::NOT_FOUND, "no such route")
+}
+
+/// A request body, bounded; an oversized one is `resource_exhausted`.
+pub(crate) async fn read_body(
+    req: axum::extract::Request,
+    max: usize,
+) -> Result<axum::body::Bytes, connect::ConnectError> {
+    axum::body::to_bytes(req.into_body(), max)
+        .await
+        .map_err(|_| {
+            connect::ConnectError::new(
+                connect::Code::ResourceExhausted,
+                format!("request over {max} bytes, or its body failed"),
+            )
+        })
+}
+
+/// A sandbox request's path (and query) without [`SANDBOX_PREFIX`].
+pub(crate) fn strip_prefix(path: &str) -> String {
+    match path.strip_prefix(SANDBOX_PREFIX) {
+        Some(rest) if rest.starts_with('/') => rest.to_string(),
+        Some(rest) => format!("/{rest}"),
+        None => path.to_string(),
+    }
+}
+
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Constant-time comparison of secrets.
+pub(crate) fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+pub(crate) fn pct_decode(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                out.push(u8::from_str_radix(s.get(i + 1..i + 3)?, 16).ok()?);
+                i += 2;
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).ok()
+}

@@ -1,0 +1,58 @@
+"""A live daemon for the E2B suites, driven by the official E2B SDKs.
+
+It runs on a private templates directory: a copy of the default template
+(which also answers as `code-interpreter-v1`) and `base` (templates/base.json,
+/bin/bash and a user `user`), built through the API on a seeded rootfs so no
+debootstrap runs. The SDKs find it through E2B_API_URL / E2B_SANDBOX_URL."""
+
+import json
+import os
+import shutil
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "tests", "sdk"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+
+import support  # noqa: E402
+from harness import KEY, metric, wait_for  # noqa: E402
+
+
+def build_base(d):
+    spec = json.load(open(os.path.join(ROOT, "templates", "base.json")))
+    r = d.request("POST", "/v1/templates", spec)
+    assert r.status == 202, r
+    events = d.stream(None, None, path=r.json()["events_url"], method="GET", timeout=900)
+    assert events[-1][0] == "done", events[-5:]
+
+
+@pytest.fixture(scope="session")
+def daemon():
+    tdir = support.private_templates()
+    support.seed_rootfs(tdir, "base")
+    d = support.start_daemon(templates_dir=tdir, bake=False)
+    try:
+        build_base(d)
+        # Both templates' checkpoints, so creates restore instead of booting.
+        wait_for(lambda: metric(d, "hatchery_template_images_baked_total") >= 2, timeout=300,
+                 what="template checkpoints")
+        os.environ["E2B_API_URL"] = f"http://127.0.0.1:{d.port}/e2b"
+        os.environ["E2B_SANDBOX_URL"] = f"http://127.0.0.1:{d.port}/e2b/sandbox"
+        os.environ["E2B_API_KEY"] = KEY
+        os.environ.pop("E2B_DOMAIN", None)
+        os.environ.pop("E2B_DEBUG", None)
+        yield d
+    finally:
+        support.stop_daemon(d)
+        shutil.rmtree(tdir, ignore_errors=True)
+
+
+@pytest.fixture
+def sbx(daemon):
+    from e2b import Sandbox
+    s = Sandbox.create("base", timeout=300)
+    yield s
+    s.kill()

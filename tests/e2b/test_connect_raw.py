@@ -1,0 +1,64 @@
+"""Connect details the SDKs depend on but do not show, in raw HTTP:
+keep-alive events on a silent stream, Connect-Timeout-Ms as the process's
+lifetime, and the StreamInput client stream."""
+
+import base64
+import json
+import struct
+import time
+
+from test_bad_input import envd_headers, envelope, req
+
+
+def frames(data):
+    out, i = [], 0
+    while i + 5 <= len(data):
+        flags, n = struct.unpack(">BI", data[i:i + 5])
+        out.append((flags, json.loads(data[i + 5:i + 5 + n])))
+        i += 5 + n
+    assert i == len(data), "trailing bytes"
+    return out
+
+
+def events(fs):
+    return [next(iter(f["event"])) if "event" in f else "?" for flags, f in fs if not flags & 2]
+
+
+def test_keepalives_and_deadline(daemon, sbx):
+    h = envd_headers(sbx, **{"Content-Type": "application/connect+json", "Keepalive-Ping-Interval": "1"})
+    start = envelope({"process": {"cmd": "/bin/sh", "args": ["-c", "sleep 3; echo done"]}})
+    s, _, b = req(daemon, "POST", "/e2b/sandbox/process.Process/Start", start, h)
+    fs = frames(b)
+    ev = events(fs)
+    assert s == 200 and ev[0] == "start" and ev[-1] == "end", ev
+    assert ev.count("keepalive") >= 1, ev
+    assert fs[-1] == (2, {}), fs[-1]
+    # The deadline ends the process, not just the stream.
+    h = envd_headers(sbx, **{"Content-Type": "application/connect+json", "Connect-Timeout-Ms": "1500"})
+    t = time.time()
+    s, _, b = req(daemon, "POST", "/e2b/sandbox/process.Process/Start",
+                  envelope({"process": {"cmd": "/bin/sleep", "args": ["30"]}}), h)
+    fs = frames(b)
+    assert time.time() - t < 15
+    assert fs[-1][0] == 2 and fs[-1][1]["error"]["code"] == "deadline_exceeded", fs
+    pid = fs[0][1]["event"]["start"]["pid"]
+    assert pid not in [p.pid for p in sbx.commands.list()]
+
+
+def test_stream_input(daemon, sbx):
+    h = sbx.commands.run("cat; echo eof", background=True, stdin=True)
+    body = (envelope({"start": {"process": {"pid": h.pid}}})
+            + envelope({"data": {"input": {"stdin": base64.b64encode(b"one\n").decode()}}})
+            + envelope({"keepalive": {}})
+            + envelope({"data": {"input": {"stdin": base64.b64encode(b"two\n").decode()}}})
+            + envelope({}, flags=2))
+    s, _, b = req(daemon, "POST", "/e2b/sandbox/process.Process/StreamInput", body,
+                  envd_headers(sbx, **{"Content-Type": "application/connect+json"}))
+    assert s == 200 and frames(b)[-1] == (2, {}), b
+    sbx.commands.close_stdin(h.pid)
+    assert h.wait().stdout == "one\ntwo\neof\n"
+    # Data before the start message is refused.
+    s, _, b = req(daemon, "POST", "/e2b/sandbox/process.Process/StreamInput",
+                  envelope({"data": {"input": {"stdin": "eA=="}}}) + envelope({}, flags=2),
+                  envd_headers(sbx, **{"Content-Type": "application/connect+json"}))
+    assert frames(b)[-1][1]["error"]["code"] == "invalid_argument"

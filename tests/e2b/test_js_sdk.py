@@ -1,0 +1,19 @@
+"""The `e2b` npm package (installed by the Makefile into target/e2b-js with
+npm ci from tests/e2b/js/package-lock.json) against the suite's daemon."""
+
+import os
+import subprocess
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODULE = os.path.join(HERE, "..", "..", "target", "e2b-js", "node_modules", "e2b", "dist", "index.mjs")
+
+
+def test_js_sdk(daemon):
+    if not os.path.exists(MODULE):
+        pytest.fail("the e2b npm package is not installed: run `make e2b-test` (npm ci into target/e2b-js)")
+    env = dict(os.environ, E2B_JS_MODULE=os.path.abspath(MODULE))
+    r = subprocess.run(["node", "--test", os.path.join(HERE, "js", "sdk.test.mjs")], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
