@@ -66,7 +66,9 @@ def test_cpu_ms_counts_the_whole_tree_and_nothing_else(daemon, sandbox):
         time.sleep(0.3)
         sleeper = daemon.exec(sandbox, "sleep 1.5", timeout_seconds=10)
         burned = burner.result()
-    assert sleeper["reason"] == "exited" and sleeper["cpu_ms"] < 100, sleeper
+    # Not the burner's ~3 s; under a loaded host systrap charges a sleeper
+    # some time of its own (up to 120 ms measured at load 10).
+    assert sleeper["reason"] == "exited" and sleeper["cpu_ms"] < 400, sleeper
     assert burned["reason"] == "timeout" and burned["cpu_ms"] > 1000, burned
 
 

@@ -249,7 +249,7 @@ def test_guest_connections_are_capped_per_sandbox(hsd, services):
 import socket, time
 socks, ok = [], 0
 for i in range(70):
-    s = socket.create_connection(("127.0.0.1", 9102), timeout=10)
+    s = socket.create_connection(("127.0.0.1", 9102), timeout=30)
     socks.append(s)
 for s in socks:
     try:
@@ -259,7 +259,7 @@ for s in socks:
 for s in socks:
     s.close()
 time.sleep(1)
-s = socket.create_connection(("127.0.0.1", 9102), timeout=10)
+s = socket.create_connection(("127.0.0.1", 9102), timeout=30)
 print(ok, s.makefile("rb").readline().decode().strip())
 '''
     r = d.exec(sid, argv=["python3", "-c", many], timeout_seconds=120)
