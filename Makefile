@@ -133,7 +133,13 @@ $(GATEWAY_VENV)/.installed: tests/gateway/requirements.txt
 	$(GATEWAY_VENV)/bin/pip install -q -r tests/gateway/requirements.txt
 	touch $@
 
-gateway-# Interview rounds pages (web/rounds: CodeMirror 6 bundled by esbuild, dist/
+gateway-test: build template $(GATEWAY_VENV)/.installed
+	/usr/bin/python3 tests/pg/pg.py -- env HATCHERY_REQUIRE_PG=1 \
+	  cargo test --release -p hatchery-gateway conformance_on_postgres
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  $(GATEWAY_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/gateway
+
+# Interview rounds pages (web/rounds: CodeMirror 6 bundled by esbuild, dist/
 # committed and embedded in the daemon): check/build as for the terminal,
 # then the candidate room and the reviewer page in headless Chromium
 # (about 15 s). The HTTP suite is tests/integration/test_rounds.py.
