@@ -50,6 +50,32 @@ pub fn destroy(runsc_bin: &Path, flags: &[String], id: &str, bundle: &Path) {
     }
     unmount_disk(bundle);
     let _ = std::fs::remove_dir_all(bundle);
+    remove_runsc_state(flags, id);
+}
+
+/// runsc's own files for the container (`<id>_sandbox:<id>.state`, its
+/// `.lock`, `runsc-<id>.sock`). `runsc delete` removes them, but not when the
+/// daemon died while runsc was still creating the container: then a
+/// restarted daemon's reconcile found the files left behind (the test of a
+/// crash mid-grading did). Ids are unique, so anything naming this one is
+/// this container's.
+fn remove_runsc_state(flags: &[String], id: &str) {
+    let Some(root) = flags.iter().find_map(|f| f.strip_prefix("--root=")) else {
+        return;
+    };
+    let Ok(rd) = std::fs::read_dir(root) else {
+        return;
+    };
+    for e in rd.flatten() {
+        if e.file_name().to_string_lossy().contains(id) {
+            let p = e.path();
+            let _ = if p.is_dir() {
+                std::fs::remove_dir_all(&p)
+            } else {
+                std::fs::remove_file(&p)
+            };
+        }
+    }
 }
 
 /// The shim mounts the sandbox's disk and `/tmp` lower layer inside the
