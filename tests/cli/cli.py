@@ -2,6 +2,7 @@
 
 import os
 import re
+import signal
 import subprocess
 
 from harness import BIN_DIR, KEY
@@ -30,6 +31,10 @@ class Cli:
         return p
 
     def popen(self, *args, **kw):
+        # SIGINT back to its default: a shell that started this run in the
+        # background (`make test &`) passes it down ignored, and the tests
+        # that press Ctrl-C would then wait for nothing.
+        kw.setdefault("preexec_fn", lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         return subprocess.Popen([HATCHERY, *args], env=self.env, text=True, **kw)
 
     def create(self, *args):
