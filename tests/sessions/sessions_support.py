@@ -11,7 +11,10 @@ MODEL_GUEST_PORT = 9100
 
 # The demo repository: a failing test the agent fixes.
 CALC_BROKEN = "def add(a, b):\n    return a - b\n"
-CALC_FIXED = "def add(a, b):\n    return a + b\n"
+# Not the same size as CALC_BROKEN: an edit within the same second that keeps
+# the size would leave Python's cached bytecode looking fresh (pyc checks
+# mtime seconds and size), and the old code would run again.
+CALC_FIXED = "def add(a, b):\n    return a + b  # fixed\n"
 TEST_CALC = (
     "import unittest\n\nfrom calc import add\n\n\n"
     "class T(unittest.TestCase):\n    def test_add(self):\n        self.assertEqual(add(2, 3), 5)\n\n\n"
