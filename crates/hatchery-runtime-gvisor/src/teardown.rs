@@ -63,19 +63,25 @@ fn remove_runsc_state(flags: &[String], id: &str) {
     let Some(root) = flags.iter().find_map(|f| f.strip_prefix("--root=")) else {
         return;
     };
-    let Ok(rd) = std::fs::read_dir(root) else {
-        return;
-    };
-    for e in rd.flatten() {
-        if e.file_name().to_string_lossy().contains(id) {
-            let p = e.path();
-            let _ = if p.is_dir() {
-                std::fs::remove_dir_all(&p)
-            } else {
-                std::fs::remove_file(&p)
-            };
-        }
+    for p in runsc_state(Path::new(root), id) {
+        let _ = if p.is_dir() {
+            std::fs::remove_dir_all(&p)
+        } else {
+            std::fs::remove_file(&p)
+        };
     }
+}
+
+/// Entries of runsc's state directory that belong to container `id`: what
+/// teardown removes and what `leftovers` reports, found the same way.
+fn runsc_state(root: &Path, id: &str) -> Vec<std::path::PathBuf> {
+    let Ok(rd) = std::fs::read_dir(root) else {
+        return vec![];
+    };
+    rd.flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(id))
+        .map(|e| e.path())
+        .collect()
 }
 
 /// The shim mounts the sandbox's disk and `/tmp` lower layer inside the
@@ -117,12 +123,8 @@ pub fn leftovers(id: &str, bundle: &Path, runsc_root: &Path) -> Vec<String> {
     if bundle.exists() {
         left.push(format!("dir {}", bundle.display()));
     }
-    if let Ok(rd) = std::fs::read_dir(runsc_root) {
-        for e in rd.flatten() {
-            if e.file_name().to_string_lossy().contains(id) {
-                left.push(format!("runsc state {}", e.path().display()));
-            }
-        }
+    for p in runsc_state(runsc_root, id) {
+        left.push(format!("runsc state {}", p.display()));
     }
     if let Ok(mi) = std::fs::read_to_string("/proc/self/mountinfo") {
         for line in mi.lines().filter(|l| l.contains(id)) {
