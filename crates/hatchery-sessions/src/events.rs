@@ -228,6 +228,38 @@ pub enum EventKind {
         code: String,
         message: String,
     },
+    /// A broker tool call (`crates/hatchery-broker`), recorded with the
+    /// policy's decision before any effect. `seq` is the agent's call key.
+    BrokerCall {
+        seq: u64,
+        epoch: u64,
+        tool: String,
+        /// The arguments as canonical JSON (capped).
+        arguments: String,
+        /// `allow`, `deny` or `require_approval`.
+        decision: String,
+        /// The rule that decided; absent for the default deny.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rule_id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        approval_id: Option<String>,
+    },
+    /// The broker is about to have the effect (credential in hand).
+    BrokerEffectStarted {
+        seq: u64,
+        tool: String,
+        /// What will be done, e.g. the commit and ref of a push.
+        detail: String,
+    },
+    /// What the broker call ended with: `done`, `failed`, `denied` or
+    /// `needs_review` (an effect whose outcome could not be established
+    /// after a crash; never repeated on its own).
+    BrokerResult {
+        seq: u64,
+        tool: String,
+        status: String,
+        output: String,
+    },
     /// A line the agent printed that was not a valid protocol message
     /// (kept, capped, so nothing it says is lost).
     AgentOutput {
@@ -269,6 +301,9 @@ impl EventKind {
             EventKind::AgentExited { .. } => "agent_exited",
             EventKind::WorkspaceDiff { .. } => "workspace_diff",
             EventKind::Error { .. } => "error",
+            EventKind::BrokerCall { .. } => "broker_call",
+            EventKind::BrokerEffectStarted { .. } => "broker_effect_started",
+            EventKind::BrokerResult { .. } => "broker_result",
             EventKind::AgentOutput { .. } => "agent_output",
         }
     }

@@ -243,6 +243,7 @@ impl Sessions {
         let policy = self
             .policies
             .resolve(&policy_id)
+            .await
             .ok_or_else(|| SessionError::UnknownPolicy(policy_id.clone()))?;
         let template = b
             .template

@@ -100,6 +100,9 @@ pub struct DaemonArgs {
     /// Agent sessions (`/v1/sessions`).
     #[command(flatten)]
     pub sessions: hatchery_sessions::SessionArgs,
+    /// The tool broker of sessions.
+    #[command(flatten)]
+    pub broker: hatchery_broker::BrokerArgs,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "HATCHERY_LOG_JSON")]
     pub log_json: bool,

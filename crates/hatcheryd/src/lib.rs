@@ -1,5 +1,6 @@
 //! Daemon assembly, shared by `hatcheryd` and `hatchery serve`.
 
+mod broker;
 mod config;
 mod e2b_backend;
 mod key;

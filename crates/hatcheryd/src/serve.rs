@@ -144,6 +144,9 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     for svc in &args.host_services {
         manager.add_host_service(svc.clone())?;
     }
+    if let Some(svc) = crate::broker::host_service(&args, &data) {
+        manager.add_host_service(svc)?;
+    }
     let report = manager.reconcile().await?;
     tracing::info!(?report, "state reconciled with the host");
     let _reaper = manager.spawn_reaper();
@@ -162,9 +165,24 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         }),
         manager.caps.max_file_bytes,
     );
-    let (sessions_app, sessions) = crate::sessions::build(&args, &key, &manager.metrics.registry)?;
     // Policies live in their own file: their migrations are their own.
-    let policies = hatchery_policy::SqlitePolicyStore::open(&data.join("policies.db"))?;
+    let policies: Arc<dyn hatchery_policy::PolicyStore> = Arc::new(
+        hatchery_policy::SqlitePolicyStore::open(&data.join("policies.db"))?,
+    );
+    let (sessions_app, sessions) = crate::sessions::build(
+        &args,
+        &key,
+        &manager.metrics.registry,
+        Arc::new(hatchery_broker::catalog::StorePolicies(policies.clone())),
+    )?;
+    let broker = crate::broker::start(
+        &args,
+        &data,
+        &key,
+        sessions.clone(),
+        policies.clone(),
+        &manager.metrics.registry,
+    )?;
     let app = hatchery_api::router_with(
         AppState {
             manager: manager.clone(),
@@ -175,7 +193,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
                 terminal_secret,
             )),
         },
-        hatchery_policy::http::router(Arc::new(policies)),
+        hatchery_policy::http::router(policies)
+            .merge(hatchery_broker::routes::operator_router(broker)),
     )
     .merge(sessions_app)
     .merge(e2b);

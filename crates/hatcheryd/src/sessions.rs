@@ -3,7 +3,7 @@
 
 use crate::config::DaemonArgs;
 use hatchery_sessions::client_sandboxes::ClientSandboxes;
-use hatchery_sessions::policy::BuiltinPolicies;
+use hatchery_sessions::policy::PolicyCatalog;
 use hatchery_sessions::scheduler::LocalScheduler;
 use hatchery_sessions::store::SqliteStore;
 use hatchery_sessions::{Sessions, SessionsConfig};
@@ -13,6 +13,7 @@ pub fn build(
     args: &DaemonArgs,
     api_key: &str,
     registry: &prometheus::Registry,
+    policies: Arc<dyn PolicyCatalog>,
 ) -> Result<(axum::Router, Arc<Sessions>), crate::DaemonError> {
     let err = |e: String| crate::DaemonError::Sessions(e);
     let store =
@@ -32,7 +33,7 @@ pub fn build(
     let svc = Sessions::new(
         Arc::new(store),
         cfg.clone(),
-        Arc::new(BuiltinPolicies),
+        policies,
         Arc::new(ClientSandboxes::new(client)),
         Arc::new(LocalScheduler::new(cfg.max_running)),
     );

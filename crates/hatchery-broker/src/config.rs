@@ -1,0 +1,120 @@
+//! Operator settings for the broker (daemon flags, `HATCHERY_BROKER_*`).
+
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Args)]
+pub struct BrokerArgs {
+    /// Where sandbox code reaches the broker: `http://127.0.0.1:PORT` in
+    /// every sandbox (a host service named `broker`). 0 turns it off.
+    #[arg(
+        long = "broker-guest-port",
+        env = "HATCHERY_BROKER_GUEST_PORT",
+        default_value_t = 9200
+    )]
+    pub guest_port: u16,
+    /// `FROM=TO`: push to `TO…` instead of a session repository URL that
+    /// starts with `FROM` (like git's `pushInsteadOf`; repeatable).
+    #[arg(
+        long = "broker-git-push-url",
+        env = "HATCHERY_BROKER_GIT_PUSH_URLS",
+        value_delimiter = ' '
+    )]
+    pub git_push_urls: Vec<String>,
+    /// A file with the HTTP header (`Authorization: ...`) `git_push` sends:
+    /// the write credential. Read by the host only, at each push.
+    #[arg(
+        long = "broker-git-credential-file",
+        env = "HATCHERY_BROKER_GIT_CREDENTIAL_FILE"
+    )]
+    pub git_credential_file: Option<PathBuf>,
+    /// Base URL of a GitHub-compatible REST API for `open_pr`
+    /// (`http://` only; e.g. a local forge or an operator-run relay).
+    #[arg(long = "broker-github-api", env = "HATCHERY_BROKER_GITHUB_API")]
+    pub github_api: Option<String>,
+    /// A file with the token `open_pr` sends (`Authorization: Bearer`).
+    #[arg(
+        long = "broker-github-token-file",
+        env = "HATCHERY_BROKER_GITHUB_TOKEN_FILE"
+    )]
+    pub github_token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct BrokerConfig {
+    pub guest_port: u16,
+    pub push_rewrites: Vec<(String, String)>,
+    pub git_credential_file: Option<PathBuf>,
+    pub github_api: Option<String>,
+    pub github_token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("--broker-git-push-url {0:?}: expected FROM=TO")]
+pub struct ConfigError(String);
+
+impl TryFrom<&BrokerArgs> for BrokerConfig {
+    type Error = ConfigError;
+    fn try_from(a: &BrokerArgs) -> Result<Self, ConfigError> {
+        let mut push_rewrites = vec![];
+        for r in &a.git_push_urls {
+            match r.split_once('=') {
+                Some((f, t)) if !f.is_empty() && !t.is_empty() => {
+                    push_rewrites.push((f.to_string(), t.to_string()))
+                }
+                _ => return Err(ConfigError(r.clone())),
+            }
+        }
+        Ok(BrokerConfig {
+            guest_port: a.guest_port,
+            push_rewrites,
+            git_credential_file: a.git_credential_file.clone(),
+            github_api: a.github_api.clone(),
+            github_token_file: a.github_token_file.clone(),
+        })
+    }
+}
+
+impl BrokerConfig {
+    /// The URL `git_push` pushes to for a session's repository.
+    pub fn push_url(&self, repo: &str) -> String {
+        // The longest matching prefix wins, as with git's insteadOf.
+        let best = self
+            .push_rewrites
+            .iter()
+            .filter(|(f, _)| repo.starts_with(f.as_str()))
+            .max_by_key(|(f, _)| f.len());
+        match best {
+            Some((f, t)) => format!("{t}{}", &repo[f.len()..]),
+            None => repo.to_string(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn push_rewrites() {
+        let a = BrokerArgs {
+            guest_port: 9200,
+            git_push_urls: vec![
+                "git://h/=http://h:81/".into(),
+                "git://h/acme/=http://h:82/a/".into(),
+            ],
+            git_credential_file: None,
+            github_api: None,
+            github_token_file: None,
+        };
+        let c = BrokerConfig::try_from(&a).unwrap();
+        assert_eq!(c.push_url("git://h/x.git"), "http://h:81/x.git");
+        assert_eq!(c.push_url("git://h/acme/x.git"), "http://h:82/a/x.git");
+        assert_eq!(c.push_url("https://o/x.git"), "https://o/x.git");
+        let bad = BrokerArgs {
+            git_push_urls: vec!["nope".into()],
+            ..a
+        };
+        assert!(BrokerConfig::try_from(&bad).is_err());
+    }
+}

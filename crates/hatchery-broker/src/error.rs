@@ -1,0 +1,88 @@
+//! The broker's errors and how they answer over HTTP
+//! (`{"error":{"code","message"}}`; a 500 says `internal` and a request id,
+//! the cause goes to the log).
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("unknown tool {0:?}; broker tools are {1}")]
+    UnknownTool(String, String),
+    /// The connection did not come through a sandbox's broker endpoint,
+    /// or from a sandbox no session holds.
+    #[error("{0}")]
+    UnknownSandbox(String),
+    /// A replaced sandbox instance (the session resumed or forked).
+    #[error("{0}")]
+    Fenced(String),
+    #[error("seq {seq} was already used for another call ({tool} with other arguments)")]
+    SeqConflict { seq: u64, tool: String },
+    #[error("{0}")]
+    SessionState(String),
+    #[error("the session's policy {0} could not be loaded: {1}")]
+    PolicyUnavailable(String, String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl From<crate::store::StoreError> for BrokerError {
+    fn from(e: crate::store::StoreError) -> Self {
+        BrokerError::Internal(e.to_string())
+    }
+}
+
+impl From<hatchery_sessions::error::SessionError> for BrokerError {
+    fn from(e: hatchery_sessions::error::SessionError) -> Self {
+        BrokerError::Internal(format!("sessions: {e}"))
+    }
+}
+
+impl BrokerError {
+    pub fn status_code(&self) -> (StatusCode, &'static str) {
+        use StatusCode as S;
+        match self {
+            BrokerError::BadRequest(_) => (S::BAD_REQUEST, "invalid_request"),
+            BrokerError::UnknownTool(..) => (S::BAD_REQUEST, "unknown_tool"),
+            BrokerError::UnknownSandbox(_) => (S::FORBIDDEN, "unknown_sandbox"),
+            BrokerError::Fenced(_) => (S::CONFLICT, "fenced"),
+            BrokerError::SeqConflict { .. } => (S::CONFLICT, "seq_conflict"),
+            BrokerError::SessionState(_) => (S::CONFLICT, "session_state_conflict"),
+            BrokerError::PolicyUnavailable(..) => (S::SERVICE_UNAVAILABLE, "policy_unavailable"),
+            BrokerError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "internal"),
+        }
+    }
+}
+
+impl IntoResponse for BrokerError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_code();
+        let message = if status == StatusCode::INTERNAL_SERVER_ERROR {
+            let request_id = format!("req_{:016x}", rand_u64());
+            tracing::error!(%request_id, error = %self, "broker failed");
+            format!("internal error (request id {request_id})")
+        } else {
+            self.to_string()
+        };
+        (
+            status,
+            Json(serde_json::json!({"error": {"code": code, "message": message}})),
+        )
+            .into_response()
+    }
+}
+
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    h.finish()
+}

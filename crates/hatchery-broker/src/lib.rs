@@ -1,0 +1,22 @@
+//! The tool broker of agent sessions. A sandbox reaches it only through
+//! its `broker` host service (so the host attaches the sandbox's
+//! identity); each call `(session, seq, tool, args)` is decided by the
+//! session's pinned policy, recorded before its effect, run at most once
+//! with a credential only the host holds, and answered from the record on
+//! every retry. docs/sessions.md, "Tool broker", has the wire shape.
+
+pub mod catalog;
+pub mod config;
+pub mod error;
+pub mod fetch;
+pub mod git;
+pub mod github;
+pub mod metrics;
+pub mod routes;
+pub mod sandbox;
+pub mod service;
+pub mod store;
+pub mod wire;
+
+pub use config::{BrokerArgs, BrokerConfig};
+pub use service::Broker;

@@ -1,0 +1,844 @@
+//! The broker: `invoke` turns one tool call from a sandbox into at most
+//! one effect. Order for a new key: the session's pinned policy decides;
+//! the call row (with the decision) is committed; the `broker_call` event
+//! is appended; for an approval, the approval row and event, and the
+//! session moves to `waiting_approval`; then, for an allowed call, the
+//! effect's exact plan is recorded (`executing`, and a
+//! `broker_effect_started` event) before the credential is used; the
+//! result is recorded (`done`/`failed`, `broker_result`). A retry of the
+//! key returns what is stored; a call found `executing` by a fresh process
+//! is resolved against the remote (or marked `needs_review`), never run
+//! again.
+
+use crate::config::BrokerConfig;
+use crate::error::BrokerError;
+use crate::git;
+use crate::github::{self, Forge};
+use crate::sandbox::SandboxAccess;
+use crate::store::{Begin, BrokerStore, Call, CallState};
+use crate::wire::{InvokeRequest, InvokeResult};
+use hatchery_policy::cache::CompiledPolicies;
+use hatchery_policy::{Destination, Effect, Request};
+use hatchery_sessions::events::EventKind;
+use hatchery_sessions::state::SessionState;
+use hatchery_sessions::Sessions;
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Largest work tree `git_push` moves out of a sandbox.
+pub const MAX_PUSH_TREE_BYTES: u64 = 64 << 20;
+/// Arguments are shown in events up to this size.
+const EVENT_ARGS_BYTES: usize = 4096;
+const EXPORT_SCRIPT: &str = include_str!("../sandbox/export_tree.py");
+const EXPORT_DIR: &str = "/opt/hatchery/broker";
+/// Where the session runner unpacks the checkout.
+const WORKDIR: &str = "/workspace";
+
+pub struct Broker {
+    pub(crate) store: BrokerStore,
+    sessions: Arc<Sessions>,
+    policies: CompiledPolicies,
+    sandboxes: Arc<dyn SandboxAccess>,
+    cfg: BrokerConfig,
+    /// One lock per key in this process: concurrent retries of one seq
+    /// wait for each other instead of racing to the effect.
+    keys: Mutex<HashMap<(String, u64), Arc<tokio::sync::Mutex<()>>>>,
+    pub(crate) metrics: crate::metrics::BrokerMetrics,
+}
+
+/// The branch a session owns; `pol_standard` lets it push there.
+pub fn session_branch(session_id: &str) -> String {
+    format!("hatchery/{session_id}")
+}
+
+fn canonical(v: &Value) -> String {
+    hatchery_audit::canonical_json(v).unwrap_or_else(|_| v.to_string())
+}
+
+impl Broker {
+    pub fn new(
+        store: BrokerStore,
+        sessions: Arc<Sessions>,
+        policies: CompiledPolicies,
+        sandboxes: Arc<dyn SandboxAccess>,
+        cfg: BrokerConfig,
+    ) -> Arc<Broker> {
+        Arc::new(Broker {
+            store,
+            sessions,
+            policies,
+            sandboxes,
+            cfg,
+            keys: Mutex::new(HashMap::new()),
+            metrics: crate::metrics::BrokerMetrics::new(),
+        })
+    }
+
+    pub fn metrics(&self) -> &crate::metrics::BrokerMetrics {
+        &self.metrics
+    }
+
+    pub fn store(&self) -> &BrokerStore {
+        &self.store
+    }
+
+    fn key_lock(&self, session: &str, seq: u64) -> Arc<tokio::sync::Mutex<()>> {
+        let mut m = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        if m.len() > 10_000 {
+            // Drop locks nobody holds; a lock is only an in-process guard.
+            m.retain(|_, l| Arc::strong_count(l) > 1);
+        }
+        m.entry((session.to_string(), seq)).or_default().clone()
+    }
+
+    /// One call from the sandbox `sandbox_id` (attached by the host side).
+    pub async fn invoke(
+        &self,
+        sandbox_id: &str,
+        req: InvokeRequest,
+    ) -> Result<InvokeResult, BrokerError> {
+        req.validate()?;
+        let Some(session) = self.sessions.session_for_sandbox(sandbox_id).await? else {
+            return Err(match self.store.known_epoch(sandbox_id).await? {
+                Some((s, e)) => BrokerError::Fenced(format!(
+                    "sandbox {sandbox_id} (epoch {e} of session {s}) was replaced; its calls are refused"
+                )),
+                None => BrokerError::UnknownSandbox(format!("sandbox {sandbox_id} belongs to no running session")),
+            });
+        };
+        if !matches!(
+            session.state,
+            SessionState::Running | SessionState::WaitingApproval
+        ) {
+            return Err(BrokerError::SessionState(format!(
+                "session {} is {}",
+                session.id, session.state
+            )));
+        }
+        let epoch = self.store.epoch_for(&session.id, sandbox_id).await?;
+        let args = canonical(&req.args);
+        let sha = hex(&Sha256::digest(
+            format!("{}\n{}", req.tool, args).as_bytes(),
+        ));
+
+        let lock = self.key_lock(&session.id, req.seq);
+        let _held = lock.lock().await;
+        let call = match self.store.get(&session.id, req.seq).await? {
+            Some(c) if c.args_sha256 == sha && c.tool == req.tool => c,
+            Some(c) => {
+                self.metrics
+                    .calls
+                    .with_label_values(&[&req.tool, "seq_conflict"])
+                    .inc();
+                return Err(BrokerError::SeqConflict {
+                    seq: req.seq,
+                    tool: c.tool,
+                });
+            }
+            None => {
+                let mut c = Call::new(&session.id, req.seq, epoch, &req.tool, args.clone(), sha);
+                self.decide(&session, &req, &mut c).await?;
+                match self.store.begin(c).await? {
+                    Begin::New(c) | Begin::Existing(c) => c,
+                    Begin::Conflict(c) => {
+                        return Err(BrokerError::SeqConflict {
+                            seq: req.seq,
+                            tool: c.tool,
+                        })
+                    }
+                }
+            }
+        };
+        let call = self.ensure_recorded(call).await?;
+        let call = self.drive(&session, call, sandbox_id).await?;
+        self.metrics
+            .calls
+            .with_label_values(&[&call.tool, call.state.as_str()])
+            .inc();
+        Ok(InvokeResult::from_call(&call))
+    }
+
+    /// The pinned policy's decision, written into the new call.
+    async fn decide(
+        &self,
+        s: &hatchery_sessions::store::Session,
+        req: &InvokeRequest,
+        c: &mut Call,
+    ) -> Result<(), BrokerError> {
+        let policy = self
+            .policies
+            .get(&s.spec.policy_id, s.spec.policy_version)
+            .await
+            .map_err(|e| {
+                BrokerError::PolicyUnavailable(
+                    format!("{} v{}", s.spec.policy_id, s.spec.policy_version),
+                    e.to_string(),
+                )
+            })?;
+        let mut ctx = Map::new();
+        ctx.insert(
+            "session_branch".into(),
+            Value::String(session_branch(&s.id)),
+        );
+        ctx.insert("session_id".into(), Value::String(s.id.clone()));
+        let url_dest = crate::fetch::destination(&req.tool, &req.args);
+        let dest = url_dest.as_ref().map(|(h, p)| Destination {
+            host: h,
+            ip: None,
+            port: *p,
+        });
+        let t = std::time::Instant::now();
+        let d = policy.evaluate(&Request {
+            tool: &req.tool,
+            args: &req.args,
+            cost_cents: None,
+            dest,
+            ctx: Some(&ctx),
+        });
+        self.metrics
+            .policy_seconds
+            .observe(t.elapsed().as_secs_f64());
+        c.rule_id = d.rule_id.map(str::to_string);
+        match d.effect {
+            Effect::Allow => {
+                c.decision = "allow".into();
+                c.state = CallState::Pending;
+            }
+            Effect::Deny => {
+                c.decision = "deny".into();
+                c.state = CallState::Denied;
+                c.output = Some(
+                    json!({"error": match &c.rule_id {
+                        Some(r) => format!("denied by policy rule {r:?}"),
+                        None => "denied: no policy rule allows this call (default deny)".to_string(),
+                    }})
+                    .to_string(),
+                );
+            }
+            Effect::RequireApproval => {
+                c.decision = "require_approval".into();
+                c.state = CallState::AwaitingApproval;
+                c.approval_id = Some(approval_id(&s.id, req.seq));
+            }
+        }
+        Ok(())
+    }
+
+    /// The `broker_call` event (once per call) and, for an approval, the
+    /// approval itself. A crash before `event_seq` is stored can at worst
+    /// repeat the event on the retry, never the effect.
+    async fn ensure_recorded(&self, call: Call) -> Result<Call, BrokerError> {
+        if call.event_seq.is_some() {
+            return Ok(call);
+        }
+        let mut kinds = vec![EventKind::BrokerCall {
+            seq: call.seq,
+            epoch: call.epoch,
+            tool: call.tool.clone(),
+            arguments: cut(&call.args, EVENT_ARGS_BYTES),
+            decision: call.decision.clone(),
+            rule_id: call.rule_id.clone(),
+            approval_id: call.approval_id.clone(),
+        }];
+        if call.state == CallState::Denied {
+            kinds.push(result_event(&call));
+        }
+        let evs = self.sessions.record(&call.session_id, kinds).await?;
+        if let Some(e) = evs.first() {
+            self.store
+                .set_event_seq(&call.session_id, call.seq, e.seq)
+                .await?;
+        }
+        if let Some(aid) = &call.approval_id {
+            if call.state == CallState::AwaitingApproval {
+                self.sessions
+                    .open_approval(
+                        &call.session_id,
+                        aid,
+                        &call.tool,
+                        &cut(&call.args, EVENT_ARGS_BYTES),
+                    )
+                    .await?;
+            }
+        }
+        Ok(self
+            .store
+            .get(&call.session_id, call.seq)
+            .await?
+            .unwrap_or(call))
+    }
+
+    async fn drive(
+        &self,
+        s: &hatchery_sessions::store::Session,
+        mut call: Call,
+        sandbox_id: &str,
+    ) -> Result<Call, BrokerError> {
+        loop {
+            match call.state {
+                st if st.is_final() => return Ok(call),
+                CallState::AwaitingApproval => {
+                    let aid = call.approval_id.clone().unwrap_or_default();
+                    let after = call.event_seq.unwrap_or(1).saturating_sub(1);
+                    match self
+                        .sessions
+                        .approval_decision(&call.session_id, &aid, after)
+                        .await?
+                    {
+                        None => return Ok(call),
+                        Some(d) if d.approved => {
+                            call = self
+                                .advance(
+                                    &call,
+                                    CallState::AwaitingApproval,
+                                    CallState::Pending,
+                                    None,
+                                    None,
+                                )
+                                .await?;
+                        }
+                        Some(d) => {
+                            let out = json!({"error": "denied by the approver", "note": d.note})
+                                .to_string();
+                            call = self
+                                .advance(
+                                    &call,
+                                    CallState::AwaitingApproval,
+                                    CallState::Denied,
+                                    None,
+                                    Some(out),
+                                )
+                                .await?;
+                            self.sessions
+                                .record(&call.session_id, vec![result_event(&call)])
+                                .await?;
+                        }
+                    }
+                }
+                CallState::Pending => call = self.execute(s, call, sandbox_id).await?,
+                // We hold the key's lock, so no request of this process is
+                // in the middle of it: a previous process stopped mid-effect.
+                CallState::Executing => call = self.resolve(call).await?,
+                _ => return Ok(call),
+            }
+        }
+    }
+
+    async fn advance(
+        &self,
+        call: &Call,
+        from: CallState,
+        to: CallState,
+        effect: Option<String>,
+        output: Option<String>,
+    ) -> Result<Call, BrokerError> {
+        match self
+            .store
+            .advance(&call.session_id, call.seq, from, to, effect, output)
+            .await?
+        {
+            Some(c) => Ok(c),
+            None => Ok(self
+                .store
+                .get(&call.session_id, call.seq)
+                .await?
+                .ok_or_else(|| BrokerError::Internal("call row vanished".into()))?),
+        }
+    }
+
+    /// Plan (no effect), record the plan, have the effect, record the result.
+    async fn execute(
+        &self,
+        s: &hatchery_sessions::store::Session,
+        call: Call,
+        sandbox_id: &str,
+    ) -> Result<Call, BrokerError> {
+        let args: Value = serde_json::from_str(&call.args).unwrap_or(Value::Null);
+        let plan = match call.tool.as_str() {
+            "git_push" => self.plan_push(s, &call, &args, sandbox_id).await,
+            "open_pr" => self.plan_pr(s, &args),
+            "http_fetch" => crate::fetch::plan(&args).map(|(effect, f)| Plan {
+                effect,
+                run: Run::Fetch(f),
+            }),
+            other => Err(format!("no executor for {other}")),
+        };
+        let plan = match plan {
+            Ok(p) => p,
+            Err(e) => {
+                // Nothing happened outside; the call failed before its effect.
+                let c = self
+                    .advance(
+                        &call,
+                        CallState::Pending,
+                        CallState::Failed,
+                        None,
+                        Some(json!({"error": e}).to_string()),
+                    )
+                    .await?;
+                self.sessions
+                    .record(&c.session_id, vec![result_event(&c)])
+                    .await?;
+                return Ok(c);
+            }
+        };
+        let effect = plan.effect.to_string();
+        let Some(c) = self
+            .store
+            .advance(
+                &call.session_id,
+                call.seq,
+                CallState::Pending,
+                CallState::Executing,
+                Some(effect.clone()),
+                None,
+            )
+            .await?
+        else {
+            return Ok(self
+                .store
+                .get(&call.session_id, call.seq)
+                .await?
+                .unwrap_or(call));
+        };
+        self.sessions
+            .record(
+                &c.session_id,
+                vec![EventKind::BrokerEffectStarted {
+                    seq: c.seq,
+                    tool: c.tool.clone(),
+                    detail: cut(&effect, EVENT_ARGS_BYTES),
+                }],
+            )
+            .await?;
+        let t = std::time::Instant::now();
+        let (to, out) = match plan.run {
+            Run::Push {
+                prepared,
+                remote,
+                branch,
+            } => self.run_push(&prepared, &remote, &branch).await,
+            Run::Pr {
+                forge,
+                owner,
+                repo,
+                body,
+            } => self.run_pr(&forge, &owner, &repo, &body).await,
+            Run::Fetch(f) => match f.run().await {
+                Ok(v) => (CallState::Done, v),
+                Err(e) => (CallState::Failed, json!({"error": e.to_string()})),
+            },
+        };
+        self.metrics
+            .effect_seconds
+            .with_label_values(&[&c.tool])
+            .observe(t.elapsed().as_secs_f64());
+        let c = self
+            .advance(&c, CallState::Executing, to, None, Some(out.to_string()))
+            .await?;
+        self.sessions
+            .record(&c.session_id, vec![result_event(&c)])
+            .await?;
+        Ok(c)
+    }
+
+    async fn plan_push(
+        &self,
+        s: &hatchery_sessions::store::Session,
+        call: &Call,
+        args: &Value,
+        sandbox_id: &str,
+    ) -> Result<Plan, String> {
+        let branch = args
+            .get("branch")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        if !git::valid_branch(&branch) {
+            return Err(format!("invalid branch name {branch:?}"));
+        }
+        let message = args
+            .get("message")
+            .and_then(Value::as_str)
+            .map(|m| cut(m, 4096))
+            .unwrap_or_else(|| format!("hatchery session {}", s.id));
+        let remote = self.remote(&s.spec.repo)?;
+        // The tree, from the sandbox, as data only.
+        let out = format!("/tmp/hatchery-push-{}.fi", call.seq);
+        self.sandboxes
+            .write_file(
+                sandbox_id,
+                &format!("{EXPORT_DIR}/export_tree.py"),
+                EXPORT_SCRIPT.as_bytes().to_vec(),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let x = self
+            .sandboxes
+            .exec(
+                sandbox_id,
+                vec![
+                    "python3".into(),
+                    format!("{EXPORT_DIR}/export_tree.py"),
+                    WORKDIR.into(),
+                    out.clone(),
+                    MAX_PUSH_TREE_BYTES.to_string(),
+                ],
+                120,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        if x.exit_code != 0 {
+            return Err(format!(
+                "exporting the work tree: {}",
+                cut(x.stderr.trim(), 500)
+            ));
+        }
+        let stream = self
+            .sandboxes
+            .read_file(sandbox_id, &out)
+            .await
+            .map_err(|e| e.to_string())?;
+        if stream.len() as u64 > MAX_PUSH_TREE_BYTES * 2 {
+            return Err("work tree stream too large".into());
+        }
+        // On top of the branch if it exists (each push of the session is
+        // a fast-forward of the last), else on the session's base commit.
+        let tip = git::remote_tip(&remote, &branch)
+            .await
+            .map_err(|e| e.to_string())?;
+        let base = self
+            .sessions
+            .checkout_commit(&s.id)
+            .await
+            .map_err(|e| e.to_string())?;
+        let (parent_ref, expect) = match &tip {
+            Some(_) => (format!("refs/heads/{branch}"), tip.clone()),
+            None => (format!("refs/heads/{}", s.spec.git_ref), base.clone()),
+        };
+        let date = time::OffsetDateTime::parse(
+            &call.created_at,
+            &time::format_description::well_known::Rfc3339,
+        )
+        .map(|t| t.unix_timestamp())
+        .unwrap_or(0);
+        let info = git::CommitInfo {
+            message: &message,
+            name: "Hatchery session",
+            email: "session@hatchery.invalid",
+            date,
+        };
+        let prepared = git::prepare(&remote, &parent_ref, expect.as_deref(), &stream, &info)
+            .await
+            .map_err(|e| e.to_string())?;
+        let _ = self
+            .sandboxes
+            .exec(sandbox_id, vec!["rm".into(), "-f".into(), out], 30)
+            .await;
+        Ok(Plan {
+            effect: json!({"remote": remote.url, "branch": branch, "commit": prepared.commit, "parent": prepared.parent}),
+            run: Run::Push {
+                prepared,
+                remote,
+                branch,
+            },
+        })
+    }
+
+    fn remote(&self, repo: &str) -> Result<git::Remote, String> {
+        let header = match &self.cfg.git_credential_file {
+            Some(p) => Some(
+                std::fs::read_to_string(p)
+                    .map_err(|e| format!("the broker's git credential file: {e}"))?
+                    .trim()
+                    .to_string(),
+            ),
+            None => None,
+        };
+        Ok(git::Remote {
+            url: self.cfg.push_url(repo),
+            header,
+        })
+    }
+
+    async fn run_push(
+        &self,
+        p: &git::Prepared,
+        remote: &git::Remote,
+        branch: &str,
+    ) -> (CallState, Value) {
+        match git::push(p, remote, branch).await {
+            Ok(out) => (
+                CallState::Done,
+                json!({"pushed": true, "branch": branch, "commit": p.commit, "parent": p.parent, "git": cut(&out, 2000)}),
+            ),
+            Err(e) => {
+                // An error after the ref moved is still a push: ask the remote.
+                match git::remote_tip(remote, branch).await {
+                    Ok(Some(t)) if t == p.commit => (
+                        CallState::Done,
+                        json!({"pushed": true, "branch": branch, "commit": p.commit, "parent": p.parent}),
+                    ),
+                    Ok(_) => (CallState::Failed, json!({"error": e.to_string()})),
+                    Err(e2) => (
+                        CallState::NeedsReview,
+                        json!({"error": e.to_string(), "review": format!("remote state unknown: {e2}")}),
+                    ),
+                }
+            }
+        }
+    }
+
+    fn forge(&self) -> Result<Forge, String> {
+        let base = self
+            .cfg
+            .github_api
+            .clone()
+            .ok_or_else(|| "open_pr: no forge API configured".to_string())?;
+        let token = match &self.cfg.github_token_file {
+            Some(p) => Some(
+                std::fs::read_to_string(p)
+                    .map_err(|e| format!("the broker's forge token file: {e}"))?
+                    .trim()
+                    .to_string(),
+            ),
+            None => None,
+        };
+        Ok(Forge { base, token })
+    }
+
+    fn plan_pr(&self, s: &hatchery_sessions::store::Session, args: &Value) -> Result<Plan, String> {
+        let forge = self.forge()?;
+        let (owner, repo) = github::owner_repo(&s.spec.repo).ok_or_else(|| {
+            format!(
+                "no owner/repo in the session's repository URL {}",
+                s.spec.repo
+            )
+        })?;
+        let text = |k: &str, max: usize| args.get(k).and_then(Value::as_str).map(|v| cut(v, max));
+        let head = text("head", 200).unwrap_or_else(|| session_branch(&s.id));
+        if !git::valid_branch(&head) {
+            return Err(format!("invalid head branch {head:?}"));
+        }
+        let base = text("base", 200).unwrap_or_else(|| s.spec.git_ref.clone());
+        let title = text("title", 256)
+            .filter(|t| !t.trim().is_empty())
+            .ok_or("open_pr needs a title")?;
+        let body = json!({"title": title, "head": head, "base": base, "body": text("body", 65536).unwrap_or_default()});
+        Ok(Plan {
+            effect: json!({"forge": forge.base, "owner": owner, "repo": repo, "pr": body}),
+            run: Run::Pr {
+                forge,
+                owner,
+                repo,
+                body,
+            },
+        })
+    }
+
+    async fn run_pr(
+        &self,
+        forge: &Forge,
+        owner: &str,
+        repo: &str,
+        body: &Value,
+    ) -> (CallState, Value) {
+        match forge.create_pr(owner, repo, body).await {
+            Ok(v) => (CallState::Done, github::summary(&v)),
+            Err(github::ForgeError::Status { status, body }) if (400..500).contains(&status) => (
+                CallState::Failed,
+                json!({"error": format!("forge answered {status}"), "body": body}),
+            ),
+            Err(e) => match find_pr(forge, owner, repo, body).await {
+                Ok(Some(v)) => (CallState::Done, github::summary(&v)),
+                Ok(None) => (CallState::Failed, json!({"error": e.to_string()})),
+                Err(e2) => (
+                    CallState::NeedsReview,
+                    json!({"error": e.to_string(), "review": format!("forge state unknown: {e2}")}),
+                ),
+            },
+        }
+    }
+
+    /// A call a previous process left `executing`: what the outside world
+    /// says happened, or `needs_review`.
+    async fn resolve(&self, call: Call) -> Result<Call, BrokerError> {
+        let effect: Value = call
+            .effect
+            .as_deref()
+            .and_then(|e| serde_json::from_str(e).ok())
+            .unwrap_or(Value::Null);
+        let (to, out) = match call.tool.as_str() {
+            "git_push" => self.resolve_push(&effect).await,
+            "open_pr" => self.resolve_pr(&effect).await,
+            _ => (
+                CallState::NeedsReview,
+                json!({"review": "the broker stopped during this call; whether it took effect is unknown"}),
+            ),
+        };
+        tracing::warn!(session = %call.session_id, seq = call.seq, tool = %call.tool, to = to.as_str(), "broker call resolved after a restart");
+        let c = self
+            .advance(&call, CallState::Executing, to, None, Some(out.to_string()))
+            .await?;
+        self.sessions
+            .record(&c.session_id, vec![result_event(&c)])
+            .await?;
+        Ok(c)
+    }
+
+    async fn resolve_push(&self, effect: &Value) -> (CallState, Value) {
+        let g = |k: &str| {
+            effect
+                .get(k)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let (url, branch, commit) = (g("remote"), g("branch"), g("commit"));
+        let Ok(mut remote) = self.remote(&url) else {
+            return (
+                CallState::NeedsReview,
+                json!({"review": "the credential file cannot be read"}),
+            );
+        };
+        // The recorded URL is already the push URL.
+        remote.url = url;
+        match git::remote_tip(&remote, &branch).await {
+            Ok(Some(t)) if t == commit => (
+                CallState::Done,
+                json!({"pushed": true, "branch": branch, "commit": commit, "parent": g("parent"), "recovered": true}),
+            ),
+            Ok(t) => (
+                CallState::NeedsReview,
+                json!({"review": "the broker stopped mid-push and the remote branch is not at the commit; not pushed again",
+                       "branch": branch, "commit": commit, "remote_tip": t}),
+            ),
+            Err(e) => (
+                CallState::NeedsReview,
+                json!({"review": format!("remote state unknown: {e}")}),
+            ),
+        }
+    }
+
+    async fn resolve_pr(&self, effect: &Value) -> (CallState, Value) {
+        let Ok(mut forge) = self.forge() else {
+            return (
+                CallState::NeedsReview,
+                json!({"review": "no forge configured"}),
+            );
+        };
+        if let Some(b) = effect.get("forge").and_then(Value::as_str) {
+            forge.base = b.to_string();
+        }
+        let g = |k: &str| {
+            effect
+                .get(k)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let pr = effect.get("pr").cloned().unwrap_or(Value::Null);
+        match find_pr(&forge, &g("owner"), &g("repo"), &pr).await {
+            Ok(Some(v)) => {
+                let mut s = github::summary(&v);
+                s["recovered"] = Value::Bool(true);
+                (CallState::Done, s)
+            }
+            Ok(None) => (
+                CallState::NeedsReview,
+                json!({"review": "the broker stopped while opening the pull request and the forge has none; not opened again"}),
+            ),
+            Err(e) => (
+                CallState::NeedsReview,
+                json!({"review": format!("forge state unknown: {e}")}),
+            ),
+        }
+    }
+
+    /// On start: every call a previous process left mid-effect.
+    pub async fn recover(&self) -> Result<usize, BrokerError> {
+        let stuck = self.store.executing().await?;
+        let n = stuck.len();
+        for c in stuck {
+            let lock = self.key_lock(&c.session_id, c.seq);
+            let _held = lock.lock().await;
+            if let Some(c) = self.store.get(&c.session_id, c.seq).await? {
+                if c.state == CallState::Executing {
+                    self.resolve(c).await?;
+                }
+            }
+        }
+        Ok(n)
+    }
+}
+
+async fn find_pr(
+    forge: &Forge,
+    owner: &str,
+    repo: &str,
+    pr: &Value,
+) -> Result<Option<Value>, github::ForgeError> {
+    let head = pr.get("head").and_then(Value::as_str).unwrap_or_default();
+    let title = pr.get("title").and_then(Value::as_str).unwrap_or_default();
+    let found = forge.find_prs(owner, repo, head).await?;
+    Ok(found
+        .into_iter()
+        .find(|p| p.get("title").and_then(Value::as_str) == Some(title)))
+}
+
+struct Plan {
+    effect: Value,
+    run: Run,
+}
+
+enum Run {
+    Push {
+        prepared: git::Prepared,
+        remote: git::Remote,
+        branch: String,
+    },
+    Pr {
+        forge: Forge,
+        owner: String,
+        repo: String,
+        body: Value,
+    },
+    Fetch(crate::fetch::Fetch),
+}
+
+fn result_event(c: &Call) -> EventKind {
+    EventKind::BrokerResult {
+        seq: c.seq,
+        tool: c.tool.clone(),
+        status: c.state.as_str().to_string(),
+        output: cut(c.output.as_deref().unwrap_or(""), EVENT_ARGS_BYTES),
+    }
+}
+
+fn approval_id(session: &str, seq: u64) -> String {
+    let h = Sha256::digest(format!("broker/{session}/{seq}").as_bytes());
+    let alpha = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let tail: String = h
+        .iter()
+        .take(16)
+        .map(|b| alpha[*b as usize % alpha.len()] as char)
+        .collect();
+    format!("apr_{tail}")
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+pub(crate) fn cut(s: &str, n: usize) -> String {
+    if s.len() <= n {
+        return s.to_string();
+    }
+    let mut e = n;
+    while !s.is_char_boundary(e) {
+        e -= 1;
+    }
+    s[..e].to_string()
+}

@@ -1,0 +1,74 @@
+//! The tool broker (crates/hatchery-broker): its store (DATA_DIR/broker.db),
+//! its Unix socket (DATA_DIR/broker.sock, mode 0600) registered as the
+//! `broker` host service every sandbox reaches at 127.0.0.1:GUEST_PORT,
+//! and its operator routes.
+
+use crate::config::DaemonArgs;
+use hatchery_broker::{Broker, BrokerConfig};
+use std::path::Path;
+use std::sync::Arc;
+
+pub fn socket_path(data: &Path) -> std::path::PathBuf {
+    data.join("broker.sock")
+}
+
+/// The host service, registered before sandboxes are re-adopted.
+pub fn host_service(args: &DaemonArgs, data: &Path) -> Option<hatchery_core::HostService> {
+    (args.broker.guest_port != 0).then(|| hatchery_core::HostService {
+        name: "broker".into(),
+        guest_port: args.broker.guest_port,
+        addr: hatchery_core::HostAddr::Unix(socket_path(data)),
+        identity: hatchery_core::Identity::HttpHeader,
+    })
+}
+
+pub fn start(
+    args: &DaemonArgs,
+    data: &Path,
+    api_key: &str,
+    sessions: Arc<hatchery_sessions::Sessions>,
+    policies: Arc<dyn hatchery_policy::PolicyStore>,
+    registry: &prometheus::Registry,
+) -> Result<Arc<Broker>, crate::DaemonError> {
+    let err = |e: String| crate::DaemonError::Sessions(format!("broker: {e}"));
+    let cfg = BrokerConfig::try_from(&args.broker).map_err(|e| err(e.to_string()))?;
+    let store = hatchery_broker::store::BrokerStore::open(&data.join("broker.db"))
+        .map_err(|e| err(e.to_string()))?;
+    let mut addr = args.listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let client = hatchery_client::Client::with_config(
+        &format!("http://{addr}"),
+        api_key,
+        hatchery_client::ClientConfig::default().call_timeout(std::time::Duration::from_secs(150)),
+    )
+    .map_err(|e| err(e.to_string()))?;
+    let broker = Broker::new(
+        store,
+        sessions,
+        hatchery_policy::cache::CompiledPolicies::new(policies),
+        Arc::new(hatchery_broker::sandbox::ClientSandboxes(client)),
+        cfg,
+    );
+    broker
+        .metrics()
+        .register(registry)
+        .map_err(|e| err(e.to_string()))?;
+    if args.broker.guest_port != 0 {
+        let (b, path) = (broker.clone(), socket_path(data));
+        tokio::spawn(async move {
+            if let Err(e) = hatchery_broker::routes::serve_socket(b, path).await {
+                tracing::error!(error = %e, "broker socket stopped");
+            }
+        });
+    }
+    let b = broker.clone();
+    tokio::spawn(async move {
+        match b.recover().await {
+            Ok(n) => tracing::info!(calls = n, "broker calls caught mid-effect resolved"),
+            Err(e) => tracing::error!(error = %e, "broker recovery failed"),
+        }
+    });
+    Ok(broker)
+}
