@@ -4,7 +4,9 @@
 It asks an OpenAI-compatible chat-completions endpoint (the session's
 model URL, reached through a host service) for the next step and runs
 the tools the model calls: `shell`, `read_file`, `write_file`, plus
-`request_approval` and `finish`. It reports every step to the session
+`request_approval` and `finish`, and the broker's tools (`git_push`,
+`open_pr`, `http_fetch`), which it asks the tool broker to run (at
+127.0.0.1:9200, a host service: the credentials stay on the host). It reports every step to the session
 runner as one JSON line on stdout, and reads acks, steering messages and
 approval decisions as JSON lines on stdin. A tool runs only after the
 runner has acknowledged its `tool_call` line, so the event is in the log
@@ -42,6 +44,21 @@ TOOLS = [
         "name": "request_approval", "description": "Ask a human to approve an action before doing it.",
         "parameters": {"type": "object", "properties": {"action": {"type": "string"}, "details": {"type": "string"}},
                        "required": ["action"]}}},
+    {"type": "function", "function": {
+        "name": "git_push", "description": "Commit the checkout's work tree and push it to a branch of the "
+        "repository's remote (through the tool broker; your own branch is hatchery/<session id>).",
+        "parameters": {"type": "object", "properties": {"branch": {"type": "string"}, "message": {"type": "string"}},
+                       "required": ["branch"]}}},
+    {"type": "function", "function": {
+        "name": "open_pr", "description": "Open a pull request from a pushed branch (through the tool broker).",
+        "parameters": {"type": "object", "properties": {"title": {"type": "string"}, "body": {"type": "string"},
+                                                        "head": {"type": "string"}, "base": {"type": "string"}},
+                       "required": ["title"]}}},
+    {"type": "function", "function": {
+        "name": "http_fetch", "description": "Fetch a URL through the tool broker (policy decides).",
+        "parameters": {"type": "object", "properties": {"url": {"type": "string"}, "method": {"type": "string"},
+                                                        "body": {"type": "string"}},
+                       "required": ["url"]}}},
     {"type": "function", "function": {
         "name": "finish", "description": "The task is done.",
         "parameters": {"type": "object", "properties": {"summary": {"type": "string"}}}}},
@@ -182,6 +199,46 @@ def run_tool(conf, call_id, name, args):
     return out
 
 
+BROKER_TOOLS = ("git_push", "open_pr", "http_fetch")
+BROKER = ("127.0.0.1", 9200)
+
+
+def broker_call(seq, tool, args):
+    """One broker call under the key `seq`, asked again (same seq, same
+    arguments) after any failure: the broker runs it at most once and
+    answers a repeat with the stored result. While it needs an approval,
+    waits for the decision (or polls) and asks again."""
+    body = json.dumps({"seq": seq, "tool": tool, "args": args}).encode()
+    attempt, waited = 0, False
+    while True:
+        try:
+            c = http.client.HTTPConnection(*BROKER, timeout=600)
+            c.request("POST", "/v1/invoke", body=body, headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            data = json.loads(r.read() or b"{}")
+            c.close()
+        except (http.client.HTTPException, OSError, ValueError) as e:
+            attempt += 1
+            print(f"broker call {seq} failed ({e!r}); asking again", file=sys.stderr, flush=True)
+            time.sleep(min(0.25 * (2 ** min(attempt, 4)), 4))
+            continue
+        if r.status >= 500 or r.status == 503:
+            attempt += 1
+            time.sleep(min(0.25 * (2 ** min(attempt, 4)), 4))
+            continue
+        if r.status != 200:
+            return {"status": "error", "allowed": False, "output": data.get("error", data)}
+        if not data.get("needs_approval"):
+            return data
+        if not waited:
+            emit("waiting", waiting_for="approval")
+            waited = True
+        try:
+            _decisions.get(timeout=2)
+        except queue.Empty:
+            pass
+
+
 def take_messages(messages, block):
     got = False
     while True:
@@ -232,6 +289,11 @@ def main():
                 d = _decisions.get()
                 result = f"{d.get('decision')}: {d.get('note', '')}"
                 emit("tool_result", call_id=cid, tool=name, ok=d.get("decision") == "approve", output=result)
+            elif name in BROKER_TOOLS:
+                n = emit("tool_call", ack=True, call_id=cid, tool=name, arguments=c["function"].get("arguments", ""))
+                r = broker_call(n, name, args if isinstance(args, dict) else {})
+                result = json.dumps(r)
+                emit("tool_result", call_id=cid, tool=name, ok=r.get("status") == "done", output=cap(result))
             else:
                 emit("tool_call", ack=True, call_id=cid, tool=name, arguments=c["function"].get("arguments", ""))
                 result = run_tool(conf, cid, name, args)
