@@ -8,6 +8,7 @@ pub struct BrokerArgs {
     /// Where sandbox code reaches the broker: `http://127.0.0.1:PORT` in
     /// every sandbox (a host service named `broker`). 0 turns it off.
     #[arg(
+        id = "broker_guest_port",
         long = "broker-guest-port",
         env = "HATCHERY_BROKER_GUEST_PORT",
         default_value_t = 9200
@@ -16,6 +17,7 @@ pub struct BrokerArgs {
     /// `FROM=TO`: push to `TO…` instead of a session repository URL that
     /// starts with `FROM` (like git's `pushInsteadOf`; repeatable).
     #[arg(
+        id = "broker_git_push_url",
         long = "broker-git-push-url",
         env = "HATCHERY_BROKER_GIT_PUSH_URLS",
         value_delimiter = ' '
@@ -24,16 +26,18 @@ pub struct BrokerArgs {
     /// A file with the HTTP header (`Authorization: ...`) `git_push` sends:
     /// the write credential. Read by the host only, at each push.
     #[arg(
+        id = "broker_git_credential_file",
         long = "broker-git-credential-file",
         env = "HATCHERY_BROKER_GIT_CREDENTIAL_FILE"
     )]
     pub git_credential_file: Option<PathBuf>,
     /// Base URL of a GitHub-compatible REST API for `open_pr`
     /// (`http://` only; e.g. a local forge or an operator-run relay).
-    #[arg(long = "broker-github-api", env = "HATCHERY_BROKER_GITHUB_API")]
+    #[arg(id = "broker_github_api", id = "broker_github_api", long = "broker-github-api", env = "HATCHERY_BROKER_GITHUB_API")]
     pub github_api: Option<String>,
     /// A file with the token `open_pr` sends (`Authorization: Bearer`).
     #[arg(
+        id = "broker_github_token_file",
         long = "broker-github-token-file",
         env = "HATCHERY_BROKER_GITHUB_TOKEN_FILE"
     )]

@@ -234,7 +234,7 @@ impl Broker {
             return Ok(call);
         }
         let mut kinds = vec![EventKind::BrokerCall {
-            seq: call.seq,
+            call_seq: call.seq,
             epoch: call.epoch,
             tool: call.tool.clone(),
             arguments: cut(&call.args, EVENT_ARGS_BYTES),
@@ -407,7 +407,7 @@ impl Broker {
             .record(
                 &c.session_id,
                 vec![EventKind::BrokerEffectStarted {
-                    seq: c.seq,
+                    call_seq: c.seq,
                     tool: c.tool.clone(),
                     detail: cut(&effect, EVENT_ARGS_BYTES),
                 }],
@@ -810,7 +810,7 @@ enum Run {
 
 fn result_event(c: &Call) -> EventKind {
     EventKind::BrokerResult {
-        seq: c.seq,
+        call_seq: c.seq,
         tool: c.tool.clone(),
         status: c.state.as_str().to_string(),
         output: cut(c.output.as_deref().unwrap_or(""), EVENT_ARGS_BYTES),

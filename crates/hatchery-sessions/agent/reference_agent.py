@@ -291,7 +291,13 @@ def main():
                 emit("tool_result", call_id=cid, tool=name, ok=d.get("decision") == "approve", output=result)
             elif name in BROKER_TOOLS:
                 n = emit("tool_call", ack=True, call_id=cid, tool=name, arguments=c["function"].get("arguments", ""))
-                r = broker_call(n, name, args if isinstance(args, dict) else {})
+                args = args if isinstance(args, dict) else {}
+                own = "hatchery/" + os.environ.get("HATCHERY_SESSION_ID", "")
+                if name == "git_push":
+                    args.setdefault("branch", own)
+                elif name == "open_pr":
+                    args.setdefault("head", own)
+                r = broker_call(n, name, args)
                 result = json.dumps(r)
                 emit("tool_result", call_id=cid, tool=name, ok=r.get("status") == "done", output=cap(result))
             else:

@@ -231,7 +231,7 @@ pub enum EventKind {
     /// A broker tool call (`crates/hatchery-broker`), recorded with the
     /// policy's decision before any effect. `seq` is the agent's call key.
     BrokerCall {
-        seq: u64,
+        call_seq: u64,
         epoch: u64,
         tool: String,
         /// The arguments as canonical JSON (capped).
@@ -246,7 +246,7 @@ pub enum EventKind {
     },
     /// The broker is about to have the effect (credential in hand).
     BrokerEffectStarted {
-        seq: u64,
+        call_seq: u64,
         tool: String,
         /// What will be done, e.g. the commit and ref of a push.
         detail: String,
@@ -255,7 +255,7 @@ pub enum EventKind {
     /// `needs_review` (an effect whose outcome could not be established
     /// after a crash; never repeated on its own).
     BrokerResult {
-        seq: u64,
+        call_seq: u64,
         tool: String,
         status: String,
         output: String,
