@@ -153,6 +153,7 @@ impl Broker {
         };
         let call = self.ensure_recorded(call).await?;
         let call = self.drive(&session, call, sandbox_id).await?;
+        let call = self.ensure_result_event(call).await?;
         self.metrics
             .calls
             .with_label_values(&[&call.tool, call.state.as_str()])
@@ -233,7 +234,7 @@ impl Broker {
         if call.event_seq.is_some() {
             return Ok(call);
         }
-        let mut kinds = vec![EventKind::BrokerCall {
+        let kinds = vec![EventKind::BrokerCall {
             call_seq: call.seq,
             epoch: call.epoch,
             tool: call.tool.clone(),
@@ -242,9 +243,6 @@ impl Broker {
             rule_id: call.rule_id.clone(),
             approval_id: call.approval_id.clone(),
         }];
-        if call.state == CallState::Denied {
-            kinds.push(result_event(&call));
-        }
         let evs = self.sessions.record(&call.session_id, kinds).await?;
         if let Some(e) = evs.first() {
             self.store
@@ -268,6 +266,19 @@ impl Broker {
             .get(&call.session_id, call.seq)
             .await?
             .unwrap_or(call))
+    }
+
+    /// The `broker_result` event of a finished call, once: written after
+    /// the state (a crash in between writes it on the next retry).
+    async fn ensure_result_event(&self, call: Call) -> Result<Call, BrokerError> {
+        if !call.state.is_final() || call.result_event_seq.is_some() {
+            return Ok(call);
+        }
+        let evs = self.sessions.record(&call.session_id, vec![result_event(&call)]).await?;
+        if let Some(e) = evs.first() {
+            self.store.set_result_event_seq(&call.session_id, call.seq, e.seq).await?;
+        }
+        Ok(self.store.get(&call.session_id, call.seq).await?.unwrap_or(call))
     }
 
     async fn drive(
@@ -310,9 +321,6 @@ impl Broker {
                                     None,
                                     Some(out),
                                 )
-                                .await?;
-                            self.sessions
-                                .record(&call.session_id, vec![result_event(&call)])
                                 .await?;
                         }
                     }
@@ -378,41 +386,29 @@ impl Broker {
                         Some(json!({"error": e}).to_string()),
                     )
                     .await?;
-                self.sessions
-                    .record(&c.session_id, vec![result_event(&c)])
-                    .await?;
                 return Ok(c);
             }
         };
         let effect = plan.effect.to_string();
-        let Some(c) = self
-            .store
-            .advance(
-                &call.session_id,
-                call.seq,
-                CallState::Pending,
-                CallState::Executing,
-                Some(effect.clone()),
-                None,
-            )
-            .await?
-        else {
-            return Ok(self
-                .store
-                .get(&call.session_id, call.seq)
-                .await?
-                .unwrap_or(call));
-        };
+        // The plan's event first: if the process stops before the state
+        // change, the retry plans again (another event, still no effect).
         self.sessions
             .record(
-                &c.session_id,
+                &call.session_id,
                 vec![EventKind::BrokerEffectStarted {
-                    call_seq: c.seq,
-                    tool: c.tool.clone(),
+                    call_seq: call.seq,
+                    tool: call.tool.clone(),
                     detail: cut(&effect, EVENT_ARGS_BYTES),
                 }],
             )
             .await?;
+        let Some(c) = self
+            .store
+            .advance(&call.session_id, call.seq, CallState::Pending, CallState::Executing, Some(effect), None)
+            .await?
+        else {
+            return Ok(self.store.get(&call.session_id, call.seq).await?.unwrap_or(call));
+        };
         let t = std::time::Instant::now();
         let (to, out) = match plan.run {
             Run::Push {
@@ -437,9 +433,6 @@ impl Broker {
             .observe(t.elapsed().as_secs_f64());
         let c = self
             .advance(&c, CallState::Executing, to, None, Some(out.to_string()))
-            .await?;
-        self.sessions
-            .record(&c.session_id, vec![result_event(&c)])
             .await?;
         Ok(c)
     }
@@ -682,9 +675,6 @@ impl Broker {
         let c = self
             .advance(&call, CallState::Executing, to, None, Some(out.to_string()))
             .await?;
-        self.sessions
-            .record(&c.session_id, vec![result_event(&c)])
-            .await?;
         Ok(c)
     }
 
@@ -766,7 +756,8 @@ impl Broker {
             let _held = lock.lock().await;
             if let Some(c) = self.store.get(&c.session_id, c.seq).await? {
                 if c.state == CallState::Executing {
-                    self.resolve(c).await?;
+                    let c = self.resolve(c).await?;
+                    self.ensure_result_event(c).await?;
                 }
             }
         }

@@ -92,6 +92,8 @@ pub struct Call {
     pub approval_id: Option<String>,
     /// The session event seq of the call's `broker_call` event, once written.
     pub event_seq: Option<u64>,
+    /// The seq of its `broker_result` event, once written.
+    pub result_event_seq: Option<u64>,
     /// What the effect is about to do (JSON), written before it starts.
     pub effect: Option<String>,
     pub output: Option<String>,
@@ -122,6 +124,7 @@ const MIGRATIONS: &[(u32, &str)] = &[(
         rule_id TEXT,
         approval_id TEXT,
         event_seq INTEGER,
+        result_event_seq INTEGER,
         effect TEXT,
         output TEXT,
         created_at TEXT NOT NULL,
@@ -296,6 +299,18 @@ impl BrokerStore {
         .await
     }
 
+    pub async fn set_result_event_seq(&self, session_id: &str, seq: u64, ev: u64) -> Result<(), StoreError> {
+        let s = session_id.to_string();
+        self.with(move |c| {
+            c.execute(
+                "UPDATE calls SET result_event_seq = ?3 WHERE session_id = ?1 AND seq = ?2 AND result_event_seq IS NULL",
+                params![s, seq, ev],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
     /// Moves the call to `to` if it is in `from`; `None` when it was not
     /// (someone else moved it first). `effect`/`output` are set if given.
     pub async fn advance(
@@ -397,6 +412,7 @@ fn row_call(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Call, StoreError>>
         rule_id: r.get("rule_id")?,
         approval_id: r.get("approval_id")?,
         event_seq: r.get("event_seq")?,
+        result_event_seq: r.get("result_event_seq")?,
         effect: r.get("effect")?,
         output: r.get("output")?,
         created_at: r.get("created_at")?,
@@ -426,6 +442,7 @@ impl Call {
             rule_id: None,
             approval_id: None,
             event_seq: None,
+            result_event_seq: None,
             effect: None,
             output: None,
             created_at: t.clone(),
