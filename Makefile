@@ -9,7 +9,7 @@ LISTEN ?= 127.0.0.1:7423
 PYTEST := /usr/bin/python3 -m pytest
 BIN := target/release
 
-.PHONY: gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load sessions-test e2b-test bench bench-code clean-state
+.PHONY: gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load sessions-test broker-test e2b-test bench bench-code clean-state
 
 setup:
 	bash scripts/setup-host.sh
@@ -161,7 +161,13 @@ sessions-test: build template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/sessions
 
-test: build template lint unit kernel-test integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test sessions-test playground-test playground-load gateway-test e2b-test
+# The tool broker (tests/broker, about 2 minutes): git push with a write
+# credential to a real git http-backend, a forge test server, SIGKILL x20.
+broker-test: build template
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  $(PYTEST) -q -p no:cacheprovider tests/broker
+
+test: build template lint unit kernel-test integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test sessions-test broker-test playground-test playground-load gateway-test e2b-test
 
 # The Run-button path alone (about a minute): run_code and exec against raw runsc.
 bench-code: build template

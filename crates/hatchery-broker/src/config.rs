@@ -33,7 +33,12 @@ pub struct BrokerArgs {
     pub git_credential_file: Option<PathBuf>,
     /// Base URL of a GitHub-compatible REST API for `open_pr`
     /// (`http://` only; e.g. a local forge or an operator-run relay).
-    #[arg(id = "broker_github_api", id = "broker_github_api", long = "broker-github-api", env = "HATCHERY_BROKER_GITHUB_API")]
+    #[arg(
+        id = "broker_github_api",
+        id = "broker_github_api",
+        long = "broker-github-api",
+        env = "HATCHERY_BROKER_GITHUB_API"
+    )]
     pub github_api: Option<String>,
     /// A file with the token `open_pr` sends (`Authorization: Bearer`).
     #[arg(

@@ -36,6 +36,8 @@ const EXPORT_DIR: &str = "/opt/hatchery/broker";
 /// Where the session runner unpacks the checkout.
 const WORKDIR: &str = "/workspace";
 
+type KeyLock = Arc<tokio::sync::Mutex<()>>;
+
 pub struct Broker {
     pub(crate) store: BrokerStore,
     sessions: Arc<Sessions>,
@@ -44,7 +46,7 @@ pub struct Broker {
     cfg: BrokerConfig,
     /// One lock per key in this process: concurrent retries of one seq
     /// wait for each other instead of racing to the effect.
-    keys: Mutex<HashMap<(String, u64), Arc<tokio::sync::Mutex<()>>>>,
+    keys: Mutex<HashMap<(String, u64), KeyLock>>,
     pub(crate) metrics: crate::metrics::BrokerMetrics,
 }
 
@@ -84,7 +86,7 @@ impl Broker {
         &self.store
     }
 
-    fn key_lock(&self, session: &str, seq: u64) -> Arc<tokio::sync::Mutex<()>> {
+    fn key_lock(&self, session: &str, seq: u64) -> KeyLock {
         let mut m = self.keys.lock().unwrap_or_else(|p| p.into_inner());
         if m.len() > 10_000 {
             // Drop locks nobody holds; a lock is only an in-process guard.
@@ -274,11 +276,20 @@ impl Broker {
         if !call.state.is_final() || call.result_event_seq.is_some() {
             return Ok(call);
         }
-        let evs = self.sessions.record(&call.session_id, vec![result_event(&call)]).await?;
+        let evs = self
+            .sessions
+            .record(&call.session_id, vec![result_event(&call)])
+            .await?;
         if let Some(e) = evs.first() {
-            self.store.set_result_event_seq(&call.session_id, call.seq, e.seq).await?;
+            self.store
+                .set_result_event_seq(&call.session_id, call.seq, e.seq)
+                .await?;
         }
-        Ok(self.store.get(&call.session_id, call.seq).await?.unwrap_or(call))
+        Ok(self
+            .store
+            .get(&call.session_id, call.seq)
+            .await?
+            .unwrap_or(call))
     }
 
     async fn drive(
@@ -404,10 +415,21 @@ impl Broker {
             .await?;
         let Some(c) = self
             .store
-            .advance(&call.session_id, call.seq, CallState::Pending, CallState::Executing, Some(effect), None)
+            .advance(
+                &call.session_id,
+                call.seq,
+                CallState::Pending,
+                CallState::Executing,
+                Some(effect),
+                None,
+            )
             .await?
         else {
-            return Ok(self.store.get(&call.session_id, call.seq).await?.unwrap_or(call));
+            return Ok(self
+                .store
+                .get(&call.session_id, call.seq)
+                .await?
+                .unwrap_or(call));
         };
         let t = std::time::Instant::now();
         let (to, out) = match plan.run {

@@ -299,7 +299,12 @@ impl BrokerStore {
         .await
     }
 
-    pub async fn set_result_event_seq(&self, session_id: &str, seq: u64, ev: u64) -> Result<(), StoreError> {
+    pub async fn set_result_event_seq(
+        &self,
+        session_id: &str,
+        seq: u64,
+        ev: u64,
+    ) -> Result<(), StoreError> {
         let s = session_id.to_string();
         self.with(move |c| {
             c.execute(

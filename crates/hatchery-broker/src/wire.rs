@@ -70,10 +70,7 @@ pub struct InvokeResult {
 
 impl InvokeResult {
     pub fn from_call(c: &Call) -> InvokeResult {
-        let allowed = match c.state {
-            CallState::Denied | CallState::AwaitingApproval => false,
-            _ => true,
-        };
+        let allowed = !matches!(c.state, CallState::Denied | CallState::AwaitingApproval);
         InvokeResult {
             seq: c.seq,
             epoch: c.epoch,
