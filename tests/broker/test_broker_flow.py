@@ -113,3 +113,23 @@ def test_prompt_injected_agent_is_denied_and_holds_no_secret(bd, forge):
     # Nothing reached the remote.
     assert pushes(bare) == []
     bd.track_sandboxes(sid)
+
+
+def test_audit_verify_on_the_session_log(bd):
+    """`hatchery audit verify` checks the sessions' hash chains in the
+    daemon's own database (read-only, while the daemon runs)."""
+    import json as _json
+    import os
+    import subprocess
+    repo, _ = add_repo(bd.git_server, "verify")
+    sid = bd.new_session(repo, "[script:injected] anything")
+    s = bd.wait_state(sid, "waiting_approval")
+    bd.request("POST", f"/v1/sessions/{sid}/approvals/{s['pending_approval']['approval_id']}", {"decision": "deny"})
+    bd.wait_state(sid, "completed")
+    cli = os.path.join(os.environ["HATCHERY_BIN_DIR"], "hatchery")
+    r = subprocess.run([cli, "audit", "verify", "--db", os.path.join(bd.data_dir, "sessions.db"), sid, "--json"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert str(len(bd.all_events(sid))) in r.stdout
+    bd.track_sandboxes(sid)
+    _ = _json

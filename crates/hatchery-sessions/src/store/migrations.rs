@@ -1,9 +1,10 @@
 //! Numbered schema migrations, applied in order inside one transaction
 //! each; `PRAGMA user_version` records the last one applied.
 
-pub const MIGRATIONS: &[(u32, &str)] = &[(
-    1,
-    "CREATE TABLE sessions (
+pub const MIGRATIONS: &[(u32, &str)] = &[
+    (
+        1,
+        "CREATE TABLE sessions (
         id TEXT PRIMARY KEY,
         spec TEXT NOT NULL,
         state TEXT NOT NULL,
@@ -56,7 +57,19 @@ pub const MIGRATIONS: &[(u32, &str)] = &[(
         decided_at TEXT
     );
     CREATE INDEX approvals_session ON approvals(session_id, state);",
-)];
+    ),
+    (
+        2,
+        // The hash chain over each session's events (store/chain.rs); the
+        // view is the audit crate's table layout, for `hatchery audit verify`.
+        "ALTER TABLE events ADD COLUMN prev_hash TEXT;
+    ALTER TABLE events ADD COLUMN hash TEXT;
+    CREATE VIEW audit_events AS
+        SELECT session_id AS chain, seq, at AS ts, type AS kind,
+               json_set(data, '$.actor', actor) AS data, prev_hash, hash
+        FROM events;",
+    ),
+];
 
 pub fn apply(conn: &mut rusqlite::Connection) -> rusqlite::Result<()> {
     let current: u32 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;

@@ -2,6 +2,7 @@
 //! behind an async trait so that the multi-host issue can add PostgreSQL.
 //! Errors carry no SQL types.
 
+pub mod chain;
 mod migrations;
 mod sqlite;
 

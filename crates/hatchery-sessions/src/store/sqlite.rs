@@ -39,6 +39,7 @@ impl SqliteStore {
         conn.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(be)?;
         super::migrations::apply(&mut conn).map_err(be)?;
+        super::chain::backfill(&mut conn).map_err(be)?;
         Ok(SqliteStore {
             conn: Arc::new(Mutex::new(conn)),
         })
@@ -207,9 +208,29 @@ fn append_tx(tx: &Transaction, id: &str, events: Vec<NewEvent>) -> Result<Vec<Ev
         }
         let at = now();
         let data = serde_json::to_string(&kind).map_err(be)?;
+        let (prev_hash, hash) = super::chain::seal(
+            tx,
+            id,
+            seq as u64,
+            &at,
+            actor.as_str(),
+            kind.type_name(),
+            &data,
+        )
+        .map_err(be)?;
         tx.execute(
-            "INSERT INTO events (session_id, seq, at, actor, type, data) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![id, seq, at, actor.as_str(), kind.type_name(), data],
+            "INSERT INTO events (session_id, seq, at, actor, type, data, prev_hash, hash) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                id,
+                seq,
+                at,
+                actor.as_str(),
+                kind.type_name(),
+                data,
+                prev_hash,
+                hash
+            ],
         )
         .map_err(be)?;
         out.push(Event {
@@ -844,5 +865,115 @@ mod tests {
         let s = SqliteStore::open(&p).unwrap();
         assert_eq!(s.unfinished().await.unwrap().len(), 1);
         assert_eq!(s.get("ses_a").await.unwrap().spec, spec());
+    }
+
+    /// The chain over a session's events, checked by the audit crate's
+    /// verifier through the `audit_events` view: an untouched log verifies;
+    /// an edited, a deleted and a swapped row are each caught at their seq.
+    #[tokio::test]
+    async fn events_are_hash_chained_and_tampering_is_caught() {
+        use hatchery_audit::{Problem, SqliteAuditLog};
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("s.db");
+        let s = SqliteStore::open(&p).unwrap();
+        s.create("ses_a", &spec(), None, "h").await.unwrap();
+        for i in 0..40 {
+            s.append(
+                "ses_a",
+                vec![(
+                    Actor::Agent,
+                    EventKind::AgentMessage {
+                        text: format!("m{i}"),
+                        text_ref: None,
+                    },
+                )],
+                Patch::default(),
+            )
+            .await
+            .unwrap();
+        }
+        let verify = || {
+            let log = SqliteAuditLog::open_read_only(&p).unwrap();
+            log.verify_chain("ses_a", &[]).unwrap()
+        };
+        let r = verify();
+        assert!(r.ok(), "{r:?}");
+        assert_eq!(r.verified, 41);
+        let raw = rusqlite::Connection::open(&p).unwrap();
+        let bad = |r: hatchery_audit::Report| r.first_bad.map(|b| (b.seq, b.problem));
+        // Edited data.
+        raw.execute("UPDATE events SET data = replace(data, 'm9', 'mX') WHERE session_id = 'ses_a' AND seq = 11", [])
+            .unwrap();
+        assert_eq!(bad(verify()), Some((11, Problem::HashMismatch)));
+        // The actor is covered too.
+        raw.execute("UPDATE events SET data = replace(data, 'mX', 'm9') WHERE session_id = 'ses_a' AND seq = 11", [])
+            .unwrap();
+        assert!(verify().ok());
+        raw.execute(
+            "UPDATE events SET actor = 'user' WHERE session_id = 'ses_a' AND seq = 12",
+            [],
+        )
+        .unwrap();
+        assert_eq!(bad(verify()), Some((12, Problem::HashMismatch)));
+        raw.execute(
+            "UPDATE events SET actor = 'agent' WHERE session_id = 'ses_a' AND seq = 12",
+            [],
+        )
+        .unwrap();
+        // Swapped rows (contents exchanged, seqs kept).
+        raw.execute_batch(
+            "UPDATE events SET seq = -1 WHERE session_id = 'ses_a' AND seq = 20;
+             UPDATE events SET seq = 20 WHERE session_id = 'ses_a' AND seq = 21;
+             UPDATE events SET seq = 21 WHERE session_id = 'ses_a' AND seq = -1;",
+        )
+        .unwrap();
+        assert!(matches!(bad(verify()), Some((20, _))));
+        raw.execute_batch(
+            "UPDATE events SET seq = -1 WHERE session_id = 'ses_a' AND seq = 20;
+             UPDATE events SET seq = 20 WHERE session_id = 'ses_a' AND seq = 21;
+             UPDATE events SET seq = 21 WHERE session_id = 'ses_a' AND seq = -1;",
+        )
+        .unwrap();
+        assert!(verify().ok());
+        // A deleted row.
+        raw.execute(
+            "DELETE FROM events WHERE session_id = 'ses_a' AND seq = 30",
+            [],
+        )
+        .unwrap();
+        assert_eq!(bad(verify()), Some((30, Problem::SeqGap { found: 31 })));
+    }
+
+    /// Rows written before migration 2 get their chain when the store opens.
+    #[tokio::test]
+    async fn old_rows_are_chained_on_open() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("s.db");
+        {
+            let s = SqliteStore::open(&p).unwrap();
+            s.create("ses_a", &spec(), None, "h").await.unwrap();
+            s.append(
+                "ses_a",
+                vec![(Actor::System, EventKind::CancelRequested)],
+                Patch::default(),
+            )
+            .await
+            .unwrap();
+        }
+        rusqlite::Connection::open(&p)
+            .unwrap()
+            .execute("UPDATE events SET hash = NULL, prev_hash = NULL", [])
+            .unwrap();
+        let s = SqliteStore::open(&p).unwrap();
+        s.append(
+            "ses_a",
+            vec![(Actor::System, EventKind::CancelRequested)],
+            Patch::default(),
+        )
+        .await
+        .unwrap();
+        let log = hatchery_audit::SqliteAuditLog::open_read_only(&p).unwrap();
+        let r = log.verify_chain("ses_a", &[]).unwrap();
+        assert!(r.ok() && r.verified == 3, "{r:?}");
     }
 }
