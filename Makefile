@@ -190,3 +190,6 @@ bench: build template
 	  /usr/bin/python3 bench/rounds_fairness.py
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/sessions_bench.py
+	cargo run -q --release -p hatchery-sessions --example chain_bench
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  /usr/bin/python3 bench/broker_bench.py

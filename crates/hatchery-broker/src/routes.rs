@@ -19,6 +19,11 @@ pub const IDENTITY_HEADER: &str = "x-hatchery-sandbox";
 pub fn guest_router(b: Arc<Broker>) -> Router {
     Router::new()
         .route("/v1/invoke", post(invoke))
+        // No work at all: a health check, and the baseline of the figures.
+        .route(
+            "/v1/ping",
+            get(|| async { Json(serde_json::json!({"ok": true})) }),
+        )
         .layer(axum::extract::DefaultBodyLimit::max(
             crate::wire::MAX_ARGS_BYTES + 4096,
         ))

@@ -382,6 +382,10 @@ impl Broker {
                 effect,
                 run: Run::Fetch(f),
             }),
+            "noop" => Ok(Plan {
+                effect: json!({}),
+                run: Run::Noop,
+            }),
             other => Err(format!("no executor for {other}")),
         };
         let plan = match plan {
@@ -444,6 +448,7 @@ impl Broker {
                 repo,
                 body,
             } => self.run_pr(&forge, &owner, &repo, &body).await,
+            Run::Noop => (CallState::Done, json!({"ok": true})),
             Run::Fetch(f) => match f.run().await {
                 Ok(v) => (CallState::Done, v),
                 Err(e) => (CallState::Failed, json!({"error": e.to_string()})),
@@ -819,6 +824,7 @@ enum Run {
         body: Value,
     },
     Fetch(crate::fetch::Fetch),
+    Noop,
 }
 
 fn result_event(c: &Call) -> EventKind {

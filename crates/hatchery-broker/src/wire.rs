@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// The tools the broker runs.
-pub const TOOLS: &[&str] = &["git_push", "open_pr", "http_fetch"];
+/// `noop` has no effect (round-trip figures, health checks); a policy must
+/// still allow it.
+pub const TOOLS: &[&str] = &["git_push", "open_pr", "http_fetch", "noop"];
 /// Largest `seq` (exact in every JSON implementation).
 pub const MAX_SEQ: u64 = (1 << 53) - 1;
 /// Largest arguments object, as JSON.
