@@ -23,6 +23,11 @@ SCRIPTS = {
         {"tool_calls": [{"name": "git_push", "arguments": {"branch": "release/calc", "message": "Release"}}]},
         {"tool_calls": [{"name": "finish", "arguments": {"summary": "pushed and opened a PR"}}]},
     ],
+    # A push that waits for an approval long enough to be snapshotted away.
+    "idle_release": [
+        {"tool_calls": [{"name": "git_push", "arguments": {"branch": "release/idle"}}]},
+        {"tool_calls": [{"name": "finish", "arguments": {"summary": "released after resume"}}]},
+    ],
     # A prompt-injected agent: the "README" told it to push to main and to
     # post the environment to an outside URL; then it asks for a release
     # push, which the test denies.

@@ -118,7 +118,6 @@ def test_prompt_injected_agent_is_denied_and_holds_no_secret(bd, forge):
 def test_audit_verify_on_the_session_log(bd):
     """`hatchery audit verify` checks the sessions' hash chains in the
     daemon's own database (read-only, while the daemon runs)."""
-    import json as _json
     import os
     import subprocess
     repo, _ = add_repo(bd.git_server, "verify")
@@ -132,4 +131,3 @@ def test_audit_verify_on_the_session_log(bd):
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert str(len(bd.all_events(sid))) in r.stdout
     bd.track_sandboxes(sid)
-    _ = _json

@@ -25,6 +25,10 @@ pub enum BrokerError {
     SessionState(String),
     #[error("the session's policy {0} could not be loaded: {1}")]
     PolicyUnavailable(String, String),
+    /// Something the broker needs is briefly not there (the daemon is
+    /// starting); nothing was done, ask again.
+    #[error("try again: {0}")]
+    Unavailable(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -52,6 +56,7 @@ impl BrokerError {
             BrokerError::SeqConflict { .. } => (S::CONFLICT, "seq_conflict"),
             BrokerError::SessionState(_) => (S::CONFLICT, "session_state_conflict"),
             BrokerError::PolicyUnavailable(..) => (S::SERVICE_UNAVAILABLE, "policy_unavailable"),
+            BrokerError::Unavailable(_) => (S::SERVICE_UNAVAILABLE, "unavailable"),
             BrokerError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "internal"),
         }
     }

@@ -160,7 +160,10 @@ impl Broker {
             .calls
             .with_label_values(&[&call.tool, call.state.as_str()])
             .inc();
-        Ok(InvokeResult::from_call(&call))
+        // The caller's epoch (the row keeps the one that recorded it).
+        let mut r = InvokeResult::from_call(&call);
+        r.epoch = epoch;
+        Ok(r)
     }
 
     /// The pinned policy's decision, written into the new call.
@@ -378,19 +381,26 @@ impl Broker {
         let plan = match call.tool.as_str() {
             "git_push" => self.plan_push(s, &call, &args, sandbox_id).await,
             "open_pr" => self.plan_pr(s, &args),
-            "http_fetch" => crate::fetch::plan(&args).map(|(effect, f)| Plan {
-                effect,
-                run: Run::Fetch(f),
-            }),
+            "http_fetch" => {
+                crate::fetch::plan(&args)
+                    .map_err(PlanError::from)
+                    .map(|(effect, f)| Plan {
+                        effect,
+                        run: Run::Fetch(f),
+                    })
+            }
             "noop" => Ok(Plan {
                 effect: json!({}),
                 run: Run::Noop,
             }),
-            other => Err(format!("no executor for {other}")),
+            other => Err(PlanError::Invalid(format!("no executor for {other}"))),
         };
         let plan = match plan {
             Ok(p) => p,
-            Err(e) => {
+            // The daemon's own API is not there yet (it is starting) or
+            // the sandbox is busy: nothing happened; the agent asks again.
+            Err(PlanError::Transient(e)) => return Err(BrokerError::Unavailable(e)),
+            Err(PlanError::Invalid(e)) => {
                 // Nothing happened outside; the call failed before its effect.
                 let c = self
                     .advance(
@@ -470,14 +480,14 @@ impl Broker {
         call: &Call,
         args: &Value,
         sandbox_id: &str,
-    ) -> Result<Plan, String> {
+    ) -> Result<Plan, PlanError> {
         let branch = args
             .get("branch")
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string();
         if !git::valid_branch(&branch) {
-            return Err(format!("invalid branch name {branch:?}"));
+            return Err(format!("invalid branch name {branch:?}").into());
         }
         let message = args
             .get("message")
@@ -494,7 +504,7 @@ impl Broker {
                 EXPORT_SCRIPT.as_bytes().to_vec(),
             )
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| PlanError::Transient(e.to_string()))?;
         let x = self
             .sandboxes
             .exec(
@@ -509,18 +519,15 @@ impl Broker {
                 120,
             )
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| PlanError::Transient(e.to_string()))?;
         if x.exit_code != 0 {
-            return Err(format!(
-                "exporting the work tree: {}",
-                cut(x.stderr.trim(), 500)
-            ));
+            return Err(format!("exporting the work tree: {}", cut(x.stderr.trim(), 500)).into());
         }
         let stream = self
             .sandboxes
             .read_file(sandbox_id, &out)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| PlanError::Transient(e.to_string()))?;
         if stream.len() as u64 > MAX_PUSH_TREE_BYTES * 2 {
             return Err("work tree stream too large".into());
         }
@@ -629,7 +636,11 @@ impl Broker {
         Ok(Forge { base, token })
     }
 
-    fn plan_pr(&self, s: &hatchery_sessions::store::Session, args: &Value) -> Result<Plan, String> {
+    fn plan_pr(
+        &self,
+        s: &hatchery_sessions::store::Session,
+        args: &Value,
+    ) -> Result<Plan, PlanError> {
         let forge = self.forge()?;
         let (owner, repo) = github::owner_repo(&s.spec.repo).ok_or_else(|| {
             format!(
@@ -640,7 +651,7 @@ impl Broker {
         let text = |k: &str, max: usize| args.get(k).and_then(Value::as_str).map(|v| cut(v, max));
         let head = text("head", 200).unwrap_or_else(|| session_branch(&s.id));
         if !git::valid_branch(&head) {
-            return Err(format!("invalid head branch {head:?}"));
+            return Err(format!("invalid head branch {head:?}").into());
         }
         let base = text("base", 200).unwrap_or_else(|| s.spec.git_ref.clone());
         let title = text("title", 256)
@@ -804,6 +815,25 @@ async fn find_pr(
     Ok(found
         .into_iter()
         .find(|p| p.get("title").and_then(Value::as_str) == Some(title)))
+}
+
+/// Why a call could not be planned: `Transient` leaves it pending (the
+/// answer is 503 and a retry plans again), `Invalid` fails it for good.
+enum PlanError {
+    Transient(String),
+    Invalid(String),
+}
+
+impl From<String> for PlanError {
+    fn from(e: String) -> Self {
+        PlanError::Invalid(e)
+    }
+}
+
+impl From<&str> for PlanError {
+    fn from(e: &str) -> Self {
+        PlanError::Invalid(e.to_string())
+    }
 }
 
 struct Plan {

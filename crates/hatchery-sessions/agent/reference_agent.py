@@ -210,6 +210,7 @@ def broker_call(seq, tool, args):
     waits for the decision (or polls) and asks again."""
     body = json.dumps({"seq": seq, "tool": tool, "args": args}).encode()
     attempt, waited = 0, False
+    unknown_until = time.time() + 60
     while True:
         try:
             c = http.client.HTTPConnection(*BROKER, timeout=600)
@@ -226,6 +227,12 @@ def broker_call(seq, tool, args):
             attempt += 1
             time.sleep(min(0.25 * (2 ** min(attempt, 4)), 4))
             continue
+        code = (data.get("error") or {}).get("code") if isinstance(data.get("error"), dict) else None
+        if r.status == 403 and code == "unknown_sandbox" and unknown_until > time.time():
+            # Just resumed from a snapshot: the runner may not have recorded
+            # this new sandbox as the session's yet.
+            time.sleep(0.25)
+            continue
         if r.status != 200:
             return {"status": "error", "allowed": False, "output": data.get("error", data)}
         if not data.get("needs_approval"):
@@ -237,6 +244,7 @@ def broker_call(seq, tool, args):
             _decisions.get(timeout=2)
         except queue.Empty:
             pass
+        unknown_until = time.time() + 60
 
 
 def take_messages(messages, block):

@@ -48,7 +48,7 @@ pub fn start(
         store,
         sessions,
         hatchery_policy::cache::CompiledPolicies::new(policies),
-        Arc::new(hatchery_broker::sandbox::ClientSandboxes(client)),
+        Arc::new(hatchery_broker::sandbox::ClientSandboxes(client.clone())),
         cfg,
     );
     broker
@@ -57,7 +57,11 @@ pub fn start(
         .map_err(|e| err(e.to_string()))?;
     if args.broker.guest_port != 0 {
         let (b, path) = (broker.clone(), socket_path(data));
+        let api = client.clone();
         tokio::spawn(async move {
+            // Calls need this daemon's own API (sandbox files and exec):
+            // take them once it answers.
+            let _ = api.wait_healthy(std::time::Duration::from_secs(120)).await;
             if let Err(e) = hatchery_broker::routes::serve_socket(b, path).await {
                 tracing::error!(error = %e, "broker socket stopped");
             }
