@@ -60,7 +60,7 @@ class BrokerDaemon(SessionDaemon):
                 f"git://127.0.0.1:{git_server.port}/=http://127.0.0.1:{push_server.port}/",
                 "--broker-git-credential-file", cred,
                 "--broker-github-api", f"http://127.0.0.1:{forge.port}",
-                "--broker-github-token-file", tok, *extra]
+                "--broker-github-token-file", tok, "--audit-anchor-interval", "1", *extra]
         super().__init__(model_port, extra=args, data_dir=data_dir)
 
     def restarted(self):

@@ -125,9 +125,20 @@ def test_audit_verify_on_the_session_log(bd):
     s = bd.wait_state(sid, "waiting_approval")
     bd.request("POST", f"/v1/sessions/{sid}/approvals/{s['pending_approval']['approval_id']}", {"decision": "deny"})
     bd.wait_state(sid, "completed")
+    n = len(bd.all_events(sid))
+    anchors = os.path.join(bd.data_dir, "session-anchors.jsonl")
+    import time
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        # The daemon anchors moved heads every second here (--audit-anchor-interval 1).
+        if os.path.exists(anchors) and any(f'"seq":{n}' in line and sid in line for line in open(anchors)):
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the session's head was not anchored")
     cli = os.path.join(os.environ["HATCHERY_BIN_DIR"], "hatchery")
-    r = subprocess.run([cli, "audit", "verify", "--db", os.path.join(bd.data_dir, "sessions.db"), sid, "--json"],
-                       capture_output=True, text=True)
+    r = subprocess.run([cli, "audit", "verify", "--db", os.path.join(bd.data_dir, "sessions.db"), sid,
+                        "--anchors", anchors, "--json"], capture_output=True, text=True)
     assert r.returncode == 0, (r.stdout, r.stderr)
-    assert str(len(bd.all_events(sid))) in r.stdout
+    assert str(n) in r.stdout
     bd.track_sandboxes(sid)

@@ -47,6 +47,15 @@ pub struct BrokerArgs {
         env = "HATCHERY_BROKER_GITHUB_TOKEN_FILE"
     )]
     pub github_token_file: Option<PathBuf>,
+    /// Seconds between anchorings of the session event chains' heads to
+    /// DATA_DIR/session-anchors.jsonl (append-only, fsynced); 0 turns it off.
+    #[arg(
+        id = "broker_anchor_interval",
+        long = "audit-anchor-interval",
+        env = "HATCHERY_AUDIT_ANCHOR_INTERVAL",
+        default_value_t = 60
+    )]
+    pub anchor_interval_s: u64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -115,6 +124,7 @@ mod tests {
             git_credential_file: None,
             github_api: None,
             github_token_file: None,
+            anchor_interval_s: 60,
         };
         let c = BrokerConfig::try_from(&a).unwrap();
         assert_eq!(c.push_url("git://h/x.git"), "http://h:81/x.git");

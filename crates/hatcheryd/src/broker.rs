@@ -67,6 +67,16 @@ pub fn start(
             }
         });
     }
+    if args.broker.anchor_interval_s > 0 {
+        // The heads of the session event chains, anchored outside the
+        // database (docs/policy.md, "Anchors"); only heads that moved.
+        let db = data.join("sessions.db");
+        std::mem::drop(hatchery_audit::anchor::spawn_periodic(
+            hatchery_audit::Anchor::new(data.join("session-anchors.jsonl")),
+            std::time::Duration::from_secs(args.broker.anchor_interval_s),
+            move || hatchery_audit::SqliteAuditLog::open_read_only(&db)?.heads(),
+        ));
+    }
     let b = broker.clone();
     tokio::spawn(async move {
         match b.recover().await {
