@@ -51,25 +51,79 @@ async fn invoke(
     Ok(Json(b.invoke(&sandbox, req).await?))
 }
 
-async fn calls(
+/// One recorded broker call, as the operator sees it.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct CallView {
+    pub seq: u64,
+    /// The epoch of the sandbox instance that recorded it.
+    pub epoch: u64,
+    pub tool: String,
+    /// `awaiting_approval`, `pending`, `executing`, `done`, `failed`,
+    /// `denied`, `needs_review`.
+    pub status: String,
+    /// `allow`, `deny` or `require_approval`.
+    pub decision: String,
+    pub rule_id: Option<String>,
+    pub approval_id: Option<String>,
+    #[schema(value_type = Object)]
+    pub arguments: serde_json::Value,
+    /// What the effect was planned to do, recorded before it started.
+    #[schema(value_type = Object)]
+    pub effect: Option<serde_json::Value>,
+    #[schema(value_type = Object)]
+    pub output: serde_json::Value,
+    pub created_at: String,
+    pub updated_at: String,
+}
+
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct CallList {
+    pub calls: Vec<CallView>,
+}
+
+/// The tool broker's record of a session's calls, in seq order.
+#[utoipa::path(get, path = "/v1/sessions/{id}/broker/calls", tag = "broker",
+    params(("id" = String, Path, description = "Session id")),
+    responses((status = 200, body = CallList)))]
+pub async fn calls(
     State(b): State<Arc<Broker>>,
     Path(id): Path<String>,
-) -> Result<Json<serde_json::Value>, BrokerError> {
+) -> Result<Json<CallList>, BrokerError> {
     let calls = b.store().calls(&id).await?;
-    let out: Vec<serde_json::Value> = calls
+    let parse = |t: &str| serde_json::from_str::<serde_json::Value>(t).unwrap_or_default();
+    let calls = calls
         .iter()
-        .map(|c| {
-            let r = crate::wire::InvokeResult::from_call(c);
-            serde_json::json!({
-                "seq": c.seq, "epoch": c.epoch, "tool": c.tool, "status": c.state.as_str(),
-                "decision": c.decision, "rule_id": c.rule_id, "approval_id": c.approval_id,
-                "arguments": serde_json::from_str::<serde_json::Value>(&c.args).unwrap_or_default(),
-                "effect": c.effect.as_deref().and_then(|e| serde_json::from_str::<serde_json::Value>(e).ok()),
-                "output": r.output, "created_at": c.created_at, "updated_at": c.updated_at,
-            })
+        .map(|c| CallView {
+            seq: c.seq,
+            epoch: c.epoch,
+            tool: c.tool.clone(),
+            status: c.state.as_str().to_string(),
+            decision: c.decision.clone(),
+            rule_id: c.rule_id.clone(),
+            approval_id: c.approval_id.clone(),
+            arguments: parse(&c.args),
+            effect: c.effect.as_deref().map(parse),
+            output: crate::wire::InvokeResult::from_call(c).output,
+            created_at: c.created_at.clone(),
+            updated_at: c.updated_at.clone(),
         })
         .collect();
-    Ok(Json(serde_json::json!({ "calls": out })))
+    Ok(Json(CallList { calls }))
+}
+
+/// The operator routes' part of the OpenAPI document, pinned to
+/// `docs/openapi-broker.json` by `tests/openapi_snapshot.rs`.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(title = "Hatchery tool broker (operator routes)", version = "1"),
+    paths(calls),
+    components(schemas(CallList, CallView))
+)]
+pub struct BrokerApi;
+
+pub fn openapi_json() -> String {
+    use utoipa::OpenApi;
+    BrokerApi::openapi().to_pretty_json().unwrap_or_default()
 }
 
 /// Serves the guest router on a Unix socket only root (the daemon) can
