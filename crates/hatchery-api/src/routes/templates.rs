@@ -19,6 +19,7 @@ fn info(st: &AppState, t: Template) -> TemplateInfo {
         version: t.version,
         base: s.base,
         packages: s.packages,
+        pip: s.pip,
         files: s.files.into_keys().collect(),
         setup: s.setup,
         cpus: s.cpus,
