@@ -157,8 +157,18 @@ rounds-test: rounds-pages-check build template
 
 # Agent sessions against real sandboxes, a real `git daemon` and the
 # scripted model server (about 80 s).
-sessions-test: build template
+# mini-swe-agent and its pinned dependencies, as wheels, for the
+# third-party-agent test's template (installed offline from here).
+SWE_WHEELS = target/wheels/swe
+$(SWE_WHEELS)/.downloaded: tests/sessions/agent-requirements.txt
+	rm -rf $(SWE_WHEELS) && mkdir -p $(SWE_WHEELS)
+	/usr/bin/python3 -m pip download -q --disable-pip-version-check --only-binary=:all: --no-deps \
+	  -d $(SWE_WHEELS) -r tests/sessions/agent-requirements.txt
+	touch $@
+
+sessions-test: build template $(SWE_WHEELS)/.downloaded
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  HATCHERY_AGENT_WHEELS=$(CURDIR)/$(SWE_WHEELS) \
 	  $(PYTEST) -q -p no:cacheprovider tests/sessions
 
 test: build template lint unit kernel-test integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test sessions-test playground-test playground-load gateway-test e2b-test

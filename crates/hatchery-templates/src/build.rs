@@ -80,6 +80,9 @@ pub fn build_rootfs(
 /// The host's Debian pip (`/usr/bin/python3`, the same Python 3.11 the
 /// bookworm rootfs has, so wheels and shebangs fit) installs into the
 /// rootfs's `/usr/local`, ignoring whatever the host itself has installed.
+/// No `--prefix`: Debian's default scheme for root is already `/usr/local`,
+/// and its patched sysconfig would turn `--prefix /usr/local` into
+/// `/usr/local/local`.
 /// Only validated requirement specifiers reach the command line; the index
 /// is the host pip's own configuration (PIP_INDEX_URL, PIP_FIND_LINKS,
 /// PIP_NO_INDEX in the daemon's environment).
@@ -88,8 +91,6 @@ fn pip_command(root: &Path, reqs: &[String]) -> Command {
     cmd.args(["-m", "pip", "install", "--root"])
         .arg(root)
         .args([
-            "--prefix",
-            "/usr/local",
             "--ignore-installed",
             "--no-cache-dir",
             "--no-input",
@@ -149,7 +150,7 @@ mod tests {
         let args: Vec<_> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
         assert_eq!(
             args.join(" "),
-            "-m pip install --root /t/rootfs.partial --prefix /usr/local --ignore-installed \
+            "-m pip install --root /t/rootfs.partial --ignore-installed \
              --no-cache-dir --no-input --disable-pip-version-check --no-warn-script-location \
              --break-system-packages --progress-bar off a==1 b[x]"
         );
