@@ -145,9 +145,15 @@ mod tests {
 
     #[test]
     fn pip_installs_into_the_rootfs_only() {
-        let cmd = pip_command(Path::new("/t/rootfs.partial"), &["a==1".into(), "b[x]".into()]);
+        let cmd = pip_command(
+            Path::new("/t/rootfs.partial"),
+            &["a==1".into(), "b[x]".into()],
+        );
         assert_eq!(cmd.get_program(), "/usr/bin/python3");
-        let args: Vec<_> = cmd.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+        let args: Vec<_> = cmd
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
         assert_eq!(
             args.join(" "),
             "-m pip install --root /t/rootfs.partial --ignore-installed \
@@ -164,6 +170,9 @@ mod tests {
         let e = run_logged(cmd, "demo", &mut |l| seen.push(l.to_string())).unwrap_err();
         assert_eq!(seen.len(), 7);
         let m = e.to_string();
-        assert!(m.contains("demo failed") && m.contains("line7") && !m.contains("line2"), "{m}");
+        assert!(
+            m.contains("demo failed") && m.contains("line7") && !m.contains("line2"),
+            "{m}"
+        );
     }
 }

@@ -230,7 +230,13 @@ mod tests {
 
     #[test]
     fn pip_requirements() {
-        for ok in ["mini-swe-agent==2.4.6", "requests", "a[b,c]>=1,<2", "x~=1.0", "Py.Thing_2!=3"] {
+        for ok in [
+            "mini-swe-agent==2.4.6",
+            "requests",
+            "a[b,c]>=1,<2",
+            "x~=1.0",
+            "Py.Thing_2!=3",
+        ] {
             assert!(valid_requirement(ok), "{ok}");
         }
         for bad in [
