@@ -38,8 +38,10 @@ impl SandboxState {
     }
 
     /// The moves the daemon makes. `Running -> Running` is a re-adoption
-    /// after a restart; nothing ever leaves `Stopped`, so a late "running"
-    /// can never overwrite a stop.
+    /// after a restart; `Pooled -> Pooled` is a warm sandbox's restore
+    /// finishing (its row is pooled from the insert on, so the API never
+    /// sees it). Nothing ever leaves `Stopped`, so a late "running" can
+    /// never overwrite a stop.
     pub fn valid_transition(self, to: SandboxState) -> bool {
         use SandboxState::*;
         matches!(
@@ -48,6 +50,7 @@ impl SandboxState {
                 | (Starting, Pooled)
                 | (Pooled, Running)
                 | (Running, Running)
+                | (Pooled, Pooled)
                 | (Pooled | Starting | Running, Stopped)
         )
     }

@@ -1,0 +1,112 @@
+//! This host's lease in the state store. Taken at start (a new epoch,
+//! which fences off any earlier incarnation with the same host id), then
+//! renewed on the database's clock. If the lease is lost, or cannot be
+//! renewed before it runs out, the host kills its own sandboxes, so that
+//! nothing of it runs on once another incarnation may have taken over, and
+//! refuses new work.
+
+use crate::store::{host_resource, Fence, Store, StoreError};
+use crate::{CoreError, Manager};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a host's lease lasts without renewal.
+pub const HOST_LEASE_TTL_MS: u64 = 30_000;
+
+/// The state store as one host sees it: the store and the fence every
+/// state write of this daemon carries.
+pub struct HostStore {
+    pub store: Arc<dyn Store>,
+    pub fence: Fence,
+}
+
+/// Takes `host_id`'s lease.
+pub async fn take_host_lease(
+    store: Arc<dyn Store>,
+    host_id: &str,
+) -> Result<HostStore, StoreError> {
+    let l = store
+        .take_lease(&host_resource(host_id), host_id, HOST_LEASE_TTL_MS)
+        .await?;
+    tracing::info!(host = %host_id, epoch = l.epoch, backend = store.backend(), "host lease taken");
+    Ok(HostStore {
+        store,
+        fence: Fence::of(&l),
+    })
+}
+
+impl Manager {
+    /// Renews the host lease every third of its lifetime.
+    pub fn spawn_lease_keeper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let period = Duration::from_millis(HOST_LEASE_TTL_MS / 3);
+            // By this host's monotonic clock: how long the lease surely
+            // lasts (the database said how long was left when it renewed).
+            let mut valid_until = Instant::now() + Duration::from_millis(HOST_LEASE_TTL_MS);
+            loop {
+                tokio::time::sleep(period).await;
+                let Some(m) = me.upgrade() else { return };
+                if m.closing.load(Ordering::SeqCst) {
+                    return;
+                }
+                let asked = Instant::now();
+                match m.store.renew_lease(&m.fence, HOST_LEASE_TTL_MS).await {
+                    Ok(l) => valid_until = asked + Duration::from_millis(l.valid_for_ms),
+                    Err(e) if e.is_fenced() => {
+                        tracing::error!(error = %e, "host lease taken over: killing this host's sandboxes");
+                        m.lose_lease().await;
+                        return;
+                    }
+                    Err(e) => {
+                        // Give up a margin before the lease runs out, so
+                        // the sandboxes are gone before anyone can take it.
+                        let left = valid_until.saturating_duration_since(Instant::now());
+                        tracing::warn!(error = %e, left_ms = left.as_millis() as u64, "host lease renewal failed");
+                        if left < period {
+                            tracing::error!("host lease about to expire unrenewed: killing this host's sandboxes");
+                            m.lose_lease().await;
+                            return;
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    /// Stops serving: no new sandboxes, and every live one destroyed on
+    /// the host. The rows stay as they are (writes are fenced now); the
+    /// lease's next holder reconciles them.
+    pub(crate) async fn lose_lease(self: &Arc<Self>) {
+        self.fenced_off.store(true, Ordering::SeqCst);
+        self.metrics.sandboxes_live.set(0);
+        let ids: Vec<String> = self
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .map(|(id, _)| id)
+            .collect();
+        for id in ids.into_iter().chain(self.pool.ids()) {
+            self.pool.remove(&id);
+            if let Err(e) = self.runtime.destroy(&id).await {
+                tracing::warn!(sandbox = %id, error = %e, "teardown after lease loss failed");
+            }
+            self.release_slot(&id).await;
+        }
+    }
+
+    /// Refuses work once the lease is gone.
+    pub(crate) fn check_lease(&self) -> Result<(), CoreError> {
+        if self.fenced_off.load(Ordering::SeqCst) {
+            return Err(CoreError::Store(StoreError::Fenced {
+                resource: self.fence.resource.clone(),
+                owner: String::new(),
+                held: self.fence.epoch,
+                current: 0,
+            }));
+        }
+        Ok(())
+    }
+}
