@@ -182,6 +182,7 @@ bench: build template
 	cargo run -q --release -p hatchery-policy --example policy_bench
 	cargo run -q --release -p hatchery-audit --example audit_bench
 	cargo run -q --release -p hatchery-egress --example egress_bench
+	cargo run -q --release -p hatchery-store --example store_bench
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/bench.py
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \

@@ -68,7 +68,12 @@ fn free_port() -> u16 {
 }
 
 impl TestPg {
+    /// For tests: fsync off (they test behaviour, not durability).
     pub fn start() -> TestPg {
+        Self::start_with(false)
+    }
+
+    pub fn start_with(fsync: bool) -> TestPg {
         if let Ok(dsn) = std::env::var("HATCHERY_TEST_PG_DSN") {
             return TestPg { dir: None, dsn };
         }
@@ -97,7 +102,8 @@ impl TestPg {
             "-E",
             "UTF8",
         ]);
-        let opts = format!("-p {port} -k {d} -c listen_addresses=127.0.0.1 -c fsync=off");
+        let fsync = if fsync { "on" } else { "off" };
+        let opts = format!("-p {port} -k {d} -c listen_addresses=127.0.0.1 -c fsync={fsync}");
         let log = dir.join("pg.log");
         run(&[
             pg_bin("pg_ctl").to_str().unwrap(),
