@@ -7,6 +7,7 @@
 //!   cargo run --release -p hatchery-store --example store_bench
 
 #[path = "../tests/support/pg_server.rs"]
+#[allow(dead_code)]
 mod pg_server;
 
 use hatchery_store::{host_resource, Fence, PgStore, SandboxRow, SandboxState, SqliteStore, Store};
