@@ -133,3 +133,38 @@ def test_fenced_host_kills_its_sandboxes_and_refuses_work(pg):
         if new:
             new.cleanup()
         old.cleanup()
+
+
+def test_database_down_answers_503_and_the_host_kills_its_sandboxes():
+    """PostgreSQL dies under a running daemon: the API answers 503 with
+    Retry-After (never hangs), and before the host's lease could expire
+    the daemon kills its own sandboxes. Restarted, the database serves a
+    restarted daemon again."""
+    own = Postgres(db="hxdown").start()
+    d = None
+    try:
+        d = daemon(own, "pg-down")
+        sid = d.create(ttl_seconds=300)
+        own.kill()
+        started = time.time()
+        r = d.request("GET", f"/v1/sandboxes/{sid}", timeout=30)
+        assert r.status == 503 and r.error_code() == "store_unavailable", r
+        assert "retry-after" in {k.lower() for k in r.headers}, r.headers
+        assert time.time() - started < 25
+        # Lease lifetime 30 s, renewals every 10 s: the sandbox is gone
+        # well within the lifetime (counted from the last renewal).
+        d.wait_no_leftovers(timeout=45, net=False)
+        wait_for(lambda: "killing this host's sandboxes" in open(d.log_path, errors="replace").read(),
+                 timeout=10, what="the lease-loss log line")
+        own.start()
+        d.crash()
+        d2 = daemon(own, "pg-down", data_dir=d.data_dir)
+        d2.created |= d.created
+        d = d2
+        assert d.request("GET", f"/v1/sandboxes/{sid}").status == 404
+        sid2 = d.create(ttl_seconds=60)
+        assert d.exec(sid2, "echo up")["stdout"] == "up\n"
+    finally:
+        if d:
+            d.cleanup()
+        own.stop()
