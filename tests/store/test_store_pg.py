@@ -124,7 +124,7 @@ def test_fenced_host_kills_its_sandboxes_and_refuses_work(pg):
         evs = sql(pg, f"SELECT kind, epoch FROM events WHERE sandbox_id = '{sid}' ORDER BY seq")
         after = [e for (k, e) in evs[[k for k, _ in evs].index("stopped"):]]
         assert all(int(e) == int(e_new) for e in after), evs
-        # At its next renewal (every 10 s) the old one learns it lost the
+        # Within a lease check (every 2 s) the old one learns it lost the
         # lease and kills what it still runs.
         wait_for(lambda: "lease taken over" in open(old.log_path, errors="replace").read(),
                  timeout=40, what="old host noticing the takeover")

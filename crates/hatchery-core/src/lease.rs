@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 /// How long a host's lease lasts without renewal.
 pub const HOST_LEASE_TTL_MS: u64 = 30_000;
+/// How often the lease is read between renewals.
+const CHECK_EVERY_MS: u64 = 2_000;
 
 /// The state store as one host sees it: the store and the fence every
 /// state write of this daemon carries.
@@ -37,23 +39,41 @@ pub async fn take_host_lease(
 }
 
 impl Manager {
-    /// Renews the host lease every third of its lifetime.
+    /// Renews the host lease every third of its lifetime, and between
+    /// renewals reads it every 2 s, so a takeover is noticed within
+    /// seconds rather than at the next renewal.
     pub fn spawn_lease_keeper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let me = Arc::downgrade(self);
         tokio::spawn(async move {
             let period = Duration::from_millis(HOST_LEASE_TTL_MS / 3);
+            let tick = Duration::from_millis(CHECK_EVERY_MS);
             // By this host's monotonic clock: how long the lease surely
             // lasts (the database said how long was left when it renewed).
             let mut valid_until = Instant::now() + Duration::from_millis(HOST_LEASE_TTL_MS);
+            let mut last_renewal = Instant::now();
             loop {
-                tokio::time::sleep(period).await;
+                tokio::time::sleep(tick).await;
                 let Some(m) = me.upgrade() else { return };
                 if m.closing.load(Ordering::SeqCst) {
                     return;
                 }
                 let asked = Instant::now();
-                match m.store.renew_lease(&m.fence, HOST_LEASE_TTL_MS).await {
-                    Ok(l) => valid_until = asked + Duration::from_millis(l.valid_for_ms),
+                let res = if asked.duration_since(last_renewal) >= period {
+                    m.store
+                        .renew_lease(&m.fence, HOST_LEASE_TTL_MS)
+                        .await
+                        .map(|l| {
+                            last_renewal = asked;
+                            valid_until = asked + Duration::from_millis(l.valid_for_ms);
+                        })
+                } else {
+                    m.store
+                        .get_lease(&m.fence.resource)
+                        .await
+                        .and_then(|l| m.still_ours(l))
+                };
+                match res {
+                    Ok(()) => {}
                     Err(e) if e.is_fenced() => {
                         tracing::error!(error = %e, "host lease taken over: killing this host's sandboxes");
                         m.lose_lease().await;
@@ -63,7 +83,7 @@ impl Manager {
                         // Give up a margin before the lease runs out, so
                         // the sandboxes are gone before anyone can take it.
                         let left = valid_until.saturating_duration_since(Instant::now());
-                        tracing::warn!(error = %e, left_ms = left.as_millis() as u64, "host lease renewal failed");
+                        crate::limited_warn!(m.logs, "lease", error = %e, left_ms = left.as_millis() as u64, "host lease check failed");
                         if left < period {
                             tracing::error!("host lease about to expire unrenewed: killing this host's sandboxes");
                             m.lose_lease().await;
@@ -73,6 +93,18 @@ impl Manager {
                 }
             }
         })
+    }
+
+    fn still_ours(&self, l: Option<crate::store::Lease>) -> Result<(), StoreError> {
+        match l {
+            Some(l) if l.owner == self.fence.owner && l.epoch == self.fence.epoch => Ok(()),
+            other => Err(StoreError::Fenced {
+                resource: self.fence.resource.clone(),
+                owner: other.as_ref().map(|l| l.owner.clone()).unwrap_or_default(),
+                held: self.fence.epoch,
+                current: other.map(|l| l.epoch).unwrap_or(0),
+            }),
+        }
     }
 
     /// Stops serving: no new sandboxes, and every live one destroyed on
