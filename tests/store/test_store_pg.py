@@ -43,6 +43,8 @@ def test_api_end_to_end_on_postgres(pg):
     d = daemon(pg, "pg-a")
     try:
         assert "state store open" in d.log() and "postgres" in d.log()
+        # Registered, with where its API listens and what it takes.
+        assert sql(pg, "SELECT address, capacity FROM hosts WHERE id = 'pg-a'") == [[f"127.0.0.1:{d.port}", "64"]]
         sid = d.create(ttl_seconds=300, metadata={"suite": "store", "n": "1"})
         other = d.create(ttl_seconds=300, metadata={"suite": "store", "n": "2"})
         assert d.exec(sid, "echo hi")["stdout"] == "hi\n"
@@ -63,6 +65,18 @@ def test_api_end_to_end_on_postgres(pg):
         assert d.request("GET", f"/v1/sandboxes/{sid}").status == 404
     finally:
         d.cleanup()
+
+
+def test_bad_host_id_is_refused_at_start(pg):
+    d = Daemon(extra_args=[*ARGS, "--db", pg.dsn, "--host-id", "Not A/Host"])
+    try:
+        with pytest.raises(RuntimeError, match="host id"):
+            d.start()
+        assert sql(pg, "SELECT count(*) FROM leases WHERE owner = 'Not A/Host'") == [["0"]]
+    finally:
+        d.stop()
+        import shutil
+        shutil.rmtree(d.data_dir, ignore_errors=True)
 
 
 def test_restart_readopts_from_postgres(pg):

@@ -28,6 +28,11 @@ pub async fn take_host_lease(
     store: Arc<dyn Store>,
     host_id: &str,
 ) -> Result<HostStore, StoreError> {
+    if !hatchery_store::valid_host_id(host_id) {
+        return Err(StoreError::Config(format!(
+            "host id {host_id:?}: use 1 to 64 of a-z, 0-9 and '-', not starting with '-'"
+        )));
+    }
     let l = store
         .take_lease(&host_resource(host_id), host_id, HOST_LEASE_TTL_MS)
         .await?;
@@ -59,13 +64,23 @@ impl Manager {
                 }
                 let asked = Instant::now();
                 let res = if asked.duration_since(last_renewal) >= period {
-                    m.store
+                    let res = m
+                        .store
                         .renew_lease(&m.fence, HOST_LEASE_TTL_MS)
                         .await
                         .map(|l| {
                             last_renewal = asked;
                             valid_until = asked + Duration::from_millis(l.valid_for_ms);
-                        })
+                        });
+                    // The heartbeat rides on the renewal.
+                    match res {
+                        Ok(()) => m
+                            .store
+                            .heartbeat(&m.fence, m.live_count() as u32)
+                            .await
+                            .map(drop),
+                        e => e,
+                    }
                 } else {
                     m.store
                         .get_lease(&m.fence.resource)
@@ -105,6 +120,15 @@ impl Manager {
                 current: other.map(|l| l.epoch).unwrap_or(0),
             }),
         }
+    }
+
+    /// Registers this host in the store: where its API listens and how
+    /// many sandboxes it takes. Heartbeats follow with every renewal.
+    pub async fn register_host(&self, address: &str) -> Result<(), CoreError> {
+        let cap = self.caps.max_live_sandboxes.min(u32::MAX as usize) as u32;
+        self.store.register_host(&self.fence, address, cap).await?;
+        tracing::info!(host = %self.host_id(), address, capacity = cap, "host registered");
+        Ok(())
     }
 
     /// Stops serving: no new sandboxes, and every live one destroyed on

@@ -21,6 +21,7 @@ pub async fn run_all(s: Arc<dyn Store>) {
     stale_epoch_writes_are_refused(&*s, &run).await;
     racing_takes_have_one_winner(&s, &run).await;
     no_write_lands_after_a_takeover(&s, &run).await;
+    hosts_register_and_beat(&*s, &run).await;
 }
 
 async fn host(s: &dyn Store, name: &str) -> Fence {
@@ -463,4 +464,49 @@ async fn no_write_lands_after_a_takeover(s: &Arc<dyn Store>, run: &str) {
     assert!(ev[first_b..].iter().all(|e| e.epoch == b.epoch));
     assert!(b.epoch > a.epoch);
     assert_eq!(ev.len(), ok + 1, "every acknowledged write is there");
+}
+
+async fn hosts_register_and_beat(s: &dyn Store, run: &str) {
+    let name = format!("reg-{run}");
+    let f = host(s, &name).await;
+    assert!(!s.heartbeat(&f, 0).await.unwrap(), "not registered yet");
+    s.register_host(&f, "127.0.0.1:7423", 64).await.unwrap();
+    let mine = |v: Vec<crate::HostRow>| v.into_iter().find(|h| h.id == name).expect("listed");
+    let h = mine(s.list_hosts().await.unwrap());
+    assert_eq!(
+        (h.address.as_str(), h.capacity, h.live, h.epoch),
+        ("127.0.0.1:7423", 64, 0, f.epoch)
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+    assert!(mine(s.list_hosts().await.unwrap()).silent_for_ms >= 40);
+    assert!(s.heartbeat(&f, 5).await.unwrap());
+    let h = mine(s.list_hosts().await.unwrap());
+    assert_eq!(h.live, 5);
+    assert!(h.silent_for_ms < 40, "{h:?}");
+    // Not a host lease, or another host's name: refused before any SQL.
+    let session = Fence::of(
+        &s.take_lease(&format!("session:r{run}"), &name, TTL)
+            .await
+            .unwrap(),
+    );
+    assert!(s.register_host(&session, "x", 1).await.is_err());
+    let other = Fence {
+        resource: host_resource(&name),
+        owner: format!("other-{run}"),
+        epoch: f.epoch,
+    };
+    assert!(s.register_host(&other, "x", 1).await.is_err());
+    let bad = Fence::of(
+        &s.take_lease("host:Bad Name", "Bad Name", TTL)
+            .await
+            .unwrap(),
+    );
+    assert!(s.register_host(&bad, "x", 1).await.is_err());
+    // A restarted incarnation re-registers; the old one is fenced off.
+    let f2 = host(s, &name).await;
+    assert!(s.heartbeat(&f, 1).await.unwrap_err().is_fenced());
+    assert!(s.register_host(&f, "x", 1).await.unwrap_err().is_fenced());
+    s.register_host(&f2, "127.0.0.1:7424", 32).await.unwrap();
+    let h = mine(s.list_hosts().await.unwrap());
+    assert_eq!((h.address.as_str(), h.epoch), ("127.0.0.1:7424", f2.epoch));
 }

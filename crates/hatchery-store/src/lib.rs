@@ -15,8 +15,8 @@ mod sqlite;
 pub use error::{BoxError, Result, StoreError};
 pub use pg::PgStore;
 pub use rows::{
-    host_resource, Event, Fence, Lease, NetRow, SandboxFilter, SandboxRow, SandboxState,
-    SnapshotRow,
+    host_resource, valid_host_id, Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow,
+    SandboxState, SnapshotRow,
 };
 pub use sqlite::SqliteStore;
 
@@ -110,6 +110,30 @@ pub trait Store: Send + Sync {
     /// `false` if it was not held at that epoch.
     async fn release_lease(&self, f: &Fence) -> Result<bool>;
     async fn get_lease(&self, resource: &str) -> Result<Option<Lease>>;
+
+    // --- hosts -----------------------------------------------------------
+
+    /// Registers (or re-registers) the fence's owner as a host. The fence
+    /// must be that host's own lease (`host:<id>`): a host cannot register
+    /// under another's identity, and a second process with the same id
+    /// registers only by taking the lease, which fences the first.
+    async fn register_host(&self, f: &Fence, address: &str, capacity: u32) -> Result<()>;
+    /// Records that the host is alive, with how many sandboxes it runs;
+    /// `false` if it never registered.
+    async fn heartbeat(&self, f: &Fence, live: u32) -> Result<bool>;
+    /// Every registered host, by id.
+    async fn list_hosts(&self) -> Result<Vec<HostRow>>;
+}
+
+/// Refuses a fence that is not the lease of the host it names.
+pub(crate) fn check_host_fence(f: &Fence) -> Result<()> {
+    if !valid_host_id(&f.owner) || f.resource != host_resource(&f.owner) {
+        return Err(StoreError::Corrupt(format!(
+            "{} cannot register as a host with lease {}",
+            f.owner, f.resource
+        )));
+    }
+    Ok(())
 }
 
 /// Opens the store `db` names: a `postgres://` or `postgresql://` URL (or

@@ -6,9 +6,11 @@
 //! after its lease moved on (Temporal's `range_id` pattern).
 
 use crate::rows::{
-    Event, Fence, Lease, NetRow, SandboxFilter, SandboxRow, SandboxState, SnapshotRow,
+    Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow, SandboxState, SnapshotRow,
 };
-use crate::{check_transition, from_json, state_of, to_json, Result, Store, StoreError};
+use crate::{
+    check_host_fence, check_transition, from_json, state_of, to_json, Result, Store, StoreError,
+};
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use std::collections::BTreeMap;
@@ -17,7 +19,8 @@ use tokio_postgres::NoTls;
 /// Numbered migrations; `hatchery_schema` holds how many have run. Each
 /// runs in the transaction that records it, under an advisory lock, so two
 /// daemons starting at once both end up with one schema.
-const MIGRATIONS: &[&str] = &["CREATE TABLE sandboxes (
+const MIGRATIONS: &[&str] = &[
+    "CREATE TABLE sandboxes (
        id TEXT PRIMARY KEY,
        template TEXT NOT NULL,
        state TEXT NOT NULL,
@@ -66,7 +69,18 @@ const MIGRATIONS: &[&str] = &["CREATE TABLE sandboxes (
        owner TEXT NOT NULL,
        epoch BIGINT NOT NULL,
        expires_at_ms BIGINT NOT NULL
-     );"];
+     );",
+    // Hosts registered with the control plane, and their heartbeats.
+    "CREATE TABLE hosts (
+       id TEXT PRIMARY KEY,
+       address TEXT NOT NULL,
+       capacity INTEGER NOT NULL,
+       live INTEGER NOT NULL DEFAULT 0,
+       epoch BIGINT NOT NULL,
+       registered_at_ms BIGINT NOT NULL,
+       heartbeat_at_ms BIGINT NOT NULL
+     );",
+];
 
 /// Any fixed number: the advisory lock that serializes migrations.
 const MIGRATION_LOCK: i64 = 0x6861_7463_6873_7431;
@@ -701,5 +715,61 @@ impl Store for PgStore {
             .await
             .map_err(pg("read lease"))?;
         Ok(r.as_ref().map(lease_row))
+    }
+
+    async fn register_host(&self, f: &Fence, address: &str, capacity: u32) -> Result<()> {
+        check_host_fence(f)?;
+        let capacity = capacity.min(i32::MAX as u32) as i32;
+        fenced!(self, f, |tx| {
+            tx.execute(
+                &format!(
+                    "INSERT INTO hosts (id, address, capacity, live, epoch, registered_at_ms, heartbeat_at_ms)
+                     VALUES ($1, $2, $3, 0, $4, {DB_NOW}, {DB_NOW})
+                     ON CONFLICT (id) DO UPDATE SET address = $2, capacity = $3, live = 0, epoch = $4,
+                       registered_at_ms = {DB_NOW}, heartbeat_at_ms = {DB_NOW}"
+                ),
+                &[&f.owner, &address, &capacity, &i(f.epoch)],
+            )
+            .await
+            .map_err(pg("register host"))?;
+        })
+    }
+
+    async fn heartbeat(&self, f: &Fence, live: u32) -> Result<bool> {
+        check_host_fence(f)?;
+        let live = live.min(i32::MAX as u32) as i32;
+        fenced!(self, f, |tx| {
+            tx.execute(
+                &format!(
+                    "UPDATE hosts SET live = $2, epoch = $3, heartbeat_at_ms = {DB_NOW} WHERE id = $1"
+                ),
+                &[&f.owner, &live, &i(f.epoch)],
+            )
+            .await
+            .map_err(pg("heartbeat"))?
+                > 0
+        })
+    }
+
+    async fn list_hosts(&self) -> Result<Vec<HostRow>> {
+        self.query_rows(
+            &format!(
+                "SELECT id, address, capacity, live, epoch, registered_at_ms, {DB_NOW} - heartbeat_at_ms AS silent
+                 FROM hosts ORDER BY id"
+            ),
+            &[],
+            |r| {
+                Ok(HostRow {
+                    id: r.get("id"),
+                    address: r.get("address"),
+                    capacity: r.get::<_, i32>("capacity").max(0) as u32,
+                    live: r.get::<_, i32>("live").max(0) as u32,
+                    epoch: u(r.get("epoch")),
+                    registered_at_ms: u(r.get("registered_at_ms")),
+                    silent_for_ms: u(r.get("silent")),
+                })
+            },
+        )
+        .await
     }
 }

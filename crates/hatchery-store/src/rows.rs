@@ -162,6 +162,33 @@ impl Fence {
     }
 }
 
+/// A registered host, as the control plane sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostRow {
+    pub id: String,
+    /// Where its API listens (what a router would forward to).
+    pub address: String,
+    /// Most sandboxes it runs at once, and how many it ran at its last
+    /// heartbeat.
+    pub capacity: u32,
+    pub live: u32,
+    /// The lease epoch it registered or last beat under.
+    pub epoch: u64,
+    pub registered_at_ms: u64,
+    /// Since its last heartbeat, by the database's clock.
+    pub silent_for_ms: u64,
+}
+
+/// A host id: 1..64 of `[a-z0-9-]`, not starting with `-`. It names rows,
+/// leases and (in logs) the machine, so nothing else is accepted.
+pub fn valid_host_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && !id.starts_with('-')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
 /// The lease resource naming a host.
 pub fn host_resource(host_id: &str) -> String {
     format!("host:{host_id}")
@@ -189,6 +216,16 @@ mod tests {
         assert!(!Running.valid_transition(Starting));
         assert!(!Running.valid_transition(Pooled));
         assert!(Pooled.can_stop() && !Stopped.can_stop());
+    }
+
+    #[test]
+    fn host_ids_are_plain() {
+        for ok in ["local", "host-a", "h1", &"a".repeat(64)] {
+            assert!(valid_host_id(ok), "{ok}");
+        }
+        for bad in ["", "-a", "Host", "a b", "a/b", "a:b", &"a".repeat(65)] {
+            assert!(!valid_host_id(bad), "{bad}");
+        }
     }
 
     #[test]

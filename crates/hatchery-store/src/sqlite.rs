@@ -5,9 +5,11 @@
 //! is what makes the check hold until commit.
 
 use crate::rows::{
-    Event, Fence, Lease, NetRow, SandboxFilter, SandboxRow, SandboxState, SnapshotRow,
+    Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow, SandboxState, SnapshotRow,
 };
-use crate::{check_transition, from_json, state_of, to_json, Result, Store, StoreError};
+use crate::{
+    check_host_fence, check_transition, from_json, state_of, to_json, Result, Store, StoreError,
+};
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
 use std::collections::BTreeMap;
@@ -67,6 +69,16 @@ const MIGRATIONS: &[&str] = &[
        owner TEXT NOT NULL,
        epoch INTEGER NOT NULL,
        expires_at_ms INTEGER NOT NULL
+     );",
+    // Hosts registered with the control plane, and their heartbeats.
+    "CREATE TABLE hosts (
+       id TEXT PRIMARY KEY,
+       address TEXT NOT NULL,
+       capacity INTEGER NOT NULL,
+       live INTEGER NOT NULL DEFAULT 0,
+       epoch INTEGER NOT NULL,
+       registered_at_ms INTEGER NOT NULL,
+       heartbeat_at_ms INTEGER NOT NULL
      );",
 ];
 
@@ -658,6 +670,60 @@ impl Store for SqliteStore {
             |r| lease_row(r).map_err(sq("read lease")),
         )?;
         Ok(v.pop())
+    }
+
+    async fn register_host(&self, f: &Fence, address: &str, capacity: u32) -> Result<()> {
+        check_host_fence(f)?;
+        self.fenced(f, |tx| {
+            tx.execute(
+                &format!(
+                    "INSERT INTO hosts (id, address, capacity, live, epoch, registered_at_ms, heartbeat_at_ms)
+                     VALUES (?1, ?2, ?3, 0, ?4, {DB_NOW}, {DB_NOW})
+                     ON CONFLICT(id) DO UPDATE SET address = ?2, capacity = ?3, live = 0, epoch = ?4,
+                       registered_at_ms = {DB_NOW}, heartbeat_at_ms = {DB_NOW}"
+                ),
+                params![f.owner, address, capacity, i(f.epoch)],
+            )
+            .map_err(sq("register host"))?;
+            Ok(())
+        })
+    }
+
+    async fn heartbeat(&self, f: &Fence, live: u32) -> Result<bool> {
+        check_host_fence(f)?;
+        self.fenced(f, |tx| {
+            let n = tx
+                .execute(
+                    &format!(
+                        "UPDATE hosts SET live = ?2, epoch = ?3, heartbeat_at_ms = {DB_NOW} WHERE id = ?1"
+                    ),
+                    params![f.owner, live, i(f.epoch)],
+                )
+                .map_err(sq("heartbeat"))?;
+            Ok(n > 0)
+        })
+    }
+
+    async fn list_hosts(&self) -> Result<Vec<HostRow>> {
+        self.query_rows(
+            &format!(
+                "SELECT id, address, capacity, live, epoch, registered_at_ms, {DB_NOW} - heartbeat_at_ms AS silent
+                 FROM hosts ORDER BY id"
+            ),
+            &[],
+            |r| {
+                let g = |e| sq("read host")(e);
+                Ok(HostRow {
+                    id: r.get("id").map_err(g)?,
+                    address: r.get("address").map_err(g)?,
+                    capacity: r.get("capacity").map_err(g)?,
+                    live: r.get("live").map_err(g)?,
+                    epoch: u(r.get("epoch").map_err(g)?),
+                    registered_at_ms: u(r.get("registered_at_ms").map_err(g)?),
+                    silent_for_ms: u(r.get("silent").map_err(g)?),
+                })
+            },
+        )
     }
 }
 

@@ -147,6 +147,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     for svc in &args.host_services {
         manager.add_host_service(svc.clone())?;
     }
+    manager.register_host(&args.listen.to_string()).await?;
     let report = manager.reconcile().await?;
     tracing::info!(?report, "state reconciled with the host");
     let _reaper = manager.spawn_reaper();
