@@ -84,7 +84,7 @@ pub async fn delete(
     State(st): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    st.manager.delete_template(&name)?;
+    st.manager.delete_template(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
