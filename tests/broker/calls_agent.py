@@ -26,6 +26,12 @@ for seq, tool, args in json.load(open("calls.json")):
             c.request("POST", "/v1/invoke", body=body, headers={"Content-Type": "application/json"})
             r = c.getresponse()
             data = json.loads(r.read() or b"{}")
+            if r.status >= 500:
+                # The broker says nothing was done (503) or failed inside:
+                # asking again with the same seq is what retries are for.
+                print("RETRY %d %d %s" % (seq, r.status, json.dumps(data)), flush=True)
+                time.sleep(0.2)
+                continue
             break
         except (OSError, ValueError):
             time.sleep(0.2)

@@ -7,6 +7,7 @@ mod key;
 mod rounds;
 mod serve;
 mod sessions;
+mod state_db;
 
 pub use config::DaemonArgs;
 pub use serve::{run, DaemonError};
