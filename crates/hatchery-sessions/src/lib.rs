@@ -11,6 +11,7 @@ pub mod config;
 pub mod error;
 pub mod events;
 mod extract;
+pub mod hooks;
 pub mod ids;
 pub mod metrics;
 pub mod models;

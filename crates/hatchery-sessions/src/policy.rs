@@ -10,17 +10,19 @@ pub struct PolicyRef {
     pub version: u32,
 }
 
+#[async_trait::async_trait]
 pub trait PolicyCatalog: Send + Sync + 'static {
     /// The current version of `id`, or `None` if there is no such policy.
-    fn resolve(&self, id: &str) -> Option<PolicyRef>;
+    async fn resolve(&self, id: &str) -> Option<PolicyRef>;
 }
 
 pub const DEFAULT_POLICY: &str = "pol_standard";
 
 pub struct BuiltinPolicies;
 
+#[async_trait::async_trait]
 impl PolicyCatalog for BuiltinPolicies {
-    fn resolve(&self, id: &str) -> Option<PolicyRef> {
+    async fn resolve(&self, id: &str) -> Option<PolicyRef> {
         (id == DEFAULT_POLICY).then(|| PolicyRef {
             id: id.to_string(),
             version: 1,
@@ -32,9 +34,16 @@ impl PolicyCatalog for BuiltinPolicies {
 mod tests {
     use super::*;
 
-    #[test]
-    fn builtin() {
-        assert_eq!(BuiltinPolicies.resolve("pol_standard").unwrap().version, 1);
-        assert!(BuiltinPolicies.resolve("pol_other").is_none());
+    #[tokio::test]
+    async fn builtin() {
+        assert_eq!(
+            BuiltinPolicies
+                .resolve("pol_standard")
+                .await
+                .unwrap()
+                .version,
+            1
+        );
+        assert!(BuiltinPolicies.resolve("pol_other").await.is_none());
     }
 }

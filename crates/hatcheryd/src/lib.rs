@@ -2,9 +2,12 @@
 
 mod config;
 mod e2b_backend;
+mod egress;
+mod gateway;
 mod key;
 mod rounds;
 mod serve;
+mod session_services;
 mod sessions;
 
 pub use config::DaemonArgs;

@@ -162,9 +162,13 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         }),
         manager.caps.max_file_bytes,
     );
-    let (sessions_app, sessions) = crate::sessions::build(&args, &key, &manager.metrics.registry)?;
     // Policies live in their own file: their migrations are their own.
-    let policies = hatchery_policy::SqlitePolicyStore::open(&data.join("policies.db"))?;
+    let policies = Arc::new(hatchery_policy::SqlitePolicyStore::open(
+        &data.join("policies.db"),
+    )?);
+    let (sessions_app, sessions) =
+        crate::sessions::build(&args, &key, &manager.metrics.registry, policies.clone())?;
+    crate::sessions::wire_services(&args, &data, &manager, &sessions, policies.clone()).await?;
     let app = hatchery_api::router_with(
         AppState {
             manager: manager.clone(),
@@ -175,7 +179,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
                 terminal_secret,
             )),
         },
-        hatchery_policy::http::router(Arc::new(policies)),
+        hatchery_policy::http::router(policies),
     )
     .merge(sessions_app)
     .merge(e2b);

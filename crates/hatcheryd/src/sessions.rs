@@ -3,7 +3,6 @@
 
 use crate::config::DaemonArgs;
 use hatchery_sessions::client_sandboxes::ClientSandboxes;
-use hatchery_sessions::policy::BuiltinPolicies;
 use hatchery_sessions::scheduler::LocalScheduler;
 use hatchery_sessions::store::SqliteStore;
 use hatchery_sessions::{Sessions, SessionsConfig};
@@ -13,6 +12,7 @@ pub fn build(
     args: &DaemonArgs,
     api_key: &str,
     registry: &prometheus::Registry,
+    policies: Arc<dyn hatchery_policy::PolicyStore>,
 ) -> Result<(axum::Router, Arc<Sessions>), crate::DaemonError> {
     let err = |e: String| crate::DaemonError::Sessions(e);
     let store =
@@ -32,7 +32,7 @@ pub fn build(
     let svc = Sessions::new(
         Arc::new(store),
         cfg.clone(),
-        Arc::new(BuiltinPolicies),
+        Arc::new(crate::session_services::StorePolicies(policies)),
         Arc::new(ClientSandboxes::new(client)),
         Arc::new(LocalScheduler::new(cfg.max_running)),
     );
@@ -40,4 +40,50 @@ pub fn build(
         .register(registry)
         .map_err(|e| err(e.to_string()))?;
     Ok((hatchery_sessions::router(svc.clone(), api_key.into()), svc))
+}
+
+/// The in-process model gateway and egress proxy, each registered as a
+/// host service on a Unix socket in the data dir, and plugged into the
+/// sessions runner (docs/sessions.md, "Model gateway" and "Egress").
+pub async fn wire_services(
+    args: &DaemonArgs,
+    data: &std::path::Path,
+    manager: &Arc<hatchery_core::Manager>,
+    sessions: &Arc<Sessions>,
+    policies: Arc<dyn hatchery_policy::PolicyStore>,
+) -> Result<(), crate::DaemonError> {
+    use hatchery_core::host_services::{HostAddr, HostService, Identity};
+    let err = |e: String| crate::DaemonError::Sessions(e);
+    let gateway = crate::gateway::start(&args.gateway, data, sessions.clone())
+        .await
+        .map_err(|e| err(e.to_string()))?;
+    if let Some(g) = &gateway {
+        manager.add_host_service(HostService {
+            name: "gateway".into(),
+            guest_port: g.guest_port,
+            addr: HostAddr::Unix(g.socket.clone()),
+            identity: Identity::HttpHeader,
+        })?;
+    }
+    let egress = crate::egress::start(
+        &args.egress,
+        data,
+        sessions.clone(),
+        policies,
+        &manager.metrics.registry,
+    )
+    .map_err(|e| err(format!("egress proxy socket: {e}")))?;
+    if let Some(e) = &egress {
+        manager.add_host_service(HostService {
+            name: "egress".into(),
+            guest_port: e.guest_port,
+            addr: HostAddr::Unix(e.socket.clone()),
+            identity: Identity::ProxyV1,
+        })?;
+    }
+    sessions.set_hooks(Arc::new(crate::session_services::DaemonHooks {
+        gateway,
+        egress,
+    }));
+    Ok(())
 }
