@@ -465,7 +465,10 @@ impl Drop for SessionSlot<'_> {
 
 /// Reads until the blank line; returns the head (without it) and any bytes
 /// that came after.
-async fn read_head<S: AsyncRead + Unpin>(sock: &mut S, limits: &Limits) -> Result<(Vec<u8>, Vec<u8>), Refusal> {
+async fn read_head<S: AsyncRead + Unpin>(
+    sock: &mut S,
+    limits: &Limits,
+) -> Result<(Vec<u8>, Vec<u8>), Refusal> {
     let mut buf = Vec::with_capacity(1024);
     let deadline = tokio::time::Instant::now() + limits.head_timeout;
     let mut chunk = [0u8; 4096];

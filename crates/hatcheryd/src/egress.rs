@@ -28,7 +28,11 @@ pub struct EgressArgs {
     /// Where guest code reaches the egress proxy (127.0.0.1:PORT in the
     /// sandbox); session agents get HTTPS_PROXY/HTTP_PROXY pointing there.
     /// 0 turns the proxy off.
-    #[arg(long = "egress-guest-port", env = "HATCHERY_EGRESS_GUEST_PORT", default_value_t = 3128)]
+    #[arg(
+        long = "egress-guest-port",
+        env = "HATCHERY_EGRESS_GUEST_PORT",
+        default_value_t = 3128
+    )]
     pub guest_port: u16,
     /// Tunnels open at once through the proxy, in all.
     #[arg(long = "egress-max-tunnels", env = "HATCHERY_EGRESS_MAX_TUNNELS", default_value_t = 1024,

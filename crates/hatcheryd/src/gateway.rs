@@ -25,7 +25,10 @@ pub struct GatewayArgs {
     /// OpenAI-compatible upstream (http://host:port[/prefix]) for the
     /// in-process model gateway. With this (or the Anthropic one) set,
     /// sessions call their model only through the gateway.
-    #[arg(long = "gateway-openai-upstream", env = "HATCHERY_GATEWAY_OPENAI_UPSTREAM")]
+    #[arg(
+        long = "gateway-openai-upstream",
+        env = "HATCHERY_GATEWAY_OPENAI_UPSTREAM"
+    )]
     pub openai_upstream: Option<String>,
     /// Anthropic-compatible upstream (http://host:port[/prefix]).
     #[arg(
@@ -34,14 +37,17 @@ pub struct GatewayArgs {
     )]
     pub anthropic_upstream: Option<String>,
     /// File with the upstream's API key; only the daemon reads it.
-    #[arg(long = "gateway-upstream-key-file", env = "HATCHERY_GATEWAY_UPSTREAM_KEY_FILE")]
+    #[arg(
+        long = "gateway-upstream-key-file",
+        env = "HATCHERY_GATEWAY_UPSTREAM_KEY_FILE"
+    )]
     pub upstream_key_file: Option<PathBuf>,
     /// Price table (JSON, docs/gateway.md "Prices"); required with an upstream.
     #[arg(long = "gateway-prices", env = "HATCHERY_GATEWAY_PRICES")]
     pub prices: Option<PathBuf>,
     /// Where guest code reaches the gateway: 127.0.0.1:PORT in the sandbox.
     /// The sessions model URL default (http://127.0.0.1:9100/v1) names it.
-    #[arg(long = "gateway-guest-port", env = "HATCHERY_GATEWAY_GUEST_PORT", default_value_t = 9100,
+    #[arg(id = "gateway_guest_port", value_name = "PORT", long = "gateway-guest-port", env = "HATCHERY_GATEWAY_GUEST_PORT", default_value_t = 9100,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub guest_port: u16,
     /// Largest max_tokens a call may ask for (and what a call without one gets).
@@ -176,7 +182,10 @@ async fn write_events(sessions: Arc<Sessions>, mut rx: mpsc::Receiver<GatewayEve
             }
             // Its own event (and the end of the session) comes from
             // `Exhausted`, just before.
-            GatewayEvent::Refused { code, .. } if code == "budget_exhausted" => continue,
+            GatewayEvent::Refused {
+                code: "budget_exhausted",
+                ..
+            } => continue,
             GatewayEvent::Refused {
                 caller: Some(caller),
                 flavor,

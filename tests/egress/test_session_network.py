@@ -1,0 +1,202 @@
+"""Sessions with the daemon's model gateway and egress proxy, end to end
+with real runsc sandboxes and real clients inside them: the reference
+agent calls the scripted model only through the in-process gateway (spend
+settled onto the session), and installs a package with pip, clones with
+git over HTTPS and fetches with curl through the egress proxy, which
+checks each connection against the session's pinned policy version. The
+metadata address and a port the policy does not allow fail closed and are
+logged; a policy edit after a session was created changes nothing for it;
+a budget with no room ends the session `failed` (budget_exhausted) before
+the upstream sees a call. Every test checks teardown."""
+
+import json
+import os
+import tempfile
+import time
+
+import pytest
+
+from egress_servers import HOST, PKG, PKG_VALUE, EgressServers
+from gitserver import GitServer
+from harness import Daemon
+from scripted_model import ScriptedModel
+from sessions_support import DEMO_FILES, SessionDaemon
+
+UPSTREAM_KEY = "sk-upstream-" + os.urandom(6).hex()
+PRICES = {"models": {"scripted": {"input_cents_per_mtok": 100000, "output_cents_per_mtok": 400000}}}
+CA_PATH = "/workspace/ca.pem"
+CA_ENV = {"PIP_CERT": CA_PATH, "GIT_SSL_CAINFO": CA_PATH, "CURL_CA_BUNDLE": CA_PATH}
+
+
+def shell(cmd):
+    return {"tool_calls": [{"name": "shell", "arguments": {"command": cmd}}]}
+
+
+def finish(summary):
+    return {"tool_calls": [{"name": "finish", "arguments": {"summary": summary}}]}
+
+
+@pytest.fixture(scope="module")
+def servers():
+    s = EgressServers()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def git_server():
+    g = GitServer().start()
+    yield g
+    g.stop()
+
+
+@pytest.fixture(scope="module")
+def commands(servers):
+    p, h, d = servers.https.port, servers.http.port, servers.denied.port
+    return {
+        "curl": f"curl -sS https://{HOST}:{p}/hello",
+        "plain": f"curl -sS http://{HOST}:{h}/plain",
+        "pip": (f"pip install -q --no-deps --break-system-packages --target /tmp/pkgs "
+                f"--index-url https://{HOST}:{p}/simple/ {PKG} 2>&1 && "
+                f"python3 -c 'import sys; sys.path.insert(0, \"/tmp/pkgs\"); import {PKG}; print({PKG}.VALUE)'"),
+        "git": f"git clone -q https://{HOST}:{p}/git/lib.git /tmp/lib 2>&1 && cat /tmp/lib/hello.txt",
+        "metadata": "curl -s -o /dev/null -w '%{http_code}' http://169.254.169.254/latest/meta-data/",
+        "denied": f"curl -s -o /dev/null -w '%{{http_connect}}' https://{HOST}:{d}/; echo \" rc=$?\"",
+        "env": "env",
+    }
+
+
+@pytest.fixture(scope="module")
+def model(commands):
+    scripts = {
+        "net": [shell(commands[k]) for k in ("curl", "plain", "pip", "git", "metadata", "denied", "env")]
+        + [finish("installed, cloned, fetched")],
+        "after-edit": [shell(commands["curl"]), finish("tried")],
+        "broke": [finish("never reached")],
+    }
+    m = ScriptedModel(scripts).start()
+    yield m
+    m.stop()
+
+
+@pytest.fixture
+def gd(model, agent_templates):
+    """A daemon whose gateway forwards to the scripted model; no other
+    host service: the model is reachable only through the gateway."""
+    tmp = tempfile.mkdtemp(prefix="hxgwp-")
+    prices = os.path.join(tmp, "prices.json")
+    with open(prices, "w") as f:
+        json.dump(PRICES, f)
+    keyf = os.path.join(tmp, "upstream_key")
+    with open(keyf, "w") as f:
+        f.write(UPSTREAM_KEY)
+    d = SessionDaemon.__new__(SessionDaemon)
+    Daemon.__init__(d, extra_args=[
+        "--max-ttl", "7200", "--pool-size", "1",
+        "--gateway-openai-upstream", f"http://127.0.0.1:{model.port}",
+        "--gateway-prices", prices, "--gateway-upstream-key-file", keyf,
+        "--sessions-model", "scripted",
+    ], templates_dir=agent_templates)
+    d.start()
+    yield d
+    d.cleanup_sessions()
+
+
+def egress_policy(d, servers, rules=None):
+    allow = [{"id": "test-servers", "effect": "allow",
+              "match": {"tools": ["egress"], "hosts": [f"{HOST}/32"],
+                        "ports": [servers.https.port, servers.http.port]}}]
+    r = d.request("POST", "/v1/policies", {"name": "egress-test", "rules": rules or allow})
+    assert r.status == 201, r
+    return r.json()
+
+
+def outputs(evs):
+    return [e["output"] for e in evs if e["type"] == "command_run"]
+
+
+def test_session_uses_gateway_and_proxy(gd, servers, git_server, model, commands):
+    pol = egress_policy(gd, servers)
+    repo = git_server.add_repo("net", {**DEMO_FILES, "ca.pem": servers.ca_pem})
+    before = len(model.requests)
+    sid = gd.new_session(repo, "[script:net] install, clone, fetch", policy_id=pol["id"],
+                         template="agent-session", env=CA_ENV, budget={"tokens": 200000, "wall_s": 600})
+    assert gd.session(sid)["policy_version"] == 1
+    # Edited after the session was created: the session stays on version 1.
+    deny_all = [{"id": "nothing", "effect": "deny", "match": {"tools": ["egress"]}}]
+    r = gd.request("POST", f"/v1/policies/{pol['id']}/versions", {"name": "egress-test", "rules": deny_all})
+    assert r.status in (200, 201), r
+    s = gd.wait_state(sid, "completed", timeout=300)
+    gd.track_sandboxes(sid)
+    evs = gd.all_events(sid)
+    out = outputs(evs)
+    assert out[0].strip() == "hello through the proxy", out
+    assert out[1].strip() == "plain http through the proxy", out
+    assert out[2].strip().endswith(PKG_VALUE), out[2]
+    assert out[3].strip() == "cloned over https", out[3]
+    assert out[4].strip() == "403", out[4]
+    assert out[5].strip() == "403 rc=56", out[5]
+    # No key of any kind in the agent's environment; the proxy settings are.
+    env = out[6]
+    assert UPSTREAM_KEY not in env and f"HTTPS_PROXY=http://127.0.0.1:3128" in env, env
+    assert "GIT_CONFIG_KEY_0=http.proxy" in env and "PIP_PROXY=" in env
+
+    egress = [e for e in evs if e["type"] == "egress"]
+    allowed = [e for e in egress if e["verdict"] == "allowed"]
+    denied = [e for e in egress if e["verdict"] == "denied"]
+    assert allowed and all(e["host"] == HOST and e["rule_id"] == "test-servers" and e["status"] == 200
+                           for e in allowed), allowed
+    assert {e["port"] for e in allowed} == {servers.https.port, servers.http.port}
+    meta = [e for e in denied if e["host"] == "169.254.169.254"]
+    assert len(meta) == 1 and meta[0]["port"] == 80 and meta[0]["status"] == 403, denied
+    port = [e for e in denied if e["port"] == servers.denied.port]
+    assert len(port) == 1 and port[0]["status"] == 403 and port[0].get("rule_id") is None, denied
+    assert len(denied) == 2, denied
+    assert servers.hits["denied"] == []
+    # pip fetched the index and the wheel; git ran the smart protocol.
+    paths = [p for _, p in servers.hits["https"]]
+    assert f"/simple/{PKG}/" in paths and any(p.startswith("/packages/") for p in paths)
+    assert any("git-upload-pack" in p for p in paths)
+
+    # Model calls went through the gateway only, and are the spend.
+    calls = [e for e in evs if e["type"] == "model_call"]
+    assert len(calls) == 8 and all(c["model"] == "scripted" and c["api"] == "openai" for c in calls)
+    assert s["spend"]["tokens"] == sum(c["tokens"] for c in calls) > 0
+    assert s["spend"]["usd_cents"] == sum(c["usd_cents"] for c in calls) > 0
+    seen = model.requests[before:]
+    assert len(seen) == 8
+    # The relay's sandbox header stops at the gateway.
+    assert all(r["sandbox"] is None for r in seen)
+
+    # A new session gets version 2, which denies everything.
+    sid2 = gd.new_session(repo, "[script:after-edit] try again", policy_id=pol["id"],
+                          template="agent-session", env=CA_ENV)
+    assert gd.session(sid2)["policy_version"] == 2
+    gd.wait_state(sid2, "completed", timeout=300)
+    gd.track_sandboxes(sid2)
+    evs2 = gd.all_events(sid2)
+    assert "403" in outputs(evs2)[0] or "CONNECT" in outputs(evs2)[0], outputs(evs2)
+    eg2 = [e for e in evs2 if e["type"] == "egress"]
+    assert len(eg2) == 1 and eg2[0]["verdict"] == "denied" and eg2[0]["rule_id"] == "nothing"
+
+
+def test_exhausted_budget_fails_the_session_before_the_upstream(gd, git_server, model):
+    repo = git_server.add_repo("broke", DEMO_FILES)
+    before = len(model.requests)
+    # A call reserves its prompt plus the 4096-token output cap: 1000 fits none.
+    sid = gd.new_session(repo, "[script:broke] no budget", template="agent-session",
+                         budget={"tokens": 1000, "wall_s": 600})
+    t0 = time.time()
+    while time.time() - t0 < 300:
+        s = gd.session(sid)
+        if s["state"] in ("completed", "failed", "cancelled"):
+            break
+        time.sleep(0.3)
+    assert s["state"] == "failed" and s["reason"].startswith("budget_exhausted"), s
+    gd.track_sandboxes(sid)
+    evs = gd.all_events(sid)
+    ex = [e for e in evs if e["type"] == "budget_exhausted"]
+    assert len(ex) == 1 and ex[0]["scope"] == f"session:{sid}", evs
+    assert not any(e["type"] == "model_call" for e in evs)
+    assert s["spend"]["tokens"] == 0
+    assert len(model.requests) == before, "the upstream saw a call it had no budget for"
