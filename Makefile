@@ -9,7 +9,7 @@ LISTEN ?= 127.0.0.1:7423
 PYTEST := /usr/bin/python3 -m pytest
 BIN := target/release
 
-.PHONY: gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load sessions-test e2b-test bench bench-code clean-state
+.PHONY: egress-test agent-template gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load sessions-test e2b-test bench bench-code clean-state
 
 setup:
 	bash scripts/setup-host.sh
@@ -161,7 +161,21 @@ sessions-test: build template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/sessions
 
-test: build template lint unit kernel-test integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test sessions-test playground-test playground-load gateway-test e2b-test
+# The `agent-session` template (curl, git, pip from the Debian mirror), kept
+# under target/ between runs: the egress suite's sessions use it.
+AGENT_TEMPLATES_DIR ?= target/agent-templates
+# build-local is a no-op when the built version is current.
+agent-template: build
+	$(BIN)/hatchery template build-local --templates-dir $(AGENT_TEMPLATES_DIR) templates/agent-session.json
+
+# Sessions through the daemon's model gateway and egress proxy: pip, git
+# over HTTPS and curl inside a session sandbox against servers on 127.0.0.2
+# (about 20 s once the template is built; the build takes about 3 min).
+egress-test: build agent-template
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_AGENT_TEMPLATES_DIR=$(CURDIR)/$(AGENT_TEMPLATES_DIR) \
+	  $(PYTEST) -q -p no:cacheprovider tests/egress
+
+test: build template lint unit kernel-test integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test sessions-test playground-test playground-load gateway-test e2b-test egress-test
 
 # The Run-button path alone (about a minute): run_code and exec against raw runsc.
 bench-code: build template

@@ -19,8 +19,8 @@ def agent_templates():
     """A templates dir holding `agent-session` (curl, git, pip): the one
     `make agent-template` keeps under target/, built here if missing."""
     d = os.environ.get("HATCHERY_AGENT_TEMPLATES_DIR") or os.path.join(REPO, "target", "agent-templates")
-    if not os.path.exists(os.path.join(d, "agent-session", "current")):
-        os.makedirs(d, exist_ok=True)
-        subprocess.run([os.path.join(BIN_DIR, "hatchery"), "template", "build-local", "--templates-dir", d,
-                        os.path.join(REPO, "templates", "agent-session.json")], check=True, timeout=900)
+    # A no-op when the built version is current.
+    os.makedirs(d, exist_ok=True)
+    subprocess.run([os.path.join(BIN_DIR, "hatchery"), "template", "build-local", "--templates-dir", d,
+                    os.path.join(REPO, "templates", "agent-session.json")], check=True, timeout=900)
     return d

@@ -63,15 +63,26 @@ def commands(servers):
         "metadata": "curl -s -o /dev/null -w '%{http_code}' http://169.254.169.254/latest/meta-data/",
         "denied": f"curl -s -o /dev/null -w '%{{http_connect}}' https://{HOST}:{d}/; echo \" rc=$?\"",
         "env": "env",
+        # Straight to the gateway (no proxy): over the output cap, refused
+        # before the upstream; then a valid call claiming another sandbox,
+        # which the relay overwrites (charged to this session).
+        "overcap": ("curl -s --noproxy '*' -H 'Content-Type: application/json' -d "
+                    "'{\"model\": \"scripted\", \"max_tokens\": 999999, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}' "
+                    "http://127.0.0.1:9100/v1/chat/completions"),
+        "forged": ("curl -s --noproxy '*' -H 'X-Hatchery-Sandbox: sbx_someoneelse' -H 'Content-Type: application/json' -d "
+                   "'{\"model\": \"scripted\", \"max_tokens\": 16, \"messages\": [{\"role\": \"user\", \"content\": \"[script:broke] x\"}]}' "
+                   "-o /dev/null -w '%{http_code}' http://127.0.0.1:9100/v1/chat/completions"),
     }
 
 
 @pytest.fixture(scope="module")
 def model(commands):
     scripts = {
-        "net": [shell(commands[k]) for k in ("curl", "plain", "pip", "git", "metadata", "denied", "env")]
+        "net": [shell(commands[k]) for k in
+                ("curl", "plain", "pip", "git", "metadata", "denied", "env", "overcap", "forged")]
         + [finish("installed, cloned, fetched")],
         "after-edit": [shell(commands["curl"]), finish("tried")],
+        "restart": [shell("sleep 8; " + commands["curl"]), finish("survived")],
         "broke": [finish("never reached")],
     }
     m = ScriptedModel(scripts).start()
@@ -140,6 +151,10 @@ def test_session_uses_gateway_and_proxy(gd, servers, git_server, model, commands
     env = out[6]
     assert UPSTREAM_KEY not in env and f"HTTPS_PROXY=http://127.0.0.1:3128" in env, env
     assert "GIT_CONFIG_KEY_0=http.proxy" in env and "PIP_PROXY=" in env
+    assert "max_tokens_over_cap" in out[7], out[7]
+    assert out[8].strip() == "200", out[8]
+    refused = [e for e in evs if e["type"] == "model_refused"]
+    assert [e["code"] for e in refused] == ["max_tokens_over_cap"], refused
 
     egress = [e for e in evs if e["type"] == "egress"]
     allowed = [e for e in egress if e["verdict"] == "allowed"]
@@ -160,11 +175,13 @@ def test_session_uses_gateway_and_proxy(gd, servers, git_server, model, commands
 
     # Model calls went through the gateway only, and are the spend.
     calls = [e for e in evs if e["type"] == "model_call"]
-    assert len(calls) == 8 and all(c["model"] == "scripted" and c["api"] == "openai" for c in calls)
+    # 10 agent steps and the forged-header call, charged here.
+    assert len(calls) == 11 and all(c["model"] == "scripted" and c["api"] == "openai" for c in calls)
     assert s["spend"]["tokens"] == sum(c["tokens"] for c in calls) > 0
     assert s["spend"]["usd_cents"] == sum(c["usd_cents"] for c in calls) > 0
     seen = model.requests[before:]
-    assert len(seen) == 8
+    assert len(seen) == 11
+    assert not any(r["body"].get("max_tokens") == 999999 for r in seen)
     # The relay's sandbox header stops at the gateway.
     assert all(r["sandbox"] is None for r in seen)
 
@@ -200,3 +217,23 @@ def test_exhausted_budget_fails_the_session_before_the_upstream(gd, git_server, 
     assert not any(e["type"] == "model_call" for e in evs)
     assert s["spend"]["tokens"] == 0
     assert len(model.requests) == before, "the upstream saw a call it had no budget for"
+
+
+def test_bindings_survive_a_daemon_sigkill(gd, servers, git_server, model):
+    """The proxy's sandbox-to-session map is in memory: a restarted daemon
+    re-binds when its runner re-attaches, and the session goes on."""
+    pol = egress_policy(gd, servers)
+    repo = git_server.add_repo("restart", {**DEMO_FILES, "ca.pem": servers.ca_pem})
+    sid = gd.new_session(repo, "[script:restart] survive", policy_id=pol["id"],
+                         template="agent-session", env=CA_ENV)
+    gd.wait_event(sid, "tool_call")
+    gd.track_sandboxes(sid)
+    gd.crash()
+    gd.start()
+    s = gd.wait_state(sid, "completed", timeout=300)
+    evs = gd.all_events(sid)
+    assert outputs(evs)[0].strip() == "hello through the proxy", outputs(evs)
+    eg = [e for e in evs if e["type"] == "egress"]
+    assert [e["verdict"] for e in eg] == ["allowed"], eg
+    calls = [e for e in evs if e["type"] == "model_call"]
+    assert len(calls) == 2 and s["spend"]["tokens"] == sum(c["tokens"] for c in calls)
