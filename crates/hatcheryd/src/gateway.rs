@@ -22,7 +22,8 @@ use tokio::sync::mpsc;
 
 #[derive(Debug, Clone, Args)]
 pub struct GatewayArgs {
-    /// OpenAI-compatible upstream (http://host:port[/prefix]) for the
+    /// OpenAI-compatible upstream (http://host:port[/prefix] or
+    /// https://host[:port][/prefix]) for the
     /// in-process model gateway. With this (or the Anthropic one) set,
     /// sessions call their model only through the gateway.
     #[arg(
@@ -36,6 +37,12 @@ pub struct GatewayArgs {
         env = "HATCHERY_GATEWAY_ANTHROPIC_UPSTREAM"
     )]
     pub anthropic_upstream: Option<String>,
+    /// CA bundle (PEM) for https:// upstreams (default: the system bundle).
+    #[arg(
+        long = "gateway-upstream-ca-file",
+        env = "HATCHERY_GATEWAY_UPSTREAM_CA_FILE"
+    )]
+    pub upstream_ca_file: Option<PathBuf>,
     /// File with the upstream's API key; only the daemon reads it.
     #[arg(
         long = "gateway-upstream-key-file",
@@ -239,7 +246,7 @@ pub async fn start(
     let timeout = Duration::from_secs(a.upstream_timeout_s);
     let up = |flavor, url: &Option<String>| {
         url.as_deref()
-            .map(|u| Upstream::new(flavor, u, &key, timeout))
+            .map(|u| Upstream::with_ca(flavor, u, &key, timeout, a.upstream_ca_file.as_deref()))
             .transpose()
     };
     let db = Arc::new(SqliteBudgets::open(&data.join("gateway.db"))?);
