@@ -20,7 +20,7 @@ from egress_servers import HOST, PKG, PKG_VALUE, EgressServers
 from gitserver import GitServer
 from harness import Daemon
 from scripted_model import ScriptedModel
-from sessions_support import DEMO_FILES, SessionDaemon
+from sessions_support import DEMO_FILES, SCRIPTS, SessionDaemon
 
 UPSTREAM_KEY = "sk-upstream-" + os.urandom(6).hex()
 PRICES = {"models": {"scripted": {"input_cents_per_mtok": 100000, "output_cents_per_mtok": 400000}}}
@@ -84,6 +84,9 @@ def model(commands):
         "after-edit": [shell(commands["curl"]), finish("tried")],
         "restart": [shell("sleep 8; " + commands["curl"]), finish("survived")],
         "broke": [finish("never reached")],
+        # The sessions demo (fix the failing test), after installing a
+        # package through the proxy.
+        "demo": [shell(commands["pip"])] + SCRIPTS["fix"],
     }
     m = ScriptedModel(scripts).start()
     yield m
@@ -237,3 +240,28 @@ def test_bindings_survive_a_daemon_sigkill(gd, servers, git_server, model):
     assert [e["verdict"] for e in eg] == ["allowed"], eg
     calls = [e for e in evs if e["type"] == "model_call"]
     assert len(calls) == 2 and s["spend"]["tokens"] == sum(c["tokens"] for c in calls)
+
+
+def test_demo_installs_through_the_proxy_and_spends_through_the_gateway(gd, servers, git_server, model):
+    """The agent-sessions demo with the gateway and the proxy: the agent
+    installs a package through the proxy, then fixes the failing test; every
+    model call goes through the gateway and the spend is on the session."""
+    pol = egress_policy(gd, servers)
+    repo = git_server.add_repo("demo", {**DEMO_FILES, "ca.pem": servers.ca_pem})
+    before = len(model.requests)
+    sid = gd.new_session(repo, "[script:demo] The test in test_calc.py fails. Make it pass.",
+                         policy_id=pol["id"], template="agent-session", env=CA_ENV)
+    s = gd.wait_state(sid, "completed", timeout=300)
+    gd.track_sandboxes(sid)
+    assert s["reason"] == "agent finished: fixed add(); tests pass"
+    evs = gd.all_events(sid)
+    runs = [e for e in evs if e["type"] == "command_run"]
+    assert runs[0]["output"].strip().endswith(PKG_VALUE), runs[0]
+    assert runs[1]["exit_code"] != 0 and runs[2]["exit_code"] == 0
+    assert any(e["type"] == "egress" and e["verdict"] == "allowed" for e in evs)
+    calls = [e for e in evs if e["type"] == "model_call"]
+    assert len(calls) == len(model.requests) - before == 6
+    assert s["spend"]["tokens"] == sum(c["tokens"] for c in calls) > 0
+    assert s["spend"]["usd_cents"] == sum(c["usd_cents"] for c in calls) > 0
+    budgets = [e for e in evs if e["type"] == "budget"]
+    assert budgets[-1]["tokens"] == s["spend"]["tokens"]
