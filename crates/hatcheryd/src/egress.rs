@@ -20,7 +20,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::sync::mpsc;
 
 #[derive(Debug, Clone, Args)]
@@ -119,19 +119,16 @@ fn limiter() -> &'static hatchery_core::ratelimit::LogLimiter {
     L.get_or_init(|| hatchery_core::ratelimit::LogLimiter::new(Duration::from_secs(10), 5))
 }
 
-/// Reads the relay's `PROXY UNKNOWN <id>\r\n`, byte by byte so nothing of
-/// the guest's stream after it is consumed.
-async fn proxy_line<S: tokio::io::AsyncRead + Unpin>(s: &mut S) -> Option<String> {
+/// Reads the relay's `PROXY UNKNOWN <id>\r\n` from a buffered stream (what
+/// the guest sent after it stays in the buffer for the proxy).
+async fn proxy_line<S: tokio::io::AsyncBufRead + Unpin>(s: &mut S) -> Option<String> {
     let mut line = Vec::with_capacity(64);
-    loop {
-        let b = s.read_u8().await.ok()?;
-        line.push(b);
-        if line.ends_with(b"\r\n") {
-            break;
-        }
-        if line.len() > MAX_PROXY_LINE {
-            return None;
-        }
+    s.take(MAX_PROXY_LINE as u64 + 1)
+        .read_until(b'\n', &mut line)
+        .await
+        .ok()?;
+    if !line.ends_with(b"\r\n") {
+        return None;
     }
     let text = std::str::from_utf8(&line[..line.len() - 2]).ok()?;
     text.strip_prefix("PROXY UNKNOWN ")
@@ -216,7 +213,7 @@ pub fn start(
     let map = bindings.clone();
     tokio::spawn(async move {
         loop {
-            let (mut sock, _) = match listener.accept().await {
+            let (sock, _) = match listener.accept().await {
                 Ok(x) => x,
                 Err(e) => {
                     tracing::error!(error = %e, "egress listener failed");
@@ -226,6 +223,9 @@ pub fn start(
             };
             let (proxy, map) = (proxy.clone(), map.clone());
             tokio::spawn(async move {
+                // Buffered, so the line costs one read, not one per byte;
+                // the proxy reads the rest through the same buffer.
+                let mut sock = BufReader::new(sock);
                 let line = tokio::time::timeout(Duration::from_secs(5), proxy_line(&mut sock))
                     .await
                     .ok()
@@ -256,21 +256,23 @@ mod tests {
 
     #[tokio::test]
     async fn proxy_lines() {
-        let mut ok: &[u8] = b"PROXY UNKNOWN sbx_abc-1\r\nCONNECT x:443 HTTP/1.1\r\n";
+        let mut ok = BufReader::new(&b"PROXY UNKNOWN sbx_abc-1\r\nCONNECT x:443 HTTP/1.1\r\n"[..]);
         assert_eq!(proxy_line(&mut ok).await.as_deref(), Some("sbx_abc-1"));
         // What follows the line is left for the proxy.
-        assert!(ok.starts_with(b"CONNECT"));
+        let mut rest = String::new();
+        ok.read_to_string(&mut rest).await.unwrap();
+        assert!(rest.starts_with("CONNECT"), "{rest}");
         for bad in [
             &b"PROXY TCP4 1.2.3.4 5.6.7.8 1 2\r\n"[..],
             b"PROXY UNKNOWN \r\n",
             b"PROXY UNKNOWN a b\r\n",
             b"PROXY UNKNOWN abc",
         ] {
-            let mut b = bad;
+            let mut b = BufReader::new(bad);
             assert_eq!(proxy_line(&mut b).await, None, "{bad:?}");
         }
         let long = [b'a'; 200];
-        let mut l = &long[..];
+        let mut l = BufReader::new(&long[..]);
         assert_eq!(proxy_line(&mut l).await, None);
     }
 }
