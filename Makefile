@@ -182,7 +182,7 @@ bench-code: build template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/code_bench.py
 
-bench: build template
+bench: build template $(GATEWAY_VENV)/.installed
 	cargo build --release -p hatchery-net --example slot_bench
 	cargo run -q --release -p hatchery-policy --example policy_bench
 	cargo run -q --release -p hatchery-audit --example audit_bench
@@ -195,7 +195,7 @@ bench: build template
 	  /usr/bin/python3 bench/playground_bench.py
 	cargo build --release -p hatchery-gateway --example reserve_bench
 	$(BIN)/examples/reserve_bench
-	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) /usr/bin/python3 bench/gateway_bench.py
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) $(GATEWAY_VENV)/bin/python bench/gateway_bench.py
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/rounds_fairness.py
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
