@@ -25,6 +25,36 @@ from sessions_support import DEMO_FILES, SCRIPTS, SessionDaemon
 UPSTREAM_KEY = "sk-upstream-" + os.urandom(6).hex()
 PRICES = {"models": {"scripted": {"input_cents_per_mtok": 100000, "output_cents_per_mtok": 400000}}}
 CA_PATH = "/workspace/ca.pem"
+# Bad requests straight to the proxy from inside the sandbox; prints the
+# status line of each answer.
+PROBE = r"""
+import socket, sys
+h = int(sys.argv[1])
+bad = [
+    b"CONNECT  127.0.0.2:%d HTTP/1.1\r\n\r\n" % h,                  # two spaces
+    b"GET http://user:pw@127.0.0.2:%d/ HTTP/1.1\r\nHost: x\r\n\r\n" % h,  # userinfo
+    "CONNECT ex\u00e4mple.com:443 HTTP/1.1\r\n\r\n".encode(),            # raw IDN
+    b"CONNECT pypi.org.:443 HTTP/1.1\r\n\r\n",                        # trailing dot
+    b"CONNECT 2130706434:%d HTTP/1.1\r\n\r\n" % h,                   # 127.0.0.2 in decimal
+    b"CONNECT 0177.0.0.2:%d HTTP/1.1\r\n\r\n" % h,                   # octal
+    b"CONNECT [::ffff:169.254.169.254]:80 HTTP/1.1\r\n\r\n",         # IPv4-mapped metadata
+    b"GET http://127.0.0.2:%d/ HTTP/1.1\r\nX: " % h + b"a" * 20000 + b"\r\n\r\n",  # huge head
+]
+for req in bad:
+    s = socket.create_connection(("127.0.0.1", 3128))
+    try:
+        s.sendall(req)
+    except OSError:
+        pass
+    data = b""
+    while b"\r\n" not in data:
+        c = s.recv(4096)
+        if not c:
+            break
+        data += c
+    print(data.split(b"\r\n")[0].decode(errors="replace"))
+    s.close()
+"""
 CA_ENV = {"PIP_CERT": CA_PATH, "GIT_SSL_CAINFO": CA_PATH, "CURL_CA_BUNDLE": CA_PATH}
 
 
@@ -63,6 +93,7 @@ def commands(servers):
         "metadata": "curl -s -o /dev/null -w '%{http_code}' http://169.254.169.254/latest/meta-data/",
         "denied": f"curl -s -o /dev/null -w '%{{http_connect}}' https://{HOST}:{d}/; echo \" rc=$?\"",
         "env": "env",
+        "probe": f"python3 probe.py {h}",
         # Straight to the gateway (no proxy): over the output cap, refused
         # before the upstream; then a valid call claiming another sandbox,
         # which the relay overwrites (charged to this session).
@@ -79,7 +110,7 @@ def commands(servers):
 def model(commands):
     scripts = {
         "net": [shell(commands[k]) for k in
-                ("curl", "plain", "pip", "git", "metadata", "denied", "env", "overcap", "forged")]
+                ("curl", "plain", "pip", "git", "metadata", "denied", "env", "overcap", "forged", "probe")]
         + [finish("installed, cloned, fetched")],
         "after-edit": [shell(commands["curl"]), finish("tried")],
         "restart": [shell("sleep 8; " + commands["curl"]), finish("survived")],
@@ -131,7 +162,7 @@ def outputs(evs):
 
 def test_session_uses_gateway_and_proxy(gd, servers, git_server, model, commands):
     pol = egress_policy(gd, servers)
-    repo = git_server.add_repo("net", {**DEMO_FILES, "ca.pem": servers.ca_pem})
+    repo = git_server.add_repo("net", {**DEMO_FILES, "ca.pem": servers.ca_pem, "probe.py": PROBE})
     before = len(model.requests)
     sid = gd.new_session(repo, "[script:net] install, clone, fetch", policy_id=pol["id"],
                          template="agent-session", env=CA_ENV, budget={"tokens": 200000, "wall_s": 600})
@@ -165,12 +196,18 @@ def test_session_uses_gateway_and_proxy(gd, servers, git_server, model, commands
     assert allowed and all(e["host"] == HOST and e["rule_id"] == "test-servers" and e["status"] == 200
                            for e in allowed), allowed
     assert {e["port"] for e in allowed} == {servers.https.port, servers.http.port}
-    meta = [e for e in denied if e["host"] == "169.254.169.254"]
-    assert len(meta) == 1 and meta[0]["port"] == 80 and meta[0]["status"] == 403, denied
-    port = [e for e in denied if e["port"] == servers.denied.port]
-    assert len(port) == 1 and port[0]["status"] == 403 and port[0].get("rule_id") is None, denied
-    assert len(denied) == 2, denied
-    assert servers.hits["denied"] == []
+    # In order: the metadata address, the port no rule allows, the probes.
+    meta, port = denied[0], denied[1]
+    assert (meta.get("host"), meta.get("port"), meta["status"]) == ("169.254.169.254", 80, 403), denied
+    assert (port.get("port"), port["status"], port.get("rule_id")) == (servers.denied.port, 403, None), denied
+    # Bad input: each refused with a clear status and an event, none dialled.
+    lines = out[9].strip().splitlines()
+    assert [ln.split(" ")[1] for ln in lines] == ["400"] * 6 + ["403", "431"], lines
+    bad = denied[2:]
+    assert [e["status"] for e in bad] == [400] * 6 + [403, 431], bad
+    assert all("ip" not in e for e in bad[:6] + bad[7:]), bad
+    assert len(denied) == 10, denied
+    assert servers.hits["denied"] == [] and servers.hits["http"] == [("GET", "/plain")]
     # pip fetched the index and the wheel; git ran the smart protocol.
     paths = [p for _, p in servers.hits["https"]]
     assert f"/simple/{PKG}/" in paths and any(p.startswith("/packages/") for p in paths)
@@ -178,12 +215,12 @@ def test_session_uses_gateway_and_proxy(gd, servers, git_server, model, commands
 
     # Model calls went through the gateway only, and are the spend.
     calls = [e for e in evs if e["type"] == "model_call"]
-    # 10 agent steps and the forged-header call, charged here.
-    assert len(calls) == 11 and all(c["model"] == "scripted" and c["api"] == "openai" for c in calls)
+    # 11 agent steps and the forged-header call, charged here.
+    assert len(calls) == 12 and all(c["model"] == "scripted" and c["api"] == "openai" for c in calls)
     assert s["spend"]["tokens"] == sum(c["tokens"] for c in calls) > 0
     assert s["spend"]["usd_cents"] == sum(c["usd_cents"] for c in calls) > 0
     seen = model.requests[before:]
-    assert len(seen) == 11
+    assert len(seen) == 12
     assert not any(r["body"].get("max_tokens") == 999999 for r in seen)
     # The relay's sandbox header stops at the gateway.
     assert all(r["sandbox"] is None for r in seen)
