@@ -113,6 +113,8 @@ def model(commands):
                 ("curl", "plain", "pip", "git", "metadata", "denied", "env", "overcap", "forged", "probe")]
         + [finish("installed, cloned, fetched")],
         "after-edit": [shell(commands["curl"]), finish("tried")],
+        "move": [shell(commands["curl"]), {"content": "ready for a policy move"}, shell(commands["curl"]),
+                 finish("moved")],
         "restart": [shell("sleep 8; " + commands["curl"]), finish("survived")],
         "broke": [finish("never reached")],
         # The sessions demo (fix the failing test), after installing a
@@ -302,3 +304,35 @@ def test_demo_installs_through_the_proxy_and_spends_through_the_gateway(gd, serv
     assert s["spend"]["usd_cents"] == sum(c["usd_cents"] for c in calls) > 0
     budgets = [e for e in evs if e["type"] == "budget"]
     assert budgets[-1]["tokens"] == s["spend"]["tokens"]
+
+
+def test_moving_a_session_to_a_new_version_applies_to_new_connections(gd, servers, git_server):
+    pol = egress_policy(gd, servers)
+    repo = git_server.add_repo("move", {**DEMO_FILES, "ca.pem": servers.ca_pem})
+    sid = gd.new_session(repo, "[script:move] fetch, wait, fetch", policy_id=pol["id"],
+                         template="agent-session", env=CA_ENV)
+    gd.wait_event(sid, "waiting")
+    deny_all = [{"id": "nothing", "effect": "deny", "match": {"tools": ["egress"]}}]
+    r = gd.request("POST", f"/v1/policies/{pol['id']}/versions", {"name": "egress-test", "rules": deny_all})
+    assert r.status in (200, 201), r
+    assert gd.session(sid)["policy_version"] == 1
+    assert gd.request("POST", f"/v1/sessions/{sid}/policy", {"version": 3}).status == 400
+    assert gd.request("POST", f"/v1/sessions/{sid}/policy", {"version": "x"}).status == 400
+    assert gd.request("POST", "/v1/sessions/ses_nope/policy", {}).status == 404
+    r = gd.request("POST", f"/v1/sessions/{sid}/policy", {})
+    assert r.status == 200 and r.json()["policy_version"] == 2, r
+    assert gd.request("POST", f"/v1/sessions/{sid}/messages", {"text": "go"}).status == 202
+    s = gd.wait_state(sid, "completed", timeout=300)
+    gd.track_sandboxes(sid)
+    evs = gd.all_events(sid)
+    out = outputs(evs)
+    assert out[0].strip() == "hello through the proxy" and "403" in out[1], out
+    moved = [e for e in evs if e["type"] == "policy_moved"]
+    assert len(moved) == 1 and (moved[0]["from_version"], moved[0]["to_version"]) == (1, 2)
+    assert moved[0]["actor"] == "user"
+    eg = [e for e in evs if e["type"] == "egress"]
+    assert [(e["verdict"], e.get("rule_id")) for e in eg] == [("allowed", "test-servers"), ("denied", "nothing")]
+    assert eg[0]["seq"] < moved[0]["seq"] < eg[1]["seq"]
+    assert s["policy_version"] == 2
+    # Finished sessions stay where they ended.
+    assert gd.request("POST", f"/v1/sessions/{sid}/policy", {"version": 1}).status == 409

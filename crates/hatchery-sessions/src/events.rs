@@ -270,6 +270,13 @@ pub enum EventKind {
         status: u16,
         reason: String,
     },
+    /// The session was moved to another version of its policy
+    /// (`POST /v1/sessions/{id}/policy`); new connections use it.
+    PolicyMoved {
+        policy_id: String,
+        from_version: u32,
+        to_version: u32,
+    },
     /// A line the agent printed that was not a valid protocol message
     /// (kept, capped, so nothing it says is lost).
     AgentOutput {
@@ -316,6 +323,7 @@ impl EventKind {
             EventKind::ModelRefused { .. } => "model_refused",
             EventKind::BudgetExhausted { .. } => "budget_exhausted",
             EventKind::Egress { .. } => "egress",
+            EventKind::PolicyMoved { .. } => "policy_moved",
         }
     }
 

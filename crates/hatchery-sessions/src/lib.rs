@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod models;
 pub mod openapi;
 pub mod policy;
+pub mod policy_move;
 pub mod repo;
 pub mod routes;
 mod runner;
