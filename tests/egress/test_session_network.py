@@ -304,6 +304,9 @@ def test_demo_installs_through_the_proxy_and_spends_through_the_gateway(gd, serv
     assert s["spend"]["usd_cents"] == sum(c["usd_cents"] for c in calls) > 0
     budgets = [e for e in evs if e["type"] == "budget"]
     assert budgets[-1]["tokens"] == s["spend"]["tokens"]
+    r = gd.request("GET", "/metrics")
+    text = r.body.decode()
+    assert 'hatchery_egress_connections_total{status="200",verdict="allowed"}' in text, text[-2000:]
 
 
 def test_moving_a_session_to_a_new_version_applies_to_new_connections(gd, servers, git_server):
