@@ -307,6 +307,7 @@ def test_demo_installs_through_the_proxy_and_spends_through_the_gateway(gd, serv
     r = gd.request("GET", "/metrics")
     text = r.body.decode()
     assert 'hatchery_egress_connections_total{status="200",verdict="allowed"}' in text, text[-2000:]
+    assert 'hatchery_gateway_calls_total{api="openai",outcome="ok"} 6' in text, text[-2000:]
 
 
 def test_moving_a_session_to_a_new_version_applies_to_new_connections(gd, servers, git_server):

@@ -232,6 +232,7 @@ pub async fn start(
     a: &GatewayArgs,
     data: &Path,
     sessions: Arc<Sessions>,
+    registry: &prometheus::Registry,
 ) -> Result<Option<Arc<GatewayLink>>, GatewayStartError> {
     if a.openai_upstream.is_none() && a.anthropic_upstream.is_none() {
         return Ok(None);
@@ -253,6 +254,14 @@ pub async fn start(
     let (tx, rx) = mpsc::channel(EVENT_QUEUE);
     tokio::spawn(write_events(sessions, rx));
     let metrics = hatchery_gateway::metrics::Metrics::default();
+    for c in [
+        Box::new(metrics.calls.clone()) as Box<dyn prometheus::core::Collector>,
+        Box::new(metrics.reserve_seconds.clone()),
+    ] {
+        if let Err(e) = registry.register(c) {
+            tracing::warn!(error = %e, "gateway metrics not registered");
+        }
+    }
     let g = Arc::new(Gateway {
         store: db.clone(),
         keys: db.clone(),

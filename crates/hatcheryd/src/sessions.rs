@@ -54,9 +54,14 @@ pub async fn wire_services(
 ) -> Result<(), crate::DaemonError> {
     use hatchery_core::host_services::{HostAddr, HostService, Identity};
     let err = |e: String| crate::DaemonError::Sessions(e);
-    let gateway = crate::gateway::start(&args.gateway, data, sessions.clone())
-        .await
-        .map_err(|e| err(e.to_string()))?;
+    let gateway = crate::gateway::start(
+        &args.gateway,
+        data,
+        sessions.clone(),
+        &manager.metrics.registry,
+    )
+    .await
+    .map_err(|e| err(e.to_string()))?;
     if let Some(g) = &gateway {
         manager.add_host_service(HostService {
             name: "gateway".into(),
