@@ -7,7 +7,6 @@
 
 use crate::events::{Actor, EventKind};
 use crate::service::Sessions;
-use crate::state::SessionState;
 use crate::store::{Patch, Session, StoreError};
 use async_trait::async_trait;
 use std::collections::BTreeMap;
@@ -47,14 +46,6 @@ impl SessionHooks for NoHooks {
     }
 }
 
-/// States in which host observations are still written to the log.
-fn live_states() -> Vec<SessionState> {
-    SessionState::ALL
-        .into_iter()
-        .filter(|s| !s.is_terminal())
-        .collect()
-}
-
 /// One connection through the egress proxy, as the log records it.
 #[derive(Debug, Clone)]
 pub struct EgressRecord {
@@ -76,6 +67,9 @@ impl Sessions {
         self.hooks.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// Host observations are written whatever the state: a call the
+    /// gateway settles just after the agent finished was still spent, so it
+    /// is recorded (after the final state change) rather than lost.
     async fn append_live(
         &self,
         id: &str,
@@ -84,9 +78,8 @@ impl Sessions {
     ) -> Result<(), StoreError> {
         let evs = self
             .store
-            .append_if_state(
+            .append(
                 id,
-                &live_states(),
                 events.into_iter().map(|k| (Actor::System, k)).collect(),
                 patch,
             )
@@ -164,6 +157,9 @@ impl Sessions {
             Patch::default(),
         )
         .await?;
+        if self.store.get(id).await?.state.is_terminal() {
+            return Ok(());
+        }
         self.exhausted
             .lock()
             .unwrap_or_else(|p| p.into_inner())
