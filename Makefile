@@ -9,7 +9,7 @@ LISTEN ?= 127.0.0.1:7423
 PYTEST := /usr/bin/python3 -m pytest
 BIN := target/release
 
-.PHONY: egress-test agent-template gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load sessions-test e2b-test bench bench-code clean-state
+.PHONY: egress-test agent-template gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load sessions-test e2b-test store-test bench bench-code clean-state
 
 setup:
 	bash scripts/setup-host.sh
@@ -157,8 +157,18 @@ rounds-test: rounds-pages-check build template
 
 # Agent sessions against real sandboxes, a real `git daemon` and the
 # scripted model server (about 80 s).
-sessions-test: build template
+# mini-swe-agent and its pinned dependencies, as wheels, for the
+# third-party-agent test's template (installed offline from here).
+SWE_WHEELS = target/wheels/swe
+$(SWE_WHEELS)/.downloaded: tests/sessions/agent-requirements.txt
+	rm -rf $(SWE_WHEELS) && mkdir -p $(SWE_WHEELS)
+	/usr/bin/python3 -m pip download -q --disable-pip-version-check --only-binary=:all: --no-deps \
+	  -d $(SWE_WHEELS) -r tests/sessions/agent-requirements.txt
+	touch $@
+
+sessions-test: build template $(SWE_WHEELS)/.downloaded
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  HATCHERY_AGENT_WHEELS=$(CURDIR)/$(SWE_WHEELS) \
 	  $(PYTEST) -q -p no:cacheprovider tests/sessions
 
 # The `agent-session` template (curl, git, pip from the Debian mirror), kept
@@ -175,7 +185,16 @@ egress-test: build agent-template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_AGENT_TEMPLATES_DIR=$(CURDIR)/$(AGENT_TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/egress
 
-test: build template lint unit kernel-test integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test sessions-test playground-test playground-load gateway-test e2b-test egress-test
+test: build template lint unit kernel-test integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test sessions-test playground-test playground-load gateway-test e2b-test store-test egress-test
+
+# The state store (crates/hatchery-store): one conformance suite on SQLite
+# and on a PostgreSQL the test starts itself (initdb/pg_ctl as the
+# postgres user; it fails if it cannot), then hatcheryd --db postgres://
+# end to end: restart, two hosts, a fenced host (about 1 minute).
+store-test: build template
+	cargo test --release -p hatchery-store
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  $(PYTEST) -q -p no:cacheprovider tests/store
 
 # The Run-button path alone (about a minute): run_code and exec against raw runsc.
 bench-code: build template
@@ -187,6 +206,7 @@ bench: build template $(GATEWAY_VENV)/.installed
 	cargo run -q --release -p hatchery-policy --example policy_bench
 	cargo run -q --release -p hatchery-audit --example audit_bench
 	cargo run -q --release -p hatchery-egress --example egress_bench
+	cargo run -q --release -p hatchery-store --example store_bench
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/session_egress_bench.py
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \

@@ -38,6 +38,9 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 # sees the system packages (make sdk-python-test): venv, and wheel to build it.
 /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)
 /usr/bin/python3 -c 'import wheel' >/dev/null 2>&1 || missing+=(python3-wheel)
+# Templates with a `pip` list are installed into their rootfs by the host's
+# Debian pip (the same Python as the rootfs).
+/usr/bin/python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 # Headless browser for the playground widget's tests (driven over CDP).
 [ -x /usr/lib/chromium/chromium ] || command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 

@@ -58,6 +58,17 @@ SCRIPTS = {
     "quick": [
         {"tool_calls": [{"name": "finish", "arguments": {"summary": "nothing to do"}}]},
     ],
+    # mini-swe-agent's own protocol: one `bash` tool; it finishes when a
+    # command prints COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT first.
+    "mini-fix": [
+        {"content": "Let me look at the code and run the tests.",
+         "tool_calls": [{"name": "bash", "arguments": {"command": "cat calc.py && " + TEST_CMD}}]},
+        {"content": "add() subtracts; fixing it.",
+         "tool_calls": [{"name": "bash", "arguments": {
+             "command": "sed -i 's/return a - b/return a + b  # fixed/' calc.py && " + TEST_CMD}}]},
+        {"content": "The tests pass.",
+         "tool_calls": [{"name": "bash", "arguments": {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}}]},
+    ],
     "approve": [
         {"tool_calls": [{"name": "request_approval", "arguments": {"action": "git_push", "details": "main"}}]},
         {"tool_calls": [{"name": "shell", "arguments": {"command": "echo approved > pushed.txt"}}]},
@@ -67,14 +78,14 @@ SCRIPTS = {
 
 
 class SessionDaemon(Daemon):
-    def __init__(self, model_port, extra=(), data_dir=None, net_args=None):
+    def __init__(self, model_port, extra=(), data_dir=None, net_args=None, templates_dir=None):
         args = ["--max-ttl", "7200", *([] if "--pool-size" in extra else ["--pool-size", "1"]),
                 "--host-service", f"model={MODEL_GUEST_PORT}=127.0.0.1:{model_port}",
                 "--sessions-model-url", f"http://127.0.0.1:{MODEL_GUEST_PORT}/v1",
                 "--sessions-model", "scripted", *extra]
         if net_args:
             args += net_args
-        super().__init__(extra_args=args, data_dir=data_dir)
+        super().__init__(extra_args=args, data_dir=data_dir, templates_dir=templates_dir)
 
     def start(self):
         super().start()

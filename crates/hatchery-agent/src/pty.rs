@@ -430,8 +430,18 @@ fn set_size(fd: RawFd, size: PtySize) -> bool {
         ws_xpixel: 0,
         ws_ypixel: 0,
     };
-    // SAFETY: TIOCSWINSZ reads one winsize from a valid pointer.
-    unsafe { libc::ioctl(fd, libc::TIOCSWINSZ, &ws) == 0 }
+    // A signal arriving mid-call must not lose the resize (the caller
+    // has no one to report it to).
+    for _ in 0..8 {
+        // SAFETY: TIOCSWINSZ reads one winsize from a valid pointer.
+        if unsafe { libc::ioctl(fd, libc::TIOCSWINSZ, &ws) } == 0 {
+            return true;
+        }
+        if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            return false;
+        }
+    }
+    false
 }
 
 /// Linux signals the terminal's foreground job itself when the master sets

@@ -69,6 +69,18 @@ impl IntoResponse for ApiError {
 impl From<CoreError> for ApiError {
     fn from(e: CoreError) -> Self {
         use StatusCode as S;
+        if let CoreError::Store(se) = &e {
+            // A database that is down, or a host whose lease was taken
+            // over: retryable (503 + Retry-After), the cause only logged.
+            if se.is_unavailable() || se.is_fenced() {
+                tracing::error!(error = %se, "state store unavailable");
+                return ApiError::new(
+                    S::SERVICE_UNAVAILABLE,
+                    "store_unavailable",
+                    "the state store is unavailable; retry shortly".to_string(),
+                );
+            }
+        }
         let msg = e.to_string();
         let (status, code) = match &e {
             CoreError::SandboxNotFound(_) => (S::NOT_FOUND, "sandbox_not_found"),

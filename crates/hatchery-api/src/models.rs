@@ -276,6 +276,12 @@ pub struct CreateTemplate {
     /// Debian packages, installed on top of python3 and procps.
     #[serde(default)]
     pub packages: Vec<String>,
+    /// Python requirements (`name`, `name==1.2`, `name[extra]>=1`), at most
+    /// 64 of at most 200 bytes, installed into the rootfs's `/usr/local` by
+    /// the host's pip at rootfs time, from the index the host's pip is
+    /// configured for.
+    #[serde(default)]
+    pub pip: Vec<String>,
     /// Files written before setup: absolute path -> content.
     #[serde(default)]
     pub files: BTreeMap<String, String>,
@@ -301,6 +307,7 @@ impl CreateTemplate {
             spec.base = b;
         }
         spec.packages = self.packages;
+        spec.pip = self.pip;
         spec.files = self.files;
         spec.setup = self.setup;
         spec.cpus = self.cpus.unwrap_or(spec.cpus);
@@ -340,6 +347,8 @@ pub struct TemplateInfo {
     pub version: String,
     pub base: String,
     pub packages: Vec<String>,
+    /// Python requirements installed into the rootfs.
+    pub pip: Vec<String>,
     /// Paths of the template's files.
     pub files: Vec<String>,
     pub setup: Vec<String>,

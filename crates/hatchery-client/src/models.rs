@@ -78,6 +78,8 @@ pub struct TemplateInfo {
     #[serde(default)]
     pub packages: Vec<String>,
     #[serde(default)]
+    pub pip: Vec<String>,
+    #[serde(default)]
     pub files: Vec<String>,
     #[serde(default)]
     pub setup: Vec<String>,
@@ -101,6 +103,9 @@ pub struct CreateTemplate {
     pub base: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub packages: Vec<String>,
+    /// Python requirements installed into the rootfs by the host's pip.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pip: Vec<String>,
     /// Path in the image → text content.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub files: BTreeMap<String, String>,

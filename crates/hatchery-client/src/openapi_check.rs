@@ -295,6 +295,7 @@ fn requests_match_the_spec() {
             name: "t".into(),
             base: Some("debian".into()),
             packages: vec!["p".into()],
+            pip: vec!["q==1".into()],
             files: map(),
             setup: vec!["true".into()],
             cpus: Some(1.0),

@@ -183,7 +183,7 @@ impl Manager {
         // New creates must get the new version: pooled sandboxes of the old
         // one go, as do checkpoints nothing will restore any more.
         for id in self.pool.ids_of(&spec.name) {
-            self.stop(&id, "pool_discard");
+            self.stop(&id, "pool_discard").await;
         }
         for old in self.template_images_of(&spec.name) {
             if old != image_id {
@@ -194,27 +194,26 @@ impl Manager {
     }
 
     /// Deletes a template no running sandbox uses.
-    pub fn delete_template(self: &Arc<Self>, name: &str) -> Result<(), CoreError> {
+    pub async fn delete_template(self: &Arc<Self>, name: &str) -> Result<(), CoreError> {
         self.templates().get(name)?;
-        let users = self
-            .store
-            .list_live()?
-            .into_iter()
-            .filter(|r| r.template == name)
-            .count();
+        let filter = crate::store::SandboxFilter {
+            metadata: Default::default(),
+            template: Some(name.to_string()),
+        };
+        let users = self.store.list_live(&filter).await?.len();
         if users > 0 {
             return Err(CoreError::Conflict(format!(
                 "{users} running sandboxes use template '{name}'"
             )));
         }
-        let snaps = self.store.count_snapshots_of(name)?;
+        let snaps = self.store.count_snapshots_of(name).await?;
         if snaps > 0 {
             return Err(CoreError::Conflict(format!(
                 "{snaps} snapshots were taken on template '{name}'; delete them first"
             )));
         }
         for id in self.pool.ids_of(name) {
-            self.stop(&id, "pool_discard");
+            self.stop(&id, "pool_discard").await;
         }
         for img in self.template_images_of(name) {
             let _ = self.template_images.remove(&img);

@@ -50,7 +50,7 @@ pub enum CoreError {
     #[error(transparent)]
     HostService(#[from] crate::host_services::HostServiceError),
     #[error("state store: {0}")]
-    Store(#[from] rusqlite::Error),
+    Store(#[from] hatchery_store::StoreError),
     #[error("internal: {0}")]
     Internal(String),
 }

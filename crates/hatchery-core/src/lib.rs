@@ -12,6 +12,7 @@ pub mod exec;
 pub mod files;
 pub mod host_services;
 mod ids;
+pub mod lease;
 mod manager;
 pub mod metrics;
 pub(crate) mod network;

@@ -4,7 +4,7 @@ use crate::ids::{new_sandbox_id, valid_sandbox_id};
 use crate::metrics::Metrics;
 use crate::pool::{PoolConfig, WarmPool};
 use crate::ratelimit::LogLimiter;
-use crate::store::{SandboxRow, Store, STATE_STARTING};
+use crate::store::{Fence, SandboxFilter, SandboxRow, SandboxState, Store};
 use crate::{files, now_ms, Caps, CoreError};
 use hatchery_agent_proto::{FileEntry, Frame, Kind};
 use hatchery_runtime::{Runtime, SandboxSpec};
@@ -44,7 +44,7 @@ impl From<SandboxRow> for SandboxInfo {
         SandboxInfo {
             id: r.id,
             template: r.template,
-            state: r.state,
+            state: r.state.as_str().to_string(),
             created_at_ms: r.created_at_ms,
             expires_at_ms: r.expires_at_ms,
             metadata: r.metadata,
@@ -66,7 +66,12 @@ pub(crate) struct Live {
 pub struct Manager {
     pub caps: Caps,
     pub metrics: Metrics,
-    pub(crate) store: Store,
+    pub(crate) store: Arc<dyn Store>,
+    /// This host's lease: every state write carries it, and the store
+    /// refuses it once another incarnation took the lease over.
+    pub(crate) fence: Fence,
+    /// Set when the lease was lost: the host stops serving.
+    pub(crate) fenced_off: std::sync::atomic::AtomicBool,
     pub(crate) runtime: Arc<dyn Runtime>,
     templates: Templates,
     pub(crate) live: Mutex<HashMap<String, Arc<Live>>>,
@@ -103,7 +108,7 @@ pub struct ImageConfig {
 impl Manager {
     pub fn new(
         caps: Caps,
-        store: Store,
+        state: crate::lease::HostStore,
         runtime: Arc<dyn Runtime>,
         templates: Templates,
         images: ImageConfig,
@@ -123,7 +128,9 @@ impl Manager {
             builds: Default::default(),
             caps,
             metrics,
-            store,
+            store: state.store,
+            fence: state.fence,
+            fenced_off: Default::default(),
             runtime,
             templates,
             live: Mutex::new(HashMap::new()),
@@ -140,17 +147,28 @@ impl Manager {
         &self.runtime
     }
 
-    pub(crate) fn live_get(&self, id: &str) -> Result<Arc<Live>, CoreError> {
+    /// The host this daemon runs as (`--host-id`).
+    pub fn host_id(&self) -> &str {
+        &self.fence.owner
+    }
+
+    /// This host's lease epoch, as the store knows it.
+    pub fn epoch(&self) -> u64 {
+        self.fence.epoch
+    }
+
+    pub(crate) async fn live_get(&self, id: &str) -> Result<Arc<Live>, CoreError> {
         if let Some(l) = self.live.lock().unwrap_or_else(|p| p.into_inner()).get(id) {
             return Ok(Arc::clone(l));
         }
-        match self.store.get_live(id)? {
+        match self.store.get_live(id).await? {
             Some(_) => Err(CoreError::NotRunning(id.to_string())),
             None => Err(CoreError::SandboxNotFound(id.to_string())),
         }
     }
 
     pub(crate) fn reserve(&self) -> Result<(), CoreError> {
+        self.check_lease()?;
         let live = self.live.lock().unwrap_or_else(|p| p.into_inner()).len();
         let mut s = self.starting.lock().unwrap_or_else(|p| p.into_inner());
         if live + *s >= self.caps.max_live_sandboxes {
@@ -193,11 +211,12 @@ impl Manager {
         let mut row = SandboxRow {
             id: new_sandbox_id(),
             template: template.spec.name.clone(),
-            state: STATE_STARTING.into(),
+            state: SandboxState::Starting,
             created_at_ms: now,
             expires_at_ms: now + ttl * 1000,
             metadata: req.metadata,
             env: req.env,
+            host_id: self.fence.owner.clone(),
         };
         while let Some((id, client)) = self.pool.take(&template.spec.name) {
             row.id = id;
@@ -230,24 +249,24 @@ impl Manager {
         // caller can run a single command.
         if *policy != hatchery_net::Policy::deny_all() {
             if let Err(e) = self.set_slot_policy(&row.id, policy).await {
-                self.stop(&row.id, "pool_discard");
+                self.stop(&row.id, "pool_discard").await;
                 return Err(e);
             }
         }
         let ok = client.is_alive()
-            && self.store.claim(&row.id, row).unwrap_or(false)
+            && self.store.claim(&self.fence, row).await.unwrap_or(false)
             && self
                 .runtime
                 .set_expiry(&row.id, row.expires_at_ms)
                 .await
                 .is_ok();
         if !ok {
-            self.stop(&row.id, "pool_discard");
+            self.stop(&row.id, "pool_discard").await;
             return Ok(None);
         }
         if policy.has_hosts() {
             if let Err(e) = self.write_pins(&row.id, &client).await {
-                self.stop(&row.id, "pool_discard");
+                self.stop(&row.id, "pool_discard").await;
                 return Err(e);
             }
         }
@@ -263,7 +282,7 @@ impl Manager {
             .observe(started.elapsed().as_secs_f64());
         tracing::info!(sandbox = %row.id, template = %row.template, boot_mode = mode, ms, "sandbox created");
         let mut info = SandboxInfo::from(row);
-        info.state = crate::store::STATE_RUNNING.into();
+        info.state = SandboxState::Running.as_str().into();
         info.boot_mode = Some(mode);
         info.boot_ms = Some(ms);
         info
@@ -281,7 +300,35 @@ impl Manager {
         started: Instant,
     ) -> Result<SandboxInfo, CoreError> {
         let client = self.start_row(&row, policy, template, image).await?;
-        self.store.set_running(&row.id)?;
+        // Guarded: a delete that came in while it booted has stopped the
+        // row (and torn the sandbox down), and must not be overwritten.
+        match self
+            .store
+            .transition(
+                &self.fence,
+                &row.id,
+                &[SandboxState::Starting],
+                SandboxState::Running,
+            )
+            .await
+        {
+            Ok(true) => {}
+            res => {
+                // Torn down here, not by the stop's teardown: that one
+                // may have run before the boot finished.
+                drop(client);
+                let _ = self.runtime.destroy(&row.id).await;
+                self.release_slot(&row.id).await;
+                let _ = self
+                    .store
+                    .stop(&self.fence, &row.id, "create_failed", now_ms())
+                    .await;
+                return Err(match res {
+                    Err(e) => e.into(),
+                    _ => CoreError::NotRunning(row.id),
+                });
+            }
+        }
         self.adopt(&row.id, client, row.env.clone());
         Ok(self.created(row, mode, started))
     }
@@ -295,11 +342,13 @@ impl Manager {
         template: &Template,
         image: Option<&Path>,
     ) -> Result<Arc<AgentClient>, CoreError> {
-        self.store.insert(row)?;
+        self.store.insert_sandbox(&self.fence, row).await?;
         let netns = match self.claim_slot(&row.id, policy).await {
             Ok(n) => n,
             Err(e) => {
-                self.store.stop(&row.id, "create_failed", now_ms())?;
+                self.store
+                    .stop(&self.fence, &row.id, "create_failed", now_ms())
+                    .await?;
                 return Err(e);
             }
         };
@@ -324,7 +373,9 @@ impl Manager {
                 tracing::warn!(sandbox = %row.id, error = %e, "create failed");
                 let _ = self.runtime.destroy(&row.id).await;
                 self.release_slot(&row.id).await;
-                self.store.stop(&row.id, "create_failed", now_ms())?;
+                self.store
+                    .stop(&self.fence, &row.id, "create_failed", now_ms())
+                    .await?;
                 Err(e)
             }
         }
@@ -372,14 +423,14 @@ impl Manager {
         tokio::spawn(async move {
             let _ = closed.wait_for(|c| *c).await;
             if let Some(m) = me.upgrade() {
-                m.stop(&id, "guest_exited");
+                m.stop(&id, "guest_exited").await;
             }
         });
     }
 
     /// Stops a sandbox: state first (so the API answers at once), host
     /// teardown in the background. Idempotent.
-    pub fn stop(self: &Arc<Self>, id: &str, reason: &str) {
+    pub async fn stop(self: &Arc<Self>, id: &str, reason: &str) {
         let was_live = self
             .live
             .lock()
@@ -390,7 +441,13 @@ impl Manager {
         if was_live {
             self.metrics.sandboxes_live.dec();
         }
-        let changed = self.store.stop(id, reason, now_ms()).unwrap_or(false);
+        let changed = match self.store.stop(&self.fence, id, reason, now_ms()).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(sandbox = %id, error = %e, "could not record a stop");
+                false
+            }
+        };
         if changed {
             self.metrics
                 .sandboxes_killed
@@ -414,47 +471,55 @@ impl Manager {
         }
     }
 
-    pub fn delete(self: &Arc<Self>, id: &str) {
+    pub async fn delete(self: &Arc<Self>, id: &str) {
         if valid_sandbox_id(id) {
-            self.stop(id, "deleted");
+            self.stop(id, "deleted").await;
         }
     }
 
-    pub fn get(&self, id: &str) -> Result<SandboxInfo, CoreError> {
+    pub async fn get(&self, id: &str) -> Result<SandboxInfo, CoreError> {
         if !valid_sandbox_id(id) {
             return Err(CoreError::SandboxNotFound(id.to_string()));
         }
         self.store
-            .get_live(id)?
+            .get_live(id)
+            .await?
             .map(Into::into)
             .ok_or_else(|| CoreError::SandboxNotFound(id.to_string()))
     }
 
-    pub fn list(&self, filter: &BTreeMap<String, String>) -> Result<Vec<SandboxInfo>, CoreError> {
+    pub async fn list(
+        &self,
+        filter: &BTreeMap<String, String>,
+    ) -> Result<Vec<SandboxInfo>, CoreError> {
+        let filter = SandboxFilter {
+            metadata: filter.clone(),
+            template: None,
+        };
         Ok(self
             .store
-            .list_live()?
+            .list_live(&filter)
+            .await?
             .into_iter()
-            .filter(|r| filter.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
             .map(Into::into)
             .collect())
     }
 
-    pub(crate) fn live_client(&self, id: &str) -> Result<Arc<AgentClient>, CoreError> {
-        Ok(Arc::clone(&self.live_get(id)?.client))
+    pub(crate) async fn live_client(&self, id: &str) -> Result<Arc<AgentClient>, CoreError> {
+        Ok(Arc::clone(&self.live_get(id).await?.client))
     }
 
     pub async fn set_ttl(&self, id: &str, ttl: u64) -> Result<SandboxInfo, CoreError> {
         crate::within("ttl_seconds", ttl, self.caps.max_ttl_s)?;
-        self.live_get(id)?;
+        self.live_get(id).await?;
         let at = now_ms() + ttl * 1000;
         // Runtime first: if the shim cannot be told, the stored expiry must
         // not claim a lifetime the sandbox will not get.
         self.runtime.set_expiry(id, at).await?;
-        if !self.store.set_expiry(id, at)? {
+        if !self.store.set_expiry(&self.fence, id, at).await? {
             return Err(CoreError::SandboxNotFound(id.to_string()));
         }
-        self.get(id)
+        self.get(id).await
     }
 
     pub async fn exec(
@@ -463,7 +528,7 @@ impl Manager {
         mut p: ExecParams,
         sink: Sink,
     ) -> Result<ExecOutcome, CoreError> {
-        let live = self.live_get(id)?;
+        let live = self.live_get(id).await?;
         let mut env = live.env.clone();
         env.append(&mut p.env);
         p.env = env;
@@ -510,7 +575,7 @@ impl Manager {
         mut p: crate::code::CodeParams,
         sink: Sink,
     ) -> Result<crate::code::CodeOutcome, CoreError> {
-        let live = self.live_get(id)?;
+        let live = self.live_get(id).await?;
         let mut env = live.env.clone();
         env.append(&mut p.env);
         p.env = env;
@@ -538,7 +603,7 @@ impl Manager {
         mut p: ExecParams,
         timeout: Option<Duration>,
     ) -> Result<hatchery_agent_proto::ProcInfo, CoreError> {
-        let live = self.live_get(id)?;
+        let live = self.live_get(id).await?;
         let mut env = live.env.clone();
         env.append(&mut p.env);
         p.env = env;
@@ -548,8 +613,8 @@ impl Manager {
 
     /// The agent connection of a running sandbox, for operations that need
     /// nothing else from the manager (process control, reads).
-    pub fn agent(&self, id: &str) -> Result<Arc<AgentClient>, CoreError> {
-        Ok(Arc::clone(&self.live_get(id)?.client))
+    pub async fn agent(&self, id: &str) -> Result<Arc<AgentClient>, CoreError> {
+        Ok(Arc::clone(&self.live_get(id).await?.client))
     }
 
     pub async fn create_context(
@@ -561,14 +626,14 @@ impl Manager {
         if let Some(c) = &cwd {
             files::validate_path(c, self.caps.max_path_bytes)?;
         }
-        crate::code::create_context(&self.live_get(id)?.client, language, cwd).await
+        crate::code::create_context(&self.live_get(id).await?.client, language, cwd).await
     }
 
     pub async fn list_contexts(
         &self,
         id: &str,
     ) -> Result<Vec<hatchery_agent_proto::ContextInfo>, CoreError> {
-        crate::code::list_contexts(&self.live_get(id)?.client).await
+        crate::code::list_contexts(&self.live_get(id).await?.client).await
     }
 
     pub async fn restart_context(
@@ -576,11 +641,11 @@ impl Manager {
         id: &str,
         ctx: &str,
     ) -> Result<hatchery_agent_proto::ContextInfo, CoreError> {
-        crate::code::restart_context(&self.live_get(id)?.client, ctx).await
+        crate::code::restart_context(&self.live_get(id).await?.client, ctx).await
     }
 
     pub async fn delete_context(&self, id: &str, ctx: &str) -> Result<(), CoreError> {
-        crate::code::delete_context(&self.live_get(id)?.client, ctx).await
+        crate::code::delete_context(&self.live_get(id).await?.client, ctx).await
     }
 
     pub async fn write_file(&self, id: &str, path: &str, data: &[u8]) -> Result<(), CoreError> {
@@ -591,17 +656,27 @@ impl Manager {
                 self.caps.max_file_bytes
             )));
         }
-        files::write(&self.live_get(id)?.client, path, data).await
+        files::write(&self.live_get(id).await?.client, path, data).await
     }
 
     pub async fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>, CoreError> {
         files::validate_path(path, self.caps.max_path_bytes)?;
-        files::read(&self.live_get(id)?.client, path, self.caps.max_file_bytes).await
+        files::read(
+            &self.live_get(id).await?.client,
+            path,
+            self.caps.max_file_bytes,
+        )
+        .await
     }
 
     pub async fn list_files(&self, id: &str, path: &str) -> Result<Vec<FileEntry>, CoreError> {
         files::validate_path(path, self.caps.max_path_bytes)?;
-        files::list(&self.live_get(id)?.client, path, self.caps.max_list_entries).await
+        files::list(
+            &self.live_get(id).await?.client,
+            path,
+            self.caps.max_list_entries,
+        )
+        .await
     }
 
     pub async fn remove_file(&self, id: &str, path: &str) -> Result<(), CoreError> {
@@ -609,7 +684,7 @@ impl Manager {
         if path == "/" {
             return Err(CoreError::Invalid("refusing to remove /".into()));
         }
-        files::remove(&self.live_get(id)?.client, path).await
+        files::remove(&self.live_get(id).await?.client, path).await
     }
 
     /// Connects to a sandbox's agent, checks it answers, and attaches the
@@ -633,7 +708,7 @@ impl Manager {
                 "port must be between 1 and 65535".into(),
             ));
         }
-        let client = self.live_client(id)?;
+        let client = self.live_client(id).await?;
         let relay = &self.metrics.relay;
         let res =
             crate::relay::open_port(&client, port, self.caps.max_relays_per_sandbox, relay).await;

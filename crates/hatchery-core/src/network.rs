@@ -54,7 +54,11 @@ impl Manager {
         let (owner, p) = (id.to_string(), policy.clone());
         let lease = blocking(move || net.claim(&owner, &p)).await?;
         let json = serde_json::to_string(policy).unwrap_or_default();
-        if let Err(e) = self.store.set_net(id, lease.index, &json) {
+        if let Err(e) = self
+            .store
+            .set_net(&self.fence, id, lease.index, &json, false)
+            .await
+        {
             self.release_slot(id).await;
             return Err(e.into());
         }
@@ -66,13 +70,13 @@ impl Manager {
         let Some(net) = self.net.clone() else { return };
         let owner = id.to_string();
         let _ = tokio::task::spawn_blocking(move || net.release(&owner)).await;
-        if let Err(e) = self.store.clear_net(id) {
+        if let Err(e) = self.store.clear_net(&self.fence, id).await {
             tracing::warn!(sandbox = %id, error = %e, "forgetting a network slot failed");
         }
     }
 
-    pub fn network_policy(&self, id: &str) -> Result<Policy, CoreError> {
-        self.live_get(id)?;
+    pub async fn network_policy(&self, id: &str) -> Result<Policy, CoreError> {
+        self.live_get(id).await?;
         Ok(self
             .net
             .as_ref()
@@ -83,7 +87,7 @@ impl Manager {
     /// Applies `policy` to a running sandbox; enforced for new and open
     /// connections when this returns.
     pub async fn set_network_policy(&self, id: &str, policy: Policy) -> Result<Policy, CoreError> {
-        let live = self.live_get(id)?;
+        let live = self.live_get(id).await?;
         let had_hosts = self.net.as_ref().is_some_and(|n| !n.pins(id).is_empty());
         self.set_slot_policy(id, &policy).await?;
         if had_hosts || policy.has_hosts() {
@@ -115,8 +119,10 @@ impl Manager {
         let (owner, p) = (id.to_string(), policy.clone());
         blocking(move || net.set_policy(&owner, &p)).await?;
         let json = serde_json::to_string(policy).unwrap_or_default();
-        self.store.set_net(id, self.slot_of(id)?, &json)?;
-        self.store.event(id, "network_policy", &json)?;
+        // Slot, policy and the event in one transaction.
+        self.store
+            .set_net(&self.fence, id, self.slot_of(id)?, &json, true)
+            .await?;
         Ok(())
     }
 
@@ -127,29 +133,30 @@ impl Manager {
             .ok_or_else(|| CoreError::Internal(format!("{id} has no network slot")))
     }
 
-    pub fn network_events(&self, id: &str) -> Result<Vec<EgressEvent>, CoreError> {
-        self.live_get(id)?;
+    pub async fn network_events(&self, id: &str) -> Result<Vec<EgressEvent>, CoreError> {
+        self.live_get(id).await?;
         Ok(self.net.as_ref().map(|n| n.events(id)).unwrap_or_default())
     }
 
     /// At start: keeps the slots of `adopted` sandboxes (with their stored
     /// policies) and destroys every other slot of ours on the host.
-    pub(crate) fn reclaim_slots(
+    pub(crate) async fn reclaim_slots(
         &self,
         adopted: &std::collections::HashSet<String>,
     ) -> Result<(), CoreError> {
         let Some(net) = &self.net else { return Ok(()) };
         let mut keep = Vec::new();
-        for (id, slot, policy) in self.store.all_net()? {
-            if adopted.contains(&id) {
-                keep.push((slot, id, serde_json::from_str(&policy).unwrap_or_default()));
+        for n in self.store.all_net(self.host_id()).await? {
+            if adopted.contains(&n.sandbox_id) {
+                let policy = serde_json::from_str(&n.policy).unwrap_or_default();
+                keep.push((n.slot, n.sandbox_id, policy));
             } else {
-                self.store.clear_net(&id)?;
+                self.store.clear_net(&self.fence, &n.sandbox_id).await?;
             }
         }
         for lost in net.reclaim(keep)? {
             tracing::warn!(sandbox = %lost, "network slot of an adopted sandbox is gone");
-            self.store.clear_net(&lost)?;
+            self.store.clear_net(&self.fence, &lost).await?;
         }
         net.spawn_filler();
         Ok(())

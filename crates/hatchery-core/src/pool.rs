@@ -6,7 +6,7 @@
 
 use crate::agent_client::AgentClient;
 use crate::ids::new_sandbox_id;
-use crate::store::{SandboxRow, STATE_POOLED};
+use crate::store::{SandboxRow, SandboxState};
 use crate::{now_ms, Manager};
 use prometheus::IntGauge;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -161,7 +161,10 @@ impl Manager {
         }
         for id in self.pool.ids() {
             self.pool.remove(&id);
-            let _ = self.store.stop(&id, "pool_discard", now_ms());
+            let _ = self
+                .store
+                .stop(&self.fence, &id, "pool_discard", now_ms())
+                .await;
             if let Err(e) = self.runtime.destroy(&id).await {
                 tracing::warn!(sandbox = %id, error = %e, "could not destroy pooled sandbox");
             }
@@ -196,7 +199,7 @@ impl Manager {
                 if available_fraction() < m.pool.cfg.min_available_fraction {
                     for id in m.pool.ids() {
                         tracing::warn!(sandbox = %id, "memory pressure: draining warm pool");
-                        m.stop(&id, "pool_pressure");
+                        m.stop(&id, "pool_pressure").await;
                     }
                     continue;
                 }
@@ -229,11 +232,12 @@ impl Manager {
         let row = SandboxRow {
             id: new_sandbox_id(),
             template: template.spec.name.clone(),
-            state: STATE_POOLED.into(),
+            state: SandboxState::Pooled,
             created_at_ms: now,
             expires_at_ms: now + self.pool.cfg.max_age.as_millis() as u64,
             metadata: BTreeMap::new(),
             env: BTreeMap::new(),
+            host_id: self.host_id().to_string(),
         };
         let client = self
             .start_row(&row, &Default::default(), template, Some(image))
@@ -244,7 +248,21 @@ impl Manager {
         // context's namespace and count untouched, pays for it here, off
         // the request path.
         crate::code::warm(&client).await;
-        self.store.set_state(&row.id, STATE_POOLED)?;
+        if !self
+            .store
+            .transition(
+                &self.fence,
+                &row.id,
+                &[SandboxState::Pooled],
+                SandboxState::Pooled,
+            )
+            .await?
+        {
+            // Stopped while it restored (a drain, a shutdown): not ours to pool.
+            let _ = self.runtime.destroy(&row.id).await;
+            self.release_slot(&row.id).await;
+            return Ok(());
+        }
         self.pool.put(&template.spec.name, row.id, client);
         Ok(())
     }

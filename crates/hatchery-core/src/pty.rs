@@ -69,7 +69,7 @@ impl Manager {
         if let Some(c) = &p.cwd {
             crate::files::validate_path(c, self.caps.max_path_bytes)?;
         }
-        let live = self.live_get(id)?;
+        let live = self.live_get(id).await?;
         let mut env = live.env.clone();
         env.append(&mut p.env);
         let client = Arc::clone(&live.client);

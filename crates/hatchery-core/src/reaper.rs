@@ -14,15 +14,15 @@ impl Manager {
             loop {
                 tick.tick().await;
                 let Some(m) = me.upgrade() else { return };
-                match m.store.expired(now_ms()) {
+                match m.store.expired(m.host_id(), now_ms()).await {
                     Ok(ids) => {
                         for id in ids {
-                            m.stop(&id, "ttl");
+                            m.stop(&id, "ttl").await;
                         }
                     }
                     Err(e) => tracing::error!(error = %e, "reaper could not read state"),
                 }
-                m.expire_snapshots();
+                m.expire_snapshots().await;
             }
         })
     }

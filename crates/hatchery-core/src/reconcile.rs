@@ -4,6 +4,7 @@
 //! - on the host but unknown (a crash between runtime create and the state
 //!   write): destroy.
 
+use crate::store::SandboxState;
 use crate::{now_ms, CoreError, Manager};
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -20,12 +21,25 @@ impl Manager {
         let mut report = ReconcileReport::default();
         let mut keep = HashSet::new();
         let now = now_ms();
-        for row in self.store.list_unstopped()? {
+        // Only this host's rows: another host's sandboxes are not on this
+        // machine, and must not be marked lost from here.
+        for row in self.store.list_unstopped(self.host_id()).await? {
             // Pooled sandboxes are cheap to remake and their pool is gone
             // with the old process: discard them.
-            if row.state != crate::store::STATE_POOLED && row.expires_at_ms > now {
+            if row.state != SandboxState::Pooled && row.expires_at_ms > now {
                 if let Ok(client) = self.connect_agent(&row.id).await {
-                    self.store.set_running(&row.id)?;
+                    let moved = self
+                        .store
+                        .transition(
+                            &self.fence,
+                            &row.id,
+                            &[SandboxState::Starting, SandboxState::Running],
+                            SandboxState::Running,
+                        )
+                        .await?;
+                    if !moved {
+                        continue;
+                    }
                     self.adopt(&row.id, client, row.env.clone());
                     keep.insert(row.id.clone());
                     report.adopted += 1;
@@ -37,7 +51,7 @@ impl Manager {
             } else {
                 "lost"
             };
-            self.store.stop(&row.id, reason, now)?;
+            self.store.stop(&self.fence, &row.id, reason, now).await?;
             self.runtime.destroy(&row.id).await?;
             report.stopped += 1;
         }
@@ -48,7 +62,7 @@ impl Manager {
             }
         }
         // Only now, with every unknown sandbox gone, may their slots go.
-        self.reclaim_slots(&keep)?;
+        self.reclaim_slots(&keep).await?;
         tracing::info!(
             adopted = report.adopted,
             stopped = report.stopped,

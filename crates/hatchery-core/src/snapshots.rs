@@ -5,7 +5,7 @@
 
 use crate::ids::{new_sandbox_id, new_snapshot_id, valid_snapshot_id};
 use crate::manager::SandboxInfo;
-use crate::store::{SandboxRow, SnapshotRow, STATE_STARTING};
+use crate::store::{SandboxRow, SandboxState, SnapshotRow};
 use crate::template_images::image_err;
 use crate::{now_ms, CoreError, Manager};
 use hatchery_templates::Template;
@@ -56,10 +56,11 @@ impl Manager {
     ) -> Result<SnapshotInfo, CoreError> {
         let retention = retention_s.unwrap_or(self.caps.default_retention_s);
         crate::within("retention_seconds", retention, self.caps.max_retention_s)?;
-        self.live_client(sandbox_id)?;
+        self.live_client(sandbox_id).await?;
         let row = self
             .store
-            .get_live(sandbox_id)?
+            .get_live(sandbox_id)
+            .await?
             .ok_or_else(|| CoreError::SandboxNotFound(sandbox_id.into()))?;
         // Restores need exactly the rootfs and shape this sandbox runs on.
         let template = self.templates().get(&row.template)?;
@@ -89,8 +90,9 @@ impl Manager {
             env: row.env,
             rootfs: template.rootfs.to_string_lossy().into_owned(),
             limits: serde_json::to_string(&template.limits()).unwrap_or_default(),
+            host_id: self.host_id().to_string(),
         };
-        if let Err(e) = self.store.insert_snapshot(&snap) {
+        if let Err(e) = self.store.insert_snapshot(&self.fence, &snap).await {
             let _ = self.snapshots.remove(&id);
             return Err(e.into());
         }
@@ -99,36 +101,37 @@ impl Manager {
         Ok(snap.into())
     }
 
-    pub fn get_snapshot(&self, id: &str) -> Result<SnapshotInfo, CoreError> {
+    pub async fn get_snapshot(&self, id: &str) -> Result<SnapshotInfo, CoreError> {
         if !valid_snapshot_id(id) {
             return Err(CoreError::SnapshotNotFound(id.into()));
         }
         self.store
-            .get_snapshot(id)?
+            .get_snapshot(id)
+            .await?
             .map(Into::into)
             .ok_or_else(|| CoreError::SnapshotNotFound(id.into()))
     }
 
-    pub fn list_snapshots(
+    pub async fn list_snapshots(
         &self,
         filter: &BTreeMap<String, String>,
     ) -> Result<Vec<SnapshotInfo>, CoreError> {
         Ok(self
             .store
-            .list_snapshots()?
+            .list_snapshots(filter)
+            .await?
             .into_iter()
-            .filter(|r| filter.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
             .map(Into::into)
             .collect())
     }
 
     /// Idempotent; really frees the space.
-    pub fn delete_snapshot(&self, id: &str) -> Result<(), CoreError> {
+    pub async fn delete_snapshot(&self, id: &str) -> Result<(), CoreError> {
         if !valid_snapshot_id(id) {
             return Ok(());
         }
         self.snapshots.remove(id).map_err(image_err)?;
-        if self.store.delete_snapshot(id)? {
+        if self.store.delete_snapshot(&self.fence, id).await? {
             tracing::info!(snapshot = %id, "snapshot deleted");
         }
         Ok(())
@@ -147,7 +150,8 @@ impl Manager {
         self.check_policy(&req.network)?;
         let snap = self
             .store
-            .get_snapshot(snapshot_id)?
+            .get_snapshot(snapshot_id)
+            .await?
             .ok_or_else(|| CoreError::SnapshotNotFound(snapshot_id.into()))?;
         let dir = self.snapshots.verify(snapshot_id).map_err(image_err)?;
         // The rootfs and shape recorded with the snapshot, not whatever
@@ -180,11 +184,12 @@ impl Manager {
                 let row = SandboxRow {
                     id: new_sandbox_id(),
                     template: snap.template.clone(),
-                    state: STATE_STARTING.into(),
+                    state: SandboxState::Starting,
                     created_at_ms: now,
                     expires_at_ms: now + ttl * 1000,
                     metadata: req.metadata.clone(),
                     env: snap.env.clone(),
+                    host_id: self.host_id().to_string(),
                 };
                 let r = self
                     .boot_row(row, &req.network, &template, Some(&dir), "fork", started)
@@ -197,7 +202,7 @@ impl Manager {
                 Ok(info) => made.push(info),
                 Err(e) => {
                     for m in &made {
-                        self.stop(&m.id, "fork_failed");
+                        self.stop(&m.id, "fork_failed").await;
                     }
                     return Err(e);
                 }
@@ -206,11 +211,11 @@ impl Manager {
         Ok(made)
     }
 
-    pub(crate) fn expire_snapshots(&self) {
-        match self.store.expired_snapshots(now_ms()) {
+    pub(crate) async fn expire_snapshots(&self) {
+        match self.store.expired_snapshots(self.host_id(), now_ms()).await {
             Ok(ids) => {
                 for id in ids {
-                    if let Err(e) = self.delete_snapshot(&id) {
+                    if let Err(e) = self.delete_snapshot(&id).await {
                         tracing::warn!(snapshot = %id, error = %e, "could not delete expired snapshot");
                     }
                 }

@@ -183,10 +183,10 @@ pub trait Backend: Send + Sync + 'static {
     /// Whether the template exists (after E2B aliases are resolved).
     fn template_exists(&self, name: &str) -> bool;
     async fn create(&self, spec: CreateSpec) -> BResult<SandboxView>;
-    fn get(&self, id: &str) -> BResult<SandboxView>;
-    fn list(&self) -> BResult<Vec<SandboxView>>;
+    async fn get(&self, id: &str) -> BResult<SandboxView>;
+    async fn list(&self) -> BResult<Vec<SandboxView>>;
     /// Idempotent.
-    fn kill(&self, id: &str);
+    async fn kill(&self, id: &str);
     async fn set_ttl(&self, id: &str, ttl_seconds: u64) -> BResult<SandboxView>;
     /// Replaces the egress policy.
     async fn set_network(&self, id: &str, net: NetworkSpec) -> BResult<()>;
@@ -199,7 +199,7 @@ pub trait Backend: Send + Sync + 'static {
         ttl_seconds: u64,
         metadata: BTreeMap<String, String>,
     ) -> BResult<SandboxView>;
-    fn delete_snapshot(&self, snapshot: &str);
+    async fn delete_snapshot(&self, snapshot: &str);
 
     async fn exec(
         &self,

@@ -285,9 +285,9 @@ pub async fn create_v2(
 }
 
 /// A running sandbox by its E2B id (`None`: not running, maybe paused).
-fn live(s: &Shared, e2b_id: &str) -> ApiResult<Option<(String, SandboxView)>> {
+async fn live(s: &Shared, e2b_id: &str) -> ApiResult<Option<(String, SandboxView)>> {
     let h = s.resolve(e2b_id);
-    match s.backend.get(&h) {
+    match s.backend.get(&h).await {
         Ok(v) => Ok(Some((h, v))),
         Err(e) if e.kind == FailKind::SandboxNotFound => Ok(None),
         Err(e) => Err(e.into()),
@@ -295,7 +295,7 @@ fn live(s: &Shared, e2b_id: &str) -> ApiResult<Option<(String, SandboxView)>> {
 }
 
 pub async fn get(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
-    if let Some((_, v)) = live(&s, &id)? {
+    if let Some((_, v)) = live(&s, &id).await? {
         let mut d = detail_json(&id, &v, "running");
         d["envdAccessToken"] = json!(s.access_token(&id));
         return Ok(Json(d));
@@ -307,14 +307,14 @@ pub async fn get(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> ApiRes
 }
 
 pub async fn kill(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    if let Some((h, _)) = live(&s, &id)? {
-        s.backend.kill(&h);
+    if let Some((h, _)) = live(&s, &id).await? {
+        s.backend.kill(&h).await;
         s.forget(&id);
         return Ok(StatusCode::NO_CONTENT);
     }
     match s.forget(&id) {
         Some(snap) => {
-            s.backend.delete_snapshot(&snap);
+            s.backend.delete_snapshot(&snap).await;
             Ok(StatusCode::NO_CONTENT)
         }
         None => Err(ApiError::not_found(&id)),
@@ -332,7 +332,7 @@ pub async fn set_timeout(
     Body(b): Body<TimeoutBody>,
 ) -> ApiResult<StatusCode> {
     let t = timeout_of(Some(b.timeout), 0)?;
-    let Some((h, _)) = live(&s, &id)? else {
+    let Some((h, _)) = live(&s, &id).await? else {
         return Err(ApiError::not_found(&id));
     };
     s.backend.set_ttl(&h, t).await?;
@@ -350,7 +350,7 @@ pub async fn refresh(
     Body(b): Body<RefreshBody>,
 ) -> ApiResult<StatusCode> {
     let t = timeout_of(b.duration, 60)?;
-    let Some((h, v)) = live(&s, &id)? else {
+    let Some((h, v)) = live(&s, &id).await? else {
         return Err(ApiError::not_found(&id));
     };
     // A refresh only extends.
@@ -382,7 +382,7 @@ async fn resume_paused(s: &Shared, id: &str, ttl: u64) -> ApiResult<Response> {
     {
         Ok(v) => {
             s.set_alias(id, &v.id);
-            s.backend.delete_snapshot(&p.snapshot);
+            s.backend.delete_snapshot(&p.snapshot).await;
             Ok((StatusCode::CREATED, Json(sandbox_json(s, id, &v))).into_response())
         }
         Err(e) => {
@@ -401,7 +401,7 @@ async fn do_connect(s: &Shared, id: &str, b: ConnectBody, default: u64) -> ApiRe
         ));
     }
     let ttl = timeout_of(b.timeout, default)?;
-    if let Some((h, v)) = live(s, id)? {
+    if let Some((h, v)) = live(s, id).await? {
         let v = if v.expires_at_ms < crate::now_ms() + ttl * 1000 {
             s.backend.set_ttl(&h, ttl).await?
         } else {
@@ -438,7 +438,7 @@ pub async fn resume(
             "memory=false (resume from disk only) is not supported by Hatchery",
         ));
     }
-    if live(&s, &id)?.is_some() {
+    if live(&s, &id).await?.is_some() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             format!("sandbox \"{id}\" is already running"),
@@ -473,7 +473,7 @@ pub async fn pause(
             )));
         }
     }
-    let Some((h, v)) = live(&s, &id)? else {
+    let Some((h, v)) = live(&s, &id).await? else {
         return Err(match s.paused(&id) {
             Some(_) => ApiError::new(
                 StatusCode::CONFLICT,
@@ -498,7 +498,7 @@ pub async fn pause(
             view: v,
         },
     );
-    s.backend.kill(&h);
+    s.backend.kill(&h).await;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -526,7 +526,7 @@ pub async fn fork(
         )));
     }
     let ttl = timeout_of(b.timeout, 15)?;
-    let Some((h, v)) = live(&s, &id)? else {
+    let Some((h, v)) = live(&s, &id).await? else {
         return Err(ApiError::not_found(&id));
     };
     let mut meta = v.metadata.clone();
@@ -542,7 +542,7 @@ pub async fn fork(
             }
         }
     }
-    s.backend.delete_snapshot(&snap);
+    s.backend.delete_snapshot(&snap).await;
     Ok((StatusCode::CREATED, Json(Value::Array(out))).into_response())
 }
 
@@ -551,7 +551,7 @@ pub async fn set_network(
     Path(id): Path<String>,
     Body(b): Body<NetworkBody>,
 ) -> ApiResult<StatusCode> {
-    let Some((h, _)) = live(&s, &id)? else {
+    let Some((h, _)) = live(&s, &id).await? else {
         return Err(ApiError::not_found(&id));
     };
     let spec = network_spec(None, Some(&b))?.unwrap_or(NetworkSpec {
@@ -642,10 +642,11 @@ fn pct_decode(s: &str) -> ApiResult<String> {
 }
 
 /// Every sandbox, running and paused, with its E2B id and state.
-fn everything(s: &Shared) -> ApiResult<Vec<(String, SandboxView, &'static str)>> {
+async fn everything(s: &Shared) -> ApiResult<Vec<(String, SandboxView, &'static str)>> {
     let mut all: Vec<_> = s
         .backend
-        .list()?
+        .list()
+        .await?
         .into_iter()
         .map(|v| (s.e2b_id(&v.id), v, "running"))
         .collect();
@@ -662,7 +663,8 @@ pub async fn list_v1(
     RawQuery(q): RawQuery,
 ) -> ApiResult<Json<Value>> {
     let q = parse_query(q.as_deref())?;
-    let out: Vec<Value> = everything(&s)?
+    let out: Vec<Value> = everything(&s)
+        .await?
         .into_iter()
         .filter(|(_, v, st)| {
             *st == "running" && q.metadata.iter().all(|(k, x)| v.metadata.get(k) == Some(x))
@@ -674,7 +676,8 @@ pub async fn list_v1(
 
 pub async fn list_v2(State(s): State<Arc<Shared>>, RawQuery(q): RawQuery) -> ApiResult<Response> {
     let q = parse_query(q.as_deref())?;
-    let mut all: Vec<_> = everything(&s)?
+    let mut all: Vec<_> = everything(&s)
+        .await?
         .into_iter()
         .filter(|(_, v, st)| {
             (q.states.is_empty() || q.states.iter().any(|x| x == st))

@@ -122,7 +122,7 @@ pub async fn dispatch(s: Arc<Shared>, envd: axum::Router, req: Request) -> Respo
         Err(m) => return plain_error(StatusCode::BAD_REQUEST, m),
     };
     let sandbox = s.resolve(&id);
-    if s.backend.get(&sandbox).is_err() {
+    if s.backend.get(&sandbox).await.is_err() {
         let msg = if s.paused(&id).is_some() {
             format!("sandbox \"{id}\" is paused (was not found running); connect to resume it")
         } else {

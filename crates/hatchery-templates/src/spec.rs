@@ -16,6 +16,8 @@ pub const MAX_FILES: usize = 64;
 pub const MAX_FILES_BYTES: usize = 4 << 20;
 pub const MAX_SETUP: usize = 32;
 pub const MAX_SETUP_BYTES: usize = 16 * 1024;
+pub const MAX_PIP: usize = 64;
+pub const MAX_PIP_BYTES: usize = 200;
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -27,6 +29,13 @@ pub struct TemplateSpec {
     /// on the host, at build time).
     #[serde(default)]
     pub packages: Vec<String>,
+    /// Python requirements (`name`, `name==1.2`, `name[extra]>=1,<2`)
+    /// installed into the rootfs's `/usr/local` by the host's pip at rootfs
+    /// time, from the index the host's pip is configured for (PIP_INDEX_URL,
+    /// PIP_FIND_LINKS, PIP_NO_INDEX in the daemon's environment). Not
+    /// serialized when empty, so specs without it keep their versions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pip: Vec<String>,
     /// Files written into the build sandbox before setup: path -> content.
     #[serde(default)]
     pub files: BTreeMap<String, String>,
@@ -78,6 +87,19 @@ fn valid_package(p: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"+.-".contains(c))
 }
 
+/// A requirement specifier and nothing else: a name (PEP 508 letters,
+/// digits, `._-`), optional extras and version clauses. No URLs, paths,
+/// options (`-e`, `--index-url`) or environment markers, so a spec cannot
+/// steer the host's pip anywhere.
+fn valid_requirement(r: &str) -> bool {
+    let b = r.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_PIP_BYTES
+        && b[0].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || b"._-[],<>=!~".contains(c))
+}
+
 fn valid_guest_path(p: &str) -> bool {
     p.starts_with('/')
         && p.len() <= 4096
@@ -114,6 +136,15 @@ impl TemplateSpec {
         }
         if let Some(p) = self.packages.iter().find(|p| !valid_package(p)) {
             return bad(format!("invalid package name {p:?}"));
+        }
+        if self.pip.len() > MAX_PIP {
+            return bad(format!("at most {MAX_PIP} pip requirements"));
+        }
+        if let Some(r) = self.pip.iter().find(|r| !valid_requirement(r)) {
+            return bad(format!(
+                "invalid pip requirement {r:?}: a name with optional [extras] and version clauses, \
+                 at most {MAX_PIP_BYTES} bytes (no URLs, paths, options or markers)"
+            ));
         }
         if self.files.len() > MAX_FILES {
             return bad(format!("at most {MAX_FILES} files"));
@@ -160,8 +191,9 @@ impl TemplateSpec {
         sha16(&serde_json::to_vec(self).unwrap_or_default())
     }
 
-    /// What the rootfs depends on (base and packages, not setup): specs
-    /// that differ only in setup or shape share one rootfs.
+    /// What the rootfs depends on (base, packages and pip requirements,
+    /// not setup): specs that differ only in setup or shape share one
+    /// rootfs.
     pub fn rootfs_key(&self) -> String {
         let mut pkgs: Vec<&str> = BASE_PACKAGES
             .iter()
@@ -170,7 +202,14 @@ impl TemplateSpec {
             .collect();
         pkgs.sort_unstable();
         pkgs.dedup();
-        sha16(format!("{}|{}", self.base, pkgs.join(",")).as_bytes())
+        let mut key = format!("{}|{}", self.base, pkgs.join(","));
+        // Appended only when present: rootfs built before pip existed keep
+        // their keys.
+        if !self.pip.is_empty() {
+            key.push_str("|pip:");
+            key.push_str(&self.pip.join(" "));
+        }
+        sha16(key.as_bytes())
     }
 
     pub fn all_packages(&self) -> Vec<String> {
@@ -188,6 +227,50 @@ impl TemplateSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pip_requirements() {
+        for ok in [
+            "mini-swe-agent==2.4.6",
+            "requests",
+            "a[b,c]>=1,<2",
+            "x~=1.0",
+            "Py.Thing_2!=3",
+        ] {
+            assert!(valid_requirement(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "-e .",
+            "--index-url=http://x",
+            "git+https://x/y",
+            "./local",
+            "/abs/path.whl",
+            "x; python_version<'3'",
+            "x @ https://h/x.whl",
+            "a b",
+            &"a".repeat(201),
+        ] {
+            assert!(!valid_requirement(bad), "{bad}");
+        }
+        let mut s = TemplateSpec::named("t");
+        s.pip = vec!["--pre".into()];
+        assert!(s.validate().is_err());
+        s.pip = vec!["ok".into(); MAX_PIP + 1];
+        assert!(s.validate().is_err());
+        s.pip = vec!["ok".into(); MAX_PIP];
+        assert!(s.validate().is_ok());
+    }
+
+    #[test]
+    fn pip_changes_the_rootfs_but_not_old_versions() {
+        let plain = TemplateSpec::named("t");
+        assert!(!serde_json::to_string(&plain).unwrap().contains("pip"));
+        let mut with = plain.clone();
+        with.pip = vec!["requests".into()];
+        assert_ne!(plain.rootfs_key(), with.rootfs_key());
+        assert_ne!(plain.version(), with.version());
+    }
 
     #[test]
     fn names() {

@@ -11,6 +11,17 @@ pub struct DaemonArgs {
     /// State, key file, runtime state and (by default) templates.
     #[arg(long, env = "HATCHERY_DATA_DIR", default_value = "/var/lib/hatchery")]
     pub data_dir: PathBuf,
+    /// The state store: a `postgres://` URL (shared by many hosts) or a
+    /// SQLite file path (default: DATA_DIR/state.db).
+    #[arg(long, env = "HATCHERY_DB")]
+    pub db: Option<String>,
+    /// PostgreSQL connections this daemon may hold at once.
+    #[arg(long, env = "HATCHERY_DB_POOL", default_value_t = hatchery_store::DEFAULT_PG_POOL)]
+    pub db_pool: usize,
+    /// This host's identity in the state store: it owns the sandboxes it
+    /// creates, and reconcile and the reaper touch only its own rows.
+    #[arg(long, env = "HATCHERY_HOST_ID", default_value = "local")]
+    pub host_id: String,
     /// Where baked templates live (default: DATA_DIR/templates).
     #[arg(long, env = "HATCHERY_TEMPLATES_DIR")]
     pub templates_dir: Option<PathBuf>,

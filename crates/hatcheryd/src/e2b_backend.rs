@@ -308,22 +308,27 @@ impl Backend for ManagerBackend {
         Ok(self.view(info))
     }
 
-    fn get(&self, id: &str) -> BResult<SandboxView> {
-        self.manager.get(id).map(|i| self.view(i)).map_err(err)
+    async fn get(&self, id: &str) -> BResult<SandboxView> {
+        self.manager
+            .get(id)
+            .await
+            .map(|i| self.view(i))
+            .map_err(err)
     }
 
-    fn list(&self) -> BResult<Vec<SandboxView>> {
+    async fn list(&self) -> BResult<Vec<SandboxView>> {
         Ok(self
             .manager
             .list(&BTreeMap::new())
+            .await
             .map_err(err)?
             .into_iter()
             .map(|i| self.view(i))
             .collect())
     }
 
-    fn kill(&self, id: &str) {
-        self.manager.delete(id);
+    async fn kill(&self, id: &str) {
+        self.manager.delete(id).await;
     }
 
     async fn set_ttl(&self, id: &str, ttl_seconds: u64) -> BResult<SandboxView> {
@@ -369,8 +374,8 @@ impl Backend for ManagerBackend {
         Ok(self.view(i))
     }
 
-    fn delete_snapshot(&self, snapshot: &str) {
-        if let Err(e) = self.manager.delete_snapshot(snapshot) {
+    async fn delete_snapshot(&self, snapshot: &str) {
+        if let Err(e) = self.manager.delete_snapshot(snapshot).await {
             tracing::warn!(snapshot, error = %e, "e2b: could not delete a resumed sandbox's snapshot");
         }
     }
@@ -415,7 +420,7 @@ impl Backend for ManagerBackend {
     }
 
     async fn list_processes(&self, id: &str) -> BResult<Vec<ProcView>> {
-        let a = self.manager.agent(id).map_err(err)?;
+        let a = self.manager.agent(id).await.map_err(err)?;
         Ok(hatchery_core::procs::list(&a)
             .await
             .map_err(err)?
@@ -432,7 +437,7 @@ impl Backend for ManagerBackend {
         follow: bool,
         tx: mpsc::Sender<OutputChunk>,
     ) -> BResult<ProcView> {
-        let a = self.manager.agent(id).map_err(err)?;
+        let a = self.manager.agent(id).await.map_err(err)?;
         let (ctx, mut crx) = mpsc::channel(16);
         let fwd = async {
             while let Some(c) = crx.recv().await {
@@ -464,21 +469,21 @@ impl Backend for ManagerBackend {
                 "stdin write over 1 MiB",
             ));
         }
-        let a = self.manager.agent(id).map_err(err)?;
+        let a = self.manager.agent(id).await.map_err(err)?;
         hatchery_core::procs::write_stdin(&a, proc_id, data)
             .await
             .map_err(err)
     }
 
     async fn close_stdin(&self, id: &str, proc_id: &str) -> BResult<()> {
-        let a = self.manager.agent(id).map_err(err)?;
+        let a = self.manager.agent(id).await.map_err(err)?;
         hatchery_core::procs::close_stdin(&a, proc_id)
             .await
             .map_err(err)
     }
 
     async fn signal_process(&self, id: &str, proc_id: &str, signal: i32) -> BResult<()> {
-        let a = self.manager.agent(id).map_err(err)?;
+        let a = self.manager.agent(id).await.map_err(err)?;
         if signal == 9 {
             // A kill takes the process's whole unit, as E2B's does.
             return hatchery_core::procs::kill(&a, proc_id)

@@ -9,6 +9,7 @@ mod rounds;
 mod serve;
 mod session_services;
 mod sessions;
+mod state_db;
 
 pub use config::DaemonArgs;
 pub use serve::{run, DaemonError};

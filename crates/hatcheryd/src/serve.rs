@@ -1,6 +1,6 @@
 use crate::config::DaemonArgs;
 use hatchery_api::AppState;
-use hatchery_core::{store::Store, Caps, ImageConfig, Manager, PoolConfig};
+use hatchery_core::{Caps, ImageConfig, Manager, PoolConfig};
 use hatchery_runtime_gvisor::{GvisorConfig, GvisorRuntime};
 use hatchery_templates::ImageStore;
 use hatchery_templates::Templates;
@@ -78,7 +78,10 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let terminal_secret = crate::key::terminal_secret(&data)
         .map_err(|e| DaemonError::DataDir(data.join("terminal_secret"), e))?;
 
-    let store = Store::open(&data.join("state.db")).map_err(hatchery_core::CoreError::from)?;
+    let store = crate::state_db::open(&args, &data).await?;
+    let state = hatchery_core::lease::take_host_lease(store, &args.host_id)
+        .await
+        .map_err(hatchery_core::CoreError::from)?;
     let runtime = GvisorRuntime::new(GvisorConfig {
         state_dir: data.clone(),
         runsc,
@@ -133,7 +136,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     };
     let manager = Manager::new(
         caps,
-        store,
+        state,
         Arc::new(runtime),
         templates,
         images,
@@ -144,9 +147,11 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     for svc in &args.host_services {
         manager.add_host_service(svc.clone())?;
     }
+    manager.register_host(&args.listen.to_string()).await?;
     let report = manager.reconcile().await?;
     tracing::info!(?report, "state reconciled with the host");
     let _reaper = manager.spawn_reaper();
+    let _lease = manager.spawn_lease_keeper();
     // Bake missing template checkpoints in the background; until one is
     // ready, creates of that template boot cold.
     for t in manager.templates().list() {

@@ -1096,14 +1096,14 @@ class Template:
 
     @staticmethod
     def start_build(name: str, *, base: Optional[str] = None, packages: Optional[List[str]] = None,
-                    files: Optional[Dict[str, str]] = None, setup: Optional[List[str]] = None,
+                    pip: Optional[List[str]] = None, files: Optional[Dict[str, str]] = None, setup: Optional[List[str]] = None,
                     cpus: Optional[float] = None, memory_mb: Optional[int] = None, pids_max: Optional[int] = None,
                     disk_mb: Optional[int] = None, network: Optional[PolicyLike] = None,
                     client: Optional[Client] = None) -> BuildAccepted:
         """Starts a build and returns at once (202); follow it with
         `build_events`."""
         c = client or default_client()
-        body = _drop_none({"name": name, "base": base, "packages": packages, "files": files, "setup": setup,
+        body = _drop_none({"name": name, "base": base, "packages": packages, "pip": pip, "files": files, "setup": setup,
                            "cpus": cpus, "memory_mb": memory_mb, "pids_max": pids_max, "disk_mb": disk_mb,
                            "network": policy_dict(network)})
         return BuildAccepted.from_dict(c.call("POST", "/v1/templates", json=body).json())
@@ -1126,7 +1126,7 @@ class Template:
 
     @staticmethod
     def build(name: str, *, base: Optional[str] = None, packages: Optional[List[str]] = None,
-              files: Optional[Dict[str, str]] = None, setup: Optional[List[str]] = None,
+              pip: Optional[List[str]] = None, files: Optional[Dict[str, str]] = None, setup: Optional[List[str]] = None,
               cpus: Optional[float] = None, memory_mb: Optional[int] = None, pids_max: Optional[int] = None,
               disk_mb: Optional[int] = None, network: Optional[PolicyLike] = None,
               on_progress: Optional[Callable[[int, str], None]] = None,
@@ -1135,7 +1135,7 @@ class Template:
         `on_log(line)` for each log line. Returns the activated template;
         raises BuildFailed if the build fails."""
         c = client or default_client()
-        acc = Template.start_build(name, base=base, packages=packages, files=files, setup=setup, cpus=cpus,
+        acc = Template.start_build(name, base=base, packages=packages, pip=pip, files=files, setup=setup, cpus=cpus,
                                    memory_mb=memory_mb, pids_max=pids_max, disk_mb=disk_mb, network=network, client=c)
         for ev in Template.build_events(name, acc.build_id, client=c):
             if ev.kind == "step" and on_progress:

@@ -141,7 +141,7 @@ export type SnapshotInfo = Renamed<wire.Snapshot, typeof SNAPSHOT_FIELDS>;
 export const snapshotInfo = (w: wire.Snapshot): SnapshotInfo => fromWire(SNAPSHOT_FIELDS, w);
 
 export const TEMPLATE_FIELDS = {
-  name: "name", version: "version", base: "base", packages: "packages", files: "files", setup: "setup",
+  name: "name", version: "version", base: "base", packages: "packages", pip: "pip", files: "files", setup: "setup",
   cpus: "cpus", memory_mb: "memoryMb", pids_max: "pidsMax", disk_mb: "diskMb", checkpoint_ready: "checkpointReady",
 } as const satisfies FieldMap<wire.TemplateInfo>;
 export type TemplateInfo = Renamed<wire.TemplateInfo, typeof TEMPLATE_FIELDS>;
@@ -401,6 +401,8 @@ export interface TemplateSpec {
   name: string;
   base?: string;
   packages?: string[];
+  /** Python requirements (`name==1.2`) installed into the rootfs by the host's pip. */
+  pip?: string[];
   /** Absolute path -> content, written before setup. */
   files?: Record<string, string>;
   setup?: string[];
@@ -411,7 +413,7 @@ export interface TemplateSpec {
   network?: NetworkPolicy;
 }
 export const TEMPLATE_SPEC_FIELDS = {
-  name: "name", base: "base", packages: "packages", files: "files", setup: "setup", cpus: "cpus",
+  name: "name", base: "base", packages: "packages", pip: "pip", files: "files", setup: "setup", cpus: "cpus",
   memory_mb: "memoryMb", pids_max: "pidsMax", disk_mb: "diskMb", network: "network",
 } as const satisfies FieldMap<wire.CreateTemplate> & Record<string, keyof TemplateSpec>;
 

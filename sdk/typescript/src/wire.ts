@@ -101,6 +101,7 @@ export interface CreateTemplate {
   network?: unknown;
   packages?: Array<string>;
   pids_max?: number | null;
+  pip?: Array<string>;
   setup?: Array<string>;
 }
 
@@ -336,6 +337,7 @@ export interface TemplateInfo {
   name: string;
   packages: Array<string>;
   pids_max: number;
+  pip: Array<string>;
   setup: Array<string>;
   version: string;
 }

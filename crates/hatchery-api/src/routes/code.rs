@@ -44,7 +44,7 @@ pub async fn stream(
     Json(body): Json<CodeBody>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let params = body.into_params(&st.manager.caps)?;
-    st.manager.get(&id)?;
+    st.manager.get(&id).await?;
     let (tx, rx) = mpsc::channel::<ExecEvent>(16);
     let manager = st.manager.clone();
     let task = tokio::spawn(async move { manager.run_code(&id, params, Sink::Stream(tx)).await });

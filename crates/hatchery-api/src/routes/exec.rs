@@ -59,7 +59,7 @@ pub async fn exec_stream(
     let params = body.into_params(&st.manager.caps)?;
     // Fail before the stream starts if the sandbox is not there, so the
     // caller gets a proper status code.
-    st.manager.get(&id)?;
+    st.manager.get(&id).await?;
     let (tx, rx) = mpsc::channel::<ExecEvent>(16);
     let manager = st.manager.clone();
     let task = tokio::spawn(async move { manager.exec(&id, params, Sink::Stream(tx)).await });

@@ -10,7 +10,7 @@ pub async fn get(
     State(st): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<axum::Json<NetworkPolicy>, ApiError> {
-    Ok(axum::Json(st.manager.network_policy(&id)?.into()))
+    Ok(axum::Json(st.manager.network_policy(&id).await?.into()))
 }
 
 /// Replaces the policy. When this returns, new connections follow it, and
@@ -36,7 +36,8 @@ pub async fn events(
 ) -> Result<axum::Json<EgressEventList>, ApiError> {
     let events = st
         .manager
-        .network_events(&id)?
+        .network_events(&id)
+        .await?
         .into_iter()
         .map(Into::into)
         .collect();

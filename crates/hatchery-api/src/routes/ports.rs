@@ -164,7 +164,7 @@ pub async fn preview_url(
         req.ttl_seconds.unwrap_or(caps.default_preview_ttl_s),
         caps.max_preview_ttl_s,
     )?;
-    let info = st.manager.get(id)?;
+    let info = st.manager.get(id).await?;
     let expires_s = now_ms() / 1000 + ttl;
     let token = st.preview.mint(&info.id, port, expires_s);
     let path = format!("/preview/{token}/");

@@ -33,7 +33,7 @@ pub async fn list(
     State(st): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<axum::Json<ProcessList>, ApiError> {
-    let all = procs::list(&*st.manager.agent(&id)?).await?;
+    let all = procs::list(&*st.manager.agent(&id).await?).await?;
     Ok(axum::Json(ProcessList {
         processes: all.into_iter().map(Into::into).collect(),
     }))
@@ -48,7 +48,9 @@ pub async fn get(
 ) -> Result<axum::Json<ProcessInfo>, ApiError> {
     check(&pid)?;
     Ok(axum::Json(
-        procs::get(&*st.manager.agent(&id)?, &pid).await?.into(),
+        procs::get(&*st.manager.agent(&id).await?, &pid)
+            .await?
+            .into(),
     ))
 }
 
@@ -67,7 +69,7 @@ pub async fn output(
     Query(q): Query<OutputQuery>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     check(&pid)?;
-    let client = st.manager.agent(&id)?;
+    let client = st.manager.agent(&id).await?;
     // 404 before the stream starts.
     procs::get(&client, &pid).await?;
     let enc = q.encoding.unwrap_or_default();
@@ -131,7 +133,7 @@ pub async fn stdin(
             format!("stdin writes are at most {} bytes", procs::MAX_STDIN_WRITE),
         ));
     }
-    procs::write_stdin(&*st.manager.agent(&id)?, &pid, &data).await?;
+    procs::write_stdin(&*st.manager.agent(&id).await?, &pid, &data).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -143,7 +145,7 @@ pub async fn close_stdin(
     Path((id, pid)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     check(&pid)?;
-    procs::close_stdin(&*st.manager.agent(&id)?, &pid).await?;
+    procs::close_stdin(&*st.manager.agent(&id).await?, &pid).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -159,7 +161,7 @@ pub async fn signal(
     let sig = parse_signal(&body.signal)
         .ok_or_else(|| ApiError::bad_request("unknown or disallowed signal"))?;
     Ok(axum::Json(
-        procs::signal(&*st.manager.agent(&id)?, &pid, sig)
+        procs::signal(&*st.manager.agent(&id).await?, &pid, sig)
             .await?
             .into(),
     ))
@@ -178,7 +180,12 @@ pub async fn wait(
     check(&pid)?;
     let max = procs::MAX_WAIT.as_secs();
     let secs = crate::models::bounded(q.timeout_seconds, 30, max, "timeout_seconds")?;
-    let info = procs::wait(&*st.manager.agent(&id)?, &pid, Duration::from_secs(secs)).await?;
+    let info = procs::wait(
+        &*st.manager.agent(&id).await?,
+        &pid,
+        Duration::from_secs(secs),
+    )
+    .await?;
     Ok(axum::Json(info.into()))
 }
 
@@ -191,7 +198,7 @@ pub async fn kill(
     Path((id, pid)): Path<(String, String)>,
 ) -> Result<axum::Json<ProcessInfo>, ApiError> {
     check(&pid)?;
-    let client = st.manager.agent(&id)?;
+    let client = st.manager.agent(&id).await?;
     procs::kill(&client, &pid).await?;
     // The answer after the kill has been reaped.
     let info = procs::wait(&client, &pid, Duration::from_secs(5)).await?;

@@ -34,7 +34,7 @@ pub async fn token(
     State(st): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<axum::Json<TerminalToken>, ApiError> {
-    st.manager.get(&id)?;
+    st.manager.get(&id).await?;
     let (token, expires) = st.terminal_tokens.issue(&id, hatchery_core::now_ms());
     Ok(axum::Json(TerminalToken {
         token,

@@ -46,7 +46,8 @@ pub async fn list(
     let filter = metadata_filter(q)?;
     let sandboxes = st
         .manager
-        .list(&filter)?
+        .list(&filter)
+        .await?
         .into_iter()
         .map(Into::into)
         .collect();
@@ -93,7 +94,7 @@ pub async fn get(
     State(st): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<axum::Json<Sandbox>, ApiError> {
-    Ok(axum::Json(st.manager.get(&id)?.into()))
+    Ok(axum::Json(st.manager.get(&id).await?.into()))
 }
 
 /// Idempotent: 204 whether or not the sandbox still exists. Teardown
@@ -101,7 +102,7 @@ pub async fn get(
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path)),
     responses((status = 204)))]
 pub async fn delete(State(st): State<AppState>, Path(id): Path<String>) -> StatusCode {
-    st.manager.delete(&id);
+    st.manager.delete(&id).await;
     StatusCode::NO_CONTENT
 }
 

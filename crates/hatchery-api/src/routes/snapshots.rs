@@ -43,7 +43,8 @@ pub async fn list(
     let filter = metadata_filter(q)?;
     let snapshots = st
         .manager
-        .list_snapshots(&filter)?
+        .list_snapshots(&filter)
+        .await?
         .into_iter()
         .map(Into::into)
         .collect();
@@ -56,7 +57,7 @@ pub async fn get(
     State(st): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<axum::Json<Snapshot>, ApiError> {
-    Ok(axum::Json(st.manager.get_snapshot(&id)?.into()))
+    Ok(axum::Json(st.manager.get_snapshot(&id).await?.into()))
 }
 
 /// Idempotent; the files are removed at once.
@@ -66,7 +67,7 @@ pub async fn delete(
     State(st): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    st.manager.delete_snapshot(&id)?;
+    st.manager.delete_snapshot(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -19,6 +19,7 @@ fn info(st: &AppState, t: Template) -> TemplateInfo {
         version: t.version,
         base: s.base,
         packages: s.packages,
+        pip: s.pip,
         files: s.files.into_keys().collect(),
         setup: s.setup,
         cpus: s.cpus,
@@ -83,7 +84,7 @@ pub async fn delete(
     State(st): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    st.manager.delete_template(&name)?;
+    st.manager.delete_template(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -1,0 +1,168 @@
+//! This host's lease in the state store. Taken at start (a new epoch,
+//! which fences off any earlier incarnation with the same host id), then
+//! renewed on the database's clock. If the lease is lost, or cannot be
+//! renewed before it runs out, the host kills its own sandboxes, so that
+//! nothing of it runs on once another incarnation may have taken over, and
+//! refuses new work.
+
+use crate::store::{host_resource, Fence, Store, StoreError};
+use crate::{CoreError, Manager};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a host's lease lasts without renewal.
+pub const HOST_LEASE_TTL_MS: u64 = 30_000;
+/// How often the lease is read between renewals.
+const CHECK_EVERY_MS: u64 = 2_000;
+
+/// The state store as one host sees it: the store and the fence every
+/// state write of this daemon carries.
+pub struct HostStore {
+    pub store: Arc<dyn Store>,
+    pub fence: Fence,
+}
+
+/// Takes `host_id`'s lease.
+pub async fn take_host_lease(
+    store: Arc<dyn Store>,
+    host_id: &str,
+) -> Result<HostStore, StoreError> {
+    if !hatchery_store::valid_host_id(host_id) {
+        return Err(StoreError::Config(format!(
+            "host id {host_id:?}: use 1 to 64 of a-z, 0-9 and '-', not starting with '-'"
+        )));
+    }
+    let l = store
+        .take_lease(&host_resource(host_id), host_id, HOST_LEASE_TTL_MS)
+        .await?;
+    tracing::info!(host = %host_id, epoch = l.epoch, backend = store.backend(), "host lease taken");
+    Ok(HostStore {
+        store,
+        fence: Fence::of(&l),
+    })
+}
+
+impl Manager {
+    /// Renews the host lease every third of its lifetime, and between
+    /// renewals reads it every 2 s, so a takeover is noticed within
+    /// seconds rather than at the next renewal.
+    pub fn spawn_lease_keeper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let me = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let period = Duration::from_millis(HOST_LEASE_TTL_MS / 3);
+            let tick = Duration::from_millis(CHECK_EVERY_MS);
+            // By this host's monotonic clock: how long the lease surely
+            // lasts (the database said how long was left when it renewed).
+            let mut valid_until = Instant::now() + Duration::from_millis(HOST_LEASE_TTL_MS);
+            let mut last_renewal = Instant::now();
+            loop {
+                tokio::time::sleep(tick).await;
+                let Some(m) = me.upgrade() else { return };
+                if m.closing.load(Ordering::SeqCst) {
+                    return;
+                }
+                let asked = Instant::now();
+                let res = if asked.duration_since(last_renewal) >= period {
+                    let res = m
+                        .store
+                        .renew_lease(&m.fence, HOST_LEASE_TTL_MS)
+                        .await
+                        .map(|l| {
+                            last_renewal = asked;
+                            valid_until = asked + Duration::from_millis(l.valid_for_ms);
+                        });
+                    // The heartbeat rides on the renewal.
+                    match res {
+                        Ok(()) => m
+                            .store
+                            .heartbeat(&m.fence, m.live_count() as u32)
+                            .await
+                            .map(drop),
+                        e => e,
+                    }
+                } else {
+                    m.store
+                        .get_lease(&m.fence.resource)
+                        .await
+                        .and_then(|l| m.still_ours(l))
+                };
+                match res {
+                    Ok(()) => {}
+                    Err(e) if e.is_fenced() => {
+                        tracing::error!(error = %e, "host lease taken over: killing this host's sandboxes");
+                        m.lose_lease().await;
+                        return;
+                    }
+                    Err(e) => {
+                        // Give up a margin before the lease runs out, so
+                        // the sandboxes are gone before anyone can take it.
+                        let left = valid_until.saturating_duration_since(Instant::now());
+                        crate::limited_warn!(m.logs, "lease", error = %e, left_ms = left.as_millis() as u64, "host lease check failed");
+                        if left < period {
+                            tracing::error!("host lease about to expire unrenewed: killing this host's sandboxes");
+                            m.lose_lease().await;
+                            return;
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    fn still_ours(&self, l: Option<crate::store::Lease>) -> Result<(), StoreError> {
+        match l {
+            Some(l) if l.owner == self.fence.owner && l.epoch == self.fence.epoch => Ok(()),
+            other => Err(StoreError::Fenced {
+                resource: self.fence.resource.clone(),
+                owner: other.as_ref().map(|l| l.owner.clone()).unwrap_or_default(),
+                held: self.fence.epoch,
+                current: other.map(|l| l.epoch).unwrap_or(0),
+            }),
+        }
+    }
+
+    /// Registers this host in the store: where its API listens and how
+    /// many sandboxes it takes. Heartbeats follow with every renewal.
+    pub async fn register_host(&self, address: &str) -> Result<(), CoreError> {
+        let cap = self.caps.max_live_sandboxes.min(u32::MAX as usize) as u32;
+        self.store.register_host(&self.fence, address, cap).await?;
+        tracing::info!(host = %self.host_id(), address, capacity = cap, "host registered");
+        Ok(())
+    }
+
+    /// Stops serving: no new sandboxes, and every live one destroyed on
+    /// the host. The rows stay as they are (writes are fenced now); the
+    /// lease's next holder reconciles them.
+    pub(crate) async fn lose_lease(self: &Arc<Self>) {
+        self.fenced_off.store(true, Ordering::SeqCst);
+        self.metrics.sandboxes_live.set(0);
+        let ids: Vec<String> = self
+            .live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .map(|(id, _)| id)
+            .collect();
+        for id in ids.into_iter().chain(self.pool.ids()) {
+            self.pool.remove(&id);
+            if let Err(e) = self.runtime.destroy(&id).await {
+                tracing::warn!(sandbox = %id, error = %e, "teardown after lease loss failed");
+            }
+            self.release_slot(&id).await;
+        }
+    }
+
+    /// Refuses work once the lease is gone.
+    pub(crate) fn check_lease(&self) -> Result<(), CoreError> {
+        if self.fenced_off.load(Ordering::SeqCst) {
+            return Err(CoreError::Store(StoreError::Fenced {
+                resource: self.fence.resource.clone(),
+                owner: String::new(),
+                held: self.fence.epoch,
+                current: 0,
+            }));
+        }
+        Ok(())
+    }
+}

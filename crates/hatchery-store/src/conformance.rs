@@ -1,0 +1,512 @@
+//! The contract of a [`Store`], run against every backend: SQLite and
+//! PostgreSQL (crates/hatchery-store/tests/conformance.rs starts a private
+//! server). Ids are unique per run, so a database may be reused.
+
+use crate::rows::{Fence, SandboxFilter, SandboxRow, SandboxState, SnapshotRow};
+use crate::{host_resource, Store, StoreError};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+const TTL: u64 = 30_000;
+
+pub async fn run_all(s: Arc<dyn Store>) {
+    let run = format!("{:08x}", rand::random::<u32>());
+    lifecycle_is_guarded(&*s, &run).await;
+    pooled_sandboxes_are_claimed_once(&*s, &run).await;
+    expiry_and_reconcile_see_only_their_host(&*s, &run).await;
+    metadata_filters_run_in_sql(&*s, &run).await;
+    snapshots(&*s, &run).await;
+    network_slots(&*s, &run).await;
+    leases_grow_and_fence(&*s, &run).await;
+    stale_epoch_writes_are_refused(&*s, &run).await;
+    racing_takes_have_one_winner(&s, &run).await;
+    no_write_lands_after_a_takeover(&s, &run).await;
+    hosts_register_and_beat(&*s, &run).await;
+}
+
+async fn host(s: &dyn Store, name: &str) -> Fence {
+    Fence::of(&s.take_lease(&host_resource(name), name, TTL).await.unwrap())
+}
+
+fn sbx(id: &str, state: SandboxState, md: &[(&str, &str)]) -> SandboxRow {
+    SandboxRow {
+        id: id.into(),
+        template: "tpl".into(),
+        state,
+        created_at_ms: 1000,
+        expires_at_ms: 5000,
+        metadata: md
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        env: [("E".to_string(), "1".to_string())].into(),
+        host_id: "ignored".into(),
+    }
+}
+
+async fn lifecycle_is_guarded(s: &dyn Store, run: &str) {
+    use SandboxState::*;
+    let f = host(s, &format!("h1{run}")).await;
+    let id = format!("sbx_l{run}");
+    s.insert_sandbox(&f, &sbx(&id, Starting, &[("k", "v")]))
+        .await
+        .unwrap();
+    let got = s.get_live(&id).await.unwrap().expect("live");
+    assert_eq!(
+        (got.state, got.host_id.as_str()),
+        (Starting, f.owner.as_str())
+    );
+    assert_eq!(got.env["E"], "1");
+    assert!(s.transition(&f, &id, &[Starting], Running).await.unwrap());
+    assert!(
+        !s.transition(&f, &id, &[Starting], Running).await.unwrap(),
+        "no longer starting"
+    );
+    assert!(matches!(
+        s.transition(&f, &id, &[Running], Starting).await,
+        Err(StoreError::InvalidTransition { .. })
+    ));
+    assert!(s.set_expiry(&f, &id, 9000).await.unwrap());
+    assert!(s.stop(&f, &id, "deleted", 2000).await.unwrap());
+    assert!(
+        !s.stop(&f, &id, "deleted", 2001).await.unwrap(),
+        "idempotent"
+    );
+    // A late "running" (a boot that finished after the delete) is refused.
+    assert!(!s
+        .transition(&f, &id, &[Starting, Running], Running)
+        .await
+        .unwrap());
+    assert!(!s.set_expiry(&f, &id, 9999).await.unwrap());
+    assert!(s.get_live(&id).await.unwrap().is_none());
+    let ev = s.events(&id).await.unwrap();
+    let kinds: Vec<&str> = ev.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds, ["created", "running", "ttl", "stopped"]);
+    assert!(ev.windows(2).all(|w| w[0].seq < w[1].seq));
+    assert!(ev.iter().all(|e| e.epoch == f.epoch));
+    assert_eq!(ev[3].detail, "deleted");
+}
+
+async fn pooled_sandboxes_are_claimed_once(s: &dyn Store, run: &str) {
+    use SandboxState::*;
+    let f = host(s, &format!("h2{run}")).await;
+    let id = format!("sbx_p{run}");
+    s.insert_sandbox(&f, &sbx(&id, Starting, &[]))
+        .await
+        .unwrap();
+    assert!(s.transition(&f, &id, &[Starting], Pooled).await.unwrap());
+    assert!(
+        s.get_live(&id).await.unwrap().is_none(),
+        "pooled is invisible"
+    );
+    let mut claim = sbx(&id, Running, &[("owner", "me")]);
+    claim.created_at_ms = 7000;
+    claim.expires_at_ms = 8000;
+    assert!(s.claim(&f, &claim).await.unwrap());
+    assert!(!s.claim(&f, &claim).await.unwrap(), "only once");
+    let got = s.get_live(&id).await.unwrap().unwrap();
+    assert_eq!(
+        (got.state, got.created_at_ms, got.expires_at_ms),
+        (Running, 7000, 8000)
+    );
+    assert_eq!(got.metadata["owner"], "me");
+}
+
+async fn expiry_and_reconcile_see_only_their_host(s: &dyn Store, run: &str) {
+    use SandboxState::*;
+    let (a, b) = (
+        host(s, &format!("ha{run}")).await,
+        host(s, &format!("hb{run}")).await,
+    );
+    let (ia, ib) = (format!("sbx_ea{run}"), format!("sbx_eb{run}"));
+    s.insert_sandbox(&a, &sbx(&ia, Running, &[])).await.unwrap();
+    s.insert_sandbox(&b, &sbx(&ib, Running, &[])).await.unwrap();
+    assert_eq!(
+        s.expired(&a.owner, 4999).await.unwrap(),
+        Vec::<String>::new()
+    );
+    assert_eq!(s.expired(&a.owner, 5000).await.unwrap(), vec![ia.clone()]);
+    assert_eq!(s.expired(&b.owner, 5000).await.unwrap(), vec![ib.clone()]);
+    let ua: Vec<String> = s
+        .list_unstopped(&a.owner)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(ua, vec![ia.clone()]);
+    // Host a cannot touch host b's row, whatever it asks for.
+    assert!(!s.stop(&a, &ib, "lost", 1).await.unwrap());
+    assert!(!s.set_expiry(&a, &ib, 1).await.unwrap());
+    assert!(!s.transition(&a, &ib, &[Running], Stopped).await.unwrap());
+    assert!(s.get_live(&ib).await.unwrap().is_some());
+    assert!(s.stop(&b, &ib, "ttl", 5001).await.unwrap());
+    assert!(s.expired(&b.owner, 6000).await.unwrap().is_empty());
+}
+
+async fn metadata_filters_run_in_sql(s: &dyn Store, run: &str) {
+    use SandboxState::*;
+    let f = host(s, &format!("hm{run}")).await;
+    let tag = format!("t{run}");
+    let odd = "we\"ird.key'$[0]";
+    let rows = [
+        (
+            format!("sbx_m1{run}"),
+            vec![("run", tag.as_str()), ("team", "a")],
+        ),
+        (
+            format!("sbx_m2{run}"),
+            vec![("run", tag.as_str()), ("team", "b"), (odd, "x")],
+        ),
+        (
+            format!("sbx_m3{run}"),
+            vec![("run", tag.as_str()), ("team", "a"), (odd, "y")],
+        ),
+    ];
+    for (id, md) in &rows {
+        s.insert_sandbox(&f, &sbx(id, Running, md)).await.unwrap();
+    }
+    let ids = |v: Vec<SandboxRow>| v.into_iter().map(|r| r.id).collect::<Vec<_>>();
+    let q = |pairs: &[(&str, &str)]| SandboxFilter {
+        metadata: pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        template: None,
+    };
+    assert_eq!(
+        ids(s.list_live(&q(&[("run", &tag)])).await.unwrap()),
+        vec![rows[0].0.clone(), rows[1].0.clone(), rows[2].0.clone()]
+    );
+    assert_eq!(
+        ids(s
+            .list_live(&q(&[("run", &tag), ("team", "a")]))
+            .await
+            .unwrap()),
+        vec![rows[0].0.clone(), rows[2].0.clone()]
+    );
+    assert_eq!(
+        ids(s.list_live(&q(&[("run", &tag), (odd, "x")])).await.unwrap()),
+        vec![rows[1].0.clone()]
+    );
+    assert!(s
+        .list_live(&q(&[("run", &tag), ("team", "a'; --")]))
+        .await
+        .unwrap()
+        .is_empty());
+    let mut by_tpl = q(&[("run", &tag)]);
+    by_tpl.template = Some("other".into());
+    assert!(s.list_live(&by_tpl).await.unwrap().is_empty());
+    by_tpl.template = Some("tpl".into());
+    assert_eq!(s.list_live(&by_tpl).await.unwrap().len(), 3);
+    s.stop(&f, &rows[0].0, "deleted", 1).await.unwrap();
+    assert_eq!(s.list_live(&q(&[("run", &tag)])).await.unwrap().len(), 2);
+}
+
+async fn snapshots(s: &dyn Store, run: &str) {
+    let (a, b) = (
+        host(s, &format!("hs{run}")).await,
+        host(s, &format!("ht{run}")).await,
+    );
+    let tpl = format!("tpl{run}");
+    let snap = |id: &str, exp: u64, md: &[(&str, &str)]| SnapshotRow {
+        id: id.into(),
+        sandbox_id: format!("sbx_s{run}"),
+        template: tpl.clone(),
+        created_at_ms: exp - 10,
+        expires_at_ms: exp,
+        size_bytes: 1 << 40,
+        metadata: md
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        env: BTreeMap::new(),
+        rootfs: "/r".into(),
+        limits: "{\"cpus\":1}".into(),
+        host_id: String::new(),
+    };
+    let (s1, s2) = (format!("snap_1{run}"), format!("snap_2{run}"));
+    s.insert_snapshot(&a, &snap(&s1, 100, &[("r", run)]))
+        .await
+        .unwrap();
+    s.insert_snapshot(&b, &snap(&s2, 200, &[("r", run), ("k", "v")]))
+        .await
+        .unwrap();
+    let got = s.get_snapshot(&s1).await.unwrap().unwrap();
+    assert_eq!(
+        (got.size_bytes, got.host_id.as_str()),
+        (1 << 40, a.owner.as_str())
+    );
+    assert_eq!(got.limits, "{\"cpus\":1}");
+    assert_eq!(s.count_snapshots_of(&tpl).await.unwrap(), 2);
+    let f: BTreeMap<String, String> = [("r".to_string(), run.to_string())].into();
+    assert_eq!(s.list_snapshots(&f).await.unwrap().len(), 2);
+    let mut f2 = f.clone();
+    f2.insert("k".into(), "v".into());
+    let l = s.list_snapshots(&f2).await.unwrap();
+    assert_eq!(l.len(), 1);
+    assert_eq!(l[0].id, s2);
+    assert_eq!(
+        s.expired_snapshots(&a.owner, 1000).await.unwrap(),
+        vec![s1.clone()]
+    );
+    assert!(!s.delete_snapshot(&a, &s2).await.unwrap(), "not a's");
+    assert!(s.delete_snapshot(&a, &s1).await.unwrap());
+    assert!(!s.delete_snapshot(&a, &s1).await.unwrap());
+    assert!(s.get_snapshot(&s1).await.unwrap().is_none());
+    assert!(s.delete_snapshot(&b, &s2).await.unwrap());
+}
+
+async fn network_slots(s: &dyn Store, run: &str) {
+    let (a, b) = (
+        host(s, &format!("hn{run}")).await,
+        host(s, &format!("ho{run}")).await,
+    );
+    let (x, y) = (format!("sbx_nx{run}"), format!("sbx_ny{run}"));
+    s.set_net(&a, &x, 7, "{}", false).await.unwrap();
+    s.set_net(&a, &x, 7, "{\"allow\":1}", true).await.unwrap();
+    s.set_net(&b, &y, 3, "{}", false).await.unwrap();
+    let na = s.all_net(&a.owner).await.unwrap();
+    assert_eq!(na.len(), 1);
+    assert_eq!((na[0].slot, na[0].policy.as_str()), (7, "{\"allow\":1}"));
+    let ev = s.events(&x).await.unwrap();
+    assert_eq!(ev.len(), 1, "one event, for the recorded policy change");
+    assert_eq!(ev[0].kind, "network_policy");
+    s.clear_net(&a, &y).await.unwrap(); // not a's: untouched
+    assert_eq!(s.all_net(&b.owner).await.unwrap().len(), 1);
+    s.clear_net(&a, &x).await.unwrap();
+    assert!(s.all_net(&a.owner).await.unwrap().is_empty());
+}
+
+async fn leases_grow_and_fence(s: &dyn Store, run: &str) {
+    let r = format!("session:l{run}");
+    let l1 = s.take_lease(&r, "A", 60_000).await.unwrap();
+    assert_eq!((l1.epoch, l1.owner.as_str()), (1, "A"));
+    assert!(
+        l1.valid_for_ms > 50_000 && l1.valid_for_ms <= 60_000,
+        "{l1:?}"
+    );
+    match s.take_lease(&r, "B", 60_000).await {
+        Err(StoreError::LeaseHeld { owner, for_ms, .. }) => {
+            assert_eq!(owner, "A");
+            assert!(for_ms > 0);
+        }
+        other => panic!("B took a held lease: {other:?}"),
+    }
+    let renewed = s.renew_lease(&Fence::of(&l1), 90_000).await.unwrap();
+    assert_eq!(renewed.epoch, 1);
+    assert!(renewed.expires_at_ms >= l1.expires_at_ms);
+    // A restarted A takes it again: a new epoch fences the old incarnation.
+    let l2 = s.take_lease(&r, "A", 60_000).await.unwrap();
+    assert_eq!(l2.epoch, 2);
+    assert!(s
+        .renew_lease(&Fence::of(&l1), 1000)
+        .await
+        .unwrap_err()
+        .is_fenced());
+    assert!(!s.release_lease(&Fence::of(&l1)).await.unwrap());
+    assert!(s.release_lease(&Fence::of(&l2)).await.unwrap());
+    // Released: B may take it, and the epoch still grows.
+    let l3 = s.take_lease(&r, "B", 60_000).await.unwrap();
+    assert_eq!((l3.epoch, l3.owner.as_str()), (3, "B"));
+    assert_eq!(s.get_lease(&r).await.unwrap().unwrap().epoch, 3);
+    // An expired lease (by the database's clock) is free for anyone.
+    let r2 = format!("session:x{run}");
+    let e1 = s.take_lease(&r2, "A", 1).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+    let e2 = s.take_lease(&r2, "B", 60_000).await.unwrap();
+    assert_eq!((e1.epoch, e2.epoch), (1, 2));
+    assert_eq!(e2.owner, "B");
+    assert!(s
+        .get_lease(&format!("session:none{run}"))
+        .await
+        .unwrap()
+        .is_none());
+}
+
+async fn stale_epoch_writes_are_refused(s: &dyn Store, run: &str) {
+    use SandboxState::*;
+    let name = format!("hf{run}");
+    let old = host(s, &name).await;
+    let id = format!("sbx_f{run}");
+    s.insert_sandbox(&old, &sbx(&id, Starting, &[]))
+        .await
+        .unwrap();
+    let new = host(s, &name).await; // the host restarted
+    assert_eq!(new.epoch, old.epoch + 1);
+    let fenced = |r: Result<(), StoreError>, what: &str| match r {
+        Err(StoreError::Fenced { held, current, .. }) => {
+            assert_eq!((held, current), (old.epoch, new.epoch), "{what}");
+        }
+        other => panic!("{what}: a stale writer got {other:?}"),
+    };
+    let o = &old;
+    fenced(
+        s.insert_sandbox(o, &sbx(&format!("{id}x"), Starting, &[]))
+            .await,
+        "insert",
+    );
+    fenced(
+        s.transition(o, &id, &[Starting], Running).await.map(|_| ()),
+        "transition",
+    );
+    fenced(s.stop(o, &id, "late", 1).await.map(|_| ()), "stop");
+    fenced(
+        s.claim(o, &sbx(&id, Running, &[])).await.map(|_| ()),
+        "claim",
+    );
+    fenced(s.set_expiry(o, &id, 1).await.map(|_| ()), "set_expiry");
+    fenced(
+        s.append_event(o, &id, "late", "").await.map(|_| ()),
+        "event",
+    );
+    fenced(s.set_net(o, &id, 1, "{}", true).await, "set_net");
+    fenced(s.clear_net(o, &id).await, "clear_net");
+    let snap = SnapshotRow {
+        id: format!("snap_f{run}"),
+        sandbox_id: id.clone(),
+        template: "t".into(),
+        created_at_ms: 1,
+        expires_at_ms: 2,
+        size_bytes: 3,
+        metadata: BTreeMap::new(),
+        env: BTreeMap::new(),
+        rootfs: String::new(),
+        limits: String::new(),
+        host_id: String::new(),
+    };
+    fenced(s.insert_snapshot(o, &snap).await, "insert_snapshot");
+    fenced(
+        s.delete_snapshot(o, &snap.id).await.map(|_| ()),
+        "delete_snapshot",
+    );
+    fenced(s.renew_lease(o, 1000).await.map(|_| ()), "renew");
+    // Nothing of the refused writes is visible.
+    assert!(s.get_live(&format!("{id}x")).await.unwrap().is_none());
+    assert_eq!(s.get_live(&id).await.unwrap().unwrap().state, Starting);
+    assert_eq!(s.events(&id).await.unwrap().len(), 1);
+    assert!(s.all_net(&name).await.unwrap().is_empty());
+    assert!(s.get_snapshot(&snap.id).await.unwrap().is_none());
+    // The new incarnation writes as usual.
+    assert!(s.transition(&new, &id, &[Starting], Running).await.unwrap());
+}
+
+async fn racing_takes_have_one_winner(s: &Arc<dyn Store>, run: &str) {
+    let r = format!("session:race{run}");
+    let tasks: Vec<_> = (0..8)
+        .map(|n| {
+            let (s, r) = (Arc::clone(s), r.clone());
+            tokio::spawn(async move { s.take_lease(&r, &format!("host{n}"), 60_000).await })
+        })
+        .collect();
+    let mut won = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(l) => won.push(l),
+            Err(StoreError::LeaseHeld { .. }) => {}
+            // SQLite's one writer can time out under a pile-up; that is a
+            // refusal, never a second winner.
+            Err(StoreError::Unavailable(_)) => {}
+            Err(e) => panic!("take: {e}"),
+        }
+    }
+    assert_eq!(won.len(), 1, "{won:?}");
+    assert_eq!(won[0].epoch, 1);
+}
+
+/// Host A appends events as fast as it can while B takes A's lease over.
+/// Every event A committed must come before B's first, and none of A's
+/// writes may succeed once B's take has returned.
+async fn no_write_lands_after_a_takeover(s: &Arc<dyn Store>, run: &str) {
+    let r = format!("session:t{run}");
+    let id = format!("sbx_t{run}");
+    let a = Fence::of(&s.take_lease(&r, "A", 1).await.unwrap());
+    let taken = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (s, a, id, taken) = (Arc::clone(s), a.clone(), id.clone(), Arc::clone(&taken));
+        tokio::spawn(async move {
+            let mut ok_after = 0;
+            let mut ok = 0;
+            for n in 0..10_000 {
+                let seen_taken = taken.load(std::sync::atomic::Ordering::SeqCst);
+                match s.append_event(&a, &id, "a", &n.to_string()).await {
+                    Ok(_) => {
+                        ok += 1;
+                        if seen_taken {
+                            ok_after += 1;
+                        }
+                    }
+                    Err(e) if e.is_fenced() => return (ok, ok_after),
+                    Err(StoreError::Unavailable(_)) => {}
+                    Err(e) => panic!("append: {e}"),
+                }
+                tokio::task::yield_now().await;
+            }
+            (ok, ok_after)
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let b = loop {
+        match s.take_lease(&r, "B", 60_000).await {
+            Ok(l) => break Fence::of(&l),
+            Err(StoreError::Unavailable(_)) => continue,
+            Err(e) => panic!("takeover: {e}"),
+        }
+    };
+    taken.store(true, std::sync::atomic::Ordering::SeqCst);
+    s.append_event(&b, &id, "b", "").await.unwrap();
+    let (ok, ok_after) = writer.await.unwrap();
+    assert!(ok > 0, "A wrote nothing before the takeover");
+    assert_eq!(ok_after, 0, "A wrote after B's take returned");
+    let ev = s.events(&id).await.unwrap();
+    let first_b = ev.iter().position(|e| e.kind == "b").unwrap();
+    assert!(ev[..first_b].iter().all(|e| e.epoch == a.epoch));
+    assert!(ev[first_b..].iter().all(|e| e.epoch == b.epoch));
+    assert!(b.epoch > a.epoch);
+    assert_eq!(ev.len(), ok + 1, "every acknowledged write is there");
+}
+
+async fn hosts_register_and_beat(s: &dyn Store, run: &str) {
+    let name = format!("reg-{run}");
+    let f = host(s, &name).await;
+    assert!(!s.heartbeat(&f, 0).await.unwrap(), "not registered yet");
+    s.register_host(&f, "127.0.0.1:7423", 64).await.unwrap();
+    let mine = |v: Vec<crate::HostRow>| v.into_iter().find(|h| h.id == name).expect("listed");
+    let h = mine(s.list_hosts().await.unwrap());
+    assert_eq!(
+        (h.address.as_str(), h.capacity, h.live, h.epoch),
+        ("127.0.0.1:7423", 64, 0, f.epoch)
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(60)).await;
+    assert!(mine(s.list_hosts().await.unwrap()).silent_for_ms >= 40);
+    assert!(s.heartbeat(&f, 5).await.unwrap());
+    let h = mine(s.list_hosts().await.unwrap());
+    assert_eq!(h.live, 5);
+    assert!(h.silent_for_ms < 40, "{h:?}");
+    // Not a host lease, or another host's name: refused before any SQL.
+    let session = Fence::of(
+        &s.take_lease(&format!("session:r{run}"), &name, TTL)
+            .await
+            .unwrap(),
+    );
+    assert!(s.register_host(&session, "x", 1).await.is_err());
+    let other = Fence {
+        resource: host_resource(&name),
+        owner: format!("other-{run}"),
+        epoch: f.epoch,
+    };
+    assert!(s.register_host(&other, "x", 1).await.is_err());
+    let bad = Fence::of(
+        &s.take_lease("host:Bad Name", "Bad Name", TTL)
+            .await
+            .unwrap(),
+    );
+    assert!(s.register_host(&bad, "x", 1).await.is_err());
+    // A restarted incarnation re-registers; the old one is fenced off.
+    let f2 = host(s, &name).await;
+    assert!(s.heartbeat(&f, 1).await.unwrap_err().is_fenced());
+    assert!(s.register_host(&f, "x", 1).await.unwrap_err().is_fenced());
+    s.register_host(&f2, "127.0.0.1:7424", 32).await.unwrap();
+    let h = mine(s.list_hosts().await.unwrap());
+    assert_eq!((h.address.as_str(), h.epoch), ("127.0.0.1:7424", f2.epoch));
+}

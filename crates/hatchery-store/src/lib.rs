@@ -1,0 +1,213 @@
+//! The daemon's state behind one async [`Store`] trait, with two backends:
+//! SQLite (the embedded default, one file) and PostgreSQL (shared by many
+//! hosts). Both run numbered migrations, do every multi-statement change in
+//! one transaction, guard state updates by the states they may move from,
+//! filter metadata in SQL, and check the writer's lease epoch ([`Fence`])
+//! in the same transaction as the write. One conformance suite
+//! ([`conformance`]) holds both to the same contract.
+
+pub mod conformance;
+mod error;
+mod pg;
+mod rows;
+mod sqlite;
+
+pub use error::{BoxError, Result, StoreError};
+pub use pg::PgStore;
+pub use rows::{
+    host_resource, valid_host_id, Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow,
+    SandboxState, SnapshotRow,
+};
+pub use sqlite::SqliteStore;
+
+use async_trait::async_trait;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Default PostgreSQL pool size per daemon.
+pub const DEFAULT_PG_POOL: usize = 16;
+
+/// Every write that changes state takes the writer's [`Fence`] and fails
+/// with [`StoreError::Fenced`] if the lease has moved on. Writes to a
+/// sandbox or snapshot touch only rows of the fence's owner (the host).
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// "sqlite" or "postgres".
+    fn backend(&self) -> &'static str;
+
+    // --- sandboxes -------------------------------------------------------
+
+    /// Records a new sandbox (owned by `f.owner`) and its "created" event.
+    async fn insert_sandbox(&self, f: &Fence, r: &SandboxRow) -> Result<()>;
+    /// Moves `id` to `to` if it is in one of `from` (each of which must be
+    /// a valid transition to `to`), with an event named after `to`.
+    /// `false` if the row was in none of them (or is another host's).
+    async fn transition(
+        &self,
+        f: &Fence,
+        id: &str,
+        from: &[SandboxState],
+        to: SandboxState,
+    ) -> Result<bool>;
+    /// Marks a sandbox stopped from whatever live state it is in; `false`
+    /// if it already was (or is unknown).
+    async fn stop(&self, f: &Fence, id: &str, reason: &str, now_ms: u64) -> Result<bool>;
+    /// Hands a pooled sandbox to a request: from here on it is a running
+    /// sandbox with `r`'s times, metadata and env.
+    async fn claim(&self, f: &Fence, r: &SandboxRow) -> Result<bool>;
+    /// New expiry for a sandbox that is not stopped.
+    async fn set_expiry(&self, f: &Fence, id: &str, expires_at_ms: u64) -> Result<bool>;
+    /// A starting or running sandbox, on any host.
+    async fn get_live(&self, id: &str) -> Result<Option<SandboxRow>>;
+    /// Starting and running sandboxes of every host matching `filter`,
+    /// oldest first.
+    async fn list_live(&self, filter: &SandboxFilter) -> Result<Vec<SandboxRow>>;
+    /// Every row of `host` not stopped, pooled ones included: what
+    /// reconcile must account for on that host.
+    async fn list_unstopped(&self, host: &str) -> Result<Vec<SandboxRow>>;
+    /// Ids of `host`'s unstopped sandboxes whose expiry is at or before
+    /// `now_ms`.
+    async fn expired(&self, host: &str, now_ms: u64) -> Result<Vec<String>>;
+    async fn append_event(&self, f: &Fence, id: &str, kind: &str, detail: &str) -> Result<u64>;
+    async fn events(&self, id: &str) -> Result<Vec<Event>>;
+
+    // --- snapshots -------------------------------------------------------
+
+    async fn insert_snapshot(&self, f: &Fence, s: &SnapshotRow) -> Result<()>;
+    async fn get_snapshot(&self, id: &str) -> Result<Option<SnapshotRow>>;
+    /// Snapshots whose metadata holds every pair of `filter`, oldest first.
+    async fn list_snapshots(&self, filter: &BTreeMap<String, String>) -> Result<Vec<SnapshotRow>>;
+    async fn count_snapshots_of(&self, template: &str) -> Result<u64>;
+    async fn delete_snapshot(&self, f: &Fence, id: &str) -> Result<bool>;
+    async fn expired_snapshots(&self, host: &str, now_ms: u64) -> Result<Vec<String>>;
+
+    // --- network slots ---------------------------------------------------
+
+    /// Records `id`'s slot and policy; with `event`, also a
+    /// "network_policy" event, in the same transaction.
+    async fn set_net(
+        &self,
+        f: &Fence,
+        id: &str,
+        slot: u32,
+        policy: &str,
+        event: bool,
+    ) -> Result<()>;
+    async fn clear_net(&self, f: &Fence, id: &str) -> Result<()>;
+    /// Every slot recorded for `host`.
+    async fn all_net(&self, host: &str) -> Result<Vec<NetRow>>;
+
+    // --- leases ----------------------------------------------------------
+
+    /// Takes `resource` for `owner` for `ttl_ms` by the database's clock,
+    /// with a new, higher epoch. Refused with `LeaseHeld` while another
+    /// owner's lease is unexpired. The same owner may always take it
+    /// again: a restarted host fences off its previous incarnation.
+    async fn take_lease(&self, resource: &str, owner: &str, ttl_ms: u64) -> Result<Lease>;
+    /// Extends the fence's lease; `Fenced` if it was taken over.
+    async fn renew_lease(&self, f: &Fence, ttl_ms: u64) -> Result<Lease>;
+    /// Ends the lease now (keeping its epoch, so the next take is higher);
+    /// `false` if it was not held at that epoch.
+    async fn release_lease(&self, f: &Fence) -> Result<bool>;
+    async fn get_lease(&self, resource: &str) -> Result<Option<Lease>>;
+
+    // --- hosts -----------------------------------------------------------
+
+    /// Registers (or re-registers) the fence's owner as a host. The fence
+    /// must be that host's own lease (`host:<id>`): a host cannot register
+    /// under another's identity, and a second process with the same id
+    /// registers only by taking the lease, which fences the first.
+    async fn register_host(&self, f: &Fence, address: &str, capacity: u32) -> Result<()>;
+    /// Records that the host is alive, with how many sandboxes it runs;
+    /// `false` if it never registered.
+    async fn heartbeat(&self, f: &Fence, live: u32) -> Result<bool>;
+    /// Every registered host, by id.
+    async fn list_hosts(&self) -> Result<Vec<HostRow>>;
+}
+
+/// Refuses a fence that is not the lease of the host it names.
+pub(crate) fn check_host_fence(f: &Fence) -> Result<()> {
+    if !valid_host_id(&f.owner) || f.resource != host_resource(&f.owner) {
+        return Err(StoreError::Corrupt(format!(
+            "{} cannot register as a host with lease {}",
+            f.owner, f.resource
+        )));
+    }
+    Ok(())
+}
+
+/// Opens the store `db` names: a `postgres://` or `postgresql://` URL (or
+/// a libpq `host=... ` string) selects PostgreSQL with a pool of
+/// `pg_pool` connections; anything else is a SQLite file path (an optional
+/// `sqlite://` prefix is stripped). Migrations run before this returns.
+pub async fn open(db: &str, pg_pool: usize) -> Result<Arc<dyn Store>> {
+    if is_postgres(db) {
+        Ok(Arc::new(PgStore::connect(db, pg_pool).await?))
+    } else {
+        let path = db.strip_prefix("sqlite://").unwrap_or(db);
+        Ok(Arc::new(SqliteStore::open(std::path::Path::new(path))?))
+    }
+}
+
+pub fn is_postgres(db: &str) -> bool {
+    db.starts_with("postgres://") || db.starts_with("postgresql://") || db.contains("host=")
+}
+
+/// Redacts a password from a connection string for logs.
+pub fn redact(db: &str) -> String {
+    if let Some((scheme, rest)) = db.split_once("://") {
+        if let Some((creds, host)) = rest.split_once('@') {
+            let user = creds.split(':').next().unwrap_or("");
+            return format!("{scheme}://{user}@{host}");
+        }
+    }
+    db.split_whitespace()
+        .map(|kv| {
+            if kv.starts_with("password=") {
+                "password=***"
+            } else {
+                kv
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+pub(crate) fn to_json(m: &BTreeMap<String, String>) -> String {
+    serde_json::to_string(m).unwrap_or_else(|_| "{}".into())
+}
+
+pub(crate) fn from_json(what: &str, s: &str) -> Result<BTreeMap<String, String>> {
+    serde_json::from_str(s).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
+}
+
+pub(crate) fn state_of(s: &str) -> Result<SandboxState> {
+    SandboxState::parse(s).ok_or_else(|| StoreError::Corrupt(format!("unknown state {s:?}")))
+}
+
+/// Refuses transitions the lifecycle does not allow, before any SQL runs.
+pub(crate) fn check_transition(from: &[SandboxState], to: SandboxState) -> Result<()> {
+    for f in from {
+        if !f.valid_transition(to) {
+            return Err(StoreError::InvalidTransition { from: *f, to });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(
+            super::redact("postgres://u:secret@h:5432/db"),
+            "postgres://u@h:5432/db"
+        );
+        assert_eq!(
+            super::redact("host=h password=x dbname=d"),
+            "host=h password=*** dbname=d"
+        );
+        assert!(super::is_postgres("postgresql://h/d"));
+        assert!(!super::is_postgres("/var/lib/hatchery/state.db"));
+    }
+}

@@ -1,0 +1,238 @@
+//! Typed rows: what the store holds, independent of the backend.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// Lifecycle of a sandbox row. Stored as its lowercase name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxState {
+    /// Restored from a template checkpoint, never touched by a request,
+    /// waiting in the warm pool. Invisible to the API.
+    Pooled,
+    Starting,
+    Running,
+    Stopped,
+}
+
+impl SandboxState {
+    pub const ALL: [SandboxState; 4] = [
+        SandboxState::Pooled,
+        SandboxState::Starting,
+        SandboxState::Running,
+        SandboxState::Stopped,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Pooled => "pooled",
+            SandboxState::Starting => "starting",
+            SandboxState::Running => "running",
+            SandboxState::Stopped => "stopped",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<SandboxState> {
+        Self::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
+    /// The moves the daemon makes. `Running -> Running` is a re-adoption
+    /// after a restart; `Pooled -> Pooled` is a warm sandbox's restore
+    /// finishing (its row is pooled from the insert on, so the API never
+    /// sees it). Nothing ever leaves `Stopped`, so a late "running" can
+    /// never overwrite a stop.
+    pub fn valid_transition(self, to: SandboxState) -> bool {
+        use SandboxState::*;
+        matches!(
+            (self, to),
+            (Starting, Running)
+                | (Starting, Pooled)
+                | (Pooled, Running)
+                | (Running, Running)
+                | (Pooled, Pooled)
+                | (Pooled | Starting | Running, Stopped)
+        )
+    }
+
+    /// Visible to the API (`GET /sandboxes/{id}`, lists).
+    pub fn is_live(self) -> bool {
+        matches!(self, SandboxState::Starting | SandboxState::Running)
+    }
+
+    pub fn can_stop(self) -> bool {
+        self.valid_transition(SandboxState::Stopped)
+    }
+}
+
+impl fmt::Display for SandboxState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxRow {
+    pub id: String,
+    pub template: String,
+    pub state: SandboxState,
+    pub created_at_ms: u64,
+    pub expires_at_ms: u64,
+    pub metadata: BTreeMap<String, String>,
+    pub env: BTreeMap<String, String>,
+    /// The host that runs it. Set by the store from the writer's fence on
+    /// insert; whatever the caller puts here is ignored.
+    pub host_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotRow {
+    pub id: String,
+    pub sandbox_id: String,
+    pub template: String,
+    pub created_at_ms: u64,
+    pub expires_at_ms: u64,
+    pub size_bytes: u64,
+    pub metadata: BTreeMap<String, String>,
+    /// The sandbox's create-time env, inherited by forks.
+    pub env: BTreeMap<String, String>,
+    /// What the snapshot must be restored on: the rootfs and resource
+    /// shape of its sandbox, independent of later template rebuilds.
+    pub rootfs: String,
+    pub limits: String,
+    /// The host whose disk holds the image (set from the writer's fence).
+    pub host_id: String,
+}
+
+/// One lifecycle event of a sandbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    /// Store-wide, increasing in commit order per backend.
+    pub seq: u64,
+    pub sandbox_id: String,
+    pub at_ms: u64,
+    pub kind: String,
+    pub detail: String,
+    /// The writer's lease epoch when it was committed.
+    pub epoch: u64,
+}
+
+/// The network slot a live sandbox holds and its policy (JSON), so a
+/// restarted daemon keeps both for the sandboxes it adopts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NetRow {
+    pub sandbox_id: String,
+    pub slot: u32,
+    pub policy: String,
+}
+
+/// A lease on a named resource (`host:<id>`, later `session:<id>`). The
+/// epoch only grows: every take bumps it, so a writer holding an older
+/// epoch is fenced off.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lease {
+    pub resource: String,
+    pub owner: String,
+    pub epoch: u64,
+    /// Database clock, milliseconds since the epoch.
+    pub expires_at_ms: u64,
+    /// How long it is still valid, by the database's clock at the moment
+    /// of the operation: what a holder should time its renewals on (its
+    /// own clock may be skewed).
+    pub valid_for_ms: u64,
+}
+
+/// What a writer proves with every write: it holds `resource` at `epoch`.
+/// The store checks it in the write's own transaction and refuses the
+/// write with `StoreError::Fenced` once someone has taken the lease over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    pub resource: String,
+    pub owner: String,
+    pub epoch: u64,
+}
+
+impl Fence {
+    pub fn of(lease: &Lease) -> Fence {
+        Fence {
+            resource: lease.resource.clone(),
+            owner: lease.owner.clone(),
+            epoch: lease.epoch,
+        }
+    }
+}
+
+/// A registered host, as the control plane sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostRow {
+    pub id: String,
+    /// Where its API listens (what a router would forward to).
+    pub address: String,
+    /// Most sandboxes it runs at once, and how many it ran at its last
+    /// heartbeat.
+    pub capacity: u32,
+    pub live: u32,
+    /// The lease epoch it registered or last beat under.
+    pub epoch: u64,
+    pub registered_at_ms: u64,
+    /// Since its last heartbeat, by the database's clock.
+    pub silent_for_ms: u64,
+}
+
+/// A host id: 1..64 of `[a-z0-9-]`, not starting with `-`. It names rows,
+/// leases and (in logs) the machine, so nothing else is accepted.
+pub fn valid_host_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && !id.starts_with('-')
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// The lease resource naming a host.
+pub fn host_resource(host_id: &str) -> String {
+    format!("host:{host_id}")
+}
+
+/// Which live sandboxes a list returns. Applied in SQL by both backends.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SandboxFilter {
+    /// Every pair must be present in the sandbox's metadata.
+    pub metadata: BTreeMap<String, String>,
+    pub template: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SandboxState::*;
+    use super::*;
+
+    #[test]
+    fn nothing_leaves_stopped() {
+        for to in SandboxState::ALL {
+            assert!(!Stopped.valid_transition(to), "stopped -> {to}");
+        }
+        assert!(Starting.valid_transition(Running));
+        assert!(!Running.valid_transition(Starting));
+        assert!(!Running.valid_transition(Pooled));
+        assert!(Pooled.can_stop() && !Stopped.can_stop());
+    }
+
+    #[test]
+    fn host_ids_are_plain() {
+        for ok in ["local", "host-a", "h1", &"a".repeat(64)] {
+            assert!(valid_host_id(ok), "{ok}");
+        }
+        for bad in ["", "-a", "Host", "a b", "a/b", "a:b", &"a".repeat(65)] {
+            assert!(!valid_host_id(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for s in SandboxState::ALL {
+            assert_eq!(SandboxState::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(SandboxState::parse("lost"), None);
+    }
+}

@@ -1,0 +1,56 @@
+//! One contract, two backends: the same suite against SQLite and against a
+//! PostgreSQL this test starts itself (it fails if it cannot).
+
+#[path = "support/pg_server.rs"]
+mod pg_server;
+
+use hatchery_store::{conformance, PgStore, SqliteStore, Store};
+use std::sync::Arc;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn conformance_on_sqlite() {
+    let dir = std::env::temp_dir().join(format!("hx-store-conf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let s: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.join("state.db")).unwrap());
+    conformance::run_all(s).await;
+    std::fs::remove_dir_all(dir).ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn conformance_on_postgres() {
+    let pg = pg_server::TestPg::start();
+    let s: Arc<dyn Store> = Arc::new(PgStore::connect(&pg.dsn, 8).await.unwrap());
+    assert_eq!(s.backend(), "postgres");
+    conformance::run_all(s).await;
+}
+
+/// Two daemons starting at once against one database both migrate safely,
+/// and a migration run twice is a no-op.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_migrations_race_and_repeat() {
+    let pg = pg_server::TestPg::start();
+    let (a, b) = tokio::join!(PgStore::connect(&pg.dsn, 2), PgStore::connect(&pg.dsn, 2));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let v = a.schema_version().await.unwrap();
+    assert_eq!(v, b.schema_version().await.unwrap());
+    let c = PgStore::connect(&pg.dsn, 2).await.unwrap();
+    assert_eq!(c.schema_version().await.unwrap(), v);
+    assert!(v >= 1);
+}
+
+/// A database that is not there is a clear, retryable error, not a hang.
+#[tokio::test]
+async fn postgres_down_is_unavailable() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port(); // dropped: nothing listens there
+    let started = std::time::Instant::now();
+    let e = PgStore::connect(&format!("postgres://postgres@127.0.0.1:{port}/x"), 2)
+        .await
+        .err()
+        .expect("connected to nothing");
+    assert!(e.is_unavailable(), "{e}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+}
