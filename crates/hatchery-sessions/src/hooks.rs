@@ -192,6 +192,19 @@ impl Sessions {
         .await
     }
 
+    /// Unfinished sessions that hold a sandbox: a restarted daemon binds
+    /// them before its proxy takes connections, instead of waiting for each
+    /// runner to re-attach.
+    pub async fn holding_sandboxes(&self) -> Result<Vec<Session>, StoreError> {
+        Ok(self
+            .store
+            .unfinished()
+            .await?
+            .into_iter()
+            .filter(|s| s.sandbox_id.is_some())
+            .collect())
+    }
+
     /// The session as stored (the daemon's gateway and proxy read its
     /// pinned policy and budget from it).
     pub async fn session(&self, id: &str) -> Result<Session, StoreError> {

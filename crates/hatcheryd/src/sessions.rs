@@ -78,6 +78,27 @@ pub async fn wire_services(
         &manager.metrics.registry,
     )
     .map_err(|e| err(format!("egress proxy socket: {e}")))?;
+    let hooks = Arc::new(crate::session_services::DaemonHooks {
+        gateway,
+        egress: egress.clone(),
+    });
+    // After a restart: the proxy's map is in memory; fill it before the
+    // runners re-attach (they bind again, idempotently).
+    use hatchery_sessions::hooks::SessionHooks;
+    for s in sessions
+        .holding_sandboxes()
+        .await
+        .map_err(|e| err(e.to_string()))?
+    {
+        if let Some(sbx) = &s.sandbox_id {
+            if let Err(e) = hooks.bind(&s, sbx).await {
+                tracing::warn!(session = %s.id, error = %e, "binding after restart failed");
+            }
+        }
+    }
+    sessions.set_hooks(hooks);
+    // Registered once bound: the first connection a guest makes finds its
+    // session.
     if let Some(e) = &egress {
         manager.add_host_service(HostService {
             name: "egress".into(),
@@ -86,9 +107,5 @@ pub async fn wire_services(
             identity: Identity::ProxyV1,
         })?;
     }
-    sessions.set_hooks(Arc::new(crate::session_services::DaemonHooks {
-        gateway,
-        egress,
-    }));
     Ok(())
 }
