@@ -27,6 +27,9 @@ command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v sqlite3 >/dev/null 2>&1 || missing+=(sqlite3)
 command -v curl >/dev/null 2>&1 || missing+=(curl)
 command -v conntrack >/dev/null 2>&1 || missing+=(conntrack)
+# The egress tests make a test CA and serve git over HTTPS (tests/egress).
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+command -v git >/dev/null 2>&1 || missing+=(git)
 # PostgreSQL for the tests of the shared (many-hosts) stores; the tests run
 # their own server as the postgres user (tests/pg/pg.py), never the system one.
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)

@@ -44,7 +44,8 @@ class Gateway:
 
     def start(self):
         self.port = free_port()
-        up = f"http://127.0.0.1:{self.upstream.port}"
+        # A TLS upstream test sets `scheme` (and a CA through `extra`).
+        up = f"{getattr(self, 'scheme', 'http')}://127.0.0.1:{self.upstream.port}"
         self.log = open(os.path.join(self.dir, "gateway.log"), "ab")
         self.proc = subprocess.Popen(
             [BIN, "--listen", f"127.0.0.1:{self.port}", "--db", self.db,

@@ -171,14 +171,48 @@ impl Proxy {
     }
 
     async fn handle(self: Arc<Self>, mut sock: TcpStream, peer: SocketAddr) {
-        let Ok(_permit) = self.tunnels.clone().try_acquire_owned() else {
+        let Ok(permit) = self.tunnels.clone().try_acquire_owned() else {
             let r = refuse(503, "too many tunnels on this proxy");
             self.emit(Verdict::Denied, None, peer, &r);
             answer(&mut sock, &r).await;
             return;
         };
         let local = sock.local_addr().unwrap_or(peer);
-        let Some(session) = self.identify.identify(peer, local).await else {
+        let session = self.identify.identify(peer, local).await;
+        self.run(sock, peer, session, permit).await
+    }
+
+    /// One connection whose session the caller already knows: the
+    /// daemon's host-service relay names the sandbox it came from (never
+    /// the guest), and the daemon maps that to a session. `None` (not a
+    /// session's sandbox) is refused. `peer` is only for events.
+    pub async fn handle_identified<S>(
+        self: Arc<Self>,
+        mut sock: S,
+        peer: SocketAddr,
+        session: Option<SessionId>,
+    ) where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let Ok(permit) = self.tunnels.clone().try_acquire_owned() else {
+            let r = refuse(503, "too many tunnels on this proxy");
+            self.emit(Verdict::Denied, session.as_deref(), peer, &r);
+            answer(&mut sock, &r).await;
+            return;
+        };
+        self.run(sock, peer, session, permit).await
+    }
+
+    async fn run<S>(
+        self: Arc<Self>,
+        mut sock: S,
+        peer: SocketAddr,
+        session: Option<SessionId>,
+        _permit: tokio::sync::OwnedSemaphorePermit,
+    ) where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let Some(session) = session else {
             let r = refuse(403, "connection not from a known session");
             self.emit(Verdict::Denied, None, peer, &r);
             answer(&mut sock, &r).await;
@@ -223,9 +257,9 @@ impl Proxy {
     }
 
     /// Everything up to a connected upstream, or the refusal to answer.
-    async fn open(
+    async fn open<S: AsyncRead + Unpin>(
         &self,
-        sock: &mut TcpStream,
+        sock: &mut S,
         session: &str,
     ) -> Result<(TcpStream, FirstBytes, Refusal), Refusal> {
         let (head, rest) = read_head(sock, &self.limits).await?;
@@ -431,7 +465,10 @@ impl Drop for SessionSlot<'_> {
 
 /// Reads until the blank line; returns the head (without it) and any bytes
 /// that came after.
-async fn read_head(sock: &mut TcpStream, limits: &Limits) -> Result<(Vec<u8>, Vec<u8>), Refusal> {
+async fn read_head<S: AsyncRead + Unpin>(
+    sock: &mut S,
+    limits: &Limits,
+) -> Result<(Vec<u8>, Vec<u8>), Refusal> {
     let mut buf = Vec::with_capacity(1024);
     let deadline = tokio::time::Instant::now() + limits.head_timeout;
     let mut chunk = [0u8; 4096];
@@ -469,7 +506,7 @@ fn find(h: &[u8], n: &[u8]) -> Option<usize> {
     h.windows(n.len()).position(|w| w == n)
 }
 
-async fn answer(sock: &mut TcpStream, r: &Refusal) {
+async fn answer<S: AsyncWrite + Unpin>(sock: &mut S, r: &Refusal) {
     let phrase = match r.status {
         400 => "Bad Request",
         403 => "Forbidden",
@@ -493,10 +530,13 @@ async fn answer(sock: &mut TcpStream, r: &Refusal) {
 
 /// Relays both ways until both sides finish or nothing moves for `idle`;
 /// returns the bytes moved (up, down).
-async fn pump(a: TcpStream, b: TcpStream, idle: Duration) -> (u64, u64) {
+async fn pump<A>(a: A, b: TcpStream, idle: Duration) -> (u64, u64)
+where
+    A: AsyncRead + AsyncWrite + Send + 'static,
+{
     let start = Instant::now();
     let last = Arc::new(AtomicU64::new(0));
-    let (ar, aw) = a.into_split();
+    let (ar, aw) = tokio::io::split(a);
     let (br, bw) = b.into_split();
     let (up_n, down_n) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let up = copy_half(ar, bw, last.clone(), start, up_n.clone());

@@ -23,12 +23,17 @@ struct Args {
     /// Connections to PostgreSQL, at most.
     #[arg(long, default_value_t = 16)]
     db_pool_size: usize,
-    /// OpenAI-compatible upstream, http://host:port[/prefix].
+    /// OpenAI-compatible upstream, http://host:port[/prefix] or
+    /// https://host[:port][/prefix].
     #[arg(long)]
     openai_upstream: Option<String>,
-    /// Anthropic-compatible upstream, http://host:port[/prefix].
+    /// Anthropic-compatible upstream, http:// or https://.
     #[arg(long)]
     anthropic_upstream: Option<String>,
+    /// CA bundle (PEM) that https:// upstreams are verified against
+    /// (default: /etc/ssl/certs/ca-certificates.crt).
+    #[arg(long)]
+    upstream_ca_file: Option<PathBuf>,
     /// File with the upstream's API key (held only by the gateway).
     #[arg(long)]
     upstream_key_file: Option<PathBuf>,
@@ -93,7 +98,7 @@ async fn main() -> anyhow::Result<()> {
     let timeout = Duration::from_secs(a.upstream_timeout_seconds.max(1));
     let up = |flavor, url: &Option<String>| -> anyhow::Result<Option<Upstream>> {
         url.as_deref()
-            .map(|u| Upstream::new(flavor, u, &key, timeout))
+            .map(|u| Upstream::with_ca(flavor, u, &key, timeout, a.upstream_ca_file.as_deref()))
             .transpose()
             .map_err(Into::into)
     };

@@ -5,7 +5,8 @@ use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
 
 pub struct Metrics {
     pub registry: Registry,
-    calls: IntCounterVec,
+    /// By API and outcome (an embedding daemon registers it next to its own).
+    pub calls: IntCounterVec,
     pub reserve_seconds: Histogram,
 }
 

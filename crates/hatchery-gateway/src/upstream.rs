@@ -1,5 +1,6 @@
 //! The operator's upstream model endpoint: one HTTP/1.1 connection per
-//! call, the real key added here (callers never see it).
+//! call (TLS for `https://`, rustls with the operator's CA bundle), the
+//! real key added here (callers never see it).
 
 use crate::usage::Flavor;
 use bytes::Bytes;
@@ -8,13 +9,30 @@ use hyper::body::Incoming;
 use hyper::header::{CONTENT_TYPE, HOST};
 use hyper::{Method, Request, Response};
 use hyper_util::rt::TokioIo;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
+use tokio_rustls::rustls;
+
+/// Trust anchors for `https://` upstreams when the operator names none.
+pub const DEFAULT_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
-    #[error("upstream URL {0:?} must be http://host:port[/prefix] (TLS upstreams are not supported yet)")]
+    #[error(
+        "upstream URL {0:?} must be http://host:port[/prefix] or https://host[:port][/prefix]"
+    )]
     BadUrl(String),
+    #[error("CA bundle {path}: {why}")]
+    Ca { path: String, why: String },
+    #[error("TLS with the upstream {addr}: {source}")]
+    Tls {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("cannot reach the upstream {addr}: {source}")]
     Connect {
         addr: String,
@@ -37,35 +55,120 @@ pub struct Upstream {
     pub flavor: Flavor,
     /// host:port
     addr: String,
+    /// What the Host header says (host:port, or the host alone for https
+    /// on 443 by default).
+    host_header: String,
     /// Path prefix before `/v1/...`, without a trailing slash.
     prefix: String,
     key: String,
     timeout: Duration,
+    tls: Option<Tls>,
+}
+
+#[derive(Clone)]
+struct Tls {
+    connector: tokio_rustls::TlsConnector,
+    name: rustls::pki_types::ServerName<'static>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tls({:?})", self.name)
+    }
+}
+
+/// A rustls client config trusting the certificates in `ca_file` (PEM),
+/// HTTP/1.1 by ALPN.
+pub fn client_config(ca_file: &Path) -> Result<Arc<rustls::ClientConfig>, UpstreamError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let err = |why: String| UpstreamError::Ca {
+        path: ca_file.display().to_string(),
+        why,
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca_file).map_err(|e| err(e.to_string()))? {
+        let c = c.map_err(|e| err(e.to_string()))?;
+        // A bundle may hold certificates rustls cannot use; skip those.
+        let _ = roots.add(c);
+    }
+    if roots.is_empty() {
+        return Err(err("no usable certificate".into()));
+    }
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| err(e.to_string()))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(cfg))
 }
 
 impl Upstream {
+    /// `https://` upstreams trust [`DEFAULT_CA_BUNDLE`].
     pub fn new(
         flavor: Flavor,
         url: &str,
         key: &str,
         timeout: Duration,
     ) -> Result<Self, UpstreamError> {
-        let rest = url
-            .strip_prefix("http://")
-            .ok_or_else(|| UpstreamError::BadUrl(url.into()))?;
-        let (addr, prefix) = match rest.find('/') {
+        Self::with_ca(flavor, url, key, timeout, None)
+    }
+
+    /// As [`Upstream::new`], with `https://` trusting `ca_file` (PEM).
+    pub fn with_ca(
+        flavor: Flavor,
+        url: &str,
+        key: &str,
+        timeout: Duration,
+        ca_file: Option<&Path>,
+    ) -> Result<Self, UpstreamError> {
+        let bad = || UpstreamError::BadUrl(url.into());
+        let (rest, https) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+            (Some(r), _) => (r, false),
+            (_, Some(r)) => (r, true),
+            _ => return Err(bad()),
+        };
+        let (authority, prefix) = match rest.find('/') {
             Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
             None => (rest, ""),
         };
-        if addr.is_empty() || !addr.contains(':') || addr.contains('@') {
-            return Err(UpstreamError::BadUrl(url.into()));
+        if authority.is_empty() || authority.contains('@') || authority.starts_with(':') {
+            return Err(bad());
         }
+        // host[:port]; plain http must name its port (as before).
+        let (host, addr) = match authority.rsplit_once(':') {
+            Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p != 0) => {
+                (h.to_string(), authority.to_string())
+            }
+            Some(_) => return Err(bad()),
+            None if https => (authority.to_string(), format!("{authority}:443")),
+            None => return Err(bad()),
+        };
+        let tls = if https {
+            let cfg = client_config(ca_file.unwrap_or(Path::new(DEFAULT_CA_BUNDLE)))?;
+            let bare = host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string();
+            let name = rustls::pki_types::ServerName::try_from(bare).map_err(|_| bad())?;
+            Some(Tls {
+                connector: tokio_rustls::TlsConnector::from(cfg),
+                name,
+            })
+        } else {
+            None
+        };
         Ok(Upstream {
             flavor,
-            addr: addr.to_string(),
+            host_header: authority.to_string(),
+            addr,
             prefix: prefix.to_string(),
             key: key.to_string(),
             timeout,
+            tls,
         })
     }
 
@@ -78,45 +181,48 @@ impl Upstream {
         extra: &[(&'static str, String)],
     ) -> Result<Response<Incoming>, UpstreamError> {
         let addr = self.addr.clone();
-        let fut = async {
-            let stream =
-                TcpStream::connect(&self.addr)
-                    .await
-                    .map_err(|source| UpstreamError::Connect {
+        let fut =
+            async {
+                let stream = TcpStream::connect(&self.addr).await.map_err(|source| {
+                    UpstreamError::Connect {
                         addr: addr.clone(),
                         source,
-                    })?;
-            let _ = stream.set_nodelay(true);
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .map_err(|source| UpstreamError::Http {
-                    addr: addr.clone(),
-                    source,
+                    }
                 })?;
-            tokio::spawn(async move {
-                let _ = conn.await;
-            });
-            let mut req = Request::builder()
-                .method(Method::POST)
-                .uri(format!("{}{}", self.prefix, path))
-                .header(HOST, &self.addr)
-                .header(CONTENT_TYPE, "application/json");
-            req = match self.flavor {
-                Flavor::OpenAi => req.header("authorization", format!("Bearer {}", self.key)),
-                Flavor::Anthropic => req.header("x-api-key", &self.key),
+                let _ = stream.set_nodelay(true);
+                let mut sender = match &self.tls {
+                    None => handshake(stream, &addr).await?,
+                    Some(t) => {
+                        let tls = t.connector.connect(t.name.clone(), stream).await.map_err(
+                            |source| UpstreamError::Tls {
+                                addr: addr.clone(),
+                                source,
+                            },
+                        )?;
+                        handshake(tls, &addr).await?
+                    }
+                };
+                let mut req = Request::builder()
+                    .method(Method::POST)
+                    .uri(format!("{}{}", self.prefix, path))
+                    .header(HOST, &self.host_header)
+                    .header(CONTENT_TYPE, "application/json");
+                req = match self.flavor {
+                    Flavor::OpenAi => req.header("authorization", format!("Bearer {}", self.key)),
+                    Flavor::Anthropic => req.header("x-api-key", &self.key),
+                };
+                for (k, v) in extra {
+                    req = req.header(*k, v);
+                }
+                let req = req.body(Full::new(body)).expect("static header names");
+                sender
+                    .send_request(req)
+                    .await
+                    .map_err(|source| UpstreamError::Http {
+                        addr: addr.clone(),
+                        source,
+                    })
             };
-            for (k, v) in extra {
-                req = req.header(*k, v);
-            }
-            let req = req.body(Full::new(body)).expect("static header names");
-            sender
-                .send_request(req)
-                .await
-                .map_err(|source| UpstreamError::Http {
-                    addr: addr.clone(),
-                    source,
-                })
-        };
         tokio::time::timeout(self.timeout, fut)
             .await
             .map_err(|_| UpstreamError::Timeout {
@@ -124,6 +230,26 @@ impl Upstream {
                 timeout: self.timeout,
             })?
     }
+}
+
+/// HTTP/1.1 over `io`; the connection is driven by its own task.
+async fn handshake<S>(
+    io: S,
+    addr: &str,
+) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, UpstreamError>
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|source| UpstreamError::Http {
+            addr: addr.to_string(),
+            source,
+        })?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
 }
 
 #[cfg(test)]
@@ -138,14 +264,28 @@ mod tests {
             (u.addr.as_str(), u.prefix.as_str()),
             ("127.0.0.1:9", "/api")
         );
+        assert!(u.tls.is_none());
+        let u = Upstream::new(Flavor::OpenAi, "http://[::1]:9/v1", "k", t).unwrap();
+        assert_eq!(u.addr, "[::1]:9");
         for bad in [
-            "https://x:1",
             "http://",
+            "https://",
+            "https://:443",
+            "https://h:0",
+            "https://h:x",
+            "https://u@h",
             "http://host",
             "http://u@h:1",
             "ftp://h:1",
         ] {
             assert!(Upstream::new(Flavor::OpenAi, bad, "k", t).is_err(), "{bad}");
         }
+        let missing = Path::new("/nonexistent/ca.pem");
+        assert!(matches!(
+            Upstream::with_ca(Flavor::OpenAi, "https://h/v1", "k", t, Some(missing)),
+            Err(UpstreamError::Ca { .. })
+        ));
+        // http:// never reads a CA file.
+        assert!(Upstream::with_ca(Flavor::OpenAi, "http://h:1", "k", t, Some(missing)).is_ok());
     }
 }

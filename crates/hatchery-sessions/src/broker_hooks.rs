@@ -31,10 +31,6 @@ impl Sessions {
             .find(|s| s.sandbox_id.as_deref() == Some(sandbox_id)))
     }
 
-    pub async fn session(&self, id: &str) -> Result<Session, SessionError> {
-        Ok(self.store.get(id).await?)
-    }
-
     /// Appends system events (and publishes them to live streams).
     pub async fn record(
         &self,

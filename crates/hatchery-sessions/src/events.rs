@@ -260,6 +260,55 @@ pub enum EventKind {
         status: String,
         output: String,
     },
+    /// A model call the gateway forwarded and settled (what it charged is
+    /// what the session's spend grew by; the agent's own reports are not
+    /// counted when a gateway meters the session).
+    ModelCall {
+        api: String,
+        model: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        input_tokens: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output_tokens: Option<u64>,
+        tokens: u64,
+        usd_cents: u64,
+    },
+    /// The gateway refused a model call before it reached the upstream.
+    ModelRefused {
+        api: String,
+        code: String,
+        message: String,
+    },
+    /// A model call did not fit in the session's budget; the session ends
+    /// `failed` with reason `budget_exhausted: ...`.
+    BudgetExhausted {
+        scope: String,
+        message: String,
+    },
+    /// A connection through the egress proxy, allowed or denied, with the
+    /// policy rule that decided it.
+    Egress {
+        /// `allowed` or `denied`.
+        verdict: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        host: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        port: Option<u16>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ip: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rule_id: Option<String>,
+        /// The HTTP status the proxy answered (200 when allowed).
+        status: u16,
+        reason: String,
+    },
+    /// The session was moved to another version of its policy
+    /// (`POST /v1/sessions/{id}/policy`); new connections use it.
+    PolicyMoved {
+        policy_id: String,
+        from_version: u32,
+        to_version: u32,
+    },
     /// A line the agent printed that was not a valid protocol message
     /// (kept, capped, so nothing it says is lost).
     AgentOutput {
@@ -305,6 +354,11 @@ impl EventKind {
             EventKind::BrokerEffectStarted { .. } => "broker_effect_started",
             EventKind::BrokerResult { .. } => "broker_result",
             EventKind::AgentOutput { .. } => "agent_output",
+            EventKind::ModelCall { .. } => "model_call",
+            EventKind::ModelRefused { .. } => "model_refused",
+            EventKind::BudgetExhausted { .. } => "budget_exhausted",
+            EventKind::Egress { .. } => "egress",
+            EventKind::PolicyMoved { .. } => "policy_moved",
         }
     }
 
@@ -349,6 +403,9 @@ impl EventKind {
             EventKind::ToolCall { arguments, .. } => vec![(arguments, None, None)],
             EventKind::Message { text } => vec![(text, None, None)],
             EventKind::Error { message, .. } => vec![(message, None, None)],
+            EventKind::ModelRefused { message, .. }
+            | EventKind::BudgetExhausted { message, .. } => vec![(message, None, None)],
+            EventKind::Egress { reason, .. } => vec![(reason, None, None)],
             EventKind::AgentDone { summary } => vec![(summary, None, None)],
             _ => vec![],
         }

@@ -24,7 +24,8 @@ use utoipa::OpenApi;
         routes::message,
         routes::approve,
         routes::events,
-        routes::blob
+        routes::blob,
+        crate::policy_move::move_policy
     ),
     components(schemas(
         CreateSessionBody,
@@ -47,7 +48,8 @@ use utoipa::OpenApi;
         ApprovalBody,
         ApprovalDecided,
         ErrorBody,
-        ErrorDetail
+        ErrorDetail,
+        crate::policy_move::MovePolicyBody
     ))
 )]
 pub struct SessionsDoc;

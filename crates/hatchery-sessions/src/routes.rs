@@ -43,6 +43,10 @@ pub fn router(sessions: Arc<Sessions>, api_key: Arc<str>) -> Router {
         .route("/v1/sessions/{id}/messages", post(message))
         .route("/v1/sessions/{id}/approvals/{aid}", post(approve))
         .route("/v1/sessions/{id}/blobs/{blob_ref}", get(blob))
+        .route(
+            "/v1/sessions/{id}/policy",
+            post(crate::policy_move::move_policy),
+        )
         .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BODY))
         .route_layer(axum::middleware::from_fn_with_state(
             st.clone(),

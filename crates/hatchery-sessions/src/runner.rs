@@ -151,10 +151,19 @@ async fn release(svc: &Arc<Sessions>, s: &Session) {
                 Patch::default(),
             )
             .await;
+        svc.hooks().unbind(&s.id, sbx).await;
         if let Err(e) = svc.sandboxes.delete(sbx).await {
             tracing::warn!(session = %s.id, sandbox = %sbx, error = %e, "sandbox delete failed");
         }
     }
+}
+
+/// Gateway binding and egress identity for the sandbox (hooks.rs).
+async fn bind(svc: &Arc<Sessions>, s: &Session, sbx: &str) -> R<()> {
+    svc.hooks()
+        .bind(s, sbx)
+        .await
+        .map_err(|e| fail("services_unavailable", e))
 }
 
 fn ttl_for(s: &Session) -> u64 {
@@ -271,6 +280,7 @@ async fn start(svc: &Arc<Sessions>, s: &Session) -> R<()> {
     )
     .await
     .map_err(|e| fail("store_error", e.to_string()))?;
+    bind(svc, s, &sbx).await?;
 
     ev(
         svc,
@@ -380,6 +390,7 @@ async fn start(svc: &Arc<Sessions>, s: &Session) -> R<()> {
         ),
     };
     let mut env = s.spec.env.clone();
+    env.extend(svc.hooks().agent_env(s));
     env.insert("OPENAI_BASE_URL".into(), s.spec.agent.model_url.clone());
     env.insert("OPENAI_API_KEY".into(), "unused-inside-the-sandbox".into());
     env.insert("HATCHERY_SESSION_ID".into(), id.clone());
@@ -435,6 +446,11 @@ async fn attached(
     }
     if !svc.sandboxes.exists(&sbx).await? {
         return Err(fail("lost_sandbox", format!("sandbox {sbx} is gone")));
+    }
+    // Again after a restart (idempotent): the proxy's map is in memory.
+    bind(svc, &s, &sbx).await?;
+    if let Some(why) = svc.take_exhausted(&id) {
+        return Err(fail("budget_exhausted", why));
     }
     // A line handled before a crash may still wait for its ack.
     if s.agent_seq > 0 {
@@ -505,6 +521,9 @@ async fn attached(
                 if cur.cancel_requested {
                     return cancel_running(svc, &cur).await;
                 }
+                if let Some(why) = svc.take_exhausted(&id) {
+                    return Err(fail("budget_exhausted", why));
+                }
                 if deliver(svc, &id, &sbx, &pid).await? {
                     waiting_since = None;
                 }
@@ -537,6 +556,10 @@ async fn handle_line(
     end: u64,
 ) -> R<Effect> {
     let mut p = agent_proto::parse(line);
+    if svc.hooks().meters_spend() {
+        // The gateway records what calls cost; the agent's word is not spend.
+        p.tokens = 0;
+    }
     let mut patch = Patch {
         add_tokens: p.tokens,
         ..Default::default()
@@ -895,6 +918,12 @@ async fn idle(
     )
     .await?;
     let info = svc.sandboxes.fork(&snap, ttl_for(&s), meta).await?;
+    if let Err(e) = bind(svc, &s, &info.id).await {
+        // Not on record yet: nothing else would delete it.
+        svc.hooks().unbind(&id, &info.id).await;
+        let _ = svc.sandboxes.delete(&info.id).await;
+        return Err(e);
+    }
     let ms = t0.elapsed().as_millis() as u64;
     to_state(
         svc,

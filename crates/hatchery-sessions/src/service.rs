@@ -33,6 +33,10 @@ pub struct Sessions {
     /// One runner task per unfinished session, woken through its Notify.
     actors: Mutex<HashMap<String, Arc<Notify>>>,
     pub(crate) metrics: crate::metrics::SessionMetrics,
+    /// The daemon's gateway and egress proxy (hooks.rs).
+    pub(crate) hooks: std::sync::RwLock<Arc<dyn crate::hooks::SessionHooks>>,
+    /// Sessions whose budget the gateway found exhausted, for their runner.
+    pub(crate) exhausted: Mutex<HashMap<String, String>>,
 }
 
 impl Sessions {
@@ -53,6 +57,8 @@ impl Sessions {
             scheduler,
             actors: Mutex::new(HashMap::new()),
             metrics: crate::metrics::SessionMetrics::new(),
+            hooks: std::sync::RwLock::new(Arc::new(crate::hooks::NoHooks)),
+            exhausted: Mutex::new(HashMap::new()),
         })
     }
 

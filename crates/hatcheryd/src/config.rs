@@ -114,6 +114,12 @@ pub struct DaemonArgs {
     /// The tool broker of sessions.
     #[command(flatten)]
     pub broker: hatchery_broker::BrokerArgs,
+    /// The model gateway sessions call their model through.
+    #[command(flatten)]
+    pub gateway: crate::gateway::GatewayArgs,
+    /// The egress proxy of session sandboxes.
+    #[command(flatten)]
+    pub egress: crate::egress::EgressArgs,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "HATCHERY_LOG_JSON")]
     pub log_json: bool,

@@ -3,9 +3,12 @@
 mod broker;
 mod config;
 mod e2b_backend;
+mod egress;
+mod gateway;
 mod key;
 mod rounds;
 mod serve;
+mod session_services;
 mod sessions;
 mod state_db;
 

@@ -42,3 +42,71 @@ pub fn build(
         .map_err(|e| err(e.to_string()))?;
     Ok((hatchery_sessions::router(svc.clone(), api_key.into()), svc))
 }
+
+/// The in-process model gateway and egress proxy, each registered as a
+/// host service on a Unix socket in the data dir, and plugged into the
+/// sessions runner (docs/sessions.md, "Model gateway" and "Egress").
+pub async fn wire_services(
+    args: &DaemonArgs,
+    data: &std::path::Path,
+    manager: &Arc<hatchery_core::Manager>,
+    sessions: &Arc<Sessions>,
+    policies: Arc<dyn hatchery_policy::PolicyStore>,
+) -> Result<(), crate::DaemonError> {
+    use hatchery_core::host_services::{HostAddr, HostService, Identity};
+    let err = |e: String| crate::DaemonError::Sessions(e);
+    let gateway = crate::gateway::start(
+        &args.gateway,
+        data,
+        sessions.clone(),
+        &manager.metrics.registry,
+    )
+    .await
+    .map_err(|e| err(e.to_string()))?;
+    if let Some(g) = &gateway {
+        manager.add_host_service(HostService {
+            name: "gateway".into(),
+            guest_port: g.guest_port,
+            addr: HostAddr::Unix(g.socket.clone()),
+            identity: Identity::HttpHeader,
+        })?;
+    }
+    let egress = crate::egress::start(
+        &args.egress,
+        data,
+        sessions.clone(),
+        policies,
+        &manager.metrics.registry,
+    )
+    .map_err(|e| err(format!("egress proxy socket: {e}")))?;
+    let hooks = Arc::new(crate::session_services::DaemonHooks {
+        gateway,
+        egress: egress.clone(),
+    });
+    // After a restart: the proxy's map is in memory; fill it before the
+    // runners re-attach (they bind again, idempotently).
+    use hatchery_sessions::hooks::SessionHooks;
+    for s in sessions
+        .holding_sandboxes()
+        .await
+        .map_err(|e| err(e.to_string()))?
+    {
+        if let Some(sbx) = &s.sandbox_id {
+            if let Err(e) = hooks.bind(&s, sbx).await {
+                tracing::warn!(session = %s.id, error = %e, "binding after restart failed");
+            }
+        }
+    }
+    sessions.set_hooks(hooks);
+    // Registered once bound: the first connection a guest makes finds its
+    // session.
+    if let Some(e) = &egress {
+        manager.add_host_service(HostService {
+            name: "egress".into(),
+            guest_port: e.guest_port,
+            addr: HostAddr::Unix(e.socket.clone()),
+            identity: Identity::ProxyV1,
+        })?;
+    }
+    Ok(())
+}

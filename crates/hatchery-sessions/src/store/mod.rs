@@ -103,6 +103,8 @@ pub struct Patch {
     pub add_usd_cents: u64,
     pub add_wall_s: u64,
     pub cancel_requested: Option<bool>,
+    /// Moves the session to this version of its policy.
+    pub policy_version: Option<u32>,
     /// A pending approval to record: (approval_id, action, details).
     pub new_approval: Option<(String, String, String)>,
 }

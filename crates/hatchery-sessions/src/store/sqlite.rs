@@ -162,6 +162,14 @@ fn apply_patch(tx: &Transaction, id: &str, p: &Patch) -> Result<(), StoreError> 
         )
         .map_err(be)?;
     }
+    if let Some(v) = p.policy_version {
+        // The spec is JSON; only this field of it ever changes.
+        tx.execute(
+            "UPDATE sessions SET spec = json_set(spec, '$.policy_version', ?2) WHERE id = ?1",
+            params![id, v as i64],
+        )
+        .map_err(be)?;
+    }
     if let Some(c) = p.cancel_requested {
         tx.execute(
             "UPDATE sessions SET cancel_requested = ?2 WHERE id = ?1",
@@ -665,6 +673,25 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let s = SqliteStore::open(&d.path().join("s.db")).unwrap();
         (d, s)
+    }
+
+    #[tokio::test]
+    async fn policy_version_patch_changes_only_that_field() {
+        let (_d, s) = open();
+        s.create("ses_p", &spec(), None, "h").await.unwrap();
+        let p = Patch {
+            policy_version: Some(3),
+            ..Default::default()
+        };
+        s.append("ses_p", vec![], p).await.unwrap();
+        let got = s.get("ses_p").await.unwrap().spec;
+        assert_eq!(
+            got,
+            SessionSpec {
+                policy_version: 3,
+                ..spec()
+            }
+        );
     }
 
     #[tokio::test]

@@ -1,0 +1,213 @@
+//! What the daemon plugs into a session's sandbox: the model gateway (the
+//! sandbox is bound to the session it charges) and the egress proxy (the
+//! sandbox's connections are checked against the session's pinned policy).
+//! The runner calls [`SessionHooks`] at each point a sandbox starts or stops
+//! serving a session; the daemon reports back what its gateway and proxy
+//! saw through the `record_*` methods, which write session events.
+
+use crate::events::{Actor, EventKind};
+use crate::service::Sessions;
+use crate::store::{Patch, Session, StoreError};
+use async_trait::async_trait;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+#[async_trait]
+pub trait SessionHooks: Send + Sync + 'static {
+    /// `sandbox` now serves `session`: after it was created, after a fork
+    /// from an idle snapshot, and again when a restarted daemon re-attaches
+    /// (so it must be idempotent). Called before the agent can make a call.
+    /// An error fails the session (`services_unavailable`).
+    async fn bind(&self, session: &Session, sandbox: &str) -> Result<(), String>;
+    /// The sandbox is about to be deleted or was lost.
+    async fn unbind(&self, session: &str, sandbox: &str);
+    /// Environment for the agent process (proxy settings, for one).
+    fn agent_env(&self, session: &Session) -> BTreeMap<String, String>;
+    /// True when the host meters model spend (the gateway): the agent's own
+    /// usage reports are then ignored, since guest code could lie in them.
+    fn meters_spend(&self) -> bool;
+}
+
+/// Nothing plugged in: the agent reaches whatever host service its model
+/// URL names, and its own usage reports count as spend.
+pub struct NoHooks;
+
+#[async_trait]
+impl SessionHooks for NoHooks {
+    async fn bind(&self, _: &Session, _: &str) -> Result<(), String> {
+        Ok(())
+    }
+    async fn unbind(&self, _: &str, _: &str) {}
+    fn agent_env(&self, _: &Session) -> BTreeMap<String, String> {
+        BTreeMap::new()
+    }
+    fn meters_spend(&self) -> bool {
+        false
+    }
+}
+
+/// One connection through the egress proxy, as the log records it.
+#[derive(Debug, Clone)]
+pub struct EgressRecord {
+    pub allowed: bool,
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub ip: Option<String>,
+    pub rule_id: Option<String>,
+    pub status: u16,
+    pub reason: String,
+}
+
+impl Sessions {
+    pub fn set_hooks(&self, hooks: Arc<dyn SessionHooks>) {
+        *self.hooks.write().unwrap_or_else(|p| p.into_inner()) = hooks;
+    }
+
+    pub(crate) fn hooks(&self) -> Arc<dyn SessionHooks> {
+        self.hooks.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Host observations are written whatever the state: a call the
+    /// gateway settles just after the agent finished was still spent, so it
+    /// is recorded (after the final state change) rather than lost.
+    async fn append_live(
+        &self,
+        id: &str,
+        events: Vec<EventKind>,
+        patch: Patch,
+    ) -> Result<(), StoreError> {
+        let evs = self
+            .store
+            .append(
+                id,
+                events.into_iter().map(|k| (Actor::System, k)).collect(),
+                patch,
+            )
+            .await?;
+        self.bus.publish(id, &evs);
+        Ok(())
+    }
+
+    /// A settled model call: its event, the spend added in the same
+    /// transaction, and the new totals.
+    pub async fn record_model_call(
+        &self,
+        id: &str,
+        call: EventKind,
+        tokens: u64,
+        usd_cents: u64,
+    ) -> Result<(), StoreError> {
+        self.append_live(
+            id,
+            vec![call],
+            Patch {
+                add_tokens: tokens,
+                add_usd_cents: usd_cents,
+                ..Default::default()
+            },
+        )
+        .await?;
+        let s = self.store.get(id).await?;
+        self.append_live(
+            id,
+            vec![EventKind::Budget {
+                tokens: s.spend_tokens,
+                usd_cents: s.spend_usd_cents,
+                wall_s: crate::models::wall_s(&s),
+            }],
+            Patch::default(),
+        )
+        .await
+    }
+
+    /// A refused model call (bad request, unbound, upstream down).
+    pub async fn record_model_refused(
+        &self,
+        id: &str,
+        api: &str,
+        code: &str,
+        message: &str,
+    ) -> Result<(), StoreError> {
+        self.append_live(
+            id,
+            vec![EventKind::ModelRefused {
+                api: api.into(),
+                code: code.into(),
+                message: message.into(),
+            }],
+            Patch::default(),
+        )
+        .await
+    }
+
+    /// The session's budget had no room for a call: the event now, and the
+    /// runner ends the session `failed` (`budget_exhausted`).
+    pub async fn record_budget_exhausted(
+        self: &Arc<Self>,
+        id: &str,
+        scope: &str,
+        message: &str,
+    ) -> Result<(), StoreError> {
+        self.append_live(
+            id,
+            vec![EventKind::BudgetExhausted {
+                scope: scope.into(),
+                message: message.into(),
+            }],
+            Patch::default(),
+        )
+        .await?;
+        if self.store.get(id).await?.state.is_terminal() {
+            return Ok(());
+        }
+        self.exhausted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_string(), format!("{scope}: {message}"));
+        self.nudge(id);
+        Ok(())
+    }
+
+    pub(crate) fn take_exhausted(&self, id: &str) -> Option<String> {
+        self.exhausted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id)
+    }
+
+    pub async fn record_egress(&self, id: &str, r: EgressRecord) -> Result<(), StoreError> {
+        self.append_live(
+            id,
+            vec![EventKind::Egress {
+                verdict: if r.allowed { "allowed" } else { "denied" }.into(),
+                host: r.host,
+                port: r.port,
+                ip: r.ip,
+                rule_id: r.rule_id,
+                status: r.status,
+                reason: r.reason,
+            }],
+            Patch::default(),
+        )
+        .await
+    }
+
+    /// Unfinished sessions that hold a sandbox: a restarted daemon binds
+    /// them before its proxy takes connections, instead of waiting for each
+    /// runner to re-attach.
+    pub async fn holding_sandboxes(&self) -> Result<Vec<Session>, StoreError> {
+        Ok(self
+            .store
+            .unfinished()
+            .await?
+            .into_iter()
+            .filter(|s| s.sandbox_id.is_some())
+            .collect())
+    }
+
+    /// The session as stored (the daemon's gateway and proxy read its
+    /// pinned policy and budget from it).
+    pub async fn session(&self, id: &str) -> Result<Session, StoreError> {
+        self.store.get(id).await
+    }
+}

@@ -1,0 +1,278 @@
+//! The egress proxy for session sandboxes (docs/sessions.md, "Egress").
+//! One `hatchery-egress` proxy in the daemon, served on a Unix socket in the
+//! data dir and registered as the host service `egress` with
+//! `identity=proxy`: every sandbox reaches it at `127.0.0.1:GUEST_PORT`,
+//! and the daemon's relay writes `PROXY UNKNOWN <sandbox id>` before the
+//! guest's first byte. That line comes from the host side of the agent
+//! channel the connection arrived on, so the guest cannot choose it; the
+//! socket is in the 0700 data dir, so nothing else can connect and forge
+//! it. The sandbox is mapped to its session (bound by the runner), whose
+//! pinned policy version decides; every allow and deny is a session event.
+
+use clap::Args;
+use hatchery_egress::{EgressEvent, Limits, PolicySource, Proxy, Verdict};
+use hatchery_policy::cache::CompiledPolicies;
+use hatchery_policy::Policy;
+use hatchery_sessions::hooks::EgressRecord;
+use hatchery_sessions::Sessions;
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::sync::mpsc;
+
+#[derive(Debug, Clone, Args)]
+pub struct EgressArgs {
+    /// Where guest code reaches the egress proxy (127.0.0.1:PORT in the
+    /// sandbox); session agents get HTTPS_PROXY/HTTP_PROXY pointing there.
+    /// 0 turns the proxy off.
+    #[arg(
+        long = "egress-guest-port",
+        env = "HATCHERY_EGRESS_GUEST_PORT",
+        default_value_t = 3128
+    )]
+    pub guest_port: u16,
+    /// Tunnels open at once through the proxy, in all.
+    #[arg(long = "egress-max-tunnels", env = "HATCHERY_EGRESS_MAX_TUNNELS", default_value_t = 1024,
+          value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    pub max_tunnels: u64,
+    /// Tunnels open at once per session (the relay also caps a sandbox at 64
+    /// guest-started connections in all).
+    #[arg(long = "egress-max-tunnels-per-session", env = "HATCHERY_EGRESS_MAX_TUNNELS_PER_SESSION", default_value_t = 32,
+          value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub max_per_session: u64,
+    /// Seconds a tunnel may carry no byte either way before it is closed.
+    #[arg(long = "egress-idle-timeout", env = "HATCHERY_EGRESS_IDLE_TIMEOUT", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub idle_s: u64,
+}
+
+/// What the proxy knows of a sandbox: its session and pinned policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Binding {
+    pub session: String,
+    pub policy_id: String,
+    pub policy_version: u32,
+}
+
+/// The running proxy, as the session hooks use it.
+pub struct EgressLink {
+    pub guest_port: u16,
+    pub socket: PathBuf,
+    bindings: Arc<Mutex<HashMap<String, Binding>>>,
+}
+
+impl EgressLink {
+    pub fn bind(&self, sandbox: &str, b: Binding) {
+        self.lock().insert(sandbox.to_string(), b);
+    }
+    pub fn unbind(&self, sandbox: &str) {
+        self.lock().remove(sandbox);
+    }
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Binding>> {
+        self.bindings.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The session's pinned version, compiled (cached by id and version).
+struct Pinned {
+    bindings: Arc<Mutex<HashMap<String, Binding>>>,
+    compiled: CompiledPolicies,
+}
+
+#[async_trait::async_trait]
+impl PolicySource for Pinned {
+    async fn policy_for(&self, session: &str) -> Result<Arc<Policy>, String> {
+        let b = self
+            .bindings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .find(|b| b.session == session)
+            .cloned()
+            .ok_or_else(|| format!("session {session} has no pinned policy on record"))?;
+        self.compiled
+            .get(&b.policy_id, b.policy_version)
+            .await
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Never consulted: every connection arrives identified (`handle_identified`).
+struct Unused;
+
+#[async_trait::async_trait]
+impl hatchery_egress::Identify for Unused {
+    async fn identify(&self, _: SocketAddr, _: SocketAddr) -> Option<String> {
+        None
+    }
+}
+
+const EVENT_QUEUE: usize = 8192;
+/// `PROXY UNKNOWN ` + a sandbox id + CRLF; the relay's line is far shorter.
+const MAX_PROXY_LINE: usize = 128;
+
+fn limiter() -> &'static hatchery_core::ratelimit::LogLimiter {
+    static L: OnceLock<hatchery_core::ratelimit::LogLimiter> = OnceLock::new();
+    L.get_or_init(|| hatchery_core::ratelimit::LogLimiter::new(Duration::from_secs(10), 5))
+}
+
+/// Reads the relay's `PROXY UNKNOWN <id>\r\n` from a buffered stream (what
+/// the guest sent after it stays in the buffer for the proxy).
+async fn proxy_line<S: tokio::io::AsyncBufRead + Unpin>(s: &mut S) -> Option<String> {
+    let mut line = Vec::with_capacity(64);
+    s.take(MAX_PROXY_LINE as u64 + 1)
+        .read_until(b'\n', &mut line)
+        .await
+        .ok()?;
+    if !line.ends_with(b"\r\n") {
+        return None;
+    }
+    let text = std::str::from_utf8(&line[..line.len() - 2]).ok()?;
+    text.strip_prefix("PROXY UNKNOWN ")
+        .filter(|id| {
+            !id.is_empty()
+                && id
+                    .bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
+        })
+        .map(str::to_string)
+}
+
+pub fn start(
+    a: &EgressArgs,
+    data: &Path,
+    sessions: Arc<Sessions>,
+    policies: Arc<dyn hatchery_policy::PolicyStore>,
+    registry: &prometheus::Registry,
+) -> std::io::Result<Option<Arc<EgressLink>>> {
+    if a.guest_port == 0 {
+        return Ok(None);
+    }
+    let bindings: Arc<Mutex<HashMap<String, Binding>>> = Default::default();
+    let (tx, mut rx) = mpsc::channel::<EgressEvent>(EVENT_QUEUE);
+    let sink: hatchery_egress::EventSink = Arc::new(move |e: EgressEvent| {
+        if tx.try_send(e).is_err() {
+            hatchery_core::limited_warn!(
+                limiter(),
+                "egress-queue",
+                "egress event queue full; event not written to the session log"
+            );
+        }
+    });
+    tokio::spawn(async move {
+        while let Some(e) = rx.recv().await {
+            let Some(session) = e.session.clone() else {
+                hatchery_core::limited_warn!(limiter(), "egress-unknown", status = e.status,
+                    reason = %e.reason, "egress connection from no session refused");
+                continue;
+            };
+            let r = EgressRecord {
+                allowed: e.verdict == Verdict::Allowed,
+                host: e.host,
+                port: e.port,
+                ip: e.ip.map(|i| i.to_string()),
+                rule_id: e.rule_id,
+                status: e.status,
+                reason: e.reason,
+            };
+            if let Err(err) = sessions.record_egress(&session, r).await {
+                tracing::debug!(session = %session, error = %err, "egress event not recorded");
+            }
+        }
+    });
+    let proxy = Proxy::new(
+        Arc::new(Unused),
+        Arc::new(Pinned {
+            bindings: bindings.clone(),
+            compiled: CompiledPolicies::new(policies),
+        }),
+        sink,
+        Limits {
+            max_tunnels: a.max_tunnels as usize,
+            max_tunnels_per_session: a.max_per_session as usize,
+            idle: Duration::from_secs(a.idle_s),
+            ..Limits::default()
+        },
+    );
+    let m = proxy.metrics();
+    for c in [
+        Box::new(m.connections.clone()) as Box<dyn prometheus::core::Collector>,
+        Box::new(m.tunnels_open.clone()),
+        Box::new(m.bytes.clone()),
+    ] {
+        if let Err(e) = registry.register(c) {
+            tracing::warn!(error = %e, "egress metrics not registered");
+        }
+    }
+    let socket = data.join("egress.sock");
+    let _ = std::fs::remove_file(&socket);
+    let listener = tokio::net::UnixListener::bind(&socket)?;
+    let map = bindings.clone();
+    tokio::spawn(async move {
+        loop {
+            let (sock, _) = match listener.accept().await {
+                Ok(x) => x,
+                Err(e) => {
+                    tracing::error!(error = %e, "egress listener failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let (proxy, map) = (proxy.clone(), map.clone());
+            tokio::spawn(async move {
+                // Buffered, so the line costs one read, not one per byte;
+                // the proxy reads the rest through the same buffer.
+                let mut sock = BufReader::new(sock);
+                let line = tokio::time::timeout(Duration::from_secs(5), proxy_line(&mut sock))
+                    .await
+                    .ok()
+                    .flatten();
+                let session = line.and_then(|sbx| {
+                    map.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get(&sbx)
+                        .map(|b| b.session.clone())
+                });
+                // Relayed connections have no IP peer; events name the session.
+                let peer = SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0));
+                proxy.handle_identified(sock, peer, session).await;
+            });
+        }
+    });
+    tracing::info!(socket = %socket.display(), guest_port = a.guest_port, "egress proxy serving session sandboxes");
+    Ok(Some(Arc::new(EgressLink {
+        guest_port: a.guest_port,
+        socket,
+        bindings,
+    })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn proxy_lines() {
+        let mut ok = BufReader::new(&b"PROXY UNKNOWN sbx_abc-1\r\nCONNECT x:443 HTTP/1.1\r\n"[..]);
+        assert_eq!(proxy_line(&mut ok).await.as_deref(), Some("sbx_abc-1"));
+        // What follows the line is left for the proxy.
+        let mut rest = String::new();
+        ok.read_to_string(&mut rest).await.unwrap();
+        assert!(rest.starts_with("CONNECT"), "{rest}");
+        for bad in [
+            &b"PROXY TCP4 1.2.3.4 5.6.7.8 1 2\r\n"[..],
+            b"PROXY UNKNOWN \r\n",
+            b"PROXY UNKNOWN a b\r\n",
+            b"PROXY UNKNOWN abc",
+        ] {
+            let mut b = BufReader::new(bad);
+            assert_eq!(proxy_line(&mut b).await, None, "{bad:?}");
+        }
+        let long = [b'a'; 200];
+        let mut l = BufReader::new(&long[..]);
+        assert_eq!(proxy_line(&mut l).await, None);
+    }
+}

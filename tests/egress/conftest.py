@@ -1,0 +1,26 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(__file__)
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+sys.path.insert(0, os.path.join(HERE, "..", "sessions"))
+sys.path.insert(0, HERE)
+
+from harness import BIN_DIR  # noqa: E402
+
+REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+
+
+@pytest.fixture(scope="session")
+def agent_templates():
+    """A templates dir holding `agent-session` (curl, git, pip): the one
+    `make agent-template` keeps under target/, built here if missing."""
+    d = os.environ.get("HATCHERY_AGENT_TEMPLATES_DIR") or os.path.join(REPO, "target", "agent-templates")
+    # A no-op when the built version is current.
+    os.makedirs(d, exist_ok=True)
+    subprocess.run([os.path.join(BIN_DIR, "hatchery"), "template", "build-local", "--templates-dir", d,
+                    os.path.join(REPO, "templates", "agent-session.json")], check=True, timeout=900)
+    return d

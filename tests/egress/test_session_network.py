@@ -1,0 +1,342 @@
+"""Sessions with the daemon's model gateway and egress proxy, end to end
+with real runsc sandboxes and real clients inside them: the reference
+agent calls the scripted model only through the in-process gateway (spend
+settled onto the session), and installs a package with pip, clones with
+git over HTTPS and fetches with curl through the egress proxy, which
+checks each connection against the session's pinned policy version. The
+metadata address and a port the policy does not allow fail closed and are
+logged; a policy edit after a session was created changes nothing for it;
+a budget with no room ends the session `failed` (budget_exhausted) before
+the upstream sees a call. Every test checks teardown."""
+
+import json
+import os
+import tempfile
+import time
+
+import pytest
+
+from egress_servers import HOST, PKG, PKG_VALUE, EgressServers
+from gitserver import GitServer
+from harness import Daemon
+from scripted_model import ScriptedModel
+from sessions_support import DEMO_FILES, SCRIPTS, SessionDaemon
+
+UPSTREAM_KEY = "sk-upstream-" + os.urandom(6).hex()
+PRICES = {"models": {"scripted": {"input_cents_per_mtok": 100000, "output_cents_per_mtok": 400000}}}
+CA_PATH = "/workspace/ca.pem"
+# Bad requests straight to the proxy from inside the sandbox; prints the
+# status line of each answer.
+PROBE = r"""
+import socket, sys
+h = int(sys.argv[1])
+bad = [
+    b"CONNECT  127.0.0.2:%d HTTP/1.1\r\n\r\n" % h,                  # two spaces
+    b"GET http://user:pw@127.0.0.2:%d/ HTTP/1.1\r\nHost: x\r\n\r\n" % h,  # userinfo
+    "CONNECT ex\u00e4mple.com:443 HTTP/1.1\r\n\r\n".encode(),            # raw IDN
+    b"CONNECT pypi.org.:443 HTTP/1.1\r\n\r\n",                        # trailing dot
+    b"CONNECT 2130706434:%d HTTP/1.1\r\n\r\n" % h,                   # 127.0.0.2 in decimal
+    b"CONNECT 0177.0.0.2:%d HTTP/1.1\r\n\r\n" % h,                   # octal
+    b"CONNECT [::ffff:169.254.169.254]:80 HTTP/1.1\r\n\r\n",         # IPv4-mapped metadata
+    b"GET http://127.0.0.2:%d/ HTTP/1.1\r\nX: " % h + b"a" * 20000 + b"\r\n\r\n",  # huge head
+]
+for req in bad:
+    s = socket.create_connection(("127.0.0.1", 3128))
+    try:
+        s.sendall(req)
+    except OSError:
+        pass
+    data = b""
+    while b"\r\n" not in data:
+        c = s.recv(4096)
+        if not c:
+            break
+        data += c
+    print(data.split(b"\r\n")[0].decode(errors="replace"))
+    s.close()
+"""
+CA_ENV = {"PIP_CERT": CA_PATH, "GIT_SSL_CAINFO": CA_PATH, "CURL_CA_BUNDLE": CA_PATH}
+
+
+def shell(cmd):
+    return {"tool_calls": [{"name": "shell", "arguments": {"command": cmd}}]}
+
+
+def finish(summary):
+    return {"tool_calls": [{"name": "finish", "arguments": {"summary": summary}}]}
+
+
+@pytest.fixture(scope="module")
+def servers():
+    s = EgressServers()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def git_server():
+    g = GitServer().start()
+    yield g
+    g.stop()
+
+
+@pytest.fixture(scope="module")
+def commands(servers):
+    p, h, d = servers.https.port, servers.http.port, servers.denied.port
+    return {
+        "curl": f"curl -sS https://{HOST}:{p}/hello",
+        "plain": f"curl -sS http://{HOST}:{h}/plain",
+        "pip": (f"pip install -q --no-deps --break-system-packages --target /tmp/pkgs "
+                f"--index-url https://{HOST}:{p}/simple/ {PKG} 2>&1 && "
+                f"python3 -c 'import sys; sys.path.insert(0, \"/tmp/pkgs\"); import {PKG}; print({PKG}.VALUE)'"),
+        "git": f"git clone -q https://{HOST}:{p}/git/lib.git /tmp/lib 2>&1 && cat /tmp/lib/hello.txt",
+        "metadata": "curl -s -o /dev/null -w '%{http_code}' http://169.254.169.254/latest/meta-data/",
+        "denied": f"curl -s -o /dev/null -w '%{{http_connect}}' https://{HOST}:{d}/; echo \" rc=$?\"",
+        "env": "env",
+        "probe": f"python3 probe.py {h}",
+        # Straight to the gateway (no proxy): over the output cap, refused
+        # before the upstream; then a valid call claiming another sandbox,
+        # which the relay overwrites (charged to this session).
+        "overcap": ("curl -s --noproxy '*' -H 'Content-Type: application/json' -d "
+                    "'{\"model\": \"scripted\", \"max_tokens\": 999999, \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}' "
+                    "http://127.0.0.1:9100/v1/chat/completions"),
+        "forged": ("curl -s --noproxy '*' -H 'X-Hatchery-Sandbox: sbx_someoneelse' -H 'Content-Type: application/json' -d "
+                   "'{\"model\": \"scripted\", \"max_tokens\": 16, \"messages\": [{\"role\": \"user\", \"content\": \"[script:broke] x\"}]}' "
+                   "-o /dev/null -w '%{http_code}' http://127.0.0.1:9100/v1/chat/completions"),
+    }
+
+
+@pytest.fixture(scope="module")
+def model(commands):
+    scripts = {
+        "net": [shell(commands[k]) for k in
+                ("curl", "plain", "pip", "git", "metadata", "denied", "env", "overcap", "forged", "probe")]
+        + [finish("installed, cloned, fetched")],
+        "after-edit": [shell(commands["curl"]), finish("tried")],
+        "move": [shell(commands["curl"]), {"content": "ready for a policy move"}, shell(commands["curl"]),
+                 finish("moved")],
+        "restart": [shell("sleep 8; " + commands["curl"]), finish("survived")],
+        "broke": [finish("never reached")],
+        # The sessions demo (fix the failing test), after installing a
+        # package through the proxy.
+        "demo": [shell(commands["pip"])] + SCRIPTS["fix"],
+    }
+    m = ScriptedModel(scripts).start()
+    yield m
+    m.stop()
+
+
+@pytest.fixture
+def gd(model, agent_templates):
+    """A daemon whose gateway forwards to the scripted model; no other
+    host service: the model is reachable only through the gateway."""
+    tmp = tempfile.mkdtemp(prefix="hxgwp-")
+    prices = os.path.join(tmp, "prices.json")
+    with open(prices, "w") as f:
+        json.dump(PRICES, f)
+    keyf = os.path.join(tmp, "upstream_key")
+    with open(keyf, "w") as f:
+        f.write(UPSTREAM_KEY)
+    d = SessionDaemon.__new__(SessionDaemon)
+    Daemon.__init__(d, extra_args=[
+        "--max-ttl", "7200", "--pool-size", "1",
+        "--gateway-openai-upstream", f"http://127.0.0.1:{model.port}",
+        "--gateway-prices", prices, "--gateway-upstream-key-file", keyf,
+        "--sessions-model", "scripted",
+    ], templates_dir=agent_templates)
+    d.start()
+    yield d
+    d.cleanup_sessions()
+
+
+def egress_policy(d, servers, rules=None):
+    allow = [{"id": "test-servers", "effect": "allow",
+              "match": {"tools": ["egress"], "hosts": [f"{HOST}/32"],
+                        "ports": [servers.https.port, servers.http.port]}}]
+    r = d.request("POST", "/v1/policies", {"name": "egress-test", "rules": rules or allow})
+    assert r.status == 201, r
+    return r.json()
+
+
+def outputs(evs):
+    return [e["output"] for e in evs if e["type"] == "command_run"]
+
+
+def test_session_uses_gateway_and_proxy(gd, servers, git_server, model, commands):
+    pol = egress_policy(gd, servers)
+    repo = git_server.add_repo("net", {**DEMO_FILES, "ca.pem": servers.ca_pem, "probe.py": PROBE})
+    before = len(model.requests)
+    sid = gd.new_session(repo, "[script:net] install, clone, fetch", policy_id=pol["id"],
+                         template="agent-session", env=CA_ENV, budget={"tokens": 200000, "wall_s": 600})
+    assert gd.session(sid)["policy_version"] == 1
+    # Edited after the session was created: the session stays on version 1.
+    deny_all = [{"id": "nothing", "effect": "deny", "match": {"tools": ["egress"]}}]
+    r = gd.request("POST", f"/v1/policies/{pol['id']}/versions", {"name": "egress-test", "rules": deny_all})
+    assert r.status in (200, 201), r
+    s = gd.wait_state(sid, "completed", timeout=300)
+    gd.track_sandboxes(sid)
+    evs = gd.all_events(sid)
+    out = outputs(evs)
+    assert out[0].strip() == "hello through the proxy", out
+    assert out[1].strip() == "plain http through the proxy", out
+    assert out[2].strip().endswith(PKG_VALUE), out[2]
+    assert out[3].strip() == "cloned over https", out[3]
+    assert out[4].strip() == "403", out[4]
+    assert out[5].strip() == "403 rc=56", out[5]
+    # No key of any kind in the agent's environment; the proxy settings are.
+    env = out[6]
+    assert UPSTREAM_KEY not in env and f"HTTPS_PROXY=http://127.0.0.1:3128" in env, env
+    assert "GIT_CONFIG_KEY_0=http.proxy" in env and "PIP_PROXY=" in env
+    assert "max_tokens_over_cap" in out[7], out[7]
+    assert out[8].strip() == "200", out[8]
+    refused = [e for e in evs if e["type"] == "model_refused"]
+    assert [e["code"] for e in refused] == ["max_tokens_over_cap"], refused
+
+    egress = [e for e in evs if e["type"] == "egress"]
+    allowed = [e for e in egress if e["verdict"] == "allowed"]
+    denied = [e for e in egress if e["verdict"] == "denied"]
+    assert allowed and all(e["host"] == HOST and e["rule_id"] == "test-servers" and e["status"] == 200
+                           for e in allowed), allowed
+    assert {e["port"] for e in allowed} == {servers.https.port, servers.http.port}
+    # In order: the metadata address, the port no rule allows, the probes.
+    meta, port = denied[0], denied[1]
+    assert (meta.get("host"), meta.get("port"), meta["status"]) == ("169.254.169.254", 80, 403), denied
+    assert (port.get("port"), port["status"], port.get("rule_id")) == (servers.denied.port, 403, None), denied
+    # Bad input: each refused with a clear status and an event, none dialled.
+    lines = out[9].strip().splitlines()
+    assert [ln.split(" ")[1] for ln in lines] == ["400"] * 6 + ["403", "431"], lines
+    bad = denied[2:]
+    assert [e["status"] for e in bad] == [400] * 6 + [403, 431], bad
+    assert all("ip" not in e for e in bad[:6] + bad[7:]), bad
+    assert len(denied) == 10, denied
+    assert servers.hits["denied"] == [] and servers.hits["http"] == [("GET", "/plain")]
+    # pip fetched the index and the wheel; git ran the smart protocol.
+    paths = [p for _, p in servers.hits["https"]]
+    assert f"/simple/{PKG}/" in paths and any(p.startswith("/packages/") for p in paths)
+    assert any("git-upload-pack" in p for p in paths)
+
+    # Model calls went through the gateway only, and are the spend.
+    calls = [e for e in evs if e["type"] == "model_call"]
+    # 11 agent steps and the forged-header call, charged here.
+    assert len(calls) == 12 and all(c["model"] == "scripted" and c["api"] == "openai" for c in calls)
+    assert s["spend"]["tokens"] == sum(c["tokens"] for c in calls) > 0
+    assert s["spend"]["usd_cents"] == sum(c["usd_cents"] for c in calls) > 0
+    seen = model.requests[before:]
+    assert len(seen) == 12
+    assert not any(r["body"].get("max_tokens") == 999999 for r in seen)
+    # The relay's sandbox header stops at the gateway.
+    assert all(r["sandbox"] is None for r in seen)
+
+    # A new session gets version 2, which denies everything.
+    sid2 = gd.new_session(repo, "[script:after-edit] try again", policy_id=pol["id"],
+                          template="agent-session", env=CA_ENV)
+    assert gd.session(sid2)["policy_version"] == 2
+    gd.wait_state(sid2, "completed", timeout=300)
+    gd.track_sandboxes(sid2)
+    evs2 = gd.all_events(sid2)
+    assert "403" in outputs(evs2)[0] or "CONNECT" in outputs(evs2)[0], outputs(evs2)
+    eg2 = [e for e in evs2 if e["type"] == "egress"]
+    assert len(eg2) == 1 and eg2[0]["verdict"] == "denied" and eg2[0]["rule_id"] == "nothing"
+
+
+def test_exhausted_budget_fails_the_session_before_the_upstream(gd, git_server, model):
+    repo = git_server.add_repo("broke", DEMO_FILES)
+    before = len(model.requests)
+    # A call reserves its prompt plus the 4096-token output cap: 1000 fits none.
+    sid = gd.new_session(repo, "[script:broke] no budget", template="agent-session",
+                         budget={"tokens": 1000, "wall_s": 600})
+    t0 = time.time()
+    while time.time() - t0 < 300:
+        s = gd.session(sid)
+        if s["state"] in ("completed", "failed", "cancelled"):
+            break
+        time.sleep(0.3)
+    assert s["state"] == "failed" and s["reason"].startswith("budget_exhausted"), s
+    gd.track_sandboxes(sid)
+    evs = gd.all_events(sid)
+    ex = [e for e in evs if e["type"] == "budget_exhausted"]
+    assert len(ex) == 1 and ex[0]["scope"] == f"session:{sid}", evs
+    assert not any(e["type"] == "model_call" for e in evs)
+    assert s["spend"]["tokens"] == 0
+    assert len(model.requests) == before, "the upstream saw a call it had no budget for"
+
+
+def test_bindings_survive_a_daemon_sigkill(gd, servers, git_server, model):
+    """The proxy's sandbox-to-session map is in memory: a restarted daemon
+    re-binds when its runner re-attaches, and the session goes on."""
+    pol = egress_policy(gd, servers)
+    repo = git_server.add_repo("restart", {**DEMO_FILES, "ca.pem": servers.ca_pem})
+    sid = gd.new_session(repo, "[script:restart] survive", policy_id=pol["id"],
+                         template="agent-session", env=CA_ENV)
+    gd.wait_event(sid, "tool_call")
+    gd.track_sandboxes(sid)
+    gd.crash()
+    gd.start()
+    s = gd.wait_state(sid, "completed", timeout=300)
+    evs = gd.all_events(sid)
+    assert outputs(evs)[0].strip() == "hello through the proxy", outputs(evs)
+    eg = [e for e in evs if e["type"] == "egress"]
+    assert [e["verdict"] for e in eg] == ["allowed"], eg
+    calls = [e for e in evs if e["type"] == "model_call"]
+    assert len(calls) == 2 and s["spend"]["tokens"] == sum(c["tokens"] for c in calls)
+
+
+def test_demo_installs_through_the_proxy_and_spends_through_the_gateway(gd, servers, git_server, model):
+    """The agent-sessions demo with the gateway and the proxy: the agent
+    installs a package through the proxy, then fixes the failing test; every
+    model call goes through the gateway and the spend is on the session."""
+    pol = egress_policy(gd, servers)
+    repo = git_server.add_repo("demo", {**DEMO_FILES, "ca.pem": servers.ca_pem})
+    before = len(model.requests)
+    sid = gd.new_session(repo, "[script:demo] The test in test_calc.py fails. Make it pass.",
+                         policy_id=pol["id"], template="agent-session", env=CA_ENV)
+    s = gd.wait_state(sid, "completed", timeout=300)
+    gd.track_sandboxes(sid)
+    assert s["reason"] == "agent finished: fixed add(); tests pass"
+    evs = gd.all_events(sid)
+    runs = [e for e in evs if e["type"] == "command_run"]
+    assert runs[0]["output"].strip().endswith(PKG_VALUE), runs[0]
+    assert runs[1]["exit_code"] != 0 and runs[2]["exit_code"] == 0
+    assert any(e["type"] == "egress" and e["verdict"] == "allowed" for e in evs)
+    calls = [e for e in evs if e["type"] == "model_call"]
+    assert len(calls) == len(model.requests) - before == 6
+    assert s["spend"]["tokens"] == sum(c["tokens"] for c in calls) > 0
+    assert s["spend"]["usd_cents"] == sum(c["usd_cents"] for c in calls) > 0
+    budgets = [e for e in evs if e["type"] == "budget"]
+    assert budgets[-1]["tokens"] == s["spend"]["tokens"]
+    r = gd.request("GET", "/metrics")
+    text = r.body.decode()
+    assert 'hatchery_egress_connections_total{status="200",verdict="allowed"}' in text, text[-2000:]
+    assert 'hatchery_gateway_calls_total{api="openai",outcome="ok"} 6' in text, text[-2000:]
+
+
+def test_moving_a_session_to_a_new_version_applies_to_new_connections(gd, servers, git_server):
+    pol = egress_policy(gd, servers)
+    repo = git_server.add_repo("move", {**DEMO_FILES, "ca.pem": servers.ca_pem})
+    sid = gd.new_session(repo, "[script:move] fetch, wait, fetch", policy_id=pol["id"],
+                         template="agent-session", env=CA_ENV)
+    gd.wait_event(sid, "waiting")
+    deny_all = [{"id": "nothing", "effect": "deny", "match": {"tools": ["egress"]}}]
+    r = gd.request("POST", f"/v1/policies/{pol['id']}/versions", {"name": "egress-test", "rules": deny_all})
+    assert r.status in (200, 201), r
+    assert gd.session(sid)["policy_version"] == 1
+    assert gd.request("POST", f"/v1/sessions/{sid}/policy", {"version": 3}).status == 400
+    assert gd.request("POST", f"/v1/sessions/{sid}/policy", {"version": "x"}).status == 400
+    assert gd.request("POST", "/v1/sessions/ses_nope/policy", {}).status == 404
+    r = gd.request("POST", f"/v1/sessions/{sid}/policy", {})
+    assert r.status == 200 and r.json()["policy_version"] == 2, r
+    assert gd.request("POST", f"/v1/sessions/{sid}/messages", {"text": "go"}).status == 202
+    s = gd.wait_state(sid, "completed", timeout=300)
+    gd.track_sandboxes(sid)
+    evs = gd.all_events(sid)
+    out = outputs(evs)
+    assert out[0].strip() == "hello through the proxy" and "403" in out[1], out
+    moved = [e for e in evs if e["type"] == "policy_moved"]
+    assert len(moved) == 1 and (moved[0]["from_version"], moved[0]["to_version"]) == (1, 2)
+    assert moved[0]["actor"] == "user"
+    eg = [e for e in evs if e["type"] == "egress"]
+    assert [(e["verdict"], e.get("rule_id")) for e in eg] == [("allowed", "test-servers"), ("denied", "nothing")]
+    assert eg[0]["seq"] < moved[0]["seq"] < eg[1]["seq"]
+    assert s["policy_version"] == 2
+    # Finished sessions stay where they ended.
+    assert gd.request("POST", f"/v1/sessions/{sid}/policy", {"version": 1}).status == 409
