@@ -203,7 +203,7 @@ class TemplateInfo:
     pids_max: int
     disk_mb: int
     checkpoint_ready: bool
-    pip: List[str] = field(default_factory=list)
+    pip: List[str]
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
