@@ -16,7 +16,7 @@ HERE = os.path.dirname(__file__)
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.insert(0, os.path.join(HERE, "..", "pg"))
 
-from harness import Daemon, wait_for  # noqa: E402
+from harness import Daemon, arg, wait_for  # noqa: E402
 from pg import Postgres, pg_bin  # noqa: E402
 
 ARGS = ["--max-ttl", "3600", "--pool-size", "0"]
@@ -35,8 +35,15 @@ def sql(pg, q):
     return [line.split("|") for line in r.stdout.splitlines() if line]
 
 
-def daemon(pg, host, data_dir=None):
-    return Daemon(extra_args=[*ARGS, "--db", pg.dsn, "--host-id", host], data_dir=data_dir).start()
+def daemon(pg, host, restart_of=None):
+    """A daemon for `host`; `restart_of` restarts that (crashed) daemon: the
+    same data dir and the same network prefix and range, as a real restart
+    has, so its network slots are reclaimed rather than left behind."""
+    args = [*ARGS, "--db", pg.dsn, "--host-id", host]
+    if restart_of is not None:
+        for flag in ("--net-prefix", "--net-range"):
+            args += [flag, arg(restart_of.extra_args, flag)]
+    return Daemon(extra_args=args, data_dir=restart_of.data_dir if restart_of else None).start()
 
 
 def test_api_end_to_end_on_postgres(pg):
@@ -85,7 +92,7 @@ def test_restart_readopts_from_postgres(pg):
     d.put_file(sid, "/work/kept.txt", b"kept")
     (epoch1,) = sql(pg, "SELECT epoch FROM leases WHERE resource = 'host:pg-r'")[0]
     d.crash()
-    d2 = daemon(pg, "pg-r", data_dir=d.data_dir)
+    d2 = daemon(pg, "pg-r", restart_of=d)
     d2.created |= d.created
     try:
         (epoch2,) = sql(pg, "SELECT epoch FROM leases WHERE resource = 'host:pg-r'")[0]
@@ -172,7 +179,7 @@ def test_database_down_answers_503_and_the_host_kills_its_sandboxes():
                  timeout=10, what="the lease-loss log line")
         own.start()
         d.crash()
-        d2 = daemon(own, "pg-down", data_dir=d.data_dir)
+        d2 = daemon(own, "pg-down", restart_of=d)
         d2.created |= d.created
         d = d2
         assert d.request("GET", f"/v1/sandboxes/{sid}").status == 404
