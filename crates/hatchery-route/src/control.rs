@@ -60,11 +60,13 @@ async fn route(st: &ControlState, req: Request) -> Result<Response, RouteError> 
             st.metrics.count("host_lost");
             Err(RouteError::HostLost { host, what })
         }
-        Some(Ok((Location::Here | Location::Unknown, what))) => Err(if what.starts_with("snapshot") {
-            RouteError::NotFound("snapshot_not_found", what)
-        } else {
-            RouteError::NotFound("sandbox_not_found", what)
-        }),
+        Some(Ok((Location::Here | Location::Unknown, what))) => {
+            Err(if what.starts_with("snapshot") {
+                RouteError::NotFound("snapshot_not_found", what)
+            } else {
+                RouteError::NotFound("sandbox_not_found", what)
+            })
+        }
         Some(Err(e)) => Err(e),
         None => {
             let hosts = by_preference(st.directory.hosts().await?);
@@ -90,7 +92,9 @@ async fn place(st: &ControlState, req: Request) -> Result<Response, RouteError> 
     let (parts, body) = req.into_parts();
     let body = axum::body::to_bytes(body, MAX_CREATE_BODY)
         .await
-        .map_err(|e| RouteError::Body(format!("over {MAX_CREATE_BODY} bytes or unreadable: {e}")))?;
+        .map_err(|e| {
+            RouteError::Body(format!("over {MAX_CREATE_BODY} bytes or unreadable: {e}"))
+        })?;
     let hosts: Vec<HostSlot> = by_preference(st.directory.hosts().await?)
         .into_iter()
         .filter(|h| h.free() > 0)

@@ -149,7 +149,10 @@ mod tests {
     #[test]
     fn hop_by_hop_headers_go() {
         let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-a"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-a"),
+        );
         h.insert("x-a", HeaderValue::from_static("1"));
         h.insert("keep-alive", HeaderValue::from_static("5"));
         h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k"));

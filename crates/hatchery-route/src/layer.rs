@@ -3,7 +3,9 @@
 //! goes there, or is answered 503 with Retry-After if that host is lost
 //! or unreachable.
 
-use crate::{forward, scope_of, Directory, Location, RouteError, RouteMetrics, Scope, FORWARDED_BY};
+use crate::{
+    forward, scope_of, Directory, Location, RouteError, RouteMetrics, Scope, FORWARDED_BY,
+};
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};

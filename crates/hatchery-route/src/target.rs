@@ -34,12 +34,18 @@ mod tests {
     fn scopes() {
         assert_eq!(scope_of("/v1/sandboxes/sb1"), Scope::Sandbox("sb1"));
         assert_eq!(scope_of("/v1/sandboxes/sb1/exec"), Scope::Sandbox("sb1"));
-        assert_eq!(scope_of("/v1/sandboxes/sb1/ports/80/a/b"), Scope::Sandbox("sb1"));
+        assert_eq!(
+            scope_of("/v1/sandboxes/sb1/ports/80/a/b"),
+            Scope::Sandbox("sb1")
+        );
         assert_eq!(scope_of("/v1/snapshots/sn1/fork"), Scope::Snapshot("sn1"));
         assert_eq!(scope_of("/v1/sandboxes"), Scope::Other);
         assert_eq!(scope_of("/v1/sandboxes/"), Scope::Other);
         assert_eq!(scope_of("/v1/snapshots"), Scope::Other);
         assert_eq!(scope_of("/v1/templates/x"), Scope::Other);
-        assert_eq!(scope_of(&format!("/v1/sandboxes/{}", "a".repeat(129))), Scope::Other);
+        assert_eq!(
+            scope_of(&format!("/v1/sandboxes/{}", "a".repeat(129))),
+            Scope::Other
+        );
     }
 }
