@@ -189,6 +189,12 @@ def test_control_places_creates_by_free_capacity(pg):
         # Deletes through control free the room again.
         assert c.delete(sids[1]).status == 204
         hosts["pl-1"].wait_no_leftovers(timeout=30, net=False)
+        # Draining a host (docs/operations.md): capacity 0, so placement
+        # skips it while what it runs stays up.
+        sql(pg, "UPDATE hosts SET capacity = 0 WHERE id = 'pl-1'")
+        r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": 300})
+        assert r.status == 503 and r.error_code() == "capacity", r
+        sql(pg, "UPDATE hosts SET capacity = 1 WHERE id = 'pl-1'")
         r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": 300})
         assert r.status == 201, r
         assert owner(pg, r.json()["id"]) == "pl-1"
