@@ -160,6 +160,14 @@ def test_control_places_creates_by_free_capacity(pg):
         r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": "soon"})
         assert r.status in (400, 422), r
         assert sql(pg, "SELECT count(*) FROM sandboxes WHERE host_id LIKE 'pl-%'") == [["0"]]
+        # The control plane buffers at most 2 MiB of a create (it may send
+        # it to more than one host): one byte more is 413 at once.
+        cap = 2 << 20
+        r = c.request("POST", "/v1/sandboxes", raw=b"{" + b" " * (cap - 1), headers={"Content-Type": "application/json"})
+        assert 400 <= r.status < 500 and r.status != 413, r
+        r = c.request("POST", "/v1/sandboxes", raw=b"{" + b" " * cap, headers={"Content-Type": "application/json"})
+        assert r.status == 413 and r.error_code() == "too_large", r
+        assert sql(pg, "SELECT count(*) FROM sandboxes WHERE host_id LIKE 'pl-%'") == [["0"]]
         sids = []
         for _ in range(3):
             r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": 300, "metadata": {"suite": "hosts"}})
@@ -182,7 +190,9 @@ def test_control_places_creates_by_free_capacity(pg):
             assert c.exec(sid, "echo ok")["stdout"] == "ok\n"
         assert c.put_file(sids[0], "/work/c.txt", b"via control").status == 204
         assert c.get_file(sids[0], "/work/c.txt").body == b"via control"
-        listed = {s["id"] for s in c.request("GET", "/v1/sandboxes?metadata.suite=hosts").json()["sandboxes"]}
+        r = c.request("GET", "/v1/sandboxes?metadata.suite=hosts")
+        assert r.status == 200, r
+        listed = {s["id"] for s in r.json()["sandboxes"]}
         assert listed == set(sids)
         assert c.request("GET", "/v1/sandboxes/sb-nope").status == 404
         check_invariants(pg, sids)
@@ -210,6 +220,8 @@ def test_sigkilled_host_is_marked_lost_and_not_resurrected(pg):
     h1 = daemon(pg, "kl-1", role="host")
     h2 = daemon(pg, "kl-2", role="host")
     c = daemon(pg, "kl-ctl", role="control")
+    # Two control processes at once: both sweep, each lost row is stopped once.
+    c2 = daemon(pg, "kl-ctl2", role="control")
     h1b = None
     try:
         lost = [h1.create(ttl_seconds=600) for _ in range(2)]
@@ -223,6 +235,10 @@ def test_sigkilled_host_is_marked_lost_and_not_resurrected(pg):
         wait_for(lambda: sql(pg, f"SELECT count(*) FROM sandboxes WHERE host_id = 'kl-1' AND state = 'stopped' "
                                  f"AND end_reason = 'host_lost'") == [["2"]], timeout=LOSS_WAIT, what="host marked lost")
         marked_after = time.time() - killed
+        for sid in lost:
+            kinds = [k for (k,) in sql(pg, f"SELECT kind FROM events WHERE sandbox_id = '{sid}' ORDER BY seq")]
+            assert kinds.count("stopped") == 1 and kinds[-1] == "stopped", kinds
+        assert c2.request("GET", f"/v1/sandboxes/{lost[1]}").status == 404
         assert marked_after < LOSS_WAIT
         assert c.request("GET", f"/v1/sandboxes/{lost[0]}").status == 404
         # Creates go to the host that is left.
@@ -242,6 +258,7 @@ def test_sigkilled_host_is_marked_lost_and_not_resurrected(pg):
         check_invariants(pg, [*lost, kept])
         print(f"host marked lost {marked_after:.1f}s after SIGKILL")
     finally:
+        c2.cleanup()
         c.cleanup()
         h2.cleanup()
         (h1b or h1).cleanup()

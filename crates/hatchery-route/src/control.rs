@@ -13,9 +13,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use std::sync::Arc;
 
-/// Largest create body the control plane buffers (it may send it to more
-/// than one host); the hosts' own JSON limit is the same.
-pub const MAX_CREATE_BODY: usize = 1 << 20;
+/// Largest body the control plane buffers for a request without one
+/// owner (a create, a template build: it may go to more than one host);
+/// the hosts' own JSON limit is the same. Larger: 413 `too_large`.
+pub const MAX_BUFFERED_BODY: usize = 2 << 20;
 
 #[derive(Clone)]
 pub struct ControlState {
@@ -70,8 +71,12 @@ async fn route(st: &ControlState, req: Request) -> Result<Response, RouteError> 
         Some(Err(e)) => Err(e),
         None => {
             let hosts = by_preference(st.directory.hosts().await?);
-            let h = hosts.first().ok_or(RouteError::NoHost)?;
-            forward::forward(&h.id, &h.url, &st.me, req).await
+            if hosts.is_empty() {
+                return Err(RouteError::NoHost);
+            }
+            try_hosts(st, req, &hosts, false)
+                .await?
+                .ok_or(RouteError::NoHost)
         }
     }
 }
@@ -84,45 +89,57 @@ pub fn by_preference(hosts: Vec<HostSlot>) -> Vec<HostSlot> {
     live
 }
 
-/// Tries the hosts with room, best first, until one accepts. A host that
-/// answers 503 (full by its own count, fenced, its store down) or cannot
-/// be reached is skipped; any other answer, success or a 4xx about the
-/// request itself, is the answer.
+/// A create goes to the hosts with room, best first.
 async fn place(st: &ControlState, req: Request) -> Result<Response, RouteError> {
-    let (parts, body) = req.into_parts();
-    let body = axum::body::to_bytes(body, MAX_CREATE_BODY)
-        .await
-        .map_err(|e| {
-            RouteError::Body(format!("over {MAX_CREATE_BODY} bytes or unreadable: {e}"))
-        })?;
     let hosts: Vec<HostSlot> = by_preference(st.directory.hosts().await?)
         .into_iter()
         .filter(|h| h.free() > 0)
         .collect();
+    match try_hosts(st, req, &hosts, true).await? {
+        Some(resp) => {
+            st.metrics.count("placed");
+            Ok(resp)
+        }
+        None => {
+            st.metrics.count("no_capacity");
+            Err(RouteError::NoCapacity)
+        }
+    }
+}
+
+/// Sends `req` to each of `hosts` in turn until one answers. A host that
+/// cannot be reached (stopped since its last heartbeat) is skipped; with
+/// `skip_503`, so is one that answers 503 (full by its own count, fenced,
+/// its store down), and if every one did, the last such answer is passed
+/// on. Any other answer, success or a 4xx about the request itself, is
+/// the answer. `None`: nobody answered.
+async fn try_hosts(
+    st: &ControlState,
+    req: Request,
+    hosts: &[HostSlot],
+    skip_503: bool,
+) -> Result<Option<Response>, RouteError> {
+    let (parts, body) = req.into_parts();
+    // Buffered, since it may go to more than one host.
+    let body = axum::body::to_bytes(body, MAX_BUFFERED_BODY)
+        .await
+        .map_err(|_| RouteError::TooLarge(MAX_BUFFERED_BODY))?;
     let mut last = None;
-    for h in &hosts {
+    for h in hosts {
         let mut r = Request::from_parts(parts.clone(), Body::from(body.clone()));
         r.extensions_mut().clear();
         match forward::forward(&h.id, &h.url, &st.me, r).await {
-            Ok(resp) if resp.status() == StatusCode::SERVICE_UNAVAILABLE => {
-                tracing::info!(host = %h.id, "host refused a create (503); trying the next");
+            Ok(resp) if skip_503 && resp.status() == StatusCode::SERVICE_UNAVAILABLE => {
+                tracing::info!(host = %h.id, "host answered 503; trying the next");
                 last = Some(resp);
             }
-            Ok(resp) => {
-                st.metrics.count("placed");
-                tracing::debug!(host = %h.id, free = h.free(), "create placed");
-                return Ok(resp);
-            }
+            Ok(resp) => return Ok(Some(resp)),
             Err(e) => {
-                tracing::warn!(host = %h.id, error = %e, "host unreachable for a create; trying the next");
+                tracing::warn!(host = %h.id, error = %e, "host unreachable; trying the next");
             }
         }
     }
-    st.metrics.count("no_capacity");
-    match last {
-        Some(resp) => Ok(resp),
-        None => Err(RouteError::NoCapacity),
-    }
+    Ok(last)
 }
 
 fn metrics_text(reg: &prometheus::Registry) -> String {

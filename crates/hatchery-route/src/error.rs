@@ -21,6 +21,8 @@ pub enum RouteError {
     Unauthorized,
     #[error("request body: {0}")]
     Body(String),
+    #[error("request body over {0} bytes")]
+    TooLarge(usize),
 }
 
 impl RouteError {
@@ -34,6 +36,7 @@ impl RouteError {
             RouteError::NotFound(code, _) => code,
             RouteError::Unauthorized => "unauthorized",
             RouteError::Body(_) => "invalid_request",
+            RouteError::TooLarge(_) => "too_large",
         }
     }
 
@@ -42,6 +45,7 @@ impl RouteError {
             RouteError::NotFound(..) => StatusCode::NOT_FOUND,
             RouteError::Unauthorized => StatusCode::UNAUTHORIZED,
             RouteError::Body(_) => StatusCode::BAD_REQUEST,
+            RouteError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             _ => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
