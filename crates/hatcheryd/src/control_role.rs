@@ -21,12 +21,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let store = crate::state_db::open(&args, &data).await?;
     let registry = prometheus::Registry::new();
     let metrics = hatchery_route::RouteMetrics::new(&registry);
-    let lost = prometheus::IntCounter::new(
-        "hatchery_sandboxes_host_lost_total",
-        "Sandboxes marked stopped because their host was lost",
-    )
-    .expect("valid metric");
-    let _ = registry.register(Box::new(lost.clone()));
+    let lost = crate::lost_hosts::counter(&registry);
     let _sweeper = crate::lost_hosts::spawn(store.clone(), lost);
     let app = control::router(ControlState {
         directory: Arc::new(StoreDirectory {

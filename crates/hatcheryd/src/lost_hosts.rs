@@ -7,7 +7,9 @@
 //! under its id. A paused host that wakes up finds itself fenced and
 //! kills its sandboxes (hatchery-core's lease keeper).
 //!
-//! Several control processes may sweep at once: the lease take is the
+//! Every daemon on a shared store sweeps (the control role and hosts
+//! alike), so hosts without a control plane still mark each other.
+//! Several processes may sweep at once: the lease take is the
 //! lock, and the stop is guarded by the state it moves from.
 
 use crate::directory::alive;
@@ -20,6 +22,17 @@ pub const SWEEP_EVERY: Duration = Duration::from_secs(3);
 /// How long the sweeper holds a lost host's lease while it marks rows.
 const SWEEP_LEASE_MS: u64 = 15_000;
 pub const LOST_REASON: &str = "host_lost";
+
+/// `hatchery_sandboxes_host_lost_total`, registered in `registry`.
+pub fn counter(registry: &prometheus::Registry) -> prometheus::IntCounter {
+    let c = prometheus::IntCounter::new(
+        "hatchery_sandboxes_host_lost_total",
+        "Sandboxes marked stopped because their host was lost",
+    )
+    .expect("valid metric");
+    let _ = registry.register(Box::new(c.clone()));
+    c
+}
 
 pub fn spawn(store: Arc<dyn Store>, lost: prometheus::IntCounter) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {

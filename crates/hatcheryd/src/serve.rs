@@ -218,8 +218,16 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     )
     .merge(sessions_app)
     .merge(e2b);
-    // On a shared store, requests for another host's sandboxes go there.
-    let app = if args.db.as_deref().is_some_and(hatchery_store::is_postgres) {
+    // On a shared store, requests for another host's sandboxes go there,
+    // and every daemon (not only a control plane) marks lost hosts.
+    let shared = args.db.as_deref().is_some_and(hatchery_store::is_postgres);
+    let _sweeper = shared.then(|| {
+        crate::lost_hosts::spawn(
+            store.clone(),
+            crate::lost_hosts::counter(&manager.metrics.registry),
+        )
+    });
+    let app = if shared {
         app.layer(axum::middleware::from_fn_with_state(
             hatchery_route::layer::HostRouting {
                 directory: Arc::new(crate::directory::StoreDirectory {
