@@ -7,8 +7,7 @@ use async_trait::async_trait;
 use hatchery_core::lease::HOST_LEASE_TTL_MS;
 use hatchery_core::Manager;
 use hatchery_route::{base_url, Directory, HostSlot, Location, RouteError};
-use hatchery_store::{SandboxFilter, Store, StoreError};
-use std::collections::HashMap;
+use hatchery_store::{Store, StoreError};
 use std::sync::Arc;
 
 pub struct StoreDirectory {
@@ -67,15 +66,7 @@ impl Directory for StoreDirectory {
         let hosts = self.store.list_hosts().await.map_err(store_err)?;
         // Counted from the rows, not the heartbeats (up to 10 s old), so a
         // burst of creates sees each other.
-        let mut live: HashMap<String, u32> = HashMap::new();
-        for r in self
-            .store
-            .list_live(&SandboxFilter::default())
-            .await
-            .map_err(store_err)?
-        {
-            *live.entry(r.host_id).or_default() += 1;
-        }
+        let live = self.store.live_per_host().await.map_err(store_err)?;
         Ok(hosts
             .into_iter()
             .map(|h| HostSlot {
