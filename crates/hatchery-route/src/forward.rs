@@ -177,3 +177,60 @@ mod tests {
         assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE);
     }
 }
+
+#[cfg(test)]
+mod forwarding_tests {
+    use super::*;
+    use axum::routing::post;
+
+    /// A real owner on loopback: the body arrives whole, the path and
+    /// query are kept, the caller's key passes, and the request is marked.
+    #[tokio::test]
+    async fn forwards_body_path_and_headers() {
+        let app = axum::Router::new().route(
+            "/v1/sandboxes/{id}/exec",
+            post(
+                |axum::extract::Path(id): axum::extract::Path<String>,
+                 uri: Uri,
+                 h: HeaderMap,
+                 body: Body| async move {
+                    // Counted as it streams: no extractor's size limit.
+                    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+                    format!(
+                        "{id} {} {} {} {}",
+                        uri.query().unwrap_or(""),
+                        h.get(FORWARDED_BY)
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or(""),
+                        h.get(header::AUTHORIZATION)
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or(""),
+                        body.len()
+                    )
+                },
+            ),
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+        let big = vec![b'x'; 3 << 20];
+        let req = Request::builder()
+            .method("POST")
+            .uri("http://ignored/v1/sandboxes/sb1/exec?a=1")
+            .header(header::AUTHORIZATION, "Bearer k")
+            .header(header::CONNECTION, "keep-alive")
+            .body(Body::from(big))
+            .unwrap();
+        let resp = forward("h1", &format!("http://{addr}"), "h2", req)
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let b = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        assert_eq!(
+            &b[..],
+            format!("sb1 a=1 h2 Bearer k {}", 3 << 20).as_bytes()
+        );
+    }
+}
