@@ -196,7 +196,9 @@ test: build template lint unit kernel-test integration cli-test client-test sdk-
 # The state store (crates/hatchery-store): one conformance suite on SQLite
 # and on a PostgreSQL the test starts itself (initdb/pg_ctl as the
 # postgres user; it fails if it cannot), then hatcheryd --db postgres://
-# end to end: restart, two hosts, a fenced host (about 1 minute).
+# end to end: restart, two hosts, a fenced host (about 1 minute); then
+# tests/store/test_hosts.py: routing to the owning host, the control role's
+# placement, SIGKILL and SIGSTOP of a host past its lease (about 2 minutes).
 store-test: build template
 	cargo test --release -p hatchery-store
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
@@ -213,6 +215,8 @@ bench: build template $(GATEWAY_VENV)/.installed
 	cargo run -q --release -p hatchery-audit --example audit_bench
 	cargo run -q --release -p hatchery-egress --example egress_bench
 	cargo run -q --release -p hatchery-store --example store_bench
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  /usr/bin/python3 bench/hosts_bench.py
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/session_egress_bench.py
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \

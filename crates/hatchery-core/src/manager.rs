@@ -752,6 +752,14 @@ impl Manager {
         Ok(())
     }
 
+    /// Whether this host runs live sandbox `id` (no store query).
+    pub fn runs_here(&self, id: &str) -> bool {
+        self.live
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(id)
+    }
+
     pub fn live_count(&self) -> usize {
         self.live.lock().unwrap_or_else(|p| p.into_inner()).len()
     }

@@ -22,6 +22,7 @@ pub async fn run_all(s: Arc<dyn Store>) {
     racing_takes_have_one_winner(&s, &run).await;
     no_write_lands_after_a_takeover(&s, &run).await;
     hosts_register_and_beat(&*s, &run).await;
+    live_counted_per_host(&*s, &run).await;
 }
 
 async fn host(s: &dyn Store, name: &str) -> Fence {
@@ -509,4 +510,30 @@ async fn hosts_register_and_beat(s: &dyn Store, run: &str) {
     s.register_host(&f2, "127.0.0.1:7424", 32).await.unwrap();
     let h = mine(s.list_hosts().await.unwrap());
     assert_eq!((h.address.as_str(), h.epoch), ("127.0.0.1:7424", f2.epoch));
+}
+
+async fn live_counted_per_host(s: &dyn Store, run: &str) {
+    use SandboxState::*;
+    let a = host(s, &format!("cnt-a{run}")).await;
+    let b = host(s, &format!("cnt-b{run}")).await;
+    for (f, id, st) in [
+        (&a, "1", Starting),
+        (&a, "2", Running),
+        (&a, "3", Pooled),
+        (&b, "4", Running),
+        (&b, "5", Running),
+    ] {
+        s.insert_sandbox(f, &sbx(&format!("sbx_c{id}{run}"), st, &[]))
+            .await
+            .unwrap();
+    }
+    assert!(s
+        .stop(&b, &format!("sbx_c5{run}"), "test", 1)
+        .await
+        .unwrap());
+    let n = s.live_per_host().await.unwrap();
+    // Pooled and stopped ones do not count.
+    assert_eq!(n.get(&a.owner), Some(&2));
+    assert_eq!(n.get(&b.owner), Some(&1));
+    assert_eq!(n.get(&format!("cnt-none{run}")), None);
 }

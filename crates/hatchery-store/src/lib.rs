@@ -123,6 +123,10 @@ pub trait Store: Send + Sync {
     async fn heartbeat(&self, f: &Fence, live: u32) -> Result<bool>;
     /// Every registered host, by id.
     async fn list_hosts(&self) -> Result<Vec<HostRow>>;
+    /// How many starting or running sandboxes each host has, counted in
+    /// SQL (what placement compares with capacity); hosts with none are
+    /// absent.
+    async fn live_per_host(&self) -> Result<BTreeMap<String, u32>>;
 }
 
 /// Refuses a fence that is not the lease of the host it names.

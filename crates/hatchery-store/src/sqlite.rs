@@ -704,6 +704,22 @@ impl Store for SqliteStore {
         })
     }
 
+    async fn live_per_host(&self) -> Result<BTreeMap<String, u32>> {
+        let rows = self.query_rows(
+            &format!(
+                "SELECT host_id, count(*) AS n FROM sandboxes WHERE state IN {LIVE} GROUP BY host_id"
+            ),
+            &[],
+            |r| {
+                Ok((
+                    r.get::<_, String>("host_id").map_err(sq("host_id"))?,
+                    r.get::<_, i64>("n").map_err(sq("n"))?.max(0) as u32,
+                ))
+            },
+        )?;
+        Ok(rows.into_iter().collect())
+    }
+
     async fn list_hosts(&self) -> Result<Vec<HostRow>> {
         self.query_rows(
             &format!(

@@ -22,6 +22,16 @@ pub struct DaemonArgs {
     /// creates, and reconcile and the reaper touch only its own rows.
     #[arg(long, env = "HATCHERY_HOST_ID", default_value = "local")]
     pub host_id: String,
+    /// `all`: one daemon does everything (the default). `control`: the
+    /// public API and placement, no runtime (needs a postgres:// --db).
+    /// `host`: runtime, slots and pool on a shared postgres:// --db,
+    /// registered and heartbeating for a control plane to route to.
+    #[arg(long, env = "HATCHERY_ROLE", default_value = "all", value_parser = ["all", "control", "host"])]
+    pub role: String,
+    /// The URL other hosts and the control plane reach this host's API at
+    /// (registered in the store); default: http://LISTEN.
+    #[arg(long, env = "HATCHERY_ADVERTISE_URL")]
+    pub advertise_url: Option<String>,
     /// Where baked templates live (default: DATA_DIR/templates).
     #[arg(long, env = "HATCHERY_TEMPLATES_DIR")]
     pub templates_dir: Option<PathBuf>,

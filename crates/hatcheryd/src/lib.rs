@@ -2,11 +2,14 @@
 
 mod broker;
 mod config;
+mod control_role;
+mod directory;
 mod e2b_backend;
 mod egress;
 mod egress_events;
 mod gateway;
 mod key;
+mod lost_hosts;
 mod rounds;
 mod serve;
 mod session_services;

@@ -30,6 +30,8 @@ pub enum DaemonError {
     Rounds(String),
     #[error("sessions: {0}")]
     Sessions(String),
+    #[error("role: {0}")]
+    Role(String),
 }
 
 fn sibling(name: &str) -> PathBuf {
@@ -51,6 +53,14 @@ fn which(p: &PathBuf) -> Option<PathBuf> {
 }
 
 pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
+    if args.role == "control" {
+        return crate::control_role::run(args).await;
+    }
+    if args.role == "host" && !args.db.as_deref().is_some_and(hatchery_store::is_postgres) {
+        return Err(DaemonError::Role(
+            "--role host needs --db postgres://... shared with the control plane".into(),
+        ));
+    }
     let data = args.data_dir.clone();
     std::fs::create_dir_all(&data).map_err(|e| DaemonError::DataDir(data.clone(), e))?;
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700))
@@ -79,7 +89,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .map_err(|e| DaemonError::DataDir(data.join("terminal_secret"), e))?;
 
     let store = crate::state_db::open(&args, &data).await?;
-    let state = hatchery_core::lease::take_host_lease(store, &args.host_id)
+    let state = hatchery_core::lease::take_host_lease(store.clone(), &args.host_id)
         .await
         .map_err(hatchery_core::CoreError::from)?;
     let runtime = GvisorRuntime::new(GvisorConfig {
@@ -150,7 +160,11 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     if let Some(svc) = crate::broker::host_service(&args, &data) {
         manager.add_host_service(svc)?;
     }
-    manager.register_host(&args.listen.to_string()).await?;
+    let advertise = args
+        .advertise_url
+        .clone()
+        .unwrap_or_else(|| args.listen.to_string());
+    manager.register_host(&advertise).await?;
     let report = manager.reconcile().await?;
     tracing::info!(?report, "state reconciled with the host");
     let _reaper = manager.spawn_reaper();
@@ -204,6 +218,32 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     )
     .merge(sessions_app)
     .merge(e2b);
+    // On a shared store, requests for another host's sandboxes go there,
+    // and every daemon (not only a control plane) marks lost hosts.
+    let shared = args.db.as_deref().is_some_and(hatchery_store::is_postgres);
+    let _sweeper = shared.then(|| {
+        crate::lost_hosts::spawn(
+            store.clone(),
+            crate::lost_hosts::counter(&manager.metrics.registry),
+        )
+    });
+    let app = if shared {
+        app.layer(axum::middleware::from_fn_with_state(
+            hatchery_route::layer::HostRouting {
+                directory: Arc::new(crate::directory::StoreDirectory {
+                    store: store.clone(),
+                    me: manager.host_id().to_string(),
+                    local: Some(manager.clone()),
+                }),
+                me: manager.host_id().to_string(),
+                api_key: key.clone().into(),
+                metrics: hatchery_route::RouteMetrics::new(&manager.metrics.registry),
+            },
+            hatchery_route::layer::route,
+        ))
+    } else {
+        app
+    };
     let rounds = crate::rounds::start(&args, &data, &key, &manager.metrics.registry)?;
     // The rounds router has no fallback, so the API's answers unknown routes.
     let app = hatchery_rounds::router(rounds.clone()).merge(app);
@@ -243,7 +283,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     Ok(())
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     tokio::select! {

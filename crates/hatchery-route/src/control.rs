@@ -1,0 +1,178 @@
+//! The `control` role's API: it runs no sandboxes. A create is placed on
+//! the live host with the most free capacity (hosts that are full, lost or
+//! answer 503 are skipped, in that order of preference); a request for a
+//! sandbox or snapshot goes to its owner; anything else (lists, templates)
+//! to a live host, since every host answers those from the shared store.
+
+use crate::layer::{locate, may_forward};
+use crate::{forward, Directory, HostSlot, Location, RouteError, RouteMetrics};
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use std::sync::Arc;
+
+/// Largest body the control plane buffers for a request without one
+/// owner (a create, a template build: it may go to more than one host);
+/// the hosts' own JSON limit is the same. Larger: 413 `too_large`.
+pub const MAX_BUFFERED_BODY: usize = 2 << 20;
+
+#[derive(Clone)]
+pub struct ControlState {
+    pub directory: Arc<dyn Directory>,
+    pub me: String,
+    pub api_key: Arc<str>,
+    pub metrics: RouteMetrics,
+    pub registry: prometheus::Registry,
+}
+
+pub fn router(st: ControlState) -> Router {
+    Router::new().fallback(handle).with_state(st)
+}
+
+async fn handle(State(st): State<ControlState>, req: Request) -> Response {
+    match route(&st, req).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn route(st: &ControlState, req: Request) -> Result<Response, RouteError> {
+    let path = req.uri().path().to_string();
+    if path == "/healthz" {
+        return Ok(axum::Json(serde_json::json!({"ok": true, "role": "control"})).into_response());
+    }
+    if !may_forward(&req, &st.api_key) {
+        return Err(RouteError::Unauthorized);
+    }
+    if path == "/metrics" {
+        return Ok(metrics_text(&st.registry).into_response());
+    }
+    if req.method() == Method::POST && path == "/v1/sandboxes" {
+        return place(st, req).await;
+    }
+    match locate(st.directory.as_ref(), &path).await {
+        Some(Ok((Location::At { host, url }, _))) => {
+            st.metrics.count("forwarded");
+            forward::forward(&host, &url, &st.me, req).await
+        }
+        Some(Ok((Location::Lost { host }, what))) => {
+            st.metrics.count("host_lost");
+            Err(RouteError::HostLost { host, what })
+        }
+        Some(Ok((Location::Here | Location::Unknown, what))) => {
+            Err(if what.starts_with("snapshot") {
+                RouteError::NotFound("snapshot_not_found", what)
+            } else {
+                RouteError::NotFound("sandbox_not_found", what)
+            })
+        }
+        Some(Err(e)) => Err(e),
+        None => {
+            let hosts = by_preference(st.directory.hosts().await?);
+            if hosts.is_empty() {
+                return Err(RouteError::NoHost);
+            }
+            try_hosts(st, req, &hosts, false)
+                .await?
+                .ok_or(RouteError::NoHost)
+        }
+    }
+}
+
+/// Live hosts, most free capacity first (then by id, so ties alternate
+/// as counts change rather than by chance).
+pub fn by_preference(hosts: Vec<HostSlot>) -> Vec<HostSlot> {
+    let mut live: Vec<HostSlot> = hosts.into_iter().filter(|h| h.alive).collect();
+    live.sort_by(|a, b| b.free().cmp(&a.free()).then_with(|| a.id.cmp(&b.id)));
+    live
+}
+
+/// A create goes to the hosts with room, best first.
+async fn place(st: &ControlState, req: Request) -> Result<Response, RouteError> {
+    let hosts: Vec<HostSlot> = by_preference(st.directory.hosts().await?)
+        .into_iter()
+        .filter(|h| h.free() > 0)
+        .collect();
+    match try_hosts(st, req, &hosts, true).await? {
+        Some(resp) => {
+            st.metrics.count("placed");
+            Ok(resp)
+        }
+        None => {
+            st.metrics.count("no_capacity");
+            Err(RouteError::NoCapacity)
+        }
+    }
+}
+
+/// Sends `req` to each of `hosts` in turn until one answers. A host that
+/// cannot be reached (stopped since its last heartbeat) is skipped; with
+/// `skip_503`, so is one that answers 503 (full by its own count, fenced,
+/// its store down), and if every one did, the last such answer is passed
+/// on. Any other answer, success or a 4xx about the request itself, is
+/// the answer. `None`: nobody answered.
+async fn try_hosts(
+    st: &ControlState,
+    req: Request,
+    hosts: &[HostSlot],
+    skip_503: bool,
+) -> Result<Option<Response>, RouteError> {
+    let (parts, body) = req.into_parts();
+    // Buffered, since it may go to more than one host.
+    let body = axum::body::to_bytes(body, MAX_BUFFERED_BODY)
+        .await
+        .map_err(|_| RouteError::TooLarge(MAX_BUFFERED_BODY))?;
+    let mut last = None;
+    for h in hosts {
+        let mut r = Request::from_parts(parts.clone(), Body::from(body.clone()));
+        r.extensions_mut().clear();
+        match forward::forward(&h.id, &h.url, &st.me, r).await {
+            Ok(resp) if skip_503 && resp.status() == StatusCode::SERVICE_UNAVAILABLE => {
+                tracing::info!(host = %h.id, "host answered 503; trying the next");
+                last = Some(resp);
+            }
+            Ok(resp) => return Ok(Some(resp)),
+            Err(e) => {
+                tracing::warn!(host = %h.id, error = %e, "host unreachable; trying the next");
+            }
+        }
+    }
+    Ok(last)
+}
+
+fn metrics_text(reg: &prometheus::Registry) -> String {
+    use prometheus::Encoder;
+    let mut buf = Vec::new();
+    let _ = prometheus::TextEncoder::new().encode(&reg.gather(), &mut buf);
+    String::from_utf8(buf).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(id: &str, cap: u32, live: u32, alive: bool) -> HostSlot {
+        HostSlot {
+            id: id.into(),
+            url: format!("http://{id}"),
+            capacity: cap,
+            live,
+            alive,
+        }
+    }
+
+    #[test]
+    fn most_free_first_lost_hosts_never() {
+        let p = by_preference(vec![
+            slot("a", 4, 3, true),
+            slot("b", 4, 1, true),
+            slot("c", 8, 0, false),
+            slot("d", 4, 1, true),
+        ]);
+        let ids: Vec<&str> = p.iter().map(|h| h.id.as_str()).collect();
+        assert_eq!(ids, ["b", "d", "a"]);
+        assert_eq!(slot("x", 2, 5, true).free(), 0);
+    }
+}

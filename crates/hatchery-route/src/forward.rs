@@ -1,0 +1,236 @@
+//! A reverse proxy to another host's API: one HTTP/1.1 connection per
+//! request, bodies streamed both ways, and a WebSocket upgrade (the pty)
+//! spliced once both ends agreed to it. Hop-by-hop headers never pass.
+
+use crate::{RouteError, FORWARDED_BY};
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use axum::http::{StatusCode, Uri, Version};
+use axum::response::Response;
+use hyper_util::rt::TokioIo;
+use std::time::Duration;
+
+/// A host that does not accept a connection within this is unreachable.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Buffer per direction when splicing an upgraded connection.
+const SPLICE_BUF: usize = 64 * 1024;
+
+/// Sends `req` to `base` (`http://host:port`) with its path and query,
+/// marked as forwarded by `me`. Connection failures are
+/// [`RouteError::Unreachable`]; whatever the owner answers is passed on.
+pub async fn forward(
+    host: &str,
+    base: &str,
+    me: &str,
+    mut req: Request,
+) -> Result<Response, RouteError> {
+    let unreachable = |cause: String| RouteError::Unreachable {
+        host: host.to_string(),
+        cause,
+    };
+    let authority = base
+        .strip_prefix("http://")
+        .ok_or_else(|| unreachable(format!("{base}: only http:// host URLs are supported")))?
+        .trim_end_matches('/')
+        .to_string();
+    let pq = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".into());
+    *req.uri_mut() = pq
+        .parse::<Uri>()
+        .map_err(|e| RouteError::Body(format!("request target: {e}")))?;
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&authority))
+        .await
+        .map_err(|_| unreachable(format!("connect to {authority} timed out")))?
+        .map_err(|e| unreachable(format!("connect to {authority}: {e}")))?;
+    let _ = stream.set_nodelay(true);
+    let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
+        .handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "forwarded connection ended");
+        }
+    });
+
+    let downstream = is_upgrade(req.headers()).then(|| hyper::upgrade::on(&mut req));
+    let upgrade = req.headers().get(header::UPGRADE).cloned();
+    let h = req.headers_mut();
+    strip_hop_by_hop(h);
+    if let (Some(u), true) = (upgrade, downstream.is_some()) {
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        h.insert(header::UPGRADE, u);
+    }
+    if let Ok(v) = HeaderValue::from_str(&authority) {
+        h.insert(header::HOST, v);
+    }
+    if let Ok(v) = HeaderValue::from_str(me) {
+        h.insert(FORWARDED_BY, v);
+    }
+    *req.version_mut() = Version::HTTP_11;
+    sender
+        .ready()
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    let mut resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let Some(down) = downstream else {
+            return Err(unreachable(
+                "101 Switching Protocols to a request that asked for no upgrade".into(),
+            ));
+        };
+        let up = hyper::upgrade::on(&mut resp);
+        tokio::spawn(async move {
+            let (Ok(d), Ok(u)) = tokio::join!(down, up) else {
+                return;
+            };
+            let _ = tokio::io::copy_bidirectional_with_sizes(
+                &mut TokioIo::new(d),
+                &mut TokioIo::new(u),
+                SPLICE_BUF,
+                SPLICE_BUF,
+            )
+            .await;
+        });
+    } else {
+        strip_hop_by_hop(resp.headers_mut());
+    }
+    Ok(resp.map(Body::new))
+}
+
+fn tokens(h: &HeaderMap, name: HeaderName) -> impl Iterator<Item = String> + '_ {
+    h.get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+        .filter(|t| !t.is_empty())
+}
+
+fn is_upgrade(h: &HeaderMap) -> bool {
+    h.contains_key(header::UPGRADE) && tokens(h, header::CONNECTION).any(|t| t == "upgrade")
+}
+
+/// Removes the headers that describe one connection (RFC 9110 7.6.1),
+/// including any the `Connection` header names.
+fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let named: Vec<HeaderName> = tokens(h, header::CONNECTION)
+        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+        .collect();
+    for n in named {
+        h.remove(n);
+    }
+    for n in [
+        header::CONNECTION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+    ] {
+        h.remove(n);
+    }
+    h.remove("keep-alive");
+    h.remove("proxy-connection");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_go() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-a"),
+        );
+        h.insert("x-a", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("5"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key(header::AUTHORIZATION));
+    }
+
+    #[tokio::test]
+    async fn a_closed_port_is_unreachable() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        drop(l);
+        let req = Request::builder()
+            .uri("/v1/sandboxes/x")
+            .body(Body::empty())
+            .unwrap();
+        let e = forward("h1", &format!("http://{addr}"), "h2", req)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, RouteError::Unreachable { .. }), "{e}");
+        assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+}
+
+#[cfg(test)]
+mod forwarding_tests {
+    use super::*;
+    use axum::routing::post;
+
+    /// A real owner on loopback: the body arrives whole, the path and
+    /// query are kept, the caller's key passes, and the request is marked.
+    #[tokio::test]
+    async fn forwards_body_path_and_headers() {
+        let app = axum::Router::new().route(
+            "/v1/sandboxes/{id}/exec",
+            post(
+                |axum::extract::Path(id): axum::extract::Path<String>,
+                 uri: Uri,
+                 h: HeaderMap,
+                 body: Body| async move {
+                    // Counted as it streams: no extractor's size limit.
+                    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+                    format!(
+                        "{id} {} {} {} {}",
+                        uri.query().unwrap_or(""),
+                        h.get(FORWARDED_BY)
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or(""),
+                        h.get(header::AUTHORIZATION)
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or(""),
+                        body.len()
+                    )
+                },
+            ),
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+        let big = vec![b'x'; 3 << 20];
+        let req = Request::builder()
+            .method("POST")
+            .uri("http://ignored/v1/sandboxes/sb1/exec?a=1")
+            .header(header::AUTHORIZATION, "Bearer k")
+            .header(header::CONNECTION, "keep-alive")
+            .body(Body::from(big))
+            .unwrap();
+        let resp = forward("h1", &format!("http://{addr}"), "h2", req)
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let b = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        assert_eq!(
+            &b[..],
+            format!("sb1 a=1 h2 Bearer k {}", 3 << 20).as_bytes()
+        );
+    }
+}

@@ -1,0 +1,77 @@
+//! The middleware in front of a host's API (roles `all` and `host` on a
+//! shared store): a request for a sandbox or snapshot another host owns
+//! goes there, or is answered 503 with Retry-After if that host is lost
+//! or unreachable.
+
+use crate::{
+    forward, scope_of, Directory, Location, RouteError, RouteMetrics, Scope, FORWARDED_BY,
+};
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+
+#[derive(Clone)]
+pub struct HostRouting {
+    pub directory: Arc<dyn Directory>,
+    /// This host's id.
+    pub me: String,
+    pub api_key: Arc<str>,
+    pub metrics: RouteMetrics,
+}
+
+/// Forwarding is for callers with the API key; the pty WebSocket is the
+/// exception, since it may carry a terminal token instead, which only the
+/// owner (whose secret signed it) can check.
+pub(crate) fn may_forward(req: &Request, api_key: &str) -> bool {
+    let given = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    crate::constant_time_eq(given.as_bytes(), api_key.as_bytes())
+        || req.uri().path().ends_with("/pty")
+}
+
+/// What the directory says about the request's sandbox or snapshot;
+/// `None` for requests without one.
+pub(crate) async fn locate(
+    dir: &dyn Directory,
+    path: &str,
+) -> Option<Result<(Location, String), RouteError>> {
+    let (loc, what) = match scope_of(path) {
+        Scope::Sandbox(id) => (dir.sandbox(id).await, format!("sandbox {id}")),
+        Scope::Snapshot(id) => (dir.snapshot(id).await, format!("snapshot {id}")),
+        Scope::Other => return None,
+    };
+    Some(loc.map(|l| (l, what)))
+}
+
+pub async fn route(State(r): State<HostRouting>, req: Request, next: Next) -> Response {
+    // Forwarded once already: this host answers, whatever it knows.
+    if req.headers().contains_key(FORWARDED_BY) || !may_forward(&req, &r.api_key) {
+        return next.run(req).await;
+    }
+    let path = req.uri().path().to_string();
+    match locate(r.directory.as_ref(), &path).await {
+        None | Some(Ok((Location::Here | Location::Unknown, _))) => next.run(req).await,
+        Some(Ok((Location::At { host, url }, _))) => {
+            match forward::forward(&host, &url, &r.me, req).await {
+                Ok(resp) => {
+                    r.metrics.count("forwarded");
+                    resp
+                }
+                Err(e) => {
+                    r.metrics.count("unreachable");
+                    e.into_response()
+                }
+            }
+        }
+        Some(Ok((Location::Lost { host }, what))) => {
+            r.metrics.count("host_lost");
+            RouteError::HostLost { host, what }.into_response()
+        }
+        Some(Err(e)) => e.into_response(),
+    }
+}

@@ -1,0 +1,101 @@
+//! Routing across hosts that share one state store.
+//!
+//! - [`layer`]: an axum middleware for a host's API. A request scoped to
+//!   a sandbox or snapshot (`/v1/sandboxes/{id}/...`, `/v1/snapshots/{id}/...`)
+//!   that this host does not own is forwarded to the owner's advertised
+//!   URL ([`forward`]: streaming bodies, WebSocket upgrades spliced), or
+//!   answered 503 with Retry-After when the owner is lost or unreachable.
+//!   Never handled locally as if the sandbox were unknown.
+//! - [`control`]: the router of the `control` role: no runtime; creates are
+//!   placed on the host with the most free capacity (a full one skipped),
+//!   everything sandbox-scoped goes to the owner, the rest to any live host.
+//!
+//! Where a sandbox lives is asked through the narrow [`Directory`] trait,
+//! so this crate knows neither the store nor the manager.
+
+pub mod control;
+mod error;
+pub mod forward;
+pub mod layer;
+mod metrics;
+mod target;
+
+pub use error::RouteError;
+pub use metrics::RouteMetrics;
+pub use target::{scope_of, Scope};
+
+use async_trait::async_trait;
+
+/// Marks a forwarded request with the forwarding host's id: the receiver
+/// handles it itself, so a request is forwarded at most once (no loops
+/// while two hosts disagree about an owner).
+pub const FORWARDED_BY: &str = "x-hatchery-forwarded-by";
+
+/// Where a sandbox or snapshot is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Location {
+    /// On this host, or nowhere (the local handler answers 404).
+    Here,
+    /// On another live host, at its advertised internal URL.
+    At { host: String, url: String },
+    /// Owned by a host that missed its heartbeats past the lease TTL.
+    Lost { host: String },
+    /// Known to nobody (only the control role, which runs nothing itself,
+    /// answers this; hosts answer [`Location::Here`] and 404 locally).
+    Unknown,
+}
+
+/// A registered host as placement sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostSlot {
+    pub id: String,
+    pub url: String,
+    pub capacity: u32,
+    /// Sandboxes it runs now, counted in the store.
+    pub live: u32,
+    /// Heartbeat within the lease TTL.
+    pub alive: bool,
+}
+
+impl HostSlot {
+    pub fn free(&self) -> u32 {
+        self.capacity.saturating_sub(self.live)
+    }
+}
+
+/// What routing needs to know, answered from the shared state store.
+#[async_trait]
+pub trait Directory: Send + Sync {
+    /// The owner of live sandbox `id`.
+    async fn sandbox(&self, id: &str) -> Result<Location, RouteError>;
+    /// The host whose disk holds snapshot `id`.
+    async fn snapshot(&self, id: &str) -> Result<Location, RouteError>;
+    /// Every registered host.
+    async fn hosts(&self) -> Result<Vec<HostSlot>, RouteError>;
+}
+
+/// `host:port` or `http://host:port` (what hosts register) as a base URL.
+pub fn base_url(address: &str) -> String {
+    if address.contains("://") {
+        address.trim_end_matches('/').to_string()
+    } else {
+        format!("http://{address}")
+    }
+}
+
+pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn base_urls() {
+        assert_eq!(super::base_url("127.0.0.1:7423"), "http://127.0.0.1:7423");
+        assert_eq!(super::base_url("http://h:1/"), "http://h:1");
+        assert!(super::constant_time_eq(b"k", b"k") && !super::constant_time_eq(b"k", b"kk"));
+    }
+}

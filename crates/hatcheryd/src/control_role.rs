@@ -1,0 +1,50 @@
+//! `--role control`: the public API without a runtime. Creates are placed
+//! on registered hosts, sandbox requests forwarded to their owners
+//! (hatchery-route), and lost hosts' sandboxes marked (lost_hosts).
+
+use crate::config::DaemonArgs;
+use crate::directory::StoreDirectory;
+use crate::serve::DaemonError;
+use hatchery_route::control::{self, ControlState};
+use std::sync::Arc;
+
+pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
+    let data = args.data_dir.clone();
+    if !args.db.as_deref().is_some_and(hatchery_store::is_postgres) {
+        return Err(DaemonError::Role(
+            "--role control needs --db postgres://... shared with its hosts".into(),
+        ));
+    }
+    std::fs::create_dir_all(&data).map_err(|e| DaemonError::DataDir(data.clone(), e))?;
+    let (key, _) =
+        crate::key::load_or_create(&data).map_err(|e| DaemonError::DataDir(data.clone(), e))?;
+    let store = crate::state_db::open(&args, &data).await?;
+    let registry = prometheus::Registry::new();
+    let metrics = hatchery_route::RouteMetrics::new(&registry);
+    let lost = crate::lost_hosts::counter(&registry);
+    let _sweeper = crate::lost_hosts::spawn(store.clone(), lost);
+    let app = control::router(ControlState {
+        directory: Arc::new(StoreDirectory {
+            store,
+            me: args.host_id.clone(),
+            local: None,
+        }),
+        me: args.host_id.clone(),
+        api_key: key.into(),
+        metrics,
+        registry,
+    });
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| DaemonError::Listen(args.listen, e))?;
+    tracing::info!(listen = %args.listen, role = "control", "hatcheryd ready");
+    hatchery_serve::serve(
+        listener,
+        app,
+        args.http.clone(),
+        crate::serve::shutdown_signal(),
+        Some(std::time::Duration::from_secs(30)),
+    )
+    .await
+    .map_err(DaemonError::Serve)
+}

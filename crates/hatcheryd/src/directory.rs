@@ -1,0 +1,81 @@
+//! Answers hatchery-route's questions (who owns this sandbox, which hosts
+//! are alive and how full) from the shared state store. A host is alive
+//! while its last heartbeat, by the database's clock, is within the host
+//! lease TTL.
+
+use async_trait::async_trait;
+use hatchery_core::lease::HOST_LEASE_TTL_MS;
+use hatchery_core::Manager;
+use hatchery_route::{base_url, Directory, HostSlot, Location, RouteError};
+use hatchery_store::{Store, StoreError};
+use std::sync::Arc;
+
+pub struct StoreDirectory {
+    pub store: Arc<dyn Store>,
+    /// This daemon's host id.
+    pub me: String,
+    /// The local manager (roles `all` and `host`): a sandbox it runs is
+    /// answered without a query.
+    pub local: Option<Arc<Manager>>,
+}
+
+fn store_err(e: StoreError) -> RouteError {
+    RouteError::Store(e.to_string())
+}
+
+pub fn alive(silent_for_ms: u64) -> bool {
+    silent_for_ms <= HOST_LEASE_TTL_MS
+}
+
+impl StoreDirectory {
+    async fn owner(&self, host: &str) -> Result<Location, RouteError> {
+        if host == self.me {
+            return Ok(Location::Here);
+        }
+        let hosts = self.store.list_hosts().await.map_err(store_err)?;
+        Ok(match hosts.into_iter().find(|h| h.id == host) {
+            Some(h) if alive(h.silent_for_ms) => Location::At {
+                host: h.id,
+                url: base_url(&h.address),
+            },
+            _ => Location::Lost { host: host.into() },
+        })
+    }
+}
+
+#[async_trait]
+impl Directory for StoreDirectory {
+    async fn sandbox(&self, id: &str) -> Result<Location, RouteError> {
+        if self.local.as_ref().is_some_and(|m| m.runs_here(id)) {
+            return Ok(Location::Here);
+        }
+        match self.store.get_live(id).await.map_err(store_err)? {
+            Some(row) => self.owner(&row.host_id).await,
+            None => Ok(Location::Unknown),
+        }
+    }
+
+    async fn snapshot(&self, id: &str) -> Result<Location, RouteError> {
+        match self.store.get_snapshot(id).await.map_err(store_err)? {
+            Some(row) => self.owner(&row.host_id).await,
+            None => Ok(Location::Unknown),
+        }
+    }
+
+    async fn hosts(&self) -> Result<Vec<HostSlot>, RouteError> {
+        let hosts = self.store.list_hosts().await.map_err(store_err)?;
+        // Counted from the rows, not the heartbeats (up to 10 s old), so a
+        // burst of creates sees each other.
+        let live = self.store.live_per_host().await.map_err(store_err)?;
+        Ok(hosts
+            .into_iter()
+            .map(|h| HostSlot {
+                live: live.get(&h.id).copied().unwrap_or(0),
+                url: base_url(&h.address),
+                capacity: h.capacity,
+                alive: alive(h.silent_for_ms),
+                id: h.id,
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,301 @@
+"""Many hosts on one PostgreSQL (tests/pg/pg.py): requests routed to the
+host that owns a sandbox, the control role placing creates by free
+capacity, and host loss (SIGKILL; SIGSTOP past the lease TTL, then
+SIGCONT) with the invariants checked after each fault: every acknowledged
+create has its row, lease epochs only grow, events of a sandbox never go
+back to an older epoch, no host runs more than its capacity, and a lost
+host's sandboxes are stopped with reason host_lost and never come back.
+Every daemon is checked for leftovers (harness.Daemon.cleanup), and the
+network namespaces and nftables tables of every host once all are gone."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(__file__)
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+sys.path.insert(0, os.path.join(HERE, "..", "pg"))
+
+from harness import KEY, Daemon, arg, net_leftovers, wait_for  # noqa: E402
+from pg import Postgres, pg_bin  # noqa: E402
+from wsclient import Term, WebSocket  # noqa: E402
+
+ARGS = ["--max-ttl", "3600", "--pool-size", "0"]
+# The host lease lives 30 s (hatchery-core lease.rs); the control plane
+# sweeps every 3 s. A lost host is marked well within this.
+LOSS_WAIT = 75
+
+
+@pytest.fixture(scope="module")
+def pg():
+    p = Postgres(db="hxhosts").start()
+    yield p
+    p.stop()
+
+
+def sql(pg, q):
+    r = subprocess.run(["runuser", "-u", "postgres", "--", pg_bin("psql"), "-h", pg.dir, "-p", str(pg.port),
+                        "-d", pg.db, "-AtF", "|", "-c", q], capture_output=True, text=True, check=True)
+    return [line.split("|") for line in r.stdout.splitlines() if line]
+
+
+def daemon(pg, host, role="all", extra=(), restart_of=None):
+    args = [*ARGS, "--db", pg.dsn, "--host-id", host, "--role", role, *extra]
+    if restart_of is not None:
+        for flag in ("--net-prefix", "--net-range"):
+            args += [flag, arg(restart_of.extra_args, flag)]
+    return Daemon(extra_args=args, data_dir=restart_of.data_dir if restart_of else None).start()
+
+
+def owner(pg, sid):
+    return sql(pg, f"SELECT host_id FROM sandboxes WHERE id = '{sid}'")[0][0]
+
+
+def headers(r):
+    return {k.lower(): v for k, v in r.headers.items()}
+
+
+def check_invariants(pg, acknowledged):
+    """Checked after every fault."""
+    # No acknowledged create lost.
+    rows = {i for (i,) in sql(pg, "SELECT id FROM sandboxes")}
+    assert set(acknowledged) <= rows, set(acknowledged) - rows
+    # A sandbox's events never go back to an older epoch of its host.
+    for (sid,) in sql(pg, "SELECT DISTINCT sandbox_id FROM events"):
+        eps = [int(e) for (e,) in sql(pg, f"SELECT epoch FROM events WHERE sandbox_id = '{sid}' ORDER BY seq")]
+        assert eps == sorted(eps), (sid, eps)
+    # No host over its capacity.
+    for h, cap, live in sql(pg, """SELECT h.id, h.capacity, (SELECT count(*) FROM sandboxes s
+                                   WHERE s.host_id = h.id AND s.state IN ('starting','running')) FROM hosts h"""):
+        assert int(live) <= int(cap), (h, cap, live)
+
+
+def epoch(pg, host):
+    r = sql(pg, f"SELECT epoch FROM leases WHERE resource = 'host:{host}'")
+    return int(r[0][0]) if r else 0
+
+
+def no_net_leftovers(*ds):
+    for d in ds:
+        assert net_leftovers(d.net_prefix) == [], d.net_prefix
+
+
+def test_roles_need_postgres():
+    for role in ("control", "host"):
+        d = Daemon(extra_args=[*ARGS, "--role", role])
+        try:
+            with pytest.raises(RuntimeError, match="needs --db postgres"):
+                d.start()
+        finally:
+            d.stop()
+            import shutil
+            shutil.rmtree(d.data_dir, ignore_errors=True)
+
+
+def test_requests_are_routed_to_the_owning_host(pg):
+    a = daemon(pg, "rt-a")
+    b = daemon(pg, "rt-b")
+    a2 = None
+    try:
+        sid = a.create(ttl_seconds=300)
+        assert owner(pg, sid) == "rt-a"
+        # exec, files and the pty, all sent to b, served by a.
+        assert b.exec(sid, "hostname >/dev/null; echo via-b")["stdout"] == "via-b\n"
+        assert b.put_file(sid, "/work/b.txt", b"written via b").status == 204
+        assert a.get_file(sid, "/work/b.txt").body == b"written via b"
+        assert b.get_file(sid, "/work/b.txt").body == b"written via b"
+        assert b.request("GET", f"/v1/sandboxes/{sid}").json()["state"] == "running"
+        t = Term(WebSocket(b.port, f"/v1/sandboxes/{sid}/pty", {"Authorization": f"Bearer {KEY}"}))
+        t.type("echo pty-$((6*7))\r")
+        t.wait_for("pty-42", timeout=30)
+        t.ws.sock.close()
+        # The forwarded ones were counted on b.
+        m = b.request("GET", "/metrics").body.decode()
+        assert 'hatchery_route_requests_total{outcome="forwarded"}' in m, m[:2000]
+        # Without the key nothing is forwarded: b itself refuses.
+        assert b.request("GET", f"/v1/sandboxes/{sid}", auth=False).status == 401
+        # A delete sent to b really deletes on a.
+        assert b.delete(sid).status == 204
+        assert sql(pg, f"SELECT state FROM sandboxes WHERE id = '{sid}'") == [["stopped"]]
+        a.wait_no_leftovers(timeout=30, net=False)
+        assert b.request("GET", f"/v1/sandboxes/{sid}").status == 404
+
+        # The owner is down (SIGKILL; its shims keep the sandbox): b
+        # answers 503 with Retry-After, never a silent success.
+        sid2 = a.create(ttl_seconds=300)
+        a.crash()
+        for method, path, body in [("POST", f"/v1/sandboxes/{sid2}/exec", {"cmd": "true"}),
+                                   ("DELETE", f"/v1/sandboxes/{sid2}", None),
+                                   ("GET", f"/v1/sandboxes/{sid2}", None)]:
+            r = b.request(method, path, body, timeout=30)
+            assert r.status == 503 and r.error_code() == "host_unreachable", r
+            assert "retry-after" in headers(r), r.headers
+        assert sql(pg, f"SELECT state FROM sandboxes WHERE id = '{sid2}'") == [["running"]]
+        # a comes back (same data dir and network), adopts it, serves b again.
+        a2 = daemon(pg, "rt-a", restart_of=a)
+        a2.created |= a.created
+        assert b.exec(sid2, "echo back")["stdout"] == "back\n"
+        assert b.delete(sid2).status == 204
+        a2.wait_no_leftovers(timeout=30, net=False)
+        check_invariants(pg, [sid, sid2])
+    finally:
+        b.cleanup()
+        (a2 or a).cleanup()
+    no_net_leftovers(a, b)
+
+
+def test_control_places_creates_by_free_capacity(pg):
+    h1 = daemon(pg, "pl-1", role="host", extra=["--max-sandboxes", "1"])
+    h2 = daemon(pg, "pl-2", role="host", extra=["--max-sandboxes", "2"])
+    c = daemon(pg, "pl-ctl", role="control")
+    hosts = {"pl-1": h1, "pl-2": h2}
+    try:
+        assert c.request("GET", "/healthz", auth=False).json()["role"] == "control"
+        assert c.request("GET", "/v1/sandboxes", auth=False).status == 401
+        # Bad input is the host's answer, passed on as is; nothing is created.
+        r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": "soon"})
+        assert r.status in (400, 422), r
+        assert sql(pg, "SELECT count(*) FROM sandboxes WHERE host_id LIKE 'pl-%'") == [["0"]]
+        # The control plane buffers at most 2 MiB of a create (it may send
+        # it to more than one host): one byte more is 413 at once.
+        cap = 2 << 20
+        r = c.request("POST", "/v1/sandboxes", raw=b"{" + b" " * (cap - 1), headers={"Content-Type": "application/json"})
+        assert 400 <= r.status < 500 and r.status != 413, r
+        r = c.request("POST", "/v1/sandboxes", raw=b"{" + b" " * cap, headers={"Content-Type": "application/json"})
+        assert r.status == 413 and r.error_code() == "too_large", r
+        assert sql(pg, "SELECT count(*) FROM sandboxes WHERE host_id LIKE 'pl-%'") == [["0"]]
+        sids = []
+        for _ in range(3):
+            r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": 300, "metadata": {"suite": "hosts"}})
+            assert r.status == 201, r
+            sid = r.json()["id"]
+            hosts[owner(pg, sid)].created.add(sid)
+            sids.append(sid)
+        placed = [owner(pg, s) for s in sids]
+        # Most free first (pl-2: 2 free), then the tie by id (pl-1), then
+        # pl-1 is full and skipped.
+        assert placed == ["pl-2", "pl-1", "pl-2"], placed
+        # None has room: 503 with Retry-After, and nothing half-created.
+        before = sql(pg, "SELECT count(*) FROM sandboxes")
+        r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": 300})
+        assert r.status == 503 and r.error_code() == "capacity", r
+        assert "retry-after" in headers(r)
+        assert sql(pg, "SELECT count(*) FROM sandboxes") == before
+        # Everything through the control plane reaches the owner.
+        for sid in sids:
+            assert c.exec(sid, "echo ok")["stdout"] == "ok\n"
+        assert c.put_file(sids[0], "/work/c.txt", b"via control").status == 204
+        assert c.get_file(sids[0], "/work/c.txt").body == b"via control"
+        r = c.request("GET", "/v1/sandboxes?metadata.suite=hosts")
+        assert r.status == 200, r
+        listed = {s["id"] for s in r.json()["sandboxes"]}
+        assert listed == set(sids)
+        assert c.request("GET", "/v1/sandboxes/sb-nope").status == 404
+        check_invariants(pg, sids)
+        # Deletes through control free the room again.
+        assert c.delete(sids[1]).status == 204
+        hosts["pl-1"].wait_no_leftovers(timeout=30, net=False)
+        # Draining a host (docs/operations.md): capacity 0, so placement
+        # skips it while what it runs stays up.
+        sql(pg, "UPDATE hosts SET capacity = 0 WHERE id = 'pl-1'")
+        r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": 300})
+        assert r.status == 503 and r.error_code() == "capacity", r
+        sql(pg, "UPDATE hosts SET capacity = 1 WHERE id = 'pl-1'")
+        r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": 300})
+        assert r.status == 201, r
+        assert owner(pg, r.json()["id"]) == "pl-1"
+        h1.created.add(r.json()["id"])
+    finally:
+        c.cleanup()
+        h2.cleanup()
+        h1.cleanup()
+    no_net_leftovers(h1, h2)
+
+
+def test_sigkilled_host_is_marked_lost_and_not_resurrected(pg):
+    h1 = daemon(pg, "kl-1", role="host")
+    h2 = daemon(pg, "kl-2", role="host")
+    c = daemon(pg, "kl-ctl", role="control")
+    # Two control processes at once: both sweep, each lost row is stopped once.
+    c2 = daemon(pg, "kl-ctl2", role="control")
+    h1b = None
+    try:
+        lost = [h1.create(ttl_seconds=600) for _ in range(2)]
+        kept = h2.create(ttl_seconds=600)
+        e0 = epoch(pg, "kl-1")
+        h1.crash()
+        killed = time.time()
+        # Until it is marked, control answers 503 for its sandboxes.
+        r = c.request("POST", f"/v1/sandboxes/{lost[0]}/exec", {"cmd": "true"}, timeout=30)
+        assert r.status == 503 and r.error_code() in ("host_unreachable", "host_lost"), r
+        wait_for(lambda: sql(pg, f"SELECT count(*) FROM sandboxes WHERE host_id = 'kl-1' AND state = 'stopped' "
+                                 f"AND end_reason = 'host_lost'") == [["2"]], timeout=LOSS_WAIT, what="host marked lost")
+        marked_after = time.time() - killed
+        for sid in lost:
+            kinds = [k for (k,) in sql(pg, f"SELECT kind FROM events WHERE sandbox_id = '{sid}' ORDER BY seq")]
+            assert kinds.count("stopped") == 1 and kinds[-1] == "stopped", kinds
+        assert c2.request("GET", f"/v1/sandboxes/{lost[1]}").status == 404
+        assert marked_after < LOSS_WAIT
+        assert c.request("GET", f"/v1/sandboxes/{lost[0]}").status == 404
+        # Creates go to the host that is left.
+        r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": 300})
+        assert r.status == 201 and owner(pg, r.json()["id"]) == "kl-2", r
+        h2.created.add(r.json()["id"])
+        assert c.exec(kept, "echo alive")["stdout"] == "alive\n"
+        # The sweep took the lease (epoch grew); the host's restart takes
+        # it again, destroys what its shims still ran, and resurrects none.
+        e1 = epoch(pg, "kl-1")
+        assert e1 > e0
+        h1b = daemon(pg, "kl-1", role="host", restart_of=h1)
+        h1b.created |= h1.created
+        assert epoch(pg, "kl-1") > e1
+        h1b.wait_no_leftovers(timeout=30, net=False)
+        assert sql(pg, f"SELECT state FROM sandboxes WHERE id IN ('{lost[0]}', '{lost[1]}')") == [["stopped"]] * 2
+        check_invariants(pg, [*lost, kept])
+        print(f"host marked lost {marked_after:.1f}s after SIGKILL")
+    finally:
+        c2.cleanup()
+        c.cleanup()
+        h2.cleanup()
+        (h1b or h1).cleanup()
+    no_net_leftovers(h1, h2)
+
+
+def test_paused_host_is_fenced_and_kills_its_sandboxes(pg):
+    """No control plane here: the other host marks the paused one lost."""
+    h1 = daemon(pg, "st-1", role="host")
+    h2 = daemon(pg, "st-2", role="host")
+    try:
+        sid = h1.create(ttl_seconds=600)
+        e0 = epoch(pg, "st-1")
+        h1.proc.send_signal(signal.SIGSTOP)
+        try:
+            wait_for(lambda: sql(pg, f"SELECT state, end_reason FROM sandboxes WHERE id = '{sid}'")
+                     == [["stopped", "host_lost"]], timeout=LOSS_WAIT, what="paused host marked lost")
+            # While it sleeps, its sandbox is gone for everyone else.
+            assert h2.request("GET", f"/v1/sandboxes/{sid}").status == 404
+        finally:
+            h1.proc.send_signal(signal.SIGCONT)
+        assert epoch(pg, "st-1") > e0
+        assert "host lost: its sandboxes marked stopped" in open(h2.log_path, errors="replace").read()
+        # Awake, it finds its lease gone, kills its sandboxes and refuses
+        # work; its late writes are refused (no event after the stop).
+        wait_for(lambda: "lease taken over" in open(h1.log_path, errors="replace").read(),
+                 timeout=40, what="paused host noticing it was fenced")
+        h1.wait_no_leftovers(timeout=30, net=False)
+        r = h1.request("POST", "/v1/sandboxes", {"ttl_seconds": 60})
+        assert r.status == 503 and r.error_code() == "store_unavailable", r
+        evs = sql(pg, f"SELECT kind, epoch FROM events WHERE sandbox_id = '{sid}' ORDER BY seq")
+        kinds = [k for k, _ in evs]
+        assert kinds[-1] == "stopped" and kinds.count("stopped") == 1, evs
+        assert sql(pg, f"SELECT state FROM sandboxes WHERE id = '{sid}'") == [["stopped"]]
+        assert h2.exec(h2.create(ttl_seconds=60), "echo ok")["stdout"] == "ok\n"
+        check_invariants(pg, [sid])
+    finally:
+        h2.cleanup()
+        h1.cleanup()
+    no_net_leftovers(h1, h2)
