@@ -19,6 +19,7 @@ pub const IDENTITY_HEADER: &str = "x-hatchery-sandbox";
 pub fn guest_router(b: Arc<Broker>) -> Router {
     Router::new()
         .route("/v1/invoke", post(invoke))
+        .route("/v1/tools", get(tools))
         // No work at all: a health check, and the baseline of the figures.
         .route(
             "/v1/ping",
@@ -49,6 +50,19 @@ async fn invoke(
         .to_string();
     let Json(req) = body.map_err(|e| BrokerError::BadRequest(e.body_text()))?;
     Ok(Json(b.invoke(&sandbox, req).await?))
+}
+
+/// The tools an agent may ask for: the broker's own, then each MCP
+/// server's (what the server says about them is under `untrusted`: data
+/// for the agent, never policy), and the servers that are down.
+async fn tools(State(b): State<Arc<Broker>>) -> Json<serde_json::Value> {
+    let mut tools: Vec<serde_json::Value> = crate::wire::TOOLS
+        .iter()
+        .map(|t| serde_json::json!({"name": t, "server": null}))
+        .collect();
+    let (mcp, errors) = b.mcp().catalog().await;
+    tools.extend(mcp);
+    Json(serde_json::json!({"tools": tools, "errors": errors}))
 }
 
 /// One recorded broker call, as the operator sees it.

@@ -102,6 +102,14 @@ impl Broker {
         req: InvokeRequest,
     ) -> Result<InvokeResult, BrokerError> {
         req.validate()?;
+        if let Some((server, _)) = crate::mcp::split_name(&req.tool) {
+            if self.cfg.mcp.server(server).is_none() {
+                let mut known: Vec<String> =
+                    crate::wire::TOOLS.iter().map(|t| t.to_string()).collect();
+                known.extend(self.cfg.mcp.names().iter().map(|n| format!("mcp.{n}.*")));
+                return Err(BrokerError::UnknownTool(req.tool.clone(), known.join(", ")));
+            }
+        }
         let Some(session) = self.sessions.session_for_sandbox(sandbox_id).await? else {
             return Err(match self.store.known_epoch(sandbox_id).await? {
                 Some((s, e)) => BrokerError::Fenced(format!(
@@ -393,6 +401,7 @@ impl Broker {
                 effect: json!({}),
                 run: Run::Noop,
             }),
+            t if t.starts_with("mcp.") => self.plan_mcp(t).await,
             other => Err(PlanError::Invalid(format!("no executor for {other}"))),
         };
         let plan = match plan {
@@ -459,6 +468,10 @@ impl Broker {
                 body,
             } => self.run_pr(&forge, &owner, &repo, &body).await,
             Run::Noop => (CallState::Done, json!({"ok": true})),
+            Run::Mcp { server, tool } => {
+                let outcome = server.call(&tool, &args).await;
+                self.mcp_result(&c.tool, outcome)
+            }
             Run::Fetch(f) => match f.run().await {
                 Ok(v) => (CallState::Done, v),
                 Err(e) => (CallState::Failed, json!({"error": e.to_string()})),
@@ -572,6 +585,81 @@ impl Broker {
                 branch,
             },
         })
+    }
+
+    /// The MCP servers the broker fronts.
+    pub fn mcp(&self) -> &crate::mcp::McpHub {
+        &self.cfg.mcp
+    }
+
+    /// An MCP tool call: the server must be up (else the call stays
+    /// pending and the agent is told to ask again) and must list the tool.
+    async fn plan_mcp(&self, name: &str) -> Result<Plan, PlanError> {
+        let (server, tool) = crate::mcp::split_name(name).ok_or("not an MCP tool name")?;
+        let s = self
+            .cfg
+            .mcp
+            .server(server)
+            .cloned()
+            .ok_or_else(|| format!("no MCP server {server:?} is configured"))?;
+        let (tools, _) = s
+            .tools()
+            .await
+            .map_err(|e| PlanError::Transient(format!("MCP server {server}: {e}")))?;
+        if !tools.iter().any(|t| t.name == tool) {
+            return Err(format!("MCP server {server:?} has no tool {tool:?}").into());
+        }
+        Ok(Plan {
+            effect: json!({"mcp_server": server, "tool": tool}),
+            run: Run::Mcp {
+                server: s,
+                tool: tool.to_string(),
+            },
+        })
+    }
+
+    /// How an MCP call's outcome is recorded: `isError` is the tool's own
+    /// failure (allowed, output carries it); a JSON-RPC error or a server
+    /// that was down is a broker-side failure (nothing ran); a crash,
+    /// timeout or oversized answer after the call was sent leaves the
+    /// effect unknown: `needs_review`, never sent again.
+    fn mcp_result(&self, name: &str, o: crate::mcp::CallOutcome) -> (CallState, Value) {
+        use crate::mcp::CallOutcome as O;
+        let server = crate::mcp::split_name(name).map(|x| x.0).unwrap_or("");
+        let label = match &o {
+            O::Ok(_) => "ok",
+            O::ToolError(_) => "is_error",
+            O::Rpc { .. } => "rpc_error",
+            O::NotSent(_) => "not_sent",
+            O::Unknown(_) => "unknown",
+        };
+        self.metrics
+            .mcp_calls
+            .with_label_values(&[server, label])
+            .inc();
+        match o {
+            O::Ok(v) => (CallState::Done, v),
+            O::ToolError(v) => (
+                CallState::Failed,
+                json!({"error": "the MCP tool reported an error (isError)", "is_error": true,
+                       "content": v.get("content").cloned().unwrap_or(Value::Null)}),
+            ),
+            O::Rpc { code, message } => (
+                CallState::Failed,
+                json!({"error": format!("MCP server {server} refused the call: JSON-RPC error {code}: {message}"),
+                       "code": "mcp_rpc_error", "rpc_code": code}),
+            ),
+            O::NotSent(e) => (
+                CallState::Failed,
+                json!({"error": format!("MCP server {server} is down; the call was not sent: {e}"),
+                       "code": "mcp_unavailable"}),
+            ),
+            O::Unknown(e) => (
+                CallState::NeedsReview,
+                json!({"error": format!("MCP server {server}: {e}"), "code": "mcp_outcome_unknown",
+                       "review": "the call was sent and no usable answer came back; whether it took effect is unknown; not sent again"}),
+            ),
+        }
     }
 
     fn remote(&self, repo: &str) -> Result<git::Remote, String> {
@@ -855,6 +943,10 @@ enum Run {
     },
     Fetch(crate::fetch::Fetch),
     Noop,
+    Mcp {
+        server: Arc<crate::mcp::Server>,
+        tool: String,
+    },
 }
 
 fn result_event(c: &Call) -> EventKind {
