@@ -1,7 +1,7 @@
 //! Operator settings for the broker (daemon flags, `HATCHERY_BROKER_*`).
 
-use clap::Args;
 use crate::mcp::McpHub;
+use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
 

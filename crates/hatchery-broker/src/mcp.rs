@@ -99,8 +99,7 @@ pub struct ServerConfig {
 fn valid_name(s: &str, max: usize) -> bool {
     !s.is_empty()
         && s.len() <= max
-        && s
-            .bytes()
+        && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
@@ -130,7 +129,9 @@ pub fn parse_config(text: &str) -> Result<Vec<ServerConfig>, McpError> {
         }
         let call_timeout_s = s.call_timeout_s.unwrap_or(DEFAULT_CALL_TIMEOUT_S);
         if !(1..=MAX_CALL_TIMEOUT_S).contains(&call_timeout_s) {
-            return Err(bad(format!("call_timeout_s must be 1-{MAX_CALL_TIMEOUT_S}")));
+            return Err(bad(format!(
+                "call_timeout_s must be 1-{MAX_CALL_TIMEOUT_S}"
+            )));
         }
         let max_response_bytes = s.max_response_bytes.unwrap_or(DEFAULT_MAX_RESPONSE_BYTES);
         if !(1024..=MAX_RESPONSE_BYTES_LIMIT).contains(&max_response_bytes) {
@@ -408,8 +409,7 @@ fn tool_info(t: &Value) -> Option<ToolInfo> {
 pub fn valid_tool_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 64
-        && s
-            .bytes()
+        && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
 }
 
@@ -491,13 +491,34 @@ mod tests {
         assert_eq!(ok[0].call_timeout, Duration::from_secs(5));
         assert_eq!(ok[0].max_response_bytes, DEFAULT_MAX_RESPONSE_BYTES);
         for (bad, want) in [
-            (r#"{"servers":[{"name":"a.b","transport":"stdio","argv":["x"]}]}"#, "name"),
-            (r#"{"servers":[{"name":"h","transport":"http","argv":["x"]}]}"#, "not supported"),
-            (r#"{"servers":[{"name":"s","transport":"stdio","argv":[]}]}"#, "argv"),
-            (r#"{"servers":[{"name":"s","transport":"stdio","argv":["x"],"call_timeout_s":0}]}"#, "call_timeout_s"),
-            (r#"{"servers":[{"name":"s","transport":"stdio","argv":["x"],"max_response_bytes":10}]}"#, "max_response_bytes"),
-            (r#"{"servers":[{"name":"s","transport":"stdio","argv":["x"]},{"name":"s","transport":"stdio","argv":["x"]}]}"#, "twice"),
-            (r#"{"servers":[{"name":"s","transport":"stdio","argv":["x"],"extra":1}]}"#, "unknown field"),
+            (
+                r#"{"servers":[{"name":"a.b","transport":"stdio","argv":["x"]}]}"#,
+                "name",
+            ),
+            (
+                r#"{"servers":[{"name":"h","transport":"http","argv":["x"]}]}"#,
+                "not supported",
+            ),
+            (
+                r#"{"servers":[{"name":"s","transport":"stdio","argv":[]}]}"#,
+                "argv",
+            ),
+            (
+                r#"{"servers":[{"name":"s","transport":"stdio","argv":["x"],"call_timeout_s":0}]}"#,
+                "call_timeout_s",
+            ),
+            (
+                r#"{"servers":[{"name":"s","transport":"stdio","argv":["x"],"max_response_bytes":10}]}"#,
+                "max_response_bytes",
+            ),
+            (
+                r#"{"servers":[{"name":"s","transport":"stdio","argv":["x"]},{"name":"s","transport":"stdio","argv":["x"]}]}"#,
+                "twice",
+            ),
+            (
+                r#"{"servers":[{"name":"s","transport":"stdio","argv":["x"],"extra":1}]}"#,
+                "unknown field",
+            ),
         ] {
             let e = parse_config(bad).unwrap_err().to_string();
             assert!(e.contains(want), "{bad}: {e}");
@@ -506,7 +527,10 @@ mod tests {
 
     #[test]
     fn names_split_and_tool_metadata_is_capped() {
-        assert_eq!(split_name("mcp.git.git_status"), Some(("git", "git_status")));
+        assert_eq!(
+            split_name("mcp.git.git_status"),
+            Some(("git", "git_status"))
+        );
         assert_eq!(split_name("mcp.git.a.b"), Some(("git", "a.b")));
         assert_eq!(split_name("mcp.git"), None);
         assert_eq!(split_name("mcp..x"), None);

@@ -158,7 +158,9 @@ async fn read_line_capped<R: AsyncBufRead + Unpin>(
             .await
             .map_err(|e| McpError::Closed(format!("reading from the server: {e}")))?;
         if avail.is_empty() {
-            return Err(McpError::Closed("the server closed its output (exited?)".into()));
+            return Err(McpError::Closed(
+                "the server closed its output (exited?)".into(),
+            ));
         }
         let (take, done) = match avail.iter().position(|b| *b == b'\n') {
             Some(i) => (i, true),

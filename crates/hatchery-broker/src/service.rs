@@ -873,6 +873,86 @@ impl Broker {
         }
     }
 
+    /// An operator's resolution of a `needs_review` call, after checking
+    /// the outside world: the call becomes `done` or `failed` (its output
+    /// keeps what was recorded before, under `before`), with a
+    /// `broker_call_resolved` event. Asking again with the same outcome
+    /// and note answers the same; anything else on a call that is not
+    /// `needs_review` is refused. An agent retrying the call's seq gets
+    /// the resolved answer.
+    pub async fn resolve_review(
+        &self,
+        session_id: &str,
+        seq: u64,
+        outcome: CallState,
+        note: &str,
+    ) -> Result<Call, BrokerError> {
+        debug_assert!(matches!(outcome, CallState::Done | CallState::Failed));
+        let lock = self.key_lock(session_id, seq);
+        let _held = lock.lock().await;
+        let not_found =
+            || BrokerError::CallNotFound(format!("session {session_id} has no broker call {seq}"));
+        let call = self
+            .store
+            .get(session_id, seq)
+            .await?
+            .ok_or_else(not_found)?;
+        let resolution = json!({"outcome": outcome.as_str(), "note": note});
+        let call = if call.state == CallState::NeedsReview {
+            let before: Value = call
+                .output
+                .as_deref()
+                .and_then(|o| serde_json::from_str(o).ok())
+                .unwrap_or(Value::Null);
+            let out = json!({"resolution": resolution, "before": before}).to_string();
+            self.advance(&call, CallState::NeedsReview, outcome, None, Some(out))
+                .await?
+        } else {
+            call
+        };
+        let stored: Option<Value> = call
+            .output
+            .as_deref()
+            .and_then(|o| serde_json::from_str::<Value>(o).ok())
+            .and_then(|v| v.get("resolution").cloned());
+        if stored.as_ref() != Some(&resolution) {
+            return Err(BrokerError::NotNeedsReview(format!(
+                "broker call {seq} is {}{}",
+                call.state.as_str(),
+                if stored.is_some() {
+                    " (resolved already, differently)"
+                } else {
+                    ", not needs_review"
+                }
+            )));
+        }
+        if call.review_event_seq.is_none() {
+            let evs = self
+                .sessions
+                .record(
+                    session_id,
+                    vec![EventKind::BrokerCallResolved {
+                        call_seq: seq,
+                        tool: call.tool.clone(),
+                        outcome: outcome.as_str().to_string(),
+                        note: note.to_string(),
+                    }],
+                )
+                .await?;
+            if let Some(e) = evs.first() {
+                self.store
+                    .set_review_event_seq(session_id, seq, e.seq)
+                    .await?;
+            }
+        }
+        tracing::info!(session = %session_id, seq, outcome = outcome.as_str(), "needs_review broker call resolved");
+        Ok(self
+            .store
+            .get(session_id, seq)
+            .await?
+            .ok_or_else(not_found)?)
+    }
+
     /// On start: every call a previous process left mid-effect.
     pub async fn recover(&self) -> Result<usize, BrokerError> {
         let stuck = self.store.executing().await?;

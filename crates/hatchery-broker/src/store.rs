@@ -74,6 +74,9 @@ impl CallState {
                 | (Executing, Done)
                 | (Executing, Failed)
                 | (Executing, NeedsReview)
+                // An operator's resolution (POST .../tool-calls/{seq}/resolve).
+                | (NeedsReview, Done)
+                | (NeedsReview, Failed)
         )
     }
 }
@@ -97,6 +100,9 @@ pub struct Call {
     /// What the effect is about to do (JSON), written before it starts.
     pub effect: Option<String>,
     pub output: Option<String>,
+    /// The seq of the `broker_call_resolved` event of an operator's
+    /// resolution of a `needs_review` call.
+    pub review_event_seq: Option<u64>,
     pub created_at: String,
     pub updated_at: String,
 }
@@ -110,9 +116,10 @@ pub enum Begin {
     Conflict(Call),
 }
 
-const MIGRATIONS: &[(u32, &str)] = &[(
-    1,
-    "CREATE TABLE calls (
+const MIGRATIONS: &[(u32, &str)] = &[
+    (
+        1,
+        "CREATE TABLE calls (
         session_id TEXT NOT NULL,
         seq INTEGER NOT NULL,
         epoch INTEGER NOT NULL,
@@ -138,7 +145,9 @@ const MIGRATIONS: &[(u32, &str)] = &[(
         epoch INTEGER NOT NULL,
         UNIQUE (session_id, epoch)
     ) WITHOUT ROWID;",
-)];
+    ),
+    (2, "ALTER TABLE calls ADD COLUMN review_event_seq INTEGER;"),
+];
 
 #[derive(Clone)]
 pub struct BrokerStore {
@@ -316,6 +325,23 @@ impl BrokerStore {
         .await
     }
 
+    pub async fn set_review_event_seq(
+        &self,
+        session_id: &str,
+        seq: u64,
+        ev: u64,
+    ) -> Result<(), StoreError> {
+        let s = session_id.to_string();
+        self.with(move |c| {
+            c.execute(
+                "UPDATE calls SET review_event_seq = ?3 WHERE session_id = ?1 AND seq = ?2 AND review_event_seq IS NULL",
+                params![s, seq, ev],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
     /// Moves the call to `to` if it is in `from`; `None` when it was not
     /// (someone else moved it first). `effect`/`output` are set if given.
     pub async fn advance(
@@ -420,6 +446,7 @@ fn row_call(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Call, StoreError>>
         result_event_seq: r.get("result_event_seq")?,
         effect: r.get("effect")?,
         output: r.get("output")?,
+        review_event_seq: r.get("review_event_seq")?,
         created_at: r.get("created_at")?,
         updated_at: r.get("updated_at")?,
     }))
@@ -450,6 +477,7 @@ impl Call {
             result_event_seq: None,
             effect: None,
             output: None,
+            review_event_seq: None,
             created_at: t.clone(),
             updated_at: t,
         }

@@ -130,10 +130,12 @@ mod tests {
             .unwrap()
             .validate()
             .is_err());
-        assert!(req(json!({"seq": 1, "tool": "mcp.git.git_status", "args": {}}))
-            .unwrap()
-            .validate()
-            .is_ok());
+        assert!(
+            req(json!({"seq": 1, "tool": "mcp.git.git_status", "args": {}}))
+                .unwrap()
+                .validate()
+                .is_ok()
+        );
         assert!(req(json!({"seq": 1, "tool": "mcp.git", "args": {}}))
             .unwrap()
             .validate()
