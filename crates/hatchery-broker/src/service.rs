@@ -47,6 +47,8 @@ pub struct Broker {
     /// One lock per key in this process: concurrent retries of one seq
     /// wait for each other instead of racing to the effect.
     keys: Mutex<HashMap<(String, u64), KeyLock>>,
+    /// sandbox id → (session, epoch), as recorded in the store.
+    epochs: Mutex<HashMap<String, (String, u64)>>,
     pub(crate) metrics: crate::metrics::BrokerMetrics,
 }
 
@@ -74,6 +76,7 @@ impl Broker {
             sandboxes,
             cfg,
             keys: Mutex::new(HashMap::new()),
+            epochs: Mutex::new(HashMap::new()),
             metrics: crate::metrics::BrokerMetrics::new(),
         })
     }
@@ -84,6 +87,28 @@ impl Broker {
 
     pub fn store(&self) -> &BrokerStore {
         &self.store
+    }
+
+    /// A sandbox's epoch never changes once given, so it is looked up in
+    /// the store once per sandbox and process.
+    async fn epoch(&self, session: &str, sandbox_id: &str) -> Result<u64, BrokerError> {
+        let cached = self
+            .epochs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(sandbox_id)
+            .filter(|(s, _)| s == session)
+            .map(|(_, e)| *e);
+        if let Some(e) = cached {
+            return Ok(e);
+        }
+        let e = self.store.epoch_for(session, sandbox_id).await?;
+        let mut m = self.epochs.lock().unwrap_or_else(|p| p.into_inner());
+        if m.len() > 10_000 {
+            m.clear();
+        }
+        m.insert(sandbox_id.to_string(), (session.to_string(), e));
+        Ok(e)
     }
 
     fn key_lock(&self, session: &str, seq: u64) -> KeyLock {
@@ -127,7 +152,7 @@ impl Broker {
                 session.id, session.state
             )));
         }
-        let epoch = self.store.epoch_for(&session.id, sandbox_id).await?;
+        let epoch = self.epoch(&session.id, sandbox_id).await?;
         let args = canonical(&req.args);
         let sha = hex(&Sha256::digest(
             format!("{}\n{}", req.tool, args).as_bytes(),
@@ -150,6 +175,19 @@ impl Broker {
             None => {
                 let mut c = Call::new(&session.id, req.seq, epoch, &req.tool, args.clone(), sha);
                 self.decide(&session, &req, &mut c).await?;
+                if c.state == CallState::Pending && c.tool == "noop" {
+                    // No effect at all: its events, then its row, already
+                    // done (one broker commit; a crash in between can only
+                    // repeat the events on the retry).
+                    c.state = CallState::Done;
+                    c.output = Some(json!({"ok": true}).to_string());
+                    let evs = self
+                        .sessions
+                        .record(&session.id, vec![call_event(&c), result_event(&c)])
+                        .await?;
+                    c.event_seq = evs.first().map(|e| e.seq);
+                    c.result_event_seq = evs.get(1).map(|e| e.seq);
+                }
                 match self.store.begin(c).await? {
                     Begin::New(c) | Begin::Existing(c) => c,
                     Begin::Conflict(c) => {
@@ -161,8 +199,17 @@ impl Broker {
                 }
             }
         };
-        let call = self.ensure_recorded(call).await?;
+        // An allowed call's `broker_call` event is written with its
+        // effect's start (execute), in one transaction; every other call's
+        // now.
+        let call = if call.state == CallState::Pending {
+            call
+        } else {
+            self.ensure_recorded(call).await?
+        };
         let call = self.drive(&session, call, sandbox_id).await?;
+        // A call that failed in planning has had no event yet.
+        let call = self.ensure_recorded(call).await?;
         let call = self.ensure_result_event(call).await?;
         self.metrics
             .calls
@@ -247,15 +294,7 @@ impl Broker {
         if call.event_seq.is_some() {
             return Ok(call);
         }
-        let kinds = vec![EventKind::BrokerCall {
-            call_seq: call.seq,
-            epoch: call.epoch,
-            tool: call.tool.clone(),
-            arguments: cut(&call.args, EVENT_ARGS_BYTES),
-            decision: call.decision.clone(),
-            rule_id: call.rule_id.clone(),
-            approval_id: call.approval_id.clone(),
-        }];
+        let kinds = vec![call_event(&call)];
         let evs = self.sessions.record(&call.session_id, kinds).await?;
         if let Some(e) = evs.first() {
             self.store
@@ -424,27 +463,78 @@ impl Broker {
             }
         };
         let effect = plan.effect.to_string();
-        // The plan's event first: if the process stops before the state
-        // change, the retry plans again (another event, still no effect).
-        self.sessions
-            .record(
-                &call.session_id,
-                vec![EventKind::BrokerEffectStarted {
-                    call_seq: call.seq,
-                    tool: call.tool.clone(),
-                    detail: cut(&effect, EVENT_ARGS_BYTES),
-                }],
-            )
-            .await?;
+        // The call's event (unless an approval wrote it) and the plan's,
+        // in one transaction, before the state change: if the process
+        // stops in between, the retry plans again (the events again, still
+        // no effect).
+        let mut kinds = vec![];
+        let call_event_first = call.event_seq.is_none();
+        if call_event_first {
+            kinds.push(call_event(&call));
+        }
+        if matches!(plan.run, Run::Noop) {
+            // No outside effect: the result is known before anything
+            // happens, so the call, its result and their events are two
+            // commits (sessions, then broker), not five.
+            let mut done = call.clone();
+            done.state = CallState::Done;
+            done.output = Some(json!({"ok": true}).to_string());
+            kinds.push(result_event(&done));
+            let evs = self.sessions.record(&call.session_id, kinds).await?;
+            let seqs: Vec<u64> = evs.iter().map(|e| e.seq).collect();
+            let (ev_call, ev_result) = match (call_event_first, seqs.as_slice()) {
+                (true, [a, b, ..]) => (Some(*a), Some(*b)),
+                (false, [b, ..]) => (None, Some(*b)),
+                _ => (None, None),
+            };
+            let c = self
+                .store
+                .advance_recorded(
+                    &call.session_id,
+                    call.seq,
+                    CallState::Pending,
+                    CallState::Done,
+                    crate::store::Recorded {
+                        effect: None,
+                        output: done.output,
+                        event_seq: ev_call,
+                        result_event_seq: ev_result,
+                    },
+                )
+                .await?;
+            return match c {
+                Some(c) => Ok(c),
+                None => Ok(self
+                    .store
+                    .get(&call.session_id, call.seq)
+                    .await?
+                    .unwrap_or(call)),
+            };
+        }
+        kinds.push(EventKind::BrokerEffectStarted {
+            call_seq: call.seq,
+            tool: call.tool.clone(),
+            detail: cut(&effect, EVENT_ARGS_BYTES),
+        });
+        let evs = self.sessions.record(&call.session_id, kinds).await?;
+        let ev_call = if call_event_first {
+            evs.first().map(|e| e.seq)
+        } else {
+            None
+        };
         let Some(c) = self
             .store
-            .advance(
+            .advance_recorded(
                 &call.session_id,
                 call.seq,
                 CallState::Pending,
                 CallState::Executing,
-                Some(effect),
-                None,
+                crate::store::Recorded {
+                    effect: Some(effect),
+                    output: None,
+                    event_seq: ev_call,
+                    result_event_seq: None,
+                },
             )
             .await?
         else {
@@ -1027,6 +1117,18 @@ enum Run {
         server: Arc<crate::mcp::Server>,
         tool: String,
     },
+}
+
+fn call_event(call: &Call) -> EventKind {
+    EventKind::BrokerCall {
+        call_seq: call.seq,
+        epoch: call.epoch,
+        tool: call.tool.clone(),
+        arguments: cut(&call.args, EVENT_ARGS_BYTES),
+        decision: call.decision.clone(),
+        rule_id: call.rule_id.clone(),
+        approval_id: call.approval_id.clone(),
+    }
 }
 
 fn result_event(c: &Call) -> EventKind {
