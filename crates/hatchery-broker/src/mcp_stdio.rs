@@ -120,11 +120,11 @@ impl StdioConn {
                     };
                     self.send(&answer).await?;
                 }
-                (None, Some(m)) => {
-                    if m == "notifications/tools/list_changed" {
-                        self.tools_changed = true;
-                    }
+                (None, Some("notifications/tools/list_changed")) => {
+                    self.tools_changed = true;
                 }
+                // Other notifications (logging, progress): not used.
+                (None, Some(_)) => {}
                 (Some(rid), None) if rid.as_u64() == Some(id) => {
                     if let Some(e) = msg.get("error") {
                         let code = e.get("code").and_then(Value::as_i64).unwrap_or(0);

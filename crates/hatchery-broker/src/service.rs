@@ -1036,11 +1036,7 @@ impl Broker {
             }
         }
         tracing::info!(session = %session_id, seq, outcome = outcome.as_str(), "needs_review broker call resolved");
-        Ok(self
-            .store
-            .get(session_id, seq)
-            .await?
-            .ok_or_else(not_found)?)
+        self.store.get(session_id, seq).await?.ok_or_else(not_found)
     }
 
     /// On start: every call a previous process left mid-effect.
