@@ -41,4 +41,8 @@ for seq, tool, args, opts in json.load(open("calls.json")):
         while opts.get("wait") and data.get("status") == "awaiting_approval":
             time.sleep(0.3)
             status, data = request("POST", "/v1/invoke", body)
+        # Long texts are cut (an agent output line is capped); their length stays.
+        for c in (data.get("output") or {}).get("content") or []:
+            if isinstance(c, dict) and len(c.get("text", "")) > 1000:
+                c["text_len"], c["text"] = len(c["text"]), c["text"][:100]
         print("CALL %d %s" % (seq, json.dumps({"http": status, **data}, sort_keys=True)), flush=True)

@@ -73,7 +73,7 @@ def mbd(model, git_server, push_server, forge, host_repo):
         json.dump({"servers": [
             {"name": "git", "transport": "stdio",
              "argv": [os.path.join(VENV, "bin", "mcp-server-git"), "-r", host_repo]},
-            {"name": "crashy", "transport": "stdio", "call_timeout_s": 20,
+            {"name": "crashy", "transport": "stdio", "call_timeout_s": 3, "max_response_bytes": 65536,
              "argv": [os.path.join(VENV, "bin", "python"), os.path.join(HERE, "crashy_mcp.py"), crash_log]},
         ]}, f)
     d = BrokerDaemon(model.port, git_server, push_server, forge, extra=["--broker-mcp-config", cfg]).start()
@@ -192,6 +192,12 @@ def test_crash_is_needs_review_then_resolved_and_is_error(mbd):
         [2, "mcp.crashy.crash", {"tag": "c1"}, {}],
         # The server comes back (after its backoff) for the next call.
         [3, "mcp.crashy.echo", {"text": "back again"}, {}],
+        # Past the call timeout (3 s): killed, outcome unknown.
+        [4, "mcp.crashy.hang", {"seconds": 30}, {}],
+        # The response cap (64 KiB) at its boundary: under it, over it.
+        [5, "mcp.crashy.big", {"n": 60000}, {}],
+        [6, "mcp.crashy.big", {"n": 70000}, {}],
+        [7, "mcp.crashy.echo", {"text": "still here"}, {}],
         # Asking again about the crashed call: the stored answer, no rerun.
         [2, "mcp.crashy.crash", {"tag": "c1"}, {}],
     ]
@@ -207,8 +213,18 @@ def test_crash_is_needs_review_then_resolved_and_is_error(mbd):
     assert got[2][1] == a
     a = got[3][0]
     assert a["status"] == "done" and text_of(a) == "back again", a
+    a = got[4][0]
+    assert (a["status"], a["output"]["code"]) == ("needs_review", "mcp_outcome_unknown"), a
+    assert "no answer within 3 s" in a["output"]["error"]
+    a = got[5][0]
+    assert a["status"] == "done" and a["output"]["content"][0]["text_len"] == 60000, a["status"]
+    a = got[6][0]
+    assert a["status"] == "needs_review" and "more than 65536 bytes" in a["output"]["error"], a
+    assert got[7][0]["status"] == "done" and text_of(got[7][0]) == "still here"
+    # Started at first use, then after the crash, the timeout and the
+    # oversized answer: four starts; each call ran once.
     log = open(mbd.crash_log).read().split("\n")
-    assert log.count("crash c1") == 1 and log.count("start") == 2, log
+    assert log.count("crash c1") == 1 and log.count("hang") == 1 and log.count("start") == 4, log
 
     # The operator resolves the needs_review call; bad requests change nothing.
     base = f"/v1/sessions/{sid}/tool-calls"
@@ -231,5 +247,8 @@ def test_crash_is_needs_review_then_resolved_and_is_error(mbd):
     assert r.status == 409 and r.error_code() == "not_needs_review", r
     evs = [e for e in mbd.all_events(sid) if e["type"] == "broker_call_resolved"]
     assert [(e["call_seq"], e["outcome"], e["note"]) for e in evs] == [(2, "failed", "crashed before any effect")]
-    assert {c["seq"]: c["status"] for c in mbd.calls(sid)} == {1: "failed", 2: "failed", 3: "done"}
+    rec = {c["seq"]: c for c in mbd.calls(sid)}
+    assert rec[5]["output"]["content"][0]["text"] == "x" * 60000
+    assert {c["seq"]: c["status"] for c in mbd.calls(sid)} == {
+        1: "failed", 2: "failed", 3: "done", 4: "needs_review", 5: "done", 6: "needs_review", 7: "done"}
     mbd.track_sandboxes(sid)
