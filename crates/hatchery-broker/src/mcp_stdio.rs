@@ -43,6 +43,15 @@ impl StdioConn {
         if let Some(d) = &spec.cwd {
             cmd.current_dir(d);
         }
+        // A killed daemon takes its MCP servers with it (as git children).
+        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches
+        // only the calling (child) process.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
         let mut child = cmd
             .spawn()
             .map_err(|e| McpError::Start(format!("{}: {e}", spec.argv[0])))?;
