@@ -30,9 +30,19 @@ def env():
 def test_session_commands(env):
     d, hx, g = env
     repo = g.add_repo("cli-ask", DEMO_FILES)
-    sid = hx("session", "create", "--repo", repo, "--task", "[script:ask] ask", "--wall", "600", check=0).stdout.strip()
+    rules = d.request("GET", "/v1/policies/pol_standard").json()["document"]["rules"]
+    r = d.request("POST", "/v1/policies", {"name": "cli-move", "rules": rules})
+    assert r.status == 201, r
+    pol = r.json()["id"]
+    sid = hx("session", "create", "--repo", repo, "--task", "[script:ask] ask", "--wall", "600",
+             "--policy", pol, check=0).stdout.strip()
     assert re.fullmatch(r"ses_[a-z0-9]{16}", sid), sid
     d.wait_event(sid, "waiting")
+    assert d.request("POST", f"/v1/policies/{pol}/versions", {"name": "cli-move", "rules": rules}).status in (200, 201)
+    assert hx("session", "policy", sid, check=0).stdout.strip() == f"{pol} v2"
+    assert json.loads(hx("session", "policy", sid, "--version", "1", "--json", check=0).stdout)["policy_version"] == 1
+    p = hx("session", "policy", sid, "--version", "3")
+    assert p.returncode != 0 and "400" in p.stderr, p.stderr
     assert hx("session", "message", sid, "cli.txt", check=0).stdout.strip().isdigit()
     # --follow streams until the end and exits 0 for completed.
     p = hx("session", "events", sid, "--follow", "--json", timeout=300, check=0)

@@ -117,6 +117,10 @@ def model(commands):
                  finish("moved")],
         "restart": [shell("sleep 8; " + commands["curl"]), finish("survived")],
         "broke": [finish("never reached")],
+        # 150 denied connections as fast as curl goes, then a pause so the
+        # last suppressed count is written while the session runs.
+        "flood": [shell(f"for i in $(seq {FLOOD}); do curl -s -o /dev/null http://{HOST}:{commands_port(commands)}/; done; "
+                        "sleep 2.5; echo flooded"), finish("flooded")],
         # The sessions demo (fix the failing test), after installing a
         # package through the proxy.
         "demo": [shell(commands["pip"])] + SCRIPTS["fix"],
@@ -147,6 +151,35 @@ def gd(model, agent_templates):
     d.start()
     yield d
     d.cleanup_sessions()
+
+
+FLOOD = 150
+
+
+def commands_port(commands):
+    """The port no rule allows, from the `denied` command."""
+    return commands["denied"].split(f"https://{HOST}:")[1].split("/")[0]
+
+
+def test_a_flood_of_denials_is_rate_limited_and_counted(gd, servers, git_server):
+    pol = egress_policy(gd, servers)
+    repo = git_server.add_repo("flood", {**DEMO_FILES, "ca.pem": servers.ca_pem})
+    sid = gd.new_session(repo, "[script:flood] flood", policy_id=pol["id"],
+                         template="agent-session", env=CA_ENV)
+    gd.wait_state(sid, "completed", timeout=300)
+    gd.track_sandboxes(sid)
+    evs = gd.all_events(sid)
+    assert outputs(evs)[0].strip() == "flooded", outputs(evs)
+    denied = [e for e in evs if e["type"] == "egress" and e["verdict"] == "denied"]
+    counted = [e["denied"] for e in evs if e["type"] == "egress_suppressed"]
+    # Every denial is in the log, one by one or in a count; the burst of 20
+    # and 5 a second bound the ones written one by one.
+    assert len(denied) + sum(counted) == FLOOD, (len(denied), counted)
+    assert 20 <= len(denied) < FLOOD and counted, (len(denied), counted)
+    assert all(e["status"] == 403 for e in denied)
+    assert servers.hits["denied"] == []
+    text = gd.request("GET", "/metrics").body.decode()
+    assert f"hatchery_egress_events_suppressed_total {sum(counted)}" in text
 
 
 def egress_policy(d, servers, rules=None):

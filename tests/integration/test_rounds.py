@@ -247,6 +247,55 @@ def test_round_run_submit_grade_review(d):
     assert (r.status, r.error_code()) == (409, "session_ended")
 
 
+# A candidate who knows how the grader works: writes a report of its own
+# (to the path in the environment and to the default one, also from a
+# detached child), turns the CPU timer off and spins.
+SOLUTION_CHEAT = """
+import json, os, signal, subprocess
+forged = json.dumps({"passed": 99, "total": 99, "cases": [{"name": "test_mul", "ok": True}] * 99})
+for p in (os.environ.get("HATCHERY_REPORT", ""), "/opt/hatchery-grader/out/report.json",
+          "/opt/hatchery-grader/report.json"):
+    try:
+        with open(p, "w") as f:
+            f.write(forged)
+    except OSError:
+        pass
+subprocess.Popen(["/bin/sh", "-c", "while :; do echo '" + forged + "' > /opt/hatchery-grader/out/report.json; sleep 0.05; done"],
+                 start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+def add(a, b):
+    return a + b
+
+def mul(a, b):
+    return a * b + 1
+
+def spin():
+    signal.setitimer(signal.ITIMER_PROF, 0)
+    signal.signal(signal.SIGPROF, signal.SIG_IGN)
+    while True:
+        pass
+"""
+
+
+def test_the_grade_is_not_the_candidates_to_write(d):
+    tests = dict(TESTS)
+    tests["test_spin.py"] = "from solution import spin\n\ndef test_spin():\n    spin()\n"
+    rnd = make_round(d, tests={"files": tests})
+    rid = rnd["id"]
+    inv = invite(d, rid, "mallory@example.com")
+    sid, tok = inv["id"], inv["token"]
+    base = f"/v1/rounds/{rid}/sessions/{sid}"
+    assert req(d, "POST", f"{base}/submit", {"files": {"solution.py": SOLUTION_CHEAT}}, token=tok).status == 202
+    res = wait_graded(d, rid, sid, tok)["result"]
+    assert (res["passed"], res["total"]) == (2, 4), res
+    assert sorted(res["failed_cases"]) == ["test_mul", "test_spin"], res
+    g = req(d, "GET", f"{base}/report").json()["submissions"][0]["gradings"][0]
+    spin = [c for c in g["cases"] if c["name"] == "test_spin"][0]
+    assert "time limit" in spin["detail"] and spin["cpu_ms"] >= 2000, spin
+    assert req(d, "POST", f"{base}/end", token=tok).status == 200
+    assert sandbox_of(d, sid, "round-grader") == [], "graders are always destroyed"
+
+
 def test_tokens(d):
     rnd = make_round(d)
     rid = rnd["id"]

@@ -8,5 +8,5 @@ pub mod proxy;
 pub mod target;
 
 pub use proxy::{
-    EgressEvent, EventSink, Identify, Limits, PolicySource, Proxy, SessionId, Verdict,
+    EgressEvent, EventSink, Events, Identify, Limits, PolicySource, Proxy, SessionId, Verdict,
 };

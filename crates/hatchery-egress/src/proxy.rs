@@ -57,7 +57,30 @@ pub struct EgressEvent {
     pub reason: String,
 }
 
-pub type EventSink = Arc<dyn Fn(EgressEvent) + Send + Sync>;
+/// Where the proxy's connection events go.
+#[async_trait::async_trait]
+pub trait Events: Send + Sync {
+    /// An allowed connection, awaited before a byte of it reaches the
+    /// upstream: an error refuses the connection, so no connection carries
+    /// data without its event written first.
+    async fn allowed(&self, e: EgressEvent) -> Result<(), String>;
+    /// A refusal. Must not block the proxy (a guest can make many).
+    fn denied(&self, e: EgressEvent);
+}
+
+/// A plain function takes both kinds and never refuses (tests, benches).
+#[async_trait::async_trait]
+impl<F: Fn(EgressEvent) + Send + Sync> Events for F {
+    async fn allowed(&self, e: EgressEvent) -> Result<(), String> {
+        self(e);
+        Ok(())
+    }
+    fn denied(&self, e: EgressEvent) {
+        self(e)
+    }
+}
+
+pub type EventSink = Arc<dyn Events>;
 
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -148,16 +171,14 @@ impl Proxy {
         }
     }
 
-    fn emit(&self, verdict: Verdict, session: Option<&str>, peer: SocketAddr, r: &Refusal) {
-        let v = match verdict {
-            Verdict::Allowed => "allowed",
-            Verdict::Denied => "denied",
-        };
-        self.metrics
-            .connections
-            .with_label_values(&[v, &r.status.to_string()])
-            .inc();
-        (self.events)(EgressEvent {
+    fn event(
+        &self,
+        verdict: Verdict,
+        session: Option<&str>,
+        peer: SocketAddr,
+        r: &Refusal,
+    ) -> EgressEvent {
+        EgressEvent {
             verdict,
             session: session.map(str::to_string),
             peer,
@@ -167,7 +188,25 @@ impl Proxy {
             rule_id: r.rule_id.clone(),
             status: r.status,
             reason: r.reason.clone(),
-        });
+        }
+    }
+
+    /// A refusal's event (never blocks).
+    fn emit(&self, verdict: Verdict, session: Option<&str>, peer: SocketAddr, r: &Refusal) {
+        self.count(verdict, r.status);
+        let e = self.event(verdict, session, peer, r);
+        self.events.denied(e);
+    }
+
+    fn count(&self, verdict: Verdict, status: u16) {
+        let v = match verdict {
+            Verdict::Allowed => "allowed",
+            Verdict::Denied => "denied",
+        };
+        self.metrics
+            .connections
+            .with_label_values(&[v, &status.to_string()])
+            .inc();
     }
 
     async fn handle(self: Arc<Self>, mut sock: TcpStream, peer: SocketAddr) {
@@ -238,7 +277,18 @@ impl Proxy {
                 answer(&mut sock, &r).await;
             }
             Ok((mut upstream, first, ok)) => {
-                self.emit(Verdict::Allowed, Some(&session), peer, &ok);
+                let e = self.event(Verdict::Allowed, Some(&session), peer, &ok);
+                if let Err(why) = self.events.allowed(e).await {
+                    let mut r = refuse(503, format!("the connection could not be recorded: {why}"));
+                    r.host = ok.host.clone();
+                    r.port = ok.port;
+                    r.ip = ok.ip;
+                    r.rule_id = ok.rule_id.clone();
+                    self.emit(Verdict::Denied, Some(&session), peer, &r);
+                    answer(&mut sock, &r).await;
+                    return;
+                }
+                self.count(Verdict::Allowed, ok.status);
                 if let Some(reply) = first.reply {
                     if sock.write_all(reply.as_bytes()).await.is_err() {
                         return;

@@ -274,7 +274,12 @@ impl Rounds {
             argv: vec![
                 "/bin/sh".into(),
                 "-c".into(),
-                format!("rm -rf {WORKDIR} && mkdir -p {WORKDIR} {GRADER_DIR}/tests"),
+                // The report's directory is root's alone: the built-in
+                // runner runs the candidate's code as another uid.
+                format!(
+                    "rm -rf {WORKDIR} && mkdir -p {WORKDIR} {GRADER_DIR}/tests \
+                     && chmod 755 {GRADER_DIR} && mkdir -p -m 700 {GRADER_DIR}/out"
+                ),
             ],
             cwd: "/".into(),
             env: BTreeMap::new(),
@@ -297,7 +302,7 @@ impl Rounds {
                 )
                 .await?;
         }
-        let report_path = format!("{GRADER_DIR}/report.json");
+        let report_path = format!("{GRADER_DIR}/out/report.json");
         let mut env = BTreeMap::new();
         env.insert("HATCHERY_TESTS_DIR".into(), format!("{GRADER_DIR}/tests"));
         env.insert("HATCHERY_REPORT".into(), report_path.clone());

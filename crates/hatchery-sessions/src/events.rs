@@ -310,6 +310,12 @@ pub enum EventKind {
         status: u16,
         reason: String,
     },
+    /// Denied egress connections of the session that were not written one
+    /// by one because they came faster than the per-session rate limit
+    /// (docs/sessions.md, "Egress"); written at most once a second.
+    EgressSuppressed {
+        denied: u64,
+    },
     /// The session was moved to another version of its policy
     /// (`POST /v1/sessions/{id}/policy`); new connections use it.
     PolicyMoved {
@@ -367,6 +373,7 @@ impl EventKind {
             EventKind::ModelRefused { .. } => "model_refused",
             EventKind::BudgetExhausted { .. } => "budget_exhausted",
             EventKind::Egress { .. } => "egress",
+            EventKind::EgressSuppressed { .. } => "egress_suppressed",
             EventKind::PolicyMoved { .. } => "policy_moved",
         }
     }

@@ -192,6 +192,16 @@ impl Sessions {
         .await
     }
 
+    /// How many denials were left unwritten by the rate limit.
+    pub async fn record_egress_suppressed(&self, id: &str, denied: u64) -> Result<(), StoreError> {
+        self.append_live(
+            id,
+            vec![EventKind::EgressSuppressed { denied }],
+            Patch::default(),
+        )
+        .await
+    }
+
     /// Unfinished sessions that hold a sandbox: a restarted daemon binds
     /// them before its proxy takes connections, instead of waiting for each
     /// runner to re-attach.

@@ -10,18 +10,16 @@
 //! pinned policy version decides; every allow and deny is a session event.
 
 use clap::Args;
-use hatchery_egress::{EgressEvent, Limits, PolicySource, Proxy, Verdict};
+use hatchery_egress::{Limits, PolicySource, Proxy};
 use hatchery_policy::cache::CompiledPolicies;
 use hatchery_policy::Policy;
-use hatchery_sessions::hooks::EgressRecord;
 use hatchery_sessions::Sessions;
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
-use tokio::sync::mpsc;
 
 #[derive(Debug, Clone, Args)]
 pub struct EgressArgs {
@@ -110,14 +108,8 @@ impl hatchery_egress::Identify for Unused {
     }
 }
 
-const EVENT_QUEUE: usize = 8192;
 /// `PROXY UNKNOWN ` + a sandbox id + CRLF; the relay's line is far shorter.
 const MAX_PROXY_LINE: usize = 128;
-
-fn limiter() -> &'static hatchery_core::ratelimit::LogLimiter {
-    static L: OnceLock<hatchery_core::ratelimit::LogLimiter> = OnceLock::new();
-    L.get_or_init(|| hatchery_core::ratelimit::LogLimiter::new(Duration::from_secs(10), 5))
-}
 
 /// Reads the relay's `PROXY UNKNOWN <id>\r\n` from a buffered stream (what
 /// the guest sent after it stays in the buffer for the proxy).
@@ -152,37 +144,8 @@ pub fn start(
         return Ok(None);
     }
     let bindings: Arc<Mutex<HashMap<String, Binding>>> = Default::default();
-    let (tx, mut rx) = mpsc::channel::<EgressEvent>(EVENT_QUEUE);
-    let sink: hatchery_egress::EventSink = Arc::new(move |e: EgressEvent| {
-        if tx.try_send(e).is_err() {
-            hatchery_core::limited_warn!(
-                limiter(),
-                "egress-queue",
-                "egress event queue full; event not written to the session log"
-            );
-        }
-    });
-    tokio::spawn(async move {
-        while let Some(e) = rx.recv().await {
-            let Some(session) = e.session.clone() else {
-                hatchery_core::limited_warn!(limiter(), "egress-unknown", status = e.status,
-                    reason = %e.reason, "egress connection from no session refused");
-                continue;
-            };
-            let r = EgressRecord {
-                allowed: e.verdict == Verdict::Allowed,
-                host: e.host,
-                port: e.port,
-                ip: e.ip.map(|i| i.to_string()),
-                rule_id: e.rule_id,
-                status: e.status,
-                reason: e.reason,
-            };
-            if let Err(err) = sessions.record_egress(&session, r).await {
-                tracing::debug!(session = %session, error = %err, "egress event not recorded");
-            }
-        }
-    });
+    let sink: hatchery_egress::EventSink =
+        crate::egress_events::SessionEvents::start(sessions.clone(), registry);
     let proxy = Proxy::new(
         Arc::new(Unused),
         Arc::new(Pinned {

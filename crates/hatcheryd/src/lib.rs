@@ -4,6 +4,7 @@ mod broker;
 mod config;
 mod e2b_backend;
 mod egress;
+mod egress_events;
 mod gateway;
 mod key;
 mod rounds;

@@ -103,6 +103,14 @@ class Session:
             json={"decision": decision, "note": note})
         return int(r.json()["seq"])
 
+    def move_policy(self, version: Optional[int] = None) -> "Session":
+        """Moves the running session to another version of its policy
+        (default: the latest); its next egress connections use it."""
+        body: Dict[str, Any] = {} if version is None else {"version": version}
+        r = self.client.transport.request("POST", path("/v1/sessions/{id}/policy", id=self.id), json=body)
+        self.info = r.json()
+        return self
+
     def cancel(self) -> "Session":
         """Stops the agent (a snapshot is kept for review). Idempotent."""
         r = self.client.transport.request("POST", path("/v1/sessions/{id}", id=self.id) + ":cancel",

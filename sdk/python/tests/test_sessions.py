@@ -60,12 +60,22 @@ def test_session_runs_to_completion_and_events_reconnect(env):
 def test_session_steer_and_cancel(env):
     d, c, g = env
     repo = g.add_repo("sdk-ask", DEMO_FILES)
-    s = hatchery.Session.create(repo, "[script:ask] ask me", client=c)
+    rules = hatchery.Policies.get("pol_standard", client=c).document["rules"]
+    pol = hatchery.Policies.create("sdk-move", rules, client=c)
+    s = hatchery.Session.create(repo, "[script:ask] ask me", policy_id=pol.id, client=c)
     for ev in s.events():
         if ev["type"] == "sandbox_ready":
             d.created.add(ev["sandbox_id"])
         if ev["type"] == "waiting":
             break
+    # A policy move while it waits: to the latest version, back to 1.
+    hatchery.Policies.add_version(pol.id, "sdk-move", rules, client=c)
+    assert s.move_policy().info["policy_version"] == 2
+    assert s.move_policy(1).info["policy_version"] == 1
+    with pytest.raises(hatchery.BadRequest):
+        s.move_policy(3)
+    moved = [e for e in s.events(follow=False) if e["type"] == "policy_moved"]
+    assert [(e["from_version"], e["to_version"]) for e in moved] == [(1, 2), (2, 1)]
     seq = s.message("sdk.txt")
     assert seq > 0
     s.wait("completed", timeout=240)

@@ -139,6 +139,15 @@ export class Session {
   }
 
   /** Stops the agent (a snapshot is kept for review). Idempotent. */
+  /** Moves the running session to another version of its policy (default:
+   * the latest); its next egress connections use it. */
+  async movePolicy(version?: number): Promise<Session> {
+    this.info = await this.client.transport.json<SessionInfo>("POST", `/v1/sessions/${enc(this.id)}/policy`, {
+      json: version === undefined ? {} : { version },
+    });
+    return this;
+  }
+
   async cancel(): Promise<Session> {
     this.info = await this.client.transport.json<SessionInfo>("POST", `/v1/sessions/${enc(this.id)}:cancel`, {
       timeoutMs: Math.max(this.client.transport.timeoutMs, 120_000),

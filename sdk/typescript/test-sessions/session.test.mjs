@@ -2,7 +2,7 @@
 // server (run through tests/sessions/with_session_daemon.py).
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { Client, Conflict, Session } from "../dist/index.js";
+import { BadRequest, Client, Conflict, Policies, Session } from "../dist/index.js";
 
 const client = new Client({ url: process.env.HATCHERY_URL, apiKey: process.env.HATCHERY_API_KEY });
 const repo = process.env.HATCHERY_TEST_REPO;
@@ -31,8 +31,19 @@ test("a session runs to completion; events come once each, in order, across reco
 });
 
 test("steer a waiting agent, then cancel another mid-run", async () => {
-  const s = await Session.create({ repo, task: "[script:ask] ask me", client });
+  const std = await client.json("GET /v1/policies/{id}", { id: "pol_standard" });
+  const doc = { name: "ts-move", rules: std.document.rules };
+  const pol = await Policies.create(doc, { client });
+  const s = await Session.create({ repo, task: "[script:ask] ask me", policyId: pol.id, client });
   for await (const ev of s.events()) if (ev.type === "waiting") break;
+  // A policy move while it waits: to the latest version, back to 1.
+  await Policies.addVersion(pol.id, doc, { client });
+  assert.equal((await s.movePolicy()).info.policy_version, 2);
+  assert.equal((await s.movePolicy(1)).info.policy_version, 1);
+  await assert.rejects(s.movePolicy(3), BadRequest);
+  const moved = [];
+  for await (const ev of s.events({ follow: false })) if (ev.type === "policy_moved") moved.push([ev.from_version, ev.to_version]);
+  assert.deepEqual(moved, [[1, 2], [2, 1]]);
   assert.ok((await s.message("ts.txt")) > 0);
   await s.wait("completed", 240_000);
   assert.equal(s.info.reason, "agent finished: wrote ts.txt");

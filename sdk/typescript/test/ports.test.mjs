@@ -2,7 +2,7 @@
 // against the live daemon.
 import assert from "node:assert/strict";
 import { test } from "node:test";
-import { AuthError, BadRequest, ServerError, Terminal } from "../dist/index.js";
+import { AuthError, BadRequest, SandboxTimeout, ServerError, Terminal } from "../dist/index.js";
 import { acceptFor, mask } from "../dist/ws.js";
 import { KEY, URL, noLeftovers, sleep, tmpSandbox } from "./helpers.mjs";
 
@@ -70,8 +70,21 @@ test("a terminal: echo, resize, exit", async (t) => {
     term.write(new TextEncoder().encode("echo h''i\n"));
     await term.readUntil("hi\r\n", 15_000);
     term.resize(120, 40);
-    term.write("stty size\n");
-    await term.readUntil("40 120", 15_000);
+    // As in the Python SDK's test: the size is asked for again if the first
+    // answer raced the resize (seen once in CI in each SDK; not reproduced
+    // in 85 runs under load); a size that never changes still fails.
+    let resized = false;
+    for (let i = 0; i < 5 && !resized; i++) {
+      term.write("stty size\n");
+      try {
+        await term.readUntil("40 120", 3_000);
+        resized = true;
+      } catch (e) {
+        if (!(e instanceof SandboxTimeout)) throw e;
+        t.diagnostic(`after resize, attempt ${i + 1}: ${e.message}`);
+      }
+    }
+    assert.ok(resized, "the terminal never reported 40 120 after the resize");
     term.write("exit\n");
     const ex = await term.wait({ timeoutMs: 15_000 });
     assert.equal(ex.exitCode, 0);

@@ -93,6 +93,15 @@ pub enum SessionCmd {
         #[arg(long, default_value = "")]
         note: String,
     },
+    /// Move a running session to another version of its policy (default:
+    /// the latest); its next egress connections are checked against it.
+    Policy {
+        id: String,
+        #[arg(long)]
+        version: Option<u32>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Stop the agent, keep a snapshot for review, end as cancelled.
     Cancel {
         id: String,
@@ -274,6 +283,17 @@ pub fn run(api: &Api, cmd: SessionCmd) -> anyhow::Result<i32> {
                 &format!("/v1/sessions/{id}/approvals/{}", enc(&approval_id)),
                 &json!({"decision": decision, "note": note}),
             )?;
+        }
+        SessionCmd::Policy { id, version, json } => {
+            check(&id)?;
+            let body = match version {
+                Some(v) => json!({ "version": v }),
+                None => json!({}),
+            };
+            let v = api.send("POST", &format!("/v1/sessions/{id}/policy"), &body)?;
+            output::show(json, &v, |v| {
+                println!("{} v{}", s(&v["policy_id"]), v["policy_version"])
+            });
         }
         SessionCmd::Cancel { id, json } => {
             check(&id)?;
