@@ -171,10 +171,21 @@ sessions-test: build template $(SWE_WHEELS)/.downloaded
 	  HATCHERY_AGENT_WHEELS=$(CURDIR)/$(SWE_WHEELS) \
 	  $(PYTEST) -q -p no:cacheprovider tests/sessions
 
-# The tool broker (tests/broker, about 2 minutes): git push with a write
-# credential to a real git http-backend, a forge test server, SIGKILL x20.
-broker-test: build template
+# mcp-server-git from PyPI (pinned, with what it pulls in), the real MCP
+# server the broker fronts in tests/broker/test_broker_mcp.py.
+MCP_VENV := target/mcp-venv
+$(MCP_VENV)/.installed: tests/broker/mcp-requirements.txt
+	rm -rf $(MCP_VENV)
+	/usr/bin/python3 -m venv $(MCP_VENV)
+	$(MCP_VENV)/bin/pip install -q --disable-pip-version-check -r tests/broker/mcp-requirements.txt
+	touch $@
+
+# The tool broker (tests/broker, about 2.5 minutes): git push with a write
+# credential to a real git http-backend, a forge test server, SIGKILL x20,
+# MCP tools of mcp-server-git (about 20 s of it).
+broker-test: build template $(MCP_VENV)/.installed
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  HATCHERY_MCP_VENV=$(CURDIR)/$(MCP_VENV) \
 	  $(PYTEST) -q -p no:cacheprovider tests/broker
 
 # The `agent-session` template (curl, git, pip from the Debian mirror), kept

@@ -1,7 +1,9 @@
 //! Operator settings for the broker (daemon flags, `HATCHERY_BROKER_*`).
 
+use crate::mcp::McpHub;
 use clap::Args;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 #[derive(Debug, Clone, Args)]
 pub struct BrokerArgs {
@@ -56,6 +58,14 @@ pub struct BrokerArgs {
         default_value_t = 60
     )]
     pub anchor_interval_s: u64,
+    /// A JSON file naming the MCP servers whose tools the broker fronts
+    /// as `mcp.<server>.<tool>` (docs/sessions.md, "MCP servers").
+    #[arg(
+        id = "broker_mcp_config",
+        long = "broker-mcp-config",
+        env = "HATCHERY_BROKER_MCP_CONFIG"
+    )]
+    pub mcp_config: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -65,11 +75,23 @@ pub struct BrokerConfig {
     pub git_credential_file: Option<PathBuf>,
     pub github_api: Option<String>,
     pub github_token_file: Option<PathBuf>,
+    /// The MCP servers (none without `--broker-mcp-config`).
+    pub mcp: Arc<McpHub>,
+}
+
+impl std::fmt::Debug for McpHub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.names()).finish()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("--broker-git-push-url {0:?}: expected FROM=TO")]
-pub struct ConfigError(String);
+pub enum ConfigError {
+    #[error("--broker-git-push-url {0:?}: expected FROM=TO")]
+    PushUrl(String),
+    #[error("--broker-mcp-config: {0}")]
+    Mcp(#[from] crate::mcp::McpError),
+}
 
 impl TryFrom<&BrokerArgs> for BrokerConfig {
     type Error = ConfigError;
@@ -80,7 +102,7 @@ impl TryFrom<&BrokerArgs> for BrokerConfig {
                 Some((f, t)) if !f.is_empty() && !t.is_empty() => {
                     push_rewrites.push((f.to_string(), t.to_string()))
                 }
-                _ => return Err(ConfigError(r.clone())),
+                _ => return Err(ConfigError::PushUrl(r.clone())),
             }
         }
         Ok(BrokerConfig {
@@ -89,6 +111,10 @@ impl TryFrom<&BrokerArgs> for BrokerConfig {
             git_credential_file: a.git_credential_file.clone(),
             github_api: a.github_api.clone(),
             github_token_file: a.github_token_file.clone(),
+            mcp: Arc::new(match &a.mcp_config {
+                Some(p) => McpHub::from_file(p)?,
+                None => McpHub::default(),
+            }),
         })
     }
 }
@@ -125,6 +151,7 @@ mod tests {
             github_api: None,
             github_token_file: None,
             anchor_interval_s: 60,
+            mcp_config: None,
         };
         let c = BrokerConfig::try_from(&a).unwrap();
         assert_eq!(c.push_url("git://h/x.git"), "http://h:81/x.git");

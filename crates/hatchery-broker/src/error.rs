@@ -23,6 +23,11 @@ pub enum BrokerError {
     SeqConflict { seq: u64, tool: String },
     #[error("{0}")]
     SessionState(String),
+    #[error("{0}")]
+    CallNotFound(String),
+    /// A resolution for a call that is not (or no longer) `needs_review`.
+    #[error("{0}")]
+    NotNeedsReview(String),
     #[error("the session's policy {0} could not be loaded: {1}")]
     PolicyUnavailable(String, String),
     /// Something the broker needs is briefly not there (the daemon is
@@ -55,6 +60,8 @@ impl BrokerError {
             BrokerError::Fenced(_) => (S::CONFLICT, "fenced"),
             BrokerError::SeqConflict { .. } => (S::CONFLICT, "seq_conflict"),
             BrokerError::SessionState(_) => (S::CONFLICT, "session_state_conflict"),
+            BrokerError::CallNotFound(_) => (S::NOT_FOUND, "call_not_found"),
+            BrokerError::NotNeedsReview(_) => (S::CONFLICT, "not_needs_review"),
             BrokerError::PolicyUnavailable(..) => (S::SERVICE_UNAVAILABLE, "policy_unavailable"),
             BrokerError::Unavailable(_) => (S::SERVICE_UNAVAILABLE, "unavailable"),
             BrokerError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "internal"),

@@ -11,6 +11,8 @@ pub mod error;
 pub mod fetch;
 pub mod git;
 pub mod github;
+pub mod mcp;
+pub mod mcp_stdio;
 pub mod metrics;
 pub mod routes;
 pub mod sandbox;

@@ -6,6 +6,7 @@ pub struct BrokerMetrics {
     pub calls: IntCounterVec,
     pub policy_seconds: prometheus::Histogram,
     pub effect_seconds: HistogramVec,
+    pub mcp_calls: IntCounterVec,
 }
 
 impl BrokerMetrics {
@@ -32,6 +33,14 @@ impl BrokerMetrics {
                 &["tool"],
             )
             .expect("metric"),
+            mcp_calls: IntCounterVec::new(
+                Opts::new(
+                    "hatchery_broker_mcp_calls_total",
+                    "MCP tools/call outcomes, by server and outcome",
+                ),
+                &["server", "outcome"],
+            )
+            .expect("metric"),
         }
     }
 
@@ -39,6 +48,7 @@ impl BrokerMetrics {
         r.register(Box::new(self.calls.clone()))?;
         r.register(Box::new(self.policy_seconds.clone()))?;
         r.register(Box::new(self.effect_seconds.clone()))?;
+        r.register(Box::new(self.mcp_calls.clone()))?;
         Ok(())
     }
 }

@@ -19,6 +19,7 @@ pub const IDENTITY_HEADER: &str = "x-hatchery-sandbox";
 pub fn guest_router(b: Arc<Broker>) -> Router {
     Router::new()
         .route("/v1/invoke", post(invoke))
+        .route("/v1/tools", get(tools))
         // No work at all: a health check, and the baseline of the figures.
         .route(
             "/v1/ping",
@@ -33,6 +34,7 @@ pub fn guest_router(b: Arc<Broker>) -> Router {
 pub fn operator_router(b: Arc<Broker>) -> Router {
     Router::new()
         .route("/v1/sessions/{id}/broker/calls", get(calls))
+        .route("/v1/sessions/{id}/tool-calls/{seq}/resolve", post(resolve))
         .with_state(b)
 }
 
@@ -49,6 +51,19 @@ async fn invoke(
         .to_string();
     let Json(req) = body.map_err(|e| BrokerError::BadRequest(e.body_text()))?;
     Ok(Json(b.invoke(&sandbox, req).await?))
+}
+
+/// The tools an agent may ask for: the broker's own, then each MCP
+/// server's (what the server says about them is under `untrusted`: data
+/// for the agent, never policy), and the servers that are down.
+async fn tools(State(b): State<Arc<Broker>>) -> Json<serde_json::Value> {
+    let mut tools: Vec<serde_json::Value> = crate::wire::TOOLS
+        .iter()
+        .map(|t| serde_json::json!({"name": t, "server": null}))
+        .collect();
+    let (mcp, errors) = b.mcp().catalog().await;
+    tools.extend(mcp);
+    Json(serde_json::json!({"tools": tools, "errors": errors}))
 }
 
 /// One recorded broker call, as the operator sees it.
@@ -90,25 +105,83 @@ pub async fn calls(
     Path(id): Path<String>,
 ) -> Result<Json<CallList>, BrokerError> {
     let calls = b.store().calls(&id).await?;
-    let parse = |t: &str| serde_json::from_str::<serde_json::Value>(t).unwrap_or_default();
-    let calls = calls
-        .iter()
-        .map(|c| CallView {
-            seq: c.seq,
-            epoch: c.epoch,
-            tool: c.tool.clone(),
-            status: c.state.as_str().to_string(),
-            decision: c.decision.clone(),
-            rule_id: c.rule_id.clone(),
-            approval_id: c.approval_id.clone(),
-            arguments: parse(&c.args),
-            effect: c.effect.as_deref().map(parse),
-            output: crate::wire::InvokeResult::from_call(c).output,
-            created_at: c.created_at.clone(),
-            updated_at: c.updated_at.clone(),
-        })
-        .collect();
+    let calls = calls.iter().map(view).collect();
     Ok(Json(CallList { calls }))
+}
+
+fn view(c: &crate::store::Call) -> CallView {
+    let parse = |t: &str| serde_json::from_str::<serde_json::Value>(t).unwrap_or_default();
+    CallView {
+        seq: c.seq,
+        epoch: c.epoch,
+        tool: c.tool.clone(),
+        status: c.state.as_str().to_string(),
+        decision: c.decision.clone(),
+        rule_id: c.rule_id.clone(),
+        approval_id: c.approval_id.clone(),
+        arguments: parse(&c.args),
+        effect: c.effect.as_deref().map(parse),
+        output: crate::wire::InvokeResult::from_call(c).output,
+        created_at: c.created_at.clone(),
+        updated_at: c.updated_at.clone(),
+    }
+}
+
+/// Largest note of a resolution.
+pub const MAX_NOTE_BYTES: usize = 4096;
+
+/// How an operator settles a `needs_review` call.
+#[derive(serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResolveBody {
+    /// `done` (the effect happened) or `failed` (it did not).
+    pub outcome: String,
+    /// What was checked (up to 4096 bytes).
+    #[serde(default)]
+    pub note: String,
+}
+
+/// Settles a broker call left `needs_review` (the broker could not tell
+/// whether its effect happened): recorded with a `broker_call_resolved`
+/// event; the agent's retries of that seq get the resolved answer.
+/// (A path segment, not `{seq}:resolve`: the router matches whole segments.)
+#[utoipa::path(post, path = "/v1/sessions/{id}/tool-calls/{seq}/resolve", tag = "broker",
+    params(("id" = String, Path, description = "Session id"),
+           ("seq" = u64, Path, description = "The call's seq")),
+    request_body = ResolveBody,
+    responses((status = 200, body = CallView),
+              (status = 400, description = "invalid_request"),
+              (status = 404, description = "call_not_found"),
+              (status = 409, description = "not_needs_review")))]
+pub async fn resolve(
+    State(b): State<Arc<Broker>>,
+    Path((id, seq)): Path<(String, String)>,
+    body: Result<Json<ResolveBody>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<CallView>, BrokerError> {
+    let Json(body) = body.map_err(|e| BrokerError::BadRequest(e.body_text()))?;
+    let seq: u64 = seq
+        .parse()
+        .ok()
+        .filter(|s| (1..=crate::wire::MAX_SEQ).contains(s))
+        .ok_or_else(|| {
+            BrokerError::BadRequest(format!("seq must be 1 to {}", crate::wire::MAX_SEQ))
+        })?;
+    let outcome = match body.outcome.as_str() {
+        "done" => crate::store::CallState::Done,
+        "failed" => crate::store::CallState::Failed,
+        o => {
+            return Err(BrokerError::BadRequest(format!(
+                "outcome must be done or failed, not {o:?}"
+            )))
+        }
+    };
+    if body.note.len() > MAX_NOTE_BYTES {
+        return Err(BrokerError::BadRequest(format!(
+            "note over {MAX_NOTE_BYTES} bytes"
+        )));
+    }
+    let c = b.resolve_review(&id, seq, outcome, &body.note).await?;
+    Ok(Json(view(&c)))
 }
 
 /// The operator routes' part of the OpenAPI document, pinned to
@@ -116,8 +189,8 @@ pub async fn calls(
 #[derive(utoipa::OpenApi)]
 #[openapi(
     info(title = "Hatchery tool broker (operator routes)", version = "1"),
-    paths(calls),
-    components(schemas(CallList, CallView))
+    paths(calls, resolve),
+    components(schemas(CallList, CallView, ResolveBody))
 )]
 pub struct BrokerApi;
 

@@ -47,6 +47,8 @@ pub struct Broker {
     /// One lock per key in this process: concurrent retries of one seq
     /// wait for each other instead of racing to the effect.
     keys: Mutex<HashMap<(String, u64), KeyLock>>,
+    /// sandbox id → (session, epoch), as recorded in the store.
+    epochs: Mutex<HashMap<String, (String, u64)>>,
     pub(crate) metrics: crate::metrics::BrokerMetrics,
 }
 
@@ -74,6 +76,7 @@ impl Broker {
             sandboxes,
             cfg,
             keys: Mutex::new(HashMap::new()),
+            epochs: Mutex::new(HashMap::new()),
             metrics: crate::metrics::BrokerMetrics::new(),
         })
     }
@@ -84,6 +87,28 @@ impl Broker {
 
     pub fn store(&self) -> &BrokerStore {
         &self.store
+    }
+
+    /// A sandbox's epoch never changes once given, so it is looked up in
+    /// the store once per sandbox and process.
+    async fn epoch(&self, session: &str, sandbox_id: &str) -> Result<u64, BrokerError> {
+        let cached = self
+            .epochs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(sandbox_id)
+            .filter(|(s, _)| s == session)
+            .map(|(_, e)| *e);
+        if let Some(e) = cached {
+            return Ok(e);
+        }
+        let e = self.store.epoch_for(session, sandbox_id).await?;
+        let mut m = self.epochs.lock().unwrap_or_else(|p| p.into_inner());
+        if m.len() > 10_000 {
+            m.clear();
+        }
+        m.insert(sandbox_id.to_string(), (session.to_string(), e));
+        Ok(e)
     }
 
     fn key_lock(&self, session: &str, seq: u64) -> KeyLock {
@@ -102,6 +127,14 @@ impl Broker {
         req: InvokeRequest,
     ) -> Result<InvokeResult, BrokerError> {
         req.validate()?;
+        if let Some((server, _)) = crate::mcp::split_name(&req.tool) {
+            if self.cfg.mcp.server(server).is_none() {
+                let mut known: Vec<String> =
+                    crate::wire::TOOLS.iter().map(|t| t.to_string()).collect();
+                known.extend(self.cfg.mcp.names().iter().map(|n| format!("mcp.{n}.*")));
+                return Err(BrokerError::UnknownTool(req.tool.clone(), known.join(", ")));
+            }
+        }
         let Some(session) = self.sessions.session_for_sandbox(sandbox_id).await? else {
             return Err(match self.store.known_epoch(sandbox_id).await? {
                 Some((s, e)) => BrokerError::Fenced(format!(
@@ -119,7 +152,7 @@ impl Broker {
                 session.id, session.state
             )));
         }
-        let epoch = self.store.epoch_for(&session.id, sandbox_id).await?;
+        let epoch = self.epoch(&session.id, sandbox_id).await?;
         let args = canonical(&req.args);
         let sha = hex(&Sha256::digest(
             format!("{}\n{}", req.tool, args).as_bytes(),
@@ -142,6 +175,19 @@ impl Broker {
             None => {
                 let mut c = Call::new(&session.id, req.seq, epoch, &req.tool, args.clone(), sha);
                 self.decide(&session, &req, &mut c).await?;
+                if c.state == CallState::Pending && c.tool == "noop" {
+                    // No effect at all: its events, then its row, already
+                    // done (one broker commit; a crash in between can only
+                    // repeat the events on the retry).
+                    c.state = CallState::Done;
+                    c.output = Some(json!({"ok": true}).to_string());
+                    let evs = self
+                        .sessions
+                        .record(&session.id, vec![call_event(&c), result_event(&c)])
+                        .await?;
+                    c.event_seq = evs.first().map(|e| e.seq);
+                    c.result_event_seq = evs.get(1).map(|e| e.seq);
+                }
                 match self.store.begin(c).await? {
                     Begin::New(c) | Begin::Existing(c) => c,
                     Begin::Conflict(c) => {
@@ -153,8 +199,17 @@ impl Broker {
                 }
             }
         };
-        let call = self.ensure_recorded(call).await?;
+        // An allowed call's `broker_call` event is written with its
+        // effect's start (execute), in one transaction; every other call's
+        // now.
+        let call = if call.state == CallState::Pending {
+            call
+        } else {
+            self.ensure_recorded(call).await?
+        };
         let call = self.drive(&session, call, sandbox_id).await?;
+        // A call that failed in planning has had no event yet.
+        let call = self.ensure_recorded(call).await?;
         let call = self.ensure_result_event(call).await?;
         self.metrics
             .calls
@@ -239,15 +294,7 @@ impl Broker {
         if call.event_seq.is_some() {
             return Ok(call);
         }
-        let kinds = vec![EventKind::BrokerCall {
-            call_seq: call.seq,
-            epoch: call.epoch,
-            tool: call.tool.clone(),
-            arguments: cut(&call.args, EVENT_ARGS_BYTES),
-            decision: call.decision.clone(),
-            rule_id: call.rule_id.clone(),
-            approval_id: call.approval_id.clone(),
-        }];
+        let kinds = vec![call_event(&call)];
         let evs = self.sessions.record(&call.session_id, kinds).await?;
         if let Some(e) = evs.first() {
             self.store
@@ -393,6 +440,7 @@ impl Broker {
                 effect: json!({}),
                 run: Run::Noop,
             }),
+            t if t.starts_with("mcp.") => self.plan_mcp(t).await,
             other => Err(PlanError::Invalid(format!("no executor for {other}"))),
         };
         let plan = match plan {
@@ -415,27 +463,78 @@ impl Broker {
             }
         };
         let effect = plan.effect.to_string();
-        // The plan's event first: if the process stops before the state
-        // change, the retry plans again (another event, still no effect).
-        self.sessions
-            .record(
-                &call.session_id,
-                vec![EventKind::BrokerEffectStarted {
-                    call_seq: call.seq,
-                    tool: call.tool.clone(),
-                    detail: cut(&effect, EVENT_ARGS_BYTES),
-                }],
-            )
-            .await?;
+        // The call's event (unless an approval wrote it) and the plan's,
+        // in one transaction, before the state change: if the process
+        // stops in between, the retry plans again (the events again, still
+        // no effect).
+        let mut kinds = vec![];
+        let call_event_first = call.event_seq.is_none();
+        if call_event_first {
+            kinds.push(call_event(&call));
+        }
+        if matches!(plan.run, Run::Noop) {
+            // No outside effect: the result is known before anything
+            // happens, so the call, its result and their events are two
+            // commits (sessions, then broker), not five.
+            let mut done = call.clone();
+            done.state = CallState::Done;
+            done.output = Some(json!({"ok": true}).to_string());
+            kinds.push(result_event(&done));
+            let evs = self.sessions.record(&call.session_id, kinds).await?;
+            let seqs: Vec<u64> = evs.iter().map(|e| e.seq).collect();
+            let (ev_call, ev_result) = match (call_event_first, seqs.as_slice()) {
+                (true, [a, b, ..]) => (Some(*a), Some(*b)),
+                (false, [b, ..]) => (None, Some(*b)),
+                _ => (None, None),
+            };
+            let c = self
+                .store
+                .advance_recorded(
+                    &call.session_id,
+                    call.seq,
+                    CallState::Pending,
+                    CallState::Done,
+                    crate::store::Recorded {
+                        effect: None,
+                        output: done.output,
+                        event_seq: ev_call,
+                        result_event_seq: ev_result,
+                    },
+                )
+                .await?;
+            return match c {
+                Some(c) => Ok(c),
+                None => Ok(self
+                    .store
+                    .get(&call.session_id, call.seq)
+                    .await?
+                    .unwrap_or(call)),
+            };
+        }
+        kinds.push(EventKind::BrokerEffectStarted {
+            call_seq: call.seq,
+            tool: call.tool.clone(),
+            detail: cut(&effect, EVENT_ARGS_BYTES),
+        });
+        let evs = self.sessions.record(&call.session_id, kinds).await?;
+        let ev_call = if call_event_first {
+            evs.first().map(|e| e.seq)
+        } else {
+            None
+        };
         let Some(c) = self
             .store
-            .advance(
+            .advance_recorded(
                 &call.session_id,
                 call.seq,
                 CallState::Pending,
                 CallState::Executing,
-                Some(effect),
-                None,
+                crate::store::Recorded {
+                    effect: Some(effect),
+                    output: None,
+                    event_seq: ev_call,
+                    result_event_seq: None,
+                },
             )
             .await?
         else {
@@ -459,6 +558,10 @@ impl Broker {
                 body,
             } => self.run_pr(&forge, &owner, &repo, &body).await,
             Run::Noop => (CallState::Done, json!({"ok": true})),
+            Run::Mcp { server, tool } => {
+                let outcome = server.call(&tool, &args).await;
+                self.mcp_result(&c.tool, outcome)
+            }
             Run::Fetch(f) => match f.run().await {
                 Ok(v) => (CallState::Done, v),
                 Err(e) => (CallState::Failed, json!({"error": e.to_string()})),
@@ -572,6 +675,81 @@ impl Broker {
                 branch,
             },
         })
+    }
+
+    /// The MCP servers the broker fronts.
+    pub fn mcp(&self) -> &crate::mcp::McpHub {
+        &self.cfg.mcp
+    }
+
+    /// An MCP tool call: the server must be up (else the call stays
+    /// pending and the agent is told to ask again) and must list the tool.
+    async fn plan_mcp(&self, name: &str) -> Result<Plan, PlanError> {
+        let (server, tool) = crate::mcp::split_name(name).ok_or("not an MCP tool name")?;
+        let s = self
+            .cfg
+            .mcp
+            .server(server)
+            .cloned()
+            .ok_or_else(|| format!("no MCP server {server:?} is configured"))?;
+        let (tools, _) = s
+            .tools()
+            .await
+            .map_err(|e| PlanError::Transient(format!("MCP server {server}: {e}")))?;
+        if !tools.iter().any(|t| t.name == tool) {
+            return Err(format!("MCP server {server:?} has no tool {tool:?}").into());
+        }
+        Ok(Plan {
+            effect: json!({"mcp_server": server, "tool": tool}),
+            run: Run::Mcp {
+                server: s,
+                tool: tool.to_string(),
+            },
+        })
+    }
+
+    /// How an MCP call's outcome is recorded: `isError` is the tool's own
+    /// failure (allowed, output carries it); a JSON-RPC error or a server
+    /// that was down is a broker-side failure (nothing ran); a crash,
+    /// timeout or oversized answer after the call was sent leaves the
+    /// effect unknown: `needs_review`, never sent again.
+    fn mcp_result(&self, name: &str, o: crate::mcp::CallOutcome) -> (CallState, Value) {
+        use crate::mcp::CallOutcome as O;
+        let server = crate::mcp::split_name(name).map(|x| x.0).unwrap_or("");
+        let label = match &o {
+            O::Ok(_) => "ok",
+            O::ToolError(_) => "is_error",
+            O::Rpc { .. } => "rpc_error",
+            O::NotSent(_) => "not_sent",
+            O::Unknown(_) => "unknown",
+        };
+        self.metrics
+            .mcp_calls
+            .with_label_values(&[server, label])
+            .inc();
+        match o {
+            O::Ok(v) => (CallState::Done, v),
+            O::ToolError(v) => (
+                CallState::Failed,
+                json!({"error": "the MCP tool reported an error (isError)", "is_error": true,
+                       "content": v.get("content").cloned().unwrap_or(Value::Null)}),
+            ),
+            O::Rpc { code, message } => (
+                CallState::Failed,
+                json!({"error": format!("MCP server {server} refused the call: JSON-RPC error {code}: {message}"),
+                       "code": "mcp_rpc_error", "rpc_code": code}),
+            ),
+            O::NotSent(e) => (
+                CallState::Failed,
+                json!({"error": format!("MCP server {server} is down; the call was not sent: {e}"),
+                       "code": "mcp_unavailable"}),
+            ),
+            O::Unknown(e) => (
+                CallState::NeedsReview,
+                json!({"error": format!("MCP server {server}: {e}"), "code": "mcp_outcome_unknown",
+                       "review": "the call was sent and no usable answer came back; whether it took effect is unknown; not sent again"}),
+            ),
+        }
     }
 
     fn remote(&self, repo: &str) -> Result<git::Remote, String> {
@@ -785,6 +963,82 @@ impl Broker {
         }
     }
 
+    /// An operator's resolution of a `needs_review` call, after checking
+    /// the outside world: the call becomes `done` or `failed` (its output
+    /// keeps what was recorded before, under `before`), with a
+    /// `broker_call_resolved` event. Asking again with the same outcome
+    /// and note answers the same; anything else on a call that is not
+    /// `needs_review` is refused. An agent retrying the call's seq gets
+    /// the resolved answer.
+    pub async fn resolve_review(
+        &self,
+        session_id: &str,
+        seq: u64,
+        outcome: CallState,
+        note: &str,
+    ) -> Result<Call, BrokerError> {
+        debug_assert!(matches!(outcome, CallState::Done | CallState::Failed));
+        let lock = self.key_lock(session_id, seq);
+        let _held = lock.lock().await;
+        let not_found =
+            || BrokerError::CallNotFound(format!("session {session_id} has no broker call {seq}"));
+        let call = self
+            .store
+            .get(session_id, seq)
+            .await?
+            .ok_or_else(not_found)?;
+        let resolution = json!({"outcome": outcome.as_str(), "note": note});
+        let call = if call.state == CallState::NeedsReview {
+            let before: Value = call
+                .output
+                .as_deref()
+                .and_then(|o| serde_json::from_str(o).ok())
+                .unwrap_or(Value::Null);
+            let out = json!({"resolution": resolution, "before": before}).to_string();
+            self.advance(&call, CallState::NeedsReview, outcome, None, Some(out))
+                .await?
+        } else {
+            call
+        };
+        let stored: Option<Value> = call
+            .output
+            .as_deref()
+            .and_then(|o| serde_json::from_str::<Value>(o).ok())
+            .and_then(|v| v.get("resolution").cloned());
+        if stored.as_ref() != Some(&resolution) {
+            return Err(BrokerError::NotNeedsReview(format!(
+                "broker call {seq} is {}{}",
+                call.state.as_str(),
+                if stored.is_some() {
+                    " (resolved already, differently)"
+                } else {
+                    ", not needs_review"
+                }
+            )));
+        }
+        if call.review_event_seq.is_none() {
+            let evs = self
+                .sessions
+                .record(
+                    session_id,
+                    vec![EventKind::BrokerCallResolved {
+                        call_seq: seq,
+                        tool: call.tool.clone(),
+                        outcome: outcome.as_str().to_string(),
+                        note: note.to_string(),
+                    }],
+                )
+                .await?;
+            if let Some(e) = evs.first() {
+                self.store
+                    .set_review_event_seq(session_id, seq, e.seq)
+                    .await?;
+            }
+        }
+        tracing::info!(session = %session_id, seq, outcome = outcome.as_str(), "needs_review broker call resolved");
+        self.store.get(session_id, seq).await?.ok_or_else(not_found)
+    }
+
     /// On start: every call a previous process left mid-effect.
     pub async fn recover(&self) -> Result<usize, BrokerError> {
         let stuck = self.store.executing().await?;
@@ -855,6 +1109,22 @@ enum Run {
     },
     Fetch(crate::fetch::Fetch),
     Noop,
+    Mcp {
+        server: Arc<crate::mcp::Server>,
+        tool: String,
+    },
+}
+
+fn call_event(call: &Call) -> EventKind {
+    EventKind::BrokerCall {
+        call_seq: call.seq,
+        epoch: call.epoch,
+        tool: call.tool.clone(),
+        arguments: cut(&call.args, EVENT_ARGS_BYTES),
+        decision: call.decision.clone(),
+        rule_id: call.rule_id.clone(),
+        approval_id: call.approval_id.clone(),
+    }
 }
 
 fn result_event(c: &Call) -> EventKind {

@@ -70,10 +70,16 @@ impl CallState {
             (AwaitingApproval, Pending)
                 | (AwaitingApproval, Denied)
                 | (Pending, Executing)
+                // An effect-free tool (`noop`): its result is known
+                // before anything happens.
+                | (Pending, Done)
                 | (Pending, Failed)
                 | (Executing, Done)
                 | (Executing, Failed)
                 | (Executing, NeedsReview)
+                // An operator's resolution (POST .../tool-calls/{seq}/resolve).
+                | (NeedsReview, Done)
+                | (NeedsReview, Failed)
         )
     }
 }
@@ -97,8 +103,20 @@ pub struct Call {
     /// What the effect is about to do (JSON), written before it starts.
     pub effect: Option<String>,
     pub output: Option<String>,
+    /// The seq of the `broker_call_resolved` event of an operator's
+    /// resolution of a `needs_review` call.
+    pub review_event_seq: Option<u64>,
     pub created_at: String,
     pub updated_at: String,
+}
+
+/// What an [`BrokerStore::advance_recorded`] writes besides the state.
+#[derive(Debug, Default)]
+pub struct Recorded {
+    pub effect: Option<String>,
+    pub output: Option<String>,
+    pub event_seq: Option<u64>,
+    pub result_event_seq: Option<u64>,
 }
 
 /// What `begin` found or made.
@@ -110,9 +128,10 @@ pub enum Begin {
     Conflict(Call),
 }
 
-const MIGRATIONS: &[(u32, &str)] = &[(
-    1,
-    "CREATE TABLE calls (
+const MIGRATIONS: &[(u32, &str)] = &[
+    (
+        1,
+        "CREATE TABLE calls (
         session_id TEXT NOT NULL,
         seq INTEGER NOT NULL,
         epoch INTEGER NOT NULL,
@@ -138,7 +157,9 @@ const MIGRATIONS: &[(u32, &str)] = &[(
         epoch INTEGER NOT NULL,
         UNIQUE (session_id, epoch)
     ) WITHOUT ROWID;",
-)];
+    ),
+    (2, "ALTER TABLE calls ADD COLUMN review_event_seq INTEGER;"),
+];
 
 #[derive(Clone)]
 pub struct BrokerStore {
@@ -248,8 +269,8 @@ impl BrokerStore {
             }
             tx.execute(
                 "INSERT INTO calls (session_id, seq, epoch, tool, args_sha256, args, state, decision, \
-                 rule_id, approval_id, event_seq, effect, output, created_at, updated_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, NULL, NULL, ?11, ?12, ?12)",
+                 rule_id, approval_id, event_seq, result_event_seq, effect, output, created_at, updated_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?13, ?14, NULL, ?11, ?12, ?12)",
                 params![
                     new.session_id,
                     new.seq,
@@ -263,6 +284,8 @@ impl BrokerStore {
                     new.approval_id,
                     new.output,
                     new.created_at,
+                    new.event_seq,
+                    new.result_event_seq,
                 ],
             )?;
             tx.commit()?;
@@ -312,6 +335,63 @@ impl BrokerStore {
                 params![s, seq, ev],
             )?;
             Ok(())
+        })
+        .await
+    }
+
+    pub async fn set_review_event_seq(
+        &self,
+        session_id: &str,
+        seq: u64,
+        ev: u64,
+    ) -> Result<(), StoreError> {
+        let s = session_id.to_string();
+        self.with(move |c| {
+            c.execute(
+                "UPDATE calls SET review_event_seq = ?3 WHERE session_id = ?1 AND seq = ?2 AND review_event_seq IS NULL",
+                params![s, seq, ev],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// [`advance`](Self::advance) that also stores the seqs of the events
+    /// just written for the call, in the same transaction (one commit
+    /// instead of two or three).
+    pub async fn advance_recorded(
+        &self,
+        session_id: &str,
+        seq: u64,
+        from: CallState,
+        to: CallState,
+        r: Recorded,
+    ) -> Result<Option<Call>, StoreError> {
+        debug_assert!(from.valid_transition(to), "{from:?} -> {to:?}");
+        let s = session_id.to_string();
+        self.with(move |c| {
+            let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            let n = tx.execute(
+                "UPDATE calls SET state = ?4, effect = COALESCE(?5, effect), \
+                 output = COALESCE(?6, output), updated_at = ?7, \
+                 event_seq = COALESCE(event_seq, ?8), \
+                 result_event_seq = COALESCE(result_event_seq, ?9) \
+                 WHERE session_id = ?1 AND seq = ?2 AND state = ?3",
+                params![
+                    s,
+                    seq,
+                    from.as_str(),
+                    to.as_str(),
+                    r.effect,
+                    r.output,
+                    now(),
+                    r.event_seq,
+                    r.result_event_seq
+                ],
+            )?;
+            let r = if n == 1 { get_tx(&tx, &s, seq)? } else { None };
+            tx.commit()?;
+            Ok(r)
         })
         .await
     }
@@ -420,6 +500,7 @@ fn row_call(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Call, StoreError>>
         result_event_seq: r.get("result_event_seq")?,
         effect: r.get("effect")?,
         output: r.get("output")?,
+        review_event_seq: r.get("review_event_seq")?,
         created_at: r.get("created_at")?,
         updated_at: r.get("updated_at")?,
     }))
@@ -450,6 +531,7 @@ impl Call {
             result_event_seq: None,
             effect: None,
             output: None,
+            review_event_seq: None,
             created_at: t.clone(),
             updated_at: t,
         }
@@ -535,6 +617,73 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn event_seqs_go_with_the_row_and_reviews_resolve_once() {
+        let s = BrokerStore::open_in_memory().unwrap();
+        let mut c = call(1, "a");
+        (c.state, c.event_seq, c.result_event_seq) = (CallState::Done, Some(7), Some(8));
+        let Begin::New(_) = s.begin(c).await.unwrap() else {
+            panic!("not new")
+        };
+        let got = s.get("ses_a", 1).await.unwrap().unwrap();
+        assert_eq!((got.event_seq, got.result_event_seq), (Some(7), Some(8)));
+        s.begin(call(2, "b")).await.unwrap();
+        let r = Recorded {
+            effect: Some("e".into()),
+            event_seq: Some(9),
+            ..Default::default()
+        };
+        let x = s
+            .advance_recorded("ses_a", 2, CallState::Pending, CallState::Executing, r)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((x.state, x.event_seq), (CallState::Executing, Some(9)));
+        s.advance(
+            "ses_a",
+            2,
+            CallState::Executing,
+            CallState::NeedsReview,
+            None,
+            None,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        let d = s
+            .advance(
+                "ses_a",
+                2,
+                CallState::NeedsReview,
+                CallState::Failed,
+                None,
+                Some("r".into()),
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(d.state, CallState::Failed);
+        // Only from needs_review.
+        assert!(s
+            .advance(
+                "ses_a",
+                2,
+                CallState::NeedsReview,
+                CallState::Done,
+                None,
+                None
+            )
+            .await
+            .unwrap()
+            .is_none());
+        s.set_review_event_seq("ses_a", 2, 11).await.unwrap();
+        s.set_review_event_seq("ses_a", 2, 12).await.unwrap();
+        assert_eq!(
+            s.get("ses_a", 2).await.unwrap().unwrap().review_event_seq,
+            Some(11)
+        );
+    }
+
+    #[tokio::test]
     async fn epochs_fence_replaced_sandboxes() {
         let s = BrokerStore::open_in_memory().unwrap();
         assert_eq!(s.epoch_for("ses_a", "sbx_1").await.unwrap(), 1);
@@ -555,5 +704,7 @@ mod tests {
         assert!(!Done.valid_transition(Executing));
         assert!(!Executing.valid_transition(Pending));
         assert!(NeedsReview.is_final());
+        assert!(NeedsReview.valid_transition(Done) && NeedsReview.valid_transition(Failed));
+        assert!(!NeedsReview.valid_transition(Executing));
     }
 }

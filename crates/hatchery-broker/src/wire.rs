@@ -32,7 +32,9 @@ impl InvokeRequest {
                 "seq must be 1 to {MAX_SEQ}"
             )));
         }
-        if !TOOLS.contains(&self.tool.as_str()) {
+        // `mcp.<server>.<tool>`: a server the operator configured (the
+        // broker checks which; see mcp.rs).
+        if !TOOLS.contains(&self.tool.as_str()) && crate::mcp::split_name(&self.tool).is_none() {
             return Err(BrokerError::UnknownTool(
                 self.tool.clone(),
                 TOOLS.join(", "),
@@ -125,6 +127,16 @@ mod tests {
             .validate()
             .is_err());
         assert!(req(json!({"seq": 1, "tool": "git_push", "args": [1]}))
+            .unwrap()
+            .validate()
+            .is_err());
+        assert!(
+            req(json!({"seq": 1, "tool": "mcp.git.git_status", "args": {}}))
+                .unwrap()
+                .validate()
+                .is_ok()
+        );
+        assert!(req(json!({"seq": 1, "tool": "mcp.git", "args": {}}))
             .unwrap()
             .validate()
             .is_err());

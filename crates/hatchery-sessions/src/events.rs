@@ -260,6 +260,14 @@ pub enum EventKind {
         status: String,
         output: String,
     },
+    /// An operator settled a `needs_review` broker call (checked the
+    /// outside world): `outcome` is `done` or `failed`.
+    BrokerCallResolved {
+        call_seq: u64,
+        tool: String,
+        outcome: String,
+        note: String,
+    },
     /// A model call the gateway forwarded and settled (what it charged is
     /// what the session's spend grew by; the agent's own reports are not
     /// counted when a gateway meters the session).
@@ -359,6 +367,7 @@ impl EventKind {
             EventKind::BrokerCall { .. } => "broker_call",
             EventKind::BrokerEffectStarted { .. } => "broker_effect_started",
             EventKind::BrokerResult { .. } => "broker_result",
+            EventKind::BrokerCallResolved { .. } => "broker_call_resolved",
             EventKind::AgentOutput { .. } => "agent_output",
             EventKind::ModelCall { .. } => "model_call",
             EventKind::ModelRefused { .. } => "model_refused",
