@@ -2,6 +2,7 @@
 git write credential and a forge token (files on the host only), and
 the scripts the scripted model plays."""
 
+import json
 import os
 import tempfile
 
@@ -56,11 +57,15 @@ class BrokerDaemon(SessionDaemon):
             f.write(forge.token + "\n")
         os.chmod(tok, 0o600)
         self.git_server, self.push_server, self.forge = git_server, push_server, forge
+        # The anchor hook plays write-once storage: it appends what it is given.
+        self.worm = os.path.join(self.secrets_dir, "worm.jsonl")
+        hook = json.dumps(["/bin/sh", "-c", f"cat >> {self.worm}"])
         args = ["--broker-git-push-url",
                 f"git://127.0.0.1:{git_server.port}/=http://127.0.0.1:{push_server.port}/",
                 "--broker-git-credential-file", cred,
                 "--broker-github-api", f"http://127.0.0.1:{forge.port}",
-                "--broker-github-token-file", tok, "--audit-anchor-interval", "1", *extra]
+                "--broker-github-token-file", tok, "--audit-anchor-interval", "1",
+                "--audit-anchor-hook", hook, *extra]
         super().__init__(model_port, extra=args, data_dir=data_dir)
 
     def restarted(self):

@@ -136,6 +136,16 @@ def test_audit_verify_on_the_session_log(bd):
         time.sleep(0.2)
     else:
         raise AssertionError("the session's head was not anchored")
+    # The hook got the same lines, after the file had them.
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        worm = open(bd.worm).read().splitlines() if os.path.exists(bd.worm) else []
+        if any(f'"seq":{n}' in line and sid in line for line in worm):
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("the anchor hook did not get the session's head")
+    assert set(worm) <= set(open(anchors).read().splitlines())
     cli = os.path.join(os.environ["HATCHERY_BIN_DIR"], "hatchery")
     r = subprocess.run([cli, "audit", "verify", "--db", os.path.join(bd.data_dir, "sessions.db"), sid,
                         "--anchors", anchors, "--json"], capture_output=True, text=True)

@@ -58,6 +58,18 @@ pub struct BrokerArgs {
         default_value_t = 60
     )]
     pub anchor_interval_s: u64,
+    /// A command that also gets each batch of new anchor lines on stdin
+    /// and must exit 0 (write-once storage: an object-lock bucket, a
+    /// WORM volume), as a JSON array argv with an absolute program path,
+    /// e.g. `["/usr/local/bin/worm-put","--bucket","audit"]`. Run after
+    /// the file is fsynced; a failure is logged and retried with the next
+    /// batch's lines.
+    #[arg(
+        id = "broker_anchor_hook",
+        long = "audit-anchor-hook",
+        env = "HATCHERY_AUDIT_ANCHOR_HOOK"
+    )]
+    pub anchor_hook: Option<String>,
     /// A JSON file naming the MCP servers whose tools the broker fronts
     /// as `mcp.<server>.<tool>` (docs/sessions.md, "MCP servers").
     #[arg(
@@ -151,6 +163,7 @@ mod tests {
             github_api: None,
             github_token_file: None,
             anchor_interval_s: 60,
+            anchor_hook: None,
             mcp_config: None,
         };
         let c = BrokerConfig::try_from(&a).unwrap();
@@ -162,5 +175,45 @@ mod tests {
             ..a
         };
         assert!(BrokerConfig::try_from(&bad).is_err());
+    }
+}
+
+/// The anchor hook's argv from its JSON form: a non-empty array of
+/// strings whose program is an absolute path (no shell, no PATH lookup).
+pub fn parse_anchor_hook(json: &str) -> Result<Vec<String>, String> {
+    let argv: Vec<String> = serde_json::from_str(json)
+        .map_err(|e| format!("--audit-anchor-hook must be a JSON array of strings: {e}"))?;
+    match argv.first() {
+        None => Err("--audit-anchor-hook is an empty array".into()),
+        Some(p) if !p.starts_with('/') => Err(format!(
+            "--audit-anchor-hook: the program {p:?} must be an absolute path"
+        )),
+        Some(_) if argv.iter().any(|a| a.contains('\0')) => {
+            Err("--audit-anchor-hook: an argument contains NUL".into())
+        }
+        Some(_) => Ok(argv),
+    }
+}
+
+#[cfg(test)]
+mod anchor_hook_tests {
+    use super::parse_anchor_hook;
+
+    #[test]
+    fn argv_from_json() {
+        assert_eq!(
+            parse_anchor_hook(r#"["/bin/worm","--b","x y"]"#).unwrap(),
+            vec!["/bin/worm", "--b", "x y"]
+        );
+        for bad in [
+            "",
+            "[]",
+            "\"/bin/worm\"",
+            r#"["worm"]"#,
+            r#"[1]"#,
+            r#"["/bin/a\u0000"]"#,
+        ] {
+            assert!(parse_anchor_hook(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -71,8 +71,12 @@ pub fn start(
         // The heads of the session event chains, anchored outside the
         // database (docs/policy.md, "Anchors"); only heads that moved.
         let db = data.join("sessions.db");
+        let mut anchor = hatchery_audit::Anchor::new(data.join("session-anchors.jsonl"));
+        if let Some(json) = &args.broker.anchor_hook {
+            anchor.hook = Some(hatchery_broker::config::parse_anchor_hook(json).map_err(err)?);
+        }
         std::mem::drop(hatchery_audit::anchor::spawn_periodic(
-            hatchery_audit::Anchor::new(data.join("session-anchors.jsonl")),
+            anchor,
             std::time::Duration::from_secs(args.broker.anchor_interval_s),
             move || hatchery_audit::SqliteAuditLog::open_read_only(&db)?.heads(),
         ));
