@@ -132,6 +132,7 @@ def test_postgres_killed_and_restarted_under_two_hosts(pg):
         # daemon must look up who owns it: either it runs, or it is a 503.
         r = h1.request("POST", f"/v1/sandboxes/{acknowledged[0]}/exec", {"cmd": "echo up"}, timeout=30)
         assert r.status == 200 or r.error_code() == "store_unavailable", r
+        exec_while_down = r.status
         # Keep it down a few seconds (well under a renewal period).
         while time.time() - down_at < 4:
             time.sleep(0.2)
@@ -177,7 +178,7 @@ def test_postgres_killed_and_restarted_under_two_hosts(pg):
         created_during = sum(1 for r in answers if r.status == 201)
         assert created_during >= 1, answers
         print(f"postgres down {downtime:.1f}s; {asked} requests answered 503 store_unavailable while down; "
-              f"writer: {len(answers)} creates, {created_during} acknowledged, all kept")
+              f"exec on its host while down: {exec_while_down}; writer: {len(answers)} creates, {created_during} acknowledged, all kept")
     finally:
         stop.set()
         c.cleanup()
