@@ -210,6 +210,8 @@ test: build template lint unit kernel-test integration cli-test client-test sdk-
 # end to end: restart, two hosts, a fenced host (about 1 minute); then
 # tests/store/test_hosts.py: routing to the owning host, the control role's
 # placement, SIGKILL and SIGSTOP of a host past its lease (about 2 minutes).
+# tests/store/test_faults.py: PostgreSQL SIGKILLed and restarted under two
+# hosts, hosts with +/-10 min clock skew under faketime (about 75 s).
 store-test: build template
 	cargo test --release -p hatchery-store
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \

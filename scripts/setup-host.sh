@@ -33,6 +33,8 @@ command -v git >/dev/null 2>&1 || missing+=(git)
 # PostgreSQL for the tests of the shared (many-hosts) stores; the tests run
 # their own server as the postgres user (tests/pg/pg.py), never the system one.
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+# The fault harness runs a host with its wall clock skewed (tests/store/test_faults.py).
+command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 /usr/bin/python3 -c 'import pytest' >/dev/null 2>&1 || missing+=(python3-pytest)
 # The Python SDK suite pip-installs the package, offline, into a venv that
 # sees the system packages (make sdk-python-test): venv, and wheel to build it.
