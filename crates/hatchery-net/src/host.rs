@@ -12,6 +12,9 @@ const IP_FORWARD: &str = "/proc/sys/net/ipv4/ip_forward";
 /// The host's `ip_forward` before any daemon changed it; present while a
 /// daemon (or a crashed one's slots) may still need forwarding.
 const ORIGINAL: &str = "/run/hatchery/ip_forward.orig";
+/// How often, and how far apart, a busy prefix lock is tried (2 s in all).
+const LOCK_TRIES: u32 = 40;
+const LOCK_RETRY: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// One daemon per prefix: held for the daemon's life, released by the
 /// kernel if it dies.
@@ -30,7 +33,17 @@ impl PrefixLock {
         std::fs::create_dir_all(DIR)?;
         let path = PathBuf::from(format!("{DIR}/net-{prefix}.lock"));
         let file = File::create(&path)?;
-        if !try_lock(&file) {
+        // Another daemon's `others_alive` probes a free lock by taking it
+        // for an instant; a daemon restarting after a crash must not take
+        // that probe for an owner, so a busy lock is tried again for a
+        // while before the answer is no.
+        let mut tries = 0;
+        while !try_lock(&file) {
+            tries += 1;
+            if tries < LOCK_TRIES {
+                std::thread::sleep(LOCK_RETRY);
+                continue;
+            }
             return Err(NetError::Busy(format!(
                 "another hatcheryd owns network prefix {prefix:?} on this host; give this one another --net-prefix and --net-range"
             )));
