@@ -17,7 +17,7 @@ pub async fn require_key(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    if !constant_time_eq(given.as_bytes(), st.api_key.as_bytes()) {
+    if !hatchery_serve::headers::constant_time_eq(given.as_bytes(), st.api_key.as_bytes()) {
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
@@ -25,21 +25,4 @@ pub async fn require_key(
         ));
     }
     Ok(next.run(req).await)
-}
-
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn eq() {
-        assert!(super::constant_time_eq(b"abc", b"abc"));
-        assert!(!super::constant_time_eq(b"abc", b"abd"));
-        assert!(!super::constant_time_eq(b"abc", b"ab"));
-    }
 }

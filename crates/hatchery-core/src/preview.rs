@@ -105,7 +105,7 @@ impl PreviewKey {
             return Err(PreviewError::Invalid);
         }
         let (blob, mac) = raw.split_at(raw.len() - MAC_LEN);
-        if !constant_time_eq(&self.mac(blob), mac) {
+        if !hatchery_serve::headers::constant_time_eq(&self.mac(blob), mac) {
             return Err(PreviewError::Invalid);
         }
         // Authentic from here on: we wrote it.
@@ -157,10 +157,6 @@ fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
         .chain_update(inner)
         .finalize()
         .into()
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn parse_hex(s: &str) -> Option<[u8; 32]> {

@@ -12,9 +12,10 @@
 
 use crate::relay::RelayStream;
 use crate::CoreError;
+use hatchery_serve::headers::{is_upgrade, strip_hop_by_hop};
 use hyper::body::{Body, Incoming};
 use hyper::client::conn::http1::{self, SendRequest};
-use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Request, Response, StatusCode, Version};
 use hyper_util::rt::TokioIo;
 
@@ -138,43 +139,6 @@ fn bad_gateway(e: hyper::Error) -> CoreError {
     CoreError::BadGateway(e.to_string())
 }
 
-fn tokens(h: &HeaderMap, name: HeaderName) -> impl Iterator<Item = String> + '_ {
-    h.get_all(name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|t| t.trim().to_ascii_lowercase())
-        .filter(|t| !t.is_empty())
-}
-
-fn is_upgrade(h: &HeaderMap) -> bool {
-    h.contains_key(header::UPGRADE) && tokens(h, header::CONNECTION).any(|t| t == "upgrade")
-}
-
-/// Removes the headers that describe one connection (RFC 9110 7.6.1),
-/// including any the `Connection` header names.
-pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
-    let named: Vec<HeaderName> = tokens(h, header::CONNECTION)
-        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
-        .collect();
-    for n in named {
-        h.remove(n);
-    }
-    for n in [
-        header::CONNECTION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-        header::PROXY_AUTHENTICATE,
-        header::PROXY_AUTHORIZATION,
-    ] {
-        h.remove(n);
-    }
-    h.remove("keep-alive");
-    h.remove("proxy-connection");
-}
-
 /// A page served under `prefix` redirects and sets cookies as if it were
 /// at `/`: path-absolute `Location`s and cookie `Path`s get the prefix.
 fn rewrite_for_prefix(h: &mut HeaderMap, prefix: &str) {
@@ -220,28 +184,6 @@ fn cookie_under(cookie: &str, prefix: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hop_by_hop_headers_go_including_named_ones() {
-        let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, "keep-alive, x-secret".parse().unwrap());
-        h.insert("x-secret", "1".parse().unwrap());
-        h.insert("keep-alive", "timeout=5".parse().unwrap());
-        h.insert(header::TRANSFER_ENCODING, "chunked".parse().unwrap());
-        h.insert(header::CONTENT_TYPE, "text/html".parse().unwrap());
-        strip_hop_by_hop(&mut h);
-        assert_eq!(h.len(), 1);
-        assert!(h.contains_key(header::CONTENT_TYPE));
-    }
-
-    #[test]
-    fn upgrade_needs_both_headers() {
-        let mut h = HeaderMap::new();
-        h.insert(header::UPGRADE, "websocket".parse().unwrap());
-        assert!(!is_upgrade(&h));
-        h.insert(header::CONNECTION, "keep-alive, Upgrade".parse().unwrap());
-        assert!(is_upgrade(&h));
-    }
 
     #[test]
     fn redirects_and_cookie_paths_move_under_the_prefix() {

@@ -15,10 +15,6 @@ pub enum Caller {
     Reviewer(TokenRecord),
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 impl FromRequestParts<Arc<Rounds>> for Caller {
     type Rejection = RoundsError;
     async fn from_request_parts(parts: &mut Parts, st: &Arc<Rounds>) -> Result<Self, RoundsError> {
@@ -31,7 +27,7 @@ impl FromRequestParts<Arc<Rounds>> for Caller {
         if given.is_empty() {
             return Err(RoundsError::Unauthorized);
         }
-        if constant_time_eq(given.as_bytes(), st.api_key.as_bytes()) {
+        if hatchery_serve::headers::constant_time_eq(given.as_bytes(), st.api_key.as_bytes()) {
             return Ok(Caller::Key);
         }
         let rec = crate::tokens::check(st.store.as_ref(), given, crate::ids::now_ms()).await?;

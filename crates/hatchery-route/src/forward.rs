@@ -5,9 +5,10 @@
 use crate::{RouteError, FORWARDED_BY};
 use axum::body::Body;
 use axum::extract::Request;
-use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use axum::http::header::{self, HeaderValue};
 use axum::http::{StatusCode, Uri, Version};
 use axum::response::Response;
+use hatchery_serve::headers::{is_upgrade, strip_hop_by_hop};
 use hyper_util::rt::TokioIo;
 use std::time::Duration;
 
@@ -105,46 +106,10 @@ pub async fn forward(
     Ok(resp.map(Body::new))
 }
 
-fn tokens(h: &HeaderMap, name: HeaderName) -> impl Iterator<Item = String> + '_ {
-    h.get_all(name)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|t| t.trim().to_ascii_lowercase())
-        .filter(|t| !t.is_empty())
-}
-
-fn is_upgrade(h: &HeaderMap) -> bool {
-    h.contains_key(header::UPGRADE) && tokens(h, header::CONNECTION).any(|t| t == "upgrade")
-}
-
-/// Removes the headers that describe one connection (RFC 9110 7.6.1),
-/// including any the `Connection` header names.
-fn strip_hop_by_hop(h: &mut HeaderMap) {
-    let named: Vec<HeaderName> = tokens(h, header::CONNECTION)
-        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
-        .collect();
-    for n in named {
-        h.remove(n);
-    }
-    for n in [
-        header::CONNECTION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-        header::PROXY_AUTHENTICATE,
-        header::PROXY_AUTHORIZATION,
-    ] {
-        h.remove(n);
-    }
-    h.remove("keep-alive");
-    h.remove("proxy-connection");
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::HeaderMap;
 
     #[test]
     fn hop_by_hop_headers_go() {
@@ -181,6 +146,7 @@ mod tests {
 #[cfg(test)]
 mod forwarding_tests {
     use super::*;
+    use axum::http::HeaderMap;
     use axum::routing::post;
 
     /// A real owner on loopback: the body arrives whole, the path and

@@ -30,7 +30,7 @@ pub(crate) fn may_forward(req: &Request, api_key: &str) -> bool {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    crate::constant_time_eq(given.as_bytes(), api_key.as_bytes())
+    hatchery_serve::headers::constant_time_eq(given.as_bytes(), api_key.as_bytes())
         || req.uri().path().ends_with("/pty")
 }
 

@@ -83,19 +83,11 @@ pub fn base_url(address: &str) -> String {
     }
 }
 
-pub(crate) fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
     fn base_urls() {
         assert_eq!(super::base_url("127.0.0.1:7423"), "http://127.0.0.1:7423");
         assert_eq!(super::base_url("http://h:1/"), "http://h:1");
-        assert!(super::constant_time_eq(b"k", b"k") && !super::constant_time_eq(b"k", b"kk"));
     }
 }

@@ -15,6 +15,8 @@
 //! WebSocket runs as long as its handler does, since hyper only reads a new
 //! head (and starts the header timer) once the response before it is done.
 
+pub mod headers;
+
 use axum::extract::ConnectInfo;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};

@@ -113,7 +113,8 @@ fn authorize(
             .ok()
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
-        return if crate::auth::constant_time_eq(given.as_bytes(), st.api_key.as_bytes()) {
+        return if hatchery_serve::headers::constant_time_eq(given.as_bytes(), st.api_key.as_bytes())
+        {
             Ok(None)
         } else {
             Err(unauthorized("missing or wrong API key"))

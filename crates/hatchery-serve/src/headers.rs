@@ -1,0 +1,97 @@
+//! HTTP helpers every Hatchery proxy and key check needs: which headers
+//! belong to one connection (and so never travel through a proxy), whether
+//! a request asks to upgrade, and a comparison of secrets that does not
+//! stop at the first differing byte.
+
+use axum::http::header::{self, HeaderMap, HeaderName};
+
+/// The comma-separated tokens of a header, trimmed and in lower case.
+pub fn tokens(h: &HeaderMap, name: HeaderName) -> impl Iterator<Item = String> + '_ {
+    h.get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| t.trim().to_ascii_lowercase())
+        .filter(|t| !t.is_empty())
+}
+
+/// Whether the request asks to switch protocols (a WebSocket).
+pub fn is_upgrade(h: &HeaderMap) -> bool {
+    h.contains_key(header::UPGRADE) && tokens(h, header::CONNECTION).any(|t| t == "upgrade")
+}
+
+/// Removes the headers that describe one connection (RFC 9110 7.6.1),
+/// including any the `Connection` header names.
+pub fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let named: Vec<HeaderName> = tokens(h, header::CONNECTION)
+        .filter_map(|t| HeaderName::from_bytes(t.as_bytes()).ok())
+        .collect();
+    for n in named {
+        h.remove(n);
+    }
+    for n in [
+        header::CONNECTION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+    ] {
+        h.remove(n);
+    }
+    h.remove("keep-alive");
+    h.remove("proxy-connection");
+}
+
+/// Equal secrets, compared in time that depends only on the length.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    #[test]
+    fn hop_by_hop_headers_go_and_named_ones_too() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Secret"),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key(header::CONTENT_TYPE));
+    }
+
+    #[test]
+    fn upgrade_needs_both_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert!(!is_upgrade(&h));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, Upgrade"),
+        );
+        assert!(is_upgrade(&h));
+    }
+
+    #[test]
+    fn secrets() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+}
