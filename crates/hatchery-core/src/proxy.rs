@@ -21,9 +21,6 @@ use hyper_util::rt::TokioIo;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Buffer per direction when splicing an upgraded connection.
-const SPLICE_BUF: usize = 64 * 1024;
-
 /// How a caller's request is put to the guest's server.
 #[derive(Debug, Clone)]
 pub struct Forward {
@@ -116,19 +113,7 @@ where
                 "101 Switching Protocols to a request that asked for no upgrade".into(),
             ));
         };
-        let up = hyper::upgrade::on(&mut resp);
-        tokio::spawn(async move {
-            let (Ok(d), Ok(u)) = tokio::join!(down, up) else {
-                return;
-            };
-            let _ = tokio::io::copy_bidirectional_with_sizes(
-                &mut TokioIo::new(d),
-                &mut TokioIo::new(u),
-                SPLICE_BUF,
-                SPLICE_BUF,
-            )
-            .await;
-        });
+        hatchery_serve::splice::splice_upgrade(down, &mut resp);
     } else {
         strip_hop_by_hop(resp.headers_mut());
     }

@@ -14,8 +14,6 @@ use std::time::Duration;
 
 /// A host that does not accept a connection within this is unreachable.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// Buffer per direction when splicing an upgraded connection.
-const SPLICE_BUF: usize = 64 * 1024;
 
 /// Sends `req` to `base` (`http://host:port`) with its path and query,
 /// marked as forwarded by `me`. Connection failures are
@@ -87,19 +85,7 @@ pub async fn forward(
                 "101 Switching Protocols to a request that asked for no upgrade".into(),
             ));
         };
-        let up = hyper::upgrade::on(&mut resp);
-        tokio::spawn(async move {
-            let (Ok(d), Ok(u)) = tokio::join!(down, up) else {
-                return;
-            };
-            let _ = tokio::io::copy_bidirectional_with_sizes(
-                &mut TokioIo::new(d),
-                &mut TokioIo::new(u),
-                SPLICE_BUF,
-                SPLICE_BUF,
-            )
-            .await;
-        });
+        hatchery_serve::splice::splice_upgrade(down, &mut resp);
     } else {
         strip_hop_by_hop(resp.headers_mut());
     }
