@@ -298,7 +298,12 @@ impl Broker {
         let evs = self.sessions.record(&call.session_id, kinds).await?;
         if let Some(e) = evs.first() {
             self.store
-                .set_event_seq(&call.session_id, call.seq, e.seq)
+                .set_event_ref(
+                    crate::store::EventRef::Call,
+                    &call.session_id,
+                    call.seq,
+                    e.seq,
+                )
                 .await?;
         }
         if let Some(aid) = &call.approval_id {
@@ -332,7 +337,12 @@ impl Broker {
             .await?;
         if let Some(e) = evs.first() {
             self.store
-                .set_result_event_seq(&call.session_id, call.seq, e.seq)
+                .set_event_ref(
+                    crate::store::EventRef::Result,
+                    &call.session_id,
+                    call.seq,
+                    e.seq,
+                )
                 .await?;
         }
         Ok(self
@@ -1031,7 +1041,7 @@ impl Broker {
                 .await?;
             if let Some(e) = evs.first() {
                 self.store
-                    .set_review_event_seq(session_id, seq, e.seq)
+                    .set_event_ref(crate::store::EventRef::Review, session_id, seq, e.seq)
                     .await?;
             }
         }

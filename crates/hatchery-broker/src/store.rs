@@ -161,6 +161,27 @@ const MIGRATIONS: &[(u32, &str)] = &[
     (2, "ALTER TABLE calls ADD COLUMN review_event_seq INTEGER;"),
 ];
 
+/// Which of a call's events a seq is stored for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventRef {
+    /// The `broker_call` event written before the effect.
+    Call,
+    /// The event with the call's result.
+    Result,
+    /// The `broker_call_resolved` event of a reviewed call.
+    Review,
+}
+
+impl EventRef {
+    fn update_sql(self) -> &'static str {
+        match self {
+            EventRef::Call => "UPDATE calls SET event_seq = ?3 WHERE session_id = ?1 AND seq = ?2 AND event_seq IS NULL",
+            EventRef::Result => "UPDATE calls SET result_event_seq = ?3 WHERE session_id = ?1 AND seq = ?2 AND result_event_seq IS NULL",
+            EventRef::Review => "UPDATE calls SET review_event_seq = ?3 WHERE session_id = ?1 AND seq = ?2 AND review_event_seq IS NULL",
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct BrokerStore {
     conn: Arc<Mutex<Connection>>,
@@ -305,52 +326,18 @@ impl BrokerStore {
         .await
     }
 
-    pub async fn set_event_seq(
+    /// Stores the seq of one of the call's events, once: a column already
+    /// set keeps its value (a retry never moves it).
+    pub async fn set_event_ref(
         &self,
+        which: EventRef,
         session_id: &str,
         seq: u64,
         ev: u64,
     ) -> Result<(), StoreError> {
         let s = session_id.to_string();
         self.with(move |c| {
-            c.execute(
-                "UPDATE calls SET event_seq = ?3 WHERE session_id = ?1 AND seq = ?2 AND event_seq IS NULL",
-                params![s, seq, ev],
-            )?;
-            Ok(())
-        })
-        .await
-    }
-
-    pub async fn set_result_event_seq(
-        &self,
-        session_id: &str,
-        seq: u64,
-        ev: u64,
-    ) -> Result<(), StoreError> {
-        let s = session_id.to_string();
-        self.with(move |c| {
-            c.execute(
-                "UPDATE calls SET result_event_seq = ?3 WHERE session_id = ?1 AND seq = ?2 AND result_event_seq IS NULL",
-                params![s, seq, ev],
-            )?;
-            Ok(())
-        })
-        .await
-    }
-
-    pub async fn set_review_event_seq(
-        &self,
-        session_id: &str,
-        seq: u64,
-        ev: u64,
-    ) -> Result<(), StoreError> {
-        let s = session_id.to_string();
-        self.with(move |c| {
-            c.execute(
-                "UPDATE calls SET review_event_seq = ?3 WHERE session_id = ?1 AND seq = ?2 AND review_event_seq IS NULL",
-                params![s, seq, ev],
-            )?;
+            c.execute(which.update_sql(), params![s, seq, ev])?;
             Ok(())
         })
         .await
@@ -675,8 +662,12 @@ mod tests {
             .await
             .unwrap()
             .is_none());
-        s.set_review_event_seq("ses_a", 2, 11).await.unwrap();
-        s.set_review_event_seq("ses_a", 2, 12).await.unwrap();
+        s.set_event_ref(EventRef::Review, "ses_a", 2, 11)
+            .await
+            .unwrap();
+        s.set_event_ref(EventRef::Review, "ses_a", 2, 12)
+            .await
+            .unwrap();
         assert_eq!(
             s.get("ses_a", 2).await.unwrap().unwrap().review_event_seq,
             Some(11)
