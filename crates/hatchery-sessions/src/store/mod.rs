@@ -1,12 +1,46 @@
 //! The session store: sessions, their event log, approvals and blobs,
-//! behind an async trait so that the multi-host issue can add PostgreSQL.
-//! Errors carry no SQL types.
+//! behind an async trait with two backends, SQLite (one host, the
+//! default) and PostgreSQL (many hosts, one database). Errors carry no SQL
+//! types.
+//!
+//! Ownership and fencing: every session belongs to one host (`host_id`)
+//! under an `epoch`. A store is opened as one host, and each write for a
+//! session checks, in the write's own transaction, that the session still
+//! belongs to that host; [`SessionStore::take_over`] moves a lost host's
+//! sessions to another and bumps their epochs, so the old host's late
+//! writes fail with [`StoreError::Fenced`] and never commit.
 
 pub mod chain;
+pub mod conformance;
 mod migrations;
+mod pg;
 mod sqlite;
 
+pub use pg::PgSessionStore;
 pub use sqlite::SqliteStore;
+
+/// The host id of a single-host daemon (and of rows written before
+/// ownership existed: SQLite migration 3's default).
+pub const LOCAL_HOST: &str = "local";
+
+/// Longest host id a store accepts.
+pub const MAX_HOST_ID_BYTES: usize = 128;
+
+/// Checks a host id: 1..=128 bytes of `[A-Za-z0-9._:-]`.
+pub fn check_host_id(h: &str) -> Result<(), StoreError> {
+    let ok = !h.is_empty()
+        && h.len() <= MAX_HOST_ID_BYTES
+        && h
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Config(format!(
+            "host id {h:?}: 1 to {MAX_HOST_ID_BYTES} characters of A-Z a-z 0-9 . _ : -"
+        )))
+    }
+}
 
 use crate::events::{Actor, Event, EventKind};
 use crate::state::SessionState;
@@ -21,6 +55,21 @@ pub enum StoreError {
     StateConflict { id: String, current: SessionState },
     #[error("approval {0} not found or already decided")]
     ApprovalNotFound(String),
+    /// The session belongs to another host now (it was taken over): this
+    /// host's write was refused and nothing of it committed.
+    #[error("session {id} is owned by host {owner} (epoch {epoch}), not this host")]
+    Fenced {
+        id: String,
+        owner: String,
+        epoch: u64,
+    },
+    /// The database cannot be reached (down, restarting, pool exhausted):
+    /// retryable; the API answers 503 with Retry-After.
+    #[error("session store unavailable: {0}")]
+    Unavailable(String),
+    /// A bad connection string or host id.
+    #[error("session store configuration: {0}")]
+    Config(String),
     /// The backend failed; the text is for logs.
     #[error("store backend: {0}")]
     Backend(String),
@@ -88,6 +137,10 @@ pub struct Session {
     pub delivered_seq: u64,
     pub cancel_requested: bool,
     pub last_seq: u64,
+    /// The host that owns the session (only it may write).
+    pub host_id: String,
+    /// Ownership epoch: 1 at create, +1 at each take-over; never shrinks.
+    pub epoch: u64,
 }
 
 /// Fields a runner step changes (None: leave as is).
@@ -152,7 +205,8 @@ pub trait SessionStore: Send + Sync + 'static {
     ) -> Result<CreateOutcome, StoreError>;
     async fn get(&self, id: &str) -> Result<Session, StoreError>;
     async fn list(&self, f: &ListFilter) -> Result<Vec<Session>, StoreError>;
-    /// Sessions not completed, failed or cancelled (for recovery).
+    /// This host's sessions not completed, failed or cancelled (for
+    /// recovery).
     async fn unfinished(&self) -> Result<Vec<Session>, StoreError>;
     /// Appends events in one transaction that assigns the next seqs, and
     /// applies `patch` in it.
@@ -216,4 +270,16 @@ pub trait SessionStore: Send + Sync + 'static {
         decision: &str,
         note: &str,
     ) -> Result<Vec<Event>, StoreError>;
+    /// Moves every unfinished session of `from_host` to `to_host` in one
+    /// transaction: epoch + 1 and a `host_changed` event each. Only sessions
+    /// still owned by `from_host` move, so of two sweepers at once one moves
+    /// them and the other none. Returns (session id, new epoch).
+    async fn take_over(
+        &self,
+        from_host: &str,
+        to_host: &str,
+        reason: &str,
+    ) -> Result<Vec<(String, u64)>, StoreError>;
+    /// The host this store writes as.
+    fn host_id(&self) -> &str;
 }
