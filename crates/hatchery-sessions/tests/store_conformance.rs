@@ -39,16 +39,8 @@ fn check_rows(rows: &[Row], session_epoch: &std::collections::HashMap<String, u6
         while j < rows.len() && rows[j].session == *s {
             let r = &rows[j];
             assert_eq!(r.seq, (j - i + 1) as u64, "{s}: seq gap or duplicate");
-            let (p, h) = seal_after(
-                prev.as_deref(),
-                s,
-                r.seq,
-                &r.at,
-                &r.actor,
-                &r.kind,
-                &r.data,
-            )
-            .unwrap();
+            let (p, h) =
+                seal_after(prev.as_deref(), s, r.seq, &r.at, &r.actor, &r.kind, &r.data).unwrap();
             assert_eq!((&p, &h), (&r.prev_hash, &r.hash), "{s}/{}: chain", r.seq);
             if r.kind == "host_changed" {
                 let d: serde_json::Value = serde_json::from_str(&r.data).unwrap();
@@ -71,7 +63,8 @@ fn check_rows(rows: &[Row], session_epoch: &std::collections::HashMap<String, u6
 async fn conformance_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("sessions.db");
-    let open = |h: &str| -> Arc<dyn SessionStore> { Arc::new(SqliteStore::open_as(&path, h).unwrap()) };
+    let open =
+        |h: &str| -> Arc<dyn SessionStore> { Arc::new(SqliteStore::open_as(&path, h).unwrap()) };
     conformance::run_all(&open).await;
 
     let c = rusqlite::Connection::open(&path).unwrap();

@@ -38,7 +38,15 @@ pub fn seal(
         )
         .optional()?
     };
-    seal_after(prev.flatten().as_deref(), session, seq, at, actor, kind, data)
+    seal_after(
+        prev.flatten().as_deref(),
+        session,
+        seq,
+        at,
+        actor,
+        kind,
+        data,
+    )
 }
 
 /// `(prev_hash, hash)` of a new event whose predecessor's hash (hex) is

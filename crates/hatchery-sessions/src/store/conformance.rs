@@ -248,8 +248,13 @@ async fn transitions_are_guarded(open: Open<'_>, run: &str) {
         })
     ));
     assert!(matches!(
-        s.append_if_state(&id, &[SessionState::Running], vec![msg("x")], Patch::default())
-            .await,
+        s.append_if_state(
+            &id,
+            &[SessionState::Running],
+            vec![msg("x")],
+            Patch::default()
+        )
+        .await,
         Err(StoreError::StateConflict { .. })
     ));
     assert!(matches!(
@@ -353,7 +358,10 @@ async fn approvals(open: Open<'_>, run: &str) {
         s.pending_approval(&id).await.unwrap().unwrap().approval_id,
         format!("apr_p{run}")
     );
-    assert_eq!(s.get(&id).await.unwrap().waiting.as_deref(), Some("approval"));
+    assert_eq!(
+        s.get(&id).await.unwrap().waiting.as_deref(),
+        Some("approval")
+    );
 }
 
 async fn policy_version_patch_changes_only_that_field(open: Open<'_>, run: &str) {
@@ -481,14 +489,20 @@ async fn writes_are_fenced_after_take_over(open: Open<'_>, run: &str) {
     // B does not own them: every write is refused.
     fenced(b.append(&s1, vec![msg("b")], Patch::default()).await, &ha);
     let ids = |v: Vec<Session>| v.into_iter().map(|x| x.id).collect::<Vec<_>>();
-    assert_eq!(ids(a.unfinished().await.unwrap()), vec![s1.clone(), s2.clone()]);
+    assert_eq!(
+        ids(a.unfinished().await.unwrap()),
+        vec![s1.clone(), s2.clone()]
+    );
     assert!(b.unfinished().await.unwrap().is_empty());
 
     let moved = b.take_over(&ha, &hb, "host lost").await.unwrap();
     assert_eq!(moved, vec![(s1.clone(), 2), (s2.clone(), 2)]);
     assert_eq!(a.get(&s3).await.unwrap().host_id, ha);
     assert!(a.unfinished().await.unwrap().is_empty());
-    assert_eq!(ids(b.unfinished().await.unwrap()), vec![s1.clone(), s2.clone()]);
+    assert_eq!(
+        ids(b.unfinished().await.unwrap()),
+        vec![s1.clone(), s2.clone()]
+    );
     let before = a.get(&s1).await.unwrap();
     assert_eq!((before.host_id.as_str(), before.epoch), (hb.as_str(), 2));
     let last = a.events(&s1, 0, 100).await.unwrap().pop().unwrap();
@@ -517,8 +531,13 @@ async fn writes_are_fenced_after_take_over(open: Open<'_>, run: &str) {
         &hb,
     );
     fenced(
-        a.append_if_state(&s1, &[SessionState::Queued], vec![msg("late")], Patch::default())
-            .await,
+        a.append_if_state(
+            &s1,
+            &[SessionState::Queued],
+            vec![msg("late")],
+            Patch::default(),
+        )
+        .await,
         &hb,
     );
     fenced(

@@ -30,8 +30,7 @@ pub const MAX_HOST_ID_BYTES: usize = 128;
 pub fn check_host_id(h: &str) -> Result<(), StoreError> {
     let ok = !h.is_empty()
         && h.len() <= MAX_HOST_ID_BYTES
-        && h
-            .bytes()
+        && h.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
     if ok {
         Ok(())

@@ -720,7 +720,11 @@ impl SessionStore for SqliteStore {
         reason: &str,
     ) -> Result<Vec<(String, u64)>, StoreError> {
         check_host_id(to_host)?;
-        let (from, to, reason) = (from_host.to_string(), to_host.to_string(), reason.to_string());
+        let (from, to, reason) = (
+            from_host.to_string(),
+            to_host.to_string(),
+            reason.to_string(),
+        );
         self.with(move |c| {
             let tx = write_tx(c)?;
             let ids: Vec<String> = {
@@ -829,15 +833,17 @@ mod tests {
         let old = s.get("ses_old").await.unwrap();
         assert_eq!((old.host_id.as_str(), old.epoch), (LOCAL_HOST, 1));
         assert_eq!(s.unfinished().await.unwrap().len(), 1);
-        s.append("ses_old", vec![(Actor::System, EventKind::CancelRequested)], Patch::default())
-            .await
-            .unwrap();
+        s.append(
+            "ses_old",
+            vec![(Actor::System, EventKind::CancelRequested)],
+            Patch::default(),
+        )
+        .await
+        .unwrap();
         let other = SqliteStore::open_as(&p, "h2").unwrap();
         assert!(other.unfinished().await.unwrap().is_empty());
         assert!(matches!(
-            other
-                .append("ses_old", vec![], Patch::default())
-                .await,
+            other.append("ses_old", vec![], Patch::default()).await,
             Err(StoreError::Fenced { .. })
         ));
         assert!(matches!(
