@@ -24,19 +24,21 @@ pub use sqlite::SqliteStore;
 pub const LOCAL_HOST: &str = "local";
 
 /// Longest host id a store accepts.
-pub const MAX_HOST_ID_BYTES: usize = 128;
+pub const MAX_HOST_ID_BYTES: usize = 64;
 
-/// Checks a host id: 1..=128 bytes of `[A-Za-z0-9._:-]`.
+/// Checks a host id with the daemon's own rule (hatchery-store's
+/// `valid_host_id`, which `--host-id` must pass): 1..=64 bytes of `a-z`,
+/// `0-9` and `-`, not starting with `-`.
 pub fn check_host_id(h: &str) -> Result<(), StoreError> {
-    let ok = !h.is_empty()
-        && h.len() <= MAX_HOST_ID_BYTES
+    let ok = (1..=MAX_HOST_ID_BYTES).contains(&h.len())
+        && !h.starts_with('-')
         && h.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"._:-".contains(&b));
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
     if ok {
         Ok(())
     } else {
         Err(StoreError::Config(format!(
-            "host id {h:?}: 1 to {MAX_HOST_ID_BYTES} characters of A-Z a-z 0-9 . _ : -"
+            "host id {h:?}: 1 to {MAX_HOST_ID_BYTES} characters of a-z 0-9 -, not starting with -"
         )))
     }
 }
@@ -281,4 +283,17 @@ pub trait SessionStore: Send + Sync + 'static {
     ) -> Result<Vec<(String, u64)>, StoreError>;
     /// The host this store writes as.
     fn host_id(&self) -> &str;
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn host_ids_are_checked_at_the_boundary() {
+        for ok in ["local", "host-a", "h2", &"a".repeat(64)] {
+            assert!(super::check_host_id(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "-a", "Host", "a b", "a_b", &"a".repeat(65)] {
+            assert!(super::check_host_id(bad).is_err(), "{bad}");
+        }
+    }
 }
