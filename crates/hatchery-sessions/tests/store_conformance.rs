@@ -224,3 +224,93 @@ async fn postgres_down_is_unavailable() {
         Err(StoreError::Config(_))
     ));
 }
+
+/// `pg_ctl` of the installed server, as the postgres user when root.
+fn pg_ctl(args: &[&str]) {
+    let bin = std::fs::read_dir("/usr/lib/postgresql")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .map(|e| e.path().join("bin/pg_ctl"))
+        .filter(|p| p.exists())
+        .max()
+        .expect("pg_ctl");
+    let root = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
+    let mut cmd = if root {
+        let mut c = std::process::Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(bin);
+        c
+    } else {
+        std::process::Command::new(bin)
+    };
+    let out = cmd.args(args).output().unwrap();
+    assert!(out.status.success(), "pg_ctl {args:?}: {out:?}");
+}
+
+/// The database stops under a running store: reads and writes are
+/// `Unavailable` (503 + Retry-After in the API), a write that failed
+/// committed nothing, and the same store works again once the database is
+/// back (the pool drops dead connections).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_stopped_under_the_store_is_unavailable_then_recovers() {
+    use hatchery_sessions::store::{Patch, StoreError};
+    if std::env::var("HATCHERY_TEST_PG_DSN").is_ok() {
+        // A shared server is not ours to stop; the private one is the test.
+        eprintln!("HATCHERY_TEST_PG_DSN set: not stopping a shared server; test not run");
+        return;
+    }
+    let pg = pg_server::TestPg::start();
+    let s = PgSessionStore::connect(&pg.dsn, 2, "h").await.unwrap();
+    let id = format!("ses_u{:08x}", rand::random::<u32>());
+    s.create(&id, &conformance::spec("git://127.0.0.1/u.git"), None, "h")
+        .await
+        .unwrap();
+    let (c, conn) = tokio_postgres::connect(&pg.dsn, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let setting = |name: &'static str| {
+        let c = &c;
+        async move {
+            c.query_one(&format!("SHOW {name}"), &[])
+                .await
+                .unwrap()
+                .get::<_, String>(0)
+        }
+    };
+    let data = setting("data_directory").await;
+    let port = setting("port").await;
+    let sock = setting("unix_socket_directories").await;
+    drop(c);
+    pg_ctl(&["-D", &data, "-m", "immediate", "-w", "stop"]);
+    let e = s.get(&id).await.unwrap_err();
+    assert!(matches!(e, StoreError::Unavailable(_)), "{e}");
+    let msg = (
+        hatchery_sessions::events::Actor::User,
+        hatchery_sessions::events::EventKind::Message { text: "x".into() },
+    );
+    let e = s
+        .append(&id, vec![msg.clone()], Patch::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Unavailable(_)), "{e}");
+    let opts = format!("-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off");
+    let log = format!("{data}/../pg-restart.log");
+    pg_ctl(&[
+        "-D", &data, "-l", &log, "-w", "-t", "60", "start", "-o", &opts,
+    ]);
+    let mut back = None;
+    for _ in 0..50 {
+        if let Ok(x) = s.get(&id).await {
+            back = Some(x);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let back = back.expect("the store did not recover after the database came back");
+    assert_eq!(back.last_seq, 1, "the failed append committed nothing");
+    let evs = s.append(&id, vec![msg], Patch::default()).await.unwrap();
+    assert_eq!(evs[0].seq, 2);
+}
