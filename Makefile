@@ -212,9 +212,10 @@ egress-test: build agent-template
 
 test: build template lint unit kernel-test integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test sessions-test broker-test playground-test playground-load gateway-test e2b-test store-test egress-test
 
-# The state store (crates/hatchery-store): one conformance suite on SQLite
-# and on a PostgreSQL the test starts itself (initdb/pg_ctl as the
-# postgres user; it fails if it cannot), then hatcheryd --db postgres://
+# The state store (crates/hatchery-store) and the sessions store
+# (hatchery-sessions tests/store_conformance.rs, about 5 s): one conformance
+# suite each on SQLite and on a PostgreSQL the test starts itself
+# (initdb/pg_ctl as the postgres user; it fails if it cannot), then hatcheryd --db postgres://
 # end to end: restart, two hosts, a fenced host (about 1 minute); then
 # tests/store/test_hosts.py: routing to the owning host, the control role's
 # placement, SIGKILL and SIGSTOP of a host past its lease (about 2 minutes).
@@ -222,6 +223,7 @@ test: build template lint unit kernel-test integration cli-test client-test sdk-
 # hosts, hosts with +/-10 min clock skew under faketime (about 75 s).
 store-test: build template
 	cargo test --release -p hatchery-store
+	cargo test --release -p hatchery-sessions --test store_conformance
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/store
 
@@ -252,5 +254,6 @@ bench: build template $(GATEWAY_VENV)/.installed
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/sessions_bench.py
 	cargo run -q --release -p hatchery-sessions --example chain_bench
+	cargo run -q --release -p hatchery-sessions --example session_store_bench
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/broker_bench.py

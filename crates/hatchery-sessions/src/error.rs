@@ -31,6 +31,12 @@ pub enum SessionError {
     BlobNotFound(String),
     #[error("sandboxes: {0}")]
     Sandbox(SandboxError),
+    /// The session's host changed (take-over): this host may not write it.
+    #[error("{0}")]
+    Moved(String),
+    /// The session store is down; retry.
+    #[error("{0}")]
+    StoreUnavailable(String),
     #[error("internal: {0}")]
     Internal(String),
 }
@@ -43,7 +49,10 @@ impl From<StoreError> for SessionError {
                 SessionError::Conflict(format!("session {id} is {current}"))
             }
             StoreError::ApprovalNotFound(a) => SessionError::ApprovalNotFound(a),
+            e @ StoreError::Fenced { .. } => SessionError::Moved(e.to_string()),
+            StoreError::Unavailable(m) => SessionError::StoreUnavailable(m),
             StoreError::Backend(m) => SessionError::Internal(m),
+            StoreError::Config(m) => SessionError::Internal(m),
         }
     }
 }
@@ -85,6 +94,8 @@ impl SessionError {
                 (S::SERVICE_UNAVAILABLE, "capacity")
             }
             SessionError::Sandbox(_) => (S::BAD_GATEWAY, "sandbox_error"),
+            SessionError::Moved(_) => (S::CONFLICT, "session_moved"),
+            SessionError::StoreUnavailable(_) => (S::SERVICE_UNAVAILABLE, "store_unavailable"),
             SessionError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
@@ -127,5 +138,25 @@ impl IntoResponse for SessionError {
                 .insert("retry-after", axum::http::HeaderValue::from_static("1"));
         }
         resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_faults_map_to_their_statuses() {
+        let down: SessionError = StoreError::Unavailable("connection refused".into()).into();
+        let r = down.into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()["retry-after"], "1");
+        let moved: SessionError = StoreError::Fenced {
+            id: "ses_a".into(),
+            owner: "h2".into(),
+            epoch: 2,
+        }
+        .into();
+        assert_eq!(moved.status_code(), (StatusCode::CONFLICT, "session_moved"));
     }
 }

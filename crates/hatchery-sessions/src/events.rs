@@ -334,6 +334,15 @@ pub enum EventKind {
         from_version: u32,
         to_version: u32,
     },
+    /// The session moved to another host (its old host was lost or
+    /// drained): `epoch` is the new ownership epoch; writes of `from`
+    /// after this are refused by the store (fencing).
+    HostChanged {
+        from: String,
+        to: String,
+        epoch: u64,
+        reason: String,
+    },
     /// A line the agent printed that was not a valid protocol message
     /// (kept, capped, so nothing it says is lost).
     AgentOutput {
@@ -387,6 +396,7 @@ impl EventKind {
             EventKind::Egress { .. } => "egress",
             EventKind::EgressSuppressed { .. } => "egress_suppressed",
             EventKind::PolicyMoved { .. } => "policy_moved",
+            EventKind::HostChanged { .. } => "host_changed",
         }
     }
 

@@ -80,6 +80,17 @@ pub(crate) async fn run(svc: Arc<Sessions>, id: String, notify: Arc<Notify>) {
             Err(RunError::Store(StoreError::StateConflict { .. })) => {
                 // Someone else moved it (cancel of a queued session); re-read.
             }
+            Err(RunError::Store(StoreError::Fenced { owner, epoch, .. })) => {
+                // Taken over by another host: it drives the session now;
+                // this host must not write for it again.
+                tracing::warn!(session = %id, owner = %owner, epoch, "session moved to another host; runner stops");
+                return;
+            }
+            Err(RunError::Store(StoreError::Unavailable(e))) => {
+                // The database is away: retry rather than fail the session.
+                tracing::warn!(session = %id, error = %e, "session store unavailable; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
             Err(e) => {
                 let (code, message) = match e {
                     RunError::Fail { code, message } => (code, message),

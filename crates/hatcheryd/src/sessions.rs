@@ -43,6 +43,46 @@ pub fn build(
     Ok((hatchery_sessions::router(svc.clone(), api_key.into()), svc))
 }
 
+/// The sessions store `--db` asks for: on a `postgres://` URL the shared
+/// PostgreSQL one, written as `--host-id` (fenced to this host's sessions),
+/// retried with backoff while the database is not up yet; otherwise
+/// DATA_DIR/sessions.db as the single-host default. Not yet called:
+/// `build` still opens SQLite; the multi-host wiring passes this in.
+#[expect(
+    dead_code,
+    reason = "the multi-host wiring (serve.rs) calls it and hands the store to build"
+)]
+pub async fn open_store(
+    args: &DaemonArgs,
+) -> Result<Arc<dyn hatchery_sessions::store::SessionStore>, crate::DaemonError> {
+    use hatchery_sessions::store::{PgSessionStore, StoreError};
+    let err = |e: StoreError| crate::DaemonError::Sessions(e.to_string());
+    let Some(db) = args
+        .db
+        .as_deref()
+        .filter(|d| hatchery_store::is_postgres(d))
+    else {
+        return Ok(Arc::new(
+            SqliteStore::open(&args.data_dir.join("sessions.db")).map_err(err)?,
+        ));
+    };
+    let started = std::time::Instant::now();
+    let mut delay = std::time::Duration::from_millis(250);
+    loop {
+        match PgSessionStore::connect(db, args.db_pool, &args.host_id).await {
+            Ok(s) => return Ok(Arc::new(s)),
+            Err(e @ StoreError::Unavailable(_))
+                if started.elapsed() < std::time::Duration::from_secs(60) =>
+            {
+                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "session store not reachable yet");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(std::time::Duration::from_secs(5));
+            }
+            Err(e) => return Err(err(e)),
+        }
+    }
+}
+
 /// The in-process model gateway and egress proxy, each registered as a
 /// host service on a Unix socket in the data dir, and plugged into the
 /// sessions runner (docs/sessions.md, "Model gateway" and "Egress").

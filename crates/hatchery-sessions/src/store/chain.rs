@@ -38,7 +38,30 @@ pub fn seal(
         )
         .optional()?
     };
-    let prev = prev.flatten().and_then(|h| from_hex(&h)).unwrap_or(GENESIS);
+    seal_after(
+        prev.flatten().as_deref(),
+        session,
+        seq,
+        at,
+        actor,
+        kind,
+        data,
+    )
+}
+
+/// `(prev_hash, hash)` of a new event whose predecessor's hash (hex) is
+/// `prev` (None for seq 1 or an unchained predecessor): the backend reads
+/// it in its own transaction.
+pub fn seal_after(
+    prev: Option<&str>,
+    session: &str,
+    seq: u64,
+    at: &str,
+    actor: &str,
+    kind: &str,
+    data: &str,
+) -> Result<(String, String), ChainError> {
+    let prev = prev.and_then(from_hex).unwrap_or(GENESIS);
     let h = hash(session, seq, at, actor, kind, data, &prev)?;
     Ok((to_hex(&prev), h))
 }

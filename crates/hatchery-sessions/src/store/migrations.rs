@@ -71,6 +71,16 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
     ),
     (
         3,
+        // Ownership and fencing: the host that may write a session, its
+        // epoch, and the epoch each event was written under. Rows from
+        // before belong to the single-host default at epoch 1.
+        "ALTER TABLE sessions ADD COLUMN host_id TEXT NOT NULL DEFAULT 'local';
+    ALTER TABLE sessions ADD COLUMN epoch INTEGER NOT NULL DEFAULT 1;
+    ALTER TABLE events ADD COLUMN epoch INTEGER NOT NULL DEFAULT 1;
+    CREATE INDEX sessions_host_state ON sessions(host_id, state);",
+    ),
+    (
+        4,
         // Rewinds to a checkpoint (runner.rs, resume_from_checkpoint).
         "ALTER TABLE sessions ADD COLUMN replay_through INTEGER NOT NULL DEFAULT 0;",
     ),

@@ -1,12 +1,47 @@
 //! The session store: sessions, their event log, approvals and blobs,
-//! behind an async trait so that the multi-host issue can add PostgreSQL.
-//! Errors carry no SQL types.
+//! behind an async trait with two backends, SQLite (one host, the
+//! default) and PostgreSQL (many hosts, one database). Errors carry no SQL
+//! types.
+//!
+//! Ownership and fencing: every session belongs to one host (`host_id`)
+//! under an `epoch`. A store is opened as one host, and each write for a
+//! session checks, in the write's own transaction, that the session still
+//! belongs to that host; [`SessionStore::take_over`] moves a lost host's
+//! sessions to another and bumps their epochs, so the old host's late
+//! writes fail with [`StoreError::Fenced`] and never commit.
 
 pub mod chain;
+pub mod conformance;
 mod migrations;
+mod pg;
 mod sqlite;
 
+pub use pg::PgSessionStore;
 pub use sqlite::SqliteStore;
+
+/// The host id of a single-host daemon (and of rows written before
+/// ownership existed: SQLite migration 3's default).
+pub const LOCAL_HOST: &str = "local";
+
+/// Longest host id a store accepts.
+pub const MAX_HOST_ID_BYTES: usize = 64;
+
+/// Checks a host id with the daemon's own rule (hatchery-store's
+/// `valid_host_id`, which `--host-id` must pass): 1..=64 bytes of `a-z`,
+/// `0-9` and `-`, not starting with `-`.
+pub fn check_host_id(h: &str) -> Result<(), StoreError> {
+    let ok = (1..=MAX_HOST_ID_BYTES).contains(&h.len())
+        && !h.starts_with('-')
+        && h.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Config(format!(
+            "host id {h:?}: 1 to {MAX_HOST_ID_BYTES} characters of a-z 0-9 -, not starting with -"
+        )))
+    }
+}
 
 use crate::events::{Actor, Event, EventKind};
 use crate::state::SessionState;
@@ -21,6 +56,21 @@ pub enum StoreError {
     StateConflict { id: String, current: SessionState },
     #[error("approval {0} not found or already decided")]
     ApprovalNotFound(String),
+    /// The session belongs to another host now (it was taken over): this
+    /// host's write was refused and nothing of it committed.
+    #[error("session {id} is owned by host {owner} (epoch {epoch}), not this host")]
+    Fenced {
+        id: String,
+        owner: String,
+        epoch: u64,
+    },
+    /// The database cannot be reached (down, restarting, pool exhausted):
+    /// retryable; the API answers 503 with Retry-After.
+    #[error("session store unavailable: {0}")]
+    Unavailable(String),
+    /// A bad connection string or host id.
+    #[error("session store configuration: {0}")]
+    Config(String),
     /// The backend failed; the text is for logs.
     #[error("store backend: {0}")]
     Backend(String),
@@ -92,6 +142,10 @@ pub struct Session {
     /// was last rewound to a checkpoint: the re-run agent emits them again
     /// and they are not handled twice (0: never rewound).
     pub replay_through: u64,
+    /// The host that owns the session (only it may write).
+    pub host_id: String,
+    /// Ownership epoch: 1 at create, +1 at each take-over; never shrinks.
+    pub epoch: u64,
 }
 
 /// Fields a runner step changes (None: leave as is).
@@ -167,7 +221,8 @@ pub trait SessionStore: Send + Sync + 'static {
     ) -> Result<CreateOutcome, StoreError>;
     async fn get(&self, id: &str) -> Result<Session, StoreError>;
     async fn list(&self, f: &ListFilter) -> Result<Vec<Session>, StoreError>;
-    /// Sessions not completed, failed or cancelled (for recovery).
+    /// This host's sessions not completed, failed or cancelled (for
+    /// recovery).
     async fn unfinished(&self) -> Result<Vec<Session>, StoreError>;
     /// Appends events in one transaction that assigns the next seqs, and
     /// applies `patch` in it.
@@ -231,4 +286,29 @@ pub trait SessionStore: Send + Sync + 'static {
         decision: &str,
         note: &str,
     ) -> Result<Vec<Event>, StoreError>;
+    /// Moves every unfinished session of `from_host` to `to_host` in one
+    /// transaction: epoch + 1 and a `host_changed` event each. Only sessions
+    /// still owned by `from_host` move, so of two sweepers at once one moves
+    /// them and the other none. Returns (session id, new epoch).
+    async fn take_over(
+        &self,
+        from_host: &str,
+        to_host: &str,
+        reason: &str,
+    ) -> Result<Vec<(String, u64)>, StoreError>;
+    /// The host this store writes as.
+    fn host_id(&self) -> &str;
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn host_ids_are_checked_at_the_boundary() {
+        for ok in ["local", "host-a", "h2", &"a".repeat(64)] {
+            assert!(super::check_host_id(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "-a", "Host", "a b", "a_b", &"a".repeat(65)] {
+            assert!(super::check_host_id(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -1,15 +1,19 @@
 //! SQLite backend: its own file (`DATA_DIR/sessions.db`), WAL, one
-//! connection behind a mutex, every call on the blocking pool.
+//! connection behind a mutex, every call on the blocking pool. Write
+//! transactions begin IMMEDIATE: they take the write lock first, so two
+//! stores on one file (two processes) wait for each other through the busy
+//! timeout instead of failing a read-to-write upgrade.
 
 use super::*;
 use crate::events::{cut, INLINE_TEXT_BYTES, MAX_BLOB_BYTES};
-use rusqlite::{params, Connection, OptionalExtension, Row, Transaction};
+use rusqlite::{params, Connection, OptionalExtension, Row, Transaction, TransactionBehavior};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 #[derive(Clone)]
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
+    host: Arc<str>,
 }
 
 fn be(e: impl std::fmt::Display) -> StoreError {
@@ -27,7 +31,14 @@ pub(crate) fn now() -> String {
 }
 
 impl SqliteStore {
+    /// Opens as the single-host default host ([`LOCAL_HOST`]).
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        Self::open_as(path, LOCAL_HOST)
+    }
+
+    /// Opens as host `host_id`: its writes are fenced to its own sessions.
+    pub fn open_as(path: &Path, host_id: &str) -> Result<Self, StoreError> {
+        check_host_id(host_id)?;
         let mut conn = Connection::open(path).map_err(be)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(be)?;
@@ -42,6 +53,7 @@ impl SqliteStore {
         super::chain::backfill(&mut conn).map_err(be)?;
         Ok(SqliteStore {
             conn: Arc::new(Mutex::new(conn)),
+            host: host_id.into(),
         })
     }
 
@@ -61,7 +73,8 @@ impl SqliteStore {
 
 const SESSION_COLS: &str = "id, spec, state, idempotency_key, created_at, started_at, ended_at, reason, \
     spend_tokens, spend_usd_cents, spend_wall_s, sandbox_id, process_id, snapshot_id, review_snapshot_id, \
-    waiting, output_offset, agent_seq, delivered_seq, cancel_requested, last_seq, replay_through";
+    waiting, output_offset, agent_seq, delivered_seq, cancel_requested, last_seq, host_id, epoch, \
+    replay_through";
 
 fn session_row(r: &Row) -> rusqlite::Result<Session> {
     let spec: String = r.get("spec")?;
@@ -95,6 +108,8 @@ fn session_row(r: &Row) -> rusqlite::Result<Session> {
         delivered_seq: r.get::<_, i64>("delivered_seq")? as u64,
         cancel_requested: r.get::<_, i64>("cancel_requested")? != 0,
         last_seq: r.get::<_, i64>("last_seq")? as u64,
+        host_id: r.get("host_id")?,
+        epoch: r.get::<_, i64>("epoch")? as u64,
         replay_through: r.get::<_, i64>("replay_through")? as u64,
     })
 }
@@ -122,6 +137,35 @@ fn get_session(tx: &Connection, id: &str) -> Result<Session, StoreError> {
     .optional()
     .map_err(be)?
     .ok_or_else(|| StoreError::NotFound(id.to_string()))
+}
+
+/// Begins a write transaction (IMMEDIATE: the write lock first).
+fn write_tx(c: &mut Connection) -> Result<Transaction<'_>, StoreError> {
+    c.transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(be)
+}
+
+/// The fence: inside the write's transaction (which holds the write lock),
+/// the session must belong to `host`; returns its epoch, which the events
+/// of this write record.
+fn fence(tx: &Transaction, id: &str, host: &str) -> Result<u64, StoreError> {
+    let (owner, epoch): (String, i64) = tx
+        .query_row(
+            "SELECT host_id, epoch FROM sessions WHERE id = ?1",
+            [id],
+            |r| Ok((r.get("host_id")?, r.get("epoch")?)),
+        )
+        .optional()
+        .map_err(be)?
+        .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+    if owner != host {
+        return Err(StoreError::Fenced {
+            id: id.to_string(),
+            owner,
+            epoch: epoch as u64,
+        });
+    }
+    Ok(epoch as u64)
 }
 
 fn apply_patch(tx: &Transaction, id: &str, p: &Patch) -> Result<(), StoreError> {
@@ -193,7 +237,12 @@ fn apply_patch(tx: &Transaction, id: &str, p: &Patch) -> Result<(), StoreError> 
 /// Appends inside an open transaction: the next seq comes from the
 /// session row (`last_seq + 1`), so seqs have no gaps and two appends can
 /// never get the same one. Large fields are cut and stored as blobs.
-fn append_tx(tx: &Transaction, id: &str, events: Vec<NewEvent>) -> Result<Vec<Event>, StoreError> {
+fn append_tx(
+    tx: &Transaction,
+    id: &str,
+    epoch: u64,
+    events: Vec<NewEvent>,
+) -> Result<Vec<Event>, StoreError> {
     let mut out = Vec::with_capacity(events.len());
     for (actor, mut kind) in events {
         let seq: i64 = tx
@@ -237,8 +286,8 @@ fn append_tx(tx: &Transaction, id: &str, events: Vec<NewEvent>) -> Result<Vec<Ev
         )
         .map_err(be)?;
         tx.execute(
-            "INSERT INTO events (session_id, seq, at, actor, type, data, prev_hash, hash) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            "INSERT INTO events (session_id, seq, at, actor, type, data, prev_hash, hash, epoch) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
             params![
                 id,
                 seq,
@@ -247,7 +296,8 @@ fn append_tx(tx: &Transaction, id: &str, events: Vec<NewEvent>) -> Result<Vec<Ev
                 kind.type_name(),
                 data,
                 prev_hash,
-                hash
+                hash,
+                epoch as i64
             ],
         )
         .map_err(be)?;
@@ -273,8 +323,9 @@ impl SessionStore for SqliteStore {
         let (id, spec) = (id.to_string(), spec.clone());
         let key = idempotency_key.map(str::to_string);
         let hash = request_hash.to_string();
+        let host = self.host.clone();
         self.with(move |c| {
-            let tx = c.transaction().map_err(be)?;
+            let tx = write_tx(c)?;
             if let Some(k) = &key {
                 let found: Option<(String, String)> = tx
                     .query_row(
@@ -293,14 +344,15 @@ impl SessionStore for SqliteStore {
                 }
             }
             tx.execute(
-                "INSERT INTO sessions (id, spec, state, repo, idempotency_key, request_hash, created_at) \
-                 VALUES (?1, ?2, 'queued', ?3, ?4, ?5, ?6)",
-                params![id, serde_json::to_string(&spec).map_err(be)?, spec.repo, key, hash, now()],
+                "INSERT INTO sessions (id, spec, state, repo, idempotency_key, request_hash, created_at, host_id, epoch) \
+                 VALUES (?1, ?2, 'queued', ?3, ?4, ?5, ?6, ?7, 1)",
+                params![id, serde_json::to_string(&spec).map_err(be)?, spec.repo, key, hash, now(), &*host],
             )
             .map_err(be)?;
             let ev = append_tx(
                 &tx,
                 &id,
+                1,
                 vec![(
                     Actor::User,
                     EventKind::SessionCreated {
@@ -357,13 +409,15 @@ impl SessionStore for SqliteStore {
     }
 
     async fn unfinished(&self) -> Result<Vec<Session>, StoreError> {
+        let host = self.host.clone();
         self.with(move |c| {
             let mut st = c
                 .prepare(&format!(
-                    "SELECT {SESSION_COLS} FROM sessions WHERE state NOT IN ('completed','failed','cancelled') ORDER BY rowid"
+                    "SELECT {SESSION_COLS} FROM sessions WHERE host_id = ?1 \
+                     AND state NOT IN ('completed','failed','cancelled') ORDER BY rowid"
                 ))
                 .map_err(be)?;
-            let rows = st.query_map([], session_row).map_err(be)?;
+            let rows = st.query_map([&*host], session_row).map_err(be)?;
             rows.collect::<Result<Vec<_>, _>>().map_err(be)
         })
         .await
@@ -376,9 +430,11 @@ impl SessionStore for SqliteStore {
         patch: Patch,
     ) -> Result<Vec<Event>, StoreError> {
         let id = id.to_string();
+        let host = self.host.clone();
         self.with(move |c| {
-            let tx = c.transaction().map_err(be)?;
-            let out = append_tx(&tx, &id, events)?;
+            let tx = write_tx(c)?;
+            let epoch = fence(&tx, &id, &host)?;
+            let out = append_tx(&tx, &id, epoch, events)?;
             apply_patch(&tx, &id, &patch)?;
             tx.commit().map_err(be)?;
             Ok(out)
@@ -395,8 +451,10 @@ impl SessionStore for SqliteStore {
         patch: Patch,
     ) -> Result<Option<Vec<Event>>, StoreError> {
         let id = id.to_string();
+        let host = self.host.clone();
         self.with(move |c| {
-            let tx = c.transaction().map_err(be)?;
+            let tx = write_tx(c)?;
+            let epoch = fence(&tx, &id, &host)?;
             let done: i64 = tx
                 .query_row("SELECT output_offset FROM sessions WHERE id = ?1", [&id], |r| r.get(0))
                 .optional()
@@ -405,7 +463,7 @@ impl SessionStore for SqliteStore {
             if line_end as i64 <= done {
                 return Ok(None);
             }
-            let out = append_tx(&tx, &id, events)?;
+            let out = append_tx(&tx, &id, epoch, events)?;
             apply_patch(&tx, &id, &patch)?;
             tx.execute(
                 "UPDATE sessions SET output_offset = ?2, agent_seq = MAX(agent_seq, ?3) WHERE id = ?1",
@@ -429,8 +487,10 @@ impl SessionStore for SqliteStore {
     ) -> Result<(Session, Vec<Event>), StoreError> {
         let id = id.to_string();
         let from = from.to_vec();
+        let host = self.host.clone();
         self.with(move |c| {
-            let tx = c.transaction().map_err(be)?;
+            let tx = write_tx(c)?;
+            let epoch = fence(&tx, &id, &host)?;
             let cur = get_session(&tx, &id)?;
             if !from.contains(&cur.state) || !cur.state.valid_transition(to) {
                 return Err(StoreError::StateConflict {
@@ -447,10 +507,14 @@ impl SessionStore for SqliteStore {
                     reason: reason.clone(),
                 },
             ));
-            let out = append_tx(&tx, &id, evs)?;
+            let out = append_tx(&tx, &id, epoch, evs)?;
             apply_patch(&tx, &id, &patch)?;
-            tx.execute("UPDATE sessions SET state = ?2 WHERE id = ?1", params![id, to.as_str()])
-                .map_err(be)?;
+            // Guarded: the UPDATE names the state it moves from.
+            tx.execute(
+                "UPDATE sessions SET state = ?2 WHERE id = ?1 AND state = ?3",
+                params![id, to.as_str(), cur.state.as_str()],
+            )
+            .map_err(be)?;
             if to == SessionState::Running {
                 tx.execute(
                     "UPDATE sessions SET started_at = COALESCE(started_at, ?2) WHERE id = ?1",
@@ -502,8 +566,10 @@ impl SessionStore for SqliteStore {
     ) -> Result<Vec<Event>, StoreError> {
         let id = id.to_string();
         let states = states.to_vec();
+        let host = self.host.clone();
         self.with(move |c| {
-            let tx = c.transaction().map_err(be)?;
+            let tx = write_tx(c)?;
+            let epoch = fence(&tx, &id, &host)?;
             let cur = get_session(&tx, &id)?;
             if !states.contains(&cur.state) {
                 return Err(StoreError::StateConflict {
@@ -511,7 +577,7 @@ impl SessionStore for SqliteStore {
                     current: cur.state,
                 });
             }
-            let out = append_tx(&tx, &id, events)?;
+            let out = append_tx(&tx, &id, epoch, events)?;
             apply_patch(&tx, &id, &patch)?;
             tx.commit().map_err(be)?;
             Ok(out)
@@ -560,8 +626,10 @@ impl SessionStore for SqliteStore {
             action.to_string(),
             details.to_string(),
         );
+        let host = self.host.clone();
         self.with(move |c| {
-            let tx = c.transaction().map_err(be)?;
+            let tx = write_tx(c)?;
+            let epoch = fence(&tx, &id, &host)?;
             tx.execute(
                 "INSERT OR IGNORE INTO approvals (id, session_id, action, details, state, created_at) \
                  VALUES (?1, ?2, ?3, ?4, 'pending', ?5)",
@@ -571,6 +639,7 @@ impl SessionStore for SqliteStore {
             let out = append_tx(
                 &tx,
                 &id,
+                epoch,
                 vec![(
                     Actor::Agent,
                     EventKind::ApprovalRequested {
@@ -622,8 +691,10 @@ impl SessionStore for SqliteStore {
             decision.to_string(),
             note.to_string(),
         );
+        let host = self.host.clone();
         self.with(move |c| {
-            let tx = c.transaction().map_err(be)?;
+            let tx = write_tx(c)?;
+            let epoch = fence(&tx, &id, &host)?;
             let n = tx
                 .execute(
                     "UPDATE approvals SET state = 'decided', decision = ?3, note = ?4, decided_at = ?5 \
@@ -637,6 +708,7 @@ impl SessionStore for SqliteStore {
             let out = append_tx(
                 &tx,
                 &id,
+                epoch,
                 vec![(
                     Actor::User,
                     EventKind::ApprovalDecided {
@@ -650,6 +722,71 @@ impl SessionStore for SqliteStore {
             Ok(out)
         })
         .await
+    }
+
+    async fn take_over(
+        &self,
+        from_host: &str,
+        to_host: &str,
+        reason: &str,
+    ) -> Result<Vec<(String, u64)>, StoreError> {
+        check_host_id(to_host)?;
+        let (from, to, reason) = (
+            from_host.to_string(),
+            to_host.to_string(),
+            reason.to_string(),
+        );
+        self.with(move |c| {
+            let tx = write_tx(c)?;
+            let ids: Vec<String> = {
+                let mut st = tx
+                    .prepare(
+                        "SELECT id FROM sessions WHERE host_id = ?1 \
+                         AND state NOT IN ('completed','failed','cancelled') ORDER BY rowid",
+                    )
+                    .map_err(be)?;
+                let rows = st.query_map([&from], |r| r.get("id")).map_err(be)?;
+                rows.collect::<Result<_, _>>().map_err(be)?
+            };
+            let mut moved = Vec::with_capacity(ids.len());
+            for id in ids {
+                // Guarded on the old owner, in the transaction that holds
+                // the write lock.
+                let epoch: Option<i64> = tx
+                    .query_row(
+                        "UPDATE sessions SET host_id = ?2, epoch = epoch + 1 \
+                         WHERE id = ?1 AND host_id = ?3 RETURNING epoch",
+                        params![id, to, from],
+                        |r| r.get("epoch"),
+                    )
+                    .optional()
+                    .map_err(be)?;
+                let Some(epoch) = epoch else { continue };
+                let epoch = epoch as u64;
+                append_tx(
+                    &tx,
+                    &id,
+                    epoch,
+                    vec![(
+                        Actor::System,
+                        EventKind::HostChanged {
+                            from: from.clone(),
+                            to: to.clone(),
+                            epoch,
+                            reason: reason.clone(),
+                        },
+                    )],
+                )?;
+                moved.push((id, epoch));
+            }
+            tx.commit().map_err(be)?;
+            Ok(moved)
+        })
+        .await
+    }
+
+    fn host_id(&self) -> &str {
+        &self.host
     }
 }
 
@@ -679,215 +816,50 @@ mod tests {
         }
     }
 
-    fn open() -> (tempfile::TempDir, SqliteStore) {
+    // The backend-neutral behaviour is in store/conformance.rs (run on
+    // both backends by tests/store_conformance.rs); what is here is
+    // SQLite's own: reopening, the audit view, old rows, migration 3.
+
+    /// A database from before ownership (migrations 1 and 2 only) gets
+    /// its sessions assigned to the single-host default at epoch 1, and
+    /// that host keeps writing them.
+    #[tokio::test]
+    async fn migration_3_gives_old_rows_to_the_local_host() {
         let d = tempfile::tempdir().unwrap();
-        let s = SqliteStore::open(&d.path().join("s.db")).unwrap();
-        (d, s)
-    }
-
-    #[tokio::test]
-    async fn policy_version_patch_changes_only_that_field() {
-        let (_d, s) = open();
-        s.create("ses_p", &spec(), None, "h").await.unwrap();
-        let p = Patch {
-            policy_version: Some(3),
-            ..Default::default()
-        };
-        s.append("ses_p", vec![], p).await.unwrap();
-        let got = s.get("ses_p").await.unwrap().spec;
-        assert_eq!(
-            got,
-            SessionSpec {
-                policy_version: 3,
-                ..spec()
+        let p = d.path().join("s.db");
+        {
+            let c = Connection::open(&p).unwrap();
+            for (n, sql) in &super::super::migrations::MIGRATIONS[..2] {
+                c.execute_batch(sql).unwrap();
+                c.pragma_update(None, "user_version", n).unwrap();
             }
-        );
-    }
-
-    #[tokio::test]
-    async fn create_idempotent_and_conflict() {
-        let (_d, s) = open();
-        let a = s.create("ses_a", &spec(), Some("k1"), "h1").await.unwrap();
-        assert!(
-            matches!(a, CreateOutcome::Created(ref x, ref e) if x.state == SessionState::Queued && e.seq == 1)
-        );
-        let b = s.create("ses_b", &spec(), Some("k1"), "h1").await.unwrap();
-        assert!(matches!(b, CreateOutcome::Existing(ref x) if x.id == "ses_a"));
-        let c = s.create("ses_c", &spec(), Some("k1"), "h2").await.unwrap();
-        assert!(matches!(c, CreateOutcome::KeyConflict(ref x) if x == "ses_a"));
-        assert!(matches!(s.get("ses_c").await, Err(StoreError::NotFound(_))));
-        assert_eq!(
-            s.list(&ListFilter {
-                limit: 10,
-                ..Default::default()
-            })
-            .await
-            .unwrap()
-            .len(),
-            1
-        );
-    }
-
-    #[tokio::test]
-    async fn seqs_have_no_gaps_under_concurrency() {
-        let (_d, s) = open();
-        s.create("ses_a", &spec(), None, "h").await.unwrap();
-        let mut tasks = vec![];
-        for i in 0..40 {
-            let s = s.clone();
-            tasks.push(tokio::spawn(async move {
-                s.append(
-                    "ses_a",
-                    vec![(
-                        Actor::User,
-                        EventKind::Message {
-                            text: format!("m{i}"),
-                        },
-                    )],
-                    Patch::default(),
-                )
-                .await
-                .unwrap()
-            }));
-        }
-        for t in tasks {
-            t.await.unwrap();
-        }
-        let evs = s.events("ses_a", 0, 1000).await.unwrap();
-        let seqs: Vec<u64> = evs.iter().map(|e| e.seq).collect();
-        assert_eq!(seqs, (1..=41).collect::<Vec<_>>());
-        assert_eq!(s.events("ses_a", 39, 10).await.unwrap().len(), 2);
-        assert_eq!(s.deliverables_after("ses_a", 20).await.unwrap().len(), 21);
-    }
-
-    #[tokio::test]
-    async fn transitions_are_guarded() {
-        let (_d, s) = open();
-        s.create("ses_a", &spec(), None, "h").await.unwrap();
-        let err = s
-            .transition(
-                "ses_a",
-                &[SessionState::Running],
-                SessionState::Completed,
-                None,
-                vec![],
-                Patch::default(),
+            c.execute(
+                "INSERT INTO sessions (id, spec, state, repo, request_hash, created_at, last_seq) \
+                 VALUES ('ses_old', ?1, 'idle', 'r', 'h', '2026-01-01T00:00:00.000Z', 0)",
+                [serde_json::to_string(&spec()).unwrap()],
             )
-            .await
-            .unwrap_err();
+            .unwrap();
+        }
+        let s = SqliteStore::open(&p).unwrap();
+        let old = s.get("ses_old").await.unwrap();
+        assert_eq!((old.host_id.as_str(), old.epoch), (LOCAL_HOST, 1));
+        assert_eq!(s.unfinished().await.unwrap().len(), 1);
+        s.append(
+            "ses_old",
+            vec![(Actor::System, EventKind::CancelRequested)],
+            Patch::default(),
+        )
+        .await
+        .unwrap();
+        let other = SqliteStore::open_as(&p, "h2").unwrap();
+        assert!(other.unfinished().await.unwrap().is_empty());
         assert!(matches!(
-            err,
-            StoreError::StateConflict {
-                current: SessionState::Queued,
-                ..
-            }
+            other.append("ses_old", vec![], Patch::default()).await,
+            Err(StoreError::Fenced { .. })
         ));
-        let (x, evs) = s
-            .transition(
-                "ses_a",
-                &[SessionState::Queued],
-                SessionState::Starting,
-                None,
-                vec![],
-                Patch::default(),
-            )
-            .await
-            .unwrap();
-        assert_eq!(x.state, SessionState::Starting);
-        assert_eq!(evs[0].seq, 2);
-        let (x, _) = s
-            .transition(
-                "ses_a",
-                &SessionState::sources_of(SessionState::Failed),
-                SessionState::Failed,
-                Some("boom".into()),
-                vec![],
-                Patch::default(),
-            )
-            .await
-            .unwrap();
-        assert_eq!(x.reason.as_deref(), Some("boom"));
-        assert!(x.ended_at.is_some());
-    }
-
-    #[tokio::test]
-    async fn agent_lines_dedupe_and_large_fields_become_blobs() {
-        let (_d, s) = open();
-        s.create("ses_a", &spec(), None, "h").await.unwrap();
-        let big = "x".repeat(INLINE_TEXT_BYTES * 3);
-        let ev = (
-            Actor::Agent,
-            EventKind::CommandRun {
-                call_id: "c".into(),
-                command: "ls".into(),
-                exit_code: 0,
-                duration_ms: 1,
-                output: big.clone(),
-                output_ref: None,
-                truncated: false,
-            },
-        );
-        let first = s
-            .append_agent("ses_a", 100, Some(1), vec![ev.clone()], Patch::default())
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(s
-            .append_agent("ses_a", 100, Some(1), vec![ev.clone()], Patch::default())
-            .await
-            .unwrap()
-            .is_none());
-        assert!(s
-            .append_agent("ses_a", 50, None, vec![ev], Patch::default())
-            .await
-            .unwrap()
-            .is_none());
-        let EventKind::CommandRun {
-            output,
-            output_ref,
-            truncated,
-            ..
-        } = &first[0].kind
-        else {
-            panic!()
-        };
-        assert_eq!(output.len(), INLINE_TEXT_BYTES);
-        assert!(truncated);
-        let blob = s
-            .blob("ses_a", output_ref.as_ref().unwrap())
-            .await
-            .unwrap()
-            .unwrap();
-        assert_eq!(blob, big.as_bytes());
-        let sess = s.get("ses_a").await.unwrap();
-        assert_eq!(
-            (sess.agent_seq, sess.output_offset, sess.last_seq),
-            (1, 100, 2)
-        );
-    }
-
-    #[tokio::test]
-    async fn approvals() {
-        let (_d, s) = open();
-        s.create("ses_a", &spec(), None, "h").await.unwrap();
-        s.request_approval("ses_a", "apr_1", "git_push", "main")
-            .await
-            .unwrap();
-        assert_eq!(
-            s.pending_approval("ses_a")
-                .await
-                .unwrap()
-                .unwrap()
-                .approval_id,
-            "apr_1"
-        );
-        s.decide_approval("ses_a", "apr_1", "approve", "ok")
-            .await
-            .unwrap();
-        assert!(s.pending_approval("ses_a").await.unwrap().is_none());
         assert!(matches!(
-            s.decide_approval("ses_a", "apr_1", "deny", "").await,
-            Err(StoreError::ApprovalNotFound(_))
+            SqliteStore::open_as(&p, ""),
+            Err(StoreError::Config(_))
         ));
     }
 

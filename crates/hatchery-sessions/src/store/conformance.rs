@@ -1,0 +1,780 @@
+//! The contract of a [`SessionStore`], run against both backends
+//! (crates/hatchery-sessions/tests/store_conformance.rs: SQLite, and a
+//! PostgreSQL the test starts itself). `open(host)` gives a store on the
+//! same database written as `host`. Session ids, repos and host names are
+//! unique per run, so a database may be reused.
+
+use super::*;
+use crate::events::INLINE_TEXT_BYTES;
+use std::sync::Arc;
+
+/// Opens the database under test as the named host.
+pub type Open<'a> = &'a (dyn Fn(&str) -> Arc<dyn SessionStore> + Sync);
+
+pub async fn run_all(open: Open<'_>) {
+    let run = format!("{:08x}", rand::random::<u32>());
+    create_is_idempotent(open, &run).await;
+    seqs_are_contiguous_under_concurrency(open, &run).await;
+    transitions_are_guarded(open, &run).await;
+    agent_lines_dedupe_and_large_fields_become_blobs(open, &run).await;
+    a_rewind_moves_the_reading_back(open, &run).await;
+    approvals(open, &run).await;
+    policy_version_patch_changes_only_that_field(open, &run).await;
+    list_is_keyset_paginated(open, &run).await;
+    writes_are_fenced_after_take_over(open, &run).await;
+    take_over_twice_moves_nothing(open, &run).await;
+    racing_take_overs_have_one_winner(open, &run).await;
+    no_append_lands_after_a_take_over(open, &run).await;
+}
+
+pub fn spec(repo: &str) -> SessionSpec {
+    SessionSpec {
+        repo: repo.into(),
+        git_ref: "main".into(),
+        task: "fix".into(),
+        policy_id: "pol_standard".into(),
+        policy_version: 1,
+        budget_tokens: 1000,
+        budget_usd_cents: 0,
+        budget_wall_s: 60,
+        template: "code-interpreter".into(),
+        agent: AgentSpec {
+            kind: "reference".into(),
+            model_url: "http://127.0.0.1:9100/v1".into(),
+            model: "m".into(),
+            max_steps: 10,
+            command: None,
+        },
+        env: Default::default(),
+    }
+}
+
+fn repo(run: &str, name: &str) -> String {
+    format!("git://127.0.0.1/{run}/{name}.git")
+}
+
+fn msg(text: impl Into<String>) -> NewEvent {
+    (Actor::User, EventKind::Message { text: text.into() })
+}
+
+async fn create(s: &dyn SessionStore, id: &str, run: &str) -> Session {
+    match s.create(id, &spec(&repo(run, "r")), None, "h").await {
+        Ok(CreateOutcome::Created(x, e)) => {
+            assert_eq!((e.seq, x.epoch), (1, 1));
+            assert_eq!(x.host_id, s.host_id());
+            x
+        }
+        other => panic!("create {id}: {other:?}"),
+    }
+}
+
+fn fenced<T: std::fmt::Debug>(r: Result<T, StoreError>, owner: &str) {
+    match r {
+        Err(StoreError::Fenced { owner: o, .. }) => assert_eq!(o, owner),
+        other => panic!("expected Fenced by {owner}, got {other:?}"),
+    }
+}
+
+async fn create_is_idempotent(open: Open<'_>, run: &str) {
+    let s = open(&format!("h{run}"));
+    let sp = spec(&repo(run, "idem"));
+    let (a, b, c) = (
+        format!("ses_ia{run}"),
+        format!("ses_ib{run}"),
+        format!("ses_ic{run}"),
+    );
+    let key = format!("k{run}");
+    let x = s.create(&a, &sp, Some(&key), "h1").await.unwrap();
+    assert!(
+        matches!(x, CreateOutcome::Created(ref x, ref e) if x.state == SessionState::Queued && e.seq == 1)
+    );
+    let y = s.create(&b, &sp, Some(&key), "h1").await.unwrap();
+    assert!(matches!(y, CreateOutcome::Existing(ref x) if x.id == a));
+    let z = s.create(&c, &sp, Some(&key), "h2").await.unwrap();
+    assert!(matches!(z, CreateOutcome::KeyConflict(ref x) if *x == a));
+    assert!(matches!(s.get(&c).await, Err(StoreError::NotFound(_))));
+    let f = ListFilter {
+        repo: Some(sp.repo.clone()),
+        limit: 10,
+        ..Default::default()
+    };
+    assert_eq!(s.list(&f).await.unwrap().len(), 1);
+    assert_eq!(s.get(&a).await.unwrap().spec, sp);
+    // Many creates with one key at once: one session, the rest repeats.
+    let key2 = format!("k2{run}");
+    let mut tasks = vec![];
+    for n in 0..8 {
+        let (s, sp, key2) = (s.clone(), sp.clone(), key2.clone());
+        let id = format!("ses_ir{n}{run}");
+        tasks.push(tokio::spawn(async move {
+            s.create(&id, &sp, Some(&key2), "h3").await.unwrap()
+        }));
+    }
+    let mut created = 0;
+    for t in tasks {
+        if let CreateOutcome::Created(..) = t.await.unwrap() {
+            created += 1;
+        }
+    }
+    assert_eq!(created, 1);
+    assert_eq!(s.list(&f).await.unwrap().len(), 2);
+}
+
+async fn seqs_are_contiguous_under_concurrency(open: Open<'_>, run: &str) {
+    let s = open(&format!("h{run}"));
+    let id = format!("ses_c{run}");
+    create(&*s, &id, run).await;
+    let mut tasks = vec![];
+    // 40 tasks, every fourth appending three events in one transaction.
+    for n in 0..40 {
+        let (s, id) = (s.clone(), id.clone());
+        tasks.push(tokio::spawn(async move {
+            let evs: Vec<NewEvent> = if n % 4 == 0 {
+                (0..3).map(|k| msg(format!("m{n}.{k}"))).collect()
+            } else {
+                vec![msg(format!("m{n}"))]
+            };
+            let out = s.append(&id, evs, Patch::default()).await.unwrap();
+            // One call's events are consecutive.
+            for w in out.windows(2) {
+                assert_eq!(w[1].seq, w[0].seq + 1);
+            }
+            out.len()
+        }));
+    }
+    let mut total = 1;
+    for t in tasks {
+        total += t.await.unwrap() as u64;
+    }
+    assert_eq!(total, 1 + 30 + 10 * 3);
+    let evs = s.events(&id, 0, 1000).await.unwrap();
+    let seqs: Vec<u64> = evs.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=total).collect::<Vec<_>>());
+    assert_eq!(s.get(&id).await.unwrap().last_seq, total);
+    assert_eq!(s.events(&id, total - 2, 10).await.unwrap().len(), 2);
+    assert_eq!(
+        s.deliverables_after(&id, 20).await.unwrap().len() as u64,
+        total - 20
+    );
+}
+
+async fn transitions_are_guarded(open: Open<'_>, run: &str) {
+    let s = open(&format!("h{run}"));
+    let id = format!("ses_t{run}");
+    create(&*s, &id, run).await;
+    let err = s
+        .transition(
+            &id,
+            &[SessionState::Running],
+            SessionState::Completed,
+            None,
+            vec![],
+            Patch::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        StoreError::StateConflict {
+            current: SessionState::Queued,
+            ..
+        }
+    ));
+    // Nothing of the refused change committed.
+    assert_eq!(s.get(&id).await.unwrap().last_seq, 1);
+    let (x, evs) = s
+        .transition(
+            &id,
+            &[SessionState::Queued],
+            SessionState::Starting,
+            None,
+            vec![msg("extra")],
+            Patch::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(x.state, SessionState::Starting);
+    assert_eq!(
+        evs.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        vec![2, 3],
+        "extra first, then state_changed"
+    );
+    assert!(matches!(evs[1].kind, EventKind::StateChanged { .. }));
+    let (x, _) = s
+        .transition(
+            &id,
+            &SessionState::sources_of(SessionState::Running),
+            SessionState::Running,
+            None,
+            vec![],
+            Patch::default(),
+        )
+        .await
+        .unwrap();
+    assert!(x.started_at.is_some());
+    s.request_approval(&id, &format!("apr_t{run}"), "git_push", "main")
+        .await
+        .unwrap();
+    let (x, _) = s
+        .transition(
+            &id,
+            &SessionState::sources_of(SessionState::Failed),
+            SessionState::Failed,
+            Some("boom".into()),
+            vec![],
+            Patch::default(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(x.reason.as_deref(), Some("boom"));
+    assert!(x.ended_at.is_some());
+    assert!(
+        s.pending_approval(&id).await.unwrap().is_none(),
+        "a terminal state expires pending approvals"
+    );
+    // A late change after the end is refused.
+    assert!(matches!(
+        s.transition(
+            &id,
+            &[SessionState::Running],
+            SessionState::Completed,
+            None,
+            vec![],
+            Patch::default()
+        )
+        .await,
+        Err(StoreError::StateConflict {
+            current: SessionState::Failed,
+            ..
+        })
+    ));
+    assert!(matches!(
+        s.append_if_state(
+            &id,
+            &[SessionState::Running],
+            vec![msg("x")],
+            Patch::default()
+        )
+        .await,
+        Err(StoreError::StateConflict { .. })
+    ));
+    assert!(matches!(
+        s.append("ses_nope_x", vec![msg("x")], Patch::default())
+            .await,
+        Err(StoreError::NotFound(_))
+    ));
+}
+
+async fn agent_lines_dedupe_and_large_fields_become_blobs(open: Open<'_>, run: &str) {
+    let s = open(&format!("h{run}"));
+    let id = format!("ses_b{run}");
+    create(&*s, &id, run).await;
+    let big = "x".repeat(INLINE_TEXT_BYTES * 3);
+    let ev = (
+        Actor::Agent,
+        EventKind::CommandRun {
+            call_id: "c".into(),
+            command: "ls".into(),
+            exit_code: 0,
+            duration_ms: 1,
+            output: big.clone(),
+            output_ref: None,
+            truncated: false,
+        },
+    );
+    let first = s
+        .append_agent(&id, 100, Some(1), vec![ev.clone()], Patch::default())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(s
+        .append_agent(&id, 100, Some(1), vec![ev.clone()], Patch::default())
+        .await
+        .unwrap()
+        .is_none());
+    assert!(s
+        .append_agent(&id, 50, None, vec![ev], Patch::default())
+        .await
+        .unwrap()
+        .is_none());
+    let EventKind::CommandRun {
+        output,
+        output_ref,
+        truncated,
+        ..
+    } = &first[0].kind
+    else {
+        panic!("{:?}", first[0].kind)
+    };
+    assert_eq!(output.len(), INLINE_TEXT_BYTES);
+    assert!(truncated);
+    let blob = s
+        .blob(&id, output_ref.as_ref().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(blob, big.as_bytes());
+    assert!(s.blob(&id, "b999.0").await.unwrap().is_none());
+    let sess = s.get(&id).await.unwrap();
+    assert_eq!(
+        (sess.agent_seq, sess.output_offset, sess.last_seq),
+        (1, 100, 2)
+    );
+    // What is read back is what was returned.
+    assert_eq!(s.events(&id, 1, 10).await.unwrap(), first);
+}
+
+/// Back to a checkpoint: the offset and the delivered seq move back (the
+/// one change that may), what was handled is remembered as replayed, and
+/// a line re-read from there is taken again.
+async fn a_rewind_moves_the_reading_back(open: Open<'_>, run: &str) {
+    let s = open(&format!("h{run}"));
+    let id = format!("ses_r{run}");
+    create(&*s, &id, run).await;
+    let line = |t: &str| {
+        (
+            Actor::Agent,
+            EventKind::AgentMessage {
+                text: t.into(),
+                text_ref: None,
+            },
+        )
+    };
+    for (end, n) in [(10, 1), (20, 2), (30, 3)] {
+        let patch = Patch {
+            delivered_seq: Some(n),
+            ..Default::default()
+        };
+        s.append_agent(&id, end, Some(n), vec![line("x")], patch)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let before = s.get(&id).await.unwrap();
+    assert_eq!(
+        (
+            before.output_offset,
+            before.delivered_seq,
+            before.replay_through
+        ),
+        (30, 3, 0)
+    );
+    let patch = Patch {
+        rewind: Some(crate::store::Rewind {
+            output_offset: 10,
+            delivered_seq: 1,
+        }),
+        ..Default::default()
+    };
+    s.append(&id, vec![], patch).await.unwrap();
+    let after = s.get(&id).await.unwrap();
+    assert_eq!(
+        (
+            after.output_offset,
+            after.delivered_seq,
+            after.agent_seq,
+            after.replay_through
+        ),
+        (10, 1, 3, 3)
+    );
+    // A line past the new offset is taken again.
+    assert!(s
+        .append_agent(&id, 20, Some(2), vec![], Patch::default())
+        .await
+        .unwrap()
+        .is_some());
+    assert_eq!(s.get(&id).await.unwrap().output_offset, 20);
+}
+
+async fn approvals(open: Open<'_>, run: &str) {
+    let s = open(&format!("h{run}"));
+    let id = format!("ses_a{run}");
+    let aid = format!("apr_a{run}");
+    create(&*s, &id, run).await;
+    s.request_approval(&id, &aid, "git_push", "main")
+        .await
+        .unwrap();
+    let p = s.pending_approval(&id).await.unwrap().unwrap();
+    assert_eq!(
+        (p.approval_id.as_str(), p.action.as_str(), p.state.as_str()),
+        (aid.as_str(), "git_push", "pending")
+    );
+    s.decide_approval(&id, &aid, "approve", "ok").await.unwrap();
+    assert!(s.pending_approval(&id).await.unwrap().is_none());
+    assert!(matches!(
+        s.decide_approval(&id, &aid, "deny", "").await,
+        Err(StoreError::ApprovalNotFound(_))
+    ));
+    let d = s.deliverables_after(&id, 0).await.unwrap();
+    assert!(
+        matches!(&d[..], [Event { kind: EventKind::ApprovalDecided { decision, .. }, .. }] if decision == "approve")
+    );
+    // A patch can record an approval too (once per id).
+    let p = Patch {
+        new_approval: Some((format!("apr_p{run}"), "net".into(), "x".into())),
+        waiting: Some(Some("approval".into())),
+        ..Default::default()
+    };
+    s.append(&id, vec![], p.clone()).await.unwrap();
+    s.append(&id, vec![], p).await.unwrap();
+    assert_eq!(
+        s.pending_approval(&id).await.unwrap().unwrap().approval_id,
+        format!("apr_p{run}")
+    );
+    assert_eq!(
+        s.get(&id).await.unwrap().waiting.as_deref(),
+        Some("approval")
+    );
+}
+
+async fn policy_version_patch_changes_only_that_field(open: Open<'_>, run: &str) {
+    let s = open(&format!("h{run}"));
+    let id = format!("ses_p{run}");
+    create(&*s, &id, run).await;
+    let p = Patch {
+        policy_version: Some(3),
+        add_tokens: 5,
+        add_usd_cents: 2,
+        add_wall_s: 7,
+        delivered_seq: Some(4),
+        cancel_requested: Some(true),
+        sandbox_id: Some(Some("sbx_1".into())),
+        ..Default::default()
+    };
+    s.append(&id, vec![], p).await.unwrap();
+    // delivered_seq only grows; spend adds up.
+    let p = Patch {
+        add_tokens: 1,
+        delivered_seq: Some(2),
+        sandbox_id: Some(None),
+        ..Default::default()
+    };
+    s.append(&id, vec![], p).await.unwrap();
+    let got = s.get(&id).await.unwrap();
+    assert_eq!(
+        got.spec,
+        SessionSpec {
+            policy_version: 3,
+            ..spec(&repo(run, "r"))
+        }
+    );
+    assert_eq!(
+        (
+            got.spend_tokens,
+            got.spend_usd_cents,
+            got.spend_wall_s,
+            got.delivered_seq,
+            got.cancel_requested,
+            got.sandbox_id
+        ),
+        (6, 2, 7, 4, true, None)
+    );
+}
+
+async fn list_is_keyset_paginated(open: Open<'_>, run: &str) {
+    let s = open(&format!("h{run}"));
+    let r = repo(run, "list");
+    let mut ids = vec![];
+    for n in 0..5 {
+        let id = format!("ses_l{n}{run}");
+        s.create(&id, &spec(&r), None, "h").await.unwrap();
+        ids.push(id);
+    }
+    s.transition(
+        &ids[1],
+        &[SessionState::Queued],
+        SessionState::Cancelled,
+        None,
+        vec![],
+        Patch::default(),
+    )
+    .await
+    .unwrap();
+    let mut seen = vec![];
+    let mut after = None;
+    loop {
+        let page = s
+            .list(&ListFilter {
+                repo: Some(r.clone()),
+                after_id: after.clone(),
+                limit: 2,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        if page.is_empty() {
+            break;
+        }
+        after = page.last().map(|x| x.id.clone());
+        seen.extend(page.into_iter().map(|x| x.id));
+    }
+    assert_eq!(seen, ids, "creation order, each once");
+    let cancelled = s
+        .list(&ListFilter {
+            repo: Some(r.clone()),
+            state: Some(SessionState::Cancelled),
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        cancelled.iter().map(|x| &x.id).collect::<Vec<_>>(),
+        vec![&ids[1]]
+    );
+}
+
+async fn writes_are_fenced_after_take_over(open: Open<'_>, run: &str) {
+    let (ha, hb) = (format!("fa{run}"), format!("fb{run}"));
+    let (a, b) = (open(&ha), open(&hb));
+    let (s1, s2, s3) = (
+        format!("ses_f1{run}"),
+        format!("ses_f2{run}"),
+        format!("ses_f3{run}"),
+    );
+    for id in [&s1, &s2, &s3] {
+        create(&*a, id, run).await;
+    }
+    a.request_approval(&s1, &format!("apr_f{run}"), "git_push", "main")
+        .await
+        .unwrap();
+    // A finished session stays where it is.
+    a.transition(
+        &s3,
+        &[SessionState::Queued],
+        SessionState::Cancelled,
+        None,
+        vec![],
+        Patch::default(),
+    )
+    .await
+    .unwrap();
+    // B does not own them: every write is refused.
+    fenced(b.append(&s1, vec![msg("b")], Patch::default()).await, &ha);
+    let ids = |v: Vec<Session>| v.into_iter().map(|x| x.id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(a.unfinished().await.unwrap()),
+        vec![s1.clone(), s2.clone()]
+    );
+    assert!(b.unfinished().await.unwrap().is_empty());
+
+    let moved = b.take_over(&ha, &hb, "host lost").await.unwrap();
+    assert_eq!(moved, vec![(s1.clone(), 2), (s2.clone(), 2)]);
+    assert_eq!(a.get(&s3).await.unwrap().host_id, ha);
+    assert!(a.unfinished().await.unwrap().is_empty());
+    assert_eq!(
+        ids(b.unfinished().await.unwrap()),
+        vec![s1.clone(), s2.clone()]
+    );
+    let before = a.get(&s1).await.unwrap();
+    assert_eq!((before.host_id.as_str(), before.epoch), (hb.as_str(), 2));
+    let last = a.events(&s1, 0, 100).await.unwrap().pop().unwrap();
+    assert_eq!(last.seq, before.last_seq);
+    assert!(
+        matches!(&last.kind, EventKind::HostChanged { from, to, epoch: 2, reason } if *from == ha && *to == hb && reason == "host lost"),
+        "{last:?}"
+    );
+
+    // Every kind of write by A now fails and commits nothing.
+    fenced(
+        a.append(
+            &s1,
+            vec![msg("late")],
+            Patch {
+                add_tokens: 9,
+                ..Default::default()
+            },
+        )
+        .await,
+        &hb,
+    );
+    fenced(
+        a.append_agent(&s1, 10, Some(1), vec![msg("late")], Patch::default())
+            .await,
+        &hb,
+    );
+    fenced(
+        a.append_if_state(
+            &s1,
+            &[SessionState::Queued],
+            vec![msg("late")],
+            Patch::default(),
+        )
+        .await,
+        &hb,
+    );
+    fenced(
+        a.transition(
+            &s1,
+            &[SessionState::Queued],
+            SessionState::Cancelled,
+            None,
+            vec![],
+            Patch::default(),
+        )
+        .await,
+        &hb,
+    );
+    fenced(
+        a.request_approval(&s1, &format!("apr_g{run}"), "x", "y")
+            .await,
+        &hb,
+    );
+    fenced(
+        a.decide_approval(&s1, &format!("apr_f{run}"), "approve", "")
+            .await,
+        &hb,
+    );
+    let after = a.get(&s1).await.unwrap();
+    assert_eq!(after, before, "nothing of a fenced write committed");
+    assert_eq!(
+        a.events(&s1, 0, 100).await.unwrap().len() as u64,
+        before.last_seq
+    );
+    assert_eq!(
+        a.pending_approval(&s1).await.unwrap().unwrap().approval_id,
+        format!("apr_f{run}")
+    );
+    // The new owner writes, under the new epoch.
+    b.decide_approval(&s1, &format!("apr_f{run}"), "approve", "")
+        .await
+        .unwrap();
+    b.append(&s1, vec![msg("b")], Patch::default())
+        .await
+        .unwrap();
+    // Back to A: the epoch grows again, and now B is fenced.
+    let back = a.take_over(&hb, &ha, "drain").await.unwrap();
+    assert_eq!(back, vec![(s1.clone(), 3), (s2.clone(), 3)]);
+    fenced(b.append(&s2, vec![msg("b")], Patch::default()).await, &ha);
+    a.append(&s2, vec![msg("a")], Patch::default())
+        .await
+        .unwrap();
+    let epochs: Vec<u64> = a
+        .events(&s2, 0, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| match e.kind {
+            EventKind::HostChanged { epoch, .. } => Some(epoch),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(epochs, vec![2, 3], "epochs only grow");
+    // A bad host id is a clear error, and moves nothing.
+    assert!(matches!(
+        a.take_over(&ha, "bad host", "x").await,
+        Err(StoreError::Config(_))
+    ));
+}
+
+async fn take_over_twice_moves_nothing(open: Open<'_>, run: &str) {
+    let (ha, hb) = (format!("ta{run}"), format!("tb{run}"));
+    let (a, b) = (open(&ha), open(&hb));
+    let id = format!("ses_tt{run}");
+    create(&*a, &id, run).await;
+    assert_eq!(b.take_over(&ha, &hb, "1").await.unwrap().len(), 1);
+    let seq = b.get(&id).await.unwrap().last_seq;
+    assert!(b.take_over(&ha, &hb, "2").await.unwrap().is_empty());
+    assert_eq!(b.get(&id).await.unwrap().last_seq, seq, "no second event");
+    assert_eq!(b.get(&id).await.unwrap().epoch, 2);
+    assert!(b
+        .take_over(&format!("nobody{run}"), &hb, "3")
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+async fn racing_take_overs_have_one_winner(open: Open<'_>, run: &str) {
+    let ha = format!("ra{run}");
+    let a = open(&ha);
+    let mut ids = vec![];
+    for n in 0..6 {
+        let id = format!("ses_r{n}{run}");
+        create(&*a, &id, run).await;
+        ids.push(id);
+    }
+    let sweepers: Vec<_> = (0..3)
+        .map(|n| {
+            let s = open(&format!("rs{n}{run}"));
+            let ha = ha.clone();
+            tokio::spawn(async move {
+                let to = s.host_id().to_string();
+                s.take_over(&ha, &to, "race").await.unwrap()
+            })
+        })
+        .collect();
+    let mut all = vec![];
+    let mut winners = 0;
+    for t in sweepers {
+        let moved = t.await.unwrap();
+        if !moved.is_empty() {
+            winners += 1;
+        }
+        all.extend(moved);
+    }
+    all.sort();
+    let expect: Vec<(String, u64)> = ids.iter().map(|i| (i.clone(), 2)).collect();
+    assert_eq!(all, expect, "each session moved exactly once");
+    assert_eq!(winners, 1, "one sweeper moved them all, in one transaction");
+    for id in &ids {
+        let n = a
+            .events(id, 0, 100)
+            .await
+            .unwrap()
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::HostChanged { .. }))
+            .count();
+        assert_eq!(n, 1);
+    }
+}
+
+async fn no_append_lands_after_a_take_over(open: Open<'_>, run: &str) {
+    let (ha, hb) = (format!("na{run}"), format!("nb{run}"));
+    let (a, b) = (open(&ha), open(&hb));
+    let id = format!("ses_n{run}");
+    create(&*a, &id, run).await;
+    // Four writers of the old host append as fast as they can while the
+    // take-over happens; each stops at its first Fenced.
+    let writers: Vec<_> = (0..4)
+        .map(|w| {
+            let (a, id) = (a.clone(), id.clone());
+            tokio::spawn(async move {
+                let mut ok = vec![];
+                for n in 0..200 {
+                    match a
+                        .append(&id, vec![msg(format!("w{w}.{n}"))], Patch::default())
+                        .await
+                    {
+                        Ok(evs) => ok.extend(evs.into_iter().map(|e| e.seq)),
+                        Err(StoreError::Fenced { .. }) => return (ok, true),
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                (ok, false)
+            })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let moved = b.take_over(&ha, &hb, "race").await.unwrap();
+    let mut acked = vec![];
+    for w in writers {
+        let (ok, _) = w.await.unwrap();
+        acked.extend(ok);
+    }
+    let evs = b.events(&id, 0, 10_000).await.unwrap();
+    let seqs: Vec<u64> = evs.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=evs.len() as u64).collect::<Vec<_>>());
+    let changed = evs
+        .iter()
+        .find(|e| matches!(e.kind, EventKind::HostChanged { .. }));
+    match (moved.as_slice(), changed) {
+        ([(_, 2)], Some(c)) => {
+            // Every acknowledged write of A precedes the take-over, and
+            // nothing of A follows it.
+            assert!(acked.iter().all(|s| *s < c.seq), "acked after take-over");
+            assert_eq!(c.seq as usize, evs.len(), "A wrote after the take-over");
+            assert_eq!(acked.len() + 2, evs.len(), "an acknowledged write lost");
+        }
+        other => panic!("take-over did not happen once: {other:?}"),
+    }
+}
