@@ -65,6 +65,12 @@ pub(crate) async fn run(svc: Arc<Sessions>, id: String, notify: Arc<Notify>) {
         if s.state.is_terminal() {
             return;
         }
+        if s.host_id != svc.store.host_id() {
+            // Taken over by another host (however this runner noticed):
+            // it drives the session now.
+            tracing::warn!(session = %id, owner = %s.host_id, epoch = s.epoch, "session is another host's; runner stops");
+            return;
+        }
         let r = match s.state {
             S::Queued => queued(&svc, &s, &notify, &mut lease).await,
             S::Starting => Err(fail(

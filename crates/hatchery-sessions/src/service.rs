@@ -77,6 +77,26 @@ impl Sessions {
         Ok(n)
     }
 
+    /// Takes over every unfinished session of `lost_host` (a host whose
+    /// lease ran out) and starts their runners here: a running one whose
+    /// sandbox went with the host resumes from its last checkpoint, an
+    /// idle one waits here for its message. Of several hosts sweeping at
+    /// once one gets each session. Returns how many moved.
+    pub async fn take_over_from(self: &Arc<Self>, lost_host: &str) -> Result<usize, SessionError> {
+        if lost_host == self.store.host_id() {
+            return Ok(0);
+        }
+        let moved = self
+            .store
+            .take_over(lost_host, self.store.host_id(), "host_lost")
+            .await?;
+        for (id, epoch) in &moved {
+            tracing::warn!(session = %id, from = %lost_host, epoch, "session taken over from a lost host");
+            self.spawn_actor(id);
+        }
+        Ok(moved.len())
+    }
+
     pub(crate) fn spawn_actor(self: &Arc<Self>, id: &str) {
         let notify = {
             let mut m = self.actors.lock().unwrap_or_else(|p| p.into_inner());

@@ -22,7 +22,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let registry = prometheus::Registry::new();
     let metrics = hatchery_route::RouteMetrics::new(&registry);
     let lost = crate::lost_hosts::counter(&registry);
-    let _sweeper = crate::lost_hosts::spawn(store.clone(), lost);
+    let _sweeper = crate::lost_hosts::spawn(store.clone(), lost, None);
     let app = control::router(ControlState {
         directory: Arc::new(StoreDirectory {
             store,

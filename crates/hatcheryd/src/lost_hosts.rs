@@ -7,6 +7,11 @@
 //! under its id. A paused host that wakes up finds itself fenced and
 //! kills its sandboxes (hatchery-core's lease keeper).
 //!
+//! A host that runs sessions (roles `all` and `host`) then takes the lost
+//! host's unfinished sessions over (hatchery-sessions `take_over_from`):
+//! their epoch grows, and their runners start here, resuming a running
+//! session from its last checkpoint.
+//!
 //! Every daemon on a shared store sweeps (the control role and hosts
 //! alike), so hosts without a control plane still mark each other.
 //! Several processes may sweep at once: the lease take is the
@@ -34,11 +39,15 @@ pub fn counter(registry: &prometheus::Registry) -> prometheus::IntCounter {
     c
 }
 
-pub fn spawn(store: Arc<dyn Store>, lost: prometheus::IntCounter) -> tokio::task::JoinHandle<()> {
+pub fn spawn(
+    store: Arc<dyn Store>,
+    lost: prometheus::IntCounter,
+    sessions: Option<Arc<hatchery_sessions::Sessions>>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(SWEEP_EVERY).await;
-            match sweep(store.as_ref()).await {
+            match sweep(store.as_ref(), sessions.as_ref()).await {
                 Ok(0) => {}
                 Ok(n) => {
                     lost.inc_by(n as u64);
@@ -50,14 +59,13 @@ pub fn spawn(store: Arc<dyn Store>, lost: prometheus::IntCounter) -> tokio::task
 }
 
 /// One pass; returns how many sandboxes were marked lost.
-pub async fn sweep(store: &dyn Store) -> Result<usize, StoreError> {
+pub async fn sweep(
+    store: &dyn Store,
+    sessions: Option<&Arc<hatchery_sessions::Sessions>>,
+) -> Result<usize, StoreError> {
     let mut marked = 0;
     for h in store.list_hosts().await? {
         if alive(h.silent_for_ms) {
-            continue;
-        }
-        let rows = store.list_unstopped(&h.id).await?;
-        if rows.is_empty() {
             continue;
         }
         let resource = host_resource(&h.id);
@@ -65,26 +73,47 @@ pub async fn sweep(store: &dyn Store) -> Result<usize, StoreError> {
             Some(l) if l.valid_for_ms > 0 => continue,
             _ => {}
         }
+        let rows = store.list_unstopped(&h.id).await?;
+        if !rows.is_empty() {
+            marked += mark_lost(store, &h, &rows).await?;
+        }
+        // After its sandboxes are marked: a session's runner here then
+        // finds its sandbox gone and resumes from the checkpoint.
+        if let Some(s) = sessions {
+            if let Err(e) = s.take_over_from(&h.id).await {
+                tracing::warn!(host = %h.id, error = %e, "taking over a lost host's sessions failed; next sweep retries");
+            }
+        }
+    }
+    Ok(marked)
+}
+
+async fn mark_lost(
+    store: &dyn Store,
+    h: &hatchery_store::HostRow,
+    rows: &[hatchery_store::SandboxRow],
+) -> Result<usize, StoreError> {
+    let resource = host_resource(&h.id);
+    {
         // In the lost host's name: its rows are written only under its
         // own lease, and the new epoch fences its previous incarnation.
         let lease = match store.take_lease(&resource, &h.id, SWEEP_LEASE_MS).await {
             Ok(l) => l,
-            Err(StoreError::LeaseHeld { .. }) => continue,
+            Err(StoreError::LeaseHeld { .. }) => return Ok(0),
             Err(e) => return Err(e),
         };
         let f = Fence::of(&lease);
         let now = now_ms();
         let mut n = 0;
-        for r in &rows {
+        for r in rows {
             if store.stop(&f, &r.id, LOST_REASON, now).await? {
                 n += 1;
             }
         }
         store.release_lease(&f).await?;
         tracing::warn!(host = %h.id, silent_ms = h.silent_for_ms, epoch = f.epoch, sandboxes = n, "host lost: its sandboxes marked stopped (host_lost)");
-        marked += n;
+        Ok(n)
     }
-    Ok(marked)
 }
 
 fn now_ms() -> u64 {

@@ -190,8 +190,10 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let policies: Arc<dyn hatchery_policy::PolicyStore> = Arc::new(
         hatchery_policy::SqlitePolicyStore::open(&data.join("policies.db"))?,
     );
+    let session_store = crate::sessions::open_store(&args).await?;
     let (sessions_app, sessions) = crate::sessions::build(
         &args,
+        session_store,
         &key,
         &manager.metrics.registry,
         Arc::new(hatchery_broker::catalog::StorePolicies(policies.clone())),
@@ -227,6 +229,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         crate::lost_hosts::spawn(
             store.clone(),
             crate::lost_hosts::counter(&manager.metrics.registry),
+            Some(sessions.clone()),
         )
     });
     let app = if shared {

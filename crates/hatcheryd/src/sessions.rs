@@ -1,5 +1,6 @@
-//! Agent sessions (`/v1/sessions`): their own store (DATA_DIR/sessions.db),
-//! and sandboxes through the daemon's own public API (hatchery-client).
+//! Agent sessions (`/v1/sessions`): their own store (DATA_DIR/sessions.db,
+//! or the shared PostgreSQL of a `postgres://` --db), and sandboxes
+//! through the daemon's own public API (hatchery-client).
 
 use crate::config::DaemonArgs;
 use hatchery_sessions::client_sandboxes::ClientSandboxes;
@@ -11,13 +12,12 @@ use std::sync::Arc;
 
 pub fn build(
     args: &DaemonArgs,
+    store: Arc<dyn hatchery_sessions::store::SessionStore>,
     api_key: &str,
     registry: &prometheus::Registry,
     policies: Arc<dyn PolicyCatalog>,
 ) -> Result<(axum::Router, Arc<Sessions>), crate::DaemonError> {
     let err = |e: String| crate::DaemonError::Sessions(e);
-    let store =
-        SqliteStore::open(&args.data_dir.join("sessions.db")).map_err(|e| err(e.to_string()))?;
     let mut addr = args.listen;
     if addr.ip().is_unspecified() {
         addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
@@ -31,7 +31,7 @@ pub fn build(
     .map_err(|e| err(e.to_string()))?;
     let cfg = SessionsConfig::from(&args.sessions);
     let svc = Sessions::new(
-        Arc::new(store),
+        store,
         cfg.clone(),
         policies,
         Arc::new(ClientSandboxes::new(client)),
@@ -46,12 +46,7 @@ pub fn build(
 /// The sessions store `--db` asks for: on a `postgres://` URL the shared
 /// PostgreSQL one, written as `--host-id` (fenced to this host's sessions),
 /// retried with backoff while the database is not up yet; otherwise
-/// DATA_DIR/sessions.db as the single-host default. Not yet called:
-/// `build` still opens SQLite; the multi-host wiring passes this in.
-#[expect(
-    dead_code,
-    reason = "the multi-host wiring (serve.rs) calls it and hands the store to build"
-)]
+/// DATA_DIR/sessions.db as the single-host default.
 pub async fn open_store(
     args: &DaemonArgs,
 ) -> Result<Arc<dyn hatchery_sessions::store::SessionStore>, crate::DaemonError> {
