@@ -7,6 +7,10 @@
 //! under its id. A paused host that wakes up finds itself fenced and
 //! kills its sandboxes (hatchery-core's lease keeper).
 //!
+//! Snapshot rows are left alone: a lost host's shared snapshots stay
+//! usable from every other host, and its local ones answer 503 host_lost
+//! until it comes back (their images are on its disk).
+//!
 //! Every daemon on a shared store sweeps (the control role and hosts
 //! alike), so hosts without a control plane still mark each other.
 //! Several processes may sweep at once: the lease take is the
