@@ -14,7 +14,14 @@ pub(crate) struct SnapshotStores {
     local: Arc<dyn SnapshotStore>,
     /// Where new snapshots go when set.
     shared: Option<Arc<dyn SnapshotStore>>,
+    /// When the shared store was last swept for orphans.
+    orphan_sweep: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// How often a host looks for shared images without a row (a crash
+/// between a shared snapshot's row delete and its file removal). Listing
+/// a network directory is not free, so not on every reaper tick.
+pub(crate) const ORPHAN_SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(600);
 
 pub(crate) fn store_err(e: SnapshotStoreError) -> CoreError {
     match e {
@@ -28,6 +35,7 @@ impl SnapshotStores {
         SnapshotStores {
             local: Arc::new(LocalSnapshots::from_images(local)),
             shared: chosen.filter(|s| s.kind() == SnapshotStoreKind::Shared),
+            orphan_sweep: Default::default(),
         }
     }
 
@@ -70,6 +78,18 @@ impl SnapshotStores {
         }
     }
 
+    /// The shared store, when an orphan sweep is due (at most every
+    /// [`ORPHAN_SWEEP_EVERY`]).
+    pub(crate) fn orphan_sweep_due(&self) -> Option<&dyn SnapshotStore> {
+        let shared = self.shared.as_deref()?;
+        let mut last = self.orphan_sweep.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_some_and(|t| t.elapsed() < ORPHAN_SWEEP_EVERY) {
+            return None;
+        }
+        *last = Some(std::time::Instant::now());
+        Some(shared)
+    }
+
     /// This host's directory (files of a snapshot without a row).
     pub(crate) fn local(&self) -> &dyn SnapshotStore {
         self.local.as_ref()
@@ -110,6 +130,9 @@ mod tests {
         let shared = SnapshotStoreSpec::Shared(tmp("b")).open(&d).unwrap();
         let both = SnapshotStores::new(local, Some(shared));
         assert!(both.has_shared());
+        assert!(both.orphan_sweep_due().is_some());
+        assert!(both.orphan_sweep_due().is_none(), "not again so soon");
+        assert!(only_local.orphan_sweep_due().is_none());
         let (s, loc) = both.for_new("h1");
         assert_eq!(
             (s.kind(), loc.clone()),

@@ -260,5 +260,35 @@ impl Manager {
             }
             Err(e) => tracing::error!(error = %e, "could not read snapshot retention"),
         }
+        self.remove_shared_orphans().await;
+    }
+
+    /// Shared images without a row, published long enough ago that their
+    /// row can no longer be on its way (a row is inserted right after its
+    /// image is published): what a host that crashed between a row
+    /// delete and the file removal left. Several hosts may do this at
+    /// once; a remove is safe to race.
+    async fn remove_shared_orphans(&self) {
+        let Some(shared) = self.snapshots.orphan_sweep_due() else {
+            return;
+        };
+        let stale = hatchery_templates::snapshot_store::STALE_AFTER;
+        for id in shared.published_before(stale) {
+            match self.store.get_snapshot(&id).await {
+                Ok(None) => match shared.remove(&id) {
+                    Ok(()) => {
+                        tracing::warn!(snapshot = %id, "removed a shared image without a row")
+                    }
+                    Err(e) => {
+                        tracing::warn!(snapshot = %id, error = %e, "could not remove an orphaned shared image")
+                    }
+                },
+                Ok(Some(_)) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "orphan sweep of the shared snapshot store stopped");
+                    return;
+                }
+            }
+        }
     }
 }

@@ -67,6 +67,12 @@ pub trait SnapshotStore: Send + Sync + std::fmt::Debug {
     fn remove(&self, id: &str) -> Result<()>;
     /// Ids of the published images.
     fn ids(&self) -> Vec<String>;
+    /// Ids of the images published at least `age` ago (by their
+    /// directory's mtime): candidates for the orphan sweep.
+    fn published_before(&self, age: Duration) -> Vec<String> {
+        let _ = age;
+        Vec::new()
+    }
 }
 
 /// What `--snapshot-store` (HATCHERY_SNAPSHOT_STORE) names.
@@ -304,6 +310,19 @@ impl SnapshotStore for SharedSnapshots {
             .filter(|n| valid_id(n))
             .collect()
     }
+
+    fn published_before(&self, age: Duration) -> Vec<String> {
+        self.ids()
+            .into_iter()
+            .filter(|id| {
+                std::fs::metadata(self.root.join(id))
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|el| el >= age)
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -401,6 +420,8 @@ mod tests {
         assert_eq!(names(&root), ["snap_x"], "the staging dir is gone");
         assert_eq!(b.verify("snap_x").unwrap(), root.join("snap_x"));
         assert_eq!(b.ids(), ["snap_x"]);
+        assert_eq!(b.published_before(Duration::ZERO), ["snap_x"]);
+        assert!(b.published_before(STALE_AFTER).is_empty());
         let mode = std::fs::metadata(root.join("snap_x/checkpoint.img"))
             .unwrap()
             .permissions()
