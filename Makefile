@@ -9,7 +9,7 @@ LISTEN ?= 127.0.0.1:7423
 PYTEST := /usr/bin/python3 -m pytest
 BIN := target/release
 
-.PHONY: egress-test agent-template gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load sessions-test e2b-test store-test broker-test bench bench-code clean-state
+.PHONY: test-pg egress-test agent-template gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load sessions-test e2b-test store-test broker-test bench bench-code clean-state
 
 setup:
 	bash scripts/setup-host.sh
@@ -37,6 +37,14 @@ kernel-test:
 integration: build template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/integration
+
+# The same integration suite with every daemon's state in a private
+# PostgreSQL (tests/pg/pg.py; each daemon a host of its own on it), about
+# 25 minutes. Not part of `make test`, which covers PostgreSQL with the
+# store, hosts, faults and sessions-on-hosts suites of store-test.
+test-pg: build template
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) /usr/bin/python3 tests/pg/pg.py -- \
+	  sh -c 'HATCHERY_TEST_DB=$$HATCHERY_TEST_PG_DSN $(PYTEST) -q -p no:cacheprovider tests/integration'
 
 # The `hatchery` binary end to end, against a daemon the tests start.
 cli-test: build template

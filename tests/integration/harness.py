@@ -15,6 +15,10 @@ import urllib.parse
 
 BIN_DIR = os.environ.get("HATCHERY_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../target/release"))
 TEMPLATES_DIR = os.environ.get("HATCHERY_TEMPLATES_DIR", "/var/lib/hatchery/templates")
+# With a postgres:// URL here, every daemon a test starts without its own
+# --db keeps its state in that database, under a host id of its own
+# (`make test-pg`: the suite against the PostgreSQL backend).
+TEST_DB = os.environ.get("HATCHERY_TEST_DB", "")
 KEY = "test-key-" + os.urandom(4).hex()
 
 
@@ -106,6 +110,10 @@ class Daemon:
         if "--net-prefix" not in self.extra_args:
             self.extra_args += net_args()
         self.net_prefix = arg(self.extra_args, "--net-prefix")
+        if TEST_DB and "--db" not in self.extra_args:
+            self.extra_args += ["--db", TEST_DB]
+            if "--host-id" not in self.extra_args:
+                self.extra_args += ["--host-id", "h-" + self.net_prefix]
         self.proc = None
         self.log_path = os.path.join(self.data_dir, "daemon.log")
         self.created = set()
@@ -274,7 +282,14 @@ class Daemon:
                 r = self.request("GET", "/v1/sandboxes")
                 if r.status == 200:
                     for s in r.json()["sandboxes"]:
-                        self.delete(s["id"])
+                        if TEST_DB:
+                            # The list is every host's on a shared store:
+                            # delete here only what this daemon runs (marked
+                            # as forwarded, the request is never sent on).
+                            self.request("DELETE", f"/v1/sandboxes/{s['id']}",
+                                         headers={"X-Hatchery-Forwarded-By": "harness-cleanup"})
+                        else:
+                            self.delete(s["id"])
             # A graceful stop also destroys the warm pool.
             self.stop()
             self.wait_no_leftovers()

@@ -154,8 +154,14 @@ def test_connection_cap_answers_503():
         for _ in range(10):
             s = socket.create_connection(("127.0.0.1", d.port), timeout=5)
             socks.append(s)
-        time.sleep(0.3)
-        r = d.request("GET", "/healthz", auth=False, timeout=5)
+        # The ten are counted once the daemon has accepted them (under
+        # load that can take a moment): ask until the eleventh is refused.
+        deadline = time.time() + 10
+        while True:
+            time.sleep(0.3)
+            r = d.request("GET", "/healthz", auth=False, timeout=5)
+            if r.status != 200 or time.time() > deadline:
+                break
         assert r.status == 503 and r.error_code() == "capacity", r
         for s in socks:
             s.close()

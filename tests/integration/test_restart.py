@@ -2,9 +2,10 @@
 re-adopts the living and destroys the expired and the unknown."""
 
 import os
+import subprocess
 import time
 
-from harness import Daemon, wait_baked
+from harness import TEST_DB, Daemon, arg, wait_baked
 
 
 def restart(d):
@@ -44,6 +45,10 @@ def test_restart_destroys_containers_it_does_not_know(daemon):
     sid = daemon.create(ttl_seconds=120)
     daemon.crash()
     # Forget everything, as if the crash came before the state write.
+    if TEST_DB:
+        host = arg(daemon.extra_args, "--host-id")
+        subprocess.run(["psql", TEST_DB, "-qc", f"DELETE FROM sandboxes WHERE host_id = '{host}'; "
+                        f"DELETE FROM sandbox_net WHERE host_id = '{host}'"], check=True, capture_output=True)
     for f in os.listdir(daemon.data_dir):
         if f.startswith("state.db"):
             os.unlink(os.path.join(daemon.data_dir, f))

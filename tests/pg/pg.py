@@ -48,16 +48,24 @@ class Postgres:
         self.port = free_port()
         self.log = os.path.join(self.dir, "pg.log")
 
+    # Besides 127.0.0.1, a second loopback address: a client that connects
+    # through it can be cut off alone (an nftables rule on that address)
+    # while every other client keeps its database.
+    ALT_ADDR = "127.0.0.2"
+
     @property
     def dsn(self):
-        return f"postgres://postgres@127.0.0.1:{self.port}/{self.db}"
+        return self.dsn_via("127.0.0.1")
+
+    def dsn_via(self, addr):
+        return f"postgres://postgres@{addr}:{self.port}/{self.db}"
 
     def start(self):
         if not os.path.exists(self.data):
             as_postgres([pg_bin("initdb"), "-D", self.data, "-A", "trust", "-U", "postgres", "--no-sync",
                          "-E", "UTF8"])
         as_postgres([pg_bin("pg_ctl"), "-D", self.data, "-l", self.log, "-w", "-t", "60", "start", "-o",
-                     f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=on"])
+                     f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1,{self.ALT_ADDR} -c fsync=on"])
         deadline = time.time() + 30
         while True:
             r = subprocess.run(["runuser", "-u", "postgres", "--", pg_bin("psql"), "-h", self.dir, "-p",

@@ -145,7 +145,7 @@ class SessionDaemon(Daemon):
         for e in self.all_events(sid):
             if e["type"] in ("sandbox_ready",):
                 self.created.add(e["sandbox_id"])
-            if e["type"] == "resumed":
+            if e["type"] in ("resumed", "resumed_from_checkpoint"):
                 self.created.add(e["sandbox_id"])
 
     def cleanup_sessions(self):

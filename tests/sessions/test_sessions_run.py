@@ -213,3 +213,49 @@ def test_daemon_sigkill_mid_session(model, git_server):
             d2.cleanup_sessions()
         else:
             d.cleanup_sessions()
+
+
+def test_lost_sandbox_resumes_from_checkpoint(model, git_server):
+    """Checkpoints every 2 s; the agent's sandbox is deleted under it
+    mid-run (what a lost host does to it): the session forks its last
+    checkpoint, the agent runs on from there, and what it had done before
+    is neither lost nor logged twice."""
+    d = SessionDaemon(model.port, extra=["--sessions-checkpoint-interval", "2"]).start()
+    try:
+        repo = git_server.add_repo("ckpt", DEMO_FILES)
+        sid = d.new_session(repo, "[script:slow] survive losing the sandbox")
+        ckpt = d.wait_event(sid, "snapshot_taken")
+        assert ckpt["purpose"] == "checkpoint"
+        first = d.wait_event(sid, "command_run", timeout=120)
+        assert first["command"] == "sleep 4; echo one"
+        s = d.session(sid)
+        assert s["state"] == "running" and s["snapshot_id"], s
+        lost = s["sandbox_id"]
+        before = d.all_events(sid)
+        d.track_sandboxes(sid)
+        assert d.request("DELETE", f"/v1/sandboxes/{lost}").status == 204
+        s = d.wait_state(sid, "completed", timeout=240)
+        assert s["reason"] == "agent finished: done slowly", s
+        evs = d.all_events(sid)
+        d.track_sandboxes(sid)
+        assert_log_sound(evs)
+        assert evs[:len(before)] == before
+        resumed = [e for e in evs if e["type"] == "resumed_from_checkpoint"]
+        assert len(resumed) == 1, types(evs)
+        r = resumed[0]
+        assert r["lost_sandbox"] == lost and r["sandbox_id"] != lost and r["resume_ms"] > 0
+        assert r["snapshot_id"] in [e["snapshot_id"] for e in before if e["type"] == "snapshot_taken"]
+        assert r["replay_through"] > 0
+        # Every model step and every command once in the log, though the
+        # agent re-ran what came after the checkpoint.
+        steps = [e["step"] for e in evs if e["type"] == "model_request"]
+        assert steps == sorted(set(steps)), steps
+        calls = [(e["call_id"], e["command"]) for e in evs if e["type"] == "command_run"]
+        assert len(calls) == len(set(calls)) == 3, calls
+        # The restored workspace carried on: the last command's file is there.
+        assert [e for e in evs if e["type"] == "command_run"][-1]["exit_code"] == 0
+        # Checkpoints go with the sandbox: none is left once it completed.
+        left = d.request("GET", f"/v1/snapshots?metadata.hatchery_session={sid}").json()["snapshots"]
+        assert left == [], left
+    finally:
+        d.cleanup_sessions()

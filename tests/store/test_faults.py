@@ -263,3 +263,84 @@ def test_skewed_hosts_keep_leases_and_mark_peers_by_the_database_clock(pg, monke
         fast.cleanup()
         (ok2 or ok).cleanup()
     no_net_leftovers(ok, fast, slow)
+
+
+CUT_TABLE = f"hxtestcut{os.getpid()}"
+# A store call on a database that does not answer ends within 5 s
+# (hatchery-store bounded.rs); a request makes at most a few of them.
+UNANSWERED_BOUND_S = 16
+
+
+def cut(pg, addr):
+    """Drops every packet to `addr` on the database's port: the host that
+    connects through it loses the database without a reset (its
+    connections stall), everyone else keeps it. A table of the test's own,
+    removed by uncut()."""
+    rules = (f"table inet {CUT_TABLE} {{\n chain out {{\n type filter hook output priority -10; policy accept;\n"
+             f" ip daddr {addr} tcp dport {pg.port} drop\n ip saddr {addr} tcp sport {pg.port} drop\n }}\n}}\n")
+    subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True)
+
+
+def uncut():
+    subprocess.run(["nft", "delete", "table", "inet", CUT_TABLE], capture_output=True)
+
+
+def test_host_cut_off_from_the_database_by_nftables(pg):
+    a = daemon(pg, "cut-a", role="host", dsn=pg.dsn_via(pg.ALT_ADDR))
+    b = daemon(pg, "cut-b", role="host")
+    c = daemon(pg, "cut-ctl", role="control")
+    a2 = None
+    try:
+        sa, sb = a.create(ttl_seconds=600), b.create(ttl_seconds=600)
+        assert (owner(pg, sa), owner(pg, sb)) == ("cut-a", "cut-b")
+        before = {h: epoch(pg, h) for h in ("cut-a", "cut-b")}
+        cut(pg, pg.ALT_ADDR)
+        cut_at = time.time()
+        # The cut host answers what needs the database with a 503 within
+        # the bound, instead of hanging on its stalled connections.
+        t0 = time.time()
+        r = a.request("GET", "/v1/sandboxes", timeout=60)
+        took = time.time() - t0
+        assert_store_unavailable(r)
+        assert took < UNANSWERED_BOUND_S, took
+        # The rest of the deployment keeps working, the cut host's
+        # sandbox included until its host gives it up.
+        assert b.exec(sb, "echo b")["stdout"] == "b\n"
+        assert c.request("GET", f"/v1/sandboxes/{sb}").status == 200
+        # It cannot renew: it kills its own sandboxes while its lease is
+        # still its own and unexpired, so nobody can have taken it over.
+        wait_for(lambda: KILL_LINE in log_of(a), timeout=LEASE_TTL_S + 10, what="the cut host giving up")
+        gave_up_after = time.time() - cut_at
+        owner_now, ep, left = sql(pg, """SELECT owner, epoch, expires_at_ms - (extract(epoch FROM clock_timestamp())
+                                          * 1000)::bigint FROM leases WHERE resource = 'host:cut-a'""")[0]
+        assert (owner_now, int(ep)) == ("cut-a", before["cut-a"]), (owner_now, ep)
+        assert int(left) > 0, f"the lease ran out {-int(left)} ms before the host gave up"
+        a.wait_no_leftovers(timeout=30, net=False)
+        # Once its lease ran out, the others mark its sandbox lost; the
+        # healthy host's sandbox is untouched.
+        wait_for(lambda: sql(pg, f"SELECT state, end_reason FROM sandboxes WHERE id = '{sa}'")
+                 == [["stopped", "host_lost"]], timeout=LOSS_WAIT, what="the cut host's sandbox marked lost")
+        marked_after = time.time() - cut_at
+        assert epoch(pg, "cut-a") > before["cut-a"]
+        assert sql(pg, f"SELECT state FROM sandboxes WHERE id = '{sb}'") == [["running"]]
+        assert epoch(pg, "cut-b") == before["cut-b"]
+        assert c.request("GET", f"/v1/sandboxes/{sa}").status == 404
+        # Back on the network it stays fenced (it gave up), until restarted.
+        uncut()
+        r = a.request("POST", "/v1/sandboxes", {"ttl_seconds": 60}, timeout=30)
+        assert r.status == 503, r
+        a.stop()
+        a2 = daemon(pg, "cut-a", role="host", restart_of=a, dsn=pg.dsn_via(pg.ALT_ADDR))
+        a2.created |= a.created
+        s2 = a2.create(ttl_seconds=120)
+        assert a2.exec(s2, "echo back")["stdout"] == "back\n"
+        assert epoch(pg, "cut-a") > before["cut-a"]
+        check_invariants(pg, [sa, sb, s2])
+        print(f"cut host: 503 in {took:.1f}s, gave up {gave_up_after:.1f}s after the cut (lease still its own, "
+              f"{int(left)} ms left), marked lost {marked_after:.1f}s after the cut")
+    finally:
+        uncut()
+        c.cleanup()
+        b.cleanup()
+        (a2 or a).cleanup()
+    no_net_leftovers(a, b)

@@ -43,8 +43,8 @@ def sql(pg, q):
     return [line.split("|") for line in r.stdout.splitlines() if line]
 
 
-def daemon(pg, host, role="all", extra=(), restart_of=None):
-    args = [*ARGS, "--db", pg.dsn, "--host-id", host, "--role", role, *extra]
+def daemon(pg, host, role="all", extra=(), restart_of=None, dsn=None):
+    args = [*ARGS, "--db", dsn or pg.dsn, "--host-id", host, "--role", role, *extra]
     if restart_of is not None:
         for flag in ("--net-prefix", "--net-range"):
             args += [flag, arg(restart_of.extra_args, flag)]

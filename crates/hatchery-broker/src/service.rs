@@ -172,6 +172,29 @@ impl Broker {
                     tool: c.tool,
                 });
             }
+            None if req.seq <= session.replay_through => {
+                // Acknowledged before the session was rewound to a
+                // checkpoint (its sandbox's host was lost): it may have
+                // run there, and that host's log of it is out of reach.
+                // Never run again; an operator resolves it.
+                let mut c = Call::new(&session.id, req.seq, epoch, &req.tool, args.clone(), sha);
+                c.state = CallState::NeedsReview;
+                c.output = Some(
+                    json!({"error": "this call was made before the session was resumed from a checkpoint; it may have run on the sandbox that was lost",
+                           "code": "outcome_unknown_after_resume",
+                           "review": "whether it took effect is unknown; not run again"})
+                    .to_string(),
+                );
+                match self.store.begin(c).await? {
+                    Begin::New(c) | Begin::Existing(c) => c,
+                    Begin::Conflict(c) => {
+                        return Err(BrokerError::SeqConflict {
+                            seq: req.seq,
+                            tool: c.tool,
+                        })
+                    }
+                }
+            }
             None => {
                 let mut c = Call::new(&session.id, req.seq, epoch, &req.tool, args.clone(), sha);
                 self.decide(&session, &req, &mut c).await?;

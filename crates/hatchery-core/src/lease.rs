@@ -11,8 +11,34 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How long a host's lease lasts without renewal.
+/// How long a host's lease lasts without renewal, by default.
 pub const HOST_LEASE_TTL_MS: u64 = 30_000;
+/// The shortest and longest `--host-lease-ttl`: under 6 s a renewal (every
+/// third of it) would compete with the store's 5 s call bound.
+pub const HOST_LEASE_TTL_RANGE_MS: std::ops::RangeInclusive<u64> = 6_000..=300_000;
+
+static LEASE_TTL_MS: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(HOST_LEASE_TTL_MS);
+
+/// The host lease TTL of this deployment (every daemon sharing a store
+/// must use the same): how long a host may go unrenewed before another
+/// daemon may take its lease, and how long a silent host still counts as
+/// alive. Set once at start, before any lease is taken.
+pub fn host_lease_ttl_ms() -> u64 {
+    LEASE_TTL_MS.load(Ordering::Relaxed)
+}
+
+pub fn set_host_lease_ttl_ms(ms: u64) -> Result<(), String> {
+    if !HOST_LEASE_TTL_RANGE_MS.contains(&ms) {
+        return Err(format!(
+            "host lease TTL {ms} ms: must be between {} and {} ms",
+            HOST_LEASE_TTL_RANGE_MS.start(),
+            HOST_LEASE_TTL_RANGE_MS.end()
+        ));
+    }
+    LEASE_TTL_MS.store(ms, Ordering::Relaxed);
+    Ok(())
+}
 /// How often the lease is read between renewals.
 const CHECK_EVERY_MS: u64 = 2_000;
 
@@ -34,7 +60,7 @@ pub async fn take_host_lease(
         )));
     }
     let l = store
-        .take_lease(&host_resource(host_id), host_id, HOST_LEASE_TTL_MS)
+        .take_lease(&host_resource(host_id), host_id, host_lease_ttl_ms())
         .await?;
     tracing::info!(host = %host_id, epoch = l.epoch, backend = store.backend(), "host lease taken");
     Ok(HostStore {
@@ -50,11 +76,12 @@ impl Manager {
     pub fn spawn_lease_keeper(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let me = Arc::downgrade(self);
         tokio::spawn(async move {
-            let period = Duration::from_millis(HOST_LEASE_TTL_MS / 3);
+            let ttl = host_lease_ttl_ms();
+            let period = Duration::from_millis(ttl / 3);
             let tick = Duration::from_millis(CHECK_EVERY_MS);
             // By this host's monotonic clock: how long the lease surely
             // lasts (the database said how long was left when it renewed).
-            let mut valid_until = Instant::now() + Duration::from_millis(HOST_LEASE_TTL_MS);
+            let mut valid_until = Instant::now() + Duration::from_millis(ttl);
             let mut last_renewal = Instant::now();
             loop {
                 tokio::time::sleep(tick).await;
@@ -64,14 +91,10 @@ impl Manager {
                 }
                 let asked = Instant::now();
                 let res = if asked.duration_since(last_renewal) >= period {
-                    let res = m
-                        .store
-                        .renew_lease(&m.fence, HOST_LEASE_TTL_MS)
-                        .await
-                        .map(|l| {
-                            last_renewal = asked;
-                            valid_until = asked + Duration::from_millis(l.valid_for_ms);
-                        });
+                    let res = m.store.renew_lease(&m.fence, ttl).await.map(|l| {
+                        last_renewal = asked;
+                        valid_until = asked + Duration::from_millis(l.valid_for_ms);
+                    });
                     // The heartbeat rides on the renewal.
                     match res {
                         Ok(()) => m

@@ -210,6 +210,10 @@ impl Sandboxes for ClientSandboxes {
         Ok(s.id)
     }
 
+    async fn snapshot_metadata(&self, id: &str) -> Result<BTreeMap<String, String>, SandboxError> {
+        Ok(self.client.get_snapshot(id).await.map_err(map)?.metadata)
+    }
+
     async fn fork(
         &self,
         snapshot_id: &str,

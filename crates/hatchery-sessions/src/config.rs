@@ -17,6 +17,14 @@ pub struct SessionArgs {
     #[arg(long = "sessions-idle-timeout", env = "HATCHERY_SESSIONS_IDLE_TIMEOUT", default_value_t = 300,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub idle_timeout_s: u64,
+    /// Seconds between checkpoints of a running session (a snapshot of its
+    /// sandbox, agent included). If the sandbox is lost (its host went
+    /// away), the session resumes from the last one on another host. 0:
+    /// none (a session whose sandbox is lost fails). Use it with a shared
+    /// snapshot store, which other hosts can read.
+    #[arg(long = "sessions-checkpoint-interval", env = "HATCHERY_SESSIONS_CHECKPOINT_INTERVAL",
+          default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub checkpoint_interval_s: u64,
     /// Open event streams (SSE) in all; more get 503.
     #[arg(
         long = "sessions-max-streams",
@@ -82,6 +90,7 @@ pub struct SessionArgs {
 pub struct SessionsConfig {
     pub max_running: usize,
     pub idle_timeout: std::time::Duration,
+    pub checkpoint_every: Option<std::time::Duration>,
     pub max_streams: usize,
     pub max_tokens: u64,
     pub max_usd_cents: u64,
@@ -99,6 +108,8 @@ impl From<&SessionArgs> for SessionsConfig {
         SessionsConfig {
             max_running: a.max_running.max(1),
             idle_timeout: std::time::Duration::from_secs(a.idle_timeout_s),
+            checkpoint_every: (a.checkpoint_interval_s > 0)
+                .then(|| std::time::Duration::from_secs(a.checkpoint_interval_s)),
             max_streams: a.max_streams,
             max_tokens: a.max_tokens,
             max_usd_cents: a.max_usd_cents,
@@ -117,6 +128,7 @@ impl Default for SessionsConfig {
         SessionsConfig {
             max_running: 8,
             idle_timeout: std::time::Duration::from_secs(300),
+            checkpoint_every: None,
             max_streams: 1024,
             max_tokens: 10_000_000,
             max_usd_cents: 10_000,

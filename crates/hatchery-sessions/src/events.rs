@@ -203,6 +203,17 @@ pub enum EventKind {
         sandbox_id: String,
         resume_ms: u64,
     },
+    /// The session's sandbox was lost while the agent ran (its host went
+    /// away): the last checkpoint was forked into a new sandbox, the agent
+    /// runs on from that point, and its messages up to `replay_through`,
+    /// handled before, are not handled again.
+    ResumedFromCheckpoint {
+        sandbox_id: String,
+        lost_sandbox: String,
+        snapshot_id: String,
+        replay_through: u64,
+        resume_ms: u64,
+    },
     CancelRequested,
     /// The agent said it is done.
     AgentDone {
@@ -359,6 +370,7 @@ impl EventKind {
             EventKind::SnapshotTaken { .. } => "snapshot_taken",
             EventKind::SandboxReleased { .. } => "sandbox_released",
             EventKind::Resumed { .. } => "resumed",
+            EventKind::ResumedFromCheckpoint { .. } => "resumed_from_checkpoint",
             EventKind::CancelRequested => "cancel_requested",
             EventKind::AgentDone { .. } => "agent_done",
             EventKind::AgentExited { .. } => "agent_exited",

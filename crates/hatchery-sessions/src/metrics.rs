@@ -11,6 +11,7 @@ pub struct SessionMetrics {
     pub open_streams: IntGauge,
     pub streams_refused: IntCounter,
     pub resume_seconds: Histogram,
+    pub checkpoint_seconds: Histogram,
     pub start_seconds: Histogram,
 }
 
@@ -62,6 +63,14 @@ impl SessionMetrics {
                 .buckets(slow.clone()),
             )
             .expect("metric"),
+            checkpoint_seconds: Histogram::with_opts(
+                HistogramOpts::new(
+                    "hatchery_sessions_checkpoint_seconds",
+                    "A running session's checkpoint (snapshot of its sandbox, agent included)",
+                )
+                .buckets(slow.clone()),
+            )
+            .expect("metric"),
             start_seconds: Histogram::with_opts(
                 HistogramOpts::new(
                     "hatchery_sessions_start_seconds",
@@ -82,6 +91,7 @@ impl SessionMetrics {
         r.register(Box::new(self.streams_refused.clone()))?;
         r.register(Box::new(self.resume_seconds.clone()))?;
         r.register(Box::new(self.start_seconds.clone()))?;
+        r.register(Box::new(self.checkpoint_seconds.clone()))?;
         Ok(())
     }
 }

@@ -136,8 +136,26 @@ async fn end_failed(svc: &Arc<Sessions>, id: &str, code: &str, message: &str) ->
     Ok(())
 }
 
-/// Deletes the session's sandbox, after saying so.
+/// Deletes the session's sandbox, after saying so, and its last
+/// checkpoint (of no use once the sandbox is let go).
 async fn release(svc: &Arc<Sessions>, s: &Session) {
+    if s.state.holds_sandbox() {
+        if let Some(ckpt) = &s.snapshot_id {
+            if let Err(e) = svc.sandboxes.delete_snapshot(ckpt).await {
+                tracing::warn!(session = %s.id, snapshot = %ckpt, error = %e, "checkpoint not deleted");
+            }
+            let _ = svc
+                .append(
+                    &s.id,
+                    vec![],
+                    Patch {
+                        snapshot_id: Some(None),
+                        ..Default::default()
+                    },
+                )
+                .await;
+        }
+    }
     if let Some(sbx) = &s.sandbox_id {
         let _ = svc
             .append(
@@ -445,7 +463,7 @@ async fn attached(
         });
     }
     if !svc.sandboxes.exists(&sbx).await? {
-        return Err(fail("lost_sandbox", format!("sandbox {sbx} is gone")));
+        return resume_from_checkpoint(svc, &s, &sbx).await;
     }
     // Again after a restart (idempotent): the proxy's map is in memory.
     bind(svc, &s, &sbx).await?;
@@ -476,6 +494,9 @@ async fn attached(
     }
     let mut summary = String::new();
     let mut stderr_tail: Vec<u8> = Vec::new();
+    let replay_through = s.replay_through;
+    let every = svc.cfg.checkpoint_every;
+    let mut next_checkpoint = every.map(|d| tokio::time::Instant::now() + d);
     let wall_left = s
         .spec
         .budget_wall_s
@@ -487,7 +508,7 @@ async fn attached(
             item = stream.next() => match item {
                 Some(Ok(OutputItem::Chunk { stdout: true, offset: o, data })) => {
                     for (line, end) in lines.feed(o, &data) {
-                        match handle_line(svc, &id, &sbx, &pid, &line, end).await? {
+                        match handle_line(svc, &id, &sbx, &pid, &line, end, replay_through).await? {
                             Effect::Waiting(_) => waiting_since = Some(tokio::time::Instant::now()),
                             Effect::ApprovalRequest { .. } => waiting_since = Some(tokio::time::Instant::now()),
                             Effect::Busy => waiting_since = None,
@@ -509,7 +530,8 @@ async fn attached(
                     // read again from the last handled line.
                     tokio::time::sleep(Duration::from_millis(250)).await;
                     if !svc.sandboxes.exists(&sbx).await? {
-                        return Err(fail("lost_sandbox", format!("sandbox {sbx} went away")));
+                        let s = svc.store.get(&id).await?;
+                        return resume_from_checkpoint(svc, &s, &sbx).await;
                     }
                     let offset = svc.store.get(&id).await?.output_offset;
                     lines.clear();
@@ -530,6 +552,10 @@ async fn attached(
             }
             _ = sleep_opt(idle_at) => {
                 return go_idle(svc, &id, lease).await;
+            }
+            _ = sleep_opt(next_checkpoint) => {
+                checkpoint(svc, &id, &sbx).await?;
+                next_checkpoint = every.map(|d| tokio::time::Instant::now() + d);
             }
             _ = tokio::time::sleep_until(wall_deadline) => {
                 return Err(fail("budget_exhausted", format!("wall_s budget of {} s used up", s.spec.budget_wall_s)));
@@ -554,8 +580,28 @@ async fn handle_line(
     pid: &str,
     line: &[u8],
     end: u64,
+    replay_through: u64,
 ) -> R<Effect> {
     let mut p = agent_proto::parse(line);
+    if p.n.is_some_and(|n| n <= replay_through) {
+        // The re-run of a message handled before the rewind: its event is
+        // in the log already and its effects happened. Only the offset
+        // moves on, and an agent that waits for the ack gets it again.
+        if svc
+            .store
+            .append_agent(id, end, p.n, vec![], Patch::default())
+            .await?
+            .is_some()
+            && p.wants_ack
+        {
+            if let Some(n) = p.n {
+                svc.sandboxes
+                    .write_stdin(sbx, pid, agent_proto::ack(n))
+                    .await?;
+            }
+        }
+        return Ok(Effect::None);
+    }
     if svc.hooks().meters_spend() {
         // The gateway records what calls cost; the agent's word is not spend.
         p.tokens = 0;
@@ -816,6 +862,143 @@ async fn cancel_running(svc: &Arc<Sessions>, s: &Session) -> R<()> {
         },
     )
     .await?;
+    Ok(())
+}
+
+/// A snapshot of the running sandbox, agent included, to resume from if
+/// the sandbox is lost. It records where the runner's reading of the
+/// agent stood; the previous checkpoint is deleted once this one is on
+/// record. A failed checkpoint is logged and the previous one stands.
+async fn checkpoint(svc: &Arc<Sessions>, id: &str, sbx: &str) -> R<()> {
+    let s = svc.store.get(id).await?;
+    let mut meta = BTreeMap::new();
+    meta.insert("hatchery_session".to_string(), id.to_string());
+    meta.insert("purpose".to_string(), "checkpoint".to_string());
+    meta.insert("output_offset".to_string(), s.output_offset.to_string());
+    meta.insert("delivered_seq".to_string(), s.delivered_seq.to_string());
+    meta.insert("agent_seq".to_string(), s.agent_seq.to_string());
+    let t0 = Instant::now();
+    let snap = match svc
+        .sandboxes
+        .snapshot(sbx, SNAPSHOT_RETENTION_S, meta)
+        .await
+    {
+        Ok(snap) => snap,
+        Err(e) => {
+            tracing::warn!(session = %id, sandbox = %sbx, error = %e, "checkpoint failed; the previous one stands");
+            return Ok(());
+        }
+    };
+    let recorded = svc
+        .append_if_state(
+            id,
+            &[S::Running, S::WaitingApproval],
+            vec![(
+                Actor::System,
+                EventKind::SnapshotTaken {
+                    purpose: "checkpoint".into(),
+                    snapshot_id: snap.clone(),
+                },
+            )],
+            Patch {
+                snapshot_id: Some(Some(snap.clone())),
+                ..Default::default()
+            },
+        )
+        .await;
+    let stale = match recorded {
+        Ok(_) => s.snapshot_id,
+        Err(_) => Some(snap),
+    };
+    if let Some(old) = stale {
+        if let Err(e) = svc.sandboxes.delete_snapshot(&old).await {
+            tracing::warn!(session = %id, snapshot = %old, error = %e, "old checkpoint not deleted");
+        }
+    }
+    svc.metrics
+        .checkpoint_seconds
+        .observe(t0.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The agent's sandbox is gone while it ran (its host was lost, or it
+/// was deleted under the session): fork the last checkpoint into a new
+/// sandbox, here, and read the agent again from where the checkpoint
+/// left it. Without a checkpoint the session fails, saying why.
+async fn resume_from_checkpoint(svc: &Arc<Sessions>, s: &Session, lost: &str) -> R<()> {
+    let Some(ckpt) = s.snapshot_id.clone() else {
+        return Err(fail(
+            "lost_sandbox",
+            format!("sandbox {lost} is gone and the session has no checkpoint to resume from"),
+        ));
+    };
+    let meta = svc.sandboxes.snapshot_metadata(&ckpt).await.map_err(|e| {
+        fail(
+            "lost_sandbox",
+            format!("sandbox {lost} is gone and its checkpoint {ckpt} cannot be read: {e}"),
+        )
+    })?;
+    let num = |k: &str| meta.get(k).and_then(|v| v.parse::<u64>().ok());
+    let (Some(output_offset), Some(delivered_seq)) = (num("output_offset"), num("delivered_seq"))
+    else {
+        return Err(fail(
+            "lost_sandbox",
+            format!("sandbox {lost} is gone and {ckpt} is not a checkpoint of this session"),
+        ));
+    };
+    let t0 = Instant::now();
+    svc.hooks().unbind(&s.id, lost).await;
+    ev(
+        svc,
+        &s.id,
+        EventKind::SandboxRequested {
+            template: s.spec.template.clone(),
+        },
+    )
+    .await?;
+    let mut fork_meta = BTreeMap::new();
+    fork_meta.insert("hatchery_session".to_string(), s.id.clone());
+    let info = svc.sandboxes.fork(&ckpt, ttl_for(s), fork_meta).await?;
+    if let Err(e) = bind(svc, s, &info.id).await {
+        svc.hooks().unbind(&s.id, &info.id).await;
+        let _ = svc.sandboxes.delete(&info.id).await;
+        return Err(e);
+    }
+    let resume_ms = t0.elapsed().as_millis() as u64;
+    let done = svc
+        .append_if_state(
+            &s.id,
+            &[S::Running, S::WaitingApproval],
+            vec![(
+                Actor::System,
+                EventKind::ResumedFromCheckpoint {
+                    sandbox_id: info.id.clone(),
+                    lost_sandbox: lost.to_string(),
+                    snapshot_id: ckpt.clone(),
+                    replay_through: s.agent_seq,
+                    resume_ms,
+                },
+            )],
+            Patch {
+                sandbox_id: Some(Some(info.id.clone())),
+                rewind: Some(crate::store::Rewind {
+                    output_offset,
+                    delivered_seq,
+                }),
+                ..Default::default()
+            },
+        )
+        .await;
+    if let Err(e) = done {
+        // Not on record: nothing else would delete it.
+        svc.hooks().unbind(&s.id, &info.id).await;
+        let _ = svc.sandboxes.delete(&info.id).await;
+        return Err(fail("store_error", e.to_string()));
+    }
+    svc.metrics
+        .resume_seconds
+        .observe(t0.elapsed().as_secs_f64());
+    tracing::info!(session = %s.id, lost = %lost, sandbox = %info.id, checkpoint = %ckpt, resume_ms, "session resumed from its checkpoint");
     Ok(())
 }
 

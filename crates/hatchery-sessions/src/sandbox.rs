@@ -108,4 +108,6 @@ pub trait Sandboxes: Send + Sync + 'static {
         metadata: BTreeMap<String, String>,
     ) -> Result<SandboxInfo, SandboxError>;
     async fn delete_snapshot(&self, id: &str) -> Result<(), SandboxError>;
+    /// The metadata a snapshot was taken with.
+    async fn snapshot_metadata(&self, id: &str) -> Result<BTreeMap<String, String>, SandboxError>;
 }

@@ -126,6 +126,22 @@ impl Sessions {
         Ok(out)
     }
 
+    /// [`Self::append`], only while the session is in one of `states`.
+    pub(crate) async fn append_if_state(
+        &self,
+        id: &str,
+        states: &[SessionState],
+        events: Vec<NewEvent>,
+        patch: Patch,
+    ) -> Result<Vec<Event>, SessionError> {
+        let out = self
+            .store
+            .append_if_state(id, states, events, patch)
+            .await?;
+        self.bus.publish(id, &out);
+        Ok(out)
+    }
+
     pub(crate) async fn transition(
         &self,
         id: &str,

@@ -6,12 +6,14 @@
 //! in the same transaction as the write. One conformance suite
 //! ([`conformance`]) holds both to the same contract.
 
+mod bounded;
 pub mod conformance;
 mod error;
 mod pg;
 mod rows;
 mod sqlite;
 
+pub use bounded::{Bounded, CALL_LIMIT};
 pub use error::{BoxError, Result, StoreError};
 pub use pg::PgStore;
 pub use rows::{
@@ -153,7 +155,8 @@ pub(crate) fn check_host_fence(f: &Fence) -> Result<()> {
 /// `sqlite://` prefix is stripped). Migrations run before this returns.
 pub async fn open(db: &str, pg_pool: usize) -> Result<Arc<dyn Store>> {
     if is_postgres(db) {
-        Ok(Arc::new(PgStore::connect(db, pg_pool).await?))
+        let pg: Arc<dyn Store> = Arc::new(PgStore::connect(db, pg_pool).await?);
+        Ok(Arc::new(Bounded::new(pg, CALL_LIMIT)))
     } else {
         let path = db.strip_prefix("sqlite://").unwrap_or(db);
         Ok(Arc::new(SqliteStore::open(std::path::Path::new(path))?))

@@ -138,9 +138,16 @@ impl PgStore {
     /// `dsn`: a `postgres://` URL or a libpq connection string. Connects,
     /// then runs the migrations not yet run.
     pub async fn connect(dsn: &str, pool_size: usize) -> Result<PgStore> {
-        let cfg: tokio_postgres::Config = dsn
+        let mut cfg: tokio_postgres::Config = dsn
             .parse()
             .map_err(|e: tokio_postgres::Error| StoreError::Config(e.to_string()))?;
+        // A network that drops packets without a reset: the kernel gives
+        // up on unacknowledged data after this, the connection closes and
+        // the pool opens a new one (the URL may set its own).
+        if cfg.get_tcp_user_timeout().is_none() {
+            cfg.tcp_user_timeout(std::time::Duration::from_secs(5));
+        }
+        cfg.keepalives(true);
         let mgr = Manager::from_config(
             cfg,
             NoTls,

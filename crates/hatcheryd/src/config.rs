@@ -22,6 +22,13 @@ pub struct DaemonArgs {
     /// creates, and reconcile and the reaper touch only its own rows.
     #[arg(long, env = "HATCHERY_HOST_ID", default_value = "local")]
     pub host_id: String,
+    /// Seconds a host's lease lasts unrenewed (renewed every third of it;
+    /// 6 to 300). Every daemon sharing a store must use the same. Shorter:
+    /// a lost host's sessions resume sooner; longer: a database or network
+    /// blip must last longer before a host gives its sandboxes up.
+    #[arg(long, env = "HATCHERY_HOST_LEASE_TTL", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(6..=300))]
+    pub host_lease_ttl: u64,
     /// `all`: one daemon does everything (the default). `control`: the
     /// public API and placement, no runtime (needs a postgres:// --db).
     /// `host`: runtime, slots and pool on a shared postgres:// --db,

@@ -4,7 +4,7 @@
 //! lease TTL.
 
 use async_trait::async_trait;
-use hatchery_core::lease::HOST_LEASE_TTL_MS;
+use hatchery_core::lease::host_lease_ttl_ms;
 use hatchery_core::Manager;
 use hatchery_route::{base_url, Directory, HostSlot, Location, RouteError};
 use hatchery_store::{SnapshotLocation, Store, StoreError};
@@ -24,7 +24,7 @@ fn store_err(e: StoreError) -> RouteError {
 }
 
 pub fn alive(silent_for_ms: u64) -> bool {
-    silent_for_ms <= HOST_LEASE_TTL_MS
+    silent_for_ms <= host_lease_ttl_ms()
 }
 
 impl StoreDirectory {

@@ -55,6 +55,8 @@ fn which(p: &PathBuf) -> Option<PathBuf> {
 }
 
 pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
+    hatchery_core::lease::set_host_lease_ttl_ms(args.host_lease_ttl * 1000)
+        .map_err(DaemonError::Role)?;
     if args.role == "control" {
         return crate::control_role::run(args).await;
     }

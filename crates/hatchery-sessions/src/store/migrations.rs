@@ -69,6 +69,11 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
                json_set(data, '$.actor', actor) AS data, prev_hash, hash
         FROM events;",
     ),
+    (
+        3,
+        // Rewinds to a checkpoint (runner.rs, resume_from_checkpoint).
+        "ALTER TABLE sessions ADD COLUMN replay_through INTEGER NOT NULL DEFAULT 0;",
+    ),
 ];
 
 pub fn apply(conn: &mut rusqlite::Connection) -> rusqlite::Result<()> {

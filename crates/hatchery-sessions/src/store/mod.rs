@@ -88,6 +88,10 @@ pub struct Session {
     pub delivered_seq: u64,
     pub cancel_requested: bool,
     pub last_seq: u64,
+    /// Agent messages up to this number were handled before the session
+    /// was last rewound to a checkpoint: the re-run agent emits them again
+    /// and they are not handled twice (0: never rewound).
+    pub replay_through: u64,
 }
 
 /// Fields a runner step changes (None: leave as is).
@@ -107,6 +111,17 @@ pub struct Patch {
     pub policy_version: Option<u32>,
     /// A pending approval to record: (approval_id, action, details).
     pub new_approval: Option<(String, String, String)>,
+    /// Back to a checkpoint: the agent's output is read again from here,
+    /// what was delivered after it is delivered again, and
+    /// `replay_through` becomes the highest message handled so far.
+    pub rewind: Option<Rewind>,
+}
+
+/// Where a checkpoint left the session's reading of its agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rewind {
+    pub output_offset: u64,
+    pub delivered_seq: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]

@@ -61,7 +61,7 @@ impl SqliteStore {
 
 const SESSION_COLS: &str = "id, spec, state, idempotency_key, created_at, started_at, ended_at, reason, \
     spend_tokens, spend_usd_cents, spend_wall_s, sandbox_id, process_id, snapshot_id, review_snapshot_id, \
-    waiting, output_offset, agent_seq, delivered_seq, cancel_requested, last_seq";
+    waiting, output_offset, agent_seq, delivered_seq, cancel_requested, last_seq, replay_through";
 
 fn session_row(r: &Row) -> rusqlite::Result<Session> {
     let spec: String = r.get("spec")?;
@@ -95,6 +95,7 @@ fn session_row(r: &Row) -> rusqlite::Result<Session> {
         delivered_seq: r.get::<_, i64>("delivered_seq")? as u64,
         cancel_requested: r.get::<_, i64>("cancel_requested")? != 0,
         last_seq: r.get::<_, i64>("last_seq")? as u64,
+        replay_through: r.get::<_, i64>("replay_through")? as u64,
     })
 }
 
@@ -174,6 +175,15 @@ fn apply_patch(tx: &Transaction, id: &str, p: &Patch) -> Result<(), StoreError> 
         tx.execute(
             "UPDATE sessions SET cancel_requested = ?2 WHERE id = ?1",
             params![id, c as i64],
+        )
+        .map_err(be)?;
+    }
+    if let Some(r) = p.rewind {
+        // Not MAX(): a rewind is the one change that moves these back.
+        tx.execute(
+            "UPDATE sessions SET output_offset = ?2, delivered_seq = ?3, \
+             replay_through = MAX(replay_through, agent_seq) WHERE id = ?1",
+            params![id, r.output_offset as i64, r.delivered_seq as i64],
         )
         .map_err(be)?;
     }
