@@ -221,6 +221,8 @@ test: build template lint unit kernel-test integration cli-test client-test sdk-
 # placement, SIGKILL and SIGSTOP of a host past its lease (about 2 minutes).
 # tests/store/test_faults.py: PostgreSQL SIGKILLed and restarted under two
 # hosts, hosts with +/-10 min clock skew under faketime (about 75 s).
+# tests/store/test_snapshots_shared.py: --snapshot-store shared:<dir>, a
+# snapshot forked on another host after its writer's SIGKILL (about 55 s).
 store-test: build template
 	cargo test --release -p hatchery-store
 	cargo test --release -p hatchery-sessions --test store_conformance

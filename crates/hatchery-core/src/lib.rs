@@ -22,6 +22,7 @@ pub mod procs;
 pub mod proxy;
 pub mod pty;
 pub mod ratelimit;
+mod snapshot_stores;
 pub mod snapshots;
 mod template_images;
 #[doc(hidden)]

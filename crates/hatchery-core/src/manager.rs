@@ -80,7 +80,7 @@ pub struct Manager {
     pub(crate) logs: LogLimiter,
     /// Warm checkpoints of templates, one per template version.
     pub(crate) template_images: ImageStore,
-    pub(crate) snapshots: ImageStore,
+    pub(crate) snapshots: crate::snapshot_stores::SnapshotStores,
     pub(crate) pool: WarmPool,
     /// Templates whose checkpoint is being baked right now.
     pub(crate) baking: Mutex<std::collections::HashSet<String>>,
@@ -101,7 +101,11 @@ pub struct Manager {
 #[derive(Debug, Clone)]
 pub struct ImageConfig {
     pub template_images: ImageStore,
+    /// This host's snapshot directory (the `local` store).
     pub snapshots: ImageStore,
+    /// The store every host mounts (`--snapshot-store shared:<dir>`):
+    /// where new snapshots go when set.
+    pub shared_snapshots: Option<Arc<dyn hatchery_templates::SnapshotStore>>,
     pub pool: PoolConfig,
 }
 
@@ -119,7 +123,10 @@ impl Manager {
             host_services: crate::host_services::Hub::new(metrics.relay.clone()),
             net,
             template_images: images.template_images,
-            snapshots: images.snapshots,
+            snapshots: crate::snapshot_stores::SnapshotStores::new(
+                images.snapshots,
+                images.shared_snapshots,
+            ),
             pool: WarmPool::new(images.pool, metrics.pool_ready.clone()),
             filling: Default::default(),
             teardowns: Default::default(),
@@ -150,6 +157,12 @@ impl Manager {
     /// The host this daemon runs as (`--host-id`).
     pub fn host_id(&self) -> &str {
         &self.fence.owner
+    }
+
+    /// Whether this host mounts the shared snapshot store (and so may
+    /// serve any shared snapshot).
+    pub fn has_shared_snapshots(&self) -> bool {
+        self.snapshots.has_shared()
     }
 
     /// This host's lease epoch, as the store knows it.

@@ -5,8 +5,8 @@
 
 use crate::ids::{new_sandbox_id, new_snapshot_id, valid_snapshot_id};
 use crate::manager::SandboxInfo;
+use crate::snapshot_stores::store_err;
 use crate::store::{SandboxRow, SandboxState, SnapshotRow};
-use crate::template_images::image_err;
 use crate::{now_ms, CoreError, Manager};
 use hatchery_templates::Template;
 use std::collections::BTreeMap;
@@ -65,16 +65,17 @@ impl Manager {
         // Restores need exactly the rootfs and shape this sandbox runs on.
         let template = self.templates().get(&row.template)?;
         let id = new_snapshot_id();
-        let dir = self.snapshots.prepare(&id).map_err(image_err)?;
+        let (images, location) = self.snapshots.for_new(self.host_id());
+        let dir = images.prepare(&id).map_err(store_err)?;
         let sealed = async {
             self.runtime.checkpoint(sandbox_id, &dir).await?;
-            self.snapshots.seal(&id).map_err(image_err)
+            images.publish(&id).map_err(store_err)
         }
         .await;
         let sealed = match sealed {
             Ok(s) => s,
             Err(e) => {
-                let _ = self.snapshots.remove(&id);
+                let _ = images.remove(&id);
                 return Err(e);
             }
         };
@@ -91,13 +92,14 @@ impl Manager {
             rootfs: template.rootfs.to_string_lossy().into_owned(),
             limits: serde_json::to_string(&template.limits()).unwrap_or_default(),
             host_id: self.host_id().to_string(),
+            location,
         };
         if let Err(e) = self.store.insert_snapshot(&self.fence, &snap).await {
-            let _ = self.snapshots.remove(&id);
+            let _ = images.remove(&id);
             return Err(e.into());
         }
         self.metrics.snapshots_created.inc();
-        tracing::info!(snapshot = %id, sandbox = %sandbox_id, bytes = sealed.size_bytes, "snapshot taken");
+        tracing::info!(snapshot = %id, sandbox = %sandbox_id, bytes = sealed.size_bytes, location = %snap.location.as_string(), "snapshot taken");
         Ok(snap.into())
     }
 
@@ -125,12 +127,29 @@ impl Manager {
             .collect())
     }
 
-    /// Idempotent; really frees the space.
+    /// Idempotent; really frees the space. A local image goes before its
+    /// row (a crash in between leaves a row whose fork answers not found,
+    /// never orphaned bytes); a shared one after it: the row's delete is
+    /// the guard that makes exactly one of several hosts deleting at once
+    /// (expiry sweeps run on every host) remove the files.
     pub async fn delete_snapshot(&self, id: &str) -> Result<(), CoreError> {
         if !valid_snapshot_id(id) {
             return Ok(());
         }
-        self.snapshots.remove(id).map_err(image_err)?;
+        let Some(row) = self.store.get_snapshot(id).await? else {
+            // Files of a snapshot whose row is gone (a crash between the
+            // two): this host's own only.
+            return self.snapshots.local().remove(id).map_err(store_err);
+        };
+        let images = self.snapshots.for_row(id, &row.location, self.host_id())?;
+        if row.location.is_shared() {
+            if self.store.delete_snapshot(&self.fence, id).await? {
+                images.remove(id).map_err(store_err)?;
+                tracing::info!(snapshot = %id, location = "shared", "snapshot deleted");
+            }
+            return Ok(());
+        }
+        images.remove(id).map_err(store_err)?;
         if self.store.delete_snapshot(&self.fence, id).await? {
             tracing::info!(snapshot = %id, "snapshot deleted");
         }
@@ -153,7 +172,11 @@ impl Manager {
             .get_snapshot(snapshot_id)
             .await?
             .ok_or_else(|| CoreError::SnapshotNotFound(snapshot_id.into()))?;
-        let dir = self.snapshots.verify(snapshot_id).map_err(image_err)?;
+        let dir = self
+            .snapshots
+            .for_row(snapshot_id, &snap.location, self.host_id())?
+            .verify(snapshot_id)
+            .map_err(store_err)?;
         // The rootfs and shape recorded with the snapshot, not whatever
         // the template has become since.
         let mut spec = hatchery_templates::TemplateSpec::named(&snap.template);
@@ -212,7 +235,22 @@ impl Manager {
     }
 
     pub(crate) async fn expire_snapshots(&self) {
-        match self.store.expired_snapshots(self.host_id(), now_ms()).await {
+        let now = now_ms();
+        let ids = match self.store.expired_snapshots(self.host_id(), now).await {
+            Ok(mut ids) if self.snapshots.has_shared() => {
+                // Every host sweeps the shared ones too; the row delete
+                // picks the one that removes the files.
+                self.store
+                    .expired_shared_snapshots(now)
+                    .await
+                    .map(|shared| {
+                        ids.extend(shared);
+                        ids
+                    })
+            }
+            other => other,
+        };
+        match ids {
             Ok(ids) => {
                 for id in ids {
                     if let Err(e) = self.delete_snapshot(&id).await {
@@ -221,6 +259,36 @@ impl Manager {
                 }
             }
             Err(e) => tracing::error!(error = %e, "could not read snapshot retention"),
+        }
+        self.remove_shared_orphans().await;
+    }
+
+    /// Shared images without a row, published long enough ago that their
+    /// row can no longer be on its way (a row is inserted right after its
+    /// image is published): what a host that crashed between a row
+    /// delete and the file removal left. Several hosts may do this at
+    /// once; a remove is safe to race.
+    async fn remove_shared_orphans(&self) {
+        let Some(shared) = self.snapshots.orphan_sweep_due() else {
+            return;
+        };
+        let stale = hatchery_templates::snapshot_store::STALE_AFTER;
+        for id in shared.published_before(stale) {
+            match self.store.get_snapshot(&id).await {
+                Ok(None) => match shared.remove(&id) {
+                    Ok(()) => {
+                        tracing::warn!(snapshot = %id, "removed a shared image without a row")
+                    }
+                    Err(e) => {
+                        tracing::warn!(snapshot = %id, error = %e, "could not remove an orphaned shared image")
+                    }
+                },
+                Ok(Some(_)) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "orphan sweep of the shared snapshot store stopped");
+                    return;
+                }
+            }
         }
     }
 }

@@ -53,6 +53,10 @@ async fn route(st: &ControlState, req: Request) -> Result<Response, RouteError> 
         return place(st, req).await;
     }
     match locate(st.directory.as_ref(), &path).await {
+        // A shared snapshot: its fork needs room, like a create; a read
+        // or delete any host answers.
+        Some(Ok((Location::Anywhere, _))) if req.method() == Method::POST => place(st, req).await,
+        Some(Ok((Location::Anywhere, _))) => any_host(st, req).await,
         Some(Ok((Location::At { host, url }, _))) => {
             st.metrics.count("forwarded");
             forward::forward(&host, &url, &st.me, req).await
@@ -69,16 +73,19 @@ async fn route(st: &ControlState, req: Request) -> Result<Response, RouteError> 
             })
         }
         Some(Err(e)) => Err(e),
-        None => {
-            let hosts = by_preference(st.directory.hosts().await?);
-            if hosts.is_empty() {
-                return Err(RouteError::NoHost);
-            }
-            try_hosts(st, req, &hosts, false)
-                .await?
-                .ok_or(RouteError::NoHost)
-        }
+        None => any_host(st, req).await,
     }
+}
+
+/// A request any live host answers from the shared store.
+async fn any_host(st: &ControlState, req: Request) -> Result<Response, RouteError> {
+    let hosts = by_preference(st.directory.hosts().await?);
+    if hosts.is_empty() {
+        return Err(RouteError::NoHost);
+    }
+    try_hosts(st, req, &hosts, false)
+        .await?
+        .ok_or(RouteError::NoHost)
 }
 
 /// Live hosts, most free capacity first (then by id, so ties alternate

@@ -15,7 +15,7 @@ pub enum RouteError {
     NoCapacity,
     #[error("no live host registered")]
     NoHost,
-    #[error("{0} not found")]
+    #[error("{1} not found")]
     NotFound(&'static str, String),
     #[error("missing or wrong API key")]
     Unauthorized,

@@ -55,7 +55,9 @@ pub async fn route(State(r): State<HostRouting>, req: Request, next: Next) -> Re
     }
     let path = req.uri().path().to_string();
     match locate(r.directory.as_ref(), &path).await {
-        None | Some(Ok((Location::Here | Location::Unknown, _))) => next.run(req).await,
+        None | Some(Ok((Location::Here | Location::Unknown | Location::Anywhere, _))) => {
+            next.run(req).await
+        }
         Some(Ok((Location::At { host, url }, _))) => {
             match forward::forward(&host, &url, &r.me, req).await {
                 Ok(resp) => {

@@ -8,7 +8,9 @@
 //!   Never handled locally as if the sandbox were unknown.
 //! - [`control`]: the router of the `control` role: no runtime; creates are
 //!   placed on the host with the most free capacity (a full one skipped),
-//!   everything sandbox-scoped goes to the owner, the rest to any live host.
+//!   everything sandbox-scoped goes to the owner, the rest to any live host;
+//!   a snapshot in the shared store has no owner: its fork is placed like
+//!   a create.
 //!
 //! Where a sandbox lives is asked through the narrow [`Directory`] trait,
 //! so this crate knows neither the store nor the manager.
@@ -40,6 +42,10 @@ pub enum Location {
     At { host: String, url: String },
     /// Owned by a host that missed its heartbeats past the lease TTL.
     Lost { host: String },
+    /// Servable by any host that mounts the shared snapshot store (a
+    /// shared snapshot, asked by the control role, which mounts nothing):
+    /// a fork is placed like a create, anything else goes to a live host.
+    Anywhere,
     /// Known to nobody (only the control role, which runs nothing itself,
     /// answers this; hosts answer [`Location::Here`] and 404 locally).
     Unknown,
@@ -68,7 +74,8 @@ impl HostSlot {
 pub trait Directory: Send + Sync {
     /// The owner of live sandbox `id`.
     async fn sandbox(&self, id: &str) -> Result<Location, RouteError>;
-    /// The host whose disk holds snapshot `id`.
+    /// Who serves snapshot `id`: the host whose disk holds it, or, for a
+    /// shared one, this host or [`Location::Anywhere`].
     async fn snapshot(&self, id: &str) -> Result<Location, RouteError>;
     /// Every registered host.
     async fn hosts(&self) -> Result<Vec<HostSlot>, RouteError>;

@@ -81,6 +81,7 @@ bounded! {
     fn count_snapshots_of(&self, template: &str) -> u64;
     fn delete_snapshot(&self, f: &Fence, id: &str) -> bool;
     fn expired_snapshots(&self, host: &str, now_ms: u64) -> Vec<String>;
+    fn expired_shared_snapshots(&self, now_ms: u64) -> Vec<String>;
     fn set_net(&self, f: &Fence, id: &str, slot: u32, policy: &str, event: bool) -> ();
     fn clear_net(&self, f: &Fence, id: &str) -> ();
     fn all_net(&self, host: &str) -> Vec<NetRow>;

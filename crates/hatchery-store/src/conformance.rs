@@ -2,7 +2,7 @@
 //! PostgreSQL (crates/hatchery-store/tests/conformance.rs starts a private
 //! server). Ids are unique per run, so a database may be reused.
 
-use crate::rows::{Fence, SandboxFilter, SandboxRow, SandboxState, SnapshotRow};
+use crate::rows::{Fence, SandboxFilter, SandboxRow, SandboxState, SnapshotLocation, SnapshotRow};
 use crate::{host_resource, Store, StoreError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,6 +16,7 @@ pub async fn run_all(s: Arc<dyn Store>) {
     expiry_and_reconcile_see_only_their_host(&*s, &run).await;
     metadata_filters_run_in_sql(&*s, &run).await;
     snapshots(&*s, &run).await;
+    shared_snapshots_belong_to_every_host(&s, &run).await;
     network_slots(&*s, &run).await;
     leases_grow_and_fence(&*s, &run).await;
     stale_epoch_writes_are_refused(&*s, &run).await;
@@ -225,6 +226,10 @@ async fn snapshots(s: &dyn Store, run: &str) {
         rootfs: "/r".into(),
         limits: "{\"cpus\":1}".into(),
         host_id: String::new(),
+        // The store records the writer, not this.
+        location: SnapshotLocation::Local {
+            host: "someone-else".into(),
+        },
     };
     let (s1, s2) = (format!("snap_1{run}"), format!("snap_2{run}"));
     s.insert_snapshot(&a, &snap(&s1, 100, &[("r", run)]))
@@ -239,6 +244,12 @@ async fn snapshots(s: &dyn Store, run: &str) {
         (1 << 40, a.owner.as_str())
     );
     assert_eq!(got.limits, "{\"cpus\":1}");
+    assert_eq!(
+        got.location,
+        SnapshotLocation::Local {
+            host: a.owner.clone()
+        }
+    );
     assert_eq!(s.count_snapshots_of(&tpl).await.unwrap(), 2);
     let f: BTreeMap<String, String> = [("r".to_string(), run.to_string())].into();
     assert_eq!(s.list_snapshots(&f).await.unwrap().len(), 2);
@@ -256,6 +267,87 @@ async fn snapshots(s: &dyn Store, run: &str) {
     assert!(!s.delete_snapshot(&a, &s1).await.unwrap());
     assert!(s.get_snapshot(&s1).await.unwrap().is_none());
     assert!(s.delete_snapshot(&b, &s2).await.unwrap());
+}
+
+/// A shared snapshot is any host's: any host may delete its row (exactly
+/// one of several racing deleters wins), it is listed by the shared expiry
+/// and not by its writer's local one, and a stale writer still cannot
+/// touch it.
+async fn shared_snapshots_belong_to_every_host(s: &Arc<dyn Store>, run: &str) {
+    let (a, b) = (
+        host(&**s, &format!("hu{run}")).await,
+        host(&**s, &format!("hv{run}")).await,
+    );
+    let row = |id: &str, location: SnapshotLocation| SnapshotRow {
+        id: id.into(),
+        sandbox_id: format!("sbx_u{run}"),
+        template: format!("tplu{run}"),
+        created_at_ms: 5,
+        expires_at_ms: 10,
+        size_bytes: 1,
+        metadata: BTreeMap::new(),
+        env: BTreeMap::new(),
+        rootfs: "/r".into(),
+        limits: "{}".into(),
+        host_id: String::new(),
+        location,
+    };
+    let (sh, lo) = (format!("snap_sh{run}"), format!("snap_lo{run}"));
+    s.insert_snapshot(&a, &row(&sh, SnapshotLocation::Shared))
+        .await
+        .unwrap();
+    s.insert_snapshot(
+        &a,
+        &row(
+            &lo,
+            SnapshotLocation::Local {
+                host: b.owner.clone(),
+            },
+        ),
+    )
+    .await
+    .unwrap();
+    let got = s.get_snapshot(&sh).await.unwrap().unwrap();
+    assert_eq!(
+        (got.location, got.host_id.as_str()),
+        (SnapshotLocation::Shared, a.owner.as_str())
+    );
+    let lrow = s.get_snapshot(&lo).await.unwrap().unwrap();
+    assert_eq!(lrow.location.as_string(), format!("local:{}", a.owner));
+    // Expiry: the writer's local sweep lists only its local one; every
+    // host's shared sweep lists the shared one.
+    assert_eq!(
+        s.expired_snapshots(&a.owner, 100).await.unwrap(),
+        vec![lo.clone()]
+    );
+    assert!(s.expired_snapshots(&b.owner, 100).await.unwrap().is_empty());
+    let shared: Vec<String> = s.expired_shared_snapshots(100).await.unwrap();
+    assert!(shared.contains(&sh) && !shared.contains(&lo), "{shared:?}");
+    assert!(!s.expired_shared_snapshots(9).await.unwrap().contains(&sh));
+    // b cannot delete a's local snapshot.
+    assert!(!s.delete_snapshot(&b, &lo).await.unwrap());
+    // A stale incarnation of b cannot delete the shared one either.
+    let b_old = b.clone();
+    let b_new = host(&**s, &b.owner).await;
+    assert!(matches!(
+        s.delete_snapshot(&b_old, &sh).await,
+        Err(StoreError::Fenced { .. })
+    ));
+    // Hosts sweeping at once: exactly one delete removes the row.
+    let tasks: Vec<_> = [a.clone(), b_new.clone(), a.clone(), b_new]
+        .into_iter()
+        .map(|f| {
+            let (s, id) = (Arc::clone(s), sh.clone());
+            tokio::spawn(async move { s.delete_snapshot(&f, &id).await.unwrap() })
+        })
+        .collect();
+    let mut won = 0;
+    for t in tasks {
+        won += t.await.unwrap() as usize;
+    }
+    assert_eq!(won, 1, "one deleter wins");
+    assert!(s.get_snapshot(&sh).await.unwrap().is_none());
+    assert!(s.delete_snapshot(&a, &lo).await.unwrap());
 }
 
 async fn network_slots(s: &dyn Store, run: &str) {
@@ -375,6 +467,7 @@ async fn stale_epoch_writes_are_refused(s: &dyn Store, run: &str) {
         rootfs: String::new(),
         limits: String::new(),
         host_id: String::new(),
+        location: SnapshotLocation::Shared,
     };
     fenced(s.insert_snapshot(o, &snap).await, "insert_snapshot");
     fenced(

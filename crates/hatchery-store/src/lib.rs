@@ -18,7 +18,7 @@ pub use error::{BoxError, Result, StoreError};
 pub use pg::PgStore;
 pub use rows::{
     host_resource, valid_host_id, Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow,
-    SandboxState, SnapshotRow,
+    SandboxState, SnapshotLocation, SnapshotRow,
 };
 pub use sqlite::SqliteStore;
 
@@ -80,8 +80,15 @@ pub trait Store: Send + Sync {
     /// Snapshots whose metadata holds every pair of `filter`, oldest first.
     async fn list_snapshots(&self, filter: &BTreeMap<String, String>) -> Result<Vec<SnapshotRow>>;
     async fn count_snapshots_of(&self, template: &str) -> Result<u64>;
+    /// Deletes the row of a snapshot local to the fence's host, or of a
+    /// shared one (any host may). `true` for the one caller whose delete
+    /// removed the row: that caller, and only it, removes a shared image's
+    /// files, so hosts sweeping at once never race on them.
     async fn delete_snapshot(&self, f: &Fence, id: &str) -> Result<bool>;
+    /// Expired snapshots local to `host`.
     async fn expired_snapshots(&self, host: &str, now_ms: u64) -> Result<Vec<String>>;
+    /// Expired snapshots in the shared store (whoever wrote them).
+    async fn expired_shared_snapshots(&self, now_ms: u64) -> Result<Vec<String>>;
 
     // --- network slots ---------------------------------------------------
 
@@ -186,6 +193,11 @@ pub(crate) fn to_json(m: &BTreeMap<String, String>) -> String {
 
 pub(crate) fn from_json(what: &str, s: &str) -> Result<BTreeMap<String, String>> {
     serde_json::from_str(s).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
+}
+
+pub(crate) fn location_of(s: &str) -> Result<SnapshotLocation> {
+    SnapshotLocation::parse(s)
+        .ok_or_else(|| StoreError::Corrupt(format!("unknown snapshot location {s:?}")))
 }
 
 pub(crate) fn state_of(s: &str) -> Result<SandboxState> {

@@ -9,7 +9,8 @@ use crate::rows::{
     Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow, SandboxState, SnapshotRow,
 };
 use crate::{
-    check_host_fence, check_transition, from_json, state_of, to_json, Result, Store, StoreError,
+    check_host_fence, check_transition, from_json, location_of, state_of, to_json, Result, Store,
+    StoreError,
 };
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
@@ -80,6 +81,12 @@ const MIGRATIONS: &[&str] = &[
        registered_at_ms BIGINT NOT NULL,
        heartbeat_at_ms BIGINT NOT NULL
      );",
+    // Where a snapshot's image is (`local:<host>` or `shared`), not which
+    // host wrote it: rows from before were all on their writer's disk.
+    "ALTER TABLE snapshots ADD COLUMN location TEXT;
+     UPDATE snapshots SET location = 'local:' || host_id;
+     ALTER TABLE snapshots ALTER COLUMN location SET NOT NULL;
+     CREATE INDEX snapshots_location ON snapshots(location, expires_at_ms);",
 ];
 
 /// Any fixed number: the advisory lock that serializes migrations.
@@ -286,7 +293,7 @@ fn row(r: &tokio_postgres::Row) -> Result<SandboxRow> {
     })
 }
 
-const SNAP_SELECT: &str = "SELECT id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata::text AS metadata, env::text AS env, rootfs, limits, host_id FROM snapshots";
+const SNAP_SELECT: &str = "SELECT id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata::text AS metadata, env::text AS env, rootfs, limits, host_id, location FROM snapshots";
 
 fn snap_row(r: &tokio_postgres::Row) -> Result<SnapshotRow> {
     Ok(SnapshotRow {
@@ -301,6 +308,7 @@ fn snap_row(r: &tokio_postgres::Row) -> Result<SnapshotRow> {
         rootfs: r.get("rootfs"),
         limits: r.get("limits"),
         host_id: r.get("host_id"),
+        location: location_of(r.get("location"))?,
     })
 }
 
@@ -508,8 +516,8 @@ impl Store for PgStore {
     async fn insert_snapshot(&self, f: &Fence, s: &SnapshotRow) -> Result<()> {
         fenced!(self, f, |tx| {
             tx.execute(
-                "INSERT INTO snapshots (id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8::text::jsonb, $9, $10, $11)",
+                "INSERT INTO snapshots (id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id, location)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7::text::jsonb, $8::text::jsonb, $9, $10, $11, $12)",
                 &[
                     &s.id,
                     &s.sandbox_id,
@@ -522,6 +530,7 @@ impl Store for PgStore {
                     &s.rootfs,
                     &s.limits,
                     &f.owner,
+                    &s.location.written_by(&f.owner),
                 ],
             )
             .await
@@ -561,8 +570,8 @@ impl Store for PgStore {
     async fn delete_snapshot(&self, f: &Fence, id: &str) -> Result<bool> {
         fenced!(self, f, |tx| {
             tx.execute(
-                "DELETE FROM snapshots WHERE id = $1 AND host_id = $2",
-                &[&id, &f.owner],
+                "DELETE FROM snapshots WHERE id = $1 AND (location = $2 OR location = 'shared')",
+                &[&id, &format!("local:{}", f.owner)],
             )
             .await
             .map_err(pg("delete snapshot"))?
@@ -572,8 +581,17 @@ impl Store for PgStore {
 
     async fn expired_snapshots(&self, host: &str, now_ms: u64) -> Result<Vec<String>> {
         self.query_rows(
-            "SELECT id FROM snapshots WHERE host_id = $1 AND expires_at_ms <= $2 ORDER BY id",
-            &[&host, &i(now_ms)],
+            "SELECT id FROM snapshots WHERE location = $1 AND expires_at_ms <= $2 ORDER BY id",
+            &[&format!("local:{host}"), &i(now_ms)],
+            |r| Ok(r.get("id")),
+        )
+        .await
+    }
+
+    async fn expired_shared_snapshots(&self, now_ms: u64) -> Result<Vec<String>> {
+        self.query_rows(
+            "SELECT id FROM snapshots WHERE location = 'shared' AND expires_at_ms <= $1 ORDER BY id",
+            &[&i(now_ms)],
             |r| Ok(r.get("id")),
         )
         .await

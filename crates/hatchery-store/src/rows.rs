@@ -100,8 +100,54 @@ pub struct SnapshotRow {
     /// shape of its sandbox, independent of later template rebuilds.
     pub rootfs: String,
     pub limits: String,
-    /// The host whose disk holds the image (set from the writer's fence).
+    /// The host that took it (set from the writer's fence).
     pub host_id: String,
+    /// Where its image is. A local one is set to the writer's host by
+    /// the store, whatever host the caller names.
+    pub location: SnapshotLocation,
+}
+
+/// Where a snapshot's image lives: a location, not a path, so any host
+/// that can reach it resolves it against its own store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SnapshotLocation {
+    /// On one host's disk (`local:<host>`): only that host serves it.
+    Local { host: String },
+    /// In the snapshot store every host mounts (`shared`): any host
+    /// serves it, and it outlives its writer.
+    Shared,
+}
+
+impl SnapshotLocation {
+    pub fn as_string(&self) -> String {
+        match self {
+            SnapshotLocation::Local { host } => format!("local:{host}"),
+            SnapshotLocation::Shared => "shared".into(),
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<SnapshotLocation> {
+        if s == "shared" {
+            return Some(SnapshotLocation::Shared);
+        }
+        let host = s.strip_prefix("local:")?;
+        valid_host_id(host).then(|| SnapshotLocation::Local { host: host.into() })
+    }
+
+    pub fn is_shared(&self) -> bool {
+        matches!(self, SnapshotLocation::Shared)
+    }
+
+    /// What the store records for a snapshot `writer` inserts.
+    pub(crate) fn written_by(&self, writer: &str) -> String {
+        match self {
+            SnapshotLocation::Local { .. } => SnapshotLocation::Local {
+                host: writer.into(),
+            }
+            .as_string(),
+            SnapshotLocation::Shared => self.as_string(),
+        }
+    }
 }
 
 /// One lifecycle event of a sandbox.
@@ -226,6 +272,25 @@ mod tests {
         for bad in ["", "-a", "Host", "a b", "a/b", "a:b", &"a".repeat(65)] {
             assert!(!valid_host_id(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn snapshot_locations_round_trip() {
+        for l in [
+            SnapshotLocation::Shared,
+            SnapshotLocation::Local { host: "h-1".into() },
+        ] {
+            assert_eq!(SnapshotLocation::parse(&l.as_string()), Some(l));
+        }
+        for bad in ["", "local:", "local:Bad", "shared:/x", "s3", "local"] {
+            assert_eq!(SnapshotLocation::parse(bad), None, "{bad}");
+        }
+        let mine = SnapshotLocation::Local {
+            host: "other".into(),
+        }
+        .written_by("me");
+        assert_eq!(mine, "local:me");
+        assert_eq!(SnapshotLocation::Shared.written_by("me"), "shared");
     }
 
     #[test]

@@ -8,7 +8,8 @@ use crate::rows::{
     Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow, SandboxState, SnapshotRow,
 };
 use crate::{
-    check_host_fence, check_transition, from_json, state_of, to_json, Result, Store, StoreError,
+    check_host_fence, check_transition, from_json, location_of, state_of, to_json, Result, Store,
+    StoreError,
 };
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
@@ -80,6 +81,11 @@ const MIGRATIONS: &[&str] = &[
        registered_at_ms INTEGER NOT NULL,
        heartbeat_at_ms INTEGER NOT NULL
      );",
+    // Where a snapshot's image is (`local:<host>` or `shared`), not which
+    // host wrote it: rows from before were all on their writer's disk.
+    "ALTER TABLE snapshots ADD COLUMN location TEXT NOT NULL DEFAULT '';
+     UPDATE snapshots SET location = 'local:' || host_id;
+     CREATE INDEX snapshots_location ON snapshots(location, expires_at_ms);",
 ];
 
 /// The database's clock in milliseconds: leases never use a host's clock.
@@ -255,7 +261,7 @@ fn row(r: &rusqlite::Row<'_>) -> Result<SandboxRow> {
     })
 }
 
-const SNAP_SELECT: &str = "SELECT id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id FROM snapshots";
+const SNAP_SELECT: &str = "SELECT id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id, location FROM snapshots";
 
 fn snap_row(r: &rusqlite::Row<'_>) -> Result<SnapshotRow> {
     let g = |e| sq("read snapshot")(e);
@@ -273,6 +279,7 @@ fn snap_row(r: &rusqlite::Row<'_>) -> Result<SnapshotRow> {
         rootfs: r.get("rootfs").map_err(g)?,
         limits: r.get("limits").map_err(g)?,
         host_id: r.get("host_id").map_err(g)?,
+        location: location_of(&r.get::<_, String>("location").map_err(g)?)?,
     })
 }
 
@@ -482,8 +489,8 @@ impl Store for SqliteStore {
     async fn insert_snapshot(&self, f: &Fence, s: &SnapshotRow) -> Result<()> {
         self.fenced(f, |tx| {
             tx.execute(
-                "INSERT INTO snapshots (id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                "INSERT INTO snapshots (id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id, location)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                 params![
                     s.id,
                     s.sandbox_id,
@@ -495,7 +502,8 @@ impl Store for SqliteStore {
                     to_json(&s.env),
                     s.rootfs,
                     s.limits,
-                    f.owner
+                    f.owner,
+                    s.location.written_by(&f.owner)
                 ],
             )
             .map_err(sq("insert snapshot"))?;
@@ -531,8 +539,8 @@ impl Store for SqliteStore {
         self.fenced(f, |tx| {
             let n = tx
                 .execute(
-                    "DELETE FROM snapshots WHERE id = ?1 AND host_id = ?2",
-                    params![id, f.owner],
+                    "DELETE FROM snapshots WHERE id = ?1 AND (location = ?2 OR location = 'shared')",
+                    params![id, format!("local:{}", f.owner)],
                 )
                 .map_err(sq("delete snapshot"))?;
             Ok(n > 0)
@@ -541,8 +549,16 @@ impl Store for SqliteStore {
 
     async fn expired_snapshots(&self, host: &str, now_ms: u64) -> Result<Vec<String>> {
         self.query_rows(
-            "SELECT id FROM snapshots WHERE host_id = ?1 AND expires_at_ms <= ?2 ORDER BY id",
-            &[&host, &i(now_ms)],
+            "SELECT id FROM snapshots WHERE location = ?1 AND expires_at_ms <= ?2 ORDER BY id",
+            &[&format!("local:{host}"), &i(now_ms)],
+            |r| r.get("id").map_err(sq("read id")),
+        )
+    }
+
+    async fn expired_shared_snapshots(&self, now_ms: u64) -> Result<Vec<String>> {
+        self.query_rows(
+            "SELECT id FROM snapshots WHERE location = 'shared' AND expires_at_ms <= ?1 ORDER BY id",
+            &[&i(now_ms)],
             |r| r.get("id").map_err(sq("read id")),
         )
     }
@@ -761,6 +777,12 @@ mod tests {
             [],
         )
         .unwrap();
+        c.execute(
+            "INSERT INTO snapshots (id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits)
+             VALUES ('snap_old', 'sbx_old', 't', 1, 2, 3, '{}', '{}', '/r', '{}')",
+            [],
+        )
+        .unwrap();
         drop(c);
         let s = SqliteStore::open(&path).unwrap();
         drop(s);
@@ -775,6 +797,14 @@ mod tests {
             .unwrap();
         let rows = rt.block_on(s.list_unstopped("local")).unwrap();
         assert_eq!(rows.len(), 1, "the old row belongs to the default host");
+        let snap = rt.block_on(s.get_snapshot("snap_old")).unwrap().unwrap();
+        assert_eq!(
+            snap.location,
+            crate::SnapshotLocation::Local {
+                host: "local".into()
+            },
+            "an old snapshot is on its writer's disk"
+        );
         std::fs::remove_dir_all(dir).ok();
     }
 

@@ -54,3 +54,41 @@ async fn postgres_down_is_unavailable() {
     assert!(e.is_unavailable(), "{e}");
     assert!(started.elapsed() < std::time::Duration::from_secs(30));
 }
+
+/// Snapshot rows written before the location column existed become
+/// `local:<their writer>` (the migration that adds it; it is the newest,
+/// so reverting it by hand here and reconnecting runs exactly it again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_location_migration_keeps_old_snapshots_local() {
+    use hatchery_store::SnapshotLocation;
+    let pg = pg_server::TestPg::start();
+    let s = PgStore::connect(&pg.dsn, 2).await.unwrap();
+    let v = s.schema_version().await.unwrap();
+    drop(s);
+    let (c, conn) = tokio_postgres::connect(&pg.dsn, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    c.batch_execute(&format!(
+        "DROP INDEX snapshots_location;
+         ALTER TABLE snapshots DROP COLUMN location;
+         DELETE FROM hatchery_schema WHERE version = {v};
+         INSERT INTO snapshots (id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id)
+         VALUES ('snap_old', 'sbx_old', 't', 1, 2, 3, '{{}}', '{{}}', '/r', '{{}}', 'old-host');"
+    ))
+    .await
+    .unwrap();
+    let s = PgStore::connect(&pg.dsn, 2).await.unwrap();
+    assert_eq!(s.schema_version().await.unwrap(), v);
+    let row = s.get_snapshot("snap_old").await.unwrap().unwrap();
+    assert_eq!(
+        row.location,
+        SnapshotLocation::Local {
+            host: "old-host".into()
+        }
+    );
+    assert_eq!(
+        s.expired_snapshots("old-host", 10).await.unwrap(),
+        vec!["snap_old".to_string()]
+    );
+}

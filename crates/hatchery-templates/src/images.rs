@@ -50,7 +50,7 @@ pub struct ImageStore {
     dir: PathBuf,
 }
 
-fn valid_id(id: &str) -> bool {
+pub(crate) fn valid_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 80
         && id
@@ -72,6 +72,78 @@ fn sha256_file(p: &Path) -> std::io::Result<(u64, String)> {
         h.update(&buf[..k]);
     }
     Ok((n, h.finalize().iter().map(|b| format!("{b:02x}")).collect()))
+}
+
+/// Checksums every file the runtime wrote into `dir`, drops permissions
+/// and writes the manifest. With `durable`, every file, the manifest and
+/// the directory are fsynced too: what a shared store needs before it
+/// renames the image into view of other hosts.
+pub(crate) fn seal_dir(dir: &Path, id: &str, durable: bool) -> Result<SealedImage, ImageError> {
+    let mut files = BTreeMap::new();
+    let mut total = 0;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name == MANIFEST || !e.file_type()?.is_file() {
+            continue;
+        }
+        std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o600))?;
+        let (size, sha256) = sha256_file(&e.path())?;
+        if durable {
+            std::fs::File::open(e.path())?.sync_all()?;
+        }
+        total += size;
+        files.insert(name, FileSum { size, sha256 });
+    }
+    if files.is_empty() {
+        return Err(ImageError::Corrupt {
+            id: id.into(),
+            why: "runtime wrote no files".into(),
+        });
+    }
+    let m = serde_json::to_vec_pretty(&Manifest { files }).map_err(std::io::Error::other)?;
+    let mp = dir.join(MANIFEST);
+    std::fs::write(&mp, m)?;
+    std::fs::set_permissions(&mp, std::fs::Permissions::from_mode(0o600))?;
+    if durable {
+        std::fs::File::open(&mp)?.sync_all()?;
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(SealedImage {
+        dir: dir.to_path_buf(),
+        size_bytes: total,
+    })
+}
+
+/// Checks every file of the image in `dir` against its manifest.
+pub(crate) fn verify_dir(dir: &Path, id: &str) -> Result<(), ImageError> {
+    let raw = match std::fs::read(dir.join(MANIFEST)) {
+        Ok(r) => r,
+        Err(_) if !dir.exists() => return Err(ImageError::NotFound(id.into())),
+        Err(e) => {
+            return Err(ImageError::Corrupt {
+                id: id.into(),
+                why: format!("manifest unreadable: {e}"),
+            })
+        }
+    };
+    let corrupt = |why: String| ImageError::Corrupt { id: id.into(), why };
+    let m: Manifest =
+        serde_json::from_slice(&raw).map_err(|e| corrupt(format!("manifest: {e}")))?;
+    for (name, want) in &m.files {
+        let (size, sum) =
+            sha256_file(&dir.join(name)).map_err(|e| corrupt(format!("{name}: {e}")))?;
+        if size != want.size {
+            return Err(corrupt(format!(
+                "{name} is {size} bytes, expected {}",
+                want.size
+            )));
+        }
+        if sum != want.sha256 {
+            return Err(corrupt(format!("{name} checksum mismatch")));
+        }
+    }
+    Ok(())
 }
 
 impl ImageStore {
@@ -100,65 +172,13 @@ impl ImageStore {
 
     /// Checksums what the runtime wrote and locks it down.
     pub fn seal(&self, id: &str) -> Result<SealedImage, ImageError> {
-        let dir = self.path(id)?;
-        let mut files = BTreeMap::new();
-        let mut total = 0;
-        for e in std::fs::read_dir(&dir)? {
-            let e = e?;
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name == MANIFEST || !e.file_type()?.is_file() {
-                continue;
-            }
-            std::fs::set_permissions(e.path(), std::fs::Permissions::from_mode(0o600))?;
-            let (size, sha256) = sha256_file(&e.path())?;
-            total += size;
-            files.insert(name, FileSum { size, sha256 });
-        }
-        if files.is_empty() {
-            return Err(ImageError::Corrupt {
-                id: id.into(),
-                why: "runtime wrote no files".into(),
-            });
-        }
-        let m = serde_json::to_vec_pretty(&Manifest { files }).map_err(std::io::Error::other)?;
-        let mp = dir.join(MANIFEST);
-        std::fs::write(&mp, m)?;
-        std::fs::set_permissions(&mp, std::fs::Permissions::from_mode(0o600))?;
-        Ok(SealedImage {
-            dir,
-            size_bytes: total,
-        })
+        seal_dir(&self.path(id)?, id, false)
     }
 
     /// The image's directory, if every file matches its manifest.
     pub fn verify(&self, id: &str) -> Result<PathBuf, ImageError> {
         let dir = self.path(id)?;
-        let raw = match std::fs::read(dir.join(MANIFEST)) {
-            Ok(r) => r,
-            Err(_) if !dir.exists() => return Err(ImageError::NotFound(id.into())),
-            Err(e) => {
-                return Err(ImageError::Corrupt {
-                    id: id.into(),
-                    why: format!("manifest unreadable: {e}"),
-                })
-            }
-        };
-        let corrupt = |why: String| ImageError::Corrupt { id: id.into(), why };
-        let m: Manifest =
-            serde_json::from_slice(&raw).map_err(|e| corrupt(format!("manifest: {e}")))?;
-        for (name, want) in &m.files {
-            let (size, sum) =
-                sha256_file(&dir.join(name)).map_err(|e| corrupt(format!("{name}: {e}")))?;
-            if size != want.size {
-                return Err(corrupt(format!(
-                    "{name} is {size} bytes, expected {}",
-                    want.size
-                )));
-            }
-            if sum != want.sha256 {
-                return Err(corrupt(format!("{name} checksum mismatch")));
-            }
-        }
+        verify_dir(&dir, id)?;
         Ok(dir)
     }
 

@@ -6,15 +6,18 @@
 //! - a snapshot is a sealed checkpoint of a running sandbox, which forks
 //!   restore.
 //!
-//! Both kinds of checkpoint live in an [`ImageStore`].
+//! Both kinds of checkpoint live in an [`ImageStore`]; snapshots go through
+//! a [`SnapshotStore`] (the local directory, or one every host mounts).
 
 mod build;
 mod images;
+pub mod snapshot_store;
 mod spec;
 mod store;
 
 pub use build::{build_rootfs, default_mirror};
 pub use images::{ImageError, ImageStore, SealedImage};
+pub use snapshot_store::{SnapshotStore, SnapshotStoreError, SnapshotStoreKind, SnapshotStoreSpec};
 pub use spec::{valid_name, TemplateSpec, BASE_BOOKWORM, BASE_PACKAGES};
 pub use store::{Template, Templates};
 

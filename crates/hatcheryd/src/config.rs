@@ -42,6 +42,12 @@ pub struct DaemonArgs {
     /// Where baked templates live (default: DATA_DIR/templates).
     #[arg(long, env = "HATCHERY_TEMPLATES_DIR")]
     pub templates_dir: Option<PathBuf>,
+    /// Where new snapshots go: `local` (DATA_DIR/snapshots, this host
+    /// only) or `shared:/abs/path`, a directory every host mounts (NFS),
+    /// so any host forks, reads and deletes them (docs/operations.md,
+    /// "Snapshot store"). The directory must exist and be writable.
+    #[arg(long, env = "HATCHERY_SNAPSHOT_STORE", default_value = "local")]
+    pub snapshot_store: hatchery_templates::SnapshotStoreSpec,
     /// The runsc binary.
     #[arg(long, env = "HATCHERY_RUNSC", default_value = "runsc")]
     pub runsc: PathBuf,

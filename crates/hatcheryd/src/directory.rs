@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use hatchery_core::lease::host_lease_ttl_ms;
 use hatchery_core::Manager;
 use hatchery_route::{base_url, Directory, HostSlot, Location, RouteError};
-use hatchery_store::{Store, StoreError};
+use hatchery_store::{SnapshotLocation, Store, StoreError};
 use std::sync::Arc;
 
 pub struct StoreDirectory {
@@ -56,9 +56,17 @@ impl Directory for StoreDirectory {
     }
 
     async fn snapshot(&self, id: &str) -> Result<Location, RouteError> {
-        match self.store.get_snapshot(id).await.map_err(store_err)? {
-            Some(row) => self.owner(&row.host_id).await,
-            None => Ok(Location::Unknown),
+        let Some(row) = self.store.get_snapshot(id).await.map_err(store_err)? else {
+            return Ok(Location::Unknown);
+        };
+        match (&row.location, &self.local) {
+            (SnapshotLocation::Local { host }, _) => self.owner(host).await,
+            // In the shared store: not pinned to its writer, which may be
+            // lost; any host that mounts the store serves it.
+            (SnapshotLocation::Shared, Some(m)) if m.has_shared_snapshots() => Ok(Location::Here),
+            (SnapshotLocation::Shared, None) => Ok(Location::Anywhere),
+            // A host without the mount: its writer has one.
+            (SnapshotLocation::Shared, Some(_)) => self.owner(&row.host_id).await,
         }
     }
 

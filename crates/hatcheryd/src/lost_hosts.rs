@@ -12,6 +12,10 @@
 //! their epoch grows, and their runners start here, resuming a running
 //! session from its last checkpoint.
 //!
+//! Snapshot rows are left alone: a lost host's shared snapshots stay
+//! usable from every other host, and its local ones answer 503 host_lost
+//! until it comes back (their images are on its disk).
+//!
 //! Every daemon on a shared store sweeps (the control role and hosts
 //! alike), so hosts without a control plane still mark each other.
 //! Several processes may sweep at once: the lease take is the

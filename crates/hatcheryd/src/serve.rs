@@ -32,6 +32,8 @@ pub enum DaemonError {
     Sessions(String),
     #[error("role: {0}")]
     Role(String),
+    #[error("--snapshot-store: {0}")]
+    SnapshotStore(#[from] hatchery_templates::SnapshotStoreError),
 }
 
 fn sibling(name: &str) -> PathBuf {
@@ -67,6 +69,16 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     std::fs::create_dir_all(&data).map_err(|e| DaemonError::DataDir(data.clone(), e))?;
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700))
         .map_err(|e| DaemonError::DataDir(data.clone(), e))?;
+    // Checked before anything is registered: a host that cannot reach the
+    // shared store must not start (it could not serve shared snapshots).
+    let shared_snapshots = match &args.snapshot_store {
+        hatchery_templates::SnapshotStoreSpec::Local => None,
+        spec => {
+            let s = spec.open(&data.join("snapshots"))?;
+            tracing::info!(store = ?spec, "snapshots go to the shared store");
+            Some(s)
+        }
+    };
     let runsc = which(&args.runsc)
         .ok_or_else(|| DaemonError::Missing("runsc", args.runsc.display().to_string()))?;
     let agent = sibling("hatchery-agent");
@@ -126,6 +138,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             .map_err(dir_err(data.join("images")))?,
         snapshots: ImageStore::new(data.join("snapshots"))
             .map_err(dir_err(data.join("snapshots")))?,
+        shared_snapshots,
         pool: PoolConfig {
             size: args.pool_size,
             memory_budget_mb: args.pool_memory_mb,
