@@ -68,6 +68,8 @@ async fn route(st: &ControlState, req: Request) -> Result<Response, RouteError> 
         Some(Ok((Location::Here | Location::Unknown, what))) => {
             Err(if what.starts_with("snapshot") {
                 RouteError::NotFound("snapshot_not_found", what)
+            } else if what.starts_with("session") {
+                RouteError::NotFound("session_not_found", what)
             } else {
                 RouteError::NotFound("sandbox_not_found", what)
             })

@@ -43,6 +43,7 @@ pub(crate) async fn locate(
     let (loc, what) = match scope_of(path) {
         Scope::Sandbox(id) => (dir.sandbox(id).await, format!("sandbox {id}")),
         Scope::Snapshot(id) => (dir.snapshot(id).await, format!("snapshot {id}")),
+        Scope::Session(id) => (dir.session(id).await, format!("session {id}")),
         Scope::Other => return None,
     };
     Some(loc.map(|l| (l, what)))

@@ -77,6 +77,8 @@ pub trait Directory: Send + Sync {
     /// Who serves snapshot `id`: the host whose disk holds it, or, for a
     /// shared one, this host or [`Location::Anywhere`].
     async fn snapshot(&self, id: &str) -> Result<Location, RouteError>;
+    /// The host that owns session `id` (runs its runner).
+    async fn session(&self, id: &str) -> Result<Location, RouteError>;
     /// Every registered host.
     async fn hosts(&self) -> Result<Vec<HostSlot>, RouteError>;
 }

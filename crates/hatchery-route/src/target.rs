@@ -5,6 +5,9 @@
 pub enum Scope<'a> {
     Sandbox(&'a str),
     Snapshot(&'a str),
+    /// An agent session: its runner is on the host that owns it, so its
+    /// messages, cancels and approvals must reach that host.
+    Session(&'a str),
     /// A list, a create, templates, meta: no single owner.
     Other,
 }
@@ -22,6 +25,12 @@ pub fn scope_of(path: &str) -> Scope<'_> {
     }
     if let Some(id) = seg("/v1/snapshots/") {
         return Scope::Snapshot(id);
+    }
+    // `/v1/sessions/{id}:cancel` too: the id ends at a `:` as well.
+    if let Some(id) = seg("/v1/sessions/").map(|s| s.split(':').next().unwrap_or("")) {
+        if !id.is_empty() {
+            return Scope::Session(id);
+        }
     }
     Scope::Other
 }
@@ -42,6 +51,17 @@ mod tests {
         assert_eq!(scope_of("/v1/sandboxes"), Scope::Other);
         assert_eq!(scope_of("/v1/sandboxes/"), Scope::Other);
         assert_eq!(scope_of("/v1/snapshots"), Scope::Other);
+        assert_eq!(scope_of("/v1/sessions/ses_1"), Scope::Session("ses_1"));
+        assert_eq!(
+            scope_of("/v1/sessions/ses_1:cancel"),
+            Scope::Session("ses_1")
+        );
+        assert_eq!(
+            scope_of("/v1/sessions/ses_1/messages"),
+            Scope::Session("ses_1")
+        );
+        assert_eq!(scope_of("/v1/sessions"), Scope::Other);
+        assert_eq!(scope_of("/v1/sessions/:cancel"), Scope::Other);
         assert_eq!(scope_of("/v1/templates/x"), Scope::Other);
         assert_eq!(
             scope_of(&format!("/v1/sandboxes/{}", "a".repeat(129))),

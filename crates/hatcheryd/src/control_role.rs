@@ -23,11 +23,15 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let metrics = hatchery_route::RouteMetrics::new(&registry);
     let lost = crate::lost_hosts::counter(&registry);
     let _sweeper = crate::lost_hosts::spawn(store.clone(), lost, None);
+    // Read only here (which host owns a session); the control role runs
+    // no session.
+    let sessions = crate::sessions::open_store(&args).await?;
     let app = control::router(ControlState {
         directory: Arc::new(StoreDirectory {
             store,
             me: args.host_id.clone(),
             local: None,
+            sessions: Some(sessions),
         }),
         me: args.host_id.clone(),
         api_key: key.into(),

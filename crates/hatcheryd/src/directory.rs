@@ -17,6 +17,8 @@ pub struct StoreDirectory {
     /// The local manager (roles `all` and `host`): a sandbox it runs is
     /// answered without a query.
     pub local: Option<Arc<Manager>>,
+    /// The shared session store: which host owns a session.
+    pub sessions: Option<Arc<dyn hatchery_sessions::store::SessionStore>>,
 }
 
 fn store_err(e: StoreError) -> RouteError {
@@ -67,6 +69,20 @@ impl Directory for StoreDirectory {
             (SnapshotLocation::Shared, None) => Ok(Location::Anywhere),
             // A host without the mount: its writer has one.
             (SnapshotLocation::Shared, Some(_)) => self.owner(&row.host_id).await,
+        }
+    }
+
+    async fn session(&self, id: &str) -> Result<Location, RouteError> {
+        use hatchery_sessions::store::StoreError as S;
+        let Some(store) = &self.sessions else {
+            return Ok(Location::Here);
+        };
+        match store.get(id).await {
+            Ok(s) => self.owner(&s.host_id).await,
+            // The local handler answers 404 (or its own 400 for a bad id).
+            Err(S::NotFound(_)) if self.local.is_some() => Ok(Location::Here),
+            Err(S::NotFound(_)) => Ok(Location::Unknown),
+            Err(e) => Err(RouteError::Store(e.to_string())),
         }
     }
 

@@ -206,7 +206,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let session_store = crate::sessions::open_store(&args).await?;
     let (sessions_app, sessions) = crate::sessions::build(
         &args,
-        session_store,
+        session_store.clone(),
         &key,
         &manager.metrics.registry,
         Arc::new(hatchery_broker::catalog::StorePolicies(policies.clone())),
@@ -252,6 +252,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
                     store: store.clone(),
                     me: manager.host_id().to_string(),
                     local: Some(manager.clone()),
+                    sessions: Some(session_store.clone()),
                 }),
                 me: manager.host_id().to_string(),
                 api_key: key.clone().into(),
