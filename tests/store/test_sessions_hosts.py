@@ -3,7 +3,8 @@ on a private PostgreSQL (tests/pg/pg.py), a shared snapshot store (a
 directory both hosts use, as an NFS mount would be), a real git server
 and the scripted model. Host A runs a session that is mid-run (checkpoints
 every 2 s) and one that is idle (its idle snapshot in the shared store);
-A is SIGKILLed. Then:
+A is SIGKILLed (or, in the second run, SIGSTOPped past its lease and woken
+once its sessions moved: its late writes are fenced). Then:
 
 - B takes both sessions over (host_changed, the session epoch grows)
   once A's lease ran out;
@@ -21,6 +22,7 @@ that its orphaned shims are reconciled away."""
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -34,7 +36,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "pg"))
 sys.path.insert(0, os.path.join(HERE, "..", "sessions"))
 
 from gitserver import GitServer  # noqa: E402
-from harness import arg  # noqa: E402
+from harness import arg, wait_for  # noqa: E402
 from pg import Postgres  # noqa: E402
 from scripted_model import ScriptedModel  # noqa: E402
 from sessions_support import DEMO_FILES, SCRIPTS, SessionDaemon  # noqa: E402
@@ -136,7 +138,12 @@ def assert_log_sound(pg, d, sid):
     return evs
 
 
-def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared):
+@pytest.mark.parametrize("fault", ["sigkill", "sigstop"])
+def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared, fault):
+    """sigkill: the host is gone. sigstop: the host is paused past its
+    lease and woken once its sessions moved: every write it still tries
+    for them is fenced (no event of its old epoch after the takeover), it
+    kills its own sandboxes and stops driving them."""
     a = host(pg, "ss-a", model, shared)
     b = host(pg, "ss-b", model, shared)
     # The control plane, with the session helpers (it routes them).
@@ -144,7 +151,7 @@ def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared
                                          "--host-lease-ttl", str(LEASE_TTL_S), "--pool-size", "0"]).start()
     a2 = None
     try:
-        repo = git_server.add_repo("hosts", DEMO_FILES)
+        repo = git_server.add_repo(f"hosts-{fault}", DEMO_FILES)
         running = a.new_session(repo, "[script:slow] survive losing the host")
         idle = a.new_session(repo, "[script:ask] write the answer")
         assert session_row(pg, running)[0] == session_row(pg, idle)[0] == "ss-a"
@@ -156,7 +163,10 @@ def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared
         epochs = {sid: session_row(pg, sid)[1] for sid in (running, idle)}
         for sid in (running, idle):
             a.track_sandboxes(sid)
-        a.crash()
+        if fault == "sigkill":
+            a.crash()
+        else:
+            os.kill(a.proc.pid, signal.SIGSTOP)
         killed = time.time()
 
         # B takes both over once A's lease ran out; the running one is back
@@ -167,6 +177,13 @@ def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared
         for sid in (running, idle):
             h, e = session_row(pg, sid)
             assert h == "ss-b" and e > epochs[sid], (sid, h, e)
+        if fault == "sigstop":
+            # Woken after the takeover: it finds its host lease and its
+            # sessions gone, kills its sandboxes, writes nothing more.
+            os.kill(a.proc.pid, signal.SIGCONT)
+            wait_for(lambda: "killing this host's sandboxes" in open(a.log_path, errors="replace").read(),
+                     timeout=30, what="the woken host giving its sandboxes up")
+            a.wait_no_leftovers(timeout=30, net=False)
         s = c.wait_state(running, "completed", timeout=180)
         assert s["reason"] == "agent finished: done slowly", s
         # The idle one wakes on B when a message comes through the control
@@ -184,16 +201,19 @@ def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared
             assert len(changed) == 1 and changed[0]["from"] == "ss-a" and changed[0]["to"] == "ss-b", changed
             b.track_sandboxes(sid)
         assert resumed["lost_sandbox"] != resumed["sandbox_id"]
-        print(f"session resumed from its checkpoint {resumed_after:.1f}s after its host was SIGKILLed "
+        print(f"{fault}: session resumed from its checkpoint {resumed_after:.1f}s after the fault "
               f"(lease TTL {LEASE_TTL_S}s; fork {resumed['resume_ms']} ms; {refused} reads answered 503 meanwhile)")
         # A's restart reconciles its orphaned sandboxes away and takes no
         # session back.
+        a.stop()
         a2 = host(pg, "ss-a", model, shared, restart_of=a)
         a2.created |= a.created
         a2.wait_no_leftovers(timeout=30, net=False)
         assert session_row(pg, running)[0] == "ss-b"
     finally:
         c.cleanup()
+        if a.proc.poll() is None and fault == "sigstop":
+            os.kill(a.proc.pid, signal.SIGCONT)
         if a2 is None and a.proc.poll() is not None:
             # Failed before A's restart: restart it so that its orphans go.
             a2 = host(pg, "ss-a", model, shared, restart_of=a)

@@ -8,8 +8,7 @@
 
 use crate::budget::{Amount, Budget, BudgetError, BudgetStore, Caller, KeyStore};
 use async_trait::async_trait;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
-use tokio_postgres::NoTls;
+use deadpool_postgres::Pool;
 
 /// Numbered migrations; `gateway_schema` holds how many have run. Each runs
 /// in the transaction that records it, under an advisory lock, so two
@@ -64,20 +63,8 @@ fn i(v: u64) -> i64 {
 impl PgBudgets {
     /// `dsn`: a libpq connection string or `postgres://` URL.
     pub async fn connect(dsn: &str, pool_size: usize) -> Result<Self, BudgetError> {
-        let cfg: tokio_postgres::Config = dsn.parse().map_err(|e: tokio_postgres::Error| {
-            BudgetError::Pool(format!("bad connection string: {e}"))
-        })?;
-        let mgr = Manager::from_config(
-            cfg,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(mgr)
-            .max_size(pool_size.max(1))
-            .build()
-            .map_err(|e| BudgetError::Pool(e.to_string()))?;
+        let pool = hatchery_store::pg_pool(dsn, pool_size)
+            .map_err(|e| BudgetError::Pool(format!("bad connection string: {}", e.0)))?;
         let s = PgBudgets { pool };
         s.migrate().await?;
         Ok(s)

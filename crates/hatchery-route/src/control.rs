@@ -57,9 +57,9 @@ async fn route(st: &ControlState, req: Request) -> Result<Response, RouteError> 
         // or delete any host answers.
         Some(Ok((Location::Anywhere, _))) if req.method() == Method::POST => place(st, req).await,
         Some(Ok((Location::Anywhere, _))) => any_host(st, req).await,
-        Some(Ok((Location::At { host, url }, _))) => {
+        Some(Ok((Location::At { host, url }, what))) => {
             st.metrics.count("forwarded");
-            forward::forward(&host, &url, &st.me, req).await
+            forward::forward_watched(st.directory.as_ref(), &host, &url, &st.me, &what, req).await
         }
         Some(Ok((Location::Lost { host }, what))) => {
             st.metrics.count("host_lost");

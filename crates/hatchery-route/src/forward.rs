@@ -186,3 +186,44 @@ mod forwarding_tests {
         );
     }
 }
+
+/// How often a forwarded request that has no answer yet checks that its
+/// host still heartbeats.
+pub const WATCH_EVERY: Duration = Duration::from_secs(2);
+
+/// [`forward`] to the owner of `what`, given up with 503 `host_lost` if
+/// the owner stops heartbeating before its answer starts. A paused (or
+/// hung) host still accepts connections, its kernel does that, but never
+/// answers; without this the request would wait for as long as the host
+/// stays paused. Once the answer's head arrived its body streams as
+/// long as it runs.
+pub async fn forward_watched(
+    dir: &dyn crate::Directory,
+    host: &str,
+    base: &str,
+    me: &str,
+    what: &str,
+    req: Request,
+) -> Result<Response, RouteError> {
+    let fwd = forward(host, base, me, req);
+    tokio::pin!(fwd);
+    loop {
+        tokio::select! {
+            r = &mut fwd => return r,
+            _ = tokio::time::sleep(WATCH_EVERY) => {
+                let lost = dir
+                    .hosts()
+                    .await
+                    .map(|hs| hs.iter().any(|h| h.id == host && !h.alive))
+                    .unwrap_or(false);
+                if lost {
+                    tracing::warn!(host = %host, what = %what, "host stopped heartbeating before it answered a forwarded request");
+                    return Err(RouteError::HostLost {
+                        host: host.to_string(),
+                        what: what.to_string(),
+                    });
+                }
+            }
+        }
+    }
+}

@@ -59,8 +59,10 @@ pub async fn route(State(r): State<HostRouting>, req: Request, next: Next) -> Re
         None | Some(Ok((Location::Here | Location::Unknown | Location::Anywhere, _))) => {
             next.run(req).await
         }
-        Some(Ok((Location::At { host, url }, _))) => {
-            match forward::forward(&host, &url, &r.me, req).await {
+        Some(Ok((Location::At { host, url }, what))) => {
+            match forward::forward_watched(r.directory.as_ref(), &host, &url, &r.me, &what, req)
+                .await
+            {
                 Ok(resp) => {
                     r.metrics.count("forwarded");
                     resp

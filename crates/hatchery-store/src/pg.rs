@@ -13,9 +13,8 @@ use crate::{
     StoreError,
 };
 use async_trait::async_trait;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::Pool;
 use std::collections::BTreeMap;
-use tokio_postgres::NoTls;
 
 /// Numbered migrations; `hatchery_schema` holds how many have run. Each
 /// runs in the transaction that records it, under an advisory lock, so two
@@ -138,30 +137,7 @@ impl PgStore {
     /// `dsn`: a `postgres://` URL or a libpq connection string. Connects,
     /// then runs the migrations not yet run.
     pub async fn connect(dsn: &str, pool_size: usize) -> Result<PgStore> {
-        let mut cfg: tokio_postgres::Config = dsn
-            .parse()
-            .map_err(|e: tokio_postgres::Error| StoreError::Config(e.to_string()))?;
-        // A network that drops packets without a reset: the kernel gives
-        // up on unacknowledged data after this, the connection closes and
-        // the pool opens a new one (the URL may set its own).
-        if cfg.get_tcp_user_timeout().is_none() {
-            cfg.tcp_user_timeout(std::time::Duration::from_secs(5));
-        }
-        cfg.keepalives(true);
-        let mgr = Manager::from_config(
-            cfg,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(mgr)
-            .max_size(pool_size.max(1))
-            .wait_timeout(Some(std::time::Duration::from_secs(10)))
-            .create_timeout(Some(std::time::Duration::from_secs(10)))
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .build()
-            .map_err(|e| StoreError::Config(e.to_string()))?;
+        let pool = crate::pg_pool(dsn, pool_size).map_err(|e| StoreError::Config(e.0))?;
         let s = PgStore { pool };
         s.migrate().await?;
         Ok(s)

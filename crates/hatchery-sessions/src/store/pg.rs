@@ -16,10 +16,10 @@ use super::chain::seal_after;
 use super::sqlite::now;
 use super::*;
 use crate::events::{cut, INLINE_TEXT_BYTES, MAX_BLOB_BYTES};
-use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Pool, RecyclingMethod};
+use deadpool_postgres::{GenericClient, Pool};
 use std::sync::Arc;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::Row;
 
 /// Numbered migrations; `hatchery_sessions_schema` holds one row per
 /// migration run. Each runs in the transaction that records it, under an
@@ -456,23 +456,7 @@ impl PgSessionStore {
     /// pool's 10 s connect timeout, never a hang.
     pub async fn connect(dsn: &str, pool_size: usize, host_id: &str) -> Result<Self, StoreError> {
         check_host_id(host_id)?;
-        let cfg: tokio_postgres::Config = dsn
-            .parse()
-            .map_err(|e: tokio_postgres::Error| StoreError::Config(e.to_string()))?;
-        let mgr = Manager::from_config(
-            cfg,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(mgr)
-            .max_size(pool_size.max(1))
-            .wait_timeout(Some(std::time::Duration::from_secs(10)))
-            .create_timeout(Some(std::time::Duration::from_secs(10)))
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .build()
-            .map_err(|e| StoreError::Config(e.to_string()))?;
+        let pool = hatchery_store::pg_pool(dsn, pool_size).map_err(|e| StoreError::Config(e.0))?;
         let s = PgSessionStore {
             pool,
             host: host_id.into(),

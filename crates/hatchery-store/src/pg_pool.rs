@@ -1,0 +1,58 @@
+//! One way to open a PostgreSQL pool for every crate that keeps state
+//! there (this store, the session store, the gateway's budgets), so that
+//! each gets the same bounds: a request waits at most 10 s for a
+//! connection, a connect at most 10 s, and a connection whose data goes
+//! unacknowledged (a network that drops packets) is closed by the kernel
+//! after 5 s, unless the URL sets its own `tcp_user_timeout`.
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use std::time::Duration;
+use tokio_postgres::NoTls;
+
+/// Waiting for a free connection, and opening one.
+pub const POOL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Unacknowledged data on a connection before the kernel gives up on it.
+pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a pool could not be made: the connection string, as the driver
+/// read it (nothing is connected yet).
+#[derive(Debug, thiserror::Error)]
+#[error("PostgreSQL connection string: {0}")]
+pub struct PoolConfigError(pub String);
+
+/// A pool of at most `size` connections to `dsn` (a `postgres://` URL or
+/// a libpq `key=value` string). Connects lazily.
+pub fn pg_pool(dsn: &str, size: usize) -> Result<Pool, PoolConfigError> {
+    let mut cfg: tokio_postgres::Config = dsn
+        .parse()
+        .map_err(|e: tokio_postgres::Error| PoolConfigError(e.to_string()))?;
+    if cfg.get_tcp_user_timeout().is_none() {
+        cfg.tcp_user_timeout(TCP_USER_TIMEOUT);
+    }
+    cfg.keepalives(true);
+    let mgr = Manager::from_config(
+        cfg,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(mgr)
+        .max_size(size.max(1))
+        .wait_timeout(Some(POOL_TIMEOUT))
+        .create_timeout(Some(POOL_TIMEOUT))
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .build()
+        .map_err(|e| PoolConfigError(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_strings_are_refused_before_connecting() {
+        assert!(pg_pool("postgres://u@h:notaport/db", 2).is_err());
+        assert!(pg_pool("postgres://u@127.0.0.1:1/db", 2).is_ok());
+    }
+}
