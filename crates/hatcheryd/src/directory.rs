@@ -78,6 +78,10 @@ impl Directory for StoreDirectory {
             return Ok(Location::Here);
         };
         match store.get(id).await {
+            // Ended: nothing will write it again, and every host reads it
+            // from the shared store, so its owner need not be up.
+            Ok(s) if s.state.is_terminal() && self.local.is_some() => Ok(Location::Here),
+            Ok(s) if s.state.is_terminal() => Ok(Location::Anywhere),
             Ok(s) => self.owner(&s.host_id).await,
             // The local handler answers 404 (or its own 400 for a bad id).
             Err(S::NotFound(_)) if self.local.is_some() => Ok(Location::Here),
