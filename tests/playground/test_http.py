@@ -229,7 +229,10 @@ def test_client_disconnect_kills_sandbox(gateway_factory, daemon):
         assert_no_sandboxes(daemon, timeout=5)
         assert time.monotonic() - t0 < 5
     wait_for(lambda: g.metric("hatchery_playground_in_flight") == 0, timeout=5, what="slots freed")
-    rows = query(g, "SELECT outcome FROM runs WHERE cached = 0 AND refused IS NULL")
+    # The run log is written behind the run (the slot is freed first).
+    q = "SELECT outcome FROM runs WHERE cached = 0 AND refused IS NULL"
+    wait_for(lambda: len(query(g, q)) == 2, timeout=5, what="both runs in the run log")
+    rows = query(g, q)
     assert sorted(r[0] for r in rows) == ["disconnected", "disconnected"], rows
 
 
