@@ -95,12 +95,13 @@ def main():
         print(f"resume after host loss (SIGKILL, lease TTL {LEASE_TTL_S} s): n={R} p50 {pct(resumes, 50):.0f} ms "
               f"p99 {pct(resumes, 99):.0f} ms (goal p50 <= 15000 ms, bound 60000 ms)")
     finally:
-        c.cleanup()
-        a.cleanup_sessions()
-        b.cleanup_sessions()
-        model.stop()
-        git.stop()
-        pg.stop()
+        # Each step even if one before it failed: the servers must not
+        # outlive the bench.
+        for step in (c.cleanup, a.cleanup_sessions, b.cleanup_sessions, model.stop, git.stop, pg.stop):
+            try:
+                step()
+            except Exception as e:  # noqa: BLE001 - reported, the rest still runs
+                print(f"cleanup step {step.__qualname__} failed: {e!r}", file=sys.stderr)
         shutil.rmtree(shared, ignore_errors=True)
 
 
