@@ -79,7 +79,7 @@ pub async fn sweep(
         }
         let rows = store.list_unstopped(&h.id).await?;
         if !rows.is_empty() {
-            marked += mark_lost(store, &h, &rows).await?;
+            marked += mark_lost(store, &h, &resource, &rows).await?;
         }
         // After its sandboxes are marked: a session's runner here then
         // finds its sandbox gone and resumes from the checkpoint.
@@ -95,29 +95,27 @@ pub async fn sweep(
 async fn mark_lost(
     store: &dyn Store,
     h: &hatchery_store::HostRow,
+    resource: &str,
     rows: &[hatchery_store::SandboxRow],
 ) -> Result<usize, StoreError> {
-    let resource = host_resource(&h.id);
-    {
-        // In the lost host's name: its rows are written only under its
-        // own lease, and the new epoch fences its previous incarnation.
-        let lease = match store.take_lease(&resource, &h.id, SWEEP_LEASE_MS).await {
-            Ok(l) => l,
-            Err(StoreError::LeaseHeld { .. }) => return Ok(0),
-            Err(e) => return Err(e),
-        };
-        let f = Fence::of(&lease);
-        let now = now_ms();
-        let mut n = 0;
-        for r in rows {
-            if store.stop(&f, &r.id, LOST_REASON, now).await? {
-                n += 1;
-            }
+    // In the lost host's name: its rows are written only under its own
+    // lease, and the new epoch fences its previous incarnation.
+    let lease = match store.take_lease(resource, &h.id, SWEEP_LEASE_MS).await {
+        Ok(l) => l,
+        Err(StoreError::LeaseHeld { .. }) => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let f = Fence::of(&lease);
+    let now = now_ms();
+    let mut n = 0;
+    for r in rows {
+        if store.stop(&f, &r.id, LOST_REASON, now).await? {
+            n += 1;
         }
-        store.release_lease(&f).await?;
-        tracing::warn!(host = %h.id, silent_ms = h.silent_for_ms, epoch = f.epoch, sandboxes = n, "host lost: its sandboxes marked stopped (host_lost)");
-        Ok(n)
     }
+    store.release_lease(&f).await?;
+    tracing::warn!(host = %h.id, silent_ms = h.silent_for_ms, epoch = f.epoch, sandboxes = n, "host lost: its sandboxes marked stopped (host_lost)");
+    Ok(n)
 }
 
 fn now_ms() -> u64 {
