@@ -6,7 +6,7 @@
 
 use crate::agent_proto::{self, Effect, LineSplitter};
 use crate::events::{Actor, EventKind};
-use crate::sandbox::{NewSandbox, OutputItem, ProcState, SandboxError};
+use crate::sandbox::{NewSandbox, OutputItem, ProcState, SandboxError, SandboxInfo};
 use crate::scheduler::Lease;
 use crate::service::Sessions;
 use crate::state::SessionState as S;
@@ -882,6 +882,11 @@ async fn cancel_running(svc: &Arc<Sessions>, s: &Session) -> R<()> {
     Ok(())
 }
 
+/// Where a checkpoint left the runner's reading of the agent, in the
+/// snapshot's metadata (written by `checkpoint`, read on resume).
+const CKPT_OFFSET: &str = "output_offset";
+const CKPT_DELIVERED: &str = "delivered_seq";
+
 /// A snapshot of the running sandbox, agent included, to resume from if
 /// the sandbox is lost. It records where the runner's reading of the
 /// agent stood; the previous checkpoint is deleted once this one is on
@@ -891,8 +896,10 @@ async fn checkpoint(svc: &Arc<Sessions>, id: &str, sbx: &str) -> R<()> {
     let mut meta = BTreeMap::new();
     meta.insert("hatchery_session".to_string(), id.to_string());
     meta.insert("purpose".to_string(), "checkpoint".to_string());
-    meta.insert("output_offset".to_string(), s.output_offset.to_string());
-    meta.insert("delivered_seq".to_string(), s.delivered_seq.to_string());
+    meta.insert(CKPT_OFFSET.to_string(), s.output_offset.to_string());
+    meta.insert(CKPT_DELIVERED.to_string(), s.delivered_seq.to_string());
+    // For an operator reading the snapshot; the resume takes the number
+    // from the session row, which may be higher.
     meta.insert("agent_seq".to_string(), s.agent_seq.to_string());
     let t0 = Instant::now();
     let snap = match svc
@@ -956,8 +963,7 @@ async fn resume_from_checkpoint(svc: &Arc<Sessions>, s: &Session, lost: &str) ->
         )
     })?;
     let num = |k: &str| meta.get(k).and_then(|v| v.parse::<u64>().ok());
-    let (Some(output_offset), Some(delivered_seq)) = (num("output_offset"), num("delivered_seq"))
-    else {
+    let (Some(output_offset), Some(delivered_seq)) = (num(CKPT_OFFSET), num(CKPT_DELIVERED)) else {
         return Err(fail(
             "lost_sandbox",
             format!("sandbox {lost} is gone and {ckpt} is not a checkpoint of this session"),
@@ -965,22 +971,7 @@ async fn resume_from_checkpoint(svc: &Arc<Sessions>, s: &Session, lost: &str) ->
     };
     let t0 = Instant::now();
     svc.hooks().unbind(&s.id, lost).await;
-    ev(
-        svc,
-        &s.id,
-        EventKind::SandboxRequested {
-            template: s.spec.template.clone(),
-        },
-    )
-    .await?;
-    let mut fork_meta = BTreeMap::new();
-    fork_meta.insert("hatchery_session".to_string(), s.id.clone());
-    let info = svc.sandboxes.fork(&ckpt, ttl_for(s), fork_meta).await?;
-    if let Err(e) = bind(svc, s, &info.id).await {
-        svc.hooks().unbind(&s.id, &info.id).await;
-        let _ = svc.sandboxes.delete(&info.id).await;
-        return Err(e);
-    }
+    let info = fork_bound(svc, s, &ckpt).await?;
     let resume_ms = t0.elapsed().as_millis() as u64;
     let done = svc
         .append_if_state(
@@ -1007,9 +998,7 @@ async fn resume_from_checkpoint(svc: &Arc<Sessions>, s: &Session, lost: &str) ->
         )
         .await;
     if let Err(e) = done {
-        // Not on record: nothing else would delete it.
-        svc.hooks().unbind(&s.id, &info.id).await;
-        let _ = svc.sandboxes.delete(&info.id).await;
+        discard(svc, &s.id, &info.id).await;
         return Err(fail("store_error", e.to_string()));
     }
     svc.metrics
@@ -1017,6 +1006,35 @@ async fn resume_from_checkpoint(svc: &Arc<Sessions>, s: &Session, lost: &str) ->
         .observe(t0.elapsed().as_secs_f64());
     tracing::info!(session = %s.id, lost = %lost, sandbox = %info.id, checkpoint = %ckpt, resume_ms, "session resumed from its checkpoint");
     Ok(())
+}
+
+/// A new sandbox for the session from `snapshot` (said first with
+/// `sandbox_requested`), its services bound. Not on the session's record
+/// yet: the caller records it, or [`discard`]s it.
+async fn fork_bound(svc: &Arc<Sessions>, s: &Session, snapshot: &str) -> R<SandboxInfo> {
+    ev(
+        svc,
+        &s.id,
+        EventKind::SandboxRequested {
+            template: s.spec.template.clone(),
+        },
+    )
+    .await?;
+    let mut meta = BTreeMap::new();
+    meta.insert("hatchery_session".to_string(), s.id.clone());
+    let info = svc.sandboxes.fork(snapshot, ttl_for(s), meta).await?;
+    if let Err(e) = bind(svc, s, &info.id).await {
+        discard(svc, &s.id, &info.id).await;
+        return Err(e);
+    }
+    Ok(info)
+}
+
+/// A sandbox that never made it onto the session's record: nothing else
+/// would delete it.
+async fn discard(svc: &Arc<Sessions>, session: &str, sbx: &str) {
+    svc.hooks().unbind(session, sbx).await;
+    let _ = svc.sandboxes.delete(sbx).await;
 }
 
 /// Waited too long: snapshot, free the sandbox and the place.
@@ -1107,23 +1125,7 @@ async fn idle(
         }
     }
     let t0 = Instant::now();
-    let mut meta = BTreeMap::new();
-    meta.insert("hatchery_session".to_string(), id.clone());
-    ev(
-        svc,
-        &id,
-        EventKind::SandboxRequested {
-            template: s.spec.template.clone(),
-        },
-    )
-    .await?;
-    let info = svc.sandboxes.fork(&snap, ttl_for(&s), meta).await?;
-    if let Err(e) = bind(svc, &s, &info.id).await {
-        // Not on record yet: nothing else would delete it.
-        svc.hooks().unbind(&id, &info.id).await;
-        let _ = svc.sandboxes.delete(&info.id).await;
-        return Err(e);
-    }
+    let info = fork_bound(svc, &s, &snap).await?;
     let ms = t0.elapsed().as_millis() as u64;
     to_state(
         svc,

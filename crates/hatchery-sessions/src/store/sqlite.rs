@@ -794,26 +794,8 @@ impl SessionStore for SqliteStore {
 mod tests {
     use super::*;
 
-    pub(crate) fn spec() -> SessionSpec {
-        SessionSpec {
-            repo: "git://127.0.0.1/r.git".into(),
-            git_ref: "main".into(),
-            task: "fix".into(),
-            policy_id: "pol_standard".into(),
-            policy_version: 1,
-            budget_tokens: 1000,
-            budget_usd_cents: 0,
-            budget_wall_s: 60,
-            template: "code-interpreter".into(),
-            agent: AgentSpec {
-                kind: "reference".into(),
-                model_url: "http://127.0.0.1:9100/v1".into(),
-                model: "m".into(),
-                max_steps: 10,
-                command: None,
-            },
-            env: Default::default(),
-        }
+    fn spec() -> SessionSpec {
+        crate::store::conformance::spec("git://127.0.0.1/r.git")
     }
 
     // The backend-neutral behaviour is in store/conformance.rs (run on
