@@ -81,6 +81,7 @@ def test_resize_reaches_the_program(daemon, sandbox):
     t = shell(daemon, sandbox, cols=100, rows=30)
     assert "30 100" in run(t, "stty size", PROMPT)
     t.resize(132, 43)
+    assert t.wait_control("resized") == {"type": "resized", "cols": 132, "rows": 43}
     # (bash redraws its prompt on the SIGWINCH too, so wait for the size.)
     run(t, "stty size", "43 132\r\n")
     # A foreground program gets SIGWINCH and sees the new size.
@@ -92,6 +93,37 @@ def test_resize_reaches_the_program(daemon, sandbox):
     t.wait_for("winch 90 20", start=m)
     t.type("\x03")
     t.wait_for(PROMPT, start=m)
+    t.ws.close()
+
+
+# GNU readline "touches" the window size each time bash prepares a new line
+# (TIOCGWINSZ, then TIOCSWINSZ with what it read): a resize that lands
+# between the two is written over with the old size. This program does the
+# same with a pause the test controls, so the race is hit every time.
+SLOW_TOUCH = ("python3 -c \"import fcntl,termios,sys; b=fcntl.ioctl(0, termios.TIOCGWINSZ, bytes(8)); "
+              "print('re''ad', flush=True); sys.stdin.readline(); fcntl.ioctl(0, termios.TIOCSWINSZ, b); "
+              "print('wro''te', flush=True)\"")
+
+
+def test_a_resize_written_over_by_a_program_is_restored(daemon, sandbox):
+    t = shell(daemon, sandbox, cols=100, rows=30)
+    run(t, SLOW_TOUCH, "read\r\n")
+    # Every resize is answered with the size the terminal reports after it.
+    t.resize(120, 40)
+    assert t.wait_control("resized") == {"type": "resized", "cols": 120, "rows": 40}
+    # The program writes the size it read before the resize back.
+    m = t.mark()
+    t.type("\r")
+    t.wait_for("wrote\r\n", start=m)
+    t.wait_for(PROMPT, start=m)
+    # The agent saw the terminal go back to exactly the previous size within
+    # its watch after the resize, and set the new one again.
+    time.sleep(0.2)
+    assert "40 120" in run(t, "stty size", PROMPT)
+    # A size a program picks itself (not the previous one) is its choice.
+    run(t, "stty cols 90 rows 20", PROMPT)
+    time.sleep(0.2)
+    assert "20 90" in run(t, "stty size", PROMPT)
     t.ws.close()
 
 

@@ -88,6 +88,9 @@ kinds! {
     CodeEvent = 104,
     // the end of a code run (CodeResult)
     CodeDone = 105,
+    // the answer to a PtyResize (PtyResized, JSON): the size the terminal
+    // reports now, so a resize that did not take is seen, not silent
+    PtyResized = 106,
     // payload: u64 BE offset, u8 stream (1 stdout, 2 stderr), the bytes
     ProcChunk = 160,
     // a ProcInfo: the end of a ProcRead

@@ -23,6 +23,6 @@ pub use frame::{
 pub use messages::{
     CodeRequest, CodeResult, ContextInfo, ContextRequest, EndReason, ExecRequest, ExecResult,
     FileEntry, FileListRequest, FilePathRequest, FileReadRequest, FileWriteRequest, GuestError,
-    ProcInfo, ProcRequest, PtyExit, PtyRequest, PtySize, PtyStarted, ShimControl,
+    ProcInfo, ProcRequest, PtyExit, PtyRequest, PtyResized, PtySize, PtyStarted, ShimControl,
 };
 pub use relay::{RelayIncoming, RelayListen, RelayListening, RelayOpen};

@@ -235,6 +235,15 @@ pub struct PtySize {
     pub rows: u16,
 }
 
+/// The answer to every `PtyResize`: the window the terminal reports after
+/// it (read back from the terminal, not echoed from the request), and why
+/// it is not the size asked for when it is not.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PtyResized {
+    pub size: Option<PtySize>,
+    pub error: Option<String>,
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct PtyStarted {
     pub pid: i32,

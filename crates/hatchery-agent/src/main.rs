@@ -12,6 +12,7 @@ mod out;
 mod pool;
 mod procs;
 mod pty;
+mod pty_size;
 mod reaper;
 mod relay;
 mod spawner;
@@ -156,11 +157,17 @@ fn main() {
                 Err(e) => out.error(chan, "invalid", e.to_string()),
             },
             Kind::PtyInput => ptys.input(chan, frame.payload),
-            Kind::PtyResize => {
-                if let Ok(size) = frame.parse() {
-                    ptys.resize(chan, size);
-                }
-            }
+            Kind::PtyResize => match frame.parse() {
+                Ok(size) => ptys.resize(chan, size, &out),
+                Err(e) => out.send(&Frame::json(
+                    chan,
+                    Kind::PtyResized,
+                    &hatchery_agent_proto::PtyResized {
+                        size: None,
+                        error: Some(format!("invalid resize: {e}")),
+                    },
+                )),
+            },
             Kind::PtyClose => ptys.close(chan),
             Kind::Ping => out.send(&Frame::new(chan, Kind::Pong, frame.payload)),
             Kind::RelayListen => match frame.parse() {

@@ -15,8 +15,11 @@
 
 use crate::exec::{resolve, spawn_contained, Tree, BASE_PATH};
 use crate::out::{send_locked, Out};
+use crate::pty_size::{resizer, Tty, WinSize};
 use crate::reaper::{exit_code, Reaper};
-use hatchery_agent_proto::{EndReason, Frame, Kind, PtyExit, PtyRequest, PtySize, PtyStarted};
+use hatchery_agent_proto::{
+    EndReason, Frame, Kind, PtyExit, PtyRequest, PtyResized, PtySize, PtyStarted,
+};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Write};
@@ -39,8 +42,6 @@ const TICK: Duration = Duration::from_millis(250);
 /// After the program exits and its unit is killed, how long output still
 /// buffered in the terminal may take to drain.
 const DRAIN_GRACE: Duration = Duration::from_secs(1);
-/// Largest window accepted (the host refuses more before it gets here).
-const MAX_CELLS: u16 = 1000;
 
 static NEXT_MARK: AtomicU64 = AtomicU64::new(1);
 
@@ -50,10 +51,8 @@ fn now_ms() -> u64 {
 }
 
 struct Term {
-    master: Arc<File>,
-    /// The program: leader of the terminal's session.
-    leader: i32,
-    size: Mutex<PtySize>,
+    /// Resizes, for the terminal's resizer thread.
+    resize: Mutex<Sender<PtySize>>,
     tree: Arc<Tree>,
     input: Mutex<Sender<Vec<u8>>>,
     pending: Arc<AtomicUsize>,
@@ -105,18 +104,22 @@ impl Ptys {
         }
     }
 
-    /// A new window size, and SIGWINCH for the programs on the terminal.
-    pub fn resize(&self, chan: u32, size: PtySize) {
-        let Some(t) = self.get(chan) else { return };
+    /// A new window size, for the terminal's resizer (pty_size.rs), which
+    /// answers every resize with `PtyResized`, in order.
+    pub fn resize(&self, chan: u32, size: PtySize, out: &Out) {
+        let Some(t) = self.get(chan) else {
+            let no = PtyResized {
+                size: None,
+                error: Some("no such terminal".into()),
+            };
+            return out.send(&Frame::json(chan, Kind::PtyResized, &no));
+        };
         t.active_at.store(now_ms(), Ordering::Relaxed);
-        {
-            let mut cur = t.size.lock().unwrap_or_else(|p| p.into_inner());
-            if *cur == size || !set_size(t.master.as_raw_fd(), size) {
-                return;
-            }
-            *cur = size;
-        }
-        crate::pool::run(move || winch_session(t.leader));
+        let _ = t
+            .resize
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(size);
     }
 
     /// Ends the terminal and everything started in it.
@@ -160,8 +163,8 @@ fn run(
         return Ok(());
     };
     let (master, slave) = open_pty()?;
-    if !set_size(master.as_raw_fd(), req.size) {
-        out.error(chan, "invalid", "window size out of range");
+    if let Err(e) = Tty(master.as_raw_fd()).set(req.size) {
+        out.error(chan, "invalid", e);
         return Ok(());
     }
     set_utf8(slave.as_raw_fd());
@@ -213,10 +216,9 @@ fn run(
     let master = Arc::new(master);
     set_nonblocking(master.as_raw_fd());
     let (input_tx, input_rx) = channel();
+    let (resize_tx, resize_rx) = channel();
     let term = Arc::new(Term {
-        master: Arc::clone(&master),
-        leader: pid,
-        size: Mutex::new(req.size),
+        resize: Mutex::new(resize_tx),
         tree: Arc::clone(&tree),
         input: Mutex::new(input_tx),
         pending: Arc::new(AtomicUsize::new(0)),
@@ -257,6 +259,10 @@ fn run(
             Arc::clone(&ending),
         );
         crate::pool::run(move || pump_input(&master, input_rx, &pending, &ending));
+    }
+    {
+        let (master, out) = (Arc::clone(&master), out.clone());
+        crate::pool::run(move || resizer(chan, master, pid, resize_rx, out));
     }
 
     let idle = Duration::from_millis(req.idle_timeout_ms.max(1000));
@@ -419,58 +425,6 @@ fn open_pty() -> std::io::Result<(File, File)> {
     }
 }
 
-/// Sets the window size; false if it is out of range or refused.
-fn set_size(fd: RawFd, size: PtySize) -> bool {
-    if size.cols == 0 || size.rows == 0 || size.cols > MAX_CELLS || size.rows > MAX_CELLS {
-        return false;
-    }
-    let ws = libc::winsize {
-        ws_row: size.rows,
-        ws_col: size.cols,
-        ws_xpixel: 0,
-        ws_ypixel: 0,
-    };
-    // A signal arriving mid-call must not lose the resize (the caller
-    // has no one to report it to).
-    for _ in 0..8 {
-        // SAFETY: TIOCSWINSZ reads one winsize from a valid pointer.
-        if unsafe { libc::ioctl(fd, libc::TIOCSWINSZ, &ws) } == 0 {
-            return true;
-        }
-        if std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            return false;
-        }
-    }
-    false
-}
-
-/// Linux signals the terminal's foreground job itself when the master sets
-/// a new size; gVisor does not, and will not tell the agent which group is
-/// in the foreground (TIOCGPGRP on a master that is not the caller's
-/// terminal is ENOTTY there, and /proc shows no tpgid). So every process of
-/// the terminal's session gets SIGWINCH: the foreground job as on Linux,
-/// plus background jobs of the session, for which it is harmless (ignored
-/// by default; a program that handles it just looks at the size again).
-fn winch_session(leader: i32) {
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for pid in dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok()) {
-        if session_of(pid) == Some(leader) {
-            // SAFETY: plain signal delivery to a pid just read from /proc.
-            unsafe { libc::kill(pid, libc::SIGWINCH) };
-        }
-    }
-}
-
-/// The session id in /proc/PID/stat: the fourth field after the command
-/// name (which may itself contain spaces and parentheses).
-fn session_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_ascii_whitespace().nth(3)?.parse().ok()
-}
-
 /// UTF-8 aware line editing (backspace over a multibyte character).
 fn set_utf8(fd: RawFd) {
     // SAFETY: all-zero is a valid termios, filled in by tcgetattr.
@@ -488,17 +442,5 @@ fn set_nonblocking(fd: RawFd) {
     unsafe {
         let fl = libc::fcntl(fd, libc::F_GETFL);
         libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn session_of_reads_this_process() {
-        let me = std::process::id() as i32;
-        // SAFETY: getsid(0) has no preconditions.
-        let sid = unsafe { libc::getsid(0) };
-        assert_eq!(super::session_of(me), Some(sid));
-        assert_eq!(super::session_of(-1), None);
     }
 }

@@ -117,8 +117,12 @@ pub enum TerminalServerMessage {
     /// The server is closing the terminal: `idle_timeout` (close code
     /// 4000), `sandbox_gone` (1001) or `error` (1011).
     Closed { reason: String, message: String },
-    /// A client message was refused and ignored; the terminal goes on.
+    /// A client message was refused and ignored, or a resize did not
+    /// take (`resize_failed`); the terminal goes on.
     Error { code: String, message: String },
+    /// The answer to each resize the guest applied: the window the
+    /// terminal reports now, read back from it.
+    Resized { cols: u16, rows: u16 },
 }
 
 #[cfg(test)]

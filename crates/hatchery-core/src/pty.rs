@@ -12,7 +12,7 @@
 use crate::agent_client::{guest_error, AgentClient, Channel};
 use crate::manager::{Live, Manager};
 use crate::CoreError;
-use hatchery_agent_proto::{Frame, Kind, PtyExit, PtyRequest, PtySize, PtyStarted};
+use hatchery_agent_proto::{Frame, Kind, PtyExit, PtyRequest, PtyResized, PtySize, PtyStarted};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +40,9 @@ pub enum TerminalEvent {
     Output(Vec<u8>),
     /// The program ended; nothing follows.
     Exit(PtyExit),
+    /// The guest's answer to a [`Terminal::resize`]: the size the terminal
+    /// reports now, and why it is not the one asked for when it is not.
+    Resized(PtyResized),
 }
 
 /// One attached terminal. Dropping it without [`Terminal::close`] still
@@ -198,6 +201,14 @@ impl Terminal {
                         Err(e) => Err(CoreError::GuestUnresponsive(format!("bad exit frame: {e}"))),
                     };
                 }
+                Kind::PtyResized => {
+                    return Ok(TerminalEvent::Resized(f.parse().unwrap_or_else(|e| {
+                        PtyResized {
+                            size: None,
+                            error: Some(format!("bad resize answer: {e}")),
+                        }
+                    })))
+                }
                 Kind::Error => {
                     // The agent lost track of the program; its unit was
                     // killed on the way out.
@@ -220,6 +231,8 @@ impl Terminal {
         Ok(())
     }
 
+    /// Asks for a new window size. The guest answers every resize with a
+    /// [`TerminalEvent::Resized`] from [`Terminal::next`].
     pub async fn resize(&self, cols: u16, rows: u16) -> Result<(), CoreError> {
         let max = self.manager.caps.max_terminal_cells as u64;
         crate::within("cols", cols as u64, max)?;

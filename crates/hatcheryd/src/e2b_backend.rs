@@ -199,6 +199,9 @@ impl TerminalPty {
                             .await;
                         return;
                     }
+                    // E2B's resize RPC answers once the request is sent;
+                    // its protocol has no place for the guest's answer.
+                    Step::Ev(Ok(hatchery_core::pty::TerminalEvent::Resized(_))) => {}
                     Step::Ev(Err(e)) => {
                         let _ = etx.send(Err(err(e))).await;
                         return;

@@ -425,8 +425,12 @@ class AsyncTerminal:
     async def write(self, data: Union[str, bytes]) -> None:
         await _run(self.sync.write, data)
 
-    async def resize(self, cols: int, rows: int) -> None:
-        await _run(self.sync.resize, cols, rows)
+    async def resize(self, cols: int, rows: int, *, timeout: Optional[float] = None) -> None:
+        await _run(self.sync.resize, cols, rows, timeout=timeout)
+
+    @property
+    def size(self) -> Optional[Tuple[int, int]]:
+        return self.sync.size
 
     async def read(self, timeout: Optional[float] = None) -> bytes:
         return await _run(self.sync.read, timeout)

@@ -641,6 +641,13 @@ class Terminal:
         self._eof = False
         self.exit: Optional[TerminalExit] = None
         self.errors: List[Dict[str, Any]] = []
+        # The window the terminal reported in the last resize answer.
+        self.size: Optional[Tuple[int, int]] = None
+        # Every resize gets exactly one answer, in order: `resized`, or an
+        # error (`resize_failed`, `invalid_resize`).
+        self._resizes_sent = 0
+        self._resize_answers: List[Dict[str, Any]] = []
+        self._answered = threading.Condition()
         self._done = threading.Event()
         self._reader = threading.Thread(target=self._read_loop, name="hatchery-pty", daemon=True)
         self._reader.start()
@@ -665,6 +672,11 @@ class Terminal:
                     closed = msg
                 elif t == "error":
                     self.errors.append(msg)
+                    if msg.get("code") in ("resize_failed", "invalid_resize"):
+                        self._answer(msg)
+                elif t == "resized":
+                    self.size = (msg.get("cols"), msg.get("rows"))
+                    self._answer(msg)
         except Closed as e:
             if self.exit is None:
                 self.exit = TerminalExit(exit_code=None, reason=(closed or {}).get("reason") or e.reason or "closed",
@@ -677,13 +689,43 @@ class Terminal:
         finally:
             self._q.put(None)
             self._done.set()
+            with self._answered:
+                self._answered.notify_all()
+
+    def _answer(self, msg: Dict[str, Any]) -> None:
+        with self._answered:
+            self._resize_answers.append(msg)
+            self._answered.notify_all()
 
     def write(self, data: Union[str, bytes]) -> None:
         """Keystrokes or a paste (str is sent as UTF-8)."""
         self._ws.send_binary(data.encode("utf-8") if isinstance(data, str) else bytes(data))
 
-    def resize(self, cols: int, rows: int) -> None:
+    def resize(self, cols: int, rows: int, *, timeout: Optional[float] = None) -> None:
+        """A new window size. With `timeout`, waits that long for the guest's
+        answer: returns once the terminal reports the new size (`size`),
+        raises GuestError if it did not take, BadRequest if it was refused,
+        SandboxTimeout if no answer came."""
+        with self._answered:
+            self._resizes_sent += 1
+            n = self._resizes_sent
         self._ws.send_text(_json.dumps({"type": "resize", "cols": cols, "rows": rows}))
+        if timeout is None:
+            return
+        deadline = time.monotonic() + timeout
+        with self._answered:
+            while len(self._resize_answers) < n:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._done.is_set():
+                    raise errors.SandboxTimeout(f"no answer to the resize to {cols}x{rows} within {timeout} s"
+                                         f" (errors so far: {self.errors})")
+                self._answered.wait(left)
+            a = self._resize_answers[n - 1]
+        if a.get("type") == "resized":
+            return
+        if a.get("code") == "invalid_resize":
+            raise errors.BadRequest(a.get("message", "invalid resize"), code="invalid_resize")
+        raise errors.GuestError(a.get("message", "the resize did not take"), code=a.get("code"))
 
     def read(self, timeout: Optional[float] = None) -> bytes:
         """The output that has come (waiting up to `timeout` seconds for

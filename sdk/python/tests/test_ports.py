@@ -76,19 +76,16 @@ def test_pty_echo_resize_exit(sbx):
         t.read_until("30 100", timeout=15)
         t.write(b"echo h''i\n")
         t.read_until("hi\r\n", timeout=15)
-        t.resize(120, 40)
-        # The new size is asked for again if the first answer raced the
-        # resize (seen once in CI: one "30 100" after the resize frame);
-        # a size that never changes still fails after 15 s.
-        for _ in range(5):
-            t.write("stty size\n")
-            try:
-                t.read_until("40 120", timeout=3)
-                break
-            except SandboxTimeout:
-                continue
-        else:
-            raise AssertionError("the terminal never reported 40 120 after the resize")
+        # The guest answers each resize with the size the terminal reports
+        # afterwards; once it said 120x40, every program there sees it.
+        t.resize(120, 40, timeout=15)
+        assert t.size == (120, 40)
+        t.write("stty size\n")
+        t.read_until("40 120", timeout=15)
+        with pytest.raises(BadRequest) as e:
+            t.resize(0, 40, timeout=15)
+        assert e.value.code == "invalid_resize"
+        assert t.size == (120, 40)
         t.write("exit\n")
         ex = t.wait(timeout=15)
         assert isinstance(ex, TerminalExit) and ex.exit_code == 0 and ex.reason == "exited"

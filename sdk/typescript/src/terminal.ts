@@ -1,7 +1,7 @@
 // A terminal in a sandbox: a pseudo-terminal relayed over a WebSocket
 // (GET /v1/sandboxes/{id}/pty). Binary messages are terminal bytes both
 // ways; text messages are JSON control messages.
-import { SandboxTimeout } from "./errors.js";
+import { BadRequest, GuestError, SandboxTimeout } from "./errors.js";
 import type { TerminalExit } from "./models.js";
 import { WebSocketClient } from "./ws.js";
 
@@ -16,6 +16,12 @@ export class Terminal implements AsyncIterable<Uint8Array> {
   private resolveDone!: (e: TerminalExit) => void;
   /** Client messages the server refused (`{type: "error", code, message}`). */
   readonly errors: Array<{ code: string; message: string }> = [];
+  /** The window the terminal reported in its last resize answer. */
+  size?: { cols: number; rows: number };
+  // Every resize gets exactly one answer, in order: `resized`, or an error
+  // (`resize_failed`, `invalid_resize`).
+  private resizesSent = 0;
+  private resizeAnswers: any[] = [];
 
   private constructor() {
     this.done = new Promise((r) => { this.resolveDone = r; });
@@ -43,7 +49,18 @@ export class Terminal implements AsyncIterable<Uint8Array> {
     try { msg = JSON.parse(data.toString("utf8")); } catch { return; }
     if (msg?.type === "exit") this.exitInfo = { exitCode: msg.exit_code, reason: msg.reason ?? "exited", signal: msg.signal ?? null };
     else if (msg?.type === "closed") this.closedMsg = msg;
-    else if (msg?.type === "error") this.errors.push({ code: msg.code, message: msg.message });
+    else if (msg?.type === "error") {
+      this.errors.push({ code: msg.code, message: msg.message });
+      if (msg.code === "resize_failed" || msg.code === "invalid_resize") this.answer(msg);
+    } else if (msg?.type === "resized") {
+      this.size = { cols: msg.cols, rows: msg.rows };
+      this.answer(msg);
+    }
+  }
+
+  private answer(msg: any): void {
+    this.resizeAnswers.push(msg);
+    this.wake();
   }
 
   private onClose(code: number, reason: string): void {
@@ -71,8 +88,33 @@ export class Terminal implements AsyncIterable<Uint8Array> {
     this.ws.sendBinary(typeof data === "string" ? Buffer.from(data, "utf8") : data);
   }
 
+  /** A new window size; does not wait (see `resizeAndWait`). */
   resize(cols: number, rows: number): void {
+    this.resizesSent++;
     this.ws.sendText(JSON.stringify({ type: "resize", cols, rows }));
+  }
+
+  /** A new window size, resolved once the guest answers that the terminal
+   * reports it (then `size` is it). Rejects with GuestError if it did not
+   * take, BadRequest if it was refused, SandboxTimeout if no answer came. */
+  async resizeAndWait(cols: number, rows: number, timeoutMs = 10_000): Promise<void> {
+    this.resize(cols, rows);
+    const n = this.resizesSent;
+    const deadline = Date.now() + timeoutMs;
+    while (this.resizeAnswers.length < n) {
+      const left = deadline - Date.now();
+      if (left <= 0 || this.ws.closed) {
+        throw new SandboxTimeout(`no answer to the resize to ${cols}x${rows} within ${timeoutMs} ms (errors so far: ${JSON.stringify(this.errors)})`);
+      }
+      await new Promise<void>((res) => {
+        this.waiters.push(res);
+        setTimeout(res, left).unref();
+      });
+    }
+    const a = this.resizeAnswers[n - 1];
+    if (a.type === "resized") return;
+    if (a.code === "invalid_resize") throw new BadRequest(a.message ?? "invalid resize", { code: a.code });
+    throw new GuestError(a.message ?? "the resize did not take", { code: a.code });
   }
 
   /** Calls `cb` with each piece of output (output that came before is

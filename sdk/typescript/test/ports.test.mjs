@@ -69,22 +69,14 @@ test("a terminal: echo, resize, exit", async (t) => {
     await term.readUntil("30 100", 15_000);
     term.write(new TextEncoder().encode("echo h''i\n"));
     await term.readUntil("hi\r\n", 15_000);
-    term.resize(120, 40);
-    // As in the Python SDK's test: the size is asked for again if the first
-    // answer raced the resize (seen once in CI in each SDK; not reproduced
-    // in 85 runs under load); a size that never changes still fails.
-    let resized = false;
-    for (let i = 0; i < 5 && !resized; i++) {
-      term.write("stty size\n");
-      try {
-        await term.readUntil("40 120", 3_000);
-        resized = true;
-      } catch (e) {
-        if (!(e instanceof SandboxTimeout)) throw e;
-        t.diagnostic(`after resize, attempt ${i + 1}: ${e.message}`);
-      }
-    }
-    assert.ok(resized, "the terminal never reported 40 120 after the resize");
+    // The guest answers each resize with the size the terminal reports
+    // afterwards; once it said 120x40, every program there sees it.
+    await term.resizeAndWait(120, 40, 15_000);
+    assert.deepEqual(term.size, { cols: 120, rows: 40 });
+    term.write("stty size\n");
+    await term.readUntil("40 120", 15_000);
+    await assert.rejects(term.resizeAndWait(0, 40, 15_000), (e) => e instanceof BadRequest && e.code === "invalid_resize");
+    assert.deepEqual(term.size, { cols: 120, rows: 40 });
     term.write("exit\n");
     const ex = await term.wait({ timeoutMs: 15_000 });
     assert.equal(ex.exitCode, 0);

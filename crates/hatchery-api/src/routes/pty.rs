@@ -166,6 +166,18 @@ async fn relay(mut socket: WebSocket, mut term: Terminal) {
                         break (None, None, "client gone or idle");
                     }
                 }
+                Ok(TerminalEvent::Resized(r)) => {
+                    let m = match (r.size, r.error) {
+                        (Some(sz), None) => TerminalServerMessage::Resized { cols: sz.cols, rows: sz.rows },
+                        (_, e) => TerminalServerMessage::Error {
+                            code: "resize_failed".into(),
+                            message: e.unwrap_or_else(|| "the guest did not say".into()),
+                        },
+                    };
+                    if !send!(control(&m)) {
+                        break (None, None, "client gone or idle");
+                    }
+                }
                 Ok(TerminalEvent::Exit(e)) => {
                     let m = TerminalServerMessage::Exit {
                         exit_code: e.exit_code,
