@@ -1,6 +1,7 @@
 """Many hosts on one PostgreSQL (tests/pg/pg.py): requests routed to the
-host that owns a sandbox, the control role placing creates by free
-capacity, and host loss (SIGKILL; SIGSTOP past the lease TTL, then
+host that owns a sandbox, the control role placing creates (a warm
+checkpoint of the template first, then the fewest of the tenant's
+sandboxes, then free capacity), and host loss (SIGKILL; SIGSTOP past the lease TTL, then
 SIGCONT) with the invariants checked after each fault: every acknowledged
 create has its row, lease epochs only grow, events of a sandbox never go
 back to an older epoch, no host runs more than its capacity, and a lost
@@ -8,7 +9,9 @@ host's sandboxes are stopped with reason host_lost and never come back.
 Every daemon is checked for leftovers (harness.Daemon.cleanup), and the
 network namespaces and nftables tables of every host once all are gone."""
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +24,9 @@ sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.insert(0, os.path.join(HERE, "..", "pg"))
 
 from harness import KEY, Daemon, arg, net_leftovers, wait_for  # noqa: E402
+
+sys.path.insert(0, os.path.join(HERE, "..", "sdk"))
+import support  # noqa: E402
 from pg import Postgres, pg_bin  # noqa: E402
 from wsclient import Term, WebSocket  # noqa: E402
 
@@ -43,12 +49,25 @@ def sql(pg, q):
     return [line.split("|") for line in r.stdout.splitlines() if line]
 
 
-def daemon(pg, host, role="all", extra=(), restart_of=None, dsn=None):
+def daemon(pg, host, role="all", extra=(), restart_of=None, dsn=None, templates_dir=None):
     args = [*ARGS, "--db", dsn or pg.dsn, "--host-id", host, "--role", role, *extra]
     if restart_of is not None:
         for flag in ("--net-prefix", "--net-range"):
             args += [flag, arg(restart_of.extra_args, flag)]
-    return Daemon(extra_args=args, data_dir=restart_of.data_dir if restart_of else None).start()
+    return Daemon(extra_args=args, data_dir=restart_of.data_dir if restart_of else None,
+                  templates_dir=templates_dir).start()
+
+
+def warm(pg, host):
+    """The templates `host` last reported warm checkpoints of."""
+    r = sql(pg, f"SELECT warm_templates FROM hosts WHERE id = '{host}'")
+    return json.loads(r[0][0]) if r else []
+
+
+def wait_warm(pg, hosts, template):
+    # A host reports a checkpoint within a lease check (2 s) of baking it.
+    for h in hosts:
+        wait_for(lambda: template in warm(pg, h), timeout=60, what=f"{h} reporting {template} warm")
 
 
 def owner(pg, sid):
@@ -154,6 +173,8 @@ def test_control_places_creates_by_free_capacity(pg):
     c = daemon(pg, "pl-ctl", role="control")
     hosts = {"pl-1": h1, "pl-2": h2}
     try:
+        # Both warm, so free room alone decides below.
+        wait_warm(pg, hosts, "code-interpreter")
         assert c.request("GET", "/healthz", auth=False).json()["role"] == "control"
         assert c.request("GET", "/v1/sandboxes", auth=False).status == 401
         # Bad input is the host's answer, passed on as is; nothing is created.
@@ -214,6 +235,62 @@ def test_control_places_creates_by_free_capacity(pg):
         h2.cleanup()
         h1.cleanup()
     no_net_leftovers(h1, h2)
+
+
+def test_control_prefers_a_warm_checkpoint_and_spreads_a_tenant(pg):
+    """Placement: a host with the template's checkpoint before more free
+    room; among those, the fewest of the tenant's sandboxes; then room."""
+    tdir = support.private_templates()
+    support.seed_rootfs(tdir, "warm-two")
+    # Both hosts share one templates dir, as hosts mounting it would.
+    a = daemon(pg, "pw-a", role="host", extra=["--max-sandboxes", "2"], templates_dir=tdir)
+    b = daemon(pg, "pw-b", role="host", extra=["--max-sandboxes", "5"], templates_dir=tdir)
+    c = daemon(pg, "pw-ctl", role="control")
+    hosts = {"pw-a": a, "pw-b": b}
+
+    def create(**body):
+        r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": 300, **body})
+        assert r.status == 201, r
+        sid = r.json()["id"]
+        hosts[owner(pg, sid)].created.add(sid)
+        return sid
+
+    try:
+        wait_warm(pg, hosts, "code-interpreter")
+        # One tenant is spread before free room counts: by room alone all
+        # three would go to pw-b (5 free against 2).
+        acme = [create(metadata={"tenant": "acme"}) for _ in range(3)]
+        assert [owner(pg, s) for s in acme] == ["pw-b", "pw-a", "pw-b"]
+        # Without a tenant: the most free room (pw-b: 3 free, pw-a: 1).
+        plain = create()
+        assert owner(pg, plain) == "pw-b"
+        for sid in acme + [plain]:
+            assert c.delete(sid).status == 204
+        a.wait_no_leftovers(timeout=30, net=False)
+        b.wait_no_leftovers(timeout=30, net=False)
+        # A template only pw-a has baked (built there; pw-b sees the
+        # template in the shared dir but has no checkpoint of it).
+        r = a.request("POST", "/v1/templates", {"name": "warm-two", "files": {"/opt/w.txt": "warm\n"}})
+        assert r.status == 202, r
+        wait_warm(pg, ["pw-a"], "warm-two")
+        assert "warm-two" not in warm(pg, "pw-b")
+        two = [create(template="warm-two") for _ in range(2)]
+        assert [owner(pg, s) for s in two] == ["pw-a", "pw-a"], "the warm host first, despite less room"
+        # The warm host is full: the next one boots cold on the other.
+        t0 = time.time()
+        cold = create(template="warm-two")
+        cold_s = time.time() - t0
+        assert owner(pg, cold) == "pw-b"
+        for sid in two + [cold]:
+            assert c.exec(sid, "cat /opt/w.txt")["stdout"] == "warm\n"
+        check_invariants(pg, two + [cold])
+        print(f"cold create on the host without the checkpoint: {cold_s:.2f}s")
+    finally:
+        c.cleanup()
+        b.cleanup()
+        a.cleanup()
+        shutil.rmtree(tdir, ignore_errors=True)
+    no_net_leftovers(a, b)
 
 
 def test_sigkilled_host_is_marked_lost_and_not_resurrected(pg):

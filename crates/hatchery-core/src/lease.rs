@@ -83,6 +83,7 @@ impl Manager {
             // lasts (the database said how long was left when it renewed).
             let mut valid_until = Instant::now() + Duration::from_millis(ttl);
             let mut last_renewal = Instant::now();
+            let mut reported_warm: Option<Vec<String>> = None;
             loop {
                 tokio::time::sleep(tick).await;
                 let Some(m) = me.upgrade() else { return };
@@ -90,18 +91,33 @@ impl Manager {
                     return;
                 }
                 let asked = Instant::now();
-                let res = if asked.duration_since(last_renewal) >= period {
+                // A checkpoint baked or removed is reported at once, not
+                // at the next renewal: placement prefers warm hosts.
+                let warm = {
+                    let m = Arc::clone(&m);
+                    tokio::task::spawn_blocking(move || m.warm_templates())
+                        .await
+                        .unwrap_or_default()
+                };
+                let due = asked.duration_since(last_renewal) >= period
+                    || reported_warm.as_ref() != Some(&warm);
+                let res = if due {
                     let res = m.store.renew_lease(&m.fence, ttl).await.map(|l| {
                         last_renewal = asked;
                         valid_until = asked + Duration::from_millis(l.valid_for_ms);
                     });
                     // The heartbeat rides on the renewal.
                     match res {
-                        Ok(()) => m
-                            .store
-                            .heartbeat(&m.fence, m.live_count() as u32)
-                            .await
-                            .map(drop),
+                        Ok(()) => {
+                            let beat = m
+                                .store
+                                .heartbeat(&m.fence, m.live_count() as u32, &warm)
+                                .await;
+                            if beat.is_ok() {
+                                reported_warm = Some(warm);
+                            }
+                            beat.map(drop)
+                        }
                         e => e,
                     }
                 } else {

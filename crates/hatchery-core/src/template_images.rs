@@ -44,6 +44,20 @@ impl Manager {
         self.template_images.verify(&self.template_image_id(t)).ok()
     }
 
+    /// Templates whose current checkpoint is on this host's disk, sealed:
+    /// what the heartbeat reports, so placement prefers this host for them.
+    pub fn warm_templates(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .templates()
+            .list()
+            .into_iter()
+            .filter(|t| self.template_images.is_sealed(&self.template_image_id(t)))
+            .map(|t| t.spec.name.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
     /// Checkpoints of template `name`. Ids are `<name>-<16 hex>`; a prefix
     /// test alone would also match a template called `<name>-x`.
     pub(crate) fn template_images_of(&self, name: &str) -> Vec<String> {

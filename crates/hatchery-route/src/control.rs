@@ -1,10 +1,11 @@
-//! The `control` role's API: it runs no sandboxes. A create is placed on
-//! the live host with the most free capacity (hosts that are full, lost or
-//! answer 503 are skipped, in that order of preference); a request for a
+//! The `control` role's API: it runs no sandboxes. A create (sandbox,
+//! session, fork of a shared snapshot) is placed by [`placement::rank`]
+//! (hosts that are full, lost or answer 503 are skipped); a request for a
 //! sandbox or snapshot goes to its owner; anything else (lists, templates)
 //! to a live host, since every host answers those from the shared store.
 
 use crate::layer::{locate, may_forward};
+use crate::placement::{self, Want};
 use crate::{forward, Directory, HostSlot, Location, RouteError, RouteMetrics};
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -25,6 +26,9 @@ pub struct ControlState {
     pub api_key: Arc<str>,
     pub metrics: RouteMetrics,
     pub registry: prometheus::Registry,
+    /// The template a create without one asks for (placement prefers hosts
+    /// with it warm).
+    pub default_template: Arc<str>,
 }
 
 pub fn router(st: ControlState) -> Router {
@@ -50,12 +54,17 @@ async fn route(st: &ControlState, req: Request) -> Result<Response, RouteError> 
         return Ok(metrics_text(&st.registry).into_response());
     }
     if req.method() == Method::POST && path == "/v1/sandboxes" {
-        return place(st, req).await;
+        return place(st, req, Create::Sandbox).await;
+    }
+    if req.method() == Method::POST && path == "/v1/sessions" {
+        return place(st, req, Create::Session).await;
     }
     match locate(st.directory.as_ref(), &path).await {
         // A shared snapshot: its fork needs room, like a create; a read
         // or delete any host answers.
-        Some(Ok((Location::Anywhere, _))) if req.method() == Method::POST => place(st, req).await,
+        Some(Ok((Location::Anywhere, _))) if req.method() == Method::POST => {
+            place(st, req, Create::Fork).await
+        }
         Some(Ok((Location::Anywhere, _))) => any_host(st, req).await,
         Some(Ok((Location::At { host, url }, what))) => {
             st.metrics.count("forwarded");
@@ -85,8 +94,12 @@ async fn any_host(st: &ControlState, req: Request) -> Result<Response, RouteErro
     if hosts.is_empty() {
         return Err(RouteError::NoHost);
     }
-    try_hosts(st, req, &hosts, false)
-        .await?
+    let (parts, body) = req.into_parts();
+    let body = axum::body::to_bytes(body, MAX_BUFFERED_BODY)
+        .await
+        .map_err(|_| RouteError::TooLarge(MAX_BUFFERED_BODY))?;
+    try_hosts(st, &parts, &body, &hosts, false)
+        .await
         .ok_or(RouteError::NoHost)
 }
 
@@ -98,13 +111,38 @@ pub fn by_preference(hosts: Vec<HostSlot>) -> Vec<HostSlot> {
     live
 }
 
-/// A create goes to the hosts with room, best first.
-async fn place(st: &ControlState, req: Request) -> Result<Response, RouteError> {
-    let hosts: Vec<HostSlot> = by_preference(st.directory.hosts().await?)
-        .into_iter()
-        .filter(|h| h.free() > 0)
-        .collect();
-    match try_hosts(st, req, &hosts, true).await? {
+/// What is being placed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Create {
+    Sandbox,
+    /// A fork of a shared snapshot: restores the snapshot, not a template.
+    Fork,
+    /// A session: it queues for a slot on its host, so a host without free
+    /// room still takes it when no host has any.
+    Session,
+}
+
+/// A create goes to the hosts that suit it best ([`placement::rank`]).
+async fn place(st: &ControlState, req: Request, what: Create) -> Result<Response, RouteError> {
+    let (parts, body) = req.into_parts();
+    // Buffered, since it may go to more than one host.
+    let body = axum::body::to_bytes(body, MAX_BUFFERED_BODY)
+        .await
+        .map_err(|_| RouteError::TooLarge(MAX_BUFFERED_BODY))?;
+    let mut want = Want::of_body(&body, &st.default_template);
+    if what == Create::Fork {
+        want.template.clear();
+    }
+    let all = st.directory.hosts().await?;
+    let tenant_live = match &want.tenant {
+        Some(t) => st.directory.tenant_live(t).await?,
+        None => Default::default(),
+    };
+    let mut hosts = placement::rank(all.clone(), &want, &tenant_live);
+    if hosts.is_empty() && what == Create::Session {
+        hosts = by_preference(all);
+    }
+    match try_hosts(st, &parts, &body, &hosts, true).await {
         Some(resp) => {
             st.metrics.count("placed");
             Ok(resp)
@@ -116,23 +154,19 @@ async fn place(st: &ControlState, req: Request) -> Result<Response, RouteError> 
     }
 }
 
-/// Sends `req` to each of `hosts` in turn until one answers. A host that
-/// cannot be reached (stopped since its last heartbeat) is skipped; with
-/// `skip_503`, so is one that answers 503 (full by its own count, fenced,
-/// its store down), and if every one did, the last such answer is passed
-/// on. Any other answer, success or a 4xx about the request itself, is
-/// the answer. `None`: nobody answered.
+/// Sends the request to each of `hosts` in turn until one answers. A host
+/// that cannot be reached (stopped since its last heartbeat) is skipped;
+/// with `skip_503`, so is one that answers 503 (full by its own count,
+/// fenced, its store down), and if every one did, the last such answer is
+/// passed on. Any other answer, success or a 4xx about the request itself,
+/// is the answer. `None`: nobody answered.
 async fn try_hosts(
     st: &ControlState,
-    req: Request,
+    parts: &axum::http::request::Parts,
+    body: &bytes::Bytes,
     hosts: &[HostSlot],
     skip_503: bool,
-) -> Result<Option<Response>, RouteError> {
-    let (parts, body) = req.into_parts();
-    // Buffered, since it may go to more than one host.
-    let body = axum::body::to_bytes(body, MAX_BUFFERED_BODY)
-        .await
-        .map_err(|_| RouteError::TooLarge(MAX_BUFFERED_BODY))?;
+) -> Option<Response> {
     let mut last = None;
     for h in hosts {
         let mut r = Request::from_parts(parts.clone(), Body::from(body.clone()));
@@ -142,13 +176,13 @@ async fn try_hosts(
                 tracing::info!(host = %h.id, "host answered 503; trying the next");
                 last = Some(resp);
             }
-            Ok(resp) => return Ok(Some(resp)),
+            Ok(resp) => return Some(resp),
             Err(e) => {
                 tracing::warn!(host = %h.id, error = %e, "host unreachable; trying the next");
             }
         }
     }
-    Ok(last)
+    last
 }
 
 fn metrics_text(reg: &prometheus::Registry) -> String {
@@ -169,6 +203,7 @@ mod tests {
             capacity: cap,
             live,
             alive,
+            warm: vec![],
         }
     }
 

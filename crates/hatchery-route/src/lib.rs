@@ -7,7 +7,9 @@
 //!   answered 503 with Retry-After when the owner is lost or unreachable.
 //!   Never handled locally as if the sandbox were unknown.
 //! - [`control`]: the router of the `control` role: no runtime; creates are
-//!   placed on the host with the most free capacity (a full one skipped),
+//!   placed by [`placement`] (a warm checkpoint of the template first, then
+//!   the fewest of the tenant's sandboxes, then the most free capacity; a
+//!   full host skipped),
 //!   everything sandbox-scoped goes to the owner, the rest to any live host;
 //!   a snapshot in the shared store has no owner: its fork is placed like
 //!   a create.
@@ -20,6 +22,7 @@ mod error;
 pub mod forward;
 pub mod layer;
 mod metrics;
+pub mod placement;
 mod target;
 
 pub use error::RouteError;
@@ -27,6 +30,7 @@ pub use metrics::RouteMetrics;
 pub use target::{scope_of, Scope};
 
 use async_trait::async_trait;
+use std::collections::BTreeMap;
 
 /// Marks a forwarded request with the forwarding host's id: the receiver
 /// handles it itself, so a request is forwarded at most once (no loops
@@ -61,6 +65,8 @@ pub struct HostSlot {
     pub live: u32,
     /// Heartbeat within the lease TTL.
     pub alive: bool,
+    /// Templates it has warm checkpoints of, as of its last heartbeat.
+    pub warm: Vec<String>,
 }
 
 impl HostSlot {
@@ -81,6 +87,9 @@ pub trait Directory: Send + Sync {
     async fn session(&self, id: &str) -> Result<Location, RouteError>;
     /// Every registered host.
     async fn hosts(&self) -> Result<Vec<HostSlot>, RouteError>;
+    /// How many live sandboxes of `tenant` (their `metadata.tenant`) each
+    /// host runs; hosts with none are absent.
+    async fn tenant_live(&self, tenant: &str) -> Result<BTreeMap<String, u32>, RouteError>;
 }
 
 /// `host:port` or `http://host:port` (what hosts register) as a base URL.

@@ -90,9 +90,9 @@ bounded! {
     fn release_lease(&self, f: &Fence) -> bool;
     fn get_lease(&self, resource: &str) -> Option<Lease>;
     fn register_host(&self, f: &Fence, address: &str, capacity: u32) -> ();
-    fn heartbeat(&self, f: &Fence, live: u32) -> bool;
+    fn heartbeat(&self, f: &Fence, live: u32, warm_templates: &[String]) -> bool;
     fn list_hosts(&self) -> Vec<HostRow>;
-    fn live_per_host(&self) -> BTreeMap<String, u32>;
+    fn live_per_host(&self, filter: &SandboxFilter) -> BTreeMap<String, u32>;
 }
 
 #[cfg(test)]

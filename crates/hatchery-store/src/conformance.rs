@@ -563,7 +563,10 @@ async fn no_write_lands_after_a_takeover(s: &Arc<dyn Store>, run: &str) {
 async fn hosts_register_and_beat(s: &dyn Store, run: &str) {
     let name = format!("reg-{run}");
     let f = host(s, &name).await;
-    assert!(!s.heartbeat(&f, 0).await.unwrap(), "not registered yet");
+    assert!(
+        !s.heartbeat(&f, 0, &[]).await.unwrap(),
+        "not registered yet"
+    );
     s.register_host(&f, "127.0.0.1:7423", 64).await.unwrap();
     let mine = |v: Vec<crate::HostRow>| v.into_iter().find(|h| h.id == name).expect("listed");
     let h = mine(s.list_hosts().await.unwrap());
@@ -573,9 +576,14 @@ async fn hosts_register_and_beat(s: &dyn Store, run: &str) {
     );
     tokio::time::sleep(std::time::Duration::from_millis(60)).await;
     assert!(mine(s.list_hosts().await.unwrap()).silent_for_ms >= 40);
-    assert!(s.heartbeat(&f, 5).await.unwrap());
+    assert!(mine(s.list_hosts().await.unwrap())
+        .warm_templates
+        .is_empty());
+    let warm = vec!["code-interpreter".to_string(), "node".to_string()];
+    assert!(s.heartbeat(&f, 5, &warm).await.unwrap());
     let h = mine(s.list_hosts().await.unwrap());
     assert_eq!(h.live, 5);
+    assert_eq!(h.warm_templates, warm);
     assert!(h.silent_for_ms < 40, "{h:?}");
     // Not a host lease, or another host's name: refused before any SQL.
     let session = Fence::of(
@@ -598,7 +606,7 @@ async fn hosts_register_and_beat(s: &dyn Store, run: &str) {
     assert!(s.register_host(&bad, "x", 1).await.is_err());
     // A restarted incarnation re-registers; the old one is fenced off.
     let f2 = host(s, &name).await;
-    assert!(s.heartbeat(&f, 1).await.unwrap_err().is_fenced());
+    assert!(s.heartbeat(&f, 1, &[]).await.unwrap_err().is_fenced());
     assert!(s.register_host(&f, "x", 1).await.unwrap_err().is_fenced());
     s.register_host(&f2, "127.0.0.1:7424", 32).await.unwrap();
     let h = mine(s.list_hosts().await.unwrap());
@@ -609,14 +617,15 @@ async fn live_counted_per_host(s: &dyn Store, run: &str) {
     use SandboxState::*;
     let a = host(s, &format!("cnt-a{run}")).await;
     let b = host(s, &format!("cnt-b{run}")).await;
-    for (f, id, st) in [
-        (&a, "1", Starting),
-        (&a, "2", Running),
-        (&a, "3", Pooled),
-        (&b, "4", Running),
-        (&b, "5", Running),
+    let acme: &[(&str, &str)] = &[("tenant", "acme"), ("x", "1")];
+    for (f, id, st, md) in [
+        (&a, "1", Starting, acme),
+        (&a, "2", Running, &[][..]),
+        (&a, "3", Pooled, acme),
+        (&b, "4", Running, acme),
+        (&b, "5", Running, acme),
     ] {
-        s.insert_sandbox(f, &sbx(&format!("sbx_c{id}{run}"), st, &[]))
+        s.insert_sandbox(f, &sbx(&format!("sbx_c{id}{run}"), st, md))
             .await
             .unwrap();
     }
@@ -624,9 +633,18 @@ async fn live_counted_per_host(s: &dyn Store, run: &str) {
         .stop(&b, &format!("sbx_c5{run}"), "test", 1)
         .await
         .unwrap());
-    let n = s.live_per_host().await.unwrap();
+    let n = s.live_per_host(&SandboxFilter::default()).await.unwrap();
     // Pooled and stopped ones do not count.
     assert_eq!(n.get(&a.owner), Some(&2));
     assert_eq!(n.get(&b.owner), Some(&1));
     assert_eq!(n.get(&format!("cnt-none{run}")), None);
+    // One tenant's, by metadata (what placement spreads).
+    let tenant = |v: &str| SandboxFilter {
+        metadata: [("tenant".to_string(), v.to_string())].into(),
+        template: None,
+    };
+    let n = s.live_per_host(&tenant("acme")).await.unwrap();
+    assert_eq!(n.get(&a.owner), Some(&1));
+    assert_eq!(n.get(&b.owner), Some(&1));
+    assert!(s.live_per_host(&tenant("other")).await.unwrap().is_empty());
 }

@@ -129,15 +129,17 @@ pub trait Store: Send + Sync {
     /// under another's identity, and a second process with the same id
     /// registers only by taking the lease, which fences the first.
     async fn register_host(&self, f: &Fence, address: &str, capacity: u32) -> Result<()>;
-    /// Records that the host is alive, with how many sandboxes it runs;
-    /// `false` if it never registered.
-    async fn heartbeat(&self, f: &Fence, live: u32) -> Result<bool>;
+    /// Records that the host is alive, with how many sandboxes it runs and
+    /// which templates it has warm checkpoints of; `false` if it never
+    /// registered.
+    async fn heartbeat(&self, f: &Fence, live: u32, warm_templates: &[String]) -> Result<bool>;
     /// Every registered host, by id.
     async fn list_hosts(&self) -> Result<Vec<HostRow>>;
-    /// How many starting or running sandboxes each host has, counted in
-    /// SQL (what placement compares with capacity); hosts with none are
-    /// absent.
-    async fn live_per_host(&self) -> Result<BTreeMap<String, u32>>;
+    /// How many starting or running sandboxes matching `filter` each host
+    /// has, counted in SQL (with an empty filter, what placement compares
+    /// with capacity; with a tenant's metadata, how it spreads a tenant);
+    /// hosts with none are absent.
+    async fn live_per_host(&self, filter: &SandboxFilter) -> Result<BTreeMap<String, u32>>;
 }
 
 /// Refuses a fence that is not the lease of the host it names.
@@ -191,6 +193,17 @@ pub fn redact(db: &str) -> String {
 
 pub(crate) fn to_json(m: &BTreeMap<String, String>) -> String {
     serde_json::to_string(m).unwrap_or_else(|_| "{}".into())
+}
+
+/// A host's warm templates as stored (a JSON array of names).
+pub(crate) fn warm_json(names: &[String]) -> String {
+    serde_json::to_string(names).unwrap_or_else(|_| "[]".into())
+}
+
+/// What a host stored as its warm templates; anything unreadable is none
+/// (it only steers placement, and the next heartbeat writes it again).
+pub(crate) fn warm_list(s: &str) -> Vec<String> {
+    serde_json::from_str(s).unwrap_or_default()
 }
 
 pub(crate) fn from_json(what: &str, s: &str) -> Result<BTreeMap<String, String>> {

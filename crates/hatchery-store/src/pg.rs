@@ -9,8 +9,8 @@ use crate::rows::{
     Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow, SandboxState, SnapshotRow,
 };
 use crate::{
-    check_host_fence, check_transition, from_json, location_of, state_of, to_json, Result, Store,
-    StoreError,
+    check_host_fence, check_transition, from_json, location_of, state_of, to_json, warm_json,
+    warm_list, Result, Store, StoreError,
 };
 use async_trait::async_trait;
 use deadpool_postgres::Pool;
@@ -86,6 +86,9 @@ const MIGRATIONS: &[&str] = &[
      UPDATE snapshots SET location = 'local:' || host_id;
      ALTER TABLE snapshots ALTER COLUMN location SET NOT NULL;
      CREATE INDEX snapshots_location ON snapshots(location, expires_at_ms);",
+    // Which templates a host has warm checkpoints of (a JSON array), for
+    // placement.
+    "ALTER TABLE hosts ADD COLUMN warm_templates TEXT NOT NULL DEFAULT '[]';",
 ];
 
 /// Any fixed number: the advisory lock that serializes migrations.
@@ -736,15 +739,16 @@ impl Store for PgStore {
         })
     }
 
-    async fn heartbeat(&self, f: &Fence, live: u32) -> Result<bool> {
+    async fn heartbeat(&self, f: &Fence, live: u32, warm_templates: &[String]) -> Result<bool> {
         check_host_fence(f)?;
         let live = live.min(i32::MAX as u32) as i32;
+        let warm = warm_json(warm_templates);
         fenced!(self, f, |tx| {
             tx.execute(
                 &format!(
-                    "UPDATE hosts SET live = $2, epoch = $3, heartbeat_at_ms = {DB_NOW} WHERE id = $1"
+                    "UPDATE hosts SET live = $2, epoch = $3, warm_templates = $4, heartbeat_at_ms = {DB_NOW} WHERE id = $1"
                 ),
-                &[&f.owner, &live, &i(f.epoch)],
+                &[&f.owner, &live, &i(f.epoch), &warm],
             )
             .await
             .map_err(pg("heartbeat"))?
@@ -752,15 +756,25 @@ impl Store for PgStore {
         })
     }
 
-    async fn live_per_host(&self) -> Result<BTreeMap<String, u32>> {
+    async fn live_per_host(&self, filter: &SandboxFilter) -> Result<BTreeMap<String, u32>> {
+        // Containment on JSONB: the GIN index answers it.
+        let md = to_json(&filter.metadata);
+        let mut sql = format!(
+            "SELECT host_id, count(*) AS n FROM sandboxes WHERE state IN {LIVE} AND metadata @> $1::text::jsonb"
+        );
+        let mut args: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&md];
+        if let Some(t) = &filter.template {
+            sql.push_str(" AND template = $2");
+            args.push(t);
+        }
+        sql.push_str(" GROUP BY host_id");
         let rows = self
-            .query_rows(
-                &format!(
-                    "SELECT host_id, count(*) AS n FROM sandboxes WHERE state IN {LIVE} GROUP BY host_id"
-                ),
-                &[],
-                |r| Ok((r.get::<_, String>("host_id"), r.get::<_, i64>("n").max(0) as u32)),
-            )
+            .query_rows(&sql, &args, |r| {
+                Ok((
+                    r.get::<_, String>("host_id"),
+                    r.get::<_, i64>("n").max(0) as u32,
+                ))
+            })
             .await?;
         Ok(rows.into_iter().collect())
     }
@@ -768,7 +782,8 @@ impl Store for PgStore {
     async fn list_hosts(&self) -> Result<Vec<HostRow>> {
         self.query_rows(
             &format!(
-                "SELECT id, address, capacity, live, epoch, registered_at_ms, {DB_NOW} - heartbeat_at_ms AS silent
+                "SELECT id, address, capacity, live, epoch, registered_at_ms, warm_templates,
+                   {DB_NOW} - heartbeat_at_ms AS silent
                  FROM hosts ORDER BY id"
             ),
             &[],
@@ -781,6 +796,7 @@ impl Store for PgStore {
                     epoch: u(r.get("epoch")),
                     registered_at_ms: u(r.get("registered_at_ms")),
                     silent_for_ms: u(r.get("silent")),
+                    warm_templates: warm_list(&r.get::<_, String>("warm_templates")),
                 })
             },
         )

@@ -223,6 +223,10 @@ pub struct HostRow {
     pub registered_at_ms: u64,
     /// Since its last heartbeat, by the database's clock.
     pub silent_for_ms: u64,
+    /// Templates whose current checkpoint it had on disk at its last
+    /// heartbeat: a create there restores it at once instead of baking it
+    /// first, so placement prefers these hosts.
+    pub warm_templates: Vec<String>,
 }
 
 /// A host id: 1..64 of `[a-z0-9-]`, not starting with `-`. It names rows,

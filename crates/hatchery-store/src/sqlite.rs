@@ -8,8 +8,8 @@ use crate::rows::{
     Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow, SandboxState, SnapshotRow,
 };
 use crate::{
-    check_host_fence, check_transition, from_json, location_of, state_of, to_json, Result, Store,
-    StoreError,
+    check_host_fence, check_transition, from_json, location_of, state_of, to_json, warm_json,
+    warm_list, Result, Store, StoreError,
 };
 use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension, Transaction, TransactionBehavior};
@@ -86,6 +86,9 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE snapshots ADD COLUMN location TEXT NOT NULL DEFAULT '';
      UPDATE snapshots SET location = 'local:' || host_id;
      CREATE INDEX snapshots_location ON snapshots(location, expires_at_ms);",
+    // Which templates a host has warm checkpoints of (a JSON array), for
+    // placement.
+    "ALTER TABLE hosts ADD COLUMN warm_templates TEXT NOT NULL DEFAULT '[]';",
 ];
 
 /// The database's clock in milliseconds: leases never use a host's clock.
@@ -705,41 +708,46 @@ impl Store for SqliteStore {
         })
     }
 
-    async fn heartbeat(&self, f: &Fence, live: u32) -> Result<bool> {
+    async fn heartbeat(&self, f: &Fence, live: u32, warm_templates: &[String]) -> Result<bool> {
         check_host_fence(f)?;
+        let warm = warm_json(warm_templates);
         self.fenced(f, |tx| {
             let n = tx
                 .execute(
                     &format!(
-                        "UPDATE hosts SET live = ?2, epoch = ?3, heartbeat_at_ms = {DB_NOW} WHERE id = ?1"
+                        "UPDATE hosts SET live = ?2, epoch = ?3, warm_templates = ?4, heartbeat_at_ms = {DB_NOW} WHERE id = ?1"
                     ),
-                    params![f.owner, live, i(f.epoch)],
+                    params![f.owner, live, i(f.epoch), warm],
                 )
                 .map_err(sq("heartbeat"))?;
             Ok(n > 0)
         })
     }
 
-    async fn live_per_host(&self) -> Result<BTreeMap<String, u32>> {
-        let rows = self.query_rows(
-            &format!(
-                "SELECT host_id, count(*) AS n FROM sandboxes WHERE state IN {LIVE} GROUP BY host_id"
-            ),
-            &[],
-            |r| {
-                Ok((
-                    r.get::<_, String>("host_id").map_err(sq("host_id"))?,
-                    r.get::<_, i64>("n").map_err(sq("n"))?.max(0) as u32,
-                ))
-            },
-        )?;
+    async fn live_per_host(&self, filter: &SandboxFilter) -> Result<BTreeMap<String, u32>> {
+        let mut args: Vec<String> = Vec::new();
+        let mut sql = format!("SELECT host_id, count(*) AS n FROM sandboxes WHERE state IN {LIVE}");
+        if let Some(t) = &filter.template {
+            args.push(t.clone());
+            sql.push_str(&format!(" AND template = ?{}", args.len()));
+        }
+        sql.push_str(&metadata_clause("sandboxes", &filter.metadata, &mut args));
+        sql.push_str(" GROUP BY host_id");
+        let refs: Vec<&dyn rusqlite::ToSql> = args.iter().map(|a| a as _).collect();
+        let rows = self.query_rows(&sql, &refs, |r| {
+            Ok((
+                r.get::<_, String>("host_id").map_err(sq("host_id"))?,
+                r.get::<_, i64>("n").map_err(sq("n"))?.max(0) as u32,
+            ))
+        })?;
         Ok(rows.into_iter().collect())
     }
 
     async fn list_hosts(&self) -> Result<Vec<HostRow>> {
         self.query_rows(
             &format!(
-                "SELECT id, address, capacity, live, epoch, registered_at_ms, {DB_NOW} - heartbeat_at_ms AS silent
+                "SELECT id, address, capacity, live, epoch, registered_at_ms, warm_templates,
+                   {DB_NOW} - heartbeat_at_ms AS silent
                  FROM hosts ORDER BY id"
             ),
             &[],
@@ -753,6 +761,7 @@ impl Store for SqliteStore {
                     epoch: u(r.get("epoch").map_err(g)?),
                     registered_at_ms: u(r.get("registered_at_ms").map_err(g)?),
                     silent_for_ms: u(r.get("silent").map_err(g)?),
+                    warm_templates: warm_list(&r.get::<_, String>("warm_templates").map_err(g)?),
                 })
             },
         )

@@ -56,8 +56,9 @@ async fn postgres_down_is_unavailable() {
 }
 
 /// Snapshot rows written before the location column existed become
-/// `local:<their writer>` (the migration that adds it; it is the newest,
-/// so reverting it by hand here and reconnecting runs exactly it again).
+/// `local:<their writer>` (the migration that adds it; it and the one
+/// after it, hosts' warm templates, are the newest, so reverting both by
+/// hand here and reconnecting runs exactly them again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_location_migration_keeps_old_snapshots_local() {
     use hatchery_store::SnapshotLocation;
@@ -72,7 +73,8 @@ async fn postgres_location_migration_keeps_old_snapshots_local() {
     c.batch_execute(&format!(
         "DROP INDEX snapshots_location;
          ALTER TABLE snapshots DROP COLUMN location;
-         DELETE FROM hatchery_schema WHERE version = {v};
+         ALTER TABLE hosts DROP COLUMN warm_templates;
+         DELETE FROM hatchery_schema WHERE version >= {v} - 1;
          INSERT INTO snapshots (id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id)
          VALUES ('snap_old', 'sbx_old', 't', 1, 2, 3, '{{}}', '{{}}', '/r', '{{}}', 'old-host');"
     ))

@@ -182,6 +182,14 @@ impl ImageStore {
         Ok(dir)
     }
 
+    /// Whether the image is there and sealed (its manifest written), without
+    /// checksumming it: cheap enough for every heartbeat.
+    pub fn is_sealed(&self, id: &str) -> bool {
+        self.path(id)
+            .map(|d| d.join(MANIFEST).is_file())
+            .unwrap_or(false)
+    }
+
     pub fn remove(&self, id: &str) -> Result<(), ImageError> {
         match std::fs::remove_dir_all(self.path(id)?) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),

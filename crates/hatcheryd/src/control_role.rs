@@ -37,6 +37,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         api_key: key.into(),
         metrics,
         registry,
+        default_template: hatchery_templates::DEFAULT_TEMPLATE.into(),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

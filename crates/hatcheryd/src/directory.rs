@@ -6,8 +6,10 @@
 use async_trait::async_trait;
 use hatchery_core::lease::host_lease_ttl_ms;
 use hatchery_core::Manager;
+use hatchery_route::placement::TENANT_KEY;
 use hatchery_route::{base_url, Directory, HostSlot, Location, RouteError};
-use hatchery_store::{SnapshotLocation, Store, StoreError};
+use hatchery_store::{SandboxFilter, SnapshotLocation, Store, StoreError};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub struct StoreDirectory {
@@ -94,7 +96,11 @@ impl Directory for StoreDirectory {
         let hosts = self.store.list_hosts().await.map_err(store_err)?;
         // Counted from the rows, not the heartbeats (up to 10 s old), so a
         // burst of creates sees each other.
-        let live = self.store.live_per_host().await.map_err(store_err)?;
+        let live = self
+            .store
+            .live_per_host(&SandboxFilter::default())
+            .await
+            .map_err(store_err)?;
         Ok(hosts
             .into_iter()
             .map(|h| HostSlot {
@@ -102,8 +108,17 @@ impl Directory for StoreDirectory {
                 url: base_url(&h.address),
                 capacity: h.capacity,
                 alive: alive(h.silent_for_ms),
+                warm: h.warm_templates,
                 id: h.id,
             })
             .collect())
+    }
+
+    async fn tenant_live(&self, tenant: &str) -> Result<BTreeMap<String, u32>, RouteError> {
+        let filter = SandboxFilter {
+            metadata: [(TENANT_KEY.to_string(), tenant.to_string())].into(),
+            template: None,
+        };
+        self.store.live_per_host(&filter).await.map_err(store_err)
     }
 }

@@ -1,0 +1,154 @@
+//! Where the control role sends a create (a sandbox, a snapshot's fork, a
+//! session). Among live hosts with room, in this order:
+//!
+//! 1. a host with a warm checkpoint of the template (it restores one in
+//!    milliseconds; another host would bake it first, which takes seconds);
+//! 2. the host running the fewest live sandboxes of the same tenant (the
+//!    create's `metadata.tenant`), so one tenant's work is spread and the
+//!    loss of a host takes only part of it;
+//! 3. the most free capacity, then the host id (ties alternate as counts
+//!    change rather than by chance).
+//!
+//! The body is only read here, never changed: the chosen host validates it
+//! as any create.
+
+use crate::HostSlot;
+use std::collections::BTreeMap;
+
+/// The metadata key that names a tenant.
+pub const TENANT_KEY: &str = "tenant";
+
+/// What placement takes from a create's JSON body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Want {
+    pub template: String,
+    pub tenant: Option<String>,
+}
+
+impl Want {
+    /// From a create's body; a body that is not JSON (the host will refuse
+    /// it) or has no template asks for `default_template`.
+    pub fn of_body(body: &[u8], default_template: &str) -> Want {
+        let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+        let template = v["template"]
+            .as_str()
+            .filter(|t| !t.is_empty())
+            .unwrap_or(default_template)
+            .to_string();
+        let tenant = v["metadata"][TENANT_KEY]
+            .as_str()
+            .filter(|t| !t.is_empty())
+            .map(str::to_string);
+        Want { template, tenant }
+    }
+}
+
+/// Live hosts with room, best first for `want`. `tenant_live` counts the
+/// tenant's live sandboxes per host (empty without a tenant).
+pub fn rank(
+    hosts: Vec<HostSlot>,
+    want: &Want,
+    tenant_live: &BTreeMap<String, u32>,
+) -> Vec<HostSlot> {
+    let mut ok: Vec<HostSlot> = hosts
+        .into_iter()
+        .filter(|h| h.alive && h.free() > 0)
+        .collect();
+    ok.sort_by_key(|h| {
+        (
+            !h.warm.contains(&want.template),
+            tenant_live.get(&h.id).copied().unwrap_or(0),
+            std::cmp::Reverse(h.free()),
+            h.id.clone(),
+        )
+    });
+    ok
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(id: &str, cap: u32, live: u32, warm: &[&str]) -> HostSlot {
+        HostSlot {
+            id: id.into(),
+            url: format!("http://{id}"),
+            capacity: cap,
+            live,
+            alive: true,
+            warm: warm.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn ids(v: &[HostSlot]) -> Vec<&str> {
+        v.iter().map(|h| h.id.as_str()).collect()
+    }
+
+    #[test]
+    fn the_body_names_template_and_tenant() {
+        let w = Want::of_body(
+            br#"{"template":"node","metadata":{"tenant":"acme","x":"1"}}"#,
+            "ci",
+        );
+        assert_eq!(
+            w,
+            Want {
+                template: "node".into(),
+                tenant: Some("acme".into())
+            }
+        );
+        let w = Want::of_body(br#"{"ttl_seconds":5,"metadata":{"tenant":7}}"#, "ci");
+        assert_eq!(
+            w,
+            Want {
+                template: "ci".into(),
+                tenant: None
+            }
+        );
+        assert_eq!(Want::of_body(b"not json", "ci").template, "ci");
+        assert_eq!(Want::of_body(br#"{"template":""}"#, "ci").template, "ci");
+    }
+
+    #[test]
+    fn a_warm_checkpoint_comes_before_free_room() {
+        let want = Want {
+            template: "node".into(),
+            tenant: None,
+        };
+        let hosts = vec![
+            slot("a", 10, 0, &["code-interpreter"]),
+            slot("b", 10, 8, &["code-interpreter", "node"]),
+            slot("c", 10, 5, &[]),
+        ];
+        assert_eq!(ids(&rank(hosts, &want, &BTreeMap::new())), ["b", "a", "c"]);
+    }
+
+    #[test]
+    fn a_tenant_is_spread_among_warm_hosts_before_free_room_counts() {
+        let want = Want {
+            template: "ci".into(),
+            tenant: Some("acme".into()),
+        };
+        let hosts = vec![
+            slot("a", 10, 1, &["ci"]),
+            slot("b", 10, 6, &["ci"]),
+            slot("c", 10, 0, &[]),
+        ];
+        let tenant: BTreeMap<String, u32> = [("a".to_string(), 3), ("b".to_string(), 1)].into();
+        assert_eq!(ids(&rank(hosts.clone(), &want, &tenant)), ["b", "a", "c"]);
+        // Without the tenant's counts: the most free room among warm hosts.
+        assert_eq!(ids(&rank(hosts, &want, &BTreeMap::new())), ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn full_and_lost_hosts_are_never_chosen() {
+        let want = Want {
+            template: "ci".into(),
+            tenant: None,
+        };
+        let mut lost = slot("lost", 10, 0, &["ci"]);
+        lost.alive = false;
+        let hosts = vec![slot("full", 4, 4, &["ci"]), lost, slot("cold", 4, 3, &[])];
+        assert_eq!(ids(&rank(hosts, &want, &BTreeMap::new())), ["cold"]);
+    }
+}
