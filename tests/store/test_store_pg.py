@@ -8,6 +8,7 @@ leftovers at the end (harness.Daemon.cleanup)."""
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -191,3 +192,32 @@ def test_database_down_answers_503_and_the_host_kills_its_sandboxes():
         if d:
             d.cleanup()
         own.stop()
+
+
+def test_a_database_not_up_at_start_is_waited_for_with_backoff():
+    """hatcheryd started before its PostgreSQL: it retries with backoff,
+    logging each attempt (for up to 60 s), and serves once the database is
+    up; nothing is needed but starting the database."""
+    # The database that initdb makes: it exists the moment the server
+    # accepts connections (a createdb afterwards would race the daemon).
+    own = Postgres(db="postgres")
+    d = Daemon(extra_args=[*ARGS, "--db", own.dsn, "--host-id", "pg-late"])
+    late = threading.Timer(3.0, own.start)
+    try:
+        late.start()
+        t0 = time.time()
+        d.start()
+        took = time.time() - t0
+        late.join()
+        log = open(d.log_path, errors="replace").read()
+        assert log.count("state store not reachable yet") >= 2, log[-2000:]
+        assert took >= 3, took
+        sid = d.create(ttl_seconds=60)
+        assert d.exec(sid, "echo up")["stdout"] == "up\n"
+        print(f"daemon up {took:.1f}s after start, database started at 3 s")
+    finally:
+        late.cancel()
+        late.join()
+        d.cleanup()
+        own.stop()
+
