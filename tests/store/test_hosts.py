@@ -28,6 +28,7 @@ from harness import KEY, Daemon, arg, net_leftovers, wait_for  # noqa: E402
 sys.path.insert(0, os.path.join(HERE, "..", "sdk"))
 import support  # noqa: E402
 from pg import Postgres, pg_bin  # noqa: E402
+from guest_servers import HTTP_ECHO, start_guest_server  # noqa: E402
 from wsclient import Term, WebSocket  # noqa: E402
 
 ARGS = ["--max-ttl", "3600", "--pool-size", "0"]
@@ -290,6 +291,60 @@ def test_control_prefers_a_warm_checkpoint_and_spreads_a_tenant(pg):
         b.cleanup()
         a.cleanup()
         shutil.rmtree(tdir, ignore_errors=True)
+    no_net_leftovers(a, b)
+
+
+def test_e2b_and_preview_requests_reach_the_owning_host(pg):
+    """E2B's control plane (X-API-Key), E2B's sandbox traffic
+    (E2b-Sandbox-Id + X-Access-Token) and preview URLs (the token is the
+    credential) name their sandbox elsewhere than /v1/sandboxes/{id}: sent
+    to a host that does not own it, or to the control plane, they reach
+    the owner."""
+    a = daemon(pg, "ep-a")
+    b = daemon(pg, "ep-b")
+    c = daemon(pg, "ep-ctl", role="control")
+    e2b_key = {"X-API-Key": KEY}
+    try:
+        # An E2B create through the control plane is placed like any.
+        r = c.request("POST", "/e2b/sandboxes", {"templateID": "code-interpreter", "timeout": 300},
+                      auth=False, headers=e2b_key)
+        assert r.status == 201, r
+        e2b = r.json()
+        sid, token = e2b["sandboxID"], e2b["envdAccessToken"]
+        own = owner(pg, sid)
+        other = {"ep-a": b, "ep-b": a}[own]
+        {"ep-a": a, "ep-b": b}[own].created.add(sid)
+        assert c.put_file(sid, "/work/e.txt", b"from the owner").status == 204
+        for via in (other, c):
+            r = via.request("GET", f"/e2b/sandboxes/{sid}", auth=False, headers=e2b_key)
+            assert r.status == 200 and r.json()["sandboxID"] == sid, r
+            r = via.request("GET", "/e2b/sandbox/files?path=/work/e.txt", auth=False,
+                            headers={"E2b-Sandbox-Id": sid, "X-Access-Token": token})
+            assert r.status == 200 and r.body == b"from the owner", r
+            # A wrong token is refused by the owner, who alone can check it.
+            r = via.request("GET", "/e2b/sandbox/files?path=/work/e.txt", auth=False,
+                            headers={"E2b-Sandbox-Id": sid, "X-Access-Token": "00" * 24})
+            assert r.status == 401, r
+        # A preview URL minted by the owner works on any host.
+        start_guest_server(c, sid, "echo", HTTP_ECHO, 8000)
+        r = c.request("POST", f"/v1/sandboxes/{sid}/ports/8000/preview-url", {})
+        assert r.status == 200, r
+        path = r.json()["path"]
+        for via in (other, c):
+            r = via.request("GET", path + "hello?x=1", auth=False)
+            assert r.status == 200 and r.json()["path"] == "/hello?x=1", r
+        r = other.request("GET", path[:-3] + ("A" if path[-3] != "A" else "B") + path[-2:], auth=False)
+        assert r.status in (403, 404), r
+        m = other.request("GET", "/metrics").body.decode()
+        assert 'hatchery_route_requests_total{outcome="forwarded"}' in m
+        r = other.request("DELETE", f"/e2b/sandboxes/{sid}", auth=False, headers=e2b_key)
+        assert r.status == 204, r
+        assert sql(pg, f"SELECT state FROM sandboxes WHERE id = '{sid}'") == [["stopped"]]
+        check_invariants(pg, [sid])
+    finally:
+        c.cleanup()
+        b.cleanup()
+        a.cleanup()
     no_net_leftovers(a, b)
 
 

@@ -740,21 +740,7 @@ pub async fn not_found() -> ApiError {
 /// The daemon's key, as `X-API-KEY` (or `e2b_` + its hex, for clients
 /// that insist on E2B's key shape), or a Bearer token.
 pub fn key_ok(headers: &HeaderMap, key: &str) -> bool {
-    let given = headers
-        .get("x-api-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string)
-        .or_else(|| {
-            headers
-                .get("authorization")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .map(str::to_string)
-        });
-    let Some(given) = given else { return false };
-    let alt = key.strip_prefix("hx_").map(|hex| format!("e2b_{hex}"));
-    crate::ct_eq(given.as_bytes(), key.as_bytes())
-        || alt.is_some_and(|a| crate::ct_eq(given.as_bytes(), a.as_bytes()))
+    hatchery_serve::headers::api_key_ok(headers, key)
 }
 
 pub async fn require_key(

@@ -53,13 +53,14 @@ async fn route(st: &ControlState, req: Request) -> Result<Response, RouteError> 
     if path == "/metrics" {
         return Ok(metrics_text(&st.registry).into_response());
     }
-    if req.method() == Method::POST && path == "/v1/sandboxes" {
+    if req.method() == Method::POST && (path == "/v1/sandboxes" || path == "/e2b/sandboxes") {
         return place(st, req, Create::Sandbox).await;
     }
     if req.method() == Method::POST && path == "/v1/sessions" {
         return place(st, req, Create::Session).await;
     }
-    match locate(st.directory.as_ref(), &path).await {
+    let scope = crate::scope_of_request(&path, req.headers());
+    match locate(st.directory.as_ref(), scope).await {
         // A shared snapshot: its fork needs room, like a create; a read
         // or delete any host answers.
         Some(Ok((Location::Anywhere, _))) if req.method() == Method::POST => {

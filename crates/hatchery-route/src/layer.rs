@@ -4,7 +4,7 @@
 //! or unreachable.
 
 use crate::{
-    forward, scope_of, Directory, Location, RouteError, RouteMetrics, Scope, FORWARDED_BY,
+    forward, scope_of_request, Directory, Location, RouteError, RouteMetrics, Scope, FORWARDED_BY,
 };
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -20,30 +20,30 @@ pub struct HostRouting {
     pub metrics: RouteMetrics,
 }
 
-/// Forwarding is for callers with the API key; the pty WebSocket is the
-/// exception, since it may carry a terminal token instead, which only the
-/// owner (whose secret signed it) can check.
+/// Forwarding is for callers with the API key (Bearer, or E2B's
+/// `X-API-Key`). The exceptions carry a credential only the owner, whose
+/// secret signed it, can check: the pty WebSocket (a terminal token), E2B's
+/// sandbox traffic (`X-Access-Token`) and preview URLs (the token is the
+/// path).
 pub(crate) fn may_forward(req: &Request, api_key: &str) -> bool {
-    let given = req
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    hatchery_serve::headers::constant_time_eq(given.as_bytes(), api_key.as_bytes())
-        || req.uri().path().ends_with("/pty")
+    let path = req.uri().path();
+    hatchery_serve::headers::api_key_ok(req.headers(), api_key)
+        || path.ends_with("/pty")
+        || path.starts_with("/e2b/sandbox/")
+        || path == "/e2b/sandbox"
+        || path.starts_with("/preview/")
 }
 
 /// What the directory says about the request's sandbox or snapshot;
 /// `None` for requests without one.
 pub(crate) async fn locate(
     dir: &dyn Directory,
-    path: &str,
+    scope: Scope,
 ) -> Option<Result<(Location, String), RouteError>> {
-    let (loc, what) = match scope_of(path) {
-        Scope::Sandbox(id) => (dir.sandbox(id).await, format!("sandbox {id}")),
-        Scope::Snapshot(id) => (dir.snapshot(id).await, format!("snapshot {id}")),
-        Scope::Session(id) => (dir.session(id).await, format!("session {id}")),
+    let (loc, what) = match scope {
+        Scope::Sandbox(id) => (dir.sandbox(&id).await, format!("sandbox {id}")),
+        Scope::Snapshot(id) => (dir.snapshot(&id).await, format!("snapshot {id}")),
+        Scope::Session(id) => (dir.session(&id).await, format!("session {id}")),
         Scope::Other => return None,
     };
     Some(loc.map(|l| (l, what)))
@@ -54,8 +54,9 @@ pub async fn route(State(r): State<HostRouting>, req: Request, next: Next) -> Re
     if req.headers().contains_key(FORWARDED_BY) || !may_forward(&req, &r.api_key) {
         return next.run(req).await;
     }
-    let path = req.uri().path().to_string();
-    match locate(r.directory.as_ref(), &path).await {
+    // Taken before any await: the request itself is not Sync.
+    let scope = scope_of_request(req.uri().path(), req.headers());
+    match locate(r.directory.as_ref(), scope).await {
         None | Some(Ok((Location::Here | Location::Unknown | Location::Anywhere, _))) => {
             next.run(req).await
         }

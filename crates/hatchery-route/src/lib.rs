@@ -27,7 +27,7 @@ mod target;
 
 pub use error::RouteError;
 pub use metrics::RouteMetrics;
-pub use target::{scope_of, Scope};
+pub use target::{scope_of, scope_of_request, Scope};
 
 use async_trait::async_trait;
 use std::collections::BTreeMap;

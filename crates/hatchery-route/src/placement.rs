@@ -26,12 +26,14 @@ pub struct Want {
 }
 
 impl Want {
-    /// From a create's body; a body that is not JSON (the host will refuse
-    /// it) or has no template asks for `default_template`.
+    /// From a create's body (Hatchery's `template`, or E2B's `templateID`);
+    /// a body that is not JSON (the host will refuse it) or has no template
+    /// asks for `default_template`.
     pub fn of_body(body: &[u8], default_template: &str) -> Want {
         let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
         let template = v["template"]
             .as_str()
+            .or_else(|| v["templateID"].as_str())
             .filter(|t| !t.is_empty())
             .unwrap_or(default_template)
             .to_string();
@@ -106,6 +108,14 @@ mod tests {
             }
         );
         assert_eq!(Want::of_body(b"not json", "ci").template, "ci");
+        let e2b = Want::of_body(br#"{"templateID":"node","metadata":{"tenant":"t"}}"#, "ci");
+        assert_eq!(
+            e2b,
+            Want {
+                template: "node".into(),
+                tenant: Some("t".into())
+            }
+        );
         assert_eq!(Want::of_body(br#"{"template":""}"#, "ci").template, "ci");
     }
 

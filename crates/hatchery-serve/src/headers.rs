@@ -52,9 +52,51 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// The daemon's API key, as `Authorization: Bearer KEY` or E2B's
+/// `X-API-Key: KEY` (or `e2b_` + its hex, for clients that insist on E2B's
+/// key shape), compared in constant time.
+pub fn api_key_ok(h: &HeaderMap, key: &str) -> bool {
+    let given = h
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .or_else(|| {
+            h.get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+        });
+    let Some(given) = given else { return false };
+    let alt = key.strip_prefix("hx_").map(|hex| format!("e2b_{hex}"));
+    constant_time_eq(given.as_bytes(), key.as_bytes())
+        || alt.is_some_and(|a| constant_time_eq(given.as_bytes(), a.as_bytes()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_key_as_bearer_or_x_api_key() {
+        let with = |name: &str, v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                HeaderValue::from_static(v),
+            );
+            h
+        };
+        assert!(api_key_ok(
+            &with("authorization", "Bearer hx_ab12"),
+            "hx_ab12"
+        ));
+        assert!(api_key_ok(&with("x-api-key", "hx_ab12"), "hx_ab12"));
+        assert!(api_key_ok(&with("x-api-key", "e2b_ab12"), "hx_ab12"));
+        assert!(!api_key_ok(&with("x-api-key", "e2b_ab13"), "hx_ab12"));
+        assert!(!api_key_ok(
+            &with("authorization", "Basic hx_ab12"),
+            "hx_ab12"
+        ));
+        assert!(!api_key_ok(&HeaderMap::new(), "hx_ab12"));
+    }
     use axum::http::HeaderValue;
 
     #[test]
