@@ -300,6 +300,17 @@ fn lease_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<Lease> {
 
 /// `AND EXISTS …` per metadata pair, with its parameters. json_each
 /// matches keys exactly, whatever characters they hold.
+/// `AND` conditions on the `sandboxes` table for a filter: its template
+/// and every metadata pair, bound as numbered parameters after `args`.
+fn filter_clause(filter: &SandboxFilter, args: &mut Vec<String>) -> String {
+    let mut sql = String::new();
+    if let Some(t) = &filter.template {
+        args.push(t.clone());
+        sql.push_str(&format!(" AND template = ?{}", args.len()));
+    }
+    sql + &metadata_clause("sandboxes", &filter.metadata, args)
+}
+
 fn metadata_clause(
     table: &str,
     filter: &BTreeMap<String, String>,
@@ -439,11 +450,7 @@ impl Store for SqliteStore {
     async fn list_live(&self, filter: &SandboxFilter) -> Result<Vec<SandboxRow>> {
         let mut args: Vec<String> = Vec::new();
         let mut sql = format!("{SELECT} WHERE state IN {LIVE}");
-        if let Some(t) = &filter.template {
-            args.push(t.clone());
-            sql.push_str(&format!(" AND template = ?{}", args.len()));
-        }
-        sql.push_str(&metadata_clause("sandboxes", &filter.metadata, &mut args));
+        sql.push_str(&filter_clause(filter, &mut args));
         sql.push_str(" ORDER BY created_at_ms, id");
         let refs: Vec<&dyn rusqlite::ToSql> = args.iter().map(|a| a as _).collect();
         self.query_rows(&sql, &refs, row)
@@ -727,11 +734,7 @@ impl Store for SqliteStore {
     async fn live_per_host(&self, filter: &SandboxFilter) -> Result<BTreeMap<String, u32>> {
         let mut args: Vec<String> = Vec::new();
         let mut sql = format!("SELECT host_id, count(*) AS n FROM sandboxes WHERE state IN {LIVE}");
-        if let Some(t) = &filter.template {
-            args.push(t.clone());
-            sql.push_str(&format!(" AND template = ?{}", args.len()));
-        }
-        sql.push_str(&metadata_clause("sandboxes", &filter.metadata, &mut args));
+        sql.push_str(&filter_clause(filter, &mut args));
         sql.push_str(" GROUP BY host_id");
         let refs: Vec<&dyn rusqlite::ToSql> = args.iter().map(|a| a as _).collect();
         let rows = self.query_rows(&sql, &refs, |r| {
