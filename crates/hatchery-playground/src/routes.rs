@@ -350,11 +350,19 @@ fn to_sse(e: Event) -> sse::Event {
     sse::Event::default().event(name).data(data.to_string())
 }
 
+/// How often a quiet stream gets an SSE comment. It is also how a visitor
+/// who left is noticed: the server learns of a closed connection only when
+/// a write fails, which is the second write after the close (the first
+/// draws the reset). So a run whose program prints nothing has its sandbox
+/// deleted and its slot freed within about two of these after the visitor
+/// leaves (at 5 s that was up to 10 s, past what the tests allow).
+const KEEP_ALIVE: Duration = Duration::from_secs(1);
+
 fn sse_response(rx: mpsc::Receiver<Event>) -> Response {
     let stream = ReceiverStream::new(rx).map(|e| Ok::<_, Infallible>(to_sse(e)));
     with_stream_headers(
         Sse::new(stream)
-            .keep_alive(KeepAlive::new().interval(Duration::from_secs(5)))
+            .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
             .into_response(),
     )
 }
