@@ -159,14 +159,7 @@ fn main() {
             Kind::PtyInput => ptys.input(chan, frame.payload),
             Kind::PtyResize => match frame.parse() {
                 Ok(size) => ptys.resize(chan, size, &out),
-                Err(e) => out.send(&Frame::json(
-                    chan,
-                    Kind::PtyResized,
-                    &hatchery_agent_proto::PtyResized {
-                        size: None,
-                        error: Some(format!("invalid resize: {e}")),
-                    },
-                )),
+                Err(e) => pty_size::refuse(&out, chan, format!("invalid resize: {e}")),
             },
             Kind::PtyClose => ptys.close(chan),
             Kind::Ping => out.send(&Frame::new(chan, Kind::Pong, frame.payload)),

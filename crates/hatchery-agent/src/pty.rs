@@ -17,9 +17,7 @@ use crate::exec::{resolve, spawn_contained, Tree, BASE_PATH};
 use crate::out::{send_locked, Out};
 use crate::pty_size::{resizer, Tty, WinSize};
 use crate::reaper::{exit_code, Reaper};
-use hatchery_agent_proto::{
-    EndReason, Frame, Kind, PtyExit, PtyRequest, PtyResized, PtySize, PtyStarted,
-};
+use hatchery_agent_proto::{EndReason, Frame, Kind, PtyExit, PtyRequest, PtySize, PtyStarted};
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Write};
@@ -108,11 +106,7 @@ impl Ptys {
     /// answers every resize with `PtyResized`, in order.
     pub fn resize(&self, chan: u32, size: PtySize, out: &Out) {
         let Some(t) = self.get(chan) else {
-            let no = PtyResized {
-                size: None,
-                error: Some("no such terminal".into()),
-            };
-            return out.send(&Frame::json(chan, Kind::PtyResized, &no));
+            return crate::pty_size::refuse(out, chan, "no such terminal".into());
         };
         t.active_at.store(now_ms(), Ordering::Relaxed);
         let _ = t

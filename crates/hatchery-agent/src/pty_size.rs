@@ -204,6 +204,23 @@ pub(crate) fn resize_once(
     }
 }
 
+/// Sends the answer to a resize.
+fn answer(out: &Out, chan: u32, a: &PtyResized) {
+    out.send(&Frame::json(chan, Kind::PtyResized, a));
+}
+
+/// Answers a resize that never reached a terminal's resizer.
+pub(crate) fn refuse(out: &Out, chan: u32, why: String) {
+    answer(
+        out,
+        chan,
+        &PtyResized {
+            size: None,
+            error: Some(why),
+        },
+    );
+}
+
 /// Serves a terminal's resizes until it is gone (its sender dropped).
 pub(crate) fn resizer(chan: u32, master: Arc<File>, leader: i32, rx: Receiver<PtySize>, out: Out) {
     let tty = Tty(master.as_raw_fd());
@@ -222,9 +239,9 @@ pub(crate) fn resizer(chan: u32, master: Arc<File>, leader: i32, rx: Receiver<Pt
         };
         match next {
             Some(size) => {
-                let (answer, guard) = resize_once(&tty, size, &|| std::thread::sleep(SETTLE));
-                let changed = answer.size == Some(size);
-                out.send(&Frame::json(chan, Kind::PtyResized, &answer));
+                let (a, guard) = resize_once(&tty, size, &|| std::thread::sleep(SETTLE));
+                let changed = a.size == Some(size);
+                answer(&out, chan, &a);
                 watch = guard.map(|g| (g, Instant::now() + GUARD_FOR));
                 if changed {
                     winch_session(leader);
@@ -234,8 +251,8 @@ pub(crate) fn resizer(chan: u32, master: Arc<File>, leader: i32, rx: Receiver<Pt
                 let Some((g, until)) = watch else { continue };
                 match g.check(&tty) {
                     Check::Restored => winch_session(leader),
-                    Check::Holds if Instant::now() < until => {}
-                    _ => watch = None,
+                    Check::Holds => {}
+                    Check::Moved(_) | Check::Failed(_) => watch = None,
                 }
                 if Instant::now() >= until {
                     watch = None;

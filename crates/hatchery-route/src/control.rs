@@ -95,10 +95,7 @@ async fn any_host(st: &ControlState, req: Request) -> Result<Response, RouteErro
     if hosts.is_empty() {
         return Err(RouteError::NoHost);
     }
-    let (parts, body) = req.into_parts();
-    let body = axum::body::to_bytes(body, MAX_BUFFERED_BODY)
-        .await
-        .map_err(|_| RouteError::TooLarge(MAX_BUFFERED_BODY))?;
+    let (parts, body) = buffered(req).await?;
     try_hosts(st, &parts, &body, &hosts, false)
         .await
         .ok_or(RouteError::NoHost)
@@ -125,11 +122,7 @@ enum Create {
 
 /// A create goes to the hosts that suit it best ([`placement::rank`]).
 async fn place(st: &ControlState, req: Request, what: Create) -> Result<Response, RouteError> {
-    let (parts, body) = req.into_parts();
-    // Buffered, since it may go to more than one host.
-    let body = axum::body::to_bytes(body, MAX_BUFFERED_BODY)
-        .await
-        .map_err(|_| RouteError::TooLarge(MAX_BUFFERED_BODY))?;
+    let (parts, body) = buffered(req).await?;
     let mut want = Want::of_body(&body, &st.default_template);
     if what == Create::Fork {
         want.template.clear();
@@ -153,6 +146,16 @@ async fn place(st: &ControlState, req: Request, what: Create) -> Result<Response
             Err(RouteError::NoCapacity)
         }
     }
+}
+
+/// The request with its body read whole (up to [`MAX_BUFFERED_BODY`]),
+/// since it may go to more than one host.
+async fn buffered(req: Request) -> Result<(axum::http::request::Parts, bytes::Bytes), RouteError> {
+    let (parts, body) = req.into_parts();
+    let body = axum::body::to_bytes(body, MAX_BUFFERED_BODY)
+        .await
+        .map_err(|_| RouteError::TooLarge(MAX_BUFFERED_BODY))?;
+    Ok((parts, body))
 }
 
 /// Sends the request to each of `hosts` in turn until one answers. A host
