@@ -51,20 +51,27 @@ def wait_baked(d):
     wait_for(lambda: metric(d, "hatchery_template_images_baked_total") >= 1, what="template checkpoint")
 
 
-def net_leftovers(prefix):
+def net_leftovers(prefix, netns=None):
     """Network namespaces, veths and the nftables table of a daemon that
-    is no longer running: all must be gone."""
+    is no longer running: all must be gone. `netns`: the namespace the
+    daemon ran in (tests/pg/hostnet.py), where its veths and table were;
+    the root namespace is checked too."""
     left = []
     if os.path.isdir("/run/netns"):
         left += [f"netns {n}" for n in os.listdir("/run/netns") if n.startswith(f"hx{prefix}-")]
-    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    for line in links.splitlines():
-        name = line.split(": ")[1].split("@")[0]
-        if name.startswith(f"hx{prefix}."):
-            left.append(f"veth {name}")
-    tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
-    if f"hatchery_{prefix}" in tables:
-        left.append(f"nftables table hatchery_{prefix}")
+    inside = [[]]
+    if netns and os.path.exists(f"/run/netns/{netns}"):
+        inside.append(["ip", "netns", "exec", netns])
+    for pre in inside:
+        where = f" in {pre[3]}" if pre else ""
+        links = subprocess.run([*pre, "ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+        for line in links.splitlines():
+            name = line.split(": ")[1].split("@")[0]
+            if name.startswith(f"hx{prefix}."):
+                left.append(f"veth {name}{where}")
+        tables = subprocess.run([*pre, "nft", "list", "tables"], capture_output=True, text=True).stdout
+        if f"hatchery_{prefix}" in tables:
+            left.append(f"nftables table hatchery_{prefix}{where}")
     return left
 
 
@@ -102,10 +109,14 @@ def arg(args, name):
 
 
 class Daemon:
-    def __init__(self, extra_args=(), data_dir=None, templates_dir=None):
+    def __init__(self, extra_args=(), data_dir=None, templates_dir=None, netns=None):
         # Short path: unix socket paths are capped at 107 bytes.
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="hxt-", dir="/tmp")
         self.port = free_port()
+        # A network namespace of its own (tests/pg/hostnet.py HostNet): the
+        # daemon runs in it and listens on its address.
+        self.netns = netns
+        self.addr = netns.addr if netns else "127.0.0.1"
         self.extra_args = list(extra_args)
         if "--net-prefix" not in self.extra_args:
             self.extra_args += net_args()
@@ -122,8 +133,9 @@ class Daemon:
     def start(self):
         env = dict(os.environ, HATCHERY_API_KEY=KEY, RUST_LOG="info")
         log = open(self.log_path, "ab")
+        enter = ["nsenter", f"--net={self.netns.path}", "--"] if self.netns else []
         self.proc = subprocess.Popen(
-            [os.path.join(BIN_DIR, "hatcheryd"), "--listen", f"127.0.0.1:{self.port}",
+            [*enter, os.path.join(BIN_DIR, "hatcheryd"), "--listen", f"{self.addr}:{self.port}",
              "--data-dir", self.data_dir, "--templates-dir", self.templates_dir, *self.extra_args],
             stdout=log, stderr=log, env=env)
         deadline = time.time() + 30
@@ -164,7 +176,7 @@ class Daemon:
         return 0
 
     def request(self, method, path, body=None, auth=True, headers=None, timeout=120, raw=None):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        conn = http.client.HTTPConnection(self.addr, self.port, timeout=timeout)
         h = dict(headers or {})
         if auth:
             h.setdefault("Authorization", f"Bearer {KEY}")
@@ -207,7 +219,7 @@ class Daemon:
     def stream(self, sid, body, on_event=None, timeout=120, path=None, method="POST"):
         """Runs exec/stream (or another SSE endpoint); returns the list of
         (event, data) pairs."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        conn = http.client.HTTPConnection(self.addr, self.port, timeout=timeout)
         conn.request(method, path or f"/v1/sandboxes/{sid}/exec/stream",
                      body=json.dumps(body) if body is not None else None,
                      headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
@@ -263,7 +275,7 @@ class Daemon:
             if self.data_dir in line or any(s in line for s in self.created):
                 left.append(f"mount {line.strip()}")
         if daemon_pid is None and net:
-            left += net_leftovers(self.net_prefix)
+            left += net_leftovers(self.net_prefix, self.netns.name if self.netns else None)
         return left
 
     def wait_no_leftovers(self, timeout=20, net=True):
@@ -295,5 +307,7 @@ class Daemon:
             self.wait_no_leftovers()
         finally:
             self.stop()
+            if self.netns:
+                self.netns.delete()
             if not os.environ.get("HATCHERY_KEEP_DATA"):
                 shutil.rmtree(self.data_dir, ignore_errors=True)

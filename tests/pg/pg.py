@@ -17,6 +17,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(__file__))
+import hostnet  # noqa: E402
+
 
 def pg_bin(name):
     found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
@@ -39,8 +42,12 @@ def as_postgres(args, **kw):
 
 
 class Postgres:
-    def __init__(self, db="hatchery"):
+    def __init__(self, db="hatchery", fabric=False):
+        """fabric: also answer on the hosts' bridge (hostnet.py), which
+        this server brings up and, at stop(), down."""
         self.db = db
+        self.fabric = fabric
+        self._bridge = False
         self.dir = tempfile.mkdtemp(prefix="hxpg-")
         os.chmod(self.dir, 0o755)
         shutil.chown(self.dir, "postgres", "postgres")
@@ -48,24 +55,33 @@ class Postgres:
         self.port = free_port()
         self.log = os.path.join(self.dir, "pg.log")
 
-    # Besides 127.0.0.1, a second loopback address: a client that connects
-    # through it can be cut off alone (an nftables rule on that address)
-    # while every other client keeps its database.
-    ALT_ADDR = "127.0.0.2"
-
     @property
     def dsn(self):
         return self.dsn_via("127.0.0.1")
+
+    @property
+    def fabric_dsn(self):
+        """What a host in a namespace of its own (hostnet.py) connects to."""
+        return self.dsn_via(hostnet.GATEWAY)
 
     def dsn_via(self, addr):
         return f"postgres://postgres@{addr}:{self.port}/{self.db}"
 
     def start(self):
+        listen = "127.0.0.1"
+        if self.fabric:
+            if not self._bridge:
+                hostnet.bridge_up()
+                self._bridge = True
+            listen += "," + hostnet.GATEWAY
         if not os.path.exists(self.data):
             as_postgres([pg_bin("initdb"), "-D", self.data, "-A", "trust", "-U", "postgres", "--no-sync",
                          "-E", "UTF8"])
+            # The hosts' bridge (hostnet.py): a private /24 of the test's own.
+            with open(os.path.join(self.data, "pg_hba.conf"), "a") as f:
+                f.write(f"host all all {hostnet.FABRIC}.0/24 trust\n")
         as_postgres([pg_bin("pg_ctl"), "-D", self.data, "-l", self.log, "-w", "-t", "60", "start", "-o",
-                     f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1,{self.ALT_ADDR} -c fsync=on"])
+                     f"-p {self.port} -k {self.dir} -c listen_addresses={listen} -c fsync=on"])
         deadline = time.time() + 30
         while True:
             r = subprocess.run(["runuser", "-u", "postgres", "--", pg_bin("psql"), "-h", self.dir, "-p",
@@ -92,6 +108,9 @@ class Postgres:
             subprocess.run(["runuser", "-u", "postgres", "--", pg_bin("pg_ctl"), "-D", self.data, "-m",
                             "immediate", "-w", "stop"], capture_output=True)
         shutil.rmtree(self.dir, ignore_errors=True)
+        if self._bridge:
+            hostnet.bridge_down()
+            self._bridge = False
 
     def __enter__(self):
         return self.start()

@@ -18,23 +18,24 @@ def git(*args, cwd=None):
 
 
 class GitServer:
-    def __init__(self):
+    def __init__(self, host="127.0.0.1"):
         self.root = tempfile.mkdtemp(prefix="hxgit-")
+        self.host = host
         s = socket.socket()
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         self.port = s.getsockname()[1]
         s.close()
         self.proc = None
 
     def start(self):
         self.proc = subprocess.Popen(
-            ["git", "daemon", "--reuseaddr", "--export-all", "--listen=127.0.0.1", f"--port={self.port}",
+            ["git", "daemon", "--reuseaddr", "--export-all", f"--listen={self.host}", f"--port={self.port}",
              f"--base-path={self.root}", self.root],
             env=GIT_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 10
         while time.time() < deadline:
             try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                socket.create_connection((self.host, self.port), timeout=1).close()
                 return self
             except OSError:
                 time.sleep(0.05)
@@ -54,7 +55,7 @@ class GitServer:
         bare = os.path.join(self.root, name + ".git")
         git("clone", "-q", "--bare", work, bare)
         shutil.rmtree(work, ignore_errors=True)
-        return f"git://127.0.0.1:{self.port}/{name}.git"
+        return f"git://{self.host}:{self.port}/{name}.git"
 
     def stop(self):
         if self.proc and self.proc.poll() is None:

@@ -33,7 +33,7 @@ def _subst(v, last_user):
 
 
 class ScriptedModel:
-    def __init__(self, scripts, port=0):
+    def __init__(self, scripts, port=0, host="127.0.0.1"):
         self.scripts = scripts
         self.requests = []
         self.lock = threading.Lock()
@@ -104,7 +104,8 @@ class ScriptedModel:
                 self.wfile.flush()
                 self.close_connection = True
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.host = host
+        self.server = ThreadingHTTPServer((host, port), Handler)
         self.server.daemon_threads = True
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)

@@ -78,14 +78,15 @@ SCRIPTS = {
 
 
 class SessionDaemon(Daemon):
-    def __init__(self, model_port, extra=(), data_dir=None, net_args=None, templates_dir=None):
+    def __init__(self, model_port, extra=(), data_dir=None, net_args=None, templates_dir=None, netns=None,
+                 model_host="127.0.0.1"):
         args = ["--max-ttl", "7200", *([] if "--pool-size" in extra else ["--pool-size", "1"]),
-                "--host-service", f"model={MODEL_GUEST_PORT}=127.0.0.1:{model_port}",
+                "--host-service", f"model={MODEL_GUEST_PORT}={model_host}:{model_port}",
                 "--sessions-model-url", f"http://127.0.0.1:{MODEL_GUEST_PORT}/v1",
                 "--sessions-model", "scripted", *extra]
         if net_args:
             args += net_args
-        super().__init__(extra_args=args, data_dir=data_dir, templates_dir=templates_dir)
+        super().__init__(extra_args=args, data_dir=data_dir, templates_dir=templates_dir, netns=netns)
 
     def start(self):
         super().start()

@@ -48,7 +48,7 @@ LOST_LINE = "host lost: its sandboxes marked stopped"
 
 @pytest.fixture(scope="module")
 def pg():
-    p = Postgres(db="hxfaults").start()
+    p = Postgres(db="hxfaults", fabric=True).start()
     yield p
     p.stop()
 
@@ -272,12 +272,16 @@ UNANSWERED_BOUND_S = 16
 
 
 def cut(pg, addr):
-    """Drops every packet to `addr` on the database's port: the host that
-    connects through it loses the database without a reset (its
-    connections stall), everyone else keeps it. A table of the test's own,
-    removed by uncut()."""
-    rules = (f"table inet {CUT_TABLE} {{\n chain out {{\n type filter hook output priority -10; policy accept;\n"
-             f" ip daddr {addr} tcp dport {pg.port} drop\n ip saddr {addr} tcp sport {pg.port} drop\n }}\n}}\n")
+    """Drops every packet between the host at `addr` (its namespace's
+    address on the bridge, hostnet.py) and the database's port: that host
+    loses the database without a reset (its connections stall), while its
+    API stays reachable and every other host keeps the database. A table
+    of the test's own in the root namespace, removed by uncut()."""
+    rules = (f"table inet {CUT_TABLE} {{\n"
+             f" chain in {{\n type filter hook input priority -10; policy accept;\n"
+             f" ip saddr {addr} tcp dport {pg.port} drop\n }}\n"
+             f" chain out {{\n type filter hook output priority -10; policy accept;\n"
+             f" ip daddr {addr} tcp sport {pg.port} drop\n }}\n}}\n")
     subprocess.run(["nft", "-f", "-"], input=rules, text=True, check=True)
 
 
@@ -286,7 +290,7 @@ def uncut():
 
 
 def test_host_cut_off_from_the_database_by_nftables(pg):
-    a = daemon(pg, "cut-a", role="host", dsn=pg.dsn_via(pg.ALT_ADDR))
+    a = daemon(pg, "cut-a", role="host")
     b = daemon(pg, "cut-b", role="host")
     c = daemon(pg, "cut-ctl", role="control")
     a2 = None
@@ -294,7 +298,7 @@ def test_host_cut_off_from_the_database_by_nftables(pg):
         sa, sb = a.create(ttl_seconds=600), b.create(ttl_seconds=600)
         assert (owner(pg, sa), owner(pg, sb)) == ("cut-a", "cut-b")
         before = {h: epoch(pg, h) for h in ("cut-a", "cut-b")}
-        cut(pg, pg.ALT_ADDR)
+        cut(pg, a.addr)
         cut_at = time.time()
         # The cut host answers what needs the database with a 503 within
         # the bound, instead of hanging on its stalled connections.
@@ -330,7 +334,7 @@ def test_host_cut_off_from_the_database_by_nftables(pg):
         r = a.request("POST", "/v1/sandboxes", {"ttl_seconds": 60}, timeout=30)
         assert r.status == 503, r
         a.stop()
-        a2 = daemon(pg, "cut-a", role="host", restart_of=a, dsn=pg.dsn_via(pg.ALT_ADDR))
+        a2 = daemon(pg, "cut-a", role="host", restart_of=a)
         a2.created |= a.created
         s2 = a2.create(ttl_seconds=120)
         assert a2.exec(s2, "echo back")["stdout"] == "back\n"

@@ -27,6 +27,7 @@ from harness import KEY, Daemon, arg, net_leftovers, wait_for  # noqa: E402
 
 sys.path.insert(0, os.path.join(HERE, "..", "sdk"))
 import support  # noqa: E402
+from hostnet import HostNet  # noqa: E402
 from pg import Postgres, pg_bin  # noqa: E402
 from guest_servers import HTTP_ECHO, start_guest_server  # noqa: E402
 from wsclient import Term, WebSocket  # noqa: E402
@@ -39,7 +40,7 @@ LOSS_WAIT = 75
 
 @pytest.fixture(scope="module")
 def pg():
-    p = Postgres(db="hxhosts").start()
+    p = Postgres(db="hxhosts", fabric=True).start()
     yield p
     p.stop()
 
@@ -50,13 +51,33 @@ def sql(pg, q):
     return [line.split("|") for line in r.stdout.splitlines() if line]
 
 
-def daemon(pg, host, role="all", extra=(), restart_of=None, dsn=None, templates_dir=None):
-    args = [*ARGS, "--db", dsn or pg.dsn, "--host-id", host, "--role", role, *extra]
+def host_netns(host, restart_of=None):
+    """A host runs in a network namespace of its own (hostnet.py); one
+    restarted on its data directory, in the one it ran in before."""
+    return restart_of.netns if restart_of is not None else HostNet(host)
+
+
+def started(d):
+    try:
+        return d.start()
+    except Exception:
+        d.stop()
+        if d.netns:
+            d.netns.delete()
+        raise
+
+
+def daemon(pg, host, role="all", extra=(), restart_of=None, templates_dir=None):
+    """A daemon on the suite's database: a host (or `all`) in a network
+    namespace of its own, reaching the database over the bridge; the
+    control plane in the root namespace, reaching hosts over the bridge."""
+    netns = None if role == "control" else host_netns(host, restart_of)
+    args = [*ARGS, "--db", pg.fabric_dsn if netns else pg.dsn, "--host-id", host, "--role", role, *extra]
     if restart_of is not None:
         for flag in ("--net-prefix", "--net-range"):
             args += [flag, arg(restart_of.extra_args, flag)]
-    return Daemon(extra_args=args, data_dir=restart_of.data_dir if restart_of else None,
-                  templates_dir=templates_dir).start()
+    return started(Daemon(extra_args=args, data_dir=restart_of.data_dir if restart_of else None,
+                          templates_dir=templates_dir, netns=netns))
 
 
 def warm(pg, host):
@@ -100,8 +121,12 @@ def epoch(pg, host):
 
 
 def no_net_leftovers(*ds):
+    """Once the daemons are gone: their slots, tables and namespaces."""
     for d in ds:
-        assert net_leftovers(d.net_prefix) == [], d.net_prefix
+        ns = d.netns.name if d.netns else None
+        assert net_leftovers(d.net_prefix, ns) == [], d.net_prefix
+        if d.netns:
+            assert d.netns.leftovers() == [], d.netns.name
 
 
 def test_roles_need_postgres():
@@ -123,13 +148,20 @@ def test_requests_are_routed_to_the_owning_host(pg):
     try:
         sid = a.create(ttl_seconds=300)
         assert owner(pg, sid) == "rt-a"
+        # Each host in its own network namespace: registered at its address
+        # on the bridge, its sandbox's veth in its namespace, not the root's.
+        for d, h in ((a, "rt-a"), (b, "rt-b")):
+            assert sql(pg, f"SELECT address FROM hosts WHERE id = '{h}'") == [[f"{d.addr}:{d.port}"]]
+        inside = subprocess.run(["ip", "-n", a.netns.name, "-o", "link"], capture_output=True, text=True).stdout
+        root = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        assert f"hx{a.net_prefix}." in inside and f"hx{a.net_prefix}." not in root, inside
         # exec, files and the pty, all sent to b, served by a.
         assert b.exec(sid, "hostname >/dev/null; echo via-b")["stdout"] == "via-b\n"
         assert b.put_file(sid, "/work/b.txt", b"written via b").status == 204
         assert a.get_file(sid, "/work/b.txt").body == b"written via b"
         assert b.get_file(sid, "/work/b.txt").body == b"written via b"
         assert b.request("GET", f"/v1/sandboxes/{sid}").json()["state"] == "running"
-        t = Term(WebSocket(b.port, f"/v1/sandboxes/{sid}/pty", {"Authorization": f"Bearer {KEY}"}))
+        t = Term(WebSocket(b.port, f"/v1/sandboxes/{sid}/pty", {"Authorization": f"Bearer {KEY}"}, host=b.addr))
         t.type("echo pty-$((6*7))\r")
         t.wait_for("pty-42", timeout=30)
         t.ws.sock.close()
@@ -349,8 +381,11 @@ def test_e2b_and_preview_requests_reach_the_owning_host(pg):
 
 
 def test_sigkilled_host_is_marked_lost_and_not_resurrected(pg):
+    """One control plane (and a second one at once) and three hosts, each
+    host in a network namespace of its own."""
     h1 = daemon(pg, "kl-1", role="host")
     h2 = daemon(pg, "kl-2", role="host")
+    h3 = daemon(pg, "kl-3", role="host")
     c = daemon(pg, "kl-ctl", role="control")
     # Two control processes at once: both sweep, each lost row is stopped once.
     c2 = daemon(pg, "kl-ctl2", role="control")
@@ -358,7 +393,9 @@ def test_sigkilled_host_is_marked_lost_and_not_resurrected(pg):
     try:
         lost = [h1.create(ttl_seconds=600) for _ in range(2)]
         kept = h2.create(ttl_seconds=600)
+        kept3 = h3.create(ttl_seconds=600)
         e0 = epoch(pg, "kl-1")
+        survivors = {h: epoch(pg, h) for h in ("kl-2", "kl-3")}
         h1.crash()
         killed = time.time()
         # Until it is marked, control answers 503 for its sandboxes.
@@ -373,11 +410,14 @@ def test_sigkilled_host_is_marked_lost_and_not_resurrected(pg):
         assert c2.request("GET", f"/v1/sandboxes/{lost[1]}").status == 404
         assert marked_after < LOSS_WAIT
         assert c.request("GET", f"/v1/sandboxes/{lost[0]}").status == 404
-        # Creates go to the host that is left.
-        r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": 300})
-        assert r.status == 201 and owner(pg, r.json()["id"]) == "kl-2", r
-        h2.created.add(r.json()["id"])
+        # Creates go to the hosts that are left, which lost nothing.
+        for _ in range(2):
+            r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": 300})
+            assert r.status == 201, r
+            {"kl-2": h2, "kl-3": h3}[owner(pg, r.json()["id"])].created.add(r.json()["id"])
         assert c.exec(kept, "echo alive")["stdout"] == "alive\n"
+        assert c.exec(kept3, "echo alive")["stdout"] == "alive\n"
+        assert {h: epoch(pg, h) for h in survivors} == survivors
         # The sweep took the lease (epoch grew); the host's restart takes
         # it again, destroys what its shims still ran, and resurrects none.
         e1 = epoch(pg, "kl-1")
@@ -387,14 +427,15 @@ def test_sigkilled_host_is_marked_lost_and_not_resurrected(pg):
         assert epoch(pg, "kl-1") > e1
         h1b.wait_no_leftovers(timeout=30, net=False)
         assert sql(pg, f"SELECT state FROM sandboxes WHERE id IN ('{lost[0]}', '{lost[1]}')") == [["stopped"]] * 2
-        check_invariants(pg, [*lost, kept])
+        check_invariants(pg, [*lost, kept, kept3])
         print(f"host marked lost {marked_after:.1f}s after SIGKILL")
     finally:
         c2.cleanup()
         c.cleanup()
+        h3.cleanup()
         h2.cleanup()
         (h1b or h1).cleanup()
-    no_net_leftovers(h1, h2)
+    no_net_leftovers(h1, h2, h3)
 
 
 def test_paused_host_is_fenced_and_kills_its_sandboxes(pg):

@@ -40,7 +40,8 @@ from harness import arg, wait_for  # noqa: E402
 from pg import Postgres  # noqa: E402
 from scripted_model import ScriptedModel  # noqa: E402
 from sessions_support import DEMO_FILES, SCRIPTS, SessionDaemon  # noqa: E402
-from test_hosts import no_net_leftovers, sql  # noqa: E402
+import hostnet  # noqa: E402
+from test_hosts import host_netns, no_net_leftovers, sql, started  # noqa: E402
 
 # A short host lease, so that a lost host is noticed within seconds.
 LEASE_TTL_S = 9
@@ -49,21 +50,22 @@ RESUME_BOUND_S = 60
 
 @pytest.fixture(scope="module")
 def pg():
-    p = Postgres(db="hxsesshosts").start()
+    p = Postgres(db="hxsesshosts", fabric=True).start()
     yield p
     p.stop()
 
 
 @pytest.fixture(scope="module")
-def git_server():
-    g = GitServer().start()
+def git_server(pg):
+    # On the bridge (it is up with pg): the hosts fetch from their namespaces.
+    g = GitServer(host=hostnet.GATEWAY).start()
     yield g
     g.stop()
 
 
 @pytest.fixture(scope="module")
-def model():
-    m = ScriptedModel(SCRIPTS).start()
+def model(pg):
+    m = ScriptedModel(SCRIPTS, host=hostnet.GATEWAY).start()
     yield m
     m.stop()
 
@@ -76,16 +78,18 @@ def shared():
 
 
 def host(pg, name, model, shared, restart_of=None):
-    extra = ["--db", pg.dsn, "--host-id", name, "--role", "host", "--host-lease-ttl", str(LEASE_TTL_S),
+    """A host in a network namespace of its own (the one it ran in, when
+    restarted on its data directory), on the bridge (hostnet.py)."""
+    extra = ["--db", pg.fabric_dsn, "--host-id", name, "--role", "host", "--host-lease-ttl", str(LEASE_TTL_S),
              "--snapshot-store", f"shared:{shared}", "--sessions-checkpoint-interval", "2",
              "--sessions-idle-timeout", "3", "--pool-size", "0"]
     net = None
     if restart_of is not None:
         net = ["--net-prefix", arg(restart_of.extra_args, "--net-prefix"),
                "--net-range", arg(restart_of.extra_args, "--net-range")]
-    d = SessionDaemon(model.port, extra=extra, net_args=net,
-                      data_dir=restart_of.data_dir if restart_of else None)
-    return d.start()
+    d = SessionDaemon(model.port, extra=extra, net_args=net, data_dir=restart_of.data_dir if restart_of else None,
+                      netns=host_netns(name, restart_of), model_host=model.host)
+    return started(d)
 
 
 def events_while_moving(d, sid):
@@ -147,7 +151,7 @@ def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared
     a = host(pg, "ss-a", model, shared)
     b = host(pg, "ss-b", model, shared)
     # The control plane, with the session helpers (it routes them).
-    c = SessionDaemon(model.port, extra=["--db", pg.dsn, "--host-id", "ss-ctl", "--role", "control",
+    c = SessionDaemon(model.port, model_host=model.host, extra=["--db", pg.dsn, "--host-id", "ss-ctl", "--role", "control",
                                          "--host-lease-ttl", str(LEASE_TTL_S), "--pool-size", "0"]).start()
     a2 = None
     try:
