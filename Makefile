@@ -9,7 +9,7 @@ LISTEN ?= 127.0.0.1:7423
 PYTEST := /usr/bin/python3 -m pytest
 BIN := target/release
 
-.PHONY: test-pg egress-test agent-template gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load sessions-test e2b-test store-test broker-test bench bench-code clean-state
+.PHONY: test-pg test-pg-integration egress-test agent-template gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load sessions-test e2b-test store-test broker-test bench bench-code clean-state
 
 setup:
 	bash scripts/setup-host.sh
@@ -38,13 +38,18 @@ integration: build template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/integration
 
-# The same integration suite with every daemon's state in a private
-# PostgreSQL (tests/pg/pg.py; each daemon a host of its own on it), about
-# 25 minutes. Not part of `make test`, which covers PostgreSQL with the
-# store, hosts, faults and sessions-on-hosts suites of store-test.
+# The whole suite again with every daemon's state in one private
+# PostgreSQL (tests/pg/pg.py; each daemon a host of its own on it): every
+# suite of `make test` that starts a daemon (store-test runs on PostgreSQL
+# in `make test` already). About 55 minutes, so not part of `make test`;
+# `make test-pg-integration` is its first half (about 25 minutes).
+PG_SUITES = integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test \
+  sessions-test broker-test playground-test playground-load gateway-test e2b-test egress-test
 test-pg: build template
-	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) /usr/bin/python3 tests/pg/pg.py -- \
-	  sh -c 'HATCHERY_TEST_DB=$$HATCHERY_TEST_PG_DSN $(PYTEST) -q -p no:cacheprovider tests/integration'
+	/usr/bin/python3 tests/pg/pg.py -- sh -c 'HATCHERY_TEST_DB=$$HATCHERY_TEST_PG_DSN $(MAKE) $(PG_SUITES)'
+
+test-pg-integration: build template
+	/usr/bin/python3 tests/pg/pg.py -- sh -c 'HATCHERY_TEST_DB=$$HATCHERY_TEST_PG_DSN $(MAKE) integration'
 
 # The `hatchery` binary end to end, against a daemon the tests start.
 cli-test: build template

@@ -35,7 +35,7 @@ def test_session_commands(env):
     assert r.status == 201, r
     pol = r.json()["id"]
     sid = hx("session", "create", "--repo", repo, "--task", "[script:ask] ask", "--wall", "600",
-             "--policy", pol, check=0).stdout.strip()
+             "--policy", pol, "--metadata", "tenant=acme", "-m", "team=infra", check=0).stdout.strip()
     assert re.fullmatch(r"ses_[a-z0-9]{16}", sid), sid
     d.wait_event(sid, "waiting")
     assert d.request("POST", f"/v1/policies/{pol}/versions", {"name": "cli-move", "rules": rules}).status in (200, 201)
@@ -54,6 +54,7 @@ def test_session_commands(env):
     assert len(listed) == len(evs) - 3 and listed[0].split()[0] == "4"
     got = json.loads(hx("session", "get", sid, "--json", check=0).stdout)
     assert got["state"] == "completed" and got["reason"] == "agent finished: wrote cli.txt"
+    assert got["metadata"] == {"tenant": "acme", "team": "infra"}
     assert sid in hx("session", "ls", check=0).stdout
     assert json.loads(hx("session", "ls", "--state", "failed", "--json", check=0).stdout) == []
     p = hx("session", "message", sid, "late")

@@ -41,7 +41,7 @@ from pg import Postgres  # noqa: E402
 from scripted_model import ScriptedModel  # noqa: E402
 from sessions_support import DEMO_FILES, SCRIPTS, SessionDaemon  # noqa: E402
 import hostnet  # noqa: E402
-from test_hosts import host_netns, no_net_leftovers, sql, started  # noqa: E402
+from test_hosts import host_netns, no_net_leftovers, sql, started, wait_warm  # noqa: E402
 
 # A short host lease, so that a lost host is noticed within seconds.
 LEASE_TTL_S = 9
@@ -77,12 +77,12 @@ def shared():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def host(pg, name, model, shared, restart_of=None):
+def host(pg, name, model, shared, restart_of=None, extra=()):
     """A host in a network namespace of its own (the one it ran in, when
     restarted on its data directory), on the bridge (hostnet.py)."""
     extra = ["--db", pg.fabric_dsn, "--host-id", name, "--role", "host", "--host-lease-ttl", str(LEASE_TTL_S),
              "--snapshot-store", f"shared:{shared}", "--sessions-checkpoint-interval", "2",
-             "--sessions-idle-timeout", "3", "--pool-size", "0"]
+             "--sessions-idle-timeout", "3", "--pool-size", "0", *extra]
     net = None
     if restart_of is not None:
         net = ["--net-prefix", arg(restart_of.extra_args, "--net-prefix"),
@@ -230,3 +230,42 @@ def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared
             b.cleanup_sessions()
     no_net_leftovers(a, b)
     assert os.listdir(shared) == [] or all(n.startswith(".") for n in os.listdir(shared)), os.listdir(shared)
+
+
+def test_control_spreads_one_tenants_sessions(pg, git_server, model, shared):
+    """Placement of session starts. Host a has twice b's room, so by free
+    room alone every session would start on a; a second session of the
+    same tenant (`metadata.tenant`) starts on b instead, while another
+    tenant's goes to the roomier a. The session's sandbox carries the
+    session's metadata (that is what the control plane counts)."""
+    a = host(pg, "sp-a", model, shared, extra=["--max-sandboxes", "6"])
+    b = host(pg, "sp-b", model, shared, extra=["--max-sandboxes", "3"])
+    c = SessionDaemon(model.port, model_host=model.host, extra=["--db", pg.dsn, "--host-id", "sp-ctl", "--role",
+                                                                "control", "--pool-size", "0"]).start()
+    sids = []
+    try:
+        wait_warm(pg, ["sp-a", "sp-b"], "code-interpreter")
+        repo = git_server.add_repo("spread", DEMO_FILES)
+        first = c.new_session(repo, "[script:slow] one", metadata={"tenant": "acme"})
+        sids.append(first)
+        ready = c.wait_event(first, "sandbox_ready")
+        sb = c.request("GET", f"/v1/sandboxes/{ready['sandbox_id']}").json()
+        assert sb["metadata"] == {"tenant": "acme", "hatchery_session": first}, sb
+        assert c.session(first)["metadata"] == {"tenant": "acme"}
+        second = c.new_session(repo, "[script:slow] two", metadata={"tenant": "acme"})
+        sids.append(second)
+        other = c.new_session(repo, "[script:slow] three", metadata={"tenant": "globex"})
+        sids.append(other)
+        placed = [session_row(pg, s)[0] for s in sids]
+        assert placed == ["sp-a", "sp-b", "sp-a"], placed
+        for s in sids:
+            c.wait_state(s, "completed", timeout=180)
+            {"sp-a": a, "sp-b": b}[session_row(pg, s)[0]].track_sandboxes(s)
+            assert_log_sound(pg, c, s)
+    finally:
+        c.cleanup()
+        try:
+            a.cleanup_sessions()
+        finally:
+            b.cleanup_sessions()
+    no_net_leftovers(a, b)

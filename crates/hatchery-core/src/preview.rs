@@ -5,7 +5,8 @@
 //! made on first start). Deleting that file and restarting revokes every
 //! preview URL ever handed out.
 //!
-//! Layout before URL-safe base64 (no padding):
+//! The layout is in `hatchery_serve::preview_token` (the router reads the
+//! sandbox id from it too):
 //!
 //! ```text
 //! u8 version (1) | u16 BE port | u64 BE expiry (unix seconds) | sandbox id | 32-byte MAC
@@ -15,19 +16,14 @@
 //! checks the MAC (in constant time) before anything else, so a forged or
 //! altered token learns nothing, not even whether its sandbox exists.
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
+use hatchery_serve::preview_token::{self as layout, MAC_LEN, VERSION};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
-const VERSION: u8 = 1;
-const MAC_LEN: usize = 32;
 const DOMAIN: &[u8] = b"hatchery-preview-v1\0";
-/// Longest token accepted; real ones are about 85 characters.
-const MAX_TOKEN: usize = 256;
 pub const KEY_FILE: &str = "preview_key";
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -84,49 +80,29 @@ impl PreviewKey {
     }
 
     pub fn mint(&self, sandbox_id: &str, port: u16, expires_at_s: u64) -> String {
-        let mut blob = Vec::with_capacity(11 + sandbox_id.len() + MAC_LEN);
-        blob.push(VERSION);
-        blob.extend_from_slice(&port.to_be_bytes());
-        blob.extend_from_slice(&expires_at_s.to_be_bytes());
-        blob.extend_from_slice(sandbox_id.as_bytes());
+        let blob = layout::body(port, expires_at_s, sandbox_id);
         let mac = self.mac(&blob);
-        blob.extend_from_slice(&mac);
-        URL_SAFE_NO_PAD.encode(blob)
+        layout::encode(blob, &mac)
     }
 
     pub fn verify(&self, token: &str, now_s: u64) -> Result<PreviewGrant, PreviewError> {
-        if token.len() > MAX_TOKEN {
-            return Err(PreviewError::Invalid);
-        }
-        let raw = URL_SAFE_NO_PAD
-            .decode(token)
-            .map_err(|_| PreviewError::Invalid)?;
-        if raw.len() < 11 + MAC_LEN + 1 {
-            return Err(PreviewError::Invalid);
-        }
-        let (blob, mac) = raw.split_at(raw.len() - MAC_LEN);
+        let raw = layout::decode(token).ok_or(PreviewError::Invalid)?;
+        let (blob, mac) = layout::split(&raw);
         if !hatchery_serve::headers::constant_time_eq(&self.mac(blob), mac) {
             return Err(PreviewError::Invalid);
         }
         // Authentic from here on: we wrote it.
-        if blob[0] != VERSION {
+        let f = layout::fields(blob).ok_or(PreviewError::Invalid)?;
+        if f.version != VERSION || f.port == 0 {
             return Err(PreviewError::Invalid);
         }
-        let port = u16::from_be_bytes([blob[1], blob[2]]);
-        let expires_at_s = u64::from_be_bytes(blob[3..11].try_into().expect("8 bytes"));
-        let sandbox_id = std::str::from_utf8(&blob[11..])
-            .map_err(|_| PreviewError::Invalid)?
-            .to_string();
-        if port == 0 {
-            return Err(PreviewError::Invalid);
-        }
-        if now_s >= expires_at_s {
+        if now_s >= f.expires_at_s {
             return Err(PreviewError::Expired);
         }
         Ok(PreviewGrant {
-            sandbox_id,
-            port,
-            expires_at_s,
+            sandbox_id: f.sandbox_id.to_string(),
+            port: f.port,
+            expires_at_s: f.expires_at_s,
         })
     }
 
@@ -173,6 +149,8 @@ fn parse_hex(s: &str) -> Option<[u8; 32]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
 
     #[test]
     fn hmac_matches_rfc4231() {

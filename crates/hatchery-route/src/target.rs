@@ -1,8 +1,6 @@
 //! Which requests are scoped to one sandbox, snapshot or session.
 
 use axum::http::HeaderMap;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
 
 /// What a request is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,22 +63,16 @@ pub fn scope_of_request(path: &str, headers: &HeaderMap) -> Scope {
     Scope::Other
 }
 
-/// The sandbox id a preview token names (hatchery-core preview.rs: version
-/// 1, u16 port, u64 expiry, the id, a 32-byte MAC), unverified.
+/// The sandbox id a preview token names, unverified (its owner verifies).
 fn preview_sandbox(token: &str) -> Option<String> {
-    const HEAD: usize = 11;
-    const MAC: usize = 32;
-    let raw = URL_SAFE_NO_PAD.decode(token).ok()?;
-    if raw.len() <= HEAD + MAC || raw[0] != 1 {
-        return None;
-    }
-    let id = std::str::from_utf8(&raw[HEAD..raw.len() - MAC]).ok()?;
-    (id.len() <= MAX_ID).then(|| id.to_string())
+    hatchery_serve::preview_token::sandbox_unverified(token).filter(|id| id.len() <= MAX_ID)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine;
 
     #[test]
     fn scopes() {

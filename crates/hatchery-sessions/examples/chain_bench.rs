@@ -37,6 +37,7 @@ async fn main() {
             command: None,
         },
         env: Default::default(),
+        metadata: Default::default(),
     };
     s.create("ses_bench", &spec, None, "h").await.unwrap();
     let mut append = Vec::with_capacity(N);

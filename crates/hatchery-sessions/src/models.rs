@@ -74,6 +74,10 @@ pub struct CreateSessionBody {
     pub agent: Option<AgentBody>,
     /// Environment for the agent process.
     pub env: Option<BTreeMap<String, String>>,
+    /// Labels kept with the session and copied to each of its sandboxes
+    /// (at most 16; keys 1-64 bytes, not `hatchery_*`; values up to 512
+    /// bytes). On many hosts, `tenant` spreads one tenant's sessions.
+    pub metadata: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -100,6 +104,7 @@ pub struct SessionView {
     pub policy_id: String,
     pub policy_version: u32,
     pub template: String,
+    pub metadata: BTreeMap<String, String>,
     pub budget: Spend,
     pub spend: Spend,
     pub pending_approval: Option<Approval>,
@@ -146,6 +151,7 @@ impl SessionView {
             policy_id: s.spec.policy_id,
             policy_version: s.spec.policy_version,
             template: s.spec.template,
+            metadata: s.spec.metadata,
             budget: Spend {
                 tokens: s.spec.budget_tokens,
                 usd_cents: s.spec.budget_usd_cents,

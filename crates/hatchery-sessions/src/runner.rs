@@ -286,8 +286,7 @@ async fn start(svc: &Arc<Sessions>, s: &Session) -> R<()> {
         },
     )
     .await?;
-    let mut meta = BTreeMap::new();
-    meta.insert("hatchery_session".to_string(), id.clone());
+    let meta = sandbox_metadata(s);
     let info = svc
         .sandboxes
         .create(NewSandbox {
@@ -1008,6 +1007,14 @@ async fn resume_from_checkpoint(svc: &Arc<Sessions>, s: &Session, lost: &str) ->
     Ok(())
 }
 
+/// A session's sandbox carries its metadata (a tenant, for placement across
+/// hosts) and the session's id.
+fn sandbox_metadata(s: &Session) -> BTreeMap<String, String> {
+    let mut meta = s.spec.metadata.clone();
+    meta.insert("hatchery_session".to_string(), s.id.clone());
+    meta
+}
+
 /// A new sandbox for the session from `snapshot` (said first with
 /// `sandbox_requested`), its services bound. Not on the session's record
 /// yet: the caller records it, or [`discard`]s it.
@@ -1020,8 +1027,7 @@ async fn fork_bound(svc: &Arc<Sessions>, s: &Session, snapshot: &str) -> R<Sandb
         },
     )
     .await?;
-    let mut meta = BTreeMap::new();
-    meta.insert("hatchery_session".to_string(), s.id.clone());
+    let meta = sandbox_metadata(s);
     let info = svc.sandboxes.fork(snapshot, ttl_for(s), meta).await?;
     if let Err(e) = bind(svc, s, &info.id).await {
         discard(svc, &s.id, &info.id).await;

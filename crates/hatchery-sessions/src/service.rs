@@ -240,6 +240,8 @@ impl Sessions {
             validate::budget(budget.tokens, budget.usd_cents, budget.wall_s, &self.cfg)?;
         let env = b.env.clone().unwrap_or_default();
         validate::env(&env)?;
+        let metadata = b.metadata.clone().unwrap_or_default();
+        validate::metadata(&metadata)?;
         let a = b.agent.clone().unwrap_or_default();
         let kind = a.kind.clone().unwrap_or_else(|| "reference".into());
         let command = match (kind.as_str(), &a.command) {
@@ -315,6 +317,7 @@ impl Sessions {
                 command,
             },
             env,
+            metadata,
         })
     }
 

@@ -21,6 +21,12 @@ pub const MAX_NOTE_BYTES: usize = 4 << 10;
 pub const MAX_ENV_VARS: usize = 64;
 pub const MAX_ENV_VALUE_BYTES: usize = 4096;
 pub const MAX_URL_BYTES: usize = 2048;
+/// A session's metadata is copied to each of its sandboxes, along with the
+/// `hatchery_session` key, so it stays within a sandbox's caps (hatchery-core
+/// caps.rs: 32 entries, keys 64 bytes, values 512 bytes) with room to spare.
+pub const MAX_METADATA_ENTRIES: usize = 16;
+pub const MAX_METADATA_KEY_BYTES: usize = 64;
+pub const MAX_METADATA_VALUE_BYTES: usize = 512;
 pub const MAX_IDEMPOTENCY_KEY_BYTES: usize = 200;
 
 /// A repository URL: `https://host/path`, `git://host/path`, or
@@ -179,6 +185,26 @@ pub fn env(env: &std::collections::BTreeMap<String, String>) -> Result<(), Valid
     Ok(())
 }
 
+/// Labels for the session and its sandboxes; `hatchery_` keys are the
+/// platform's own (`hatchery_session` names the session on a sandbox).
+pub fn metadata(md: &std::collections::BTreeMap<String, String>) -> Result<(), ValidationError> {
+    if md.len() > MAX_METADATA_ENTRIES {
+        return Err(V::Invalid(format!(
+            "metadata has {} entries; at most {MAX_METADATA_ENTRIES}",
+            md.len()
+        )));
+    }
+    for (k, v) in md {
+        if k.is_empty() || k.len() > MAX_METADATA_KEY_BYTES || k.starts_with("hatchery_") {
+            return Err(V::Invalid(format!(
+                "metadata key {k:?} is not allowed (1 to {MAX_METADATA_KEY_BYTES} bytes, not hatchery_*)"
+            )));
+        }
+        text(&format!("metadata.{k}"), v, MAX_METADATA_VALUE_BYTES, true)?;
+    }
+    Ok(())
+}
+
 /// The model URL the agent gets: plain http(s) to a sandbox-local address
 /// (a host service) or elsewhere; checked only for shape, since the
 /// sandbox's egress policy decides what it can reach.
@@ -279,5 +305,35 @@ mod tests {
         assert!(env(&e).is_ok());
         e.insert("HATCHERY_X".to_string(), "x".to_string());
         assert!(env(&e).is_err());
+    }
+
+    #[test]
+    fn metadata_is_bounded_at_its_caps() {
+        let md = |pairs: Vec<(String, String)>| pairs.into_iter().collect();
+        let kv = |k: &str, v: &str| (k.to_string(), v.to_string());
+        let k64 = "k".repeat(MAX_METADATA_KEY_BYTES);
+        let v512 = "v".repeat(MAX_METADATA_VALUE_BYTES);
+        assert!(metadata(&md(vec![
+            kv("tenant", "acme"),
+            kv(&k64, &v512),
+            kv("e", "")
+        ]))
+        .is_ok());
+        let full: Vec<_> = (0..MAX_METADATA_ENTRIES)
+            .map(|i| kv(&format!("k{i}"), "v"))
+            .collect();
+        assert!(metadata(&md(full.clone())).is_ok());
+        let mut over = full;
+        over.push(kv("one_more", "v"));
+        assert!(metadata(&md(over)).is_err());
+        for bad in [
+            kv("", "v"),
+            kv(&format!("{k64}k"), "v"),
+            kv("k", &format!("{v512}v")),
+            kv("hatchery_session", "ses_x"),
+            kv("k", "a\0b"),
+        ] {
+            assert!(metadata(&md(vec![bad.clone()])).is_err(), "{bad:?}");
+        }
     }
 }

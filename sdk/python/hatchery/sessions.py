@@ -52,11 +52,14 @@ class Session:
     def create(cls, repo: str, task: str, *, ref: Optional[str] = None, policy_id: Optional[str] = None,
                budget: Optional[Dict[str, int]] = None, idempotency_key: Optional[str] = None,
                template: Optional[str] = None, agent: Optional[Dict[str, Any]] = None,
-               env: Optional[Dict[str, str]] = None, client: Optional[Client] = None) -> "Session":
+               env: Optional[Dict[str, str]] = None, metadata: Optional[Dict[str, str]] = None,
+               client: Optional[Client] = None) -> "Session":
+        """`metadata`: labels kept with the session and copied to its
+        sandboxes; on many hosts, `tenant` spreads one tenant's sessions."""
         c = client or default_client()
         body = {k: v for k, v in dict(repo=repo, ref=ref, task=task, policy_id=policy_id, budget=budget,
                                       idempotency_key=idempotency_key, template=template, agent=agent,
-                                      env=env).items() if v is not None}
+                                      env=env, metadata=metadata).items() if v is not None}
         # With an idempotency key a retry cannot make a second session.
         r = c.transport.request("POST", "/v1/sessions", json=body, idempotent=idempotency_key is not None)
         return cls.get(r.json()["session_id"], client=c)

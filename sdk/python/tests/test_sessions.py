@@ -34,9 +34,12 @@ def env():
 def test_session_runs_to_completion_and_events_reconnect(env):
     d, c, g = env
     repo = g.add_repo("sdk-fix", DEMO_FILES)
-    s = hatchery.Session.create(repo, "[script:fix] make it pass", client=c, idempotency_key="sdk-1")
+    s = hatchery.Session.create(repo, "[script:fix] make it pass", client=c, idempotency_key="sdk-1",
+                                metadata={"tenant": "acme"})
     assert s.state in ("queued", "starting", "running")
-    again = hatchery.Session.create(repo, "[script:fix] make it pass", client=c, idempotency_key="sdk-1")
+    assert s.info["metadata"] == {"tenant": "acme"}
+    again = hatchery.Session.create(repo, "[script:fix] make it pass", client=c, idempotency_key="sdk-1",
+                                    metadata={"tenant": "acme"})
     assert again.id == s.id
     with pytest.raises(hatchery.Conflict):
         hatchery.Session.create(repo, "other", client=c, idempotency_key="sdk-1")

@@ -25,6 +25,7 @@ export interface SessionInfo {
   policy_id: string;
   policy_version: number;
   template: string;
+  metadata: Record<string, string>;
   budget: { tokens: number; usd_cents: number; wall_s: number };
   spend: { tokens: number; usd_cents: number; wall_s: number };
   pending_approval: { approval_id: string; action: string; details: string; state: string; created_at: string } | null;
@@ -49,6 +50,8 @@ export interface CreateSessionOptions {
   template?: string;
   agent?: { kind?: string; model_url?: string; model?: string; max_steps?: number; command?: string };
   env?: Record<string, string>;
+  /** Labels kept with the session and copied to its sandboxes; on many hosts, `tenant` spreads one tenant's sessions. */
+  metadata?: Record<string, string>;
   client?: Client;
 }
 
@@ -80,6 +83,7 @@ export class Session {
     if (opts.template !== undefined) body.template = opts.template;
     if (opts.agent !== undefined) body.agent = opts.agent;
     if (opts.env !== undefined) body.env = opts.env;
+    if (opts.metadata !== undefined) body.metadata = opts.metadata;
     // With an idempotency key a retry cannot make a second session.
     const r = await client.transport.json<{ session_id: string }>("POST", "/v1/sessions", {
       json: body,

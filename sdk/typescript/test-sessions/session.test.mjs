@@ -9,8 +9,9 @@ const repo = process.env.HATCHERY_TEST_REPO;
 if (!repo) throw new Error("run through tests/sessions/with_session_daemon.py");
 
 test("a session runs to completion; events come once each, in order, across reconnects", async () => {
-  const s = await Session.create({ repo, task: "[script:fix] make it pass", idempotencyKey: "ts-1", client });
-  const again = await Session.create({ repo, task: "[script:fix] make it pass", idempotencyKey: "ts-1", client });
+  const s = await Session.create({ repo, task: "[script:fix] make it pass", idempotencyKey: "ts-1", client, metadata: { tenant: "acme" } });
+  assert.deepEqual(s.info.metadata, { tenant: "acme" });
+  const again = await Session.create({ repo, task: "[script:fix] make it pass", idempotencyKey: "ts-1", client, metadata: { tenant: "acme" } });
   assert.equal(again.id, s.id);
   await assert.rejects(Session.create({ repo, task: "other", idempotencyKey: "ts-1", client }), Conflict);
   // Read a few events, stop, go on from the last seq: nothing lost or doubled.

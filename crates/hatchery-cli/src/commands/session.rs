@@ -45,6 +45,10 @@ pub struct CreateArgs {
     pub agent_command: Option<String>,
     #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
     pub env: Vec<String>,
+    /// A label kept with the session and copied to its sandboxes
+    /// (repeatable); `tenant=NAME` spreads a tenant's sessions across hosts.
+    #[arg(long = "metadata", short = 'm', value_name = "KEY=VALUE")]
+    pub metadata: Vec<String>,
     #[arg(long)]
     pub json: bool,
 }
@@ -140,6 +144,7 @@ pub fn run(api: &Api, cmd: SessionCmd) -> anyhow::Result<i32> {
                 max_steps,
                 agent_command,
                 env,
+                metadata,
                 json,
             } = *a;
             let mut body = json!({"repo": repo, "task": task});
@@ -176,6 +181,9 @@ pub fn run(api: &Api, cmd: SessionCmd) -> anyhow::Result<i32> {
             }
             if !env.is_empty() {
                 body["env"] = Value::Object(kv_map(&env, "--env")?);
+            }
+            if !metadata.is_empty() {
+                body["metadata"] = Value::Object(kv_map(&metadata, "--metadata")?);
             }
             let r = api.send("POST", "/v1/sessions", &body)?;
             output::show(json, &r, |v| println!("{}", s(&v["session_id"])));

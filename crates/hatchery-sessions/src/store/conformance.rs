@@ -46,6 +46,7 @@ pub fn spec(repo: &str) -> SessionSpec {
             command: None,
         },
         env: Default::default(),
+        metadata: [("tenant".to_string(), "acme".to_string())].into(),
     }
 }
 

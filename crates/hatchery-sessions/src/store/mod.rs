@@ -91,6 +91,9 @@ pub struct SessionSpec {
     pub template: String,
     pub agent: AgentSpec,
     pub env: std::collections::BTreeMap<String, String>,
+    /// Kept in the spec's JSON: sessions stored before it read as empty.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub metadata: std::collections::BTreeMap<String, String>,
 }
 
 /// Which agent runs and where it finds its model.
