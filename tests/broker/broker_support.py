@@ -46,7 +46,7 @@ SCRIPTS = {
 
 
 class BrokerDaemon(SessionDaemon):
-    def __init__(self, model_port, git_server, push_server, forge, extra=(), data_dir=None):
+    def __init__(self, model_port, git_server, push_server, forge, extra=(), data_dir=None, **kw):
         self.secrets_dir = tempfile.mkdtemp(prefix="hxbs-")
         cred = os.path.join(self.secrets_dir, "git-credential")
         with open(cred, "w") as f:
@@ -61,12 +61,13 @@ class BrokerDaemon(SessionDaemon):
         self.worm = os.path.join(self.secrets_dir, "worm.jsonl")
         hook = json.dumps(["/bin/sh", "-c", f"cat >> {self.worm}"])
         args = ["--broker-git-push-url",
-                f"git://127.0.0.1:{git_server.port}/=http://127.0.0.1:{push_server.port}/",
+                f"git://{git_server.host}:{git_server.port}/=http://{push_server.host}:{push_server.port}/",
                 "--broker-git-credential-file", cred,
-                "--broker-github-api", f"http://127.0.0.1:{forge.port}",
+                "--broker-github-api", f"http://{forge.host}:{forge.port}",
                 "--broker-github-token-file", tok, "--audit-anchor-interval", "1",
                 "--audit-anchor-hook", hook, *extra]
-        super().__init__(model_port, extra=args, data_dir=data_dir)
+        # kw: netns and model_host, for a host in a namespace of its own.
+        super().__init__(model_port, extra=args, data_dir=data_dir, **kw)
 
     def restarted(self):
         """A new daemon on the same data dir (after a crash)."""

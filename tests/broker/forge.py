@@ -12,8 +12,9 @@ import urllib.parse
 
 
 class Forge:
-    def __init__(self, token="ghp_test-forge-token"):
+    def __init__(self, token="ghp_test-forge-token", host="127.0.0.1"):
         self.token = token
+        self.host = host
         self.pulls = []          # every created pull request, in order
         self.posts = 0           # POSTs that reached the handler
         self.lock = threading.Lock()
@@ -81,7 +82,7 @@ class Forge:
             daemon_threads = True
             allow_reuse_address = True
 
-        self.httpd = S(("127.0.0.1", 0), H)
+        self.httpd = S((host, 0), H)
         self.port = self.httpd.server_address[1]
 
     def start(self):

@@ -35,8 +35,9 @@ def pushes(bare):
 
 
 class PushServer:
-    def __init__(self, root, user="hatchery-bot", password="s3cret-write-token"):
+    def __init__(self, root, user="hatchery-bot", password="s3cret-write-token", host="127.0.0.1"):
         self.root, self.user, self.password = root, user, password
+        self.host = host
         self.secret = password
         self.header = "Authorization: Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
         self.receive_delay = 0.0
@@ -112,7 +113,7 @@ class PushServer:
             daemon_threads = True
             allow_reuse_address = True
 
-        self.httpd = S(("127.0.0.1", 0), H)
+        self.httpd = S((host, 0), H)
         self.port = self.httpd.server_address[1]
 
     def start(self):

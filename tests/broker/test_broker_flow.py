@@ -117,7 +117,9 @@ def test_prompt_injected_agent_is_denied_and_holds_no_secret(bd, forge):
 
 def test_audit_verify_on_the_session_log(bd):
     """`hatchery audit verify` checks the sessions' hash chains in the
-    daemon's own database (read-only, while the daemon runs)."""
+    daemon's own database (read-only, while the daemon runs): its SQLite
+    file, or its PostgreSQL (`make test-pg`)."""
+    from harness import arg
     import os
     import subprocess
     repo, _ = add_repo(bd.git_server, "verify")
@@ -147,7 +149,8 @@ def test_audit_verify_on_the_session_log(bd):
         raise AssertionError("the anchor hook did not get the session's head")
     assert set(worm) <= set(open(anchors).read().splitlines())
     cli = os.path.join(os.environ["HATCHERY_BIN_DIR"], "hatchery")
-    r = subprocess.run([cli, "audit", "verify", "--db", os.path.join(bd.data_dir, "sessions.db"), sid,
+    db = arg(bd.extra_args, "--db") or os.path.join(bd.data_dir, "sessions.db")
+    r = subprocess.run([cli, "audit", "verify", "--db", db, sid,
                         "--anchors", anchors, "--json"], capture_output=True, text=True)
     assert r.returncode == 0, (r.stdout, r.stderr)
     assert str(n) in r.stdout

@@ -16,9 +16,20 @@ import urllib.parse
 BIN_DIR = os.environ.get("HATCHERY_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../target/release"))
 TEMPLATES_DIR = os.environ.get("HATCHERY_TEMPLATES_DIR", "/var/lib/hatchery/templates")
 # With a postgres:// URL here, every daemon a test starts without its own
-# --db keeps its state in that database, under a host id of its own
-# (`make test-pg`: the suite against the PostgreSQL backend).
+# --db keeps its state on that server, in a database of its own and under
+# a host id of its own (`make test-pg`: the suites against the PostgreSQL
+# backend, each daemon as isolated as with its own SQLite file).
 TEST_DB = os.environ.get("HATCHERY_TEST_DB", "")
+
+
+def own_database(prefix):
+    """The daemon's database on the TEST_DB server, made on first use and
+    named by its network prefix, which a restart keeps."""
+    name = f"hx_{prefix}"
+    r = subprocess.run(["psql", TEST_DB, "-qc", f"CREATE DATABASE {name}"], capture_output=True, text=True)
+    if r.returncode != 0 and "already exists" not in r.stderr:
+        raise RuntimeError(f"CREATE DATABASE {name}: {r.stderr.strip()}")
+    return TEST_DB.rsplit("/", 1)[0] + "/" + name
 KEY = "test-key-" + os.urandom(4).hex()
 
 
@@ -122,7 +133,7 @@ class Daemon:
             self.extra_args += net_args()
         self.net_prefix = arg(self.extra_args, "--net-prefix")
         if TEST_DB and "--db" not in self.extra_args:
-            self.extra_args += ["--db", TEST_DB]
+            self.extra_args += ["--db", own_database(self.net_prefix)]
             if "--host-id" not in self.extra_args:
                 self.extra_args += ["--host-id", "h-" + self.net_prefix]
         self.proc = None
@@ -295,9 +306,9 @@ class Daemon:
                 if r.status == 200:
                     for s in r.json()["sandboxes"]:
                         if TEST_DB:
-                            # The list is every host's on a shared store:
-                            # delete here only what this daemon runs (marked
-                            # as forwarded, the request is never sent on).
+                            # On a shared store the list may be every
+                            # host's: delete here only what this daemon runs
+                            # (marked as forwarded, never sent on).
                             self.request("DELETE", f"/v1/sandboxes/{s['id']}",
                                          headers={"X-Hatchery-Forwarded-By": "harness-cleanup"})
                         else:

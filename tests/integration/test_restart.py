@@ -47,7 +47,7 @@ def test_restart_destroys_containers_it_does_not_know(daemon):
     # Forget everything, as if the crash came before the state write.
     if TEST_DB:
         host = arg(daemon.extra_args, "--host-id")
-        subprocess.run(["psql", TEST_DB, "-qc", f"DELETE FROM sandboxes WHERE host_id = '{host}'; "
+        subprocess.run(["psql", arg(daemon.extra_args, "--db"), "-qc", f"DELETE FROM sandboxes WHERE host_id = '{host}'; "
                         f"DELETE FROM sandbox_net WHERE host_id = '{host}'"], check=True, capture_output=True)
     for f in os.listdir(daemon.data_dir):
         if f.startswith("state.db"):

@@ -35,6 +35,10 @@ pub enum AuditError {
     Anchor(String, std::io::Error),
     #[error("anchor hook: {0}")]
     Hook(String),
+    /// The store the heads come from failed (another backend than this
+    /// crate's SQLite reader).
+    #[error("reading chain heads: {0}")]
+    Heads(String),
 }
 
 /// Caps on what one event may carry (documented; tested at the boundary).

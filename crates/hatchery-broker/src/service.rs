@@ -19,6 +19,7 @@ use crate::store::{Begin, BrokerStore, Call, CallState};
 use crate::wire::{InvokeRequest, InvokeResult};
 use hatchery_policy::cache::CompiledPolicies;
 use hatchery_policy::{Destination, Effect, Request};
+use hatchery_sessions::broker_hooks::LoggedCall;
 use hatchery_sessions::events::EventKind;
 use hatchery_sessions::state::SessionState;
 use hatchery_sessions::Sessions;
@@ -160,9 +161,20 @@ impl Broker {
 
         let lock = self.key_lock(&session.id, req.seq);
         let _held = lock.lock().await;
-        let call = match self.store.get(&session.id, req.seq).await? {
-            Some(c) if c.args_sha256 == sha && c.tool == req.tool => c,
-            Some(c) => {
+        let row = self.store.get(&session.id, req.seq).await?;
+        // The session moved to this host (its epoch grew) or was rewound
+        // to a checkpoint: a broker elsewhere may have run the call, and
+        // its record is out of reach, but the session's log (shared) says
+        // what it did. Take its outcome from there.
+        let logged = match row {
+            None if session.epoch > 1 || req.seq <= session.replay_through => {
+                self.logged_outcome(&session.id, req.seq).await?
+            }
+            _ => None,
+        };
+        let call = match (row, logged) {
+            (Some(c), _) if c.args_sha256 == sha && c.tool == req.tool => c,
+            (Some(c), _) => {
                 self.metrics
                     .calls
                     .with_label_values(&[&req.tool, "seq_conflict"])
@@ -172,7 +184,36 @@ impl Broker {
                     tool: c.tool,
                 });
             }
-            None if req.seq <= session.replay_through => {
+            (None, Some(logged))
+                if logged
+                    .call
+                    .as_ref()
+                    .is_some_and(|(_, tool, logged_args, _)| {
+                        *tool != req.tool || *logged_args != cut(&args, EVENT_ARGS_BYTES)
+                    }) =>
+            {
+                // The same key with another call, as on one host: 409.
+                return Err(BrokerError::SeqConflict {
+                    seq: req.seq,
+                    tool: logged.call.map(|c| c.1).unwrap_or_default(),
+                });
+            }
+            (None, Some(logged)) => {
+                let c = adopt_logged(
+                    Call::new(&session.id, req.seq, epoch, &req.tool, args.clone(), sha),
+                    logged,
+                );
+                match self.store.begin(c).await? {
+                    Begin::New(c) | Begin::Existing(c) => c,
+                    Begin::Conflict(c) => {
+                        return Err(BrokerError::SeqConflict {
+                            seq: req.seq,
+                            tool: c.tool,
+                        })
+                    }
+                }
+            }
+            (None, None) if req.seq <= session.replay_through => {
                 // Acknowledged before the session was rewound to a
                 // checkpoint (its sandbox's host was lost): it may have
                 // run there, and that host's log of it is out of reach.
@@ -195,7 +236,7 @@ impl Broker {
                     }
                 }
             }
-            None => {
+            (None, None) => {
                 let mut c = Call::new(&session.id, req.seq, epoch, &req.tool, args.clone(), sha);
                 self.decide(&session, &req, &mut c).await?;
                 if c.state == CallState::Pending && c.tool == "noop" {
@@ -242,6 +283,21 @@ impl Broker {
         let mut r = InvokeResult::from_call(&call);
         r.epoch = epoch;
         Ok(r)
+    }
+
+    /// What the session's log says another broker did with call `seq`,
+    /// if it started an effect or settled the call (a `broker_call` alone
+    /// means nothing ran: the call is decided here afresh).
+    async fn logged_outcome(
+        &self,
+        session: &str,
+        seq: u64,
+    ) -> Result<Option<LoggedCall>, BrokerError> {
+        Ok(self
+            .sessions
+            .logged_broker_call(session, seq)
+            .await?
+            .filter(|l| l.effect.is_some() || l.result.is_some()))
     }
 
     /// The pinned policy's decision, written into the new call.
@@ -1160,6 +1216,33 @@ fn call_event(call: &Call) -> EventKind {
     }
 }
 
+/// A call another broker ran, as this broker records it from the
+/// session's log: settled with the logged result (answered as it was), or
+/// `executing` with the logged plan when the effect started and no result
+/// was logged (resolved by asking the outside world, as after a crash;
+/// never run again). Its events are the logged ones: none is written twice.
+fn adopt_logged(mut c: Call, l: LoggedCall) -> Call {
+    if let Some((ev, _, _, decision)) = l.call {
+        c.event_seq = Some(ev);
+        c.decision = decision;
+    }
+    match l
+        .result
+        .and_then(|(ev, st, out)| Some((ev, CallState::parse(&st)?, out)))
+    {
+        Some((ev, st, out)) if st.is_final() => {
+            c.state = st;
+            c.output = Some(out);
+            c.result_event_seq = Some(ev);
+        }
+        _ => {
+            c.state = CallState::Executing;
+            c.effect = l.effect;
+        }
+    }
+    c
+}
+
 fn result_event(c: &Call) -> EventKind {
     EventKind::BrokerResult {
         call_seq: c.seq,
@@ -1193,4 +1276,47 @@ pub(crate) fn cut(s: &str, n: usize) -> String {
         e -= 1;
     }
     s[..e].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call() -> Call {
+        Call::new("ses_a", 7, 1, "git_push", "{}".into(), "h".into())
+    }
+
+    #[test]
+    fn a_logged_result_is_answered_as_it_was_with_its_events() {
+        let l = LoggedCall {
+            call: Some((4, "git_push".into(), "{}".into(), "allow".into())),
+            effect: Some(r#"{"commit":"c1"}"#.into()),
+            result: Some((6, "done".into(), r#"{"pushed":true}"#.into())),
+        };
+        let c = adopt_logged(call(), l);
+        assert_eq!(c.state, CallState::Done);
+        assert_eq!(c.output.as_deref(), Some(r#"{"pushed":true}"#));
+        assert_eq!((c.event_seq, c.result_event_seq), (Some(4), Some(6)));
+        assert_eq!(c.decision, "allow");
+    }
+
+    #[test]
+    fn a_logged_effect_without_a_result_is_resolved_never_rerun() {
+        let l = LoggedCall {
+            call: Some((4, "git_push".into(), "{}".into(), "allow".into())),
+            effect: Some(r#"{"commit":"c1"}"#.into()),
+            result: None,
+        };
+        let c = adopt_logged(call(), l);
+        assert_eq!(c.state, CallState::Executing);
+        assert_eq!(c.effect.as_deref(), Some(r#"{"commit":"c1"}"#));
+        assert_eq!((c.event_seq, c.result_event_seq), (Some(4), None));
+        // A result whose status is not a final one is no result.
+        let l = LoggedCall {
+            call: None,
+            effect: Some("{}".into()),
+            result: Some((6, "executing".into(), String::new())),
+        };
+        assert_eq!(adopt_logged(call(), l).state, CallState::Executing);
+    }
 }

@@ -291,7 +291,7 @@ impl BrokerStore {
             tx.execute(
                 "INSERT INTO calls (session_id, seq, epoch, tool, args_sha256, args, state, decision, \
                  rule_id, approval_id, event_seq, result_event_seq, effect, output, created_at, updated_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?13, ?14, NULL, ?11, ?12, ?12)",
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?13, ?14, ?15, ?11, ?12, ?12)",
                 params![
                     new.session_id,
                     new.seq,
@@ -307,6 +307,7 @@ impl BrokerStore {
                     new.created_at,
                     new.event_seq,
                     new.result_event_seq,
+                    new.effect,
                 ],
             )?;
             tx.commit()?;
@@ -554,6 +555,21 @@ mod tests {
             s.begin(call(2, "b")).await.unwrap(),
             Begin::New(_)
         ));
+    }
+
+    #[tokio::test]
+    async fn begin_keeps_every_field_of_an_adopted_call() {
+        // A call taken over from the session's log starts `executing`
+        // with its plan and its logged event seqs.
+        let s = BrokerStore::open_in_memory().unwrap();
+        let mut c = call(3, "a");
+        c.state = CallState::Executing;
+        c.effect = Some(r#"{"commit":"c1"}"#.into());
+        c.event_seq = Some(4);
+        let Begin::New(_) = s.begin(c.clone()).await.unwrap() else {
+            panic!("not new")
+        };
+        assert_eq!(s.get("ses_a", 3).await.unwrap(), Some(c));
     }
 
     #[tokio::test]

@@ -10,6 +10,21 @@ use crate::state::SessionState;
 use crate::store::{Patch, Session};
 use std::sync::Arc;
 
+/// What a session's log holds about one broker call, written by whichever
+/// host's broker ran it: the log is in the shared store, a broker's own
+/// record of its calls is not (a session that moved hosts left it behind).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoggedCall {
+    /// `broker_call`: its event seq, the tool, the arguments (canonical
+    /// JSON, cut as logged) and the decision.
+    pub call: Option<(u64, String, String, String)>,
+    /// `broker_effect_started`: the effect's plan (the broker commits it
+    /// before the effect starts).
+    pub effect: Option<String>,
+    /// `broker_result`: its event seq, the status and the output.
+    pub result: Option<(u64, String, String)>,
+}
+
 /// How an approval was decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
@@ -29,6 +44,53 @@ impl Sessions {
             .await?
             .into_iter()
             .find(|s| s.sandbox_id.as_deref() == Some(sandbox_id)))
+    }
+
+    /// What the log holds about broker call `call_seq` of session `id`
+    /// (None: nothing). Reads the whole log, so it is for the rare call a
+    /// broker has no record of in a session that moved.
+    pub async fn logged_broker_call(
+        &self,
+        id: &str,
+        call_seq: u64,
+    ) -> Result<Option<LoggedCall>, SessionError> {
+        let mut found = LoggedCall::default();
+        let mut after = 0;
+        loop {
+            let page = self.store.events(id, after, 1000).await?;
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            for e in page {
+                match e.kind {
+                    EventKind::BrokerCall {
+                        call_seq: s,
+                        tool,
+                        arguments,
+                        decision,
+                        ..
+                    } if s == call_seq => found.call = Some((e.seq, tool, arguments, decision)),
+                    EventKind::BrokerEffectStarted {
+                        call_seq: s,
+                        detail,
+                        ..
+                    } if s == call_seq => found.effect = Some(detail),
+                    EventKind::BrokerResult {
+                        call_seq: s,
+                        status,
+                        output,
+                        ..
+                    } if s == call_seq => found.result = Some((e.seq, status, output)),
+                    _ => {}
+                }
+            }
+        }
+        Ok((found != LoggedCall::default()).then_some(found))
+    }
+
+    /// The heads of the hash-chained logs of the sessions this host owns
+    /// (anchored outside the database; docs/policy.md, "Anchors").
+    pub async fn chain_heads(&self) -> Result<Vec<hatchery_audit::Head>, SessionError> {
+        Ok(self.store.chain_heads().await?)
     }
 
     /// Appends system events (and publishes them to live streams).

@@ -151,6 +151,33 @@ async fn conformance_on_postgres() {
         .map(|r| (r.get("id"), r.get::<_, i64>("epoch") as u64))
         .collect();
     assert!(check_rows(&rows, &epochs) >= 20);
+
+    // `hatchery audit verify --db postgres://...`: every chain verifies as
+    // stored, and one changed byte in an event's data is named.
+    let chains = store.audit_chains().await.unwrap();
+    assert!(chains.len() >= 20);
+    for ch in &chains {
+        let r = store.audit_verify(ch, &[]).await.unwrap();
+        assert!(r.ok(), "{ch}: {r:?}");
+    }
+    let victim = &chains[0];
+    let head = store.audit_verify(victim, &[]).await.unwrap().head.unwrap();
+    c.execute(
+        "UPDATE session_events SET data = replace(data, '\"', '\" ') WHERE session_id = $1 AND seq = 1",
+        &[victim],
+    )
+    .await
+    .unwrap();
+    let r = store.audit_verify(victim, std::slice::from_ref(&head)).await.unwrap();
+    assert_eq!(r.first_bad.map(|b| b.seq), Some(1), "tampering not caught");
+    // An anchored head that was cut off the chain is named too.
+    let mut gone = head;
+    gone.seq += 1;
+    let r = store.audit_verify(&chains[1], &[]).await.unwrap();
+    assert!(r.ok());
+    gone.chain = chains[1].clone();
+    let r = store.audit_verify(&chains[1], &[gone]).await.unwrap();
+    assert!(!r.ok(), "{r:?}");
 }
 
 /// Two daemons starting at once against one database both migrate safely,

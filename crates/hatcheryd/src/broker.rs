@@ -46,7 +46,7 @@ pub fn start(
     .map_err(|e| err(e.to_string()))?;
     let broker = Broker::new(
         store,
-        sessions,
+        sessions.clone(),
         hatchery_policy::cache::CompiledPolicies::new(policies),
         Arc::new(hatchery_broker::sandbox::ClientSandboxes(client.clone())),
         cfg,
@@ -69,8 +69,11 @@ pub fn start(
     }
     if args.broker.anchor_interval_s > 0 {
         // The heads of the session event chains, anchored outside the
-        // database (docs/policy.md, "Anchors"); only heads that moved.
-        let db = data.join("sessions.db");
+        // database (docs/policy.md, "Anchors"); only heads that moved. From
+        // whichever store the sessions are in (SQLite or PostgreSQL): the
+        // anchoring runs on a blocking thread, which may wait on the store.
+        let heads_of = sessions.clone();
+        let rt = tokio::runtime::Handle::current();
         let mut anchor = hatchery_audit::Anchor::new(data.join("session-anchors.jsonl"));
         if let Some(json) = &args.broker.anchor_hook {
             anchor.hook = Some(hatchery_broker::config::parse_anchor_hook(json).map_err(err)?);
@@ -78,7 +81,10 @@ pub fn start(
         std::mem::drop(hatchery_audit::anchor::spawn_periodic(
             anchor,
             std::time::Duration::from_secs(args.broker.anchor_interval_s),
-            move || hatchery_audit::SqliteAuditLog::open_read_only(&db)?.heads(),
+            move || {
+                rt.block_on(heads_of.chain_heads())
+                    .map_err(|e| hatchery_audit::AuditError::Heads(e.to_string()))
+            },
         ));
     }
     let b = broker.clone();

@@ -1,7 +1,8 @@
-//! `hatchery audit verify --db FILE [CHAIN]`: recomputes hash chains in an
-//! audit database with hatchery-audit's table layout (docs/policy.md,
+//! `hatchery audit verify --db FILE|URL [CHAIN]`: recomputes hash chains in
+//! an audit database with hatchery-audit's table layout (docs/policy.md,
 //! "Audit") and names the first bad seq of each chain. Works on the file
-//! alone, read-only, with no daemon running.
+//! alone, read-only, with no daemon running; or on the sessions of a
+//! `postgres://` database many hosts share.
 
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
@@ -18,9 +19,10 @@ pub enum AuditCmd {
 
 #[derive(Args)]
 pub struct VerifyArgs {
-    /// The audit database (SQLite).
+    /// The audit database: a SQLite file, or the `postgres://` URL of
+    /// the database the daemons keep their sessions in.
     #[arg(long)]
-    db: PathBuf,
+    db: String,
     /// Only this chain (a session id, or `global`).
     chain: Option<String>,
     /// An anchor file: each anchored head must still be in its chain.
@@ -31,12 +33,60 @@ pub struct VerifyArgs {
     json: bool,
 }
 
+/// Where the chains are read from.
+enum Source {
+    Sqlite(hatchery_audit::SqliteAuditLog),
+    Postgres(
+        tokio::runtime::Runtime,
+        hatchery_sessions::store::PgSessionStore,
+    ),
+}
+
+impl Source {
+    fn open(db: &str) -> anyhow::Result<Source> {
+        if db.starts_with("postgres://") || db.starts_with("postgresql://") {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            // Read-only use: the host id is only what the store writes as.
+            let store = rt.block_on(hatchery_sessions::store::PgSessionStore::connect(
+                db,
+                2,
+                "audit-verify",
+            ))?;
+            return Ok(Source::Postgres(rt, store));
+        }
+        let path = PathBuf::from(db);
+        if !path.exists() {
+            anyhow::bail!("{db}: no such file");
+        }
+        Ok(Source::Sqlite(
+            hatchery_audit::SqliteAuditLog::open_read_only(&path)?,
+        ))
+    }
+
+    fn chains(&self) -> anyhow::Result<Vec<String>> {
+        Ok(match self {
+            Source::Sqlite(log) => log.chains()?,
+            Source::Postgres(rt, s) => rt.block_on(s.audit_chains())?,
+        })
+    }
+
+    fn verify(
+        &self,
+        chain: &str,
+        anchors: &[hatchery_audit::Head],
+    ) -> anyhow::Result<hatchery_audit::Report> {
+        Ok(match self {
+            Source::Sqlite(log) => log.verify_chain(chain, anchors)?,
+            Source::Postgres(rt, s) => rt.block_on(s.audit_verify(chain, anchors))?,
+        })
+    }
+}
+
 pub fn run(cmd: AuditCmd) -> anyhow::Result<i32> {
     let AuditCmd::Verify(a) = cmd;
-    if !a.db.exists() {
-        anyhow::bail!("{}: no such file", a.db.display());
-    }
-    let log = hatchery_audit::SqliteAuditLog::open_read_only(&a.db)?;
+    let log = Source::open(&a.db)?;
     let anchors = match &a.anchors {
         Some(p) => hatchery_audit::read_anchors(p)?,
         None => Vec::new(),
@@ -47,7 +97,7 @@ pub fn run(cmd: AuditCmd) -> anyhow::Result<i32> {
     };
     let mut bad = false;
     for chain in chains {
-        let r = log.verify_chain(&chain, &anchors)?;
+        let r = log.verify(&chain, &anchors)?;
         if a.json {
             println!("{}", serde_json::to_string(&r)?);
         } else {

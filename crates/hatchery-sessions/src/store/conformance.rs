@@ -157,6 +157,19 @@ async fn seqs_are_contiguous_under_concurrency(open: Open<'_>, run: &str) {
         s.deliverables_after(&id, 20).await.unwrap().len() as u64,
         total - 20
     );
+    // The chain's head is the newest event; another host's store does
+    // not list this host's sessions.
+    let heads = s.chain_heads().await.unwrap();
+    let head = heads.iter().find(|h| h.chain == id).expect("own head");
+    assert_eq!(head.seq, total);
+    assert_eq!(head.hash.len(), 64, "{head:?}");
+    let other = open(&format!("hother{run}"));
+    assert!(!other
+        .chain_heads()
+        .await
+        .unwrap()
+        .iter()
+        .any(|h| h.chain == id));
 }
 
 async fn transitions_are_guarded(open: Open<'_>, run: &str) {

@@ -16,6 +16,7 @@ mod migrations;
 mod pg;
 mod sqlite;
 
+mod pg_audit;
 pub use pg::PgSessionStore;
 pub use sqlite::SqliteStore;
 
@@ -259,6 +260,10 @@ pub trait SessionStore: Send + Sync + 'static {
         patch: Patch,
     ) -> Result<(Session, Vec<Event>), StoreError>;
     async fn events(&self, id: &str, after: u64, limit: usize) -> Result<Vec<Event>, StoreError>;
+    /// The head (newest seq and its hash) of each hash-chained event log
+    /// of the sessions this store's host owns, for anchoring outside the
+    /// database (hatchery-audit anchor.rs).
+    async fn chain_heads(&self) -> Result<Vec<hatchery_audit::Head>, StoreError>;
     /// What the agent must be handed after `after`: steering messages and
     /// approval decisions, in seq order.
     async fn deliverables_after(&self, id: &str, after: u64) -> Result<Vec<Event>, StoreError>;

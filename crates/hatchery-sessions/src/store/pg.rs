@@ -465,7 +465,7 @@ impl PgSessionStore {
         Ok(s)
     }
 
-    async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
+    pub(super) async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
         self.pool
             .get()
             .await
@@ -806,6 +806,28 @@ impl SessionStore for PgSessionStore {
         .await?
         .iter()
         .map(event_row)
+        .collect()
+    }
+
+    async fn chain_heads(&self) -> Result<Vec<hatchery_audit::Head>, StoreError> {
+        let c = self.client().await?;
+        query(
+            &c,
+            "chain heads",
+            "SELECT DISTINCT ON (e.session_id) e.session_id, e.seq, e.hash \
+             FROM session_events e JOIN sessions s ON s.id = e.session_id \
+             WHERE s.host_id = $1 ORDER BY e.session_id, e.seq DESC",
+            &[&&*self.host],
+        )
+        .await?
+        .iter()
+        .map(|r| {
+            Ok(hatchery_audit::Head {
+                chain: r.try_get("session_id").map_err(be)?,
+                seq: r.try_get::<_, i64>("seq").map_err(be)? as u64,
+                hash: r.try_get("hash").map_err(be)?,
+            })
+        })
         .collect()
     }
 

@@ -557,6 +557,31 @@ impl SessionStore for SqliteStore {
         .await
     }
 
+    async fn chain_heads(&self) -> Result<Vec<hatchery_audit::Head>, StoreError> {
+        let host = self.host.clone();
+        self.with(move |c| {
+            let mut st = c
+                .prepare_cached(
+                    "SELECT e.session_id, e.seq, e.hash FROM events e JOIN sessions s ON s.id = e.session_id \
+                     WHERE s.host_id = ?1 \
+                     AND e.seq = (SELECT MAX(seq) FROM events WHERE session_id = e.session_id) \
+                     ORDER BY e.session_id",
+                )
+                .map_err(be)?;
+            let rows = st
+                .query_map(params![&*host], |r| {
+                    Ok(hatchery_audit::Head {
+                        chain: r.get("session_id")?,
+                        seq: r.get::<_, i64>("seq")? as u64,
+                        hash: r.get::<_, Option<String>>("hash")?.unwrap_or_default(),
+                    })
+                })
+                .map_err(be)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(be)
+        })
+        .await
+    }
+
     async fn append_if_state(
         &self,
         id: &str,

@@ -1,0 +1,105 @@
+//! `hatchery audit verify` on PostgreSQL: the session event logs read in
+//! hatchery-audit's layout (what the SQLite store's `audit_events` view
+//! gives: the session id as the chain, the actor folded into the data),
+//! so the same verifier recomputes every chain. Read-only.
+
+use super::{PgSessionStore, StoreError};
+use hatchery_audit::event::from_hex;
+use hatchery_audit::{verify, Event, Head, Report, StoredEvent};
+use serde_json::Value;
+
+/// Rows read from the server per query while verifying one chain.
+const PAGE: i64 = 1000;
+
+impl PgSessionStore {
+    /// Every session id with events, in order.
+    pub async fn audit_chains(&self) -> Result<Vec<String>, StoreError> {
+        let c = self.client().await?;
+        let rows = c
+            .query(
+                "SELECT DISTINCT session_id FROM session_events ORDER BY session_id",
+                &[],
+            )
+            .await
+            .map_err(|e| StoreError::Backend(format!("audit chains: {e}")))?;
+        rows.iter()
+            .map(|r| {
+                r.try_get("session_id")
+                    .map_err(|e| StoreError::Backend(e.to_string()))
+            })
+            .collect()
+    }
+
+    /// Recomputes the chain of session `chain` (in pages, in seq order)
+    /// and checks that each of `anchors` for it is still there.
+    pub async fn audit_verify(&self, chain: &str, anchors: &[Head]) -> Result<Report, StoreError> {
+        let c = self.client().await?;
+        let be = |e: tokio_postgres::Error| StoreError::Backend(format!("audit read: {e}"));
+        let mut events = Vec::new();
+        let mut after = 0i64;
+        loop {
+            let rows = c
+                .query(
+                    "SELECT seq, at, type, actor, data, prev_hash, hash FROM session_events \
+                     WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+                    &[
+                        &chain as &(dyn tokio_postgres::types::ToSql + Sync),
+                        &after,
+                        &PAGE,
+                    ],
+                )
+                .await
+                .map_err(be)?;
+            let Some(last) = rows.last() else { break };
+            after = last.try_get("seq").map_err(be)?;
+            for r in &rows {
+                events.push(stored(chain, r).map_err(be));
+            }
+            if (rows.len() as i64) < PAGE {
+                break;
+            }
+        }
+        let mut report = verify(chain, events)?;
+        let hashes = c
+            .query(
+                "SELECT seq, hash FROM session_events WHERE session_id = $1",
+                &[&chain],
+            )
+            .await
+            .map_err(be)?;
+        let by_seq: std::collections::HashMap<i64, String> = hashes
+            .iter()
+            .filter_map(|r| Some((r.try_get("seq").ok()?, r.try_get("hash").ok()?)))
+            .collect();
+        hatchery_audit::verify::check_anchors(&mut report, anchors, |seq| {
+            by_seq.get(&(seq as i64)).cloned()
+        });
+        Ok(report)
+    }
+}
+
+/// One row as the audit layout has it.
+fn stored(chain: &str, r: &tokio_postgres::Row) -> Result<StoredEvent, tokio_postgres::Error> {
+    let raw: String = r.try_get("data")?;
+    let mut data =
+        serde_json::from_str(&raw).unwrap_or(Value::String(format!("<unreadable:{raw}>")));
+    if let Value::Object(m) = &mut data {
+        m.insert("actor".into(), Value::String(r.try_get("actor")?));
+    }
+    let hex = |col: &str| -> Result<hatchery_audit::Hash, tokio_postgres::Error> {
+        let s: String = r.try_get(col)?;
+        // An all-ones value never equals a SHA-256 we computed or GENESIS.
+        Ok(from_hex(&s).unwrap_or([0xff; 32]))
+    };
+    Ok(StoredEvent {
+        event: Event {
+            chain: chain.to_string(),
+            seq: r.try_get::<_, i64>("seq")? as u64,
+            ts: r.try_get("at")?,
+            kind: r.try_get("type")?,
+            data,
+        },
+        prev_hash: hex("prev_hash")?,
+        hash: hex("hash")?,
+    })
+}

@@ -1,0 +1,207 @@
+"""No tool effect happens twice when a session's host is lost. Two hosts,
+each in a network namespace of its own (tests/pg/hostnet.py), and a
+control plane on one PostgreSQL; a shared snapshot store; a real git
+server behind the push server the broker pushes to. A `command` agent
+(tests/broker/pusher_agent.py) pushes its branch CALLS times through the
+broker, one seq per push, asking again with the same seq until answered.
+Host A is SIGKILLed while a push is at the git server; B takes the
+session over and the agent runs on from its last checkpoint, so it asks
+again for calls A's broker already ran, and for the one in flight.
+
+B's broker has no record of A's calls (a broker's record is its host's),
+but the session's log is shared: a call logged with a result is answered
+as it was, one whose effect started is resolved by asking the remote,
+never pushed again. Checked from the log and the remote:
+
+- every seq has exactly one `broker_effect_started` and one
+  `broker_result`, and every answer the agent printed is the logged one;
+- no commit was pushed twice, and only planned commits were pushed;
+- a `done` push is on the remote exactly once, a `needs_review` one not;
+- the session completes; its event seqs are contiguous and its epochs
+  only grow (test_sessions_hosts.assert_log_sound)."""
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import pytest
+
+HERE = os.path.dirname(__file__)
+sys.path.insert(0, HERE)
+for sub in ("integration", "pg", "sessions", "broker"):
+    sys.path.insert(0, os.path.join(HERE, "..", sub))
+
+import hostnet  # noqa: E402
+from broker_support import BrokerDaemon, add_repo  # noqa: E402
+from forge import Forge  # noqa: E402
+from gitserver import GitServer  # noqa: E402
+from pg import Postgres  # noqa: E402
+from pushserver import PushServer, pushes  # noqa: E402
+from scripted_model import ScriptedModel  # noqa: E402
+from sessions_support import SCRIPTS, SessionDaemon  # noqa: E402
+from test_hosts import host_netns, no_net_leftovers, started  # noqa: E402
+from test_sessions_hosts import assert_log_sound, session_row  # noqa: E402
+
+LEASE_TTL_S = 9
+CALLS = 10
+PUSHES_BEFORE_KILL = 4
+BOUND_S = 240
+
+
+@pytest.fixture(scope="module")
+def pg():
+    p = Postgres(db="hxbrokerhosts", fabric=True).start()
+    yield p
+    p.stop()
+
+
+@pytest.fixture(scope="module")
+def servers(pg):
+    """What the hosts reach over the bridge: git, the push server, the
+    forge and the scripted model."""
+    g = GitServer(host=hostnet.GATEWAY).start()
+    p = PushServer(g.root, host=hostnet.GATEWAY).start()
+    f = Forge(host=hostnet.GATEWAY).start()
+    m = ScriptedModel(SCRIPTS, host=hostnet.GATEWAY).start()
+    yield g, p, f, m
+    m.stop()
+    f.stop()
+    p.stop()
+    g.stop()
+
+
+def broker_host(pg, name, servers, shared, restart_of=None):
+    g, p, f, m = servers
+    extra = ["--db", pg.fabric_dsn, "--host-id", name, "--role", "host", "--host-lease-ttl", str(LEASE_TTL_S),
+             "--snapshot-store", f"shared:{shared}", "--sessions-checkpoint-interval", "2", "--pool-size", "0"]
+    if restart_of is not None:
+        for flag in ("--net-prefix", "--net-range"):
+            extra += [flag, restart_of.extra_args[restart_of.extra_args.index(flag) + 1]]
+    d = BrokerDaemon(m.port, g, p, f, extra=extra, data_dir=restart_of.data_dir if restart_of else None,
+                     netns=host_netns(name, restart_of), model_host=m.host)
+    return started(d)
+
+
+def wait_completed(c, sid, timeout):
+    """The session's state through the control plane until it completes;
+    while its host is lost and nobody has taken it over yet the answer is
+    503 (host_unreachable or host_lost, with Retry-After)."""
+    deadline = time.time() + timeout
+    s = None
+    while time.time() < deadline:
+        r = c.request("GET", f"/v1/sessions/{sid}")
+        if r.status == 503:
+            assert r.error_code() in ("host_unreachable", "host_lost"), r
+        else:
+            assert r.status == 200, r
+            s = r.json()
+            if s["state"] == "completed":
+                return s
+            assert s["state"] not in ("failed", "cancelled"), s
+        time.sleep(0.25)
+    raise AssertionError(f"not completed in {timeout}s: {s}")
+
+
+def broker_events(evs, type_):
+    out = {}
+    for e in evs:
+        if e["type"] == type_:
+            out.setdefault(e["call_seq"], []).append(e)
+    return out
+
+
+def test_broker_calls_of_a_lost_host_are_never_run_twice(pg, servers):
+    g, push_server, f, m = servers
+    shared = tempfile.mkdtemp(prefix="hxshared-")
+    files = {"pusher.py": open(os.path.join(HERE, "..", "broker", "pusher_agent.py")).read(), "README.md": "x\n"}
+    repo, bare = add_repo(g, "hostpush", files)
+    a = broker_host(pg, "bh-a", servers, shared)
+    b = broker_host(pg, "bh-b", servers, shared)
+    c = SessionDaemon(m.port, model_host=m.host, extra=["--db", pg.dsn, "--host-id", "bh-ctl", "--role", "control",
+                                                        "--host-lease-ttl", str(LEASE_TTL_S), "--pool-size", "0"]).start()
+    a2 = None
+    push_server.receive_delay = 0.4
+    try:
+        sid = a.new_session(repo, "push through a host loss",
+                            agent={"kind": "command", "command": f"python3 pusher.py {CALLS}"})
+        assert session_row(pg, sid)[0] == "bh-a"
+        a.wait_state(sid, "running")
+        a.wait_event(sid, "snapshot_taken")
+        deadline = time.time() + 120
+        while len(push_server.receive_started) < PUSHES_BEFORE_KILL and time.time() < deadline:
+            time.sleep(0.02)
+        # The next push reaches the git server: kill A while it is there.
+        seen = len(push_server.receive_started)
+        while len(push_server.receive_started) == seen and time.time() < deadline:
+            time.sleep(0.005)
+        time.sleep(0.1)
+        a.track_sandboxes(sid)
+        a.crash()
+        killed = time.time()
+        push_server.receive_delay = 0.0
+        s = wait_completed(c, sid, BOUND_S)
+        assert session_row(pg, sid)[0] == "bh-b", s
+        took = time.time() - killed
+
+        evs = assert_log_sound(pg, c, sid)
+        assert any(e["type"] == "host_changed" for e in evs)
+        started_ = broker_events(evs, "broker_effect_started")
+        results = broker_events(evs, "broker_result")
+        assert sorted(results) == list(range(1, CALLS + 1)), sorted(results)
+        for seq in range(1, CALLS + 1):
+            assert len(results[seq]) == 1, (seq, results[seq])
+            assert len(started_.get(seq, [])) == 1, (seq, started_.get(seq))
+        # The remote: nothing pushed twice, nothing unplanned.
+        remote = [p[1] for p in pushes(bare) if p[2] == f"refs/heads/hatchery/{sid}"]
+        assert len(remote) == len(set(remote)), remote
+        planned = {json.loads(e[0]["detail"])["commit"]: seq for seq, e in started_.items()}
+        assert set(remote) <= set(planned), (remote, planned)
+        statuses = {}
+        for seq, (r,) in results.items():
+            statuses[r["status"]] = statuses.get(r["status"], 0) + 1
+            commit = json.loads(started_[seq][0]["detail"])["commit"]
+            if r["status"] == "done":
+                assert remote.count(commit) == 1, (seq, r)
+            else:
+                assert r["status"] == "needs_review" and commit not in remote, (seq, r)
+        # Every answer the agent printed (before and after the move, the
+        # repeated ones included) is the logged result of that seq.
+        told = 0
+        for e in evs:
+            if e["type"] == "agent_output":
+                for line in e["text"].splitlines():
+                    if line.startswith("PUSH "):
+                        _, seq, js = line.split(" ", 2)
+                        r, logged = json.loads(js), results[int(seq)][0]
+                        assert r["status"] == logged["status"], (seq, r, logged)
+                        assert r["output"] == json.loads(logged["output"]), (seq, r, logged)
+                        told += 1
+        assert told >= CALLS
+        assert statuses.get("done", 0) >= CALLS - 1, statuses
+        resumed = [e for e in evs if e["type"] == "resumed_from_checkpoint"]
+        assert len(resumed) == 1, resumed
+        print(f"broker across a host loss: {statuses}, {len(remote)} pushes, {told} answers printed, "
+              f"completed {took:.1f}s after the kill")
+        b.track_sandboxes(sid)
+        # A's restart reconciles its orphans away.
+        a2 = broker_host(pg, "bh-a", servers, shared, restart_of=a)
+        a2.created |= a.created
+        a2.wait_no_leftovers(timeout=30, net=False)
+    finally:
+        push_server.receive_delay = 0.0
+        c.cleanup()
+        if a2 is None and a.proc.poll() is not None:
+            a2 = broker_host(pg, "bh-a", servers, shared, restart_of=a)
+            a2.created |= a.created
+        try:
+            (a2 or a).cleanup_sessions()
+        finally:
+            b.cleanup_sessions()
+            for d in (a, b):
+                shutil.rmtree(d.secrets_dir, ignore_errors=True)
+    no_net_leftovers(a, b)
+    assert [n for n in os.listdir(shared) if not n.startswith(".")] == [], os.listdir(shared)
+    shutil.rmtree(shared, ignore_errors=True)
