@@ -168,7 +168,10 @@ async fn conformance_on_postgres() {
     )
     .await
     .unwrap();
-    let r = store.audit_verify(victim, std::slice::from_ref(&head)).await.unwrap();
+    let r = store
+        .audit_verify(victim, std::slice::from_ref(&head))
+        .await
+        .unwrap();
     assert_eq!(r.first_bad.map(|b| b.seq), Some(1), "tampering not caught");
     // An anchored head that was cut off the chain is named too.
     let mut gone = head;
