@@ -203,15 +203,7 @@ impl Broker {
                     Call::new(&session.id, req.seq, epoch, &req.tool, args.clone(), sha),
                     logged,
                 );
-                match self.store.begin(c).await? {
-                    Begin::New(c) | Begin::Existing(c) => c,
-                    Begin::Conflict(c) => {
-                        return Err(BrokerError::SeqConflict {
-                            seq: req.seq,
-                            tool: c.tool,
-                        })
-                    }
-                }
+                self.begin(c).await?
             }
             (None, None) if req.seq <= session.replay_through => {
                 // Acknowledged before the session was rewound to a
@@ -226,15 +218,7 @@ impl Broker {
                            "review": "whether it took effect is unknown; not run again"})
                     .to_string(),
                 );
-                match self.store.begin(c).await? {
-                    Begin::New(c) | Begin::Existing(c) => c,
-                    Begin::Conflict(c) => {
-                        return Err(BrokerError::SeqConflict {
-                            seq: req.seq,
-                            tool: c.tool,
-                        })
-                    }
-                }
+                self.begin(c).await?
             }
             (None, None) => {
                 let mut c = Call::new(&session.id, req.seq, epoch, &req.tool, args.clone(), sha);
@@ -252,15 +236,7 @@ impl Broker {
                     c.event_seq = evs.first().map(|e| e.seq);
                     c.result_event_seq = evs.get(1).map(|e| e.seq);
                 }
-                match self.store.begin(c).await? {
-                    Begin::New(c) | Begin::Existing(c) => c,
-                    Begin::Conflict(c) => {
-                        return Err(BrokerError::SeqConflict {
-                            seq: req.seq,
-                            tool: c.tool,
-                        })
-                    }
-                }
+                self.begin(c).await?
             }
         };
         // An allowed call's `broker_call` event is written with its
@@ -283,6 +259,16 @@ impl Broker {
         let mut r = InvokeResult::from_call(&call);
         r.epoch = epoch;
         Ok(r)
+    }
+
+    /// Records a new call under its key, or finds the same call there
+    /// already; another call under the key is 409.
+    async fn begin(&self, c: Call) -> Result<Call, BrokerError> {
+        let seq = c.seq;
+        match self.store.begin(c).await? {
+            Begin::New(c) | Begin::Existing(c) => Ok(c),
+            Begin::Conflict(c) => Err(BrokerError::SeqConflict { seq, tool: c.tool }),
+        }
     }
 
     /// What the session's log says another broker did with call `seq`,

@@ -36,6 +36,8 @@ impl PgSessionStore {
         let c = self.client().await?;
         let be = |e: tokio_postgres::Error| StoreError::Backend(format!("audit read: {e}"));
         let mut events = Vec::new();
+        // Each seq's stored hash, for the anchor check (read once, here).
+        let mut by_seq = std::collections::HashMap::new();
         let mut after = 0i64;
         loop {
             let rows = c
@@ -53,6 +55,8 @@ impl PgSessionStore {
             let Some(last) = rows.last() else { break };
             after = last.try_get("seq").map_err(be)?;
             for r in &rows {
+                let seq: i64 = r.try_get("seq").map_err(be)?;
+                by_seq.insert(seq, r.try_get::<_, String>("hash").map_err(be)?);
                 events.push(stored(chain, r).map_err(be));
             }
             if (rows.len() as i64) < PAGE {
@@ -60,17 +64,6 @@ impl PgSessionStore {
             }
         }
         let mut report = verify(chain, events)?;
-        let hashes = c
-            .query(
-                "SELECT seq, hash FROM session_events WHERE session_id = $1",
-                &[&chain],
-            )
-            .await
-            .map_err(be)?;
-        let by_seq: std::collections::HashMap<i64, String> = hashes
-            .iter()
-            .filter_map(|r| Some((r.try_get("seq").ok()?, r.try_get("hash").ok()?)))
-            .collect();
         hatchery_audit::verify::check_anchors(&mut report, anchors, |seq| {
             by_seq.get(&(seq as i64)).cloned()
         });
