@@ -237,7 +237,9 @@ def test_control_spreads_one_tenants_sessions(pg, git_server, model, shared):
     room alone every session would start on a; a second session of the
     same tenant (`metadata.tenant`) starts on b instead, while another
     tenant's goes to the roomier a. The session's sandbox carries the
-    session's metadata (that is what the control plane counts)."""
+    session's metadata (that is what the control plane counts). A policy
+    created through the control plane is read by both hosts, so the two
+    sessions pinned to it start on either."""
     a = host(pg, "sp-a", model, shared, extra=["--max-sandboxes", "6"])
     b = host(pg, "sp-b", model, shared, extra=["--max-sandboxes", "3"])
     c = SessionDaemon(model.port, model_host=model.host, extra=["--db", pg.dsn, "--host-id", "sp-ctl", "--role",
@@ -245,19 +247,39 @@ def test_control_spreads_one_tenants_sessions(pg, git_server, model, shared):
     sids = []
     try:
         wait_warm(pg, ["sp-a", "sp-b"], "code-interpreter")
+        # The control plane's data dir holds the API key: 0700, as a host's.
+        assert os.stat(c.data_dir).st_mode & 0o777 == 0o700
+        # Policies are shared: one created through the control plane (on
+        # whichever host it forwards to) reads the same on every host, its
+        # versions too, and sessions pin it wherever they are placed.
+        r = c.request("POST", "/v1/policies", {"name": "shared", "rules": [{"id": "r", "effect": "deny"}]})
+        assert r.status == 201, r
+        pol = r.json()["id"]
+        r = c.request("POST", f"/v1/policies/{pol}/versions",
+                      {"name": "shared", "rules": [{"id": "all", "effect": "allow"}]})
+        assert r.status == 201 and r.json()["version"] == 2, r
+        for d in (a, b):
+            got = d.request("GET", f"/v1/policies/{pol}/versions/1")
+            assert got.status == 200 and got.json()["document"]["rules"][0]["effect"] == "deny", got
+            assert d.request("GET", f"/v1/policies/{pol}").json()["version"] == 2
+            assert [p["id"] for p in d.request("GET", "/v1/policies").json()["policies"]].count(pol) == 1
+        assert sql(pg, f"SELECT count(*) FROM policy_versions WHERE policy_id = '{pol}'") == [["2"]]
         repo = git_server.add_repo("spread", DEMO_FILES)
-        first = c.new_session(repo, "[script:slow] one", metadata={"tenant": "acme"})
+        first = c.new_session(repo, "[script:slow] one", metadata={"tenant": "acme"}, policy_id=pol)
         sids.append(first)
         ready = c.wait_event(first, "sandbox_ready")
         sb = c.request("GET", f"/v1/sandboxes/{ready['sandbox_id']}").json()
         assert sb["metadata"] == {"tenant": "acme", "hatchery_session": first}, sb
         assert c.session(first)["metadata"] == {"tenant": "acme"}
-        second = c.new_session(repo, "[script:slow] two", metadata={"tenant": "acme"})
+        second = c.new_session(repo, "[script:slow] two", metadata={"tenant": "acme"}, policy_id=pol)
         sids.append(second)
         other = c.new_session(repo, "[script:slow] three", metadata={"tenant": "globex"})
         sids.append(other)
         placed = [session_row(pg, s)[0] for s in sids]
         assert placed == ["sp-a", "sp-b", "sp-a"], placed
+        for sid in sids[:2]:
+            view = c.session(sid)
+            assert (view["policy_id"], view["policy_version"]) == (pol, 2), view
         for s in sids:
             c.wait_state(s, "completed", timeout=180)
             {"sp-a": a, "sp-b": b}[session_row(pg, s)[0]].track_sandboxes(s)

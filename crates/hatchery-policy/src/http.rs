@@ -56,7 +56,15 @@ impl IntoResponse for HttpError {
                 message: self.message,
             },
         };
-        (self.status, Json(body)).into_response()
+        let mut r = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            // As the daemon's other 503s: the store is expected back soon.
+            r.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        r
     }
 }
 
@@ -71,7 +79,18 @@ impl From<StoreError> for HttpError {
             StoreError::TooMany(..) | StoreError::TooManyVersions(..) => {
                 (S::CONFLICT, "too_many_policies")
             }
-            StoreError::Db(_) | StoreError::Corrupt(_) | StoreError::Task(_) => {
+            StoreError::Unavailable(_) => {
+                tracing::warn!(error = %e, "policy store unavailable");
+                return HttpError::new(
+                    S::SERVICE_UNAVAILABLE,
+                    "store_unavailable",
+                    "the policy store is not reachable; retry shortly",
+                );
+            }
+            StoreError::Db(_)
+            | StoreError::Backend(_)
+            | StoreError::Corrupt(_)
+            | StoreError::Task(_) => {
                 // The cause stays in the log; the caller gets an id to quote.
                 let request_id = format!("req_{:016x}", rand::random::<u64>());
                 tracing::error!(%request_id, error = %e, "policy store failed");

@@ -5,15 +5,14 @@
 
 use crate::compile::Policy;
 use crate::document::PolicyDocument;
+use crate::record::{decode, encode, new_id, now, VersionRow, SELECT_VERSION};
 use crate::standard::{standard_document, STANDARD_ID};
 use crate::store::{PolicyStore, PolicySummary, StoreError, StoredPolicy};
 use rusqlite::{params, Connection, OptionalExtension, Row};
-use sha2::{Digest, Sha256};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-pub const MAX_POLICIES: u64 = 10_000;
-pub const MAX_VERSIONS: u32 = 10_000;
+pub use crate::record::{MAX_POLICIES, MAX_VERSIONS};
 
 /// Numbered migrations; `schema_migrations` records which ran. Append only.
 const MIGRATIONS: &[&str] = &[
@@ -119,23 +118,6 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn now() -> String {
-    time::OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
-}
-
-fn new_id() -> String {
-    format!("pol_{:016x}", rand::random::<u64>())
-}
-
-fn encode(doc: &PolicyDocument) -> Result<(String, String), StoreError> {
-    let json = serde_json::to_string(doc).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    let sha = Sha256::digest(json.as_bytes());
-    let hex = sha.iter().map(|b| format!("{b:02x}")).collect();
-    Ok((json, hex))
-}
-
 fn insert_policy(
     tx: &rusqlite::Transaction<'_>,
     id: &str,
@@ -164,32 +146,14 @@ fn insert_policy(
     })
 }
 
-const SELECT_VERSION: &str =
-    "SELECT v.policy_id, v.version, v.document, v.sha256, v.created_at, p.builtin
-     FROM policy_versions v JOIN policies p ON p.id = v.policy_id";
-
-fn read_version(r: &Row<'_>) -> rusqlite::Result<(String, u32, String, String, String, bool)> {
-    Ok((
-        r.get("policy_id")?,
-        r.get("version")?,
-        r.get("document")?,
-        r.get("sha256")?,
-        r.get("created_at")?,
-        r.get("builtin")?,
-    ))
-}
-
-fn decode(row: (String, u32, String, String, String, bool)) -> Result<StoredPolicy, StoreError> {
-    let (id, version, doc, sha256, created_at, builtin) = row;
-    let document = serde_json::from_str(&doc)
-        .map_err(|e| StoreError::Corrupt(format!("{id} v{version}: {e}")))?;
-    Ok(StoredPolicy {
-        id,
-        version,
-        created_at,
-        sha256,
-        builtin,
-        document,
+fn read_version(r: &Row<'_>) -> rusqlite::Result<VersionRow> {
+    Ok(VersionRow {
+        id: r.get("policy_id")?,
+        version: r.get("version")?,
+        document: r.get("document")?,
+        sha256: r.get("sha256")?,
+        created_at: r.get("created_at")?,
+        builtin: r.get("builtin")?,
     })
 }
 
@@ -323,11 +287,6 @@ impl PolicyStore for SqlitePolicyStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    fn doc(name: &str, rules: serde_json::Value) -> PolicyDocument {
-        serde_json::from_value(json!({"name": name, "rules": rules})).unwrap()
-    }
 
     #[tokio::test]
     async fn versions_are_numbered_and_immutable() {
@@ -335,57 +294,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("policies.db");
         let s = SqlitePolicyStore::open(&path).unwrap();
-        let p1 = s
-            .create(doc("a", json!([{"id": "r", "effect": "allow"}])))
-            .await
-            .unwrap();
-        assert_eq!(p1.version, 1);
-        assert!(p1.id.starts_with("pol_") && p1.id.len() == 20);
-        let p2 = s
-            .add_version(&p1.id, doc("a2", json!([{"id": "r", "effect": "deny"}])))
-            .await
-            .unwrap();
-        assert_eq!(p2.version, 2);
-        assert_ne!(p1.sha256, p2.sha256);
-        assert_eq!(s.latest(&p1.id).await.unwrap().version, 2);
-        let old = s.version(&p1.id, 1).await.unwrap();
-        assert_eq!(old.document, p1.document, "version 1 is unchanged");
-        assert!(matches!(
-            s.version(&p1.id, 3).await,
-            Err(StoreError::VersionNotFound(_, 3))
-        ));
-        assert!(matches!(
-            s.latest("pol_nope").await,
-            Err(StoreError::NotFound(_))
-        ));
-        assert!(matches!(
-            s.add_version("pol_nope", p1.document.clone()).await,
-            Err(StoreError::NotFound(_))
-        ));
-        assert!(matches!(
-            s.add_version(STANDARD_ID, p1.document.clone()).await,
-            Err(StoreError::ReadOnly(_))
-        ));
-        let bad = doc(
-            "b",
-            json!([{"id": "ok", "effect": "allow"}, {"id": "BAD", "effect": "deny"}]),
-        );
-        assert!(matches!(
-            s.create(bad.clone()).await,
-            Err(StoreError::Invalid(_))
-        ));
-        assert!(matches!(
-            s.add_version(&p1.id, bad).await,
-            Err(StoreError::Invalid(_))
-        ));
-        assert_eq!(
-            s.latest(&p1.id).await.unwrap().version,
-            2,
-            "a refused version leaves nothing"
-        );
-        let list = s.list().await.unwrap();
-        assert_eq!(list.len(), 2);
-        assert!(list.iter().any(|p| p.id == STANDARD_ID && p.builtin));
+        let id = crate::conformance::versions(&s).await;
         drop(s);
 
         // The database itself refuses to rewrite or drop a version.
@@ -393,7 +302,7 @@ mod tests {
         let e = c
             .execute(
                 "UPDATE policy_versions SET document = '{}' WHERE policy_id = ?1",
-                [&p1.id],
+                [&id],
             )
             .unwrap_err();
         assert!(e.to_string().contains("immutable"), "{e}");
@@ -401,31 +310,15 @@ mod tests {
         drop(c);
         // Reopening runs no migration twice and keeps the data.
         let s = SqlitePolicyStore::open(&path).unwrap();
-        assert_eq!(s.latest(&p1.id).await.unwrap().version, 2);
+        assert_eq!(s.latest(&id).await.unwrap().version, 2);
         assert_eq!(s.latest(STANDARD_ID).await.unwrap().version, 1);
+        assert_eq!(s.list().await.unwrap().len(), 2);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[tokio::test]
     async fn concurrent_versions_do_not_collide() {
         let s = SqlitePolicyStore::open_in_memory().unwrap();
-        let p = s.create(doc("a", json!([]))).await.unwrap();
-        let mut tasks = Vec::new();
-        for _ in 0..20 {
-            let s = s.clone();
-            let id = p.id.clone();
-            tasks.push(tokio::spawn(async move {
-                s.add_version(&id, doc("a", json!([])))
-                    .await
-                    .unwrap()
-                    .version
-            }));
-        }
-        let mut got: Vec<u32> = Vec::new();
-        for t in tasks {
-            got.push(t.await.unwrap());
-        }
-        got.sort();
-        assert_eq!(got, (2..=21).collect::<Vec<_>>());
+        crate::conformance::concurrent_versions(Arc::new(s)).await;
     }
 }

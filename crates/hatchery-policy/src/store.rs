@@ -1,5 +1,6 @@
 //! Policies with immutable, numbered versions behind an async trait, so the
-//! SQLite store can be joined by a PostgreSQL one. A version, once written,
+//! SQLite store (one host) and the PostgreSQL one (many hosts) keep the same
+//! contract (crate::conformance). A version, once written,
 //! never changes: sessions pin `(id, version)` and must see the same rules
 //! for as long as they live.
 
@@ -24,6 +25,12 @@ pub enum StoreError {
     TooManyVersions(String, u32, u32),
     #[error("database: {0}")]
     Db(#[from] rusqlite::Error),
+    /// The shared database is not reachable now (retryable: 503).
+    #[error("policy store unavailable: {0}")]
+    Unavailable(String),
+    /// The shared database refused or failed a statement.
+    #[error("policy store: {0}")]
+    Backend(String),
     #[error("stored document: {0}")]
     Corrupt(String),
     #[error("store task: {0}")]

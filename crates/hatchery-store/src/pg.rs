@@ -107,8 +107,7 @@ pub struct PgStore {
 fn pg(op: &'static str) -> impl FnOnce(tokio_postgres::Error) -> StoreError {
     move |e| {
         // A dropped connection or a server that went away: retryable.
-        let io = std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>());
-        if e.is_closed() || io {
+        if crate::pg_unavailable(&e) {
             StoreError::Unavailable(format!("{op}: {e}"))
         } else {
             StoreError::Backend {

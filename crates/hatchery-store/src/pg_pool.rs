@@ -46,6 +46,17 @@ pub fn pg_pool(dsn: &str, size: usize) -> Result<Pool, PoolConfigError> {
         .map_err(|e| PoolConfigError(e.to_string()))
 }
 
+/// Whether a driver error means the database is not there right now (a
+/// dropped connection, a server shutting down or starting, a refused
+/// connect): retryable, answered 503, never a 500. Every crate that keeps
+/// state in PostgreSQL classifies its errors with this one test.
+pub fn pg_unavailable(e: &tokio_postgres::Error) -> bool {
+    let io = std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>());
+    let code = e.code().map(|c| c.code()).unwrap_or_default();
+    let down = code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03");
+    e.is_closed() || io || down
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

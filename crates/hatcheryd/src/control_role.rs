@@ -15,7 +15,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             "--role control needs --db postgres://... shared with its hosts".into(),
         ));
     }
-    std::fs::create_dir_all(&data).map_err(|e| DaemonError::DataDir(data.clone(), e))?;
+    crate::serve::prepare_data_dir(&data)?;
     let (key, _) =
         crate::key::load_or_create(&data).map_err(|e| DaemonError::DataDir(data.clone(), e))?;
     let store = crate::state_db::open(&args, &data).await?;

@@ -54,6 +54,14 @@ fn which(p: &PathBuf) -> Option<PathBuf> {
         .find(|c| c.exists())
 }
 
+/// Creates the data dir and forces it to 0700 on every start, whatever
+/// the role: it holds the API key (and, on a host, every sandbox's state).
+pub fn prepare_data_dir(data: &std::path::Path) -> Result<(), DaemonError> {
+    let err = |e| DaemonError::DataDir(data.to_path_buf(), e);
+    std::fs::create_dir_all(data).map_err(err)?;
+    std::fs::set_permissions(data, std::fs::Permissions::from_mode(0o700)).map_err(err)
+}
+
 pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     hatchery_core::lease::set_host_lease_ttl_ms(args.host_lease_ttl * 1000)
         .map_err(DaemonError::Role)?;
@@ -66,9 +74,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         ));
     }
     let data = args.data_dir.clone();
-    std::fs::create_dir_all(&data).map_err(|e| DaemonError::DataDir(data.clone(), e))?;
-    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700))
-        .map_err(|e| DaemonError::DataDir(data.clone(), e))?;
+    prepare_data_dir(&data)?;
     // Checked before anything is registered: a host that cannot reach the
     // shared store must not start (it could not serve shared snapshots).
     let shared_snapshots = match &args.snapshot_store {
@@ -199,10 +205,9 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         }),
         manager.caps.max_file_bytes,
     );
-    // Policies live in their own file: their migrations are their own.
-    let policies: Arc<dyn hatchery_policy::PolicyStore> = Arc::new(
-        hatchery_policy::SqlitePolicyStore::open(&data.join("policies.db"))?,
-    );
+    // Policies have migrations of their own: their own file on one host,
+    // their own tables in the shared database on many.
+    let policies = crate::state_db::open_policies(&args, &data).await?;
     let session_store = crate::sessions::open_store(&args).await?;
     let (sessions_app, sessions) = crate::sessions::build(
         &args,

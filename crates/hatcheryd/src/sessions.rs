@@ -61,21 +61,14 @@ pub async fn open_store(
             SqliteStore::open(&args.data_dir.join("sessions.db")).map_err(err)?,
         ));
     };
-    let started = std::time::Instant::now();
-    let mut delay = std::time::Duration::from_millis(250);
-    loop {
-        match PgSessionStore::connect(db, args.db_pool, &args.host_id).await {
-            Ok(s) => return Ok(Arc::new(s)),
-            Err(e @ StoreError::Unavailable(_))
-                if started.elapsed() < std::time::Duration::from_secs(60) =>
-            {
-                tracing::warn!(error = %e, retry_in_ms = delay.as_millis() as u64, "session store not reachable yet");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(std::time::Duration::from_secs(5));
-            }
-            Err(e) => return Err(err(e)),
-        }
-    }
+    let s = crate::state_db::retry_while_unreachable(
+        "sessions",
+        || PgSessionStore::connect(db, args.db_pool, &args.host_id),
+        |e| matches!(e, StoreError::Unavailable(_)),
+    )
+    .await
+    .map_err(err)?;
+    Ok(Arc::new(s))
 }
 
 /// The in-process model gateway and egress proxy, each registered as a

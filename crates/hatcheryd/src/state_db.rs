@@ -12,26 +12,73 @@ use std::time::{Duration, Instant};
 /// How long a daemon waits for its database at start.
 const STARTUP_WAIT: Duration = Duration::from_secs(60);
 
+/// Runs `connect` again, with backoff (250 ms doubling to 5 s, each
+/// attempt logged), while it fails because the database is not reachable
+/// yet and STARTUP_WAIT has not passed; any other failure, or the last
+/// one, is returned as is. One policy for every store a daemon opens.
+pub async fn retry_while_unreachable<T, E, Fut>(
+    what: &'static str,
+    mut connect: impl FnMut() -> Fut,
+    unreachable: impl Fn(&E) -> bool,
+) -> Result<T, E>
+where
+    E: std::fmt::Display,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let started = Instant::now();
+    let mut delay = Duration::from_millis(250);
+    loop {
+        match connect().await {
+            Err(e) if unreachable(&e) && started.elapsed() < STARTUP_WAIT => {
+                tracing::warn!(store = what, error = %e, retry_in_ms = delay.as_millis() as u64, "store not reachable yet");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            other => return other,
+        }
+    }
+}
+
 pub async fn open(args: &DaemonArgs, data: &Path) -> Result<Arc<dyn Store>, DaemonError> {
     let db = args
         .db
         .clone()
         .unwrap_or_else(|| data.join("state.db").to_string_lossy().into_owned());
     let shown = hatchery_store::redact(&db);
-    let started = Instant::now();
-    let mut delay = Duration::from_millis(250);
-    loop {
-        match hatchery_store::open(&db, args.db_pool).await {
-            Ok(s) => {
-                tracing::info!(db = %shown, backend = s.backend(), host = %args.host_id, "state store open");
-                return Ok(s);
-            }
-            Err(e @ StoreError::Unavailable(_)) if started.elapsed() < STARTUP_WAIT => {
-                tracing::warn!(db = %shown, error = %e, retry_in_ms = delay.as_millis() as u64, "state store not reachable yet");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
-            }
-            Err(e) => return Err(DaemonError::Core(e.into())),
-        }
+    let s = retry_while_unreachable(
+        "state",
+        || hatchery_store::open(&db, args.db_pool),
+        |e| matches!(e, StoreError::Unavailable(_)),
+    )
+    .await
+    .map_err(|e| DaemonError::Core(e.into()))?;
+    tracing::info!(db = %shown, backend = s.backend(), host = %args.host_id, "state store open");
+    Ok(s)
+}
+
+/// The policy store: on a `postgres://` `--db` the shared one (every host
+/// reads the same policies, so a session finds its pinned version wherever
+/// it runs), otherwise DATA_DIR/policies.db.
+pub async fn open_policies(
+    args: &DaemonArgs,
+    data: &Path,
+) -> Result<Arc<dyn hatchery_policy::PolicyStore>, DaemonError> {
+    use hatchery_policy::{PgPolicyStore, SqlitePolicyStore, StoreError as PolicyError};
+    match args
+        .db
+        .as_deref()
+        .filter(|d| hatchery_store::is_postgres(d))
+    {
+        Some(db) => Ok(Arc::new(
+            retry_while_unreachable(
+                "policies",
+                || PgPolicyStore::connect(db, args.db_pool),
+                |e| matches!(e, PolicyError::Unavailable(_)),
+            )
+            .await?,
+        )),
+        None => Ok(Arc::new(SqlitePolicyStore::open(
+            &data.join("policies.db"),
+        )?)),
     }
 }

@@ -114,10 +114,7 @@ pub struct PgSessionStore {
 /// backend failure with the operation named. No SQL type leaks out.
 fn pg(op: &'static str) -> impl FnOnce(tokio_postgres::Error) -> StoreError {
     move |e| {
-        let io = std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>());
-        let code = e.code().map(|c| c.code().to_string()).unwrap_or_default();
-        let down = code.starts_with("08") || matches!(code.as_str(), "57P01" | "57P02" | "57P03");
-        if e.is_closed() || io || down {
+        if hatchery_store::pg_unavailable(&e) {
             StoreError::Unavailable(format!("{op}: {e}"))
         } else {
             StoreError::Backend(format!("{op}: {e}"))

@@ -1,0 +1,109 @@
+//! The contract every [`PolicyStore`] keeps, run against SQLite (the unit
+//! tests) and PostgreSQL (tests/store_conformance.rs): numbered, immutable
+//! versions; refusals that leave nothing; the built-in policy read-only;
+//! concurrent writers of one policy never collide. Assertions only on what
+//! each run created, so a database shared with other tests does not matter.
+
+use crate::document::PolicyDocument;
+use crate::standard::STANDARD_ID;
+use crate::store::{PolicyStore, StoreError};
+use std::sync::Arc;
+
+fn doc(name: &str, rules: serde_json::Value) -> PolicyDocument {
+    serde_json::from_value(serde_json::json!({"name": name, "rules": rules})).unwrap()
+}
+
+/// Versions, reads, refusals and listing. Returns the policy it created
+/// (at version 2), for backend-specific checks after.
+pub async fn versions(s: &dyn PolicyStore) -> String {
+    use serde_json::json;
+    let p1 = s
+        .create(doc("a", json!([{"id": "r", "effect": "allow"}])))
+        .await
+        .unwrap();
+    assert_eq!(p1.version, 1);
+    assert!(p1.id.starts_with("pol_") && p1.id.len() == 20);
+    assert!(!p1.builtin);
+    let p2 = s
+        .add_version(&p1.id, doc("a2", json!([{"id": "r", "effect": "deny"}])))
+        .await
+        .unwrap();
+    assert_eq!(p2.version, 2);
+    assert_ne!(p1.sha256, p2.sha256);
+    let latest = s.latest(&p1.id).await.unwrap();
+    assert_eq!((latest.version, &latest.sha256), (2, &p2.sha256));
+    let old = s.version(&p1.id, 1).await.unwrap();
+    assert_eq!(old.document, p1.document, "version 1 is unchanged");
+    assert_eq!(old.sha256, p1.sha256);
+    assert_eq!(old.created_at, p1.created_at);
+    assert!(matches!(
+        s.version(&p1.id, 3).await,
+        Err(StoreError::VersionNotFound(_, 3))
+    ));
+    assert!(matches!(
+        s.version("pol_nope", 1).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(
+        s.latest("pol_nope").await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(
+        s.add_version("pol_nope", p1.document.clone()).await,
+        Err(StoreError::NotFound(_))
+    ));
+    assert!(matches!(
+        s.add_version(STANDARD_ID, p1.document.clone()).await,
+        Err(StoreError::ReadOnly(_))
+    ));
+    let bad = doc(
+        "b",
+        json!([{"id": "ok", "effect": "allow"}, {"id": "BAD", "effect": "deny"}]),
+    );
+    let before = s.list().await.unwrap().len();
+    assert!(matches!(
+        s.create(bad.clone()).await,
+        Err(StoreError::Invalid(_))
+    ));
+    assert!(matches!(
+        s.add_version(&p1.id, bad).await,
+        Err(StoreError::Invalid(_))
+    ));
+    assert_eq!(
+        s.latest(&p1.id).await.unwrap().version,
+        2,
+        "a refused version leaves nothing"
+    );
+    let list = s.list().await.unwrap();
+    assert_eq!(list.len(), before, "a refused create leaves nothing");
+    let mine = list.iter().find(|p| p.id == p1.id).unwrap();
+    assert_eq!((mine.name.as_str(), mine.latest_version), ("a2", 2));
+    assert!(list.iter().any(|p| p.id == STANDARD_ID && p.builtin));
+    let std = s.latest(STANDARD_ID).await.unwrap();
+    assert!(std.builtin && std.version >= 1);
+    p1.id
+}
+
+/// Twenty writers add a version to one policy at once: each gets its own
+/// number, 2..=21, and the latest is 21.
+pub async fn concurrent_versions(s: Arc<dyn PolicyStore>) {
+    let p = s.create(doc("c", serde_json::json!([]))).await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let s = s.clone();
+        let id = p.id.clone();
+        tasks.push(tokio::spawn(async move {
+            s.add_version(&id, doc("c", serde_json::json!([])))
+                .await
+                .unwrap()
+                .version
+        }));
+    }
+    let mut got: Vec<u32> = Vec::new();
+    for t in tasks {
+        got.push(t.await.unwrap());
+    }
+    got.sort();
+    assert_eq!(got, (2..=21).collect::<Vec<_>>());
+    assert_eq!(s.latest(&p.id).await.unwrap().version, 21);
+}
