@@ -4,6 +4,7 @@ the scripts the scripted model plays."""
 
 import json
 import os
+import shutil
 import tempfile
 
 from gitserver import git
@@ -68,6 +69,15 @@ class BrokerDaemon(SessionDaemon):
                 "--audit-anchor-hook", hook, *extra]
         # kw: netns and model_host, for a host in a namespace of its own.
         super().__init__(model_port, extra=args, data_dir=data_dir, **kw)
+
+    def cleanup(self):
+        """The harness teardown, then the secrets directory (its credential
+        files and the anchor hook's output): nothing of the test is left."""
+        try:
+            super().cleanup()
+        finally:
+            if not os.environ.get("HATCHERY_KEEP_DATA"):
+                shutil.rmtree(self.secrets_dir, ignore_errors=True)
 
     def restarted(self):
         """A new daemon on the same data dir (after a crash)."""

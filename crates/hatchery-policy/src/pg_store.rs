@@ -57,10 +57,11 @@ pub struct PgPolicyStore {
 /// retryable) when the database is not there, `Backend` otherwise.
 fn pg(op: &'static str) -> impl FnOnce(tokio_postgres::Error) -> StoreError {
     move |e| {
+        let msg = format!("{op}: {}", hatchery_store::pg_message(&e));
         if hatchery_store::pg_unavailable(&e) {
-            StoreError::Unavailable(format!("{op}: {e}"))
+            StoreError::Unavailable(msg)
         } else {
-            StoreError::Backend(format!("{op}: {e}"))
+            StoreError::Backend(msg)
         }
     }
 }

@@ -152,8 +152,10 @@ async fn conformance_on_postgres() {
         .collect();
     assert!(check_rows(&rows, &epochs) >= 20);
 
-    // `hatchery audit verify --db postgres://...`: every chain verifies as
-    // stored, and one changed byte in an event's data is named.
+    // `hatchery audit verify --db postgres://...` (its read-only opening):
+    // every chain verifies as stored, and one changed byte in an event's
+    // data is named.
+    let store = PgSessionStore::open_for_audit(&pg.dsn).await.unwrap();
     let chains = store.audit_chains().await.unwrap();
     assert!(chains.len() >= 20);
     for ch in &chains {
@@ -181,6 +183,21 @@ async fn conformance_on_postgres() {
     gone.chain = chains[1].clone();
     let r = store.audit_verify(&chains[1], &[gone]).await.unwrap();
     assert!(!r.ok(), "{r:?}");
+    // The reader's connections cannot write: the server refuses it.
+    let spec = conformance::spec("file:///srv/repo");
+    let e = store
+        .create("ses_readonly000000", &spec, None, "h")
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("read-only"), "{e}");
+
+    // A database no daemon has run on is a clear error, not an empty report.
+    if std::env::var("HATCHERY_TEST_PG_DSN").is_err() {
+        c.execute("CREATE DATABASE audit_empty", &[]).await.unwrap();
+        let empty = pg.dsn.replace("/hatchery", "/audit_empty");
+        let e = PgSessionStore::open_for_audit(&empty).await.err().unwrap();
+        assert!(e.to_string().contains("no Hatchery sessions schema"), "{e}");
+    }
 }
 
 /// Two daemons starting at once against one database both migrate safely,

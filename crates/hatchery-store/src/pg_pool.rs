@@ -23,9 +23,24 @@ pub struct PoolConfigError(pub String);
 /// A pool of at most `size` connections to `dsn` (a `postgres://` URL or
 /// a libpq `key=value` string). Connects lazily.
 pub fn pg_pool(dsn: &str, size: usize) -> Result<Pool, PoolConfigError> {
+    build(dsn, size, false)
+}
+
+/// The same, for tools that only read (`hatchery audit verify`): every
+/// session the pool opens is `default_transaction_read_only`, so the
+/// server itself refuses a write, a migration included.
+pub fn pg_pool_read_only(dsn: &str, size: usize) -> Result<Pool, PoolConfigError> {
+    build(dsn, size, true)
+}
+
+fn build(dsn: &str, size: usize, read_only: bool) -> Result<Pool, PoolConfigError> {
     let mut cfg: tokio_postgres::Config = dsn
         .parse()
         .map_err(|e: tokio_postgres::Error| PoolConfigError(e.to_string()))?;
+    if read_only {
+        let opts = cfg.get_options().unwrap_or_default();
+        cfg.options(format!("{opts} -c default_transaction_read_only=on").trim());
+    }
     if cfg.get_tcp_user_timeout().is_none() {
         cfg.tcp_user_timeout(TCP_USER_TIMEOUT);
     }
@@ -55,6 +70,15 @@ pub fn pg_unavailable(e: &tokio_postgres::Error) -> bool {
     let code = e.code().map(|c| c.code()).unwrap_or_default();
     let down = code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03");
     e.is_closed() || io || down
+}
+
+/// A driver error as a log line: for an error the server sent, its
+/// message and SQLSTATE (the driver's own Display says only "db error").
+pub fn pg_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => format!("{} ({})", d.message(), d.code().code()),
+        None => e.to_string(),
+    }
 }
 
 #[cfg(test)]

@@ -48,12 +48,9 @@ impl Source {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
-            // Read-only use: the host id is only what the store writes as.
-            let store = rt.block_on(hatchery_sessions::store::PgSessionStore::connect(
-                db,
-                2,
-                "audit-verify",
-            ))?;
+            // Read only: no migration, and the server refuses any write.
+            let store =
+                rt.block_on(hatchery_sessions::store::PgSessionStore::open_for_audit(db))?;
             return Ok(Source::Postgres(rt, store));
         }
         let path = PathBuf::from(db);

@@ -90,6 +90,9 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE sessions ADD COLUMN replay_through BIGINT NOT NULL DEFAULT 0;",
 ];
 
+/// How many migrations this build knows (a reader refuses a newer schema).
+pub(super) const MIGRATION_COUNT: usize = MIGRATIONS.len();
+
 /// Any fixed number (not hatchery-store's): serializes these migrations.
 const MIGRATION_LOCK: i64 = 0x6873_6573_7369_6f6e;
 
@@ -105,8 +108,8 @@ type Tx<'a> = deadpool_postgres::Transaction<'a>;
 /// The PostgreSQL session store of one host.
 #[derive(Clone)]
 pub struct PgSessionStore {
-    pool: Pool,
-    host: Arc<str>,
+    pub(super) pool: Pool,
+    pub(super) host: Arc<str>,
 }
 
 /// Maps a driver error: a connection that is gone (or a server shutting
@@ -114,10 +117,11 @@ pub struct PgSessionStore {
 /// backend failure with the operation named. No SQL type leaks out.
 fn pg(op: &'static str) -> impl FnOnce(tokio_postgres::Error) -> StoreError {
     move |e| {
+        let msg = format!("{op}: {}", hatchery_store::pg_message(&e));
         if hatchery_store::pg_unavailable(&e) {
-            StoreError::Unavailable(format!("{op}: {e}"))
+            StoreError::Unavailable(msg)
         } else {
-            StoreError::Backend(format!("{op}: {e}"))
+            StoreError::Backend(msg)
         }
     }
 }

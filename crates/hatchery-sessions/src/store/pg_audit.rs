@@ -12,6 +12,41 @@ use serde_json::Value;
 const PAGE: i64 = 1000;
 
 impl PgSessionStore {
+    /// Opens the shared database for reading the logs only: no migration
+    /// is run (the server refuses any write on these connections), and a
+    /// database without the sessions schema, or with a newer one than
+    /// this build knows, is a clear error rather than an empty report.
+    pub async fn open_for_audit(dsn: &str) -> Result<Self, StoreError> {
+        let pool =
+            hatchery_store::pg_pool_read_only(dsn, 2).map_err(|e| StoreError::Config(e.0))?;
+        let s = PgSessionStore {
+            pool,
+            host: "audit-verify".into(),
+        };
+        let c = s.client().await?;
+        let known: Option<String> = c
+            .query_one(
+                "SELECT to_regclass('hatchery_sessions_schema')::text AS t",
+                &[],
+            )
+            .await
+            .map_err(|e| StoreError::Backend(format!("audit open: {e}")))?
+            .get("t");
+        if known.is_none() {
+            return Err(StoreError::Config(
+                "this database has no Hatchery sessions schema (no daemon has run on it)".into(),
+            ));
+        }
+        let v = s.schema_version().await?;
+        if v > super::pg::MIGRATION_COUNT as u64 {
+            return Err(StoreError::Config(format!(
+                "the sessions schema is at version {v}, newer than this build's {}",
+                super::pg::MIGRATION_COUNT
+            )));
+        }
+        Ok(s)
+    }
+
     /// Every session id with events, in order.
     pub async fn audit_chains(&self) -> Result<Vec<String>, StoreError> {
         let c = self.client().await?;
