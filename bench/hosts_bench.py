@@ -6,6 +6,7 @@
   baseline), to the `host` daemon directly, and through control (placed on
   that same host: the `all` daemon has --max-sandboxes 1, so less room);
   each deleted again; pool off, so all restore the template checkpoint;
+  every create names a tenant (`metadata.tenant`), so placement counts it;
 - exec: POST /v1/sandboxes/{id}/exec `true`, on the host directly vs
   through control;
 - get: GET /v1/sandboxes/{id} (the routing alone: a store lookup and one
@@ -30,6 +31,9 @@ from pg import Postgres  # noqa: E402
 N = int(os.environ.get("BENCH_HOSTS_N", "20"))
 M = int(os.environ.get("BENCH_HOSTS_M", "100"))
 ARGS = ["--max-ttl", "3600", "--pool-size", "0"]
+# A tenant on every create (all three targets alike), so that the control
+# plane's placement does its whole work: the per-tenant live count in SQL.
+BODY = {"ttl_seconds": 300, "metadata": {"tenant": "bench"}}
 
 
 def pct(xs, p):
@@ -63,13 +67,13 @@ def main():
         ds.append(ctl)
         cb, ch, cc, placed = [], [], [], {}
         for _ in range(N):
-            dt, r = timed(base, "POST", "/v1/sandboxes", {"ttl_seconds": 300}, 201)
+            dt, r = timed(base, "POST", "/v1/sandboxes", BODY, 201)
             cb.append(dt)
             base.delete(r.json()["id"])
-            dt, r = timed(host, "POST", "/v1/sandboxes", {"ttl_seconds": 300}, 201)
+            dt, r = timed(host, "POST", "/v1/sandboxes", BODY, 201)
             ch.append(dt)
             host.delete(r.json()["id"])
-            dt, r = timed(ctl, "POST", "/v1/sandboxes", {"ttl_seconds": 300}, 201)
+            dt, r = timed(ctl, "POST", "/v1/sandboxes", BODY, 201)
             cc.append(dt)
             sid = r.json()["id"]
             # Answered locally (no forwarding) only by the owner.

@@ -29,6 +29,7 @@ from pg import Postgres  # noqa: E402
 from scripted_model import ScriptedModel  # noqa: E402
 from sessions_support import DEMO_FILES, SCRIPTS, SessionDaemon  # noqa: E402
 from test_sessions_hosts import LEASE_TTL_S, host, wait_moved_event  # noqa: E402
+import hostnet  # noqa: E402
 
 N = int(os.environ.get("BENCH_SESS_N", "10"))
 R = int(os.environ.get("BENCH_RESUME_N", "3"))
@@ -54,13 +55,16 @@ def create(d, repo, script):
 
 
 def main():
-    pg = Postgres(db="hxsesshostsbench").start()
-    git = GitServer().start()
-    model = ScriptedModel(SCRIPTS).start()
+    # As in tests/store: each host in a network namespace of its own on a
+    # bridge the bench creates; PostgreSQL, git and the model listen on
+    # the bridge's gateway address.
+    pg = Postgres(db="hxsesshostsbench", fabric=True).start()
+    git = GitServer(host=hostnet.GATEWAY).start()
+    model = ScriptedModel(SCRIPTS, host=hostnet.GATEWAY).start()
     shared = tempfile.mkdtemp(prefix="hxshared-")
     a = host(pg, "sb-a", model, shared)
     b = host(pg, "sb-b", model, shared)
-    c = SessionDaemon(model.port, extra=["--db", pg.dsn, "--host-id", "sb-ctl", "--role", "control",
+    c = SessionDaemon(model.port, model_host=model.host, extra=["--db", pg.dsn, "--host-id", "sb-ctl", "--role", "control",
                                          "--host-lease-ttl", str(LEASE_TTL_S), "--pool-size", "0"]).start()
     try:
         repo = git.add_repo("bench", DEMO_FILES)

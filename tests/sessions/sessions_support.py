@@ -79,11 +79,19 @@ SCRIPTS = {
 
 class SessionDaemon(Daemon):
     def __init__(self, model_port, extra=(), data_dir=None, net_args=None, templates_dir=None, netns=None,
-                 model_host="127.0.0.1"):
+                 model_host="127.0.0.1", gateway=None):
+        """gateway: (prices file, upstream key file) to reach the model
+        through the daemon's model gateway (metered against the session's
+        budget) instead of a plain host service."""
+        if gateway:
+            prices, keyf = gateway
+            model = ["--gateway-openai-upstream", f"http://{model_host}:{model_port}",
+                     "--gateway-prices", prices, "--gateway-upstream-key-file", keyf]
+        else:
+            model = ["--host-service", f"model={MODEL_GUEST_PORT}={model_host}:{model_port}",
+                     "--sessions-model-url", f"http://127.0.0.1:{MODEL_GUEST_PORT}/v1"]
         args = ["--max-ttl", "7200", *([] if "--pool-size" in extra else ["--pool-size", "1"]),
-                "--host-service", f"model={MODEL_GUEST_PORT}={model_host}:{model_port}",
-                "--sessions-model-url", f"http://127.0.0.1:{MODEL_GUEST_PORT}/v1",
-                "--sessions-model", "scripted", *extra]
+                *model, "--sessions-model", "scripted", *extra]
         if net_args:
             args += net_args
         super().__init__(extra_args=args, data_dir=data_dir, templates_dir=templates_dir, netns=netns)

@@ -20,6 +20,7 @@ once its sessions moved: its late writes are fenced). Then:
 Every daemon is checked for leftovers; A is restarted on its data dir so
 that its orphaned shims are reconciled away."""
 
+import json
 import os
 import shutil
 import signal
@@ -77,7 +78,22 @@ def shared():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def host(pg, name, model, shared, restart_of=None, extra=()):
+@pytest.fixture(scope="module")
+def gateway_files():
+    """Prices and an upstream key for hosts whose sessions reach the model
+    through the daemon's model gateway (budgets in the shared database)."""
+    d = tempfile.mkdtemp(prefix="hxgwh-")
+    prices = os.path.join(d, "prices.json")
+    with open(prices, "w") as f:
+        json.dump({"models": {"scripted": {"input_cents_per_mtok": 100, "output_cents_per_mtok": 400}}}, f)
+    keyf = os.path.join(d, "upstream_key")
+    with open(keyf, "w") as f:
+        f.write("sk-upstream-hosts")
+    yield prices, keyf
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def host(pg, name, model, shared, restart_of=None, extra=(), gateway=None):
     """A host in a network namespace of its own (the one it ran in, when
     restarted on its data directory), on the bridge (hostnet.py)."""
     extra = ["--db", pg.fabric_dsn, "--host-id", name, "--role", "host", "--host-lease-ttl", str(LEASE_TTL_S),
@@ -88,7 +104,7 @@ def host(pg, name, model, shared, restart_of=None, extra=()):
         net = ["--net-prefix", arg(restart_of.extra_args, "--net-prefix"),
                "--net-range", arg(restart_of.extra_args, "--net-range")]
     d = SessionDaemon(model.port, extra=extra, net_args=net, data_dir=restart_of.data_dir if restart_of else None,
-                      netns=host_netns(name, restart_of), model_host=model.host)
+                      netns=host_netns(name, restart_of), model_host=model.host, gateway=gateway)
     return started(d)
 
 
@@ -143,13 +159,15 @@ def assert_log_sound(pg, d, sid):
 
 
 @pytest.mark.parametrize("fault", ["sigkill", "sigstop"])
-def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared, fault):
+def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared, fault, gateway_files):
     """sigkill: the host is gone. sigstop: the host is paused past its
     lease and woken once its sessions moved: every write it still tries
     for them is fenced (no event of its old epoch after the takeover), it
-    kills its own sandboxes and stops driving them."""
-    a = host(pg, "ss-a", model, shared)
-    b = host(pg, "ss-b", model, shared)
+    kills its own sandboxes and stops driving them. The model is reached
+    through each host's model gateway, whose budgets are in the shared
+    database: the spend before the move and after it is one account."""
+    a = host(pg, "ss-a", model, shared, gateway=gateway_files)
+    b = host(pg, "ss-b", model, shared, gateway=gateway_files)
     # The control plane, with the session helpers (it routes them).
     c = SessionDaemon(model.port, model_host=model.host, extra=["--db", pg.dsn, "--host-id", "ss-ctl", "--role", "control",
                                          "--host-lease-ttl", str(LEASE_TTL_S), "--pool-size", "0"]).start()
@@ -165,6 +183,7 @@ def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared
         assert s["snapshot_id"], s
         before = {sid: a.all_events(sid) for sid in (running, idle)}
         epochs = {sid: session_row(pg, sid)[1] for sid in (running, idle)}
+        charged_before = {sid: a.session(sid)["spend"]["tokens"] for sid in (running, idle)}
         for sid in (running, idle):
             a.track_sandboxes(sid)
         if fault == "sigkill":
@@ -198,6 +217,12 @@ def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared
         assert s["reason"] == "agent finished: wrote after-loss.md", s
 
         for sid in (running, idle):
+            # One budget account across both hosts: the gateway's row in the
+            # shared database holds what the session was charged on A and
+            # on B, which is the session's own spend.
+            spent = c.session(sid)["spend"]["tokens"]
+            used = sql(pg, f"SELECT used_tokens FROM budgets WHERE scope = 'session:{sid}'")
+            assert used == [[str(spent)]] and spent > charged_before[sid] > 0, (sid, used, spent, charged_before)
             evs = assert_log_sound(pg, c, sid)
             # Nothing acknowledged before the loss was lost or changed.
             assert evs[:len(before[sid])] == before[sid]
@@ -210,7 +235,7 @@ def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared
         # A's restart reconciles its orphaned sandboxes away and takes no
         # session back.
         a.stop()
-        a2 = host(pg, "ss-a", model, shared, restart_of=a)
+        a2 = host(pg, "ss-a", model, shared, restart_of=a, gateway=gateway_files)
         a2.created |= a.created
         a2.wait_no_leftovers(timeout=30, net=False)
         assert session_row(pg, running)[0] == "ss-b"
@@ -220,7 +245,7 @@ def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared
             os.kill(a.proc.pid, signal.SIGCONT)
         if a2 is None and a.proc.poll() is not None:
             # Failed before A's restart: restart it so that its orphans go.
-            a2 = host(pg, "ss-a", model, shared, restart_of=a)
+            a2 = host(pg, "ss-a", model, shared, restart_of=a, gateway=gateway_files)
             a2.created |= a.created
         # A first: its session reads are forwarded to B, which must be up.
         # B is cleaned up even if A's cleanup finds leftovers.

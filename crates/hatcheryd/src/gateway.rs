@@ -226,11 +226,45 @@ fn read(p: &Path) -> Result<Vec<u8>, GatewayStartError> {
     std::fs::read(p).map_err(|e| GatewayStartError::File(p.to_path_buf(), e))
 }
 
-/// Starts the gateway if an upstream is configured: its store
-/// (DATA_DIR/gateway.db), janitor, event writer and socket listener.
+/// The budget and key store: with a shared `postgres://` database, its
+/// tables there, so a session's spend follows it when it moves to another
+/// host (a fresh per-host budget would let it spend its limit again on
+/// each); otherwise DATA_DIR/gateway.db.
+async fn open_budgets(
+    shared_db: Option<(&str, usize)>,
+    data: &Path,
+) -> Result<(Arc<dyn BudgetStore>, Arc<dyn KeyStore>), GatewayStartError> {
+    use hatchery_gateway::budget::BudgetError;
+    use hatchery_gateway::budget_pg::PgBudgets;
+    Ok(match shared_db {
+        Some((dsn, pool)) => {
+            let db = Arc::new(
+                crate::state_db::retry_while_unreachable(
+                    "gateway budgets",
+                    || PgBudgets::connect(dsn, pool),
+                    |e| match e {
+                        BudgetError::Pool(_) => true,
+                        BudgetError::Pg { source, .. } => hatchery_store::pg_unavailable(source),
+                        _ => false,
+                    },
+                )
+                .await?,
+            );
+            (db.clone(), db)
+        }
+        None => {
+            let db = Arc::new(SqliteBudgets::open(&data.join("gateway.db"))?);
+            (db.clone(), db)
+        }
+    })
+}
+
+/// Starts the gateway if an upstream is configured: its store (see
+/// `open_budgets`), janitor, event writer and socket listener.
 pub async fn start(
     a: &GatewayArgs,
     data: &Path,
+    shared_db: Option<(&str, usize)>,
     sessions: Arc<Sessions>,
     registry: &prometheus::Registry,
 ) -> Result<Option<Arc<GatewayLink>>, GatewayStartError> {
@@ -250,7 +284,7 @@ pub async fn start(
             .map(|u| Upstream::with_ca(flavor, u, &key, timeout, a.upstream_ca_file.as_deref()))
             .transpose()
     };
-    let db = Arc::new(SqliteBudgets::open(&data.join("gateway.db"))?);
+    let (store, keys) = open_budgets(shared_db, data).await?;
     let (tx, rx) = mpsc::channel(EVENT_QUEUE);
     tokio::spawn(write_events(sessions, rx));
     let metrics = hatchery_gateway::metrics::Metrics::default();
@@ -263,8 +297,8 @@ pub async fn start(
         }
     }
     let g = Arc::new(Gateway {
-        store: db.clone(),
-        keys: db.clone(),
+        store: store.clone(),
+        keys: keys.clone(),
         prices,
         openai: up(Flavor::OpenAi, &a.openai_upstream)?,
         anthropic: up(Flavor::Anthropic, &a.anthropic_upstream)?,
@@ -277,7 +311,7 @@ pub async fn start(
         metrics,
         events: Arc::new(SessionEvents { tx }),
     });
-    hatchery_gateway::spawn_janitor(db.clone());
+    hatchery_gateway::spawn_janitor(store.clone());
     let socket = data.join("gateway.sock");
     let _ = std::fs::remove_file(&socket);
     let listener = tokio::net::UnixListener::bind(&socket)
@@ -290,8 +324,8 @@ pub async fn start(
     });
     tracing::info!(socket = %socket.display(), guest_port = a.guest_port, "model gateway serving sandboxes");
     Ok(Some(Arc::new(GatewayLink {
-        store: db.clone(),
-        keys: db,
+        store,
+        keys,
         guest_port: a.guest_port,
         socket,
     })))

@@ -83,9 +83,15 @@ pub async fn wire_services(
 ) -> Result<(), crate::DaemonError> {
     use hatchery_core::host_services::{HostAddr, HostService, Identity};
     let err = |e: String| crate::DaemonError::Sessions(e);
+    let shared_db = args
+        .db
+        .as_deref()
+        .filter(|d| hatchery_store::is_postgres(d))
+        .map(|d| (d, args.db_pool));
     let gateway = crate::gateway::start(
         &args.gateway,
         data,
+        shared_db,
         sessions.clone(),
         &manager.metrics.registry,
     )
