@@ -234,3 +234,33 @@ def test_fork(sbx):
         for f in forks:
             if isinstance(f, Sandbox):
                 f.kill()
+
+
+def test_paused_and_resumed_sandboxes_survive_a_daemon_restart(daemon):
+    """The pause record and the resumed sandbox's E2B id are in Hatchery's
+    own records (a snapshot's and a sandbox's metadata), not the daemon's
+    memory: after a restart a paused sandbox is still listed and resumes
+    under its id, and a resumed one still answers to it."""
+    s = Sandbox.create("base", metadata={"keep": "me"})
+    try:
+        s.files.write("/home/user/state.txt", "across restarts")
+        assert s.pause() is True
+        daemon.stop()
+        daemon.start()
+        paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()
+        assert [x.metadata for x in paused if x.sandbox_id == s.sandbox_id] == [{"keep": "me"}]
+        back = Sandbox.connect(s.sandbox_id)
+        assert back.files.read("/home/user/state.txt") == "across restarts"
+        daemon.stop()
+        daemon.start()
+        # Running under another Hatchery id, found by its E2B id.
+        again = Sandbox.connect(s.sandbox_id)
+        info = again.get_info()
+        assert info.state.value == "running" and info.metadata == {"keep": "me"}, info
+        assert again.files.read("/home/user/state.txt") == "across restarts"
+        running = Sandbox.list(query=SandboxQuery(metadata={"keep": "me"})).next_items()
+        assert [x.sandbox_id for x in running] == [s.sandbox_id]
+    finally:
+        Sandbox.kill(s.sandbox_id)
+    assert Sandbox.kill(s.sandbox_id) is False
+    assert Sandbox.list(query=SandboxQuery(metadata={"keep": "me"})).next_items() == []

@@ -369,10 +369,40 @@ def test_e2b_and_preview_requests_reach_the_owning_host(pg):
         assert r.status in (403, 404), r
         m = other.request("GET", "/metrics").body.decode()
         assert 'hatchery_route_requests_total{outcome="forwarded"}' in m
+
+        # Paused and resumed, the E2B id keeps working from anywhere: the
+        # pause is a snapshot that names it, the resumed sandbox (another
+        # Hatchery id) carries it in its metadata, and routing reads both.
+        r = c.request("POST", f"/e2b/sandboxes/{sid}/pause", {}, auth=False, headers=e2b_key)
+        assert r.status == 204, r
+        for via in (other, c):
+            r = via.request("GET", f"/e2b/sandboxes/{sid}", auth=False, headers=e2b_key)
+            assert r.status == 200 and r.json()["state"] == "paused", r
+            assert r.json()["metadata"] == {}, r  # the adapter's keys are not shown
+            r = via.request("GET", "/e2b/v2/sandboxes?state=paused", auth=False, headers=e2b_key)
+            assert [x["sandboxID"] for x in r.json()].count(sid) == 1, r
+        r = other.request("POST", f"/e2b/sandboxes/{sid}/connect", {"timeout": 300}, auth=False, headers=e2b_key)
+        assert r.status == 201 and r.json()["sandboxID"] == sid, r
+        rows = sql(pg, "SELECT id, host_id FROM sandboxes WHERE state = 'running' "
+                       f"AND metadata->>'e2b_sandbox_id' = '{sid}'")
+        assert len(rows) == 1 and rows[0][0] != sid, rows
+        resumed, resumed_on = rows[0]
+        {"ep-a": a, "ep-b": b}[resumed_on].created.add(resumed)
+        assert sql(pg, f"SELECT count(*) FROM snapshots WHERE metadata->>'e2b_paused_sandbox' = '{sid}'") == [["0"]]
+        for via in (a, b, c):
+            r = via.request("GET", "/e2b/sandbox/files?path=/work/e.txt", auth=False,
+                            headers={"E2b-Sandbox-Id": sid, "X-Access-Token": token})
+            assert r.status == 200 and r.body == b"from the owner", (via.port, r)
+            r = via.request("GET", f"/e2b/sandboxes/{sid}", auth=False, headers=e2b_key)
+            assert r.status == 200 and r.json()["state"] == "running" and r.json()["metadata"] == {}, r
+        r = c.request("GET", "/e2b/v2/sandboxes", auth=False, headers=e2b_key)
+        assert [x["sandboxID"] for x in r.json()] == [sid], r
         r = other.request("DELETE", f"/e2b/sandboxes/{sid}", auth=False, headers=e2b_key)
         assert r.status == 204, r
-        assert sql(pg, f"SELECT state FROM sandboxes WHERE id = '{sid}'") == [["stopped"]]
-        check_invariants(pg, [sid])
+        assert sql(pg, f"SELECT state FROM sandboxes WHERE id IN ('{sid}', '{resumed}')") == [["stopped"], ["stopped"]]
+        r = c.request("GET", f"/e2b/sandboxes/{sid}", auth=False, headers=e2b_key)
+        assert r.status == 404, r
+        check_invariants(pg, [sid, resumed])
     finally:
         c.cleanup()
         b.cleanup()

@@ -37,7 +37,7 @@ pub use caps::{within, Caps};
 pub use error::CoreError;
 pub use hatchery_net::{EgressEvent, Policy as NetworkPolicy};
 pub use host_services::{HostAddr, HostService, HostServiceError, Identity};
-pub use ids::new_sandbox_id;
+pub use ids::{new_sandbox_id, valid_sandbox_id};
 pub use manager::{CreateRequest, ImageConfig, Manager, SandboxInfo};
 pub use pool::PoolConfig;
 pub use preview::{PreviewError, PreviewGrant, PreviewKey};

@@ -185,6 +185,15 @@ pub trait Backend: Send + Sync + 'static {
     async fn create(&self, spec: CreateSpec) -> BResult<SandboxView>;
     async fn get(&self, id: &str) -> BResult<SandboxView>;
     async fn list(&self) -> BResult<Vec<SandboxView>>;
+    /// Live sandboxes whose metadata holds every pair of `filter` (on a
+    /// shared store, every host's).
+    async fn find(&self, filter: BTreeMap<String, String>) -> BResult<Vec<SandboxView>>;
+    /// Snapshots whose metadata holds every pair of `filter`: each one's
+    /// id and a view of it (its template, metadata and times).
+    async fn find_snapshots(
+        &self,
+        filter: BTreeMap<String, String>,
+    ) -> BResult<Vec<(String, SandboxView)>>;
     /// Idempotent.
     async fn kill(&self, id: &str);
     async fn set_ttl(&self, id: &str, ttl_seconds: u64) -> BResult<SandboxView>;

@@ -3,7 +3,7 @@
 //! shapes, status codes and `{"code": <status>, "message"}` errors.
 
 use crate::backend::{BackendError, CreateSpec, FailKind, NetworkSpec, SandboxView};
-use crate::state::{Paused, Shared, MAX_PAUSED};
+use crate::state::{present, Paused, Shared, ALIAS_KEY, FORK_KEY, MAX_PAUSED};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -286,12 +286,7 @@ pub async fn create_v2(
 
 /// A running sandbox by its E2B id (`None`: not running, maybe paused).
 async fn live(s: &Shared, e2b_id: &str) -> ApiResult<Option<(String, SandboxView)>> {
-    let h = s.resolve(e2b_id);
-    match s.backend.get(&h).await {
-        Ok(v) => Ok(Some((h, v))),
-        Err(e) if e.kind == FailKind::SandboxNotFound => Ok(None),
-        Err(e) => Err(e.into()),
-    }
+    Ok(s.live(e2b_id).await?)
 }
 
 pub async fn get(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
@@ -300,7 +295,7 @@ pub async fn get(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> ApiRes
         d["envdAccessToken"] = json!(s.access_token(&id));
         return Ok(Json(d));
     }
-    match s.paused(&id) {
+    match s.paused(&id).await? {
         Some(p) => Ok(Json(detail_json(&id, &p.view, "paused"))),
         None => Err(ApiError::not_found(&id)),
     }
@@ -309,12 +304,12 @@ pub async fn get(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> ApiRes
 pub async fn kill(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
     if let Some((h, _)) = live(&s, &id).await? {
         s.backend.kill(&h).await;
-        s.forget(&id);
+        s.forget(&id, &h);
         return Ok(StatusCode::NO_CONTENT);
     }
-    match s.forget(&id) {
-        Some(snap) => {
-            s.backend.delete_snapshot(&snap).await;
+    match s.paused(&id).await? {
+        Some(p) => {
+            s.backend.delete_snapshot(&p.snapshot).await;
             Ok(StatusCode::NO_CONTENT)
         }
         None => Err(ApiError::not_found(&id)),
@@ -372,24 +367,25 @@ pub struct ConnectBody {
 }
 
 async fn resume_paused(s: &Shared, id: &str, ttl: u64) -> ApiResult<Response> {
-    let Some(p) = s.take_paused(id) else {
+    let Some(p) = s.paused(id).await? else {
         return Err(ApiError::not_found(id));
     };
-    match s
-        .backend
-        .restore(&p.snapshot, ttl, p.view.metadata.clone())
-        .await
-    {
-        Ok(v) => {
-            s.set_alias(id, &v.id);
-            s.backend.delete_snapshot(&p.snapshot).await;
-            Ok((StatusCode::CREATED, Json(sandbox_json(s, id, &v))).into_response())
-        }
-        Err(e) => {
-            s.put_back_paused(id, p);
-            Err(e.into())
-        }
+    if !s.begin_resume(id) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox \"{id}\" is being resumed already"),
+        ));
     }
+    // The new sandbox answers to the E2B id from its metadata on, on any
+    // host and after a restart; the snapshot goes once it runs.
+    let mut meta = p.view.metadata.clone();
+    meta.insert(ALIAS_KEY.into(), id.into());
+    let restored = s.backend.restore(&p.snapshot, ttl, meta).await;
+    s.end_resume(id);
+    let v = restored?;
+    s.set_alias(id, &v.id);
+    s.backend.delete_snapshot(&p.snapshot).await;
+    Ok((StatusCode::CREATED, Json(sandbox_json(s, id, &v))).into_response())
 }
 
 /// Connect: the sandbox as it is (200), resumed first if paused (201).
@@ -474,7 +470,7 @@ pub async fn pause(
         }
     }
     let Some((h, v)) = live(&s, &id).await? else {
-        return Err(match s.paused(&id) {
+        return Err(match s.paused(&id).await? {
             Some(_) => ApiError::new(
                 StatusCode::CONFLICT,
                 format!("sandbox \"{id}\" is already paused"),
@@ -482,23 +478,16 @@ pub async fn pause(
             None => ApiError::not_found(&id),
         });
     };
-    if s.paused_count() >= MAX_PAUSED {
+    if s.all_paused().await?.len() >= MAX_PAUSED {
         return Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             format!("{MAX_PAUSED} sandboxes are paused already; kill or resume one first"),
         ));
     }
-    let mut meta = v.metadata.clone();
-    meta.insert("e2b_paused_sandbox".into(), id.clone());
-    let snap = s.backend.snapshot(&h, meta).await?;
-    s.set_paused(
-        &id,
-        Paused {
-            snapshot: snap,
-            view: v,
-        },
-    );
+    // The snapshot is the pause record (state.rs): it names the E2B id.
+    s.backend.snapshot(&h, Paused::record(&id, &v)).await?;
     s.backend.kill(&h).await;
+    s.forget(&id, &h);
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -530,7 +519,7 @@ pub async fn fork(
         return Err(ApiError::not_found(&id));
     };
     let mut meta = v.metadata.clone();
-    meta.insert("e2b_fork_of".into(), id.clone());
+    meta.insert(FORK_KEY.into(), id.clone());
     let snap = s.backend.snapshot(&h, meta).await?;
     let mut out = vec![];
     for _ in 0..count {
@@ -648,10 +637,14 @@ async fn everything(s: &Shared) -> ApiResult<Vec<(String, SandboxView, &'static 
         .list()
         .await?
         .into_iter()
-        .map(|v| (s.e2b_id(&v.id), v, "running"))
+        .map(|v| {
+            let (id, v) = present(v);
+            (id, v, "running")
+        })
         .collect();
     all.extend(
         s.all_paused()
+            .await?
             .into_iter()
             .map(|(id, p)| (id, p.view, "paused")),
     );

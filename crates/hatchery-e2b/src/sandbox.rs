@@ -121,15 +121,14 @@ pub async fn dispatch(s: Arc<Shared>, envd: axum::Router, req: Request) -> Respo
         Ok(u) => u,
         Err(m) => return plain_error(StatusCode::BAD_REQUEST, m),
     };
-    let sandbox = s.resolve(&id);
-    if s.backend.get(&sandbox).await.is_err() {
-        let msg = if s.paused(&id).is_some() {
+    let Ok(Some((sandbox, _))) = s.live(&id).await else {
+        let msg = if s.paused(&id).await.ok().flatten().is_some() {
             format!("sandbox \"{id}\" is paused (was not found running); connect to resume it")
         } else {
             format!("sandbox \"{id}\" was not found")
         };
         return plain_error(StatusCode::BAD_GATEWAY, msg);
-    }
+    };
     let t = Target {
         e2b_id: id,
         sandbox,

@@ -1,27 +1,96 @@
-//! What this adapter remembers beyond Hatchery: E2B ids of resumed
+//! What this adapter keeps beyond Hatchery: E2B ids of resumed
 //! sandboxes (a resume is a restore into a new Hatchery sandbox, but E2B
 //! clients keep the old id), paused sandboxes (a snapshot and what to
 //! report about them), and per-process details E2B has and Hatchery does
 //! not (tags, the config a process was started with, open terminals).
 //!
-//! It lives in memory: after a daemon restart paused sandboxes are no
-//! longer listed (their snapshots stay, see docs/e2b.md).
+//! Pauses and resumes are kept in Hatchery's own records, so they survive
+//! a daemon restart and every host of a deployment sees them: a pause is a
+//! snapshot whose metadata names the E2B id ([`PAUSED_KEY`]) and the times
+//! to report; a resumed sandbox carries its E2B id in its metadata
+//! ([`ALIAS_KEY`]). These keys are never shown to E2B clients. Process
+//! details and watchers are per daemon, in memory.
 
-use crate::backend::{Backend, Pty, SandboxView};
+use crate::backend::{BResult, Backend, FailKind, Pty, SandboxView};
 use crate::pb::process::ProcessConfig;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-/// Most paused sandboxes remembered at once; pausing more is refused.
+/// Most paused sandboxes at once; pausing more is refused.
 pub const MAX_PAUSED: usize = 256;
 /// Most processes whose E2B details are remembered per sandbox; the
 /// oldest are forgotten first (Hatchery keeps 64 exited ones).
 pub const MAX_PROC_DETAILS: usize = 256;
 
+/// Snapshot metadata: this snapshot is the paused E2B sandbox named.
+pub const PAUSED_KEY: &str = "e2b_paused_sandbox";
+/// Snapshot metadata of a pause: when the sandbox started, and its end
+/// time then (ms since the epoch), reported while it is paused.
+pub const PAUSED_STARTED_KEY: &str = "e2b_started_at_ms";
+pub const PAUSED_END_KEY: &str = "e2b_end_at_ms";
+/// Sandbox metadata: this Hatchery sandbox answers to that E2B id (it was
+/// resumed from a pause of it).
+pub const ALIAS_KEY: &str = "e2b_sandbox_id";
+/// Snapshot metadata of a fork's snapshot.
+pub const FORK_KEY: &str = "e2b_fork_of";
+/// Keys this adapter writes; stripped from what clients see and from
+/// what a pause, resume or fork copies.
+const SYSTEM_KEYS: [&str; 5] = [
+    PAUSED_KEY,
+    PAUSED_STARTED_KEY,
+    PAUSED_END_KEY,
+    ALIAS_KEY,
+    FORK_KEY,
+];
+
+/// The user's metadata: `m` without this adapter's keys.
+pub fn user_metadata(m: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    m.iter()
+        .filter(|(k, _)| !SYSTEM_KEYS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// A view as clients see it: its E2B id and the user's metadata.
+pub fn present(mut v: SandboxView) -> (String, SandboxView) {
+    let e2b_id = v.metadata.get(ALIAS_KEY).cloned().unwrap_or(v.id.clone());
+    v.metadata = user_metadata(&v.metadata);
+    (e2b_id, v)
+}
+
 #[derive(Debug, Clone)]
 pub struct Paused {
     pub snapshot: String,
     pub view: SandboxView,
+}
+
+impl Paused {
+    /// The snapshot's metadata for a pause of `view` under `e2b_id`.
+    pub fn record(e2b_id: &str, view: &SandboxView) -> BTreeMap<String, String> {
+        let mut m = user_metadata(&view.metadata);
+        m.insert(PAUSED_KEY.into(), e2b_id.into());
+        m.insert(PAUSED_STARTED_KEY.into(), view.created_at_ms.to_string());
+        m.insert(PAUSED_END_KEY.into(), view.expires_at_ms.to_string());
+        m
+    }
+
+    /// A pause record read back from a snapshot (id, and a view built
+    /// from the snapshot's template and metadata); `None` for snapshots
+    /// that are not pauses.
+    fn from_snapshot(snapshot: String, mut view: SandboxView) -> Option<(String, Paused)> {
+        let e2b_id = view.metadata.get(PAUSED_KEY)?.clone();
+        let ms = |k: &str, or: u64| {
+            view.metadata
+                .get(k)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(or)
+        };
+        view.created_at_ms = ms(PAUSED_STARTED_KEY, view.created_at_ms);
+        view.expires_at_ms = ms(PAUSED_END_KEY, view.expires_at_ms);
+        view.metadata = user_metadata(&view.metadata);
+        view.id = e2b_id.clone();
+        Some((e2b_id, Paused { snapshot, view }))
+    }
 }
 
 /// One process's E2B details.
@@ -38,11 +107,11 @@ pub struct ProcDetails {
 
 #[derive(Default)]
 struct Inner {
-    /// E2B id -> Hatchery id, for resumed sandboxes only.
+    /// E2B id -> Hatchery id of resumed sandboxes seen by this daemon: a
+    /// cache of what their metadata says (ALIAS_KEY).
     alias: HashMap<String, String>,
-    /// Hatchery id -> E2B id, the other way round.
-    reverse: HashMap<String, String>,
-    paused: HashMap<String, Paused>,
+    /// E2B ids being resumed here now (two resumes at once: one wins).
+    resuming: HashSet<String>,
     /// (Hatchery sandbox id, pid) -> details.
     procs: HashMap<(String, u32), ProcDetails>,
     seq: u64,
@@ -101,78 +170,76 @@ impl Shared {
         m.verify_truncated_left(&raw).is_ok() && raw.len() == 24
     }
 
-    /// The Hatchery sandbox behind an E2B id.
-    pub fn resolve(&self, e2b_id: &str) -> String {
-        self.lock()
-            .alias
-            .get(e2b_id)
-            .cloned()
-            .unwrap_or_else(|| e2b_id.to_string())
-    }
-
-    /// The E2B id of a Hatchery sandbox.
-    pub fn e2b_id(&self, hatchery_id: &str) -> String {
-        self.lock()
-            .reverse
-            .get(hatchery_id)
-            .cloned()
-            .unwrap_or_else(|| hatchery_id.to_string())
-    }
-
-    pub fn paused(&self, e2b_id: &str) -> Option<Paused> {
-        self.lock().paused.get(e2b_id).cloned()
-    }
-
-    pub fn all_paused(&self) -> Vec<(String, Paused)> {
-        self.lock()
-            .paused
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect()
-    }
-
-    pub fn paused_count(&self) -> usize {
-        self.lock().paused.len()
-    }
-
-    /// Records a pause: the Hatchery sandbox is gone, the snapshot stands in.
-    pub fn set_paused(&self, e2b_id: &str, p: Paused) {
-        let mut g = self.lock();
-        let old = g.alias.remove(e2b_id);
-        if let Some(h) = old {
-            g.reverse.remove(&h);
+    /// The running Hatchery sandbox behind an E2B id, and its view as
+    /// clients see it; `None` if none runs (it may be paused).
+    pub async fn live(&self, e2b_id: &str) -> BResult<Option<(String, SandboxView)>> {
+        let cached = self.lock().alias.get(e2b_id).cloned();
+        for h in [Some(e2b_id.to_string()), cached].into_iter().flatten() {
+            match self.backend.get(&h).await {
+                Ok(v) => return Ok(Some((h, present(v).1))),
+                Err(e) if e.kind == FailKind::SandboxNotFound => {}
+                Err(e) => return Err(e),
+            }
         }
-        g.paused.insert(e2b_id.to_string(), p);
+        // Resumed under this id, by this daemon before a restart or by
+        // another host: its metadata says so.
+        let filter = BTreeMap::from([(ALIAS_KEY.to_string(), e2b_id.to_string())]);
+        let Some(v) = self.backend.find(filter).await?.into_iter().next() else {
+            return Ok(None);
+        };
+        self.set_alias(e2b_id, &v.id);
+        Ok(Some((v.id.clone(), present(v).1)))
     }
 
-    /// Takes the pause record for a resume (so two resumes cannot race).
-    pub fn take_paused(&self, e2b_id: &str) -> Option<Paused> {
-        self.lock().paused.remove(e2b_id)
+    /// The pause record of an E2B id, if it is paused.
+    pub async fn paused(&self, e2b_id: &str) -> BResult<Option<Paused>> {
+        let filter = BTreeMap::from([(PAUSED_KEY.to_string(), e2b_id.to_string())]);
+        Ok(self
+            .backend
+            .find_snapshots(filter)
+            .await?
+            .into_iter()
+            .filter_map(|(snap, v)| Paused::from_snapshot(snap, v))
+            .map(|(_, p)| p)
+            .next())
     }
 
-    pub fn put_back_paused(&self, e2b_id: &str, p: Paused) {
-        self.lock().paused.insert(e2b_id.to_string(), p);
+    /// Every paused sandbox, by E2B id.
+    pub async fn all_paused(&self) -> BResult<Vec<(String, Paused)>> {
+        Ok(self
+            .backend
+            .find_snapshots(BTreeMap::new())
+            .await?
+            .into_iter()
+            .filter_map(|(snap, v)| Paused::from_snapshot(snap, v))
+            .collect())
+    }
+
+    /// Marks a resume of `e2b_id` as under way here; `false` if one is.
+    pub fn begin_resume(&self, e2b_id: &str) -> bool {
+        self.lock().resuming.insert(e2b_id.to_string())
+    }
+
+    pub fn end_resume(&self, e2b_id: &str) {
+        self.lock().resuming.remove(e2b_id);
     }
 
     pub fn set_alias(&self, e2b_id: &str, hatchery_id: &str) {
         if e2b_id == hatchery_id {
             return;
         }
-        let mut g = self.lock();
-        g.alias.insert(e2b_id.to_string(), hatchery_id.to_string());
-        g.reverse
-            .insert(hatchery_id.to_string(), e2b_id.to_string());
+        self.lock()
+            .alias
+            .insert(e2b_id.to_string(), hatchery_id.to_string());
     }
 
-    /// Forgets a sandbox entirely (killed): its alias, pause record and
-    /// process details. Returns the snapshot of a paused one.
-    pub fn forget(&self, e2b_id: &str) -> Option<String> {
+    /// Forgets what this daemon keeps of a sandbox that stopped (killed or
+    /// paused): its alias, process details and watchers.
+    pub fn forget(&self, e2b_id: &str, hatchery_id: &str) {
         let mut g = self.lock();
-        let h = g.alias.remove(e2b_id).unwrap_or_else(|| e2b_id.to_string());
-        g.reverse.remove(&h);
-        g.procs.retain(|(sid, _), _| *sid != h);
-        g.watchers.retain(|_, w| w.sandbox != h);
-        g.paused.remove(e2b_id).map(|p| p.snapshot)
+        g.alias.remove(e2b_id);
+        g.procs.retain(|(sid, _), _| sid != hatchery_id);
+        g.watchers.retain(|_, w| w.sandbox != hatchery_id);
     }
 
     pub fn add_watcher(&self, id: &str, w: Watcher) -> bool {

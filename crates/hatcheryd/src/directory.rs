@@ -32,6 +32,42 @@ pub fn alive(silent_for_ms: u64) -> bool {
 }
 
 impl StoreDirectory {
+    /// An id that names no live sandbox may be an E2B id that outlived
+    /// its first sandbox (hatchery-e2b state.rs): resumed into another
+    /// one (that sandbox's metadata names it: routed to its host), or
+    /// paused (a snapshot's metadata names it: routed as that snapshot,
+    /// where the resume will restore it). Only ids that look like a
+    /// sandbox's are looked up, so other 404s cost no query.
+    async fn e2b_alias(&self, id: &str) -> Result<Location, RouteError> {
+        if !hatchery_core::valid_sandbox_id(id) {
+            return Ok(Location::Unknown);
+        }
+        let by = |k: &str| SandboxFilter {
+            metadata: [(k.to_string(), id.to_string())].into(),
+            template: None,
+        };
+        let resumed = self
+            .store
+            .list_live(&by(hatchery_e2b::state::ALIAS_KEY))
+            .await
+            .map_err(store_err)?;
+        if let Some(row) = resumed.first() {
+            if self.local.as_ref().is_some_and(|m| m.runs_here(&row.id)) {
+                return Ok(Location::Here);
+            }
+            return self.owner(&row.host_id).await;
+        }
+        let paused = self
+            .store
+            .list_snapshots(&by(hatchery_e2b::state::PAUSED_KEY).metadata)
+            .await
+            .map_err(store_err)?;
+        match paused.first() {
+            Some(s) => self.snapshot(&s.id).await,
+            None => Ok(Location::Unknown),
+        }
+    }
+
     async fn owner(&self, host: &str) -> Result<Location, RouteError> {
         if host == self.me {
             return Ok(Location::Here);
@@ -53,10 +89,10 @@ impl Directory for StoreDirectory {
         if self.local.as_ref().is_some_and(|m| m.runs_here(id)) {
             return Ok(Location::Here);
         }
-        match self.store.get_live(id).await.map_err(store_err)? {
-            Some(row) => self.owner(&row.host_id).await,
-            None => Ok(Location::Unknown),
+        if let Some(row) = self.store.get_live(id).await.map_err(store_err)? {
+            return self.owner(&row.host_id).await;
         }
+        self.e2b_alias(id).await
     }
 
     async fn snapshot(&self, id: &str) -> Result<Location, RouteError> {

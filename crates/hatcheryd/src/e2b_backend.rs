@@ -68,18 +68,32 @@ fn err(e: CoreError) -> BackendError {
 
 impl ManagerBackend {
     fn view(&self, i: hatchery_core::SandboxInfo) -> SandboxView {
-        let spec = self
-            .manager
-            .templates()
-            .get(&i.template)
-            .ok()
-            .map(|t| t.spec);
+        self.view_of(
+            i.id,
+            i.template,
+            i.created_at_ms,
+            i.expires_at_ms,
+            i.metadata,
+        )
+    }
+
+    /// A view with the template's resources (a sandbox's, or a
+    /// snapshot's: what a restore of it would get).
+    fn view_of(
+        &self,
+        id: String,
+        template: String,
+        created_at_ms: u64,
+        expires_at_ms: u64,
+        metadata: BTreeMap<String, String>,
+    ) -> SandboxView {
+        let spec = self.manager.templates().get(&template).ok().map(|t| t.spec);
         SandboxView {
-            id: i.id,
-            template: i.template,
-            created_at_ms: i.created_at_ms,
-            expires_at_ms: i.expires_at_ms,
-            metadata: i.metadata,
+            id,
+            template,
+            created_at_ms,
+            expires_at_ms,
+            metadata,
             cpus: spec.as_ref().map_or(1.0, |s| s.cpus),
             memory_mb: spec.as_ref().map_or(0, |s| s.memory_mb),
             disk_mb: spec.as_ref().map_or(0, |s| s.disk_mb),
@@ -320,13 +334,40 @@ impl Backend for ManagerBackend {
     }
 
     async fn list(&self) -> BResult<Vec<SandboxView>> {
+        self.find(BTreeMap::new()).await
+    }
+
+    async fn find(&self, filter: BTreeMap<String, String>) -> BResult<Vec<SandboxView>> {
         Ok(self
             .manager
-            .list(&BTreeMap::new())
+            .list(&filter)
             .await
             .map_err(err)?
             .into_iter()
             .map(|i| self.view(i))
+            .collect())
+    }
+
+    async fn find_snapshots(
+        &self,
+        filter: BTreeMap<String, String>,
+    ) -> BResult<Vec<(String, SandboxView)>> {
+        Ok(self
+            .manager
+            .list_snapshots(&filter)
+            .await
+            .map_err(err)?
+            .into_iter()
+            .map(|s| {
+                let v = self.view_of(
+                    s.sandbox_id,
+                    s.template,
+                    s.created_at_ms,
+                    s.expires_at_ms,
+                    s.metadata,
+                );
+                (s.id, v)
+            })
             .collect())
     }
 
