@@ -62,6 +62,9 @@ pub enum BudgetError {
     },
     #[error("budget store (PostgreSQL) pool: {0}")]
     Pool(String),
+    /// Its migrations could not run (or the schema is newer than this build).
+    #[error("budget store (PostgreSQL) schema: {0}")]
+    Schema(String),
 }
 
 /// The store behind budgets; SQLite here, PostgreSQL later.

@@ -48,6 +48,13 @@ const MIGRATIONS: &[&str] = &[
 /// Any fixed number: the advisory lock that serializes migrations.
 const MIGRATION_LOCK: i64 = 0x6861_7463_6867_7731;
 
+const SCHEMA: hatchery_store::PgMigrations = hatchery_store::PgMigrations {
+    name: "gateway",
+    table: "gateway_schema",
+    lock: MIGRATION_LOCK,
+    steps: MIGRATIONS,
+};
+
 pub struct PgBudgets {
     pool: Pool,
 }
@@ -80,26 +87,10 @@ impl PgBudgets {
     async fn migrate(&self) -> Result<(), BudgetError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(pg("begin migration"))?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        SCHEMA
+            .run(&tx)
             .await
-            .map_err(pg("migration lock"))?;
-        tx.batch_execute("CREATE TABLE IF NOT EXISTS gateway_schema (version INT NOT NULL)")
-            .await
-            .map_err(pg("schema table"))?;
-        let done: i64 = tx
-            .query_one("SELECT count(*) AS n FROM gateway_schema", &[])
-            .await
-            .map_err(pg("schema version"))?
-            .get("n");
-        for (n, m) in MIGRATIONS.iter().enumerate().skip(done as usize) {
-            tx.batch_execute(m).await.map_err(pg("migration"))?;
-            tx.execute(
-                "INSERT INTO gateway_schema (version) VALUES ($1)",
-                &[&((n + 1) as i32)],
-            )
-            .await
-            .map_err(pg("record migration"))?;
-        }
+            .map_err(|e| BudgetError::Schema(e.to_string()))?;
         tx.commit().await.map_err(pg("commit migration"))
     }
 }

@@ -45,6 +45,21 @@ const MIGRATIONS: &[&str] = &[
 /// Serializes migrations (and the built-in's insert) across daemons that
 /// start at once. Any fixed number not used by another store.
 const MIGRATION_LOCK: i64 = 0x6873_706f_6c69_6379;
+const SCHEMA: hatchery_store::PgMigrations = hatchery_store::PgMigrations {
+    name: "policies",
+    table: "policy_schema",
+    lock: MIGRATION_LOCK,
+    steps: MIGRATIONS,
+};
+
+fn migrate_err(e: hatchery_store::MigrateError) -> StoreError {
+    if e.unavailable() {
+        StoreError::Unavailable(e.to_string())
+    } else {
+        StoreError::Backend(e.to_string())
+    }
+}
+
 /// Serializes creates, so the cap on the number of policies is exact.
 const CREATE_LOCK: i64 = 0x6873_706f_6c63_7265;
 
@@ -133,34 +148,7 @@ impl PgPolicyStore {
     async fn migrate(&self) -> Result<(), StoreError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(pg("begin migration"))?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-            .await
-            .map_err(pg("migration lock"))?;
-        tx.batch_execute("CREATE TABLE IF NOT EXISTS policy_schema (version INT PRIMARY KEY)")
-            .await
-            .map_err(pg("schema table"))?;
-        let done: i64 = tx
-            .query_one("SELECT count(*) AS n FROM policy_schema", &[])
-            .await
-            .map_err(pg("schema version"))?
-            .get("n");
-        let done = done.max(0) as usize;
-        if done > MIGRATIONS.len() {
-            return Err(StoreError::Backend(format!(
-                "the policy schema is at version {done}, newer than this build's {}",
-                MIGRATIONS.len()
-            )));
-        }
-        for (n, m) in MIGRATIONS.iter().enumerate().skip(done) {
-            tx.batch_execute(m).await.map_err(pg("migration"))?;
-            tx.execute(
-                "INSERT INTO policy_schema (version) VALUES ($1)",
-                &[&((n + 1) as i32)],
-            )
-            .await
-            .map_err(pg("record migration"))?;
-            tracing::info!(version = n + 1, "postgres policy store migrated");
-        }
+        SCHEMA.run(&tx).await.map_err(migrate_err)?;
         let have = tx
             .query_opt("SELECT 1 FROM policies WHERE id = $1", &[&STANDARD_ID])
             .await
@@ -175,12 +163,7 @@ impl PgPolicyStore {
     /// How many migrations the database has recorded.
     pub async fn schema_version(&self) -> Result<u64, StoreError> {
         let c = self.client().await?;
-        let n: i64 = c
-            .query_one("SELECT count(*) AS n FROM policy_schema", &[])
-            .await
-            .map_err(pg("schema version"))?
-            .get("n");
-        Ok(n.max(0) as u64)
+        SCHEMA.version(&c).await.map_err(migrate_err)
     }
 }
 

@@ -10,6 +10,7 @@ mod bounded;
 pub mod conformance;
 mod error;
 mod pg;
+mod pg_migrate;
 mod pg_pool;
 mod rows;
 mod sqlite;
@@ -17,6 +18,7 @@ mod sqlite;
 pub use bounded::{Bounded, CALL_LIMIT};
 pub use error::{BoxError, Result, StoreError};
 pub use pg::PgStore;
+pub use pg_migrate::{MigrateError, PgMigrations};
 pub use pg_pool::{
     pg_message, pg_pool, pg_pool_read_only, pg_unavailable, PoolConfigError, POOL_TIMEOUT,
     TCP_USER_TIMEOUT,

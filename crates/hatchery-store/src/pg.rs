@@ -94,6 +94,26 @@ const MIGRATIONS: &[&str] = &[
 /// Any fixed number: the advisory lock that serializes migrations.
 const MIGRATION_LOCK: i64 = 0x6861_7463_6873_7431;
 
+const SCHEMA: crate::PgMigrations = crate::PgMigrations {
+    name: "state",
+    table: "hatchery_schema",
+    lock: MIGRATION_LOCK,
+    steps: MIGRATIONS,
+};
+
+fn migrate_err(e: crate::MigrateError) -> StoreError {
+    match e {
+        crate::MigrateError::TooNew { found, known, .. } => {
+            StoreError::SchemaTooNew { found, known }
+        }
+        e if e.unavailable() => StoreError::Unavailable(e.to_string()),
+        crate::MigrateError::Pg { what, source, .. } => StoreError::Backend {
+            op: what,
+            source: Box::new(source),
+        },
+    }
+}
+
 /// The database's clock in milliseconds (leases never use a host's).
 const DB_NOW: &str = "(extract(epoch from clock_timestamp()) * 1000)::BIGINT";
 
@@ -155,46 +175,14 @@ impl PgStore {
     async fn migrate(&self) -> Result<()> {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(pg("begin migration"))?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-            .await
-            .map_err(pg("migration lock"))?;
-        tx.batch_execute("CREATE TABLE IF NOT EXISTS hatchery_schema (version INT NOT NULL)")
-            .await
-            .map_err(pg("schema table"))?;
-        let done: i64 = tx
-            .query_one("SELECT count(*) AS n FROM hatchery_schema", &[])
-            .await
-            .map_err(pg("schema version"))?
-            .get("n");
-        let done = u(done);
-        if done > MIGRATIONS.len() as u64 {
-            return Err(StoreError::SchemaTooNew {
-                found: done,
-                known: MIGRATIONS.len() as u64,
-            });
-        }
-        for (n, m) in MIGRATIONS.iter().enumerate().skip(done as usize) {
-            tx.batch_execute(m).await.map_err(pg("migration"))?;
-            tx.execute(
-                "INSERT INTO hatchery_schema (version) VALUES ($1)",
-                &[&((n + 1) as i32)],
-            )
-            .await
-            .map_err(pg("record migration"))?;
-            tracing::info!(version = n + 1, "postgres state store migrated");
-        }
+        SCHEMA.run(&tx).await.map_err(migrate_err)?;
         tx.commit().await.map_err(pg("commit migration"))
     }
 
     /// How many migrations the database has recorded.
     pub async fn schema_version(&self) -> Result<u64> {
         let c = self.client().await?;
-        let n: i64 = c
-            .query_one("SELECT count(*) AS n FROM hatchery_schema", &[])
-            .await
-            .map_err(pg("schema version"))?
-            .get("n");
-        Ok(u(n))
+        SCHEMA.version(&c).await.map_err(migrate_err)
     }
 
     async fn query_rows<T>(

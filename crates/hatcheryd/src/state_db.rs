@@ -30,7 +30,7 @@ where
     loop {
         match connect().await {
             Err(e) if unreachable(&e) && started.elapsed() < STARTUP_WAIT => {
-                tracing::warn!(store = what, error = %e, retry_in_ms = delay.as_millis() as u64, "store not reachable yet");
+                tracing::warn!(store = what, error = %e, retry_in_ms = delay.as_millis() as u64, "{what} store not reachable yet");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(5));
             }

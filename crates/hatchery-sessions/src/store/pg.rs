@@ -93,6 +93,24 @@ const MIGRATIONS: &[&str] = &[
 /// How many migrations this build knows (a reader refuses a newer schema).
 pub(super) const MIGRATION_COUNT: usize = MIGRATIONS.len();
 
+const SCHEMA: hatchery_store::PgMigrations = hatchery_store::PgMigrations {
+    name: "sessions",
+    table: "hatchery_sessions_schema",
+    lock: MIGRATION_LOCK,
+    steps: MIGRATIONS,
+};
+
+fn migrate_err(e: hatchery_store::MigrateError) -> StoreError {
+    if e.unavailable() {
+        StoreError::Unavailable(e.to_string())
+    } else {
+        match e {
+            hatchery_store::MigrateError::TooNew { .. } => StoreError::Config(e.to_string()),
+            _ => StoreError::Backend(e.to_string()),
+        }
+    }
+}
+
 /// Any fixed number (not hatchery-store's): serializes these migrations.
 const MIGRATION_LOCK: i64 = 0x6873_6573_7369_6f6e;
 
@@ -476,48 +494,14 @@ impl PgSessionStore {
     async fn migrate(&self) -> Result<(), StoreError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(pg("begin migration"))?;
-        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-            .await
-            .map_err(pg("migration lock"))?;
-        tx.batch_execute(
-            "CREATE TABLE IF NOT EXISTS hatchery_sessions_schema (version INT PRIMARY KEY)",
-        )
-        .await
-        .map_err(pg("schema table"))?;
-        let done: i64 = tx
-            .query_one("SELECT count(*) AS n FROM hatchery_sessions_schema", &[])
-            .await
-            .map_err(pg("schema version"))?
-            .get("n");
-        let done = u(done) as usize;
-        if done > MIGRATIONS.len() {
-            return Err(StoreError::Config(format!(
-                "the sessions schema is at version {done}, newer than this build's {}",
-                MIGRATIONS.len()
-            )));
-        }
-        for (n, m) in MIGRATIONS.iter().enumerate().skip(done) {
-            tx.batch_execute(m).await.map_err(pg("migration"))?;
-            tx.execute(
-                "INSERT INTO hatchery_sessions_schema (version) VALUES ($1)",
-                &[&((n + 1) as i32)],
-            )
-            .await
-            .map_err(pg("record migration"))?;
-            tracing::info!(version = n + 1, "postgres session store migrated");
-        }
+        SCHEMA.run(&tx).await.map_err(migrate_err)?;
         tx.commit().await.map_err(pg("commit migration"))
     }
 
     /// How many migrations the database has recorded.
     pub async fn schema_version(&self) -> Result<u64, StoreError> {
         let c = self.client().await?;
-        let n: i64 = c
-            .query_one("SELECT count(*) AS n FROM hatchery_sessions_schema", &[])
-            .await
-            .map_err(pg("schema version"))?
-            .get("n");
-        Ok(u(n))
+        SCHEMA.version(&c).await.map_err(migrate_err)
     }
 
     /// The same database, written as another host (tests and sweepers).
