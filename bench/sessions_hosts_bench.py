@@ -62,11 +62,15 @@ def main():
     git = GitServer(host=hostnet.GATEWAY).start()
     model = ScriptedModel(SCRIPTS, host=hostnet.GATEWAY).start()
     shared = tempfile.mkdtemp(prefix="hxshared-")
-    a = host(pg, "sb-a", model, shared)
-    b = host(pg, "sb-b", model, shared)
-    c = SessionDaemon(model.port, model_host=model.host, extra=["--db", pg.dsn, "--host-id", "sb-ctl", "--role", "control",
-                                         "--host-lease-ttl", str(LEASE_TTL_S), "--pool-size", "0"]).start()
+    a = b = c = None
     try:
+        # Inside the try: a daemon that fails to start must not leave the
+        # database, servers or shared directory behind.
+        a = host(pg, "sb-a", model, shared)
+        b = host(pg, "sb-b", model, shared)
+        c = SessionDaemon(model.port, model_host=model.host, extra=[
+            "--db", pg.dsn, "--host-id", "sb-ctl", "--role", "control",
+            "--host-lease-ttl", str(LEASE_TTL_S), "--pool-size", "0"]).start()
         repo = git.add_repo("bench", DEMO_FILES)
         post = {"host": [], "control": []}
         start = {"host": [], "control": []}
@@ -101,7 +105,8 @@ def main():
     finally:
         # Each step even if one before it failed: the servers must not
         # outlive the bench.
-        for step in (c.cleanup, a.cleanup_sessions, b.cleanup_sessions, model.stop, git.stop, pg.stop):
+        steps = [d.cleanup for d in (c,) if d] + [d.cleanup_sessions for d in (a, b) if d]
+        for step in (*steps, model.stop, git.stop, pg.stop):
             try:
                 step()
             except Exception as e:  # noqa: BLE001 - reported, the rest still runs
