@@ -58,7 +58,10 @@ def test_cpu_ms_counts_the_whole_tree_and_nothing_else(daemon, sandbox):
     # A 1 s burner in a grandchild that left the session is counted ...
     r = daemon.exec(sandbox, f"setsid python3 -c '{BURN_1S}' & wait", timeout_seconds=20)
     assert r["exit_code"] == 0, r
-    assert 850 <= r["cpu_ms"] <= 1150, r
+    # Upper bound: the burner's 1000 ms plus the shell's and setsid's
+    # share and what systrap charges under load (1180 ms measured in a
+    # clean-clone CI run); counting the tree twice would be >= 2000.
+    assert 850 <= r["cpu_ms"] <= 1350, r
     # ... and a sleeper beside a burner in the same sandbox is not charged
     # for the burner.
     with concurrent.futures.ThreadPoolExecutor(2) as ex:
