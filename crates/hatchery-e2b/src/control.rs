@@ -284,13 +284,8 @@ pub async fn create_v2(
     do_create(&s, b, DEFAULT_TIMEOUT_S).await
 }
 
-/// A running sandbox by its E2B id (`None`: not running, maybe paused).
-async fn live(s: &Shared, e2b_id: &str) -> ApiResult<Option<(String, SandboxView)>> {
-    Ok(s.live(e2b_id).await?)
-}
-
 pub async fn get(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
-    if let Some((_, v)) = live(&s, &id).await? {
+    if let Some((_, v)) = s.live(&id).await? {
         let mut d = detail_json(&id, &v, "running");
         d["envdAccessToken"] = json!(s.access_token(&id));
         return Ok(Json(d));
@@ -302,7 +297,7 @@ pub async fn get(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> ApiRes
 }
 
 pub async fn kill(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    if let Some((h, _)) = live(&s, &id).await? {
+    if let Some((h, _)) = s.live(&id).await? {
         s.backend.kill(&h).await;
         s.forget(&id, &h);
         return Ok(StatusCode::NO_CONTENT);
@@ -327,7 +322,7 @@ pub async fn set_timeout(
     Body(b): Body<TimeoutBody>,
 ) -> ApiResult<StatusCode> {
     let t = timeout_of(Some(b.timeout), 0)?;
-    let Some((h, _)) = live(&s, &id).await? else {
+    let Some((h, _)) = s.live(&id).await? else {
         return Err(ApiError::not_found(&id));
     };
     s.backend.set_ttl(&h, t).await?;
@@ -345,7 +340,7 @@ pub async fn refresh(
     Body(b): Body<RefreshBody>,
 ) -> ApiResult<StatusCode> {
     let t = timeout_of(b.duration, 60)?;
-    let Some((h, v)) = live(&s, &id).await? else {
+    let Some((h, v)) = s.live(&id).await? else {
         return Err(ApiError::not_found(&id));
     };
     // A refresh only extends.
@@ -397,7 +392,7 @@ async fn do_connect(s: &Shared, id: &str, b: ConnectBody, default: u64) -> ApiRe
         ));
     }
     let ttl = timeout_of(b.timeout, default)?;
-    if let Some((h, v)) = live(s, id).await? {
+    if let Some((h, v)) = s.live(id).await? {
         let v = if v.expires_at_ms < crate::now_ms() + ttl * 1000 {
             s.backend.set_ttl(&h, ttl).await?
         } else {
@@ -434,7 +429,7 @@ pub async fn resume(
             "memory=false (resume from disk only) is not supported by Hatchery",
         ));
     }
-    if live(&s, &id).await?.is_some() {
+    if s.live(&id).await?.is_some() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             format!("sandbox \"{id}\" is already running"),
@@ -469,7 +464,7 @@ pub async fn pause(
             )));
         }
     }
-    let Some((h, v)) = live(&s, &id).await? else {
+    let Some((h, v)) = s.live(&id).await? else {
         return Err(match s.paused(&id).await? {
             Some(_) => ApiError::new(
                 StatusCode::CONFLICT,
@@ -515,7 +510,7 @@ pub async fn fork(
         )));
     }
     let ttl = timeout_of(b.timeout, 15)?;
-    let Some((h, v)) = live(&s, &id).await? else {
+    let Some((h, v)) = s.live(&id).await? else {
         return Err(ApiError::not_found(&id));
     };
     let mut meta = v.metadata.clone();
@@ -540,7 +535,7 @@ pub async fn set_network(
     Path(id): Path<String>,
     Body(b): Body<NetworkBody>,
 ) -> ApiResult<StatusCode> {
-    let Some((h, _)) = live(&s, &id).await? else {
+    let Some((h, _)) = s.live(&id).await? else {
         return Err(ApiError::not_found(&id));
     };
     let spec = network_spec(None, Some(&b))?.unwrap_or(NetworkSpec {

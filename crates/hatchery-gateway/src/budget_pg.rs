@@ -87,10 +87,14 @@ impl PgBudgets {
     async fn migrate(&self) -> Result<(), BudgetError> {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(pg("begin migration"))?;
-        SCHEMA
-            .run(&tx)
-            .await
-            .map_err(|e| BudgetError::Schema(e.to_string()))?;
+        SCHEMA.run(&tx).await.map_err(|e| match e {
+            // The driver error itself, so a database that went away is
+            // still told from one that refused (the daemon retries it).
+            hatchery_store::MigrateError::Pg { what, source, .. } => {
+                BudgetError::Pg { what, source }
+            }
+            e => BudgetError::Schema(e.to_string()),
+        })?;
         tx.commit().await.map_err(pg("commit migration"))
     }
 }

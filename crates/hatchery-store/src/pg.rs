@@ -111,6 +111,7 @@ fn migrate_err(e: crate::MigrateError) -> StoreError {
             op: what,
             source: Box::new(source),
         },
+        e @ crate::MigrateError::Missing { .. } => StoreError::Config(e.to_string()),
     }
 }
 

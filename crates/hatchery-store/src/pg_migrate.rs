@@ -28,6 +28,8 @@ pub enum MigrateError {
         #[source]
         source: tokio_postgres::Error,
     },
+    #[error("this database has no {name} schema (no daemon has run on it)")]
+    Missing { name: &'static str },
     #[error("the {name} schema is at version {found}, newer than this build's {known}")]
     TooNew {
         name: &'static str,
@@ -67,14 +69,8 @@ impl PgMigrations {
         .await
         .map_err(self.err("record table"))?;
         let done = self.version(tx).await?;
+        self.not_newer(done)?;
         let known = self.steps.len() as u64;
-        if done > known {
-            return Err(MigrateError::TooNew {
-                name: self.name,
-                found: done,
-                known,
-            });
-        }
         let insert = format!("INSERT INTO {} (version) VALUES ($1)", self.table);
         for (n, step) in self.steps.iter().enumerate().skip(done as usize) {
             tx.batch_execute(step).await.map_err(self.err("step"))?;
@@ -88,6 +84,35 @@ impl PgMigrations {
             );
         }
         Ok(known - done)
+    }
+
+    /// For readers that must not migrate (`hatchery audit verify`): the
+    /// recorded version, refusing a database where none ran and one
+    /// migrated by a newer build. Writes nothing.
+    pub async fn check(&self, c: &impl GenericClient) -> Result<u64, MigrateError> {
+        let there: Option<String> = c
+            .query_one("SELECT to_regclass($1)::text AS t", &[&self.table])
+            .await
+            .map_err(self.err("record table"))?
+            .get("t");
+        if there.is_none() {
+            return Err(MigrateError::Missing { name: self.name });
+        }
+        let v = self.version(c).await?;
+        self.not_newer(v)?;
+        Ok(v)
+    }
+
+    fn not_newer(&self, found: u64) -> Result<(), MigrateError> {
+        let known = self.steps.len() as u64;
+        if found > known {
+            return Err(MigrateError::TooNew {
+                name: self.name,
+                found,
+                known,
+            });
+        }
+        Ok(())
     }
 
     /// How many migrations the database has recorded.

@@ -147,3 +147,13 @@ pub struct DaemonArgs {
     #[arg(long, env = "HATCHERY_LOG_JSON")]
     pub log_json: bool,
 }
+
+impl DaemonArgs {
+    /// The `postgres://` database this daemon shares with others, if
+    /// `--db` names one (`None`: the single-host SQLite files).
+    pub fn shared_db(&self) -> Option<&str> {
+        self.db
+            .as_deref()
+            .filter(|d| hatchery_store::is_postgres(d))
+    }
+}

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let data = args.data_dir.clone();
-    if !args.db.as_deref().is_some_and(hatchery_store::is_postgres) {
+    if args.shared_db().is_none() {
         return Err(DaemonError::Role(
             "--role control needs --db postgres://... shared with its hosts".into(),
         ));

@@ -42,13 +42,13 @@ impl StoreDirectory {
         if !hatchery_core::valid_sandbox_id(id) {
             return Ok(Location::Unknown);
         }
-        let by = |k: &str| SandboxFilter {
-            metadata: [(k.to_string(), id.to_string())].into(),
-            template: None,
-        };
+        let by = |k: &str| BTreeMap::from([(k.to_string(), id.to_string())]);
         let resumed = self
             .store
-            .list_live(&by(hatchery_e2b::state::ALIAS_KEY))
+            .list_live(&SandboxFilter {
+                metadata: by(hatchery_e2b::state::ALIAS_KEY),
+                template: None,
+            })
             .await
             .map_err(store_err)?;
         if let Some(row) = resumed.first() {
@@ -59,7 +59,7 @@ impl StoreDirectory {
         }
         let paused = self
             .store
-            .list_snapshots(&by(hatchery_e2b::state::PAUSED_KEY).metadata)
+            .list_snapshots(&by(hatchery_e2b::state::PAUSED_KEY))
             .await
             .map_err(store_err)?;
         match paused.first() {

@@ -68,7 +68,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     if args.role == "control" {
         return crate::control_role::run(args).await;
     }
-    if args.role == "host" && !args.db.as_deref().is_some_and(hatchery_store::is_postgres) {
+    if args.role == "host" && args.shared_db().is_none() {
         return Err(DaemonError::Role(
             "--role host needs --db postgres://... shared with the control plane".into(),
         ));
@@ -242,7 +242,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     .merge(e2b);
     // On a shared store, requests for another host's sandboxes go there,
     // and every daemon (not only a control plane) marks lost hosts.
-    let shared = args.db.as_deref().is_some_and(hatchery_store::is_postgres);
+    let shared = args.shared_db().is_some();
     let _sweeper = shared.then(|| {
         crate::lost_hosts::spawn(
             store.clone(),

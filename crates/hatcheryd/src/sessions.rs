@@ -52,11 +52,7 @@ pub async fn open_store(
 ) -> Result<Arc<dyn hatchery_sessions::store::SessionStore>, crate::DaemonError> {
     use hatchery_sessions::store::{PgSessionStore, StoreError};
     let err = |e: StoreError| crate::DaemonError::Sessions(e.to_string());
-    let Some(db) = args
-        .db
-        .as_deref()
-        .filter(|d| hatchery_store::is_postgres(d))
-    else {
+    let Some(db) = args.shared_db() else {
         return Ok(Arc::new(
             SqliteStore::open(&args.data_dir.join("sessions.db")).map_err(err)?,
         ));
@@ -83,11 +79,7 @@ pub async fn wire_services(
 ) -> Result<(), crate::DaemonError> {
     use hatchery_core::host_services::{HostAddr, HostService, Identity};
     let err = |e: String| crate::DaemonError::Sessions(e);
-    let shared_db = args
-        .db
-        .as_deref()
-        .filter(|d| hatchery_store::is_postgres(d))
-        .map(|d| (d, args.db_pool));
+    let shared_db = args.shared_db().map(|d| (d, args.db_pool));
     let gateway = crate::gateway::start(
         &args.gateway,
         data,

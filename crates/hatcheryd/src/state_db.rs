@@ -64,11 +64,7 @@ pub async fn open_policies(
     data: &Path,
 ) -> Result<Arc<dyn hatchery_policy::PolicyStore>, DaemonError> {
     use hatchery_policy::{PgPolicyStore, SqlitePolicyStore, StoreError as PolicyError};
-    match args
-        .db
-        .as_deref()
-        .filter(|d| hatchery_store::is_postgres(d))
-    {
+    match args.shared_db() {
         Some(db) => Ok(Arc::new(
             retry_while_unreachable(
                 "policies",

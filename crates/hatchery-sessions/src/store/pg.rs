@@ -90,22 +90,20 @@ const MIGRATIONS: &[&str] = &[
     "ALTER TABLE sessions ADD COLUMN replay_through BIGINT NOT NULL DEFAULT 0;",
 ];
 
-/// How many migrations this build knows (a reader refuses a newer schema).
-pub(super) const MIGRATION_COUNT: usize = MIGRATIONS.len();
-
-const SCHEMA: hatchery_store::PgMigrations = hatchery_store::PgMigrations {
-    name: "sessions",
+pub(super) const SCHEMA: hatchery_store::PgMigrations = hatchery_store::PgMigrations {
+    name: "Hatchery sessions",
     table: "hatchery_sessions_schema",
     lock: MIGRATION_LOCK,
     steps: MIGRATIONS,
 };
 
-fn migrate_err(e: hatchery_store::MigrateError) -> StoreError {
+pub(super) fn migrate_err(e: hatchery_store::MigrateError) -> StoreError {
     if e.unavailable() {
         StoreError::Unavailable(e.to_string())
     } else {
         match e {
-            hatchery_store::MigrateError::TooNew { .. } => StoreError::Config(e.to_string()),
+            hatchery_store::MigrateError::TooNew { .. }
+            | hatchery_store::MigrateError::Missing { .. } => StoreError::Config(e.to_string()),
             _ => StoreError::Backend(e.to_string()),
         }
     }

@@ -24,26 +24,10 @@ impl PgSessionStore {
             host: "audit-verify".into(),
         };
         let c = s.client().await?;
-        let known: Option<String> = c
-            .query_one(
-                "SELECT to_regclass('hatchery_sessions_schema')::text AS t",
-                &[],
-            )
+        super::pg::SCHEMA
+            .check(&c)
             .await
-            .map_err(|e| StoreError::Backend(format!("audit open: {e}")))?
-            .get("t");
-        if known.is_none() {
-            return Err(StoreError::Config(
-                "this database has no Hatchery sessions schema (no daemon has run on it)".into(),
-            ));
-        }
-        let v = s.schema_version().await?;
-        if v > super::pg::MIGRATION_COUNT as u64 {
-            return Err(StoreError::Config(format!(
-                "the sessions schema is at version {v}, newer than this build's {}",
-                super::pg::MIGRATION_COUNT
-            )));
-        }
+            .map_err(super::pg::migrate_err)?;
         Ok(s)
     }
 
