@@ -41,9 +41,14 @@ def free_port():
     return port
 
 
-def metric(d, name):
+def metric(d, name, labels=None):
+    """The first sample of `name`, or the one with exactly `labels`
+    (`k="v",...` as Prometheus prints them); 0 if there is none."""
     for line in d.request("GET", "/metrics").body.decode().splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
+        if labels is not None:
+            if line.startswith(name + "{" + labels + "} "):
+                return float(line.split()[-1])
+        elif line.startswith(name + " ") or line.startswith(name + "{"):
             return float(line.split()[-1])
     return 0.0
 

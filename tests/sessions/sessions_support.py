@@ -79,11 +79,14 @@ SCRIPTS = {
 
 class SessionDaemon(Daemon):
     def __init__(self, model_port, extra=(), data_dir=None, net_args=None, templates_dir=None, netns=None,
-                 model_host="127.0.0.1", gateway=None):
+                 model_host="127.0.0.1", gateway=None, gateway_control=None):
         """gateway: (prices file, upstream key file) to reach the model
         through the daemon's model gateway (metered against the session's
-        budget) instead of a plain host service."""
-        if gateway:
+        budget) instead of a plain host service. gateway_control: the
+        control plane's URL, whose gateway a host relays its calls to."""
+        if gateway_control:
+            model = ["--gateway-control-url", gateway_control]
+        elif gateway:
             prices, keyf = gateway
             model = ["--gateway-openai-upstream", f"http://{model_host}:{model_port}",
                      "--gateway-prices", prices, "--gateway-upstream-key-file", keyf]

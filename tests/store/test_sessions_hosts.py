@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "pg"))
 sys.path.insert(0, os.path.join(HERE, "..", "sessions"))
 
 from gitserver import GitServer  # noqa: E402
-from harness import arg, wait_for  # noqa: E402
+from harness import arg, metric, wait_for  # noqa: E402
 from pg import Postgres  # noqa: E402
 from scripted_model import ScriptedModel  # noqa: E402
 from sessions_support import DEMO_FILES, SCRIPTS, SessionDaemon  # noqa: E402
@@ -93,7 +93,7 @@ def gateway_files():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def host(pg, name, model, shared, restart_of=None, extra=(), gateway=None):
+def host(pg, name, model, shared, restart_of=None, extra=(), gateway=None, gateway_control=None):
     """A host in a network namespace of its own (the one it ran in, when
     restarted on its data directory), on the bridge (hostnet.py)."""
     extra = ["--db", pg.fabric_dsn, "--host-id", name, "--role", "host", "--host-lease-ttl", str(LEASE_TTL_S),
@@ -104,8 +104,20 @@ def host(pg, name, model, shared, restart_of=None, extra=(), gateway=None):
         net = ["--net-prefix", arg(restart_of.extra_args, "--net-prefix"),
                "--net-range", arg(restart_of.extra_args, "--net-range")]
     d = SessionDaemon(model.port, extra=extra, net_args=net, data_dir=restart_of.data_dir if restart_of else None,
-                      netns=host_netns(name, restart_of), model_host=model.host, gateway=gateway)
+                      netns=host_netns(name, restart_of), model_host=model.host, gateway=gateway,
+                      gateway_control=gateway_control)
     return started(d)
+
+
+def control_with_gateway(pg, name, model, gateway_files):
+    """The control plane on the bridge (hosts reach it from their
+    namespaces), running the model gateway: the upstream and its key are
+    given to it alone."""
+    c = SessionDaemon(model.port, model_host=model.host, gateway=gateway_files,
+                      extra=["--db", pg.fabric_dsn, "--host-id", name, "--role", "control",
+                             "--host-lease-ttl", str(LEASE_TTL_S), "--pool-size", "0"])
+    c.addr = hostnet.GATEWAY
+    return c.start()
 
 
 def events_while_moving(d, sid):
@@ -164,13 +176,29 @@ def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared
     lease and woken once its sessions moved: every write it still tries
     for them is fenced (no event of its old epoch after the takeover), it
     kills its own sandboxes and stops driving them. The model is reached
-    through each host's model gateway, whose budgets are in the shared
-    database: the spend before the move and after it is one account."""
-    a = host(pg, "ss-a", model, shared, gateway=gateway_files)
-    b = host(pg, "ss-b", model, shared, gateway=gateway_files)
+    through the control role's model gateway: the hosts hold no upstream
+    key and relay their sandboxes' calls to it; its budgets are in the
+    shared database, so the spend before the move and after it is one
+    account, and its events reach each session's log through the
+    session's owner, the new one after the move."""
     # The control plane, with the session helpers (it routes them).
-    c = SessionDaemon(model.port, model_host=model.host, extra=["--db", pg.dsn, "--host-id", "ss-ctl", "--role", "control",
-                                         "--host-lease-ttl", str(LEASE_TTL_S), "--pool-size", "0"]).start()
+    c = control_with_gateway(pg, "ss-ctl", model, gateway_files)
+    relay = f"http://{c.addr}:{c.port}"
+    a = b = None
+    try:
+        a = host(pg, "ss-a", model, shared, gateway_control=relay)
+        b = host(pg, "ss-b", model, shared, gateway_control=relay)
+    except Exception:
+        for d in (a, b):
+            if d is not None:
+                d.cleanup_sessions()
+        c.cleanup()
+        raise
+    for d in (a, b):
+        # No upstream, no upstream key on a host: only the control role has them.
+        assert not any(x.startswith("--gateway-openai") or x.startswith("--gateway-upstream")
+                       for x in d.extra_args), d.extra_args
+        assert "model calls relayed to the control role's gateway" in open(d.log_path, errors="replace").read()
     a2 = None
     try:
         repo = git_server.add_repo(f"hosts-{fault}", DEMO_FILES)
@@ -216,6 +244,10 @@ def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared
         s = c.wait_state(idle, "completed", timeout=180)
         assert s["reason"] == "agent finished: wrote after-loss.md", s
 
+        # Every gateway event reached an owner's log, none given up.
+        assert metric(c, "hatchery_gateway_events_total", 'outcome="delivered"') > 0
+        for outcome in ("ambiguous", "refused", "timed_out", "unknown_session"):
+            assert metric(c, "hatchery_gateway_events_total", f'outcome="{outcome}"') == 0, outcome
         for sid in (running, idle):
             # One budget account across both hosts: the gateway's row in the
             # shared database holds what the session was charged on A and
@@ -235,7 +267,7 @@ def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared
         # A's restart reconciles its orphaned sandboxes away and takes no
         # session back.
         a.stop()
-        a2 = host(pg, "ss-a", model, shared, restart_of=a, gateway=gateway_files)
+        a2 = host(pg, "ss-a", model, shared, restart_of=a, gateway_control=relay)
         a2.created |= a.created
         a2.wait_no_leftovers(timeout=30, net=False)
         assert session_row(pg, running)[0] == "ss-b"
@@ -245,7 +277,7 @@ def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared
             os.kill(a.proc.pid, signal.SIGCONT)
         if a2 is None and a.proc.poll() is not None:
             # Failed before A's restart: restart it so that its orphans go.
-            a2 = host(pg, "ss-a", model, shared, restart_of=a, gateway=gateway_files)
+            a2 = host(pg, "ss-a", model, shared, restart_of=a, gateway_control=relay)
             a2.created |= a.created
         # A first: its session reads are forwarded to B, which must be up.
         # B is cleaned up even if A's cleanup finds leftovers.

@@ -99,6 +99,13 @@ pub trait BudgetStore: Send + Sync {
     ) -> Result<bool, BudgetError>;
     /// Deletes reservations whose TTL has passed; returns how many.
     async fn expire(&self, now_ms: u64) -> Result<u64, BudgetError>;
+    /// The clock reservations are stamped and expired by. A store shared
+    /// by several processes answers with its own (the database's) clock,
+    /// so that a process whose clock runs ahead cannot expire the others'
+    /// reservations early (and let a budget be overspent by them).
+    async fn now_ms(&self) -> Result<u64, BudgetError> {
+        Ok(crate::now_ms())
+    }
 }
 
 const MIGRATIONS: &[&str] = &[

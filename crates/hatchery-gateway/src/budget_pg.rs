@@ -233,6 +233,18 @@ impl BudgetStore for PgBudgets {
         Ok(fresh)
     }
 
+    async fn now_ms(&self) -> Result<u64, BudgetError> {
+        let c = self.client().await?;
+        let r = c
+            .query_one(
+                "SELECT (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT AS now_ms",
+                &[],
+            )
+            .await
+            .map_err(pg("read the database clock"))?;
+        Ok(r.get::<_, i64>("now_ms").max(0) as u64)
+    }
+
     async fn expire(&self, now_ms: u64) -> Result<u64, BudgetError> {
         let c = self.client().await?;
         c.execute(

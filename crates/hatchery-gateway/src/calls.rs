@@ -217,16 +217,15 @@ async fn call_inner(
     let id = format!("rsv_{:032x}", rand::random::<u128>());
     let scopes = caller.scopes();
     let t = Instant::now();
-    let reserved = g
-        .store
-        .reserve(
-            &id,
-            &scopes,
-            estimate,
-            crate::now_ms(),
-            g.reservation_ttl_ms,
-        )
-        .await;
+    // Stamped by the store's clock, which its janitor expires by.
+    let reserved = match g.store.now_ms().await {
+        Ok(now) => {
+            g.store
+                .reserve(&id, &scopes, estimate, now, g.reservation_ttl_ms)
+                .await
+        }
+        Err(e) => Err(e),
+    };
     g.metrics.reserve_seconds.observe(t.elapsed().as_secs_f64());
     if let Err(e) = reserved {
         if let BudgetError::Exhausted { scope, .. } = &e {

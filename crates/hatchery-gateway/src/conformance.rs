@@ -90,6 +90,10 @@ async fn refused_reservations_hold_nothing<S: BudgetStore>(s: &S, run: &str) {
 }
 
 async fn janitor_frees_expired_only<S: BudgetStore>(s: &S, run: &str) {
+    // The store's clock (the database's, when shared) is the wall clock
+    // give or take skew; a minute's slack.
+    let now = s.now_ms().await.unwrap();
+    assert!(now.abs_diff(crate::now_ms()) < 60_000, "store clock {now}");
     let scope = format!("session:c{run}");
     s.set_limits(&scope, None, Some(10)).await.unwrap();
     let scopes = vec![scope.clone()];

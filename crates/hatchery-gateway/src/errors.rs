@@ -32,6 +32,9 @@ pub enum CallError {
     Upstream(UpstreamError),
     #[error("the upstream's answer was too large or broken")]
     BadUpstreamAnswer,
+    /// A host's relay could not reach the control role's gateway.
+    #[error("the model gateway is not reachable: {0}")]
+    GatewayUnreachable(String),
 }
 
 impl CallError {
@@ -47,6 +50,7 @@ impl CallError {
             CallError::Store(_) => "internal",
             CallError::NoUpstream => "no_upstream",
             CallError::Upstream(_) | CallError::BadUpstreamAnswer => "upstream_unavailable",
+            CallError::GatewayUnreachable(_) => "gateway_unreachable",
         }
     }
 
@@ -54,7 +58,9 @@ impl CallError {
     pub fn outcome(&self) -> &'static str {
         match self {
             CallError::Store(BudgetError::Exhausted { .. }) => "budget_exhausted",
-            CallError::Upstream(_) | CallError::BadUpstreamAnswer => "upstream_unavailable",
+            CallError::Upstream(_)
+            | CallError::BadUpstreamAnswer
+            | CallError::GatewayUnreachable(_) => "upstream_unavailable",
             CallError::Store(_) => "internal",
             _ => "refused",
         }
@@ -70,7 +76,9 @@ impl CallError {
             CallError::Store(BudgetError::Exhausted { .. }) => StatusCode::TOO_MANY_REQUESTS,
             CallError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
             CallError::NoUpstream => StatusCode::NOT_FOUND,
-            CallError::Upstream(_) | CallError::BadUpstreamAnswer => StatusCode::BAD_GATEWAY,
+            CallError::Upstream(_)
+            | CallError::BadUpstreamAnswer
+            | CallError::GatewayUnreachable(_) => StatusCode::BAD_GATEWAY,
         }
     }
 

@@ -84,13 +84,21 @@ pub fn router(g: Arc<Gateway>) -> Router {
 }
 
 /// Deletes expired reservations (left by calls that never settled: a crash
-/// between reserve and settle) once a second, until the process ends.
+/// between reserve and settle) once a second, until the process ends. By
+/// the store's clock, which reservations are stamped with too.
 pub fn spawn_janitor(store: Arc<dyn budget::BudgetStore>) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
         loop {
             tick.tick().await;
-            match store.expire(now_ms()).await {
+            let now = match store.now_ms().await {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::error!(error = %e, "reading the store's clock failed");
+                    continue;
+                }
+            };
+            match store.expire(now).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(expired = n, "reservations expired"),
                 Err(e) => tracing::error!(error = %e, "expiring reservations failed"),

@@ -22,11 +22,51 @@ pub async fn forward(
     host: &str,
     base: &str,
     me: &str,
-    mut req: Request,
+    req: Request,
 ) -> Result<Response, RouteError> {
-    let unreachable = |cause: String| RouteError::Unreachable {
-        host: host.to_string(),
-        cause,
+    try_forward(host, base, me, req)
+        .await
+        .map_err(ForwardFailure::into_error)
+}
+
+/// Why [`try_forward`] got no answer: for a caller that may retry only
+/// what cannot have reached the owner (a write that must not be applied
+/// twice).
+#[derive(Debug)]
+pub enum ForwardFailure {
+    /// No byte of the request left: no connection, no handshake.
+    NotSent(RouteError),
+    /// The connection failed after the request was handed to it: the
+    /// owner may have acted on it.
+    MaybeSent(RouteError),
+}
+
+impl ForwardFailure {
+    pub fn into_error(self) -> RouteError {
+        match self {
+            ForwardFailure::NotSent(e) | ForwardFailure::MaybeSent(e) => e,
+        }
+    }
+}
+
+/// [`forward`], telling a request that never left from one that may have.
+pub async fn try_forward(
+    host: &str,
+    base: &str,
+    me: &str,
+    mut req: Request,
+) -> Result<Response, ForwardFailure> {
+    let unreachable = |cause: String| {
+        ForwardFailure::NotSent(RouteError::Unreachable {
+            host: host.to_string(),
+            cause,
+        })
+    };
+    let maybe_sent = |cause: String| {
+        ForwardFailure::MaybeSent(RouteError::Unreachable {
+            host: host.to_string(),
+            cause,
+        })
     };
     let authority = base
         .strip_prefix("http://")
@@ -40,7 +80,7 @@ pub async fn forward(
         .unwrap_or_else(|| "/".into());
     *req.uri_mut() = pq
         .parse::<Uri>()
-        .map_err(|e| RouteError::Body(format!("request target: {e}")))?;
+        .map_err(|e| ForwardFailure::NotSent(RouteError::Body(format!("request target: {e}"))))?;
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(&authority))
         .await
         .map_err(|_| unreachable(format!("connect to {authority} timed out")))?
@@ -78,10 +118,10 @@ pub async fn forward(
     let mut resp = sender
         .send_request(req)
         .await
-        .map_err(|e| unreachable(e.to_string()))?;
+        .map_err(|e| maybe_sent(e.to_string()))?;
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
         let Some(down) = downstream else {
-            return Err(unreachable(
+            return Err(maybe_sent(
                 "101 Switching Protocols to a request that asked for no upgrade".into(),
             ));
         };
@@ -126,6 +166,33 @@ mod tests {
             .unwrap_err();
         assert!(matches!(e, RouteError::Unreachable { .. }), "{e}");
         assert_eq!(e.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let req = Request::builder()
+            .uri("/v1/sandboxes/x")
+            .body(Body::empty())
+            .unwrap();
+        let f = try_forward("h1", &format!("http://{addr}"), "h2", req).await;
+        assert!(matches!(f, Err(ForwardFailure::NotSent(_))), "{f:?}");
+    }
+
+    /// An owner that takes the request and drops the connection without
+    /// answering may have acted on it: not a failure to retry blindly.
+    #[tokio::test]
+    async fn a_connection_dropped_after_the_request_may_have_been_sent() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut c, _) = l.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = tokio::io::AsyncReadExt::read(&mut c, &mut buf).await;
+            drop(c);
+        });
+        let req = Request::builder()
+            .method("POST")
+            .uri("/v1/sessions/ses_x/model-events")
+            .body(Body::from("{}"))
+            .unwrap();
+        let f = try_forward("h1", &format!("http://{addr}"), "h2", req).await;
+        assert!(matches!(f, Err(ForwardFailure::MaybeSent(_))), "{f:?}");
     }
 }
 

@@ -15,6 +15,7 @@ mod extract;
 pub mod hooks;
 pub mod ids;
 pub mod metrics;
+pub mod model_events;
 pub mod models;
 pub mod openapi;
 pub mod policy;

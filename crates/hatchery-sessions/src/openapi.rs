@@ -25,7 +25,8 @@ use utoipa::OpenApi;
         routes::approve,
         routes::events,
         routes::blob,
-        crate::policy_move::move_policy
+        crate::policy_move::move_policy,
+        crate::model_events::post_model_event
     ),
     components(schemas(
         CreateSessionBody,
@@ -49,7 +50,8 @@ use utoipa::OpenApi;
         ApprovalDecided,
         ErrorBody,
         ErrorDetail,
-        crate::policy_move::MovePolicyBody
+        crate::policy_move::MovePolicyBody,
+        crate::model_events::ModelEvent
     ))
 )]
 pub struct SessionsDoc;

@@ -41,6 +41,10 @@ pub fn router(sessions: Arc<Sessions>, api_key: Arc<str>) -> Router {
         .route("/v1/sessions/{id}/cancel", post(cancel))
         .route("/v1/sessions/{id}/events", get(events))
         .route("/v1/sessions/{id}/messages", post(message))
+        .route(
+            "/v1/sessions/{id}/model-events",
+            post(crate::model_events::post_model_event),
+        )
         .route("/v1/sessions/{id}/approvals/{aid}", post(approve))
         .route("/v1/sessions/{id}/blobs/{blob_ref}", get(blob))
         .route(

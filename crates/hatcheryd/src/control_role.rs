@@ -26,19 +26,41 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // Read only here (which host owns a session); the control role runs
     // no session.
     let sessions = crate::sessions::open_store(&args).await?;
-    let app = control::router(ControlState {
-        directory: Arc::new(StoreDirectory {
-            store,
+    let directory: Arc<dyn hatchery_route::Directory> = Arc::new(StoreDirectory {
+        store,
+        me: args.host_id.clone(),
+        local: None,
+        sessions: Some(sessions.clone()),
+    });
+    // The model gateway, when the upstream options are given here: the
+    // hosts relay their sandboxes' calls to it and hold no upstream key.
+    let gateway = crate::gateway::start_control(
+        &args.gateway,
+        (args.shared_db().unwrap_or_default(), args.db_pool),
+        &data,
+        &registry,
+        crate::gateway_events::RemoteSink {
+            owners: Arc::new(sessions),
+            directory: directory.clone(),
             me: args.host_id.clone(),
-            local: None,
-            sessions: Some(sessions),
-        }),
+            api_key: key.clone(),
+            outcomes: crate::gateway_events::outcomes(&registry),
+        },
+    )
+    .await
+    .map_err(|e| DaemonError::Sessions(e.to_string()))?;
+    let app = control::router(ControlState {
+        directory,
         me: args.host_id.clone(),
         api_key: key.into(),
         metrics,
         registry,
         default_template: hatchery_templates::DEFAULT_TEMPLATE.into(),
     });
+    let app = match gateway {
+        Some(g) => g.merge(app),
+        None => app,
+    };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| DaemonError::Listen(args.listen, e))?;

@@ -6,19 +6,22 @@
 //! sandbox holds no key. In-process because the sessions runner binds each
 //! session's sandbox and budget directly, and the gateway's settlements and
 //! refusals land in the session's event log without another hop.
+//!
+//! On many hosts the gateway can run on the control role instead
+//! (`--gateway-control-url` on the hosts): a host then holds no upstream
+//! key; its socket relays each call to the control plane
+//! (`gateway_relay.rs`), which charges the shared budgets and posts the
+//! events to the session's owner (`gateway_events.rs`).
 
 use clap::Args;
 use hatchery_gateway::budget::{BudgetStore, Caller, KeyStore, SqliteBudgets};
-use hatchery_gateway::events::{GatewayEvent, GatewayEvents};
 use hatchery_gateway::upstream::Upstream;
 use hatchery_gateway::usage::Flavor;
 use hatchery_gateway::Gateway;
-use hatchery_sessions::events::EventKind;
 use hatchery_sessions::Sessions;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
 
 #[derive(Debug, Clone, Args)]
 pub struct GatewayArgs {
@@ -70,6 +73,18 @@ pub struct GatewayArgs {
     #[arg(long = "gateway-upstream-timeout", env = "HATCHERY_GATEWAY_UPSTREAM_TIMEOUT", default_value_t = 120,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub upstream_timeout_s: u64,
+    /// On a host (--role host, with a shared postgres:// --db): the control
+    /// plane's URL (http://host:port). Sandboxes' model calls go to the
+    /// control role's gateway there, so this host holds no upstream key;
+    /// the upstream options are then given to the control role instead.
+    #[arg(long = "gateway-control-url", env = "HATCHERY_GATEWAY_CONTROL_URL")]
+    pub control_url: Option<String>,
+}
+
+impl GatewayArgs {
+    fn has_upstream(&self) -> bool {
+        self.openai_upstream.is_some() || self.anthropic_upstream.is_some()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +101,8 @@ pub enum GatewayStartError {
     Store(#[from] hatchery_gateway::budget::BudgetError),
     #[error("gateway socket {0}: {1}")]
     Listen(PathBuf, std::io::Error),
+    #[error("--gateway-control-url: {0}")]
+    ControlUrl(String),
 }
 
 /// The running gateway, as the session hooks use it.
@@ -130,98 +147,6 @@ impl GatewayLink {
     }
 }
 
-/// Gateway events into session logs: one task appends them in the order
-/// they happened. The queue is bounded; past it events are dropped and
-/// counted in a (rate-limited) log line, never blocking a model call.
-struct SessionEvents {
-    tx: mpsc::Sender<GatewayEvent>,
-}
-
-const EVENT_QUEUE: usize = 4096;
-
-impl GatewayEvents for SessionEvents {
-    fn record(&self, e: GatewayEvent) {
-        if self.tx.try_send(e).is_err() {
-            static LIMIT: OnceLock<hatchery_core::ratelimit::LogLimiter> = OnceLock::new();
-            let l = LIMIT.get_or_init(|| {
-                hatchery_core::ratelimit::LogLimiter::new(Duration::from_secs(10), 1)
-            });
-            hatchery_core::limited_warn!(
-                l,
-                "gateway-events",
-                "gateway event queue full; event not written to the session log"
-            );
-        }
-    }
-}
-
-fn api(f: Flavor) -> &'static str {
-    match f {
-        Flavor::OpenAi => "openai",
-        Flavor::Anthropic => "anthropic",
-    }
-}
-
-async fn write_events(sessions: Arc<Sessions>, mut rx: mpsc::Receiver<GatewayEvent>) {
-    while let Some(e) = rx.recv().await {
-        let (session, res) = match e {
-            GatewayEvent::Called {
-                caller,
-                flavor,
-                model,
-                input_tokens,
-                output_tokens,
-                charged,
-                ..
-            } => {
-                let call = EventKind::ModelCall {
-                    api: api(flavor).into(),
-                    model,
-                    input_tokens,
-                    output_tokens,
-                    tokens: charged.tokens,
-                    usd_cents: charged.usd_cents,
-                };
-                let r = sessions
-                    .record_model_call(&caller.session, call, charged.tokens, charged.usd_cents)
-                    .await;
-                (caller.session, r)
-            }
-            // Its own event (and the end of the session) comes from
-            // `Exhausted`, just before.
-            GatewayEvent::Refused {
-                code: "budget_exhausted",
-                ..
-            } => continue,
-            GatewayEvent::Refused {
-                caller: Some(caller),
-                flavor,
-                code,
-                message,
-            } => {
-                let r = sessions
-                    .record_model_refused(&caller.session, api(flavor), code, &message)
-                    .await;
-                (caller.session, r)
-            }
-            // No caller: an unbound sandbox or a bad key; nothing to log it to.
-            GatewayEvent::Refused { caller: None, .. } => continue,
-            GatewayEvent::Exhausted { caller, scope } => {
-                let msg = "a model call's worst case did not fit in what is left of the budget";
-                let r = sessions
-                    .record_budget_exhausted(&caller.session, &scope, msg)
-                    .await;
-                (caller.session, r)
-            }
-        };
-        if let Err(e) = res {
-            // A session that ended (or a caller that is no session) keeps
-            // no more events.
-            tracing::debug!(session = %session, error = %e, "gateway event not recorded");
-        }
-    }
-}
-
 fn read(p: &Path) -> Result<Vec<u8>, GatewayStartError> {
     std::fs::read(p).map_err(|e| GatewayStartError::File(p.to_path_buf(), e))
 }
@@ -259,18 +184,15 @@ async fn open_budgets(
     })
 }
 
-/// Starts the gateway if an upstream is configured: its store (see
-/// `open_budgets`), janitor, event writer and socket listener.
-pub async fn start(
+/// The gateway itself, from its options: prices, upstreams and their key,
+/// metrics in `registry`, events to `events`.
+fn build(
     a: &GatewayArgs,
-    data: &Path,
-    shared_db: Option<(&str, usize)>,
-    sessions: Arc<Sessions>,
+    store: Arc<dyn BudgetStore>,
+    keys: Arc<dyn KeyStore>,
+    events: Arc<dyn hatchery_gateway::events::GatewayEvents>,
     registry: &prometheus::Registry,
-) -> Result<Option<Arc<GatewayLink>>, GatewayStartError> {
-    if a.openai_upstream.is_none() && a.anthropic_upstream.is_none() {
-        return Ok(None);
-    }
+) -> Result<Arc<Gateway>, GatewayStartError> {
     let prices_path = a.prices.as_ref().ok_or(GatewayStartError::NoPrices)?;
     let prices = serde_json::from_slice(&read(prices_path)?)
         .map_err(|e| GatewayStartError::Prices(prices_path.clone(), e))?;
@@ -284,9 +206,6 @@ pub async fn start(
             .map(|u| Upstream::with_ca(flavor, u, &key, timeout, a.upstream_ca_file.as_deref()))
             .transpose()
     };
-    let (store, keys) = open_budgets(shared_db, data).await?;
-    let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-    tokio::spawn(write_events(sessions, rx));
     let metrics = hatchery_gateway::metrics::Metrics::default();
     for c in [
         Box::new(metrics.calls.clone()) as Box<dyn prometheus::core::Collector>,
@@ -296,9 +215,9 @@ pub async fn start(
             tracing::warn!(error = %e, "gateway metrics not registered");
         }
     }
-    let g = Arc::new(Gateway {
-        store: store.clone(),
-        keys: keys.clone(),
+    Ok(Arc::new(Gateway {
+        store,
+        keys,
         prices,
         openai: up(Flavor::OpenAi, &a.openai_upstream)?,
         anthropic: up(Flavor::Anthropic, &a.anthropic_upstream)?,
@@ -309,19 +228,86 @@ pub async fn start(
         // The admin routes are not served: the daemon binds in-process.
         admin_key: String::new(),
         metrics,
-        events: Arc::new(SessionEvents { tx }),
-    });
-    hatchery_gateway::spawn_janitor(store.clone());
+        events,
+    }))
+}
+
+/// Serves `app` on the gateway's Unix socket in the data dir.
+fn serve_socket(data: &Path, app: axum::Router) -> Result<PathBuf, GatewayStartError> {
     let socket = data.join("gateway.sock");
     let _ = std::fs::remove_file(&socket);
     let listener = tokio::net::UnixListener::bind(&socket)
         .map_err(|e| GatewayStartError::Listen(socket.clone(), e))?;
-    let app = model_routes(g);
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             tracing::error!(error = %e, "gateway listener failed");
         }
     });
+    Ok(socket)
+}
+
+/// What a host (or `all`) daemon needs to start its side of the gateway.
+pub struct HostSide<'a> {
+    pub data: &'a Path,
+    pub shared_db: Option<(&'a str, usize)>,
+    pub sessions: Arc<Sessions>,
+    pub registry: &'a prometheus::Registry,
+    pub api_key: &'a str,
+    pub host_id: &'a str,
+}
+
+/// Starts the gateway if an upstream is configured: its store (see
+/// `open_budgets`), janitor, event writer and socket listener. With
+/// `--gateway-control-url` instead, only the binding store and the relay
+/// to the control role's gateway.
+pub async fn start(
+    a: &GatewayArgs,
+    h: HostSide<'_>,
+) -> Result<Option<Arc<GatewayLink>>, GatewayStartError> {
+    if let Some(url) = &a.control_url {
+        if a.has_upstream() {
+            return Err(GatewayStartError::ControlUrl(
+                "a host that relays to the control role's gateway takes no upstream of its own"
+                    .into(),
+            ));
+        }
+        if !url.starts_with("http://") {
+            return Err(GatewayStartError::ControlUrl(format!(
+                "{url}: only http:// URLs are supported"
+            )));
+        }
+        // Bindings go where the control role's gateway reads them.
+        let Some(db) = h.shared_db else {
+            return Err(GatewayStartError::ControlUrl(
+                "needs a shared postgres:// --db (the control role reads the bindings there)"
+                    .into(),
+            ));
+        };
+        let (store, keys) = open_budgets(Some(db), h.data).await?;
+        let relay = crate::gateway_relay::Relay {
+            control: url.trim_end_matches('/').to_string(),
+            api_key: h.api_key.to_string(),
+            me: h.host_id.to_string(),
+        };
+        let socket = serve_socket(h.data, crate::gateway_relay::router(relay))?;
+        tracing::info!(socket = %socket.display(), control = %url, "model calls relayed to the control role's gateway");
+        return Ok(Some(Arc::new(GatewayLink {
+            store,
+            keys,
+            guest_port: a.guest_port,
+            socket,
+        })));
+    }
+    if !a.has_upstream() {
+        return Ok(None);
+    }
+    let (store, keys) = open_budgets(h.shared_db, h.data).await?;
+    let events = crate::gateway_events::QueuedEvents::spawn(Arc::new(
+        crate::gateway_events::LocalSink(h.sessions),
+    ));
+    let g = build(a, store.clone(), keys.clone(), Arc::new(events), h.registry)?;
+    hatchery_gateway::spawn_janitor(store.clone());
+    let socket = serve_socket(h.data, model_routes(g))?;
     tracing::info!(socket = %socket.display(), guest_port = a.guest_port, "model gateway serving sandboxes");
     Ok(Some(Arc::new(GatewayLink {
         store,
@@ -329,6 +315,37 @@ pub async fn start(
         guest_port: a.guest_port,
         socket,
     })))
+}
+
+/// The control role's gateway, if an upstream is configured: the model
+/// routes under `/v1/model-gateway`, for hosts' relays only (the API key
+/// and a sandbox id are required), budgets in the shared database, and
+/// its events posted to each session's owning host.
+pub async fn start_control(
+    a: &GatewayArgs,
+    shared_db: (&str, usize),
+    data: &Path,
+    registry: &prometheus::Registry,
+    sink: crate::gateway_events::RemoteSink,
+) -> Result<Option<axum::Router>, GatewayStartError> {
+    if a.control_url.is_some() {
+        return Err(GatewayStartError::ControlUrl(
+            "is for hosts; the control role runs the gateway itself".into(),
+        ));
+    }
+    if !a.has_upstream() {
+        return Ok(None);
+    }
+    let api_key: Arc<str> = sink.api_key.clone().into();
+    let (store, keys) = open_budgets(Some(shared_db), data).await?;
+    let events = crate::gateway_events::QueuedEvents::spawn(Arc::new(sink));
+    let g = build(a, store.clone(), keys, Arc::new(events), registry)?;
+    hatchery_gateway::spawn_janitor(store);
+    tracing::info!("model gateway serving the hosts' relays at /v1/model-gateway");
+    Ok(Some(crate::gateway_relay::control_routes(
+        model_routes(g),
+        api_key,
+    )))
 }
 
 /// Only the model routes: guest code reaches this listener, so the admin

@@ -8,6 +8,8 @@ mod e2b_backend;
 mod egress;
 mod egress_events;
 mod gateway;
+mod gateway_events;
+mod gateway_relay;
 mod key;
 mod lost_hosts;
 mod rounds;

@@ -216,7 +216,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         &manager.metrics.registry,
         Arc::new(hatchery_broker::catalog::StorePolicies(policies.clone())),
     )?;
-    crate::sessions::wire_services(&args, &data, &manager, &sessions, policies.clone()).await?;
+    crate::sessions::wire_services(&args, &data, &manager, &sessions, policies.clone(), &key)
+        .await?;
     let broker = crate::broker::start(
         &args,
         &data,

@@ -76,16 +76,21 @@ pub async fn wire_services(
     manager: &Arc<hatchery_core::Manager>,
     sessions: &Arc<Sessions>,
     policies: Arc<dyn hatchery_policy::PolicyStore>,
+    api_key: &str,
 ) -> Result<(), crate::DaemonError> {
     use hatchery_core::host_services::{HostAddr, HostService, Identity};
     let err = |e: String| crate::DaemonError::Sessions(e);
     let shared_db = args.shared_db().map(|d| (d, args.db_pool));
     let gateway = crate::gateway::start(
         &args.gateway,
-        data,
-        shared_db,
-        sessions.clone(),
-        &manager.metrics.registry,
+        crate::gateway::HostSide {
+            data,
+            shared_db,
+            sessions: sessions.clone(),
+            registry: &manager.metrics.registry,
+            api_key,
+            host_id: manager.host_id(),
+        },
     )
     .await
     .map_err(|e| err(e.to_string()))?;

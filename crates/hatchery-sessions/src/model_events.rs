@@ -1,0 +1,201 @@
+//! What a model gateway saw of a session's calls, as one type: the
+//! in-process gateway hands it to [`Sessions::record_model_event`]
+//! directly; a gateway in another process (the control role's, on many
+//! hosts) posts it to `POST /v1/sessions/{id}/model-events`, which the
+//! control plane forwards to the session's owning host so that the event
+//! is written under that host's epoch like every other one.
+
+use crate::error::SessionError;
+use crate::events::EventKind;
+use crate::extract::Json;
+use crate::routes::ApiState;
+use crate::service::Sessions;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use utoipa::ToSchema;
+
+/// Longest model name, refusal code, scope and message accepted.
+pub const MAX_MODEL: usize = 256;
+pub const MAX_CODE: usize = 64;
+pub const MAX_SCOPE: usize = 256;
+pub const MAX_MESSAGE: usize = 4096;
+
+/// One observation of the model gateway.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ModelEvent {
+    /// A settled call: what it cost is added to the session's spend.
+    Called {
+        /// `openai` or `anthropic`.
+        api: String,
+        model: String,
+        #[serde(default)]
+        input_tokens: Option<u64>,
+        #[serde(default)]
+        output_tokens: Option<u64>,
+        tokens: u64,
+        usd_cents: u64,
+    },
+    /// A call refused before it reached the upstream.
+    Refused {
+        api: String,
+        code: String,
+        message: String,
+    },
+    /// A call that did not fit in the budget: the session ends `failed`.
+    Exhausted { scope: String, message: String },
+}
+
+impl ModelEvent {
+    pub fn validate(&self) -> Result<(), SessionError> {
+        let check = |what: &str, v: &str, max: usize| {
+            if v.is_empty() || v.len() > max {
+                Err(SessionError::bad(
+                    "invalid_request",
+                    format!("{what} must be 1 to {max} bytes"),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        let api = |a: &str| match a {
+            "openai" | "anthropic" => Ok(()),
+            _ => Err(SessionError::bad(
+                "invalid_request",
+                format!("api must be openai or anthropic, not {a:?}"),
+            )),
+        };
+        match self {
+            ModelEvent::Called { api: a, model, .. } => {
+                api(a)?;
+                check("model", model, MAX_MODEL)
+            }
+            ModelEvent::Refused {
+                api: a,
+                code,
+                message,
+            } => {
+                api(a)?;
+                check("code", code, MAX_CODE)?;
+                check("message", message, MAX_MESSAGE)
+            }
+            ModelEvent::Exhausted { scope, message } => {
+                check("scope", scope, MAX_SCOPE)?;
+                check("message", message, MAX_MESSAGE)
+            }
+        }
+    }
+}
+
+impl Sessions {
+    /// Writes what the gateway saw into the session's log (and, for a
+    /// settled call, its spend).
+    pub async fn record_model_event(
+        self: &Arc<Self>,
+        id: &str,
+        e: ModelEvent,
+    ) -> Result<(), SessionError> {
+        if !crate::ids::valid("ses", id) {
+            return Err(SessionError::NotFound(id.to_string()));
+        }
+        e.validate()?;
+        match e {
+            ModelEvent::Called {
+                api,
+                model,
+                input_tokens,
+                output_tokens,
+                tokens,
+                usd_cents,
+            } => {
+                let call = EventKind::ModelCall {
+                    api,
+                    model,
+                    input_tokens,
+                    output_tokens,
+                    tokens,
+                    usd_cents,
+                };
+                self.record_model_call(id, call, tokens, usd_cents).await?
+            }
+            ModelEvent::Refused { api, code, message } => {
+                self.record_model_refused(id, &api, &code, &message).await?
+            }
+            ModelEvent::Exhausted { scope, message } => {
+                self.record_budget_exhausted(id, &scope, &message).await?
+            }
+        }
+        Ok(())
+    }
+}
+
+#[utoipa::path(post, path = "/v1/sessions/{id}/model-events", tag = "sessions",
+    description = "Records what a model gateway in another process saw of the session's calls (the control role's gateway on many hosts; docs/gateway.md). A settled call adds to the session's spend; `exhausted` ends the session `failed`. Written whatever the session's state: a call settled just after the agent finished was still spent.",
+    request_body = ModelEvent,
+    responses((status = 204, description = "recorded"), (status = 400, body = crate::error::ErrorBody),
+              (status = 404, body = crate::error::ErrorBody), (status = 409, body = crate::error::ErrorBody),
+              (status = 503, body = crate::error::ErrorBody)))]
+pub async fn post_model_event(
+    State(st): State<ApiState>,
+    Path(id): Path<String>,
+    Json(e): Json<ModelEvent>,
+) -> Result<StatusCode, SessionError> {
+    st.sessions.record_model_event(&id, e).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wire_shape_is_tagged_by_kind() {
+        let e: ModelEvent = serde_json::from_str(
+            r#"{"kind":"called","api":"openai","model":"m","tokens":3,"usd_cents":1}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            e,
+            ModelEvent::Called {
+                api: "openai".into(),
+                model: "m".into(),
+                input_tokens: None,
+                output_tokens: None,
+                tokens: 3,
+                usd_cents: 1
+            }
+        );
+        assert!(serde_json::from_str::<ModelEvent>(
+            r#"{"kind":"exhausted","scope":"s","message":"m","extra":1}"#
+        )
+        .is_err());
+    }
+
+    #[test]
+    fn fields_are_checked_at_their_caps() {
+        let refused = |api: &str, code: String, message: String| ModelEvent::Refused {
+            api: api.into(),
+            code,
+            message,
+        };
+        assert!(
+            refused("openai", "c".repeat(MAX_CODE), "m".repeat(MAX_MESSAGE))
+                .validate()
+                .is_ok()
+        );
+        for bad in [
+            refused("openai", "c".repeat(MAX_CODE + 1), "m".into()),
+            refused("openai", "c".into(), "m".repeat(MAX_MESSAGE + 1)),
+            refused("openai", String::new(), "m".into()),
+            refused("grok", "c".into(), "m".into()),
+            ModelEvent::Exhausted {
+                scope: "s".repeat(MAX_SCOPE + 1),
+                message: "m".into(),
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+}

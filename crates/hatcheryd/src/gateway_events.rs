@@ -1,0 +1,512 @@
+//! The model gateway's observations into session logs. One conversion
+//! (`model_event`) and two sinks: the gateway in this daemon writes to the
+//! local sessions service; the control role's gateway posts each event to
+//! the session's owning host (`POST /v1/sessions/{id}/model-events`), so
+//! that it is written under that host's epoch like every other event.
+//!
+//! Delivery is at most once: the control plane retries only a post that
+//! cannot have reached the owner (no connection, or the owner lost and
+//! its sessions not yet taken over); a post that may have reached it is
+//! counted (`hatchery_gateway_events_total{outcome="ambiguous"}`), never
+//! sent twice, since a doubled `model_call` would double the spend.
+
+use hatchery_gateway::events::{GatewayEvent, GatewayEvents};
+use hatchery_gateway::usage::Flavor;
+use hatchery_route::forward::{try_forward, ForwardFailure};
+use hatchery_route::Directory;
+use hatchery_sessions::model_events::{ModelEvent, MAX_MESSAGE};
+use hatchery_sessions::Sessions;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Events waiting for their writer; past it they are dropped and counted,
+/// never blocking a model call.
+const EVENT_QUEUE: usize = 4096;
+/// How long the control plane keeps trying to reach a session's owner: a
+/// lost host's sessions are taken over within the lease TTL plus a sweep.
+const DELIVERY_DEADLINE: Duration = Duration::from_secs(90);
+const RETRY_EVERY: Duration = Duration::from_millis(500);
+/// A post the owner has not answered within this (a paused host's kernel
+/// still accepts the connection) is given up as ambiguous: the one writer
+/// must not wait on one host for as long as it stays paused.
+const POST_TIMEOUT: Duration = Duration::from_secs(15);
+
+fn api(f: Flavor) -> &'static str {
+    match f {
+        Flavor::OpenAi => "openai",
+        Flavor::Anthropic => "anthropic",
+    }
+}
+
+fn cut(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
+/// The session a gateway event belongs to and what its log records; `None`
+/// for events with no session to log to.
+pub fn model_event(e: GatewayEvent) -> Option<(String, ModelEvent)> {
+    match e {
+        GatewayEvent::Called {
+            caller,
+            flavor,
+            model,
+            input_tokens,
+            output_tokens,
+            charged,
+            ..
+        } => Some((
+            caller.session,
+            ModelEvent::Called {
+                api: api(flavor).into(),
+                model: cut(model, hatchery_sessions::model_events::MAX_MODEL),
+                input_tokens,
+                output_tokens,
+                tokens: charged.tokens,
+                usd_cents: charged.usd_cents,
+            },
+        )),
+        // Its own event (and the end of the session) comes from
+        // `Exhausted`, just before.
+        GatewayEvent::Refused {
+            code: "budget_exhausted",
+            ..
+        } => None,
+        GatewayEvent::Refused {
+            caller: Some(caller),
+            flavor,
+            code,
+            message,
+        } => Some((
+            caller.session,
+            ModelEvent::Refused {
+                api: api(flavor).into(),
+                code: code.into(),
+                message: cut(message, MAX_MESSAGE),
+            },
+        )),
+        // No caller: an unbound sandbox or a bad key; nothing to log it to.
+        GatewayEvent::Refused { caller: None, .. } => None,
+        GatewayEvent::Exhausted { caller, scope } => Some((
+            caller.session,
+            ModelEvent::Exhausted {
+                scope,
+                message: "a model call's worst case did not fit in what is left of the budget"
+                    .into(),
+            },
+        )),
+    }
+}
+
+/// Where converted events go.
+#[async_trait::async_trait]
+pub trait EventSink: Send + Sync + 'static {
+    async fn deliver(&self, session: &str, e: ModelEvent);
+}
+
+/// The gateway's [`GatewayEvents`]: a bounded queue to one writer task,
+/// which delivers in the order the events happened.
+pub struct QueuedEvents {
+    tx: mpsc::Sender<GatewayEvent>,
+}
+
+impl QueuedEvents {
+    pub fn spawn(sink: Arc<dyn EventSink>) -> Self {
+        let (tx, mut rx) = mpsc::channel::<GatewayEvent>(EVENT_QUEUE);
+        tokio::spawn(async move {
+            while let Some(e) = rx.recv().await {
+                if let Some((session, ev)) = model_event(e) {
+                    sink.deliver(&session, ev).await;
+                }
+            }
+        });
+        QueuedEvents { tx }
+    }
+}
+
+impl GatewayEvents for QueuedEvents {
+    fn record(&self, e: GatewayEvent) {
+        if self.tx.try_send(e).is_err() {
+            static LIMIT: OnceLock<hatchery_core::ratelimit::LogLimiter> = OnceLock::new();
+            let l = LIMIT.get_or_init(|| {
+                hatchery_core::ratelimit::LogLimiter::new(Duration::from_secs(10), 1)
+            });
+            hatchery_core::limited_warn!(
+                l,
+                "gateway-events",
+                "gateway event queue full; event not written to the session log"
+            );
+        }
+    }
+}
+
+/// This daemon's own sessions.
+pub struct LocalSink(pub Arc<Sessions>);
+
+#[async_trait::async_trait]
+impl EventSink for LocalSink {
+    async fn deliver(&self, session: &str, e: ModelEvent) {
+        if let Err(e) = self.0.record_model_event(session, e).await {
+            // A caller that is no session of this host keeps no events.
+            tracing::debug!(session, error = %e, "gateway event not recorded");
+        }
+    }
+}
+
+/// Who owns a session now (the control role's sessions store).
+#[async_trait::async_trait]
+pub trait SessionOwners: Send + Sync + 'static {
+    async fn owner(&self, session: &str) -> Result<Option<String>, String>;
+}
+
+#[async_trait::async_trait]
+impl SessionOwners for Arc<dyn hatchery_sessions::store::SessionStore> {
+    async fn owner(&self, session: &str) -> Result<Option<String>, String> {
+        match self.get(session).await {
+            Ok(s) => Ok(Some(s.host_id)),
+            Err(hatchery_sessions::store::StoreError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+/// The control role's sink: each event posted to the session's owner.
+pub struct RemoteSink {
+    pub owners: Arc<dyn SessionOwners>,
+    pub directory: Arc<dyn Directory>,
+    pub me: String,
+    pub api_key: String,
+    pub outcomes: prometheus::IntCounterVec,
+}
+
+/// What one attempt at a post came to.
+#[derive(Debug, PartialEq, Eq)]
+enum Attempt {
+    Delivered,
+    /// Nothing reached the owner; try again.
+    Retry(String),
+    /// Given up: the owner refused it, or may have acted on it.
+    Dropped(&'static str, String),
+}
+
+impl RemoteSink {
+    async fn attempt(&self, session: &str, body: &[u8]) -> Attempt {
+        let host = match self.owners.owner(session).await {
+            Ok(Some(h)) => h,
+            Ok(None) => return Attempt::Dropped("unknown_session", session.into()),
+            Err(e) => return Attempt::Retry(format!("sessions store: {e}")),
+        };
+        let slot = match self.directory.hosts().await {
+            Ok(hs) => hs.into_iter().find(|h| h.id == host),
+            Err(e) => return Attempt::Retry(format!("hosts: {e}")),
+        };
+        let Some(slot) = slot.filter(|h| h.alive) else {
+            // Lost: its sessions are about to be taken over; the next
+            // attempt finds the new owner.
+            return Attempt::Retry(format!("owner {host} is not alive"));
+        };
+        let req = axum::http::Request::builder()
+            .method("POST")
+            .uri(format!("/v1/sessions/{session}/model-events"))
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {}", self.api_key))
+            .body(axum::body::Body::from(body.to_vec()));
+        let req = match req {
+            Ok(r) => r,
+            Err(e) => return Attempt::Dropped("invalid", e.to_string()),
+        };
+        let base = hatchery_route::base_url(&slot.url);
+        let sent = tokio::time::timeout(POST_TIMEOUT, try_forward(&host, &base, &self.me, req));
+        let Ok(answer) = sent.await else {
+            return Attempt::Dropped("ambiguous", format!("{host} did not answer in time"));
+        };
+        match answer {
+            Ok(r) if r.status().is_success() => Attempt::Delivered,
+            // The owner changed between the read and the post: this host
+            // refuses to write a session it no longer owns; nothing was
+            // written, so the new owner may.
+            Ok(r) if r.status() == axum::http::StatusCode::CONFLICT => {
+                Attempt::Retry(format!("{host} answered 409"))
+            }
+            Ok(r) => Attempt::Dropped("refused", format!("{host} answered {}", r.status())),
+            Err(ForwardFailure::NotSent(e)) => Attempt::Retry(e.to_string()),
+            Err(ForwardFailure::MaybeSent(e)) => Attempt::Dropped("ambiguous", e.to_string()),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl EventSink for RemoteSink {
+    async fn deliver(&self, session: &str, e: ModelEvent) {
+        let body = match serde_json::to_vec(&e) {
+            Ok(b) => b,
+            Err(err) => {
+                tracing::error!(session, error = %err, "gateway event not serializable");
+                return;
+            }
+        };
+        let deadline = tokio::time::Instant::now() + DELIVERY_DEADLINE;
+        loop {
+            let (outcome, why) = match self.attempt(session, &body).await {
+                Attempt::Delivered => ("delivered", String::new()),
+                Attempt::Retry(why) if tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(session, why, "gateway event: owner not reachable yet");
+                    tokio::time::sleep(RETRY_EVERY).await;
+                    continue;
+                }
+                Attempt::Retry(why) => ("timed_out", why),
+                Attempt::Dropped(outcome, why) => (outcome, why),
+            };
+            self.outcomes.with_label_values(&[outcome]).inc();
+            if outcome != "delivered" {
+                static LIMIT: OnceLock<hatchery_core::ratelimit::LogLimiter> = OnceLock::new();
+                let l = LIMIT.get_or_init(|| {
+                    hatchery_core::ratelimit::LogLimiter::new(Duration::from_secs(10), 1)
+                });
+                hatchery_core::limited_warn!(
+                    l,
+                    "gateway-event-post",
+                    session,
+                    outcome,
+                    why,
+                    "gateway event not written to the session log"
+                );
+            }
+            return;
+        }
+    }
+}
+
+/// `hatchery_gateway_events_total{outcome}` on the control role.
+pub fn outcomes(registry: &prometheus::Registry) -> prometheus::IntCounterVec {
+    let c = prometheus::IntCounterVec::new(
+        prometheus::Opts::new(
+            "hatchery_gateway_events_total",
+            "Model gateway events posted to the sessions' owning hosts, by outcome",
+        ),
+        &["outcome"],
+    )
+    .expect("valid metric");
+    if let Err(e) = registry.register(Box::new(c.clone())) {
+        tracing::warn!(error = %e, "gateway event metrics not registered");
+    }
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hatchery_gateway::budget::{Amount, Caller};
+    use hatchery_route::{HostSlot, Location, RouteError};
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    fn caller() -> Caller {
+        Caller {
+            session: "ses_a".into(),
+            tenant: None,
+        }
+    }
+
+    #[test]
+    fn events_convert_and_long_text_is_cut() {
+        let (s, e) = model_event(GatewayEvent::Refused {
+            caller: Some(caller()),
+            flavor: Flavor::Anthropic,
+            code: "upstream_unavailable",
+            message: "é".repeat(MAX_MESSAGE),
+        })
+        .unwrap();
+        assert_eq!(s, "ses_a");
+        let ModelEvent::Refused { api, message, .. } = &e else {
+            panic!("{e:?}")
+        };
+        assert_eq!(api, "anthropic");
+        assert!(message.len() <= MAX_MESSAGE && message.len() > MAX_MESSAGE - 2);
+        assert!(e.validate().is_ok());
+        // The exhausted call's refusal is left to its `Exhausted` event.
+        assert!(model_event(GatewayEvent::Refused {
+            caller: Some(caller()),
+            flavor: Flavor::OpenAi,
+            code: "budget_exhausted",
+            message: "m".into(),
+        })
+        .is_none());
+        let (_, e) = model_event(GatewayEvent::Called {
+            caller: caller(),
+            flavor: Flavor::OpenAi,
+            model: "m".into(),
+            input_tokens: Some(1),
+            output_tokens: Some(2),
+            charged: Amount {
+                tokens: 3,
+                usd_cents: 4,
+            },
+            reserved: Amount {
+                tokens: 9,
+                usd_cents: 9,
+            },
+        })
+        .unwrap();
+        assert!(matches!(
+            e,
+            ModelEvent::Called {
+                tokens: 3,
+                usd_cents: 4,
+                ..
+            }
+        ));
+    }
+
+    struct Owners(Mutex<Vec<Option<String>>>);
+    #[async_trait::async_trait]
+    impl SessionOwners for Owners {
+        async fn owner(&self, _: &str) -> Result<Option<String>, String> {
+            let mut v = self.0.lock().unwrap();
+            Ok(if v.len() > 1 {
+                v.remove(0)
+            } else {
+                v[0].clone()
+            })
+        }
+    }
+    struct Hosts(Vec<HostSlot>);
+    #[async_trait::async_trait]
+    impl Directory for Hosts {
+        async fn sandbox(&self, _: &str) -> Result<Location, RouteError> {
+            Ok(Location::Unknown)
+        }
+        async fn snapshot(&self, _: &str) -> Result<Location, RouteError> {
+            Ok(Location::Unknown)
+        }
+        async fn session(&self, _: &str) -> Result<Location, RouteError> {
+            Ok(Location::Unknown)
+        }
+        async fn hosts(&self) -> Result<Vec<HostSlot>, RouteError> {
+            Ok(self.0.clone())
+        }
+        async fn tenant_live(&self, _: &str) -> Result<BTreeMap<String, u32>, RouteError> {
+            Ok(BTreeMap::new())
+        }
+    }
+    fn slot(id: &str, url: String, alive: bool) -> HostSlot {
+        HostSlot {
+            id: id.into(),
+            url,
+            capacity: 1,
+            live: 0,
+            alive,
+            warm: vec![],
+        }
+    }
+    fn sink(owners: Vec<Option<String>>, hosts: Vec<HostSlot>) -> RemoteSink {
+        RemoteSink {
+            owners: Arc::new(Owners(Mutex::new(owners))),
+            directory: Arc::new(Hosts(hosts)),
+            me: "ctl".into(),
+            api_key: "k".into(),
+            outcomes: outcomes(&prometheus::Registry::new()),
+        }
+    }
+
+    /// A lost owner and a closed port are retried; an owner that took the
+    /// request and dropped the connection is not (it may have written).
+    #[tokio::test]
+    async fn only_what_cannot_have_arrived_is_retried() {
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap()
+        };
+        let s = sink(
+            vec![Some("a".into())],
+            vec![slot("a", format!("{closed}"), false)],
+        );
+        assert!(matches!(s.attempt("ses_a", b"{}").await, Attempt::Retry(_)));
+        let s = sink(
+            vec![Some("a".into())],
+            vec![slot("a", format!("{closed}"), true)],
+        );
+        assert!(matches!(s.attempt("ses_a", b"{}").await, Attempt::Retry(_)));
+        let s = sink(vec![None], vec![]);
+        assert!(matches!(
+            s.attempt("ses_a", b"{}").await,
+            Attempt::Dropped("unknown_session", _)
+        ));
+
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut c, _) = l.accept().await.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = tokio::io::AsyncReadExt::read(&mut c, &mut buf).await;
+        });
+        let s = sink(
+            vec![Some("a".into())],
+            vec![slot("a", format!("{addr}"), true)],
+        );
+        assert!(matches!(
+            s.attempt("ses_a", b"{}").await,
+            Attempt::Dropped("ambiguous", _)
+        ));
+    }
+
+    /// The owner answers: the post carries the key and the event, and a
+    /// 409 (it no longer owns the session) sends it to the next owner.
+    #[tokio::test]
+    async fn a_moved_session_is_posted_to_its_new_owner() {
+        use axum::routing::post;
+        let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+        let serve = |status: u16, seen: Arc<Mutex<Vec<String>>>| async move {
+            let app = axum::Router::new().route(
+                "/v1/sessions/{id}/model-events",
+                post(move |h: axum::http::HeaderMap, body: String| async move {
+                    let auth = h
+                        .get("authorization")
+                        .unwrap()
+                        .to_str()
+                        .unwrap()
+                        .to_string();
+                    seen.lock().unwrap().push(format!("{status} {auth} {body}"));
+                    axum::http::StatusCode::from_u16(status).unwrap()
+                }),
+            );
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap();
+            tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+            addr
+        };
+        let old = serve(409, seen.clone()).await;
+        let new = serve(204, seen.clone()).await;
+        let s = sink(
+            vec![Some("a".into()), Some("b".into())],
+            vec![
+                slot("a", format!("http://{old}"), true),
+                slot("b", format!("http://{new}"), true),
+            ],
+        );
+        let e = ModelEvent::Exhausted {
+            scope: "session:ses_a".into(),
+            message: "m".into(),
+        };
+        s.deliver("ses_a", e).await;
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2, "{seen:?}");
+        assert!(
+            seen[0].starts_with("409 Bearer k {\"kind\":\"exhausted\""),
+            "{seen:?}"
+        );
+        assert!(seen[1].starts_with("204 Bearer k "), "{seen:?}");
+        assert_eq!(
+            s.outcomes.with_label_values(&["delivered"]).get(),
+            1,
+            "delivered once"
+        );
+    }
+}

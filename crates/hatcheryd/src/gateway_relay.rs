@@ -1,0 +1,218 @@
+//! The model gateway split across roles (docs/gateway.md, "On many
+//! hosts"). On a host, the gateway socket sandboxes reach relays each model
+//! call to the control role's gateway, so the host holds no upstream key:
+//! the path goes under `/v1/model-gateway`, whatever key the guest sent is
+//! dropped, and the host's API key and the sandbox id the host-service
+//! relay attached (which guest code cannot forge) go with it. On the
+//! control role, those routes take only requests carrying both.
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use hatchery_gateway::calls::SANDBOX_HEADER;
+use hatchery_gateway::errors::CallError;
+use hatchery_gateway::usage::Flavor;
+use std::sync::Arc;
+
+/// Where the control role serves the model routes.
+pub const PREFIX: &str = "/v1/model-gateway";
+
+#[derive(Clone)]
+pub struct Relay {
+    /// `http://host:port` of the control plane.
+    pub control: String,
+    pub api_key: String,
+    /// This host's id (marks the request as forwarded by it).
+    pub me: String,
+}
+
+fn flavor(path: &str) -> Option<Flavor> {
+    match path {
+        "/v1/chat/completions" => Some(Flavor::OpenAi),
+        "/v1/messages" => Some(Flavor::Anthropic),
+        _ => None,
+    }
+}
+
+/// The request as it goes to the control plane, or why it does not.
+fn rewrite(r: &Relay, mut req: Request) -> Result<Request, (Flavor, CallError)> {
+    let path = req.uri().path().to_string();
+    let Some(f) = flavor(&path) else {
+        return Err((
+            Flavor::OpenAi,
+            CallError::BadRequest(format!("no model route {path}")),
+        ));
+    };
+    if req.method() != Method::POST {
+        return Err((f, CallError::BadRequest("model calls are POSTs".into())));
+    }
+    // Set by this daemon's host-service relay on every request from a
+    // sandbox; without it the call is nobody's.
+    if !req.headers().contains_key(SANDBOX_HEADER) {
+        return Err((f, CallError::UnboundSandbox));
+    }
+    let h = req.headers_mut();
+    h.remove("x-api-key");
+    let auth = HeaderValue::from_str(&format!("Bearer {}", r.api_key))
+        .map_err(|e| (f, CallError::GatewayUnreachable(e.to_string())))?;
+    h.insert(header::AUTHORIZATION, auth);
+    let to: Uri = format!("{PREFIX}{path}")
+        .parse()
+        .map_err(|e: axum::http::uri::InvalidUri| (f, CallError::BadRequest(e.to_string())))?;
+    *req.uri_mut() = to;
+    Ok(req)
+}
+
+async fn relay(State(r): State<Arc<Relay>>, req: Request) -> Response {
+    let req = match rewrite(&r, req) {
+        Ok(req) => req,
+        Err((f, e)) => return e.into_response(f),
+    };
+    let f = flavor(req.uri().path().trim_start_matches(PREFIX)).unwrap_or(Flavor::OpenAi);
+    match hatchery_route::forward::forward("control", &r.control, &r.me, req).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            tracing::warn!(error = %e, "model call not relayed to the control role's gateway");
+            CallError::GatewayUnreachable("the control plane did not answer".into())
+                .into_response(f)
+        }
+    }
+}
+
+/// The host's gateway socket: every request is relayed (or refused).
+pub fn router(r: Relay) -> axum::Router {
+    axum::Router::new().fallback(relay).with_state(Arc::new(r))
+}
+
+async fn hosts_only(State(key): State<Arc<str>>, req: Request, next: Next) -> Response {
+    let ok = hatchery_serve::headers::api_key_ok(req.headers(), &key)
+        && req.headers().contains_key(SANDBOX_HEADER);
+    if !ok {
+        let body = serde_json::json!({"error": {"code": "unauthorized",
+            "message": "the model gateway takes calls relayed by hosts (API key and sandbox id)"}});
+        return (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response();
+    }
+    next.run(req).await
+}
+
+/// The control role's model routes, under [`PREFIX`], for hosts' relays.
+pub fn control_routes(model_routes: axum::Router, api_key: Arc<str>) -> axum::Router {
+    axum::Router::new().nest(
+        PREFIX,
+        model_routes.layer(axum::middleware::from_fn_with_state(api_key, hosts_only)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+
+    fn relay_cfg() -> Relay {
+        Relay {
+            control: "http://127.0.0.1:1".into(),
+            api_key: "hx_k".into(),
+            me: "h1".into(),
+        }
+    }
+
+    fn req(method: &str, path: &str, headers: &[(&str, &str)]) -> Request {
+        let mut b = Request::builder().method(method).uri(path);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(Body::empty()).unwrap()
+    }
+
+    /// The guest's own key never leaves the host; the host's key and the
+    /// relay's sandbox id do, on the prefixed path.
+    #[test]
+    fn the_guests_key_is_replaced_by_the_hosts() {
+        let r = rewrite(
+            &relay_cfg(),
+            req(
+                "POST",
+                "/v1/chat/completions",
+                &[
+                    ("authorization", "Bearer guest-secret"),
+                    ("x-api-key", "guest-secret"),
+                    (SANDBOX_HEADER, "sbx_1"),
+                ],
+            ),
+        )
+        .unwrap();
+        assert_eq!(r.uri().path(), "/v1/model-gateway/v1/chat/completions");
+        assert_eq!(r.headers()["authorization"], "Bearer hx_k");
+        assert!(!r.headers().contains_key("x-api-key"));
+        assert_eq!(r.headers()[SANDBOX_HEADER], "sbx_1");
+    }
+
+    #[test]
+    fn only_model_calls_from_a_sandbox_are_relayed() {
+        for (m, p, h) in [
+            ("POST", "/admin/keys", vec![(SANDBOX_HEADER, "sbx_1")]),
+            ("GET", "/v1/messages", vec![(SANDBOX_HEADER, "sbx_1")]),
+            ("POST", "/v1/messages", vec![]),
+        ] {
+            assert!(rewrite(&relay_cfg(), req(m, p, &h)).is_err(), "{m} {p}");
+        }
+    }
+
+    /// The control side answers 401 without the API key or without a
+    /// sandbox id, before the gateway sees the call.
+    #[tokio::test]
+    async fn the_control_routes_want_a_hosts_key_and_a_sandbox() {
+        use tower::ServiceExt;
+        let inner =
+            axum::Router::new().route("/v1/messages", axum::routing::post(|| async { "reached" }));
+        let app = control_routes(inner, "hx_k".into());
+        for (h, want) in [
+            (vec![(SANDBOX_HEADER, "sbx_1")], StatusCode::UNAUTHORIZED),
+            (
+                vec![("authorization", "Bearer hx_k")],
+                StatusCode::UNAUTHORIZED,
+            ),
+            (
+                vec![("authorization", "Bearer wrong"), (SANDBOX_HEADER, "sbx_1")],
+                StatusCode::UNAUTHORIZED,
+            ),
+            (
+                vec![("authorization", "Bearer hx_k"), (SANDBOX_HEADER, "sbx_1")],
+                StatusCode::OK,
+            ),
+        ] {
+            let resp = app
+                .clone()
+                .oneshot(req("POST", "/v1/model-gateway/v1/messages", &h))
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), want, "{h:?}");
+        }
+    }
+
+    /// A control plane that does not answer: the guest gets its protocol's
+    /// error shape, not a hang.
+    #[tokio::test]
+    async fn an_unreachable_control_plane_is_a_502_in_the_protocols_shape() {
+        use tower::ServiceExt;
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = closed.local_addr().unwrap();
+        drop(closed);
+        let app = router(Relay {
+            control: format!("http://{addr}"),
+            ..relay_cfg()
+        });
+        let resp = app
+            .oneshot(req("POST", "/v1/messages", &[(SANDBOX_HEADER, "sbx_1")]))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+        let b = axum::body::to_bytes(resp.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "api_error");
+    }
+}
