@@ -15,6 +15,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 
 import pytest
@@ -23,7 +24,7 @@ HERE = os.path.dirname(__file__)
 sys.path.insert(0, HERE)
 
 from test_hosts import ARGS, LOSS_WAIT, check_invariants, daemon, headers, no_net_leftovers, owner, pg, sql  # noqa: E402,F401
-from harness import Daemon, wait_for  # noqa: E402  (on the path test_hosts set)
+from harness import KEY, Daemon, wait_for  # noqa: E402  (on the path test_hosts set)
 
 
 def snapshot(d, sid, **body):
@@ -149,6 +150,68 @@ def test_shared_snapshot_outlives_its_writer(pg):
         (lo2 or lo).cleanup()
         shutil.rmtree(shared, ignore_errors=True)
     no_net_leftovers(a, b, lo)
+
+
+def test_a_paused_e2b_sandbox_is_resumed_once_across_hosts(pg):
+    """With a shared snapshot store every host may resume a paused E2B
+    sandbox, so two connects on two hosts at the same moment race for one
+    snapshot. Exactly one restores it (201); the other waits out the claim
+    and finds it running (200) or is told it is being resumed (409). Never
+    two sandboxes under one E2B id."""
+    shared = tempfile.mkdtemp(prefix="hxsr-", dir="/tmp")
+    store = ["--snapshot-store", f"shared:{shared}"]
+    a = daemon(pg, "sr-a", role="host", extra=store)
+    b = daemon(pg, "sr-b", role="host", extra=store)
+    e2b_key = {"X-API-Key": KEY}
+    resumed = []
+    try:
+        r = a.request("POST", "/e2b/sandboxes", {"templateID": "code-interpreter", "timeout": 300},
+                      auth=False, headers=e2b_key)
+        assert r.status == 201, r
+        sid = r.json()["sandboxID"]
+        a.created.add(sid)
+        assert a.put_file(sid, "/work/p.txt", b"before the pause").status == 204
+        r = a.request("POST", f"/e2b/sandboxes/{sid}/pause", {}, auth=False, headers=e2b_key)
+        assert r.status == 204, r
+        assert sql(pg, f"SELECT location FROM snapshots WHERE metadata->>'e2b_paused_sandbox' = '{sid}'") \
+            == [["shared"]]
+
+        go = threading.Barrier(2)
+        answers = {}
+
+        def connect(d):
+            go.wait()
+            answers[d.port] = d.request("POST", f"/e2b/sandboxes/{sid}/connect", {"timeout": 300},
+                                        auth=False, headers=e2b_key, timeout=120)
+        threads = [threading.Thread(target=connect, args=(d,)) for d in (a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(150)
+        statuses = sorted(r.status for r in answers.values())
+        assert statuses in ([200, 201], [201, 409]), answers
+        rows = sql(pg, "SELECT id, host_id FROM sandboxes WHERE state = 'running' "
+                       f"AND metadata->>'e2b_sandbox_id' = '{sid}'")
+        assert len(rows) == 1, rows
+        resumed = rows[0]
+        {"sr-a": a, "sr-b": b}[resumed[1]].created.add(resumed[0])
+        assert sql(pg, f"SELECT count(*) FROM snapshots WHERE metadata->>'e2b_paused_sandbox' = '{sid}'") == [["0"]]
+        # The claim was released: no lease of it is still held.
+        assert sql(pg, "SELECT count(*) FROM leases WHERE resource = 'e2b-resume:" + sid + "' "
+                       "AND expires_at_ms > (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT") == [["0"]]
+        r = b.request("GET", "/e2b/sandbox/files?path=/work/p.txt", auth=False,
+                      headers={"E2b-Sandbox-Id": sid, "X-Access-Token": answers[a.port].json().get("envdAccessToken")
+                               or answers[b.port].json().get("envdAccessToken")})
+        assert r.status == 200 and r.body == b"before the pause", r
+        r = a.request("DELETE", f"/e2b/sandboxes/{sid}", auth=False, headers=e2b_key)
+        assert r.status == 204, r
+        check_invariants(pg, [sid, resumed[0]])
+        assert os.listdir(shared) == [], os.listdir(shared)
+    finally:
+        b.cleanup()
+        a.cleanup()
+        shutil.rmtree(shared, ignore_errors=True)
+    no_net_leftovers(a, b)
 
 
 def test_bad_snapshot_store_is_a_start_error(pg):

@@ -176,6 +176,18 @@ pub enum PtyEvent {
     Exit { exit_code: i32, signaled: bool },
 }
 
+/// How long a resume claim outlives a holder that died mid-resume (a
+/// restore takes runsc's 60 s checkpoint limit at worst, plus margin).
+pub const RESUME_CLAIM_TTL_S: u64 = 180;
+
+/// A held claim on resuming one paused sandbox (the store's lease on it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResumeClaim {
+    pub resource: String,
+    pub owner: String,
+    pub epoch: u64,
+}
+
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
     /// The daemon's API key, which E2B clients send as `X-API-KEY`.
@@ -209,6 +221,13 @@ pub trait Backend: Send + Sync + 'static {
         metadata: BTreeMap<String, String>,
     ) -> BResult<SandboxView>;
     async fn delete_snapshot(&self, snapshot: &str);
+    /// Claims the resume of paused sandbox `e2b_id` across every daemon on
+    /// the state store (`None`: another daemon holds the claim). With a
+    /// shared snapshot store any host may resume a paused sandbox, so the
+    /// per-daemon guard alone would let two hosts restore it at once. Held
+    /// until released, or for [`RESUME_CLAIM_TTL_S`] if its holder dies.
+    async fn claim_resume(&self, e2b_id: &str) -> BResult<Option<ResumeClaim>>;
+    async fn release_resume(&self, claim: ResumeClaim);
 
     async fn exec(
         &self,

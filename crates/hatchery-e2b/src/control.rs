@@ -361,26 +361,61 @@ pub struct ConnectBody {
     auto_pause: Option<bool>,
 }
 
-async fn resume_paused(s: &Shared, id: &str, ttl: u64) -> ApiResult<Response> {
+/// What a resume found: the sandbox it restored, or one that another
+/// resume (on this host or another) restored first.
+enum Resumed {
+    Restored(SandboxView),
+    AlreadyRunning(SandboxView),
+}
+
+async fn resume_paused(s: &Shared, id: &str, ttl: u64) -> ApiResult<Resumed> {
+    if s.paused(id).await?.is_none() {
+        return Err(ApiError::not_found(id));
+    }
+    let being_resumed = || {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox \"{id}\" is being resumed already"),
+        )
+    };
+    if !s.begin_resume(id) {
+        return Err(being_resumed());
+    }
+    let claim = match s.backend.claim_resume(id).await {
+        Ok(Some(c)) => c,
+        Ok(None) => {
+            s.end_resume(id);
+            return Err(being_resumed());
+        }
+        Err(e) => {
+            s.end_resume(id);
+            return Err(e.into());
+        }
+    };
+    let out = resume_claimed(s, id, ttl).await;
+    s.backend.release_resume(claim).await;
+    s.end_resume(id);
+    out
+}
+
+/// Under the claim: a resume that finished before it was taken left a
+/// running sandbox (and, if its snapshot delete failed, the snapshot too),
+/// so that is looked for before anything is restored.
+async fn resume_claimed(s: &Shared, id: &str, ttl: u64) -> ApiResult<Resumed> {
+    if let Some((_, v)) = s.live(id).await? {
+        return Ok(Resumed::AlreadyRunning(v));
+    }
     let Some(p) = s.paused(id).await? else {
         return Err(ApiError::not_found(id));
     };
-    if !s.begin_resume(id) {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            format!("sandbox \"{id}\" is being resumed already"),
-        ));
-    }
     // The new sandbox answers to the E2B id from its metadata on, on any
     // host and after a restart; the snapshot goes once it runs.
     let mut meta = p.view.metadata.clone();
     meta.insert(ALIAS_KEY.into(), id.into());
-    let restored = s.backend.restore(&p.snapshot, ttl, meta).await;
-    s.end_resume(id);
-    let v = restored?;
+    let v = s.backend.restore(&p.snapshot, ttl, meta).await?;
     s.set_alias(id, &v.id);
     s.backend.delete_snapshot(&p.snapshot).await;
-    Ok((StatusCode::CREATED, Json(sandbox_json(s, id, &v))).into_response())
+    Ok(Resumed::Restored(v))
 }
 
 /// Connect: the sandbox as it is (200), resumed first if paused (201).
@@ -400,7 +435,11 @@ async fn do_connect(s: &Shared, id: &str, b: ConnectBody, default: u64) -> ApiRe
         };
         return Ok((StatusCode::OK, Json(sandbox_json(s, id, &v))).into_response());
     }
-    resume_paused(s, id, ttl).await
+    Ok(match resume_paused(s, id, ttl).await? {
+        Resumed::Restored(v) => (StatusCode::CREATED, Json(sandbox_json(s, id, &v))),
+        Resumed::AlreadyRunning(v) => (StatusCode::OK, Json(sandbox_json(s, id, &v))),
+    }
+    .into_response())
 }
 
 pub async fn connect_v1(
@@ -435,7 +474,15 @@ pub async fn resume(
             format!("sandbox \"{id}\" is already running"),
         ));
     }
-    resume_paused(&s, &id, timeout_of(b.timeout, 15)?).await
+    match resume_paused(&s, &id, timeout_of(b.timeout, 15)?).await? {
+        Resumed::Restored(v) => {
+            Ok((StatusCode::CREATED, Json(sandbox_json(&s, &id, &v))).into_response())
+        }
+        Resumed::AlreadyRunning(_) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox \"{id}\" is already running"),
+        )),
+    }
 }
 
 #[derive(Deserialize, Default)]

@@ -89,7 +89,10 @@ impl Sessions {
     }
 
     /// A settled model call: its event, the spend added in the same
-    /// transaction, and the new totals.
+    /// transaction, and the new totals. Once the first is committed the
+    /// call is recorded: a failure of the totals event after it is logged,
+    /// not returned, so that a caller that retries failures (the control
+    /// role's gateway) never records the call twice.
     pub async fn record_model_call(
         &self,
         id: &str,
@@ -107,17 +110,23 @@ impl Sessions {
             },
         )
         .await?;
-        let s = self.store.get(id).await?;
-        self.append_live(
-            id,
-            vec![EventKind::Budget {
-                tokens: s.spend_tokens,
-                usd_cents: s.spend_usd_cents,
-                wall_s: crate::models::wall_s(&s),
-            }],
-            Patch::default(),
-        )
-        .await
+        let totals = async {
+            let s = self.store.get(id).await?;
+            self.append_live(
+                id,
+                vec![EventKind::Budget {
+                    tokens: s.spend_tokens,
+                    usd_cents: s.spend_usd_cents,
+                    wall_s: crate::models::wall_s(&s),
+                }],
+                Patch::default(),
+            )
+            .await
+        };
+        if let Err(e) = totals.await {
+            tracing::warn!(session = id, error = %e, "model call recorded; its budget event not");
+        }
+        Ok(())
     }
 
     /// A refused model call (bad request, unbound, upstream down).

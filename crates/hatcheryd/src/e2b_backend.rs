@@ -7,7 +7,7 @@ use hatchery_core::{CoreError, Manager};
 use hatchery_e2b::backend::{
     BResult, Backend, BackendError, CodeDone, CodeEvent, CodeSpec, ContextView, CreateSpec,
     ExecOutput, FailKind, FileEntry, NetworkSpec, OutputChunk, ProcSpec, ProcView, Pty, PtyEvent,
-    SandboxView,
+    ResumeClaim, SandboxView, RESUME_CLAIM_TTL_S,
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -17,6 +17,9 @@ use tokio::sync::{mpsc, oneshot, Mutex};
 pub struct ManagerBackend {
     pub manager: Arc<Manager>,
     pub api_key: String,
+    /// The state store: resume claims are leases in it, so they hold
+    /// across every daemon that shares it.
+    pub store: Arc<dyn hatchery_core::store::Store>,
 }
 
 fn err(e: CoreError) -> BackendError {
@@ -421,6 +424,36 @@ impl Backend for ManagerBackend {
     async fn delete_snapshot(&self, snapshot: &str) {
         if let Err(e) = self.manager.delete_snapshot(snapshot).await {
             tracing::warn!(snapshot, error = %e, "e2b: could not delete a resumed sandbox's snapshot");
+        }
+    }
+
+    async fn claim_resume(&self, e2b_id: &str) -> BResult<Option<ResumeClaim>> {
+        use hatchery_core::store::StoreError;
+        let resource = format!("e2b-resume:{e2b_id}");
+        match self
+            .store
+            .take_lease(&resource, self.manager.host_id(), RESUME_CLAIM_TTL_S * 1000)
+            .await
+        {
+            Ok(l) => Ok(Some(ResumeClaim {
+                resource: l.resource,
+                owner: l.owner,
+                epoch: l.epoch,
+            })),
+            Err(StoreError::LeaseHeld { .. }) => Ok(None),
+            Err(e) => Err(BackendError::new(FailKind::Internal, e.to_string())),
+        }
+    }
+
+    async fn release_resume(&self, c: ResumeClaim) {
+        let f = hatchery_core::store::Fence {
+            resource: c.resource,
+            owner: c.owner,
+            epoch: c.epoch,
+        };
+        // Not released: it lapses after RESUME_CLAIM_TTL_S.
+        if let Err(e) = self.store.release_lease(&f).await {
+            tracing::warn!(resource = %f.resource, error = %e, "e2b: resume claim not released");
         }
     }
 

@@ -202,6 +202,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         Arc::new(crate::e2b_backend::ManagerBackend {
             manager: manager.clone(),
             api_key: key.clone(),
+            store: store.clone(),
         }),
         manager.caps.max_file_bytes,
     );
