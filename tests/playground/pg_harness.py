@@ -73,7 +73,8 @@ class Gateway:
 
     def start(self):
         env = dict(os.environ, HATCHERY_URL=f"http://127.0.0.1:{self.daemon.port}", HATCHERY_API_KEY=KEY,
-                   RUST_LOG="info,hatchery_playground=debug", **self.env)
+                   RUST_LOG="info,hatchery_playground=debug")
+        env.update(self.env)
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [PLAYGROUND_BIN, "--listen", f"127.0.0.1:{self.port}", "--db", self.db, *self.args],

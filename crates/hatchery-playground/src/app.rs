@@ -25,7 +25,7 @@ pub enum AppError {
 
 /// Ordinary daemon calls (create, write, delete) are bounded by this; a
 /// run's stream is bounded by the run's own deadline.
-const DAEMON_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DAEMON_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest JSON answer taken from the daemon.
 const DAEMON_MAX_JSON: usize = 1 << 20;
 

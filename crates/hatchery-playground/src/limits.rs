@@ -149,6 +149,20 @@ impl InFlight {
     pub fn current(&self) -> usize {
         self.max - self.sem.available_permits()
     }
+
+    /// Waits, at most `within`, until no run is in flight (each releases
+    /// its permit once its sandbox is deleted), then takes every permit so
+    /// that none starts; false if runs were still going at the deadline.
+    pub async fn drain(&self, within: Duration) -> bool {
+        let all = u32::try_from(self.max).unwrap_or(u32::MAX);
+        match tokio::time::timeout(within, self.sem.acquire_many(all)).await {
+            Ok(Ok(p)) => {
+                p.forget();
+                true
+            }
+            _ => false,
+        }
+    }
 }
 
 /// The visitor's address: the peer, unless the peer is a trusted proxy, in
@@ -272,6 +286,30 @@ mod tests {
             bucket_key("::ffff:1.2.3.4".parse().unwrap()),
             "1.2.3.4".parse::<IpAddr>().unwrap()
         );
+    }
+
+    #[test]
+    fn in_flight_drains() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let f = InFlight::new(2);
+            let p = f.try_acquire().unwrap();
+            assert!(
+                !f.drain(Duration::from_millis(20)).await,
+                "a run is in flight"
+            );
+            let f2 = f.clone();
+            let release = tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                drop(p);
+            });
+            assert!(f2.drain(Duration::from_secs(5)).await);
+            release.await.unwrap();
+            assert!(f.try_acquire().is_err(), "no run starts once drained");
+        });
     }
 
     #[test]

@@ -25,14 +25,26 @@ async fn main() -> anyhow::Result<()> {
     // puts each connection's peer address where ConnectInfo finds it.
     hatchery_serve::serve(
         listener,
-        routes::router(app),
+        routes::router(app.clone()),
         cfg.http.clone(),
         shutdown(),
         None,
     )
     .await
     .context("server failed")?;
-    tracing::info!("stopped");
+    // A run outlives its visitor's connection (it is a task of its own, so
+    // a visitor who leaves still gets the sandbox deleted): the server's
+    // end is not the runs' end. Exiting now would drop a cancelled run's
+    // delete half-way and leave its sandbox to the TTL.
+    let bound = app.limits.timeout + 3 * hatchery_playground::app::DAEMON_CALL_TIMEOUT;
+    if app.in_flight.drain(bound).await {
+        tracing::info!("stopped");
+    } else {
+        tracing::warn!(
+            in_flight = app.in_flight.current(),
+            "stopped with runs still in flight; their sandboxes are left to the TTL"
+        );
+    }
     Ok(())
 }
 
