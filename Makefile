@@ -250,6 +250,8 @@ bench: build template $(GATEWAY_VENV)/.installed
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/sessions_hosts_bench.py
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  /usr/bin/python3 bench/gateway_hosts_bench.py
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/session_egress_bench.py
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/bench.py

@@ -246,7 +246,7 @@ def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared
 
         # Every gateway event reached an owner's log, none given up.
         assert metric(c, "hatchery_gateway_events_total", 'outcome="delivered"') > 0
-        for outcome in ("ambiguous", "refused", "timed_out", "unknown_session"):
+        for outcome in ("ambiguous", "refused", "timed_out", "owner_lost", "unknown_session"):
             assert metric(c, "hatchery_gateway_events_total", f'outcome="{outcome}"') == 0, outcome
         for sid in (running, idle):
             # One budget account across both hosts: the gateway's row in the

@@ -338,7 +338,11 @@ pub async fn start_control(
     }
     let api_key: Arc<str> = sink.api_key.clone().into();
     let (store, keys) = open_budgets(Some(shared_db), data).await?;
-    let events = crate::gateway_events::QueuedEvents::spawn(Arc::new(sink));
+    // One lane per session: a session whose host is lost (until its
+    // sessions are taken over) holds up only its own events.
+    let events = crate::gateway_events::QueuedEvents::spawn(Arc::new(
+        crate::gateway_events::Lanes::new(Arc::new(sink)),
+    ));
     let g = build(a, store.clone(), keys, Arc::new(events), registry)?;
     hatchery_gateway::spawn_janitor(store);
     tracing::info!("model gateway serving the hosts' relays at /v1/model-gateway");

@@ -16,6 +16,7 @@ use hatchery_route::forward::{try_forward, ForwardFailure};
 use hatchery_route::Directory;
 use hatchery_sessions::model_events::{ModelEvent, MAX_MESSAGE};
 use hatchery_sessions::Sessions;
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -160,20 +161,114 @@ impl EventSink for LocalSink {
     }
 }
 
-/// Who owns a session now (the control role's sessions store).
+/// Who owns a session now (the control role's sessions store), and
+/// whether it has ended (an ended session is never taken over).
 #[async_trait::async_trait]
 pub trait SessionOwners: Send + Sync + 'static {
-    async fn owner(&self, session: &str) -> Result<Option<String>, String>;
+    async fn owner(&self, session: &str) -> Result<Option<(String, bool)>, String>;
 }
 
 #[async_trait::async_trait]
 impl SessionOwners for Arc<dyn hatchery_sessions::store::SessionStore> {
-    async fn owner(&self, session: &str) -> Result<Option<String>, String> {
+    async fn owner(&self, session: &str) -> Result<Option<(String, bool)>, String> {
         match self.get(session).await {
-            Ok(s) => Ok(Some(s.host_id)),
+            Ok(s) => Ok(Some((s.host_id, s.state.is_terminal()))),
             Err(hatchery_sessions::store::StoreError::NotFound(_)) => Ok(None),
             Err(e) => Err(e.to_string()),
         }
+    }
+}
+
+/// One ordered lane per session in front of a sink: events of one session
+/// are delivered in order, and a session whose owner cannot be reached yet
+/// (its host lost, not yet taken over) holds up only its own events.
+pub struct Lanes {
+    inner: Arc<dyn EventSink>,
+    lanes: Arc<std::sync::Mutex<HashMap<String, mpsc::Sender<ModelEvent>>>>,
+}
+
+/// Events waiting in one session's lane; more are dropped and counted.
+const LANE_QUEUE: usize = 256;
+/// Sessions with a lane at once; events of more are dropped and counted.
+const MAX_LANES: usize = 10_000;
+/// A lane with nothing to do for this long goes.
+const LANE_IDLE: Duration = Duration::from_secs(30);
+
+impl Lanes {
+    pub fn new(inner: Arc<dyn EventSink>) -> Self {
+        Lanes {
+            inner,
+            lanes: Default::default(),
+        }
+    }
+}
+
+fn dropped_warn(session: &str, why: &str) {
+    static LIMIT: OnceLock<hatchery_core::ratelimit::LogLimiter> = OnceLock::new();
+    let l =
+        LIMIT.get_or_init(|| hatchery_core::ratelimit::LogLimiter::new(Duration::from_secs(10), 1));
+    hatchery_core::limited_warn!(
+        l,
+        "gateway-event-lane",
+        session,
+        why,
+        "gateway event not written to the session log"
+    );
+}
+
+async fn lane(
+    session: String,
+    mut rx: mpsc::Receiver<ModelEvent>,
+    inner: Arc<dyn EventSink>,
+    lanes: Arc<std::sync::Mutex<HashMap<String, mpsc::Sender<ModelEvent>>>>,
+) {
+    loop {
+        match tokio::time::timeout(LANE_IDLE, rx.recv()).await {
+            Ok(Some(e)) => inner.deliver(&session, e).await,
+            Ok(None) => return,
+            Err(_) => {
+                // Under the lock senders use: nothing can arrive between
+                // the check and the removal.
+                let mut m = lanes.lock().unwrap_or_else(|p| p.into_inner());
+                if rx.is_empty() {
+                    m.remove(&session);
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl EventSink for Lanes {
+    async fn deliver(&self, session: &str, mut e: ModelEvent) {
+        let mut m = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = m.get(session) {
+            match tx.try_send(e) {
+                Ok(()) => return,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    return dropped_warn(session, "the session's lane is full")
+                }
+                // Its worker is gone (it only ends by removing itself, so
+                // this is a panic): start another below.
+                Err(mpsc::error::TrySendError::Closed(back)) => {
+                    m.remove(session);
+                    e = back;
+                }
+            }
+        }
+        if m.len() >= MAX_LANES {
+            return dropped_warn(session, "too many sessions with events in flight");
+        }
+        let (tx, rx) = mpsc::channel(LANE_QUEUE);
+        let _ = tx.try_send(e);
+        m.insert(session.to_string(), tx);
+        tokio::spawn(lane(
+            session.to_string(),
+            rx,
+            self.inner.clone(),
+            self.lanes.clone(),
+        ));
     }
 }
 
@@ -198,7 +293,7 @@ enum Attempt {
 
 impl RemoteSink {
     async fn attempt(&self, session: &str, body: &[u8]) -> Attempt {
-        let host = match self.owners.owner(session).await {
+        let (host, ended) = match self.owners.owner(session).await {
             Ok(Some(h)) => h,
             Ok(None) => return Attempt::Dropped("unknown_session", session.into()),
             Err(e) => return Attempt::Retry(format!("sessions store: {e}")),
@@ -208,6 +303,10 @@ impl RemoteSink {
             Err(e) => return Attempt::Retry(format!("hosts: {e}")),
         };
         let Some(slot) = slot.filter(|h| h.alive) else {
+            if ended {
+                // Nobody takes an ended session over: no owner will come.
+                return Attempt::Dropped("owner_lost", format!("{host} is lost"));
+            }
             // Lost: its sessions are about to be taken over; the next
             // attempt finds the new owner.
             return Attempt::Retry(format!("owner {host} is not alive"));
@@ -365,16 +464,17 @@ mod tests {
         ));
     }
 
-    struct Owners(Mutex<Vec<Option<String>>>);
+    struct Owners(Mutex<Vec<Option<String>>>, bool);
     #[async_trait::async_trait]
     impl SessionOwners for Owners {
-        async fn owner(&self, _: &str) -> Result<Option<String>, String> {
+        async fn owner(&self, _: &str) -> Result<Option<(String, bool)>, String> {
             let mut v = self.0.lock().unwrap();
-            Ok(if v.len() > 1 {
+            let h = if v.len() > 1 {
                 v.remove(0)
             } else {
                 v[0].clone()
-            })
+            };
+            Ok(h.map(|h| (h, self.1)))
         }
     }
     struct Hosts(Vec<HostSlot>);
@@ -407,8 +507,11 @@ mod tests {
         }
     }
     fn sink(owners: Vec<Option<String>>, hosts: Vec<HostSlot>) -> RemoteSink {
+        sink_of(owners, hosts, false)
+    }
+    fn sink_of(owners: Vec<Option<String>>, hosts: Vec<HostSlot>, ended: bool) -> RemoteSink {
         RemoteSink {
-            owners: Arc::new(Owners(Mutex::new(owners))),
+            owners: Arc::new(Owners(Mutex::new(owners), ended)),
             directory: Arc::new(Hosts(hosts)),
             me: "ctl".into(),
             api_key: "k".into(),
@@ -438,6 +541,16 @@ mod tests {
         assert!(matches!(
             s.attempt("ses_a", b"{}").await,
             Attempt::Dropped("unknown_session", _)
+        ));
+        // An ended session is never taken over: its lost owner is final.
+        let s = sink_of(
+            vec![Some("a".into())],
+            vec![slot("a", format!("{closed}"), false)],
+            true,
+        );
+        assert!(matches!(
+            s.attempt("ses_a", b"{}").await,
+            Attempt::Dropped("owner_lost", _)
         ));
 
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -508,5 +621,61 @@ mod tests {
             1,
             "delivered once"
         );
+    }
+
+    /// Records deliveries; session "slow" waits for a release first.
+    struct Recorder {
+        seen: Mutex<Vec<String>>,
+        release: tokio::sync::Notify,
+    }
+    #[async_trait::async_trait]
+    impl EventSink for Recorder {
+        async fn deliver(&self, session: &str, e: ModelEvent) {
+            if session == "slow" {
+                self.release.notified().await;
+            }
+            let ModelEvent::Exhausted { message, .. } = e else {
+                unreachable!()
+            };
+            self.seen
+                .lock()
+                .unwrap()
+                .push(format!("{session}:{message}"));
+        }
+    }
+
+    async fn until(n: usize, seen: &dyn Fn() -> Vec<String>) {
+        for _ in 0..200 {
+            if seen().len() >= n {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// A session whose owner cannot be reached holds up its own events,
+    /// not another session's; each session's stay in order.
+    #[tokio::test]
+    async fn one_stuck_session_does_not_hold_up_the_others() {
+        let rec = Arc::new(Recorder {
+            seen: Mutex::new(vec![]),
+            release: tokio::sync::Notify::new(),
+        });
+        let lanes = Lanes::new(rec.clone());
+        let ev = |m: &str| ModelEvent::Exhausted {
+            scope: "s".into(),
+            message: m.into(),
+        };
+        for (s, m) in [("slow", "1"), ("fast", "1"), ("slow", "2"), ("fast", "2")] {
+            lanes.deliver(s, ev(m)).await;
+        }
+        let seen = || rec.seen.lock().unwrap().clone();
+        until(2, &seen).await;
+        assert_eq!(seen(), ["fast:1", "fast:2"]);
+        rec.release.notify_one();
+        until(3, &seen).await;
+        rec.release.notify_one();
+        until(4, &seen).await;
+        assert_eq!(seen(), ["fast:1", "fast:2", "slow:1", "slow:2"]);
     }
 }
