@@ -43,10 +43,8 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn call(&self, flavor: Flavor, outcome: &str) {
-        let api = match flavor {
-            Flavor::OpenAi => "openai",
-            Flavor::Anthropic => "anthropic",
-        };
-        self.calls.with_label_values(&[api, outcome]).inc();
+        self.calls
+            .with_label_values(&[flavor.name(), outcome])
+            .inc();
     }
 }

@@ -14,6 +14,16 @@ pub enum Flavor {
     Anthropic,
 }
 
+impl Flavor {
+    /// The API's name, as metrics and session events give it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Flavor::OpenAi => "openai",
+            Flavor::Anthropic => "anthropic",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
     pub input_tokens: Option<u64>,

@@ -11,9 +11,9 @@
 //! sent twice, since a doubled `model_call` would double the spend.
 
 use hatchery_gateway::events::{GatewayEvent, GatewayEvents};
-use hatchery_gateway::usage::Flavor;
 use hatchery_route::forward::{try_forward, ForwardFailure};
 use hatchery_route::Directory;
+use hatchery_sessions::events::cut;
 use hatchery_sessions::model_events::{ModelEvent, MAX_MESSAGE};
 use hatchery_sessions::Sessions;
 use std::collections::HashMap;
@@ -29,26 +29,23 @@ const EVENT_QUEUE: usize = 4096;
 const DELIVERY_DEADLINE: Duration = Duration::from_secs(90);
 const RETRY_EVERY: Duration = Duration::from_millis(500);
 /// A post the owner has not answered within this (a paused host's kernel
-/// still accepts the connection) is given up as ambiguous: the one writer
-/// must not wait on one host for as long as it stays paused.
+/// still accepts the connection) is given up as ambiguous: the session's
+/// lane must not wait for as long as its host stays paused.
 const POST_TIMEOUT: Duration = Duration::from_secs(15);
 
-fn api(f: Flavor) -> &'static str {
-    match f {
-        Flavor::OpenAi => "openai",
-        Flavor::Anthropic => "anthropic",
-    }
-}
-
-fn cut(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-    }
-    s
+/// One rate-limited line for every event that does not reach a session's
+/// log (guest code can cause them in a loop); `why` says where it stopped.
+fn not_written(session: Option<&str>, why: &str) {
+    static LIMIT: OnceLock<hatchery_core::ratelimit::LogLimiter> = OnceLock::new();
+    let l =
+        LIMIT.get_or_init(|| hatchery_core::ratelimit::LogLimiter::new(Duration::from_secs(10), 1));
+    hatchery_core::limited_warn!(
+        l,
+        "gateway-event",
+        session,
+        why,
+        "gateway event not written to the session log"
+    );
 }
 
 /// The session a gateway event belongs to and what its log records; `None`
@@ -66,8 +63,8 @@ pub fn model_event(e: GatewayEvent) -> Option<(String, ModelEvent)> {
         } => Some((
             caller.session,
             ModelEvent::Called {
-                api: api(flavor).into(),
-                model: cut(model, hatchery_sessions::model_events::MAX_MODEL),
+                api: flavor.name().into(),
+                model: cut(&model, hatchery_sessions::model_events::MAX_MODEL).into(),
                 input_tokens,
                 output_tokens,
                 tokens: charged.tokens,
@@ -88,9 +85,9 @@ pub fn model_event(e: GatewayEvent) -> Option<(String, ModelEvent)> {
         } => Some((
             caller.session,
             ModelEvent::Refused {
-                api: api(flavor).into(),
+                api: flavor.name().into(),
                 code: code.into(),
-                message: cut(message, MAX_MESSAGE),
+                message: cut(&message, MAX_MESSAGE).into(),
             },
         )),
         // No caller: an unbound sandbox or a bad key; nothing to log it to.
@@ -135,15 +132,7 @@ impl QueuedEvents {
 impl GatewayEvents for QueuedEvents {
     fn record(&self, e: GatewayEvent) {
         if self.tx.try_send(e).is_err() {
-            static LIMIT: OnceLock<hatchery_core::ratelimit::LogLimiter> = OnceLock::new();
-            let l = LIMIT.get_or_init(|| {
-                hatchery_core::ratelimit::LogLimiter::new(Duration::from_secs(10), 1)
-            });
-            hatchery_core::limited_warn!(
-                l,
-                "gateway-events",
-                "gateway event queue full; event not written to the session log"
-            );
+            not_written(None, "the gateway's event queue is full");
         }
     }
 }
@@ -203,19 +192,6 @@ impl Lanes {
     }
 }
 
-fn dropped_warn(session: &str, why: &str) {
-    static LIMIT: OnceLock<hatchery_core::ratelimit::LogLimiter> = OnceLock::new();
-    let l =
-        LIMIT.get_or_init(|| hatchery_core::ratelimit::LogLimiter::new(Duration::from_secs(10), 1));
-    hatchery_core::limited_warn!(
-        l,
-        "gateway-event-lane",
-        session,
-        why,
-        "gateway event not written to the session log"
-    );
-}
-
 async fn lane(
     session: String,
     mut rx: mpsc::Receiver<ModelEvent>,
@@ -247,7 +223,7 @@ impl EventSink for Lanes {
             match tx.try_send(e) {
                 Ok(()) => return,
                 Err(mpsc::error::TrySendError::Full(_)) => {
-                    return dropped_warn(session, "the session's lane is full")
+                    return not_written(Some(session), "the session's lane is full")
                 }
                 // Its worker is gone (it only ends by removing itself, so
                 // this is a panic): start another below.
@@ -258,7 +234,7 @@ impl EventSink for Lanes {
             }
         }
         if m.len() >= MAX_LANES {
-            return dropped_warn(session, "too many sessions with events in flight");
+            return not_written(Some(session), "too many sessions with events in flight");
         }
         let (tx, rx) = mpsc::channel(LANE_QUEUE);
         let _ = tx.try_send(e);
@@ -365,18 +341,7 @@ impl EventSink for RemoteSink {
             };
             self.outcomes.with_label_values(&[outcome]).inc();
             if outcome != "delivered" {
-                static LIMIT: OnceLock<hatchery_core::ratelimit::LogLimiter> = OnceLock::new();
-                let l = LIMIT.get_or_init(|| {
-                    hatchery_core::ratelimit::LogLimiter::new(Duration::from_secs(10), 1)
-                });
-                hatchery_core::limited_warn!(
-                    l,
-                    "gateway-event-post",
-                    session,
-                    outcome,
-                    why,
-                    "gateway event not written to the session log"
-                );
+                not_written(Some(session), &format!("{outcome}: {why}"));
             }
             return;
         }
@@ -403,6 +368,7 @@ pub fn outcomes(registry: &prometheus::Registry) -> prometheus::IntCounterVec {
 mod tests {
     use super::*;
     use hatchery_gateway::budget::{Amount, Caller};
+    use hatchery_gateway::usage::Flavor;
     use hatchery_route::{HostSlot, Location, RouteError};
     use std::collections::BTreeMap;
     use std::sync::Mutex;

@@ -35,8 +35,9 @@ fn flavor(path: &str) -> Option<Flavor> {
     }
 }
 
-/// The request as it goes to the control plane, or why it does not.
-fn rewrite(r: &Relay, mut req: Request) -> Result<Request, (Flavor, CallError)> {
+/// The request as it goes to the control plane (with its protocol, for
+/// the shape of an error), or why it does not.
+fn rewrite(r: &Relay, mut req: Request) -> Result<(Flavor, Request), (Flavor, CallError)> {
     let path = req.uri().path().to_string();
     let Some(f) = flavor(&path) else {
         return Err((
@@ -61,15 +62,14 @@ fn rewrite(r: &Relay, mut req: Request) -> Result<Request, (Flavor, CallError)> 
         .parse()
         .map_err(|e: axum::http::uri::InvalidUri| (f, CallError::BadRequest(e.to_string())))?;
     *req.uri_mut() = to;
-    Ok(req)
+    Ok((f, req))
 }
 
 async fn relay(State(r): State<Arc<Relay>>, req: Request) -> Response {
-    let req = match rewrite(&r, req) {
-        Ok(req) => req,
+    let (f, req) = match rewrite(&r, req) {
+        Ok(x) => x,
         Err((f, e)) => return e.into_response(f),
     };
-    let f = flavor(req.uri().path().trim_start_matches(PREFIX)).unwrap_or(Flavor::OpenAi);
     match hatchery_route::forward::forward("control", &r.control, &r.me, req).await {
         Ok(resp) => resp,
         Err(e) => {
@@ -129,7 +129,7 @@ mod tests {
     /// relay's sandbox id do, on the prefixed path.
     #[test]
     fn the_guests_key_is_replaced_by_the_hosts() {
-        let r = rewrite(
+        let (f, r) = rewrite(
             &relay_cfg(),
             req(
                 "POST",
@@ -142,6 +142,7 @@ mod tests {
             ),
         )
         .unwrap();
+        assert_eq!(f, Flavor::OpenAi);
         assert_eq!(r.uri().path(), "/v1/model-gateway/v1/chat/completions");
         assert_eq!(r.headers()["authorization"], "Bearer hx_k");
         assert!(!r.headers().contains_key("x-api-key"));
