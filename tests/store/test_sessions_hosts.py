@@ -170,6 +170,32 @@ def assert_log_sound(pg, d, sid):
     return evs
 
 
+def assert_key_holders_cannot_pose_as_daemons(pg, c, h, sid):
+    """The API key is every client's; the routes only daemons call want the
+    deployment's daemon key too (kept in the shared database, made by the
+    first daemon). Without it a client cannot charge a model call to a
+    session through the control role's gateway, nor add events (here: an
+    exhaustion that would end the session) to a session's log."""
+    sbx = h.session(sid)["sandbox_id"] or "sbx_none"
+    call = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    r = c.request("POST", "/v1/model-gateway/v1/chat/completions", call,
+                  headers={"X-Hatchery-Sandbox": sbx})
+    assert r.status == 401 and r.json()["error"]["code"] == "unauthorized", r
+    forged = {"kind": "exhausted", "scope": f"session:{sid}", "message": "forged"}
+    for d in (h, c):
+        r = d.request("POST", f"/v1/sessions/{sid}/model-events", forged,
+                      headers={"X-Hatchery-Daemon-Key": "hxd_guess"})
+        assert r.status == 401 and r.json()["error"]["code"] == "unauthorized", r
+    # With the key every daemon read from the database, the route is
+    # reached (and refuses a body it does not know, writing nothing).
+    [[key]] = sql(pg, "SELECT value FROM deployment_secrets WHERE name = 'daemon_key'")
+    assert key.startswith("hxd_") and len(key) == 68, key
+    r = h.request("POST", f"/v1/sessions/{sid}/model-events", {"kind": "forged"},
+                  headers={"X-Hatchery-Daemon-Key": key})
+    assert r.status == 400, r
+    assert h.session(sid)["state"] == "idle"
+
+
 @pytest.mark.parametrize("fault", ["sigkill", "sigstop"])
 def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared, fault, gateway_files):
     """sigkill: the host is gone. sigstop: the host is paused past its
@@ -209,6 +235,7 @@ def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared
         a.wait_event(running, "command_run", timeout=120)
         s = a.wait_state(idle, "idle")
         assert s["snapshot_id"], s
+        assert_key_holders_cannot_pose_as_daemons(pg, c, a, idle)
         before = {sid: a.all_events(sid) for sid in (running, idle)}
         epochs = {sid: session_row(pg, sid)[1] for sid in (running, idle)}
         charged_before = {sid: a.session(sid)["spend"]["tokens"] for sid in (running, idle)}

@@ -70,6 +70,20 @@ pub fn api_key_ok(h: &HeaderMap, key: &str) -> bool {
         || alt.is_some_and(|a| constant_time_eq(given.as_bytes(), a.as_bytes()))
 }
 
+/// The header daemons of one deployment prove themselves to each other
+/// with: a secret kept in the shared database (the "daemon key"), which
+/// clients never hold, unlike the API key every client of the deployment
+/// has. Routes only daemons may call (a session's model events, the
+/// control role's model gateway) want it beside the API key.
+pub const DAEMON_KEY_HEADER: &str = "x-hatchery-daemon-key";
+
+/// Whether the request carries the deployment's daemon key, compared in
+/// constant time. An empty key (none loaded) matches nothing.
+pub fn daemon_key_ok(h: &HeaderMap, key: &str) -> bool {
+    let given = h.get(DAEMON_KEY_HEADER).and_then(|v| v.to_str().ok());
+    !key.is_empty() && given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,5 +149,25 @@ mod tests {
         assert!(constant_time_eq(b"abc", b"abc"));
         assert!(!constant_time_eq(b"abc", b"abd"));
         assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+
+    #[test]
+    fn the_daemon_key_only_in_its_own_header() {
+        let with = |name: &str, v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+            h
+        };
+        assert!(daemon_key_ok(&with(DAEMON_KEY_HEADER, "dk_1"), "dk_1"));
+        assert!(!daemon_key_ok(&with(DAEMON_KEY_HEADER, "dk_2"), "dk_1"));
+        assert!(!daemon_key_ok(
+            &with("authorization", "Bearer dk_1"),
+            "dk_1"
+        ));
+        assert!(!daemon_key_ok(&with(DAEMON_KEY_HEADER, ""), ""));
+        assert!(!daemon_key_ok(&HeaderMap::new(), "dk_1"));
     }
 }

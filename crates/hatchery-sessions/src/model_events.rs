@@ -10,8 +10,10 @@ use crate::events::EventKind;
 use crate::extract::Json;
 use crate::routes::ApiState;
 use crate::service::Sessions;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use utoipa::ToSchema;
@@ -132,9 +134,10 @@ impl Sessions {
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/model-events", tag = "sessions",
-    description = "Records what a model gateway in another process saw of the session's calls (the control role's gateway on many hosts; docs/gateway.md). A settled call adds to the session's spend; `exhausted` ends the session `failed`. Written whatever the session's state: a call settled just after the agent finished was still spent.",
+    description = "Records what a model gateway in another process saw of the session's calls (the control role's gateway on many hosts; docs/gateway.md). A settled call adds to the session's spend; `exhausted` ends the session `failed`. Written whatever the session's state: a call settled just after the agent finished was still spent. Only the deployment's daemons post here: besides the API key, the request carries the daemon key (`X-Hatchery-Daemon-Key`), a secret kept in the state database that clients never hold.",
     request_body = ModelEvent,
     responses((status = 204, description = "recorded"), (status = 400, body = crate::error::ErrorBody),
+              (status = 401, description = "no API key, or no daemon key (`X-Hatchery-Daemon-Key`)", body = crate::error::ErrorBody),
               (status = 404, body = crate::error::ErrorBody), (status = 409, body = crate::error::ErrorBody),
               (status = 503, body = crate::error::ErrorBody)))]
 pub async fn post_model_event(
@@ -144,6 +147,18 @@ pub async fn post_model_event(
 ) -> Result<StatusCode, SessionError> {
     st.sessions.record_model_event(&id, e).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// In front of the route, before its body is read: the API key alone is
+/// every client's, and with it a client could add spend and model events
+/// to any session's log; the daemons' own key is wanted too.
+pub async fn require_daemon_key(State(st): State<ApiState>, req: Request, next: Next) -> Response {
+    if !hatchery_serve::headers::daemon_key_ok(req.headers(), &st.daemon_key) {
+        let body = serde_json::json!({"error": {"code": "unauthorized",
+            "message": "model events are posted by the deployment's daemons (X-Hatchery-Daemon-Key)"}});
+        return (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response();
+    }
+    next.run(req).await
 }
 
 #[cfg(test)]

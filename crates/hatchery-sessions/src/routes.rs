@@ -23,6 +23,9 @@ use std::time::Duration;
 pub struct ApiState {
     pub sessions: Arc<Sessions>,
     pub api_key: Arc<str>,
+    /// The deployment's daemon key (hatchery_serve::headers): routes only
+    /// other daemons call want it besides the API key.
+    pub daemon_key: Arc<str>,
 }
 
 pub const MAX_JSON_BODY: usize = 256 << 10;
@@ -33,8 +36,12 @@ const PAGE_DEFAULT: usize = 100;
 const PAGE_MAX: usize = 1000;
 const SSE_BATCH: usize = 256;
 
-pub fn router(sessions: Arc<Sessions>, api_key: Arc<str>) -> Router {
-    let st = ApiState { sessions, api_key };
+pub fn router(sessions: Arc<Sessions>, api_key: Arc<str>, daemon_key: Arc<str>) -> Router {
+    let st = ApiState {
+        sessions,
+        api_key,
+        daemon_key,
+    };
     Router::new()
         .route("/v1/sessions", post(create).get(list))
         .route("/v1/sessions/{id}", get(get_one).post(colon_action))
@@ -43,7 +50,12 @@ pub fn router(sessions: Arc<Sessions>, api_key: Arc<str>) -> Router {
         .route("/v1/sessions/{id}/messages", post(message))
         .route(
             "/v1/sessions/{id}/model-events",
-            post(crate::model_events::post_model_event),
+            post(crate::model_events::post_model_event).route_layer(
+                axum::middleware::from_fn_with_state(
+                    st.clone(),
+                    crate::model_events::require_daemon_key,
+                ),
+            ),
         )
         .route("/v1/sessions/{id}/approvals/{aid}", post(approve))
         .route("/v1/sessions/{id}/blobs/{blob_ref}", get(blob))

@@ -93,6 +93,7 @@ bounded! {
     fn heartbeat(&self, f: &Fence, live: u32, warm_templates: &[String]) -> bool;
     fn list_hosts(&self) -> Vec<HostRow>;
     fn live_per_host(&self, filter: &SandboxFilter) -> BTreeMap<String, u32>;
+    fn deployment_secret(&self, name: &str, candidate: &str) -> String;
 }
 
 #[cfg(test)]

@@ -24,6 +24,28 @@ pub async fn run_all(s: Arc<dyn Store>) {
     no_write_lands_after_a_takeover(&s, &run).await;
     hosts_register_and_beat(&*s, &run).await;
     live_counted_per_host(&*s, &run).await;
+    the_first_secret_is_kept(&s, &run).await;
+}
+
+/// Daemons starting at once each offer a secret; all get the same one,
+/// and a later offer never replaces it.
+async fn the_first_secret_is_kept(s: &Arc<dyn Store>, run: &str) {
+    let name = format!("daemon-key-{run}");
+    let tasks: Vec<_> = (0..4)
+        .map(|n| {
+            let (s, name) = (s.clone(), name.clone());
+            tokio::spawn(async move { s.deployment_secret(&name, &format!("offer{n}")).await })
+        })
+        .collect();
+    let mut got = Vec::new();
+    for t in tasks {
+        got.push(t.await.unwrap().unwrap());
+    }
+    assert!(got[0].starts_with("offer"), "{got:?}");
+    assert!(got.iter().all(|g| *g == got[0]), "{got:?}");
+    assert_eq!(s.deployment_secret(&name, "later").await.unwrap(), got[0]);
+    let other = format!("other-{run}");
+    assert_eq!(s.deployment_secret(&other, "x").await.unwrap(), "x");
 }
 
 async fn host(s: &dyn Store, name: &str) -> Fence {

@@ -145,6 +145,14 @@ pub trait Store: Send + Sync {
     /// with capacity; with a tenant's metadata, how it spreads a tenant);
     /// hosts with none are absent.
     async fn live_per_host(&self, filter: &SandboxFilter) -> Result<BTreeMap<String, u32>>;
+
+    // --- the deployment's secrets ------------------------------------------
+
+    /// The secret named `name` that every daemon on this database shares:
+    /// the first caller's `candidate` is kept, and every later call (from
+    /// any daemon, at any time) gets that one back. `name` and `candidate`
+    /// are constants and random values of the daemon, never client input.
+    async fn deployment_secret(&self, name: &str, candidate: &str) -> Result<String>;
 }
 
 /// Refuses a fence that is not the lease of the host it names.

@@ -89,6 +89,11 @@ const MIGRATIONS: &[&str] = &[
     // Which templates a host has warm checkpoints of (a JSON array), for
     // placement.
     "ALTER TABLE hosts ADD COLUMN warm_templates TEXT NOT NULL DEFAULT '[]';",
+    // Secrets the daemons of one deployment share (the daemon key).
+    "CREATE TABLE deployment_secrets (
+       name TEXT PRIMARY KEY,
+       value TEXT NOT NULL
+     );",
 ];
 
 /// Any fixed number: the advisory lock that serializes migrations.
@@ -707,6 +712,24 @@ impl Store for PgStore {
             .await
             .map_err(pg("read lease"))?;
         Ok(r.as_ref().map(lease_row))
+    }
+
+    async fn deployment_secret(&self, name: &str, candidate: &str) -> Result<String> {
+        let c = self.client().await?;
+        c.execute(
+            "INSERT INTO deployment_secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
+            &[&name, &candidate],
+        )
+        .await
+        .map_err(pg("keep secret"))?;
+        let r = c
+            .query_one(
+                "SELECT value FROM deployment_secrets WHERE name = $1",
+                &[&name],
+            )
+            .await
+            .map_err(pg("read secret"))?;
+        Ok(r.get("value"))
     }
 
     async fn register_host(&self, f: &Fence, address: &str, capacity: u32) -> Result<()> {

@@ -89,6 +89,11 @@ const MIGRATIONS: &[&str] = &[
     // Which templates a host has warm checkpoints of (a JSON array), for
     // placement.
     "ALTER TABLE hosts ADD COLUMN warm_templates TEXT NOT NULL DEFAULT '[]';",
+    // Secrets the daemons of one deployment share (the daemon key).
+    "CREATE TABLE deployment_secrets (
+       name TEXT PRIMARY KEY,
+       value TEXT NOT NULL
+     );",
 ];
 
 /// The database's clock in milliseconds: leases never use a host's clock.
@@ -696,6 +701,21 @@ impl Store for SqliteStore {
             |r| lease_row(r).map_err(sq("read lease")),
         )?;
         Ok(v.pop())
+    }
+
+    async fn deployment_secret(&self, name: &str, candidate: &str) -> Result<String> {
+        let c = self.conn();
+        c.execute(
+            "INSERT INTO deployment_secrets (name, value) VALUES (?1, ?2) ON CONFLICT(name) DO NOTHING",
+            params![name, candidate],
+        )
+        .map_err(sq("keep secret"))?;
+        c.query_row(
+            "SELECT value FROM deployment_secrets WHERE name = ?1",
+            params![name],
+            |r| r.get::<_, String>("value"),
+        )
+        .map_err(sq("read secret"))
     }
 
     async fn register_host(&self, f: &Fence, address: &str, capacity: u32) -> Result<()> {

@@ -56,9 +56,10 @@ async fn postgres_down_is_unavailable() {
 }
 
 /// Snapshot rows written before the location column existed become
-/// `local:<their writer>` (the migration that adds it; it and the one
-/// after it, hosts' warm templates, are the newest, so reverting both by
-/// hand here and reconnecting runs exactly them again).
+/// `local:<their writer>` (the migration that adds it; it and the two
+/// after it, hosts' warm templates and the deployment's secrets, are the
+/// newest, so reverting all three by hand here and reconnecting runs
+/// exactly them again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_location_migration_keeps_old_snapshots_local() {
     use hatchery_store::SnapshotLocation;
@@ -74,7 +75,8 @@ async fn postgres_location_migration_keeps_old_snapshots_local() {
         "DROP INDEX snapshots_location;
          ALTER TABLE snapshots DROP COLUMN location;
          ALTER TABLE hosts DROP COLUMN warm_templates;
-         DELETE FROM hatchery_schema WHERE version >= {v} - 1;
+         DROP TABLE deployment_secrets;
+         DELETE FROM hatchery_schema WHERE version >= {v} - 2;
          INSERT INTO snapshots (id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id)
          VALUES ('snap_old', 'sbx_old', 't', 1, 2, 3, '{{}}', '{{}}', '/r', '{{}}', 'old-host');"
     ))

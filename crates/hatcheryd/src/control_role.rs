@@ -19,6 +19,9 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let (key, _) =
         crate::key::load_or_create(&data).map_err(|e| DaemonError::DataDir(data.clone(), e))?;
     let store = crate::state_db::open(&args, &data).await?;
+    let daemon_key = crate::key::daemon_key(&*store)
+        .await
+        .map_err(DaemonError::DaemonKey)?;
     let registry = prometheus::Registry::new();
     let metrics = hatchery_route::RouteMetrics::new(&registry);
     let lost = crate::lost_hosts::counter(&registry);
@@ -44,6 +47,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             directory: directory.clone(),
             me: args.host_id.clone(),
             api_key: key.clone(),
+            daemon_key,
             outcomes: crate::gateway_events::outcomes(&registry),
         },
     )

@@ -253,6 +253,9 @@ pub struct HostSide<'a> {
     pub sessions: Arc<Sessions>,
     pub registry: &'a prometheus::Registry,
     pub api_key: &'a str,
+    /// The deployment's daemon key: the relay proves with it that a call
+    /// comes from a host, not from a client holding the API key.
+    pub daemon_key: &'a str,
     pub host_id: &'a str,
 }
 
@@ -287,6 +290,7 @@ pub async fn start(
         let relay = crate::gateway_relay::Relay {
             control: url.trim_end_matches('/').to_string(),
             api_key: h.api_key.to_string(),
+            daemon_key: h.daemon_key.to_string(),
             me: h.host_id.to_string(),
         };
         let socket = serve_socket(h.data, crate::gateway_relay::router(relay))?;
@@ -318,8 +322,8 @@ pub async fn start(
 }
 
 /// The control role's gateway, if an upstream is configured: the model
-/// routes under `/v1/model-gateway`, for hosts' relays only (the API key
-/// and a sandbox id are required), budgets in the shared database, and
+/// routes under `/v1/model-gateway`, for hosts' relays only (the API key,
+/// the daemon key and a sandbox id are required), budgets in the shared database, and
 /// its events posted to each session's owning host.
 pub async fn start_control(
     a: &GatewayArgs,
@@ -336,7 +340,10 @@ pub async fn start_control(
     if !a.has_upstream() {
         return Ok(None);
     }
-    let api_key: Arc<str> = sink.api_key.clone().into();
+    let keys_wanted = crate::gateway_relay::HostKeys {
+        api_key: sink.api_key.clone().into(),
+        daemon_key: sink.daemon_key.clone().into(),
+    };
     let (store, keys) = open_budgets(Some(shared_db), data).await?;
     // One lane per session: a session whose host is lost (until its
     // sessions are taken over) holds up only its own events.
@@ -348,7 +355,7 @@ pub async fn start_control(
     tracing::info!("model gateway serving the hosts' relays at /v1/model-gateway");
     Ok(Some(crate::gateway_relay::control_routes(
         model_routes(g),
-        api_key,
+        keys_wanted,
     )))
 }
 

@@ -13,6 +13,7 @@
 use hatchery_gateway::events::{GatewayEvent, GatewayEvents};
 use hatchery_route::forward::{try_forward, ForwardFailure};
 use hatchery_route::Directory;
+use hatchery_serve::headers::DAEMON_KEY_HEADER;
 use hatchery_sessions::events::cut;
 use hatchery_sessions::model_events::{ModelEvent, MAX_MESSAGE};
 use hatchery_sessions::Sessions;
@@ -254,6 +255,8 @@ pub struct RemoteSink {
     pub directory: Arc<dyn Directory>,
     pub me: String,
     pub api_key: String,
+    /// The owner's model-events route wants it besides the API key.
+    pub daemon_key: String,
     pub outcomes: prometheus::IntCounterVec,
 }
 
@@ -292,6 +295,7 @@ impl RemoteSink {
             .uri(format!("/v1/sessions/{session}/model-events"))
             .header("content-type", "application/json")
             .header("authorization", format!("Bearer {}", self.api_key))
+            .header(DAEMON_KEY_HEADER, &self.daemon_key)
             .body(axum::body::Body::from(body.to_vec()));
         let req = match req {
             Ok(r) => r,
@@ -481,6 +485,7 @@ mod tests {
             directory: Arc::new(Hosts(hosts)),
             me: "ctl".into(),
             api_key: "k".into(),
+            daemon_key: "dk".into(),
             outcomes: outcomes(&prometheus::Registry::new()),
         }
     }

@@ -2,9 +2,11 @@
 //! hosts"). On a host, the gateway socket sandboxes reach relays each model
 //! call to the control role's gateway, so the host holds no upstream key:
 //! the path goes under `/v1/model-gateway`, whatever key the guest sent is
-//! dropped, and the host's API key and the sandbox id the host-service
-//! relay attached (which guest code cannot forge) go with it. On the
-//! control role, those routes take only requests carrying both.
+//! dropped, and the host's API key, the deployment's daemon key and the
+//! sandbox id the host-service relay attached (which guest code cannot
+//! forge) go with it. On the control role, those routes take only requests
+//! carrying all three: the API key alone, which every client holds, would
+//! let a client charge calls to any session.
 
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
@@ -13,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use hatchery_gateway::calls::SANDBOX_HEADER;
 use hatchery_gateway::errors::CallError;
 use hatchery_gateway::usage::Flavor;
+use hatchery_serve::headers::{daemon_key_ok, DAEMON_KEY_HEADER};
 use std::sync::Arc;
 
 /// Where the control role serves the model routes.
@@ -23,6 +26,7 @@ pub struct Relay {
     /// `http://host:port` of the control plane.
     pub control: String,
     pub api_key: String,
+    pub daemon_key: String,
     /// This host's id (marks the request as forwarded by it).
     pub me: String,
 }
@@ -58,6 +62,9 @@ fn rewrite(r: &Relay, mut req: Request) -> Result<(Flavor, Request), (Flavor, Ca
     let auth = HeaderValue::from_str(&format!("Bearer {}", r.api_key))
         .map_err(|e| (f, CallError::GatewayUnreachable(e.to_string())))?;
     h.insert(header::AUTHORIZATION, auth);
+    let daemon = HeaderValue::from_str(&r.daemon_key)
+        .map_err(|e| (f, CallError::GatewayUnreachable(e.to_string())))?;
+    h.insert(DAEMON_KEY_HEADER, daemon);
     let to: Uri = format!("{PREFIX}{path}")
         .parse()
         .map_err(|e: axum::http::uri::InvalidUri| (f, CallError::BadRequest(e.to_string())))?;
@@ -85,22 +92,36 @@ pub fn router(r: Relay) -> axum::Router {
     axum::Router::new().fallback(relay).with_state(Arc::new(r))
 }
 
-async fn hosts_only(State(key): State<Arc<str>>, req: Request, next: Next) -> Response {
-    let ok = hatchery_serve::headers::api_key_ok(req.headers(), &key)
-        && req.headers().contains_key(SANDBOX_HEADER);
-    if !ok {
+/// What the control role's model routes want of a caller.
+#[derive(Clone)]
+pub struct HostKeys {
+    pub api_key: Arc<str>,
+    pub daemon_key: Arc<str>,
+}
+
+fn from_a_host(h: &axum::http::HeaderMap, k: &HostKeys) -> bool {
+    hatchery_serve::headers::api_key_ok(h, &k.api_key)
+        && daemon_key_ok(h, &k.daemon_key)
+        && h.contains_key(SANDBOX_HEADER)
+}
+
+async fn hosts_only(State(k): State<Arc<HostKeys>>, req: Request, next: Next) -> Response {
+    if !from_a_host(req.headers(), &k) {
         let body = serde_json::json!({"error": {"code": "unauthorized",
-            "message": "the model gateway takes calls relayed by hosts (API key and sandbox id)"}});
+            "message": "the model gateway takes calls relayed by hosts (API key, daemon key and sandbox id)"}});
         return (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response();
     }
     next.run(req).await
 }
 
 /// The control role's model routes, under [`PREFIX`], for hosts' relays.
-pub fn control_routes(model_routes: axum::Router, api_key: Arc<str>) -> axum::Router {
+pub fn control_routes(model_routes: axum::Router, keys: HostKeys) -> axum::Router {
     axum::Router::new().nest(
         PREFIX,
-        model_routes.layer(axum::middleware::from_fn_with_state(api_key, hosts_only)),
+        model_routes.layer(axum::middleware::from_fn_with_state(
+            Arc::new(keys),
+            hosts_only,
+        )),
     )
 }
 
@@ -113,6 +134,7 @@ mod tests {
         Relay {
             control: "http://127.0.0.1:1".into(),
             api_key: "hx_k".into(),
+            daemon_key: "hxd_d".into(),
             me: "h1".into(),
         }
     }
@@ -147,6 +169,7 @@ mod tests {
         assert_eq!(r.headers()["authorization"], "Bearer hx_k");
         assert!(!r.headers().contains_key("x-api-key"));
         assert_eq!(r.headers()[SANDBOX_HEADER], "sbx_1");
+        assert_eq!(r.headers()[DAEMON_KEY_HEADER], "hxd_d");
     }
 
     #[test]
@@ -160,28 +183,34 @@ mod tests {
         }
     }
 
-    /// The control side answers 401 without the API key or without a
-    /// sandbox id, before the gateway sees the call.
+    /// The control side answers 401 without the API key, the daemon key
+    /// or a sandbox id, before the gateway sees the call: a client holding
+    /// only the API key cannot charge a call to a session.
     #[tokio::test]
-    async fn the_control_routes_want_a_hosts_key_and_a_sandbox() {
+    async fn the_control_routes_want_a_hosts_keys_and_a_sandbox() {
         use tower::ServiceExt;
         let inner =
             axum::Router::new().route("/v1/messages", axum::routing::post(|| async { "reached" }));
-        let app = control_routes(inner, "hx_k".into());
+        let app = control_routes(
+            inner,
+            HostKeys {
+                api_key: "hx_k".into(),
+                daemon_key: "hxd_d".into(),
+            },
+        );
+        let (key, bad_key) = (
+            ("authorization", "Bearer hx_k"),
+            ("authorization", "Bearer x"),
+        );
+        let (daemon, bad_daemon) = ((DAEMON_KEY_HEADER, "hxd_d"), (DAEMON_KEY_HEADER, "hx_k"));
+        let sbx = (SANDBOX_HEADER, "sbx_1");
         for (h, want) in [
-            (vec![(SANDBOX_HEADER, "sbx_1")], StatusCode::UNAUTHORIZED),
-            (
-                vec![("authorization", "Bearer hx_k")],
-                StatusCode::UNAUTHORIZED,
-            ),
-            (
-                vec![("authorization", "Bearer wrong"), (SANDBOX_HEADER, "sbx_1")],
-                StatusCode::UNAUTHORIZED,
-            ),
-            (
-                vec![("authorization", "Bearer hx_k"), (SANDBOX_HEADER, "sbx_1")],
-                StatusCode::OK,
-            ),
+            (vec![sbx, daemon], StatusCode::UNAUTHORIZED),
+            (vec![key, daemon], StatusCode::UNAUTHORIZED),
+            (vec![key, sbx], StatusCode::UNAUTHORIZED),
+            (vec![key, sbx, bad_daemon], StatusCode::UNAUTHORIZED),
+            (vec![bad_key, sbx, daemon], StatusCode::UNAUTHORIZED),
+            (vec![key, sbx, daemon], StatusCode::OK),
         ] {
             let resp = app
                 .clone()

@@ -33,6 +33,22 @@ pub fn load_or_create(data_dir: &Path) -> std::io::Result<(String, Option<std::p
     Ok((key, Some(path)))
 }
 
+/// The deployment's daemon key (hatchery_serve::headers::DAEMON_KEY_HEADER):
+/// made by the first daemon to start on the state database and read from
+/// it by every other, so no operator step hands it out and no client holds
+/// it. On one host (SQLite) no other daemon asks for it.
+pub async fn daemon_key(
+    store: &dyn hatchery_store::Store,
+) -> Result<String, hatchery_store::StoreError> {
+    let mut raw = [0u8; 32];
+    rand::thread_rng().fill_bytes(&mut raw);
+    let candidate: String = format!(
+        "hxd_{}",
+        raw.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    );
+    store.deployment_secret("daemon_key", &candidate).await
+}
+
 /// The secret terminal tokens are signed with: DATA_DIR/terminal_secret,
 /// 32 random bytes (hex), made 0600 on first start. Deleting the file (and
 /// restarting) invalidates every token not yet used.

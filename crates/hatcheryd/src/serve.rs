@@ -34,6 +34,8 @@ pub enum DaemonError {
     Role(String),
     #[error("--snapshot-store: {0}")]
     SnapshotStore(#[from] hatchery_templates::SnapshotStoreError),
+    #[error("the daemon key in the state database: {0}")]
+    DaemonKey(#[source] hatchery_store::StoreError),
 }
 
 fn sibling(name: &str) -> PathBuf {
@@ -109,6 +111,9 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .map_err(|e| DaemonError::DataDir(data.join("terminal_secret"), e))?;
 
     let store = crate::state_db::open(&args, &data).await?;
+    let daemon_key = crate::key::daemon_key(&*store)
+        .await
+        .map_err(DaemonError::DaemonKey)?;
     let state = hatchery_core::lease::take_host_lease(store.clone(), &args.host_id)
         .await
         .map_err(hatchery_core::CoreError::from)?;
@@ -213,12 +218,19 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let (sessions_app, sessions) = crate::sessions::build(
         &args,
         session_store.clone(),
-        &key,
+        (&key, &daemon_key),
         &manager.metrics.registry,
         Arc::new(hatchery_broker::catalog::StorePolicies(policies.clone())),
     )?;
-    crate::sessions::wire_services(&args, &data, &manager, &sessions, policies.clone(), &key)
-        .await?;
+    crate::sessions::wire_services(
+        &args,
+        &data,
+        &manager,
+        &sessions,
+        policies.clone(),
+        (&key, &daemon_key),
+    )
+    .await?;
     let broker = crate::broker::start(
         &args,
         &data,

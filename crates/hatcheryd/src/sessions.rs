@@ -13,7 +13,7 @@ use std::sync::Arc;
 pub fn build(
     args: &DaemonArgs,
     store: Arc<dyn hatchery_sessions::store::SessionStore>,
-    api_key: &str,
+    (api_key, daemon_key): (&str, &str),
     registry: &prometheus::Registry,
     policies: Arc<dyn PolicyCatalog>,
 ) -> Result<(axum::Router, Arc<Sessions>), crate::DaemonError> {
@@ -40,7 +40,8 @@ pub fn build(
     svc.metrics()
         .register(registry)
         .map_err(|e| err(e.to_string()))?;
-    Ok((hatchery_sessions::router(svc.clone(), api_key.into()), svc))
+    let routes = hatchery_sessions::router(svc.clone(), api_key.into(), daemon_key.into());
+    Ok((routes, svc))
 }
 
 /// The sessions store `--db` asks for: on a `postgres://` URL the shared
@@ -76,7 +77,7 @@ pub async fn wire_services(
     manager: &Arc<hatchery_core::Manager>,
     sessions: &Arc<Sessions>,
     policies: Arc<dyn hatchery_policy::PolicyStore>,
-    api_key: &str,
+    (api_key, daemon_key): (&str, &str),
 ) -> Result<(), crate::DaemonError> {
     use hatchery_core::host_services::{HostAddr, HostService, Identity};
     let err = |e: String| crate::DaemonError::Sessions(e);
@@ -89,6 +90,7 @@ pub async fn wire_services(
             sessions: sessions.clone(),
             registry: &manager.metrics.registry,
             api_key,
+            daemon_key,
             host_id: manager.host_id(),
         },
     )
