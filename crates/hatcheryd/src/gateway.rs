@@ -69,7 +69,9 @@ pub struct GatewayArgs {
     #[arg(long = "gateway-reservation-ttl", env = "HATCHERY_GATEWAY_RESERVATION_TTL", default_value_t = 300,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub reservation_ttl_s: u64,
-    /// Longest the upstream may take to start answering, in seconds.
+    /// Longest the upstream may take to start answering, in seconds. On a
+    /// host that relays to the control role: how long the control plane
+    /// may take, less 30 s of margin (give both the same value).
     #[arg(long = "gateway-upstream-timeout", env = "HATCHERY_GATEWAY_UPSTREAM_TIMEOUT", default_value_t = 120,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub upstream_timeout_s: u64,
@@ -292,6 +294,8 @@ pub async fn start(
             api_key: h.api_key.to_string(),
             daemon_key: h.daemon_key.to_string(),
             me: h.host_id.to_string(),
+            answer_within: Duration::from_secs(a.upstream_timeout_s)
+                + crate::gateway_relay::CONTROL_MARGIN,
         };
         let socket = serve_socket(h.data, crate::gateway_relay::router(relay))?;
         tracing::info!(socket = %socket.display(), control = %url, "model calls relayed to the control role's gateway");

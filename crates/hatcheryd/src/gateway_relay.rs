@@ -29,7 +29,17 @@ pub struct Relay {
     pub daemon_key: String,
     /// This host's id (marks the request as forwarded by it).
     pub me: String,
+    /// How long the control plane may take to start answering (its
+    /// gateway's upstream timeout plus margin): a paused or cut-off control
+    /// plane would otherwise hold the guest's call, and one of the
+    /// sandbox's 64 host-service connections, until the guest gave up.
+    pub answer_within: std::time::Duration,
 }
+
+/// What the relay adds to the upstream timeout: the control role's own
+/// work (the key check, a reservation in the database) before it calls the
+/// upstream.
+pub const CONTROL_MARGIN: std::time::Duration = std::time::Duration::from_secs(30);
 
 fn flavor(path: &str) -> Option<Flavor> {
     match path {
@@ -77,9 +87,18 @@ async fn relay(State(r): State<Arc<Relay>>, req: Request) -> Response {
         Ok(x) => x,
         Err((f, e)) => return e.into_response(f),
     };
-    match hatchery_route::forward::forward("control", &r.control, &r.me, req).await {
-        Ok(resp) => resp,
-        Err(e) => {
+    let sent = hatchery_route::forward::forward("control", &r.control, &r.me, req);
+    match tokio::time::timeout(r.answer_within, sent).await {
+        Ok(Ok(resp)) => resp,
+        Err(_) => {
+            tracing::warn!(within = ?r.answer_within, "the control role's gateway did not answer in time");
+            CallError::GatewayUnreachable(format!(
+                "the control plane did not answer within {} s",
+                r.answer_within.as_secs()
+            ))
+            .into_response(f)
+        }
+        Ok(Err(e)) => {
             tracing::warn!(error = %e, "model call not relayed to the control role's gateway");
             CallError::GatewayUnreachable("the control plane did not answer".into())
                 .into_response(f)
@@ -136,6 +155,7 @@ mod tests {
             api_key: "hx_k".into(),
             daemon_key: "hxd_d".into(),
             me: "h1".into(),
+            answer_within: std::time::Duration::from_secs(5),
         }
     }
 
@@ -244,5 +264,44 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
         assert_eq!(v["type"], "error");
         assert_eq!(v["error"]["type"], "api_error");
+    }
+
+    /// A control plane that takes the connection and never answers (paused,
+    /// or its upstream stuck) gets the guest a 502 at the bound, not a hang.
+    #[tokio::test]
+    async fn a_control_plane_that_never_answers_is_a_502_at_the_bound() {
+        use tower::ServiceExt;
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = silent.local_addr().unwrap();
+        let held = tokio::spawn(async move {
+            let mut conns = Vec::new();
+            while let Ok((c, _)) = silent.accept().await {
+                conns.push(c);
+            }
+        });
+        let app = router(Relay {
+            control: format!("http://{addr}"),
+            answer_within: std::time::Duration::from_millis(300),
+            ..relay_cfg()
+        });
+        // Without the bound the call would never end: fail instead.
+        let resp = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            app.oneshot(req(
+                "POST",
+                "/v1/chat/completions",
+                &[(SANDBOX_HEADER, "sbx_1")],
+            )),
+        )
+        .await
+        .expect("the relay waited past its bound")
+        .unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+        let b = axum::body::to_bytes(resp.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+        assert_eq!(v["error"]["code"], "gateway_unreachable", "{v}");
+        held.abort();
     }
 }
