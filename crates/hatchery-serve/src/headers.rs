@@ -88,16 +88,17 @@ pub fn daemon_key_ok(h: &HeaderMap, key: &str) -> bool {
 mod tests {
     use super::*;
 
+    fn with(name: &str, v: &'static str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            HeaderName::from_bytes(name.as_bytes()).unwrap(),
+            HeaderValue::from_static(v),
+        );
+        h
+    }
+
     #[test]
     fn the_key_as_bearer_or_x_api_key() {
-        let with = |name: &str, v: &'static str| {
-            let mut h = HeaderMap::new();
-            h.insert(
-                HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                HeaderValue::from_static(v),
-            );
-            h
-        };
         assert!(api_key_ok(
             &with("authorization", "Bearer hx_ab12"),
             "hx_ab12"
@@ -153,14 +154,6 @@ mod tests {
 
     #[test]
     fn the_daemon_key_only_in_its_own_header() {
-        let with = |name: &str, v: &'static str| {
-            let mut h = HeaderMap::new();
-            h.insert(
-                HeaderName::from_bytes(name.as_bytes()).unwrap(),
-                v.parse().unwrap(),
-            );
-            h
-        };
         assert!(daemon_key_ok(&with(DAEMON_KEY_HEADER, "dk_1"), "dk_1"));
         assert!(!daemon_key_ok(&with(DAEMON_KEY_HEADER, "dk_2"), "dk_1"));
         assert!(!daemon_key_ok(

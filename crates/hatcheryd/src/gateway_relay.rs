@@ -167,6 +167,13 @@ mod tests {
         b.body(Body::empty()).unwrap()
     }
 
+    async fn json_body(resp: Response) -> serde_json::Value {
+        let b = axum::body::to_bytes(resp.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        serde_json::from_slice(&b).unwrap()
+    }
+
     /// The guest's own key never leaves the host; the host's key and the
     /// relay's sandbox id do, on the prefixed path.
     #[test]
@@ -258,10 +265,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
-        let b = axum::body::to_bytes(resp.into_body(), 1 << 16)
-            .await
-            .unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+        let v = json_body(resp).await;
         assert_eq!(v["type"], "error");
         assert_eq!(v["error"]["type"], "api_error");
     }
@@ -297,10 +301,7 @@ mod tests {
         .expect("the relay waited past its bound")
         .unwrap();
         assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
-        let b = axum::body::to_bytes(resp.into_body(), 1 << 16)
-            .await
-            .unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
+        let v = json_body(resp).await;
         assert_eq!(v["error"]["code"], "gateway_unreachable", "{v}");
         held.abort();
     }
