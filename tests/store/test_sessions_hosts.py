@@ -175,7 +175,8 @@ def assert_key_holders_cannot_pose_as_daemons(pg, c, h, sid):
     deployment's daemon key too (kept in the shared database, made by the
     first daemon). Without it a client cannot charge a model call to a
     session through the control role's gateway, nor add events (here: an
-    exhaustion that would end the session) to a session's log."""
+    exhaustion that would end the session) to a session's log. With it,
+    an event posted again under the same delivery key lands once."""
     sbx = h.session(sid)["sandbox_id"] or "sbx_none"
     call = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     r = c.request("POST", "/v1/model-gateway/v1/chat/completions", call,
@@ -191,9 +192,22 @@ def assert_key_holders_cannot_pose_as_daemons(pg, c, h, sid):
     [[key]] = sql(pg, "SELECT value FROM deployment_secrets WHERE name = 'daemon_key'")
     assert key.startswith("hxd_") and len(key) == 68, key
     r = h.request("POST", f"/v1/sessions/{sid}/model-events", {"kind": "forged"},
-                  headers={"X-Hatchery-Daemon-Key": key})
+                  headers={"X-Hatchery-Daemon-Key": key, "Idempotency-Key": "k0"})
     assert r.status == 400, r
     assert h.session(sid)["state"] == "idle"
+    # An event sent again under its delivery key (the control role's
+    # gateway retries a post whose answer it lost) is written once, through
+    # either daemon; without a key the route refuses it.
+    refused = {"kind": "refused", "api": "openai", "code": "upstream_unavailable", "message": "probe"}
+    daemon = {"X-Hatchery-Daemon-Key": key}
+    r = h.request("POST", f"/v1/sessions/{sid}/model-events", refused, headers=daemon)
+    assert r.status == 400 and "idempotency-key" in r.json()["error"]["message"], r
+    for d, k in ((h, "probe-1"), (c, "probe-1"), (h, "probe-1"), (h, "probe-2")):
+        r = d.request("POST", f"/v1/sessions/{sid}/model-events", refused,
+                      headers={**daemon, "Idempotency-Key": k})
+        assert r.status == 204, r
+    probes = [e for e in h.all_events(sid) if e["type"] == "model_refused" and e.get("message") == "probe"]
+    assert len(probes) == 2, probes
 
 
 @pytest.mark.parametrize("fault", ["sigkill", "sigstop"])
@@ -273,7 +287,7 @@ def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared
 
         # Every gateway event reached an owner's log, none given up.
         assert metric(c, "hatchery_gateway_events_total", 'outcome="delivered"') > 0
-        for outcome in ("ambiguous", "refused", "timed_out", "owner_lost", "unknown_session"):
+        for outcome in ("refused", "timed_out", "owner_lost", "unknown_session"):
             assert metric(c, "hatchery_gateway_events_total", f'outcome="{outcome}"') == 0, outcome
         for sid in (running, idle):
             # One budget account across both hosts: the gateway's row in the

@@ -76,16 +76,29 @@ impl Sessions {
         events: Vec<EventKind>,
         patch: Patch,
     ) -> Result<(), StoreError> {
-        let evs = self
-            .store
-            .append(
-                id,
-                events.into_iter().map(|k| (Actor::System, k)).collect(),
-                patch,
-            )
-            .await?;
+        self.append_delivered(id, None, events, patch)
+            .await
+            .map(|_| ())
+    }
+
+    /// As `append_live`; with a delivery key (a sender in another process
+    /// that may send the same write again), at most once per key
+    /// (SessionStore::append_once). Whether it was written now.
+    async fn append_delivered(
+        &self,
+        id: &str,
+        key: Option<&str>,
+        events: Vec<EventKind>,
+        patch: Patch,
+    ) -> Result<bool, StoreError> {
+        let events = events.into_iter().map(|k| (Actor::System, k)).collect();
+        let evs = match key {
+            None => Some(self.store.append(id, events, patch).await?),
+            Some(k) => self.store.append_once(id, k, events, patch).await?,
+        };
+        let Some(evs) = evs else { return Ok(false) };
         self.bus.publish(id, &evs);
-        Ok(())
+        Ok(true)
     }
 
     /// A settled model call: its event, the spend added in the same
@@ -99,17 +112,17 @@ impl Sessions {
         call: EventKind,
         tokens: u64,
         usd_cents: u64,
+        key: Option<&str>,
     ) -> Result<(), StoreError> {
-        self.append_live(
-            id,
-            vec![call],
-            Patch {
-                add_tokens: tokens,
-                add_usd_cents: usd_cents,
-                ..Default::default()
-            },
-        )
-        .await?;
+        let spend = Patch {
+            add_tokens: tokens,
+            add_usd_cents: usd_cents,
+            ..Default::default()
+        };
+        if !self.append_delivered(id, key, vec![call], spend).await? {
+            // Sent again: recorded (with its totals) the first time.
+            return Ok(());
+        }
         let totals = async {
             let s = self.store.get(id).await?;
             self.append_live(
@@ -136,17 +149,16 @@ impl Sessions {
         api: &str,
         code: &str,
         message: &str,
+        key: Option<&str>,
     ) -> Result<(), StoreError> {
-        self.append_live(
-            id,
-            vec![EventKind::ModelRefused {
-                api: api.into(),
-                code: code.into(),
-                message: message.into(),
-            }],
-            Patch::default(),
-        )
-        .await
+        let refused = EventKind::ModelRefused {
+            api: api.into(),
+            code: code.into(),
+            message: message.into(),
+        };
+        self.append_delivered(id, key, vec![refused], Patch::default())
+            .await
+            .map(|_| ())
     }
 
     /// The session's budget had no room for a call: the event now, and the
@@ -156,16 +168,16 @@ impl Sessions {
         id: &str,
         scope: &str,
         message: &str,
+        key: Option<&str>,
     ) -> Result<(), StoreError> {
-        self.append_live(
-            id,
-            vec![EventKind::BudgetExhausted {
-                scope: scope.into(),
-                message: message.into(),
-            }],
-            Patch::default(),
-        )
-        .await?;
+        let exhausted = EventKind::BudgetExhausted {
+            scope: scope.into(),
+            message: message.into(),
+        };
+        // Sent again or not, the session is still out of budget: it ends
+        // (again a no-op once it has).
+        self.append_delivered(id, key, vec![exhausted], Patch::default())
+            .await?;
         if self.store.get(id).await?.state.is_terminal() {
             return Ok(());
         }

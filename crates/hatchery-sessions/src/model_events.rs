@@ -93,16 +93,22 @@ impl ModelEvent {
 
 impl Sessions {
     /// Writes what the gateway saw into the session's log (and, for a
-    /// settled call, its spend).
+    /// settled call, its spend). With a delivery key (the control role's
+    /// gateway sends one per event, the same on every retry), an event
+    /// sent again is written once, whichever owner gets it.
     pub async fn record_model_event(
         self: &Arc<Self>,
         id: &str,
         e: ModelEvent,
+        key: Option<&str>,
     ) -> Result<(), SessionError> {
         if !crate::ids::valid("ses", id) {
             return Err(SessionError::NotFound(id.to_string()));
         }
         e.validate()?;
+        if let Some(k) = key {
+            check_delivery_key(k)?;
+        }
         match e {
             ModelEvent::Called {
                 api,
@@ -120,13 +126,16 @@ impl Sessions {
                     tokens,
                     usd_cents,
                 };
-                self.record_model_call(id, call, tokens, usd_cents).await?
+                self.record_model_call(id, call, tokens, usd_cents, key)
+                    .await?
             }
             ModelEvent::Refused { api, code, message } => {
-                self.record_model_refused(id, &api, &code, &message).await?
+                self.record_model_refused(id, &api, &code, &message, key)
+                    .await?
             }
             ModelEvent::Exhausted { scope, message } => {
-                self.record_budget_exhausted(id, &scope, &message).await?
+                self.record_budget_exhausted(id, &scope, &message, key)
+                    .await?
             }
         }
         Ok(())
@@ -135,6 +144,7 @@ impl Sessions {
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/model-events", tag = "sessions",
     description = "Records what a model gateway in another process saw of the session's calls (the control role's gateway on many hosts; docs/gateway.md). A settled call adds to the session's spend; `exhausted` ends the session `failed`. Written whatever the session's state: a call settled just after the agent finished was still spent. Only the deployment's daemons post here: besides the API key, the request carries the daemon key (`X-Hatchery-Daemon-Key`), a secret kept in the state database that clients never hold.",
+    params(("Idempotency-Key" = String, Header, description = "The event's delivery id, 1 to 64 of A-Z a-z 0-9 - _: the same on every retry, so an event sent again (to this host or to the session's next owner) is written once")),
     request_body = ModelEvent,
     responses((status = 204, description = "recorded"), (status = 400, body = crate::error::ErrorBody),
               (status = 401, description = "no API key, or no daemon key (`X-Hatchery-Daemon-Key`)", body = crate::error::ErrorBody),
@@ -143,10 +153,39 @@ impl Sessions {
 pub async fn post_model_event(
     State(st): State<ApiState>,
     Path(id): Path<String>,
+    headers: axum::http::HeaderMap,
     Json(e): Json<ModelEvent>,
 ) -> Result<StatusCode, SessionError> {
-    st.sessions.record_model_event(&id, e).await?;
+    let key = headers
+        .get(DELIVERY_HEADER)
+        .map(|v| v.to_str().unwrap_or("\u{1}"))
+        .ok_or_else(|| {
+            SessionError::bad(
+                "invalid_request",
+                format!("{DELIVERY_HEADER} is required (one per event, the same on a retry)"),
+            )
+        })?;
+    st.sessions.record_model_event(&id, e, Some(key)).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The header a sender names an event's delivery with.
+pub const DELIVERY_HEADER: &str = "idempotency-key";
+/// Longest delivery key, in bytes.
+pub const MAX_DELIVERY_KEY: usize = 64;
+
+fn check_delivery_key(k: &str) -> Result<(), SessionError> {
+    let ok = !k.is_empty()
+        && k.len() <= MAX_DELIVERY_KEY
+        && k.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        return Ok(());
+    }
+    Err(SessionError::bad(
+        "invalid_request",
+        format!("{DELIVERY_HEADER} must be 1 to {MAX_DELIVERY_KEY} of A-Z a-z 0-9 - _"),
+    ))
 }
 
 /// In front of the route, before its body is read: the API key alone is
@@ -211,6 +250,21 @@ mod tests {
             },
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn delivery_keys_are_checked_at_their_cap() {
+        assert!(check_delivery_key(&"k".repeat(MAX_DELIVERY_KEY)).is_ok());
+        assert!(check_delivery_key("gw_0123abcdef-_Z").is_ok());
+        for bad in [
+            String::new(),
+            "k".repeat(MAX_DELIVERY_KEY + 1),
+            "a b".into(),
+            "a/b".into(),
+            "é".into(),
+        ] {
+            assert!(check_delivery_key(&bad).is_err(), "{bad:?}");
         }
     }
 }

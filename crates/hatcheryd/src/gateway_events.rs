@@ -4,18 +4,21 @@
 //! the session's owning host (`POST /v1/sessions/{id}/model-events`), so
 //! that it is written under that host's epoch like every other event.
 //!
-//! Delivery is at most once: the control plane retries only a post that
-//! cannot have reached the owner (no connection, or the owner lost and
-//! its sessions not yet taken over); a post that may have reached it is
-//! counted (`hatchery_gateway_events_total{outcome="ambiguous"}`), never
-//! sent twice, since a doubled `model_call` would double the spend.
+//! Delivery is exactly once: each event gets a delivery key when first
+//! posted and keeps it on every retry, and the owner writes it with the
+//! key in one transaction (SessionStore::append_once, in the shared
+//! database), writing nothing for a key it has seen. So the control plane
+//! retries any post that may not have been written (no connection, a
+//! broken or unanswered one, a lost owner not yet replaced, a 409 from a
+//! former owner) until its deadline; a doubled `model_call` would double
+//! the spend, a lost one would under-count it.
 
 use hatchery_gateway::events::{GatewayEvent, GatewayEvents};
 use hatchery_route::forward::{try_forward, ForwardFailure};
 use hatchery_route::Directory;
 use hatchery_serve::headers::DAEMON_KEY_HEADER;
 use hatchery_sessions::events::cut;
-use hatchery_sessions::model_events::{ModelEvent, MAX_MESSAGE};
+use hatchery_sessions::model_events::{ModelEvent, DELIVERY_HEADER, MAX_MESSAGE};
 use hatchery_sessions::Sessions;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -30,8 +33,9 @@ const EVENT_QUEUE: usize = 4096;
 const DELIVERY_DEADLINE: Duration = Duration::from_secs(90);
 const RETRY_EVERY: Duration = Duration::from_millis(500);
 /// A post the owner has not answered within this (a paused host's kernel
-/// still accepts the connection) is given up as ambiguous: the session's
-/// lane must not wait for as long as its host stays paused.
+/// still accepts the connection) is tried again, under the same delivery
+/// key: the session's lane must not wait for as long as its host stays
+/// paused, and the owner (or the next one) writes the event once.
 const POST_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// One rate-limited line for every event that does not reach a session's
@@ -144,7 +148,8 @@ pub struct LocalSink(pub Arc<Sessions>);
 #[async_trait::async_trait]
 impl EventSink for LocalSink {
     async fn deliver(&self, session: &str, e: ModelEvent) {
-        if let Err(e) = self.0.record_model_event(session, e).await {
+        // In process: each event is handed over once, no key needed.
+        if let Err(e) = self.0.record_model_event(session, e, None).await {
             // A caller that is no session of this host keeps no events.
             tracing::debug!(session, error = %e, "gateway event not recorded");
         }
@@ -264,14 +269,17 @@ pub struct RemoteSink {
 #[derive(Debug, PartialEq, Eq)]
 enum Attempt {
     Delivered,
-    /// Nothing reached the owner; try again.
+    /// Not written, or not known to be: try again. Every attempt carries
+    /// the event's delivery key, so one that did land and is sent again
+    /// changes nothing (SessionStore::append_once, in the shared database:
+    /// the next owner sees it too).
     Retry(String),
-    /// Given up: the owner refused it, or may have acted on it.
+    /// Given up: the owner refused it, or there is no owner to come.
     Dropped(&'static str, String),
 }
 
 impl RemoteSink {
-    async fn attempt(&self, session: &str, body: &[u8]) -> Attempt {
+    async fn attempt(&self, session: &str, key: &str, body: &[u8]) -> Attempt {
         let (host, ended) = match self.owners.owner(session).await {
             Ok(Some(h)) => h,
             Ok(None) => return Attempt::Dropped("unknown_session", session.into()),
@@ -296,6 +304,7 @@ impl RemoteSink {
             .header("content-type", "application/json")
             .header("authorization", format!("Bearer {}", self.api_key))
             .header(DAEMON_KEY_HEADER, &self.daemon_key)
+            .header(DELIVERY_HEADER, key)
             .body(axum::body::Body::from(body.to_vec()));
         let req = match req {
             Ok(r) => r,
@@ -304,7 +313,7 @@ impl RemoteSink {
         let base = hatchery_route::base_url(&slot.url);
         let sent = tokio::time::timeout(POST_TIMEOUT, try_forward(&host, &base, &self.me, req));
         let Ok(answer) = sent.await else {
-            return Attempt::Dropped("ambiguous", format!("{host} did not answer in time"));
+            return Attempt::Retry(format!("{host} did not answer in time"));
         };
         match answer {
             Ok(r) if r.status().is_success() => Attempt::Delivered,
@@ -316,7 +325,8 @@ impl RemoteSink {
             }
             Ok(r) => Attempt::Dropped("refused", format!("{host} answered {}", r.status())),
             Err(ForwardFailure::NotSent(e)) => Attempt::Retry(e.to_string()),
-            Err(ForwardFailure::MaybeSent(e)) => Attempt::Dropped("ambiguous", e.to_string()),
+            // It may have been written: the same key again is a no-op then.
+            Err(ForwardFailure::MaybeSent(e)) => Attempt::Retry(format!("maybe sent: {e}")),
         }
     }
 }
@@ -331,9 +341,11 @@ impl EventSink for RemoteSink {
                 return;
             }
         };
+        // One key per event, the same on every attempt.
+        let key = format!("gw_{:032x}", rand::random::<u128>());
         let deadline = tokio::time::Instant::now() + DELIVERY_DEADLINE;
         loop {
-            let (outcome, why) = match self.attempt(session, &body).await {
+            let (outcome, why) = match self.attempt(session, &key, &body).await {
                 Attempt::Delivered => ("delivered", String::new()),
                 Attempt::Retry(why) if tokio::time::Instant::now() < deadline => {
                     tracing::debug!(session, why, "gateway event: owner not reachable yet");
@@ -490,10 +502,12 @@ mod tests {
         }
     }
 
-    /// A lost owner and a closed port are retried; an owner that took the
-    /// request and dropped the connection is not (it may have written).
+    /// A lost owner, a closed port and an owner that took the request and
+    /// dropped the connection (it may have written: the key makes a second
+    /// write a no-op) are retried; an unknown session or an ended one whose
+    /// owner is lost is given up.
     #[tokio::test]
-    async fn only_what_cannot_have_arrived_is_retried() {
+    async fn retries_and_what_is_given_up() {
         let closed = {
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             l.local_addr().unwrap()
@@ -502,15 +516,21 @@ mod tests {
             vec![Some("a".into())],
             vec![slot("a", format!("{closed}"), false)],
         );
-        assert!(matches!(s.attempt("ses_a", b"{}").await, Attempt::Retry(_)));
+        assert!(matches!(
+            s.attempt("ses_a", "k1", b"{}").await,
+            Attempt::Retry(_)
+        ));
         let s = sink(
             vec![Some("a".into())],
             vec![slot("a", format!("{closed}"), true)],
         );
-        assert!(matches!(s.attempt("ses_a", b"{}").await, Attempt::Retry(_)));
+        assert!(matches!(
+            s.attempt("ses_a", "k1", b"{}").await,
+            Attempt::Retry(_)
+        ));
         let s = sink(vec![None], vec![]);
         assert!(matches!(
-            s.attempt("ses_a", b"{}").await,
+            s.attempt("ses_a", "k1", b"{}").await,
             Attempt::Dropped("unknown_session", _)
         ));
         // An ended session is never taken over: its lost owner is final.
@@ -520,7 +540,7 @@ mod tests {
             true,
         );
         assert!(matches!(
-            s.attempt("ses_a", b"{}").await,
+            s.attempt("ses_a", "k1", b"{}").await,
             Attempt::Dropped("owner_lost", _)
         ));
 
@@ -536,13 +556,14 @@ mod tests {
             vec![slot("a", format!("{addr}"), true)],
         );
         assert!(matches!(
-            s.attempt("ses_a", b"{}").await,
-            Attempt::Dropped("ambiguous", _)
+            s.attempt("ses_a", "k1", b"{}").await,
+            Attempt::Retry(why) if why.starts_with("maybe sent")
         ));
     }
 
-    /// The owner answers: the post carries the key and the event, and a
-    /// 409 (it no longer owns the session) sends it to the next owner.
+    /// The owner answers: the post carries the API key, a delivery key and
+    /// the event, and a 409 (it no longer owns the session) sends it to the
+    /// next owner under the same delivery key.
     #[tokio::test]
     async fn a_moved_session_is_posted_to_its_new_owner() {
         use axum::routing::post;
@@ -551,13 +572,11 @@ mod tests {
             let app = axum::Router::new().route(
                 "/v1/sessions/{id}/model-events",
                 post(move |h: axum::http::HeaderMap, body: String| async move {
-                    let auth = h
-                        .get("authorization")
+                    let v = |n: &str| h.get(n).unwrap().to_str().unwrap().to_string();
+                    let (auth, key) = (v("authorization"), v(DELIVERY_HEADER));
+                    seen.lock()
                         .unwrap()
-                        .to_str()
-                        .unwrap()
-                        .to_string();
-                    seen.lock().unwrap().push(format!("{status} {auth} {body}"));
+                        .push(format!("{status} {auth} {key} {body}"));
                     axum::http::StatusCode::from_u16(status).unwrap()
                 }),
             );
@@ -582,11 +601,19 @@ mod tests {
         s.deliver("ses_a", e).await;
         let seen = seen.lock().unwrap().clone();
         assert_eq!(seen.len(), 2, "{seen:?}");
+        let key = seen[0].split(' ').nth(3).unwrap();
+        assert!(key.starts_with("gw_") && key.len() == 35, "{seen:?}");
         assert!(
-            seen[0].starts_with("409 Bearer k {\"kind\":\"exhausted\""),
+            seen[0].ends_with(
+                " {\"kind\":\"exhausted\",\"scope\":\"session:ses_a\",\"message\":\"m\"}"
+            ),
             "{seen:?}"
         );
-        assert!(seen[1].starts_with("204 Bearer k "), "{seen:?}");
+        // The same delivery key on the retry to the new owner.
+        assert!(
+            seen[1].starts_with(&format!("204 Bearer k {key} ")),
+            "{seen:?}"
+        );
         assert_eq!(
             s.outcomes.with_label_values(&["delivered"]).get(),
             1,

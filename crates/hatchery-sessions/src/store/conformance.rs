@@ -17,6 +17,7 @@ pub async fn run_all(open: Open<'_>) {
     seqs_are_contiguous_under_concurrency(open, &run).await;
     transitions_are_guarded(open, &run).await;
     agent_lines_dedupe_and_large_fields_become_blobs(open, &run).await;
+    a_delivery_lands_once_across_owners(open, &run).await;
     a_rewind_moves_the_reading_back(open, &run).await;
     approvals(open, &run).await;
     policy_version_patch_changes_only_that_field(open, &run).await;
@@ -277,6 +278,49 @@ async fn transitions_are_guarded(open: Open<'_>, run: &str) {
             .await,
         Err(StoreError::NotFound(_))
     ));
+}
+
+/// A write sent again under its delivery id (the sender could not tell
+/// whether the first landed) changes nothing, on the same owner or, after
+/// a take-over, on the next; another id lands; the old owner is fenced.
+async fn a_delivery_lands_once_across_owners(open: Open<'_>, run: &str) {
+    let (ha, hb) = (format!("da{run}"), format!("db{run}"));
+    let (a, b) = (open(&ha), open(&hb));
+    let (id, other) = (format!("ses_d{run}"), format!("ses_e{run}"));
+    create(&*a, &id, run).await;
+    create(&*a, &other, run).await;
+    let spend = || Patch {
+        add_tokens: 7,
+        ..Default::default()
+    };
+    let once = |s: Arc<dyn SessionStore>, id: String, key: &'static str| async move {
+        s.append_once(&id, key, vec![msg("call")], spend())
+            .await
+            .unwrap()
+            .map(|e| e.len())
+    };
+    assert_eq!(once(a.clone(), id.clone(), "k1").await, Some(1));
+    assert_eq!(once(a.clone(), id.clone(), "k1").await, None);
+    // The key is per session: another session may use it.
+    assert_eq!(once(a.clone(), other.clone(), "k1").await, Some(1));
+    assert_eq!(a.get(&id).await.unwrap().spend_tokens, 7);
+    let moved = b.take_over(&ha, &hb, "host lost").await.unwrap();
+    assert_eq!(moved.len(), 2, "{moved:?}");
+    // The next owner sees the first owner's ids.
+    assert_eq!(once(b.clone(), id.clone(), "k1").await, None);
+    assert_eq!(once(b.clone(), id.clone(), "k2").await, Some(1));
+    fenced(
+        a.append_once(&id, "k3", vec![msg("late")], spend()).await,
+        &hb,
+    );
+    let s = b.get(&id).await.unwrap();
+    assert_eq!(s.spend_tokens, 14);
+    let calls = b.events(&id, 0, 100).await.unwrap();
+    let calls = calls
+        .iter()
+        .filter(|e| matches!(&e.kind, EventKind::Message { text } if text == "call"))
+        .count();
+    assert_eq!(calls, 2);
 }
 
 async fn agent_lines_dedupe_and_large_fields_become_blobs(open: Open<'_>, run: &str) {

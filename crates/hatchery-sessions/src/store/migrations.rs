@@ -84,6 +84,15 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
         // Rewinds to a checkpoint (runner.rs, resume_from_checkpoint).
         "ALTER TABLE sessions ADD COLUMN replay_through INTEGER NOT NULL DEFAULT 0;",
     ),
+    (
+        5,
+        // Delivery ids of writes sent from another process (append_once).
+        "CREATE TABLE session_deliveries (
+       session_id TEXT NOT NULL,
+       key TEXT NOT NULL,
+       PRIMARY KEY (session_id, key)
+     );",
+    ),
 ];
 
 pub fn apply(conn: &mut rusqlite::Connection) -> rusqlite::Result<()> {

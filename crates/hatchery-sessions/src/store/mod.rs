@@ -236,6 +236,19 @@ pub trait SessionStore: Send + Sync + 'static {
         events: Vec<NewEvent>,
         patch: Patch,
     ) -> Result<Vec<Event>, StoreError>;
+    /// Appends `events` and applies `patch`, unless a write with the same
+    /// `key` (a delivery id the sender chose) was made to this session
+    /// before (then `None`): the key is recorded in the same transaction,
+    /// so a sender that cannot tell whether its write landed may send it
+    /// again, to this host or to the session's next owner, and it lands
+    /// once.
+    async fn append_once(
+        &self,
+        id: &str,
+        key: &str,
+        events: Vec<NewEvent>,
+        patch: Patch,
+    ) -> Result<Option<Vec<Event>>, StoreError>;
     /// Appends what one line of agent output produced, unless the line
     /// (which ends at `line_end`) was handled before (then `None`); records
     /// the offset, and `n` (the agent's message number) in the same

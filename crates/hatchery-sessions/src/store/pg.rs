@@ -88,6 +88,12 @@ const MIGRATIONS: &[&str] = &[
      CREATE INDEX session_approvals_session ON session_approvals(session_id, state);",
     // Rewinds to a checkpoint (runner.rs, resume_from_checkpoint).
     "ALTER TABLE sessions ADD COLUMN replay_through BIGINT NOT NULL DEFAULT 0;",
+    // Delivery ids of writes sent from another process (append_once).
+    "CREATE TABLE session_deliveries (
+       session_id TEXT NOT NULL,
+       key TEXT NOT NULL,
+       PRIMARY KEY (session_id, key)
+     );",
 ];
 
 pub(super) const SCHEMA: hatchery_store::PgMigrations = hatchery_store::PgMigrations {
@@ -654,6 +660,35 @@ impl SessionStore for PgSessionStore {
                 let out = append_tx(tx, &sid, epoch, events).await?;
                 apply_patch(tx, &sid, &patch).await?;
                 Ok(out)
+            })
+        })
+        .await
+    }
+
+    async fn append_once(
+        &self,
+        id: &str,
+        key: &str,
+        events: Vec<NewEvent>,
+        patch: Patch,
+    ) -> Result<Option<Vec<Event>>, StoreError> {
+        let (sid, key) = (id.to_string(), key.to_string());
+        self.write(id, move |tx, epoch| {
+            Box::pin(async move {
+                let fresh = exec(
+                    tx,
+                    "delivery",
+                    "INSERT INTO session_deliveries (session_id, key) VALUES ($1, $2)
+                     ON CONFLICT DO NOTHING",
+                    &[&sid, &key],
+                )
+                .await?;
+                if fresh == 0 {
+                    return Ok(None);
+                }
+                let out = append_tx(tx, &sid, epoch, events).await?;
+                apply_patch(tx, &sid, &patch).await?;
+                Ok(Some(out))
             })
         })
         .await

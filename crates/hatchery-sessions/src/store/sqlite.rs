@@ -442,6 +442,36 @@ impl SessionStore for SqliteStore {
         .await
     }
 
+    async fn append_once(
+        &self,
+        id: &str,
+        key: &str,
+        events: Vec<NewEvent>,
+        patch: Patch,
+    ) -> Result<Option<Vec<Event>>, StoreError> {
+        let (id, key) = (id.to_string(), key.to_string());
+        let host = self.host.clone();
+        self.with(move |c| {
+            let tx = write_tx(c)?;
+            let epoch = fence(&tx, &id, &host)?;
+            let fresh = tx
+                .execute(
+                    "INSERT INTO session_deliveries (session_id, key) VALUES (?1, ?2)
+                     ON CONFLICT DO NOTHING",
+                    params![id, key],
+                )
+                .map_err(be)?;
+            if fresh == 0 {
+                return Ok(None);
+            }
+            let out = append_tx(&tx, &id, epoch, events)?;
+            apply_patch(&tx, &id, &patch)?;
+            tx.commit().map_err(be)?;
+            Ok(Some(out))
+        })
+        .await
+    }
+
     async fn append_agent(
         &self,
         id: &str,
