@@ -13,7 +13,7 @@ use crate::service::Sessions;
 use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use utoipa::ToSchema;
@@ -158,7 +158,8 @@ pub async fn post_model_event(
 ) -> Result<StatusCode, SessionError> {
     let key = headers
         .get(DELIVERY_HEADER)
-        .map(|v| v.to_str().unwrap_or("\u{1}"))
+        // Not text: "" fails check_delivery_key with its 400.
+        .map(|v| v.to_str().unwrap_or_default())
         .ok_or_else(|| {
             SessionError::bad(
                 "invalid_request",
@@ -193,9 +194,9 @@ fn check_delivery_key(k: &str) -> Result<(), SessionError> {
 /// to any session's log; the daemons' own key is wanted too.
 pub async fn require_daemon_key(State(st): State<ApiState>, req: Request, next: Next) -> Response {
     if !hatchery_serve::headers::daemon_key_ok(req.headers(), &st.daemon_key) {
-        let body = serde_json::json!({"error": {"code": "unauthorized",
-            "message": "model events are posted by the deployment's daemons (X-Hatchery-Daemon-Key)"}});
-        return (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response();
+        return crate::routes::unauthorized(
+            "model events are posted by the deployment's daemons (X-Hatchery-Daemon-Key)",
+        );
     }
     next.run(req).await
 }

@@ -78,15 +78,16 @@ async fn require_key(State(st): State<ApiState>, req: Request, next: Next) -> Re
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    let want = st.api_key.as_bytes();
-    // Constant time in the key's content.
-    let same = given.len() == want.len()
-        && given.bytes().zip(want).fold(0u8, |a, (x, y)| a | (x ^ y)) == 0;
-    if !same {
-        let body = serde_json::json!({"error": {"code": "unauthorized", "message": "missing or wrong API key"}});
-        return (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response();
+    if !hatchery_serve::headers::constant_time_eq(given.as_bytes(), st.api_key.as_bytes()) {
+        return unauthorized("missing or wrong API key");
     }
     next.run(req).await
+}
+
+/// A 401 in the API's error shape.
+pub(crate) fn unauthorized(message: &str) -> Response {
+    let body = serde_json::json!({"error": {"code": "unauthorized", "message": message}});
+    (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response()
 }
 
 fn session_id(id: &str) -> Result<&str, SessionError> {

@@ -3,6 +3,14 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
+/// `n` random bytes as lower-case hex: the body of every secret this
+/// daemon makes.
+fn random_hex(n: usize) -> String {
+    let mut raw = vec![0u8; n];
+    rand::thread_rng().fill_bytes(&mut raw);
+    raw.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// The API key: `HATCHERY_API_KEY` if set, else the key file, else a new
 /// random key written 0600 to the key file.
 pub fn load_or_create(data_dir: &Path) -> std::io::Result<(String, Option<std::path::PathBuf>)> {
@@ -18,12 +26,7 @@ pub fn load_or_create(data_dir: &Path) -> std::io::Result<(String, Option<std::p
             return Ok((k, Some(path)));
         }
     }
-    let mut raw = [0u8; 24];
-    rand::thread_rng().fill_bytes(&mut raw);
-    let key: String = format!(
-        "hx_{}",
-        raw.iter().map(|b| format!("{b:02x}")).collect::<String>()
-    );
+    let key = format!("hx_{}", random_hex(24));
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -40,12 +43,7 @@ pub fn load_or_create(data_dir: &Path) -> std::io::Result<(String, Option<std::p
 pub async fn daemon_key(
     store: &dyn hatchery_store::Store,
 ) -> Result<String, hatchery_store::StoreError> {
-    let mut raw = [0u8; 32];
-    rand::thread_rng().fill_bytes(&mut raw);
-    let candidate: String = format!(
-        "hxd_{}",
-        raw.iter().map(|b| format!("{b:02x}")).collect::<String>()
-    );
+    let candidate = format!("hxd_{}", random_hex(32));
     store.deployment_secret("daemon_key", &candidate).await
 }
 
@@ -60,9 +58,7 @@ pub fn terminal_secret(data_dir: &Path) -> std::io::Result<Vec<u8>> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    let mut raw = [0u8; 32];
-    rand::thread_rng().fill_bytes(&mut raw);
-    let secret: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+    let secret = random_hex(32);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
