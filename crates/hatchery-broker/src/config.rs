@@ -78,6 +78,37 @@ pub struct BrokerArgs {
         env = "HATCHERY_BROKER_MCP_CONFIG"
     )]
     pub mcp_config: Option<PathBuf>,
+    /// On `--role host`: the control plane (`http://host:port`) whose
+    /// broker runs this host's sandboxes' calls. The host then holds no
+    /// credential and runs no broker: its `broker` host service relays
+    /// each call there (docs/broker.md, "On many hosts").
+    #[arg(
+        id = "broker_control_url",
+        long = "broker-control-url",
+        env = "HATCHERY_BROKER_CONTROL_URL"
+    )]
+    pub control_url: Option<String>,
+    /// On `--role control`: run the tool broker for the hosts that relay
+    /// to it (`--broker-control-url`), with this daemon's credentials and
+    /// its call record in the shared database.
+    #[arg(
+        id = "broker_for_hosts",
+        long = "broker-for-hosts",
+        env = "HATCHERY_BROKER_FOR_HOSTS"
+    )]
+    pub for_hosts: bool,
+}
+
+impl BrokerArgs {
+    /// Whether any credential or outside endpoint is configured: a host
+    /// that relays to the control role's broker takes none.
+    pub fn holds_credentials(&self) -> bool {
+        !self.git_push_urls.is_empty()
+            || self.git_credential_file.is_some()
+            || self.github_api.is_some()
+            || self.github_token_file.is_some()
+            || self.mcp_config.is_some()
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -165,7 +196,15 @@ mod tests {
             anchor_interval_s: 60,
             anchor_hook: None,
             mcp_config: None,
+            control_url: None,
+            for_hosts: false,
         };
+        assert!(a.holds_credentials());
+        assert!(!BrokerArgs {
+            git_push_urls: vec![],
+            ..a.clone()
+        }
+        .holds_credentials());
         let c = BrokerConfig::try_from(&a).unwrap();
         assert_eq!(c.push_url("git://h/x.git"), "http://h:81/x.git");
         assert_eq!(c.push_url("git://h/acme/x.git"), "http://h:82/a/x.git");

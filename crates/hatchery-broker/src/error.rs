@@ -46,7 +46,16 @@ impl From<crate::store::StoreError> for BrokerError {
 
 impl From<hatchery_sessions::error::SessionError> for BrokerError {
     fn from(e: hatchery_sessions::error::SessionError) -> Self {
-        BrokerError::Internal(format!("sessions: {e}"))
+        use hatchery_sessions::error::SessionError as S;
+        match e {
+            // The session's store or its owning host is out of reach for
+            // now (or the session is moving hosts): nothing was done, the
+            // agent asks again with the same seq.
+            S::StoreUnavailable(m) | S::Moved(m) => {
+                BrokerError::Unavailable(format!("sessions: {m}"))
+            }
+            e => BrokerError::Internal(format!("sessions: {e}")),
+        }
     }
 }
 

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod routes;
 pub mod sandbox;
 pub mod service;
+pub mod session_log;
 pub mod store;
 pub mod wire;
 

@@ -202,9 +202,15 @@ pub fn openapi_json() -> String {
 /// Serves the guest router on a Unix socket only root (the daemon) can
 /// open; the relay connects there.
 pub async fn serve_socket(b: Arc<Broker>, path: std::path::PathBuf) -> std::io::Result<()> {
+    serve_on_socket(guest_router(b), path).await
+}
+
+/// Serves `app` (the guest router, or a host's relay to the control
+/// role's broker) on the `broker` host service's socket, mode 0600.
+pub async fn serve_on_socket(app: Router, path: std::path::PathBuf) -> std::io::Result<()> {
     let _ = std::fs::remove_file(&path);
     let l = tokio::net::UnixListener::bind(&path)?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    axum::serve(l, guest_router(b)).await
+    axum::serve(l, app).await
 }

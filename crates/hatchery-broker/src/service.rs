@@ -22,7 +22,6 @@ use hatchery_policy::{Destination, Effect, Request};
 use hatchery_sessions::broker_hooks::LoggedCall;
 use hatchery_sessions::events::EventKind;
 use hatchery_sessions::state::SessionState;
-use hatchery_sessions::Sessions;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -41,7 +40,7 @@ type KeyLock = Arc<tokio::sync::Mutex<()>>;
 
 pub struct Broker {
     pub(crate) store: BrokerStore,
-    sessions: Arc<Sessions>,
+    sessions: Arc<dyn crate::session_log::SessionLog>,
     policies: CompiledPolicies,
     sandboxes: Arc<dyn SandboxAccess>,
     cfg: BrokerConfig,
@@ -65,7 +64,7 @@ fn canonical(v: &Value) -> String {
 impl Broker {
     pub fn new(
         store: BrokerStore,
-        sessions: Arc<Sessions>,
+        sessions: Arc<dyn crate::session_log::SessionLog>,
         policies: CompiledPolicies,
         sandboxes: Arc<dyn SandboxAccess>,
         cfg: BrokerConfig,
@@ -233,8 +232,8 @@ impl Broker {
                         .sessions
                         .record(&session.id, vec![call_event(&c), result_event(&c)])
                         .await?;
-                    c.event_seq = evs.first().map(|e| e.seq);
-                    c.result_event_seq = evs.get(1).map(|e| e.seq);
+                    c.event_seq = evs.first().copied();
+                    c.result_event_seq = evs.get(1).copied();
                 }
                 self.begin(c).await?
             }
@@ -361,14 +360,9 @@ impl Broker {
         }
         let kinds = vec![call_event(&call)];
         let evs = self.sessions.record(&call.session_id, kinds).await?;
-        if let Some(e) = evs.first() {
+        if let Some(&e) = evs.first() {
             self.store
-                .set_event_ref(
-                    crate::store::EventRef::Call,
-                    &call.session_id,
-                    call.seq,
-                    e.seq,
-                )
+                .set_event_ref(crate::store::EventRef::Call, &call.session_id, call.seq, e)
                 .await?;
         }
         if let Some(aid) = &call.approval_id {
@@ -400,13 +394,13 @@ impl Broker {
             .sessions
             .record(&call.session_id, vec![result_event(&call)])
             .await?;
-        if let Some(e) = evs.first() {
+        if let Some(&e) = evs.first() {
             self.store
                 .set_event_ref(
                     crate::store::EventRef::Result,
                     &call.session_id,
                     call.seq,
-                    e.seq,
+                    e,
                 )
                 .await?;
         }
@@ -556,7 +550,7 @@ impl Broker {
             done.output = Some(json!({"ok": true}).to_string());
             kinds.push(result_event(&done));
             let evs = self.sessions.record(&call.session_id, kinds).await?;
-            let seqs: Vec<u64> = evs.iter().map(|e| e.seq).collect();
+            let seqs = evs;
             let (ev_call, ev_result) = match (call_event_first, seqs.as_slice()) {
                 (true, [a, b, ..]) => (Some(*a), Some(*b)),
                 (false, [b, ..]) => (None, Some(*b)),
@@ -593,7 +587,7 @@ impl Broker {
         });
         let evs = self.sessions.record(&call.session_id, kinds).await?;
         let ev_call = if call_event_first {
-            evs.first().map(|e| e.seq)
+            evs.first().copied()
         } else {
             None
         };
@@ -1104,9 +1098,9 @@ impl Broker {
                     }],
                 )
                 .await?;
-            if let Some(e) = evs.first() {
+            if let Some(&e) = evs.first() {
                 self.store
-                    .set_event_ref(crate::store::EventRef::Review, session_id, seq, e.seq)
+                    .set_event_ref(crate::store::EventRef::Review, session_id, seq, e)
                     .await?;
             }
         }

@@ -38,12 +38,7 @@ impl Sessions {
         &self,
         sandbox_id: &str,
     ) -> Result<Option<Session>, SessionError> {
-        Ok(self
-            .store
-            .unfinished()
-            .await?
-            .into_iter()
-            .find(|s| s.sandbox_id.as_deref() == Some(sandbox_id)))
+        reads::session_for_sandbox(&*self.store, sandbox_id).await
     }
 
     /// What the log holds about broker call `call_seq` of session `id`
@@ -54,37 +49,7 @@ impl Sessions {
         id: &str,
         call_seq: u64,
     ) -> Result<Option<LoggedCall>, SessionError> {
-        let mut found = LoggedCall::default();
-        let mut after = 0;
-        loop {
-            let page = self.store.events(id, after, 1000).await?;
-            let Some(last) = page.last() else { break };
-            after = last.seq;
-            for e in page {
-                match e.kind {
-                    EventKind::BrokerCall {
-                        call_seq: s,
-                        tool,
-                        arguments,
-                        decision,
-                        ..
-                    } if s == call_seq => found.call = Some((e.seq, tool, arguments, decision)),
-                    EventKind::BrokerEffectStarted {
-                        call_seq: s,
-                        detail,
-                        ..
-                    } if s == call_seq => found.effect = Some(detail),
-                    EventKind::BrokerResult {
-                        call_seq: s,
-                        status,
-                        output,
-                        ..
-                    } if s == call_seq => found.result = Some((e.seq, status, output)),
-                    _ => {}
-                }
-            }
-        }
-        Ok((found != LoggedCall::default()).then_some(found))
+        reads::logged_broker_call(&*self.store, id, call_seq).await
     }
 
     /// The heads of the hash-chained logs of the sessions this host owns
@@ -153,9 +118,83 @@ impl Sessions {
         approval_id: &str,
         after: u64,
     ) -> Result<Option<Decision>, SessionError> {
+        reads::approval_decision(&*self.store, id, approval_id, after).await
+    }
+
+    /// The commit the session's checkout was made from.
+    pub async fn checkout_commit(&self, id: &str) -> Result<Option<String>, SessionError> {
+        reads::checkout_commit(&*self.store, id).await
+    }
+}
+
+/// The broker's reads of the shared log, over any session store: the
+/// in-process broker reads through [`Sessions`], the control role's
+/// (docs/broker.md, "On many hosts") from the shared database directly.
+pub mod reads {
+    use super::{Decision, LoggedCall};
+    use crate::error::SessionError;
+    use crate::events::EventKind;
+    use crate::store::{Session, SessionStore};
+
+    /// The unfinished session whose current sandbox is `sandbox_id`.
+    pub async fn session_for_sandbox(
+        store: &dyn SessionStore,
+        sandbox_id: &str,
+    ) -> Result<Option<Session>, SessionError> {
+        Ok(store
+            .unfinished()
+            .await?
+            .into_iter()
+            .find(|s| s.sandbox_id.as_deref() == Some(sandbox_id)))
+    }
+
+    pub async fn logged_broker_call(
+        store: &dyn SessionStore,
+        id: &str,
+        call_seq: u64,
+    ) -> Result<Option<LoggedCall>, SessionError> {
+        let mut found = LoggedCall::default();
+        let mut after = 0;
+        loop {
+            let page = store.events(id, after, 1000).await?;
+            let Some(last) = page.last() else { break };
+            after = last.seq;
+            for e in page {
+                match e.kind {
+                    EventKind::BrokerCall {
+                        call_seq: s,
+                        tool,
+                        arguments,
+                        decision,
+                        ..
+                    } if s == call_seq => found.call = Some((e.seq, tool, arguments, decision)),
+                    EventKind::BrokerEffectStarted {
+                        call_seq: s,
+                        detail,
+                        ..
+                    } if s == call_seq => found.effect = Some(detail),
+                    EventKind::BrokerResult {
+                        call_seq: s,
+                        status,
+                        output,
+                        ..
+                    } if s == call_seq => found.result = Some((e.seq, status, output)),
+                    _ => {}
+                }
+            }
+        }
+        Ok((found != LoggedCall::default()).then_some(found))
+    }
+
+    pub async fn approval_decision(
+        store: &dyn SessionStore,
+        id: &str,
+        approval_id: &str,
+        after: u64,
+    ) -> Result<Option<Decision>, SessionError> {
         let mut from = after;
         loop {
-            let page = self.store.events(id, from, 1000).await?;
+            let page = store.events(id, from, 1000).await?;
             let Some(last) = page.last() else {
                 return Ok(None);
             };
@@ -178,10 +217,12 @@ impl Sessions {
         }
     }
 
-    /// The commit the session's checkout was made from.
-    pub async fn checkout_commit(&self, id: &str) -> Result<Option<String>, SessionError> {
+    pub async fn checkout_commit(
+        store: &dyn SessionStore,
+        id: &str,
+    ) -> Result<Option<String>, SessionError> {
         // It is among the first few events; look at the first page only.
-        let page = self.store.events(id, 0, 100).await?;
+        let page = store.events(id, 0, 100).await?;
         Ok(page.into_iter().find_map(|e| match e.kind {
             EventKind::RepoCheckedOut { commit, .. } => Some(commit),
             _ => None,

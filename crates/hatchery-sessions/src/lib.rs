@@ -5,6 +5,7 @@
 //! through a sandbox it uses via the narrow [`sandbox::Sandboxes`] trait.
 
 pub mod agent_proto;
+pub mod broker_events;
 pub mod broker_hooks;
 pub mod bus;
 pub mod client_sandboxes;

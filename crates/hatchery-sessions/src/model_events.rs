@@ -156,18 +156,23 @@ pub async fn post_model_event(
     headers: axum::http::HeaderMap,
     Json(e): Json<ModelEvent>,
 ) -> Result<StatusCode, SessionError> {
-    let key = headers
+    let key = delivery_key(&headers)?;
+    st.sessions.record_model_event(&id, e, Some(key)).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A post's delivery key, required (checked by the route's service).
+pub(crate) fn delivery_key(headers: &axum::http::HeaderMap) -> Result<&str, SessionError> {
+    headers
         .get(DELIVERY_HEADER)
         // Not text: "" fails check_delivery_key with its 400.
         .map(|v| v.to_str().unwrap_or_default())
         .ok_or_else(|| {
             SessionError::bad(
                 "invalid_request",
-                format!("{DELIVERY_HEADER} is required (one per event, the same on a retry)"),
+                format!("{DELIVERY_HEADER} is required (one per post, the same on a retry)"),
             )
-        })?;
-    st.sessions.record_model_event(&id, e, Some(key)).await?;
-    Ok(StatusCode::NO_CONTENT)
+        })
 }
 
 /// The header a sender names an event's delivery with.
@@ -175,7 +180,7 @@ pub const DELIVERY_HEADER: &str = "idempotency-key";
 /// Longest delivery key, in bytes.
 pub const MAX_DELIVERY_KEY: usize = 64;
 
-fn check_delivery_key(k: &str) -> Result<(), SessionError> {
+pub(crate) fn check_delivery_key(k: &str) -> Result<(), SessionError> {
     let ok = !k.is_empty()
         && k.len() <= MAX_DELIVERY_KEY
         && k.bytes()
@@ -189,13 +194,14 @@ fn check_delivery_key(k: &str) -> Result<(), SessionError> {
     ))
 }
 
-/// In front of the route, before its body is read: the API key alone is
-/// every client's, and with it a client could add spend and model events
-/// to any session's log; the daemons' own key is wanted too.
+/// In front of the routes other daemons post to (model and broker
+/// events), before the body is read: the API key alone is every client's,
+/// and with it a client could add spend, model or broker events to any
+/// session's log; the daemons' own key is wanted too.
 pub async fn require_daemon_key(State(st): State<ApiState>, req: Request, next: Next) -> Response {
     if !hatchery_serve::headers::daemon_key_ok(req.headers(), &st.daemon_key) {
         return crate::routes::unauthorized(
-            "model events are posted by the deployment's daemons (X-Hatchery-Daemon-Key)",
+            "only the deployment's daemons post here (X-Hatchery-Daemon-Key)",
         );
     }
     next.run(req).await

@@ -26,7 +26,8 @@ use utoipa::OpenApi;
         routes::events,
         routes::blob,
         crate::policy_move::move_policy,
-        crate::model_events::post_model_event
+        crate::model_events::post_model_event,
+        crate::broker_events::post_broker_events
     ),
     components(schemas(
         CreateSessionBody,
@@ -51,7 +52,10 @@ use utoipa::OpenApi;
         ErrorBody,
         ErrorDetail,
         crate::policy_move::MovePolicyBody,
-        crate::model_events::ModelEvent
+        crate::model_events::ModelEvent,
+        crate::broker_events::BrokerEvents,
+        crate::broker_events::ApprovalRequest,
+        crate::broker_events::BrokerEventsWritten
     ))
 )]
 pub struct SessionsDoc;

@@ -57,6 +57,15 @@ pub fn router(sessions: Arc<Sessions>, api_key: Arc<str>, daemon_key: Arc<str>) 
                 ),
             ),
         )
+        .route(
+            "/v1/sessions/{id}/broker-events",
+            post(crate::broker_events::post_broker_events).route_layer(
+                axum::middleware::from_fn_with_state(
+                    st.clone(),
+                    crate::model_events::require_daemon_key,
+                ),
+            ),
+        )
         .route("/v1/sessions/{id}/approvals/{aid}", post(approve))
         .route("/v1/sessions/{id}/blobs/{blob_ref}", get(blob))
         .route(

@@ -46,7 +46,7 @@ pub fn start(
     .map_err(|e| err(e.to_string()))?;
     let broker = Broker::new(
         store,
-        sessions.clone(),
+        Arc::new(hatchery_broker::session_log::Local(sessions.clone())),
         hatchery_policy::cache::CompiledPolicies::new(policies),
         Arc::new(hatchery_broker::sandbox::ClientSandboxes(client.clone())),
         cfg,

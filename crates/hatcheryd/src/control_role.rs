@@ -35,6 +35,13 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         local: None,
         sessions: Some(sessions.clone()),
     });
+    let owner_post = || crate::owner_post::OwnerPost {
+        owners: Arc::new(sessions.clone()),
+        directory: directory.clone(),
+        me: args.host_id.clone(),
+        api_key: key.clone(),
+        daemon_key: daemon_key.clone(),
+    };
     // The model gateway, when the upstream options are given here: the
     // hosts relay their sandboxes' calls to it and hold no upstream key.
     let gateway = crate::gateway::start_control(
@@ -43,16 +50,26 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         &data,
         &registry,
         crate::gateway_events::RemoteSink {
-            owners: Arc::new(sessions),
-            directory: directory.clone(),
-            me: args.host_id.clone(),
-            api_key: key.clone(),
-            daemon_key,
+            post: owner_post(),
             outcomes: crate::gateway_events::outcomes(&registry),
         },
     )
     .await
     .map_err(|e| DaemonError::Sessions(e.to_string()))?;
+    // The tool broker, when asked for here: hosts relay their sandboxes'
+    // calls to it and hold no credential.
+    let broker = crate::broker_control::start(
+        &args,
+        crate::broker_control::ControlSide {
+            data: &data,
+            api_key: &key,
+            daemon_key: &daemon_key,
+            sessions: sessions.clone(),
+            post: owner_post(),
+            registry: &registry,
+        },
+    )
+    .await?;
     let app = control::router(ControlState {
         directory,
         me: args.host_id.clone(),
@@ -63,6 +80,10 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     });
     let app = match gateway {
         Some(g) => g.merge(app),
+        None => app,
+    };
+    let app = match broker {
+        Some(b) => b.merge(app),
         None => app,
     };
     let listener = tokio::net::TcpListener::bind(args.listen)

@@ -345,8 +345,8 @@ pub async fn start_control(
         return Ok(None);
     }
     let keys_wanted = crate::gateway_relay::HostKeys {
-        api_key: sink.api_key.clone().into(),
-        daemon_key: sink.daemon_key.clone().into(),
+        api_key: sink.post.api_key.clone().into(),
+        daemon_key: sink.post.daemon_key.clone().into(),
     };
     let (store, keys) = open_budgets(Some(shared_db), data).await?;
     // One lane per session: a session whose host is lost (until its

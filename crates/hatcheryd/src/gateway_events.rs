@@ -13,12 +13,10 @@
 //! former owner) until its deadline; a doubled `model_call` would double
 //! the spend, a lost one would under-count it.
 
+use crate::owner_post::{Attempt, OwnerPost};
 use hatchery_gateway::events::{GatewayEvent, GatewayEvents};
-use hatchery_route::forward::{try_forward, ForwardFailure};
-use hatchery_route::Directory;
-use hatchery_serve::headers::DAEMON_KEY_HEADER;
 use hatchery_sessions::events::cut;
-use hatchery_sessions::model_events::{ModelEvent, DELIVERY_HEADER, MAX_MESSAGE};
+use hatchery_sessions::model_events::{ModelEvent, MAX_MESSAGE};
 use hatchery_sessions::Sessions;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -32,11 +30,6 @@ const EVENT_QUEUE: usize = 4096;
 /// lost host's sessions are taken over within the lease TTL plus a sweep.
 const DELIVERY_DEADLINE: Duration = Duration::from_secs(90);
 const RETRY_EVERY: Duration = Duration::from_millis(500);
-/// A post the owner has not answered within this (a paused host's kernel
-/// still accepts the connection) is tried again, under the same delivery
-/// key: the session's lane must not wait for as long as its host stays
-/// paused, and the owner (or the next one) writes the event once.
-const POST_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// One rate-limited line for every event that does not reach a session's
 /// log (guest code can cause them in a loop); `why` says where it stopped.
@@ -156,24 +149,6 @@ impl EventSink for LocalSink {
     }
 }
 
-/// Who owns a session now (the control role's sessions store), and
-/// whether it has ended (an ended session is never taken over).
-#[async_trait::async_trait]
-pub trait SessionOwners: Send + Sync + 'static {
-    async fn owner(&self, session: &str) -> Result<Option<(String, bool)>, String>;
-}
-
-#[async_trait::async_trait]
-impl SessionOwners for Arc<dyn hatchery_sessions::store::SessionStore> {
-    async fn owner(&self, session: &str) -> Result<Option<(String, bool)>, String> {
-        match self.get(session).await {
-            Ok(s) => Ok(Some((s.host_id, s.state.is_terminal()))),
-            Err(hatchery_sessions::store::StoreError::NotFound(_)) => Ok(None),
-            Err(e) => Err(e.to_string()),
-        }
-    }
-}
-
 /// One ordered lane per session in front of a sink: events of one session
 /// are delivered in order, and a session whose owner cannot be reached yet
 /// (its host lost, not yet taken over) holds up only its own events.
@@ -256,79 +231,8 @@ impl EventSink for Lanes {
 
 /// The control role's sink: each event posted to the session's owner.
 pub struct RemoteSink {
-    pub owners: Arc<dyn SessionOwners>,
-    pub directory: Arc<dyn Directory>,
-    pub me: String,
-    pub api_key: String,
-    /// The owner's model-events route wants it besides the API key.
-    pub daemon_key: String,
+    pub post: OwnerPost,
     pub outcomes: prometheus::IntCounterVec,
-}
-
-/// What one attempt at a post came to.
-#[derive(Debug, PartialEq, Eq)]
-enum Attempt {
-    Delivered,
-    /// Not written, or not known to be: try again. Every attempt carries
-    /// the event's delivery key, so one that did land and is sent again
-    /// changes nothing (SessionStore::append_once, in the shared database:
-    /// the next owner sees it too).
-    Retry(String),
-    /// Given up: the owner refused it, or there is no owner to come.
-    Dropped(&'static str, String),
-}
-
-impl RemoteSink {
-    async fn attempt(&self, session: &str, key: &str, body: &[u8]) -> Attempt {
-        let (host, ended) = match self.owners.owner(session).await {
-            Ok(Some(h)) => h,
-            Ok(None) => return Attempt::Dropped("unknown_session", session.into()),
-            Err(e) => return Attempt::Retry(format!("sessions store: {e}")),
-        };
-        let slot = match self.directory.hosts().await {
-            Ok(hs) => hs.into_iter().find(|h| h.id == host),
-            Err(e) => return Attempt::Retry(format!("hosts: {e}")),
-        };
-        let Some(slot) = slot.filter(|h| h.alive) else {
-            if ended {
-                // Nobody takes an ended session over: no owner will come.
-                return Attempt::Dropped("owner_lost", format!("{host} is lost"));
-            }
-            // Lost: its sessions are about to be taken over; the next
-            // attempt finds the new owner.
-            return Attempt::Retry(format!("owner {host} is not alive"));
-        };
-        let req = axum::http::Request::builder()
-            .method("POST")
-            .uri(format!("/v1/sessions/{session}/model-events"))
-            .header("content-type", "application/json")
-            .header("authorization", format!("Bearer {}", self.api_key))
-            .header(DAEMON_KEY_HEADER, &self.daemon_key)
-            .header(DELIVERY_HEADER, key)
-            .body(axum::body::Body::from(body.to_vec()));
-        let req = match req {
-            Ok(r) => r,
-            Err(e) => return Attempt::Dropped("invalid", e.to_string()),
-        };
-        let base = hatchery_route::base_url(&slot.url);
-        let sent = tokio::time::timeout(POST_TIMEOUT, try_forward(&host, &base, &self.me, req));
-        let Ok(answer) = sent.await else {
-            return Attempt::Retry(format!("{host} did not answer in time"));
-        };
-        match answer {
-            Ok(r) if r.status().is_success() => Attempt::Delivered,
-            // The owner changed between the read and the post: this host
-            // refuses to write a session it no longer owns; nothing was
-            // written, so the new owner may.
-            Ok(r) if r.status() == axum::http::StatusCode::CONFLICT => {
-                Attempt::Retry(format!("{host} answered 409"))
-            }
-            Ok(r) => Attempt::Dropped("refused", format!("{host} answered {}", r.status())),
-            Err(ForwardFailure::NotSent(e)) => Attempt::Retry(e.to_string()),
-            // It may have been written: the same key again is a no-op then.
-            Err(ForwardFailure::MaybeSent(e)) => Attempt::Retry(format!("maybe sent: {e}")),
-        }
-    }
 }
 
 #[async_trait::async_trait]
@@ -345,8 +249,9 @@ impl EventSink for RemoteSink {
         let key = format!("gw_{:032x}", rand::random::<u128>());
         let deadline = tokio::time::Instant::now() + DELIVERY_DEADLINE;
         loop {
-            let (outcome, why) = match self.attempt(session, &key, &body).await {
-                Attempt::Delivered => ("delivered", String::new()),
+            let sent = self.post.attempt(session, "model-events", &key, &body);
+            let (outcome, why) = match sent.await {
+                Attempt::Delivered(_) => ("delivered", String::new()),
                 Attempt::Retry(why) if tokio::time::Instant::now() < deadline => {
                     tracing::debug!(session, why, "gateway event: owner not reachable yet");
                     tokio::time::sleep(RETRY_EVERY).await;
@@ -383,9 +288,10 @@ pub fn outcomes(registry: &prometheus::Registry) -> prometheus::IntCounterVec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::owner_post::SessionOwners;
     use hatchery_gateway::budget::{Amount, Caller};
     use hatchery_gateway::usage::Flavor;
-    use hatchery_route::{HostSlot, Location, RouteError};
+    use hatchery_route::{Directory, HostSlot, Location, RouteError};
     use std::collections::BTreeMap;
     use std::sync::Mutex;
 
@@ -493,11 +399,13 @@ mod tests {
     }
     fn sink_of(owners: Vec<Option<String>>, hosts: Vec<HostSlot>, ended: bool) -> RemoteSink {
         RemoteSink {
-            owners: Arc::new(Owners(Mutex::new(owners), ended)),
-            directory: Arc::new(Hosts(hosts)),
-            me: "ctl".into(),
-            api_key: "k".into(),
-            daemon_key: "dk".into(),
+            post: OwnerPost {
+                owners: Arc::new(Owners(Mutex::new(owners), ended)),
+                directory: Arc::new(Hosts(hosts)),
+                me: "ctl".into(),
+                api_key: "k".into(),
+                daemon_key: "dk".into(),
+            },
             outcomes: outcomes(&prometheus::Registry::new()),
         }
     }
@@ -517,7 +425,7 @@ mod tests {
             vec![slot("a", format!("{closed}"), false)],
         );
         assert!(matches!(
-            s.attempt("ses_a", "k1", b"{}").await,
+            s.post.attempt("ses_a", "model-events", "k1", b"{}").await,
             Attempt::Retry(_)
         ));
         let s = sink(
@@ -525,12 +433,12 @@ mod tests {
             vec![slot("a", format!("{closed}"), true)],
         );
         assert!(matches!(
-            s.attempt("ses_a", "k1", b"{}").await,
+            s.post.attempt("ses_a", "model-events", "k1", b"{}").await,
             Attempt::Retry(_)
         ));
         let s = sink(vec![None], vec![]);
         assert!(matches!(
-            s.attempt("ses_a", "k1", b"{}").await,
+            s.post.attempt("ses_a", "model-events", "k1", b"{}").await,
             Attempt::Dropped("unknown_session", _)
         ));
         // An ended session is never taken over: its lost owner is final.
@@ -540,7 +448,7 @@ mod tests {
             true,
         );
         assert!(matches!(
-            s.attempt("ses_a", "k1", b"{}").await,
+            s.post.attempt("ses_a", "model-events", "k1", b"{}").await,
             Attempt::Dropped("owner_lost", _)
         ));
 
@@ -556,7 +464,7 @@ mod tests {
             vec![slot("a", format!("{addr}"), true)],
         );
         assert!(matches!(
-            s.attempt("ses_a", "k1", b"{}").await,
+            s.post.attempt("ses_a", "model-events", "k1", b"{}").await,
             Attempt::Retry(why) if why.starts_with("maybe sent")
         ));
     }
@@ -573,7 +481,7 @@ mod tests {
                 "/v1/sessions/{id}/model-events",
                 post(move |h: axum::http::HeaderMap, body: String| async move {
                     let v = |n: &str| h.get(n).unwrap().to_str().unwrap().to_string();
-                    let (auth, key) = (v("authorization"), v(DELIVERY_HEADER));
+                    let (auth, key) = (v("authorization"), v(hatchery_sessions::model_events::DELIVERY_HEADER));
                     seen.lock()
                         .unwrap()
                         .push(format!("{status} {auth} {key} {body}"));

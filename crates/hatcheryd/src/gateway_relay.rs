@@ -67,19 +67,26 @@ fn rewrite(r: &Relay, mut req: Request) -> Result<(Flavor, Request), (Flavor, Ca
     if !req.headers().contains_key(SANDBOX_HEADER) {
         return Err((f, CallError::UnboundSandbox));
     }
-    let h = req.headers_mut();
-    h.remove("x-api-key");
-    let auth = HeaderValue::from_str(&format!("Bearer {}", r.api_key))
-        .map_err(|e| (f, CallError::GatewayUnreachable(e.to_string())))?;
-    h.insert(header::AUTHORIZATION, auth);
-    let daemon = HeaderValue::from_str(&r.daemon_key)
-        .map_err(|e| (f, CallError::GatewayUnreachable(e.to_string())))?;
-    h.insert(DAEMON_KEY_HEADER, daemon);
+    sign(r, req.headers_mut()).map_err(|e| (f, CallError::GatewayUnreachable(e)))?;
     let to: Uri = format!("{PREFIX}{path}")
         .parse()
         .map_err(|e: axum::http::uri::InvalidUri| (f, CallError::BadRequest(e.to_string())))?;
     *req.uri_mut() = to;
     Ok((f, req))
+}
+
+/// What a relay to the control role puts on a request from a sandbox, in
+/// place of any key the guest sent: the host's API key and the
+/// deployment's daemon key (the sandbox id the host-service relay set
+/// stays).
+pub fn sign(r: &Relay, h: &mut axum::http::HeaderMap) -> Result<(), String> {
+    h.remove("x-api-key");
+    let auth =
+        HeaderValue::from_str(&format!("Bearer {}", r.api_key)).map_err(|e| e.to_string())?;
+    h.insert(header::AUTHORIZATION, auth);
+    let daemon = HeaderValue::from_str(&r.daemon_key).map_err(|e| e.to_string())?;
+    h.insert(DAEMON_KEY_HEADER, daemon);
+    Ok(())
 }
 
 async fn relay(State(r): State<Arc<Relay>>, req: Request) -> Response {
@@ -124,10 +131,12 @@ fn from_a_host(h: &axum::http::HeaderMap, k: &HostKeys) -> bool {
         && h.contains_key(SANDBOX_HEADER)
 }
 
-async fn hosts_only(State(k): State<Arc<HostKeys>>, req: Request, next: Next) -> Response {
+/// In front of the control role's routes for hosts' relays (the model
+/// gateway's and the broker's).
+pub async fn hosts_only(State(k): State<Arc<HostKeys>>, req: Request, next: Next) -> Response {
     if !from_a_host(req.headers(), &k) {
         let body = serde_json::json!({"error": {"code": "unauthorized",
-            "message": "the model gateway takes calls relayed by hosts (API key, daemon key and sandbox id)"}});
+            "message": "this route takes calls relayed by hosts (API key, daemon key and sandbox id)"}});
         return (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response();
     }
     next.run(req).await

@@ -1,6 +1,9 @@
 //! Daemon assembly, shared by `hatcheryd` and `hatchery serve`.
 
 mod broker;
+mod broker_control;
+mod broker_relay;
+mod broker_remote;
 mod config;
 mod control_role;
 mod directory;
@@ -12,6 +15,7 @@ mod gateway_events;
 mod gateway_relay;
 mod key;
 mod lost_hosts;
+mod owner_post;
 mod rounds;
 mod serve;
 mod session_services;

@@ -231,14 +231,22 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         (&key, &daemon_key),
     )
     .await?;
-    let broker = crate::broker::start(
-        &args,
-        &data,
-        &key,
-        sessions.clone(),
-        policies.clone(),
-        &manager.metrics.registry,
-    )?;
+    // On a host that relays to the control role's broker, no broker here.
+    let broker = match crate::broker_control::host_relay(&args, &data, &key, &daemon_key)? {
+        Some(()) => None,
+        None => Some(crate::broker::start(
+            &args,
+            &data,
+            &key,
+            sessions.clone(),
+            policies.clone(),
+            &manager.metrics.registry,
+        )?),
+    };
+    let broker_operator = match broker {
+        Some(b) => hatchery_broker::routes::operator_router(b),
+        None => axum::Router::new(),
+    };
     let app = hatchery_api::router_with(
         AppState {
             manager: manager.clone(),
@@ -249,8 +257,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
                 terminal_secret,
             )),
         },
-        hatchery_policy::http::router(policies)
-            .merge(hatchery_broker::routes::operator_router(broker)),
+        hatchery_policy::http::router(policies).merge(broker_operator),
     )
     .merge(sessions_app)
     .merge(e2b);

@@ -1,0 +1,98 @@
+//! What the broker needs of sessions, as one narrow trait: find the
+//! session a sandbox belongs to, read what its log says about a call,
+//! write its events and approvals. On one host the broker runs next to the
+//! sessions service and calls it directly ([`Local`]); on the control role
+//! (docs/broker.md, "On many hosts") reads go to the shared database and
+//! writes to the session's owning host (hatcheryd's `broker_remote`).
+
+use hatchery_sessions::broker_hooks::{Decision, LoggedCall};
+use hatchery_sessions::error::SessionError;
+use hatchery_sessions::events::EventKind;
+use hatchery_sessions::store::Session;
+use hatchery_sessions::Sessions;
+use std::sync::Arc;
+
+#[async_trait::async_trait]
+pub trait SessionLog: Send + Sync + 'static {
+    /// The unfinished session whose current sandbox is `sandbox_id`.
+    async fn session_for_sandbox(&self, sandbox_id: &str) -> Result<Option<Session>, SessionError>;
+    /// What the log holds about broker call `call_seq` of session `id`.
+    async fn logged_broker_call(
+        &self,
+        id: &str,
+        call_seq: u64,
+    ) -> Result<Option<LoggedCall>, SessionError>;
+    /// Appends system events in one transaction; the seqs they got, in
+    /// order (fewer, or none, when a remote write had already landed and
+    /// its seqs are not known here).
+    async fn record(&self, id: &str, kinds: Vec<EventKind>) -> Result<Vec<u64>, SessionError>;
+    /// Records a pending approval (once per id) and moves a running
+    /// session to `waiting_approval`.
+    async fn open_approval(
+        &self,
+        id: &str,
+        approval_id: &str,
+        action: &str,
+        details: &str,
+    ) -> Result<(), SessionError>;
+    /// The decision on `approval_id`, once there is one.
+    async fn approval_decision(
+        &self,
+        id: &str,
+        approval_id: &str,
+        after: u64,
+    ) -> Result<Option<Decision>, SessionError>;
+    /// The commit the session's checkout was made from.
+    async fn checkout_commit(&self, id: &str) -> Result<Option<String>, SessionError>;
+}
+
+/// The sessions service of this process.
+pub struct Local(pub Arc<Sessions>);
+
+#[async_trait::async_trait]
+impl SessionLog for Local {
+    async fn session_for_sandbox(&self, sandbox_id: &str) -> Result<Option<Session>, SessionError> {
+        self.0.session_for_sandbox(sandbox_id).await
+    }
+
+    async fn logged_broker_call(
+        &self,
+        id: &str,
+        call_seq: u64,
+    ) -> Result<Option<LoggedCall>, SessionError> {
+        self.0.logged_broker_call(id, call_seq).await
+    }
+
+    async fn record(&self, id: &str, kinds: Vec<EventKind>) -> Result<Vec<u64>, SessionError> {
+        Ok(self
+            .0
+            .record(id, kinds)
+            .await?
+            .iter()
+            .map(|e| e.seq)
+            .collect())
+    }
+
+    async fn open_approval(
+        &self,
+        id: &str,
+        approval_id: &str,
+        action: &str,
+        details: &str,
+    ) -> Result<(), SessionError> {
+        self.0.open_approval(id, approval_id, action, details).await
+    }
+
+    async fn approval_decision(
+        &self,
+        id: &str,
+        approval_id: &str,
+        after: u64,
+    ) -> Result<Option<Decision>, SessionError> {
+        self.0.approval_decision(id, approval_id, after).await
+    }
+
+    async fn checkout_commit(&self, id: &str) -> Result<Option<String>, SessionError> {
+        self.0.checkout_commit(id).await
+    }
+}

@@ -1,0 +1,137 @@
+//! `--role control --broker-for-hosts`: the tool broker for every host's
+//! sandboxes (docs/broker.md, "On many hosts"). It holds the git
+//! credential, the forge token and the MCP servers; hosts started with
+//! `--broker-control-url` relay their sandboxes' calls to it
+//! (`broker_relay`). It reads sessions from the shared database, writes
+//! their events through each session's owning host (`broker_remote`),
+//! reaches sandboxes (work trees to push) through this daemon's own API,
+//! which routes to their hosts, and keeps its call record in the shared
+//! database.
+
+use crate::broker_remote::RemoteSessionLog;
+use crate::config::DaemonArgs;
+use crate::owner_post::OwnerPost;
+use crate::serve::DaemonError;
+use hatchery_broker::{Broker, BrokerConfig};
+use std::path::Path;
+use std::sync::Arc;
+
+/// What the control role's broker is built from.
+pub struct ControlSide<'a> {
+    pub data: &'a Path,
+    pub api_key: &'a str,
+    pub daemon_key: &'a str,
+    pub sessions: Arc<dyn hatchery_sessions::store::SessionStore>,
+    pub post: OwnerPost,
+    pub registry: &'a prometheus::Registry,
+}
+
+/// The broker's routes (hosts' relays, and the operator's), or None when
+/// this control role runs no broker.
+pub async fn start(
+    args: &DaemonArgs,
+    c: ControlSide<'_>,
+) -> Result<Option<axum::Router>, DaemonError> {
+    if !args.broker.for_hosts {
+        return Ok(None);
+    }
+    let err = |e: String| DaemonError::Sessions(format!("broker: {e}"));
+    let cfg = BrokerConfig::try_from(&args.broker).map_err(|e| err(e.to_string()))?;
+    let store = hatchery_broker::store::BrokerStore::open(&c.data.join("broker.db"))
+        .map_err(|e| err(e.to_string()))?;
+    let policies = crate::state_db::open_policies(args, c.data).await?;
+    // Sandboxes are reached through this daemon's API: it routes each
+    // request to the sandbox's host.
+    let mut addr = args.listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let client = hatchery_client::Client::with_config(
+        &format!("http://{addr}"),
+        c.api_key,
+        hatchery_client::ClientConfig::default().call_timeout(std::time::Duration::from_secs(150)),
+    )
+    .map_err(|e| err(e.to_string()))?;
+    let broker = Broker::new(
+        store,
+        Arc::new(RemoteSessionLog {
+            store: c.sessions,
+            post: c.post,
+        }),
+        hatchery_policy::cache::CompiledPolicies::new(policies),
+        Arc::new(hatchery_broker::sandbox::ClientSandboxes(client.clone())),
+        cfg,
+    );
+    broker
+        .metrics()
+        .register(c.registry)
+        .map_err(|e| err(e.to_string()))?;
+    let b = broker.clone();
+    tokio::spawn(async move {
+        // Resolving a call caught mid-effect reads its sandbox through
+        // this daemon's API: once it answers.
+        let _ = client
+            .wait_healthy(std::time::Duration::from_secs(120))
+            .await;
+        match b.recover().await {
+            Ok(n) => tracing::info!(calls = n, "broker calls caught mid-effect resolved"),
+            Err(e) => tracing::error!(error = %e, "broker recovery failed"),
+        }
+    });
+    let keys = crate::gateway_relay::HostKeys {
+        api_key: c.api_key.into(),
+        daemon_key: c.daemon_key.into(),
+    };
+    let api_key: Arc<str> = c.api_key.into();
+    let operator = hatchery_broker::routes::operator_router(broker.clone()).layer(
+        axum::middleware::from_fn_with_state(api_key, crate::broker_relay::require_api_key),
+    );
+    tracing::info!(
+        "tool broker serving the hosts' relays at {}",
+        crate::broker_relay::PREFIX
+    );
+    Ok(Some(
+        crate::broker_relay::control_routes(broker, keys).merge(operator),
+    ))
+}
+
+/// On a host: the `broker` host service relays to the control role, or
+/// None when this host runs its own broker.
+pub fn host_relay(
+    args: &DaemonArgs,
+    data: &Path,
+    api_key: &str,
+    daemon_key: &str,
+) -> Result<Option<()>, DaemonError> {
+    let Some(url) = &args.broker.control_url else {
+        return Ok(None);
+    };
+    let err = |e: &str| DaemonError::Sessions(format!("--broker-control-url {url}: {e}"));
+    if !url.starts_with("http://") {
+        return Err(err("only http:// URLs are supported"));
+    }
+    if args.broker.holds_credentials() {
+        return Err(err(
+            "a host that relays to the control role's broker takes no credential, push URL, forge or MCP server of its own",
+        ));
+    }
+    if args.broker.guest_port == 0 {
+        return Err(err("--broker-guest-port 0 turns the broker off"));
+    }
+    let relay = crate::gateway_relay::Relay {
+        control: url.trim_end_matches('/').to_string(),
+        api_key: api_key.to_string(),
+        daemon_key: daemon_key.to_string(),
+        me: args.host_id.clone(),
+        answer_within: crate::broker_relay::ANSWER_WITHIN,
+    };
+    let path = crate::broker::socket_path(data);
+    tracing::info!(socket = %path.display(), control = %url, "broker calls relayed to the control role");
+    tokio::spawn(async move {
+        let app = crate::broker_relay::router(relay);
+        if let Err(e) = hatchery_broker::routes::serve_on_socket(app, path).await {
+            tracing::error!(error = %e, "broker relay socket stopped");
+        }
+    });
+    Ok(Some(()))
+}
