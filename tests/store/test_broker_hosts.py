@@ -73,16 +73,35 @@ def servers(pg):
     g.stop()
 
 
-def broker_host(pg, name, servers, shared, restart_of=None):
+def broker_host(pg, name, servers, shared, restart_of=None, control=None):
+    """A host with a broker of its own (and the credentials), or, given
+    the control plane's URL, one that relays its sandboxes' broker calls
+    there and holds no credential."""
     g, p, f, m = servers
     extra = ["--db", pg.fabric_dsn, "--host-id", name, "--role", "host", "--host-lease-ttl", str(LEASE_TTL_S),
              "--snapshot-store", f"shared:{shared}", "--sessions-checkpoint-interval", "2", "--pool-size", "0"]
     if restart_of is not None:
         for flag in ("--net-prefix", "--net-range"):
             extra += [flag, restart_of.extra_args[restart_of.extra_args.index(flag) + 1]]
-    d = BrokerDaemon(m.port, g, p, f, extra=extra, data_dir=restart_of.data_dir if restart_of else None,
-                     netns=host_netns(name, restart_of), model_host=m.host)
+    kw = dict(data_dir=restart_of.data_dir if restart_of else None, netns=host_netns(name, restart_of),
+              model_host=m.host)
+    if control is not None:
+        d = SessionDaemon(m.port, extra=[*extra, "--broker-control-url", control], **kw)
+    else:
+        d = BrokerDaemon(m.port, g, p, f, extra=extra, **kw)
     return started(d)
+
+
+def broker_control(pg, servers):
+    """The control plane on the bridge (hosts reach it from their
+    namespaces), running the broker for the hosts: the git credential and
+    the forge token are given to it alone."""
+    g, p, f, m = servers
+    c = BrokerDaemon(m.port, g, p, f, model_host=m.host,
+                     extra=["--db", pg.fabric_dsn, "--host-id", "bh-ctl", "--role", "control", "--broker-for-hosts",
+                            "--host-lease-ttl", str(LEASE_TTL_S), "--pool-size", "0"])
+    c.addr = hostnet.GATEWAY
+    return c.start()
 
 
 def wait_completed(c, sid, timeout):
@@ -100,7 +119,10 @@ def wait_completed(c, sid, timeout):
             s = r.json()
             if s["state"] == "completed":
                 return s
-            assert s["state"] not in ("failed", "cancelled"), s
+            if s["state"] in ("failed", "cancelled"):
+                r = c.request("GET", f"/v1/sessions/{sid}/events?limit=1000")
+                tail = r.json()["events"][-12:] if r.status == 200 else r
+                raise AssertionError(f"session {s['state']}: {json.dumps(s)[:2000]}; last events: {tail}")
         time.sleep(0.25)
     raise AssertionError(f"not completed in {timeout}s: {s}")
 
@@ -113,15 +135,30 @@ def broker_events(evs, type_):
     return out
 
 
-def test_broker_calls_of_a_lost_host_are_never_run_twice(pg, servers):
+@pytest.mark.parametrize("broker_on", ["host", "control"])
+def test_broker_calls_of_a_lost_host_are_never_run_twice(pg, servers, broker_on):
+    """host: each host runs a broker (A's dies with it). control: the
+    control role runs the one broker and the hosts relay to it, holding no
+    credential; A's death does not stop the push it was relaying, whose
+    events reach the log through the session's next owner."""
     g, push_server, f, m = servers
     shared = tempfile.mkdtemp(prefix="hxshared-")
     files = {"pusher.py": open(os.path.join(HERE, "..", "broker", "pusher_agent.py")).read(), "README.md": "x\n"}
-    repo, bare = add_repo(g, "hostpush", files)
-    a = broker_host(pg, "bh-a", servers, shared)
-    b = broker_host(pg, "bh-b", servers, shared)
-    c = SessionDaemon(m.port, model_host=m.host, extra=["--db", pg.dsn, "--host-id", "bh-ctl", "--role", "control",
-                                                        "--host-lease-ttl", str(LEASE_TTL_S), "--pool-size", "0"]).start()
+    repo, bare = add_repo(g, f"hostpush-{broker_on}", files)
+    if broker_on == "control":
+        c = broker_control(pg, servers)
+        relay = f"http://{c.addr}:{c.port}"
+    else:
+        c = SessionDaemon(m.port, model_host=m.host, extra=["--db", pg.dsn, "--host-id", "bh-ctl", "--role",
+                                                            "control", "--host-lease-ttl", str(LEASE_TTL_S),
+                                                            "--pool-size", "0"]).start()
+        relay = None
+    a = broker_host(pg, "bh-a", servers, shared, control=relay)
+    b = broker_host(pg, "bh-b", servers, shared, control=relay)
+    if relay:
+        for d in (a, b):
+            assert not any(x.startswith("--broker-git") or x.startswith("--broker-github")
+                           for x in d.extra_args), d.extra_args
     a2 = None
     push_server.receive_delay = 0.4
     try:
@@ -180,28 +217,38 @@ def test_broker_calls_of_a_lost_host_are_never_run_twice(pg, servers):
                         assert r["output"] == json.loads(logged["output"]), (seq, r, logged)
                         told += 1
         assert told >= CALLS
-        assert statuses.get("done", 0) >= CALLS - 1, statuses
+        if relay:
+            # The broker outlived the host: every push is known done, and
+            # its record (on the control role) says so too.
+            assert statuses == {"done": CALLS}, statuses
+            calls = c.calls(sid)
+            assert [(x["seq"], x["status"]) for x in calls] == [(i, "done") for i in range(1, CALLS + 1)], calls
+            for d in (a, b):
+                assert not os.path.exists(os.path.join(d.data_dir, "broker.db")), d.data_dir
+        else:
+            assert statuses.get("done", 0) >= CALLS - 1, statuses
         resumed = [e for e in evs if e["type"] == "resumed_from_checkpoint"]
         assert len(resumed) == 1, resumed
         print(f"broker across a host loss: {statuses}, {len(remote)} pushes, {told} answers printed, "
               f"completed {took:.1f}s after the kill")
         b.track_sandboxes(sid)
         # A's restart reconciles its orphans away.
-        a2 = broker_host(pg, "bh-a", servers, shared, restart_of=a)
+        a2 = broker_host(pg, "bh-a", servers, shared, restart_of=a, control=relay)
         a2.created |= a.created
         a2.wait_no_leftovers(timeout=30, net=False)
     finally:
         push_server.receive_delay = 0.0
         c.cleanup()
         if a2 is None and a.proc.poll() is not None:
-            a2 = broker_host(pg, "bh-a", servers, shared, restart_of=a)
+            a2 = broker_host(pg, "bh-a", servers, shared, restart_of=a, control=relay)
             a2.created |= a.created
         try:
             (a2 or a).cleanup_sessions()
         finally:
             b.cleanup_sessions()
             for d in (a, b):
-                shutil.rmtree(d.secrets_dir, ignore_errors=True)
+                if getattr(d, "secrets_dir", None):
+                    shutil.rmtree(d.secrets_dir, ignore_errors=True)
     no_net_leftovers(a, b)
     assert [n for n in os.listdir(shared) if not n.startswith(".")] == [], os.listdir(shared)
     shutil.rmtree(shared, ignore_errors=True)

@@ -141,11 +141,7 @@ pub mod reads {
         store: &dyn SessionStore,
         sandbox_id: &str,
     ) -> Result<Option<Session>, SessionError> {
-        Ok(store
-            .unfinished()
-            .await?
-            .into_iter()
-            .find(|s| s.sandbox_id.as_deref() == Some(sandbox_id)))
+        Ok(store.with_sandbox(sandbox_id).await?)
     }
 
     pub async fn logged_broker_call(

@@ -481,7 +481,10 @@ mod tests {
                 "/v1/sessions/{id}/model-events",
                 post(move |h: axum::http::HeaderMap, body: String| async move {
                     let v = |n: &str| h.get(n).unwrap().to_str().unwrap().to_string();
-                    let (auth, key) = (v("authorization"), v(hatchery_sessions::model_events::DELIVERY_HEADER));
+                    let (auth, key) = (
+                        v("authorization"),
+                        v(hatchery_sessions::model_events::DELIVERY_HEADER),
+                    );
                     seen.lock()
                         .unwrap()
                         .push(format!("{status} {auth} {key} {body}"));

@@ -615,6 +615,25 @@ async fn writes_are_fenced_after_take_over(open: Open<'_>, run: &str) {
         vec![s1.clone(), s2.clone()]
     );
     assert!(b.unfinished().await.unwrap().is_empty());
+    // A session is found by its current sandbox from any host (the
+    // control role's broker), while it is unfinished.
+    let (sbx, sbx3) = (format!("sbx_f2{run}"), format!("sbx_f3{run}"));
+    for (id, sb) in [(&s2, &sbx), (&s3, &sbx3)] {
+        let p = Patch {
+            sandbox_id: Some(Some(sb.clone())),
+            ..Default::default()
+        };
+        a.append(id, vec![], p).await.unwrap();
+    }
+    assert_eq!(
+        b.with_sandbox(&sbx).await.unwrap().map(|x| x.id),
+        Some(s2.clone())
+    );
+    assert_eq!(b.with_sandbox(&sbx3).await.unwrap(), None, "s3 is finished");
+    assert_eq!(
+        a.with_sandbox(&format!("sbx_none{run}")).await.unwrap(),
+        None
+    );
 
     let moved = b.take_over(&ha, &hb, "host lost").await.unwrap();
     assert_eq!(moved, vec![(s1.clone(), 2), (s2.clone(), 2)]);

@@ -228,6 +228,9 @@ pub trait SessionStore: Send + Sync + 'static {
     /// This host's sessions not completed, failed or cancelled (for
     /// recovery).
     async fn unfinished(&self) -> Result<Vec<Session>, StoreError>;
+    /// The unfinished session, on any host, whose current sandbox is
+    /// `sandbox_id` (the control role's broker finds a call's session so).
+    async fn with_sandbox(&self, sandbox_id: &str) -> Result<Option<Session>, StoreError>;
     /// Appends events in one transaction that assigns the next seqs, and
     /// applies `patch` in it.
     async fn append(

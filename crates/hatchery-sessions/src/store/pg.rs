@@ -636,6 +636,19 @@ impl SessionStore for PgSessionStore {
             .collect()
     }
 
+    async fn with_sandbox(&self, sandbox_id: &str) -> Result<Option<Session>, StoreError> {
+        let sql = format!(
+            "SELECT {SESSION_COLS} FROM sessions WHERE sandbox_id = $1 AND {UNFINISHED} ORDER BY ord LIMIT 1"
+        );
+        let c = self.client().await?;
+        query(&c, "with_sandbox", &sql, &[&sandbox_id])
+            .await?
+            .iter()
+            .map(session_row)
+            .next()
+            .transpose()
+    }
+
     async fn unfinished(&self) -> Result<Vec<Session>, StoreError> {
         let sql = format!(
             "SELECT {SESSION_COLS} FROM sessions WHERE host_id = $1 AND {UNFINISHED} ORDER BY ord"

@@ -408,6 +408,23 @@ impl SessionStore for SqliteStore {
         .await
     }
 
+    async fn with_sandbox(&self, sandbox_id: &str) -> Result<Option<Session>, StoreError> {
+        let sbx = sandbox_id.to_string();
+        self.with(move |c| {
+            c.query_row(
+                &format!(
+                    "SELECT {SESSION_COLS} FROM sessions WHERE sandbox_id = ?1 \
+                     AND state NOT IN ('completed','failed','cancelled') ORDER BY rowid LIMIT 1"
+                ),
+                [&sbx],
+                session_row,
+            )
+            .optional()
+            .map_err(be)
+        })
+        .await
+    }
+
     async fn unfinished(&self) -> Result<Vec<Session>, StoreError> {
         let host = self.host.clone();
         self.with(move |c| {
