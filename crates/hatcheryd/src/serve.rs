@@ -238,7 +238,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         sessions.clone(),
         policies.clone(),
         &manager.metrics.registry,
-    )?;
+    )
+    .await?;
     let app = hatchery_api::router_with(
         AppState {
             manager: manager.clone(),
