@@ -193,10 +193,14 @@ $(MCP_VENV)/.installed: tests/broker/mcp-requirements.txt
 	$(MCP_VENV)/bin/pip install -q --disable-pip-version-check -r tests/broker/mcp-requirements.txt
 	touch $@
 
-# The tool broker (tests/broker, about 2.5 minutes): git push with a write
-# credential to a real git http-backend, a forge test server, SIGKILL x20,
-# MCP tools of mcp-server-git (about 20 s of it).
+# The tool broker (tests/broker, about 2.5 minutes): its store's
+# conformance suite on a private PostgreSQL (tests/pg/pg.py; SQLite runs in
+# `make unit`), then git push with a write credential to a real git
+# http-backend, a forge test server, SIGKILL x20, MCP tools of
+# mcp-server-git (about 20 s of it).
 broker-test: build template $(MCP_VENV)/.installed
+	/usr/bin/python3 tests/pg/pg.py -- env HATCHERY_REQUIRE_PG=1 \
+	  cargo test --release -p hatchery-broker conformance_on_postgres
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  HATCHERY_MCP_VENV=$(CURDIR)/$(MCP_VENV) \
 	  $(PYTEST) -q -p no:cacheprovider tests/broker

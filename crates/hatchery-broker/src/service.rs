@@ -163,8 +163,9 @@ impl Broker {
         let row = self.store.get(&session.id, req.seq).await?;
         // The session moved to this host (its epoch grew) or was rewound
         // to a checkpoint: a broker elsewhere may have run the call, and
-        // its record is out of reach, but the session's log (shared) says
-        // what it did. Take its outcome from there.
+        // its record is out of reach (per-host broker.db; with a shared
+        // database the row is found above), but the session's log
+        // (shared) says what it did. Take its outcome from there.
         let logged = match row {
             None if session.epoch > 1 || req.seq <= session.replay_through => {
                 self.logged_outcome(&session.id, req.seq).await?
@@ -1108,11 +1109,20 @@ impl Broker {
         self.store.get(session_id, seq).await?.ok_or_else(not_found)
     }
 
-    /// On start: every call a previous process left mid-effect.
+    /// On start: every call a previous process left mid-effect, in the
+    /// sessions this host owns.
     pub async fn recover(&self) -> Result<usize, BrokerError> {
-        let stuck = self.store.executing().await?;
-        let n = stuck.len();
-        for c in stuck {
+        // On a shared database (`--db postgres://`) the record holds every
+        // host's calls: one another host owns may be mid-effect there, and
+        // its events could not be written from here (fenced). Leave it.
+        let mut mine = vec![];
+        for c in self.store.executing().await? {
+            if !self.sessions.owned_elsewhere(&c.session_id).await? {
+                mine.push(c);
+            }
+        }
+        let n = mine.len();
+        for c in mine {
             let lock = self.key_lock(&c.session_id, c.seq);
             let _held = lock.lock().await;
             if let Some(c) = self.store.get(&c.session_id, c.seq).await? {

@@ -44,6 +44,10 @@ pub trait SessionLog: Send + Sync + 'static {
     ) -> Result<Option<Decision>, SessionError>;
     /// The commit the session's checkout was made from.
     async fn checkout_commit(&self, id: &str) -> Result<Option<String>, SessionError>;
+    /// Whether session `id`'s calls are another broker's to recover: with
+    /// a shared call record, a host's broker sees every host's calls, and
+    /// one another host owns may be mid-effect there.
+    async fn owned_elsewhere(&self, id: &str) -> Result<bool, SessionError>;
 }
 
 /// The sessions service of this process.
@@ -94,5 +98,9 @@ impl SessionLog for Local {
 
     async fn checkout_commit(&self, id: &str) -> Result<Option<String>, SessionError> {
         self.0.checkout_commit(id).await
+    }
+
+    async fn owned_elsewhere(&self, id: &str) -> Result<bool, SessionError> {
+        self.0.owned_elsewhere(id).await
     }
 }

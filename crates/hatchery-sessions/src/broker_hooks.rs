@@ -12,7 +12,8 @@ use std::sync::Arc;
 
 /// What a session's log holds about one broker call, written by whichever
 /// host's broker ran it: the log is in the shared store, a broker's own
-/// record of its calls is not (a session that moved hosts left it behind).
+/// record of its calls may not be (DATA_DIR/broker.db without a shared
+/// database: a session that moved hosts left it behind).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LoggedCall {
     /// `broker_call`: its event seq, the tool, the arguments (canonical
@@ -39,6 +40,17 @@ impl Sessions {
         sandbox_id: &str,
     ) -> Result<Option<Session>, SessionError> {
         reads::session_for_sandbox(&*self.store, sandbox_id).await
+    }
+
+    /// Whether session `id` belongs to another host: its broker calls are
+    /// that host's to recover (with a shared broker record every host sees
+    /// every call). A session not found is not another host's.
+    pub async fn owned_elsewhere(&self, id: &str) -> Result<bool, SessionError> {
+        match self.store.get(id).await {
+            Ok(s) => Ok(s.host_id != self.store.host_id()),
+            Err(crate::store::StoreError::NotFound(_)) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// What the log holds about broker call `call_seq` of session `id`

@@ -1,4 +1,5 @@
-//! The tool broker (crates/hatchery-broker): its store (DATA_DIR/broker.db),
+//! The tool broker (crates/hatchery-broker): its store (DATA_DIR/broker.db,
+//! or the shared database's `broker_` tables on `--db postgres://`),
 //! its Unix socket (DATA_DIR/broker.sock, mode 0600) registered as the
 //! `broker` host service every sandbox reaches at 127.0.0.1:GUEST_PORT,
 //! and its operator routes.
@@ -22,7 +23,32 @@ pub fn host_service(args: &DaemonArgs, data: &Path) -> Option<hatchery_core::Hos
     })
 }
 
-pub fn start(
+/// The broker's record of calls: with a shared `postgres://` database, its
+/// tables there (`broker_calls`, `broker_epochs`), so a session that moves
+/// to another host finds the calls it already made (a fresh per-host record
+/// would run them again); retried while the database is not up yet, like
+/// the other stores. Otherwise DATA_DIR/broker.db.
+pub async fn open_store(
+    args: &DaemonArgs,
+    data: &Path,
+) -> Result<hatchery_broker::store::BrokerStore, hatchery_broker::store::StoreError> {
+    use hatchery_broker::store::{BrokerStore, StoreError};
+    let s = match args.shared_db() {
+        Some(dsn) => {
+            crate::state_db::retry_while_unreachable(
+                "broker",
+                || BrokerStore::postgres(dsn, args.db_pool),
+                |e| matches!(e, StoreError::Unavailable(_)),
+            )
+            .await?
+        }
+        None => BrokerStore::open(&data.join("broker.db"))?,
+    };
+    tracing::info!(backend = s.backend(), "broker store open");
+    Ok(s)
+}
+
+pub async fn start(
     args: &DaemonArgs,
     data: &Path,
     api_key: &str,
@@ -32,7 +58,8 @@ pub fn start(
 ) -> Result<Arc<Broker>, crate::DaemonError> {
     let err = |e: String| crate::DaemonError::Sessions(format!("broker: {e}"));
     let cfg = BrokerConfig::try_from(&args.broker).map_err(|e| err(e.to_string()))?;
-    let store = hatchery_broker::store::BrokerStore::open(&data.join("broker.db"))
+    let store = open_store(args, data)
+        .await
         .map_err(|e| err(e.to_string()))?;
     let mut addr = args.listen;
     if addr.ip().is_unspecified() {

@@ -37,7 +37,10 @@ pub async fn start(
     }
     let err = |e: String| DaemonError::Sessions(format!("broker: {e}"));
     let cfg = BrokerConfig::try_from(&args.broker).map_err(|e| err(e.to_string()))?;
-    let store = hatchery_broker::store::BrokerStore::open(&c.data.join("broker.db"))
+    // In the shared database (the control role always has one): a second
+    // control process, or this one restarted, finds every call made.
+    let store = crate::broker::open_store(args, c.data)
+        .await
         .map_err(|e| err(e.to_string()))?;
     let policies = crate::state_db::open_policies(args, c.data).await?;
     // Sandboxes are reached through this daemon's API: it routes each

@@ -174,6 +174,12 @@ impl SessionLog for RemoteSessionLog {
     async fn checkout_commit(&self, id: &str) -> Result<Option<String>, SessionError> {
         reads::checkout_commit(&*self.store, id).await
     }
+
+    /// The control role's broker is the only one (hosts relay to it):
+    /// every call in its record is its own.
+    async fn owned_elsewhere(&self, _id: &str) -> Result<bool, SessionError> {
+        Ok(false)
+    }
 }
 
 #[cfg(test)]

@@ -234,14 +234,17 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // On a host that relays to the control role's broker, no broker here.
     let broker = match crate::broker_control::host_relay(&args, &data, &key, &daemon_key)? {
         Some(()) => None,
-        None => Some(crate::broker::start(
-            &args,
-            &data,
-            &key,
-            sessions.clone(),
-            policies.clone(),
-            &manager.metrics.registry,
-        )?),
+        None => Some(
+            crate::broker::start(
+                &args,
+                &data,
+                &key,
+                sessions.clone(),
+                policies.clone(),
+                &manager.metrics.registry,
+            )
+            .await?,
+        ),
     };
     let broker_operator = match broker {
         Some(b) => hatchery_broker::routes::operator_router(b),

@@ -1,0 +1,462 @@
+//! The contract of the broker's store, run against both backends: SQLite
+//! always, PostgreSQL when `HATCHERY_TEST_PG_DSN` names a database (`make
+//! broker-test` starts one with tests/pg/pg.py). Session and sandbox ids
+//! carry a per-run prefix, so a database may be reused by later runs.
+
+use super::{Begin, BrokerStore, Call, CallState, EventRef, Recorded};
+use std::collections::BTreeSet;
+
+/// Unique per call: the process id and the clock, so two runs (or two
+/// suites in one run) on one database never share a session.
+fn run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("t{}x{nanos:x}", std::process::id())
+}
+
+fn call(session: &str, seq: u64, sha: &str) -> Call {
+    let mut c = Call::new(session, seq, 1, "git_push", "{}".into(), sha.into());
+    c.decision = "allow".into();
+    c
+}
+
+fn in_state(session: &str, seq: u64, st: CallState) -> Call {
+    let mut c = call(session, seq, "a");
+    c.state = st;
+    c
+}
+
+/// Every check, on fresh ids.
+pub async fn run_all(s: &BrokerStore) {
+    let run = run_id();
+    begin_is_once_per_key_and_refuses_other_args(s, &run).await;
+    begin_keeps_every_field_of_an_adopted_call(s, &run).await;
+    concurrent_begins_make_one_call(s, &run).await;
+    epochs_fence_replaced_sandboxes(s, &run).await;
+    concurrent_sandboxes_get_distinct_epochs(s, &run).await;
+    every_transition_names_its_source_state(s, &run).await;
+    advance_keeps_effect_and_output(s, &run).await;
+    event_seqs_go_with_the_row_and_are_set_once(s, &run).await;
+    executing_lists_only_executing_calls(s, &run).await;
+    calls_are_in_seq_order(s, &run).await;
+}
+
+async fn begin_is_once_per_key_and_refuses_other_args(s: &BrokerStore, run: &str) {
+    let ses = format!("ses_begin_{run}");
+    let Begin::New(made) = s.begin(call(&ses, 1, "a")).await.unwrap() else {
+        panic!("first begin not new")
+    };
+    let Begin::Existing(found) = s.begin(call(&ses, 1, "a")).await.unwrap() else {
+        panic!("same call again not existing")
+    };
+    assert_eq!(found.args_sha256, made.args_sha256);
+    let Begin::Conflict(old) = s.begin(call(&ses, 1, "b")).await.unwrap() else {
+        panic!("other args not a conflict")
+    };
+    assert_eq!(old.args_sha256, "a");
+    let mut other_tool = call(&ses, 1, "a");
+    other_tool.tool = "github_pr".into();
+    assert!(matches!(
+        s.begin(other_tool).await.unwrap(),
+        Begin::Conflict(_)
+    ));
+    assert!(matches!(
+        s.begin(call(&ses, 2, "b")).await.unwrap(),
+        Begin::New(_)
+    ));
+    assert_eq!(s.get(&ses, 3).await.unwrap(), None);
+}
+
+async fn begin_keeps_every_field_of_an_adopted_call(s: &BrokerStore, run: &str) {
+    // A call taken over from the session's log starts `executing` with
+    // its plan and its logged event seqs.
+    let ses = format!("ses_adopt_{run}");
+    let mut c = call(&ses, 3, "a");
+    c.state = CallState::Executing;
+    c.effect = Some(r#"{"commit":"c1"}"#.into());
+    c.output = Some("partial".into());
+    c.event_seq = Some(4);
+    c.result_event_seq = Some(5);
+    c.review_event_seq = Some(6);
+    c.rule_id = Some("r1".into());
+    c.approval_id = Some("apr_1".into());
+    let Begin::New(_) = s.begin(c.clone()).await.unwrap() else {
+        panic!("not new")
+    };
+    // The same `Call`, field for field, from either backend.
+    assert_eq!(s.get(&ses, 3).await.unwrap(), Some(c));
+}
+
+async fn concurrent_begins_make_one_call(s: &BrokerStore, run: &str) {
+    let ses = format!("ses_race_{run}");
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (s, c) = (s.clone(), call(&ses, 1, "a"));
+            tokio::spawn(async move { s.begin(c).await.unwrap() })
+        })
+        .collect();
+    let mut new = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Begin::New(_) => new += 1,
+            Begin::Existing(_) => {}
+            Begin::Conflict(c) => panic!("same call a conflict: {c:?}"),
+        }
+    }
+    assert_eq!(new, 1, "exactly one of 8 racing first attempts is new");
+    assert_eq!(s.calls(&ses).await.unwrap().len(), 1);
+}
+
+async fn epochs_fence_replaced_sandboxes(s: &BrokerStore, run: &str) {
+    let (a, b) = (format!("ses_ea_{run}"), format!("ses_eb_{run}"));
+    let sbx = |n: u32| format!("sbx_{n}_{run}");
+    assert_eq!(s.epoch_for(&a, &sbx(1)).await.unwrap(), 1);
+    assert_eq!(s.epoch_for(&a, &sbx(1)).await.unwrap(), 1);
+    assert_eq!(s.epoch_for(&a, &sbx(2)).await.unwrap(), 2);
+    assert_eq!(s.epoch_for(&a, &sbx(1)).await.unwrap(), 1);
+    assert_eq!(s.epoch_for(&b, &sbx(3)).await.unwrap(), 1);
+    assert_eq!(s.known_epoch(&sbx(1)).await.unwrap(), Some((a.clone(), 1)));
+    assert_eq!(s.known_epoch(&sbx(2)).await.unwrap(), Some((a.clone(), 2)));
+    assert_eq!(s.known_epoch(&sbx(9)).await.unwrap(), None);
+    // A sandbox id seen under another session is a new instance there.
+    assert_eq!(s.epoch_for(&b, &sbx(1)).await.unwrap(), 2);
+    assert_eq!(s.known_epoch(&sbx(1)).await.unwrap(), Some((b, 2)));
+}
+
+async fn concurrent_sandboxes_get_distinct_epochs(s: &BrokerStore, run: &str) {
+    let ses = format!("ses_ec_{run}");
+    let tasks: Vec<_> = (0..8)
+        .map(|n| {
+            let (s, ses, sbx) = (s.clone(), ses.clone(), format!("sbx_c{n}_{run}"));
+            tokio::spawn(async move { s.epoch_for(&ses, &sbx).await.unwrap() })
+        })
+        .collect();
+    let mut got = BTreeSet::new();
+    for t in tasks {
+        got.insert(t.await.unwrap());
+    }
+    assert_eq!(got, (1..=8).collect::<BTreeSet<u64>>());
+    // One new sandbox asked for by 8 tasks at once: one epoch for all.
+    let sbx = format!("sbx_same_{run}");
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (s, ses, sbx) = (s.clone(), ses.clone(), sbx.clone());
+            tokio::spawn(async move { s.epoch_for(&ses, &sbx).await.unwrap() })
+        })
+        .collect();
+    let mut same = BTreeSet::new();
+    for t in tasks {
+        same.insert(t.await.unwrap());
+    }
+    assert_eq!(same, BTreeSet::from([9]));
+}
+
+const ALL: [CallState; 7] = [
+    CallState::AwaitingApproval,
+    CallState::Pending,
+    CallState::Executing,
+    CallState::Done,
+    CallState::Failed,
+    CallState::Denied,
+    CallState::NeedsReview,
+];
+
+async fn every_transition_names_its_source_state(s: &BrokerStore, run: &str) {
+    let ses = format!("ses_tr_{run}");
+    let mut seq = 0;
+    for from in ALL {
+        for to in ALL.into_iter().filter(|t| from.valid_transition(*t)) {
+            // Allowed from `from`, once: a second racer finds it moved.
+            seq += 1;
+            s.begin(in_state(&ses, seq, from)).await.unwrap();
+            let moved = s.advance(&ses, seq, from, to, None, None).await.unwrap();
+            assert_eq!(moved.map(|c| c.state), Some(to), "{from:?} -> {to:?}");
+            assert!(
+                s.advance(&ses, seq, from, to, None, None)
+                    .await
+                    .unwrap()
+                    .is_none(),
+                "{from:?} -> {to:?} twice"
+            );
+            // Refused from any other state, final ones included: the row
+            // keeps its state (no late write overwrites it).
+            for other in ALL.into_iter().filter(|o| *o != from) {
+                seq += 1;
+                s.begin(in_state(&ses, seq, other)).await.unwrap();
+                let r = Recorded {
+                    output: Some("late".into()),
+                    event_seq: Some(1),
+                    ..Default::default()
+                };
+                assert!(
+                    s.advance_recorded(&ses, seq, from, to, r)
+                        .await
+                        .unwrap()
+                        .is_none(),
+                    "{from:?} -> {to:?} applied to a call in {other:?}"
+                );
+                let kept = s.get(&ses, seq).await.unwrap().unwrap();
+                assert_eq!(kept.state, other);
+                assert_eq!((kept.output, kept.event_seq), (None, None));
+            }
+        }
+    }
+    // Nothing moves an unknown call.
+    assert!(s
+        .advance(
+            &ses,
+            seq + 1,
+            CallState::Pending,
+            CallState::Executing,
+            None,
+            None
+        )
+        .await
+        .unwrap()
+        .is_none());
+}
+
+async fn advance_keeps_effect_and_output(s: &BrokerStore, run: &str) {
+    let ses = format!("ses_adv_{run}");
+    s.begin(call(&ses, 1, "a")).await.unwrap();
+    let x = s
+        .advance(
+            &ses,
+            1,
+            CallState::Pending,
+            CallState::Executing,
+            Some("e".into()),
+            None,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (x.state, x.effect.as_deref()),
+        (CallState::Executing, Some("e"))
+    );
+    let d = s
+        .advance(
+            &ses,
+            1,
+            CallState::Executing,
+            CallState::Done,
+            None,
+            Some("ok".into()),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(d.output.as_deref(), Some("ok"));
+    assert_eq!(d.effect.as_deref(), Some("e"));
+    assert_eq!(s.get(&ses, 1).await.unwrap(), Some(d));
+}
+
+async fn event_seqs_go_with_the_row_and_are_set_once(s: &BrokerStore, run: &str) {
+    let ses = format!("ses_ev_{run}");
+    s.begin(call(&ses, 2, "b")).await.unwrap();
+    let r = Recorded {
+        effect: Some("e".into()),
+        event_seq: Some(9),
+        ..Default::default()
+    };
+    let x = s
+        .advance_recorded(&ses, 2, CallState::Pending, CallState::Executing, r)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((x.state, x.event_seq), (CallState::Executing, Some(9)));
+    // A seq already stored is kept by a later advance_recorded.
+    let r = Recorded {
+        event_seq: Some(99),
+        result_event_seq: Some(10),
+        ..Default::default()
+    };
+    let y = s
+        .advance_recorded(&ses, 2, CallState::Executing, CallState::NeedsReview, r)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((y.event_seq, y.result_event_seq), (Some(9), Some(10)));
+    s.advance(
+        &ses,
+        2,
+        CallState::NeedsReview,
+        CallState::Failed,
+        None,
+        Some("r".into()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    // Each reference is set once; a retry never moves it.
+    s.begin(call(&ses, 3, "c")).await.unwrap();
+    for (which, first) in [
+        (EventRef::Call, 21),
+        (EventRef::Result, 22),
+        (EventRef::Review, 23),
+    ] {
+        s.set_event_ref(which, &ses, 3, first).await.unwrap();
+        s.set_event_ref(which, &ses, 3, first + 100).await.unwrap();
+    }
+    s.set_event_ref(EventRef::Review, &ses, 2, 11)
+        .await
+        .unwrap();
+    s.set_event_ref(EventRef::Review, &ses, 2, 12)
+        .await
+        .unwrap();
+    let c = s.get(&ses, 3).await.unwrap().unwrap();
+    assert_eq!(
+        (c.event_seq, c.result_event_seq, c.review_event_seq),
+        (Some(21), Some(22), Some(23))
+    );
+    let c = s.get(&ses, 2).await.unwrap().unwrap();
+    assert_eq!(
+        (c.event_seq, c.result_event_seq, c.review_event_seq),
+        (Some(9), Some(10), Some(11))
+    );
+    // An unknown call is no error (and makes no row).
+    s.set_event_ref(EventRef::Call, &ses, 77, 1).await.unwrap();
+    assert_eq!(s.get(&ses, 77).await.unwrap(), None);
+}
+
+async fn executing_lists_only_executing_calls(s: &BrokerStore, run: &str) {
+    let ses = format!("ses_ex_{run}");
+    for (seq, st) in ALL.into_iter().enumerate() {
+        s.begin(in_state(&ses, seq as u64 + 1, st)).await.unwrap();
+    }
+    s.begin(in_state(&ses, 20, CallState::Executing))
+        .await
+        .unwrap();
+    let all = s.executing().await.unwrap();
+    // The database may hold other runs' calls: every one listed is
+    // executing, and of this run's, exactly the two.
+    assert!(all.iter().all(|c| c.state == CallState::Executing));
+    let mine: Vec<u64> = all
+        .iter()
+        .filter(|c| c.session_id == ses)
+        .map(|c| c.seq)
+        .collect();
+    assert_eq!(mine, vec![3, 20]);
+    s.advance(&ses, 3, CallState::Executing, CallState::Failed, None, None)
+        .await
+        .unwrap()
+        .unwrap();
+    let left: Vec<u64> = s
+        .executing()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.session_id == ses)
+        .map(|c| c.seq)
+        .collect();
+    assert_eq!(left, vec![20]);
+}
+
+async fn calls_are_in_seq_order(s: &BrokerStore, run: &str) {
+    let (a, b) = (format!("ses_oa_{run}"), format!("ses_ob_{run}"));
+    // Seq 10 after 9: numeric order, not text order.
+    for seq in [3, 10, 1, 9, 2] {
+        s.begin(call(&a, seq, "a")).await.unwrap();
+    }
+    s.begin(call(&b, 4, "a")).await.unwrap();
+    let seqs: Vec<u64> = s.calls(&a).await.unwrap().iter().map(|c| c.seq).collect();
+    assert_eq!(seqs, vec![1, 2, 3, 9, 10]);
+    assert!(s.calls(&a).await.unwrap().iter().all(|c| c.session_id == a));
+    assert!(s
+        .calls(&format!("ses_none_{run}"))
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// What one store wrote, another opened later on the same database reads.
+async fn reopened_store_keeps_calls(first: &BrokerStore, second: &BrokerStore) {
+    let ses = format!("ses_reopen_{}", run_id());
+    first.begin(call(&ses, 1, "a")).await.unwrap();
+    assert_eq!(
+        first.epoch_for(&ses, &format!("sbx_{ses}")).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        second.get(&ses, 1).await.unwrap(),
+        first.get(&ses, 1).await.unwrap()
+    );
+    assert_eq!(
+        second.epoch_for(&ses, &format!("sbx_{ses}")).await.unwrap(),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn conformance_on_sqlite() {
+    run_all(&BrokerStore::open_in_memory().unwrap()).await;
+    // A file, opened twice: the second open's migrations are a no-op.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("broker.db");
+    let s = BrokerStore::open(&path).unwrap();
+    run_all(&s).await;
+    let again = BrokerStore::open(&path).unwrap();
+    reopened_store_keeps_calls(&s, &again).await;
+    run_all(&again).await;
+}
+
+/// PostgreSQL, when a database is given. `make broker-test` starts one
+/// and sets HATCHERY_REQUIRE_PG, so there this cannot pass by skipping.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn conformance_on_postgres() {
+    let Ok(dsn) = std::env::var("HATCHERY_TEST_PG_DSN") else {
+        assert!(
+            std::env::var_os("HATCHERY_REQUIRE_PG").is_none(),
+            "HATCHERY_REQUIRE_PG is set but HATCHERY_TEST_PG_DSN is not"
+        );
+        eprintln!("conformance_on_postgres: no HATCHERY_TEST_PG_DSN, not run here");
+        return;
+    };
+    let s = BrokerStore::postgres(&dsn, 16).await.unwrap();
+    assert_eq!(s.backend(), "postgres");
+    run_all(&s).await;
+    // Migrations are idempotent: a second broker on the same database
+    // (two at once first, as two daemons starting together).
+    let (a, b) = tokio::join!(
+        BrokerStore::postgres(&dsn, 2),
+        BrokerStore::postgres(&dsn, 2)
+    );
+    let (again, _) = (a.unwrap(), b.unwrap());
+    let super::Backend::Pg(pg) = &again.backend else {
+        panic!("not postgres")
+    };
+    assert_eq!(
+        pg.schema_version().await.unwrap(),
+        super::pg::MIGRATIONS.len() as u64
+    );
+    reopened_store_keeps_calls(&s, &again).await;
+    run_all(&again).await;
+    eprintln!("conformance_on_postgres: ran on {}", redact(&dsn));
+}
+
+/// The DSN without a password, for the log line.
+fn redact(dsn: &str) -> String {
+    hatchery_store::redact(dsn)
+}
+
+/// A database that is not there is `Unavailable` (the daemon retries it at
+/// start, then stops with this message), not a generic failure.
+#[tokio::test]
+async fn a_database_that_is_down_is_unavailable() {
+    let Err(e) = BrokerStore::postgres("postgres://postgres@127.0.0.1:1/hatchery", 1).await else {
+        panic!("connected to port 1")
+    };
+    assert!(matches!(e, super::StoreError::Unavailable(_)), "{e:?}");
+    assert!(
+        e.to_string()
+            .starts_with("broker store unavailable: connect:"),
+        "{e}"
+    );
+    let Err(e) = BrokerStore::postgres("postgres://u@h:notaport/db", 1).await else {
+        panic!("bad DSN accepted")
+    };
+    assert!(matches!(e, super::StoreError::Pg(_)), "{e:?}");
+}
