@@ -81,7 +81,7 @@ pub struct BrokerArgs {
     /// On `--role host`: the control plane (`http://host:port`) whose
     /// broker runs this host's sandboxes' calls. The host then holds no
     /// credential and runs no broker: its `broker` host service relays
-    /// each call there (docs/broker.md, "On many hosts").
+    /// each call there (docs/sessions.md, "The broker on many hosts").
     #[arg(
         id = "broker_control_url",
         long = "broker-control-url",

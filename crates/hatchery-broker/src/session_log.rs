@@ -2,7 +2,7 @@
 //! session a sandbox belongs to, read what its log says about a call,
 //! write its events and approvals. On one host the broker runs next to the
 //! sessions service and calls it directly ([`Local`]); on the control role
-//! (docs/broker.md, "On many hosts") reads go to the shared database and
+//! (docs/sessions.md, "The broker on many hosts") reads go to the shared database and
 //! writes to the session's owning host (hatcheryd's `broker_remote`).
 
 use hatchery_sessions::broker_hooks::{Decision, LoggedCall};

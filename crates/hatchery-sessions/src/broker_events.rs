@@ -1,5 +1,5 @@
 //! What a tool broker in another process writes into a session's log.
-//! On many hosts the broker runs on the control role (docs/broker.md, "On
+//! On many hosts the broker runs on the control role (docs/sessions.md, "On
 //! many hosts"), away from the session's owning host; it posts its
 //! `broker_*` events (and the approvals its calls open) to
 //! `POST /v1/sessions/{id}/broker-events`, which the control plane's
@@ -150,7 +150,7 @@ impl Sessions {
 }
 
 #[utoipa::path(post, path = "/v1/sessions/{id}/broker-events", tag = "sessions",
-    description = "Records what a tool broker in another process did for the session's calls (the control role's broker on many hosts; docs/broker.md): its `broker_*` events, and the approval a call waits for (the session moves to `waiting_approval`). Only the deployment's daemons post here: besides the API key, the request carries the daemon key (`X-Hatchery-Daemon-Key`).",
+    description = "Records what a tool broker in another process did for the session's calls (the control role's broker on many hosts; docs/sessions.md): its `broker_*` events, and the approval a call waits for (the session moves to `waiting_approval`). Only the deployment's daemons post here: besides the API key, the request carries the daemon key (`X-Hatchery-Daemon-Key`).",
     params(("Idempotency-Key" = String, Header, description = "The post's delivery id, 1 to 64 of A-Z a-z 0-9 - _: the same on every retry, so events sent again (to this host or to the session's next owner) are written once")),
     request_body = BrokerEvents,
     responses((status = 200, body = BrokerEventsWritten), (status = 400, body = crate::error::ErrorBody),

@@ -141,7 +141,7 @@ impl Sessions {
 
 /// The broker's reads of the shared log, over any session store: the
 /// in-process broker reads through [`Sessions`], the control role's
-/// (docs/broker.md, "On many hosts") from the shared database directly.
+/// (docs/sessions.md, "The broker on many hosts") from the shared database directly.
 pub mod reads {
     use super::{Decision, LoggedCall};
     use crate::error::SessionError;

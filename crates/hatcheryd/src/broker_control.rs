@@ -1,5 +1,5 @@
 //! `--role control --broker-for-hosts`: the tool broker for every host's
-//! sandboxes (docs/broker.md, "On many hosts"). It holds the git
+//! sandboxes (docs/sessions.md, "The broker on many hosts"). It holds the git
 //! credential, the forge token and the MCP servers; hosts started with
 //! `--broker-control-url` relay their sandboxes' calls to it
 //! (`broker_relay`). It reads sessions from the shared database, writes

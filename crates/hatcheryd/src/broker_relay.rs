@@ -1,4 +1,4 @@
-//! The tool broker split across roles (docs/broker.md, "On many hosts").
+//! The tool broker split across roles (docs/sessions.md, "The broker on many hosts").
 //! On a host started with `--broker-control-url`, the `broker` host service
 //! sandboxes reach relays every request to the control role's broker under
 //! `/v1/broker-relay`, with the host's API key, the deployment's daemon key

@@ -1,4 +1,4 @@
-//! The session log of the control role's broker (docs/broker.md, "On many
+//! The session log of the control role's broker (docs/sessions.md, "On many
 //! hosts"): reads from the shared sessions store, writes posted to the
 //! session's owning host (`POST /v1/sessions/{id}/broker-events`, through
 //! [`OwnerPost`]), so that every event is written under the owner's epoch.
