@@ -8,10 +8,14 @@ Host A is SIGKILLed while a push is at the git server; B takes the
 session over and the agent runs on from its last checkpoint, so it asks
 again for calls A's broker already ran, and for the one in flight.
 
-B's broker has no record of A's calls (a broker's record is its host's),
-but the session's log is shared: a call logged with a result is answered
-as it was, one whose effect started is resolved by asking the remote,
-never pushed again. Checked from the log and the remote:
+Two placements of the broker. `host`: each host runs one; the call
+record is in the shared database (and the session's log is shared too),
+so B's broker finds A's calls: one with a result is answered as it was,
+one A left mid-effect is resolved by asking the remote, never pushed
+again. `control`: the control role runs the one broker and the hosts
+relay to it (no credential on a host); A's death does not stop the push
+it relayed, whose result reaches the log through B once B owns the
+session. Checked from the log and the remote:
 
 - every seq has exactly one `broker_effect_started` and one
   `broker_result`, and every answer the agent printed is the logged one;
@@ -42,7 +46,7 @@ from pg import Postgres  # noqa: E402
 from pushserver import PushServer, pushes  # noqa: E402
 from scripted_model import ScriptedModel  # noqa: E402
 from sessions_support import SCRIPTS, SessionDaemon  # noqa: E402
-from test_hosts import host_netns, no_net_leftovers, started  # noqa: E402
+from test_hosts import host_netns, no_net_leftovers, sql, started  # noqa: E402
 from test_sessions_hosts import assert_log_sound, session_row  # noqa: E402
 
 LEASE_TTL_S = 9
@@ -135,6 +139,38 @@ def broker_events(evs, type_):
     return out
 
 
+def assert_broker_writes_are_the_daemons(pg, c, owner, sid):
+    """A client holding the API key cannot reach the control role's broker
+    as if it were a host, nor write broker events or open approvals in a
+    session's log; with the daemon key, a write posted again under its
+    delivery key (through the owner or the control plane) lands once."""
+    r = c.request("POST", "/v1/broker-relay/v1/invoke", {"seq": 1, "tool": "noop", "args": {}},
+                  headers={"X-Hatchery-Sandbox": "sbx_guess"})
+    assert r.status == 401 and r.json()["error"]["code"] == "unauthorized", r
+    forged = {"events": [{"type": "broker_result", "call_seq": 999, "tool": "git_push", "status": "done",
+                          "output": "{}"}]}
+    for d in (owner, c):
+        r = d.request("POST", f"/v1/sessions/{sid}/broker-events", forged,
+                      headers={"X-Hatchery-Daemon-Key": "hxd_guess", "Idempotency-Key": "f1"})
+        assert r.status == 401 and r.json()["error"]["code"] == "unauthorized", r
+    [[key]] = sql(pg, "SELECT value FROM deployment_secrets WHERE name = 'daemon_key'")
+    daemon = {"X-Hatchery-Daemon-Key": key}
+    r = owner.request("POST", f"/v1/sessions/{sid}/broker-events", forged, headers=daemon)
+    assert r.status == 400 and "idempotency-key" in r.json()["error"]["message"], r
+    bad = {"events": [{"type": "error", "code": "x", "message": "forged"}]}
+    r = owner.request("POST", f"/v1/sessions/{sid}/broker-events", bad, headers={**daemon, "Idempotency-Key": "f2"})
+    assert r.status == 400, r
+    answers = []
+    for d in (owner, c, owner):
+        r = d.request("POST", f"/v1/sessions/{sid}/broker-events", forged, headers={**daemon, "Idempotency-Key": "f3"})
+        assert r.status == 200, r
+        answers.append(r.json())
+    assert answers[0]["repeat"] is False and len(answers[0]["seqs"]) == 1, answers
+    assert [a["repeat"] for a in answers[1:]] == [True, True], answers
+    probes = [e for e in c.all_events(sid) if e["type"] == "broker_result" and e["call_seq"] == 999]
+    assert len(probes) == 1, probes
+
+
 @pytest.mark.parametrize("broker_on", ["host", "control"])
 def test_broker_calls_of_a_lost_host_are_never_run_twice(pg, servers, broker_on):
     """host: each host runs a broker (A's dies with it). control: the
@@ -225,6 +261,7 @@ def test_broker_calls_of_a_lost_host_are_never_run_twice(pg, servers, broker_on)
             assert [(x["seq"], x["status"]) for x in calls] == [(i, "done") for i in range(1, CALLS + 1)], calls
             for d in (a, b):
                 assert not os.path.exists(os.path.join(d.data_dir, "broker.db")), d.data_dir
+            assert_broker_writes_are_the_daemons(pg, c, b, sid)
         else:
             assert statuses.get("done", 0) >= CALLS - 1, statuses
         resumed = [e for e in evs if e["type"] == "resumed_from_checkpoint"]
