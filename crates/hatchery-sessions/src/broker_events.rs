@@ -124,20 +124,11 @@ impl Sessions {
             repeat: false,
         };
         if !post.events.is_empty() {
-            let events = post
-                .events
-                .into_iter()
-                .map(|k| (crate::events::Actor::System, k))
-                .collect();
-            match self
-                .store
-                .append_once(id, key, events, crate::store::Patch::default())
-                .await?
-            {
-                Some(evs) => {
-                    out.seqs = evs.iter().map(|e| e.seq).collect();
-                    self.bus.publish(id, &evs);
-                }
+            let written = self
+                .append_delivered(id, Some(key), post.events, crate::store::Patch::default())
+                .await?;
+            match written {
+                Some(evs) => out.seqs = evs.iter().map(|e| e.seq).collect(),
                 None => out.repeat = true,
             }
         }

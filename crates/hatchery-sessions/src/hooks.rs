@@ -5,7 +5,7 @@
 //! serving a session; the daemon reports back what its gateway and proxy
 //! saw through the `record_*` methods, which write session events.
 
-use crate::events::{Actor, EventKind};
+use crate::events::{Actor, Event, EventKind};
 use crate::service::Sessions;
 use crate::store::{Patch, Session, StoreError};
 use async_trait::async_trait;
@@ -83,22 +83,24 @@ impl Sessions {
 
     /// As `append_live`; with a delivery key (a sender in another process
     /// that may send the same write again), at most once per key
-    /// (SessionStore::append_once). Whether it was written now.
-    async fn append_delivered(
+    /// (SessionStore::append_once). The events written now; None when the
+    /// key had been seen.
+    pub(crate) async fn append_delivered(
         &self,
         id: &str,
         key: Option<&str>,
         events: Vec<EventKind>,
         patch: Patch,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<Option<Vec<Event>>, StoreError> {
         let events = events.into_iter().map(|k| (Actor::System, k)).collect();
         let evs = match key {
             None => Some(self.store.append(id, events, patch).await?),
             Some(k) => self.store.append_once(id, k, events, patch).await?,
         };
-        let Some(evs) = evs else { return Ok(false) };
-        self.bus.publish(id, &evs);
-        Ok(true)
+        if let Some(evs) = &evs {
+            self.bus.publish(id, evs);
+        }
+        Ok(evs)
     }
 
     /// A settled model call: its event, the spend added in the same
@@ -119,7 +121,11 @@ impl Sessions {
             add_usd_cents: usd_cents,
             ..Default::default()
         };
-        if !self.append_delivered(id, key, vec![call], spend).await? {
+        if self
+            .append_delivered(id, key, vec![call], spend)
+            .await?
+            .is_none()
+        {
             // Sent again: recorded (with its totals) the first time.
             return Ok(());
         }

@@ -48,6 +48,23 @@ pub async fn open_store(
     Ok(s)
 }
 
+/// This daemon's own API, which the broker reaches sandboxes through
+/// (files and exec; on the control role it routes to their hosts).
+pub fn own_api(
+    args: &DaemonArgs,
+    api_key: &str,
+) -> Result<hatchery_client::Client, hatchery_client::ClientError> {
+    let mut addr = args.listen;
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    hatchery_client::Client::with_config(
+        &format!("http://{addr}"),
+        api_key,
+        hatchery_client::ClientConfig::default().call_timeout(std::time::Duration::from_secs(150)),
+    )
+}
+
 pub async fn start(
     args: &DaemonArgs,
     data: &Path,
@@ -61,16 +78,7 @@ pub async fn start(
     let store = open_store(args, data)
         .await
         .map_err(|e| err(e.to_string()))?;
-    let mut addr = args.listen;
-    if addr.ip().is_unspecified() {
-        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
-    }
-    let client = hatchery_client::Client::with_config(
-        &format!("http://{addr}"),
-        api_key,
-        hatchery_client::ClientConfig::default().call_timeout(std::time::Duration::from_secs(150)),
-    )
-    .map_err(|e| err(e.to_string()))?;
+    let client = own_api(args, api_key).map_err(|e| err(e.to_string()))?;
     let broker = Broker::new(
         store,
         Arc::new(hatchery_broker::session_log::Local(sessions.clone())),

@@ -45,16 +45,7 @@ pub async fn start(
     let policies = crate::state_db::open_policies(args, c.data).await?;
     // Sandboxes are reached through this daemon's API: it routes each
     // request to the sandbox's host.
-    let mut addr = args.listen;
-    if addr.ip().is_unspecified() {
-        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
-    }
-    let client = hatchery_client::Client::with_config(
-        &format!("http://{addr}"),
-        c.api_key,
-        hatchery_client::ClientConfig::default().call_timeout(std::time::Duration::from_secs(150)),
-    )
-    .map_err(|e| err(e.to_string()))?;
+    let client = crate::broker::own_api(args, c.api_key).map_err(|e| err(e.to_string()))?;
     let broker = Broker::new(
         store,
         Arc::new(RemoteSessionLog {

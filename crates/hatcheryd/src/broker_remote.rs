@@ -60,6 +60,10 @@ fn logged_seqs(kinds: &[EventKind], logged: Option<&LoggedCall>) -> Vec<u64> {
         .collect()
 }
 
+fn to_body(post: &BrokerEvents) -> Result<Vec<u8>, SessionError> {
+    serde_json::to_vec(post).map_err(|e| SessionError::Internal(e.to_string()))
+}
+
 fn call_seq(kinds: &[EventKind]) -> Option<u64> {
     kinds.iter().find_map(|k| match k {
         EventKind::BrokerCall { call_seq, .. }
@@ -75,13 +79,12 @@ impl RemoteSessionLog {
     async fn write(
         &self,
         session: &str,
-        post: &BrokerEvents,
+        body: &[u8],
         key: &str,
     ) -> Result<BrokerEventsWritten, SessionError> {
-        let body = serde_json::to_vec(post).map_err(|e| SessionError::Internal(e.to_string()))?;
         let deadline = tokio::time::Instant::now() + WRITE_DEADLINE;
         loop {
-            match self.post.attempt(session, "broker-events", key, &body).await {
+            match self.post.attempt(session, "broker-events", key, body).await {
                 Attempt::Delivered(answer) => {
                     return serde_json::from_slice(&answer).map_err(|e| {
                         SessionError::Internal(format!("the owner's answer to broker events: {e}"))
@@ -128,9 +131,9 @@ impl SessionLog for RemoteSessionLog {
             events: kinds,
             approval: None,
         };
-        let body = serde_json::to_vec(&post).map_err(|e| SessionError::Internal(e.to_string()))?;
+        let body = to_body(&post)?;
         let key = delivery_key(id, &body);
-        let written = self.write(id, &post, &key).await?;
+        let written = self.write(id, &body, &key).await?;
         if !written.repeat {
             return Ok(written.seqs);
         }
@@ -159,7 +162,9 @@ impl SessionLog for RemoteSessionLog {
             }),
         };
         // Opening an approval is idempotent on the owner; its id is the key.
-        self.write(id, &post, approval_id).await.map(|_| ())
+        self.write(id, &to_body(&post)?, approval_id)
+            .await
+            .map(|_| ())
     }
 
     async fn approval_decision(
