@@ -93,6 +93,13 @@ pub const MIGRATIONS: &[(u32, &str)] = &[
        PRIMARY KEY (session_id, key)
      );",
     ),
+    (
+        6,
+        // The broker finds a call's session by its sandbox (with_sandbox);
+        // only unfinished sessions are asked for, so only they are indexed.
+        "CREATE INDEX sessions_live_sandbox ON sessions(sandbox_id)
+       WHERE state NOT IN ('completed','failed','cancelled');",
+    ),
 ];
 
 pub fn apply(conn: &mut rusqlite::Connection) -> rusqlite::Result<()> {

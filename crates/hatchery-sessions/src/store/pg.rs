@@ -94,6 +94,11 @@ const MIGRATIONS: &[&str] = &[
        key TEXT NOT NULL,
        PRIMARY KEY (session_id, key)
      );",
+    // The broker finds a call's session by its sandbox on every call
+    // (with_sandbox), from any host; only unfinished sessions are asked
+    // for, so only they are indexed.
+    "CREATE INDEX sessions_live_sandbox ON sessions(sandbox_id)
+       WHERE state NOT IN ('completed','failed','cancelled');",
 ];
 
 pub(super) const SCHEMA: hatchery_store::PgMigrations = hatchery_store::PgMigrations {

@@ -411,16 +411,9 @@ impl SessionStore for SqliteStore {
     async fn with_sandbox(&self, sandbox_id: &str) -> Result<Option<Session>, StoreError> {
         let sbx = sandbox_id.to_string();
         self.with(move |c| {
-            c.query_row(
-                &format!(
-                    "SELECT {SESSION_COLS} FROM sessions WHERE sandbox_id = ?1 \
-                     AND state NOT IN ('completed','failed','cancelled') ORDER BY rowid LIMIT 1"
-                ),
-                [&sbx],
-                session_row,
-            )
-            .optional()
-            .map_err(be)
+            c.query_row(&with_sandbox_sql(), [&sbx], session_row)
+                .optional()
+                .map_err(be)
         })
         .await
     }
@@ -862,9 +855,41 @@ impl SessionStore for SqliteStore {
     }
 }
 
+/// The lookup behind `with_sandbox`; its filter is the predicate of the
+/// partial index `sessions_live_sandbox` (migration 6), word for word, so
+/// SQLite uses the index.
+fn with_sandbox_sql() -> String {
+    format!(
+        "SELECT {SESSION_COLS} FROM sessions WHERE sandbox_id = ?1 \
+         AND state NOT IN ('completed','failed','cancelled') ORDER BY rowid LIMIT 1"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The broker asks for a sandbox's session on every call: that lookup
+    /// must be an index search, not a scan of every session.
+    #[test]
+    fn the_sandbox_lookup_uses_its_index() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("s.db");
+        drop(SqliteStore::open(&p).unwrap());
+        let c = Connection::open(&p).unwrap();
+        let mut st = c
+            .prepare(&format!("EXPLAIN QUERY PLAN {}", with_sandbox_sql()))
+            .unwrap();
+        let plan: Vec<String> = st
+            .query_map(["sbx_1"], |r| r.get::<_, String>(3))
+            .unwrap()
+            .map(|r| r.unwrap())
+            .collect();
+        assert!(
+            plan.iter().any(|d| d.contains("sessions_live_sandbox")),
+            "{plan:?}"
+        );
+    }
 
     fn spec() -> SessionSpec {
         crate::store::conformance::spec("git://127.0.0.1/r.git")
