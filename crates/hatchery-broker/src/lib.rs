@@ -15,6 +15,7 @@ pub mod mcp;
 pub mod mcp_stdio;
 pub mod metrics;
 pub mod routes;
+pub mod runner;
 pub mod sandbox;
 pub mod service;
 pub mod session_log;

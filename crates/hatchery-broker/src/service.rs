@@ -50,6 +50,8 @@ pub struct Broker {
     /// sandbox id → (session, epoch), as recorded in the store.
     epochs: Mutex<HashMap<String, (String, u64)>>,
     pub(crate) metrics: crate::metrics::BrokerMetrics,
+    /// This process, as recorded on the calls it takes into `executing`.
+    runner: crate::runner::Runner,
 }
 
 /// The branch a session owns; `pol_standard` lets it push there.
@@ -78,6 +80,7 @@ impl Broker {
             keys: Mutex::new(HashMap::new()),
             epochs: Mutex::new(HashMap::new()),
             metrics: crate::metrics::BrokerMetrics::new(),
+            runner: crate::runner::Runner::new(),
         })
     }
 
@@ -458,8 +461,14 @@ impl Broker {
                 }
                 CallState::Pending => call = self.execute(s, call, sandbox_id).await?,
                 // We hold the key's lock, so no request of this process is
-                // in the middle of it: a previous process stopped mid-effect.
-                CallState::Executing => call = self.resolve(call).await?,
+                // in the middle of it: the process that started it stopped
+                // mid-effect, or (another live broker) is still at it.
+                CallState::Executing => {
+                    call = match self.wait_for_runner(call).await? {
+                        c if c.state == CallState::Executing => self.resolve(c).await?,
+                        c => c,
+                    }
+                }
                 _ => return Ok(call),
             }
         }
@@ -569,6 +578,7 @@ impl Broker {
                         output: done.output,
                         event_seq: ev_call,
                         result_event_seq: ev_result,
+                        runner: None,
                     },
                 )
                 .await?;
@@ -581,6 +591,10 @@ impl Broker {
                     .unwrap_or(call)),
             };
         }
+        // A heartbeat this recent gives the effect most of a TTL before
+        // another broker may take this process for gone; no heartbeat (the
+        // store is down), no effect.
+        self.runner.ensure_fresh(&self.store).await?;
         kinds.push(EventKind::BrokerEffectStarted {
             call_seq: call.seq,
             tool: call.tool.clone(),
@@ -604,6 +618,7 @@ impl Broker {
                     output: None,
                     event_seq: ev_call,
                     result_event_seq: None,
+                    runner: Some(self.runner.id.clone()),
                 },
             )
             .await?
@@ -1109,8 +1124,70 @@ impl Broker {
         self.store.get(session_id, seq).await?.ok_or_else(not_found)
     }
 
-    /// On start: every call a previous process left mid-effect, in the
-    /// sessions this host owns.
+    /// A call found `executing` that another live broker process runs:
+    /// waits (up to [`WAIT_FOR_OTHER`](crate::runner::WAIT_FOR_OTHER)) for
+    /// it to move on or for that process's heartbeat to lapse. Returns the
+    /// call as it is then: still `executing` means its runner is gone and
+    /// the caller resolves it; 503 if the other process is still at it.
+    async fn wait_for_runner(&self, mut call: Call) -> Result<Call, BrokerError> {
+        let until = std::time::Instant::now() + crate::runner::WAIT_FOR_OTHER;
+        loop {
+            if call.state != CallState::Executing
+                || self
+                    .runner
+                    .others_gone(&self.store, call.runner.as_deref())
+                    .await?
+            {
+                return Ok(call);
+            }
+            if std::time::Instant::now() >= until {
+                return Err(BrokerError::Unavailable(format!(
+                    "call {} is being run by another broker process; ask again",
+                    call.seq
+                )));
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            call = self
+                .store
+                .get(&call.session_id, call.seq)
+                .await?
+                .unwrap_or(call);
+        }
+    }
+
+    /// Resolves the calls a previous process left mid-effect, then renews
+    /// this process's heartbeat every [`BEAT`](crate::runner::BEAT) and,
+    /// every [`TTL`](crate::runner::TTL), resolves calls whose broker
+    /// process stopped renewing (a second control process, or the host a
+    /// session left, died mid-effect). Runs for the life of the process.
+    pub fn spawn_upkeep(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        tokio::spawn(async move {
+            let sweeps_every = crate::runner::TTL.as_secs() / crate::runner::BEAT.as_secs();
+            for n in 0u64.. {
+                if n > 0 {
+                    tokio::time::sleep(crate::runner::BEAT).await;
+                }
+                if let Err(e) = me.runner.beat(&me.store).await {
+                    tracing::warn!(error = %e, "broker: heartbeat not renewed");
+                }
+                if n % sweeps_every.max(1) != 0 {
+                    continue;
+                }
+                match me.recover().await {
+                    Ok(0) => {}
+                    Ok(k) => tracing::info!(calls = k, "broker calls caught mid-effect resolved"),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "broker: resolving calls caught mid-effect failed")
+                    }
+                }
+            }
+        })
+    }
+
+    /// Every call left mid-effect, in the sessions this host owns, by a
+    /// broker process that is gone (at start: a previous process of this
+    /// one; later: another process that stopped renewing its heartbeat).
     pub async fn recover(&self) -> Result<usize, BrokerError> {
         // On a shared database (`--db postgres://`) the record holds every
         // host's calls: one another host owns may be mid-effect there, and
@@ -1121,14 +1198,20 @@ impl Broker {
                 mine.push(c);
             }
         }
-        let n = mine.len();
+        let mut n = 0;
         for c in mine {
             let lock = self.key_lock(&c.session_id, c.seq);
             let _held = lock.lock().await;
             if let Some(c) = self.store.get(&c.session_id, c.seq).await? {
-                if c.state == CallState::Executing {
+                if c.state == CallState::Executing
+                    && self
+                        .runner
+                        .others_gone(&self.store, c.runner.as_deref())
+                        .await?
+                {
                     let c = self.resolve(c).await?;
                     self.ensure_result_event(c).await?;
+                    n += 1;
                 }
             }
         }

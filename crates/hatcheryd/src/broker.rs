@@ -122,12 +122,8 @@ pub async fn start(
             },
         ));
     }
-    let b = broker.clone();
-    tokio::spawn(async move {
-        match b.recover().await {
-            Ok(n) => tracing::info!(calls = n, "broker calls caught mid-effect resolved"),
-            Err(e) => tracing::error!(error = %e, "broker recovery failed"),
-        }
-    });
+    // Calls left mid-effect, now and whenever another broker process on
+    // the shared record stops renewing its heartbeat.
+    broker.spawn_upkeep();
     Ok(broker)
 }

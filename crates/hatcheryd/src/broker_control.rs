@@ -67,10 +67,7 @@ pub async fn start(
         let _ = client
             .wait_healthy(std::time::Duration::from_secs(120))
             .await;
-        match b.recover().await {
-            Ok(n) => tracing::info!(calls = n, "broker calls caught mid-effect resolved"),
-            Err(e) => tracing::error!(error = %e, "broker recovery failed"),
-        }
+        b.spawn_upkeep();
     });
     let keys = crate::gateway_relay::HostKeys {
         api_key: c.api_key.into(),

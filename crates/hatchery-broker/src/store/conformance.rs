@@ -41,6 +41,42 @@ pub async fn run_all(s: &BrokerStore) {
     event_seqs_go_with_the_row_and_are_set_once(s, &run).await;
     executing_lists_only_executing_calls(s, &run).await;
     calls_are_in_seq_order(s, &run).await;
+    the_runner_goes_with_the_call(s, &run).await;
+}
+
+/// The process that took a call into `executing` is recorded with it
+/// and kept by later moves; a heartbeat makes a runner alive on the
+/// shared database only (on SQLite no other process can be running it).
+async fn the_runner_goes_with_the_call(s: &BrokerStore, run: &str) {
+    let ses = format!("ses_runner_{run}");
+    s.begin(call(&ses, 1, "a")).await.unwrap();
+    let r = Recorded {
+        effect: Some("e".into()),
+        runner: Some(format!("brn_a_{run}")),
+        ..Default::default()
+    };
+    let x = s
+        .advance_recorded(&ses, 1, CallState::Pending, CallState::Executing, r)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(x.runner.as_deref(), Some(&*format!("brn_a_{run}")));
+    let y = s
+        .advance(&ses, 1, CallState::Executing, CallState::Done, None, None)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(y.runner, x.runner, "a later move keeps the runner");
+    let (a, b) = (format!("brn_a_{run}"), format!("brn_b_{run}"));
+    assert!(!s.runner_alive(&a).await.unwrap(), "no heartbeat yet");
+    s.heartbeat(&a, 30).await.unwrap();
+    s.heartbeat(&a, 30).await.unwrap();
+    let shared = s.backend() == "postgres";
+    assert_eq!(s.runner_alive(&a).await.unwrap(), shared);
+    assert!(!s.runner_alive(&b).await.unwrap());
+    // A lapsed heartbeat (ttl 0: expired at once, by the database's clock).
+    s.heartbeat(&a, 0).await.unwrap();
+    assert!(!s.runner_alive(&a).await.unwrap());
 }
 
 async fn begin_is_once_per_key_and_refuses_other_args(s: &BrokerStore, run: &str) {

@@ -123,6 +123,10 @@ pub struct Call {
     /// The seq of the `broker_call_resolved` event of an operator's
     /// resolution of a `needs_review` call.
     pub review_event_seq: Option<u64>,
+    /// The broker process that took the call into `executing` (its
+    /// [`Runner`](crate::runner) id): while that process is alive, no
+    /// other one resolves the call as stopped mid-effect.
+    pub runner: Option<String>,
     pub created_at: String,
     pub updated_at: String,
 }
@@ -134,6 +138,8 @@ pub struct Recorded {
     pub output: Option<String>,
     pub event_seq: Option<u64>,
     pub result_event_seq: Option<u64>,
+    /// The process taking the call into `executing`.
+    pub runner: Option<String>,
 }
 
 /// What `begin` found or made.
@@ -310,6 +316,26 @@ impl BrokerStore {
         dispatch!(self.executing())
     }
 
+    /// Records that broker process `runner` is alive for `ttl_s` more
+    /// seconds, by the database's clock. A no-op on SQLite, whose file
+    /// only one process uses.
+    pub async fn heartbeat(&self, runner: &str, ttl_s: u32) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(()),
+            Backend::Pg(p) => p.heartbeat(runner, ttl_s).await,
+        }
+    }
+
+    /// Whether broker process `runner` renewed its heartbeat recently
+    /// enough. On SQLite never: the only process using the file is the
+    /// one asking, and it knows its own id (crate::runner).
+    pub async fn runner_alive(&self, runner: &str) -> Result<bool, StoreError> {
+        match &self.backend {
+            Backend::Sqlite(_) => Ok(false),
+            Backend::Pg(p) => p.runner_alive(runner).await,
+        }
+    }
+
     /// Every call of a session, in seq order (tests and the CLI).
     pub async fn calls(&self, session_id: &str) -> Result<Vec<Call>, StoreError> {
         dispatch!(self.calls(session_id))
@@ -342,6 +368,7 @@ impl Call {
             effect: None,
             output: None,
             review_event_seq: None,
+            runner: None,
             created_at: t.clone(),
             updated_at: t,
         }

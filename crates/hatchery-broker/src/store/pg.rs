@@ -26,7 +26,8 @@ use tokio_postgres::Row;
 /// Numbered migrations, append only; `broker_schema` records how many ran.
 /// Tables are prefixed `broker_`: the database is shared with the other
 /// stores (sessions, policies, the gateway's budgets).
-pub(super) const MIGRATIONS: &[&str] = &["CREATE TABLE broker_calls (
+pub(super) const MIGRATIONS: &[&str] = &[
+    "CREATE TABLE broker_calls (
         session_id TEXT NOT NULL,
         seq BIGINT NOT NULL,
         epoch BIGINT NOT NULL,
@@ -52,7 +53,16 @@ pub(super) const MIGRATIONS: &[&str] = &["CREATE TABLE broker_calls (
         session_id TEXT NOT NULL,
         epoch BIGINT NOT NULL,
         UNIQUE (session_id, epoch)
-     );"];
+     );",
+    // Which broker process runs a call, and which processes are alive
+    // (by the database's clock), so a broker resolves a call left
+    // mid-effect only when the process that started it is gone.
+    "ALTER TABLE broker_calls ADD COLUMN runner TEXT;
+     CREATE TABLE broker_runners (
+        runner TEXT PRIMARY KEY,
+        expires_at TIMESTAMPTZ NOT NULL
+     );",
+];
 
 /// Any fixed number, distinct from the other stores' ("hatcbrkr"): the
 /// transaction-scoped advisory lock that serializes migration runs.
@@ -318,7 +328,8 @@ impl PgBroker {
                 "UPDATE broker_calls SET state = $4, effect = COALESCE($5, effect),
                     output = COALESCE($6, output), updated_at = $7,
                     event_seq = COALESCE(event_seq, $8),
-                    result_event_seq = COALESCE(result_event_seq, $9)
+                    result_event_seq = COALESCE(result_event_seq, $9),
+                    runner = COALESCE($10, runner)
                  WHERE session_id = $1 AND seq = $2 AND state = $3
                  RETURNING *",
                 &[
@@ -331,11 +342,45 @@ impl PgBroker {
                     &super::now(),
                     &big_opt("event seq", r.event_seq)?,
                     &big_opt("result event seq", r.result_event_seq)?,
+                    &r.runner,
                 ],
             )
             .await
             .map_err(pg("advance call"))?;
         row.as_ref().map(row_call).transpose()
+    }
+
+    pub(super) async fn heartbeat(&self, runner: &str, ttl_s: u32) -> Result<(), StoreError> {
+        let c = self.client().await?;
+        c.execute(
+            "INSERT INTO broker_runners (runner, expires_at)
+             VALUES ($1, now() + make_interval(secs => $2))
+             ON CONFLICT (runner) DO UPDATE SET expires_at = EXCLUDED.expires_at",
+            &[&runner, &f64::from(ttl_s)],
+        )
+        .await
+        .map_err(pg("renew broker runner"))?;
+        // Rows of processes gone for a day are of no more use.
+        c.execute(
+            "DELETE FROM broker_runners WHERE expires_at < now() - interval '1 day'",
+            &[],
+        )
+        .await
+        .map_err(pg("prune broker runners"))?;
+        Ok(())
+    }
+
+    pub(super) async fn runner_alive(&self, runner: &str) -> Result<bool, StoreError> {
+        let c = self.client().await?;
+        let row = c
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM broker_runners
+                                WHERE runner = $1 AND expires_at > now()) AS alive",
+                &[&runner],
+            )
+            .await
+            .map_err(pg("read broker runner"))?;
+        row.try_get("alive").map_err(pg("read broker runner"))
     }
 
     pub(super) async fn executing(&self) -> Result<Vec<Call>, StoreError> {
@@ -409,6 +454,7 @@ fn row_call(r: &Row) -> Result<Call, StoreError> {
         effect: r.try_get("effect").map_err(e())?,
         output: r.try_get("output").map_err(e())?,
         review_event_seq: opt("review_event_seq")?,
+        runner: r.try_get("runner").map_err(e())?,
         created_at: r.try_get("created_at").map_err(e())?,
         updated_at: r.try_get("updated_at").map_err(e())?,
     })

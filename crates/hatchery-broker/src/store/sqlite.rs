@@ -39,6 +39,7 @@ const MIGRATIONS: &[(u32, &str)] = &[
     ) WITHOUT ROWID;",
     ),
     (2, "ALTER TABLE calls ADD COLUMN review_event_seq INTEGER;"),
+    (3, "ALTER TABLE calls ADD COLUMN runner TEXT;"),
 ];
 
 #[derive(Clone)]
@@ -233,7 +234,8 @@ impl SqliteBroker {
                 "UPDATE calls SET state = ?4, effect = COALESCE(?5, effect), \
                  output = COALESCE(?6, output), updated_at = ?7, \
                  event_seq = COALESCE(event_seq, ?8), \
-                 result_event_seq = COALESCE(result_event_seq, ?9) \
+                 result_event_seq = COALESCE(result_event_seq, ?9), \
+                 runner = COALESCE(?10, runner) \
                  WHERE session_id = ?1 AND seq = ?2 AND state = ?3",
                 params![
                     s,
@@ -244,7 +246,8 @@ impl SqliteBroker {
                     r.output,
                     now(),
                     r.event_seq,
-                    r.result_event_seq
+                    r.result_event_seq,
+                    r.runner
                 ],
             )?;
             let r = if n == 1 { get_tx(&tx, &s, seq)? } else { None };
@@ -331,6 +334,7 @@ fn row_call(r: &rusqlite::Row<'_>) -> rusqlite::Result<Result<Call, StoreError>>
         effect: r.get("effect")?,
         output: r.get("output")?,
         review_event_seq: r.get("review_event_seq")?,
+        runner: r.get("runner")?,
         created_at: r.get("created_at")?,
         updated_at: r.get("updated_at")?,
     }))
