@@ -152,7 +152,9 @@ gateway-test: build template $(GATEWAY_VENV)/.installed
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(GATEWAY_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/gateway
 
-# Interview rounds pages (web/rounds: CodeMirror 6 bundled by esbuild, dist/
+# Interview rounds: the rounds store's conformance suite on a private
+# PostgreSQL (tests/pg/pg.py, a few seconds; SQLite runs in `make unit`),
+# then the pages (web/rounds: CodeMirror 6 bundled by esbuild, dist/
 # committed and embedded in the daemon): check/build as for the terminal,
 # then the candidate room and the reviewer page in headless Chromium
 # (about 15 s). The HTTP suite is tests/integration/test_rounds.py.
@@ -165,6 +167,8 @@ rounds-pages-build:
 	cd web/rounds && npm ci --no-audit --no-fund --silent && npm run --silent build
 
 rounds-test: rounds-pages-check build template
+	/usr/bin/python3 tests/pg/pg.py -- env HATCHERY_REQUIRE_PG=1 \
+	  cargo test --release -p hatchery-rounds conformance_on_postgres
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/rounds
 

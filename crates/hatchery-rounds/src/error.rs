@@ -94,6 +94,9 @@ impl RoundsError {
                 _ => (S::BAD_GATEWAY, "sandbox_error"),
             },
             RoundsError::Store(StoreError::Conflict(_)) => (S::CONFLICT, "conflict"),
+            RoundsError::Store(StoreError::Unavailable(_)) => {
+                (S::SERVICE_UNAVAILABLE, "unavailable")
+            }
             RoundsError::Store(_) | RoundsError::Internal(_) => {
                 (S::INTERNAL_SERVER_ERROR, "internal")
             }
@@ -111,13 +114,22 @@ impl IntoResponse for RoundsError {
             tracing::error!(request_id = %rid, error = %self, "rounds request failed");
             format!("internal error (request id {rid})")
         } else {
-            // A candidate can make these happen at will: rate-limited.
-            if matches!(self, RoundsError::Sandbox(_)) {
-                if let Some(dropped) = crate::ratelimit::SANDBOX_ERRORS.allow() {
-                    tracing::warn!(error = %self, dropped, "rounds: sandbox call failed");
+            if let RoundsError::Store(StoreError::Unavailable(_)) = &self {
+                // The cause (the database's own words) goes to the log;
+                // the caller is told to retry (with Retry-After).
+                if let Some(dropped) = crate::ratelimit::STORE_UNAVAILABLE.allow() {
+                    tracing::warn!(error = %self, dropped, "rounds: the store is unavailable");
                 }
+                "the rounds store is not reachable; retry shortly".to_string()
+            } else {
+                // A candidate can make these happen at will: rate-limited.
+                if matches!(self, RoundsError::Sandbox(_)) {
+                    if let Some(dropped) = crate::ratelimit::SANDBOX_ERRORS.allow() {
+                        tracing::warn!(error = %self, dropped, "rounds: sandbox call failed");
+                    }
+                }
+                self.to_string()
             }
-            self.to_string()
         };
         let mut resp = (
             status,
@@ -155,5 +167,29 @@ mod tests {
             RoundsError::Unauthorized.status_code().0,
             StatusCode::UNAUTHORIZED
         );
+        assert_eq!(
+            RoundsError::Store(StoreError::Unavailable("connect: refused".into())).status_code(),
+            (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+        );
+        assert_eq!(
+            RoundsError::Store(StoreError::Backend("x".into())).status_code(),
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal")
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unavailable_store_is_a_503_with_the_error_shape() {
+        let resp = RoundsError::Store(StoreError::Unavailable("connect: secret cause".into()))
+            .into_response();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(resp.headers()["retry-after"], "1");
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["code"], "unavailable");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains("retry"), "{msg}");
+        assert!(!msg.contains("secret"), "the cause stays in the log: {msg}");
     }
 }

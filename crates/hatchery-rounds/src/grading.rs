@@ -117,8 +117,12 @@ impl Rounds {
         let (sub2, s2) = (sub.clone(), s.clone());
         tokio::spawn(async move {
             let g = me.grade(&r, &s2, &sub2).await;
-            if let Err(e) = me.store.finish_grading(&g, &s2.id).await {
-                tracing::error!(submission = %sub2.id, error = %e, "rounds: storing a grading failed");
+            match me.store.finish_grading(&g, &s2.id).await {
+                Ok(true) => {}
+                Ok(false) => already_graded(&sub2.id, &g.id),
+                Err(e) => {
+                    tracing::error!(submission = %sub2.id, error = %e, "rounds: storing a grading failed");
+                }
             }
         });
         Ok(SubmitAccepted {
@@ -160,8 +164,12 @@ impl Rounds {
             let me = self.clone();
             tokio::spawn(async move {
                 let g = me.grade(&r, &s, &sub).await;
-                if let Err(e) = me.store.finish_grading(&g, &s.id).await {
-                    tracing::error!(submission = %sub.id, error = %e, "rounds: storing a resumed grading failed");
+                match me.store.finish_grading(&g, &s.id).await {
+                    Ok(true) => {}
+                    Ok(false) => already_graded(&sub.id, &g.id),
+                    Err(e) => {
+                        tracing::error!(submission = %sub.id, error = %e, "rounds: storing a resumed grading failed");
+                    }
                 }
             });
             n += 1;
@@ -457,6 +465,17 @@ impl Rounds {
             submissions,
         })
     }
+}
+
+/// Two processes graded one submission (on a shared database a restarted
+/// daemon resumes a grading that another one is still running): the first
+/// stored is the grading; a later one is dropped.
+fn already_graded(submission: &str, grading: &str) {
+    tracing::info!(
+        submission,
+        grading,
+        "rounds: a grading of this submission was already stored; this one is dropped"
+    );
 }
 
 #[cfg(test)]

@@ -41,6 +41,11 @@ impl LogLimit {
 pub static SANDBOX_ERRORS: std::sync::LazyLock<LogLimit> =
     std::sync::LazyLock::new(|| LogLimit::new(0.5, 10.0));
 
+/// A shared database that is not reachable, answered 503: 5 per 10 s,
+/// burst 10 (every request fails the same way while it is down).
+pub static STORE_UNAVAILABLE: std::sync::LazyLock<LogLimit> =
+    std::sync::LazyLock::new(|| LogLimit::new(0.5, 10.0));
+
 /// Lines a candidate's Submit or Run leads to (captures, grader and fresh
 /// Run failures): 10 per 10 s, burst 20.
 pub static CANDIDATE_EVENTS: std::sync::LazyLock<LogLimit> =

@@ -1,11 +1,21 @@
-//! Where rounds keep their state: a small async trait, so a PostgreSQL
-//! backend can come later beside the SQLite one. Errors are ours
-//! ([`StoreError`]), never the driver's, and every state change names the
-//! states it may move from.
+//! Where rounds keep their state, behind a small async trait
+//! ([`RoundStore`]) with two backends: [`SqliteStore`] (`DATA_DIR/rounds.db`)
+//! on a single host, and [`PgStore`] in the shared PostgreSQL database when
+//! the daemons run with `--db postgres://` (tables `rounds`,
+//! `round_sessions`, `round_tokens`, `round_runs`, `round_submissions`,
+//! `round_gradings`, `round_replays`, `round_forks`; migrations recorded in
+//! `rounds_schema`). Both keep one contract, checked by one suite
+//! (`conformance.rs`). Errors are ours ([`StoreError`]), never the
+//! driver's, and every state change names the states it may move from.
 
 mod migrations;
+mod pg;
 mod sqlite;
 
+#[cfg(test)]
+mod conformance;
+
+pub use pg::PgStore;
 pub use sqlite::SqliteStore;
 
 use crate::state::{RoundState, SessionState};
@@ -22,9 +32,24 @@ pub enum StoreError {
     /// A stored value could not be read back.
     #[error("corrupt record: {0}")]
     Corrupt(String),
+    /// The shared database is not reachable now (retryable): answered
+    /// 503, never 500.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
+
+/// A u64 as the database's signed 64-bit integer; refused rather than
+/// wrapped (a wrapped expiry would read back as long past).
+pub(crate) fn big(what: &'static str, v: u64) -> StoreResult<i64> {
+    i64::try_from(v).map_err(|_| StoreError::Backend(format!("{what} {v} is out of range")))
+}
+
+/// A stored integer back as u64 (never negative: writes go through [`big`]).
+pub(crate) fn unsigned(v: i64) -> u64 {
+    v.max(0) as u64
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct RoundRecord {
@@ -186,10 +211,15 @@ pub trait RoundStore: Send + Sync + 'static {
         sub: &SubmissionRecord,
         from: &[SessionState],
     ) -> StoreResult<bool>;
-    /// Records a grading and, for a first grading, moves the session from
-    /// `submitted` to `graded`, in one transaction.
-    async fn finish_grading(&self, g: &GradingRecord, session_id: &str) -> StoreResult<()>;
-    /// A regrade: only the grading row.
+    /// The first grading of a submission: records it and moves the session
+    /// from `submitted` to `graded`, in one transaction, only if the
+    /// submission has no grading yet; `false` (nothing written) if it has
+    /// one (two processes graded it: a restarted daemon resumed a grading
+    /// another one was still running). Racing calls are serialized on the
+    /// submission, so exactly one of them writes. A submission that is not
+    /// stored is a `Conflict`.
+    async fn finish_grading(&self, g: &GradingRecord, session_id: &str) -> StoreResult<bool>;
+    /// A regrade: only the grading row (unguarded: regrades add rows).
     async fn insert_grading(&self, g: &GradingRecord) -> StoreResult<()>;
     async fn get_submission(&self, id: &str) -> StoreResult<Option<SubmissionRecord>>;
     async fn list_submissions(&self, session_id: &str) -> StoreResult<Vec<SubmissionRecord>>;

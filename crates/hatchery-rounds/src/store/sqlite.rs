@@ -1,5 +1,6 @@
 //! The SQLite backend: `DATA_DIR/rounds.db`, one connection behind a
 //! mutex (a few writes per Run and per session). Columns are read by name.
+//! Its contract is checked by the suite in `conformance.rs`.
 
 use super::*;
 use rusqlite::{params, Connection, OptionalExtension, Row};
@@ -19,6 +20,11 @@ fn be(e: rusqlite::Error) -> StoreError {
         }
         e => StoreError::Backend(e.to_string()),
     }
+}
+
+/// A time to compare with: past the largest stored value is as good as it.
+fn clamp(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
 }
 
 fn states<T: Copy>(from: &[T], name: impl Fn(T) -> &'static str) -> String {
@@ -203,7 +209,7 @@ impl RoundStore for SqliteStore {
                     r.tests,
                     r.prepared_snapshot,
                     r.error,
-                    r.created_at_ms as i64
+                    big("created_at_ms", r.created_at_ms)?
                 ],
             )
             .map_err(be)?;
@@ -255,8 +261,8 @@ impl RoundStore for SqliteStore {
                 s.candidate,
                 s.state.as_str(),
                 s.sandbox_id,
-                s.created_at_ms as i64,
-                s.expires_at_ms as i64,
+                big("created_at_ms", s.created_at_ms)?,
+                big("expires_at_ms", s.expires_at_ms)?,
                 s.error
             ],
         )
@@ -288,7 +294,7 @@ impl RoundStore for SqliteStore {
     async fn expired_sessions(&self, now_ms: u64) -> StoreResult<Vec<SessionRecord>> {
         self.many(
             "SELECT * FROM sessions WHERE state != 'ended' AND expires_at_ms <= ?1",
-            [now_ms as i64],
+            [clamp(now_ms)],
             session_row,
         )
     }
@@ -328,13 +334,18 @@ impl RoundStore for SqliteStore {
         let tx = c.transaction().map_err(be)?;
         tx.execute(
             "INSERT INTO runs (id, session_id, created_at_ms, result) VALUES (?1, ?2, ?3, ?4)",
-            params![r.id, r.session_id, r.created_at_ms as i64, r.result],
+            params![
+                r.id,
+                r.session_id,
+                big("created_at_ms", r.created_at_ms)?,
+                r.result
+            ],
         )
         .map_err(be)?;
         tx.execute(
             "DELETE FROM runs WHERE session_id = ?1 AND seq NOT IN
                (SELECT seq FROM runs WHERE session_id = ?1 ORDER BY seq DESC LIMIT ?2)",
-            params![r.session_id, keep as i64],
+            params![r.session_id, i64::try_from(keep).unwrap_or(i64::MAX)],
         )
         .map_err(be)?;
         tx.commit().map_err(be)
@@ -371,7 +382,7 @@ impl RoundStore for SqliteStore {
                 sub.round_id,
                 sub.files,
                 sub.sha256,
-                sub.created_at_ms as i64
+                big("created_at_ms", sub.created_at_ms)?
             ],
         )
         .map_err(be)?;
@@ -379,16 +390,46 @@ impl RoundStore for SqliteStore {
         Ok(true)
     }
 
-    async fn finish_grading(&self, g: &GradingRecord, session_id: &str) -> StoreResult<()> {
+    async fn finish_grading(&self, g: &GradingRecord, session_id: &str) -> StoreResult<bool> {
         let mut c = self.conn();
-        let tx = c.transaction().map_err(be)?;
+        // IMMEDIATE: the write lock is taken before the check, so another
+        // process on the same file cannot slip a grading in between.
+        let tx = c
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(be)?;
+        let stored: Option<i64> = tx
+            .query_row(
+                "SELECT 1 FROM submissions WHERE id = ?1",
+                [&g.submission_id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(be)?;
+        if stored.is_none() {
+            return Err(StoreError::Conflict(format!(
+                "submission {} is not stored",
+                g.submission_id
+            )));
+        }
+        let graded: Option<i64> = tx
+            .query_row(
+                "SELECT 1 FROM gradings WHERE submission_id = ?1 LIMIT 1",
+                [&g.submission_id],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(be)?;
+        if graded.is_some() {
+            return Ok(false);
+        }
         insert_grading(&tx, g)?;
         tx.execute(
             "UPDATE sessions SET state = 'graded' WHERE id = ?1 AND state = 'submitted'",
             [session_id],
         )
         .map_err(be)?;
-        tx.commit().map_err(be)
+        tx.commit().map_err(be)?;
+        Ok(true)
     }
 
     async fn insert_grading(&self, g: &GradingRecord) -> StoreResult<()> {
@@ -431,8 +472,8 @@ impl RoundStore for SqliteStore {
                     r.round_id,
                     r.snapshot_id,
                     r.reason,
-                    r.created_at_ms as i64,
-                    r.expires_at_ms as i64,
+                    big("created_at_ms", r.created_at_ms)?,
+                    big("expires_at_ms", r.expires_at_ms)?,
                     r.state
                 ],
             )
@@ -455,7 +496,7 @@ impl RoundStore for SqliteStore {
     async fn due_replays(&self, now_ms: u64) -> StoreResult<Vec<ReplayRecord>> {
         self.many(
             "SELECT * FROM replays WHERE state = 'active' AND expires_at_ms <= ?1",
-            [now_ms as i64],
+            [clamp(now_ms)],
             replay_row,
         )
     }
@@ -482,8 +523,8 @@ impl RoundStore for SqliteStore {
                     f.round_id,
                     f.sandbox_id,
                     f.owner,
-                    f.created_at_ms as i64,
-                    f.expires_at_ms as i64
+                    big("created_at_ms", f.created_at_ms)?,
+                    big("expires_at_ms", f.expires_at_ms)?
                 ],
             )
             .map_err(be)?;
@@ -520,8 +561,8 @@ fn insert_token(c: &Connection, t: &TokenRecord) -> StoreResult<()> {
             t.scope.as_str(),
             t.round_id,
             t.session_id,
-            t.created_at_ms as i64,
-            t.expires_at_ms as i64
+            big("created_at_ms", t.created_at_ms)?,
+            big("expires_at_ms", t.expires_at_ms)?
         ],
     )
     .map_err(be)?;
@@ -535,7 +576,7 @@ fn insert_grading(c: &Connection, g: &GradingRecord) -> StoreResult<()> {
         params![
             g.id,
             g.submission_id,
-            g.created_at_ms as i64,
+            big("created_at_ms", g.created_at_ms)?,
             g.status,
             g.passed,
             g.total,
@@ -544,171 +585,4 @@ fn insert_grading(c: &Connection, g: &GradingRecord) -> StoreResult<()> {
     )
     .map_err(be)?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn round() -> RoundRecord {
-        RoundRecord {
-            id: "rnd_a".into(),
-            name: "n".into(),
-            state: RoundState::Preparing,
-            template: "t".into(),
-            template_version: "v".into(),
-            spec: "{}".into(),
-            tests: "{}".into(),
-            prepared_snapshot: None,
-            error: None,
-            created_at_ms: 1,
-        }
-    }
-
-    fn session() -> (SessionRecord, TokenRecord) {
-        (
-            SessionRecord {
-                id: "ses_a".into(),
-                round_id: "rnd_a".into(),
-                candidate: "c".into(),
-                state: SessionState::Live,
-                sandbox_id: Some("sbx".into()),
-                created_at_ms: 1,
-                expires_at_ms: 100,
-                error: None,
-            },
-            TokenRecord {
-                hash: "h".into(),
-                scope: Scope::Candidate,
-                round_id: "rnd_a".into(),
-                session_id: Some("ses_a".into()),
-                created_at_ms: 1,
-                expires_at_ms: 100,
-            },
-        )
-    }
-
-    #[tokio::test]
-    async fn guarded_updates() {
-        let s = SqliteStore::in_memory().unwrap();
-        s.insert_round(&round()).await.unwrap();
-        assert!(s
-            .set_round_state(
-                "rnd_a",
-                &[RoundState::Preparing],
-                RoundState::Ready,
-                Some("snp"),
-                None
-            )
-            .await
-            .unwrap());
-        assert!(
-            !s.set_round_state(
-                "rnd_a",
-                &[RoundState::Preparing],
-                RoundState::Failed,
-                None,
-                None
-            )
-            .await
-            .unwrap(),
-            "not from ready"
-        );
-        let r = s.get_round("rnd_a").await.unwrap().unwrap();
-        assert_eq!(
-            (r.state, r.prepared_snapshot.as_deref()),
-            (RoundState::Ready, Some("snp"))
-        );
-
-        let (ses, tok) = session();
-        s.insert_session(&ses, &tok).await.unwrap();
-        assert!(
-            s.insert_session(&ses, &tok).await.is_err(),
-            "same session twice: refused, nothing half-written"
-        );
-        let sub = SubmissionRecord {
-            id: "sub_a".into(),
-            session_id: "ses_a".into(),
-            round_id: "rnd_a".into(),
-            files: "{}".into(),
-            sha256: "x".into(),
-            created_at_ms: 2,
-        };
-        let from = SessionState::sources(SessionState::Submitted);
-        assert!(s.begin_submission(&sub, &from).await.unwrap());
-        let sub2 = SubmissionRecord {
-            id: "sub_b".into(),
-            ..sub.clone()
-        };
-        assert!(
-            !s.begin_submission(&sub2, &from).await.unwrap(),
-            "a second submit while one is graded is refused"
-        );
-        assert_eq!(s.list_submissions("ses_a").await.unwrap().len(), 1);
-        let g = GradingRecord {
-            id: "grd_a".into(),
-            submission_id: "sub_a".into(),
-            created_at_ms: 3,
-            status: "graded".into(),
-            passed: 1,
-            total: 2,
-            report: "{}".into(),
-        };
-        s.finish_grading(&g, "ses_a").await.unwrap();
-        let ses = s.get_session("ses_a").await.unwrap().unwrap();
-        assert_eq!(ses.state, SessionState::Graded);
-        assert_eq!(
-            s.get_token("h").await.unwrap().unwrap().scope,
-            Scope::Candidate
-        );
-        assert_eq!(s.expired_sessions(100).await.unwrap().len(), 1);
-        assert_eq!(
-            s.sessions_in_state(SessionState::Graded)
-                .await
-                .unwrap()
-                .len(),
-            1
-        );
-        assert!(s
-            .sessions_in_state(SessionState::Submitted)
-            .await
-            .unwrap()
-            .is_empty());
-        assert_eq!(s.expired_sessions(99).await.unwrap().len(), 0);
-    }
-
-    #[tokio::test]
-    async fn runs_are_pruned_and_replays_expire() {
-        let s = SqliteStore::in_memory().unwrap();
-        for i in 0..5 {
-            let r = RunRecord {
-                id: format!("run_{i}"),
-                session_id: "ses_a".into(),
-                created_at_ms: i,
-                result: "{}".into(),
-            };
-            s.insert_run(&r, 3).await.unwrap();
-        }
-        let runs = s.list_runs("ses_a").await.unwrap();
-        assert_eq!(
-            runs.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
-            ["run_2", "run_3", "run_4"]
-        );
-        let rp = ReplayRecord {
-            id: "rpl_a".into(),
-            session_id: "ses_a".into(),
-            round_id: "rnd_a".into(),
-            snapshot_id: "snp".into(),
-            reason: "end".into(),
-            created_at_ms: 1,
-            expires_at_ms: 10,
-            state: "active".into(),
-        };
-        s.insert_replay(&rp).await.unwrap();
-        assert!(s.due_replays(9).await.unwrap().is_empty());
-        assert_eq!(s.due_replays(10).await.unwrap().len(), 1);
-        assert!(s.expire_replay("rpl_a").await.unwrap());
-        assert!(!s.expire_replay("rpl_a").await.unwrap());
-        assert!(s.due_replays(10).await.unwrap().is_empty());
-    }
 }
