@@ -96,13 +96,13 @@ def broker_host(pg, name, servers, shared, restart_of=None, control=None):
     return started(d)
 
 
-def broker_control(pg, servers):
+def broker_control(pg, servers, host_id="bh-ctl"):
     """The control plane on the bridge (hosts reach it from their
     namespaces), running the broker for the hosts: the git credential and
     the forge token are given to it alone."""
     g, p, f, m = servers
     c = BrokerDaemon(m.port, g, p, f, model_host=m.host,
-                     extra=["--db", pg.fabric_dsn, "--host-id", "bh-ctl", "--role", "control", "--broker-for-hosts",
+                     extra=["--db", pg.fabric_dsn, "--host-id", host_id, "--role", "control", "--broker-for-hosts",
                             "--host-lease-ttl", str(LEASE_TTL_S), "--pool-size", "0"])
     c.addr = hostnet.GATEWAY
     return c.start()
@@ -181,9 +181,14 @@ def test_broker_calls_of_a_lost_host_are_never_run_twice(pg, servers, broker_on)
     shared = tempfile.mkdtemp(prefix="hxshared-")
     files = {"pusher.py": open(os.path.join(HERE, "..", "broker", "pusher_agent.py")).read(), "README.md": "x\n"}
     repo, bare = add_repo(g, f"hostpush-{broker_on}", files)
+    c2 = None
     if broker_on == "control":
         c = broker_control(pg, servers)
         relay = f"http://{c.addr}:{c.port}"
+        # A second control process running the broker on the same record
+        # (the hosts relay to the first): it must leave the calls the
+        # first is running alone (their runner's heartbeat is fresh).
+        c2 = broker_control(pg, servers, host_id="bh-ctl2")
     else:
         c = SessionDaemon(m.port, model_host=m.host, extra=["--db", pg.dsn, "--host-id", "bh-ctl", "--role",
                                                             "control", "--host-lease-ttl", str(LEASE_TTL_S),
@@ -262,6 +267,10 @@ def test_broker_calls_of_a_lost_host_are_never_run_twice(pg, servers, broker_on)
             for d in (a, b):
                 assert not os.path.exists(os.path.join(d.data_dir, "broker.db")), d.data_dir
             assert_broker_writes_are_the_daemons(pg, c, b, sid)
+            # The second broker process sees the same record, and resolved
+            # none of the first one's calls as stopped mid-effect.
+            assert [(x["seq"], x["status"]) for x in c2.calls(sid)] == [(i, "done") for i in range(1, CALLS + 1)]
+            assert "resolved after a restart" not in open(c2.log_path, errors="replace").read()
         else:
             assert statuses.get("done", 0) >= CALLS - 1, statuses
         resumed = [e for e in evs if e["type"] == "resumed_from_checkpoint"]
@@ -276,6 +285,8 @@ def test_broker_calls_of_a_lost_host_are_never_run_twice(pg, servers, broker_on)
     finally:
         push_server.receive_delay = 0.0
         c.cleanup()
+        if c2 is not None:
+            c2.cleanup()
         if a2 is None and a.proc.poll() is not None:
             a2 = broker_host(pg, "bh-a", servers, shared, restart_of=a, control=relay)
             a2.created |= a.created

@@ -10,7 +10,7 @@ use crate::limits::*;
 use crate::models::*;
 use crate::round_ops::spec_of;
 use crate::sandbox::ExecSpec;
-use crate::session_ops::{files_sha256, fork_error, hex, meta};
+use crate::session_ops::{files_sha256, fork_error, hex};
 use crate::state::{refusal, SessionState};
 use crate::store::{GradingRecord, RoundRecord, SessionRecord, SubmissionRecord};
 use crate::{Rounds, RoundsError};
@@ -137,11 +137,12 @@ impl Rounds {
     /// (the capture is stored, so nothing of the candidate's is needed).
     pub async fn resume_gradings(self: &Arc<Self>) -> Result<usize, RoundsError> {
         // Graders, fresh Runs and preparing sandboxes are never handed
-        // over: any left from the previous process is an orphan.
+        // over: any left from this process's previous run is an orphan.
+        // Another process's (on a shared database) are its own business.
         for kind in ["round-grader", "round-run", "round-prepare"] {
             let ids = self
                 .sandboxes
-                .list(crate::session_ops::meta(&[("kind", kind)]))
+                .list(self.own_meta(&[("kind", kind)]))
                 .await?;
             for id in ids {
                 tracing::info!(sandbox = %id, kind, "rounds: deleting a sandbox orphaned by a restart");
@@ -245,7 +246,7 @@ impl Rounds {
             .fork(
                 &snap,
                 timeout + 120,
-                meta(&[
+                self.own_meta(&[
                     ("round", &r.id),
                     ("session", &s.id),
                     ("submission", &sub.id),

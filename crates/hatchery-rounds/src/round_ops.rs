@@ -204,9 +204,7 @@ impl Rounds {
         } else {
             Some(serde_json::json!({"egress": "deny", "allow": c.spec.setup_allow}))
         };
-        let mut metadata = BTreeMap::new();
-        metadata.insert("hatchery.round".to_string(), id.to_string());
-        metadata.insert("hatchery.kind".to_string(), "round-prepare".to_string());
+        let metadata = self.own_meta(&[("round", id), ("kind", "round-prepare")]);
         let ttl = 300 + c.spec.setup_commands.len() as u64 * SETUP_TIMEOUT_S;
         let sbx = self
             .sandboxes

@@ -8,7 +8,7 @@ use crate::limits::*;
 use crate::models::*;
 use crate::round_ops::spec_of;
 use crate::sandbox::{ExecEvent, ExecOutcome, ExecSpec};
-use crate::session_ops::{fork_error, meta};
+use crate::session_ops::fork_error;
 use crate::state::refusal;
 use crate::store::{RoundRecord, RunRecord, SessionRecord};
 use crate::verdict::{tail, verdict, Tail};
@@ -65,7 +65,11 @@ impl Rounds {
                     .fork(
                         &snap,
                         ttl,
-                        meta(&[("round", &r.id), ("session", &s.id), ("kind", "round-run")]),
+                        self.own_meta(&[
+                            ("round", &r.id),
+                            ("session", &s.id),
+                            ("kind", "round-run"),
+                        ]),
                     )
                     .await
                     .map_err(|e| fork_error(r, e))?;

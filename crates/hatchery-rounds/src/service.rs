@@ -17,6 +17,11 @@ pub struct RoundsConfig {
     /// How often the reaper looks for closed replay windows and sessions
     /// past their length.
     pub reap_interval: Duration,
+    /// Which rounds process this is (the daemon's host id), as labelled
+    /// (`hatchery.rounds_by`) on the short-lived sandboxes it makes:
+    /// graders, fresh Runs, preparations. At start it deletes only its own
+    /// orphans, so processes sharing one database leave each other's be.
+    pub process: String,
 }
 
 impl Default for RoundsConfig {
@@ -24,6 +29,7 @@ impl Default for RoundsConfig {
         RoundsConfig {
             public_url: None,
             reap_interval: Duration::from_secs(30),
+            process: "local".into(),
         }
     }
 }
@@ -114,6 +120,17 @@ impl Rounds {
         g.entry(session_id.to_string())
             .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(())))
             .clone()
+    }
+
+    /// Metadata for a short-lived sandbox of this process: `pairs`
+    /// (prefixed `hatchery.`) and the process's label.
+    pub(crate) fn own_meta(
+        &self,
+        pairs: &[(&str, &str)],
+    ) -> std::collections::BTreeMap<String, String> {
+        let mut m = crate::session_ops::meta(pairs);
+        m.insert("hatchery.rounds_by".into(), self.cfg.process.clone());
+        m
     }
 
     pub(crate) fn base_url(&self, host: Option<&str>) -> String {

@@ -1,6 +1,8 @@
 //! `--role control`: the public API without a runtime. Creates are placed
 //! on registered hosts, sandbox requests forwarded to their owners
-//! (hatchery-route), and lost hosts' sandboxes marked (lost_hosts).
+//! (hatchery-route), and lost hosts' sandboxes marked (lost_hosts). It
+//! serves interview rounds, and the model gateway and tool broker when
+//! asked to, for all hosts.
 
 use crate::config::DaemonArgs;
 use crate::directory::StoreDirectory;
@@ -70,6 +72,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         },
     )
     .await?;
+    let (key_for_rounds, rounds_registry) = (key.clone(), registry.clone());
     let app = control::router(ControlState {
         directory,
         me: args.host_id.clone(),
@@ -86,9 +89,16 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         Some(b) => b.merge(app),
         None => app,
     };
+    // Interview rounds: their state in the shared database, their
+    // sandboxes through this role's own API (placed on and routed to the
+    // hosts), like any client's.
+    let rounds = crate::rounds::start(&args, &data, &key_for_rounds, &rounds_registry).await?;
+    let app = hatchery_rounds::router(rounds.clone()).merge(app);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| DaemonError::Listen(args.listen, e))?;
+    // After the bind: resuming gradings calls this role's own API.
+    let _rounds_reaper = rounds.spawn_reaper();
     tracing::info!(listen = %args.listen, role = "control", "hatcheryd ready");
     hatchery_serve::serve(
         listener,

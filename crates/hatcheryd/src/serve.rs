@@ -292,16 +292,25 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     } else {
         app
     };
-    let rounds = crate::rounds::start(&args, &data, &key, &manager.metrics.registry)?;
+    // Interview rounds are the control plane's on many hosts: a host
+    // (`--role host`) serves none; `all` serves them from its store.
+    let rounds = if args.role == "host" {
+        None
+    } else {
+        Some(crate::rounds::start(&args, &data, &key, &manager.metrics.registry).await?)
+    };
     // The rounds router has no fallback, so the API's answers unknown routes.
-    let app = hatchery_rounds::router(rounds.clone()).merge(app);
+    let app = match &rounds {
+        Some(r) => hatchery_rounds::router(r.clone()).merge(app),
+        None => app,
+    };
     // hatchery-serve sets TCP_NODELAY on every accepted connection.
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| DaemonError::Listen(args.listen, e))?;
     // After the bind: the reaper's first act may be resuming gradings,
     // which call this daemon's own API.
-    let _rounds_reaper = rounds.spawn_reaper();
+    let _rounds_reaper = rounds.as_ref().map(|r| r.spawn_reaper());
     // Runners talk to this daemon's API, so they start once it listens.
     tokio::spawn(async move {
         match sessions.recover().await {
