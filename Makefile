@@ -236,6 +236,8 @@ test: build template lint unit kernel-test integration cli-test client-test sdk-
 # hosts, hosts with +/-10 min clock skew under faketime (about 75 s).
 # tests/store/test_snapshots_shared.py: --snapshot-store shared:<dir>, a
 # snapshot forked on another host after its writer's SIGKILL (about 55 s).
+# tests/store/test_rounds_hosts.py: interview rounds on two control
+# processes over two hosts, one control SIGKILLed mid-grading (about 20 s).
 store-test: build template
 	cargo test --release -p hatchery-store
 	cargo test --release -p hatchery-sessions --test store_conformance
