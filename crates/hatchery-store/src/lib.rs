@@ -184,6 +184,25 @@ pub fn is_postgres(db: &str) -> bool {
     db.starts_with("postgres://") || db.starts_with("postgresql://") || db.contains("host=")
 }
 
+/// The PostgreSQL a store's conformance test runs on:
+/// `HATCHERY_TEST_PG_DSN`, or `None` (the test returns, saying so), unless
+/// `HATCHERY_REQUIRE_PG` is set (the make targets that start a database
+/// set it): then a panic, so a suite that must run cannot pass by
+/// skipping.
+pub fn test_dsn(test: &str) -> Option<String> {
+    match std::env::var("HATCHERY_TEST_PG_DSN") {
+        Ok(dsn) => Some(dsn),
+        Err(_) => {
+            assert!(
+                std::env::var_os("HATCHERY_REQUIRE_PG").is_none(),
+                "{test}: HATCHERY_REQUIRE_PG is set but HATCHERY_TEST_PG_DSN is not"
+            );
+            eprintln!("{test}: no HATCHERY_TEST_PG_DSN, not run here");
+            None
+        }
+    }
+}
+
 /// Redacts a password from a connection string for logs.
 pub fn redact(db: &str) -> String {
     if let Some((scheme, rest)) = db.split_once("://") {

@@ -443,12 +443,7 @@ async fn conformance_on_sqlite() {
 /// and sets HATCHERY_REQUIRE_PG, so there this cannot pass by skipping.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn conformance_on_postgres() {
-    let Ok(dsn) = std::env::var("HATCHERY_TEST_PG_DSN") else {
-        assert!(
-            std::env::var_os("HATCHERY_REQUIRE_PG").is_none(),
-            "HATCHERY_REQUIRE_PG is set but HATCHERY_TEST_PG_DSN is not"
-        );
-        eprintln!("conformance_on_postgres: no HATCHERY_TEST_PG_DSN, not run here");
+    let Some(dsn) = hatchery_store::test_dsn("conformance_on_postgres") else {
         return;
     };
     let s = BrokerStore::postgres(&dsn, 16).await.unwrap();
@@ -470,12 +465,10 @@ async fn conformance_on_postgres() {
     );
     reopened_store_keeps_calls(&s, &again).await;
     run_all(&again).await;
-    eprintln!("conformance_on_postgres: ran on {}", redact(&dsn));
-}
-
-/// The DSN without a password, for the log line.
-fn redact(dsn: &str) -> String {
-    hatchery_store::redact(dsn)
+    eprintln!(
+        "conformance_on_postgres: ran on {}",
+        hatchery_store::redact(&dsn)
+    );
 }
 
 /// A database that is not there is `Unavailable` (the daemon retries it at

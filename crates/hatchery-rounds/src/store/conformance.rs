@@ -874,12 +874,7 @@ async fn conformance_on_sqlite() {
 /// sets HATCHERY_REQUIRE_PG, so there this cannot pass by skipping.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn conformance_on_postgres() {
-    let Ok(dsn) = std::env::var("HATCHERY_TEST_PG_DSN") else {
-        assert!(
-            std::env::var_os("HATCHERY_REQUIRE_PG").is_none(),
-            "HATCHERY_REQUIRE_PG is set but HATCHERY_TEST_PG_DSN is not"
-        );
-        eprintln!("conformance_on_postgres: no HATCHERY_TEST_PG_DSN, not run here");
+    let Some(dsn) = hatchery_store::test_dsn("conformance_on_postgres") else {
         return;
     };
     let s: Store = Arc::new(PgStore::connect(&dsn, 16).await.unwrap());
