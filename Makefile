@@ -9,7 +9,7 @@ LISTEN ?= 127.0.0.1:7423
 PYTEST := /usr/bin/python3 -m pytest
 BIN := target/release
 
-.PHONY: test-pg test-pg-integration egress-test agent-template gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load sessions-test e2b-test store-test broker-test bench bench-code clean-state
+.PHONY: pg-conformance test-pg test-pg-integration egress-test agent-template gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load sessions-test e2b-test store-test broker-test bench bench-code clean-state
 
 setup:
 	bash scripts/setup-host.sh
@@ -135,9 +135,8 @@ playground-load: build template
 # The model gateway with the real `openai` and `anthropic` clients (PyPI,
 # versions pinned in tests/gateway/requirements.txt) in a venv of their own,
 # in front of a scripted upstream, and from inside real sandboxes through the
-# daemon's host-service relay (test_from_sandbox.py); the budget store's
-# conformance suite and the concurrency test also run on a private
-# PostgreSQL (tests/pg/pg.py). About 2 minutes.
+# daemon's host-service relay (test_from_sandbox.py). About 2 minutes. The
+# budget store's conformance suite on PostgreSQL is in `make pg-conformance`.
 GATEWAY_VENV := target/gateway-venv
 
 $(GATEWAY_VENV)/.installed: tests/gateway/requirements.txt
@@ -147,14 +146,11 @@ $(GATEWAY_VENV)/.installed: tests/gateway/requirements.txt
 	touch $@
 
 gateway-test: build template $(GATEWAY_VENV)/.installed
-	/usr/bin/python3 tests/pg/pg.py -- env HATCHERY_REQUIRE_PG=1 \
-	  cargo test --release -p hatchery-gateway conformance_on_postgres
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(GATEWAY_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/gateway
 
-# Interview rounds: the rounds store's conformance suite on a private
-# PostgreSQL (tests/pg/pg.py, a few seconds; SQLite runs in `make unit`),
-# then the pages (web/rounds: CodeMirror 6 bundled by esbuild, dist/
+# Interview rounds (the store's conformance suite on PostgreSQL is in
+# `make pg-conformance`, on SQLite in `make unit`): the pages (web/rounds: CodeMirror 6 bundled by esbuild, dist/
 # committed and embedded in the daemon): check/build as for the terminal,
 # then the candidate room and the reviewer page in headless Chromium
 # (about 15 s). The HTTP suite is tests/integration/test_rounds.py.
@@ -167,8 +163,6 @@ rounds-pages-build:
 	cd web/rounds && npm ci --no-audit --no-fund --silent && npm run --silent build
 
 rounds-test: rounds-pages-check build template
-	/usr/bin/python3 tests/pg/pg.py -- env HATCHERY_REQUIRE_PG=1 \
-	  cargo test --release -p hatchery-rounds conformance_on_postgres
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/rounds
 
@@ -197,14 +191,11 @@ $(MCP_VENV)/.installed: tests/broker/mcp-requirements.txt
 	$(MCP_VENV)/bin/pip install -q --disable-pip-version-check -r tests/broker/mcp-requirements.txt
 	touch $@
 
-# The tool broker (tests/broker, about 2.5 minutes): its store's
-# conformance suite on a private PostgreSQL (tests/pg/pg.py; SQLite runs in
-# `make unit`), then git push with a write credential to a real git
+# The tool broker (tests/broker, about 2.5 minutes; its store's conformance
+# suite is in `make pg-conformance` and `make unit`): git push with a write credential to a real git
 # http-backend, a forge test server, SIGKILL x20, MCP tools of
 # mcp-server-git (about 20 s of it).
 broker-test: build template $(MCP_VENV)/.installed
-	/usr/bin/python3 tests/pg/pg.py -- env HATCHERY_REQUIRE_PG=1 \
-	  cargo test --release -p hatchery-broker conformance_on_postgres
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  HATCHERY_MCP_VENV=$(CURDIR)/$(MCP_VENV) \
 	  $(PYTEST) -q -p no:cacheprovider tests/broker
@@ -225,10 +216,17 @@ egress-test: build agent-template
 
 test: build template lint unit kernel-test integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test sessions-test broker-test playground-test playground-load gateway-test e2b-test store-test egress-test
 
-# The state store (crates/hatchery-store) and the sessions store
-# (hatchery-sessions tests/store_conformance.rs, about 5 s): one conformance
-# suite each on SQLite and on a PostgreSQL the test starts itself
-# (initdb/pg_ctl as the postgres user; it fails if it cannot), then hatcheryd --db postgres://
+# Every store's conformance suite on PostgreSQL, in one run of the test
+# binaries `make unit` built (no build of its own; about 30 s): the broker's
+# record, the gateway's budgets and interview rounds on a private PostgreSQL
+# (tests/pg/pg.py; HATCHERY_REQUIRE_PG, so none passes by skipping); the
+# state, sessions and policy stores start their own (initdb/pg_ctl as the
+# postgres user; they fail if they cannot). SQLite runs in `make unit`.
+pg-conformance: build
+	/usr/bin/python3 tests/pg/pg.py -- env HATCHERY_REQUIRE_PG=1 \
+	  cargo test --workspace --release conformance_on_postgres
+
+# Every store's conformance suite on PostgreSQL (pg-conformance), then hatcheryd --db postgres://
 # end to end: restart, two hosts, a fenced host (about 1 minute); then
 # tests/store/test_hosts.py: routing to the owning host, the control role's
 # placement, SIGKILL and SIGSTOP of a host past its lease (about 2 minutes).
@@ -238,9 +236,7 @@ test: build template lint unit kernel-test integration cli-test client-test sdk-
 # snapshot forked on another host after its writer's SIGKILL (about 55 s).
 # tests/store/test_rounds_hosts.py: interview rounds on two control
 # processes over two hosts, one control SIGKILLed mid-grading (about 20 s).
-store-test: build template
-	cargo test --release -p hatchery-store
-	cargo test --release -p hatchery-sessions --test store_conformance
+store-test: build template pg-conformance
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/store
 
