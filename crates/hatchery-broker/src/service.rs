@@ -1155,25 +1155,26 @@ impl Broker {
         }
     }
 
-    /// Resolves the calls a previous process left mid-effect, then renews
-    /// this process's heartbeat every [`BEAT`](crate::runner::BEAT) and,
-    /// every [`TTL`](crate::runner::TTL), resolves calls whose broker
-    /// process stopped renewing (a second control process, or the host a
-    /// session left, died mid-effect). Runs for the life of the process.
-    pub fn spawn_upkeep(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+    /// Renews this process's heartbeat every [`BEAT`](crate::runner::BEAT),
+    /// and resolves the calls a previous process left mid-effect, then
+    /// every [`TTL`](crate::runner::TTL) those of broker processes that
+    /// stopped renewing (a second control process, or the host a session
+    /// left, died mid-effect). Two tasks: a sweep may wait on a key's lock
+    /// for as long as an effect takes, and the heartbeat must not wait
+    /// with it. They run for the life of the process.
+    pub fn spawn_upkeep(self: &Arc<Self>) {
         let me = self.clone();
         tokio::spawn(async move {
-            let sweeps_every = crate::runner::TTL.as_secs() / crate::runner::BEAT.as_secs();
-            for n in 0u64.. {
-                if n > 0 {
-                    tokio::time::sleep(crate::runner::BEAT).await;
-                }
+            loop {
                 if let Err(e) = me.runner.beat(&me.store).await {
                     tracing::warn!(error = %e, "broker: heartbeat not renewed");
                 }
-                if n % sweeps_every.max(1) != 0 {
-                    continue;
-                }
+                tokio::time::sleep(crate::runner::BEAT).await;
+            }
+        });
+        let me = self.clone();
+        tokio::spawn(async move {
+            loop {
                 match me.recover().await {
                     Ok(0) => {}
                     Ok(k) => tracing::info!(calls = k, "broker calls caught mid-effect resolved"),
@@ -1181,8 +1182,9 @@ impl Broker {
                         tracing::warn!(error = %e, "broker: resolving calls caught mid-effect failed")
                     }
                 }
+                tokio::time::sleep(crate::runner::TTL).await;
             }
-        })
+        });
     }
 
     /// Every call left mid-effect, in the sessions this host owns, by a
@@ -1194,6 +1196,12 @@ impl Broker {
         // its events could not be written from here (fenced). Leave it.
         let mut mine = vec![];
         for c in self.store.executing().await? {
+            // This process's own: in flight under its key's lock (a sweep
+            // would only wait for it), or cut off by an error reported to
+            // its caller, whose retry resolves it.
+            if c.runner.as_deref() == Some(&*self.runner.id) {
+                continue;
+            }
             if !self.sessions.owned_elsewhere(&c.session_id).await? {
                 mine.push(c);
             }
