@@ -2,13 +2,16 @@
 on one PostgreSQL serve rounds from the shared tables, their sandboxes on
 two hosts (each in a network namespace of its own) through the control
 plane's API. A round made on one control process is served by the other;
-a control process SIGKILLed while its grader runs is restarted and grades
-the stored submission once (the other process's work is left alone); a
-host serves no rounds; and at the end no sandbox of a round is left on any
+a candidate's Run on one control process holds the session's sandbox
+against a Run or Submit on the other; a control process SIGKILLed while
+its grader runs is restarted and grades the stored submission once (the
+other process's work is left alone); a host serves no rounds; and at the end no sandbox of a round is left on any
 host, nor any network namespace or nftables table."""
 
 import os
 import sys
+import threading
+import time
 
 import pytest
 
@@ -22,6 +25,10 @@ from test_hosts import daemon, no_net_leftovers, sql, started  # noqa: E402
 from test_rounds import SOLUTION_OK, TESTS, invite, make_round, req, wait_graded  # noqa: E402
 
 ROUNDS = ["--rounds-reap-interval", "1"]
+SLEEPY = "import time\ntime.sleep(5)\nprint('slept')\n"
+# The advisory lock class of a held session (crates/hatchery-rounds/src/store/pg_lock.rs).
+HELD = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1919837299 "
+        "AND objsubid = 2 AND granted")
 SLOW = {"test_slow.py": "import time\nfrom solution import add\n\ndef test_slow():\n    time.sleep(6)\n    assert add(1, 1) == 2\n"}
 
 
@@ -65,8 +72,24 @@ def test_rounds_on_two_control_processes(pg):
         run = req(c1, "POST", f"{base}/run", {"files": {"solution.py": SOLUTION_OK}}, token=tok).json()
         assert run["verdict"] == "ok" and run["stdout"] == "sum 5\n", run
         assert req(c2, "GET", f"{base}/files", token=tok).json()["files"]["solution.py"] == SOLUTION_OK
-        r = req(c2, "POST", f"{base}/submit", {}, token=tok)
+        # One session's sandbox serves one Run or Submit at a time,
+        # whichever control process each request reached: while a Run on
+        # c1 sleeps, a Run on c2 is refused and a Submit on c2 waits for it.
+        slow_run = {}
+        t = threading.Thread(target=lambda: slow_run.update(
+            r=req(c1, "POST", f"{base}/run", {"files": {"solution.py": SLEEPY}}, token=tok)))
+        t.start()
+        wait_for(lambda: sql(pg, HELD) == [["1"]], timeout=10, what="c1's Run holds the session")
+        r = req(c2, "POST", f"{base}/run", {"files": {"solution.py": SOLUTION_OK}}, token=tok)
+        assert r.status == 409 and r.json()["error"]["code"] == "run_in_progress", r
+        started_at = time.monotonic()
+        r = req(c2, "POST", f"{base}/submit", {"files": {"solution.py": SOLUTION_OK}}, token=tok)
+        waited = time.monotonic() - started_at
+        t.join(30)
         assert r.status == 202, r
+        assert slow_run["r"].status == 200 and slow_run["r"].json()["stdout"] == "slept\n", slow_run
+        assert waited > 2.0, f"the Submit did not wait for the Run ({waited:.2f} s)"
+        wait_for(lambda: sql(pg, HELD) == [["0"]], timeout=10, what="the session let go")
         g = wait_graded(c1, rid, sid, tok)
         assert (g["result"]["passed"], g["result"]["total"]) == (3, 3), g
         # Bad input is refused the same way on either, and writes nothing.

@@ -70,10 +70,9 @@ impl Rounds {
         if let Some(f) = &body.files {
             check_files("files", f, MAX_RUN_BYTES)?;
         }
-        let lock = self.session_lock(session_id);
-        // Waits for a Run in flight, so the capture never sees half of
-        // one's file writes.
-        let guard = lock.lock().await;
+        // Waits for a Run in flight (on any control process), so the
+        // capture never sees half of one's file writes.
+        let guard = self.hold_session(session_id, true).await?;
         let (r, mut s) = self.session(round_id, session_id).await?;
         if s.state == SessionState::Ready {
             s.state = self.join(&s).await?;

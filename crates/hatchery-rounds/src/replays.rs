@@ -84,8 +84,7 @@ impl Rounds {
         session_id: &str,
     ) -> Result<Replay, RoundsError> {
         let (_, s) = self.session(round_id, session_id).await?;
-        let lock = self.session_lock(&s.id);
-        let _g = lock.lock().await;
+        let _g = self.hold_session(&s.id, true).await?;
         let s = self.store.get_session(&s.id).await?.unwrap_or(s);
         if !s.state.has_sandbox() {
             return Err(refusal(s.state, "take a replay"));

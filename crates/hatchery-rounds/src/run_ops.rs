@@ -170,13 +170,7 @@ impl Rounds {
         session_id: &str,
         body: RunBody,
     ) -> Result<RunResult, RoundsError> {
-        let lock = self.session_lock(session_id);
-        let _g = lock.try_lock().map_err(|_| {
-            RoundsError::state(
-                "run_in_progress",
-                "a Run or Submit of this session is in progress",
-            )
-        })?;
+        let _g = self.hold_session(session_id, false).await?;
         let (r, s, spec) = self.admit_run(round_id, session_id, &body).await?;
         let t = self.run_target(&r, &s, &spec, &body.files).await?;
         let out = self.sandboxes.exec(&t.sandbox, self.exec_spec(&spec)).await;
@@ -195,13 +189,7 @@ impl Rounds {
         session_id: &str,
         body: RunBody,
     ) -> Result<BoxStream<'static, RunEvent>, RoundsError> {
-        let lock = self.session_lock(session_id);
-        let guard = lock.try_lock_owned().map_err(|_| {
-            RoundsError::state(
-                "run_in_progress",
-                "a Run or Submit of this session is in progress",
-            )
-        })?;
+        let guard = self.hold_session(session_id, false).await?;
         let (r, s, spec) = self.admit_run(round_id, session_id, &body).await?;
         let t = self.run_target(&r, &s, &spec, &body.files).await?;
         let events = match self

@@ -82,6 +82,13 @@ impl Metrics {
     }
 }
 
+/// A session held by this process ([`Rounds::hold_session`]); dropped,
+/// both locks go (the store's first).
+pub(crate) struct SessionGuard {
+    _store: crate::store::SessionHold,
+    _local: tokio::sync::OwnedMutexGuard<()>,
+}
+
 pub struct Rounds {
     pub(crate) store: Arc<dyn RoundStore>,
     pub(crate) sandboxes: Arc<dyn Sandboxes>,
@@ -109,8 +116,40 @@ impl Rounds {
         })
     }
 
-    /// The lock that serializes work on one session's sandbox.
-    pub(crate) fn session_lock(&self, session_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+    /// Holds one session's sandbox for a Run, a Submit's capture, a
+    /// replay or the end: this process's lock first, then the store's
+    /// (another control process on the same database). `wait = false`
+    /// answers 409 `run_in_progress` at once while either is held.
+    pub(crate) async fn hold_session(
+        &self,
+        session_id: &str,
+        wait: bool,
+    ) -> Result<SessionGuard, crate::RoundsError> {
+        let busy = || {
+            crate::RoundsError::state(
+                "run_in_progress",
+                "a Run or Submit of this session is in progress",
+            )
+        };
+        let lock = self.session_lock(session_id);
+        let local = if wait {
+            lock.lock_owned().await
+        } else {
+            lock.try_lock_owned().map_err(|_| busy())?
+        };
+        let store = self
+            .store
+            .lock_session(session_id, wait)
+            .await?
+            .ok_or_else(busy)?;
+        Ok(SessionGuard {
+            _store: store,
+            _local: local,
+        })
+    }
+
+    /// This process's lock on one session (see [`Rounds::hold_session`]).
+    fn session_lock(&self, session_id: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut g = self.locks.lock().unwrap_or_else(|p| p.into_inner());
         // Forget locks nobody holds, so the map stays as small as the
         // number of sessions in use.

@@ -284,8 +284,7 @@ impl Rounds {
 
     /// Ends a session: a replay snapshot, then the sandbox goes.
     pub async fn end_session(&self, s: &SessionRecord, why: &str) -> Result<(), RoundsError> {
-        let lock = self.session_lock(&s.id);
-        let _g = lock.lock().await;
+        let _g = self.hold_session(&s.id, true).await?;
         let Some(cur) = self.store.get_session(&s.id).await? else {
             return Err(RoundsError::NotFound(format!("session {}", s.id)));
         };

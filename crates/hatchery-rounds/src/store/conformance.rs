@@ -845,6 +845,86 @@ async fn reopened_store_keeps_rows(first: &Store, second: &Store) {
     assert_eq!(second.get_session(&ses.id).await.unwrap(), Some(ses));
 }
 
+/// A stored scope or state that is none of ours reads as `Corrupt`, never
+/// as some default: a token whose scope was rewritten must not grant a
+/// reviewer's rights, a session in an unknown state must not pass as
+/// ended. `tamper(token hash, session id)` rewrites both rows with the
+/// backend's own SQL (the trait has no way to store such names).
+async fn unknown_names_read_as_corrupt<F, Fut>(s: &Store, tamper: F)
+where
+    F: FnOnce(String, String) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let run = run_id();
+    let ses = seed(
+        s,
+        &format!("rnd_bad_{run}"),
+        &format!("ses_bad_{run}"),
+        SessionState::Live,
+    )
+    .await;
+    let hash = format!("h_{}", ses.id);
+    assert!(s.get_token(&hash).await.unwrap().is_some());
+    tamper(hash.clone(), ses.id.clone()).await;
+    let e = s.get_token(&hash).await.unwrap_err();
+    assert!(matches!(e, StoreError::Corrupt(_)), "{e:?}");
+    assert!(e.to_string().contains("scope"), "{e}");
+    let e = s.get_session(&ses.id).await.unwrap_err();
+    assert!(matches!(e, StoreError::Corrupt(_)), "{e:?}");
+    assert!(e.to_string().contains("state"), "{e}");
+}
+
+/// Until `cond` holds, for at most 5 s (a released hold is said on its
+/// connection by a task of its own, so the next taker may wait a moment).
+async fn eventually(what: &str, mut cond: impl AsyncFnMut() -> bool) {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !cond().await {
+        assert!(std::time::Instant::now() < end, "not within 5 s: {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Two processes on one database (two pools): a session held by one is
+/// refused to the other's try and waited for by its wait; released, it
+/// goes to the waiter. A waiter whose request is dropped mid-wait leaves
+/// nothing held once the holder lets go. Other sessions are not blocked.
+async fn session_holds_exclude_other_processes(a: &Store, b: &Store) {
+    let run = run_id();
+    let (one, two) = (format!("ses_hold1_{run}"), format!("ses_hold2_{run}"));
+    let held = a.lock_session(&one, false).await.unwrap().expect("free");
+    assert!(b.lock_session(&one, false).await.unwrap().is_none());
+    assert!(b.lock_session(&two, false).await.unwrap().is_some());
+    // A waiter, given up after 200 ms (as a request whose client left).
+    let gave_up = tokio::time::timeout(
+        std::time::Duration::from_millis(200),
+        b.lock_session(&one, true),
+    )
+    .await;
+    assert!(gave_up.is_err(), "a held session was granted");
+    // A waiter that stays: granted once the holder lets go.
+    let waiter = {
+        let (b, one) = (b.clone(), one.clone());
+        tokio::spawn(async move { b.lock_session(&one, true).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!waiter.is_finished(), "granted while held");
+    drop(held);
+    let second = tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter was not granted within 5 s")
+        .unwrap()
+        .unwrap()
+        .expect("a wait is never refused");
+    assert!(a.lock_session(&one, false).await.unwrap().is_none());
+    drop(second);
+    // The given-up waiter took the lock after `second` let go, or will,
+    // and lets go in turn: nothing stays held.
+    eventually("the session is free again", async || {
+        a.lock_session(&one, false).await.unwrap().is_some()
+    })
+    .await;
+}
+
 fn sqlite(path: &std::path::Path) -> Store {
     Arc::new(SqliteStore::open(path).unwrap())
 }
@@ -868,6 +948,24 @@ async fn conformance_on_sqlite() {
     reopened_store_keeps_rows(&s, &again).await;
     racing_finish_gradings_write_one(&[s.clone(), again.clone()], &run_id()).await;
     run_all(&again).await;
+    // One process owns the file: its own lock is the only one needed.
+    let held = s.lock_session("ses_one", false).await.unwrap();
+    assert!(
+        held.is_some()
+            && again
+                .lock_session("ses_one", false)
+                .await
+                .unwrap()
+                .is_some()
+    );
+    unknown_names_read_as_corrupt(&s, |hash, sid| async move {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute("UPDATE tokens SET scope = 'admin' WHERE hash = ?1", [hash])
+            .unwrap();
+        c.execute("UPDATE sessions SET state = 'paused' WHERE id = ?1", [sid])
+            .unwrap();
+    })
+    .await;
 }
 
 /// PostgreSQL, when a database is given. `make rounds-test` starts one and
@@ -894,8 +992,26 @@ async fn conformance_on_postgres() {
     let (again, other): (Store, Store) = (Arc::new(a), Arc::new(b));
     reopened_store_keeps_rows(&s, &again).await;
     // Two pools (as two daemons) race for one first grading.
-    racing_finish_gradings_write_one(&[s.clone(), again.clone(), other], &run_id()).await;
+    racing_finish_gradings_write_one(&[s.clone(), again.clone(), other.clone()], &run_id()).await;
+    session_holds_exclude_other_processes(&s, &other).await;
     run_all(&again).await;
+    let d = dsn.clone();
+    unknown_names_read_as_corrupt(&s, |hash, sid| async move {
+        let c = hatchery_store::pg_pool(&d, 1).unwrap().get().await.unwrap();
+        c.execute(
+            "UPDATE round_tokens SET scope = 'admin' WHERE hash = $1",
+            &[&hash],
+        )
+        .await
+        .unwrap();
+        c.execute(
+            "UPDATE round_sessions SET state = 'paused' WHERE id = $1",
+            &[&sid],
+        )
+        .await
+        .unwrap();
+    })
+    .await;
     eprintln!(
         "conformance_on_postgres: ran on PostgreSQL at {}",
         hatchery_store::redact(&dsn)

@@ -10,6 +10,7 @@
 
 mod migrations;
 mod pg;
+mod pg_lock;
 mod sqlite;
 
 #[cfg(test)]
@@ -39,6 +40,20 @@ pub enum StoreError {
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
+
+/// A session held by this process across every process on the store
+/// ([`RoundStore::lock_session`]); dropping it releases the session.
+pub struct SessionHold {
+    _held: Box<dyn Send + Sync>,
+}
+
+impl SessionHold {
+    pub(crate) fn new(held: impl Send + Sync + 'static) -> SessionHold {
+        SessionHold {
+            _held: Box::new(held),
+        }
+    }
+}
 
 /// A u64 as the database's signed 64-bit integer; refused rather than
 /// wrapped (a wrapped expiry would read back as long past).
@@ -90,6 +105,15 @@ impl Scope {
         match self {
             Scope::Candidate => "candidate",
             Scope::Reviewer => "reviewer",
+        }
+    }
+    /// `None` for anything else: a backend reads that as a corrupt row,
+    /// never as some scope (an unknown scope must not grant a reviewer's).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "candidate" => Some(Scope::Candidate),
+            "reviewer" => Some(Scope::Reviewer),
+            _ => None,
         }
     }
 }
@@ -237,4 +261,15 @@ pub trait RoundStore: Send + Sync + 'static {
     async fn get_fork(&self, id: &str) -> StoreResult<Option<ForkRecord>>;
     async fn list_forks(&self, replay_id: &str) -> StoreResult<Vec<ForkRecord>>;
     async fn delete_fork(&self, id: &str) -> StoreResult<bool>;
+
+    /// Holds one session for this process against every other process on
+    /// the same store, until the hold is dropped: a Run, a Submit's
+    /// capture, a replay and the end of a session work on its sandbox one
+    /// at a time, whichever control process each request reached.
+    /// `wait`: wait for the holder to let go (its Run ends within the
+    /// round's wall limit); otherwise `None` at once while another holds
+    /// it. Callers take their own process's lock first, so a process asks
+    /// for a session once at a time. SQLite: granted at once (one process
+    /// owns the file).
+    async fn lock_session(&self, session_id: &str, wait: bool) -> StoreResult<Option<SessionHold>>;
 }

@@ -119,17 +119,20 @@ const SCHEMA: hatchery_store::PgMigrations = hatchery_store::PgMigrations {
 };
 
 /// The rounds store on PostgreSQL: a pool of connections to the shared
-/// database.
+/// database, and a second one for session holds (`pg_lock.rs`), which
+/// keep their connection for as long as a Run lasts and must not starve
+/// the queries.
 #[derive(Clone)]
 pub struct PgStore {
     pool: Pool,
+    locks: Pool,
 }
 
 /// A driver error, named by what was being done: `Unavailable` when the
 /// database is not there (retryable), `Conflict` for a refused constraint
 /// (SQLSTATE class 23, as SQLite's constraint violations), `Backend`
 /// otherwise.
-fn pg(what: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
+pub(super) fn pg(what: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
     move |e| {
         let msg = format!("{what}: {}", hatchery_store::pg_message(&e));
         if hatchery_store::pg_unavailable(&e) {
@@ -157,14 +160,18 @@ fn clamp(ms: u64) -> i64 {
 
 impl PgStore {
     /// The shared PostgreSQL database at `dsn` (a `postgres://` URL or a
-    /// libpq string), through a pool of at most `pool_size` connections;
-    /// runs the rounds migrations first. `Unavailable` when the database
+    /// libpq string), through a pool of at most `pool_size` connections
+    /// for queries and as many again for sessions held during a Run (a
+    /// Run or Submit beyond that waits for one); runs the rounds
+    /// migrations first. `Unavailable` when the database
     /// is not reachable (retryable), `Backend` for a DSN that cannot be
     /// read or a schema this build cannot use.
     pub async fn connect(dsn: &str, pool_size: usize) -> Result<PgStore, StoreError> {
         let pool = hatchery_store::pg_pool(dsn, pool_size)
             .map_err(|e| StoreError::Backend(format!("rounds store: {e}")))?;
-        let s = PgStore { pool };
+        let locks = hatchery_store::pg_pool(dsn, pool_size)
+            .map_err(|e| StoreError::Backend(format!("rounds store: {e}")))?;
+        let s = PgStore { pool, locks };
         s.migrate().await?;
         Ok(s)
     }
@@ -668,6 +675,10 @@ impl RoundStore for PgStore {
         .await
     }
 
+    async fn lock_session(&self, session_id: &str, wait: bool) -> StoreResult<Option<SessionHold>> {
+        super::pg_lock::lock_session(&self.locks, session_id, wait).await
+    }
+
     async fn delete_fork(&self, id: &str) -> StoreResult<bool> {
         let n = self
             .exec(
@@ -771,11 +782,8 @@ fn token_row(r: &Row) -> StoreResult<TokenRecord> {
     let scope: String = get(r, "scope")?;
     Ok(TokenRecord {
         hash: get(r, "hash")?,
-        scope: match scope.as_str() {
-            "candidate" => Scope::Candidate,
-            "reviewer" => Scope::Reviewer,
-            _ => return Err(StoreError::Corrupt(format!("token scope {scope:?}"))),
-        },
+        scope: Scope::parse(&scope)
+            .ok_or_else(|| StoreError::Corrupt(format!("token scope {scope:?}")))?,
         round_id: get(r, "round_id")?,
         session_id: get(r, "session_id")?,
         created_at_ms: ms(r, "created_at_ms")?,

@@ -18,8 +18,27 @@ fn be(e: rusqlite::Error) -> StoreError {
         {
             StoreError::Conflict(m.unwrap_or_else(|| "constraint".into()))
         }
+        rusqlite::Error::FromSqlConversionFailure(_, _, e) => StoreError::Corrupt(e.to_string()),
         e => StoreError::Backend(e.to_string()),
     }
+}
+
+/// A stored name that is none of ours, as the driver's conversion error
+/// (which [`be`] reports as `Corrupt`): a row is never read as some
+/// default state or scope.
+fn named<T>(col: &str, v: &str, parse: impl Fn(&str) -> Option<T>) -> rusqlite::Result<T> {
+    parse(v).ok_or_else(|| {
+        rusqlite::Error::FromSqlConversionFailure(
+            0,
+            rusqlite::types::Type::Text,
+            format!("{col} {v:?}").into(),
+        )
+    })
+}
+
+/// A stored time (written through [`big`], so never negative).
+fn ms(r: &Row, col: &str) -> rusqlite::Result<u64> {
+    Ok(unsigned(r.get(col)?))
 }
 
 /// A time to compare with: past the largest stored value is as good as it.
@@ -40,14 +59,14 @@ fn round_row(r: &Row) -> rusqlite::Result<RoundRecord> {
     Ok(RoundRecord {
         id: r.get("id")?,
         name: r.get("name")?,
-        state: RoundState::parse(&state).unwrap_or(RoundState::Failed),
+        state: named("round state", &state, RoundState::parse)?,
         template: r.get("template")?,
         template_version: r.get("template_version")?,
         spec: r.get("spec")?,
         tests: r.get("tests")?,
         prepared_snapshot: r.get("prepared_snapshot")?,
         error: r.get("error")?,
-        created_at_ms: r.get::<_, i64>("created_at_ms")? as u64,
+        created_at_ms: ms(r, "created_at_ms")?,
     })
 }
 
@@ -57,10 +76,10 @@ fn session_row(r: &Row) -> rusqlite::Result<SessionRecord> {
         id: r.get("id")?,
         round_id: r.get("round_id")?,
         candidate: r.get("candidate")?,
-        state: SessionState::parse(&state).unwrap_or(SessionState::Ended),
+        state: named("session state", &state, SessionState::parse)?,
         sandbox_id: r.get("sandbox_id")?,
-        created_at_ms: r.get::<_, i64>("created_at_ms")? as u64,
-        expires_at_ms: r.get::<_, i64>("expires_at_ms")? as u64,
+        created_at_ms: ms(r, "created_at_ms")?,
+        expires_at_ms: ms(r, "expires_at_ms")?,
         error: r.get("error")?,
     })
 }
@@ -69,15 +88,11 @@ fn token_row(r: &Row) -> rusqlite::Result<TokenRecord> {
     let scope: String = r.get("scope")?;
     Ok(TokenRecord {
         hash: r.get("hash")?,
-        scope: if scope == "candidate" {
-            Scope::Candidate
-        } else {
-            Scope::Reviewer
-        },
+        scope: named("token scope", &scope, Scope::parse)?,
         round_id: r.get("round_id")?,
         session_id: r.get("session_id")?,
-        created_at_ms: r.get::<_, i64>("created_at_ms")? as u64,
-        expires_at_ms: r.get::<_, i64>("expires_at_ms")? as u64,
+        created_at_ms: ms(r, "created_at_ms")?,
+        expires_at_ms: ms(r, "expires_at_ms")?,
     })
 }
 
@@ -85,7 +100,7 @@ fn run_row(r: &Row) -> rusqlite::Result<RunRecord> {
     Ok(RunRecord {
         id: r.get("id")?,
         session_id: r.get("session_id")?,
-        created_at_ms: r.get::<_, i64>("created_at_ms")? as u64,
+        created_at_ms: ms(r, "created_at_ms")?,
         result: r.get("result")?,
     })
 }
@@ -97,7 +112,7 @@ fn submission_row(r: &Row) -> rusqlite::Result<SubmissionRecord> {
         round_id: r.get("round_id")?,
         files: r.get("files")?,
         sha256: r.get("sha256")?,
-        created_at_ms: r.get::<_, i64>("created_at_ms")? as u64,
+        created_at_ms: ms(r, "created_at_ms")?,
     })
 }
 
@@ -105,7 +120,7 @@ fn grading_row(r: &Row) -> rusqlite::Result<GradingRecord> {
     Ok(GradingRecord {
         id: r.get("id")?,
         submission_id: r.get("submission_id")?,
-        created_at_ms: r.get::<_, i64>("created_at_ms")? as u64,
+        created_at_ms: ms(r, "created_at_ms")?,
         status: r.get("status")?,
         passed: r.get("passed")?,
         total: r.get("total")?,
@@ -120,8 +135,8 @@ fn replay_row(r: &Row) -> rusqlite::Result<ReplayRecord> {
         round_id: r.get("round_id")?,
         snapshot_id: r.get("snapshot_id")?,
         reason: r.get("reason")?,
-        created_at_ms: r.get::<_, i64>("created_at_ms")? as u64,
-        expires_at_ms: r.get::<_, i64>("expires_at_ms")? as u64,
+        created_at_ms: ms(r, "created_at_ms")?,
+        expires_at_ms: ms(r, "expires_at_ms")?,
         state: r.get("state")?,
     })
 }
@@ -133,8 +148,8 @@ fn fork_row(r: &Row) -> rusqlite::Result<ForkRecord> {
         round_id: r.get("round_id")?,
         sandbox_id: r.get("sandbox_id")?,
         owner: r.get("owner")?,
-        created_at_ms: r.get::<_, i64>("created_at_ms")? as u64,
-        expires_at_ms: r.get::<_, i64>("expires_at_ms")? as u64,
+        created_at_ms: ms(r, "created_at_ms")?,
+        expires_at_ms: ms(r, "expires_at_ms")?,
     })
 }
 
@@ -495,7 +510,8 @@ impl RoundStore for SqliteStore {
 
     async fn due_replays(&self, now_ms: u64) -> StoreResult<Vec<ReplayRecord>> {
         self.many(
-            "SELECT * FROM replays WHERE state = 'active' AND expires_at_ms <= ?1",
+            "SELECT * FROM replays WHERE state = 'active' AND expires_at_ms <= ?1
+             ORDER BY expires_at_ms, id",
             [clamp(now_ms)],
             replay_row,
         )
@@ -541,6 +557,11 @@ impl RoundStore for SqliteStore {
             [replay_id],
             fork_row,
         )
+    }
+
+    async fn lock_session(&self, _id: &str, _wait: bool) -> StoreResult<Option<SessionHold>> {
+        // One process owns the file: its own lock (taken first) is enough.
+        Ok(Some(SessionHold::new(())))
     }
 
     async fn delete_fork(&self, id: &str) -> StoreResult<bool> {
