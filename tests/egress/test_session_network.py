@@ -11,6 +11,7 @@ the upstream sees a call. Every test checks teardown."""
 
 import json
 import os
+import shutil
 import tempfile
 import time
 
@@ -154,6 +155,7 @@ def gd(model, agent_templates):
     d.start()
     yield d
     d.cleanup_sessions()
+    shutil.rmtree(tmp, ignore_errors=True)
 
 
 FLOOD = 150

@@ -2,10 +2,12 @@
 and `anthropic` Python clients, in front of a scripted upstream. All traffic
 is on 127.0.0.1; every loop is bounded."""
 
+import atexit
 import concurrent.futures
 import http.client
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,6 +36,10 @@ CAP = 256
 class Gateway:
     def __init__(self, upstream, ttl=300, db_dir=None, extra=(), db=None):
         self.dir = db_dir or tempfile.mkdtemp(prefix="hxgw-")
+        if db_dir is None:
+            # Removed when the run ends, not at stop(): tests restart a
+            # gateway on its directory.
+            atexit.register(shutil.rmtree, self.dir, True)
         self.extra = list(extra)
         self.db = db or os.path.join(self.dir, "gw.db")
         self.upstream = upstream

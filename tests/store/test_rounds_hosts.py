@@ -135,11 +135,10 @@ def test_rounds_on_two_control_processes(pg):
                        "AND metadata->>'hatchery.kind' IN ('round-prepare', 'round-grader', 'round-run')")
         assert left == [], left
     finally:
-        for c in (c1b, c2):
-            if c is not None:
-                c.cleanup()
-        if c1b is None:
-            c1.stop()
+        # c1 itself when it was never restarted (a failure before the
+        # crash, or between it and the restart): its data dir goes too.
+        for c in (c1b or c1, c2):
+            c.cleanup()
         h1.cleanup()
         h2.cleanup()
     no_net_leftovers(h1, h2)

@@ -101,19 +101,18 @@ mod tests {
     use super::*;
     use hatchery_templates::SnapshotStoreSpec;
 
-    fn tmp(tag: &str) -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!(
-            "hx-core-ss-{tag}-{}-{}",
-            std::process::id(),
-            rand::random::<u32>()
-        ));
-        std::fs::create_dir_all(&d).unwrap();
-        d
+    /// A scratch directory, removed when the test ends.
+    fn tmp(tag: &str) -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix(&format!("hx-core-ss-{tag}-"))
+            .tempdir()
+            .unwrap()
     }
 
     #[test]
     fn rows_resolve_to_the_store_that_holds_them() {
-        let d = tmp("a");
+        let (d_dir, b_dir) = (tmp("a"), tmp("b"));
+        let d = d_dir.path();
         let local = ImageStore::new(d.join("snapshots")).unwrap();
         let only_local = SnapshotStores::new(local.clone(), None);
         let (_, loc) = only_local.for_new("h1");
@@ -127,7 +126,9 @@ mod tests {
             .unwrap();
         assert!(matches!(no_mount, CoreError::Conflict(_)));
 
-        let shared = SnapshotStoreSpec::Shared(tmp("b")).open(&d).unwrap();
+        let shared = SnapshotStoreSpec::Shared(b_dir.path().to_path_buf())
+            .open(d)
+            .unwrap();
         let both = SnapshotStores::new(local, Some(shared));
         assert!(both.has_shared());
         assert!(both.orphan_sweep_due().is_some());

@@ -211,22 +211,19 @@ impl ImageStore {
 mod tests {
     use super::*;
 
-    fn store() -> ImageStore {
-        let d =
-            std::env::temp_dir().join(format!("hx-img-{}-{}", std::process::id(), rand_suffix()));
-        ImageStore::new(d).unwrap()
-    }
-
-    fn rand_suffix() -> u64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64
+    /// A store in a scratch directory, removed when the test ends.
+    fn store() -> (tempfile::TempDir, ImageStore) {
+        let d = tempfile::Builder::new()
+            .prefix("hx-img-")
+            .tempdir()
+            .unwrap();
+        let s = ImageStore::new(d.path().to_path_buf()).unwrap();
+        (d, s)
     }
 
     #[test]
     fn seal_verify_and_detect_damage() {
-        let s = store();
+        let (_dir, s) = store();
         let d = s.prepare("snap_a").unwrap();
         std::fs::write(d.join("checkpoint.img"), vec![7u8; 10_000]).unwrap();
         let sealed = s.seal("snap_a").unwrap();
@@ -272,7 +269,7 @@ mod tests {
 
     #[test]
     fn sealing_nothing_is_an_error() {
-        let s = store();
+        let (_dir, s) = store();
         s.prepare("empty").unwrap();
         assert!(matches!(s.seal("empty"), Err(ImageError::Corrupt { .. })));
     }

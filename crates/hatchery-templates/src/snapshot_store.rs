@@ -329,11 +329,12 @@ impl SnapshotStore for SharedSnapshots {
 mod tests {
     use super::*;
 
-    fn tmp(tag: &str) -> PathBuf {
-        let d =
-            std::env::temp_dir().join(format!("hx-ss-{tag}-{}-{}", std::process::id(), nanos()));
-        std::fs::create_dir_all(&d).unwrap();
-        d
+    /// A scratch directory, removed when the test ends.
+    fn tmp(tag: &str) -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix(&format!("hx-ss-{tag}-"))
+            .tempdir()
+            .unwrap()
     }
 
     fn names(d: &Path) -> Vec<String> {
@@ -378,7 +379,8 @@ mod tests {
 
     #[test]
     fn unusable_shared_dirs_are_a_clear_error() {
-        let d = tmp("bad");
+        let d_dir = tmp("bad");
+        let d = d_dir.path();
         let file = d.join("a-file");
         std::fs::write(&file, b"x").unwrap();
         let missing = d.join("missing");
@@ -388,24 +390,26 @@ mod tests {
             (file, "not a directory"),
             ("/proc".into(), "not writable"),
         ] {
-            let e = SnapshotStoreSpec::Shared(p.clone()).open(&d).unwrap_err();
+            let e = SnapshotStoreSpec::Shared(p.clone()).open(d).unwrap_err();
             assert!(
                 matches!(&e, SnapshotStoreError::Unusable { .. }) && e.to_string().contains(why),
                 "{p:?}: {e}"
             );
         }
         // Opening a good one leaves nothing behind (the probe is removed).
-        let ok = tmp("ok");
-        SnapshotStoreSpec::Shared(ok.clone()).open(&d).unwrap();
-        assert!(names(&ok).is_empty());
+        let ok_dir = tmp("ok");
+        let ok = ok_dir.path();
+        SnapshotStoreSpec::Shared(ok.to_path_buf()).open(d).unwrap();
+        assert!(names(ok).is_empty());
     }
 
     #[test]
     fn shared_publish_is_atomic_for_readers() {
-        let root = tmp("pub");
-        let a = SharedSnapshots::open(&root).unwrap();
+        let root_dir = tmp("pub");
+        let root = root_dir.path();
+        let a = SharedSnapshots::open(root).unwrap();
         // Another host's view of the same directory.
-        let b = SharedSnapshots::open(&root).unwrap();
+        let b = SharedSnapshots::open(root).unwrap();
         let dir = a.prepare("snap_x").unwrap();
         std::fs::write(dir.join("checkpoint.img"), vec![3u8; 50_000]).unwrap();
         // Written but not published: no reader sees it, under any name.
@@ -417,7 +421,7 @@ mod tests {
         let sealed = a.publish("snap_x").unwrap();
         assert_eq!(sealed.size_bytes, 50_000);
         assert_eq!(sealed.dir, root.join("snap_x"));
-        assert_eq!(names(&root), ["snap_x"], "the staging dir is gone");
+        assert_eq!(names(root), ["snap_x"], "the staging dir is gone");
         assert_eq!(b.verify("snap_x").unwrap(), root.join("snap_x"));
         assert_eq!(b.ids(), ["snap_x"]);
         assert_eq!(b.published_before(Duration::ZERO), ["snap_x"]);
@@ -440,7 +444,7 @@ mod tests {
         // Both hosts delete at once: one wins, neither errs, nothing is left.
         a.remove("snap_x").unwrap();
         b.remove("snap_x").unwrap();
-        assert!(names(&root).is_empty(), "{:?}", names(&root));
+        assert!(names(root).is_empty(), "{:?}", names(root));
         assert!(matches!(
             b.verify("snap_x"),
             Err(SnapshotStoreError::Image(ImageError::NotFound(_)))
@@ -449,8 +453,9 @@ mod tests {
 
     #[test]
     fn bad_ids_and_empty_images_are_refused() {
-        let root = tmp("ids");
-        let s = SharedSnapshots::open(&root).unwrap();
+        let root_dir = tmp("ids");
+        let root = root_dir.path();
+        let s = SharedSnapshots::open(root).unwrap();
         for bad in ["", "../x", ".staging-a", "a/b", "a.b", &"a".repeat(81)] {
             assert!(
                 matches!(
@@ -471,13 +476,14 @@ mod tests {
             "an empty image is never published"
         );
         s.remove("snap_e").unwrap();
-        assert!(names(&root).is_empty());
+        assert!(names(root).is_empty());
     }
 
     #[test]
     fn stale_leftovers_are_swept_young_ones_kept() {
-        let root = tmp("stale");
-        let s = SharedSnapshots::open(&root).unwrap();
+        let root_dir = tmp("stale");
+        let root = root_dir.path();
+        let s = SharedSnapshots::open(root).unwrap();
         s.prepare("snap_w").unwrap();
         std::fs::create_dir(root.join(".deleting-snap_v-1-2")).unwrap();
         assert_eq!(
@@ -486,12 +492,13 @@ mod tests {
             "another host may be writing"
         );
         assert_eq!(s.remove_stale(Duration::ZERO), 2);
-        assert!(names(&root).is_empty());
+        assert!(names(root).is_empty());
     }
 
     #[test]
     fn local_backend_is_todays_dir() {
-        let d = tmp("local");
+        let d_dir = tmp("local");
+        let d = d_dir.path();
         let s = SnapshotStoreSpec::Local.open(&d.join("snapshots")).unwrap();
         assert_eq!(s.kind(), SnapshotStoreKind::Local);
         let w = s.prepare("snap_l").unwrap();
