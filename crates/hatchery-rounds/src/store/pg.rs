@@ -167,11 +167,14 @@ impl PgStore {
     /// is not reachable (retryable), `Backend` for a DSN that cannot be
     /// read or a schema this build cannot use.
     pub async fn connect(dsn: &str, pool_size: usize) -> Result<PgStore, StoreError> {
-        let pool = hatchery_store::pg_pool(dsn, pool_size)
-            .map_err(|e| StoreError::Backend(format!("rounds store: {e}")))?;
-        let locks = hatchery_store::pg_pool(dsn, pool_size)
-            .map_err(|e| StoreError::Backend(format!("rounds store: {e}")))?;
-        let s = PgStore { pool, locks };
+        let open = || {
+            hatchery_store::pg_pool(dsn, pool_size)
+                .map_err(|e| StoreError::Backend(format!("rounds store: {e}")))
+        };
+        let s = PgStore {
+            pool: open()?,
+            locks: open()?,
+        };
         s.migrate().await?;
         Ok(s)
     }

@@ -46,7 +46,7 @@ impl Drop for PgHold {
                     &[&CLASS, &id],
                 )
                 .await
-                .map(|r| r.try_get::<_, bool>("released").unwrap_or(false));
+                .and_then(|r| r.try_get::<_, bool>("released"));
             match released {
                 // Back to the pool, holding nothing.
                 Ok(true) => drop(c),
@@ -83,11 +83,16 @@ async fn take(pool: Pool, session_id: String, wait: bool) -> StoreResult<Option<
     } else {
         "SELECT pg_try_advisory_lock($1, hashtext($2)) AS got"
     };
-    let got = match c.query_one(sql, &[&CLASS, &session_id]).await {
-        Ok(r) => r.try_get::<_, bool>("got").unwrap_or(false),
+    let got = c
+        .query_one(sql, &[&CLASS, &session_id])
+        .await
+        .and_then(|r| r.try_get::<_, bool>("got"));
+    let got = match got {
+        Ok(got) => got,
         Err(e) => {
-            // Whether the server took it before the error is unknown:
-            // the connection goes, and with it anything it held.
+            // Whether the server took it before the error (or an answer
+            // that cannot be read) is unknown: the connection goes, and
+            // with it anything it held; it never returns to the pool.
             drop(Object::take(c));
             return Err(super::pg::pg("take session lock")(e));
         }
