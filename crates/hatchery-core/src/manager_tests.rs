@@ -285,6 +285,35 @@ async fn a_guest_that_dies_is_stopped_and_destroyed() {
     assert_eq!(m.live_count(), 0);
 }
 
+#[tokio::test]
+async fn a_delete_answers_while_the_teardown_hangs() {
+    // Stop is state first, teardown in the background: a runtime that
+    // takes its time destroying does not hold the caller, and a graceful
+    // shutdown waits for the teardown instead of cutting it off.
+    let rig = Rig::new();
+    let m = rig.manager().await;
+    let id = m.create(req()).await.unwrap().id;
+    let gate = rig.rt.hang(Op::Destroy);
+    tokio::time::timeout(Duration::from_secs(2), m.delete(&id))
+        .await
+        .expect("delete does not wait for the teardown");
+    assert!(matches!(
+        m.get(&id).await,
+        Err(CoreError::SandboxNotFound(_))
+    ));
+    assert_eq!(rig.rt.ids(), vec![id.clone()]);
+    allow_bakes(&m);
+    let stopping = tokio::spawn({
+        let m = Arc::clone(&m);
+        async move { m.shutdown().await }
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(!stopping.is_finished(), "shutdown waits for the teardown");
+    gate.release();
+    stopping.await.unwrap();
+    assert!(rig.rt.ids().is_empty());
+}
+
 // --- template checkpoints and the warm pool ----------------------------------
 
 #[tokio::test]
@@ -359,8 +388,10 @@ async fn a_dead_pooled_sandbox_is_discarded_and_the_create_restores() {
     let rig = Rig::new();
     let (m, pooled_id) = pooled(&rig).await;
     rig.rt.kill(&pooled_id);
-    // Its connection's end must have reached the client first.
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    eventually!(
+        "the pool's client to see the end",
+        m.pool.is_alive(&pooled_id) == Some(false)
+    );
     let info = m.create(req()).await.unwrap();
     assert_eq!(info.boot_mode, Some("restore"));
     assert_ne!(info.id, pooled_id);
@@ -372,6 +403,52 @@ async fn a_dead_pooled_sandbox_is_discarded_and_the_create_restores() {
         "teardown of the dead one",
         rig.rt.ids() == vec![info.id.clone()]
     );
+}
+
+#[tokio::test]
+async fn a_pooled_sandbox_with_a_broken_channel_is_discarded() {
+    // The sandbox is still up (its deadline can be moved) but the agent
+    // connection the pool holds is gone: it must not be handed out with
+    // a dead client.
+    let rig = Rig::new();
+    let (m, pooled_id) = pooled(&rig).await;
+    rig.rt.disconnect(&pooled_id);
+    eventually!(
+        "the pool's client to see the end",
+        m.pool.is_alive(&pooled_id) == Some(false)
+    );
+    let info = m.create(req()).await.unwrap();
+    assert_eq!(info.boot_mode, Some("restore"));
+    assert_eq!(
+        rig.stop_reason(&pooled_id).await.as_deref(),
+        Some("pool_discard")
+    );
+    eventually!("teardown", rig.rt.ids() == vec![info.id.clone()]);
+}
+
+#[tokio::test]
+async fn shutdown_lets_an_inflight_refill_finish_then_destroys_it() {
+    // A refill whose restore is still running when shutdown starts is
+    // neither cut off nor left behind: shutdown waits for it, then
+    // destroys the pool, so no sandbox outlives the daemon unrecorded.
+    let rig = Rig::new();
+    let m = rig.manager_with(Caps::default(), 1).await;
+    bake(&m).await;
+    let gate = rig.rt.hang(Op::Restore);
+    let filler = m.spawn_pool_filler();
+    eventually!("the refill's restore", rig.rt.calls(Op::Restore).len() == 1);
+    let stopping = tokio::spawn({
+        let m = Arc::clone(&m);
+        async move { m.shutdown().await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!stopping.is_finished(), "shutdown waits for the refill");
+    gate.release();
+    stopping.await.unwrap();
+    let _ = filler.await;
+    assert!(rig.rt.ids().is_empty());
+    assert!(rig.unstopped().await.is_empty());
+    assert_eq!(m.pool.len(TPL), 0);
 }
 
 #[tokio::test]
@@ -494,6 +571,13 @@ async fn reconcile_after_a_restart_adopts_stops_and_destroys() {
     assert!(rig.store.get_live(&other_row.id).await.unwrap().is_some());
     let fenced = rig.store.stop(&old_fence, &alive, "x", now_ms()).await;
     assert!(fenced.is_err_and(|e| e.is_fenced()));
+    // The adopted sandbox is watched like a new one.
+    rig.rt.kill(&alive);
+    eventually!("the stop", m.get(&alive).await.is_err());
+    assert_eq!(
+        rig.stop_reason(&alive).await.as_deref(),
+        Some("guest_exited")
+    );
 }
 
 // --- TTL ----------------------------------------------------------------------
@@ -576,6 +660,44 @@ async fn snapshot_then_fork_gives_independent_copies() {
     m.delete_snapshot(&snap.id).await.unwrap();
     assert!(m.snapshots.local().ids().is_empty());
     assert!(m.fork(&snap.id, fork_req(1)).await.is_err());
+}
+
+#[tokio::test]
+async fn a_fork_beyond_capacity_makes_none() {
+    // Forks count against the live cap one by one; the one that does not
+    // fit fails the fork and the ones made before it are stopped.
+    let rig = Rig::new();
+    let caps = Caps {
+        max_live_sandboxes: 2,
+        ..Default::default()
+    };
+    let m = rig.manager_with(caps, 0).await;
+    hold_bakes(&m);
+    let src = m.create(req()).await.unwrap().id;
+    let snap = m.snapshot(&src, None, BTreeMap::new()).await.unwrap();
+    let err = m.fork(&snap.id, fork_req(2)).await.unwrap_err();
+    assert!(matches!(err, CoreError::Capacity(2)), "{err:?}");
+    assert_eq!(rig.rt.calls(Op::Restore).len(), 1);
+    eventually!("teardown", rig.rt.ids() == vec![src.clone()]);
+    assert_eq!(m.live_count(), 1);
+}
+
+#[tokio::test]
+async fn the_reaper_deletes_expired_snapshots() {
+    // Retention: once a snapshot's time is up, the reaper removes its row
+    // and its image. (Retention is whole seconds: this test waits one.)
+    let rig = Rig::new();
+    let m = rig.manager().await;
+    let src = m.create(req()).await.unwrap().id;
+    let short = m.snapshot(&src, Some(1), BTreeMap::new()).await.unwrap();
+    let kept = m.snapshot(&src, Some(3600), BTreeMap::new()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1050)).await;
+    let reaper = m.spawn_reaper();
+    eventually!("the expiry", m.get_snapshot(&short.id).await.is_err());
+    reaper.abort();
+    assert_eq!(m.snapshots.local().ids(), vec![kept.id.clone()]);
+    assert!(m.get_snapshot(&kept.id).await.is_ok());
+    assert_eq!(m.get(&src).await.unwrap().state, "running");
 }
 
 #[tokio::test]

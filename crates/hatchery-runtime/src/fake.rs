@@ -30,6 +30,7 @@
 //! - guests dying: [`FakeRuntime::kill`] ends the guest (its connection
 //!   closes, `connect` and `set_expiry` answer `NotFound`) but keeps the
 //!   entry, as a crashed sandbox's state directory stays until `destroy`;
+//!   [`FakeRuntime::disconnect`] only breaks the agent connection;
 //!   [`FakeRuntime::vanish`] removes the entry outright;
 //!   [`FakeRuntime::fire_deadlines`] kills every sandbox whose expiry has
 //!   passed, standing in for the shim's own TTL kill.
@@ -344,6 +345,19 @@ impl FakeRuntime {
         s.alive = false;
         s.conn = None;
         true
+    }
+
+    /// Ends the current agent connection while the sandbox lives on (an
+    /// agent channel that broke, the shim still up): `set_expiry` works,
+    /// and a new `connect` reaches the same guest. False if unknown.
+    pub fn disconnect(&self, id: &str) -> bool {
+        match self.st().sandboxes.get_mut(id) {
+            Some(s) => {
+                s.conn = None;
+                true
+            }
+            None => false,
+        }
     }
 
     /// The sandbox disappears entirely, as if destroyed behind the
