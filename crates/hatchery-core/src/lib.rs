@@ -14,6 +14,8 @@ pub mod host_services;
 mod ids;
 pub mod lease;
 mod manager;
+#[cfg(test)]
+mod manager_tests;
 pub mod metrics;
 pub(crate) mod network;
 pub mod pool;

@@ -104,6 +104,17 @@ impl WarmPool {
         })
     }
 
+    /// Whether pooled `id`'s agent connection is up; `None` if not pooled.
+    #[cfg(test)]
+    pub(crate) fn is_alive(&self, id: &str) -> Option<bool> {
+        self.with(|r| {
+            r.values()
+                .flat_map(|q| q.iter())
+                .find(|(x, _)| x == id)
+                .map(|(_, c)| c.is_alive())
+        })
+    }
+
     pub fn ids(&self) -> Vec<String> {
         self.with(|r| {
             r.values()

@@ -7,6 +7,9 @@
 //! Firecracker runtime would implement it with a jailer and a vsock stream.
 //! Nothing above this trait changes when one is added.
 
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
+
 use async_trait::async_trait;
 use std::path::PathBuf;
 use std::pin::Pin;

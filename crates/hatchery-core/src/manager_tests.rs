@@ -1,0 +1,807 @@
+//! The manager's lifecycle logic against the in-memory runtime
+//! (`hatchery_runtime::fake`) and the real SQLite store in a temporary
+//! directory: no root, no runsc. What each test proves is in its name and
+//! its first comment.
+
+use crate::lease::take_host_lease;
+use crate::metrics::Metrics;
+use crate::store::{SandboxRow, SandboxState, Store};
+use crate::{
+    now_ms, Caps, CoreError, CreateRequest, ForkRequest, ImageConfig, Manager, PoolConfig,
+};
+use hatchery_runtime::fake::{checkpoint_file, ExecReply, FakeRuntime, Fault, Op, Schedule};
+use hatchery_runtime::{Runtime, SandboxSpec};
+use hatchery_store::SqliteStore;
+use hatchery_templates::{ImageStore, Template, TemplateSpec, Templates};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+const HOST: &str = "host-a";
+const TPL: &str = "py";
+/// The template's setup command, recognisable in the guest's exec log.
+const SETUP: &str = "echo setup-ran";
+
+/// Polls `$cond` (which may `.await`) every 10 ms for up to 5 s.
+macro_rules! eventually {
+    ($what:expr, $cond:expr) => {{
+        let mut ok = false;
+        for _ in 0..500 {
+            if $cond {
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(ok, "timed out waiting for {}", $what);
+    }};
+}
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    store: Arc<dyn Store>,
+    rt: Arc<FakeRuntime>,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().to_path_buf();
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&root.join("state.db")).unwrap());
+        let ts = Templates::new(root.join("templates"));
+        let mut spec = TemplateSpec::named(TPL);
+        spec.files.insert("/etc/motd".into(), "hello".into());
+        spec.setup = vec![SETUP.into()];
+        let rootfs = ts.rootfs_dir(&spec);
+        std::fs::create_dir_all(&rootfs).unwrap();
+        std::fs::write(rootfs.join(".complete"), "").unwrap();
+        ts.activate(&spec).unwrap();
+        Rig {
+            _dir: dir,
+            root,
+            store,
+            rt: FakeRuntime::new(),
+        }
+    }
+
+    /// A daemon incarnation of `HOST` (each call takes the lease anew,
+    /// fencing off the previous one), with no warm pool and background
+    /// bakes held off.
+    async fn manager(&self) -> Arc<Manager> {
+        let m = self.manager_with(Caps::default(), 0).await;
+        hold_bakes(&m);
+        m
+    }
+
+    async fn manager_with(&self, caps: Caps, pool_size: usize) -> Arc<Manager> {
+        let state = take_host_lease(Arc::clone(&self.store), HOST)
+            .await
+            .unwrap();
+        let images = ImageConfig {
+            template_images: ImageStore::new(self.root.join("images")).unwrap(),
+            snapshots: ImageStore::new(self.root.join("snapshots")).unwrap(),
+            shared_snapshots: None,
+            pool: PoolConfig {
+                size: pool_size,
+                // Never drain for the test machine's memory.
+                min_available_fraction: 0.0,
+                ..Default::default()
+            },
+        };
+        let rt: Arc<dyn Runtime> = self.rt.clone();
+        Manager::new(
+            caps,
+            state,
+            rt,
+            Templates::new(self.root.join("templates")),
+            images,
+            None,
+            Metrics::new(),
+        )
+    }
+
+    async fn stop_reason(&self, id: &str) -> Option<String> {
+        self.store
+            .events(id)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|e| e.kind == "stopped")
+            .map(|e| e.detail)
+    }
+
+    async fn unstopped(&self) -> Vec<SandboxRow> {
+        self.store.list_unstopped(HOST).await.unwrap()
+    }
+}
+
+fn template(m: &Manager) -> Template {
+    m.templates().get(TPL).unwrap()
+}
+
+/// A cold create starts a background bake of the template, which would
+/// add builder sandboxes to the runtime at times of its own choosing:
+/// marking the bake as running keeps tests that do not bake exact.
+fn hold_bakes(m: &Manager) {
+    assert!(m.start_baking(&m.template_image_id(&template(m))));
+}
+
+fn allow_bakes(m: &Manager) {
+    m.done_baking(&m.template_image_id(&template(m)));
+}
+
+async fn bake(m: &Manager) {
+    let t = template(m);
+    m.bake(&t, &m.template_image_id(&t), &mut |_| {})
+        .await
+        .unwrap();
+    assert!(m.template_image(&t).is_some());
+}
+
+fn req() -> CreateRequest {
+    CreateRequest {
+        template: TPL.into(),
+        ..Default::default()
+    }
+}
+
+fn ran_setup(rt: &FakeRuntime, id: &str) -> bool {
+    rt.execs(id)
+        .iter()
+        .any(|argv| argv.join(" ").contains(SETUP))
+}
+
+// --- create and its rollback ------------------------------------------------
+
+#[tokio::test]
+async fn cold_create_prepares_the_guest_and_registers_it() {
+    // Without a checkpoint: the runtime creates, the template's files and
+    // setup go in, the row is running and the runtime holds its expiry.
+    let rig = Rig::new();
+    let m = rig.manager().await;
+    let info = m.create(req()).await.unwrap();
+    assert_eq!(info.boot_mode, Some("cold"));
+    assert_eq!(info.state, "running");
+    assert_eq!(rig.rt.ids(), vec![info.id.clone()]);
+    assert!(!rig.rt.was_restored(&info.id));
+    assert_eq!(
+        rig.rt.file(&info.id, "/etc/motd").as_deref(),
+        Some(&b"hello"[..])
+    );
+    assert!(rig.rt.file(&info.id, "/etc/resolv.conf").is_some());
+    assert!(ran_setup(&rig.rt, &info.id));
+    assert_eq!(rig.rt.expiry(&info.id), Some(info.expires_at_ms));
+    assert_eq!(m.get(&info.id).await.unwrap().state, "running");
+    assert_eq!(m.live_count(), 1);
+    // And it is usable through the agent.
+    m.write_file(&info.id, "/work/a", b"x").await.unwrap();
+    assert_eq!(m.read_file(&info.id, "/work/a").await.unwrap(), b"x");
+}
+
+#[tokio::test]
+async fn create_rolls_back_when_the_runtime_cannot_create() {
+    // Nothing stays behind: no sandbox in the runtime, the row stopped as
+    // create_failed, the capacity reservation given back.
+    let rig = Rig::new();
+    let caps = Caps {
+        max_live_sandboxes: 1,
+        ..Default::default()
+    };
+    let m = rig.manager_with(caps, 0).await;
+    hold_bakes(&m);
+    rig.rt.fail(Op::Create);
+    let err = m.create(req()).await.unwrap_err();
+    assert!(matches!(err, CoreError::Runtime(_)), "{err:?}");
+    let tried = rig.rt.calls(Op::Create);
+    assert_eq!(tried.len(), 1);
+    assert!(rig.rt.ids().is_empty());
+    assert!(rig.unstopped().await.is_empty());
+    assert_eq!(
+        rig.stop_reason(&tried[0]).await.as_deref(),
+        Some("create_failed")
+    );
+    assert_eq!(m.live_count(), 0);
+    assert_eq!(m.metrics.create_failures.get(), 1);
+    // The one slot of capacity is free again.
+    rig.rt.clear(Op::Create);
+    m.create(req()).await.unwrap();
+}
+
+#[tokio::test]
+async fn create_rolls_back_when_the_agent_is_unreachable() {
+    // The runtime made the sandbox but its agent cannot be reached: the
+    // sandbox is destroyed, not left running unowned.
+    let rig = Rig::new();
+    let m = rig.manager().await;
+    rig.rt.fail(Op::Connect);
+    m.create(req()).await.unwrap_err();
+    let id = rig.rt.calls(Op::Create).pop().unwrap();
+    assert_eq!(rig.rt.calls(Op::Destroy), vec![id.clone()]);
+    assert!(rig.rt.ids().is_empty());
+    assert!(rig.unstopped().await.is_empty());
+    assert_eq!(rig.stop_reason(&id).await.as_deref(), Some("create_failed"));
+}
+
+#[tokio::test]
+async fn create_rolls_back_when_a_setup_command_fails() {
+    // A cold boot whose template setup exits non-zero fails the create
+    // and destroys the half-prepared sandbox.
+    let rig = Rig::new();
+    rig.rt.on_exec(SETUP, ExecReply::exit(3));
+    let m = rig.manager().await;
+    let err = m.create(req()).await.unwrap_err();
+    assert!(
+        matches!(err, CoreError::Invalid(ref s) if s.contains("exited with 3")),
+        "{err:?}"
+    );
+    assert!(rig.rt.ids().is_empty());
+    assert!(rig.unstopped().await.is_empty());
+}
+
+#[tokio::test]
+async fn delete_during_a_hung_boot_is_not_undone_by_the_boot() {
+    // A delete that lands while the runtime is still starting the sandbox
+    // wins: when the start finally returns, the sandbox is destroyed and
+    // the row stays stopped as deleted (never flipped to running).
+    let rig = Rig::new();
+    let m = rig.manager().await;
+    let gate = rig.rt.hang(Op::Create);
+    let creating = tokio::spawn({
+        let m = Arc::clone(&m);
+        async move { m.create(req()).await }
+    });
+    eventually!("the runtime create", rig.rt.calls(Op::Create).len() == 1);
+    let id = rig.rt.calls(Op::Create)[0].clone();
+    m.delete(&id).await;
+    assert!(matches!(
+        m.get(&id).await,
+        Err(CoreError::SandboxNotFound(_))
+    ));
+    gate.release();
+    let res = creating.await.unwrap();
+    assert!(matches!(res, Err(CoreError::NotRunning(_))), "{res:?}");
+    eventually!("teardown", rig.rt.ids().is_empty());
+    assert_eq!(rig.stop_reason(&id).await.as_deref(), Some("deleted"));
+    assert!(m.get(&id).await.is_err());
+    assert_eq!(m.live_count(), 0);
+}
+
+#[tokio::test]
+async fn a_guest_that_dies_is_stopped_and_destroyed() {
+    // The adopt watcher: a sandbox whose agent connection ends on its own
+    // (crash, the shim's TTL kill) is marked stopped and torn down.
+    let rig = Rig::new();
+    let m = rig.manager().await;
+    let info = m.create(req()).await.unwrap();
+    assert!(rig.rt.kill(&info.id));
+    eventually!("the stop", m.get(&info.id).await.is_err());
+    assert_eq!(
+        rig.stop_reason(&info.id).await.as_deref(),
+        Some("guest_exited")
+    );
+    eventually!("teardown", rig.rt.ids().is_empty());
+    assert_eq!(m.live_count(), 0);
+}
+
+#[tokio::test]
+async fn a_delete_answers_while_the_teardown_hangs() {
+    // Stop is state first, teardown in the background: a runtime that
+    // takes its time destroying does not hold the caller, and a graceful
+    // shutdown waits for the teardown instead of cutting it off.
+    let rig = Rig::new();
+    let m = rig.manager().await;
+    let id = m.create(req()).await.unwrap().id;
+    let gate = rig.rt.hang(Op::Destroy);
+    tokio::time::timeout(Duration::from_secs(2), m.delete(&id))
+        .await
+        .expect("delete does not wait for the teardown");
+    assert!(matches!(
+        m.get(&id).await,
+        Err(CoreError::SandboxNotFound(_))
+    ));
+    assert_eq!(rig.rt.ids(), vec![id.clone()]);
+    allow_bakes(&m);
+    let stopping = tokio::spawn({
+        let m = Arc::clone(&m);
+        async move { m.shutdown().await }
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(!stopping.is_finished(), "shutdown waits for the teardown");
+    gate.release();
+    stopping.await.unwrap();
+    assert!(rig.rt.ids().is_empty());
+}
+
+// --- template checkpoints and the warm pool ----------------------------------
+
+#[tokio::test]
+async fn baked_template_restores_without_rerunning_setup() {
+    // Bake: a builder is booted, prepared, checkpointed and destroyed.
+    // Creates then restore the image: files present, setup not rerun.
+    let rig = Rig::new();
+    let m = rig.manager().await;
+    bake(&m).await;
+    assert!(rig.rt.ids().is_empty(), "the builder is destroyed");
+    assert_eq!(rig.rt.checkpoints_taken(), 1);
+    let info = m.create(req()).await.unwrap();
+    assert_eq!(info.boot_mode, Some("restore"));
+    assert!(rig.rt.was_restored(&info.id));
+    assert!(!ran_setup(&rig.rt, &info.id));
+    assert_eq!(
+        rig.rt.file(&info.id, "/etc/motd").as_deref(),
+        Some(&b"hello"[..])
+    );
+}
+
+/// A manager with a baked template and a filled pool of one; the filler
+/// is stopped so the test decides when refills happen.
+async fn pooled(rig: &Rig) -> (Arc<Manager>, String) {
+    let m = rig.manager_with(Caps::default(), 1).await;
+    hold_bakes(&m);
+    bake(&m).await;
+    let filler = m.spawn_pool_filler();
+    eventually!("the pool fill", m.pool.len(TPL) == 1);
+    filler.abort();
+    let _ = filler.await;
+    let id = m.pool.ids_of(TPL)[0].clone();
+    (m, id)
+}
+
+#[tokio::test]
+async fn create_claims_a_pooled_sandbox_and_the_pool_refills() {
+    // A claim turns the pooled row into the caller's running sandbox with
+    // the caller's deadline (told to the runtime too); the filler then
+    // restores a replacement; shutdown destroys what is still pooled.
+    let rig = Rig::new();
+    let (m, pooled_id) = pooled(&rig).await;
+    let rows = rig.unstopped().await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].state, SandboxState::Pooled);
+    let info = m.create(req()).await.unwrap();
+    assert_eq!(info.boot_mode, Some("pool"));
+    assert_eq!(info.id, pooled_id);
+    assert_eq!(rig.rt.expiry(&info.id), Some(info.expires_at_ms));
+    assert_eq!(m.get(&info.id).await.unwrap().state, "running");
+    assert_eq!(m.pool.len(TPL), 0);
+    let filler = m.spawn_pool_filler();
+    eventually!("the refill", m.pool.len(TPL) == 1);
+    filler.abort();
+    let refill = m.pool.ids_of(TPL)[0].clone();
+    assert_ne!(refill, info.id);
+    assert!(rig.rt.was_restored(&refill));
+    // Shutdown waits for running bakes, and `pooled` holds one off.
+    allow_bakes(&m);
+    m.shutdown().await;
+    assert_eq!(rig.rt.ids(), vec![info.id.clone()]);
+    assert_eq!(
+        rig.stop_reason(&refill).await.as_deref(),
+        Some("pool_discard")
+    );
+}
+
+#[tokio::test]
+async fn a_dead_pooled_sandbox_is_discarded_and_the_create_restores() {
+    // A pooled sandbox that died while waiting is not handed out: it is
+    // stopped and destroyed, and the create falls through to a restore.
+    let rig = Rig::new();
+    let (m, pooled_id) = pooled(&rig).await;
+    rig.rt.kill(&pooled_id);
+    eventually!(
+        "the pool's client to see the end",
+        m.pool.is_alive(&pooled_id) == Some(false)
+    );
+    let info = m.create(req()).await.unwrap();
+    assert_eq!(info.boot_mode, Some("restore"));
+    assert_ne!(info.id, pooled_id);
+    assert_eq!(
+        rig.stop_reason(&pooled_id).await.as_deref(),
+        Some("pool_discard")
+    );
+    eventually!(
+        "teardown of the dead one",
+        rig.rt.ids() == vec![info.id.clone()]
+    );
+}
+
+#[tokio::test]
+async fn a_pooled_sandbox_with_a_broken_channel_is_discarded() {
+    // The sandbox is still up (its deadline can be moved) but the agent
+    // connection the pool holds is gone: it must not be handed out with
+    // a dead client.
+    let rig = Rig::new();
+    let (m, pooled_id) = pooled(&rig).await;
+    rig.rt.disconnect(&pooled_id);
+    eventually!(
+        "the pool's client to see the end",
+        m.pool.is_alive(&pooled_id) == Some(false)
+    );
+    let info = m.create(req()).await.unwrap();
+    assert_eq!(info.boot_mode, Some("restore"));
+    assert_eq!(
+        rig.stop_reason(&pooled_id).await.as_deref(),
+        Some("pool_discard")
+    );
+    eventually!("teardown", rig.rt.ids() == vec![info.id.clone()]);
+}
+
+#[tokio::test]
+async fn shutdown_lets_an_inflight_refill_finish_then_destroys_it() {
+    // A refill whose restore is still running when shutdown starts is
+    // neither cut off nor left behind: shutdown waits for it, then
+    // destroys the pool, so no sandbox outlives the daemon unrecorded.
+    let rig = Rig::new();
+    let m = rig.manager_with(Caps::default(), 1).await;
+    bake(&m).await;
+    let gate = rig.rt.hang(Op::Restore);
+    let filler = m.spawn_pool_filler();
+    eventually!("the refill's restore", rig.rt.calls(Op::Restore).len() == 1);
+    let stopping = tokio::spawn({
+        let m = Arc::clone(&m);
+        async move { m.shutdown().await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!stopping.is_finished(), "shutdown waits for the refill");
+    gate.release();
+    stopping.await.unwrap();
+    let _ = filler.await;
+    assert!(rig.rt.ids().is_empty());
+    assert!(rig.unstopped().await.is_empty());
+    assert_eq!(m.pool.len(TPL), 0);
+}
+
+#[tokio::test]
+async fn a_failed_restore_fails_the_create_cleanly() {
+    // With a good image, a restore the runtime refuses fails the create
+    // (there is no cold fallback for it) and leaves nothing behind.
+    let rig = Rig::new();
+    let m = rig.manager().await;
+    bake(&m).await;
+    rig.rt.fail(Op::Restore);
+    m.create(req()).await.unwrap_err();
+    let id = rig.rt.calls(Op::Restore).pop().unwrap();
+    assert!(rig.rt.ids().is_empty());
+    assert!(rig.unstopped().await.is_empty());
+    assert_eq!(rig.stop_reason(&id).await.as_deref(), Some("create_failed"));
+    assert!(
+        rig.rt.calls(Op::Create).len() == 1,
+        "only the bake's builder"
+    );
+}
+
+#[tokio::test]
+async fn a_corrupt_template_image_falls_back_to_cold_and_is_rebaked() {
+    // An image that fails its checksum is not restored: the create boots
+    // cold (running setup) and a fresh image is baked for the next one.
+    let rig = Rig::new();
+    let m = rig.manager().await;
+    bake(&m).await;
+    let t = template(&m);
+    let dir = m.template_image(&t).unwrap();
+    std::fs::write(checkpoint_file(&dir), b"garbage").unwrap();
+    assert!(m.template_image(&t).is_none());
+    allow_bakes(&m);
+    let info = m.create(req()).await.unwrap();
+    assert_eq!(info.boot_mode, Some("cold"));
+    assert!(ran_setup(&rig.rt, &info.id));
+    eventually!("the rebake", m.template_image(&t).is_some());
+    eventually!("the bake to finish", m.baking.lock().unwrap().is_empty());
+    assert_eq!(rig.rt.ids(), vec![info.id.clone()]);
+    let next = m.create(req()).await.unwrap();
+    assert_eq!(next.boot_mode, Some("restore"));
+}
+
+// --- reconcile after a restart ------------------------------------------------
+
+#[tokio::test]
+async fn reconcile_after_a_restart_adopts_stops_and_destroys() {
+    // A new incarnation of the host: the live sandbox is re-adopted (and
+    // reachable), a dead one and an expired one are stopped and destroyed,
+    // a pooled one is discarded, an orphan only the runtime knows is
+    // destroyed, another host's row is left alone, and the old
+    // incarnation's writes are fenced off.
+    let rig = Rig::new();
+    let old = rig.manager().await;
+    let alive = old.create(req()).await.unwrap().id;
+    let dead = old.create(req()).await.unwrap().id;
+    let expired = old.create(req()).await.unwrap().id;
+    old.write_file(&alive, "/work/keep", b"1").await.unwrap();
+    let old_fence = old.fence.clone();
+    assert!(rig
+        .store
+        .set_expiry(&old_fence, &expired, now_ms() - 1)
+        .await
+        .unwrap());
+    let pooled = crate::new_sandbox_id();
+    let now = now_ms();
+    let pooled_row = SandboxRow {
+        id: pooled.clone(),
+        template: TPL.into(),
+        state: SandboxState::Pooled,
+        created_at_ms: now,
+        expires_at_ms: now + 60_000,
+        metadata: BTreeMap::new(),
+        env: BTreeMap::new(),
+        host_id: HOST.into(),
+    };
+    rig.store
+        .insert_sandbox(&old_fence, &pooled_row)
+        .await
+        .unwrap();
+    let spec = |id: &str| SandboxSpec {
+        id: id.into(),
+        rootfs: template(&old).rootfs,
+        limits: template(&old).limits(),
+        expires_at_ms: now + 60_000,
+        netns: None,
+    };
+    rig.rt.create(&spec(&pooled)).await.unwrap();
+    let orphan = crate::new_sandbox_id();
+    rig.rt.create(&spec(&orphan)).await.unwrap();
+    // Another host's sandbox, in the same store.
+    let other = take_host_lease(Arc::clone(&rig.store), "host-b")
+        .await
+        .unwrap();
+    let mut other_row = pooled_row.clone();
+    other_row.id = crate::new_sandbox_id();
+    other_row.state = SandboxState::Running;
+    other_row.host_id = "host-b".into();
+    rig.store
+        .insert_sandbox(&other.fence, &other_row)
+        .await
+        .unwrap();
+    // The daemon goes away; one of its sandboxes dies meanwhile.
+    drop(old);
+    rig.rt.kill(&dead);
+
+    let m = rig.manager().await;
+    let report = m.reconcile().await.unwrap();
+    assert_eq!(
+        (report.adopted, report.stopped, report.orphans_destroyed),
+        (1, 3, 1),
+        "{report:?}"
+    );
+    assert_eq!(rig.rt.ids(), vec![alive.clone()]);
+    assert_eq!(m.read_file(&alive, "/work/keep").await.unwrap(), b"1");
+    assert_eq!(m.get(&alive).await.unwrap().state, "running");
+    assert_eq!(rig.stop_reason(&dead).await.as_deref(), Some("lost"));
+    assert_eq!(rig.stop_reason(&expired).await.as_deref(), Some("ttl"));
+    assert_eq!(rig.stop_reason(&pooled).await.as_deref(), Some("lost"));
+    assert!(rig.store.get_live(&other_row.id).await.unwrap().is_some());
+    let fenced = rig.store.stop(&old_fence, &alive, "x", now_ms()).await;
+    assert!(fenced.is_err_and(|e| e.is_fenced()));
+    // The adopted sandbox is watched like a new one.
+    rig.rt.kill(&alive);
+    eventually!("the stop", m.get(&alive).await.is_err());
+    assert_eq!(
+        rig.stop_reason(&alive).await.as_deref(),
+        Some("guest_exited")
+    );
+}
+
+// --- TTL ----------------------------------------------------------------------
+
+#[tokio::test]
+async fn the_reaper_stops_expired_sandboxes_only() {
+    let rig = Rig::new();
+    let m = rig.manager().await;
+    let old = m.create(req()).await.unwrap().id;
+    let young = m.create(req()).await.unwrap().id;
+    assert!(rig
+        .store
+        .set_expiry(&m.fence, &old, now_ms() - 1)
+        .await
+        .unwrap());
+    let reaper = m.spawn_reaper();
+    eventually!("the reap", m.get(&old).await.is_err());
+    reaper.abort();
+    assert_eq!(rig.stop_reason(&old).await.as_deref(), Some("ttl"));
+    eventually!("teardown", rig.rt.ids() == vec![young.clone()]);
+    assert_eq!(m.get(&young).await.unwrap().state, "running");
+    assert_eq!(m.live_count(), 1);
+}
+
+#[tokio::test]
+async fn set_ttl_moves_the_runtime_deadline_before_the_stored_one() {
+    // If the runtime cannot be told, the stored expiry is not moved
+    // either: the row never promises a lifetime the shim will not give.
+    let rig = Rig::new();
+    let m = rig.manager().await;
+    let info = m.create(req()).await.unwrap();
+    rig.rt.fail_once(Op::SetExpiry);
+    m.set_ttl(&info.id, 1000).await.unwrap_err();
+    assert_eq!(
+        m.get(&info.id).await.unwrap().expires_at_ms,
+        info.expires_at_ms
+    );
+    let moved = m.set_ttl(&info.id, 1000).await.unwrap();
+    assert!(moved.expires_at_ms > info.expires_at_ms);
+    assert_eq!(rig.rt.expiry(&info.id), Some(moved.expires_at_ms));
+}
+
+// --- snapshots and forks --------------------------------------------------------
+
+async fn snapshotted(rig: &Rig) -> (Arc<Manager>, String, crate::SnapshotInfo) {
+    let m = rig.manager().await;
+    let src = m.create(req()).await.unwrap().id;
+    m.write_file(&src, "/work/x", b"v1").await.unwrap();
+    let snap = m.snapshot(&src, None, BTreeMap::new()).await.unwrap();
+    (m, src, snap)
+}
+
+fn fork_req(count: usize) -> ForkRequest {
+    ForkRequest {
+        count,
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn snapshot_then_fork_gives_independent_copies() {
+    // The snapshot is recorded and its image sealed; each fork restores
+    // it (seeing the files written before the snapshot) and is its own.
+    let rig = Rig::new();
+    let (m, src, snap) = snapshotted(&rig).await;
+    assert_eq!(snap.sandbox_id, src);
+    assert!(snap.size_bytes > 0);
+    assert_eq!(m.get_snapshot(&snap.id).await.unwrap(), snap);
+    let forks = m.fork(&snap.id, fork_req(2)).await.unwrap();
+    assert_eq!(forks.len(), 2);
+    for f in &forks {
+        assert_eq!(f.boot_mode, Some("fork"));
+        assert!(rig.rt.was_restored(&f.id));
+        assert_eq!(m.read_file(&f.id, "/work/x").await.unwrap(), b"v1");
+    }
+    m.write_file(&forks[0].id, "/work/x", b"v2").await.unwrap();
+    assert_eq!(m.read_file(&src, "/work/x").await.unwrap(), b"v1");
+    assert_eq!(m.read_file(&forks[1].id, "/work/x").await.unwrap(), b"v1");
+    assert_eq!(m.live_count(), 3);
+    m.delete_snapshot(&snap.id).await.unwrap();
+    assert!(m.snapshots.local().ids().is_empty());
+    assert!(m.fork(&snap.id, fork_req(1)).await.is_err());
+}
+
+#[tokio::test]
+async fn a_fork_beyond_capacity_makes_none() {
+    // Forks count against the live cap one by one; the one that does not
+    // fit fails the fork and the ones made before it are stopped.
+    let rig = Rig::new();
+    let caps = Caps {
+        max_live_sandboxes: 2,
+        ..Default::default()
+    };
+    let m = rig.manager_with(caps, 0).await;
+    hold_bakes(&m);
+    let src = m.create(req()).await.unwrap().id;
+    let snap = m.snapshot(&src, None, BTreeMap::new()).await.unwrap();
+    let err = m.fork(&snap.id, fork_req(2)).await.unwrap_err();
+    assert!(matches!(err, CoreError::Capacity(2)), "{err:?}");
+    assert_eq!(rig.rt.calls(Op::Restore).len(), 1);
+    eventually!("teardown", rig.rt.ids() == vec![src.clone()]);
+    assert_eq!(m.live_count(), 1);
+}
+
+#[tokio::test]
+async fn the_reaper_deletes_expired_snapshots() {
+    // Retention: once a snapshot's time is up, the reaper removes its row
+    // and its image. (Retention is whole seconds: this test waits one.)
+    let rig = Rig::new();
+    let m = rig.manager().await;
+    let src = m.create(req()).await.unwrap().id;
+    let short = m.snapshot(&src, Some(1), BTreeMap::new()).await.unwrap();
+    let kept = m.snapshot(&src, Some(3600), BTreeMap::new()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1050)).await;
+    let reaper = m.spawn_reaper();
+    eventually!("the expiry", m.get_snapshot(&short.id).await.is_err());
+    reaper.abort();
+    assert_eq!(m.snapshots.local().ids(), vec![kept.id.clone()]);
+    assert!(m.get_snapshot(&kept.id).await.is_ok());
+    assert_eq!(m.get(&src).await.unwrap().state, "running");
+}
+
+#[tokio::test]
+async fn a_failed_checkpoint_leaves_no_snapshot() {
+    let rig = Rig::new();
+    let m = rig.manager().await;
+    let src = m.create(req()).await.unwrap().id;
+    rig.rt.fail(Op::Checkpoint);
+    m.snapshot(&src, None, BTreeMap::new()).await.unwrap_err();
+    assert!(m.list_snapshots(&BTreeMap::new()).await.unwrap().is_empty());
+    assert!(m.snapshots.local().ids().is_empty(), "no partial image");
+    // The source is untouched.
+    assert_eq!(m.get(&src).await.unwrap().state, "running");
+}
+
+#[tokio::test]
+async fn a_fork_is_all_or_nothing() {
+    // The second of three restores fails: the first fork is stopped too,
+    // and only the source remains.
+    let rig = Rig::new();
+    let (m, src, snap) = snapshotted(&rig).await;
+    rig.rt
+        .inject(Op::Restore, Fault::Fail("no room".into()), Schedule::nth(1));
+    m.fork(&snap.id, fork_req(3)).await.unwrap_err();
+    assert_eq!(rig.rt.calls(Op::Restore).len(), 2);
+    let first = rig.rt.calls(Op::Restore)[0].clone();
+    assert_eq!(
+        rig.stop_reason(&first).await.as_deref(),
+        Some("fork_failed")
+    );
+    eventually!("teardown", rig.rt.ids() == vec![src.clone()]);
+    let live: Vec<String> = m
+        .list(&BTreeMap::new())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    assert_eq!(live, vec![src]);
+    assert_eq!(m.live_count(), 1);
+}
+
+#[tokio::test]
+async fn a_fork_of_a_lost_checkpoint_fails_cleanly() {
+    // Lost on disk: the image fails verification and the runtime is not
+    // even asked. Unreadable to the runtime: the restore fails and the
+    // half-made fork is gone. Either way only the source remains.
+    let rig = Rig::new();
+    let (m, src, snap) = snapshotted(&rig).await;
+    let dir = m.snapshots.local().verify(&snap.id).unwrap();
+    assert!(rig.rt.forget_checkpoint(&dir));
+    m.fork(&snap.id, fork_req(1)).await.unwrap_err();
+    assert_eq!(rig.rt.calls(Op::Restore).len(), 1);
+    assert!(rig.unstopped().await.iter().all(|r| r.id == src));
+
+    std::fs::remove_file(checkpoint_file(&dir)).unwrap();
+    let err = m.fork(&snap.id, fork_req(1)).await.unwrap_err();
+    assert!(matches!(err, CoreError::SnapshotCorrupt(_)), "{err:?}");
+    assert_eq!(rig.rt.calls(Op::Restore).len(), 1, "no restore attempted");
+    eventually!("teardown", rig.rt.ids() == vec![src.clone()]);
+    assert_eq!(m.live_count(), 1);
+}
+
+// --- the host lease -------------------------------------------------------------
+
+#[tokio::test]
+async fn a_superseded_incarnation_cannot_create() {
+    // Once a new incarnation took the lease, the old one's create is
+    // refused by the store before the runtime is asked for anything.
+    let rig = Rig::new();
+    let old = rig.manager().await;
+    let _new = rig.manager().await;
+    let err = old.create(req()).await.unwrap_err();
+    assert!(
+        matches!(err, CoreError::Store(ref e) if e.is_fenced()),
+        "{err:?}"
+    );
+    assert!(rig.rt.calls(Op::Create).is_empty());
+    assert!(rig.rt.ids().is_empty());
+}
+
+#[tokio::test]
+async fn losing_the_lease_destroys_everything_and_refuses_work() {
+    // Live and pooled sandboxes alike are destroyed on the host; new
+    // work is refused from then on.
+    let rig = Rig::new();
+    let (m, pooled_id) = pooled(&rig).await;
+    let a = m.create(req()).await.unwrap().id;
+    assert_eq!(a, pooled_id);
+    let b = m.create(req()).await.unwrap().id;
+    let filler = m.spawn_pool_filler();
+    eventually!("the refill", m.pool.len(TPL) == 1);
+    filler.abort();
+    let _ = filler.await;
+    assert_eq!(rig.rt.ids().len(), 3);
+    m.lose_lease().await;
+    assert!(rig.rt.ids().is_empty());
+    assert_eq!(m.live_count(), 0);
+    assert_eq!(m.pool.len(TPL), 0);
+    let err = m.create(req()).await.unwrap_err();
+    assert!(
+        matches!(err, CoreError::Store(ref e) if e.is_fenced()),
+        "{err:?}"
+    );
+    // The rows are left for the lease's next holder to reconcile.
+    assert!(rig.store.get_live(&b).await.unwrap().is_some());
+}
