@@ -6,8 +6,23 @@ export PATH := $(HOME)/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/
 DATA_DIR ?= /var/lib/hatchery
 TEMPLATES_DIR ?= $(DATA_DIR)/templates
 LISTEN ?= 127.0.0.1:7423
-PYTEST := /usr/bin/python3 -m pytest
 BIN := target/release
+# Read-only things the suites share across tests and runs (venvs, npm trees,
+# wheels, baked template checkpoints, the agent template's rootfs), keyed by
+# the hash of what produced them; safe to delete (docs/testing.md).
+export HATCHERY_TEST_CACHE ?= /var/cache/hatchery-test
+CACHE := /usr/bin/python3 $(CURDIR)/tests/cache.py
+# pip's and npm's download caches there too (every `npm ci` of the suites).
+export PIP_CACHE_DIR ?= $(HATCHERY_TEST_CACHE)/pip
+export npm_config_cache ?= $(HATCHERY_TEST_CACHE)/npm-cache
+# Every pytest suite: a per-test timeout (pytest-timeout; a test that needs
+# longer says so with @pytest.mark.timeout), so a hang fails fast.
+export PYTEST_TIMEOUT ?= 600
+PYTEST := /usr/bin/python3 -m pytest -p timeout
+# What a suite target needs first; tests/run_suites.py empties these, since
+# `make test` has built everything once before the first suite.
+SUITE_PREREQS ?= build template
+SUITE_BUILD ?= build
 
 .PHONY: pg-conformance test-pg test-pg-integration egress-test agent-template gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load sessions-test e2b-test store-test broker-test bench bench-code clean-state
 
@@ -27,14 +42,16 @@ lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --release -- -D warnings
 
+# Every Rust unit and crate test (no runsc). The PostgreSQL conformance
+# suites run once, in make pg-conformance, on one shared server.
 unit:
-	cargo test --workspace --release
+	cargo test --workspace --release -- --skip conformance_on_postgres
 
 # The run_code Python kernel, on the host's python3 (no build, no daemon).
 kernel-test:
 	$(PYTEST) -q -p no:cacheprovider tests/kernel
 
-integration: build template
+integration: $(SUITE_PREREQS)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/integration
 
@@ -45,20 +62,20 @@ integration: build template
 # `make test-pg-integration` is its first half (about 25 minutes).
 PG_SUITES = integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test \
   sessions-test broker-test playground-test playground-load gateway-test e2b-test egress-test
-test-pg: build template
-	/usr/bin/python3 tests/pg/pg.py -- sh -c 'HATCHERY_TEST_DB=$$HATCHERY_TEST_PG_DSN $(MAKE) $(PG_SUITES)'
+test-pg: $(SUITE_PREREQS)
+	/usr/bin/python3 tests/pg/pg.py -- sh -c 'HATCHERY_TEST_DB=$$HATCHERY_TEST_PG_DSN /usr/bin/python3 tests/run_suites.py $(PG_SUITES)'
 
-test-pg-integration: build template
+test-pg-integration: $(SUITE_PREREQS)
 	/usr/bin/python3 tests/pg/pg.py -- sh -c 'HATCHERY_TEST_DB=$$HATCHERY_TEST_PG_DSN $(MAKE) integration'
 
 # The `hatchery` binary end to end, against a daemon the tests start.
-cli-test: build template
+cli-test: $(SUITE_PREREQS)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/cli
 
 # The typed Rust client (crates/hatchery-client) against a live daemon: its
 # client_smoke example drives every part of the API (about 10 s).
-client-test: build template
+client-test: $(SUITE_PREREQS)
 	cargo build --release -p hatchery-client --example client_smoke
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/client
@@ -69,40 +86,34 @@ client-test: build template
 # then node's test runner under tests/sdk/with_daemon.py.
 SDK_VENV := target/sdk-python-venv
 
-sdk-python-test: build template
+sdk-python-test: $(SUITE_PREREQS)
 	rm -rf $(SDK_VENV)
 	/usr/bin/python3 -m venv --system-site-packages $(SDK_VENV)
 	$(SDK_VENV)/bin/pip install -q --no-index --no-build-isolation ./sdk/python
 	rm -rf sdk/python/build sdk/python/*.egg-info
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) HATCHERY_SDK_INSTALLED=1 \
-	  $(SDK_VENV)/bin/python -P -m pytest -q -p no:cacheprovider -c sdk/python/pytest.ini sdk/python/tests
+	  $(SDK_VENV)/bin/python -P -m pytest -p timeout -q -p no:cacheprovider -c sdk/python/pytest.ini sdk/python/tests
 
 NEED_NODE = @node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' 2>/dev/null && command -v npm >/dev/null || \
 	  { echo "$@: needs Node.js >= 20 with npm (bookworm has 18; e.g. NodeSource's packages)" >&2; exit 1; }
 
-sdk-typescript-test: build template
+sdk-typescript-test: $(SUITE_PREREQS)
 	$(NEED_NODE)
 	cd sdk/typescript && npm ci --no-audit --no-fund --silent && npm run --silent build
 	cd sdk/typescript && HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
-	  /usr/bin/python3 $(CURDIR)/tests/sdk/with_daemon.py node --test --test-concurrency=1 test/
+	  /usr/bin/python3 $(CURDIR)/tests/sdk/with_daemon.py node --test --test-concurrency=1 --test-timeout=300000 test/
 	cd sdk/typescript && HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
-	  /usr/bin/python3 $(CURDIR)/tests/sessions/with_session_daemon.py node --test --test-concurrency=1 test-sessions/
+	  /usr/bin/python3 $(CURDIR)/tests/sessions/with_session_daemon.py node --test --test-concurrency=1 --test-timeout=300000 test-sessions/
 
 # E2B compatibility (docs/e2b.md): the official `e2b` and
 # `e2b-code-interpreter` from PyPI in a fresh venv, and `e2b` from npm
 # (npm ci from tests/e2b/js/package-lock.json), against a live daemon.
-E2B_VENV := target/e2b-venv
-E2B_JS := target/e2b-js
-
-e2b-test: build template
+e2b-test: $(SUITE_PREREQS)
 	$(NEED_NODE)
-	rm -rf $(E2B_VENV) $(E2B_JS)
-	/usr/bin/python3 -m venv $(E2B_VENV)
-	$(E2B_VENV)/bin/pip install -q pytest e2b==2.63.0 e2b-code-interpreter==2.11.5
-	mkdir -p $(E2B_JS) && cp tests/e2b/js/package.json tests/e2b/js/package-lock.json $(E2B_JS)/
-	cd $(E2B_JS) && npm ci --no-audit --no-fund --silent
-	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
-	  $(E2B_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/e2b
+	E2B_VENV=$$($(CACHE) venv e2b tests/e2b/requirements.txt) && \
+	E2B_JS=$$($(CACHE) node-modules e2b-js tests/e2b/js) && \
+	HATCHERY_E2B_JS=$$E2B_JS HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  $$E2B_VENV/bin/python -m pytest -p timeout -q -p no:cacheprovider tests/e2b
 
 # The browser terminal (web/terminal: xterm.js on the PTY WebSocket). The
 # daemon embeds web/terminal/dist at compile time, so `make build` needs no
@@ -118,17 +129,17 @@ terminal-build:
 	$(NEED_NODE)
 	cd web/terminal && npm ci --no-audit --no-fund --silent && npm run --silent build
 
-terminal-test: terminal-check build template
+terminal-test: terminal-check $(SUITE_PREREQS)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/terminal
 
 # The docs playground: HTTP and browser (headless Chromium) tests, then a
 # bounded load test (about 70 s).
-playground-test: build template
+playground-test: $(SUITE_PREREQS)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/playground/test_http.py tests/playground/test_network.py tests/playground/test_browser.py
 
-playground-load: build template
+playground-load: $(SUITE_PREREQS)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -s -p no:cacheprovider tests/playground/test_load.py
 
@@ -137,17 +148,11 @@ playground-load: build template
 # in front of a scripted upstream, and from inside real sandboxes through the
 # daemon's host-service relay (test_from_sandbox.py). About 2 minutes. The
 # budget store's conformance suite on PostgreSQL is in `make pg-conformance`.
-GATEWAY_VENV := target/gateway-venv
+GATEWAY_VENV = $$($(CACHE) venv gateway tests/gateway/requirements.txt --system-site-packages)
 
-$(GATEWAY_VENV)/.installed: tests/gateway/requirements.txt
-	rm -rf $(GATEWAY_VENV)
-	/usr/bin/python3 -m venv --system-site-packages $(GATEWAY_VENV)
-	$(GATEWAY_VENV)/bin/pip install -q -r tests/gateway/requirements.txt
-	touch $@
-
-gateway-test: build template $(GATEWAY_VENV)/.installed
-	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
-	  $(GATEWAY_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/gateway
+gateway-test: $(SUITE_PREREQS)
+	V=$(GATEWAY_VENV) && HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  $$V/bin/python -m pytest -p timeout -q -p no:cacheprovider tests/gateway
 
 # Interview rounds (the store's conformance suite on PostgreSQL is in
 # `make pg-conformance`, on SQLite in `make unit`): the pages (web/rounds: CodeMirror 6 bundled by esbuild, dist/
@@ -162,7 +167,7 @@ rounds-pages-build:
 	$(NEED_NODE)
 	cd web/rounds && npm ci --no-audit --no-fund --silent && npm run --silent build
 
-rounds-test: rounds-pages-check build template
+rounds-test: rounds-pages-check $(SUITE_PREREQS)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/rounds
 
@@ -170,51 +175,51 @@ rounds-test: rounds-pages-check build template
 # scripted model server (about 80 s).
 # mini-swe-agent and its pinned dependencies, as wheels, for the
 # third-party-agent test's template (installed offline from here).
-SWE_WHEELS = target/wheels/swe
-$(SWE_WHEELS)/.downloaded: tests/sessions/agent-requirements.txt
-	rm -rf $(SWE_WHEELS) && mkdir -p $(SWE_WHEELS)
-	/usr/bin/python3 -m pip download -q --disable-pip-version-check --only-binary=:all: --no-deps \
-	  -d $(SWE_WHEELS) -r tests/sessions/agent-requirements.txt
-	touch $@
-
-sessions-test: build template $(SWE_WHEELS)/.downloaded
+# mini-swe-agent and its pinned dependencies, as wheels, for the
+# third-party-agent test's template (installed offline from the test cache).
+sessions-test: $(SUITE_PREREQS)
+	W=$$($(CACHE) wheels swe tests/sessions/agent-requirements.txt) && \
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
-	  HATCHERY_AGENT_WHEELS=$(CURDIR)/$(SWE_WHEELS) \
+	  HATCHERY_AGENT_WHEELS=$$W \
 	  $(PYTEST) -q -p no:cacheprovider tests/sessions
 
 # mcp-server-git from PyPI (pinned, with what it pulls in), the real MCP
 # server the broker fronts in tests/broker/test_broker_mcp.py.
-MCP_VENV := target/mcp-venv
-$(MCP_VENV)/.installed: tests/broker/mcp-requirements.txt
-	rm -rf $(MCP_VENV)
-	/usr/bin/python3 -m venv $(MCP_VENV)
-	$(MCP_VENV)/bin/pip install -q --disable-pip-version-check -r tests/broker/mcp-requirements.txt
-	touch $@
-
 # The tool broker (tests/broker, about 2.5 minutes; its store's conformance
 # suite is in `make pg-conformance` and `make unit`): git push with a write credential to a real git
 # http-backend, a forge test server, SIGKILL x20, MCP tools of
 # mcp-server-git (about 20 s of it).
-broker-test: build template $(MCP_VENV)/.installed
+broker-test: $(SUITE_PREREQS)
+	V=$$($(CACHE) venv mcp tests/broker/mcp-requirements.txt) && \
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
-	  HATCHERY_MCP_VENV=$(CURDIR)/$(MCP_VENV) \
+	  HATCHERY_MCP_VENV=$$V \
 	  $(PYTEST) -q -p no:cacheprovider tests/broker
 
 # The `agent-session` template (curl, git, pip from the Debian mirror), kept
-# under target/ between runs: the egress suite's sessions use it.
-AGENT_TEMPLATES_DIR ?= target/agent-templates
+# in the test cache between runs and clones: the egress suite's sessions use it.
+AGENT_TEMPLATES_DIR ?= $(HATCHERY_TEST_CACHE)/agent-templates
 # build-local is a no-op when the built version is current.
-agent-template: build
+agent-template: $(SUITE_BUILD)
 	$(BIN)/hatchery template build-local --templates-dir $(AGENT_TEMPLATES_DIR) templates/agent-session.json
 
 # Sessions through the daemon's model gateway and egress proxy: pip, git
 # over HTTPS and curl inside a session sandbox against servers on 127.0.0.2
 # (about 20 s once the template is built; the build takes about 3 min).
-egress-test: build agent-template
-	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_AGENT_TEMPLATES_DIR=$(CURDIR)/$(AGENT_TEMPLATES_DIR) \
+egress-test: $(SUITE_BUILD) agent-template
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_AGENT_TEMPLATES_DIR=$(AGENT_TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/egress
 
-test: build template lint unit kernel-test integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test sessions-test broker-test playground-test playground-load gateway-test e2b-test store-test egress-test
+# Every suite, in two lanes side by side (each lane one suite after another;
+# each suite runs even if one before it failed), then a table: suite, tests
+# passed/failed/skipped, wall time, and the total (also in
+# target/test-times.md; each suite's output in target/test-logs/). What each
+# suite proves, and why two lanes are safe: docs/testing.md.
+TEST_SUITES = lint unit kernel-test store-test broker-test sessions-test gateway-test egress-test \
+    playground-test playground-load \
+  // integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test e2b-test
+
+test: build template
+	/usr/bin/python3 tests/run_suites.py $(TEST_SUITES)
 
 # Every store's conformance suite on PostgreSQL, in one run of the test
 # binaries `make unit` built (no build of its own; about 30 s): the broker's
@@ -222,7 +227,7 @@ test: build template lint unit kernel-test integration cli-test client-test sdk-
 # (tests/pg/pg.py; HATCHERY_REQUIRE_PG, so none passes by skipping); the
 # state, sessions and policy stores start their own (initdb/pg_ctl as the
 # postgres user; they fail if they cannot). SQLite runs in `make unit`.
-pg-conformance: build
+pg-conformance: $(SUITE_BUILD)
 	/usr/bin/python3 tests/pg/pg.py -- env HATCHERY_REQUIRE_PG=1 \
 	  cargo test --workspace --release conformance_on_postgres
 
@@ -236,16 +241,16 @@ pg-conformance: build
 # snapshot forked on another host after its writer's SIGKILL (about 55 s).
 # tests/store/test_rounds_hosts.py: interview rounds on two control
 # processes over two hosts, one control SIGKILLed mid-grading (about 20 s).
-store-test: build template pg-conformance
+store-test: $(SUITE_PREREQS) pg-conformance
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/store
 
 # The Run-button path alone (about a minute): run_code and exec against raw runsc.
-bench-code: build template
+bench-code: $(SUITE_PREREQS)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/code_bench.py
 
-bench: build template $(GATEWAY_VENV)/.installed
+bench: $(SUITE_PREREQS)
 	cargo build --release -p hatchery-net --example slot_bench
 	cargo run -q --release -p hatchery-policy --example policy_bench
 	cargo run -q --release -p hatchery-audit --example audit_bench
@@ -265,7 +270,7 @@ bench: build template $(GATEWAY_VENV)/.installed
 	  /usr/bin/python3 bench/playground_bench.py
 	cargo build --release -p hatchery-gateway --example reserve_bench
 	$(BIN)/examples/reserve_bench
-	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) $(GATEWAY_VENV)/bin/python bench/gateway_bench.py
+	V=$(GATEWAY_VENV) && HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) $$V/bin/python bench/gateway_bench.py
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/rounds_fairness.py
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \

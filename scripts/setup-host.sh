@@ -36,6 +36,8 @@ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 # The fault harness runs a host with its wall clock skewed (tests/store/test_faults.py).
 command -v faketime >/dev/null 2>&1 || missing+=(faketime)
 /usr/bin/python3 -c 'import pytest' >/dev/null 2>&1 || missing+=(python3-pytest)
+# Every pytest suite runs under a per-test timeout, so a hang fails fast.
+/usr/bin/python3 -c 'import pytest_timeout' >/dev/null 2>&1 || missing+=(python3-pytest-timeout)
 # The Python SDK suite pip-installs the package, offline, into a venv that
 # sees the system packages (make sdk-python-test): venv, and wheel to build it.
 /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing+=(python3-venv)

@@ -17,8 +17,9 @@ REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 @pytest.fixture(scope="session")
 def agent_templates():
     """A templates dir holding `agent-session` (curl, git, pip): the one
-    `make agent-template` keeps under target/, built here if missing."""
-    d = os.environ.get("HATCHERY_AGENT_TEMPLATES_DIR") or os.path.join(REPO, "target", "agent-templates")
+    `make agent-template` keeps in the test cache, built here if missing."""
+    d = os.environ.get("HATCHERY_AGENT_TEMPLATES_DIR") or os.path.join(
+        os.environ.get("HATCHERY_TEST_CACHE", "/var/cache/hatchery-test"), "agent-templates")
     # A no-op when the built version is current.
     os.makedirs(d, exist_ok=True)
     subprocess.run([os.path.join(BIN_DIR, "hatchery"), "template", "build-local", "--templates-dir", d,

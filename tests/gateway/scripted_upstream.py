@@ -2,7 +2,10 @@
 messages, streamed and not, with usage fields. A test double for a remote
 model service (the model is out of scope); it records what it received so
 tests can check what reached it. Model names script behaviour:
-`slow-*` waits SLOW_SECONDS before answering."""
+`slow-*` waits SLOW_SECONDS before answering; `full-*` reports usage as
+large as a gateway's worst-case estimate of the call (every byte of the
+request a token, and all of max_tokens), so a budget test's calls spend
+what they reserve."""
 
 import json
 import threading
@@ -32,12 +35,16 @@ class Upstream:
                 raw = self.rfile.read(n)
                 body = json.loads(raw or b"{}")
                 with up.lock:
-                    up.requests.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}, "body": body})
+                    up.requests.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()},
+                                        "body": body, "size": len(raw)})
                 up.arrived.set()
                 if str(body.get("model", "")).startswith("slow-"):
                     time.sleep(SLOW_SECONDS)
                 input_tokens = max(1, len(raw) // 8)
                 output_tokens = min(OUTPUT_TOKENS, body.get("max_tokens") or body.get("max_completion_tokens") or 10**9)
+                if str(body.get("model", "")).startswith("full-"):
+                    input_tokens = len(raw)
+                    output_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or OUTPUT_TOKENS
                 if self.path.endswith("/chat/completions"):
                     self.openai(body, input_tokens, output_tokens)
                 elif self.path.endswith("/messages"):

@@ -29,7 +29,8 @@ ADMIN = "admin-key-for-the-gateway-tests"
 REAL_KEY = "sk-upstream-real-key-0123456789"
 PRICES = {"models": {"gpt-test": {"input_cents_per_mtok": 100000, "output_cents_per_mtok": 400000},
                      "slow-model": {"input_cents_per_mtok": 100000, "output_cents_per_mtok": 400000},
-                     "claude-test": {"input_cents_per_mtok": 100000, "output_cents_per_mtok": 400000}}}
+                     "claude-test": {"input_cents_per_mtok": 100000, "output_cents_per_mtok": 400000},
+                     "full-model": {"input_cents_per_mtok": 100000, "output_cents_per_mtok": 400000}}}
 CAP = 256
 
 
@@ -202,21 +203,25 @@ def test_the_same_on_postgresql(upstream):
 
 def overspend_check(gw, upstream, reps=20):
     # Each call's worst case: body bytes (about 110) + max_tokens 100. A
-    # token limit of 10 reservations' worth lets about 10 in at once.
+    # token limit of 10 reservations' worth lets about 10 in at once. The
+    # upstream (`full-*`) reports usage as large as that worst case, so an
+    # admitted call spends about what it reserved: without reservations, 50
+    # concurrent calls would all pass a "used < limit" check and spend 5x.
     body_msgs = [{"role": "user", "content": "x" * 40}]
     admitted, seen = 0, len(upstream.requests)
     for rep in range(reps):
         s = f"ses_c{rep}"
         key = gw.key(s)
-        probe = json.dumps({"model": "gpt-test", "max_tokens": 100, "messages": body_msgs}).encode()
+        probe = json.dumps({"model": "full-model", "max_tokens": 100, "messages": body_msgs}).encode()
         per_call = len(probe) + 100 + 16
         limit = per_call * 10
         gw.budget(f"session:{s}", tokens=limit)
         c = gw.openai(key)
+        before = len(upstream.requests)
 
         def one(_):
             try:
-                c.chat.completions.create(model="gpt-test", max_tokens=100, messages=body_msgs)
+                c.chat.completions.create(model="full-model", max_tokens=100, messages=body_msgs)
                 return "ok"
             except openai.RateLimitError as e:
                 assert e.body["code"] == "budget_exhausted", e.body
@@ -225,12 +230,22 @@ def overspend_check(gw, upstream, reps=20):
             outcomes = list(ex.map(one, range(50)))
         c.close()
         b = gw.spent(f"session:{s}")
+        reached = upstream.requests[before:]
+        reported = sum(r["size"] + 100 for r in reached)
+        ok = outcomes.count("ok")
+        # What the upstream reported is what the budget counts, and each
+        # call reported close to its reservation (the check below bites).
+        assert b["used_tokens"] == reported, (rep, b, reported)
+        assert reported >= ok * per_call * 0.8, (reported, ok, per_call)
         # The invariant: spend never passes the limit by more than the
         # largest single reservation (here every reservation is per_call).
         assert b["used_tokens"] <= limit + per_call, (rep, b)
         assert b["reserved_tokens"] == 0, b
-        assert outcomes.count("ok") >= 10, outcomes
-        admitted += outcomes.count("ok")
+        # Exactly the calls the limit fits were admitted (10, or 11 if the
+        # actual spend left room for one more), every other one refused.
+        assert 10 <= ok <= 11 and outcomes.count("refused") == 50 - ok, outcomes
+        assert len(reached) == ok
+        admitted += ok
     # Refused calls never reached the upstream.
     assert len(upstream.requests) - seen == admitted
 

@@ -2,6 +2,7 @@
 to it over HTTP, and checks that nothing of a sandbox is left on the host."""
 
 import glob
+import hashlib
 import http.client
 import json
 import os
@@ -20,6 +21,10 @@ TEMPLATES_DIR = os.environ.get("HATCHERY_TEMPLATES_DIR", "/var/lib/hatchery/temp
 # a host id of its own (`make test-pg`: the suites against the PostgreSQL
 # backend, each daemon as isolated as with its own SQLite file).
 TEST_DB = os.environ.get("HATCHERY_TEST_DB", "")
+# Read-only things tests share across daemons and across runs (docs/testing.md).
+# Here: sealed template checkpoints, so a fresh daemon restores at once
+# instead of baking its own (and its stop waiting for that bake).
+CACHE = os.environ.get("HATCHERY_TEST_CACHE", "/var/cache/hatchery-test")
 
 
 def own_database(prefix):
@@ -62,9 +67,97 @@ def wait_for(cond, timeout=60, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def wait_baked(d):
-    """Waits for the template checkpoint the daemon bakes at start."""
-    wait_for(lambda: metric(d, "hatchery_template_images_baked_total") >= 1, what="template checkpoint")
+def checkpoints_ready(d):
+    """Whether every template the daemon serves has its checkpoint sealed
+    and verified (baked by this daemon or seeded from the cache)."""
+    r = d.request("GET", "/v1/templates")
+    return r.status == 200 and all(t["checkpoint_ready"] for t in r.json()["templates"])
+
+
+def wait_baked(d, timeout=120):
+    """Waits until the daemon's template checkpoints are ready, seeded from
+    the image cache or baked by the daemon at start; a bake counts once its
+    builder sandbox is gone (the metric), so no builder is left running."""
+    def done():
+        if not checkpoints_ready(d):
+            return False
+        images = os.path.join(d.data_dir, "images")
+        baked = [n for n in os.listdir(images) if n not in d.seeded] if os.path.isdir(images) else []
+        return not baked or metric(d, "hatchery_template_images_baked_total") >= len(baked)
+    wait_for(done, timeout=timeout, what="template checkpoints")
+
+
+def _images_cache(templates_dir):
+    """The image cache for daemons on `templates_dir`: a checkpoint names
+    its template's rootfs path, so images are kept per templates directory.
+    Image ids hash the template version and the agent and runsc builds
+    (`Template::image_id`), so a stale image is simply never used."""
+    key = hashlib.sha256(os.path.realpath(templates_dir).encode()).hexdigest()[:12]
+    return os.path.join(CACHE, "images", key)
+
+
+def _sealed(d):
+    return os.path.isfile(os.path.join(d, "manifest.json"))
+
+
+def _intact(d):
+    """Every file of a sealed image matches its manifest (a test may have
+    damaged it on purpose: such an image never goes into the cache)."""
+    try:
+        files = json.load(open(os.path.join(d, "manifest.json")))["files"]
+        for name, want in files.items():
+            h = hashlib.sha256()
+            with open(os.path.join(d, name), "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+            if h.hexdigest() != want["sha256"]:
+                return False
+        return True
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def seed_images(data_dir, templates_dir):
+    """Copies the cached sealed checkpoints into a new daemon's images dir;
+    returns their names. Copies, not links: a test may damage its daemon's
+    image on purpose."""
+    src = _images_cache(templates_dir)
+    if not os.path.isdir(src):
+        return set()
+    names = set()
+    for name in os.listdir(src):
+        if name.startswith(".") or not _sealed(os.path.join(src, name)):
+            continue
+        shutil.copytree(os.path.join(src, name), os.path.join(data_dir, "images", name))
+        names.add(name)
+    return names
+
+
+def keep_images(data_dir, templates_dir):
+    """Puts the sealed checkpoints a daemon baked into the cache (atomically:
+    copied aside, then renamed), replacing older images of the same
+    template; a concurrent writer of the same id loses the rename, harmlessly."""
+    src_dir = os.path.join(data_dir, "images")
+    if not os.path.isdir(src_dir):
+        return
+    dst = _images_cache(templates_dir)
+    for name in os.listdir(src_dir):
+        src = os.path.join(src_dir, name)
+        if not _sealed(src) or os.path.exists(os.path.join(dst, name)) or not _intact(src):
+            continue
+        os.makedirs(dst, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".in-", dir=dst)
+        try:
+            shutil.copytree(src, os.path.join(tmp, "img"))
+            os.rename(os.path.join(tmp, "img"), os.path.join(dst, name))
+        except OSError:
+            pass
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        template = name.rsplit("-", 1)[0]
+        for old in os.listdir(dst):
+            if old != name and not old.startswith(".") and old.rsplit("-", 1)[0] == template:
+                shutil.rmtree(os.path.join(dst, old), ignore_errors=True)
 
 
 def net_leftovers(prefix, netns=None):
@@ -89,6 +182,42 @@ def net_leftovers(prefix, netns=None):
         if f"hatchery_{prefix}" in tables:
             left.append(f"nftables table hatchery_{prefix}{where}")
     return left
+
+
+def seed_rootfs(templates_dir, name):
+    """Copies the cached built root filesystems of template `name` into
+    `templates_dir`, so a build of a spec with the same base and packages
+    (the rootfs key) skips debootstrap. Only complete ones (`.complete`,
+    written last by the build) are cached."""
+    src = os.path.join(CACHE, "rootfs", name)
+    if not os.path.isdir(src):
+        return
+    for r in os.listdir(src):
+        if r.startswith("rootfs-") and os.path.exists(os.path.join(src, r, ".complete")):
+            os.makedirs(os.path.join(templates_dir, name), exist_ok=True)
+            subprocess.run(["cp", "-a", os.path.join(src, r), os.path.join(templates_dir, name)], check=True)
+
+
+def keep_rootfs(templates_dir, name):
+    """Puts the complete root filesystems a test built for template `name`
+    into the cache (copied aside, then renamed), replacing older ones."""
+    dst = os.path.join(CACHE, "rootfs", name)
+    for path in glob.glob(os.path.join(templates_dir, name, "rootfs-*")):
+        r = os.path.basename(path)
+        if not os.path.exists(os.path.join(path, ".complete")) or os.path.exists(os.path.join(dst, r)):
+            continue
+        os.makedirs(dst, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".in-", dir=dst)
+        try:
+            subprocess.run(["cp", "-a", path, os.path.join(tmp, r)], check=True)
+            os.rename(os.path.join(tmp, r), os.path.join(dst, r))
+            for old in os.listdir(dst):
+                if old.startswith("rootfs-") and old != r:
+                    shutil.rmtree(os.path.join(dst, old), ignore_errors=True)
+        except (OSError, subprocess.CalledProcessError):
+            pass
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 class Response:
@@ -117,7 +246,10 @@ def net_args():
     _seq[0] += 1
     n = (os.getpid() * 31 + _seq[0]) % (26 ** 4)
     letters = "".join(chr(ord("a") + (n // 26 ** i) % 26) for i in range(4))
-    return ["--net-prefix", "t" + letters, "--net-range", f"10.{128 + n % 100}.0.0/16"]
+    # Suites running side by side (tests/run_suites.py lanes) draw ranges
+    # from disjoint halves, so two processes' daemons never share a /16.
+    lane = int(os.environ.get("HATCHERY_TEST_LANE", "0")) % 2
+    return ["--net-prefix", "t" + letters, "--net-range", f"10.{128 + lane * 50 + n % 50}.0.0/16"]
 
 
 def arg(args, name):
@@ -125,7 +257,7 @@ def arg(args, name):
 
 
 class Daemon:
-    def __init__(self, extra_args=(), data_dir=None, templates_dir=None, netns=None):
+    def __init__(self, extra_args=(), data_dir=None, templates_dir=None, netns=None, seed=True):
         # Short path: unix socket paths are capped at 107 bytes.
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="hxt-", dir="/tmp")
         self.port = free_port()
@@ -145,8 +277,13 @@ class Daemon:
         self.log_path = os.path.join(self.data_dir, "daemon.log")
         self.created = set()
         self.templates_dir = templates_dir or TEMPLATES_DIR
+        # seed=False: the daemon bakes its own checkpoints (tests of baking).
+        self.seed = seed and not os.environ.get("HATCHERY_TEST_NO_IMAGE_CACHE")
+        self.seeded = set()
 
     def start(self):
+        if self.seed and not os.path.exists(os.path.join(self.data_dir, "images")):
+            self.seeded = seed_images(self.data_dir, self.templates_dir)
         env = dict(os.environ, HATCHERY_API_KEY=KEY, RUST_LOG="info")
         log = open(self.log_path, "ab")
         enter = ["nsenter", f"--net={self.netns.path}", "--"] if self.netns else []
@@ -325,5 +462,7 @@ class Daemon:
             self.stop()
             if self.netns:
                 self.netns.delete()
+            if self.seed:
+                keep_images(self.data_dir, self.templates_dir)
             if not os.environ.get("HATCHERY_KEEP_DATA"):
                 shutil.rmtree(self.data_dir, ignore_errors=True)

@@ -88,6 +88,50 @@ class NetLab:
         sh("ip", "netns", "del", NS, check=False)
 
 
+class Peer:
+    """One HTTP server (port 80) in a network namespace of its own, at the
+    far end of a veth /30 from the host: a destination a sandbox could reach
+    if its policy let it, for suites that only need "can this sandbox
+    connect out?" answered with a real connection. Unlike NetLab it routes
+    nothing in the root namespace, and its names and addresses are per
+    process and per lane (198.19.0.0/16, RFC 2544's benchmarking range), so
+    suites in both lanes of `make test` can each have one."""
+
+    def __init__(self):
+        lane = int(os.environ.get("HATCHERY_TEST_LANE", "0")) % 2
+        n = os.getpid() % 64
+        self.ns = f"hxtpeer{lane}x{n}"
+        self.host_if, self.ns_if = f"hxtp{lane}x{n}r", f"hxtp{lane}x{n}n"
+        base = 4 * n
+        self.host_addr = f"198.19.{lane}.{base + 1}"
+        self.addr = f"198.19.{lane}.{base + 2}"
+        self.server = None
+
+    def up(self):
+        self.down()
+        sh("ip", "netns", "add", self.ns)
+        sh("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if, "netns", self.ns)
+        sh("ip", "addr", "add", f"{self.host_addr}/30", "dev", self.host_if)
+        sh("ip", "link", "set", self.host_if, "up")
+        sh("ip", "-n", self.ns, "addr", "add", f"{self.addr}/30", "dev", self.ns_if)
+        sh("ip", "-n", self.ns, "link", "set", self.ns_if, "up")
+        sh("ip", "-n", self.ns, "link", "set", "lo", "up")
+        sh("ip", "-n", self.ns, "route", "add", "default", "via", self.host_addr)
+        self.server = subprocess.Popen(["ip", "netns", "exec", self.ns, sys.executable, "-c",
+                                        f"ADDRS = {[self.addr]!r}\n" + SERVER],
+                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        assert self.server.stdout.readline().strip() == "ready"
+        return self
+
+    def down(self):
+        if self.server:
+            self.server.kill()
+            self.server.wait()
+            self.server = None
+        sh("ip", "link", "del", self.host_if, check=False)
+        sh("ip", "netns", "del", self.ns, check=False)
+
+
 # Runs inside the sandbox: one probe per line of argv, JSON out.
 PROBE = r'''
 import json, socket, sys, time
@@ -116,8 +160,10 @@ def tcp6(h, p):
     s = socket.socket(socket.AF_INET6); s.settimeout(3)
     try:
         s.connect((h, p)); return "open:"
-    except Exception as e:
-        return "blocked:" + type(e).__name__
+    except OSError as e:
+        # The errno says why: no route at all (ENETUNREACH) is a different
+        # promise from a drop on the host (a timeout).
+        return "blocked:" + type(e).__name__ + ":" + str(e.errno)
 out = {}
 for spec in sys.argv[1:]:
     kind, h, p = spec.split(",")

@@ -1,3 +1,4 @@
+import json
 import time
 
 from harness import KEY
@@ -108,9 +109,15 @@ def test_exec_stream_events_arrive_live(daemon, sandbox):
 
 def test_stream_disconnect_kills_the_command(daemon, sandbox):
     def first_line(ev):
-        return False  # hang up after the first event
-    daemon.stream(sandbox, {"cmd": "echo started; sleep 3; echo survived > /tmp/flag"}, on_event=first_line)
+        # Hang up once the command has shown it runs (its first output).
+        return "started" not in json.dumps(ev[1])
+    events = daemon.stream(sandbox, {"cmd": "touch /tmp/began; echo started; sleep 3; echo survived > /tmp/flag"},
+                           on_event=first_line)
+    assert "started" in json.dumps(events[-1][1]), events
     time.sleep(4.5)
+    # It did start (so "not there" below is the kill, not a command that never ran)...
+    assert daemon.exec(sandbox, "test -e /tmp/began && echo began")["stdout"] == "began\n"
+    # ...and the hang-up killed it before its last step.
     r = daemon.exec(sandbox, "cat /tmp/flag 2>/dev/null || echo killed")
     assert r["stdout"] == "killed\n"
 

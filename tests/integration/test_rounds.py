@@ -5,6 +5,7 @@ and forked; capability tokens and the bad-input cases of issue 12; and at
 the end no sandbox of a round is left behind."""
 
 import json
+import shlex
 import threading
 import time
 import urllib.parse
@@ -12,6 +13,7 @@ import urllib.parse
 import pytest
 
 from harness import Daemon, wait_for
+from netlab import Peer
 
 MARKER = "HIDDEN-MARKER-" + "7f3a9c1e5b"
 ASSERT_TEXT = "expected-secret-answer-" + "42"
@@ -426,7 +428,7 @@ def test_bad_input(d):
         assert req(d, "GET", bad).status == 404
 
 
-def test_replays_forks_and_retention(d):
+def test_replays_forks_and_retention(d, peer):
     rnd = make_round(d, retention_seconds=6)
     rid = rnd["id"]
     s = invite(d, rid)
@@ -450,10 +452,15 @@ def test_replays_forks_and_retention(d):
     assert "scratch.txt" in tree and "notes.txt" not in tree, tree
     c = req(d, "GET", f"/v1/rounds/{rid}/forks/{f1['id']}/file?path=scratch.txt", token=rv).json()
     assert c["content"] == "tried x"
-    # Forks always get deny-all egress.
+    # Forks always get deny-all egress: a real connection out fails, and
+    # the same probe succeeds once the operator opens that address.
     for f in (f1, f2):
         pol = d.request("GET", f"/v1/sandboxes/{f['sandbox_id']}/network").json()
         assert pol["egress"] == "deny" and pol["allow"] == [], pol
+        assert d.exec(f["sandbox_id"], connect_cmd(peer.addr))["stdout"].startswith("blocked:")
+    r = d.request("PUT", f"/v1/sandboxes/{f1['sandbox_id']}/network", {"allow": [{"cidr": peer.addr, "ports": [80]}]})
+    assert r.status == 200, r
+    assert d.exec(f1["sandbox_id"], connect_cmd(peer.addr))["stdout"].startswith("open: HTTP/1.0 200")
     # Isolated: one reviewer's change is not in the other's fork, and the
     # other reviewer cannot even see the first one's fork.
     x = req(d, "POST", f"/v1/rounds/{rid}/forks/{f1['id']}/exec", {"argv": ["sh", "-c", "echo poke > poke.txt"]}, token=rv)
@@ -471,14 +478,40 @@ def test_replays_forks_and_retention(d):
     assert (r.status, r.error_code()) == (409, "replay_expired")
 
 
-def test_setup_egress_is_closed_before_candidates(d):
-    # A setup-only hole (a documentation address: nothing is sent to it).
-    rnd = make_round(d, setup={"commands": ["echo ok > setup.txt"],
-                               "allow": [{"cidr": "203.0.113.9", "ports": [443]}]})
+def connect_cmd(addr, out=None):
+    """A shell command that tries one HTTP connection to addr:80 and prints
+    (or writes to `out`) "open: <answer>" or "blocked: <why>"."""
+    py = ("import socket\n"
+          "s = socket.socket(); s.settimeout(3)\n"
+          "try:\n"
+          f"    s.connect(('{addr}', 80)); s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n'); r = 'open: ' + s.recv(200).decode()\n"
+          "except OSError as e:\n"
+          "    r = 'blocked: ' + type(e).__name__\n")
+    py += f"open({out!r}, 'w').write(r)\n" if out else "print(r)\n"
+    return "python3 -c " + shlex.quote(py)
+
+
+@pytest.fixture(scope="module")
+def peer():
+    p = Peer().up()
+    yield p
+    p.down()
+
+
+def test_setup_egress_is_closed_before_candidates(d, peer):
+    # A setup-only hole to a server in a namespace of the test's own: the
+    # setup command connects through it, the candidate's sandbox cannot.
+    rnd = make_round(d, setup={"commands": ["echo ok > setup.txt", connect_cmd(peer.addr, "/tmp/setup-net.txt")],
+                               "allow": [{"cidr": peer.addr, "ports": [80]}]})
     s = invite(d, rnd["id"])
     (sbx,) = sandbox_of(d, s["id"])
     pol = d.request("GET", f"/v1/sandboxes/{sbx}/network").json()
     assert pol["egress"] == "deny" and pol["allow"] == [], pol
+    # The hole was open during set-up (so "blocked" below is the closing).
+    r = d.exec(sbx, "cat /tmp/setup-net.txt")
+    assert r["stdout"].startswith("open: HTTP/1.0 200"), r
+    r = d.exec(sbx, connect_cmd(peer.addr))
+    assert r["stdout"].startswith("blocked:"), r
     r = req(d, "POST", "/v1/rounds", round_body(setup={"allow": [{"cidr": "not-an-ip"}]}))
     assert (r.status, r.error_code()) == (400, "invalid_request"), r
     assert req(d, "POST", f"/v1/rounds/{rnd['id']}/sessions/{s['id']}/end").status == 200

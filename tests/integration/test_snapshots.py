@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from harness import Daemon, metric, wait_for
+from harness import Daemon, metric, wait_baked, wait_for
 
 
 def create(d, **kw):
@@ -46,7 +46,8 @@ def test_pool_hands_out_fresh_sandboxes_and_refills(pooled):
 
 
 def test_restore_then_cold_when_the_checkpoint_is_corrupt(daemon):
-    wait_for(lambda: metric(daemon, "hatchery_template_images_baked_total") >= 1, what="template checkpoint")
+    wait_baked(daemon)
+    baked = metric(daemon, "hatchery_template_images_baked_total")
     s = create(daemon)
     assert s["boot_mode"] == "restore", s
     assert daemon.exec(s["id"], "python3 -c 'print(6*7)'")["stdout"] == "42\n"
@@ -60,7 +61,7 @@ def test_restore_then_cold_when_the_checkpoint_is_corrupt(daemon):
     assert s["boot_mode"] == "cold", "a checkpoint that fails its checksum is never restored"
     assert daemon.exec(s["id"], "echo ok")["stdout"] == "ok\n"
     # ...and a fresh one is baked for the next create.
-    wait_for(lambda: metric(daemon, "hatchery_template_images_baked_total") >= 2, what="re-bake")
+    wait_for(lambda: metric(daemon, "hatchery_template_images_baked_total") >= baked + 1, what="re-bake")
     assert create(daemon)["boot_mode"] == "restore"
 
 
@@ -118,7 +119,7 @@ def test_retention_expiry_deletes_files(daemon, sandbox):
 @pytest.mark.parametrize("damage", ["truncate", "empty", "bitflip"])
 def test_corrupt_snapshot_is_a_typed_error_and_leaks_nothing(daemon, sandbox, damage):
     # No background bake running, so the sandboxes dir holds only ours.
-    wait_for(lambda: metric(daemon, "hatchery_template_images_baked_total") >= 1, what="template checkpoint")
+    wait_baked(daemon)
     snap = daemon.request("POST", f"/v1/sandboxes/{sandbox}/snapshots", {}).json()
     img = os.path.join(daemon.data_dir, "snapshots", snap["id"], "checkpoint.img")
     data = open(img, "rb").read()
@@ -158,7 +159,7 @@ def test_pool_stays_empty_under_memory_pressure():
     # A threshold no host can meet: the pool must neither fill nor hand out.
     d = Daemon(extra_args=["--pool-size", "2", "--pool-min-available", "1.01"]).start()
     try:
-        wait_for(lambda: metric(d, "hatchery_template_images_baked_total") >= 1, what="template checkpoint")
+        wait_baked(d)
         time.sleep(2)
         assert metric(d, "hatchery_pool_ready") == 0
         assert create(d)["boot_mode"] == "restore"

@@ -42,6 +42,8 @@ def build(d, spec):
     return acc, events
 
 
+# Longer than the default: it builds templates through the API and the CLI.
+@pytest.mark.timeout(1200)
 def test_build_use_rebuild_delete(builder):
     d = builder
     acc, events = build(d, SPEC)

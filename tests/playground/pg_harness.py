@@ -188,6 +188,19 @@ def read_sse(r, on_event=None):
     return events, times
 
 
+def read_until(r, prefix):
+    """Reads the response's lines until one starts with `prefix`; fails if
+    the stream ends first (instead of looping on b"" for ever)."""
+    seen = []
+    while True:
+        line = r.readline()
+        if not line:
+            raise AssertionError(f"stream ended before {prefix!r}; read {seen[-10:]}")
+        if line.startswith(prefix):
+            return line
+        seen.append(line)
+
+
 def sandboxes(daemon):
     r = daemon.request("GET", "/v1/sandboxes")
     assert r.status == 200, r

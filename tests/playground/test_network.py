@@ -6,16 +6,35 @@ import threading
 import time
 import uuid
 
-from pg_harness import sandboxes, wait_for
+import pytest
+
+from netlab import Peer
+from pg_harness import read_until, sandboxes, wait_for
 
 
-def test_playground_sandbox_egress_is_deny(gateway_factory, daemon):
+@pytest.fixture(scope="module")
+def peer():
+    p = Peer().up()
+    yield p
+    p.down()
+
+
+def connect(daemon, sid, addr):
+    """One real HTTP connection from inside the sandbox to addr:80."""
+    py = ("import socket\ns = socket.socket(); s.settimeout(3)\ntry:\n"
+          f"    s.connect(('{addr}', 80)); s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n'); print('open: ' + s.recv(100).decode())\n"
+          "except OSError as e:\n    print('blocked: ' + type(e).__name__)\n")
+    r = daemon.request("POST", f"/v1/sandboxes/{sid}/exec", {"argv": ["python3", "-c", py], "timeout_seconds": 20})
+    assert r.status == 200, r
+    return r.json()["stdout"]
+
+
+def test_playground_sandbox_egress_is_deny(gateway_factory, daemon, peer):
     g = gateway_factory()
     conn, r = g.open_run(f"# {uuid.uuid4().hex}\nimport time\nprint('up', flush=True)\ntime.sleep(20)\n")
     assert r.status == 200
     try:
-        while not r.readline().startswith(b"event: stdout"):
-            pass
+        read_until(r, b"event: stdout")
         wait_for(lambda: len(sandboxes(daemon)) == 1, timeout=10, what="sandbox")
         (sbx,) = sandboxes(daemon)
         assert sbx["metadata"]["created_by"] == "hatchery-playground"
@@ -23,6 +42,13 @@ def test_playground_sandbox_egress_is_deny(gateway_factory, daemon):
         assert pol.status == 200, pol
         body = pol.json()
         assert body["egress"] == "deny" and body.get("allow", []) == [], body
+        # A real connection out, to a server in the test's own namespace,
+        # fails; the same probe succeeds once that address is opened (so
+        # the failure is the policy, not a probe that cannot work).
+        assert connect(daemon, sbx["id"], peer.addr).startswith("blocked:")
+        r = daemon.request("PUT", f"/v1/sandboxes/{sbx['id']}/network", {"allow": [{"cidr": peer.addr, "ports": [80]}]})
+        assert r.status == 200, r
+        assert connect(daemon, sbx["id"], peer.addr).startswith("open: HTTP/1.0 200")
     finally:
         # The response still holds the socket: shut it down so the gateway
         # sees the visitor leave and kills the run now.
@@ -112,8 +138,7 @@ def test_a_stop_waits_for_a_cancelled_run_to_delete_its_sandbox(gateway_factory,
     try:
         conn, r = g.open_run(f"# {uuid.uuid4().hex}\nimport time\nprint('up', flush=True)\ntime.sleep(20)\n")
         assert r.status == 200
-        while not r.readline().startswith(b"event: stdout"):
-            pass
+        read_until(r, b"event: stdout")
         left = sandboxes(daemon)
         assert len(left) == 1
         conn.sock.shutdown(2)

@@ -3,7 +3,7 @@ mini-swe-agent (`mini`), through its own model layer (litellm), against the
 scripted model over the same host-services relay the reference agent uses.
 
 The template installs the pinned wheels (tests/sessions/agent-requirements.txt,
-downloaded by `make sessions-test` into target/wheels/swe) with the host's
+downloaded by `make sessions-test` into the test cache, tests/cache.py) with the host's
 pip at rootfs time (the template spec's `pip` list), offline: the daemon gets
 PIP_NO_INDEX and PIP_FIND_LINKS, which is how an operator points template
 builds at an internal index too."""
@@ -32,8 +32,8 @@ MINI_ENV = {"MSWEA_CONFIGURED": "true", "MSWEA_COST_TRACKING": "ignore_errors",
 
 @pytest.fixture(scope="module")
 def swe(model):
-    if not os.path.isfile(os.path.join(WHEELS, ".downloaded")):
-        pytest.fail(f"no wheelhouse at {WHEELS}: run `make sessions-test` (it downloads it)")
+    if not os.path.isfile(os.path.join(WHEELS, ".complete")):
+        pytest.fail(f"no wheelhouse at {WHEELS}: run `make sessions-test` (tests/cache.py wheels downloads it)")
     tdir = tempfile.mkdtemp(prefix="hxswe-", dir="/tmp")
     saved = {k: os.environ.get(k) for k in ("PIP_NO_INDEX", "PIP_FIND_LINKS")}
     os.environ.update(PIP_NO_INDEX="1", PIP_FIND_LINKS=os.path.abspath(WHEELS))
@@ -58,6 +58,9 @@ def swe(model):
         shutil.rmtree(tdir, ignore_errors=True)
 
 
+# Longer than the default: its fixture builds a template (a rootfs with
+# pip wheels) through the API before the session runs.
+@pytest.mark.timeout(1200)
 def test_mini_swe_agent_fixes_the_failing_test(swe, git_server, model):
     d = swe
     r = d.request("GET", "/v1/templates/tpl-swe")

@@ -11,17 +11,23 @@ noLeftovers();
 async function startServer(s, port = 8000) {
   await s.files.write("/tmp/www/hello.txt", "hello from the sandbox\n");
   await s.exec(`cd /tmp/www && exec python3 -m http.server ${port} --bind 127.0.0.1`, { background: true });
+  // The deadline is checked on every round, not only after an error: a
+  // server that answers but never with 200 must fail the test, not hang it.
   const deadline = Date.now() + 20_000;
-  for (;;) {
+  let last = "no answer";
+  while (Date.now() <= deadline) {
     try {
       const r = await s.portRequest(port, { path: "/" });
       await r.body?.cancel();
       if (r.status === 200) return;
+      last = `status ${r.status}`;
     } catch (e) {
-      if (!(e instanceof ServerError) || e.code !== "port_closed" || Date.now() > deadline) throw e;
+      if (!(e instanceof ServerError) || e.code !== "port_closed") throw e;
+      last = e.code;
     }
     await sleep(200);
   }
+  throw new Error(`server on port ${port} not up within 20 s (last: ${last})`);
 }
 
 test("the handshake's accept key and masking", () => {
