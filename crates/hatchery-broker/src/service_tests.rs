@@ -401,3 +401,74 @@ async fn calls_left_executing_are_resolved_against_the_remote_or_marked_for_revi
         .unwrap_err();
     assert!(matches!(err, BrokerError::NotNeedsReview(_)), "{err:?}");
 }
+
+/// The agent retries a call its broker process left `executing` (the
+/// process died mid-push, or after the push before the result): the retry
+/// resolves it against the remote and is never run again; one the remote
+/// cannot confirm is needs_review, and after an operator resolves it the
+/// retry answers the resolution.
+#[tokio::test]
+async fn an_agent_retry_of_a_call_left_executing_is_resolved_not_run_again() {
+    let e = Env::new().await;
+    let b = e.broker();
+    b.invoke(&e.sandbox, e.push(1)).await.unwrap();
+    let done = b.store().get(&e.session, 1).await.unwrap().unwrap();
+    let effect: serde_json::Value = serde_json::from_str(done.effect.as_deref().unwrap()).unwrap();
+    // Rows for seqs 2 and 3 with the same arguments, as the dead process
+    // left them: the plan recorded, no result.
+    let left = |seq: u64, commit: &str| {
+        let mut c = done.clone();
+        c.seq = seq;
+        c.state = CallState::Pending;
+        c.effect = None;
+        c.output = None;
+        c.event_seq = None;
+        c.result_event_seq = None;
+        c.runner = None;
+        let mut effect = effect.clone();
+        effect["commit"] = commit.into();
+        let store = b.store();
+        let session = e.session.clone();
+        async move {
+            store.begin(c).await.unwrap();
+            store
+                .advance_recorded(
+                    &session,
+                    seq,
+                    CallState::Pending,
+                    CallState::Executing,
+                    Recorded {
+                        effect: Some(effect.to_string()),
+                        output: None,
+                        event_seq: None,
+                        result_event_seq: None,
+                        runner: Some("brn_gone".into()),
+                    },
+                )
+                .await
+                .unwrap()
+                .unwrap();
+        }
+    };
+    let pushed = effect["commit"].as_str().unwrap().to_string();
+    left(2, &pushed).await;
+    left(3, "0000000000000000000000000000000000000000").await;
+
+    let next = e.broker();
+    let r = next.invoke(&e.sandbox, e.push(2)).await.unwrap();
+    assert_eq!(r.status, "done", "{:?}", r.output);
+    assert_eq!(r.output["recovered"], true);
+    let r = next.invoke(&e.sandbox, e.push(3)).await.unwrap();
+    assert_eq!(r.status, "needs_review", "{:?}", r.output);
+    assert_eq!(e.exports(), 1, "nothing planned again");
+    assert_eq!(e.tip(), pushed, "nothing pushed again");
+    // Asked again before anyone looked: the same answer, still not run.
+    assert_eq!(next.invoke(&e.sandbox, e.push(3)).await.unwrap(), r);
+
+    next.resolve_review(&e.session, 3, CallState::Done, "pushed by hand")
+        .await
+        .unwrap();
+    let r = next.invoke(&e.sandbox, e.push(3)).await.unwrap();
+    assert_eq!(r.status, "done", "{:?}", r.output);
+    assert_eq!(e.exports(), 1);
+}
