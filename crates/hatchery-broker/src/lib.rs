@@ -18,6 +18,8 @@ pub mod routes;
 pub mod runner;
 pub mod sandbox;
 pub mod service;
+#[cfg(test)]
+mod service_tests;
 pub mod session_log;
 pub mod store;
 pub mod wire;

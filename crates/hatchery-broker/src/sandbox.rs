@@ -1,6 +1,11 @@
 //! The little the broker does inside a session's sandbox (export the work
 //! tree for `git_push`), behind a narrow trait; the daemon's
-//! implementation is its own public API through `hatchery-client`.
+//! implementation is its own public API through `hatchery-client`;
+//! `fake` is an in-memory one for tests (`cfg(test)`, or the `fake`
+//! feature for other crates' tests).
+
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
 
 use async_trait::async_trait;
 

@@ -15,6 +15,8 @@ pub mod client_backend;
 mod error;
 mod extract;
 mod grading;
+#[cfg(test)]
+mod grading_tests;
 pub mod ids;
 pub mod limits;
 pub mod models;

@@ -1,6 +1,10 @@
 //! The narrow view of sandboxes that rounds need. The daemon's public API
 //! (through `hatchery-client`) implements it in `client_backend.rs`; rounds
-//! never reach the core's internals.
+//! never reach the core's internals. `fake` is an in-memory one for
+//! tests (`cfg(test)`, or the `fake` feature for other crates' tests).
+
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;

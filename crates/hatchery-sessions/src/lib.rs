@@ -24,6 +24,8 @@ pub mod policy_move;
 pub mod repo;
 pub mod routes;
 mod runner;
+#[cfg(test)]
+mod runner_tests;
 pub mod sandbox;
 pub mod scheduler;
 pub mod service;

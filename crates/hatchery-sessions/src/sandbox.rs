@@ -1,5 +1,10 @@
 //! The narrow view of sandboxes a session needs. Implemented over the
-//! typed `hatchery-client` (HTTP to the daemon) in `client_sandboxes.rs`.
+//! typed `hatchery-client` (HTTP to the daemon) in `client_sandboxes.rs`;
+//! `fake` is an in-memory one for tests (`cfg(test)`, or the `fake`
+//! feature for other crates' tests).
+
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;

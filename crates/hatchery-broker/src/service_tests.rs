@@ -1,0 +1,474 @@
+//! `git_push` through the broker with the sandbox faked
+//! ([`crate::sandbox::fake`]): the session is a real one of
+//! `hatchery-sessions` (its own in-memory sandboxes, SQLite in a tempdir),
+//! the remote a local bare repository, the broker's record SQLite in the
+//! same tempdir. Planning (the export of the work tree from the sandbox)
+//! failing or cut off, and calls a dead process left `executing`.
+
+use crate::config::BrokerConfig;
+use crate::error::BrokerError;
+use crate::sandbox::fake::{Effect, FakeSandboxes, Fault, Files, Op};
+use crate::sandbox::Exec;
+use crate::service::{session_branch, Broker};
+use crate::store::{BrokerStore, Call, CallState, Recorded};
+use crate::wire::InvokeRequest;
+use hatchery_sessions::sandbox::fake::FakeSandboxes as SessionSandboxes;
+use hatchery_sessions::state::SessionState;
+use hatchery_sessions::store::SessionStore;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+struct Env {
+    dir: tempfile::TempDir,
+    sessions: Arc<hatchery_sessions::Sessions>,
+    fake: Arc<FakeSandboxes>,
+    session: String,
+    sandbox: String,
+    remote: String,
+}
+
+fn sh(dir: &Path, cmd: &str) {
+    let st = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .current_dir(dir)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@x")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@x")
+        .status()
+        .unwrap();
+    assert!(st.success(), "{cmd}");
+}
+
+fn git_out(dir: &Path, args: &[&str]) -> String {
+    let o = std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// What `export_tree.py` writes: the files under /workspace as the file
+/// part of a fast-import commit.
+fn export(argv: &[String], files: &mut Files) -> Exec {
+    let mut out = b"deleteall\n".to_vec();
+    for (p, data) in files.iter() {
+        if let Some(rel) = p.strip_prefix("/workspace/") {
+            out.extend_from_slice(
+                format!("M 100644 inline \"{rel}\"\ndata {}\n", data.len()).as_bytes(),
+            );
+            out.extend_from_slice(data);
+            out.push(b'\n');
+        }
+    }
+    files.insert(argv[3].clone(), out);
+    Exec {
+        exit_code: 0,
+        stdout: String::new(),
+        stderr: String::new(),
+    }
+}
+
+fn is_export(argv: &[String]) -> bool {
+    argv.get(1).is_some_and(|a| a.ends_with("export_tree.py"))
+}
+
+impl Env {
+    async fn new() -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        sh(
+            dir.path(),
+            "git init -q --bare -b main remote.git && git init -q -b main w && cd w \
+             && echo base > README && git add README && git commit -qm base \
+             && git push -q ../remote.git main",
+        );
+        let remote = format!("file://{}/remote.git", dir.path().display());
+        let cfg = hatchery_sessions::SessionsConfig {
+            file_repo_roots: vec![dir.path().to_path_buf()],
+            ..Default::default()
+        };
+        let sfake = SessionSandboxes::new();
+        sfake.add_template("code-interpreter");
+        let store: Arc<dyn SessionStore> = Arc::new(
+            hatchery_sessions::store::SqliteStore::open(&dir.path().join("sessions.db")).unwrap(),
+        );
+        let sessions = hatchery_sessions::Sessions::new(
+            store.clone(),
+            cfg,
+            Arc::new(hatchery_sessions::policy::BuiltinPolicies),
+            Arc::new(sfake),
+            Arc::new(hatchery_sessions::scheduler::LocalScheduler::new(2)),
+        );
+        let body =
+            serde_json::from_value(serde_json::json!({"repo": remote, "task": "t"})).unwrap();
+        let session = sessions.create(body).await.unwrap().0.session_id;
+        let mut sandbox = None;
+        for _ in 0..5000 {
+            let s = store.get(&session).await.unwrap();
+            if s.state == SessionState::Running {
+                sandbox = s.sandbox_id;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let sandbox = sandbox.expect("the session runs");
+        let fake = Arc::new(FakeSandboxes::new());
+        fake.add(
+            &sandbox,
+            Files::from([("/workspace/app.py".to_string(), b"print(1)\n".to_vec())]),
+        );
+        fake.on_exec(is_export, export);
+        fake.on_exec(
+            |a| a.first().is_some_and(|c| c == "rm"),
+            |a, files| {
+                for p in a.iter().skip(1).filter(|p| !p.starts_with('-')) {
+                    files.remove(p);
+                }
+                Exec {
+                    exit_code: 0,
+                    stdout: String::new(),
+                    stderr: String::new(),
+                }
+            },
+        );
+        Env {
+            dir,
+            sessions,
+            fake,
+            session,
+            sandbox,
+            remote,
+        }
+    }
+
+    fn db(&self) -> PathBuf {
+        self.dir.path().join("broker.db")
+    }
+
+    /// A broker process on the shared record.
+    fn broker(&self) -> Arc<Broker> {
+        let policies = hatchery_policy::SqlitePolicyStore::open_in_memory().unwrap();
+        Broker::new(
+            BrokerStore::open(&self.db()).unwrap(),
+            Arc::new(crate::session_log::Local(self.sessions.clone())),
+            hatchery_policy::cache::CompiledPolicies::new(Arc::new(policies)),
+            self.fake.clone(),
+            BrokerConfig {
+                guest_port: 0,
+                push_rewrites: vec![],
+                git_credential_file: None,
+                github_api: None,
+                github_token_file: None,
+                mcp: Arc::new(crate::mcp::McpHub::new(vec![])),
+            },
+        )
+    }
+
+    fn push(&self, seq: u64) -> InvokeRequest {
+        InvokeRequest {
+            seq,
+            tool: "git_push".into(),
+            args: serde_json::json!({"branch": session_branch(&self.session), "message": "work"}),
+        }
+    }
+
+    fn tip(&self) -> String {
+        git_out(
+            &self.dir.path().join("remote.git"),
+            &[
+                "rev-parse",
+                "--verify",
+                "-q",
+                &format!("refs/heads/{}", session_branch(&self.session)),
+            ],
+        )
+    }
+
+    fn exports(&self) -> usize {
+        self.fake
+            .execs()
+            .iter()
+            .filter(|(_, a)| is_export(a))
+            .count()
+    }
+}
+
+#[tokio::test]
+async fn git_push_commits_the_sandbox_tree_once() {
+    let e = Env::new().await;
+    let b = e.broker();
+    let r = b.invoke(&e.sandbox, e.push(1)).await.unwrap();
+    assert_eq!(r.status, "done", "{:?}", r.output);
+    let commit = r.output["commit"].as_str().unwrap().to_string();
+    assert_eq!(e.tip(), commit);
+    let remote = e.dir.path().join("remote.git");
+    assert_eq!(
+        git_out(&remote, &["show", &format!("{commit}:app.py")]),
+        "print(1)"
+    );
+    assert_eq!(
+        git_out(&remote, &["rev-parse", &format!("{commit}^")]),
+        git_out(&remote, &["rev-parse", "main"])
+    );
+    // The export's output file is removed from the sandbox afterwards.
+    let files = e.fake.files(&e.sandbox);
+    let left: Vec<&String> = files.keys().collect();
+    assert!(
+        !left.iter().any(|p| p.starts_with("/tmp/hatchery-push-")),
+        "{left:?}"
+    );
+    // A retry is answered from the record: no second export, no push.
+    let again = b.invoke(&e.sandbox, e.push(1)).await.unwrap();
+    assert_eq!(again, r);
+    assert_eq!(e.exports(), 1);
+}
+
+/// Each sandbox step of the plan failing or losing the sandbox: nothing is
+/// pushed, the call stays pending (503, the agent asks again), and the
+/// retry pushes once.
+#[tokio::test]
+async fn a_sandbox_failing_during_the_plan_leaves_no_effect_and_the_retry_pushes() {
+    for (what, fault) in [
+        (
+            "writing the script",
+            Fault::on(Op::WriteFile, Effect::Fail("busy".into())),
+        ),
+        (
+            "running the export",
+            Fault::on(Op::Exec, Effect::Fail("connection reset".into())),
+        ),
+        (
+            "reading the tree",
+            Fault::on(Op::ReadFile, Effect::Fail("timeout".into())),
+        ),
+    ] {
+        let e = Env::new().await;
+        e.fake.inject(fault);
+        let b = e.broker();
+        let err = b.invoke(&e.sandbox, e.push(1)).await.unwrap_err();
+        assert!(
+            matches!(err, BrokerError::Unavailable(_)),
+            "{what}: {err:?}"
+        );
+        assert_eq!(e.tip(), "", "{what}: pushed");
+        let c = b.store().get(&e.session, 1).await.unwrap().unwrap();
+        assert_eq!(c.state, CallState::Pending, "{what}");
+        assert_eq!(c.effect, None, "{what}");
+        let r = b.invoke(&e.sandbox, e.push(1)).await.unwrap();
+        assert_eq!(r.status, "done", "{what}: {:?}", r.output);
+        assert_eq!(e.tip(), r.output["commit"].as_str().unwrap(), "{what}");
+    }
+}
+
+#[tokio::test]
+async fn a_sandbox_lost_during_the_plan_leaves_no_effect() {
+    let e = Env::new().await;
+    e.fake.inject(Fault::on(Op::ReadFile, Effect::Vanish));
+    let b = e.broker();
+    let err = b.invoke(&e.sandbox, e.push(1)).await.unwrap_err();
+    assert!(matches!(err, BrokerError::Unavailable(_)), "{err:?}");
+    assert_eq!(e.tip(), "");
+    let c = b.store().get(&e.session, 1).await.unwrap().unwrap();
+    assert_eq!((c.state, c.effect), (CallState::Pending, None));
+}
+
+#[tokio::test]
+async fn an_export_that_fails_in_the_sandbox_fails_the_call_for_good() {
+    let e = Env::new().await;
+    e.fake.on_exec(is_export, |_, _| Exec {
+        exit_code: 1,
+        stdout: String::new(),
+        stderr: "work tree over 64 MiB".into(),
+    });
+    let b = e.broker();
+    let r = b.invoke(&e.sandbox, e.push(1)).await.unwrap();
+    assert_eq!(r.status, "failed");
+    assert!(r.output["error"]
+        .as_str()
+        .unwrap()
+        .contains("work tree over 64 MiB"));
+    assert_eq!(e.tip(), "");
+    // Failed before any effect: the retry is the same answer, not a new try.
+    assert_eq!(b.invoke(&e.sandbox, e.push(1)).await.unwrap(), r);
+    assert_eq!(e.exports(), 1);
+}
+
+/// The broker process stops while it plans (here: while it reads the tree
+/// out of the sandbox). A new process's retry plans again and pushes once.
+#[tokio::test]
+async fn a_crash_during_the_plan_is_planned_again_by_the_next_process() {
+    let e = Env::new().await;
+    e.fake.inject(Fault::on(Op::ReadFile, Effect::Hang));
+    let first = e.broker();
+    let (sbx, req) = (e.sandbox.clone(), e.push(1));
+    let task = tokio::spawn(async move { first.invoke(&sbx, req).await });
+    while e.fake.hung() == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    task.abort();
+    let _ = task.await;
+    let next = e.broker();
+    let r = next.invoke(&e.sandbox, e.push(1)).await.unwrap();
+    assert_eq!(r.status, "done", "{:?}", r.output);
+    assert_eq!(e.tip(), r.output["commit"].as_str().unwrap());
+    assert_eq!(e.exports(), 2, "planned twice, pushed once");
+}
+
+/// A call a dead process left `executing` (its effect recorded, its
+/// runner's heartbeat gone): `recover` asks the remote. At the recorded
+/// commit: done. Anywhere else: needs_review, never pushed again, until an
+/// operator resolves it.
+#[tokio::test]
+async fn calls_left_executing_are_resolved_against_the_remote_or_marked_for_review() {
+    let e = Env::new().await;
+    let b = e.broker();
+    let first = b.invoke(&e.sandbox, e.push(1)).await.unwrap();
+    let commit = first.output["commit"].as_str().unwrap().to_string();
+    let branch = session_branch(&e.session);
+    let left = |seq: u64, commit: &str| {
+        let store = b.store();
+        let (session, branch, remote) = (e.session.clone(), branch.clone(), e.remote.clone());
+        let commit = commit.to_string();
+        async move {
+            let mut c = Call::new(
+                &session,
+                seq,
+                1,
+                "git_push",
+                "{}".into(),
+                format!("sha{seq}"),
+            );
+            c.decision = "allow".into();
+            c.state = CallState::Pending;
+            store.begin(c).await.unwrap();
+            let effect = serde_json::json!({"remote": remote, "branch": branch, "commit": commit, "parent": "p"});
+            store
+                .advance_recorded(
+                    &session,
+                    seq,
+                    CallState::Pending,
+                    CallState::Executing,
+                    Recorded {
+                        effect: Some(effect.to_string()),
+                        output: None,
+                        event_seq: None,
+                        result_event_seq: None,
+                        runner: Some("brn_gone".into()),
+                    },
+                )
+                .await
+                .unwrap()
+                .unwrap();
+        }
+    };
+    left(2, &commit).await;
+    left(3, "0000000000000000000000000000000000000000").await;
+    let next = e.broker();
+    assert_eq!(next.recover().await.unwrap(), 2);
+    let done = next.store().get(&e.session, 2).await.unwrap().unwrap();
+    assert_eq!(done.state, CallState::Done);
+    let out: serde_json::Value = serde_json::from_str(done.output.as_deref().unwrap()).unwrap();
+    assert_eq!(out["recovered"], true);
+    let review = next.store().get(&e.session, 3).await.unwrap().unwrap();
+    assert_eq!(review.state, CallState::NeedsReview);
+    assert!(
+        review.result_event_seq.is_some(),
+        "the result is in the session's log"
+    );
+    assert_eq!(e.tip(), commit, "not pushed again");
+    assert_eq!(next.recover().await.unwrap(), 0, "resolved once");
+
+    let resolved = next
+        .resolve_review(&e.session, 3, CallState::Failed, "checked: not pushed")
+        .await
+        .unwrap();
+    assert_eq!(resolved.state, CallState::Failed);
+    let err = next
+        .resolve_review(&e.session, 3, CallState::Done, "changed my mind")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BrokerError::NotNeedsReview(_)), "{err:?}");
+    let err = next
+        .resolve_review(&e.session, 2, CallState::Failed, "")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, BrokerError::NotNeedsReview(_)), "{err:?}");
+}
+
+/// The agent retries a call its broker process left `executing` (the
+/// process died mid-push, or after the push before the result): the retry
+/// resolves it against the remote and is never run again; one the remote
+/// cannot confirm is needs_review, and after an operator resolves it the
+/// retry answers the resolution.
+#[tokio::test]
+async fn an_agent_retry_of_a_call_left_executing_is_resolved_not_run_again() {
+    let e = Env::new().await;
+    let b = e.broker();
+    b.invoke(&e.sandbox, e.push(1)).await.unwrap();
+    let done = b.store().get(&e.session, 1).await.unwrap().unwrap();
+    let effect: serde_json::Value = serde_json::from_str(done.effect.as_deref().unwrap()).unwrap();
+    // Rows for seqs 2 and 3 with the same arguments, as the dead process
+    // left them: the plan recorded, no result.
+    let left = |seq: u64, commit: &str| {
+        let mut c = done.clone();
+        c.seq = seq;
+        c.state = CallState::Pending;
+        c.effect = None;
+        c.output = None;
+        c.event_seq = None;
+        c.result_event_seq = None;
+        c.runner = None;
+        let mut effect = effect.clone();
+        effect["commit"] = commit.into();
+        let store = b.store();
+        let session = e.session.clone();
+        async move {
+            store.begin(c).await.unwrap();
+            store
+                .advance_recorded(
+                    &session,
+                    seq,
+                    CallState::Pending,
+                    CallState::Executing,
+                    Recorded {
+                        effect: Some(effect.to_string()),
+                        output: None,
+                        event_seq: None,
+                        result_event_seq: None,
+                        runner: Some("brn_gone".into()),
+                    },
+                )
+                .await
+                .unwrap()
+                .unwrap();
+        }
+    };
+    let pushed = effect["commit"].as_str().unwrap().to_string();
+    left(2, &pushed).await;
+    left(3, "0000000000000000000000000000000000000000").await;
+
+    let next = e.broker();
+    let r = next.invoke(&e.sandbox, e.push(2)).await.unwrap();
+    assert_eq!(r.status, "done", "{:?}", r.output);
+    assert_eq!(r.output["recovered"], true);
+    let r = next.invoke(&e.sandbox, e.push(3)).await.unwrap();
+    assert_eq!(r.status, "needs_review", "{:?}", r.output);
+    assert_eq!(e.exports(), 1, "nothing planned again");
+    assert_eq!(e.tip(), pushed, "nothing pushed again");
+    // Asked again before anyone looked: the same answer, still not run.
+    assert_eq!(next.invoke(&e.sandbox, e.push(3)).await.unwrap(), r);
+
+    next.resolve_review(&e.session, 3, CallState::Done, "pushed by hand")
+        .await
+        .unwrap();
+    let r = next.invoke(&e.sandbox, e.push(3)).await.unwrap();
+    assert_eq!(r.status, "done", "{:?}", r.output);
+    assert_eq!(e.exports(), 1);
+}

@@ -1,0 +1,421 @@
+//! The runner's state machine against the in-memory sandboxes
+//! ([`crate::sandbox::fake`]), the real SQLite store in a tempdir and a
+//! local git repository: start, steering, the idle snapshot and the resume
+//! from it, cancel, and a sandbox lost while the agent runs. The test plays
+//! the agent: it prints protocol lines into the fake process and reads
+//! what the runner wrote to its stdin.
+
+use crate::config::SessionsConfig;
+use crate::models::CreateSessionBody;
+use crate::policy::BuiltinPolicies;
+use crate::sandbox::fake::{Effect, FakeSandboxes, Fault, Op};
+use crate::scheduler::LocalScheduler;
+use crate::service::Sessions;
+use crate::state::SessionState as S;
+use crate::store::{Session, SessionStore, SqliteStore};
+use std::sync::Arc;
+use std::time::Duration;
+
+struct Env {
+    svc: Arc<Sessions>,
+    fake: FakeSandboxes,
+    repo: String,
+    _dir: tempfile::TempDir,
+}
+
+fn git(dir: &std::path::Path, args: &[&str]) {
+    let ok = std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "git {args:?}");
+}
+
+impl Env {
+    fn new(tune: impl FnOnce(&mut SessionsConfig)) -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("repo");
+        std::fs::create_dir(&src).unwrap();
+        git(&src, &["init", "-q", "-b", "main"]);
+        std::fs::write(src.join("README"), "hello").unwrap();
+        git(&src, &["add", "."]);
+        git(
+            &src,
+            &[
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@t",
+                "commit",
+                "-q",
+                "-m",
+                "one",
+            ],
+        );
+        let mut cfg = SessionsConfig {
+            file_repo_roots: vec![dir.path().to_path_buf()],
+            ..SessionsConfig::default()
+        };
+        tune(&mut cfg);
+        let store: Arc<dyn SessionStore> =
+            Arc::new(SqliteStore::open(&dir.path().join("sessions.db")).unwrap());
+        let fake = FakeSandboxes::new();
+        fake.add_template("code-interpreter");
+        let svc = Sessions::new(
+            store,
+            cfg,
+            Arc::new(BuiltinPolicies),
+            Arc::new(fake.clone()),
+            Arc::new(LocalScheduler::new(4)),
+        );
+        Env {
+            svc,
+            fake,
+            repo: format!("file://{}", src.display()),
+            _dir: dir,
+        }
+    }
+
+    async fn create(&self) -> String {
+        let body: CreateSessionBody = serde_json::from_value(serde_json::json!({
+            "repo": self.repo, "task": "fix the bug"
+        }))
+        .unwrap();
+        self.svc.create(body).await.unwrap().0.session_id
+    }
+
+    async fn get(&self, id: &str) -> Session {
+        self.svc.store.get(id).await.unwrap()
+    }
+
+    /// Waits (polling every millisecond) until `ok` holds of the session.
+    async fn until(&self, id: &str, what: &str, ok: impl Fn(&Session) -> bool) -> Session {
+        for _ in 0..5000 {
+            let s = self.get(id).await;
+            if ok(&s) {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let s = self.get(id).await;
+        panic!("{what}: session is {} ({:?})", s.state, s.reason);
+    }
+
+    async fn state(&self, id: &str, st: S) -> Session {
+        self.until(id, st.as_str(), |s| s.state == st).await
+    }
+
+    async fn events(&self, id: &str) -> Vec<&'static str> {
+        self.svc
+            .store
+            .events(id, 0, 10_000)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.kind.type_name())
+            .collect()
+    }
+
+    /// Waits until the agent's stdin holds `needle`.
+    async fn stdin_has(&self, sbx: &str, pid: &str, needle: &str) {
+        for _ in 0..5000 {
+            if String::from_utf8_lossy(&self.fake.stdin(sbx, pid)).contains(needle) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!(
+            "the agent never got {needle:?}; stdin: {}",
+            String::from_utf8_lossy(&self.fake.stdin(sbx, pid))
+        );
+    }
+}
+
+fn ids(s: &Session) -> (String, String) {
+    (s.sandbox_id.clone().unwrap(), s.process_id.clone().unwrap())
+}
+
+/// `events` holds `want` in this order (other events may come between).
+fn in_order(events: &[&str], want: &[&str]) {
+    let mut it = events.iter();
+    for w in want {
+        assert!(
+            it.any(|e| e == w),
+            "{w} missing or out of order in {events:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn start_checks_out_starts_the_agent_and_completes() {
+    let e = Env::new(|_| {});
+    let id = e.create().await;
+    let s = e.state(&id, S::Running).await;
+    let (sbx, pid) = ids(&s);
+    let sb = e.fake.sandbox(&sbx).unwrap();
+    assert_eq!(sb.template, "code-interpreter");
+    assert_eq!(sb.metadata.get("hatchery_session"), Some(&id));
+    assert!(
+        sb.files["/opt/hatchery/base.tar"].len() > 100,
+        "the checkout"
+    );
+    let conf: serde_json::Value =
+        serde_json::from_slice(&sb.files["/opt/hatchery/session.json"]).unwrap();
+    assert_eq!(conf["task"], "fix the bug");
+    let p = &sb.processes[&pid];
+    assert_eq!(p.argv[2], "/opt/hatchery/reference_agent.py");
+    assert_eq!(p.env["HATCHERY_SESSION_ID"], id);
+    in_order(
+        &e.events(&id).await,
+        &[
+            "sandbox_requested",
+            "sandbox_ready",
+            "repo_fetch_started",
+            "repo_checked_out",
+            "agent_started",
+        ],
+    );
+
+    e.fake.emit_line(
+        &sbx,
+        &pid,
+        serde_json::json!({"n": 1, "type": "done", "summary": "fixed"}),
+    );
+    e.fake.exit(&sbx, &pid, 0);
+    let s = e.state(&id, S::Completed).await;
+    assert_eq!(s.sandbox_id, None);
+    assert!(!e.fake.sandbox(&sbx).unwrap().alive, "released");
+    assert_eq!(s.reason.as_deref(), Some("agent finished: fixed"));
+}
+
+#[tokio::test]
+async fn a_failed_start_fails_the_session_and_deletes_its_sandbox() {
+    let e = Env::new(|_| {});
+    // The agent's files cannot be written: after the sandbox exists.
+    e.fake
+        .inject(Fault::on(Op::WriteFile, Effect::Fail("disk full".into())));
+    let id = e.create().await;
+    let s = e.state(&id, S::Failed).await;
+    assert!(
+        s.reason
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("sandbox_error"),
+        "{:?}",
+        s.reason
+    );
+    assert_eq!(e.fake.all().len(), 1);
+    assert!(e.fake.live().is_empty(), "the sandbox was left behind");
+}
+
+#[tokio::test]
+async fn a_message_steers_the_running_agent() {
+    let e = Env::new(|_| {});
+    let id = e.create().await;
+    let s = e.state(&id, S::Running).await;
+    let (sbx, pid) = ids(&s);
+    let acc = e.svc.message(&id, "use the other API").await.unwrap();
+    e.stdin_has(&sbx, &pid, "use the other API").await;
+    let line = String::from_utf8_lossy(&e.fake.stdin(&sbx, &pid)).into_owned();
+    let msg: serde_json::Value = serde_json::from_str(line.trim()).unwrap();
+    assert_eq!(msg["type"], "message");
+    assert_eq!(msg["seq"], acc.seq);
+    e.until(&id, "delivered", |s| s.delivered_seq == acc.seq)
+        .await;
+}
+
+/// Waiting too long: a snapshot, the sandbox goes, idle; a message forks
+/// the snapshot into a new sandbox with the same agent, which gets it.
+#[tokio::test]
+async fn idle_snapshots_and_a_message_resumes_from_it() {
+    let e = Env::new(|c| c.idle_timeout = Duration::from_millis(30));
+    let id = e.create().await;
+    let s = e.state(&id, S::Running).await;
+    let (sbx, pid) = ids(&s);
+    e.fake.emit_line(
+        &sbx,
+        &pid,
+        serde_json::json!({"n": 1, "type": "waiting", "waiting_for": "message"}),
+    );
+    let idle = e.state(&id, S::Idle).await;
+    let snap = idle
+        .snapshot_id
+        .clone()
+        .expect("an idle snapshot on record");
+    assert_eq!(idle.sandbox_id, None);
+    assert!(!e.fake.sandbox(&sbx).unwrap().alive, "the sandbox is freed");
+    let taken = e.fake.snapshot_of(&snap).unwrap();
+    assert_eq!(taken.source, sbx);
+    assert_eq!(taken.metadata["purpose"], "idle");
+
+    e.svc.message(&id, "carry on").await.unwrap();
+    let s = e
+        .until(&id, "running again", |s| {
+            s.state == S::Running && s.sandbox_id.is_some()
+        })
+        .await;
+    let (sbx2, pid2) = ids(&s);
+    assert_ne!(sbx2, sbx);
+    assert_eq!(pid2, pid, "the same agent, restored");
+    assert_eq!(
+        e.fake.sandbox(&sbx2).unwrap().forked_from.as_deref(),
+        Some(snap.as_str())
+    );
+    e.stdin_has(&sbx2, &pid, "carry on").await;
+    let s = e
+        .until(&id, "snapshot cleared", |s| s.snapshot_id.is_none())
+        .await;
+    assert_eq!(s.state, S::Running);
+    for _ in 0..1000 {
+        if e.fake.snapshot_of(&snap).unwrap().deleted {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(
+        e.fake.snapshot_of(&snap).unwrap().deleted,
+        "idle snapshot deleted"
+    );
+    in_order(
+        &e.events(&id).await,
+        &[
+            "snapshot_started",
+            "snapshot_taken",
+            "sandbox_released",
+            "resumed",
+        ],
+    );
+}
+
+#[tokio::test]
+async fn cancel_stops_the_agent_keeps_a_review_snapshot_and_releases() {
+    let e = Env::new(|_| {});
+    let id = e.create().await;
+    let s = e.state(&id, S::Running).await;
+    let (sbx, pid) = ids(&s);
+    let v = e.svc.cancel(&id, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(v.state, S::Cancelled);
+    let s = e.get(&id).await;
+    let sb = e.fake.sandbox(&sbx).unwrap();
+    assert!(sb.processes[&pid].killed, "the agent was stopped");
+    assert!(!sb.alive, "the sandbox was released");
+    let review = s.review_snapshot_id.clone().expect("a review snapshot");
+    let snap = e.fake.snapshot_of(&review).unwrap();
+    assert_eq!(snap.metadata["purpose"], "review");
+    assert!(!snap.deleted);
+    assert_eq!(s.sandbox_id, None);
+}
+
+#[tokio::test]
+async fn cancel_while_idle_keeps_the_idle_snapshot_for_review() {
+    let e = Env::new(|c| c.idle_timeout = Duration::from_millis(30));
+    let id = e.create().await;
+    let s = e.state(&id, S::Running).await;
+    let (sbx, pid) = ids(&s);
+    e.fake
+        .emit_line(&sbx, &pid, serde_json::json!({"n": 1, "type": "waiting"}));
+    let idle = e.state(&id, S::Idle).await;
+    let forks = e.fake.calls(Op::Fork);
+    let v = e.svc.cancel(&id, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(v.state, S::Cancelled);
+    let s = e.get(&id).await;
+    assert_eq!(s.review_snapshot_id, idle.snapshot_id);
+    assert_eq!(s.snapshot_id, None);
+    assert_eq!(e.fake.calls(Op::Fork), forks, "not resumed to be cancelled");
+    assert!(e.fake.live().is_empty());
+}
+
+#[tokio::test]
+async fn a_lost_sandbox_without_a_checkpoint_fails_the_session() {
+    let e = Env::new(|_| {});
+    let id = e.create().await;
+    let s = e.state(&id, S::Running).await;
+    let (sbx, _) = ids(&s);
+    e.fake.vanish(&sbx);
+    let s = e.state(&id, S::Failed).await;
+    assert!(
+        s.reason
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("lost_sandbox"),
+        "{:?}",
+        s.reason
+    );
+    assert_eq!(e.fake.calls(Op::Fork), 0);
+}
+
+/// Lost while running, with a checkpoint: the checkpoint is forked, the
+/// runner reads the restored agent again from the checkpoint's offset,
+/// and a message the agent repeats (handled after the checkpoint, before
+/// the loss) is not recorded twice.
+#[tokio::test]
+async fn a_lost_sandbox_resumes_from_its_checkpoint() {
+    let e = Env::new(|c| c.checkpoint_every = Some(Duration::from_millis(20)));
+    let id = e.create().await;
+    let s = e.state(&id, S::Running).await;
+    let (sbx, pid) = ids(&s);
+    let say = |sbx: &str, n: u64, text: &str| {
+        e.fake.emit_line(
+            sbx,
+            &pid,
+            serde_json::json!({"n": n, "type": "agent_message", "text": text}),
+        )
+    };
+    say(&sbx, 1, "before the checkpoint");
+    // A checkpoint taken after that line was handled (its offset says so).
+    let fake = e.fake.clone();
+    e.until(&id, "checkpointed", move |s| {
+        s.snapshot_id
+            .as_deref()
+            .and_then(|c| fake.snapshot_of(c))
+            .is_some_and(|c| c.metadata["output_offset"] != "0")
+    })
+    .await;
+    // No later checkpoint: line 2 is handled after the last one only.
+    e.fake
+        .inject(Fault::on(Op::Snapshot, Effect::Fail("disk full".into())).times(1_000_000));
+    say(&sbx, 2, "after the checkpoint");
+    let s = e.until(&id, "line 2 handled", |s| s.agent_seq == 2).await;
+    let line2_end = s.output_offset;
+
+    e.fake.vanish(&sbx);
+    let s = e
+        .until(&id, "resumed elsewhere", |s| {
+            s.sandbox_id.as_deref().is_some_and(|x| x != sbx)
+        })
+        .await;
+    assert_eq!(s.state, S::Running);
+    let (sbx2, _) = ids(&s);
+    let forked = e.fake.sandbox(&sbx2).unwrap();
+    // Forked from a checkpoint with line 1 in it and line 2 not.
+    let snap = e.fake.snapshot_of(&forked.forked_from.unwrap()).unwrap();
+    assert_eq!(snap.metadata["purpose"], "checkpoint");
+    let at: u64 = snap.metadata["output_offset"].parse().unwrap();
+    assert!(at > 0 && at < line2_end, "{at} of {line2_end}");
+    // The restored agent is where the checkpoint was: it says line 2
+    // again, then carries on and finishes.
+    say(&sbx2, 2, "after the checkpoint");
+    say(&sbx2, 3, "after the resume");
+    e.fake
+        .emit_line(&sbx2, &pid, serde_json::json!({"n": 4, "type": "done"}));
+    e.fake.exit(&sbx2, &pid, 0);
+    e.state(&id, S::Completed).await;
+    let evs = e.events(&id).await;
+    in_order(
+        &evs,
+        &[
+            "agent_message",
+            "agent_message",
+            "resumed_from_checkpoint",
+            "agent_message",
+        ],
+    );
+    let said = evs.iter().filter(|k| **k == "agent_message").count();
+    assert_eq!(said, 3, "each agent message recorded once: {evs:?}");
+    assert!(e.fake.live().is_empty());
+}
