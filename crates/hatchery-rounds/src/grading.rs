@@ -398,6 +398,17 @@ impl Rounds {
     ) -> Result<GradingReport, RoundsError> {
         let (r, s) = self.session(round_id, session_id).await?;
         let sub = self.submission(&s, submission_id).await?;
+        // While a submission's first grading runs the session is
+        // `submitted`, and only that grading moves it on: a regrade stored
+        // first would make finish_grading drop the first one and leave the
+        // session `submitted` (no Run, no Submit) until it expired.
+        if s.state == SessionState::Submitted && self.store.list_gradings(&sub.id).await?.is_empty()
+        {
+            return Err(RoundsError::state(
+                "grading_in_progress",
+                "this submission's first grading is still running; regrade it once it is graded",
+            ));
+        }
         let g = self.grade(&r, &s, &sub).await;
         self.store.insert_grading(&g).await?;
         serde_json::from_str(&g.report).map_err(|e| RoundsError::Internal(e.to_string()))

@@ -464,3 +464,52 @@ async fn a_regrade_uses_a_new_grader_and_the_candidate_keeps_the_first_result() 
         SessionState::Graded
     );
 }
+
+/// A regrade asked for while the submission's first grading still runs is
+/// refused (409 grading_in_progress): stored first, it made the first
+/// grading's result be dropped and left the session `submitted` for good.
+#[tokio::test]
+async fn a_regrade_during_the_first_grading_is_refused_and_the_session_is_graded() {
+    let e = Env::new();
+    let (_, s) = e.session().await;
+    e.fake.inject(
+        Fault::on(Op::Exec, Effect::Hang)
+            .kind("round-grader")
+            .skip(1),
+    );
+    let acc = e.submit(&s).await.unwrap();
+    while e.fake.hung() == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let err = e
+        .rounds
+        .regrade(&s.round_id, &s.id, &acc.submission_id)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RoundsError::State {
+                code: "grading_in_progress",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    e.fake.release();
+    let s = e.graded(&s).await;
+    assert_eq!(s.state, SessionState::Graded);
+    // Once graded, a regrade is taken.
+    e.rounds
+        .regrade(&s.round_id, &s.id, &acc.submission_id)
+        .await
+        .unwrap();
+    assert_eq!(
+        e.store
+            .list_gradings(&acc.submission_id)
+            .await
+            .unwrap()
+            .len(),
+        2
+    );
+}

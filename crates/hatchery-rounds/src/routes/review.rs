@@ -66,7 +66,8 @@ pub async fn submission(
 /// Grades the same captured files again in a new grader (an appeal).
 #[utoipa::path(post, path = "/v1/rounds/{id}/sessions/{sid}/submissions/{sub}/regrade", tag = "rounds",
     params(("id" = String, Path), ("sid" = String, Path), ("sub" = String, Path)),
-    responses((status = 200, body = GradingReport), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = GradingReport), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody, description = "grading_in_progress: the first grading of this submission still runs")))]
 pub async fn regrade(
     State(st): St,
     caller: Caller,
