@@ -75,7 +75,8 @@ def run(suite, lane, live):
     """Runs `make SUITE`; returns (ok, counts, seconds). Live: its output
     streams through; otherwise it is kept in a log, printed at the end."""
     start = time.monotonic()
-    env = dict(os.environ, HATCHERY_TEST_LANE=str(lane))
+    # Unbuffered, so a suite's log can be followed while it runs.
+    env = dict(os.environ, HATCHERY_TEST_LANE=str(lane), PYTHONUNBUFFERED="1")
     os.makedirs(LOGS, exist_ok=True)
     log_path = os.path.join(LOGS, suite + ".log")
     proc = subprocess.Popen(
@@ -88,6 +89,7 @@ def run(suite, lane, live):
             if not chunk:
                 break
             log.write(chunk)
+            log.flush()
             if live:
                 sys.stdout.buffer.write(chunk)
                 sys.stdout.flush()
