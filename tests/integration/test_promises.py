@@ -5,13 +5,17 @@ bounded (socket and exec timeouts) and says what it holds and how it fails."""
 
 import json
 import os
+import shutil
+import signal
 import socket
 import struct
+import subprocess
+import tempfile
 import time
 
 import pytest
 
-from harness import Daemon, metric, wait_for
+from harness import BIN_DIR, Daemon, metric, net_args, wait_for
 
 # The guest writes raw bytes into the agent's stdout (its channel to the
 # host), as root guest code can: the threat model's "through /proc/1/fd".
@@ -204,3 +208,103 @@ def test_the_global_connection_cap_is_reached_across_peers():
         for s in socks:
             s.close()
         d.cleanup()
+
+
+# 7. ip_forward: the first daemon turns it on, the last one puts it back ----------
+
+class Isolated:
+    """A network namespace and a private mount namespace with tmpfs over
+    /run/hatchery and /run/netns, held by a sleeping process: daemons
+    started in it change ip_forward, /run/hatchery and make their slots'
+    namespaces only there, so neither the host's ip_forward nor the
+    daemons running beside this test are touched, and nothing is left on
+    the host even if a daemon here dies."""
+
+    def __init__(self):
+        self.holder = subprocess.Popen(
+            ["unshare", "--net", "--mount", "--propagation", "private", "--", "sh", "-c",
+             "ip link set lo up && mount -t tmpfs -o size=1m tmpfs /run/hatchery"
+             " && mkdir -p /run/netns && mount -t tmpfs -o size=1m tmpfs /run/netns"
+             " && echo 0 > /proc/sys/net/ipv4/ip_forward && echo up && exec sleep 120"],
+            stdout=subprocess.PIPE, text=True)
+        assert self.holder.stdout.readline().strip() == "up"
+        self.enter = ["nsenter", "-t", str(self.holder.pid), "--net", "--mount", "--"]
+
+    def run(self, *cmd):
+        return subprocess.run([*self.enter, *cmd], capture_output=True, text=True, timeout=10).stdout
+
+    def ip_forward(self):
+        return self.run("cat", "/proc/sys/net/ipv4/ip_forward").strip()
+
+    def close(self):
+        self.holder.kill()
+        self.holder.wait()
+
+
+class InnerDaemon:
+    """A bare hatcheryd in an Isolated namespace, no templates (nothing to
+    bake or restore), reached only by its log."""
+
+    def __init__(self, ns):
+        self.ns = ns
+        self.data_dir = tempfile.mkdtemp(prefix="hxt-fw-", dir="/tmp")
+        self.templates = os.path.join(self.data_dir, "no-templates")
+        os.makedirs(self.templates)
+        self.log_path = os.path.join(self.data_dir, "daemon.log")
+        self.proc = subprocess.Popen(
+            [*ns.enter, os.path.join(BIN_DIR, "hatcheryd"), "--listen", "127.0.0.1:0",
+             "--data-dir", os.path.join(self.data_dir, "d"), "--templates-dir", self.templates,
+             "--pool-size", "0", *net_args()],
+            stdout=open(self.log_path, "ab"), stderr=subprocess.STDOUT,
+            env=dict(os.environ, HATCHERY_API_KEY="k" * 32, RUST_LOG="info"))
+        wait_for(lambda: "hatcheryd ready" in self.log() or self.proc.poll() is not None,
+                 timeout=30, what="an inner daemon")
+        assert self.proc.poll() is None, self.log()
+
+    def log(self):
+        return open(self.log_path, errors="replace").read()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(30)
+        return self.proc.returncode
+
+    def remove(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def test_ip_forward_is_put_back_by_the_last_daemon_to_stop():
+    # Promise (hatchery-net host.rs): the first daemon turns ip_forward on, another daemon still
+    # running keeps it on when one stops, and the last clean stop puts the old value back. Fails
+    # if a stop restores it under a live daemon, or if the last stop leaves it on.
+    ns = Isolated()
+    daemons = []
+    try:
+        # What makes this safe to run beside other daemons: its own network and mount namespaces
+        # (the host's ip_forward itself is not compared: daemons run beside it may change it).
+        for kind in ("net", "mnt"):
+            assert os.readlink(f"/proc/{ns.holder.pid}/ns/{kind}") != os.readlink(f"/proc/self/ns/{kind}")
+        assert ns.ip_forward() == "0"
+        daemons.append(InnerDaemon(ns))
+        assert ns.ip_forward() == "1"
+        assert ns.run("cat", "/run/hatchery/ip_forward.orig").strip() == "0"
+        daemons.append(InnerDaemon(ns))
+        assert ns.ip_forward() == "1"
+        assert daemons[0].stop() == 0
+        assert ns.ip_forward() == "1", "restored while another daemon runs"
+        assert daemons[1].stop() == 0
+        assert ns.ip_forward() == "0", "the last daemon left forwarding on"
+        assert ns.run("ls", "/run/hatchery") == ""
+        # A host that forwarded before keeps forwarding.
+        ns.run("sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward")
+        daemons.append(InnerDaemon(ns))
+        assert daemons[2].stop() == 0
+        assert ns.ip_forward() == "1"
+    finally:
+        for d in daemons:
+            d.remove()
+        ns.close()
