@@ -135,7 +135,9 @@ def test_the_agents_stderr_is_out_of_the_guests_reach(daemon, sandbox):
     assert marker.startswith("STDERR-MARK-42-") and readable == "0", r
     time.sleep(0.5)
     hits = []
-    for root, _, files in os.walk(daemon.data_dir):
+    for root, dirs, files in os.walk(daemon.data_dir):
+        # Template checkpoints: copied in before the sandbox existed, and large.
+        dirs[:] = [d for d in dirs if not (root == daemon.data_dir and d == "images")]
         for f in files:
             p = os.path.join(root, f)
             try:
