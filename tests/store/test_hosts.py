@@ -23,7 +23,7 @@ HERE = os.path.dirname(__file__)
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.insert(0, os.path.join(HERE, "..", "pg"))
 
-from harness import KEY, Daemon, arg, net_leftovers, wait_for  # noqa: E402
+from harness import KEY, Daemon, arg, metric, net_leftovers, wait_for  # noqa: E402
 
 sys.path.insert(0, os.path.join(HERE, "..", "sdk"))
 import support  # noqa: E402
@@ -198,6 +198,56 @@ def test_requests_are_routed_to_the_owning_host(pg):
         b.cleanup()
         (a2 or a).cleanup()
     no_net_leftovers(a, b)
+
+
+def test_a_client_sent_forwarded_by_header_grants_nothing(pg):
+    # Promise: X-Hatchery-Forwarded-By, sent by a client, grants nothing: without the key it is 401
+    # on either host, and with the key it only stops a forward (the caller gets the local answer,
+    # never an act on another host's sandbox). Fails if the header skips auth or reaches the owner.
+    a = daemon(pg, "fb-a")
+    b = daemon(pg, "fb-b")
+    try:
+        sid = a.create(ttl_seconds=300)
+        exec_path = f"/v1/sandboxes/{sid}/exec"
+        run = {"cmd": "touch /tmp/ran", "timeout_seconds": 10}
+        for claimed in ("fb-a", "fb-b", "harness"):
+            fwd = {"X-Hatchery-Forwarded-By": claimed}
+            for d in (a, b):
+                for creds in ({}, {"Authorization": "Bearer wrong-key"}, {"X-API-Key": "wrong-key"}):
+                    h = {**fwd, **creds}
+                    for method, path, body in [("GET", "/v1/sandboxes", None),
+                                               ("GET", f"/v1/sandboxes/{sid}", None),
+                                               ("POST", exec_path, run),
+                                               ("DELETE", f"/v1/sandboxes/{sid}", None),
+                                               ("POST", "/v1/sandboxes", {"ttl_seconds": 60})]:
+                        r = d.request(method, path, body, auth=False, headers=h, timeout=30)
+                        assert r.status == 401, (d.port, claimed, creds, method, path, r)
+        # With the key: b, told it was forwarded to, answers from what it runs itself.
+        fwd = {"X-Hatchery-Forwarded-By": "fb-a"}
+        forwarded = forwards(b)
+        r = b.request("POST", exec_path, run, headers=fwd, timeout=30)
+        assert r.status == 409 and r.error_code() == "sandbox_not_running", r
+        # b has nothing of it to stop (its delete is idempotent); a's sandbox stays.
+        r = b.request("DELETE", f"/v1/sandboxes/{sid}", headers=fwd, timeout=30)
+        assert r.status in (204, 404), r
+        assert forwards(b) == forwarded
+        # Nothing reached a's sandbox: it runs, and nothing ran in it.
+        assert sql(pg, f"SELECT state FROM sandboxes WHERE id = '{sid}'") == [["running"]]
+        assert a.exec(sid, "test -e /tmp/ran && echo ran || echo clean")["stdout"] == "clean\n"
+        # The same key without the header is forwarded and acts, as the key allows.
+        assert b.exec(sid, "echo via-b")["stdout"] == "via-b\n"
+        assert forwards(b) == forwarded + 1
+        assert b.delete(sid).status == 204
+        assert sql(pg, f"SELECT state FROM sandboxes WHERE id = '{sid}'") == [["stopped"]]
+        a.wait_no_leftovers(timeout=30, net=False)
+    finally:
+        b.cleanup()
+        a.cleanup()
+    no_net_leftovers(a, b)
+
+
+def forwards(d):
+    return metric(d, "hatchery_route_requests_total", 'outcome="forwarded"')
 
 
 def test_control_places_creates_by_free_capacity(pg):

@@ -1401,3 +1401,282 @@ mod tests {
         assert_eq!(adopt_logged(call(), l).state, CallState::Executing);
     }
 }
+
+#[cfg(test)]
+mod policy_fail_closed_tests {
+    //! The broker fails closed: when the session's pinned policy cannot be
+    //! loaded, no call is decided, recorded or run (503
+    //! `policy_unavailable`, and the agent's retry plans again).
+    use super::*;
+    use crate::sandbox::{Exec, SandboxError};
+    use hatchery_policy::store::PolicySummary;
+    use hatchery_policy::{
+        PolicyDocument, PolicyStore, SqlitePolicyStore, StoreError, StoredPolicy,
+    };
+    use hatchery_sessions::broker_hooks::Decision;
+    use hatchery_sessions::error::SessionError;
+    use hatchery_sessions::store::{AgentSpec, Session, SessionSpec};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    /// The SQLite policy store, or (with `fail` set) a store that errors
+    /// on every read, as an unreachable shared database does.
+    struct Flaky {
+        inner: SqlitePolicyStore,
+        fail: AtomicBool,
+    }
+
+    impl Flaky {
+        fn check(&self) -> Result<(), StoreError> {
+            if self.fail.load(Ordering::SeqCst) {
+                return Err(StoreError::Unavailable("connection refused".into()));
+            }
+            Ok(())
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl PolicyStore for Flaky {
+        async fn create(&self, doc: PolicyDocument) -> Result<StoredPolicy, StoreError> {
+            self.inner.create(doc).await
+        }
+        async fn add_version(
+            &self,
+            id: &str,
+            doc: PolicyDocument,
+        ) -> Result<StoredPolicy, StoreError> {
+            self.inner.add_version(id, doc).await
+        }
+        async fn list(&self) -> Result<Vec<PolicySummary>, StoreError> {
+            self.check()?;
+            self.inner.list().await
+        }
+        async fn latest(&self, id: &str) -> Result<StoredPolicy, StoreError> {
+            self.check()?;
+            self.inner.latest(id).await
+        }
+        async fn version(&self, id: &str, version: u32) -> Result<StoredPolicy, StoreError> {
+            self.check()?;
+            self.inner.version(id, version).await
+        }
+    }
+
+    /// One running session on sandbox `sbx_1`; counts the events written.
+    struct OneSession {
+        policy_id: String,
+        events: AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::session_log::SessionLog for OneSession {
+        async fn session_for_sandbox(
+            &self,
+            sandbox_id: &str,
+        ) -> Result<Option<Session>, SessionError> {
+            Ok((sandbox_id == "sbx_1").then(|| Session {
+                id: "ses_1".into(),
+                spec: SessionSpec {
+                    repo: "https://example.invalid/r.git".into(),
+                    git_ref: "main".into(),
+                    task: "t".into(),
+                    policy_id: self.policy_id.clone(),
+                    policy_version: 1,
+                    budget_tokens: 1000,
+                    budget_usd_cents: 100,
+                    budget_wall_s: 600,
+                    template: "default".into(),
+                    agent: AgentSpec {
+                        kind: "reference".into(),
+                        model_url: "http://127.0.0.1:9/v1".into(),
+                        model: "m".into(),
+                        max_steps: 1,
+                        command: None,
+                    },
+                    env: Default::default(),
+                    metadata: Default::default(),
+                },
+                state: SessionState::Running,
+                idempotency_key: None,
+                created_at: "2026-01-01T00:00:00Z".into(),
+                started_at: None,
+                ended_at: None,
+                reason: None,
+                spend_tokens: 0,
+                spend_usd_cents: 0,
+                spend_wall_s: 0,
+                sandbox_id: Some("sbx_1".into()),
+                process_id: None,
+                snapshot_id: None,
+                review_snapshot_id: None,
+                waiting: None,
+                output_offset: 0,
+                agent_seq: 0,
+                delivered_seq: 0,
+                cancel_requested: false,
+                last_seq: 0,
+                replay_through: 0,
+                host_id: "h1".into(),
+                epoch: 1,
+            }))
+        }
+        async fn logged_broker_call(
+            &self,
+            _: &str,
+            _: u64,
+        ) -> Result<Option<LoggedCall>, SessionError> {
+            Ok(None)
+        }
+        async fn record(&self, _: &str, kinds: Vec<EventKind>) -> Result<Vec<u64>, SessionError> {
+            let first = self.events.fetch_add(kinds.len(), Ordering::SeqCst) as u64 + 1;
+            Ok((first..first + kinds.len() as u64).collect())
+        }
+        async fn open_approval(
+            &self,
+            _: &str,
+            _: &str,
+            _: &str,
+            _: &str,
+        ) -> Result<(), SessionError> {
+            Ok(())
+        }
+        async fn approval_decision(
+            &self,
+            _: &str,
+            _: &str,
+            _: u64,
+        ) -> Result<Option<Decision>, SessionError> {
+            Ok(None)
+        }
+        async fn checkout_commit(&self, _: &str) -> Result<Option<String>, SessionError> {
+            Ok(None)
+        }
+        async fn owned_elsewhere(&self, _: &str) -> Result<bool, SessionError> {
+            Ok(false)
+        }
+    }
+
+    /// Counts every use of the sandbox (git_push's export starts there).
+    #[derive(Default)]
+    struct Touched(AtomicUsize);
+
+    #[async_trait::async_trait]
+    impl SandboxAccess for Touched {
+        async fn exec(&self, _: &str, _: Vec<String>, _: u64) -> Result<Exec, SandboxError> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Err(SandboxError("fake".into()))
+        }
+        async fn write_file(&self, _: &str, _: &str, _: Vec<u8>) -> Result<(), SandboxError> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Err(SandboxError("fake".into()))
+        }
+        async fn read_file(&self, _: &str, _: &str) -> Result<Vec<u8>, SandboxError> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Err(SandboxError("fake".into()))
+        }
+    }
+
+    struct Rig {
+        broker: Arc<Broker>,
+        log: Arc<OneSession>,
+        sandbox: Arc<Touched>,
+    }
+
+    /// A broker whose session is pinned to an allow-everything policy;
+    /// `fail`: its store errors from the start.
+    async fn rig(fail: bool) -> Rig {
+        let store = Arc::new(Flaky {
+            inner: SqlitePolicyStore::open_in_memory().unwrap(),
+            fail: AtomicBool::new(false),
+        });
+        let doc = serde_json::from_value(
+            json!({"name": "all", "rules": [{"id": "any", "effect": "allow"}]}),
+        )
+        .unwrap();
+        let p = store.create(doc).await.unwrap();
+        store.fail.store(fail, Ordering::SeqCst);
+        let log = Arc::new(OneSession {
+            policy_id: p.id,
+            events: AtomicUsize::new(0),
+        });
+        let sandbox = Arc::new(Touched::default());
+        let broker = Broker::new(
+            BrokerStore::open_in_memory().unwrap(),
+            log.clone(),
+            CompiledPolicies::new(store),
+            sandbox.clone(),
+            BrokerConfig::default(),
+        );
+        Rig {
+            broker,
+            log,
+            sandbox,
+        }
+    }
+
+    fn call(seq: u64, tool: &str, args: Value) -> InvokeRequest {
+        InvokeRequest {
+            seq,
+            tool: tool.into(),
+            args,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_same_call_runs_when_the_policy_loads() {
+        // The control for the test below: with the store answering, the
+        // allow-all policy lets the call through, recorded with events.
+        let r = rig(false).await;
+        let res = r
+            .broker
+            .invoke("sbx_1", call(1, "noop", json!({})))
+            .await
+            .unwrap();
+        assert_eq!(res.status, "done", "{res:?}");
+        assert!(r.broker.store.get("ses_1", 1).await.unwrap().is_some());
+        assert_eq!(r.log.events.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn an_unloadable_policy_refuses_every_effect() {
+        // Promise: a policy the store cannot load allows nothing. Fails if
+        // any call is decided (a row), logged (an event) or run (the
+        // sandbox used, a connection made) while the store errors.
+        let r = rig(true).await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/x", listener.local_addr().unwrap());
+        let calls = [
+            call(1, "noop", json!({})),
+            call(
+                2,
+                "git_push",
+                json!({"remote": "origin", "branch": "hatchery/ses_1"}),
+            ),
+            call(3, "http_fetch", json!({"url": url})),
+        ];
+        for c in calls {
+            let (seq, tool) = (c.seq, c.tool.clone());
+            match r.broker.invoke("sbx_1", c).await {
+                Err(BrokerError::PolicyUnavailable(p, why)) => {
+                    assert!(why.contains("unavailable"), "{tool}: {p}: {why}")
+                }
+                other => panic!("{tool}: not refused: {other:?}"),
+            }
+            assert!(
+                r.broker.store.get("ses_1", seq).await.unwrap().is_none(),
+                "{tool}: a call row was written"
+            );
+        }
+        assert_eq!(
+            r.log.events.load(Ordering::SeqCst),
+            0,
+            "events were written"
+        );
+        assert_eq!(
+            r.sandbox.0.load(Ordering::SeqCst),
+            0,
+            "the sandbox was used"
+        );
+        let accepted =
+            tokio::time::timeout(std::time::Duration::from_millis(200), listener.accept()).await;
+        assert!(accepted.is_err(), "http_fetch reached its destination");
+    }
+}

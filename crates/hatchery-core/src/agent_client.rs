@@ -366,3 +366,142 @@ pub fn guest_error(f: &Frame) -> crate::CoreError {
 fn truncate(s: &str, n: usize) -> String {
     s.chars().take(n).collect()
 }
+
+#[cfg(test)]
+mod hostile_frame_tests {
+    //! The daemon's own reader of the agent channel. The shim checks only
+    //! a frame's length and kind before passing it on, so everything else
+    //! (a request kind from the guest, a forged reply) is this reader's to
+    //! refuse; and it must refuse a bad length itself too, since it does
+    //! not depend on the shim being the only writer.
+    use super::*;
+    use hatchery_agent_proto::{GuestError, MAX_FRAME};
+    use std::time::Duration;
+    use tokio::io::DuplexStream;
+
+    fn client() -> (Arc<AgentClient>, DuplexStream) {
+        let (host, guest) = tokio::io::duplex(4 << 20);
+        (AgentClient::new(Box::pin(host)), guest)
+    }
+
+    /// A frame as raw bytes, any kind byte (valid or not).
+    fn raw(channel: u32, kind: u8, payload: &[u8]) -> Vec<u8> {
+        let mut out = ((5 + payload.len()) as u32).to_be_bytes().to_vec();
+        out.extend_from_slice(&channel.to_be_bytes());
+        out.push(kind);
+        out.extend_from_slice(payload);
+        out
+    }
+
+    async fn closed_within(c: &AgentClient, d: Duration) -> bool {
+        let mut rx = c.closed();
+        let closed = matches!(
+            tokio::time::timeout(d, rx.wait_for(|c| *c)).await,
+            Ok(Ok(_))
+        );
+        closed
+    }
+
+    #[tokio::test]
+    async fn a_hostile_frame_closes_the_connection() {
+        // Promise: a forged, host-direction or oversized frame from the
+        // guest ends the connection (and so the sandbox: the manager stops
+        // it as guest_exited), and the request waiting on it learns so.
+        // Fails if any of them is read past, or waited on (an oversized
+        // length must be refused without reading its body).
+        for kind in [
+            Kind::Exec,
+            Kind::Kill,
+            Kind::FileWriteStart,
+            Kind::Ping,
+            Kind::RelayData,
+        ] {
+            let (c, mut guest) = client();
+            let mut ch = c.open();
+            guest
+                .write_all(&raw(ch.id, kind as u8, b"{}"))
+                .await
+                .unwrap();
+            assert!(
+                closed_within(&c, Duration::from_secs(2)).await,
+                "{kind:?} from the guest kept the connection"
+            );
+            assert!(!c.is_alive());
+            assert!(ch.rx.recv().await.is_none(), "{kind:?} was delivered");
+            assert!(c
+                .send(&Frame::new(ch.id, Kind::Ping, vec![]))
+                .await
+                .is_err());
+        }
+        let cases: Vec<(&str, Vec<u8>)> = vec![
+            // Only the prefix: the body never comes.
+            (
+                "over MAX_FRAME",
+                ((MAX_FRAME + 1) as u32).to_be_bytes().to_vec(),
+            ),
+            ("4 GiB", u32::MAX.to_be_bytes().to_vec()),
+            ("under the header", vec![0, 0, 0, 4, 0, 0, 0, 1]),
+            ("an unknown kind", raw(1, 250, b"")),
+            ("kind 0", raw(1, 0, b"")),
+        ];
+        for (what, bytes) in cases {
+            let (c, mut guest) = client();
+            let mut ch = c.open();
+            guest.write_all(&bytes).await.unwrap();
+            assert!(
+                closed_within(&c, Duration::from_secs(2)).await,
+                "a frame with {what} kept the connection"
+            );
+            assert!(ch.rx.recv().await.is_none(), "{what}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_forged_reply_for_a_channel_nobody_opened_is_dropped() {
+        // A well-formed guest->host frame for a channel no request holds
+        // goes nowhere, and the connection keeps serving the real one.
+        // Fails if it broke the connection or reached another channel.
+        let (c, mut guest) = client();
+        let mut ch = c.open();
+        let other = ch.id.wrapping_add(1000) & !GUEST_CHANNEL_BIT;
+        guest
+            .write_all(&raw(other, Kind::Stdout as u8, b"forged"))
+            .await
+            .unwrap();
+        guest
+            .write_all(&raw(other, Kind::ExitResult as u8, b"{\"exit_code\":0}"))
+            .await
+            .unwrap();
+        guest
+            .write_all(&Frame::new(ch.id, Kind::Pong, b"real".to_vec()).encode())
+            .await
+            .unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(2), ch.rx.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((got.kind, &got.payload[..]), (Kind::Pong, &b"real"[..]));
+        assert!(c.is_alive());
+    }
+
+    #[test]
+    fn a_guest_error_message_is_cut_at_512_characters() {
+        // Fails if the cap moves, or cuts inside a character (bytes, not
+        // characters: a panic on multi-byte text).
+        for (msg, want) in [
+            ("x".repeat(512), "x".repeat(512)),
+            ("x".repeat(513), "x".repeat(512)),
+            ("é".repeat(600), "é".repeat(512)),
+            ("short".to_string(), "short".to_string()),
+        ] {
+            let f = Frame::json(1, Kind::Error, &GuestError::new("io", msg));
+            match guest_error(&f) {
+                crate::CoreError::Guest { code, message } => {
+                    assert_eq!(code, "io");
+                    assert_eq!(message, want);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+}
