@@ -54,38 +54,50 @@ def sh(*cmd, check=True):
     return subprocess.run(cmd, check=check, capture_output=True, text=True)
 
 
+def ns_up(ns, host_if, ns_if, host_addr, ns_addr, addrs):
+    """A namespace at the far end of a veth /30 from the host, its default
+    route back through the host, and SERVER answering on `addrs`; returns
+    the server process (ready)."""
+    sh("ip", "netns", "add", ns)
+    sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", ns)
+    sh("ip", "addr", "add", f"{host_addr}/30", "dev", host_if)
+    sh("ip", "link", "set", host_if, "up")
+    sh("ip", "-n", ns, "addr", "add", f"{ns_addr}/30", "dev", ns_if)
+    sh("ip", "-n", ns, "link", "set", ns_if, "up")
+    sh("ip", "-n", ns, "link", "set", "lo", "up")
+    for a in addrs:
+        if a != ns_addr:
+            sh("ip", "-n", ns, "addr", "add", f"{a}/32", "dev", "lo")
+            sh("ip", "route", "add", f"{a}/32", "via", ns_addr)
+    sh("ip", "-n", ns, "route", "add", "default", "via", host_addr)
+    server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", f"ADDRS = {addrs!r}\n" + SERVER],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert server.stdout.readline().strip() == "ready"
+    return server
+
+
+def ns_down(server, ns, host_if, addrs):
+    if server:
+        server.kill()
+        server.wait()
+    for a in addrs:
+        sh("ip", "route", "del", f"{a}/32", check=False)
+    sh("ip", "link", "del", host_if, check=False)
+    sh("ip", "netns", "del", ns, check=False)
+
+
 class NetLab:
     def __init__(self):
         self.server = None
 
     def up(self):
         self.down()
-        sh("ip", "netns", "add", NS)
-        sh("ip", "link", "add", HOST_IF, "type", "veth", "peer", "name", NS_IF, "netns", NS)
-        sh("ip", "addr", "add", f"{LINK_HOST}/30", "dev", HOST_IF)
-        sh("ip", "link", "set", HOST_IF, "up")
-        sh("ip", "-n", NS, "addr", "add", f"{LINK_NS}/30", "dev", NS_IF)
-        sh("ip", "-n", NS, "link", "set", NS_IF, "up")
-        sh("ip", "-n", NS, "link", "set", "lo", "up")
-        for a in TARGETS:
-            sh("ip", "-n", NS, "addr", "add", f"{a}/32", "dev", "lo")
-            sh("ip", "route", "add", f"{a}/32", "via", LINK_NS)
-        sh("ip", "-n", NS, "route", "add", "default", "via", LINK_HOST)
-        self.server = subprocess.Popen(["ip", "netns", "exec", NS, sys.executable, "-c",
-                                        f"ADDRS = {TARGETS!r}\n" + SERVER],
-                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        assert self.server.stdout.readline().strip() == "ready"
+        self.server = ns_up(NS, HOST_IF, NS_IF, LINK_HOST, LINK_NS, TARGETS)
         return self
 
     def down(self):
-        if self.server:
-            self.server.kill()
-            self.server.wait()
-            self.server = None
-        for a in TARGETS:
-            sh("ip", "route", "del", f"{a}/32", check=False)
-        sh("ip", "link", "del", HOST_IF, check=False)
-        sh("ip", "netns", "del", NS, check=False)
+        ns_down(self.server, NS, HOST_IF, TARGETS)
+        self.server = None
 
 
 class Peer:
@@ -109,27 +121,12 @@ class Peer:
 
     def up(self):
         self.down()
-        sh("ip", "netns", "add", self.ns)
-        sh("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if, "netns", self.ns)
-        sh("ip", "addr", "add", f"{self.host_addr}/30", "dev", self.host_if)
-        sh("ip", "link", "set", self.host_if, "up")
-        sh("ip", "-n", self.ns, "addr", "add", f"{self.addr}/30", "dev", self.ns_if)
-        sh("ip", "-n", self.ns, "link", "set", self.ns_if, "up")
-        sh("ip", "-n", self.ns, "link", "set", "lo", "up")
-        sh("ip", "-n", self.ns, "route", "add", "default", "via", self.host_addr)
-        self.server = subprocess.Popen(["ip", "netns", "exec", self.ns, sys.executable, "-c",
-                                        f"ADDRS = {[self.addr]!r}\n" + SERVER],
-                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        assert self.server.stdout.readline().strip() == "ready"
+        self.server = ns_up(self.ns, self.host_if, self.ns_if, self.host_addr, self.addr, [self.addr])
         return self
 
     def down(self):
-        if self.server:
-            self.server.kill()
-            self.server.wait()
-            self.server = None
-        sh("ip", "link", "del", self.host_if, check=False)
-        sh("ip", "netns", "del", self.ns, check=False)
+        ns_down(self.server, self.ns, self.host_if, [])
+        self.server = None
 
 
 # Runs inside the sandbox: one probe per line of argv, JSON out.
