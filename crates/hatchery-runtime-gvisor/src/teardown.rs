@@ -44,8 +44,8 @@ pub fn destroy(runsc_bin: &Path, flags: &[String], id: &str, bundle: &Path) {
     // is gone or damaged, the sandbox and gofer processes are found by the
     // id in their command lines and killed directly.
     for pid in pids_mentioning(id) {
-        // SAFETY: plain signal to a pid whose command line names this
-        // sandbox (our own pid is never in the list).
+        // SAFETY: plain signal to a pid that is one of this sandbox's own
+        // processes (see pids_mentioning; our own pid is never listed).
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     }
     std::thread::sleep(std::time::Duration::from_millis(50));
@@ -146,12 +146,8 @@ pub fn leftovers(id: &str, bundle: &Path, runsc_root: &Path) -> Vec<String> {
 /// in the daemon they are not, and the wait ends at once with ECHILD).
 fn kill_sandbox_processes(id: &str) {
     let mut killed = vec![];
-    for pid in pids_mentioning(id) {
-        let argv0 = std::fs::read(format!("/proc/{pid}/cmdline"))
-            .ok()
-            .and_then(|c| c.split(|&b| b == 0).next().map(|a| a.to_vec()))
-            .unwrap_or_default();
-        if argv0.starts_with(b"runsc-sandbox") || argv0.starts_with(b"runsc-gofer") {
+    for (pid, argv0) in sandbox_processes(id) {
+        if argv0.starts_with("runsc-sandbox") || argv0.starts_with("runsc-gofer") {
             // SAFETY: plain signal to a pid whose command line is this
             // sandbox's Sentry or gofer; no memory is involved.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
@@ -209,9 +205,25 @@ fn reap(pid: i32) {
     }
 }
 
-/// Host processes whose command line names the sandbox (runsc sandbox,
-/// gofer, shim).
+/// The sandbox's own host processes: its shim, Sentry, gofer and runsc
+/// commands at work on it, i.e. a process whose program is one of those
+/// and whose command line names the sandbox. Naming the sandbox alone is
+/// not enough: an operator's `grep sbx_…` or a `psql` query about it must
+/// never be killed by a teardown (one was, in the tests).
 pub fn pids_mentioning(id: &str) -> Vec<u32> {
+    sandbox_processes(id)
+        .into_iter()
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// Program names (argv[0]'s file name) of a sandbox's own processes.
+fn is_sandbox_program(name: &str) -> bool {
+    name == "hatchery-shim" || name == "runsc" || name.starts_with("runsc-")
+}
+
+/// (pid, argv[0]) of the sandbox's own processes; see pids_mentioning.
+fn sandbox_processes(id: &str) -> Vec<(u32, String)> {
     let me = std::process::id();
     let Ok(rd) = std::fs::read_dir("/proc") else {
         return vec![];
@@ -219,13 +231,43 @@ pub fn pids_mentioning(id: &str) -> Vec<u32> {
     rd.flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter(|&pid| pid != me)
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| {
-                    c.split(|&b| b == 0)
-                        .any(|arg| String::from_utf8_lossy(arg).contains(id))
-                })
-                .unwrap_or(false)
+        .filter_map(|pid| {
+            let c = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let mut args = c.split(|&b| b == 0).map(String::from_utf8_lossy);
+            let argv0 = args.next()?.into_owned();
+            let name = argv0.rsplit('/').next().unwrap_or_default();
+            (is_sandbox_program(name) && args.any(|a| a.contains(id))).then_some((pid, argv0))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_sandboxs_own_programs_count() {
+        for own in ["hatchery-shim", "runsc", "runsc-sandbox", "runsc-gofer"] {
+            assert!(is_sandbox_program(own), "{own}");
+        }
+        for other in ["psql", "runuser", "grep", "python3", "sh", "hatcheryd"] {
+            assert!(!is_sandbox_program(other), "{other}");
+        }
+    }
+
+    #[test]
+    fn a_process_that_only_names_the_sandbox_is_not_its_own() {
+        // This test's own command line does not name the id, but a child
+        // that does (as a psql query about the sandbox would) is not listed.
+        let id = format!("sbx_teardowntest{}", std::process::id());
+        let mut child = std::process::Command::new("sleep")
+            .args(["5", &id])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let listed = pids_mentioning(&id);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(!listed.contains(&child.id()), "{listed:?}");
+    }
 }
