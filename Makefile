@@ -214,9 +214,9 @@ egress-test: $(SUITE_BUILD) agent-template
 # passed/failed/skipped, wall time, and the total (also in
 # target/test-times.md; each suite's output in target/test-logs/). What each
 # suite proves, and why two lanes are safe: docs/testing.md.
-TEST_SUITES = lint unit kernel-test store-test broker-test sessions-test gateway-test egress-test \
-    playground-test playground-load \
-  // integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test e2b-test
+TEST_SUITES = lint unit kernel-test store-test sessions-test gateway-test egress-test \
+  // integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test e2b-test \
+    playground-test playground-load broker-test
 
 test: build template
 	/usr/bin/python3 tests/run_suites.py $(TEST_SUITES)
