@@ -21,6 +21,8 @@
 pub mod blocking;
 mod client;
 pub mod error;
+#[cfg(any(test, feature = "faults"))]
+pub mod faults;
 #[cfg(test)]
 mod limits_tests;
 pub mod models;

@@ -5,7 +5,7 @@
 
 use crate::limits::{GRADER_DIR, WORKDIR};
 use crate::models::*;
-use crate::sandbox::fake::{Effect, FakeSandboxes, Fault, Files, Op};
+use crate::sandbox::fake::{Effect, FakeSandboxes, Fault, FaultExt, Files, Op};
 use crate::sandbox::{ExecOutcome, ExecSpec};
 use crate::state::SessionState;
 use crate::store::{RoundRecord, RoundStore, SessionRecord, SqliteStore};

@@ -9,15 +9,16 @@
 //!   the files; without one the outcome is exit 0 and no output. Every
 //!   argv run is kept ([`FakeSandboxes::execs`]).
 //! - Faults ([`Fault`]) are checked before an operation takes effect, in
-//!   the order they were added; each fires on the `skip`+1-th call of its
-//!   operation and then `times` times. `Fail` answers an error and changes
-//!   nothing; `Hang` waits until [`FakeSandboxes::release`] and then does
-//!   the operation; `Vanish` loses the sandbox first, so the operation
-//!   finds it gone.
+//!   the order they were added (`hatchery_client::faults::FaultPlan`): a
+//!   fault lets `skip` calls of its [`Op`] through and fires on the next
+//!   `times`; a call it fires on is not seen by later faults; a fault with
+//!   `meta` never fires (calls carry none here). `Fail` answers an error
+//!   and changes nothing; `Hang` waits until [`FakeSandboxes::release`] and
+//!   then does the operation; `Vanish` loses the sandbox first, so the
+//!   operation finds it gone.
 
 use super::*;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub type Files = BTreeMap<String, Vec<u8>>;
@@ -31,50 +32,24 @@ pub enum Op {
     ReadFile,
 }
 
-#[derive(Debug, Clone)]
-pub enum Effect {
-    Fail(String),
-    Hang,
-    Vanish,
-}
+pub use hatchery_client::faults::Effect;
+use hatchery_client::faults::{FaultPlan, Gate};
 
-#[derive(Debug, Clone)]
-pub struct Fault {
-    pub op: Op,
-    pub skip: usize,
-    pub times: usize,
-    pub effect: Effect,
-}
-
-impl Fault {
-    pub fn on(op: Op, effect: Effect) -> Fault {
-        Fault {
-            op,
-            skip: 0,
-            times: 1,
-            effect,
-        }
-    }
-    pub fn skip(mut self, n: usize) -> Fault {
-        self.skip = n;
-        self
-    }
-}
+/// A scripted fault of one [`Op`] (see `hatchery_client::faults`).
+pub type Fault = hatchery_client::faults::Fault<Op>;
 
 #[derive(Default)]
 struct Inner {
     /// id → (alive, files).
     sandboxes: BTreeMap<String, (bool, Files)>,
     rules: Vec<(ExecMatch, ExecScript)>,
-    faults: Vec<(Fault, usize)>,
-    calls: BTreeMap<Op, usize>,
+    faults: FaultPlan<Op>,
     execs: Vec<(String, Vec<String>)>,
 }
 
 pub struct FakeSandboxes {
     inner: Mutex<Inner>,
-    released: tokio::sync::watch::Sender<bool>,
-    hung: AtomicUsize,
+    gate: Gate,
 }
 
 impl Default for FakeSandboxes {
@@ -87,8 +62,7 @@ impl FakeSandboxes {
     pub fn new() -> FakeSandboxes {
         FakeSandboxes {
             inner: Mutex::new(Inner::default()),
-            released: tokio::sync::watch::channel(false).0,
-            hung: AtomicUsize::new(0),
+            gate: Gate::new(),
         }
     }
 
@@ -127,19 +101,21 @@ impl FakeSandboxes {
     }
 
     pub fn inject(&self, f: Fault) {
-        self.lock().faults.push((f, 0));
+        self.lock().faults.inject(f);
     }
 
+    /// Lets every hung operation (and any later `Hang`) carry on.
     pub fn release(&self) {
-        self.released.send_replace(true);
+        self.gate.release();
     }
 
+    /// Operations that reached a `Hang` so far.
     pub fn hung(&self) -> usize {
-        self.hung.load(Ordering::SeqCst)
+        self.gate.hung()
     }
 
     pub fn calls(&self, op: Op) -> usize {
-        self.lock().calls.get(&op).copied().unwrap_or(0)
+        self.lock().faults.calls(op)
     }
 
     /// `(sandbox, argv)` of every exec that reached a live sandbox.
@@ -148,30 +124,12 @@ impl FakeSandboxes {
     }
 
     async fn gate(&self, op: Op, id: &str) -> Result<(), SandboxError> {
-        let hit = {
-            let mut g = self.lock();
-            *g.calls.entry(op).or_default() += 1;
-            let mut hit = None;
-            for (f, seen) in g.faults.iter_mut() {
-                if f.op != op {
-                    continue;
-                }
-                *seen += 1;
-                if *seen > f.skip && *seen <= f.skip + f.times {
-                    hit = Some(f.effect.clone());
-                    break;
-                }
-            }
-            hit
-        };
+        let hit = self.lock().faults.take(op, None);
         match hit {
             None => Ok(()),
             Some(Effect::Fail(m)) => Err(SandboxError(format!("injected: {m}"))),
             Some(Effect::Hang) => {
-                self.hung.fetch_add(1, Ordering::SeqCst);
-                let mut rx = self.released.subscribe();
-                // The sender lives as long as `self`: this cannot end early.
-                let _ = rx.wait_for(|r| *r).await;
+                self.gate.wait().await;
                 Ok(())
             }
             Some(Effect::Vanish) => {

@@ -18,8 +18,12 @@
 //!   the outcome is exit 0, `exited`, no output. `exec_stream` yields the
 //!   same outcome as stdout, stderr and exit events.
 //! - Faults ([`Fault`]) are checked before an operation takes effect, in
-//!   the order they were added; each fires on the `skip`+1-th matching call
-//!   and then `times` times. `Fail` answers an error and changes nothing;
+//!   the order they were added (`hatchery_client::faults::FaultPlan`): a
+//!   fault matches the calls of its [`Op`] (with [`FaultExt::kind`], only
+//!   those whose target sandbox, or for `create` and `fork` the one being
+//!   made, is of that kind); it lets `skip` matching calls through and
+//!   fires on the next `times`; a call it fires on is not seen by later
+//!   faults. `Fail` answers an error and changes nothing;
 //!   `Hang` waits until [`FakeSandboxes::release`] and then does the
 //!   operation (whatever happened meanwhile); `Vanish` deletes the target
 //!   sandbox and then does the operation, which so finds it gone (a sandbox
@@ -28,7 +32,7 @@
 //!   and snapshots, deleted ones too, can be read back whole.
 
 use super::*;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use hatchery_client::faults::{FaultPlan, Gate};
 use std::sync::{Arc, Mutex};
 
 pub type Files = BTreeMap<String, Vec<u8>>;
@@ -70,40 +74,21 @@ pub enum Effect {
     Vanish,
 }
 
-/// One scripted fault: which calls it hits and what it does.
-#[derive(Debug, Clone)]
-pub struct Fault {
-    pub op: Op,
-    /// Only calls whose target sandbox (or, for `create` and `fork`, the
-    /// sandbox being made) has this metadata pair.
-    pub meta: Option<(String, String)>,
-    /// Matching calls let through before it fires.
-    pub skip: usize,
-    /// How many times it fires.
-    pub times: usize,
-    pub effect: Effect,
+/// A scripted fault of one [`Op`] (see `hatchery_client::faults`); its
+/// `meta` is matched against the target sandbox or, for `create` and
+/// `fork`, the sandbox being made.
+pub type Fault = hatchery_client::faults::Fault<Op, Effect>;
+
+/// Rounds' shorthands for building a [`Fault`].
+pub trait FaultExt {
+    /// Fails the next call of `op` with an error body from the daemon.
+    fn fail(op: Op, status: u16, code: &str) -> Fault;
+    /// Only for sandboxes labelled `hatchery.kind` = `kind`.
+    fn kind(self, kind: &str) -> Fault;
 }
 
-impl Fault {
-    pub fn on(op: Op, effect: Effect) -> Fault {
-        Fault {
-            op,
-            meta: None,
-            skip: 0,
-            times: 1,
-            effect,
-        }
-    }
-    /// Only for sandboxes labelled `hatchery.kind` = `kind`.
-    pub fn kind(mut self, kind: &str) -> Fault {
-        self.meta = Some(("hatchery.kind".into(), kind.into()));
-        self
-    }
-    pub fn skip(mut self, n: usize) -> Fault {
-        self.skip = n;
-        self
-    }
-    pub fn fail(op: Op, status: u16, code: &str) -> Fault {
+impl FaultExt for Fault {
+    fn fail(op: Op, status: u16, code: &str) -> Fault {
         Fault::on(
             op,
             Effect::Fail {
@@ -111,6 +96,9 @@ impl Fault {
                 code: code.into(),
             },
         )
+    }
+    fn kind(self, kind: &str) -> Fault {
+        self.meta("hatchery.kind", kind)
     }
 }
 
@@ -143,15 +131,13 @@ struct Inner {
     order: Vec<String>,
     snapshots: BTreeMap<String, FakeSnapshot>,
     rules: Vec<(ExecMatch, ExecScript)>,
-    faults: Vec<(Fault, usize)>,
-    calls: BTreeMap<String, usize>,
+    faults: FaultPlan<Op, Effect>,
     next: u64,
 }
 
 pub struct FakeSandboxes {
     inner: Mutex<Inner>,
-    released: tokio::sync::watch::Sender<bool>,
-    hung: AtomicUsize,
+    gate: Gate,
 }
 
 impl Default for FakeSandboxes {
@@ -169,7 +155,7 @@ fn not_found(code: &str, what: &str) -> SandboxError {
 }
 
 /// What a fault decided before the operation.
-enum Gate {
+enum Entry {
     Go,
     Hang,
 }
@@ -178,8 +164,7 @@ impl FakeSandboxes {
     pub fn new() -> FakeSandboxes {
         FakeSandboxes {
             inner: Mutex::new(Inner::default()),
-            released: tokio::sync::watch::channel(false).0,
-            hung: AtomicUsize::new(0),
+            gate: Gate::new(),
         }
     }
 
@@ -211,25 +196,21 @@ impl FakeSandboxes {
     }
 
     pub fn inject(&self, f: Fault) {
-        self.lock().faults.push((f, 0));
+        self.lock().faults.inject(f);
     }
 
     /// Lets every hung operation (and any later `Hang`) carry on.
     pub fn release(&self) {
-        self.released.send_replace(true);
+        self.gate.release();
     }
 
     /// Operations that reached a `Hang` so far.
     pub fn hung(&self) -> usize {
-        self.hung.load(Ordering::SeqCst)
+        self.gate.hung()
     }
 
     pub fn calls(&self, op: Op) -> usize {
-        self.lock()
-            .calls
-            .get(&format!("{op:?}"))
-            .copied()
-            .unwrap_or(0)
+        self.lock().faults.calls(op)
     }
 
     pub fn sandbox(&self, id: &str) -> Option<FakeSandbox> {
@@ -273,32 +254,16 @@ impl FakeSandboxes {
         op: Op,
         target: Option<&str>,
         making: Option<&BTreeMap<String, String>>,
-    ) -> Result<Gate, SandboxError> {
+    ) -> Result<Entry, SandboxError> {
         let mut g = self.lock();
-        *g.calls.entry(format!("{op:?}")).or_default() += 1;
         let meta = match (making, target) {
             (Some(m), _) => Some(m.clone()),
             (None, Some(id)) => g.sandboxes.get(id).map(|s| s.metadata.clone()),
             (None, None) => None,
         };
-        let mut hit = None;
-        for (f, seen) in g.faults.iter_mut() {
-            if f.op != op {
-                continue;
-            }
-            if let Some((k, v)) = &f.meta {
-                if meta.as_ref().and_then(|m| m.get(k)) != Some(v) {
-                    continue;
-                }
-            }
-            *seen += 1;
-            if *seen > f.skip && *seen <= f.skip + f.times {
-                hit = Some(f.effect.clone());
-                break;
-            }
-        }
+        let hit = g.faults.take(op, meta.as_ref());
         match hit {
-            None => Ok(Gate::Go),
+            None => Ok(Entry::Go),
             Some(Effect::Fail { status, code }) => Err(SandboxError::Api {
                 status,
                 message: format!("injected {code}"),
@@ -307,12 +272,12 @@ impl FakeSandboxes {
             Some(Effect::Transport) => Err(SandboxError::Transport(format!(
                 "injected: connection reset during {op:?}"
             ))),
-            Some(Effect::Hang) => Ok(Gate::Hang),
+            Some(Effect::Hang) => Ok(Entry::Hang),
             Some(Effect::Vanish) => {
                 if let Some(s) = target.and_then(|id| g.sandboxes.get_mut(id)) {
                     s.alive = false;
                 }
-                Ok(Gate::Go)
+                Ok(Entry::Go)
             }
         }
     }
@@ -323,11 +288,8 @@ impl FakeSandboxes {
         target: Option<&str>,
         making: Option<&BTreeMap<String, String>>,
     ) -> Result<(), SandboxError> {
-        if let Gate::Hang = self.enter(op, target, making)? {
-            self.hung.fetch_add(1, Ordering::SeqCst);
-            let mut rx = self.released.subscribe();
-            // The sender lives as long as `self`: this cannot end early.
-            let _ = rx.wait_for(|r| *r).await;
+        if let Entry::Hang = self.enter(op, target, making)? {
+            self.gate.wait().await;
         }
         Ok(())
     }

@@ -20,16 +20,18 @@
 //!   checkpoint of a running sandbox does; `fork` restores them into a new
 //!   sandbox with the same process ids. Stdin is not part of a snapshot.
 //! - Faults ([`Fault`]) are checked before an operation takes effect, in
-//!   the order they were added; each fires on the `skip`+1-th matching call
-//!   and then `times` times. `Fail` answers [`SandboxError::Other`] and
-//!   changes nothing; `Hang` waits until [`FakeSandboxes::release`] and
-//!   then does the operation; `Vanish` deletes the target sandbox first,
-//!   so the operation finds it gone (lost mid-operation). A sandbox can
-//!   also be lost at any moment with [`FakeSandboxes::vanish`].
+//!   the order they were added (`hatchery_client::faults::FaultPlan`): a
+//!   fault lets `skip` calls of its [`Op`] through and fires on the next
+//!   `times`; a call it fires on is not seen by later faults; a fault with
+//!   `meta` never fires (calls carry none here). `Fail` answers
+//!   [`SandboxError::Other`] and changes nothing; `Hang` waits until
+//!   [`FakeSandboxes::release`] and then does the operation; `Vanish`
+//!   deletes the target sandbox first, so the operation finds it gone
+//!   (lost mid-operation). A sandbox can also be lost at any moment with
+//!   [`FakeSandboxes::vanish`].
 //! - Every call is counted by [`Op`].
 
 use super::*;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub type Files = BTreeMap<String, Vec<u8>>;
@@ -55,39 +57,11 @@ pub enum Op {
     SnapshotMetadata,
 }
 
-#[derive(Debug, Clone)]
-pub enum Effect {
-    Fail(String),
-    Hang,
-    Vanish,
-}
+pub use hatchery_client::faults::Effect;
+use hatchery_client::faults::{FaultPlan, Gate};
 
-#[derive(Debug, Clone)]
-pub struct Fault {
-    pub op: Op,
-    pub skip: usize,
-    pub times: usize,
-    pub effect: Effect,
-}
-
-impl Fault {
-    pub fn on(op: Op, effect: Effect) -> Fault {
-        Fault {
-            op,
-            skip: 0,
-            times: 1,
-            effect,
-        }
-    }
-    pub fn skip(mut self, n: usize) -> Fault {
-        self.skip = n;
-        self
-    }
-    pub fn times(mut self, n: usize) -> Fault {
-        self.times = n;
-        self
-    }
-}
+/// A scripted fault of one [`Op`] (see `hatchery_client::faults`).
+pub type Fault = hatchery_client::faults::Fault<Op>;
 
 #[derive(Debug, Clone)]
 pub struct FakeProcess {
@@ -138,8 +112,7 @@ struct Inner {
     order: Vec<String>,
     snapshots: BTreeMap<String, FakeSnapshot>,
     rules: Vec<(ExecMatch, ExecScript)>,
-    faults: Vec<(Fault, usize)>,
-    calls: BTreeMap<Op, usize>,
+    faults: FaultPlan<Op>,
     next: u64,
 }
 
@@ -147,8 +120,7 @@ struct Shared {
     inner: Mutex<Inner>,
     /// Bumped on every change a follower may be waiting for.
     changed: tokio::sync::watch::Sender<u64>,
-    released: tokio::sync::watch::Sender<bool>,
-    hung: AtomicUsize,
+    gate: Gate,
 }
 
 impl Shared {
@@ -182,8 +154,7 @@ impl FakeSandboxes {
             shared: Arc::new(Shared {
                 inner: Mutex::new(Inner::default()),
                 changed: tokio::sync::watch::channel(0).0,
-                released: tokio::sync::watch::channel(false).0,
-                hung: AtomicUsize::new(0),
+                gate: Gate::new(),
             }),
         }
     }
@@ -208,20 +179,21 @@ impl FakeSandboxes {
     }
 
     pub fn inject(&self, f: Fault) {
-        self.lock().faults.push((f, 0));
+        self.lock().faults.inject(f);
     }
 
     /// Lets every hung operation (and any later `Hang`) carry on.
     pub fn release(&self) {
-        self.shared.released.send_replace(true);
+        self.shared.gate.release();
     }
 
+    /// Operations that reached a `Hang` so far.
     pub fn hung(&self) -> usize {
-        self.shared.hung.load(Ordering::SeqCst)
+        self.shared.gate.hung()
     }
 
     pub fn calls(&self, op: Op) -> usize {
-        self.lock().calls.get(&op).copied().unwrap_or(0)
+        self.lock().faults.calls(op)
     }
 
     pub fn sandbox(&self, id: &str) -> Option<FakeSandbox> {
@@ -305,30 +277,12 @@ impl FakeSandboxes {
     }
 
     async fn gate(&self, op: Op, target: Option<&str>) -> Result<(), SandboxError> {
-        let hit = {
-            let mut g = self.lock();
-            *g.calls.entry(op).or_default() += 1;
-            let mut hit = None;
-            for (f, seen) in g.faults.iter_mut() {
-                if f.op != op {
-                    continue;
-                }
-                *seen += 1;
-                if *seen > f.skip && *seen <= f.skip + f.times {
-                    hit = Some(f.effect.clone());
-                    break;
-                }
-            }
-            hit
-        };
+        let hit = self.lock().faults.take(op, None);
         match hit {
             None => Ok(()),
             Some(Effect::Fail(m)) => Err(SandboxError::Other(format!("injected: {m}"))),
             Some(Effect::Hang) => {
-                self.shared.hung.fetch_add(1, Ordering::SeqCst);
-                let mut rx = self.shared.released.subscribe();
-                // The sender lives as long as `self`: this cannot end early.
-                let _ = rx.wait_for(|r| *r).await;
+                self.shared.gate.wait().await;
                 Ok(())
             }
             Some(Effect::Vanish) => {
