@@ -482,7 +482,9 @@ async fn attached(
         return resume_from_checkpoint(svc, &s, &sbx).await;
     }
     // Again after a restart (idempotent): the proxy's map is in memory.
-    bind(svc, &s, &sbx).await?;
+    if let Err(e) = bind(svc, &s, &sbx).await {
+        return lost_or(svc, &id, &sbx, e).await;
+    }
     if let Some(why) = svc.take_exhausted(&id) {
         return Err(fail("budget_exhausted", why));
     }
@@ -499,9 +501,14 @@ async fn attached(
             to_state(svc, &id, S::WaitingApproval, None, vec![], Patch::default()).await?;
         }
     }
-    deliver(svc, &id, &sbx, &pid).await?;
+    if let Err(e) = deliver(svc, &id, &sbx, &pid).await {
+        return lost_or(svc, &id, &sbx, e).await;
+    }
     let offset = svc.store.get(&id).await?.output_offset;
-    let mut stream = svc.sandboxes.follow_output(&sbx, &pid, offset).await?;
+    let mut stream = match svc.sandboxes.follow_output(&sbx, &pid, offset).await {
+        Ok(st) => st,
+        Err(e) => return lost_or(svc, &id, &sbx, e.into()).await,
+    };
     let mut lines = LineSplitter::default();
     let mut waiting_since: Option<tokio::time::Instant> =
         s.waiting.as_ref().map(|_| tokio::time::Instant::now());
@@ -551,7 +558,10 @@ async fn attached(
                     }
                     let offset = svc.store.get(&id).await?.output_offset;
                     lines.clear();
-                    stream = svc.sandboxes.follow_output(&sbx, &pid, offset).await?;
+                    stream = match svc.sandboxes.follow_output(&sbx, &pid, offset).await {
+                        Ok(st) => st,
+                        Err(e) => return lost_or(svc, &id, &sbx, e.into()).await,
+                    };
                 }
             },
             _ = notify.notified() => {
@@ -942,6 +952,17 @@ async fn checkpoint(svc: &Arc<Sessions>, id: &str, sbx: &str) -> R<()> {
         .checkpoint_seconds
         .observe(t0.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// A sandbox call of the attach failed: if the sandbox is gone (lost
+/// between the check and the call), that is a lost sandbox, resumed from
+/// its checkpoint or failed as `lost_sandbox`, not a `sandbox_error`.
+async fn lost_or(svc: &Arc<Sessions>, id: &str, sbx: &str, e: RunError) -> R<()> {
+    if matches!(e, RunError::Sandbox(_)) && !svc.sandboxes.exists(sbx).await? {
+        let s = svc.store.get(id).await?;
+        return resume_from_checkpoint(svc, &s, sbx).await;
+    }
+    Err(e)
 }
 
 /// The agent's sandbox is gone while it ran (its host was lost, or it
