@@ -138,7 +138,10 @@ def keep_images(data_dir, templates_dir):
     copied aside, then renamed), replacing older images of the same
     template; a concurrent writer of the same id loses the rename, harmlessly."""
     src_dir = os.path.join(data_dir, "images")
-    if not os.path.isdir(src_dir):
+    tmp_root = os.path.realpath(tempfile.gettempdir()) + os.sep
+    # A templates dir of one test's own (under /tmp) is never seen again:
+    # caching its images would only grow the cache run after run.
+    if not os.path.isdir(src_dir) or os.path.realpath(templates_dir).startswith(tmp_root):
         return
     dst = _images_cache(templates_dir)
     for name in os.listdir(src_dir):
