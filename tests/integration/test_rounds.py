@@ -498,19 +498,37 @@ def peer():
     p.down()
 
 
+def udp_cmd(addr, out=None):
+    """A shell command that sends one UDP datagram to addr:9999 (the peer
+    echoes it) and prints (or writes to `out`) "open: <answer>" or
+    "blocked: <why>". UDP, not TCP, for a probe made before a checkpoint:
+    a round's prepare checkpoint taken just after a TCP connection closed
+    in the sandbox failed once in runsc (see the stop-29 closing note)."""
+    py = ("import socket\n"
+          "u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(3)\n"
+          "try:\n"
+          f"    u.sendto(b'x', ('{addr}', 9999)); r = 'open: ' + u.recv(100).decode()\n"
+          "except OSError as e:\n"
+          "    r = 'blocked: ' + type(e).__name__\n"
+          "u.close()\n")
+    py += f"open({out!r}, 'w').write(r)\n" if out else "print(r)\n"
+    return "python3 -c " + shlex.quote(py)
+
+
 def test_setup_egress_is_closed_before_candidates(d, peer):
     # A setup-only hole to a server in a namespace of the test's own: the
-    # setup command connects through it, the candidate's sandbox cannot.
-    rnd = make_round(d, setup={"commands": ["echo ok > setup.txt", connect_cmd(peer.addr, "/tmp/setup-net.txt")],
-                               "allow": [{"cidr": peer.addr, "ports": [80]}]})
+    # setup command reaches it through the hole, the candidate's sandbox
+    # cannot.
+    rnd = make_round(d, setup={"commands": ["echo ok > setup.txt", udp_cmd(peer.addr, "/tmp/setup-net.txt")],
+                               "allow": [{"cidr": peer.addr}]})
     s = invite(d, rnd["id"])
     (sbx,) = sandbox_of(d, s["id"])
     pol = d.request("GET", f"/v1/sandboxes/{sbx}/network").json()
     assert pol["egress"] == "deny" and pol["allow"] == [], pol
     # The hole was open during set-up (so "blocked" below is the closing).
     r = d.exec(sbx, "cat /tmp/setup-net.txt")
-    assert r["stdout"].startswith("open: HTTP/1.0 200"), r
-    r = d.exec(sbx, connect_cmd(peer.addr))
+    assert r["stdout"].startswith("open: udp-ok"), r
+    r = d.exec(sbx, udp_cmd(peer.addr))
     assert r["stdout"].startswith("blocked:"), r
     r = req(d, "POST", "/v1/rounds", round_body(setup={"allow": [{"cidr": "not-an-ip"}]}))
     assert (r.status, r.error_code()) == (400, "invalid_request"), r
