@@ -284,7 +284,7 @@ pub fn valid_branch(b: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -300,7 +300,9 @@ mod tests {
         }
     }
 
-    fn sh(dir: &Path, cmd: &str) {
+    /// Runs `cmd` in `dir` with a neutral git identity and no user config
+    /// (the broker's service tests use it too).
+    pub(crate) fn sh(dir: &Path, cmd: &str) {
         let st = std::process::Command::new("sh")
             .arg("-c")
             .arg(cmd)

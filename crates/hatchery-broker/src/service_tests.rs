@@ -7,6 +7,7 @@
 
 use crate::config::BrokerConfig;
 use crate::error::BrokerError;
+use crate::git::tests::sh;
 use crate::sandbox::fake::{Effect, FakeSandboxes, Fault, Files, Op};
 use crate::sandbox::Exec;
 use crate::service::{session_branch, Broker};
@@ -26,22 +27,6 @@ struct Env {
     session: String,
     sandbox: String,
     remote: String,
-}
-
-fn sh(dir: &Path, cmd: &str) {
-    let st = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(cmd)
-        .current_dir(dir)
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_AUTHOR_NAME", "t")
-        .env("GIT_AUTHOR_EMAIL", "t@x")
-        .env("GIT_COMMITTER_NAME", "t")
-        .env("GIT_COMMITTER_EMAIL", "t@x")
-        .status()
-        .unwrap();
-    assert!(st.success(), "{cmd}");
 }
 
 fn git_out(dir: &Path, args: &[&str]) -> String {
