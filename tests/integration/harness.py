@@ -134,9 +134,8 @@ def seed_images(data_dir, templates_dir):
 
 
 def keep_images(data_dir, templates_dir):
-    """Puts the sealed checkpoints a daemon baked into the cache (atomically:
-    copied aside, then renamed), replacing older images of the same
-    template; a concurrent writer of the same id loses the rename, harmlessly."""
+    """Puts the sealed checkpoints a daemon baked into the cache
+    (`_cache_put`), replacing older images of the same template."""
     src_dir = os.path.join(data_dir, "images")
     tmp_root = os.path.realpath(tempfile.gettempdir()) + os.sep
     # A templates dir of one test's own (under /tmp) is never seen again:
@@ -148,19 +147,26 @@ def keep_images(data_dir, templates_dir):
         src = os.path.join(src_dir, name)
         if not _sealed(src) or os.path.exists(os.path.join(dst, name)) or not _intact(src):
             continue
-        os.makedirs(dst, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=".in-", dir=dst)
-        try:
-            shutil.copytree(src, os.path.join(tmp, "img"))
-            os.rename(os.path.join(tmp, "img"), os.path.join(dst, name))
-        except OSError:
-            pass
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
         template = name.rsplit("-", 1)[0]
+        _cache_put(src, dst, name, lambda old: not old.startswith(".") and old.rsplit("-", 1)[0] == template)
+
+
+def _cache_put(src, dst, name, superseded):
+    """Copies `src` into the cache as dst/name atomically (copied aside under
+    dst, then renamed; a concurrent writer of the same name loses the
+    rename, harmlessly), then removes the entries of dst it supersedes."""
+    os.makedirs(dst, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".in-", dir=dst)
+    try:
+        subprocess.run(["cp", "-a", src, os.path.join(tmp, name)], check=True)
+        os.rename(os.path.join(tmp, name), os.path.join(dst, name))
         for old in os.listdir(dst):
-            if old != name and not old.startswith(".") and old.rsplit("-", 1)[0] == template:
+            if old != name and superseded(old):
                 shutil.rmtree(os.path.join(dst, old), ignore_errors=True)
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def net_leftovers(prefix, netns=None):
@@ -203,24 +209,13 @@ def seed_rootfs(templates_dir, name):
 
 def keep_rootfs(templates_dir, name):
     """Puts the complete root filesystems a test built for template `name`
-    into the cache (copied aside, then renamed), replacing older ones."""
+    into the cache (`_cache_put`), replacing older ones."""
     dst = os.path.join(CACHE, "rootfs", name)
     for path in glob.glob(os.path.join(templates_dir, name, "rootfs-*")):
         r = os.path.basename(path)
         if not os.path.exists(os.path.join(path, ".complete")) or os.path.exists(os.path.join(dst, r)):
             continue
-        os.makedirs(dst, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=".in-", dir=dst)
-        try:
-            subprocess.run(["cp", "-a", path, os.path.join(tmp, r)], check=True)
-            os.rename(os.path.join(tmp, r), os.path.join(dst, r))
-            for old in os.listdir(dst):
-                if old.startswith("rootfs-") and old != r:
-                    shutil.rmtree(os.path.join(dst, old), ignore_errors=True)
-        except (OSError, subprocess.CalledProcessError):
-            pass
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        _cache_put(path, dst, r, lambda old: old.startswith("rootfs-"))
 
 
 class Response:
