@@ -5,6 +5,7 @@ small server inside that namespace and routed from the host through a veth.
 Nothing is ever sent anywhere else; everything is removed afterwards."""
 
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -167,3 +168,9 @@ for spec in sys.argv[1:]:
     out[spec] = globals()[kind](h, int(p))
 print(json.dumps(out))
 '''
+
+
+def probe_cmd(*specs):
+    """PROBE as one shell command (for set-up commands and plain execs):
+    prints its JSON, one result per spec ("kind,host,port")."""
+    return shlex.join(["python3", "-c", PROBE, *specs])

@@ -5,7 +5,6 @@ and forked; capability tokens and the bad-input cases of issue 12; and at
 the end no sandbox of a round is left behind."""
 
 import json
-import shlex
 import threading
 import time
 import urllib.parse
@@ -13,7 +12,7 @@ import urllib.parse
 import pytest
 
 from harness import Daemon, wait_for
-from netlab import Peer
+from netlab import Peer, probe_cmd
 
 MARKER = "HIDDEN-MARKER-" + "7f3a9c1e5b"
 ASSERT_TEXT = "expected-secret-answer-" + "42"
@@ -457,10 +456,10 @@ def test_replays_forks_and_retention(d, peer):
     for f in (f1, f2):
         pol = d.request("GET", f"/v1/sandboxes/{f['sandbox_id']}/network").json()
         assert pol["egress"] == "deny" and pol["allow"] == [], pol
-        assert d.exec(f["sandbox_id"], connect_cmd(peer.addr))["stdout"].startswith("blocked:")
+        assert probe(d, f["sandbox_id"], f"tcp,{peer.addr},80").startswith("blocked:")
     r = d.request("PUT", f"/v1/sandboxes/{f1['sandbox_id']}/network", {"allow": [{"cidr": peer.addr, "ports": [80]}]})
     assert r.status == 200, r
-    assert d.exec(f1["sandbox_id"], connect_cmd(peer.addr))["stdout"].startswith("open: HTTP/1.0 200")
+    assert probe(d, f1["sandbox_id"], f"tcp,{peer.addr},80").startswith(f"open:hello from {peer.addr}:80")
     # Isolated: one reviewer's change is not in the other's fork, and the
     # other reviewer cannot even see the first one's fork.
     x = req(d, "POST", f"/v1/rounds/{rid}/forks/{f1['id']}/exec", {"argv": ["sh", "-c", "echo poke > poke.txt"]}, token=rv)
@@ -478,19 +477,6 @@ def test_replays_forks_and_retention(d, peer):
     assert (r.status, r.error_code()) == (409, "replay_expired")
 
 
-def connect_cmd(addr, out=None):
-    """A shell command that tries one HTTP connection to addr:80 and prints
-    (or writes to `out`) "open: <answer>" or "blocked: <why>"."""
-    py = ("import socket\n"
-          "s = socket.socket(); s.settimeout(3)\n"
-          "try:\n"
-          f"    s.connect(('{addr}', 80)); s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n'); r = 'open: ' + s.recv(200).decode()\n"
-          "except OSError as e:\n"
-          "    r = 'blocked: ' + type(e).__name__\n")
-    py += f"open({out!r}, 'w').write(r)\n" if out else "print(r)\n"
-    return "python3 -c " + shlex.quote(py)
-
-
 @pytest.fixture(scope="module")
 def peer():
     p = Peer().up()
@@ -498,38 +484,30 @@ def peer():
     p.down()
 
 
-def udp_cmd(addr, out=None):
-    """A shell command that sends one UDP datagram to addr:9999 (the peer
-    echoes it) and prints (or writes to `out`) "open: <answer>" or
-    "blocked: <why>". UDP, not TCP, for a probe made before a checkpoint:
-    a round's prepare checkpoint taken just after a TCP connection closed
-    in the sandbox failed once in runsc (see the stop-29 closing note)."""
-    py = ("import socket\n"
-          "u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(3)\n"
-          "try:\n"
-          f"    u.sendto(b'x', ('{addr}', 9999)); r = 'open: ' + u.recv(100).decode()\n"
-          "except OSError as e:\n"
-          "    r = 'blocked: ' + type(e).__name__\n"
-          "u.close()\n")
-    py += f"open({out!r}, 'w').write(r)\n" if out else "print(r)\n"
-    return "python3 -c " + shlex.quote(py)
+def probe(d, sbx, spec):
+    """One netlab PROBE result from inside the sandbox ("open:…" or
+    "blocked:…")."""
+    r = d.exec(sbx, probe_cmd(spec))
+    assert r["exit_code"] == 0, r
+    return json.loads(r["stdout"])[spec]
 
 
 def test_setup_egress_is_closed_before_candidates(d, peer):
     # A setup-only hole to a server in a namespace of the test's own: the
     # setup command reaches it through the hole, the candidate's sandbox
-    # cannot.
-    rnd = make_round(d, setup={"commands": ["echo ok > setup.txt", udp_cmd(peer.addr, "/tmp/setup-net.txt")],
+    # cannot. Over UDP, not TCP: a round's prepare checkpoint taken just
+    # after a TCP connection closed in the sandbox failed once in runsc.
+    udp = f"udp,{peer.addr},9999"
+    rnd = make_round(d, setup={"commands": ["echo ok > setup.txt", probe_cmd(udp) + " > /tmp/setup-net.json"],
                                "allow": [{"cidr": peer.addr}]})
     s = invite(d, rnd["id"])
     (sbx,) = sandbox_of(d, s["id"])
     pol = d.request("GET", f"/v1/sandboxes/{sbx}/network").json()
     assert pol["egress"] == "deny" and pol["allow"] == [], pol
     # The hole was open during set-up (so "blocked" below is the closing).
-    r = d.exec(sbx, "cat /tmp/setup-net.txt")
-    assert r["stdout"].startswith("open: udp-ok"), r
-    r = d.exec(sbx, udp_cmd(peer.addr))
-    assert r["stdout"].startswith("blocked:"), r
+    r = d.exec(sbx, "cat /tmp/setup-net.json")
+    assert json.loads(r["stdout"])[udp].startswith("open:udp-ok"), r
+    assert probe(d, sbx, udp).startswith("blocked:")
     r = req(d, "POST", "/v1/rounds", round_body(setup={"allow": [{"cidr": "not-an-ip"}]}))
     assert (r.status, r.error_code()) == (400, "invalid_request"), r
     assert req(d, "POST", f"/v1/rounds/{rnd['id']}/sessions/{s['id']}/end").status == 200

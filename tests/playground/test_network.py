@@ -1,6 +1,7 @@
 """Playground sandboxes are created with an explicit deny-all egress policy,
 and are deleted even when the gateway is stopped while their run is cancelled."""
 
+import json
 import socket
 import threading
 import time
@@ -8,7 +9,7 @@ import uuid
 
 import pytest
 
-from netlab import Peer
+from netlab import PROBE, Peer
 from pg_harness import read_until, sandboxes, wait_for
 
 
@@ -20,13 +21,12 @@ def peer():
 
 
 def connect(daemon, sid, addr):
-    """One real HTTP connection from inside the sandbox to addr:80."""
-    py = ("import socket\ns = socket.socket(); s.settimeout(3)\ntry:\n"
-          f"    s.connect(('{addr}', 80)); s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n'); print('open: ' + s.recv(100).decode())\n"
-          "except OSError as e:\n    print('blocked: ' + type(e).__name__)\n")
-    r = daemon.request("POST", f"/v1/sandboxes/{sid}/exec", {"argv": ["python3", "-c", py], "timeout_seconds": 20})
-    assert r.status == 200, r
-    return r.json()["stdout"]
+    """One real HTTP connection from inside the sandbox to addr:80 (netlab's
+    PROBE): "open:…" or "blocked:…"."""
+    spec = f"tcp,{addr},80"
+    r = daemon.request("POST", f"/v1/sandboxes/{sid}/exec", {"argv": ["python3", "-c", PROBE, spec], "timeout_seconds": 20})
+    assert r.status == 200 and r.json()["exit_code"] == 0, r
+    return json.loads(r.json()["stdout"])[spec]
 
 
 def test_playground_sandbox_egress_is_deny(gateway_factory, daemon, peer):
@@ -48,7 +48,7 @@ def test_playground_sandbox_egress_is_deny(gateway_factory, daemon, peer):
         assert connect(daemon, sbx["id"], peer.addr).startswith("blocked:")
         r = daemon.request("PUT", f"/v1/sandboxes/{sbx['id']}/network", {"allow": [{"cidr": peer.addr, "ports": [80]}]})
         assert r.status == 200, r
-        assert connect(daemon, sbx["id"], peer.addr).startswith("open: HTTP/1.0 200")
+        assert connect(daemon, sbx["id"], peer.addr).startswith(f"open:hello from {peer.addr}:80")
     finally:
         # The response still holds the socket: shut it down so the gateway
         # sees the visitor leave and kills the run now.
