@@ -42,10 +42,18 @@ lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --release -- -D warnings
 
-# Every Rust unit and crate test (no runsc). The PostgreSQL conformance
-# suites run once, in make pg-conformance, on one shared server.
-unit:
-	cargo test --workspace --release -- --skip conformance_on_postgres
+# The test binaries: libraries, binaries, crate tests (the examples are
+# checked by clippy and built by the benches; `cargo test` would also link
+# each of them). Same profile and features as `make build`, so they reuse
+# every library it compiled.
+RUST_TESTS = --workspace --release --lib --bins --tests
+
+# fmt, clippy and every Rust unit and crate test (no root, no runsc). The
+# PostgreSQL conformance suites run once, in make pg-conformance, on one
+# shared server.
+unit: lint
+	cargo test $(RUST_TESTS) -- --skip conformance_on_postgres
+	cargo test --workspace --release --doc
 
 # The run_code Python kernel, on the host's python3 (no build, no daemon).
 kernel-test:
@@ -217,7 +225,7 @@ egress-test: $(SUITE_BUILD) agent-template
 # Lane 1 starts with its short suites and runs integration once lane 0's
 # compile-heavy lint and unit are done: the memory-hog test's race (issue
 # 34) was lost under a compiler's load.
-TEST_SUITES = lint unit kernel-test store-test sessions-test gateway-test egress-test \
+TEST_SUITES = unit kernel-test store-test sessions-test gateway-test egress-test \
   // cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test e2b-test \
     playground-test playground-load broker-test integration
 
@@ -232,7 +240,7 @@ test: build template
 # postgres user; they fail if they cannot). SQLite runs in `make unit`.
 pg-conformance: $(SUITE_BUILD)
 	/usr/bin/python3 tests/pg/pg.py -- env HATCHERY_REQUIRE_PG=1 \
-	  cargo test --workspace --release conformance_on_postgres
+	  cargo test $(RUST_TESTS) conformance_on_postgres
 
 # Every store's conformance suite on PostgreSQL (pg-conformance), then hatcheryd --db postgres://
 # end to end: restart, two hosts, a fenced host (about 1 minute); then
