@@ -124,8 +124,8 @@ def hsd(services):
     d.cleanup()
 
 
-# Runs in the guest: two requests on one kept-alive connection, each with a
-# forged identity, a POST, a big answer, and the unreachable service.
+# Runs in the guest: three requests on one kept-alive connection, each with a
+# forged identity (one also naming it in Connection), a POST, a big answer, and the unreachable service.
 HTTP_CLIENT = r'''
 import hashlib, http.client, json
 out = {}
@@ -138,6 +138,11 @@ r = c.getresponse(); out["first"] = json.loads(r.read())
 body = b"p" * 300000
 c.request("POST", "/second", body=body, headers={"X-HATCHERY-SANDBOX": "sbx_forged2222222222"})
 r = c.getresponse(); out["second"] = json.loads(r.read()); out["sent_sha"] = hashlib.sha256(body).hexdigest()
+# Naming the identity header as hop-by-hop must not strip it (issue 31,
+# finding 4): the relay adds it after the hop-by-hop headers are gone.
+c.request("GET", "/third", headers={"Connection": "x-hatchery-sandbox, keep-alive",
+                                     "X-Hatchery-Sandbox": "sbx_forged3333333333"})
+r = c.getresponse(); out["third"] = json.loads(r.read())
 c.request("GET", "/big/3000000")
 r = c.getresponse(); out["big"] = len(r.read())
 c.close()
@@ -176,6 +181,7 @@ def test_http_service_gets_an_identity_the_guest_cannot_forge(hsd):
     assert out["first"]["path"] == "/first?x=1"
     assert identities(out["second"]) == [sid], "every request on a kept-alive connection"
     assert out["second"]["body_sha256"] == out["sent_sha"]
+    assert identities(out["third"]) == [sid], "a Connection header cannot drop the identity"
     assert out["big"] == 3000000
     status, body = out["down"]
     assert status == 502 and body["error"]["code"] == "host_service_unavailable"

@@ -424,7 +424,7 @@ async fn serve_http(guest: RelayStream, svc: &HostService, identity: &str) -> st
     let upstream = Arc::new(tokio::sync::Mutex::new(None::<SendRequest<Body>>));
     let addr = svc.addr.clone();
     let name = svc.name.clone();
-    let service = hyper::service::service_fn(move |mut req: Request<Body>| {
+    let service = hyper::service::service_fn(move |req: Request<Body>| {
         let (id, upstream, addr, name) = (
             id.clone(),
             Arc::clone(&upstream),
@@ -432,10 +432,6 @@ async fn serve_http(guest: RelayStream, svc: &HostService, identity: &str) -> st
             name.clone(),
         );
         async move {
-            // Whatever the guest claimed, it is replaced.
-            let h = req.headers_mut();
-            h.remove(IDENTITY_HEADER);
-            h.insert(IDENTITY_HEADER, id);
             let mut up = upstream.lock().await;
             if !matches!(up.as_ref(), Some(s) if !s.is_closed()) {
                 match connect_http(&addr).await {
@@ -444,13 +440,19 @@ async fn serve_http(guest: RelayStream, svc: &HostService, identity: &str) -> st
                 }
             }
             let sender = up.as_mut().expect("connected above");
-            Ok(match crate::proxy::exchange(sender, req).await {
-                Ok(resp) => resp.map(Either::Left),
-                Err(e) => {
-                    *up = None;
-                    error_reply(&name, &e.to_string())
-                }
-            })
+            // Whatever the guest claimed is replaced, after hop-by-hop
+            // stripping (a guest's `Connection: x-hatchery-sandbox` would
+            // otherwise remove the identity the relay had just set).
+            let pin = Some((IDENTITY_HEADER, id));
+            Ok(
+                match crate::proxy::exchange_pinned(sender, req, pin).await {
+                    Ok(resp) => resp.map(Either::Left),
+                    Err(e) => {
+                        *up = None;
+                        error_reply(&name, &e.to_string())
+                    }
+                },
+            )
         }
     });
     hyper::server::conn::http1::Builder::new()

@@ -79,7 +79,24 @@ where
 /// background once the caller has sent the 101 on.
 pub async fn exchange<B>(
     sender: &mut SendRequest<B>,
+    req: Request<B>,
+) -> Result<Response<Incoming>, CoreError>
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    exchange_pinned(sender, req, None).await
+}
+
+/// [`exchange`], with one header set by the relay itself. It is inserted
+/// after the hop-by-hop headers are stripped: a caller that names it in
+/// its `Connection` header could otherwise have it removed, and whatever
+/// value the caller sent for it is replaced by exactly one, the relay's.
+pub async fn exchange_pinned<B>(
+    sender: &mut SendRequest<B>,
     mut req: Request<B>,
+    pin: Option<(&'static str, HeaderValue)>,
 ) -> Result<Response<Incoming>, CoreError>
 where
     B: Body + Send + 'static,
@@ -93,6 +110,10 @@ where
     if let (Some(u), true) = (upgrade, downstream.is_some()) {
         h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         h.insert(header::UPGRADE, u);
+    }
+    if let Some((name, value)) = pin {
+        h.remove(name);
+        h.insert(name, value);
     }
     if h.get(header::HOST).is_none() {
         // An HTTP/2 caller names the host in the URI only.
