@@ -146,6 +146,16 @@ impl Broker {
                 None => BrokerError::UnknownSandbox(format!("sandbox {sandbox_id} belongs to no running session")),
             });
         };
+        if session.state == SessionState::Starting {
+            // The runner starts the agent, then records `running`: a quick
+            // agent's first call can land in between. Nothing is done; a
+            // 503 says ask again with the same seq (a 409 here was final
+            // for the agent, seen under load in broker-test).
+            return Err(BrokerError::Unavailable(format!(
+                "session {} is starting",
+                session.id
+            )));
+        }
         if !matches!(
             session.state,
             SessionState::Running | SessionState::WaitingApproval
@@ -1464,6 +1474,8 @@ mod policy_fail_closed_tests {
     struct OneSession {
         policy_id: String,
         events: AtomicUsize,
+        /// The runner has started the agent but not yet recorded `running`.
+        starting: AtomicBool,
     }
 
     #[async_trait::async_trait]
@@ -1494,7 +1506,11 @@ mod policy_fail_closed_tests {
                     env: Default::default(),
                     metadata: Default::default(),
                 },
-                state: SessionState::Running,
+                state: if self.starting.load(Ordering::SeqCst) {
+                    SessionState::Starting
+                } else {
+                    SessionState::Running
+                },
                 idempotency_key: None,
                 created_at: "2026-01-01T00:00:00Z".into(),
                 started_at: None,
@@ -1596,6 +1612,7 @@ mod policy_fail_closed_tests {
         let log = Arc::new(OneSession {
             policy_id: p.id,
             events: AtomicUsize::new(0),
+            starting: AtomicBool::new(false),
         });
         let sandbox = Arc::new(Touched::default());
         let broker = Broker::new(
@@ -1633,6 +1650,33 @@ mod policy_fail_closed_tests {
         assert_eq!(res.status, "done", "{res:?}");
         assert!(r.broker.store.get("ses_1", 1).await.unwrap().is_some());
         assert_eq!(r.log.events.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_call_while_the_session_starts_is_asked_again() {
+        // The runner records `running` just after it starts the agent; a
+        // call in between must be a retryable 503 with nothing done, not a
+        // final 409, and the same seq then runs.
+        let r = rig(false).await;
+        r.log.starting.store(true, Ordering::SeqCst);
+        match r.broker.invoke("sbx_1", call(1, "noop", json!({}))).await {
+            Err(e @ BrokerError::Unavailable(_)) => {
+                assert_eq!(
+                    e.status_code().0,
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE
+                )
+            }
+            other => panic!("not a retryable refusal: {other:?}"),
+        }
+        assert!(r.broker.store.get("ses_1", 1).await.unwrap().is_none());
+        assert_eq!(r.log.events.load(Ordering::SeqCst), 0);
+        r.log.starting.store(false, Ordering::SeqCst);
+        let res = r
+            .broker
+            .invoke("sbx_1", call(1, "noop", json!({})))
+            .await
+            .unwrap();
+        assert_eq!(res.status, "done", "{res:?}");
     }
 
     #[tokio::test]
