@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "pg"))
 
 from harness import wait_for  # noqa: E402
 from pg import Postgres  # noqa: E402
-from test_hosts import check_invariants, daemon, epoch, headers, no_net_leftovers, owner, sql  # noqa: E402
+from test_hosts import check_invariants, daemon, epoch, headers, no_net_leftovers, owner, sql, wait_warm  # noqa: E402
 
 # hatchery-core lease.rs: the lease lives 30 s and is renewed every 10 s;
 # a host that cannot renew kills its sandboxes once under 10 s are left.
@@ -88,7 +88,10 @@ def test_postgres_killed_and_restarted_under_two_hosts(pg):
     acknowledged = []
     stop = threading.Event()
     try:
-        # One sandbox on each host, placed by the control plane.
+        # One sandbox on each host, placed by the control plane. A host
+        # that has not yet reported its checkpoint warm ranks after one
+        # that has (seen under load: both went to pk-1), so wait for both.
+        wait_warm(pg, list(hosts), "code-interpreter")
         for _ in range(2):
             r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": 600, "metadata": {"suite": "faults"}})
             assert r.status == 201, r

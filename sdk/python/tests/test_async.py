@@ -126,7 +126,14 @@ def test_async_templates_and_network(daemon, templates_dir, client):
             # show up as an event through the async client too.
             await s.exec("python3 -c \"import socket; s=socket.socket(); s.settimeout(2); "
                          "s.connect_ex(('198.51.100.9', 443))\"", timeout_seconds=10)
-            evs = await s.network.events()
-            assert any(e.destination == "198.51.100.9" and e.port == 443 and e.protocol == "tcp" for e in evs), evs
+            # Denied attempts reach the event log asynchronously (the
+            # host's packet log is read in the background): wait, bounded.
+            deadline = time.monotonic() + 10
+            while True:
+                evs = await s.network.events()
+                if any(e.destination == "198.51.100.9" and e.port == 443 and e.protocol == "tcp" for e in evs):
+                    break
+                assert time.monotonic() < deadline, evs
+                await asyncio.sleep(0.2)
 
     run(main())

@@ -1,6 +1,8 @@
 """Network policy API (GET/PUT /v1/sandboxes/{id}/network, .../events, and
 `network` on create and fork)."""
 
+import time
+
 import pytest
 
 from hatchery import BadRequest, NetworkEvent, NetworkPolicy, NetworkRule, Sandbox
@@ -26,9 +28,16 @@ def test_network_policy_default_update_events(daemon, client):
         s.network.update(NetworkPolicy(egress="deny"))
         s.exec("python3 -c \"import socket; s=socket.socket(); s.settimeout(2); s.connect_ex(('198.51.100.7', 443))\"",
                timeout_seconds=10)
-        evs = s.network.events()
-        assert all(isinstance(e, NetworkEvent) for e in evs)
-        assert any(e.destination == "198.51.100.7" and e.port == 443 and e.protocol == "tcp" for e in evs), evs
+        # Denied attempts reach the event log asynchronously (the host's
+        # packet log is read in the background): wait, bounded.
+        deadline = time.monotonic() + 10
+        while True:
+            evs = s.network.events()
+            assert all(isinstance(e, NetworkEvent) for e in evs)
+            if any(e.destination == "198.51.100.7" and e.port == 443 and e.protocol == "tcp" for e in evs):
+                break
+            assert time.monotonic() < deadline, evs
+            time.sleep(0.2)
 
 
 def test_network_on_create_and_fork(daemon, client):

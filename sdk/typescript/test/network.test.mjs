@@ -19,8 +19,15 @@ test("network: default, update, events", async () => {
     await assert.rejects(s.network.update({ egress: "deny", allow: [{ cidr: "203.0.113.0/24", host: "both.example" }] }), BadRequest);
     await s.network.update({ egress: "deny" });
     await s.exec("python3 -c \"import socket; s=socket.socket(); s.settimeout(2); s.connect_ex(('198.51.100.7', 443))\"", { timeoutSeconds: 10 });
-    const evs = await s.network.events();
-    assert.ok(evs.some((e) => e.destination === "198.51.100.7" && e.port === 443 && e.protocol === "tcp"), JSON.stringify(evs));
+    // Denied attempts reach the event log asynchronously (the host's packet
+    // log is read in the background): wait, bounded.
+    const deadline = Date.now() + 10_000;
+    for (;;) {
+      const evs = await s.network.events();
+      if (evs.some((e) => e.destination === "198.51.100.7" && e.port === 443 && e.protocol === "tcp")) break;
+      assert.ok(Date.now() < deadline, JSON.stringify(evs));
+      await new Promise((r) => setTimeout(r, 200));
+    }
   });
 });
 
