@@ -101,9 +101,19 @@ fn run_hook(argv: &[String], input: &[u8]) -> Result<(), AuditError> {
         .spawn()
         .map_err(|e| AuditError::Hook(format!("{prog}: {e}")))?;
     if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(input)
-            .map_err(|e| AuditError::Hook(format!("{prog}: stdin: {e}")))?;
+        match stdin.write_all(input) {
+            Ok(()) => {}
+            // The hook exited (or closed its stdin) before reading all of
+            // it: its exit status, read below, says whether it anchored.
+            // Reporting EPIPE instead lost the hook's status and stderr
+            // whenever it was quicker than this write.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(AuditError::Hook(format!("{prog}: stdin: {e}")));
+            }
+        }
     }
     let deadline = std::time::Instant::now() + HOOK_TIMEOUT;
     loop {

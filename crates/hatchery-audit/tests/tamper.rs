@@ -301,6 +301,18 @@ fn anchor_hook_failure_is_an_error_and_the_file_keeps_the_line() {
     let e = a.anchor(&heads).unwrap_err().to_string();
     assert!(e.contains("exit") && e.contains("nope"), "{e}");
     assert_eq!(read_anchors(&a.path).unwrap(), heads);
+    // More than a pipe holds, to a hook that never reads its stdin: the
+    // write meets EPIPE every time, and the hook's own exit status and
+    // stderr must still be the error (it was once a bare "Broken pipe").
+    let many: Vec<hatchery_audit::Head> = (0..4000)
+        .map(|i| hatchery_audit::Head {
+            chain: format!("chain-{i}"),
+            seq: i,
+            hash: "11".repeat(32),
+        })
+        .collect();
+    let e = a.anchor(&many).unwrap_err().to_string();
+    assert!(e.contains("exit") && e.contains("nope"), "{e}");
     std::fs::write(&a.path, "{broken\n").unwrap();
     assert!(read_anchors(&a.path).is_err());
 }
