@@ -130,6 +130,7 @@ impl From<CoreError> for ApiError {
             },
             CoreError::PortClosed(_) => (S::BAD_GATEWAY, "port_closed"),
             CoreError::BadGateway(_) => (S::BAD_GATEWAY, "bad_gateway"),
+            CoreError::ServiceWorkerRefused => (S::FORBIDDEN, "service_worker_refused"),
             CoreError::TooManyConnections(_) => (S::TOO_MANY_REQUESTS, "too_many_connections"),
             CoreError::HostService(_) => (S::BAD_REQUEST, "invalid_host_service"),
             CoreError::Store(_) | CoreError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "internal"),

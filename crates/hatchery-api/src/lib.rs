@@ -31,9 +31,10 @@ pub struct AppState {
     pub api_key: Arc<str>,
     /// Signs and checks preview URLs.
     pub preview: Arc<hatchery_core::PreviewKey>,
-    /// Base of the absolute preview URLs handed out (`--public-url`);
-    /// without it they are built from the request's `Host`.
-    pub public_url: Option<Arc<str>>,
+    /// Where previews are served (`--preview-url`, or the preview
+    /// listener's port on the host name the API was reached at): the
+    /// base of the preview URLs handed out.
+    pub preview_origin: hatchery_serve::origin::PreviewOrigin,
     /// Mints and checks the tokens browsers attach to terminals with.
     pub terminal_tokens: Arc<terminal_token::TerminalTokens>,
 }
@@ -172,9 +173,27 @@ pub fn router_with(state: AppState, products: Router) -> Router {
         .route("/terminal/{file}", get(routes::terminal_page::asset))
         .route("/healthz", get(routes::meta::healthz))
         // Previews carry their own grant (a signed token), not the key.
+        // On the API's listener the daemon serves them only to another
+        // daemon's preview listener forwarding one (hatcheryd's origin
+        // guard refuses the rest): guest pages never get this origin.
+        .merge(preview_routes())
+        .fallback(routes::meta::not_found)
+        .method_not_allowed_fallback(routes::meta::method_not_allowed)
+        .with_state(state)
+}
+
+fn preview_routes() -> Router<AppState> {
+    Router::new()
         .route("/preview/{token}", any(routes::ports::preview))
         .route("/preview/{token}/", any(routes::ports::preview))
         .route("/preview/{token}/{*path}", any(routes::ports::preview))
+}
+
+/// The preview listener's routes: `/preview/{token}/...` and nothing of
+/// the API. Whatever else the listener serves (E2B's relayed ports) is
+/// merged in by the daemon.
+pub fn preview_router(state: AppState) -> Router {
+    preview_routes()
         .fallback(routes::meta::not_found)
         .method_not_allowed_fallback(routes::meta::method_not_allowed)
         .with_state(state)

@@ -47,6 +47,8 @@ pub enum CoreError {
     TooManyConnections(String),
     #[error("the sandbox's server answered badly: {0}")]
     BadGateway(String),
+    #[error("service worker scripts are not served through the relay: a guest page may not install a worker")]
+    ServiceWorkerRefused,
     #[error(transparent)]
     HostService(#[from] crate::host_services::HostServiceError),
     #[error("state store: {0}")]

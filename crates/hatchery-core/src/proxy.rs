@@ -9,6 +9,12 @@
 //!
 //! Both splice the raw bytes after a protocol upgrade (WebSocket) that both
 //! sides agreed to. Hop-by-hop headers are never passed through.
+//!
+//! [`forward`] also keeps a guest page from installing a service worker
+//! through the relay ([`refuse_service_worker`], [`strip_guest_headers`]):
+//! a worker registered on a relayed origin answers every later request
+//! under its scope, including other sandboxes' previews (threat-model.md,
+//! "Security review findings (issue 31)").
 
 use crate::relay::RelayStream;
 use crate::CoreError;
@@ -45,6 +51,7 @@ where
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
+    refuse_service_worker(req.headers())?;
     *req.uri_mut() = opts
         .path_and_query
         .parse()
@@ -53,6 +60,10 @@ where
     if opts.strip_authorization {
         h.remove(header::AUTHORIZATION);
     }
+    // Daemons prove themselves to each other with it when one forwards a
+    // preview to the owner; the owner removes it, and so does this, in
+    // case any path reaches here with it still on.
+    h.remove(hatchery_serve::headers::DAEMON_KEY_HEADER);
     if let Some(host) = h.get(header::HOST).cloned() {
         h.insert("x-forwarded-host", host);
     }
@@ -70,8 +81,34 @@ where
         }
     });
     let mut resp = exchange(&mut sender, req).await?;
+    strip_guest_headers(resp.headers_mut());
     rewrite_for_prefix(resp.headers_mut(), &opts.prefix);
     Ok(resp)
+}
+
+/// The request header a browser sends, and only sends, when it fetches a
+/// service worker's script (`Service-Worker: script`, Service Workers
+/// spec, "Update"). Refusing it means no page served through a relay can
+/// register a worker at all, whatever scope it asks for.
+const SERVICE_WORKER: &str = "service-worker";
+/// Lets a worker take a scope above its script's directory; the only way
+/// a script under `/preview/{token}/` could claim `/`.
+const SERVICE_WORKER_ALLOWED: &str = "service-worker-allowed";
+
+/// Refuses a browser's fetch of a service worker script (any
+/// `Service-Worker` header: browsers send only `script`).
+pub fn refuse_service_worker(h: &HeaderMap) -> Result<(), CoreError> {
+    if h.contains_key(SERVICE_WORKER) {
+        return Err(CoreError::ServiceWorkerRefused);
+    }
+    Ok(())
+}
+
+/// Removes what a guest server must not decide for the origin it is
+/// served on: `Service-Worker-Allowed` (a worker's scope beyond its own
+/// directory).
+pub fn strip_guest_headers(h: &mut HeaderMap) {
+    h.remove(SERVICE_WORKER_ALLOWED);
 }
 
 /// One request on `sender`. If it asks for an upgrade and the server
@@ -206,5 +243,31 @@ mod tests {
         h.insert(header::LOCATION, "//elsewhere/x".parse().unwrap());
         rewrite_for_prefix(&mut h, "/p");
         assert_eq!(h[header::LOCATION], "//elsewhere/x");
+    }
+
+    #[test]
+    fn service_worker_scripts_are_refused_and_their_scope_header_dropped() {
+        let mut h = HeaderMap::new();
+        assert!(refuse_service_worker(&h).is_ok());
+        h.insert("accept", "*/*".parse().unwrap());
+        assert!(refuse_service_worker(&h).is_ok());
+        for v in ["script", "Script", "anything"] {
+            let mut h = HeaderMap::new();
+            h.insert("Service-Worker", v.parse().unwrap());
+            assert!(
+                matches!(
+                    refuse_service_worker(&h),
+                    Err(CoreError::ServiceWorkerRefused)
+                ),
+                "{v}"
+            );
+        }
+        let mut h = HeaderMap::new();
+        h.insert("Service-Worker-Allowed", "/".parse().unwrap());
+        h.append("service-worker-allowed", "/x/".parse().unwrap());
+        h.insert(header::CONTENT_TYPE, "text/javascript".parse().unwrap());
+        strip_guest_headers(&mut h);
+        assert!(!h.contains_key("service-worker-allowed"));
+        assert_eq!(h[header::CONTENT_TYPE], "text/javascript");
     }
 }

@@ -18,28 +18,17 @@ const ROUNDS_CSS: &[u8] = include_bytes!("../../../web/rounds/dist/rounds.css");
 /// Scripts and styles from this origin only (CodeMirror and xterm.js add
 /// `<style>` elements, hence inline styles); connections back here only.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
-                   connect-src 'self'; img-src 'self' data:; font-src 'self'; base-uri 'none'; form-action 'none'";
+                   connect-src 'self'; img-src 'self' data:; font-src 'self'; base-uri 'none'; form-action 'none'; \
+                   frame-ancestors 'none'";
 
 fn asset(body: &'static [u8], content_type: &'static str) -> Response {
     let mut r = (StatusCode::OK, body).into_response();
     let h = r.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert(
-        "x-content-type-options",
-        HeaderValue::from_static("nosniff"),
-    );
-    // The token is in the fragment, which is never sent; no-referrer
-    // keeps even the path and query to ourselves.
-    h.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
-    );
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(CSP),
-    );
-    h.insert("x-frame-options", HeaderValue::from_static("DENY"));
+    // nosniff, no-referrer (the token is in the fragment, which is never
+    // sent; no-referrer keeps even the path and query here), no framing,
+    // and an opener policy that cuts any other origin's window handle.
+    hatchery_serve::origin::page_headers(h, CSP);
     r
 }
 

@@ -29,6 +29,11 @@ pub struct ControlState {
     /// The template a create without one asks for (placement prefers hosts
     /// with it warm).
     pub default_template: Arc<str>,
+    /// The daemon key, on the control role's preview listener: added to
+    /// every request it forwards, to an owner or (a token naming no
+    /// sandbox) to any host, which then answers it as a preview (see
+    /// [`crate::layer::with_daemon_key`]).
+    pub forward_key: Option<Arc<str>>,
 }
 
 pub fn router(st: ControlState) -> Router {
@@ -69,6 +74,7 @@ async fn route(st: &ControlState, req: Request) -> Result<Response, RouteError> 
         Some(Ok((Location::Anywhere, _))) => any_host(st, req).await,
         Some(Ok((Location::At { host, url }, what))) => {
             st.metrics.count("forwarded");
+            let req = crate::layer::with_daemon_key(req, st.forward_key.as_deref());
             forward::forward_watched(st.directory.as_ref(), &host, &url, &st.me, &what, req).await
         }
         Some(Ok((Location::Lost { host }, what))) => {
@@ -175,6 +181,7 @@ async fn try_hosts(
     for h in hosts {
         let mut r = Request::from_parts(parts.clone(), Body::from(body.clone()));
         r.extensions_mut().clear();
+        let r = crate::layer::with_daemon_key(r, st.forward_key.as_deref());
         match forward::forward(&h.id, &h.url, &st.me, r).await {
             Ok(resp) if skip_503 && resp.status() == StatusCode::SERVICE_UNAVAILABLE => {
                 tracing::info!(host = %h.id, "host answered 503; trying the next");

@@ -18,6 +18,23 @@ pub struct HostRouting {
     pub me: String,
     pub api_key: Arc<str>,
     pub metrics: RouteMetrics,
+    /// The deployment's daemon key, on the layer of a preview listener:
+    /// added to what it forwards, because an owner serves guest content
+    /// on its API listener only to another daemon ([`with_daemon_key`]).
+    /// `None` on an API listener.
+    pub forward_key: Option<Arc<str>>,
+}
+
+/// Marks a request forwarded from a preview listener with the daemon key
+/// (replacing whatever the client sent under that name): the owner's API
+/// listener serves a preview only with it, and removes it before the
+/// request reaches the guest.
+pub fn with_daemon_key(mut req: Request, key: Option<&str>) -> Request {
+    if let Some(v) = key.and_then(|k| axum::http::HeaderValue::from_str(k).ok()) {
+        req.headers_mut()
+            .insert(hatchery_serve::headers::DAEMON_KEY_HEADER, v);
+    }
+    req
 }
 
 /// Forwarding is for callers with the API key (Bearer, or E2B's
@@ -61,6 +78,7 @@ pub async fn route(State(r): State<HostRouting>, req: Request, next: Next) -> Re
             next.run(req).await
         }
         Some(Ok((Location::At { host, url }, what))) => {
+            let req = with_daemon_key(req, r.forward_key.as_deref());
             match forward::forward_watched(r.directory.as_ref(), &host, &url, &r.me, &what, req)
                 .await
             {

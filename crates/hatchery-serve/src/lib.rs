@@ -16,6 +16,7 @@
 //! head (and starts the header timer) once the response before it is done.
 
 pub mod headers;
+pub mod origin;
 pub mod preview_token;
 pub mod splice;
 

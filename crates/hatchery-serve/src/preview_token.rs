@@ -77,9 +77,16 @@ pub fn fields(blob: &[u8]) -> Option<Fields<'_>> {
 /// The sandbox a token names, read without verifying it: only for
 /// choosing where to send the request, whose owner verifies it.
 pub fn sandbox_unverified(token: &str) -> Option<String> {
+    grant_unverified(token).map(|(id, _)| id)
+}
+
+/// The sandbox and port a token names, read without verifying it: only
+/// for choosing where to send the request (which host, which preview
+/// host name), whose owner verifies it.
+pub fn grant_unverified(token: &str) -> Option<(String, u16)> {
     let raw = decode(token)?;
     let f = fields(split(&raw).0)?;
-    (f.version == VERSION).then(|| f.sandbox_id.to_string())
+    (f.version == VERSION).then(|| (f.sandbox_id.to_string(), f.port))
 }
 
 #[cfg(test)]
@@ -102,6 +109,7 @@ mod tests {
             }
         );
         assert_eq!(sandbox_unverified(&t).as_deref(), Some("sbx_abc"));
+        assert_eq!(grant_unverified(&t), Some(("sbx_abc".into(), 8000)));
     }
 
     #[test]

@@ -109,10 +109,26 @@ pub struct DaemonArgs {
         value_name = "NAME=GUEST_PORT=HOST_ADDR"
     )]
     pub host_services: Vec<hatchery_core::HostService>,
-    /// Base of the absolute preview URLs handed out (e.g.
-    /// https://sandboxes.example.com); default: the request's Host header.
+    /// Base of the absolute links interview rounds hand out (the API's
+    /// public origin, e.g. https://hatchery.example.com); default: the
+    /// request's Host header. Preview URLs are not on it: --preview-url.
     #[arg(long, env = "HATCHERY_PUBLIC_URL")]
     pub public_url: Option<String>,
+    /// Where previews (`/preview/{token}/`) and E2B's relayed ports are
+    /// served: a listener of their own, so no guest page ever shares an
+    /// origin with the API, the rounds pages or the terminal. Default:
+    /// the --listen address with the next port (7424 beside 7423).
+    #[arg(long, env = "HATCHERY_PREVIEW_LISTEN")]
+    pub preview_listen: Option<SocketAddr>,
+    /// Base of the preview URLs handed out, the preview listener's public
+    /// origin (e.g. https://previews.example.com), or with `*` as the
+    /// first label of its host (https://*.previews.example.com): every
+    /// sandbox port then gets a host name, and an origin, of its own
+    /// (`8000-<id>.previews.example.com`; needs a wildcard DNS record).
+    /// Must not be the API's origin. Default: `http://` + the host name
+    /// the API was reached at + the preview listener's port.
+    #[arg(long, env = "HATCHERY_PREVIEW_URL", value_parser = preview_url)]
+    pub preview_url: Option<String>,
     /// Seconds without input (keystrokes or resizes) after which a
     /// terminal (`GET /v1/sandboxes/{id}/pty`) is closed and everything
     /// started in it killed.
@@ -148,6 +164,26 @@ pub struct DaemonArgs {
     pub log_json: bool,
 }
 
+/// `http(s)://host[:port]`, nothing after the authority, `*` only as the
+/// whole first label: a base the preview path is appended to.
+fn preview_url(s: &str) -> Result<String, String> {
+    let s = s.trim_end_matches('/');
+    let rest = s
+        .strip_prefix("http://")
+        .or_else(|| s.strip_prefix("https://"))
+        .ok_or("must start with http:// or https://")?;
+    if rest.is_empty() || rest.contains(['/', '?', '#', '@']) {
+        return Err("must be scheme://host[:port], with no path".into());
+    }
+    let star_ok = rest.strip_prefix("*.").unwrap_or(rest);
+    if star_ok.contains('*') || star_ok.is_empty() || star_ok.starts_with([':', '.']) {
+        return Err(
+            "`*` may only be the whole first label of the host (https://*.previews.example)".into(),
+        );
+    }
+    Ok(s.to_string())
+}
+
 impl DaemonArgs {
     /// The `postgres://` database this daemon shares with others, if
     /// `--db` names one (`None`: the single-host SQLite files).
@@ -155,5 +191,38 @@ impl DaemonArgs {
         self.db
             .as_deref()
             .filter(|d| hatchery_store::is_postgres(d))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn preview_urls_are_bases() {
+        for ok in [
+            "http://127.0.0.1:7424",
+            "https://previews.example/",
+            "https://*.previews.example",
+            "http://*.p.test:7424",
+        ] {
+            assert!(super::preview_url(ok).is_ok(), "{ok}");
+        }
+        assert_eq!(
+            super::preview_url("https://p.example/").unwrap(),
+            "https://p.example"
+        );
+        for bad in [
+            "p.example",
+            "ftp://p.example",
+            "https://",
+            "https://p.example/path",
+            "https://p.example?x",
+            "https://a*.p.example",
+            "https://x.*.example",
+            "https://*",
+            "https://*.",
+            "https://u@p.example",
+        ] {
+            assert!(super::preview_url(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -73,14 +73,35 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     )
     .await?;
     let (key_for_rounds, rounds_registry) = (key.clone(), registry.clone());
-    let app = control::router(ControlState {
+    let control_state = ControlState {
         directory,
         me: args.host_id.clone(),
         api_key: key.into(),
         metrics,
         registry,
         default_template: hatchery_templates::DEFAULT_TEMPLATE.into(),
+        forward_key: None,
+    };
+    // The preview listener forwards previews and E2B's relayed ports to
+    // their owners with the daemon key, which is what lets an owner serve
+    // them on its API listener (crate::origins); it serves nothing else.
+    let preview_listener = crate::serve::bind_preview(&args).await?;
+    let origins = Arc::new(crate::origins::Origins {
+        preview: hatchery_serve::origin::PreviewOrigin::new(
+            args.preview_url.as_deref(),
+            preview_listener.local_addr().map(|a| a.port()).unwrap_or(0),
+        ),
+        daemon_key: daemon_key.clone().into(),
     });
+    let preview_app = control::router(ControlState {
+        forward_key: Some(daemon_key.clone().into()),
+        ..control_state.clone()
+    })
+    .layer(axum::middleware::from_fn_with_state(
+        origins.clone(),
+        crate::origins::preview_only,
+    ));
+    let app = control::router(control_state);
     let app = match gateway {
         Some(g) => g.merge(app),
         None => app,
@@ -93,20 +114,15 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // sandboxes through this role's own API (placed on and routed to the
     // hosts), like any client's.
     let rounds = crate::rounds::start(&args, &data, &key_for_rounds, &rounds_registry).await?;
-    let app = hatchery_rounds::router(rounds.clone()).merge(app);
+    let app = hatchery_rounds::router(rounds.clone()).merge(app).layer(
+        axum::middleware::from_fn_with_state(origins, crate::origins::api_guard),
+    );
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| DaemonError::Listen(args.listen, e))?;
     // After the bind: resuming gradings calls this role's own API.
     let _rounds_reaper = rounds.spawn_reaper();
-    tracing::info!(listen = %args.listen, role = "control", "hatcheryd ready");
-    hatchery_serve::serve(
-        listener,
-        app,
-        args.http.clone(),
-        crate::serve::shutdown_signal(),
-        Some(std::time::Duration::from_secs(30)),
-    )
-    .await
-    .map_err(DaemonError::Serve)
+    tracing::info!(listen = %args.listen, preview_listen = ?preview_listener.local_addr().ok(),
+                   role = "control", "hatcheryd ready");
+    crate::serve::serve_both(listener, app, preview_listener, preview_app, &args).await
 }

@@ -59,6 +59,7 @@ fn err(e: CoreError) -> BackendError {
         ) => FailKind::Invalid,
         CoreError::PortClosed(_) => FailKind::PortClosed,
         CoreError::BadGateway(_) => FailKind::PortClosed,
+        CoreError::ServiceWorkerRefused => FailKind::PermissionDenied,
         _ => FailKind::Internal,
     };
     let message = match &e {

@@ -15,6 +15,7 @@ mod gateway_events;
 mod gateway_relay;
 mod key;
 mod lost_hosts;
+mod origins;
 mod owner_post;
 mod rounds;
 mod serve;

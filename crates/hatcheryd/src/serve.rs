@@ -21,7 +21,9 @@ pub enum DaemonError {
     #[error("network: {0}")]
     Network(#[from] hatchery_net::NetError),
     #[error("listen on {0}: {1}")]
-    Listen(std::net::SocketAddr, std::io::Error),
+    Listen(std::net::SocketAddr, #[source] std::io::Error),
+    #[error("--preview-listen: the API's port {0} has no next port; give the preview listener an address")]
+    NoPreviewPort(u16),
     #[error("policy store: {0}")]
     Policy(#[from] hatchery_policy::StoreError),
     #[error("server: {0}")]
@@ -246,20 +248,34 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             .await?,
         ),
     };
+    // Bound before the API state is made: the preview URLs it hands out
+    // name this listener's port (which may be ephemeral).
+    let preview_listener = bind_preview(&args).await?;
+    let origins = crate::origins::Origins {
+        preview: hatchery_serve::origin::PreviewOrigin::new(
+            args.preview_url.as_deref(),
+            local_port(&preview_listener),
+        ),
+        daemon_key: daemon_key.clone().into(),
+    };
     let broker_operator = match broker {
         Some(b) => hatchery_broker::routes::operator_router(b),
         None => axum::Router::new(),
     };
+    let api_state = AppState {
+        manager: manager.clone(),
+        api_key: key.clone().into(),
+        preview: Arc::new(preview),
+        preview_origin: origins.preview.clone(),
+        terminal_tokens: Arc::new(hatchery_api::terminal_token::TerminalTokens::new(
+            terminal_secret,
+        )),
+    };
+    // The preview listener: previews and E2B's relayed ports, nothing
+    // else (origins::preview_only refuses the rest before routing).
+    let preview_app = hatchery_api::preview_router(api_state.clone()).merge(e2b.clone());
     let app = hatchery_api::router_with(
-        AppState {
-            manager: manager.clone(),
-            api_key: key.clone().into(),
-            preview: Arc::new(preview),
-            public_url: args.public_url.as_deref().map(Into::into),
-            terminal_tokens: Arc::new(hatchery_api::terminal_token::TerminalTokens::new(
-                terminal_secret,
-            )),
-        },
+        api_state,
         hatchery_policy::http::router(policies).merge(broker_operator),
     )
     .merge(sessions_app)
@@ -274,24 +290,37 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             Some(sessions.clone()),
         )
     });
-    let app = if shared {
-        app.layer(axum::middleware::from_fn_with_state(
-            hatchery_route::layer::HostRouting {
-                directory: Arc::new(crate::directory::StoreDirectory {
-                    store: store.clone(),
-                    me: manager.host_id().to_string(),
-                    local: Some(manager.clone()),
-                    sessions: Some(session_store.clone()),
-                }),
-                me: manager.host_id().to_string(),
-                api_key: key.clone().into(),
-                metrics: hatchery_route::RouteMetrics::new(&manager.metrics.registry),
-            },
-            hatchery_route::layer::route,
-        ))
-    } else {
-        app
+    let routing = |forward_key: Option<Arc<str>>| hatchery_route::layer::HostRouting {
+        directory: Arc::new(crate::directory::StoreDirectory {
+            store: store.clone(),
+            me: manager.host_id().to_string(),
+            local: Some(manager.clone()),
+            sessions: Some(session_store.clone()),
+        }),
+        me: manager.host_id().to_string(),
+        api_key: key.clone().into(),
+        metrics: hatchery_route::RouteMetrics::new(&manager.metrics.registry),
+        forward_key,
     };
+    let (app, preview_app) = if shared {
+        (
+            app.layer(axum::middleware::from_fn_with_state(
+                routing(None),
+                hatchery_route::layer::route,
+            )),
+            preview_app.layer(axum::middleware::from_fn_with_state(
+                routing(Some(origins.daemon_key.clone())),
+                hatchery_route::layer::route,
+            )),
+        )
+    } else {
+        (app, preview_app)
+    };
+    let origins = Arc::new(origins);
+    let preview_app = preview_app.layer(axum::middleware::from_fn_with_state(
+        origins.clone(),
+        crate::origins::preview_only,
+    ));
     // Interview rounds are the control plane's on many hosts: a host
     // (`--role host`) serves none; `all` serves them from its store.
     let rounds = if args.role == "host" {
@@ -304,6 +333,12 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         Some(r) => hatchery_rounds::router(r.clone()).merge(app),
         None => app,
     };
+    // Outermost: nothing behind it serves guest content on this origin
+    // unless another daemon's preview listener forwarded it.
+    let app = app.layer(axum::middleware::from_fn_with_state(
+        origins,
+        crate::origins::api_guard,
+    ));
     // hatchery-serve sets TCP_NODELAY on every accepted connection.
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -318,18 +353,11 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             Err(e) => tracing::error!(error = %e, "sessions not recovered"),
         }
     });
-    tracing::info!(listen = %args.listen, data_dir = %data.display(), "hatcheryd ready");
+    tracing::info!(listen = %args.listen, preview_listen = %local_addr(&preview_listener),
+                   data_dir = %data.display(), "hatcheryd ready");
     // Requests in flight get 30 s to finish; SSE follows and the like are
     // cut after that (clients reconnect to the restarted daemon).
-    hatchery_serve::serve(
-        listener,
-        app,
-        args.http.clone(),
-        shutdown_signal(),
-        Some(std::time::Duration::from_secs(30)),
-    )
-    .await
-    .map_err(DaemonError::Serve)?;
+    serve_both(listener, app, preview_listener, preview_app, &args).await?;
     manager.shutdown().await;
     // Sandboxes outlive the daemon on purpose: their shims keep the agent
     // channel and the TTL, and the next start re-adopts them.
@@ -338,6 +366,47 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         "hatcheryd stopped; sandboxes keep running under their shims"
     );
     Ok(())
+}
+
+/// The preview listener (`--preview-listen`, default the API's port + 1).
+pub(crate) async fn bind_preview(
+    args: &DaemonArgs,
+) -> Result<tokio::net::TcpListener, DaemonError> {
+    let addr = crate::origins::preview_addr(args.listen, args.preview_listen)
+        .ok_or(DaemonError::NoPreviewPort(args.listen.port()))?;
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| DaemonError::Listen(addr, e))
+}
+
+fn local_addr(l: &tokio::net::TcpListener) -> String {
+    l.local_addr().map(|a| a.to_string()).unwrap_or_default()
+}
+
+fn local_port(l: &tokio::net::TcpListener) -> u16 {
+    l.local_addr().map(|a| a.port()).unwrap_or(0)
+}
+
+/// Both listeners until SIGTERM; each drains its requests for up to 30 s.
+pub(crate) async fn serve_both(
+    api: tokio::net::TcpListener,
+    app: axum::Router,
+    preview: tokio::net::TcpListener,
+    preview_app: axum::Router,
+    args: &DaemonArgs,
+) -> Result<(), DaemonError> {
+    let drain = Some(std::time::Duration::from_secs(30));
+    let (a, p) = tokio::join!(
+        hatchery_serve::serve(api, app, args.http.clone(), shutdown_signal(), drain),
+        hatchery_serve::serve(
+            preview,
+            preview_app,
+            args.http.clone(),
+            shutdown_signal(),
+            drain
+        ),
+    );
+    a.and(p).map_err(DaemonError::Serve)
 }
 
 pub(crate) async fn shutdown_signal() {

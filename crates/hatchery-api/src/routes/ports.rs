@@ -6,7 +6,13 @@
 //! - `ANY /preview/{token}/{path}` with a signed, expiring token from
 //!   `POST /v1/sandboxes/{id}/ports/{port}/preview-url`, no key: what a
 //!   browser opens. Path-based: the page is served under
-//!   `/preview/{token}/`, so relative links keep working.
+//!   `/preview/{token}/`, so relative links keep working. Served on the
+//!   preview origin (hatcheryd's preview listener), never on the API's:
+//!   a guest page there could install a service worker over the rounds
+//!   pages and the terminal.
+//!
+//! Neither passes on a guest's `Service-Worker-Allowed`, and both refuse
+//! a browser's fetch of a service worker script (`proxy.rs`).
 //!
 //! Paths are taken from the raw request URI, never decoded, so what the
 //! guest server sees is exactly what the caller sent after the prefix.
@@ -32,8 +38,9 @@ pub struct CreatePreviewUrl {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct PreviewUrl {
-    /// Absolute: the daemon's `--public-url` if set, else built from this
-    /// request's `Host` header.
+    /// Absolute, on the preview origin: the daemon's `--preview-url` if
+    /// set (its `*` replaced by `PORT-ID`), else `http://` + the host name
+    /// of this request's `Host` + the preview listener's port.
     pub url: String,
     /// `/preview/{token}/`
     pub path: String,
@@ -94,6 +101,9 @@ async fn relay(
     req: Request,
     fwd: Forward,
 ) -> Result<Response, ApiError> {
+    // Before a relay is opened: a worker script is refused, whatever
+    // answers on the port.
+    hatchery_core::proxy::refuse_service_worker(req.headers())?;
     let stream = st.manager.open_port(sandbox, port).await?;
     let resp = hatchery_core::proxy::forward(stream, req, &fwd).await?;
     Ok(resp.map(axum::body::Body::new))
@@ -107,6 +117,12 @@ async fn relay(
 /// `Upgrade: websocket` is relayed as a WebSocket: once the guest server
 /// answers 101, bytes are spliced both ways until either side closes.
 /// At most 64 relayed connections per sandbox at once (429 beyond).
+/// This route is for programs holding the key, on the API's origin: the
+/// answer gets `Content-Security-Policy: sandbox` besides the guest's own
+/// headers, so a browser that ever rendered it would give it an opaque
+/// origin (browsers open previews, on the preview origin). A request
+/// with `Service-Worker` (a worker script fetch) is 403
+/// `service_worker_refused`; `Service-Worker-Allowed` is never passed on.
 #[utoipa::path(method(get, post, put, delete, patch, head, options),
     path = "/v1/sandboxes/{id}/ports/{port}/{path}", tag = "ports",
     params(("id" = String, Path), ("port" = u16, Path, minimum = 1, maximum = 65535, description = "1 to 65535"),
@@ -115,6 +131,7 @@ async fn relay(
         (status = 101, description = "WebSocket: the guest server switched protocols; the connection is spliced to it"),
         (status = 200, description = "the guest server's answer, whatever its status, headers and body"),
         (status = 400, description = "port outside 1-65535", body = ErrorBody),
+        (status = 403, description = "`service_worker_refused`: a service worker script fetch", body = ErrorBody),
         (status = 404, body = ErrorBody),
         (status = 429, description = "too many relayed connections open to this sandbox", body = ErrorBody),
         (status = 502, description = "`port_closed`: nothing listens on the port; `bad_gateway`: the guest server broke HTTP", body = ErrorBody),
@@ -132,11 +149,20 @@ pub async fn proxy(
         prefix: format!("/v1/sandboxes/{id}/ports/{port}"),
         strip_authorization: true,
     };
-    relay(&st, id, port_n, req, fwd).await
+    let mut resp = relay(&st, id, port_n, req, fwd).await?;
+    // Appended, not inserted: every CSP a response carries is enforced,
+    // so the guest's own stays in force too.
+    resp.headers_mut().append(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("sandbox"),
+    );
+    Ok(resp)
 }
 
-/// A URL for a browser: `/preview/{token}/` serves this port of this
-/// sandbox without the API key until `expires_at`. The token is an
+/// A URL for a browser: `/preview/{token}/` on the preview origin (the
+/// daemon's preview listener, or `--preview-url`; never the API's own
+/// origin) serves this port of this sandbox without the API key until
+/// `expires_at`. The token is an
 /// HMAC-SHA256 over (sandbox, port, expiry) with a per-daemon secret;
 /// nothing is stored. The body may be empty.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/ports/{port}/preview-url", tag = "ports",
@@ -168,13 +194,10 @@ pub async fn preview_url(
     let expires_s = now_ms() / 1000 + ttl;
     let token = st.preview.mint(&info.id, port, expires_s);
     let path = format!("/preview/{token}/");
-    let url = match (
-        &st.public_url,
-        headers.get(header::HOST).and_then(|h| h.to_str().ok()),
-    ) {
-        (Some(base), _) => format!("{}{path}", base.trim_end_matches('/')),
-        (None, Some(host)) => format!("http://{host}{path}"),
-        (None, None) => path.clone(),
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let url = match st.preview_origin.base(host, &info.id, port) {
+        Some(base) => format!("{base}{path}"),
+        None => path.clone(),
     };
     Ok(axum::Json(PreviewUrl {
         url,
@@ -189,7 +212,13 @@ pub async fn preview_url(
 /// without the API key. `/preview/{token}` redirects (308) to
 /// `/preview/{token}/` so relative links resolve under the token.
 /// A tampered, expired or foreign token is 403 `preview_denied`, checked
-/// before anything about the sandbox is looked up.
+/// before anything about the sandbox is looked up. Served on the preview
+/// origin only: on the API's listener this is a 308 to the same path
+/// there. A service worker script fetch (`Service-Worker` header) is 403
+/// `service_worker_refused`, and a guest's `Service-Worker-Allowed` is
+/// dropped, so a preview page cannot install a worker, let alone one
+/// above its own `/preview/{token}/`. With a wildcard `--preview-url`, a
+/// token opened under another preview's host name is 403 `preview_denied`.
 #[utoipa::path(method(get, post, put, delete, patch, head, options),
     path = "/preview/{token}/{path}", tag = "ports", security(()),
     params(("token" = String, Path, description = "from `preview-url`"),
@@ -197,8 +226,8 @@ pub async fn preview_url(
     responses(
         (status = 101, description = "WebSocket: the guest server switched protocols; the connection is spliced to it"),
         (status = 200, description = "the guest server's answer, whatever its status, headers and body"),
-        (status = 308, description = "`/preview/{token}` without the trailing slash"),
-        (status = 403, description = "token tampered with, expired, or not for this", body = ErrorBody),
+        (status = 308, description = "`/preview/{token}` without the trailing slash; or the request came to the API's origin: the same path on the preview origin", body = ErrorBody),
+        (status = 403, description = "`preview_denied`: token tampered with, expired, or not for this host; `service_worker_refused`: a service worker script fetch", body = ErrorBody),
         (status = 404, description = "the sandbox the token was for is gone", body = ErrorBody),
         (status = 429, body = ErrorBody), (status = 502, body = ErrorBody), (status = 504, body = ErrorBody)))]
 pub async fn preview(
