@@ -12,7 +12,8 @@ import time
 
 # An HTTP server that tells what it got: method, path, headers, body size
 # and digest. /big/N answers N bytes; /redirect answers a path-absolute
-# redirect and a cookie for Path=/.
+# redirect and a cookie for Path=/; /sw.js a service worker script that
+# asks for scope / (Service-Worker-Allowed).
 HTTP_ECHO = r'''
 import hashlib, json, sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -52,6 +53,8 @@ class H(BaseHTTPRequestHandler):
             return
         if self.path.startswith("/redirect"):
             return self._send(302, b"", extra=[("Location", "/landed?x=1"), ("Set-Cookie", "k=v; Path=/; HttpOnly")])
+        if self.path.startswith("/sw.js"):
+            return self._send(200, b"self.onfetch = () => {};", "text/javascript", extra=[("Service-Worker-Allowed", "/")])
         out = {"method": self.command, "path": self.path,
                "headers": [[k, v] for k, v in self.headers.items()],
                "body_len": len(body), "body_sha256": hashlib.sha256(body).hexdigest()}

@@ -264,6 +264,13 @@ class Daemon:
         self.netns = netns
         self.addr = netns.addr if netns else "127.0.0.1"
         self.extra_args = list(extra_args)
+        # Previews have a listener (an origin) of their own; the default,
+        # the API's port + 1, could be another daemon's free_port().
+        if "--preview-listen" in self.extra_args:
+            self.preview_port = int(arg(self.extra_args, "--preview-listen").rsplit(":", 1)[1])
+        else:
+            self.preview_port = free_port()
+            self.extra_args += ["--preview-listen", f"{self.addr}:{self.preview_port}"]
         if "--net-prefix" not in self.extra_args:
             self.extra_args += net_args()
         self.net_prefix = arg(self.extra_args, "--net-prefix")
@@ -326,8 +333,8 @@ class Daemon:
                 return int(line.split()[1])
         return 0
 
-    def request(self, method, path, body=None, auth=True, headers=None, timeout=120, raw=None):
-        conn = http.client.HTTPConnection(self.addr, self.port, timeout=timeout)
+    def request(self, method, path, body=None, auth=True, headers=None, timeout=120, raw=None, port=None):
+        conn = http.client.HTTPConnection(self.addr, port or self.port, timeout=timeout)
         h = dict(headers or {})
         if auth:
             h.setdefault("Authorization", f"Bearer {KEY}")
@@ -340,6 +347,12 @@ class Daemon:
         resp = Response(r.status, r.read(), dict(r.getheaders()))
         conn.close()
         return resp
+
+    def preview(self, method, path, **kw):
+        """A request to the preview listener (previews, E2B's relayed
+        ports), without the key unless asked for."""
+        kw.setdefault("auth", False)
+        return self.request(method, path, port=self.preview_port, **kw)
 
     # Convenience wrappers -------------------------------------------------
 

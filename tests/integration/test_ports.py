@@ -63,6 +63,15 @@ def test_http_through_the_ports_route(daemon, sandbox):
     r = get(d, f"{base}/redirect")
     assert r.status == 302 and r.headers["location"] == f"{base}/landed?x=1", r.headers
     assert r.headers["set-cookie"] == f"k=v; Path={base}/; HttpOnly"
+    # This route is for programs on the API's origin: what it relays gets
+    # an opaque origin should a browser ever render it, never a service
+    # worker's scope, and a worker script fetch is refused.
+    r = get(d, f"{base}/sw.js")
+    assert r.status == 200 and r.body == b"self.onfetch = () => {};", r
+    assert "service-worker-allowed" not in {k.lower() for k in r.headers}, r.headers
+    assert r.headers["content-security-policy"] == "sandbox", r.headers
+    r = get(d, f"{base}/sw.js", headers={"Service-Worker": "script"})
+    assert r.status == 403 and r.error_code() == "service_worker_refused", r
     assert metric(d, 'hatchery_relay_connections_total{kind="port"}') >= 10
     assert metric(d, 'hatchery_relay_bytes_total{direction="from_guest",kind="port"}') >= 5 << 20
     assert metric(d, 'hatchery_relay_bytes_total{direction="to_guest",kind="port"}') >= 3 << 20
@@ -119,26 +128,46 @@ def test_preview_urls_grant_one_port_until_expiry(daemon):
     start_guest_server(d, sid, "echo2", HTTP_ECHO, 8001)
     p = mint(d, sid, 8000, ttl_seconds=120)
     assert p["sandbox_id"] == sid and p["port"] == 8000
-    assert p["url"] == f"http://127.0.0.1:{d.port}{p['path']}"
+    # On the preview listener, not the API's origin.
+    assert p["url"] == f"http://127.0.0.1:{d.preview_port}{p['path']}"
     exp = calendar.timegm(time.strptime(p["expires_at"], "%Y-%m-%dT%H:%M:%SZ"))
     assert 100 < exp - time.time() <= 121
     assert p["path"].startswith("/preview/") and p["path"].endswith("/")
     token = p["path"].split("/")[2]
     # No key needed; the guest sees the path after the token.
-    r = get(d, p["path"] + "a/b?c=d", auth=False)
+    r = d.preview("GET", p["path"] + "a/b?c=d")
     assert r.status == 200 and r.json()["path"] == "/a/b?c=d", r
     headers = {k.lower(): v for k, v in r.json()["headers"]}
     assert headers["x-forwarded-prefix"] == f"/preview/{token}"
-    # The daemon's key sent here too is not passed on; another Authorization is.
-    r = get(d, p["path"] + "x", auth=True)
-    assert "authorization" not in {k.lower() for k, _ in r.json()["headers"]}
-    r = get(d, p["path"] + "x", auth=False, headers={"Authorization": "Basic dTpw"})
+    # The daemon's key sent here too is not passed on; another Authorization is;
+    # a client's X-Hatchery-Daemon-Key never is.
+    r = d.preview("GET", p["path"] + "x", auth=True, headers={"X-Hatchery-Daemon-Key": "hxd_guess"})
+    assert not {"authorization", "x-hatchery-daemon-key"} & {k.lower() for k, _ in r.json()["headers"]}, r
+    r = d.preview("GET", p["path"] + "x", headers={"Authorization": "Basic dTpw"})
     assert ["authorization", "Basic dTpw"] in r.json()["headers"]
     # Without the trailing slash: a redirect to it, query kept.
-    r = get(d, f"/preview/{token}?z=1", auth=False)
+    r = d.preview("GET", f"/preview/{token}?z=1")
     assert r.status == 308 and r.headers["location"] == f"/preview/{token}/?z=1"
-    r = get(d, p["path"] + "redirect", auth=False)
+    r = d.preview("GET", p["path"] + "redirect")
     assert r.headers["location"] == f"/preview/{token}/landed?x=1"
+    # A guest's service worker: its script is refused, its scope header dropped.
+    r = d.preview("GET", p["path"] + "sw.js")
+    assert r.status == 200 and "service-worker-allowed" not in {k.lower() for k in r.headers}, r.headers
+    r = d.preview("GET", p["path"] + "sw.js", headers={"Service-Worker": "script"})
+    assert r.status == 403 and r.error_code() == "service_worker_refused", r
+    # The API's origin serves no preview: it sends the browser to the
+    # preview origin (the guest never sees the request), and the preview
+    # origin serves nothing of the API or Hatchery's pages.
+    before = metric(d, 'hatchery_relay_connections_total{kind="port"}')
+    r = get(d, p["path"] + "a?b=1", auth=False)
+    assert r.status == 308 and r.error_code() == "preview_elsewhere", r
+    assert r.headers["location"] == f"http://127.0.0.1:{d.preview_port}{p['path']}a?b=1"
+    assert metric(d, 'hatchery_relay_connections_total{kind="port"}') == before
+    r = get(d, p["path"], auth=False, headers={"X-Hatchery-Daemon-Key": "hxd_guess"})
+    assert r.status == 308, r
+    for path in ("/v1/sandboxes", "/healthz", "/rounds/review/", "/terminal/", "/metrics", "/openapi.json"):
+        r = d.preview("GET", path, auth=True)
+        assert r.status == 404 and r.error_code() == "not_found", (path, r)
 
     # Tampered: any flipped bit, another port, another sandbox (existing or
     # not), a longer expiry, garbage. All 403, all the same answer.
@@ -152,20 +181,20 @@ def test_preview_urls_grant_one_port_until_expiry(daemon):
     ]
     bodies = set()
     for t in forged:
-        r = get(d, f"/preview/{t}/", auth=False)
+        r = d.preview("GET", f"/preview/{t}/")
         assert r.status == 403 and r.error_code() == "preview_denied", (t, r)
         bodies.add(r.body)
     assert len(bodies) == 1, bodies
     # A token for this sandbox's other port does not open this one, and vice versa.
     p2 = mint(d, sid, 8001)
     assert p2["path"] != p["path"]
-    assert get(d, p2["path"], auth=False).status == 200
+    assert d.preview("GET", p2["path"]).status == 200
 
     # Expired.
     short = mint(d, sid, 8000, ttl_seconds=1)
-    assert get(d, short["path"], auth=False).status == 200
+    assert d.preview("GET", short["path"]).status == 200
     time.sleep(2.1)
-    r = get(d, short["path"], auth=False)
+    r = d.preview("GET", short["path"])
     assert r.status == 403 and r.error_code() == "preview_denied" and "expired" in r.json()["error"]["message"]
     # Default TTL is an hour.
     dflt = d.request("POST", f"/v1/sandboxes/{sid}/ports/8000/preview-url", raw=b"").json()
@@ -173,7 +202,7 @@ def test_preview_urls_grant_one_port_until_expiry(daemon):
     assert 3590 < exp - time.time() <= 3601
     # The sandbox gone: the (valid) token says so.
     d.delete(sid)
-    r = get(d, p["path"], auth=False)
+    r = d.preview("GET", p["path"])
     assert r.status == 404 and r.error_code() == "sandbox_not_found", r
     wait_relays_closed(d)
 
@@ -251,14 +280,14 @@ def test_websocket_echo_through_ports_and_preview(daemon, sandbox):
     ws.close()
     # The same through a preview URL, without the key.
     path = mint(d, sid, 8765)["path"]
-    ws = WS(d.port, path + "p")
+    ws = WS(d.preview_port, path + "p")
     assert ws.status == 101
     assert ws.recv() == (1, b"/p")
     ws.send("via preview")
     assert ws.recv() == (1, b"via preview")
     ws.close()
     # A plain GET to the WebSocket server: its own refusal comes back.
-    assert get(d, path, auth=False).status == 400
+    assert d.preview("GET", path).status == 400
     wait_relays_closed(d)
 
 
