@@ -11,8 +11,8 @@ import pytest
 from harness import KEY
 
 
-def req(d, method, path, body=None, headers=None, timeout=60):
-    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=timeout)
+def req(d, method, path, body=None, headers=None, timeout=60, port=None):
+    conn = http.client.HTTPConnection("127.0.0.1", port or d.port, timeout=timeout)
     conn.request(method, path, body=body, headers=headers or {})
     r = conn.getresponse()
     data = r.read()
@@ -91,19 +91,32 @@ def test_sandbox_routing_refusals(daemon, sbx):
         assert s == 401
         s, _, _ = req(daemon, "GET", "/e2b/sandbox/health", headers=envd_headers(sbx))
         assert s == 204
-        # A port nothing listens on, then one something does.
-        s, _, b = req(daemon, "GET", "/e2b/sandbox/", headers=envd_headers(sbx, port=8123))
+        # Relayed ports (guest servers) are served on the preview listener,
+        # never on the API's origin. A port nothing listens on, then one
+        # something does.
+        preview = daemon.preview_port
+        s, _, b = req(daemon, "GET", "/e2b/sandbox/", headers=envd_headers(sbx, port=8123), port=preview)
         assert s == 502 and "port is not open" in json.loads(b)["message"]
+        # A malformed port names no guest server: the API's listener says so.
         s, _, b = req(daemon, "GET", "/e2b/sandbox/", headers=envd_headers(sbx, port=0))
         assert s == 400
         sbx.commands.run("cd /tmp && echo served > index.html && python3 -m http.server 8123", background=True)
         deadline = time.time() + 30
         while time.time() < deadline:
-            s, _, b = req(daemon, "GET", "/e2b/sandbox/index.html", headers=envd_headers(sbx, port=8123))
+            s, _, b = req(daemon, "GET", "/e2b/sandbox/index.html", headers=envd_headers(sbx, port=8123), port=preview)
             if s == 200:
                 break
             time.sleep(0.3)
         assert (s, b) == (200, b"served\n")
+        s, _, b = req(daemon, "GET", "/e2b/sandbox/index.html", headers=envd_headers(sbx, port=8123))
+        assert s == 421 and f"127.0.0.1:{preview}/e2b/sandbox" in json.loads(b)["message"], b
+        # A worker script fetch is refused there too.
+        s, _, b = req(daemon, "GET", "/e2b/sandbox/index.html", port=preview,
+                      headers=envd_headers(sbx, port=8123, **{"Service-Worker": "script"}))
+        assert s == 403, b
+        # envd is the API's: not on the preview listener.
+        s, _, _ = req(daemon, "GET", "/e2b/sandbox/health", headers=envd_headers(sbx), port=preview)
+        assert s == 404
     finally:
         other.kill()
 

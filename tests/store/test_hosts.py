@@ -413,10 +413,27 @@ def test_e2b_and_preview_requests_reach_the_owning_host(pg):
         assert r.status == 200, r
         path = r.json()["path"]
         for via in (other, c):
-            r = via.request("GET", path + "hello?x=1", auth=False)
+            # On each daemon's preview listener, forwarded to the owner with
+            # the daemon key, which the guest never sees.
+            r = via.preview("GET", path + "hello?x=1")
             assert r.status == 200 and r.json()["path"] == "/hello?x=1", r
-        r = other.request("GET", path[:-3] + ("A" if path[-3] != "A" else "B") + path[-2:], auth=False)
+            seen = {k.lower() for k, _ in r.json()["headers"]}
+            assert "x-hatchery-daemon-key" not in seen, seen
+            # Never on an API listener: sent to that daemon's preview origin.
+            r = via.request("GET", path + "hello", auth=False)
+            assert r.status == 308 and r.headers["location"] == f"http://{via.addr}:{via.preview_port}{path}hello", r
+            # E2B's relayed ports the same: the preview listener relays them
+            # (from the owner), the API's refuses them.
+            e2b_port = {"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "8000", "X-Access-Token": token}
+            r = via.preview("GET", "/e2b/sandbox/hi", headers=e2b_port)
+            assert r.status == 200 and r.json()["path"] == "/hi", r
+            r = via.request("GET", "/e2b/sandbox/hi", auth=False, headers=e2b_port)
+            assert r.status == 421 and "preview origin" in r.json()["message"], r
+        r = other.preview("GET", path[:-3] + ("A" if path[-3] != "A" else "B") + path[-2:])
         assert r.status in (403, 404), r
+        # A client cannot pass as a forwarding daemon.
+        r = c.request("GET", path + "hello", auth=False, headers={"X-Hatchery-Daemon-Key": "hxd_" + "0" * 64})
+        assert r.status == 308, r
         m = other.request("GET", "/metrics").body.decode()
         assert 'hatchery_route_requests_total{outcome="forwarded"}' in m
 

@@ -164,16 +164,49 @@ class Client:
 
     def preview_request(self, url: Union[str, PreviewUrl], method: str = "GET", path: str = "/", body: Optional[Union[str, bytes]] = None,
                         headers: Optional[Dict[str, str]] = None) -> Tuple[int, Dict[str, str], bytes]:
-        """Fetches `path` under a preview URL (a `PreviewUrl` or its `url`/`path`)
-        without the API key, as a browser would: (status, headers, body)."""
+        """Fetches `path` under a preview URL (a `PreviewUrl` or its `url`)
+        without the API key, as a browser would: (status, headers, body).
+        Previews are served on the daemon's preview origin, not the API's;
+        a bare `/preview/...` path is asked of the daemon, which names the
+        preview origin in a 308 that this follows once."""
         if isinstance(url, PreviewUrl):
-            url = url.path
-        p = urlsplit(url).path
-        prefix = self.transport._prefix
-        if prefix and p.startswith(prefix + "/"):
-            p = p[len(prefix):]
-        assert p.startswith("/preview/"), url
-        return self.raw(method, p.rstrip("/") + "/" + path.lstrip("/"), body=body, headers=headers, auth=False)
+            url = url.url
+        parts = urlsplit(url)
+        assert "/preview/" in parts.path, url
+        if not parts.netloc:
+            p = parts.path
+            prefix = self.transport._prefix
+            if prefix and p.startswith(prefix + "/"):
+                p = p[len(prefix):]
+            target = p.rstrip("/") + "/" + path.lstrip("/")
+            status, h, data = self.raw(method, target, body=body, headers=headers, auth=False)
+            if status != 308 or "location" not in h:
+                return status, h, data
+            url, path = h["location"], ""
+            parts = urlsplit(url)
+        target = parts.path.rstrip("/") + "/" + path.lstrip("/") if path else parts.path
+        if parts.query:
+            target += "?" + parts.query
+        return self._fetch(method, parts.scheme, parts.netloc, target, body, headers)
+
+    def _fetch(self, method: str, scheme: str, netloc: str, target: str, body: Optional[Union[str, bytes]],
+               headers: Optional[Dict[str, str]]) -> Tuple[int, Dict[str, str], bytes]:
+        """One request without the key to another origin (the preview one)."""
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        cls = http_client.HTTPSConnection if scheme == "https" else http_client.HTTPConnection
+        conn = cls(netloc, timeout=self.transport.timeout)
+        h = {"User-Agent": self.transport._headers(None)["User-Agent"], **(headers or {})}
+        try:
+            conn.request(method, target, body=body, headers=h)
+            r = conn.getresponse()
+            return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+        except socket.timeout as e:
+            raise errors.SandboxTimeout(f"no answer: {method} {netloc}{target}") from e
+        except (OSError, http_client.HTTPException) as e:
+            raise errors.ConnectionFailed(f"{method} {netloc}{target}: {e!r}") from e
+        finally:
+            conn.close()
 
     def close(self) -> None:
         self.transport.close()

@@ -67,6 +67,10 @@ def test_get_url_port_request_and_preview(sbx, client):
     bad = token[:-2] + ("A" if token[-2] != "A" else "B") + token[-1]
     status, _, body = client.preview_request(f"/preview/{bad}/", "GET", "/hello.txt")
     assert status == 403 and b"preview_denied" in body
+    # On the preview origin, not the API's.
+    assert not p.url.startswith(client.url + "/"), (p.url, client.url)
+    status, _, body = client.preview_request(p.url.replace(token, bad), "GET", "/hello.txt")
+    assert status == 403 and b"preview_denied" in body
 
 
 def test_pty_echo_resize_exit(sbx):
