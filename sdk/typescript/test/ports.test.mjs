@@ -61,7 +61,9 @@ test("getUrl, portRequest and a preview URL without the key", async (t) => {
   assert.equal(await open.text(), "hello from the sandbox\n");
   const token = p.path.split("/")[2];
   const bad = token.slice(0, -2) + (token.at(-2) === "A" ? "B" : "A") + token.at(-1);
-  const denied = await fetch(`${URL}/preview/${bad}/hello.txt`);
+  // Previews are on an origin of their own, not the API's.
+  assert.ok(!p.url.startsWith(URL + "/"), p.url);
+  const denied = await fetch(p.url.replace(token, bad) + "hello.txt");
   assert.equal(denied.status, 403);
   assert.equal((await denied.json()).error.code, "preview_denied");
 });
