@@ -168,3 +168,36 @@ def test_a_preview_cannot_install_a_worker_over_hatchery_pages(daemon, sandbox):
         assert h["x-content-type-options"] == "nosniff", (path, h)
         assert "clear-site-data" not in h, (path, h)
     wait_relays_closed(d)
+
+
+def test_a_wildcard_preview_url_gives_each_port_its_own_host():
+    """--preview-url http://*.preview.test:PORT: each sandbox port is served
+    at PORT-ID.preview.test, and a token only under its own host name (so
+    one preview cannot be loaded into another's origin)."""
+    from guest_servers import HTTP_ECHO
+    from harness import Daemon
+    pp = free_port()
+    d = Daemon(extra_args=["--pool-size", "0", "--preview-listen", f"127.0.0.1:{pp}",
+                           "--preview-url", f"http://*.preview.test:{pp}"]).start()
+    try:
+        a, b = d.create(ttl_seconds=300), d.create(ttl_seconds=300)
+        for sid in (a, b):
+            start_guest_server(d, sid, "echo", HTTP_ECHO, 8000)
+        pa = d.request("POST", f"/v1/sandboxes/{a}/ports/8000/preview-url", {}).json()
+        pb = d.request("POST", f"/v1/sandboxes/{b}/ports/8000/preview-url", {}).json()
+        host_a = f"8000-{a[4:]}.preview.test:{pp}"
+        assert pa["url"] == f"http://{host_a}{pa['path']}", pa
+        r = d.preview("GET", pa["path"] + "x", headers={"Host": host_a})
+        assert r.status == 200 and r.json()["path"] == "/x", r
+        # b's token under a's host name, a's under the bare domain, another
+        # port's label, no wildcard host at all: refused before any relay.
+        for path, host in ((pb["path"], host_a), (pa["path"], f"preview.test:{pp}"),
+                           (pa["path"], f"8001-{a[4:]}.preview.test:{pp}"), (pa["path"], f"127.0.0.1:{pp}")):
+            r = d.preview("GET", path, headers={"Host": host})
+            assert r.status == 403 and r.error_code() == "preview_denied", (host, r)
+        # Asked of the API's origin: sent to the preview's own host name.
+        r = d.request("GET", pb["path"] + "y", auth=False)
+        assert r.status == 308 and r.headers["location"] == f"http://8000-{b[4:]}.preview.test:{pp}{pb['path']}y", r
+        wait_relays_closed(d)
+    finally:
+        d.cleanup()

@@ -290,6 +290,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             Some(sessions.clone()),
         )
     });
+    // One set of counters for both listeners' routing.
+    let route_metrics = hatchery_route::RouteMetrics::new(&manager.metrics.registry);
     let routing = |forward_key: Option<Arc<str>>| hatchery_route::layer::HostRouting {
         directory: Arc::new(crate::directory::StoreDirectory {
             store: store.clone(),
@@ -299,7 +301,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         }),
         me: manager.host_id().to_string(),
         api_key: key.clone().into(),
-        metrics: hatchery_route::RouteMetrics::new(&manager.metrics.registry),
+        metrics: route_metrics.clone(),
         forward_key,
     };
     let (app, preview_app) = if shared {
