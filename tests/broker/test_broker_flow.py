@@ -74,7 +74,7 @@ def test_fix_push_pr_and_approved_release(bd, forge):
     # the base the session started from; the broker's author and committer
     # at the call's time; the message of the call; the agent's fix as the
     # tree, and nothing else from the sandbox.
-    base = git_out(bare, "rev-parse", "main")
+    base = git_out(bare, "rev-parse", "main").strip()
     for c, message in ((rec[0], "Fix add()"), (rec[2], "Release")):
         header, _, body = git_out(bare, "cat-file", "commit", c["output"]["commit"]).partition("\n\n")
         lines = header.split("\n")
