@@ -126,7 +126,8 @@ impl Broker {
     /// The session whose current sandbox `sandbox_id` is, if it may use
     /// the broker now: a sandbox of no session (a plain or playground
     /// one) is 403 `unknown_sandbox`, a replaced one 409 `fenced`, a
-    /// session that is not running 409. Every guest route asks this
+    /// session still starting 503 (ask again), one that is not running
+    /// 409. Every guest route asks this
     /// first (`routes.rs`), so nothing of the broker (not even its tool
     /// list) answers a sandbox without a session.
     pub async fn caller(
