@@ -4,9 +4,16 @@ holding a credential), and a release push waits for a human's approval;
 a prompt-injected agent is denied, and no broker secret is ever in its
 sandbox."""
 
+import subprocess
+from datetime import datetime
+
 from broker_support import PUSH_PASSWORD, add_repo, remote_file
 from pushserver import pushes
 from sessions_support import CALC_FIXED
+
+
+def git_out(bare, *args):
+    return subprocess.run(["git", "--git-dir", bare, *args], capture_output=True, text=True, check=True).stdout
 
 
 def types(evs):
@@ -63,6 +70,21 @@ def test_fix_push_pr_and_approved_release(bd, forge):
     assert rec[0]["output"]["commit"] == tips[f"refs/heads/{branch}"]
     assert rec[2]["output"]["commit"] == tips["refs/heads/release/calc"]
     assert rec[1]["output"]["number"] == prs[0]["number"]
+    # Each pushed commit is the host's (issue 31, finding 2): one parent,
+    # the base the session started from; the broker's author and committer
+    # at the call's time; the message of the call; the agent's fix as the
+    # tree, and nothing else from the sandbox.
+    base = git_out(bare, "rev-parse", "main").strip()
+    for c, message in ((rec[0], "Fix add()"), (rec[2], "Release")):
+        header, _, body = git_out(bare, "cat-file", "commit", c["output"]["commit"]).partition("\n\n")
+        lines = header.split("\n")
+        when = int(datetime.fromisoformat(c["created_at"].replace("Z", "+00:00")).timestamp())
+        ident = f"Hatchery session <session@hatchery.invalid> {when} +0000"
+        assert lines[0].startswith("tree ") and lines[1:] == [
+            f"parent {base}", f"author {ident}", f"committer {ident}"], header
+        assert body == message
+        assert c["output"]["parent"] == base
+        assert git_out(bare, "diff", "--name-only", base, c["output"]["commit"]) == "calc.py\n"
     # The credential never reached the push server from anywhere but the
     # broker, and no request went without it.
     assert bd.push_server.refused == 0

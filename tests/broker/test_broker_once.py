@@ -1,6 +1,7 @@
 """Exactly once, seen from inside a sandbox: retries with the same seq,
 50 concurrent seqs, a seq reused with other arguments, a forged identity
-header; and a sandbox that belongs to no session is refused."""
+header; and a sandbox that belongs to no session is refused, its calls
+and the tool list alike."""
 
 import json
 import os
@@ -52,5 +53,15 @@ def test_sandbox_of_no_session_is_refused(bd):
         status, _, body = out["stdout"].strip().partition(" ")
         assert status == "403", out
         assert json.loads(body)["error"]["code"] == "unknown_sandbox"
+        # The tool list too (issue 31, finding 6): the operator's MCP
+        # servers are not for a sandbox of no session, and the refusal is
+        # the same as a call's.
+        code = ("import http.client;c=http.client.HTTPConnection('127.0.0.1',9200,timeout=30);"
+                "c.request('GET','/v1/tools');r=c.getresponse();print(r.status, r.read().decode())")
+        out = bd.exec(sbx, f"python3 -c \"{code}\"")
+        status, _, body = out["stdout"].strip().partition(" ")
+        assert status == "403", out
+        assert json.loads(body)["error"]["code"] == "unknown_sandbox"
+        assert "tools" not in json.loads(body)
     finally:
         assert bd.request("DELETE", f"/v1/sandboxes/{sbx}").status in (200, 204)

@@ -1,8 +1,10 @@
-"""Writes the checkout's work tree as the file part of a `git fast-import`
-commit (`deleteall`, then one `M` line with inline data per file), for the
-broker to commit and push on the host. Git may not be in the template, and
-the host never unpacks anything the sandbox made: fast-import only turns
-this stream into objects. Run inside the sandbox by the broker.
+"""Writes the checkout's work tree as a Hatchery tree stream (`replace`,
+then one `file` record per regular file or symlink; the grammar is in
+crates/hatchery-broker/src/tree.rs) for the broker to commit and push on
+the host. Run inside the sandbox by the broker; git may not be in the
+template. The stream carries paths, modes and contents only: the host
+parses it strictly and writes the commit (author, message, parent)
+itself, so nothing here (or in a file put in this one's place) can.
 
 usage: export_tree.py ROOT OUT MAX_BYTES
 """
@@ -12,37 +14,30 @@ import stat
 import sys
 
 root, out_path, cap = sys.argv[1], sys.argv[2], int(sys.argv[3])
-SKIP_DIRS = {".git", "__pycache__"}
 
 
-def quote(path):
-    b = path.encode("utf-8", "surrogateescape")
-    o = ['"']
-    for c in b:
-        if c in (0x22, 0x5C):
-            o.append("\\" + chr(c))
-        elif 0x20 <= c < 0x7F:
-            o.append(chr(c))
-        else:
-            o.append("\\%03o" % c)
-    o.append('"')
-    return "".join(o)
+def skipped(name):
+    # The host refuses `.git` components in any case (and NTFS's trailing
+    # dots and spaces); a nested repository's is not part of the tree.
+    return name == "__pycache__" or name.lower().rstrip(". ") == ".git"
 
 
 total = 0
 with open(out_path, "wb") as out:
-    out.write(b"deleteall\n")
+    out.write(b"hatchery-tree 1\nreplace\n")
     for d, dirs, files in os.walk(root):
-        dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS and not os.path.islink(os.path.join(d, x)))
+        dirs[:] = sorted(x for x in dirs if not skipped(x) and not os.path.islink(os.path.join(d, x)))
         links = [x for x in os.listdir(d) if os.path.islink(os.path.join(d, x))]
         for f in sorted(set(files) | set(links)):
+            if skipped(f):
+                continue
             p = os.path.join(d, f)
-            rel = os.path.relpath(p, root)
+            rel = os.path.relpath(p, root).encode("utf-8", "surrogateescape")
             st = os.lstat(p)
             if stat.S_ISLNK(st.st_mode):
-                mode, data = "120000", os.readlink(p).encode("utf-8", "surrogateescape")
+                mode, data = b"120000", os.readlink(p).encode("utf-8", "surrogateescape")
             elif stat.S_ISREG(st.st_mode):
-                mode = "100755" if st.st_mode & 0o111 else "100644"
+                mode = b"100755" if st.st_mode & 0o111 else b"100644"
                 with open(p, "rb") as fh:
                     data = fh.read()
             else:
@@ -51,7 +46,9 @@ with open(out_path, "wb") as out:
             if total > cap:
                 sys.stderr.write("work tree over %d bytes\n" % cap)
                 sys.exit(3)
-            out.write(("M %s inline %s\ndata %d\n" % (mode, quote(rel), len(data))).encode())
+            out.write(b"file %s %d %d\n" % (mode, len(rel), len(data)))
+            out.write(rel)
             out.write(data)
             out.write(b"\n")
+    out.write(b"end\n")
 print(total)

@@ -124,11 +124,17 @@ impl Forge {
         repo: &str,
         pr: &Value,
     ) -> Result<Value, ForgeError> {
-        self.call("POST", &format!("/repos/{owner}/{repo}/pulls"), Some(pr))
-            .await
+        self.call(
+            "POST",
+            &format!("/repos/{}/{}/pulls", segment(owner), segment(repo)),
+            Some(pr),
+        )
+        .await
     }
 
-    /// Pull requests from `owner:head`, in any state.
+    /// Pull requests from `owner:head`, in any state: only those whose
+    /// head really is that branch of that owner (a forge that ignores or
+    /// widens the filter cannot make another PR count as this one).
     pub async fn find_prs(
         &self,
         owner: &str,
@@ -136,26 +142,40 @@ impl Forge {
         head: &str,
     ) -> Result<Vec<Value>, ForgeError> {
         let q = format!(
-            "/repos/{owner}/{repo}/pulls?state=all&head={}",
-            enc(&format!("{owner}:{head}"))
+            "/repos/{}/{}/pulls?{}",
+            segment(owner),
+            segment(repo),
+            query(&[("state", "all"), ("head", &format!("{owner}:{head}"))])
         );
         match self.call("GET", &q, None).await? {
-            Value::Array(a) => Ok(a),
+            Value::Array(a) => Ok(a
+                .into_iter()
+                .filter(|p| {
+                    p.pointer("/head/ref").and_then(Value::as_str) == Some(head)
+                        && p.pointer("/head/repo/owner/login")
+                            .or_else(|| p.pointer("/head/user/login"))
+                            .and_then(Value::as_str)
+                            .is_none_or(|o| o.eq_ignore_ascii_case(owner))
+                })
+                .collect()),
             _ => Err(ForgeError::Http("expected a list of pull requests".into())),
         }
     }
 }
 
-fn enc(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
+/// A query string, every name and value form-encoded (`&`, `#`, `=`, `+`,
+/// spaces and the rest cannot end a value or start another parameter).
+/// The broker builds no query string any other way.
+pub fn query(pairs: &[(&str, &str)]) -> String {
+    form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(pairs)
+        .finish()
+}
+
+/// One path segment, percent-encoded (owner and repo are checked plain
+/// tokens already; this keeps it so if that check ever widens).
+fn segment(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
 /// What the broker keeps of a created pull request.
@@ -189,6 +209,111 @@ mod tests {
 
     #[test]
     fn query_encoding() {
-        assert_eq!(enc("acme:hatchery/ses_1"), "acme%3Ahatchery%2Fses_1");
+        assert_eq!(
+            query(&[("state", "all"), ("head", "acme:hatchery/ses_1")]),
+            "state=all&head=acme%3Ahatchery%2Fses_1"
+        );
+        // Whatever the value, the query reads back as exactly these pairs.
+        let nasty = "acme:x&head=acme:main#frag=1 two+three%26";
+        let q = query(&[("state", "all"), ("head", nasty)]);
+        assert!(!q.contains(['#', ' ']), "{q}");
+        let back: Vec<(String, String)> =
+            form_urlencoded::parse(q.as_bytes()).into_owned().collect();
+        assert_eq!(
+            back,
+            vec![
+                ("state".into(), "all".into()),
+                ("head".into(), nasty.into())
+            ]
+        );
+    }
+
+    /// The PR lookup of crash recovery against a forge that answers by
+    /// the query it parsed (as GitHub does): a branch name with `&`, `#`,
+    /// `=` and spaces reaches it as one `head` value and matches only its
+    /// own pull request, never the one of the branch it spells out after
+    /// the `&` (the old way of pasting it in would have asked for that
+    /// one); and a forge answering with other heads anyway is not
+    /// believed.
+    #[tokio::test]
+    async fn the_pr_lookup_cannot_be_steered_to_another_pr() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let log = seen.clone();
+        let prs = serde_json::json!([
+            {"number": 1, "title": "t", "head": {"ref": "main", "repo": {"owner": {"login": "acme"}}}},
+            {"number": 2, "title": "t", "head": {"ref": "x&head=acme:main#a=b c", "repo": {"owner": {"login": "acme"}}}},
+            {"number": 3, "title": "t", "head": {"ref": "x&head=acme:main#a=b c", "repo": {"owner": {"login": "mallory"}}}},
+        ]);
+        tokio::spawn(async move {
+            loop {
+                let (mut c, _) = l.accept().await.unwrap();
+                let mut buf = vec![0u8; 8192];
+                let n = c.read(&mut buf).await.unwrap();
+                let req = String::from_utf8_lossy(&buf[..n]).into_owned();
+                let target = req.split(' ').nth(1).unwrap_or_default().to_string();
+                log.lock().unwrap().push(target.clone());
+                // The forge's filter: `head` as its query parser reads it
+                // (a widening forge answers with everything for `all`).
+                let q = target.split_once('?').map(|x| x.1).unwrap_or_default();
+                let heads: Vec<String> = form_urlencoded::parse(q.as_bytes())
+                    .filter(|(k, _)| k == "head")
+                    .map(|(_, v)| v.into_owned())
+                    .collect();
+                let answer: Vec<&Value> = prs
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|p| {
+                        heads.iter().any(|h| h == "acme:*")
+                            || heads.iter().any(|h| {
+                                h.split_once(':').map(|x| x.1)
+                                    == p.pointer("/head/ref").and_then(Value::as_str)
+                            })
+                    })
+                    .collect();
+                let body = serde_json::to_vec(&answer).unwrap();
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = c.write_all(head.as_bytes()).await;
+                let _ = c.write_all(&body).await;
+            }
+        });
+        let f = Forge {
+            base: format!("http://{addr}"),
+            token: None,
+        };
+        let branch = "x&head=acme:main#a=b c";
+        let got = f.find_prs("acme", "demo", branch).await.unwrap();
+        let numbers: Vec<u64> = got.iter().filter_map(|p| p["number"].as_u64()).collect();
+        assert_eq!(numbers, vec![2], "only the branch's own PR, of its owner");
+        let target = seen.lock().unwrap()[0].clone();
+        assert!(!target.contains(['#', ' ']), "{target}");
+        let q = target.split_once('?').unwrap().1;
+        let pairs: Vec<(String, String)> =
+            form_urlencoded::parse(q.as_bytes()).into_owned().collect();
+        assert_eq!(
+            pairs,
+            vec![
+                ("state".into(), "all".into()),
+                ("head".into(), format!("acme:{branch}"))
+            ]
+        );
+        // Pasted in unencoded (as issue 31 feared), the same name would
+        // have asked for `main`'s PR as well.
+        let pasted = format!("state=all&head=acme:{branch}");
+        let heads: Vec<String> =
+            form_urlencoded::parse(pasted.split('#').next().unwrap().as_bytes())
+                .filter(|(k, _)| k == "head")
+                .map(|(_, v)| v.into_owned())
+                .collect();
+        assert_eq!(heads, ["acme:x", "acme:main"]);
+        // A forge that ignores the filter and lists everything: still only #2.
+        let got = f.find_prs("acme", "demo", "*").await.unwrap();
+        assert!(got.is_empty(), "{got:?}");
     }
 }

@@ -22,6 +22,7 @@ pub mod service;
 mod service_tests;
 pub mod session_log;
 pub mod store;
+pub mod tree;
 pub mod wire;
 
 pub use config::{BrokerArgs, BrokerConfig};

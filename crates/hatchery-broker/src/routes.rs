@@ -38,32 +38,45 @@ pub fn operator_router(b: Arc<Broker>) -> Router {
         .with_state(b)
 }
 
+/// The sandbox the relay says the request came from (403
+/// `unknown_sandbox` without one).
+fn identity(headers: &HeaderMap) -> Result<String, BrokerError> {
+    Ok(headers
+        .get(IDENTITY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| BrokerError::UnknownSandbox("no sandbox identity on the request".into()))?
+        .to_string())
+}
+
 async fn invoke(
     State(b): State<Arc<Broker>>,
     headers: HeaderMap,
     body: Result<Json<InvokeRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<crate::wire::InvokeResult>, BrokerError> {
-    let sandbox = headers
-        .get(IDENTITY_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .filter(|s| !s.is_empty())
-        .ok_or_else(|| BrokerError::UnknownSandbox("no sandbox identity on the request".into()))?
-        .to_string();
+    let sandbox = identity(&headers)?;
     let Json(req) = body.map_err(|e| BrokerError::BadRequest(e.body_text()))?;
     Ok(Json(b.invoke(&sandbox, req).await?))
 }
 
 /// The tools an agent may ask for: the broker's own, then each MCP
 /// server's (what the server says about them is under `untrusted`: data
-/// for the agent, never policy), and the servers that are down.
-async fn tools(State(b): State<Arc<Broker>>) -> Json<serde_json::Value> {
+/// for the agent, never policy), and the servers that are down. Only a
+/// running session's sandbox is told (issue 31, finding 6: the names and
+/// descriptions of the operator's MCP servers are not for every sandbox
+/// on the host); the refusal is the same as `/v1/invoke`'s.
+async fn tools(
+    State(b): State<Arc<Broker>>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, BrokerError> {
+    b.caller(&identity(&headers)?).await?;
     let mut tools: Vec<serde_json::Value> = crate::wire::TOOLS
         .iter()
         .map(|t| serde_json::json!({"name": t, "server": null}))
         .collect();
     let (mcp, errors) = b.mcp().catalog().await;
     tools.extend(mcp);
-    Json(serde_json::json!({"tools": tools, "errors": errors}))
+    Ok(Json(serde_json::json!({"tools": tools, "errors": errors})))
 }
 
 /// One recorded broker call, as the operator sees it.

@@ -123,21 +123,17 @@ impl Broker {
         m.entry((session.to_string(), seq)).or_default().clone()
     }
 
-    /// One call from the sandbox `sandbox_id` (attached by the host side).
-    pub async fn invoke(
+    /// The session whose current sandbox `sandbox_id` is, if it may use
+    /// the broker now: a sandbox of no session (a plain or playground
+    /// one) is 403 `unknown_sandbox`, a replaced one 409 `fenced`, a
+    /// session still starting 503 (ask again), one that is not running
+    /// 409. Every guest route asks this
+    /// first (`routes.rs`), so nothing of the broker (not even its tool
+    /// list) answers a sandbox without a session.
+    pub async fn caller(
         &self,
         sandbox_id: &str,
-        req: InvokeRequest,
-    ) -> Result<InvokeResult, BrokerError> {
-        req.validate()?;
-        if let Some((server, _)) = crate::mcp::split_name(&req.tool) {
-            if self.cfg.mcp.server(server).is_none() {
-                let mut known: Vec<String> =
-                    crate::wire::TOOLS.iter().map(|t| t.to_string()).collect();
-                known.extend(self.cfg.mcp.names().iter().map(|n| format!("mcp.{n}.*")));
-                return Err(BrokerError::UnknownTool(req.tool.clone(), known.join(", ")));
-            }
-        }
+    ) -> Result<hatchery_sessions::store::Session, BrokerError> {
         let Some(session) = self.sessions.session_for_sandbox(sandbox_id).await? else {
             return Err(match self.store.known_epoch(sandbox_id).await? {
                 Some((s, e)) => BrokerError::Fenced(format!(
@@ -165,6 +161,25 @@ impl Broker {
                 session.id, session.state
             )));
         }
+        Ok(session)
+    }
+
+    /// One call from the sandbox `sandbox_id` (attached by the host side).
+    pub async fn invoke(
+        &self,
+        sandbox_id: &str,
+        req: InvokeRequest,
+    ) -> Result<InvokeResult, BrokerError> {
+        req.validate()?;
+        if let Some((server, _)) = crate::mcp::split_name(&req.tool) {
+            if self.cfg.mcp.server(server).is_none() {
+                let mut known: Vec<String> =
+                    crate::wire::TOOLS.iter().map(|t| t.to_string()).collect();
+                known.extend(self.cfg.mcp.names().iter().map(|n| format!("mcp.{n}.*")));
+                return Err(BrokerError::UnknownTool(req.tool.clone(), known.join(", ")));
+            }
+        }
+        let session = self.caller(sandbox_id).await?;
         let epoch = self.epoch(&session.id, sandbox_id).await?;
         let args = canonical(&req.args);
         let sha = hex(&Sha256::digest(
@@ -537,15 +552,21 @@ impl Broker {
             // The daemon's own API is not there yet (it is starting) or
             // the sandbox is busy: nothing happened; the agent asks again.
             Err(PlanError::Transient(e)) => return Err(BrokerError::Unavailable(e)),
-            Err(PlanError::Invalid(e)) => {
-                // Nothing happened outside; the call failed before its effect.
+            Err(e @ (PlanError::Invalid(_) | PlanError::Refused { .. })) => {
+                // Nothing happened outside; the call failed before its
+                // effect. Its `broker_call` and `broker_result` events
+                // (the latter with this output) are written by `invoke`.
+                let out = match e {
+                    PlanError::Refused { code, message } => json!({"error": message, "code": code}),
+                    PlanError::Invalid(e) | PlanError::Transient(e) => json!({"error": e}),
+                };
                 let c = self
                     .advance(
                         &call,
                         CallState::Pending,
                         CallState::Failed,
                         None,
-                        Some(json!({"error": e}).to_string()),
+                        Some(out.to_string()),
                     )
                     .await?;
                 return Ok(c);
@@ -729,6 +750,16 @@ impl Broker {
         if stream.len() as u64 > MAX_PUSH_TREE_BYTES * 2 {
             return Err("work tree stream too large".into());
         }
+        // Whatever wrote that file (the export script, or the agent in its
+        // place), only file and delete records are taken from it; the
+        // host writes the commit itself (issue 31, finding 2).
+        let tree = crate::tree::parse(&stream, MAX_PUSH_TREE_BYTES).map_err(|e| {
+            tracing::warn!(session = %s.id, seq = call.seq, error = %e, "git_push: the sandbox's tree stream was refused");
+            PlanError::Refused {
+                code: "tree_stream_refused",
+                message: format!("the work tree stream from the sandbox was refused: {e}"),
+            }
+        })?;
         // On top of the branch if it exists (each push of the session is
         // a fast-forward of the last), else on the session's base commit.
         let tip = git::remote_tip(&remote, &branch)
@@ -755,7 +786,7 @@ impl Broker {
             email: "session@hatchery.invalid",
             date,
         };
-        let prepared = git::prepare(&remote, &parent_ref, expect.as_deref(), &stream, &info)
+        let prepared = git::prepare(&remote, &parent_ref, expect.as_deref(), &tree, &info)
             .await
             .map_err(|e| e.to_string())?;
         let _ = self
@@ -1252,10 +1283,13 @@ async fn find_pr(
 }
 
 /// Why a call could not be planned: `Transient` leaves it pending (the
-/// answer is 503 and a retry plans again), `Invalid` fails it for good.
+/// answer is 503 and a retry plans again), `Invalid` fails it for good,
+/// `Refused` too, with a `code` in its output: the sandbox sent something
+/// the broker does not take (a tree stream outside the grammar).
 enum PlanError {
     Transient(String),
     Invalid(String),
+    Refused { code: &'static str, message: String },
 }
 
 impl From<String> for PlanError {

@@ -23,6 +23,7 @@ use std::time::Duration;
 struct Env {
     dir: tempfile::TempDir,
     sessions: Arc<hatchery_sessions::Sessions>,
+    store: Arc<dyn SessionStore>,
     fake: Arc<FakeSandboxes>,
     session: String,
     sandbox: String,
@@ -40,20 +41,18 @@ fn git_out(dir: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&o.stdout).trim().to_string()
 }
 
-/// What `export_tree.py` writes: the files under /workspace as the file
-/// part of a fast-import commit.
+/// What `export_tree.py` writes: the files under /workspace as a tree
+/// stream (`replace`, then one `file` record each).
 fn export(argv: &[String], files: &mut Files) -> Exec {
-    let mut out = b"deleteall\n".to_vec();
-    for (p, data) in files.iter() {
-        if let Some(rel) = p.strip_prefix("/workspace/") {
-            out.extend_from_slice(
-                format!("M 100644 inline \"{rel}\"\ndata {}\n", data.len()).as_bytes(),
-            );
-            out.extend_from_slice(data);
-            out.push(b'\n');
-        }
-    }
-    files.insert(argv[3].clone(), out);
+    let ws: Vec<(String, Vec<u8>)> = files
+        .iter()
+        .filter_map(|(p, d)| Some((p.strip_prefix("/workspace/")?.to_string(), d.clone())))
+        .collect();
+    let recs: Vec<(&str, &[u8], &[u8])> = ws
+        .iter()
+        .map(|(p, d)| ("100644", p.as_bytes(), d.as_slice()))
+        .collect();
+    files.insert(argv[3].clone(), crate::tree::tests::stream(&recs));
     Exec {
         exit_code: 0,
         stdout: String::new(),
@@ -126,6 +125,7 @@ impl Env {
         Env {
             dir,
             sessions,
+            store,
             fake,
             session,
             sandbox,
@@ -281,6 +281,64 @@ async fn an_export_that_fails_in_the_sandbox_fails_the_call_for_good() {
         .contains("work tree over 64 MiB"));
     assert_eq!(e.tip(), "");
     // Failed before any effect: the retry is the same answer, not a new try.
+    assert_eq!(b.invoke(&e.sandbox, e.push(1)).await.unwrap(), r);
+    assert_eq!(e.exports(), 1);
+}
+
+/// A tree stream that is not the grammar's (here the injection of issue
+/// 31: after a valid record, the sandbox opens its own commit with
+/// another author and merges history of its own) fails the call before
+/// anything reaches the remote, with a code the agent can read, and the
+/// refusal is in the session's log (`broker_call`, then `broker_result`
+/// with the reason).
+#[tokio::test]
+async fn a_tree_stream_that_opens_its_own_commit_is_refused_and_logged() {
+    let e = Env::new().await;
+    e.fake.on_exec(is_export, |argv, files| {
+        let mut s = crate::tree::tests::stream(&[("100644", b"app.py", b"x\n")]);
+        s.truncate(s.len() - b"end\n".len());
+        s.extend_from_slice(
+            b"commit refs/hatchery/push\nauthor Evil <e@x> 0 +0000\ncommitter Evil <e@x> 0 +0000\n\
+              data 5\nowned\nmerge :1\nend\n",
+        );
+        files.insert(argv[3].clone(), s);
+        Exec {
+            exit_code: 0,
+            stdout: String::new(),
+            stderr: String::new(),
+        }
+    });
+    let b = e.broker();
+    let r = b.invoke(&e.sandbox, e.push(1)).await.unwrap();
+    assert_eq!(r.status, "failed", "{:?}", r.output);
+    assert_eq!(r.output["code"], "tree_stream_refused", "{:?}", r.output);
+    let msg = r.output["error"].as_str().unwrap();
+    assert!(
+        msg.contains("`commit` at byte") && msg.contains("host writes the commit"),
+        "{msg}"
+    );
+    assert_eq!(e.tip(), "");
+    let c = b.store().get(&e.session, 1).await.unwrap().unwrap();
+    assert_eq!((c.state, c.effect), (CallState::Failed, None));
+    let evs = e.store.events(&e.session, 0, 10_000).await.unwrap();
+    let kinds: Vec<&str> = evs
+        .iter()
+        .map(|e| e.kind.type_name())
+        .filter(|k| k.starts_with("broker_"))
+        .collect();
+    assert_eq!(kinds, ["broker_call", "broker_result"]);
+    let logged = evs
+        .iter()
+        .find_map(|e| match &e.kind {
+            hatchery_sessions::events::EventKind::BrokerResult { status, output, .. } => {
+                Some((status.clone(), output.clone()))
+            }
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(logged.0, "failed");
+    assert!(logged.1.contains("tree_stream_refused"), "{}", logged.1);
+    // Refused for good: the retry is the same answer, no second export.
     assert_eq!(b.invoke(&e.sandbox, e.push(1)).await.unwrap(), r);
     assert_eq!(e.exports(), 1);
 }
@@ -456,4 +514,67 @@ async fn an_agent_retry_of_a_call_left_executing_is_resolved_not_run_again() {
     let r = next.invoke(&e.sandbox, e.push(3)).await.unwrap();
     assert_eq!(r.status, "done", "{:?}", r.output);
     assert_eq!(e.exports(), 1);
+}
+
+/// One HTTP/1.1 request to the guest router on its Unix socket; the
+/// status and the JSON body.
+async fn over_socket(
+    sock: &Path,
+    method: &str,
+    path: &str,
+    sandbox: Option<&str>,
+    body: &str,
+) -> (u16, serde_json::Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut c = tokio::net::UnixStream::connect(sock).await.unwrap();
+    let id = sandbox
+        .map(|s| format!("x-hatchery-sandbox: {s}\r\n"))
+        .unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: broker\r\n{id}content-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    c.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    c.read_to_end(&mut out).await.unwrap();
+    let text = String::from_utf8_lossy(&out);
+    let status = text[9..12].parse().unwrap();
+    let (_, body) = text.split_once("\r\n\r\n").unwrap();
+    (status, serde_json::from_str(body).unwrap_or_default())
+}
+
+/// `GET /v1/tools` answers only a running session's sandbox: without an
+/// identity, or from a sandbox of no session, it is refused exactly as
+/// `/v1/invoke` is (403 `unknown_sandbox`, the broker's error shape).
+#[tokio::test]
+async fn the_tool_list_needs_a_session_identity() {
+    let e = Env::new().await;
+    let b = e.broker();
+    let sock = e.dir.path().join("broker.sock");
+    tokio::spawn(crate::routes::serve_socket(b, sock.clone()));
+    for _ in 0..5000 {
+        if tokio::net::UnixStream::connect(&sock).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let call = serde_json::json!({"seq": 1, "tool": "noop", "args": {}}).to_string();
+    for who in [None, Some("sbx_of_no_session")] {
+        let (st, v) = over_socket(&sock, "GET", "/v1/tools", who, "").await;
+        assert_eq!(st, 403, "{who:?}: {v}");
+        assert_eq!(v["error"]["code"], "unknown_sandbox", "{who:?}: {v}");
+        assert!(v.get("tools").is_none(), "{v}");
+        let (ist, iv) = over_socket(&sock, "POST", "/v1/invoke", who, &call).await;
+        assert_eq!((ist, &iv["error"]["code"]), (st, &v["error"]["code"]));
+    }
+    let (st, v) = over_socket(&sock, "GET", "/v1/tools", Some(&e.sandbox), "").await;
+    assert_eq!(st, 200, "{v}");
+    let names: Vec<&str> = v["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(names.contains(&"git_push"), "{names:?}");
 }
