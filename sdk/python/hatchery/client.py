@@ -151,16 +151,7 @@ class Client:
             body = body.encode("utf-8")
         h = t._headers(headers) if auth else {"User-Agent": t._headers(None)["User-Agent"], **(headers or {})}
         conn = t._new_conn(t.timeout if timeout is None else timeout)
-        try:
-            conn.request(method, t._prefix + target, body=body, headers=h)
-            r = conn.getresponse()
-            return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
-        except socket.timeout as e:
-            raise errors.SandboxTimeout(f"no answer: {method} {target}") from e
-        except (OSError, http_client.HTTPException) as e:
-            raise errors.ConnectionFailed(f"{method} {target}: {e!r}") from e
-        finally:
-            conn.close()
+        return _exchange(conn, method, t._prefix + target, body, h, target)
 
     def preview_request(self, url: Union[str, PreviewUrl], method: str = "GET", path: str = "/", body: Optional[Union[str, bytes]] = None,
                         headers: Optional[Dict[str, str]] = None) -> Tuple[int, Dict[str, str], bytes]:
@@ -197,16 +188,7 @@ class Client:
         cls = http_client.HTTPSConnection if scheme == "https" else http_client.HTTPConnection
         conn = cls(netloc, timeout=self.transport.timeout)
         h = {"User-Agent": self.transport._headers(None)["User-Agent"], **(headers or {})}
-        try:
-            conn.request(method, target, body=body, headers=h)
-            r = conn.getresponse()
-            return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
-        except socket.timeout as e:
-            raise errors.SandboxTimeout(f"no answer: {method} {netloc}{target}") from e
-        except (OSError, http_client.HTTPException) as e:
-            raise errors.ConnectionFailed(f"{method} {netloc}{target}: {e!r}") from e
-        finally:
-            conn.close()
+        return _exchange(conn, method, target, body, h, netloc + target)
 
     def close(self) -> None:
         self.transport.close()
@@ -1265,3 +1247,19 @@ class Policies:
         c = client or default_client()
         return StoredPolicy.from_dict(c.call("GET", "/v1/policies/{id}/versions/{version}",
                                              params={"id": policy_id, "version": str(version)}).json())
+
+
+def _exchange(conn: http_client.HTTPConnection, method: str, target: str, body: Optional[bytes],
+              headers: Dict[str, str], what: str) -> Tuple[int, Dict[str, str], bytes]:
+    """One request on its own connection, closed after: (status, headers
+    with lower-case names, body); any status comes back, not raised."""
+    try:
+        conn.request(method, target, body=body, headers=headers)
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    except socket.timeout as e:
+        raise errors.SandboxTimeout(f"no answer: {method} {what}") from e
+    except (OSError, http_client.HTTPException) as e:
+        raise errors.ConnectionFailed(f"{method} {what}: {e!r}") from e
+    finally:
+        conn.close()
