@@ -454,6 +454,22 @@ pub(crate) mod tests {
         (remote, base)
     }
 
+    /// A scratch repository holding the remote's `main`, for tests that
+    /// run fast-import there by hand.
+    async fn scratch_with_main(remote: &Remote) -> Scratch {
+        let s = Scratch::new().await.unwrap();
+        s.git(
+            "fetch",
+            &["fetch", "-q", "--", &remote.url, "refs/heads/main"],
+            None,
+            None,
+            &[],
+        )
+        .await
+        .unwrap();
+        s
+    }
+
     const INFO: CommitInfo<'static> = CommitInfo {
         message: "Fix add()\n\nfrom the session",
         name: "Hatchery session",
@@ -588,16 +604,7 @@ pub(crate) mod tests {
              data 5\nowned\nfrom {base}\nmerge refs/hatchery/unrelated\n"
         );
         let guest = [prefix, injection.as_bytes()].concat();
-        let s = Scratch::new().await.unwrap();
-        s.git(
-            "fetch",
-            &["fetch", "-q", "--", &remote.url, "refs/heads/main"],
-            None,
-            None,
-            &[],
-        )
-        .await
-        .unwrap();
+        let s = scratch_with_main(&remote).await;
         let mut old = format!(
             "commit refs/hatchery/push\ncommitter H <h@x> 0 +0000\ndata 1\nm\nfrom {base}\n"
         )
@@ -711,16 +718,7 @@ pub(crate) mod tests {
     async fn a_foreign_commit_is_not_prepared() {
         let d = tempfile::tempdir().unwrap();
         let (remote, base) = remote_with_base(d.path());
-        let s = Scratch::new().await.unwrap();
-        s.git(
-            "fetch",
-            &["fetch", "-q", "--", &remote.url, "refs/heads/main"],
-            None,
-            None,
-            &[],
-        )
-        .await
-        .unwrap();
+        let s = scratch_with_main(&remote).await;
         let raw = stream(&[("100644", b"x", b"y")]);
         let t = crate::tree::parse(&raw, 100).unwrap();
         let good = fast_import_stream(&t, &INFO, &base);
