@@ -1,6 +1,8 @@
 """Test harness: starts a real hatcheryd on its own port and data dir, talks
 to it over HTTP, and checks that nothing of a sandbox is left on the host."""
 
+import contextlib
+import fcntl
 import glob
 import hashlib
 import http.client
@@ -125,11 +127,12 @@ def seed_images(data_dir, templates_dir):
     if not os.path.isdir(src):
         return set()
     names = set()
-    for name in os.listdir(src):
-        if name.startswith(".") or not _sealed(os.path.join(src, name)):
-            continue
-        shutil.copytree(os.path.join(src, name), os.path.join(data_dir, "images", name))
-        names.add(name)
+    with _cache_lock(src, fcntl.LOCK_SH):
+        for name in os.listdir(src):
+            if name.startswith(".") or not _sealed(os.path.join(src, name)):
+                continue
+            shutil.copytree(os.path.join(src, name), os.path.join(data_dir, "images", name))
+            names.add(name)
     return names
 
 
@@ -151,6 +154,16 @@ def keep_images(data_dir, templates_dir):
         _cache_put(src, dst, name, lambda old: not old.startswith(".") and old.rsplit("-", 1)[0] == template)
 
 
+@contextlib.contextmanager
+def _cache_lock(d, how):
+    """A cache directory's lock: readers copying entries out hold it
+    shared, `_cache_put` exclusive while it renames in and removes
+    superseded entries."""
+    with open(os.path.join(d, ".lock"), "a") as f:
+        fcntl.flock(f, how)
+        yield
+
+
 def _cache_put(src, dst, name, superseded):
     """Copies `src` into the cache as dst/name atomically (copied aside under
     dst, then renamed; a concurrent writer of the same name loses the
@@ -159,10 +172,13 @@ def _cache_put(src, dst, name, superseded):
     tmp = tempfile.mkdtemp(prefix=".in-", dir=dst)
     try:
         subprocess.run(["cp", "-a", src, os.path.join(tmp, name)], check=True)
-        os.rename(os.path.join(tmp, name), os.path.join(dst, name))
-        for old in os.listdir(dst):
-            if old != name and superseded(old):
-                shutil.rmtree(os.path.join(dst, old), ignore_errors=True)
+        # Not while a reader copies out of dst (the other lane's daemons):
+        # an entry removed under it failed a test's set-up once.
+        with _cache_lock(dst, fcntl.LOCK_EX):
+            os.rename(os.path.join(tmp, name), os.path.join(dst, name))
+            for old in os.listdir(dst):
+                if old != name and superseded(old):
+                    shutil.rmtree(os.path.join(dst, old), ignore_errors=True)
     except (OSError, subprocess.CalledProcessError):
         pass
     finally:
@@ -201,10 +217,11 @@ def seed_rootfs(templates_dir, name):
     src = os.path.join(CACHE, "rootfs", name)
     if not os.path.isdir(src):
         return
-    for r in os.listdir(src):
-        if r.startswith("rootfs-") and os.path.exists(os.path.join(src, r, ".complete")):
-            os.makedirs(os.path.join(templates_dir, name), exist_ok=True)
-            subprocess.run(["cp", "-a", os.path.join(src, r), os.path.join(templates_dir, name)], check=True)
+    with _cache_lock(src, fcntl.LOCK_SH):
+        for r in os.listdir(src):
+            if r.startswith("rootfs-") and os.path.exists(os.path.join(src, r, ".complete")):
+                os.makedirs(os.path.join(templates_dir, name), exist_ok=True)
+                subprocess.run(["cp", "-a", os.path.join(src, r), os.path.join(templates_dir, name)], check=True)
 
 
 def keep_rootfs(templates_dir, name):
