@@ -275,6 +275,9 @@ class Daemon:
     def __init__(self, extra_args=(), data_dir=None, templates_dir=None, netns=None, seed=True):
         # Short path: unix socket paths are capped at 107 bytes.
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="hxt-", dir="/tmp")
+        # A directory of its own goes when the daemon fails to start (no
+        # cleanup() follows then); one passed in is the caller's.
+        self.own_dir = data_dir is None
         self.port = free_port()
         # A network namespace of its own (tests/pg/hostnet.py HostNet): the
         # daemon runs in it and listens on its address.
@@ -304,6 +307,15 @@ class Daemon:
         self.seeded = set()
 
     def start(self):
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            if self.own_dir and not os.environ.get("HATCHERY_KEEP_DATA"):
+                shutil.rmtree(self.data_dir, ignore_errors=True)
+            raise
+
+    def _start(self):
         if self.seed and not os.path.exists(os.path.join(self.data_dir, "images")):
             self.seeded = seed_images(self.data_dir, self.templates_dir)
         env = dict(os.environ, HATCHERY_API_KEY=KEY, RUST_LOG="info")
