@@ -6,6 +6,11 @@ import os
 import signal
 import time
 
+import pytest
+
+# One daemon for the module's tests (tests/integration/conftest.py).
+SHARED_DAEMON = True
+
 
 def healthy(daemon, neighbour):
     assert daemon.request("GET", "/healthz", auth=False).status == 200
@@ -50,6 +55,7 @@ def test_fork_bombs(daemon):
     healthy(daemon, neighbour)
 
 
+@pytest.mark.fresh_daemon  # reads the absolute OOM counter
 def test_memory_hog_is_oom_killed_inside_its_ceiling(daemon):
     victim, neighbour = daemon.create(), daemon.create()
     r = daemon.exec(victim, argv=["python3", "-c", "x = []\nwhile True: x.append(bytearray(64 << 20))"],

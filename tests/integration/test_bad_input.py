@@ -3,7 +3,12 @@
 import os
 import urllib.parse
 
+import pytest
+
 from harness import wait_baked
+
+# One daemon for the module's tests (tests/integration/conftest.py).
+SHARED_DAEMON = True
 
 
 def count(daemon):

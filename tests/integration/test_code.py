@@ -7,6 +7,9 @@ import time
 
 import pytest
 
+# One daemon for the module's tests (tests/integration/conftest.py).
+SHARED_DAEMON = True
+
 
 def code(daemon, sid, src, **kw):
     r = daemon.request("POST", f"/v1/sandboxes/{sid}/code", dict(kw, code=src))

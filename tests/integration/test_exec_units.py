@@ -5,6 +5,11 @@ ends it, and the result says why it ended."""
 import concurrent.futures
 import time
 
+import pytest
+
+# One daemon for the module's tests (tests/integration/conftest.py).
+SHARED_DAEMON = True
+
 # Leaves its process group and session, clears its environment and double
 # forks: nothing but the unit (its in-guest cgroup) still ties these to the exec.
 ESCAPER = (

@@ -11,6 +11,9 @@ import pytest
 
 from harness import Daemon, KEY
 
+# One daemon for the module's tests (tests/integration/conftest.py).
+SHARED_DAEMON = True
+
 
 def files_url(sid, path_qs):
     return f"/v1/sandboxes/{sid}/files?path={path_qs}"

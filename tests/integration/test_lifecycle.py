@@ -1,7 +1,12 @@
 import json
 import time
 
+import pytest
+
 from harness import KEY
+
+# One daemon for the module's tests (tests/integration/conftest.py).
+SHARED_DAEMON = True
 
 
 def test_healthz_is_open_everything_else_needs_the_key(daemon):
@@ -131,6 +136,7 @@ def test_ttl_expiry_kills_and_cleans(daemon):
     daemon.wait_no_leftovers()
 
 
+@pytest.mark.fresh_daemon  # reads absolute counters
 def test_metrics_count_what_happened(daemon, sandbox):
     daemon.exec(sandbox, "true")
     daemon.exec(sandbox, "sleep 5", timeout_seconds=1)

@@ -18,6 +18,9 @@ import pytest
 from guest_servers import HTTP_ECHO, WS, WS_ECHO, start_guest_server, wait_relays_closed
 from harness import KEY, metric
 
+# One daemon for the module's tests (tests/integration/conftest.py).
+SHARED_DAEMON = True
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../playground"))
 
 
@@ -78,6 +81,7 @@ def test_http_through_the_ports_route(daemon, sandbox):
     wait_relays_closed(d)
 
 
+@pytest.mark.fresh_daemon  # reads an absolute rejection counter
 def test_bad_input_is_4xx_and_leaves_nothing(daemon, sandbox):
     d, sid = daemon, sandbox
     for bad in ("0", "65536", "99999", "-1", "http", "80x"):
@@ -207,6 +211,7 @@ def test_preview_urls_grant_one_port_until_expiry(daemon):
     wait_relays_closed(d)
 
 
+@pytest.mark.fresh_daemon  # restarts the daemon on its key
 def test_preview_key_is_per_daemon_0600_and_kept(daemon, sandbox):
     path = os.path.join(daemon.data_dir, "preview_key")
     assert os.stat(path).st_mode & 0o777 == 0o600
@@ -291,6 +296,7 @@ def test_websocket_echo_through_ports_and_preview(daemon, sandbox):
     wait_relays_closed(d)
 
 
+@pytest.mark.fresh_daemon  # reads the open-relay gauge
 def test_connections_per_sandbox_are_capped(daemon, sandbox):
     d, sid = daemon, sandbox
     start_guest_server(d, sid, "ws", WS_ECHO, 8765)

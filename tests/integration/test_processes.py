@@ -6,6 +6,9 @@ import time
 
 import pytest
 
+# One daemon for the module's tests (tests/integration/conftest.py).
+SHARED_DAEMON = True
+
 
 def start(daemon, sid, cmd, **kw):
     r = daemon.request("POST", f"/v1/sandboxes/{sid}/exec", dict(kw, cmd=cmd, background=True))

@@ -17,6 +17,9 @@ import pytest
 
 from harness import BIN_DIR, Daemon, metric, net_args, wait_for
 
+# One daemon for the module's tests (tests/integration/conftest.py).
+SHARED_DAEMON = True
+
 # The guest writes raw bytes into the agent's stdout (its channel to the
 # host), as root guest code can: the threat model's "through /proc/1/fd".
 WRITE_CHANNEL = ("python3 -c \"import os,sys; fd=os.open('/proc/1/fd/1', os.O_WRONLY);"

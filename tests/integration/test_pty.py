@@ -16,6 +16,9 @@ import pytest
 from harness import KEY, Daemon, metric
 from wsclient import Refused, Term, WebSocket
 
+# One daemon for the module's tests (tests/integration/conftest.py).
+SHARED_DAEMON = True
+
 AUTH = {"Authorization": f"Bearer {KEY}"}
 PROMPT = "root@sandbox:"
 
@@ -61,6 +64,7 @@ def wait_no_procs(daemon, sid, pattern, timeout=10):
         time.sleep(0.2)
 
 
+@pytest.mark.fresh_daemon  # reads absolute terminal counters
 def test_echo_round_trip_on_a_real_terminal(daemon, sandbox):
     t = shell(daemon, sandbox)
     out = run(t, "echo hi; tty; echo $TERM; ps -o stat= -p $$; pwd", PROMPT)
@@ -382,6 +386,7 @@ def restart(d):
     return Daemon(extra_args=d.extra_args, data_dir=d.data_dir).start()
 
 
+@pytest.mark.fresh_daemon  # stops the daemon
 def test_a_graceful_daemon_stop_ends_terminals_but_not_sandboxes(daemon, sandbox):
     t = shell(daemon, sandbox)
     run(t, "setsid sleep 337 & echo st''arted", "started\r\n")

@@ -9,6 +9,9 @@ import pytest
 
 from harness import Daemon, metric, wait_baked, wait_for
 
+# One daemon for the module's tests (tests/integration/conftest.py).
+SHARED_DAEMON = True
+
 
 def create(d, **kw):
     r = d.request("POST", "/v1/sandboxes", kw)
@@ -45,6 +48,7 @@ def test_pool_hands_out_fresh_sandboxes_and_refills(pooled):
     assert len(ids) == 5, "pooled sandboxes are not listed"
 
 
+@pytest.mark.fresh_daemon  # corrupts the daemon's template image
 def test_restore_then_cold_when_the_checkpoint_is_corrupt(daemon):
     wait_baked(daemon)
     baked = metric(daemon, "hatchery_template_images_baked_total")
