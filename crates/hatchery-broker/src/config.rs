@@ -97,6 +97,25 @@ pub struct BrokerArgs {
         env = "HATCHERY_BROKER_FOR_HOSTS"
     )]
     pub for_hosts: bool,
+    /// Broker calls (distinct seqs) one session may make; one more is
+    /// refused with 429 `session_call_cap`.
+    #[arg(id = "broker_session_max_calls", long = "broker-session-max-calls",
+          env = "HATCHERY_BROKER_SESSION_MAX_CALLS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub session_max_calls: u64,
+    /// New broker calls per session and minute (a burst of this many,
+    /// refilled evenly over the minute); over it 429 `session_call_rate`.
+    #[arg(id = "broker_session_calls_per_minute", long = "broker-session-calls-per-minute",
+          env = "HATCHERY_BROKER_SESSION_CALLS_PER_MINUTE", default_value_t = 120,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub session_calls_per_minute: u64,
+    /// Bytes of call arguments (canonical JSON) one session's calls may
+    /// store; a call that would go past it is refused with 429
+    /// `session_arg_bytes_cap`.
+    #[arg(id = "broker_session_max_arg_bytes", long = "broker-session-max-arg-bytes",
+          env = "HATCHERY_BROKER_SESSION_MAX_ARG_BYTES", default_value_t = 16 << 20,
+          value_parser = clap::value_parser!(u64).range(65_536..=(1 << 34)))]
+    pub session_max_arg_bytes: u64,
 }
 
 impl BrokerArgs {
@@ -120,6 +139,30 @@ pub struct BrokerConfig {
     pub github_token_file: Option<PathBuf>,
     /// The MCP servers (none without `--broker-mcp-config`).
     pub mcp: Arc<McpHub>,
+    /// What one session's calls may store (docs/sessions.md, "Caps").
+    pub caps: SessionCallCaps,
+}
+
+/// Per-session caps on broker calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionCallCaps {
+    pub max_calls: u64,
+    pub calls_per_minute: u64,
+    pub max_arg_bytes: u64,
+    /// Calls waiting for an approval at once (the daemon sets it from
+    /// `--sessions-max-open-approvals`).
+    pub max_open_approvals: u64,
+}
+
+impl Default for SessionCallCaps {
+    fn default() -> Self {
+        SessionCallCaps {
+            max_calls: 1000,
+            calls_per_minute: 120,
+            max_arg_bytes: 16 << 20,
+            max_open_approvals: 8,
+        }
+    }
 }
 
 impl std::fmt::Debug for McpHub {
@@ -158,6 +201,12 @@ impl TryFrom<&BrokerArgs> for BrokerConfig {
                 Some(p) => McpHub::from_file(p)?,
                 None => McpHub::default(),
             }),
+            caps: SessionCallCaps {
+                max_calls: a.session_max_calls,
+                calls_per_minute: a.session_calls_per_minute,
+                max_arg_bytes: a.session_max_arg_bytes,
+                ..SessionCallCaps::default()
+            },
         })
     }
 }
@@ -198,6 +247,9 @@ mod tests {
             mcp_config: None,
             control_url: None,
             for_hosts: false,
+            session_max_calls: 1000,
+            session_calls_per_minute: 120,
+            session_max_arg_bytes: 16 << 20,
         };
         assert!(a.holds_credentials());
         assert!(!BrokerArgs {

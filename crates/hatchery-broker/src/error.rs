@@ -34,6 +34,14 @@ pub enum BrokerError {
     /// starting); nothing was done, ask again.
     #[error("try again: {0}")]
     Unavailable(String),
+    /// A per-session cap (docs/sessions.md, "Caps"): nothing was
+    /// recorded for the call. `retry_after` for the rate cap.
+    #[error("{message}")]
+    SessionCap {
+        code: &'static str,
+        message: String,
+        retry_after: Option<u64>,
+    },
     #[error("{0}")]
     Internal(String),
 }
@@ -78,6 +86,7 @@ impl BrokerError {
             BrokerError::NotNeedsReview(_) => (S::CONFLICT, "not_needs_review"),
             BrokerError::PolicyUnavailable(..) => (S::SERVICE_UNAVAILABLE, "policy_unavailable"),
             BrokerError::Unavailable(_) => (S::SERVICE_UNAVAILABLE, "unavailable"),
+            BrokerError::SessionCap { code, .. } => (S::TOO_MANY_REQUESTS, code),
             BrokerError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
@@ -86,6 +95,10 @@ impl BrokerError {
 impl IntoResponse for BrokerError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_code();
+        let retry_after = match &self {
+            BrokerError::SessionCap { retry_after, .. } => *retry_after,
+            _ => None,
+        };
         let message = if status == StatusCode::INTERNAL_SERVER_ERROR {
             let request_id = format!("req_{:016x}", rand_u64());
             tracing::error!(%request_id, error = %self, "broker failed");
@@ -93,11 +106,16 @@ impl IntoResponse for BrokerError {
         } else {
             self.to_string()
         };
-        (
+        let mut r = (
             status,
             Json(serde_json::json!({"error": {"code": code, "message": message}})),
         )
-            .into_response()
+            .into_response();
+        if let Some(s) = retry_after {
+            r.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, s.into());
+        }
+        r
     }
 }
 

@@ -5,6 +5,7 @@
 //! with a credential only the host holds, and answered from the record on
 //! every retry. docs/sessions.md, "Tool broker", has the wire shape.
 
+pub mod caps;
 pub mod catalog;
 pub mod config;
 pub mod error;

@@ -7,11 +7,21 @@ pub struct BrokerMetrics {
     pub policy_seconds: prometheus::Histogram,
     pub effect_seconds: HistogramVec,
     pub mcp_calls: IntCounterVec,
+    /// Calls refused at a per-session cap, by cap.
+    pub caps_hit: IntCounterVec,
 }
 
 impl BrokerMetrics {
     pub fn new() -> Self {
         BrokerMetrics {
+            caps_hit: IntCounterVec::new(
+                Opts::new(
+                    "hatchery_broker_session_caps_hit_total",
+                    "Broker calls refused at a per-session cap (session_call_cap, session_call_rate, session_arg_bytes_cap, session_approval_cap)",
+                ),
+                &["cap"],
+            )
+            .expect("metric"),
             calls: IntCounterVec::new(
                 Opts::new(
                     "hatchery_broker_calls_total",
@@ -49,6 +59,7 @@ impl BrokerMetrics {
         r.register(Box::new(self.policy_seconds.clone()))?;
         r.register(Box::new(self.effect_seconds.clone()))?;
         r.register(Box::new(self.mcp_calls.clone()))?;
+        r.register(Box::new(self.caps_hit.clone()))?;
         Ok(())
     }
 }

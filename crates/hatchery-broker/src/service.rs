@@ -52,6 +52,24 @@ pub struct Broker {
     pub(crate) metrics: crate::metrics::BrokerMetrics,
     /// This process, as recorded on the calls it takes into `executing`.
     runner: crate::runner::Runner,
+    /// Per-session caps (caps.rs): one lock per session around the check
+    /// and the new call's row, so N concurrent calls cannot all pass a
+    /// cap that has room for one; the rate's buckets; and which caps have
+    /// had their event written (once per cap, session and process).
+    session_locks: Mutex<HashMap<String, KeyLock>>,
+    rates: crate::caps::RateBuckets,
+    capped: Mutex<std::collections::HashSet<(String, &'static str)>>,
+}
+
+#[async_trait::async_trait]
+impl hatchery_sessions::broker_hooks::BrokerUsage for Broker {
+    async fn usage(&self, session: &str) -> Option<(u64, u64)> {
+        self.store
+            .usage(session)
+            .await
+            .ok()
+            .map(|u| (u.calls, u.arg_bytes))
+    }
 }
 
 /// The branch a session owns; `pol_standard` lets it push there.
@@ -76,11 +94,14 @@ impl Broker {
             sessions,
             policies,
             sandboxes,
-            cfg,
             keys: Mutex::new(HashMap::new()),
             epochs: Mutex::new(HashMap::new()),
             metrics: crate::metrics::BrokerMetrics::new(),
             runner: crate::runner::Runner::new(),
+            session_locks: Mutex::new(HashMap::new()),
+            rates: crate::caps::RateBuckets::new(cfg.caps.calls_per_minute),
+            capped: Mutex::new(std::collections::HashSet::new()),
+            cfg,
         })
     }
 
@@ -121,6 +142,79 @@ impl Broker {
             m.retain(|_, l| Arc::strong_count(l) > 1);
         }
         m.entry((session.to_string(), seq)).or_default().clone()
+    }
+
+    fn session_lock(&self, session: &str) -> KeyLock {
+        let mut m = self.session_locks.lock().unwrap_or_else(|p| p.into_inner());
+        if m.len() > 10_000 {
+            m.retain(|_, l| Arc::strong_count(l) > 1);
+        }
+        m.entry(session.to_string()).or_default().clone()
+    }
+
+    /// A refusal at a per-session cap: counted, its event written once
+    /// (per cap, session and process: a refused call is what a looping
+    /// agent repeats, and each refusal writing an event would be the
+    /// unbounded storage the cap is there to stop), logged rate-limited
+    /// the same way, and answered 429.
+    async fn refuse(&self, session: &str, r: crate::caps::Refusal) -> BrokerError {
+        self.metrics.caps_hit.with_label_values(&[r.code]).inc();
+        let first = {
+            let mut m = self.capped.lock().unwrap_or_else(|p| p.into_inner());
+            if m.len() > 100_000 {
+                m.clear();
+            }
+            m.insert((session.to_string(), r.code))
+        };
+        if first {
+            tracing::warn!(
+                session,
+                cap = r.code,
+                "broker call refused at a per-session cap"
+            );
+            let ev = EventKind::OutputCapped {
+                cap: r.code.to_string(),
+                limit: r.limit,
+                message: r.message.clone(),
+            };
+            if let Err(e) = self.sessions.record(session, vec![ev]).await {
+                tracing::warn!(session, error = %e, "cap event not written");
+            }
+        }
+        BrokerError::SessionCap {
+            code: r.code,
+            message: r.message,
+            retry_after: r.retry_after,
+        }
+    }
+
+    /// The count, argument-bytes and rate caps for a new call of
+    /// `arg_bytes`; then, once the policy asked for an approval, the
+    /// approval cap (`decided`). Called under the session's lock.
+    async fn check_caps(
+        &self,
+        session: &str,
+        arg_bytes: u64,
+        decided: Option<&Call>,
+    ) -> Result<(), BrokerError> {
+        let u = self.store.usage(session).await?;
+        let r = match decided {
+            None => crate::caps::check_stored(&self.cfg.caps, &u, arg_bytes)
+                .and_then(|()| self.rates.take(session, std::time::Instant::now())),
+            Some(c) if c.state == CallState::AwaitingApproval => {
+                crate::caps::check_approvals(&self.cfg.caps, &u)
+            }
+            Some(_) => Ok(()),
+        };
+        match r {
+            Ok(()) => Ok(()),
+            Err(r) => Err(self.refuse(session, r).await),
+        }
+    }
+
+    /// What a session's calls hold in the record, for its view.
+    pub async fn usage(&self, session: &str) -> Result<crate::store::CallUsage, BrokerError> {
+        Ok(self.store.usage(session).await?)
     }
 
     /// The session whose current sandbox `sandbox_id` is, if it may use
@@ -249,8 +343,15 @@ impl Broker {
                 self.begin(c).await?
             }
             (None, None) => {
+                // A new call: within the session's caps, or nothing of it
+                // is recorded (429).
+                let session_lock = self.session_lock(&session.id);
+                let _session_held = session_lock.lock().await;
+                self.check_caps(&session.id, args.len() as u64, None)
+                    .await?;
                 let mut c = Call::new(&session.id, req.seq, epoch, &req.tool, args.clone(), sha);
                 self.decide(&session, &req, &mut c).await?;
+                self.check_caps(&session.id, 0, Some(&c)).await?;
                 if c.state == CallState::Pending && c.tool == "noop" {
                     // No effect at all: its events, then its row, already
                     // done (one broker commit; a crash in between can only

@@ -152,6 +152,7 @@ impl Env {
                 github_api: None,
                 github_token_file: None,
                 mcp: Arc::new(crate::mcp::McpHub::new(vec![])),
+                caps: Default::default(),
             },
         )
     }

@@ -26,6 +26,13 @@ pub struct LoggedCall {
     pub result: Option<(u64, String, String)>,
 }
 
+/// The broker's record of a session's calls, for the session's view:
+/// (calls, stored argument bytes); None when it cannot tell now.
+#[async_trait::async_trait]
+pub trait BrokerUsage: Send + Sync + 'static {
+    async fn usage(&self, session: &str) -> Option<(u64, u64)>;
+}
+
 /// How an approval was decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {

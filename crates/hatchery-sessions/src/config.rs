@@ -83,6 +83,36 @@ pub struct SessionArgs {
         env = "HATCHERY_SESSIONS_GIT_CREDENTIAL_FILE"
     )]
     pub git_credential_file: Option<PathBuf>,
+    /// Largest repository checkout (work tree and `.git`, as a tar); also
+    /// the largest file and the largest sum of blobs the fetch accepts.
+    #[arg(long = "sessions-max-repo-bytes", env = "HATCHERY_SESSIONS_MAX_REPO_BYTES",
+          default_value_t = 64 << 20, value_parser = clap::value_parser!(u64).range(4096..=(1 << 30)))]
+    pub max_repo_bytes: u64,
+    /// Most paths in a fetched repository's tree.
+    #[arg(long = "sessions-max-repo-files", env = "HATCHERY_SESSIONS_MAX_REPO_FILES",
+          default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    pub max_repo_files: u64,
+    /// Bytes of agent output (events and blobs) one session may store;
+    /// past it the output is cut with one `output_capped` event and the
+    /// rest dropped (counted).
+    #[arg(long = "sessions-max-output-bytes", env = "HATCHERY_SESSIONS_MAX_OUTPUT_BYTES",
+          default_value_t = 64 << 20, value_parser = clap::value_parser!(u64).range(65_536..=(1 << 34)))]
+    pub max_output_bytes: u64,
+    /// Agent output lines a session may store per second (after a burst
+    /// of ten seconds' worth); lines over it are dropped and counted.
+    #[arg(long = "sessions-max-output-lines-per-second", env = "HATCHERY_SESSIONS_MAX_OUTPUT_LINES_PER_SECOND",
+          default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub max_output_lines_per_s: u64,
+    /// Largest blob (the whole text of one long field) an agent event
+    /// keeps; longer text is cut to it.
+    #[arg(long = "sessions-max-blob-bytes", env = "HATCHERY_SESSIONS_MAX_BLOB_BYTES",
+          default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(4096..=(1 << 20)))]
+    pub max_blob_bytes: u64,
+    /// Approvals a session may have open at once (its agent's and its
+    /// broker calls'); one more is refused.
+    #[arg(long = "sessions-max-open-approvals", env = "HATCHERY_SESSIONS_MAX_OPEN_APPROVALS",
+          default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub max_open_approvals: u64,
 }
 
 /// The same settings, as the crate uses them.
@@ -99,8 +129,38 @@ pub struct SessionsConfig {
     pub model_url: String,
     pub model: String,
     pub git_credential_file: Option<PathBuf>,
-    /// Largest repository checkout (as a tar) moved into a sandbox.
-    pub max_repo_bytes: u64,
+    /// What one repository fetch may use (repo.rs).
+    pub fetch: crate::repo::FetchLimits,
+    /// Where fetches work (a directory each, removed after): the daemon
+    /// sets DATA_DIR/repo-fetch.
+    pub fetch_root: PathBuf,
+    /// The per-session caps on what the agent's output stores.
+    pub output: OutputCaps,
+    pub max_open_approvals: u64,
+}
+
+/// What a session's agent output may store (docs/sessions.md, "Caps").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutputCaps {
+    /// Bytes of agent events (their stored JSON) and blobs, per session.
+    pub max_bytes: u64,
+    /// Lines per second, sustained.
+    pub lines_per_s: u64,
+    /// Lines at once before the rate applies.
+    pub burst: u64,
+    /// Largest blob of one field.
+    pub max_blob_bytes: usize,
+}
+
+impl Default for OutputCaps {
+    fn default() -> Self {
+        OutputCaps {
+            max_bytes: 64 << 20,
+            lines_per_s: 100,
+            burst: 1000,
+            max_blob_bytes: crate::events::MAX_BLOB_BYTES,
+        }
+    }
 }
 
 impl From<&SessionArgs> for SessionsConfig {
@@ -118,7 +178,15 @@ impl From<&SessionArgs> for SessionsConfig {
             model_url: a.model_url.clone(),
             model: a.model.clone(),
             git_credential_file: a.git_credential_file.clone(),
-            max_repo_bytes: 64 << 20,
+            fetch: crate::repo::FetchLimits::for_bytes(a.max_repo_bytes, a.max_repo_files),
+            fetch_root: std::env::temp_dir().join("hatchery-repo-fetch"),
+            output: OutputCaps {
+                max_bytes: a.max_output_bytes,
+                lines_per_s: a.max_output_lines_per_s,
+                burst: a.max_output_lines_per_s.saturating_mul(10),
+                max_blob_bytes: a.max_blob_bytes as usize,
+            },
+            max_open_approvals: a.max_open_approvals,
         }
     }
 }
@@ -137,7 +205,10 @@ impl Default for SessionsConfig {
             model_url: "http://127.0.0.1:9100/v1".into(),
             model: "default".into(),
             git_credential_file: None,
-            max_repo_bytes: 64 << 20,
+            fetch: crate::repo::FetchLimits::default(),
+            fetch_root: std::env::temp_dir().join("hatchery-repo-fetch"),
+            output: OutputCaps::default(),
+            max_open_approvals: 8,
         }
     }
 }

@@ -343,6 +343,16 @@ pub enum EventKind {
         epoch: u64,
         reason: String,
     },
+    /// A per-session cap was reached (docs/sessions.md, "Caps"): written
+    /// once per cap and session. `output_bytes`: the agent's output is
+    /// dropped from here on; `output_rate`: lines over the rate are
+    /// dropped from here on (counted in metrics); `open_approvals`: an
+    /// approval the agent asked for was refused.
+    OutputCapped {
+        cap: String,
+        limit: u64,
+        message: String,
+    },
     /// A line the agent printed that was not a valid protocol message
     /// (kept, capped, so nothing it says is lost).
     AgentOutput {
@@ -397,6 +407,7 @@ impl EventKind {
             EventKind::EgressSuppressed { .. } => "egress_suppressed",
             EventKind::PolicyMoved { .. } => "policy_moved",
             EventKind::HostChanged { .. } => "host_changed",
+            EventKind::OutputCapped { .. } => "output_capped",
         }
     }
 
@@ -456,6 +467,47 @@ pub(crate) type LargeField<'a> = (
     Option<&'a mut Option<String>>,
     Option<&'a mut bool>,
 );
+
+/// What `kind` takes in the store once appended: its JSON after the
+/// large fields are cut (as the store cuts them) plus the blobs kept for
+/// them, each at most `max_blob` bytes.
+pub fn stored_bytes(kind: &EventKind, max_blob: usize) -> u64 {
+    let mut k = kind.clone();
+    let mut blobs = 0u64;
+    for (text, slot, _) in k.large_fields() {
+        if text.len() <= INLINE_TEXT_BYTES {
+            continue;
+        }
+        if slot.is_some() {
+            blobs += cut(text, max_blob.min(MAX_BLOB_BYTES)).len() as u64;
+            // The ref the store writes ("b<seq>.<i>") is about this long.
+            if let Some(s) = slot {
+                *s = Some("b0000000000.0".into());
+            }
+        }
+        *text = cut(text, INLINE_TEXT_BYTES).to_string();
+    }
+    let json = serde_json::to_string(&k).map(|j| j.len()).unwrap_or(0) as u64;
+    json + blobs
+}
+
+/// Cuts every large field of `kind` that keeps a blob to `max_blob`
+/// bytes (the per-session blob cap, below the store's own maximum); true
+/// if anything was cut.
+pub fn cap_blobs(kind: &mut EventKind, max_blob: usize) -> bool {
+    let mut cut_any = false;
+    for (text, slot, truncated) in kind.large_fields() {
+        if slot.is_some() && text.len() > max_blob {
+            let keep = cut(text, max_blob).len();
+            text.truncate(keep);
+            if let Some(t) = truncated {
+                *t = true;
+            }
+            cut_any = true;
+        }
+    }
+    cut_any
+}
 
 /// A stored event.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]

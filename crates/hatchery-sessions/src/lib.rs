@@ -8,6 +8,7 @@ pub mod agent_proto;
 pub mod broker_events;
 pub mod broker_hooks;
 pub mod bus;
+pub mod caps;
 pub mod client_sandboxes;
 pub mod config;
 pub mod error;

@@ -13,6 +13,11 @@ pub struct SessionMetrics {
     pub resume_seconds: Histogram,
     pub checkpoint_seconds: Histogram,
     pub start_seconds: Histogram,
+    /// Per-session caps reached (docs/sessions.md, "Caps"), by cap.
+    pub caps_hit: IntCounterVec,
+    /// Agent output lines and bytes not stored because of a cap.
+    pub output_dropped_lines: IntCounterVec,
+    pub output_dropped_bytes: IntCounterVec,
 }
 
 impl SessionMetrics {
@@ -22,6 +27,30 @@ impl SessionMetrics {
         ];
         let slow = vec![0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
         SessionMetrics {
+            caps_hit: IntCounterVec::new(
+                Opts::new(
+                    "hatchery_sessions_caps_hit_total",
+                    "Per-session caps reached: output_bytes, output_rate, output_blob, open_approvals, repo_bytes, repo_disk, repo_files, repo_timeout",
+                ),
+                &["cap"],
+            )
+            .expect("metric"),
+            output_dropped_lines: IntCounterVec::new(
+                Opts::new(
+                    "hatchery_sessions_output_dropped_lines_total",
+                    "Agent output lines not stored, by the cap that dropped them",
+                ),
+                &["cap"],
+            )
+            .expect("metric"),
+            output_dropped_bytes: IntCounterVec::new(
+                Opts::new(
+                    "hatchery_sessions_output_dropped_bytes_total",
+                    "Agent output bytes not stored, by the cap that dropped them",
+                ),
+                &["cap"],
+            )
+            .expect("metric"),
             created: IntCounter::new("hatchery_sessions_created_total", "Sessions created")
                 .expect("metric"),
             messages: IntCounter::new(
@@ -92,6 +121,9 @@ impl SessionMetrics {
         r.register(Box::new(self.resume_seconds.clone()))?;
         r.register(Box::new(self.start_seconds.clone()))?;
         r.register(Box::new(self.checkpoint_seconds.clone()))?;
+        r.register(Box::new(self.caps_hit.clone()))?;
+        r.register(Box::new(self.output_dropped_lines.clone()))?;
+        r.register(Box::new(self.output_dropped_bytes.clone()))?;
         Ok(())
     }
 }

@@ -122,6 +122,35 @@ pub struct SessionView {
     pub review_snapshot_id: Option<String>,
     /// Seq of the newest event.
     pub last_seq: u64,
+    /// What the session holds in the store (`GET /v1/sessions/{id}`
+    /// only; absent in lists, where it would cost a scan per session).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub storage: Option<StorageView>,
+}
+
+/// A session's storage use, against its caps (docs/sessions.md, "Caps").
+#[derive(Debug, Serialize, ToSchema)]
+pub struct StorageView {
+    /// Events in its log, and the bytes of their stored JSON.
+    pub events: u64,
+    pub event_bytes: u64,
+    /// Blobs (the whole text of cut fields), and their bytes.
+    pub blobs: u64,
+    pub blob_bytes: u64,
+    /// What counts against `--sessions-max-output-bytes`: the agent's
+    /// events and the blobs.
+    pub output_bytes: u64,
+    pub max_output_bytes: u64,
+    /// Approvals open now.
+    pub open_approvals: u64,
+    /// Broker calls recorded, and the bytes of their stored arguments
+    /// (null when this daemon does not run the session's broker).
+    pub broker_calls: Option<u64>,
+    pub broker_arg_bytes: Option<u64>,
+    /// The caps the session has reached (`output_bytes`, `output_rate`,
+    /// `open_approvals`, `session_call_cap`, ...), from its
+    /// `output_capped` events.
+    pub caps_reached: Vec<String>,
 }
 
 pub(crate) fn wall_s(s: &Session) -> u64 {
@@ -172,6 +201,7 @@ impl SessionView {
             snapshot_id: s.snapshot_id,
             review_snapshot_id: s.review_snapshot_id,
             last_seq: s.last_seq,
+            storage: None,
         }
     }
 }

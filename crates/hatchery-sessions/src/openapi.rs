@@ -37,6 +37,7 @@ use utoipa::OpenApi;
         SessionView,
         SessionList,
         Spend,
+        StorageView,
         EventPage,
         Event,
         EventKind,

@@ -275,6 +275,15 @@ async fn queued(
     Ok(())
 }
 
+fn cap_label(c: &str) -> &'static str {
+    match c {
+        "disk" => "repo_disk",
+        "files" => "repo_files",
+        "timeout" => "repo_timeout",
+        _ => "repo_bytes",
+    }
+}
+
 /// Sandbox, checkout, agent; then running.
 async fn start(svc: &Arc<Sessions>, s: &Session) -> R<()> {
     let id = &s.id;
@@ -338,10 +347,19 @@ async fn start(svc: &Arc<Sessions>, s: &Session) -> R<()> {
         &s.spec.repo,
         &s.spec.git_ref,
         cred.as_deref(),
-        svc.cfg.max_repo_bytes,
+        svc.cfg.fetch,
+        &svc.cfg.fetch_root,
     )
     .await
-    .map_err(|e| fail("repo_fetch_failed", e.to_string()))?;
+    .map_err(|e| {
+        if let Some(cap) = e.cap() {
+            svc.metrics
+                .caps_hit
+                .with_label_values(&[cap_label(cap)])
+                .inc();
+        }
+        fail("repo_fetch_failed", e.to_string())
+    })?;
     let bytes = co.tar.len() as u64;
     // The tar stays as the base the final diff is made against.
     svc.sandboxes
@@ -510,6 +528,9 @@ async fn attached(
         Err(e) => return lost_or(svc, &id, &sbx, e.into()).await,
     };
     let mut lines = LineSplitter::default();
+    // What the session stored before (a restart, a resume) counts.
+    let usage = svc.store.usage(&id).await?;
+    let mut guard = crate::caps::OutputGuard::new(svc.cfg.output, &usage, Instant::now());
     let mut waiting_since: Option<tokio::time::Instant> =
         s.waiting.as_ref().map(|_| tokio::time::Instant::now());
     if s.state == S::WaitingApproval {
@@ -531,7 +552,7 @@ async fn attached(
             item = stream.next() => match item {
                 Some(Ok(OutputItem::Chunk { stdout: true, offset: o, data })) => {
                     for (line, end) in lines.feed(o, &data) {
-                        match handle_line(svc, &id, &sbx, &pid, &line, end, replay_through).await? {
+                        match handle_line(svc, &id, (&sbx, &pid), &line, end, replay_through, &mut guard).await? {
                             Effect::Waiting(_) => waiting_since = Some(tokio::time::Instant::now()),
                             Effect::ApprovalRequest { .. } => waiting_since = Some(tokio::time::Instant::now()),
                             Effect::Busy => waiting_since = None,
@@ -602,11 +623,11 @@ async fn sleep_opt(at: Option<tokio::time::Instant>) {
 async fn handle_line(
     svc: &Arc<Sessions>,
     id: &str,
-    sbx: &str,
-    pid: &str,
+    (sbx, pid): (&str, &str),
     line: &[u8],
     end: u64,
     replay_through: u64,
+    guard: &mut crate::caps::OutputGuard,
 ) -> R<Effect> {
     let mut p = agent_proto::parse(line);
     if p.n.is_some_and(|n| n <= replay_through) {
@@ -627,6 +648,66 @@ async fn handle_line(
             }
         }
         return Ok(Effect::None);
+    }
+    match guard.check(&mut p.event, p.wants_ack, Instant::now()) {
+        crate::caps::Verdict::Keep { blob_cut } => {
+            if blob_cut {
+                svc.metrics
+                    .caps_hit
+                    .with_label_values(&[crate::caps::CAP_BLOB])
+                    .inc();
+            }
+        }
+        crate::caps::Verdict::Drop { cap, marker, bytes } => {
+            svc.metrics
+                .output_dropped_lines
+                .with_label_values(&[cap])
+                .inc();
+            svc.metrics
+                .output_dropped_bytes
+                .with_label_values(&[cap])
+                .inc_by(bytes);
+            let events: Vec<_> = marker.into_iter().map(|m| (Actor::System, m)).collect();
+            if !events.is_empty() {
+                svc.metrics.caps_hit.with_label_values(&[cap]).inc();
+                tracing::warn!(session = %id, cap, "session output cap reached; further output is dropped");
+            }
+            // The offset moves past the line (and `n` is marked handled),
+            // so neither a re-read nor a restart brings it back.
+            if let Some(evs) = svc
+                .store
+                .append_agent(id, end, p.n, events, Patch::default())
+                .await?
+            {
+                svc.bus.publish(id, &evs);
+            }
+            if p.wants_ack {
+                // Only the byte cap drops a line that waits for its ack:
+                // acking it unrecorded would break "the event is in the
+                // log before the effect", and not acking leaves the agent
+                // waiting until the wall budget ends. The session ends.
+                return Err(fail(
+                    "output_capped",
+                    format!(
+                        "the agent's output reached the session's cap of {} stored bytes and it asked to act again",
+                        svc.cfg.output.max_bytes
+                    ),
+                ));
+            }
+            return Ok(Effect::None);
+        }
+    }
+    if let Effect::ApprovalRequest { .. } = &p.effect {
+        if refuse_approval(svc, id, &p, end).await? {
+            if let (true, Some(n)) = (p.wants_ack, p.n) {
+                svc.sandboxes
+                    .write_stdin(sbx, pid, agent_proto::ack(n))
+                    .await?;
+            }
+            // The denial goes to the agent like any decision.
+            deliver(svc, id, sbx, pid).await?;
+            return Ok(Effect::None);
+        }
     }
     if svc.hooks().meters_spend() {
         // The gateway records what calls cost; the agent's word is not spend.
@@ -689,6 +770,65 @@ async fn handle_line(
         to_state(svc, id, S::WaitingApproval, None, vec![], Patch::default()).await?;
     }
     Ok(p.effect)
+}
+
+/// An approval the agent asks for while the session already has
+/// `max_open_approvals` open is refused: its request is logged with a
+/// system denial right after it (which the agent gets like any decision),
+/// no approval row is opened and the session does not wait. The first
+/// refusal writes the `output_capped {cap: "open_approvals"}` marker.
+async fn refuse_approval(
+    svc: &Arc<Sessions>,
+    id: &str,
+    p: &agent_proto::Parsed,
+    end: u64,
+) -> R<bool> {
+    let max = svc.cfg.max_open_approvals;
+    let usage = svc.store.usage(id).await?;
+    if usage.open_approvals < max {
+        return Ok(false);
+    }
+    let aid = approval_id(id, p.n.unwrap_or(end));
+    let mut request = p.event.clone();
+    if let EventKind::ApprovalRequested { approval_id, .. } = &mut request {
+        *approval_id = aid.clone();
+    }
+    let mut events = vec![
+        (Actor::Agent, request),
+        (
+            Actor::System,
+            EventKind::ApprovalDecided {
+                approval_id: aid,
+                decision: "deny".into(),
+                note: format!(
+                    "refused: the session has {} approvals open, its cap (session_approval_cap)",
+                    usage.open_approvals
+                ),
+            },
+        ),
+    ];
+    if !usage.capped.iter().any(|c| c == crate::caps::CAP_APPROVALS) {
+        events.push((
+            Actor::System,
+            EventKind::OutputCapped {
+                cap: crate::caps::CAP_APPROVALS.into(),
+                limit: max,
+                message: format!("the agent asked for an approval with {max} open; it was denied"),
+            },
+        ));
+    }
+    svc.metrics
+        .caps_hit
+        .with_label_values(&[crate::caps::CAP_APPROVALS])
+        .inc();
+    if let Some(evs) = svc
+        .store
+        .append_agent(id, end, p.n, events, Patch::default())
+        .await?
+    {
+        svc.bus.publish(id, &evs);
+    }
+    Ok(true)
 }
 
 fn approval_id(session: &str, n: u64) -> String {

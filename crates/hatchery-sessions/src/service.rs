@@ -37,6 +37,9 @@ pub struct Sessions {
     pub(crate) hooks: std::sync::RwLock<Arc<dyn crate::hooks::SessionHooks>>,
     /// Sessions whose budget the gateway found exhausted, for their runner.
     pub(crate) exhausted: Mutex<HashMap<String, String>>,
+    /// The broker's record of a session's calls, for its view (set by
+    /// the daemon when it runs the broker).
+    broker_usage: std::sync::RwLock<Option<Arc<dyn crate::broker_hooks::BrokerUsage>>>,
 }
 
 impl Sessions {
@@ -59,7 +62,13 @@ impl Sessions {
             metrics: crate::metrics::SessionMetrics::new(),
             hooks: std::sync::RwLock::new(Arc::new(crate::hooks::NoHooks)),
             exhausted: Mutex::new(HashMap::new()),
+            broker_usage: std::sync::RwLock::new(None),
         })
+    }
+
+    /// Where the view finds a session's broker calls.
+    pub fn set_broker_usage(&self, b: Arc<dyn crate::broker_hooks::BrokerUsage>) {
+        *self.broker_usage.write().unwrap_or_else(|p| p.into_inner()) = Some(b);
     }
 
     pub fn metrics(&self) -> &crate::metrics::SessionMetrics {
@@ -324,7 +333,33 @@ impl Sessions {
     pub async fn view(&self, id: &str) -> Result<SessionView, SessionError> {
         let s = self.store.get(id).await?;
         let pending = self.store.pending_approval(id).await?;
-        Ok(SessionView::new(s, pending))
+        let u = self.store.usage(id).await?;
+        let broker = self
+            .broker_usage
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let calls = match broker {
+            Some(b) => b.usage(id).await,
+            None => None,
+        };
+        let mut caps_reached = u.capped.clone();
+        caps_reached.sort();
+        caps_reached.dedup();
+        let mut v = SessionView::new(s, pending);
+        v.storage = Some(StorageView {
+            events: u.events,
+            event_bytes: u.event_bytes,
+            blobs: u.blobs,
+            blob_bytes: u.blob_bytes,
+            output_bytes: u.output_bytes(),
+            max_output_bytes: self.cfg.output.max_bytes,
+            open_approvals: u.open_approvals,
+            broker_calls: calls.map(|c| c.0),
+            broker_arg_bytes: calls.map(|c| c.1),
+            caps_reached,
+        });
+        Ok(v)
     }
 
     pub async fn message(

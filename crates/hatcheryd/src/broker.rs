@@ -74,7 +74,9 @@ pub async fn start(
     registry: &prometheus::Registry,
 ) -> Result<Arc<Broker>, crate::DaemonError> {
     let err = |e: String| crate::DaemonError::Sessions(format!("broker: {e}"));
-    let cfg = BrokerConfig::try_from(&args.broker).map_err(|e| err(e.to_string()))?;
+    let mut cfg = BrokerConfig::try_from(&args.broker).map_err(|e| err(e.to_string()))?;
+    // One cap on open approvals for the session, whoever opens them.
+    cfg.caps.max_open_approvals = args.sessions.max_open_approvals;
     let store = open_store(args, data)
         .await
         .map_err(|e| err(e.to_string()))?;
@@ -90,6 +92,7 @@ pub async fn start(
         .metrics()
         .register(registry)
         .map_err(|e| err(e.to_string()))?;
+    sessions.set_broker_usage(broker.clone());
     if args.broker.guest_port != 0 {
         let (b, path) = (broker.clone(), socket_path(data));
         let api = client.clone();

@@ -36,7 +36,8 @@ pub async fn start(
         return Ok(None);
     }
     let err = |e: String| DaemonError::Sessions(format!("broker: {e}"));
-    let cfg = BrokerConfig::try_from(&args.broker).map_err(|e| err(e.to_string()))?;
+    let mut cfg = BrokerConfig::try_from(&args.broker).map_err(|e| err(e.to_string()))?;
+    cfg.caps.max_open_approvals = args.sessions.max_open_approvals;
     // In the shared database (the control role always has one): a second
     // control process, or this one restarted, finds every call made.
     let store = crate::broker::open_store(args, c.data)

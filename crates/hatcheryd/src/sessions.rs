@@ -29,7 +29,12 @@ pub fn build(
         hatchery_client::ClientConfig::default().call_timeout(std::time::Duration::from_secs(150)),
     )
     .map_err(|e| err(e.to_string()))?;
-    let cfg = SessionsConfig::from(&args.sessions);
+    let mut cfg = SessionsConfig::from(&args.sessions);
+    // Repository fetches work under the data dir (0700, the daemon's own
+    // disk), never the host's shared /tmp; what a killed daemon left
+    // there is removed before any runner starts.
+    cfg.fetch_root = args.data_dir.join("repo-fetch");
+    hatchery_sessions::repo::clean_work_root(&cfg.fetch_root);
     let svc = Sessions::new(
         store,
         cfg.clone(),

@@ -340,6 +340,30 @@ impl BrokerStore {
     pub async fn calls(&self, session_id: &str) -> Result<Vec<Call>, StoreError> {
         dispatch!(self.calls(session_id))
     }
+
+    /// What a session's calls hold: how many, their stored argument
+    /// bytes, how many wait for an approval (the per-session caps).
+    pub async fn usage(&self, session_id: &str) -> Result<CallUsage, StoreError> {
+        dispatch!(self.usage(session_id))
+    }
+}
+
+/// A session's calls in the record (for its caps and its view).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CallUsage {
+    pub calls: u64,
+    pub arg_bytes: u64,
+    pub awaiting_approval: u64,
+}
+
+impl CallUsage {
+    fn from_row(calls: i64, arg_bytes: i64, awaiting: i64) -> CallUsage {
+        CallUsage {
+            calls: calls.max(0) as u64,
+            arg_bytes: arg_bytes.max(0) as u64,
+            awaiting_approval: awaiting.max(0) as u64,
+        }
+    }
 }
 
 impl Call {

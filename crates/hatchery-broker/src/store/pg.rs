@@ -396,6 +396,21 @@ impl PgBroker {
         .collect()
     }
 
+    pub(super) async fn usage(&self, session_id: &str) -> Result<super::CallUsage, StoreError> {
+        let c = self.client().await?;
+        let r = c
+            .query_one(
+                "SELECT COUNT(*)::BIGINT, COALESCE(SUM(octet_length(args)), 0)::BIGINT, \
+                 COUNT(*) FILTER (WHERE state = 'awaiting_approval')::BIGINT \
+                 FROM broker_calls WHERE session_id = $1",
+                &[&session_id],
+            )
+            .await
+            .map_err(pg("call usage"))?;
+        let g = |i: usize| r.try_get::<_, i64>(i).map_err(pg("call usage"));
+        Ok(super::CallUsage::from_row(g(0)?, g(1)?, g(2)?))
+    }
+
     pub(super) async fn calls(&self, session_id: &str) -> Result<Vec<Call>, StoreError> {
         let c = self.client().await?;
         c.query(

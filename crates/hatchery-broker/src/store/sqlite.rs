@@ -272,6 +272,20 @@ impl SqliteBroker {
         .await
     }
 
+    pub(super) async fn usage(&self, session_id: &str) -> Result<super::CallUsage, StoreError> {
+        let s = session_id.to_string();
+        self.with(move |c| {
+            Ok(c.query_row(
+                "SELECT COUNT(*), COALESCE(SUM(length(CAST(args AS BLOB))), 0), \
+                 COALESCE(SUM(CASE WHEN state = 'awaiting_approval' THEN 1 ELSE 0 END), 0) \
+                 FROM calls WHERE session_id = ?1",
+                params![s],
+                |r| Ok(super::CallUsage::from_row(r.get(0)?, r.get(1)?, r.get(2)?)),
+            )?)
+        })
+        .await
+    }
+
     /// Every call of a session, in seq order (tests and the CLI).
     pub(super) async fn calls(&self, session_id: &str) -> Result<Vec<Call>, StoreError> {
         let s = session_id.to_string();

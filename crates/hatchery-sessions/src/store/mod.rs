@@ -191,6 +191,52 @@ pub struct Approval {
     pub created_at: String,
 }
 
+/// What one session holds in the store (computed on read, from the rows).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StorageUsage {
+    pub events: u64,
+    /// Bytes of the events' stored JSON.
+    pub event_bytes: u64,
+    pub blobs: u64,
+    pub blob_bytes: u64,
+    /// Bytes of the agent's events' JSON alone (actor `agent`).
+    pub agent_event_bytes: u64,
+    pub open_approvals: u64,
+    /// The caps whose `output_capped` marker the log holds.
+    pub capped: Vec<String>,
+}
+
+impl StorageUsage {
+    /// What the runner counts against the session's output cap: the
+    /// agent's events and every blob (after a restart the blobs of the
+    /// system's events, the final diff only, count too: a cap errs low).
+    pub fn output_bytes(&self) -> u64 {
+        self.agent_event_bytes.saturating_add(self.blob_bytes)
+    }
+
+    pub(crate) fn from_parts(
+        (events, event_bytes, agent_event_bytes): (i64, i64, i64),
+        (blobs, blob_bytes): (i64, i64),
+        open_approvals: i64,
+        marker_data: Vec<String>,
+    ) -> StorageUsage {
+        let u = |v: i64| v.max(0) as u64;
+        StorageUsage {
+            events: u(events),
+            event_bytes: u(event_bytes),
+            blobs: u(blobs),
+            blob_bytes: u(blob_bytes),
+            agent_event_bytes: u(agent_event_bytes),
+            open_approvals: u(open_approvals),
+            capped: marker_data
+                .iter()
+                .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+                .filter_map(|v| v.get("cap").and_then(|c| c.as_str()).map(str::to_string))
+                .collect(),
+        }
+    }
+}
+
 #[derive(Debug)]
 pub enum CreateOutcome {
     Created(Session, Event),
@@ -293,6 +339,9 @@ pub trait SessionStore: Send + Sync + 'static {
         patch: Patch,
     ) -> Result<Vec<Event>, StoreError>;
     async fn blob(&self, id: &str, blob_ref: &str) -> Result<Option<Vec<u8>>, StoreError>;
+    /// What the session holds: events, blobs, open approvals, and which
+    /// output caps it has reached (`NotFound` for an unknown session).
+    async fn usage(&self, id: &str) -> Result<StorageUsage, StoreError>;
     /// Records a pending approval and its event.
     async fn request_approval(
         &self,

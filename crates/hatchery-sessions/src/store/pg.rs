@@ -963,6 +963,65 @@ impl SessionStore for PgSessionStore {
         .await
     }
 
+    async fn usage(&self, id: &str) -> Result<super::StorageUsage, StoreError> {
+        let c = self.client().await?;
+        if query_opt(&c, "usage", "SELECT 1 FROM sessions WHERE id = $1", &[&id])
+            .await?
+            .is_none()
+        {
+            return Err(StoreError::NotFound(id.to_string()));
+        }
+        let r = query(
+            &c,
+            "usage",
+            "SELECT COUNT(*)::BIGINT, COALESCE(SUM(octet_length(data)), 0)::BIGINT, \
+             COALESCE(SUM(CASE WHEN actor = 'agent' THEN octet_length(data) ELSE 0 END), 0)::BIGINT \
+             FROM session_events WHERE session_id = $1",
+            &[&id],
+        )
+        .await?;
+        let g =
+            |r: &Row, i: usize| -> Result<i64, StoreError> { r.try_get::<_, i64>(i).map_err(be) };
+        let ev = match r.first() {
+            Some(r) => (g(r, 0)?, g(r, 1)?, g(r, 2)?),
+            None => (0, 0, 0),
+        };
+        let r = query(
+            &c,
+            "usage",
+            "SELECT COUNT(*)::BIGINT, COALESCE(SUM(octet_length(data)), 0)::BIGINT \
+             FROM session_blobs WHERE session_id = $1",
+            &[&id],
+        )
+        .await?;
+        let bl = match r.first() {
+            Some(r) => (g(r, 0)?, g(r, 1)?),
+            None => (0, 0),
+        };
+        let r = query(
+            &c,
+            "usage",
+            "SELECT COUNT(*)::BIGINT FROM session_approvals WHERE session_id = $1 AND state = 'pending'",
+            &[&id],
+        )
+        .await?;
+        let ap = match r.first() {
+            Some(r) => g(r, 0)?,
+            None => 0,
+        };
+        let markers = query(
+            &c,
+            "usage",
+            "SELECT data FROM session_events WHERE session_id = $1 AND type = 'output_capped'",
+            &[&id],
+        )
+        .await?
+        .iter()
+        .map(|r| r.try_get::<_, String>(0).map_err(be))
+        .collect::<Result<Vec<_>, _>>()?;
+        Ok(super::StorageUsage::from_parts(ev, bl, ap, markers))
+    }
+
     async fn pending_approval(&self, id: &str) -> Result<Option<Approval>, StoreError> {
         let c = self.client().await?;
         let r = query_opt(

@@ -720,6 +720,55 @@ impl SessionStore for SqliteStore {
         .await
     }
 
+    async fn usage(&self, id: &str) -> Result<super::StorageUsage, StoreError> {
+        let id = id.to_string();
+        self.with(move |c| {
+            let tx = c.transaction().map_err(be)?;
+            let found: Option<i64> = tx
+                .query_row("SELECT 1 FROM sessions WHERE id = ?1", [&id], |r| r.get(0))
+                .optional()
+                .map_err(be)?;
+            if found.is_none() {
+                return Err(StoreError::NotFound(id));
+            }
+            let ev = tx
+                .query_row(
+                    "SELECT COUNT(*), COALESCE(SUM(length(CAST(data AS BLOB))), 0), \
+                     COALESCE(SUM(CASE WHEN actor = 'agent' THEN length(CAST(data AS BLOB)) ELSE 0 END), 0) \
+                     FROM events WHERE session_id = ?1",
+                    [&id],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )
+                .map_err(be)?;
+            let bl = tx
+                .query_row(
+                    "SELECT COUNT(*), COALESCE(SUM(length(data)), 0) FROM blobs WHERE session_id = ?1",
+                    [&id],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .map_err(be)?;
+            let ap: i64 = tx
+                .query_row(
+                    "SELECT COUNT(*) FROM approvals WHERE session_id = ?1 AND state = 'pending'",
+                    [&id],
+                    |r| r.get(0),
+                )
+                .map_err(be)?;
+            let mut st = tx
+                .prepare("SELECT data FROM events WHERE session_id = ?1 AND type = 'output_capped'")
+                .map_err(be)?;
+            let markers = st
+                .query_map([&id], |r| r.get::<_, String>(0))
+                .map_err(be)?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(be)?;
+            drop(st);
+            tx.commit().map_err(be)?;
+            Ok(super::StorageUsage::from_parts(ev, bl, ap, markers))
+        })
+        .await
+    }
+
     async fn pending_approval(&self, id: &str) -> Result<Option<Approval>, StoreError> {
         let id = id.to_string();
         self.with(move |c| {
