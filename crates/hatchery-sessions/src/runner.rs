@@ -767,7 +767,12 @@ async fn handle_line(
         .await?;
     }
     if let Effect::ApprovalRequest { .. } = p.effect {
-        to_state(svc, id, S::WaitingApproval, None, vec![], Patch::default()).await?;
+        // A second approval while one is open: already waiting (moving
+        // to the same state again was a state conflict that failed the
+        // session).
+        if svc.store.get(id).await?.state != S::WaitingApproval {
+            to_state(svc, id, S::WaitingApproval, None, vec![], Patch::default()).await?;
+        }
     }
     Ok(p.effect)
 }

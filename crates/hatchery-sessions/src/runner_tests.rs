@@ -419,3 +419,90 @@ async fn a_lost_sandbox_resumes_from_its_checkpoint() {
     assert_eq!(said, 3, "each agent message recorded once: {evs:?}");
     assert!(e.fake.live().is_empty());
 }
+
+/// The agent floods its stdout: the byte cap stores up to it, then one
+/// `output_capped` marker, then nothing more of the flood (the offset
+/// still moves past every line); the session's view shows the use. A
+/// protocol line that waits for its ack after the cap ends the session.
+#[tokio::test]
+async fn a_flooding_agent_is_cut_at_the_output_cap_with_one_marker() {
+    let e = Env::new(|c| {
+        c.output.max_bytes = 200_000;
+        c.output.max_blob_bytes = 8192;
+    });
+    let id = e.create().await;
+    let s = e.state(&id, S::Running).await;
+    let (sbx, pid) = ids(&s);
+    let line = "x".repeat(20_000);
+    for _ in 0..100 {
+        e.fake
+            .emit(&sbx, &pid, true, format!("{line}\n").as_bytes());
+    }
+    let end = e.fake.stdin(&sbx, &pid); // nothing asked yet
+    assert!(end.is_empty());
+    let last = e
+        .until(&id, "every line read", |s| s.output_offset >= 100 * 20_001)
+        .await;
+    let evs = e.events(&id).await;
+    let outputs = evs.iter().filter(|t| **t == "agent_output").count();
+    let markers = evs.iter().filter(|t| **t == "output_capped").count();
+    assert_eq!(markers, 1, "{evs:?}");
+    // Each line keeps an 8 KiB blob: about 12 KiB stored a line.
+    assert!((10..=20).contains(&outputs), "{outputs} lines stored");
+    let v = e.svc.view(&id).await.unwrap();
+    let st = v.storage.unwrap();
+    assert!(st.output_bytes <= 200_000, "{}", st.output_bytes);
+    assert_eq!(st.caps_reached, vec!["output_bytes".to_string()]);
+    assert!(st.blob_bytes <= outputs as u64 * 8192);
+    assert_eq!(last.state, S::Running);
+    // More flood: still one marker.
+    for _ in 0..10 {
+        e.fake
+            .emit(&sbx, &pid, true, format!("{line}\n").as_bytes());
+    }
+    e.until(&id, "flood read", |s| s.output_offset >= 110 * 20_001)
+        .await;
+    let evs = e.events(&id).await;
+    assert_eq!(evs.iter().filter(|t| **t == "output_capped").count(), 1);
+    // A line that waits for its ack now: the session fails, saying why.
+    e.fake.emit_line(
+        &sbx,
+        &pid,
+        serde_json::json!({"n": 1, "ack": true, "type": "tool_call", "call_id": "c", "tool": "shell", "arguments": "{}"}),
+    );
+    let s = e.state(&id, S::Failed).await;
+    assert!(
+        s.reason
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("output_capped"),
+        "{:?}",
+        s.reason
+    );
+}
+
+/// Past `max_open_approvals` an approval the agent asks for is denied by
+/// the system at once (the agent gets the decision), with one marker.
+#[tokio::test]
+async fn approvals_past_the_cap_are_denied_at_once() {
+    let e = Env::new(|c| c.max_open_approvals = 2);
+    let id = e.create().await;
+    let s = e.state(&id, S::Running).await;
+    let (sbx, pid) = ids(&s);
+    for n in 1..=4u64 {
+        e.fake.emit_line(
+            &sbx,
+            &pid,
+            serde_json::json!({"n": n, "ack": true, "type": "approval_request", "action": format!("a{n}")}),
+        );
+        e.stdin_has(&sbx, &pid, &format!("\"n\":{n}")).await;
+    }
+    let u = e.svc.store.usage(&id).await.unwrap();
+    assert_eq!(u.open_approvals, 2, "N open, N+1 refused");
+    e.stdin_has(&sbx, &pid, "session_approval_cap").await;
+    let evs = e.events(&id).await;
+    assert_eq!(evs.iter().filter(|t| **t == "output_capped").count(), 1);
+    assert_eq!(evs.iter().filter(|t| **t == "approval_decided").count(), 2);
+    // A second approval while one is open no longer fails the session.
+    assert_eq!(e.get(&id).await.state, S::WaitingApproval);
+}
