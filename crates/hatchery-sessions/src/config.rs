@@ -85,32 +85,32 @@ pub struct SessionArgs {
     pub git_credential_file: Option<PathBuf>,
     /// Largest repository checkout (work tree and `.git`, as a tar); also
     /// the largest file and the largest sum of blobs the fetch accepts.
-    #[arg(long = "sessions-max-repo-bytes", env = "HATCHERY_SESSIONS_MAX_REPO_BYTES",
+    #[arg(id = "sessions_max_repo_bytes", long = "sessions-max-repo-bytes", env = "HATCHERY_SESSIONS_MAX_REPO_BYTES",
           default_value_t = 64 << 20, value_parser = clap::value_parser!(u64).range(4096..=(1 << 30)))]
     pub max_repo_bytes: u64,
     /// Most paths in a fetched repository's tree.
-    #[arg(long = "sessions-max-repo-files", env = "HATCHERY_SESSIONS_MAX_REPO_FILES",
+    #[arg(id = "sessions_max_repo_files", long = "sessions-max-repo-files", env = "HATCHERY_SESSIONS_MAX_REPO_FILES",
           default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub max_repo_files: u64,
     /// Bytes of agent output (events and blobs) one session may store;
     /// past it the output is cut with one `output_capped` event and the
     /// rest dropped (counted).
-    #[arg(long = "sessions-max-output-bytes", env = "HATCHERY_SESSIONS_MAX_OUTPUT_BYTES",
+    #[arg(id = "sessions_max_output_bytes", long = "sessions-max-output-bytes", env = "HATCHERY_SESSIONS_MAX_OUTPUT_BYTES",
           default_value_t = 64 << 20, value_parser = clap::value_parser!(u64).range(65_536..=(1 << 34)))]
     pub max_output_bytes: u64,
     /// Agent output lines a session may store per second (after a burst
     /// of ten seconds' worth); lines over it are dropped and counted.
-    #[arg(long = "sessions-max-output-lines-per-second", env = "HATCHERY_SESSIONS_MAX_OUTPUT_LINES_PER_SECOND",
+    #[arg(id = "sessions_max_output_lines_per_s", long = "sessions-max-output-lines-per-second", env = "HATCHERY_SESSIONS_MAX_OUTPUT_LINES_PER_SECOND",
           default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub max_output_lines_per_s: u64,
     /// Largest blob (the whole text of one long field) an agent event
     /// keeps; longer text is cut to it.
-    #[arg(long = "sessions-max-blob-bytes", env = "HATCHERY_SESSIONS_MAX_BLOB_BYTES",
+    #[arg(id = "sessions_max_blob_bytes", long = "sessions-max-blob-bytes", env = "HATCHERY_SESSIONS_MAX_BLOB_BYTES",
           default_value_t = 1 << 20, value_parser = clap::value_parser!(u64).range(4096..=(1 << 20)))]
     pub max_blob_bytes: u64,
     /// Approvals a session may have open at once (its agent's and its
     /// broker calls'); one more is refused.
-    #[arg(long = "sessions-max-open-approvals", env = "HATCHERY_SESSIONS_MAX_OPEN_APPROVALS",
+    #[arg(id = "sessions_max_open_approvals", long = "sessions-max-open-approvals", env = "HATCHERY_SESSIONS_MAX_OPEN_APPROVALS",
           default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub max_open_approvals: u64,
 }

@@ -196,6 +196,9 @@ impl DaemonArgs {
 
 #[cfg(test)]
 mod tests {
+    use super::DaemonArgs;
+    use clap::{Args, Command, Parser};
+
     #[test]
     fn preview_urls_are_bases() {
         for ok in [
@@ -224,5 +227,32 @@ mod tests {
         ] {
             assert!(super::preview_url(bad).is_err(), "{bad}");
         }
+    }
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        daemon: DaemonArgs,
+    }
+
+    /// The daemon's flags, flattened from several crates, must not share
+    /// an argument id: `--sessions-max-output-bytes` once reused the id of
+    /// `--max-output-bytes` and the daemon refused to start.
+    #[test]
+    fn the_flags_have_distinct_ids_and_parse_with_their_defaults() {
+        DaemonArgs::augment_args(Command::new("hatcheryd")).debug_assert();
+        let c = Cli::try_parse_from(["hatcheryd"]).expect("defaults parse");
+        assert_eq!(c.daemon.max_output_bytes, 16 << 20);
+        assert_eq!(c.daemon.sessions.max_output_bytes, 64 << 20);
+        let c = Cli::try_parse_from([
+            "hatcheryd",
+            "--max-output-bytes",
+            "1000",
+            "--sessions-max-output-bytes",
+            "65536",
+        ])
+        .expect("both parse");
+        assert_eq!(c.daemon.max_output_bytes, 1000);
+        assert_eq!(c.daemon.sessions.max_output_bytes, 65536);
     }
 }
