@@ -1,8 +1,13 @@
 """Per-session caps against a real daemon (docs/sessions.md, "Caps";
-docs/threat-model.md, "3. What a session can store"): a `command` agent
-that floods stdout past a small `--sessions-max-output-bytes` gets exactly
-one `output_capped` marker, what the session stores stays at or under the
-cap (as `GET /v1/sessions/{id}` reports it), and the daemon keeps serving."""
+docs/threat-model.md, "3. What a session can store" and "5. The repository
+fetch"): a `command` agent that floods stdout past a small
+`--sessions-max-output-bytes` gets exactly one `output_capped` marker, what
+the session stores stays at or under the cap (as `GET /v1/sessions/{id}`
+reports it), and the daemon keeps serving; a repository over the size or
+path cap fails its session naming the cap and leaves nothing on the host."""
+
+import base64
+import os
 
 import pytest
 
@@ -56,5 +61,44 @@ def test_output_flood_is_cut_at_the_byte_cap_with_one_marker(model, git_server):
         assert d.proc.poll() is None
         assert d.request("GET", "/v1/sessions").status == 200
         assert d.session(sid)["state"] == "completed"
+    finally:
+        d.cleanup_sessions()
+
+
+@pytest.mark.timeout(300)
+def test_a_repository_over_a_fetch_cap_fails_its_session_and_leaves_nothing(model, git_server):
+    cap_bytes, cap_files = 1 << 20, 500
+    d = SessionDaemon(model.port, extra=["--sessions-max-repo-bytes", str(cap_bytes),
+                                         "--sessions-max-repo-files", str(cap_files)]).start()
+    try:
+        # About 4 MiB of base64 of random bytes: about 3 MiB once packed,
+        # three times the cap whatever git compresses.
+        big = git_server.add_repo("huge", {"big.txt": base64.b64encode(os.urandom(3 << 20)).decode(),
+                                           "README.md": "x\n"})
+        # Small, but one path over the path cap.
+        many = git_server.add_repo("many", {f"d/f{i}.txt": "" for i in range(cap_files + 1)})
+        # Exactly at the path cap: fetched.
+        ok = git_server.add_repo("at-cap", {f"d/f{i}.txt": "" for i in range(cap_files)})
+        agent = {"kind": "command", "command": "ls d | wc -l"}
+        sids = {name: d.new_session(repo, "t", agent=agent)
+                for name, repo in (("big", big), ("many", many), ("ok", ok))}
+        for sid in sids.values():
+            d.wait_state(sid, ("completed", "failed"), timeout=120)
+            d.track_sandboxes(sid)
+        s = d.session(sids["big"])
+        assert s["state"] == "failed" and s["reason"].startswith("repo_fetch_failed"), s
+        assert f"over the cap of {cap_bytes} bytes" in s["reason"], s
+        s = d.session(sids["many"])
+        assert s["state"] == "failed" and f"more than {cap_files} paths" in s["reason"], s
+        s = d.session(sids["ok"])
+        assert s["state"] == "completed", s
+        out = [e["text"] for e in d.all_events(sids["ok"]) if e["type"] == "agent_output"]
+        assert out == [str(cap_files)], out
+        assert metric(d, "hatchery_sessions_caps_hit_total", 'cap="repo_bytes"') + \
+            metric(d, "hatchery_sessions_caps_hit_total", 'cap="repo_disk"') == 1
+        assert metric(d, "hatchery_sessions_caps_hit_total", 'cap="repo_files"') == 1
+        # Each fetch worked in a directory of its own, gone however it ended.
+        assert os.listdir(os.path.join(d.data_dir, "repo-fetch")) == []
+        assert d.proc.poll() is None
     finally:
         d.cleanup_sessions()

@@ -42,6 +42,54 @@ pub async fn run_all(s: &BrokerStore) {
     executing_lists_only_executing_calls(s, &run).await;
     calls_are_in_seq_order(s, &run).await;
     the_runner_goes_with_the_call(s, &run).await;
+    usage_counts_calls_argument_bytes_and_approvals(s, &run).await;
+}
+
+/// What the per-session caps read (caps.rs): every call of the session,
+/// the bytes of their stored arguments, the calls awaiting approval; no
+/// other session's. On PostgreSQL this is the only check of its SQL.
+async fn usage_counts_calls_argument_bytes_and_approvals(s: &BrokerStore, run: &str) {
+    let ses = format!("ses_usage_{run}");
+    let zero = s.usage(&ses).await.unwrap();
+    assert_eq!(
+        (zero.calls, zero.arg_bytes, zero.awaiting_approval),
+        (0, 0, 0)
+    );
+    let args = ["{}", r#"{"path":"a"}"#, r#"{"x":"éé"}"#];
+    for (i, a) in args.iter().enumerate() {
+        let c = Call::new(&ses, i as u64 + 1, 1, "git_push", a.to_string(), "h".into());
+        s.begin(c).await.unwrap();
+    }
+    s.begin(in_state(&ses, 4, CallState::AwaitingApproval))
+        .await
+        .unwrap();
+    s.begin(in_state(
+        &format!("ses_usage_other_{run}"),
+        1,
+        CallState::AwaitingApproval,
+    ))
+    .await
+    .unwrap();
+    let u = s.usage(&ses).await.unwrap();
+    let bytes: usize = args.iter().map(|a| a.len()).sum::<usize>() + "{}".len();
+    assert_eq!(
+        (u.calls, u.arg_bytes, u.awaiting_approval),
+        (4, bytes as u64, 1)
+    );
+    // Decided: no longer open, still counted as a call.
+    s.advance(
+        &ses,
+        4,
+        CallState::AwaitingApproval,
+        CallState::Denied,
+        None,
+        None,
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let u = s.usage(&ses).await.unwrap();
+    assert_eq!((u.calls, u.awaiting_approval), (4, 0));
 }
 
 /// The process that took a call into `executing` is recorded with it

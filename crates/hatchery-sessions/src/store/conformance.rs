@@ -26,6 +26,7 @@ pub async fn run_all(open: Open<'_>) {
     take_over_twice_moves_nothing(open, &run).await;
     racing_take_overs_have_one_winner(open, &run).await;
     no_append_lands_after_a_take_over(open, &run).await;
+    usage_counts_what_the_session_holds(open, &run).await;
 }
 
 pub fn spec(repo: &str) -> SessionSpec {
@@ -854,4 +855,80 @@ async fn no_append_lands_after_a_take_over(open: Open<'_>, run: &str) {
         }
         other => panic!("take-over did not happen once: {other:?}"),
     }
+}
+
+/// What the caps and the session view read (caps.rs, `storage`): the
+/// session's events and their bytes, the agent's share, blobs, open
+/// approvals and the caps whose marker is in the log; nothing of another
+/// session. On PostgreSQL this is the only check of its SQL.
+async fn usage_counts_what_the_session_holds(open: Open<'_>, run: &str) {
+    let s = open(&format!("h{run}"));
+    let id = format!("ses_u{run}");
+    assert!(matches!(s.usage(&id).await, Err(StoreError::NotFound(_))));
+    create(&*s, &id, run).await;
+    let u0 = s.usage(&id).await.unwrap();
+    assert_eq!(
+        (u0.events, u0.blobs, u0.blob_bytes, u0.agent_event_bytes),
+        (1, 0, 0, 0)
+    );
+    assert!(u0.event_bytes > 0 && u0.open_approvals == 0 && u0.capped.is_empty());
+    assert_eq!(u0.output_bytes(), 0);
+
+    let big = "y".repeat(INLINE_TEXT_BYTES * 2 + 7);
+    let ev = (
+        Actor::Agent,
+        EventKind::CommandRun {
+            call_id: "c".into(),
+            command: "cat big".into(),
+            exit_code: 0,
+            duration_ms: 1,
+            output: big.clone(),
+            output_ref: None,
+            truncated: false,
+        },
+    );
+    s.append_agent(&id, 10, Some(1), vec![ev], Patch::default())
+        .await
+        .unwrap()
+        .unwrap();
+    let u1 = s.usage(&id).await.unwrap();
+    assert_eq!(
+        (u1.events, u1.blobs, u1.blob_bytes),
+        (2, 1, big.len() as u64)
+    );
+    // The agent's event alone is what the agent added to the events' bytes.
+    assert!(u1.agent_event_bytes > INLINE_TEXT_BYTES as u64);
+    assert_eq!(u1.event_bytes - u0.event_bytes, u1.agent_event_bytes);
+    assert_eq!(u1.output_bytes(), u1.agent_event_bytes + big.len() as u64);
+
+    let aid = format!("apr_u{run}");
+    s.request_approval(&id, &aid, "git_push", "main")
+        .await
+        .unwrap();
+    let ua = s.usage(&id).await.unwrap();
+    assert_eq!(ua.open_approvals, 1);
+    let marker = (
+        Actor::System,
+        EventKind::OutputCapped {
+            cap: "output_bytes".into(),
+            limit: 5,
+            message: "cut".into(),
+        },
+    );
+    s.append(&id, vec![marker], Patch::default()).await.unwrap();
+    let ub = s.usage(&id).await.unwrap();
+    assert_eq!(ub.capped, vec!["output_bytes".to_string()]);
+    // The system's marker is not the agent's output.
+    assert_eq!(ub.agent_event_bytes, ua.agent_event_bytes);
+    assert_eq!(ub.events, ua.events + 1);
+    assert!(ub.event_bytes > ua.event_bytes);
+    s.decide_approval(&id, &aid, "deny", "no").await.unwrap();
+    assert_eq!(s.usage(&id).await.unwrap().open_approvals, 0);
+
+    // Another session holds its own rows only.
+    let other = format!("ses_u2{run}");
+    create(&*s, &other, run).await;
+    let o = s.usage(&other).await.unwrap();
+    assert_eq!((o.events, o.blobs, o.open_approvals), (1, 0, 0));
+    assert!(o.capped.is_empty());
 }
