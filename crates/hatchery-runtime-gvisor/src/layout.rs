@@ -99,6 +99,10 @@ pub struct ShimConfig {
     /// everything the guest writes.
     #[serde(default)]
     pub disk_mb: u64,
+    /// The guest's memory: the limit of the `guest` cgroup the shim makes
+    /// (memcg.rs). 0 (a shim.json from before) makes none.
+    #[serde(default)]
+    pub memory_mb: u64,
 }
 
 impl ShimConfig {

@@ -13,6 +13,7 @@
 //! ```
 
 mod layout;
+pub mod memcg;
 mod oci;
 mod runtime;
 pub mod shim;

@@ -41,10 +41,9 @@ const HOST_PIDS_BACKSTOP: u64 = 4096;
 /// leaves room for the processes to also use some memory).
 const MIB_PER_PROCESS: u64 = 8;
 
-/// The in-guest process ceiling actually applied. When the memory ceiling
-/// is hit by many processes rather than one big one, the host OOM killer
-/// picks the Sentry (it maps all guest memory) and the whole sandbox dies;
-/// so processes are capped low enough that they cannot fill memory first.
+/// The in-guest process ceiling actually applied. Each guest process costs
+/// host memory beside its own pages, so processes are capped low enough
+/// that a fork bomb cannot fill memory before it hits the cap.
 pub fn effective_nproc(l: &hatchery_runtime::Limits) -> u64 {
     (l.pids_max as u64).min((l.memory_mb / MIB_PER_PROCESS).max(16))
 }
@@ -101,7 +100,10 @@ pub fn config(spec: &SandboxSpec, agent: &Path, tmp_lower: &Path) -> Value {
                 {"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"}, network
             ],
             "resources": {
-                "memory": {"limit": l.memory_mb * 1024 * 1024},
+                // The guest's own ceiling is the `guest` child cgroup the
+                // shim makes (memcg.rs); this one adds the disk and the
+                // Sentry's room, and is the host's backstop.
+                "memory": {"limit": crate::memcg::sandbox_limit_bytes(l.memory_mb, l.disk_mb)},
                 "pids": {"limit": HOST_PIDS_BACKSTOP},
                 "cpu": {"quota": quota, "period": period}
             }
@@ -131,7 +133,7 @@ mod tests {
         let v = config(&spec, Path::new("/a"), Path::new("/b/tmp-lower"));
         assert_eq!(
             v["linux"]["resources"]["memory"]["limit"],
-            1024 * 1024 * 1024
+            (1024 + 10 + crate::memcg::RUNTIME_HEADROOM_MB) * 1024 * 1024
         );
         assert_eq!(v["linux"]["resources"]["cpu"]["quota"], 50_000);
         assert_eq!(v["process"]["rlimits"][0]["hard"], 64);

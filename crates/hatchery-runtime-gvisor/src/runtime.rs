@@ -194,11 +194,7 @@ impl Runtime for GvisorRuntime {
     }
 
     fn oom_kills(&self, id: &str) -> Option<u64> {
-        let s = std::fs::read_to_string(format!("/sys/fs/cgroup/memory/{id}/memory.oom_control"))
-            .ok()?;
-        s.lines()
-            .find_map(|l| l.strip_prefix("oom_kill "))
-            .and_then(|v| v.trim().parse().ok())
+        crate::memcg::oom_kills(id)
     }
 
     fn image_compat(&self) -> String {
@@ -243,6 +239,7 @@ impl GvisorRuntime {
             restore_from: restore_from.map(Path::to_path_buf),
             mask_proc_sys_net: self.layout.cfg.network,
             disk_mb: spec.limits.disk_mb,
+            memory_mb: spec.limits.memory_mb,
         };
         if self.layout.cfg.network != spec.netns.is_some() {
             let _ = std::fs::remove_dir_all(&bundle);

@@ -8,6 +8,7 @@
 //! - `C`: one [`ShimControl`] request on channel 0, answered with `Ack`.
 
 use crate::layout::{Layout, ShimConfig};
+use crate::memcg;
 use crate::teardown;
 use hatchery_agent_proto::{read_frame, write_frame, Frame, Kind, ShimControl};
 use std::fs::File;
@@ -44,6 +45,10 @@ fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     // SAFETY: pipe2 succeeded, so both fds are open and owned by nobody else.
     Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
 }
+
+/// How often the shim looks for a guest process outside the guest's
+/// memory cgroup.
+const SWEEP_MS: u64 = 250;
 
 /// Buffer of each agent pipe.
 const PIPE_BYTES: libc::c_int = 1 << 20;
@@ -93,7 +98,9 @@ pub fn run(bundle: &Path) -> ! {
         }
     };
     match start(&cfg, bundle) {
-        Ok((to_agent, from_agent, listener)) => serve(cfg, bundle, to_agent, from_agent, listener),
+        Ok((to_agent, from_agent, listener, split)) => {
+            serve(cfg, bundle, to_agent, from_agent, listener, split)
+        }
         Err(e) => {
             println!("error: {e}");
             let _ = std::io::stdout().flush();
@@ -103,7 +110,9 @@ pub fn run(bundle: &Path) -> ! {
     }
 }
 
-fn start(cfg: &ShimConfig, bundle: &Path) -> std::io::Result<(File, File, UnixListener)> {
+type Started = (File, File, UnixListener, Option<memcg::Split>);
+
+fn start(cfg: &ShimConfig, bundle: &Path) -> std::io::Result<Started> {
     private_mounts(cfg, bundle)?;
     let (agent_stdin, to_agent) = pipe()?;
     let (from_agent, agent_stdout) = pipe()?;
@@ -133,11 +142,22 @@ fn start(cfg: &ShimConfig, bundle: &Path) -> std::io::Result<(File, File, UnixLi
             "runsc run failed ({status}): {tail}"
         )));
     }
+    // Before anyone can run code in it (the daemon waits for `ready`).
+    let split = if cfg.memory_mb > 0 {
+        memcg::Split::create(&cfg.id, cfg.memory_mb).map_err(std::io::Error::other)?
+    } else {
+        None
+    };
     let sock = bundle.join("shim.sock");
     let _ = std::fs::remove_file(&sock);
     let listener = UnixListener::bind(&sock)?;
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
-    Ok((File::from(to_agent), File::from(from_agent), listener))
+    Ok((
+        File::from(to_agent),
+        File::from(from_agent),
+        listener,
+        split,
+    ))
 }
 
 fn serve(
@@ -146,6 +166,7 @@ fn serve(
     to_agent: File,
     from_agent: File,
     listener: UnixListener,
+    split: Option<memcg::Split>,
 ) -> ! {
     std::fs::write(bundle.join("shim.pid"), std::process::id().to_string()).ok();
     println!("ready");
@@ -167,6 +188,20 @@ fn serve(
         }
         std::thread::sleep(Duration::from_millis(200));
     });
+
+    if let Some(split) = split {
+        // Stubs are cloned from stubs already in `guest`; this catches one
+        // the Sentry might start itself (memcg.rs).
+        std::thread::spawn(move || loop {
+            std::thread::sleep(Duration::from_millis(SWEEP_MS));
+            match split.sweep() {
+                Ok(0) => {}
+                Ok(n) => eprintln!("hatchery-shim: moved {n} process(es) into the guest cgroup"),
+                // The sandbox is going away.
+                Err(_) => return,
+            }
+        });
+    }
 
     let s = Arc::clone(&shim);
     std::thread::spawn(move || {

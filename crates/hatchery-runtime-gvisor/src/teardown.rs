@@ -39,6 +39,9 @@ pub fn destroy(runsc_bin: &Path, flags: &[String], id: &str, bundle: &Path) {
     // delete waiting about 1.4 s (measured on the CI machine kind, whose
     // init reaps late). Nothing of the guest needs a graceful end.
     kill_sandbox_processes(id);
+    // The guest's memory cgroup (memcg.rs) is the sandbox cgroup's child:
+    // it must go first, or runsc cannot remove the sandbox's.
+    crate::memcg::remove_guest(id);
     runsc(runsc_bin, flags, &["delete", "--force", id]);
     // runsc can only act on what its state directory still knows. If that
     // is gone or damaged, the sandbox and gofer processes are found by the
@@ -49,6 +52,7 @@ pub fn destroy(runsc_bin: &Path, flags: &[String], id: &str, bundle: &Path) {
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     }
     std::thread::sleep(std::time::Duration::from_millis(50));
+    crate::memcg::remove_guest(id);
     for p in cgroups(id) {
         {
             let _ = std::fs::remove_dir(&p);
