@@ -24,7 +24,7 @@ PYTEST := /usr/bin/python3 -m pytest -p timeout
 SUITE_PREREQS ?= build template
 SUITE_BUILD ?= build
 
-.PHONY: pg-conformance test-pg test-pg-integration egress-test agent-template gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load sessions-test e2b-test store-test broker-test bench bench-code clean-state
+.PHONY: soak-memory pg-conformance test-pg test-pg-integration egress-test agent-template gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load sessions-test e2b-test store-test broker-test bench bench-code clean-state
 
 setup:
 	bash scripts/setup-host.sh
@@ -260,6 +260,13 @@ store-test: $(SUITE_PREREQS) pg-conformance
 bench-code: $(SUITE_PREREQS)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/code_bench.py
+
+# The memory-hog test of integration, 7 rounds of its 7 shapes (49 hogs and
+# a run_code hog) on one daemon, instead of make test's one round (about 6
+# minutes; issue 34's soak).
+soak-memory: $(SUITE_PREREQS)
+	HATCHERY_HOG_ROUNDS=7 HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  $(PYTEST) -q -p no:cacheprovider tests/integration/test_adversarial.py -k memory_hogs_of_every_shape
 
 bench: $(SUITE_PREREQS)
 	cargo build --release -p hatchery-net --example slot_bench
