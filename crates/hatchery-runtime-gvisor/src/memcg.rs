@@ -165,26 +165,20 @@ impl Split {
     }
 }
 
-/// OOM kills in the sandbox's cgroup and its `guest` child together.
-pub fn oom_kills(id: &str) -> Option<u64> {
-    let dir = sandbox_dir(id);
-    let read = |d: &Path| -> Option<u64> {
-        let s = std::fs::read_to_string(d.join("memory.oom_control")).ok()?;
-        s.lines()
-            .find_map(|l| l.strip_prefix("oom_kill "))
-            .and_then(|v| v.trim().parse().ok())
-    };
-    let parent = read(&dir)?;
-    Some(parent + read(&dir.join(GUEST)).unwrap_or(0))
-}
-
-/// OOM kills in the sandbox's own cgroup alone: the host's backstop, which
-/// may have killed the Sentry.
-pub fn host_oom_kills(id: &str) -> Option<u64> {
-    let s = std::fs::read_to_string(sandbox_dir(id).join("memory.oom_control")).ok()?;
+/// The `oom_kill` count of the memory cgroup at `dir`.
+fn oom_kill_count(dir: &Path) -> Option<u64> {
+    let s = std::fs::read_to_string(dir.join("memory.oom_control")).ok()?;
     s.lines()
         .find_map(|l| l.strip_prefix("oom_kill "))
         .and_then(|v| v.trim().parse().ok())
+}
+
+/// OOM kills in the sandbox's cgroup and its `guest` child together (in
+/// cgroup v1 each counts only its own).
+pub fn oom_kills(id: &str) -> Option<u64> {
+    let dir = sandbox_dir(id);
+    let parent = oom_kill_count(&dir)?;
+    Some(parent + oom_kill_count(&dir.join(GUEST)).unwrap_or(0))
 }
 
 /// Removes `guest` (its processes must be gone; a cgroup with a child
