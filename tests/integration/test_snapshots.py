@@ -2,6 +2,8 @@
 runsc checkpoint/restore."""
 
 import glob
+import hashlib
+import json
 import os
 import time
 
@@ -65,6 +67,33 @@ def test_restore_then_cold_when_the_checkpoint_is_corrupt(daemon):
     assert s["boot_mode"] == "cold", "a checkpoint that fails its checksum is never restored"
     assert daemon.exec(s["id"], "echo ok")["stdout"] == "ok\n"
     # ...and a fresh one is baked for the next create.
+    wait_for(lambda: metric(daemon, "hatchery_template_images_baked_total") >= baked + 1, what="re-bake")
+    assert create(daemon)["boot_mode"] == "restore"
+
+
+@pytest.mark.fresh_daemon  # damages the daemon's template image
+def test_a_checkpoint_the_runtime_refuses_is_booted_cold_and_rebaked(daemon):
+    # An image whose manifest matches (so it passes its checksum) but that
+    # runsc cannot restore: the create is not failed, it boots cold; the
+    # image is dropped and baked again, and the next create restores.
+    wait_baked(daemon)
+    baked = metric(daemon, "hatchery_template_images_baked_total")
+    img = glob.glob(os.path.join(daemon.data_dir, "images", "*", "checkpoint.img"))[0]
+    with open(img, "r+b") as f:
+        f.truncate(os.path.getsize(img) // 2)
+    data = open(img, "rb").read()
+    manifest = os.path.join(os.path.dirname(img), "manifest.json")
+    m = json.load(open(manifest))
+    m["files"]["checkpoint.img"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    with open(manifest, "w") as f:
+        json.dump(m, f)
+    s = create(daemon)
+    assert s["boot_mode"] == "cold", s
+    assert daemon.exec(s["id"], "python3 -c 'print(6*7)'")["stdout"] == "42\n"
+    assert metric(daemon, "hatchery_restore_fallbacks_total") == 1
+    # The refused attempt left nothing: only the cold one is listed.
+    listed = [x["id"] for x in daemon.request("GET", "/v1/sandboxes").json()["sandboxes"]]
+    assert listed == [s["id"]], listed
     wait_for(lambda: metric(daemon, "hatchery_template_images_baked_total") >= baked + 1, what="re-bake")
     assert create(daemon)["boot_mode"] == "restore"
 

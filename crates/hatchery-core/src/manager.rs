@@ -244,9 +244,41 @@ impl Manager {
             // have a fresh checkpoint for the next.
             self.spawn_bake(&template);
         }
-        let mode = if image.is_some() { "restore" } else { "cold" };
-        self.boot_row(row, &policy, &template, image.as_deref(), mode, started)
-            .await
+        let Some(image) = image else {
+            return self
+                .boot_row(row, &policy, &template, None, "cold", started)
+                .await;
+        };
+        let first = self
+            .boot_row(
+                row.clone(),
+                &policy,
+                &template,
+                Some(&image),
+                "restore",
+                started,
+            )
+            .await;
+        match first {
+            // A checkpoint that passed its checksum but that the runtime
+            // refuses to restore (a runsc upgrade, a host change the image
+            // id does not capture): the failed attempt is already stopped
+            // and cleaned; this create boots cold instead, and the image is
+            // dropped and baked again, so the next create restores.
+            Err(CoreError::Runtime(e)) => {
+                tracing::warn!(template = %template.spec.name, error = %e,
+                    "template checkpoint refused by the runtime; booting cold and baking it again");
+                self.metrics.restore_fallbacks.inc();
+                let _ = self
+                    .template_images
+                    .remove(&self.template_image_id(&template));
+                self.spawn_bake(&template);
+                row.id = new_sandbox_id();
+                self.boot_row(row, &policy, &template, None, "cold", started)
+                    .await
+            }
+            other => other,
+        }
     }
 
     /// Turns a pooled sandbox into the caller's. `None` if it turned out to

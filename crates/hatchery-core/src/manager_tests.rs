@@ -452,22 +452,54 @@ async fn shutdown_lets_an_inflight_refill_finish_then_destroys_it() {
 }
 
 #[tokio::test]
-async fn a_failed_restore_fails_the_create_cleanly() {
-    // With a good image, a restore the runtime refuses fails the create
-    // (there is no cold fallback for it) and leaves nothing behind.
+async fn a_refused_restore_falls_back_to_cold_and_is_rebaked() {
+    // With an image that passes its checksum, a restore the runtime
+    // refuses is not the create's failure: that attempt is stopped and
+    // cleaned, the create boots cold (running setup), the image is dropped
+    // and baked again, and the next create restores.
     let rig = Rig::new();
     let m = rig.manager().await;
     bake(&m).await;
-    rig.rt.fail(Op::Restore);
-    m.create(req()).await.unwrap_err();
-    let id = rig.rt.calls(Op::Restore).pop().unwrap();
-    assert!(rig.rt.ids().is_empty());
-    assert!(rig.unstopped().await.is_empty());
-    assert_eq!(rig.stop_reason(&id).await.as_deref(), Some("create_failed"));
-    assert!(
-        rig.rt.calls(Op::Create).len() == 1,
-        "only the bake's builder"
+    let t = template(&m);
+    allow_bakes(&m);
+    rig.rt.fail_once(Op::Restore);
+    let info = m.create(req()).await.unwrap();
+    assert_eq!(info.boot_mode, Some("cold"));
+    assert!(ran_setup(&rig.rt, &info.id));
+    let refused = rig.rt.calls(Op::Restore).pop().unwrap();
+    assert_ne!(refused, info.id);
+    assert_eq!(
+        rig.stop_reason(&refused).await.as_deref(),
+        Some("create_failed")
     );
+    assert_eq!(m.metrics.restore_fallbacks.get(), 1);
+    eventually!("the rebake", m.template_image(&t).is_some());
+    eventually!("the bake to finish", m.baking.lock().unwrap().is_empty());
+    assert_eq!(rig.rt.ids(), vec![info.id.clone()]);
+    let next = m.create(req()).await.unwrap();
+    assert_eq!(next.boot_mode, Some("restore"));
+}
+
+#[tokio::test]
+async fn a_restore_refused_again_after_the_fallback_still_creates() {
+    // A runtime that refuses every restore: each create still succeeds
+    // cold, and nothing of the refused attempts is left.
+    let rig = Rig::new();
+    let m = rig.manager().await;
+    bake(&m).await;
+    allow_bakes(&m);
+    rig.rt.fail(Op::Restore);
+    let a = m.create(req()).await.unwrap();
+    assert_eq!(a.boot_mode, Some("cold"));
+    eventually!("the bake to finish", m.baking.lock().unwrap().is_empty());
+    let b = m.create(req()).await.unwrap();
+    assert_eq!(b.boot_mode, Some("cold"));
+    eventually!("the bake to finish", m.baking.lock().unwrap().is_empty());
+    let mut live = rig.rt.ids();
+    live.sort();
+    let mut want = vec![a.id, b.id];
+    want.sort();
+    assert_eq!(live, want);
 }
 
 #[tokio::test]

@@ -17,6 +17,7 @@ pub struct Metrics {
     pub exec_timeouts: IntCounter,
     pub exec_ooms: IntCounter,
     pub exec_truncated: IntCounter,
+    pub restore_fallbacks: IntCounter,
     pub snapshots_created: IntCounter,
     pub pool_ready: IntGauge,
     pub template_images_baked: IntCounter,
@@ -145,6 +146,11 @@ impl Metrics {
                 "Execs during which the OOM killer ran",
             )
             .unwrap(),
+            restore_fallbacks: IntCounter::new(
+                "hatchery_restore_fallbacks_total",
+                "Creates that booted cold because the runtime refused the template's checkpoint",
+            )
+            .unwrap(),
             exec_truncated: IntCounter::new(
                 "hatchery_exec_truncated_total",
                 "Execs whose output hit the cap",
@@ -186,6 +192,7 @@ impl Metrics {
         r.register(Box::new(m.exec_seconds.clone())).unwrap();
         r.register(Box::new(m.exec_timeouts.clone())).unwrap();
         r.register(Box::new(m.exec_ooms.clone())).unwrap();
+        r.register(Box::new(m.restore_fallbacks.clone())).unwrap();
         r.register(Box::new(m.exec_truncated.clone())).unwrap();
         r.register(Box::new(m.snapshots_created.clone())).unwrap();
         r.register(Box::new(m.pool_ready.clone())).unwrap();
