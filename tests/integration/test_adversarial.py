@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from harness import metric, wait_for
 
 # One daemon for the module's tests (tests/integration/conftest.py).
 SHARED_DAEMON = True
@@ -136,7 +137,53 @@ def test_memory_hogs_of_every_shape_end_in_their_own_oom(daemon):
             except OSError:
                 pass
     m = daemon.request("GET", "/metrics").body.decode()
-    assert 'hatchery_sandboxes_killed_total{reason="guest_exited"}' not in m, m
+    for reason in ("guest_exited", "guest_oom", "host_oom"):
+        assert f'hatchery_sandboxes_killed_total{{reason="{reason}"}}' not in m, m
+
+
+def runtime_pids(sid):
+    """The sandbox's Sentry and gofer: the processes of its memory cgroup
+    that are not in its `guest` child (hatchery-runtime-gvisor memcg.rs)."""
+    cg = f"/sys/fs/cgroup/memory/{sid}"
+    procs = set(open(f"{cg}/cgroup.procs").read().split())
+    guest = set(open(f"{cg}/guest/cgroup.procs").read().split())
+    return sorted(int(p) for p in procs - guest)
+
+
+def sentry_pid(sid):
+    for pid in runtime_pids(sid):
+        if b"boot" in open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0"):
+            return pid
+    raise AssertionError(f"no Sentry among {runtime_pids(sid)}")
+
+
+@pytest.mark.fresh_daemon  # reads absolute counters; its daemon sees a host OOM
+def test_a_host_backstop_kill_is_reported_as_host_oom(daemon):
+    """The guest's own ceiling acts first (the test above); if the host's
+    backstop ever fires instead, the sandbox says why: the request that
+    was running answers 507 `host_oom`, the stop is counted under that
+    reason, and teardown leaves nothing. The test makes the backstop fire
+    for real: the sandbox's cgroup limit is lowered to just above its use,
+    the Sentry made the kernel's first choice, and the guest then writes to
+    /tmp (the disk layer, which the Sentry writes and the sandbox cgroup
+    pays for, not `guest`)."""
+    sid, neighbour = daemon.create(), daemon.create()
+    assert daemon.exec(sid, "echo up")["stdout"] == "up\n"
+    cg = f"/sys/fs/cgroup/memory/{sid}"
+    with open(f"/proc/{sentry_pid(sid)}/oom_score_adj", "w") as f:
+        f.write("1000")
+    used = int(open(f"{cg}/memory.usage_in_bytes").read())
+    with open(f"{cg}/memory.limit_in_bytes", "w") as f:
+        f.write(str(used + (16 << 20)))
+    r = daemon.request("POST", f"/v1/sandboxes/{sid}/exec",
+                       {"cmd": "head -c 400M /dev/zero > /tmp/fill; echo survived", "timeout_seconds": 60})
+    assert (r.status, r.error_code()) == (507, "host_oom"), r
+    assert daemon.request("GET", f"/v1/sandboxes/{sid}").status == 404
+    daemon.created.discard(sid)
+    wait_for(lambda: metric(daemon, "hatchery_sandboxes_killed_total", 'reason="host_oom"') == 1, timeout=10)
+    wait_for(lambda: not os.path.exists(cg), timeout=20)
+    assert "the host's memory backstop killed" in daemon.log()
+    healthy(daemon, neighbour)
 
 
 def test_infinite_loop_without_output_times_out(daemon, sandbox):

@@ -102,6 +102,8 @@ impl From<CoreError> for ApiError {
             CoreError::TooManyTerminals(_) => (S::TOO_MANY_REQUESTS, "too_many_terminals"),
             CoreError::NotRunning(_) => (S::CONFLICT, "sandbox_not_running"),
             CoreError::GuestUnresponsive(_) => (S::GATEWAY_TIMEOUT, "guest_unresponsive"),
+            // 507: the sandbox ran out of the memory it was given.
+            CoreError::SandboxOom { reason, .. } => (S::INSUFFICIENT_STORAGE, *reason),
             CoreError::Guest { code, .. } if code == "not_found" => (S::NOT_FOUND, "not_found"),
             CoreError::Guest { code, .. } if code == "permission_denied" => {
                 (S::FORBIDDEN, "permission_denied")

@@ -25,6 +25,11 @@ pub enum CoreError {
     NotRunning(String),
     #[error("the sandbox's guest stopped answering: {0}")]
     GuestUnresponsive(String),
+    /// The sandbox died of memory while the request ran in it; `reason`
+    /// is its stop reason (`host_oom` or `guest_oom`, see
+    /// `hatchery_runtime::EndCause`).
+    #[error("sandbox {id} ended: out of memory ({reason})")]
+    SandboxOom { id: String, reason: &'static str },
     #[error("guest error ({code}): {message}")]
     Guest { code: String, message: String },
     #[error(transparent)]

@@ -7,6 +7,7 @@ pub mod agent_client;
 pub mod builds;
 mod caps;
 pub mod code;
+mod ends;
 mod error;
 pub mod exec;
 pub mod files;

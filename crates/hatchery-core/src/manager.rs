@@ -95,6 +95,8 @@ pub struct Manager {
     pub(crate) net: Option<Arc<hatchery_net::Network>>,
     /// Host services every sandbox reaches on its loopback.
     pub(crate) host_services: Arc<crate::host_services::Hub>,
+    /// Why sandboxes ended on their own lately (ends.rs).
+    pub(crate) recent_ends: crate::ends::RecentEnds,
 }
 
 /// Where checkpoint images live and how big the warm pool may get.
@@ -121,6 +123,7 @@ impl Manager {
     ) -> Arc<Manager> {
         Arc::new(Manager {
             host_services: crate::host_services::Hub::new(metrics.relay.clone()),
+            recent_ends: Default::default(),
             net,
             template_images: images.template_images,
             snapshots: crate::snapshot_stores::SnapshotStores::new(
@@ -468,7 +471,8 @@ impl Manager {
         tokio::spawn(async move {
             let _ = closed.wait_for(|c| *c).await;
             if let Some(m) = me.upgrade() {
-                m.stop(&id, "guest_exited").await;
+                let reason = m.ended_on_its_own(&id);
+                m.stop(&id, reason).await;
             }
         });
     }
@@ -583,6 +587,7 @@ impl Manager {
         let mut out = match res {
             Ok(o) => o,
             Err(e) => {
+                let e = self.explain_gone(id, e);
                 crate::limited_warn!(self.logs, &format!("{id}/exec"), sandbox = %id, error = %e, "exec failed");
                 return Err(e);
             }
@@ -626,9 +631,12 @@ impl Manager {
         p.env = env;
         let ooms_before = self.runtime.oom_kills(id);
         self.metrics.code_runs.inc();
-        let mut out = crate::code::run(&live.client, p, sink).await.inspect_err(|e| {
-            crate::limited_warn!(self.logs, &format!("{id}/code"), sandbox = %id, error = %e, "code run failed");
-        })?;
+        let mut out = crate::code::run(&live.client, p, sink)
+            .await
+            .map_err(|e| self.explain_gone(id, e))
+            .inspect_err(|e| {
+                crate::limited_warn!(self.logs, &format!("{id}/code"), sandbox = %id, error = %e, "code run failed");
+            })?;
         if let (Some(a), Some(b)) = (ooms_before, self.runtime.oom_kills(id)) {
             out.oom_killed = b > a;
         }

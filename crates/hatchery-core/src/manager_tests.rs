@@ -286,6 +286,48 @@ async fn a_guest_that_dies_is_stopped_and_destroyed() {
 }
 
 #[tokio::test]
+async fn a_guest_killed_for_memory_says_so_in_its_state_its_metric_and_its_requests() {
+    // The runtime tells why a guest ended (the gVisor shim notes it from
+    // the cgroups' OOM counts before teardown): the stop reason, the
+    // killed-sandboxes metric and a request that was running there all
+    // carry it, after the teardown erased the runtime's own record too.
+    use hatchery_runtime::EndCause;
+    let rig = Rig::new();
+    let m = rig.manager().await;
+    for (cause, reason) in [
+        (EndCause::HostOom, "host_oom"),
+        (EndCause::GuestOom, "guest_oom"),
+    ] {
+        let id = m.create(req()).await.unwrap().id;
+        assert!(rig.rt.kill_for(&id, cause));
+        eventually!("the stop", m.get(&id).await.is_err());
+        assert_eq!(rig.stop_reason(&id).await.as_deref(), Some(reason));
+        eventually!("teardown", rig.rt.ids().is_empty());
+        assert_eq!(
+            m.metrics
+                .sandboxes_killed
+                .with_label_values(&[reason])
+                .get(),
+            1
+        );
+        match m.explain_gone(&id, CoreError::GuestUnresponsive("closed".into())) {
+            CoreError::SandboxOom { id: i, reason: r } => {
+                assert_eq!((i.as_str(), r), (id.as_str(), reason))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    // A guest that ended for no known reason stays what it was.
+    let id = m.create(req()).await.unwrap().id;
+    assert!(rig.rt.kill(&id));
+    eventually!("the stop", m.get(&id).await.is_err());
+    assert!(matches!(
+        m.explain_gone(&id, CoreError::GuestUnresponsive("closed".into())),
+        CoreError::GuestUnresponsive(_)
+    ));
+}
+
+#[tokio::test]
 async fn a_delete_answers_while_the_teardown_hangs() {
     // Stop is state first, teardown in the background: a runtime that
     // takes its time destroying does not hold the caller, and a graceful

@@ -31,6 +31,23 @@ impl Layout {
     pub fn bundle(&self, id: &str) -> PathBuf {
         self.sandboxes().join(id)
     }
+    /// Where the shim leaves why a guest ended on its own (an
+    /// [`hatchery_runtime::EndCause`] as JSON), for the daemon to read
+    /// after the agent's channel closed: outside the bundle, which the
+    /// shim's teardown removes. `destroy` removes it.
+    pub fn end_file(&self, id: &str) -> PathBuf {
+        Self::end_file_beside(&self.bundle(id))
+    }
+    /// [`Layout::end_file`] from the bundle's path (what the shim knows).
+    pub fn end_file_beside(bundle: &Path) -> PathBuf {
+        let id = bundle.file_name().unwrap_or_default();
+        let sandboxes = bundle.parent().unwrap_or(Path::new("/"));
+        sandboxes
+            .parent()
+            .unwrap_or(Path::new("/"))
+            .join("ends")
+            .join(id)
+    }
     pub fn socket(&self, id: &str) -> PathBuf {
         self.bundle(id).join("shim.sock")
     }

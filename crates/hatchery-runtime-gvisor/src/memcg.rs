@@ -181,6 +181,26 @@ pub fn oom_kills(id: &str) -> Option<u64> {
     Some(parent + oom_kill_count(&dir.join(GUEST)).unwrap_or(0))
 }
 
+/// Why a sandbox whose guest just ended died, judged from its cgroups' OOM
+/// kills. The kernel counts a kill in the victim's own cgroup (in cgroup v1
+/// events do not propagate to parents), so a kill counted in the sandbox's
+/// cgroup took the Sentry or the gofer: the host backstop fired. A kill in
+/// `guest` took a guest process; if the sandbox died with it, the victim
+/// was one it needs (its agent). No kill: not a memory death.
+pub fn end_cause(id: &str) -> Option<hatchery_runtime::EndCause> {
+    let dir = sandbox_dir(id);
+    end_cause_of(oom_kill_count(&dir), oom_kill_count(&dir.join(GUEST)))
+}
+
+fn end_cause_of(parent: Option<u64>, guest: Option<u64>) -> Option<hatchery_runtime::EndCause> {
+    use hatchery_runtime::EndCause;
+    match (parent.unwrap_or(0), guest.unwrap_or(0)) {
+        (p, _) if p > 0 => Some(EndCause::HostOom),
+        (_, g) if g > 0 => Some(EndCause::GuestOom),
+        _ => None,
+    }
+}
+
 /// Removes `guest` (its processes must be gone; a cgroup with a child
 /// cannot be removed, so this comes before the sandbox's own cgroup).
 /// Retries briefly while killed processes are being reaped.
@@ -198,6 +218,18 @@ pub fn remove_guest(id: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_kill_in_the_sandbox_cgroup_is_the_backstop_whatever_the_guest_saw() {
+        use hatchery_runtime::EndCause;
+        assert_eq!(end_cause_of(Some(1), Some(3)), Some(EndCause::HostOom));
+        assert_eq!(end_cause_of(Some(0), Some(2)), Some(EndCause::GuestOom));
+        assert_eq!(end_cause_of(Some(0), Some(0)), None);
+        // The guest cgroup already gone (no split, or removed): only the
+        // parent's count speaks.
+        assert_eq!(end_cause_of(Some(1), None), Some(EndCause::HostOom));
+        assert_eq!(end_cause_of(None, None), None);
+    }
 
     #[test]
     fn the_runtime_is_what_was_started_from_outside() {

@@ -168,6 +168,7 @@ impl Runtime for GvisorRuntime {
         tokio::task::spawn_blocking(move || teardown::destroy(&runsc, &flags, &id2, &bundle))
             .await
             .map_err(|e| RuntimeError::Other(e.to_string()))?;
+        let _ = std::fs::remove_file(self.layout.end_file(id));
         Ok(())
     }
 
@@ -195,6 +196,11 @@ impl Runtime for GvisorRuntime {
 
     fn oom_kills(&self, id: &str) -> Option<u64> {
         crate::memcg::oom_kills(id)
+    }
+
+    fn end_cause(&self, id: &str) -> Option<hatchery_runtime::EndCause> {
+        let b = std::fs::read(self.layout.end_file(id)).ok()?;
+        serde_json::from_slice(&b).ok()
     }
 
     fn image_compat(&self) -> String {

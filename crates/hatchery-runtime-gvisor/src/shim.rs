@@ -62,6 +62,27 @@ struct Shim {
 }
 
 impl Shim {
+    /// The guest ended on its own: if memory killed it, say so where the
+    /// daemon looks (Layout::end_file) before teardown erases the cgroups
+    /// that tell. Best effort: without it the daemon says `guest_exited`.
+    fn note_end_cause(&self) {
+        let Some(cause) = memcg::end_cause(&self.cfg.id) else {
+            return;
+        };
+        let path = Layout::end_file_beside(&self.bundle);
+        let written = path
+            .parent()
+            .map(std::fs::create_dir_all)
+            .unwrap_or(Ok(()))
+            .and_then(|()| std::fs::write(&path, serde_json::to_vec(&cause).unwrap_or_default()));
+        if let Err(e) = written {
+            eprintln!(
+                "hatchery-shim {}: could not note {cause:?}: {e}",
+                self.cfg.id
+            );
+        }
+    }
+
     fn destroy_and_exit(&self, why: &str) -> ! {
         eprintln!("hatchery-shim {}: destroying sandbox: {why}", self.cfg.id);
         teardown::destroy(
@@ -217,8 +238,14 @@ fn serve(
                         }
                     }
                 }
-                Ok(None) => s.destroy_and_exit("agent channel closed"),
-                Err(e) => s.destroy_and_exit(&format!("agent channel broken: {e}")),
+                Ok(None) => {
+                    s.note_end_cause();
+                    s.destroy_and_exit("agent channel closed")
+                }
+                Err(e) => {
+                    s.note_end_cause();
+                    s.destroy_and_exit(&format!("agent channel broken: {e}"))
+                }
             }
         }
     });

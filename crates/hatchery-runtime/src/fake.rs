@@ -189,6 +189,8 @@ struct Sandbox {
     conn: Option<watch::Sender<()>>,
     /// The checkpoint serial it was restored from.
     restored_from: Option<u64>,
+    /// Set by [`FakeRuntime::kill_for`].
+    end_cause: Option<crate::EndCause>,
 }
 
 #[derive(Default)]
@@ -347,6 +349,15 @@ impl FakeRuntime {
         true
     }
 
+    /// The guest dies as [`FakeRuntime::kill`] says, and the runtime knows
+    /// why (`end_cause` answers `cause` until `destroy`).
+    pub fn kill_for(&self, id: &str, cause: crate::EndCause) -> bool {
+        if let Some(s) = self.st().sandboxes.get_mut(id) {
+            s.end_cause = Some(cause);
+        }
+        self.kill(id)
+    }
+
     /// Ends the current agent connection while the sandbox lives on (an
     /// agent channel that broke, the shim still up): `set_expiry` works,
     /// and a new `connect` reaches the same guest. False if unknown.
@@ -456,6 +467,7 @@ impl FakeRuntime {
                 guest: Arc::new(guest),
                 conn: None,
                 restored_from,
+                end_cause: None,
             },
         );
         Ok(())
@@ -517,6 +529,10 @@ impl Runtime for FakeRuntime {
 
     fn oom_kills(&self, _id: &str) -> Option<u64> {
         None
+    }
+
+    fn end_cause(&self, id: &str) -> Option<crate::EndCause> {
+        self.st().sandboxes.get(id).and_then(|s| s.end_cause)
     }
 
     fn leftovers(&self, id: &str) -> Vec<String> {

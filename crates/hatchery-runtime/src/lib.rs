@@ -48,6 +48,30 @@ pub trait AgentIo: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> AgentIo for T {}
 pub type AgentStream = Pin<Box<dyn AgentIo>>;
 
+/// Why a guest ended on its own, when the runtime can tell (see
+/// [`Runtime::end_cause`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EndCause {
+    /// The host's backstop fired: the host killed part of the runtime
+    /// itself (gVisor's Sentry or gofer) for memory. The guest's own
+    /// ceiling should always act first; this one means it did not.
+    HostOom,
+    /// The guest's own memory ceiling was hit and the guest did not survive
+    /// it (the OOM killer chose a process the sandbox needs, its agent).
+    GuestOom,
+}
+
+impl EndCause {
+    /// The sandbox's stop reason and the API's error code for it.
+    pub fn reason(self) -> &'static str {
+        match self {
+            EndCause::HostOom => "host_oom",
+            EndCause::GuestOom => "guest_oom",
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     #[error("sandbox {0} not found in the runtime")]
@@ -88,6 +112,14 @@ pub trait Runtime: Send + Sync + 'static {
 
     /// Number of OOM kills inside the sandbox so far, if the runtime can tell.
     fn oom_kills(&self, id: &str) -> Option<u64>;
+
+    /// Why the guest of `id` ended on its own, if it did and the runtime
+    /// knows: readable once the agent's channel has closed, until `destroy`
+    /// (which forgets it). `None` for a guest still running, an unknown
+    /// cause, or a runtime that cannot tell.
+    fn end_cause(&self, _id: &str) -> Option<EndCause> {
+        None
+    }
 
     /// Host resources still present for `id`, described for humans; empty
     /// once teardown is complete. Used by health checks and tests.

@@ -46,7 +46,7 @@ fn err(e: CoreError) -> BackendError {
         | CoreError::TooMany(_)
         | CoreError::TooManyConnections(_) => FailKind::TooMany,
         CoreError::NotRunning(_) => FailKind::NotRunning,
-        CoreError::GuestUnresponsive(_) => FailKind::Unresponsive,
+        CoreError::GuestUnresponsive(_) | CoreError::SandboxOom { .. } => FailKind::Unresponsive,
         CoreError::Guest { code, .. } if code == "not_found" => FailKind::FileNotFound,
         CoreError::Guest { code, .. } if code == "permission_denied" => FailKind::PermissionDenied,
         CoreError::Guest { code, .. } if code == "not_a_regular_file" => FailKind::WrongType,
