@@ -110,10 +110,27 @@ class RawRunsc:
         self.n += 1
         b = os.path.join(self.dir, f"b{self.n}")
         os.makedirs(b)
-        shutil.copy(config, os.path.join(b, "config.json"))
+        # The daemon's spec names its own bundle's paths (the guest's /tmp
+        # lower layer): point them at this bundle. Its writable layers live
+        # in the bundle's disk directory (hatchery-runtime-gvisor layout.rs,
+        # `--overlay2=all:dir=`), which the checkpoint was taken with: a
+        # restore with another overlay setting is refused (exit 128). The
+        # daemon's disk is a tmpfs the shim mounts; here it is a plain
+        # directory, which the restore only creates files in.
+        spec = json.load(open(config))
+        old = spec.pop("hatchery_bundle")
+        for m in spec.get("mounts", []):
+            if m.get("source", "").startswith(old):
+                m["source"] = b + m["source"][len(old):]
+                os.makedirs(m["source"], exist_ok=True)
+        os.makedirs(os.path.join(b, "disk"))
+        json.dump(spec, open(os.path.join(b, "config.json"), "w"))
         cid = f"raw{self.n}"
+        flags = [f for f in self.flags if not f.startswith("--overlay2")]
         t = time.perf_counter()
-        self.runsc("restore", f"--image-path={img}", "--detach", f"--bundle={b}", cid, check=True)
+        subprocess.run(["runsc", *flags, f"--overlay2=all:dir={b}/disk", "restore", f"--image-path={img}",
+                        "--detach", f"--bundle={b}", cid],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, check=True)
         ms = (time.perf_counter() - t) * 1000
         self.runsc("delete", "--force", cid)
         return ms
@@ -200,7 +217,10 @@ def network_off_figures(raw):
         off = [create_delete(d, "restore") for _ in range(max(5, N // 2))]
         probe = d.create(ttl_seconds=60)
         config = os.path.join(raw.dir, "template-config.json")
-        shutil.copy(os.path.join(d.data_dir, "sandboxes", probe, "config.json"), config)
+        bundle = os.path.join(d.data_dir, "sandboxes", probe)
+        spec = json.load(open(os.path.join(bundle, "config.json")))
+        spec["hatchery_bundle"] = bundle
+        json.dump(spec, open(config, "w"))
         d.delete(probe)
         image = glob.glob(os.path.join(d.data_dir, "images", "*"))[0]
         base = [raw.restore_image(image, config) for _ in range(max(5, N // 2))]

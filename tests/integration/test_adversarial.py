@@ -77,7 +77,9 @@ def test_memory_hog_is_oom_killed_inside_its_ceiling(daemon):
 # of its own (hatchery-runtime-gvisor memcg.rs), a slow Sentry let the host
 # OOM killer take it, and this test fails on that code at its first hog.
 # HATCHERY_HOG_ROUNDS repeats the shapes (7 per round; 7 rounds for the
-# issue's 50), 1 in `make test`.
+# issue's 50), 1 in `make test`; HATCHERY_HOG_WARMUP sandboxes are served
+# (created, run, deleted) first, so that the hogs meet a daemon that has
+# been working a while (`make soak-memory`: 7 rounds after 300).
 HOG = "x = []\nwhile True: x.append(b'x' * (1 << 20))"
 HOG_LINE = "x = [b'x' * (1 << 20) for _ in iter(int, 1)]"  # the same, on one line for sh -c
 HOGS = {
@@ -108,7 +110,14 @@ def burn_inside(sid, n=1):
 @pytest.mark.timeout(900)
 def test_memory_hogs_of_every_shape_end_in_their_own_oom(daemon):
     rounds = int(os.environ.get("HATCHERY_HOG_ROUNDS", "1"))
-    sid, coder = daemon.create(), daemon.create()
+    for _ in range(int(os.environ.get("HATCHERY_HOG_WARMUP", "0"))):
+        served = daemon.create()
+        assert daemon.exec(served, "echo served")["stdout"] == "served\n"
+        daemon.delete(served)
+        daemon.created.discard(served)
+    # An hour: the soak outlasts the default TTL (300 s), which is what
+    # ended its sandbox in earlier runs, not a hog.
+    sid, coder = daemon.create(ttl_seconds=3600), daemon.create(ttl_seconds=3600)
     burners = burn_inside(sid) + burn_inside(coder)
     try:
         for shape, argv in list(HOGS.items()) * rounds:

@@ -15,6 +15,7 @@
 mod layout;
 pub mod memcg;
 mod oci;
+pub mod oom;
 mod runtime;
 pub mod shim;
 pub mod teardown;

@@ -20,6 +20,8 @@
 //! `guest`; the OOM killer of `guest` can only choose among guest
 //! processes' stubs, and the Sentry, outside it with room to spare, frees
 //! the victim's memory. The parent's limit stays as the host's backstop.
+//! Who chooses the victim inside `guest` is the shim (oom.rs), not the
+//! kernel, because the victim's memory is released late.
 //!
 //! The Sentry and gofer are told apart from stubs by their parent: runsc
 //! starts both from outside the cgroup, while every stub is a child of the
@@ -174,29 +176,42 @@ fn oom_kill_count(dir: &Path) -> Option<u64> {
 }
 
 /// OOM kills in the sandbox's cgroup and its `guest` child together (in
-/// cgroup v1 each counts only its own).
-pub fn oom_kills(id: &str) -> Option<u64> {
+/// cgroup v1 each counts only its own), with the shim's own in `guest`
+/// (oom.rs; `bundle` is the sandbox's bundle).
+pub fn oom_kills(id: &str, bundle: &Path) -> Option<u64> {
     let dir = sandbox_dir(id);
     let parent = oom_kill_count(&dir)?;
-    Some(parent + oom_kill_count(&dir.join(GUEST)).unwrap_or(0))
+    Some(parent + guest_kills(&dir, bundle))
 }
 
-/// Why a sandbox whose guest just ended died, judged from its cgroups' OOM
-/// kills. The kernel counts a kill in the victim's own cgroup (in cgroup v1
-/// events do not propagate to parents), so a kill counted in the sandbox's
-/// cgroup took the Sentry or the gofer: the host backstop fired. A kill in
-/// `guest` took a guest process; if the sandbox died with it, the victim
-/// was one it needs (its agent). No kill: not a memory death.
-pub fn end_cause(id: &str) -> Option<hatchery_runtime::EndCause> {
-    let dir = sandbox_dir(id);
-    end_cause_of(oom_kill_count(&dir), oom_kill_count(&dir.join(GUEST)))
+fn guest_kills(dir: &Path, bundle: &Path) -> u64 {
+    oom_kill_count(&dir.join(GUEST)).unwrap_or(0) + crate::oom::kills(bundle)
 }
 
-fn end_cause_of(parent: Option<u64>, guest: Option<u64>) -> Option<hatchery_runtime::EndCause> {
+/// Why a sandbox whose guest just ended on its own died, judged from its
+/// cgroups. The kernel counts a kill in the victim's own cgroup (in cgroup
+/// v1 events do not propagate to parents), so a kill counted in the
+/// sandbox's cgroup took the Sentry or the gofer: the host backstop fired.
+/// `guest_oom_now`: the guest was at its ceiling, or a guest process was
+/// killed for memory, just before the end (the shim knows, oom.rs); then
+/// the victim was one the sandbox needs (its agent). Otherwise it was not a
+/// memory death.
+pub fn end_cause(id: &str, guest_oom_now: bool) -> Option<hatchery_runtime::EndCause> {
+    end_cause_of(oom_kill_count(&sandbox_dir(id)), guest_oom_now)
+}
+
+/// Whether `guest` is at its ceiling right now, with its tasks waiting.
+pub fn guest_under_oom(id: &str) -> bool {
+    std::fs::read_to_string(sandbox_dir(id).join(GUEST).join("memory.oom_control"))
+        .map(|s| s.lines().any(|l| l.trim() == "under_oom 1"))
+        .unwrap_or(false)
+}
+
+fn end_cause_of(parent: Option<u64>, guest_oom_now: bool) -> Option<hatchery_runtime::EndCause> {
     use hatchery_runtime::EndCause;
-    match (parent.unwrap_or(0), guest.unwrap_or(0)) {
-        (p, _) if p > 0 => Some(EndCause::HostOom),
-        (_, g) if g > 0 => Some(EndCause::GuestOom),
+    match parent.unwrap_or(0) {
+        p if p > 0 => Some(EndCause::HostOom),
+        _ if guest_oom_now => Some(EndCause::GuestOom),
         _ => None,
     }
 }
@@ -222,13 +237,12 @@ mod tests {
     #[test]
     fn a_kill_in_the_sandbox_cgroup_is_the_backstop_whatever_the_guest_saw() {
         use hatchery_runtime::EndCause;
-        assert_eq!(end_cause_of(Some(1), Some(3)), Some(EndCause::HostOom));
-        assert_eq!(end_cause_of(Some(0), Some(2)), Some(EndCause::GuestOom));
-        assert_eq!(end_cause_of(Some(0), Some(0)), None);
-        // The guest cgroup already gone (no split, or removed): only the
-        // parent's count speaks.
-        assert_eq!(end_cause_of(Some(1), None), Some(EndCause::HostOom));
-        assert_eq!(end_cause_of(None, None), None);
+        assert_eq!(end_cause_of(Some(1), true), Some(EndCause::HostOom));
+        assert_eq!(end_cause_of(Some(1), false), Some(EndCause::HostOom));
+        assert_eq!(end_cause_of(Some(0), true), Some(EndCause::GuestOom));
+        // Kills long before the end (a hog an hour ago) say nothing about it.
+        assert_eq!(end_cause_of(Some(0), false), None);
+        assert_eq!(end_cause_of(None, false), None);
     }
 
     #[test]

@@ -195,7 +195,7 @@ impl Runtime for GvisorRuntime {
     }
 
     fn oom_kills(&self, id: &str) -> Option<u64> {
-        crate::memcg::oom_kills(id)
+        crate::memcg::oom_kills(id, &self.layout.bundle(id))
     }
 
     fn end_cause(&self, id: &str) -> Option<hatchery_runtime::EndCause> {

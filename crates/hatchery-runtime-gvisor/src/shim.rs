@@ -18,7 +18,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -49,6 +49,9 @@ fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
 /// How often the shim looks for a guest process outside the guest's
 /// memory cgroup.
 const SWEEP_MS: u64 = 250;
+/// A guest OOM kill this recent when the guest ends makes it a memory
+/// death (`guest_oom`).
+const RECENT_OOM_MS: u64 = 10_000;
 
 /// Buffer of each agent pipe.
 const PIPE_BYTES: libc::c_int = 1 << 20;
@@ -59,6 +62,11 @@ struct Shim {
     expires_at: AtomicU64,
     to_agent: Mutex<File>,
     client: Mutex<Option<UnixStream>>,
+    /// Set once the shim itself ends the sandbox (TTL, shutdown): the
+    /// agent's channel then closes because of us, not of the guest.
+    destroying: AtomicBool,
+    /// Unix ms of the guest OOM killer's last kill (oom.rs); 0: none.
+    last_oom_kill_ms: Arc<AtomicU64>,
 }
 
 impl Shim {
@@ -66,7 +74,13 @@ impl Shim {
     /// daemon looks (Layout::end_file) before teardown erases the cgroups
     /// that tell. Best effort: without it the daemon says `guest_exited`.
     fn note_end_cause(&self) {
-        let Some(cause) = memcg::end_cause(&self.cfg.id) else {
+        if self.destroying.load(Ordering::SeqCst) {
+            return;
+        }
+        let last = self.last_oom_kill_ms.load(Ordering::SeqCst);
+        let recent = last > 0 && now_ms().saturating_sub(last) <= RECENT_OOM_MS;
+        let guest_oom_now = recent || memcg::guest_under_oom(&self.cfg.id);
+        let Some(cause) = memcg::end_cause(&self.cfg.id, guest_oom_now) else {
             return;
         };
         let path = Layout::end_file_beside(&self.bundle);
@@ -84,6 +98,7 @@ impl Shim {
     }
 
     fn destroy_and_exit(&self, why: &str) -> ! {
+        self.destroying.store(true, Ordering::SeqCst);
         eprintln!("hatchery-shim {}: destroying sandbox: {why}", self.cfg.id);
         teardown::destroy(
             &self.cfg.runsc,
@@ -119,8 +134,8 @@ pub fn run(bundle: &Path) -> ! {
         }
     };
     match start(&cfg, bundle) {
-        Ok((to_agent, from_agent, listener, split)) => {
-            serve(cfg, bundle, to_agent, from_agent, listener, split)
+        Ok((to_agent, from_agent, listener, split, killer)) => {
+            serve(cfg, bundle, to_agent, from_agent, listener, split, killer)
         }
         Err(e) => {
             println!("error: {e}");
@@ -131,7 +146,13 @@ pub fn run(bundle: &Path) -> ! {
     }
 }
 
-type Started = (File, File, UnixListener, Option<memcg::Split>);
+type Started = (
+    File,
+    File,
+    UnixListener,
+    Option<memcg::Split>,
+    Option<crate::oom::Killer>,
+);
 
 fn start(cfg: &ShimConfig, bundle: &Path) -> std::io::Result<Started> {
     private_mounts(cfg, bundle)?;
@@ -169,6 +190,17 @@ fn start(cfg: &ShimConfig, bundle: &Path) -> std::io::Result<Started> {
     } else {
         None
     };
+    // The guest's OOM killer (oom.rs), armed before `ready` too. Without
+    // it the kernel's stays in charge.
+    let killer = split.as_ref().and_then(|_| {
+        crate::oom::Killer::arm(
+            &memcg::sandbox_dir(&cfg.id),
+            bundle,
+            memcg::guest_limit_bytes(cfg.memory_mb),
+        )
+        .inspect_err(|e| eprintln!("hatchery-shim: the kernel's OOM killer stays in charge: {e}"))
+        .ok()
+    });
     let sock = bundle.join("shim.sock");
     let _ = std::fs::remove_file(&sock);
     let listener = UnixListener::bind(&sock)?;
@@ -178,6 +210,7 @@ fn start(cfg: &ShimConfig, bundle: &Path) -> std::io::Result<Started> {
         File::from(from_agent),
         listener,
         split,
+        killer,
     ))
 }
 
@@ -188,18 +221,24 @@ fn serve(
     from_agent: File,
     listener: UnixListener,
     split: Option<memcg::Split>,
+    killer: Option<crate::oom::Killer>,
 ) -> ! {
     std::fs::write(bundle.join("shim.pid"), std::process::id().to_string()).ok();
     println!("ready");
     let _ = std::io::stdout().flush();
     detach_stdio(bundle);
 
+    let last_oom_kill_ms = killer
+        .as_ref()
+        .map_or_else(Default::default, |k| k.last_kill());
     let shim = Arc::new(Shim {
         expires_at: AtomicU64::new(cfg.expires_at_ms),
         cfg,
         bundle: bundle.to_path_buf(),
         to_agent: Mutex::new(to_agent),
         client: Mutex::new(None),
+        destroying: AtomicBool::new(false),
+        last_oom_kill_ms,
     });
 
     let s = Arc::clone(&shim);
@@ -210,6 +249,9 @@ fn serve(
         std::thread::sleep(Duration::from_millis(200));
     });
 
+    if let Some(k) = killer {
+        std::thread::spawn(move || k.run());
+    }
     if let Some(split) = split {
         // Stubs are cloned from stubs already in `guest`; this catches one
         // the Sentry might start itself (memcg.rs).
