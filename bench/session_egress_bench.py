@@ -82,7 +82,7 @@ def once(open_):
 
 d, p, pp = [], [], []
 for i in range(n + 10):
-    a = once(lambda: direct(9200))
+    a = once(lambda: direct(9210))
     b = once(lambda: via_proxy(echo))
     c = pipelined(echo)
     if i >= 10:
@@ -98,7 +98,7 @@ def pull(s):
         got += len(c)
     return got / (1 << 20) / (time.perf_counter() - t)
 
-td = pull(direct(9201))
+td = pull(direct(9211))
 tp = pull(via_proxy(src))
 def pct(v, q):
     v = sorted(v)
@@ -171,8 +171,8 @@ def main():
     echo, src = echo_server(), source_server()
     git = GitServer().start()
     d = Daemon(extra_args=["--pool-size", "1", "--max-ttl", "7200",
-                           "--host-service", f"echo=9200={HOST}:{echo},identity=proxy",
-                           "--host-service", f"src=9201={HOST}:{src},identity=proxy"]).start()
+                           "--host-service", f"echo=9210={HOST}:{echo},identity=proxy",
+                           "--host-service", f"src=9211={HOST}:{src},identity=proxy"]).start()
     try:
         r = d.request("POST", "/v1/policies", {"name": "bench", "rules": [
             {"id": "bench", "effect": "allow", "match": {"tools": ["egress"], "hosts": [f"{HOST}/32"],
