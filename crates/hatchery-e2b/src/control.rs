@@ -487,8 +487,38 @@ pub async fn resume(
 
 #[derive(Deserialize, Default)]
 pub struct PauseBody {
+    /// `true` or absent: memory, processes and files (a Hatchery
+    /// snapshot). `false` asks for a filesystem-only pause, which this
+    /// backend cannot do honestly: refused before anything happens.
+    memory: Option<bool>,
     #[serde(flatten)]
     rest: BTreeMap<String, Value>,
+}
+
+/// Why a pause body is refused, if it is.
+fn pause_refusal(b: &PauseBody) -> Option<String> {
+    if b.memory == Some(false) {
+        return Some(
+            "filesystem-only pause (memory: false) is not supported by Hatchery: \
+             pause with memory (the default) instead (see docs/e2b.md)"
+                .into(),
+        );
+    }
+    // `requireHealthyGuest` (the SDK's `strict`) and `strict`: a snapshot
+    // needs a responding guest anyway. `mode: "memory"` is what it does.
+    for (k, v) in &b.rest {
+        let fine = match k.as_str() {
+            "strict" | "requireHealthyGuest" => v.is_null() || v.is_boolean(),
+            "mode" => v.is_null() || v == "memory" || v == "full",
+            _ => v.is_null(),
+        };
+        if !fine {
+            return Some(format!(
+                "pause option {k:?}={v} is not supported by Hatchery"
+            ));
+        }
+    }
+    None
 }
 
 /// Pause: a snapshot of the running sandbox, then the sandbox is stopped;
@@ -498,18 +528,8 @@ pub async fn pause(
     Path(id): Path<String>,
     Body(b): Body<PauseBody>,
 ) -> ApiResult<StatusCode> {
-    // `strict` and `mode: "memory"` are what a snapshot does anyway.
-    for (k, v) in &b.rest {
-        let fine = match k.as_str() {
-            "strict" => true,
-            "mode" => v.is_null() || v == "memory",
-            _ => v.is_null(),
-        };
-        if !fine {
-            return Err(ApiError::bad(format!(
-                "pause option {k:?}={v} is not supported by Hatchery"
-            )));
-        }
+    if let Some(why) = pause_refusal(&b) {
+        return Err(ApiError::bad(why));
     }
     let Some((h, v)) = s.live(&id).await? else {
         return Err(match s.paused(&id).await? {
@@ -625,6 +645,22 @@ fn parse_query(q: Option<&str>) -> ApiResult<ListQuery> {
                 out.limit = Some(n);
             }
             "nextToken" => out.next = Some(v),
+            "startedAfter" => {
+                // A `+` offset sent unencoded arrives as a space.
+                let v = v.replace(' ', "+");
+                let t =
+                    time::OffsetDateTime::parse(&v, &time::format_description::well_known::Rfc3339)
+                        .map_err(|e| {
+                            ApiError::bad(format!(
+                                "startedAfter must be an RFC 3339 date-time ({v:?}: {e})"
+                            ))
+                        })?;
+                out.started_after_ns = Some(t.unix_timestamp_nanos());
+            }
+            "template" if v.is_empty() => {
+                return Err(ApiError::bad("template must not be empty"));
+            }
+            "template" => out.template = Some(template_alias(&v).to_string()),
             "order" if v == "asc" || v == "desc" => out.asc = v == "asc",
             _ => return Err(ApiError::bad(format!("unsupported query parameter {k:?}"))),
         }
@@ -639,6 +675,24 @@ struct ListQuery {
     limit: Option<usize>,
     next: Option<String>,
     asc: bool,
+    /// Sandboxes started at or after this instant (ns since the epoch).
+    started_after_ns: Option<i128>,
+    /// One template (E2B aliases resolved).
+    template: Option<String>,
+}
+
+impl ListQuery {
+    /// Whether a sandbox passes the metadata, start-time and template
+    /// filters (the state filter is the caller's).
+    fn admits(&self, v: &SandboxView) -> bool {
+        self.metadata
+            .iter()
+            .all(|(k, x)| v.metadata.get(k) == Some(x))
+            && self
+                .started_after_ns
+                .is_none_or(|t| v.created_at_ms as i128 * 1_000_000 >= t)
+            && self.template.as_ref().is_none_or(|t| &v.template == t)
+    }
 }
 
 fn form_pairs(q: &str) -> ApiResult<Vec<(String, String)>> {
@@ -701,9 +755,7 @@ pub async fn list_v1(
     let out: Vec<Value> = everything(&s)
         .await?
         .into_iter()
-        .filter(|(_, v, st)| {
-            *st == "running" && q.metadata.iter().all(|(k, x)| v.metadata.get(k) == Some(x))
-        })
+        .filter(|(_, v, st)| *st == "running" && q.admits(v))
         .map(|(id, v, st)| detail_json(&id, &v, st))
         .collect();
     Ok(Json(Value::Array(out)))
@@ -715,8 +767,7 @@ pub async fn list_v2(State(s): State<Arc<Shared>>, RawQuery(q): RawQuery) -> Api
         .await?
         .into_iter()
         .filter(|(_, v, st)| {
-            (q.states.is_empty() || q.states.iter().any(|x| x == st))
-                && q.metadata.iter().all(|(k, x)| v.metadata.get(k) == Some(x))
+            (q.states.is_empty() || q.states.iter().any(|x| x == st)) && q.admits(v)
         })
         .collect();
     // Newest first by default; the id breaks ties so pages are stable.
@@ -762,6 +813,23 @@ pub async fn list_v2(State(s): State<Arc<Shared>>, RawQuery(q): RawQuery) -> Api
         }
     }
     Ok(r)
+}
+
+/// `Template.exists`: 200 `{"templateID", "public"}` when the name (or an
+/// E2B name for a Hatchery template) is a template here, else 404. Every
+/// template on the daemon is the caller's, so none is `public`.
+pub async fn template_alias_get(
+    State(s): State<Arc<Shared>>,
+    Path(alias): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let name = template_alias(&alias);
+    if alias.is_empty() || !s.backend.template_exists(name) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("template alias '{alias}' not found"),
+        ));
+    }
+    Ok(Json(json!({"templateID": name, "public": false})))
 }
 
 /// Unknown control-plane routes, in E2B's error shape.
@@ -811,6 +879,65 @@ mod tests {
         assert!(parse_query(Some("state=dead")).is_err());
         assert!(parse_query(Some("bogus=1")).is_err());
         assert!(parse_query(Some("metadata=%zz")).is_err());
+    }
+
+    fn view(template: &str, created_at_ms: u64) -> SandboxView {
+        SandboxView {
+            id: "x".into(),
+            template: template.into(),
+            created_at_ms,
+            expires_at_ms: created_at_ms + 1000,
+            metadata: BTreeMap::new(),
+            cpus: 1.0,
+            memory_mb: 512,
+            disk_mb: 512,
+        }
+    }
+
+    #[test]
+    fn started_after_and_template_filters() {
+        // 2023-11-14T22:13:20Z is 1_700_000_000 s; the SDKs send offsets
+        // and microseconds (Python) or Z and milliseconds (JS).
+        let q = parse_query(Some(
+            "startedAfter=2023-11-14T22%3A13%3A20.000500%2B00%3A00",
+        ))
+        .unwrap();
+        assert!(!q.admits(&view("base", 1_700_000_000_000)));
+        assert!(q.admits(&view("base", 1_700_000_000_001)));
+        let q = parse_query(Some("startedAfter=2023-11-14T23:13:20.001+01:00")).unwrap();
+        assert!(
+            q.admits(&view("base", 1_700_000_000_001)),
+            "at the instant itself"
+        );
+        assert!(!q.admits(&view("base", 1_700_000_000_000)));
+        let q = parse_query(Some("startedAfter=2023-11-14T22:13:20Z&template=base")).unwrap();
+        assert!(q.admits(&view("base", 1_700_000_000_000)));
+        assert!(!q.admits(&view("code-interpreter", 1_700_000_000_000)));
+        let q = parse_query(Some("template=code-interpreter-v1")).unwrap();
+        assert!(q.admits(&view("code-interpreter", 1)));
+        assert!(!q.admits(&view("base", 1)));
+        for bad in ["startedAfter=yesterday", "startedAfter=", "template="] {
+            assert!(parse_query(Some(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn pause_bodies() {
+        let body = |j: &str| serde_json::from_str::<PauseBody>(j).unwrap();
+        for ok in [
+            "{}",
+            r#"{"memory": true}"#,
+            r#"{"memory": null}"#,
+            r#"{"memory": true, "requireHealthyGuest": true}"#,
+            r#"{"strict": false, "mode": "memory"}"#,
+        ] {
+            assert_eq!(pause_refusal(&body(ok)), None, "{ok}");
+        }
+        let why = pause_refusal(&body(r#"{"memory": false}"#)).unwrap();
+        assert!(why.contains("filesystem-only pause"), "{why}");
+        assert!(pause_refusal(&body(r#"{"mode": "filesystem"}"#)).is_some());
+        assert!(pause_refusal(&body(r#"{"requireHealthyGuest": "yes"}"#)).is_some());
+        assert!(pause_refusal(&body(r#"{"other": 1}"#)).is_some());
     }
 
     #[test]
