@@ -212,3 +212,38 @@ def test_signed_urls(daemon):
     finally:
         a.kill()
         b.kill()
+
+
+def test_metrics_from_the_sandboxs_cgroups(sbx):
+    from e2b import SandboxNotFoundException
+
+    [idle] = sbx.get_metrics()
+    assert idle.cpu_count == 1 and idle.mem_total == 512 << 20 and idle.disk_total == 256 << 20
+    assert 0 < idle.mem_used < idle.mem_total and 0 < idle.disk_used < idle.disk_total
+    assert abs(idle.timestamp.timestamp() - time.time()) < 30
+    # The disk: 20 MiB more written.
+    sbx.commands.run("head -c 20971520 /dev/urandom > /home/user/blob")
+    [m] = sbx.get_metrics()
+    assert m.disk_used - idle.disk_used >= 19 << 20, (idle, m)
+    # Memory: 100 MiB touched by a process that keeps it.
+    sbx.commands.run("python3 -c \"b = b'x' * (100 << 20); import time; time.sleep(60)\"",
+                     background=True)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        [m] = sbx.get_metrics()
+        if m.mem_used - idle.mem_used >= 90 << 20:
+            break
+        time.sleep(0.5)
+    assert m.mem_used - idle.mem_used >= 90 << 20, (idle, m)
+    # CPU: a busy loop shows, an idle sandbox does not.
+    [quiet] = sbx.get_metrics()
+    sbx.commands.run("timeout 20 sh -c 'while :; do :; done'", background=True)
+    time.sleep(1)
+    [busy] = sbx.get_metrics()
+    assert busy.cpu_used_pct >= 30 and busy.cpu_used_pct > quiet.cpu_used_pct + 20, (quiet, busy)
+    # A window that ends before now has no sample.
+    past = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=1)
+    assert sbx.get_metrics(end=past) == []
+    assert len(sbx.get_metrics(start=past)) == 1
+    with pytest.raises(SandboxNotFoundException):
+        Sandbox.get_metrics("nosuchsandbox123")

@@ -58,6 +58,7 @@ pub fn router(backend: Arc<dyn Backend>, max_file_bytes: u64) -> Router {
         .route("/sandboxes/{id}/pause", post(control::pause))
         .route("/sandboxes/{id}/resume", post(control::resume))
         .route("/sandboxes/{id}/fork", post(control::fork))
+        .route("/sandboxes/{id}/metrics", get(control::metrics))
         .route(
             "/templates/aliases/{alias}",
             get(control::template_alias_get),
