@@ -202,7 +202,7 @@ def test_signed_urls(daemon):
         short = a.download_url("s/doc.txt", use_signature_expiration=1)
         time.sleep(2.2)
         r = httpx.get(short)
-        assert r.status_code == 401 and "expired" in r.json()["message"]
+        assert r.status_code == 401 and r.json() == {"code": 401, "message": "signature is already expired"}
         r = httpx.get(swap(short, signature_expiration=str(int(time.time()) + 600)))
         assert r.status_code == 401 and "invalid" in r.json()["message"]
         # A killed sandbox's URLs stop working.
@@ -241,7 +241,10 @@ def test_metrics_from_the_sandboxs_cgroups(sbx):
     time.sleep(1)
     [busy] = sbx.get_metrics()
     assert busy.cpu_used_pct >= 30 and busy.cpu_used_pct > quiet.cpu_used_pct + 20, (quiet, busy)
-    # A window that ends before now has no sample.
+    # As E2B's own test: a window from before the create up to now (whole
+    # seconds) has the sample; one that ends before now has none.
+    start = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(minutes=5)
+    assert len(sbx.get_metrics(start=start, end=datetime.datetime.now(datetime.timezone.utc))) == 1
     past = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(hours=1)
     assert sbx.get_metrics(end=past) == []
     assert len(sbx.get_metrics(start=past)) == 1

@@ -882,9 +882,9 @@ fn metric_json(now_ms: u64, v: &SandboxView, cpu: f64, mem: (u64, u64), disk_use
 /// (the guest's `/proc/stat` is all zeros under gVisor); memory from the
 /// guest's `/proc/meminfo` (the Sentry's accounting, what envd reports in
 /// E2B) against the template's memory; disk used from `df` of the guest's
-/// writable layers against the template's disk. `[]` when the sample falls
-/// outside `start`..`end` (Unix seconds), for a paused sandbox, or where
-/// this host cannot read the cgroup.
+/// writable layers against the template's disk. `[]` when `start`..`end`
+/// (Unix seconds) does not overlap the request's arrival..now, for a
+/// paused sandbox, or where this host cannot read the cgroup.
 pub async fn metrics(
     State(s): State<Arc<Shared>>,
     Path(id): Path<String>,
@@ -902,6 +902,7 @@ pub async fn metrics(
             _ => return Err(ApiError::bad(format!("unsupported query parameter {k:?}"))),
         }
     }
+    let arrived_s = (crate::now_ms() / 1000) as i64;
     let Some((h, v)) = s.live(&id).await? else {
         return match s.paused(&id).await? {
             Some(_) => Ok(Json(json!([]))),
@@ -934,9 +935,12 @@ pub async fn metrics(
             format!("the guest's /proc/meminfo or df in sandbox {h} gave no usable output"),
         )));
     };
+    // The sample covers the request's arrival to now: it is in a window
+    // that overlaps that span (the SDKs send whole seconds, so `end` is
+    // often the second the request was sent in).
     let now = crate::now_ms();
     let now_s = (now / 1000) as i64;
-    if start.is_some_and(|t| now_s < t) || end.is_some_and(|t| now_s > t) {
+    if start.is_some_and(|t| now_s < t) || end.is_some_and(|t| arrived_s > t) {
         return Ok(Json(json!([])));
     }
     let cpu = cpu_pct(before.cpu_ns, after.cpu_ns, window, v.cpus);

@@ -179,14 +179,24 @@ impl SignedOp {
 /// Why a signed URL was refused.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SignatureError {
-    #[error("this route takes a signed URL (signature=...); or send the access token to E2B_SANDBOX_URL")]
+    // The messages are envd's own.
+    #[error("missing signature query parameter")]
     Missing,
     #[error("signature_expiration must be a Unix time in seconds")]
     BadExpiration,
-    #[error("the signed URL expired")]
+    #[error("signature is already expired")]
     Expired,
-    #[error("invalid signature for this path, operation and user")]
+    #[error("invalid signature")]
     Invalid,
+}
+
+impl SignatureError {
+    fn status(&self) -> StatusCode {
+        match self {
+            SignatureError::BadExpiration => StatusCode::BAD_REQUEST,
+            _ => StatusCode::UNAUTHORIZED,
+        }
+    }
 }
 
 /// E2B's v1 URL signature: `v1_` and the unpadded base64 of
@@ -224,12 +234,14 @@ fn signer<'a>(
     now_s: u64,
 ) -> Result<&'a str, SignatureError> {
     let sig = q.signature.as_deref().ok_or(SignatureError::Missing)?;
-    if let Some(e) = q.expiration.as_deref() {
-        let at: u64 = e.parse().map_err(|_| SignatureError::BadExpiration)?;
-        if at < now_s {
-            return Err(SignatureError::Expired);
-        }
-    }
+    let expires = match q.expiration.as_deref() {
+        Some(e) => Some(
+            e.parse::<i64>()
+                .map_err(|_| SignatureError::BadExpiration)?,
+        ),
+        None => None,
+    };
+    // As envd: the signature first, then its expiry.
     let path = q.path.as_deref().unwrap_or("");
     let user = q.user.as_deref().unwrap_or("");
     let mut found = None;
@@ -239,7 +251,11 @@ fn signer<'a>(
             found = Some(id);
         }
     }
-    found.ok_or(SignatureError::Invalid)
+    let found = found.ok_or(SignatureError::Invalid)?;
+    if expires.is_some_and(|at| at < now_s as i64) {
+        return Err(SignatureError::Expired);
+    }
+    Ok(found)
 }
 
 /// The sandbox a signed `/files` request is for, as a [`Target`].
@@ -260,7 +276,7 @@ async fn signed_target(s: &Shared, q: &Query, op: SignedOp) -> Result<Target, Bo
         live.iter().map(|(e, _)| e.as_str()),
         now_s,
     )
-    .map_err(|e| Box::new(plain_error(StatusCode::UNAUTHORIZED, e.to_string())))?;
+    .map_err(|e| Box::new(plain_error(e.status(), e.to_string())))?;
     let sandbox = live
         .iter()
         .find(|(e, _)| e == id)
@@ -600,6 +616,17 @@ mod tests {
             signer(tok, &q, SignedOp::Read, ids, 100),
             Err(SignatureError::Invalid)
         );
+        // As envd: a forged signature is invalid before it is expired.
+        let q = signed("f.txt", SignedOp::Read, None, "guess", Some(99));
+        assert_eq!(
+            signer(tok, &q, SignedOp::Read, ids, 100),
+            Err(SignatureError::Invalid)
+        );
+        assert_eq!(
+            SignatureError::BadExpiration.status(),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(SignatureError::Expired.status(), StatusCode::UNAUTHORIZED);
         // Expired, malformed expiry, no signature, no sandbox at all.
         let q = signed("f.txt", SignedOp::Read, None, "token-of-a", Some(99));
         assert_eq!(
