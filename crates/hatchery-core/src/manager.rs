@@ -526,6 +526,13 @@ impl Manager {
         }
     }
 
+    /// A live sandbox's resource use as the host accounts it (`None`:
+    /// the runtime cannot tell, or the sandbox runs on another host).
+    pub async fn usage(&self, id: &str) -> Result<Option<hatchery_runtime::Usage>, CoreError> {
+        self.get(id).await?;
+        Ok(self.runtime.usage(id))
+    }
+
     pub async fn get(&self, id: &str) -> Result<SandboxInfo, CoreError> {
         if !valid_sandbox_id(id) {
             return Err(CoreError::SandboxNotFound(id.to_string()));

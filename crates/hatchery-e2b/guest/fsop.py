@@ -60,13 +60,18 @@ def listdir(path, depth, limit):
     walk(path, 1)
     return out
 
+# How long a repeat of the event just reported counts as the same event.
+REPEAT = 0.05
+
 def watch(path, recursive):
-    import ctypes, struct, select
+    import ctypes, struct, select, time
     libc = ctypes.CDLL(None, use_errno=True)
     fd = libc.inotify_init1(os.O_NONBLOCK)
     if fd < 0:
         raise OSError(ctypes.get_errno(), "inotify_init1")
-    mask = 0x2 | 0x4 | 0x40 | 0x80 | 0x100 | 0x200 | 0x8  # modify attrib moved_from moved_to create delete close_write
+    # modify attrib moved_from moved_to create delete: fsnotify's set, as
+    # envd watches (no close_write, which would double every write).
+    mask = 0x2 | 0x4 | 0x40 | 0x80 | 0x100 | 0x200
     wds = {}
     def add(p):
         wd = libc.inotify_add_watch(fd, p.encode(), mask)
@@ -85,6 +90,7 @@ def watch(path, recursive):
                 except OSError:
                     pass
     print(json.dumps({"started": True}), flush=True)
+    last, last_at = None, 0.0
     while True:
         select.select([fd], [], [])
         try:
@@ -112,12 +118,20 @@ def watch(path, recursive):
                 t = "remove"
             elif m & (0x40 | 0x80):
                 t = "rename" if m & 0x40 else "create"
-            elif m & (0x2 | 0x8):
+            elif m & 0x2:
                 t = "write"
             elif m & 0x4:
                 t = "chmod"
             else:
                 continue
+            # An event identical to the one just reported, within REPEAT
+            # seconds of it, is the same change (one write is a truncate
+            # and a write): dropped, as inotify merges identical events
+            # that are still unread. Reported at once, not held back.
+            now = time.monotonic()
+            if (rel, t) == last and now - last_at < REPEAT:
+                continue
+            last, last_at = (rel, t), now
             print(json.dumps({"name": rel, "type": t}), flush=True)
 
 def main():
@@ -144,7 +158,12 @@ def main():
             r = {"entries": listdir(args["path"], args["depth"], args["limit"])}
         elif op == "remove":
             p = args["path"]
-            st = os.lstat(p)
+            # As envd's (Go's os.RemoveAll): a missing path is removed.
+            try:
+                st = os.lstat(p)
+            except FileNotFoundError:
+                print(json.dumps({}), flush=True)
+                return
             if stat.S_ISDIR(st.st_mode):
                 shutil.rmtree(p)
             else:

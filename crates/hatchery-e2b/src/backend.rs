@@ -176,6 +176,13 @@ pub enum PtyEvent {
     Exit { exit_code: i32, signaled: bool },
 }
 
+/// A sandbox's resource use as the host accounts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// CPU time since the sandbox started, in nanoseconds.
+    pub cpu_ns: u64,
+}
+
 /// How long a resume claim outlives a holder that died mid-resume (a
 /// restore takes runsc's 60 s checkpoint limit at worst, plus margin).
 pub const RESUME_CLAIM_TTL_S: u64 = 180;
@@ -208,6 +215,9 @@ pub trait Backend: Send + Sync + 'static {
     ) -> BResult<Vec<(String, SandboxView)>>;
     /// Idempotent.
     async fn kill(&self, id: &str);
+    /// The sandbox's CPU use from the host's accounting (its cgroup);
+    /// `None` if this host cannot read it.
+    async fn usage(&self, id: &str) -> BResult<Option<Usage>>;
     async fn set_ttl(&self, id: &str, ttl_seconds: u64) -> BResult<SandboxView>;
     /// Replaces the egress policy.
     async fn set_network(&self, id: &str, net: NetworkSpec) -> BResult<()>;

@@ -487,8 +487,38 @@ pub async fn resume(
 
 #[derive(Deserialize, Default)]
 pub struct PauseBody {
+    /// `true` or absent: memory, processes and files (a Hatchery
+    /// snapshot). `false` asks for a filesystem-only pause, which this
+    /// backend cannot do honestly: refused before anything happens.
+    memory: Option<bool>,
     #[serde(flatten)]
     rest: BTreeMap<String, Value>,
+}
+
+/// Why a pause body is refused, if it is.
+fn pause_refusal(b: &PauseBody) -> Option<String> {
+    if b.memory == Some(false) {
+        return Some(
+            "filesystem-only pause (memory: false) is not supported by Hatchery: \
+             pause with memory (the default) instead (see docs/e2b.md)"
+                .into(),
+        );
+    }
+    // `requireHealthyGuest` (the SDK's `strict`) and `strict`: a snapshot
+    // needs a responding guest anyway. `mode: "memory"` is what it does.
+    for (k, v) in &b.rest {
+        let fine = match k.as_str() {
+            "strict" | "requireHealthyGuest" => v.is_null() || v.is_boolean(),
+            "mode" => v.is_null() || v == "memory" || v == "full",
+            _ => v.is_null(),
+        };
+        if !fine {
+            return Some(format!(
+                "pause option {k:?}={v} is not supported by Hatchery"
+            ));
+        }
+    }
+    None
 }
 
 /// Pause: a snapshot of the running sandbox, then the sandbox is stopped;
@@ -498,18 +528,8 @@ pub async fn pause(
     Path(id): Path<String>,
     Body(b): Body<PauseBody>,
 ) -> ApiResult<StatusCode> {
-    // `strict` and `mode: "memory"` are what a snapshot does anyway.
-    for (k, v) in &b.rest {
-        let fine = match k.as_str() {
-            "strict" => true,
-            "mode" => v.is_null() || v == "memory",
-            _ => v.is_null(),
-        };
-        if !fine {
-            return Err(ApiError::bad(format!(
-                "pause option {k:?}={v} is not supported by Hatchery"
-            )));
-        }
+    if let Some(why) = pause_refusal(&b) {
+        return Err(ApiError::bad(why));
     }
     let Some((h, v)) = s.live(&id).await? else {
         return Err(match s.paused(&id).await? {
@@ -625,6 +645,22 @@ fn parse_query(q: Option<&str>) -> ApiResult<ListQuery> {
                 out.limit = Some(n);
             }
             "nextToken" => out.next = Some(v),
+            "startedAfter" => {
+                // A `+` offset sent unencoded arrives as a space.
+                let v = v.replace(' ', "+");
+                let t =
+                    time::OffsetDateTime::parse(&v, &time::format_description::well_known::Rfc3339)
+                        .map_err(|e| {
+                            ApiError::bad(format!(
+                                "startedAfter must be an RFC 3339 date-time ({v:?}: {e})"
+                            ))
+                        })?;
+                out.started_after_ns = Some(t.unix_timestamp_nanos());
+            }
+            "template" if v.is_empty() => {
+                return Err(ApiError::bad("template must not be empty"));
+            }
+            "template" => out.template = Some(template_alias(&v).to_string()),
             "order" if v == "asc" || v == "desc" => out.asc = v == "asc",
             _ => return Err(ApiError::bad(format!("unsupported query parameter {k:?}"))),
         }
@@ -639,6 +675,24 @@ struct ListQuery {
     limit: Option<usize>,
     next: Option<String>,
     asc: bool,
+    /// Sandboxes started at or after this instant (ns since the epoch).
+    started_after_ns: Option<i128>,
+    /// One template (E2B aliases resolved).
+    template: Option<String>,
+}
+
+impl ListQuery {
+    /// Whether a sandbox passes the metadata, start-time and template
+    /// filters (the state filter is the caller's).
+    fn admits(&self, v: &SandboxView) -> bool {
+        self.metadata
+            .iter()
+            .all(|(k, x)| v.metadata.get(k) == Some(x))
+            && self
+                .started_after_ns
+                .is_none_or(|t| v.created_at_ms as i128 * 1_000_000 >= t)
+            && self.template.as_ref().is_none_or(|t| &v.template == t)
+    }
 }
 
 fn form_pairs(q: &str) -> ApiResult<Vec<(String, String)>> {
@@ -701,9 +755,7 @@ pub async fn list_v1(
     let out: Vec<Value> = everything(&s)
         .await?
         .into_iter()
-        .filter(|(_, v, st)| {
-            *st == "running" && q.metadata.iter().all(|(k, x)| v.metadata.get(k) == Some(x))
-        })
+        .filter(|(_, v, st)| *st == "running" && q.admits(v))
         .map(|(id, v, st)| detail_json(&id, &v, st))
         .collect();
     Ok(Json(Value::Array(out)))
@@ -715,8 +767,7 @@ pub async fn list_v2(State(s): State<Arc<Shared>>, RawQuery(q): RawQuery) -> Api
         .await?
         .into_iter()
         .filter(|(_, v, st)| {
-            (q.states.is_empty() || q.states.iter().any(|x| x == st))
-                && q.metadata.iter().all(|(k, x)| v.metadata.get(k) == Some(x))
+            (q.states.is_empty() || q.states.iter().any(|x| x == st)) && q.admits(v)
         })
         .collect();
     // Newest first by default; the id breaks ties so pages are stable.
@@ -762,6 +813,155 @@ pub async fn list_v2(State(s): State<Arc<Shared>>, RawQuery(q): RawQuery) -> Api
         }
     }
     Ok(r)
+}
+
+/// How long `get_metrics` watches the CPU to report its use.
+pub const CPU_SAMPLE: std::time::Duration = std::time::Duration::from_millis(200);
+const MIB: u64 = 1 << 20;
+
+/// CPU use over a window, in percent of the sandbox's CPUs (0..=100).
+fn cpu_pct(before: u64, after: u64, window_ns: u64, cpus: f64) -> f64 {
+    if window_ns == 0 || cpus <= 0.0 {
+        return 0.0;
+    }
+    let pct = after.saturating_sub(before) as f64 * 100.0 / (window_ns as f64 * cpus);
+    (pct.clamp(0.0, 100.0) * 100.0).round() / 100.0
+}
+
+/// Bytes used on the filesystems of `df -P -B1` output, each mount once.
+fn df_used(out: &str) -> Option<u64> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut total = 0u64;
+    for l in out.lines().skip(1).filter(|l| !l.trim().is_empty()) {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let (used, mount) = (f.get(2)?.parse::<u64>().ok()?, *f.last()?);
+        if seen.insert(mount.to_string()) {
+            total = total.saturating_add(used);
+        }
+    }
+    (!seen.is_empty()).then_some(total)
+}
+
+/// Memory in use and page cache, in bytes, from `/proc/meminfo`
+/// (`MemTotal - MemAvailable`, as envd reports it).
+fn meminfo(out: &str) -> Option<(u64, u64)> {
+    let kb = |name: &str| {
+        out.lines().find_map(|l| {
+            let rest = l.strip_prefix(name)?.strip_prefix(':')?;
+            rest.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()
+        })
+    };
+    let (total, avail) = (kb("MemTotal")?, kb("MemAvailable")?);
+    Some((
+        total.saturating_sub(avail) * 1024,
+        kb("Cached").unwrap_or(0) * 1024,
+    ))
+}
+
+/// What `get_metrics` reads in the guest: its memory, as the Sentry (the
+/// guest's kernel) accounts it, and its writable filesystems.
+const GUEST_READINGS: &str = "cat /proc/meminfo; echo ---; df -P -B1 / /tmp";
+
+/// One E2B `SandboxMetric`.
+fn metric_json(now_ms: u64, v: &SandboxView, cpu: f64, mem: (u64, u64), disk_used: u64) -> Value {
+    json!({
+        "timestamp": rfc3339(now_ms),
+        "timestampUnix": now_ms / 1000,
+        "cpuCount": (v.cpus.ceil() as i64).max(1),
+        "cpuUsedPct": cpu,
+        "memUsed": mem.0,
+        "memTotal": v.memory_mb * MIB,
+        "memCache": mem.1,
+        "diskUsed": disk_used,
+        "diskTotal": v.disk_mb * MIB,
+    })
+}
+
+/// `get_metrics`: one sample taken now (E2B keeps a series; Hatchery
+/// reads when asked). CPU from the sandbox's cgroup over [`CPU_SAMPLE`]
+/// (the guest's `/proc/stat` is all zeros under gVisor); memory from the
+/// guest's `/proc/meminfo` (the Sentry's accounting, what envd reports in
+/// E2B) against the template's memory; disk used from `df` of the guest's
+/// writable layers against the template's disk. `[]` when `start`..`end`
+/// (Unix seconds) does not overlap the request's arrival..now, for a
+/// paused sandbox, or where this host cannot read the cgroup.
+pub async fn metrics(
+    State(s): State<Arc<Shared>>,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Json<Value>> {
+    let (mut start, mut end) = (None, None);
+    for (k, v) in form_pairs(q.as_deref().unwrap_or(""))? {
+        let t = || {
+            v.parse::<i64>()
+                .map_err(|_| ApiError::bad(format!("{k} must be a Unix time in seconds")))
+        };
+        match k.as_str() {
+            "start" => start = Some(t()?),
+            "end" => end = Some(t()?),
+            _ => return Err(ApiError::bad(format!("unsupported query parameter {k:?}"))),
+        }
+    }
+    let arrived_s = (crate::now_ms() / 1000) as i64;
+    let Some((h, v)) = s.live(&id).await? else {
+        return match s.paused(&id).await? {
+            Some(_) => Ok(Json(json!([]))),
+            None => Err(ApiError::not_found(&id)),
+        };
+    };
+    let t0 = std::time::Instant::now();
+    let Some(before) = s.backend.usage(&h).await? else {
+        return Ok(Json(json!([])));
+    };
+    tokio::time::sleep(CPU_SAMPLE).await;
+    let Some(after) = s.backend.usage(&h).await? else {
+        return Ok(Json(json!([])));
+    };
+    let window = t0.elapsed().as_nanos() as u64;
+    let out = s
+        .backend
+        .exec(
+            &h,
+            vec!["/bin/sh".into(), "-c".into(), GUEST_READINGS.into()],
+            None,
+            std::time::Duration::from_secs(10),
+        )
+        .await?;
+    let out = String::from_utf8_lossy(&out.stdout);
+    let (mem_part, df_part) = out.split_once("---\n").unwrap_or((&out, ""));
+    let (Some(mem), Some(disk)) = (meminfo(mem_part), df_used(df_part)) else {
+        return Err(ApiError::from(BackendError::new(
+            FailKind::Internal,
+            format!("the guest's /proc/meminfo or df in sandbox {h} gave no usable output"),
+        )));
+    };
+    // The sample covers the request's arrival to now: it is in a window
+    // that overlaps that span (the SDKs send whole seconds, so `end` is
+    // often the second the request was sent in).
+    let now = crate::now_ms();
+    let now_s = (now / 1000) as i64;
+    if start.is_some_and(|t| now_s < t) || end.is_some_and(|t| arrived_s > t) {
+        return Ok(Json(json!([])));
+    }
+    let cpu = cpu_pct(before.cpu_ns, after.cpu_ns, window, v.cpus);
+    Ok(Json(json!([metric_json(now, &v, cpu, mem, disk)])))
+}
+
+/// `Template.exists`: 200 `{"templateID", "public"}` when the name (or an
+/// E2B name for a Hatchery template) is a template here, else 404. Every
+/// template on the daemon is the caller's, so none is `public`.
+pub async fn template_alias_get(
+    State(s): State<Arc<Shared>>,
+    Path(alias): Path<String>,
+) -> ApiResult<Json<Value>> {
+    let name = template_alias(&alias);
+    if alias.is_empty() || !s.backend.template_exists(name) {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("template alias '{alias}' not found"),
+        ));
+    }
+    Ok(Json(json!({"templateID": name, "public": false})))
 }
 
 /// Unknown control-plane routes, in E2B's error shape.
@@ -811,6 +1011,109 @@ mod tests {
         assert!(parse_query(Some("state=dead")).is_err());
         assert!(parse_query(Some("bogus=1")).is_err());
         assert!(parse_query(Some("metadata=%zz")).is_err());
+    }
+
+    fn view(template: &str, created_at_ms: u64) -> SandboxView {
+        SandboxView {
+            id: "x".into(),
+            template: template.into(),
+            created_at_ms,
+            expires_at_ms: created_at_ms + 1000,
+            metadata: BTreeMap::new(),
+            cpus: 1.0,
+            memory_mb: 512,
+            disk_mb: 512,
+        }
+    }
+
+    #[test]
+    fn started_after_and_template_filters() {
+        // 2023-11-14T22:13:20Z is 1_700_000_000 s; the SDKs send offsets
+        // and microseconds (Python) or Z and milliseconds (JS).
+        let q = parse_query(Some(
+            "startedAfter=2023-11-14T22%3A13%3A20.000500%2B00%3A00",
+        ))
+        .unwrap();
+        assert!(!q.admits(&view("base", 1_700_000_000_000)));
+        assert!(q.admits(&view("base", 1_700_000_000_001)));
+        let q = parse_query(Some("startedAfter=2023-11-14T23:13:20.001+01:00")).unwrap();
+        assert!(
+            q.admits(&view("base", 1_700_000_000_001)),
+            "at the instant itself"
+        );
+        assert!(!q.admits(&view("base", 1_700_000_000_000)));
+        let q = parse_query(Some("startedAfter=2023-11-14T22:13:20Z&template=base")).unwrap();
+        assert!(q.admits(&view("base", 1_700_000_000_000)));
+        assert!(!q.admits(&view("code-interpreter", 1_700_000_000_000)));
+        let q = parse_query(Some("template=code-interpreter-v1")).unwrap();
+        assert!(q.admits(&view("code-interpreter", 1)));
+        assert!(!q.admits(&view("base", 1)));
+        for bad in ["startedAfter=yesterday", "startedAfter=", "template="] {
+            assert!(parse_query(Some(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn metrics_pieces() {
+        // 0.1 s of CPU in 0.2 s on 2 CPUs is 25 %.
+        assert_eq!(cpu_pct(1_000, 100_001_000, 200_000_000, 2.0), 25.0);
+        assert_eq!(cpu_pct(5, 5, 200_000_000, 1.0), 0.0);
+        assert_eq!(cpu_pct(0, u64::MAX, 1, 1.0), 100.0);
+        assert_eq!(
+            cpu_pct(10, 5, 100, 1.0),
+            0.0,
+            "a counter going back is no use"
+        );
+        assert_eq!(cpu_pct(0, 5, 0, 1.0), 0.0);
+        let df = "Filesystem 1-blocks Used Available Capacity Mounted on\n\
+                  none 9223372036854771712 57344 9223372036854714368 1% /\n\
+                  none 9223372036854771712 4096 9223372036854771712 1% /tmp\n\
+                  none 9223372036854771712 57344 9223372036854714368 1% /\n";
+        assert_eq!(df_used(df), Some(57344 + 4096));
+        assert_eq!(df_used("Filesystem ...\n"), None);
+        assert_eq!(df_used("h\nnone x y z w /\n"), None);
+        let mi = "MemTotal:        1048576 kB\nMemFree:         1033836 kB\n\
+                  MemAvailable:    1033836 kB\nBuffers: 0 kB\nCached:  172 kB\n";
+        assert_eq!(meminfo(mi), Some(((1048576 - 1033836) * 1024, 172 * 1024)));
+        assert_eq!(meminfo("MemTotal: 10 kB\n"), None);
+        assert_eq!(
+            meminfo("MemTotal: 10 kB\nMemAvailable: 4 kB\n"),
+            Some((6 * 1024, 0))
+        );
+        let v = view("base", 0);
+        let m = metric_json(1_700_000_000_500, &v, 12.5, (3 * MIB, MIB), 4096);
+        assert_eq!(m["timestampUnix"], 1_700_000_000);
+        assert_eq!(m["timestamp"], "2023-11-14T22:13:20.5Z");
+        assert_eq!(m["cpuCount"], 1);
+        assert_eq!(m["cpuUsedPct"], 12.5);
+        assert_eq!(
+            (m["memUsed"].as_u64(), m["memCache"].as_u64()),
+            (Some(3 * MIB), Some(MIB))
+        );
+        assert_eq!(m["memTotal"], 512 * MIB);
+        assert_eq!(
+            (m["diskUsed"].as_u64(), m["diskTotal"].as_u64()),
+            (Some(4096), Some(512 * MIB))
+        );
+    }
+
+    #[test]
+    fn pause_bodies() {
+        let body = |j: &str| serde_json::from_str::<PauseBody>(j).unwrap();
+        for ok in [
+            "{}",
+            r#"{"memory": true}"#,
+            r#"{"memory": null}"#,
+            r#"{"memory": true, "requireHealthyGuest": true}"#,
+            r#"{"strict": false, "mode": "memory"}"#,
+        ] {
+            assert_eq!(pause_refusal(&body(ok)), None, "{ok}");
+        }
+        let why = pause_refusal(&body(r#"{"memory": false}"#)).unwrap();
+        assert!(why.contains("filesystem-only pause"), "{why}");
+        assert!(pause_refusal(&body(r#"{"mode": "filesystem"}"#)).is_some());
+        assert!(pause_refusal(&body(r#"{"requireHealthyGuest": "yes"}"#)).is_some());
+        assert!(pause_refusal(&body(r#"{"other": 1}"#)).is_some());
     }
 
     #[test]

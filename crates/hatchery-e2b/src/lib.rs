@@ -58,6 +58,11 @@ pub fn router(backend: Arc<dyn Backend>, max_file_bytes: u64) -> Router {
         .route("/sandboxes/{id}/pause", post(control::pause))
         .route("/sandboxes/{id}/resume", post(control::resume))
         .route("/sandboxes/{id}/fork", post(control::fork))
+        .route("/sandboxes/{id}/metrics", get(control::metrics))
+        .route(
+            "/templates/aliases/{alias}",
+            get(control::template_alias_get),
+        )
         .route(
             "/sandboxes/{id}/network",
             axum::routing::put(control::set_network),
@@ -67,7 +72,7 @@ pub fn router(backend: Arc<dyn Backend>, max_file_bytes: u64) -> Router {
             Arc::clone(&shared),
             control::require_key,
         ));
-    let upload_limit = max_file_bytes as usize + (1 << 20);
+    let upload_limit = (max_file_bytes + files::MULTIPART_OVERHEAD) as usize;
     // Paths here are without SANDBOX_PREFIX; `sandbox::dispatch` strips
     // it, authenticates and routes by port before these see a request.
     let envd = Router::new()
@@ -88,6 +93,7 @@ pub fn router(backend: Arc<dyn Backend>, max_file_bytes: u64) -> Router {
         .route("/contexts/{id}", delete(interpreter::delete_context))
         .route("/contexts/{id}/restart", post(interpreter::restart_context))
         .layer(DefaultBodyLimit::max(connect::MAX_MESSAGE_BYTES + 5))
+        .layer(axum::Extension(files::UploadCap(max_file_bytes)))
         .fallback(sandbox_fallback)
         .method_not_allowed_fallback(sandbox_fallback)
         .with_state(Arc::clone(&shared));
@@ -97,7 +103,19 @@ pub fn router(backend: Arc<dyn Backend>, max_file_bytes: u64) -> Router {
             sandbox::dispatch(s, envd.clone(), req)
         }
     };
+    // Signed file URLs: the SDKs join `/files` to `E2B_SANDBOX_URL`,
+    // which drops its path, so they arrive at the root with no sandbox id;
+    // the signature names the sandbox (files::signer).
+    let signed = Router::new()
+        .route(
+            "/files",
+            get(files::signed_download).post(files::signed_upload),
+        )
+        .layer(DefaultBodyLimit::max(upload_limit))
+        .layer(axum::Extension(files::UploadCap(max_file_bytes)))
+        .with_state(Arc::clone(&shared));
     Router::new()
+        .merge(signed)
         .nest(API_PREFIX, control.fallback(control::not_found))
         .route(SANDBOX_PREFIX, any(entry.clone()))
         .route(&format!("{SANDBOX_PREFIX}/"), any(entry.clone()))
@@ -140,7 +158,12 @@ pub(crate) fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-/// Constant-time comparison of secrets.
+/// Constant-time comparison of secrets (the length is not secret).
+pub(crate) fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Percent-decoding of one query component (`+` is a space).
 pub(crate) fn pct_decode(s: &str) -> Option<String> {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());

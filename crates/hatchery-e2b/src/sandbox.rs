@@ -64,15 +64,21 @@ pub fn basic_user(h: &HeaderMap) -> Result<Option<String>, String> {
     if user.is_empty() {
         return Ok(None);
     }
-    if user.len() > 32
-        || !user
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
-        || user.starts_with('-')
-    {
+    if !valid_user(&user) {
         return Err(format!("invalid user name {user:?}"));
     }
     Ok(Some(user))
+}
+
+/// A user name as envd takes one: at most 32 of `[A-Za-z0-9_.-]`, not
+/// starting with `-`.
+pub fn valid_user(user: &str) -> bool {
+    !user.is_empty()
+        && user.len() <= 32
+        && user
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+        && !user.starts_with('-')
 }
 
 /// Authenticates and routes one sandbox request: envd and interpreter

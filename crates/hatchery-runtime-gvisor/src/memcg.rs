@@ -216,6 +216,18 @@ fn end_cause_of(parent: Option<u64>, guest_oom_now: bool) -> Option<hatchery_run
     }
 }
 
+/// The sandbox's CPU time: its cpuacct cgroup, which runsc makes beside
+/// the memory one. (Its memory cgroups are no measure of the guest's
+/// memory: pages touched before a process moved into `guest`, and a
+/// restored memory file, stay charged to the parent with the disk.)
+pub fn usage(id: &str) -> Option<hatchery_runtime::Usage> {
+    let p = Path::new("/sys/fs/cgroup/cpuacct")
+        .join(id)
+        .join("cpuacct.usage");
+    let cpu_ns = std::fs::read_to_string(p).ok()?.trim().parse().ok()?;
+    Some(hatchery_runtime::Usage { cpu_ns })
+}
+
 /// Removes `guest` (its processes must be gone; a cgroup with a child
 /// cannot be removed, so this comes before the sandbox's own cgroup).
 /// Retries briefly while killed processes are being reaped.

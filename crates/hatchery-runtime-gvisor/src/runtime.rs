@@ -203,6 +203,10 @@ impl Runtime for GvisorRuntime {
         serde_json::from_slice(&b).ok()
     }
 
+    fn usage(&self, id: &str) -> Option<hatchery_runtime::Usage> {
+        crate::memcg::usage(id)
+    }
+
     fn image_compat(&self) -> String {
         // The agent's memory is inside every image: a rebuilt agent means
         // new images.

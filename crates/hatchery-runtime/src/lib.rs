@@ -86,6 +86,14 @@ pub enum RuntimeError {
     Other(String),
 }
 
+/// A sandbox's resource use, read from the host's accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// CPU time used since the sandbox started (Sentry, gofer and guest),
+    /// in nanoseconds.
+    pub cpu_ns: u64,
+}
+
 #[async_trait]
 pub trait Runtime: Send + Sync + 'static {
     /// Short name for logs and metrics ("gvisor", "firecracker").
@@ -118,6 +126,12 @@ pub trait Runtime: Send + Sync + 'static {
     /// (which forgets it). `None` for a guest still running, an unknown
     /// cause, or a runtime that cannot tell.
     fn end_cause(&self, _id: &str) -> Option<EndCause> {
+        None
+    }
+
+    /// The sandbox's resource use as the host accounts it (its cgroups),
+    /// if the runtime can tell.
+    fn usage(&self, _id: &str) -> Option<Usage> {
         None
     }
 

@@ -337,6 +337,11 @@ impl Backend for ManagerBackend {
             .map_err(err)
     }
 
+    async fn usage(&self, id: &str) -> BResult<Option<hatchery_e2b::backend::Usage>> {
+        let u = self.manager.usage(id).await.map_err(err)?;
+        Ok(u.map(|u| hatchery_e2b::backend::Usage { cpu_ns: u.cpu_ns }))
+    }
+
     async fn list(&self) -> BResult<Vec<SandboxView>> {
         self.find(BTreeMap::new()).await
     }

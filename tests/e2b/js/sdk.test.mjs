@@ -52,3 +52,58 @@ test("create, commands, files, pty, list, timeout, pause/resume, kill", async ()
   }
   assert.equal(await Sandbox.kill(sbx.sandboxId), false);
 });
+
+test("issue 35: list filters, Template.exists, remove, gzip, metrics, signed URLs, pause bodies", async () => {
+  const { Template } = await import(pathToFileURL(process.env.E2B_JS_MODULE).href);
+  const t35 = `${tag}-35`;
+  const a = await Sandbox.create("base", { metadata: { suite: t35 }, timeoutMs: 300_000 });
+  let b;
+  try {
+    await new Promise((r) => setTimeout(r, 1100));
+    const cut = new Date();
+    b = await Sandbox.create("code-interpreter-v1", { metadata: { suite: t35 }, timeoutMs: 300_000 });
+    const ids = async (q) =>
+      (await Sandbox.list({ query: { metadata: { suite: t35 }, ...q } }).nextItems()).map((s) => s.sandboxId).sort();
+    assert.deepEqual(await ids({}), [a.sandboxId, b.sandboxId].sort());
+    assert.deepEqual(await ids({ startedAfter: cut }), [b.sandboxId]);
+    assert.deepEqual(await ids({ template: "base" }), [a.sandboxId]);
+    assert.deepEqual(await ids({ startedAfter: new Date(Date.now() + 3_600_000) }), []);
+
+    assert.equal(await Template.exists("base"), true);
+    assert.equal(await Template.exists("no-such-template"), false);
+
+    await a.files.remove("/home/user/never-existed");
+    const data = "gz".repeat(5000);
+    await a.files.write("/home/user/gz.txt", data, { gzip: true });
+    assert.equal(await a.files.read("/home/user/gz.txt"), data);
+
+    const [m] = await a.getMetrics();
+    assert.equal(m.cpuCount, 1);
+    assert.equal(m.memTotal, 512 * 1024 * 1024);
+    assert.ok(m.memUsed > 0 && m.diskUsed > 0, JSON.stringify(m));
+
+    // Signed URLs, as the JS SDK builds them from E2B_SANDBOX_URL.
+    const down = await a.downloadUrl("/home/user/gz.txt", { useSignatureExpiration: 60 });
+    assert.equal(new URL(down).pathname, "/files");
+    const got = await fetch(down);
+    assert.equal(got.status, 200);
+    assert.equal(await got.text(), data);
+    const up = await a.uploadUrl("/home/user/up.txt");
+    const form = new FormData();
+    form.append("file", new Blob(["via url"]), "up.txt");
+    assert.equal((await fetch(up, { method: "POST", body: form })).status, 200);
+    assert.equal(await a.files.read("/home/user/up.txt"), "via url");
+    const forged = new URL(down);
+    forged.searchParams.set("path", "/home/user/up.txt");
+    assert.equal((await fetch(forged)).status, 401);
+
+    await assert.rejects(a.pause({ keepMemory: false }), /filesystem-only pause/);
+    assert.equal((await a.getInfo()).state, "running");
+    assert.equal(await a.pause({ keepMemory: true }), true);
+    const back = await Sandbox.connect(a.sandboxId);
+    assert.equal(await back.files.read("/home/user/up.txt"), "via url");
+  } finally {
+    await Sandbox.kill(a.sandboxId);
+    if (b) await b.kill();
+  }
+});
