@@ -25,7 +25,9 @@ POLICY = {"name": "bench", "rules": [{"id": "noop", "effect": "allow", "match": 
 def main():
     g, m, f = GitServer().start(), ScriptedModel(SCRIPTS).start(), Forge().start()
     ps = PushServer(g.root).start()
-    d = BrokerDaemon(m.port, g, ps, f).start()
+    # 300 calls as fast as they go: past the default rate cap (120 new
+    # calls per session and minute), which would answer 429.
+    d = BrokerDaemon(m.port, g, ps, f, extra=["--broker-session-calls-per-minute", "100000"]).start()
     try:
         pid = d.request("POST", "/v1/policies", POLICY).json()["id"]
         files = {"rtt.py": open(os.path.join(HERE, "..", "tests", "broker", "rtt_agent.py")).read()}
