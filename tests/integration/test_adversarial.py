@@ -150,6 +150,28 @@ def test_memory_hogs_of_every_shape_end_in_their_own_oom(daemon):
         assert f'hatchery_sandboxes_killed_total{{reason="{reason}"}}' not in m, m
 
 
+def test_a_background_process_killed_for_memory_says_so(daemon):
+    """Only the host sees OOM kills: a background process that memory ended
+    reads `reason: oom`, `oom_killed: true` (get, wait, list and the output
+    stream's exit), while one a caller SIGKILLed after that OOM does not."""
+    sid = daemon.create()
+    base = f"/v1/sandboxes/{sid}/processes"
+    bystander = daemon.request("POST", f"/v1/sandboxes/{sid}/exec",
+                               {"cmd": "sleep 120", "background": True}).json()["id"]
+    hog = daemon.request("POST", f"/v1/sandboxes/{sid}/exec",
+                         {"argv": ["python3", "-c", HOG], "background": True}).json()["id"]
+    r = daemon.request("POST", f"{base}/{hog}/wait?timeout_seconds=60").json()
+    assert (r["state"], r["reason"], r["oom_killed"]) == ("exited", "oom", True), r
+    assert daemon.request("GET", f"{base}/{hog}").json()["oom_killed"] is True
+    listed = {p["id"]: p for p in daemon.request("GET", base).json()["processes"]}
+    assert listed[hog]["reason"] == "oom" and listed[bystander]["state"] == "running", listed
+    events = daemon.stream(sid, None, method="GET", path=f"{base}/{hog}/output?follow=false")
+    assert events[-1][0] == "exit" and events[-1][1]["oom_killed"] is True, events[-1]
+    r = daemon.request("DELETE", f"{base}/{bystander}").json()
+    assert r["signal"] == 9 and r["oom_killed"] is False and r["reason"] != "oom", r
+    assert daemon.exec(sid, "echo alive")["stdout"] == "alive\n"
+
+
 def runtime_pids(sid):
     """The sandbox's Sentry and gofer: the processes of its memory cgroup
     that are not in its `guest` child (hatchery-runtime-gvisor memcg.rs)."""

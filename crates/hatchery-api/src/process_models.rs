@@ -18,6 +18,10 @@ pub struct ProcessInfo {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     pub reason: Option<ExecReason>,
+    /// Memory ended it: it failed (not exit 0, not its deadline) with an
+    /// OOM kill counted in the sandbox since it started, and no SIGKILL
+    /// sent through the API (`reason` is then `oom`).
+    pub oom_killed: bool,
     /// CPU time of the process and everything it started.
     pub cpu_ms: u64,
     /// Output so far, stdout and stderr together (one offset space).
@@ -37,6 +41,7 @@ impl From<hatchery_agent_proto::ProcInfo> for ProcessInfo {
             state: if p.running { "running" } else { "exited" }.into(),
             exit_code: p.exit_code,
             signal: p.signal,
+            oom_killed: p.reason == Some(hatchery_agent_proto::EndReason::Oom),
             reason: p.reason.map(Into::into),
             cpu_ms: p.cpu_ms,
             output_bytes: p.output_bytes,

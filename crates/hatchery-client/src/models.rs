@@ -300,6 +300,9 @@ pub struct ProcessInfo {
     pub signal: Option<i32>,
     #[serde(default)]
     pub reason: Option<ExecReason>,
+    /// Memory ended it (`reason` is then `oom`).
+    #[serde(default)]
+    pub oom_killed: bool,
     pub cpu_ms: u64,
     pub output_bytes: u64,
     pub first_offset: u64,

@@ -21,6 +21,7 @@ pub mod metrics;
 pub(crate) mod network;
 pub mod pool;
 pub mod preview;
+mod proc_oom;
 pub mod procs;
 pub mod proxy;
 pub mod pty;

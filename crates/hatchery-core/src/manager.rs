@@ -59,6 +59,8 @@ pub(crate) struct Live {
     pub env: BTreeMap<String, String>,
     /// Channels of the terminals attached now.
     pub terminals: Mutex<std::collections::HashSet<u32>>,
+    /// What the host knows of its background processes (proc_oom.rs).
+    pub procs: crate::proc_oom::ProcOoms,
 }
 
 /// Owns every sandbox of this daemon: the state store, the runtime, the
@@ -463,6 +465,7 @@ impl Manager {
                 client,
                 env,
                 terminals: Default::default(),
+                procs: Default::default(),
             }),
         );
         self.metrics.sandboxes_live.inc();
@@ -602,9 +605,10 @@ impl Manager {
         if let (Some(a), Some(b)) = (ooms_before, self.runtime.oom_kills(id)) {
             out.oom_killed = b > a;
         }
-        // Only the host sees its cgroup's OOM kills; a command the kernel
-        // killed for memory reads as signaled from inside.
-        if out.oom_killed && out.reason == hatchery_agent_proto::EndReason::Signaled {
+        // Only the host sees OOM kills; a command killed for memory reads
+        // from inside as signaled, or (the shim's kill of its stub,
+        // runtime-gvisor oom.rs) as exited with code 1.
+        if out.oom_killed && out.exit_code != 0 && oom_readable(out.reason) {
             out.reason = hatchery_agent_proto::EndReason::Oom;
         }
         self.metrics
@@ -668,7 +672,12 @@ impl Manager {
         env.append(&mut p.env);
         p.env = env;
         self.metrics.execs.inc();
-        crate::procs::start(&live.client, p, timeout).await
+        let ooms = self.runtime.oom_kills(id);
+        let info = crate::procs::start(&live.client, p, timeout).await?;
+        if let Some(c) = ooms {
+            live.procs.started(&info.id, c);
+        }
+        Ok(info)
     }
 
     /// The agent connection of a running sandbox, for operations that need
@@ -859,4 +868,10 @@ pub(crate) async fn connect_and_ping(
         )),
         Err(_) => Err(CoreError::GuestUnresponsive("agent ping timed out".into())),
     }
+}
+
+/// End reasons an OOM kill can hide behind, as the guest saw it.
+fn oom_readable(r: hatchery_agent_proto::EndReason) -> bool {
+    use hatchery_agent_proto::EndReason::*;
+    matches!(r, Signaled | Exited)
 }

@@ -131,6 +131,8 @@ class ProcessInfo:
     exit_code: Optional[int] = None
     signal: Optional[int] = None
     reason: Optional[ExecReason] = None
+    #: Memory ended it (`reason` is then ``oom``).
+    oom_killed: bool = False
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod

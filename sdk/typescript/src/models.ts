@@ -82,13 +82,14 @@ export function execResult(w: wire.ExecResponse, output?: OutputEncoding): ExecR
 export const PROCESS_INFO_FIELDS = {
   id: "id", pid: "pid", argv: "argv", started_at: "startedAt", state: "state", exit_code: "exitCode",
   signal: "signal", reason: "reason", cpu_ms: "cpuMs", output_bytes: "outputBytes", first_offset: "firstOffset",
-  stdin_open: "stdinOpen",
+  stdin_open: "stdinOpen", oom_killed: "oomKilled",
 } as const satisfies FieldMap<wire.ProcessInfo>;
 /** A background process. `id` (`proc_` + 16 hex digits) names it in its
  * sandbox; `pid` is its pid inside the sandbox; `state` is `running` or
  * `exited`. Once exited: `exitCode` (128+N when killed by signal N), `signal`
- * (the signal that ended it, if one did) and `reason` (as for an exec:
- * exited, signaled, timeout, cancelled...). stdout and stderr share one
+ * (the signal that ended it, if one did), `reason` (as for an exec:
+ * exited, signaled, timeout, cancelled, oom...) and `oomKilled` (memory
+ * ended it). stdout and stderr share one
  * offset space: `outputBytes` is the total so far, `firstOffset` the oldest
  * byte still kept (the last 1 MiB is). */
 export type ProcessInfo = Renamed<wire.ProcessInfo, typeof PROCESS_INFO_FIELDS>;

@@ -264,6 +264,7 @@ export interface ProcessInfo {
   exit_code?: number | null;
   first_offset: number;
   id: string;
+  oom_killed: boolean;
   output_bytes: number;
   pid: number;
   reason?: null | ExecReason;

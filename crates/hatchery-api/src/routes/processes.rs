@@ -34,9 +34,11 @@ pub async fn list(
     Path(id): Path<String>,
 ) -> Result<axum::Json<ProcessList>, ApiError> {
     let all = procs::list(&*st.manager.agent(&id).await?).await?;
-    Ok(axum::Json(ProcessList {
-        processes: all.into_iter().map(Into::into).collect(),
-    }))
+    let mut processes = Vec::with_capacity(all.len());
+    for p in all {
+        processes.push(st.manager.explain_process(&id, p).await.into());
+    }
+    Ok(axum::Json(ProcessList { processes }))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/processes/{pid}", tag = "processes",
@@ -47,10 +49,9 @@ pub async fn get(
     Path((id, pid)): Path<(String, String)>,
 ) -> Result<axum::Json<ProcessInfo>, ApiError> {
     check(&pid)?;
+    let info = procs::get(&*st.manager.agent(&id).await?, &pid).await?;
     Ok(axum::Json(
-        procs::get(&*st.manager.agent(&id).await?, &pid)
-            .await?
-            .into(),
+        st.manager.explain_process(&id, info).await.into(),
     ))
 }
 
@@ -75,7 +76,11 @@ pub async fn output(
     let enc = q.encoding.unwrap_or_default();
     let (tx, rx) = mpsc::channel::<ProcChunk>(16);
     let (offset, follow) = (q.offset.unwrap_or(0), q.follow.unwrap_or(true));
-    let task = tokio::spawn(async move { procs::read(&client, &pid, offset, follow, tx).await });
+    let manager = std::sync::Arc::clone(&st.manager);
+    let task = tokio::spawn(async move {
+        let info = procs::read(&client, &pid, offset, follow, tx).await?;
+        Ok::<_, hatchery_core::CoreError>(manager.explain_process(&id, info).await)
+    });
     let mut carry = (Utf8Carry::default(), Utf8Carry::default());
     let chunks = ReceiverStream::new(rx).filter_map(move |c| {
         let c2 = if c.stderr { &mut carry.1 } else { &mut carry.0 };
@@ -160,10 +165,12 @@ pub async fn signal(
     check(&pid)?;
     let sig = parse_signal(&body.signal)
         .ok_or_else(|| ApiError::bad_request("unknown or disallowed signal"))?;
+    if sig == 9 {
+        st.manager.note_process_kill(&id, &pid).await?;
+    }
+    let info = procs::signal(&*st.manager.agent(&id).await?, &pid, sig).await?;
     Ok(axum::Json(
-        procs::signal(&*st.manager.agent(&id).await?, &pid, sig)
-            .await?
-            .into(),
+        st.manager.explain_process(&id, info).await.into(),
     ))
 }
 
@@ -186,7 +193,9 @@ pub async fn wait(
         Duration::from_secs(secs),
     )
     .await?;
-    Ok(axum::Json(info.into()))
+    Ok(axum::Json(
+        st.manager.explain_process(&id, info).await.into(),
+    ))
 }
 
 /// Kills the process and everything it started.
@@ -199,8 +208,11 @@ pub async fn kill(
 ) -> Result<axum::Json<ProcessInfo>, ApiError> {
     check(&pid)?;
     let client = st.manager.agent(&id).await?;
+    st.manager.note_process_kill(&id, &pid).await?;
     procs::kill(&client, &pid).await?;
     // The answer after the kill has been reaped.
     let info = procs::wait(&client, &pid, Duration::from_secs(5)).await?;
-    Ok(axum::Json(info.into()))
+    Ok(axum::Json(
+        st.manager.explain_process(&id, info).await.into(),
+    ))
 }
