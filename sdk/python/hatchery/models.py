@@ -128,11 +128,11 @@ class ProcessInfo:
     output_bytes: int
     first_offset: int
     stdin_open: bool
+    #: Memory ended it (`reason` is then ``oom``).
+    oom_killed: bool
     exit_code: Optional[int] = None
     signal: Optional[int] = None
     reason: Optional[ExecReason] = None
-    #: Memory ended it (`reason` is then ``oom``).
-    oom_killed: bool = False
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
