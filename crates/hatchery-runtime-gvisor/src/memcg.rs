@@ -88,12 +88,12 @@ pub enum MemcgError {
     },
 }
 
-fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> MemcgError {
+pub(crate) fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> MemcgError {
     let path = path.to_path_buf();
     move |source| MemcgError::Io { what, path, source }
 }
 
-fn procs(dir: &Path) -> Result<Vec<u32>, MemcgError> {
+pub(crate) fn procs(dir: &Path) -> Result<Vec<u32>, MemcgError> {
     let p = dir.join("cgroup.procs");
     let s = std::fs::read_to_string(&p).map_err(io("reading", &p))?;
     Ok(s.split_whitespace()
@@ -202,9 +202,15 @@ pub fn end_cause(id: &str, guest_oom_now: bool) -> Option<hatchery_runtime::EndC
 
 /// Whether `guest` is at its ceiling right now, with its tasks waiting.
 pub fn guest_under_oom(id: &str) -> bool {
-    std::fs::read_to_string(sandbox_dir(id).join(GUEST).join("memory.oom_control"))
-        .map(|s| s.lines().any(|l| l.trim() == "under_oom 1"))
-        .unwrap_or(false)
+    under_oom(&sandbox_dir(id).join(GUEST)).unwrap_or(false)
+}
+
+/// Whether the memory cgroup at `dir` is at its limit with tasks waiting
+/// (its OOM killer disabled, oom.rs).
+pub(crate) fn under_oom(dir: &Path) -> Result<bool, MemcgError> {
+    let p = dir.join("memory.oom_control");
+    let s = std::fs::read_to_string(&p).map_err(io("reading", &p))?;
+    Ok(s.lines().any(|l| l.trim() == "under_oom 1"))
 }
 
 fn end_cause_of(parent: Option<u64>, guest_oom_now: bool) -> Option<hatchery_runtime::EndCause> {

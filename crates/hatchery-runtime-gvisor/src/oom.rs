@@ -37,7 +37,7 @@
 //! If the shim cannot register for notifications, the kernel's killer is
 //! left on (the earlier behaviour).
 
-use crate::memcg::{MemcgError, GUEST};
+use crate::memcg::{io, MemcgError, GUEST};
 use std::cell::Cell;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -92,11 +92,6 @@ pub fn decide(rss: &[(u32, u64)], limit: u64, stalled: Duration) -> Decision {
     }
 }
 
-fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> MemcgError {
-    let path = path.to_path_buf();
-    move |source| MemcgError::Io { what, path, source }
-}
-
 /// The guest cgroup of a sandbox, as the killer sees it.
 pub struct Killer {
     guest: PathBuf,
@@ -149,12 +144,6 @@ impl Killer {
         Arc::clone(&self.last_kill_ms)
     }
 
-    fn under_oom(&self) -> Result<bool, MemcgError> {
-        let p = self.guest.join("memory.oom_control");
-        let s = std::fs::read_to_string(&p).map_err(io("reading", &p))?;
-        Ok(s.lines().any(|l| l.trim() == "under_oom 1"))
-    }
-
     fn usage(&self) -> Result<u64, MemcgError> {
         let p = self.guest.join("memory.usage_in_bytes");
         let s = std::fs::read_to_string(&p).map_err(io("reading", &p))?;
@@ -164,10 +153,8 @@ impl Killer {
     fn rss(&self) -> Result<Vec<(u32, u64)>, MemcgError> {
         // SAFETY: sysconf takes no pointers.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
-        let p = self.guest.join("cgroup.procs");
-        let s = std::fs::read_to_string(&p).map_err(io("reading", &p))?;
-        Ok(s.split_whitespace()
-            .filter_map(|x| x.parse::<u32>().ok())
+        Ok(crate::memcg::procs(&self.guest)?
+            .into_iter()
             .filter_map(|pid| {
                 let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
                 let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
@@ -224,7 +211,7 @@ impl Killer {
     fn relieve(&self) -> Result<(), MemcgError> {
         let mut low = u64::MAX;
         let mut since = Instant::now();
-        while self.under_oom()? {
+        while crate::memcg::under_oom(&self.guest)? {
             let used = self.usage()?;
             if used < low {
                 low = used;
