@@ -558,3 +558,42 @@ def test_fresh_run_mode(d):
     assert "left.txt" not in files
     wait_for(lambda: sandbox_of(d, s["id"], "round-run") == [], timeout=20, what="fresh Run sandboxes gone")
     assert req(d, "POST", f"{base}/end", token=tok).status == 200
+
+
+# Burns ~300 ms of CPU, then prints: a reference whose CPU the check measures.
+SOLUTION_BURN = SOLUTION_OK + """
+    import time
+    t = time.process_time()
+    while time.process_time() - t < 0.3:
+        pass
+"""
+
+
+def test_a_limit_without_headroom_over_the_reference_is_refused(d):
+    """Issue 34 item 3: the reference solution runs at prepare time and a CPU
+    limit under 1.5x its worst run is refused, leaving no round, snapshot or
+    sandbox; a generous limit is accepted and the measure is on the round."""
+    n0 = count_rounds(d)
+    snaps0 = len(d.request("GET", "/v1/snapshots").json()["snapshots"])
+    ref = {"solution.py": SOLUTION_BURN}
+    r = req(d, "POST", "/v1/rounds", round_body(cpu_time_limit_ms=350, reference_solution=ref))
+    assert (r.status, r.error_code()) == (409, "limit_too_tight"), r
+    assert "reference solution" in r.json()["error"]["message"], r.json()
+    r = req(d, "POST", "/v1/rounds", round_body(reference_solution={"solution.py": "raise SystemExit(3)\n"}))
+    assert (r.status, r.error_code()) == (409, "reference_failed"), r
+    r = req(d, "POST", "/v1/rounds", round_body(reference_solution={}))
+    assert (r.status, r.error_code()) == (400, "invalid_request"), r
+    r = req(d, "POST", "/v1/rounds", round_body(reference_solution={"../x.py": "1"}))
+    assert (r.status, r.error_code()) == (400, "invalid_request"), r
+    assert count_rounds(d) == n0, "a refused round leaves no row"
+    assert len(d.request("GET", "/v1/snapshots").json()["snapshots"]) == snaps0, "nor a snapshot"
+
+    rnd = make_round(d, cpu_time_limit_ms=5000, reference_solution=ref)
+    assert 250 <= rnd["reference_cpu_ms"] <= 5000 * 2 // 3, rnd
+    # The candidate's snapshot has the starter, not the reference.
+    s = invite(d, rnd["id"])
+    files = req(d, "GET", f"/v1/rounds/{rnd['id']}/sessions/{s['id']}/files", token=s["token"]).json()["files"]
+    assert "process_time" not in files["solution.py"], files
+    assert req(d, "POST", f"/v1/rounds/{rnd['id']}/sessions/{s['id']}/end", token=s["token"]).status == 200
+    # Without a reference there is nothing to measure.
+    assert make_round(d)["reference_cpu_ms"] is None

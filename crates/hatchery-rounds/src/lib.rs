@@ -23,6 +23,7 @@ pub mod models;
 pub mod openapi;
 mod pages;
 mod ratelimit;
+mod reference;
 mod replays;
 mod round_ops;
 mod routes;

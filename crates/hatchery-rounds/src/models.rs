@@ -79,6 +79,14 @@ pub struct CreateRound {
     /// How long a candidate session lasts. Default 3600.
     #[serde(default)]
     pub session_seconds: Option<u64>,
+    /// Files of a known-good solution, laid over the starter files and run
+    /// at prepare time ([`REFERENCE_RUNS`](crate::limits::REFERENCE_RUNS)
+    /// times, with the round's `run` and limits). The round is refused
+    /// (`limit_too_tight`) unless `cpu_time_limit_ms` is at least 1.5× the
+    /// most CPU any of those runs took, because CPU time under systrap on a
+    /// shared host varies by up to 3× (docs/interviews.md#fairness).
+    #[serde(default)]
+    pub reference_solution: Option<BTreeMap<String, String>>,
 }
 
 /// The round as stored (everything but the hidden tests' contents).
@@ -95,6 +103,10 @@ pub struct RoundSpec {
     pub setup_allow: Vec<serde_json::Value>,
     pub retention_seconds: u64,
     pub session_seconds: u64,
+    /// The most CPU the reference solution took over its prepare-time
+    /// runs; absent when the round has no reference solution.
+    #[serde(default)]
+    pub reference_cpu_ms: Option<u64>,
     /// Names only; the contents never leave the control side.
     pub test_files: Vec<String>,
     pub custom_runner: bool,

@@ -21,6 +21,7 @@ struct Checked {
     pinned: Option<String>,
     spec: RoundSpec,
     suite: TestSuite,
+    reference: Option<BTreeMap<String, String>>,
 }
 
 fn check(body: CreateRound) -> Result<Checked, RoundsError> {
@@ -32,6 +33,14 @@ fn check(body: CreateRound) -> Result<Checked, RoundsError> {
     }
     check_files("starter_files", &body.starter_files, MAX_STARTER_BYTES)?;
     check_files("tests.files", &body.tests.files, MAX_TESTS_BYTES)?;
+    if let Some(r) = &body.reference_solution {
+        check_files("reference_solution", r, MAX_RUN_BYTES)?;
+        if r.is_empty() {
+            return Err(RoundsError::Invalid(
+                "reference_solution must name at least one file".into(),
+            ));
+        }
+    }
     if body.tests.files.is_empty() {
         return Err(RoundsError::Invalid("tests.files must not be empty".into()));
     }
@@ -129,11 +138,13 @@ fn check(body: CreateRound) -> Result<Checked, RoundsError> {
             setup_allow: allow,
             retention_seconds: retention,
             session_seconds: session,
+            reference_cpu_ms: None,
         },
         suite: TestSuite {
             files: body.tests.files,
             runner,
         },
+        reference: body.reference_solution,
     })
 }
 
@@ -174,7 +185,8 @@ impl Rounds {
             within("memory_limit_mb", c.spec.memory_limit_mb, 16, template_mb)?;
         }
         let id = new_id("rnd");
-        let snapshot = self.prepare(&id, &c, &tpl.version).await?;
+        let (snapshot, reference_cpu_ms) = self.prepare(&id, &c, &tpl.version).await?;
+        c.spec.reference_cpu_ms = reference_cpu_ms;
         let rec = RoundRecord {
             id: id.clone(),
             name: c.name,
@@ -197,8 +209,14 @@ impl Rounds {
         view(&rec)
     }
 
-    /// Returns the prepared snapshot's id; on failure nothing is left.
-    async fn prepare(&self, id: &str, c: &Checked, version: &str) -> Result<String, RoundsError> {
+    /// Returns the prepared snapshot's id and the reference solution's CPU;
+    /// on failure nothing is left.
+    async fn prepare(
+        &self,
+        id: &str,
+        c: &Checked,
+        version: &str,
+    ) -> Result<(String, Option<u64>), RoundsError> {
         let network = if c.spec.setup_allow.is_empty() {
             None
         } else {
@@ -219,7 +237,22 @@ impl Rounds {
                 "invalid_network_policy" => RoundsError::Invalid(format!("setup.allow: {e}")),
                 _ => e.into(),
             })?;
-        let res = self.prepare_in(&sbx, c, version, metadata).await;
+        let mut res = self
+            .prepare_in(&sbx, c, version, metadata)
+            .await
+            .map(|snap| (snap, None));
+        if let (Ok((snap, cpu)), Some(files)) = (&mut res, &c.reference) {
+            // After the snapshot, so no candidate ever sees the reference.
+            match self.run_reference(&sbx, &c.spec, files).await {
+                Ok(ms) => *cpu = Some(ms),
+                Err(e) => {
+                    if let Err(d) = self.sandboxes.delete_snapshot(snap).await {
+                        tracing::warn!(snapshot = %snap, error = %d, "rounds: deleting a refused round's snapshot failed");
+                    }
+                    res = Err(e);
+                }
+            }
+        }
         // The preparing sandbox is never handed to anyone.
         if let Err(e) = self.sandboxes.delete(&sbx).await {
             tracing::warn!(sandbox = %sbx, error = %e, "rounds: deleting the preparing sandbox failed");

@@ -34,7 +34,7 @@ struct Target {
 }
 
 impl Rounds {
-    fn exec_spec(&self, spec: &RoundSpec) -> ExecSpec {
+    pub(crate) fn exec_spec(&self, spec: &RoundSpec) -> ExecSpec {
         ExecSpec {
             argv: spec.run.clone(),
             cwd: WORKDIR.into(),

@@ -66,14 +66,16 @@ class Round:
                wall_time_limit_ms: Optional[int] = None, memory_limit_mb: Optional[int] = None,
                output_limit_bytes: Optional[int] = None, run_mode: Optional[str] = None,
                setup: Optional[Dict[str, Any]] = None, retention_seconds: Optional[int] = None,
-               session_seconds: Optional[int] = None, client: Optional[Client] = None,
+               session_seconds: Optional[int] = None,
+               reference_solution: Optional[Dict[str, str]] = None, client: Optional[Client] = None,
                timeout: float = 900.0) -> "Round":
         """POST /v1/rounds: prepares the round (setup included) before it answers."""
         body: Dict[str, Any] = {"name": name, "tests": tests, "cpu_time_limit_ms": cpu_time_limit_ms}
         for k, v in (("starter_files", starter_files), ("template", template), ("template_version", template_version),
                      ("run", run), ("wall_time_limit_ms", wall_time_limit_ms), ("memory_limit_mb", memory_limit_mb),
                      ("output_limit_bytes", output_limit_bytes), ("run_mode", run_mode), ("setup", setup),
-                     ("retention_seconds", retention_seconds), ("session_seconds", session_seconds)):
+                     ("retention_seconds", retention_seconds), ("session_seconds", session_seconds),
+                     ("reference_solution", reference_solution)):
             if v is not None:
                 body[k] = v
         t = _transport(client)

@@ -27,6 +27,8 @@ export interface CreateRoundOptions {
   setup?: { commands?: string[]; allow?: unknown[] };
   retentionSeconds?: number;
   sessionSeconds?: number;
+  /** Files of a known-good solution: the round is refused (`limit_too_tight`) unless the CPU limit is 1.5x its worst run. */
+  referenceSolution?: Record<string, string>;
   client?: Client;
 }
 
@@ -45,6 +47,8 @@ export interface RoundInfo {
   run_mode: RunMode;
   retention_seconds: number;
   session_seconds: number;
+  /** The most CPU the reference solution took at prepare time; null without one. */
+  reference_cpu_ms: number | null;
   test_files: string[];
   custom_runner: boolean;
   created_at: string;
@@ -143,6 +147,7 @@ export class Round {
       ["run", o.run], ["wall_time_limit_ms", o.wallTimeLimitMs], ["memory_limit_mb", o.memoryLimitMb],
       ["output_limit_bytes", o.outputLimitBytes], ["run_mode", o.runMode], ["setup", o.setup],
       ["retention_seconds", o.retentionSeconds], ["session_seconds", o.sessionSeconds],
+      ["reference_solution", o.referenceSolution],
     ];
     for (const [k, v] of opt) if (v !== undefined) body[k] = v;
     return new Round(await t.json<RoundInfo>("POST", "/v1/rounds", { json: body, timeoutMs: 900_000 }), t);
