@@ -95,6 +95,29 @@ def test_cpu_limit_kills_the_tree_within_100ms_of_the_limit(daemon, sandbox):
     assert r["reason"] == "exited", r
 
 
+def test_a_cpu_limit_on_the_host_clock(daemon, sandbox):
+    """cpu_limit_basis "host": the daemon watches the sandbox's host cgroup
+    and kills at the limit, long before the guest's backstop (4x)."""
+    t = time.time()
+    r = daemon.exec(sandbox, "setsid python3 -c 'while True: pass' & sleep 60",
+                    timeout_seconds=30, cpu_limit_ms=400, cpu_limit_basis="host")
+    assert r["reason"] == "cpu_limit" and r["timed_out"] is False, r
+    # Killed within a few ticks of the limit; the guest's backstop would
+    # only act at 1600 ms of its own (larger) count.
+    assert 400 <= r["host_cpu_ms"] <= 900, r
+    assert time.time() - t < 10
+    r = daemon.exec(sandbox, "ps -eo args --no-headers | grep -c '^python3 -c while' || true")
+    assert r["stdout"].strip() == "0", r
+    r = daemon.exec(sandbox, "true", cpu_limit_ms=400, cpu_limit_basis="host")
+    assert r["reason"] == "exited" and r["host_cpu_ms"] is not None, r
+    for body, code in (({"cmd": "true", "cpu_limit_basis": "host"}, "invalid_request"),
+                       ({"cmd": "true", "cpu_limit_ms": 400, "cpu_limit_basis": "wall"}, "invalid_json"),
+                       ({"cmd": "sleep 1", "cpu_limit_ms": 400, "cpu_limit_basis": "host", "background": True},
+                        "invalid_request")):
+        r = daemon.request("POST", f"/v1/sandboxes/{sandbox}/exec", body)
+        assert r.status == 400 and r.error_code() == code, (body, r)
+
+
 def test_reasons(daemon, sandbox):
     assert daemon.exec(sandbox, "exit 3")["reason"] == "exited"
     r = daemon.exec(sandbox, "kill -TERM $$")

@@ -148,6 +148,12 @@ pub struct ExecBody {
     /// CPU time of everything the command started, in ms, after which all
     /// of it is killed (`reason` `cpu_limit`). At most the timeout.
     pub cpu_limit_ms: Option<i64>,
+    /// Which clock `cpu_limit_ms` is judged on: `guest` (default, the
+    /// command's own CPU as the guest counts it, `cpu_ms`) or `host` (the
+    /// sandbox's whole CPU as the host counts it, `host_cpu_ms`: steadier
+    /// on a busy host, but anything else running in the sandbox counts).
+    /// Only with `cpu_limit_ms`, not with `background`.
+    pub cpu_limit_basis: Option<CpuLimitBasis>,
     /// Start it and answer at once (202, a `ProcessInfo`); its output is
     /// kept in a ring to read from `/processes/{pid}/output`. Without
     /// `timeout_seconds` it runs as long as the sandbox.
@@ -156,6 +162,14 @@ pub struct ExecBody {
     /// `text` (default) or `base64` for stdout/stderr (and stream data).
     #[serde(default)]
     pub output: crate::output::OutputEncoding,
+}
+
+/// The clock a CPU limit is judged on (see `hatchery_core::exec::CpuBasis`).
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum CpuLimitBasis {
+    Guest,
+    Host,
 }
 
 /// Why a command ended.
@@ -210,6 +224,10 @@ pub struct ExecResponse {
     /// True when every process the command started was killed with it and
     /// counted in `cpu_ms` (its own cgroup inside the sandbox).
     pub contained: bool,
+    /// CPU the host spent on the whole sandbox while the command ran
+    /// (everything in it, and the sandbox's own kernel); `null` when the
+    /// runtime cannot tell. Steadier than `cpu_ms` on a busy host.
+    pub host_cpu_ms: Option<u64>,
 }
 
 impl From<ExecOutcome> for ExecResponse {
@@ -232,6 +250,7 @@ impl ExecResponse {
             reason: o.reason.into(),
             memory_peak_bytes: o.memory_peak_bytes,
             contained: o.contained,
+            host_cpu_ms: o.host_cpu_ms,
         }
     }
 }
@@ -533,6 +552,15 @@ impl ExecBody {
             "max_output_bytes",
         )?;
         let cpu_limit_ms = validate_cpu_limit(self.cpu_limit_ms, timeout)?;
+        let cpu_basis = match (self.cpu_limit_basis, cpu_limit_ms) {
+            (None | Some(CpuLimitBasis::Guest), _) => hatchery_core::exec::CpuBasis::Guest,
+            (Some(CpuLimitBasis::Host), Some(_)) => hatchery_core::exec::CpuBasis::Host,
+            (Some(CpuLimitBasis::Host), None) => {
+                return Err(ApiError::bad_request(
+                    "cpu_limit_basis needs cpu_limit_ms".to_string(),
+                ))
+            }
+        };
         Ok(ExecParams {
             argv,
             cwd: self.cwd,
@@ -541,6 +569,7 @@ impl ExecBody {
             timeout: Duration::from_secs(timeout),
             max_output_bytes,
             cpu_limit_ms,
+            cpu_basis,
         })
     }
 }

@@ -191,6 +191,9 @@ pub struct ExecRequest {
     /// killed (`reason` `cpu_limit`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_limit_ms: Option<u64>,
+    /// The clock `cpu_limit_ms` is judged on (default `Guest`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_limit_basis: Option<CpuLimitBasis>,
     /// Set by `Client::start_process`; `Client::exec` clears it.
     #[serde(default, skip_serializing_if = "is_false")]
     pub background: bool,
@@ -253,6 +256,23 @@ impl ExecRequest {
         self.output = Some(enc);
         self
     }
+
+    /// Judges `cpu_limit_ms` on the host's accounting of the whole sandbox
+    /// (`host_cpu_ms`), steadier than the guest's on a busy host.
+    pub fn cpu_limit_on_host(mut self) -> Self {
+        self.cpu_limit_basis = Some(CpuLimitBasis::Host);
+        self
+    }
+}
+
+/// The clock a CPU limit is judged on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CpuLimitBasis {
+    /// The command's own CPU as the guest counts it (`cpu_ms`).
+    Guest,
+    /// The sandbox's CPU as the host counts it (`host_cpu_ms`).
+    Host,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -274,6 +294,10 @@ pub struct ExecResponse {
     /// Every process the command started was gone when it ended.
     #[serde(default)]
     pub contained: bool,
+    /// CPU the host spent on the whole sandbox meanwhile (`None`: the
+    /// daemon's runtime cannot tell).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_cpu_ms: Option<u64>,
 }
 
 /// `{"data": ...}` of an exec stream's stdout/stderr event.

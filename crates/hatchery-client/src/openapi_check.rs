@@ -236,6 +236,7 @@ fn requests_match_the_spec() {
             timeout_seconds: Some(1),
             max_output_bytes: Some(1),
             cpu_limit_ms: Some(1),
+            cpu_limit_basis: Some(crate::models::CpuLimitBasis::Host),
             background: true,
             output: Some(OutputEncoding::Base64),
         },

@@ -593,7 +593,11 @@ impl Manager {
         p.env = env;
         let ooms_before = self.runtime.oom_kills(id);
         self.metrics.execs.inc();
-        let res = crate::exec::run(&live.client, p, sink).await;
+        let runtime = self.runtime.clone();
+        let rid = id.to_string();
+        let host_cpu: crate::exec::HostCpuReader =
+            Arc::new(move || runtime.usage(&rid).map(|u| u.cpu_ns));
+        let res = crate::exec::run(&live.client, p, sink, Some(host_cpu)).await;
         let mut out = match res {
             Ok(o) => o,
             Err(e) => {

@@ -31,6 +31,7 @@ fn shell(cmd: &str, timeout: Duration, max_output_bytes: u64) -> ExecParams {
         timeout,
         max_output_bytes,
         cpu_limit_ms: None,
+        cpu_basis: crate::exec::CpuBasis::Guest,
     }
 }
 
@@ -144,6 +145,7 @@ impl Manager {
                 client,
                 shell(cmd, SETUP_TIMEOUT, SETUP_OUTPUT),
                 Sink::Collect,
+                None,
             )
             .await?;
             for line in String::from_utf8_lossy(&out.stdout).lines() {
@@ -196,6 +198,7 @@ impl Manager {
                 &client,
                 shell(WARM_UP, Duration::from_secs(60), 4096),
                 Sink::Collect,
+                None,
             )
             .await?;
             wait_interpreters_ready(&client).await;

@@ -60,13 +60,18 @@ fn reason(r: ExecReason) -> &'static str {
     }
 }
 
-fn outcome(r: ExecResponse) -> ExecOutcome {
+/// `on_host`: the limit was judged on the host's clock, so that is the
+/// CPU the verdict reports.
+fn outcome(r: ExecResponse, on_host: bool) -> ExecOutcome {
     ExecOutcome {
         exit_code: r.exit_code as i64,
         stdout: r.stdout,
         stderr: r.stderr,
         duration_ms: r.duration_ms,
-        cpu_ms: r.cpu_ms,
+        cpu_ms: match r.host_cpu_ms {
+            Some(ms) if on_host => ms,
+            _ => r.cpu_ms,
+        },
         memory_peak_bytes: r.memory_peak_bytes.unwrap_or(0),
         reason: reason(r.reason).to_string(),
         truncated: r.truncated,
@@ -81,6 +86,9 @@ fn request(spec: ExecSpec) -> ExecRequest {
         .max_output_bytes(spec.max_output_bytes);
     if let Some(ms) = spec.cpu_limit_ms {
         req = req.cpu_limit_ms(ms);
+        if spec.cpu_on_host {
+            req = req.cpu_limit_on_host();
+        }
     }
     for (k, v) in spec.env {
         req = req.env(k, v);
@@ -175,10 +183,11 @@ impl Sandboxes for ClientSandboxes {
     }
 
     async fn exec(&self, id: &str, spec: ExecSpec) -> Result<ExecOutcome, SandboxError> {
+        let on_host = spec.cpu_on_host;
         self.client
             .exec(id, &request(spec))
             .await
-            .map(outcome)
+            .map(|r| outcome(r, on_host))
             .map_err(err)
     }
 
@@ -187,12 +196,13 @@ impl Sandboxes for ClientSandboxes {
         id: &str,
         spec: ExecSpec,
     ) -> Result<BoxStream<'static, Result<ExecEvent, SandboxError>>, SandboxError> {
+        let on_host = spec.cpu_on_host;
         let s = self
             .client
             .exec_stream(id, &request(spec))
             .await
             .map_err(err)?;
-        Ok(futures::stream::unfold(Some(s), |st| async move {
+        Ok(futures::stream::unfold(Some(s), move |st| async move {
             let mut s = st?;
             match s.next().await {
                 Ok(Some(hatchery_client::ExecEvent::Stdout(d))) => {
@@ -202,7 +212,7 @@ impl Sandboxes for ClientSandboxes {
                     Some((Ok(ExecEvent::Stderr(d)), Some(s)))
                 }
                 Ok(Some(hatchery_client::ExecEvent::Exit(r))) => {
-                    Some((Ok(ExecEvent::Exit(outcome(r))), None))
+                    Some((Ok(ExecEvent::Exit(outcome(r, on_host))), None))
                 }
                 Ok(None) => None,
                 Err(e) => Some((Err(err(e)), None)),

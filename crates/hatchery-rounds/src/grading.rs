@@ -293,6 +293,7 @@ impl Rounds {
             env: BTreeMap::new(),
             timeout_seconds: 30,
             cpu_limit_ms: None,
+            cpu_on_host: false,
             max_output_bytes: 64 << 10,
         };
         self.sandboxes.exec(grader, clean).await?;
@@ -347,6 +348,7 @@ impl Rounds {
                     env,
                     timeout_seconds: timeout,
                     cpu_limit_ms: None,
+                    cpu_on_host: false,
                     max_output_bytes: spec.output_limit_bytes,
                 },
             )

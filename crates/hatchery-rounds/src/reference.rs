@@ -58,16 +58,18 @@ impl Rounds {
                     runs.push(o.cpu_ms.max(spec.cpu_time_limit_ms + 1));
                     break;
                 }
-                v => return Err(RoundsError::state(
-                    "reference_failed",
-                    format!(
+                v => {
+                    return Err(RoundsError::state(
+                        "reference_failed",
+                        format!(
                         "reference_solution run {} of {REFERENCE_RUNS}: {v:?} (exit {}, {}): {}",
                         i + 1,
                         o.exit_code,
                         o.reason,
                         tail(&o.stderr, 2000)
                     ),
-                )),
+                    ))
+                }
             }
         }
         tracing::info!(runs = ?runs, limit_ms = spec.cpu_time_limit_ms, "rounds: reference solution measured");

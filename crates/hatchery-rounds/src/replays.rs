@@ -252,6 +252,7 @@ impl Rounds {
                     env: BTreeMap::new(),
                     timeout_seconds: timeout,
                     cpu_limit_ms: None,
+                    cpu_on_host: false,
                     max_output_bytes: 1 << 20,
                 },
             )

@@ -41,6 +41,7 @@ impl Rounds {
             env: BTreeMap::new(),
             timeout_seconds: spec.wall_time_limit_ms.div_ceil(1000),
             cpu_limit_ms: Some(spec.cpu_time_limit_ms),
+            cpu_on_host: true,
             max_output_bytes: spec.output_limit_bytes,
         }
     }

@@ -59,6 +59,9 @@ pub struct ExecSpec {
     pub env: BTreeMap<String, String>,
     pub timeout_seconds: u64,
     pub cpu_limit_ms: Option<u64>,
+    /// Judge `cpu_limit_ms` on the host's accounting of the sandbox, and
+    /// report that as the outcome's `cpu_ms` (docs/interviews.md#fairness).
+    pub cpu_on_host: bool,
     pub max_output_bytes: u64,
 }
 

@@ -304,6 +304,7 @@ fn exec_params(
         timeout,
         max_output_bytes: max_out,
         cpu_limit_ms: None,
+        cpu_basis: Default::default(),
     }
 }
 

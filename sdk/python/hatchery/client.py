@@ -225,7 +225,7 @@ def configure(url: Optional[str] = None, api_key: Optional[str] = None, **kw: An
 def _exec_body(cmd: Optional[str], argv: Optional[List[str]], timeout_seconds: Optional[int], cwd: Optional[str],
                env: Optional[Dict[str, str]], stdin: Optional[Union[str, bytes]],
                max_output_bytes: Optional[int], cpu_limit_ms: Optional[int], output: Optional[str] = None,
-               background: bool = False) -> Dict[str, Any]:
+               background: bool = False, cpu_limit_basis: Optional[str] = None) -> Dict[str, Any]:
     if (cmd is None) == (argv is None):
         raise ValueError("give exactly one of cmd and argv")
     if output not in (None, "text", "base64"):
@@ -233,7 +233,8 @@ def _exec_body(cmd: Optional[str], argv: Optional[List[str]], timeout_seconds: O
     if isinstance(stdin, bytes):
         stdin = stdin.decode("utf-8")
     body = _drop_none({"cmd": cmd, "argv": argv, "timeout_seconds": timeout_seconds, "cwd": cwd, "env": env,
-                     "stdin": stdin, "max_output_bytes": max_output_bytes, "cpu_limit_ms": cpu_limit_ms})
+                     "stdin": stdin, "max_output_bytes": max_output_bytes, "cpu_limit_ms": cpu_limit_ms,
+                     "cpu_limit_basis": cpu_limit_basis})
     if output == "base64":
         body["output"] = output
     if background:
@@ -874,26 +875,32 @@ class Sandbox(_Record):
     def exec(self, cmd: Optional[str] = None, *, argv: Optional[List[str]] = None,
              timeout_seconds: Optional[int] = None, cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None,
              stdin: Optional[Union[str, bytes]] = None, max_output_bytes: Optional[int] = None,
-             cpu_limit_ms: Optional[int] = None, output: OutputEncoding = "text",
+             cpu_limit_ms: Optional[int] = None, cpu_limit_basis: Optional[str] = None,
+             output: OutputEncoding = "text",
              background: Literal[False] = False) -> ExecResult: ...
 
     @overload
     def exec(self, cmd: Optional[str] = None, *, argv: Optional[List[str]] = None,
              timeout_seconds: Optional[int] = None, cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None,
              stdin: Optional[Union[str, bytes]] = None, max_output_bytes: Optional[int] = None,
-             cpu_limit_ms: Optional[int] = None, output: OutputEncoding = "text",
+             cpu_limit_ms: Optional[int] = None, cpu_limit_basis: Optional[str] = None,
+             output: OutputEncoding = "text",
              background: Literal[True]) -> Process: ...
 
     def exec(self, cmd: Optional[str] = None, *, argv: Optional[List[str]] = None,
              timeout_seconds: Optional[int] = None, cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None,
              stdin: Optional[Union[str, bytes]] = None, max_output_bytes: Optional[int] = None,
-             cpu_limit_ms: Optional[int] = None, output: OutputEncoding = "text",
+             cpu_limit_ms: Optional[int] = None, cpu_limit_basis: Optional[str] = None,
+             output: OutputEncoding = "text",
              background: bool = False) -> Union[ExecResult, Process]:
         """Runs `cmd` with /bin/sh -c (or `argv` without a shell) and waits.
         A non-zero exit or a timeout is a result, not an exception:
         `reason` says why it ended. `cpu_limit_ms` (1 to the timeout) kills
         everything the command started once it has used that much CPU time
-        (reason ``cpu_limit``); an output stream passing `max_output_bytes`
+        (reason ``cpu_limit``), judged on the command's own CPU as the guest
+        counts it, or with ``cpu_limit_basis="host"`` on the host's count
+        for the whole sandbox (`host_cpu_ms`, steadier on a busy host); an
+        output stream passing `max_output_bytes`
         ends the command (reason ``output_limit``). ``output="base64"``
         brings the exact bytes: `ExecResult.stdout_bytes` / `stderr_bytes`.
 
@@ -903,7 +910,7 @@ class Sandbox(_Record):
         At most 16 run at once per sandbox: the 17th raises RateLimited
         (``too_many``)."""
         body = _exec_body(cmd, argv, timeout_seconds, cwd, env, stdin, max_output_bytes, cpu_limit_ms, output,
-                          background)
+                          background, cpu_limit_basis)
         if background:
             r = self._client.call("POST", "/v1/sandboxes/{id}/exec", params={"id": self.id}, json=body)
             return Process(ProcessInfo.from_dict(r.json()), self)
@@ -916,11 +923,13 @@ class Sandbox(_Record):
                     env: Optional[Dict[str, str]] = None, stdin: Optional[Union[str, bytes]] = None,
                     max_output_bytes: Optional[int] = None, on_stdout: Optional[Callable[[Any], None]] = None,
                     on_stderr: Optional[Callable[[Any], None]] = None,
-                    cpu_limit_ms: Optional[int] = None, output: OutputEncoding = "text") -> ExecStream:
+                    cpu_limit_ms: Optional[int] = None, cpu_limit_basis: Optional[str] = None,
+             output: OutputEncoding = "text") -> ExecStream:
         """Same arguments as `exec` (not `background`), plus callbacks for
         each chunk. With ``output="base64"`` chunks (and callbacks) get
         `bytes`."""
-        body = _exec_body(cmd, argv, timeout_seconds, cwd, env, stdin, max_output_bytes, cpu_limit_ms, output)
+        body = _exec_body(cmd, argv, timeout_seconds, cwd, env, stdin, max_output_bytes, cpu_limit_ms, output,
+                          cpu_limit_basis=cpu_limit_basis)
         # The daemon sends a keep-alive comment every 15 s while the command
         # is silent, so a read timeout longer than that means a dead stream.
         sse = self._client.stream("POST", "/v1/sandboxes/{id}/exec/stream", params={"id": self.id}, json=body,

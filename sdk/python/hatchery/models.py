@@ -58,6 +58,9 @@ class ExecResult:
     reason: ExecReason
     contained: bool
     memory_peak_bytes: Optional[int] = None
+    #: CPU the host spent on the whole sandbox while it ran (None: the
+    #: daemon cannot tell); what ``cpu_limit_basis="host"`` is judged on.
+    host_cpu_ms: Optional[int] = None
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod

@@ -41,14 +41,15 @@ export type OutputEncoding = wire.OutputEncoding;
 
 /** `reason` says why the command ended; `contained` is true when every process
  * it started was killed with it and counted in `cpuMs`; `memoryPeakBytes` is
- * the largest memory use seen (sampled), when known. `stdoutBytes` /
+ * the largest memory use seen (sampled), when known; `hostCpuMs` is the CPU
+ * the host spent on the whole sandbox meanwhile (null if it cannot tell). `stdoutBytes` /
  * `stderrBytes` are the exact bytes with `output: "base64"` (`stdout` /
  * `stderr` then hold their UTF-8 decoding); in text mode they are just
  * `stdout` / `stderr` encoded as UTF-8. */
 export const EXEC_RESULT_FIELDS = {
   exit_code: "exitCode", stdout: "stdout", stderr: "stderr", timed_out: "timedOut", truncated: "truncated",
   oom_killed: "oomKilled", duration_ms: "durationMs", cpu_ms: "cpuMs", reason: "reason",
-  memory_peak_bytes: "memoryPeakBytes", contained: "contained",
+  memory_peak_bytes: "memoryPeakBytes", contained: "contained", host_cpu_ms: "hostCpuMs",
 } as const satisfies FieldMap<wire.ExecResponse>;
 export type ExecResult = Renamed<wire.ExecResponse, typeof EXEC_RESULT_FIELDS> & {
   stdoutBytes: Uint8Array;
@@ -332,6 +333,9 @@ export interface ExecOptions {
   maxOutputBytes?: number;
   /** CPU time (1 to the timeout, in ms) after which everything the command started is killed (reason `cpu_limit`). */
   cpuLimitMs?: number;
+  /** The clock `cpuLimitMs` is judged on: `guest` (default, the command's own CPU, `cpuMs`) or `host` (the
+   * host's count for the whole sandbox, `hostCpuMs`: steadier on a busy host). Not with `background`. */
+  cpuLimitBasis?: wire.CpuLimitBasis;
   /** `base64`: the exact bytes (`stdoutBytes` / `stderrBytes`; stream chunks of Uint8Array). Default `text`. */
   output?: OutputEncoding;
   /** Start it and resolve to a Process at once (only `exec`). It runs until it
@@ -340,7 +344,8 @@ export interface ExecOptions {
 }
 export const EXEC_FIELDS = {
   cmd: "cmd", argv: "argv", timeout_seconds: "timeoutSeconds", cwd: "cwd", env: "env", stdin: "stdin",
-  max_output_bytes: "maxOutputBytes", cpu_limit_ms: "cpuLimitMs", output: "output", background: "background",
+  max_output_bytes: "maxOutputBytes", cpu_limit_ms: "cpuLimitMs", cpu_limit_basis: "cpuLimitBasis", output: "output",
+  background: "background",
 } as const satisfies FieldMap<wire.ExecBody> & Record<string, keyof (ExecOptions & { cmd?: string })>;
 
 /** Callbacks may return a promise: it is awaited before the next event. */

@@ -69,6 +69,9 @@ export interface CodeSummary {
   truncated: boolean;
 }
 
+/** The clock a CPU limit is judged on (see `hatchery_core::exec::CpuBasis`). */
+export type CpuLimitBasis = "guest" | "host";
+
 export interface CreateContext {
   cwd?: string | null;
   language?: string | null;
@@ -136,6 +139,7 @@ export interface ExecBody {
   argv?: Array<string> | null;
   background?: boolean;
   cmd?: string | null;
+  cpu_limit_basis?: null | CpuLimitBasis;
   cpu_limit_ms?: number | null;
   cwd?: string | null;
   env?: Record<string, string>;
@@ -153,6 +157,7 @@ export interface ExecResponse {
   cpu_ms: number;
   duration_ms: number;
   exit_code: number;
+  host_cpu_ms?: number | null;
   memory_peak_bytes?: number | null;
   oom_killed: boolean;
   reason: ExecReason;

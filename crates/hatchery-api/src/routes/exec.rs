@@ -29,6 +29,11 @@ pub async fn exec(
     let timeout_given = body.timeout_seconds.is_some();
     let params = body.into_params(&st.manager.caps)?;
     if background {
+        if params.cpu_basis != hatchery_core::exec::CpuBasis::Guest {
+            return Err(ApiError::bad_request(
+                "cpu_limit_basis \"host\" is for commands waited on, not background processes",
+            ));
+        }
         let timeout = timeout_given.then_some(params.timeout);
         let info = st.manager.start_process(&id, params, timeout).await?;
         let info: ProcessInfo = info.into();
