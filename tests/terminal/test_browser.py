@@ -185,3 +185,26 @@ def test_the_page_without_or_with_a_spent_token(daemon, browser):
     assert "default-src 'none'" in r.headers["content-security-policy"]
     assert daemon.request("GET", "/terminal/nope.js", auth=False).status == 404
     assert daemon.request("GET", "/terminal", auth=False).status == 308
+
+
+HOG = "python3 -c 'x = []; [x.append(bytearray(50 << 20)) for _ in iter(int, 1)]'"
+
+
+def test_a_memory_kill_is_told_in_the_terminal(daemon, browser):
+    """Issue 34: a shell's child killed for memory ends with status 1 and
+    the shell prints nothing about it (the guest cannot tell); the daemon
+    sends an `oom` message and the page writes it into the terminal. The
+    sandbox stays, and a program that itself is killed for memory ends the
+    terminal with reason oom."""
+    sid = daemon.create()
+    open_terminal(browser, daemon, sid)
+    type_line(browser, HOG)
+    browser.wait(f"{SCREEN}.includes('killed: out of memory (')", timeout=90, what="the oom notice")
+    type_line(browser, "echo still-$((40+2))")
+    browser.wait(f"{SCREEN}.includes('still-42')", timeout=30, what="the shell goes on")
+    type_line(browser, f"exec {HOG}")
+    browser.wait("document.getElementById('terminal').getAttribute('data-state') === 'exited'",
+                 timeout=90, what="the terminal ends")
+    status = browser.eval("document.getElementById('status').textContent")
+    assert "out of memory" in status, status
+    assert daemon.exec(sid, "echo alive")["stdout"] == "alive\n"

@@ -113,7 +113,14 @@ pub enum TerminalServerMessage {
         exit_code: i32,
         signal: Option<i32>,
         reason: ExecReason,
+        /// The program was killed for memory (`reason` is then `oom`).
+        oom_killed: bool,
     },
+    /// Processes of the sandbox were killed for memory since the terminal
+    /// opened (`kills`, the count so far; sent within a second of each
+    /// new kill). The terminal goes on: a shell whose child was killed
+    /// stays, and prints nothing about it itself.
+    Oom { kills: u64 },
     /// The server is closing the terminal: `idle_timeout` (close code
     /// 4000), `sandbox_gone` (1001) or `error` (1011).
     Closed { reason: String, message: String },
@@ -208,11 +215,12 @@ mod tests {
             exit_code: 0,
             signal: None,
             reason: ExecReason::Exited,
+            oom_killed: false,
         })
         .unwrap();
         assert_eq!(
             out,
-            serde_json::json!({"type":"exit","exit_code":0,"signal":null,"reason":"exited"})
+            serde_json::json!({"type":"exit","exit_code":0,"signal":null,"reason":"exited","oom_killed":false})
         );
     }
 }

@@ -12,7 +12,9 @@
 use crate::agent_client::{guest_error, AgentClient, Channel};
 use crate::manager::{Live, Manager};
 use crate::CoreError;
-use hatchery_agent_proto::{Frame, Kind, PtyExit, PtyRequest, PtyResized, PtySize, PtyStarted};
+use hatchery_agent_proto::{
+    EndReason, Frame, Kind, PtyExit, PtyRequest, PtyResized, PtySize, PtyStarted,
+};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,6 +58,11 @@ pub struct Terminal {
     pub contained: bool,
     pub idle_timeout: Duration,
     ended: bool,
+    sandbox: String,
+    /// The sandbox's OOM kill count when the terminal opened: only the
+    /// host sees OOM kills (the guest sees a process the shim killed for
+    /// memory exit with code 1, and a shell prints nothing about it).
+    ooms_at_open: Option<u64>,
 }
 
 impl Manager {
@@ -96,6 +103,8 @@ impl Manager {
             contained: false,
             idle_timeout,
             ended: false,
+            sandbox: id.to_string(),
+            ooms_at_open: self.runtime.oom_kills(id),
         };
         self.metrics.terminals_open.inc();
         let req = PtyRequest {
@@ -182,6 +191,14 @@ impl Manager {
 }
 
 impl Terminal {
+    /// Processes of the sandbox killed for memory since the terminal
+    /// opened (any of them, not only the terminal's: the count is the
+    /// sandbox's); `None` when the runtime cannot tell.
+    pub fn oom_kills_since_open(&self) -> Option<u64> {
+        let now = self.manager.runtime.oom_kills(&self.sandbox)?;
+        Some(now.saturating_sub(self.ooms_at_open?))
+    }
+
     /// The next thing the terminal did. An error means the sandbox (or
     /// its agent) is gone.
     pub async fn next(&mut self) -> Result<TerminalEvent, CoreError> {
@@ -197,7 +214,16 @@ impl Terminal {
                 Kind::PtyExit => {
                     self.ended = true;
                     return match f.parse::<PtyExit>() {
-                        Ok(e) => Ok(TerminalEvent::Exit(e)),
+                        Ok(mut e) => {
+                            // The rule of exec and background processes
+                            // (proc_oom.rs): a failed end with kills since.
+                            let failed = e.exit_code != 0
+                                && !matches!(e.reason, EndReason::Cancelled | EndReason::Timeout);
+                            if failed && self.oom_kills_since_open().is_some_and(|n| n > 0) {
+                                e.reason = EndReason::Oom;
+                            }
+                            Ok(TerminalEvent::Exit(e))
+                        }
                         Err(e) => Err(CoreError::GuestUnresponsive(format!("bad exit frame: {e}"))),
                     };
                 }

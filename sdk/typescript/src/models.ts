@@ -478,7 +478,10 @@ export interface PtyOptions {
  * `reason` the close reason (`idle_timeout`, `sandbox_gone`...). */
 export interface TerminalExit {
   exitCode: number | null;
+  /** `exited`, `signaled`, `cancelled`, `timeout` or `oom`; for a closed terminal, the close reason. */
   reason: string;
+  /** The program was killed for memory. */
+  oomKilled?: boolean;
   signal?: number | null;
   closeCode?: number;
   message?: string;

@@ -12,6 +12,10 @@ export class Terminal implements AsyncIterable<Uint8Array> {
   private waiters: Array<() => void> = [];
   private closedMsg?: { reason?: string; message?: string };
   private exitInfo?: TerminalExit;
+  /** Processes of the sandbox killed for memory since this terminal opened
+   * (the server's `oom` message; 0 until one comes). A killed child of a
+   * shell says nothing in the terminal itself. */
+  oomKills = 0;
   private readonly done: Promise<TerminalExit>;
   private resolveDone!: (e: TerminalExit) => void;
   /** Client messages the server refused (`{type: "error", code, message}`). */
@@ -47,7 +51,10 @@ export class Terminal implements AsyncIterable<Uint8Array> {
     }
     let msg: any;
     try { msg = JSON.parse(data.toString("utf8")); } catch { return; }
-    if (msg?.type === "exit") this.exitInfo = { exitCode: msg.exit_code, reason: msg.reason ?? "exited", signal: msg.signal ?? null };
+    if (msg?.type === "exit") this.exitInfo = {
+      exitCode: msg.exit_code, reason: msg.reason ?? "exited", signal: msg.signal ?? null, oomKilled: msg.oom_killed ?? false,
+    };
+    else if (msg?.type === "oom") this.oomKills = msg.kills;
     else if (msg?.type === "closed") this.closedMsg = msg;
     else if (msg?.type === "error") {
       this.errors.push({ code: msg.code, message: msg.message });

@@ -26,6 +26,7 @@ if (!sandbox || !token) {
     onStatus(state, detail) {
       if (state === "connecting") show(`connecting to ${sandbox}…`, "info");
       else if (state === "open") show(sandbox, "ok");
+      else if (state === "exited" && detail.oom_killed) show(`exited with status ${detail.exit_code}: out of memory`, "error");
       else if (state === "exited") show(`exited with status ${detail.exit_code}`, "info");
       else if (state === "closed") show(`closed: ${detail.message || detail.reason || `code ${detail.code}`}`, "error");
       else if (state === "error") console.warn("terminal:", detail.message);

@@ -21,7 +21,8 @@ const encoder = new TextEncoder();
  * terminal (xterm.js options), onStatus(state, detail) where state is
  * "connecting", "open", "exited" (detail: the exit message), "closed"
  * (detail: {code, reason, message}) or "error" (detail: a refused control
- * message).
+ * message), and onOom(kills) when processes of the sandbox were killed for
+ * memory (a line about it is also written into the terminal).
  *
  * Returns {term, socket, fit, close(), state()}.
  */
@@ -85,6 +86,11 @@ export function attachTerminal(element, opts) {
     if (msg.type === "exit") {
       closedBy = msg;
       status("exited", msg);
+    } else if (msg.type === "oom") {
+      // The guest's shell says nothing when its child is killed for memory
+      // (it sees exit status 1), so the page says it.
+      term.write(`\r\n\x1b[33m[hatchery] a process in this sandbox was killed: out of memory (${msg.kills} so far)\x1b[0m\r\n`);
+      if (opts.onOom) opts.onOom(msg.kills);
     } else if (msg.type === "closed") {
       closedBy = msg;
     } else if (msg.type === "error") {

@@ -132,6 +132,9 @@ fn authorize(
     }
 }
 
+/// How often an attached terminal looks for new OOM kills in its sandbox.
+const OOM_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
 fn control(m: &TerminalServerMessage) -> Message {
     Message::Text(serde_json::to_string(m).unwrap_or_default().into())
 }
@@ -158,8 +161,20 @@ async fn relay(mut socket: WebSocket, mut term: Terminal) {
             }
         };
     }
+    let mut oom_check = tokio::time::interval(OOM_CHECK);
+    oom_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ooms_told = 0;
     let (message, code, reason) = loop {
         tokio::select! {
+            _ = oom_check.tick() => {
+                let kills = term.oom_kills_since_open().unwrap_or(0);
+                if kills > ooms_told {
+                    ooms_told = kills;
+                    if !send!(control(&TerminalServerMessage::Oom { kills })) {
+                        break (None, None, "client gone or idle");
+                    }
+                }
+            }
             ev = term.next() => match ev {
                 Ok(TerminalEvent::Output(d)) => {
                     if !send!(Message::Binary(d.into())) {
@@ -183,6 +198,7 @@ async fn relay(mut socket: WebSocket, mut term: Terminal) {
                         exit_code: e.exit_code,
                         signal: e.signal,
                         reason: ExecReason::from(e.reason),
+                        oom_killed: e.reason == hatchery_agent_proto::EndReason::Oom,
                     };
                     break (Some(m), Some(1000), "exited");
                 }
