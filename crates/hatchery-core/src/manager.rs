@@ -295,6 +295,9 @@ impl Manager {
         client: Arc<AgentClient>,
         started: Instant,
     ) -> Result<Option<SandboxInfo>, CoreError> {
+        // From here on it serves a caller: the normal CPU weight, before
+        // anything else, so the claim's own steps do not run starved.
+        self.runtime.foreground(&row.id);
         // Pooled sandboxes deny all egress; anything else is set before the
         // caller can run a single command.
         if *policy != hatchery_net::Policy::deny_all() {
@@ -408,6 +411,8 @@ impl Manager {
             limits: template.limits(),
             expires_at_ms: row.expires_at_ms,
             netns,
+            // A pool refill: least CPU weight until claimed (pool.rs).
+            background: row.state == SandboxState::Pooled,
         };
         let booted = async {
             let client = self.boot(&spec, image, template).await?;

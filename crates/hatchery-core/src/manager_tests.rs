@@ -401,9 +401,19 @@ async fn create_claims_a_pooled_sandbox_and_the_pool_refills() {
     let rows = rig.unstopped().await;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].state, SandboxState::Pooled);
+    assert_eq!(
+        rig.rt.is_background(&pooled_id),
+        Some(true),
+        "a refill starts with the least CPU weight"
+    );
     let info = m.create(req()).await.unwrap();
     assert_eq!(info.boot_mode, Some("pool"));
     assert_eq!(info.id, pooled_id);
+    assert_eq!(
+        rig.rt.is_background(&info.id),
+        Some(false),
+        "a claim gives it the normal weight"
+    );
     assert_eq!(rig.rt.expiry(&info.id), Some(info.expires_at_ms));
     assert_eq!(m.get(&info.id).await.unwrap().state, "running");
     assert_eq!(m.pool.len(TPL), 0);
@@ -609,6 +619,7 @@ async fn reconcile_after_a_restart_adopts_stops_and_destroys() {
         limits: template(&old).limits(),
         expires_at_ms: now + 60_000,
         netns: None,
+        background: false,
     };
     rig.rt.create(&spec(&pooled)).await.unwrap();
     let orphan = crate::new_sandbox_id();

@@ -186,6 +186,7 @@ impl Manager {
                 + 120_000
                 + t.spec.setup.len() as u64 * SETUP_TIMEOUT.as_millis() as u64,
             netns,
+            background: false,
         };
         if let Err(e) = self.runtime.create(&spec).await {
             self.release_slot(&spec.id).await;

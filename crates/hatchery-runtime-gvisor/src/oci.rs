@@ -44,6 +44,13 @@ const MIB_PER_PROCESS: u64 = 8;
 /// The in-guest process ceiling actually applied. Each guest process costs
 /// host memory beside its own pages, so processes are capped low enough
 /// that a fork bomb cannot fill memory before it hits the cap.
+/// `cpu.shares` of a sandbox in use: the kernel's default weight.
+pub const FOREGROUND_SHARES: u64 = 1024;
+/// `cpu.shares` of a pool refill until it is claimed: the least cgroup v1
+/// allows, so under contention its restore and warm-up get about 1/512 of
+/// what a sandbox in use gets, and all of an otherwise idle CPU.
+pub const BACKGROUND_SHARES: u64 = 2;
+
 pub fn effective_nproc(l: &hatchery_runtime::Limits) -> u64 {
     (l.pids_max as u64).min((l.memory_mb / MIB_PER_PROCESS).max(16))
 }
@@ -55,6 +62,11 @@ pub fn config(spec: &SandboxSpec, agent: &Path, tmp_lower: &Path) -> Value {
     let nproc = effective_nproc(l);
     let period: u64 = 100_000;
     let quota = (l.cpus * period as f64).round().max(1000.0) as u64;
+    let shares = if spec.background {
+        BACKGROUND_SHARES
+    } else {
+        FOREGROUND_SHARES
+    };
     let network = match &spec.netns {
         Some(path) => json!({"type": "network", "path": path}),
         None => json!({"type": "network"}),
@@ -105,7 +117,7 @@ pub fn config(spec: &SandboxSpec, agent: &Path, tmp_lower: &Path) -> Value {
                 // Sentry's room, and is the host's backstop.
                 "memory": {"limit": crate::memcg::sandbox_limit_bytes(l.memory_mb, l.disk_mb)},
                 "pids": {"limit": HOST_PIDS_BACKSTOP},
-                "cpu": {"quota": quota, "period": period}
+                "cpu": {"quota": quota, "period": period, "shares": shares}
             }
         }
     })
@@ -129,6 +141,7 @@ mod tests {
             },
             expires_at_ms: 0,
             netns: Some("/run/netns/hy-1".into()),
+            background: false,
         };
         let v = config(&spec, Path::new("/a"), Path::new("/b/tmp-lower"));
         assert_eq!(
@@ -136,6 +149,16 @@ mod tests {
             (1024 + 10 + crate::memcg::RUNTIME_HEADROOM_MB) * 1024 * 1024
         );
         assert_eq!(v["linux"]["resources"]["cpu"]["quota"], 50_000);
+        assert_eq!(v["linux"]["resources"]["cpu"]["shares"], FOREGROUND_SHARES);
+        let bg = config(
+            &SandboxSpec {
+                background: true,
+                ..spec.clone()
+            },
+            Path::new("/a"),
+            Path::new("/t"),
+        );
+        assert_eq!(bg["linux"]["resources"]["cpu"]["shares"], BACKGROUND_SHARES);
         assert_eq!(v["process"]["rlimits"][0]["hard"], 64);
         let big = Limits {
             cpus: 1.0,

@@ -207,6 +207,17 @@ impl Runtime for GvisorRuntime {
         crate::memcg::usage(id)
     }
 
+    fn foreground(&self, id: &str) {
+        // runsc made the cgroup with the spec's shares (oci.rs); only the
+        // weight changes here, the CPU quota stays.
+        let p = std::path::Path::new("/sys/fs/cgroup/cpu")
+            .join(id)
+            .join("cpu.shares");
+        if let Err(e) = std::fs::write(&p, crate::oci::FOREGROUND_SHARES.to_string()) {
+            tracing::warn!(sandbox = %id, error = %e, "could not give a claimed sandbox its CPU weight");
+        }
+    }
+
     fn image_compat(&self) -> String {
         // The agent's memory is inside every image: a rebuilt agent means
         // new images.

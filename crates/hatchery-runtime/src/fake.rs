@@ -191,6 +191,8 @@ struct Sandbox {
     restored_from: Option<u64>,
     /// Set by [`FakeRuntime::kill_for`].
     end_cause: Option<crate::EndCause>,
+    /// Started with `background` and not yet [`Runtime::foreground`]ed.
+    background: bool,
 }
 
 #[derive(Default)]
@@ -349,6 +351,12 @@ impl FakeRuntime {
         true
     }
 
+    /// Whether `id` still has the background CPU weight it was started
+    /// with (`None`: unknown).
+    pub fn is_background(&self, id: &str) -> Option<bool> {
+        self.st().sandboxes.get(id).map(|s| s.background)
+    }
+
     /// The guest dies as [`FakeRuntime::kill`] says, and the runtime knows
     /// why (`end_cause` answers `cause` until `destroy`).
     pub fn kill_for(&self, id: &str, cause: crate::EndCause) -> bool {
@@ -468,6 +476,7 @@ impl FakeRuntime {
                 conn: None,
                 restored_from,
                 end_cause: None,
+                background: spec.background,
             },
         );
         Ok(())
@@ -533,6 +542,12 @@ impl Runtime for FakeRuntime {
 
     fn end_cause(&self, id: &str) -> Option<crate::EndCause> {
         self.st().sandboxes.get(id).and_then(|s| s.end_cause)
+    }
+
+    fn foreground(&self, id: &str) {
+        if let Some(s) = self.st().sandboxes.get_mut(id) {
+            s.background = false;
+        }
     }
 
     fn leftovers(&self, id: &str) -> Vec<String> {
@@ -867,6 +882,7 @@ mod tests {
             },
             expires_at_ms: 1000,
             netns: None,
+            background: false,
         }
     }
 

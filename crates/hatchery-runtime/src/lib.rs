@@ -41,6 +41,10 @@ pub struct SandboxSpec {
     /// interfaces, addresses and routes found there). `None`: no network
     /// at all.
     pub netns: Option<PathBuf>,
+    /// Started ahead of demand (a warm pool refill): it gets the least CPU
+    /// weight the runtime can give until [`Runtime::foreground`], so its
+    /// restore and warm-up never take CPU from sandboxes in use.
+    pub background: bool,
 }
 
 /// A duplex byte stream to the guest agent, speaking `hatchery-agent-proto`.
@@ -134,6 +138,12 @@ pub trait Runtime: Send + Sync + 'static {
     fn usage(&self, _id: &str) -> Option<Usage> {
         None
     }
+
+    /// A sandbox started with [`SandboxSpec::background`] is about to be
+    /// used: it gets the normal CPU weight from now on. Cheap (it is on the
+    /// claim path), idempotent, and best effort: a runtime without CPU
+    /// weights does nothing, and a failure is the runtime's to log.
+    fn foreground(&self, _id: &str) {}
 
     /// Host resources still present for `id`, described for humans; empty
     /// once teardown is complete. Used by health checks and tests.
