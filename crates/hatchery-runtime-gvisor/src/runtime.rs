@@ -96,6 +96,11 @@ impl Runtime for GvisorRuntime {
             .args(self.layout.runsc_flags())
             .arg("checkpoint")
             .arg(format!("--image-path={}", dir.display()))
+            // Uncompressed (about 10 MB instead of 3 for an idle sandbox):
+            // measured on this host, a snapshot took 199 ms p50 instead of
+            // 240 and a fork plus its first exec 429 instead of 689, since
+            // neither side deflates or inflates; the page cache holds it.
+            .arg("--compression=none")
             // The sandbox keeps running (and keeps its agent pipes).
             .arg("--leave-running")
             .arg(id)
