@@ -1,4 +1,4 @@
-//! Daemon assembly, shared by `hatcheryd` and `hatchery serve`.
+//! Daemon assembly: the `hatcheryd` binary (`hatchery serve` execs it).
 
 mod broker;
 mod broker_control;
