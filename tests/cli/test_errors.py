@@ -77,7 +77,7 @@ def test_serve_execs_the_daemon_beside_it(tmp_path):
     p = run(["serve", "--version"])
     assert (p.returncode, p.stdout.split()[0]) == (0, "hatcheryd"), p
     p = run(["serve", "--help"])
-    assert p.returncode == 0 and "--data-dir" in p.stdout, p
+    assert p.returncode == 0 and "--data-dir" in p.stdout and "--config" in p.stdout, p
     # A CLI installed alone, with no hatcheryd on PATH either, says so.
     alone = tmp_path / "hatchery"
     alone.write_bytes(open(HATCHERY, "rb").read())

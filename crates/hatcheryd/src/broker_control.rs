@@ -9,10 +9,10 @@
 //! database.
 
 use crate::broker_remote::RemoteSessionLog;
-use crate::config::DaemonArgs;
 use crate::owner_post::OwnerPost;
 use crate::serve::DaemonError;
 use hatchery_broker::{Broker, BrokerConfig};
+use hatchery_config::DaemonArgs;
 use std::path::Path;
 use std::sync::Arc;
 
