@@ -206,3 +206,23 @@ fn a_file_that_is_not_toml_or_not_there_says_which() {
     let e = run(&["hatcheryd", "--config", "/nonexistent/h.toml"]).unwrap_err();
     assert_eq!(e.to_string(), "/nonexistent/h.toml: cannot read it");
 }
+
+/// The per-role files docs/operations.md shows ("Configuration") pass the
+/// check, and say the role they are for.
+#[test]
+fn the_documented_examples_pass_the_check() {
+    let doc = include_str!("../../../docs/operations.md");
+    let section = &doc[doc.find("## Configuration").unwrap()..];
+    let section = &section[..section.find("Every key:").unwrap()];
+    let blocks: Vec<&str> = section
+        .split("```toml\n")
+        .skip(1)
+        .map(|b| &b[..b.find("```").unwrap()])
+        .collect();
+    assert_eq!(blocks.len(), 3, "one example per role");
+    for (block, role) in blocks.iter().zip([Role::All, Role::Host, Role::Control]) {
+        let f = file(block);
+        let a = check_file(f.path()).unwrap_or_else(|e| panic!("{e}\n{block}"));
+        assert_eq!(a.role, role, "{block}");
+    }
+}
