@@ -51,7 +51,7 @@ pub fn check(a: &DaemonArgs, o: &Origins) -> Vec<Problem> {
         bad(
             "role.name",
             format!(
-                "`{}` needs store.db (--db) to be a postgres:// URL shared with the {}",
+                "`{}` needs --db postgres://... (store.db), shared with the {}",
                 a.role.name(),
                 if a.role == Role::Host {
                     "control plane"

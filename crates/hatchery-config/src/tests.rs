@@ -125,7 +125,7 @@ fn the_file_s_problems_come_with_the_rules_it_breaks() {
     assert_eq!(e.len(), 2, "{e:?}");
     assert!(
         e[0].contains("`pool.size` must be an integer")
-            && e[1].contains("`control` needs store.db")
+            && e[1].contains("`control` needs --db postgres")
     );
 }
 
@@ -136,7 +136,7 @@ fn rules_are_checked_as_a_whole_and_name_where_the_value_came_from() {
     let e = problems(run(&["hatcheryd", "--config", p]).unwrap_err());
     assert_eq!(e.len(), 2, "{e:?}");
     assert!(
-        e[0].starts_with(&format!("{p}: `role.name`: `host` needs store.db")),
+        e[0].starts_with(&format!("{p}: `role.name`: `host` needs --db postgres")),
         "{e:?}"
     );
     assert!(
@@ -146,7 +146,7 @@ fn rules_are_checked_as_a_whole_and_name_where_the_value_came_from() {
     // The same rule, broken by a flag, names the flag.
     let e = problems(run(&["hatcheryd", "--role", "control"]).unwrap_err());
     assert!(
-        e[0].starts_with("--role: `control` needs store.db"),
+        e[0].starts_with("--role: `control` needs --db postgres"),
         "{e:?}"
     );
     // And a flag can mend what the file broke.
@@ -224,5 +224,21 @@ fn the_documented_examples_pass_the_check() {
         let f = file(block);
         let a = check_file(f.path()).unwrap_or_else(|e| panic!("{e}\n{block}"));
         assert_eq!(a.role, role, "{block}");
+    }
+}
+
+/// The files deploy/systemd's units read (deploy/config/) pass the check.
+#[test]
+fn the_deployed_examples_pass_the_check() {
+    for (text, role) in [
+        (include_str!("../../../deploy/config/host.toml"), Role::Host),
+        (
+            include_str!("../../../deploy/config/control.toml"),
+            Role::Control,
+        ),
+    ] {
+        let f = file(text);
+        let a = check_file(f.path()).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        assert_eq!(a.role, role);
     }
 }

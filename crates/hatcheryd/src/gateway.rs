@@ -204,18 +204,9 @@ pub async fn start(
     h: HostSide<'_>,
 ) -> Result<Option<Arc<GatewayLink>>, GatewayStartError> {
     if let Some(url) = &a.control_url {
-        if a.has_upstream() {
-            return Err(GatewayStartError::ControlUrl(
-                "a host that relays to the control role's gateway takes no upstream of its own"
-                    .into(),
-            ));
-        }
-        if !url.starts_with("http://") {
-            return Err(GatewayStartError::ControlUrl(format!(
-                "{url}: only http:// URLs are supported"
-            )));
-        }
-        // Bindings go where the control role's gateway reads them.
+        // Its form, and that this host has no upstream of its own, were
+        // checked with the rest of the configuration (hatchery-config
+        // rules.rs). Bindings go where the control role's gateway reads them.
         let Some(db) = h.shared_db else {
             return Err(GatewayStartError::ControlUrl(
                 "needs a shared postgres:// --db (the control role reads the bindings there)"
@@ -270,11 +261,7 @@ pub async fn start_control(
     registry: &prometheus::Registry,
     sink: crate::gateway_events::RemoteSink,
 ) -> Result<Option<axum::Router>, GatewayStartError> {
-    if a.control_url.is_some() {
-        return Err(GatewayStartError::ControlUrl(
-            "is for hosts; the control role runs the gateway itself".into(),
-        ));
-    }
+    // A control_url here was refused with the configuration (rules.rs).
     if !a.has_upstream() {
         return Ok(None);
     }
