@@ -9,11 +9,28 @@ fn file(text: &str) -> tempfile::NamedTempFile {
     f
 }
 
+/// Parsing reads the environment, which one test changes: setenv while
+/// another thread reads it is not safe, so every parse holds this.
+static ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn locked<T>(f: impl FnOnce() -> T) -> T {
+    let _g = ENV.lock().unwrap_or_else(|p| p.into_inner());
+    f()
+}
+
 fn run(argv: &[&str]) -> Result<DaemonArgs, ConfigError> {
+    locked(|| run_unlocked(argv))
+}
+
+fn run_unlocked(argv: &[&str]) -> Result<DaemonArgs, ConfigError> {
     match parse(argv.iter().map(OsString::from).collect())? {
         Invocation::Run(a) => Ok(*a),
         _ => panic!("not a run"),
     }
+}
+
+fn check(path: &std::path::Path) -> Result<DaemonArgs, ConfigError> {
+    locked(|| check_file(path))
 }
 
 fn problems(e: ConfigError) -> Vec<String> {
@@ -164,11 +181,14 @@ fn rules_are_checked_as_a_whole_and_name_where_the_value_came_from() {
 
 #[test]
 fn the_environment_beats_the_file() {
-    // The only test that reads HATCHERY_POOL_MIN_AVAILABLE.
+    // Holds ENV: no other parse sees the variable.
     let f = file("[pool]\nmin_available = 0.5\n");
-    std::env::set_var("HATCHERY_POOL_MIN_AVAILABLE", "0.25");
-    let a = run(&["hatcheryd", "--config", f.path().to_str().unwrap()]);
-    std::env::remove_var("HATCHERY_POOL_MIN_AVAILABLE");
+    let a = locked(|| {
+        std::env::set_var("HATCHERY_POOL_MIN_AVAILABLE", "0.25");
+        let a = run_unlocked(&["hatcheryd", "--config", f.path().to_str().unwrap()]);
+        std::env::remove_var("HATCHERY_POOL_MIN_AVAILABLE");
+        a
+    });
     assert_eq!(a.unwrap().pool_min_available, 0.25);
 }
 
@@ -177,7 +197,7 @@ fn each_role_s_example_passes_its_own_check() {
     for role in [Role::All, Role::Host, Role::Control] {
         let text = example::example(&Cli::command(), role);
         let f = file(&text);
-        let a = check_file(f.path()).unwrap_or_else(|e| panic!("{role:?}: {e}\n{text}"));
+        let a = check(f.path()).unwrap_or_else(|e| panic!("{role:?}: {e}\n{text}"));
         assert_eq!(a.role, role);
         // Every key that matters to the role is in it, set or commented.
         let shown = text.lines().filter(|l| l.contains(" = ")).count();
@@ -222,7 +242,7 @@ fn the_documented_examples_pass_the_check() {
     assert_eq!(blocks.len(), 3, "one example per role");
     for (block, role) in blocks.iter().zip([Role::All, Role::Host, Role::Control]) {
         let f = file(block);
-        let a = check_file(f.path()).unwrap_or_else(|e| panic!("{e}\n{block}"));
+        let a = check(f.path()).unwrap_or_else(|e| panic!("{e}\n{block}"));
         assert_eq!(a.role, role, "{block}");
     }
 }
@@ -238,7 +258,7 @@ fn the_deployed_examples_pass_the_check() {
         ),
     ] {
         let f = file(text);
-        let a = check_file(f.path()).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        let a = check(f.path()).unwrap_or_else(|e| panic!("{e}\n{text}"));
         assert_eq!(a.role, role);
     }
 }
