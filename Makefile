@@ -77,8 +77,9 @@ test-pg-integration: $(SUITE_PREREQS)
 	/usr/bin/python3 tests/pg/pg.py -- sh -c 'HATCHERY_TEST_DB=$$HATCHERY_TEST_PG_DSN $(MAKE) integration'
 
 # The `hatchery` binary end to end, against a daemon the tests start.
+# Every daemon it starts reads its settings from a file (hatcheryd --config).
 cli-test: $(SUITE_PREREQS)
-	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) HATCHERY_TEST_CONFIG_FILE=1 \
 	  $(PYTEST) -q -p no:cacheprovider tests/cli
 
 # The typed Rust client (crates/hatchery-client) against a live daemon: its

@@ -22,8 +22,10 @@ def daemon(tmp_path_factory):
     # to a documentation address nothing is ever sent to.
     hosts = tmp_path_factory.mktemp("net") / "hosts"
     hosts.write_text("198.51.100.7 pypi.example\n")
+    # Its settings in a configuration file (hatcheryd --config), not flags:
+    # this suite also proves the file gives the daemon what the flags did.
     d = Daemon(extra_args=["--max-file-bytes", str(4 << 20), "--max-ttl", "3600", "--pool-size", "0",
-                           "--net-hosts-file", str(hosts)]).start()
+                           "--net-hosts-file", str(hosts)], config_file=True).start()
     wait_baked(d)
     yield d
     d.cleanup()

@@ -69,3 +69,19 @@ def test_usage_errors_and_help():
     for sub in ("sandbox", "exec", "cp", "shell", "run", "snapshot", "template", "network", "serve"):
         assert f"\n  {sub} " in p.stdout, sub
     assert run(["--version"]).stdout.startswith("hatchery ")
+
+
+def test_serve_execs_the_daemon_beside_it(tmp_path):
+    # Every argument reaches hatcheryd, --version and --help included: the
+    # CLI links no daemon code, it execs the binary next to it.
+    p = run(["serve", "--version"])
+    assert (p.returncode, p.stdout.split()[0]) == (0, "hatcheryd"), p
+    p = run(["serve", "--help"])
+    assert p.returncode == 0 and "--data-dir" in p.stdout and "--config" in p.stdout, p
+    # A CLI installed alone, with no hatcheryd on PATH either, says so.
+    alone = tmp_path / "hatchery"
+    alone.write_bytes(open(HATCHERY, "rb").read())
+    alone.chmod(0o755)
+    p = subprocess.run([str(alone), "serve"], capture_output=True, text=True, timeout=60,
+                       env={"PATH": str(tmp_path)})
+    assert p.returncode == 1 and "no hatcheryd next to" in p.stderr, p

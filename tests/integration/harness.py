@@ -16,6 +16,8 @@ import tempfile
 import time
 import urllib.parse
 
+import config_file
+
 BIN_DIR = os.environ.get("HATCHERY_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../target/release"))
 TEMPLATES_DIR = os.environ.get("HATCHERY_TEMPLATES_DIR", "/var/lib/hatchery/templates")
 # With a postgres:// URL here, every daemon a test starts without its own
@@ -271,8 +273,13 @@ def arg(args, name):
     return args[args.index(name) + 1] if name in args else None
 
 
+# Every daemon reads its settings from a file instead of flags.
+CONFIG_FILE = os.environ.get("HATCHERY_TEST_CONFIG_FILE") == "1"
+
+
 class Daemon:
-    def __init__(self, extra_args=(), data_dir=None, templates_dir=None, netns=None, seed=True):
+    def __init__(self, extra_args=(), data_dir=None, templates_dir=None, netns=None, seed=True,
+                 config_file=False):
         # Short path: unix socket paths are capped at 107 bytes.
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="hxt-", dir="/tmp")
         # A directory of its own goes when the daemon fails to start (no
@@ -305,6 +312,9 @@ class Daemon:
         # seed=False: the daemon bakes its own checkpoints (tests of baking).
         self.seed = seed and not os.environ.get("HATCHERY_TEST_NO_IMAGE_CACHE")
         self.seeded = set()
+        # config_file: the flags go into DATA_DIR/hatchery.toml, and the
+        # daemon gets only --config (the file's keys are its flags' own).
+        self.config_file = config_file or CONFIG_FILE
 
     def start(self):
         try:
@@ -321,10 +331,15 @@ class Daemon:
         env = dict(os.environ, HATCHERY_API_KEY=KEY, RUST_LOG="info")
         log = open(self.log_path, "ab")
         enter = ["nsenter", f"--net={self.netns.path}", "--"] if self.netns else []
-        self.proc = subprocess.Popen(
-            [*enter, os.path.join(BIN_DIR, "hatcheryd"), "--listen", f"{self.addr}:{self.port}",
-             "--data-dir", self.data_dir, "--templates-dir", self.templates_dir, *self.extra_args],
-            stdout=log, stderr=log, env=env)
+        hatcheryd = os.path.join(BIN_DIR, "hatcheryd")
+        args = ["--listen", f"{self.addr}:{self.port}", "--data-dir", self.data_dir,
+                "--templates-dir", self.templates_dir, *self.extra_args]
+        if self.config_file:
+            args = ["--config", config_file.write(hatcheryd, args, os.path.join(self.data_dir, "hatchery.toml"))]
+            # The settings come from the file alone: a variable would beat it.
+            for var in config_file.variables(hatcheryd):
+                env.pop(var, None)
+        self.proc = subprocess.Popen([*enter, hatcheryd, *args], stdout=log, stderr=log, env=env)
         deadline = time.time() + 30
         while time.time() < deadline:
             try:

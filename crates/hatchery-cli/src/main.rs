@@ -1,4 +1,5 @@
-//! `hatchery`: the command line. `serve` runs the daemon; every other
+//! `hatchery`: the command line. `serve` execs the daemon (`hatcheryd`,
+//! a binary of its own: the CLI links no daemon code); every other
 //! subcommand is a client of a running daemon (sandbox, exec, ps, attach,
 //! wait, kill, cp, shell, run, snapshot, template, network), except
 //! `template build-local`, which builds a template's root filesystem on this
@@ -8,6 +9,7 @@ mod cleanup;
 mod client;
 mod commands;
 mod output;
+mod serve;
 
 use clap::{Parser, Subcommand};
 use client::{Api, EXIT_HATCHERY};
@@ -47,9 +49,10 @@ over, variables do not; exits with the last command's status.";
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Run the daemon in the foreground (same as `hatcheryd`).
-    // Boxed: the daemon's flags dwarf every other command's.
-    Serve(Box<hatcheryd::DaemonArgs>),
+    /// Run the daemon in the foreground: execs `hatcheryd` (next to this
+    /// binary, else on PATH) with the arguments that follow.
+    #[command(disable_help_flag = true)]
+    Serve(serve::ServeArgs),
     /// Create, list, inspect, extend and destroy sandboxes.
     #[command(subcommand, alias = "sandboxes")]
     Sandbox(sandbox::SandboxCmd),
@@ -138,13 +141,8 @@ async fn main() {
         }
     }
     let result = match cli.cmd {
-        Cmd::Serve(args) => {
-            hatcheryd::init_logging(args.log_json);
-            hatcheryd::run(*args)
-                .await
-                .map(|_| 0)
-                .map_err(anyhow::Error::from)
-        }
+        // Returns only if the exec failed.
+        Cmd::Serve(args) => Err(serve::exec_daemon(args).into()),
         Cmd::Run(args) => {
             match cleanup::on_signals() {
                 Ok(watch) => drop(tokio::spawn(watch)),

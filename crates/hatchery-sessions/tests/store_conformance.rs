@@ -11,6 +11,7 @@ mod pg_server;
 
 use hatchery_sessions::store::chain::seal_after;
 use hatchery_sessions::store::{conformance, PgSessionStore, SessionStore, SqliteStore};
+use hatchery_sessions_schema::PgAuditReader;
 use std::sync::Arc;
 
 /// One event row as stored.
@@ -176,15 +177,15 @@ async fn conformance_on_postgres() {
     // `hatchery audit verify --db postgres://...` (its read-only opening):
     // every chain verifies as stored, and one changed byte in an event's
     // data is named.
-    let store = PgSessionStore::open_for_audit(&pg.dsn).await.unwrap();
-    let chains = store.audit_chains().await.unwrap();
+    let store = PgAuditReader::open(&pg.dsn).await.unwrap();
+    let chains = store.chains().await.unwrap();
     assert!(chains.len() >= 20);
     for ch in &chains {
-        let r = store.audit_verify(ch, &[]).await.unwrap();
+        let r = store.verify(ch, &[]).await.unwrap();
         assert!(r.ok(), "{ch}: {r:?}");
     }
     let victim = &chains[0];
-    let head = store.audit_verify(victim, &[]).await.unwrap().head.unwrap();
+    let head = store.verify(victim, &[]).await.unwrap().head.unwrap();
     c.execute(
         "UPDATE session_events SET data = replace(data, '\"', '\" ') WHERE session_id = $1 AND seq = 1",
         &[victim],
@@ -192,31 +193,36 @@ async fn conformance_on_postgres() {
     .await
     .unwrap();
     let r = store
-        .audit_verify(victim, std::slice::from_ref(&head))
+        .verify(victim, std::slice::from_ref(&head))
         .await
         .unwrap();
     assert_eq!(r.first_bad.map(|b| b.seq), Some(1), "tampering not caught");
     // An anchored head that was cut off the chain is named too.
     let mut gone = head;
     gone.seq += 1;
-    let r = store.audit_verify(&chains[1], &[]).await.unwrap();
+    let r = store.verify(&chains[1], &[]).await.unwrap();
     assert!(r.ok());
     gone.chain = chains[1].clone();
-    let r = store.audit_verify(&chains[1], &[gone]).await.unwrap();
+    let r = store.verify(&chains[1], &[gone]).await.unwrap();
     assert!(!r.ok(), "{r:?}");
-    // The reader's connections cannot write: the server refuses it.
-    let spec = conformance::spec("file:///srv/repo");
-    let e = store
-        .create("ses_readonly000000", &spec, None, "h")
+    // The reader's connections (hatchery_store::pg_pool_read_only) cannot
+    // write: the server refuses it.
+    let ro = hatchery_store::pg_pool_read_only(&pg.dsn, 1).unwrap();
+    let e = ro
+        .get()
+        .await
+        .unwrap()
+        .execute("INSERT INTO session_deliveries VALUES ('s', 'k')", &[])
         .await
         .unwrap_err();
-    assert!(e.to_string().contains("read-only"), "{e}");
+    let why = e.as_db_error().map(|d| d.message().to_string());
+    assert!(why.as_deref().unwrap_or("").contains("read-only"), "{e:?}");
 
     // A database no daemon has run on is a clear error, not an empty report.
     if std::env::var("HATCHERY_TEST_PG_DSN").is_err() {
         c.execute("CREATE DATABASE audit_empty", &[]).await.unwrap();
         let empty = pg.dsn.replace("/hatchery", "/audit_empty");
-        let e = PgSessionStore::open_for_audit(&empty).await.err().unwrap();
+        let e = PgAuditReader::open(&empty).await.err().unwrap();
         assert!(e.to_string().contains("no Hatchery sessions schema"), "{e}");
     }
 }

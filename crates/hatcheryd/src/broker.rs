@@ -4,8 +4,8 @@
 //! `broker` host service every sandbox reaches at 127.0.0.1:GUEST_PORT,
 //! and its operator routes.
 
-use crate::config::DaemonArgs;
 use hatchery_broker::{Broker, BrokerConfig};
+use hatchery_config::DaemonArgs;
 use std::path::Path;
 use std::sync::Arc;
 

@@ -9,10 +9,10 @@
 //! database.
 
 use crate::broker_remote::RemoteSessionLog;
-use crate::config::DaemonArgs;
 use crate::owner_post::OwnerPost;
 use crate::serve::DaemonError;
 use hatchery_broker::{Broker, BrokerConfig};
+use hatchery_config::DaemonArgs;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -98,18 +98,8 @@ pub fn host_relay(
     let Some(url) = &args.broker.control_url else {
         return Ok(None);
     };
-    let err = |e: &str| DaemonError::Sessions(format!("--broker-control-url {url}: {e}"));
-    if !url.starts_with("http://") {
-        return Err(err("only http:// URLs are supported"));
-    }
-    if args.broker.holds_credentials() {
-        return Err(err(
-            "a host that relays to the control role's broker takes no credential, push URL, forge or MCP server of its own",
-        ));
-    }
-    if args.broker.guest_port == 0 {
-        return Err(err("--broker-guest-port 0 turns the broker off"));
-    }
+    // The URL's form, no credentials here and a guest port were checked
+    // with the rest of the configuration (hatchery-config rules.rs).
     let relay = crate::gateway_relay::Relay {
         control: url.trim_end_matches('/').to_string(),
         api_key: api_key.to_string(),

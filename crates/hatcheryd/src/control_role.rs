@@ -4,19 +4,14 @@
 //! serves interview rounds, and the model gateway and tool broker when
 //! asked to, for all hosts.
 
-use crate::config::DaemonArgs;
 use crate::directory::StoreDirectory;
 use crate::serve::DaemonError;
+use hatchery_config::DaemonArgs;
 use hatchery_route::control::{self, ControlState};
 use std::sync::Arc;
 
 pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let data = args.data_dir.clone();
-    if args.shared_db().is_none() {
-        return Err(DaemonError::Role(
-            "--role control needs --db postgres://... shared with its hosts".into(),
-        ));
-    }
     crate::serve::prepare_data_dir(&data)?;
     let (key, _) =
         crate::key::load_or_create(&data).map_err(|e| DaemonError::DataDir(data.clone(), e))?;

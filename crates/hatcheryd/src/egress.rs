@@ -9,7 +9,7 @@
 //! it. The sandbox is mapped to its session (bound by the runner), whose
 //! pinned policy version decides; every allow and deny is a session event.
 
-use clap::Args;
+use hatchery_config::EgressArgs;
 use hatchery_egress::{Limits, PolicySource, Proxy};
 use hatchery_policy::cache::CompiledPolicies;
 use hatchery_policy::Policy;
@@ -20,32 +20,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
-
-#[derive(Debug, Clone, Args)]
-pub struct EgressArgs {
-    /// Where guest code reaches the egress proxy (127.0.0.1:PORT in the
-    /// sandbox); session agents get HTTPS_PROXY/HTTP_PROXY pointing there.
-    /// 0 turns the proxy off.
-    #[arg(
-        long = "egress-guest-port",
-        env = "HATCHERY_EGRESS_GUEST_PORT",
-        default_value_t = 3128
-    )]
-    pub guest_port: u16,
-    /// Tunnels open at once through the proxy, in all.
-    #[arg(long = "egress-max-tunnels", env = "HATCHERY_EGRESS_MAX_TUNNELS", default_value_t = 1024,
-          value_parser = clap::value_parser!(u64).range(1..=65_536))]
-    pub max_tunnels: u64,
-    /// Tunnels open at once per session (the relay also caps a sandbox at 64
-    /// guest-started connections in all).
-    #[arg(long = "egress-max-tunnels-per-session", env = "HATCHERY_EGRESS_MAX_TUNNELS_PER_SESSION", default_value_t = 32,
-          value_parser = clap::value_parser!(u64).range(1..=1024))]
-    pub max_per_session: u64,
-    /// Seconds a tunnel may carry no byte either way before it is closed.
-    #[arg(long = "egress-idle-timeout", env = "HATCHERY_EGRESS_IDLE_TIMEOUT", default_value_t = 300,
-          value_parser = clap::value_parser!(u64).range(1..=86_400))]
-    pub idle_s: u64,
-}
 
 /// What the proxy knows of a sandbox: its session and pinned policy.
 #[derive(Debug, Clone, PartialEq)]

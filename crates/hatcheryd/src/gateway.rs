@@ -13,7 +13,7 @@
 //! (`gateway_relay.rs`), which charges the shared budgets and posts the
 //! events to the session's owner (`gateway_events.rs`).
 
-use clap::Args;
+use hatchery_config::GatewayArgs;
 use hatchery_gateway::budget::{BudgetStore, Caller, KeyStore, SqliteBudgets};
 use hatchery_gateway::upstream::Upstream;
 use hatchery_gateway::usage::Flavor;
@@ -22,72 +22,6 @@ use hatchery_sessions::Sessions;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-
-#[derive(Debug, Clone, Args)]
-pub struct GatewayArgs {
-    /// OpenAI-compatible upstream (http://host:port[/prefix] or
-    /// https://host[:port][/prefix]) for the
-    /// in-process model gateway. With this (or the Anthropic one) set,
-    /// sessions call their model only through the gateway.
-    #[arg(
-        long = "gateway-openai-upstream",
-        env = "HATCHERY_GATEWAY_OPENAI_UPSTREAM"
-    )]
-    pub openai_upstream: Option<String>,
-    /// Anthropic-compatible upstream (http://host:port[/prefix]).
-    #[arg(
-        long = "gateway-anthropic-upstream",
-        env = "HATCHERY_GATEWAY_ANTHROPIC_UPSTREAM"
-    )]
-    pub anthropic_upstream: Option<String>,
-    /// CA bundle (PEM) for https:// upstreams (default: the system bundle).
-    #[arg(
-        long = "gateway-upstream-ca-file",
-        env = "HATCHERY_GATEWAY_UPSTREAM_CA_FILE"
-    )]
-    pub upstream_ca_file: Option<PathBuf>,
-    /// File with the upstream's API key; only the daemon reads it.
-    #[arg(
-        long = "gateway-upstream-key-file",
-        env = "HATCHERY_GATEWAY_UPSTREAM_KEY_FILE"
-    )]
-    pub upstream_key_file: Option<PathBuf>,
-    /// Price table (JSON, docs/gateway.md "Prices"); required with an upstream.
-    #[arg(long = "gateway-prices", env = "HATCHERY_GATEWAY_PRICES")]
-    pub prices: Option<PathBuf>,
-    /// Where guest code reaches the gateway: 127.0.0.1:PORT in the sandbox.
-    /// The sessions model URL default (http://127.0.0.1:9100/v1) names it.
-    #[arg(id = "gateway_guest_port", value_name = "PORT", long = "gateway-guest-port", env = "HATCHERY_GATEWAY_GUEST_PORT", default_value_t = 9100,
-          value_parser = clap::value_parser!(u16).range(1..))]
-    pub guest_port: u16,
-    /// Largest max_tokens a call may ask for (and what a call without one gets).
-    #[arg(long = "gateway-max-output-tokens", env = "HATCHERY_GATEWAY_MAX_OUTPUT_TOKENS", default_value_t = 4096,
-          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
-    pub max_output_tokens: u64,
-    /// Seconds a reservation lives without a settlement before the janitor
-    /// frees it.
-    #[arg(long = "gateway-reservation-ttl", env = "HATCHERY_GATEWAY_RESERVATION_TTL", default_value_t = 300,
-          value_parser = clap::value_parser!(u64).range(1..=86_400))]
-    pub reservation_ttl_s: u64,
-    /// Longest the upstream may take to start answering, in seconds. On a
-    /// host that relays to the control role: how long the control plane
-    /// may take, less 30 s of margin (give both the same value).
-    #[arg(long = "gateway-upstream-timeout", env = "HATCHERY_GATEWAY_UPSTREAM_TIMEOUT", default_value_t = 120,
-          value_parser = clap::value_parser!(u64).range(1..=3600))]
-    pub upstream_timeout_s: u64,
-    /// On a host (--role host, with a shared postgres:// --db): the control
-    /// plane's URL (http://host:port). Sandboxes' model calls go to the
-    /// control role's gateway there, so this host holds no upstream key;
-    /// the upstream options are then given to the control role instead.
-    #[arg(long = "gateway-control-url", env = "HATCHERY_GATEWAY_CONTROL_URL")]
-    pub control_url: Option<String>,
-}
-
-impl GatewayArgs {
-    fn has_upstream(&self) -> bool {
-        self.openai_upstream.is_some() || self.anthropic_upstream.is_some()
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayStartError {
@@ -270,18 +204,9 @@ pub async fn start(
     h: HostSide<'_>,
 ) -> Result<Option<Arc<GatewayLink>>, GatewayStartError> {
     if let Some(url) = &a.control_url {
-        if a.has_upstream() {
-            return Err(GatewayStartError::ControlUrl(
-                "a host that relays to the control role's gateway takes no upstream of its own"
-                    .into(),
-            ));
-        }
-        if !url.starts_with("http://") {
-            return Err(GatewayStartError::ControlUrl(format!(
-                "{url}: only http:// URLs are supported"
-            )));
-        }
-        // Bindings go where the control role's gateway reads them.
+        // Its form, and that this host has no upstream of its own, were
+        // checked with the rest of the configuration (hatchery-config
+        // rules.rs). Bindings go where the control role's gateway reads them.
         let Some(db) = h.shared_db else {
             return Err(GatewayStartError::ControlUrl(
                 "needs a shared postgres:// --db (the control role reads the bindings there)"
@@ -336,11 +261,7 @@ pub async fn start_control(
     registry: &prometheus::Registry,
     sink: crate::gateway_events::RemoteSink,
 ) -> Result<Option<axum::Router>, GatewayStartError> {
-    if a.control_url.is_some() {
-        return Err(GatewayStartError::ControlUrl(
-            "is for hosts; the control role runs the gateway itself".into(),
-        ));
-    }
+    // A control_url here was refused with the configuration (rules.rs).
     if !a.has_upstream() {
         return Ok(None);
     }

@@ -1,10 +1,9 @@
-//! Daemon assembly, shared by `hatcheryd` and `hatchery serve`.
+//! Daemon assembly: the `hatcheryd` binary (`hatchery serve` execs it).
 
 mod broker;
 mod broker_control;
 mod broker_relay;
 mod broker_remote;
-mod config;
 mod control_role;
 mod directory;
 mod e2b_backend;
@@ -23,7 +22,7 @@ mod session_services;
 mod sessions;
 mod state_db;
 
-pub use config::DaemonArgs;
+pub use hatchery_config::DaemonArgs;
 pub use serve::{run, DaemonError};
 
 /// Structured logs via `tracing`; `RUST_LOG` filters (default `info`).

@@ -1,16 +1,27 @@
-use clap::Parser;
-
-#[derive(Parser)]
-#[command(name = "hatcheryd", about = "Hatchery sandbox daemon", version)]
-struct Cli {
-    #[command(flatten)]
-    args: hatcheryd::DaemonArgs,
-}
+use hatchery_config::{ConfigError, Invocation};
+use std::process::ExitCode;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    hatcheryd::init_logging(cli.args.log_json);
-    hatcheryd::run(cli.args).await?;
-    Ok(())
+async fn main() -> anyhow::Result<ExitCode> {
+    let args = match hatchery_config::parse(std::env::args_os().collect()) {
+        Ok(Invocation::Run(args)) => args,
+        Ok(Invocation::Checked(file)) => {
+            println!("{}: ok", file.display());
+            return Ok(ExitCode::SUCCESS);
+        }
+        Ok(Invocation::Example(text)) => {
+            print!("{text}");
+            return Ok(ExitCode::SUCCESS);
+        }
+        // --help, --version and usage errors, as clap answers them.
+        Err(ConfigError::Cli(e)) => e.exit(),
+        Err(e) => {
+            // With its causes (a TOML syntax error's line and column).
+            eprintln!("hatcheryd: configuration: {:#}", anyhow::Error::from(e));
+            return Ok(ExitCode::from(2));
+        }
+    };
+    hatcheryd::init_logging(args.log_json);
+    hatcheryd::run(*args).await?;
+    Ok(ExitCode::SUCCESS)
 }

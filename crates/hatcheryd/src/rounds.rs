@@ -5,7 +5,8 @@
 //! control role that API places and routes to the hosts, so rounds run
 //! there (docs/interviews.md, "Rounds on many hosts").
 
-use crate::{DaemonArgs, DaemonError};
+use crate::DaemonError;
+use hatchery_config::DaemonArgs;
 use hatchery_rounds::client_backend::ClientSandboxes;
 use hatchery_rounds::store::{PgStore, RoundStore, SqliteStore, StoreError};
 use hatchery_rounds::{Rounds, RoundsConfig};

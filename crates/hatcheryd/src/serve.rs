@@ -1,5 +1,5 @@
-use crate::config::DaemonArgs;
 use hatchery_api::AppState;
+use hatchery_config::DaemonArgs;
 use hatchery_core::{Caps, ImageConfig, Manager, PoolConfig};
 use hatchery_runtime_gvisor::{GvisorConfig, GvisorRuntime};
 use hatchery_templates::ImageStore;
@@ -69,13 +69,10 @@ pub fn prepare_data_dir(data: &std::path::Path) -> Result<(), DaemonError> {
 pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     hatchery_core::lease::set_host_lease_ttl_ms(args.host_lease_ttl * 1000)
         .map_err(DaemonError::Role)?;
-    if args.role == "control" {
+    // The role's needs (a shared store, ...) were checked with the rest of
+    // the configuration (hatchery-config's rules.rs) before this.
+    if !args.role.runs_sandboxes() {
         return crate::control_role::run(args).await;
-    }
-    if args.role == "host" && args.shared_db().is_none() {
-        return Err(DaemonError::Role(
-            "--role host needs --db postgres://... shared with the control plane".into(),
-        ));
     }
     let data = args.data_dir.clone();
     prepare_data_dir(&data)?;
@@ -125,7 +122,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         shim,
         agent,
         platform: args.platform.clone(),
-        network: args.network == "on",
+        network: args.network.is_on(),
     })?;
     let templates = Templates::new(
         args.templates_dir
@@ -160,7 +157,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         },
     };
     let metrics = hatchery_core::metrics::Metrics::new();
-    let net = if args.network == "on" {
+    let net = if args.network.is_on() {
         let cfg = hatchery_net::NetworkConfig {
             prefix: args.net_prefix.clone(),
             range: args.net_range.parse()?,
@@ -325,10 +322,10 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     ));
     // Interview rounds are the control plane's on many hosts: a host
     // (`--role host`) serves none; `all` serves them from its store.
-    let rounds = if args.role == "host" {
-        None
-    } else {
+    let rounds = if args.role.serves_rounds() {
         Some(crate::rounds::start(&args, &data, &key, &manager.metrics.registry).await?)
+    } else {
+        None
     };
     // The rounds router has no fallback, so the API's answers unknown routes.
     let app = match &rounds {

@@ -2,7 +2,7 @@
 //! or the shared PostgreSQL of a `postgres://` --db), and sandboxes
 //! through the daemon's own public API (hatchery-client).
 
-use crate::config::DaemonArgs;
+use hatchery_config::DaemonArgs;
 use hatchery_sessions::client_sandboxes::ClientSandboxes;
 use hatchery_sessions::policy::PolicyCatalog;
 use hatchery_sessions::scheduler::LocalScheduler;

@@ -2,8 +2,8 @@
 //! PostgreSQL that is not up yet is retried with backoff for a while, each
 //! attempt logged, before the daemon gives up with the last error.
 
-use crate::config::DaemonArgs;
 use crate::serve::DaemonError;
+use hatchery_config::DaemonArgs;
 use hatchery_store::{Store, StoreError};
 use std::path::Path;
 use std::sync::Arc;

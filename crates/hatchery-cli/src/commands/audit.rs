@@ -38,7 +38,7 @@ enum Source {
     Sqlite(hatchery_audit::SqliteAuditLog),
     Postgres(
         tokio::runtime::Runtime,
-        hatchery_sessions::store::PgSessionStore,
+        hatchery_sessions_schema::PgAuditReader,
     ),
 }
 
@@ -49,8 +49,7 @@ impl Source {
                 .enable_all()
                 .build()?;
             // Read only: no migration, and the server refuses any write.
-            let store =
-                rt.block_on(hatchery_sessions::store::PgSessionStore::open_for_audit(db))?;
+            let store = rt.block_on(hatchery_sessions_schema::PgAuditReader::open(db))?;
             return Ok(Source::Postgres(rt, store));
         }
         let path = PathBuf::from(db);
@@ -65,7 +64,7 @@ impl Source {
     fn chains(&self) -> anyhow::Result<Vec<String>> {
         Ok(match self {
             Source::Sqlite(log) => log.chains()?,
-            Source::Postgres(rt, s) => rt.block_on(s.audit_chains())?,
+            Source::Postgres(rt, s) => rt.block_on(s.chains())?,
         })
     }
 
@@ -76,7 +75,7 @@ impl Source {
     ) -> anyhow::Result<hatchery_audit::Report> {
         Ok(match self {
             Source::Sqlite(log) => log.verify_chain(chain, anchors)?,
-            Source::Postgres(rt, s) => rt.block_on(s.audit_verify(chain, anchors))?,
+            Source::Postgres(rt, s) => rt.block_on(s.verify(chain, anchors))?,
         })
     }
 }

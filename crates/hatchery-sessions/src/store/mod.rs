@@ -16,7 +16,6 @@ mod migrations;
 mod pg;
 mod sqlite;
 
-mod pg_audit;
 pub use pg::PgSessionStore;
 pub use sqlite::SqliteStore;
 

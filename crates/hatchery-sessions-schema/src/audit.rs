@@ -3,7 +3,7 @@
 //! gives: the session id as the chain, the actor folded into the data),
 //! so the same verifier recomputes every chain. Read-only.
 
-use super::{PgSessionStore, StoreError};
+use crate::SCHEMA;
 use hatchery_audit::event::from_hex;
 use hatchery_audit::{verify, Event, Head, Report, StoredEvent};
 use serde_json::Value;
@@ -11,49 +11,60 @@ use serde_json::Value;
 /// Rows read from the server per query while verifying one chain.
 const PAGE: i64 = 1000;
 
-impl PgSessionStore {
+#[derive(Debug, thiserror::Error)]
+pub enum AuditReadError {
+    #[error(transparent)]
+    Config(#[from] hatchery_store::PoolConfigError),
+    #[error("connecting to the database")]
+    Connect(#[source] deadpool_postgres::PoolError),
+    #[error(transparent)]
+    Schema(#[from] hatchery_store::MigrateError),
+    #[error("reading the session events")]
+    Read(#[source] tokio_postgres::Error),
+}
+
+/// Reads the session event logs of a shared database, read-only.
+pub struct PgAuditReader {
+    pool: deadpool_postgres::Pool,
+}
+
+impl PgAuditReader {
     /// Opens the shared database for reading the logs only: no migration
     /// is run (the server refuses any write on these connections), and a
     /// database without the sessions schema, or with a newer one than
     /// this build knows, is a clear error rather than an empty report.
-    pub async fn open_for_audit(dsn: &str) -> Result<Self, StoreError> {
-        let pool =
-            hatchery_store::pg_pool_read_only(dsn, 2).map_err(|e| StoreError::Config(e.0))?;
-        let s = PgSessionStore {
-            pool,
-            host: "audit-verify".into(),
-        };
-        let c = s.client().await?;
-        super::pg::SCHEMA
-            .check(&c)
-            .await
-            .map_err(super::pg::migrate_err)?;
-        Ok(s)
+    pub async fn open(dsn: &str) -> Result<Self, AuditReadError> {
+        let pool = hatchery_store::pg_pool_read_only(dsn, 2)?;
+        let r = PgAuditReader { pool };
+        SCHEMA.check(&r.client().await?).await?;
+        Ok(r)
+    }
+
+    async fn client(&self) -> Result<deadpool_postgres::Client, AuditReadError> {
+        self.pool.get().await.map_err(AuditReadError::Connect)
     }
 
     /// Every session id with events, in order.
-    pub async fn audit_chains(&self) -> Result<Vec<String>, StoreError> {
-        let c = self.client().await?;
-        let rows = c
+    pub async fn chains(&self) -> Result<Vec<String>, AuditReadError> {
+        let rows = self
+            .client()
+            .await?
             .query(
                 "SELECT DISTINCT session_id FROM session_events ORDER BY session_id",
                 &[],
             )
             .await
-            .map_err(|e| StoreError::Backend(format!("audit chains: {e}")))?;
+            .map_err(AuditReadError::Read)?;
         rows.iter()
-            .map(|r| {
-                r.try_get("session_id")
-                    .map_err(|e| StoreError::Backend(e.to_string()))
-            })
+            .map(|r| r.try_get("session_id").map_err(AuditReadError::Read))
             .collect()
     }
 
     /// Recomputes the chain of session `chain` (in pages, in seq order)
     /// and checks that each of `anchors` for it is still there.
-    pub async fn audit_verify(&self, chain: &str, anchors: &[Head]) -> Result<Report, StoreError> {
+    pub async fn verify(&self, chain: &str, anchors: &[Head]) -> Result<Report, AuditReadError> {
         let c = self.client().await?;
-        let be = |e: tokio_postgres::Error| StoreError::Backend(format!("audit read: {e}"));
+        let be = AuditReadError::Read;
         let mut events = Vec::new();
         // Each seq's stored hash, for the anchor check (read once, here).
         let mut by_seq = std::collections::HashMap::new();

@@ -1,10 +1,18 @@
+//! The daemon's flags. Each is also a key of the configuration file
+//! (keys.rs names it); names are stable: scripts and SDKs rely on them.
+
+use crate::products::{EgressArgs, GatewayArgs};
+use crate::roles::{NetworkMode, Role};
 use clap::Args;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-/// Configuration. Names are stable: scripts and SDKs rely on them.
 #[derive(Debug, Clone, Args)]
 pub struct DaemonArgs {
+    /// A TOML file with any of these settings, one section per concern
+    /// (`hatcheryd config example`); a flag or variable beats the file.
+    #[arg(long, env = "HATCHERY_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Address to listen on.
     #[arg(long, env = "HATCHERY_LISTEN", default_value = "127.0.0.1:7423")]
     pub listen: SocketAddr,
@@ -33,8 +41,8 @@ pub struct DaemonArgs {
     /// public API and placement, no runtime (needs a postgres:// --db).
     /// `host`: runtime, slots and pool on a shared postgres:// --db,
     /// registered and heartbeating for a control plane to route to.
-    #[arg(long, env = "HATCHERY_ROLE", default_value = "all", value_parser = ["all", "control", "host"])]
-    pub role: String,
+    #[arg(long, env = "HATCHERY_ROLE", value_enum, default_value_t = Role::All)]
+    pub role: Role,
     /// The URL other hosts and the control plane reach this host's API at
     /// (registered in the store); default: http://LISTEN.
     #[arg(long, env = "HATCHERY_ADVERTISE_URL")]
@@ -80,8 +88,8 @@ pub struct DaemonArgs {
     /// `on`: every sandbox gets its own network namespace and egress policy
     /// (default deny). `off`: sandboxes have no network at all, and
     /// policies other than deny-all are refused.
-    #[arg(long, env = "HATCHERY_NETWORK", default_value = "on", value_parser = ["on", "off"])]
-    pub network: String,
+    #[arg(long, env = "HATCHERY_NETWORK", value_enum, default_value_t = NetworkMode::On)]
+    pub network: NetworkMode,
     /// Names this daemon's netns (`hxPREFIX-N`), host veths (`hxPREFIX.N`)
     /// and nftables table (`hatchery_PREFIX`); 1-5 lowercase letters.
     #[arg(long, env = "HATCHERY_NET_PREFIX", default_value = "hy")]
@@ -155,10 +163,10 @@ pub struct DaemonArgs {
     pub broker: hatchery_broker::BrokerArgs,
     /// The model gateway sessions call their model through.
     #[command(flatten)]
-    pub gateway: crate::gateway::GatewayArgs,
+    pub gateway: GatewayArgs,
     /// The egress proxy of session sandboxes.
     #[command(flatten)]
-    pub egress: crate::egress::EgressArgs,
+    pub egress: EgressArgs,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "HATCHERY_LOG_JSON")]
     pub log_json: bool,
@@ -166,7 +174,7 @@ pub struct DaemonArgs {
 
 /// `http(s)://host[:port]`, nothing after the authority, `*` only as the
 /// whole first label: a base the preview path is appended to.
-fn preview_url(s: &str) -> Result<String, String> {
+pub(crate) fn preview_url(s: &str) -> Result<String, String> {
     let s = s.trim_end_matches('/');
     let rest = s
         .strip_prefix("http://")
