@@ -66,6 +66,22 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// `req_` and 16 random characters: what a caller quotes to an operator,
+/// who finds the cause in the daemon's log under `request_id`.
+pub fn new_request_id() -> String {
+    format!("req_{}", &hatchery_core::new_sandbox_id()[4..])
+}
+
+/// The message of an error that is the daemon's own fault.
+fn hidden_cause(code: &str, request_id: &str) -> String {
+    let what = if code == "runtime_error" {
+        "the sandbox runtime failed"
+    } else {
+        "internal error"
+    };
+    format!("{what} (request id {request_id}); the cause is in the daemon's log")
+}
+
 impl From<CoreError> for ApiError {
     fn from(e: CoreError) -> Self {
         use StatusCode as S;
@@ -138,10 +154,41 @@ impl From<CoreError> for ApiError {
             CoreError::Store(_) | CoreError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "internal"),
         };
         // Only daemon-side faults: guest-triggered ones (504) are logged,
-        // rate-limited, by the core.
+        // rate-limited, by the core. Their cause (runsc's log lines, host
+        // paths, SQL) goes to the log under a request id, not to the caller.
         if status == S::INTERNAL_SERVER_ERROR || code == "runtime_error" {
-            tracing::error!(code, error = %msg, "request failed");
+            let request_id = new_request_id();
+            tracing::error!(code, request_id = %request_id, error = %msg, "request failed");
+            return ApiError::new(status, code, hidden_cause(code, &request_id));
         }
         ApiError::new(status, code, msg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_daemon_fault_names_a_request_id_not_its_cause() {
+        let e: ApiError = CoreError::Runtime(RuntimeError::Start(
+            "runsc run failed: /var/lib/hatchery/sandboxes/sbx_x/runsc.log".into(),
+        ))
+        .into();
+        assert_eq!((e.status.as_u16(), e.code), (503, "runtime_error"));
+        assert!(!e.message.contains("/var/lib"), "{}", e.message);
+        assert!(e.message.contains("request id req_"), "{}", e.message);
+        let e: ApiError = CoreError::Internal("disk I/O error at /data/state.db".into()).into();
+        assert_eq!((e.status.as_u16(), e.code), (500, "internal"));
+        assert!(
+            !e.message.contains("state.db") && e.message.contains("req_"),
+            "{}",
+            e.message
+        );
+        // A caller's own mistake keeps its explanation.
+        let e: ApiError = CoreError::Invalid("cols must be between 1 and 1000".into()).into();
+        assert_eq!(e.message, "cols must be between 1 and 1000");
+        let a = new_request_id();
+        assert!(a.len() == 20 && a.starts_with("req_") && a != new_request_id());
     }
 }
