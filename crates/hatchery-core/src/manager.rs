@@ -273,17 +273,25 @@ impl Manager {
             Err(CoreError::Runtime(e)) => {
                 tracing::warn!(template = %template.spec.name, error = %e,
                     "template checkpoint refused by the runtime; booting cold and baking it again");
-                self.metrics.restore_fallbacks.inc();
-                let _ = self
-                    .template_images
-                    .remove(&self.template_image_id(&template));
-                self.spawn_bake(&template);
+                self.rebake_refused(&template);
                 row.id = new_sandbox_id();
                 self.boot_row(row, &policy, &template, None, "cold", started)
                     .await
             }
             other => other,
         }
+    }
+
+    /// The runtime refused to restore `template`'s checkpoint although it
+    /// passed its checksum (a runsc upgrade, a host change the image id
+    /// does not capture): drop it and bake it again, so the next restore
+    /// (a create or a pool refill) has one the runtime takes.
+    pub(crate) fn rebake_refused(self: &Arc<Self>, template: &Template) {
+        self.metrics.restore_fallbacks.inc();
+        let _ = self
+            .template_images
+            .remove(&self.template_image_id(template));
+        self.spawn_bake(template);
     }
 
     /// Turns a pooled sandbox into the caller's. `None` if it turned out to

@@ -533,6 +533,32 @@ async fn a_refused_restore_falls_back_to_cold_and_is_rebaked() {
 }
 
 #[tokio::test]
+async fn a_refused_restore_on_a_pool_refill_is_rebaked() {
+    // The pool's own restore meets the same rule as a create's: the image
+    // is dropped and baked again, and the pool fills from the new one.
+    let rig = Rig::new();
+    let m = rig.manager_with(Caps::default(), 1).await;
+    bake(&m).await;
+    let t = template(&m);
+    allow_bakes(&m);
+    rig.rt.fail_once(Op::Restore);
+    let filler = m.spawn_pool_filler();
+    eventually!("the pool fill", m.pool.len(TPL) == 1);
+    filler.abort();
+    let _ = filler.await;
+    assert_eq!(m.metrics.restore_fallbacks.get(), 1);
+    assert!(m.template_image(&t).is_some());
+    let pooled = m.pool.ids_of(TPL)[0].clone();
+    assert!(rig.rt.was_restored(&pooled));
+    eventually!("the bake to finish", m.baking.lock().unwrap().is_empty());
+    assert_eq!(
+        rig.rt.calls(Op::Restore).len(),
+        2,
+        "refused once, then restored"
+    );
+}
+
+#[tokio::test]
 async fn a_restore_refused_again_after_the_fallback_still_creates() {
     // A runtime that refuses every restore: each create still succeeds
     // cold, and nothing of the refused attempts is left.

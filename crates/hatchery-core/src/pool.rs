@@ -225,9 +225,20 @@ impl Manager {
                         m.spawn_bake(&template);
                         continue;
                     };
-                    if let Err(e) = m.add_pooled(&template, &image).await {
-                        tracing::warn!(template = %template.spec.name, error = %e, "pool refill failed");
-                        tokio::time::sleep(Duration::from_secs(2)).await;
+                    match m.add_pooled(&template, &image).await {
+                        Ok(()) => {}
+                        // The same rule as a create's restore: without it
+                        // the pool stayed empty, retrying the refused image
+                        // every 2 s, until a create happened to rebake it.
+                        Err(crate::CoreError::Runtime(e)) => {
+                            tracing::warn!(template = %template.spec.name, error = %e,
+                                "pool refill: template checkpoint refused by the runtime; baking it again");
+                            m.rebake_refused(&template);
+                        }
+                        Err(e) => {
+                            tracing::warn!(template = %template.spec.name, error = %e, "pool refill failed");
+                            tokio::time::sleep(Duration::from_secs(2)).await;
+                        }
                     }
                 }
             }
