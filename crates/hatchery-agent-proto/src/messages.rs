@@ -74,6 +74,13 @@ pub struct CodeRequest {
     /// context's namespace and execution count as they were.
     #[serde(default)]
     pub warm: bool,
+    /// Where the default context should be before this run if no request
+    /// has placed it yet (it starts wherever the agent found a directory,
+    /// before any client was known). The directory is created if missing;
+    /// the context stays there afterwards, as after a `%cd`. Other
+    /// contexts ignore it: they were given their directory when created.
+    #[serde(default)]
+    pub initial_cwd: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -98,6 +105,10 @@ pub struct ContextRequest {
     pub language: Option<String>,
     #[serde(default)]
     pub cwd: Option<String>,
+    /// Create `cwd` (and its parents) if it does not exist, instead of
+    /// refusing the context.
+    #[serde(default)]
+    pub make_cwd: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

@@ -131,6 +131,9 @@ pub struct CodeSpec {
     pub context: Option<String>,
     pub env: BTreeMap<String, String>,
     pub timeout: Duration,
+    /// Where the default context goes before this run if nothing has
+    /// placed it yet; created if missing.
+    pub initial_cwd: Option<String>,
 }
 
 /// What a code run reports while it runs.
@@ -273,7 +276,14 @@ pub trait Backend: Send + Sync + 'static {
         spec: CodeSpec,
         tx: mpsc::Sender<CodeEvent>,
     ) -> BResult<CodeDone>;
-    async fn create_context(&self, id: &str, cwd: Option<String>) -> BResult<ContextView>;
+    /// A new context in `cwd`; `make_cwd`: create it if missing.
+    async fn create_context(
+        &self,
+        id: &str,
+        language: &str,
+        cwd: String,
+        make_cwd: bool,
+    ) -> BResult<ContextView>;
     async fn list_contexts(&self, id: &str) -> BResult<Vec<ContextView>>;
     async fn restart_context(&self, id: &str, ctx: &str) -> BResult<()>;
     async fn delete_context(&self, id: &str, ctx: &str) -> BResult<()>;

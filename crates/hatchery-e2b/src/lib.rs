@@ -22,6 +22,7 @@ pub mod interpreter;
 pub mod pb;
 pub mod process;
 pub mod sandbox;
+pub mod sever;
 pub mod state;
 pub mod user;
 

@@ -372,7 +372,8 @@ async fn connect_stream(
 }
 
 /// start (pid), the output as it comes, keep-alives while silent, then
-/// the end event and the end of the stream.
+/// the end event and the end of the stream; if the sandbox died, the
+/// connection drops instead (crate::sever).
 fn output_stream(
     s: Arc<Shared>,
     sandbox: String,
@@ -381,6 +382,8 @@ fn output_stream(
     ka: Duration,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Msg>(16);
+    let sever = crate::sever::Sever::default();
+    let cut = sever.clone();
     tokio::spawn(async move {
         let start = event(process_event::Event::Start(process_event::StartEvent {
             pid: view.pid,
@@ -424,12 +427,13 @@ fn output_stream(
                 let _ = tx.send(frame(kind, end_event(&p))).await;
                 let _ = tx.send(connect::end_stream(None)).await;
             }
+            Err(_) if crate::sever::sandbox_gone(s.backend.as_ref(), &sandbox).await => cut.cut(),
             Err(e) => {
                 let _ = tx.send(connect::end_stream(Some(&e))).await;
             }
         }
     });
-    connect::stream_response(tokio_stream::wrappers::ReceiverStream::new(rx))
+    connect::severable_stream_response(tokio_stream::wrappers::ReceiverStream::new(rx), sever)
 }
 
 /// Where a terminal's output goes: the stream of the client that started

@@ -623,17 +623,25 @@ impl Backend for ManagerBackend {
             timeout: spec.timeout,
             cpu_limit_ms: None,
             max_output_bytes: self.manager.caps.max_output_bytes,
+            initial_cwd: spec.initial_cwd,
         };
         let (etx, mut erx) = mpsc::channel::<ExecEvent>(32);
-        let fwd = async {
-            while let Some(e) = erx.recv().await {
+        // Owns the receiver: when the caller stops listening (its client
+        // went away), even while the cell prints nothing, the receiver is
+        // dropped here and the run is killed (`exec::drive`).
+        let fwd = async move {
+            loop {
+                let e = tokio::select! {
+                    e = erx.recv() => e,
+                    _ = tx.closed() => None,
+                };
+                let Some(e) = e else { break };
                 let ev = match e {
                     ExecEvent::Stdout(b) => CodeEvent::Stdout(b),
                     ExecEvent::Stderr(b) => CodeEvent::Stderr(b),
                     ExecEvent::Rich(v) => CodeEvent::Rich(v),
                 };
                 if tx.send(ev).await.is_err() {
-                    // Dropping the receiver cancels the run.
                     break;
                 }
             }
@@ -647,9 +655,15 @@ impl Backend for ManagerBackend {
         })
     }
 
-    async fn create_context(&self, id: &str, cwd: Option<String>) -> BResult<ContextView> {
+    async fn create_context(
+        &self,
+        id: &str,
+        language: &str,
+        cwd: String,
+        make_cwd: bool,
+    ) -> BResult<ContextView> {
         self.manager
-            .create_context(id, "python", cwd)
+            .create_context(id, language, Some(cwd), make_cwd)
             .await
             .map(ctx)
             .map_err(err)
