@@ -226,12 +226,14 @@ pub trait Backend: Send + Sync + 'static {
     async fn set_network(&self, id: &str, net: NetworkSpec) -> BResult<()>;
     /// Checkpoints the sandbox (it keeps running) and returns the snapshot id.
     async fn snapshot(&self, id: &str, metadata: BTreeMap<String, String>) -> BResult<String>;
-    /// A new sandbox restored from the snapshot.
+    /// A new sandbox restored from the snapshot, with egress `network`
+    /// (`None`: denied, as Hatchery's forks).
     async fn restore(
         &self,
         snapshot: &str,
         ttl_seconds: u64,
         metadata: BTreeMap<String, String>,
+        network: Option<NetworkSpec>,
     ) -> BResult<SandboxView>;
     async fn delete_snapshot(&self, snapshot: &str);
     /// Claims the resume of paused sandbox `e2b_id` across every daemon on

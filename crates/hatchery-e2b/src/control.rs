@@ -252,18 +252,35 @@ async fn do_create(s: &Shared, b: NewSandbox, default_timeout: u64) -> ApiResult
         ));
     }
     let template = template_alias(&b.template_id).to_string();
+    let ttl_seconds = timeout_of(b.timeout, default_timeout)?;
+    let network = network_spec(b.allow_internet_access, b.network.as_ref())?;
     if !s.backend.template_exists(&template) {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("template '{}' not found", b.template_id),
-        ));
+        // `Sandbox.create(snapshot_id)`: E2B's snapshots are templates.
+        let Some(snap) = crate::snapshots::resolve(s, &b.template_id).await? else {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("template '{}' not found", b.template_id),
+            ));
+        };
+        if !b.env_vars.is_empty() {
+            // The snapshot's processes, and the env a Hatchery sandbox
+            // gives its commands, are restored as they were.
+            return Err(ApiError::bad(
+                "envVars cannot be set on a sandbox created from a snapshot (see docs/e2b.md)",
+            ));
+        }
+        let v = s
+            .backend
+            .restore(&snap, ttl_seconds, b.metadata, network)
+            .await?;
+        return Ok((StatusCode::CREATED, Json(sandbox_json(s, &v.id, &v))).into_response());
     }
     let spec = CreateSpec {
         template,
-        ttl_seconds: timeout_of(b.timeout, default_timeout)?,
+        ttl_seconds,
         metadata: b.metadata,
         env: b.env_vars,
-        network: network_spec(b.allow_internet_access, b.network.as_ref())?,
+        network,
     };
     let v = s.backend.create(spec).await?;
     Ok((StatusCode::CREATED, Json(sandbox_json(s, &v.id, &v))).into_response())
@@ -412,7 +429,7 @@ async fn resume_claimed(s: &Shared, id: &str, ttl: u64) -> ApiResult<Resumed> {
     // host and after a restart; the snapshot goes once it runs.
     let mut meta = p.view.metadata.clone();
     meta.insert(ALIAS_KEY.into(), id.into());
-    let v = s.backend.restore(&p.snapshot, ttl, meta).await?;
+    let v = s.backend.restore(&p.snapshot, ttl, meta, None).await?;
     s.set_alias(id, &v.id);
     s.backend.delete_snapshot(&p.snapshot).await;
     Ok(Resumed::Restored(v))
@@ -585,7 +602,11 @@ pub async fn fork(
     let snap = s.backend.snapshot(&h, meta).await?;
     let mut out = vec![];
     for _ in 0..count {
-        match s.backend.restore(&snap, ttl, v.metadata.clone()).await {
+        match s
+            .backend
+            .restore(&snap, ttl, v.metadata.clone(), None)
+            .await
+        {
             Ok(f) => out.push(json!({"sandbox": sandbox_json(&s, &f.id, &f)})),
             Err(e) => {
                 let e = ApiError::from(e);
@@ -695,7 +716,7 @@ impl ListQuery {
     }
 }
 
-fn form_pairs(q: &str) -> ApiResult<Vec<(String, String)>> {
+pub(crate) fn form_pairs(q: &str) -> ApiResult<Vec<(String, String)>> {
     let mut out = vec![];
     for part in q.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = part.split_once('=').unwrap_or((part, ""));

@@ -23,6 +23,7 @@ pub mod pb;
 pub mod process;
 pub mod sandbox;
 pub mod sever;
+pub mod snapshots;
 pub mod state;
 pub mod user;
 
@@ -60,6 +61,9 @@ pub fn router(backend: Arc<dyn Backend>, max_file_bytes: u64) -> Router {
         .route("/sandboxes/{id}/resume", post(control::resume))
         .route("/sandboxes/{id}/fork", post(control::fork))
         .route("/sandboxes/{id}/metrics", get(control::metrics))
+        .route("/sandboxes/{id}/snapshots", post(snapshots::create))
+        .route("/snapshots", get(snapshots::list))
+        .route("/templates/{id}", delete(snapshots::delete))
         .route(
             "/templates/aliases/{alias}",
             get(control::template_alias_get),

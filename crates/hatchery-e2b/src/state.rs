@@ -33,14 +33,20 @@ pub const PAUSED_END_KEY: &str = "e2b_end_at_ms";
 pub const ALIAS_KEY: &str = "e2b_sandbox_id";
 /// Snapshot metadata of a fork's snapshot.
 pub const FORK_KEY: &str = "e2b_fork_of";
+/// Snapshot metadata of `create_snapshot`: the E2B id it was taken of,
+/// and the name it was given.
+pub const SNAPSHOT_OF_KEY: &str = "e2b_snapshot_of";
+pub const SNAPSHOT_NAME_KEY: &str = "e2b_snapshot_name";
 /// Keys this adapter writes; stripped from what clients see and from
 /// what a pause, resume or fork copies.
-const SYSTEM_KEYS: [&str; 5] = [
+const SYSTEM_KEYS: [&str; 7] = [
     PAUSED_KEY,
     PAUSED_STARTED_KEY,
     PAUSED_END_KEY,
     ALIAS_KEY,
     FORK_KEY,
+    SNAPSHOT_OF_KEY,
+    SNAPSHOT_NAME_KEY,
 ];
 
 /// The user's metadata: `m` without this adapter's keys.

@@ -413,12 +413,13 @@ impl Backend for ManagerBackend {
         snapshot: &str,
         ttl_seconds: u64,
         metadata: BTreeMap<String, String>,
+        network: Option<NetworkSpec>,
     ) -> BResult<SandboxView> {
         let req = hatchery_core::ForkRequest {
             ttl_seconds: Some(ttl_seconds),
             metadata,
             count: 1,
-            network: Default::default(),
+            network: network.map(policy).unwrap_or_default(),
         };
         let mut v = self.manager.fork(snapshot, req).await.map_err(err)?;
         let i = v
