@@ -60,6 +60,9 @@ pub struct SandboxView {
     pub cpus: f64,
     pub memory_mb: u64,
     pub disk_mb: u64,
+    /// E2B's lifecycle settings, once read from the metadata by the
+    /// adapter (`state::present`); the default from a backend.
+    pub lifecycle: crate::lifecycle::Lifecycle,
 }
 
 #[derive(Debug, Clone, Default)]

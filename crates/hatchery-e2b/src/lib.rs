@@ -19,6 +19,7 @@ pub mod control;
 pub mod files;
 pub mod fs;
 pub mod interpreter;
+pub mod lifecycle;
 pub mod pb;
 pub mod process;
 pub mod sandbox;
@@ -46,6 +47,7 @@ pub const MAX_JSON_BODY: usize = 1 << 20;
 /// by `max_file_bytes` (plus multipart overhead).
 pub fn router(backend: Arc<dyn Backend>, max_file_bytes: u64) -> Router {
     let shared = state::Shared::new(backend);
+    tokio::spawn(lifecycle::sweep(Arc::downgrade(&shared)));
     let control = Router::new()
         .route("/sandboxes", post(control::create_v1).get(control::list_v1))
         .route(

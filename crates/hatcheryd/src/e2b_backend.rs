@@ -101,6 +101,7 @@ impl ManagerBackend {
             cpus: spec.as_ref().map_or(1.0, |s| s.cpus),
             memory_mb: spec.as_ref().map_or(0, |s| s.memory_mb),
             disk_mb: spec.as_ref().map_or(0, |s| s.disk_mb),
+            lifecycle: Default::default(),
         }
     }
 }
