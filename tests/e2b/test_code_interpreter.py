@@ -81,3 +81,26 @@ def test_run_code_raises_when_the_sandbox_is_killed_mid_run(ci):
             ci.run_code("import time; time.sleep(300)", timeout=120)
     finally:
         timer.cancel()
+
+
+def test_bash_runs_and_contexts(ci):
+    ex = ci.run_code("pwd; X=5", language="bash")
+    assert ex.logs.stdout == ["/home/user\n"] and ex.error is None
+    # The default bash context keeps its state, apart from Python's.
+    assert ci.run_code("echo $((X * 2))", language="bash").logs.stdout == ["10\n"]
+    assert ci.run_code("echo $FOO", envs={"FOO": "bar"}, language="bash").logs.stdout == ["bar\n"]
+    assert ci.run_code("echo ${FOO:-default}", language="bash").logs.stdout == ["default\n"]
+    ctx = ci.create_code_context(language="bash")
+    assert (ctx.language, ctx.cwd) == ("bash", "/home/user")
+    assert ci.run_code("echo ${X:-fresh}", context=ctx).logs.stdout == ["fresh\n"]
+    assert "bash" in [c.language for c in ci.list_code_contexts()]
+
+
+def test_other_languages_are_refused_with_a_reason(ci):
+    # What the SDK raises (documented in docs/e2b.md).
+    from e2b import SandboxException
+    for lang in ("r", "java", "js", "typescript"):
+        with pytest.raises(SandboxException, match="400 Bad Request: .*language .*%s.* is not supported by Hatchery" % lang):
+            ci.run_code("1", language=lang)
+        with pytest.raises(SandboxException, match="not supported by Hatchery"):
+            ci.create_code_context(language=lang)

@@ -63,6 +63,8 @@ pub struct ExecResult {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct CodeRequest {
     pub context: Option<String>,
+    /// Must be the context's language; empty: the named context's, whatever
+    /// it is. Without a context, the default context of this language.
     pub language: String,
     pub code: String,
     pub env: BTreeMap<String, String>,

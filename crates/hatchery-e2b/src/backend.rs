@@ -131,6 +131,8 @@ pub struct FileEntry {
 #[derive(Debug, Clone, Default)]
 pub struct CodeSpec {
     pub code: String,
+    /// `python` or `bash`; empty with a `context` (the context's own).
+    pub language: String,
     pub context: Option<String>,
     pub env: BTreeMap<String, String>,
     pub timeout: Duration,

@@ -54,12 +54,17 @@ pub struct ExecuteBody {
     env_vars: Option<BTreeMap<String, String>>,
 }
 
-fn language_ok(l: Option<&str>) -> Result<(), ApiError> {
-    match l {
-        None | Some("python") | Some("python3") => Ok(()),
+/// The kernel a request's language names (E2B's names, case-insensitive).
+fn kernel_of(l: Option<&str>) -> Result<&'static str, ApiError> {
+    let l = l.map(|l| l.trim().to_ascii_lowercase());
+    match l.as_deref() {
+        None | Some("") | Some("python") | Some("python3") => Ok("python"),
+        Some("bash") => Ok("bash"),
         Some(other) => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
-            format!("language {other:?} is not supported (Hatchery runs python)"),
+            format!(
+                "language {other:?} is not supported by Hatchery's code interpreter (python and bash are)"
+            ),
         )),
     }
 }
@@ -142,9 +147,10 @@ pub async fn execute(
         )
         .into_response();
     }
-    if let Err(e) = language_ok(b.language.as_deref()) {
-        return e.into_response();
-    }
+    let kernel = match kernel_of(b.language.as_deref()) {
+        Ok(k) => k,
+        Err(e) => return e.into_response(),
+    };
     if b.code.len() > MAX_CODE_BYTES {
         return ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -155,6 +161,7 @@ pub async fn execute(
     let context = b.context_id.filter(|c| !c.is_empty());
     let spec = CodeSpec {
         initial_cwd: context.is_none().then(|| E2B_HOME.to_string()),
+        language: if context.is_some() { "" } else { kernel }.to_string(),
         code: b.code,
         context,
         env: b.env_vars.unwrap_or_default(),
@@ -253,7 +260,7 @@ pub async fn create_context(
         return *r;
     }
     let res: Result<Response, ApiError> = async {
-        language_ok(b.language.as_deref())?;
+        let kernel = kernel_of(b.language.as_deref())?;
         // Without a cwd, E2B's home, made if the template has no such
         // user; a cwd given must exist.
         let (cwd, make) = match b.cwd.filter(|c| !c.is_empty()) {
@@ -262,7 +269,7 @@ pub async fn create_context(
         };
         let c = s
             .backend
-            .create_context(&t.sandbox, "python", cwd, make)
+            .create_context(&t.sandbox, kernel, cwd, make)
             .await?;
         Ok(Json(ctx_json(&c)).into_response())
     }

@@ -618,7 +618,7 @@ impl Backend for ManagerBackend {
         tx: mpsc::Sender<CodeEvent>,
     ) -> BResult<CodeDone> {
         let p = hatchery_core::code::CodeParams {
-            language: "python".into(),
+            language: spec.language,
             context: spec.context,
             code: spec.code,
             env: spec.env,

@@ -99,7 +99,7 @@ impl Context {
             old.tree.kill_all();
         }
         self.count.store(0, Ordering::SeqCst);
-        *g = Some(Kernel::start_python(&self.cwd(), reaper)?);
+        *g = Some(Kernel::start(&self.language, &self.cwd(), reaper)?);
         Ok(())
     }
 }
@@ -118,6 +118,10 @@ fn languages() -> &'static [&'static str] {
         let mut l = vec![];
         if std::path::Path::new("/usr/bin/python3").exists() {
             l.push("python");
+            // The Bash kernel is a Python driver of one bash.
+            if std::path::Path::new("/bin/bash").exists() {
+                l.push("bash");
+            }
         }
         l
     })
@@ -190,12 +194,41 @@ impl Contexts {
         crate::pool::run(move || me.run_blocking(chan, req, &out));
     }
 
+    /// The default context of a language other than Python, made on its
+    /// first run (`default-<language>`); `None` if there is no room.
+    fn language_default(&self, language: &str) -> Option<Arc<Context>> {
+        let id = format!("{DEFAULT}-{language}");
+        if let Some(c) = self.get(&id) {
+            return Some(c);
+        }
+        if !languages().contains(&language)
+            || self.map.lock().unwrap_or_else(|p| p.into_inner()).len() >= MAX_CONTEXTS
+        {
+            return None;
+        }
+        let cwd = if std::path::Path::new(DEFAULT_CWD).is_dir() {
+            DEFAULT_CWD
+        } else {
+            "/"
+        };
+        Some(self.insert(id, language.into(), cwd.into(), false))
+    }
+
     fn run_blocking(&self, chan: u32, req: CodeRequest, out: &Out) {
-        let id = req.context.clone().unwrap_or_else(|| DEFAULT.into());
-        let Some(ctx) = self.get(&id) else {
+        let id = match &req.context {
+            Some(c) => c.clone(),
+            None if req.language == "python" => DEFAULT.into(),
+            None => format!("{DEFAULT}-{}", req.language),
+        };
+        let found = match &req.context {
+            None if req.language != "python" => self.language_default(&req.language),
+            _ => self.get(&id),
+        };
+        let Some(ctx) = found else {
             return out.error(chan, "not_found", format!("no context {id}"));
         };
-        if ctx.language != req.language {
+        // An empty language: whatever the named context runs.
+        if !req.language.is_empty() && ctx.language != req.language {
             return out.error(
                 chan,
                 "invalid",
@@ -211,7 +244,7 @@ impl Contexts {
             ctx.place(req.initial_cwd.as_deref())
         };
         if g.is_none() {
-            match Kernel::start_python(&ctx.cwd(), &self.reaper) {
+            match Kernel::start(&ctx.language, &ctx.cwd(), &self.reaper) {
                 Ok(k) => *g = Some(k),
                 Err(e) => return out.error(chan, "spawn_failed", e.to_string()),
             }
@@ -245,7 +278,7 @@ impl Contexts {
             crate::pool::run(move || {
                 let mut g = ctx2.kernel.lock().unwrap_or_else(|p| p.into_inner());
                 if g.is_none() {
-                    *g = Kernel::start_python(&ctx2.cwd(), &reaper).ok();
+                    *g = Kernel::start(&ctx2.language, &ctx2.cwd(), &reaper).ok();
                 }
             });
         }
