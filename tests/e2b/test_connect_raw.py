@@ -91,7 +91,7 @@ def kill_soon(sbx, after=1.5):
     return t
 
 
-@pytest.mark.parametrize("kind", ["envd", "interpreter"])
+@pytest.mark.parametrize("kind", ["envd", "pty", "interpreter"])
 def test_a_stream_whose_sandbox_is_killed_drops_its_connection(daemon, kind):
     # What E2B's SDKs (python 2.45.1 on) take as "the sandbox was killed": the
     # connection drops mid-response, then /health answers 502. An error in
@@ -99,12 +99,17 @@ def test_a_stream_whose_sandbox_is_killed_drops_its_connection(daemon, kind):
     # that returned normally.
     from e2b import Sandbox
     from e2b_code_interpreter import Sandbox as CodeSandbox
-    sbx = (Sandbox.create("base", timeout=120) if kind == "envd" else CodeSandbox.create(timeout=120))
+    sbx = (CodeSandbox.create(timeout=120) if kind == "interpreter" else Sandbox.create("base", timeout=120))
     conn = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=60)
     if kind == "envd":
         h = envd_headers(sbx, **{"Content-Type": "application/connect+json"})
         conn.request("POST", "/e2b/sandbox/process.Process/Start",
                      envelope({"process": {"cmd": "/bin/sh", "args": ["-c", "echo up; sleep 60"]}}), h)
+    elif kind == "pty":
+        h = envd_headers(sbx, **{"Content-Type": "application/connect+json"})
+        conn.request("POST", "/e2b/sandbox/process.Process/Start",
+                     envelope({"process": {"cmd": "/bin/sh", "args": ["-c", "echo up; sleep 60"]},
+                               "pty": {"size": {"cols": 80, "rows": 24}}}), h)
     else:
         h = envd_headers(sbx, port=49999, **{"Content-Type": "application/json"})
         conn.request("POST", "/e2b/sandbox/execute",
@@ -117,6 +122,7 @@ def test_a_stream_whose_sandbox_is_killed_drops_its_connection(daemon, kind):
         conn.close()
     assert dropped, got[-300:]
     # What came before the kill was delivered ("up\n" is base64 in envd's JSON).
-    assert (b'"dXAK"' if kind == "envd" else b'"up\\n"') in got, got
+    expect = {"envd": b'"dXAK"', "pty": b'"dXANCg=="', "interpreter": b'"up\\n"'}[kind]
+    assert expect in got, got
     s, _, b = req(daemon, "GET", "/e2b/sandbox/health", headers=envd_headers(sbx))
     assert s == 502 and b"was not found" in b, (s, b)
