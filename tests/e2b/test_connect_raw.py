@@ -1,11 +1,16 @@
 """Connect details the SDKs depend on but do not show, in raw HTTP:
 keep-alive events on a silent stream, Connect-Timeout-Ms as the process's
-lifetime, and the StreamInput client stream."""
+lifetime, the StreamInput client stream, and streams whose sandbox is
+killed ending with a dropped connection."""
 
 import base64
+import http.client
 import json
 import struct
+import threading
 import time
+
+import pytest
 
 from test_bad_input import envd_headers, envelope, req
 
@@ -62,3 +67,62 @@ def test_stream_input(daemon, sbx):
                   envelope({"data": {"input": {"stdin": "eA=="}}}) + envelope({}, flags=2),
                   envd_headers(sbx, **{"Content-Type": "application/connect+json"}))
     assert frames(b)[-1][1]["error"]["code"] == "invalid_argument"
+
+
+def read_until_dropped(conn):
+    """A streamed response's body, and whether it ended by the connection
+    dropping (no last chunk) rather than cleanly."""
+    r = conn.getresponse()
+    assert r.status == 200
+    got = b""
+    try:
+        while True:
+            chunk = r.read1(65536)
+            if not chunk:
+                return got, False
+            got += chunk
+    except (http.client.IncompleteRead, ConnectionError):
+        return got, True
+
+
+def kill_soon(sbx, after=1.5):
+    t = threading.Timer(after, sbx.kill)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("kind", ["envd", "pty", "interpreter"])
+def test_a_stream_whose_sandbox_is_killed_drops_its_connection(daemon, kind):
+    # What E2B's SDKs (python 2.45.1 on) take as "the sandbox was killed": the
+    # connection drops mid-response, then /health answers 502. An error in
+    # the stream would be an ordinary error, or for the interpreter a run
+    # that returned normally.
+    from e2b import Sandbox
+    from e2b_code_interpreter import Sandbox as CodeSandbox
+    sbx = (CodeSandbox.create(timeout=120) if kind == "interpreter" else Sandbox.create("base", timeout=120))
+    conn = http.client.HTTPConnection("127.0.0.1", daemon.port, timeout=60)
+    if kind == "envd":
+        h = envd_headers(sbx, **{"Content-Type": "application/connect+json"})
+        conn.request("POST", "/e2b/sandbox/process.Process/Start",
+                     envelope({"process": {"cmd": "/bin/sh", "args": ["-c", "echo up; sleep 60"]}}), h)
+    elif kind == "pty":
+        h = envd_headers(sbx, **{"Content-Type": "application/connect+json"})
+        conn.request("POST", "/e2b/sandbox/process.Process/Start",
+                     envelope({"process": {"cmd": "/bin/sh", "args": ["-c", "echo up; sleep 60"]},
+                               "pty": {"size": {"cols": 80, "rows": 24}}}), h)
+    else:
+        h = envd_headers(sbx, port=49999, **{"Content-Type": "application/json"})
+        conn.request("POST", "/e2b/sandbox/execute",
+                     json.dumps({"code": "print('up')\nimport time; time.sleep(60)"}), h)
+    timer = kill_soon(sbx)
+    try:
+        got, dropped = read_until_dropped(conn)
+    finally:
+        timer.cancel()
+        conn.close()
+    assert dropped, got[-300:]
+    # What came before the kill was delivered ("up\n" is base64 in envd's JSON).
+    expect = {"envd": b'"dXAK"', "pty": b'"dXANCg=="', "interpreter": b'"up\\n"'}[kind]
+    assert expect in got, got
+    s, _, b = req(daemon, "GET", "/e2b/sandbox/health", headers=envd_headers(sbx))
+    assert s == 502 and b"was not found" in b, (s, b)

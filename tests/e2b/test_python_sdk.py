@@ -1,6 +1,7 @@
 """The official `e2b` and `e2b-code-interpreter` Python packages (from PyPI,
 in a fresh venv: see the Makefile's e2b-test) against a live daemon."""
 
+import threading
 import time
 
 import pytest
@@ -68,6 +69,24 @@ def test_background_stdin_list_connect_and_kill(sbx):
     assert e.value.exit_code == 137 and "start" in e.value.stdout
     assert sbx.commands.kill(h.pid) is False
     assert h.pid not in [p.pid for p in sbx.commands.list()]
+
+
+def test_a_command_streaming_when_its_sandbox_is_killed_says_so(daemon):
+    # E2B's test_sandbox_killed_during_run: the stream's connection drops and
+    # /health fails (502), so the SDK reports the kill, not an error answer.
+    s = Sandbox.create("base", timeout=300)
+    h = s.commands.run("echo started; sleep 60", background=True)
+    time.sleep(0.5)
+    s.kill()
+    with pytest.raises(TimeoutException) as e:
+        h.wait()
+    assert "sandbox was killed or reached its end of life" in str(e.value)
+    # The same for a command run in the foreground while the kill happens.
+    s = Sandbox.create("base", timeout=300)
+    threading.Timer(1.5, s.kill).start()
+    with pytest.raises(TimeoutException) as e:
+        s.commands.run("sleep 60", timeout=120)
+    assert "sandbox was killed or reached its end of life" in str(e.value)
 
 
 def test_files(sbx):

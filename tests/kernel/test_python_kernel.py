@@ -163,10 +163,65 @@ def test_stdout_and_stderr_events(kernel):
 def test_first_print_arrives_at_once(kernel):
     kernel.start("import time\nprint('first')\ntime.sleep(1.5)")
     first = kernel.event(timeout=1.0)
-    assert first["type"] == "stdout" and first["text"] == "first"
-    assert kernel.event(timeout=1.0)["text"] == "\n"  # print writes the end separately
+    # One message, text and end together, as Jupyter sends it (print writes them separately).
+    assert first["type"] == "stdout" and first["text"] == "first\n"
     assert not kernel.pending(0.3)  # the cell is still sleeping: no done yet
     assert kernel.collect(1)[-1]["type"] == "done"
+
+
+def test_output_is_line_buffered(kernel):
+    kernel.start("""\
+        import sys, time
+        print("a", "b", 3)
+        sys.stdout.write("no end")
+        print("err", file=sys.stderr)
+        sys.stdout.write("held ")
+        sys.stdout.write("then flushed")
+        sys.stdout.flush()
+        sys.stdout.write("x" * 9000)
+        sys.stdout.write("tail")
+        time.sleep(1.5)
+    """)
+    got = [(e["type"], e["text"]) for e in (kernel.event(timeout=1.0) for _ in range(5))]
+    # Text written without an end is held until the line ends, a flush, the
+    # other stream, 8 KiB or the cell's end; the order of both streams is kept.
+    assert got == [("stdout", "a b 3\n"), ("stdout", "no end"), ("stderr", "err\n"),
+                   ("stdout", "held then flushed"), ("stdout", "x" * 9000)]
+    assert not kernel.pending(0.3)  # "tail" is held while the cell sleeps
+    events = kernel.collect(1)
+    assert [(e["type"], e.get("text")) for e in events] == [("stdout", "tail"), ("done", None)]
+
+
+def test_held_text_comes_before_a_result_or_an_error(kernel):
+    events = kernel.run("print('a', end='')\ndisplay(1)\nprint('b', end='')\n1/0")
+    assert [(e["type"], e.get("text")) for e in events] == [
+        ("stdout", "a"), ("result", None), ("stdout", "b"), ("error", None), ("done", None)]
+
+
+def test_shell_lines_as_ipython(kernel, tmp_path):
+    events = kernel.run("!pwd\nn = 2\nout = !seq $n; echo {n + 1}\nprint(out)\n!exit 3")
+    assert text(events) == "%s\n['1', '2', '3']\n" % tmp_path
+    assert value(kernel, "_exit_code") == "3"
+    # Indented in a block, stderr merged, $NAME that is no Python name left to the shell.
+    events = kernel.run("for i in range(2):\n    !echo $i $NOSUCH_PY_NAME; echo e >&2")
+    assert text(events) == "0\ne\n1\ne\n"
+    # Python that contains a `!` is never rewritten; a cell broken elsewhere says where.
+    assert value(kernel, "s = '''\n!pwd\n'''\ns") == "'\\n!pwd\\n'"
+    (err,) = errors(kernel.run("!echo ok\n1 +"))
+    assert err["name"] == "SyntaxError" and "1 +" in err["traceback"]
+
+
+def test_chdir_moves_the_kernel_for_good(kernel, tmp_path):
+    (tmp_path / "there").mkdir()
+    (tmp_path / "there" / "mod_there.py").write_text("X = 'imported'\n")
+    kernel.send({"id": 1, "code": "import os; print(os.getcwd())", "env": {}, "chdir": str(tmp_path / "there")})
+    assert text(kernel.collect(1)) == str(tmp_path / "there") + "\n"
+    kernel.next_id = 2
+    assert value(kernel, "import mod_there; mod_there.X") == "'imported'"
+    assert value(kernel, "os.getcwd()") == repr(str(tmp_path / "there"))
+    kernel.send({"id": 4, "code": "1", "env": {}, "chdir": str(tmp_path / "missing")})
+    events = kernel.collect(4)
+    assert "cannot change the working directory" in text(events, "stderr") and results(events)
 
 
 def test_last_expression_is_main_result(kernel):
@@ -240,7 +295,7 @@ def test_display_rich_bundle(kernel):
                              "image/png": base64.b64encode(b"\x89PNG\r\n").decode(),
                              "application/json": {"a": [1, 2]}}
     assert second["data"] == {"text/plain": "5"}
-    assert [e["type"] for e in events] == ["result", "result", "stdout", "stdout", "done"]
+    assert [e["type"] for e in events] == ["result", "result", "stdout", "done"]
 
 
 def test_broken_repr_method_is_skipped(kernel):
@@ -302,7 +357,7 @@ def test_sys_exit_is_an_error_and_kernel_survives(kernel):
 
 def test_sigint_interrupts_a_running_cell(kernel):
     kernel.start("import time\nprint('go')\ntime.sleep(30)")
-    assert text([kernel.event(), kernel.event()]) == "go\n"
+    assert text([kernel.event()]) == "go\n"
     time.sleep(0.2)  # into time.sleep (an interrupt inside print is fine too, just another line)
     kernel.proc.send_signal(signal.SIGINT)
     events = kernel.collect(1)
@@ -374,7 +429,7 @@ def test_top_level_await(kernel):
 
 def test_interrupted_await_does_not_resume(kernel):
     kernel.start("import asyncio\nprint('go')\nawait asyncio.sleep(30)\nprint('resumed')")
-    assert text([kernel.event(), kernel.event()]) == "go\n"
+    assert text([kernel.event()]) == "go\n"
     time.sleep(0.2)  # into the event loop's select
     kernel.proc.send_signal(signal.SIGINT)
     (err,) = errors(kernel.collect(1))
@@ -456,10 +511,10 @@ def test_figures_flushed_after_cell(kernel, fake_mpl):
 def test_plt_show_renders_at_once(kernel, fake_mpl):
     events = kernel.run(fake_mpl + "plt.plot([1])\nplt.show()\nprint('after show')\nplt.get_fignums()")
     kinds = [e["type"] for e in events]
-    assert kinds == ["result", "stdout", "stdout", "result", "done"]
+    assert kinds == ["result", "stdout", "result", "done"]
     assert png(events[0]) == b"PNG-1-1" and not events[0]["is_main_result"]
     assert text(events) == "after show\n"  # not the fake's own show
-    assert events[3]["data"]["text/plain"] == "[]" and events[3]["is_main_result"]
+    assert events[2]["data"]["text/plain"] == "[]" and events[2]["is_main_result"]
 
 
 def test_figure_as_last_expression_shown_once(kernel, fake_mpl):
@@ -471,8 +526,8 @@ def test_figure_as_last_expression_shown_once(kernel, fake_mpl):
 
 def test_figure_that_fails_to_render(kernel, fake_mpl):
     events = kernel.run(fake_mpl + "plt.figure().axes = ['boom']\nprint('drawn later')")
-    assert [e["type"] for e in events] == ["stdout", "stdout", "error", "done"]
-    err = events[2]
+    assert [e["type"] for e in events] == ["stdout", "error", "done"]
+    err = events[1]
     assert (err["name"], err["value"]) == ("ValueError", "cannot draw this")
     assert "pyplot.py" in err["traceback"] and "<string>" not in err["traceback"]
     assert value(kernel, "plt.get_fignums()") == "[]"  # closed all the same

@@ -63,6 +63,8 @@ pub struct ExecResult {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct CodeRequest {
     pub context: Option<String>,
+    /// Must be the context's language; empty: the named context's, whatever
+    /// it is. Without a context, the default context of this language.
     pub language: String,
     pub code: String,
     pub env: BTreeMap<String, String>,
@@ -74,6 +76,13 @@ pub struct CodeRequest {
     /// context's namespace and execution count as they were.
     #[serde(default)]
     pub warm: bool,
+    /// Where the default context should be before this run if no request
+    /// has placed it yet (it starts wherever the agent found a directory,
+    /// before any client was known). The directory is created if missing;
+    /// the context stays there afterwards, as after a `%cd`. Other
+    /// contexts ignore it: they were given their directory when created.
+    #[serde(default)]
+    pub initial_cwd: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -98,6 +107,10 @@ pub struct ContextRequest {
     pub language: Option<String>,
     #[serde(default)]
     pub cwd: Option<String>,
+    /// Create `cwd` (and its parents) if it does not exist, instead of
+    /// refusing the context.
+    #[serde(default)]
+    pub make_cwd: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

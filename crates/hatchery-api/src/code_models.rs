@@ -76,6 +76,7 @@ impl CodeBody {
                 caps.max_output_bytes,
                 "max_output_bytes",
             )?,
+            initial_cwd: None,
         })
     }
 }

@@ -24,6 +24,9 @@ pub struct CodeParams {
     pub timeout: Duration,
     pub cpu_limit_ms: Option<u64>,
     pub max_output_bytes: u64,
+    /// Where the default context goes before this run if nothing has
+    /// placed it yet (created if missing; see the agent's `CodeRequest`).
+    pub initial_cwd: Option<String>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -73,6 +76,7 @@ pub async fn run(
         cpu_limit_ms: p.cpu_limit_ms,
         max_output_bytes: p.max_output_bytes,
         warm: false,
+        initial_cwd: p.initial_cwd,
     };
     let limits = (p.timeout, p.max_output_bytes);
     let (got, r, host_killed) =
@@ -112,6 +116,7 @@ pub async fn warm(client: &AgentClient) {
         cpu_limit_ms: None,
         max_output_bytes: 4096,
         warm: true,
+        initial_cwd: None,
     };
     let limits = (Duration::from_secs(10), 4096);
     let _ = drive::<_, CodeResult>(
@@ -158,15 +163,18 @@ fn parse<T: serde::de::DeserializeOwned>(f: &Frame) -> Result<T, CoreError> {
         .map_err(|e| CoreError::GuestUnresponsive(format!("bad context reply: {e}")))
 }
 
+/// `make_cwd`: create `cwd` if it is missing rather than refuse.
 pub async fn create_context(
     client: &AgentClient,
     language: &str,
     cwd: Option<String>,
+    make_cwd: bool,
 ) -> Result<ContextInfo, CoreError> {
     let req = ContextRequest {
         id: None,
         language: Some(language.to_string()),
         cwd,
+        make_cwd,
     };
     parse(&call(client, Kind::ContextCreate, &req).await?)
 }
@@ -176,6 +184,7 @@ pub async fn list_contexts(client: &AgentClient) -> Result<Vec<ContextInfo>, Cor
         id: None,
         language: None,
         cwd: None,
+        make_cwd: false,
     };
     let mut all: Vec<ContextInfo> = parse(&call(client, Kind::ContextList, &req).await?)?;
     all.truncate(64);
@@ -187,6 +196,7 @@ pub async fn restart_context(client: &AgentClient, id: &str) -> Result<ContextIn
         id: Some(id.to_string()),
         language: None,
         cwd: None,
+        make_cwd: false,
     };
     parse(&call(client, Kind::ContextRestart, &req).await?)
 }
@@ -196,6 +206,7 @@ pub async fn delete_context(client: &AgentClient, id: &str) -> Result<(), CoreEr
         id: Some(id.to_string()),
         language: None,
         cwd: None,
+        make_cwd: false,
     };
     call(client, Kind::ContextDelete, &req).await.map(drop)
 }

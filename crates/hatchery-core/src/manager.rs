@@ -703,16 +703,19 @@ impl Manager {
         Ok(Arc::clone(&self.live_get(id).await?.client))
     }
 
+    /// `make_cwd`: create `cwd` if it is missing rather than refuse.
     pub async fn create_context(
         &self,
         id: &str,
         language: &str,
         cwd: Option<String>,
+        make_cwd: bool,
     ) -> Result<hatchery_agent_proto::ContextInfo, CoreError> {
         if let Some(c) = &cwd {
             files::validate_path(c, self.caps.max_path_bytes)?;
         }
-        crate::code::create_context(&self.live_get(id).await?.client, language, cwd).await
+        let client = &self.live_get(id).await?.client;
+        crate::code::create_context(client, language, cwd, make_cwd).await
     }
 
     pub async fn list_contexts(

@@ -60,6 +60,9 @@ pub struct SandboxView {
     pub cpus: f64,
     pub memory_mb: u64,
     pub disk_mb: u64,
+    /// E2B's lifecycle settings, once read from the metadata by the
+    /// adapter (`state::present`); the default from a backend.
+    pub lifecycle: crate::lifecycle::Lifecycle,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -128,9 +131,14 @@ pub struct FileEntry {
 #[derive(Debug, Clone, Default)]
 pub struct CodeSpec {
     pub code: String,
+    /// `python` or `bash`; empty with a `context` (the context's own).
+    pub language: String,
     pub context: Option<String>,
     pub env: BTreeMap<String, String>,
     pub timeout: Duration,
+    /// Where the default context goes before this run if nothing has
+    /// placed it yet; created if missing.
+    pub initial_cwd: Option<String>,
 }
 
 /// What a code run reports while it runs.
@@ -223,12 +231,14 @@ pub trait Backend: Send + Sync + 'static {
     async fn set_network(&self, id: &str, net: NetworkSpec) -> BResult<()>;
     /// Checkpoints the sandbox (it keeps running) and returns the snapshot id.
     async fn snapshot(&self, id: &str, metadata: BTreeMap<String, String>) -> BResult<String>;
-    /// A new sandbox restored from the snapshot.
+    /// A new sandbox restored from the snapshot, with egress `network`
+    /// (`None`: denied, as Hatchery's forks).
     async fn restore(
         &self,
         snapshot: &str,
         ttl_seconds: u64,
         metadata: BTreeMap<String, String>,
+        network: Option<NetworkSpec>,
     ) -> BResult<SandboxView>;
     async fn delete_snapshot(&self, snapshot: &str);
     /// Claims the resume of paused sandbox `e2b_id` across every daemon on
@@ -273,7 +283,14 @@ pub trait Backend: Send + Sync + 'static {
         spec: CodeSpec,
         tx: mpsc::Sender<CodeEvent>,
     ) -> BResult<CodeDone>;
-    async fn create_context(&self, id: &str, cwd: Option<String>) -> BResult<ContextView>;
+    /// A new context in `cwd`; `make_cwd`: create it if missing.
+    async fn create_context(
+        &self,
+        id: &str,
+        language: &str,
+        cwd: String,
+        make_cwd: bool,
+    ) -> BResult<ContextView>;
     async fn list_contexts(&self, id: &str) -> BResult<Vec<ContextView>>;
     async fn restart_context(&self, id: &str, ctx: &str) -> BResult<()>;
     async fn delete_context(&self, id: &str, ctx: &str) -> BResult<()>;

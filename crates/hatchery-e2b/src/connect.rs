@@ -349,6 +349,20 @@ where
         .into_response()
 }
 
+/// [`stream_response`] whose connection is dropped instead of ending with
+/// an end-of-stream envelope if `sever` is cut (the sandbox died).
+pub fn severable_stream_response<S>(s: S, sever: crate::sever::Sever) -> Response
+where
+    S: Stream<Item = Bytes> + Send + 'static,
+{
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/connect+json")],
+        crate::sever::body(s, sever),
+    )
+        .into_response()
+}
+
 /// A stream that failed before its first message: 200 and just the
 /// end-of-stream envelope, as the protocol has it.
 pub fn stream_error(e: ConnectError) -> Response {

@@ -3,7 +3,8 @@
 //! shapes, status codes and `{"code": <status>, "message"}` errors.
 
 use crate::backend::{BackendError, CreateSpec, FailKind, NetworkSpec, SandboxView};
-use crate::state::{present, Paused, Shared, ALIAS_KEY, FORK_KEY, MAX_PAUSED};
+use crate::lifecycle::Lifecycle;
+use crate::state::{self, present, Paused, Shared, ALIAS_KEY, FORK_KEY, MAX_PAUSED};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -149,6 +150,7 @@ fn detail_json(e2b_id: &str, v: &SandboxView, state: &str) -> Value {
         "envdVersion": ENVD_VERSION,
         "state": state,
         "metadata": v.metadata,
+        "lifecycle": v.lifecycle.json(),
     })
 }
 
@@ -166,6 +168,11 @@ pub struct NewSandbox {
     allow_internet_access: Option<bool>,
     network: Option<NetworkBody>,
     auto_pause: Option<bool>,
+    /// `false` (a filesystem-only auto-pause) is refused, as a pause with
+    /// `memory: false` is.
+    auto_pause_memory: Option<bool>,
+    /// `{"enabled": bool}` (a bare bool from older SDKs).
+    auto_resume: Option<Value>,
     /// Accepted and ignored: every Hatchery sandbox's envd is authenticated.
     #[serde(default)]
     #[allow(dead_code)]
@@ -200,7 +207,7 @@ fn refuse_unsupported(rest: &BTreeMap<String, Value>, what: &str) -> ApiResult<(
         };
         // Secure is accepted, allowPublicTraffic is what Hatchery does anyway
         // (ports are reached with the key only).
-        let harmless = matches!(k.as_str(), "allowPublicTraffic" | "autoPauseMemory");
+        let harmless = matches!(k.as_str(), "allowPublicTraffic");
         if !empty && !harmless {
             return Err(ApiError::bad(format!(
                 "{what} option {k:?} is not supported by Hatchery (see docs/e2b.md)"
@@ -244,26 +251,84 @@ fn timeout_of(t: Option<i64>, default: u64) -> ApiResult<u64> {
     }
 }
 
-async fn do_create(s: &Shared, b: NewSandbox, default_timeout: u64) -> ApiResult<Response> {
-    refuse_unsupported(&b.rest, "sandbox")?;
-    if b.auto_pause == Some(true) {
+/// `autoPause`, `autoPauseMemory` and `autoResume` of a create.
+fn lifecycle_of(b: &NewSandbox, timeout_s: u64) -> ApiResult<Lifecycle> {
+    let auto_pause = b.auto_pause == Some(true);
+    let auto_resume = match &b.auto_resume {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(e)) => *e,
+        Some(Value::Object(o)) => match o.get("enabled") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(e)) => *e,
+            Some(other) => {
+                return Err(ApiError::bad(format!(
+                    "autoResume.enabled must be a boolean, not {other}"
+                )))
+            }
+        },
+        Some(other) => {
+            return Err(ApiError::bad(format!(
+                "autoResume must be {{\"enabled\": bool}}, not {other}"
+            )))
+        }
+    };
+    if auto_resume && !auto_pause {
         return Err(ApiError::bad(
-            "autoPause is not supported by Hatchery (see docs/e2b.md)",
+            "autoResume can be enabled only with autoPause (onTimeout: pause)",
         ));
     }
-    let template = template_alias(&b.template_id).to_string();
-    if !s.backend.template_exists(&template) {
-        return Err(ApiError::new(
-            StatusCode::NOT_FOUND,
-            format!("template '{}' not found", b.template_id),
+    if auto_pause && b.auto_pause_memory == Some(false) {
+        return Err(ApiError::bad(
+            "autoPauseMemory: false (a filesystem-only auto-pause) is not supported by Hatchery: \
+             auto-pause keeps memory (see docs/e2b.md)",
         ));
+    }
+    Ok(Lifecycle {
+        auto_pause,
+        auto_resume,
+        timeout_s,
+    })
+}
+
+async fn do_create(s: &Shared, b: NewSandbox, default_timeout: u64) -> ApiResult<Response> {
+    refuse_unsupported(&b.rest, "sandbox")?;
+    let template = template_alias(&b.template_id).to_string();
+    let timeout_s = timeout_of(b.timeout, default_timeout)?;
+    let lifecycle = lifecycle_of(&b, timeout_s)?;
+    let ttl_seconds = lifecycle.hatchery_ttl(timeout_s);
+    let mut metadata = state::user_metadata(&b.metadata);
+    metadata.extend(lifecycle.keys());
+    if lifecycle.auto_pause {
+        s.sweep_wake.notify_one();
+    }
+    let network = network_spec(b.allow_internet_access, b.network.as_ref())?;
+    if !s.backend.template_exists(&template) {
+        // `Sandbox.create(snapshot_id)`: E2B's snapshots are templates.
+        let Some(snap) = crate::snapshots::resolve(s, &b.template_id).await? else {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                format!("template '{}' not found", b.template_id),
+            ));
+        };
+        if !b.env_vars.is_empty() {
+            // The snapshot's processes, and the env a Hatchery sandbox
+            // gives its commands, are restored as they were.
+            return Err(ApiError::bad(
+                "envVars cannot be set on a sandbox created from a snapshot (see docs/e2b.md)",
+            ));
+        }
+        let v = s
+            .backend
+            .restore(&snap, ttl_seconds, metadata, network)
+            .await?;
+        return Ok((StatusCode::CREATED, Json(sandbox_json(s, &v.id, &v))).into_response());
     }
     let spec = CreateSpec {
         template,
-        ttl_seconds: timeout_of(b.timeout, default_timeout)?,
-        metadata: b.metadata,
+        ttl_seconds,
+        metadata,
         env: b.env_vars,
-        network: network_spec(b.allow_internet_access, b.network.as_ref())?,
+        network,
     };
     let v = s.backend.create(spec).await?;
     Ok((StatusCode::CREATED, Json(sandbox_json(s, &v.id, &v))).into_response())
@@ -321,11 +386,25 @@ pub async fn set_timeout(
     Path(id): Path<String>,
     Body(b): Body<TimeoutBody>,
 ) -> ApiResult<StatusCode> {
-    let t = timeout_of(Some(b.timeout), 0)?;
-    let Some((h, _)) = s.live(&id).await? else {
+    if b.timeout < 0 {
+        return Err(ApiError::bad("timeout must not be negative"));
+    }
+    let Some((h, v)) = s.live(&id).await? else {
         return Err(ApiError::not_found(&id));
     };
-    s.backend.set_ttl(&h, t).await?;
+    // 0 is "time out now": an auto-pausing sandbox is paused by the sweep
+    // at once, any other is killed.
+    if b.timeout == 0 && !v.lifecycle.auto_pause {
+        s.backend.kill(&h).await;
+        s.forget(&id, &h);
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    s.backend
+        .set_ttl(&h, v.lifecycle.hatchery_ttl(b.timeout as u64))
+        .await?;
+    if v.lifecycle.auto_pause {
+        s.sweep_wake.notify_one();
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -346,7 +425,7 @@ pub async fn refresh(
     // A refresh only extends.
     let now = crate::now_ms();
     if v.expires_at_ms < now + t * 1000 {
-        s.backend.set_ttl(&h, t).await?;
+        s.backend.set_ttl(&h, v.lifecycle.hatchery_ttl(t)).await?;
     }
     Ok(StatusCode::NO_CONTENT)
 }
@@ -363,12 +442,12 @@ pub struct ConnectBody {
 
 /// What a resume found: the sandbox it restored, or one that another
 /// resume (on this host or another) restored first.
-enum Resumed {
+pub(crate) enum Resumed {
     Restored(SandboxView),
     AlreadyRunning(SandboxView),
 }
 
-async fn resume_paused(s: &Shared, id: &str, ttl: u64) -> ApiResult<Resumed> {
+pub(crate) async fn resume_paused(s: &Shared, id: &str, ttl: u64) -> ApiResult<Resumed> {
     if s.paused(id).await?.is_none() {
         return Err(ApiError::not_found(id));
     }
@@ -411,8 +490,13 @@ async fn resume_claimed(s: &Shared, id: &str, ttl: u64) -> ApiResult<Resumed> {
     // The new sandbox answers to the E2B id from its metadata on, on any
     // host and after a restart; the snapshot goes once it runs.
     let mut meta = p.view.metadata.clone();
+    meta.extend(p.view.lifecycle.keys());
     meta.insert(ALIAS_KEY.into(), id.into());
-    let v = s.backend.restore(&p.snapshot, ttl, meta).await?;
+    let ttl = p.view.lifecycle.hatchery_ttl(ttl);
+    let v = s.backend.restore(&p.snapshot, ttl, meta, None).await?;
+    if p.view.lifecycle.auto_pause {
+        s.sweep_wake.notify_one();
+    }
     s.set_alias(id, &v.id);
     s.backend.delete_snapshot(&p.snapshot).await;
     Ok(Resumed::Restored(v))
@@ -429,7 +513,7 @@ async fn do_connect(s: &Shared, id: &str, b: ConnectBody, default: u64) -> ApiRe
     let ttl = timeout_of(b.timeout, default)?;
     if let Some((h, v)) = s.live(id).await? {
         let v = if v.expires_at_ms < crate::now_ms() + ttl * 1000 {
-            s.backend.set_ttl(&h, ttl).await?
+            s.backend.set_ttl(&h, v.lifecycle.hatchery_ttl(ttl)).await?
         } else {
             v
         };
@@ -540,17 +624,35 @@ pub async fn pause(
             None => ApiError::not_found(&id),
         });
     };
-    if s.all_paused().await?.len() >= MAX_PAUSED {
+    pause_live(&s, &id, &h, &v).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Pauses running sandbox `h` (E2B id `id`, client view `v`): a snapshot
+/// that is the pause record (state.rs), then the sandbox is stopped. Also
+/// the auto-pause at a timeout (`lifecycle::sweep`).
+pub(crate) async fn pause_live(s: &Shared, id: &str, h: &str, v: &SandboxView) -> ApiResult<()> {
+    if !s.begin_pause(id) {
         return Err(ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            format!("{MAX_PAUSED} sandboxes are paused already; kill or resume one first"),
+            StatusCode::CONFLICT,
+            format!("sandbox \"{id}\" is being paused already"),
         ));
     }
-    // The snapshot is the pause record (state.rs): it names the E2B id.
-    s.backend.snapshot(&h, Paused::record(&id, &v)).await?;
-    s.backend.kill(&h).await;
-    s.forget(&id, &h);
-    Ok(StatusCode::NO_CONTENT)
+    let out = async {
+        if s.all_paused().await?.len() >= MAX_PAUSED {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("{MAX_PAUSED} sandboxes are paused already; kill or resume one first"),
+            ));
+        }
+        s.backend.snapshot(h, Paused::record(id, v)).await?;
+        s.backend.kill(h).await;
+        s.forget(id, h);
+        Ok(())
+    }
+    .await;
+    s.end_pause(id);
+    out
 }
 
 /// Most forks per request (E2B's SDK allows 1..20).
@@ -585,7 +687,11 @@ pub async fn fork(
     let snap = s.backend.snapshot(&h, meta).await?;
     let mut out = vec![];
     for _ in 0..count {
-        match s.backend.restore(&snap, ttl, v.metadata.clone()).await {
+        match s
+            .backend
+            .restore(&snap, ttl, v.metadata.clone(), None)
+            .await
+        {
             Ok(f) => out.push(json!({"sandbox": sandbox_json(&s, &f.id, &f)})),
             Err(e) => {
                 let e = ApiError::from(e);
@@ -695,7 +801,7 @@ impl ListQuery {
     }
 }
 
-fn form_pairs(q: &str) -> ApiResult<Vec<(String, String)>> {
+pub(crate) fn form_pairs(q: &str) -> ApiResult<Vec<(String, String)>> {
     let mut out = vec![];
     for part in q.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = part.split_once('=').unwrap_or((part, ""));
@@ -1023,6 +1129,7 @@ mod tests {
             cpus: 1.0,
             memory_mb: 512,
             disk_mb: 512,
+            lifecycle: Default::default(),
         }
     }
 

@@ -3,10 +3,17 @@
 //! `result` with MIME keys, `error`, `number_of_executions`,
 //! `end_of_execution`) from Hatchery's `run_code`; `/contexts` are
 //! Hatchery's code contexts.
+//!
+//! As E2B's server: contexts start in `/home/user` unless told otherwise
+//! (the default context moves there before its first run from here), a
+//! silent run writes a `keepalive` line every [`KEEPALIVE`] so a client
+//! that went away is noticed (and its run stopped) without waiting for
+//! output, and a run whose sandbox dies drops the connection.
 
 use crate::backend::{CodeEvent, CodeSpec, FailKind};
 use crate::control::{ApiError, Body};
 use crate::sandbox::{Target, INTERPRETER_PORT};
+use crate::sever::Sever;
 use crate::state::Shared;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -24,6 +31,12 @@ use tokio::sync::mpsc;
 /// Hatchery's `run_code` allows an hour.
 const MAX_RUN: Duration = Duration::from_secs(3600);
 pub const MAX_CODE_BYTES: usize = 256 * 1024;
+/// The working directory of E2B's contexts (its template's user's home).
+pub const E2B_HOME: &str = "/home/user";
+/// A closed connection is only noticed when written to: E2B's server
+/// writes `{"type": "keepalive"}` every 5 s for that (the SDKs skip the
+/// line); sooner here, so a run the client gave up on stops sooner.
+const KEEPALIVE: Duration = Duration::from_secs(1);
 
 fn port_check(t: &Target) -> Result<(), Box<Response>> {
     if t.port != INTERPRETER_PORT {
@@ -41,12 +54,17 @@ pub struct ExecuteBody {
     env_vars: Option<BTreeMap<String, String>>,
 }
 
-fn language_ok(l: Option<&str>) -> Result<(), ApiError> {
-    match l {
-        None | Some("python") | Some("python3") => Ok(()),
+/// The kernel a request's language names (E2B's names, case-insensitive).
+fn kernel_of(l: Option<&str>) -> Result<&'static str, ApiError> {
+    let l = l.map(|l| l.trim().to_ascii_lowercase());
+    match l.as_deref() {
+        None | Some("") | Some("python") | Some("python3") => Ok("python"),
+        Some("bash") => Ok("bash"),
         Some(other) => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
-            format!("language {other:?} is not supported (Hatchery runs python)"),
+            format!(
+                "language {other:?} is not supported by Hatchery's code interpreter (python and bash are)"
+            ),
         )),
     }
 }
@@ -129,9 +147,10 @@ pub async fn execute(
         )
         .into_response();
     }
-    if let Err(e) = language_ok(b.language.as_deref()) {
-        return e.into_response();
-    }
+    let kernel = match kernel_of(b.language.as_deref()) {
+        Ok(k) => k,
+        Err(e) => return e.into_response(),
+    };
     if b.code.len() > MAX_CODE_BYTES {
         return ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -139,36 +158,55 @@ pub async fn execute(
         )
         .into_response();
     }
+    let context = b.context_id.filter(|c| !c.is_empty());
     let spec = CodeSpec {
+        initial_cwd: context.is_none().then(|| E2B_HOME.to_string()),
+        language: if context.is_some() { "" } else { kernel }.to_string(),
         code: b.code,
-        context: b.context_id.filter(|c| !c.is_empty()),
+        context,
         env: b.env_vars.unwrap_or_default(),
         timeout: MAX_RUN,
     };
     let (tx, rx) = mpsc::channel::<Bytes>(32);
+    let sever = Sever::default();
+    let cut = sever.clone();
     tokio::spawn(async move {
         let (etx, mut erx) = mpsc::channel::<CodeEvent>(32);
         let backend = Arc::clone(&s.backend);
         let sandbox = t.sandbox.clone();
-        // Dropping the events receiver (the client went away) cancels the run.
+        // Not aborted when the client goes away: dropping the events
+        // receiver makes the backend stop the run in the sandbox, which
+        // dropping the run's future would not.
         let run = tokio::spawn(async move { backend.run_code(&sandbox, spec, etx).await });
-        while let Some(ev) = erx.recv().await {
-            let v = match ev {
-                CodeEvent::Stdout(b) => {
-                    json!({"type": "stdout", "text": String::from_utf8_lossy(&b), "timestamp": now()})
-                }
-                CodeEvent::Stderr(b) => {
-                    json!({"type": "stderr", "text": String::from_utf8_lossy(&b), "timestamp": now()})
-                }
-                CodeEvent::Rich(v) if v["type"] == "error" => error_line(&v),
-                CodeEvent::Rich(v) => result_line(&v),
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + KEEPALIVE, KEEPALIVE);
+        loop {
+            let v = tokio::select! {
+                ev = erx.recv() => match ev {
+                    Some(CodeEvent::Stdout(b)) => {
+                        json!({"type": "stdout", "text": String::from_utf8_lossy(&b), "timestamp": now()})
+                    }
+                    Some(CodeEvent::Stderr(b)) => {
+                        json!({"type": "stderr", "text": String::from_utf8_lossy(&b), "timestamp": now()})
+                    }
+                    Some(CodeEvent::Rich(v)) if v["type"] == "error" => error_line(&v),
+                    Some(CodeEvent::Rich(v)) => result_line(&v),
+                    None => break,
+                },
+                _ = tick.tick() => json!({"type": "keepalive"}),
+                _ = tx.closed() => return,
             };
             if tx.send(line(&v)).await.is_err() {
-                run.abort();
                 return;
             }
         }
-        match run.await {
+        let res = run.await;
+        let failed = !matches!(&res, Ok(Ok(d)) if d.reason == "exited");
+        if failed && crate::sever::sandbox_gone(s.backend.as_ref(), &t.sandbox).await {
+            // No end_of_execution: the SDK must see the connection drop.
+            cut.cut();
+            return;
+        }
+        match res {
             Ok(Ok(done)) => {
                 if done.reason != "exited" && done.error.is_none() {
                     let why = match done.reason.as_str() {
@@ -194,10 +232,7 @@ pub async fn execute(
         }
         let _ = tx.send(line(&json!({"type": "end_of_execution"}))).await;
     });
-    let body = axum::body::Body::from_stream(futures::StreamExt::map(
-        tokio_stream::wrappers::ReceiverStream::new(rx),
-        Ok::<_, std::convert::Infallible>,
-    ));
+    let body = crate::sever::body(tokio_stream::wrappers::ReceiverStream::new(rx), sever);
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/x-ndjson")],
@@ -225,9 +260,17 @@ pub async fn create_context(
         return *r;
     }
     let res: Result<Response, ApiError> = async {
-        language_ok(b.language.as_deref())?;
-        // Without a cwd, Hatchery's default (templates need not have /home/user).
-        let c = s.backend.create_context(&t.sandbox, b.cwd).await?;
+        let kernel = kernel_of(b.language.as_deref())?;
+        // Without a cwd, E2B's home, made if the template has no such
+        // user; a cwd given must exist.
+        let (cwd, make) = match b.cwd.filter(|c| !c.is_empty()) {
+            Some(c) => (c, false),
+            None => (E2B_HOME.to_string(), true),
+        };
+        let c = s
+            .backend
+            .create_context(&t.sandbox, kernel, cwd, make)
+            .await?;
         Ok(Json(ctx_json(&c)).into_response())
     }
     .await;

@@ -19,9 +19,12 @@ pub mod control;
 pub mod files;
 pub mod fs;
 pub mod interpreter;
+pub mod lifecycle;
 pub mod pb;
 pub mod process;
 pub mod sandbox;
+pub mod sever;
+pub mod snapshots;
 pub mod state;
 pub mod user;
 
@@ -44,6 +47,7 @@ pub const MAX_JSON_BODY: usize = 1 << 20;
 /// by `max_file_bytes` (plus multipart overhead).
 pub fn router(backend: Arc<dyn Backend>, max_file_bytes: u64) -> Router {
     let shared = state::Shared::new(backend);
+    tokio::spawn(lifecycle::sweep(Arc::downgrade(&shared)));
     let control = Router::new()
         .route("/sandboxes", post(control::create_v1).get(control::list_v1))
         .route(
@@ -59,6 +63,9 @@ pub fn router(backend: Arc<dyn Backend>, max_file_bytes: u64) -> Router {
         .route("/sandboxes/{id}/resume", post(control::resume))
         .route("/sandboxes/{id}/fork", post(control::fork))
         .route("/sandboxes/{id}/metrics", get(control::metrics))
+        .route("/sandboxes/{id}/snapshots", post(snapshots::create))
+        .route("/snapshots", get(snapshots::list))
+        .route("/templates/{id}", delete(snapshots::delete))
         .route(
             "/templates/aliases/{alias}",
             get(control::template_alias_get),

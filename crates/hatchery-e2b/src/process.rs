@@ -304,9 +304,9 @@ async fn start(
                     seq: 0,
                 },
             );
-            let rx = tap.attach(Reply::Start, pid).await;
+            let resp = tap.attach(Reply::Start, pid).await;
             pty_pump(Arc::clone(s), t.sandbox.clone(), pid, p, tap, ka, timeout);
-            return Ok(rx_response(rx));
+            return Ok(resp);
         }
         let view = s
             .backend
@@ -357,7 +357,7 @@ async fn connect_stream(
                 .ok_or_else(|| {
                     ConnectError::new(Code::NotFound, format!("process with pid {pid} not found"))
                 })?;
-            return Ok(rx_response(tap.attach(Reply::Connect, pid).await));
+            return Ok(tap.attach(Reply::Connect, pid).await);
         };
         Ok(output_stream(
             Arc::clone(s),
@@ -372,7 +372,8 @@ async fn connect_stream(
 }
 
 /// start (pid), the output as it comes, keep-alives while silent, then
-/// the end event and the end of the stream.
+/// the end event and the end of the stream; if the sandbox died, the
+/// connection drops instead (crate::sever).
 fn output_stream(
     s: Arc<Shared>,
     sandbox: String,
@@ -381,6 +382,8 @@ fn output_stream(
     ka: Duration,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Msg>(16);
+    let sever = crate::sever::Sever::default();
+    let cut = sever.clone();
     tokio::spawn(async move {
         let start = event(process_event::Event::Start(process_event::StartEvent {
             pid: view.pid,
@@ -424,12 +427,13 @@ fn output_stream(
                 let _ = tx.send(frame(kind, end_event(&p))).await;
                 let _ = tx.send(connect::end_stream(None)).await;
             }
+            Err(_) if crate::sever::sandbox_gone(s.backend.as_ref(), &sandbox).await => cut.cut(),
             Err(e) => {
                 let _ = tx.send(connect::end_stream(Some(&e))).await;
             }
         }
     });
-    connect::stream_response(tokio_stream::wrappers::ReceiverStream::new(rx))
+    connect::severable_stream_response(tokio_stream::wrappers::ReceiverStream::new(rx), sever)
 }
 
 /// Where a terminal's output goes: the stream of the client that started
@@ -439,6 +443,8 @@ fn output_stream(
 #[derive(Default)]
 pub struct PtyTap {
     sub: std::sync::Mutex<Option<(Reply, mpsc::Sender<Msg>)>>,
+    /// How the attached stream is cut if the sandbox dies (crate::sever).
+    sever: std::sync::Mutex<Option<crate::sever::Sever>>,
 }
 
 impl PtyTap {
@@ -453,8 +459,17 @@ impl PtyTap {
         }
     }
 
+    /// Ends the attached stream by dropping its connection (the sandbox
+    /// died).
+    fn sever_current(&self) {
+        if let Some(s) = self.sever.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            s.cut();
+        }
+        self.sub.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
     /// Attaches a new stream, sending it the start event first.
-    async fn attach(&self, kind: Reply, pid: u32) -> mpsc::Receiver<Msg> {
+    async fn attach(&self, kind: Reply, pid: u32) -> Response {
         let (tx, rx) = mpsc::channel::<Msg>(16);
         let start = event(process_event::Event::Start(process_event::StartEvent {
             pid,
@@ -469,7 +484,9 @@ impl PtyTap {
             let e = ConnectError::new(Code::Aborted, "another client connected to this terminal");
             let _ = old.try_send(connect::end_stream(Some(&e)));
         }
-        rx
+        let sever = crate::sever::Sever::default();
+        *self.sever.lock().unwrap_or_else(|p| p.into_inner()) = Some(sever.clone());
+        connect::severable_stream_response(tokio_stream::wrappers::ReceiverStream::new(rx), sever)
     }
 
     async fn send(&self, f: impl Fn(Reply) -> Msg) {
@@ -529,13 +546,12 @@ fn pty_pump(
                     .await;
                 tap.send(|_| connect::end_stream(None)).await;
             }
+            Err(_) if crate::sever::sandbox_gone(s.backend.as_ref(), &sandbox).await => {
+                tap.sever_current()
+            }
             Err(e) => tap.send(|_| connect::end_stream(Some(&e))).await,
         }
     });
-}
-
-fn rx_response(rx: mpsc::Receiver<Msg>) -> Response {
-    connect::stream_response(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
 async fn list(s: &Shared, t: &Target) -> Result<ListResponse, ConnectError> {

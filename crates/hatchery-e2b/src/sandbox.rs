@@ -127,7 +127,11 @@ pub async fn dispatch(s: Arc<Shared>, envd: axum::Router, req: Request) -> Respo
         Ok(u) => u,
         Err(m) => return plain_error(StatusCode::BAD_REQUEST, m),
     };
-    let Ok(Some((sandbox, _))) = s.live(&id).await else {
+    let live = match s.live(&id).await {
+        Ok(Some(l)) => Some(l),
+        _ => auto_resume(&s, &id).await,
+    };
+    let Some((sandbox, _)) = live else {
         let msg = if s.paused(&id).await.ok().flatten().is_some() {
             format!("sandbox \"{id}\" is paused (was not found running); connect to resume it")
         } else {
@@ -166,6 +170,30 @@ pub async fn dispatch(s: Arc<Shared>, envd: axum::Router, req: Request) -> Respo
     match envd.oneshot(req).await {
         Ok(r) => r,
         Err(e) => match e {},
+    }
+}
+
+/// A paused sandbox created with `autoResume` is resumed by a request to
+/// it, as E2B's edge does, with the timeout it was created with; `None` if
+/// it is not such a sandbox or the resume failed (the caller answers 502).
+async fn auto_resume(s: &Shared, id: &str) -> Option<(String, crate::backend::SandboxView)> {
+    let p = s.paused(id).await.ok().flatten()?;
+    if !p.view.lifecycle.auto_resume {
+        return None;
+    }
+    let ttl = match p.view.lifecycle.timeout_s {
+        0 => crate::control::DEFAULT_TIMEOUT_S,
+        t => t,
+    };
+    use crate::control::Resumed;
+    match crate::control::resume_paused(s, id, ttl).await {
+        Ok(Resumed::Restored(v) | Resumed::AlreadyRunning(v)) => Some((v.id.clone(), v)),
+        Err(e) => {
+            // Another request may be resuming it right now: take its result.
+            tracing::debug!(sandbox = %id, error = %e.message, "e2b auto-resume");
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            s.live(id).await.ok().flatten()
+        }
     }
 }
 

@@ -12,6 +12,7 @@
 //! details and watchers are per daemon, in memory.
 
 use crate::backend::{BResult, Backend, FailKind, Pty, SandboxView};
+use crate::lifecycle::{self, Lifecycle};
 use crate::pb::process::ProcessConfig;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -33,14 +34,24 @@ pub const PAUSED_END_KEY: &str = "e2b_end_at_ms";
 pub const ALIAS_KEY: &str = "e2b_sandbox_id";
 /// Snapshot metadata of a fork's snapshot.
 pub const FORK_KEY: &str = "e2b_fork_of";
+/// Snapshot metadata of `create_snapshot`: the E2B id it was taken of,
+/// and the name it was given.
+pub const SNAPSHOT_OF_KEY: &str = "e2b_snapshot_of";
+pub const SNAPSHOT_NAME_KEY: &str = "e2b_snapshot_name";
 /// Keys this adapter writes; stripped from what clients see and from
-/// what a pause, resume or fork copies.
-const SYSTEM_KEYS: [&str; 5] = [
+/// what a pause, resume or fork copies (the lifecycle's are carried over
+/// explicitly, see `lifecycle`).
+const SYSTEM_KEYS: [&str; 10] = [
     PAUSED_KEY,
     PAUSED_STARTED_KEY,
     PAUSED_END_KEY,
     ALIAS_KEY,
     FORK_KEY,
+    SNAPSHOT_OF_KEY,
+    SNAPSHOT_NAME_KEY,
+    lifecycle::KEYS[0],
+    lifecycle::KEYS[1],
+    lifecycle::KEYS[2],
 ];
 
 /// The user's metadata: `m` without this adapter's keys.
@@ -51,9 +62,12 @@ pub fn user_metadata(m: &BTreeMap<String, String>) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// A view as clients see it: its E2B id and the user's metadata.
+/// A view as clients see it: its E2B id, the user's metadata, its
+/// lifecycle, and its E2B end time.
 pub fn present(mut v: SandboxView) -> (String, SandboxView) {
     let e2b_id = v.metadata.get(ALIAS_KEY).cloned().unwrap_or(v.id.clone());
+    v.lifecycle = Lifecycle::of(&v.metadata);
+    v.expires_at_ms = v.lifecycle.e2b_end_ms(v.expires_at_ms);
     v.metadata = user_metadata(&v.metadata);
     (e2b_id, v)
 }
@@ -68,6 +82,7 @@ impl Paused {
     /// The snapshot's metadata for a pause of `view` under `e2b_id`.
     pub fn record(e2b_id: &str, view: &SandboxView) -> BTreeMap<String, String> {
         let mut m = user_metadata(&view.metadata);
+        m.extend(view.lifecycle.keys());
         m.insert(PAUSED_KEY.into(), e2b_id.into());
         m.insert(PAUSED_STARTED_KEY.into(), view.created_at_ms.to_string());
         m.insert(PAUSED_END_KEY.into(), view.expires_at_ms.to_string());
@@ -87,6 +102,7 @@ impl Paused {
         };
         view.created_at_ms = ms(PAUSED_STARTED_KEY, view.created_at_ms);
         view.expires_at_ms = ms(PAUSED_END_KEY, view.expires_at_ms);
+        view.lifecycle = Lifecycle::of(&view.metadata);
         view.metadata = user_metadata(&view.metadata);
         view.id = e2b_id.clone();
         Some((e2b_id, Paused { snapshot, view }))
@@ -112,6 +128,8 @@ struct Inner {
     alias: HashMap<String, String>,
     /// E2B ids being resumed here now (two resumes at once: one wins).
     resuming: HashSet<String>,
+    /// E2B ids being paused here now (a pause and the auto-pause sweep).
+    pausing: HashSet<String>,
     /// (Hatchery sandbox id, pid) -> details.
     procs: HashMap<(String, u32), ProcDetails>,
     seq: u64,
@@ -136,6 +154,8 @@ pub struct Shared {
     pub backend: Arc<dyn Backend>,
     inner: Mutex<Inner>,
     token_key: Vec<u8>,
+    /// Wakes the auto-pause sweep (`lifecycle::sweep`) early.
+    pub sweep_wake: Arc<tokio::sync::Notify>,
 }
 
 impl Shared {
@@ -145,6 +165,7 @@ impl Shared {
             backend,
             inner: Mutex::new(Inner::default()),
             token_key,
+            sweep_wake: Arc::default(),
         })
     }
 
@@ -222,6 +243,15 @@ impl Shared {
 
     pub fn end_resume(&self, e2b_id: &str) {
         self.lock().resuming.remove(e2b_id);
+    }
+
+    /// Marks a pause of `e2b_id` as under way here; `false` if one is.
+    pub fn begin_pause(&self, e2b_id: &str) -> bool {
+        self.lock().pausing.insert(e2b_id.to_string())
+    }
+
+    pub fn end_pause(&self, e2b_id: &str) {
+        self.lock().pausing.remove(e2b_id);
     }
 
     pub fn set_alias(&self, e2b_id: &str, hatchery_id: &str) {

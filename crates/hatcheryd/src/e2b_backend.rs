@@ -101,6 +101,7 @@ impl ManagerBackend {
             cpus: spec.as_ref().map_or(1.0, |s| s.cpus),
             memory_mb: spec.as_ref().map_or(0, |s| s.memory_mb),
             disk_mb: spec.as_ref().map_or(0, |s| s.disk_mb),
+            lifecycle: Default::default(),
         }
     }
 }
@@ -414,12 +415,13 @@ impl Backend for ManagerBackend {
         snapshot: &str,
         ttl_seconds: u64,
         metadata: BTreeMap<String, String>,
+        network: Option<NetworkSpec>,
     ) -> BResult<SandboxView> {
         let req = hatchery_core::ForkRequest {
             ttl_seconds: Some(ttl_seconds),
             metadata,
             count: 1,
-            network: Default::default(),
+            network: network.map(policy).unwrap_or_default(),
         };
         let mut v = self.manager.fork(snapshot, req).await.map_err(err)?;
         let i = v
@@ -617,24 +619,32 @@ impl Backend for ManagerBackend {
         tx: mpsc::Sender<CodeEvent>,
     ) -> BResult<CodeDone> {
         let p = hatchery_core::code::CodeParams {
-            language: "python".into(),
+            language: spec.language,
             context: spec.context,
             code: spec.code,
             env: spec.env,
             timeout: spec.timeout,
             cpu_limit_ms: None,
             max_output_bytes: self.manager.caps.max_output_bytes,
+            initial_cwd: spec.initial_cwd,
         };
         let (etx, mut erx) = mpsc::channel::<ExecEvent>(32);
-        let fwd = async {
-            while let Some(e) = erx.recv().await {
+        // Owns the receiver: when the caller stops listening (its client
+        // went away), even while the cell prints nothing, the receiver is
+        // dropped here and the run is killed (`exec::drive`).
+        let fwd = async move {
+            loop {
+                let e = tokio::select! {
+                    e = erx.recv() => e,
+                    _ = tx.closed() => None,
+                };
+                let Some(e) = e else { break };
                 let ev = match e {
                     ExecEvent::Stdout(b) => CodeEvent::Stdout(b),
                     ExecEvent::Stderr(b) => CodeEvent::Stderr(b),
                     ExecEvent::Rich(v) => CodeEvent::Rich(v),
                 };
                 if tx.send(ev).await.is_err() {
-                    // Dropping the receiver cancels the run.
                     break;
                 }
             }
@@ -648,9 +658,15 @@ impl Backend for ManagerBackend {
         })
     }
 
-    async fn create_context(&self, id: &str, cwd: Option<String>) -> BResult<ContextView> {
+    async fn create_context(
+        &self,
+        id: &str,
+        language: &str,
+        cwd: String,
+        make_cwd: bool,
+    ) -> BResult<ContextView> {
         self.manager
-            .create_context(id, "python", cwd)
+            .create_context(id, language, Some(cwd), make_cwd)
             .await
             .map(ctx)
             .map_err(err)

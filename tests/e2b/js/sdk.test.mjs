@@ -107,3 +107,28 @@ test("issue 35: list filters, Template.exists, remove, gzip, metrics, signed URL
     if (b) await b.kill();
   }
 });
+
+test("issue 35: snapshots (create, list, create from, delete)", async () => {
+  const src = await Sandbox.create("base", { timeoutMs: 300_000 });
+  try {
+    await src.files.write("/home/user/snap.txt", "snapped");
+    const snap = await src.createSnapshot({ name: `${tag}-snap` });
+    assert.match(snap.snapshotId, /^snap_/);
+    assert.deepEqual(snap.names, [`${tag}-snap`]);
+    const listed = await src.listSnapshots().nextItems();
+    assert.deepEqual(listed.map((s) => s.snapshotId), [snap.snapshotId]);
+    const byName = await Sandbox.listSnapshots({ name: `${tag}-snap` }).nextItems();
+    assert.deepEqual(byName.map((s) => s.snapshotId), [snap.snapshotId]);
+    const copy = await Sandbox.create(snap.snapshotId, { timeoutMs: 120_000 });
+    try {
+      assert.equal(await copy.files.read("/home/user/snap.txt"), "snapped");
+    } finally {
+      await copy.kill();
+    }
+    assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true);
+    assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false);
+    assert.deepEqual(await src.listSnapshots().nextItems(), []);
+  } finally {
+    await src.kill();
+  }
+});

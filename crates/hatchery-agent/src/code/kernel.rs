@@ -1,6 +1,7 @@
-//! One interpreter process: a Python kernel (`python_kernel.py`) in a unit
-//! of its own, with four pipes: requests (its fd 3), events (its fd 4) and
-//! its raw stdout and stderr (what its child processes write).
+//! One interpreter process: a Python kernel (`python_kernel.py`), or the
+//! Bash kernel (`bash_kernel.py`, a Python driver of one `bash`), in a
+//! unit of its own, with four pipes: requests (its fd 3), events (its fd
+//! 4) and its raw stdout and stderr (what its child processes write).
 
 use crate::exec::{spawn_contained, Tree};
 use crate::reaper::{Exit, Reaper};
@@ -15,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub const PYTHON_KERNEL: &str = include_str!("../kernel/python_kernel.py");
+pub const BASH_KERNEL: &str = include_str!("../kernel/bash_kernel.py");
 const PYTHON: &str = "/usr/bin/python3";
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -62,14 +64,19 @@ pub fn set_nonblocking(f: &File) {
 }
 
 impl Kernel {
-    /// Starts a Python kernel in `cwd` and waits until it says it is ready.
-    pub fn start_python(cwd: &str, reaper: &Arc<Reaper>) -> std::io::Result<Kernel> {
+    /// Starts the kernel of `language` (`python` or `bash`) in `cwd` and
+    /// waits until it says it is ready.
+    pub fn start(language: &str, cwd: &str, reaper: &Arc<Reaper>) -> std::io::Result<Kernel> {
+        let source = match language {
+            "bash" => BASH_KERNEL,
+            _ => PYTHON_KERNEL,
+        };
         let (req_r, req_w) = high_pipe()?;
         let (ev_r, ev_w) = high_pipe()?;
         let (req_fd, ev_fd) = (req_r.as_raw_fd(), ev_w.as_raw_fd());
         let mark = format!("k-{}", NEXT_MARK.fetch_add(1, Ordering::Relaxed));
         let mut cmd = Command::new(PYTHON);
-        cmd.args(["-u", "-E", "-s", "-c", PYTHON_KERNEL])
+        cmd.args(["-u", "-E", "-s", "-c", source])
             .env_clear()
             .env(
                 "PATH",

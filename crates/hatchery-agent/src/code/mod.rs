@@ -12,7 +12,7 @@ use crate::reaper::Reaper;
 use hatchery_agent_proto::{CodeRequest, ContextInfo, ContextRequest, Frame, Kind};
 use kernel::Kernel;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 pub const DEFAULT: &str = "default";
@@ -28,7 +28,15 @@ const WARM_CELL: &str =
 pub struct Context {
     id: String,
     language: String,
-    cwd: String,
+    /// Where the interpreter starts (and restarts). The default context's
+    /// moves once if a run asks for an `initial_cwd`.
+    cwd: Mutex<String>,
+    /// Creation order: contexts are listed oldest first, as E2B lists them.
+    seq: u64,
+    /// Whether the context's directory was chosen by a client: at
+    /// creation, or by a run's `initial_cwd`. Only the default context
+    /// starts unsettled.
+    settled: AtomicBool,
     /// None while the interpreter is being (re)started. Held for a whole
     /// run, so runs in one context queue up.
     kernel: Mutex<Option<Kernel>>,
@@ -47,10 +55,28 @@ impl Context {
         ContextInfo {
             id: self.id.clone(),
             language: self.language.clone(),
-            cwd: self.cwd.clone(),
+            cwd: self.cwd(),
             state: state.into(),
             execution_count: self.count.load(Ordering::SeqCst),
         }
+    }
+
+    fn cwd(&self) -> String {
+        self.cwd.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The directory the kernel must move to before a run, if the run
+    /// places an unsettled context: created here, as the agent (the
+    /// kernel only changes into it). `None` if nothing is to move, or the
+    /// directory cannot be made (the context stays where it is).
+    fn place(&self, initial_cwd: Option<&str>) -> Option<String> {
+        let dir = initial_cwd?;
+        if self.settled.swap(true, Ordering::SeqCst) {
+            return None;
+        }
+        std::fs::create_dir_all(dir).ok()?;
+        *self.cwd.lock().unwrap_or_else(|p| p.into_inner()) = dir.to_string();
+        Some(dir.to_string())
     }
 
     /// Stops the run in progress, if any (it answers `cancelled`).
@@ -73,7 +99,7 @@ impl Context {
             old.tree.kill_all();
         }
         self.count.store(0, Ordering::SeqCst);
-        *g = Some(Kernel::start_python(&self.cwd, reaper)?);
+        *g = Some(Kernel::start(&self.language, &self.cwd(), reaper)?);
         Ok(())
     }
 }
@@ -81,6 +107,7 @@ impl Context {
 #[derive(Clone)]
 pub struct Contexts {
     map: Arc<Mutex<BTreeMap<String, Arc<Context>>>>,
+    next_seq: Arc<AtomicU64>,
     reaper: Arc<Reaper>,
     execs: Registry,
 }
@@ -91,6 +118,10 @@ fn languages() -> &'static [&'static str] {
         let mut l = vec![];
         if std::path::Path::new("/usr/bin/python3").exists() {
             l.push("python");
+            // The Bash kernel is a Python driver of one bash.
+            if std::path::Path::new("/bin/bash").exists() {
+                l.push("bash");
+            }
         }
         l
     })
@@ -108,6 +139,7 @@ impl Contexts {
     pub fn new(reaper: Arc<Reaper>, execs: Registry) -> Self {
         Contexts {
             map: Arc::default(),
+            next_seq: Arc::default(),
             reaper,
             execs,
         }
@@ -124,18 +156,20 @@ impl Contexts {
         } else {
             "/"
         };
-        let ctx = self.insert(DEFAULT.into(), "python".into(), cwd.into());
+        let ctx = self.insert(DEFAULT.into(), "python".into(), cwd.into(), false);
         let reaper = Arc::clone(&self.reaper);
         crate::pool::run(move || {
             let _ = ctx.restart(&reaper);
         });
     }
 
-    fn insert(&self, id: String, language: String, cwd: String) -> Arc<Context> {
+    fn insert(&self, id: String, language: String, cwd: String, settled: bool) -> Arc<Context> {
         let ctx = Arc::new(Context {
             id: id.clone(),
             language,
-            cwd,
+            cwd: Mutex::new(cwd),
+            seq: self.next_seq.fetch_add(1, Ordering::SeqCst),
+            settled: AtomicBool::new(settled),
             kernel: Mutex::new(None),
             count: AtomicU64::new(0),
             running: Mutex::new(None),
@@ -160,12 +194,41 @@ impl Contexts {
         crate::pool::run(move || me.run_blocking(chan, req, &out));
     }
 
+    /// The default context of a language other than Python, made on its
+    /// first run (`default-<language>`); `None` if there is no room.
+    fn language_default(&self, language: &str) -> Option<Arc<Context>> {
+        let id = format!("{DEFAULT}-{language}");
+        if let Some(c) = self.get(&id) {
+            return Some(c);
+        }
+        if !languages().contains(&language)
+            || self.map.lock().unwrap_or_else(|p| p.into_inner()).len() >= MAX_CONTEXTS
+        {
+            return None;
+        }
+        let cwd = if std::path::Path::new(DEFAULT_CWD).is_dir() {
+            DEFAULT_CWD
+        } else {
+            "/"
+        };
+        Some(self.insert(id, language.into(), cwd.into(), false))
+    }
+
     fn run_blocking(&self, chan: u32, req: CodeRequest, out: &Out) {
-        let id = req.context.clone().unwrap_or_else(|| DEFAULT.into());
-        let Some(ctx) = self.get(&id) else {
+        let id = match &req.context {
+            Some(c) => c.clone(),
+            None if req.language == "python" => DEFAULT.into(),
+            None => format!("{DEFAULT}-{}", req.language),
+        };
+        let found = match &req.context {
+            None if req.language != "python" => self.language_default(&req.language),
+            _ => self.get(&id),
+        };
+        let Some(ctx) = found else {
             return out.error(chan, "not_found", format!("no context {id}"));
         };
-        if ctx.language != req.language {
+        // An empty language: whatever the named context runs.
+        if !req.language.is_empty() && ctx.language != req.language {
             return out.error(
                 chan,
                 "invalid",
@@ -173,8 +236,15 @@ impl Contexts {
             );
         }
         let mut g = ctx.kernel.lock().unwrap_or_else(|p| p.into_inner());
+        // Placed under the kernel's lock, so no run of the context sees
+        // the new directory in the list before its interpreter is in it.
+        let chdir = if req.warm {
+            None
+        } else {
+            ctx.place(req.initial_cwd.as_deref())
+        };
         if g.is_none() {
-            match Kernel::start_python(&ctx.cwd, &self.reaper) {
+            match Kernel::start(&ctx.language, &ctx.cwd(), &self.reaper) {
                 Ok(k) => *g = Some(k),
                 Err(e) => return out.error(chan, "spawn_failed", e.to_string()),
             }
@@ -192,7 +262,7 @@ impl Contexts {
         } else {
             (ctx.count.fetch_add(1, Ordering::SeqCst) + 1, req)
         };
-        let outcome = run::run(k, chan, &req, count, out);
+        let outcome = run::run(k, chan, &req, count, chdir.as_deref(), out);
         *ctx.running.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.execs.remove(chan);
         let mut result = outcome.result;
@@ -208,7 +278,7 @@ impl Contexts {
             crate::pool::run(move || {
                 let mut g = ctx2.kernel.lock().unwrap_or_else(|p| p.into_inner());
                 if g.is_none() {
-                    *g = Kernel::start_python(&ctx2.cwd, &reaper).ok();
+                    *g = Kernel::start(&ctx2.language, &ctx2.cwd(), &reaper).ok();
                 }
             });
         }
@@ -228,6 +298,10 @@ impl Contexts {
                 );
             }
             let cwd = req.cwd.unwrap_or_else(|| DEFAULT_CWD.into());
+            if req.make_cwd {
+                // Failing here is reported by the is_dir check below.
+                let _ = std::fs::create_dir_all(&cwd);
+            }
             if !std::path::Path::new(&cwd).is_dir() {
                 return out.error(chan, "not_found", format!("cwd {cwd} is not a directory"));
             }
@@ -238,7 +312,7 @@ impl Contexts {
                     format!("at most {MAX_CONTEXTS} contexts per sandbox"),
                 );
             }
-            let ctx = me.insert(new_id(), language, cwd);
+            let ctx = me.insert(new_id(), language, cwd, true);
             match ctx.restart(&me.reaper) {
                 Ok(()) => out.send(&Frame::json(chan, Kind::Ok, &ctx.info())),
                 Err(e) => {
@@ -253,13 +327,15 @@ impl Contexts {
     }
 
     pub fn list(&self, chan: u32, out: &Out) {
-        let all: Vec<ContextInfo> = self
+        let mut all: Vec<Arc<Context>> = self
             .map
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
-            .map(|c| c.info())
+            .cloned()
             .collect();
+        all.sort_by_key(|c| c.seq);
+        let all: Vec<ContextInfo> = all.iter().map(|c| c.info()).collect();
         out.send(&Frame::json(chan, Kind::Ok, &all));
     }
 

@@ -61,7 +61,15 @@ fn send_bytes(out: &Out, chan: u32, kind: Kind, data: &[u8], caps: &mut Caps) ->
     take == data.len()
 }
 
-pub fn run(k: &mut Kernel, chan: u32, req: &CodeRequest, count: u64, out: &Out) -> Outcome {
+/// `chdir`: a directory the kernel moves to before the cell (and stays in).
+pub fn run(
+    k: &mut Kernel,
+    chan: u32,
+    req: &CodeRequest,
+    count: u64,
+    chdir: Option<&str>,
+    out: &Out,
+) -> Outcome {
     let start = Instant::now();
     k.discard_stale();
     let unit = k.tree.unit().cloned();
@@ -71,7 +79,7 @@ pub fn run(k: &mut Kernel, chan: u32, req: &CodeRequest, count: u64, out: &Out) 
         .map(|s| s.cpu_ns)
         .unwrap_or(0);
     let mut line = serde_json::to_vec(&serde_json::json!({
-        "id": count, "code": req.code, "env": req.env,
+        "id": count, "code": req.code, "env": req.env, "chdir": chdir,
     }))
     .expect("plain JSON");
     line.push(b'\n');

@@ -3,9 +3,9 @@
 The agent starts it as `python3 -u -E -s -c <this source>` in the context's
 working directory. fd 0 is /dev/null; fd 1 and fd 2 are pipes the agent
 forwards as they are (child processes, C-level writes); fd 3 carries requests,
-one JSON object a line ({"id", "code", "env"}); fd 4 carries events, one JSON
-object a line (ready, stdout, stderr, result, error, done). Standard library
-only, no threads.
+one JSON object a line ({"id", "code", "env", "chdir"}); fd 4 carries events,
+one JSON object a line (ready, stdout, stderr, result, error, done). Standard
+library only, no threads.
 """
 import ast
 import base64
@@ -15,7 +15,9 @@ import json
 import linecache
 import os
 import platform
+import re
 import signal
+import subprocess
 import sys
 import threading
 import traceback
@@ -57,15 +59,23 @@ def _emit(event):
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+# A stream's text is held until it ends a line, is flushed, or reaches this size.
+_LINE_MAX = 8192
+
+
 class _Stream(io.TextIOBase):
-    """sys.stdout / sys.stderr: one event per write(), unbuffered, so the first
-    print reaches the host at once."""
+    """sys.stdout / sys.stderr, line-buffered: print() writes its text and its
+    end separately, and Jupyter (so E2B's SDKs, which count messages) sends
+    them as one message. A write that ends a line, flush() (print(...,
+    flush=True)), another event or the cell's end sends what is held, so a
+    printed line still reaches the host at once."""
 
     encoding = "utf-8"
     errors = "strict"
 
     def __init__(self, kind, fd):
         self.kind, self._fd, self.name = kind, fd, "<%s>" % kind
+        self._held, self._size = [], 0
 
     def writable(self):
         return True
@@ -80,8 +90,33 @@ class _Stream(io.TextIOBase):
         if not isinstance(s, str):
             raise TypeError("write() argument must be str, not " + type(s).__name__)
         if s:
-            _emit({"id": _current_id, "type": self.kind, "text": s})
+            with _lock:
+                for other in _streams:
+                    if other is not self:
+                        other.flush()  # stdout and stderr stay in the order written
+                self._held.append(s)
+                self._size += len(s)
+                if s.endswith("\n") or self._size >= _LINE_MAX:
+                    self.flush()
         return len(s)
+
+    def flush(self):
+        with _lock:
+            if self._held:
+                text, self._held, self._size = "".join(self._held), [], 0
+                _emit({"id": _current_id, "type": self.kind, "text": text})
+
+    def drop(self):
+        with _lock:
+            self._held, self._size = [], 0
+
+
+_streams = ()  # (stdout, stderr) once main() has made them
+
+
+def _flush_streams():
+    for stream in _streams:
+        stream.flush()
 
 
 def _safe(fn, *args, **kwargs):
@@ -154,6 +189,7 @@ def _bundle(obj):
 
 
 def _result(obj, main):
+    _flush_streams()
     _emit({"id": _current_id, "type": "result", "data": _bundle(obj), "is_main_result": main})
 
 
@@ -245,10 +281,78 @@ def _run(code):
         raise
 
 
+_SHELL_LINE = re.compile(r"^([ \t]*)(?:([A-Za-z_][\w.]*)[ \t]*=[ \t]*)?!(.*)$")
+_EXPAND = re.compile(r"\$\$|\$([A-Za-z_]\w*)|\{([^{}]+)\}")
+
+
+def _expand(command):
+    """IPython's expansion of a shell line: {expr} and $name from the user's
+    namespace; $$ is a $, and a $NAME that is no Python name is the shell's."""
+    def one(m):
+        if m.group(0) == "$$":
+            return "$"
+        try:
+            if m.group(1) is not None:
+                return str(_ns[m.group(1)]) if m.group(1) in _ns else m.group(0)
+            return str(eval(m.group(2), _ns))
+        except Exception:
+            return m.group(0)
+    return _EXPAND.sub(one, command)
+
+
+def _shell(command, capture=False):
+    """An IPython `!command` (or `x = !command`, which returns its lines):
+    /bin/sh -c in the kernel's directory and environment, stderr merged into
+    stdout, printed as it comes; the status in `_exit_code`."""
+    sys.stdout.flush()
+    proc = subprocess.Popen(_expand(command), shell=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines = []
+    try:
+        for raw in iter(proc.stdout.readline, b""):
+            text = raw.decode("utf-8", "replace")
+            if capture:
+                lines.append(text.rstrip("\n"))
+            else:
+                sys.stdout.write(text)
+    finally:
+        proc.stdout.close()
+        _ns["_exit_code"] = proc.wait()
+    return lines if capture else None
+
+
+def _shell_escapes(code):
+    """The cell with IPython's `!` lines made calls of _shell, or None if it has none.
+    Only tried on a cell that is not Python already, so a `!` in a string or
+    an expression is never touched."""
+    out, found = [], False
+    for line in code.split("\n"):
+        m = _SHELL_LINE.match(line)
+        if m is None or not m.group(3).strip():
+            out.append(line)
+            continue
+        found = True
+        indent, target, command = m.groups()
+        call = "__hatchery_shell__(%r, %s)" % (command, target is not None)
+        out.append(indent + (target + " = " if target else "") + call)
+    return "\n".join(out) if found else None
+
+
+def _parse(code, filename):
+    try:
+        return compile(code, filename, "exec", ast.PyCF_ONLY_AST | _FLAGS, dont_inherit=True)
+    except SyntaxError:
+        shell = _shell_escapes(code)
+        if shell is None:
+            raise
+    # Line for line the same cell: an error left is the cell's own, at its place.
+    return compile(shell, filename, "exec", ast.PyCF_ONLY_AST | _FLAGS, dont_inherit=True)
+
+
 def _run_cell(code, filename):
     """Exec a cell in the user namespace; a final expression's value is the main result."""
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)  # lines in tracebacks
-    tree = compile(code, filename, "exec", ast.PyCF_ONLY_AST | _FLAGS, dont_inherit=True)
+    tree = _parse(code, filename)
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
     _run(compile(tree, filename, "exec", _FLAGS, dont_inherit=True))
     if last is not None:
@@ -285,12 +389,14 @@ def _error(exc):
     tb = _user_traceback(exc)
     sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb  # for pdb.pm()
     value = _safe(str, exc.code if isinstance(exc, SystemExit) else exc)
+    _flush_streams()
     _emit({"id": _current_id, "type": "error", "name": type(exc).__name__,
            "value": value if isinstance(value, str) else "<unprintable>",
            "traceback": "".join(traceback.format_exception(type(exc), exc, tb))})
 
 
 def _kernel_error(message):
+    _flush_streams()
     _emit({"id": _current_id, "type": "error", "name": "KernelError", "value": message,
            "traceback": "KernelError: %s\n" % message})
 
@@ -304,6 +410,7 @@ def _handle(line):
         if not isinstance(req, dict):
             raise ValueError("a request must be a JSON object")
         rid, code, env = req.get("id"), req.get("code"), req.get("env") or {}
+        chdir = req.get("chdir")
         if not isinstance(rid, int) or isinstance(rid, bool):
             raise ValueError("'id' must be an integer")
         _current_id = rid
@@ -311,8 +418,14 @@ def _handle(line):
             raise ValueError("'code' must be a string")
         if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
             raise ValueError("'env' must map strings to strings")
+        if chdir is not None and not isinstance(chdir, str):
+            raise ValueError("'chdir' must be a string")
     except Exception as exc:  # bad JSON, bad UTF-8, absurd nesting, wrong shape
         return _kernel_error("malformed request: %s" % exc)
+    for stream in _streams:
+        stream.drop()  # what threads printed between runs belongs to no run
+    if chdir:
+        _move(chdir)
     saved = {k: os.environ.get(k) for k in env}
     try:
         try:
@@ -336,6 +449,19 @@ def _handle(line):
                 os.environ[k] = v
 
 
+def _move(path):
+    """Changes the kernel's directory for good (the agent placed the context
+    there), and the module search path's entry for it with it."""
+    old = os.getcwd()
+    try:
+        os.chdir(path)
+    except OSError as exc:
+        sys.stderr.write("cannot change the working directory to %s: %s\n" % (path, exc.strerror))
+        return
+    if sys.path and sys.path[0] == old:
+        sys.path[0] = os.getcwd()
+
+
 def main():
     global _ns
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even if SIGINT came in ignored
@@ -345,8 +471,11 @@ def main():
     sys.modules["__main__"], _ns = user_main, user_main.__dict__
     sys.path.insert(0, os.getcwd())  # user modules in the working directory import
     sys.meta_path.insert(0, _PyplotHook())
+    global _streams
     builtins.display = display
+    builtins.__hatchery_shell__ = _shell
     sys.stdout, sys.stderr = _Stream("stdout", 1), _Stream("stderr", 2)
+    _streams = (sys.stdout, sys.stderr)
     requests = open(3, "rb")
     _emit({"type": "ready", "pid": os.getpid(), "language": "python",
            "version": platform.python_version()})
@@ -360,6 +489,7 @@ def main():
             except Exception as exc:  # a kernel bug must not end the session
                 _kernel_error("internal error: %r" % exc)
             finally:
+                _flush_streams()
                 _emit({"id": _current_id, "type": "done", "execution_count": _count})
         except KeyboardInterrupt:
             pass  # an interrupt outside user code (idle, or between events): nothing to stop

@@ -95,7 +95,10 @@ pub async fn create_context(
             "unknown language {language:?}"
         )));
     }
-    let c = st.manager.create_context(&id, &language, body.cwd).await?;
+    let c = st
+        .manager
+        .create_context(&id, &language, body.cwd, false)
+        .await?;
     Ok((StatusCode::CREATED, axum::Json(c.into())))
 }
 
