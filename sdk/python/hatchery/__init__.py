@@ -13,7 +13,7 @@ from .errors import (AuthError, BadRequest, BuildFailed, Conflict, ConnectionFai
                      NotFound, PermissionDenied, RateLimited, SandboxTimeout, ServerError, ServiceUnavailable,
                      StreamError, TooLarge)
 from .models import (BuildAccepted, BuildEvent, CodeContext, ExecReason, ExecResult, Execution, ExecutionError,
-                     FileEntry, Logs, NetworkEvent, NetworkPolicy, NetworkRule, OutputChunk, OutputEncoding,
+                     FileEntry, Logs, NetworkEvent, NetworkPolicy, NetworkRule, OutputChunk, OutputEncoding, CpuLimitBasis,
                      PreviewUrl, ProcessChunk, ProcessInfo, ProcessState, Result, SandboxInfo, SnapshotInfo, TemplateInfo,
                      TerminalExit, TerminalToken)
 from .rounds import InterviewSession, ReplayFork, Round
@@ -32,7 +32,7 @@ __all__ = [
     "SandboxInfo", "ExecResult", "OutputChunk", "FileEntry", "SnapshotInfo", "TemplateInfo", "BuildAccepted",
     "BuildEvent", "NetworkPolicy", "NetworkRule", "NetworkEvent", "ExecReason",
     "Execution", "Result", "ExecutionError", "Logs", "CodeContext", "ProcessInfo", "ProcessChunk", "ProcessState",
-    "OutputEncoding", "Terminal", "PreviewUrl", "TerminalToken", "TerminalExit",
+    "OutputEncoding", "CpuLimitBasis", "Terminal", "PreviewUrl", "TerminalToken", "TerminalExit",
     "Round", "InterviewSession", "ReplayFork",
     "Policies", "StoredPolicy", "PolicySummary",
     "Session",

@@ -19,7 +19,7 @@ from . import errors
 from ._config import resolve_key, resolve_url
 from ._http import SSE, Response, Transport, metadata_query, path, raise_for
 from ._ws import Closed, WebSocket
-from .models import (BuildAccepted, BuildEvent, CodeContext, ContextLike, ExecReason, ExecResult, Execution,
+from .models import (BuildAccepted, BuildEvent, CodeContext, ContextLike, CpuLimitBasis, ExecReason, ExecResult, Execution,
                      ExecutionError, FileEntry, Logs, NetworkEvent, NetworkPolicy, OutputChunk, OutputEncoding,
                      PolicyLike, PolicySummary, PreviewUrl, ProcessChunk, ProcessInfo, Result, SandboxInfo, SnapshotInfo, StoredPolicy,
                      TemplateInfo, TerminalExit, TerminalToken, context_id, policy_dict)
@@ -225,7 +225,7 @@ def configure(url: Optional[str] = None, api_key: Optional[str] = None, **kw: An
 def _exec_body(cmd: Optional[str], argv: Optional[List[str]], timeout_seconds: Optional[int], cwd: Optional[str],
                env: Optional[Dict[str, str]], stdin: Optional[Union[str, bytes]],
                max_output_bytes: Optional[int], cpu_limit_ms: Optional[int], output: Optional[str] = None,
-               background: bool = False, cpu_limit_basis: Optional[str] = None) -> Dict[str, Any]:
+               background: bool = False, cpu_limit_basis: Optional[CpuLimitBasis] = None) -> Dict[str, Any]:
     if (cmd is None) == (argv is None):
         raise ValueError("give exactly one of cmd and argv")
     if output not in (None, "text", "base64"):
@@ -875,7 +875,7 @@ class Sandbox(_Record):
     def exec(self, cmd: Optional[str] = None, *, argv: Optional[List[str]] = None,
              timeout_seconds: Optional[int] = None, cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None,
              stdin: Optional[Union[str, bytes]] = None, max_output_bytes: Optional[int] = None,
-             cpu_limit_ms: Optional[int] = None, cpu_limit_basis: Optional[str] = None,
+             cpu_limit_ms: Optional[int] = None, cpu_limit_basis: Optional[CpuLimitBasis] = None,
              output: OutputEncoding = "text",
              background: Literal[False] = False) -> ExecResult: ...
 
@@ -883,14 +883,14 @@ class Sandbox(_Record):
     def exec(self, cmd: Optional[str] = None, *, argv: Optional[List[str]] = None,
              timeout_seconds: Optional[int] = None, cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None,
              stdin: Optional[Union[str, bytes]] = None, max_output_bytes: Optional[int] = None,
-             cpu_limit_ms: Optional[int] = None, cpu_limit_basis: Optional[str] = None,
+             cpu_limit_ms: Optional[int] = None, cpu_limit_basis: Optional[CpuLimitBasis] = None,
              output: OutputEncoding = "text",
              background: Literal[True]) -> Process: ...
 
     def exec(self, cmd: Optional[str] = None, *, argv: Optional[List[str]] = None,
              timeout_seconds: Optional[int] = None, cwd: Optional[str] = None, env: Optional[Dict[str, str]] = None,
              stdin: Optional[Union[str, bytes]] = None, max_output_bytes: Optional[int] = None,
-             cpu_limit_ms: Optional[int] = None, cpu_limit_basis: Optional[str] = None,
+             cpu_limit_ms: Optional[int] = None, cpu_limit_basis: Optional[CpuLimitBasis] = None,
              output: OutputEncoding = "text",
              background: bool = False) -> Union[ExecResult, Process]:
         """Runs `cmd` with /bin/sh -c (or `argv` without a shell) and waits.
@@ -923,7 +923,7 @@ class Sandbox(_Record):
                     env: Optional[Dict[str, str]] = None, stdin: Optional[Union[str, bytes]] = None,
                     max_output_bytes: Optional[int] = None, on_stdout: Optional[Callable[[Any], None]] = None,
                     on_stderr: Optional[Callable[[Any], None]] = None,
-                    cpu_limit_ms: Optional[int] = None, cpu_limit_basis: Optional[str] = None,
+                    cpu_limit_ms: Optional[int] = None, cpu_limit_basis: Optional[CpuLimitBasis] = None,
              output: OutputEncoding = "text") -> ExecStream:
         """Same arguments as `exec` (not `background`), plus callbacks for
         each chunk. With ``output="base64"`` chunks (and callbacks) get

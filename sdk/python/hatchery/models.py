@@ -15,6 +15,9 @@ ExecReason = Literal["exited", "signaled", "timeout", "cpu_limit", "oom", "outpu
 #: How output is put in JSON: ``text`` (UTF-8, invalid bytes as U+FFFD) or
 #: ``base64`` (the exact bytes; this SDK decodes them to `bytes`).
 OutputEncoding = Literal["text", "base64"]
+#: The clock an exec's `cpu_limit_ms` is judged on: the command's own CPU
+#: as the guest counts it, or the host's count for the whole sandbox.
+CpuLimitBasis = Literal["guest", "host"]
 
 
 def _from(cls: Type[T], d: Dict[str, Any]) -> T:

@@ -65,7 +65,7 @@ QUERIES = {("GET", "/v1/sandboxes/{id}/processes/{pid}/output"): ([Process.outpu
 # Schemas read as raw JSON (error bodies and stream payloads), or checked
 # separately below (enums).
 # The terminal's control messages are JSON over the pty WebSocket (oneOf).
-RAW = {"ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode", "ExecReason", "OutputEncoding",
+RAW = {"ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode", "ExecReason", "OutputEncoding", "CpuLimitBasis",
        "TerminalClientMessage", "TerminalServerMessage",
        # A policy document's parts travel as plain dicts in the document format.
        "Rule", "Match", "ArgCondition", "NumberCondition", "Effect", "Op"}
@@ -131,6 +131,7 @@ def check(doc):
     assert set(schemas["ErrorDetail"]["properties"]) == {"code", "message"}
     assert list(typing.get_args(models.ExecReason)) == schemas["ExecReason"]["enum"]
     assert list(typing.get_args(models.OutputEncoding)) == schemas["OutputEncoding"]["enum"]
+    assert list(typing.get_args(models.CpuLimitBasis)) == schemas["CpuLimitBasis"]["enum"]
 
 
 def test_committed_document():

@@ -356,7 +356,7 @@ export interface TemplateList {
 export type TerminalClientMessage = Record<string, unknown>;
 
 /** A text (JSON) message from the server. Binary messages are the terminal's output. */
-export type TerminalServerMessage = Record<string, unknown> | Record<string, unknown> | Record<string, unknown> | Record<string, unknown>;
+export type TerminalServerMessage = Record<string, unknown> | Record<string, unknown> | Record<string, unknown> | Record<string, unknown> | Record<string, unknown>;
 
 /** A token that opens one terminal of one sandbox, once, within a minute. */
 export interface TerminalToken {

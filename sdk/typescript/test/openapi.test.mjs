@@ -33,7 +33,7 @@ const LISTS = {
   CodeContextList: "contexts", ProcessList: "processes", PolicyList: "policies",
 };
 // The terminal's control messages: JSON over the pty WebSocket (oneOf), read as is.
-const RAW = new Set(["ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode", "ExecReason", "OutputEncoding",
+const RAW = new Set(["ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode", "ExecReason", "OutputEncoding", "CpuLimitBasis",
   "TerminalClientMessage", "TerminalServerMessage", "Effect", "Op", ...fields.PASS_THROUGH]);
 
 /** A schema's properties, `allOf` parts merged. */
