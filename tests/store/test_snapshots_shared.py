@@ -58,7 +58,8 @@ def test_shared_snapshot_outlives_its_writer(pg):
         assert location(pg, snap) == [["shared", "ss-a"]]
         # Published whole under its id; no staging dir left behind.
         assert os.listdir(shared) == [snap]
-        assert sorted(os.listdir(os.path.join(shared, snap)))[-1] == "manifest.json"
+        files = set(os.listdir(os.path.join(shared, snap)))
+        assert {"checkpoint.img", "manifest.json"} <= files, files
 
         lsid = lo.create(ttl_seconds=300)
         lsnap = snapshot(lo, lsid)
