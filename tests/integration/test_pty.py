@@ -75,7 +75,8 @@ def test_echo_round_trip_on_a_real_terminal(daemon, sandbox):
     assert "\r\nSs\r\n" in out, out
     assert "/root\r\n" in out
     t.type("exit 3\r")
-    assert t.wait_control("exit") == {"type": "exit", "exit_code": 3, "signal": None, "reason": "exited"}
+    assert t.wait_control("exit") == {"type": "exit", "exit_code": 3, "signal": None, "reason": "exited",
+                                      "oom_killed": False}
     assert t.wait_closed() == (1000, "exited")
     assert metric(daemon, "hatchery_terminals_open") == 0
     assert metric(daemon, "hatchery_terminals_opened_total") == 1
