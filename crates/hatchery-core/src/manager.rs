@@ -891,7 +891,7 @@ pub(crate) async fn connect_and_ping(
 }
 
 /// End reasons an OOM kill can hide behind, as the guest saw it.
-fn oom_readable(r: hatchery_agent_proto::EndReason) -> bool {
+pub(crate) fn oom_readable(r: hatchery_agent_proto::EndReason) -> bool {
     use hatchery_agent_proto::EndReason::*;
     matches!(r, Signaled | Exited)
 }

@@ -215,10 +215,9 @@ impl Terminal {
                     self.ended = true;
                     return match f.parse::<PtyExit>() {
                         Ok(mut e) => {
-                            // The rule of exec and background processes
-                            // (proc_oom.rs): a failed end with kills since.
-                            let failed = e.exit_code != 0
-                                && !matches!(e.reason, EndReason::Cancelled | EndReason::Timeout);
+                            // The exec's rule (manager.rs): a failed end,
+                            // by itself or a signal, with kills since.
+                            let failed = e.exit_code != 0 && crate::manager::oom_readable(e.reason);
                             if failed && self.oom_kills_since_open().is_some_and(|n| n > 0) {
                                 e.reason = EndReason::Oom;
                             }
