@@ -11,18 +11,17 @@ pub mod conformance;
 mod error;
 mod pg;
 mod pg_migrate;
-mod pg_pool;
 mod rows;
 mod sqlite;
 
 pub use bounded::{Bounded, CALL_LIMIT};
 pub use error::{BoxError, Result, StoreError};
-pub use pg::PgStore;
-pub use pg_migrate::{MigrateError, PgMigrations};
-pub use pg_pool::{
+pub use hatchery_db::pg_pool::{
     pg_message, pg_pool, pg_pool_read_only, pg_unavailable, PoolConfigError, POOL_TIMEOUT,
     TCP_USER_TIMEOUT,
 };
+pub use pg::PgStore;
+pub use pg_migrate::{MigrateError, PgMigrations};
 pub use rows::{
     host_resource, valid_host_id, Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow,
     SandboxState, SnapshotLocation, SnapshotRow,

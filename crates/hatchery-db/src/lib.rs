@@ -1,0 +1,365 @@
+//! One database per deployment. A daemon opens one [`Db`]: a SQLite file
+//! in its data dir (the default) or a PostgreSQL URL (many hosts), with
+//! one pool either way. Every product's store is its queries over a
+//! [`Tx`] from it, written once in the SQL both databases share
+//! ([`dialect`] says which subset, and rewrites the little that differs
+//! for SQLite), and its schema is a numbered [`Migrations`] set run by the
+//! one runner here, recorded in the one `hatchery_migrations` table.
+//! Because every product writes the same database, one transaction can
+//! span two products: the broker's call and the session events it writes
+//! commit together or not at all.
+//!
+//! Contract of a [`Tx`]:
+//! - [`Db::begin`] is a write transaction. On SQLite writers take turns
+//!   (one at a time, queued in order, the file's write lock taken at
+//!   `BEGIN IMMEDIATE`), so a read-then-write in one is never raced; on
+//!   PostgreSQL it is READ COMMITTED and a store that reads before it
+//!   writes locks what it read (`FOR UPDATE`, or [`Tx::lock`]).
+//! - [`Db::read`] is a read-only snapshot (REPEATABLE READ on PostgreSQL,
+//!   a deferred transaction on SQLite's WAL).
+//! - Nothing is written unless [`Tx::commit`] returns `Ok`. A `Tx`
+//!   dropped without it (an error, a cancelled future) is rolled back in
+//!   the background and its connection reused.
+//! - SQLite work runs on tokio's blocking pool, never on the executor.
+
+mod dialect;
+mod error;
+mod migrate;
+pub mod pg_pool;
+mod sqlite;
+mod value;
+
+pub use dialect::{sqlite_schema, sqlite_sql, Dialect};
+pub use error::DbError;
+pub use migrate::{MigrateError, Migrations, Step, MIGRATIONS_TABLE};
+pub use pg_pool::{
+    pg_message, pg_pool, pg_pool_read_only, pg_unavailable, PoolConfigError, POOL_TIMEOUT,
+    TCP_USER_TIMEOUT,
+};
+pub use sqlite::{BUSY_TIMEOUT, SQLITE_CONNECTIONS};
+pub use value::{ColumnIndex, FromValue, Row, Value};
+
+use sqlite::{SqliteConn, SqliteDb};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The database's file name in a data dir.
+pub const DB_FILE: &str = "hatchery.db";
+/// Default PostgreSQL connections per daemon.
+pub const DEFAULT_PG_POOL: usize = 16;
+
+/// The deployment's database; cheap to clone (one pool behind it).
+#[derive(Clone)]
+pub struct Db {
+    backend: Backend,
+}
+
+#[derive(Clone)]
+enum Backend {
+    Sqlite(Arc<SqliteDb>),
+    Pg(deadpool_postgres::Pool),
+}
+
+impl std::fmt::Debug for Db {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+impl Db {
+    /// The SQLite file at `path` (created if missing).
+    pub async fn sqlite(path: &Path) -> Result<Db, DbError> {
+        let path = path.to_path_buf();
+        let db = tokio::task::spawn_blocking(move || SqliteDb::open(Some(path)))
+            .await
+            .map_err(DbError::Task)??;
+        Ok(Db {
+            backend: Backend::Sqlite(db),
+        })
+    }
+
+    /// A private scratch SQLite database, removed when the last clone
+    /// goes (tests).
+    pub fn sqlite_memory() -> Result<Db, DbError> {
+        Ok(Db {
+            backend: Backend::Sqlite(SqliteDb::open(None)?),
+        })
+    }
+
+    /// A PostgreSQL database; connects lazily, at most `pool` at once.
+    pub fn postgres(dsn: &str, pool: usize) -> Result<Db, DbError> {
+        Ok(Db {
+            backend: Backend::Pg(pg_pool(dsn, pool)?),
+        })
+    }
+
+    /// The same, every connection read-only (`hatchery audit verify`).
+    pub fn postgres_read_only(dsn: &str, pool: usize) -> Result<Db, DbError> {
+        Ok(Db {
+            backend: Backend::Pg(pg_pool_read_only(dsn, pool)?),
+        })
+    }
+
+    /// `postgres://` or `postgresql://` (or a libpq `key=value` string
+    /// with `host=`) opens PostgreSQL; anything else is a SQLite path.
+    pub async fn open(address: &str) -> Result<Db, DbError> {
+        if is_postgres(address) {
+            Db::postgres(address, DEFAULT_PG_POOL)
+        } else {
+            Db::sqlite(Path::new(address)).await
+        }
+    }
+
+    pub fn dialect(&self) -> Dialect {
+        match self.backend {
+            Backend::Sqlite(_) => Dialect::Sqlite,
+            Backend::Pg(_) => Dialect::Postgres,
+        }
+    }
+
+    /// For logs: the file, or "postgres" (never the URL: it may carry a
+    /// password).
+    pub fn describe(&self) -> String {
+        match &self.backend {
+            Backend::Sqlite(s) => match s.path() {
+                Some(p) => format!("sqlite {}", p.display()),
+                None => "sqlite scratch".into(),
+            },
+            Backend::Pg(_) => "postgres".into(),
+        }
+    }
+
+    /// The SQLite file, if this is one.
+    pub fn sqlite_path(&self) -> Option<PathBuf> {
+        match &self.backend {
+            Backend::Sqlite(s) => s.path().map(Path::to_path_buf),
+            Backend::Pg(_) => None,
+        }
+    }
+
+    /// The PostgreSQL pool, for a store not yet moved onto [`Tx`] (it
+    /// then shares this pool rather than opening its own).
+    pub fn pg_pool(&self) -> Option<&deadpool_postgres::Pool> {
+        match &self.backend {
+            Backend::Pg(p) => Some(p),
+            Backend::Sqlite(_) => None,
+        }
+    }
+
+    /// A write transaction (see the crate's contract).
+    pub async fn begin(&self) -> Result<Tx, DbError> {
+        self.start(true).await
+    }
+
+    /// A read-only snapshot.
+    pub async fn read(&self) -> Result<Tx, DbError> {
+        self.start(false).await
+    }
+
+    async fn start(&self, write: bool) -> Result<Tx, DbError> {
+        let conn = match &self.backend {
+            Backend::Sqlite(db) => {
+                let mut c = db.conn(write).await?;
+                let begin = if write { "BEGIN IMMEDIATE" } else { "BEGIN" };
+                c.run(move |c| Ok(c.execute_batch(begin)?)).await?;
+                Conn::Sqlite(c)
+            }
+            Backend::Pg(pool) => {
+                let c = pool.get().await?;
+                let begin = if write {
+                    "BEGIN"
+                } else {
+                    "BEGIN READ ONLY ISOLATION LEVEL REPEATABLE READ"
+                };
+                c.batch_execute(begin).await?;
+                Conn::Pg(Some(c))
+            }
+        };
+        Ok(Tx { conn })
+    }
+
+    /// One statement in a transaction of its own.
+    pub async fn execute(&self, sql: &str, args: &[Value]) -> Result<u64, DbError> {
+        let mut tx = self.begin().await?;
+        let n = tx.execute(sql, args).await?;
+        tx.commit().await?;
+        Ok(n)
+    }
+
+    /// One query in a read snapshot of its own.
+    pub async fn query(&self, sql: &str, args: &[Value]) -> Result<Vec<Row>, DbError> {
+        let mut tx = self.read().await?;
+        let rows = tx.query(sql, args).await?;
+        tx.commit().await?;
+        Ok(rows)
+    }
+
+    pub async fn query_opt(&self, sql: &str, args: &[Value]) -> Result<Option<Row>, DbError> {
+        Ok(self.query(sql, args).await?.into_iter().next())
+    }
+
+    /// Runs a product's migrations (see [`Migrations::run`]).
+    pub async fn migrate(&self, set: &Migrations) -> Result<u64, MigrateError> {
+        set.run(self).await
+    }
+}
+
+/// Whether a database address names PostgreSQL.
+pub fn is_postgres(address: &str) -> bool {
+    address.starts_with("postgres://")
+        || address.starts_with("postgresql://")
+        || (address.contains("host=") && address.contains('='))
+}
+
+enum Conn {
+    Sqlite(SqliteConn),
+    // `None` once committed or rolled back.
+    Pg(Option<deadpool_postgres::Object>),
+}
+
+/// A transaction on the deployment's database.
+pub struct Tx {
+    conn: Conn,
+}
+
+impl Tx {
+    pub fn dialect(&self) -> Dialect {
+        match self.conn {
+            Conn::Sqlite(_) => Dialect::Sqlite,
+            Conn::Pg(_) => Dialect::Postgres,
+        }
+    }
+
+    fn pg(&self) -> &deadpool_postgres::Object {
+        match &self.conn {
+            Conn::Pg(Some(c)) => c,
+            _ => unreachable!("a finished Tx is consumed"),
+        }
+    }
+
+    /// The rows a statement returns.
+    pub async fn query(&mut self, sql: &str, args: &[Value]) -> Result<Vec<Row>, DbError> {
+        match &mut self.conn {
+            Conn::Sqlite(c) => {
+                let sql = sqlite_sql(sql);
+                let args = args.to_vec();
+                c.run(move |c| sqlite::query(c, &sql, &args)).await
+            }
+            Conn::Pg(_) => {
+                let c = self.pg();
+                let st = c.prepare_cached(sql).await?;
+                let names: Arc<[String]> =
+                    st.columns().iter().map(|c| c.name().to_owned()).collect();
+                let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = args
+                    .iter()
+                    .map(|a| a as &(dyn tokio_postgres::types::ToSql + Sync))
+                    .collect();
+                let rows = c.query(&st, &refs).await?;
+                rows.iter().map(|r| value::pg_row(r, &names)).collect()
+            }
+        }
+    }
+
+    /// The first row, if any.
+    pub async fn query_opt(&mut self, sql: &str, args: &[Value]) -> Result<Option<Row>, DbError> {
+        Ok(self.query(sql, args).await?.into_iter().next())
+    }
+
+    /// The first row; [`DbError::NoRow`] if there is none.
+    pub async fn query_one(&mut self, sql: &str, args: &[Value]) -> Result<Row, DbError> {
+        self.query_opt(sql, args).await?.ok_or(DbError::NoRow)
+    }
+
+    /// How many rows a statement changed.
+    pub async fn execute(&mut self, sql: &str, args: &[Value]) -> Result<u64, DbError> {
+        match &mut self.conn {
+            Conn::Sqlite(c) => {
+                let sql = sqlite_sql(sql);
+                let args = args.to_vec();
+                c.run(move |c| sqlite::execute(c, &sql, &args)).await
+            }
+            Conn::Pg(_) => {
+                let c = self.pg();
+                let st = c.prepare_cached(sql).await?;
+                let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = args
+                    .iter()
+                    .map(|a| a as &(dyn tokio_postgres::types::ToSql + Sync))
+                    .collect();
+                Ok(c.execute(&st, &refs).await?)
+            }
+        }
+    }
+
+    /// Several statements without parameters (schema).
+    pub async fn batch(&mut self, sql: &str) -> Result<(), DbError> {
+        match &mut self.conn {
+            Conn::Sqlite(c) => {
+                let sql = sqlite_schema(sql);
+                c.run(move |c| Ok(c.execute_batch(&sql)?)).await
+            }
+            Conn::Pg(_) => Ok(self.pg().batch_execute(sql).await?),
+        }
+    }
+
+    /// Serializes with every other transaction that takes the same `key`
+    /// until this one ends. On SQLite a write transaction holds the only
+    /// write lock already, so this costs nothing there.
+    pub async fn lock(&mut self, key: &str) -> Result<(), DbError> {
+        match self.conn {
+            Conn::Sqlite(_) => Ok(()),
+            Conn::Pg(_) => {
+                self.pg()
+                    .execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&key])
+                    .await?;
+                Ok(())
+            }
+        }
+    }
+
+    pub async fn commit(mut self) -> Result<(), DbError> {
+        self.end("COMMIT").await
+    }
+
+    pub async fn rollback(mut self) -> Result<(), DbError> {
+        self.end("ROLLBACK").await
+    }
+
+    async fn end(&mut self, how: &'static str) -> Result<(), DbError> {
+        match &mut self.conn {
+            Conn::Sqlite(c) => c.run(move |c| Ok(c.execute_batch(how)?)).await,
+            Conn::Pg(slot) => {
+                let c = slot.as_ref().expect("a finished Tx is consumed");
+                let r = c.batch_execute(how).await;
+                match r {
+                    Ok(()) => {
+                        slot.take();
+                        Ok(())
+                    }
+                    Err(e) => Err(e.into()),
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Tx {
+    fn drop(&mut self) {
+        // SQLite's connection rolls itself back when dropped (SqliteConn).
+        if let Conn::Pg(slot) = &mut self.conn {
+            if let Some(c) = slot.take() {
+                match tokio::runtime::Handle::try_current() {
+                    Ok(h) => {
+                        h.spawn(async move {
+                            if c.batch_execute("ROLLBACK").await.is_err() {
+                                // A connection in an unknown state never
+                                // goes back to the pool.
+                                drop(deadpool_postgres::Object::take(c));
+                            }
+                        });
+                    }
+                    Err(_) => drop(deadpool_postgres::Object::take(c)),
+                }
+            }
+        }
+    }
+}
