@@ -24,6 +24,7 @@
 
 mod dialect;
 mod error;
+mod import;
 mod migrate;
 pub mod pg_pool;
 mod sqlite;
@@ -31,6 +32,7 @@ mod value;
 
 pub use dialect::{sqlite_schema, sqlite_sql, Dialect};
 pub use error::DbError;
+pub use import::{Import, Imported};
 pub use migrate::{MigrateError, Migrations, Step, MIGRATIONS_TABLE};
 pub use pg_pool::{
     pg_message, pg_pool, pg_pool_read_only, pg_unavailable, PoolConfigError, POOL_TIMEOUT,
@@ -133,6 +135,13 @@ impl Db {
     pub fn sqlite_path(&self) -> Option<PathBuf> {
         match &self.backend {
             Backend::Sqlite(s) => s.path().map(Path::to_path_buf),
+            Backend::Pg(_) => None,
+        }
+    }
+
+    fn sqlite_db(&self) -> Option<&Arc<SqliteDb>> {
+        match &self.backend {
+            Backend::Sqlite(s) => Some(s),
             Backend::Pg(_) => None,
         }
     }
