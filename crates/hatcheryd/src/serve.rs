@@ -30,6 +30,12 @@ pub enum DaemonError {
     Serve(std::io::Error),
     #[error("interview rounds: {0}")]
     Rounds(String),
+    #[error("database {what}: {source}")]
+    Db {
+        what: String,
+        #[source]
+        source: hatchery_db::DbError,
+    },
     #[error("sessions: {0}")]
     Sessions(String),
     #[error("role: {0}")]
@@ -110,6 +116,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .map_err(|e| DaemonError::DataDir(data.join("terminal_secret"), e))?;
 
     let store = crate::state_db::open(&args, &data).await?;
+    let _db = crate::state_db::open_db(&args, &data).await?;
     let daemon_key = crate::key::daemon_key(&*store)
         .await
         .map_err(DaemonError::DaemonKey)?;

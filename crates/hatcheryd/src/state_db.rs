@@ -39,6 +39,35 @@ where
     }
 }
 
+/// The deployment's one database (issue 32): the `postgres://` `--db`,
+/// or DATA_DIR/hatchery.db. Products moved onto it keep their state here;
+/// the others still open their own files (docs/architecture.md). Waits
+/// for a PostgreSQL that is not up yet, as the state store does.
+pub async fn open_db(args: &DaemonArgs, data: &Path) -> Result<hatchery_db::Db, DaemonError> {
+    let err = |what: &str| {
+        let what = what.to_owned();
+        move |source| DaemonError::Db { what, source }
+    };
+    let db = match args.shared_db() {
+        Some(dsn) => hatchery_db::Db::postgres(dsn, args.db_pool).map_err(err("address"))?,
+        None => {
+            let file = data.join(hatchery_db::DB_FILE);
+            hatchery_db::Db::sqlite(&file)
+                .await
+                .map_err(err(&file.display().to_string()))?
+        }
+    };
+    retry_while_unreachable(
+        "database",
+        || db.query("SELECT 1", hatchery_db::args![]),
+        hatchery_db::DbError::unavailable,
+    )
+    .await
+    .map_err(err("connect"))?;
+    tracing::info!(db = %db.describe(), "database open");
+    Ok(db)
+}
+
 pub async fn open(args: &DaemonArgs, data: &Path) -> Result<Arc<dyn Store>, DaemonError> {
     let db = args
         .db
