@@ -1555,9 +1555,7 @@ mod policy_fail_closed_tests {
     use super::*;
     use crate::sandbox::{Exec, SandboxError};
     use hatchery_policy::store::PolicySummary;
-    use hatchery_policy::{
-        PolicyDocument, PolicyStore, SqlitePolicyStore, StoreError, StoredPolicy,
-    };
+    use hatchery_policy::{DbPolicyStore, PolicyDocument, PolicyStore, StoreError, StoredPolicy};
     use hatchery_sessions::broker_hooks::Decision;
     use hatchery_sessions::error::SessionError;
     use hatchery_sessions::store::{AgentSpec, Session, SessionSpec};
@@ -1566,14 +1564,16 @@ mod policy_fail_closed_tests {
     /// The SQLite policy store, or (with `fail` set) a store that errors
     /// on every read, as an unreachable shared database does.
     struct Flaky {
-        inner: SqlitePolicyStore,
+        inner: DbPolicyStore,
         fail: AtomicBool,
     }
 
     impl Flaky {
         fn check(&self) -> Result<(), StoreError> {
             if self.fail.load(Ordering::SeqCst) {
-                return Err(StoreError::Unavailable("connection refused".into()));
+                return Err(StoreError::Unavailable(hatchery_db::DbError::Unavailable(
+                    "connection refused",
+                )));
             }
             Ok(())
         }
@@ -1735,7 +1735,7 @@ mod policy_fail_closed_tests {
     /// `fail`: its store errors from the start.
     async fn rig(fail: bool) -> Rig {
         let store = Arc::new(Flaky {
-            inner: SqlitePolicyStore::open_in_memory().unwrap(),
+            inner: DbPolicyStore::scratch().await.unwrap(),
             fail: AtomicBool::new(false),
         });
         let doc = serde_json::from_value(

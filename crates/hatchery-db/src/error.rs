@@ -20,6 +20,10 @@ pub enum DbError {
     Pool(#[source] deadpool_postgres::PoolError),
     #[error("database address: {0}")]
     Config(#[from] crate::pg_pool::PoolConfigError),
+    /// Not reachable, said by a caller rather than a driver: a call
+    /// bounded in time that ran out, or a test double of a store.
+    #[error("database unavailable: {0}")]
+    Unavailable(&'static str),
     /// A blocking SQLite task panicked or was cancelled.
     #[error("sqlite task: {0}")]
     Task(#[source] tokio::task::JoinError),
@@ -45,7 +49,7 @@ impl DbError {
     pub fn unavailable(&self) -> bool {
         match self {
             DbError::Pg { source, .. } => pg_unavailable(source),
-            DbError::Pool(_) => true,
+            DbError::Pool(_) | DbError::Unavailable(_) => true,
             DbError::Sqlite(rusqlite::Error::SqliteFailure(e, _)) => matches!(
                 e.code,
                 rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked

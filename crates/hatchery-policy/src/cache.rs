@@ -49,12 +49,12 @@ impl CompiledPolicies {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Effect, Request, SqlitePolicyStore};
+    use crate::{DbPolicyStore, Effect, Request};
     use serde_json::{json, Value};
 
     #[tokio::test]
     async fn pinned_versions_keep_their_rules() {
-        let store = Arc::new(SqlitePolicyStore::open_in_memory().unwrap());
+        let store = Arc::new(DbPolicyStore::scratch().await.unwrap());
         let doc = |effect: &str| {
             serde_json::from_value(json!({"name": "p", "rules": [{"id": "r", "effect": effect}]}))
                 .unwrap()

@@ -88,9 +88,9 @@ impl From<StoreError> for HttpError {
                 );
             }
             StoreError::Db(_)
-            | StoreError::Backend(_)
+            | StoreError::Schema(_)
             | StoreError::Corrupt(_)
-            | StoreError::Task(_) => {
+            | StoreError::Raced(_) => {
                 // The cause stays in the log; the caller gets an id to quote.
                 let request_id = format!("req_{:016x}", rand::random::<u64>());
                 tracing::error!(%request_id, error = %e, "policy store failed");

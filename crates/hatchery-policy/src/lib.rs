@@ -5,31 +5,24 @@
 //! - [`document`]: the JSON format callers write.
 //! - [`compile`]: validation, with errors that name the rule.
 //! - [`eval`]: the evaluator (allocation-free, microseconds).
-//! - [`store`] / [`sqlite_store`] / [`pg_store`]: immutable versions behind
-//!   an async trait, on SQLite (one host) or PostgreSQL (many hosts);
-//!   [`conformance`] holds both to one contract.
+//! - [`store`]: immutable versions behind an async trait, kept in the
+//!   deployment's one database ([`DbPolicyStore`], SQLite or PostgreSQL);
+//!   [`store::conformance`] is its contract.
 //! - [`http`]: the `/v1/policies` router; [`openapi`]: its document.
 //!
 //! docs/policy.md describes the format and `pol_standard`.
 
 pub mod cache;
 pub mod compile;
-pub mod conformance;
 pub mod document;
 pub mod eval;
 mod glob;
 pub mod http;
 pub mod openapi;
-pub mod pg_store;
-mod record;
-pub mod sqlite_store;
 pub mod standard;
 pub mod store;
 
 pub use compile::{Policy, ValidationError};
 pub use document::{Effect, PolicyDocument};
 pub use eval::{Decision, Destination, Request, EGRESS_TOOL};
-pub use pg_store::PgPolicyStore;
-pub use record::{MAX_POLICIES, MAX_VERSIONS};
-pub use sqlite_store::SqlitePolicyStore;
-pub use store::{PolicyStore, StoreError, StoredPolicy};
+pub use store::{DbPolicyStore, PolicyStore, StoreError, StoredPolicy, MAX_POLICIES, MAX_VERSIONS};

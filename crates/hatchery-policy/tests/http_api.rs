@@ -4,7 +4,7 @@
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use hatchery_policy::{http::router, SqlitePolicyStore};
+use hatchery_policy::{http::router, DbPolicyStore};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -16,10 +16,13 @@ struct Api {
 }
 
 impl Api {
-    fn new() -> Api {
+    async fn new() -> Api {
         let dir = std::env::temp_dir().join(format!("hatchery-policy-http-{}", rand_u64()));
         std::fs::create_dir_all(&dir).unwrap();
-        let store = SqlitePolicyStore::open(&dir.join("policies.db")).unwrap();
+        let db = hatchery_db::Db::sqlite(&dir.join("hatchery.db"))
+            .await
+            .unwrap();
+        let store = DbPolicyStore::open(db).await.unwrap();
         Api {
             app: router(Arc::new(store)),
             dir,
@@ -74,7 +77,7 @@ fn error_code(v: &Value) -> &str {
 
 #[tokio::test]
 async fn create_version_read() {
-    let api = Api::new();
+    let api = Api::new().await;
     let doc = json!({"name": "ci", "rules": [
         {"id": "push", "effect": "allow", "match": {"tools": ["git_push"]}}
     ]});
@@ -123,7 +126,7 @@ async fn create_version_read() {
 
 #[tokio::test]
 async fn errors_are_json_and_name_the_rule() {
-    let api = Api::new();
+    let api = Api::new().await;
     let (s, e) = api
         .post("/v1/policies", json!({"name": "x", "rules": [
             {"id": "a", "effect": "allow"},

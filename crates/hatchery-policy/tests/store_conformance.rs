@@ -8,8 +8,9 @@
 #[path = "../../hatchery-store/tests/support/pg_server.rs"]
 mod pg_server;
 
-use hatchery_policy::conformance;
-use hatchery_policy::{PgPolicyStore, PolicyStore, StoreError};
+use hatchery_db::Db;
+use hatchery_policy::store::conformance;
+use hatchery_policy::{DbPolicyStore, PolicyStore, StoreError};
 use std::sync::Arc;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -18,8 +19,8 @@ async fn conformance_on_postgres() {
     // Two daemons starting at once on an empty database: one schema, one
     // built-in policy.
     let (a, b) = tokio::join!(
-        PgPolicyStore::connect(&pg.dsn, 4),
-        PgPolicyStore::connect(&pg.dsn, 4)
+        DbPolicyStore::open(Db::postgres(&pg.dsn, 4).unwrap()),
+        DbPolicyStore::open(Db::postgres(&pg.dsn, 4).unwrap())
     );
     let (a, b) = (a.unwrap(), b.unwrap());
     assert_eq!(a.schema_version().await.unwrap(), 1);
@@ -40,7 +41,9 @@ async fn conformance_on_postgres() {
     assert_eq!(standard, 1, "one built-in policy, however many daemons");
 
     // A migration run twice is a no-op.
-    let again = PgPolicyStore::connect(&pg.dsn, 1).await.unwrap();
+    let again = DbPolicyStore::open(Db::postgres(&pg.dsn, 1).unwrap())
+        .await
+        .unwrap();
     assert_eq!(again.schema_version().await.unwrap(), 1);
     assert_eq!(again.latest(&id).await.unwrap().version, 2);
 

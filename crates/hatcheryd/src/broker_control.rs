@@ -19,6 +19,7 @@ use std::sync::Arc;
 /// What the control role's broker is built from.
 pub struct ControlSide<'a> {
     pub data: &'a Path,
+    pub db: &'a hatchery_db::Db,
     pub api_key: &'a str,
     pub daemon_key: &'a str,
     pub sessions: Arc<dyn hatchery_sessions::store::SessionStore>,
@@ -43,7 +44,7 @@ pub async fn start(
     let store = crate::broker::open_store(args, c.data)
         .await
         .map_err(|e| err(e.to_string()))?;
-    let policies = crate::state_db::open_policies(args, c.data).await?;
+    let policies = crate::state_db::open_policies(c.db, c.data).await?;
     // Sandboxes are reached through this daemon's API: it routes each
     // request to the sandbox's host.
     let client = crate::broker::own_api(args, c.api_key).map_err(|e| err(e.to_string()))?;

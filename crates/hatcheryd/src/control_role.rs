@@ -16,7 +16,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let (key, _) =
         crate::key::load_or_create(&data).map_err(|e| DaemonError::DataDir(data.clone(), e))?;
     let store = crate::state_db::open(&args, &data).await?;
-    let _db = crate::state_db::open_db(&args, &data).await?;
+    let db = crate::state_db::open_db(&args, &data).await?;
     let daemon_key = crate::key::daemon_key(&*store)
         .await
         .map_err(DaemonError::DaemonKey)?;
@@ -60,6 +60,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         &args,
         crate::broker_control::ControlSide {
             data: &data,
+            db: &db,
             api_key: &key,
             daemon_key: &daemon_key,
             sessions: sessions.clone(),

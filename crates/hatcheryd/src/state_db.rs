@@ -85,25 +85,26 @@ pub async fn open(args: &DaemonArgs, data: &Path) -> Result<Arc<dyn Store>, Daem
     Ok(s)
 }
 
-/// The policy store: on a `postgres://` `--db` the shared one (every host
-/// reads the same policies, so a session finds its pinned version wherever
-/// it runs), otherwise DATA_DIR/policies.db.
+/// The policy store, in the deployment's one database (every host reads
+/// the same policies on PostgreSQL, so a session finds its pinned version
+/// wherever it runs). A single-host data dir of the previous release has
+/// its DATA_DIR/policies.db imported once.
 pub async fn open_policies(
-    args: &DaemonArgs,
+    db: &hatchery_db::Db,
     data: &Path,
 ) -> Result<Arc<dyn hatchery_policy::PolicyStore>, DaemonError> {
-    use hatchery_policy::{PgPolicyStore, SqlitePolicyStore, StoreError as PolicyError};
-    match args.shared_db() {
-        Some(db) => Ok(Arc::new(
-            retry_while_unreachable(
-                "policies",
-                || PgPolicyStore::connect(db, args.db_pool),
-                |e| matches!(e, PolicyError::Unavailable(_)),
-            )
-            .await?,
-        )),
-        None => Ok(Arc::new(SqlitePolicyStore::open(
-            &data.join("policies.db"),
-        )?)),
-    }
+    use hatchery_policy::{DbPolicyStore, StoreError as PolicyError};
+    let s = retry_while_unreachable(
+        "policies",
+        || DbPolicyStore::open(db.clone()),
+        |e| matches!(e, PolicyError::Unavailable(_)),
+    )
+    .await?;
+    db.import_sqlite(data, &hatchery_policy::store::IMPORT)
+        .await
+        .map_err(|source| DaemonError::Db {
+            what: "importing policies.db".into(),
+            source,
+        })?;
+    Ok(Arc::new(s))
 }

@@ -1,8 +1,13 @@
-//! Policies with immutable, numbered versions behind an async trait, so the
-//! SQLite store (one host) and the PostgreSQL one (many hosts) keep the same
-//! contract (crate::conformance). A version, once written,
-//! never changes: sessions pin `(id, version)` and must see the same rules
-//! for as long as they live.
+//! Policies with immutable, numbered versions behind an async trait
+//! ([`DbPolicyStore`] in the deployment's one database, SQLite or
+//! PostgreSQL, and test doubles), one contract for all ([`conformance`]).
+//! A version, once written, never changes: sessions pin `(id, version)` and
+//! must see the same rules for as long as they live.
+
+pub mod conformance;
+mod db;
+
+pub use db::{DbPolicyStore, IMPORT, MAX_POLICIES, MAX_VERSIONS, SCHEMA};
 
 use crate::compile::ValidationError;
 use crate::document::PolicyDocument;
@@ -23,18 +28,19 @@ pub enum StoreError {
     TooMany(u64, u64),
     #[error("policy {0} has {1} versions; at most {2}")]
     TooManyVersions(String, u32, u32),
-    #[error("database: {0}")]
-    Db(#[from] rusqlite::Error),
-    /// The shared database is not reachable now (retryable: 503).
+    /// The database is not reachable now (retryable: 503).
     #[error("policy store unavailable: {0}")]
-    Unavailable(String),
-    /// The shared database refused or failed a statement.
+    Unavailable(#[source] hatchery_db::DbError),
+    /// The database refused or failed a statement.
     #[error("policy store: {0}")]
-    Backend(String),
+    Db(#[source] hatchery_db::DbError),
+    #[error("policy schema: {0}")]
+    Schema(#[source] hatchery_db::MigrateError),
     #[error("stored document: {0}")]
     Corrupt(String),
-    #[error("store task: {0}")]
-    Task(String),
+    /// Two writers raced for the same next version.
+    #[error("{0}: the latest version moved under this write")]
+    Raced(String),
 }
 
 /// One version of one policy.
@@ -71,4 +77,20 @@ pub trait PolicyStore: Send + Sync + 'static {
     async fn list(&self) -> Result<Vec<PolicySummary>, StoreError>;
     async fn latest(&self, id: &str) -> Result<StoredPolicy, StoreError>;
     async fn version(&self, id: &str, version: u32) -> Result<StoredPolicy, StoreError>;
+}
+
+impl From<hatchery_db::DbError> for StoreError {
+    fn from(e: hatchery_db::DbError) -> Self {
+        if e.unavailable() {
+            StoreError::Unavailable(e)
+        } else {
+            StoreError::Db(e)
+        }
+    }
+}
+
+impl From<hatchery_db::MigrateError> for StoreError {
+    fn from(e: hatchery_db::MigrateError) -> Self {
+        StoreError::Schema(e)
+    }
 }

@@ -1,0 +1,414 @@
+//! [`DbPolicyStore`]: the policies in the deployment's one database
+//! (hatchery-db), the same SQL on SQLite and PostgreSQL. Tables
+//! `policy_heads` (one row per policy: name, latest version) and
+//! `policy_versions` (immutable; a trigger refuses UPDATE and DELETE on
+//! both databases, so immutability is the database's rule, not only this
+//! code's). Every multi-step change is one transaction.
+
+use crate::compile::Policy;
+use crate::document::PolicyDocument;
+use crate::standard::{standard_document, STANDARD_ID};
+use crate::store::{PolicyStore, PolicySummary, StoreError, StoredPolicy};
+use hatchery_db::{args, Db, Import, Migrations, Row, Step, Tx};
+use sha2::{Digest, Sha256};
+
+/// Most policies one store keeps.
+pub const MAX_POLICIES: u64 = 10_000;
+/// Most versions of one policy.
+pub const MAX_VERSIONS: u32 = 10_000;
+
+/// The policy schema. Append only.
+pub static SCHEMA: Migrations = Migrations {
+    product: "policy",
+    steps: &[Step::Each {
+        sqlite: "CREATE TABLE policy_heads (
+                id TEXT PRIMARY KEY,
+                name TEXT NOT NULL,
+                latest_version INTEGER NOT NULL,
+                builtin BOOLEAN NOT NULL DEFAULT FALSE,
+                created_at TEXT NOT NULL,
+                updated_at TEXT NOT NULL
+            );
+            CREATE TABLE policy_versions (
+                policy_id TEXT NOT NULL REFERENCES policy_heads(id),
+                version INTEGER NOT NULL,
+                document TEXT NOT NULL,
+                sha256 TEXT NOT NULL,
+                created_at TEXT NOT NULL,
+                PRIMARY KEY (policy_id, version)
+            );
+            CREATE TRIGGER policy_versions_no_update BEFORE UPDATE ON policy_versions
+              BEGIN SELECT RAISE(ABORT, 'policy versions are immutable'); END;
+            CREATE TRIGGER policy_versions_no_delete BEFORE DELETE ON policy_versions
+              BEGIN SELECT RAISE(ABORT, 'policy versions are immutable'); END;",
+        // A database of the previous release already has `policies` and
+        // `policy_versions` (and the trigger) from the old PostgreSQL
+        // store: renamed and kept, rows included; a new one gets them.
+        postgres: "ALTER TABLE IF EXISTS policies RENAME TO policy_heads;
+            CREATE TABLE IF NOT EXISTS policy_heads (
+                id TEXT PRIMARY KEY,
+                name TEXT NOT NULL,
+                latest_version INTEGER NOT NULL,
+                builtin BOOLEAN NOT NULL DEFAULT FALSE,
+                created_at TEXT NOT NULL,
+                updated_at TEXT NOT NULL
+            );
+            CREATE TABLE IF NOT EXISTS policy_versions (
+                policy_id TEXT NOT NULL REFERENCES policy_heads(id),
+                version INTEGER NOT NULL,
+                document TEXT NOT NULL,
+                sha256 TEXT NOT NULL,
+                created_at TEXT NOT NULL,
+                PRIMARY KEY (policy_id, version)
+            );
+            CREATE OR REPLACE FUNCTION policy_versions_immutable() RETURNS trigger
+              LANGUAGE plpgsql AS $$
+              BEGIN RAISE EXCEPTION 'policy versions are immutable'; END $$;
+            DROP TRIGGER IF EXISTS policy_versions_no_change ON policy_versions;
+            CREATE TRIGGER policy_versions_no_change BEFORE UPDATE OR DELETE ON policy_versions
+              FOR EACH ROW EXECUTE FUNCTION policy_versions_immutable();",
+    }],
+};
+
+/// A single-host data dir of the previous release: DATA_DIR/policies.db.
+pub static IMPORT: Import = Import {
+    file: "policies.db",
+    copy: &[
+        // The built-in policy is already there (inserted at open); the old
+        // file's copy is the same document at version 1, so it is skipped.
+        "INSERT OR IGNORE INTO policy_heads (id, name, latest_version, builtin, created_at, updated_at)
+           SELECT id, name, latest_version, builtin, created_at, updated_at FROM old.policies",
+        "INSERT OR IGNORE INTO policy_versions (policy_id, version, document, sha256, created_at)
+           SELECT policy_id, version, document, sha256, created_at FROM old.policy_versions",
+    ],
+};
+
+#[derive(Clone)]
+pub struct DbPolicyStore {
+    db: Db,
+}
+
+fn now() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+fn new_id() -> String {
+    format!("pol_{:016x}", rand::random::<u64>())
+}
+
+/// The stored JSON of a document and its SHA-256 (hex).
+fn encode(doc: &PolicyDocument) -> Result<(String, String), StoreError> {
+    let json = serde_json::to_string(doc).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let sha = Sha256::digest(json.as_bytes());
+    Ok((json, sha.iter().map(|b| format!("{b:02x}")).collect()))
+}
+
+const SELECT_VERSION: &str =
+    "SELECT v.policy_id, v.version, v.document, v.sha256, v.created_at, p.builtin
+     FROM policy_versions v JOIN policy_heads p ON p.id = v.policy_id";
+
+fn read_version(r: &Row) -> Result<StoredPolicy, StoreError> {
+    let id: String = r.get("policy_id")?;
+    let version: u32 = r.get("version")?;
+    let document = serde_json::from_str(&r.get::<String>("document")?)
+        .map_err(|e| StoreError::Corrupt(format!("{id} v{version}: {e}")))?;
+    Ok(StoredPolicy {
+        id,
+        version,
+        created_at: r.get("created_at")?,
+        sha256: r.get("sha256")?,
+        builtin: r.get("builtin")?,
+        document,
+    })
+}
+
+async fn insert_policy(
+    tx: &mut Tx,
+    id: &str,
+    doc: &PolicyDocument,
+    builtin: bool,
+) -> Result<StoredPolicy, StoreError> {
+    let (json, sha) = encode(doc)?;
+    let ts = now();
+    tx.execute(
+        "INSERT INTO policy_heads (id, name, latest_version, builtin, created_at, updated_at)
+         VALUES ($1, $2, 1, $3, $4, $4)",
+        args![id, &doc.name, builtin, &ts],
+    )
+    .await?;
+    tx.execute(
+        "INSERT INTO policy_versions (policy_id, version, document, sha256, created_at)
+         VALUES ($1, 1, $2, $3, $4)",
+        args![id, json, &sha, &ts],
+    )
+    .await?;
+    Ok(StoredPolicy {
+        id: id.to_string(),
+        version: 1,
+        created_at: ts,
+        sha256: sha,
+        builtin,
+        document: doc.clone(),
+    })
+}
+
+impl DbPolicyStore {
+    /// Runs the policy migrations not yet run and makes sure
+    /// `pol_standard` version 1 exists (once, however many daemons start
+    /// at the same time).
+    pub async fn open(db: Db) -> Result<Self, StoreError> {
+        db.migrate(&SCHEMA).await?;
+        let s = DbPolicyStore { db };
+        s.ensure_standard().await?;
+        Ok(s)
+    }
+
+    /// A scratch database (tests).
+    pub async fn scratch() -> Result<Self, StoreError> {
+        Self::open(hatchery_db::Db::sqlite_memory()?).await
+    }
+
+    async fn ensure_standard(&self) -> Result<(), StoreError> {
+        let mut tx = self.db.begin().await?;
+        tx.lock("policy_heads").await?;
+        let have = tx
+            .query_opt(
+                "SELECT 1 FROM policy_heads WHERE id = $1",
+                args![STANDARD_ID],
+            )
+            .await?
+            .is_some();
+        if !have {
+            insert_policy(&mut tx, STANDARD_ID, &standard_document(), true).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The policy schema's version in the database.
+    pub async fn schema_version(&self) -> Result<u64, StoreError> {
+        Ok(SCHEMA.check(&self.db).await?)
+    }
+}
+
+#[async_trait::async_trait]
+impl PolicyStore for DbPolicyStore {
+    async fn create(&self, doc: PolicyDocument) -> Result<StoredPolicy, StoreError> {
+        Policy::compile(&doc)?;
+        let mut tx = self.db.begin().await?;
+        // Creates take turns, so the cap on the number of policies is exact.
+        tx.lock("policy_heads").await?;
+        let n: u64 = tx
+            .query_one("SELECT count(*) FROM policy_heads", args![])
+            .await?
+            .get(0)?;
+        if n >= MAX_POLICIES {
+            return Err(StoreError::TooMany(n, MAX_POLICIES));
+        }
+        let p = insert_policy(&mut tx, &new_id(), &doc, false).await?;
+        tx.commit().await?;
+        Ok(p)
+    }
+
+    async fn add_version(&self, id: &str, doc: PolicyDocument) -> Result<StoredPolicy, StoreError> {
+        Policy::compile(&doc)?;
+        let mut tx = self.db.begin().await?;
+        let row = tx
+            .query_opt(
+                "SELECT latest_version, builtin FROM policy_heads WHERE id = $1 FOR UPDATE",
+                args![id],
+            )
+            .await?
+            .ok_or_else(|| StoreError::NotFound(id.into()))?;
+        let (latest, builtin): (u32, bool) = (row.get(0)?, row.get(1)?);
+        if builtin {
+            return Err(StoreError::ReadOnly(id.into()));
+        }
+        if latest >= MAX_VERSIONS {
+            return Err(StoreError::TooManyVersions(id.into(), latest, MAX_VERSIONS));
+        }
+        let version = latest + 1;
+        let (json, sha) = encode(&doc)?;
+        let ts = now();
+        tx.execute(
+            "INSERT INTO policy_versions (policy_id, version, document, sha256, created_at)
+             VALUES ($1, $2, $3, $4, $5)",
+            args![id, version, json, &sha, &ts],
+        )
+        .await?;
+        // Names the version it moves from, so two writers cannot both
+        // think they made version N+1.
+        let moved = tx
+            .execute(
+                "UPDATE policy_heads SET latest_version = $2, name = $3, updated_at = $4
+                 WHERE id = $1 AND latest_version = $5",
+                args![id, version, &doc.name, &ts, latest],
+            )
+            .await?;
+        if moved != 1 {
+            return Err(StoreError::Raced(id.into()));
+        }
+        tx.commit().await?;
+        Ok(StoredPolicy {
+            id: id.into(),
+            version,
+            created_at: ts,
+            sha256: sha,
+            builtin: false,
+            document: doc,
+        })
+    }
+
+    async fn list(&self) -> Result<Vec<PolicySummary>, StoreError> {
+        let rows = self
+            .db
+            .query(
+                "SELECT id, name, latest_version, builtin, created_at, updated_at
+                 FROM policy_heads ORDER BY created_at, id",
+                args![],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(PolicySummary {
+                    id: r.get("id")?,
+                    name: r.get("name")?,
+                    latest_version: r.get("latest_version")?,
+                    builtin: r.get("builtin")?,
+                    created_at: r.get("created_at")?,
+                    updated_at: r.get("updated_at")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn latest(&self, id: &str) -> Result<StoredPolicy, StoreError> {
+        let sql =
+            format!("{SELECT_VERSION} WHERE v.policy_id = $1 AND v.version = p.latest_version");
+        match self.db.query_opt(&sql, args![id]).await? {
+            Some(r) => read_version(&r),
+            None => Err(StoreError::NotFound(id.into())),
+        }
+    }
+
+    async fn version(&self, id: &str, version: u32) -> Result<StoredPolicy, StoreError> {
+        let mut tx = self.db.read().await?;
+        let sql = format!("{SELECT_VERSION} WHERE v.policy_id = $1 AND v.version = $2");
+        if let Some(r) = tx.query_opt(&sql, args![id, version]).await? {
+            return read_version(&r);
+        }
+        let exists = tx
+            .query_opt("SELECT 1 FROM policy_heads WHERE id = $1", args![id])
+            .await?
+            .is_some();
+        Err(if exists {
+            StoreError::VersionNotFound(id.into(), version)
+        } else {
+            StoreError::NotFound(id.into())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn versions_are_numbered_and_immutable() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hatchery.db");
+        let s = DbPolicyStore::open(Db::sqlite(&path).await.unwrap())
+            .await
+            .unwrap();
+        let id = crate::store::conformance::versions(&s).await;
+        drop(s);
+
+        // The database itself refuses to rewrite or drop a version.
+        let db = Db::sqlite(&path).await.unwrap();
+        let e = db
+            .execute(
+                "UPDATE policy_versions SET document = '{}' WHERE policy_id = $1",
+                args![&id],
+            )
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("immutable"), "{e}");
+        assert!(e.refused_by_schema(), "{e:?}");
+        assert!(db
+            .execute("DELETE FROM policy_versions", args![])
+            .await
+            .is_err());
+        // Reopening runs no migration twice and keeps the data.
+        let s = DbPolicyStore::open(db).await.unwrap();
+        assert_eq!(s.schema_version().await.unwrap(), 1);
+        assert_eq!(s.latest(&id).await.unwrap().version, 2);
+        assert_eq!(s.latest(STANDARD_ID).await.unwrap().version, 1);
+        assert_eq!(s.list().await.unwrap().len(), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_versions_do_not_collide() {
+        let s = DbPolicyStore::scratch().await.unwrap();
+        crate::store::conformance::concurrent_versions(Arc::new(s)).await;
+    }
+
+    /// The previous release's DATA_DIR/policies.db (its final schema, as
+    /// the old SQLite store made it), imported whole, once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_previous_release_policies_file_is_imported() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = rusqlite::Connection::open(dir.path().join("policies.db")).unwrap();
+        old.execute_batch(
+            "CREATE TABLE policies (id TEXT PRIMARY KEY, name TEXT NOT NULL,
+                 latest_version INTEGER NOT NULL, builtin INTEGER NOT NULL DEFAULT 0,
+                 created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
+             CREATE TABLE policy_versions (policy_id TEXT NOT NULL REFERENCES policies(id),
+                 version INTEGER NOT NULL, document TEXT NOT NULL, sha256 TEXT NOT NULL,
+                 created_at TEXT NOT NULL, PRIMARY KEY (policy_id, version));",
+        )
+        .unwrap();
+        let a = r#"{"name":"a","rules":[{"id":"r","effect":"allow"}]}"#;
+        let b = r#"{"name":"b","rules":[{"id":"r","effect":"deny"}]}"#;
+        old.execute(
+            "INSERT INTO policies VALUES ('pol_00000000000000aa', 'b', 2, 0, 't1', 't2')",
+            [],
+        )
+        .unwrap();
+        for (v, d) in [(1, a), (2, b)] {
+            old.execute(
+                "INSERT INTO policy_versions VALUES ('pol_00000000000000aa', ?1, ?2, 'x', 't')",
+                rusqlite::params![v, d],
+            )
+            .unwrap();
+        }
+        drop(old);
+        let db = Db::sqlite(&dir.path().join("hatchery.db")).await.unwrap();
+        let s = DbPolicyStore::open(db.clone()).await.unwrap();
+        assert_eq!(
+            db.import_sqlite(dir.path(), &IMPORT).await.unwrap(),
+            hatchery_db::Imported::Now
+        );
+        assert_eq!(
+            db.import_sqlite(dir.path(), &IMPORT).await.unwrap(),
+            hatchery_db::Imported::Before
+        );
+        let p = s.latest("pol_00000000000000aa").await.unwrap();
+        assert_eq!((p.version, p.document.name.as_str()), (2, "b"));
+        assert_eq!(
+            s.version("pol_00000000000000aa", 1)
+                .await
+                .unwrap()
+                .document
+                .name,
+            "a"
+        );
+        assert_eq!(
+            s.list().await.unwrap().len(),
+            2,
+            "the import and pol_standard"
+        );
+    }
+}
