@@ -2,8 +2,9 @@
 //! both databases share, with PostgreSQL's `$1` placeholders; for SQLite
 //! this rewrites, outside string literals and quoted names only:
 //! - `$N` to `?N` (SQLite numbers `$N` by first appearance, not by N);
-//! - `FOR UPDATE` (with `SKIP LOCKED` or `NOWAIT`) to nothing: a SQLite
-//!   write transaction already holds the database's only write lock;
+//! - `FOR UPDATE` and `FOR SHARE` (with `SKIP LOCKED` or `NOWAIT`) to
+//!   nothing: a SQLite write transaction already holds the database's only
+//!   write lock;
 //! - in schema text, `BIGSERIAL PRIMARY KEY` to `INTEGER PRIMARY KEY
 //!   AUTOINCREMENT` and `BYTEA` to `BLOB`.
 //!
@@ -78,7 +79,9 @@ fn rewrite(sql: &str, schema: bool) -> String {
         }
         let word_start = i == 0 || !is_word(b[i - 1]);
         if word_start && c.is_ascii_alphabetic() {
-            if let Some(n) = keywords(&sql[i..], &["FOR", "UPDATE"]) {
+            let lock = keywords(&sql[i..], &["FOR", "UPDATE"])
+                .or_else(|| keywords(&sql[i..], &["FOR", "SHARE"]));
+            if let Some(n) = lock {
                 let mut end = i + n;
                 for tail in [&["SKIP", "LOCKED"][..], &["NOWAIT"][..]] {
                     if let Some(m) = keywords(&sql[end..], tail) {

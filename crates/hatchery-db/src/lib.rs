@@ -187,20 +187,36 @@ impl Db {
         Ok(Tx { conn })
     }
 
-    /// One statement in a transaction of its own.
+    /// One statement on its own (atomic by itself; no BEGIN/COMMIT round
+    /// trips, one blocking hop on SQLite).
     pub async fn execute(&self, sql: &str, args: &[Value]) -> Result<u64, DbError> {
-        let mut tx = self.begin().await?;
-        let n = tx.execute(sql, args).await?;
-        tx.commit().await?;
-        Ok(n)
+        match &self.backend {
+            Backend::Sqlite(db) => {
+                let mut c = db.conn(true).await?;
+                let (sql, args) = (sqlite_sql(sql), args.to_vec());
+                c.run(move |c| sqlite::execute(c, &sql, &args)).await
+            }
+            Backend::Pg(pool) => {
+                let c = pool.get().await?;
+                let st = c.prepare_cached(sql).await?;
+                Ok(c.execute(&st, &pg_args(args)).await?)
+            }
+        }
     }
 
-    /// One query in a read snapshot of its own.
+    /// One query on its own (a consistent read by itself).
     pub async fn query(&self, sql: &str, args: &[Value]) -> Result<Vec<Row>, DbError> {
-        let mut tx = self.read().await?;
-        let rows = tx.query(sql, args).await?;
-        tx.commit().await?;
-        Ok(rows)
+        match &self.backend {
+            Backend::Sqlite(db) => {
+                let mut c = db.conn(false).await?;
+                let (sql, args) = (sqlite_sql(sql), args.to_vec());
+                c.run(move |c| sqlite::query(c, &sql, &args)).await
+            }
+            Backend::Pg(pool) => {
+                let c = pool.get().await?;
+                pg_query(&c, sql, args).await
+            }
+        }
     }
 
     pub async fn query_opt(&self, sql: &str, args: &[Value]) -> Result<Option<Row>, DbError> {
@@ -218,6 +234,23 @@ pub fn is_postgres(address: &str) -> bool {
     address.starts_with("postgres://")
         || address.starts_with("postgresql://")
         || (address.contains("host=") && address.contains('='))
+}
+
+fn pg_args(args: &[Value]) -> Vec<&(dyn tokio_postgres::types::ToSql + Sync)> {
+    args.iter()
+        .map(|a| a as &(dyn tokio_postgres::types::ToSql + Sync))
+        .collect()
+}
+
+async fn pg_query(
+    c: &deadpool_postgres::Object,
+    sql: &str,
+    args: &[Value],
+) -> Result<Vec<Row>, DbError> {
+    let st = c.prepare_cached(sql).await?;
+    let names: Arc<[String]> = st.columns().iter().map(|c| c.name().to_owned()).collect();
+    let rows = c.query(&st, &pg_args(args)).await?;
+    rows.iter().map(|r| value::pg_row(r, &names)).collect()
 }
 
 enum Conn {
@@ -254,18 +287,7 @@ impl Tx {
                 let args = args.to_vec();
                 c.run(move |c| sqlite::query(c, &sql, &args)).await
             }
-            Conn::Pg(_) => {
-                let c = self.pg();
-                let st = c.prepare_cached(sql).await?;
-                let names: Arc<[String]> =
-                    st.columns().iter().map(|c| c.name().to_owned()).collect();
-                let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = args
-                    .iter()
-                    .map(|a| a as &(dyn tokio_postgres::types::ToSql + Sync))
-                    .collect();
-                let rows = c.query(&st, &refs).await?;
-                rows.iter().map(|r| value::pg_row(r, &names)).collect()
-            }
+            Conn::Pg(_) => pg_query(self.pg(), sql, args).await,
         }
     }
 
@@ -290,11 +312,7 @@ impl Tx {
             Conn::Pg(_) => {
                 let c = self.pg();
                 let st = c.prepare_cached(sql).await?;
-                let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = args
-                    .iter()
-                    .map(|a| a as &(dyn tokio_postgres::types::ToSql + Sync))
-                    .collect();
-                Ok(c.execute(&st, &refs).await?)
+                Ok(c.execute(&st, &pg_args(args)).await?)
             }
         }
     }
