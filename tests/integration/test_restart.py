@@ -47,10 +47,10 @@ def test_restart_destroys_containers_it_does_not_know(daemon):
     # Forget everything, as if the crash came before the state write.
     if TEST_DB:
         host = arg(daemon.extra_args, "--host-id")
-        subprocess.run(["psql", arg(daemon.extra_args, "--db"), "-qc", f"DELETE FROM sandboxes WHERE host_id = '{host}'; "
-                        f"DELETE FROM sandbox_net WHERE host_id = '{host}'"], check=True, capture_output=True)
+        subprocess.run(["psql", arg(daemon.extra_args, "--db"), "-qc", f"DELETE FROM core_sandboxes WHERE host_id = '{host}'; "
+                        f"DELETE FROM core_net WHERE host_id = '{host}'"], check=True, capture_output=True)
     for f in os.listdir(daemon.data_dir):
-        if f.startswith("state.db"):
+        if f.startswith("hatchery.db"):
             os.unlink(os.path.join(daemon.data_dir, f))
     d2 = restart(daemon)
     d2.created |= daemon.created

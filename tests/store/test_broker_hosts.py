@@ -153,7 +153,7 @@ def assert_broker_writes_are_the_daemons(pg, c, owner, sid):
         r = d.request("POST", f"/v1/sessions/{sid}/broker-events", forged,
                       headers={"X-Hatchery-Daemon-Key": "hxd_guess", "Idempotency-Key": "f1"})
         assert r.status == 401 and r.json()["error"]["code"] == "unauthorized", r
-    [[key]] = sql(pg, "SELECT value FROM deployment_secrets WHERE name = 'daemon_key'")
+    [[key]] = sql(pg, "SELECT value FROM core_secrets WHERE name = 'daemon_key'")
     daemon = {"X-Hatchery-Daemon-Key": key}
     r = owner.request("POST", f"/v1/sessions/{sid}/broker-events", forged, headers=daemon)
     assert r.status == 400 and "idempotency-key" in r.json()["error"]["message"], r

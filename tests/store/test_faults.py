@@ -162,12 +162,12 @@ def test_postgres_killed_and_restarted_under_two_hosts(pg):
         # no host_lost, the sandboxes from before the outage still run.
         after = {h: epoch(pg, h) for h in hosts}
         assert after == before, (before, after)
-        assert sql(pg, "SELECT count(*) FROM sandboxes WHERE end_reason = 'host_lost'") == [["0"]]
+        assert sql(pg, "SELECT count(*) FROM core_sandboxes WHERE end_reason = 'host_lost'") == [["0"]]
         for d in (h1, h2, c):
             assert KILL_LINE not in log_of(d), d.log()
             assert LOST_LINE not in log_of(d), d.log()
         for sid in acknowledged:
-            assert sql(pg, f"SELECT state FROM sandboxes WHERE id = '{sid}'") == [["running"]], sid
+            assert sql(pg, f"SELECT state FROM core_sandboxes WHERE id = '{sid}'") == [["running"]], sid
             assert c.exec(sid, "echo alive")["stdout"] == "alive\n"
         # Creates, exec and deletes on both hosts.
         for h, d in hosts.items():
@@ -218,7 +218,7 @@ def test_skewed_hosts_keep_leases_and_mark_peers_by_the_database_clock(pg, monke
         # The skew is real: each host stamps created_at with its own clock.
         now = db_now_ms(pg)
         for h, shift in (("sk-ok", 0), ("sk-fast", 600_000), ("sk-slow", -600_000)):
-            created = int(sql(pg, f"SELECT created_at_ms FROM sandboxes WHERE id = '{sids[h]}'")[0][0])
+            created = int(sql(pg, f"SELECT created_at_ms FROM core_sandboxes WHERE id = '{sids[h]}'")[0][0])
             assert abs(created - (now + shift)) < 120_000, (h, created - now)
         before = {h: epoch(pg, h) for h in ds}
         # Two renewals and about seven sweeps by every host.
@@ -232,10 +232,10 @@ def test_skewed_hosts_keep_leases_and_mark_peers_by_the_database_clock(pg, monke
         for h in ds:
             left, silent = sql(pg, f"""SELECT l.expires_at_ms - (extract(epoch FROM clock_timestamp()) * 1000)::bigint,
                                               (extract(epoch FROM clock_timestamp()) * 1000)::bigint - h.heartbeat_at_ms
-                                       FROM leases l JOIN hosts h ON l.resource = 'host:' || h.id WHERE h.id = '{h}'""")[0]
+                                       FROM core_leases l JOIN core_hosts h ON l.resource = 'host:' || h.id WHERE h.id = '{h}'""")[0]
             assert 0 < int(left) <= LEASE_TTL_S * 1000, (h, left)
             assert 0 <= int(silent) < LEASE_TTL_S * 1000, (h, silent)
-        assert sql(pg, "SELECT count(*) FROM sandboxes WHERE end_reason = 'host_lost'") == [["0"]]
+        assert sql(pg, "SELECT count(*) FROM core_sandboxes WHERE end_reason = 'host_lost'") == [["0"]]
         # Through a skewed host, the others' sandboxes are reachable.
         assert fast.exec(sids["sk-slow"], "echo via-fast")["stdout"] == "via-fast\n"
         assert slow.exec(sids["sk-fast"], "echo via-slow")["stdout"] == "via-slow\n"
@@ -245,20 +245,20 @@ def test_skewed_hosts_keep_leases_and_mark_peers_by_the_database_clock(pg, monke
         # last heartbeat was at most a renewal period before the kill).
         ok.crash()
         killed = time.time()
-        wait_for(lambda: sql(pg, f"SELECT state, end_reason FROM sandboxes WHERE id = '{sids['sk-ok']}'")
+        wait_for(lambda: sql(pg, f"SELECT state, end_reason FROM core_sandboxes WHERE id = '{sids['sk-ok']}'")
                  == [["stopped", "host_lost"]], timeout=LOSS_WAIT, what="dead peer marked lost by a skewed host")
         marked_after = time.time() - killed
         assert marked_after >= LEASE_TTL_S - RENEW_EVERY_S - 1, marked_after
         assert LOST_LINE in log_of(fast) + log_of(slow)
         for h in ("sk-fast", "sk-slow"):
-            assert sql(pg, f"SELECT state FROM sandboxes WHERE id = '{sids[h]}'") == [["running"]], h
+            assert sql(pg, f"SELECT state FROM core_sandboxes WHERE id = '{sids[h]}'") == [["running"]], h
             assert epoch(pg, h) == before[h]
         # Its restart (same data dir and network) destroys what its shims
         # still ran and resurrects nothing.
         ok2 = daemon(pg, "sk-ok", role="host", restart_of=ok)
         ok2.created |= ok.created
         ok2.wait_no_leftovers(timeout=30, net=False)
-        assert sql(pg, f"SELECT state FROM sandboxes WHERE id = '{sids['sk-ok']}'") == [["stopped"]]
+        assert sql(pg, f"SELECT state FROM core_sandboxes WHERE id = '{sids['sk-ok']}'") == [["stopped"]]
         check_invariants(pg, list(sids.values()))
         print(f"skewed hosts (+10m, -10m) kept their leases; dead peer marked lost {marked_after:.1f}s after SIGKILL")
     finally:
@@ -319,17 +319,17 @@ def test_host_cut_off_from_the_database_by_nftables(pg):
         wait_for(lambda: KILL_LINE in log_of(a), timeout=LEASE_TTL_S + 10, what="the cut host giving up")
         gave_up_after = time.time() - cut_at
         owner_now, ep, left = sql(pg, """SELECT owner, epoch, expires_at_ms - (extract(epoch FROM clock_timestamp())
-                                          * 1000)::bigint FROM leases WHERE resource = 'host:cut-a'""")[0]
+                                          * 1000)::bigint FROM core_leases WHERE resource = 'host:cut-a'""")[0]
         assert (owner_now, int(ep)) == ("cut-a", before["cut-a"]), (owner_now, ep)
         assert int(left) > 0, f"the lease ran out {-int(left)} ms before the host gave up"
         a.wait_no_leftovers(timeout=30, net=False)
         # Once its lease ran out, the others mark its sandbox lost; the
         # healthy host's sandbox is untouched.
-        wait_for(lambda: sql(pg, f"SELECT state, end_reason FROM sandboxes WHERE id = '{sa}'")
+        wait_for(lambda: sql(pg, f"SELECT state, end_reason FROM core_sandboxes WHERE id = '{sa}'")
                  == [["stopped", "host_lost"]], timeout=LOSS_WAIT, what="the cut host's sandbox marked lost")
         marked_after = time.time() - cut_at
         assert epoch(pg, "cut-a") > before["cut-a"]
-        assert sql(pg, f"SELECT state FROM sandboxes WHERE id = '{sb}'") == [["running"]]
+        assert sql(pg, f"SELECT state FROM core_sandboxes WHERE id = '{sb}'") == [["running"]]
         assert epoch(pg, "cut-b") == before["cut-b"]
         assert c.request("GET", f"/v1/sandboxes/{sa}").status == 404
         # Back on the network it stays fenced (it gave up), until restarted.

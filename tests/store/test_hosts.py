@@ -82,7 +82,7 @@ def daemon(pg, host, role="all", extra=(), restart_of=None, templates_dir=None):
 
 def warm(pg, host):
     """The templates `host` last reported warm checkpoints of."""
-    r = sql(pg, f"SELECT warm_templates FROM hosts WHERE id = '{host}'")
+    r = sql(pg, f"SELECT warm_templates FROM core_hosts WHERE id = '{host}'")
     return json.loads(r[0][0]) if r else []
 
 
@@ -93,7 +93,7 @@ def wait_warm(pg, hosts, template):
 
 
 def owner(pg, sid):
-    return sql(pg, f"SELECT host_id FROM sandboxes WHERE id = '{sid}'")[0][0]
+    return sql(pg, f"SELECT host_id FROM core_sandboxes WHERE id = '{sid}'")[0][0]
 
 
 def headers(r):
@@ -103,20 +103,20 @@ def headers(r):
 def check_invariants(pg, acknowledged):
     """Checked after every fault."""
     # No acknowledged create lost.
-    rows = {i for (i,) in sql(pg, "SELECT id FROM sandboxes")}
+    rows = {i for (i,) in sql(pg, "SELECT id FROM core_sandboxes")}
     assert set(acknowledged) <= rows, set(acknowledged) - rows
     # A sandbox's events never go back to an older epoch of its host.
-    for (sid,) in sql(pg, "SELECT DISTINCT sandbox_id FROM events"):
-        eps = [int(e) for (e,) in sql(pg, f"SELECT epoch FROM events WHERE sandbox_id = '{sid}' ORDER BY seq")]
+    for (sid,) in sql(pg, "SELECT DISTINCT sandbox_id FROM core_events"):
+        eps = [int(e) for (e,) in sql(pg, f"SELECT epoch FROM core_events WHERE sandbox_id = '{sid}' ORDER BY seq")]
         assert eps == sorted(eps), (sid, eps)
     # No host over its capacity.
-    for h, cap, live in sql(pg, """SELECT h.id, h.capacity, (SELECT count(*) FROM sandboxes s
-                                   WHERE s.host_id = h.id AND s.state IN ('starting','running')) FROM hosts h"""):
+    for h, cap, live in sql(pg, """SELECT h.id, h.capacity, (SELECT count(*) FROM core_sandboxes s
+                                   WHERE s.host_id = h.id AND s.state IN ('starting','running')) FROM core_hosts h"""):
         assert int(live) <= int(cap), (h, cap, live)
 
 
 def epoch(pg, host):
-    r = sql(pg, f"SELECT epoch FROM leases WHERE resource = 'host:{host}'")
+    r = sql(pg, f"SELECT epoch FROM core_leases WHERE resource = 'host:{host}'")
     return int(r[0][0]) if r else 0
 
 
@@ -149,7 +149,7 @@ def test_requests_are_routed_to_the_owning_host(pg):
         # Each host in its own network namespace: registered at its address
         # on the bridge, its sandbox's veth in its namespace, not the root's.
         for d, h in ((a, "rt-a"), (b, "rt-b")):
-            assert sql(pg, f"SELECT address FROM hosts WHERE id = '{h}'") == [[f"{d.addr}:{d.port}"]]
+            assert sql(pg, f"SELECT address FROM core_hosts WHERE id = '{h}'") == [[f"{d.addr}:{d.port}"]]
         inside = subprocess.run(["ip", "-n", a.netns.name, "-o", "link"], capture_output=True, text=True).stdout
         root = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
         assert f"hx{a.net_prefix}." in inside and f"hx{a.net_prefix}." not in root, inside
@@ -170,7 +170,7 @@ def test_requests_are_routed_to_the_owning_host(pg):
         assert b.request("GET", f"/v1/sandboxes/{sid}", auth=False).status == 401
         # A delete sent to b really deletes on a.
         assert b.delete(sid).status == 204
-        assert sql(pg, f"SELECT state FROM sandboxes WHERE id = '{sid}'") == [["stopped"]]
+        assert sql(pg, f"SELECT state FROM core_sandboxes WHERE id = '{sid}'") == [["stopped"]]
         a.wait_no_leftovers(timeout=30, net=False)
         assert b.request("GET", f"/v1/sandboxes/{sid}").status == 404
 
@@ -184,7 +184,7 @@ def test_requests_are_routed_to_the_owning_host(pg):
             r = b.request(method, path, body, timeout=30)
             assert r.status == 503 and r.error_code() == "host_unreachable", r
             assert "retry-after" in headers(r), r.headers
-        assert sql(pg, f"SELECT state FROM sandboxes WHERE id = '{sid2}'") == [["running"]]
+        assert sql(pg, f"SELECT state FROM core_sandboxes WHERE id = '{sid2}'") == [["running"]]
         # a comes back (same data dir and network), adopts it, serves b again.
         a2 = daemon(pg, "rt-a", restart_of=a)
         a2.created |= a.created
@@ -230,13 +230,13 @@ def test_a_client_sent_forwarded_by_header_grants_nothing(pg):
         assert r.status in (204, 404), r
         assert forwards(b) == forwarded
         # Nothing reached a's sandbox: it runs, and nothing ran in it.
-        assert sql(pg, f"SELECT state FROM sandboxes WHERE id = '{sid}'") == [["running"]]
+        assert sql(pg, f"SELECT state FROM core_sandboxes WHERE id = '{sid}'") == [["running"]]
         assert a.exec(sid, "test -e /tmp/ran && echo ran || echo clean")["stdout"] == "clean\n"
         # The same key without the header is forwarded and acts, as the key allows.
         assert b.exec(sid, "echo via-b")["stdout"] == "via-b\n"
         assert forwards(b) == forwarded + 1
         assert b.delete(sid).status == 204
-        assert sql(pg, f"SELECT state FROM sandboxes WHERE id = '{sid}'") == [["stopped"]]
+        assert sql(pg, f"SELECT state FROM core_sandboxes WHERE id = '{sid}'") == [["stopped"]]
         a.wait_no_leftovers(timeout=30, net=False)
     finally:
         b.cleanup()
@@ -261,7 +261,7 @@ def test_control_places_creates_by_free_capacity(pg):
         # Bad input is the host's answer, passed on as is; nothing is created.
         r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": "soon"})
         assert r.status in (400, 422), r
-        assert sql(pg, "SELECT count(*) FROM sandboxes WHERE host_id LIKE 'pl-%'") == [["0"]]
+        assert sql(pg, "SELECT count(*) FROM core_sandboxes WHERE host_id LIKE 'pl-%'") == [["0"]]
         # The control plane buffers at most 2 MiB of a create (it may send
         # it to more than one host): one byte more is 413 at once.
         cap = 2 << 20
@@ -269,7 +269,7 @@ def test_control_places_creates_by_free_capacity(pg):
         assert 400 <= r.status < 500 and r.status != 413, r
         r = c.request("POST", "/v1/sandboxes", raw=b"{" + b" " * cap, headers={"Content-Type": "application/json"})
         assert r.status == 413 and r.error_code() == "too_large", r
-        assert sql(pg, "SELECT count(*) FROM sandboxes WHERE host_id LIKE 'pl-%'") == [["0"]]
+        assert sql(pg, "SELECT count(*) FROM core_sandboxes WHERE host_id LIKE 'pl-%'") == [["0"]]
         sids = []
         for _ in range(3):
             r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": 300, "metadata": {"suite": "hosts"}})
@@ -282,11 +282,11 @@ def test_control_places_creates_by_free_capacity(pg):
         # pl-1 is full and skipped.
         assert placed == ["pl-2", "pl-1", "pl-2"], placed
         # None has room: 503 with Retry-After, and nothing half-created.
-        before = sql(pg, "SELECT count(*) FROM sandboxes")
+        before = sql(pg, "SELECT count(*) FROM core_sandboxes")
         r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": 300})
         assert r.status == 503 and r.error_code() == "capacity", r
         assert "retry-after" in headers(r)
-        assert sql(pg, "SELECT count(*) FROM sandboxes") == before
+        assert sql(pg, "SELECT count(*) FROM core_sandboxes") == before
         # Everything through the control plane reaches the owner.
         for sid in sids:
             assert c.exec(sid, "echo ok")["stdout"] == "ok\n"
@@ -303,10 +303,10 @@ def test_control_places_creates_by_free_capacity(pg):
         hosts["pl-1"].wait_no_leftovers(timeout=30, net=False)
         # Draining a host (docs/operations.md): capacity 0, so placement
         # skips it while what it runs stays up.
-        sql(pg, "UPDATE hosts SET capacity = 0 WHERE id = 'pl-1'")
+        sql(pg, "UPDATE core_hosts SET capacity = 0 WHERE id = 'pl-1'")
         r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": 300})
         assert r.status == 503 and r.error_code() == "capacity", r
-        sql(pg, "UPDATE hosts SET capacity = 1 WHERE id = 'pl-1'")
+        sql(pg, "UPDATE core_hosts SET capacity = 1 WHERE id = 'pl-1'")
         r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": 300})
         assert r.status == 201, r
         assert owner(pg, r.json()["id"]) == "pl-1"
@@ -448,12 +448,12 @@ def test_e2b_and_preview_requests_reach_the_owning_host(pg):
             assert [x["sandboxID"] for x in r.json()].count(sid) == 1, r
         r = other.request("POST", f"/e2b/sandboxes/{sid}/connect", {"timeout": 300}, auth=False, headers=e2b_key)
         assert r.status == 201 and r.json()["sandboxID"] == sid, r
-        rows = sql(pg, "SELECT id, host_id FROM sandboxes WHERE state = 'running' "
+        rows = sql(pg, "SELECT id, host_id FROM core_sandboxes WHERE state = 'running' "
                        f"AND metadata->>'e2b_sandbox_id' = '{sid}'")
         assert len(rows) == 1 and rows[0][0] != sid, rows
         resumed, resumed_on = rows[0]
         {"ep-a": a, "ep-b": b}[resumed_on].created.add(resumed)
-        assert sql(pg, f"SELECT count(*) FROM snapshots WHERE metadata->>'e2b_paused_sandbox' = '{sid}'") == [["0"]]
+        assert sql(pg, f"SELECT count(*) FROM core_snapshots WHERE metadata->>'e2b_paused_sandbox' = '{sid}'") == [["0"]]
         for via in (a, b, c):
             r = via.request("GET", "/e2b/sandbox/files?path=/work/e.txt", auth=False,
                             headers={"E2b-Sandbox-Id": sid, "X-Access-Token": token})
@@ -464,7 +464,7 @@ def test_e2b_and_preview_requests_reach_the_owning_host(pg):
         assert [x["sandboxID"] for x in r.json()] == [sid], r
         r = other.request("DELETE", f"/e2b/sandboxes/{sid}", auth=False, headers=e2b_key)
         assert r.status == 204, r
-        assert sql(pg, f"SELECT state FROM sandboxes WHERE id IN ('{sid}', '{resumed}')") == [["stopped"], ["stopped"]]
+        assert sql(pg, f"SELECT state FROM core_sandboxes WHERE id IN ('{sid}', '{resumed}')") == [["stopped"], ["stopped"]]
         r = c.request("GET", f"/e2b/sandboxes/{sid}", auth=False, headers=e2b_key)
         assert r.status == 404, r
         check_invariants(pg, [sid, resumed])
@@ -496,11 +496,11 @@ def test_sigkilled_host_is_marked_lost_and_not_resurrected(pg):
         # Until it is marked, control answers 503 for its sandboxes.
         r = c.request("POST", f"/v1/sandboxes/{lost[0]}/exec", {"cmd": "true"}, timeout=30)
         assert r.status == 503 and r.error_code() in ("host_unreachable", "host_lost"), r
-        wait_for(lambda: sql(pg, f"SELECT count(*) FROM sandboxes WHERE host_id = 'kl-1' AND state = 'stopped' "
+        wait_for(lambda: sql(pg, f"SELECT count(*) FROM core_sandboxes WHERE host_id = 'kl-1' AND state = 'stopped' "
                                  f"AND end_reason = 'host_lost'") == [["2"]], timeout=LOSS_WAIT, what="host marked lost")
         marked_after = time.time() - killed
         for sid in lost:
-            kinds = [k for (k,) in sql(pg, f"SELECT kind FROM events WHERE sandbox_id = '{sid}' ORDER BY seq")]
+            kinds = [k for (k,) in sql(pg, f"SELECT kind FROM core_events WHERE sandbox_id = '{sid}' ORDER BY seq")]
             assert kinds.count("stopped") == 1 and kinds[-1] == "stopped", kinds
         assert c2.request("GET", f"/v1/sandboxes/{lost[1]}").status == 404
         assert marked_after < LOSS_WAIT
@@ -521,7 +521,7 @@ def test_sigkilled_host_is_marked_lost_and_not_resurrected(pg):
         h1b.created |= h1.created
         assert epoch(pg, "kl-1") > e1
         h1b.wait_no_leftovers(timeout=30, net=False)
-        assert sql(pg, f"SELECT state FROM sandboxes WHERE id IN ('{lost[0]}', '{lost[1]}')") == [["stopped"]] * 2
+        assert sql(pg, f"SELECT state FROM core_sandboxes WHERE id IN ('{lost[0]}', '{lost[1]}')") == [["stopped"]] * 2
         check_invariants(pg, [*lost, kept, kept3])
         print(f"host marked lost {marked_after:.1f}s after SIGKILL")
     finally:
@@ -542,7 +542,7 @@ def test_paused_host_is_fenced_and_kills_its_sandboxes(pg):
         e0 = epoch(pg, "st-1")
         h1.proc.send_signal(signal.SIGSTOP)
         try:
-            wait_for(lambda: sql(pg, f"SELECT state, end_reason FROM sandboxes WHERE id = '{sid}'")
+            wait_for(lambda: sql(pg, f"SELECT state, end_reason FROM core_sandboxes WHERE id = '{sid}'")
                      == [["stopped", "host_lost"]], timeout=LOSS_WAIT, what="paused host marked lost")
             # While it sleeps, its sandbox is gone for everyone else.
             assert h2.request("GET", f"/v1/sandboxes/{sid}").status == 404
@@ -557,10 +557,10 @@ def test_paused_host_is_fenced_and_kills_its_sandboxes(pg):
         h1.wait_no_leftovers(timeout=30, net=False)
         r = h1.request("POST", "/v1/sandboxes", {"ttl_seconds": 60})
         assert r.status == 503 and r.error_code() == "store_unavailable", r
-        evs = sql(pg, f"SELECT kind, epoch FROM events WHERE sandbox_id = '{sid}' ORDER BY seq")
+        evs = sql(pg, f"SELECT kind, epoch FROM core_events WHERE sandbox_id = '{sid}' ORDER BY seq")
         kinds = [k for k, _ in evs]
         assert kinds[-1] == "stopped" and kinds.count("stopped") == 1, evs
-        assert sql(pg, f"SELECT state FROM sandboxes WHERE id = '{sid}'") == [["stopped"]]
+        assert sql(pg, f"SELECT state FROM core_sandboxes WHERE id = '{sid}'") == [["stopped"]]
         assert h2.exec(h2.create(ttl_seconds=60), "echo ok")["stdout"] == "ok\n"
         check_invariants(pg, [sid])
     finally:

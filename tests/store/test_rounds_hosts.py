@@ -67,7 +67,7 @@ def test_rounds_on_two_control_processes(pg):
         base = f"/v1/rounds/{rid}/sessions/{sid}"
         # The candidate's sandbox is on a host, reached through either.
         (sbx,) = [s for s, in sql(pg, f"SELECT sandbox_id FROM round_sessions WHERE id = '{sid}'")]
-        (host,) = sql(pg, f"SELECT host_id FROM sandboxes WHERE id = '{sbx}'")[0]
+        (host,) = sql(pg, f"SELECT host_id FROM core_sandboxes WHERE id = '{sbx}'")[0]
         assert host in ("rh-1", "rh-2"), host
         run = req(c1, "POST", f"{base}/run", {"files": {"solution.py": SOLUTION_OK}}, token=tok).json()
         assert run["verdict"] == "ok" and run["stdout"] == "sum 5\n", run
@@ -106,7 +106,7 @@ def test_rounds_on_two_control_processes(pg):
         assert req(c1, "POST", f"{base2}/submit", {"files": {"solution.py": SOLUTION_OK}},
                    token=s2["token"]).status == 202
         wait_for(lambda: "round-grader" in kinds_on(c2, s2["id"]), timeout=60, what="grader up")
-        graders = sql(pg, "SELECT id FROM sandboxes WHERE state IN ('starting','running') "
+        graders = sql(pg, "SELECT id FROM core_sandboxes WHERE state IN ('starting','running') "
                           f"AND metadata->>'hatchery.session' = '{s2['id']}' "
                           "AND metadata->>'hatchery.kind' = 'round-grader'")
         assert len(graders) == 1, graders
@@ -119,8 +119,8 @@ def test_rounds_on_two_control_processes(pg):
         assert (g["result"]["passed"], g["result"]["total"], g["result"]["status"]) == (1, 1, "graded"), g
         # The orphaned grader was deleted, and the submission graded once.
         wait_for(lambda: "round-grader" not in kinds_on(c2, s2["id"]), timeout=60, what="graders gone")
-        assert sql(pg, f"SELECT state FROM sandboxes WHERE id = '{grader}'")[0][0] not in ("starting", "running")
-        assert sql(pg, f"SELECT metadata->>'hatchery.rounds_by' FROM sandboxes WHERE id = '{grader}'") == [["rc-1"]]
+        assert sql(pg, f"SELECT state FROM core_sandboxes WHERE id = '{grader}'")[0][0] not in ("starting", "running")
+        assert sql(pg, f"SELECT metadata->>'hatchery.rounds_by' FROM core_sandboxes WHERE id = '{grader}'") == [["rc-1"]]
         sub = sql(pg, f"SELECT id FROM round_submissions WHERE session_id = '{s2['id']}'")
         assert len(sub) == 1, sub
         assert sql(pg, f"SELECT count(*) FROM round_gradings WHERE submission_id = '{sub[0][0]}'") == [["1"]]
@@ -131,7 +131,7 @@ def test_rounds_on_two_control_processes(pg):
             assert e.status == 200 and e.json()["state"] == "ended", e
         for s in (sid, s2["id"]):
             assert kinds_on(c2, s) == [], s
-        left = sql(pg, "SELECT id FROM sandboxes WHERE state IN ('starting','running') "
+        left = sql(pg, "SELECT id FROM core_sandboxes WHERE state IN ('starting','running') "
                        "AND metadata->>'hatchery.kind' IN ('round-prepare', 'round-grader', 'round-run')")
         assert left == [], left
     finally:

@@ -189,7 +189,7 @@ def assert_key_holders_cannot_pose_as_daemons(pg, c, h, sid):
         assert r.status == 401 and r.json()["error"]["code"] == "unauthorized", r
     # With the key every daemon read from the database, the route is
     # reached (and refuses a body it does not know, writing nothing).
-    [[key]] = sql(pg, "SELECT value FROM deployment_secrets WHERE name = 'daemon_key'")
+    [[key]] = sql(pg, "SELECT value FROM core_secrets WHERE name = 'daemon_key'")
     assert key.startswith("hxd_") and len(key) == 68, key
     r = h.request("POST", f"/v1/sessions/{sid}/model-events", {"kind": "forged"},
                   headers={"X-Hatchery-Daemon-Key": key, "Idempotency-Key": "k0"})

@@ -34,7 +34,7 @@ def snapshot(d, sid, **body):
 
 
 def location(pgs, snap):
-    return sql(pgs, f"SELECT location, host_id FROM snapshots WHERE id = '{snap}'")
+    return sql(pgs, f"SELECT location, host_id FROM core_snapshots WHERE id = '{snap}'")
 
 
 def deleted_logged(d, snap):
@@ -174,7 +174,7 @@ def test_a_paused_e2b_sandbox_is_resumed_once_across_hosts(pg):
         assert a.put_file(sid, "/work/p.txt", b"before the pause").status == 204
         r = a.request("POST", f"/e2b/sandboxes/{sid}/pause", {}, auth=False, headers=e2b_key)
         assert r.status == 204, r
-        assert sql(pg, f"SELECT location FROM snapshots WHERE metadata->>'e2b_paused_sandbox' = '{sid}'") \
+        assert sql(pg, f"SELECT location FROM core_snapshots WHERE metadata->>'e2b_paused_sandbox' = '{sid}'") \
             == [["shared"]]
 
         go = threading.Barrier(2)
@@ -191,14 +191,14 @@ def test_a_paused_e2b_sandbox_is_resumed_once_across_hosts(pg):
             t.join(150)
         statuses = sorted(r.status for r in answers.values())
         assert statuses in ([200, 201], [201, 409]), answers
-        rows = sql(pg, "SELECT id, host_id FROM sandboxes WHERE state = 'running' "
+        rows = sql(pg, "SELECT id, host_id FROM core_sandboxes WHERE state = 'running' "
                        f"AND metadata->>'e2b_sandbox_id' = '{sid}'")
         assert len(rows) == 1, rows
         resumed = rows[0]
         {"sr-a": a, "sr-b": b}[resumed[1]].created.add(resumed[0])
-        assert sql(pg, f"SELECT count(*) FROM snapshots WHERE metadata->>'e2b_paused_sandbox' = '{sid}'") == [["0"]]
+        assert sql(pg, f"SELECT count(*) FROM core_snapshots WHERE metadata->>'e2b_paused_sandbox' = '{sid}'") == [["0"]]
         # The claim was released: no lease of it is still held.
-        assert sql(pg, "SELECT count(*) FROM leases WHERE resource = 'e2b-resume:" + sid + "' "
+        assert sql(pg, "SELECT count(*) FROM core_leases WHERE resource = 'e2b-resume:" + sid + "' "
                        "AND expires_at_ms > (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT") == [["0"]]
         r = b.request("GET", "/e2b/sandbox/files?path=/work/p.txt", auth=False,
                       headers={"E2b-Sandbox-Id": sid, "X-Access-Token": answers[a.port].json().get("envdAccessToken")
@@ -234,5 +234,5 @@ def test_bad_snapshot_store_is_a_start_error(pg):
         os.unlink(not_dir)
     # Refused before it registered or took a lease (run after the test
     # above, so the tables exist).
-    assert sql(pg, "SELECT count(*) FROM hosts WHERE id = 'ss-bad'") == [["0"]]
-    assert sql(pg, "SELECT count(*) FROM leases WHERE resource = 'host:ss-bad'") == [["0"]]
+    assert sql(pg, "SELECT count(*) FROM core_hosts WHERE id = 'ss-bad'") == [["0"]]
+    assert sql(pg, "SELECT count(*) FROM core_leases WHERE resource = 'host:ss-bad'") == [["0"]]

@@ -50,9 +50,10 @@ def daemon(pg, host, restart_of=None):
 def test_api_end_to_end_on_postgres(pg):
     d = daemon(pg, "pg-a")
     try:
-        assert "state store open" in d.log() and "postgres" in d.log()
+        full = open(d.log_path, errors="replace").read()
+        assert "state store open" in full and "postgres" in full
         # Registered, with where its API listens and what it takes.
-        assert sql(pg, "SELECT address, capacity FROM hosts WHERE id = 'pg-a'") == [[f"127.0.0.1:{d.port}", "64"]]
+        assert sql(pg, "SELECT address, capacity FROM core_hosts WHERE id = 'pg-a'") == [[f"127.0.0.1:{d.port}", "64"]]
         sid = d.create(ttl_seconds=300, metadata={"suite": "store", "n": "1"})
         other = d.create(ttl_seconds=300, metadata={"suite": "store", "n": "2"})
         assert d.exec(sid, "echo hi")["stdout"] == "hi\n"
@@ -62,13 +63,13 @@ def test_api_end_to_end_on_postgres(pg):
         assert other in ids and sid not in ids, r
         r = d.request("PATCH", f"/v1/sandboxes/{sid}", {"ttl_seconds": 600})
         assert r.status == 200, r
-        (exp,) = sql(pg, f"SELECT expires_at_ms FROM sandboxes WHERE id = '{sid}'")[0]
+        (exp,) = sql(pg, f"SELECT expires_at_ms FROM core_sandboxes WHERE id = '{sid}'")[0]
         assert abs(int(exp) / 1000 - (time.time() + 600)) < 60, exp
-        rows = dict((r[0], r[1:]) for r in sql(pg, "SELECT id, state, host_id FROM sandboxes"))
+        rows = dict((r[0], r[1:]) for r in sql(pg, "SELECT id, state, host_id FROM core_sandboxes"))
         assert rows[sid] == ["running", "pg-a"], rows
         assert d.delete(sid).status == 204
-        assert sql(pg, f"SELECT state FROM sandboxes WHERE id = '{sid}'") == [["stopped"]]
-        kinds = [k for (k,) in sql(pg, f"SELECT kind FROM events WHERE sandbox_id = '{sid}' ORDER BY seq")]
+        assert sql(pg, f"SELECT state FROM core_sandboxes WHERE id = '{sid}'") == [["stopped"]]
+        kinds = [k for (k,) in sql(pg, f"SELECT kind FROM core_events WHERE sandbox_id = '{sid}' ORDER BY seq")]
         assert kinds[0] == "created" and kinds[-1] == "stopped", kinds
         assert d.request("GET", f"/v1/sandboxes/{sid}").status == 404
     finally:
@@ -80,7 +81,7 @@ def test_bad_host_id_is_refused_at_start(pg):
     try:
         with pytest.raises(RuntimeError, match="host id"):
             d.start()
-        assert sql(pg, "SELECT count(*) FROM leases WHERE owner = 'Not A/Host'") == [["0"]]
+        assert sql(pg, "SELECT count(*) FROM core_leases WHERE owner = 'Not A/Host'") == [["0"]]
     finally:
         d.stop()  # a failed start removed its data dir (harness)
 
@@ -89,12 +90,12 @@ def test_restart_readopts_from_postgres(pg):
     d = daemon(pg, "pg-r")
     sid = d.create(ttl_seconds=300)
     d.put_file(sid, "/work/kept.txt", b"kept")
-    (epoch1,) = sql(pg, "SELECT epoch FROM leases WHERE resource = 'host:pg-r'")[0]
+    (epoch1,) = sql(pg, "SELECT epoch FROM core_leases WHERE resource = 'host:pg-r'")[0]
     d.crash()
     d2 = daemon(pg, "pg-r", restart_of=d)
     d2.created |= d.created
     try:
-        (epoch2,) = sql(pg, "SELECT epoch FROM leases WHERE resource = 'host:pg-r'")[0]
+        (epoch2,) = sql(pg, "SELECT epoch FROM core_leases WHERE resource = 'host:pg-r'")[0]
         assert int(epoch2) == int(epoch1) + 1
         assert d2.request("GET", f"/v1/sandboxes/{sid}").json()["state"] == "running"
         assert d2.exec(sid, "cat /work/kept.txt")["stdout"] == "kept"
@@ -112,13 +113,13 @@ def test_two_hosts_leave_each_other_alone(pg):
         b = daemon(pg, "pg-h2")
         sb = b.create(ttl_seconds=300)
         time.sleep(1.5)  # a few reaper ticks on both
-        assert sql(pg, f"SELECT state, host_id FROM sandboxes WHERE id = '{sa}'") == [["running", "pg-h1"]]
+        assert sql(pg, f"SELECT state, host_id FROM core_sandboxes WHERE id = '{sa}'") == [["running", "pg-h1"]]
         assert a.exec(sa, "echo a")["stdout"] == "a\n"
         assert b.exec(sb, "echo b")["stdout"] == "b\n"
         # A stop sent to the other host is forwarded to the owner
         # (tests/store/test_hosts.py has the rest of routing).
         assert b.request("DELETE", f"/v1/sandboxes/{sa}").status == 204
-        assert sql(pg, f"SELECT state FROM sandboxes WHERE id = '{sa}'") == [["stopped"]]
+        assert sql(pg, f"SELECT state FROM core_sandboxes WHERE id = '{sa}'") == [["stopped"]]
         a.wait_no_leftovers(timeout=30, net=False)
     finally:
         if b:
@@ -131,10 +132,10 @@ def test_fenced_host_kills_its_sandboxes_and_refuses_work(pg):
     new = None
     try:
         sid = old.create(ttl_seconds=300)
-        (e_old,) = sql(pg, "SELECT epoch FROM leases WHERE resource = 'host:pg-f'")[0]
+        (e_old,) = sql(pg, "SELECT epoch FROM core_leases WHERE resource = 'host:pg-f'")[0]
         # Another incarnation with the same identity takes the lease over.
         new = daemon(pg, "pg-f")
-        (e_new,) = sql(pg, "SELECT epoch FROM leases WHERE resource = 'host:pg-f'")[0]
+        (e_new,) = sql(pg, "SELECT epoch FROM core_leases WHERE resource = 'host:pg-f'")[0]
         assert int(e_new) == int(e_old) + 1
         # Every write of the old one is refused from now on: a create
         # answers 503 with Retry-After at once.
@@ -143,7 +144,7 @@ def test_fenced_host_kills_its_sandboxes_and_refuses_work(pg):
         old.wait_no_leftovers(timeout=30, net=False)
         # The old host's late writes were refused: every event after the
         # takeover carries the new epoch, none the old one.
-        evs = sql(pg, f"SELECT kind, epoch FROM events WHERE sandbox_id = '{sid}' ORDER BY seq")
+        evs = sql(pg, f"SELECT kind, epoch FROM core_events WHERE sandbox_id = '{sid}' ORDER BY seq")
         after = [e for (k, e) in evs[[k for k, _ in evs].index("stopped"):]]
         assert all(int(e) == int(e_new) for e in after), evs
         # Within a lease check (every 2 s) the old one learns it lost the
@@ -208,7 +209,8 @@ def test_a_database_not_up_at_start_is_waited_for_with_backoff():
         took = time.time() - t0
         late.join()
         log = open(d.log_path, errors="replace").read()
-        assert log.count("state store not reachable yet") >= 2, log[-2000:]
+        # The first thing a daemon opens is the deployment's database.
+        assert log.count("database store not reachable yet") >= 2, log[-2000:]
         assert took >= 3, took
         sid = d.create(ttl_seconds=60)
         assert d.exec(sid, "echo up")["stdout"] == "up\n"

@@ -19,8 +19,8 @@ pub struct DaemonArgs {
     /// State, key file, runtime state and (by default) templates.
     #[arg(long, env = "HATCHERY_DATA_DIR", default_value = "/var/lib/hatchery")]
     pub data_dir: PathBuf,
-    /// The state store: a `postgres://` URL (shared by many hosts) or a
-    /// SQLite file path (default: DATA_DIR/state.db).
+    /// The deployment's one database: a `postgres://` URL (shared by many
+    /// hosts) or a SQLite file path (default: DATA_DIR/hatchery.db).
     #[arg(long, env = "HATCHERY_DB")]
     pub db: Option<String>,
     /// PostgreSQL connections this daemon may hold at once.

@@ -10,7 +10,7 @@
 #[allow(dead_code)]
 mod pg_server;
 
-use hatchery_store::{host_resource, Fence, PgStore, SandboxRow, SandboxState, SqliteStore, Store};
+use hatchery_store::{host_resource, DbStore, Fence, SandboxRow, SandboxState, Store};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -76,10 +76,14 @@ async fn measure(s: Arc<dyn Store>) -> Figures {
 async fn main() {
     let dir = std::env::temp_dir().join(format!("hx-store-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let sqlite = measure(Arc::new(SqliteStore::open(&dir.join("state.db")).unwrap())).await;
+    let db = hatchery_db::Db::sqlite(&dir.join("hatchery.db"))
+        .await
+        .unwrap();
+    let sqlite = measure(Arc::new(DbStore::open(db).await.unwrap())).await;
     std::fs::remove_dir_all(&dir).ok();
     let pg = pg_server::TestPg::start_with(true);
-    let pgf = measure(Arc::new(PgStore::connect(&pg.dsn, 4).await.unwrap())).await;
+    let db = hatchery_db::Db::postgres(&pg.dsn, 4).unwrap();
+    let pgf = measure(Arc::new(DbStore::open(db).await.unwrap())).await;
     println!(
         "store_bench: {APPENDS} event appends, {ROWS} row lives (insert+running+stop) per backend"
     );

@@ -99,13 +99,11 @@ bounded! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::SqliteStore;
+    use crate::DbStore;
 
     #[tokio::test]
     async fn a_call_that_never_answers_is_unavailable_within_the_limit() {
-        let dir = std::env::temp_dir().join(format!("hx-bounded-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let inner: Arc<dyn Store> = Arc::new(SqliteStore::open(&dir.join("s.db")).unwrap());
+        let inner: Arc<dyn Store> = Arc::new(DbStore::scratch().await.unwrap());
         let b = Bounded::new(inner.clone(), Duration::from_millis(50));
         // A normal call passes through.
         assert_eq!(b.backend(), "sqlite");
@@ -122,6 +120,5 @@ mod tests {
         assert!(t.elapsed() < Duration::from_secs(2));
         assert!(e.is_unavailable(), "{e}");
         assert!(e.to_string().contains("get_live"), "{e}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

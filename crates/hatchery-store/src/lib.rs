@@ -1,32 +1,31 @@
-//! The daemon's state behind one async [`Store`] trait, with two backends:
-//! SQLite (the embedded default, one file) and PostgreSQL (shared by many
-//! hosts). Both run numbered migrations, do every multi-statement change in
-//! one transaction, guard state updates by the states they may move from,
-//! filter metadata in SQL, and check the writer's lease epoch ([`Fence`])
-//! in the same transaction as the write. One conformance suite
-//! ([`conformance`]) holds both to the same contract.
+//! The daemon's state behind one async [`Store`] trait, kept in the
+//! deployment's one database ([`DbStore`] over hatchery-db: SQLite, the
+//! embedded default, or PostgreSQL, shared by many hosts) with one set of
+//! SQL. Numbered migrations, every multi-statement change in one
+//! transaction, state updates guarded by the states they may move from,
+//! metadata filtered in SQL, and the writer's lease epoch ([`Fence`])
+//! checked in the same transaction as the write. One conformance suite
+//! ([`conformance`]) runs on both databases.
 
 mod bounded;
 pub mod conformance;
+mod db;
 mod error;
-mod pg;
 mod pg_migrate;
 mod rows;
-mod sqlite;
 
 pub use bounded::{Bounded, CALL_LIMIT};
+pub use db::{DbStore, IMPORT, SCHEMA};
 pub use error::{BoxError, Result, StoreError};
 pub use hatchery_db::pg_pool::{
     pg_message, pg_pool, pg_pool_read_only, pg_unavailable, PoolConfigError, POOL_TIMEOUT,
     TCP_USER_TIMEOUT,
 };
-pub use pg::PgStore;
 pub use pg_migrate::{MigrateError, PgMigrations};
 pub use rows::{
     host_resource, valid_host_id, Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow,
     SandboxState, SnapshotLocation, SnapshotRow,
 };
-pub use sqlite::SqliteStore;
 
 use async_trait::async_trait;
 use std::collections::BTreeMap;
@@ -165,23 +164,20 @@ pub(crate) fn check_host_fence(f: &Fence) -> Result<()> {
     Ok(())
 }
 
-/// Opens the store `db` names: a `postgres://` or `postgresql://` URL (or
-/// a libpq `host=... ` string) selects PostgreSQL with a pool of
-/// `pg_pool` connections; anything else is a SQLite file path (an optional
-/// `sqlite://` prefix is stripped). Migrations run before this returns.
-pub async fn open(db: &str, pg_pool: usize) -> Result<Arc<dyn Store>> {
-    if is_postgres(db) {
-        let pg: Arc<dyn Store> = Arc::new(PgStore::connect(db, pg_pool).await?);
-        Ok(Arc::new(Bounded::new(pg, CALL_LIMIT)))
+/// The state store in the deployment's database, its migrations run. On
+/// PostgreSQL every call is bounded in time ([`Bounded`]): a database that
+/// stops answering is a 503, not a hung request.
+pub async fn open(db: hatchery_db::Db) -> Result<Arc<dyn Store>> {
+    let postgres = db.dialect() == hatchery_db::Dialect::Postgres;
+    let s: Arc<dyn Store> = Arc::new(DbStore::open(db).await?);
+    Ok(if postgres {
+        Arc::new(Bounded::new(s, CALL_LIMIT))
     } else {
-        let path = db.strip_prefix("sqlite://").unwrap_or(db);
-        Ok(Arc::new(SqliteStore::open(std::path::Path::new(path))?))
-    }
+        s
+    })
 }
 
-pub fn is_postgres(db: &str) -> bool {
-    db.starts_with("postgres://") || db.starts_with("postgresql://") || db.contains("host=")
-}
+pub use hatchery_db::is_postgres;
 
 /// The PostgreSQL a store's conformance test runs on:
 /// `HATCHERY_TEST_PG_DSN`, or `None` (the test returns, saying so), unless

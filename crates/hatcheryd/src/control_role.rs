@@ -15,8 +15,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     crate::serve::prepare_data_dir(&data)?;
     let (key, _) =
         crate::key::load_or_create(&data).map_err(|e| DaemonError::DataDir(data.clone(), e))?;
-    let store = crate::state_db::open(&args, &data).await?;
     let db = crate::state_db::open_db(&args, &data).await?;
+    let store = crate::state_db::open(&args, &db, &data).await?;
     let daemon_key = crate::key::daemon_key(&*store)
         .await
         .map_err(DaemonError::DaemonKey)?;

@@ -115,8 +115,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let terminal_secret = crate::key::terminal_secret(&data)
         .map_err(|e| DaemonError::DataDir(data.join("terminal_secret"), e))?;
 
-    let store = crate::state_db::open(&args, &data).await?;
     let db = crate::state_db::open_db(&args, &data).await?;
+    let store = crate::state_db::open(&args, &db, &data).await?;
     let daemon_key = crate::key::daemon_key(&*store)
         .await
         .map_err(DaemonError::DaemonKey)?;

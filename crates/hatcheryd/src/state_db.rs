@@ -39,19 +39,22 @@ where
     }
 }
 
-/// The deployment's one database (issue 32): the `postgres://` `--db`,
-/// or DATA_DIR/hatchery.db. Products moved onto it keep their state here;
-/// the others still open their own files (docs/architecture.md). Waits
-/// for a PostgreSQL that is not up yet, as the state store does.
+/// The deployment's one database: `--db` (a `postgres://` URL or a SQLite
+/// path), by default DATA_DIR/hatchery.db. Products moved onto it keep
+/// their state here; the others still open their own files
+/// (docs/architecture.md). Waits for a PostgreSQL that is not up yet.
 pub async fn open_db(args: &DaemonArgs, data: &Path) -> Result<hatchery_db::Db, DaemonError> {
     let err = |what: &str| {
         let what = what.to_owned();
         move |source| DaemonError::Db { what, source }
     };
-    let db = match args.shared_db() {
-        Some(dsn) => hatchery_db::Db::postgres(dsn, args.db_pool).map_err(err("address"))?,
-        None => {
-            let file = data.join(hatchery_db::DB_FILE);
+    let db = match (args.shared_db(), &args.db) {
+        (Some(dsn), _) => hatchery_db::Db::postgres(dsn, args.db_pool).map_err(err("address"))?,
+        (None, file) => {
+            let file = file
+                .as_ref()
+                .map(|f| std::path::PathBuf::from(f.strip_prefix("sqlite://").unwrap_or(f)))
+                .unwrap_or_else(|| data.join(hatchery_db::DB_FILE));
             hatchery_db::Db::sqlite(&file)
                 .await
                 .map_err(err(&file.display().to_string()))?
@@ -68,21 +71,38 @@ pub async fn open_db(args: &DaemonArgs, data: &Path) -> Result<hatchery_db::Db, 
     Ok(db)
 }
 
-pub async fn open(args: &DaemonArgs, data: &Path) -> Result<Arc<dyn Store>, DaemonError> {
-    let db = args
-        .db
-        .clone()
-        .unwrap_or_else(|| data.join("state.db").to_string_lossy().into_owned());
-    let shown = hatchery_store::redact(&db);
+/// The state store in `db`; a single-host data dir of the previous
+/// release has its DATA_DIR/state.db imported once.
+pub async fn open(
+    args: &DaemonArgs,
+    db: &hatchery_db::Db,
+    data: &Path,
+) -> Result<Arc<dyn Store>, DaemonError> {
     let s = retry_while_unreachable(
         "state",
-        || hatchery_store::open(&db, args.db_pool),
+        || hatchery_store::open(db.clone()),
         |e| matches!(e, StoreError::Unavailable(_)),
     )
     .await
     .map_err(|e| DaemonError::Core(e.into()))?;
-    tracing::info!(db = %shown, backend = s.backend(), host = %args.host_id, "state store open");
+    import(db, data, &hatchery_store::IMPORT).await?;
+    tracing::info!(db = %db.describe(), backend = s.backend(), host = %args.host_id, "state store open");
     Ok(s)
+}
+
+/// Imports a product's file of the previous release into `db`, once.
+pub async fn import(
+    db: &hatchery_db::Db,
+    data: &Path,
+    what: &hatchery_db::Import,
+) -> Result<(), DaemonError> {
+    db.import_sqlite(data, what)
+        .await
+        .map(|_| ())
+        .map_err(|source| DaemonError::Db {
+            what: format!("importing {}", what.file),
+            source,
+        })
 }
 
 /// The policy store, in the deployment's one database (every host reads
@@ -100,11 +120,6 @@ pub async fn open_policies(
         |e| matches!(e, PolicyError::Unavailable(_)),
     )
     .await?;
-    db.import_sqlite(data, &hatchery_policy::store::IMPORT)
-        .await
-        .map_err(|source| DaemonError::Db {
-            what: "importing policies.db".into(),
-            source,
-        })?;
+    import(db, data, &hatchery_policy::store::IMPORT).await?;
     Ok(Arc::new(s))
 }

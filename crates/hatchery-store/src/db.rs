@@ -1,0 +1,855 @@
+//! [`DbStore`]: the daemon's state in the deployment's one database
+//! (hatchery-db), the same SQL on SQLite and PostgreSQL. Tables
+//! `core_sandboxes`, `core_events`, `core_snapshots`, `core_net`,
+//! `core_leases`, `core_hosts` and `core_secrets`.
+//!
+//! Every change is one write transaction that first reads the writer's
+//! lease row (`FOR SHARE` on PostgreSQL: a takeover, an UPDATE of that
+//! row, waits for the write to commit, and a write after the takeover sees
+//! the new epoch and is refused; on SQLite the write transaction holds
+//! the only write lock), so no write of a fenced-off host lands after its
+//! lease moved on (Temporal's `range_id` pattern). Leases use the
+//! database's clock, never a host's.
+
+use crate::rows::{
+    Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow, SandboxState, SnapshotRow,
+};
+use crate::{
+    check_host_fence, check_transition, from_json, location_of, state_of, to_json, warm_json,
+    warm_list, Result, Store, StoreError,
+};
+use async_trait::async_trait;
+use hatchery_db::{args, Db, Dialect, Import, Migrations, Row, Step, Tx, Value};
+use std::collections::BTreeMap;
+
+/// The core's schema. Append only.
+pub static SCHEMA: Migrations = Migrations {
+    product: "core",
+    steps: &[Step::Each {
+        sqlite: SQLITE_SCHEMA,
+        // A database of the previous release (the old PostgreSQL store,
+        // all five of its migrations run) has the same tables without the
+        // prefix: renamed in place, rows and indexes kept; then what is
+        // missing is created. Metadata is JSONB with a GIN index there
+        // (containment filters), text filtered with json_each on SQLite.
+        postgres: PG_SCHEMA,
+    }],
+};
+
+/// The schema text, with the type of the metadata and env columns.
+macro_rules! schema_text {
+    ($json:literal, $prefix:literal, $suffix:literal) => {
+        concat!($prefix, schema_tables!($json), $suffix)
+    };
+}
+
+macro_rules! schema_tables {
+    ($json:literal) => {
+        concat!(
+            "CREATE TABLE IF NOT EXISTS core_sandboxes (
+       id TEXT PRIMARY KEY, template TEXT NOT NULL, state TEXT NOT NULL,
+       created_at_ms BIGINT NOT NULL, expires_at_ms BIGINT NOT NULL,
+       ended_at_ms BIGINT, end_reason TEXT,
+       metadata ", $json, " NOT NULL, env ", $json, " NOT NULL, host_id TEXT NOT NULL);
+     CREATE INDEX IF NOT EXISTS core_sandboxes_state ON core_sandboxes(state, expires_at_ms);
+     CREATE INDEX IF NOT EXISTS core_sandboxes_host ON core_sandboxes(host_id, state, expires_at_ms);
+     CREATE TABLE IF NOT EXISTS core_events (
+       seq BIGSERIAL PRIMARY KEY, sandbox_id TEXT NOT NULL, at_ms BIGINT NOT NULL,
+       kind TEXT NOT NULL, detail TEXT NOT NULL, epoch BIGINT NOT NULL);
+     CREATE INDEX IF NOT EXISTS core_events_sandbox ON core_events(sandbox_id, seq);
+     CREATE TABLE IF NOT EXISTS core_snapshots (
+       id TEXT PRIMARY KEY, sandbox_id TEXT NOT NULL, template TEXT NOT NULL,
+       created_at_ms BIGINT NOT NULL, expires_at_ms BIGINT NOT NULL, size_bytes BIGINT NOT NULL,
+       metadata ", $json, " NOT NULL, env ", $json, " NOT NULL,
+       rootfs TEXT NOT NULL, limits TEXT NOT NULL, host_id TEXT NOT NULL, location TEXT NOT NULL);
+     CREATE INDEX IF NOT EXISTS core_snapshots_host ON core_snapshots(host_id, expires_at_ms);
+     CREATE INDEX IF NOT EXISTS core_snapshots_location ON core_snapshots(location, expires_at_ms);
+     CREATE TABLE IF NOT EXISTS core_net (
+       id TEXT PRIMARY KEY, slot INTEGER NOT NULL, policy TEXT NOT NULL, host_id TEXT NOT NULL);
+     CREATE TABLE IF NOT EXISTS core_leases (
+       resource TEXT PRIMARY KEY, owner TEXT NOT NULL, epoch BIGINT NOT NULL,
+       expires_at_ms BIGINT NOT NULL);
+     CREATE TABLE IF NOT EXISTS core_hosts (
+       id TEXT PRIMARY KEY, address TEXT NOT NULL, capacity INTEGER NOT NULL,
+       live INTEGER NOT NULL DEFAULT 0, epoch BIGINT NOT NULL,
+       registered_at_ms BIGINT NOT NULL, heartbeat_at_ms BIGINT NOT NULL,
+       warm_templates TEXT NOT NULL DEFAULT '[]');
+     CREATE TABLE IF NOT EXISTS core_secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        )
+    };
+}
+
+const SQLITE_SCHEMA: &str = schema_text!("TEXT", "", "");
+const PG_SCHEMA: &str = schema_text!(
+    "JSONB",
+    "ALTER TABLE IF EXISTS sandboxes RENAME TO core_sandboxes;
+     ALTER INDEX IF EXISTS sandboxes_state RENAME TO core_sandboxes_state;
+     ALTER INDEX IF EXISTS sandboxes_host RENAME TO core_sandboxes_host;
+     ALTER INDEX IF EXISTS sandboxes_metadata RENAME TO core_sandboxes_metadata;
+     ALTER TABLE IF EXISTS events RENAME TO core_events;
+     ALTER INDEX IF EXISTS events_sandbox RENAME TO core_events_sandbox;
+     ALTER TABLE IF EXISTS snapshots RENAME TO core_snapshots;
+     ALTER INDEX IF EXISTS snapshots_host RENAME TO core_snapshots_host;
+     ALTER INDEX IF EXISTS snapshots_location RENAME TO core_snapshots_location;
+     ALTER TABLE IF EXISTS sandbox_net RENAME TO core_net;
+     ALTER TABLE IF EXISTS leases RENAME TO core_leases;
+     ALTER TABLE IF EXISTS hosts RENAME TO core_hosts;
+     ALTER TABLE IF EXISTS deployment_secrets RENAME TO core_secrets;
+     ",
+    "
+     CREATE INDEX IF NOT EXISTS core_sandboxes_metadata ON core_sandboxes USING GIN (metadata jsonb_path_ops);"
+);
+
+/// A single-host data dir of the previous release: DATA_DIR/state.db (its
+/// six SQLite migrations run), copied whole.
+pub static IMPORT: Import = Import {
+    file: "state.db",
+    copy: &[
+        "INSERT INTO core_sandboxes (id, template, state, created_at_ms, expires_at_ms, ended_at_ms, end_reason, metadata, env, host_id)
+           SELECT id, template, state, created_at_ms, expires_at_ms, ended_at_ms, end_reason, metadata, env, host_id FROM old.sandboxes",
+        "INSERT INTO core_events (seq, sandbox_id, at_ms, kind, detail, epoch)
+           SELECT seq, sandbox_id, at_ms, kind, detail, epoch FROM old.events",
+        "INSERT INTO core_snapshots (id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id, location)
+           SELECT id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id, location FROM old.snapshots",
+        "INSERT INTO core_net (id, slot, policy, host_id) SELECT id, slot, policy, host_id FROM old.sandbox_net",
+        // The daemon took its host lease before the import: the old epoch
+        // is kept only where it is higher, so a write fenced by either
+        // incarnation is judged against the newest.
+        "INSERT INTO core_leases (resource, owner, epoch, expires_at_ms)
+           SELECT resource, owner, epoch, expires_at_ms FROM old.leases WHERE true
+           ON CONFLICT (resource) DO UPDATE SET epoch = max(core_leases.epoch, excluded.epoch)",
+        "INSERT OR IGNORE INTO core_hosts (id, address, capacity, live, epoch, registered_at_ms, heartbeat_at_ms, warm_templates)
+           SELECT id, address, capacity, live, epoch, registered_at_ms, heartbeat_at_ms, warm_templates FROM old.hosts",
+        "INSERT OR IGNORE INTO core_secrets (name, value) SELECT name, value FROM old.deployment_secrets",
+    ],
+};
+
+const LIVE: &str = "('starting', 'running')";
+const UNSTOPPED: &str = "('pooled', 'starting', 'running')";
+
+/// The database's clock in milliseconds (leases never use a host's).
+fn db_now(d: Dialect) -> &'static str {
+    d.pick(
+        "CAST(unixepoch('subsec') * 1000 AS INTEGER)",
+        "CAST(extract(epoch from clock_timestamp()) * 1000 AS BIGINT)",
+    )
+}
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// The store's view of a database error: retryable when the database is
+/// not there, named by what was being done otherwise.
+fn db(op: &'static str) -> impl FnOnce(hatchery_db::DbError) -> StoreError {
+    move |e| {
+        if e.unavailable() {
+            StoreError::Unavailable(format!("{op}: {e}"))
+        } else {
+            StoreError::Backend {
+                op,
+                source: Box::new(e),
+            }
+        }
+    }
+}
+
+pub struct DbStore {
+    db: Db,
+}
+
+impl DbStore {
+    /// Runs the core's migrations not yet run.
+    pub async fn open(db: Db) -> Result<DbStore> {
+        db.migrate(&SCHEMA).await.map_err(|e| match e {
+            hatchery_db::MigrateError::TooNew { found, known, .. } => {
+                StoreError::SchemaTooNew { found, known }
+            }
+            e if e.unavailable() => StoreError::Unavailable(e.to_string()),
+            e => StoreError::Backend {
+                op: "migrate",
+                source: Box::new(e),
+            },
+        })?;
+        Ok(DbStore { db })
+    }
+
+    /// A scratch SQLite database (tests).
+    pub async fn scratch() -> Result<DbStore> {
+        Self::open(Db::sqlite_memory().map_err(db("open"))?).await
+    }
+
+    /// How many of the core's migrations the database has recorded.
+    pub async fn schema_version(&self) -> Result<u64> {
+        SCHEMA
+            .check(&self.db)
+            .await
+            .map_err(|e| StoreError::Backend {
+                op: "schema version",
+                source: Box::new(e),
+            })
+    }
+
+    async fn rows<T>(
+        &self,
+        sql: &str,
+        args: &[Value],
+        map: impl Fn(&Row) -> Result<T>,
+    ) -> Result<Vec<T>> {
+        let rows = self.db.query(sql, args).await.map_err(db("query"))?;
+        rows.iter().map(map).collect()
+    }
+
+    /// A write transaction with the fence checked in it.
+    async fn fenced(&self, f: &Fence) -> Result<Tx> {
+        let mut tx = self.db.begin().await.map_err(db("begin"))?;
+        check_fence(&mut tx, f).await?;
+        Ok(tx)
+    }
+}
+
+async fn commit<T>(tx: Tx, out: T) -> Result<T> {
+    tx.commit().await.map_err(db("commit"))?;
+    Ok(out)
+}
+
+async fn check_fence(tx: &mut Tx, f: &Fence) -> Result<()> {
+    let cur = tx
+        .query_opt(
+            "SELECT owner, epoch FROM core_leases WHERE resource = $1 FOR SHARE",
+            args![&f.resource],
+        )
+        .await
+        .map_err(db("fence check"))?;
+    let (owner, epoch) = match cur {
+        Some(r) => (get(&r, "owner")?, get::<u64>(&r, "epoch")?),
+        None => (String::new(), 0),
+    };
+    if owner == f.owner && epoch == f.epoch {
+        Ok(())
+    } else {
+        Err(StoreError::Fenced {
+            resource: f.resource.clone(),
+            owner,
+            held: f.epoch,
+            current: epoch,
+        })
+    }
+}
+
+fn get<T: hatchery_db::FromValue>(r: &Row, col: &str) -> Result<T> {
+    r.get(col).map_err(db("read row"))
+}
+
+async fn event(tx: &mut Tx, f: &Fence, id: &str, kind: &str, detail: &str) -> Result<u64> {
+    let r = tx
+        .query_one(
+            "INSERT INTO core_events (sandbox_id, at_ms, kind, detail, epoch) VALUES ($1, $2, $3, $4, $5) RETURNING seq",
+            args![id, wall_ms(), kind, detail, f.epoch],
+        )
+        .await
+        .map_err(db("append event"))?;
+    get(&r, "seq")
+}
+
+const SELECT: &str = "SELECT id, template, state, created_at_ms, expires_at_ms, metadata, env, host_id FROM core_sandboxes";
+
+fn row(r: &Row) -> Result<SandboxRow> {
+    Ok(SandboxRow {
+        id: get(r, "id")?,
+        template: get(r, "template")?,
+        state: state_of(&get::<String>(r, "state")?)?,
+        created_at_ms: get(r, "created_at_ms")?,
+        expires_at_ms: get(r, "expires_at_ms")?,
+        metadata: from_json("metadata", &get::<String>(r, "metadata")?)?,
+        env: from_json("env", &get::<String>(r, "env")?)?,
+        host_id: get(r, "host_id")?,
+    })
+}
+
+const SNAP_SELECT: &str = "SELECT id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id, location FROM core_snapshots";
+
+fn snap_row(r: &Row) -> Result<SnapshotRow> {
+    Ok(SnapshotRow {
+        id: get(r, "id")?,
+        sandbox_id: get(r, "sandbox_id")?,
+        template: get(r, "template")?,
+        created_at_ms: get(r, "created_at_ms")?,
+        expires_at_ms: get(r, "expires_at_ms")?,
+        size_bytes: get(r, "size_bytes")?,
+        metadata: from_json("metadata", &get::<String>(r, "metadata")?)?,
+        env: from_json("env", &get::<String>(r, "env")?)?,
+        rootfs: get(r, "rootfs")?,
+        limits: get(r, "limits")?,
+        host_id: get(r, "host_id")?,
+        location: location_of(&get::<String>(r, "location")?)?,
+    })
+}
+
+fn lease_row(r: &Row) -> Result<Lease> {
+    let expires: i64 = get(r, "expires_at_ms")?;
+    let now: i64 = get(r, "now_ms")?;
+    Ok(Lease {
+        resource: get(r, "resource")?,
+        owner: get(r, "owner")?,
+        epoch: get(r, "epoch")?,
+        expires_at_ms: expires.max(0) as u64,
+        valid_for_ms: (expires - now).max(0) as u64,
+    })
+}
+
+fn lease_cols(d: Dialect) -> String {
+    format!(
+        "resource, owner, epoch, expires_at_ms, {} AS now_ms",
+        db_now(d)
+    )
+}
+
+fn states_list(from: &[SandboxState]) -> String {
+    let v: Vec<String> = from.iter().map(|s| format!("'{}'", s.as_str())).collect();
+    v.join(", ")
+}
+
+/// `AND` conditions on `table` for a metadata filter, its parameters
+/// appended to `args`: JSONB containment on PostgreSQL (its GIN index
+/// answers it), one json_each match per pair on SQLite (exact keys,
+/// whatever characters they hold).
+fn metadata_clause(
+    d: Dialect,
+    table: &str,
+    filter: &BTreeMap<String, String>,
+    args: &mut Vec<Value>,
+) -> String {
+    if filter.is_empty() {
+        return String::new();
+    }
+    match d {
+        Dialect::Postgres => {
+            args.push(to_json(filter).into());
+            format!(" AND {table}.metadata @> ${}", args.len())
+        }
+        Dialect::Sqlite => {
+            let mut sql = String::new();
+            for (k, v) in filter {
+                args.push(k.into());
+                let kn = args.len();
+                args.push(v.into());
+                let vn = args.len();
+                sql.push_str(&format!(
+                    " AND EXISTS (SELECT 1 FROM json_each({table}.metadata) j WHERE j.key = ${kn} AND j.type = 'text' AND j.value = ${vn})"
+                ));
+            }
+            sql
+        }
+    }
+}
+
+/// `AND` conditions on `core_sandboxes` for a filter: its template and
+/// every metadata pair.
+fn filter_clause(d: Dialect, filter: &SandboxFilter, args: &mut Vec<Value>) -> String {
+    let mut sql = String::new();
+    if let Some(t) = &filter.template {
+        args.push(t.into());
+        sql.push_str(&format!(" AND template = ${}", args.len()));
+    }
+    sql + &metadata_clause(d, "core_sandboxes", &filter.metadata, args)
+}
+
+#[async_trait]
+impl Store for DbStore {
+    fn backend(&self) -> &'static str {
+        match self.db.dialect() {
+            Dialect::Sqlite => "sqlite",
+            Dialect::Postgres => "postgres",
+        }
+    }
+
+    async fn insert_sandbox(&self, f: &Fence, r: &SandboxRow) -> Result<()> {
+        let mut tx = self.fenced(f).await?;
+        tx.execute(
+            "INSERT INTO core_sandboxes (id, template, state, created_at_ms, expires_at_ms, metadata, env, host_id)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            args![
+                &r.id,
+                &r.template,
+                r.state.as_str(),
+                r.created_at_ms,
+                r.expires_at_ms,
+                to_json(&r.metadata),
+                to_json(&r.env),
+                &f.owner
+            ],
+        )
+        .await
+        .map_err(db("insert sandbox"))?;
+        event(&mut tx, f, &r.id, "created", &r.template).await?;
+        commit(tx, ()).await
+    }
+
+    async fn transition(
+        &self,
+        f: &Fence,
+        id: &str,
+        from: &[SandboxState],
+        to: SandboxState,
+    ) -> Result<bool> {
+        check_transition(from, to)?;
+        let sql = format!(
+            "UPDATE core_sandboxes SET state = $1 WHERE id = $2 AND host_id = $3 AND state IN ({})",
+            states_list(from)
+        );
+        let mut tx = self.fenced(f).await?;
+        let n = tx
+            .execute(&sql, args![to.as_str(), id, &f.owner])
+            .await
+            .map_err(db("transition"))?;
+        if n > 0 {
+            event(&mut tx, f, id, to.as_str(), "").await?;
+        }
+        commit(tx, n > 0).await
+    }
+
+    async fn stop(&self, f: &Fence, id: &str, reason: &str, now_ms: u64) -> Result<bool> {
+        let mut tx = self.fenced(f).await?;
+        let n = tx
+            .execute(
+                &format!(
+                    "UPDATE core_sandboxes SET state = 'stopped', ended_at_ms = $2, end_reason = $3
+                     WHERE id = $1 AND host_id = $4 AND state IN {UNSTOPPED}"
+                ),
+                args![id, now_ms, reason, &f.owner],
+            )
+            .await
+            .map_err(db("stop"))?;
+        if n > 0 {
+            event(&mut tx, f, id, "stopped", reason).await?;
+        }
+        commit(tx, n > 0).await
+    }
+
+    async fn claim(&self, f: &Fence, r: &SandboxRow) -> Result<bool> {
+        let mut tx = self.fenced(f).await?;
+        let n = tx
+            .execute(
+                "UPDATE core_sandboxes SET state = 'running', created_at_ms = $2, expires_at_ms = $3,
+                   metadata = $4, env = $5
+                 WHERE id = $1 AND host_id = $6 AND state = 'pooled'",
+                args![
+                    &r.id,
+                    r.created_at_ms,
+                    r.expires_at_ms,
+                    to_json(&r.metadata),
+                    to_json(&r.env),
+                    &f.owner
+                ],
+            )
+            .await
+            .map_err(db("claim"))?;
+        if n > 0 {
+            event(&mut tx, f, &r.id, "claimed", "").await?;
+        }
+        commit(tx, n > 0).await
+    }
+
+    async fn set_expiry(&self, f: &Fence, id: &str, expires_at_ms: u64) -> Result<bool> {
+        let mut tx = self.fenced(f).await?;
+        let n = tx
+            .execute(
+                &format!(
+                    "UPDATE core_sandboxes SET expires_at_ms = $2 WHERE id = $1 AND host_id = $3 AND state IN {UNSTOPPED}"
+                ),
+                args![id, expires_at_ms, &f.owner],
+            )
+            .await
+            .map_err(db("set expiry"))?;
+        if n > 0 {
+            event(&mut tx, f, id, "ttl", &expires_at_ms.to_string()).await?;
+        }
+        commit(tx, n > 0).await
+    }
+
+    async fn get_live(&self, id: &str) -> Result<Option<SandboxRow>> {
+        let mut v = self
+            .rows(
+                &format!("{SELECT} WHERE id = $1 AND state IN {LIVE}"),
+                args![id],
+                row,
+            )
+            .await?;
+        Ok(v.pop())
+    }
+
+    async fn list_live(&self, filter: &SandboxFilter) -> Result<Vec<SandboxRow>> {
+        let mut args = Vec::new();
+        let mut sql = format!("{SELECT} WHERE state IN {LIVE}");
+        sql.push_str(&filter_clause(self.db.dialect(), filter, &mut args));
+        sql.push_str(" ORDER BY created_at_ms, id");
+        self.rows(&sql, &args, row).await
+    }
+
+    async fn list_unstopped(&self, host: &str) -> Result<Vec<SandboxRow>> {
+        self.rows(
+            &format!(
+                "{SELECT} WHERE host_id = $1 AND state IN {UNSTOPPED} ORDER BY created_at_ms, id"
+            ),
+            args![host],
+            row,
+        )
+        .await
+    }
+
+    async fn expired(&self, host: &str, now_ms: u64) -> Result<Vec<String>> {
+        self.rows(
+            &format!("SELECT id FROM core_sandboxes WHERE host_id = $1 AND state IN {UNSTOPPED} AND expires_at_ms <= $2 ORDER BY id"),
+            args![host, now_ms],
+            |r| get(r, "id"),
+        )
+        .await
+    }
+
+    async fn append_event(&self, f: &Fence, id: &str, kind: &str, detail: &str) -> Result<u64> {
+        let mut tx = self.fenced(f).await?;
+        let seq = event(&mut tx, f, id, kind, detail).await?;
+        commit(tx, seq).await
+    }
+
+    async fn events(&self, id: &str) -> Result<Vec<Event>> {
+        self.rows(
+            "SELECT seq, sandbox_id, at_ms, kind, detail, epoch FROM core_events WHERE sandbox_id = $1 ORDER BY seq",
+            args![id],
+            |r| {
+                Ok(Event {
+                    seq: get(r, "seq")?,
+                    sandbox_id: get(r, "sandbox_id")?,
+                    at_ms: get(r, "at_ms")?,
+                    kind: get(r, "kind")?,
+                    detail: get(r, "detail")?,
+                    epoch: get(r, "epoch")?,
+                })
+            },
+        )
+        .await
+    }
+
+    async fn insert_snapshot(&self, f: &Fence, s: &SnapshotRow) -> Result<()> {
+        let mut tx = self.fenced(f).await?;
+        tx.execute(
+            "INSERT INTO core_snapshots (id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id, location)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+            args![
+                &s.id,
+                &s.sandbox_id,
+                &s.template,
+                s.created_at_ms,
+                s.expires_at_ms,
+                s.size_bytes,
+                to_json(&s.metadata),
+                to_json(&s.env),
+                &s.rootfs,
+                &s.limits,
+                &f.owner,
+                s.location.written_by(&f.owner)
+            ],
+        )
+        .await
+        .map_err(db("insert snapshot"))?;
+        event(&mut tx, f, &s.sandbox_id, "snapshot", &s.id).await?;
+        commit(tx, ()).await
+    }
+
+    async fn get_snapshot(&self, id: &str) -> Result<Option<SnapshotRow>> {
+        let mut v = self
+            .rows(&format!("{SNAP_SELECT} WHERE id = $1"), args![id], snap_row)
+            .await?;
+        Ok(v.pop())
+    }
+
+    async fn list_snapshots(&self, filter: &BTreeMap<String, String>) -> Result<Vec<SnapshotRow>> {
+        let mut args = Vec::new();
+        let sql = format!(
+            "{SNAP_SELECT} WHERE true{} ORDER BY created_at_ms, id",
+            metadata_clause(self.db.dialect(), "core_snapshots", filter, &mut args)
+        );
+        self.rows(&sql, &args, snap_row).await
+    }
+
+    async fn count_snapshots_of(&self, template: &str) -> Result<u64> {
+        let v = self
+            .rows(
+                "SELECT count(*) AS n FROM core_snapshots WHERE template = $1",
+                args![template],
+                |r| get::<u64>(r, "n"),
+            )
+            .await?;
+        Ok(v.first().copied().unwrap_or(0))
+    }
+
+    async fn delete_snapshot(&self, f: &Fence, id: &str) -> Result<bool> {
+        let mut tx = self.fenced(f).await?;
+        let n = tx
+            .execute(
+                "DELETE FROM core_snapshots WHERE id = $1 AND (location = $2 OR location = 'shared')",
+                args![id, format!("local:{}", f.owner)],
+            )
+            .await
+            .map_err(db("delete snapshot"))?;
+        commit(tx, n > 0).await
+    }
+
+    async fn expired_snapshots(&self, host: &str, now_ms: u64) -> Result<Vec<String>> {
+        self.rows(
+            "SELECT id FROM core_snapshots WHERE location = $1 AND expires_at_ms <= $2 ORDER BY id",
+            args![format!("local:{host}"), now_ms],
+            |r| get(r, "id"),
+        )
+        .await
+    }
+
+    async fn expired_shared_snapshots(&self, now_ms: u64) -> Result<Vec<String>> {
+        self.rows(
+            "SELECT id FROM core_snapshots WHERE location = 'shared' AND expires_at_ms <= $1 ORDER BY id",
+            args![now_ms],
+            |r| get(r, "id"),
+        )
+        .await
+    }
+
+    async fn set_net(
+        &self,
+        f: &Fence,
+        id: &str,
+        slot: u32,
+        policy: &str,
+        record: bool,
+    ) -> Result<()> {
+        let mut tx = self.fenced(f).await?;
+        tx.execute(
+            "INSERT INTO core_net (id, slot, policy, host_id) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (id) DO UPDATE SET slot = $2, policy = $3, host_id = $4",
+            args![id, slot, policy, &f.owner],
+        )
+        .await
+        .map_err(db("set net"))?;
+        if record {
+            event(&mut tx, f, id, "network_policy", policy).await?;
+        }
+        commit(tx, ()).await
+    }
+
+    async fn clear_net(&self, f: &Fence, id: &str) -> Result<()> {
+        let mut tx = self.fenced(f).await?;
+        tx.execute(
+            "DELETE FROM core_net WHERE id = $1 AND host_id = $2",
+            args![id, &f.owner],
+        )
+        .await
+        .map_err(db("clear net"))?;
+        commit(tx, ()).await
+    }
+
+    async fn all_net(&self, host: &str) -> Result<Vec<NetRow>> {
+        self.rows(
+            "SELECT id, slot, policy FROM core_net WHERE host_id = $1 ORDER BY slot",
+            args![host],
+            |r| {
+                Ok(NetRow {
+                    sandbox_id: get(r, "id")?,
+                    slot: get(r, "slot")?,
+                    policy: get(r, "policy")?,
+                })
+            },
+        )
+        .await
+    }
+
+    async fn take_lease(&self, resource: &str, owner: &str, ttl_ms: u64) -> Result<Lease> {
+        let d = self.db.dialect();
+        let mut tx = self.db.begin().await.map_err(db("begin"))?;
+        tx.execute(
+            "INSERT INTO core_leases (resource, owner, epoch, expires_at_ms) VALUES ($1, '', 0, 0)
+             ON CONFLICT (resource) DO NOTHING",
+            args![resource],
+        )
+        .await
+        .map_err(db("lease row"))?;
+        // The row lock orders racing takes: the second sees the first's.
+        let cur = tx
+            .query_one(
+                &format!(
+                    "SELECT {} FROM core_leases WHERE resource = $1 FOR UPDATE",
+                    lease_cols(d)
+                ),
+                args![resource],
+            )
+            .await
+            .map_err(db("read lease"))?;
+        let cur = lease_row(&cur)?;
+        if cur.owner != owner && cur.valid_for_ms > 0 {
+            return Err(StoreError::LeaseHeld {
+                resource: resource.into(),
+                owner: cur.owner,
+                for_ms: cur.valid_for_ms,
+            });
+        }
+        let r = tx
+            .query_one(
+                &format!(
+                    "UPDATE core_leases SET owner = $2, epoch = epoch + 1, expires_at_ms = {} + $3
+                     WHERE resource = $1 RETURNING {}",
+                    db_now(d),
+                    lease_cols(d)
+                ),
+                args![resource, owner, ttl_ms],
+            )
+            .await
+            .map_err(db("take lease"))?;
+        let l = lease_row(&r)?;
+        commit(tx, l).await
+    }
+
+    async fn renew_lease(&self, f: &Fence, ttl_ms: u64) -> Result<Lease> {
+        let d = self.db.dialect();
+        let mut tx = self.fenced(f).await?;
+        let r = tx
+            .query_one(
+                &format!(
+                    "UPDATE core_leases SET expires_at_ms = {} + $2 WHERE resource = $1 RETURNING {}",
+                    db_now(d),
+                    lease_cols(d)
+                ),
+                args![&f.resource, ttl_ms],
+            )
+            .await
+            .map_err(db("renew lease"))?;
+        let l = lease_row(&r)?;
+        commit(tx, l).await
+    }
+
+    async fn release_lease(&self, f: &Fence) -> Result<bool> {
+        let mut tx = match self.fenced(f).await {
+            Ok(tx) => tx,
+            Err(StoreError::Fenced { .. }) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let n = tx
+            .execute(
+                "UPDATE core_leases SET expires_at_ms = 0 WHERE resource = $1",
+                args![&f.resource],
+            )
+            .await
+            .map_err(db("release lease"))?;
+        commit(tx, n > 0).await
+    }
+
+    async fn get_lease(&self, resource: &str) -> Result<Option<Lease>> {
+        let mut v = self
+            .rows(
+                &format!(
+                    "SELECT {} FROM core_leases WHERE resource = $1 AND owner != ''",
+                    lease_cols(self.db.dialect())
+                ),
+                args![resource],
+                lease_row,
+            )
+            .await?;
+        Ok(v.pop())
+    }
+
+    async fn deployment_secret(&self, name: &str, candidate: &str) -> Result<String> {
+        self.db
+            .execute(
+                "INSERT INTO core_secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
+                args![name, candidate],
+            )
+            .await
+            .map_err(db("keep secret"))?;
+        let v = self
+            .rows(
+                "SELECT value FROM core_secrets WHERE name = $1",
+                args![name],
+                |r| get::<String>(r, "value"),
+            )
+            .await?;
+        v.into_iter()
+            .next()
+            .ok_or_else(|| StoreError::Corrupt(format!("secret {name} vanished")))
+    }
+
+    async fn register_host(&self, f: &Fence, address: &str, capacity: u32) -> Result<()> {
+        check_host_fence(f)?;
+        let now = db_now(self.db.dialect());
+        let capacity = capacity.min(i32::MAX as u32);
+        let mut tx = self.fenced(f).await?;
+        tx.execute(
+            &format!(
+                "INSERT INTO core_hosts (id, address, capacity, live, epoch, registered_at_ms, heartbeat_at_ms)
+                 VALUES ($1, $2, $3, 0, $4, {now}, {now})
+                 ON CONFLICT (id) DO UPDATE SET address = $2, capacity = $3, live = 0, epoch = $4,
+                   registered_at_ms = {now}, heartbeat_at_ms = {now}"
+            ),
+            args![&f.owner, address, capacity, f.epoch],
+        )
+        .await
+        .map_err(db("register host"))?;
+        commit(tx, ()).await
+    }
+
+    async fn heartbeat(&self, f: &Fence, live: u32, warm_templates: &[String]) -> Result<bool> {
+        check_host_fence(f)?;
+        let now = db_now(self.db.dialect());
+        let live = live.min(i32::MAX as u32);
+        let mut tx = self.fenced(f).await?;
+        let n = tx
+            .execute(
+                &format!(
+                    "UPDATE core_hosts SET live = $2, epoch = $3, warm_templates = $4, heartbeat_at_ms = {now} WHERE id = $1"
+                ),
+                args![&f.owner, live, f.epoch, warm_json(warm_templates)],
+            )
+            .await
+            .map_err(db("heartbeat"))?;
+        commit(tx, n > 0).await
+    }
+
+    async fn live_per_host(&self, filter: &SandboxFilter) -> Result<BTreeMap<String, u32>> {
+        let mut args = Vec::new();
+        let mut sql =
+            format!("SELECT host_id, count(*) AS n FROM core_sandboxes WHERE state IN {LIVE}");
+        sql.push_str(&filter_clause(self.db.dialect(), filter, &mut args));
+        sql.push_str(" GROUP BY host_id");
+        let rows = self
+            .rows(&sql, &args, |r| {
+                Ok((get::<String>(r, "host_id")?, get::<u32>(r, "n")?))
+            })
+            .await?;
+        Ok(rows.into_iter().collect())
+    }
+
+    async fn list_hosts(&self) -> Result<Vec<HostRow>> {
+        self.rows(
+            &format!(
+                "SELECT id, address, capacity, live, epoch, registered_at_ms, warm_templates,
+                   {} - heartbeat_at_ms AS silent
+                 FROM core_hosts ORDER BY id",
+                db_now(self.db.dialect())
+            ),
+            args![],
+            |r| {
+                Ok(HostRow {
+                    id: get(r, "id")?,
+                    address: get(r, "address")?,
+                    capacity: get(r, "capacity")?,
+                    live: get(r, "live")?,
+                    epoch: get(r, "epoch")?,
+                    registered_at_ms: get(r, "registered_at_ms")?,
+                    silent_for_ms: get::<i64>(r, "silent")?.max(0) as u64,
+                    warm_templates: warm_list(&get::<String>(r, "warm_templates")?),
+                })
+            },
+        )
+        .await
+    }
+}
