@@ -16,7 +16,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let (key, _) =
         crate::key::load_or_create(&data).map_err(|e| DaemonError::DataDir(data.clone(), e))?;
     let store = crate::state_db::open(&args, &data).await?;
-    let _db = crate::state_db::open_db(&args, &data).await?;
+    let db = crate::state_db::open_db(&args, &data).await?;
     let daemon_key = crate::key::daemon_key(&*store)
         .await
         .map_err(DaemonError::DaemonKey)?;
@@ -109,7 +109,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // Interview rounds: their state in the shared database, their
     // sandboxes through this role's own API (placed on and routed to the
     // hosts), like any client's.
-    let rounds = crate::rounds::start(&args, &data, &key_for_rounds, &rounds_registry).await?;
+    let rounds = crate::rounds::start(&args, &data, &db, &key_for_rounds, &rounds_registry).await?;
     let app = hatchery_rounds::router(rounds.clone()).merge(app).layer(
         axum::middleware::from_fn_with_state(origins, crate::origins::api_guard),
     );

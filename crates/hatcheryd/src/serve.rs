@@ -116,7 +116,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .map_err(|e| DaemonError::DataDir(data.join("terminal_secret"), e))?;
 
     let store = crate::state_db::open(&args, &data).await?;
-    let _db = crate::state_db::open_db(&args, &data).await?;
+    let db = crate::state_db::open_db(&args, &data).await?;
     let daemon_key = crate::key::daemon_key(&*store)
         .await
         .map_err(DaemonError::DaemonKey)?;
@@ -330,7 +330,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // Interview rounds are the control plane's on many hosts: a host
     // (`--role host`) serves none; `all` serves them from its store.
     let rounds = if args.role.serves_rounds() {
-        Some(crate::rounds::start(&args, &data, &key, &manager.metrics.registry).await?)
+        Some(crate::rounds::start(&args, &data, &db, &key, &manager.metrics.registry).await?)
     } else {
         None
     };
