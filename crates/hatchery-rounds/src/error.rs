@@ -93,10 +93,8 @@ impl RoundsError {
                 }
                 _ => (S::BAD_GATEWAY, "sandbox_error"),
             },
-            RoundsError::Store(StoreError::Conflict(_)) => (S::CONFLICT, "conflict"),
-            RoundsError::Store(StoreError::Unavailable(_)) => {
-                (S::SERVICE_UNAVAILABLE, "unavailable")
-            }
+            RoundsError::Store(e) if e.unavailable() => (S::SERVICE_UNAVAILABLE, "unavailable"),
+            RoundsError::Store(e) if e.conflict() => (S::CONFLICT, "conflict"),
             RoundsError::Store(_) | RoundsError::Internal(_) => {
                 (S::INTERNAL_SERVER_ERROR, "internal")
             }
@@ -114,7 +112,7 @@ impl IntoResponse for RoundsError {
             tracing::error!(request_id = %rid, error = %self, "rounds request failed");
             format!("internal error (request id {rid})")
         } else {
-            if let RoundsError::Store(StoreError::Unavailable(_)) = &self {
+            if matches!(&self, RoundsError::Store(e) if e.unavailable()) {
                 // The cause (the database's own words) goes to the log;
                 // the caller is told to retry (with Retry-After).
                 if let Some(dropped) = crate::ratelimit::STORE_UNAVAILABLE.allow() {
@@ -153,6 +151,13 @@ impl IntoResponse for RoundsError {
 mod tests {
     use super::*;
 
+    /// The database's pool had no connection in time: retryable.
+    fn unavailable() -> StoreError {
+        StoreError::Db(hatchery_db::DbError::Pool(
+            deadpool_postgres::PoolError::Timeout(deadpool_postgres::TimeoutType::Wait),
+        ))
+    }
+
     #[test]
     fn codes() {
         assert_eq!(
@@ -168,19 +173,22 @@ mod tests {
             StatusCode::UNAUTHORIZED
         );
         assert_eq!(
-            RoundsError::Store(StoreError::Unavailable("connect: refused".into())).status_code(),
+            RoundsError::Store(unavailable()).status_code(),
             (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
         );
         assert_eq!(
-            RoundsError::Store(StoreError::Backend("x".into())).status_code(),
+            RoundsError::Store(StoreError::Conflict("x".into())).status_code(),
+            (StatusCode::CONFLICT, "conflict")
+        );
+        assert_eq!(
+            RoundsError::Store(StoreError::Corrupt("x".into())).status_code(),
             (StatusCode::INTERNAL_SERVER_ERROR, "internal")
         );
     }
 
     #[tokio::test]
     async fn an_unavailable_store_is_a_503_with_the_error_shape() {
-        let resp = RoundsError::Store(StoreError::Unavailable("connect: secret cause".into()))
-            .into_response();
+        let resp = RoundsError::Store(unavailable()).into_response();
         assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(resp.headers()["retry-after"], "1");
         let body = axum::body::to_bytes(resp.into_body(), 1 << 16)
@@ -190,6 +198,6 @@ mod tests {
         assert_eq!(v["error"]["code"], "unavailable");
         let msg = v["error"]["message"].as_str().unwrap();
         assert!(msg.contains("retry"), "{msg}");
-        assert!(!msg.contains("secret"), "the cause stays in the log: {msg}");
+        assert!(!msg.contains("pool"), "the cause stays in the log: {msg}");
     }
 }

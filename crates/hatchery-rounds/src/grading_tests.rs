@@ -8,7 +8,7 @@ use crate::models::*;
 use crate::sandbox::fake::{Effect, FakeSandboxes, Fault, FaultExt, Files, Op};
 use crate::sandbox::{ExecOutcome, ExecSpec};
 use crate::state::SessionState;
-use crate::store::{RoundRecord, RoundStore, SessionRecord, SqliteStore};
+use crate::store::{DbStore, RoundRecord, RoundStore, SessionRecord};
 use crate::{files_sha256, Rounds, RoundsConfig, RoundsError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -25,10 +25,12 @@ struct Env {
 }
 
 impl Env {
-    fn new() -> Env {
+    async fn new() -> Env {
         let dir = tempfile::tempdir().unwrap();
-        let store: Arc<dyn RoundStore> =
-            Arc::new(SqliteStore::open(&dir.path().join("rounds.db")).unwrap());
+        let db = hatchery_db::Db::sqlite(&dir.path().join("hatchery.db"))
+            .await
+            .unwrap();
+        let store: Arc<dyn RoundStore> = Arc::new(DbStore::open(db).await.unwrap());
         let fake = Arc::new(FakeSandboxes::new());
         fake.add_template("code-interpreter", "v1", 512);
         script_grader(&fake);
@@ -161,7 +163,7 @@ fn script_grader(fake: &FakeSandboxes) {
 
 #[tokio::test]
 async fn submit_grades_the_captured_files_in_a_fresh_grader() {
-    let e = Env::new();
+    let e = Env::new().await;
     let (r, s) = e.session().await;
     let cand = s.sandbox_id.clone().unwrap();
     // The candidate's work: an edit, a deleted starter file, and a file
@@ -249,7 +251,7 @@ async fn submit_grades_the_captured_files_in_a_fresh_grader() {
 
 #[tokio::test]
 async fn the_candidate_sees_counts_and_failed_case_names_only() {
-    let e = Env::new();
+    let e = Env::new().await;
     let (r, s) = e.session().await;
     let cand = s.sandbox_id.clone().unwrap();
     e.fake
@@ -310,7 +312,7 @@ async fn the_grader_is_deleted_whatever_fails() {
         ),
     ];
     for (what, fault, graders) in cases {
-        let e = Env::new();
+        let e = Env::new().await;
         let (_, s) = e.session().await;
         e.fake.inject(fault);
         e.submit(&s).await.unwrap();
@@ -333,7 +335,7 @@ async fn the_grader_is_deleted_whatever_fails() {
 
 #[tokio::test]
 async fn a_second_submit_waits_for_the_grading() {
-    let e = Env::new();
+    let e = Env::new().await;
     let (_, s) = e.session().await;
     e.fake.inject(
         Fault::on(Op::Exec, Effect::Hang)
@@ -362,7 +364,7 @@ async fn a_second_submit_waits_for_the_grading() {
 /// submission once, and a late result of the old grading is dropped.
 #[tokio::test]
 async fn a_grading_cut_off_by_a_restart_is_done_again_once() {
-    let e = Env::new();
+    let e = Env::new().await;
     let (_, s) = e.session().await;
     e.fake.inject(
         Fault::on(Op::Exec, Effect::Hang)
@@ -421,7 +423,7 @@ async fn a_grading_cut_off_by_a_restart_is_done_again_once() {
 
 #[tokio::test]
 async fn a_regrade_uses_a_new_grader_and_the_candidate_keeps_the_first_result() {
-    let e = Env::new();
+    let e = Env::new().await;
     let (r, s) = e.session().await;
     let cand = s.sandbox_id.clone().unwrap();
     e.fake
@@ -470,7 +472,7 @@ async fn a_regrade_uses_a_new_grader_and_the_candidate_keeps_the_first_result() 
 /// grading's result be dropped and left the session `submitted` for good.
 #[tokio::test]
 async fn a_regrade_during_the_first_grading_is_refused_and_the_session_is_graded() {
-    let e = Env::new();
+    let e = Env::new().await;
     let (_, s) = e.session().await;
     e.fake.inject(
         Fault::on(Op::Exec, Effect::Hang)

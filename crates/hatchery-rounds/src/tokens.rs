@@ -78,11 +78,13 @@ pub fn record(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::SqliteStore;
+    use crate::store::DbStore;
 
     #[tokio::test]
     async fn altered_and_expired_are_refused() {
-        let s = SqliteStore::in_memory().unwrap();
+        let s = DbStore::open(hatchery_db::Db::sqlite_memory().unwrap())
+            .await
+            .unwrap();
         let t = mint();
         assert!(looks_like_token(&t), "{t}");
         assert_ne!(mint(), t);

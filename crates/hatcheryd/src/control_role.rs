@@ -110,7 +110,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // Interview rounds: their state in the shared database, their
     // sandboxes through this role's own API (placed on and routed to the
     // hosts), like any client's.
-    let rounds = crate::rounds::start(&args, &data, &key_for_rounds, &rounds_registry).await?;
+    let rounds = crate::rounds::start(&args, &data, &db, &key_for_rounds, &rounds_registry).await?;
     let app = hatchery_rounds::router(rounds.clone()).merge(app).layer(
         axum::middleware::from_fn_with_state(origins, crate::origins::api_guard),
     );

@@ -1,14 +1,15 @@
-//! Interview rounds inside the daemon: their state in DATA_DIR/rounds.db
-//! on one host, or in the shared database on `--db postgres://` (tables
-//! `rounds`, `round_*`), and sandboxes through the daemon's own public API
-//! on loopback (hatchery-client with the API key), never the core. On the
-//! control role that API places and routes to the hosts, so rounds run
-//! there (docs/interviews.md, "Rounds on many hosts").
+//! Interview rounds inside the daemon: their state in the deployment's
+//! one database (tables `rounds`, `round_*`; a single host's old
+//! DATA_DIR/rounds.db is copied in once at start), and sandboxes through
+//! the daemon's own public API on loopback (hatchery-client with the API
+//! key), never the core. On the control role that API places and routes
+//! to the hosts, so rounds run there (docs/interviews.md, "Rounds on many
+//! hosts").
 
 use crate::DaemonError;
 use hatchery_config::DaemonArgs;
 use hatchery_rounds::client_backend::ClientSandboxes;
-use hatchery_rounds::store::{PgStore, RoundStore, SqliteStore, StoreError};
+use hatchery_rounds::store::{DbStore, StoreError, IMPORT};
 use hatchery_rounds::{Rounds, RoundsConfig};
 use std::path::Path;
 use std::sync::Arc;
@@ -17,23 +18,24 @@ use std::time::Duration;
 pub async fn start(
     args: &DaemonArgs,
     data: &Path,
+    db: &hatchery_db::Db,
     key: &str,
     registry: &prometheus::Registry,
 ) -> Result<Arc<Rounds>, DaemonError> {
-    let store: Arc<dyn RoundStore> = match args.shared_db() {
-        Some(dsn) => Arc::new(
-            crate::state_db::retry_while_unreachable(
-                "rounds",
-                || PgStore::connect(dsn, args.db_pool),
-                |e| matches!(e, StoreError::Unavailable(_)),
-            )
-            .await
-            .map_err(|e| DaemonError::Rounds(format!("shared database: {e}")))?,
-        ),
-        None => Arc::new(SqliteStore::open(&data.join("rounds.db")).map_err(|e| {
-            DaemonError::Rounds(format!("{}: {e}", data.join("rounds.db").display()))
-        })?),
-    };
+    let store = crate::state_db::retry_while_unreachable(
+        "rounds",
+        || DbStore::open(db.clone()),
+        StoreError::unavailable,
+    )
+    .await
+    .map_err(|e| DaemonError::Rounds(format!("store: {e}")))?;
+    // A single-host data dir of the previous release: its rounds.db, once.
+    db.import_sqlite(data, &IMPORT)
+        .await
+        .map_err(|source| DaemonError::Db {
+            what: format!("import of {}", data.join(IMPORT.file).display()),
+            source,
+        })?;
     let mut addr = args.listen;
     if addr.ip().is_unspecified() {
         addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
@@ -41,7 +43,7 @@ pub async fn start(
     let sandboxes = ClientSandboxes::new(&format!("http://{addr}"), key)
         .map_err(|e| DaemonError::Rounds(e.to_string()))?;
     Ok(Rounds::new(
-        store,
+        Arc::new(store),
         Arc::new(sandboxes),
         key.into(),
         RoundsConfig {

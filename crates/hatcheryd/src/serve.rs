@@ -330,7 +330,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // Interview rounds are the control plane's on many hosts: a host
     // (`--role host`) serves none; `all` serves them from its store.
     let rounds = if args.role.serves_rounds() {
-        Some(crate::rounds::start(&args, &data, &key, &manager.metrics.registry).await?)
+        Some(crate::rounds::start(&args, &data, &db, &key, &manager.metrics.registry).await?)
     } else {
         None
     };

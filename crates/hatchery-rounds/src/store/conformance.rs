@@ -1,11 +1,12 @@
-//! The contract of the rounds store, run against both backends: SQLite
-//! always (`make unit`), PostgreSQL when `HATCHERY_TEST_PG_DSN` names a
-//! database (`make rounds-test` starts one with tests/pg/pg.py). Every id
+//! The contract of the rounds store, run on both databases: SQLite in
+//! `make unit`, PostgreSQL in `make pg-conformance` (a private server the
+//! test starts, or the one `HATCHERY_TEST_PG_DSN` names). Every id
 //! carries a per-run suffix and every check looks only at its own rows, so
 //! a database may be reused by later runs (and holds other runs' rows).
 
 use super::*;
 use crate::state::{RoundState, SessionState};
+use hatchery_db::{args, Db};
 use std::sync::Arc;
 
 type Store = Arc<dyn RoundStore>;
@@ -141,7 +142,7 @@ async fn rounds_insert_get_list(s: &Store, run: &str) {
     again.name = "other".into();
     assert!(matches!(
         s.insert_round(&again).await,
-        Err(StoreError::Conflict(_))
+        Err(ref e) if e.conflict()
     ));
     assert_eq!(s.get_round(&a).await.unwrap(), Some(ra));
     // Oldest first (the database may hold other runs' rounds).
@@ -255,7 +256,7 @@ async fn session_and_token_are_one_transaction(s: &Store, run: &str) {
     let tok2 = token(&format!("h2_{run}"), &rnd, Some(&sid));
     assert!(matches!(
         s.insert_session(&ses, &tok2).await,
-        Err(StoreError::Conflict(_))
+        Err(ref e) if e.conflict()
     ));
     assert_eq!(s.get_token(&tok2.hash).await.unwrap(), None);
     // A token hash already taken: the session is not left behind.
@@ -282,7 +283,7 @@ async fn session_and_token_are_one_transaction(s: &Store, run: &str) {
     assert_eq!(s.get_token(&rev.hash).await.unwrap(), Some(rev.clone()));
     assert!(matches!(
         s.insert_token(&rev).await,
-        Err(StoreError::Conflict(_))
+        Err(ref e) if e.conflict()
     ));
     assert_eq!(s.get_token(&format!("h_none_{run}")).await.unwrap(), None);
 }
@@ -470,7 +471,7 @@ async fn runs_keep_the_newest(s: &Store, run: &str) {
     );
     assert!(matches!(
         s.insert_run(&rec(&b, 1), 3).await,
-        Err(StoreError::Conflict(_))
+        Err(ref e) if e.conflict()
     ));
     assert_eq!(s.list_runs(&b).await.unwrap().len(), 2);
     s.insert_run(&rec(&a, 7), 1).await.unwrap();
@@ -590,7 +591,7 @@ async fn finish_grading_writes_the_first_only(s: &Store, run: &str) {
     let ghost = grading(&format!("grd_fg4_{run}"), &format!("sub_none_{run}"));
     assert!(matches!(
         s.finish_grading(&ghost, &ses.id).await,
-        Err(StoreError::Conflict(_))
+        Err(ref e) if e.conflict()
     ));
     assert!(s
         .list_gradings(&format!("sub_none_{run}"))
@@ -666,7 +667,7 @@ async fn regrades_add_rows(s: &Store, run: &str) {
     assert_eq!(s.list_gradings(&sub.id).await.unwrap(), all);
     assert!(matches!(
         s.insert_grading(&all[1]).await,
-        Err(StoreError::Conflict(_))
+        Err(ref e) if e.conflict()
     ));
     assert_eq!(s.list_gradings(&sub.id).await.unwrap().len(), 3);
     assert_eq!(
@@ -702,7 +703,7 @@ async fn replays_fall_due_and_expire_once(s: &Store, run: &str) {
     assert_eq!(s.get_replay(&a.id).await.unwrap(), Some(a.clone()));
     assert!(matches!(
         s.insert_replay(&a).await,
-        Err(StoreError::Conflict(_))
+        Err(ref e) if e.conflict()
     ));
     assert_eq!(
         s.list_replays(&ses).await.unwrap(),
@@ -752,7 +753,7 @@ async fn forks_insert_get_list_delete(s: &Store, run: &str) {
     s.insert_fork(&f2).await.unwrap();
     assert!(matches!(
         s.insert_fork(&f1).await,
-        Err(StoreError::Conflict(_))
+        Err(ref e) if e.conflict()
     ));
     assert_eq!(s.get_fork(&f1.id).await.unwrap(), Some(f1.clone()));
     assert_eq!(
@@ -848,13 +849,10 @@ async fn reopened_store_keeps_rows(first: &Store, second: &Store) {
 /// A stored scope or state that is none of ours reads as `Corrupt`, never
 /// as some default: a token whose scope was rewritten must not grant a
 /// reviewer's rights, a session in an unknown state must not pass as
-/// ended. `tamper(token hash, session id)` rewrites both rows with the
-/// backend's own SQL (the trait has no way to store such names).
-async fn unknown_names_read_as_corrupt<F, Fut>(s: &Store, tamper: F)
-where
-    F: FnOnce(String, String) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
+/// ended. Both rows are rewritten past the store, on `db` (the trait has
+/// no way to store such names), and put right afterwards: a later run on
+/// the same database must not meet them.
+async fn unknown_names_read_as_corrupt(s: &Store, db: &Db) {
     let run = run_id();
     let ses = seed(
         s,
@@ -865,13 +863,35 @@ where
     .await;
     let hash = format!("h_{}", ses.id);
     assert!(s.get_token(&hash).await.unwrap().is_some());
-    tamper(hash.clone(), ses.id.clone()).await;
+    let set = |scope: &'static str, state: &'static str| {
+        let (hash, sid) = (hash.clone(), ses.id.clone());
+        async move {
+            db.execute(
+                "UPDATE round_tokens SET scope = $2 WHERE hash = $1",
+                args![hash, scope],
+            )
+            .await
+            .unwrap();
+            db.execute(
+                "UPDATE round_sessions SET state = $2 WHERE id = $1",
+                args![sid, state],
+            )
+            .await
+            .unwrap();
+        }
+    };
+    set("admin", "paused").await;
     let e = s.get_token(&hash).await.unwrap_err();
     assert!(matches!(e, StoreError::Corrupt(_)), "{e:?}");
     assert!(e.to_string().contains("scope"), "{e}");
     let e = s.get_session(&ses.id).await.unwrap_err();
     assert!(matches!(e, StoreError::Corrupt(_)), "{e:?}");
     assert!(e.to_string().contains("state"), "{e}");
+    set("candidate", "ended").await;
+    assert_eq!(
+        s.get_session(&ses.id).await.unwrap().unwrap().state,
+        SessionState::Ended
+    );
 }
 
 /// Until `cond` holds, for at most 5 s (a released hold is said on its
@@ -890,6 +910,13 @@ async fn eventually(what: &str, mut cond: impl AsyncFnMut() -> bool) {
 /// nothing held once the holder lets go. Other sessions are not blocked.
 async fn session_holds_exclude_other_processes(a: &Store, b: &Store) {
     let run = run_id();
+    // Released, a session is free at once for the same process (its next
+    // Run), though the release is said by a task of its own.
+    let again = format!("ses_hold0_{run}");
+    for _ in 0..20 {
+        let h = a.lock_session(&again, false).await.unwrap();
+        assert!(h.is_some(), "a session this process released is still held");
+    }
     let (one, two) = (format!("ses_hold1_{run}"), format!("ses_hold2_{run}"));
     let held = a.lock_session(&one, false).await.unwrap().expect("free");
     assert!(b.lock_session(&one, false).await.unwrap().is_none());
@@ -925,26 +952,27 @@ async fn session_holds_exclude_other_processes(a: &Store, b: &Store) {
     .await;
 }
 
-fn sqlite(path: &std::path::Path) -> Store {
-    Arc::new(SqliteStore::open(path).unwrap())
+async fn open(db: &Db) -> Store {
+    Arc::new(DbStore::open(db.clone()).await.unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn conformance_on_sqlite() {
-    let mem: Store = Arc::new(SqliteStore::in_memory().unwrap());
-    run_all(&mem).await;
-    // A file, opened twice: the second open's migrations are a no-op, and
-    // two connections (as two processes) race for one first grading.
+    let scratch = Db::sqlite_memory().unwrap();
+    run_all(&open(&scratch).await).await;
+    // A file, opened twice (as two processes would): the second open's
+    // migrations are a no-op, and the two race for one first grading.
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rounds.db");
-    let s = sqlite(&path);
+    let path = dir.path().join("hatchery.db");
+    let db = Db::sqlite(&path).await.unwrap();
+    let s = open(&db).await;
     run_all(&s).await;
-    let again = sqlite(&path);
-    let version: u32 = rusqlite::Connection::open(&path)
-        .unwrap()
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!(version as usize, super::migrations::MIGRATIONS.len());
+    let db2 = Db::sqlite(&path).await.unwrap();
+    let again = open(&db2).await;
+    assert_eq!(
+        MIGRATIONS.check(&db2).await.unwrap(),
+        MIGRATIONS.steps.len() as u64
+    );
     reopened_store_keeps_rows(&s, &again).await;
     racing_finish_gradings_write_one(&[s.clone(), again.clone()], &run_id()).await;
     run_all(&again).await;
@@ -958,77 +986,119 @@ async fn conformance_on_sqlite() {
                 .unwrap()
                 .is_some()
     );
-    unknown_names_read_as_corrupt(&s, |hash, sid| async move {
-        let c = rusqlite::Connection::open(&path).unwrap();
-        c.execute("UPDATE tokens SET scope = 'admin' WHERE hash = ?1", [hash])
-            .unwrap();
-        c.execute("UPDATE sessions SET state = 'paused' WHERE id = ?1", [sid])
-            .unwrap();
-    })
-    .await;
+    unknown_names_read_as_corrupt(&s, &db2).await;
 }
 
-/// PostgreSQL, when a database is given. `make rounds-test` starts one and
-/// sets HATCHERY_REQUIRE_PG, so there this cannot pass by skipping.
+#[path = "../../../hatchery-store/tests/support/pg_server.rs"]
+#[allow(dead_code)]
+mod pg_server;
+
+/// PostgreSQL: a private server (`make unit` skips this test by its name;
+/// `make pg-conformance` runs it). It fails, never skips, without one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn conformance_on_postgres() {
-    let Some(dsn) = hatchery_store::test_dsn("conformance_on_postgres") else {
-        return;
-    };
-    let s: Store = Arc::new(PgStore::connect(&dsn, 16).await.unwrap());
+    let pg = pg_server::TestPg::start();
+    let db = Db::postgres(&pg.dsn, 16).unwrap();
+    let s = open(&db).await;
     run_all(&s).await;
-    // Migrations are idempotent: a second store on the same database (two
-    // at once first, as two daemons starting together).
-    let (a, b) = tokio::join!(PgStore::connect(&dsn, 4), PgStore::connect(&dsn, 4));
-    let (a, b) = (a.unwrap(), b.unwrap());
-    assert_eq!(
-        a.schema_version().await.unwrap(),
-        super::pg::MIGRATIONS.len() as u64
+    // Migrations are idempotent: two more daemons on the same database,
+    // starting at once.
+    let (dba, dbb) = (
+        Db::postgres(&pg.dsn, 8).unwrap(),
+        Db::postgres(&pg.dsn, 8).unwrap(),
     );
+    let (a, b) = tokio::join!(DbStore::open(dba.clone()), DbStore::open(dbb));
+    let (again, other): (Store, Store) = (Arc::new(a.unwrap()), Arc::new(b.unwrap()));
     assert_eq!(
-        b.schema_version().await.unwrap(),
-        super::pg::MIGRATIONS.len() as u64
+        MIGRATIONS.check(&dba).await.unwrap(),
+        MIGRATIONS.steps.len() as u64
     );
-    let (again, other): (Store, Store) = (Arc::new(a), Arc::new(b));
     reopened_store_keeps_rows(&s, &again).await;
     // Two pools (as two daemons) race for one first grading.
     racing_finish_gradings_write_one(&[s.clone(), again.clone(), other.clone()], &run_id()).await;
     session_holds_exclude_other_processes(&s, &other).await;
     run_all(&again).await;
-    let d = dsn.clone();
-    unknown_names_read_as_corrupt(&s, |hash, sid| async move {
-        let c = hatchery_store::pg_pool(&d, 1).unwrap().get().await.unwrap();
-        c.execute(
-            "UPDATE round_tokens SET scope = 'admin' WHERE hash = $1",
-            &[&hash],
-        )
+    unknown_names_read_as_corrupt(&s, &dba).await;
+    drop((s, again, other, db));
+}
+
+/// A previous release's PostgreSQL tables (its own runner's, recorded in
+/// `rounds_schema`) are adopted with their rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn previous_release_tables_upgrade_in_place_conformance_on_postgres() {
+    let pg = pg_server::TestPg::start();
+    // A schema of its own: the database may be shared with other suites
+    // (HATCHERY_TEST_PG_DSN), which have their own `rounds` table.
+    let schema = format!("rnd_upgrade_{}", run_id());
+    Db::postgres(&pg.dsn, 1)
+        .unwrap()
+        .execute(&format!("CREATE SCHEMA {schema}"), args![])
         .await
         .unwrap();
-        c.execute(
-            "UPDATE round_sessions SET state = 'paused' WHERE id = $1",
-            &[&sid],
+    let sep = if pg.dsn.contains('?') { '&' } else { '?' };
+    let dsn = format!("{}{sep}options=-c%20search_path%3D{schema}", pg.dsn);
+    let db = Db::postgres(&dsn, 4).unwrap();
+    let mut tx = db.begin().await.unwrap();
+    // The previous release's step 1 (crates/hatchery-rounds/src/store/pg.rs),
+    // two of its tables, with a row each.
+    tx.batch(
+        "CREATE TABLE rounds_schema (version BIGINT NOT NULL);
+         INSERT INTO rounds_schema VALUES (1);
+         CREATE TABLE rounds (
+            id TEXT PRIMARY KEY, name TEXT NOT NULL, state TEXT NOT NULL,
+            template TEXT NOT NULL, template_version TEXT NOT NULL, spec TEXT NOT NULL,
+            tests TEXT NOT NULL, prepared_snapshot TEXT, error TEXT,
+            created_at_ms BIGINT NOT NULL);
+         CREATE TABLE round_sessions (
+            id TEXT PRIMARY KEY, round_id TEXT NOT NULL REFERENCES rounds(id),
+            candidate TEXT NOT NULL, state TEXT NOT NULL, sandbox_id TEXT,
+            created_at_ms BIGINT NOT NULL, expires_at_ms BIGINT NOT NULL, error TEXT);
+         CREATE INDEX round_sessions_round ON round_sessions(round_id, created_at_ms);
+         INSERT INTO rounds VALUES ('rnd_old', 'old', 'ready', 'python', 'v1', '{}', '{}',
+            NULL, NULL, 5);
+         INSERT INTO round_sessions VALUES ('ses_old', 'rnd_old', 'c', 'live', NULL, 6, 9,
+            NULL);",
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    let s = open(&db).await;
+    assert_eq!(
+        s.get_round("rnd_old").await.unwrap().unwrap().state,
+        RoundState::Ready
+    );
+    assert_eq!(
+        s.get_session("ses_old")
+            .await
+            .unwrap()
+            .unwrap()
+            .expires_at_ms,
+        9
+    );
+    run_all(&s).await;
+    // Everything went to that schema.
+    let n: i64 = db
+        .query_opt(
+            "SELECT count(*) FROM pg_tables WHERE schemaname = $1",
+            args![schema.as_str()],
         )
         .await
+        .unwrap()
+        .unwrap()
+        .get(0)
         .unwrap();
-    })
-    .await;
-    eprintln!(
-        "conformance_on_postgres: ran on PostgreSQL at {}",
-        hatchery_store::redact(&dsn)
+    assert_eq!(
+        n, 10,
+        "rounds_schema, hatchery_migrations and 8 rounds tables"
     );
 }
 
-/// A database that is not there is `Unavailable` (retryable, answered
-/// 503), a DSN that cannot be read is not.
+/// A database that is not there is unavailable (retryable, answered 503).
 #[tokio::test]
 async fn a_database_that_is_down_is_unavailable() {
-    let Err(e) = PgStore::connect("postgres://postgres@127.0.0.1:1/hatchery", 1).await else {
+    let db = Db::postgres("postgres://postgres@127.0.0.1:1/hatchery", 1).unwrap();
+    let Err(e) = DbStore::open(db).await else {
         panic!("connected to port 1")
     };
-    assert!(matches!(e, StoreError::Unavailable(_)), "{e:?}");
-    assert!(e.to_string().starts_with("unavailable: connect:"), "{e}");
-    let Err(e) = PgStore::connect("postgres://u@h:notaport/db", 1).await else {
-        panic!("bad DSN accepted")
-    };
-    assert!(matches!(e, StoreError::Backend(_)), "{e:?}");
+    assert!(e.unavailable(), "{e:?}");
 }

@@ -1,42 +1,69 @@
 //! Where rounds keep their state, behind a small async trait
-//! ([`RoundStore`]) with two backends: [`SqliteStore`] (`DATA_DIR/rounds.db`)
-//! on a single host, and [`PgStore`] in the shared PostgreSQL database when
-//! the daemons run with `--db postgres://` (tables `rounds`,
-//! `round_sessions`, `round_tokens`, `round_runs`, `round_submissions`,
-//! `round_gradings`, `round_replays`, `round_forks`; migrations recorded in
-//! `rounds_schema`). Both keep one contract, checked by one suite
-//! (`conformance.rs`). Errors are ours ([`StoreError`]), never the
-//! driver's, and every state change names the states it may move from.
+//! ([`RoundStore`]): [`DbStore`], the deployment's one database
+//! (`hatchery-db`: `DATA_DIR/hatchery.db` on a single host, the
+//! `--db postgres://` database on many), the same tables on both:
+//! `rounds`, `round_sessions`, `round_tokens`, `round_runs`,
+//! `round_submissions`, `round_gradings`, `round_replays`, `round_forks`
+//! (`schema.rs`; migrations recorded as product `rounds` in
+//! `hatchery_migrations`). The queries are written once (`db.rs`); the
+//! one PostgreSQL-only piece is the session hold (`pg_lock.rs`). One
+//! contract, checked by one suite on both databases (`conformance.rs`).
+//! Every state change names the states it may move from.
 
-mod migrations;
-mod pg;
+mod db;
 mod pg_lock;
-mod sqlite;
+mod schema;
 
 #[cfg(test)]
 mod conformance;
 
-pub use pg::PgStore;
-pub use sqlite::SqliteStore;
+pub use db::DbStore;
+pub use schema::{IMPORT, MIGRATIONS};
 
 use crate::state::{RoundState, SessionState};
 use async_trait::async_trait;
+use hatchery_db::{DbError, MigrateError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The backend failed (I/O, corruption, a bug): the text is for logs.
-    #[error("backend: {0}")]
-    Backend(String),
-    /// A uniqueness or state guard refused the write.
+    /// The database failed or refused a statement. [`StoreError::unavailable`]
+    /// says whether to retry (503), [`StoreError::conflict`] whether a
+    /// unique key refused it (409); anything else is for logs (500).
+    #[error("database: {0}")]
+    Db(#[from] DbError),
+    /// The rounds schema could not be brought up to date at open.
+    #[error("{0}")]
+    Schema(#[from] MigrateError),
+    /// A guard of ours refused the write (the text says which).
     #[error("conflict: {0}")]
     Conflict(String),
-    /// A stored value could not be read back.
+    /// A stored value is none of ours (an unknown state or scope).
     #[error("corrupt record: {0}")]
     Corrupt(String),
-    /// The shared database is not reachable now (retryable): answered
-    /// 503, never 500.
-    #[error("unavailable: {0}")]
-    Unavailable(String),
+    /// A number too large for the database's signed 64-bit integer.
+    #[error("{what} {value} is out of range")]
+    OutOfRange { what: &'static str, value: u64 },
+}
+
+impl StoreError {
+    /// The database is not reachable now (retryable): answered 503, never
+    /// 500.
+    pub fn unavailable(&self) -> bool {
+        match self {
+            StoreError::Db(e) => e.unavailable(),
+            StoreError::Schema(e) => e.unavailable(),
+            _ => false,
+        }
+    }
+
+    /// A uniqueness, a constraint or a guard refused the write: 409.
+    pub fn conflict(&self) -> bool {
+        match self {
+            StoreError::Db(e) => e.unique_violation() || e.refused_by_schema(),
+            StoreError::Conflict(_) => true,
+            _ => false,
+        }
+    }
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
@@ -58,7 +85,7 @@ impl SessionHold {
 /// A u64 as the database's signed 64-bit integer; refused rather than
 /// wrapped (a wrapped expiry would read back as long past).
 pub(crate) fn big(what: &'static str, v: u64) -> StoreResult<i64> {
-    i64::try_from(v).map_err(|_| StoreError::Backend(format!("{what} {v} is out of range")))
+    i64::try_from(v).map_err(|_| StoreError::OutOfRange { what, value: v })
 }
 
 /// A stored integer back as u64 (never negative: writes go through [`big`]).

@@ -1,0 +1,139 @@
+//! The rounds tables, the same names and text on both databases, as one
+//! numbered migration set (append only: a released step is never edited).
+//!
+//! Step 1 is `IF NOT EXISTS` throughout because a PostgreSQL database
+//! made by the previous release already has these tables, under these
+//! names (its own runner recorded them in `rounds_schema`, left in place):
+//! there step 1 adopts them with their rows. On SQLite the previous
+//! release kept rounds in a file of their own, `DATA_DIR/rounds.db`, with
+//! unprefixed names (`sessions`, `tokens`, ...); [`IMPORT`] copies it in.
+
+use hatchery_db::{Import, Migrations, Step};
+
+pub static MIGRATIONS: Migrations = Migrations {
+    product: "rounds",
+    steps: &[Step::Both(
+        "CREATE TABLE IF NOT EXISTS rounds (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            state TEXT NOT NULL,
+            template TEXT NOT NULL,
+            template_version TEXT NOT NULL,
+            spec TEXT NOT NULL,
+            tests TEXT NOT NULL,
+            prepared_snapshot TEXT,
+            error TEXT,
+            created_at_ms BIGINT NOT NULL
+         );
+         CREATE TABLE IF NOT EXISTS round_sessions (
+            id TEXT PRIMARY KEY,
+            round_id TEXT NOT NULL REFERENCES rounds(id),
+            candidate TEXT NOT NULL,
+            state TEXT NOT NULL,
+            sandbox_id TEXT,
+            created_at_ms BIGINT NOT NULL,
+            expires_at_ms BIGINT NOT NULL,
+            error TEXT
+         );
+         CREATE INDEX IF NOT EXISTS round_sessions_round ON round_sessions(round_id, created_at_ms);
+         CREATE INDEX IF NOT EXISTS round_sessions_expiry ON round_sessions(state, expires_at_ms);
+         CREATE TABLE IF NOT EXISTS round_tokens (
+            hash TEXT PRIMARY KEY,
+            scope TEXT NOT NULL,
+            round_id TEXT NOT NULL,
+            session_id TEXT,
+            created_at_ms BIGINT NOT NULL,
+            expires_at_ms BIGINT NOT NULL
+         );
+         CREATE TABLE IF NOT EXISTS round_runs (
+            seq BIGSERIAL PRIMARY KEY,
+            id TEXT NOT NULL UNIQUE,
+            session_id TEXT NOT NULL,
+            created_at_ms BIGINT NOT NULL,
+            result TEXT NOT NULL
+         );
+         CREATE INDEX IF NOT EXISTS round_runs_session ON round_runs(session_id, seq);
+         CREATE TABLE IF NOT EXISTS round_submissions (
+            seq BIGSERIAL PRIMARY KEY,
+            id TEXT NOT NULL UNIQUE,
+            session_id TEXT NOT NULL,
+            round_id TEXT NOT NULL,
+            files TEXT NOT NULL,
+            sha256 TEXT NOT NULL,
+            created_at_ms BIGINT NOT NULL
+         );
+         CREATE INDEX IF NOT EXISTS round_submissions_session ON round_submissions(session_id, seq);
+         CREATE TABLE IF NOT EXISTS round_gradings (
+            seq BIGSERIAL PRIMARY KEY,
+            id TEXT NOT NULL UNIQUE,
+            submission_id TEXT NOT NULL,
+            created_at_ms BIGINT NOT NULL,
+            status TEXT NOT NULL,
+            passed BIGINT NOT NULL,
+            total BIGINT NOT NULL,
+            report TEXT NOT NULL
+         );
+         CREATE INDEX IF NOT EXISTS round_gradings_submission ON round_gradings(submission_id, seq);
+         CREATE TABLE IF NOT EXISTS round_replays (
+            id TEXT PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            round_id TEXT NOT NULL,
+            snapshot_id TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            created_at_ms BIGINT NOT NULL,
+            expires_at_ms BIGINT NOT NULL,
+            state TEXT NOT NULL
+         );
+         CREATE INDEX IF NOT EXISTS round_replays_session ON round_replays(session_id, created_at_ms);
+         CREATE INDEX IF NOT EXISTS round_replays_due ON round_replays(state, expires_at_ms);
+         CREATE TABLE IF NOT EXISTS round_forks (
+            id TEXT PRIMARY KEY,
+            replay_id TEXT NOT NULL,
+            round_id TEXT NOT NULL,
+            sandbox_id TEXT NOT NULL,
+            owner TEXT NOT NULL,
+            created_at_ms BIGINT NOT NULL,
+            expires_at_ms BIGINT NOT NULL
+         );",
+    )],
+};
+
+/// A single-host data dir of the previous release: `rounds.db` at its
+/// last schema (`PRAGMA user_version` 1), copied once into the one
+/// database. `seq` is copied as it was, so runs, submissions and gradings
+/// keep their order and new rows number after them.
+pub static IMPORT: Import = Import {
+    file: "rounds.db",
+    copy: &[
+        "INSERT INTO rounds (id, name, state, template, template_version, spec, tests,
+            prepared_snapshot, error, created_at_ms)
+         SELECT id, name, state, template, template_version, spec, tests,
+            prepared_snapshot, error, created_at_ms FROM old.rounds",
+        "INSERT INTO round_sessions (id, round_id, candidate, state, sandbox_id,
+            created_at_ms, expires_at_ms, error)
+         SELECT id, round_id, candidate, state, sandbox_id, created_at_ms, expires_at_ms,
+            error FROM old.sessions",
+        "INSERT INTO round_tokens (hash, scope, round_id, session_id, created_at_ms,
+            expires_at_ms)
+         SELECT hash, scope, round_id, session_id, created_at_ms, expires_at_ms
+         FROM old.tokens",
+        "INSERT INTO round_runs (seq, id, session_id, created_at_ms, result)
+         SELECT seq, id, session_id, created_at_ms, result FROM old.runs",
+        "INSERT INTO round_submissions (seq, id, session_id, round_id, files, sha256,
+            created_at_ms)
+         SELECT seq, id, session_id, round_id, files, sha256, created_at_ms
+         FROM old.submissions",
+        "INSERT INTO round_gradings (seq, id, submission_id, created_at_ms, status, passed,
+            total, report)
+         SELECT seq, id, submission_id, created_at_ms, status, passed, total, report
+         FROM old.gradings",
+        "INSERT INTO round_replays (id, session_id, round_id, snapshot_id, reason,
+            created_at_ms, expires_at_ms, state)
+         SELECT id, session_id, round_id, snapshot_id, reason, created_at_ms,
+            expires_at_ms, state FROM old.replays",
+        "INSERT INTO round_forks (id, replay_id, round_id, sandbox_id, owner, created_at_ms,
+            expires_at_ms)
+         SELECT id, replay_id, round_id, sandbox_id, owner, created_at_ms, expires_at_ms
+         FROM old.forks",
+    ],
+};
