@@ -134,14 +134,16 @@ impl Env {
     }
 
     fn db(&self) -> PathBuf {
-        self.dir.path().join("broker.db")
+        self.dir.path().join("hatchery.db")
     }
 
     /// A broker process on the shared record.
-    fn broker(&self) -> Arc<Broker> {
+    async fn broker(&self) -> Arc<Broker> {
         let policies = hatchery_policy::SqlitePolicyStore::open_in_memory().unwrap();
         Broker::new(
-            BrokerStore::open(&self.db()).unwrap(),
+            BrokerStore::open(hatchery_db::Db::sqlite(&self.db()).await.unwrap())
+                .await
+                .unwrap(),
             Arc::new(crate::session_log::Local(self.sessions.clone())),
             hatchery_policy::cache::CompiledPolicies::new(Arc::new(policies)),
             self.fake.clone(),
@@ -189,7 +191,7 @@ impl Env {
 #[tokio::test]
 async fn git_push_commits_the_sandbox_tree_once() {
     let e = Env::new().await;
-    let b = e.broker();
+    let b = e.broker().await;
     let r = b.invoke(&e.sandbox, e.push(1)).await.unwrap();
     assert_eq!(r.status, "done", "{:?}", r.output);
     let commit = r.output["commit"].as_str().unwrap().to_string();
@@ -237,7 +239,7 @@ async fn a_sandbox_failing_during_the_plan_leaves_no_effect_and_the_retry_pushes
     ] {
         let e = Env::new().await;
         e.fake.inject(fault);
-        let b = e.broker();
+        let b = e.broker().await;
         let err = b.invoke(&e.sandbox, e.push(1)).await.unwrap_err();
         assert!(
             matches!(err, BrokerError::Unavailable(_)),
@@ -257,7 +259,7 @@ async fn a_sandbox_failing_during_the_plan_leaves_no_effect_and_the_retry_pushes
 async fn a_sandbox_lost_during_the_plan_leaves_no_effect() {
     let e = Env::new().await;
     e.fake.inject(Fault::on(Op::ReadFile, Effect::Vanish));
-    let b = e.broker();
+    let b = e.broker().await;
     let err = b.invoke(&e.sandbox, e.push(1)).await.unwrap_err();
     assert!(matches!(err, BrokerError::Unavailable(_)), "{err:?}");
     assert_eq!(e.tip(), "");
@@ -273,7 +275,7 @@ async fn an_export_that_fails_in_the_sandbox_fails_the_call_for_good() {
         stdout: String::new(),
         stderr: "work tree over 64 MiB".into(),
     });
-    let b = e.broker();
+    let b = e.broker().await;
     let r = b.invoke(&e.sandbox, e.push(1)).await.unwrap();
     assert_eq!(r.status, "failed");
     assert!(r.output["error"]
@@ -309,7 +311,7 @@ async fn a_tree_stream_that_opens_its_own_commit_is_refused_and_logged() {
             stderr: String::new(),
         }
     });
-    let b = e.broker();
+    let b = e.broker().await;
     let r = b.invoke(&e.sandbox, e.push(1)).await.unwrap();
     assert_eq!(r.status, "failed", "{:?}", r.output);
     assert_eq!(r.output["code"], "tree_stream_refused", "{:?}", r.output);
@@ -350,7 +352,7 @@ async fn a_tree_stream_that_opens_its_own_commit_is_refused_and_logged() {
 async fn a_crash_during_the_plan_is_planned_again_by_the_next_process() {
     let e = Env::new().await;
     e.fake.inject(Fault::on(Op::ReadFile, Effect::Hang));
-    let first = e.broker();
+    let first = e.broker().await;
     let (sbx, req) = (e.sandbox.clone(), e.push(1));
     let task = tokio::spawn(async move { first.invoke(&sbx, req).await });
     while e.fake.hung() == 0 {
@@ -358,7 +360,7 @@ async fn a_crash_during_the_plan_is_planned_again_by_the_next_process() {
     }
     task.abort();
     let _ = task.await;
-    let next = e.broker();
+    let next = e.broker().await;
     let r = next.invoke(&e.sandbox, e.push(1)).await.unwrap();
     assert_eq!(r.status, "done", "{:?}", r.output);
     assert_eq!(e.tip(), r.output["commit"].as_str().unwrap());
@@ -372,7 +374,7 @@ async fn a_crash_during_the_plan_is_planned_again_by_the_next_process() {
 #[tokio::test]
 async fn calls_left_executing_are_resolved_against_the_remote_or_marked_for_review() {
     let e = Env::new().await;
-    let b = e.broker();
+    let b = e.broker().await;
     let first = b.invoke(&e.sandbox, e.push(1)).await.unwrap();
     let commit = first.output["commit"].as_str().unwrap().to_string();
     let branch = session_branch(&e.session);
@@ -414,7 +416,7 @@ async fn calls_left_executing_are_resolved_against_the_remote_or_marked_for_revi
     };
     left(2, &commit).await;
     left(3, "0000000000000000000000000000000000000000").await;
-    let next = e.broker();
+    let next = e.broker().await;
     assert_eq!(next.recover().await.unwrap(), 2);
     let done = next.store().get(&e.session, 2).await.unwrap().unwrap();
     assert_eq!(done.state, CallState::Done);
@@ -454,7 +456,7 @@ async fn calls_left_executing_are_resolved_against_the_remote_or_marked_for_revi
 #[tokio::test]
 async fn an_agent_retry_of_a_call_left_executing_is_resolved_not_run_again() {
     let e = Env::new().await;
-    let b = e.broker();
+    let b = e.broker().await;
     b.invoke(&e.sandbox, e.push(1)).await.unwrap();
     let done = b.store().get(&e.session, 1).await.unwrap().unwrap();
     let effect: serde_json::Value = serde_json::from_str(done.effect.as_deref().unwrap()).unwrap();
@@ -498,7 +500,7 @@ async fn an_agent_retry_of_a_call_left_executing_is_resolved_not_run_again() {
     left(2, &pushed).await;
     left(3, "0000000000000000000000000000000000000000").await;
 
-    let next = e.broker();
+    let next = e.broker().await;
     let r = next.invoke(&e.sandbox, e.push(2)).await.unwrap();
     assert_eq!(r.status, "done", "{:?}", r.output);
     assert_eq!(r.output["recovered"], true);
@@ -551,7 +553,7 @@ async fn over_socket(
 #[tokio::test]
 async fn the_tool_list_needs_a_session_identity() {
     let e = Env::new().await;
-    let b = e.broker();
+    let b = e.broker().await;
     let sock = e.dir.path().join("broker.sock");
     tokio::spawn(crate::routes::serve_socket(b, sock.clone()));
     for _ in 0..5000 {

@@ -24,6 +24,7 @@ pub struct ControlSide<'a> {
     pub sessions: Arc<dyn hatchery_sessions::store::SessionStore>,
     pub post: OwnerPost,
     pub registry: &'a prometheus::Registry,
+    pub db: &'a hatchery_db::Db,
 }
 
 /// The broker's routes (hosts' relays, and the operator's), or None when
@@ -40,7 +41,7 @@ pub async fn start(
     cfg.caps.max_open_approvals = args.sessions.max_open_approvals;
     // In the shared database (the control role always has one): a second
     // control process, or this one restarted, finds every call made.
-    let store = crate::broker::open_store(args, c.data)
+    let store = crate::broker::open_store(c.db, c.data)
         .await
         .map_err(|e| err(e.to_string()))?;
     let policies = crate::state_db::open_policies(args, c.data).await?;

@@ -16,7 +16,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let (key, _) =
         crate::key::load_or_create(&data).map_err(|e| DaemonError::DataDir(data.clone(), e))?;
     let store = crate::state_db::open(&args, &data).await?;
-    let _db = crate::state_db::open_db(&args, &data).await?;
+    let db = crate::state_db::open_db(&args, &data).await?;
     let daemon_key = crate::key::daemon_key(&*store)
         .await
         .map_err(DaemonError::DaemonKey)?;
@@ -44,7 +44,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // hosts relay their sandboxes' calls to it and hold no upstream key.
     let gateway = crate::gateway::start_control(
         &args.gateway,
-        (args.shared_db().unwrap_or_default(), args.db_pool),
+        &db,
         &data,
         &registry,
         crate::gateway_events::RemoteSink {
@@ -65,6 +65,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             sessions: sessions.clone(),
             post: owner_post(),
             registry: &registry,
+            db: &db,
         },
     )
     .await?;

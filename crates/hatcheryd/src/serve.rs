@@ -116,7 +116,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .map_err(|e| DaemonError::DataDir(data.join("terminal_secret"), e))?;
 
     let store = crate::state_db::open(&args, &data).await?;
-    let _db = crate::state_db::open_db(&args, &data).await?;
+    let db = crate::state_db::open_db(&args, &data).await?;
     let daemon_key = crate::key::daemon_key(&*store)
         .await
         .map_err(DaemonError::DaemonKey)?;
@@ -235,6 +235,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         &sessions,
         policies.clone(),
         (&key, &daemon_key),
+        &db,
     )
     .await?;
     // On a host that relays to the control role's broker, no broker here.
@@ -244,6 +245,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             crate::broker::start(
                 &args,
                 &data,
+                &db,
                 &key,
                 sessions.clone(),
                 policies.clone(),
