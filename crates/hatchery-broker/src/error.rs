@@ -48,11 +48,12 @@ pub enum BrokerError {
 
 impl From<crate::store::StoreError> for BrokerError {
     fn from(e: crate::store::StoreError) -> Self {
-        match e {
-            // The shared database is briefly not there: nothing was done,
-            // the caller may ask again (503, like the other stores).
-            crate::store::StoreError::Unavailable(_) => BrokerError::Unavailable(e.to_string()),
-            e => BrokerError::Internal(e.to_string()),
+        if e.unavailable() {
+            // The database is briefly not there: nothing was done, the
+            // caller may ask again (503, like the other stores).
+            BrokerError::Unavailable(e.to_string())
+        } else {
+            BrokerError::Internal(e.to_string())
         }
     }
 }

@@ -84,7 +84,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_runner_is_fresh_after_a_beat_and_knows_its_own_calls() {
-        let s = BrokerStore::open_in_memory().unwrap();
+        let s = BrokerStore::open_in_memory().await.unwrap();
         let r = Runner::new();
         assert!(r.id.starts_with("brn_") && r.id.len() == 28, "{}", r.id);
         assert_ne!(r.id, Runner::new().id);

@@ -1751,7 +1751,7 @@ mod policy_fail_closed_tests {
         });
         let sandbox = Arc::new(Touched::default());
         let broker = Broker::new(
-            BrokerStore::open_in_memory().unwrap(),
+            BrokerStore::open_in_memory().await.unwrap(),
             log.clone(),
             CompiledPolicies::new(store),
             sandbox.clone(),

@@ -134,14 +134,16 @@ impl Env {
     }
 
     fn db(&self) -> PathBuf {
-        self.dir.path().join("broker.db")
+        self.dir.path().join("hatchery.db")
     }
 
     /// A broker process on the shared record.
     async fn broker(&self) -> Arc<Broker> {
         let policies = hatchery_policy::DbPolicyStore::scratch().await.unwrap();
         Broker::new(
-            BrokerStore::open(&self.db()).unwrap(),
+            BrokerStore::open(hatchery_db::Db::sqlite(&self.db()).await.unwrap())
+                .await
+                .unwrap(),
             Arc::new(crate::session_log::Local(self.sessions.clone())),
             hatchery_policy::cache::CompiledPolicies::new(Arc::new(policies)),
             self.fake.clone(),

@@ -1,7 +1,8 @@
-//! `make bench`: reserve + settle on the SQLite budget store (WAL,
-//! synchronous=FULL), one scope and two scopes, N=500 each.
+//! `make bench`: reserve + settle on the budget store on a SQLite file
+//! (hatchery-db), one scope and two scopes, N=500 each.
 
-use hatchery_gateway::budget::{Amount, BudgetStore, SqliteBudgets};
+use hatchery_gateway::budget::{Amount, BudgetStore};
+use hatchery_gateway::store::GatewayStore;
 use std::time::Instant;
 
 fn pct(xs: &mut [f64], p: f64) -> f64 {
@@ -13,7 +14,8 @@ fn pct(xs: &mut [f64], p: f64) -> f64 {
 async fn main() {
     let dir = std::env::temp_dir().join(format!("hx-reserve-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let s = SqliteBudgets::open(&dir.join("b.db")).unwrap();
+    let db = hatchery_db::Db::sqlite(&dir.join("b.db")).await.unwrap();
+    let s = GatewayStore::open(db).await.unwrap();
     s.set_limits("session:s", Some(u64::MAX / 4), None)
         .await
         .unwrap();

@@ -7,13 +7,12 @@
 
 pub mod admin;
 pub mod budget;
-pub mod budget_pg;
 pub mod calls;
-pub mod conformance;
 pub mod errors;
 pub mod events;
 pub mod metrics;
 pub mod pricing;
+pub mod store;
 pub mod upstream;
 pub mod usage;
 

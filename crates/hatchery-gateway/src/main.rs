@@ -1,7 +1,7 @@
 use anyhow::Context;
 use clap::Parser;
-use hatchery_gateway::budget::{BudgetStore, KeyStore, SqliteBudgets};
-use hatchery_gateway::budget_pg::PgBudgets;
+use hatchery_gateway::budget::{BudgetStore, KeyStore};
+use hatchery_gateway::store::{schema, GatewayStore};
 use hatchery_gateway::upstream::Upstream;
 use hatchery_gateway::usage::Flavor;
 use hatchery_gateway::{events, metrics, pricing, router, spawn_janitor, Gateway};
@@ -102,14 +102,17 @@ async fn main() -> anyhow::Result<()> {
             .transpose()
             .map_err(Into::into)
     };
-    let (store, keys): (Arc<dyn BudgetStore>, Arc<dyn KeyStore>) =
-        if a.db.starts_with("postgres://") || a.db.starts_with("postgresql://") {
-            let s = Arc::new(PgBudgets::connect(&a.db, a.db_pool_size).await?);
-            (s.clone(), s)
-        } else {
-            let s = Arc::new(SqliteBudgets::open(&PathBuf::from(&a.db))?);
-            (s.clone(), s)
-        };
+    let db = if hatchery_db::is_postgres(&a.db) {
+        hatchery_db::Db::postgres(&a.db, a.db_pool_size)?
+    } else {
+        hatchery_db::Db::sqlite(&PathBuf::from(&a.db)).await?
+    };
+    let s = Arc::new(GatewayStore::open(db.clone()).await?);
+    // A file of the previous release (its tables unprefixed) keeps its rows.
+    if schema::adopt_old_tables(&db).await? {
+        tracing::info!(db = %db.describe(), "budgets, keys and bindings moved to the gateway_ tables");
+    }
+    let (store, keys): (Arc<dyn BudgetStore>, Arc<dyn KeyStore>) = (s.clone(), s);
     let g = Arc::new(Gateway {
         store: store.clone(),
         keys,

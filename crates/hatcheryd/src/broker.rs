@@ -1,5 +1,5 @@
-//! The tool broker (crates/hatchery-broker): its store (DATA_DIR/broker.db,
-//! or the shared database's `broker_` tables on `--db postgres://`),
+//! The tool broker (crates/hatchery-broker): its store (the `broker_`
+//! tables of the deployment's one database),
 //! its Unix socket (DATA_DIR/broker.sock, mode 0600) registered as the
 //! `broker` host service every sandbox reaches at 127.0.0.1:GUEST_PORT,
 //! and its operator routes.
@@ -23,28 +23,24 @@ pub fn host_service(args: &DaemonArgs, data: &Path) -> Option<hatchery_core::Hos
     })
 }
 
-/// The broker's record of calls: with a shared `postgres://` database, its
-/// tables there (`broker_calls`, `broker_epochs`), so a session that moves
-/// to another host finds the calls it already made (a fresh per-host record
-/// would run them again); retried while the database is not up yet, like
-/// the other stores. Otherwise DATA_DIR/broker.db.
+/// The broker's record of calls: its `broker_` tables in the deployment's
+/// one database (with a shared `postgres://` one, a session that moves to
+/// another host finds the calls it already made). A single-host data dir
+/// of the previous release has them in DATA_DIR/broker.db: copied in once.
 pub async fn open_store(
-    args: &DaemonArgs,
+    db: &hatchery_db::Db,
     data: &Path,
 ) -> Result<hatchery_broker::store::BrokerStore, hatchery_broker::store::StoreError> {
-    use hatchery_broker::store::{BrokerStore, StoreError};
-    let s = match args.shared_db() {
-        Some(dsn) => {
-            crate::state_db::retry_while_unreachable(
-                "broker",
-                || BrokerStore::postgres(dsn, args.db_pool),
-                |e| matches!(e, StoreError::Unavailable(_)),
-            )
-            .await?
-        }
-        None => BrokerStore::open(&data.join("broker.db"))?,
-    };
-    tracing::info!(backend = s.backend(), "broker store open");
+    use hatchery_broker::store::{schema, BrokerStore, StoreError};
+    let s = BrokerStore::open(db.clone()).await?;
+    let imported = db
+        .import_sqlite(data, &schema::IMPORT)
+        .await
+        .map_err(|source| StoreError::Db {
+            what: "import DATA_DIR/broker.db",
+            source,
+        })?;
+    tracing::info!(backend = s.backend(), ?imported, "broker store open");
     Ok(s)
 }
 
@@ -68,6 +64,7 @@ pub fn own_api(
 pub async fn start(
     args: &DaemonArgs,
     data: &Path,
+    db: &hatchery_db::Db,
     api_key: &str,
     sessions: Arc<hatchery_sessions::Sessions>,
     policies: Arc<dyn hatchery_policy::PolicyStore>,
@@ -77,9 +74,7 @@ pub async fn start(
     let mut cfg = BrokerConfig::try_from(&args.broker).map_err(|e| err(e.to_string()))?;
     // One cap on open approvals for the session, whoever opens them.
     cfg.caps.max_open_approvals = args.sessions.max_open_approvals;
-    let store = open_store(args, data)
-        .await
-        .map_err(|e| err(e.to_string()))?;
+    let store = open_store(db, data).await.map_err(|e| err(e.to_string()))?;
     let client = own_api(args, api_key).map_err(|e| err(e.to_string()))?;
     let broker = Broker::new(
         store,

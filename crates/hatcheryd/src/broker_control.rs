@@ -41,7 +41,7 @@ pub async fn start(
     cfg.caps.max_open_approvals = args.sessions.max_open_approvals;
     // In the shared database (the control role always has one): a second
     // control process, or this one restarted, finds every call made.
-    let store = crate::broker::open_store(args, c.data)
+    let store = crate::broker::open_store(c.db, c.data)
         .await
         .map_err(|e| err(e.to_string()))?;
     let policies = crate::state_db::open_policies(c.db, c.data).await?;

@@ -44,7 +44,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // hosts relay their sandboxes' calls to it and hold no upstream key.
     let gateway = crate::gateway::start_control(
         &args.gateway,
-        (args.shared_db().unwrap_or_default(), args.db_pool),
+        &db,
         &data,
         &registry,
         crate::gateway_events::RemoteSink {

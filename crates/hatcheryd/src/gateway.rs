@@ -14,7 +14,7 @@
 //! events to the session's owner (`gateway_events.rs`).
 
 use hatchery_config::GatewayArgs;
-use hatchery_gateway::budget::{BudgetStore, Caller, KeyStore, SqliteBudgets};
+use hatchery_gateway::budget::{BudgetStore, Caller, KeyStore};
 use hatchery_gateway::upstream::Upstream;
 use hatchery_gateway::usage::Flavor;
 use hatchery_gateway::Gateway;
@@ -87,37 +87,27 @@ fn read(p: &Path) -> Result<Vec<u8>, GatewayStartError> {
     std::fs::read(p).map_err(|e| GatewayStartError::File(p.to_path_buf(), e))
 }
 
-/// The budget and key store: with a shared `postgres://` database, its
-/// tables there, so a session's spend follows it when it moves to another
-/// host (a fresh per-host budget would let it spend its limit again on
-/// each); otherwise DATA_DIR/gateway.db.
+/// The budget and key store: the `gateway_` tables of the deployment's one
+/// database (with a shared `postgres://` one, a session's spend follows it
+/// when it moves to another host: a fresh per-host budget would let it
+/// spend its limit again on each). A single-host data dir of the previous
+/// release has them in DATA_DIR/gateway.db: copied in once.
 async fn open_budgets(
-    shared_db: Option<(&str, usize)>,
+    db: &hatchery_db::Db,
     data: &Path,
 ) -> Result<(Arc<dyn BudgetStore>, Arc<dyn KeyStore>), GatewayStartError> {
     use hatchery_gateway::budget::BudgetError;
-    use hatchery_gateway::budget_pg::PgBudgets;
-    Ok(match shared_db {
-        Some((dsn, pool)) => {
-            let db = Arc::new(
-                crate::state_db::retry_while_unreachable(
-                    "gateway budgets",
-                    || PgBudgets::connect(dsn, pool),
-                    |e| match e {
-                        BudgetError::Pool(_) => true,
-                        BudgetError::Pg { source, .. } => hatchery_store::pg_unavailable(source),
-                        _ => false,
-                    },
-                )
-                .await?,
-            );
-            (db.clone(), db)
-        }
-        None => {
-            let db = Arc::new(SqliteBudgets::open(&data.join("gateway.db"))?);
-            (db.clone(), db)
-        }
-    })
+    use hatchery_gateway::store::{schema, GatewayStore};
+    let s = Arc::new(GatewayStore::open(db.clone()).await?);
+    let imported = db
+        .import_sqlite(data, &schema::IMPORT)
+        .await
+        .map_err(|source| BudgetError::Db {
+            what: "import DATA_DIR/gateway.db",
+            source,
+        })?;
+    tracing::info!(db = %db.describe(), ?imported, "gateway store open");
+    Ok((s.clone(), s))
 }
 
 /// The gateway itself, from its options: prices, upstreams and their key,
@@ -185,7 +175,7 @@ fn serve_socket(data: &Path, app: axum::Router) -> Result<PathBuf, GatewayStartE
 /// What a host (or `all`) daemon needs to start its side of the gateway.
 pub struct HostSide<'a> {
     pub data: &'a Path,
-    pub shared_db: Option<(&'a str, usize)>,
+    pub db: &'a hatchery_db::Db,
     pub sessions: Arc<Sessions>,
     pub registry: &'a prometheus::Registry,
     pub api_key: &'a str,
@@ -207,13 +197,13 @@ pub async fn start(
         // Its form, and that this host has no upstream of its own, were
         // checked with the rest of the configuration (hatchery-config
         // rules.rs). Bindings go where the control role's gateway reads them.
-        let Some(db) = h.shared_db else {
+        if h.db.dialect() != hatchery_db::Dialect::Postgres {
             return Err(GatewayStartError::ControlUrl(
                 "needs a shared postgres:// --db (the control role reads the bindings there)"
                     .into(),
             ));
-        };
-        let (store, keys) = open_budgets(Some(db), h.data).await?;
+        }
+        let (store, keys) = open_budgets(h.db, h.data).await?;
         let relay = crate::gateway_relay::Relay {
             control: url.trim_end_matches('/').to_string(),
             api_key: h.api_key.to_string(),
@@ -234,7 +224,7 @@ pub async fn start(
     if !a.has_upstream() {
         return Ok(None);
     }
-    let (store, keys) = open_budgets(h.shared_db, h.data).await?;
+    let (store, keys) = open_budgets(h.db, h.data).await?;
     let events = crate::gateway_events::QueuedEvents::spawn(Arc::new(
         crate::gateway_events::LocalSink(h.sessions),
     ));
@@ -256,7 +246,7 @@ pub async fn start(
 /// its events posted to each session's owning host.
 pub async fn start_control(
     a: &GatewayArgs,
-    shared_db: (&str, usize),
+    db: &hatchery_db::Db,
     data: &Path,
     registry: &prometheus::Registry,
     sink: crate::gateway_events::RemoteSink,
@@ -269,7 +259,7 @@ pub async fn start_control(
         api_key: sink.post.api_key.clone().into(),
         daemon_key: sink.post.daemon_key.clone().into(),
     };
-    let (store, keys) = open_budgets(Some(shared_db), data).await?;
+    let (store, keys) = open_budgets(db, data).await?;
     // One lane per session: a session whose host is lost (until its
     // sessions are taken over) holds up only its own events.
     let events = crate::gateway_events::QueuedEvents::spawn(Arc::new(

@@ -235,6 +235,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         &sessions,
         policies.clone(),
         (&key, &daemon_key),
+        &db,
     )
     .await?;
     // On a host that relays to the control role's broker, no broker here.
@@ -244,6 +245,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             crate::broker::start(
                 &args,
                 &data,
+                &db,
                 &key,
                 sessions.clone(),
                 policies.clone(),

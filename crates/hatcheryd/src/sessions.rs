@@ -83,15 +83,15 @@ pub async fn wire_services(
     sessions: &Arc<Sessions>,
     policies: Arc<dyn hatchery_policy::PolicyStore>,
     (api_key, daemon_key): (&str, &str),
+    db: &hatchery_db::Db,
 ) -> Result<(), crate::DaemonError> {
     use hatchery_core::host_services::{HostAddr, HostService, Identity};
     let err = |e: String| crate::DaemonError::Sessions(e);
-    let shared_db = args.shared_db().map(|d| (d, args.db_pool));
     let gateway = crate::gateway::start(
         &args.gateway,
         crate::gateway::HostSide {
             data,
-            shared_db,
+            db,
             sessions: sessions.clone(),
             registry: &manager.metrics.registry,
             api_key,

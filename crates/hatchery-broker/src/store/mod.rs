@@ -1,9 +1,10 @@
-//! The broker's own record of every call, keyed by (session, seq): in
-//! DATA_DIR/broker.db (SQLite, `sqlite.rs`) on a single host, or in the
-//! shared PostgreSQL database (`pg.rs`, tables `broker_calls` and
-//! `broker_epochs`) when the daemon runs with `--db postgres://`, so that a
-//! session that moves to another host finds the calls already made. Both
-//! keep one contract, checked by one suite (`conformance.rs`).
+//! The broker's own record of every call, keyed by (session, seq): its
+//! tables `broker_calls`, `broker_epochs` and `broker_runners` in the
+//! deployment's one database (hatchery-db: DATA_DIR/hatchery.db, or the
+//! shared PostgreSQL on `--db postgres://`, where a session that moves to
+//! another host finds the calls already made). The SQL is the same on both
+//! (`db.rs`), the schema one numbered migration set (`schema.rs`), and one
+//! suite checks the contract on both (`conformance.rs`).
 //!
 //! A call row is written before anything else happens for that key, and it
 //! moves through
@@ -11,29 +12,42 @@
 //! (or straight to `denied`); every update names the states it may move
 //! from, so two racing requests cannot both take a call into `executing`.
 
-mod pg;
-mod sqlite;
+mod db;
+pub mod schema;
 
 #[cfg(test)]
 mod conformance;
 
-use std::path::Path;
+pub use db::BrokerStore;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// The database refused or failed a statement; `what` names what was
+    /// being done.
+    #[error("broker store: {what}: {source}")]
+    Db {
+        what: &'static str,
+        #[source]
+        source: hatchery_db::DbError,
+    },
     #[error("broker store: {0}")]
-    Db(#[from] rusqlite::Error),
-    /// The shared database refused or failed a statement; the message
-    /// names what was being done.
-    #[error("broker store (postgres): {0}")]
-    Pg(String),
-    /// The shared database is not reachable now (retryable).
-    #[error("broker store unavailable: {0}")]
-    Unavailable(String),
-    #[error("broker store task: {0}")]
-    Task(String),
+    Schema(#[source] hatchery_db::MigrateError),
     #[error("broker store: unknown call state {0:?}")]
     Corrupt(String),
+    /// `epoch_for` lost every race for an epoch number.
+    #[error("broker store: epoch for sandbox {0}: still contended")]
+    Contended(String),
+}
+
+impl StoreError {
+    /// The database is not reachable now (retryable, answered 503).
+    pub fn unavailable(&self) -> bool {
+        match self {
+            StoreError::Db { source, .. } => source.unavailable(),
+            StoreError::Schema(e) => e.unavailable(),
+            _ => false,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,168 +198,8 @@ impl EventRef {
     }
 }
 
-/// One of the two backends; an enum rather than a trait object because
-/// there are exactly two and the methods are all async.
-#[derive(Clone)]
-enum Backend {
-    Sqlite(sqlite::SqliteBroker),
-    Pg(pg::PgBroker),
-}
-
-#[derive(Clone)]
-pub struct BrokerStore {
-    backend: Backend,
-}
-
 pub(crate) fn now() -> String {
     hatchery_audit::event::now_rfc3339()
-}
-
-/// Runs the same call on whichever backend the store has.
-macro_rules! dispatch {
-    ($self:ident . $m:ident ( $($a:expr),* )) => {
-        match &$self.backend {
-            Backend::Sqlite(b) => b.$m($($a),*).await,
-            Backend::Pg(b) => b.$m($($a),*).await,
-        }
-    };
-}
-
-impl BrokerStore {
-    /// DATA_DIR/broker.db (or any SQLite file), migrated.
-    pub fn open(path: &Path) -> Result<Self, StoreError> {
-        Ok(BrokerStore {
-            backend: Backend::Sqlite(sqlite::SqliteBroker::open(path)?),
-        })
-    }
-
-    pub fn open_in_memory() -> Result<Self, StoreError> {
-        Ok(BrokerStore {
-            backend: Backend::Sqlite(sqlite::SqliteBroker::open_in_memory()?),
-        })
-    }
-
-    /// The shared PostgreSQL database at `dsn` (a `postgres://` URL or a
-    /// libpq string), through a pool of at most `pool_size` connections;
-    /// runs the broker's migrations first. `Unavailable` when the database
-    /// is not reachable (the daemon retries that at start).
-    pub async fn postgres(dsn: &str, pool_size: usize) -> Result<BrokerStore, StoreError> {
-        Ok(BrokerStore {
-            backend: Backend::Pg(pg::PgBroker::connect(dsn, pool_size).await?),
-        })
-    }
-
-    /// "sqlite" or "postgres", for logs.
-    pub fn backend(&self) -> &'static str {
-        match self.backend {
-            Backend::Sqlite(_) => "sqlite",
-            Backend::Pg(_) => "postgres",
-        }
-    }
-
-    /// The epoch of `sandbox_id` in `session_id`: known ones keep theirs;
-    /// a new sandbox (the session was resumed or forked) gets the next one.
-    pub async fn epoch_for(&self, session_id: &str, sandbox_id: &str) -> Result<u64, StoreError> {
-        dispatch!(self.epoch_for(session_id, sandbox_id))
-    }
-
-    /// The epoch a sandbox had, if the broker has seen it.
-    pub async fn known_epoch(&self, sandbox_id: &str) -> Result<Option<(String, u64)>, StoreError> {
-        dispatch!(self.known_epoch(sandbox_id))
-    }
-
-    /// Records the call under its key unless the key is taken; atomically,
-    /// so two racing first attempts make one row (and one `New`).
-    pub async fn begin(&self, new: Call) -> Result<Begin, StoreError> {
-        dispatch!(self.begin(new))
-    }
-
-    pub async fn get(&self, session_id: &str, seq: u64) -> Result<Option<Call>, StoreError> {
-        dispatch!(self.get(session_id, seq))
-    }
-
-    /// Stores the seq of one of the call's events, once: a column already
-    /// set keeps its value (a retry never moves it).
-    pub async fn set_event_ref(
-        &self,
-        which: EventRef,
-        session_id: &str,
-        seq: u64,
-        ev: u64,
-    ) -> Result<(), StoreError> {
-        dispatch!(self.set_event_ref(which, session_id, seq, ev))
-    }
-
-    /// [`advance`](Self::advance) that also stores the seqs of the events
-    /// just written for the call, in the same transaction (one commit
-    /// instead of two or three).
-    pub async fn advance_recorded(
-        &self,
-        session_id: &str,
-        seq: u64,
-        from: CallState,
-        to: CallState,
-        r: Recorded,
-    ) -> Result<Option<Call>, StoreError> {
-        debug_assert!(from.valid_transition(to), "{from:?} -> {to:?}");
-        dispatch!(self.advance_recorded(session_id, seq, from, to, r))
-    }
-
-    /// Moves the call to `to` if it is in `from`; `None` when it was not
-    /// (someone else moved it first). `effect`/`output` are set if given.
-    pub async fn advance(
-        &self,
-        session_id: &str,
-        seq: u64,
-        from: CallState,
-        to: CallState,
-        effect: Option<String>,
-        output: Option<String>,
-    ) -> Result<Option<Call>, StoreError> {
-        debug_assert!(from.valid_transition(to), "{from:?} -> {to:?}");
-        let r = Recorded {
-            effect,
-            output,
-            ..Default::default()
-        };
-        dispatch!(self.advance_recorded(session_id, seq, from, to, r))
-    }
-
-    /// Calls caught in `executing` (the process stopped mid-effect).
-    pub async fn executing(&self) -> Result<Vec<Call>, StoreError> {
-        dispatch!(self.executing())
-    }
-
-    /// Records that broker process `runner` is alive for `ttl_s` more
-    /// seconds, by the database's clock. A no-op on SQLite, whose file
-    /// only one process uses.
-    pub async fn heartbeat(&self, runner: &str, ttl_s: u32) -> Result<(), StoreError> {
-        match &self.backend {
-            Backend::Sqlite(_) => Ok(()),
-            Backend::Pg(p) => p.heartbeat(runner, ttl_s).await,
-        }
-    }
-
-    /// Whether broker process `runner` renewed its heartbeat recently
-    /// enough. On SQLite never: the only process using the file is the
-    /// one asking, and it knows its own id (crate::runner).
-    pub async fn runner_alive(&self, runner: &str) -> Result<bool, StoreError> {
-        match &self.backend {
-            Backend::Sqlite(_) => Ok(false),
-            Backend::Pg(p) => p.runner_alive(runner).await,
-        }
-    }
-
-    /// Every call of a session, in seq order (tests and the CLI).
-    pub async fn calls(&self, session_id: &str) -> Result<Vec<Call>, StoreError> {
-        dispatch!(self.calls(session_id))
-    }
-
-    /// What a session's calls hold: how many, their stored argument
-    /// bytes, how many wait for an approval (the per-session caps).
-    pub async fn usage(&self, session_id: &str) -> Result<CallUsage, StoreError> {
-        dispatch!(self.usage(session_id))
-    }
 }
 
 /// A session's calls in the record (for its caps and its view).

@@ -1,7 +1,7 @@
-//! The contract of a budget store, run against every backend: SQLite in
-//! the unit tests, PostgreSQL when `HATCHERY_TEST_PG_DSN` names a database
-//! (`make gateway-pg-test` starts one). Scope names are unique per run, so
-//! a database may be reused.
+//! The contract of the budget store, run on both databases: SQLite (a
+//! scratch database and a file) and a private PostgreSQL
+//! (`conformance_on_postgres`). Scope names are unique per run, so a
+//! database may be reused.
 
 use crate::budget::{Amount, BudgetError, BudgetStore, Caller, KeyStore};
 use std::sync::Arc;
@@ -167,33 +167,56 @@ pub async fn concurrent_reservations<S: BudgetStore + 'static>(s: Arc<S>) {
 }
 
 #[cfg(test)]
+#[path = "../../../hatchery-store/tests/support/pg_server.rs"]
+mod pg_server;
+
+#[cfg(test)]
 mod tests {
+    use super::pg_server;
     use super::*;
+    use crate::store::GatewayStore;
+    use hatchery_db::Db;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn concurrent_reservations_on_sqlite() {
-        let d = TempDir::new();
-        let s = Arc::new(crate::budget::SqliteBudgets::open(&d.0.join("b.db")).unwrap());
+    async fn conformance_on_sqlite() {
+        let s = Arc::new(GatewayStore::open_in_memory().await.unwrap());
+        run_all(&*s).await;
         concurrent_reservations(s).await;
+        // A file, opened twice: the second open's migrations are a no-op.
+        let d = TempDir::new();
+        let p = d.0.join("hatchery.db");
+        let s = GatewayStore::open(Db::sqlite(&p).await.unwrap())
+            .await
+            .unwrap();
+        s.set_limits("x", Some(1), None).await.unwrap();
+        let again = GatewayStore::open(Db::sqlite(&p).await.unwrap())
+            .await
+            .unwrap();
+        assert_eq!(again.get("x").await.unwrap().limit_tokens, Some(1));
+        run_all(&again).await;
     }
 
-    /// PostgreSQL, when a database is given. `make gateway-pg-test` starts
-    /// one and sets HATCHERY_REQUIRE_PG, so there this cannot pass by
-    /// skipping.
+    /// On a private PostgreSQL (`make pg-conformance`; `make unit` skips
+    /// it by its name). Nothing here is skipped.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn conformance_on_postgres() {
-        let Some(dsn) = hatchery_store::test_dsn("conformance_on_postgres") else {
-            return;
-        };
+        let pg = pg_server::TestPg::start();
         let s = Arc::new(
-            crate::budget_pg::PgBudgets::connect(&dsn, 16)
+            GatewayStore::open(Db::postgres(&pg.dsn, 16).unwrap())
                 .await
                 .unwrap(),
         );
         run_all(&*s).await;
         concurrent_reservations(s.clone()).await;
         // Migrations are idempotent: a second gateway on the same database.
-        let again = crate::budget_pg::PgBudgets::connect(&dsn, 2).await.unwrap();
+        let again = GatewayStore::open(Db::postgres(&pg.dsn, 2).unwrap())
+            .await
+            .unwrap();
         run_all(&again).await;
+        let down = Db::postgres("postgres://postgres@127.0.0.1:1/hatchery", 1).unwrap();
+        let Err(e) = GatewayStore::open(down).await else {
+            panic!("connected to port 1")
+        };
+        assert!(e.unavailable(), "{e:?}");
     }
 }

@@ -1,0 +1,402 @@
+//! The broker's queries, the same on SQLite and PostgreSQL (hatchery-db
+//! rewrites the little that differs). What keeps a call exactly-once:
+//! - `begin` is one `INSERT … ON CONFLICT DO NOTHING`: of two racing first
+//!   attempts one inserts; on PostgreSQL the other waits for it, inserts
+//!   nothing and reads the winner's row (READ COMMITTED: each statement
+//!   sees what was committed before it); on SQLite writers take turns;
+//! - a state update is one `UPDATE … WHERE state = from RETURNING *`: the
+//!   loser of a race no longer matches and changes nothing (a final state
+//!   is never overwritten);
+//! - `epoch_for` takes `MAX(epoch) + 1`; two new sandboxes of one session
+//!   that picked the same number collide on UNIQUE (session_id, epoch),
+//!   and the loser retries with a fresh read.
+//!
+//! Timestamps are RFC 3339 text, passed in, so a `Call` reads the same
+//! from both. Only the runners' heartbeat uses the database's clock, and
+//! only on PostgreSQL (several processes share it there).
+
+use super::{now, Begin, Call, CallState, CallUsage, EventRef, Recorded, StoreError};
+use hatchery_db::{args, Db, DbError, Dialect, Row};
+
+/// How often `epoch_for` retries after losing a race for an epoch number;
+/// each loss means another sandbox of the session took one, so this bounds
+/// a burst of that many sandboxes starting at once.
+const EPOCH_RETRIES: usize = 32;
+
+#[derive(Clone)]
+pub struct BrokerStore {
+    db: Db,
+}
+
+fn err(what: &'static str) -> impl FnOnce(DbError) -> StoreError {
+    move |source| StoreError::Db { what, source }
+}
+
+fn read_err(source: DbError) -> StoreError {
+    StoreError::Db {
+        what: "read call",
+        source,
+    }
+}
+
+impl BrokerStore {
+    /// The broker's tables in `db`, migrated.
+    pub async fn open(db: Db) -> Result<Self, StoreError> {
+        db.migrate(&super::schema::MIGRATIONS)
+            .await
+            .map_err(StoreError::Schema)?;
+        Ok(BrokerStore { db })
+    }
+
+    /// On a scratch SQLite database (tests).
+    pub async fn open_in_memory() -> Result<Self, StoreError> {
+        Self::open(Db::sqlite_memory().map_err(err("open"))?).await
+    }
+
+    /// "sqlite" or "postgres", for logs.
+    pub fn backend(&self) -> &'static str {
+        self.db.dialect().pick("sqlite", "postgres")
+    }
+
+    /// The epoch of `sandbox_id` in `session_id`: known ones keep theirs;
+    /// a new sandbox (the session was resumed or forked) gets the next one.
+    pub async fn epoch_for(&self, session_id: &str, sandbox_id: &str) -> Result<u64, StoreError> {
+        for _ in 0..EPOCH_RETRIES {
+            let mut tx = self.db.begin().await.map_err(err("begin epoch"))?;
+            let known = tx
+                .query_opt(
+                    "SELECT session_id, epoch FROM broker_epochs WHERE sandbox_id = $1",
+                    args![sandbox_id],
+                )
+                .await
+                .map_err(err("read epoch"))?;
+            if let Some(r) = known {
+                if r.get::<String>("session_id").map_err(err("read epoch"))? == session_id {
+                    let e = r.get::<u64>("epoch").map_err(err("read epoch"))?;
+                    tx.commit().await.map_err(err("commit epoch"))?;
+                    return Ok(e);
+                }
+            }
+            let next: u64 = tx
+                .query_one(
+                    "SELECT CAST(COALESCE(MAX(epoch), 0) + 1 AS BIGINT) AS next
+                     FROM broker_epochs WHERE session_id = $1",
+                    args![session_id],
+                )
+                .await
+                .and_then(|r| r.get("next"))
+                .map_err(err("next epoch"))?;
+            // A sandbox id is never reused across sessions; a mismatch is
+            // treated as a new instance all the same. The WHERE leaves a
+            // row this session wrote meanwhile (a racing call for the same
+            // new sandbox) as it is: that one wins.
+            let wrote = tx
+                .execute(
+                    "INSERT INTO broker_epochs (sandbox_id, session_id, epoch) VALUES ($1, $2, $3)
+                     ON CONFLICT (sandbox_id) DO UPDATE
+                        SET session_id = EXCLUDED.session_id, epoch = EXCLUDED.epoch
+                        WHERE broker_epochs.session_id <> EXCLUDED.session_id",
+                    args![sandbox_id, session_id, next],
+                )
+                .await;
+            match wrote {
+                Ok(1) => {
+                    tx.commit().await.map_err(err("commit epoch"))?;
+                    return Ok(next);
+                }
+                // Another call gave this sandbox its epoch first (read it
+                // on the next round), or another sandbox of the session
+                // took `next` first. Dropping `tx` rolls it back.
+                Ok(_) => continue,
+                Err(e) if e.unique_violation() => continue,
+                Err(e) => return Err(err("write epoch")(e)),
+            }
+        }
+        Err(StoreError::Contended(sandbox_id.to_string()))
+    }
+
+    /// The epoch a sandbox had, if the broker has seen it.
+    pub async fn known_epoch(&self, sandbox_id: &str) -> Result<Option<(String, u64)>, StoreError> {
+        let Some(r) = self
+            .db
+            .query_opt(
+                "SELECT session_id, epoch FROM broker_epochs WHERE sandbox_id = $1",
+                args![sandbox_id],
+            )
+            .await
+            .map_err(err("read epoch"))?
+        else {
+            return Ok(None);
+        };
+        Ok(Some((
+            r.get("session_id").map_err(err("read epoch"))?,
+            r.get("epoch").map_err(err("read epoch"))?,
+        )))
+    }
+
+    /// Records the call under its key unless the key is taken; atomically,
+    /// so two racing first attempts make one row (and one `New`).
+    pub async fn begin(&self, new: Call) -> Result<Begin, StoreError> {
+        let mut tx = self.db.begin().await.map_err(err("begin call"))?;
+        let n = tx
+            .execute(
+                "INSERT INTO broker_calls (session_id, seq, epoch, tool, args_sha256, args, state,
+                    decision, rule_id, approval_id, event_seq, result_event_seq, effect, output,
+                    review_event_seq, created_at, updated_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $16)
+                 ON CONFLICT (session_id, seq) DO NOTHING",
+                args![
+                    &new.session_id,
+                    new.seq,
+                    new.epoch,
+                    &new.tool,
+                    &new.args_sha256,
+                    &new.args,
+                    new.state.as_str(),
+                    &new.decision,
+                    new.rule_id.as_deref(),
+                    new.approval_id.as_deref(),
+                    new.event_seq,
+                    new.result_event_seq,
+                    new.effect.as_deref(),
+                    new.output.as_deref(),
+                    new.review_event_seq,
+                    &new.created_at,
+                ],
+            )
+            .await
+            .map_err(err("insert call"))?;
+        if n == 1 {
+            tx.commit().await.map_err(err("commit call"))?;
+            return Ok(Begin::New(new));
+        }
+        // The key was taken, by a row committed before this statement
+        // returned (ON CONFLICT waited for it): this read sees it.
+        let old = tx
+            .query_one(
+                "SELECT * FROM broker_calls WHERE session_id = $1 AND seq = $2",
+                args![&new.session_id, new.seq],
+            )
+            .await
+            .map_err(err("read the call holding the key"))?;
+        tx.commit().await.map_err(err("commit call"))?;
+        Ok(Begin::taken(row_call(&old)?, &new))
+    }
+
+    pub async fn get(&self, session_id: &str, seq: u64) -> Result<Option<Call>, StoreError> {
+        self.db
+            .query_opt(
+                "SELECT * FROM broker_calls WHERE session_id = $1 AND seq = $2",
+                args![session_id, seq],
+            )
+            .await
+            .map_err(read_err)?
+            .as_ref()
+            .map(row_call)
+            .transpose()
+    }
+
+    /// Stores the seq of one of the call's events, once: a column already
+    /// set keeps its value (a retry never moves it).
+    pub async fn set_event_ref(
+        &self,
+        which: EventRef,
+        session_id: &str,
+        seq: u64,
+        ev: u64,
+    ) -> Result<(), StoreError> {
+        // The column is one of three constants, never input.
+        let col = which.column();
+        self.db
+            .execute(
+                &format!(
+                    "UPDATE broker_calls SET {col} = $3
+                     WHERE session_id = $1 AND seq = $2 AND {col} IS NULL"
+                ),
+                args![session_id, seq, ev],
+            )
+            .await
+            .map_err(err("set event seq"))?;
+        Ok(())
+    }
+
+    /// [`advance`](Self::advance) that also stores the seqs of the events
+    /// just written for the call, in the same statement (one commit
+    /// instead of two or three): the guard, the write and the read of the
+    /// new row.
+    pub async fn advance_recorded(
+        &self,
+        session_id: &str,
+        seq: u64,
+        from: CallState,
+        to: CallState,
+        r: Recorded,
+    ) -> Result<Option<Call>, StoreError> {
+        debug_assert!(from.valid_transition(to), "{from:?} -> {to:?}");
+        let mut tx = self.db.begin().await.map_err(err("begin advance"))?;
+        let row = tx
+            .query_opt(
+                "UPDATE broker_calls SET state = $4, effect = COALESCE($5, effect),
+                    output = COALESCE($6, output), updated_at = $7,
+                    event_seq = COALESCE(event_seq, $8),
+                    result_event_seq = COALESCE(result_event_seq, $9),
+                    runner = COALESCE($10, runner)
+                 WHERE session_id = $1 AND seq = $2 AND state = $3
+                 RETURNING *",
+                args![
+                    session_id,
+                    seq,
+                    from.as_str(),
+                    to.as_str(),
+                    r.effect,
+                    r.output,
+                    now(),
+                    r.event_seq,
+                    r.result_event_seq,
+                    r.runner,
+                ],
+            )
+            .await
+            .map_err(err("advance call"))?;
+        tx.commit().await.map_err(err("commit advance"))?;
+        row.as_ref().map(row_call).transpose()
+    }
+
+    /// Moves the call to `to` if it is in `from`; `None` when it was not
+    /// (someone else moved it first). `effect`/`output` are set if given.
+    pub async fn advance(
+        &self,
+        session_id: &str,
+        seq: u64,
+        from: CallState,
+        to: CallState,
+        effect: Option<String>,
+        output: Option<String>,
+    ) -> Result<Option<Call>, StoreError> {
+        let r = Recorded {
+            effect,
+            output,
+            ..Default::default()
+        };
+        self.advance_recorded(session_id, seq, from, to, r).await
+    }
+
+    /// Calls caught in `executing` (the process stopped mid-effect).
+    pub async fn executing(&self) -> Result<Vec<Call>, StoreError> {
+        self.list(
+            "SELECT * FROM broker_calls WHERE state = 'executing' ORDER BY created_at",
+            args![],
+        )
+        .await
+    }
+
+    /// Every call of a session, in seq order (tests and the CLI).
+    pub async fn calls(&self, session_id: &str) -> Result<Vec<Call>, StoreError> {
+        self.list(
+            "SELECT * FROM broker_calls WHERE session_id = $1 ORDER BY seq",
+            args![session_id],
+        )
+        .await
+    }
+
+    async fn list(&self, sql: &str, a: &[hatchery_db::Value]) -> Result<Vec<Call>, StoreError> {
+        let rows = self.db.query(sql, a).await.map_err(err("list calls"))?;
+        rows.iter().map(row_call).collect()
+    }
+
+    /// Records that broker process `runner` is alive for `ttl_s` more
+    /// seconds, by the database's clock. A no-op on SQLite, whose file
+    /// only one process uses.
+    pub async fn heartbeat(&self, runner: &str, ttl_s: u32) -> Result<(), StoreError> {
+        if self.db.dialect() == Dialect::Sqlite {
+            return Ok(());
+        }
+        let mut tx = self.db.begin().await.map_err(err("begin heartbeat"))?;
+        // PostgreSQL only (the database's clock is the point).
+        tx.execute(
+            "INSERT INTO broker_runners (runner, expires_at)
+             VALUES ($1, now() + make_interval(secs => $2))
+             ON CONFLICT (runner) DO UPDATE SET expires_at = EXCLUDED.expires_at",
+            args![runner, f64::from(ttl_s)],
+        )
+        .await
+        .map_err(err("renew broker runner"))?;
+        // Rows of processes gone for a day are of no more use.
+        tx.execute(
+            "DELETE FROM broker_runners WHERE expires_at < now() - interval '1 day'",
+            args![],
+        )
+        .await
+        .map_err(err("prune broker runners"))?;
+        tx.commit().await.map_err(err("commit heartbeat"))
+    }
+
+    /// Whether broker process `runner` renewed its heartbeat recently
+    /// enough. On SQLite never: the only process using the file is the
+    /// one asking, and it knows its own id (crate::runner).
+    pub async fn runner_alive(&self, runner: &str) -> Result<bool, StoreError> {
+        if self.db.dialect() == Dialect::Sqlite {
+            return Ok(false);
+        }
+        self.db
+            .query_opt(
+                "SELECT runner FROM broker_runners WHERE runner = $1 AND expires_at > now()",
+                args![runner],
+            )
+            .await
+            .map(|r| r.is_some())
+            .map_err(err("read broker runner"))
+    }
+
+    /// What a session's calls hold: how many, their stored argument
+    /// bytes, how many wait for an approval (the per-session caps).
+    pub async fn usage(&self, session_id: &str) -> Result<CallUsage, StoreError> {
+        let e = || err("call usage");
+        let r = self
+            .db
+            .query_opt(
+                "SELECT COUNT(*) AS calls,
+                    CAST(COALESCE(SUM(octet_length(args)), 0) AS BIGINT) AS bytes,
+                    CAST(COALESCE(SUM(CASE WHEN state = 'awaiting_approval' THEN 1 ELSE 0 END), 0)
+                        AS BIGINT) AS awaiting
+                 FROM broker_calls WHERE session_id = $1",
+                args![session_id],
+            )
+            .await
+            .and_then(|r| r.ok_or(DbError::NoRow))
+            .map_err(e())?;
+        Ok(CallUsage::from_row(
+            r.get("calls").map_err(e())?,
+            r.get("bytes").map_err(e())?,
+            r.get("awaiting").map_err(e())?,
+        ))
+    }
+}
+
+/// A row of `broker_calls`, its columns read by name.
+fn row_call(r: &Row) -> Result<Call, StoreError> {
+    let state: String = r.get("state").map_err(read_err)?;
+    let Some(st) = CallState::parse(&state) else {
+        return Err(StoreError::Corrupt(state));
+    };
+    Ok(Call {
+        session_id: r.get("session_id").map_err(read_err)?,
+        seq: r.get("seq").map_err(read_err)?,
+        epoch: r.get("epoch").map_err(read_err)?,
+        tool: r.get("tool").map_err(read_err)?,
+        args_sha256: r.get("args_sha256").map_err(read_err)?,
+        args: r.get("args").map_err(read_err)?,
+        state: st,
+        decision: r.get("decision").map_err(read_err)?,
+        rule_id: r.get("rule_id").map_err(read_err)?,
+        approval_id: r.get("approval_id").map_err(read_err)?,
+        event_seq: r.get("event_seq").map_err(read_err)?,
+        result_event_seq: r.get("result_event_seq").map_err(read_err)?,
+        effect: r.get("effect").map_err(read_err)?,
+        output: r.get("output").map_err(read_err)?,
+        review_event_seq: r.get("review_event_seq").map_err(read_err)?,
+        runner: r.get("runner").map_err(read_err)?,
+        created_at: r.get("created_at").map_err(read_err)?,
+        updated_at: r.get("updated_at").map_err(read_err)?,
+    })
+}

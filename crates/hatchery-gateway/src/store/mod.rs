@@ -1,0 +1,295 @@
+//! The budget and key store: the gateway's tables in the deployment's one
+//! database (hatchery-db: a SQLite file, or PostgreSQL for a gateway
+//! shared by many hosts), the same SQL on both. The contract is in
+//! `budget.rs` and checked on both by `conformance.rs`.
+//!
+//! A reservation locks the budget rows of its scopes (`SELECT … FOR
+//! UPDATE`, in scope order so two reservations never deadlock; on SQLite
+//! writers take turns) and then sums the live reservations, so the second
+//! of two racing reservations sees the first.
+
+pub mod conformance;
+pub mod schema;
+
+use crate::budget::{admits, Amount, Budget, BudgetError, BudgetStore, Caller, KeyStore};
+use async_trait::async_trait;
+use hatchery_db::{args, Db, DbError, Dialect, Row, Tx};
+
+#[derive(Clone)]
+pub struct GatewayStore {
+    db: Db,
+}
+
+fn err(what: &'static str) -> impl FnOnce(DbError) -> BudgetError {
+    move |source| BudgetError::Db { what, source }
+}
+
+/// A u64 as BIGINT, clamped (limits may be "everything").
+fn i(v: u64) -> i64 {
+    v.min(i64::MAX as u64) as i64
+}
+
+fn u(r: &Row, col: &str) -> Result<u64, DbError> {
+    Ok(r.get::<i64>(col)?.max(0) as u64)
+}
+
+fn u_opt(r: &Row, col: &str) -> Result<Option<u64>, DbError> {
+    Ok(r.get::<Option<i64>>(col)?.map(|v| v.max(0) as u64))
+}
+
+impl GatewayStore {
+    /// The gateway's tables in `db`, migrated.
+    pub async fn open(db: Db) -> Result<Self, BudgetError> {
+        db.migrate(&schema::MIGRATIONS)
+            .await
+            .map_err(BudgetError::Schema)?;
+        Ok(GatewayStore { db })
+    }
+
+    /// On a scratch SQLite database (tests).
+    pub async fn open_in_memory() -> Result<Self, BudgetError> {
+        Self::open(Db::sqlite_memory().map_err(err("open"))?).await
+    }
+}
+
+async fn read_budget(tx: &mut Tx, scope: &str) -> Result<Option<Budget>, BudgetError> {
+    let e = || err("read budget");
+    let Some(r) = tx
+        .query_opt(
+            "SELECT b.limit_tokens, b.limit_usd_cents, b.used_tokens, b.used_usd_cents,
+                CAST(COALESCE((SELECT SUM(tokens) FROM gateway_reservations WHERE scope = b.scope), 0)
+                    AS BIGINT) AS rt,
+                CAST(COALESCE((SELECT SUM(usd_cents) FROM gateway_reservations WHERE scope = b.scope), 0)
+                    AS BIGINT) AS rc
+             FROM gateway_budgets b WHERE b.scope = $1",
+            args![scope],
+        )
+        .await
+        .map_err(e())?
+    else {
+        return Ok(None);
+    };
+    Ok(Some(Budget {
+        scope: scope.to_string(),
+        limit_tokens: u_opt(&r, "limit_tokens").map_err(e())?,
+        limit_usd_cents: u_opt(&r, "limit_usd_cents").map_err(e())?,
+        used_tokens: u(&r, "used_tokens").map_err(e())?,
+        used_usd_cents: u(&r, "used_usd_cents").map_err(e())?,
+        reserved_tokens: u(&r, "rt").map_err(e())?,
+        reserved_usd_cents: u(&r, "rc").map_err(e())?,
+    }))
+}
+
+fn caller(r: Option<Row>) -> Result<Option<Caller>, DbError> {
+    r.map(|r| {
+        Ok(Caller {
+            session: r.get("session")?,
+            tenant: r.get("tenant")?,
+        })
+    })
+    .transpose()
+}
+
+#[async_trait]
+impl BudgetStore for GatewayStore {
+    async fn set_limits(
+        &self,
+        scope: &str,
+        tokens: Option<u64>,
+        usd_cents: Option<u64>,
+    ) -> Result<Budget, BudgetError> {
+        let mut tx = self.db.begin().await.map_err(err("begin set limits"))?;
+        tx.execute(
+            "INSERT INTO gateway_budgets (scope, limit_tokens, limit_usd_cents) VALUES ($1, $2, $3)
+             ON CONFLICT (scope) DO UPDATE SET limit_tokens = $2, limit_usd_cents = $3",
+            args![scope, tokens.map(i), usd_cents.map(i)],
+        )
+        .await
+        .map_err(err("set limits"))?;
+        let b = read_budget(&mut tx, scope).await?;
+        tx.commit().await.map_err(err("commit set limits"))?;
+        Ok(b.expect("just written"))
+    }
+
+    async fn get(&self, scope: &str) -> Result<Budget, BudgetError> {
+        let mut tx = self.db.read().await.map_err(err("begin read budget"))?;
+        let b = read_budget(&mut tx, scope).await?;
+        tx.commit().await.map_err(err("end read budget"))?;
+        b.ok_or_else(|| BudgetError::UnknownScope(scope.to_string()))
+    }
+
+    async fn reserve(
+        &self,
+        id: &str,
+        scopes: &[String],
+        estimate: Amount,
+        now_ms: u64,
+        ttl_ms: u64,
+    ) -> Result<(), BudgetError> {
+        let mut tx = self.db.begin().await.map_err(err("begin reserve"))?;
+        let mut sorted = scopes.to_vec();
+        sorted.sort();
+        for scope in &sorted {
+            tx.query(
+                "SELECT scope FROM gateway_budgets WHERE scope = $1 FOR UPDATE",
+                args![scope],
+            )
+            .await
+            .map_err(err("lock budget"))?;
+        }
+        for scope in scopes {
+            if let Some(b) = read_budget(&mut tx, scope).await? {
+                // Refused: dropping `tx` rolls back what was reserved.
+                admits(&b, estimate)?;
+            }
+            tx.execute(
+                "INSERT INTO gateway_reservations (id, scope, tokens, usd_cents, expires_ms)
+                 VALUES ($1, $2, $3, $4, $5)",
+                args![
+                    id,
+                    scope,
+                    i(estimate.tokens),
+                    i(estimate.usd_cents),
+                    i(now_ms.saturating_add(ttl_ms))
+                ],
+            )
+            .await
+            .map_err(err("insert reservation"))?;
+        }
+        tx.commit().await.map_err(err("commit reserve"))
+    }
+
+    async fn settle(
+        &self,
+        id: &str,
+        scopes: &[String],
+        actual: Amount,
+    ) -> Result<bool, BudgetError> {
+        let mut tx = self.db.begin().await.map_err(err("begin settle"))?;
+        let fresh = tx
+            .execute(
+                "INSERT INTO gateway_settlements (id, tokens, usd_cents) VALUES ($1, $2, $3)
+                 ON CONFLICT (id) DO NOTHING",
+                args![id, i(actual.tokens), i(actual.usd_cents)],
+            )
+            .await
+            .map_err(err("record settlement"))?
+            == 1;
+        if fresh {
+            // Spend is recorded even if the janitor already dropped the
+            // reservation: the call happened. A scope without limits gets
+            // a row too: its spend is visible even when nothing caps it.
+            let mut sorted = scopes.to_vec();
+            sorted.sort();
+            for scope in &sorted {
+                tx.execute(
+                    "INSERT INTO gateway_budgets (scope, used_tokens, used_usd_cents) VALUES ($1, $2, $3)
+                     ON CONFLICT (scope) DO UPDATE SET
+                        used_tokens = gateway_budgets.used_tokens + $2,
+                        used_usd_cents = gateway_budgets.used_usd_cents + $3",
+                    args![scope, i(actual.tokens), i(actual.usd_cents)],
+                )
+                .await
+                .map_err(err("charge budget"))?;
+            }
+        }
+        tx.execute("DELETE FROM gateway_reservations WHERE id = $1", args![id])
+            .await
+            .map_err(err("drop reservation"))?;
+        tx.commit().await.map_err(err("commit settle"))?;
+        Ok(fresh)
+    }
+
+    async fn expire(&self, now_ms: u64) -> Result<u64, BudgetError> {
+        self.db
+            .execute(
+                "DELETE FROM gateway_reservations WHERE expires_ms < $1",
+                args![i(now_ms)],
+            )
+            .await
+            .map_err(err("expire reservations"))
+    }
+
+    /// On PostgreSQL the database's clock (several processes share it);
+    /// on SQLite this process's, the only one using the file.
+    async fn now_ms(&self) -> Result<u64, BudgetError> {
+        if self.db.dialect() == Dialect::Sqlite {
+            return Ok(crate::now_ms());
+        }
+        let r = self
+            .db
+            .query_opt(
+                "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) AS now_ms",
+                args![],
+            )
+            .await
+            .and_then(|r| r.ok_or(DbError::NoRow))
+            .map_err(err("read the database clock"))?;
+        u(&r, "now_ms").map_err(err("read the database clock"))
+    }
+}
+
+#[async_trait]
+impl KeyStore for GatewayStore {
+    async fn add_key(
+        &self,
+        hash: &str,
+        caller: &Caller,
+        expires_ms: u64,
+    ) -> Result<(), BudgetError> {
+        self.db
+            .execute(
+                "INSERT INTO gateway_keys (hash, session, tenant, expires_ms) VALUES ($1, $2, $3, $4)",
+                args![hash, &caller.session, caller.tenant.as_deref(), i(expires_ms)],
+            )
+            .await
+            .map_err(err("add key"))?;
+        Ok(())
+    }
+
+    async fn caller(&self, hash: &str, now_ms: u64) -> Result<Option<Caller>, BudgetError> {
+        self.db
+            .query_opt(
+                "SELECT session, tenant FROM gateway_keys WHERE hash = $1 AND expires_ms > $2",
+                args![hash, i(now_ms)],
+            )
+            .await
+            .and_then(caller)
+            .map_err(err("read key"))
+    }
+
+    async fn bind_sandbox(&self, sandbox: &str, caller: &Caller) -> Result<(), BudgetError> {
+        self.db
+            .execute(
+                "INSERT INTO gateway_sandbox_bindings (sandbox, session, tenant) VALUES ($1, $2, $3)
+                 ON CONFLICT (sandbox) DO UPDATE SET session = $2, tenant = $3",
+                args![sandbox, &caller.session, caller.tenant.as_deref()],
+            )
+            .await
+            .map_err(err("bind sandbox"))?;
+        Ok(())
+    }
+
+    async fn unbind_sandbox(&self, sandbox: &str) -> Result<bool, BudgetError> {
+        Ok(self
+            .db
+            .execute(
+                "DELETE FROM gateway_sandbox_bindings WHERE sandbox = $1",
+                args![sandbox],
+            )
+            .await
+            .map_err(err("unbind sandbox"))?
+            == 1)
+    }
+
+    async fn caller_of_sandbox(&self, sandbox: &str) -> Result<Option<Caller>, BudgetError> {
+        self.db
+            .query_opt(
+                "SELECT session, tenant FROM gateway_sandbox_bindings WHERE sandbox = $1",
+                args![sandbox],
+            )
+            .await
+            .and_then(caller)
+            .map_err(err("read binding"))
+    }
+}
