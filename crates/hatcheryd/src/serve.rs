@@ -116,7 +116,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .map_err(|e| DaemonError::DataDir(data.join("terminal_secret"), e))?;
 
     let store = crate::state_db::open(&args, &data).await?;
-    let _db = crate::state_db::open_db(&args, &data).await?;
+    let db = crate::state_db::open_db(&args, &data).await?;
     let daemon_key = crate::key::daemon_key(&*store)
         .await
         .map_err(DaemonError::DaemonKey)?;
@@ -220,7 +220,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // Policies have migrations of their own: their own file on one host,
     // their own tables in the shared database on many.
     let policies = crate::state_db::open_policies(&args, &data).await?;
-    let session_store = crate::sessions::open_store(&args).await?;
+    let session_store = crate::sessions::open_store(&args, &db, &data).await?;
     let (sessions_app, sessions) = crate::sessions::build(
         &args,
         session_store.clone(),
