@@ -143,6 +143,18 @@ impl IntoResponse for SessionError {
     }
 }
 
+/// A database error's text with its causes, for the log line of a 500
+/// (the API answers no more than "internal").
+fn hatchery_db_chain(e: &StoreError) -> String {
+    let mut s = e.to_string();
+    let mut cur = std::error::Error::source(e);
+    while let Some(c) = cur {
+        s += &format!(": {c}");
+        cur = c.source();
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,16 +173,4 @@ mod tests {
         .into();
         assert_eq!(moved.status_code(), (StatusCode::CONFLICT, "session_moved"));
     }
-}
-
-/// A database error's text with its causes, for the log line of a 500
-/// (the API answers no more than "internal").
-fn hatchery_db_chain(e: &StoreError) -> String {
-    let mut s = e.to_string();
-    let mut cur = std::error::Error::source(e);
-    while let Some(c) = cur {
-        s += &format!(": {c}");
-        cur = c.source();
-    }
-    s
 }
