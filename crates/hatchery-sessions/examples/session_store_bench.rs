@@ -3,7 +3,8 @@
 //! per call, one writer, and the same with 8 writers on 8 sessions at once.
 //! PostgreSQL is a private server this starts (as the tests do), on
 //! loopback, fsync on; SQLite is the one database's file (WAL +
-//! synchronous=FULL), as the daemon runs it. Bounded: 2,000 appends single, 8 x 250 concurrent per backend.
+//! synchronous=FULL), as the daemon runs it. Bounded: 2,000 appends
+//! single, 8 x 250 concurrent per backend.
 //!
 //!   cargo run --release -p hatchery-sessions --example session_store_bench
 
