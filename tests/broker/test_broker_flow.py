@@ -171,7 +171,7 @@ def test_audit_verify_on_the_session_log(bd):
         raise AssertionError("the anchor hook did not get the session's head")
     assert set(worm) <= set(open(anchors).read().splitlines())
     cli = os.path.join(os.environ["HATCHERY_BIN_DIR"], "hatchery")
-    db = arg(bd.extra_args, "--db") or os.path.join(bd.data_dir, "sessions.db")
+    db = arg(bd.extra_args, "--db") or os.path.join(bd.data_dir, "hatchery.db")
     r = subprocess.run([cli, "audit", "verify", "--db", db, sid,
                         "--anchors", anchors, "--json"], capture_output=True, text=True)
     assert r.returncode == 0, (r.stdout, r.stderr)

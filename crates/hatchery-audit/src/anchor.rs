@@ -6,7 +6,7 @@
 //! command receives the same lines on stdin, for real WORM storage (an
 //! object store with retention, a transparency log, ...).
 
-use crate::sqlite::AuditError;
+use crate::store::AuditError;
 use crate::verify::Head;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;

@@ -2,17 +2,19 @@
 //! SHA-256(prev_hash || canonical_json(event)) within its chain; [`verify`]
 //! walks any store's events and names the first bad seq; [`anchor`] writes
 //! chain heads to an append-only file (and an optional external hook) so a
-//! consistently rewritten database is caught too. [`sqlite`] is a store
-//! with a documented table layout. docs/policy.md, "Audit", has the rules.
+//! consistently rewritten database is caught too. [`store`] is a SQLite
+//! audit log with a documented table layout (what `hatchery audit verify`
+//! reads from a file that has it; the session logs are read by
+//! hatchery-sessions-schema's reader). docs/policy.md, "Audit", has the rules.
 
 pub mod anchor;
 pub mod canonical;
 pub mod event;
-pub mod sqlite;
+pub mod store;
 pub mod verify;
 
 pub use anchor::{read_anchors, Anchor};
 pub use canonical::canonical_json;
 pub use event::{Event, Hash, StoredEvent, GENESIS};
-pub use sqlite::{AuditError, SqliteAuditLog};
+pub use store::{AuditError, SqliteAuditLog};
 pub use verify::{verify, BadEvent, Head, Problem, Report};

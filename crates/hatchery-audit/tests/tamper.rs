@@ -321,7 +321,7 @@ fn anchor_hook_failure_is_an_error_and_the_file_keeps_the_line() {
 fn caps_on_appends() {
     let d = tmpdir();
     let mut log = SqliteAuditLog::open(&d.0.join("a.db")).unwrap();
-    let max = hatchery_audit::sqlite::MAX_DATA_BYTES;
+    let max = hatchery_audit::store::MAX_DATA_BYTES;
     // A JSON string of exactly the cap: its two quotes count.
     log.append("c", "k", json!("x".repeat(max - 2))).unwrap();
     assert!(log.append("c", "k", json!("x".repeat(max - 1))).is_err());

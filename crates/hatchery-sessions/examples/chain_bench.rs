@@ -3,8 +3,9 @@
 //! `verify` throughput over a 10,000-event session.
 //! `cargo run --release -p hatchery-sessions --example chain_bench`
 
+use hatchery_db::Db;
 use hatchery_sessions::events::{Actor, EventKind};
-use hatchery_sessions::store::{AgentSpec, Patch, SessionSpec, SessionStore, SqliteStore};
+use hatchery_sessions::store::{AgentSpec, DbSessionStore, Patch, SessionSpec, SessionStore};
 use std::time::Instant;
 
 const N: usize = 10_000;
@@ -17,8 +18,8 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 #[tokio::main]
 async fn main() {
     let d = tempfile::tempdir().unwrap();
-    let path = d.path().join("sessions.db");
-    let s = SqliteStore::open(&path).unwrap();
+    let db = Db::sqlite(&d.path().join("hatchery.db")).await.unwrap();
+    let s = DbSessionStore::open(db.clone(), "local").await.unwrap();
     let spec = SessionSpec {
         repo: "https://git.example/a.git".into(),
         git_ref: "main".into(),
@@ -81,18 +82,18 @@ async fn main() {
         std::hint::black_box(ev.hash(&hatchery_audit::GENESIS).unwrap());
         hashing.push(t.elapsed().as_secs_f64() * 1e6);
     }
-    let log = hatchery_audit::SqliteAuditLog::open_read_only(&path).unwrap();
+    let log = hatchery_sessions_schema::AuditReader::on(db).await.unwrap();
     let mut verify = vec![];
     for _ in 0..5 {
         let t = Instant::now();
-        let r = log.verify_chain("ses_bench", &[]).unwrap();
+        let r = log.verify("ses_bench", &[]).await.unwrap();
         assert!(r.ok() && r.verified == N as u64, "{r:?}");
         verify.push(t.elapsed().as_secs_f64() * 1e3);
     }
     let (a50, a99) = (pct(&mut append.clone(), 0.5), pct(&mut append, 0.99));
     let (h50, h99) = (pct(&mut hashing.clone(), 0.5), pct(&mut hashing, 0.99));
     let v50 = pct(&mut verify, 0.5);
-    println!("session event append (chained, SQLite WAL, synchronous=NORMAL): p50 {a50:.1} µs, p99 {a99:.1} µs");
+    println!("session event append (chained, SQLite WAL, synchronous=FULL): p50 {a50:.1} µs, p99 {a99:.1} µs");
     println!("  of which hashing (canonical JSON + SHA-256): p50 {h50:.1} µs, p99 {h99:.1} µs = {:.1}% of the append p50", 100.0 * h50 / a50);
     println!(
         "verify {N} events (hatchery audit verify's path): p50 {v50:.1} ms = {:.0} events/s",

@@ -2,8 +2,9 @@
 //! the same run: one fenced, hash-chained `append` of a command_run event
 //! per call, one writer, and the same with 8 writers on 8 sessions at once.
 //! PostgreSQL is a private server this starts (as the tests do), on
-//! loopback, fsync on; SQLite is WAL + synchronous=NORMAL, as the daemon
-//! runs it. Bounded: 2,000 appends single, 8 x 250 concurrent per backend.
+//! loopback, fsync on; SQLite is the one database's file (WAL +
+//! synchronous=FULL), as the daemon runs it. Bounded: 2,000 appends
+//! single, 8 x 250 concurrent per backend.
 //!
 //!   cargo run --release -p hatchery-sessions --example session_store_bench
 
@@ -11,10 +12,9 @@
 #[allow(dead_code)]
 mod pg_server;
 
+use hatchery_db::Db;
 use hatchery_sessions::events::{Actor, EventKind};
-use hatchery_sessions::store::{
-    conformance::spec, Patch, PgSessionStore, SessionStore, SqliteStore,
-};
+use hatchery_sessions::store::{conformance::spec, DbSessionStore, Patch, SessionStore};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -89,12 +89,11 @@ async fn measure(s: Arc<dyn SessionStore>) -> [f64; 4] {
 #[tokio::main(flavor = "multi_thread", worker_threads = 4)]
 async fn main() {
     let dir = tempfile::tempdir().unwrap();
-    let sqlite = measure(Arc::new(
-        SqliteStore::open(&dir.path().join("sessions.db")).unwrap(),
-    ))
-    .await;
+    let db = Db::sqlite(&dir.path().join("hatchery.db")).await.unwrap();
+    let sqlite = measure(Arc::new(DbSessionStore::open(db, "bench").await.unwrap())).await;
     let pg = pg_server::TestPg::start_with(true);
-    let store = PgSessionStore::connect(&pg.dsn, 16, "bench").await.unwrap();
+    let db = Db::postgres(&pg.dsn, 16).unwrap();
+    let store = DbSessionStore::open(db, "bench").await.unwrap();
     let postgres = measure(Arc::new(store)).await;
     println!("session event append (ms)        p50     p99   ({APPENDS} single, {WRITERS}x{PER_WRITER} concurrent)");
     for (name, f) in [("sqlite", sqlite), ("postgres", postgres)] {

@@ -51,8 +51,10 @@ impl From<StoreError> for SessionError {
             StoreError::ApprovalNotFound(a) => SessionError::ApprovalNotFound(a),
             e @ StoreError::Fenced { .. } => SessionError::Moved(e.to_string()),
             StoreError::Unavailable(m) => SessionError::StoreUnavailable(m),
-            StoreError::Backend(m) => SessionError::Internal(m),
-            StoreError::Config(m) => SessionError::Internal(m),
+            StoreError::Config(m) | StoreError::Data(m) => SessionError::Internal(m),
+            e @ (StoreError::Db(_) | StoreError::Schema(_)) => {
+                SessionError::Internal(hatchery_db_chain(&e))
+            }
         }
     }
 }
@@ -139,6 +141,18 @@ impl IntoResponse for SessionError {
         }
         resp
     }
+}
+
+/// A database error's text with its causes, for the log line of a 500
+/// (the API answers no more than "internal").
+fn hatchery_db_chain(e: &StoreError) -> String {
+    let mut s = e.to_string();
+    let mut cur = std::error::Error::source(e);
+    while let Some(c) = cur {
+        s += &format!(": {c}");
+        cur = c.source();
+    }
+    s
 }
 
 #[cfg(test)]

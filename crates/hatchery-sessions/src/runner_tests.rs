@@ -63,7 +63,7 @@ impl Env {
         };
         tune(&mut cfg);
         let store: Arc<dyn SessionStore> =
-            Arc::new(SqliteStore::open(&dir.path().join("sessions.db")).unwrap());
+            Arc::new(SqliteStore::open(&dir.path().join("hatchery.db")).unwrap());
         let fake = FakeSandboxes::new();
         fake.add_template("code-interpreter");
         let svc = Sessions::new(

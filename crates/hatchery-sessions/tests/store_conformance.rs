@@ -1,19 +1,20 @@
 //! One contract, two backends: the session store's conformance suite
-//! against SQLite and against a PostgreSQL this test starts itself (it
-//! fails, never skips, if it cannot; `HATCHERY_TEST_PG_DSN` names an
-//! existing database instead). After the suite, the rows themselves are
-//! checked: per session, seqs 1..n, epochs that only grow and change only
-//! at a `host_changed` event (which records the epoch it moved to), and a
-//! hash chain that verifies.
+//! against a SQLite database and against a PostgreSQL this test starts
+//! itself (it fails, never skips, if it cannot; `HATCHERY_TEST_PG_DSN`
+//! names an existing database instead). After the suite, the rows
+//! themselves are checked: per session, seqs 1..n, epochs that only grow
+//! and change only at a `host_changed` event (which records the epoch it
+//! moved to), and a hash chain that verifies, also through `hatchery
+//! audit verify`'s reader, which names a tampered row.
 
 #[path = "../../hatchery-store/tests/support/pg_server.rs"]
 mod pg_server;
 
+use hatchery_db::{args, Db};
 use hatchery_sessions::store::chain::seal_after;
-use hatchery_sessions::store::{conformance, PgSessionStore, SessionStore, SqliteStore};
-use hatchery_sessions_schema::PgAuditReader;
+use hatchery_sessions::store::{conformance, DbSessionStore, SessionStore};
+use hatchery_sessions_schema::AuditReader;
 use std::sync::Arc;
-
 /// One event row as stored.
 struct Row {
     session: String,
@@ -60,220 +61,363 @@ fn check_rows(rows: &[Row], session_epoch: &std::collections::HashMap<String, u6
     sessions
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn conformance_on_sqlite() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("sessions.db");
-    let open =
-        |h: &str| -> Arc<dyn SessionStore> { Arc::new(SqliteStore::open_as(&path, h).unwrap()) };
-    conformance::run_all(&open).await;
-
-    let c = rusqlite::Connection::open(&path).unwrap();
-    let mut st = c
-        .prepare(
-            "SELECT session_id, seq, at, actor, type, data, prev_hash, hash, epoch FROM events \
-             ORDER BY session_id, seq",
-        )
-        .unwrap();
-    let rows: Vec<Row> = st
-        .query_map([], |r| {
-            Ok(Row {
-                session: r.get("session_id")?,
-                seq: r.get::<_, i64>("seq")? as u64,
-                at: r.get("at")?,
-                actor: r.get("actor")?,
-                kind: r.get("type")?,
-                data: r.get("data")?,
-                prev_hash: r.get("prev_hash")?,
-                hash: r.get("hash")?,
-                epoch: r.get::<_, i64>("epoch")? as u64,
-            })
-        })
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    let mut st = c.prepare("SELECT id, epoch FROM sessions").unwrap();
-    let epochs = st
-        .query_map([], |r| Ok((r.get("id")?, r.get::<_, i64>("epoch")? as u64)))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap();
-    assert!(check_rows(&rows, &epochs) >= 20);
-    // A migration run twice (a reopen) changes nothing.
-    let v: i64 = c
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .unwrap();
-    drop(SqliteStore::open(&path).unwrap());
-    let v2: i64 = c
-        .query_row("PRAGMA user_version", [], |r| r.get(0))
-        .unwrap();
-    assert_eq!((v, v2), (6, 6));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn conformance_on_postgres() {
-    let pg = pg_server::TestPg::start();
-    let store = PgSessionStore::connect(&pg.dsn, 8, "conformance")
-        .await
-        .unwrap();
-    let open = |h: &str| -> Arc<dyn SessionStore> { Arc::new(store.as_host(h).unwrap()) };
-    conformance::run_all(&open).await;
-
-    let (c, conn) = tokio_postgres::connect(&pg.dsn, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let rows: Vec<Row> = c
+/// Every stored event row (by session, in seq order), and each session's
+/// epoch.
+async fn stored_rows(db: &Db) -> (Vec<Row>, std::collections::HashMap<String, u64>) {
+    let rows = db
         .query(
-            "SELECT session_id, seq, at, actor, type, data, prev_hash, hash, epoch FROM session_events \
-             ORDER BY session_id, seq",
-            &[],
+            "SELECT session_id, seq, at, actor, type, data, prev_hash, hash, epoch \
+             FROM session_events ORDER BY session_id, seq",
+            args![],
         )
         .await
         .unwrap()
         .iter()
         .map(|r| Row {
-            session: r.get("session_id"),
-            seq: r.get::<_, i64>("seq") as u64,
-            at: r.get("at"),
-            actor: r.get("actor"),
-            kind: r.get("type"),
-            data: r.get("data"),
-            prev_hash: r.get("prev_hash"),
-            hash: r.get("hash"),
-            epoch: r.get::<_, i64>("epoch") as u64,
+            session: r.get("session_id").unwrap(),
+            seq: r.get("seq").unwrap(),
+            at: r.get("at").unwrap(),
+            actor: r.get("actor").unwrap(),
+            kind: r.get("type").unwrap(),
+            data: r.get("data").unwrap(),
+            prev_hash: r.get("prev_hash").unwrap(),
+            hash: r.get("hash").unwrap(),
+            epoch: r.get("epoch").unwrap(),
         })
         .collect();
-    let epochs = c
-        .query("SELECT id, epoch FROM sessions", &[])
+    let epochs = db
+        .query("SELECT id, epoch FROM sessions", args![])
         .await
         .unwrap()
         .iter()
-        .map(|r| (r.get("id"), r.get::<_, i64>("epoch") as u64))
+        .map(|r| (r.get("id").unwrap(), r.get("epoch").unwrap()))
         .collect();
+    (rows, epochs)
+}
+
+/// The suite, the row invariants, a second migration run (a no-op), and
+/// `hatchery audit verify`'s reader on the result: every chain verifies
+/// as stored, one changed byte in an event's data is named, and so is an
+/// anchored head cut off its chain.
+async fn suite(db: &Db) {
+    let store = DbSessionStore::open(db.clone(), "conformance")
+        .await
+        .unwrap();
+    let open = |h: &str| -> Arc<dyn SessionStore> { Arc::new(store.as_host(h).unwrap()) };
+    conformance::run_all(&open).await;
+
+    let (rows, epochs) = stored_rows(db).await;
     assert!(check_rows(&rows, &epochs) >= 20);
+    assert_eq!(store.schema_version().await.unwrap(), 1);
+    let again = DbSessionStore::open(db.clone(), "again").await.unwrap();
+    assert_eq!(again.schema_version().await.unwrap(), 1);
 
-    // The broker's lookup of a sandbox's session (with_sandbox) can be
-    // answered from the partial index: with scans ruled out, the plan
-    // names it (on a table this small a scan would otherwise win).
-    c.batch_execute("SET enable_seqscan = off").await.unwrap();
-    let plan: Vec<String> = c
-        .query(
-            "EXPLAIN SELECT id FROM sessions WHERE sandbox_id = 'sbx_x' \
-             AND state NOT IN ('completed','failed','cancelled')",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert!(
-        plan.iter().any(|l| l.contains("sessions_live_sandbox")),
-        "{plan:?}"
-    );
-    c.batch_execute("RESET enable_seqscan").await.unwrap();
-
-    // `hatchery audit verify --db postgres://...` (its read-only opening):
-    // every chain verifies as stored, and one changed byte in an event's
-    // data is named.
-    let store = PgAuditReader::open(&pg.dsn).await.unwrap();
-    let chains = store.chains().await.unwrap();
+    let reader = AuditReader::on(db.clone()).await.unwrap();
+    let chains = reader.chains().await.unwrap();
     assert!(chains.len() >= 20);
+    let mut long = vec![];
     for ch in &chains {
-        let r = store.verify(ch, &[]).await.unwrap();
+        let r = reader.verify(ch, &[]).await.unwrap();
         assert!(r.ok(), "{ch}: {r:?}");
+        if r.verified >= 3 {
+            long.push(ch.clone());
+        }
     }
+    assert!(long.len() >= 3, "{long:?}");
     let victim = &chains[0];
-    let head = store.verify(victim, &[]).await.unwrap().head.unwrap();
-    c.execute(
+    let head = reader.verify(victim, &[]).await.unwrap().head.unwrap();
+    db.execute(
         "UPDATE session_events SET data = replace(data, '\"', '\" ') WHERE session_id = $1 AND seq = 1",
-        &[victim],
+        args![victim],
     )
     .await
     .unwrap();
-    let r = store
+    let r = reader
         .verify(victim, std::slice::from_ref(&head))
         .await
         .unwrap();
     assert_eq!(r.first_bad.map(|b| b.seq), Some(1), "tampering not caught");
-    // An anchored head that was cut off the chain is named too.
     let mut gone = head;
     gone.seq += 1;
-    let r = store.verify(&chains[1], &[]).await.unwrap();
-    assert!(r.ok());
+    assert!(reader.verify(&chains[1], &[]).await.unwrap().ok());
     gone.chain = chains[1].clone();
-    let r = store.verify(&chains[1], &[gone]).await.unwrap();
+    let r = reader.verify(&chains[1], &[gone]).await.unwrap();
     assert!(!r.ok(), "{r:?}");
-    // The reader's connections (hatchery_store::pg_pool_read_only) cannot
-    // write: the server refuses it.
-    let ro = hatchery_store::pg_pool_read_only(&pg.dsn, 1).unwrap();
-    let e = ro
-        .get()
+    let chains = long;
+    // The actor is covered by the hash too, and a removed row is a gap.
+    let r = |r: hatchery_audit::Report| r.first_bad.map(|b| b.seq);
+    db.execute(
+        "UPDATE session_events SET actor = 'nobody' WHERE session_id = $1 AND seq = 2",
+        args![&chains[1]],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r(reader.verify(&chains[1], &[]).await.unwrap()), Some(2));
+    db.execute(
+        "DELETE FROM session_events WHERE session_id = $1 AND seq = 2",
+        args![&chains[2]],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r(reader.verify(&chains[2], &[]).await.unwrap()), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn conformance_on_sqlite() {
+    let db = Db::sqlite_memory().unwrap();
+    suite(&db).await;
+    // The broker asks for a sandbox's session on every call: that lookup
+    // is an index search, not a scan of every session.
+    let plan: Vec<String> = db
+        .query(
+            "EXPLAIN QUERY PLAN SELECT id FROM sessions WHERE sandbox_id = $1 \
+             AND state NOT IN ('completed','failed','cancelled') ORDER BY ord LIMIT 1",
+            args!["sbx_1"],
+        )
         .await
         .unwrap()
-        .execute("INSERT INTO session_deliveries VALUES ('s', 'k')", &[])
+        .iter()
+        .map(|r| r.get::<String>(3).unwrap())
+        .collect();
+    assert!(
+        plan.iter().any(|d| d.contains("sessions_live_sandbox")),
+        "{plan:?}"
+    );
+    // A database no daemon has run on is a clear error for the reader.
+    let empty = Db::sqlite_memory().unwrap();
+    let e = AuditReader::on(empty).await.err().unwrap();
+    assert!(e.to_string().contains("no session schema"), "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn conformance_on_postgres() {
+    let pg = pg_server::TestPg::start();
+    let db = Db::postgres(&pg.dsn, 8).unwrap();
+    suite(&db).await;
+
+    // The broker's lookup of a sandbox's session (with_sandbox) can be
+    // answered from the partial index: with scans ruled out, the plan
+    // names it (on a table this small a scan would otherwise win).
+    let mut tx = db.begin().await.unwrap();
+    tx.batch("SET LOCAL enable_seqscan = off").await.unwrap();
+    let plan: Vec<String> = tx
+        .query(
+            "EXPLAIN SELECT id FROM sessions WHERE sandbox_id = 'sbx_x' \
+             AND state NOT IN ('completed','failed','cancelled')",
+            args![],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0).unwrap())
+        .collect();
+    tx.rollback().await.unwrap();
+    assert!(
+        plan.iter().any(|l| l.contains("sessions_live_sandbox")),
+        "{plan:?}"
+    );
+
+    // `hatchery audit verify --db postgres://...` opens read-only: the
+    // server refuses a write on its connections.
+    let ro = Db::postgres_read_only(&pg.dsn, 1).unwrap();
+    let e = ro
+        .execute("INSERT INTO session_deliveries VALUES ('s', 'k')", args![])
         .await
         .unwrap_err();
-    let why = e.as_db_error().map(|d| d.message().to_string());
-    assert!(why.as_deref().unwrap_or("").contains("read-only"), "{e:?}");
+    assert!(e.to_string().contains("read-only"), "{e}");
+    assert!(AuditReader::open(&pg.dsn).await.is_ok());
 
     // A database no daemon has run on is a clear error, not an empty report.
     if std::env::var("HATCHERY_TEST_PG_DSN").is_err() {
+        let (c, conn) = tokio_postgres::connect(&pg.dsn, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
         c.execute("CREATE DATABASE audit_empty", &[]).await.unwrap();
         let empty = pg.dsn.replace("/hatchery", "/audit_empty");
-        let e = PgAuditReader::open(&empty).await.err().unwrap();
-        assert!(e.to_string().contains("no Hatchery sessions schema"), "{e}");
+        let e = AuditReader::open(&empty).await.err().unwrap();
+        assert!(e.to_string().contains("no session schema"), "{e}");
     }
 }
 
 /// Two daemons starting at once against one database both migrate safely,
-/// and a migration run twice is a no-op; the sessions schema lives beside
-/// the daemon's state store's in one database.
+/// and a migration run twice is a no-op.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn postgres_migrations_race_and_repeat() {
+async fn migrations_race_and_repeat_conformance_on_postgres() {
     let pg = pg_server::TestPg::start();
     let (a, b) = tokio::join!(
-        PgSessionStore::connect(&pg.dsn, 2, "a"),
-        PgSessionStore::connect(&pg.dsn, 2, "b")
+        DbSessionStore::open(Db::postgres(&pg.dsn, 2).unwrap(), "a"),
+        DbSessionStore::open(Db::postgres(&pg.dsn, 2).unwrap(), "b")
     );
     let (a, b) = (a.unwrap(), b.unwrap());
     let v = a.schema_version().await.unwrap();
     assert_eq!(v, b.schema_version().await.unwrap());
-    let c = PgSessionStore::connect(&pg.dsn, 2, "c").await.unwrap();
-    assert_eq!(c.schema_version().await.unwrap(), v);
-    assert_eq!(v, 4);
-    let state = hatchery_store_pg(&pg.dsn).await;
-    assert!(state >= 1, "the state store migrates in the same database");
-}
-
-async fn hatchery_store_pg(dsn: &str) -> u64 {
-    // The daemon's state store has its own `events`; the session tables
-    // are prefixed, so both schemas fit one database.
-    let (c, conn) = tokio_postgres::connect(dsn, tokio_postgres::NoTls)
+    let c = DbSessionStore::open(Db::postgres(&pg.dsn, 2).unwrap(), "c")
         .await
         .unwrap();
-    tokio::spawn(conn);
-    c.batch_execute(
-        "CREATE TABLE IF NOT EXISTS events (seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY)",
+    assert_eq!(c.schema_version().await.unwrap(), v);
+    assert_eq!(v, 1);
+}
+
+/// The previous release's PostgreSQL tables (its own migration runner's
+/// final schema, copied here as it was) upgrade in place: the new store
+/// opens on them and finds every row, its chain still verifying, and
+/// keeps writing them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn previous_release_upgrades_in_place_conformance_on_postgres() {
+    use hatchery_sessions::store::{ListFilter, Patch};
+    let pg = pg_server::TestPg::start();
+    let db = Db::postgres(&pg.dsn, 2).unwrap();
+    let mut tx = db.begin().await.unwrap();
+    tx.batch(OLD_PG_SCHEMA).await.unwrap();
+    tx.commit().await.unwrap();
+    let spec = serde_json::to_string(&conformance::spec("git://127.0.0.1/old.git")).unwrap();
+    for (i, id) in ["ses_old1", "ses_old2"].iter().enumerate() {
+        db.execute(
+            "INSERT INTO sessions (id, spec, state, repo, request_hash, created_at, host_id, epoch, last_seq, sandbox_id) \
+             VALUES ($1, $2, 'running', 'git://127.0.0.1/old.git', 'h', '2026-01-01T00:00:00.000Z', 'local', 1, 1, $3)",
+            args![*id, &spec, format!("sbx_old{i}")],
+        )
+        .await
+        .unwrap();
+        insert_first_event(&db, id).await;
+    }
+    db.execute(
+        "INSERT INTO session_approvals (id, session_id, action, details, state, created_at) \
+         VALUES ('apr_old', 'ses_old1', 'push', 'd', 'pending', '2026-01-01T00:00:00.000Z')",
+        args![],
     )
     .await
     .unwrap();
-    let n: i64 = c
-        .query_one(
-            "SELECT count(*) AS n FROM information_schema.tables WHERE table_name IN \
-             ('sessions', 'session_events', 'session_blobs', 'session_approvals', 'events')",
-            &[],
+    let s = DbSessionStore::open(db.clone(), "local").await.unwrap();
+    let all = s
+        .list(&ListFilter {
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let ids: Vec<_> = all.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids, ["ses_old1", "ses_old2"], "creation order kept");
+    assert_eq!(s.events("ses_old1", 0, 10).await.unwrap().len(), 1);
+    assert_eq!(
+        s.pending_approval("ses_old1")
+            .await
+            .unwrap()
+            .unwrap()
+            .approval_id,
+        "apr_old"
+    );
+    assert_eq!(
+        s.with_sandbox("sbx_old1").await.unwrap().unwrap().id,
+        "ses_old2"
+    );
+    let ev = s
+        .append(
+            "ses_old1",
+            vec![(
+                hatchery_sessions::events::Actor::System,
+                hatchery_sessions::events::EventKind::CancelRequested,
+            )],
+            Patch::default(),
         )
         .await
-        .unwrap()
-        .get("n");
-    assert_eq!(n, 5);
-    1
+        .unwrap();
+    assert_eq!(ev[0].seq, 2);
+    let reader = AuditReader::on(db.clone()).await.unwrap();
+    for ch in ["ses_old1", "ses_old2"] {
+        let r = reader.verify(ch, &[]).await.unwrap();
+        assert!(r.ok(), "{ch}: {r:?}");
+    }
 }
 
-/// A database that is not there is a clear, retryable error, not a hang;
-/// a bad host id or connection string is a configuration error.
+/// A session's first event, sealed as the previous release sealed it.
+async fn insert_first_event(db: &Db, id: &str) {
+    let data =
+        serde_json::to_string(&hatchery_sessions::events::EventKind::CancelRequested).unwrap();
+    let at = "2026-01-01T00:00:00.000Z";
+    let (p, h) = seal_after(None, id, 1, at, "system", "cancel_requested", &data).unwrap();
+    db.execute(
+        "INSERT INTO session_events (session_id, seq, at, actor, type, data, prev_hash, hash, epoch) \
+         VALUES ($1, 1, $2, 'system', 'cancel_requested', $3, $4, $5, 1)",
+        args![id, at, data, p, h],
+    )
+    .await
+    .unwrap();
+}
+
+/// The previous release's PostgreSQL schema (hatchery-sessions-schema's
+/// four migrations, as released), a fixture.
+const OLD_PG_SCHEMA: &str = "CREATE TABLE sessions (
+       ord BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE,
+       id TEXT PRIMARY KEY,
+       spec TEXT NOT NULL,
+       state TEXT NOT NULL,
+       repo TEXT NOT NULL,
+       idempotency_key TEXT UNIQUE,
+       request_hash TEXT NOT NULL,
+       created_at TEXT NOT NULL,
+       started_at TEXT,
+       ended_at TEXT,
+       reason TEXT,
+       spend_tokens BIGINT NOT NULL DEFAULT 0,
+       spend_usd_cents BIGINT NOT NULL DEFAULT 0,
+       spend_wall_s BIGINT NOT NULL DEFAULT 0,
+       sandbox_id TEXT,
+       process_id TEXT,
+       snapshot_id TEXT,
+       review_snapshot_id TEXT,
+       waiting TEXT,
+       output_offset BIGINT NOT NULL DEFAULT 0,
+       agent_seq BIGINT NOT NULL DEFAULT 0,
+       delivered_seq BIGINT NOT NULL DEFAULT 0,
+       cancel_requested BOOLEAN NOT NULL DEFAULT false,
+       last_seq BIGINT NOT NULL DEFAULT 0,
+       host_id TEXT NOT NULL,
+       epoch BIGINT NOT NULL
+     );
+     CREATE INDEX sessions_state ON sessions(state, ord);
+     CREATE INDEX sessions_host_state ON sessions(host_id, state);
+     CREATE TABLE session_events (
+       session_id TEXT NOT NULL REFERENCES sessions(id),
+       seq BIGINT NOT NULL,
+       at TEXT NOT NULL,
+       actor TEXT NOT NULL,
+       type TEXT NOT NULL,
+       data TEXT NOT NULL,
+       prev_hash TEXT NOT NULL,
+       hash TEXT NOT NULL,
+       epoch BIGINT NOT NULL,
+       PRIMARY KEY (session_id, seq)
+     );
+     CREATE TABLE session_blobs (
+       session_id TEXT NOT NULL REFERENCES sessions(id),
+       ref TEXT NOT NULL,
+       data BYTEA NOT NULL,
+       PRIMARY KEY (session_id, ref)
+     );
+     CREATE TABLE session_approvals (
+       id TEXT PRIMARY KEY,
+       session_id TEXT NOT NULL REFERENCES sessions(id),
+       action TEXT NOT NULL,
+       details TEXT NOT NULL,
+       state TEXT NOT NULL,
+       decision TEXT,
+       note TEXT,
+       created_at TEXT NOT NULL,
+       decided_at TEXT
+     );
+     CREATE INDEX session_approvals_session ON session_approvals(session_id, state);
+     ALTER TABLE sessions ADD COLUMN replay_through BIGINT NOT NULL DEFAULT 0;
+     CREATE TABLE session_deliveries (
+       session_id TEXT NOT NULL,
+       key TEXT NOT NULL,
+       PRIMARY KEY (session_id, key)
+     );
+     CREATE INDEX sessions_live_sandbox ON sessions(sandbox_id)
+       WHERE state NOT IN ('completed','failed','cancelled');";
+
+/// A database that is not there is a clear, retryable error, not a hang.
 #[tokio::test]
 async fn postgres_down_is_unavailable() {
     use hatchery_sessions::store::StoreError;
@@ -283,18 +427,16 @@ async fn postgres_down_is_unavailable() {
         .unwrap()
         .port(); // dropped: nothing listens there
     let started = std::time::Instant::now();
-    let e = PgSessionStore::connect(&format!("postgres://postgres@127.0.0.1:{port}/x"), 2, "h")
+    let db = Db::postgres(&format!("postgres://postgres@127.0.0.1:{port}/x"), 2).unwrap();
+    let e = DbSessionStore::open(db.clone(), "h")
         .await
         .err()
         .expect("connected to nothing");
     assert!(matches!(e, StoreError::Unavailable(_)), "{e}");
     assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    // A bad host id is a configuration error.
     assert!(matches!(
-        PgSessionStore::connect("postgres://127.0.0.1/x", 2, "bad host").await,
-        Err(StoreError::Config(_))
-    ));
-    assert!(matches!(
-        PgSessionStore::connect("port=notanumber", 2, "h").await,
+        DbSessionStore::open(db, "bad host").await,
         Err(StoreError::Config(_))
     ));
 }
@@ -328,7 +470,7 @@ fn pg_ctl(args: &[&str]) {
 /// committed nothing, and the same store works again once the database is
 /// back (the pool drops dead connections).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_stopped_under_the_store_is_unavailable_then_recovers() {
+async fn stopped_under_the_store_is_unavailable_then_recovers_conformance_on_postgres() {
     use hatchery_sessions::store::{Patch, StoreError};
     if std::env::var("HATCHERY_TEST_PG_DSN").is_ok() {
         // A shared server is not ours to stop; the private one is the test.
@@ -336,7 +478,9 @@ async fn postgres_stopped_under_the_store_is_unavailable_then_recovers() {
         return;
     }
     let pg = pg_server::TestPg::start();
-    let s = PgSessionStore::connect(&pg.dsn, 2, "h").await.unwrap();
+    let s = DbSessionStore::open(Db::postgres(&pg.dsn, 2).unwrap(), "h")
+        .await
+        .unwrap();
     let id = format!("ses_u{:08x}", rand::random::<u32>());
     s.create(&id, &conformance::spec("git://127.0.0.1/u.git"), None, "h")
         .await

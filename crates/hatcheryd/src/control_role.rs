@@ -26,7 +26,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let _sweeper = crate::lost_hosts::spawn(store.clone(), lost, None);
     // Read only here (which host owns a session); the control role runs
     // no session.
-    let sessions = crate::sessions::open_store(&args).await?;
+    let sessions = crate::sessions::open_store(&args, &db, &data).await?;
     let directory: Arc<dyn hatchery_route::Directory> = Arc::new(StoreDirectory {
         store,
         me: args.host_id.clone(),

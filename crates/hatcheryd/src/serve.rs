@@ -220,7 +220,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // Policies have migrations of their own: their own file on one host,
     // their own tables in the shared database on many.
     let policies = crate::state_db::open_policies(&db, &data).await?;
-    let session_store = crate::sessions::open_store(&args).await?;
+    let session_store = crate::sessions::open_store(&args, &db, &data).await?;
     let (sessions_app, sessions) = crate::sessions::build(
         &args,
         session_store.clone(),

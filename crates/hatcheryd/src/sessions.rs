@@ -1,12 +1,12 @@
-//! Agent sessions (`/v1/sessions`): their own store (DATA_DIR/sessions.db,
-//! or the shared PostgreSQL of a `postgres://` --db), and sandboxes
-//! through the daemon's own public API (hatchery-client).
+//! Agent sessions (`/v1/sessions`): their tables in the deployment's one
+//! database (DATA_DIR/hatchery.db, or the PostgreSQL of a `postgres://`
+//! --db), and sandboxes through the daemon's own public API
+//! (hatchery-client).
 
 use hatchery_config::DaemonArgs;
 use hatchery_sessions::client_sandboxes::ClientSandboxes;
 use hatchery_sessions::policy::PolicyCatalog;
 use hatchery_sessions::scheduler::LocalScheduler;
-use hatchery_sessions::store::SqliteStore;
 use hatchery_sessions::{Sessions, SessionsConfig};
 use std::sync::Arc;
 
@@ -49,27 +49,33 @@ pub fn build(
     Ok((routes, svc))
 }
 
-/// The sessions store `--db` asks for: on a `postgres://` URL the shared
-/// PostgreSQL one, written as `--host-id` (fenced to this host's sessions),
-/// retried with backoff while the database is not up yet; otherwise
-/// DATA_DIR/sessions.db as the single-host default.
+/// The sessions store on the deployment's database, migrated: on a
+/// `postgres://` --db written as `--host-id` (fenced to this host's
+/// sessions), retried with backoff while the database is not up yet;
+/// otherwise as the single-host default, after copying a data dir's old
+/// `sessions.db` in (once).
 pub async fn open_store(
     args: &DaemonArgs,
+    db: &hatchery_db::Db,
+    data: &std::path::Path,
 ) -> Result<Arc<dyn hatchery_sessions::store::SessionStore>, crate::DaemonError> {
-    use hatchery_sessions::store::{PgSessionStore, StoreError};
+    use hatchery_sessions::store::{DbSessionStore, StoreError, LOCAL_HOST};
     let err = |e: StoreError| crate::DaemonError::Sessions(e.to_string());
-    let Some(db) = args.shared_db() else {
-        return Ok(Arc::new(
-            SqliteStore::open(&args.data_dir.join("sessions.db")).map_err(err)?,
-        ));
+    let host = match args.shared_db() {
+        Some(_) => args.host_id.as_str(),
+        None => LOCAL_HOST,
     };
     let s = crate::state_db::retry_while_unreachable(
         "sessions",
-        || PgSessionStore::connect(db, args.db_pool, &args.host_id),
+        || DbSessionStore::open(db.clone(), host),
         |e| matches!(e, StoreError::Unavailable(_)),
     )
     .await
     .map_err(err)?;
+    let imported = s.import_sqlite(data).await.map_err(err)?;
+    if imported == hatchery_db::Imported::Now {
+        tracing::info!("sessions: the data dir's sessions.db was copied into the database");
+    }
     Ok(Arc::new(s))
 }
 

@@ -1,8 +1,10 @@
-//! `hatchery audit verify --db FILE|URL [CHAIN]`: recomputes hash chains in
-//! an audit database with hatchery-audit's table layout (docs/policy.md,
-//! "Audit") and names the first bad seq of each chain. Works on the file
-//! alone, read-only, with no daemon running; or on the sessions of a
-//! `postgres://` database many hosts share.
+//! `hatchery audit verify --db FILE|URL [CHAIN]`: recomputes hash chains
+//! and names the first bad seq of each chain (docs/policy.md, "Audit").
+//! Reads the session event logs of a deployment's database (its SQLite
+//! file `DATA_DIR/hatchery.db`, with no daemon running, or the
+//! `postgres://` database many hosts share), read-only; or a SQLite file
+//! with hatchery-audit's own `audit_events` layout (a standalone audit
+//! log, or a `sessions.db` from before the one database).
 
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
@@ -19,8 +21,9 @@ pub enum AuditCmd {
 
 #[derive(Args)]
 pub struct VerifyArgs {
-    /// The audit database: a SQLite file, or the `postgres://` URL of
-    /// the database the daemons keep their sessions in.
+    /// The audit database: a SQLite file (`DATA_DIR/hatchery.db`), or the
+    /// `postgres://` URL of the database the daemons keep their sessions
+    /// in.
     #[arg(long)]
     db: String,
     /// Only this chain (a session id, or `global`).
@@ -35,36 +38,45 @@ pub struct VerifyArgs {
 
 /// Where the chains are read from.
 enum Source {
-    Sqlite(hatchery_audit::SqliteAuditLog),
-    Postgres(
+    /// A file in hatchery-audit's `audit_events` layout.
+    AuditLog(hatchery_audit::SqliteAuditLog),
+    /// The session tables of a deployment's database.
+    Sessions(
         tokio::runtime::Runtime,
-        hatchery_sessions_schema::PgAuditReader,
+        hatchery_sessions_schema::AuditReader,
     ),
 }
 
 impl Source {
     fn open(db: &str) -> anyhow::Result<Source> {
-        if db.starts_with("postgres://") || db.starts_with("postgresql://") {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            // Read only: no migration, and the server refuses any write.
-            let store = rt.block_on(hatchery_sessions_schema::PgAuditReader::open(db))?;
-            return Ok(Source::Postgres(rt, store));
+        if !hatchery_db::is_postgres(db) {
+            let path = PathBuf::from(db);
+            if !path.exists() {
+                anyhow::bail!("{db}: no such file");
+            }
+            let log = hatchery_audit::SqliteAuditLog::open_read_only(&path)?;
+            let layout: i64 = log.connection().query_row(
+                "SELECT count(*) FROM sqlite_master WHERE name = 'audit_events'",
+                [],
+                |r| r.get(0),
+            )?;
+            if layout > 0 {
+                return Ok(Source::AuditLog(log));
+            }
         }
-        let path = PathBuf::from(db);
-        if !path.exists() {
-            anyhow::bail!("{db}: no such file");
-        }
-        Ok(Source::Sqlite(
-            hatchery_audit::SqliteAuditLog::open_read_only(&path)?,
-        ))
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        // Read only: no migration (and on PostgreSQL the server refuses
+        // any write).
+        let reader = rt.block_on(hatchery_sessions_schema::AuditReader::open(db))?;
+        Ok(Source::Sessions(rt, reader))
     }
 
     fn chains(&self) -> anyhow::Result<Vec<String>> {
         Ok(match self {
-            Source::Sqlite(log) => log.chains()?,
-            Source::Postgres(rt, s) => rt.block_on(s.chains())?,
+            Source::AuditLog(log) => log.chains()?,
+            Source::Sessions(rt, s) => rt.block_on(s.chains())?,
         })
     }
 
@@ -74,8 +86,8 @@ impl Source {
         anchors: &[hatchery_audit::Head],
     ) -> anyhow::Result<hatchery_audit::Report> {
         Ok(match self {
-            Source::Sqlite(log) => log.verify_chain(chain, anchors)?,
-            Source::Postgres(rt, s) => rt.block_on(s.verify(chain, anchors))?,
+            Source::AuditLog(log) => log.verify_chain(chain, anchors)?,
+            Source::Sessions(rt, s) => rt.block_on(s.verify(chain, anchors))?,
         })
     }
 }

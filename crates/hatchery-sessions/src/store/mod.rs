@@ -1,7 +1,9 @@
 //! The session store: sessions, their event log, approvals and blobs,
-//! behind an async trait with two backends, SQLite (one host, the
-//! default) and PostgreSQL (many hosts, one database). Errors carry no SQL
-//! types.
+//! behind an async trait, kept in the deployment's one database
+//! (hatchery-db: the SQLite file `DATA_DIR/hatchery.db`, or PostgreSQL)
+//! by [`DbSessionStore`], whose queries (store/db.rs) are the same SQL on
+//! both. The tables and their one migration set are in
+//! hatchery-sessions-schema (`hatchery audit verify` reads them too).
 //!
 //! Ownership and fencing: every session belongs to one host (`host_id`)
 //! under an `epoch`. A store is opened as one host, and each write for a
@@ -12,12 +14,10 @@
 
 pub mod chain;
 pub mod conformance;
-mod migrations;
-mod pg;
-mod sqlite;
+mod db;
 
-pub use pg::PgSessionStore;
-pub use sqlite::SqliteStore;
+pub use db::{DbSessionStore, SqliteStore, IMPORT};
+pub use hatchery_sessions_schema::SCHEMA;
 
 /// The host id of a single-host daemon (and of rows written before
 /// ownership existed: SQLite migration 3's default).
@@ -64,16 +64,43 @@ pub enum StoreError {
         owner: String,
         epoch: u64,
     },
-    /// The database cannot be reached (down, restarting, pool exhausted):
-    /// retryable; the API answers 503 with Retry-After.
+    /// The database cannot be reached (down, restarting, pool exhausted,
+    /// a locked file): retryable; the API answers 503 with Retry-After.
     #[error("session store unavailable: {0}")]
     Unavailable(String),
-    /// A bad connection string or host id.
+    /// A bad host id.
     #[error("session store configuration: {0}")]
     Config(String),
-    /// The backend failed; the text is for logs.
-    #[error("store backend: {0}")]
-    Backend(String),
+    /// The database failed.
+    #[error("session store")]
+    Db(#[source] hatchery_db::DbError),
+    /// The schema could not be brought up to date (or is newer than this
+    /// build).
+    #[error("session store schema")]
+    Schema(#[source] hatchery_db::MigrateError),
+    /// A stored row (or an event to store) that does not decode.
+    #[error("session store data: {0}")]
+    Data(String),
+}
+
+impl From<hatchery_db::DbError> for StoreError {
+    fn from(e: hatchery_db::DbError) -> Self {
+        if e.unavailable() {
+            StoreError::Unavailable(e.to_string())
+        } else {
+            StoreError::Db(e)
+        }
+    }
+}
+
+impl From<hatchery_db::MigrateError> for StoreError {
+    fn from(e: hatchery_db::MigrateError) -> Self {
+        if e.unavailable() {
+            StoreError::Unavailable(e.to_string())
+        } else {
+            StoreError::Schema(e)
+        }
+    }
 }
 
 /// What the caller asked for, normalised (the idempotency hash covers it).
