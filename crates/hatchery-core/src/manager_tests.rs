@@ -11,7 +11,7 @@ use crate::{
 };
 use hatchery_runtime::fake::{checkpoint_file, ExecReply, FakeRuntime, Fault, Op, Schedule};
 use hatchery_runtime::{Runtime, SandboxSpec};
-use hatchery_store::SqliteStore;
+use hatchery_store::DbStore;
 use hatchery_templates::{ImageStore, Template, TemplateSpec, Templates};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -46,10 +46,10 @@ struct Rig {
 }
 
 impl Rig {
-    fn new() -> Rig {
+    async fn new() -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().to_path_buf();
-        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&root.join("state.db")).unwrap());
+        let store: Arc<dyn Store> = Arc::new(DbStore::scratch().await.unwrap());
         let ts = Templates::new(root.join("templates"));
         let mut spec = TemplateSpec::named(TPL);
         spec.files.insert("/etc/motd".into(), "hello".into());
@@ -159,7 +159,7 @@ fn ran_setup(rt: &FakeRuntime, id: &str) -> bool {
 async fn cold_create_prepares_the_guest_and_registers_it() {
     // Without a checkpoint: the runtime creates, the template's files and
     // setup go in, the row is running and the runtime holds its expiry.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let m = rig.manager().await;
     let info = m.create(req()).await.unwrap();
     assert_eq!(info.boot_mode, Some("cold"));
@@ -184,7 +184,7 @@ async fn cold_create_prepares_the_guest_and_registers_it() {
 async fn create_rolls_back_when_the_runtime_cannot_create() {
     // Nothing stays behind: no sandbox in the runtime, the row stopped as
     // create_failed, the capacity reservation given back.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let caps = Caps {
         max_live_sandboxes: 1,
         ..Default::default()
@@ -213,7 +213,7 @@ async fn create_rolls_back_when_the_runtime_cannot_create() {
 async fn create_rolls_back_when_the_agent_is_unreachable() {
     // The runtime made the sandbox but its agent cannot be reached: the
     // sandbox is destroyed, not left running unowned.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let m = rig.manager().await;
     rig.rt.fail(Op::Connect);
     m.create(req()).await.unwrap_err();
@@ -228,7 +228,7 @@ async fn create_rolls_back_when_the_agent_is_unreachable() {
 async fn create_rolls_back_when_a_setup_command_fails() {
     // A cold boot whose template setup exits non-zero fails the create
     // and destroys the half-prepared sandbox.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     rig.rt.on_exec(SETUP, ExecReply::exit(3));
     let m = rig.manager().await;
     let err = m.create(req()).await.unwrap_err();
@@ -245,7 +245,7 @@ async fn delete_during_a_hung_boot_is_not_undone_by_the_boot() {
     // A delete that lands while the runtime is still starting the sandbox
     // wins: when the start finally returns, the sandbox is destroyed and
     // the row stays stopped as deleted (never flipped to running).
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let m = rig.manager().await;
     let gate = rig.rt.hang(Op::Create);
     let creating = tokio::spawn({
@@ -272,7 +272,7 @@ async fn delete_during_a_hung_boot_is_not_undone_by_the_boot() {
 async fn a_guest_that_dies_is_stopped_and_destroyed() {
     // The adopt watcher: a sandbox whose agent connection ends on its own
     // (crash, the shim's TTL kill) is marked stopped and torn down.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let m = rig.manager().await;
     let info = m.create(req()).await.unwrap();
     assert!(rig.rt.kill(&info.id));
@@ -292,7 +292,7 @@ async fn a_guest_killed_for_memory_says_so_in_its_state_its_metric_and_its_reque
     // killed-sandboxes metric and a request that was running there all
     // carry it, after the teardown erased the runtime's own record too.
     use hatchery_runtime::EndCause;
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let m = rig.manager().await;
     for (cause, reason) in [
         (EndCause::HostOom, "host_oom"),
@@ -332,7 +332,7 @@ async fn a_delete_answers_while_the_teardown_hangs() {
     // Stop is state first, teardown in the background: a runtime that
     // takes its time destroying does not hold the caller, and a graceful
     // shutdown waits for the teardown instead of cutting it off.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let m = rig.manager().await;
     let id = m.create(req()).await.unwrap().id;
     let gate = rig.rt.hang(Op::Destroy);
@@ -362,7 +362,7 @@ async fn a_delete_answers_while_the_teardown_hangs() {
 async fn baked_template_restores_without_rerunning_setup() {
     // Bake: a builder is booted, prepared, checkpointed and destroyed.
     // Creates then restore the image: files present, setup not rerun.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let m = rig.manager().await;
     bake(&m).await;
     assert!(rig.rt.ids().is_empty(), "the builder is destroyed");
@@ -396,7 +396,7 @@ async fn create_claims_a_pooled_sandbox_and_the_pool_refills() {
     // A claim turns the pooled row into the caller's running sandbox with
     // the caller's deadline (told to the runtime too); the filler then
     // restores a replacement; shutdown destroys what is still pooled.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let (m, pooled_id) = pooled(&rig).await;
     let rows = rig.unstopped().await;
     assert_eq!(rows.len(), 1);
@@ -437,7 +437,7 @@ async fn create_claims_a_pooled_sandbox_and_the_pool_refills() {
 async fn a_dead_pooled_sandbox_is_discarded_and_the_create_restores() {
     // A pooled sandbox that died while waiting is not handed out: it is
     // stopped and destroyed, and the create falls through to a restore.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let (m, pooled_id) = pooled(&rig).await;
     rig.rt.kill(&pooled_id);
     eventually!(
@@ -462,7 +462,7 @@ async fn a_pooled_sandbox_with_a_broken_channel_is_discarded() {
     // The sandbox is still up (its deadline can be moved) but the agent
     // connection the pool holds is gone: it must not be handed out with
     // a dead client.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let (m, pooled_id) = pooled(&rig).await;
     rig.rt.disconnect(&pooled_id);
     eventually!(
@@ -483,7 +483,7 @@ async fn shutdown_lets_an_inflight_refill_finish_then_destroys_it() {
     // A refill whose restore is still running when shutdown starts is
     // neither cut off nor left behind: shutdown waits for it, then
     // destroys the pool, so no sandbox outlives the daemon unrecorded.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let m = rig.manager_with(Caps::default(), 1).await;
     bake(&m).await;
     let gate = rig.rt.hang(Op::Restore);
@@ -509,7 +509,7 @@ async fn a_refused_restore_falls_back_to_cold_and_is_rebaked() {
     // refuses is not the create's failure: that attempt is stopped and
     // cleaned, the create boots cold (running setup), the image is dropped
     // and baked again, and the next create restores.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let m = rig.manager().await;
     bake(&m).await;
     let t = template(&m);
@@ -536,7 +536,7 @@ async fn a_refused_restore_falls_back_to_cold_and_is_rebaked() {
 async fn a_refused_restore_on_a_pool_refill_is_rebaked() {
     // The pool's own restore meets the same rule as a create's: the image
     // is dropped and baked again, and the pool fills from the new one.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let m = rig.manager_with(Caps::default(), 1).await;
     bake(&m).await;
     let t = template(&m);
@@ -562,7 +562,7 @@ async fn a_refused_restore_on_a_pool_refill_is_rebaked() {
 async fn a_restore_refused_again_after_the_fallback_still_creates() {
     // A runtime that refuses every restore: each create still succeeds
     // cold, and nothing of the refused attempts is left.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let m = rig.manager().await;
     bake(&m).await;
     allow_bakes(&m);
@@ -584,7 +584,7 @@ async fn a_restore_refused_again_after_the_fallback_still_creates() {
 async fn a_corrupt_template_image_falls_back_to_cold_and_is_rebaked() {
     // An image that fails its checksum is not restored: the create boots
     // cold (running setup) and a fresh image is baked for the next one.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let m = rig.manager().await;
     bake(&m).await;
     let t = template(&m);
@@ -611,7 +611,7 @@ async fn reconcile_after_a_restart_adopts_stops_and_destroys() {
     // a pooled one is discarded, an orphan only the runtime knows is
     // destroyed, another host's row is left alone, and the old
     // incarnation's writes are fenced off.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let old = rig.manager().await;
     let alive = old.create(req()).await.unwrap().id;
     let dead = old.create(req()).await.unwrap().id;
@@ -695,7 +695,7 @@ async fn reconcile_after_a_restart_adopts_stops_and_destroys() {
 
 #[tokio::test]
 async fn the_reaper_stops_expired_sandboxes_only() {
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let m = rig.manager().await;
     let old = m.create(req()).await.unwrap().id;
     let young = m.create(req()).await.unwrap().id;
@@ -717,7 +717,7 @@ async fn the_reaper_stops_expired_sandboxes_only() {
 async fn set_ttl_moves_the_runtime_deadline_before_the_stored_one() {
     // If the runtime cannot be told, the stored expiry is not moved
     // either: the row never promises a lifetime the shim will not give.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let m = rig.manager().await;
     let info = m.create(req()).await.unwrap();
     rig.rt.fail_once(Op::SetExpiry);
@@ -752,7 +752,7 @@ fn fork_req(count: usize) -> ForkRequest {
 async fn snapshot_then_fork_gives_independent_copies() {
     // The snapshot is recorded and its image sealed; each fork restores
     // it (seeing the files written before the snapshot) and is its own.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let (m, src, snap) = snapshotted(&rig).await;
     assert_eq!(snap.sandbox_id, src);
     assert!(snap.size_bytes > 0);
@@ -777,7 +777,7 @@ async fn snapshot_then_fork_gives_independent_copies() {
 async fn a_fork_beyond_capacity_makes_none() {
     // Forks count against the live cap one by one; the one that does not
     // fit fails the fork and the ones made before it are stopped.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let caps = Caps {
         max_live_sandboxes: 2,
         ..Default::default()
@@ -797,7 +797,7 @@ async fn a_fork_beyond_capacity_makes_none() {
 async fn the_reaper_deletes_expired_snapshots() {
     // Retention: once a snapshot's time is up, the reaper removes its row
     // and its image. (Retention is whole seconds: this test waits one.)
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let m = rig.manager().await;
     let src = m.create(req()).await.unwrap().id;
     let short = m.snapshot(&src, Some(1), BTreeMap::new()).await.unwrap();
@@ -813,7 +813,7 @@ async fn the_reaper_deletes_expired_snapshots() {
 
 #[tokio::test]
 async fn a_failed_checkpoint_leaves_no_snapshot() {
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let m = rig.manager().await;
     let src = m.create(req()).await.unwrap().id;
     rig.rt.fail(Op::Checkpoint);
@@ -828,7 +828,7 @@ async fn a_failed_checkpoint_leaves_no_snapshot() {
 async fn a_fork_is_all_or_nothing() {
     // The second of three restores fails: the first fork is stopped too,
     // and only the source remains.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let (m, src, snap) = snapshotted(&rig).await;
     rig.rt
         .inject(Op::Restore, Fault::Fail("no room".into()), Schedule::nth(1));
@@ -856,7 +856,7 @@ async fn a_fork_of_a_lost_checkpoint_fails_cleanly() {
     // Lost on disk: the image fails verification and the runtime is not
     // even asked. Unreadable to the runtime: the restore fails and the
     // half-made fork is gone. Either way only the source remains.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let (m, src, snap) = snapshotted(&rig).await;
     let dir = m.snapshots.local().verify(&snap.id).unwrap();
     assert!(rig.rt.forget_checkpoint(&dir));
@@ -878,7 +878,7 @@ async fn a_fork_of_a_lost_checkpoint_fails_cleanly() {
 async fn a_superseded_incarnation_cannot_create() {
     // Once a new incarnation took the lease, the old one's create is
     // refused by the store before the runtime is asked for anything.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let old = rig.manager().await;
     let _new = rig.manager().await;
     let err = old.create(req()).await.unwrap_err();
@@ -894,7 +894,7 @@ async fn a_superseded_incarnation_cannot_create() {
 async fn losing_the_lease_destroys_everything_and_refuses_work() {
     // Live and pooled sandboxes alike are destroyed on the host; new
     // work is refused from then on.
-    let rig = Rig::new();
+    let rig = Rig::new().await;
     let (m, pooled_id) = pooled(&rig).await;
     let a = m.create(req()).await.unwrap().id;
     assert_eq!(a, pooled_id);
