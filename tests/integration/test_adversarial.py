@@ -209,7 +209,9 @@ def test_a_host_backstop_kill_is_reported_as_host_oom(daemon):
     r = daemon.request("POST", f"/v1/sandboxes/{sid}/exec",
                        {"cmd": "head -c 400M /dev/zero > /tmp/fill; echo survived", "timeout_seconds": 60})
     assert (r.status, r.error_code()) == (507, "host_oom"), r
-    assert daemon.request("GET", f"/v1/sandboxes/{sid}").status == 404
+    # The exec's answer and the watcher's stop race: the stop is committed
+    # to the database (synchronously, on disk) within moments, not before.
+    wait_for(lambda: daemon.request("GET", f"/v1/sandboxes/{sid}").status == 404, timeout=5)
     daemon.created.discard(sid)
     wait_for(lambda: metric(daemon, "hatchery_sandboxes_killed_total", 'reason="host_oom"') == 1, timeout=10)
     wait_for(lambda: not os.path.exists(cg), timeout=20)
