@@ -203,6 +203,25 @@ impl DbStore {
         rows.iter().map(map).collect()
     }
 
+    /// One fenced change of a sandbox's row and, when it changed a row,
+    /// the event that says so, in one transaction. Whether it did.
+    async fn change(
+        &self,
+        f: &Fence,
+        op: &'static str,
+        sql: &str,
+        args: &[Value],
+        event_of: (&str, &str, &str),
+    ) -> Result<bool> {
+        let mut tx = self.fenced(f).await?;
+        let n = tx.execute(sql, args).await.map_err(db(op))?;
+        if n > 0 {
+            let (id, kind, detail) = event_of;
+            event(&mut tx, f, id, kind, detail).await?;
+        }
+        commit(tx, n > 0).await
+    }
+
     /// A write transaction with the fence checked in it.
     async fn fenced(&self, f: &Fence) -> Result<Tx> {
         let mut tx = self.db.begin().await.map_err(db("begin"))?;
@@ -401,74 +420,61 @@ impl Store for DbStore {
             "UPDATE core_sandboxes SET state = $1 WHERE id = $2 AND host_id = $3 AND state IN ({})",
             states_list(from)
         );
-        let mut tx = self.fenced(f).await?;
-        let n = tx
-            .execute(&sql, args![to.as_str(), id, &f.owner])
-            .await
-            .map_err(db("transition"))?;
-        if n > 0 {
-            event(&mut tx, f, id, to.as_str(), "").await?;
-        }
-        commit(tx, n > 0).await
+        self.change(
+            f,
+            "transition",
+            &sql,
+            args![to.as_str(), id, &f.owner],
+            (id, to.as_str(), ""),
+        )
+        .await
     }
 
     async fn stop(&self, f: &Fence, id: &str, reason: &str, now_ms: u64) -> Result<bool> {
-        let mut tx = self.fenced(f).await?;
-        let n = tx
-            .execute(
-                &format!(
-                    "UPDATE core_sandboxes SET state = 'stopped', ended_at_ms = $2, end_reason = $3
-                     WHERE id = $1 AND host_id = $4 AND state IN {UNSTOPPED}"
-                ),
-                args![id, now_ms, reason, &f.owner],
-            )
-            .await
-            .map_err(db("stop"))?;
-        if n > 0 {
-            event(&mut tx, f, id, "stopped", reason).await?;
-        }
-        commit(tx, n > 0).await
+        self.change(
+            f,
+            "stop",
+            &format!(
+                "UPDATE core_sandboxes SET state = 'stopped', ended_at_ms = $2, end_reason = $3
+                 WHERE id = $1 AND host_id = $4 AND state IN {UNSTOPPED}"
+            ),
+            args![id, now_ms, reason, &f.owner],
+            (id, "stopped", reason),
+        )
+        .await
     }
 
     async fn claim(&self, f: &Fence, r: &SandboxRow) -> Result<bool> {
-        let mut tx = self.fenced(f).await?;
-        let n = tx
-            .execute(
-                "UPDATE core_sandboxes SET state = 'running', created_at_ms = $2, expires_at_ms = $3,
-                   metadata = $4, env = $5
-                 WHERE id = $1 AND host_id = $6 AND state = 'pooled'",
-                args![
-                    &r.id,
-                    r.created_at_ms,
-                    r.expires_at_ms,
-                    to_json(&r.metadata),
-                    to_json(&r.env),
-                    &f.owner
-                ],
-            )
-            .await
-            .map_err(db("claim"))?;
-        if n > 0 {
-            event(&mut tx, f, &r.id, "claimed", "").await?;
-        }
-        commit(tx, n > 0).await
+        self.change(
+            f,
+            "claim",
+            "UPDATE core_sandboxes SET state = 'running', created_at_ms = $2, expires_at_ms = $3,
+               metadata = $4, env = $5
+             WHERE id = $1 AND host_id = $6 AND state = 'pooled'",
+            args![
+                &r.id,
+                r.created_at_ms,
+                r.expires_at_ms,
+                to_json(&r.metadata),
+                to_json(&r.env),
+                &f.owner
+            ],
+            (&r.id, "claimed", ""),
+        )
+        .await
     }
 
     async fn set_expiry(&self, f: &Fence, id: &str, expires_at_ms: u64) -> Result<bool> {
-        let mut tx = self.fenced(f).await?;
-        let n = tx
-            .execute(
-                &format!(
-                    "UPDATE core_sandboxes SET expires_at_ms = $2 WHERE id = $1 AND host_id = $3 AND state IN {UNSTOPPED}"
-                ),
-                args![id, expires_at_ms, &f.owner],
-            )
-            .await
-            .map_err(db("set expiry"))?;
-        if n > 0 {
-            event(&mut tx, f, id, "ttl", &expires_at_ms.to_string()).await?;
-        }
-        commit(tx, n > 0).await
+        self.change(
+            f,
+            "set expiry",
+            &format!(
+                "UPDATE core_sandboxes SET expires_at_ms = $2 WHERE id = $1 AND host_id = $3 AND state IN {UNSTOPPED}"
+            ),
+            args![id, expires_at_ms, &f.owner],
+            (id, "ttl", &expires_at_ms.to_string()),
+        )
+        .await
     }
 
     async fn get_live(&self, id: &str) -> Result<Option<SandboxRow>> {
