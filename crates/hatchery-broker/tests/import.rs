@@ -137,25 +137,12 @@ async fn a_previous_release_broker_db_is_imported_once() {
 #[path = "../../hatchery-store/tests/support/pg_server.rs"]
 mod pg_server;
 
-/// A schema of its own on the test server (which may be a shared one,
-/// `HATCHERY_TEST_PG_DSN`, where other suites' tables already are): a DSN
-/// whose connections start there.
-async fn fresh_schema(dsn: &str) -> String {
-    let name = format!("hx_upgrade_{:x}", rand::random::<u64>());
-    let db = Db::postgres(dsn, 1).unwrap();
-    db.execute(&format!("CREATE SCHEMA {name}"), args![])
-        .await
-        .unwrap();
-    let sep = if dsn.contains('?') { '&' } else { '?' };
-    format!("{dsn}{sep}options=-csearch_path%3D{name}")
-}
-
 /// A shared PostgreSQL database of the previous release (its own runner's
 /// `broker_schema`, tables already `broker_`-prefixed): kept as it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn previous_release_tables_are_kept_conformance_on_postgres() {
     let pg = pg_server::TestPg::start();
-    let db = Db::postgres(&fresh_schema(&pg.dsn).await, 4).unwrap();
+    let db = Db::postgres(&hatchery_db::scratch_schema(&pg.dsn).await.unwrap(), 4).unwrap();
     let mut tx = db.begin().await.unwrap();
     // The previous release's pg.rs migrations, verbatim.
     tx.batch(

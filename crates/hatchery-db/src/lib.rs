@@ -229,6 +229,32 @@ impl Db {
     }
 }
 
+/// A new, empty PostgreSQL schema in the database `dsn` names, and a DSN
+/// whose sessions use it: a database of their own for tests that need one
+/// (a previous release's tables built by hand) on a server shared with
+/// other tests. Nothing removes it; it goes with the test server.
+pub async fn scratch_schema(dsn: &str) -> Result<String, DbError> {
+    static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let name = format!(
+        "hx_scratch_{}_{}_{}",
+        std::process::id(),
+        N.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0)
+    );
+    Db::postgres(dsn, 1)?
+        .execute(&format!("CREATE SCHEMA {name}"), args![])
+        .await?;
+    Ok(if dsn.contains("://") {
+        let sep = if dsn.contains('?') { '&' } else { '?' };
+        format!("{dsn}{sep}options=-csearch_path%3D{name}")
+    } else {
+        format!("{dsn} options='-csearch_path={name}'")
+    })
+}
+
 /// Whether a database address names PostgreSQL.
 pub fn is_postgres(address: &str) -> bool {
     address.starts_with("postgres://")

@@ -267,7 +267,9 @@ async fn migrations_race_and_repeat_conformance_on_postgres() {
 async fn previous_release_upgrades_in_place_conformance_on_postgres() {
     use hatchery_sessions::store::{ListFilter, Patch};
     let pg = pg_server::TestPg::start();
-    let db = Db::postgres(&pg.dsn, 2).unwrap();
+    // A schema of its own: a shared test database holds the new tables.
+    let dsn = hatchery_db::scratch_schema(&pg.dsn).await.unwrap();
+    let db = Db::postgres(&dsn, 2).unwrap();
     let mut tx = db.begin().await.unwrap();
     tx.batch(OLD_PG_SCHEMA).await.unwrap();
     tx.commit().await.unwrap();

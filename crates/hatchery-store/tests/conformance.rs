@@ -68,16 +68,12 @@ async fn postgres_down_is_unavailable() {
 async fn previous_release_upgrades_in_place_conformance_on_postgres() {
     use hatchery_store::SnapshotLocation;
     let pg = pg_server::TestPg::start();
-    if std::env::var("HATCHERY_TEST_PG_DSN").is_ok() {
-        // A shared database already holds the core's tables.
-        return;
-    }
-    let (c, conn) = tokio_postgres::connect(&pg.dsn, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    c.batch_execute(OLD_PG_SCHEMA).await.unwrap();
-    c.batch_execute(
+    // A schema of its own: a shared test database holds the core's tables.
+    let dsn = hatchery_db::scratch_schema(&pg.dsn).await.unwrap();
+    let old = Db::postgres(&dsn, 1).unwrap();
+    let mut tx = old.begin().await.unwrap();
+    tx.batch(OLD_PG_SCHEMA).await.unwrap();
+    tx.batch(
         "INSERT INTO sandboxes (id, template, state, created_at_ms, expires_at_ms, metadata, env, host_id)
            VALUES ('sbx_old', 'python', 'running', 1, 4102444800000, '{\"team\": \"a\"}', '{}', 'h1');
          INSERT INTO events (sandbox_id, at_ms, kind, detail, epoch) VALUES ('sbx_old', 1, 'created', 'python', 3);
@@ -89,9 +85,8 @@ async fn previous_release_upgrades_in_place_conformance_on_postgres() {
     )
     .await
     .unwrap();
-    let s = DbStore::open(Db::postgres(&pg.dsn, 2).unwrap())
-        .await
-        .unwrap();
+    tx.commit().await.unwrap();
+    let s = DbStore::open(Db::postgres(&dsn, 2).unwrap()).await.unwrap();
     let filter = hatchery_store::SandboxFilter {
         metadata: [("team".to_string(), "a".to_string())].into(),
         template: None,
