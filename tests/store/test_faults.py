@@ -265,7 +265,22 @@ def test_skewed_hosts_keep_leases_and_mark_peers_by_the_database_clock(pg, monke
         slow.cleanup()
         fast.cleanup()
         (ok2 or ok).cleanup()
+        drop_faketime_leftovers()
     no_net_leftovers(ok, fast, slow)
+
+
+def drop_faketime_leftovers():
+    """libfaketime gives every process it is loaded into (the daemon and
+    each child it starts) a semaphore and a shared-memory segment in
+    /dev/shm, removed at exit; a process killed or torn down by signal
+    leaves them. Those of processes that are gone are removed here."""
+    for f in glob.glob("/dev/shm/faketime_shm_*") + glob.glob("/dev/shm/sem.faketime_sem_*"):
+        pid = f.rsplit("_", 1)[-1]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            try:
+                os.unlink(f)
+            except FileNotFoundError:
+                pass
 
 
 CUT_TABLE = f"hxtestcut{os.getpid()}"
