@@ -91,7 +91,7 @@ def main():
         b = Daemon(extra_args=[*common, "--host-id", "gb-b", "--role", "host",
                                "--gateway-control-url", f"http://127.0.0.1:{c.port}"]).start()
         daemons.append(b)
-        sql(pg, "INSERT INTO sandbox_bindings (sandbox, session, tenant) "
+        sql(pg, "INSERT INTO gateway_sandbox_bindings (sandbox, session, tenant) "
                 f"VALUES ('{SANDBOX}', 'ses_gwbench', NULL) ON CONFLICT DO NOTHING")
         sa, sb = (os.path.join(d.data_dir, "gateway.sock") for d in (a, b))
         calls(sa, 20)
@@ -106,7 +106,7 @@ def main():
         print(f"| host's in-process gateway (baseline) | {b50:.2f} | {b99:.2f} |")
         print(f"| host relay -> control role's gateway | {c50:.2f} | {c99:.2f} |")
         print(f"| added by the control role | {c50 - b50:+.2f} ({c50 / b50:.2f}x) | {c99 - b99:+.2f} |")
-        used = sql(pg, "SELECT used_tokens FROM budgets WHERE scope = 'session:ses_gwbench'")
+        used = sql(pg, "SELECT used_tokens FROM gateway_budgets WHERE scope = 'session:ses_gwbench'")
         print(f"(one budget row for both paths: used_tokens {used})")
     finally:
         for d in reversed(daemons):

@@ -294,7 +294,7 @@ def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared
             # shared database holds what the session was charged on A and
             # on B, which is the session's own spend.
             spent = c.session(sid)["spend"]["tokens"]
-            used = sql(pg, f"SELECT used_tokens FROM budgets WHERE scope = 'session:{sid}'")
+            used = sql(pg, f"SELECT used_tokens FROM gateway_budgets WHERE scope = 'session:{sid}'")
             assert used == [[str(spent)]] and spent > charged_before[sid] > 0, (sid, used, spent, charged_before)
             evs = assert_log_sound(pg, c, sid)
             # Nothing acknowledged before the loss was lost or changed.

@@ -11,17 +11,11 @@ mod bounded;
 pub mod conformance;
 mod db;
 mod error;
-mod pg_migrate;
 mod rows;
 
 pub use bounded::{Bounded, CALL_LIMIT};
 pub use db::{DbStore, IMPORT, SCHEMA};
 pub use error::{BoxError, Result, StoreError};
-pub use hatchery_db::pg_pool::{
-    pg_message, pg_pool, pg_pool_read_only, pg_unavailable, PoolConfigError, POOL_TIMEOUT,
-    TCP_USER_TIMEOUT,
-};
-pub use pg_migrate::{MigrateError, PgMigrations};
 pub use rows::{
     host_resource, valid_host_id, Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow,
     SandboxState, SnapshotLocation, SnapshotRow,
@@ -31,8 +25,7 @@ use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// Default PostgreSQL pool size per daemon.
-pub const DEFAULT_PG_POOL: usize = 16;
+pub use hatchery_db::DEFAULT_PG_POOL;
 
 /// Every write that changes state takes the writer's [`Fence`] and fails
 /// with [`StoreError::Fenced`] if the lease has moved on. Writes to a
