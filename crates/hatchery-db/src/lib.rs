@@ -155,36 +155,56 @@ impl Db {
         }
     }
 
-    /// A write transaction (see the crate's contract).
+    /// A write transaction (see the crate's contract): on disk when
+    /// its commit returns.
     pub async fn begin(&self) -> Result<Tx, DbError> {
-        self.start(true).await
+        self.start(Mode::Write).await
+    }
+
+    /// A write transaction whose commit returns before it is on disk
+    /// (SQLite `synchronous=NORMAL` in WAL, PostgreSQL `synchronous_commit
+    /// = off`): atomic and isolated as any other, and durable at the next
+    /// durable commit or checkpoint, but a power loss (not a crash of the
+    /// process) can lose the last few. For state the daemon can rebuild
+    /// (a sandbox row, its lifecycle events), never for a record that
+    /// promises an effect was logged before it happened.
+    pub async fn begin_relaxed(&self) -> Result<Tx, DbError> {
+        self.start(Mode::Relaxed).await
     }
 
     /// A read-only snapshot.
     pub async fn read(&self) -> Result<Tx, DbError> {
-        self.start(false).await
+        self.start(Mode::Read).await
     }
 
-    async fn start(&self, write: bool) -> Result<Tx, DbError> {
+    async fn start(&self, mode: Mode) -> Result<Tx, DbError> {
         let conn = match &self.backend {
             Backend::Sqlite(db) => {
-                let mut c = db.conn(write).await?;
-                let begin = if write { "BEGIN IMMEDIATE" } else { "BEGIN" };
-                c.run(move |c| Ok(c.execute_batch(begin)?)).await?;
-                Conn::Sqlite(c)
+                let c = db.conn(mode != Mode::Read).await?;
+                // Sent with the first statement, in the same trip to the
+                // blocking pool (the writer's turn is already held).
+                let begin = match mode {
+                    Mode::Read => "BEGIN",
+                    Mode::Write => "BEGIN IMMEDIATE",
+                    Mode::Relaxed => "PRAGMA synchronous=NORMAL; BEGIN IMMEDIATE",
+                };
+                return Ok(Tx {
+                    conn: Conn::Sqlite(c),
+                    begin: Some(begin),
+                });
             }
             Backend::Pg(pool) => {
                 let c = pool.get().await?;
-                let begin = if write {
-                    "BEGIN"
-                } else {
-                    "BEGIN READ ONLY ISOLATION LEVEL REPEATABLE READ"
+                let begin = match mode {
+                    Mode::Read => "BEGIN READ ONLY ISOLATION LEVEL REPEATABLE READ",
+                    Mode::Write => "BEGIN",
+                    Mode::Relaxed => "BEGIN; SET LOCAL synchronous_commit = off",
                 };
                 c.batch_execute(begin).await?;
                 Conn::Pg(Some(c))
             }
         };
-        Ok(Tx { conn })
+        Ok(Tx { conn, begin: None })
     }
 
     /// One statement on its own (atomic by itself; no BEGIN/COMMIT round
@@ -279,6 +299,13 @@ async fn pg_query(
     rows.iter().map(|r| value::pg_row(r, &names)).collect()
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Read,
+    Write,
+    Relaxed,
+}
+
 enum Conn {
     Sqlite(SqliteConn),
     // `None` once committed or rolled back.
@@ -288,6 +315,20 @@ enum Conn {
 /// A transaction on the deployment's database.
 pub struct Tx {
     conn: Conn,
+    /// SQLite: the BEGIN not yet sent (it goes with the first statement).
+    begin: Option<&'static str>,
+}
+
+/// Runs a pending BEGIN, then `f`, on one SQLite connection.
+fn begun<R>(
+    c: &mut rusqlite::Connection,
+    begin: Option<&'static str>,
+    f: impl FnOnce(&mut rusqlite::Connection) -> Result<R, DbError>,
+) -> Result<R, DbError> {
+    if let Some(b) = begin {
+        c.execute_batch(b)?;
+    }
+    f(c)
 }
 
 impl Tx {
@@ -309,9 +350,9 @@ impl Tx {
     pub async fn query(&mut self, sql: &str, args: &[Value]) -> Result<Vec<Row>, DbError> {
         match &mut self.conn {
             Conn::Sqlite(c) => {
-                let sql = sqlite_sql(sql);
-                let args = args.to_vec();
-                c.run(move |c| sqlite::query(c, &sql, &args)).await
+                let (sql, args, begin) = (sqlite_sql(sql), args.to_vec(), self.begin.take());
+                c.run(move |c| begun(c, begin, |c| sqlite::query(c, &sql, &args)))
+                    .await
             }
             Conn::Pg(_) => pg_query(self.pg(), sql, args).await,
         }
@@ -331,9 +372,9 @@ impl Tx {
     pub async fn execute(&mut self, sql: &str, args: &[Value]) -> Result<u64, DbError> {
         match &mut self.conn {
             Conn::Sqlite(c) => {
-                let sql = sqlite_sql(sql);
-                let args = args.to_vec();
-                c.run(move |c| sqlite::execute(c, &sql, &args)).await
+                let (sql, args, begin) = (sqlite_sql(sql), args.to_vec(), self.begin.take());
+                c.run(move |c| begun(c, begin, |c| sqlite::execute(c, &sql, &args)))
+                    .await
             }
             Conn::Pg(_) => {
                 let c = self.pg();
@@ -347,8 +388,9 @@ impl Tx {
     pub async fn batch(&mut self, sql: &str) -> Result<(), DbError> {
         match &mut self.conn {
             Conn::Sqlite(c) => {
-                let sql = sqlite_schema(sql);
-                c.run(move |c| Ok(c.execute_batch(&sql)?)).await
+                let (sql, begin) = (sqlite_schema(sql), self.begin.take());
+                c.run(move |c| begun(c, begin, |c| Ok(c.execute_batch(&sql)?)))
+                    .await
             }
             Conn::Pg(_) => Ok(self.pg().batch_execute(sql).await?),
         }
@@ -370,14 +412,28 @@ impl Tx {
     }
 
     pub async fn commit(mut self) -> Result<(), DbError> {
-        self.end("COMMIT").await
+        // SQLite: a relaxed transaction's connection goes back to durable
+        // commits (setting it again is harmless).
+        let how = match self.conn {
+            Conn::Sqlite(_) => "COMMIT; PRAGMA synchronous=FULL",
+            Conn::Pg(_) => "COMMIT",
+        };
+        self.end(how).await
     }
 
     pub async fn rollback(mut self) -> Result<(), DbError> {
-        self.end("ROLLBACK").await
+        let how = match self.conn {
+            Conn::Sqlite(_) => "ROLLBACK; PRAGMA synchronous=FULL",
+            Conn::Pg(_) => "ROLLBACK",
+        };
+        self.end(how).await
     }
 
     async fn end(&mut self, how: &'static str) -> Result<(), DbError> {
+        if self.begin.take().is_some() {
+            // No statement ran: nothing was begun, nothing to end.
+            return Ok(());
+        }
         match &mut self.conn {
             Conn::Sqlite(c) => c.run(move |c| Ok(c.execute_batch(how)?)).await,
             Conn::Pg(slot) => {

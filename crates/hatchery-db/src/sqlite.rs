@@ -162,7 +162,11 @@ impl Drop for SqliteConn {
         let db = self.db.clone();
         let held = (self.permit.take(), self.turn.take());
         let job = move || {
-            if conn.execute_batch("ROLLBACK").is_ok() && conn.is_autocommit() {
+            if conn
+                .execute_batch("ROLLBACK; PRAGMA synchronous=FULL")
+                .is_ok()
+                && conn.is_autocommit()
+            {
                 db.idle.lock().expect("poisoned").push(conn);
             }
             drop(held);

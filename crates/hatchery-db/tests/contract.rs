@@ -207,6 +207,52 @@ async fn contract(db: Db) {
         .unwrap()
         .is_none());
 
+    // A relaxed transaction commits and rolls back as any other, and
+    // leaves its connection durable again (SQLite: synchronous=FULL).
+    let mut tx = db.begin_relaxed().await.unwrap();
+    tx.execute(
+        "INSERT INTO dbt_items (name, small) VALUES ($1, 1)",
+        args!["relaxed"],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    {
+        let mut tx = db.begin_relaxed().await.unwrap();
+        tx.execute(
+            "INSERT INTO dbt_items (name, small) VALUES ($1, 1)",
+            args!["relaxed-dropped"],
+        )
+        .await
+        .unwrap();
+    }
+    let names: Vec<String> = db
+        .query(
+            "SELECT name FROM dbt_items WHERE name LIKE 'relaxed%' ORDER BY name",
+            args![],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0).unwrap())
+        .collect();
+    assert_eq!(names, ["relaxed"]);
+    if db.dialect() == hatchery_db::Dialect::Sqlite {
+        // Every pooled connection (taken all at once) is back to FULL (2).
+        let mut held = Vec::new();
+        for _ in 0..hatchery_db::SQLITE_CONNECTIONS {
+            let mut tx = db.read().await.unwrap();
+            let sync: i64 = tx
+                .query_one("PRAGMA synchronous", args![])
+                .await
+                .unwrap()
+                .get(0)
+                .unwrap();
+            assert_eq!(sync, 2, "a connection left relaxed");
+            held.push(tx);
+        }
+    }
+
     // Read-then-write under contention: every increment counts once.
     db.execute("INSERT INTO dbt_counter (id, n) VALUES ($1, 0)", args!["k"])
         .await
