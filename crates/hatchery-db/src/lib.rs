@@ -161,13 +161,16 @@ impl Db {
         self.start(Mode::Write).await
     }
 
-    /// A write transaction whose commit returns before it is on disk
-    /// (SQLite `synchronous=NORMAL` in WAL, PostgreSQL `synchronous_commit
-    /// = off`): atomic and isolated as any other, and durable at the next
-    /// durable commit or checkpoint, but a power loss (not a crash of the
-    /// process) can lose the last few. For state the daemon can rebuild
-    /// (a sandbox row, its lifecycle events), never for a record that
-    /// promises an effect was logged before it happened.
+    /// A write transaction whose commit returns before it is on disk, on
+    /// SQLite (`synchronous=NORMAL` in WAL): atomic and isolated as any
+    /// other, safe against a crash of the process, durable at the next
+    /// durable commit or checkpoint, but a power loss or OS crash (which
+    /// ends this host's sandboxes too) can lose the last few. For state
+    /// the daemon can rebuild (a sandbox row, its lifecycle events), never
+    /// for a record that promises an effect was logged before it happened.
+    /// On PostgreSQL it is [`Db::begin`]: there the database is shared and
+    /// can crash on its own (`synchronous_commit = off` would lose commits
+    /// hosts have acted on; `tests/store/test_faults.py` kills it to check).
     pub async fn begin_relaxed(&self) -> Result<Tx, DbError> {
         self.start(Mode::Relaxed).await
     }
@@ -197,8 +200,7 @@ impl Db {
                 let c = pool.get().await?;
                 let begin = match mode {
                     Mode::Read => "BEGIN READ ONLY ISOLATION LEVEL REPEATABLE READ",
-                    Mode::Write => "BEGIN",
-                    Mode::Relaxed => "BEGIN; SET LOCAL synchronous_commit = off",
+                    Mode::Write | Mode::Relaxed => "BEGIN",
                 };
                 c.batch_execute(begin).await?;
                 Conn::Pg(Some(c))

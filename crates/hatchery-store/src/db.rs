@@ -222,11 +222,12 @@ impl DbStore {
         commit(tx, n > 0).await
     }
 
-    /// A write transaction with the fence checked in it. Its commit does
-    /// not wait for the disk ([`Db::begin_relaxed`]): what it records (a
-    /// sandbox's row and events, a slot, a heartbeat) a power loss ends
-    /// anyway, and reconcile rebuilds it from what runs; a snapshot's row
-    /// ([`DbStore::fenced_durable`]) and a lease's new epoch do wait.
+    /// A write transaction with the fence checked in it. On SQLite its
+    /// commit does not wait for the disk ([`Db::begin_relaxed`]): what it
+    /// records (a sandbox's row and events, a slot, a heartbeat) a power
+    /// loss of this host ends anyway, and reconcile rebuilds it from what
+    /// runs; a snapshot's row ([`DbStore::fenced_durable`]) and a lease's
+    /// new epoch do wait. On PostgreSQL every commit waits.
     async fn fenced(&self, f: &Fence) -> Result<Tx> {
         let mut tx = self.db.begin_relaxed().await.map_err(db("begin"))?;
         check_fence(&mut tx, f).await?;
