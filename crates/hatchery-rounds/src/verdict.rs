@@ -7,11 +7,14 @@ use crate::sandbox::ExecOutcome;
 /// process killed for it may also have hit nothing else yet.
 pub fn verdict(o: &ExecOutcome, memory_limit_bytes: u64) -> Verdict {
     match o.reason.as_str() {
+        // Past its memory limit is a memory verdict whatever stopped it:
+        // a hog under load can reach its CPU limit (the host counts the
+        // page faults its allocation costs) before its OOM kill lands.
+        "oom" => Verdict::MemoryLimit,
+        _ if o.oom_killed || o.memory_peak_bytes > memory_limit_bytes => Verdict::MemoryLimit,
         "cpu_limit" => Verdict::TimeLimit,
         "timeout" => Verdict::WallLimit,
         "output_limit" => Verdict::OutputLimit,
-        "oom" => Verdict::MemoryLimit,
-        _ if o.oom_killed || o.memory_peak_bytes > memory_limit_bytes => Verdict::MemoryLimit,
         "exited" if o.exit_code == 0 => Verdict::Ok,
         _ => Verdict::RuntimeError,
     }
@@ -72,7 +75,9 @@ mod tests {
         assert_eq!(verdict(&out("exited", 0, 1), m), Verdict::Ok);
         assert_eq!(verdict(&out("exited", 1, 1), m), Verdict::RuntimeError);
         assert_eq!(verdict(&out("signaled", 139, 1), m), Verdict::RuntimeError);
-        assert_eq!(verdict(&out("cpu_limit", 137, 1000), m), Verdict::TimeLimit);
+        assert_eq!(verdict(&out("cpu_limit", 137, 100), m), Verdict::TimeLimit);
+        // Over its memory limit when the CPU limit stopped it: memory.
+        assert_eq!(verdict(&out("cpu_limit", 137, 1000), m), Verdict::MemoryLimit);
         assert_eq!(verdict(&out("timeout", 137, 1), m), Verdict::WallLimit);
         assert_eq!(verdict(&out("oom", 137, 1), m), Verdict::MemoryLimit);
         assert_eq!(verdict(&out("exited", 0, 101), m), Verdict::MemoryLimit);
