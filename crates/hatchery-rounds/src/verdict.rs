@@ -77,7 +77,10 @@ mod tests {
         assert_eq!(verdict(&out("signaled", 139, 1), m), Verdict::RuntimeError);
         assert_eq!(verdict(&out("cpu_limit", 137, 100), m), Verdict::TimeLimit);
         // Over its memory limit when the CPU limit stopped it: memory.
-        assert_eq!(verdict(&out("cpu_limit", 137, 1000), m), Verdict::MemoryLimit);
+        assert_eq!(
+            verdict(&out("cpu_limit", 137, 1000), m),
+            Verdict::MemoryLimit
+        );
         assert_eq!(verdict(&out("timeout", 137, 1), m), Verdict::WallLimit);
         assert_eq!(verdict(&out("oom", 137, 1), m), Verdict::MemoryLimit);
         assert_eq!(verdict(&out("exited", 0, 101), m), Verdict::MemoryLimit);
