@@ -79,7 +79,9 @@ impl Sandboxes for ClientSandboxes {
 
     async fn exists(&self, id: &str) -> Result<bool, SandboxError> {
         match self.client.get_sandbox(id).await {
-            Ok(_) => Ok(true),
+            // A stopped sandbox (deleted, its record kept a while) is as
+            // gone as one the daemon no longer knows.
+            Ok(s) => Ok(s.state != "stopped"),
             Err(e) if e.is_not_found() => Ok(false),
             Err(e) => Err(map(e)),
         }

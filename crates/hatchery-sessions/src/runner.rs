@@ -552,7 +552,13 @@ async fn attached(
             item = stream.next() => match item {
                 Some(Ok(OutputItem::Chunk { stdout: true, offset: o, data })) => {
                     for (line, end) in lines.feed(o, &data) {
-                        match handle_line(svc, &id, (&sbx, &pid), &line, end, replay_through, &mut guard).await? {
+                        // An ack the sandbox cannot take (deleted under
+                        // the session) is a lost sandbox, not a failure.
+                        let effect = match handle_line(svc, &id, (&sbx, &pid), &line, end, replay_through, &mut guard).await {
+                            Ok(effect) => effect,
+                            Err(e) => return lost_or(svc, &id, &sbx, e).await,
+                        };
+                        match effect {
                             Effect::Waiting(_) => waiting_since = Some(tokio::time::Instant::now()),
                             Effect::ApprovalRequest { .. } => waiting_since = Some(tokio::time::Instant::now()),
                             Effect::Busy => waiting_since = None,
@@ -593,8 +599,10 @@ async fn attached(
                 if let Some(why) = svc.take_exhausted(&id) {
                     return Err(fail("budget_exhausted", why));
                 }
-                if deliver(svc, &id, &sbx, &pid).await? {
-                    waiting_since = None;
+                match deliver(svc, &id, &sbx, &pid).await {
+                    Ok(true) => waiting_since = None,
+                    Ok(false) => {}
+                    Err(e) => return lost_or(svc, &id, &sbx, e).await,
                 }
             }
             _ = sleep_opt(idle_at) => {

@@ -420,6 +420,35 @@ async fn a_lost_sandbox_resumes_from_its_checkpoint() {
     assert!(e.fake.live().is_empty());
 }
 
+/// The sandbox is deleted just as the runner acks a line (ci's
+/// `test_lost_sandbox_resumes_from_checkpoint` saw the stdin write answer
+/// 409 `sandbox_not_running`): that is a lost sandbox, resumed from the
+/// checkpoint, not a `sandbox_error` that fails the session.
+#[tokio::test]
+async fn a_sandbox_lost_under_an_ack_resumes_from_its_checkpoint() {
+    let e = Env::new(|c| c.checkpoint_every = Some(Duration::from_millis(20)));
+    let id = e.create().await;
+    let s = e.state(&id, S::Running).await;
+    let (sbx, pid) = ids(&s);
+    e.until(&id, "checkpointed", |s| s.snapshot_id.is_some())
+        .await;
+    e.fake
+        .inject(Fault::on(Op::WriteStdin, Effect::Vanish).times(1));
+    e.fake.emit_line(
+        &sbx,
+        &pid,
+        serde_json::json!({"n": 1, "ack": true, "type": "agent_message", "text": "hi"}),
+    );
+    let s = e
+        .until(&id, "resumed elsewhere", |s| {
+            s.sandbox_id.as_deref().is_some_and(|x| x != sbx)
+        })
+        .await;
+    assert_eq!(s.state, S::Running, "{:?}", s.reason);
+    let evs = e.events(&id).await;
+    in_order(&evs, &["agent_message", "resumed_from_checkpoint"]);
+}
+
 /// The agent floods its stdout: the byte cap stores up to it, then one
 /// `output_capped` marker, then nothing more of the flood (the offset
 /// still moves past every line); the session's view shows the use. A

@@ -70,6 +70,8 @@ pub enum OutputItem {
 pub trait Sandboxes: Send + Sync + 'static {
     async fn template_exists(&self, name: &str) -> Result<bool, SandboxError>;
     async fn create(&self, req: NewSandbox) -> Result<SandboxInfo, SandboxError>;
+    /// The sandbox is there and not stopped: false once it was deleted
+    /// or lost, even while its record is still kept.
     async fn exists(&self, id: &str) -> Result<bool, SandboxError>;
     /// Idempotent.
     async fn delete(&self, id: &str) -> Result<(), SandboxError>;
