@@ -15,11 +15,12 @@ use crate::error::BrokerError;
 use crate::git;
 use crate::github::{self, Forge};
 use crate::sandbox::SandboxAccess;
-use crate::store::{Begin, BrokerStore, Call, CallState};
+use crate::store::{
+    Advance, Begin, BrokerStore, Call, CallState, EventRef, Insert, Recorded, Refs, SetRef,
+};
 use crate::wire::{InvokeRequest, InvokeResult};
 use hatchery_policy::cache::CompiledPolicies;
 use hatchery_policy::{Destination, Effect, Request};
-use hatchery_sessions::broker_hooks::LoggedCall;
 use hatchery_sessions::events::EventKind;
 use hatchery_sessions::state::SessionState;
 use serde_json::{json, Map, Value};
@@ -282,21 +283,13 @@ impl Broker {
 
         let lock = self.key_lock(&session.id, req.seq);
         let _held = lock.lock().await;
-        let row = self.store.get(&session.id, req.seq).await?;
-        // The session moved to this host (its epoch grew) or was rewound
-        // to a checkpoint: a broker elsewhere may have run the call, and
-        // its record is out of reach (per-host broker.db; with a shared
-        // database the row is found above), but the session's log
-        // (shared) says what it did. Take its outcome from there.
-        let logged = match row {
-            None if session.epoch > 1 || req.seq <= session.replay_through => {
-                self.logged_outcome(&session.id, req.seq).await?
-            }
-            _ => None,
-        };
-        let call = match (row, logged) {
-            (Some(c), _) if c.args_sha256 == sha && c.tool == req.tool => c,
-            (Some(c), _) => {
+        // One database holds the call record and the session log, and a
+        // call's row commits with its first events: a key with no row was
+        // never asked of any broker (a session rewound to a checkpoint, or
+        // moved to another host, finds its calls here) and is new.
+        let call = match self.store.get(&session.id, req.seq).await? {
+            Some(c) if c.args_sha256 == sha && c.tool == req.tool => c,
+            Some(c) => {
                 self.metrics
                     .calls
                     .with_label_values(&[&req.tool, "seq_conflict"])
@@ -306,43 +299,7 @@ impl Broker {
                     tool: c.tool,
                 });
             }
-            (None, Some(logged))
-                if logged
-                    .call
-                    .as_ref()
-                    .is_some_and(|(_, tool, logged_args, _)| {
-                        *tool != req.tool || *logged_args != cut(&args, EVENT_ARGS_BYTES)
-                    }) =>
-            {
-                // The same key with another call, as on one host: 409.
-                return Err(BrokerError::SeqConflict {
-                    seq: req.seq,
-                    tool: logged.call.map(|c| c.1).unwrap_or_default(),
-                });
-            }
-            (None, Some(logged)) => {
-                let c = adopt_logged(
-                    Call::new(&session.id, req.seq, epoch, &req.tool, args.clone(), sha),
-                    logged,
-                );
-                self.begin(c).await?
-            }
-            (None, None) if req.seq <= session.replay_through => {
-                // Acknowledged before the session was rewound to a
-                // checkpoint (its sandbox's host was lost): it may have
-                // run there, and that host's log of it is out of reach.
-                // Never run again; an operator resolves it.
-                let mut c = Call::new(&session.id, req.seq, epoch, &req.tool, args.clone(), sha);
-                c.state = CallState::NeedsReview;
-                c.output = Some(
-                    json!({"error": "this call was made before the session was resumed from a checkpoint; it may have run on the sandbox that was lost",
-                           "code": "outcome_unknown_after_resume",
-                           "review": "whether it took effect is unknown; not run again"})
-                    .to_string(),
-                );
-                self.begin(c).await?
-            }
-            (None, None) => {
+            None => {
                 // A new call: within the session's caps, or nothing of it
                 // is recorded (429).
                 let session_lock = self.session_lock(&session.id);
@@ -352,19 +309,6 @@ impl Broker {
                 let mut c = Call::new(&session.id, req.seq, epoch, &req.tool, args.clone(), sha);
                 self.decide(&session, &req, &mut c).await?;
                 self.check_caps(&session.id, 0, Some(&c)).await?;
-                if c.state == CallState::Pending && c.tool == "noop" {
-                    // No effect at all: its events, then its row, already
-                    // done (one broker commit; a crash in between can only
-                    // repeat the events on the retry).
-                    c.state = CallState::Done;
-                    c.output = Some(json!({"ok": true}).to_string());
-                    let evs = self
-                        .sessions
-                        .record(&session.id, vec![call_event(&c), result_event(&c)])
-                        .await?;
-                    c.event_seq = evs.first().copied();
-                    c.result_event_seq = evs.get(1).copied();
-                }
                 self.begin(c).await?
             }
         };
@@ -391,28 +335,43 @@ impl Broker {
     }
 
     /// Records a new call under its key, or finds the same call there
-    /// already; another call under the key is 409.
-    async fn begin(&self, c: Call) -> Result<Call, BrokerError> {
+    /// already; another call under the key is 409. A call decided at once
+    /// (denied, effect-free, waiting for an approval) is recorded with its
+    /// events in one commit; an allowed one alone (its events go with its
+    /// effect's start, `execute`).
+    async fn begin(&self, mut c: Call) -> Result<Call, BrokerError> {
         let seq = c.seq;
+        if c.state == CallState::Pending && c.tool == "noop" {
+            // No effect at all: done before anything happens.
+            c.state = CallState::Done;
+            c.output = Some(json!({"ok": true}).to_string());
+        }
+        if c.state != CallState::Pending {
+            let mut kinds = vec![call_event(&c)];
+            let mut refs = Refs {
+                call: Some(0),
+                ..Refs::default()
+            };
+            if c.state.is_final() {
+                refs.result = Some(1);
+                kinds.push(result_event(&c));
+            }
+            let sid = c.session_id.clone();
+            let mut insert = Insert::new(c.clone(), refs);
+            self.sessions
+                .record_joined(&sid, kinds, &mut insert)
+                .await?;
+            if let Some(c) = insert.inserted() {
+                return Ok(c);
+            }
+            // The key was taken meanwhile (or, on the control role, the
+            // events went to the owner and the row did not follow): as
+            // below, without events.
+        }
         match self.store.begin(c).await? {
             Begin::New(c) | Begin::Existing(c) => Ok(c),
             Begin::Conflict(c) => Err(BrokerError::SeqConflict { seq, tool: c.tool }),
         }
-    }
-
-    /// What the session's log says another broker did with call `seq`,
-    /// if it started an effect or settled the call (a `broker_call` alone
-    /// means nothing ran: the call is decided here afresh).
-    async fn logged_outcome(
-        &self,
-        session: &str,
-        seq: u64,
-    ) -> Result<Option<LoggedCall>, BrokerError> {
-        Ok(self
-            .sessions
-            .logged_broker_call(session, seq)
-            .await?
-            .filter(|l| l.effect.is_some() || l.result.is_some()))
     }
 
     /// The pinned policy's decision, written into the new call.
@@ -482,21 +441,24 @@ impl Broker {
     }
 
     /// The `broker_call` event (once per call) and, for an approval, the
-    /// approval itself. A crash before `event_seq` is stored can at worst
-    /// repeat the event on the retry, never the effect.
+    /// approval itself. A call recorded with its events (`begin`,
+    /// `advance`) has them; this writes what a call recorded without them
+    /// lacks (one that failed in planning, a row from an older release),
+    /// the event and its seq in one commit.
     async fn ensure_recorded(&self, call: Call) -> Result<Call, BrokerError> {
-        if call.event_seq.is_some() {
-            return Ok(call);
-        }
-        let kinds = vec![call_event(&call)];
-        let evs = self.sessions.record(&call.session_id, kinds).await?;
-        if let Some(&e) = evs.first() {
-            self.store
-                .set_event_ref(crate::store::EventRef::Call, &call.session_id, call.seq, e)
-                .await?;
-        }
+        let call = self.ensure_event(call, EventRef::Call).await?;
         if let Some(aid) = &call.approval_id {
-            if call.state == CallState::AwaitingApproval {
+            // Opened once: a decided approval is not asked again (the
+            // agent re-asks its call after the decision, or after a
+            // resume), and a crash before the opening opens it on the retry.
+            let after = call.event_seq.unwrap_or(1).saturating_sub(1);
+            if call.state == CallState::AwaitingApproval
+                && self
+                    .sessions
+                    .approval_decision(&call.session_id, aid, after)
+                    .await?
+                    .is_none()
+            {
                 self.sessions
                     .open_approval(
                         &call.session_id,
@@ -507,33 +469,36 @@ impl Broker {
                     .await?;
             }
         }
-        Ok(self
-            .store
-            .get(&call.session_id, call.seq)
-            .await?
-            .unwrap_or(call))
+        Ok(call)
     }
 
-    /// The `broker_result` event of a finished call, once: written after
-    /// the state (a crash in between writes it on the next retry).
+    /// The `broker_result` event of a finished call, once (see
+    /// [`Self::ensure_recorded`]).
     async fn ensure_result_event(&self, call: Call) -> Result<Call, BrokerError> {
-        if !call.state.is_final() || call.result_event_seq.is_some() {
+        if !call.state.is_final() {
             return Ok(call);
         }
-        let evs = self
-            .sessions
-            .record(&call.session_id, vec![result_event(&call)])
-            .await?;
-        if let Some(&e) = evs.first() {
-            self.store
-                .set_event_ref(
-                    crate::store::EventRef::Result,
-                    &call.session_id,
-                    call.seq,
-                    e,
-                )
-                .await?;
+        self.ensure_event(call, EventRef::Result).await
+    }
+
+    /// Writes the call's `which` event with its seq, unless it has one.
+    async fn ensure_event(&self, call: Call, which: EventRef) -> Result<Call, BrokerError> {
+        let (written, kind) = match which {
+            EventRef::Call => (call.event_seq, call_event(&call)),
+            EventRef::Result => (call.result_event_seq, result_event(&call)),
+            EventRef::Review => unreachable!("written by resolve_review"),
+        };
+        if written.is_some() {
+            return Ok(call);
         }
+        let mut set = SetRef {
+            which,
+            session_id: call.session_id.clone(),
+            seq: call.seq,
+        };
+        self.sessions
+            .record_joined(&call.session_id, vec![kind], &mut set)
+            .await?;
         Ok(self
             .store
             .get(&call.session_id, call.seq)
@@ -563,10 +528,9 @@ impl Broker {
                             call = self
                                 .advance(
                                     &call,
-                                    CallState::AwaitingApproval,
-                                    CallState::Pending,
-                                    None,
-                                    None,
+                                    (CallState::AwaitingApproval, CallState::Pending),
+                                    Recorded::default(),
+                                    vec![],
                                 )
                                 .await?;
                         }
@@ -576,10 +540,9 @@ impl Broker {
                             call = self
                                 .advance(
                                     &call,
-                                    CallState::AwaitingApproval,
-                                    CallState::Denied,
-                                    None,
-                                    Some(out),
+                                    (CallState::AwaitingApproval, CallState::Denied),
+                                    output(out),
+                                    vec![],
                                 )
                                 .await?;
                         }
@@ -600,19 +563,49 @@ impl Broker {
         }
     }
 
+    /// Moves `call` from `from` to `to`, in one commit with the events
+    /// that record the move: its `broker_call` if not yet written, then
+    /// `extra`, then its `broker_result` if `to` is final. The call as it
+    /// is after (moved by someone else first, if it was).
     async fn advance(
         &self,
         call: &Call,
-        from: CallState,
-        to: CallState,
-        effect: Option<String>,
-        output: Option<String>,
+        (from, to): (CallState, CallState),
+        mut rec: Recorded,
+        extra: Vec<EventKind>,
     ) -> Result<Call, BrokerError> {
-        match self
-            .store
-            .advance(&call.session_id, call.seq, from, to, effect, output)
-            .await?
-        {
+        let mut kinds = vec![];
+        let mut refs = Refs::default();
+        if call.event_seq.is_none() {
+            refs.call = Some(kinds.len());
+            kinds.push(call_event(call));
+        }
+        for k in extra {
+            if matches!(k, EventKind::BrokerCallResolved { .. }) {
+                refs.review = Some(kinds.len());
+            }
+            kinds.push(k);
+        }
+        if to.is_final() && call.result_event_seq.is_none() {
+            let mut done = call.clone();
+            done.state = to;
+            done.output = rec.output.clone().or(done.output);
+            refs.result = Some(kinds.len());
+            kinds.push(result_event(&done));
+        }
+        let moved = if kinds.is_empty() {
+            self.store
+                .advance_recorded(&call.session_id, call.seq, from, to, rec)
+                .await?
+        } else {
+            rec.event_seq = None;
+            let mut step = Advance::new(call, from, to, rec, refs);
+            self.sessions
+                .record_joined(&call.session_id, kinds, &mut step)
+                .await?;
+            step.moved()?
+        };
+        match moved {
             Some(c) => Ok(c),
             None => Ok(self
                 .store
@@ -661,106 +654,56 @@ impl Broker {
                     PlanError::Refused { code, message } => json!({"error": message, "code": code}),
                     PlanError::Invalid(e) | PlanError::Transient(e) => json!({"error": e}),
                 };
-                let c = self
+                return self
                     .advance(
                         &call,
-                        CallState::Pending,
-                        CallState::Failed,
-                        None,
-                        Some(out.to_string()),
+                        (CallState::Pending, CallState::Failed),
+                        output(out.to_string()),
+                        vec![],
                     )
-                    .await?;
-                return Ok(c);
+                    .await;
             }
         };
         let effect = plan.effect.to_string();
-        // The call's event (unless an approval wrote it) and the plan's,
-        // in one transaction, before the state change: if the process
-        // stops in between, the retry plans again (the events again, still
-        // no effect).
-        let mut kinds = vec![];
-        let call_event_first = call.event_seq.is_none();
-        if call_event_first {
-            kinds.push(call_event(&call));
-        }
         if matches!(plan.run, Run::Noop) {
             // No outside effect: the result is known before anything
-            // happens, so the call, its result and their events are two
-            // commits (sessions, then broker), not five.
-            let mut done = call.clone();
-            done.state = CallState::Done;
-            done.output = Some(json!({"ok": true}).to_string());
-            kinds.push(result_event(&done));
-            let evs = self.sessions.record(&call.session_id, kinds).await?;
-            let seqs = evs;
-            let (ev_call, ev_result) = match (call_event_first, seqs.as_slice()) {
-                (true, [a, b, ..]) => (Some(*a), Some(*b)),
-                (false, [b, ..]) => (None, Some(*b)),
-                _ => (None, None),
-            };
-            let c = self
-                .store
-                .advance_recorded(
-                    &call.session_id,
-                    call.seq,
-                    CallState::Pending,
-                    CallState::Done,
-                    crate::store::Recorded {
-                        effect: None,
-                        output: done.output,
-                        event_seq: ev_call,
-                        result_event_seq: ev_result,
-                        runner: None,
-                    },
-                )
-                .await?;
-            return match c {
-                Some(c) => Ok(c),
-                None => Ok(self
-                    .store
-                    .get(&call.session_id, call.seq)
-                    .await?
-                    .unwrap_or(call)),
-            };
+            // happens (the call, its result and their events, one commit).
+            let done = output(json!({"ok": true}).to_string());
+            return self
+                .advance(&call, (CallState::Pending, CallState::Done), done, vec![])
+                .await;
         }
         // A heartbeat this recent gives the effect most of a TTL before
         // another broker may take this process for gone; no heartbeat (the
         // store is down), no effect.
         self.runner.ensure_fresh(&self.store).await?;
-        kinds.push(EventKind::BrokerEffectStarted {
+        // The call's event (unless an approval wrote it), the plan's, and
+        // the move to `executing`, in one commit before the effect: a
+        // process that stops before it plans again on the retry (still no
+        // effect, no event twice); one that stops after finds `executing`
+        // and resolves it.
+        let started = EventKind::BrokerEffectStarted {
             call_seq: call.seq,
             tool: call.tool.clone(),
             detail: cut(&effect, EVENT_ARGS_BYTES),
-        });
-        let evs = self.sessions.record(&call.session_id, kinds).await?;
-        let ev_call = if call_event_first {
-            evs.first().copied()
-        } else {
-            None
         };
-        let Some(c) = self
-            .store
-            .advance_recorded(
-                &call.session_id,
-                call.seq,
-                CallState::Pending,
-                CallState::Executing,
-                crate::store::Recorded {
-                    effect: Some(effect),
-                    output: None,
-                    event_seq: ev_call,
-                    result_event_seq: None,
-                    runner: Some(self.runner.id.clone()),
-                },
+        let rec = Recorded {
+            effect: Some(effect),
+            runner: Some(self.runner.id.clone()),
+            ..Recorded::default()
+        };
+        let c = self
+            .advance(
+                &call,
+                (CallState::Pending, CallState::Executing),
+                rec,
+                vec![started],
             )
-            .await?
-        else {
-            return Ok(self
-                .store
-                .get(&call.session_id, call.seq)
-                .await?
-                .unwrap_or(call));
-        };
+            .await?;
+        if c.state != CallState::Executing || c.runner.as_deref() != Some(&*self.runner.id) {
+            // Another request moved it first.
+            return Ok(c);
+        }
         let t = std::time::Instant::now();
         let (to, out) = match plan.run {
             Run::Push {
@@ -788,10 +731,13 @@ impl Broker {
             .effect_seconds
             .with_label_values(&[&c.tool])
             .observe(t.elapsed().as_secs_f64());
-        let c = self
-            .advance(&c, CallState::Executing, to, None, Some(out.to_string()))
-            .await?;
-        Ok(c)
+        self.advance(
+            &c,
+            (CallState::Executing, to),
+            output(out.to_string()),
+            vec![],
+        )
+        .await
     }
 
     async fn plan_push(
@@ -1115,10 +1061,13 @@ impl Broker {
             ),
         };
         tracing::warn!(session = %call.session_id, seq = call.seq, tool = %call.tool, to = to.as_str(), "broker call resolved after a restart");
-        let c = self
-            .advance(&call, CallState::Executing, to, None, Some(out.to_string()))
-            .await?;
-        Ok(c)
+        self.advance(
+            &call,
+            (CallState::Executing, to),
+            output(out.to_string()),
+            vec![],
+        )
+        .await
     }
 
     async fn resolve_push(&self, effect: &Value) -> (CallState, Value) {
@@ -1222,8 +1171,19 @@ impl Broker {
                 .and_then(|o| serde_json::from_str(o).ok())
                 .unwrap_or(Value::Null);
             let out = json!({"resolution": resolution, "before": before}).to_string();
-            self.advance(&call, CallState::NeedsReview, outcome, None, Some(out))
-                .await?
+            let resolved = EventKind::BrokerCallResolved {
+                call_seq: seq,
+                tool: call.tool.clone(),
+                outcome: outcome.as_str().to_string(),
+                note: note.to_string(),
+            };
+            self.advance(
+                &call,
+                (CallState::NeedsReview, outcome),
+                output(out),
+                vec![resolved],
+            )
+            .await?
         } else {
             call
         };
@@ -1244,23 +1204,22 @@ impl Broker {
             )));
         }
         if call.review_event_seq.is_none() {
-            let evs = self
-                .sessions
-                .record(
-                    session_id,
-                    vec![EventKind::BrokerCallResolved {
-                        call_seq: seq,
-                        tool: call.tool.clone(),
-                        outcome: outcome.as_str().to_string(),
-                        note: note.to_string(),
-                    }],
-                )
+            // Moved without its event (the control role's log commits
+            // the row apart from the post): write it now, once.
+            let mut set = SetRef {
+                which: EventRef::Review,
+                session_id: session_id.to_string(),
+                seq,
+            };
+            let resolved = EventKind::BrokerCallResolved {
+                call_seq: seq,
+                tool: call.tool.clone(),
+                outcome: outcome.as_str().to_string(),
+                note: note.to_string(),
+            };
+            self.sessions
+                .record_joined(session_id, vec![resolved], &mut set)
                 .await?;
-            if let Some(&e) = evs.first() {
-                self.store
-                    .set_event_ref(crate::store::EventRef::Review, session_id, seq, e)
-                    .await?;
-            }
         }
         tracing::info!(session = %session_id, seq, outcome = outcome.as_str(), "needs_review broker call resolved");
         self.store.get(session_id, seq).await?.ok_or_else(not_found)
@@ -1442,31 +1401,12 @@ fn call_event(call: &Call) -> EventKind {
     }
 }
 
-/// A call another broker ran, as this broker records it from the
-/// session's log: settled with the logged result (answered as it was), or
-/// `executing` with the logged plan when the effect started and no result
-/// was logged (resolved by asking the outside world, as after a crash;
-/// never run again). Its events are the logged ones: none is written twice.
-fn adopt_logged(mut c: Call, l: LoggedCall) -> Call {
-    if let Some((ev, _, _, decision)) = l.call {
-        c.event_seq = Some(ev);
-        c.decision = decision;
+/// What a move records besides the state: the call's output.
+fn output(out: String) -> Recorded {
+    Recorded {
+        output: Some(out),
+        ..Recorded::default()
     }
-    match l
-        .result
-        .and_then(|(ev, st, out)| Some((ev, CallState::parse(&st)?, out)))
-    {
-        Some((ev, st, out)) if st.is_final() => {
-            c.state = st;
-            c.output = Some(out);
-            c.result_event_seq = Some(ev);
-        }
-        _ => {
-            c.state = CallState::Executing;
-            c.effect = l.effect;
-        }
-    }
-    c
 }
 
 fn result_event(c: &Call) -> EventKind {
@@ -1502,49 +1442,6 @@ pub(crate) fn cut(s: &str, n: usize) -> String {
         e -= 1;
     }
     s[..e].to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn call() -> Call {
-        Call::new("ses_a", 7, 1, "git_push", "{}".into(), "h".into())
-    }
-
-    #[test]
-    fn a_logged_result_is_answered_as_it_was_with_its_events() {
-        let l = LoggedCall {
-            call: Some((4, "git_push".into(), "{}".into(), "allow".into())),
-            effect: Some(r#"{"commit":"c1"}"#.into()),
-            result: Some((6, "done".into(), r#"{"pushed":true}"#.into())),
-        };
-        let c = adopt_logged(call(), l);
-        assert_eq!(c.state, CallState::Done);
-        assert_eq!(c.output.as_deref(), Some(r#"{"pushed":true}"#));
-        assert_eq!((c.event_seq, c.result_event_seq), (Some(4), Some(6)));
-        assert_eq!(c.decision, "allow");
-    }
-
-    #[test]
-    fn a_logged_effect_without_a_result_is_resolved_never_rerun() {
-        let l = LoggedCall {
-            call: Some((4, "git_push".into(), "{}".into(), "allow".into())),
-            effect: Some(r#"{"commit":"c1"}"#.into()),
-            result: None,
-        };
-        let c = adopt_logged(call(), l);
-        assert_eq!(c.state, CallState::Executing);
-        assert_eq!(c.effect.as_deref(), Some(r#"{"commit":"c1"}"#));
-        assert_eq!((c.event_seq, c.result_event_seq), (Some(4), None));
-        // A result whose status is not a final one is no result.
-        let l = LoggedCall {
-            call: None,
-            effect: Some("{}".into()),
-            result: Some((6, "executing".into(), String::new())),
-        };
-        assert_eq!(adopt_logged(call(), l).state, CallState::Executing);
-    }
 }
 
 #[cfg(test)]
@@ -1611,6 +1508,12 @@ mod policy_fail_closed_tests {
         events: AtomicUsize,
         /// The runner has started the agent but not yet recorded `running`.
         starting: AtomicBool,
+        /// The broker store's database.
+        db: hatchery_db::Db,
+    }
+
+    fn db_err(e: hatchery_db::DbError) -> SessionError {
+        hatchery_sessions::store::StoreError::from(e).into()
     }
 
     #[async_trait::async_trait]
@@ -1669,12 +1572,19 @@ mod policy_fail_closed_tests {
                 epoch: 1,
             }))
         }
-        async fn logged_broker_call(
+        async fn record_joined(
             &self,
-            _: &str,
-            _: u64,
-        ) -> Result<Option<LoggedCall>, SessionError> {
-            Ok(None)
+            id: &str,
+            kinds: Vec<EventKind>,
+            joined: &mut dyn hatchery_db::Joined,
+        ) -> Result<Option<Vec<u64>>, SessionError> {
+            // The broker's own database: its rows commit with a pretend
+            // append (the counter), as with the real log.
+            let mut tx = self.db.begin().await.map_err(db_err)?;
+            let seqs = self.record(id, kinds).await?;
+            let ok = joined.write(&mut tx, &seqs).await.map_err(db_err)?;
+            tx.commit().await.map_err(db_err)?;
+            Ok(ok.then_some(seqs))
         }
         async fn record(&self, _: &str, kinds: Vec<EventKind>) -> Result<Vec<u64>, SessionError> {
             let first = self.events.fetch_add(kinds.len(), Ordering::SeqCst) as u64 + 1;
@@ -1744,14 +1654,16 @@ mod policy_fail_closed_tests {
         .unwrap();
         let p = store.create(doc).await.unwrap();
         store.fail.store(fail, Ordering::SeqCst);
+        let db = hatchery_db::Db::sqlite_memory().unwrap();
         let log = Arc::new(OneSession {
             policy_id: p.id,
             events: AtomicUsize::new(0),
             starting: AtomicBool::new(false),
+            db: db.clone(),
         });
         let sandbox = Arc::new(Touched::default());
         let broker = Broker::new(
-            BrokerStore::open_in_memory().await.unwrap(),
+            BrokerStore::open(db).await.unwrap(),
             log.clone(),
             CompiledPolicies::new(store),
             sandbox.clone(),

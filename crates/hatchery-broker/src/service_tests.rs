@@ -81,7 +81,7 @@ impl Env {
         let sfake = SessionSandboxes::new();
         sfake.add_template("code-interpreter");
         let store: Arc<dyn SessionStore> = Arc::new(
-            hatchery_sessions::store::SqliteStore::open(&dir.path().join("sessions.db")).unwrap(),
+            hatchery_sessions::store::SqliteStore::open(&dir.path().join("hatchery.db")).unwrap(),
         );
         let sessions = hatchery_sessions::Sessions::new(
             store.clone(),
@@ -216,6 +216,51 @@ async fn git_push_commits_the_sandbox_tree_once() {
     let again = b.invoke(&e.sandbox, e.push(1)).await.unwrap();
     assert_eq!(again, r);
     assert_eq!(e.exports(), 1);
+    // The row names the events it committed with, each written once:
+    // `broker_call` and `broker_effect_started` with the move to
+    // `executing`, `broker_result` with the move to `done`.
+    let row = b.store().get(&e.session, 1).await.unwrap().unwrap();
+    let evs = e.store.events(&e.session, 0, 1000).await.unwrap();
+    let of = |t: &str| {
+        evs.iter()
+            .filter(|x| x.kind.type_name() == t)
+            .map(|x| x.seq)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(of("broker_call"), vec![row.event_seq.unwrap()]);
+    assert_eq!(of("broker_result"), vec![row.result_event_seq.unwrap()]);
+    assert_eq!(
+        of("broker_effect_started"),
+        vec![row.event_seq.unwrap() + 1]
+    );
+}
+
+/// A call decided at once (effect-free, denied) is one commit: its row
+/// with its `broker_call` and `broker_result` events.
+#[tokio::test]
+async fn a_call_decided_at_once_commits_with_its_events() {
+    let e = Env::new().await;
+    let b = e.broker().await;
+    let before = e.store.get(&e.session).await.unwrap().last_seq;
+    let noop = InvokeRequest {
+        seq: 5,
+        tool: "noop".into(),
+        args: serde_json::json!({}),
+    };
+    let r = b.invoke(&e.sandbox, noop.clone()).await.unwrap();
+    // The session's standard policy has no rule for it: denied.
+    assert_eq!(r.status, "denied");
+    let row = b.store().get(&e.session, 5).await.unwrap().unwrap();
+    assert_eq!(
+        (row.event_seq, row.result_event_seq),
+        (Some(before + 1), Some(before + 2))
+    );
+    let evs = e.store.events(&e.session, before, 100).await.unwrap();
+    let types: Vec<&str> = evs.iter().map(|x| x.kind.type_name()).collect();
+    assert_eq!(types, ["broker_call", "broker_result"]);
+    // Asked again: answered from the row, nothing written.
+    assert_eq!(b.invoke(&e.sandbox, noop).await.unwrap(), r);
+    assert_eq!(e.store.get(&e.session).await.unwrap().last_seq, before + 2);
 }
 
 /// Each sandbox step of the plan failing or losing the sandbox: nothing is
@@ -403,10 +448,8 @@ async fn calls_left_executing_are_resolved_against_the_remote_or_marked_for_revi
                     CallState::Executing,
                     Recorded {
                         effect: Some(effect.to_string()),
-                        output: None,
-                        event_seq: None,
-                        result_event_seq: None,
                         runner: Some("brn_gone".into()),
+                        ..Recorded::default()
                     },
                 )
                 .await
@@ -485,10 +528,8 @@ async fn an_agent_retry_of_a_call_left_executing_is_resolved_not_run_again() {
                     CallState::Executing,
                     Recorded {
                         effect: Some(effect.to_string()),
-                        output: None,
-                        event_seq: None,
-                        result_event_seq: None,
                         runner: Some("brn_gone".into()),
+                        ..Recorded::default()
                     },
                 )
                 .await

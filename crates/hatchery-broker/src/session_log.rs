@@ -1,11 +1,12 @@
 //! What the broker needs of sessions, as one narrow trait: find the
-//! session a sandbox belongs to, read what its log says about a call,
-//! write its events and approvals. On one host the broker runs next to the
+//! session a sandbox belongs to, write its events (with the broker's own
+//! rows, in one commit where the log is local) and approvals. On one host the broker runs next to the
 //! sessions service and calls it directly ([`Local`]); on the control role
 //! (docs/sessions.md, "The broker on many hosts") reads go to the shared database and
 //! writes to the session's owning host (hatcheryd's `broker_remote`).
 
-use hatchery_sessions::broker_hooks::{Decision, LoggedCall};
+use hatchery_db::Joined;
+use hatchery_sessions::broker_hooks::Decision;
 use hatchery_sessions::error::SessionError;
 use hatchery_sessions::events::EventKind;
 use hatchery_sessions::store::Session;
@@ -16,16 +17,22 @@ use std::sync::Arc;
 pub trait SessionLog: Send + Sync + 'static {
     /// The unfinished session whose current sandbox is `sandbox_id`.
     async fn session_for_sandbox(&self, sandbox_id: &str) -> Result<Option<Session>, SessionError>;
-    /// What the log holds about broker call `call_seq` of session `id`.
-    async fn logged_broker_call(
-        &self,
-        id: &str,
-        call_seq: u64,
-    ) -> Result<Option<LoggedCall>, SessionError>;
     /// Appends system events in one transaction; the seqs they got, in
     /// order (fewer, or none, when a remote write had already landed and
     /// its seqs are not known here).
     async fn record(&self, id: &str, kinds: Vec<EventKind>) -> Result<Vec<u64>, SessionError>;
+    /// Appends system events and commits the broker's `joined` writes to
+    /// its call record with them. Here ([`Local`]) that is one
+    /// transaction; the control role's log posts the events to the
+    /// session's owner first and commits `joined` after, on its own
+    /// (docs/sessions.md, "What each commit guarantees"). `None`: `joined`
+    /// declined (its call moved on meanwhile); here nothing was written.
+    async fn record_joined(
+        &self,
+        id: &str,
+        kinds: Vec<EventKind>,
+        joined: &mut dyn Joined,
+    ) -> Result<Option<Vec<u64>>, SessionError>;
     /// Records a pending approval (once per id) and moves a running
     /// session to `waiting_approval`.
     async fn open_approval(
@@ -59,14 +66,6 @@ impl SessionLog for Local {
         self.0.session_for_sandbox(sandbox_id).await
     }
 
-    async fn logged_broker_call(
-        &self,
-        id: &str,
-        call_seq: u64,
-    ) -> Result<Option<LoggedCall>, SessionError> {
-        self.0.logged_broker_call(id, call_seq).await
-    }
-
     async fn record(&self, id: &str, kinds: Vec<EventKind>) -> Result<Vec<u64>, SessionError> {
         Ok(self
             .0
@@ -75,6 +74,16 @@ impl SessionLog for Local {
             .iter()
             .map(|e| e.seq)
             .collect())
+    }
+
+    async fn record_joined(
+        &self,
+        id: &str,
+        kinds: Vec<EventKind>,
+        joined: &mut dyn Joined,
+    ) -> Result<Option<Vec<u64>>, SessionError> {
+        let evs = self.0.record_joined(id, kinds, joined).await?;
+        Ok(evs.map(|evs| evs.iter().map(|e| e.seq).collect()))
     }
 
     async fn open_approval(

@@ -25,6 +25,7 @@
 mod dialect;
 mod error;
 mod import;
+mod joined;
 mod migrate;
 pub mod pg_pool;
 mod sqlite;
@@ -33,6 +34,7 @@ mod value;
 pub use dialect::{sqlite_schema, sqlite_sql, Dialect};
 pub use error::DbError;
 pub use import::{Import, Imported};
+pub use joined::{Alone, Joined};
 pub use migrate::{MigrateError, Migrations, Step, MIGRATIONS_TABLE};
 pub use pg_pool::{
     pg_message, pg_pool, pg_pool_read_only, pg_unavailable, PoolConfigError, POOL_TIMEOUT,

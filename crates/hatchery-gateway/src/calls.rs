@@ -386,12 +386,7 @@ impl Settle {
             },
             None => self.estimate,
         };
-        if let Err(e) = self.g.store.settle(&self.id, &self.scopes, actual).await {
-            // The janitor frees the reservation after its TTL; the spend
-            // of this call is then missing, which the log records.
-            tracing::error!(reservation = %self.id, error = %e, "settling a model call failed");
-        }
-        self.g.events.record(GatewayEvent::Called {
+        let called = GatewayEvent::Called {
             caller: self.caller,
             flavor: self.flavor,
             model: self.model,
@@ -399,6 +394,22 @@ impl Settle {
             output_tokens: used.map(|u| u.1),
             charged: actual,
             reserved: self.estimate,
-        });
+        };
+        let settlement = crate::store::Settlement {
+            id: self.id.clone(),
+            scopes: self.scopes,
+            actual,
+            fresh: false,
+        };
+        if let Err(e) = self
+            .g
+            .events
+            .settle(&*self.g.store, settlement, called)
+            .await
+        {
+            // The janitor frees the reservation after its TTL; the spend
+            // of this call is then missing, which the log records.
+            tracing::error!(reservation = %self.id, error = %e, "settling a model call failed");
+        }
     }
 }

@@ -2,7 +2,8 @@
 //! event log; standalone, they are log lines, rate-limited because guest
 //! code can cause them in a loop.
 
-use crate::budget::{Amount, Caller};
+use crate::budget::{Amount, BudgetError, BudgetStore, Caller};
+use crate::store::Settlement;
 use crate::usage::Flavor;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -30,8 +31,26 @@ pub enum GatewayEvent {
     },
 }
 
+#[async_trait::async_trait]
 pub trait GatewayEvents: Send + Sync {
     fn record(&self, e: GatewayEvent);
+
+    /// Settles a finished call's reservation and records its `Called`
+    /// event. By default two steps: the settle commits, then the event is
+    /// recorded. A sink that writes into a session log on the gateway's
+    /// own database overrides this to commit the event, the session's
+    /// spend and the settle in one transaction (hatcheryd's local sink).
+    /// Returns whether the spend was recorded now (false: settled before).
+    async fn settle(
+        &self,
+        store: &dyn BudgetStore,
+        s: Settlement,
+        called: GatewayEvent,
+    ) -> Result<bool, BudgetError> {
+        let r = store.settle(&s.id, &s.scopes, s.actual).await;
+        self.record(called);
+        r
+    }
 }
 
 /// Log lines, at most `per_second` a second (the rest are counted and

@@ -125,7 +125,13 @@ impl Sessions {
         };
         if !post.events.is_empty() {
             let written = self
-                .append_delivered(id, Some(key), post.events, crate::store::Patch::default())
+                .append_delivered(
+                    id,
+                    Some(key),
+                    post.events,
+                    crate::store::Patch::default(),
+                    &mut hatchery_db::Alone,
+                )
                 .await?;
             match written {
                 Some(evs) => out.seqs = evs.iter().map(|e| e.seq).collect(),

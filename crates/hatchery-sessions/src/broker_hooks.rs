@@ -10,10 +10,9 @@ use crate::state::SessionState;
 use crate::store::{Patch, Session};
 use std::sync::Arc;
 
-/// What a session's log holds about one broker call, written by whichever
-/// host's broker ran it: the log is in the shared store, a broker's own
-/// record of its calls may not be (DATA_DIR/broker.db without a shared
-/// database: a session that moved hosts left it behind).
+/// What a session's log holds about one broker call: the control role's
+/// broker, whose event posts reach the owner in their own commit, reads
+/// the seqs of a post it repeated (its answer was lost) from here.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LoggedCall {
     /// `broker_call`: its event seq, the tool, the arguments (canonical
@@ -60,21 +59,35 @@ impl Sessions {
         }
     }
 
-    /// What the log holds about broker call `call_seq` of session `id`
-    /// (None: nothing). Reads the whole log, so it is for the rare call a
-    /// broker has no record of in a session that moved.
-    pub async fn logged_broker_call(
-        &self,
-        id: &str,
-        call_seq: u64,
-    ) -> Result<Option<LoggedCall>, SessionError> {
-        reads::logged_broker_call(&*self.store, id, call_seq).await
-    }
-
     /// The heads of the hash-chained logs of the sessions this host owns
     /// (anchored outside the database; docs/policy.md, "Anchors").
     pub async fn chain_heads(&self) -> Result<Vec<hatchery_audit::Head>, SessionError> {
         Ok(self.store.chain_heads().await?)
+    }
+
+    /// Appends system events and, in the same transaction, the broker's
+    /// `joined` writes to its call record (and publishes the events to
+    /// live streams once committed). `None`: `joined` declined (its call
+    /// moved on meanwhile) and nothing was written.
+    pub async fn record_joined(
+        &self,
+        id: &str,
+        kinds: Vec<EventKind>,
+        joined: &mut dyn hatchery_db::Joined,
+    ) -> Result<Option<Vec<Event>>, SessionError> {
+        let t = std::time::Instant::now();
+        let events = kinds.into_iter().map(|k| (Actor::System, k)).collect();
+        let out = self
+            .store
+            .append_joined(id, None, events, Patch::default(), joined)
+            .await?;
+        self.metrics
+            .append_seconds
+            .observe(t.elapsed().as_secs_f64());
+        if let Some(evs) = &out {
+            self.bus.publish(id, evs);
+        }
+        Ok(out)
     }
 
     /// Appends system events (and publishes them to live streams).

@@ -76,7 +76,7 @@ impl Sessions {
         events: Vec<EventKind>,
         patch: Patch,
     ) -> Result<(), StoreError> {
-        self.append_delivered(id, None, events, patch)
+        self.append_delivered(id, None, events, patch, &mut hatchery_db::Alone)
             .await
             .map(|_| ())
     }
@@ -91,12 +91,13 @@ impl Sessions {
         key: Option<&str>,
         events: Vec<EventKind>,
         patch: Patch,
+        joined: &mut dyn hatchery_db::Joined,
     ) -> Result<Option<Vec<Event>>, StoreError> {
         let events = events.into_iter().map(|k| (Actor::System, k)).collect();
-        let evs = match key {
-            None => Some(self.store.append(id, events, patch).await?),
-            Some(k) => self.store.append_once(id, k, events, patch).await?,
-        };
+        let evs = self
+            .store
+            .append_joined(id, key, events, patch, joined)
+            .await?;
         if let Some(evs) = &evs {
             self.bus.publish(id, evs);
         }
@@ -108,13 +109,15 @@ impl Sessions {
     /// call is recorded: a failure of the totals event after it is logged,
     /// not returned, so that a caller that retries failures (the control
     /// role's gateway) never records the call twice.
+    /// `joined`: the gateway's settle of the call, committed with the
+    /// event and the spend (hatchery_db::Joined), or `Alone`.
     pub async fn record_model_call(
         &self,
         id: &str,
         call: EventKind,
-        tokens: u64,
-        usd_cents: u64,
+        (tokens, usd_cents): (u64, u64),
         key: Option<&str>,
+        joined: &mut dyn hatchery_db::Joined,
     ) -> Result<(), StoreError> {
         let spend = Patch {
             add_tokens: tokens,
@@ -122,7 +125,7 @@ impl Sessions {
             ..Default::default()
         };
         if self
-            .append_delivered(id, key, vec![call], spend)
+            .append_delivered(id, key, vec![call], spend, joined)
             .await?
             .is_none()
         {
@@ -156,13 +159,14 @@ impl Sessions {
         code: &str,
         message: &str,
         key: Option<&str>,
+        joined: &mut dyn hatchery_db::Joined,
     ) -> Result<(), StoreError> {
         let refused = EventKind::ModelRefused {
             api: api.into(),
             code: code.into(),
             message: message.into(),
         };
-        self.append_delivered(id, key, vec![refused], Patch::default())
+        self.append_delivered(id, key, vec![refused], Patch::default(), joined)
             .await
             .map(|_| ())
     }
@@ -175,6 +179,7 @@ impl Sessions {
         scope: &str,
         message: &str,
         key: Option<&str>,
+        joined: &mut dyn hatchery_db::Joined,
     ) -> Result<(), StoreError> {
         let exhausted = EventKind::BudgetExhausted {
             scope: scope.into(),
@@ -182,7 +187,7 @@ impl Sessions {
         };
         // Sent again or not, the session is still out of budget: it ends
         // (again a no-op once it has).
-        self.append_delivered(id, key, vec![exhausted], Patch::default())
+        self.append_delivered(id, key, vec![exhausted], Patch::default(), joined)
             .await?;
         if self.store.get(id).await?.state.is_terminal() {
             return Ok(());

@@ -102,6 +102,22 @@ impl Sessions {
         e: ModelEvent,
         key: Option<&str>,
     ) -> Result<(), SessionError> {
+        self.record_model_event_joined(id, e, key, &mut hatchery_db::Alone)
+            .await
+    }
+
+    /// [`Self::record_model_event`] with a write of the gateway's that
+    /// commits with the event (hatchery_db::Joined): the settle of a
+    /// `called` event's reservation, so that the call's spend in the
+    /// session, its event, its delivery key and its charge to the budget
+    /// are one commit.
+    pub async fn record_model_event_joined(
+        self: &Arc<Self>,
+        id: &str,
+        e: ModelEvent,
+        key: Option<&str>,
+        joined: &mut dyn hatchery_db::Joined,
+    ) -> Result<(), SessionError> {
         if !crate::ids::valid("ses", id) {
             return Err(SessionError::NotFound(id.to_string()));
         }
@@ -126,15 +142,15 @@ impl Sessions {
                     tokens,
                     usd_cents,
                 };
-                self.record_model_call(id, call, tokens, usd_cents, key)
+                self.record_model_call(id, call, (tokens, usd_cents), key, joined)
                     .await?
             }
             ModelEvent::Refused { api, code, message } => {
-                self.record_model_refused(id, &api, &code, &message, key)
+                self.record_model_refused(id, &api, &code, &message, key, joined)
                     .await?
             }
             ModelEvent::Exhausted { scope, message } => {
-                self.record_budget_exhausted(id, &scope, &message, key)
+                self.record_budget_exhausted(id, &scope, &message, key, joined)
                     .await?
             }
         }

@@ -12,11 +12,12 @@
 
 use crate::owner_post::{Attempt, OwnerPost};
 use hatchery_broker::session_log::SessionLog;
+use hatchery_db::Joined;
 use hatchery_sessions::broker_events::{ApprovalRequest, BrokerEvents, BrokerEventsWritten};
 use hatchery_sessions::broker_hooks::{reads, Decision, LoggedCall};
 use hatchery_sessions::error::SessionError;
 use hatchery_sessions::events::EventKind;
-use hatchery_sessions::store::{Session, SessionStore};
+use hatchery_sessions::store::{Session, SessionStore, StoreError};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +31,9 @@ const RETRY_EVERY: Duration = Duration::from_millis(250);
 pub struct RemoteSessionLog {
     pub store: Arc<dyn SessionStore>,
     pub post: OwnerPost,
+    /// The shared database, where the broker's rows that follow a post
+    /// commit.
+    pub db: hatchery_db::Db,
 }
 
 /// The delivery key of a post: `brk_` and 40 hex of its hash.
@@ -118,12 +122,25 @@ impl SessionLog for RemoteSessionLog {
         reads::session_for_sandbox(&*self.store, sandbox_id).await
     }
 
-    async fn logged_broker_call(
+    /// Two commits, not one: the owner writes the events under its epoch
+    /// (and tells its live streams and runner), then the broker's rows
+    /// commit here. A crash between them leaves events whose row did not
+    /// follow; the broker's retry finds the row without their seqs and
+    /// writes nothing twice (its repeated post has the same delivery key).
+    async fn record_joined(
         &self,
         id: &str,
-        call_seq: u64,
-    ) -> Result<Option<LoggedCall>, SessionError> {
-        reads::logged_broker_call(&*self.store, id, call_seq).await
+        kinds: Vec<EventKind>,
+        joined: &mut dyn Joined,
+    ) -> Result<Option<Vec<u64>>, SessionError> {
+        let seqs = self.record(id, kinds).await?;
+        let db_err = |e: hatchery_db::DbError| SessionError::from(StoreError::from(e));
+        let mut tx = self.db.begin().await.map_err(db_err)?;
+        if !joined.write(&mut tx, &seqs).await.map_err(db_err)? {
+            return Ok(None);
+        }
+        tx.commit().await.map_err(db_err)?;
+        Ok(Some(seqs))
     }
 
     async fn record(&self, id: &str, kinds: Vec<EventKind>) -> Result<Vec<u64>, SessionError> {
@@ -140,7 +157,7 @@ impl SessionLog for RemoteSessionLog {
         // Written before (an answer lost on the way): the seqs the broker
         // keeps are in the log.
         let logged = match call_seq(&post.events) {
-            Some(seq) => self.logged_broker_call(id, seq).await?,
+            Some(seq) => reads::logged_broker_call(&*self.store, id, seq).await?,
             None => None,
         };
         Ok(logged_seqs(&post.events, logged.as_ref()))

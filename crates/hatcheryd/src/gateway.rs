@@ -225,9 +225,7 @@ pub async fn start(
         return Ok(None);
     }
     let (store, keys) = open_budgets(h.db, h.data).await?;
-    let events = crate::gateway_events::QueuedEvents::spawn(Arc::new(
-        crate::gateway_events::LocalSink(h.sessions),
-    ));
+    let events = crate::gateway_events::QueuedEvents::local(h.sessions);
     let g = build(a, store.clone(), keys.clone(), Arc::new(events), h.registry)?;
     hatchery_gateway::spawn_janitor(store.clone());
     let socket = serve_socket(h.data, model_routes(g))?;

@@ -14,7 +14,9 @@
 //! the spend, a lost one would under-count it.
 
 use crate::owner_post::{Attempt, OwnerPost};
+use hatchery_gateway::budget::{BudgetError, BudgetStore};
 use hatchery_gateway::events::{GatewayEvent, GatewayEvents};
+use hatchery_gateway::store::Settlement;
 use hatchery_sessions::events::cut;
 use hatchery_sessions::model_events::{ModelEvent, MAX_MESSAGE};
 use hatchery_sessions::Sessions;
@@ -111,9 +113,20 @@ pub trait EventSink: Send + Sync + 'static {
 /// which delivers in the order the events happened.
 pub struct QueuedEvents {
     tx: mpsc::Sender<GatewayEvent>,
+    /// This daemon's sessions, on the gateway's own database: a settled
+    /// call's event goes there in the settle's transaction, not through
+    /// the queue.
+    local: Option<Arc<Sessions>>,
 }
 
 impl QueuedEvents {
+    /// The gateway beside this daemon's sessions, on the one database.
+    pub fn local(sessions: Arc<Sessions>) -> Self {
+        let mut q = Self::spawn(Arc::new(LocalSink(sessions.clone())));
+        q.local = Some(sessions);
+        q
+    }
+
     pub fn spawn(sink: Arc<dyn EventSink>) -> Self {
         let (tx, mut rx) = mpsc::channel::<GatewayEvent>(EVENT_QUEUE);
         tokio::spawn(async move {
@@ -123,14 +136,43 @@ impl QueuedEvents {
                 }
             }
         });
-        QueuedEvents { tx }
+        QueuedEvents { tx, local: None }
     }
 }
 
+#[async_trait::async_trait]
 impl GatewayEvents for QueuedEvents {
     fn record(&self, e: GatewayEvent) {
         if self.tx.try_send(e).is_err() {
             not_written(None, "the gateway's event queue is full");
+        }
+    }
+
+    /// With the sessions local: the call's `model_call` event, the
+    /// session's spend, its delivery key (the reservation id) and the
+    /// settle, in one transaction (docs/sessions.md, "What each commit
+    /// guarantees"). A caller that is no session of this host has its
+    /// spend settled alone.
+    async fn settle(
+        &self,
+        store: &dyn BudgetStore,
+        mut s: Settlement,
+        called: GatewayEvent,
+    ) -> Result<bool, BudgetError> {
+        let (Some(sessions), Some((session, ev))) = (&self.local, model_event(called)) else {
+            return store.settle(&s.id, &s.scopes, s.actual).await;
+        };
+        let key = s.id.clone();
+        match sessions
+            .record_model_event_joined(&session, ev, Some(&key), &mut s)
+            .await
+        {
+            Ok(()) => Ok(s.fresh),
+            Err(e) => {
+                // Nothing of it committed; the spend still counts.
+                tracing::debug!(session, error = %e, "gateway event not recorded");
+                store.settle(&s.id, &s.scopes, s.actual).await
+            }
         }
     }
 }
@@ -586,5 +628,85 @@ mod tests {
         rec.release.notify_one();
         until(4, &seen).await;
         assert_eq!(seen(), ["fast:1", "fast:2", "slow:1", "slow:2"]);
+    }
+
+    /// The local sink settles a call in one transaction with its event,
+    /// the session's spend and the delivery key: once, however often it
+    /// is asked, and a reservation settled before gets no event.
+    #[tokio::test]
+    async fn a_settled_call_commits_with_its_event_and_the_spend() {
+        use hatchery_gateway::store::GatewayStore;
+        use hatchery_sessions::store::{DbSessionStore, SessionStore, LOCAL_HOST};
+        let db = hatchery_db::Db::sqlite_memory().unwrap();
+        let budgets = GatewayStore::open(db.clone()).await.unwrap();
+        let store = Arc::new(DbSessionStore::open(db, LOCAL_HOST).await.unwrap());
+        let fake = hatchery_sessions::sandbox::fake::FakeSandboxes::new();
+        fake.add_template("code-interpreter");
+        let sessions = Sessions::new(
+            store.clone(),
+            Default::default(),
+            Arc::new(hatchery_sessions::policy::BuiltinPolicies),
+            Arc::new(fake),
+            Arc::new(hatchery_sessions::scheduler::LocalScheduler::new(2)),
+        );
+        let body = serde_json::from_value(
+            serde_json::json!({"repo": "https://example.invalid/r.git", "task": "t"}),
+        )
+        .unwrap();
+        let sid = sessions.create(body).await.unwrap().0.session_id;
+        let q = QueuedEvents::local(sessions.clone());
+        let who = Caller {
+            session: sid.clone(),
+            tenant: None,
+        };
+        let scopes = who.scopes();
+        let charged = Amount {
+            tokens: 30,
+            usd_cents: 2,
+        };
+        let called = || GatewayEvent::Called {
+            caller: who.clone(),
+            flavor: Flavor::OpenAi,
+            model: "m".into(),
+            input_tokens: Some(10),
+            output_tokens: Some(20),
+            charged,
+            reserved: charged,
+        };
+        let settle = |id: &str| Settlement {
+            id: id.into(),
+            scopes: scopes.clone(),
+            actual: charged,
+            fresh: false,
+        };
+        let count = |evs: &[hatchery_sessions::events::Event]| {
+            evs.iter()
+                .filter(|e| e.kind.type_name() == "model_call")
+                .count()
+        };
+        let est = Amount {
+            tokens: 100,
+            usd_cents: 10,
+        };
+        for rsv in ["rsv_a", "rsv_b"] {
+            budgets.reserve(rsv, &scopes, est, 0, 60_000).await.unwrap();
+        }
+        assert!(q.settle(&budgets, settle("rsv_a"), called()).await.unwrap());
+        // Asked again (a retry): nothing more.
+        assert!(!q.settle(&budgets, settle("rsv_a"), called()).await.unwrap());
+        // Settled before, on its own: the joined settle declines and its
+        // event rolls back with it.
+        assert!(budgets.settle("rsv_b", &scopes, charged).await.unwrap());
+        assert!(!q.settle(&budgets, settle("rsv_b"), called()).await.unwrap());
+        let s = store.get(&sid).await.unwrap();
+        assert_eq!((s.spend_tokens, s.spend_usd_cents), (30, 2));
+        let evs = store.events(&sid, 0, 1000).await.unwrap();
+        assert_eq!(count(&evs), 1, "one model_call event");
+        let b = budgets.get(&scopes[0]).await.unwrap();
+        assert_eq!(
+            (b.used_tokens, b.used_usd_cents),
+            (60, 4),
+            "both settled once"
+        );
     }
 }

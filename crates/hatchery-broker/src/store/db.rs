@@ -16,7 +16,7 @@
 //! only on PostgreSQL (several processes share it there).
 
 use super::{now, Begin, Call, CallState, CallUsage, EventRef, Recorded, StoreError};
-use hatchery_db::{args, Db, DbError, Dialect, Row};
+use hatchery_db::{args, Db, DbError, Dialect, Row, Tx};
 
 /// How often `epoch_for` retries after losing a race for an epoch number;
 /// each loss means another sandbox of the session took one, so this bounds
@@ -138,34 +138,7 @@ impl BrokerStore {
     /// so two racing first attempts make one row (and one `New`).
     pub async fn begin(&self, new: Call) -> Result<Begin, StoreError> {
         let mut tx = self.db.begin().await.map_err(err("begin call"))?;
-        let n = tx
-            .execute(
-                "INSERT INTO broker_calls (session_id, seq, epoch, tool, args_sha256, args, state,
-                    decision, rule_id, approval_id, event_seq, result_event_seq, effect, output,
-                    review_event_seq, created_at, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $16)
-                 ON CONFLICT (session_id, seq) DO NOTHING",
-                args![
-                    &new.session_id,
-                    new.seq,
-                    new.epoch,
-                    &new.tool,
-                    &new.args_sha256,
-                    &new.args,
-                    new.state.as_str(),
-                    &new.decision,
-                    new.rule_id.as_deref(),
-                    new.approval_id.as_deref(),
-                    new.event_seq,
-                    new.result_event_seq,
-                    new.effect.as_deref(),
-                    new.output.as_deref(),
-                    new.review_event_seq,
-                    &new.created_at,
-                ],
-            )
-            .await
-            .map_err(err("insert call"))?;
+        let n = insert_tx(&mut tx, &new).await.map_err(err("insert call"))?;
         if n == 1 {
             tx.commit().await.map_err(err("commit call"))?;
             return Ok(Begin::New(new));
@@ -205,19 +178,11 @@ impl BrokerStore {
         seq: u64,
         ev: u64,
     ) -> Result<(), StoreError> {
-        // The column is one of three constants, never input.
-        let col = which.column();
-        self.db
-            .execute(
-                &format!(
-                    "UPDATE broker_calls SET {col} = $3
-                     WHERE session_id = $1 AND seq = $2 AND {col} IS NULL"
-                ),
-                args![session_id, seq, ev],
-            )
+        let mut tx = self.db.begin().await.map_err(err("begin event seq"))?;
+        set_ref_tx(&mut tx, which, session_id, seq, ev)
             .await
             .map_err(err("set event seq"))?;
-        Ok(())
+        tx.commit().await.map_err(err("commit event seq"))
     }
 
     /// [`advance`](Self::advance) that also stores the seqs of the events
@@ -234,28 +199,7 @@ impl BrokerStore {
     ) -> Result<Option<Call>, StoreError> {
         debug_assert!(from.valid_transition(to), "{from:?} -> {to:?}");
         let mut tx = self.db.begin().await.map_err(err("begin advance"))?;
-        let row = tx
-            .query_opt(
-                "UPDATE broker_calls SET state = $4, effect = COALESCE($5, effect),
-                    output = COALESCE($6, output), updated_at = $7,
-                    event_seq = COALESCE(event_seq, $8),
-                    result_event_seq = COALESCE(result_event_seq, $9),
-                    runner = COALESCE($10, runner)
-                 WHERE session_id = $1 AND seq = $2 AND state = $3
-                 RETURNING *",
-                args![
-                    session_id,
-                    seq,
-                    from.as_str(),
-                    to.as_str(),
-                    r.effect,
-                    r.output,
-                    now(),
-                    r.event_seq,
-                    r.result_event_seq,
-                    r.runner,
-                ],
-            )
+        let row = advance_tx(&mut tx, session_id, seq, from, to, &r)
             .await
             .map_err(err("advance call"))?;
         tx.commit().await.map_err(err("commit advance"))?;
@@ -373,8 +317,96 @@ impl BrokerStore {
     }
 }
 
+/// Inserts `new` unless its key is taken: 1 row written, or 0.
+pub(super) async fn insert_tx(tx: &mut Tx, new: &Call) -> Result<u64, DbError> {
+    tx.execute(
+        "INSERT INTO broker_calls (session_id, seq, epoch, tool, args_sha256, args, state,
+            decision, rule_id, approval_id, event_seq, result_event_seq, effect, output,
+            review_event_seq, created_at, updated_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $16)
+         ON CONFLICT (session_id, seq) DO NOTHING",
+        args![
+            &new.session_id,
+            new.seq,
+            new.epoch,
+            &new.tool,
+            &new.args_sha256,
+            &new.args,
+            new.state.as_str(),
+            &new.decision,
+            new.rule_id.as_deref(),
+            new.approval_id.as_deref(),
+            new.event_seq,
+            new.result_event_seq,
+            new.effect.as_deref(),
+            new.output.as_deref(),
+            new.review_event_seq,
+            &new.created_at,
+        ],
+    )
+    .await
+}
+
+/// Moves a call from `from` to `to` with what `r` records (event seqs
+/// already set are kept): the new row, or `None` when the call was not in
+/// `from` (someone else moved it first).
+pub(super) async fn advance_tx(
+    tx: &mut Tx,
+    session_id: &str,
+    seq: u64,
+    from: CallState,
+    to: CallState,
+    r: &Recorded,
+) -> Result<Option<Row>, DbError> {
+    tx.query_opt(
+        "UPDATE broker_calls SET state = $4, effect = COALESCE($5, effect),
+            output = COALESCE($6, output), updated_at = $7,
+            event_seq = COALESCE(event_seq, $8),
+            result_event_seq = COALESCE(result_event_seq, $9),
+            runner = COALESCE($10, runner),
+            review_event_seq = COALESCE(review_event_seq, $11)
+         WHERE session_id = $1 AND seq = $2 AND state = $3
+         RETURNING *",
+        args![
+            session_id,
+            seq,
+            from.as_str(),
+            to.as_str(),
+            r.effect.as_deref(),
+            r.output.as_deref(),
+            now(),
+            r.event_seq,
+            r.result_event_seq,
+            r.runner.as_deref(),
+            r.review_event_seq,
+        ],
+    )
+    .await
+}
+
+/// Stores the seq of one of a call's events unless it is set: 1 row
+/// written, or 0 (a retry never moves it).
+pub(super) async fn set_ref_tx(
+    tx: &mut Tx,
+    which: EventRef,
+    session_id: &str,
+    seq: u64,
+    ev: u64,
+) -> Result<u64, DbError> {
+    // The column is one of three constants, never input.
+    let col = which.column();
+    tx.execute(
+        &format!(
+            "UPDATE broker_calls SET {col} = $3
+             WHERE session_id = $1 AND seq = $2 AND {col} IS NULL"
+        ),
+        args![session_id, seq, ev],
+    )
+    .await
+}
+
 /// A row of `broker_calls`, its columns read by name.
-fn row_call(r: &Row) -> Result<Call, StoreError> {
+pub(super) fn row_call(r: &Row) -> Result<Call, StoreError> {
     let state: String = r.get("state").map_err(read_err)?;
     let Some(st) = CallState::parse(&state) else {
         return Err(StoreError::Corrupt(state));

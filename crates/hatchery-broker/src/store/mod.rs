@@ -13,12 +13,14 @@
 //! from, so two racing requests cannot both take a call into `executing`.
 
 mod db;
+mod joined;
 pub mod schema;
 
 #[cfg(test)]
 mod conformance;
 
 pub use db::BrokerStore;
+pub use joined::{Advance, Insert, Refs, SetRef};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -154,6 +156,7 @@ pub struct Recorded {
     pub result_event_seq: Option<u64>,
     /// The process taking the call into `executing`.
     pub runner: Option<String>,
+    pub review_event_seq: Option<u64>,
 }
 
 /// What `begin` found or made.

@@ -90,6 +90,65 @@ fn caller(r: Option<Row>) -> Result<Option<Caller>, DbError> {
     .transpose()
 }
 
+/// Records `actual` against the reservation's scopes and deletes it, once
+/// per reservation id (false: settled before, nothing recorded now).
+async fn settle_tx(
+    tx: &mut Tx,
+    id: &str,
+    scopes: &[String],
+    actual: Amount,
+) -> Result<bool, DbError> {
+    let fresh = tx
+        .execute(
+            "INSERT INTO gateway_settlements (id, tokens, usd_cents) VALUES ($1, $2, $3)
+             ON CONFLICT (id) DO NOTHING",
+            args![id, i(actual.tokens), i(actual.usd_cents)],
+        )
+        .await?
+        == 1;
+    if fresh {
+        // Spend is recorded even if the janitor already dropped the
+        // reservation: the call happened. A scope without limits gets a
+        // row too: its spend is visible even when nothing caps it.
+        let mut sorted = scopes.to_vec();
+        sorted.sort();
+        for scope in &sorted {
+            tx.execute(
+                "INSERT INTO gateway_budgets (scope, used_tokens, used_usd_cents) VALUES ($1, $2, $3)
+                 ON CONFLICT (scope) DO UPDATE SET
+                    used_tokens = gateway_budgets.used_tokens + $2,
+                    used_usd_cents = gateway_budgets.used_usd_cents + $3",
+                args![scope, i(actual.tokens), i(actual.usd_cents)],
+            )
+            .await?;
+        }
+    }
+    tx.execute("DELETE FROM gateway_reservations WHERE id = $1", args![id])
+        .await?;
+    Ok(fresh)
+}
+
+/// A settle run inside another store's transaction (hatchery_db::Joined):
+/// a session log commits the call's `model_call` event, the session's
+/// spend and the settle together. Declines when the reservation was
+/// settled before, which rolls the event back with it: a call is charged
+/// and logged once.
+pub struct Settlement {
+    pub id: String,
+    pub scopes: Vec<String>,
+    pub actual: Amount,
+    /// Set once the settle committed: whether it recorded the spend.
+    pub fresh: bool,
+}
+
+#[async_trait]
+impl hatchery_db::Joined for Settlement {
+    async fn write(&mut self, tx: &mut Tx, _: &[u64]) -> Result<bool, DbError> {
+        self.fresh = settle_tx(tx, &self.id, &self.scopes, self.actual).await?;
+        Ok(self.fresh)
+    }
+}
+
 #[async_trait]
 impl BudgetStore for GatewayStore {
     async fn set_limits(
@@ -166,36 +225,9 @@ impl BudgetStore for GatewayStore {
         actual: Amount,
     ) -> Result<bool, BudgetError> {
         let mut tx = self.db.begin().await.map_err(err("begin settle"))?;
-        let fresh = tx
-            .execute(
-                "INSERT INTO gateway_settlements (id, tokens, usd_cents) VALUES ($1, $2, $3)
-                 ON CONFLICT (id) DO NOTHING",
-                args![id, i(actual.tokens), i(actual.usd_cents)],
-            )
+        let fresh = settle_tx(&mut tx, id, scopes, actual)
             .await
-            .map_err(err("record settlement"))?
-            == 1;
-        if fresh {
-            // Spend is recorded even if the janitor already dropped the
-            // reservation: the call happened. A scope without limits gets
-            // a row too: its spend is visible even when nothing caps it.
-            let mut sorted = scopes.to_vec();
-            sorted.sort();
-            for scope in &sorted {
-                tx.execute(
-                    "INSERT INTO gateway_budgets (scope, used_tokens, used_usd_cents) VALUES ($1, $2, $3)
-                     ON CONFLICT (scope) DO UPDATE SET
-                        used_tokens = gateway_budgets.used_tokens + $2,
-                        used_usd_cents = gateway_budgets.used_usd_cents + $3",
-                    args![scope, i(actual.tokens), i(actual.usd_cents)],
-                )
-                .await
-                .map_err(err("charge budget"))?;
-            }
-        }
-        tx.execute("DELETE FROM gateway_reservations WHERE id = $1", args![id])
-            .await
-            .map_err(err("drop reservation"))?;
+            .map_err(err("settle"))?;
         tx.commit().await.map_err(err("commit settle"))?;
         Ok(fresh)
     }

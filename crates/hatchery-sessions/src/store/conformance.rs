@@ -18,6 +18,7 @@ pub async fn run_all(open: Open<'_>) {
     transitions_are_guarded(open, &run).await;
     agent_lines_dedupe_and_large_fields_become_blobs(open, &run).await;
     a_delivery_lands_once_across_owners(open, &run).await;
+    joined_writes_commit_with_the_events_or_not_at_all(open, &run).await;
     a_rewind_moves_the_reading_back(open, &run).await;
     approvals(open, &run).await;
     policy_version_patch_changes_only_that_field(open, &run).await;
@@ -322,6 +323,98 @@ async fn a_delivery_lands_once_across_owners(open: Open<'_>, run: &str) {
         .filter(|e| matches!(&e.kind, EventKind::Message { text } if text == "call"))
         .count();
     assert_eq!(calls, 2);
+}
+
+/// Another product's write (here: a delivery key of another session, a
+/// row outside this session's) that remembers the seqs it was given, and
+/// accepts or declines.
+struct Other {
+    session: String,
+    key: &'static str,
+    accept: bool,
+    seqs: Vec<u64>,
+}
+
+#[async_trait]
+impl hatchery_db::Joined for Other {
+    async fn write(
+        &mut self,
+        tx: &mut hatchery_db::Tx,
+        seqs: &[u64],
+    ) -> Result<bool, hatchery_db::DbError> {
+        self.seqs = seqs.to_vec();
+        tx.execute(
+            "INSERT INTO session_deliveries (session_id, key) VALUES ($1, $2)",
+            hatchery_db::args![&self.session, self.key],
+        )
+        .await?;
+        Ok(self.accept)
+    }
+}
+
+/// `append_joined`: the events and the joined write commit together; a
+/// declined joined write rolls the events back with it; a key seen
+/// before writes neither.
+async fn joined_writes_commit_with_the_events_or_not_at_all(open: Open<'_>, run: &str) {
+    let a = open(&format!("ja{run}"));
+    let (id, other) = (format!("ses_j{run}"), format!("ses_k{run}"));
+    create(&*a, &id, run).await;
+    create(&*a, &other, run).await;
+    let before = a.get(&id).await.unwrap().last_seq;
+    let join = |key, accept| Other {
+        session: other.clone(),
+        key,
+        accept,
+        seqs: vec![],
+    };
+    let mut no = join("j1", false);
+    let r = a
+        .append_joined(
+            &id,
+            None,
+            vec![msg("x"), msg("y")],
+            Patch::default(),
+            &mut no,
+        )
+        .await
+        .unwrap();
+    assert!(r.is_none());
+    assert_eq!(
+        no.seqs,
+        vec![before + 1, before + 2],
+        "numbered, then undone"
+    );
+    assert_eq!(a.get(&id).await.unwrap().last_seq, before);
+    assert_eq!(a.events(&id, before, 10).await.unwrap().len(), 0);
+    // The joined row went too: the key is still free on `other`.
+    let free = a.append_once(&other, "j1", vec![], Patch::default()).await;
+    assert!(free.unwrap().is_some());
+
+    let mut yes = join("j2", true);
+    let evs = a
+        .append_joined(&id, Some("d1"), vec![msg("x")], Patch::default(), &mut yes)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(evs.len(), 1);
+    assert_eq!(yes.seqs, vec![evs[0].seq]);
+    assert_eq!(evs[0].seq, before + 1, "the rolled-back seqs are reused");
+    let taken = a.append_once(&other, "j2", vec![], Patch::default()).await;
+    assert!(taken.unwrap().is_none(), "the joined row committed");
+    // The same delivery key again: nothing, and the joined write not run.
+    let mut again = join("j3", true);
+    let r = a
+        .append_joined(
+            &id,
+            Some("d1"),
+            vec![msg("x")],
+            Patch::default(),
+            &mut again,
+        )
+        .await
+        .unwrap();
+    assert!(r.is_none() && again.seqs.is_empty());
+    assert_eq!(a.get(&id).await.unwrap().last_seq, before + 1);
 }
 
 async fn agent_lines_dedupe_and_large_fields_become_blobs(open: Open<'_>, run: &str) {

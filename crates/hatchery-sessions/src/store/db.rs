@@ -13,7 +13,7 @@
 use super::chain::seal_after;
 use super::*;
 use crate::events::{cut, INLINE_TEXT_BYTES, MAX_BLOB_BYTES};
-use hatchery_db::{args, Db, Import, Imported, Row, Tx};
+use hatchery_db::{args, Db, Import, Imported, Joined, Row, Tx};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -508,11 +508,10 @@ impl SessionStore for DbSessionStore {
         events: Vec<NewEvent>,
         patch: Patch,
     ) -> Result<Vec<Event>, StoreError> {
-        let (mut tx, epoch) = self.write(id).await?;
-        let out = append_tx(&mut tx, id, epoch, events).await?;
-        apply_patch(&mut tx, id, &patch).await?;
-        tx.commit().await?;
-        Ok(out)
+        let out = self
+            .append_joined(id, None, events, patch, &mut hatchery_db::Alone)
+            .await?;
+        Ok(out.unwrap_or_default())
     }
 
     async fn append_once(
@@ -522,19 +521,38 @@ impl SessionStore for DbSessionStore {
         events: Vec<NewEvent>,
         patch: Patch,
     ) -> Result<Option<Vec<Event>>, StoreError> {
+        self.append_joined(id, Some(key), events, patch, &mut hatchery_db::Alone)
+            .await
+    }
+
+    async fn append_joined(
+        &self,
+        id: &str,
+        key: Option<&str>,
+        events: Vec<NewEvent>,
+        patch: Patch,
+        joined: &mut dyn Joined,
+    ) -> Result<Option<Vec<Event>>, StoreError> {
         let (mut tx, epoch) = self.write(id).await?;
-        let fresh = tx
-            .execute(
-                "INSERT INTO session_deliveries (session_id, key) VALUES ($1, $2) \
-                 ON CONFLICT DO NOTHING",
-                args![id, key],
-            )
-            .await?;
-        if fresh == 0 {
-            return Ok(None);
+        if let Some(key) = key {
+            let fresh = tx
+                .execute(
+                    "INSERT INTO session_deliveries (session_id, key) VALUES ($1, $2) \
+                     ON CONFLICT DO NOTHING",
+                    args![id, key],
+                )
+                .await?;
+            if fresh == 0 {
+                return Ok(None);
+            }
         }
         let out = append_tx(&mut tx, id, epoch, events).await?;
         apply_patch(&mut tx, id, &patch).await?;
+        let seqs: Vec<u64> = out.iter().map(|e| e.seq).collect();
+        if !joined.write(&mut tx, &seqs).await? {
+            tx.rollback().await?;
+            return Ok(None);
+        }
         tx.commit().await?;
         Ok(Some(out))
     }

@@ -324,6 +324,20 @@ pub trait SessionStore: Send + Sync + 'static {
         events: Vec<NewEvent>,
         patch: Patch,
     ) -> Result<Option<Vec<Event>>, StoreError>;
+    /// Appends `events` and applies `patch` (once per `key`, as
+    /// [`append_once`](Self::append_once), when one is given), then runs
+    /// another product's `joined` writes in the same transaction: both
+    /// commit or neither. `None` when nothing was written: the key was
+    /// seen, or `joined` declined (it lost a race), which rolls the events
+    /// back too.
+    async fn append_joined(
+        &self,
+        id: &str,
+        key: Option<&str>,
+        events: Vec<NewEvent>,
+        patch: Patch,
+        joined: &mut dyn hatchery_db::Joined,
+    ) -> Result<Option<Vec<Event>>, StoreError>;
     /// Appends what one line of agent output produced, unless the line
     /// (which ends at `line_end`) was handled before (then `None`); records
     /// the offset, and `n` (the agent's message number) in the same
