@@ -19,7 +19,7 @@ use crate::{
     warm_list, Result, Store, StoreError,
 };
 use async_trait::async_trait;
-use hatchery_db::{args, Db, Dialect, Import, Migrations, Row, Step, Tx, Value};
+use hatchery_db::{args, Db, Dialect, Import, Migrations, Record, Row, Step, Tx, Value};
 use std::collections::BTreeMap;
 
 /// The core's schema. Append only.
@@ -201,6 +201,21 @@ impl DbStore {
     ) -> Result<Vec<T>> {
         let rows = self.db.query(sql, args).await.map_err(db("query"))?;
         rows.iter().map(map).collect()
+    }
+
+    /// The first row's, if any.
+    async fn one<T>(
+        &self,
+        sql: &str,
+        args: &[Value],
+        map: impl Fn(&Row) -> Result<T>,
+    ) -> Result<Option<T>> {
+        Ok(self.rows(sql, args, map).await?.into_iter().next())
+    }
+
+    /// The `id` column of every row.
+    async fn ids(&self, sql: &str, args: &[Value]) -> Result<Vec<String>> {
+        self.rows(sql, args, |r| get(r, "id")).await
     }
 
     /// One fenced change of a sandbox's row and, when it changed a row,
@@ -490,14 +505,8 @@ impl Store for DbStore {
     }
 
     async fn get_live(&self, id: &str) -> Result<Option<SandboxRow>> {
-        let mut v = self
-            .rows(
-                &format!("{SELECT} WHERE id = $1 AND state IN {LIVE}"),
-                args![id],
-                row,
-            )
-            .await?;
-        Ok(v.pop())
+        let sql = format!("{SELECT} WHERE id = $1 AND state IN {LIVE}");
+        self.one(&sql, args![id], row).await
     }
 
     async fn list_live(&self, filter: &SandboxFilter) -> Result<Vec<SandboxRow>> {
@@ -520,10 +529,9 @@ impl Store for DbStore {
     }
 
     async fn expired(&self, host: &str, now_ms: u64) -> Result<Vec<String>> {
-        self.rows(
+        self.ids(
             &format!("SELECT id FROM core_sandboxes WHERE host_id = $1 AND state IN {UNSTOPPED} AND expires_at_ms <= $2 ORDER BY id"),
             args![host, now_ms],
-            |r| get(r, "id"),
         )
         .await
     }
@@ -536,18 +544,9 @@ impl Store for DbStore {
 
     async fn events(&self, id: &str) -> Result<Vec<Event>> {
         self.rows(
-            "SELECT seq, sandbox_id, at_ms, kind, detail, epoch FROM core_events WHERE sandbox_id = $1 ORDER BY seq",
+            "SELECT * FROM core_events WHERE sandbox_id = $1 ORDER BY seq",
             args![id],
-            |r| {
-                Ok(Event {
-                    seq: get(r, "seq")?,
-                    sandbox_id: get(r, "sandbox_id")?,
-                    at_ms: get(r, "at_ms")?,
-                    kind: get(r, "kind")?,
-                    detail: get(r, "detail")?,
-                    epoch: get(r, "epoch")?,
-                })
-            },
+            |r| Event::from_row(r).map_err(db("read row")),
         )
         .await
     }
@@ -579,10 +578,8 @@ impl Store for DbStore {
     }
 
     async fn get_snapshot(&self, id: &str) -> Result<Option<SnapshotRow>> {
-        let mut v = self
-            .rows(&format!("{SNAP_SELECT} WHERE id = $1"), args![id], snap_row)
-            .await?;
-        Ok(v.pop())
+        let sql = format!("{SNAP_SELECT} WHERE id = $1");
+        self.one(&sql, args![id], snap_row).await
     }
 
     async fn list_snapshots(&self, filter: &BTreeMap<String, String>) -> Result<Vec<SnapshotRow>> {
@@ -595,14 +592,14 @@ impl Store for DbStore {
     }
 
     async fn count_snapshots_of(&self, template: &str) -> Result<u64> {
-        let v = self
-            .rows(
+        let n = self
+            .one(
                 "SELECT count(*) AS n FROM core_snapshots WHERE template = $1",
                 args![template],
                 |r| get::<u64>(r, "n"),
             )
             .await?;
-        Ok(v.first().copied().unwrap_or(0))
+        Ok(n.unwrap_or(0))
     }
 
     async fn delete_snapshot(&self, f: &Fence, id: &str) -> Result<bool> {
@@ -618,19 +615,17 @@ impl Store for DbStore {
     }
 
     async fn expired_snapshots(&self, host: &str, now_ms: u64) -> Result<Vec<String>> {
-        self.rows(
+        self.ids(
             "SELECT id FROM core_snapshots WHERE location = $1 AND expires_at_ms <= $2 ORDER BY id",
             args![format!("local:{host}"), now_ms],
-            |r| get(r, "id"),
         )
         .await
     }
 
     async fn expired_shared_snapshots(&self, now_ms: u64) -> Result<Vec<String>> {
-        self.rows(
+        self.ids(
             "SELECT id FROM core_snapshots WHERE location = 'shared' AND expires_at_ms <= $1 ORDER BY id",
             args![now_ms],
-            |r| get(r, "id"),
         )
         .await
     }
@@ -763,17 +758,9 @@ impl Store for DbStore {
     }
 
     async fn get_lease(&self, resource: &str) -> Result<Option<Lease>> {
-        let mut v = self
-            .rows(
-                &format!(
-                    "SELECT {} FROM core_leases WHERE resource = $1 AND owner != ''",
-                    lease_cols(self.db.dialect())
-                ),
-                args![resource],
-                lease_row,
-            )
-            .await?;
-        Ok(v.pop())
+        let cols = lease_cols(self.db.dialect());
+        let sql = format!("SELECT {cols} FROM core_leases WHERE resource = $1 AND owner != ''");
+        self.one(&sql, args![resource], lease_row).await
     }
 
     async fn deployment_secret(&self, name: &str, candidate: &str) -> Result<String> {
@@ -784,16 +771,13 @@ impl Store for DbStore {
             )
             .await
             .map_err(db("keep secret"))?;
-        let v = self
-            .rows(
-                "SELECT value FROM core_secrets WHERE name = $1",
-                args![name],
-                |r| get::<String>(r, "value"),
-            )
-            .await?;
-        v.into_iter()
-            .next()
-            .ok_or_else(|| StoreError::Corrupt(format!("secret {name} vanished")))
+        self.one(
+            "SELECT value FROM core_secrets WHERE name = $1",
+            args![name],
+            |r| get::<String>(r, "value"),
+        )
+        .await?
+        .ok_or_else(|| StoreError::Corrupt(format!("secret {name} vanished")))
     }
 
     async fn register_host(&self, f: &Fence, address: &str, capacity: u32) -> Result<()> {

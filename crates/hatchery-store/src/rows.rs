@@ -150,17 +150,19 @@ impl SnapshotLocation {
     }
 }
 
-/// One lifecycle event of a sandbox.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Event {
-    /// Store-wide, increasing in commit order per backend.
-    pub seq: u64,
-    pub sandbox_id: String,
-    pub at_ms: u64,
-    pub kind: String,
-    pub detail: String,
-    /// The writer's lease epoch when it was committed.
-    pub epoch: u64,
+hatchery_db::record! {
+    /// One lifecycle event of a sandbox.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct Event in "core_events" {
+        /// Store-wide, increasing in commit order per backend.
+        pub seq: u64,
+        pub sandbox_id: String,
+        pub at_ms: u64,
+        pub kind: String,
+        pub detail: String,
+        /// The writer's lease epoch when it was committed.
+        pub epoch: u64,
+    }
 }
 
 /// The network slot a live sandbox holds and its policy (JSON), so a

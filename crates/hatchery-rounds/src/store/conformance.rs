@@ -87,18 +87,27 @@ fn grading(id: &str, submission_id: &str) -> GradingRecord {
     }
 }
 
+/// A ready round, stored.
+async fn add_round(s: &Store, id: &str) {
+    s.insert_round(&round(id, RoundState::Ready, 1))
+        .await
+        .unwrap();
+}
+
+/// `ses`, stored with its candidate token `h_<id>`.
+async fn add_session(s: &Store, ses: &SessionRecord) {
+    let t = token(&format!("h_{}", ses.id), &ses.round_id, Some(&ses.id));
+    s.insert_session(ses, &t).await.unwrap();
+}
+
 /// A round of this run (ready) and a session in it in `state`, with its
 /// candidate token.
 async fn seed(s: &Store, round_id: &str, ses_id: &str, state: SessionState) -> SessionRecord {
     if s.get_round(round_id).await.unwrap().is_none() {
-        s.insert_round(&round(round_id, RoundState::Ready, 1))
-            .await
-            .unwrap();
+        add_round(s, round_id).await;
     }
     let ses = session(ses_id, round_id, state, 1_000);
-    s.insert_session(&ses, &token(&format!("h_{ses_id}"), round_id, Some(ses_id)))
-        .await
-        .unwrap();
+    add_session(s, &ses).await;
     ses
 }
 
@@ -243,9 +252,7 @@ async fn round_moves_name_their_source_state(s: &Store, run: &str) {
 
 async fn session_and_token_are_one_transaction(s: &Store, run: &str) {
     let rnd = format!("rnd_st_{run}");
-    s.insert_round(&round(&rnd, RoundState::Ready, 1))
-        .await
-        .unwrap();
+    add_round(s, &rnd).await;
     let sid = format!("ses_st_{run}");
     let ses = session(&sid, &rnd, SessionState::Ready, 100);
     let tok = token(&format!("h1_{run}"), &rnd, Some(&sid));
@@ -299,17 +306,13 @@ const SESSION_STATES: [SessionState; 6] = [
 
 async fn sessions_by_round_and_state(s: &Store, run: &str) {
     let rnd = format!("rnd_ss_{run}");
-    s.insert_round(&round(&rnd, RoundState::Ready, 1))
-        .await
-        .unwrap();
+    add_round(s, &rnd).await;
     for (n, st) in SESSION_STATES.into_iter().enumerate() {
         let sid = format!("ses_ss{n}_{run}");
         let mut ses = session(&sid, &rnd, st, 100);
         // Newest first in insertion order: the list is by creation time.
         ses.created_at_ms = 100 - n as u64;
-        s.insert_session(&ses, &token(&format!("h_{sid}"), &rnd, Some(&sid)))
-            .await
-            .unwrap();
+        add_session(s, &ses).await;
     }
     let other = format!("rnd_ss_other_{run}");
     seed(s, &other, &format!("ses_ssx_{run}"), SessionState::Live).await;
@@ -337,22 +340,14 @@ async fn sessions_by_round_and_state(s: &Store, run: &str) {
 
 async fn expired_sessions_are_the_unended_past_expiry(s: &Store, run: &str) {
     let rnd = format!("rnd_ex_{run}");
-    s.insert_round(&round(&rnd, RoundState::Ready, 1))
-        .await
-        .unwrap();
+    add_round(s, &rnd).await;
     for (name, st, exp) in [
         ("a", SessionState::Live, 100),
         ("b", SessionState::Graded, 200),
         ("c", SessionState::Ended, 50),
         ("d", SessionState::Preparing, 300),
     ] {
-        let sid = format!("ses_ex{name}_{run}");
-        s.insert_session(
-            &session(&sid, &rnd, st, exp),
-            &token(&format!("h_{sid}"), &rnd, Some(&sid)),
-        )
-        .await
-        .unwrap();
+        add_session(s, &session(&format!("ses_ex{name}_{run}"), &rnd, st, exp)).await;
     }
     let rnd = &rnd;
     let expired = |now: u64| async move {
@@ -376,9 +371,7 @@ async fn expired_sessions_are_the_unended_past_expiry(s: &Store, run: &str) {
 
 async fn session_moves_name_their_source_state(s: &Store, run: &str) {
     let rnd = format!("rnd_sm_{run}");
-    s.insert_round(&round(&rnd, RoundState::Ready, 1))
-        .await
-        .unwrap();
+    add_round(s, &rnd).await;
     let mut n = 0;
     for to in SESSION_STATES {
         let from = SessionState::sources(to);
@@ -387,9 +380,7 @@ async fn session_moves_name_their_source_state(s: &Store, run: &str) {
             let sid = format!("ses_sm{n}_{run}");
             let mut ses = session(&sid, &rnd, st, 100);
             ses.sandbox_id = None;
-            s.insert_session(&ses, &token(&format!("h_{sid}"), &rnd, Some(&sid)))
-                .await
-                .unwrap();
+            add_session(s, &ses).await;
             let moved = s
                 .set_session_state(&sid, &from, to, Some("sbx_new"), Some("why"))
                 .await
@@ -1029,14 +1020,7 @@ async fn previous_release_tables_upgrade_in_place_conformance_on_postgres() {
     let pg = pg_server::TestPg::start();
     // A schema of its own: the database may be shared with other suites
     // (HATCHERY_TEST_PG_DSN), which have their own `rounds` table.
-    let schema = format!("rnd_upgrade_{}", run_id());
-    Db::postgres(&pg.dsn, 1)
-        .unwrap()
-        .execute(&format!("CREATE SCHEMA {schema}"), args![])
-        .await
-        .unwrap();
-    let sep = if pg.dsn.contains('?') { '&' } else { '?' };
-    let dsn = format!("{}{sep}options=-c%20search_path%3D{schema}", pg.dsn);
+    let dsn = hatchery_db::scratch_schema(&pg.dsn).await.unwrap();
     let db = Db::postgres(&dsn, 4).unwrap();
     let mut tx = db.begin().await.unwrap();
     // The previous release's step 1 (crates/hatchery-rounds/src/store/pg.rs),
@@ -1079,8 +1063,8 @@ async fn previous_release_tables_upgrade_in_place_conformance_on_postgres() {
     // Everything went to that schema.
     let n: i64 = db
         .query_opt(
-            "SELECT count(*) FROM pg_tables WHERE schemaname = $1",
-            args![schema.as_str()],
+            "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()",
+            args![],
         )
         .await
         .unwrap()
