@@ -5,7 +5,8 @@
 //! [`Tx::insert`](crate::Tx::insert) and [`Record::from_row`] write and
 //! read it by its field names.
 
-use crate::{DbError, Row, Value};
+use crate::{DbError, FromValue, Row, Value};
+use std::collections::BTreeMap;
 
 /// One table's row: each field is the column of the same name.
 pub trait Record: Sized {
@@ -74,6 +75,26 @@ impl ToValue for Option<u64> {
     }
 }
 
+/// A string map (metadata, env) stored as a JSON object: text on SQLite,
+/// JSONB (or text) on PostgreSQL.
+impl ToValue for BTreeMap<String, String> {
+    fn to_value(&self, _: &'static str) -> Result<Value, DbError> {
+        Ok(Value::Text(
+            serde_json::to_string(self).unwrap_or_else(|_| "{}".into()),
+        ))
+    }
+}
+
+impl FromValue for BTreeMap<String, String> {
+    const NAME: &'static str = "a JSON object of strings";
+    fn from_value(v: &Value) -> Option<Self> {
+        match v {
+            Value::Text(s) => serde_json::from_str(s).ok(),
+            _ => None,
+        }
+    }
+}
+
 /// Declares a struct whose fields are the columns of `table`, and its
 /// [`Record`] implementation:
 ///
@@ -111,24 +132,24 @@ macro_rules! record {
     };
 }
 
-/// A `Copy` enum stored as its name (`as_str`), read back with `parse`: a
-/// stored name that is none of its values is a [`DbError::Type`] naming
-/// the column, never some default.
+/// A type stored as its name (`self.$name()`), read back with
+/// `$ty::$parse`: a stored name that is none of its values is a
+/// [`DbError::Type`] naming the column, never some default.
 #[macro_export]
 macro_rules! named {
-    ($ty:ty, $as_str:path, $parse:path) => {
+    ($ty:ty, $name:ident, $parse:ident) => {
         impl $crate::FromValue for $ty {
             const NAME: &'static str = stringify!($ty);
             fn from_value(v: &$crate::Value) -> Option<Self> {
                 match v {
-                    $crate::Value::Text(s) => $parse(s),
+                    $crate::Value::Text(s) => <$ty>::$parse(s),
                     _ => None,
                 }
             }
         }
         impl $crate::ToValue for $ty {
             fn to_value(&self, _: &'static str) -> Result<$crate::Value, $crate::DbError> {
-                Ok($crate::Value::Text($as_str(*self).to_owned()))
+                Ok($crate::Value::Text(self.$name().to_string()))
             }
         }
     };
@@ -157,7 +178,7 @@ mod tests {
                 .find(|c| c.as_str() == s)
         }
     }
-    named!(Color, Color::as_str, Color::parse);
+    named!(Color, as_str, parse);
 
     record! {
         #[derive(Debug, Clone, PartialEq)]

@@ -15,8 +15,7 @@ use crate::rows::{
     Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow, SandboxState, SnapshotRow,
 };
 use crate::{
-    check_host_fence, check_transition, from_json, location_of, state_of, to_json, warm_json,
-    warm_list, Result, Store, StoreError,
+    check_host_fence, check_transition, to_json, warm_json, warm_list, Result, Store, StoreError,
 };
 use async_trait::async_trait;
 use hatchery_db::{args, Db, Dialect, Import, Migrations, Record, Row, Step, Tx, Value};
@@ -301,37 +300,15 @@ async fn event(tx: &mut Tx, f: &Fence, id: &str, kind: &str, detail: &str) -> Re
     get(&r, "seq")
 }
 
-const SELECT: &str = "SELECT id, template, state, created_at_ms, expires_at_ms, metadata, env, host_id FROM core_sandboxes";
+const SELECT: &str = "SELECT * FROM core_sandboxes";
+const SNAP_SELECT: &str = "SELECT * FROM core_snapshots";
 
-fn row(r: &Row) -> Result<SandboxRow> {
-    Ok(SandboxRow {
-        id: get(r, "id")?,
-        template: get(r, "template")?,
-        state: state_of(&get::<String>(r, "state")?)?,
-        created_at_ms: get(r, "created_at_ms")?,
-        expires_at_ms: get(r, "expires_at_ms")?,
-        metadata: from_json("metadata", &get::<String>(r, "metadata")?)?,
-        env: from_json("env", &get::<String>(r, "env")?)?,
-        host_id: get(r, "host_id")?,
-    })
-}
-
-const SNAP_SELECT: &str = "SELECT id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id, location FROM core_snapshots";
-
-fn snap_row(r: &Row) -> Result<SnapshotRow> {
-    Ok(SnapshotRow {
-        id: get(r, "id")?,
-        sandbox_id: get(r, "sandbox_id")?,
-        template: get(r, "template")?,
-        created_at_ms: get(r, "created_at_ms")?,
-        expires_at_ms: get(r, "expires_at_ms")?,
-        size_bytes: get(r, "size_bytes")?,
-        metadata: from_json("metadata", &get::<String>(r, "metadata")?)?,
-        env: from_json("env", &get::<String>(r, "env")?)?,
-        rootfs: get(r, "rootfs")?,
-        limits: get(r, "limits")?,
-        host_id: get(r, "host_id")?,
-        location: location_of(&get::<String>(r, "location")?)?,
+/// A row as its record; a value that is none of the field's (an unknown
+/// state or location, metadata that is not a JSON object) is `Corrupt`.
+fn record<T: Record>(r: &Row) -> Result<T> {
+    T::from_row(r).map_err(|e| match e {
+        hatchery_db::DbError::Type { .. } => StoreError::Corrupt(e.to_string()),
+        e => db("read row")(e),
     })
 }
 
@@ -415,22 +392,11 @@ impl Store for DbStore {
 
     async fn insert_sandbox(&self, f: &Fence, r: &SandboxRow) -> Result<()> {
         let mut tx = self.fenced(f).await?;
-        tx.execute(
-            "INSERT INTO core_sandboxes (id, template, state, created_at_ms, expires_at_ms, metadata, env, host_id)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-            args![
-                &r.id,
-                &r.template,
-                r.state.as_str(),
-                r.created_at_ms,
-                r.expires_at_ms,
-                to_json(&r.metadata),
-                to_json(&r.env),
-                &f.owner
-            ],
-        )
-        .await
-        .map_err(db("insert sandbox"))?;
+        let mine = SandboxRow {
+            host_id: f.owner.clone(),
+            ..r.clone()
+        };
+        tx.insert(&mine).await.map_err(db("insert sandbox"))?;
         event(&mut tx, f, &r.id, "created", &r.template).await?;
         commit(tx, ()).await
     }
@@ -506,7 +472,7 @@ impl Store for DbStore {
 
     async fn get_live(&self, id: &str) -> Result<Option<SandboxRow>> {
         let sql = format!("{SELECT} WHERE id = $1 AND state IN {LIVE}");
-        self.one(&sql, args![id], row).await
+        self.one(&sql, args![id], record).await
     }
 
     async fn list_live(&self, filter: &SandboxFilter) -> Result<Vec<SandboxRow>> {
@@ -514,7 +480,7 @@ impl Store for DbStore {
         let mut sql = format!("{SELECT} WHERE state IN {LIVE}");
         sql.push_str(&filter_clause(self.db.dialect(), filter, &mut args));
         sql.push_str(" ORDER BY created_at_ms, id");
-        self.rows(&sql, &args, row).await
+        self.rows(&sql, &args, record).await
     }
 
     async fn list_unstopped(&self, host: &str) -> Result<Vec<SandboxRow>> {
@@ -523,7 +489,7 @@ impl Store for DbStore {
                 "{SELECT} WHERE host_id = $1 AND state IN {UNSTOPPED} ORDER BY created_at_ms, id"
             ),
             args![host],
-            row,
+            record,
         )
         .await
     }
@@ -546,40 +512,26 @@ impl Store for DbStore {
         self.rows(
             "SELECT * FROM core_events WHERE sandbox_id = $1 ORDER BY seq",
             args![id],
-            |r| Event::from_row(r).map_err(db("read row")),
+            record::<Event>,
         )
         .await
     }
 
     async fn insert_snapshot(&self, f: &Fence, s: &SnapshotRow) -> Result<()> {
         let mut tx = self.fenced_durable(f).await?;
-        tx.execute(
-            "INSERT INTO core_snapshots (id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id, location)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-            args![
-                &s.id,
-                &s.sandbox_id,
-                &s.template,
-                s.created_at_ms,
-                s.expires_at_ms,
-                s.size_bytes,
-                to_json(&s.metadata),
-                to_json(&s.env),
-                &s.rootfs,
-                &s.limits,
-                &f.owner,
-                s.location.written_by(&f.owner)
-            ],
-        )
-        .await
-        .map_err(db("insert snapshot"))?;
+        let mine = SnapshotRow {
+            host_id: f.owner.clone(),
+            location: s.location.written_by(&f.owner),
+            ..s.clone()
+        };
+        tx.insert(&mine).await.map_err(db("insert snapshot"))?;
         event(&mut tx, f, &s.sandbox_id, "snapshot", &s.id).await?;
         commit(tx, ()).await
     }
 
     async fn get_snapshot(&self, id: &str) -> Result<Option<SnapshotRow>> {
         let sql = format!("{SNAP_SELECT} WHERE id = $1");
-        self.one(&sql, args![id], snap_row).await
+        self.one(&sql, args![id], record).await
     }
 
     async fn list_snapshots(&self, filter: &BTreeMap<String, String>) -> Result<Vec<SnapshotRow>> {
@@ -588,7 +540,7 @@ impl Store for DbStore {
             "{SNAP_SELECT} WHERE true{} ORDER BY created_at_ms, id",
             metadata_clause(self.db.dialect(), "core_snapshots", filter, &mut args)
         );
-        self.rows(&sql, &args, snap_row).await
+        self.rows(&sql, &args, record).await
     }
 
     async fn count_snapshots_of(&self, template: &str) -> Result<u64> {

@@ -187,19 +187,6 @@ pub(crate) fn warm_list(s: &str) -> Vec<String> {
     serde_json::from_str(s).unwrap_or_default()
 }
 
-pub(crate) fn from_json(what: &str, s: &str) -> Result<BTreeMap<String, String>> {
-    serde_json::from_str(s).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
-}
-
-pub(crate) fn location_of(s: &str) -> Result<SnapshotLocation> {
-    SnapshotLocation::parse(s)
-        .ok_or_else(|| StoreError::Corrupt(format!("unknown snapshot location {s:?}")))
-}
-
-pub(crate) fn state_of(s: &str) -> Result<SandboxState> {
-    SandboxState::parse(s).ok_or_else(|| StoreError::Corrupt(format!("unknown state {s:?}")))
-}
-
 /// Refuses transitions the lifecycle does not allow, before any SQL runs.
 pub(crate) fn check_transition(from: &[SandboxState], to: SandboxState) -> Result<()> {
     for f in from {

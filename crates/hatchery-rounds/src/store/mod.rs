@@ -130,9 +130,9 @@ hatchery_db::record! {
     }
 }
 
-hatchery_db::named!(RoundState, RoundState::as_str, RoundState::parse);
-hatchery_db::named!(SessionState, SessionState::as_str, SessionState::parse);
-hatchery_db::named!(Scope, Scope::as_str, Scope::parse);
+hatchery_db::named!(RoundState, as_str, parse);
+hatchery_db::named!(SessionState, as_str, parse);
+hatchery_db::named!(Scope, as_str, parse);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
