@@ -111,6 +111,23 @@ async fn seed(s: &Store, round_id: &str, ses_id: &str, state: SessionState) -> S
     ses
 }
 
+/// A unique key or a guard of ours refused the write.
+fn conflict<T: std::fmt::Debug>(r: StoreResult<T>) {
+    assert!(matches!(r, Err(ref e) if e.conflict()), "{r:?}");
+}
+
+async fn session_state(s: &Store, id: &str) -> SessionState {
+    s.get_session(id).await.unwrap().unwrap().state
+}
+
+/// The ids of the rows this check owns, sorted (the database may hold
+/// other runs' rows).
+fn mine<T>(rows: Vec<T>, keep: impl Fn(&T) -> bool, id: impl Fn(T) -> String) -> Vec<String> {
+    let mut v: Vec<String> = rows.into_iter().filter(keep).map(id).collect();
+    v.sort();
+    v
+}
+
 fn ids<T>(rows: &[T], id: impl Fn(&T) -> &str) -> Vec<String> {
     rows.iter().map(|r| id(r).to_string()).collect()
 }
@@ -149,10 +166,7 @@ async fn rounds_insert_get_list(s: &Store, run: &str) {
     // The same id twice: a conflict, the first one kept.
     let mut again = round(&a, RoundState::Ready, 30);
     again.name = "other".into();
-    assert!(matches!(
-        s.insert_round(&again).await,
-        Err(ref e) if e.conflict()
-    ));
+    conflict(s.insert_round(&again).await);
     assert_eq!(s.get_round(&a).await.unwrap(), Some(ra));
     // Oldest first (the database may hold other runs' rounds).
     let mine: Vec<String> = s
@@ -261,10 +275,7 @@ async fn session_and_token_are_one_transaction(s: &Store, run: &str) {
     assert_eq!(s.get_token(&tok.hash).await.unwrap(), Some(tok.clone()));
     // A duplicate session id: refused, and its token is not left behind.
     let tok2 = token(&format!("h2_{run}"), &rnd, Some(&sid));
-    assert!(matches!(
-        s.insert_session(&ses, &tok2).await,
-        Err(ref e) if e.conflict()
-    ));
+    conflict(s.insert_session(&ses, &tok2).await);
     assert_eq!(s.get_token(&tok2.hash).await.unwrap(), None);
     // A token hash already taken: the session is not left behind.
     let sid3 = format!("ses_st3_{run}");
@@ -288,10 +299,7 @@ async fn session_and_token_are_one_transaction(s: &Store, run: &str) {
     let rev = token(&format!("hr_{run}"), &rnd, None);
     s.insert_token(&rev).await.unwrap();
     assert_eq!(s.get_token(&rev.hash).await.unwrap(), Some(rev.clone()));
-    assert!(matches!(
-        s.insert_token(&rev).await,
-        Err(ref e) if e.conflict()
-    ));
+    conflict(s.insert_token(&rev).await);
     assert_eq!(s.get_token(&format!("h_none_{run}")).await.unwrap(), None);
 }
 
@@ -351,16 +359,8 @@ async fn expired_sessions_are_the_unended_past_expiry(s: &Store, run: &str) {
     }
     let rnd = &rnd;
     let expired = |now: u64| async move {
-        let mut v: Vec<String> = s
-            .expired_sessions(now)
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|x| x.round_id == *rnd)
-            .map(|x| x.id)
-            .collect();
-        v.sort();
-        v
+        let v = s.expired_sessions(now).await.unwrap();
+        mine(v, |x| x.round_id == *rnd, |x| x.id)
     };
     let id = |n: &str| format!("ses_ex{n}_{run}");
     assert!(expired(99).await.is_empty());
@@ -460,10 +460,7 @@ async fn runs_keep_the_newest(s: &Store, run: &str) {
         s.list_runs(&b).await.unwrap(),
         (0..2).map(|i| rec(&b, i)).collect::<Vec<_>>()
     );
-    assert!(matches!(
-        s.insert_run(&rec(&b, 1), 3).await,
-        Err(ref e) if e.conflict()
-    ));
+    conflict(s.insert_run(&rec(&b, 1), 3).await);
     assert_eq!(s.list_runs(&b).await.unwrap().len(), 2);
     s.insert_run(&rec(&a, 7), 1).await.unwrap();
     assert_eq!(s.list_runs(&a).await.unwrap(), vec![rec(&a, 7)]);
@@ -480,10 +477,7 @@ async fn begin_submission_is_guarded(s: &Store, run: &str) {
     let from = SessionState::sources(SessionState::Submitted);
     let sub = submission(&format!("sub_bs1_{run}"), &ses);
     assert!(s.begin_submission(&sub, &from).await.unwrap());
-    assert_eq!(
-        s.get_session(&ses.id).await.unwrap().unwrap().state,
-        SessionState::Submitted
-    );
+    assert_eq!(session_state(s, &ses.id).await, SessionState::Submitted);
     assert_eq!(s.get_submission(&sub.id).await.unwrap(), Some(sub.clone()));
     // A second submit while one is graded: refused, nothing written.
     let sub2 = submission(&format!("sub_bs2_{run}"), &ses);
@@ -516,10 +510,7 @@ async fn begin_submission_is_guarded(s: &Store, run: &str) {
     let sub4 = submission(&format!("sub_bs4_{run}"), &ended);
     assert!(!s.begin_submission(&sub4, &from).await.unwrap());
     assert!(s.list_submissions(&ended.id).await.unwrap().is_empty());
-    assert_eq!(
-        s.get_session(&ended.id).await.unwrap().unwrap().state,
-        SessionState::Ended
-    );
+    assert_eq!(session_state(s, &ended.id).await, SessionState::Ended);
     // An unknown session: refused.
     let ghost = session(&format!("ses_none_{run}"), &rnd, SessionState::Live, 1);
     assert!(!s
@@ -544,10 +535,7 @@ async fn finish_grading_writes_the_first_only(s: &Store, run: &str) {
     g.total = u32::MAX;
     assert!(s.finish_grading(&g, &ses.id).await.unwrap());
     assert_eq!(s.list_gradings(&sub.id).await.unwrap(), vec![g.clone()]);
-    assert_eq!(
-        s.get_session(&ses.id).await.unwrap().unwrap().state,
-        SessionState::Graded
-    );
+    assert_eq!(session_state(s, &ses.id).await, SessionState::Graded);
     // A later duplicate (another process graded it too): nothing written,
     // and the session (submitted again meanwhile) is not moved.
     let sub2 = submission(&format!("sub_fg2_{run}"), &ses);
@@ -555,10 +543,7 @@ async fn finish_grading_writes_the_first_only(s: &Store, run: &str) {
     let dup = grading(&format!("grd_fg2_{run}"), &sub.id);
     assert!(!s.finish_grading(&dup, &ses.id).await.unwrap());
     assert_eq!(s.list_gradings(&sub.id).await.unwrap(), vec![g]);
-    assert_eq!(
-        s.get_session(&ses.id).await.unwrap().unwrap().state,
-        SessionState::Submitted
-    );
+    assert_eq!(session_state(s, &ses.id).await, SessionState::Submitted);
     // A session that ended while it was graded keeps `ended`; the grading
     // is stored.
     assert!(s
@@ -574,16 +559,10 @@ async fn finish_grading_writes_the_first_only(s: &Store, run: &str) {
     let g2 = grading(&format!("grd_fg3_{run}"), &sub2.id);
     assert!(s.finish_grading(&g2, &ses.id).await.unwrap());
     assert_eq!(s.list_gradings(&sub2.id).await.unwrap(), vec![g2]);
-    assert_eq!(
-        s.get_session(&ses.id).await.unwrap().unwrap().state,
-        SessionState::Ended
-    );
+    assert_eq!(session_state(s, &ses.id).await, SessionState::Ended);
     // A submission that is not stored: refused, nothing written.
     let ghost = grading(&format!("grd_fg4_{run}"), &format!("sub_none_{run}"));
-    assert!(matches!(
-        s.finish_grading(&ghost, &ses.id).await,
-        Err(ref e) if e.conflict()
-    ));
+    conflict(s.finish_grading(&ghost, &ses.id).await);
     assert!(s
         .list_gradings(&format!("sub_none_{run}"))
         .await
@@ -629,10 +608,7 @@ async fn racing_finish_gradings_write_one(stores: &[Store], run: &str) {
         ids(&s.list_gradings(&sub.id).await.unwrap(), |g| &g.id),
         won
     );
-    assert_eq!(
-        s.get_session(&ses.id).await.unwrap().unwrap().state,
-        SessionState::Graded
-    );
+    assert_eq!(session_state(s, &ses.id).await, SessionState::Graded);
 }
 
 async fn regrades_add_rows(s: &Store, run: &str) {
@@ -656,15 +632,9 @@ async fn regrades_add_rows(s: &Store, run: &str) {
         all.push(g);
     }
     assert_eq!(s.list_gradings(&sub.id).await.unwrap(), all);
-    assert!(matches!(
-        s.insert_grading(&all[1]).await,
-        Err(ref e) if e.conflict()
-    ));
+    conflict(s.insert_grading(&all[1]).await);
     assert_eq!(s.list_gradings(&sub.id).await.unwrap().len(), 3);
-    assert_eq!(
-        s.get_session(&ses.id).await.unwrap().unwrap().state,
-        SessionState::Graded
-    );
+    assert_eq!(session_state(s, &ses.id).await, SessionState::Graded);
     // A regrade is never a first grading: finish_grading refuses after it.
     let late = grading(&format!("grd_rg9_{run}"), &sub.id);
     assert!(!s.finish_grading(&late, &ses.id).await.unwrap());
@@ -692,26 +662,15 @@ async fn replays_fall_due_and_expire_once(s: &Store, run: &str) {
         s.insert_replay(r).await.unwrap();
     }
     assert_eq!(s.get_replay(&a.id).await.unwrap(), Some(a.clone()));
-    assert!(matches!(
-        s.insert_replay(&a).await,
-        Err(ref e) if e.conflict()
-    ));
+    conflict(s.insert_replay(&a).await);
     assert_eq!(
         s.list_replays(&ses).await.unwrap(),
         vec![b.clone(), c.clone(), a.clone()]
     );
     let ses = &ses;
     let due = |now: u64| async move {
-        let mut v: Vec<String> = s
-            .due_replays(now)
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|r| r.session_id == *ses)
-            .map(|r| r.id)
-            .collect();
-        v.sort();
-        v
+        let v = s.due_replays(now).await.unwrap();
+        mine(v, |r| r.session_id == *ses, |r| r.id)
     };
     assert!(due(9).await.is_empty());
     assert_eq!(due(10).await, vec![a.id.clone()]);
@@ -742,10 +701,7 @@ async fn forks_insert_get_list_delete(s: &Store, run: &str) {
     let (f1, f2) = (rec(1), rec(2));
     s.insert_fork(&f1).await.unwrap();
     s.insert_fork(&f2).await.unwrap();
-    assert!(matches!(
-        s.insert_fork(&f1).await,
-        Err(ref e) if e.conflict()
-    ));
+    conflict(s.insert_fork(&f1).await);
     assert_eq!(s.get_fork(&f1.id).await.unwrap(), Some(f1.clone()));
     assert_eq!(
         s.list_forks(&rpl).await.unwrap(),
@@ -879,10 +835,7 @@ async fn unknown_names_read_as_corrupt(s: &Store, db: &Db) {
     assert!(matches!(e, StoreError::Corrupt(_)), "{e:?}");
     assert!(e.to_string().contains("state"), "{e}");
     set("candidate", "ended").await;
-    assert_eq!(
-        s.get_session(&ses.id).await.unwrap().unwrap().state,
-        SessionState::Ended
-    );
+    assert_eq!(session_state(s, &ses.id).await, SessionState::Ended);
 }
 
 /// Until `cond` holds, for at most 5 s (a released hold is said on its
