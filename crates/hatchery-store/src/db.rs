@@ -18,7 +18,9 @@ use crate::{
     check_host_fence, check_transition, to_json, warm_json, warm_list, Result, Store, StoreError,
 };
 use async_trait::async_trait;
-use hatchery_db::{args, Db, Dialect, Import, Migrations, Record, Row, Step, Tx, Value};
+use hatchery_db::{
+    args, copy_table, Db, Dialect, Import, Migrations, Record, Row, Step, Tx, Value,
+};
 use std::collections::BTreeMap;
 
 /// The core's schema. Append only.
@@ -104,22 +106,17 @@ const PG_SCHEMA: &str = schema_text!(
 pub static IMPORT: Import = Import {
     file: "state.db",
     copy: &[
-        "INSERT INTO core_sandboxes (id, template, state, created_at_ms, expires_at_ms, ended_at_ms, end_reason, metadata, env, host_id)
-           SELECT id, template, state, created_at_ms, expires_at_ms, ended_at_ms, end_reason, metadata, env, host_id FROM old.sandboxes",
-        "INSERT INTO core_events (seq, sandbox_id, at_ms, kind, detail, epoch)
-           SELECT seq, sandbox_id, at_ms, kind, detail, epoch FROM old.events",
-        "INSERT INTO core_snapshots (id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id, location)
-           SELECT id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id, location FROM old.snapshots",
-        "INSERT INTO core_net (id, slot, policy, host_id) SELECT id, slot, policy, host_id FROM old.sandbox_net",
+        copy_table!("core_sandboxes", "sandboxes", "id, template, state, created_at_ms, expires_at_ms, ended_at_ms, end_reason, metadata, env, host_id"),
+        copy_table!("core_events", "events", "seq, sandbox_id, at_ms, kind, detail, epoch"),
+        copy_table!("core_snapshots", "snapshots", "id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id, location"),
+        copy_table!("core_net", "sandbox_net", "id, slot, policy, host_id"),
         // The daemon took its host lease before the import: the old epoch
         // is kept only where it is higher, so a write fenced by either
         // incarnation is judged against the newest.
-        "INSERT INTO core_leases (resource, owner, epoch, expires_at_ms)
-           SELECT resource, owner, epoch, expires_at_ms FROM old.leases WHERE true
-           ON CONFLICT (resource) DO UPDATE SET epoch = max(core_leases.epoch, excluded.epoch)",
-        "INSERT OR IGNORE INTO core_hosts (id, address, capacity, live, epoch, registered_at_ms, heartbeat_at_ms, warm_templates)
-           SELECT id, address, capacity, live, epoch, registered_at_ms, heartbeat_at_ms, warm_templates FROM old.hosts",
-        "INSERT OR IGNORE INTO core_secrets (name, value) SELECT name, value FROM old.deployment_secrets",
+        copy_table!("core_leases", "leases", "resource, owner, epoch, expires_at_ms",
+            "WHERE true ON CONFLICT (resource) DO UPDATE SET epoch = max(core_leases.epoch, excluded.epoch)"),
+        copy_table!(or ignore "core_hosts", "hosts", "id, address, capacity, live, epoch, registered_at_ms, heartbeat_at_ms, warm_templates"),
+        copy_table!(or ignore "core_secrets", "deployment_secrets", "name, value"),
     ],
 };
 

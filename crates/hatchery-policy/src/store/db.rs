@@ -9,7 +9,7 @@ use crate::compile::Policy;
 use crate::document::PolicyDocument;
 use crate::standard::{standard_document, STANDARD_ID};
 use crate::store::{PolicyStore, PolicySummary, StoreError, StoredPolicy};
-use hatchery_db::{args, Db, Import, Migrations, Row, Step, Tx};
+use hatchery_db::{args, copy_table, Db, Import, Migrations, Row, Step, Tx};
 use sha2::{Digest, Sha256};
 
 /// Most policies one store keeps.
@@ -78,10 +78,8 @@ pub static IMPORT: Import = Import {
     copy: &[
         // The built-in policy is already there (inserted at open); the old
         // file's copy is the same document at version 1, so it is skipped.
-        "INSERT OR IGNORE INTO policy_heads (id, name, latest_version, builtin, created_at, updated_at)
-           SELECT id, name, latest_version, builtin, created_at, updated_at FROM old.policies",
-        "INSERT OR IGNORE INTO policy_versions (policy_id, version, document, sha256, created_at)
-           SELECT policy_id, version, document, sha256, created_at FROM old.policy_versions",
+        copy_table!(or ignore "policy_heads", "policies", "id, name, latest_version, builtin, created_at, updated_at"),
+        copy_table!(or ignore "policy_versions", "policy_versions", "policy_id, version, document, sha256, created_at"),
     ],
 };
 
