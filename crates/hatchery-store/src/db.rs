@@ -214,20 +214,20 @@ impl DbStore {
         self.rows(sql, args, |r| get(r, "id")).await
     }
 
-    /// One fenced change of a sandbox's row and, when it changed a row,
-    /// the event that says so, in one transaction. Whether it did.
+    /// One fenced statement and, when it changed a row, the event that
+    /// says so (`(sandbox, kind, detail)`), in one transaction. Whether it
+    /// changed one.
     async fn change(
         &self,
         f: &Fence,
         op: &'static str,
         sql: &str,
         args: &[Value],
-        event_of: (&str, &str, &str),
+        event_of: Option<(&str, &str, &str)>,
     ) -> Result<bool> {
         let mut tx = self.fenced(f).await?;
         let n = tx.execute(sql, args).await.map_err(db(op))?;
-        if n > 0 {
-            let (id, kind, detail) = event_of;
+        if let Some((id, kind, detail)) = event_of.filter(|_| n > 0) {
             event(&mut tx, f, id, kind, detail).await?;
         }
         commit(tx, n > 0).await
@@ -415,7 +415,7 @@ impl Store for DbStore {
             "transition",
             &sql,
             args![to.as_str(), id, &f.owner],
-            (id, to.as_str(), ""),
+            Some((id, to.as_str(), "")),
         )
         .await
     }
@@ -429,7 +429,7 @@ impl Store for DbStore {
                  WHERE id = $1 AND host_id = $4 AND state IN {UNSTOPPED}"
             ),
             args![id, now_ms, reason, &f.owner],
-            (id, "stopped", reason),
+            Some((id, "stopped", reason)),
         )
         .await
     }
@@ -449,7 +449,7 @@ impl Store for DbStore {
                 to_json(&r.env),
                 &f.owner
             ],
-            (&r.id, "claimed", ""),
+            Some((&r.id, "claimed", "")),
         )
         .await
     }
@@ -462,7 +462,7 @@ impl Store for DbStore {
                 "UPDATE core_sandboxes SET expires_at_ms = $2 WHERE id = $1 AND host_id = $3 AND state IN {UNSTOPPED}"
             ),
             args![id, expires_at_ms, &f.owner],
-            (id, "ttl", &expires_at_ms.to_string()),
+            Some((id, "ttl", &expires_at_ms.to_string())),
         )
         .await
     }
@@ -602,14 +602,10 @@ impl Store for DbStore {
     }
 
     async fn clear_net(&self, f: &Fence, id: &str) -> Result<()> {
-        let mut tx = self.fenced(f).await?;
-        tx.execute(
-            "DELETE FROM core_net WHERE id = $1 AND host_id = $2",
-            args![id, &f.owner],
-        )
-        .await
-        .map_err(db("clear net"))?;
-        commit(tx, ()).await
+        let sql = "DELETE FROM core_net WHERE id = $1 AND host_id = $2";
+        self.change(f, "clear net", sql, args![id, &f.owner], None)
+            .await
+            .map(drop)
     }
 
     async fn all_net(&self, host: &str) -> Result<Vec<NetRow>> {
@@ -733,36 +729,27 @@ impl Store for DbStore {
         check_host_fence(f)?;
         let now = db_now(self.db.dialect());
         let capacity = capacity.min(i32::MAX as u32);
-        let mut tx = self.fenced(f).await?;
-        tx.execute(
-            &format!(
-                "INSERT INTO core_hosts (id, address, capacity, live, epoch, registered_at_ms, heartbeat_at_ms)
-                 VALUES ($1, $2, $3, 0, $4, {now}, {now})
-                 ON CONFLICT (id) DO UPDATE SET address = $2, capacity = $3, live = 0, epoch = $4,
-                   registered_at_ms = {now}, heartbeat_at_ms = {now}"
-            ),
-            args![&f.owner, address, capacity, f.epoch],
-        )
-        .await
-        .map_err(db("register host"))?;
-        commit(tx, ()).await
+        let sql = format!(
+            "INSERT INTO core_hosts (id, address, capacity, live, epoch, registered_at_ms, heartbeat_at_ms)
+             VALUES ($1, $2, $3, 0, $4, {now}, {now})
+             ON CONFLICT (id) DO UPDATE SET address = $2, capacity = $3, live = 0, epoch = $4,
+               registered_at_ms = {now}, heartbeat_at_ms = {now}"
+        );
+        let a = args![&f.owner, address, capacity, f.epoch];
+        self.change(f, "register host", &sql, a, None)
+            .await
+            .map(drop)
     }
 
     async fn heartbeat(&self, f: &Fence, live: u32, warm_templates: &[String]) -> Result<bool> {
         check_host_fence(f)?;
         let now = db_now(self.db.dialect());
         let live = live.min(i32::MAX as u32);
-        let mut tx = self.fenced(f).await?;
-        let n = tx
-            .execute(
-                &format!(
-                    "UPDATE core_hosts SET live = $2, epoch = $3, warm_templates = $4, heartbeat_at_ms = {now} WHERE id = $1"
-                ),
-                args![&f.owner, live, f.epoch, warm_json(warm_templates)],
-            )
-            .await
-            .map_err(db("heartbeat"))?;
-        commit(tx, n > 0).await
+        let sql = format!(
+            "UPDATE core_hosts SET live = $2, epoch = $3, warm_templates = $4, heartbeat_at_ms = {now} WHERE id = $1"
+        );
+        let a = args![&f.owner, live, f.epoch, warm_json(warm_templates)];
+        self.change(f, "heartbeat", &sql, a, None).await
     }
 
     async fn live_per_host(&self, filter: &SandboxFilter) -> Result<BTreeMap<String, u32>> {
