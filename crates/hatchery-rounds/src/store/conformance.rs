@@ -913,13 +913,7 @@ async fn conformance_on_sqlite() {
     run_all(&s).await;
     let db2 = Db::sqlite(&path).await.unwrap();
     let again = open(&db2).await;
-    assert_eq!(
-        MIGRATIONS.check(&db2).await.unwrap(),
-        MIGRATIONS.steps.len() as u64
-    );
-    reopened_store_keeps_rows(&s, &again).await;
-    racing_finish_gradings_write_one(&[s.clone(), again.clone()], &run_id()).await;
-    run_all(&again).await;
+    second_process(&s, &again, &db2, &[s.clone(), again.clone()]).await;
     // One process owns the file: its own lock is the only one needed.
     let held = s.lock_session("ses_one", false).await.unwrap();
     assert!(
@@ -930,7 +924,19 @@ async fn conformance_on_sqlite() {
                 .unwrap()
                 .is_some()
     );
-    unknown_names_read_as_corrupt(&s, &db2).await;
+}
+
+/// `again`, a second store on `db` (as a second process): its migrations
+/// were a no-op, it reads what `s` wrote, `racers` race for one first
+/// grading, it keeps the whole contract, and names written past the
+/// stores that are none of theirs read as corrupt.
+async fn second_process(s: &Store, again: &Store, db: &Db, racers: &[Store]) {
+    let steps = MIGRATIONS.steps.len() as u64;
+    assert_eq!(MIGRATIONS.check(db).await.unwrap(), steps);
+    reopened_store_keeps_rows(s, again).await;
+    racing_finish_gradings_write_one(racers, &run_id()).await;
+    run_all(again).await;
+    unknown_names_read_as_corrupt(s, db).await;
 }
 
 #[path = "../../../hatchery-store/tests/support/pg_server.rs"]
@@ -953,17 +959,11 @@ async fn conformance_on_postgres() {
     );
     let (a, b) = tokio::join!(DbStore::open(dba.clone()), DbStore::open(dbb));
     let (again, other): (Store, Store) = (Arc::new(a.unwrap()), Arc::new(b.unwrap()));
-    assert_eq!(
-        MIGRATIONS.check(&dba).await.unwrap(),
-        MIGRATIONS.steps.len() as u64
-    );
-    reopened_store_keeps_rows(&s, &again).await;
-    // Two pools (as two daemons) race for one first grading.
-    racing_finish_gradings_write_one(&[s.clone(), again.clone(), other.clone()], &run_id()).await;
+    // Three pools (as three daemons) race for one first grading.
+    let racers = [s.clone(), again.clone(), other.clone()];
+    second_process(&s, &again, &dba, &racers).await;
     session_holds_exclude_other_processes(&s, &other).await;
-    run_all(&again).await;
-    unknown_names_read_as_corrupt(&s, &dba).await;
-    drop((s, again, other, db));
+    drop((s, again, other, racers, db));
 }
 
 /// A previous release's PostgreSQL tables (its own runner's, recorded in
