@@ -116,6 +116,16 @@ fn conflict<T: std::fmt::Debug>(r: StoreResult<T>) {
     assert!(matches!(r, Err(ref e) if e.conflict()), "{r:?}");
 }
 
+/// Moves a session (nothing else set); whether it moved.
+async fn move_session(s: &Store, id: &str, from: &[SessionState], to: SessionState) -> bool {
+    s.set_session_state(id, from, to, None, None).await.unwrap()
+}
+
+/// Moves a round (nothing else set); whether it moved.
+async fn move_round(s: &Store, id: &str, from: &[RoundState], to: RoundState) -> bool {
+    s.set_round_state(id, from, to, None, None).await.unwrap()
+}
+
 async fn session_state(s: &Store, id: &str) -> SessionState {
     s.get_session(id).await.unwrap().unwrap().state
 }
@@ -206,7 +216,7 @@ async fn round_moves_name_their_source_state(s: &Store, run: &str) {
                 assert_eq!(got.prepared_snapshot.as_deref(), Some("snp"));
                 assert_eq!(got.error.as_deref(), Some("why"));
                 // A second racer finds it moved.
-                assert!(!s.set_round_state(&id, &from, to, None, None).await.unwrap());
+                assert!(!move_round(s, &id, &from, to).await);
             } else {
                 // Refused, final states included: nothing written.
                 assert!(!moved, "{st:?} -> {to:?} applied");
@@ -220,10 +230,7 @@ async fn round_moves_name_their_source_state(s: &Store, run: &str) {
         .await
         .unwrap();
     for to in ROUND_STATES {
-        assert!(!s
-            .set_round_state(&id, &RoundState::sources(to), to, None, None)
-            .await
-            .unwrap());
+        assert!(!move_round(s, &id, &RoundState::sources(to), to).await);
     }
     assert_eq!(
         s.get_round(&id).await.unwrap().unwrap().state,
@@ -243,25 +250,22 @@ async fn round_moves_name_their_source_state(s: &Store, run: &str) {
     )
     .await
     .unwrap();
-    s.set_round_state(&id, &[RoundState::Ready], RoundState::Archived, None, None)
-        .await
-        .unwrap();
+    move_round(s, &id, &[RoundState::Ready], RoundState::Archived).await;
     let r = s.get_round(&id).await.unwrap().unwrap();
     assert_eq!(
         (r.state, r.prepared_snapshot.as_deref(), r.error),
         (RoundState::Archived, Some("snp_k"), None)
     );
     // Nothing moves an unknown round.
-    assert!(!s
-        .set_round_state(
+    assert!(
+        !move_round(
+            s,
             &format!("rnd_none_{run}"),
             &[RoundState::Preparing],
-            RoundState::Ready,
-            None,
-            None
+            RoundState::Ready
         )
         .await
-        .unwrap());
+    );
 }
 
 async fn session_and_token_are_one_transaction(s: &Store, run: &str) {
@@ -391,10 +395,7 @@ async fn session_moves_name_their_source_state(s: &Store, run: &str) {
                 assert_eq!(got.state, to);
                 assert_eq!(got.sandbox_id.as_deref(), Some("sbx_new"));
                 assert_eq!(got.error.as_deref(), Some("why"));
-                assert!(!s
-                    .set_session_state(&sid, &[st], to, None, None)
-                    .await
-                    .unwrap());
+                assert!(!move_session(s, &sid, &[st], to).await);
             } else {
                 assert!(!moved, "{st:?} -> {to:?} applied");
                 assert_eq!(got, ses);
@@ -415,26 +416,22 @@ async fn session_moves_name_their_source_state(s: &Store, run: &str) {
         .await
         .unwrap());
     for to in SESSION_STATES {
-        assert!(!s
-            .set_session_state(&sid, &SessionState::sources(to), to, None, None)
-            .await
-            .unwrap());
+        assert!(!move_session(s, &sid, &SessionState::sources(to), to).await);
     }
     let got = s.get_session(&sid).await.unwrap().unwrap();
     assert_eq!(
         (got.state, got.sandbox_id, got.error.as_deref()),
         (SessionState::Ended, ses.sandbox_id, Some("expired"))
     );
-    assert!(!s
-        .set_session_state(
+    assert!(
+        !move_session(
+            s,
             &format!("ses_none_{run}"),
             &[SessionState::Live],
-            SessionState::Ended,
-            None,
-            None
+            SessionState::Ended
         )
         .await
-        .unwrap());
+    );
 }
 
 async fn runs_keep_the_newest(s: &Store, run: &str) {
@@ -488,16 +485,7 @@ async fn begin_submission_is_guarded(s: &Store, run: &str) {
         vec![sub.clone()]
     );
     // Graded: may submit again; the list is in submission order.
-    assert!(s
-        .set_session_state(
-            &ses.id,
-            &[SessionState::Submitted],
-            SessionState::Graded,
-            None,
-            None
-        )
-        .await
-        .unwrap());
+    assert!(move_session(s, &ses.id, &[SessionState::Submitted], SessionState::Graded).await);
     let mut sub3 = submission(&format!("sub_bs3_{run}"), &ses);
     sub3.created_at_ms = 1;
     assert!(s.begin_submission(&sub3, &from).await.unwrap());
@@ -546,16 +534,7 @@ async fn finish_grading_writes_the_first_only(s: &Store, run: &str) {
     assert_eq!(session_state(s, &ses.id).await, SessionState::Submitted);
     // A session that ended while it was graded keeps `ended`; the grading
     // is stored.
-    assert!(s
-        .set_session_state(
-            &ses.id,
-            &[SessionState::Submitted],
-            SessionState::Ended,
-            None,
-            None
-        )
-        .await
-        .unwrap());
+    assert!(move_session(s, &ses.id, &[SessionState::Submitted], SessionState::Ended).await);
     let g2 = grading(&format!("grd_fg3_{run}"), &sub2.id);
     assert!(s.finish_grading(&g2, &ses.id).await.unwrap());
     assert_eq!(s.list_gradings(&sub2.id).await.unwrap(), vec![g2]);
