@@ -439,41 +439,29 @@ async fn stale_epoch_writes_are_refused(s: &dyn Store, run: &str) {
         .unwrap();
     let new = host(s, &name).await; // the host restarted
     assert_eq!(new.epoch, old.epoch + 1);
-    let fenced = |r: Result<(), StoreError>, what: &str| match r {
-        Err(StoreError::Fenced { held, current, .. }) => {
-            assert_eq!((held, current), (old.epoch, new.epoch), "{what}");
-        }
-        other => panic!("{what}: a stale writer got {other:?}"),
-    };
+    let e = (old.epoch, new.epoch);
     let o = &old;
-    fenced(
+    refused(
+        e,
         s.insert_sandbox(o, &sbx(&format!("{id}x"), Starting, &[]))
             .await,
         "insert",
     );
-    fenced(
-        s.transition(o, &id, &[Starting], Running).await.map(|_| ()),
+    refused(
+        e,
+        s.transition(o, &id, &[Starting], Running).await,
         "transition",
     );
-    fenced(s.stop(o, &id, "late", 1).await.map(|_| ()), "stop");
-    fenced(
-        s.claim(o, &sbx(&id, Running, &[])).await.map(|_| ()),
-        "claim",
-    );
-    fenced(s.set_expiry(o, &id, 1).await.map(|_| ()), "set_expiry");
-    fenced(
-        s.append_event(o, &id, "late", "").await.map(|_| ()),
-        "event",
-    );
-    fenced(s.set_net(o, &id, 1, "{}", true).await, "set_net");
-    fenced(s.clear_net(o, &id).await, "clear_net");
+    refused(e, s.stop(o, &id, "late", 1).await, "stop");
+    refused(e, s.claim(o, &sbx(&id, Running, &[])).await, "claim");
+    refused(e, s.set_expiry(o, &id, 1).await, "set_expiry");
+    refused(e, s.append_event(o, &id, "late", "").await, "event");
+    refused(e, s.set_net(o, &id, 1, "{}", true).await, "set_net");
+    refused(e, s.clear_net(o, &id).await, "clear_net");
     let snap = snap(&format!("snap_f{run}"), &id, SnapshotLocation::Shared);
-    fenced(s.insert_snapshot(o, &snap).await, "insert_snapshot");
-    fenced(
-        s.delete_snapshot(o, &snap.id).await.map(|_| ()),
-        "delete_snapshot",
-    );
-    fenced(s.renew_lease(o, 1000).await.map(|_| ()), "renew");
+    refused(e, s.insert_snapshot(o, &snap).await, "insert_snapshot");
+    refused(e, s.delete_snapshot(o, &snap.id).await, "delete_snapshot");
+    refused(e, s.renew_lease(o, 1000).await, "renew");
     // Nothing of the refused writes is visible.
     assert!(s.get_live(&format!("{id}x")).await.unwrap().is_none());
     assert_eq!(s.get_live(&id).await.unwrap().unwrap().state, Starting);
@@ -482,6 +470,16 @@ async fn stale_epoch_writes_are_refused(s: &dyn Store, run: &str) {
     assert!(s.get_snapshot(&snap.id).await.unwrap().is_none());
     // The new incarnation writes as usual.
     assert!(s.transition(&new, &id, &[Starting], Running).await.unwrap());
+}
+
+/// `r` is a stale writer's, refused as `Fenced` at `epochs` (held, current).
+fn refused<T: std::fmt::Debug>(epochs: (u64, u64), r: Result<T, StoreError>, what: &str) {
+    match r {
+        Err(StoreError::Fenced { held, current, .. }) => {
+            assert_eq!((held, current), epochs, "{what}");
+        }
+        other => panic!("{what}: a stale writer got {other:?}"),
+    }
 }
 
 async fn racing_takes_have_one_winner(s: &Arc<dyn Store>, run: &str) {
