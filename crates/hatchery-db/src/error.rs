@@ -40,6 +40,10 @@ pub enum DbError {
     /// A column name the statement did not return.
     #[error("no column {0}")]
     NoColumn(String),
+    /// A number the database's signed 64-bit integer cannot hold
+    /// ([`crate::ToValue`]).
+    #[error("column {column}: {value} is out of range")]
+    OutOfRange { column: &'static str, value: u64 },
 }
 
 impl DbError {

@@ -24,6 +24,24 @@ pub struct Import {
     pub copy: &'static [&'static str],
 }
 
+/// One [`Import::copy`] statement, its columns named once:
+/// `copy_table!("round_sessions", "sessions", "id, state")` is
+/// `INSERT INTO round_sessions (id, state) SELECT id, state FROM
+/// old.sessions`. `or ignore` first skips rows already there; a last
+/// literal is appended (an `ON CONFLICT` clause).
+#[macro_export]
+macro_rules! copy_table {
+    (or ignore $to:literal, $from:literal, $cols:literal) => {
+        concat!("INSERT OR IGNORE", $crate::copy_table!(@rest $to, $from, $cols, ""))
+    };
+    ($to:literal, $from:literal, $cols:literal $(, $tail:literal)?) => {
+        concat!("INSERT", $crate::copy_table!(@rest $to, $from, $cols, "" $(, " ", $tail)?))
+    };
+    (@rest $to:literal, $from:literal, $cols:literal, $($tail:literal),*) => {
+        concat!(" INTO ", $to, " (", $cols, ") SELECT ", $cols, " FROM old.", $from $(, $tail)*)
+    };
+}
+
 /// What [`Db::import_sqlite`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Imported {
@@ -95,5 +113,24 @@ impl Db {
             Ok(Imported::Now)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn copy_table_names_the_columns_once() {
+        assert_eq!(
+            crate::copy_table!("t", "old_t", "a, b"),
+            "INSERT INTO t (a, b) SELECT a, b FROM old.old_t"
+        );
+        assert_eq!(
+            crate::copy_table!(or ignore "t", "t", "a"),
+            "INSERT OR IGNORE INTO t (a) SELECT a FROM old.t"
+        );
+        assert_eq!(
+            crate::copy_table!("t", "t", "a", "WHERE true"),
+            "INSERT INTO t (a) SELECT a FROM old.t WHERE true"
+        );
     }
 }

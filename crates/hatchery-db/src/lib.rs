@@ -28,6 +28,7 @@ mod import;
 mod joined;
 mod migrate;
 pub mod pg_pool;
+mod record;
 mod sqlite;
 mod value;
 
@@ -40,6 +41,7 @@ pub use pg_pool::{
     pg_message, pg_pool, pg_pool_read_only, pg_unavailable, PoolConfigError, POOL_TIMEOUT,
     TCP_USER_TIMEOUT,
 };
+pub use record::{Record, ToValue};
 pub use sqlite::{BUSY_TIMEOUT, SQLITE_CONNECTIONS};
 pub use value::{ColumnIndex, FromValue, Row, Value};
 
@@ -247,6 +249,11 @@ impl Db {
         Ok(self.query(sql, args).await?.into_iter().next())
     }
 
+    /// One record's row, inserted on its own.
+    pub async fn insert<R: Record>(&self, r: &R) -> Result<u64, DbError> {
+        self.execute(&R::insert_sql(), &r.values()?).await
+    }
+
     /// Runs a product's migrations (see [`Migrations::run`]).
     pub async fn migrate(&self, set: &Migrations) -> Result<u64, MigrateError> {
         set.run(self).await
@@ -386,6 +393,11 @@ impl Tx {
                 Ok(c.execute(&st, &pg_args(args)).await?)
             }
         }
+    }
+
+    /// One record's row (see [`Record`]).
+    pub async fn insert<R: Record>(&mut self, r: &R) -> Result<u64, DbError> {
+        self.execute(&R::insert_sql(), &r.values()?).await
     }
 
     /// Several statements without parameters (schema).

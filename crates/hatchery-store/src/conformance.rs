@@ -48,23 +48,50 @@ async fn the_first_secret_is_kept(s: &Arc<dyn Store>, run: &str) {
     assert_eq!(s.deployment_secret(&other, "x").await.unwrap(), "x");
 }
 
+fn local(host: &str) -> SnapshotLocation {
+    SnapshotLocation::Local { host: host.into() }
+}
+
 async fn host(s: &dyn Store, name: &str) -> Fence {
     Fence::of(&s.take_lease(&host_resource(name), name, TTL).await.unwrap())
 }
 
-fn sbx(id: &str, state: SandboxState, md: &[(&str, &str)]) -> SandboxRow {
+fn md(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn sbx(id: &str, state: SandboxState, pairs: &[(&str, &str)]) -> SandboxRow {
     SandboxRow {
         id: id.into(),
         template: "tpl".into(),
         state,
         created_at_ms: 1000,
         expires_at_ms: 5000,
-        metadata: md
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        env: [("E".to_string(), "1".to_string())].into(),
+        metadata: md(pairs),
+        env: md(&[("E", "1")]),
         host_id: "ignored".into(),
+    }
+}
+
+/// A snapshot of `sandbox_id` that expires at 10. The store records the
+/// writer as its host, whatever `host_id` (and a local `location`) say.
+fn snap(id: &str, sandbox_id: &str, location: SnapshotLocation) -> SnapshotRow {
+    SnapshotRow {
+        id: id.into(),
+        sandbox_id: sandbox_id.into(),
+        template: "t".into(),
+        created_at_ms: 5,
+        expires_at_ms: 10,
+        size_bytes: 1,
+        metadata: BTreeMap::new(),
+        env: BTreeMap::new(),
+        rootfs: "/r".into(),
+        limits: "{}".into(),
+        host_id: String::new(),
+        location,
     }
 }
 
@@ -192,10 +219,7 @@ async fn metadata_filters_run_in_sql(s: &dyn Store, run: &str) {
     }
     let ids = |v: Vec<SandboxRow>| v.into_iter().map(|r| r.id).collect::<Vec<_>>();
     let q = |pairs: &[(&str, &str)]| SandboxFilter {
-        metadata: pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
+        metadata: md(pairs),
         template: None,
     };
     assert_eq!(
@@ -233,25 +257,15 @@ async fn snapshots(s: &dyn Store, run: &str) {
         host(s, &format!("ht{run}")).await,
     );
     let tpl = format!("tpl{run}");
-    let snap = |id: &str, exp: u64, md: &[(&str, &str)]| SnapshotRow {
-        id: id.into(),
-        sandbox_id: format!("sbx_s{run}"),
+    let snap = |id: &str, exp: u64, pairs: &[(&str, &str)]| SnapshotRow {
         template: tpl.clone(),
         created_at_ms: exp - 10,
         expires_at_ms: exp,
         size_bytes: 1 << 40,
-        metadata: md
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        env: BTreeMap::new(),
-        rootfs: "/r".into(),
+        metadata: md(pairs),
         limits: "{\"cpus\":1}".into(),
-        host_id: String::new(),
         // The store records the writer, not this.
-        location: SnapshotLocation::Local {
-            host: "someone-else".into(),
-        },
+        ..snap(id, &format!("sbx_s{run}"), local("someone-else"))
     };
     let (s1, s2) = (format!("snap_1{run}"), format!("snap_2{run}"));
     s.insert_snapshot(&a, &snap(&s1, 100, &[("r", run)]))
@@ -266,18 +280,13 @@ async fn snapshots(s: &dyn Store, run: &str) {
         (1 << 40, a.owner.as_str())
     );
     assert_eq!(got.limits, "{\"cpus\":1}");
-    assert_eq!(
-        got.location,
-        SnapshotLocation::Local {
-            host: a.owner.clone()
-        }
-    );
+    assert_eq!(got.location, local(&a.owner));
     assert_eq!(s.count_snapshots_of(&tpl).await.unwrap(), 2);
-    let f: BTreeMap<String, String> = [("r".to_string(), run.to_string())].into();
-    assert_eq!(s.list_snapshots(&f).await.unwrap().len(), 2);
-    let mut f2 = f.clone();
-    f2.insert("k".into(), "v".into());
-    let l = s.list_snapshots(&f2).await.unwrap();
+    assert_eq!(s.list_snapshots(&md(&[("r", run)])).await.unwrap().len(), 2);
+    let l = s
+        .list_snapshots(&md(&[("r", run), ("k", "v")]))
+        .await
+        .unwrap();
     assert_eq!(l.len(), 1);
     assert_eq!(l[0].id, s2);
     assert_eq!(
@@ -300,35 +309,16 @@ async fn shared_snapshots_belong_to_every_host(s: &Arc<dyn Store>, run: &str) {
         host(&**s, &format!("hu{run}")).await,
         host(&**s, &format!("hv{run}")).await,
     );
-    let row = |id: &str, location: SnapshotLocation| SnapshotRow {
-        id: id.into(),
-        sandbox_id: format!("sbx_u{run}"),
-        template: format!("tplu{run}"),
-        created_at_ms: 5,
-        expires_at_ms: 10,
-        size_bytes: 1,
-        metadata: BTreeMap::new(),
-        env: BTreeMap::new(),
-        rootfs: "/r".into(),
-        limits: "{}".into(),
-        host_id: String::new(),
-        location,
-    };
-    let (sh, lo) = (format!("snap_sh{run}"), format!("snap_lo{run}"));
-    s.insert_snapshot(&a, &row(&sh, SnapshotLocation::Shared))
+    let (sh, lo, sbx) = (
+        format!("snap_sh{run}"),
+        format!("snap_lo{run}"),
+        format!("sbx_u{run}"),
+    );
+    let shared = snap(&sh, &sbx, SnapshotLocation::Shared);
+    s.insert_snapshot(&a, &shared).await.unwrap();
+    s.insert_snapshot(&a, &snap(&lo, &sbx, local(&b.owner)))
         .await
         .unwrap();
-    s.insert_snapshot(
-        &a,
-        &row(
-            &lo,
-            SnapshotLocation::Local {
-                host: b.owner.clone(),
-            },
-        ),
-    )
-    .await
-    .unwrap();
     let got = s.get_snapshot(&sh).await.unwrap().unwrap();
     assert_eq!(
         (got.location, got.host_id.as_str()),
@@ -449,54 +439,29 @@ async fn stale_epoch_writes_are_refused(s: &dyn Store, run: &str) {
         .unwrap();
     let new = host(s, &name).await; // the host restarted
     assert_eq!(new.epoch, old.epoch + 1);
-    let fenced = |r: Result<(), StoreError>, what: &str| match r {
-        Err(StoreError::Fenced { held, current, .. }) => {
-            assert_eq!((held, current), (old.epoch, new.epoch), "{what}");
-        }
-        other => panic!("{what}: a stale writer got {other:?}"),
-    };
+    let e = (old.epoch, new.epoch);
     let o = &old;
-    fenced(
+    refused(
+        e,
         s.insert_sandbox(o, &sbx(&format!("{id}x"), Starting, &[]))
             .await,
         "insert",
     );
-    fenced(
-        s.transition(o, &id, &[Starting], Running).await.map(|_| ()),
+    refused(
+        e,
+        s.transition(o, &id, &[Starting], Running).await,
         "transition",
     );
-    fenced(s.stop(o, &id, "late", 1).await.map(|_| ()), "stop");
-    fenced(
-        s.claim(o, &sbx(&id, Running, &[])).await.map(|_| ()),
-        "claim",
-    );
-    fenced(s.set_expiry(o, &id, 1).await.map(|_| ()), "set_expiry");
-    fenced(
-        s.append_event(o, &id, "late", "").await.map(|_| ()),
-        "event",
-    );
-    fenced(s.set_net(o, &id, 1, "{}", true).await, "set_net");
-    fenced(s.clear_net(o, &id).await, "clear_net");
-    let snap = SnapshotRow {
-        id: format!("snap_f{run}"),
-        sandbox_id: id.clone(),
-        template: "t".into(),
-        created_at_ms: 1,
-        expires_at_ms: 2,
-        size_bytes: 3,
-        metadata: BTreeMap::new(),
-        env: BTreeMap::new(),
-        rootfs: String::new(),
-        limits: String::new(),
-        host_id: String::new(),
-        location: SnapshotLocation::Shared,
-    };
-    fenced(s.insert_snapshot(o, &snap).await, "insert_snapshot");
-    fenced(
-        s.delete_snapshot(o, &snap.id).await.map(|_| ()),
-        "delete_snapshot",
-    );
-    fenced(s.renew_lease(o, 1000).await.map(|_| ()), "renew");
+    refused(e, s.stop(o, &id, "late", 1).await, "stop");
+    refused(e, s.claim(o, &sbx(&id, Running, &[])).await, "claim");
+    refused(e, s.set_expiry(o, &id, 1).await, "set_expiry");
+    refused(e, s.append_event(o, &id, "late", "").await, "event");
+    refused(e, s.set_net(o, &id, 1, "{}", true).await, "set_net");
+    refused(e, s.clear_net(o, &id).await, "clear_net");
+    let snap = snap(&format!("snap_f{run}"), &id, SnapshotLocation::Shared);
+    refused(e, s.insert_snapshot(o, &snap).await, "insert_snapshot");
+    refused(e, s.delete_snapshot(o, &snap.id).await, "delete_snapshot");
+    refused(e, s.renew_lease(o, 1000).await, "renew");
     // Nothing of the refused writes is visible.
     assert!(s.get_live(&format!("{id}x")).await.unwrap().is_none());
     assert_eq!(s.get_live(&id).await.unwrap().unwrap().state, Starting);
@@ -505,6 +470,16 @@ async fn stale_epoch_writes_are_refused(s: &dyn Store, run: &str) {
     assert!(s.get_snapshot(&snap.id).await.unwrap().is_none());
     // The new incarnation writes as usual.
     assert!(s.transition(&new, &id, &[Starting], Running).await.unwrap());
+}
+
+/// `r` is a stale writer's, refused as `Fenced` at `epochs` (held, current).
+fn refused<T: std::fmt::Debug>(epochs: (u64, u64), r: Result<T, StoreError>, what: &str) {
+    match r {
+        Err(StoreError::Fenced { held, current, .. }) => {
+            assert_eq!((held, current), epochs, "{what}");
+        }
+        other => panic!("{what}: a stale writer got {other:?}"),
+    }
 }
 
 async fn racing_takes_have_one_winner(s: &Arc<dyn Store>, run: &str) {
@@ -662,7 +637,7 @@ async fn live_counted_per_host(s: &dyn Store, run: &str) {
     assert_eq!(n.get(&format!("cnt-none{run}")), None);
     // One tenant's, by metadata (what placement spreads).
     let tenant = |v: &str| SandboxFilter {
-        metadata: [("tenant".to_string(), v.to_string())].into(),
+        metadata: md(&[("tenant", v)]),
         template: None,
     };
     let n = s.live_per_host(&tenant("acme")).await.unwrap();

@@ -15,11 +15,12 @@ use crate::rows::{
     Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow, SandboxState, SnapshotRow,
 };
 use crate::{
-    check_host_fence, check_transition, from_json, location_of, state_of, to_json, warm_json,
-    warm_list, Result, Store, StoreError,
+    check_host_fence, check_transition, to_json, warm_json, warm_list, Result, Store, StoreError,
 };
 use async_trait::async_trait;
-use hatchery_db::{args, Db, Dialect, Import, Migrations, Row, Step, Tx, Value};
+use hatchery_db::{
+    args, copy_table, Db, Dialect, Import, Migrations, Record, Row, Step, Tx, Value,
+};
 use std::collections::BTreeMap;
 
 /// The core's schema. Append only.
@@ -105,22 +106,17 @@ const PG_SCHEMA: &str = schema_text!(
 pub static IMPORT: Import = Import {
     file: "state.db",
     copy: &[
-        "INSERT INTO core_sandboxes (id, template, state, created_at_ms, expires_at_ms, ended_at_ms, end_reason, metadata, env, host_id)
-           SELECT id, template, state, created_at_ms, expires_at_ms, ended_at_ms, end_reason, metadata, env, host_id FROM old.sandboxes",
-        "INSERT INTO core_events (seq, sandbox_id, at_ms, kind, detail, epoch)
-           SELECT seq, sandbox_id, at_ms, kind, detail, epoch FROM old.events",
-        "INSERT INTO core_snapshots (id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id, location)
-           SELECT id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id, location FROM old.snapshots",
-        "INSERT INTO core_net (id, slot, policy, host_id) SELECT id, slot, policy, host_id FROM old.sandbox_net",
+        copy_table!("core_sandboxes", "sandboxes", "id, template, state, created_at_ms, expires_at_ms, ended_at_ms, end_reason, metadata, env, host_id"),
+        copy_table!("core_events", "events", "seq, sandbox_id, at_ms, kind, detail, epoch"),
+        copy_table!("core_snapshots", "snapshots", "id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id, location"),
+        copy_table!("core_net", "sandbox_net", "id, slot, policy, host_id"),
         // The daemon took its host lease before the import: the old epoch
         // is kept only where it is higher, so a write fenced by either
         // incarnation is judged against the newest.
-        "INSERT INTO core_leases (resource, owner, epoch, expires_at_ms)
-           SELECT resource, owner, epoch, expires_at_ms FROM old.leases WHERE true
-           ON CONFLICT (resource) DO UPDATE SET epoch = max(core_leases.epoch, excluded.epoch)",
-        "INSERT OR IGNORE INTO core_hosts (id, address, capacity, live, epoch, registered_at_ms, heartbeat_at_ms, warm_templates)
-           SELECT id, address, capacity, live, epoch, registered_at_ms, heartbeat_at_ms, warm_templates FROM old.hosts",
-        "INSERT OR IGNORE INTO core_secrets (name, value) SELECT name, value FROM old.deployment_secrets",
+        copy_table!("core_leases", "leases", "resource, owner, epoch, expires_at_ms",
+            "WHERE true ON CONFLICT (resource) DO UPDATE SET epoch = max(core_leases.epoch, excluded.epoch)"),
+        copy_table!(or ignore "core_hosts", "hosts", "id, address, capacity, live, epoch, registered_at_ms, heartbeat_at_ms, warm_templates"),
+        copy_table!(or ignore "core_secrets", "deployment_secrets", "name, value"),
     ],
 };
 
@@ -203,20 +199,35 @@ impl DbStore {
         rows.iter().map(map).collect()
     }
 
-    /// One fenced change of a sandbox's row and, when it changed a row,
-    /// the event that says so, in one transaction. Whether it did.
+    /// The first row's, if any.
+    async fn one<T>(
+        &self,
+        sql: &str,
+        args: &[Value],
+        map: impl Fn(&Row) -> Result<T>,
+    ) -> Result<Option<T>> {
+        Ok(self.rows(sql, args, map).await?.into_iter().next())
+    }
+
+    /// The `id` column of every row.
+    async fn ids(&self, sql: &str, args: &[Value]) -> Result<Vec<String>> {
+        self.rows(sql, args, |r| get(r, "id")).await
+    }
+
+    /// One fenced statement and, when it changed a row, the event that
+    /// says so (`(sandbox, kind, detail)`), in one transaction. Whether it
+    /// changed one.
     async fn change(
         &self,
         f: &Fence,
         op: &'static str,
         sql: &str,
         args: &[Value],
-        event_of: (&str, &str, &str),
+        event_of: Option<(&str, &str, &str)>,
     ) -> Result<bool> {
         let mut tx = self.fenced(f).await?;
         let n = tx.execute(sql, args).await.map_err(db(op))?;
-        if n > 0 {
-            let (id, kind, detail) = event_of;
+        if let Some((id, kind, detail)) = event_of.filter(|_| n > 0) {
             event(&mut tx, f, id, kind, detail).await?;
         }
         commit(tx, n > 0).await
@@ -286,37 +297,15 @@ async fn event(tx: &mut Tx, f: &Fence, id: &str, kind: &str, detail: &str) -> Re
     get(&r, "seq")
 }
 
-const SELECT: &str = "SELECT id, template, state, created_at_ms, expires_at_ms, metadata, env, host_id FROM core_sandboxes";
+const SELECT: &str = "SELECT * FROM core_sandboxes";
+const SNAP_SELECT: &str = "SELECT * FROM core_snapshots";
 
-fn row(r: &Row) -> Result<SandboxRow> {
-    Ok(SandboxRow {
-        id: get(r, "id")?,
-        template: get(r, "template")?,
-        state: state_of(&get::<String>(r, "state")?)?,
-        created_at_ms: get(r, "created_at_ms")?,
-        expires_at_ms: get(r, "expires_at_ms")?,
-        metadata: from_json("metadata", &get::<String>(r, "metadata")?)?,
-        env: from_json("env", &get::<String>(r, "env")?)?,
-        host_id: get(r, "host_id")?,
-    })
-}
-
-const SNAP_SELECT: &str = "SELECT id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id, location FROM core_snapshots";
-
-fn snap_row(r: &Row) -> Result<SnapshotRow> {
-    Ok(SnapshotRow {
-        id: get(r, "id")?,
-        sandbox_id: get(r, "sandbox_id")?,
-        template: get(r, "template")?,
-        created_at_ms: get(r, "created_at_ms")?,
-        expires_at_ms: get(r, "expires_at_ms")?,
-        size_bytes: get(r, "size_bytes")?,
-        metadata: from_json("metadata", &get::<String>(r, "metadata")?)?,
-        env: from_json("env", &get::<String>(r, "env")?)?,
-        rootfs: get(r, "rootfs")?,
-        limits: get(r, "limits")?,
-        host_id: get(r, "host_id")?,
-        location: location_of(&get::<String>(r, "location")?)?,
+/// A row as its record; a value that is none of the field's (an unknown
+/// state or location, metadata that is not a JSON object) is `Corrupt`.
+fn record<T: Record>(r: &Row) -> Result<T> {
+    T::from_row(r).map_err(|e| match e {
+        hatchery_db::DbError::Type { .. } => StoreError::Corrupt(e.to_string()),
+        e => db("read row")(e),
     })
 }
 
@@ -400,22 +389,11 @@ impl Store for DbStore {
 
     async fn insert_sandbox(&self, f: &Fence, r: &SandboxRow) -> Result<()> {
         let mut tx = self.fenced(f).await?;
-        tx.execute(
-            "INSERT INTO core_sandboxes (id, template, state, created_at_ms, expires_at_ms, metadata, env, host_id)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-            args![
-                &r.id,
-                &r.template,
-                r.state.as_str(),
-                r.created_at_ms,
-                r.expires_at_ms,
-                to_json(&r.metadata),
-                to_json(&r.env),
-                &f.owner
-            ],
-        )
-        .await
-        .map_err(db("insert sandbox"))?;
+        let mine = SandboxRow {
+            host_id: f.owner.clone(),
+            ..r.clone()
+        };
+        tx.insert(&mine).await.map_err(db("insert sandbox"))?;
         event(&mut tx, f, &r.id, "created", &r.template).await?;
         commit(tx, ()).await
     }
@@ -437,7 +415,7 @@ impl Store for DbStore {
             "transition",
             &sql,
             args![to.as_str(), id, &f.owner],
-            (id, to.as_str(), ""),
+            Some((id, to.as_str(), "")),
         )
         .await
     }
@@ -451,7 +429,7 @@ impl Store for DbStore {
                  WHERE id = $1 AND host_id = $4 AND state IN {UNSTOPPED}"
             ),
             args![id, now_ms, reason, &f.owner],
-            (id, "stopped", reason),
+            Some((id, "stopped", reason)),
         )
         .await
     }
@@ -471,7 +449,7 @@ impl Store for DbStore {
                 to_json(&r.env),
                 &f.owner
             ],
-            (&r.id, "claimed", ""),
+            Some((&r.id, "claimed", "")),
         )
         .await
     }
@@ -484,20 +462,14 @@ impl Store for DbStore {
                 "UPDATE core_sandboxes SET expires_at_ms = $2 WHERE id = $1 AND host_id = $3 AND state IN {UNSTOPPED}"
             ),
             args![id, expires_at_ms, &f.owner],
-            (id, "ttl", &expires_at_ms.to_string()),
+            Some((id, "ttl", &expires_at_ms.to_string())),
         )
         .await
     }
 
     async fn get_live(&self, id: &str) -> Result<Option<SandboxRow>> {
-        let mut v = self
-            .rows(
-                &format!("{SELECT} WHERE id = $1 AND state IN {LIVE}"),
-                args![id],
-                row,
-            )
-            .await?;
-        Ok(v.pop())
+        let sql = format!("{SELECT} WHERE id = $1 AND state IN {LIVE}");
+        self.one(&sql, args![id], record).await
     }
 
     async fn list_live(&self, filter: &SandboxFilter) -> Result<Vec<SandboxRow>> {
@@ -505,7 +477,7 @@ impl Store for DbStore {
         let mut sql = format!("{SELECT} WHERE state IN {LIVE}");
         sql.push_str(&filter_clause(self.db.dialect(), filter, &mut args));
         sql.push_str(" ORDER BY created_at_ms, id");
-        self.rows(&sql, &args, row).await
+        self.rows(&sql, &args, record).await
     }
 
     async fn list_unstopped(&self, host: &str) -> Result<Vec<SandboxRow>> {
@@ -514,16 +486,15 @@ impl Store for DbStore {
                 "{SELECT} WHERE host_id = $1 AND state IN {UNSTOPPED} ORDER BY created_at_ms, id"
             ),
             args![host],
-            row,
+            record,
         )
         .await
     }
 
     async fn expired(&self, host: &str, now_ms: u64) -> Result<Vec<String>> {
-        self.rows(
+        self.ids(
             &format!("SELECT id FROM core_sandboxes WHERE host_id = $1 AND state IN {UNSTOPPED} AND expires_at_ms <= $2 ORDER BY id"),
             args![host, now_ms],
-            |r| get(r, "id"),
         )
         .await
     }
@@ -536,53 +507,28 @@ impl Store for DbStore {
 
     async fn events(&self, id: &str) -> Result<Vec<Event>> {
         self.rows(
-            "SELECT seq, sandbox_id, at_ms, kind, detail, epoch FROM core_events WHERE sandbox_id = $1 ORDER BY seq",
+            "SELECT * FROM core_events WHERE sandbox_id = $1 ORDER BY seq",
             args![id],
-            |r| {
-                Ok(Event {
-                    seq: get(r, "seq")?,
-                    sandbox_id: get(r, "sandbox_id")?,
-                    at_ms: get(r, "at_ms")?,
-                    kind: get(r, "kind")?,
-                    detail: get(r, "detail")?,
-                    epoch: get(r, "epoch")?,
-                })
-            },
+            record::<Event>,
         )
         .await
     }
 
     async fn insert_snapshot(&self, f: &Fence, s: &SnapshotRow) -> Result<()> {
         let mut tx = self.fenced_durable(f).await?;
-        tx.execute(
-            "INSERT INTO core_snapshots (id, sandbox_id, template, created_at_ms, expires_at_ms, size_bytes, metadata, env, rootfs, limits, host_id, location)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-            args![
-                &s.id,
-                &s.sandbox_id,
-                &s.template,
-                s.created_at_ms,
-                s.expires_at_ms,
-                s.size_bytes,
-                to_json(&s.metadata),
-                to_json(&s.env),
-                &s.rootfs,
-                &s.limits,
-                &f.owner,
-                s.location.written_by(&f.owner)
-            ],
-        )
-        .await
-        .map_err(db("insert snapshot"))?;
+        let mine = SnapshotRow {
+            host_id: f.owner.clone(),
+            location: s.location.written_by(&f.owner),
+            ..s.clone()
+        };
+        tx.insert(&mine).await.map_err(db("insert snapshot"))?;
         event(&mut tx, f, &s.sandbox_id, "snapshot", &s.id).await?;
         commit(tx, ()).await
     }
 
     async fn get_snapshot(&self, id: &str) -> Result<Option<SnapshotRow>> {
-        let mut v = self
-            .rows(&format!("{SNAP_SELECT} WHERE id = $1"), args![id], snap_row)
-            .await?;
-        Ok(v.pop())
+        let sql = format!("{SNAP_SELECT} WHERE id = $1");
+        self.one(&sql, args![id], record).await
     }
 
     async fn list_snapshots(&self, filter: &BTreeMap<String, String>) -> Result<Vec<SnapshotRow>> {
@@ -591,18 +537,18 @@ impl Store for DbStore {
             "{SNAP_SELECT} WHERE true{} ORDER BY created_at_ms, id",
             metadata_clause(self.db.dialect(), "core_snapshots", filter, &mut args)
         );
-        self.rows(&sql, &args, snap_row).await
+        self.rows(&sql, &args, record).await
     }
 
     async fn count_snapshots_of(&self, template: &str) -> Result<u64> {
-        let v = self
-            .rows(
+        let n = self
+            .one(
                 "SELECT count(*) AS n FROM core_snapshots WHERE template = $1",
                 args![template],
                 |r| get::<u64>(r, "n"),
             )
             .await?;
-        Ok(v.first().copied().unwrap_or(0))
+        Ok(n.unwrap_or(0))
     }
 
     async fn delete_snapshot(&self, f: &Fence, id: &str) -> Result<bool> {
@@ -618,19 +564,17 @@ impl Store for DbStore {
     }
 
     async fn expired_snapshots(&self, host: &str, now_ms: u64) -> Result<Vec<String>> {
-        self.rows(
+        self.ids(
             "SELECT id FROM core_snapshots WHERE location = $1 AND expires_at_ms <= $2 ORDER BY id",
             args![format!("local:{host}"), now_ms],
-            |r| get(r, "id"),
         )
         .await
     }
 
     async fn expired_shared_snapshots(&self, now_ms: u64) -> Result<Vec<String>> {
-        self.rows(
+        self.ids(
             "SELECT id FROM core_snapshots WHERE location = 'shared' AND expires_at_ms <= $1 ORDER BY id",
             args![now_ms],
-            |r| get(r, "id"),
         )
         .await
     }
@@ -658,14 +602,10 @@ impl Store for DbStore {
     }
 
     async fn clear_net(&self, f: &Fence, id: &str) -> Result<()> {
-        let mut tx = self.fenced(f).await?;
-        tx.execute(
-            "DELETE FROM core_net WHERE id = $1 AND host_id = $2",
-            args![id, &f.owner],
-        )
-        .await
-        .map_err(db("clear net"))?;
-        commit(tx, ()).await
+        let sql = "DELETE FROM core_net WHERE id = $1 AND host_id = $2";
+        self.change(f, "clear net", sql, args![id, &f.owner], None)
+            .await
+            .map(drop)
     }
 
     async fn all_net(&self, host: &str) -> Result<Vec<NetRow>> {
@@ -763,17 +703,9 @@ impl Store for DbStore {
     }
 
     async fn get_lease(&self, resource: &str) -> Result<Option<Lease>> {
-        let mut v = self
-            .rows(
-                &format!(
-                    "SELECT {} FROM core_leases WHERE resource = $1 AND owner != ''",
-                    lease_cols(self.db.dialect())
-                ),
-                args![resource],
-                lease_row,
-            )
-            .await?;
-        Ok(v.pop())
+        let cols = lease_cols(self.db.dialect());
+        let sql = format!("SELECT {cols} FROM core_leases WHERE resource = $1 AND owner != ''");
+        self.one(&sql, args![resource], lease_row).await
     }
 
     async fn deployment_secret(&self, name: &str, candidate: &str) -> Result<String> {
@@ -784,52 +716,40 @@ impl Store for DbStore {
             )
             .await
             .map_err(db("keep secret"))?;
-        let v = self
-            .rows(
-                "SELECT value FROM core_secrets WHERE name = $1",
-                args![name],
-                |r| get::<String>(r, "value"),
-            )
-            .await?;
-        v.into_iter()
-            .next()
-            .ok_or_else(|| StoreError::Corrupt(format!("secret {name} vanished")))
+        self.one(
+            "SELECT value FROM core_secrets WHERE name = $1",
+            args![name],
+            |r| get::<String>(r, "value"),
+        )
+        .await?
+        .ok_or_else(|| StoreError::Corrupt(format!("secret {name} vanished")))
     }
 
     async fn register_host(&self, f: &Fence, address: &str, capacity: u32) -> Result<()> {
         check_host_fence(f)?;
         let now = db_now(self.db.dialect());
         let capacity = capacity.min(i32::MAX as u32);
-        let mut tx = self.fenced(f).await?;
-        tx.execute(
-            &format!(
-                "INSERT INTO core_hosts (id, address, capacity, live, epoch, registered_at_ms, heartbeat_at_ms)
-                 VALUES ($1, $2, $3, 0, $4, {now}, {now})
-                 ON CONFLICT (id) DO UPDATE SET address = $2, capacity = $3, live = 0, epoch = $4,
-                   registered_at_ms = {now}, heartbeat_at_ms = {now}"
-            ),
-            args![&f.owner, address, capacity, f.epoch],
-        )
-        .await
-        .map_err(db("register host"))?;
-        commit(tx, ()).await
+        let sql = format!(
+            "INSERT INTO core_hosts (id, address, capacity, live, epoch, registered_at_ms, heartbeat_at_ms)
+             VALUES ($1, $2, $3, 0, $4, {now}, {now})
+             ON CONFLICT (id) DO UPDATE SET address = $2, capacity = $3, live = 0, epoch = $4,
+               registered_at_ms = {now}, heartbeat_at_ms = {now}"
+        );
+        let a = args![&f.owner, address, capacity, f.epoch];
+        self.change(f, "register host", &sql, a, None)
+            .await
+            .map(drop)
     }
 
     async fn heartbeat(&self, f: &Fence, live: u32, warm_templates: &[String]) -> Result<bool> {
         check_host_fence(f)?;
         let now = db_now(self.db.dialect());
         let live = live.min(i32::MAX as u32);
-        let mut tx = self.fenced(f).await?;
-        let n = tx
-            .execute(
-                &format!(
-                    "UPDATE core_hosts SET live = $2, epoch = $3, warm_templates = $4, heartbeat_at_ms = {now} WHERE id = $1"
-                ),
-                args![&f.owner, live, f.epoch, warm_json(warm_templates)],
-            )
-            .await
-            .map_err(db("heartbeat"))?;
-        commit(tx, n > 0).await
+        let sql = format!(
+            "UPDATE core_hosts SET live = $2, epoch = $3, warm_templates = $4, heartbeat_at_ms = {now} WHERE id = $1"
+        );
+        let a = args![&f.owner, live, f.epoch, warm_json(warm_templates)];
+        self.change(f, "heartbeat", &sql, a, None).await
     }
 
     async fn live_per_host(&self, filter: &SandboxFilter) -> Result<BTreeMap<String, u32>> {

@@ -172,45 +172,6 @@ pub async fn open(db: hatchery_db::Db) -> Result<Arc<dyn Store>> {
 
 pub use hatchery_db::is_postgres;
 
-/// The PostgreSQL a store's conformance test runs on:
-/// `HATCHERY_TEST_PG_DSN`, or `None` (the test returns, saying so), unless
-/// `HATCHERY_REQUIRE_PG` is set (the make targets that start a database
-/// set it): then a panic, so a suite that must run cannot pass by
-/// skipping.
-pub fn test_dsn(test: &str) -> Option<String> {
-    match std::env::var("HATCHERY_TEST_PG_DSN") {
-        Ok(dsn) => Some(dsn),
-        Err(_) => {
-            assert!(
-                std::env::var_os("HATCHERY_REQUIRE_PG").is_none(),
-                "{test}: HATCHERY_REQUIRE_PG is set but HATCHERY_TEST_PG_DSN is not"
-            );
-            eprintln!("{test}: no HATCHERY_TEST_PG_DSN, not run here");
-            None
-        }
-    }
-}
-
-/// Redacts a password from a connection string for logs.
-pub fn redact(db: &str) -> String {
-    if let Some((scheme, rest)) = db.split_once("://") {
-        if let Some((creds, host)) = rest.split_once('@') {
-            let user = creds.split(':').next().unwrap_or("");
-            return format!("{scheme}://{user}@{host}");
-        }
-    }
-    db.split_whitespace()
-        .map(|kv| {
-            if kv.starts_with("password=") {
-                "password=***"
-            } else {
-                kv
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 pub(crate) fn to_json(m: &BTreeMap<String, String>) -> String {
     serde_json::to_string(m).unwrap_or_else(|_| "{}".into())
 }
@@ -226,19 +187,6 @@ pub(crate) fn warm_list(s: &str) -> Vec<String> {
     serde_json::from_str(s).unwrap_or_default()
 }
 
-pub(crate) fn from_json(what: &str, s: &str) -> Result<BTreeMap<String, String>> {
-    serde_json::from_str(s).map_err(|e| StoreError::Corrupt(format!("{what}: {e}")))
-}
-
-pub(crate) fn location_of(s: &str) -> Result<SnapshotLocation> {
-    SnapshotLocation::parse(s)
-        .ok_or_else(|| StoreError::Corrupt(format!("unknown snapshot location {s:?}")))
-}
-
-pub(crate) fn state_of(s: &str) -> Result<SandboxState> {
-    SandboxState::parse(s).ok_or_else(|| StoreError::Corrupt(format!("unknown state {s:?}")))
-}
-
 /// Refuses transitions the lifecycle does not allow, before any SQL runs.
 pub(crate) fn check_transition(from: &[SandboxState], to: SandboxState) -> Result<()> {
     for f in from {
@@ -247,21 +195,4 @@ pub(crate) fn check_transition(from: &[SandboxState], to: SandboxState) -> Resul
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn redacts_passwords() {
-        assert_eq!(
-            super::redact("postgres://u:secret@h:5432/db"),
-            "postgres://u@h:5432/db"
-        );
-        assert_eq!(
-            super::redact("host=h password=x dbname=d"),
-            "host=h password=*** dbname=d"
-        );
-        assert!(super::is_postgres("postgresql://h/d"));
-        assert!(!super::is_postgres("/var/lib/hatchery/state.db"));
-    }
 }

@@ -71,40 +71,44 @@ impl fmt::Display for SandboxState {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct SandboxRow {
-    pub id: String,
-    pub template: String,
-    pub state: SandboxState,
-    pub created_at_ms: u64,
-    pub expires_at_ms: u64,
-    pub metadata: BTreeMap<String, String>,
-    pub env: BTreeMap<String, String>,
-    /// The host that runs it. Set by the store from the writer's fence on
-    /// insert; whatever the caller puts here is ignored.
-    pub host_id: String,
+hatchery_db::record! {
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct SandboxRow in "core_sandboxes" {
+        pub id: String,
+        pub template: String,
+        pub state: SandboxState,
+        pub created_at_ms: u64,
+        pub expires_at_ms: u64,
+        pub metadata: BTreeMap<String, String>,
+        pub env: BTreeMap<String, String>,
+        /// The host that runs it. Set by the store from the writer's fence on
+        /// insert; whatever the caller puts here is ignored.
+        pub host_id: String,
+    }
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct SnapshotRow {
-    pub id: String,
-    pub sandbox_id: String,
-    pub template: String,
-    pub created_at_ms: u64,
-    pub expires_at_ms: u64,
-    pub size_bytes: u64,
-    pub metadata: BTreeMap<String, String>,
-    /// The sandbox's create-time env, inherited by forks.
-    pub env: BTreeMap<String, String>,
-    /// What the snapshot must be restored on: the rootfs and resource
-    /// shape of its sandbox, independent of later template rebuilds.
-    pub rootfs: String,
-    pub limits: String,
-    /// The host that took it (set from the writer's fence).
-    pub host_id: String,
-    /// Where its image is. A local one is set to the writer's host by
-    /// the store, whatever host the caller names.
-    pub location: SnapshotLocation,
+hatchery_db::record! {
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct SnapshotRow in "core_snapshots" {
+        pub id: String,
+        pub sandbox_id: String,
+        pub template: String,
+        pub created_at_ms: u64,
+        pub expires_at_ms: u64,
+        pub size_bytes: u64,
+        pub metadata: BTreeMap<String, String>,
+        /// The sandbox's create-time env, inherited by forks.
+        pub env: BTreeMap<String, String>,
+        /// What the snapshot must be restored on: the rootfs and resource
+        /// shape of its sandbox, independent of later template rebuilds.
+        pub rootfs: String,
+        pub limits: String,
+        /// The host that took it (set from the writer's fence).
+        pub host_id: String,
+        /// Where its image is. A local one is set to the writer's host by
+        /// the store, whatever host the caller names.
+        pub location: SnapshotLocation,
+    }
 }
 
 /// Where a snapshot's image lives: a location, not a path, so any host
@@ -139,28 +143,33 @@ impl SnapshotLocation {
     }
 
     /// What the store records for a snapshot `writer` inserts.
-    pub(crate) fn written_by(&self, writer: &str) -> String {
+    pub(crate) fn written_by(&self, writer: &str) -> SnapshotLocation {
         match self {
             SnapshotLocation::Local { .. } => SnapshotLocation::Local {
                 host: writer.into(),
-            }
-            .as_string(),
-            SnapshotLocation::Shared => self.as_string(),
+            },
+            SnapshotLocation::Shared => SnapshotLocation::Shared,
         }
     }
 }
 
-/// One lifecycle event of a sandbox.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Event {
-    /// Store-wide, increasing in commit order per backend.
-    pub seq: u64,
-    pub sandbox_id: String,
-    pub at_ms: u64,
-    pub kind: String,
-    pub detail: String,
-    /// The writer's lease epoch when it was committed.
-    pub epoch: u64,
+// Stored as their names; a name that is none of theirs reads as corrupt.
+hatchery_db::named!(SandboxState, as_str, parse);
+hatchery_db::named!(SnapshotLocation, as_string, parse);
+
+hatchery_db::record! {
+    /// One lifecycle event of a sandbox.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct Event in "core_events" {
+        /// Store-wide, increasing in commit order per backend.
+        pub seq: u64,
+        pub sandbox_id: String,
+        pub at_ms: u64,
+        pub kind: String,
+        pub detail: String,
+        /// The writer's lease epoch when it was committed.
+        pub epoch: u64,
+    }
 }
 
 /// The network slot a live sandbox holds and its policy (JSON), so a
@@ -293,8 +302,11 @@ mod tests {
             host: "other".into(),
         }
         .written_by("me");
-        assert_eq!(mine, "local:me");
-        assert_eq!(SnapshotLocation::Shared.written_by("me"), "shared");
+        assert_eq!(mine.as_string(), "local:me");
+        assert_eq!(
+            SnapshotLocation::Shared.written_by("me"),
+            SnapshotLocation::Shared
+        );
     }
 
     #[test]

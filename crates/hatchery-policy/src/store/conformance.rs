@@ -7,6 +7,7 @@
 use crate::document::PolicyDocument;
 use crate::standard::STANDARD_ID;
 use crate::store::{PolicyStore, StoreError};
+use hatchery_db::{args, Db};
 use std::sync::Arc;
 
 fn doc(name: &str, rules: serde_json::Value) -> PolicyDocument {
@@ -106,4 +107,17 @@ pub async fn concurrent_versions(s: Arc<dyn PolicyStore>) {
     got.sort();
     assert_eq!(got, (2..=21).collect::<Vec<_>>());
     assert_eq!(s.latest(&p.id).await.unwrap().version, 21);
+}
+
+/// The database itself refuses to rewrite or drop a written version of
+/// `id`: immutability is its rule, not only the store's.
+pub async fn versions_are_immutable(db: &Db, id: &str) {
+    for sql in [
+        "UPDATE policy_versions SET document = '{}' WHERE policy_id = $1",
+        "DELETE FROM policy_versions WHERE policy_id = $1",
+    ] {
+        let e = db.execute(sql, args![id]).await.unwrap_err();
+        assert!(e.to_string().contains("immutable"), "{e}");
+        assert!(e.refused_by_schema(), "{e:?}");
+    }
 }

@@ -9,7 +9,7 @@ use crate::compile::Policy;
 use crate::document::PolicyDocument;
 use crate::standard::{standard_document, STANDARD_ID};
 use crate::store::{PolicyStore, PolicySummary, StoreError, StoredPolicy};
-use hatchery_db::{args, Db, Import, Migrations, Row, Step, Tx};
+use hatchery_db::{args, copy_table, Db, Import, Migrations, Row, Step, Tx};
 use sha2::{Digest, Sha256};
 
 /// Most policies one store keeps.
@@ -17,56 +17,58 @@ pub const MAX_POLICIES: u64 = 10_000;
 /// Most versions of one policy.
 pub const MAX_VERSIONS: u32 = 10_000;
 
+/// The two tables, the same on both databases.
+macro_rules! tables {
+    ($if_not_exists:literal) => {
+        concat!(
+            "CREATE TABLE ",
+            $if_not_exists,
+            "policy_heads (
+                id TEXT PRIMARY KEY,
+                name TEXT NOT NULL,
+                latest_version INTEGER NOT NULL,
+                builtin BOOLEAN NOT NULL DEFAULT FALSE,
+                created_at TEXT NOT NULL,
+                updated_at TEXT NOT NULL
+            );
+            CREATE TABLE ",
+            $if_not_exists,
+            "policy_versions (
+                policy_id TEXT NOT NULL REFERENCES policy_heads(id),
+                version INTEGER NOT NULL,
+                document TEXT NOT NULL,
+                sha256 TEXT NOT NULL,
+                created_at TEXT NOT NULL,
+                PRIMARY KEY (policy_id, version)
+            );"
+        )
+    };
+}
+
 /// The policy schema. Append only.
 pub static SCHEMA: Migrations = Migrations {
     product: "policy",
     steps: &[Step::Each {
-        sqlite: "CREATE TABLE policy_heads (
-                id TEXT PRIMARY KEY,
-                name TEXT NOT NULL,
-                latest_version INTEGER NOT NULL,
-                builtin BOOLEAN NOT NULL DEFAULT FALSE,
-                created_at TEXT NOT NULL,
-                updated_at TEXT NOT NULL
-            );
-            CREATE TABLE policy_versions (
-                policy_id TEXT NOT NULL REFERENCES policy_heads(id),
-                version INTEGER NOT NULL,
-                document TEXT NOT NULL,
-                sha256 TEXT NOT NULL,
-                created_at TEXT NOT NULL,
-                PRIMARY KEY (policy_id, version)
-            );
-            CREATE TRIGGER policy_versions_no_update BEFORE UPDATE ON policy_versions
+        sqlite: concat!(
+            tables!(""),
+            "CREATE TRIGGER policy_versions_no_update BEFORE UPDATE ON policy_versions
               BEGIN SELECT RAISE(ABORT, 'policy versions are immutable'); END;
             CREATE TRIGGER policy_versions_no_delete BEFORE DELETE ON policy_versions
-              BEGIN SELECT RAISE(ABORT, 'policy versions are immutable'); END;",
+              BEGIN SELECT RAISE(ABORT, 'policy versions are immutable'); END;"
+        ),
         // A database of the previous release already has `policies` and
         // `policy_versions` (and the trigger) from the old PostgreSQL
         // store: renamed and kept, rows included; a new one gets them.
-        postgres: "ALTER TABLE IF EXISTS policies RENAME TO policy_heads;
-            CREATE TABLE IF NOT EXISTS policy_heads (
-                id TEXT PRIMARY KEY,
-                name TEXT NOT NULL,
-                latest_version INTEGER NOT NULL,
-                builtin BOOLEAN NOT NULL DEFAULT FALSE,
-                created_at TEXT NOT NULL,
-                updated_at TEXT NOT NULL
-            );
-            CREATE TABLE IF NOT EXISTS policy_versions (
-                policy_id TEXT NOT NULL REFERENCES policy_heads(id),
-                version INTEGER NOT NULL,
-                document TEXT NOT NULL,
-                sha256 TEXT NOT NULL,
-                created_at TEXT NOT NULL,
-                PRIMARY KEY (policy_id, version)
-            );
-            CREATE OR REPLACE FUNCTION policy_versions_immutable() RETURNS trigger
+        postgres: concat!(
+            "ALTER TABLE IF EXISTS policies RENAME TO policy_heads;",
+            tables!("IF NOT EXISTS "),
+            "CREATE OR REPLACE FUNCTION policy_versions_immutable() RETURNS trigger
               LANGUAGE plpgsql AS $$
               BEGIN RAISE EXCEPTION 'policy versions are immutable'; END $$;
             DROP TRIGGER IF EXISTS policy_versions_no_change ON policy_versions;
             CREATE TRIGGER policy_versions_no_change BEFORE UPDATE OR DELETE ON policy_versions
-              FOR EACH ROW EXECUTE FUNCTION policy_versions_immutable();",
+              FOR EACH ROW EXECUTE FUNCTION policy_versions_immutable();"
+        ),
     }],
 };
 
@@ -76,10 +78,8 @@ pub static IMPORT: Import = Import {
     copy: &[
         // The built-in policy is already there (inserted at open); the old
         // file's copy is the same document at version 1, so it is skipped.
-        "INSERT OR IGNORE INTO policy_heads (id, name, latest_version, builtin, created_at, updated_at)
-           SELECT id, name, latest_version, builtin, created_at, updated_at FROM old.policies",
-        "INSERT OR IGNORE INTO policy_versions (policy_id, version, document, sha256, created_at)
-           SELECT policy_id, version, document, sha256, created_at FROM old.policy_versions",
+        copy_table!(or ignore "policy_heads", "policies", "id, name, latest_version, builtin, created_at, updated_at"),
+        copy_table!(or ignore "policy_versions", "policy_versions", "policy_id, version, document, sha256, created_at"),
     ],
 };
 
@@ -326,21 +326,8 @@ mod tests {
         let id = crate::store::conformance::versions(&s).await;
         drop(s);
 
-        // The database itself refuses to rewrite or drop a version.
         let db = Db::sqlite(&path).await.unwrap();
-        let e = db
-            .execute(
-                "UPDATE policy_versions SET document = '{}' WHERE policy_id = $1",
-                args![&id],
-            )
-            .await
-            .unwrap_err();
-        assert!(e.to_string().contains("immutable"), "{e}");
-        assert!(e.refused_by_schema(), "{e:?}");
-        assert!(db
-            .execute("DELETE FROM policy_versions", args![])
-            .await
-            .is_err());
+        crate::store::conformance::versions_are_immutable(&db, &id).await;
         // Reopening runs no migration twice and keeps the data.
         let s = DbPolicyStore::open(db).await.unwrap();
         assert_eq!(s.schema_version().await.unwrap(), 1);

@@ -87,19 +87,55 @@ fn grading(id: &str, submission_id: &str) -> GradingRecord {
     }
 }
 
+/// A ready round, stored.
+async fn add_round(s: &Store, id: &str) {
+    s.insert_round(&round(id, RoundState::Ready, 1))
+        .await
+        .unwrap();
+}
+
+/// `ses`, stored with its candidate token `h_<id>`.
+async fn add_session(s: &Store, ses: &SessionRecord) {
+    let t = token(&format!("h_{}", ses.id), &ses.round_id, Some(&ses.id));
+    s.insert_session(ses, &t).await.unwrap();
+}
+
 /// A round of this run (ready) and a session in it in `state`, with its
 /// candidate token.
 async fn seed(s: &Store, round_id: &str, ses_id: &str, state: SessionState) -> SessionRecord {
     if s.get_round(round_id).await.unwrap().is_none() {
-        s.insert_round(&round(round_id, RoundState::Ready, 1))
-            .await
-            .unwrap();
+        add_round(s, round_id).await;
     }
     let ses = session(ses_id, round_id, state, 1_000);
-    s.insert_session(&ses, &token(&format!("h_{ses_id}"), round_id, Some(ses_id)))
-        .await
-        .unwrap();
+    add_session(s, &ses).await;
     ses
+}
+
+/// A unique key or a guard of ours refused the write.
+fn conflict<T: std::fmt::Debug>(r: StoreResult<T>) {
+    assert!(matches!(r, Err(ref e) if e.conflict()), "{r:?}");
+}
+
+/// Moves a session (nothing else set); whether it moved.
+async fn move_session(s: &Store, id: &str, from: &[SessionState], to: SessionState) -> bool {
+    s.set_session_state(id, from, to, None, None).await.unwrap()
+}
+
+/// Moves a round (nothing else set); whether it moved.
+async fn move_round(s: &Store, id: &str, from: &[RoundState], to: RoundState) -> bool {
+    s.set_round_state(id, from, to, None, None).await.unwrap()
+}
+
+async fn session_state(s: &Store, id: &str) -> SessionState {
+    s.get_session(id).await.unwrap().unwrap().state
+}
+
+/// The ids of the rows this check owns, sorted (the database may hold
+/// other runs' rows).
+fn mine<T>(rows: Vec<T>, keep: impl Fn(&T) -> bool, id: impl Fn(T) -> String) -> Vec<String> {
+    let mut v: Vec<String> = rows.into_iter().filter(keep).map(id).collect();
+    v.sort();
+    v
 }
 
 fn ids<T>(rows: &[T], id: impl Fn(&T) -> &str) -> Vec<String> {
@@ -140,10 +176,7 @@ async fn rounds_insert_get_list(s: &Store, run: &str) {
     // The same id twice: a conflict, the first one kept.
     let mut again = round(&a, RoundState::Ready, 30);
     again.name = "other".into();
-    assert!(matches!(
-        s.insert_round(&again).await,
-        Err(ref e) if e.conflict()
-    ));
+    conflict(s.insert_round(&again).await);
     assert_eq!(s.get_round(&a).await.unwrap(), Some(ra));
     // Oldest first (the database may hold other runs' rounds).
     let mine: Vec<String> = s
@@ -183,7 +216,7 @@ async fn round_moves_name_their_source_state(s: &Store, run: &str) {
                 assert_eq!(got.prepared_snapshot.as_deref(), Some("snp"));
                 assert_eq!(got.error.as_deref(), Some("why"));
                 // A second racer finds it moved.
-                assert!(!s.set_round_state(&id, &from, to, None, None).await.unwrap());
+                assert!(!move_round(s, &id, &from, to).await);
             } else {
                 // Refused, final states included: nothing written.
                 assert!(!moved, "{st:?} -> {to:?} applied");
@@ -197,10 +230,7 @@ async fn round_moves_name_their_source_state(s: &Store, run: &str) {
         .await
         .unwrap();
     for to in ROUND_STATES {
-        assert!(!s
-            .set_round_state(&id, &RoundState::sources(to), to, None, None)
-            .await
-            .unwrap());
+        assert!(!move_round(s, &id, &RoundState::sources(to), to).await);
     }
     assert_eq!(
         s.get_round(&id).await.unwrap().unwrap().state,
@@ -220,32 +250,27 @@ async fn round_moves_name_their_source_state(s: &Store, run: &str) {
     )
     .await
     .unwrap();
-    s.set_round_state(&id, &[RoundState::Ready], RoundState::Archived, None, None)
-        .await
-        .unwrap();
+    move_round(s, &id, &[RoundState::Ready], RoundState::Archived).await;
     let r = s.get_round(&id).await.unwrap().unwrap();
     assert_eq!(
         (r.state, r.prepared_snapshot.as_deref(), r.error),
         (RoundState::Archived, Some("snp_k"), None)
     );
     // Nothing moves an unknown round.
-    assert!(!s
-        .set_round_state(
+    assert!(
+        !move_round(
+            s,
             &format!("rnd_none_{run}"),
             &[RoundState::Preparing],
-            RoundState::Ready,
-            None,
-            None
+            RoundState::Ready
         )
         .await
-        .unwrap());
+    );
 }
 
 async fn session_and_token_are_one_transaction(s: &Store, run: &str) {
     let rnd = format!("rnd_st_{run}");
-    s.insert_round(&round(&rnd, RoundState::Ready, 1))
-        .await
-        .unwrap();
+    add_round(s, &rnd).await;
     let sid = format!("ses_st_{run}");
     let ses = session(&sid, &rnd, SessionState::Ready, 100);
     let tok = token(&format!("h1_{run}"), &rnd, Some(&sid));
@@ -254,10 +279,7 @@ async fn session_and_token_are_one_transaction(s: &Store, run: &str) {
     assert_eq!(s.get_token(&tok.hash).await.unwrap(), Some(tok.clone()));
     // A duplicate session id: refused, and its token is not left behind.
     let tok2 = token(&format!("h2_{run}"), &rnd, Some(&sid));
-    assert!(matches!(
-        s.insert_session(&ses, &tok2).await,
-        Err(ref e) if e.conflict()
-    ));
+    conflict(s.insert_session(&ses, &tok2).await);
     assert_eq!(s.get_token(&tok2.hash).await.unwrap(), None);
     // A token hash already taken: the session is not left behind.
     let sid3 = format!("ses_st3_{run}");
@@ -281,10 +303,7 @@ async fn session_and_token_are_one_transaction(s: &Store, run: &str) {
     let rev = token(&format!("hr_{run}"), &rnd, None);
     s.insert_token(&rev).await.unwrap();
     assert_eq!(s.get_token(&rev.hash).await.unwrap(), Some(rev.clone()));
-    assert!(matches!(
-        s.insert_token(&rev).await,
-        Err(ref e) if e.conflict()
-    ));
+    conflict(s.insert_token(&rev).await);
     assert_eq!(s.get_token(&format!("h_none_{run}")).await.unwrap(), None);
 }
 
@@ -299,17 +318,13 @@ const SESSION_STATES: [SessionState; 6] = [
 
 async fn sessions_by_round_and_state(s: &Store, run: &str) {
     let rnd = format!("rnd_ss_{run}");
-    s.insert_round(&round(&rnd, RoundState::Ready, 1))
-        .await
-        .unwrap();
+    add_round(s, &rnd).await;
     for (n, st) in SESSION_STATES.into_iter().enumerate() {
         let sid = format!("ses_ss{n}_{run}");
         let mut ses = session(&sid, &rnd, st, 100);
         // Newest first in insertion order: the list is by creation time.
         ses.created_at_ms = 100 - n as u64;
-        s.insert_session(&ses, &token(&format!("h_{sid}"), &rnd, Some(&sid)))
-            .await
-            .unwrap();
+        add_session(s, &ses).await;
     }
     let other = format!("rnd_ss_other_{run}");
     seed(s, &other, &format!("ses_ssx_{run}"), SessionState::Live).await;
@@ -337,35 +352,19 @@ async fn sessions_by_round_and_state(s: &Store, run: &str) {
 
 async fn expired_sessions_are_the_unended_past_expiry(s: &Store, run: &str) {
     let rnd = format!("rnd_ex_{run}");
-    s.insert_round(&round(&rnd, RoundState::Ready, 1))
-        .await
-        .unwrap();
+    add_round(s, &rnd).await;
     for (name, st, exp) in [
         ("a", SessionState::Live, 100),
         ("b", SessionState::Graded, 200),
         ("c", SessionState::Ended, 50),
         ("d", SessionState::Preparing, 300),
     ] {
-        let sid = format!("ses_ex{name}_{run}");
-        s.insert_session(
-            &session(&sid, &rnd, st, exp),
-            &token(&format!("h_{sid}"), &rnd, Some(&sid)),
-        )
-        .await
-        .unwrap();
+        add_session(s, &session(&format!("ses_ex{name}_{run}"), &rnd, st, exp)).await;
     }
     let rnd = &rnd;
     let expired = |now: u64| async move {
-        let mut v: Vec<String> = s
-            .expired_sessions(now)
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|x| x.round_id == *rnd)
-            .map(|x| x.id)
-            .collect();
-        v.sort();
-        v
+        let v = s.expired_sessions(now).await.unwrap();
+        mine(v, |x| x.round_id == *rnd, |x| x.id)
     };
     let id = |n: &str| format!("ses_ex{n}_{run}");
     assert!(expired(99).await.is_empty());
@@ -376,9 +375,7 @@ async fn expired_sessions_are_the_unended_past_expiry(s: &Store, run: &str) {
 
 async fn session_moves_name_their_source_state(s: &Store, run: &str) {
     let rnd = format!("rnd_sm_{run}");
-    s.insert_round(&round(&rnd, RoundState::Ready, 1))
-        .await
-        .unwrap();
+    add_round(s, &rnd).await;
     let mut n = 0;
     for to in SESSION_STATES {
         let from = SessionState::sources(to);
@@ -387,9 +384,7 @@ async fn session_moves_name_their_source_state(s: &Store, run: &str) {
             let sid = format!("ses_sm{n}_{run}");
             let mut ses = session(&sid, &rnd, st, 100);
             ses.sandbox_id = None;
-            s.insert_session(&ses, &token(&format!("h_{sid}"), &rnd, Some(&sid)))
-                .await
-                .unwrap();
+            add_session(s, &ses).await;
             let moved = s
                 .set_session_state(&sid, &from, to, Some("sbx_new"), Some("why"))
                 .await
@@ -400,10 +395,7 @@ async fn session_moves_name_their_source_state(s: &Store, run: &str) {
                 assert_eq!(got.state, to);
                 assert_eq!(got.sandbox_id.as_deref(), Some("sbx_new"));
                 assert_eq!(got.error.as_deref(), Some("why"));
-                assert!(!s
-                    .set_session_state(&sid, &[st], to, None, None)
-                    .await
-                    .unwrap());
+                assert!(!move_session(s, &sid, &[st], to).await);
             } else {
                 assert!(!moved, "{st:?} -> {to:?} applied");
                 assert_eq!(got, ses);
@@ -424,26 +416,22 @@ async fn session_moves_name_their_source_state(s: &Store, run: &str) {
         .await
         .unwrap());
     for to in SESSION_STATES {
-        assert!(!s
-            .set_session_state(&sid, &SessionState::sources(to), to, None, None)
-            .await
-            .unwrap());
+        assert!(!move_session(s, &sid, &SessionState::sources(to), to).await);
     }
     let got = s.get_session(&sid).await.unwrap().unwrap();
     assert_eq!(
         (got.state, got.sandbox_id, got.error.as_deref()),
         (SessionState::Ended, ses.sandbox_id, Some("expired"))
     );
-    assert!(!s
-        .set_session_state(
+    assert!(
+        !move_session(
+            s,
             &format!("ses_none_{run}"),
             &[SessionState::Live],
-            SessionState::Ended,
-            None,
-            None
+            SessionState::Ended
         )
         .await
-        .unwrap());
+    );
 }
 
 async fn runs_keep_the_newest(s: &Store, run: &str) {
@@ -469,10 +457,7 @@ async fn runs_keep_the_newest(s: &Store, run: &str) {
         s.list_runs(&b).await.unwrap(),
         (0..2).map(|i| rec(&b, i)).collect::<Vec<_>>()
     );
-    assert!(matches!(
-        s.insert_run(&rec(&b, 1), 3).await,
-        Err(ref e) if e.conflict()
-    ));
+    conflict(s.insert_run(&rec(&b, 1), 3).await);
     assert_eq!(s.list_runs(&b).await.unwrap().len(), 2);
     s.insert_run(&rec(&a, 7), 1).await.unwrap();
     assert_eq!(s.list_runs(&a).await.unwrap(), vec![rec(&a, 7)]);
@@ -489,10 +474,7 @@ async fn begin_submission_is_guarded(s: &Store, run: &str) {
     let from = SessionState::sources(SessionState::Submitted);
     let sub = submission(&format!("sub_bs1_{run}"), &ses);
     assert!(s.begin_submission(&sub, &from).await.unwrap());
-    assert_eq!(
-        s.get_session(&ses.id).await.unwrap().unwrap().state,
-        SessionState::Submitted
-    );
+    assert_eq!(session_state(s, &ses.id).await, SessionState::Submitted);
     assert_eq!(s.get_submission(&sub.id).await.unwrap(), Some(sub.clone()));
     // A second submit while one is graded: refused, nothing written.
     let sub2 = submission(&format!("sub_bs2_{run}"), &ses);
@@ -503,16 +485,7 @@ async fn begin_submission_is_guarded(s: &Store, run: &str) {
         vec![sub.clone()]
     );
     // Graded: may submit again; the list is in submission order.
-    assert!(s
-        .set_session_state(
-            &ses.id,
-            &[SessionState::Submitted],
-            SessionState::Graded,
-            None,
-            None
-        )
-        .await
-        .unwrap());
+    assert!(move_session(s, &ses.id, &[SessionState::Submitted], SessionState::Graded).await);
     let mut sub3 = submission(&format!("sub_bs3_{run}"), &ses);
     sub3.created_at_ms = 1;
     assert!(s.begin_submission(&sub3, &from).await.unwrap());
@@ -525,10 +498,7 @@ async fn begin_submission_is_guarded(s: &Store, run: &str) {
     let sub4 = submission(&format!("sub_bs4_{run}"), &ended);
     assert!(!s.begin_submission(&sub4, &from).await.unwrap());
     assert!(s.list_submissions(&ended.id).await.unwrap().is_empty());
-    assert_eq!(
-        s.get_session(&ended.id).await.unwrap().unwrap().state,
-        SessionState::Ended
-    );
+    assert_eq!(session_state(s, &ended.id).await, SessionState::Ended);
     // An unknown session: refused.
     let ghost = session(&format!("ses_none_{run}"), &rnd, SessionState::Live, 1);
     assert!(!s
@@ -553,10 +523,7 @@ async fn finish_grading_writes_the_first_only(s: &Store, run: &str) {
     g.total = u32::MAX;
     assert!(s.finish_grading(&g, &ses.id).await.unwrap());
     assert_eq!(s.list_gradings(&sub.id).await.unwrap(), vec![g.clone()]);
-    assert_eq!(
-        s.get_session(&ses.id).await.unwrap().unwrap().state,
-        SessionState::Graded
-    );
+    assert_eq!(session_state(s, &ses.id).await, SessionState::Graded);
     // A later duplicate (another process graded it too): nothing written,
     // and the session (submitted again meanwhile) is not moved.
     let sub2 = submission(&format!("sub_fg2_{run}"), &ses);
@@ -564,35 +531,17 @@ async fn finish_grading_writes_the_first_only(s: &Store, run: &str) {
     let dup = grading(&format!("grd_fg2_{run}"), &sub.id);
     assert!(!s.finish_grading(&dup, &ses.id).await.unwrap());
     assert_eq!(s.list_gradings(&sub.id).await.unwrap(), vec![g]);
-    assert_eq!(
-        s.get_session(&ses.id).await.unwrap().unwrap().state,
-        SessionState::Submitted
-    );
+    assert_eq!(session_state(s, &ses.id).await, SessionState::Submitted);
     // A session that ended while it was graded keeps `ended`; the grading
     // is stored.
-    assert!(s
-        .set_session_state(
-            &ses.id,
-            &[SessionState::Submitted],
-            SessionState::Ended,
-            None,
-            None
-        )
-        .await
-        .unwrap());
+    assert!(move_session(s, &ses.id, &[SessionState::Submitted], SessionState::Ended).await);
     let g2 = grading(&format!("grd_fg3_{run}"), &sub2.id);
     assert!(s.finish_grading(&g2, &ses.id).await.unwrap());
     assert_eq!(s.list_gradings(&sub2.id).await.unwrap(), vec![g2]);
-    assert_eq!(
-        s.get_session(&ses.id).await.unwrap().unwrap().state,
-        SessionState::Ended
-    );
+    assert_eq!(session_state(s, &ses.id).await, SessionState::Ended);
     // A submission that is not stored: refused, nothing written.
     let ghost = grading(&format!("grd_fg4_{run}"), &format!("sub_none_{run}"));
-    assert!(matches!(
-        s.finish_grading(&ghost, &ses.id).await,
-        Err(ref e) if e.conflict()
-    ));
+    conflict(s.finish_grading(&ghost, &ses.id).await);
     assert!(s
         .list_gradings(&format!("sub_none_{run}"))
         .await
@@ -638,10 +587,7 @@ async fn racing_finish_gradings_write_one(stores: &[Store], run: &str) {
         ids(&s.list_gradings(&sub.id).await.unwrap(), |g| &g.id),
         won
     );
-    assert_eq!(
-        s.get_session(&ses.id).await.unwrap().unwrap().state,
-        SessionState::Graded
-    );
+    assert_eq!(session_state(s, &ses.id).await, SessionState::Graded);
 }
 
 async fn regrades_add_rows(s: &Store, run: &str) {
@@ -665,15 +611,9 @@ async fn regrades_add_rows(s: &Store, run: &str) {
         all.push(g);
     }
     assert_eq!(s.list_gradings(&sub.id).await.unwrap(), all);
-    assert!(matches!(
-        s.insert_grading(&all[1]).await,
-        Err(ref e) if e.conflict()
-    ));
+    conflict(s.insert_grading(&all[1]).await);
     assert_eq!(s.list_gradings(&sub.id).await.unwrap().len(), 3);
-    assert_eq!(
-        s.get_session(&ses.id).await.unwrap().unwrap().state,
-        SessionState::Graded
-    );
+    assert_eq!(session_state(s, &ses.id).await, SessionState::Graded);
     // A regrade is never a first grading: finish_grading refuses after it.
     let late = grading(&format!("grd_rg9_{run}"), &sub.id);
     assert!(!s.finish_grading(&late, &ses.id).await.unwrap());
@@ -701,26 +641,15 @@ async fn replays_fall_due_and_expire_once(s: &Store, run: &str) {
         s.insert_replay(r).await.unwrap();
     }
     assert_eq!(s.get_replay(&a.id).await.unwrap(), Some(a.clone()));
-    assert!(matches!(
-        s.insert_replay(&a).await,
-        Err(ref e) if e.conflict()
-    ));
+    conflict(s.insert_replay(&a).await);
     assert_eq!(
         s.list_replays(&ses).await.unwrap(),
         vec![b.clone(), c.clone(), a.clone()]
     );
     let ses = &ses;
     let due = |now: u64| async move {
-        let mut v: Vec<String> = s
-            .due_replays(now)
-            .await
-            .unwrap()
-            .into_iter()
-            .filter(|r| r.session_id == *ses)
-            .map(|r| r.id)
-            .collect();
-        v.sort();
-        v
+        let v = s.due_replays(now).await.unwrap();
+        mine(v, |r| r.session_id == *ses, |r| r.id)
     };
     assert!(due(9).await.is_empty());
     assert_eq!(due(10).await, vec![a.id.clone()]);
@@ -751,10 +680,7 @@ async fn forks_insert_get_list_delete(s: &Store, run: &str) {
     let (f1, f2) = (rec(1), rec(2));
     s.insert_fork(&f1).await.unwrap();
     s.insert_fork(&f2).await.unwrap();
-    assert!(matches!(
-        s.insert_fork(&f1).await,
-        Err(ref e) if e.conflict()
-    ));
+    conflict(s.insert_fork(&f1).await);
     assert_eq!(s.get_fork(&f1.id).await.unwrap(), Some(f1.clone()));
     assert_eq!(
         s.list_forks(&rpl).await.unwrap(),
@@ -888,10 +814,7 @@ async fn unknown_names_read_as_corrupt(s: &Store, db: &Db) {
     assert!(matches!(e, StoreError::Corrupt(_)), "{e:?}");
     assert!(e.to_string().contains("state"), "{e}");
     set("candidate", "ended").await;
-    assert_eq!(
-        s.get_session(&ses.id).await.unwrap().unwrap().state,
-        SessionState::Ended
-    );
+    assert_eq!(session_state(s, &ses.id).await, SessionState::Ended);
 }
 
 /// Until `cond` holds, for at most 5 s (a released hold is said on its
@@ -969,13 +892,7 @@ async fn conformance_on_sqlite() {
     run_all(&s).await;
     let db2 = Db::sqlite(&path).await.unwrap();
     let again = open(&db2).await;
-    assert_eq!(
-        MIGRATIONS.check(&db2).await.unwrap(),
-        MIGRATIONS.steps.len() as u64
-    );
-    reopened_store_keeps_rows(&s, &again).await;
-    racing_finish_gradings_write_one(&[s.clone(), again.clone()], &run_id()).await;
-    run_all(&again).await;
+    second_process(&s, &again, &db2, &[s.clone(), again.clone()]).await;
     // One process owns the file: its own lock is the only one needed.
     let held = s.lock_session("ses_one", false).await.unwrap();
     assert!(
@@ -986,7 +903,19 @@ async fn conformance_on_sqlite() {
                 .unwrap()
                 .is_some()
     );
-    unknown_names_read_as_corrupt(&s, &db2).await;
+}
+
+/// `again`, a second store on `db` (as a second process): its migrations
+/// were a no-op, it reads what `s` wrote, `racers` race for one first
+/// grading, it keeps the whole contract, and names written past the
+/// stores that are none of theirs read as corrupt.
+async fn second_process(s: &Store, again: &Store, db: &Db, racers: &[Store]) {
+    let steps = MIGRATIONS.steps.len() as u64;
+    assert_eq!(MIGRATIONS.check(db).await.unwrap(), steps);
+    reopened_store_keeps_rows(s, again).await;
+    racing_finish_gradings_write_one(racers, &run_id()).await;
+    run_all(again).await;
+    unknown_names_read_as_corrupt(s, db).await;
 }
 
 #[path = "../../../hatchery-store/tests/support/pg_server.rs"]
@@ -1009,17 +938,11 @@ async fn conformance_on_postgres() {
     );
     let (a, b) = tokio::join!(DbStore::open(dba.clone()), DbStore::open(dbb));
     let (again, other): (Store, Store) = (Arc::new(a.unwrap()), Arc::new(b.unwrap()));
-    assert_eq!(
-        MIGRATIONS.check(&dba).await.unwrap(),
-        MIGRATIONS.steps.len() as u64
-    );
-    reopened_store_keeps_rows(&s, &again).await;
-    // Two pools (as two daemons) race for one first grading.
-    racing_finish_gradings_write_one(&[s.clone(), again.clone(), other.clone()], &run_id()).await;
+    // Three pools (as three daemons) race for one first grading.
+    let racers = [s.clone(), again.clone(), other.clone()];
+    second_process(&s, &again, &dba, &racers).await;
     session_holds_exclude_other_processes(&s, &other).await;
-    run_all(&again).await;
-    unknown_names_read_as_corrupt(&s, &dba).await;
-    drop((s, again, other, db));
+    drop((s, again, other, racers, db));
 }
 
 /// A previous release's PostgreSQL tables (its own runner's, recorded in
@@ -1029,14 +952,7 @@ async fn previous_release_tables_upgrade_in_place_conformance_on_postgres() {
     let pg = pg_server::TestPg::start();
     // A schema of its own: the database may be shared with other suites
     // (HATCHERY_TEST_PG_DSN), which have their own `rounds` table.
-    let schema = format!("rnd_upgrade_{}", run_id());
-    Db::postgres(&pg.dsn, 1)
-        .unwrap()
-        .execute(&format!("CREATE SCHEMA {schema}"), args![])
-        .await
-        .unwrap();
-    let sep = if pg.dsn.contains('?') { '&' } else { '?' };
-    let dsn = format!("{}{sep}options=-c%20search_path%3D{schema}", pg.dsn);
+    let dsn = hatchery_db::scratch_schema(&pg.dsn).await.unwrap();
     let db = Db::postgres(&dsn, 4).unwrap();
     let mut tx = db.begin().await.unwrap();
     // The previous release's step 1 (crates/hatchery-rounds/src/store/pg.rs),
@@ -1079,8 +995,8 @@ async fn previous_release_tables_upgrade_in_place_conformance_on_postgres() {
     // Everything went to that schema.
     let n: i64 = db
         .query_opt(
-            "SELECT count(*) FROM pg_tables WHERE schemaname = $1",
-            args![schema.as_str()],
+            "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()",
+            args![],
         )
         .await
         .unwrap()

@@ -1,6 +1,7 @@
 //! The rounds store: its queries over the deployment's one database,
 //! written once for SQLite and PostgreSQL (`hatchery-db` rewrites the
-//! little that differs). Columns are read by name.
+//! little that differs). Each record is its table's row, read and written
+//! by its field names (`hatchery_db::record!`).
 //!
 //! Races, the same on both databases:
 //! - a state change is one `UPDATE … WHERE id = $1 AND state IN (…)`: the
@@ -13,7 +14,7 @@
 //!   second one's check sees the first one's row.
 
 use super::*;
-use hatchery_db::{args, Db, Row, Tx, Value};
+use hatchery_db::{args, Db, Record, Tx, Value};
 
 /// The rounds store on the deployment's database (cheap to clone).
 #[derive(Clone)]
@@ -37,22 +38,29 @@ impl DbStore {
         &self.db
     }
 
-    async fn one<T>(
-        &self,
-        sql: &str,
-        a: &[Value],
-        f: fn(&Row) -> StoreResult<T>,
-    ) -> StoreResult<Option<T>> {
-        self.db.query_opt(sql, a).await?.as_ref().map(f).transpose()
+    /// The record `SELECT * FROM <its table> WHERE id = $1` finds (`key`
+    /// names another key column).
+    async fn get<T: Record>(&self, key: &str, v: &str) -> StoreResult<Option<T>> {
+        let sql = format!("SELECT * FROM {} WHERE {key} = $1", T::TABLE);
+        Ok(self
+            .db
+            .query_opt(&sql, args![v])
+            .await?
+            .as_ref()
+            .map(T::from_row)
+            .transpose()?)
     }
 
-    async fn many<T>(
-        &self,
-        sql: &str,
-        a: &[Value],
-        f: fn(&Row) -> StoreResult<T>,
-    ) -> StoreResult<Vec<T>> {
-        self.db.query(sql, a).await?.iter().map(f).collect()
+    /// The records of `SELECT * FROM <its table> <rest>`.
+    async fn list<T: Record>(&self, rest: &str, a: &[Value]) -> StoreResult<Vec<T>> {
+        let sql = format!("SELECT * FROM {} {rest}", T::TABLE);
+        let rows = self.db.query(&sql, a).await?;
+        Ok(rows.iter().map(T::from_row).collect::<Result<_, _>>()?)
+    }
+
+    async fn insert<T: Record>(&self, r: &T) -> StoreResult<()> {
+        self.db.insert(r).await?;
+        Ok(())
     }
 }
 
@@ -100,40 +108,15 @@ async fn guarded_once(
 #[async_trait]
 impl RoundStore for DbStore {
     async fn insert_round(&self, r: &RoundRecord) -> StoreResult<()> {
-        self.db
-            .execute(
-                "INSERT INTO rounds (id, name, state, template, template_version, spec, tests,
-                    prepared_snapshot, error, created_at_ms)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
-                args![
-                    &r.id,
-                    &r.name,
-                    r.state.as_str(),
-                    &r.template,
-                    &r.template_version,
-                    &r.spec,
-                    &r.tests,
-                    r.prepared_snapshot.as_deref(),
-                    r.error.as_deref(),
-                    big("created_at_ms", r.created_at_ms)?
-                ],
-            )
-            .await?;
-        Ok(())
+        self.insert(r).await
     }
 
     async fn get_round(&self, id: &str) -> StoreResult<Option<RoundRecord>> {
-        self.one("SELECT * FROM rounds WHERE id = $1", args![id], round_row)
-            .await
+        self.get("id", id).await
     }
 
     async fn list_rounds(&self) -> StoreResult<Vec<RoundRecord>> {
-        self.many(
-            "SELECT * FROM rounds ORDER BY created_at_ms, id",
-            args![],
-            round_row,
-        )
-        .await
+        self.list("ORDER BY created_at_ms, id", args![]).await
     }
 
     async fn set_round_state(
@@ -157,65 +140,30 @@ impl RoundStore for DbStore {
     }
 
     async fn insert_session(&self, s: &SessionRecord, t: &TokenRecord) -> StoreResult<()> {
-        let a = args![
-            &s.id,
-            &s.round_id,
-            &s.candidate,
-            s.state.as_str(),
-            s.sandbox_id.as_deref(),
-            big("created_at_ms", s.created_at_ms)?,
-            big("expires_at_ms", s.expires_at_ms)?,
-            s.error.as_deref()
-        ];
-        let token = token_args(t)?;
         let mut tx = self.db.begin().await?;
-        tx.execute(
-            "INSERT INTO round_sessions (id, round_id, candidate, state, sandbox_id,
-                created_at_ms, expires_at_ms, error)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-            a,
-        )
-        .await?;
-        tx.execute(INSERT_TOKEN, &token).await?;
+        tx.insert(s).await?;
+        tx.insert(t).await?;
         tx.commit().await?;
         Ok(())
     }
 
     async fn get_session(&self, id: &str) -> StoreResult<Option<SessionRecord>> {
-        self.one(
-            "SELECT * FROM round_sessions WHERE id = $1",
-            args![id],
-            session_row,
-        )
-        .await
+        self.get("id", id).await
     }
 
     async fn list_sessions(&self, round_id: &str) -> StoreResult<Vec<SessionRecord>> {
-        self.many(
-            "SELECT * FROM round_sessions WHERE round_id = $1 ORDER BY created_at_ms, id",
-            args![round_id],
-            session_row,
-        )
-        .await
+        let order = "WHERE round_id = $1 ORDER BY created_at_ms, id";
+        self.list(order, args![round_id]).await
     }
 
     async fn sessions_in_state(&self, state: SessionState) -> StoreResult<Vec<SessionRecord>> {
-        self.many(
-            "SELECT * FROM round_sessions WHERE state = $1 ORDER BY created_at_ms, id",
-            args![state.as_str()],
-            session_row,
-        )
-        .await
+        let order = "WHERE state = $1 ORDER BY created_at_ms, id";
+        self.list(order, args![state.as_str()]).await
     }
 
     async fn expired_sessions(&self, now_ms: u64) -> StoreResult<Vec<SessionRecord>> {
-        self.many(
-            "SELECT * FROM round_sessions WHERE state <> 'ended' AND expires_at_ms <= $1
-             ORDER BY created_at_ms, id",
-            args![clamp(now_ms)],
-            session_row,
-        )
-        .await
+        let due = "WHERE state <> 'ended' AND expires_at_ms <= $1 ORDER BY created_at_ms, id";
+        self.list(due, args![clamp(now_ms)]).await
     }
 
     async fn set_session_state(
@@ -238,28 +186,16 @@ impl RoundStore for DbStore {
     }
 
     async fn insert_token(&self, t: &TokenRecord) -> StoreResult<()> {
-        self.db.execute(INSERT_TOKEN, &token_args(t)?).await?;
-        Ok(())
+        self.insert(t).await
     }
 
     async fn get_token(&self, hash: &str) -> StoreResult<Option<TokenRecord>> {
-        self.one(
-            "SELECT * FROM round_tokens WHERE hash = $1",
-            args![hash],
-            token_row,
-        )
-        .await
+        self.get("hash", hash).await
     }
 
     async fn insert_run(&self, r: &RunRecord, keep: usize) -> StoreResult<()> {
-        let created = big("created_at_ms", r.created_at_ms)?;
         let mut tx = self.db.begin().await?;
-        tx.execute(
-            "INSERT INTO round_runs (id, session_id, created_at_ms, result)
-             VALUES ($1, $2, $3, $4)",
-            args![&r.id, &r.session_id, created, &r.result],
-        )
-        .await?;
+        tx.insert(r).await?;
         tx.execute(
             "DELETE FROM round_runs WHERE session_id = $1 AND seq NOT IN
                 (SELECT seq FROM round_runs WHERE session_id = $1 ORDER BY seq DESC LIMIT $2)",
@@ -271,12 +207,8 @@ impl RoundStore for DbStore {
     }
 
     async fn list_runs(&self, session_id: &str) -> StoreResult<Vec<RunRecord>> {
-        self.many(
-            "SELECT * FROM round_runs WHERE session_id = $1 ORDER BY seq",
-            args![session_id],
-            run_row,
-        )
-        .await
+        self.list("WHERE session_id = $1 ORDER BY seq", args![session_id])
+            .await
     }
 
     async fn begin_submission(
@@ -284,41 +216,20 @@ impl RoundStore for DbStore {
         sub: &SubmissionRecord,
         from: &[SessionState],
     ) -> StoreResult<bool> {
-        let created = big("created_at_ms", sub.created_at_ms)?;
         let from: Vec<_> = from.iter().map(|s| s.as_str()).collect();
         let mut tx = self.db.begin().await?;
-        let moved = guarded(
-            &mut tx,
-            "round_sessions",
-            "state = 'submitted'",
-            args![&sub.session_id].to_vec(),
-            &from,
-        )
-        .await?;
-        if !moved {
+        let set = "state = 'submitted'";
+        let a = args![&sub.session_id].to_vec();
+        if !guarded(&mut tx, "round_sessions", set, a, &from).await? {
             // Dropped unfinished: rolled back, nothing written.
             return Ok(false);
         }
-        tx.execute(
-            "INSERT INTO round_submissions (id, session_id, round_id, files, sha256,
-                created_at_ms)
-             VALUES ($1, $2, $3, $4, $5, $6)",
-            args![
-                &sub.id,
-                &sub.session_id,
-                &sub.round_id,
-                &sub.files,
-                &sub.sha256,
-                created
-            ],
-        )
-        .await?;
+        tx.insert(sub).await?;
         tx.commit().await?;
         Ok(true)
     }
 
     async fn finish_grading(&self, g: &GradingRecord, session_id: &str) -> StoreResult<bool> {
-        let grading = grading_args(g)?;
         let mut tx = self.db.begin().await?;
         // The lock two racing first gradings serialize on; the check below
         // runs after the other one committed, and sees its row.
@@ -343,7 +254,7 @@ impl RoundStore for DbStore {
         if graded.is_some() {
             return Ok(false);
         }
-        tx.execute(INSERT_GRADING, &grading).await?;
+        tx.insert(g).await?;
         tx.execute(
             "UPDATE round_sessions SET state = 'graded' WHERE id = $1 AND state = 'submitted'",
             args![session_id],
@@ -354,84 +265,42 @@ impl RoundStore for DbStore {
     }
 
     async fn insert_grading(&self, g: &GradingRecord) -> StoreResult<()> {
-        self.db.execute(INSERT_GRADING, &grading_args(g)?).await?;
-        Ok(())
+        self.insert(g).await
     }
 
     async fn get_submission(&self, id: &str) -> StoreResult<Option<SubmissionRecord>> {
-        self.one(
-            "SELECT * FROM round_submissions WHERE id = $1",
-            args![id],
-            submission_row,
-        )
-        .await
+        self.get("id", id).await
     }
 
     async fn list_submissions(&self, session_id: &str) -> StoreResult<Vec<SubmissionRecord>> {
-        self.many(
-            "SELECT * FROM round_submissions WHERE session_id = $1 ORDER BY seq",
-            args![session_id],
-            submission_row,
-        )
-        .await
+        self.list("WHERE session_id = $1 ORDER BY seq", args![session_id])
+            .await
     }
 
     async fn list_gradings(&self, submission_id: &str) -> StoreResult<Vec<GradingRecord>> {
-        self.many(
-            "SELECT * FROM round_gradings WHERE submission_id = $1 ORDER BY seq",
+        self.list(
+            "WHERE submission_id = $1 ORDER BY seq",
             args![submission_id],
-            grading_row,
         )
         .await
     }
 
     async fn insert_replay(&self, r: &ReplayRecord) -> StoreResult<()> {
-        self.db
-            .execute(
-                "INSERT INTO round_replays (id, session_id, round_id, snapshot_id, reason,
-                    created_at_ms, expires_at_ms, state)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-                args![
-                    &r.id,
-                    &r.session_id,
-                    &r.round_id,
-                    &r.snapshot_id,
-                    &r.reason,
-                    big("created_at_ms", r.created_at_ms)?,
-                    big("expires_at_ms", r.expires_at_ms)?,
-                    &r.state
-                ],
-            )
-            .await?;
-        Ok(())
+        self.insert(r).await
     }
 
     async fn get_replay(&self, id: &str) -> StoreResult<Option<ReplayRecord>> {
-        self.one(
-            "SELECT * FROM round_replays WHERE id = $1",
-            args![id],
-            replay_row,
-        )
-        .await
+        self.get("id", id).await
     }
 
     async fn list_replays(&self, session_id: &str) -> StoreResult<Vec<ReplayRecord>> {
-        self.many(
-            "SELECT * FROM round_replays WHERE session_id = $1 ORDER BY created_at_ms, id",
-            args![session_id],
-            replay_row,
-        )
-        .await
+        let order = "WHERE session_id = $1 ORDER BY created_at_ms, id";
+        self.list(order, args![session_id]).await
     }
 
     async fn due_replays(&self, now_ms: u64) -> StoreResult<Vec<ReplayRecord>> {
-        self.many(
-            "SELECT * FROM round_replays WHERE state = 'active' AND expires_at_ms <= $1
-             ORDER BY expires_at_ms, id",
-            args![clamp(now_ms)],
-            replay_row,
-        )
-        .await
+        let due = "WHERE state = 'active' AND expires_at_ms <= $1 ORDER BY expires_at_ms, id";
+        self.list(due, args![clamp(now_ms)]).await
     }
 
     async fn expire_replay(&self, id: &str) -> StoreResult<bool> {
@@ -446,41 +315,16 @@ impl RoundStore for DbStore {
     }
 
     async fn insert_fork(&self, f: &ForkRecord) -> StoreResult<()> {
-        self.db
-            .execute(
-                "INSERT INTO round_forks (id, replay_id, round_id, sandbox_id, owner,
-                    created_at_ms, expires_at_ms)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
-                args![
-                    &f.id,
-                    &f.replay_id,
-                    &f.round_id,
-                    &f.sandbox_id,
-                    &f.owner,
-                    big("created_at_ms", f.created_at_ms)?,
-                    big("expires_at_ms", f.expires_at_ms)?
-                ],
-            )
-            .await?;
-        Ok(())
+        self.insert(f).await
     }
 
     async fn get_fork(&self, id: &str) -> StoreResult<Option<ForkRecord>> {
-        self.one(
-            "SELECT * FROM round_forks WHERE id = $1",
-            args![id],
-            fork_row,
-        )
-        .await
+        self.get("id", id).await
     }
 
     async fn list_forks(&self, replay_id: &str) -> StoreResult<Vec<ForkRecord>> {
-        self.many(
-            "SELECT * FROM round_forks WHERE replay_id = $1 ORDER BY created_at_ms, id",
-            args![replay_id],
-            fork_row,
-        )
-        .await
+        let order = "WHERE replay_id = $1 ORDER BY created_at_ms, id";
+        self.list(order, args![replay_id]).await
     }
 
     async fn delete_fork(&self, id: &str) -> StoreResult<bool> {
@@ -499,146 +343,4 @@ impl RoundStore for DbStore {
             None => Ok(Some(SessionHold::new(()))),
         }
     }
-}
-
-const INSERT_TOKEN: &str =
-    "INSERT INTO round_tokens (hash, scope, round_id, session_id, created_at_ms, expires_at_ms)
-     VALUES ($1, $2, $3, $4, $5, $6)";
-
-fn token_args(t: &TokenRecord) -> StoreResult<Vec<Value>> {
-    Ok(args![
-        &t.hash,
-        t.scope.as_str(),
-        &t.round_id,
-        t.session_id.as_deref(),
-        big("created_at_ms", t.created_at_ms)?,
-        big("expires_at_ms", t.expires_at_ms)?
-    ]
-    .to_vec())
-}
-
-const INSERT_GRADING: &str =
-    "INSERT INTO round_gradings (id, submission_id, created_at_ms, status, passed, total, report)
-     VALUES ($1, $2, $3, $4, $5, $6, $7)";
-
-fn grading_args(g: &GradingRecord) -> StoreResult<Vec<Value>> {
-    Ok(args![
-        &g.id,
-        &g.submission_id,
-        big("created_at_ms", g.created_at_ms)?,
-        &g.status,
-        g.passed,
-        g.total,
-        &g.report
-    ]
-    .to_vec())
-}
-
-// Rows, their columns read by name.
-
-fn ms(r: &Row, col: &str) -> StoreResult<u64> {
-    Ok(unsigned(r.get::<i64>(col)?))
-}
-
-/// A stored name that is none of ours reads as `Corrupt`, never as some
-/// default state or scope.
-fn named<T>(r: &Row, col: &str, what: &str, parse: fn(&str) -> Option<T>) -> StoreResult<T> {
-    let v: String = r.get(col)?;
-    parse(&v).ok_or_else(|| StoreError::Corrupt(format!("{what} {v:?}")))
-}
-
-fn round_row(r: &Row) -> StoreResult<RoundRecord> {
-    Ok(RoundRecord {
-        id: r.get("id")?,
-        name: r.get("name")?,
-        state: named(r, "state", "round state", RoundState::parse)?,
-        template: r.get("template")?,
-        template_version: r.get("template_version")?,
-        spec: r.get("spec")?,
-        tests: r.get("tests")?,
-        prepared_snapshot: r.get("prepared_snapshot")?,
-        error: r.get("error")?,
-        created_at_ms: ms(r, "created_at_ms")?,
-    })
-}
-
-fn session_row(r: &Row) -> StoreResult<SessionRecord> {
-    Ok(SessionRecord {
-        id: r.get("id")?,
-        round_id: r.get("round_id")?,
-        candidate: r.get("candidate")?,
-        state: named(r, "state", "session state", SessionState::parse)?,
-        sandbox_id: r.get("sandbox_id")?,
-        created_at_ms: ms(r, "created_at_ms")?,
-        expires_at_ms: ms(r, "expires_at_ms")?,
-        error: r.get("error")?,
-    })
-}
-
-fn token_row(r: &Row) -> StoreResult<TokenRecord> {
-    Ok(TokenRecord {
-        hash: r.get("hash")?,
-        scope: named(r, "scope", "token scope", Scope::parse)?,
-        round_id: r.get("round_id")?,
-        session_id: r.get("session_id")?,
-        created_at_ms: ms(r, "created_at_ms")?,
-        expires_at_ms: ms(r, "expires_at_ms")?,
-    })
-}
-
-fn run_row(r: &Row) -> StoreResult<RunRecord> {
-    Ok(RunRecord {
-        id: r.get("id")?,
-        session_id: r.get("session_id")?,
-        created_at_ms: ms(r, "created_at_ms")?,
-        result: r.get("result")?,
-    })
-}
-
-fn submission_row(r: &Row) -> StoreResult<SubmissionRecord> {
-    Ok(SubmissionRecord {
-        id: r.get("id")?,
-        session_id: r.get("session_id")?,
-        round_id: r.get("round_id")?,
-        files: r.get("files")?,
-        sha256: r.get("sha256")?,
-        created_at_ms: ms(r, "created_at_ms")?,
-    })
-}
-
-fn grading_row(r: &Row) -> StoreResult<GradingRecord> {
-    Ok(GradingRecord {
-        id: r.get("id")?,
-        submission_id: r.get("submission_id")?,
-        created_at_ms: ms(r, "created_at_ms")?,
-        status: r.get("status")?,
-        passed: r.get("passed")?,
-        total: r.get("total")?,
-        report: r.get("report")?,
-    })
-}
-
-fn replay_row(r: &Row) -> StoreResult<ReplayRecord> {
-    Ok(ReplayRecord {
-        id: r.get("id")?,
-        session_id: r.get("session_id")?,
-        round_id: r.get("round_id")?,
-        snapshot_id: r.get("snapshot_id")?,
-        reason: r.get("reason")?,
-        created_at_ms: ms(r, "created_at_ms")?,
-        expires_at_ms: ms(r, "expires_at_ms")?,
-        state: r.get("state")?,
-    })
-}
-
-fn fork_row(r: &Row) -> StoreResult<ForkRecord> {
-    Ok(ForkRecord {
-        id: r.get("id")?,
-        replay_id: r.get("replay_id")?,
-        round_id: r.get("round_id")?,
-        sandbox_id: r.get("sandbox_id")?,
-        owner: r.get("owner")?,
-        created_at_ms: ms(r, "created_at_ms")?,
-        expires_at_ms: ms(r, "expires_at_ms")?,
-    })
 }

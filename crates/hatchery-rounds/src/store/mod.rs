@@ -30,7 +30,7 @@ pub enum StoreError {
     /// says whether to retry (503), [`StoreError::conflict`] whether a
     /// unique key refused it (409); anything else is for logs (500).
     #[error("database: {0}")]
-    Db(#[from] DbError),
+    Db(DbError),
     /// The rounds schema could not be brought up to date at open.
     #[error("{0}")]
     Schema(#[from] MigrateError),
@@ -66,6 +66,22 @@ impl StoreError {
     }
 }
 
+impl From<DbError> for StoreError {
+    /// A stored name that is none of ours reads as `Corrupt`, never as
+    /// some default state or scope; a number past the database's integer
+    /// is refused, never wrapped.
+    fn from(e: DbError) -> Self {
+        match e {
+            DbError::Type { .. } => StoreError::Corrupt(e.to_string()),
+            DbError::OutOfRange { column, value } => StoreError::OutOfRange {
+                what: column,
+                value,
+            },
+            e => StoreError::Db(e),
+        }
+    }
+}
+
 pub type StoreResult<T> = Result<T, StoreError>;
 
 /// A session held by this process across every process on the store
@@ -82,44 +98,41 @@ impl SessionHold {
     }
 }
 
-/// A u64 as the database's signed 64-bit integer; refused rather than
-/// wrapped (a wrapped expiry would read back as long past).
-pub(crate) fn big(what: &'static str, v: u64) -> StoreResult<i64> {
-    i64::try_from(v).map_err(|_| StoreError::OutOfRange { what, value: v })
+hatchery_db::record! {
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct RoundRecord in "rounds" {
+        pub id: String,
+        pub name: String,
+        pub state: RoundState,
+        pub template: String,
+        pub template_version: String,
+        /// The round's public definition (`RoundSpec`, JSON).
+        pub spec: String,
+        /// The hidden suite (`TestSuite`, JSON). Only the grader reads it.
+        pub tests: String,
+        pub prepared_snapshot: Option<String>,
+        pub error: Option<String>,
+        pub created_at_ms: u64,
+    }
 }
 
-/// A stored integer back as u64 (never negative: writes go through [`big`]).
-pub(crate) fn unsigned(v: i64) -> u64 {
-    v.max(0) as u64
+hatchery_db::record! {
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct SessionRecord in "round_sessions" {
+        pub id: String,
+        pub round_id: String,
+        pub candidate: String,
+        pub state: SessionState,
+        pub sandbox_id: Option<String>,
+        pub created_at_ms: u64,
+        pub expires_at_ms: u64,
+        pub error: Option<String>,
+    }
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct RoundRecord {
-    pub id: String,
-    pub name: String,
-    pub state: RoundState,
-    pub template: String,
-    pub template_version: String,
-    /// The round's public definition (`RoundSpec`, JSON).
-    pub spec: String,
-    /// The hidden suite (`TestSuite`, JSON). Only the grader reads it.
-    pub tests: String,
-    pub prepared_snapshot: Option<String>,
-    pub error: Option<String>,
-    pub created_at_ms: u64,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct SessionRecord {
-    pub id: String,
-    pub round_id: String,
-    pub candidate: String,
-    pub state: SessionState,
-    pub sandbox_id: Option<String>,
-    pub created_at_ms: u64,
-    pub expires_at_ms: u64,
-    pub error: Option<String>,
-}
+hatchery_db::named!(RoundState, as_str, parse);
+hatchery_db::named!(SessionState, as_str, parse);
+hatchery_db::named!(Scope, as_str, parse);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
@@ -145,74 +158,86 @@ impl Scope {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct TokenRecord {
-    /// SHA-256 of the token, hex. The token itself is never stored.
-    pub hash: String,
-    pub scope: Scope,
-    pub round_id: String,
-    pub session_id: Option<String>,
-    pub created_at_ms: u64,
-    pub expires_at_ms: u64,
+hatchery_db::record! {
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct TokenRecord in "round_tokens" {
+        /// SHA-256 of the token, hex. The token itself is never stored.
+        pub hash: String,
+        pub scope: Scope,
+        pub round_id: String,
+        pub session_id: Option<String>,
+        pub created_at_ms: u64,
+        pub expires_at_ms: u64,
+    }
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct RunRecord {
-    pub id: String,
-    pub session_id: String,
-    pub created_at_ms: u64,
-    /// The `RunResult` JSON the candidate got.
-    pub result: String,
+hatchery_db::record! {
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct RunRecord in "round_runs" {
+        pub id: String,
+        pub session_id: String,
+        pub created_at_ms: u64,
+        /// The `RunResult` JSON the candidate got.
+        pub result: String,
+    }
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct SubmissionRecord {
-    pub id: String,
-    pub session_id: String,
-    pub round_id: String,
-    /// `{path: text}` JSON as captured.
-    pub files: String,
-    pub sha256: String,
-    pub created_at_ms: u64,
+hatchery_db::record! {
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct SubmissionRecord in "round_submissions" {
+        pub id: String,
+        pub session_id: String,
+        pub round_id: String,
+        /// `{path: text}` JSON as captured.
+        pub files: String,
+        pub sha256: String,
+        pub created_at_ms: u64,
+    }
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct GradingRecord {
-    pub id: String,
-    pub submission_id: String,
-    pub created_at_ms: u64,
-    /// `graded` or `error`.
-    pub status: String,
-    pub passed: u32,
-    pub total: u32,
-    /// The full report (`GradingReport` JSON): reviewer only.
-    pub report: String,
+hatchery_db::record! {
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct GradingRecord in "round_gradings" {
+        pub id: String,
+        pub submission_id: String,
+        pub created_at_ms: u64,
+        /// `graded` or `error`.
+        pub status: String,
+        pub passed: u32,
+        pub total: u32,
+        /// The full report (`GradingReport` JSON): reviewer only.
+        pub report: String,
+    }
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct ReplayRecord {
-    pub id: String,
-    pub session_id: String,
-    pub round_id: String,
-    pub snapshot_id: String,
-    /// `end` or `on_demand`.
-    pub reason: String,
-    pub created_at_ms: u64,
-    pub expires_at_ms: u64,
-    /// `active` or `expired`.
-    pub state: String,
+hatchery_db::record! {
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct ReplayRecord in "round_replays" {
+        pub id: String,
+        pub session_id: String,
+        pub round_id: String,
+        pub snapshot_id: String,
+        /// `end` or `on_demand`.
+        pub reason: String,
+        pub created_at_ms: u64,
+        pub expires_at_ms: u64,
+        /// `active` or `expired`.
+        pub state: String,
+    }
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct ForkRecord {
-    pub id: String,
-    pub replay_id: String,
-    pub round_id: String,
-    pub sandbox_id: String,
-    /// Who made it (a token hash, or `api_key`): only they may use it.
-    pub owner: String,
-    pub created_at_ms: u64,
-    pub expires_at_ms: u64,
+hatchery_db::record! {
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct ForkRecord in "round_forks" {
+        pub id: String,
+        pub replay_id: String,
+        pub round_id: String,
+        pub sandbox_id: String,
+        /// Who made it (a token hash, or `api_key`): only they may use it.
+        pub owner: String,
+        pub created_at_ms: u64,
+        pub expires_at_ms: u64,
+    }
 }
 
 #[async_trait]

@@ -8,7 +8,7 @@
 //! release kept rounds in a file of their own, `DATA_DIR/rounds.db`, with
 //! unprefixed names (`sessions`, `tokens`, ...); [`IMPORT`] copies it in.
 
-use hatchery_db::{Import, Migrations, Step};
+use hatchery_db::{copy_table, Import, Migrations, Step};
 
 pub static MIGRATIONS: Migrations = Migrations {
     product: "rounds",
@@ -105,35 +105,13 @@ pub static MIGRATIONS: Migrations = Migrations {
 pub static IMPORT: Import = Import {
     file: "rounds.db",
     copy: &[
-        "INSERT INTO rounds (id, name, state, template, template_version, spec, tests,
-            prepared_snapshot, error, created_at_ms)
-         SELECT id, name, state, template, template_version, spec, tests,
-            prepared_snapshot, error, created_at_ms FROM old.rounds",
-        "INSERT INTO round_sessions (id, round_id, candidate, state, sandbox_id,
-            created_at_ms, expires_at_ms, error)
-         SELECT id, round_id, candidate, state, sandbox_id, created_at_ms, expires_at_ms,
-            error FROM old.sessions",
-        "INSERT INTO round_tokens (hash, scope, round_id, session_id, created_at_ms,
-            expires_at_ms)
-         SELECT hash, scope, round_id, session_id, created_at_ms, expires_at_ms
-         FROM old.tokens",
-        "INSERT INTO round_runs (seq, id, session_id, created_at_ms, result)
-         SELECT seq, id, session_id, created_at_ms, result FROM old.runs",
-        "INSERT INTO round_submissions (seq, id, session_id, round_id, files, sha256,
-            created_at_ms)
-         SELECT seq, id, session_id, round_id, files, sha256, created_at_ms
-         FROM old.submissions",
-        "INSERT INTO round_gradings (seq, id, submission_id, created_at_ms, status, passed,
-            total, report)
-         SELECT seq, id, submission_id, created_at_ms, status, passed, total, report
-         FROM old.gradings",
-        "INSERT INTO round_replays (id, session_id, round_id, snapshot_id, reason,
-            created_at_ms, expires_at_ms, state)
-         SELECT id, session_id, round_id, snapshot_id, reason, created_at_ms,
-            expires_at_ms, state FROM old.replays",
-        "INSERT INTO round_forks (id, replay_id, round_id, sandbox_id, owner, created_at_ms,
-            expires_at_ms)
-         SELECT id, replay_id, round_id, sandbox_id, owner, created_at_ms, expires_at_ms
-         FROM old.forks",
+        copy_table!("rounds", "rounds", "id, name, state, template, template_version, spec, tests, prepared_snapshot, error, created_at_ms"),
+        copy_table!("round_sessions", "sessions", "id, round_id, candidate, state, sandbox_id, created_at_ms, expires_at_ms, error"),
+        copy_table!("round_tokens", "tokens", "hash, scope, round_id, session_id, created_at_ms, expires_at_ms"),
+        copy_table!("round_runs", "runs", "seq, id, session_id, created_at_ms, result"),
+        copy_table!("round_submissions", "submissions", "seq, id, session_id, round_id, files, sha256, created_at_ms"),
+        copy_table!("round_gradings", "gradings", "seq, id, submission_id, created_at_ms, status, passed, total, report"),
+        copy_table!("round_replays", "replays", "id, session_id, round_id, snapshot_id, reason, created_at_ms, expires_at_ms, state"),
+        copy_table!("round_forks", "forks", "id, replay_id, round_id, sandbox_id, owner, created_at_ms, expires_at_ms"),
     ],
 };
