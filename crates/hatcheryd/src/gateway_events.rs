@@ -159,7 +159,14 @@ impl GatewayEvents for QueuedEvents {
         mut s: Settlement,
         called: GatewayEvent,
     ) -> Result<bool, BudgetError> {
-        let (Some(sessions), Some((session, ev))) = (&self.local, model_event(called)) else {
+        let Some(sessions) = &self.local else {
+            // The control role's: settled here, the event posted to the
+            // session's owner through the queue.
+            let r = store.settle(&s.id, &s.scopes, s.actual).await;
+            self.record(called);
+            return r;
+        };
+        let Some((session, ev)) = model_event(called) else {
             return store.settle(&s.id, &s.scopes, s.actual).await;
         };
         let key = s.id.clone();
@@ -708,5 +715,62 @@ mod tests {
             (60, 4),
             "both settled once"
         );
+    }
+
+    /// Events the sink was handed.
+    #[derive(Default)]
+    struct Collect(Mutex<Vec<String>>);
+
+    #[async_trait::async_trait]
+    impl EventSink for Collect {
+        async fn deliver(&self, session: &str, _: ModelEvent) {
+            self.0.lock().unwrap().push(session.to_string());
+        }
+    }
+
+    /// Without local sessions (the control role) a settled call is
+    /// settled, and its event still goes to the sink (ci16 caught it
+    /// dropped: the owners' logs had no `model_call`).
+    #[tokio::test]
+    async fn without_local_sessions_the_event_still_goes_to_the_sink() {
+        let budgets = hatchery_gateway::store::GatewayStore::open_in_memory()
+            .await
+            .unwrap();
+        let sink = Arc::new(Collect::default());
+        let q = QueuedEvents::spawn(sink.clone());
+        let who = caller();
+        let one = Amount {
+            tokens: 5,
+            usd_cents: 1,
+        };
+        budgets
+            .reserve("rsv_c", &who.scopes(), one, 0, 60_000)
+            .await
+            .unwrap();
+        let s = Settlement {
+            id: "rsv_c".into(),
+            scopes: who.scopes(),
+            actual: one,
+            fresh: false,
+        };
+        let called = GatewayEvent::Called {
+            caller: who.clone(),
+            flavor: Flavor::OpenAi,
+            model: "m".into(),
+            input_tokens: Some(2),
+            output_tokens: Some(3),
+            charged: one,
+            reserved: one,
+        };
+        assert!(q.settle(&budgets, s, called).await.unwrap());
+        for _ in 0..200 {
+            if !sink.0.lock().unwrap().is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(*sink.0.lock().unwrap(), vec!["ses_a".to_string()]);
+        let b = budgets.get(&who.scopes()[0]).await.unwrap();
+        assert_eq!(b.used_tokens, 5);
     }
 }
