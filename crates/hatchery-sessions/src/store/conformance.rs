@@ -79,6 +79,34 @@ fn fenced<T: std::fmt::Debug>(r: Result<T, StoreError>, owner: &str) {
     }
 }
 
+/// A transition with no reason, extra events or patch.
+async fn go(
+    s: &dyn SessionStore,
+    id: &str,
+    from: &[SessionState],
+    to: SessionState,
+) -> Result<(Session, Vec<Event>), StoreError> {
+    s.transition(id, from, to, None, vec![], Patch::default())
+        .await
+}
+
+/// An agent's command whose output is `output` (large enough, a blob).
+fn command_run(command: &str, output: &str) -> NewEvent {
+    let (call_id, command, output) = ("c".into(), command.into(), output.into());
+    (
+        Actor::Agent,
+        EventKind::CommandRun {
+            call_id,
+            command,
+            exit_code: 0,
+            duration_ms: 1,
+            output,
+            output_ref: None,
+            truncated: false,
+        },
+    )
+}
+
 async fn create_is_idempotent(open: Open<'_>, run: &str) {
     let s = open(&format!("h{run}"));
     let sp = spec(&repo(run, "idem"));
@@ -179,23 +207,13 @@ async fn transitions_are_guarded(open: Open<'_>, run: &str) {
     let s = open(&format!("h{run}"));
     let id = format!("ses_t{run}");
     create(&*s, &id, run).await;
-    let err = s
-        .transition(
-            &id,
-            &[SessionState::Running],
-            SessionState::Completed,
-            None,
-            vec![],
-            Patch::default(),
-        )
-        .await
-        .unwrap_err();
+    let err = go(&*s, &id, &[SessionState::Running], SessionState::Completed).await;
     assert!(matches!(
         err,
-        StoreError::StateConflict {
+        Err(StoreError::StateConflict {
             current: SessionState::Queued,
             ..
-        }
+        })
     ));
     // Nothing of the refused change committed.
     assert_eq!(s.get(&id).await.unwrap().last_seq, 1);
@@ -217,17 +235,8 @@ async fn transitions_are_guarded(open: Open<'_>, run: &str) {
         "extra first, then state_changed"
     );
     assert!(matches!(evs[1].kind, EventKind::StateChanged { .. }));
-    let (x, _) = s
-        .transition(
-            &id,
-            &SessionState::sources_of(SessionState::Running),
-            SessionState::Running,
-            None,
-            vec![],
-            Patch::default(),
-        )
-        .await
-        .unwrap();
+    let running = SessionState::sources_of(SessionState::Running);
+    let (x, _) = go(&*s, &id, &running, SessionState::Running).await.unwrap();
     assert!(x.started_at.is_some());
     s.request_approval(&id, &format!("apr_t{run}"), "git_push", "main")
         .await
@@ -251,15 +260,7 @@ async fn transitions_are_guarded(open: Open<'_>, run: &str) {
     );
     // A late change after the end is refused.
     assert!(matches!(
-        s.transition(
-            &id,
-            &[SessionState::Running],
-            SessionState::Completed,
-            None,
-            vec![],
-            Patch::default()
-        )
-        .await,
+        go(&*s, &id, &[SessionState::Running], SessionState::Completed).await,
         Err(StoreError::StateConflict {
             current: SessionState::Failed,
             ..
@@ -422,18 +423,7 @@ async fn agent_lines_dedupe_and_large_fields_become_blobs(open: Open<'_>, run: &
     let id = format!("ses_b{run}");
     create(&*s, &id, run).await;
     let big = "x".repeat(INLINE_TEXT_BYTES * 3);
-    let ev = (
-        Actor::Agent,
-        EventKind::CommandRun {
-            call_id: "c".into(),
-            command: "ls".into(),
-            exit_code: 0,
-            duration_ms: 1,
-            output: big.clone(),
-            output_ref: None,
-            truncated: false,
-        },
-    );
+    let ev = command_run("ls", &big);
     let first = s
         .append_agent(&id, 100, Some(1), vec![ev.clone()], Patch::default())
         .await
@@ -632,13 +622,11 @@ async fn list_is_keyset_paginated(open: Open<'_>, run: &str) {
         s.create(&id, &spec(&r), None, "h").await.unwrap();
         ids.push(id);
     }
-    s.transition(
+    go(
+        &*s,
         &ids[1],
         &[SessionState::Queued],
         SessionState::Cancelled,
-        None,
-        vec![],
-        Patch::default(),
     )
     .await
     .unwrap();
@@ -691,16 +679,9 @@ async fn writes_are_fenced_after_take_over(open: Open<'_>, run: &str) {
         .await
         .unwrap();
     // A finished session stays where it is.
-    a.transition(
-        &s3,
-        &[SessionState::Queued],
-        SessionState::Cancelled,
-        None,
-        vec![],
-        Patch::default(),
-    )
-    .await
-    .unwrap();
+    go(&*a, &s3, &[SessionState::Queued], SessionState::Cancelled)
+        .await
+        .unwrap();
     // B does not own them: every write is refused.
     fenced(b.append(&s1, vec![msg("b")], Patch::default()).await, &ha);
     let ids = |v: Vec<Session>| v.into_iter().map(|x| x.id).collect::<Vec<_>>();
@@ -775,15 +756,7 @@ async fn writes_are_fenced_after_take_over(open: Open<'_>, run: &str) {
         &hb,
     );
     fenced(
-        a.transition(
-            &s1,
-            &[SessionState::Queued],
-            SessionState::Cancelled,
-            None,
-            vec![],
-            Patch::default(),
-        )
-        .await,
+        go(&*a, &s1, &[SessionState::Queued], SessionState::Cancelled).await,
         &hb,
     );
     fenced(
@@ -968,18 +941,7 @@ async fn usage_counts_what_the_session_holds(open: Open<'_>, run: &str) {
     assert_eq!(u0.output_bytes(), 0);
 
     let big = "y".repeat(INLINE_TEXT_BYTES * 2 + 7);
-    let ev = (
-        Actor::Agent,
-        EventKind::CommandRun {
-            call_id: "c".into(),
-            command: "cat big".into(),
-            exit_code: 0,
-            duration_ms: 1,
-            output: big.clone(),
-            output_ref: None,
-            truncated: false,
-        },
-    );
+    let ev = command_run("cat big", &big);
     s.append_agent(&id, 10, Some(1), vec![ev], Patch::default())
         .await
         .unwrap()
