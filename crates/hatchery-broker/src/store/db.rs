@@ -16,7 +16,7 @@
 //! only on PostgreSQL (several processes share it there).
 
 use super::{now, Begin, Call, CallState, CallUsage, EventRef, Recorded, StoreError};
-use hatchery_db::{args, Db, DbError, Dialect, Row, Tx};
+use hatchery_db::{args, Db, DbError, Dialect, Record, Row, Tx};
 
 /// How often `epoch_for` retries after losing a race for an epoch number;
 /// each loss means another sandbox of the session took one, so this bounds
@@ -319,32 +319,11 @@ impl BrokerStore {
 
 /// Inserts `new` unless its key is taken: 1 row written, or 0.
 pub(super) async fn insert_tx(tx: &mut Tx, new: &Call) -> Result<u64, DbError> {
-    tx.execute(
-        "INSERT INTO broker_calls (session_id, seq, epoch, tool, args_sha256, args, state,
-            decision, rule_id, approval_id, event_seq, result_event_seq, effect, output,
-            review_event_seq, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $16)
-         ON CONFLICT (session_id, seq) DO NOTHING",
-        args![
-            &new.session_id,
-            new.seq,
-            new.epoch,
-            &new.tool,
-            &new.args_sha256,
-            &new.args,
-            new.state.as_str(),
-            &new.decision,
-            new.rule_id.as_deref(),
-            new.approval_id.as_deref(),
-            new.event_seq,
-            new.result_event_seq,
-            new.effect.as_deref(),
-            new.output.as_deref(),
-            new.review_event_seq,
-            &new.created_at,
-        ],
-    )
-    .await
+    let sql = format!(
+        "{} ON CONFLICT (session_id, seq) DO NOTHING",
+        Call::insert_sql()
+    );
+    tx.execute(&sql, &new.values()?).await
 }
 
 /// Moves a call from `from` to `to` with what `r` records (event seqs
@@ -405,30 +384,8 @@ pub(super) async fn set_ref_tx(
     .await
 }
 
-/// A row of `broker_calls`, its columns read by name.
+/// A row of `broker_calls` (an unknown state is a type error naming the
+/// column).
 pub(super) fn row_call(r: &Row) -> Result<Call, StoreError> {
-    let state: String = r.get("state").map_err(read_err)?;
-    let Some(st) = CallState::parse(&state) else {
-        return Err(StoreError::Corrupt(state));
-    };
-    Ok(Call {
-        session_id: r.get("session_id").map_err(read_err)?,
-        seq: r.get("seq").map_err(read_err)?,
-        epoch: r.get("epoch").map_err(read_err)?,
-        tool: r.get("tool").map_err(read_err)?,
-        args_sha256: r.get("args_sha256").map_err(read_err)?,
-        args: r.get("args").map_err(read_err)?,
-        state: st,
-        decision: r.get("decision").map_err(read_err)?,
-        rule_id: r.get("rule_id").map_err(read_err)?,
-        approval_id: r.get("approval_id").map_err(read_err)?,
-        event_seq: r.get("event_seq").map_err(read_err)?,
-        result_event_seq: r.get("result_event_seq").map_err(read_err)?,
-        effect: r.get("effect").map_err(read_err)?,
-        output: r.get("output").map_err(read_err)?,
-        review_event_seq: r.get("review_event_seq").map_err(read_err)?,
-        runner: r.get("runner").map_err(read_err)?,
-        created_at: r.get("created_at").map_err(read_err)?,
-        updated_at: r.get("updated_at").map_err(read_err)?,
-    })
+    Call::from_row(r).map_err(read_err)
 }
