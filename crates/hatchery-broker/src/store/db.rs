@@ -32,6 +32,14 @@ fn err(what: &'static str) -> impl FnOnce(DbError) -> StoreError {
     move |source| StoreError::Db { what, source }
 }
 
+const EPOCH_OF: &str = "SELECT session_id, epoch FROM broker_epochs WHERE sandbox_id = $1";
+
+/// The (session, epoch) of a sandbox's row in `broker_epochs`, if any.
+fn epoch_row(r: Option<Row>) -> Result<Option<(String, u64)>, DbError> {
+    r.map(|r| Ok((r.get("session_id")?, r.get("epoch")?)))
+        .transpose()
+}
+
 fn read_err(source: DbError) -> StoreError {
     StoreError::Db {
         what: "read call",
@@ -63,16 +71,9 @@ impl BrokerStore {
     pub async fn epoch_for(&self, session_id: &str, sandbox_id: &str) -> Result<u64, StoreError> {
         for _ in 0..EPOCH_RETRIES {
             let mut tx = self.db.begin().await.map_err(err("begin epoch"))?;
-            let known = tx
-                .query_opt(
-                    "SELECT session_id, epoch FROM broker_epochs WHERE sandbox_id = $1",
-                    args![sandbox_id],
-                )
-                .await
-                .map_err(err("read epoch"))?;
-            if let Some(r) = known {
-                if r.get::<String>("session_id").map_err(err("read epoch"))? == session_id {
-                    let e = r.get::<u64>("epoch").map_err(err("read epoch"))?;
+            let known = tx.query_opt(EPOCH_OF, args![sandbox_id]).await;
+            if let Some((s, e)) = known.and_then(epoch_row).map_err(err("read epoch"))? {
+                if s == session_id {
                     tx.commit().await.map_err(err("commit epoch"))?;
                     return Ok(e);
                 }
@@ -117,21 +118,8 @@ impl BrokerStore {
 
     /// The epoch a sandbox had, if the broker has seen it.
     pub async fn known_epoch(&self, sandbox_id: &str) -> Result<Option<(String, u64)>, StoreError> {
-        let Some(r) = self
-            .db
-            .query_opt(
-                "SELECT session_id, epoch FROM broker_epochs WHERE sandbox_id = $1",
-                args![sandbox_id],
-            )
-            .await
-            .map_err(err("read epoch"))?
-        else {
-            return Ok(None);
-        };
-        Ok(Some((
-            r.get("session_id").map_err(err("read epoch"))?,
-            r.get("epoch").map_err(err("read epoch"))?,
-        )))
+        let known = self.db.query_opt(EPOCH_OF, args![sandbox_id]).await;
+        known.and_then(epoch_row).map_err(err("read epoch"))
     }
 
     /// Records the call under its key unless the key is taken; atomically,
