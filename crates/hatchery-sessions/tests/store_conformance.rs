@@ -10,22 +10,25 @@
 #[path = "../../hatchery-store/tests/support/pg_server.rs"]
 mod pg_server;
 
-use hatchery_db::{args, Db};
+use hatchery_db::{args, Db, Record};
 use hatchery_sessions::store::chain::seal_after;
 use hatchery_sessions::store::{conformance, DbSessionStore, SessionStore};
 use hatchery_sessions_schema::AuditReader;
 use std::sync::Arc;
-/// One event row as stored.
-struct Row {
-    session: String,
-    seq: u64,
-    at: String,
-    actor: String,
-    kind: String,
-    data: String,
-    prev_hash: String,
-    hash: String,
-    epoch: u64,
+hatchery_db::record! {
+    /// One event row as stored (`session` and `kind` are the columns
+    /// `session_id` and `type`, renamed by the query that reads them).
+    struct Row in "session_events" {
+        session: String,
+        seq: u64,
+        at: String,
+        actor: String,
+        kind: String,
+        data: String,
+        prev_hash: String,
+        hash: String,
+        epoch: u64,
+    }
 }
 
 /// The invariants over every stored event row (grouped by session, in seq
@@ -66,24 +69,14 @@ fn check_rows(rows: &[Row], session_epoch: &std::collections::HashMap<String, u6
 async fn stored_rows(db: &Db) -> (Vec<Row>, std::collections::HashMap<String, u64>) {
     let rows = db
         .query(
-            "SELECT session_id, seq, at, actor, type, data, prev_hash, hash, epoch \
+            "SELECT *, session_id AS session, type AS kind \
              FROM session_events ORDER BY session_id, seq",
             args![],
         )
         .await
         .unwrap()
         .iter()
-        .map(|r| Row {
-            session: r.get("session_id").unwrap(),
-            seq: r.get("seq").unwrap(),
-            at: r.get("at").unwrap(),
-            actor: r.get("actor").unwrap(),
-            kind: r.get("type").unwrap(),
-            data: r.get("data").unwrap(),
-            prev_hash: r.get("prev_hash").unwrap(),
-            hash: r.get("hash").unwrap(),
-            epoch: r.get("epoch").unwrap(),
-        })
+        .map(|r| Row::from_row(r).unwrap())
         .collect();
     let epochs = db
         .query("SELECT id, epoch FROM sessions", args![])

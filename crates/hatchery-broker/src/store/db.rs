@@ -16,7 +16,7 @@
 //! only on PostgreSQL (several processes share it there).
 
 use super::{now, Begin, Call, CallState, CallUsage, EventRef, Recorded, StoreError};
-use hatchery_db::{args, Db, DbError, Dialect, Row, Tx};
+use hatchery_db::{args, Db, DbError, Dialect, Record, Row, Tx};
 
 /// How often `epoch_for` retries after losing a race for an epoch number;
 /// each loss means another sandbox of the session took one, so this bounds
@@ -30,6 +30,14 @@ pub struct BrokerStore {
 
 fn err(what: &'static str) -> impl FnOnce(DbError) -> StoreError {
     move |source| StoreError::Db { what, source }
+}
+
+const EPOCH_OF: &str = "SELECT session_id, epoch FROM broker_epochs WHERE sandbox_id = $1";
+
+/// The (session, epoch) of a sandbox's row in `broker_epochs`, if any.
+fn epoch_row(r: Option<Row>) -> Result<Option<(String, u64)>, DbError> {
+    r.map(|r| Ok((r.get("session_id")?, r.get("epoch")?)))
+        .transpose()
 }
 
 fn read_err(source: DbError) -> StoreError {
@@ -63,16 +71,9 @@ impl BrokerStore {
     pub async fn epoch_for(&self, session_id: &str, sandbox_id: &str) -> Result<u64, StoreError> {
         for _ in 0..EPOCH_RETRIES {
             let mut tx = self.db.begin().await.map_err(err("begin epoch"))?;
-            let known = tx
-                .query_opt(
-                    "SELECT session_id, epoch FROM broker_epochs WHERE sandbox_id = $1",
-                    args![sandbox_id],
-                )
-                .await
-                .map_err(err("read epoch"))?;
-            if let Some(r) = known {
-                if r.get::<String>("session_id").map_err(err("read epoch"))? == session_id {
-                    let e = r.get::<u64>("epoch").map_err(err("read epoch"))?;
+            let known = tx.query_opt(EPOCH_OF, args![sandbox_id]).await;
+            if let Some((s, e)) = known.and_then(epoch_row).map_err(err("read epoch"))? {
+                if s == session_id {
                     tx.commit().await.map_err(err("commit epoch"))?;
                     return Ok(e);
                 }
@@ -117,21 +118,8 @@ impl BrokerStore {
 
     /// The epoch a sandbox had, if the broker has seen it.
     pub async fn known_epoch(&self, sandbox_id: &str) -> Result<Option<(String, u64)>, StoreError> {
-        let Some(r) = self
-            .db
-            .query_opt(
-                "SELECT session_id, epoch FROM broker_epochs WHERE sandbox_id = $1",
-                args![sandbox_id],
-            )
-            .await
-            .map_err(err("read epoch"))?
-        else {
-            return Ok(None);
-        };
-        Ok(Some((
-            r.get("session_id").map_err(err("read epoch"))?,
-            r.get("epoch").map_err(err("read epoch"))?,
-        )))
+        let known = self.db.query_opt(EPOCH_OF, args![sandbox_id]).await;
+        known.and_then(epoch_row).map_err(err("read epoch"))
     }
 
     /// Records the call under its key unless the key is taken; atomically,
@@ -319,32 +307,11 @@ impl BrokerStore {
 
 /// Inserts `new` unless its key is taken: 1 row written, or 0.
 pub(super) async fn insert_tx(tx: &mut Tx, new: &Call) -> Result<u64, DbError> {
-    tx.execute(
-        "INSERT INTO broker_calls (session_id, seq, epoch, tool, args_sha256, args, state,
-            decision, rule_id, approval_id, event_seq, result_event_seq, effect, output,
-            review_event_seq, created_at, updated_at)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $16)
-         ON CONFLICT (session_id, seq) DO NOTHING",
-        args![
-            &new.session_id,
-            new.seq,
-            new.epoch,
-            &new.tool,
-            &new.args_sha256,
-            &new.args,
-            new.state.as_str(),
-            &new.decision,
-            new.rule_id.as_deref(),
-            new.approval_id.as_deref(),
-            new.event_seq,
-            new.result_event_seq,
-            new.effect.as_deref(),
-            new.output.as_deref(),
-            new.review_event_seq,
-            &new.created_at,
-        ],
-    )
-    .await
+    let sql = format!(
+        "{} ON CONFLICT (session_id, seq) DO NOTHING",
+        Call::insert_sql()
+    );
+    tx.execute(&sql, &new.values()?).await
 }
 
 /// Moves a call from `from` to `to` with what `r` records (event seqs
@@ -405,30 +372,8 @@ pub(super) async fn set_ref_tx(
     .await
 }
 
-/// A row of `broker_calls`, its columns read by name.
+/// A row of `broker_calls` (an unknown state is a type error naming the
+/// column).
 pub(super) fn row_call(r: &Row) -> Result<Call, StoreError> {
-    let state: String = r.get("state").map_err(read_err)?;
-    let Some(st) = CallState::parse(&state) else {
-        return Err(StoreError::Corrupt(state));
-    };
-    Ok(Call {
-        session_id: r.get("session_id").map_err(read_err)?,
-        seq: r.get("seq").map_err(read_err)?,
-        epoch: r.get("epoch").map_err(read_err)?,
-        tool: r.get("tool").map_err(read_err)?,
-        args_sha256: r.get("args_sha256").map_err(read_err)?,
-        args: r.get("args").map_err(read_err)?,
-        state: st,
-        decision: r.get("decision").map_err(read_err)?,
-        rule_id: r.get("rule_id").map_err(read_err)?,
-        approval_id: r.get("approval_id").map_err(read_err)?,
-        event_seq: r.get("event_seq").map_err(read_err)?,
-        result_event_seq: r.get("result_event_seq").map_err(read_err)?,
-        effect: r.get("effect").map_err(read_err)?,
-        output: r.get("output").map_err(read_err)?,
-        review_event_seq: r.get("review_event_seq").map_err(read_err)?,
-        runner: r.get("runner").map_err(read_err)?,
-        created_at: r.get("created_at").map_err(read_err)?,
-        updated_at: r.get("updated_at").map_err(read_err)?,
-    })
+    Call::from_row(r).map_err(read_err)
 }

@@ -34,8 +34,6 @@ pub enum StoreError {
     },
     #[error("broker store: {0}")]
     Schema(#[source] hatchery_db::MigrateError),
-    #[error("broker store: unknown call state {0:?}")]
-    Corrupt(String),
     /// `epoch_for` lost every race for an epoch number.
     #[error("broker store: epoch for sandbox {0}: still contended")]
     Contended(String),
@@ -117,35 +115,40 @@ impl CallState {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct Call {
-    pub session_id: String,
-    pub seq: u64,
-    pub epoch: u64,
-    pub tool: String,
-    pub args_sha256: String,
-    pub args: String,
-    pub state: CallState,
-    pub decision: String,
-    pub rule_id: Option<String>,
-    pub approval_id: Option<String>,
-    /// The session event seq of the call's `broker_call` event, once written.
-    pub event_seq: Option<u64>,
-    /// The seq of its `broker_result` event, once written.
-    pub result_event_seq: Option<u64>,
-    /// What the effect is about to do (JSON), written before it starts.
-    pub effect: Option<String>,
-    pub output: Option<String>,
-    /// The seq of the `broker_call_resolved` event of an operator's
-    /// resolution of a `needs_review` call.
-    pub review_event_seq: Option<u64>,
-    /// The broker process that took the call into `executing` (its
-    /// [`Runner`](crate::runner) id): while that process is alive, no
-    /// other one resolves the call as stopped mid-effect.
-    pub runner: Option<String>,
-    pub created_at: String,
-    pub updated_at: String,
+hatchery_db::record! {
+    /// A row of `broker_calls`, read and inserted by its field names.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct Call in "broker_calls" {
+        pub session_id: String,
+        pub seq: u64,
+        pub epoch: u64,
+        pub tool: String,
+        pub args_sha256: String,
+        pub args: String,
+        pub state: CallState,
+        pub decision: String,
+        pub rule_id: Option<String>,
+        pub approval_id: Option<String>,
+        /// The session event seq of the call's `broker_call` event, once written.
+        pub event_seq: Option<u64>,
+        /// The seq of its `broker_result` event, once written.
+        pub result_event_seq: Option<u64>,
+        /// What the effect is about to do (JSON), written before it starts.
+        pub effect: Option<String>,
+        pub output: Option<String>,
+        /// The seq of the `broker_call_resolved` event of an operator's
+        /// resolution of a `needs_review` call.
+        pub review_event_seq: Option<u64>,
+        /// The broker process that took the call into `executing` (its
+        /// [`Runner`](crate::runner) id): while that process is alive, no
+        /// other one resolves the call as stopped mid-effect.
+        pub runner: Option<String>,
+        pub created_at: String,
+        pub updated_at: String,
+    }
 }
+
+hatchery_db::named!(CallState, as_str, parse);
 
 /// What an [`BrokerStore::advance_recorded`] writes besides the state.
 #[derive(Debug, Default)]

@@ -6,32 +6,6 @@
 use crate::budget::{Amount, BudgetError, BudgetStore, Caller, KeyStore};
 use std::sync::Arc;
 
-pub struct TempDir(pub std::path::PathBuf);
-
-impl TempDir {
-    pub fn new() -> Self {
-        let p = std::env::temp_dir().join(format!(
-            "hx-budget-{}-{}",
-            std::process::id(),
-            rand::random::<u64>()
-        ));
-        std::fs::create_dir_all(&p).expect("temp dir");
-        TempDir(p)
-    }
-}
-
-impl Default for TempDir {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn amt(tokens: u64) -> Amount {
     Amount {
         tokens,
@@ -177,23 +151,30 @@ mod tests {
     use crate::store::GatewayStore;
     use hatchery_db::Db;
 
+    /// Every check on `s`; then a second store on the same database (its
+    /// migrations a no-op) reads what the first wrote, and passes them
+    /// again.
+    async fn twice(s: GatewayStore, again: impl std::future::Future<Output = GatewayStore>) {
+        let s = Arc::new(s);
+        run_all(&*s).await;
+        concurrent_reservations(s.clone()).await;
+        let x = format!("session:x{:x}", rand::random::<u32>());
+        s.set_limits(&x, Some(1), None).await.unwrap();
+        let again = again.await;
+        assert_eq!(again.get(&x).await.unwrap().limit_tokens, Some(1));
+        run_all(&again).await;
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn conformance_on_sqlite() {
         let s = Arc::new(GatewayStore::open_in_memory().await.unwrap());
         run_all(&*s).await;
         concurrent_reservations(s).await;
-        // A file, opened twice: the second open's migrations are a no-op.
-        let d = TempDir::new();
-        let p = d.0.join("hatchery.db");
-        let s = GatewayStore::open(Db::sqlite(&p).await.unwrap())
-            .await
-            .unwrap();
-        s.set_limits("x", Some(1), None).await.unwrap();
-        let again = GatewayStore::open(Db::sqlite(&p).await.unwrap())
-            .await
-            .unwrap();
-        assert_eq!(again.get("x").await.unwrap().limit_tokens, Some(1));
-        run_all(&again).await;
+        // A file, opened twice.
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("hatchery.db");
+        let open = || async { GatewayStore::open(Db::sqlite(&p).await.unwrap()).await };
+        twice(open().await.unwrap(), async { open().await.unwrap() }).await;
     }
 
     /// On a private PostgreSQL (`make pg-conformance`; `make unit` skips
@@ -201,18 +182,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn conformance_on_postgres() {
         let pg = pg_server::TestPg::start();
-        let s = Arc::new(
-            GatewayStore::open(Db::postgres(&pg.dsn, 16).unwrap())
-                .await
-                .unwrap(),
-        );
-        run_all(&*s).await;
-        concurrent_reservations(s.clone()).await;
-        // Migrations are idempotent: a second gateway on the same database.
-        let again = GatewayStore::open(Db::postgres(&pg.dsn, 2).unwrap())
-            .await
-            .unwrap();
-        run_all(&again).await;
+        let open = |pool| GatewayStore::open(Db::postgres(&pg.dsn, pool).unwrap());
+        twice(open(16).await.unwrap(), async { open(2).await.unwrap() }).await;
         let down = Db::postgres("postgres://postgres@127.0.0.1:1/hatchery", 1).unwrap();
         let Err(e) = GatewayStore::open(down).await else {
             panic!("connected to port 1")

@@ -79,6 +79,52 @@ fn fenced<T: std::fmt::Debug>(r: Result<T, StoreError>, owner: &str) {
     }
 }
 
+/// A patch that leaves every field as it is.
+fn keep() -> Patch {
+    Patch::default()
+}
+
+/// A patch that adds `n` tokens to the session's spend.
+fn tokens(n: u64) -> Patch {
+    Patch {
+        add_tokens: n,
+        ..keep()
+    }
+}
+
+/// Opens approval `aid` (a push to main) on `id`.
+async fn ask(s: &dyn SessionStore, id: &str, aid: &str) {
+    let r = s.request_approval(id, aid, "git_push", "main").await;
+    r.unwrap();
+}
+
+/// A transition with no reason, extra events or patch.
+async fn go(
+    s: &dyn SessionStore,
+    id: &str,
+    from: &[SessionState],
+    to: SessionState,
+) -> Result<(Session, Vec<Event>), StoreError> {
+    s.transition(id, from, to, None, vec![], keep()).await
+}
+
+/// An agent's command whose output is `output` (large enough, a blob).
+fn command_run(command: &str, output: &str) -> NewEvent {
+    let (call_id, command, output) = ("c".into(), command.into(), output.into());
+    (
+        Actor::Agent,
+        EventKind::CommandRun {
+            call_id,
+            command,
+            exit_code: 0,
+            duration_ms: 1,
+            output,
+            output_ref: None,
+            truncated: false,
+        },
+    )
+}
+
 async fn create_is_idempotent(open: Open<'_>, run: &str) {
     let s = open(&format!("h{run}"));
     let sp = spec(&repo(run, "idem"));
@@ -138,7 +184,7 @@ async fn seqs_are_contiguous_under_concurrency(open: Open<'_>, run: &str) {
             } else {
                 vec![msg(format!("m{n}"))]
             };
-            let out = s.append(&id, evs, Patch::default()).await.unwrap();
+            let out = s.append(&id, evs, keep()).await.unwrap();
             // One call's events are consecutive.
             for w in out.windows(2) {
                 assert_eq!(w[1].seq, w[0].seq + 1);
@@ -179,23 +225,13 @@ async fn transitions_are_guarded(open: Open<'_>, run: &str) {
     let s = open(&format!("h{run}"));
     let id = format!("ses_t{run}");
     create(&*s, &id, run).await;
-    let err = s
-        .transition(
-            &id,
-            &[SessionState::Running],
-            SessionState::Completed,
-            None,
-            vec![],
-            Patch::default(),
-        )
-        .await
-        .unwrap_err();
+    let err = go(&*s, &id, &[SessionState::Running], SessionState::Completed).await;
     assert!(matches!(
         err,
-        StoreError::StateConflict {
+        Err(StoreError::StateConflict {
             current: SessionState::Queued,
             ..
-        }
+        })
     ));
     // Nothing of the refused change committed.
     assert_eq!(s.get(&id).await.unwrap().last_seq, 1);
@@ -206,7 +242,7 @@ async fn transitions_are_guarded(open: Open<'_>, run: &str) {
             SessionState::Starting,
             None,
             vec![msg("extra")],
-            Patch::default(),
+            keep(),
         )
         .await
         .unwrap();
@@ -217,21 +253,10 @@ async fn transitions_are_guarded(open: Open<'_>, run: &str) {
         "extra first, then state_changed"
     );
     assert!(matches!(evs[1].kind, EventKind::StateChanged { .. }));
-    let (x, _) = s
-        .transition(
-            &id,
-            &SessionState::sources_of(SessionState::Running),
-            SessionState::Running,
-            None,
-            vec![],
-            Patch::default(),
-        )
-        .await
-        .unwrap();
+    let running = SessionState::sources_of(SessionState::Running);
+    let (x, _) = go(&*s, &id, &running, SessionState::Running).await.unwrap();
     assert!(x.started_at.is_some());
-    s.request_approval(&id, &format!("apr_t{run}"), "git_push", "main")
-        .await
-        .unwrap();
+    ask(&*s, &id, &format!("apr_t{run}")).await;
     let (x, _) = s
         .transition(
             &id,
@@ -239,7 +264,7 @@ async fn transitions_are_guarded(open: Open<'_>, run: &str) {
             SessionState::Failed,
             Some("boom".into()),
             vec![],
-            Patch::default(),
+            keep(),
         )
         .await
         .unwrap();
@@ -251,33 +276,19 @@ async fn transitions_are_guarded(open: Open<'_>, run: &str) {
     );
     // A late change after the end is refused.
     assert!(matches!(
-        s.transition(
-            &id,
-            &[SessionState::Running],
-            SessionState::Completed,
-            None,
-            vec![],
-            Patch::default()
-        )
-        .await,
+        go(&*s, &id, &[SessionState::Running], SessionState::Completed).await,
         Err(StoreError::StateConflict {
             current: SessionState::Failed,
             ..
         })
     ));
     assert!(matches!(
-        s.append_if_state(
-            &id,
-            &[SessionState::Running],
-            vec![msg("x")],
-            Patch::default()
-        )
-        .await,
+        s.append_if_state(&id, &[SessionState::Running], vec![msg("x")], keep())
+            .await,
         Err(StoreError::StateConflict { .. })
     ));
     assert!(matches!(
-        s.append("ses_nope_x", vec![msg("x")], Patch::default())
-            .await,
+        s.append("ses_nope_x", vec![msg("x")], keep()).await,
         Err(StoreError::NotFound(_))
     ));
 }
@@ -291,10 +302,7 @@ async fn a_delivery_lands_once_across_owners(open: Open<'_>, run: &str) {
     let (id, other) = (format!("ses_d{run}"), format!("ses_e{run}"));
     create(&*a, &id, run).await;
     create(&*a, &other, run).await;
-    let spend = || Patch {
-        add_tokens: 7,
-        ..Default::default()
-    };
+    let spend = || tokens(7);
     let once = |s: Arc<dyn SessionStore>, id: String, key: &'static str| async move {
         s.append_once(&id, key, vec![msg("call")], spend())
             .await
@@ -369,13 +377,7 @@ async fn joined_writes_commit_with_the_events_or_not_at_all(open: Open<'_>, run:
     };
     let mut no = join("j1", false);
     let r = a
-        .append_joined(
-            &id,
-            None,
-            vec![msg("x"), msg("y")],
-            Patch::default(),
-            &mut no,
-        )
+        .append_joined(&id, None, vec![msg("x"), msg("y")], keep(), &mut no)
         .await
         .unwrap();
     assert!(r.is_none());
@@ -387,30 +389,24 @@ async fn joined_writes_commit_with_the_events_or_not_at_all(open: Open<'_>, run:
     assert_eq!(a.get(&id).await.unwrap().last_seq, before);
     assert_eq!(a.events(&id, before, 10).await.unwrap().len(), 0);
     // The joined row went too: the key is still free on `other`.
-    let free = a.append_once(&other, "j1", vec![], Patch::default()).await;
+    let free = a.append_once(&other, "j1", vec![], keep()).await;
     assert!(free.unwrap().is_some());
 
     let mut yes = join("j2", true);
     let evs = a
-        .append_joined(&id, Some("d1"), vec![msg("x")], Patch::default(), &mut yes)
+        .append_joined(&id, Some("d1"), vec![msg("x")], keep(), &mut yes)
         .await
         .unwrap()
         .unwrap();
     assert_eq!(evs.len(), 1);
     assert_eq!(yes.seqs, vec![evs[0].seq]);
     assert_eq!(evs[0].seq, before + 1, "the rolled-back seqs are reused");
-    let taken = a.append_once(&other, "j2", vec![], Patch::default()).await;
+    let taken = a.append_once(&other, "j2", vec![], keep()).await;
     assert!(taken.unwrap().is_none(), "the joined row committed");
     // The same delivery key again: nothing, and the joined write not run.
     let mut again = join("j3", true);
     let r = a
-        .append_joined(
-            &id,
-            Some("d1"),
-            vec![msg("x")],
-            Patch::default(),
-            &mut again,
-        )
+        .append_joined(&id, Some("d1"), vec![msg("x")], keep(), &mut again)
         .await
         .unwrap();
     assert!(r.is_none() && again.seqs.is_empty());
@@ -422,30 +418,19 @@ async fn agent_lines_dedupe_and_large_fields_become_blobs(open: Open<'_>, run: &
     let id = format!("ses_b{run}");
     create(&*s, &id, run).await;
     let big = "x".repeat(INLINE_TEXT_BYTES * 3);
-    let ev = (
-        Actor::Agent,
-        EventKind::CommandRun {
-            call_id: "c".into(),
-            command: "ls".into(),
-            exit_code: 0,
-            duration_ms: 1,
-            output: big.clone(),
-            output_ref: None,
-            truncated: false,
-        },
-    );
+    let ev = command_run("ls", &big);
     let first = s
-        .append_agent(&id, 100, Some(1), vec![ev.clone()], Patch::default())
+        .append_agent(&id, 100, Some(1), vec![ev.clone()], keep())
         .await
         .unwrap()
         .unwrap();
     assert!(s
-        .append_agent(&id, 100, Some(1), vec![ev.clone()], Patch::default())
+        .append_agent(&id, 100, Some(1), vec![ev.clone()], keep())
         .await
         .unwrap()
         .is_none());
     assert!(s
-        .append_agent(&id, 50, None, vec![ev], Patch::default())
+        .append_agent(&id, 50, None, vec![ev], keep())
         .await
         .unwrap()
         .is_none());
@@ -531,7 +516,7 @@ async fn a_rewind_moves_the_reading_back(open: Open<'_>, run: &str) {
     );
     // A line past the new offset is taken again.
     assert!(s
-        .append_agent(&id, 20, Some(2), vec![], Patch::default())
+        .append_agent(&id, 20, Some(2), vec![], keep())
         .await
         .unwrap()
         .is_some());
@@ -543,9 +528,7 @@ async fn approvals(open: Open<'_>, run: &str) {
     let id = format!("ses_a{run}");
     let aid = format!("apr_a{run}");
     create(&*s, &id, run).await;
-    s.request_approval(&id, &aid, "git_push", "main")
-        .await
-        .unwrap();
+    ask(&*s, &id, &aid).await;
     let p = s.pending_approval(&id).await.unwrap().unwrap();
     assert_eq!(
         (p.approval_id.as_str(), p.action.as_str(), p.state.as_str()),
@@ -632,13 +615,11 @@ async fn list_is_keyset_paginated(open: Open<'_>, run: &str) {
         s.create(&id, &spec(&r), None, "h").await.unwrap();
         ids.push(id);
     }
-    s.transition(
+    go(
+        &*s,
         &ids[1],
         &[SessionState::Queued],
         SessionState::Cancelled,
-        None,
-        vec![],
-        Patch::default(),
     )
     .await
     .unwrap();
@@ -687,22 +668,13 @@ async fn writes_are_fenced_after_take_over(open: Open<'_>, run: &str) {
     for id in [&s1, &s2, &s3] {
         create(&*a, id, run).await;
     }
-    a.request_approval(&s1, &format!("apr_f{run}"), "git_push", "main")
+    ask(&*a, &s1, &format!("apr_f{run}")).await;
+    // A finished session stays where it is.
+    go(&*a, &s3, &[SessionState::Queued], SessionState::Cancelled)
         .await
         .unwrap();
-    // A finished session stays where it is.
-    a.transition(
-        &s3,
-        &[SessionState::Queued],
-        SessionState::Cancelled,
-        None,
-        vec![],
-        Patch::default(),
-    )
-    .await
-    .unwrap();
     // B does not own them: every write is refused.
-    fenced(b.append(&s1, vec![msg("b")], Patch::default()).await, &ha);
+    fenced(b.append(&s1, vec![msg("b")], keep()).await, &ha);
     let ids = |v: Vec<Session>| v.into_iter().map(|x| x.id).collect::<Vec<_>>();
     assert_eq!(
         ids(a.unfinished().await.unwrap()),
@@ -747,43 +719,19 @@ async fn writes_are_fenced_after_take_over(open: Open<'_>, run: &str) {
     );
 
     // Every kind of write by A now fails and commits nothing.
+    fenced(a.append(&s1, vec![msg("late")], tokens(9)).await, &hb);
     fenced(
-        a.append(
-            &s1,
-            vec![msg("late")],
-            Patch {
-                add_tokens: 9,
-                ..Default::default()
-            },
-        )
-        .await,
-        &hb,
-    );
-    fenced(
-        a.append_agent(&s1, 10, Some(1), vec![msg("late")], Patch::default())
+        a.append_agent(&s1, 10, Some(1), vec![msg("late")], keep())
             .await,
         &hb,
     );
     fenced(
-        a.append_if_state(
-            &s1,
-            &[SessionState::Queued],
-            vec![msg("late")],
-            Patch::default(),
-        )
-        .await,
+        a.append_if_state(&s1, &[SessionState::Queued], vec![msg("late")], keep())
+            .await,
         &hb,
     );
     fenced(
-        a.transition(
-            &s1,
-            &[SessionState::Queued],
-            SessionState::Cancelled,
-            None,
-            vec![],
-            Patch::default(),
-        )
-        .await,
+        go(&*a, &s1, &[SessionState::Queued], SessionState::Cancelled).await,
         &hb,
     );
     fenced(
@@ -810,16 +758,12 @@ async fn writes_are_fenced_after_take_over(open: Open<'_>, run: &str) {
     b.decide_approval(&s1, &format!("apr_f{run}"), "approve", "")
         .await
         .unwrap();
-    b.append(&s1, vec![msg("b")], Patch::default())
-        .await
-        .unwrap();
+    b.append(&s1, vec![msg("b")], keep()).await.unwrap();
     // Back to A: the epoch grows again, and now B is fenced.
     let back = a.take_over(&hb, &ha, "drain").await.unwrap();
     assert_eq!(back, vec![(s1.clone(), 3), (s2.clone(), 3)]);
-    fenced(b.append(&s2, vec![msg("b")], Patch::default()).await, &ha);
-    a.append(&s2, vec![msg("a")], Patch::default())
-        .await
-        .unwrap();
+    fenced(b.append(&s2, vec![msg("b")], keep()).await, &ha);
+    a.append(&s2, vec![msg("a")], keep()).await.unwrap();
     let epochs: Vec<u64> = a
         .events(&s2, 0, 100)
         .await
@@ -912,10 +856,7 @@ async fn no_append_lands_after_a_take_over(open: Open<'_>, run: &str) {
             tokio::spawn(async move {
                 let mut ok = vec![];
                 for n in 0..200 {
-                    match a
-                        .append(&id, vec![msg(format!("w{w}.{n}"))], Patch::default())
-                        .await
-                    {
+                    match a.append(&id, vec![msg(format!("w{w}.{n}"))], keep()).await {
                         Ok(evs) => ok.extend(evs.into_iter().map(|e| e.seq)),
                         Err(StoreError::Fenced { .. }) => return (ok, true),
                         Err(e) => panic!("{e}"),
@@ -968,19 +909,8 @@ async fn usage_counts_what_the_session_holds(open: Open<'_>, run: &str) {
     assert_eq!(u0.output_bytes(), 0);
 
     let big = "y".repeat(INLINE_TEXT_BYTES * 2 + 7);
-    let ev = (
-        Actor::Agent,
-        EventKind::CommandRun {
-            call_id: "c".into(),
-            command: "cat big".into(),
-            exit_code: 0,
-            duration_ms: 1,
-            output: big.clone(),
-            output_ref: None,
-            truncated: false,
-        },
-    );
-    s.append_agent(&id, 10, Some(1), vec![ev], Patch::default())
+    let ev = command_run("cat big", &big);
+    s.append_agent(&id, 10, Some(1), vec![ev], keep())
         .await
         .unwrap()
         .unwrap();
@@ -995,9 +925,7 @@ async fn usage_counts_what_the_session_holds(open: Open<'_>, run: &str) {
     assert_eq!(u1.output_bytes(), u1.agent_event_bytes + big.len() as u64);
 
     let aid = format!("apr_u{run}");
-    s.request_approval(&id, &aid, "git_push", "main")
-        .await
-        .unwrap();
+    ask(&*s, &id, &aid).await;
     let ua = s.usage(&id).await.unwrap();
     assert_eq!(ua.open_approvals, 1);
     let marker = (
@@ -1008,7 +936,7 @@ async fn usage_counts_what_the_session_holds(open: Open<'_>, run: &str) {
             message: "cut".into(),
         },
     );
-    s.append(&id, vec![marker], Patch::default()).await.unwrap();
+    s.append(&id, vec![marker], keep()).await.unwrap();
     let ub = s.usage(&id).await.unwrap();
     assert_eq!(ub.capped, vec!["output_bytes".to_string()]);
     // The system's marker is not the agent's output.

@@ -13,7 +13,7 @@
 use super::chain::seal_after;
 use super::*;
 use crate::events::{cut, INLINE_TEXT_BYTES, MAX_BLOB_BYTES};
-use hatchery_db::{args, Db, Import, Imported, Joined, Row, Tx};
+use hatchery_db::{args, copy_table, Db, Import, Imported, Joined, Record, Row, Tx};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -24,35 +24,37 @@ use std::sync::Arc;
 pub const IMPORT: Import = Import {
     file: "sessions.db",
     copy: &[
-        "INSERT INTO main.sessions (id, spec, state, repo, idempotency_key, request_hash, \
-         created_at, started_at, ended_at, reason, spend_tokens, spend_usd_cents, spend_wall_s, \
-         sandbox_id, process_id, snapshot_id, review_snapshot_id, waiting, output_offset, \
-         agent_seq, delivered_seq, cancel_requested, last_seq, host_id, epoch, replay_through) \
-         SELECT id, spec, state, repo, idempotency_key, request_hash, created_at, started_at, \
-         ended_at, reason, spend_tokens, spend_usd_cents, spend_wall_s, sandbox_id, process_id, \
-         snapshot_id, review_snapshot_id, waiting, output_offset, agent_seq, delivered_seq, \
-         cancel_requested, last_seq, host_id, epoch, replay_through \
-         FROM old.sessions ORDER BY rowid",
-        "INSERT INTO main.session_events (session_id, seq, at, actor, type, data, prev_hash, \
-         hash, epoch) \
-         SELECT session_id, seq, at, actor, type, data, prev_hash, hash, epoch FROM old.events",
-        "INSERT INTO main.session_blobs (session_id, ref, data) \
-         SELECT session_id, ref, data FROM old.blobs",
-        "INSERT INTO main.session_approvals (id, session_id, action, details, state, decision, \
-         note, created_at, decided_at) \
-         SELECT id, session_id, action, details, state, decision, note, created_at, decided_at \
-         FROM old.approvals",
-        "INSERT INTO main.session_deliveries (session_id, key) \
-         SELECT session_id, key FROM old.session_deliveries",
+        copy_table!(
+            "main.sessions",
+            "sessions",
+            "id, spec, state, repo, idempotency_key, request_hash, created_at, started_at, \
+             ended_at, reason, spend_tokens, spend_usd_cents, spend_wall_s, sandbox_id, \
+             process_id, snapshot_id, review_snapshot_id, waiting, output_offset, agent_seq, \
+             delivered_seq, cancel_requested, last_seq, host_id, epoch, replay_through",
+            "ORDER BY rowid"
+        ),
+        copy_table!(
+            "main.session_events",
+            "events",
+            "session_id, seq, at, actor, type, data, prev_hash, hash, epoch"
+        ),
+        copy_table!("main.session_blobs", "blobs", "session_id, ref, data"),
+        copy_table!(
+            "main.session_approvals",
+            "approvals",
+            "id, session_id, action, details, state, decision, note, created_at, decided_at"
+        ),
+        copy_table!(
+            "main.session_deliveries",
+            "session_deliveries",
+            "session_id, key"
+        ),
     ],
 };
 
-const UNFINISHED: &str = "state NOT IN ('completed','failed','cancelled')";
+const BY_ID: &str = "SELECT * FROM sessions WHERE id = $1";
 
-const SESSION_COLS: &str = "id, spec, state, idempotency_key, created_at, started_at, ended_at, reason, \
-    spend_tokens, spend_usd_cents, spend_wall_s, sandbox_id, process_id, snapshot_id, review_snapshot_id, \
-    waiting, output_offset, agent_seq, delivered_seq, cancel_requested, last_seq, host_id, epoch, \
-    replay_through";
+const UNFINISHED: &str = "state NOT IN ('completed','failed','cancelled')";
 
 /// The session store of one host on the deployment's database.
 #[derive(Clone)]
@@ -96,37 +98,6 @@ fn data_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Data(e.to_string())
 }
 
-fn session_row(r: &Row) -> Result<Session, StoreError> {
-    let spec: String = r.get("spec")?;
-    let state: String = r.get("state")?;
-    Ok(Session {
-        id: r.get("id")?,
-        spec: serde_json::from_str(&spec).map_err(|e| data_err(format!("bad spec: {e}")))?,
-        state: SessionState::parse(&state).ok_or_else(|| data_err(format!("bad state {state}")))?,
-        idempotency_key: r.get("idempotency_key")?,
-        created_at: r.get("created_at")?,
-        started_at: r.get("started_at")?,
-        ended_at: r.get("ended_at")?,
-        reason: r.get("reason")?,
-        spend_tokens: r.get("spend_tokens")?,
-        spend_usd_cents: r.get("spend_usd_cents")?,
-        spend_wall_s: r.get("spend_wall_s")?,
-        sandbox_id: r.get("sandbox_id")?,
-        process_id: r.get("process_id")?,
-        snapshot_id: r.get("snapshot_id")?,
-        review_snapshot_id: r.get("review_snapshot_id")?,
-        waiting: r.get("waiting")?,
-        output_offset: r.get("output_offset")?,
-        agent_seq: r.get("agent_seq")?,
-        delivered_seq: r.get("delivered_seq")?,
-        cancel_requested: r.get("cancel_requested")?,
-        last_seq: r.get("last_seq")?,
-        host_id: r.get("host_id")?,
-        epoch: r.get("epoch")?,
-        replay_through: r.get("replay_through")?,
-    })
-}
-
 fn event_row(r: &Row) -> Result<Event, StoreError> {
     let data: String = r.get("data")?;
     let actor: String = r.get("actor")?;
@@ -139,16 +110,18 @@ fn event_row(r: &Row) -> Result<Event, StoreError> {
 }
 
 fn sessions(rows: Vec<Row>) -> Result<Vec<Session>, StoreError> {
-    rows.iter().map(session_row).collect()
+    Ok(rows
+        .iter()
+        .map(Session::from_row)
+        .collect::<Result<_, _>>()?)
 }
 
 async fn get_session(tx: &mut Tx, id: &str) -> Result<Session, StoreError> {
-    let sql = format!("SELECT {SESSION_COLS} FROM sessions WHERE id = $1");
     let r = tx
-        .query_opt(&sql, args![id])
+        .query_opt(BY_ID, args![id])
         .await?
         .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
-    session_row(&r)
+    Ok(Session::from_row(&r)?)
 }
 
 /// The fence: locks the session row and checks that `host` owns it;
@@ -171,6 +144,23 @@ async fn fence(tx: &mut Tx, id: &str, host: &str) -> Result<u64, StoreError> {
         });
     }
     Ok(epoch)
+}
+
+/// Records a pending approval, once per id (a patch or a request).
+async fn open_approval(
+    tx: &mut Tx,
+    id: &str,
+    aid: &str,
+    action: &str,
+    details: &str,
+) -> Result<(), StoreError> {
+    tx.execute(
+        "INSERT INTO session_approvals (id, session_id, action, details, state, created_at) \
+         VALUES ($1, $2, $3, $4, 'pending', $5) ON CONFLICT (id) DO NOTHING",
+        args![aid, id, action, details, now()],
+    )
+    .await?;
+    Ok(())
 }
 
 async fn apply_patch(tx: &mut Tx, id: &str, p: &Patch) -> Result<(), StoreError> {
@@ -203,12 +193,7 @@ async fn apply_patch(tx: &mut Tx, id: &str, p: &Patch) -> Result<(), StoreError>
         .await?;
     }
     if let Some((aid, action, details)) = &p.new_approval {
-        tx.execute(
-            "INSERT INTO session_approvals (id, session_id, action, details, state, created_at) \
-             VALUES ($1, $2, $3, $4, 'pending', $5) ON CONFLICT (id) DO NOTHING",
-            args![aid, id, action, details, now()],
-        )
-        .await?;
+        open_approval(tx, id, aid, action, details).await?;
     }
     if let Some(v) = p.policy_version {
         // Only this field of the spec ever changes; the row is locked.
@@ -452,17 +437,16 @@ impl SessionStore for DbSessionStore {
     }
 
     async fn get(&self, id: &str) -> Result<Session, StoreError> {
-        let sql = format!("SELECT {SESSION_COLS} FROM sessions WHERE id = $1");
         let r = self
             .db
-            .query_opt(&sql, args![id])
+            .query_opt(BY_ID, args![id])
             .await?
             .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
-        session_row(&r)
+        Ok(Session::from_row(&r)?)
     }
 
     async fn list(&self, f: &ListFilter) -> Result<Vec<Session>, StoreError> {
-        let mut sql = format!("SELECT {SESSION_COLS} FROM sessions WHERE 1 = 1");
+        let mut sql = "SELECT * FROM sessions WHERE 1 = 1".to_string();
         let mut args: Vec<hatchery_db::Value> = vec![];
         if let Some(s) = f.state {
             args.push(s.as_str().into());
@@ -487,7 +471,7 @@ impl SessionStore for DbSessionStore {
         // The filter is the partial index `sessions_live_sandbox`'s
         // predicate, word for word, so the index answers it.
         let sql = format!(
-            "SELECT {SESSION_COLS} FROM sessions WHERE sandbox_id = $1 AND {UNFINISHED} \
+            "SELECT * FROM sessions WHERE sandbox_id = $1 AND {UNFINISHED} \
              ORDER BY ord LIMIT 1"
         );
         Ok(sessions(self.db.query(&sql, args![sandbox_id]).await?)?
@@ -496,9 +480,8 @@ impl SessionStore for DbSessionStore {
     }
 
     async fn unfinished(&self) -> Result<Vec<Session>, StoreError> {
-        let sql = format!(
-            "SELECT {SESSION_COLS} FROM sessions WHERE host_id = $1 AND {UNFINISHED} ORDER BY ord"
-        );
+        let sql =
+            format!("SELECT * FROM sessions WHERE host_id = $1 AND {UNFINISHED} ORDER BY ord");
         sessions(self.db.query(&sql, args![&*self.host]).await?)
     }
 
@@ -793,12 +776,7 @@ impl SessionStore for DbSessionStore {
         details: &str,
     ) -> Result<Vec<Event>, StoreError> {
         let (mut tx, epoch) = self.write(id).await?;
-        tx.execute(
-            "INSERT INTO session_approvals (id, session_id, action, details, state, created_at) \
-             VALUES ($1, $2, $3, $4, 'pending', $5) ON CONFLICT (id) DO NOTHING",
-            args![approval_id, id, action, details, now()],
-        )
-        .await?;
+        open_approval(&mut tx, id, approval_id, action, details).await?;
         let out = append_tx(
             &mut tx,
             id,

@@ -140,42 +140,67 @@ pub struct AgentSpec {
     pub command: Option<String>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
-pub struct Session {
-    pub id: String,
-    pub spec: SessionSpec,
-    pub state: SessionState,
-    pub idempotency_key: Option<String>,
-    pub created_at: String,
-    pub started_at: Option<String>,
-    pub ended_at: Option<String>,
-    pub reason: Option<String>,
-    pub spend_tokens: u64,
-    pub spend_usd_cents: u64,
-    /// Seconds the session has held a sandbox, up to its last release.
-    pub spend_wall_s: u64,
-    pub sandbox_id: Option<String>,
-    pub process_id: Option<String>,
-    pub snapshot_id: Option<String>,
-    pub review_snapshot_id: Option<String>,
-    /// What the agent waits for (`message`), if anything.
-    pub waiting: Option<String>,
-    /// Offset in the agent's output up to which every line is handled.
-    pub output_offset: u64,
-    /// The highest agent message number handled (dedupes re-reads).
-    pub agent_seq: u64,
-    /// Seq of the last steering message handed to the agent.
-    pub delivered_seq: u64,
-    pub cancel_requested: bool,
-    pub last_seq: u64,
-    /// Agent messages up to this number were handled before the session
-    /// was last rewound to a checkpoint: the re-run agent emits them again
-    /// and they are not handled twice (0: never rewound).
-    pub replay_through: u64,
-    /// The host that owns the session (only it may write).
-    pub host_id: String,
-    /// Ownership epoch: 1 at create, +1 at each take-over; never shrinks.
-    pub epoch: u64,
+hatchery_db::record! {
+    /// A row of `sessions`, read by column name (`create` writes the row's
+    /// `repo` and `request_hash` too; `ord` is the database's).
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct Session in "sessions" {
+        pub id: String,
+        pub spec: SessionSpec,
+        pub state: SessionState,
+        pub idempotency_key: Option<String>,
+        pub created_at: String,
+        pub started_at: Option<String>,
+        pub ended_at: Option<String>,
+        pub reason: Option<String>,
+        pub spend_tokens: u64,
+        pub spend_usd_cents: u64,
+        /// Seconds the session has held a sandbox, up to its last release.
+        pub spend_wall_s: u64,
+        pub sandbox_id: Option<String>,
+        pub process_id: Option<String>,
+        pub snapshot_id: Option<String>,
+        pub review_snapshot_id: Option<String>,
+        /// What the agent waits for (`message`), if anything.
+        pub waiting: Option<String>,
+        /// Offset in the agent's output up to which every line is handled.
+        pub output_offset: u64,
+        /// The highest agent message number handled (dedupes re-reads).
+        pub agent_seq: u64,
+        /// Seq of the last steering message handed to the agent.
+        pub delivered_seq: u64,
+        pub cancel_requested: bool,
+        pub last_seq: u64,
+        /// Agent messages up to this number were handled before the session
+        /// was last rewound to a checkpoint: the re-run agent emits them again
+        /// and they are not handled twice (0: never rewound).
+        pub replay_through: u64,
+        /// The host that owns the session (only it may write).
+        pub host_id: String,
+        /// Ownership epoch: 1 at create, +1 at each take-over; never shrinks.
+        pub epoch: u64,
+    }
+}
+
+hatchery_db::named!(SessionState, as_str, parse);
+
+/// The spec is stored as its JSON; a row whose spec does not decode is a
+/// type error naming the column.
+impl hatchery_db::FromValue for SessionSpec {
+    const NAME: &'static str = "a session spec (JSON)";
+    fn from_value(v: &hatchery_db::Value) -> Option<Self> {
+        match v {
+            hatchery_db::Value::Text(s) => serde_json::from_str(s).ok(),
+            _ => None,
+        }
+    }
+}
+impl hatchery_db::ToValue for SessionSpec {
+    fn to_value(&self, _: &'static str) -> Result<hatchery_db::Value, hatchery_db::DbError> {
+        // Strings, numbers and string maps: serializing cannot fail.
+        let json = serde_json::to_string(self).unwrap_or_default();
+        Ok(hatchery_db::Value::Text(json))
+    }
 }
 
 /// Fields a runner step changes (None: leave as is).
