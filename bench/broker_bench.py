@@ -1,6 +1,6 @@
 """Tool broker figures (make bench): a `noop` broker call from inside a
 session's sandbox through its host service, p50/p99, new keys (policy,
-the call's two events in one append, its row in one commit) and repeats (the stored answer),
+the call's row and its two events in one commit) and repeats (the stored answer),
 against a baseline measured in the same run: the same relay and server
 with no broker work (GET /v1/ping)."""
 
@@ -39,7 +39,7 @@ def main():
         r = json.loads(line[6:])
         base = r["baseline"]["p50"]
         print("broker round trip from inside a sandbox (µs, 300 calls, one kept-alive connection):")
-        for k, label in (("new", "noop, new seq (policy, 2 events, 1 row commit)"),
+        for k, label in (("new", "noop, new seq (policy, row and 2 events, one commit)"),
                          ("repeat", "noop, repeated seq (stored answer)"),
                          ("baseline", "baseline: same relay and server, GET /v1/ping")):
             print(f"  {label:55s} p50 {r[k]['p50']:8.1f}  p99 {r[k]['p99']:8.1f}  x{r[k]['p50'] / base:.2f}")
