@@ -446,7 +446,7 @@ impl Broker {
     /// lacks (one that failed in planning, a row from an older release),
     /// the event and its seq in one commit.
     async fn ensure_recorded(&self, call: Call) -> Result<Call, BrokerError> {
-        let call = self.ensure_event(call, EventRef::Call).await?;
+        let call = self.ensure_event(call, EventRef::Call, call_event).await?;
         if let Some(aid) = &call.approval_id {
             // Opened once: a decided approval is not asked again (the
             // agent re-asks its call after the decision, or after a
@@ -478,15 +478,22 @@ impl Broker {
         if !call.state.is_final() {
             return Ok(call);
         }
-        self.ensure_event(call, EventRef::Result).await
+        self.ensure_event(call, EventRef::Result, result_event)
+            .await
     }
 
-    /// Writes the call's `which` event with its seq, unless it has one.
-    async fn ensure_event(&self, call: Call, which: EventRef) -> Result<Call, BrokerError> {
-        let (written, kind) = match which {
-            EventRef::Call => (call.event_seq, call_event(&call)),
-            EventRef::Result => (call.result_event_seq, result_event(&call)),
-            EventRef::Review => unreachable!("written by resolve_review"),
+    /// Writes the call's `which` event (`kind`) with its seq, in one
+    /// commit, unless its seq is stored already.
+    async fn ensure_event(
+        &self,
+        call: Call,
+        which: EventRef,
+        kind: impl FnOnce(&Call) -> EventKind,
+    ) -> Result<Call, BrokerError> {
+        let written = match which {
+            EventRef::Call => call.event_seq,
+            EventRef::Result => call.result_event_seq,
+            EventRef::Review => call.review_event_seq,
         };
         if written.is_some() {
             return Ok(call);
@@ -497,7 +504,7 @@ impl Broker {
             seq: call.seq,
         };
         self.sessions
-            .record_joined(&call.session_id, vec![kind], &mut set)
+            .record_joined(&call.session_id, vec![kind(&call)], &mut set)
             .await?;
         Ok(self
             .store
@@ -571,7 +578,7 @@ impl Broker {
         &self,
         call: &Call,
         (from, to): (CallState, CallState),
-        mut rec: Recorded,
+        rec: Recorded,
         extra: Vec<EventKind>,
     ) -> Result<Call, BrokerError> {
         let mut kinds = vec![];
@@ -598,7 +605,6 @@ impl Broker {
                 .advance_recorded(&call.session_id, call.seq, from, to, rec)
                 .await?
         } else {
-            rec.event_seq = None;
             let mut step = Advance::new(call, from, to, rec, refs);
             self.sessions
                 .record_joined(&call.session_id, kinds, &mut step)
@@ -1164,6 +1170,12 @@ impl Broker {
             .await?
             .ok_or_else(not_found)?;
         let resolution = json!({"outcome": outcome.as_str(), "note": note});
+        let resolved = |call: &Call| EventKind::BrokerCallResolved {
+            call_seq: seq,
+            tool: call.tool.clone(),
+            outcome: outcome.as_str().to_string(),
+            note: note.to_string(),
+        };
         let call = if call.state == CallState::NeedsReview {
             let before: Value = call
                 .output
@@ -1171,17 +1183,11 @@ impl Broker {
                 .and_then(|o| serde_json::from_str(o).ok())
                 .unwrap_or(Value::Null);
             let out = json!({"resolution": resolution, "before": before}).to_string();
-            let resolved = EventKind::BrokerCallResolved {
-                call_seq: seq,
-                tool: call.tool.clone(),
-                outcome: outcome.as_str().to_string(),
-                note: note.to_string(),
-            };
             self.advance(
                 &call,
                 (CallState::NeedsReview, outcome),
                 output(out),
-                vec![resolved],
+                vec![resolved(&call)],
             )
             .await?
         } else {
@@ -1203,24 +1209,9 @@ impl Broker {
                 }
             )));
         }
-        if call.review_event_seq.is_none() {
-            // Moved without its event (the control role's log commits
-            // the row apart from the post): write it now, once.
-            let mut set = SetRef {
-                which: EventRef::Review,
-                session_id: session_id.to_string(),
-                seq,
-            };
-            let resolved = EventKind::BrokerCallResolved {
-                call_seq: seq,
-                tool: call.tool.clone(),
-                outcome: outcome.as_str().to_string(),
-                note: note.to_string(),
-            };
-            self.sessions
-                .record_joined(session_id, vec![resolved], &mut set)
-                .await?;
-        }
+        // Moved without its event (the control role's log commits the
+        // row apart from the post): written now, once.
+        self.ensure_event(call, EventRef::Review, resolved).await?;
         tracing::info!(session = %session_id, seq, outcome = outcome.as_str(), "needs_review broker call resolved");
         self.store.get(session_id, seq).await?.ok_or_else(not_found)
     }
