@@ -16,6 +16,7 @@ import shutil
 import sqlite3
 import subprocess
 import tempfile
+import time
 
 import pytest
 
@@ -114,6 +115,8 @@ def upgraded():
     for name in FILES:
         shutil.copyfile(os.path.join(FIXTURE, name), os.path.join(d.data_dir, name))
     try:
+        # Before the first start's reconcile, which judges the expiry.
+        d.started_ms = int(time.time() * 1000)
         d.start()
         yield d, fx
     finally:
@@ -189,13 +192,18 @@ def check_db(d, fx):
         missing = [w for w in want if w not in have]
         assert not missing, f"{file} {old} -> {new}: {len(missing)} of {len(want)} rows missing: {missing[:3]}"
     # The sandbox records: the old states, but `kept` (running then) now
-    # stopped as lost by the reconcile, with its event after the old ones.
+    # stopped by the reconcile, with its event after the old ones: `lost`,
+    # or `ttl` once its expiry has passed (the fixture ages; the rule is
+    # hatchery-core's reconcile.rs, applied at this start).
     c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     got = dict((r[0], r[1:]) for r in c.execute("SELECT id, state, end_reason, metadata FROM core_sandboxes"))
     prev = sqlite3.connect(f"file:{os.path.join(FIXTURE, 'state.db')}?mode=ro", uri=True)
-    for sid, state, end_reason, metadata in prev.execute("SELECT id, state, end_reason, metadata FROM sandboxes"):
+    started_ms = d.started_ms
+    for sid, state, end_reason, metadata, expires in prev.execute(
+            "SELECT id, state, end_reason, metadata, expires_at_ms FROM sandboxes"):
         if state in ("running", "pooled"):
-            assert got[sid] == ("stopped", "lost", metadata), (sid, got[sid])
+            why = "ttl" if expires <= started_ms else "lost"
+            assert got[sid] == ("stopped", why, metadata), (sid, got[sid])
         else:
             assert got[sid] == (state, end_reason, metadata), (sid, got[sid])
     kept = fx["sandboxes"]["kept"]
