@@ -169,6 +169,32 @@ def assert_broker_writes_are_the_daemons(pg, c, owner, sid):
     assert [a["repeat"] for a in answers[1:]] == [True, True], answers
     probes = [e for e in c.all_events(sid) if e["type"] == "broker_result" and e["call_seq"] == 999]
     assert len(probes) == 1, probes
+    # The broker's rows travel with its events and commit in the owner's
+    # transaction: one for another session's call is refused, and one
+    # that declines (no such call to set a seq on) writes no event either.
+    before = len(c.all_events(sid))
+    other = dict(forged, joined={"set_ref": {"which": "result", "session_id": "ses_other", "seq": 999}})
+    r = owner.request("POST", f"/v1/sessions/{sid}/broker-events", other, headers={**daemon, "Idempotency-Key": "f4"})
+    assert r.status == 400 and "ses_other" in r.json()["error"]["message"], r
+    declining = dict(forged, joined={"set_ref": {"which": "result", "session_id": sid, "seq": 999}})
+    r = owner.request("POST", f"/v1/sessions/{sid}/broker-events", declining,
+                      headers={**daemon, "Idempotency-Key": "f5"})
+    assert r.status == 200 and r.json() == {"seqs": [], "repeat": False, "declined": True}, r
+    assert len(c.all_events(sid)) == before
+
+
+def assert_rows_match_the_log(pg, sid, evs):
+    """A call's row names the seqs of its `broker_call` and `broker_result`
+    events, and those events are in the log: the row and the events commit
+    in one transaction (issue 32), on the control role through the owner."""
+    by_seq = {e["seq"]: e for e in evs}
+    rows = sql(pg, f"SELECT seq, event_seq, result_event_seq FROM broker_calls WHERE session_id = '{sid}'")
+    assert len(rows) == CALLS, rows
+    for seq, ev, res in rows:
+        assert ev and by_seq[int(ev)]["type"] == "broker_call", (seq, ev)
+        assert by_seq[int(ev)]["call_seq"] == int(seq), (seq, ev)
+        assert res and by_seq[int(res)]["type"] == "broker_result", (seq, res)
+        assert by_seq[int(res)]["call_seq"] == int(seq), (seq, res)
 
 
 @pytest.mark.parametrize("broker_on", ["host", "control"])
@@ -258,6 +284,7 @@ def test_broker_calls_of_a_lost_host_are_never_run_twice(pg, servers, broker_on)
                         assert r["output"] == json.loads(logged["output"]), (seq, r, logged)
                         told += 1
         assert told >= CALLS
+        assert_rows_match_the_log(pg, sid, evs)
         if relay:
             # The broker outlived the host: every push is known done, and
             # its record (on the control role) says so too.

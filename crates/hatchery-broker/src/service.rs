@@ -16,7 +16,8 @@ use crate::git;
 use crate::github::{self, Forge};
 use crate::sandbox::SandboxAccess;
 use crate::store::{
-    Advance, Begin, BrokerStore, Call, CallState, EventRef, Insert, Recorded, Refs, SetRef,
+    Advance, Begin, BrokerStore, BrokerWrite, Call, CallState, EventRef, Insert, Recorded, Refs,
+    SetRef,
 };
 use crate::wire::{InvokeRequest, InvokeResult};
 use hatchery_policy::cache::CompiledPolicies;
@@ -357,16 +358,14 @@ impl Broker {
                 kinds.push(result_event(&c));
             }
             let sid = c.session_id.clone();
-            let mut insert = Insert::new(c.clone(), refs);
-            self.sessions
-                .record_joined(&sid, kinds, &mut insert)
-                .await?;
-            if let Some(c) = insert.inserted() {
+            let mut w = BrokerWrite::Insert(Insert::new(c.clone(), refs));
+            self.sessions.record_joined(&sid, kinds, &mut w).await?;
+            if let Some(c) = w.into_insert().and_then(Insert::inserted) {
                 return Ok(c);
             }
-            // The key was taken meanwhile (or, on the control role, the
-            // events went to the owner and the row did not follow): as
-            // below, without events.
+            // The key was taken meanwhile (or the row was inserted by the
+            // session's owner, on the control role): as below, without
+            // events.
         }
         match self.store.begin(c).await? {
             Begin::New(c) | Begin::Existing(c) => Ok(c),
@@ -498,11 +497,11 @@ impl Broker {
         if written.is_some() {
             return Ok(call);
         }
-        let mut set = SetRef {
+        let mut set = BrokerWrite::SetRef(SetRef {
             which,
             session_id: call.session_id.clone(),
             seq: call.seq,
-        };
+        });
         self.sessions
             .record_joined(&call.session_id, vec![kind(&call)], &mut set)
             .await?;
@@ -605,11 +604,14 @@ impl Broker {
                 .advance_recorded(&call.session_id, call.seq, from, to, rec)
                 .await?
         } else {
-            let mut step = Advance::new(call, from, to, rec, refs);
+            let mut step = BrokerWrite::Advance(Advance::new(call, from, to, rec, refs));
             self.sessions
                 .record_joined(&call.session_id, kinds, &mut step)
                 .await?;
-            step.moved()?
+            match step.into_advance() {
+                Some(a) => a.moved()?,
+                None => None,
+            }
         };
         match moved {
             Some(c) => Ok(c),
@@ -1567,8 +1569,9 @@ mod policy_fail_closed_tests {
             &self,
             id: &str,
             kinds: Vec<EventKind>,
-            joined: &mut dyn hatchery_db::Joined,
+            joined: &mut BrokerWrite,
         ) -> Result<Option<Vec<u64>>, SessionError> {
+            use hatchery_db::Joined;
             // The broker's own database: its rows commit with a pretend
             // append (the counter), as with the real log.
             let mut tx = self.db.begin().await.map_err(db_err)?;

@@ -1,11 +1,11 @@
 //! What the broker needs of sessions, as one narrow trait: find the
 //! session a sandbox belongs to, write its events (with the broker's own
-//! rows, in one commit where the log is local) and approvals. On one host the broker runs next to the
+//! rows, in one commit) and approvals. On one host the broker runs next to the
 //! sessions service and calls it directly ([`Local`]); on the control role
 //! (docs/sessions.md, "The broker on many hosts") reads go to the shared database and
 //! writes to the session's owning host (hatcheryd's `broker_remote`).
 
-use hatchery_db::Joined;
+use crate::store::BrokerWrite;
 use hatchery_sessions::broker_hooks::Decision;
 use hatchery_sessions::error::SessionError;
 use hatchery_sessions::events::EventKind;
@@ -22,16 +22,16 @@ pub trait SessionLog: Send + Sync + 'static {
     /// its seqs are not known here).
     async fn record(&self, id: &str, kinds: Vec<EventKind>) -> Result<Vec<u64>, SessionError>;
     /// Appends system events and commits the broker's `joined` writes to
-    /// its call record with them. Here ([`Local`]) that is one
-    /// transaction; the control role's log posts the events to the
-    /// session's owner first and commits `joined` after, on its own
-    /// (docs/sessions.md, "What each commit guarantees"). `None`: `joined`
-    /// declined (its call moved on meanwhile); here nothing was written.
+    /// its call record with them, in one transaction: here ([`Local`])
+    /// the log's own; on the control role the owning host's, to which the
+    /// write is posted with the events (docs/sessions.md, "What each
+    /// commit guarantees"). `None`: `joined` declined (its call moved on
+    /// meanwhile) and nothing was written.
     async fn record_joined(
         &self,
         id: &str,
         kinds: Vec<EventKind>,
-        joined: &mut dyn Joined,
+        joined: &mut BrokerWrite,
     ) -> Result<Option<Vec<u64>>, SessionError>;
     /// Records a pending approval (once per id) and moves a running
     /// session to `waiting_approval`.
@@ -80,7 +80,7 @@ impl SessionLog for Local {
         &self,
         id: &str,
         kinds: Vec<EventKind>,
-        joined: &mut dyn Joined,
+        joined: &mut BrokerWrite,
     ) -> Result<Option<Vec<u64>>, SessionError> {
         let evs = self.0.record_joined(id, kinds, joined).await?;
         Ok(evs.map(|evs| evs.iter().map(|e| e.seq).collect()))

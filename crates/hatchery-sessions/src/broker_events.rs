@@ -48,6 +48,13 @@ pub struct BrokerEvents {
     /// Opened after the events (the session moves to `waiting_approval`).
     #[serde(default)]
     pub approval: Option<ApprovalRequest>,
+    /// The broker's own rows that commit with the events, in the owner's
+    /// transaction (its call record: issue 32's one commit across
+    /// products). Opaque here; the daemon's broker code reads it. When it
+    /// declines (the call moved on meanwhile), nothing is written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub joined: Option<serde_json::Value>,
 }
 
 /// What was written.
@@ -58,6 +65,30 @@ pub struct BrokerEventsWritten {
     pub seqs: Vec<u64>,
     /// The delivery key had been seen: nothing was written now.
     pub repeat: bool,
+    /// The post's `joined` write declined: nothing was written.
+    #[serde(default)]
+    pub declined: bool,
+}
+
+/// A decoded `joined` write, and whether it declined: a `None` from the
+/// store is either a seen key or a declined write, and the poster must
+/// know which.
+struct Tracked {
+    inner: Box<dyn hatchery_db::Joined>,
+    declined: bool,
+}
+
+#[async_trait::async_trait]
+impl hatchery_db::Joined for Tracked {
+    async fn write(
+        &mut self,
+        tx: &mut hatchery_db::Tx,
+        seqs: &[u64],
+    ) -> Result<bool, hatchery_db::DbError> {
+        let ok = self.inner.write(tx, seqs).await?;
+        self.declined = !ok;
+        Ok(ok)
+    }
 }
 
 impl BrokerEvents {
@@ -68,6 +99,9 @@ impl BrokerEvents {
         }
         if self.events.is_empty() && self.approval.is_none() {
             return bad("nothing to write: no events and no approval".into());
+        }
+        if self.events.is_empty() && self.joined.is_some() {
+            return bad("a joined write needs the events it commits with".into());
         }
         for e in &self.events {
             if !matches!(
@@ -122,7 +156,27 @@ impl Sessions {
         let mut out = BrokerEventsWritten {
             seqs: vec![],
             repeat: false,
+            declined: false,
         };
+        let mut joined = match post.joined {
+            None => None,
+            Some(w) => {
+                let codec = self.remote_joined().ok_or_else(|| {
+                    SessionError::bad(
+                        "invalid_request",
+                        "this host does not commit a broker's rows",
+                    )
+                })?;
+                let inner = codec
+                    .decode(id, w)
+                    .map_err(|e| SessionError::bad("invalid_request", format!("joined: {e}")))?;
+                Some(Tracked {
+                    inner,
+                    declined: false,
+                })
+            }
+        };
+        let mut alone = hatchery_db::Alone;
         if !post.events.is_empty() {
             let written = self
                 .append_delivered(
@@ -130,11 +184,18 @@ impl Sessions {
                     Some(key),
                     post.events,
                     crate::store::Patch::default(),
-                    &mut hatchery_db::Alone,
+                    match &mut joined {
+                        Some(t) => t,
+                        None => &mut alone,
+                    },
                 )
                 .await?;
             match written {
                 Some(evs) => out.seqs = evs.iter().map(|e| e.seq).collect(),
+                None if joined.as_ref().is_some_and(|t| t.declined) => {
+                    out.declined = true;
+                    return Ok(out);
+                }
                 None => out.repeat = true,
             }
         }
@@ -189,7 +250,11 @@ mod tests {
 
     #[test]
     fn only_broker_events_within_the_caps_are_taken() {
-        let post = |events: Vec<EventKind>, approval| BrokerEvents { events, approval };
+        let post = |events: Vec<EventKind>, approval| BrokerEvents {
+            events,
+            approval,
+            joined: None,
+        };
         assert!(post(vec![result(); MAX_BROKER_EVENTS], None)
             .validate()
             .is_ok());

@@ -32,6 +32,19 @@ pub trait BrokerUsage: Send + Sync + 'static {
     async fn usage(&self, session: &str) -> Option<(u64, u64)>;
 }
 
+/// Reads back the rows a broker in another process (the control role's)
+/// posts with its events, for the owning host to commit them in the same
+/// transaction as the events (set by the daemon: the broker's store code
+/// is not this crate's).
+pub trait RemoteJoined: Send + Sync + 'static {
+    /// The write, for a call of `session`; an error says why it is refused.
+    fn decode(
+        &self,
+        session: &str,
+        write: serde_json::Value,
+    ) -> Result<Box<dyn hatchery_db::Joined>, String>;
+}
+
 /// How an approval was decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {

@@ -40,6 +40,8 @@ pub struct Sessions {
     /// The broker's record of a session's calls, for its view (set by
     /// the daemon when it runs the broker).
     broker_usage: std::sync::RwLock<Option<Arc<dyn crate::broker_hooks::BrokerUsage>>>,
+    /// How a remote broker's rows posted with its events are read.
+    remote_joined: std::sync::RwLock<Option<Arc<dyn crate::broker_hooks::RemoteJoined>>>,
 }
 
 impl Sessions {
@@ -63,12 +65,29 @@ impl Sessions {
             hooks: std::sync::RwLock::new(Arc::new(crate::hooks::NoHooks)),
             exhausted: Mutex::new(HashMap::new()),
             broker_usage: std::sync::RwLock::new(None),
+            remote_joined: std::sync::RwLock::new(None),
         })
     }
 
     /// Where the view finds a session's broker calls.
     pub fn set_broker_usage(&self, b: Arc<dyn crate::broker_hooks::BrokerUsage>) {
         *self.broker_usage.write().unwrap_or_else(|p| p.into_inner()) = Some(b);
+    }
+
+    /// How this host commits the rows a remote broker posts with its
+    /// events (`POST /v1/sessions/{id}/broker-events`).
+    pub fn set_remote_joined(&self, r: Arc<dyn crate::broker_hooks::RemoteJoined>) {
+        *self
+            .remote_joined
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Some(r);
+    }
+
+    pub(crate) fn remote_joined(&self) -> Option<Arc<dyn crate::broker_hooks::RemoteJoined>> {
+        self.remote_joined
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     pub fn metrics(&self) -> &crate::metrics::SessionMetrics {

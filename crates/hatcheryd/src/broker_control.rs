@@ -53,7 +53,6 @@ pub async fn start(
         Arc::new(RemoteSessionLog {
             store: c.sessions,
             post: c.post,
-            db: c.db.clone(),
         }),
         hatchery_policy::cache::CompiledPolicies::new(policies),
         Arc::new(hatchery_broker::sandbox::ClientSandboxes(client.clone())),

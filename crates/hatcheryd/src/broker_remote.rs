@@ -12,12 +12,12 @@
 
 use crate::owner_post::{Attempt, OwnerPost};
 use hatchery_broker::session_log::SessionLog;
-use hatchery_db::Joined;
+use hatchery_broker::store::BrokerWrite;
 use hatchery_sessions::broker_events::{ApprovalRequest, BrokerEvents, BrokerEventsWritten};
 use hatchery_sessions::broker_hooks::{reads, Decision, LoggedCall};
 use hatchery_sessions::error::SessionError;
 use hatchery_sessions::events::EventKind;
-use hatchery_sessions::store::{Session, SessionStore, StoreError};
+use hatchery_sessions::store::{Session, SessionStore};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,9 +31,6 @@ const RETRY_EVERY: Duration = Duration::from_millis(250);
 pub struct RemoteSessionLog {
     pub store: Arc<dyn SessionStore>,
     pub post: OwnerPost,
-    /// The shared database, where the broker's rows that follow a post
-    /// commit.
-    pub db: hatchery_db::Db,
 }
 
 /// The delivery key of a post: `brk_` and 40 hex of its hash.
@@ -79,6 +76,37 @@ fn call_seq(kinds: &[EventKind]) -> Option<u64> {
 }
 
 impl RemoteSessionLog {
+    /// Posts events (and the broker's rows that commit with them) to the
+    /// owner; `None` when the rows declined and nothing was written.
+    async fn post_events(
+        &self,
+        id: &str,
+        kinds: Vec<EventKind>,
+        joined: Option<serde_json::Value>,
+    ) -> Result<Option<Vec<u64>>, SessionError> {
+        let post = BrokerEvents {
+            events: kinds,
+            approval: None,
+            joined,
+        };
+        let body = to_body(&post)?;
+        let key = delivery_key(id, &body);
+        let written = self.write(id, &body, &key).await?;
+        if written.declined {
+            return Ok(None);
+        }
+        if !written.repeat {
+            return Ok(Some(written.seqs));
+        }
+        // Written before (an answer lost on the way), rows and all: the
+        // seqs the broker keeps are in the log.
+        let logged = match call_seq(&post.events) {
+            Some(seq) => reads::logged_broker_call(&*self.store, id, seq).await?,
+            None => None,
+        };
+        Ok(Some(logged_seqs(&post.events, logged.as_ref())))
+    }
+
     /// Posts until the owner has it, refuses it, or the deadline passes.
     async fn write(
         &self,
@@ -122,45 +150,24 @@ impl SessionLog for RemoteSessionLog {
         reads::session_for_sandbox(&*self.store, sandbox_id).await
     }
 
-    /// Two commits, not one: the owner writes the events under its epoch
-    /// (and tells its live streams and runner), then the broker's rows
-    /// commit here. A crash between them leaves events whose row did not
-    /// follow; the broker's retry finds the row without their seqs and
-    /// writes nothing twice (its repeated post has the same delivery key).
+    /// One commit, the owner's: the broker's rows travel with the events
+    /// and the owner writes both in one transaction on the shared
+    /// database, under its epoch (and tells its live streams and runner).
+    /// The write's outcome stays there: the broker reads its row back
+    /// (the same database) rather than trusting an answer that may be lost.
     async fn record_joined(
         &self,
         id: &str,
         kinds: Vec<EventKind>,
-        joined: &mut dyn Joined,
+        joined: &mut BrokerWrite,
     ) -> Result<Option<Vec<u64>>, SessionError> {
-        let seqs = self.record(id, kinds).await?;
-        let db_err = |e: hatchery_db::DbError| SessionError::from(StoreError::from(e));
-        let mut tx = self.db.begin().await.map_err(db_err)?;
-        if !joined.write(&mut tx, &seqs).await.map_err(db_err)? {
-            return Ok(None);
-        }
-        tx.commit().await.map_err(db_err)?;
-        Ok(Some(seqs))
+        let write = serde_json::to_value(&*joined)
+            .map_err(|e| SessionError::Internal(format!("a broker write as JSON: {e}")))?;
+        self.post_events(id, kinds, Some(write)).await
     }
 
     async fn record(&self, id: &str, kinds: Vec<EventKind>) -> Result<Vec<u64>, SessionError> {
-        let post = BrokerEvents {
-            events: kinds,
-            approval: None,
-        };
-        let body = to_body(&post)?;
-        let key = delivery_key(id, &body);
-        let written = self.write(id, &body, &key).await?;
-        if !written.repeat {
-            return Ok(written.seqs);
-        }
-        // Written before (an answer lost on the way): the seqs the broker
-        // keeps are in the log.
-        let logged = match call_seq(&post.events) {
-            Some(seq) => reads::logged_broker_call(&*self.store, id, seq).await?,
-            None => None,
-        };
-        Ok(logged_seqs(&post.events, logged.as_ref()))
+        Ok(self.post_events(id, kinds, None).await?.unwrap_or_default())
     }
 
     async fn open_approval(
@@ -172,6 +179,7 @@ impl SessionLog for RemoteSessionLog {
     ) -> Result<(), SessionError> {
         let post = BrokerEvents {
             events: vec![],
+            joined: None,
             approval: Some(ApprovalRequest {
                 approval_id: approval_id.into(),
                 action: action.into(),

@@ -42,6 +42,9 @@ pub fn build(
         Arc::new(ClientSandboxes::new(client)),
         Arc::new(LocalScheduler::new(cfg.max_running)),
     );
+    // A control role's broker posts its call rows with its events; this
+    // host commits them together (issue 32).
+    svc.set_remote_joined(Arc::new(hatchery_broker::store::Decoder));
     svc.metrics()
         .register(registry)
         .map_err(|e| err(e.to_string()))?;

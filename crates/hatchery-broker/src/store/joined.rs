@@ -6,10 +6,16 @@
 //! stores the seq of; a step whose guard fails (the call moved on, the key
 //! was taken, the seq was stored already) declines, and the events roll
 //! back with it.
+//!
+//! On the control role the events are written by the session's owning
+//! host, so the write travels with them: a [`BrokerWrite`] is posted with
+//! the events and the owner commits both in its transaction on the shared
+//! database ([`Decoder`] is how it reads one back).
 
 use super::db::{advance_tx, insert_tx, row_call, set_ref_tx};
 use super::{Call, CallState, EventRef, Recorded, StoreError};
 use hatchery_db::{DbError, Joined, Row, Tx};
+use serde::{Deserialize, Serialize};
 
 /// The seq of the `i`th event appended, if there is one (the control
 /// role's log may not know every seq of a post it repeated).
@@ -19,7 +25,7 @@ fn at(seqs: &[u64], i: Option<usize>) -> Option<u64> {
 
 /// Which appended event (by index) is the call's `broker_call`, its
 /// result, or the resolution of its review.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone, Copy, Serialize, Deserialize)]
 pub struct Refs {
     pub call: Option<usize>,
     pub result: Option<usize>,
@@ -29,9 +35,11 @@ pub struct Refs {
 /// A new call's row, inserted with its events (a call decided at once:
 /// denied, effect-free, or waiting for an approval). Declines when the
 /// key is taken.
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Insert {
     call: Call,
     refs: Refs,
+    #[serde(skip)]
     inserted: bool,
 }
 
@@ -62,6 +70,7 @@ impl Joined for Insert {
 
 /// A call's move from one state to another with the events that record
 /// it. Declines when the call is not in `from`.
+#[derive(Debug, Serialize, Deserialize)]
 pub struct Advance {
     session_id: String,
     seq: u64,
@@ -69,6 +78,7 @@ pub struct Advance {
     to: CallState,
     rec: Recorded,
     refs: Refs,
+    #[serde(skip)]
     row: Option<Row>,
 }
 
@@ -107,6 +117,7 @@ impl Joined for Advance {
 /// The seq of one event of a call written after the fact (its row was
 /// recorded without it). Declines when the seq is stored already: the
 /// event would be a second copy.
+#[derive(Debug, Serialize, Deserialize)]
 pub struct SetRef {
     pub which: EventRef,
     pub session_id: String,
@@ -120,5 +131,114 @@ impl Joined for SetRef {
             return Ok(true);
         };
         Ok(set_ref_tx(tx, self.which, &self.session_id, self.seq, ev).await? == 1)
+    }
+}
+
+/// One of the broker's joined writes, as the session log takes it: run in
+/// the log's transaction here, or posted with the events to the session's
+/// owner (the control role), which runs it in its own.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum BrokerWrite {
+    Insert(Insert),
+    Advance(Advance),
+    SetRef(SetRef),
+}
+
+impl BrokerWrite {
+    /// The session whose call it writes: the owner refuses a write for a
+    /// call of another session than the one it is posted to.
+    pub fn session_id(&self) -> &str {
+        match self {
+            BrokerWrite::Insert(i) => &i.call.session_id,
+            BrokerWrite::Advance(a) => &a.session_id,
+            BrokerWrite::SetRef(s) => &s.session_id,
+        }
+    }
+
+    pub fn into_insert(self) -> Option<Insert> {
+        match self {
+            BrokerWrite::Insert(i) => Some(i),
+            _ => None,
+        }
+    }
+
+    pub fn into_advance(self) -> Option<Advance> {
+        match self {
+            BrokerWrite::Advance(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Joined for BrokerWrite {
+    async fn write(&mut self, tx: &mut Tx, seqs: &[u64]) -> Result<bool, DbError> {
+        match self {
+            BrokerWrite::Insert(i) => i.write(tx, seqs).await,
+            BrokerWrite::Advance(a) => a.write(tx, seqs).await,
+            BrokerWrite::SetRef(s) => s.write(tx, seqs).await,
+        }
+    }
+}
+
+/// How a session's owning host reads the write a remote broker posted
+/// with its events (set on its sessions service by the daemon).
+pub struct Decoder;
+
+impl hatchery_sessions::broker_hooks::RemoteJoined for Decoder {
+    fn decode(&self, session: &str, write: serde_json::Value) -> Result<Box<dyn Joined>, String> {
+        let w: BrokerWrite = serde_json::from_value(write).map_err(|e| e.to_string())?;
+        if let BrokerWrite::Advance(a) = &w {
+            if !a.from.valid_transition(a.to) {
+                return Err(format!("no move from {:?} to {:?}", a.from, a.to));
+            }
+        }
+        if w.session_id() != session {
+            return Err(format!(
+                "the write is for a call of session {}, not {session}",
+                w.session_id()
+            ));
+        }
+        Ok(Box::new(w))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hatchery_sessions::broker_hooks::RemoteJoined;
+
+    fn insert(session: &str) -> BrokerWrite {
+        let c = Call::new(session, 3, 1, "noop", "{}".into(), "sha".into());
+        BrokerWrite::Insert(Insert::new(c, Refs::default()))
+    }
+
+    #[test]
+    fn the_owner_reads_back_the_write_the_broker_posted() {
+        let w = serde_json::to_value(insert("ses_a")).unwrap();
+        assert!(Decoder.decode("ses_a", w.clone()).is_ok());
+        // A write for another session's call is refused, whoever posts it.
+        let e = Decoder.decode("ses_b", w).err().unwrap();
+        assert!(e.contains("ses_a"), "{e}");
+        // No move outside the graph, even from a daemon.
+        let c = Call::new("ses_a", 3, 1, "noop", "{}".into(), "sha".into());
+        let bad = BrokerWrite::Advance(Advance {
+            session_id: c.session_id,
+            seq: 3,
+            from: CallState::Done,
+            to: CallState::Executing,
+            rec: Recorded::default(),
+            refs: Refs::default(),
+            row: None,
+        });
+        let e = Decoder
+            .decode("ses_a", serde_json::to_value(bad).unwrap())
+            .err()
+            .unwrap();
+        assert!(e.contains("no move"), "{e}");
+        // Unknown shapes are refused, not ignored.
+        let junk = serde_json::json!({"drop_table": {"session_id": "ses_a"}});
+        assert!(Decoder.decode("ses_a", junk).is_err());
     }
 }

@@ -20,7 +20,7 @@ pub mod schema;
 mod conformance;
 
 pub use db::BrokerStore;
-pub use joined::{Advance, Insert, Refs, SetRef};
+pub use joined::{Advance, BrokerWrite, Decoder, Insert, Refs, SetRef};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -50,7 +50,8 @@ impl StoreError {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum CallState {
     AwaitingApproval,
     Pending,
@@ -117,7 +118,7 @@ impl CallState {
 
 hatchery_db::record! {
     /// A row of `broker_calls`, read and inserted by its field names.
-    #[derive(Debug, Clone, PartialEq)]
+    #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
     pub struct Call in "broker_calls" {
         pub session_id: String,
         pub seq: u64,
@@ -151,7 +152,7 @@ hatchery_db::record! {
 hatchery_db::named!(CallState, as_str, parse);
 
 /// What an [`BrokerStore::advance_recorded`] writes besides the state.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Recorded {
     pub effect: Option<String>,
     pub output: Option<String>,
@@ -183,7 +184,8 @@ impl Begin {
 }
 
 /// Which of a call's events a seq is stored for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum EventRef {
     /// The `broker_call` event written before the effect.
     Call,
