@@ -160,21 +160,10 @@ impl Sessions {
         };
         let mut joined = match post.joined {
             None => None,
-            Some(w) => {
-                let codec = self.remote_joined().ok_or_else(|| {
-                    SessionError::bad(
-                        "invalid_request",
-                        "this host does not commit a broker's rows",
-                    )
-                })?;
-                let inner = codec
-                    .decode(id, w)
-                    .map_err(|e| SessionError::bad("invalid_request", format!("joined: {e}")))?;
-                Some(Tracked {
-                    inner,
-                    declined: false,
-                })
-            }
+            Some(w) => Some(Tracked {
+                inner: self.decode_joined(crate::broker_hooks::JoinedFrom::Broker, id, w)?,
+                declined: false,
+            }),
         };
         let mut alone = hatchery_db::Alone;
         if !post.events.is_empty() {

@@ -32,10 +32,19 @@ pub trait BrokerUsage: Send + Sync + 'static {
     async fn usage(&self, session: &str) -> Option<(u64, u64)>;
 }
 
-/// Reads back the rows a broker in another process (the control role's)
-/// posts with its events, for the owning host to commit them in the same
-/// transaction as the events (set by the daemon: the broker's store code
-/// is not this crate's).
+/// Whose writes a post carries with its events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum JoinedFrom {
+    /// The tool broker's call rows (`broker-events`).
+    Broker,
+    /// The model gateway's settle of a call (`model-events`).
+    Gateway,
+}
+
+/// Reads back the writes a product in another process (the control
+/// role's broker or gateway) posts with its events, for the owning host to
+/// commit them in the same transaction as the events (set by the daemon:
+/// those products' store code is not this crate's).
 pub trait RemoteJoined: Send + Sync + 'static {
     /// The write, for a call of `session`; an error says why it is refused.
     fn decode(

@@ -39,6 +39,14 @@ pub enum ModelEvent {
         output_tokens: Option<u64>,
         tokens: u64,
         usd_cents: u64,
+        /// The gateway's settle of the call's reservation, committed with
+        /// the event and the spend in this host's transaction (the control
+        /// role's gateway; issue 32). Opaque here; the daemon's gateway
+        /// code reads it. When the reservation was settled before, nothing
+        /// is written.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[schema(value_type = Option<Object>)]
+        joined: Option<serde_json::Value>,
     },
     /// A call refused before it reached the upstream.
     Refused {
@@ -133,6 +141,7 @@ impl Sessions {
                 output_tokens,
                 tokens,
                 usd_cents,
+                joined: _,
             } => {
                 let call = EventKind::ModelCall {
                     api,
@@ -173,7 +182,21 @@ pub async fn post_model_event(
     Json(e): Json<ModelEvent>,
 ) -> Result<StatusCode, SessionError> {
     let key = delivery_key(&headers)?;
-    st.sessions.record_model_event(&id, e, Some(key)).await?;
+    match &e {
+        ModelEvent::Called {
+            joined: Some(w), ..
+        } => {
+            let mut settle = st.sessions.decode_joined(
+                crate::broker_hooks::JoinedFrom::Gateway,
+                &id,
+                w.clone(),
+            )?;
+            st.sessions
+                .record_model_event_joined(&id, e, Some(key), &mut *settle)
+                .await?
+        }
+        _ => st.sessions.record_model_event(&id, e, Some(key)).await?,
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -241,7 +264,8 @@ mod tests {
                 input_tokens: None,
                 output_tokens: None,
                 tokens: 3,
-                usd_cents: 1
+                usd_cents: 1,
+                joined: None,
             }
         );
         assert!(serde_json::from_str::<ModelEvent>(

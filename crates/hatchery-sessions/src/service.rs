@@ -40,8 +40,11 @@ pub struct Sessions {
     /// The broker's record of a session's calls, for its view (set by
     /// the daemon when it runs the broker).
     broker_usage: std::sync::RwLock<Option<Arc<dyn crate::broker_hooks::BrokerUsage>>>,
-    /// How a remote broker's rows posted with its events are read.
-    remote_joined: std::sync::RwLock<Option<Arc<dyn crate::broker_hooks::RemoteJoined>>>,
+    /// How the writes a remote broker or gateway posts with its events
+    /// are read.
+    remote_joined: std::sync::RwLock<
+        HashMap<crate::broker_hooks::JoinedFrom, Arc<dyn crate::broker_hooks::RemoteJoined>>,
+    >,
 }
 
 impl Sessions {
@@ -65,7 +68,7 @@ impl Sessions {
             hooks: std::sync::RwLock::new(Arc::new(crate::hooks::NoHooks)),
             exhausted: Mutex::new(HashMap::new()),
             broker_usage: std::sync::RwLock::new(None),
-            remote_joined: std::sync::RwLock::new(None),
+            remote_joined: Default::default(),
         })
     }
 
@@ -74,20 +77,44 @@ impl Sessions {
         *self.broker_usage.write().unwrap_or_else(|p| p.into_inner()) = Some(b);
     }
 
-    /// How this host commits the rows a remote broker posts with its
-    /// events (`POST /v1/sessions/{id}/broker-events`).
-    pub fn set_remote_joined(&self, r: Arc<dyn crate::broker_hooks::RemoteJoined>) {
-        *self
-            .remote_joined
+    /// How this host commits the writes a remote broker or gateway posts
+    /// with its events (`POST /v1/sessions/{id}/broker-events`,
+    /// `.../model-events`).
+    pub fn set_remote_joined(
+        &self,
+        from: crate::broker_hooks::JoinedFrom,
+        r: Arc<dyn crate::broker_hooks::RemoteJoined>,
+    ) {
+        self.remote_joined
             .write()
-            .unwrap_or_else(|p| p.into_inner()) = Some(r);
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(from, r);
     }
 
-    pub(crate) fn remote_joined(&self) -> Option<Arc<dyn crate::broker_hooks::RemoteJoined>> {
-        self.remote_joined
+    /// `write` (posted to session `id` by `from`), read back into what
+    /// commits with the events; a 400 when it is refused or no reader is
+    /// set.
+    pub(crate) fn decode_joined(
+        &self,
+        from: crate::broker_hooks::JoinedFrom,
+        id: &str,
+        write: serde_json::Value,
+    ) -> Result<Box<dyn hatchery_db::Joined>, SessionError> {
+        let codec = self
+            .remote_joined
             .read()
             .unwrap_or_else(|p| p.into_inner())
-            .clone()
+            .get(&from)
+            .cloned()
+            .ok_or_else(|| {
+                SessionError::bad(
+                    "invalid_request",
+                    format!("this host takes no {from:?} writes"),
+                )
+            })?;
+        codec
+            .decode(id, write)
+            .map_err(|e| SessionError::bad("invalid_request", format!("joined: {e}")))
     }
 
     pub fn metrics(&self) -> &crate::metrics::SessionMetrics {

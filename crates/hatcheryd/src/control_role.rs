@@ -50,6 +50,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         crate::gateway_events::RemoteSink {
             post: owner_post(),
             outcomes: crate::gateway_events::outcomes(&registry),
+            budgets: None,
         },
     )
     .await

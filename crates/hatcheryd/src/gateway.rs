@@ -247,7 +247,7 @@ pub async fn start_control(
     db: &hatchery_db::Db,
     data: &Path,
     registry: &prometheus::Registry,
-    sink: crate::gateway_events::RemoteSink,
+    mut sink: crate::gateway_events::RemoteSink,
 ) -> Result<Option<axum::Router>, GatewayStartError> {
     // A control_url here was refused with the configuration (rules.rs).
     if !a.has_upstream() {
@@ -258,6 +258,7 @@ pub async fn start_control(
         daemon_key: sink.post.daemon_key.clone().into(),
     };
     let (store, keys) = open_budgets(db, data).await?;
+    sink.budgets = Some(store.clone());
     // One lane per session: a session whose host is lost (until its
     // sessions are taken over) holds up only its own events.
     let events = crate::gateway_events::QueuedEvents::spawn(Arc::new(

@@ -69,6 +69,7 @@ pub fn model_event(e: GatewayEvent) -> Option<(String, ModelEvent)> {
                 output_tokens,
                 tokens: charged.tokens,
                 usd_cents: charged.usd_cents,
+                joined: None,
             },
         )),
         // Its own event (and the end of the session) comes from
@@ -109,10 +110,17 @@ pub trait EventSink: Send + Sync + 'static {
     async fn deliver(&self, session: &str, e: ModelEvent);
 }
 
+/// What the writer task is handed: an observation, or a settled call's
+/// event already carrying its settle (the control role's).
+enum Queued {
+    Observed(GatewayEvent),
+    Settling(String, ModelEvent),
+}
+
 /// The gateway's [`GatewayEvents`]: a bounded queue to one writer task,
 /// which delivers in the order the events happened.
 pub struct QueuedEvents {
-    tx: mpsc::Sender<GatewayEvent>,
+    tx: mpsc::Sender<Queued>,
     /// This daemon's sessions, on the gateway's own database: a settled
     /// call's event goes there in the settle's transaction, not through
     /// the queue.
@@ -128,10 +136,14 @@ impl QueuedEvents {
     }
 
     pub fn spawn(sink: Arc<dyn EventSink>) -> Self {
-        let (tx, mut rx) = mpsc::channel::<GatewayEvent>(EVENT_QUEUE);
+        let (tx, mut rx) = mpsc::channel::<Queued>(EVENT_QUEUE);
         tokio::spawn(async move {
-            while let Some(e) = rx.recv().await {
-                if let Some((session, ev)) = model_event(e) {
+            while let Some(q) = rx.recv().await {
+                let e = match q {
+                    Queued::Observed(e) => model_event(e),
+                    Queued::Settling(session, ev) => Some((session, ev)),
+                };
+                if let Some((session, ev)) = e {
                     sink.deliver(&session, ev).await;
                 }
             }
@@ -143,30 +155,35 @@ impl QueuedEvents {
 #[async_trait::async_trait]
 impl GatewayEvents for QueuedEvents {
     fn record(&self, e: GatewayEvent) {
-        if self.tx.try_send(e).is_err() {
+        if self.tx.try_send(Queued::Observed(e)).is_err() {
             not_written(None, "the gateway's event queue is full");
         }
     }
 
-    /// With the sessions local: the call's `model_call` event, the
-    /// session's spend, its delivery key (the reservation id) and the
-    /// settle, in one transaction (docs/sessions.md, "What each commit
-    /// guarantees"). A caller that is no session of this host has its
-    /// spend settled alone.
+    /// The call's `model_call` event, the session's spend, its delivery
+    /// key (the reservation id) and the settle, in one transaction
+    /// (docs/sessions.md, "What each commit guarantees"): here with the
+    /// sessions local; on the control role in the owner's, the settle
+    /// posted with the event (`RemoteSink`; `Ok(true)` once queued). A
+    /// caller that is no session has its spend settled alone.
     async fn settle(
         &self,
         store: &dyn BudgetStore,
         mut s: Settlement,
         called: GatewayEvent,
     ) -> Result<bool, BudgetError> {
-        let Some(sessions) = &self.local else {
-            // The control role's: settled here, the event posted to the
-            // session's owner through the queue.
-            let r = store.settle(&s.id, &s.scopes, s.actual).await;
-            self.record(called);
-            return r;
+        let Some((session, mut ev)) = model_event(called) else {
+            return store.settle(&s.id, &s.scopes, s.actual).await;
         };
-        let Some((session, ev)) = model_event(called) else {
+        let Some(sessions) = &self.local else {
+            if let (ModelEvent::Called { joined, .. }, Ok(w)) = (&mut ev, serde_json::to_value(&s))
+            {
+                *joined = Some(w);
+                if self.tx.try_send(Queued::Settling(session, ev)).is_ok() {
+                    return Ok(true);
+                }
+                not_written(None, "the gateway's event queue is full");
+            }
             return store.settle(&s.id, &s.scopes, s.actual).await;
         };
         let key = s.id.clone();
@@ -282,6 +299,52 @@ impl EventSink for Lanes {
 pub struct RemoteSink {
     pub post: OwnerPost,
     pub outcomes: prometheus::IntCounterVec,
+    /// Where a settle that travelled with an event that could not be
+    /// delivered is made alone: the spend still counts.
+    pub budgets: Option<Arc<dyn BudgetStore>>,
+}
+
+impl RemoteSink {
+    /// A settle posted with an event that was not written: made here.
+    async fn settle_alone(&self, session: &str, e: &ModelEvent) {
+        let (
+            Some(store),
+            ModelEvent::Called {
+                joined: Some(w), ..
+            },
+        ) = (&self.budgets, e)
+        else {
+            return;
+        };
+        match serde_json::from_value::<Settlement>(w.clone()) {
+            Ok(s) => {
+                if let Err(err) = store.settle(&s.id, &s.scopes, s.actual).await {
+                    tracing::error!(session, reservation = %s.id, error = %err, "settling a model call failed");
+                }
+            }
+            Err(err) => tracing::error!(session, error = %err, "a settle not readable"),
+        }
+    }
+}
+
+/// How a session's owning host reads the settle the control role's
+/// gateway posts with a call's event: only of a reservation charged to
+/// that session.
+pub struct SettleDecoder;
+
+impl hatchery_sessions::broker_hooks::RemoteJoined for SettleDecoder {
+    fn decode(
+        &self,
+        session: &str,
+        write: serde_json::Value,
+    ) -> Result<Box<dyn hatchery_db::Joined>, String> {
+        let s: Settlement = serde_json::from_value(write).map_err(|e| e.to_string())?;
+        let own = format!("session:{session}");
+        if !s.scopes.contains(&own) {
+            return Err(format!("the settle is not charged to {own}"));
+        }
+        Ok(Box::new(s))
+    }
 }
 
 #[async_trait::async_trait]
@@ -294,8 +357,15 @@ impl EventSink for RemoteSink {
                 return;
             }
         };
-        // One key per event, the same on every attempt.
-        let key = format!("gw_{:032x}", rand::random::<u128>());
+        // One key per event, the same on every attempt: a settled call's
+        // is its reservation id, as on one host.
+        let key = match &e {
+            ModelEvent::Called {
+                joined: Some(w), ..
+            } => w.get("id").and_then(|v| v.as_str()).map(str::to_string),
+            _ => None,
+        }
+        .unwrap_or_else(|| format!("gw_{:032x}", rand::random::<u128>()));
         let deadline = tokio::time::Instant::now() + DELIVERY_DEADLINE;
         loop {
             let sent = self.post.attempt(session, "model-events", &key, &body);
@@ -312,6 +382,7 @@ impl EventSink for RemoteSink {
             self.outcomes.with_label_values(&[outcome]).inc();
             if outcome != "delivered" {
                 not_written(Some(session), &format!("{outcome}: {why}"));
+                self.settle_alone(session, &e).await;
             }
             return;
         }
@@ -456,7 +527,35 @@ mod tests {
                 daemon_key: "dk".into(),
             },
             outcomes: outcomes(&prometheus::Registry::new()),
+            budgets: None,
         }
+    }
+
+    /// The owner commits a posted settle only for a reservation charged to
+    /// the session it is posted to.
+    #[test]
+    fn a_posted_settle_is_only_the_sessions_own() {
+        use hatchery_sessions::broker_hooks::RemoteJoined;
+        let s = |scopes: &[&str]| {
+            serde_json::to_value(Settlement {
+                id: "rsv_1".into(),
+                scopes: scopes.iter().map(|x| x.to_string()).collect(),
+                actual: Amount {
+                    tokens: 3,
+                    usd_cents: 1,
+                },
+                fresh: true,
+            })
+            .unwrap()
+        };
+        let own = s(&["session:ses_a", "tenant:t"]);
+        assert!(own.get("fresh").is_none(), "{own}");
+        assert!(SettleDecoder.decode("ses_a", own.clone()).is_ok());
+        let e = SettleDecoder.decode("ses_b", own).err().unwrap();
+        assert!(e.contains("session:ses_b"), "{e}");
+        assert!(SettleDecoder.decode("ses_a", s(&["tenant:t"])).is_err());
+        let junk = serde_json::json!({"id": "rsv_1", "scopes": ["session:ses_a"], "actual": {"tokens": 1, "usd_cents": 0}, "extra": 1});
+        assert!(SettleDecoder.decode("ses_a", junk).is_err());
     }
 
     /// A lost owner, a closed port and an owner that took the request and
@@ -719,18 +818,20 @@ mod tests {
 
     /// Events the sink was handed.
     #[derive(Default)]
-    struct Collect(Mutex<Vec<String>>);
+    struct Collect(Mutex<Vec<String>>, Mutex<Vec<ModelEvent>>);
 
     #[async_trait::async_trait]
     impl EventSink for Collect {
-        async fn deliver(&self, session: &str, _: ModelEvent) {
+        async fn deliver(&self, session: &str, e: ModelEvent) {
             self.0.lock().unwrap().push(session.to_string());
+            self.1.lock().unwrap().push(e);
         }
     }
 
-    /// Without local sessions (the control role) a settled call is
-    /// settled, and its event still goes to the sink (ci16 caught it
-    /// dropped: the owners' logs had no `model_call`).
+    /// Without local sessions (the control role) a settled call's event
+    /// still goes to the sink (ci16 caught it dropped: the owners' logs had
+    /// no `model_call`), carrying its settle for the owner to commit with
+    /// it; the settle is made here only when the event cannot be delivered.
     #[tokio::test]
     async fn without_local_sessions_the_event_still_goes_to_the_sink() {
         let budgets = hatchery_gateway::store::GatewayStore::open_in_memory()
@@ -770,6 +871,22 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert_eq!(*sink.0.lock().unwrap(), vec!["ses_a".to_string()]);
+        let ev = sink.1.lock().unwrap().pop().unwrap();
+        let ModelEvent::Called {
+            joined: Some(w), ..
+        } = &ev
+        else {
+            panic!("no settle travels with {ev:?}")
+        };
+        assert_eq!(w["id"], "rsv_c");
+        // The owner's to commit, with the event: nothing settled here yet
+        // (the scope has no row until a settle makes one).
+        assert!(budgets.get(&who.scopes()[0]).await.is_err());
+        // An owner that cannot take it (no such session): settled here
+        // alone, the spend still counts.
+        let mut remote = super::tests::sink(vec![None], vec![]);
+        remote.budgets = Some(Arc::new(budgets.clone()));
+        remote.deliver("ses_a", ev).await;
         let b = budgets.get(&who.scopes()[0]).await.unwrap();
         assert_eq!(b.used_tokens, 5);
     }

@@ -42,9 +42,17 @@ pub fn build(
         Arc::new(ClientSandboxes::new(client)),
         Arc::new(LocalScheduler::new(cfg.max_running)),
     );
-    // A control role's broker posts its call rows with its events; this
-    // host commits them together (issue 32).
-    svc.set_remote_joined(Arc::new(hatchery_broker::store::Decoder));
+    // A control role's broker posts its call rows with its events, and its
+    // gateway a call's settle; this host commits them together (issue 32).
+    use hatchery_sessions::broker_hooks::JoinedFrom;
+    svc.set_remote_joined(
+        JoinedFrom::Broker,
+        Arc::new(hatchery_broker::store::Decoder),
+    );
+    svc.set_remote_joined(
+        JoinedFrom::Gateway,
+        Arc::new(crate::gateway_events::SettleDecoder),
+    );
     svc.metrics()
         .register(registry)
         .map_err(|e| err(e.to_string()))?;

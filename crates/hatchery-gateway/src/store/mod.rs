@@ -132,12 +132,17 @@ async fn settle_tx(
 /// a session log commits the call's `model_call` event, the session's
 /// spend and the settle together. Declines when the reservation was
 /// settled before, which rolls the event back with it: a call is charged
-/// and logged once.
+/// and logged once. On the control role it travels with the event to the
+/// session's owner, which runs it in its transaction (serialized; `fresh`
+/// stays behind).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Settlement {
     pub id: String,
     pub scopes: Vec<String>,
     pub actual: Amount,
     /// Set once the settle committed: whether it recorded the spend.
+    #[serde(skip)]
     pub fresh: bool,
 }
 
