@@ -314,54 +314,31 @@ mod tests {
     async fn a_previous_release_policies_file_is_imported() {
         let dir = tempfile::tempdir().unwrap();
         let old = rusqlite::Connection::open(dir.path().join("policies.db")).unwrap();
-        old.execute_batch(
+        let a = r#"{"name":"a","rules":[{"id":"r","effect":"allow"}]}"#;
+        let b = r#"{"name":"b","rules":[{"id":"r","effect":"deny"}]}"#;
+        let id = "pol_00000000000000aa";
+        old.execute_batch(&format!(
             "CREATE TABLE policies (id TEXT PRIMARY KEY, name TEXT NOT NULL,
                  latest_version INTEGER NOT NULL, builtin INTEGER NOT NULL DEFAULT 0,
                  created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
              CREATE TABLE policy_versions (policy_id TEXT NOT NULL REFERENCES policies(id),
                  version INTEGER NOT NULL, document TEXT NOT NULL, sha256 TEXT NOT NULL,
-                 created_at TEXT NOT NULL, PRIMARY KEY (policy_id, version));",
-        )
+                 created_at TEXT NOT NULL, PRIMARY KEY (policy_id, version));
+             INSERT INTO policies VALUES ('{id}', 'b', 2, 0, 't1', 't2');
+             INSERT INTO policy_versions VALUES ('{id}', 1, '{a}', 'x', 't'),
+                 ('{id}', 2, '{b}', 'x', 't');"
+        ))
         .unwrap();
-        let a = r#"{"name":"a","rules":[{"id":"r","effect":"allow"}]}"#;
-        let b = r#"{"name":"b","rules":[{"id":"r","effect":"deny"}]}"#;
-        old.execute(
-            "INSERT INTO policies VALUES ('pol_00000000000000aa', 'b', 2, 0, 't1', 't2')",
-            [],
-        )
-        .unwrap();
-        for (v, d) in [(1, a), (2, b)] {
-            old.execute(
-                "INSERT INTO policy_versions VALUES ('pol_00000000000000aa', ?1, ?2, 'x', 't')",
-                rusqlite::params![v, d],
-            )
-            .unwrap();
-        }
         drop(old);
         let db = Db::sqlite(&dir.path().join("hatchery.db")).await.unwrap();
         let s = DbPolicyStore::open(db.clone()).await.unwrap();
-        assert_eq!(
-            db.import_sqlite(dir.path(), &IMPORT).await.unwrap(),
-            hatchery_db::Imported::Now
-        );
-        assert_eq!(
-            db.import_sqlite(dir.path(), &IMPORT).await.unwrap(),
-            hatchery_db::Imported::Before
-        );
-        let p = s.latest("pol_00000000000000aa").await.unwrap();
-        assert_eq!((p.version, p.document.name.as_str()), (2, "b"));
-        assert_eq!(
-            s.version("pol_00000000000000aa", 1)
-                .await
-                .unwrap()
-                .document
-                .name,
-            "a"
-        );
-        assert_eq!(
-            s.list().await.unwrap().len(),
-            2,
-            "the import and pol_standard"
-        );
+        let import = || db.import_sqlite(dir.path(), &IMPORT);
+        assert_eq!(import().await.unwrap(), hatchery_db::Imported::Now);
+        assert_eq!(import().await.unwrap(), hatchery_db::Imported::Before);
+        let (v1, p) = (s.version(id, 1).await.unwrap(), s.latest(id).await.unwrap());
+        assert_eq!((v1.document.name.as_str(), v1.version), ("a", 1));
+        assert_eq!((p.document.name.as_str(), p.version), ("b", 2));
+        let listed = s.list().await.unwrap();
+        assert_eq!(listed.len(), 2, "the import and pol_standard");
     }
 }
