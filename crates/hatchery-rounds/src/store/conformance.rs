@@ -789,10 +789,8 @@ async fn conformance_on_postgres() {
     run_all(&s).await;
     // Migrations are idempotent: two more daemons on the same database,
     // starting at once.
-    let (dba, dbb) = (
-        Db::postgres(&pg.dsn, 8).unwrap(),
-        Db::postgres(&pg.dsn, 8).unwrap(),
-    );
+    let pool = || Db::postgres(&pg.dsn, 8).unwrap();
+    let (dba, dbb) = (pool(), pool());
     let (a, b) = tokio::join!(DbStore::open(dba.clone()), DbStore::open(dbb));
     let (again, other): (Store, Store) = (Arc::new(a.unwrap()), Arc::new(b.unwrap()));
     // Three pools (as three daemons) race for one first grading.

@@ -42,13 +42,8 @@ impl DbStore {
     /// names another key column).
     async fn get<T: Record>(&self, key: &str, v: &str) -> StoreResult<Option<T>> {
         let sql = format!("SELECT * FROM {} WHERE {key} = $1", T::TABLE);
-        Ok(self
-            .db
-            .query_opt(&sql, args![v])
-            .await?
-            .as_ref()
-            .map(T::from_row)
-            .transpose()?)
+        let row = self.db.query_opt(&sql, args![v]).await?;
+        Ok(row.as_ref().map(T::from_row).transpose()?)
     }
 
     /// The records of `SELECT * FROM <its table> <rest>`.
