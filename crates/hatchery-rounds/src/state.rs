@@ -56,7 +56,7 @@ impl RoundState {
     }
 }
 
-const ALL_ROUND: [RoundState; 4] = [
+pub(crate) const ALL_ROUND: [RoundState; 4] = [
     RoundState::Preparing,
     RoundState::Ready,
     RoundState::Failed,
@@ -81,7 +81,7 @@ pub enum SessionState {
     Ended,
 }
 
-const ALL_SESSION: [SessionState; 6] = [
+pub(crate) const ALL_SESSION: [SessionState; 6] = [
     SessionState::Preparing,
     SessionState::Ready,
     SessionState::Live,

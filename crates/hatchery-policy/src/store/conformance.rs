@@ -6,9 +6,44 @@
 
 use crate::document::PolicyDocument;
 use crate::standard::STANDARD_ID;
-use crate::store::{PolicyStore, StoreError};
+use crate::store::{DbPolicyStore, PolicyStore, StoreError};
 use hatchery_db::{args, Db};
 use std::sync::Arc;
+
+/// The whole contract on one database, which `db` opens anew at each call
+/// (as each daemon would). Two daemons starting at once on it make one
+/// schema and one built-in policy; what one writes, the other reads,
+/// version for version; a store opened later runs no migration twice; the
+/// database itself refuses to change a written version. Returns the
+/// second daemon's store and the policy it checked (at version 2).
+pub async fn run_all(db: impl AsyncFn() -> Db) -> (DbPolicyStore, String) {
+    let (a, b) = tokio::join!(
+        DbPolicyStore::open(db().await),
+        DbPolicyStore::open(db().await)
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.schema_version().await.unwrap(), 1);
+    let id = versions(&a).await;
+    concurrent_versions(Arc::new(a.clone())).await;
+    let on_b = b.version(&id, 1).await.unwrap();
+    assert_eq!(on_b.sha256, a.version(&id, 1).await.unwrap().sha256);
+    assert_eq!(b.latest(&id).await.unwrap().version, 2);
+    let listed = b.list().await.unwrap();
+    let builtin: Vec<_> = listed.iter().filter(|p| p.builtin).collect();
+    assert_eq!(
+        builtin.len(),
+        1,
+        "one built-in policy, however many daemons"
+    );
+    assert_eq!(b.latest(STANDARD_ID).await.unwrap().version, 1);
+    // A migration run twice is a no-op.
+    let again = DbPolicyStore::open(db().await).await.unwrap();
+    assert_eq!(again.schema_version().await.unwrap(), 1);
+    assert_eq!(again.latest(&id).await.unwrap().version, 2);
+    versions_are_immutable(&db().await, &id).await;
+    assert_eq!(b.version(&id, 1).await.unwrap().sha256, on_b.sha256);
+    (b, id)
+}
 
 fn doc(name: &str, rules: serde_json::Value) -> PolicyDocument {
     serde_json::from_value(serde_json::json!({"name": name, "rules": rules})).unwrap()
@@ -16,7 +51,7 @@ fn doc(name: &str, rules: serde_json::Value) -> PolicyDocument {
 
 /// Versions, reads, refusals and listing. Returns the policy it created
 /// (at version 2), for backend-specific checks after.
-pub async fn versions(s: &dyn PolicyStore) -> String {
+async fn versions(s: &dyn PolicyStore) -> String {
     use serde_json::json;
     let p1 = s
         .create(doc("a", json!([{"id": "r", "effect": "allow"}])))
@@ -37,39 +72,27 @@ pub async fn versions(s: &dyn PolicyStore) -> String {
     assert_eq!(old.document, p1.document, "version 1 is unchanged");
     assert_eq!(old.sha256, p1.sha256);
     assert_eq!(old.created_at, p1.created_at);
-    assert!(matches!(
-        s.version(&p1.id, 3).await,
-        Err(StoreError::VersionNotFound(_, 3))
-    ));
-    assert!(matches!(
+    let d1 = || p1.document.clone();
+    let e = s.version(&p1.id, 3).await.unwrap_err();
+    assert!(matches!(e, StoreError::VersionNotFound(_, 3)), "{e:?}");
+    for r in [
         s.version("pol_nope", 1).await,
-        Err(StoreError::NotFound(_))
-    ));
-    assert!(matches!(
         s.latest("pol_nope").await,
-        Err(StoreError::NotFound(_))
-    ));
-    assert!(matches!(
-        s.add_version("pol_nope", p1.document.clone()).await,
-        Err(StoreError::NotFound(_))
-    ));
-    assert!(matches!(
-        s.add_version(STANDARD_ID, p1.document.clone()).await,
-        Err(StoreError::ReadOnly(_))
-    ));
-    let bad = doc(
-        "b",
-        json!([{"id": "ok", "effect": "allow"}, {"id": "BAD", "effect": "deny"}]),
-    );
+        s.add_version("pol_nope", d1()).await,
+    ] {
+        assert!(matches!(r, Err(StoreError::NotFound(_))), "{r:?}");
+    }
+    let e = s.add_version(STANDARD_ID, d1()).await.unwrap_err();
+    assert!(matches!(e, StoreError::ReadOnly(_)), "{e:?}");
+    let rules = json!([{"id": "ok", "effect": "allow"}, {"id": "BAD", "effect": "deny"}]);
+    let bad = doc("b", rules);
     let before = s.list().await.unwrap().len();
-    assert!(matches!(
+    for r in [
         s.create(bad.clone()).await,
-        Err(StoreError::Invalid(_))
-    ));
-    assert!(matches!(
         s.add_version(&p1.id, bad).await,
-        Err(StoreError::Invalid(_))
-    ));
+    ] {
+        assert!(matches!(r, Err(StoreError::Invalid(_))), "{r:?}");
+    }
     assert_eq!(
         s.latest(&p1.id).await.unwrap().version,
         2,
@@ -87,22 +110,17 @@ pub async fn versions(s: &dyn PolicyStore) -> String {
 
 /// Twenty writers add a version to one policy at once: each gets its own
 /// number, 2..=21, and the latest is 21.
-pub async fn concurrent_versions(s: Arc<dyn PolicyStore>) {
+async fn concurrent_versions(s: Arc<dyn PolicyStore>) {
     let p = s.create(doc("c", serde_json::json!([]))).await.unwrap();
-    let mut tasks = Vec::new();
-    for _ in 0..20 {
-        let s = s.clone();
-        let id = p.id.clone();
-        tasks.push(tokio::spawn(async move {
-            s.add_version(&id, doc("c", serde_json::json!([])))
-                .await
-                .unwrap()
-                .version
-        }));
-    }
-    let mut got: Vec<u32> = Vec::new();
+    let tasks: Vec<_> = (0..20)
+        .map(|_| {
+            let (s, id) = (s.clone(), p.id.clone());
+            tokio::spawn(async move { s.add_version(&id, doc("c", serde_json::json!([]))).await })
+        })
+        .collect();
+    let mut got = Vec::new();
     for t in tasks {
-        got.push(t.await.unwrap());
+        got.push(t.await.unwrap().unwrap().version);
     }
     got.sort();
     assert_eq!(got, (2..=21).collect::<Vec<_>>());
@@ -111,7 +129,7 @@ pub async fn concurrent_versions(s: Arc<dyn PolicyStore>) {
 
 /// The database itself refuses to rewrite or drop a written version of
 /// `id`: immutability is its rule, not only the store's.
-pub async fn versions_are_immutable(db: &Db, id: &str) {
+async fn versions_are_immutable(db: &Db, id: &str) {
     for sql in [
         "UPDATE policy_versions SET document = '{}' WHERE policy_id = $1",
         "DELETE FROM policy_versions WHERE policy_id = $1",

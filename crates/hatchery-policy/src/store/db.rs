@@ -9,7 +9,7 @@ use crate::compile::Policy;
 use crate::document::PolicyDocument;
 use crate::standard::{standard_document, STANDARD_ID};
 use crate::store::{PolicyStore, PolicySummary, StoreError, StoredPolicy};
-use hatchery_db::{args, copy_table, Db, Import, Migrations, Row, Step, Tx};
+use hatchery_db::{args, copy_table, Db, Import, Migrations, Record, Row, Step, Tx};
 use sha2::{Digest, Sha256};
 
 /// Most policies one store keeps.
@@ -124,13 +124,40 @@ fn read_version(r: &Row) -> Result<StoredPolicy, StoreError> {
     })
 }
 
+/// Writes `version` of policy `id`, made at `created_at` (its head is the
+/// caller's).
+async fn insert_version(
+    tx: &mut Tx,
+    id: &str,
+    version: u32,
+    document: PolicyDocument,
+    builtin: bool,
+    created_at: String,
+) -> Result<StoredPolicy, StoreError> {
+    let (json, sha256) = encode(&document)?;
+    tx.execute(
+        "INSERT INTO policy_versions (policy_id, version, document, sha256, created_at)
+         VALUES ($1, $2, $3, $4, $5)",
+        args![id, version, json, &sha256, &created_at],
+    )
+    .await?;
+    Ok(StoredPolicy {
+        id: id.into(),
+        version,
+        created_at,
+        sha256,
+        builtin,
+        document,
+    })
+}
+
+/// A new policy `id`: its head and its version 1.
 async fn insert_policy(
     tx: &mut Tx,
     id: &str,
-    doc: &PolicyDocument,
+    doc: PolicyDocument,
     builtin: bool,
 ) -> Result<StoredPolicy, StoreError> {
-    let (json, sha) = encode(doc)?;
     let ts = now();
     tx.execute(
         "INSERT INTO policy_heads (id, name, latest_version, builtin, created_at, updated_at)
@@ -138,20 +165,7 @@ async fn insert_policy(
         args![id, &doc.name, builtin, &ts],
     )
     .await?;
-    tx.execute(
-        "INSERT INTO policy_versions (policy_id, version, document, sha256, created_at)
-         VALUES ($1, 1, $2, $3, $4)",
-        args![id, json, &sha, &ts],
-    )
-    .await?;
-    Ok(StoredPolicy {
-        id: id.to_string(),
-        version: 1,
-        created_at: ts,
-        sha256: sha,
-        builtin,
-        document: doc.clone(),
-    })
+    insert_version(tx, id, 1, doc, builtin, ts).await
 }
 
 impl DbPolicyStore {
@@ -181,7 +195,7 @@ impl DbPolicyStore {
             .await?
             .is_some();
         if !have {
-            insert_policy(&mut tx, STANDARD_ID, &standard_document(), true).await?;
+            insert_policy(&mut tx, STANDARD_ID, standard_document(), true).await?;
         }
         tx.commit().await?;
         Ok(())
@@ -207,7 +221,7 @@ impl PolicyStore for DbPolicyStore {
         if n >= MAX_POLICIES {
             return Err(StoreError::TooMany(n, MAX_POLICIES));
         }
-        let p = insert_policy(&mut tx, &new_id(), &doc, false).await?;
+        let p = insert_policy(&mut tx, &new_id(), doc, false).await?;
         tx.commit().await?;
         Ok(p)
     }
@@ -229,59 +243,30 @@ impl PolicyStore for DbPolicyStore {
         if latest >= MAX_VERSIONS {
             return Err(StoreError::TooManyVersions(id.into(), latest, MAX_VERSIONS));
         }
-        let version = latest + 1;
-        let (json, sha) = encode(&doc)?;
-        let ts = now();
-        tx.execute(
-            "INSERT INTO policy_versions (policy_id, version, document, sha256, created_at)
-             VALUES ($1, $2, $3, $4, $5)",
-            args![id, version, json, &sha, &ts],
-        )
-        .await?;
+        let p = insert_version(&mut tx, id, latest + 1, doc, false, now()).await?;
         // Names the version it moves from, so two writers cannot both
         // think they made version N+1.
         let moved = tx
             .execute(
                 "UPDATE policy_heads SET latest_version = $2, name = $3, updated_at = $4
                  WHERE id = $1 AND latest_version = $5",
-                args![id, version, &doc.name, &ts, latest],
+                args![id, p.version, &p.document.name, &p.created_at, latest],
             )
             .await?;
         if moved != 1 {
             return Err(StoreError::Raced(id.into()));
         }
         tx.commit().await?;
-        Ok(StoredPolicy {
-            id: id.into(),
-            version,
-            created_at: ts,
-            sha256: sha,
-            builtin: false,
-            document: doc,
-        })
+        Ok(p)
     }
 
     async fn list(&self) -> Result<Vec<PolicySummary>, StoreError> {
-        let rows = self
-            .db
-            .query(
-                "SELECT id, name, latest_version, builtin, created_at, updated_at
-                 FROM policy_heads ORDER BY created_at, id",
-                args![],
-            )
-            .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(PolicySummary {
-                    id: r.get("id")?,
-                    name: r.get("name")?,
-                    latest_version: r.get("latest_version")?,
-                    builtin: r.get("builtin")?,
-                    created_at: r.get("created_at")?,
-                    updated_at: r.get("updated_at")?,
-                })
-            })
-            .collect()
+        let sql = "SELECT * FROM policy_heads ORDER BY created_at, id";
+        let rows = self.db.query(sql, args![]).await?;
+        Ok(rows
+            .iter()
+            .map(PolicySummary::from_row)
+            .collect::<Result<_, _>>()?)
     }
 
     async fn latest(&self, id: &str) -> Result<StoredPolicy, StoreError> {
@@ -314,32 +299,13 @@ impl PolicyStore for DbPolicyStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
+    /// The contract on a SQLite file, opened as two daemons would.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn versions_are_numbered_and_immutable() {
+    async fn conformance_on_sqlite() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("hatchery.db");
-        let s = DbPolicyStore::open(Db::sqlite(&path).await.unwrap())
-            .await
-            .unwrap();
-        let id = crate::store::conformance::versions(&s).await;
-        drop(s);
-
-        let db = Db::sqlite(&path).await.unwrap();
-        crate::store::conformance::versions_are_immutable(&db, &id).await;
-        // Reopening runs no migration twice and keeps the data.
-        let s = DbPolicyStore::open(db).await.unwrap();
-        assert_eq!(s.schema_version().await.unwrap(), 1);
-        assert_eq!(s.latest(&id).await.unwrap().version, 2);
-        assert_eq!(s.latest(STANDARD_ID).await.unwrap().version, 1);
-        assert_eq!(s.list().await.unwrap().len(), 2);
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn concurrent_versions_do_not_collide() {
-        let s = DbPolicyStore::scratch().await.unwrap();
-        crate::store::conformance::concurrent_versions(Arc::new(s)).await;
+        crate::store::conformance::run_all(async || Db::sqlite(&path).await.unwrap()).await;
     }
 
     /// The previous release's DATA_DIR/policies.db (its final schema, as
@@ -348,54 +314,31 @@ mod tests {
     async fn a_previous_release_policies_file_is_imported() {
         let dir = tempfile::tempdir().unwrap();
         let old = rusqlite::Connection::open(dir.path().join("policies.db")).unwrap();
-        old.execute_batch(
+        let a = r#"{"name":"a","rules":[{"id":"r","effect":"allow"}]}"#;
+        let b = r#"{"name":"b","rules":[{"id":"r","effect":"deny"}]}"#;
+        let id = "pol_00000000000000aa";
+        old.execute_batch(&format!(
             "CREATE TABLE policies (id TEXT PRIMARY KEY, name TEXT NOT NULL,
                  latest_version INTEGER NOT NULL, builtin INTEGER NOT NULL DEFAULT 0,
                  created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
              CREATE TABLE policy_versions (policy_id TEXT NOT NULL REFERENCES policies(id),
                  version INTEGER NOT NULL, document TEXT NOT NULL, sha256 TEXT NOT NULL,
-                 created_at TEXT NOT NULL, PRIMARY KEY (policy_id, version));",
-        )
+                 created_at TEXT NOT NULL, PRIMARY KEY (policy_id, version));
+             INSERT INTO policies VALUES ('{id}', 'b', 2, 0, 't1', 't2');
+             INSERT INTO policy_versions VALUES ('{id}', 1, '{a}', 'x', 't'),
+                 ('{id}', 2, '{b}', 'x', 't');"
+        ))
         .unwrap();
-        let a = r#"{"name":"a","rules":[{"id":"r","effect":"allow"}]}"#;
-        let b = r#"{"name":"b","rules":[{"id":"r","effect":"deny"}]}"#;
-        old.execute(
-            "INSERT INTO policies VALUES ('pol_00000000000000aa', 'b', 2, 0, 't1', 't2')",
-            [],
-        )
-        .unwrap();
-        for (v, d) in [(1, a), (2, b)] {
-            old.execute(
-                "INSERT INTO policy_versions VALUES ('pol_00000000000000aa', ?1, ?2, 'x', 't')",
-                rusqlite::params![v, d],
-            )
-            .unwrap();
-        }
         drop(old);
         let db = Db::sqlite(&dir.path().join("hatchery.db")).await.unwrap();
         let s = DbPolicyStore::open(db.clone()).await.unwrap();
-        assert_eq!(
-            db.import_sqlite(dir.path(), &IMPORT).await.unwrap(),
-            hatchery_db::Imported::Now
-        );
-        assert_eq!(
-            db.import_sqlite(dir.path(), &IMPORT).await.unwrap(),
-            hatchery_db::Imported::Before
-        );
-        let p = s.latest("pol_00000000000000aa").await.unwrap();
-        assert_eq!((p.version, p.document.name.as_str()), (2, "b"));
-        assert_eq!(
-            s.version("pol_00000000000000aa", 1)
-                .await
-                .unwrap()
-                .document
-                .name,
-            "a"
-        );
-        assert_eq!(
-            s.list().await.unwrap().len(),
-            2,
-            "the import and pol_standard"
-        );
+        let import = || db.import_sqlite(dir.path(), &IMPORT);
+        assert_eq!(import().await.unwrap(), hatchery_db::Imported::Now);
+        assert_eq!(import().await.unwrap(), hatchery_db::Imported::Before);
+        let (v1, p) = (s.version(id, 1).await.unwrap(), s.latest(id).await.unwrap());
+        assert_eq!((v1.document.name.as_str(), v1.version), ("a", 1));
+        assert_eq!((p.document.name.as_str(), p.version), ("b", 2));
+        let listed = s.list().await.unwrap();
+        assert_eq!(listed.len(), 2, "the import and pol_standard");
     }
 }

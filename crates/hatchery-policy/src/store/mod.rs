@@ -58,14 +58,17 @@ pub struct StoredPolicy {
     pub document: PolicyDocument,
 }
 
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct PolicySummary {
-    pub id: String,
-    pub name: String,
-    pub latest_version: u32,
-    pub created_at: String,
-    pub updated_at: String,
-    pub builtin: bool,
+hatchery_db::record! {
+    /// A policy's row in `policy_heads`.
+    #[derive(Debug, Clone, Serialize, ToSchema)]
+    pub struct PolicySummary in "policy_heads" {
+        pub id: String,
+        pub name: String,
+        pub latest_version: u32,
+        pub created_at: String,
+        pub updated_at: String,
+        pub builtin: bool,
+    }
 }
 
 #[async_trait::async_trait]

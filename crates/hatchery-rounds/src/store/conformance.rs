@@ -5,9 +5,10 @@
 //! a database may be reused by later runs (and holds other runs' rows).
 
 use super::*;
-use crate::state::{RoundState, SessionState};
+use crate::state::{RoundState, SessionState, ALL_ROUND, ALL_SESSION};
 use hatchery_db::{args, Db};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 type Store = Arc<dyn RoundStore>;
 
@@ -52,11 +53,7 @@ fn session(id: &str, round_id: &str, state: SessionState, expires_at_ms: u64) ->
 fn token(hash: &str, round_id: &str, session_id: Option<&str>) -> TokenRecord {
     TokenRecord {
         hash: hash.into(),
-        scope: if session_id.is_some() {
-            Scope::Candidate
-        } else {
-            Scope::Reviewer
-        },
+        scope: session_id.map_or(Scope::Reviewer, |_| Scope::Candidate),
         round_id: round_id.into(),
         session_id: session_id.map(Into::into),
         created_at_ms: 1,
@@ -87,11 +84,11 @@ fn grading(id: &str, submission_id: &str) -> GradingRecord {
     }
 }
 
-/// A ready round, stored.
-async fn add_round(s: &Store, id: &str) {
-    s.insert_round(&round(id, RoundState::Ready, 1))
-        .await
-        .unwrap();
+/// A round in `state`, stored.
+async fn add_round(s: &Store, id: &str, state: RoundState) -> RoundRecord {
+    let r = round(id, state, 1);
+    s.insert_round(&r).await.unwrap();
+    r
 }
 
 /// `ses`, stored with its candidate token `h_<id>`.
@@ -100,15 +97,18 @@ async fn add_session(s: &Store, ses: &SessionRecord) {
     s.insert_session(ses, &t).await.unwrap();
 }
 
-/// A round of this run (ready) and a session in it in `state`, with its
-/// candidate token.
-async fn seed(s: &Store, round_id: &str, ses_id: &str, state: SessionState) -> SessionRecord {
-    if s.get_round(round_id).await.unwrap().is_none() {
-        add_round(s, round_id).await;
-    }
-    let ses = session(ses_id, round_id, state, 1_000);
+/// A ready round `rnd_<name>_<run>` and a session in it in `state`,
+/// `ses_<name>_<run>`, with its candidate token.
+async fn seed(s: &Store, name: &str, run: &str, state: SessionState) -> SessionRecord {
+    let rnd = add_round(s, &format!("rnd_{name}_{run}"), RoundState::Ready).await;
+    let ses = session(&format!("ses_{name}_{run}"), &rnd.id, state, 1_000);
     add_session(s, &ses).await;
     ses
+}
+
+/// An id no check of this run stores, in any table.
+fn none(run: &str) -> String {
+    format!("none_{run}")
 }
 
 /// A unique key or a guard of ours refused the write.
@@ -128,6 +128,12 @@ async fn move_round(s: &Store, id: &str, from: &[RoundState], to: RoundState) ->
 
 async fn session_state(s: &Store, id: &str) -> SessionState {
     s.get_session(id).await.unwrap().unwrap().state
+}
+
+/// Records `sub` and moves its session to `submitted`; whether it did.
+async fn submit(s: &Store, sub: &SubmissionRecord) -> bool {
+    let from = SessionState::sources(SessionState::Submitted);
+    s.begin_submission(sub, &from).await.unwrap()
 }
 
 /// The ids of the rows this check owns, sorted (the database may hold
@@ -163,93 +169,75 @@ pub async fn run_all(s: &Store) {
 
 async fn rounds_insert_get_list(s: &Store, run: &str) {
     let (a, b) = (format!("rnd_la_{run}"), format!("rnd_lb_{run}"));
-    let mut ra = round(&a, RoundState::Preparing, 20);
-    ra.error = Some("e".into());
-    ra.prepared_snapshot = Some("snp_x".into());
-    s.insert_round(&ra).await.unwrap();
-    s.insert_round(&round(&b, RoundState::Ready, 10))
-        .await
-        .unwrap();
+    let ra = RoundRecord {
+        error: Some("e".into()),
+        prepared_snapshot: Some("snp_x".into()),
+        ..round(&a, RoundState::Preparing, 20)
+    };
+    for r in [&ra, &round(&b, RoundState::Ready, 10)] {
+        s.insert_round(r).await.unwrap();
+    }
     // The same record, field for field, from either backend.
     assert_eq!(s.get_round(&a).await.unwrap(), Some(ra.clone()));
-    assert_eq!(s.get_round(&format!("rnd_none_{run}")).await.unwrap(), None);
+    assert_eq!(s.get_round(&none(run)).await.unwrap(), None);
     // The same id twice: a conflict, the first one kept.
-    let mut again = round(&a, RoundState::Ready, 30);
-    again.name = "other".into();
+    let again = RoundRecord {
+        name: "other".into(),
+        ..round(&a, RoundState::Ready, 30)
+    };
     conflict(s.insert_round(&again).await);
     assert_eq!(s.get_round(&a).await.unwrap(), Some(ra));
     // Oldest first (the database may hold other runs' rounds).
-    let mine: Vec<String> = s
-        .list_rounds()
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|r| r.id.ends_with(run))
-        .map(|r| r.id)
-        .collect();
-    assert_eq!(mine, vec![b, a]);
+    let listed = s.list_rounds().await.unwrap();
+    let listed: Vec<_> = listed.iter().filter(|r| r.id.ends_with(run)).collect();
+    assert_eq!(ids(&listed, |r| &r.id), [b, a]);
 }
-
-const ROUND_STATES: [RoundState; 4] = [
-    RoundState::Preparing,
-    RoundState::Ready,
-    RoundState::Failed,
-    RoundState::Archived,
-];
 
 async fn round_moves_name_their_source_state(s: &Store, run: &str) {
     let mut n = 0;
-    for to in ROUND_STATES {
+    for to in ALL_ROUND {
         let from = RoundState::sources(to);
-        for st in ROUND_STATES {
+        for st in ALL_ROUND {
             n += 1;
             let id = format!("rnd_mv{n}_{run}");
-            s.insert_round(&round(&id, st, 1)).await.unwrap();
+            let before = add_round(s, &id, st).await;
             let moved = s
                 .set_round_state(&id, &from, to, Some("snp"), Some("why"))
                 .await
                 .unwrap();
-            let got = s.get_round(&id).await.unwrap().unwrap();
-            if from.contains(&st) {
-                assert!(moved, "{st:?} -> {to:?}");
-                assert_eq!(got.state, to);
-                assert_eq!(got.prepared_snapshot.as_deref(), Some("snp"));
-                assert_eq!(got.error.as_deref(), Some("why"));
+            let ok = from.contains(&st);
+            let want = if ok {
                 // A second racer finds it moved.
                 assert!(!move_round(s, &id, &from, to).await);
+                RoundRecord {
+                    state: to,
+                    prepared_snapshot: Some("snp".into()),
+                    error: Some("why".into()),
+                    ..before
+                }
             } else {
                 // Refused, final states included: nothing written.
-                assert!(!moved, "{st:?} -> {to:?} applied");
-                assert_eq!(got, round(&id, st, 1));
-            }
+                before
+            };
+            let got = s.get_round(&id).await.unwrap();
+            assert_eq!((moved, got), (ok, Some(want)), "{st:?} -> {to:?}");
         }
     }
     // A final state is never left, whatever the move.
     let id = format!("rnd_final_{run}");
-    s.insert_round(&round(&id, RoundState::Archived, 1))
-        .await
-        .unwrap();
-    for to in ROUND_STATES {
+    add_round(s, &id, RoundState::Archived).await;
+    for to in ALL_ROUND {
         assert!(!move_round(s, &id, &RoundState::sources(to), to).await);
     }
-    assert_eq!(
-        s.get_round(&id).await.unwrap().unwrap().state,
-        RoundState::Archived
-    );
+    let got = s.get_round(&id).await.unwrap().unwrap();
+    assert_eq!(got.state, RoundState::Archived);
     // What is not given is kept.
     let id = format!("rnd_keep_{run}");
-    s.insert_round(&round(&id, RoundState::Preparing, 1))
+    let (prep, ready) = ([RoundState::Preparing], RoundState::Ready);
+    add_round(s, &id, RoundState::Preparing).await;
+    s.set_round_state(&id, &prep, ready, Some("snp_k"), None)
         .await
         .unwrap();
-    s.set_round_state(
-        &id,
-        &[RoundState::Preparing],
-        RoundState::Ready,
-        Some("snp_k"),
-        None,
-    )
-    .await
-    .unwrap();
     move_round(s, &id, &[RoundState::Ready], RoundState::Archived).await;
     let r = s.get_round(&id).await.unwrap().unwrap();
     assert_eq!(
@@ -257,20 +245,12 @@ async fn round_moves_name_their_source_state(s: &Store, run: &str) {
         (RoundState::Archived, Some("snp_k"), None)
     );
     // Nothing moves an unknown round.
-    assert!(
-        !move_round(
-            s,
-            &format!("rnd_none_{run}"),
-            &[RoundState::Preparing],
-            RoundState::Ready
-        )
-        .await
-    );
+    assert!(!move_round(s, &none(run), &prep, ready).await);
 }
 
 async fn session_and_token_are_one_transaction(s: &Store, run: &str) {
     let rnd = format!("rnd_st_{run}");
-    add_round(s, &rnd).await;
+    add_round(s, &rnd, RoundState::Ready).await;
     let sid = format!("ses_st_{run}");
     let ses = session(&sid, &rnd, SessionState::Ready, 100);
     let tok = token(&format!("h1_{run}"), &rnd, Some(&sid));
@@ -281,157 +261,125 @@ async fn session_and_token_are_one_transaction(s: &Store, run: &str) {
     let tok2 = token(&format!("h2_{run}"), &rnd, Some(&sid));
     conflict(s.insert_session(&ses, &tok2).await);
     assert_eq!(s.get_token(&tok2.hash).await.unwrap(), None);
-    // A token hash already taken: the session is not left behind.
-    let sid3 = format!("ses_st3_{run}");
-    assert!(s
-        .insert_session(&session(&sid3, &rnd, SessionState::Ready, 100), &tok)
-        .await
-        .is_err());
-    assert_eq!(s.get_session(&sid3).await.unwrap(), None);
-    // A session of a round that does not exist is refused.
-    let sid4 = format!("ses_st4_{run}");
-    assert!(s
-        .insert_session(
-            &session(&sid4, &format!("rnd_none_{run}"), SessionState::Ready, 100),
-            &token(&format!("h4_{run}"), &rnd, Some(&sid4))
-        )
-        .await
-        .is_err());
-    assert_eq!(s.get_session(&sid4).await.unwrap(), None);
-    assert_eq!(s.get_token(&format!("h4_{run}")).await.unwrap(), None);
+    // A token hash already taken, or a round that does not exist: refused,
+    // and neither the session nor a new token is left behind.
+    let (sid3, sid4) = (format!("ses_st3_{run}"), format!("ses_st4_{run}"));
+    let tok4 = token(&format!("h4_{run}"), &rnd, Some(&sid4));
+    for (ses, tok) in [
+        (session(&sid3, &rnd, SessionState::Ready, 100), &tok),
+        (session(&sid4, &none(run), SessionState::Ready, 100), &tok4),
+    ] {
+        assert!(s.insert_session(&ses, tok).await.is_err());
+        assert_eq!(s.get_session(&ses.id).await.unwrap(), None);
+    }
+    assert_eq!(s.get_token(&tok4.hash).await.unwrap(), None);
     // A reviewer token, on its own.
     let rev = token(&format!("hr_{run}"), &rnd, None);
     s.insert_token(&rev).await.unwrap();
     assert_eq!(s.get_token(&rev.hash).await.unwrap(), Some(rev.clone()));
     conflict(s.insert_token(&rev).await);
-    assert_eq!(s.get_token(&format!("h_none_{run}")).await.unwrap(), None);
+    assert_eq!(s.get_token(&none(run)).await.unwrap(), None);
 }
-
-const SESSION_STATES: [SessionState; 6] = [
-    SessionState::Preparing,
-    SessionState::Ready,
-    SessionState::Live,
-    SessionState::Submitted,
-    SessionState::Graded,
-    SessionState::Ended,
-];
 
 async fn sessions_by_round_and_state(s: &Store, run: &str) {
     let rnd = format!("rnd_ss_{run}");
-    add_round(s, &rnd).await;
-    for (n, st) in SESSION_STATES.into_iter().enumerate() {
-        let sid = format!("ses_ss{n}_{run}");
-        let mut ses = session(&sid, &rnd, st, 100);
+    add_round(s, &rnd, RoundState::Ready).await;
+    let id = |n: usize| format!("ses_ss{n}_{run}");
+    for (n, st) in ALL_SESSION.into_iter().enumerate() {
         // Newest first in insertion order: the list is by creation time.
-        ses.created_at_ms = 100 - n as u64;
+        let ses = SessionRecord {
+            created_at_ms: 100 - n as u64,
+            ..session(&id(n), &rnd, st, 100)
+        };
         add_session(s, &ses).await;
     }
-    let other = format!("rnd_ss_other_{run}");
-    seed(s, &other, &format!("ses_ssx_{run}"), SessionState::Live).await;
+    seed(s, "ssx", run, SessionState::Live).await;
     let listed = s.list_sessions(&rnd).await.unwrap();
-    assert_eq!(
-        ids(&listed, |x| &x.id),
-        (0..6)
-            .rev()
-            .map(|n| format!("ses_ss{n}_{run}"))
-            .collect::<Vec<_>>()
-    );
-    assert!(s
-        .list_sessions(&format!("rnd_none_{run}"))
-        .await
-        .unwrap()
-        .is_empty());
-    for (n, st) in SESSION_STATES.into_iter().enumerate() {
+    let newest_first: Vec<_> = (0..6).rev().map(id).collect();
+    assert_eq!(ids(&listed, |x| &x.id), newest_first);
+    assert!(s.list_sessions(&none(run)).await.unwrap().is_empty());
+    for (n, st) in ALL_SESSION.into_iter().enumerate() {
         let all = s.sessions_in_state(st).await.unwrap();
         assert!(all.iter().all(|x| x.state == st));
-        let mine: Vec<_> = all.iter().filter(|x| x.round_id == rnd).collect();
-        assert_eq!(mine.len(), 1, "{st:?}");
-        assert_eq!(mine[0].id, format!("ses_ss{n}_{run}"));
+        let ours = mine(all, |x| x.round_id == rnd, |x| x.id);
+        assert_eq!(ours, [id(n)], "{st:?}");
     }
 }
 
 async fn expired_sessions_are_the_unended_past_expiry(s: &Store, run: &str) {
     let rnd = format!("rnd_ex_{run}");
-    add_round(s, &rnd).await;
+    add_round(s, &rnd, RoundState::Ready).await;
+    let id = |n: &str| format!("ses_ex{n}_{run}");
     for (name, st, exp) in [
         ("a", SessionState::Live, 100),
         ("b", SessionState::Graded, 200),
         ("c", SessionState::Ended, 50),
         ("d", SessionState::Preparing, 300),
     ] {
-        add_session(s, &session(&format!("ses_ex{name}_{run}"), &rnd, st, exp)).await;
+        add_session(s, &session(&id(name), &rnd, st, exp)).await;
     }
     let rnd = &rnd;
     let expired = |now: u64| async move {
         let v = s.expired_sessions(now).await.unwrap();
         mine(v, |x| x.round_id == *rnd, |x| x.id)
     };
-    let id = |n: &str| format!("ses_ex{n}_{run}");
     assert!(expired(99).await.is_empty());
-    assert_eq!(expired(100).await, vec![id("a")]);
-    assert_eq!(expired(299).await, vec![id("a"), id("b")]);
-    assert_eq!(expired(u64::MAX).await, vec![id("a"), id("b"), id("d")]);
+    assert_eq!(expired(100).await, [id("a")]);
+    assert_eq!(expired(299).await, [id("a"), id("b")]);
+    assert_eq!(expired(u64::MAX).await, [id("a"), id("b"), id("d")]);
 }
 
 async fn session_moves_name_their_source_state(s: &Store, run: &str) {
     let rnd = format!("rnd_sm_{run}");
-    add_round(s, &rnd).await;
+    add_round(s, &rnd, RoundState::Ready).await;
     let mut n = 0;
-    for to in SESSION_STATES {
+    for to in ALL_SESSION {
         let from = SessionState::sources(to);
-        for st in SESSION_STATES {
+        for st in ALL_SESSION {
             n += 1;
             let sid = format!("ses_sm{n}_{run}");
-            let mut ses = session(&sid, &rnd, st, 100);
-            ses.sandbox_id = None;
+            let ses = SessionRecord {
+                sandbox_id: None,
+                ..session(&sid, &rnd, st, 100)
+            };
             add_session(s, &ses).await;
             let moved = s
                 .set_session_state(&sid, &from, to, Some("sbx_new"), Some("why"))
                 .await
                 .unwrap();
-            let got = s.get_session(&sid).await.unwrap().unwrap();
-            if from.contains(&st) {
-                assert!(moved, "{st:?} -> {to:?}");
-                assert_eq!(got.state, to);
-                assert_eq!(got.sandbox_id.as_deref(), Some("sbx_new"));
-                assert_eq!(got.error.as_deref(), Some("why"));
+            let ok = from.contains(&st);
+            let want = if ok {
                 assert!(!move_session(s, &sid, &[st], to).await);
+                SessionRecord {
+                    state: to,
+                    sandbox_id: Some("sbx_new".into()),
+                    error: Some("why".into()),
+                    ..ses
+                }
             } else {
-                assert!(!moved, "{st:?} -> {to:?} applied");
-                assert_eq!(got, ses);
-            }
+                ses
+            };
+            let got = s.get_session(&sid).await.unwrap();
+            assert_eq!((moved, got), (ok, Some(want)), "{st:?} -> {to:?}");
         }
     }
     // `ended` is never left; what is not given is kept.
-    let sid = format!("ses_smend_{run}");
-    let ses = seed(s, &rnd, &sid, SessionState::Live).await;
+    let ses = seed(s, "smend", run, SessionState::Live).await;
+    let sid = ses.id.clone();
+    let (live, ended) = ([SessionState::Live], SessionState::Ended);
     assert!(s
-        .set_session_state(
-            &sid,
-            &SessionState::sources(SessionState::Ended),
-            SessionState::Ended,
-            None,
-            Some("expired")
-        )
+        .set_session_state(&sid, &live, ended, None, Some("expired"))
         .await
         .unwrap());
-    for to in SESSION_STATES {
+    for to in ALL_SESSION {
         assert!(!move_session(s, &sid, &SessionState::sources(to), to).await);
     }
     let got = s.get_session(&sid).await.unwrap().unwrap();
     assert_eq!(
         (got.state, got.sandbox_id, got.error.as_deref()),
-        (SessionState::Ended, ses.sandbox_id, Some("expired"))
+        (ended, ses.sandbox_id, Some("expired"))
     );
-    assert!(
-        !move_session(
-            s,
-            &format!("ses_none_{run}"),
-            &[SessionState::Live],
-            SessionState::Ended
-        )
-        .await
-    );
+    assert!(!move_session(s, &none(run), &live, ended).await);
 }
 
 async fn runs_keep_the_newest(s: &Store, run: &str) {
@@ -443,132 +391,104 @@ async fn runs_keep_the_newest(s: &Store, run: &str) {
         created_at_ms: 10 - i,
         result: format!(r#"{{"n":{i}}}"#),
     };
-    for i in 0..5 {
-        s.insert_run(&rec(&a, i), 3).await.unwrap();
+    for (ses, n) in [(&a, 5), (&b, 2)] {
+        for i in 0..n {
+            s.insert_run(&rec(ses, i), 3).await.unwrap();
+        }
     }
-    for i in 0..2 {
-        s.insert_run(&rec(&b, i), 3).await.unwrap();
-    }
-    assert_eq!(
-        s.list_runs(&a).await.unwrap(),
-        (2..5).map(|i| rec(&a, i)).collect::<Vec<_>>()
-    );
-    assert_eq!(
-        s.list_runs(&b).await.unwrap(),
-        (0..2).map(|i| rec(&b, i)).collect::<Vec<_>>()
-    );
+    let runs = |ses: &str, r: std::ops::Range<u64>| r.map(|i| rec(ses, i)).collect::<Vec<_>>();
+    assert_eq!(s.list_runs(&a).await.unwrap(), runs(&a, 2..5));
+    assert_eq!(s.list_runs(&b).await.unwrap(), runs(&b, 0..2));
     conflict(s.insert_run(&rec(&b, 1), 3).await);
-    assert_eq!(s.list_runs(&b).await.unwrap().len(), 2);
+    assert_eq!(s.list_runs(&b).await.unwrap(), runs(&b, 0..2));
     s.insert_run(&rec(&a, 7), 1).await.unwrap();
-    assert_eq!(s.list_runs(&a).await.unwrap(), vec![rec(&a, 7)]);
-    assert!(s
-        .list_runs(&format!("ses_none_{run}"))
-        .await
-        .unwrap()
-        .is_empty());
+    assert_eq!(s.list_runs(&a).await.unwrap(), [rec(&a, 7)]);
+    assert!(s.list_runs(&none(run)).await.unwrap().is_empty());
 }
 
 async fn begin_submission_is_guarded(s: &Store, run: &str) {
-    let rnd = format!("rnd_bs_{run}");
-    let ses = seed(s, &rnd, &format!("ses_bs_{run}"), SessionState::Live).await;
-    let from = SessionState::sources(SessionState::Submitted);
-    let sub = submission(&format!("sub_bs1_{run}"), &ses);
-    assert!(s.begin_submission(&sub, &from).await.unwrap());
+    let ses = seed(s, "bs", run, SessionState::Live).await;
+    let sub = |n: u32, ses: &SessionRecord| submission(&format!("sub_bs{n}_{run}"), ses);
+    let sub1 = sub(1, &ses);
+    assert!(submit(s, &sub1).await);
     assert_eq!(session_state(s, &ses.id).await, SessionState::Submitted);
-    assert_eq!(s.get_submission(&sub.id).await.unwrap(), Some(sub.clone()));
-    // A second submit while one is graded: refused, nothing written.
-    let sub2 = submission(&format!("sub_bs2_{run}"), &ses);
-    assert!(!s.begin_submission(&sub2, &from).await.unwrap());
-    assert_eq!(s.get_submission(&sub2.id).await.unwrap(), None);
     assert_eq!(
-        s.list_submissions(&ses.id).await.unwrap(),
-        vec![sub.clone()]
+        s.get_submission(&sub1.id).await.unwrap(),
+        Some(sub1.clone())
     );
+    // A second submit while one is graded: refused, nothing written.
+    let sub2 = sub(2, &ses);
+    assert!(!submit(s, &sub2).await);
+    assert_eq!(s.get_submission(&sub2.id).await.unwrap(), None);
+    let listed = s.list_submissions(&ses.id).await.unwrap();
+    assert_eq!(listed, vec![sub1.clone()]);
     // Graded: may submit again; the list is in submission order.
     assert!(move_session(s, &ses.id, &[SessionState::Submitted], SessionState::Graded).await);
-    let mut sub3 = submission(&format!("sub_bs3_{run}"), &ses);
-    sub3.created_at_ms = 1;
-    assert!(s.begin_submission(&sub3, &from).await.unwrap());
-    assert_eq!(
-        s.list_submissions(&ses.id).await.unwrap(),
-        vec![sub.clone(), sub3]
-    );
-    // Ended: refused.
-    let ended = seed(s, &rnd, &format!("ses_bse_{run}"), SessionState::Ended).await;
-    let sub4 = submission(&format!("sub_bs4_{run}"), &ended);
-    assert!(!s.begin_submission(&sub4, &from).await.unwrap());
-    assert!(s.list_submissions(&ended.id).await.unwrap().is_empty());
+    let sub3 = SubmissionRecord {
+        created_at_ms: 1,
+        ..sub(3, &ses)
+    };
+    assert!(submit(s, &sub3).await);
+    assert_eq!(s.list_submissions(&ses.id).await.unwrap(), [sub1, sub3]);
+    // Ended, or an unknown session: refused, nothing written.
+    let ended = seed(s, "bse", run, SessionState::Ended).await;
+    let ghost = session(&none(run), &ses.round_id, SessionState::Live, 1);
+    for (n, ses) in [(4, &ended), (5, &ghost)] {
+        let sub = sub(n, ses);
+        assert!(!submit(s, &sub).await);
+        assert_eq!(s.get_submission(&sub.id).await.unwrap(), None);
+        assert!(s.list_submissions(&ses.id).await.unwrap().is_empty());
+    }
     assert_eq!(session_state(s, &ended.id).await, SessionState::Ended);
-    // An unknown session: refused.
-    let ghost = session(&format!("ses_none_{run}"), &rnd, SessionState::Live, 1);
-    assert!(!s
-        .begin_submission(&submission(&format!("sub_bs5_{run}"), &ghost), &from)
-        .await
-        .unwrap());
-    assert_eq!(
-        s.get_submission(&format!("sub_bs5_{run}")).await.unwrap(),
-        None
-    );
 }
 
 async fn finish_grading_writes_the_first_only(s: &Store, run: &str) {
-    let rnd = format!("rnd_fg_{run}");
-    let ses = seed(s, &rnd, &format!("ses_fg_{run}"), SessionState::Live).await;
-    let from = SessionState::sources(SessionState::Submitted);
+    let ses = seed(s, "fg", run, SessionState::Live).await;
     let sub = submission(&format!("sub_fg_{run}"), &ses);
-    assert!(s.begin_submission(&sub, &from).await.unwrap());
-    let mut g = grading(&format!("grd_fg1_{run}"), &sub.id);
+    assert!(submit(s, &sub).await);
     // The widest counts read back as written.
-    g.passed = u32::MAX;
-    g.total = u32::MAX;
+    let g = GradingRecord {
+        passed: u32::MAX,
+        total: u32::MAX,
+        ..grading(&format!("grd_fg1_{run}"), &sub.id)
+    };
     assert!(s.finish_grading(&g, &ses.id).await.unwrap());
     assert_eq!(s.list_gradings(&sub.id).await.unwrap(), vec![g.clone()]);
     assert_eq!(session_state(s, &ses.id).await, SessionState::Graded);
     // A later duplicate (another process graded it too): nothing written,
     // and the session (submitted again meanwhile) is not moved.
     let sub2 = submission(&format!("sub_fg2_{run}"), &ses);
-    assert!(s.begin_submission(&sub2, &from).await.unwrap());
+    assert!(submit(s, &sub2).await);
     let dup = grading(&format!("grd_fg2_{run}"), &sub.id);
     assert!(!s.finish_grading(&dup, &ses.id).await.unwrap());
-    assert_eq!(s.list_gradings(&sub.id).await.unwrap(), vec![g]);
+    assert_eq!(s.list_gradings(&sub.id).await.unwrap(), [g]);
     assert_eq!(session_state(s, &ses.id).await, SessionState::Submitted);
     // A session that ended while it was graded keeps `ended`; the grading
     // is stored.
     assert!(move_session(s, &ses.id, &[SessionState::Submitted], SessionState::Ended).await);
     let g2 = grading(&format!("grd_fg3_{run}"), &sub2.id);
     assert!(s.finish_grading(&g2, &ses.id).await.unwrap());
-    assert_eq!(s.list_gradings(&sub2.id).await.unwrap(), vec![g2]);
+    assert_eq!(s.list_gradings(&sub2.id).await.unwrap(), [g2]);
     assert_eq!(session_state(s, &ses.id).await, SessionState::Ended);
     // A submission that is not stored: refused, nothing written.
-    let ghost = grading(&format!("grd_fg4_{run}"), &format!("sub_none_{run}"));
+    let ghost = grading(&format!("grd_fg4_{run}"), &none(run));
     conflict(s.finish_grading(&ghost, &ses.id).await);
-    assert!(s
-        .list_gradings(&format!("sub_none_{run}"))
-        .await
-        .unwrap()
-        .is_empty());
+    assert!(s.list_gradings(&none(run)).await.unwrap().is_empty());
 }
 
 /// 8 first gradings of one submission at once, spread over `stores` (on
 /// one database: two processes): exactly one is written.
 async fn racing_finish_gradings_write_one(stores: &[Store], run: &str) {
     let s = &stores[0];
-    let rnd = format!("rnd_race_{run}");
-    let ses = seed(s, &rnd, &format!("ses_race_{run}"), SessionState::Live).await;
+    let ses = seed(s, "race", run, SessionState::Live).await;
     let sub = submission(&format!("sub_race_{run}"), &ses);
-    assert!(s
-        .begin_submission(&sub, &SessionState::sources(SessionState::Submitted))
-        .await
-        .unwrap());
+    assert!(submit(s, &sub).await);
     let start = Arc::new(tokio::sync::Barrier::new(8));
     let tasks: Vec<_> = (0..8)
         .map(|i| {
             let st = stores[i % stores.len()].clone();
-            let (start, g, sid) = (
-                start.clone(),
-                grading(&format!("grd_race{i}_{run}"), &sub.id),
-                ses.id.clone(),
-            );
+            let (start, sid) = (start.clone(), ses.id.clone());
+            let g = grading(&format!("grd_race{i}_{run}"), &sub.id);
             tokio::spawn(async move {
                 start.wait().await;
                 (st.finish_grading(&g, &sid).await.unwrap(), g.id)
@@ -583,36 +503,32 @@ async fn racing_finish_gradings_write_one(stores: &[Store], run: &str) {
         }
     }
     assert_eq!(won.len(), 1, "exactly one of 8 racing gradings is written");
-    assert_eq!(
-        ids(&s.list_gradings(&sub.id).await.unwrap(), |g| &g.id),
-        won
-    );
+    let stored = s.list_gradings(&sub.id).await.unwrap();
+    assert_eq!(ids(&stored, |g| &g.id), won);
     assert_eq!(session_state(s, &ses.id).await, SessionState::Graded);
 }
 
 async fn regrades_add_rows(s: &Store, run: &str) {
-    let rnd = format!("rnd_rg_{run}");
-    let ses = seed(s, &rnd, &format!("ses_rg_{run}"), SessionState::Live).await;
+    let ses = seed(s, "rg", run, SessionState::Live).await;
     let sub = submission(&format!("sub_rg_{run}"), &ses);
-    assert!(s
-        .begin_submission(&sub, &SessionState::sources(SessionState::Submitted))
-        .await
-        .unwrap());
+    assert!(submit(s, &sub).await);
     let first = grading(&format!("grd_rg0_{run}"), &sub.id);
     assert!(s.finish_grading(&first, &ses.id).await.unwrap());
     let mut all = vec![first];
     for i in 1..3 {
-        let mut g = grading(&format!("grd_rg{i}_{run}"), &sub.id);
-        g.status = "error".into();
-        g.passed = 0;
-        // Listed in insertion order, not by time.
-        g.created_at_ms = 10 - i;
+        let g = GradingRecord {
+            status: "error".into(),
+            passed: 0,
+            // Listed in insertion order, not by time.
+            created_at_ms: 10 - i,
+            ..grading(&format!("grd_rg{i}_{run}"), &sub.id)
+        };
         s.insert_grading(&g).await.unwrap();
         all.push(g);
     }
     assert_eq!(s.list_gradings(&sub.id).await.unwrap(), all);
     conflict(s.insert_grading(&all[1]).await);
-    assert_eq!(s.list_gradings(&sub.id).await.unwrap().len(), 3);
+    assert_eq!(s.list_gradings(&sub.id).await.unwrap(), all);
     assert_eq!(session_state(s, &ses.id).await, SessionState::Graded);
     // A regrade is never a first grading: finish_grading refuses after it.
     let late = grading(&format!("grd_rg9_{run}"), &sub.id);
@@ -642,10 +558,8 @@ async fn replays_fall_due_and_expire_once(s: &Store, run: &str) {
     }
     assert_eq!(s.get_replay(&a.id).await.unwrap(), Some(a.clone()));
     conflict(s.insert_replay(&a).await);
-    assert_eq!(
-        s.list_replays(&ses).await.unwrap(),
-        vec![b.clone(), c.clone(), a.clone()]
-    );
+    let listed = s.list_replays(&ses).await.unwrap();
+    assert_eq!(listed, [b.clone(), c.clone(), a.clone()]);
     let ses = &ses;
     let due = |now: u64| async move {
         let v = s.due_replays(now).await.unwrap();
@@ -653,17 +567,14 @@ async fn replays_fall_due_and_expire_once(s: &Store, run: &str) {
     };
     assert!(due(9).await.is_empty());
     assert_eq!(due(10).await, vec![a.id.clone()]);
-    assert_eq!(due(20).await, vec![a.id.clone(), b.id.clone()]);
+    assert_eq!(due(20).await, [a.id.clone(), b.id.clone()]);
     assert!(s.expire_replay(&a.id).await.unwrap());
     assert!(!s.expire_replay(&a.id).await.unwrap(), "expired twice");
     assert!(!s.expire_replay(&c.id).await.unwrap());
-    assert!(!s.expire_replay(&format!("rpl_none_{run}")).await.unwrap());
+    assert!(!s.expire_replay(&none(run)).await.unwrap());
     assert_eq!(due(20).await, vec![b.id.clone()]);
     assert_eq!(s.get_replay(&a.id).await.unwrap().unwrap().state, "expired");
-    assert_eq!(
-        s.get_replay(&format!("rpl_none_{run}")).await.unwrap(),
-        None
-    );
+    assert_eq!(s.get_replay(&none(run)).await.unwrap(), None);
 }
 
 async fn forks_insert_get_list_delete(s: &Store, run: &str) {
@@ -682,19 +593,13 @@ async fn forks_insert_get_list_delete(s: &Store, run: &str) {
     s.insert_fork(&f2).await.unwrap();
     conflict(s.insert_fork(&f1).await);
     assert_eq!(s.get_fork(&f1.id).await.unwrap(), Some(f1.clone()));
-    assert_eq!(
-        s.list_forks(&rpl).await.unwrap(),
-        vec![f2.clone(), f1.clone()]
-    );
+    let listed = s.list_forks(&rpl).await.unwrap();
+    assert_eq!(listed, [f2.clone(), f1.clone()]);
     assert!(s.delete_fork(&f1.id).await.unwrap());
     assert!(!s.delete_fork(&f1.id).await.unwrap());
     assert_eq!(s.get_fork(&f1.id).await.unwrap(), None);
-    assert_eq!(s.list_forks(&rpl).await.unwrap(), vec![f2]);
-    assert!(s
-        .list_forks(&format!("rpl_none_{run}"))
-        .await
-        .unwrap()
-        .is_empty());
+    assert_eq!(s.list_forks(&rpl).await.unwrap(), [f2]);
+    assert!(s.list_forks(&none(run)).await.unwrap().is_empty());
 }
 
 async fn out_of_range_values_are_refused(s: &Store, run: &str) {
@@ -707,33 +612,27 @@ async fn out_of_range_values_are_refused(s: &Store, run: &str) {
     // long past), and nothing is written.
     let big = i64::MAX as u64 + 1;
     let id = format!("rnd_big_{run}");
-    assert!(s
-        .insert_round(&round(&id, RoundState::Ready, big))
-        .await
-        .is_err());
+    let r = round(&id, RoundState::Ready, big);
+    assert!(s.insert_round(&r).await.is_err());
     assert_eq!(s.get_round(&id).await.unwrap(), None);
-    let sid = format!("ses_big_{run}");
-    let hash = format!("h_big_{run}");
-    assert!(s
-        .insert_session(
-            &session(&sid, &edge, SessionState::Ready, u64::MAX),
-            &token(&hash, &edge, Some(&sid))
-        )
-        .await
-        .is_err());
-    assert_eq!(s.get_session(&sid).await.unwrap(), None);
-    assert_eq!(s.get_token(&hash).await.unwrap(), None);
-    let sid = format!("ses_big2_{run}");
-    let mut tok = token(&format!("h_big2_{run}"), &edge, Some(&sid));
-    tok.expires_at_ms = big;
-    assert!(s
-        .insert_session(&session(&sid, &edge, SessionState::Ready, 1), &tok)
-        .await
-        .is_err());
-    assert_eq!(s.get_session(&sid).await.unwrap(), None);
+    // A session's expiry or its token's: neither row is written.
+    let (sid, sid2) = (format!("ses_big_{run}"), format!("ses_big2_{run}"));
+    let tok2 = TokenRecord {
+        expires_at_ms: big,
+        ..token(&format!("h_big2_{run}"), &edge, Some(&sid2))
+    };
+    let tok = token(&format!("h_big_{run}"), &edge, Some(&sid));
+    for (ses, tok) in [
+        (session(&sid, &edge, SessionState::Ready, u64::MAX), tok),
+        (session(&sid2, &edge, SessionState::Ready, 1), tok2),
+    ] {
+        assert!(s.insert_session(&ses, &tok).await.is_err());
+        assert_eq!(s.get_session(&ses.id).await.unwrap(), None);
+        assert_eq!(s.get_token(&tok.hash).await.unwrap(), None);
+    }
     let mut rp = ReplayRecord {
         id: format!("rpl_big_{run}"),
-        session_id: sid.clone(),
+        session_id: sid2.clone(),
         round_id: edge.clone(),
         snapshot_id: "snp".into(),
         reason: "end".into(),
@@ -746,29 +645,19 @@ async fn out_of_range_values_are_refused(s: &Store, run: &str) {
     s.insert_replay(&rp).await.unwrap();
     let run_rec = RunRecord {
         id: format!("run_big_{run}"),
-        session_id: sid.clone(),
+        session_id: sid2.clone(),
         created_at_ms: big,
         result: "{}".into(),
     };
     assert!(s.insert_run(&run_rec, 3).await.is_err());
-    assert!(s.list_runs(&sid).await.unwrap().is_empty());
+    assert!(s.list_runs(&sid2).await.unwrap().is_empty());
 }
 
 /// What one store wrote, another opened later on the same database reads.
 async fn reopened_store_keeps_rows(first: &Store, second: &Store) {
-    let run = run_id();
-    let rnd = format!("rnd_reopen_{run}");
-    let ses = seed(
-        first,
-        &rnd,
-        &format!("ses_reopen_{run}"),
-        SessionState::Live,
-    )
-    .await;
-    assert_eq!(
-        second.get_round(&rnd).await.unwrap(),
-        first.get_round(&rnd).await.unwrap()
-    );
+    let ses = seed(first, "reopen", &run_id(), SessionState::Live).await;
+    let rnd = first.get_round(&ses.round_id).await.unwrap();
+    assert_eq!(second.get_round(&ses.round_id).await.unwrap(), rnd);
     assert_eq!(second.get_session(&ses.id).await.unwrap(), Some(ses));
 }
 
@@ -779,52 +668,27 @@ async fn reopened_store_keeps_rows(first: &Store, second: &Store) {
 /// no way to store such names), and put right afterwards: a later run on
 /// the same database must not meet them.
 async fn unknown_names_read_as_corrupt(s: &Store, db: &Db) {
-    let run = run_id();
-    let ses = seed(
-        s,
-        &format!("rnd_bad_{run}"),
-        &format!("ses_bad_{run}"),
-        SessionState::Live,
-    )
-    .await;
+    let ses = seed(s, "bad", &run_id(), SessionState::Live).await;
     let hash = format!("h_{}", ses.id);
     assert!(s.get_token(&hash).await.unwrap().is_some());
     let set = |scope: &'static str, state: &'static str| {
         let (hash, sid) = (hash.clone(), ses.id.clone());
         async move {
-            db.execute(
-                "UPDATE round_tokens SET scope = $2 WHERE hash = $1",
-                args![hash, scope],
-            )
-            .await
-            .unwrap();
-            db.execute(
-                "UPDATE round_sessions SET state = $2 WHERE id = $1",
-                args![sid, state],
-            )
-            .await
-            .unwrap();
+            let tokens = "UPDATE round_tokens SET scope = $2 WHERE hash = $1";
+            db.execute(tokens, args![hash, scope]).await.unwrap();
+            let sessions = "UPDATE round_sessions SET state = $2 WHERE id = $1";
+            db.execute(sessions, args![sid, state]).await.unwrap();
         }
     };
     set("admin", "paused").await;
-    let e = s.get_token(&hash).await.unwrap_err();
-    assert!(matches!(e, StoreError::Corrupt(_)), "{e:?}");
-    assert!(e.to_string().contains("scope"), "{e}");
-    let e = s.get_session(&ses.id).await.unwrap_err();
-    assert!(matches!(e, StoreError::Corrupt(_)), "{e:?}");
-    assert!(e.to_string().contains("state"), "{e}");
+    let corrupt = |e: StoreError, column: &str| {
+        assert!(matches!(e, StoreError::Corrupt(_)), "{e:?}");
+        assert!(e.to_string().contains(column), "{e}");
+    };
+    corrupt(s.get_token(&hash).await.unwrap_err(), "scope");
+    corrupt(s.get_session(&ses.id).await.unwrap_err(), "state");
     set("candidate", "ended").await;
     assert_eq!(session_state(s, &ses.id).await, SessionState::Ended);
-}
-
-/// Until `cond` holds, for at most 5 s (a released hold is said on its
-/// connection by a task of its own, so the next taker may wait a moment).
-async fn eventually(what: &str, mut cond: impl AsyncFnMut() -> bool) {
-    let end = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    while !cond().await {
-        assert!(std::time::Instant::now() < end, "not within 5 s: {what}");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
 }
 
 /// Two processes on one database (two pools): a session held by one is
@@ -845,21 +709,18 @@ async fn session_holds_exclude_other_processes(a: &Store, b: &Store) {
     assert!(b.lock_session(&one, false).await.unwrap().is_none());
     assert!(b.lock_session(&two, false).await.unwrap().is_some());
     // A waiter, given up after 200 ms (as a request whose client left).
-    let gave_up = tokio::time::timeout(
-        std::time::Duration::from_millis(200),
-        b.lock_session(&one, true),
-    )
-    .await;
+    let wait = b.lock_session(&one, true);
+    let gave_up = tokio::time::timeout(Duration::from_millis(200), wait).await;
     assert!(gave_up.is_err(), "a held session was granted");
     // A waiter that stays: granted once the holder lets go.
     let waiter = {
         let (b, one) = (b.clone(), one.clone());
         tokio::spawn(async move { b.lock_session(&one, true).await })
     };
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!waiter.is_finished(), "granted while held");
     drop(held);
-    let second = tokio::time::timeout(std::time::Duration::from_secs(5), waiter)
+    let second = tokio::time::timeout(Duration::from_secs(5), waiter)
         .await
         .expect("the waiter was not granted within 5 s")
         .unwrap()
@@ -868,11 +729,13 @@ async fn session_holds_exclude_other_processes(a: &Store, b: &Store) {
     assert!(a.lock_session(&one, false).await.unwrap().is_none());
     drop(second);
     // The given-up waiter took the lock after `second` let go, or will,
-    // and lets go in turn: nothing stays held.
-    eventually("the session is free again", async || {
-        a.lock_session(&one, false).await.unwrap().is_some()
-    })
-    .await;
+    // and lets go in turn: nothing stays held. Its release is said on its
+    // connection by a task of its own, so this may wait a moment.
+    let end = Instant::now() + Duration::from_secs(5);
+    while a.lock_session(&one, false).await.unwrap().is_none() {
+        assert!(Instant::now() < end, "still held after 5 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn open(db: &Db) -> Store {
@@ -895,14 +758,8 @@ async fn conformance_on_sqlite() {
     second_process(&s, &again, &db2, &[s.clone(), again.clone()]).await;
     // One process owns the file: its own lock is the only one needed.
     let held = s.lock_session("ses_one", false).await.unwrap();
-    assert!(
-        held.is_some()
-            && again
-                .lock_session("ses_one", false)
-                .await
-                .unwrap()
-                .is_some()
-    );
+    let also = again.lock_session("ses_one", false).await.unwrap();
+    assert!(held.is_some() && also.is_some());
 }
 
 /// `again`, a second store on `db` (as a second process): its migrations
@@ -932,10 +789,8 @@ async fn conformance_on_postgres() {
     run_all(&s).await;
     // Migrations are idempotent: two more daemons on the same database,
     // starting at once.
-    let (dba, dbb) = (
-        Db::postgres(&pg.dsn, 8).unwrap(),
-        Db::postgres(&pg.dsn, 8).unwrap(),
-    );
+    let pool = || Db::postgres(&pg.dsn, 8).unwrap();
+    let (dba, dbb) = (pool(), pool());
     let (a, b) = tokio::join!(DbStore::open(dba.clone()), DbStore::open(dbb));
     let (again, other): (Store, Store) = (Arc::new(a.unwrap()), Arc::new(b.unwrap()));
     // Three pools (as three daemons) race for one first grading.
@@ -979,34 +834,21 @@ async fn previous_release_tables_upgrade_in_place_conformance_on_postgres() {
     .unwrap();
     tx.commit().await.unwrap();
     let s = open(&db).await;
-    assert_eq!(
-        s.get_round("rnd_old").await.unwrap().unwrap().state,
-        RoundState::Ready
-    );
-    assert_eq!(
-        s.get_session("ses_old")
-            .await
-            .unwrap()
-            .unwrap()
-            .expires_at_ms,
-        9
-    );
+    let old = s.get_round("rnd_old").await.unwrap().unwrap();
+    let ses = s.get_session("ses_old").await.unwrap().unwrap();
+    assert_eq!((old.state, ses.expires_at_ms), (RoundState::Ready, 9));
     run_all(&s).await;
     // Everything went to that schema.
+    let sql = "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()";
     let n: i64 = db
-        .query_opt(
-            "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()",
-            args![],
-        )
+        .query_opt(sql, args![])
         .await
         .unwrap()
         .unwrap()
         .get(0)
         .unwrap();
-    assert_eq!(
-        n, 10,
-        "rounds_schema, hatchery_migrations and 8 rounds tables"
-    );
+    // rounds_schema, hatchery_migrations and the 8 rounds tables.
+    assert_eq!(n, 10);
 }
 
 /// A database that is not there is unavailable (retryable, answered 503).

@@ -14,7 +14,7 @@
 //!   second one's check sees the first one's row.
 
 use super::*;
-use hatchery_db::{args, Db, Record, Tx, Value};
+use hatchery_db::{args, Db, Record, ToValue, Value};
 
 /// The rounds store on the deployment's database (cheap to clone).
 #[derive(Clone)]
@@ -42,13 +42,8 @@ impl DbStore {
     /// names another key column).
     async fn get<T: Record>(&self, key: &str, v: &str) -> StoreResult<Option<T>> {
         let sql = format!("SELECT * FROM {} WHERE {key} = $1", T::TABLE);
-        Ok(self
-            .db
-            .query_opt(&sql, args![v])
-            .await?
-            .as_ref()
-            .map(T::from_row)
-            .transpose()?)
+        let row = self.db.query_opt(&sql, args![v]).await?;
+        Ok(row.as_ref().map(T::from_row).transpose()?)
     }
 
     /// The records of `SELECT * FROM <its table> <rest>`.
@@ -69,40 +64,27 @@ fn clamp(ms: u64) -> i64 {
     i64::try_from(ms).unwrap_or(i64::MAX)
 }
 
-/// `UPDATE <table> SET <set> WHERE id = $1 AND state IN ($k, ...)`, the
-/// states (our own enum names) bound after `args`; `false` if none
-/// matched or `from` is empty.
-async fn guarded(
-    tx: &mut Tx,
+/// `UPDATE <table> SET <set> WHERE id = $1 AND state IN ($k, ...)` and
+/// its arguments: `a`, then the states `from`. It changes one row or none;
+/// none at all if `from` is empty (`IN (NULL)` matches no row).
+fn guarded<S: ToValue>(
     table: &str,
     set: &str,
     mut a: Vec<Value>,
-    from: &[&'static str],
-) -> StoreResult<bool> {
-    if from.is_empty() {
-        return Ok(false);
+    from: &[S],
+) -> StoreResult<(String, Vec<Value>)> {
+    let mut marks = vec![];
+    for s in from {
+        a.push(s.to_value("state")?);
+        marks.push(format!("${}", a.len()));
     }
-    let first = a.len() + 1;
-    let marks: Vec<String> = (0..from.len()).map(|i| format!("${}", first + i)).collect();
-    a.extend(from.iter().map(|s| Value::from(*s)));
-    let sql = format!(
-        "UPDATE {table} SET {set} WHERE id = $1 AND state IN ({})",
+    let marks = if marks.is_empty() {
+        "NULL".into()
+    } else {
         marks.join(", ")
-    );
-    Ok(tx.execute(&sql, &a).await? == 1)
-}
-
-async fn guarded_once(
-    db: &Db,
-    table: &str,
-    set: &str,
-    a: Vec<Value>,
-    from: &[&'static str],
-) -> StoreResult<bool> {
-    let mut tx = db.begin().await?;
-    let moved = guarded(&mut tx, table, set, a, from).await?;
-    tx.commit().await?;
-    Ok(moved)
+    };
+    let sql = format!("UPDATE {table} SET {set} WHERE id = $1 AND state IN ({marks})");
+    Ok((sql, a))
 }
 
 #[async_trait]
@@ -127,16 +109,11 @@ impl RoundStore for DbStore {
         prepared_snapshot: Option<&str>,
         error: Option<&str>,
     ) -> StoreResult<bool> {
-        let from: Vec<_> = from.iter().map(|s| s.as_str()).collect();
-        guarded_once(
-            &self.db,
-            "rounds",
-            "state = $2, prepared_snapshot = COALESCE($3, prepared_snapshot),
-             error = COALESCE($4, error)",
-            args![id, to.as_str(), prepared_snapshot, error].to_vec(),
-            &from,
-        )
-        .await
+        let set = "state = $2, prepared_snapshot = COALESCE($3, prepared_snapshot),
+             error = COALESCE($4, error)";
+        let a = args![id, to.as_str(), prepared_snapshot, error].to_vec();
+        let (sql, a) = guarded("rounds", set, a, from)?;
+        Ok(self.db.execute(&sql, &a).await? == 1)
     }
 
     async fn insert_session(&self, s: &SessionRecord, t: &TokenRecord) -> StoreResult<()> {
@@ -174,15 +151,10 @@ impl RoundStore for DbStore {
         sandbox_id: Option<&str>,
         error: Option<&str>,
     ) -> StoreResult<bool> {
-        let from: Vec<_> = from.iter().map(|s| s.as_str()).collect();
-        guarded_once(
-            &self.db,
-            "round_sessions",
-            "state = $2, sandbox_id = COALESCE($3, sandbox_id), error = COALESCE($4, error)",
-            args![id, to.as_str(), sandbox_id, error].to_vec(),
-            &from,
-        )
-        .await
+        let set = "state = $2, sandbox_id = COALESCE($3, sandbox_id), error = COALESCE($4, error)";
+        let a = args![id, to.as_str(), sandbox_id, error].to_vec();
+        let (sql, a) = guarded("round_sessions", set, a, from)?;
+        Ok(self.db.execute(&sql, &a).await? == 1)
     }
 
     async fn insert_token(&self, t: &TokenRecord) -> StoreResult<()> {
@@ -216,11 +188,10 @@ impl RoundStore for DbStore {
         sub: &SubmissionRecord,
         from: &[SessionState],
     ) -> StoreResult<bool> {
-        let from: Vec<_> = from.iter().map(|s| s.as_str()).collect();
-        let mut tx = self.db.begin().await?;
-        let set = "state = 'submitted'";
         let a = args![&sub.session_id].to_vec();
-        if !guarded(&mut tx, "round_sessions", set, a, &from).await? {
+        let (sql, a) = guarded("round_sessions", "state = 'submitted'", a, from)?;
+        let mut tx = self.db.begin().await?;
+        if tx.execute(&sql, &a).await? != 1 {
             // Dropped unfinished: rolled back, nothing written.
             return Ok(false);
         }
@@ -233,25 +204,16 @@ impl RoundStore for DbStore {
         let mut tx = self.db.begin().await?;
         // The lock two racing first gradings serialize on; the check below
         // runs after the other one committed, and sees its row.
-        let stored = tx
-            .query_opt(
-                "SELECT id FROM round_submissions WHERE id = $1 FOR UPDATE",
-                args![&g.submission_id],
-            )
-            .await?;
-        if stored.is_none() {
+        let sub = args![&g.submission_id];
+        let lock = "SELECT id FROM round_submissions WHERE id = $1 FOR UPDATE";
+        if tx.query_opt(lock, sub).await?.is_none() {
             return Err(StoreError::Conflict(format!(
                 "submission {} is not stored",
                 g.submission_id
             )));
         }
-        let graded = tx
-            .query_opt(
-                "SELECT 1 AS one FROM round_gradings WHERE submission_id = $1 LIMIT 1",
-                args![&g.submission_id],
-            )
-            .await?;
-        if graded.is_some() {
+        let graded = "SELECT 1 AS one FROM round_gradings WHERE submission_id = $1 LIMIT 1";
+        if tx.query_opt(graded, sub).await?.is_some() {
             return Ok(false);
         }
         tx.insert(g).await?;
@@ -278,11 +240,8 @@ impl RoundStore for DbStore {
     }
 
     async fn list_gradings(&self, submission_id: &str) -> StoreResult<Vec<GradingRecord>> {
-        self.list(
-            "WHERE submission_id = $1 ORDER BY seq",
-            args![submission_id],
-        )
-        .await
+        let order = "WHERE submission_id = $1 ORDER BY seq";
+        self.list(order, args![submission_id]).await
     }
 
     async fn insert_replay(&self, r: &ReplayRecord) -> StoreResult<()> {
@@ -304,14 +263,8 @@ impl RoundStore for DbStore {
     }
 
     async fn expire_replay(&self, id: &str) -> StoreResult<bool> {
-        let n = self
-            .db
-            .execute(
-                "UPDATE round_replays SET state = 'expired' WHERE id = $1 AND state = 'active'",
-                args![id],
-            )
-            .await?;
-        Ok(n == 1)
+        let sql = "UPDATE round_replays SET state = 'expired' WHERE id = $1 AND state = 'active'";
+        Ok(self.db.execute(sql, args![id]).await? == 1)
     }
 
     async fn insert_fork(&self, f: &ForkRecord) -> StoreResult<()> {
@@ -328,11 +281,8 @@ impl RoundStore for DbStore {
     }
 
     async fn delete_fork(&self, id: &str) -> StoreResult<bool> {
-        let n = self
-            .db
-            .execute("DELETE FROM round_forks WHERE id = $1", args![id])
-            .await?;
-        Ok(n == 1)
+        let sql = "DELETE FROM round_forks WHERE id = $1";
+        Ok(self.db.execute(sql, args![id]).await? == 1)
     }
 
     async fn lock_session(&self, session_id: &str, wait: bool) -> StoreResult<Option<SessionHold>> {

@@ -150,11 +150,9 @@ impl Scope {
     /// `None` for anything else: a backend reads that as a corrupt row,
     /// never as some scope (an unknown scope must not grant a reviewer's).
     pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "candidate" => Some(Scope::Candidate),
-            "reviewer" => Some(Scope::Reviewer),
-            _ => None,
-        }
+        [Scope::Candidate, Scope::Reviewer]
+            .into_iter()
+            .find(|x| x.as_str() == s)
     }
 }
 

@@ -133,10 +133,8 @@ impl Holds {
         wait: bool,
     ) -> StoreResult<Option<SessionHold>> {
         let (me, id) = (self.clone(), session_id.to_string());
-        match tokio::spawn(async move { me.take(id, wait).await }).await {
-            Ok(r) => r,
-            Err(e) => Err(DbError::Task(e).into()),
-        }
+        let taken = tokio::spawn(async move { me.take(id, wait).await });
+        taken.await.map_err(DbError::Task)?
     }
 
     async fn take(self, session_id: String, wait: bool) -> StoreResult<Option<SessionHold>> {
