@@ -87,17 +87,13 @@ impl SqliteAuditLog {
         kind: &str,
         data: Value,
     ) -> Result<StoredEvent, AuditError> {
-        if chain.is_empty() || chain.len() > MAX_CHAIN_BYTES {
-            return Err(AuditError::Invalid(
-                "chain",
-                format!("must be 1–{MAX_CHAIN_BYTES} bytes"),
-            ));
-        }
-        if kind.is_empty() || kind.len() > MAX_KIND_BYTES {
-            return Err(AuditError::Invalid(
-                "kind",
-                format!("must be 1–{MAX_KIND_BYTES} bytes"),
-            ));
+        for (what, v, max) in [
+            ("chain", chain, MAX_CHAIN_BYTES),
+            ("kind", kind, MAX_KIND_BYTES),
+        ] {
+            if v.is_empty() || v.len() > max {
+                return Err(AuditError::Invalid(what, format!("must be 1–{max} bytes")));
+            }
         }
         let data_json =
             serde_json::to_string(&data).map_err(|e| AuditError::Invalid("data", e.to_string()))?;
@@ -150,9 +146,8 @@ impl SqliteAuditLog {
     }
 
     pub fn chains(&self) -> Result<Vec<String>, AuditError> {
-        let mut st = self
-            .conn
-            .prepare("SELECT DISTINCT chain FROM audit_events ORDER BY chain")?;
+        let sql = "SELECT DISTINCT chain FROM audit_events ORDER BY chain";
+        let mut st = self.conn.prepare(sql)?;
         let rows = st.query_map([], |r| r.get::<_, String>("chain"))?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
@@ -183,13 +178,11 @@ impl SqliteAuditLog {
         )?;
         let rows = st.query_map([chain], read_row)?;
         let mut report = verify::verify(chain, rows)?;
-        let mut lookup = self
-            .conn
-            .prepare("SELECT hash FROM audit_events WHERE chain = ?1 AND seq = ?2")?;
+        let sql = "SELECT hash FROM audit_events WHERE chain = ?1 AND seq = ?2";
+        let mut lookup = self.conn.prepare(sql)?;
         verify::check_anchors(&mut report, anchors, |seq| {
-            lookup
-                .query_row(params![chain, seq], |r| r.get::<_, String>("hash"))
-                .ok()
+            let hash = lookup.query_row(params![chain, seq], |r| r.get::<_, String>("hash"));
+            hash.ok()
         });
         Ok(report)
     }
@@ -203,22 +196,14 @@ fn migrate(conn: &mut Connection) -> Result<(), AuditError> {
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS audit_migrations (version INTEGER PRIMARY KEY, applied_at TEXT NOT NULL)",
     )?;
-    let done: i64 = conn.query_row(
-        "SELECT COALESCE(MAX(version), 0) FROM audit_migrations",
-        [],
-        |r| r.get(0),
-    )?;
-    for (i, sql) in MIGRATIONS.iter().enumerate() {
-        let n = i as i64 + 1;
-        if n > done {
-            let tx = conn.transaction()?;
-            tx.execute_batch(sql)?;
-            tx.execute(
-                "INSERT INTO audit_migrations (version, applied_at) VALUES (?1, ?2)",
-                params![n, now_rfc3339()],
-            )?;
-            tx.commit()?;
-        }
+    let done = "SELECT COALESCE(MAX(version), 0) FROM audit_migrations";
+    let done: usize = conn.query_row(done, [], |r| r.get(0))?;
+    let record = "INSERT INTO audit_migrations (version, applied_at) VALUES (?1, ?2)";
+    for (n, sql) in (1_i64..).zip(MIGRATIONS).skip(done) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.execute(record, params![n, now_rfc3339()])?;
+        tx.commit()?;
     }
     Ok(())
 }

@@ -116,20 +116,16 @@ mod tests {
         let local = ImageStore::new(d.join("snapshots")).unwrap();
         let only_local = SnapshotStores::new(local.clone(), None);
         let (_, loc) = only_local.for_new("h1");
-        assert_eq!(loc, SnapshotLocation::Local { host: "h1".into() });
+        let h1 = SnapshotLocation::Local { host: "h1".into() };
+        assert_eq!(loc, h1);
         assert!(only_local.for_row("s", &loc, "h1").is_ok());
         let other = only_local.for_row("s", &loc, "h2").err().unwrap();
         assert!(other.to_string().contains("host h1's disk"), "{other}");
-        let no_mount = only_local
-            .for_row("s", &SnapshotLocation::Shared, "h1")
-            .err()
-            .unwrap();
-        assert!(matches!(no_mount, CoreError::Conflict(_)));
+        let no_mount = only_local.for_row("s", &SnapshotLocation::Shared, "h1");
+        assert!(matches!(no_mount.err(), Some(CoreError::Conflict(_))));
 
-        let shared = SnapshotStoreSpec::Shared(b_dir.path().to_path_buf())
-            .open(d)
-            .unwrap();
-        let both = SnapshotStores::new(local, Some(shared));
+        let shared = SnapshotStoreSpec::Shared(b_dir.path().to_path_buf()).open(d);
+        let both = SnapshotStores::new(local, Some(shared.unwrap()));
         assert!(both.has_shared());
         assert!(both.orphan_sweep_due().is_some());
         assert!(both.orphan_sweep_due().is_none(), "not again so soon");
@@ -139,15 +135,9 @@ mod tests {
             (s.kind(), loc.clone()),
             (SnapshotStoreKind::Shared, SnapshotLocation::Shared)
         );
-        assert_eq!(
-            both.for_row("s", &loc, "h9").unwrap().kind(),
-            SnapshotStoreKind::Shared
-        );
+        let kind = |loc, me| both.for_row("s", loc, me).unwrap().kind();
+        assert_eq!(kind(&loc, "h9"), SnapshotStoreKind::Shared);
         // What it took before the switch stays reachable.
-        let old = SnapshotLocation::Local { host: "h1".into() };
-        assert_eq!(
-            both.for_row("s", &old, "h1").unwrap().kind(),
-            SnapshotStoreKind::Local
-        );
+        assert_eq!(kind(&h1, "h1"), SnapshotStoreKind::Local);
     }
 }

@@ -28,6 +28,7 @@ mod import;
 mod joined;
 mod migrate;
 pub mod pg_pool;
+mod race;
 mod record;
 mod sqlite;
 mod value;
@@ -41,6 +42,7 @@ pub use pg_pool::{
     pg_message, pg_pool, pg_pool_read_only, pg_unavailable, PoolConfigError, POOL_TIMEOUT,
     TCP_USER_TIMEOUT,
 };
+pub use race::race;
 pub use record::{Record, ToValue};
 pub use sqlite::{BUSY_TIMEOUT, SQLITE_CONNECTIONS};
 pub use value::{ColumnIndex, FromValue, Row, Value};

@@ -109,14 +109,9 @@ mod tests {
         assert_eq!(b.backend(), "sqlite");
         assert!(b.get_live("sbx-none").await.unwrap().is_none());
         let t = std::time::Instant::now();
-        let e = b
-            // What a stopped database server does: never answer.
-            .run(
-                "get_live",
-                std::future::pending::<Result<Option<SandboxRow>>>(),
-            )
-            .await
-            .unwrap_err();
+        // What a stopped database server does: never answer.
+        let never = std::future::pending::<Result<Option<SandboxRow>>>();
+        let e = b.run("get_live", never).await.unwrap_err();
         assert!(t.elapsed() < Duration::from_secs(2));
         assert!(e.is_unavailable(), "{e}");
         assert!(e.to_string().contains("get_live"), "{e}");

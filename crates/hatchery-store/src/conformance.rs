@@ -4,6 +4,7 @@
 
 use crate::rows::{Fence, SandboxFilter, SandboxRow, SandboxState, SnapshotLocation, SnapshotRow};
 use crate::{host_resource, Store, StoreError};
+use hatchery_db::race;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -31,16 +32,15 @@ pub async fn run_all(s: Arc<dyn Store>) {
 /// and a later offer never replaces it.
 async fn the_first_secret_is_kept(s: &Arc<dyn Store>, run: &str) {
     let name = format!("daemon-key-{run}");
-    let tasks: Vec<_> = (0..4)
-        .map(|n| {
-            let (s, name) = (s.clone(), name.clone());
-            tokio::spawn(async move { s.deployment_secret(&name, &format!("offer{n}")).await })
-        })
-        .collect();
-    let mut got = Vec::new();
-    for t in tasks {
-        got.push(t.await.unwrap().unwrap());
-    }
+    let got = race(4, |n| {
+        let (s, name) = (s.clone(), name.clone());
+        async move {
+            s.deployment_secret(&name, &format!("offer{n}"))
+                .await
+                .unwrap()
+        }
+    })
+    .await;
     assert!(got[0].starts_with("offer"), "{got:?}");
     assert!(got.iter().all(|g| *g == got[0]), "{got:?}");
     assert_eq!(s.deployment_secret(&name, "later").await.unwrap(), got[0]);
@@ -54,6 +54,16 @@ fn local(host: &str) -> SnapshotLocation {
 
 async fn host(s: &dyn Store, name: &str) -> Fence {
     Fence::of(&s.take_lease(&host_resource(name), name, TTL).await.unwrap())
+}
+
+/// Two hosts, named `a` and `b` in this run.
+async fn hosts(s: &dyn Store, a: &str, b: &str, run: &str) -> (Fence, Fence) {
+    let a = host(s, &format!("{a}{run}")).await;
+    (a, host(s, &format!("{b}{run}")).await)
+}
+
+fn ids(rows: Vec<SandboxRow>) -> Vec<String> {
+    rows.into_iter().map(|r| r.id).collect()
 }
 
 fn md(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -99,35 +109,23 @@ async fn lifecycle_is_guarded(s: &dyn Store, run: &str) {
     use SandboxState::*;
     let f = host(s, &format!("h1{run}")).await;
     let id = format!("sbx_l{run}");
-    s.insert_sandbox(&f, &sbx(&id, Starting, &[("k", "v")]))
-        .await
-        .unwrap();
+    let row = sbx(&id, Starting, &[("k", "v")]);
+    s.insert_sandbox(&f, &row).await.unwrap();
     let got = s.get_live(&id).await.unwrap().expect("live");
-    assert_eq!(
-        (got.state, got.host_id.as_str()),
-        (Starting, f.owner.as_str())
-    );
+    assert_eq!((got.state, &got.host_id), (Starting, &f.owner));
     assert_eq!(got.env["E"], "1");
     assert!(s.transition(&f, &id, &[Starting], Running).await.unwrap());
-    assert!(
-        !s.transition(&f, &id, &[Starting], Running).await.unwrap(),
-        "no longer starting"
-    );
-    assert!(matches!(
-        s.transition(&f, &id, &[Running], Starting).await,
-        Err(StoreError::InvalidTransition { .. })
-    ));
+    let again = s.transition(&f, &id, &[Starting], Running).await;
+    assert!(!again.unwrap(), "no longer starting");
+    let back = s.transition(&f, &id, &[Running], Starting).await;
+    assert!(matches!(back, Err(StoreError::InvalidTransition { .. })));
     assert!(s.set_expiry(&f, &id, 9000).await.unwrap());
     assert!(s.stop(&f, &id, "deleted", 2000).await.unwrap());
-    assert!(
-        !s.stop(&f, &id, "deleted", 2001).await.unwrap(),
-        "idempotent"
-    );
+    let again = s.stop(&f, &id, "deleted", 2001).await;
+    assert!(!again.unwrap(), "idempotent");
     // A late "running" (a boot that finished after the delete) is refused.
-    assert!(!s
-        .transition(&f, &id, &[Starting, Running], Running)
-        .await
-        .unwrap());
+    let late = s.transition(&f, &id, &[Starting, Running], Running).await;
+    assert!(!late.unwrap());
     assert!(!s.set_expiry(&f, &id, 9999).await.unwrap());
     assert!(s.get_live(&id).await.unwrap().is_none());
     let ev = s.events(&id).await.unwrap();
@@ -146,46 +144,29 @@ async fn pooled_sandboxes_are_claimed_once(s: &dyn Store, run: &str) {
         .await
         .unwrap();
     assert!(s.transition(&f, &id, &[Starting], Pooled).await.unwrap());
-    assert!(
-        s.get_live(&id).await.unwrap().is_none(),
-        "pooled is invisible"
-    );
+    let pooled = s.get_live(&id).await.unwrap();
+    assert!(pooled.is_none(), "pooled is invisible");
     let mut claim = sbx(&id, Running, &[("owner", "me")]);
     claim.created_at_ms = 7000;
     claim.expires_at_ms = 8000;
     assert!(s.claim(&f, &claim).await.unwrap());
     assert!(!s.claim(&f, &claim).await.unwrap(), "only once");
     let got = s.get_live(&id).await.unwrap().unwrap();
-    assert_eq!(
-        (got.state, got.created_at_ms, got.expires_at_ms),
-        (Running, 7000, 8000)
-    );
+    let times = (got.created_at_ms, got.expires_at_ms);
+    assert_eq!((got.state, times), (Running, (7000, 8000)));
     assert_eq!(got.metadata["owner"], "me");
 }
 
 async fn expiry_and_reconcile_see_only_their_host(s: &dyn Store, run: &str) {
     use SandboxState::*;
-    let (a, b) = (
-        host(s, &format!("ha{run}")).await,
-        host(s, &format!("hb{run}")).await,
-    );
+    let (a, b) = hosts(s, "ha", "hb", run).await;
     let (ia, ib) = (format!("sbx_ea{run}"), format!("sbx_eb{run}"));
     s.insert_sandbox(&a, &sbx(&ia, Running, &[])).await.unwrap();
     s.insert_sandbox(&b, &sbx(&ib, Running, &[])).await.unwrap();
-    assert_eq!(
-        s.expired(&a.owner, 4999).await.unwrap(),
-        Vec::<String>::new()
-    );
+    assert!(s.expired(&a.owner, 4999).await.unwrap().is_empty());
     assert_eq!(s.expired(&a.owner, 5000).await.unwrap(), vec![ia.clone()]);
     assert_eq!(s.expired(&b.owner, 5000).await.unwrap(), vec![ib.clone()]);
-    let ua: Vec<String> = s
-        .list_unstopped(&a.owner)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.id)
-        .collect();
-    assert_eq!(ua, vec![ia.clone()]);
+    assert_eq!(ids(s.list_unstopped(&a.owner).await.unwrap()), vec![ia]);
     // Host a cannot touch host b's row, whatever it asks for.
     assert!(!s.stop(&a, &ib, "lost", 1).await.unwrap());
     assert!(!s.set_expiry(&a, &ib, 1).await.unwrap());
@@ -200,62 +181,38 @@ async fn metadata_filters_run_in_sql(s: &dyn Store, run: &str) {
     let f = host(s, &format!("hm{run}")).await;
     let tag = format!("t{run}");
     let odd = "we\"ird.key'$[0]";
-    let rows = [
-        (
-            format!("sbx_m1{run}"),
-            vec![("run", tag.as_str()), ("team", "a")],
-        ),
-        (
-            format!("sbx_m2{run}"),
-            vec![("run", tag.as_str()), ("team", "b"), (odd, "x")],
-        ),
-        (
-            format!("sbx_m3{run}"),
-            vec![("run", tag.as_str()), ("team", "a"), (odd, "y")],
-        ),
-    ];
-    for (id, md) in &rows {
-        s.insert_sandbox(&f, &sbx(id, Running, md)).await.unwrap();
-    }
-    let ids = |v: Vec<SandboxRow>| v.into_iter().map(|r| r.id).collect::<Vec<_>>();
-    let q = |pairs: &[(&str, &str)]| SandboxFilter {
-        metadata: md(pairs),
-        template: None,
-    };
-    assert_eq!(
-        ids(s.list_live(&q(&[("run", &tag)])).await.unwrap()),
-        vec![rows[0].0.clone(), rows[1].0.clone(), rows[2].0.clone()]
-    );
-    assert_eq!(
-        ids(s
-            .list_live(&q(&[("run", &tag), ("team", "a")]))
+    let run_tag = ("run", tag.as_str());
+    let teams = [("a", None), ("b", Some("x")), ("a", Some("y"))];
+    let mut all = Vec::new();
+    for (n, (team, odd_value)) in teams.into_iter().enumerate() {
+        let mut pairs = vec![run_tag, ("team", team)];
+        pairs.extend(odd_value.map(|v| (odd, v)));
+        all.push(format!("sbx_m{n}{run}"));
+        s.insert_sandbox(&f, &sbx(&all[n], Running, &pairs))
             .await
-            .unwrap()),
-        vec![rows[0].0.clone(), rows[2].0.clone()]
-    );
-    assert_eq!(
-        ids(s.list_live(&q(&[("run", &tag), (odd, "x")])).await.unwrap()),
-        vec![rows[1].0.clone()]
-    );
-    assert!(s
-        .list_live(&q(&[("run", &tag), ("team", "a'; --")]))
-        .await
-        .unwrap()
-        .is_empty());
-    let mut by_tpl = q(&[("run", &tag)]);
-    by_tpl.template = Some("other".into());
-    assert!(s.list_live(&by_tpl).await.unwrap().is_empty());
-    by_tpl.template = Some("tpl".into());
-    assert_eq!(s.list_live(&by_tpl).await.unwrap().len(), 3);
-    s.stop(&f, &rows[0].0, "deleted", 1).await.unwrap();
-    assert_eq!(s.list_live(&q(&[("run", &tag)])).await.unwrap().len(), 2);
+            .unwrap();
+    }
+    // The ids `filter` lists (with `template`, if given).
+    let live = |pairs: &[(&str, &str)], template: Option<&str>| {
+        let filter = SandboxFilter {
+            metadata: md(pairs),
+            template: template.map(Into::into),
+        };
+        async move { ids(s.list_live(&filter).await.unwrap()) }
+    };
+    assert_eq!(live(&[run_tag], None).await, all);
+    let team_a = live(&[run_tag, ("team", "a")], None).await;
+    assert_eq!(team_a, [all[0].clone(), all[2].clone()]);
+    assert_eq!(live(&[run_tag, (odd, "x")], None).await, [all[1].clone()]);
+    assert!(live(&[run_tag, ("team", "a'; --")], None).await.is_empty());
+    assert!(live(&[run_tag], Some("other")).await.is_empty());
+    assert_eq!(live(&[run_tag], Some("tpl")).await, all);
+    s.stop(&f, &all[0], "deleted", 1).await.unwrap();
+    assert_eq!(live(&[run_tag], None).await.len(), 2);
 }
 
 async fn snapshots(s: &dyn Store, run: &str) {
-    let (a, b) = (
-        host(s, &format!("hs{run}")).await,
-        host(s, &format!("ht{run}")).await,
-    );
+    let (a, b) = hosts(s, "hs", "ht", run).await;
     let tpl = format!("tpl{run}");
     let snap = |id: &str, exp: u64, pairs: &[(&str, &str)]| SnapshotRow {
         template: tpl.clone(),
@@ -268,31 +225,19 @@ async fn snapshots(s: &dyn Store, run: &str) {
         ..snap(id, &format!("sbx_s{run}"), local("someone-else"))
     };
     let (s1, s2) = (format!("snap_1{run}"), format!("snap_2{run}"));
-    s.insert_snapshot(&a, &snap(&s1, 100, &[("r", run)]))
-        .await
-        .unwrap();
-    s.insert_snapshot(&b, &snap(&s2, 200, &[("r", run), ("k", "v")]))
-        .await
-        .unwrap();
+    let (one, two) = (&[("r", run)][..], &[("r", run), ("k", "v")][..]);
+    s.insert_snapshot(&a, &snap(&s1, 100, one)).await.unwrap();
+    s.insert_snapshot(&b, &snap(&s2, 200, two)).await.unwrap();
     let got = s.get_snapshot(&s1).await.unwrap().unwrap();
-    assert_eq!(
-        (got.size_bytes, got.host_id.as_str()),
-        (1 << 40, a.owner.as_str())
-    );
+    assert_eq!((got.size_bytes, &*got.host_id), (1 << 40, &*a.owner));
     assert_eq!(got.limits, "{\"cpus\":1}");
     assert_eq!(got.location, local(&a.owner));
     assert_eq!(s.count_snapshots_of(&tpl).await.unwrap(), 2);
-    assert_eq!(s.list_snapshots(&md(&[("r", run)])).await.unwrap().len(), 2);
-    let l = s
-        .list_snapshots(&md(&[("r", run), ("k", "v")]))
-        .await
-        .unwrap();
-    assert_eq!(l.len(), 1);
-    assert_eq!(l[0].id, s2);
-    assert_eq!(
-        s.expired_snapshots(&a.owner, 1000).await.unwrap(),
-        vec![s1.clone()]
-    );
+    assert_eq!(s.list_snapshots(&md(one)).await.unwrap().len(), 2);
+    let l = s.list_snapshots(&md(two)).await.unwrap();
+    assert_eq!(l.iter().map(|r| &r.id).collect::<Vec<_>>(), [&s2]);
+    let expired = s.expired_snapshots(&a.owner, 1000).await.unwrap();
+    assert_eq!(expired, vec![s1.clone()]);
     assert!(!s.delete_snapshot(&a, &s2).await.unwrap(), "not a's");
     assert!(s.delete_snapshot(&a, &s1).await.unwrap());
     assert!(!s.delete_snapshot(&a, &s1).await.unwrap());
@@ -305,10 +250,7 @@ async fn snapshots(s: &dyn Store, run: &str) {
 /// and not by its writer's local one, and a stale writer still cannot
 /// touch it.
 async fn shared_snapshots_belong_to_every_host(s: &Arc<dyn Store>, run: &str) {
-    let (a, b) = (
-        host(&**s, &format!("hu{run}")).await,
-        host(&**s, &format!("hv{run}")).await,
-    );
+    let (a, b) = hosts(&**s, "hu", "hv", run).await;
     let (sh, lo, sbx) = (
         format!("snap_sh{run}"),
         format!("snap_lo{run}"),
@@ -321,17 +263,15 @@ async fn shared_snapshots_belong_to_every_host(s: &Arc<dyn Store>, run: &str) {
         .unwrap();
     let got = s.get_snapshot(&sh).await.unwrap().unwrap();
     assert_eq!(
-        (got.location, got.host_id.as_str()),
-        (SnapshotLocation::Shared, a.owner.as_str())
+        (got.location, got.host_id),
+        (SnapshotLocation::Shared, a.owner.clone())
     );
     let lrow = s.get_snapshot(&lo).await.unwrap().unwrap();
     assert_eq!(lrow.location.as_string(), format!("local:{}", a.owner));
     // Expiry: the writer's local sweep lists only its local one; every
     // host's shared sweep lists the shared one.
-    assert_eq!(
-        s.expired_snapshots(&a.owner, 100).await.unwrap(),
-        vec![lo.clone()]
-    );
+    let expired = s.expired_snapshots(&a.owner, 100).await.unwrap();
+    assert_eq!(expired, vec![lo.clone()]);
     assert!(s.expired_snapshots(&b.owner, 100).await.unwrap().is_empty());
     let shared: Vec<String> = s.expired_shared_snapshots(100).await.unwrap();
     assert!(shared.contains(&sh) && !shared.contains(&lo), "{shared:?}");
@@ -339,44 +279,32 @@ async fn shared_snapshots_belong_to_every_host(s: &Arc<dyn Store>, run: &str) {
     // b cannot delete a's local snapshot.
     assert!(!s.delete_snapshot(&b, &lo).await.unwrap());
     // A stale incarnation of b cannot delete the shared one either.
-    let b_old = b.clone();
     let b_new = host(&**s, &b.owner).await;
-    assert!(matches!(
-        s.delete_snapshot(&b_old, &sh).await,
-        Err(StoreError::Fenced { .. })
-    ));
+    let stale = s.delete_snapshot(&b, &sh).await;
+    assert!(matches!(stale, Err(StoreError::Fenced { .. })));
     // Hosts sweeping at once: exactly one delete removes the row.
-    let tasks: Vec<_> = [a.clone(), b_new.clone(), a.clone(), b_new]
-        .into_iter()
-        .map(|f| {
-            let (s, id) = (Arc::clone(s), sh.clone());
-            tokio::spawn(async move { s.delete_snapshot(&f, &id).await.unwrap() })
-        })
-        .collect();
-    let mut won = 0;
-    for t in tasks {
-        won += t.await.unwrap() as usize;
-    }
-    assert_eq!(won, 1, "one deleter wins");
+    let won = race(4, |n| {
+        let (s, id, f) = (Arc::clone(s), sh.clone(), [&a, &b_new][n % 2].clone());
+        async move { s.delete_snapshot(&f, &id).await.unwrap() }
+    })
+    .await;
+    assert_eq!(won.iter().filter(|w| **w).count(), 1, "one deleter wins");
     assert!(s.get_snapshot(&sh).await.unwrap().is_none());
     assert!(s.delete_snapshot(&a, &lo).await.unwrap());
 }
 
 async fn network_slots(s: &dyn Store, run: &str) {
-    let (a, b) = (
-        host(s, &format!("hn{run}")).await,
-        host(s, &format!("ho{run}")).await,
-    );
+    let (a, b) = hosts(s, "hn", "ho", run).await;
     let (x, y) = (format!("sbx_nx{run}"), format!("sbx_ny{run}"));
     s.set_net(&a, &x, 7, "{}", false).await.unwrap();
     s.set_net(&a, &x, 7, "{\"allow\":1}", true).await.unwrap();
     s.set_net(&b, &y, 3, "{}", false).await.unwrap();
     let na = s.all_net(&a.owner).await.unwrap();
-    assert_eq!(na.len(), 1);
-    assert_eq!((na[0].slot, na[0].policy.as_str()), (7, "{\"allow\":1}"));
+    assert_eq!((na.len(), na[0].slot), (1, 7));
+    assert_eq!(na[0].policy, "{\"allow\":1}");
+    // One event, for the recorded policy change.
     let ev = s.events(&x).await.unwrap();
-    assert_eq!(ev.len(), 1, "one event, for the recorded policy change");
-    assert_eq!(ev[0].kind, "network_policy");
+    assert_eq!((ev.len(), &*ev[0].kind), (1, "network_policy"));
     s.clear_net(&a, &y).await.unwrap(); // not a's: untouched
     assert_eq!(s.all_net(&b.owner).await.unwrap().len(), 1);
     s.clear_net(&a, &x).await.unwrap();
@@ -387,10 +315,7 @@ async fn leases_grow_and_fence(s: &dyn Store, run: &str) {
     let r = format!("session:l{run}");
     let l1 = s.take_lease(&r, "A", 60_000).await.unwrap();
     assert_eq!((l1.epoch, l1.owner.as_str()), (1, "A"));
-    assert!(
-        l1.valid_for_ms > 50_000 && l1.valid_for_ms <= 60_000,
-        "{l1:?}"
-    );
+    assert!((50_001..=60_000).contains(&l1.valid_for_ms), "{l1:?}");
     match s.take_lease(&r, "B", 60_000).await {
         Err(StoreError::LeaseHeld { owner, for_ms, .. }) => {
             assert_eq!(owner, "A");
@@ -404,11 +329,8 @@ async fn leases_grow_and_fence(s: &dyn Store, run: &str) {
     // A restarted A takes it again: a new epoch fences the old incarnation.
     let l2 = s.take_lease(&r, "A", 60_000).await.unwrap();
     assert_eq!(l2.epoch, 2);
-    assert!(s
-        .renew_lease(&Fence::of(&l1), 1000)
-        .await
-        .unwrap_err()
-        .is_fenced());
+    let renewed = s.renew_lease(&Fence::of(&l1), 1000).await;
+    assert!(renewed.unwrap_err().is_fenced());
     assert!(!s.release_lease(&Fence::of(&l1)).await.unwrap());
     assert!(s.release_lease(&Fence::of(&l2)).await.unwrap());
     // Released: B may take it, and the epoch still grows.
@@ -420,13 +342,9 @@ async fn leases_grow_and_fence(s: &dyn Store, run: &str) {
     let e1 = s.take_lease(&r2, "A", 1).await.unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(30)).await;
     let e2 = s.take_lease(&r2, "B", 60_000).await.unwrap();
-    assert_eq!((e1.epoch, e2.epoch), (1, 2));
-    assert_eq!(e2.owner, "B");
-    assert!(s
-        .get_lease(&format!("session:none{run}"))
-        .await
-        .unwrap()
-        .is_none());
+    assert_eq!((e1.epoch, e2.epoch, &*e2.owner), (1, 2, "B"));
+    let none = s.get_lease(&format!("session:none{run}")).await;
+    assert!(none.unwrap().is_none());
 }
 
 async fn stale_epoch_writes_are_refused(s: &dyn Store, run: &str) {
@@ -439,19 +357,11 @@ async fn stale_epoch_writes_are_refused(s: &dyn Store, run: &str) {
         .unwrap();
     let new = host(s, &name).await; // the host restarted
     assert_eq!(new.epoch, old.epoch + 1);
-    let e = (old.epoch, new.epoch);
-    let o = &old;
-    refused(
-        e,
-        s.insert_sandbox(o, &sbx(&format!("{id}x"), Starting, &[]))
-            .await,
-        "insert",
-    );
-    refused(
-        e,
-        s.transition(o, &id, &[Starting], Running).await,
-        "transition",
-    );
+    let (e, o, idx) = ((old.epoch, new.epoch), &old, format!("{id}x"));
+    let inserted = s.insert_sandbox(o, &sbx(&idx, Starting, &[])).await;
+    refused(e, inserted, "insert");
+    let moved = s.transition(o, &id, &[Starting], Running).await;
+    refused(e, moved, "transition");
     refused(e, s.stop(o, &id, "late", 1).await, "stop");
     refused(e, s.claim(o, &sbx(&id, Running, &[])).await, "claim");
     refused(e, s.set_expiry(o, &id, 1).await, "set_expiry");
@@ -463,7 +373,7 @@ async fn stale_epoch_writes_are_refused(s: &dyn Store, run: &str) {
     refused(e, s.delete_snapshot(o, &snap.id).await, "delete_snapshot");
     refused(e, s.renew_lease(o, 1000).await, "renew");
     // Nothing of the refused writes is visible.
-    assert!(s.get_live(&format!("{id}x")).await.unwrap().is_none());
+    assert!(s.get_live(&idx).await.unwrap().is_none());
     assert_eq!(s.get_live(&id).await.unwrap().unwrap().state, Starting);
     assert_eq!(s.events(&id).await.unwrap().len(), 1);
     assert!(s.all_net(&name).await.unwrap().is_empty());
@@ -484,15 +394,13 @@ fn refused<T: std::fmt::Debug>(epochs: (u64, u64), r: Result<T, StoreError>, wha
 
 async fn racing_takes_have_one_winner(s: &Arc<dyn Store>, run: &str) {
     let r = format!("session:race{run}");
-    let tasks: Vec<_> = (0..8)
-        .map(|n| {
-            let (s, r) = (Arc::clone(s), r.clone());
-            tokio::spawn(async move { s.take_lease(&r, &format!("host{n}"), 60_000).await })
-        })
-        .collect();
+    let takes = race(8, |n| {
+        let (s, r) = (Arc::clone(s), r.clone());
+        async move { s.take_lease(&r, &format!("host{n}"), 60_000).await }
+    });
     let mut won = Vec::new();
-    for t in tasks {
-        match t.await.unwrap() {
+    for t in takes.await {
+        match t {
             Ok(l) => won.push(l),
             Err(StoreError::LeaseHeld { .. }) => {}
             // SQLite's one writer can time out under a pile-up; that is a
@@ -516,17 +424,11 @@ async fn no_write_lands_after_a_takeover(s: &Arc<dyn Store>, run: &str) {
     let writer = {
         let (s, a, id, taken) = (Arc::clone(s), a.clone(), id.clone(), Arc::clone(&taken));
         tokio::spawn(async move {
-            let mut ok_after = 0;
-            let mut ok = 0;
+            let (mut ok, mut ok_after) = (0, 0);
             for n in 0..10_000 {
                 let seen_taken = taken.load(std::sync::atomic::Ordering::SeqCst);
                 match s.append_event(&a, &id, "a", &n.to_string()).await {
-                    Ok(_) => {
-                        ok += 1;
-                        if seen_taken {
-                            ok_after += 1;
-                        }
-                    }
+                    Ok(_) => (ok, ok_after) = (ok + 1, ok_after + seen_taken as usize),
                     Err(e) if e.is_fenced() => return (ok, ok_after),
                     Err(StoreError::Unavailable(_)) => {}
                     Err(e) => panic!("append: {e}"),
@@ -560,34 +462,25 @@ async fn no_write_lands_after_a_takeover(s: &Arc<dyn Store>, run: &str) {
 async fn hosts_register_and_beat(s: &dyn Store, run: &str) {
     let name = format!("reg-{run}");
     let f = host(s, &name).await;
-    assert!(
-        !s.heartbeat(&f, 0, &[]).await.unwrap(),
-        "not registered yet"
-    );
+    let beat = s.heartbeat(&f, 0, &[]).await;
+    assert!(!beat.unwrap(), "not registered yet");
     s.register_host(&f, "127.0.0.1:7423", 64).await.unwrap();
     let mine = |v: Vec<crate::HostRow>| v.into_iter().find(|h| h.id == name).expect("listed");
     let h = mine(s.list_hosts().await.unwrap());
-    assert_eq!(
-        (h.address.as_str(), h.capacity, h.live, h.epoch),
-        ("127.0.0.1:7423", 64, 0, f.epoch)
-    );
+    let expect = ("127.0.0.1:7423", 64, 0, f.epoch);
+    assert_eq!((&*h.address, h.capacity, h.live, h.epoch), expect);
     tokio::time::sleep(std::time::Duration::from_millis(60)).await;
-    assert!(mine(s.list_hosts().await.unwrap()).silent_for_ms >= 40);
-    assert!(mine(s.list_hosts().await.unwrap())
-        .warm_templates
-        .is_empty());
+    let h = mine(s.list_hosts().await.unwrap());
+    assert!(h.silent_for_ms >= 40, "{h:?}");
+    assert!(h.warm_templates.is_empty(), "{h:?}");
     let warm = vec!["code-interpreter".to_string(), "node".to_string()];
     assert!(s.heartbeat(&f, 5, &warm).await.unwrap());
     let h = mine(s.list_hosts().await.unwrap());
-    assert_eq!(h.live, 5);
-    assert_eq!(h.warm_templates, warm);
+    assert_eq!((h.live, &h.warm_templates), (5, &warm));
     assert!(h.silent_for_ms < 40, "{h:?}");
     // Not a host lease, or another host's name: refused before any SQL.
-    let session = Fence::of(
-        &s.take_lease(&format!("session:r{run}"), &name, TTL)
-            .await
-            .unwrap(),
-    );
+    let session = s.take_lease(&format!("session:r{run}"), &name, TTL).await;
+    let session = Fence::of(&session.unwrap());
     assert!(s.register_host(&session, "x", 1).await.is_err());
     let other = Fence {
         resource: host_resource(&name),
@@ -612,8 +505,7 @@ async fn hosts_register_and_beat(s: &dyn Store, run: &str) {
 
 async fn live_counted_per_host(s: &dyn Store, run: &str) {
     use SandboxState::*;
-    let a = host(s, &format!("cnt-a{run}")).await;
-    let b = host(s, &format!("cnt-b{run}")).await;
+    let (a, b) = hosts(s, "cnt-a", "cnt-b", run).await;
     let acme: &[(&str, &str)] = &[("tenant", "acme"), ("x", "1")];
     for (f, id, st, md) in [
         (&a, "1", Starting, acme),
@@ -622,18 +514,14 @@ async fn live_counted_per_host(s: &dyn Store, run: &str) {
         (&b, "4", Running, acme),
         (&b, "5", Running, acme),
     ] {
-        s.insert_sandbox(f, &sbx(&format!("sbx_c{id}{run}"), st, md))
-            .await
-            .unwrap();
+        let row = sbx(&format!("sbx_c{id}{run}"), st, md);
+        s.insert_sandbox(f, &row).await.unwrap();
     }
-    assert!(s
-        .stop(&b, &format!("sbx_c5{run}"), "test", 1)
-        .await
-        .unwrap());
+    let stopped = s.stop(&b, &format!("sbx_c5{run}"), "test", 1).await;
+    assert!(stopped.unwrap());
     let n = s.live_per_host(&SandboxFilter::default()).await.unwrap();
     // Pooled and stopped ones do not count.
-    assert_eq!(n.get(&a.owner), Some(&2));
-    assert_eq!(n.get(&b.owner), Some(&1));
+    assert_eq!((n.get(&a.owner), n.get(&b.owner)), (Some(&2), Some(&1)));
     assert_eq!(n.get(&format!("cnt-none{run}")), None);
     // One tenant's, by metadata (what placement spreads).
     let tenant = |v: &str| SandboxFilter {
@@ -641,7 +529,6 @@ async fn live_counted_per_host(s: &dyn Store, run: &str) {
         template: None,
     };
     let n = s.live_per_host(&tenant("acme")).await.unwrap();
-    assert_eq!(n.get(&a.owner), Some(&1));
-    assert_eq!(n.get(&b.owner), Some(&1));
+    assert_eq!((n.get(&a.owner), n.get(&b.owner)), (Some(&1), Some(&1)));
     assert!(s.live_per_host(&tenant("other")).await.unwrap().is_empty());
 }

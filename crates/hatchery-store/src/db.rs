@@ -37,13 +37,7 @@ pub static SCHEMA: Migrations = Migrations {
     }],
 };
 
-/// The schema text, with the type of the metadata and env columns.
-macro_rules! schema_text {
-    ($json:literal, $prefix:literal, $suffix:literal) => {
-        concat!($prefix, schema_tables!($json), $suffix)
-    };
-}
-
+/// The tables, with the type of the metadata and env columns.
 macro_rules! schema_tables {
     ($json:literal) => {
         concat!(
@@ -80,9 +74,8 @@ macro_rules! schema_tables {
     };
 }
 
-const SQLITE_SCHEMA: &str = schema_text!("TEXT", "", "");
-const PG_SCHEMA: &str = schema_text!(
-    "JSONB",
+const SQLITE_SCHEMA: &str = schema_tables!("TEXT");
+const PG_SCHEMA: &str = concat!(
     "ALTER TABLE IF EXISTS sandboxes RENAME TO core_sandboxes;
      ALTER INDEX IF EXISTS sandboxes_state RENAME TO core_sandboxes_state;
      ALTER INDEX IF EXISTS sandboxes_host RENAME TO core_sandboxes_host;
@@ -97,6 +90,7 @@ const PG_SCHEMA: &str = schema_text!(
      ALTER TABLE IF EXISTS hosts RENAME TO core_hosts;
      ALTER TABLE IF EXISTS deployment_secrets RENAME TO core_secrets;
      ",
+    schema_tables!("JSONB"),
     "
      CREATE INDEX IF NOT EXISTS core_sandboxes_metadata ON core_sandboxes USING GIN (metadata jsonb_path_ops);"
 );
@@ -141,15 +135,16 @@ fn wall_ms() -> u64 {
 /// The store's view of a database error: retryable when the database is
 /// not there, named by what was being done otherwise.
 fn db(op: &'static str) -> impl FnOnce(hatchery_db::DbError) -> StoreError {
-    move |e| {
-        if e.unavailable() {
-            StoreError::Unavailable(format!("{op}: {e}"))
-        } else {
-            StoreError::Backend {
-                op,
-                source: Box::new(e),
-            }
-        }
+    move |e| match e.unavailable() {
+        true => StoreError::Unavailable(format!("{op}: {e}")),
+        false => backend(op, e),
+    }
+}
+
+fn backend(op: &'static str, e: impl std::error::Error + Send + Sync + 'static) -> StoreError {
+    StoreError::Backend {
+        op,
+        source: Box::new(e),
     }
 }
 
@@ -165,10 +160,7 @@ impl DbStore {
                 StoreError::SchemaTooNew { found, known }
             }
             e if e.unavailable() => StoreError::Unavailable(e.to_string()),
-            e => StoreError::Backend {
-                op: "migrate",
-                source: Box::new(e),
-            },
+            e => backend("migrate", e),
         })?;
         Ok(DbStore { db })
     }
@@ -180,13 +172,8 @@ impl DbStore {
 
     /// How many of the core's migrations the database has recorded.
     pub async fn schema_version(&self) -> Result<u64> {
-        SCHEMA
-            .check(&self.db)
-            .await
-            .map_err(|e| StoreError::Backend {
-                op: "schema version",
-                source: Box::new(e),
-            })
+        let v = SCHEMA.check(&self.db).await;
+        v.map_err(|e| backend("schema version", e))
     }
 
     async fn rows<T>(
@@ -240,16 +227,12 @@ impl DbStore {
     /// runs; a snapshot's row ([`DbStore::fenced_durable`]) and a lease's
     /// new epoch do wait. On PostgreSQL every commit waits.
     async fn fenced(&self, f: &Fence) -> Result<Tx> {
-        let mut tx = self.db.begin_relaxed().await.map_err(db("begin"))?;
-        check_fence(&mut tx, f).await?;
-        Ok(tx)
+        check_fence(self.db.begin_relaxed().await.map_err(db("begin"))?, f).await
     }
 
     /// The same, on disk when it commits.
     async fn fenced_durable(&self, f: &Fence) -> Result<Tx> {
-        let mut tx = self.db.begin().await.map_err(db("begin"))?;
-        check_fence(&mut tx, f).await?;
-        Ok(tx)
+        check_fence(self.db.begin().await.map_err(db("begin"))?, f).await
     }
 }
 
@@ -258,28 +241,24 @@ async fn commit<T>(tx: Tx, out: T) -> Result<T> {
     Ok(out)
 }
 
-async fn check_fence(tx: &mut Tx, f: &Fence) -> Result<()> {
-    let cur = tx
-        .query_opt(
-            "SELECT owner, epoch FROM core_leases WHERE resource = $1 FOR SHARE",
-            args![&f.resource],
-        )
-        .await
-        .map_err(db("fence check"))?;
-    let (owner, epoch) = match cur {
+/// `tx`, if the fence holds in it.
+async fn check_fence(mut tx: Tx, f: &Fence) -> Result<Tx> {
+    let sql = "SELECT owner, epoch FROM core_leases WHERE resource = $1 FOR SHARE";
+    let cur = tx.query_opt(sql, args![&f.resource]).await;
+    let (owner, current) = match cur.map_err(db("fence check"))? {
         Some(r) => (get(&r, "owner")?, get::<u64>(&r, "epoch")?),
         None => (String::new(), 0),
     };
-    if owner == f.owner && epoch == f.epoch {
-        Ok(())
-    } else {
-        Err(StoreError::Fenced {
-            resource: f.resource.clone(),
-            owner,
-            held: f.epoch,
-            current: epoch,
-        })
+    if owner == f.owner && current == f.epoch {
+        return Ok(tx);
     }
+    let (resource, held) = (f.resource.clone(), f.epoch);
+    Err(StoreError::Fenced {
+        resource,
+        owner,
+        held,
+        current,
+    })
 }
 
 fn get<T: hatchery_db::FromValue>(r: &Row, col: &str) -> Result<T> {
@@ -287,14 +266,12 @@ fn get<T: hatchery_db::FromValue>(r: &Row, col: &str) -> Result<T> {
 }
 
 async fn event(tx: &mut Tx, f: &Fence, id: &str, kind: &str, detail: &str) -> Result<u64> {
+    let sql = "INSERT INTO core_events (sandbox_id, at_ms, kind, detail, epoch)
+               VALUES ($1, $2, $3, $4, $5) RETURNING seq";
     let r = tx
-        .query_one(
-            "INSERT INTO core_events (sandbox_id, at_ms, kind, detail, epoch) VALUES ($1, $2, $3, $4, $5) RETURNING seq",
-            args![id, wall_ms(), kind, detail, f.epoch],
-        )
-        .await
-        .map_err(db("append event"))?;
-    get(&r, "seq")
+        .query_one(sql, args![id, wall_ms(), kind, detail, f.epoch])
+        .await;
+    get(&r.map_err(db("append event"))?, "seq")
 }
 
 const SELECT: &str = "SELECT * FROM core_sandboxes";
@@ -381,16 +358,14 @@ fn filter_clause(d: Dialect, filter: &SandboxFilter, args: &mut Vec<Value>) -> S
 #[async_trait]
 impl Store for DbStore {
     fn backend(&self) -> &'static str {
-        match self.db.dialect() {
-            Dialect::Sqlite => "sqlite",
-            Dialect::Postgres => "postgres",
-        }
+        self.db.dialect().pick("sqlite", "postgres")
     }
 
     async fn insert_sandbox(&self, f: &Fence, r: &SandboxRow) -> Result<()> {
         let mut tx = self.fenced(f).await?;
+        let host_id = f.owner.clone();
         let mine = SandboxRow {
-            host_id: f.owner.clone(),
+            host_id,
             ..r.clone()
         };
         tx.insert(&mine).await.map_err(db("insert sandbox"))?;
@@ -410,61 +385,50 @@ impl Store for DbStore {
             "UPDATE core_sandboxes SET state = $1 WHERE id = $2 AND host_id = $3 AND state IN ({})",
             states_list(from)
         );
-        self.change(
-            f,
-            "transition",
-            &sql,
-            args![to.as_str(), id, &f.owner],
-            Some((id, to.as_str(), "")),
-        )
-        .await
+        let (a, to) = (args![to.as_str(), id, &f.owner], to.as_str());
+        self.change(f, "transition", &sql, a, Some((id, to, "")))
+            .await
     }
 
     async fn stop(&self, f: &Fence, id: &str, reason: &str, now_ms: u64) -> Result<bool> {
-        self.change(
-            f,
-            "stop",
-            &format!(
-                "UPDATE core_sandboxes SET state = 'stopped', ended_at_ms = $2, end_reason = $3
-                 WHERE id = $1 AND host_id = $4 AND state IN {UNSTOPPED}"
-            ),
-            args![id, now_ms, reason, &f.owner],
-            Some((id, "stopped", reason)),
-        )
-        .await
+        let sql = format!(
+            "UPDATE core_sandboxes SET state = 'stopped', ended_at_ms = $2, end_reason = $3
+             WHERE id = $1 AND host_id = $4 AND state IN {UNSTOPPED}"
+        );
+        let a = args![id, now_ms, reason, &f.owner];
+        self.change(f, "stop", &sql, a, Some((id, "stopped", reason)))
+            .await
     }
 
     async fn claim(&self, f: &Fence, r: &SandboxRow) -> Result<bool> {
-        self.change(
-            f,
-            "claim",
+        let sql =
             "UPDATE core_sandboxes SET state = 'running', created_at_ms = $2, expires_at_ms = $3,
                metadata = $4, env = $5
-             WHERE id = $1 AND host_id = $6 AND state = 'pooled'",
-            args![
-                &r.id,
-                r.created_at_ms,
-                r.expires_at_ms,
-                to_json(&r.metadata),
-                to_json(&r.env),
-                &f.owner
-            ],
-            Some((&r.id, "claimed", "")),
-        )
-        .await
+             WHERE id = $1 AND host_id = $6 AND state = 'pooled'";
+        let (metadata, env) = (to_json(&r.metadata), to_json(&r.env));
+        let a = args![
+            &r.id,
+            r.created_at_ms,
+            r.expires_at_ms,
+            metadata,
+            env,
+            &f.owner
+        ];
+        self.change(f, "claim", sql, a, Some((&r.id, "claimed", "")))
+            .await
     }
 
     async fn set_expiry(&self, f: &Fence, id: &str, expires_at_ms: u64) -> Result<bool> {
-        self.change(
-            f,
-            "set expiry",
-            &format!(
-                "UPDATE core_sandboxes SET expires_at_ms = $2 WHERE id = $1 AND host_id = $3 AND state IN {UNSTOPPED}"
-            ),
+        let sql = format!(
+            "UPDATE core_sandboxes SET expires_at_ms = $2
+             WHERE id = $1 AND host_id = $3 AND state IN {UNSTOPPED}"
+        );
+        let (a, detail) = (
             args![id, expires_at_ms, &f.owner],
-            Some((id, "ttl", &expires_at_ms.to_string())),
-        )
-        .await
+            expires_at_ms.to_string(),
+        );
+        self.change(f, "set expiry", &sql, a, Some((id, "ttl", &detail)))
+            .await
     }
 
     async fn get_live(&self, id: &str) -> Result<Option<SandboxRow>> {
@@ -481,22 +445,18 @@ impl Store for DbStore {
     }
 
     async fn list_unstopped(&self, host: &str) -> Result<Vec<SandboxRow>> {
-        self.rows(
-            &format!(
-                "{SELECT} WHERE host_id = $1 AND state IN {UNSTOPPED} ORDER BY created_at_ms, id"
-            ),
-            args![host],
-            record,
-        )
-        .await
+        let sql = format!(
+            "{SELECT} WHERE host_id = $1 AND state IN {UNSTOPPED} ORDER BY created_at_ms, id"
+        );
+        self.rows(&sql, args![host], record).await
     }
 
     async fn expired(&self, host: &str, now_ms: u64) -> Result<Vec<String>> {
-        self.ids(
-            &format!("SELECT id FROM core_sandboxes WHERE host_id = $1 AND state IN {UNSTOPPED} AND expires_at_ms <= $2 ORDER BY id"),
-            args![host, now_ms],
-        )
-        .await
+        let sql = format!(
+            "SELECT id FROM core_sandboxes
+             WHERE host_id = $1 AND state IN {UNSTOPPED} AND expires_at_ms <= $2 ORDER BY id"
+        );
+        self.ids(&sql, args![host, now_ms]).await
     }
 
     async fn append_event(&self, f: &Fence, id: &str, kind: &str, detail: &str) -> Result<u64> {
@@ -506,19 +466,16 @@ impl Store for DbStore {
     }
 
     async fn events(&self, id: &str) -> Result<Vec<Event>> {
-        self.rows(
-            "SELECT * FROM core_events WHERE sandbox_id = $1 ORDER BY seq",
-            args![id],
-            record::<Event>,
-        )
-        .await
+        let sql = "SELECT * FROM core_events WHERE sandbox_id = $1 ORDER BY seq";
+        self.rows(sql, args![id], record::<Event>).await
     }
 
     async fn insert_snapshot(&self, f: &Fence, s: &SnapshotRow) -> Result<()> {
         let mut tx = self.fenced_durable(f).await?;
+        let (host_id, location) = (f.owner.clone(), s.location.written_by(&f.owner));
         let mine = SnapshotRow {
-            host_id: f.owner.clone(),
-            location: s.location.written_by(&f.owner),
+            host_id,
+            location,
             ..s.clone()
         };
         tx.insert(&mine).await.map_err(db("insert snapshot"))?;
@@ -541,42 +498,32 @@ impl Store for DbStore {
     }
 
     async fn count_snapshots_of(&self, template: &str) -> Result<u64> {
+        let sql = "SELECT count(*) AS n FROM core_snapshots WHERE template = $1";
         let n = self
-            .one(
-                "SELECT count(*) AS n FROM core_snapshots WHERE template = $1",
-                args![template],
-                |r| get::<u64>(r, "n"),
-            )
+            .one(sql, args![template], |r| get::<u64>(r, "n"))
             .await?;
         Ok(n.unwrap_or(0))
     }
 
     async fn delete_snapshot(&self, f: &Fence, id: &str) -> Result<bool> {
         let mut tx = self.fenced_durable(f).await?;
+        let sql =
+            "DELETE FROM core_snapshots WHERE id = $1 AND (location = $2 OR location = 'shared')";
         let n = tx
-            .execute(
-                "DELETE FROM core_snapshots WHERE id = $1 AND (location = $2 OR location = 'shared')",
-                args![id, format!("local:{}", f.owner)],
-            )
-            .await
-            .map_err(db("delete snapshot"))?;
-        commit(tx, n > 0).await
+            .execute(sql, args![id, format!("local:{}", f.owner)])
+            .await;
+        commit(tx, n.map_err(db("delete snapshot"))? > 0).await
     }
 
     async fn expired_snapshots(&self, host: &str, now_ms: u64) -> Result<Vec<String>> {
-        self.ids(
-            "SELECT id FROM core_snapshots WHERE location = $1 AND expires_at_ms <= $2 ORDER BY id",
-            args![format!("local:{host}"), now_ms],
-        )
-        .await
+        let sql =
+            "SELECT id FROM core_snapshots WHERE location = $1 AND expires_at_ms <= $2 ORDER BY id";
+        self.ids(sql, args![format!("local:{host}"), now_ms]).await
     }
 
     async fn expired_shared_snapshots(&self, now_ms: u64) -> Result<Vec<String>> {
-        self.ids(
-            "SELECT id FROM core_snapshots WHERE location = 'shared' AND expires_at_ms <= $1 ORDER BY id",
-            args![now_ms],
-        )
-        .await
+        let sql = "SELECT id FROM core_snapshots WHERE location = 'shared' AND expires_at_ms <= $1 ORDER BY id";
+        self.ids(sql, args![now_ms]).await
     }
 
     async fn set_net(
@@ -587,18 +534,12 @@ impl Store for DbStore {
         policy: &str,
         record: bool,
     ) -> Result<()> {
-        let mut tx = self.fenced(f).await?;
-        tx.execute(
-            "INSERT INTO core_net (id, slot, policy, host_id) VALUES ($1, $2, $3, $4)
-             ON CONFLICT (id) DO UPDATE SET slot = $2, policy = $3, host_id = $4",
-            args![id, slot, policy, &f.owner],
-        )
-        .await
-        .map_err(db("set net"))?;
-        if record {
-            event(&mut tx, f, id, "network_policy", policy).await?;
-        }
-        commit(tx, ()).await
+        let sql = "INSERT INTO core_net (id, slot, policy, host_id) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (id) DO UPDATE SET slot = $2, policy = $3, host_id = $4";
+        let a = args![id, slot, policy, &f.owner];
+        // The upsert always writes its row, so the event goes with it.
+        let event = record.then_some((id, "network_policy", policy));
+        self.change(f, "set net", sql, a, event).await.map(drop)
     }
 
     async fn clear_net(&self, f: &Fence, id: &str) -> Result<()> {
@@ -609,42 +550,34 @@ impl Store for DbStore {
     }
 
     async fn all_net(&self, host: &str) -> Result<Vec<NetRow>> {
-        self.rows(
-            "SELECT id, slot, policy FROM core_net WHERE host_id = $1 ORDER BY slot",
-            args![host],
-            |r| {
-                Ok(NetRow {
-                    sandbox_id: get(r, "id")?,
-                    slot: get(r, "slot")?,
-                    policy: get(r, "policy")?,
-                })
-            },
-        )
-        .await
+        let sql = "SELECT id, slot, policy FROM core_net WHERE host_id = $1 ORDER BY slot";
+        let row = |r: &Row| {
+            let (sandbox_id, slot, policy) = (get(r, "id")?, get(r, "slot")?, get(r, "policy")?);
+            Ok(NetRow {
+                sandbox_id,
+                slot,
+                policy,
+            })
+        };
+        self.rows(sql, args![host], row).await
     }
 
     async fn take_lease(&self, resource: &str, owner: &str, ttl_ms: u64) -> Result<Lease> {
         let d = self.db.dialect();
         let mut tx = self.db.begin().await.map_err(db("begin"))?;
-        tx.execute(
+        let sql =
             "INSERT INTO core_leases (resource, owner, epoch, expires_at_ms) VALUES ($1, '', 0, 0)
-             ON CONFLICT (resource) DO NOTHING",
-            args![resource],
-        )
-        .await
-        .map_err(db("lease row"))?;
-        // The row lock orders racing takes: the second sees the first's.
-        let cur = tx
-            .query_one(
-                &format!(
-                    "SELECT {} FROM core_leases WHERE resource = $1 FOR UPDATE",
-                    lease_cols(d)
-                ),
-                args![resource],
-            )
+             ON CONFLICT (resource) DO NOTHING";
+        tx.execute(sql, args![resource])
             .await
-            .map_err(db("read lease"))?;
-        let cur = lease_row(&cur)?;
+            .map_err(db("lease row"))?;
+        // The row lock orders racing takes: the second sees the first's.
+        let sql = format!(
+            "SELECT {} FROM core_leases WHERE resource = $1 FOR UPDATE",
+            lease_cols(d)
+        );
+        let cur = tx.query_one(&sql, args![resource]).await;
+        let cur = lease_row(&cur.map_err(db("read lease"))?)?;
         if cur.owner != owner && cur.valid_for_ms > 0 {
             return Err(StoreError::LeaseHeld {
                 resource: resource.into(),
@@ -652,37 +585,27 @@ impl Store for DbStore {
                 for_ms: cur.valid_for_ms,
             });
         }
-        let r = tx
-            .query_one(
-                &format!(
-                    "UPDATE core_leases SET owner = $2, epoch = epoch + 1, expires_at_ms = {} + $3
-                     WHERE resource = $1 RETURNING {}",
-                    db_now(d),
-                    lease_cols(d)
-                ),
-                args![resource, owner, ttl_ms],
-            )
-            .await
-            .map_err(db("take lease"))?;
-        let l = lease_row(&r)?;
+        let sql = format!(
+            "UPDATE core_leases SET owner = $2, epoch = epoch + 1, expires_at_ms = {} + $3
+             WHERE resource = $1 RETURNING {}",
+            db_now(d),
+            lease_cols(d)
+        );
+        let r = tx.query_one(&sql, args![resource, owner, ttl_ms]).await;
+        let l = lease_row(&r.map_err(db("take lease"))?)?;
         commit(tx, l).await
     }
 
     async fn renew_lease(&self, f: &Fence, ttl_ms: u64) -> Result<Lease> {
         let d = self.db.dialect();
         let mut tx = self.fenced(f).await?;
-        let r = tx
-            .query_one(
-                &format!(
-                    "UPDATE core_leases SET expires_at_ms = {} + $2 WHERE resource = $1 RETURNING {}",
-                    db_now(d),
-                    lease_cols(d)
-                ),
-                args![&f.resource, ttl_ms],
-            )
-            .await
-            .map_err(db("renew lease"))?;
-        let l = lease_row(&r)?;
+        let sql = format!(
+            "UPDATE core_leases SET expires_at_ms = {} + $2 WHERE resource = $1 RETURNING {}",
+            db_now(d),
+            lease_cols(d)
+        );
+        let r = tx.query_one(&sql, args![&f.resource, ttl_ms]).await;
+        let l = lease_row(&r.map_err(db("renew lease"))?)?;
         commit(tx, l).await
     }
 
@@ -692,14 +615,9 @@ impl Store for DbStore {
             Err(StoreError::Fenced { .. }) => return Ok(false),
             Err(e) => return Err(e),
         };
-        let n = tx
-            .execute(
-                "UPDATE core_leases SET expires_at_ms = 0 WHERE resource = $1",
-                args![&f.resource],
-            )
-            .await
-            .map_err(db("release lease"))?;
-        commit(tx, n > 0).await
+        let sql = "UPDATE core_leases SET expires_at_ms = 0 WHERE resource = $1";
+        let n = tx.execute(sql, args![&f.resource]).await;
+        commit(tx, n.map_err(db("release lease"))? > 0).await
     }
 
     async fn get_lease(&self, resource: &str) -> Result<Option<Lease>> {
@@ -709,20 +627,15 @@ impl Store for DbStore {
     }
 
     async fn deployment_secret(&self, name: &str, candidate: &str) -> Result<String> {
-        self.db
-            .execute(
-                "INSERT INTO core_secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING",
-                args![name, candidate],
-            )
-            .await
-            .map_err(db("keep secret"))?;
-        self.one(
-            "SELECT value FROM core_secrets WHERE name = $1",
-            args![name],
-            |r| get::<String>(r, "value"),
-        )
-        .await?
-        .ok_or_else(|| StoreError::Corrupt(format!("secret {name} vanished")))
+        let sql =
+            "INSERT INTO core_secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING";
+        let kept = self.db.execute(sql, args![name, candidate]).await;
+        kept.map_err(db("keep secret"))?;
+        let sql = "SELECT value FROM core_secrets WHERE name = $1";
+        let value = self
+            .one(sql, args![name], |r| get::<String>(r, "value"))
+            .await?;
+        value.ok_or_else(|| StoreError::Corrupt(format!("secret {name} vanished")))
     }
 
     async fn register_host(&self, f: &Fence, address: &str, capacity: u32) -> Result<()> {
@@ -758,36 +671,29 @@ impl Store for DbStore {
             format!("SELECT host_id, count(*) AS n FROM core_sandboxes WHERE state IN {LIVE}");
         sql.push_str(&filter_clause(self.db.dialect(), filter, &mut args));
         sql.push_str(" GROUP BY host_id");
-        let rows = self
-            .rows(&sql, &args, |r| {
-                Ok((get::<String>(r, "host_id")?, get::<u32>(r, "n")?))
-            })
-            .await?;
-        Ok(rows.into_iter().collect())
+        let row = |r: &Row| Ok((get::<String>(r, "host_id")?, get::<u32>(r, "n")?));
+        Ok(self.rows(&sql, &args, row).await?.into_iter().collect())
     }
 
     async fn list_hosts(&self) -> Result<Vec<HostRow>> {
-        self.rows(
-            &format!(
-                "SELECT id, address, capacity, live, epoch, registered_at_ms, warm_templates,
-                   {} - heartbeat_at_ms AS silent
-                 FROM core_hosts ORDER BY id",
-                db_now(self.db.dialect())
-            ),
-            args![],
-            |r| {
-                Ok(HostRow {
-                    id: get(r, "id")?,
-                    address: get(r, "address")?,
-                    capacity: get(r, "capacity")?,
-                    live: get(r, "live")?,
-                    epoch: get(r, "epoch")?,
-                    registered_at_ms: get(r, "registered_at_ms")?,
-                    silent_for_ms: get::<i64>(r, "silent")?.max(0) as u64,
-                    warm_templates: warm_list(&get::<String>(r, "warm_templates")?),
-                })
-            },
-        )
-        .await
+        let sql = format!(
+            "SELECT id, address, capacity, live, epoch, registered_at_ms, warm_templates,
+               {} - heartbeat_at_ms AS silent
+             FROM core_hosts ORDER BY id",
+            db_now(self.db.dialect())
+        );
+        let row = |r: &Row| {
+            Ok(HostRow {
+                id: get(r, "id")?,
+                address: get(r, "address")?,
+                capacity: get(r, "capacity")?,
+                live: get(r, "live")?,
+                epoch: get(r, "epoch")?,
+                registered_at_ms: get(r, "registered_at_ms")?,
+                silent_for_ms: get::<i64>(r, "silent")?.max(0) as u64,
+                warm_templates: warm_list(&get::<String>(r, "warm_templates")?),
+            })
+        };
+        self.rows(&sql, args![], row).await
     }
 }

@@ -25,7 +25,7 @@ use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-pub use hatchery_db::DEFAULT_PG_POOL;
+pub use hatchery_db::{is_postgres, DEFAULT_PG_POOL};
 
 /// Every write that changes state takes the writer's [`Fence`] and fails
 /// with [`StoreError::Fenced`] if the lease has moved on. Writes to a
@@ -170,8 +170,6 @@ pub async fn open(db: hatchery_db::Db) -> Result<Arc<dyn Store>> {
     })
 }
 
-pub use hatchery_db::is_postgres;
-
 pub(crate) fn to_json(m: &BTreeMap<String, String>) -> String {
     serde_json::to_string(m).unwrap_or_else(|_| "{}".into())
 }
@@ -189,10 +187,8 @@ pub(crate) fn warm_list(s: &str) -> Vec<String> {
 
 /// Refuses transitions the lifecycle does not allow, before any SQL runs.
 pub(crate) fn check_transition(from: &[SandboxState], to: SandboxState) -> Result<()> {
-    for f in from {
-        if !f.valid_transition(to) {
-            return Err(StoreError::InvalidTransition { from: *f, to });
-        }
+    match from.iter().find(|f| !f.valid_transition(to)) {
+        Some(&from) => Err(StoreError::InvalidTransition { from, to }),
+        None => Ok(()),
     }
-    Ok(())
 }

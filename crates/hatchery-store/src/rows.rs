@@ -54,15 +54,6 @@ impl SandboxState {
                 | (Pooled | Starting | Running, Stopped)
         )
     }
-
-    /// Visible to the API (`GET /sandboxes/{id}`, lists).
-    pub fn is_live(self) -> bool {
-        matches!(self, SandboxState::Starting | SandboxState::Running)
-    }
-
-    pub fn can_stop(self) -> bool {
-        self.valid_transition(SandboxState::Stopped)
-    }
 }
 
 impl fmt::Display for SandboxState {
@@ -144,10 +135,9 @@ impl SnapshotLocation {
 
     /// What the store records for a snapshot `writer` inserts.
     pub(crate) fn written_by(&self, writer: &str) -> SnapshotLocation {
+        let host = writer.into();
         match self {
-            SnapshotLocation::Local { .. } => SnapshotLocation::Local {
-                host: writer.into(),
-            },
+            SnapshotLocation::Local { .. } => SnapshotLocation::Local { host },
             SnapshotLocation::Shared => SnapshotLocation::Shared,
         }
     }
@@ -274,7 +264,7 @@ mod tests {
         assert!(Starting.valid_transition(Running));
         assert!(!Running.valid_transition(Starting));
         assert!(!Running.valid_transition(Pooled));
-        assert!(Pooled.can_stop() && !Stopped.can_stop());
+        assert!(Pooled.valid_transition(Stopped));
     }
 
     #[test]
@@ -289,28 +279,20 @@ mod tests {
 
     #[test]
     fn snapshot_locations_round_trip() {
-        for l in [
-            SnapshotLocation::Shared,
-            SnapshotLocation::Local { host: "h-1".into() },
-        ] {
+        let local = |host: &str| SnapshotLocation::Local { host: host.into() };
+        for l in [SnapshotLocation::Shared, local("h-1")] {
             assert_eq!(SnapshotLocation::parse(&l.as_string()), Some(l));
         }
         for bad in ["", "local:", "local:Bad", "shared:/x", "s3", "local"] {
             assert_eq!(SnapshotLocation::parse(bad), None, "{bad}");
         }
-        let mine = SnapshotLocation::Local {
-            host: "other".into(),
-        }
-        .written_by("me");
-        assert_eq!(mine.as_string(), "local:me");
-        assert_eq!(
-            SnapshotLocation::Shared.written_by("me"),
-            SnapshotLocation::Shared
-        );
+        assert_eq!(local("other").written_by("me"), local("me"));
+        let shared = SnapshotLocation::Shared;
+        assert_eq!(shared.written_by("me"), shared);
     }
 
     #[test]
-    fn names_round_trip() {
+    fn states_round_trip() {
         for s in SandboxState::ALL {
             assert_eq!(SandboxState::parse(s.as_str()), Some(s));
         }

@@ -22,11 +22,8 @@ async fn conformance_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn conformance_on_postgres() {
     let pg = pg_server::TestPg::start();
-    let s: Arc<dyn Store> = Arc::new(
-        DbStore::open(Db::postgres(&pg.dsn, 8).unwrap())
-            .await
-            .unwrap(),
-    );
+    let s = DbStore::open(Db::postgres(&pg.dsn, 8).unwrap()).await;
+    let s: Arc<dyn Store> = Arc::new(s.unwrap());
     assert_eq!(s.backend(), "postgres");
     conformance::run_all(s).await;
 }
@@ -87,17 +84,16 @@ async fn previous_release_upgrades_in_place_conformance_on_postgres() {
     .unwrap();
     tx.commit().await.unwrap();
     let s = DbStore::open(Db::postgres(&dsn, 2).unwrap()).await.unwrap();
+    let metadata = [("team".to_string(), "a".to_string())].into();
     let filter = hatchery_store::SandboxFilter {
-        metadata: [("team".to_string(), "a".to_string())].into(),
+        metadata,
         template: None,
     };
     let live = s.list_live(&filter).await.unwrap();
     assert_eq!(live.len(), 1, "the old row, found by its metadata");
     assert_eq!(s.events("sbx_old").await.unwrap()[0].epoch, 3);
-    assert_eq!(
-        s.get_snapshot("snap_old").await.unwrap().unwrap().location,
-        SnapshotLocation::Local { host: "h1".into() }
-    );
+    let snap = s.get_snapshot("snap_old").await.unwrap().unwrap();
+    assert_eq!(snap.location, SnapshotLocation::Local { host: "h1".into() });
     assert_eq!(s.list_hosts().await.unwrap()[0].capacity, 8);
     assert_eq!(s.get_lease("host:h1").await.unwrap().unwrap().epoch, 3);
     assert_eq!(s.deployment_secret("daemon_key", "new").await.unwrap(), "k");
@@ -154,31 +150,18 @@ async fn previous_release_state_db_is_imported() {
     drop(old);
     let db = Db::sqlite(&dir.path().join("hatchery.db")).await.unwrap();
     let s = DbStore::open(db.clone()).await.unwrap();
-    assert_eq!(
-        db.import_sqlite(dir.path(), &hatchery_store::IMPORT)
-            .await
-            .unwrap(),
-        hatchery_db::Imported::Now
-    );
-    assert_eq!(
-        db.import_sqlite(dir.path(), &hatchery_store::IMPORT)
-            .await
-            .unwrap(),
-        hatchery_db::Imported::Before
-    );
+    for once in [hatchery_db::Imported::Now, hatchery_db::Imported::Before] {
+        let imported = db.import_sqlite(dir.path(), &hatchery_store::IMPORT);
+        assert_eq!(imported.await.unwrap(), once);
+    }
     assert_eq!(s.list_unstopped("local").await.unwrap().len(), 1);
     assert_eq!(s.events("sbx_old").await.unwrap().len(), 1);
     assert!(s.get_snapshot("snap_old").await.unwrap().is_some());
     assert_eq!(s.all_net("local").await.unwrap()[0].slot, 7);
     assert_eq!(s.deployment_secret("daemon_key", "new").await.unwrap(), "k");
     // The restarted host fences off its previous incarnation.
-    assert_eq!(
-        s.take_lease("host:local", "local", 1000)
-            .await
-            .unwrap()
-            .epoch,
-        3
-    );
+    let lease = s.take_lease("host:local", "local", 1000).await.unwrap();
+    assert_eq!(lease.epoch, 3);
 }
 
 /// The old SQLite store's schema after its six migrations.

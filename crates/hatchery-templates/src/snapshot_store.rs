@@ -178,6 +178,15 @@ fn sync_dir(p: &Path) -> std::io::Result<()> {
     std::fs::File::open(p)?.sync_all()
 }
 
+/// Whether `p` was last modified at least `age` ago.
+fn older_than(p: &Path, age: Duration) -> bool {
+    let modified = std::fs::metadata(p).and_then(|m| m.modified());
+    modified
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|el| el >= age)
+}
+
 impl SharedSnapshots {
     pub fn open(root: &Path) -> Result<Self> {
         if !root.is_absolute() {
@@ -202,18 +211,12 @@ impl SharedSnapshots {
         Ok(s)
     }
 
-    fn published(&self, id: &str) -> Result<PathBuf> {
+    /// Image `id`'s published directory and its staging one.
+    fn dirs(&self, id: &str) -> Result<(PathBuf, PathBuf)> {
         if !valid_id(id) {
             return Err(ImageError::InvalidId(id.to_string()).into());
         }
-        Ok(self.root.join(id))
-    }
-
-    fn staging(&self, id: &str) -> Result<PathBuf> {
-        if !valid_id(id) {
-            return Err(ImageError::InvalidId(id.to_string()).into());
-        }
-        Ok(self.root.join(format!("{STAGING}{id}")))
+        Ok((self.root.join(id), self.root.join(format!("{STAGING}{id}"))))
     }
 
     /// Removes staging and deleting leftovers older than `age`: those of
@@ -229,13 +232,7 @@ impl SharedSnapshots {
             if !(name.starts_with(STAGING) || name.starts_with(DELETING)) {
                 continue;
             }
-            let old = e
-                .metadata()
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|el| el >= age);
-            if old && std::fs::remove_dir_all(e.path()).is_ok() {
+            if older_than(&e.path(), age) && std::fs::remove_dir_all(e.path()).is_ok() {
                 n += 1;
             }
         }
@@ -249,7 +246,7 @@ impl SnapshotStore for SharedSnapshots {
     }
 
     fn prepare(&self, id: &str) -> Result<PathBuf> {
-        let p = self.staging(id)?;
+        let (_, p) = self.dirs(id)?;
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir(&p).map_err(ImageError::from)?;
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700))
@@ -258,8 +255,7 @@ impl SnapshotStore for SharedSnapshots {
     }
 
     fn publish(&self, id: &str) -> Result<SealedImage> {
-        let staging = self.staging(id)?;
-        let dest = self.published(id)?;
+        let (dest, staging) = self.dirs(id)?;
         let sealed = seal_dir(&staging, id, true)?;
         // rename(2) onto an existing non-empty directory fails, so a
         // published image is never replaced.
@@ -272,20 +268,19 @@ impl SnapshotStore for SharedSnapshots {
     }
 
     fn verify(&self, id: &str) -> Result<PathBuf> {
-        let dir = self.published(id)?;
+        let (dir, _) = self.dirs(id)?;
         verify_dir(&dir, id)?;
         Ok(dir)
     }
 
     fn remove(&self, id: &str) -> Result<()> {
-        let staging = self.staging(id)?;
+        let (dir, staging) = self.dirs(id)?;
         match std::fs::remove_dir_all(&staging) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 return Err(ImageError::from(e).into())
             }
             _ => {}
         }
-        let dir = self.published(id)?;
         // Out of view first; when two hosts race, one rename wins and the
         // other finds nothing.
         let gone = self
@@ -312,16 +307,9 @@ impl SnapshotStore for SharedSnapshots {
     }
 
     fn published_before(&self, age: Duration) -> Vec<String> {
-        self.ids()
-            .into_iter()
-            .filter(|id| {
-                std::fs::metadata(self.root.join(id))
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.elapsed().ok())
-                    .is_some_and(|el| el >= age)
-            })
-            .collect()
+        let mut ids = self.ids();
+        ids.retain(|id| older_than(&self.root.join(id), age));
+        ids
     }
 }
 
@@ -337,6 +325,14 @@ mod tests {
             .unwrap()
     }
 
+    /// The image error a call failed with.
+    fn image_err<T: std::fmt::Debug>(r: Result<T>) -> ImageError {
+        match r {
+            Err(SnapshotStoreError::Image(e)) => e,
+            other => panic!("not an image error: {other:?}"),
+        }
+    }
+
     fn names(d: &Path) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(d)
             .unwrap()
@@ -349,31 +345,15 @@ mod tests {
 
     #[test]
     fn specs_parse_and_bad_ones_are_refused() {
-        assert_eq!(
-            "local".parse::<SnapshotStoreSpec>().unwrap(),
-            SnapshotStoreSpec::Local
-        );
-        assert_eq!(
-            "shared:/mnt/snaps".parse::<SnapshotStoreSpec>().unwrap(),
-            SnapshotStoreSpec::Shared("/mnt/snaps".into())
-        );
-        for bad in [
-            "",
-            "shared",
-            "shared:",
-            "shared:rel/dir",
-            "nfs:/x",
-            "Local",
-            "shared:/a\0b",
-            " local",
-        ] {
-            assert!(
-                matches!(
-                    bad.parse::<SnapshotStoreSpec>(),
-                    Err(SnapshotStoreError::InvalidSpec(_))
-                ),
-                "{bad:?}"
-            );
+        let parse = |s: &str| s.parse::<SnapshotStoreSpec>();
+        assert_eq!(parse("local").unwrap(), SnapshotStoreSpec::Local);
+        let shared = SnapshotStoreSpec::Shared("/mnt/snaps".into());
+        assert_eq!(parse("shared:/mnt/snaps").unwrap(), shared);
+        let bad = ["", "shared", "shared:", "shared:rel/dir", "nfs:/x", "Local"];
+        for bad in bad.into_iter().chain(["shared:/a\0b", " local"]) {
+            let e = parse(bad);
+            let refused = matches!(e, Err(SnapshotStoreError::InvalidSpec(_)));
+            assert!(refused, "{bad:?}");
         }
     }
 
@@ -391,10 +371,8 @@ mod tests {
             ("/proc".into(), "not writable"),
         ] {
             let e = SnapshotStoreSpec::Shared(p.clone()).open(d).unwrap_err();
-            assert!(
-                matches!(&e, SnapshotStoreError::Unusable { .. }) && e.to_string().contains(why),
-                "{p:?}: {e}"
-            );
+            let unusable = matches!(&e, SnapshotStoreError::Unusable { .. });
+            assert!(unusable && e.to_string().contains(why), "{p:?}: {e}");
         }
         // Opening a good one leaves nothing behind (the probe is removed).
         let ok_dir = tmp("ok");
@@ -413,11 +391,9 @@ mod tests {
         let dir = a.prepare("snap_x").unwrap();
         std::fs::write(dir.join("checkpoint.img"), vec![3u8; 50_000]).unwrap();
         // Written but not published: no reader sees it, under any name.
-        assert!(matches!(
-            b.verify("snap_x"),
-            Err(SnapshotStoreError::Image(ImageError::NotFound(_)))
-        ));
-        assert!(b.ids().is_empty());
+        let not_found =
+            |s: &SharedSnapshots| matches!(image_err(s.verify("snap_x")), ImageError::NotFound(_));
+        assert!(not_found(&b) && b.ids().is_empty());
         let sealed = a.publish("snap_x").unwrap();
         assert_eq!(sealed.size_bytes, 50_000);
         assert_eq!(sealed.dir, root.join("snap_x"));
@@ -433,10 +409,8 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         // Damage is still caught on the reading host.
         std::fs::write(root.join("snap_x/checkpoint.img"), b"short").unwrap();
-        assert!(matches!(
-            b.verify("snap_x"),
-            Err(SnapshotStoreError::Image(ImageError::Corrupt { .. }))
-        ));
+        let damaged = image_err(b.verify("snap_x"));
+        assert!(matches!(damaged, ImageError::Corrupt { .. }), "{damaged}");
         // An id is published once: a second image never replaces it.
         let d2 = a.prepare("snap_x").unwrap();
         std::fs::write(d2.join("checkpoint.img"), b"other").unwrap();
@@ -445,10 +419,7 @@ mod tests {
         a.remove("snap_x").unwrap();
         b.remove("snap_x").unwrap();
         assert!(names(root).is_empty(), "{:?}", names(root));
-        assert!(matches!(
-            b.verify("snap_x"),
-            Err(SnapshotStoreError::Image(ImageError::NotFound(_)))
-        ));
+        assert!(not_found(&b));
     }
 
     #[test]
@@ -457,24 +428,15 @@ mod tests {
         let root = root_dir.path();
         let s = SharedSnapshots::open(root).unwrap();
         for bad in ["", "../x", ".staging-a", "a/b", "a.b", &"a".repeat(81)] {
-            assert!(
-                matches!(
-                    s.prepare(bad),
-                    Err(SnapshotStoreError::Image(ImageError::InvalidId(_)))
-                ),
-                "{bad:?}"
-            );
+            let e = image_err(s.prepare(bad));
+            assert!(matches!(e, ImageError::InvalidId(_)), "{bad:?}");
             assert!(s.verify(bad).is_err() && s.remove(bad).is_err(), "{bad:?}");
         }
         s.prepare("snap_e").unwrap();
-        assert!(matches!(
-            s.publish("snap_e"),
-            Err(SnapshotStoreError::Image(ImageError::Corrupt { .. }))
-        ));
-        assert!(
-            s.verify("snap_e").is_err(),
-            "an empty image is never published"
-        );
+        let e = image_err(s.publish("snap_e"));
+        assert!(matches!(e, ImageError::Corrupt { .. }), "{e}");
+        let verified = s.verify("snap_e");
+        assert!(verified.is_err(), "an empty image is never published");
         s.remove("snap_e").unwrap();
         assert!(names(root).is_empty());
     }
@@ -486,11 +448,8 @@ mod tests {
         let s = SharedSnapshots::open(root).unwrap();
         s.prepare("snap_w").unwrap();
         std::fs::create_dir(root.join(".deleting-snap_v-1-2")).unwrap();
-        assert_eq!(
-            s.remove_stale(STALE_AFTER),
-            0,
-            "another host may be writing"
-        );
+        let young = s.remove_stale(STALE_AFTER);
+        assert_eq!(young, 0, "another host may be writing");
         assert_eq!(s.remove_stale(Duration::ZERO), 2);
         assert!(names(root).is_empty());
     }

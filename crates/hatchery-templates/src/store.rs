@@ -124,13 +124,10 @@ impl Templates {
         if !valid_name(name) {
             return Err(TemplateError::InvalidName(name.to_string()));
         }
-        match std::fs::remove_dir_all(self.dir.join(name)) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                Err(TemplateError::NotFound(name.into()))
-            }
-            Err(e) => Err(TemplateError::Io(e.to_string())),
-            Ok(()) => Ok(()),
-        }
+        std::fs::remove_dir_all(self.dir.join(name)).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => TemplateError::NotFound(name.into()),
+            _ => TemplateError::Io(e.to_string()),
+        })
     }
 }
 

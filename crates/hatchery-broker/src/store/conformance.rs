@@ -4,8 +4,9 @@
 //! prefix, so a database may be reused by later runs.
 
 use super::{Begin, BrokerStore, Call, CallState, EventRef, Recorded};
-use hatchery_db::Db;
+use hatchery_db::{race, Db};
 use std::collections::BTreeSet;
+use CallState::*;
 
 /// Unique per call: the process id and the clock, so two runs (or two
 /// suites in one run) on one database never share a session.
@@ -41,6 +42,18 @@ async fn step(
     s.advance(ses, seq, from, to, None, None).await.unwrap()
 }
 
+/// The same, recording `r`.
+async fn record(
+    s: &BrokerStore,
+    ses: &str,
+    seq: u64,
+    moves: [CallState; 2],
+    r: Recorded,
+) -> Option<Call> {
+    let [from, to] = moves;
+    s.advance_recorded(ses, seq, from, to, r).await.unwrap()
+}
+
 /// Every check, on fresh ids.
 pub async fn run_all(s: &BrokerStore) {
     let run = run_id();
@@ -63,38 +76,24 @@ pub async fn run_all(s: &BrokerStore) {
 /// other session's. On PostgreSQL this is the only check of its SQL.
 async fn usage_counts_calls_argument_bytes_and_approvals(s: &BrokerStore, run: &str) {
     let ses = format!("ses_usage_{run}");
-    let zero = s.usage(&ses).await.unwrap();
-    assert_eq!(
-        (zero.calls, zero.arg_bytes, zero.awaiting_approval),
-        (0, 0, 0)
-    );
+    let usage = |ses: String| async move {
+        let u = s.usage(&ses).await.unwrap();
+        (u.calls, u.arg_bytes, u.awaiting_approval)
+    };
+    assert_eq!(usage(ses.clone()).await, (0, 0, 0));
     let args = ["{}", r#"{"path":"a"}"#, r#"{"x":"éé"}"#];
     for (i, a) in args.iter().enumerate() {
         let c = Call::new(&ses, i as u64 + 1, 1, "git_push", a.to_string(), "h".into());
         s.begin(c).await.unwrap();
     }
-    s.begin(in_state(&ses, 4, CallState::AwaitingApproval))
-        .await
-        .unwrap();
-    s.begin(in_state(
-        &format!("ses_usage_other_{run}"),
-        1,
-        CallState::AwaitingApproval,
-    ))
-    .await
-    .unwrap();
-    let u = s.usage(&ses).await.unwrap();
-    let bytes: usize = args.iter().map(|a| a.len()).sum::<usize>() + "{}".len();
-    assert_eq!(
-        (u.calls, u.arg_bytes, u.awaiting_approval),
-        (4, bytes as u64, 1)
-    );
+    s.begin(in_state(&ses, 4, AwaitingApproval)).await.unwrap();
+    let other = in_state(&format!("ses_usage_other_{run}"), 1, AwaitingApproval);
+    s.begin(other).await.unwrap();
+    let bytes = args.iter().map(|a| a.len()).sum::<usize>() + "{}".len();
+    assert_eq!(usage(ses.clone()).await, (4, bytes as u64, 1));
     // Decided: no longer open, still counted as a call.
-    step(s, &ses, 4, CallState::AwaitingApproval, CallState::Denied)
-        .await
-        .unwrap();
-    let u = s.usage(&ses).await.unwrap();
-    assert_eq!((u.calls, u.awaiting_approval), (4, 0));
+    step(s, &ses, 4, AwaitingApproval, Denied).await.unwrap();
+    assert_eq!(usage(ses).await, (4, bytes as u64, 0));
 }
 
 /// The process that took a call into `executing` is recorded with it
@@ -108,17 +107,11 @@ async fn the_runner_goes_with_the_call(s: &BrokerStore, run: &str) {
         runner: Some(format!("brn_a_{run}")),
         ..Default::default()
     };
-    let x = s
-        .advance_recorded(&ses, 1, CallState::Pending, CallState::Executing, r)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(x.runner.as_deref(), Some(&*format!("brn_a_{run}")));
-    let y = step(s, &ses, 1, CallState::Executing, CallState::Done)
-        .await
-        .unwrap();
-    assert_eq!(y.runner, x.runner, "a later move keeps the runner");
+    let x = record(s, &ses, 1, [Pending, Executing], r).await.unwrap();
     let (a, b) = (format!("brn_a_{run}"), format!("brn_b_{run}"));
+    assert_eq!(x.runner.as_deref(), Some(&*a));
+    let y = step(s, &ses, 1, Executing, Done).await.unwrap();
+    assert_eq!(y.runner, x.runner, "a later move keeps the runner");
     assert!(!s.runner_alive(&a).await.unwrap(), "no heartbeat yet");
     s.heartbeat(&a, 30).await.unwrap();
     s.heartbeat(&a, 30).await.unwrap();
@@ -143,16 +136,17 @@ async fn begin_is_once_per_key_and_refuses_other_args(s: &BrokerStore, run: &str
         panic!("other args not a conflict")
     };
     assert_eq!(old.args_sha256, "a");
-    let mut other_tool = call(&ses, 1, "a");
-    other_tool.tool = "github_pr".into();
-    assert!(matches!(
-        s.begin(other_tool).await.unwrap(),
-        Begin::Conflict(_)
-    ));
-    assert!(matches!(
-        s.begin(call(&ses, 2, "b")).await.unwrap(),
-        Begin::New(_)
-    ));
+    let tool = "github_pr".into();
+    let other_tool = s
+        .begin(Call {
+            tool,
+            ..call(&ses, 1, "a")
+        })
+        .await
+        .unwrap();
+    assert!(matches!(other_tool, Begin::Conflict(_)));
+    let next = s.begin(call(&ses, 2, "b")).await.unwrap();
+    assert!(matches!(next, Begin::New(_)));
     assert_eq!(s.get(&ses, 3).await.unwrap(), None);
 }
 
@@ -160,33 +154,30 @@ async fn begin_keeps_every_field_of_an_adopted_call(s: &BrokerStore, run: &str) 
     // A call taken over from the session's log starts `executing` with
     // its plan and its logged event seqs.
     let ses = format!("ses_adopt_{run}");
-    let mut c = call(&ses, 3, "a");
-    c.state = CallState::Executing;
-    c.effect = Some(r#"{"commit":"c1"}"#.into());
-    c.output = Some("partial".into());
-    c.event_seq = Some(4);
-    c.result_event_seq = Some(5);
-    c.review_event_seq = Some(6);
-    c.rule_id = Some("r1".into());
-    c.approval_id = Some("apr_1".into());
-    let Begin::New(_) = s.begin(c.clone()).await.unwrap() else {
-        panic!("not new")
+    let c = Call {
+        effect: Some(r#"{"commit":"c1"}"#.into()),
+        output: Some("partial".into()),
+        event_seq: Some(4),
+        result_event_seq: Some(5),
+        review_event_seq: Some(6),
+        rule_id: Some("r1".into()),
+        approval_id: Some("apr_1".into()),
+        ..in_state(&ses, 3, Executing)
     };
+    assert!(matches!(s.begin(c.clone()).await.unwrap(), Begin::New(_)));
     // The same `Call`, field for field, from either backend.
     assert_eq!(s.get(&ses, 3).await.unwrap(), Some(c));
 }
 
 async fn concurrent_begins_make_one_call(s: &BrokerStore, run: &str) {
     let ses = format!("ses_race_{run}");
-    let tasks: Vec<_> = (0..8)
-        .map(|_| {
-            let (s, c) = (s.clone(), call(&ses, 1, "a"));
-            tokio::spawn(async move { s.begin(c).await.unwrap() })
-        })
-        .collect();
+    let begun = race(8, |_| {
+        let (s, c) = (s.clone(), call(&ses, 1, "a"));
+        async move { s.begin(c).await.unwrap() }
+    });
     let mut new = 0;
-    for t in tasks {
-        match t.await.unwrap() {
+    for b in begun.await {
+        match b {
             Begin::New(_) => new += 1,
             Begin::Existing(_) => {}
             Begin::Conflict(c) => panic!("same call a conflict: {c:?}"),
@@ -213,48 +204,32 @@ async fn epochs_fence_replaced_sandboxes(s: &BrokerStore, run: &str) {
 }
 
 async fn concurrent_sandboxes_get_distinct_epochs(s: &BrokerStore, run: &str) {
-    let ses = format!("ses_ec_{run}");
-    let tasks: Vec<_> = (0..8)
-        .map(|n| {
-            let (s, ses, sbx) = (s.clone(), ses.clone(), format!("sbx_c{n}_{run}"));
-            tokio::spawn(async move { s.epoch_for(&ses, &sbx).await.unwrap() })
+    let ses = &format!("ses_ec_{run}");
+    // The epochs 8 tasks get at once, task `n` asking for `sandbox(n)`.
+    let epochs = |sandbox: fn(usize, &str) -> String| {
+        race(8, move |n| {
+            let (s, ses, sbx) = (s.clone(), ses.clone(), sandbox(n, run));
+            async move { s.epoch_for(&ses, &sbx).await.unwrap() }
         })
+    };
+    let got: BTreeSet<u64> = epochs(|n, run| format!("sbx_c{n}_{run}"))
+        .await
+        .into_iter()
         .collect();
-    let mut got = BTreeSet::new();
-    for t in tasks {
-        got.insert(t.await.unwrap());
-    }
-    assert_eq!(got, (1..=8).collect::<BTreeSet<u64>>());
+    assert_eq!(got, (1..=8).collect());
     // One new sandbox asked for by 8 tasks at once: one epoch for all.
-    let sbx = format!("sbx_same_{run}");
-    let tasks: Vec<_> = (0..8)
-        .map(|_| {
-            let (s, ses, sbx) = (s.clone(), ses.clone(), sbx.clone());
-            tokio::spawn(async move { s.epoch_for(&ses, &sbx).await.unwrap() })
-        })
-        .collect();
-    let mut same = BTreeSet::new();
-    for t in tasks {
-        same.insert(t.await.unwrap());
-    }
-    assert_eq!(same, BTreeSet::from([9]));
+    let same = epochs(|_, run| format!("sbx_same_{run}")).await;
+    assert_eq!(same, [9; 8]);
 }
-
-const ALL: [CallState; 7] = [
-    CallState::AwaitingApproval,
-    CallState::Pending,
-    CallState::Executing,
-    CallState::Done,
-    CallState::Failed,
-    CallState::Denied,
-    CallState::NeedsReview,
-];
 
 async fn every_transition_names_its_source_state(s: &BrokerStore, run: &str) {
     let ses = format!("ses_tr_{run}");
     let mut seq = 0;
-    for from in ALL {
-        for to in ALL.into_iter().filter(|t| from.valid_transition(*t)) {
+    for from in CallState::ALL {
+        for to in CallState::ALL
+            .into_iter()
+            .filter(|t| from.valid_transition(*t))
+        {
             // Allowed from `from`, once: a second racer finds it moved.
             seq += 1;
             s.begin(in_state(&ses, seq, from)).await.unwrap();
@@ -264,7 +239,7 @@ async fn every_transition_names_its_source_state(s: &BrokerStore, run: &str) {
             assert!(again.is_none(), "{from:?} -> {to:?} twice");
             // Refused from any other state, final ones included: the row
             // keeps its state (no late write overwrites it).
-            for other in ALL.into_iter().filter(|o| *o != from) {
+            for other in CallState::ALL.into_iter().filter(|o| *o != from) {
                 seq += 1;
                 s.begin(in_state(&ses, seq, other)).await.unwrap();
                 let r = Recorded {
@@ -272,13 +247,9 @@ async fn every_transition_names_its_source_state(s: &BrokerStore, run: &str) {
                     event_seq: Some(1),
                     ..Default::default()
                 };
-                assert!(
-                    s.advance_recorded(&ses, seq, from, to, r)
-                        .await
-                        .unwrap()
-                        .is_none(),
-                    "{from:?} -> {to:?} applied to a call in {other:?}"
-                );
+                let moved = record(s, &ses, seq, [from, to], r).await;
+                let what = format!("{from:?} -> {to:?} applied to a call in {other:?}");
+                assert!(moved.is_none(), "{what}");
                 let kept = s.get(&ses, seq).await.unwrap().unwrap();
                 assert_eq!(kept.state, other);
                 assert_eq!((kept.output, kept.event_seq), (None, None));
@@ -286,41 +257,17 @@ async fn every_transition_names_its_source_state(s: &BrokerStore, run: &str) {
         }
     }
     // Nothing moves an unknown call.
-    let (p, x) = (CallState::Pending, CallState::Executing);
-    assert!(step(s, &ses, seq + 1, p, x).await.is_none());
+    assert!(step(s, &ses, seq + 1, Pending, Executing).await.is_none());
 }
 
 async fn advance_keeps_effect_and_output(s: &BrokerStore, run: &str) {
     let ses = format!("ses_adv_{run}");
     s.begin(call(&ses, 1, "a")).await.unwrap();
-    let x = s
-        .advance(
-            &ses,
-            1,
-            CallState::Pending,
-            CallState::Executing,
-            Some("e".into()),
-            None,
-        )
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        (x.state, x.effect.as_deref()),
-        (CallState::Executing, Some("e"))
-    );
-    let d = s
-        .advance(
-            &ses,
-            1,
-            CallState::Executing,
-            CallState::Done,
-            None,
-            Some("ok".into()),
-        )
-        .await
-        .unwrap()
-        .unwrap();
+    let x = s.advance(&ses, 1, Pending, Executing, Some("e".into()), None);
+    let x = x.await.unwrap().unwrap();
+    assert_eq!((x.state, x.effect.as_deref()), (Executing, Some("e")));
+    let d = s.advance(&ses, 1, Executing, Done, None, Some("ok".into()));
+    let d = d.await.unwrap().unwrap();
     assert_eq!(d.output.as_deref(), Some("ok"));
     assert_eq!(d.effect.as_deref(), Some("e"));
     assert_eq!(s.get(&ses, 1).await.unwrap(), Some(d));
@@ -334,35 +281,21 @@ async fn event_seqs_go_with_the_row_and_are_set_once(s: &BrokerStore, run: &str)
         event_seq: Some(9),
         ..Default::default()
     };
-    let x = s
-        .advance_recorded(&ses, 2, CallState::Pending, CallState::Executing, r)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!((x.state, x.event_seq), (CallState::Executing, Some(9)));
+    let x = record(s, &ses, 2, [Pending, Executing], r).await.unwrap();
+    assert_eq!((x.state, x.event_seq), (Executing, Some(9)));
     // A seq already stored is kept by a later advance_recorded.
     let r = Recorded {
         event_seq: Some(99),
         result_event_seq: Some(10),
         ..Default::default()
     };
-    let y = s
-        .advance_recorded(&ses, 2, CallState::Executing, CallState::NeedsReview, r)
+    let y = record(s, &ses, 2, [Executing, NeedsReview], r)
         .await
-        .unwrap()
         .unwrap();
     assert_eq!((y.event_seq, y.result_event_seq), (Some(9), Some(10)));
-    s.advance(
-        &ses,
-        2,
-        CallState::NeedsReview,
-        CallState::Failed,
-        None,
-        Some("r".into()),
-    )
-    .await
-    .unwrap()
-    .unwrap();
+    let output = Some("r".into());
+    let failed = s.advance(&ses, 2, NeedsReview, Failed, None, output).await;
+    failed.unwrap().unwrap();
     // Each reference is set once; a retry never moves it.
     s.begin(call(&ses, 3, "c")).await.unwrap();
     for (which, first) in [
@@ -373,22 +306,20 @@ async fn event_seqs_go_with_the_row_and_are_set_once(s: &BrokerStore, run: &str)
         s.set_event_ref(which, &ses, 3, first).await.unwrap();
         s.set_event_ref(which, &ses, 3, first + 100).await.unwrap();
     }
-    s.set_event_ref(EventRef::Review, &ses, 2, 11)
-        .await
-        .unwrap();
-    s.set_event_ref(EventRef::Review, &ses, 2, 12)
-        .await
-        .unwrap();
-    let c = s.get(&ses, 3).await.unwrap().unwrap();
-    assert_eq!(
-        (c.event_seq, c.result_event_seq, c.review_event_seq),
-        (Some(21), Some(22), Some(23))
-    );
-    let c = s.get(&ses, 2).await.unwrap().unwrap();
-    assert_eq!(
-        (c.event_seq, c.result_event_seq, c.review_event_seq),
-        (Some(9), Some(10), Some(11))
-    );
+    for review in [11, 12] {
+        s.set_event_ref(EventRef::Review, &ses, 2, review)
+            .await
+            .unwrap();
+    }
+    let refs = |seq| {
+        let ses = &ses;
+        async move {
+            let c = s.get(ses, seq).await.unwrap().unwrap();
+            [c.event_seq, c.result_event_seq, c.review_event_seq].map(Option::unwrap)
+        }
+    };
+    assert_eq!(refs(3).await, [21, 22, 23]);
+    assert_eq!(refs(2).await, [9, 10, 11]);
     // An unknown call is no error (and makes no row).
     s.set_event_ref(EventRef::Call, &ses, 77, 1).await.unwrap();
     assert_eq!(s.get(&ses, 77).await.unwrap(), None);
@@ -396,34 +327,21 @@ async fn event_seqs_go_with_the_row_and_are_set_once(s: &BrokerStore, run: &str)
 
 async fn executing_lists_only_executing_calls(s: &BrokerStore, run: &str) {
     let ses = format!("ses_ex_{run}");
-    for (seq, st) in ALL.into_iter().enumerate() {
+    for (seq, st) in CallState::ALL.into_iter().enumerate() {
         s.begin(in_state(&ses, seq as u64 + 1, st)).await.unwrap();
     }
-    s.begin(in_state(&ses, 20, CallState::Executing))
-        .await
-        .unwrap();
-    let all = s.executing().await.unwrap();
+    s.begin(in_state(&ses, 20, Executing)).await.unwrap();
     // The database may hold other runs' calls: every one listed is
     // executing, and of this run's, exactly the two.
-    assert!(all.iter().all(|c| c.state == CallState::Executing));
-    let mine: Vec<u64> = all
-        .iter()
-        .filter(|c| c.session_id == ses)
-        .map(|c| c.seq)
-        .collect();
-    assert_eq!(mine, vec![3, 20]);
-    step(s, &ses, 3, CallState::Executing, CallState::Failed)
-        .await
-        .unwrap();
-    let left: Vec<u64> = s
-        .executing()
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|c| c.session_id == ses)
-        .map(|c| c.seq)
-        .collect();
-    assert_eq!(left, vec![20]);
+    let mine = || async {
+        let all = s.executing().await.unwrap();
+        assert!(all.iter().all(|c| c.state == Executing));
+        let mine = all.iter().filter(|c| c.session_id == ses);
+        mine.map(|c| c.seq).collect::<Vec<u64>>()
+    };
+    assert_eq!(mine().await, vec![3, 20]);
+    step(s, &ses, 3, Executing, Failed).await.unwrap();
+    assert_eq!(mine().await, vec![20]);
 }
 
 async fn calls_are_in_seq_order(s: &BrokerStore, run: &str) {
@@ -436,30 +354,22 @@ async fn calls_are_in_seq_order(s: &BrokerStore, run: &str) {
     let seqs: Vec<u64> = s.calls(&a).await.unwrap().iter().map(|c| c.seq).collect();
     assert_eq!(seqs, vec![1, 2, 3, 9, 10]);
     assert!(s.calls(&a).await.unwrap().iter().all(|c| c.session_id == a));
-    assert!(s
-        .calls(&format!("ses_none_{run}"))
-        .await
-        .unwrap()
-        .is_empty());
+    let none = s.calls(&format!("ses_none_{run}")).await;
+    assert!(none.unwrap().is_empty());
 }
 
 /// What one store wrote, another opened later on the same database reads;
 /// then every check again on the second.
 async fn reopened_store_keeps_calls(first: &BrokerStore, second: &BrokerStore) {
-    let ses = format!("ses_reopen_{}", run_id());
+    let (ses, sbx) = (
+        format!("ses_reopen_{}", run_id()),
+        format!("sbx_{}", run_id()),
+    );
     first.begin(call(&ses, 1, "a")).await.unwrap();
-    assert_eq!(
-        first.epoch_for(&ses, &format!("sbx_{ses}")).await.unwrap(),
-        1
-    );
-    assert_eq!(
-        second.get(&ses, 1).await.unwrap(),
-        first.get(&ses, 1).await.unwrap()
-    );
-    assert_eq!(
-        second.epoch_for(&ses, &format!("sbx_{ses}")).await.unwrap(),
-        1
-    );
+    assert_eq!(first.epoch_for(&ses, &sbx).await.unwrap(), 1);
+    let call = first.get(&ses, 1).await.unwrap();
+    assert_eq!(second.get(&ses, 1).await.unwrap(), call);
+    assert_eq!(second.epoch_for(&ses, &sbx).await.unwrap(), 1);
     run_all(second).await;
 }
 
@@ -469,14 +379,10 @@ async fn conformance_on_sqlite() {
     // A file, opened twice: the second open's migrations are a no-op.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("hatchery.db");
-    let s = BrokerStore::open(Db::sqlite(&path).await.unwrap())
-        .await
-        .unwrap();
+    let open = || async { BrokerStore::open(Db::sqlite(&path).await.unwrap()).await };
+    let s = open().await.unwrap();
     run_all(&s).await;
-    let again = BrokerStore::open(Db::sqlite(&path).await.unwrap())
-        .await
-        .unwrap();
-    reopened_store_keeps_calls(&s, &again).await;
+    reopened_store_keeps_calls(&s, &open().await.unwrap()).await;
 }
 
 #[path = "../../../hatchery-store/tests/support/pg_server.rs"]
@@ -512,8 +418,6 @@ async fn a_database_that_is_down_is_unavailable() {
     };
     assert!(e.unavailable(), "{e:?}");
     let e = crate::error::BrokerError::from(e);
-    assert!(
-        matches!(e, crate::error::BrokerError::Unavailable(_)),
-        "{e:?}"
-    );
+    let unavailable = matches!(e, crate::error::BrokerError::Unavailable(_));
+    assert!(unavailable, "{e:?}");
 }

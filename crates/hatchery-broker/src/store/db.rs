@@ -32,19 +32,20 @@ fn err(what: &'static str) -> impl FnOnce(DbError) -> StoreError {
     move |source| StoreError::Db { what, source }
 }
 
+const CALL: &str = "SELECT * FROM broker_calls WHERE session_id = $1 AND seq = $2";
 const EPOCH_OF: &str = "SELECT session_id, epoch FROM broker_epochs WHERE sandbox_id = $1";
+const NEXT_EPOCH: &str = "SELECT CAST(COALESCE(MAX(epoch), 0) + 1 AS BIGINT) AS next
+    FROM broker_epochs WHERE session_id = $1";
+const SET_EPOCH: &str =
+    "INSERT INTO broker_epochs (sandbox_id, session_id, epoch) VALUES ($1, $2, $3)
+    ON CONFLICT (sandbox_id) DO UPDATE
+       SET session_id = EXCLUDED.session_id, epoch = EXCLUDED.epoch
+       WHERE broker_epochs.session_id <> EXCLUDED.session_id";
 
 /// The (session, epoch) of a sandbox's row in `broker_epochs`, if any.
 fn epoch_row(r: Option<Row>) -> Result<Option<(String, u64)>, DbError> {
     r.map(|r| Ok((r.get("session_id")?, r.get("epoch")?)))
         .transpose()
-}
-
-fn read_err(source: DbError) -> StoreError {
-    StoreError::Db {
-        what: "read call",
-        source,
-    }
 }
 
 impl BrokerStore {
@@ -78,29 +79,18 @@ impl BrokerStore {
                     return Ok(e);
                 }
             }
-            let next: u64 = tx
-                .query_one(
-                    "SELECT CAST(COALESCE(MAX(epoch), 0) + 1 AS BIGINT) AS next
-                     FROM broker_epochs WHERE session_id = $1",
-                    args![session_id],
-                )
-                .await
+            let next = tx.query_one(NEXT_EPOCH, args![session_id]).await;
+            let next: u64 = next
                 .and_then(|r| r.get("next"))
                 .map_err(err("next epoch"))?;
             // A sandbox id is never reused across sessions; a mismatch is
             // treated as a new instance all the same. The WHERE leaves a
             // row this session wrote meanwhile (a racing call for the same
             // new sandbox) as it is: that one wins.
-            let wrote = tx
-                .execute(
-                    "INSERT INTO broker_epochs (sandbox_id, session_id, epoch) VALUES ($1, $2, $3)
-                     ON CONFLICT (sandbox_id) DO UPDATE
-                        SET session_id = EXCLUDED.session_id, epoch = EXCLUDED.epoch
-                        WHERE broker_epochs.session_id <> EXCLUDED.session_id",
-                    args![sandbox_id, session_id, next],
-                )
-                .await;
-            match wrote {
+            match tx
+                .execute(SET_EPOCH, args![sandbox_id, session_id, next])
+                .await
+            {
                 Ok(1) => {
                     tx.commit().await.map_err(err("commit epoch"))?;
                     return Ok(next);
@@ -133,25 +123,15 @@ impl BrokerStore {
         }
         // The key was taken, by a row committed before this statement
         // returned (ON CONFLICT waited for it): this read sees it.
-        let old = tx
-            .query_one(
-                "SELECT * FROM broker_calls WHERE session_id = $1 AND seq = $2",
-                args![&new.session_id, new.seq],
-            )
-            .await
-            .map_err(err("read the call holding the key"))?;
+        let old = tx.query_one(CALL, args![&new.session_id, new.seq]).await;
+        let old = old.map_err(err("read the call holding the key"))?;
         tx.commit().await.map_err(err("commit call"))?;
         Ok(Begin::taken(row_call(&old)?, &new))
     }
 
     pub async fn get(&self, session_id: &str, seq: u64) -> Result<Option<Call>, StoreError> {
-        self.db
-            .query_opt(
-                "SELECT * FROM broker_calls WHERE session_id = $1 AND seq = $2",
-                args![session_id, seq],
-            )
-            .await
-            .map_err(read_err)?
+        let row = self.db.query_opt(CALL, args![session_id, seq]).await;
+        row.map_err(err("read call"))?
             .as_ref()
             .map(row_call)
             .transpose()
@@ -167,9 +147,8 @@ impl BrokerStore {
         ev: u64,
     ) -> Result<(), StoreError> {
         let mut tx = self.db.begin().await.map_err(err("begin event seq"))?;
-        set_ref_tx(&mut tx, which, session_id, seq, ev)
-            .await
-            .map_err(err("set event seq"))?;
+        let set = set_ref_tx(&mut tx, which, session_id, seq, ev).await;
+        set.map_err(err("set event seq"))?;
         tx.commit().await.map_err(err("commit event seq"))
     }
 
@@ -187,9 +166,8 @@ impl BrokerStore {
     ) -> Result<Option<Call>, StoreError> {
         debug_assert!(from.valid_transition(to), "{from:?} -> {to:?}");
         let mut tx = self.db.begin().await.map_err(err("begin advance"))?;
-        let row = advance_tx(&mut tx, session_id, seq, from, to, &r)
-            .await
-            .map_err(err("advance call"))?;
+        let row = advance_tx(&mut tx, session_id, seq, from, to, &r).await;
+        let row = row.map_err(err("advance call"))?;
         tx.commit().await.map_err(err("commit advance"))?;
         row.as_ref().map(row_call).transpose()
     }
@@ -215,20 +193,14 @@ impl BrokerStore {
 
     /// Calls caught in `executing` (the process stopped mid-effect).
     pub async fn executing(&self) -> Result<Vec<Call>, StoreError> {
-        self.list(
-            "SELECT * FROM broker_calls WHERE state = 'executing' ORDER BY created_at",
-            args![],
-        )
-        .await
+        let sql = "SELECT * FROM broker_calls WHERE state = 'executing' ORDER BY created_at";
+        self.list(sql, args![]).await
     }
 
     /// Every call of a session, in seq order (tests and the CLI).
     pub async fn calls(&self, session_id: &str) -> Result<Vec<Call>, StoreError> {
-        self.list(
-            "SELECT * FROM broker_calls WHERE session_id = $1 ORDER BY seq",
-            args![session_id],
-        )
-        .await
+        let sql = "SELECT * FROM broker_calls WHERE session_id = $1 ORDER BY seq";
+        self.list(sql, args![session_id]).await
     }
 
     async fn list(&self, sql: &str, a: &[hatchery_db::Value]) -> Result<Vec<Call>, StoreError> {
@@ -245,21 +217,15 @@ impl BrokerStore {
         }
         let mut tx = self.db.begin().await.map_err(err("begin heartbeat"))?;
         // PostgreSQL only (the database's clock is the point).
-        tx.execute(
-            "INSERT INTO broker_runners (runner, expires_at)
+        let renew = "INSERT INTO broker_runners (runner, expires_at)
              VALUES ($1, now() + make_interval(secs => $2))
-             ON CONFLICT (runner) DO UPDATE SET expires_at = EXCLUDED.expires_at",
-            args![runner, f64::from(ttl_s)],
-        )
-        .await
-        .map_err(err("renew broker runner"))?;
+             ON CONFLICT (runner) DO UPDATE SET expires_at = EXCLUDED.expires_at";
+        let renewed = tx.execute(renew, args![runner, f64::from(ttl_s)]).await;
+        renewed.map_err(err("renew broker runner"))?;
         // Rows of processes gone for a day are of no more use.
-        tx.execute(
-            "DELETE FROM broker_runners WHERE expires_at < now() - interval '1 day'",
-            args![],
-        )
-        .await
-        .map_err(err("prune broker runners"))?;
+        let prune = "DELETE FROM broker_runners WHERE expires_at < now() - interval '1 day'";
+        let pruned = tx.execute(prune, args![]).await;
+        pruned.map_err(err("prune broker runners"))?;
         tx.commit().await.map_err(err("commit heartbeat"))
     }
 
@@ -270,38 +236,29 @@ impl BrokerStore {
         if self.db.dialect() == Dialect::Sqlite {
             return Ok(false);
         }
-        self.db
-            .query_opt(
-                "SELECT runner FROM broker_runners WHERE runner = $1 AND expires_at > now()",
-                args![runner],
-            )
-            .await
-            .map(|r| r.is_some())
-            .map_err(err("read broker runner"))
+        let sql = "SELECT runner FROM broker_runners WHERE runner = $1 AND expires_at > now()";
+        let row = self.db.query_opt(sql, args![runner]).await;
+        Ok(row.map_err(err("read broker runner"))?.is_some())
     }
 
     /// What a session's calls hold: how many, their stored argument
     /// bytes, how many wait for an approval (the per-session caps).
     pub async fn usage(&self, session_id: &str) -> Result<CallUsage, StoreError> {
-        let e = || err("call usage");
-        let r = self
-            .db
-            .query_opt(
-                "SELECT COUNT(*) AS calls,
-                    CAST(COALESCE(SUM(octet_length(args)), 0) AS BIGINT) AS bytes,
-                    CAST(COALESCE(SUM(CASE WHEN state = 'awaiting_approval' THEN 1 ELSE 0 END), 0)
-                        AS BIGINT) AS awaiting
-                 FROM broker_calls WHERE session_id = $1",
-                args![session_id],
-            )
-            .await
-            .and_then(|r| r.ok_or(DbError::NoRow))
-            .map_err(e())?;
-        Ok(CallUsage::from_row(
-            r.get("calls").map_err(e())?,
-            r.get("bytes").map_err(e())?,
-            r.get("awaiting").map_err(e())?,
-        ))
+        let sql = "SELECT COUNT(*) AS calls,
+                CAST(COALESCE(SUM(octet_length(args)), 0) AS BIGINT) AS bytes,
+                CAST(COALESCE(SUM(CASE WHEN state = 'awaiting_approval' THEN 1 ELSE 0 END), 0)
+                    AS BIGINT) AS awaiting
+             FROM broker_calls WHERE session_id = $1";
+        let r = self.db.query_opt(sql, args![session_id]).await;
+        let usage = r.and_then(|r| {
+            let r = r.ok_or(DbError::NoRow)?;
+            Ok(CallUsage::from_row(
+                r.get("calls")?,
+                r.get("bytes")?,
+                r.get("awaiting")?,
+            ))
+        });
+        usage.map_err(err("call usage"))
     }
 }
 
@@ -375,5 +332,5 @@ pub(super) async fn set_ref_tx(
 /// A row of `broker_calls` (an unknown state is a type error naming the
 /// column).
 pub(super) fn row_call(r: &Row) -> Result<Call, StoreError> {
-    Call::from_row(r).map_err(read_err)
+    Call::from_row(r).map_err(err("read call"))
 }

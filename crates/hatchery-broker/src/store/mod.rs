@@ -50,10 +50,11 @@ impl StoreError {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum CallState {
     AwaitingApproval,
+    #[default]
     Pending,
     Executing,
     Done,
@@ -63,6 +64,19 @@ pub enum CallState {
 }
 
 impl CallState {
+    pub const ALL: [CallState; 7] = {
+        use CallState::*;
+        [
+            AwaitingApproval,
+            Pending,
+            Executing,
+            Done,
+            Failed,
+            Denied,
+            NeedsReview,
+        ]
+    };
+
     pub fn as_str(self) -> &'static str {
         match self {
             CallState::AwaitingApproval => "awaiting_approval",
@@ -75,18 +89,7 @@ impl CallState {
         }
     }
     pub fn parse(s: &str) -> Option<Self> {
-        use CallState::*;
-        [
-            AwaitingApproval,
-            Pending,
-            Executing,
-            Done,
-            Failed,
-            Denied,
-            NeedsReview,
-        ]
-        .into_iter()
-        .find(|c| c.as_str() == s)
+        Self::ALL.into_iter().find(|c| c.as_str() == s)
     }
     pub fn is_final(self) -> bool {
         matches!(
@@ -118,7 +121,7 @@ impl CallState {
 
 hatchery_db::record! {
     /// A row of `broker_calls`, read and inserted by its field names.
-    #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+    #[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
     pub struct Call in "broker_calls" {
         pub session_id: String,
         pub seq: u64,
@@ -220,10 +223,12 @@ pub struct CallUsage {
 
 impl CallUsage {
     fn from_row(calls: i64, arg_bytes: i64, awaiting: i64) -> CallUsage {
+        let [calls, arg_bytes, awaiting_approval] =
+            [calls, arg_bytes, awaiting].map(|n| n.max(0) as u64);
         CallUsage {
-            calls: calls.max(0) as u64,
-            arg_bytes: arg_bytes.max(0) as u64,
-            awaiting_approval: awaiting.max(0) as u64,
+            calls,
+            arg_bytes,
+            awaiting_approval,
         }
     }
 }
@@ -246,17 +251,9 @@ impl Call {
             args_sha256,
             args,
             state: CallState::Pending,
-            decision: String::new(),
-            rule_id: None,
-            approval_id: None,
-            event_seq: None,
-            result_event_seq: None,
-            effect: None,
-            output: None,
-            review_event_seq: None,
-            runner: None,
             created_at: t.clone(),
             updated_at: t,
+            ..Default::default()
         }
     }
 }
@@ -276,15 +273,7 @@ mod tests {
         assert!(!NeedsReview.valid_transition(Executing));
         // A final state other than needs_review is never left.
         for from in [Done, Failed, Denied] {
-            for to in [
-                AwaitingApproval,
-                Pending,
-                Executing,
-                Done,
-                Failed,
-                Denied,
-                NeedsReview,
-            ] {
+            for to in CallState::ALL {
                 assert!(!from.valid_transition(to), "{from:?} -> {to:?}");
             }
         }

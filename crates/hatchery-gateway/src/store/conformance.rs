@@ -36,16 +36,12 @@ async fn reservations_count_until_settled<S: BudgetStore>(s: &S, run: &str) {
     let (r1, r2) = (format!("r1{run}"), format!("r2{run}"));
     s.reserve(&r1, &scopes, amt(60), 0, 1000).await.unwrap();
     let e = s.reserve(&r2, &scopes, amt(60), 0, 1000).await;
-    assert!(
-        matches!(e, Err(BudgetError::Exhausted { reserved: 60, .. })),
-        "{e:?}"
-    );
+    let exhausted = matches!(e, Err(BudgetError::Exhausted { reserved: 60, .. }));
+    assert!(exhausted, "{e:?}");
     // Settling at the actual (smaller) usage frees the rest; once only.
     assert!(s.settle(&r1, &scopes, amt(10)).await.unwrap());
-    assert!(
-        !s.settle(&r1, &scopes, amt(10)).await.unwrap(),
-        "idempotent"
-    );
+    let again = s.settle(&r1, &scopes, amt(10)).await;
+    assert!(!again.unwrap(), "idempotent");
     s.reserve(&r2, &scopes, amt(60), 0, 1000).await.unwrap();
     let b = s.get(&scope).await.unwrap();
     assert_eq!((b.used_tokens, b.reserved_tokens), (10, 60));
@@ -56,10 +52,10 @@ async fn refused_reservations_hold_nothing<S: BudgetStore>(s: &S, run: &str) {
     s.set_limits(&t, Some(1000), None).await.unwrap();
     s.set_limits(&a, Some(50), None).await.unwrap();
     let scopes = vec![t.clone(), a.clone()];
-    assert!(s
+    let refused = s
         .reserve(&format!("r{run}"), &scopes, amt(80), 0, 1000)
-        .await
-        .is_err());
+        .await;
+    assert!(refused.is_err());
     assert_eq!(s.get(&t).await.unwrap().reserved_tokens, 0);
 }
 
@@ -72,10 +68,9 @@ async fn janitor_frees_expired_only<S: BudgetStore>(s: &S, run: &str) {
     s.set_limits(&scope, None, Some(10)).await.unwrap();
     let scopes = vec![scope.clone()];
     let (old, new) = (format!("old{run}"), format!("new{run}"));
-    s.reserve(&old, &scopes, cents(5), 0, 100).await.unwrap();
-    s.reserve(&new, &scopes, cents(5), 0, 10_000_000_000_000)
-        .await
-        .unwrap();
+    for (id, ttl) in [(&old, 100), (&new, 10_000_000_000_000)] {
+        s.reserve(id, &scopes, cents(5), 0, ttl).await.unwrap();
+    }
     assert!(s.expire(5_000).await.unwrap() >= 1);
     assert_eq!(s.get(&scope).await.unwrap().reserved_usd_cents, 5);
     // A late settle of the expired one still records its spend.
@@ -85,16 +80,12 @@ async fn janitor_frees_expired_only<S: BudgetStore>(s: &S, run: &str) {
 }
 
 async fn spend_of_unlimited_scopes_is_recorded<S: BudgetStore>(s: &S, run: &str) {
-    let scope = format!("tenant:u{run}");
-    assert!(matches!(
-        s.get(&scope).await,
-        Err(BudgetError::UnknownScope(_))
-    ));
+    let (scope, id) = (format!("tenant:u{run}"), format!("u{run}"));
+    let unknown = s.get(&scope).await;
+    assert!(matches!(unknown, Err(BudgetError::UnknownScope(_))));
     let scopes = vec![scope.clone()];
-    s.reserve(&format!("u{run}"), &scopes, amt(5), 0, 1000)
-        .await
-        .unwrap();
-    s.settle(&format!("u{run}"), &scopes, amt(4)).await.unwrap();
+    s.reserve(&id, &scopes, amt(5), 0, 1000).await.unwrap();
+    s.settle(&id, &scopes, amt(4)).await.unwrap();
     let b = s.get(&scope).await.unwrap();
     assert_eq!((b.limit_tokens, b.used_tokens), (None, 4));
 }
@@ -123,20 +114,11 @@ pub async fn concurrent_reservations<S: BudgetStore + 'static>(s: Arc<S>) {
     let run = format!("{:x}", rand::random::<u32>());
     let scope = format!("session:race{run}");
     s.set_limits(&scope, Some(1000), None).await.unwrap();
-    let mut tasks = Vec::new();
-    for n in 0..50 {
-        let (s, scope, run) = (s.clone(), scope.clone(), run.clone());
-        tasks.push(tokio::spawn(async move {
-            s.reserve(&format!("race{run}-{n}"), &[scope], amt(100), 0, 60_000)
-                .await
-                .is_ok()
-        }));
-    }
-    let mut admitted = 0;
-    for t in tasks {
-        admitted += t.await.unwrap() as usize;
-    }
-    assert_eq!(admitted, 10);
+    let admitted = hatchery_db::race(50, |n| {
+        let (s, scope, id) = (s.clone(), scope.clone(), format!("race{run}-{n}"));
+        async move { s.reserve(&id, &[scope], amt(100), 0, 60_000).await.is_ok() }
+    });
+    assert_eq!(admitted.await.iter().filter(|ok| **ok).count(), 10);
     assert_eq!(s.get(&scope).await.unwrap().reserved_tokens, 1000);
 }
 

@@ -29,6 +29,14 @@ fn i(v: u64) -> i64 {
     v.min(i64::MAX as u64) as i64
 }
 
+/// Scopes in the order their rows are locked and written (the same in
+/// every transaction, so two never deadlock).
+fn sorted(scopes: &[String]) -> Vec<String> {
+    let mut sorted = scopes.to_vec();
+    sorted.sort();
+    sorted
+}
+
 fn u(r: &Row, col: &str) -> Result<u64, DbError> {
     Ok(r.get::<i64>(col)?.max(0) as u64)
 }
@@ -54,40 +62,35 @@ impl GatewayStore {
 
 async fn read_budget(tx: &mut Tx, scope: &str) -> Result<Option<Budget>, BudgetError> {
     let e = || err("read budget");
-    let Some(r) = tx
-        .query_opt(
-            "SELECT b.limit_tokens, b.limit_usd_cents, b.used_tokens, b.used_usd_cents,
-                CAST(COALESCE((SELECT SUM(tokens) FROM gateway_reservations WHERE scope = b.scope), 0)
-                    AS BIGINT) AS rt,
-                CAST(COALESCE((SELECT SUM(usd_cents) FROM gateway_reservations WHERE scope = b.scope), 0)
-                    AS BIGINT) AS rc
-             FROM gateway_budgets b WHERE b.scope = $1",
-            args![scope],
-        )
-        .await
-        .map_err(e())?
-    else {
+    let sql = "SELECT b.limit_tokens, b.limit_usd_cents, b.used_tokens, b.used_usd_cents,
+            CAST(COALESCE((SELECT SUM(tokens) FROM gateway_reservations WHERE scope = b.scope), 0)
+                AS BIGINT) AS rt,
+            CAST(COALESCE((SELECT SUM(usd_cents) FROM gateway_reservations WHERE scope = b.scope), 0)
+                AS BIGINT) AS rc
+         FROM gateway_budgets b WHERE b.scope = $1";
+    let Some(r) = tx.query_opt(sql, args![scope]).await.map_err(e())? else {
         return Ok(None);
     };
+    let (limit, used) = (|c| u_opt(&r, c).map_err(e()), |c| u(&r, c).map_err(e()));
     Ok(Some(Budget {
         scope: scope.to_string(),
-        limit_tokens: u_opt(&r, "limit_tokens").map_err(e())?,
-        limit_usd_cents: u_opt(&r, "limit_usd_cents").map_err(e())?,
-        used_tokens: u(&r, "used_tokens").map_err(e())?,
-        used_usd_cents: u(&r, "used_usd_cents").map_err(e())?,
-        reserved_tokens: u(&r, "rt").map_err(e())?,
-        reserved_usd_cents: u(&r, "rc").map_err(e())?,
+        limit_tokens: limit("limit_tokens")?,
+        limit_usd_cents: limit("limit_usd_cents")?,
+        used_tokens: used("used_tokens")?,
+        used_usd_cents: used("used_usd_cents")?,
+        reserved_tokens: used("rt")?,
+        reserved_usd_cents: used("rc")?,
     }))
 }
 
 fn caller(r: Option<Row>) -> Result<Option<Caller>, DbError> {
-    r.map(|r| {
+    let caller = |r: Row| {
         Ok(Caller {
             session: r.get("session")?,
             tenant: r.get("tenant")?,
         })
-    })
-    .transpose()
+    };
+    r.map(caller).transpose()
 }
 
 /// Records `actual` against the reservation's scopes and deletes it, once
@@ -98,33 +101,25 @@ async fn settle_tx(
     scopes: &[String],
     actual: Amount,
 ) -> Result<bool, DbError> {
-    let fresh = tx
-        .execute(
-            "INSERT INTO gateway_settlements (id, tokens, usd_cents) VALUES ($1, $2, $3)
-             ON CONFLICT (id) DO NOTHING",
-            args![id, i(actual.tokens), i(actual.usd_cents)],
-        )
-        .await?
-        == 1;
+    let (tokens, cents) = (i(actual.tokens), i(actual.usd_cents));
+    let once = "INSERT INTO gateway_settlements (id, tokens, usd_cents) VALUES ($1, $2, $3)
+        ON CONFLICT (id) DO NOTHING";
+    let fresh = tx.execute(once, args![id, tokens, cents]).await? == 1;
     if fresh {
         // Spend is recorded even if the janitor already dropped the
         // reservation: the call happened. A scope without limits gets a
         // row too: its spend is visible even when nothing caps it.
-        let mut sorted = scopes.to_vec();
-        sorted.sort();
-        for scope in &sorted {
-            tx.execute(
-                "INSERT INTO gateway_budgets (scope, used_tokens, used_usd_cents) VALUES ($1, $2, $3)
-                 ON CONFLICT (scope) DO UPDATE SET
-                    used_tokens = gateway_budgets.used_tokens + $2,
-                    used_usd_cents = gateway_budgets.used_usd_cents + $3",
-                args![scope, i(actual.tokens), i(actual.usd_cents)],
-            )
-            .await?;
+        let spend =
+            "INSERT INTO gateway_budgets (scope, used_tokens, used_usd_cents) VALUES ($1, $2, $3)
+            ON CONFLICT (scope) DO UPDATE SET
+               used_tokens = gateway_budgets.used_tokens + $2,
+               used_usd_cents = gateway_budgets.used_usd_cents + $3";
+        for scope in &sorted(scopes) {
+            tx.execute(spend, args![scope, tokens, cents]).await?;
         }
     }
-    tx.execute("DELETE FROM gateway_reservations WHERE id = $1", args![id])
-        .await?;
+    let done = "DELETE FROM gateway_reservations WHERE id = $1";
+    tx.execute(done, args![id]).await?;
     Ok(fresh)
 }
 
@@ -163,13 +158,13 @@ impl BudgetStore for GatewayStore {
         usd_cents: Option<u64>,
     ) -> Result<Budget, BudgetError> {
         let mut tx = self.db.begin().await.map_err(err("begin set limits"))?;
-        tx.execute(
+        let sql =
             "INSERT INTO gateway_budgets (scope, limit_tokens, limit_usd_cents) VALUES ($1, $2, $3)
-             ON CONFLICT (scope) DO UPDATE SET limit_tokens = $2, limit_usd_cents = $3",
-            args![scope, tokens.map(i), usd_cents.map(i)],
-        )
-        .await
-        .map_err(err("set limits"))?;
+             ON CONFLICT (scope) DO UPDATE SET limit_tokens = $2, limit_usd_cents = $3";
+        let set = tx
+            .execute(sql, args![scope, tokens.map(i), usd_cents.map(i)])
+            .await;
+        set.map_err(err("set limits"))?;
         let b = read_budget(&mut tx, scope).await?;
         tx.commit().await.map_err(err("commit set limits"))?;
         Ok(b.expect("just written"))
@@ -191,34 +186,25 @@ impl BudgetStore for GatewayStore {
         ttl_ms: u64,
     ) -> Result<(), BudgetError> {
         let mut tx = self.db.begin().await.map_err(err("begin reserve"))?;
-        let mut sorted = scopes.to_vec();
-        sorted.sort();
-        for scope in &sorted {
-            tx.query(
-                "SELECT scope FROM gateway_budgets WHERE scope = $1 FOR UPDATE",
-                args![scope],
-            )
-            .await
-            .map_err(err("lock budget"))?;
+        let lock = "SELECT scope FROM gateway_budgets WHERE scope = $1 FOR UPDATE";
+        for scope in &sorted(scopes) {
+            tx.query(lock, args![scope])
+                .await
+                .map_err(err("lock budget"))?;
         }
+        let (tokens, cents) = (i(estimate.tokens), i(estimate.usd_cents));
+        let expires = i(now_ms.saturating_add(ttl_ms));
+        let insert = "INSERT INTO gateway_reservations (id, scope, tokens, usd_cents, expires_ms)
+            VALUES ($1, $2, $3, $4, $5)";
         for scope in scopes {
             if let Some(b) = read_budget(&mut tx, scope).await? {
                 // Refused: dropping `tx` rolls back what was reserved.
                 admits(&b, estimate)?;
             }
-            tx.execute(
-                "INSERT INTO gateway_reservations (id, scope, tokens, usd_cents, expires_ms)
-                 VALUES ($1, $2, $3, $4, $5)",
-                args![
-                    id,
-                    scope,
-                    i(estimate.tokens),
-                    i(estimate.usd_cents),
-                    i(now_ms.saturating_add(ttl_ms))
-                ],
-            )
-            .await
-            .map_err(err("insert reservation"))?;
+            let held = tx
+                .execute(insert, args![id, scope, tokens, cents, expires])
+                .await;
+            held.map_err(err("insert reservation"))?;
         }
         tx.commit().await.map_err(err("commit reserve"))
     }
@@ -230,21 +216,16 @@ impl BudgetStore for GatewayStore {
         actual: Amount,
     ) -> Result<bool, BudgetError> {
         let mut tx = self.db.begin().await.map_err(err("begin settle"))?;
-        let fresh = settle_tx(&mut tx, id, scopes, actual)
-            .await
-            .map_err(err("settle"))?;
+        let fresh = settle_tx(&mut tx, id, scopes, actual).await;
+        let fresh = fresh.map_err(err("settle"))?;
         tx.commit().await.map_err(err("commit settle"))?;
         Ok(fresh)
     }
 
     async fn expire(&self, now_ms: u64) -> Result<u64, BudgetError> {
-        self.db
-            .execute(
-                "DELETE FROM gateway_reservations WHERE expires_ms < $1",
-                args![i(now_ms)],
-            )
-            .await
-            .map_err(err("expire reservations"))
+        let sql = "DELETE FROM gateway_reservations WHERE expires_ms < $1";
+        let n = self.db.execute(sql, args![i(now_ms)]).await;
+        n.map_err(err("expire reservations"))
     }
 
     /// On PostgreSQL the database's clock (several processes share it);
@@ -253,16 +234,10 @@ impl BudgetStore for GatewayStore {
         if self.db.dialect() == Dialect::Sqlite {
             return Ok(crate::now_ms());
         }
-        let r = self
-            .db
-            .query_opt(
-                "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) AS now_ms",
-                args![],
-            )
-            .await
-            .and_then(|r| r.ok_or(DbError::NoRow))
-            .map_err(err("read the database clock"))?;
-        u(&r, "now_ms").map_err(err("read the database clock"))
+        let sql = "SELECT CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT) AS now_ms";
+        let r = self.db.query_opt(sql, args![]).await;
+        let now = r.and_then(|r| u(&r.ok_or(DbError::NoRow)?, "now_ms"));
+        now.map_err(err("read the database clock"))
     }
 }
 
@@ -274,59 +249,42 @@ impl KeyStore for GatewayStore {
         caller: &Caller,
         expires_ms: u64,
     ) -> Result<(), BudgetError> {
-        self.db
-            .execute(
-                "INSERT INTO gateway_keys (hash, session, tenant, expires_ms) VALUES ($1, $2, $3, $4)",
-                args![hash, &caller.session, caller.tenant.as_deref(), i(expires_ms)],
-            )
-            .await
-            .map_err(err("add key"))?;
+        let sql =
+            "INSERT INTO gateway_keys (hash, session, tenant, expires_ms) VALUES ($1, $2, $3, $4)";
+        let a = args![
+            hash,
+            &caller.session,
+            caller.tenant.as_deref(),
+            i(expires_ms)
+        ];
+        self.db.execute(sql, a).await.map_err(err("add key"))?;
         Ok(())
     }
 
     async fn caller(&self, hash: &str, now_ms: u64) -> Result<Option<Caller>, BudgetError> {
-        self.db
-            .query_opt(
-                "SELECT session, tenant FROM gateway_keys WHERE hash = $1 AND expires_ms > $2",
-                args![hash, i(now_ms)],
-            )
-            .await
-            .and_then(caller)
-            .map_err(err("read key"))
+        let sql = "SELECT session, tenant FROM gateway_keys WHERE hash = $1 AND expires_ms > $2";
+        let row = self.db.query_opt(sql, args![hash, i(now_ms)]).await;
+        row.and_then(caller).map_err(err("read key"))
     }
 
     async fn bind_sandbox(&self, sandbox: &str, caller: &Caller) -> Result<(), BudgetError> {
-        self.db
-            .execute(
-                "INSERT INTO gateway_sandbox_bindings (sandbox, session, tenant) VALUES ($1, $2, $3)
-                 ON CONFLICT (sandbox) DO UPDATE SET session = $2, tenant = $3",
-                args![sandbox, &caller.session, caller.tenant.as_deref()],
-            )
-            .await
-            .map_err(err("bind sandbox"))?;
+        let sql =
+            "INSERT INTO gateway_sandbox_bindings (sandbox, session, tenant) VALUES ($1, $2, $3)
+             ON CONFLICT (sandbox) DO UPDATE SET session = $2, tenant = $3";
+        let a = args![sandbox, &caller.session, caller.tenant.as_deref()];
+        self.db.execute(sql, a).await.map_err(err("bind sandbox"))?;
         Ok(())
     }
 
     async fn unbind_sandbox(&self, sandbox: &str) -> Result<bool, BudgetError> {
-        Ok(self
-            .db
-            .execute(
-                "DELETE FROM gateway_sandbox_bindings WHERE sandbox = $1",
-                args![sandbox],
-            )
-            .await
-            .map_err(err("unbind sandbox"))?
-            == 1)
+        let sql = "DELETE FROM gateway_sandbox_bindings WHERE sandbox = $1";
+        let n = self.db.execute(sql, args![sandbox]).await;
+        Ok(n.map_err(err("unbind sandbox"))? == 1)
     }
 
     async fn caller_of_sandbox(&self, sandbox: &str) -> Result<Option<Caller>, BudgetError> {
-        self.db
-            .query_opt(
-                "SELECT session, tenant FROM gateway_sandbox_bindings WHERE sandbox = $1",
-                args![sandbox],
-            )
-            .await
-            .and_then(caller)
-            .map_err(err("read binding"))
+        let sql = "SELECT session, tenant FROM gateway_sandbox_bindings WHERE sandbox = $1";
+        let row = self.db.query_opt(sql, args![sandbox]).await;
+        row.and_then(caller).map_err(err("read binding"))
     }
 }
