@@ -44,6 +44,9 @@ pub use pg_pool::{
 };
 pub use race::race;
 pub use record::{Record, ToValue};
+// For `json!`.
+#[doc(hidden)]
+pub use serde_json;
 pub use sqlite::{BUSY_TIMEOUT, SQLITE_CONNECTIONS};
 pub use value::{ColumnIndex, FromValue, Row, Value};
 

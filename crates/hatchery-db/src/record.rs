@@ -155,6 +155,31 @@ macro_rules! named {
     };
 }
 
+/// A type stored as its JSON text (a spec), read back with serde; `$what`
+/// names it in errors: a stored value that does not decode is a
+/// [`DbError::Type`] naming the column. For plain data (strings, numbers,
+/// maps of them), which always serializes.
+#[macro_export]
+macro_rules! json {
+    ($ty:ty, $what:literal) => {
+        impl $crate::FromValue for $ty {
+            const NAME: &'static str = $what;
+            fn from_value(v: &$crate::Value) -> Option<Self> {
+                match v {
+                    $crate::Value::Text(s) => $crate::serde_json::from_str(s).ok(),
+                    _ => None,
+                }
+            }
+        }
+        impl $crate::ToValue for $ty {
+            fn to_value(&self, _: &'static str) -> Result<$crate::Value, $crate::DbError> {
+                let json = $crate::serde_json::to_string(self).unwrap_or_default();
+                Ok($crate::Value::Text(json))
+            }
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,10 +11,12 @@
 mod pg_server;
 
 use hatchery_db::{args, Db, Record};
+use hatchery_sessions::events::{Actor, EventKind};
 use hatchery_sessions::store::chain::seal_after;
 use hatchery_sessions::store::{conformance, DbSessionStore, SessionStore};
 use hatchery_sessions_schema::AuditReader;
 use std::sync::Arc;
+use tokio_postgres::NoTls;
 hatchery_db::record! {
     /// One event row as stored (`session` and `kind` are the columns
     /// `session_id` and `type`, renamed by the query that reads them).
@@ -34,16 +36,12 @@ hatchery_db::record! {
 /// The invariants over every stored event row (grouped by session, in seq
 /// order), and the sessions' own epochs.
 fn check_rows(rows: &[Row], session_epoch: &std::collections::HashMap<String, u64>) -> usize {
-    let mut i = 0;
-    let mut sessions = 0;
-    while i < rows.len() {
-        let s = &rows[i].session;
-        let mut j = i;
-        let mut prev: Option<String> = None;
-        let mut epoch = 1;
-        while j < rows.len() && rows[j].session == *s {
-            let r = &rows[j];
-            assert_eq!(r.seq, (j - i + 1) as u64, "{s}: seq gap or duplicate");
+    let chains: Vec<&[Row]> = rows.chunk_by(|a, b| a.session == b.session).collect();
+    for rows in &chains {
+        let s = &rows[0].session;
+        let (mut prev, mut epoch) = (None, 1);
+        for (i, r) in rows.iter().enumerate() {
+            assert_eq!(r.seq, i as u64 + 1, "{s}: seq gap or duplicate");
             let (p, h) =
                 seal_after(prev.as_deref(), s, r.seq, &r.at, &r.actor, &r.kind, &r.data).unwrap();
             assert_eq!((&p, &h), (&r.prev_hash, &r.hash), "{s}/{}: chain", r.seq);
@@ -54,38 +52,23 @@ fn check_rows(rows: &[Row], session_epoch: &std::collections::HashMap<String, u6
                 epoch = r.epoch;
             }
             assert_eq!(r.epoch, epoch, "{s}/{}: written under a stale epoch", r.seq);
-            prev = Some(r.hash.clone());
-            j += 1;
+            prev = Some(h);
         }
         assert_eq!(session_epoch[s], epoch, "{s}: row epoch");
-        sessions += 1;
-        i = j;
     }
-    sessions
+    chains.len()
 }
 
 /// Every stored event row (by session, in seq order), and each session's
 /// epoch.
 async fn stored_rows(db: &Db) -> (Vec<Row>, std::collections::HashMap<String, u64>) {
-    let rows = db
-        .query(
-            "SELECT *, session_id AS session, type AS kind \
-             FROM session_events ORDER BY session_id, seq",
-            args![],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| Row::from_row(r).unwrap())
-        .collect();
-    let epochs = db
-        .query("SELECT id, epoch FROM sessions", args![])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get("id").unwrap(), r.get("epoch").unwrap()))
-        .collect();
-    (rows, epochs)
+    let sql = "SELECT *, session_id AS session, type AS kind \
+               FROM session_events ORDER BY session_id, seq";
+    let rows = db.query(sql, args![]).await.unwrap();
+    let rows = rows.iter().map(|r| Row::from_row(r).unwrap()).collect();
+    let epochs = db.query("SELECT id, epoch FROM sessions", args![]).await;
+    let epoch = |r: &hatchery_db::Row| (r.get("id").unwrap(), r.get("epoch").unwrap());
+    (rows, epochs.unwrap().iter().map(epoch).collect())
 }
 
 /// The suite, the row invariants, a second migration run (a no-op), and
@@ -93,9 +76,7 @@ async fn stored_rows(db: &Db) -> (Vec<Row>, std::collections::HashMap<String, u6
 /// as stored, one changed byte in an event's data is named, and so is an
 /// anchored head cut off its chain.
 async fn suite(db: &Db) {
-    let store = DbSessionStore::open(db.clone(), "conformance")
-        .await
-        .unwrap();
+    let store = DbSessionStore::open(db.clone(), "suite").await.unwrap();
     let open = |h: &str| -> Arc<dyn SessionStore> { Arc::new(store.as_host(h).unwrap()) };
     conformance::run_all(&open).await;
 
@@ -119,16 +100,11 @@ async fn suite(db: &Db) {
     assert!(long.len() >= 3, "{long:?}");
     let victim = &chains[0];
     let head = reader.verify(victim, &[]).await.unwrap().head.unwrap();
-    db.execute(
-        "UPDATE session_events SET data = replace(data, '\"', '\" ') WHERE session_id = $1 AND seq = 1",
-        args![victim],
-    )
-    .await
-    .unwrap();
-    let r = reader
-        .verify(victim, std::slice::from_ref(&head))
-        .await
-        .unwrap();
+    let sql = "UPDATE session_events SET data = replace(data, '\"', '\" ') \
+               WHERE session_id = $1 AND seq = 1";
+    db.execute(sql, args![victim]).await.unwrap();
+    let anchors = std::slice::from_ref(&head);
+    let r = reader.verify(victim, anchors).await.unwrap();
     assert_eq!(r.first_bad.map(|b| b.seq), Some(1), "tampering not caught");
     let mut gone = head;
     gone.seq += 1;
@@ -139,19 +115,11 @@ async fn suite(db: &Db) {
     let chains = long;
     // The actor is covered by the hash too, and a removed row is a gap.
     let r = |r: hatchery_audit::Report| r.first_bad.map(|b| b.seq);
-    db.execute(
-        "UPDATE session_events SET actor = 'nobody' WHERE session_id = $1 AND seq = 2",
-        args![&chains[1]],
-    )
-    .await
-    .unwrap();
+    let sql = "UPDATE session_events SET actor = 'nobody' WHERE session_id = $1 AND seq = 2";
+    db.execute(sql, args![&chains[1]]).await.unwrap();
     assert_eq!(r(reader.verify(&chains[1], &[]).await.unwrap()), Some(2));
-    db.execute(
-        "DELETE FROM session_events WHERE session_id = $1 AND seq = 2",
-        args![&chains[2]],
-    )
-    .await
-    .unwrap();
+    let sql = "DELETE FROM session_events WHERE session_id = $1 AND seq = 2";
+    db.execute(sql, args![&chains[2]]).await.unwrap();
     assert_eq!(r(reader.verify(&chains[2], &[]).await.unwrap()), Some(2));
 }
 
@@ -161,17 +129,10 @@ async fn conformance_on_sqlite() {
     suite(&db).await;
     // The broker asks for a sandbox's session on every call: that lookup
     // is an index search, not a scan of every session.
-    let plan: Vec<String> = db
-        .query(
-            "EXPLAIN QUERY PLAN SELECT id FROM sessions WHERE sandbox_id = $1 \
-             AND state NOT IN ('completed','failed','cancelled') ORDER BY ord LIMIT 1",
-            args!["sbx_1"],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get::<String>(3).unwrap())
-        .collect();
+    let sql = "EXPLAIN QUERY PLAN SELECT id FROM sessions WHERE sandbox_id = $1 \
+               AND state NOT IN ('completed','failed','cancelled') ORDER BY ord LIMIT 1";
+    let plan = db.query(sql, args!["sbx_1"]).await.unwrap();
+    let plan: Vec<String> = plan.iter().map(|r| r.get(3).unwrap()).collect();
     assert!(
         plan.iter().any(|d| d.contains("sessions_live_sandbox")),
         "{plan:?}"
@@ -193,17 +154,10 @@ async fn conformance_on_postgres() {
     // names it (on a table this small a scan would otherwise win).
     let mut tx = db.begin().await.unwrap();
     tx.batch("SET LOCAL enable_seqscan = off").await.unwrap();
-    let plan: Vec<String> = tx
-        .query(
-            "EXPLAIN SELECT id FROM sessions WHERE sandbox_id = 'sbx_x' \
-             AND state NOT IN ('completed','failed','cancelled')",
-            args![],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0).unwrap())
-        .collect();
+    let sql = "EXPLAIN SELECT id FROM sessions WHERE sandbox_id = 'sbx_x' \
+               AND state NOT IN ('completed','failed','cancelled')";
+    let plan = tx.query(sql, args![]).await.unwrap();
+    let plan: Vec<String> = plan.iter().map(|r| r.get(0).unwrap()).collect();
     tx.rollback().await.unwrap();
     assert!(
         plan.iter().any(|l| l.contains("sessions_live_sandbox")),
@@ -213,18 +167,14 @@ async fn conformance_on_postgres() {
     // `hatchery audit verify --db postgres://...` opens read-only: the
     // server refuses a write on its connections.
     let ro = Db::postgres_read_only(&pg.dsn, 1).unwrap();
-    let e = ro
-        .execute("INSERT INTO session_deliveries VALUES ('s', 'k')", args![])
-        .await
-        .unwrap_err();
+    let sql = "INSERT INTO session_deliveries VALUES ('s', 'k')";
+    let e = ro.execute(sql, args![]).await.unwrap_err();
     assert!(e.to_string().contains("read-only"), "{e}");
     assert!(AuditReader::open(&pg.dsn).await.is_ok());
 
     // A database no daemon has run on is a clear error, not an empty report.
     if std::env::var("HATCHERY_TEST_PG_DSN").is_err() {
-        let (c, conn) = tokio_postgres::connect(&pg.dsn, tokio_postgres::NoTls)
-            .await
-            .unwrap();
+        let (c, conn) = tokio_postgres::connect(&pg.dsn, NoTls).await.unwrap();
         tokio::spawn(conn);
         c.execute("CREATE DATABASE audit_empty", &[]).await.unwrap();
         let empty = pg.dsn.replace("/hatchery", "/audit_empty");
@@ -238,16 +188,12 @@ async fn conformance_on_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn migrations_race_and_repeat_conformance_on_postgres() {
     let pg = pg_server::TestPg::start();
-    let (a, b) = tokio::join!(
-        DbSessionStore::open(Db::postgres(&pg.dsn, 2).unwrap(), "a"),
-        DbSessionStore::open(Db::postgres(&pg.dsn, 2).unwrap(), "b")
-    );
+    let open = |host| DbSessionStore::open(Db::postgres(&pg.dsn, 2).unwrap(), host);
+    let (a, b) = tokio::join!(open("a"), open("b"));
     let (a, b) = (a.unwrap(), b.unwrap());
     let v = a.schema_version().await.unwrap();
     assert_eq!(v, b.schema_version().await.unwrap());
-    let c = DbSessionStore::open(Db::postgres(&pg.dsn, 2).unwrap(), "c")
-        .await
-        .unwrap();
+    let c = open("c").await.unwrap();
     assert_eq!(c.schema_version().await.unwrap(), v);
     assert_eq!(v, 1);
 }
@@ -268,57 +214,31 @@ async fn previous_release_upgrades_in_place_conformance_on_postgres() {
     tx.commit().await.unwrap();
     let spec = serde_json::to_string(&conformance::spec("git://127.0.0.1/old.git")).unwrap();
     for (i, id) in ["ses_old1", "ses_old2"].iter().enumerate() {
-        db.execute(
-            "INSERT INTO sessions (id, spec, state, repo, request_hash, created_at, host_id, epoch, last_seq, sandbox_id) \
-             VALUES ($1, $2, 'running', 'git://127.0.0.1/old.git', 'h', '2026-01-01T00:00:00.000Z', 'local', 1, 1, $3)",
-            args![*id, &spec, format!("sbx_old{i}")],
-        )
-        .await
-        .unwrap();
+        let sql = "INSERT INTO sessions (id, spec, state, repo, request_hash, created_at, host_id, epoch, last_seq, sandbox_id) \
+             VALUES ($1, $2, 'running', 'git://127.0.0.1/old.git', 'h', '2026-01-01T00:00:00.000Z', 'local', 1, 1, $3)";
+        let sbx = format!("sbx_old{i}");
+        db.execute(sql, args![*id, &spec, sbx]).await.unwrap();
         insert_first_event(&db, id).await;
     }
-    db.execute(
-        "INSERT INTO session_approvals (id, session_id, action, details, state, created_at) \
-         VALUES ('apr_old', 'ses_old1', 'push', 'd', 'pending', '2026-01-01T00:00:00.000Z')",
-        args![],
-    )
-    .await
-    .unwrap();
+    let sql = "INSERT INTO session_approvals (id, session_id, action, details, state, created_at) \
+         VALUES ('apr_old', 'ses_old1', 'push', 'd', 'pending', '2026-01-01T00:00:00.000Z')";
+    db.execute(sql, args![]).await.unwrap();
     let s = DbSessionStore::open(db.clone(), "local").await.unwrap();
-    let all = s
-        .list(&ListFilter {
-            limit: 10,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
+    let all = ListFilter {
+        limit: 10,
+        ..Default::default()
+    };
+    let all = s.list(&all).await.unwrap();
     let ids: Vec<_> = all.iter().map(|s| s.id.as_str()).collect();
     assert_eq!(ids, ["ses_old1", "ses_old2"], "creation order kept");
     assert_eq!(s.events("ses_old1", 0, 10).await.unwrap().len(), 1);
-    assert_eq!(
-        s.pending_approval("ses_old1")
-            .await
-            .unwrap()
-            .unwrap()
-            .approval_id,
-        "apr_old"
-    );
-    assert_eq!(
-        s.with_sandbox("sbx_old1").await.unwrap().unwrap().id,
-        "ses_old2"
-    );
-    let ev = s
-        .append(
-            "ses_old1",
-            vec![(
-                hatchery_sessions::events::Actor::System,
-                hatchery_sessions::events::EventKind::CancelRequested,
-            )],
-            Patch::default(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(ev[0].seq, 2);
+    let p = s.pending_approval("ses_old1").await.unwrap().unwrap();
+    assert_eq!(p.approval_id, "apr_old");
+    let found = s.with_sandbox("sbx_old1").await.unwrap().unwrap();
+    assert_eq!(found.id, "ses_old2");
+    let cancel = (Actor::System, EventKind::CancelRequested);
+    let ev = s.append("ses_old1", vec![cancel], Patch::default()).await;
+    assert_eq!(ev.unwrap()[0].seq, 2);
     let reader = AuditReader::on(db.clone()).await.unwrap();
     for ch in ["ses_old1", "ses_old2"] {
         let r = reader.verify(ch, &[]).await.unwrap();
@@ -328,17 +248,12 @@ async fn previous_release_upgrades_in_place_conformance_on_postgres() {
 
 /// A session's first event, sealed as the previous release sealed it.
 async fn insert_first_event(db: &Db, id: &str) {
-    let data =
-        serde_json::to_string(&hatchery_sessions::events::EventKind::CancelRequested).unwrap();
+    let data = serde_json::to_string(&EventKind::CancelRequested).unwrap();
     let at = "2026-01-01T00:00:00.000Z";
     let (p, h) = seal_after(None, id, 1, at, "system", "cancel_requested", &data).unwrap();
-    db.execute(
-        "INSERT INTO session_events (session_id, seq, at, actor, type, data, prev_hash, hash, epoch) \
-         VALUES ($1, 1, $2, 'system', 'cancel_requested', $3, $4, $5, 1)",
-        args![id, at, data, p, h],
-    )
-    .await
-    .unwrap();
+    let sql = "INSERT INTO session_events (session_id, seq, at, actor, type, data, prev_hash, hash, epoch) \
+         VALUES ($1, 1, $2, 'system', 'cancel_requested', $3, $4, $5, 1)";
+    db.execute(sql, args![id, at, data, p, h]).await.unwrap();
 }
 
 /// The previous release's PostgreSQL schema (hatchery-sessions-schema's
@@ -438,25 +353,7 @@ async fn postgres_down_is_unavailable() {
 
 /// `pg_ctl` of the installed server, as the postgres user when root.
 fn pg_ctl(args: &[&str]) {
-    let bin = std::fs::read_dir("/usr/lib/postgresql")
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .map(|e| e.path().join("bin/pg_ctl"))
-        .filter(|p| p.exists())
-        .max()
-        .expect("pg_ctl");
-    let root = std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
-    let mut cmd = if root {
-        let mut c = std::process::Command::new("runuser");
-        c.args(["-u", "postgres", "--"]).arg(bin);
-        c
-    } else {
-        std::process::Command::new(bin)
-    };
-    let out = cmd.args(args).output().unwrap();
+    let out = pg_server::pg("pg_ctl").args(args).output().unwrap();
     assert!(out.status.success(), "pg_ctl {args:?}: {out:?}");
 }
 
@@ -473,41 +370,26 @@ async fn stopped_under_the_store_is_unavailable_then_recovers_conformance_on_pos
         return;
     }
     let pg = pg_server::TestPg::start();
-    let s = DbSessionStore::open(Db::postgres(&pg.dsn, 2).unwrap(), "h")
-        .await
-        .unwrap();
+    let db = Db::postgres(&pg.dsn, 2).unwrap();
+    let s = DbSessionStore::open(db, "h").await.unwrap();
     let id = format!("ses_u{:08x}", rand::random::<u32>());
-    s.create(&id, &conformance::spec("git://127.0.0.1/u.git"), None, "h")
-        .await
-        .unwrap();
-    let (c, conn) = tokio_postgres::connect(&pg.dsn, tokio_postgres::NoTls)
-        .await
-        .unwrap();
+    let spec = conformance::spec("git://127.0.0.1/u.git");
+    s.create(&id, &spec, None, "h").await.unwrap();
+    let (c, conn) = tokio_postgres::connect(&pg.dsn, NoTls).await.unwrap();
     tokio::spawn(conn);
-    let setting = |name: &'static str| {
-        let c = &c;
-        async move {
-            c.query_one(&format!("SHOW {name}"), &[])
-                .await
-                .unwrap()
-                .get::<_, String>(0)
-        }
-    };
-    let data = setting("data_directory").await;
-    let port = setting("port").await;
-    let sock = setting("unix_socket_directories").await;
+    let mut shown = vec![];
+    for name in ["data_directory", "port", "unix_socket_directories"] {
+        let r = c.query_one(&format!("SHOW {name}"), &[]).await.unwrap();
+        shown.push(r.get::<_, String>(0));
+    }
+    let [data, port, sock] = <[String; 3]>::try_from(shown).unwrap();
     drop(c);
     pg_ctl(&["-D", &data, "-m", "immediate", "-w", "stop"]);
     let e = s.get(&id).await.unwrap_err();
     assert!(matches!(e, StoreError::Unavailable(_)), "{e}");
-    let msg = (
-        hatchery_sessions::events::Actor::User,
-        hatchery_sessions::events::EventKind::Message { text: "x".into() },
-    );
-    let e = s
-        .append(&id, vec![msg.clone()], Patch::default())
-        .await
-        .unwrap_err();
+    let msg = (Actor::User, EventKind::Message { text: "x".into() });
+    let e = s.append(&id, vec![msg.clone()], Patch::default()).await;
+    let e = e.unwrap_err();
     assert!(matches!(e, StoreError::Unavailable(_)), "{e}");
     let opts = format!("-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off");
     let log = format!("{data}/../pg-restart.log");

@@ -21,7 +21,7 @@ pub enum AuditReadError {
     #[error(transparent)]
     Schema(#[from] hatchery_db::MigrateError),
     #[error("reading the session events")]
-    Read(#[source] DbError),
+    Read(#[from] DbError),
 }
 
 /// Reads the session event logs of a database, read-only.
@@ -36,13 +36,13 @@ impl AuditReader {
     /// rather than an empty report.
     pub async fn open(address: &str) -> Result<Self, AuditReadError> {
         let db = if hatchery_db::is_postgres(address) {
-            Db::postgres_read_only(address, 2).map_err(AuditReadError::Read)?
+            Db::postgres_read_only(address, 2)?
         } else {
             let path = Path::new(address);
             if !path.exists() {
                 return Err(AuditReadError::NoFile(address.into()));
             }
-            Db::sqlite(path).await.map_err(AuditReadError::Read)?
+            Db::sqlite(path).await?
         };
         Self::on(db).await
     }
@@ -55,25 +55,16 @@ impl AuditReader {
 
     /// Every session id with events, in order.
     pub async fn chains(&self) -> Result<Vec<String>, AuditReadError> {
-        let rows = self
-            .db
-            .query(
-                "SELECT DISTINCT session_id FROM session_events ORDER BY session_id",
-                args![],
-            )
-            .await
-            .map_err(AuditReadError::Read)?;
-        rows.iter()
-            .map(|r| r.get("session_id").map_err(AuditReadError::Read))
-            .collect()
+        let sql = "SELECT DISTINCT session_id FROM session_events ORDER BY session_id";
+        let rows = self.db.query(sql, args![]).await?;
+        rows.iter().map(|r| Ok(r.get("session_id")?)).collect()
     }
 
     /// Recomputes the chain of session `chain` (in pages, in seq order, in
     /// one snapshot) and checks that each of `anchors` for it is still
     /// there.
     pub async fn verify(&self, chain: &str, anchors: &[Head]) -> Result<Report, AuditReadError> {
-        let be = AuditReadError::Read;
-        let mut tx = self.db.read().await.map_err(be)?;
+        let mut tx = self.db.read().await?;
         let mut events = Vec::new();
         // Each seq's stored hash, for the anchor check (read once, here).
         let mut by_seq = std::collections::HashMap::new();
@@ -85,20 +76,18 @@ impl AuditReader {
                      WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
                     args![chain, after, PAGE],
                 )
-                .await
-                .map_err(be)?;
+                .await?;
             let Some(last) = rows.last() else { break };
-            after = last.get("seq").map_err(be)?;
+            after = last.get("seq")?;
             for r in &rows {
-                let seq: i64 = r.get("seq").map_err(be)?;
-                by_seq.insert(seq, r.get::<String>("hash").map_err(be)?);
-                events.push(stored(chain, r).map_err(be));
+                by_seq.insert(r.get::<i64>("seq")?, r.get::<String>("hash")?);
+                events.push(stored(chain, r).map_err(AuditReadError::Read));
             }
             if (rows.len() as i64) < PAGE {
                 break;
             }
         }
-        tx.commit().await.map_err(be)?;
+        tx.commit().await?;
         let mut report = verify(chain, events)?;
         hatchery_audit::verify::check_anchors(&mut report, anchors, |seq| {
             by_seq.get(&(seq as i64)).cloned()

@@ -29,21 +29,8 @@ pub fn seal_after(
     data: &str,
 ) -> Result<(String, String), ChainError> {
     let prev = prev.and_then(from_hex).unwrap_or(GENESIS);
-    let h = hash(session, seq, at, actor, kind, data, &prev)?;
-    Ok((to_hex(&prev), h))
-}
-
-fn hash(
-    session: &str,
-    seq: u64,
-    at: &str,
-    actor: &str,
-    kind: &str,
-    data: &str,
-    prev: &hatchery_audit::Hash,
-) -> Result<String, ChainError> {
-    let mut d: Value =
-        serde_json::from_str(data).map_err(|e| ChainError::Canonical(e.to_string()))?;
+    let canonical = |e: String| ChainError::Canonical(e);
+    let mut d: Value = serde_json::from_str(data).map_err(|e| canonical(e.to_string()))?;
     if let Value::Object(m) = &mut d {
         m.insert("actor".into(), Value::String(actor.into()));
     }
@@ -54,7 +41,6 @@ fn hash(
         kind: kind.to_string(),
         data: d,
     };
-    ev.hash(prev)
-        .map(|h| to_hex(&h))
-        .map_err(|e| ChainError::Canonical(e.to_string()))
+    let h = ev.hash(&prev).map_err(|e| canonical(e.to_string()))?;
+    Ok((to_hex(&prev), to_hex(&h)))
 }

@@ -13,7 +13,7 @@
 use super::chain::seal_after;
 use super::*;
 use crate::events::{cut, INLINE_TEXT_BYTES, MAX_BLOB_BYTES};
-use hatchery_db::{args, copy_table, Db, Import, Imported, Joined, Record, Row, Tx};
+use hatchery_db::{args, copy_table, Db, Import, Imported, Joined, Record, Row, Tx, Value};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -55,6 +55,19 @@ pub const IMPORT: Import = Import {
 const BY_ID: &str = "SELECT * FROM sessions WHERE id = $1";
 
 const UNFINISHED: &str = "state NOT IN ('completed','failed','cancelled')";
+
+/// A session's counts for `usage` (no row for an unknown session).
+const USAGE: &str = "SELECT e.*, b.*, a.* FROM sessions s, \
+     (SELECT CAST(COUNT(*) AS BIGINT) AS events, \
+      CAST(COALESCE(SUM(octet_length(data)), 0) AS BIGINT) AS event_bytes, \
+      CAST(COALESCE(SUM(CASE WHEN actor = 'agent' THEN octet_length(data) ELSE 0 END), 0) \
+      AS BIGINT) AS agent_event_bytes FROM session_events WHERE session_id = $1) e, \
+     (SELECT CAST(COUNT(*) AS BIGINT) AS blobs, \
+      CAST(COALESCE(SUM(octet_length(data)), 0) AS BIGINT) AS blob_bytes \
+      FROM session_blobs WHERE session_id = $1) b, \
+     (SELECT CAST(COUNT(*) AS BIGINT) AS open_approvals FROM session_approvals \
+      WHERE session_id = $1 AND state = 'pending') a \
+     WHERE s.id = $1";
 
 /// The session store of one host on the deployment's database.
 #[derive(Clone)]
@@ -109,120 +122,109 @@ fn event_row(r: &Row) -> Result<Event, StoreError> {
     })
 }
 
+fn events(rows: Vec<Row>) -> Result<Vec<Event>, StoreError> {
+    rows.iter().map(event_row).collect()
+}
+
 fn sessions(rows: Vec<Row>) -> Result<Vec<Session>, StoreError> {
-    Ok(rows
-        .iter()
-        .map(Session::from_row)
-        .collect::<Result<_, _>>()?)
+    rows.iter().map(|r| Ok(Session::from_row(r)?)).collect()
+}
+
+/// Session `id`'s row, which must be there.
+fn found(id: &str, r: Option<Row>) -> Result<Row, StoreError> {
+    r.ok_or_else(|| StoreError::NotFound(id.to_string()))
 }
 
 async fn get_session(tx: &mut Tx, id: &str) -> Result<Session, StoreError> {
-    let r = tx
-        .query_opt(BY_ID, args![id])
-        .await?
-        .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+    let r = found(id, tx.query_opt(BY_ID, args![id]).await?)?;
     Ok(Session::from_row(&r)?)
+}
+
+fn conflict(id: &str, current: SessionState) -> StoreError {
+    let id = id.to_string();
+    StoreError::StateConflict { id, current }
+}
+
+/// The (locked) session, which must be in one of `states`.
+async fn in_state(tx: &mut Tx, id: &str, states: &[SessionState]) -> Result<Session, StoreError> {
+    let s = get_session(tx, id).await?;
+    match states.contains(&s.state) {
+        true => Ok(s),
+        false => Err(conflict(id, s.state)),
+    }
 }
 
 /// The fence: locks the session row and checks that `host` owns it;
 /// returns the epoch this write's events record.
 async fn fence(tx: &mut Tx, id: &str, host: &str) -> Result<u64, StoreError> {
-    let r = tx
-        .query_opt(
-            "SELECT host_id, epoch FROM sessions WHERE id = $1 FOR UPDATE",
-            args![id],
-        )
-        .await?
-        .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
-    let owner: String = r.get("host_id")?;
-    let epoch: u64 = r.get("epoch")?;
+    let sql = "SELECT host_id, epoch FROM sessions WHERE id = $1 FOR UPDATE";
+    let r = found(id, tx.query_opt(sql, args![id]).await?)?;
+    let (owner, epoch): (String, u64) = (r.get("host_id")?, r.get("epoch")?);
     if owner != host {
-        return Err(StoreError::Fenced {
-            id: id.to_string(),
-            owner,
-            epoch,
-        });
+        let id = id.to_string();
+        return Err(StoreError::Fenced { id, owner, epoch });
     }
     Ok(epoch)
 }
 
-/// Records a pending approval, once per id (a patch or a request).
-async fn open_approval(
-    tx: &mut Tx,
-    id: &str,
-    aid: &str,
-    action: &str,
-    details: &str,
-) -> Result<(), StoreError> {
-    tx.execute(
-        "INSERT INTO session_approvals (id, session_id, action, details, state, created_at) \
-         VALUES ($1, $2, $3, $4, 'pending', $5) ON CONFLICT (id) DO NOTHING",
-        args![aid, id, action, details, now()],
-    )
-    .await?;
-    Ok(())
-}
-
+/// Applies a patch to the locked row: its plain fields in one UPDATE,
+/// then what reads the row or another table.
 async fn apply_patch(tx: &mut Tx, id: &str, p: &Patch) -> Result<(), StoreError> {
-    for (col, v) in [
-        ("sandbox_id", &p.sandbox_id),
-        ("process_id", &p.process_id),
-        ("snapshot_id", &p.snapshot_id),
-        ("review_snapshot_id", &p.review_snapshot_id),
-        ("waiting", &p.waiting),
-    ] {
+    let text = |v: &Option<Option<String>>| v.clone().map(Value::from);
+    let add = |n: u64| (n > 0).then(|| Value::from(n));
+    // `$v` is the value's parameter.
+    let fields = [
+        ("sandbox_id = $v", text(&p.sandbox_id)),
+        ("process_id = $v", text(&p.process_id)),
+        ("snapshot_id = $v", text(&p.snapshot_id)),
+        ("review_snapshot_id = $v", text(&p.review_snapshot_id)),
+        ("waiting = $v", text(&p.waiting)),
+        (
+            "delivered_seq = CASE WHEN delivered_seq > $v THEN delivered_seq ELSE $v END",
+            p.delivered_seq.map(Value::from),
+        ),
+        ("spend_tokens = spend_tokens + $v", add(p.add_tokens)),
+        (
+            "spend_usd_cents = spend_usd_cents + $v",
+            add(p.add_usd_cents),
+        ),
+        ("spend_wall_s = spend_wall_s + $v", add(p.add_wall_s)),
+        ("cancel_requested = $v", p.cancel_requested.map(Value::from)),
+    ];
+    let (mut sets, mut args) = (vec![], vec![Value::from(id)]);
+    for (set, v) in fields {
         if let Some(v) = v {
-            let sql = format!("UPDATE sessions SET {col} = $2 WHERE id = $1");
-            tx.execute(&sql, args![id, v.as_deref()]).await?;
+            args.push(v);
+            sets.push(set.replace("$v", &format!("${}", args.len())));
         }
     }
-    if let Some(d) = p.delivered_seq {
-        tx.execute(
-            "UPDATE sessions SET delivered_seq = CASE WHEN delivered_seq > $2 \
-             THEN delivered_seq ELSE $2 END WHERE id = $1",
-            args![id, d],
-        )
-        .await?;
-    }
-    if p.add_tokens > 0 || p.add_usd_cents > 0 || p.add_wall_s > 0 {
-        tx.execute(
-            "UPDATE sessions SET spend_tokens = spend_tokens + $2, spend_usd_cents = spend_usd_cents + $3, \
-             spend_wall_s = spend_wall_s + $4 WHERE id = $1",
-            args![id, p.add_tokens, p.add_usd_cents, p.add_wall_s],
-        )
-        .await?;
+    if !sets.is_empty() {
+        let sql = format!("UPDATE sessions SET {} WHERE id = $1", sets.join(", "));
+        tx.execute(&sql, &args).await?;
     }
     if let Some((aid, action, details)) = &p.new_approval {
-        open_approval(tx, id, aid, action, details).await?;
+        // Once per id.
+        let sql = "INSERT INTO session_approvals (id, session_id, action, details, state, \
+                   created_at) VALUES ($1, $2, $3, $4, 'pending', $5) ON CONFLICT (id) DO NOTHING";
+        let args = args![aid, id, action, details, now()];
+        tx.execute(sql, args).await?;
     }
     if let Some(v) = p.policy_version {
         // Only this field of the spec ever changes; the row is locked.
         let mut s = get_session(tx, id).await?.spec;
         s.policy_version = v;
         let spec = serde_json::to_string(&s).map_err(data_err)?;
-        tx.execute(
-            "UPDATE sessions SET spec = $2 WHERE id = $1",
-            args![id, spec],
-        )
-        .await?;
-    }
-    if let Some(c) = p.cancel_requested {
-        tx.execute(
-            "UPDATE sessions SET cancel_requested = $2 WHERE id = $1",
-            args![id, c],
-        )
-        .await?;
+        let sql = "UPDATE sessions SET spec = $2 WHERE id = $1";
+        tx.execute(sql, args![id, spec]).await?;
     }
     if let Some(r) = p.rewind {
         // Not the greater of: a rewind is the one change that moves these
         // back.
-        tx.execute(
-            "UPDATE sessions SET output_offset = $2, delivered_seq = $3, \
-             replay_through = CASE WHEN replay_through > agent_seq \
-             THEN replay_through ELSE agent_seq END WHERE id = $1",
-            args![id, r.output_offset, r.delivered_seq],
-        )
-        .await?;
+        let sql = "UPDATE sessions SET output_offset = $2, delivered_seq = $3, \
+                   replay_through = CASE WHEN replay_through > agent_seq \
+                   THEN replay_through ELSE agent_seq END WHERE id = $1";
+        let args = args![id, r.output_offset, r.delivered_seq];
+        tx.execute(sql, args).await?;
     }
     Ok(())
 }
@@ -239,23 +241,12 @@ async fn append_tx(
     let mut out = Vec::with_capacity(events.len());
     let mut prev: Option<String> = None;
     for (actor, mut kind) in events {
-        let seq: u64 = tx
-            .query_opt(
-                "UPDATE sessions SET last_seq = last_seq + 1 WHERE id = $1 RETURNING last_seq",
-                args![id],
-            )
-            .await?
-            .ok_or_else(|| StoreError::NotFound(id.to_string()))?
-            .get("last_seq")?;
+        let sql = "UPDATE sessions SET last_seq = last_seq + 1 WHERE id = $1 RETURNING last_seq";
+        let seq: u64 = found(id, tx.query_opt(sql, args![id]).await?)?.get("last_seq")?;
         if prev.is_none() && seq > 1 {
-            prev = tx
-                .query_opt(
-                    "SELECT hash FROM session_events WHERE session_id = $1 AND seq = $2",
-                    args![id, seq - 1],
-                )
-                .await?
-                .map(|r| r.get::<String>("hash"))
-                .transpose()?;
+            let sql = "SELECT hash FROM session_events WHERE session_id = $1 AND seq = $2";
+            let r = tx.query_opt(sql, args![id, seq - 1]).await?;
+            prev = r.map(|r| r.get("hash")).transpose()?;
         }
         for (n, (text, slot, truncated)) in kind.large_fields().into_iter().enumerate() {
             if text.len() <= INLINE_TEXT_BYTES {
@@ -264,11 +255,8 @@ async fn append_tx(
             if let Some(slot) = slot {
                 let blob_ref = format!("b{seq}.{n}");
                 let whole = cut(text, MAX_BLOB_BYTES).as_bytes();
-                tx.execute(
-                    "INSERT INTO session_blobs (session_id, ref, data) VALUES ($1, $2, $3)",
-                    args![id, &blob_ref, whole],
-                )
-                .await?;
+                let sql = "INSERT INTO session_blobs (session_id, ref, data) VALUES ($1, $2, $3)";
+                tx.execute(sql, args![id, &blob_ref, whole]).await?;
                 *slot = Some(blob_ref);
             }
             if let Some(t) = truncated {
@@ -278,22 +266,13 @@ async fn append_tx(
         }
         let at = now();
         let data = serde_json::to_string(&kind).map_err(data_err)?;
-        let (prev_hash, hash) = seal_after(
-            prev.as_deref(),
-            id,
-            seq,
-            &at,
-            actor.as_str(),
-            kind.type_name(),
-            &data,
-        )
-        .map_err(data_err)?;
-        tx.execute(
-            "INSERT INTO session_events (session_id, seq, at, actor, type, data, prev_hash, hash, epoch) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-            args![id, seq, &at, actor.as_str(), kind.type_name(), data, prev_hash, &hash, epoch],
-        )
-        .await?;
+        let (who, what) = (actor.as_str(), kind.type_name());
+        let (prev_hash, hash) =
+            seal_after(prev.as_deref(), id, seq, &at, who, what, &data).map_err(data_err)?;
+        let sql = "INSERT INTO session_events (session_id, seq, at, actor, type, data, prev_hash, \
+                   hash, epoch) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+        let args = args![id, seq, &at, who, what, data, prev_hash, &hash, epoch];
+        tx.execute(sql, args).await?;
         prev = Some(hash);
         out.push(Event {
             seq,
@@ -305,33 +284,24 @@ async fn append_tx(
     Ok(out)
 }
 
-/// The session that holds idempotency key `key`, with its request hash.
-async fn find_key(tx: &mut Tx, key: Option<&str>) -> Result<Option<(String, String)>, StoreError> {
-    let Some(k) = key else { return Ok(None) };
-    let r = tx
-        .query_opt(
-            "SELECT id, request_hash FROM sessions WHERE idempotency_key = $1",
-            args![k],
-        )
-        .await?;
-    Ok(match r {
-        Some(r) => Some((r.get("id")?, r.get("request_hash")?)),
-        None => None,
-    })
-}
-
-/// A create with a key seen before: the same request is a repeat, another
-/// one a conflict.
+/// A create with idempotency key `key` seen before: the same request is a
+/// repeat, another one a conflict (`None`: no key, or a new one).
 async fn repeat(
     tx: &mut Tx,
-    (sid, h): (String, String),
+    key: Option<&str>,
     request_hash: &str,
-) -> Result<CreateOutcome, StoreError> {
-    Ok(if h == request_hash {
+) -> Result<Option<CreateOutcome>, StoreError> {
+    let Some(k) = key else { return Ok(None) };
+    let sql = "SELECT id, request_hash FROM sessions WHERE idempotency_key = $1";
+    let Some(r) = tx.query_opt(sql, args![k]).await? else {
+        return Ok(None);
+    };
+    let (sid, h): (String, String) = (r.get("id")?, r.get("request_hash")?);
+    Ok(Some(if h == request_hash {
         CreateOutcome::Existing(get_session(tx, &sid).await?)
     } else {
         CreateOutcome::KeyConflict(sid)
-    })
+    }))
 }
 
 impl DbSessionStore {
@@ -341,10 +311,8 @@ impl DbSessionStore {
     pub async fn open(db: Db, host_id: &str) -> Result<Self, StoreError> {
         check_host_id(host_id)?;
         db.migrate(&SCHEMA).await?;
-        Ok(DbSessionStore {
-            db,
-            host: host_id.into(),
-        })
+        let host = host_id.into();
+        Ok(DbSessionStore { db, host })
     }
 
     /// Copies a single-host data dir's old `sessions.db` in, once (see
@@ -356,10 +324,8 @@ impl DbSessionStore {
     /// The same database, written as another host (tests and sweepers).
     pub fn as_host(&self, host_id: &str) -> Result<Self, StoreError> {
         check_host_id(host_id)?;
-        Ok(DbSessionStore {
-            db: self.db.clone(),
-            host: host_id.into(),
-        })
+        let (db, host) = (self.db.clone(), host_id.into());
+        Ok(DbSessionStore { db, host })
     }
 
     /// The sessions schema's recorded version.
@@ -390,64 +356,45 @@ impl SessionStore for DbSessionStore {
         request_hash: &str,
     ) -> Result<CreateOutcome, StoreError> {
         let mut tx = self.db.begin().await?;
-        if let Some(found) = find_key(&mut tx, idempotency_key).await? {
-            return repeat(&mut tx, found, request_hash).await;
+        if let Some(seen) = repeat(&mut tx, idempotency_key, request_hash).await? {
+            return Ok(seen);
         }
         let spec_json = serde_json::to_string(spec).map_err(data_err)?;
         // Two creates with one key at once (PostgreSQL): the second waits
         // for the first's commit, inserts nothing, and then answers as a
         // repeat.
-        let inserted = tx
-            .query_opt(
-                "INSERT INTO sessions (id, spec, state, repo, idempotency_key, request_hash, created_at, host_id, epoch) \
-                 VALUES ($1, $2, 'queued', $3, $4, $5, $6, $7, 1) \
-                 ON CONFLICT (idempotency_key) DO NOTHING RETURNING id",
-                args![id, spec_json, &spec.repo, idempotency_key, request_hash, now(), &*self.host],
-            )
-            .await?;
+        let sql = "INSERT INTO sessions (id, spec, state, repo, idempotency_key, request_hash, \
+                   created_at, host_id, epoch) VALUES ($1, $2, 'queued', $3, $4, $5, $6, $7, 1) \
+                   ON CONFLICT (idempotency_key) DO NOTHING RETURNING id";
+        let (key, hash, host) = (idempotency_key, request_hash, &*self.host);
+        let args = args![id, spec_json, &spec.repo, key, hash, now(), host];
+        let inserted = tx.query_opt(sql, args).await?;
         if inserted.is_none() {
-            let found = find_key(&mut tx, idempotency_key)
-                .await?
-                .ok_or_else(|| data_err("idempotency key conflicted but no row holds it"))?;
-            return repeat(&mut tx, found, request_hash).await;
+            let seen = repeat(&mut tx, idempotency_key, request_hash).await?;
+            return seen.ok_or_else(|| data_err("idempotency key conflicted but no row holds it"));
         }
-        let ev = append_tx(
-            &mut tx,
-            id,
-            1,
-            vec![(
-                Actor::User,
-                EventKind::SessionCreated {
-                    repo: spec.repo.clone(),
-                    git_ref: spec.git_ref.clone(),
-                    task: spec.task.clone(),
-                    policy_id: spec.policy_id.clone(),
-                    policy_version: spec.policy_version,
-                    template: spec.template.clone(),
-                },
-            )],
-        )
-        .await?;
+        let created = EventKind::SessionCreated {
+            repo: spec.repo.clone(),
+            git_ref: spec.git_ref.clone(),
+            task: spec.task.clone(),
+            policy_id: spec.policy_id.clone(),
+            policy_version: spec.policy_version,
+            template: spec.template.clone(),
+        };
+        let mut ev = append_tx(&mut tx, id, 1, vec![(Actor::User, created)]).await?;
         let s = get_session(&mut tx, id).await?;
         tx.commit().await?;
-        Ok(CreateOutcome::Created(
-            s,
-            ev.into_iter().next().expect("one event"),
-        ))
+        Ok(CreateOutcome::Created(s, ev.remove(0)))
     }
 
     async fn get(&self, id: &str) -> Result<Session, StoreError> {
-        let r = self
-            .db
-            .query_opt(BY_ID, args![id])
-            .await?
-            .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+        let r = found(id, self.db.query_opt(BY_ID, args![id]).await?)?;
         Ok(Session::from_row(&r)?)
     }
 
     async fn list(&self, f: &ListFilter) -> Result<Vec<Session>, StoreError> {
         let mut sql = "SELECT * FROM sessions WHERE 1 = 1".to_string();
-        let mut args: Vec<hatchery_db::Value> = vec![];
+        let mut args: Vec<Value> = vec![];
         if let Some(s) = f.state {
             args.push(s.as_str().into());
             sql += &format!(" AND state = ${}", args.len());
@@ -474,9 +421,7 @@ impl SessionStore for DbSessionStore {
             "SELECT * FROM sessions WHERE sandbox_id = $1 AND {UNFINISHED} \
              ORDER BY ord LIMIT 1"
         );
-        Ok(sessions(self.db.query(&sql, args![sandbox_id]).await?)?
-            .into_iter()
-            .next())
+        Ok(sessions(self.db.query(&sql, args![sandbox_id]).await?)?.pop())
     }
 
     async fn unfinished(&self) -> Result<Vec<Session>, StoreError> {
@@ -518,13 +463,9 @@ impl SessionStore for DbSessionStore {
     ) -> Result<Option<Vec<Event>>, StoreError> {
         let (mut tx, epoch) = self.write(id).await?;
         if let Some(key) = key {
-            let fresh = tx
-                .execute(
-                    "INSERT INTO session_deliveries (session_id, key) VALUES ($1, $2) \
-                     ON CONFLICT DO NOTHING",
-                    args![id, key],
-                )
-                .await?;
+            let sql = "INSERT INTO session_deliveries (session_id, key) VALUES ($1, $2) \
+                       ON CONFLICT DO NOTHING";
+            let fresh = tx.execute(sql, args![id, key]).await?;
             if fresh == 0 {
                 return Ok(None);
             }
@@ -549,25 +490,16 @@ impl SessionStore for DbSessionStore {
         patch: Patch,
     ) -> Result<Option<Vec<Event>>, StoreError> {
         let (mut tx, epoch) = self.write(id).await?;
-        let done: u64 = tx
-            .query_opt(
-                "SELECT output_offset FROM sessions WHERE id = $1",
-                args![id],
-            )
-            .await?
-            .ok_or_else(|| StoreError::NotFound(id.to_string()))?
-            .get("output_offset")?;
+        let sql = "SELECT output_offset FROM sessions WHERE id = $1";
+        let done: u64 = found(id, tx.query_opt(sql, args![id]).await?)?.get("output_offset")?;
         if line_end <= done {
             return Ok(None);
         }
         let out = append_tx(&mut tx, id, epoch, events).await?;
         apply_patch(&mut tx, id, &patch).await?;
-        tx.execute(
-            "UPDATE sessions SET output_offset = $2, \
-             agent_seq = CASE WHEN agent_seq > $3 THEN agent_seq ELSE $3 END WHERE id = $1",
-            args![id, line_end, n.unwrap_or(0)],
-        )
-        .await?;
+        let sql = "UPDATE sessions SET output_offset = $2, \
+                   agent_seq = CASE WHEN agent_seq > $3 THEN agent_seq ELSE $3 END WHERE id = $1";
+        tx.execute(sql, args![id, line_end, n.unwrap_or(0)]).await?;
         tx.commit().await?;
         Ok(Some(out))
     }
@@ -582,55 +514,38 @@ impl SessionStore for DbSessionStore {
         patch: Patch,
     ) -> Result<(Session, Vec<Event>), StoreError> {
         let (mut tx, epoch) = self.write(id).await?;
-        let cur = get_session(&mut tx, id).await?;
-        let conflict = || StoreError::StateConflict {
-            id: id.to_string(),
-            current: cur.state,
-        };
-        if !from.contains(&cur.state) || !cur.state.valid_transition(to) {
-            return Err(conflict());
+        let cur = in_state(&mut tx, id, from).await?.state;
+        if !cur.valid_transition(to) {
+            return Err(conflict(id, cur));
         }
+        let changed = EventKind::StateChanged {
+            from: cur,
+            to,
+            reason: reason.clone(),
+        };
         let mut evs = extra;
-        evs.push((
-            Actor::System,
-            EventKind::StateChanged {
-                from: cur.state,
-                to,
-                reason: reason.clone(),
-            },
-        ));
+        evs.push((Actor::System, changed));
         let out = append_tx(&mut tx, id, epoch, evs).await?;
         apply_patch(&mut tx, id, &patch).await?;
         // Guarded: the UPDATE names the state it moves from and the owner
         // (both hold under the row lock; belt and braces).
-        let n = tx
-            .execute(
-                "UPDATE sessions SET state = $2 WHERE id = $1 AND state = $3 AND host_id = $4",
-                args![id, to.as_str(), cur.state.as_str(), &*self.host],
-            )
-            .await?;
+        let sql = "UPDATE sessions SET state = $2 WHERE id = $1 AND state = $3 AND host_id = $4";
+        let args = args![id, to.as_str(), cur.as_str(), &*self.host];
+        let n = tx.execute(sql, args).await?;
         if n != 1 {
-            return Err(conflict());
+            return Err(conflict(id, cur));
         }
         if to == SessionState::Running {
-            tx.execute(
-                "UPDATE sessions SET started_at = COALESCE(started_at, $2) WHERE id = $1",
-                args![id, now()],
-            )
-            .await?;
+            let sql = "UPDATE sessions SET started_at = COALESCE(started_at, $2) WHERE id = $1";
+            tx.execute(sql, args![id, now()]).await?;
         }
         if to.is_terminal() {
-            tx.execute(
-                "UPDATE sessions SET ended_at = $2, reason = $3, waiting = NULL WHERE id = $1",
-                args![id, now(), reason],
-            )
-            .await?;
-            tx.execute(
-                "UPDATE session_approvals SET state = 'expired' \
-                 WHERE session_id = $1 AND state = 'pending'",
-                args![id],
-            )
-            .await?;
+            let sql = "UPDATE sessions SET ended_at = $2, reason = $3, waiting = NULL \
+                       WHERE id = $1";
+            tx.execute(sql, args![id, now(), reason]).await?;
+            let sql = "UPDATE session_approvals SET state = 'expired' \
+                       WHERE session_id = $1 AND state = 'pending'";
+            tx.execute(sql, args![id]).await?;
         }
         let s = get_session(&mut tx, id).await?;
         tx.commit().await?;
@@ -638,16 +553,9 @@ impl SessionStore for DbSessionStore {
     }
 
     async fn events(&self, id: &str, after: u64, limit: usize) -> Result<Vec<Event>, StoreError> {
-        self.db
-            .query(
-                "SELECT seq, at, actor, data FROM session_events WHERE session_id = $1 AND seq > $2 \
-                 ORDER BY seq LIMIT $3",
-                args![id, after, limit],
-            )
-            .await?
-            .iter()
-            .map(event_row)
-            .collect()
+        let sql = "SELECT seq, at, actor, data FROM session_events \
+                   WHERE session_id = $1 AND seq > $2 ORDER BY seq LIMIT $3";
+        events(self.db.query(sql, args![id, after, limit]).await?)
     }
 
     async fn chain_heads(&self) -> Result<Vec<hatchery_audit::Head>, StoreError> {
@@ -673,16 +581,9 @@ impl SessionStore for DbSessionStore {
     }
 
     async fn deliverables_after(&self, id: &str, after: u64) -> Result<Vec<Event>, StoreError> {
-        self.db
-            .query(
-                "SELECT seq, at, actor, data FROM session_events WHERE session_id = $1 AND seq > $2 \
-                 AND type IN ('message', 'approval_decided') ORDER BY seq",
-                args![id, after],
-            )
-            .await?
-            .iter()
-            .map(event_row)
-            .collect()
+        let sql = "SELECT seq, at, actor, data FROM session_events WHERE session_id = $1 \
+                   AND seq > $2 AND type IN ('message', 'approval_decided') ORDER BY seq";
+        events(self.db.query(sql, args![id, after]).await?)
     }
 
     async fn append_if_state(
@@ -693,13 +594,7 @@ impl SessionStore for DbSessionStore {
         patch: Patch,
     ) -> Result<Vec<Event>, StoreError> {
         let (mut tx, epoch) = self.write(id).await?;
-        let cur = get_session(&mut tx, id).await?;
-        if !states.contains(&cur.state) {
-            return Err(StoreError::StateConflict {
-                id: id.to_string(),
-                current: cur.state,
-            });
-        }
+        in_state(&mut tx, id, states).await?;
         let out = append_tx(&mut tx, id, epoch, events).await?;
         apply_patch(&mut tx, id, &patch).await?;
         tx.commit().await?;
@@ -707,65 +602,33 @@ impl SessionStore for DbSessionStore {
     }
 
     async fn blob(&self, id: &str, blob_ref: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        match self
-            .db
-            .query_opt(
-                "SELECT data FROM session_blobs WHERE session_id = $1 AND ref = $2",
-                args![id, blob_ref],
-            )
-            .await?
-        {
-            Some(r) => Ok(Some(r.get("data")?)),
-            None => Ok(None),
-        }
+        let sql = "SELECT data FROM session_blobs WHERE session_id = $1 AND ref = $2";
+        let r = self.db.query_opt(sql, args![id, blob_ref]).await?;
+        Ok(r.map(|r| r.get("data")).transpose()?)
     }
 
     async fn usage(&self, id: &str) -> Result<StorageUsage, StoreError> {
         let mut tx = self.db.read().await?;
-        if tx
-            .query_opt("SELECT 1 FROM sessions WHERE id = $1", args![id])
-            .await?
-            .is_none()
-        {
-            return Err(StoreError::NotFound(id.to_string()));
-        }
-        let r = tx
-            .query_one(
-                "SELECT CAST(COUNT(*) AS BIGINT), \
-                 CAST(COALESCE(SUM(octet_length(data)), 0) AS BIGINT), \
-                 CAST(COALESCE(SUM(CASE WHEN actor = 'agent' THEN octet_length(data) ELSE 0 END), 0) AS BIGINT) \
-                 FROM session_events WHERE session_id = $1",
-                args![id],
-            )
-            .await?;
-        let ev = (r.get(0)?, r.get(1)?, r.get(2)?);
-        let r = tx
-            .query_one(
-                "SELECT CAST(COUNT(*) AS BIGINT), CAST(COALESCE(SUM(octet_length(data)), 0) AS BIGINT) \
-                 FROM session_blobs WHERE session_id = $1",
-                args![id],
-            )
-            .await?;
-        let bl = (r.get(0)?, r.get(1)?);
-        let ap = tx
-            .query_one(
-                "SELECT CAST(COUNT(*) AS BIGINT) FROM session_approvals \
-                 WHERE session_id = $1 AND state = 'pending'",
-                args![id],
-            )
-            .await?
-            .get(0)?;
-        let markers = tx
-            .query(
-                "SELECT data FROM session_events WHERE session_id = $1 AND type = 'output_capped'",
-                args![id],
-            )
-            .await?
-            .iter()
-            .map(|r| r.get::<String>(0))
-            .collect::<Result<Vec<_>, _>>()?;
+        let r = found(id, tx.query_opt(USAGE, args![id]).await?)?;
+        let sql =
+            "SELECT data FROM session_events WHERE session_id = $1 AND type = 'output_capped'";
+        let markers = tx.query(sql, args![id]).await?;
         tx.commit().await?;
-        Ok(StorageUsage::from_parts(ev, bl, ap, markers))
+        let mut capped = vec![];
+        for m in markers {
+            let d: serde_json::Value =
+                serde_json::from_str(&m.get::<String>("data")?).unwrap_or_default();
+            capped.extend(d.get("cap").and_then(|c| c.as_str()).map(str::to_string));
+        }
+        Ok(StorageUsage {
+            events: r.get("events")?,
+            event_bytes: r.get("event_bytes")?,
+            blobs: r.get("blobs")?,
+            blob_bytes: r.get("blob_bytes")?,
+            agent_event_bytes: r.get("agent_event_bytes")?,
+            open_approvals: r.get("open_approvals")?,
+            capped,
+        })
     }
 
     async fn request_approval(
@@ -775,43 +638,23 @@ impl SessionStore for DbSessionStore {
         action: &str,
         details: &str,
     ) -> Result<Vec<Event>, StoreError> {
-        let (mut tx, epoch) = self.write(id).await?;
-        open_approval(&mut tx, id, approval_id, action, details).await?;
-        let out = append_tx(
-            &mut tx,
-            id,
-            epoch,
-            vec![(
-                Actor::Agent,
-                EventKind::ApprovalRequested {
-                    approval_id: approval_id.to_string(),
-                    action: action.to_string(),
-                    details: details.to_string(),
-                },
-            )],
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(out)
+        let patch = Patch {
+            new_approval: Some((approval_id.into(), action.into(), details.into())),
+            ..Patch::default()
+        };
+        let ev = EventKind::ApprovalRequested {
+            approval_id: approval_id.into(),
+            action: action.into(),
+            details: details.into(),
+        };
+        self.append(id, vec![(Actor::Agent, ev)], patch).await
     }
 
     async fn pending_approval(&self, id: &str) -> Result<Option<Approval>, StoreError> {
-        let r = self
-            .db
-            .query_opt(
-                "SELECT id, action, details, state, created_at FROM session_approvals \
-                 WHERE session_id = $1 AND state = 'pending' ORDER BY created_at, id LIMIT 1",
-                args![id],
-            )
-            .await?;
-        let Some(r) = r else { return Ok(None) };
-        Ok(Some(Approval {
-            approval_id: r.get("id")?,
-            action: r.get("action")?,
-            details: r.get("details")?,
-            state: r.get("state")?,
-            created_at: r.get("created_at")?,
-        }))
+        let sql = "SELECT *, id AS approval_id FROM session_approvals \
+                   WHERE session_id = $1 AND state = 'pending' ORDER BY created_at, id LIMIT 1";
+        let r = self.db.query_opt(sql, args![id]).await?;
+        Ok(r.as_ref().map(Approval::from_row).transpose()?)
     }
 
     async fn decide_approval(
@@ -822,30 +665,19 @@ impl SessionStore for DbSessionStore {
         note: &str,
     ) -> Result<Vec<Event>, StoreError> {
         let (mut tx, epoch) = self.write(id).await?;
-        let n = tx
-            .execute(
-                "UPDATE session_approvals SET state = 'decided', decision = $3, note = $4, decided_at = $5 \
-                 WHERE id = $1 AND session_id = $2 AND state = 'pending'",
-                args![approval_id, id, decision, note, now()],
-            )
-            .await?;
+        let sql = "UPDATE session_approvals SET state = 'decided', decision = $3, note = $4, \
+                   decided_at = $5 WHERE id = $1 AND session_id = $2 AND state = 'pending'";
+        let args = args![approval_id, id, decision, note, now()];
+        let n = tx.execute(sql, args).await?;
         if n == 0 {
             return Err(StoreError::ApprovalNotFound(approval_id.to_string()));
         }
-        let out = append_tx(
-            &mut tx,
-            id,
-            epoch,
-            vec![(
-                Actor::User,
-                EventKind::ApprovalDecided {
-                    approval_id: approval_id.to_string(),
-                    decision: decision.to_string(),
-                    note: note.to_string(),
-                },
-            )],
-        )
-        .await?;
+        let decided = EventKind::ApprovalDecided {
+            approval_id: approval_id.to_string(),
+            decision: decision.to_string(),
+            note: note.to_string(),
+        };
+        let out = append_tx(&mut tx, id, epoch, vec![(Actor::User, decided)]).await?;
         tx.commit().await?;
         Ok(out)
     }
@@ -865,40 +697,22 @@ impl SessionStore for DbSessionStore {
         let sql = format!(
             "SELECT id FROM sessions WHERE host_id = $1 AND {UNFINISHED} ORDER BY id FOR UPDATE"
         );
-        let ids = tx
-            .query(&sql, args![from_host])
-            .await?
-            .iter()
-            .map(|r| r.get::<String>("id"))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut moved = Vec::with_capacity(ids.len());
-        for id in ids {
-            let Some(r) = tx
-                .query_opt(
-                    "UPDATE sessions SET host_id = $2, epoch = epoch + 1 \
-                     WHERE id = $1 AND host_id = $3 RETURNING epoch",
-                    args![&id, to_host, from_host],
-                )
-                .await?
-            else {
+        let mut moved = vec![];
+        for r in tx.query(&sql, args![from_host]).await? {
+            let id: String = r.get("id")?;
+            let sql = "UPDATE sessions SET host_id = $2, epoch = epoch + 1 \
+                       WHERE id = $1 AND host_id = $3 RETURNING epoch";
+            let Some(r) = tx.query_opt(sql, args![&id, to_host, from_host]).await? else {
                 continue;
             };
             let epoch: u64 = r.get("epoch")?;
-            append_tx(
-                &mut tx,
-                &id,
+            let changed = EventKind::HostChanged {
+                from: from_host.to_string(),
+                to: to_host.to_string(),
                 epoch,
-                vec![(
-                    Actor::System,
-                    EventKind::HostChanged {
-                        from: from_host.to_string(),
-                        to: to_host.to_string(),
-                        epoch,
-                        reason: reason.to_string(),
-                    },
-                )],
-            )
-            .await?;
+                reason: reason.to_string(),
+            };
+            append_tx(&mut tx, &id, epoch, vec![(Actor::System, changed)]).await?;
             moved.push((id, epoch));
         }
         tx.commit().await?;

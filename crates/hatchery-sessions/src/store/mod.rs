@@ -184,24 +184,7 @@ hatchery_db::record! {
 
 hatchery_db::named!(SessionState, as_str, parse);
 
-/// The spec is stored as its JSON; a row whose spec does not decode is a
-/// type error naming the column.
-impl hatchery_db::FromValue for SessionSpec {
-    const NAME: &'static str = "a session spec (JSON)";
-    fn from_value(v: &hatchery_db::Value) -> Option<Self> {
-        match v {
-            hatchery_db::Value::Text(s) => serde_json::from_str(s).ok(),
-            _ => None,
-        }
-    }
-}
-impl hatchery_db::ToValue for SessionSpec {
-    fn to_value(&self, _: &'static str) -> Result<hatchery_db::Value, hatchery_db::DbError> {
-        // Strings, numbers and string maps: serializing cannot fail.
-        let json = serde_json::to_string(self).unwrap_or_default();
-        Ok(hatchery_db::Value::Text(json))
-    }
-}
+hatchery_db::json!(SessionSpec, "a session spec (JSON)");
 
 /// Fields a runner step changes (None: leave as is).
 #[derive(Debug, Default, Clone)]
@@ -233,13 +216,17 @@ pub struct Rewind {
     pub delivered_seq: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
-pub struct Approval {
-    pub approval_id: String,
-    pub action: String,
-    pub details: String,
-    pub state: String,
-    pub created_at: String,
+hatchery_db::record! {
+    // A row of `session_approvals`, read with its `id` as `approval_id`
+    // (no doc comment: it would become the API schema's description).
+    #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+    pub struct Approval in "session_approvals" {
+        pub approval_id: String,
+        pub action: String,
+        pub details: String,
+        pub state: String,
+        pub created_at: String,
+    }
 }
 
 /// What one session holds in the store (computed on read, from the rows).
@@ -263,28 +250,6 @@ impl StorageUsage {
     /// system's events, the final diff only, count too: a cap errs low).
     pub fn output_bytes(&self) -> u64 {
         self.agent_event_bytes.saturating_add(self.blob_bytes)
-    }
-
-    pub(crate) fn from_parts(
-        (events, event_bytes, agent_event_bytes): (i64, i64, i64),
-        (blobs, blob_bytes): (i64, i64),
-        open_approvals: i64,
-        marker_data: Vec<String>,
-    ) -> StorageUsage {
-        let u = |v: i64| v.max(0) as u64;
-        StorageUsage {
-            events: u(events),
-            event_bytes: u(event_bytes),
-            blobs: u(blobs),
-            blob_bytes: u(blob_bytes),
-            agent_event_bytes: u(agent_event_bytes),
-            open_approvals: u(open_approvals),
-            capped: marker_data
-                .iter()
-                .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
-                .filter_map(|v| v.get("cap").and_then(|c| c.as_str()).map(str::to_string))
-                .collect(),
-        }
     }
 }
 

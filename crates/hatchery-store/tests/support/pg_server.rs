@@ -39,7 +39,7 @@ fn is_root() -> bool {
 }
 
 /// A PostgreSQL program, as the `postgres` user when this is root.
-fn pg(name: &str) -> Command {
+pub fn pg(name: &str) -> Command {
     if !is_root() {
         return Command::new(pg_bin(name));
     }
