@@ -42,7 +42,7 @@ pub use pg_pool::{
     pg_message, pg_pool, pg_pool_read_only, pg_unavailable, PoolConfigError, POOL_TIMEOUT,
     TCP_USER_TIMEOUT,
 };
-pub use race::race;
+pub use race::{race, run_id};
 pub use record::{Record, ToValue};
 // For `json!`.
 #[doc(hidden)]
@@ -257,6 +257,22 @@ impl Db {
     /// One record's row, inserted on its own.
     pub async fn insert<R: Record>(&self, r: &R) -> Result<u64, DbError> {
         self.execute(&R::insert_sql(), &r.values()?).await
+    }
+
+    /// The records of `SELECT * FROM <R's table> <rest>`.
+    pub async fn select<R: Record>(&self, rest: &str, args: &[Value]) -> Result<Vec<R>, DbError> {
+        let sql = format!("SELECT * FROM {} {rest}", R::TABLE);
+        let rows = self.query(&sql, args).await?;
+        rows.iter().map(R::from_row).collect()
+    }
+
+    /// The first record of `SELECT * FROM <R's table> <rest>`, if any.
+    pub async fn select_opt<R: Record>(
+        &self,
+        rest: &str,
+        args: &[Value],
+    ) -> Result<Option<R>, DbError> {
+        Ok(self.select(rest, args).await?.into_iter().next())
     }
 
     /// Runs a product's migrations (see [`Migrations::run`]).

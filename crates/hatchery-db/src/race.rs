@@ -17,3 +17,13 @@ where
     }
     out
 }
+
+/// A suffix unique per call: the process id and the clock, so two runs
+/// (or two suites in one run) on one database never share an id.
+pub fn run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    format!("t{}x{nanos:x}", std::process::id())
+}

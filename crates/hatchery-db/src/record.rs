@@ -155,6 +155,42 @@ macro_rules! named {
     };
 }
 
+/// Declares a fieldless enum stored by its names: `ALL`, `as_str`,
+/// `parse` (`None` for any other text, never some default) and its
+/// [`named!`](crate::named) storage. The enum must derive `Copy`.
+///
+/// ```
+/// hatchery_db::names! {
+///     #[derive(Debug, Clone, Copy, PartialEq)]
+///     pub enum Side {
+///         Left = "left",
+///         Right = "right",
+///     }
+/// }
+/// assert_eq!(Side::parse("right"), Some(Side::Right));
+/// assert_eq!(Side::ALL.len(), 2);
+/// ```
+#[macro_export]
+macro_rules! names {
+    ($(#[$m:meta])* $vis:vis enum $name:ident {
+        $($(#[$vm:meta])* $v:ident = $s:literal),* $(,)?
+    }) => {
+        $(#[$m])*
+        $vis enum $name { $($(#[$vm])* $v),* }
+
+        impl $name {
+            pub const ALL: &'static [$name] = &[$($name::$v),*];
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$v => $s),* }
+            }
+            pub fn parse(s: &str) -> Option<Self> {
+                Self::ALL.iter().copied().find(|x| x.as_str() == s)
+            }
+        }
+        $crate::named!($name, as_str, parse);
+    };
+}
+
 /// A type stored as its JSON text (a spec), read back with serde; `$what`
 /// names it in errors: a stored value that does not decode is a
 /// [`DbError::Type`] naming the column. For plain data (strings, numbers,

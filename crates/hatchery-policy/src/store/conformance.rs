@@ -29,12 +29,8 @@ pub async fn run_all(db: impl AsyncFn() -> Db) -> (DbPolicyStore, String) {
     assert_eq!(on_b.sha256, a.version(&id, 1).await.unwrap().sha256);
     assert_eq!(b.latest(&id).await.unwrap().version, 2);
     let listed = b.list().await.unwrap();
-    let builtin: Vec<_> = listed.iter().filter(|p| p.builtin).collect();
-    assert_eq!(
-        builtin.len(),
-        1,
-        "one built-in policy, however many daemons"
-    );
+    let builtin = listed.iter().filter(|p| p.builtin).count();
+    assert_eq!(builtin, 1, "one built-in policy, however many daemons");
     assert_eq!(b.latest(STANDARD_ID).await.unwrap().version, 1);
     // A migration run twice is a no-op.
     let again = DbPolicyStore::open(db().await).await.unwrap();
@@ -53,17 +49,13 @@ fn doc(name: &str, rules: serde_json::Value) -> PolicyDocument {
 /// (at version 2), for backend-specific checks after.
 async fn versions(s: &dyn PolicyStore) -> String {
     use serde_json::json;
-    let p1 = s
-        .create(doc("a", json!([{"id": "r", "effect": "allow"}])))
-        .await
-        .unwrap();
+    let a = doc("a", json!([{"id": "r", "effect": "allow"}]));
+    let p1 = s.create(a).await.unwrap();
     assert_eq!(p1.version, 1);
     assert!(p1.id.starts_with("pol_") && p1.id.len() == 20);
     assert!(!p1.builtin);
-    let p2 = s
-        .add_version(&p1.id, doc("a2", json!([{"id": "r", "effect": "deny"}])))
-        .await
-        .unwrap();
+    let a2 = doc("a2", json!([{"id": "r", "effect": "deny"}]));
+    let p2 = s.add_version(&p1.id, a2).await.unwrap();
     assert_eq!(p2.version, 2);
     assert_ne!(p1.sha256, p2.sha256);
     let latest = s.latest(&p1.id).await.unwrap();
@@ -93,11 +85,8 @@ async fn versions(s: &dyn PolicyStore) -> String {
     ] {
         assert!(matches!(r, Err(StoreError::Invalid(_))), "{r:?}");
     }
-    assert_eq!(
-        s.latest(&p1.id).await.unwrap().version,
-        2,
-        "a refused version leaves nothing"
-    );
+    let latest = s.latest(&p1.id).await.unwrap().version;
+    assert_eq!(latest, 2, "a refused version leaves nothing");
     let list = s.list().await.unwrap();
     assert_eq!(list.len(), before, "a refused create leaves nothing");
     let mine = list.iter().find(|p| p.id == p1.id).unwrap();
@@ -111,17 +100,13 @@ async fn versions(s: &dyn PolicyStore) -> String {
 /// Twenty writers add a version to one policy at once: each gets its own
 /// number, 2..=21, and the latest is 21.
 async fn concurrent_versions(s: Arc<dyn PolicyStore>) {
-    let p = s.create(doc("c", serde_json::json!([]))).await.unwrap();
-    let tasks: Vec<_> = (0..20)
-        .map(|_| {
-            let (s, id) = (s.clone(), p.id.clone());
-            tokio::spawn(async move { s.add_version(&id, doc("c", serde_json::json!([]))).await })
-        })
-        .collect();
-    let mut got = Vec::new();
-    for t in tasks {
-        got.push(t.await.unwrap().unwrap().version);
-    }
+    let c = || doc("c", serde_json::json!([]));
+    let p = s.create(c()).await.unwrap();
+    let mut got = hatchery_db::race(20, |_| {
+        let (s, id, doc) = (s.clone(), p.id.clone(), c());
+        async move { s.add_version(&id, doc).await.unwrap().version }
+    })
+    .await;
     got.sort();
     assert_eq!(got, (2..=21).collect::<Vec<_>>());
     assert_eq!(s.latest(&p.id).await.unwrap().version, 21);

@@ -9,8 +9,10 @@ use crate::compile::Policy;
 use crate::document::PolicyDocument;
 use crate::standard::{standard_document, STANDARD_ID};
 use crate::store::{PolicyStore, PolicySummary, StoreError, StoredPolicy};
-use hatchery_db::{args, copy_table, Db, Import, Migrations, Record, Row, Step, Tx};
+use hatchery_db::{args, copy_table, Db, Import, Migrations, Row, Step, Tx};
 use sha2::{Digest, Sha256};
+use time::format_description::well_known::Rfc3339;
+use time::OffsetDateTime;
 
 /// Most policies one store keeps.
 pub const MAX_POLICIES: u64 = 10_000;
@@ -88,23 +90,6 @@ pub struct DbPolicyStore {
     db: Db,
 }
 
-fn now() -> String {
-    time::OffsetDateTime::now_utc()
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
-}
-
-fn new_id() -> String {
-    format!("pol_{:016x}", rand::random::<u64>())
-}
-
-/// The stored JSON of a document and its SHA-256 (hex).
-fn encode(doc: &PolicyDocument) -> Result<(String, String), StoreError> {
-    let json = serde_json::to_string(doc).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    let sha = Sha256::digest(json.as_bytes());
-    Ok((json, sha.iter().map(|b| format!("{b:02x}")).collect()))
-}
-
 const SELECT_VERSION: &str =
     "SELECT v.policy_id, v.version, v.document, v.sha256, v.created_at, p.builtin
      FROM policy_versions v JOIN policy_heads p ON p.id = v.policy_id";
@@ -124,17 +109,28 @@ fn read_version(r: &Row) -> Result<StoredPolicy, StoreError> {
     })
 }
 
-/// Writes `version` of policy `id`, made at `created_at` (its head is the
-/// caller's).
+/// Writes `version` of policy `id`, and at version 1 its head (a later
+/// version's head is the caller's).
 async fn insert_version(
     tx: &mut Tx,
     id: &str,
     version: u32,
     document: PolicyDocument,
     builtin: bool,
-    created_at: String,
 ) -> Result<StoredPolicy, StoreError> {
-    let (json, sha256) = encode(&document)?;
+    let json = serde_json::to_string(&document).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    let digest = Sha256::digest(json.as_bytes());
+    let sha256 = digest.iter().map(|b| format!("{b:02x}")).collect();
+    let now = OffsetDateTime::now_utc();
+    let created_at = now.format(&Rfc3339).unwrap_or_default();
+    if version == 1 {
+        tx.execute(
+            "INSERT INTO policy_heads (id, name, latest_version, builtin, created_at, updated_at)
+             VALUES ($1, $2, 1, $3, $4, $4)",
+            args![id, &document.name, builtin, &created_at],
+        )
+        .await?;
+    }
     tx.execute(
         "INSERT INTO policy_versions (policy_id, version, document, sha256, created_at)
          VALUES ($1, $2, $3, $4, $5)",
@@ -151,21 +147,9 @@ async fn insert_version(
     })
 }
 
-/// A new policy `id`: its head and its version 1.
-async fn insert_policy(
-    tx: &mut Tx,
-    id: &str,
-    doc: PolicyDocument,
-    builtin: bool,
-) -> Result<StoredPolicy, StoreError> {
-    let ts = now();
-    tx.execute(
-        "INSERT INTO policy_heads (id, name, latest_version, builtin, created_at, updated_at)
-         VALUES ($1, $2, 1, $3, $4, $4)",
-        args![id, &doc.name, builtin, &ts],
-    )
-    .await?;
-    insert_version(tx, id, 1, doc, builtin, ts).await
+async fn exists(tx: &mut Tx, id: &str) -> Result<bool, StoreError> {
+    let sql = "SELECT 1 FROM policy_heads WHERE id = $1";
+    Ok(tx.query_opt(sql, args![id]).await?.is_some())
 }
 
 impl DbPolicyStore {
@@ -174,31 +158,18 @@ impl DbPolicyStore {
     /// at the same time).
     pub async fn open(db: Db) -> Result<Self, StoreError> {
         db.migrate(&SCHEMA).await?;
-        let s = DbPolicyStore { db };
-        s.ensure_standard().await?;
-        Ok(s)
+        let mut tx = db.begin().await?;
+        tx.lock("policy_heads").await?;
+        if !exists(&mut tx, STANDARD_ID).await? {
+            insert_version(&mut tx, STANDARD_ID, 1, standard_document(), true).await?;
+        }
+        tx.commit().await?;
+        Ok(DbPolicyStore { db })
     }
 
     /// A scratch database (tests).
     pub async fn scratch() -> Result<Self, StoreError> {
         Self::open(hatchery_db::Db::sqlite_memory()?).await
-    }
-
-    async fn ensure_standard(&self) -> Result<(), StoreError> {
-        let mut tx = self.db.begin().await?;
-        tx.lock("policy_heads").await?;
-        let have = tx
-            .query_opt(
-                "SELECT 1 FROM policy_heads WHERE id = $1",
-                args![STANDARD_ID],
-            )
-            .await?
-            .is_some();
-        if !have {
-            insert_policy(&mut tx, STANDARD_ID, standard_document(), true).await?;
-        }
-        tx.commit().await?;
-        Ok(())
     }
 
     /// The policy schema's version in the database.
@@ -214,14 +185,13 @@ impl PolicyStore for DbPolicyStore {
         let mut tx = self.db.begin().await?;
         // Creates take turns, so the cap on the number of policies is exact.
         tx.lock("policy_heads").await?;
-        let n: u64 = tx
-            .query_one("SELECT count(*) FROM policy_heads", args![])
-            .await?
-            .get(0)?;
+        let count = "SELECT count(*) FROM policy_heads";
+        let n: u64 = tx.query_one(count, args![]).await?.get(0)?;
         if n >= MAX_POLICIES {
             return Err(StoreError::TooMany(n, MAX_POLICIES));
         }
-        let p = insert_policy(&mut tx, &new_id(), doc, false).await?;
+        let id = format!("pol_{:016x}", rand::random::<u64>());
+        let p = insert_version(&mut tx, &id, 1, doc, false).await?;
         tx.commit().await?;
         Ok(p)
     }
@@ -229,13 +199,9 @@ impl PolicyStore for DbPolicyStore {
     async fn add_version(&self, id: &str, doc: PolicyDocument) -> Result<StoredPolicy, StoreError> {
         Policy::compile(&doc)?;
         let mut tx = self.db.begin().await?;
-        let row = tx
-            .query_opt(
-                "SELECT latest_version, builtin FROM policy_heads WHERE id = $1 FOR UPDATE",
-                args![id],
-            )
-            .await?
-            .ok_or_else(|| StoreError::NotFound(id.into()))?;
+        let head = "SELECT latest_version, builtin FROM policy_heads WHERE id = $1 FOR UPDATE";
+        let row = tx.query_opt(head, args![id]).await?;
+        let row = row.ok_or_else(|| StoreError::NotFound(id.into()))?;
         let (latest, builtin): (u32, bool) = (row.get(0)?, row.get(1)?);
         if builtin {
             return Err(StoreError::ReadOnly(id.into()));
@@ -243,17 +209,13 @@ impl PolicyStore for DbPolicyStore {
         if latest >= MAX_VERSIONS {
             return Err(StoreError::TooManyVersions(id.into(), latest, MAX_VERSIONS));
         }
-        let p = insert_version(&mut tx, id, latest + 1, doc, false, now()).await?;
+        let p = insert_version(&mut tx, id, latest + 1, doc, false).await?;
         // Names the version it moves from, so two writers cannot both
         // think they made version N+1.
-        let moved = tx
-            .execute(
-                "UPDATE policy_heads SET latest_version = $2, name = $3, updated_at = $4
-                 WHERE id = $1 AND latest_version = $5",
-                args![id, p.version, &p.document.name, &p.created_at, latest],
-            )
-            .await?;
-        if moved != 1 {
+        let set = "UPDATE policy_heads SET latest_version = $2, name = $3, updated_at = $4
+             WHERE id = $1 AND latest_version = $5";
+        let a = args![id, p.version, &p.document.name, &p.created_at, latest];
+        if tx.execute(set, a).await? != 1 {
             return Err(StoreError::Raced(id.into()));
         }
         tx.commit().await?;
@@ -261,12 +223,8 @@ impl PolicyStore for DbPolicyStore {
     }
 
     async fn list(&self) -> Result<Vec<PolicySummary>, StoreError> {
-        let sql = "SELECT * FROM policy_heads ORDER BY created_at, id";
-        let rows = self.db.query(sql, args![]).await?;
-        Ok(rows
-            .iter()
-            .map(PolicySummary::from_row)
-            .collect::<Result<_, _>>()?)
+        let order = "ORDER BY created_at, id";
+        Ok(self.db.select(order, args![]).await?)
     }
 
     async fn latest(&self, id: &str) -> Result<StoredPolicy, StoreError> {
@@ -284,11 +242,7 @@ impl PolicyStore for DbPolicyStore {
         if let Some(r) = tx.query_opt(&sql, args![id, version]).await? {
             return read_version(&r);
         }
-        let exists = tx
-            .query_opt("SELECT 1 FROM policy_heads WHERE id = $1", args![id])
-            .await?
-            .is_some();
-        Err(if exists {
+        Err(if exists(&mut tx, id).await? {
             StoreError::VersionNotFound(id.into(), version)
         } else {
             StoreError::NotFound(id.into())

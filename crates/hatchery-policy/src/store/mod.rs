@@ -35,7 +35,7 @@ pub enum StoreError {
     #[error("policy store: {0}")]
     Db(#[source] hatchery_db::DbError),
     #[error("policy schema: {0}")]
-    Schema(#[source] hatchery_db::MigrateError),
+    Schema(#[from] hatchery_db::MigrateError),
     #[error("stored document: {0}")]
     Corrupt(String),
     /// Two writers raced for the same next version.
@@ -89,11 +89,5 @@ impl From<hatchery_db::DbError> for StoreError {
         } else {
             StoreError::Db(e)
         }
-    }
-}
-
-impl From<hatchery_db::MigrateError> for StoreError {
-    fn from(e: hatchery_db::MigrateError) -> Self {
-        StoreError::Schema(e)
     }
 }

@@ -6,21 +6,11 @@
 
 use super::*;
 use crate::state::{RoundState, SessionState, ALL_ROUND, ALL_SESSION};
-use hatchery_db::{args, Db};
+use hatchery_db::{args, run_id, Db};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 type Store = Arc<dyn RoundStore>;
-
-/// Unique per call: the process id and the clock, so two runs (or two
-/// suites in one run) on one database never share an id.
-fn run_id() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    format!("t{}x{nanos:x}", std::process::id())
-}
 
 fn round(id: &str, state: RoundState, created_at_ms: u64) -> RoundRecord {
     RoundRecord {
@@ -81,6 +71,19 @@ fn grading(id: &str, submission_id: &str) -> GradingRecord {
         passed: 1,
         total: 2,
         report: format!(r#"{{"grading_id":"{id}"}}"#),
+    }
+}
+
+fn replay(id: &str, session_id: &str, at: u64, expires_at_ms: u64, state: &str) -> ReplayRecord {
+    ReplayRecord {
+        id: id.into(),
+        session_id: session_id.into(),
+        round_id: format!("rnd_of_{session_id}"),
+        snapshot_id: format!("snp_{id}"),
+        reason: "end".into(),
+        created_at_ms: at,
+        expires_at_ms,
+        state: state.into(),
     }
 }
 
@@ -201,10 +204,8 @@ async fn round_moves_name_their_source_state(s: &Store, run: &str) {
             n += 1;
             let id = format!("rnd_mv{n}_{run}");
             let before = add_round(s, &id, st).await;
-            let moved = s
-                .set_round_state(&id, &from, to, Some("snp"), Some("why"))
-                .await
-                .unwrap();
+            let set = s.set_round_state(&id, &from, to, Some("snp"), Some("why"));
+            let moved = set.await.unwrap();
             let ok = from.contains(&st);
             let want = if ok {
                 // A second racer finds it moved.
@@ -235,9 +236,8 @@ async fn round_moves_name_their_source_state(s: &Store, run: &str) {
     let id = format!("rnd_keep_{run}");
     let (prep, ready) = ([RoundState::Preparing], RoundState::Ready);
     add_round(s, &id, RoundState::Preparing).await;
-    s.set_round_state(&id, &prep, ready, Some("snp_k"), None)
-        .await
-        .unwrap();
+    let set = s.set_round_state(&id, &prep, ready, Some("snp_k"), None);
+    set.await.unwrap();
     move_round(s, &id, &[RoundState::Ready], RoundState::Archived).await;
     let r = s.get_round(&id).await.unwrap().unwrap();
     assert_eq!(
@@ -343,10 +343,8 @@ async fn session_moves_name_their_source_state(s: &Store, run: &str) {
                 ..session(&sid, &rnd, st, 100)
             };
             add_session(s, &ses).await;
-            let moved = s
-                .set_session_state(&sid, &from, to, Some("sbx_new"), Some("why"))
-                .await
-                .unwrap();
+            let set = s.set_session_state(&sid, &from, to, Some("sbx_new"), Some("why"));
+            let moved = set.await.unwrap();
             let ok = from.contains(&st);
             let want = if ok {
                 assert!(!move_session(s, &sid, &[st], to).await);
@@ -367,10 +365,8 @@ async fn session_moves_name_their_source_state(s: &Store, run: &str) {
     let ses = seed(s, "smend", run, SessionState::Live).await;
     let sid = ses.id.clone();
     let (live, ended) = ([SessionState::Live], SessionState::Ended);
-    assert!(s
-        .set_session_state(&sid, &live, ended, None, Some("expired"))
-        .await
-        .unwrap());
+    let set = s.set_session_state(&sid, &live, ended, None, Some("expired"));
+    assert!(set.await.unwrap());
     for to in ALL_SESSION {
         assert!(!move_session(s, &sid, &SessionState::sources(to), to).await);
     }
@@ -412,10 +408,8 @@ async fn begin_submission_is_guarded(s: &Store, run: &str) {
     let sub1 = sub(1, &ses);
     assert!(submit(s, &sub1).await);
     assert_eq!(session_state(s, &ses.id).await, SessionState::Submitted);
-    assert_eq!(
-        s.get_submission(&sub1.id).await.unwrap(),
-        Some(sub1.clone())
-    );
+    let got = s.get_submission(&sub1.id).await.unwrap();
+    assert_eq!(got, Some(sub1.clone()));
     // A second submit while one is graded: refused, nothing written.
     let sub2 = sub(2, &ses);
     assert!(!submit(s, &sub2).await);
@@ -483,25 +477,14 @@ async fn racing_finish_gradings_write_one(stores: &[Store], run: &str) {
     let ses = seed(s, "race", run, SessionState::Live).await;
     let sub = submission(&format!("sub_race_{run}"), &ses);
     assert!(submit(s, &sub).await);
-    let start = Arc::new(tokio::sync::Barrier::new(8));
-    let tasks: Vec<_> = (0..8)
-        .map(|i| {
-            let st = stores[i % stores.len()].clone();
-            let (start, sid) = (start.clone(), ses.id.clone());
-            let g = grading(&format!("grd_race{i}_{run}"), &sub.id);
-            tokio::spawn(async move {
-                start.wait().await;
-                (st.finish_grading(&g, &sid).await.unwrap(), g.id)
-            })
-        })
-        .collect();
-    let mut won = vec![];
-    for t in tasks {
-        let (wrote, id) = t.await.unwrap();
-        if wrote {
-            won.push(id);
-        }
-    }
+    let wrote = hatchery_db::race(8, |i| {
+        let st = stores[i % stores.len()].clone();
+        let sid = ses.id.clone();
+        let g = grading(&format!("grd_race{i}_{run}"), &sub.id);
+        async move { (st.finish_grading(&g, &sid).await.unwrap(), g.id) }
+    })
+    .await;
+    let won: Vec<_> = wrote.into_iter().filter(|w| w.0).map(|w| w.1).collect();
     assert_eq!(won.len(), 1, "exactly one of 8 racing gradings is written");
     let stored = s.list_gradings(&sub.id).await.unwrap();
     assert_eq!(ids(&stored, |g| &g.id), won);
@@ -538,16 +521,7 @@ async fn regrades_add_rows(s: &Store, run: &str) {
 
 async fn replays_fall_due_and_expire_once(s: &Store, run: &str) {
     let ses = format!("ses_rp_{run}");
-    let rec = |name: &str, created: u64, expires: u64, state: &str| ReplayRecord {
-        id: format!("rpl_{name}_{run}"),
-        session_id: ses.clone(),
-        round_id: format!("rnd_rp_{run}"),
-        snapshot_id: format!("snp_{name}"),
-        reason: "end".into(),
-        created_at_ms: created,
-        expires_at_ms: expires,
-        state: state.into(),
-    };
+    let rec = |n: &str, at, exp, state| replay(&format!("rpl_{n}_{run}"), &ses, at, exp, state);
     let (a, b, c) = (
         rec("a", 3, 10, "active"),
         rec("b", 1, 20, "active"),
@@ -630,16 +604,7 @@ async fn out_of_range_values_are_refused(s: &Store, run: &str) {
         assert_eq!(s.get_session(&ses.id).await.unwrap(), None);
         assert_eq!(s.get_token(&tok.hash).await.unwrap(), None);
     }
-    let mut rp = ReplayRecord {
-        id: format!("rpl_big_{run}"),
-        session_id: sid2.clone(),
-        round_id: edge.clone(),
-        snapshot_id: "snp".into(),
-        reason: "end".into(),
-        created_at_ms: 1,
-        expires_at_ms: big,
-        state: "active".into(),
-    };
+    let mut rp = replay(&format!("rpl_big_{run}"), &sid2, 1, big, "active");
     assert!(s.insert_replay(&rp).await.is_err());
     rp.expires_at_ms = 1;
     s.insert_replay(&rp).await.unwrap();
@@ -840,13 +805,8 @@ async fn previous_release_tables_upgrade_in_place_conformance_on_postgres() {
     run_all(&s).await;
     // Everything went to that schema.
     let sql = "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()";
-    let n: i64 = db
-        .query_opt(sql, args![])
-        .await
-        .unwrap()
-        .unwrap()
-        .get(0)
-        .unwrap();
+    let rows = db.query(sql, args![]).await.unwrap();
+    let n: i64 = rows[0].get(0).unwrap();
     // rounds_schema, hatchery_migrations and the 8 rounds tables.
     assert_eq!(n, 10);
 }

@@ -33,26 +33,6 @@ impl DbStore {
         Ok(DbStore { db, holds })
     }
 
-    /// The database it keeps its rows in.
-    pub fn db(&self) -> &Db {
-        &self.db
-    }
-
-    /// The record `SELECT * FROM <its table> WHERE id = $1` finds (`key`
-    /// names another key column).
-    async fn get<T: Record>(&self, key: &str, v: &str) -> StoreResult<Option<T>> {
-        let sql = format!("SELECT * FROM {} WHERE {key} = $1", T::TABLE);
-        let row = self.db.query_opt(&sql, args![v]).await?;
-        Ok(row.as_ref().map(T::from_row).transpose()?)
-    }
-
-    /// The records of `SELECT * FROM <its table> <rest>`.
-    async fn list<T: Record>(&self, rest: &str, a: &[Value]) -> StoreResult<Vec<T>> {
-        let sql = format!("SELECT * FROM {} {rest}", T::TABLE);
-        let rows = self.db.query(&sql, a).await?;
-        Ok(rows.iter().map(T::from_row).collect::<Result<_, _>>()?)
-    }
-
     async fn insert<T: Record>(&self, r: &T) -> StoreResult<()> {
         self.db.insert(r).await?;
         Ok(())
@@ -64,25 +44,20 @@ fn clamp(ms: u64) -> i64 {
     i64::try_from(ms).unwrap_or(i64::MAX)
 }
 
-/// `UPDATE <table> SET <set> WHERE id = $1 AND state IN ($k, ...)` and
-/// its arguments: `a`, then the states `from`. It changes one row or none;
-/// none at all if `from` is empty (`IN (NULL)` matches no row).
+/// `UPDATE <table> SET <set> WHERE id = $1 AND state IN (NULL, $k, ...)`
+/// and its arguments: `a`, then the states `from`. It changes one row or
+/// none; none at all if `from` is empty (`NULL` matches no row).
 fn guarded<S: ToValue>(
     table: &str,
     set: &str,
     mut a: Vec<Value>,
     from: &[S],
 ) -> StoreResult<(String, Vec<Value>)> {
-    let mut marks = vec![];
+    let mut marks = String::from("NULL");
     for s in from {
         a.push(s.to_value("state")?);
-        marks.push(format!("${}", a.len()));
+        marks += &format!(", ${}", a.len());
     }
-    let marks = if marks.is_empty() {
-        "NULL".into()
-    } else {
-        marks.join(", ")
-    };
     let sql = format!("UPDATE {table} SET {set} WHERE id = $1 AND state IN ({marks})");
     Ok((sql, a))
 }
@@ -94,11 +69,12 @@ impl RoundStore for DbStore {
     }
 
     async fn get_round(&self, id: &str) -> StoreResult<Option<RoundRecord>> {
-        self.get("id", id).await
+        Ok(self.db.select_opt("WHERE id = $1", args![id]).await?)
     }
 
     async fn list_rounds(&self) -> StoreResult<Vec<RoundRecord>> {
-        self.list("ORDER BY created_at_ms, id", args![]).await
+        let order = "ORDER BY created_at_ms, id";
+        Ok(self.db.select(order, args![]).await?)
     }
 
     async fn set_round_state(
@@ -125,22 +101,22 @@ impl RoundStore for DbStore {
     }
 
     async fn get_session(&self, id: &str) -> StoreResult<Option<SessionRecord>> {
-        self.get("id", id).await
+        Ok(self.db.select_opt("WHERE id = $1", args![id]).await?)
     }
 
     async fn list_sessions(&self, round_id: &str) -> StoreResult<Vec<SessionRecord>> {
         let order = "WHERE round_id = $1 ORDER BY created_at_ms, id";
-        self.list(order, args![round_id]).await
+        Ok(self.db.select(order, args![round_id]).await?)
     }
 
     async fn sessions_in_state(&self, state: SessionState) -> StoreResult<Vec<SessionRecord>> {
         let order = "WHERE state = $1 ORDER BY created_at_ms, id";
-        self.list(order, args![state.as_str()]).await
+        Ok(self.db.select(order, args![state.as_str()]).await?)
     }
 
     async fn expired_sessions(&self, now_ms: u64) -> StoreResult<Vec<SessionRecord>> {
         let due = "WHERE state <> 'ended' AND expires_at_ms <= $1 ORDER BY created_at_ms, id";
-        self.list(due, args![clamp(now_ms)]).await
+        Ok(self.db.select(due, args![clamp(now_ms)]).await?)
     }
 
     async fn set_session_state(
@@ -162,25 +138,23 @@ impl RoundStore for DbStore {
     }
 
     async fn get_token(&self, hash: &str) -> StoreResult<Option<TokenRecord>> {
-        self.get("hash", hash).await
+        Ok(self.db.select_opt("WHERE hash = $1", args![hash]).await?)
     }
 
     async fn insert_run(&self, r: &RunRecord, keep: usize) -> StoreResult<()> {
         let mut tx = self.db.begin().await?;
         tx.insert(r).await?;
-        tx.execute(
-            "DELETE FROM round_runs WHERE session_id = $1 AND seq NOT IN
-                (SELECT seq FROM round_runs WHERE session_id = $1 ORDER BY seq DESC LIMIT $2)",
-            args![&r.session_id, i64::try_from(keep).unwrap_or(i64::MAX)],
-        )
-        .await?;
+        let trim = "DELETE FROM round_runs WHERE session_id = $1 AND seq NOT IN
+            (SELECT seq FROM round_runs WHERE session_id = $1 ORDER BY seq DESC LIMIT $2)";
+        let keep = i64::try_from(keep).unwrap_or(i64::MAX);
+        tx.execute(trim, args![&r.session_id, keep]).await?;
         tx.commit().await?;
         Ok(())
     }
 
     async fn list_runs(&self, session_id: &str) -> StoreResult<Vec<RunRecord>> {
-        self.list("WHERE session_id = $1 ORDER BY seq", args![session_id])
-            .await
+        let order = "WHERE session_id = $1 ORDER BY seq";
+        Ok(self.db.select(order, args![session_id]).await?)
     }
 
     async fn begin_submission(
@@ -217,11 +191,9 @@ impl RoundStore for DbStore {
             return Ok(false);
         }
         tx.insert(g).await?;
-        tx.execute(
-            "UPDATE round_sessions SET state = 'graded' WHERE id = $1 AND state = 'submitted'",
-            args![session_id],
-        )
-        .await?;
+        let to_graded =
+            "UPDATE round_sessions SET state = 'graded' WHERE id = $1 AND state = 'submitted'";
+        tx.execute(to_graded, args![session_id]).await?;
         tx.commit().await?;
         Ok(true)
     }
@@ -231,17 +203,17 @@ impl RoundStore for DbStore {
     }
 
     async fn get_submission(&self, id: &str) -> StoreResult<Option<SubmissionRecord>> {
-        self.get("id", id).await
+        Ok(self.db.select_opt("WHERE id = $1", args![id]).await?)
     }
 
     async fn list_submissions(&self, session_id: &str) -> StoreResult<Vec<SubmissionRecord>> {
-        self.list("WHERE session_id = $1 ORDER BY seq", args![session_id])
-            .await
+        let order = "WHERE session_id = $1 ORDER BY seq";
+        Ok(self.db.select(order, args![session_id]).await?)
     }
 
     async fn list_gradings(&self, submission_id: &str) -> StoreResult<Vec<GradingRecord>> {
         let order = "WHERE submission_id = $1 ORDER BY seq";
-        self.list(order, args![submission_id]).await
+        Ok(self.db.select(order, args![submission_id]).await?)
     }
 
     async fn insert_replay(&self, r: &ReplayRecord) -> StoreResult<()> {
@@ -249,17 +221,17 @@ impl RoundStore for DbStore {
     }
 
     async fn get_replay(&self, id: &str) -> StoreResult<Option<ReplayRecord>> {
-        self.get("id", id).await
+        Ok(self.db.select_opt("WHERE id = $1", args![id]).await?)
     }
 
     async fn list_replays(&self, session_id: &str) -> StoreResult<Vec<ReplayRecord>> {
         let order = "WHERE session_id = $1 ORDER BY created_at_ms, id";
-        self.list(order, args![session_id]).await
+        Ok(self.db.select(order, args![session_id]).await?)
     }
 
     async fn due_replays(&self, now_ms: u64) -> StoreResult<Vec<ReplayRecord>> {
         let due = "WHERE state = 'active' AND expires_at_ms <= $1 ORDER BY expires_at_ms, id";
-        self.list(due, args![clamp(now_ms)]).await
+        Ok(self.db.select(due, args![clamp(now_ms)]).await?)
     }
 
     async fn expire_replay(&self, id: &str) -> StoreResult<bool> {
@@ -272,12 +244,12 @@ impl RoundStore for DbStore {
     }
 
     async fn get_fork(&self, id: &str) -> StoreResult<Option<ForkRecord>> {
-        self.get("id", id).await
+        Ok(self.db.select_opt("WHERE id = $1", args![id]).await?)
     }
 
     async fn list_forks(&self, replay_id: &str) -> StoreResult<Vec<ForkRecord>> {
         let order = "WHERE replay_id = $1 ORDER BY created_at_ms, id";
-        self.list(order, args![replay_id]).await
+        Ok(self.db.select(order, args![replay_id]).await?)
     }
 
     async fn delete_fork(&self, id: &str) -> StoreResult<bool> {

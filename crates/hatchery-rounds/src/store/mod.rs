@@ -132,27 +132,14 @@ hatchery_db::record! {
 
 hatchery_db::named!(RoundState, as_str, parse);
 hatchery_db::named!(SessionState, as_str, parse);
-hatchery_db::named!(Scope, as_str, parse);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scope {
-    Candidate,
-    Reviewer,
-}
-
-impl Scope {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Scope::Candidate => "candidate",
-            Scope::Reviewer => "reviewer",
-        }
-    }
-    /// `None` for anything else: a backend reads that as a corrupt row,
-    /// never as some scope (an unknown scope must not grant a reviewer's).
-    pub fn parse(s: &str) -> Option<Self> {
-        [Scope::Candidate, Scope::Reviewer]
-            .into_iter()
-            .find(|x| x.as_str() == s)
+hatchery_db::names! {
+    /// An unknown stored scope reads as a corrupt row, never as some scope
+    /// (it must not grant a reviewer's).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Scope {
+        Candidate = "candidate",
+        Reviewer = "reviewer",
     }
 }
 

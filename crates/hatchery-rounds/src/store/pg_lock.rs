@@ -43,6 +43,7 @@ use super::{SessionHold, StoreResult};
 use deadpool_postgres::{Object, Pool, PoolError, TimeoutType};
 use hatchery_db::DbError;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
@@ -81,8 +82,8 @@ impl Drop for PgHold {
             drop(Object::take(c));
             return;
         };
-        static RELEASES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = RELEASES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        static RELEASES: AtomicU64 = AtomicU64::new(0);
+        let n = RELEASES.fetch_add(1, Ordering::Relaxed);
         let (said, pending) = watch::channel(());
         let releasing = self.releasing.clone();
         releasing
@@ -166,25 +167,22 @@ impl Holds {
             .query_one(sql, &[&CLASS, &session_id])
             .await
             .and_then(|r| r.try_get::<_, bool>("got"));
-        let got = match got {
-            Ok(got) => got,
+        match got {
+            Ok(false) => Ok(None),
+            Ok(true) => Ok(Some(SessionHold::new(PgHold {
+                client: Some(c),
+                session_id,
+                slot: Some(slot),
+                releasing: self.releasing.clone(),
+            }))),
             Err(e) => {
                 // Whether the server took it before the error (or an
                 // answer that cannot be read) is unknown: the connection
                 // goes, and with it anything it held; it never returns to
                 // the pool.
                 drop(Object::take(c));
-                return Err(DbError::from(e).into());
+                Err(DbError::from(e).into())
             }
-        };
-        if !got {
-            return Ok(None);
         }
-        Ok(Some(SessionHold::new(PgHold {
-            client: Some(c),
-            session_id,
-            slot: Some(slot),
-            releasing: self.releasing.clone(),
-        })))
     }
 }
