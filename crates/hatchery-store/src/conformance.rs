@@ -140,9 +140,8 @@ async fn pooled_sandboxes_are_claimed_once(s: &dyn Store, run: &str) {
     use SandboxState::*;
     let f = host(s, &format!("h2{run}")).await;
     let id = format!("sbx_p{run}");
-    s.insert_sandbox(&f, &sbx(&id, Starting, &[]))
-        .await
-        .unwrap();
+    let row = sbx(&id, Starting, &[]);
+    s.insert_sandbox(&f, &row).await.unwrap();
     assert!(s.transition(&f, &id, &[Starting], Pooled).await.unwrap());
     let pooled = s.get_live(&id).await.unwrap();
     assert!(pooled.is_none(), "pooled is invisible");
@@ -251,21 +250,15 @@ async fn snapshots(s: &dyn Store, run: &str) {
 /// touch it.
 async fn shared_snapshots_belong_to_every_host(s: &Arc<dyn Store>, run: &str) {
     let (a, b) = hosts(&**s, "hu", "hv", run).await;
-    let (sh, lo, sbx) = (
-        format!("snap_sh{run}"),
-        format!("snap_lo{run}"),
-        format!("sbx_u{run}"),
-    );
+    let (sh, lo) = (format!("snap_sh{run}"), format!("snap_lo{run}"));
+    let sbx = format!("sbx_u{run}");
     let shared = snap(&sh, &sbx, SnapshotLocation::Shared);
     s.insert_snapshot(&a, &shared).await.unwrap();
-    s.insert_snapshot(&a, &snap(&lo, &sbx, local(&b.owner)))
-        .await
-        .unwrap();
+    let local_b = snap(&lo, &sbx, local(&b.owner));
+    s.insert_snapshot(&a, &local_b).await.unwrap();
     let got = s.get_snapshot(&sh).await.unwrap().unwrap();
-    assert_eq!(
-        (got.location, got.host_id),
-        (SnapshotLocation::Shared, a.owner.clone())
-    );
+    assert_eq!(got.location, SnapshotLocation::Shared);
+    assert_eq!(got.host_id, a.owner);
     let lrow = s.get_snapshot(&lo).await.unwrap().unwrap();
     assert_eq!(lrow.location.as_string(), format!("local:{}", a.owner));
     // Expiry: the writer's local sweep lists only its local one; every
@@ -352,9 +345,8 @@ async fn stale_epoch_writes_are_refused(s: &dyn Store, run: &str) {
     let name = format!("hf{run}");
     let old = host(s, &name).await;
     let id = format!("sbx_f{run}");
-    s.insert_sandbox(&old, &sbx(&id, Starting, &[]))
-        .await
-        .unwrap();
+    let row = sbx(&id, Starting, &[]);
+    s.insert_sandbox(&old, &row).await.unwrap();
     let new = host(s, &name).await; // the host restarted
     assert_eq!(new.epoch, old.epoch + 1);
     let (e, o, idx) = ((old.epoch, new.epoch), &old, format!("{id}x"));
@@ -488,11 +480,8 @@ async fn hosts_register_and_beat(s: &dyn Store, run: &str) {
         epoch: f.epoch,
     };
     assert!(s.register_host(&other, "x", 1).await.is_err());
-    let bad = Fence::of(
-        &s.take_lease("host:Bad Name", "Bad Name", TTL)
-            .await
-            .unwrap(),
-    );
+    let bad = s.take_lease("host:Bad Name", "Bad Name", TTL).await;
+    let bad = Fence::of(&bad.unwrap());
     assert!(s.register_host(&bad, "x", 1).await.is_err());
     // A restarted incarnation re-registers; the old one is fenced off.
     let f2 = host(s, &name).await;

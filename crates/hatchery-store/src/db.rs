@@ -14,9 +14,7 @@
 use crate::rows::{
     Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow, SandboxState, SnapshotRow,
 };
-use crate::{
-    check_host_fence, check_transition, to_json, warm_json, warm_list, Result, Store, StoreError,
-};
+use crate::{check_host_fence, to_json, warm_list, Result, Store, StoreError};
 use async_trait::async_trait;
 use hatchery_db::{
     args, copy_table, Db, Dialect, Import, Migrations, Record, Row, Step, Tx, Value,
@@ -268,9 +266,8 @@ fn get<T: hatchery_db::FromValue>(r: &Row, col: &str) -> Result<T> {
 async fn event(tx: &mut Tx, f: &Fence, id: &str, kind: &str, detail: &str) -> Result<u64> {
     let sql = "INSERT INTO core_events (sandbox_id, at_ms, kind, detail, epoch)
                VALUES ($1, $2, $3, $4, $5) RETURNING seq";
-    let r = tx
-        .query_one(sql, args![id, wall_ms(), kind, detail, f.epoch])
-        .await;
+    let a = args![id, wall_ms(), kind, detail, f.epoch];
+    let r = tx.query_one(sql, a).await;
     get(&r.map_err(db("append event"))?, "seq")
 }
 
@@ -380,7 +377,10 @@ impl Store for DbStore {
         from: &[SandboxState],
         to: SandboxState,
     ) -> Result<bool> {
-        check_transition(from, to)?;
+        // Refused before any SQL runs.
+        if let Some(&from) = from.iter().find(|f| !f.valid_transition(to)) {
+            return Err(StoreError::InvalidTransition { from, to });
+        }
         let sql = format!(
             "UPDATE core_sandboxes SET state = $1 WHERE id = $2 AND host_id = $3 AND state IN ({})",
             states_list(from)
@@ -405,15 +405,8 @@ impl Store for DbStore {
             "UPDATE core_sandboxes SET state = 'running', created_at_ms = $2, expires_at_ms = $3,
                metadata = $4, env = $5
              WHERE id = $1 AND host_id = $6 AND state = 'pooled'";
-        let (metadata, env) = (to_json(&r.metadata), to_json(&r.env));
-        let a = args![
-            &r.id,
-            r.created_at_ms,
-            r.expires_at_ms,
-            metadata,
-            env,
-            &f.owner
-        ];
+        let (md, env) = (to_json(&r.metadata), to_json(&r.env));
+        let a = args![&r.id, r.created_at_ms, r.expires_at_ms, md, env, &f.owner];
         self.change(f, "claim", sql, a, Some((&r.id, "claimed", "")))
             .await
     }
@@ -423,11 +416,9 @@ impl Store for DbStore {
             "UPDATE core_sandboxes SET expires_at_ms = $2
              WHERE id = $1 AND host_id = $3 AND state IN {UNSTOPPED}"
         );
-        let (a, detail) = (
-            args![id, expires_at_ms, &f.owner],
-            expires_at_ms.to_string(),
-        );
-        self.change(f, "set expiry", &sql, a, Some((id, "ttl", &detail)))
+        let ms = expires_at_ms.to_string();
+        let a = args![id, expires_at_ms, &f.owner];
+        self.change(f, "set expiry", &sql, a, Some((id, "ttl", &ms)))
             .await
     }
 
@@ -499,9 +490,7 @@ impl Store for DbStore {
 
     async fn count_snapshots_of(&self, template: &str) -> Result<u64> {
         let sql = "SELECT count(*) AS n FROM core_snapshots WHERE template = $1";
-        let n = self
-            .one(sql, args![template], |r| get::<u64>(r, "n"))
-            .await?;
+        let n = self.one(sql, args![template], |r| get(r, "n")).await?;
         Ok(n.unwrap_or(0))
     }
 
@@ -509,9 +498,8 @@ impl Store for DbStore {
         let mut tx = self.fenced_durable(f).await?;
         let sql =
             "DELETE FROM core_snapshots WHERE id = $1 AND (location = $2 OR location = 'shared')";
-        let n = tx
-            .execute(sql, args![id, format!("local:{}", f.owner)])
-            .await;
+        let local = format!("local:{}", f.owner);
+        let n = tx.execute(sql, args![id, local]).await;
         commit(tx, n.map_err(db("delete snapshot"))? > 0).await
     }
 
@@ -568,9 +556,8 @@ impl Store for DbStore {
         let sql =
             "INSERT INTO core_leases (resource, owner, epoch, expires_at_ms) VALUES ($1, '', 0, 0)
              ON CONFLICT (resource) DO NOTHING";
-        tx.execute(sql, args![resource])
-            .await
-            .map_err(db("lease row"))?;
+        let made = tx.execute(sql, args![resource]).await;
+        made.map_err(db("lease row"))?;
         // The row lock orders racing takes: the second sees the first's.
         let sql = format!(
             "SELECT {} FROM core_leases WHERE resource = $1 FOR UPDATE",
@@ -632,9 +619,7 @@ impl Store for DbStore {
         let kept = self.db.execute(sql, args![name, candidate]).await;
         kept.map_err(db("keep secret"))?;
         let sql = "SELECT value FROM core_secrets WHERE name = $1";
-        let value = self
-            .one(sql, args![name], |r| get::<String>(r, "value"))
-            .await?;
+        let value = self.one(sql, args![name], |r| get(r, "value")).await?;
         value.ok_or_else(|| StoreError::Corrupt(format!("secret {name} vanished")))
     }
 
@@ -649,9 +634,8 @@ impl Store for DbStore {
                registered_at_ms = {now}, heartbeat_at_ms = {now}"
         );
         let a = args![&f.owner, address, capacity, f.epoch];
-        self.change(f, "register host", &sql, a, None)
-            .await
-            .map(drop)
+        self.change(f, "register host", &sql, a, None).await?;
+        Ok(())
     }
 
     async fn heartbeat(&self, f: &Fence, live: u32, warm_templates: &[String]) -> Result<bool> {
@@ -661,7 +645,8 @@ impl Store for DbStore {
         let sql = format!(
             "UPDATE core_hosts SET live = $2, epoch = $3, warm_templates = $4, heartbeat_at_ms = {now} WHERE id = $1"
         );
-        let a = args![&f.owner, live, f.epoch, warm_json(warm_templates)];
+        let warm = serde_json::to_string(warm_templates).unwrap_or_default();
+        let a = args![&f.owner, live, f.epoch, warm];
         self.change(f, "heartbeat", &sql, a, None).await
     }
 

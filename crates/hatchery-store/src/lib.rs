@@ -27,14 +27,34 @@ use std::sync::Arc;
 
 pub use hatchery_db::{is_postgres, DEFAULT_PG_POOL};
 
-/// Every write that changes state takes the writer's [`Fence`] and fails
-/// with [`StoreError::Fenced`] if the lease has moved on. Writes to a
-/// sandbox or snapshot touch only rows of the fence's owner (the host).
-#[async_trait]
-pub trait Store: Send + Sync {
-    /// "sqlite" or "postgres".
-    fn backend(&self) -> &'static str;
+/// Declares [`Store`] and its [`Bounded`] forwarding from one list of
+/// methods: every method of the trait is bounded, so nothing escapes the
+/// limit.
+macro_rules! store {
+    ($($(#[$doc:meta])* async fn $name:ident(&self $(, $arg:ident: $ty:ty)*) -> $ret:ty;)*) => {
+        /// Every write that changes state takes the writer's [`Fence`] and fails
+        /// with [`StoreError::Fenced`] if the lease has moved on. Writes to a
+        /// sandbox or snapshot touch only rows of the fence's owner (the host).
+        #[async_trait]
+        pub trait Store: Send + Sync {
+            /// "sqlite" or "postgres".
+            fn backend(&self) -> &'static str;
+            $($(#[$doc])* async fn $name(&self $(, $arg: $ty)*) -> $ret;)*
+        }
 
+        #[async_trait]
+        impl Store for Bounded {
+            fn backend(&self) -> &'static str {
+                self.inner.backend()
+            }
+            $(async fn $name(&self $(, $arg: $ty)*) -> $ret {
+                self.run(stringify!($name), self.inner.$name($($arg),*)).await
+            })*
+        }
+    };
+}
+
+store! {
     // --- sandboxes -------------------------------------------------------
 
     /// Records a new sandbox (owned by `f.owner`) and its "created" event.
@@ -43,11 +63,7 @@ pub trait Store: Send + Sync {
     /// a valid transition to `to`), with an event named after `to`.
     /// `false` if the row was in none of them (or is another host's).
     async fn transition(
-        &self,
-        f: &Fence,
-        id: &str,
-        from: &[SandboxState],
-        to: SandboxState,
+        &self, f: &Fence, id: &str, from: &[SandboxState], to: SandboxState
     ) -> Result<bool>;
     /// Marks a sandbox stopped from whatever live state it is in; `false`
     /// if it already was (or is unknown).
@@ -93,12 +109,7 @@ pub trait Store: Send + Sync {
     /// Records `id`'s slot and policy; with `event`, also a
     /// "network_policy" event, in the same transaction.
     async fn set_net(
-        &self,
-        f: &Fence,
-        id: &str,
-        slot: u32,
-        policy: &str,
-        event: bool,
+        &self, f: &Fence, id: &str, slot: u32, policy: &str, event: bool
     ) -> Result<()>;
     async fn clear_net(&self, f: &Fence, id: &str) -> Result<()>;
     /// Every slot recorded for `host`.
@@ -174,21 +185,8 @@ pub(crate) fn to_json(m: &BTreeMap<String, String>) -> String {
     serde_json::to_string(m).unwrap_or_else(|_| "{}".into())
 }
 
-/// A host's warm templates as stored (a JSON array of names).
-pub(crate) fn warm_json(names: &[String]) -> String {
-    serde_json::to_string(names).unwrap_or_else(|_| "[]".into())
-}
-
 /// What a host stored as its warm templates; anything unreadable is none
 /// (it only steers placement, and the next heartbeat writes it again).
 pub(crate) fn warm_list(s: &str) -> Vec<String> {
     serde_json::from_str(s).unwrap_or_default()
-}
-
-/// Refuses transitions the lifecycle does not allow, before any SQL runs.
-pub(crate) fn check_transition(from: &[SandboxState], to: SandboxState) -> Result<()> {
-    match from.iter().find(|f| !f.valid_transition(to)) {
-        Some(&from) => Err(StoreError::InvalidTransition { from, to }),
-        None => Ok(()),
-    }
 }

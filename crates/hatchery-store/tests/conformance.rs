@@ -84,11 +84,8 @@ async fn previous_release_upgrades_in_place_conformance_on_postgres() {
     .unwrap();
     tx.commit().await.unwrap();
     let s = DbStore::open(Db::postgres(&dsn, 2).unwrap()).await.unwrap();
-    let metadata = [("team".to_string(), "a".to_string())].into();
-    let filter = hatchery_store::SandboxFilter {
-        metadata,
-        template: None,
-    };
+    let mut filter = hatchery_store::SandboxFilter::default();
+    filter.metadata.insert("team".into(), "a".into());
     let live = s.list_live(&filter).await.unwrap();
     assert_eq!(live.len(), 1, "the old row, found by its metadata");
     assert_eq!(s.events("sbx_old").await.unwrap()[0].epoch, 3);

@@ -178,6 +178,15 @@ fn sync_dir(p: &Path) -> std::io::Result<()> {
     std::fs::File::open(p)?.sync_all()
 }
 
+/// The names in `dir`; none if it cannot be read.
+fn entries(dir: &Path) -> Vec<String> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return vec![];
+    };
+    let name = |e: std::fs::DirEntry| e.file_name().to_string_lossy().into_owned();
+    rd.flatten().map(name).collect()
+}
+
 /// Whether `p` was last modified at least `age` ago.
 fn older_than(p: &Path, age: Duration) -> bool {
     let modified = std::fs::metadata(p).and_then(|m| m.modified());
@@ -223,20 +232,12 @@ impl SharedSnapshots {
     /// a host that died mid-write or mid-delete. Younger ones may be
     /// another host's write in progress.
     pub fn remove_stale(&self, age: Duration) -> usize {
-        let Ok(rd) = std::fs::read_dir(&self.root) else {
-            return 0;
+        let stale = |n: &String| {
+            let leftover = n.starts_with(STAGING) || n.starts_with(DELETING);
+            let p = self.root.join(n);
+            leftover && older_than(&p, age) && std::fs::remove_dir_all(p).is_ok()
         };
-        let mut n = 0;
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if !(name.starts_with(STAGING) || name.starts_with(DELETING)) {
-                continue;
-            }
-            if older_than(&e.path(), age) && std::fs::remove_dir_all(e.path()).is_ok() {
-                n += 1;
-            }
-        }
-        n
+        entries(&self.root).into_iter().filter(stale).count()
     }
 }
 
@@ -297,13 +298,9 @@ impl SnapshotStore for SharedSnapshots {
     }
 
     fn ids(&self) -> Vec<String> {
-        let Ok(rd) = std::fs::read_dir(&self.root) else {
-            return vec![];
-        };
-        rd.flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| valid_id(n))
-            .collect()
+        let mut ids = entries(&self.root);
+        ids.retain(|n| valid_id(n));
+        ids
     }
 
     fn published_before(&self, age: Duration) -> Vec<String> {
@@ -334,11 +331,8 @@ mod tests {
     }
 
     fn names(d: &Path) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(d)
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .collect();
+        assert!(d.is_dir(), "{d:?}");
+        let mut v = entries(d);
         v.sort();
         v
     }
@@ -375,10 +369,9 @@ mod tests {
             assert!(unusable && e.to_string().contains(why), "{p:?}: {e}");
         }
         // Opening a good one leaves nothing behind (the probe is removed).
-        let ok_dir = tmp("ok");
-        let ok = ok_dir.path();
-        SnapshotStoreSpec::Shared(ok.to_path_buf()).open(d).unwrap();
-        assert!(names(ok).is_empty());
+        let ok = tmp("ok");
+        SnapshotStoreSpec::Shared(ok.path().into()).open(d).unwrap();
+        assert!(names(ok.path()).is_empty());
     }
 
     #[test]

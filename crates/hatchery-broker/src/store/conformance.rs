@@ -32,14 +32,8 @@ fn in_state(session: &str, seq: u64, st: CallState) -> Call {
 
 /// Moves call `seq` from `from` to `to`, recording nothing else: the
 /// moved row, or `None` when it was not in `from`.
-async fn step(
-    s: &BrokerStore,
-    ses: &str,
-    seq: u64,
-    from: CallState,
-    to: CallState,
-) -> Option<Call> {
-    s.advance(ses, seq, from, to, None, None).await.unwrap()
+async fn step(s: &BrokerStore, ses: &str, seq: u64, moves: [CallState; 2]) -> Option<Call> {
+    record(s, ses, seq, moves, Recorded::default()).await
 }
 
 /// The same, recording `r`.
@@ -92,7 +86,7 @@ async fn usage_counts_calls_argument_bytes_and_approvals(s: &BrokerStore, run: &
     let bytes = args.iter().map(|a| a.len()).sum::<usize>() + "{}".len();
     assert_eq!(usage(ses.clone()).await, (4, bytes as u64, 1));
     // Decided: no longer open, still counted as a call.
-    step(s, &ses, 4, AwaitingApproval, Denied).await.unwrap();
+    step(s, &ses, 4, [AwaitingApproval, Denied]).await.unwrap();
     assert_eq!(usage(ses).await, (4, bytes as u64, 0));
 }
 
@@ -110,7 +104,7 @@ async fn the_runner_goes_with_the_call(s: &BrokerStore, run: &str) {
     let x = record(s, &ses, 1, [Pending, Executing], r).await.unwrap();
     let (a, b) = (format!("brn_a_{run}"), format!("brn_b_{run}"));
     assert_eq!(x.runner.as_deref(), Some(&*a));
-    let y = step(s, &ses, 1, Executing, Done).await.unwrap();
+    let y = step(s, &ses, 1, [Executing, Done]).await.unwrap();
     assert_eq!(y.runner, x.runner, "a later move keeps the runner");
     assert!(!s.runner_alive(&a).await.unwrap(), "no heartbeat yet");
     s.heartbeat(&a, 30).await.unwrap();
@@ -136,14 +130,9 @@ async fn begin_is_once_per_key_and_refuses_other_args(s: &BrokerStore, run: &str
         panic!("other args not a conflict")
     };
     assert_eq!(old.args_sha256, "a");
-    let tool = "github_pr".into();
-    let other_tool = s
-        .begin(Call {
-            tool,
-            ..call(&ses, 1, "a")
-        })
-        .await
-        .unwrap();
+    let mut other_tool = call(&ses, 1, "a");
+    other_tool.tool = "github_pr".into();
+    let other_tool = s.begin(other_tool).await.unwrap();
     assert!(matches!(other_tool, Begin::Conflict(_)));
     let next = s.begin(call(&ses, 2, "b")).await.unwrap();
     assert!(matches!(next, Begin::New(_)));
@@ -212,10 +201,8 @@ async fn concurrent_sandboxes_get_distinct_epochs(s: &BrokerStore, run: &str) {
             async move { s.epoch_for(&ses, &sbx).await.unwrap() }
         })
     };
-    let got: BTreeSet<u64> = epochs(|n, run| format!("sbx_c{n}_{run}"))
-        .await
-        .into_iter()
-        .collect();
+    let got = epochs(|n, run| format!("sbx_c{n}_{run}")).await;
+    let got: BTreeSet<u64> = got.into_iter().collect();
     assert_eq!(got, (1..=8).collect());
     // One new sandbox asked for by 8 tasks at once: one epoch for all.
     let same = epochs(|_, run| format!("sbx_same_{run}")).await;
@@ -233,9 +220,9 @@ async fn every_transition_names_its_source_state(s: &BrokerStore, run: &str) {
             // Allowed from `from`, once: a second racer finds it moved.
             seq += 1;
             s.begin(in_state(&ses, seq, from)).await.unwrap();
-            let moved = step(s, &ses, seq, from, to).await;
+            let moved = step(s, &ses, seq, [from, to]).await;
             assert_eq!(moved.map(|c| c.state), Some(to), "{from:?} -> {to:?}");
-            let again = step(s, &ses, seq, from, to).await;
+            let again = step(s, &ses, seq, [from, to]).await;
             assert!(again.is_none(), "{from:?} -> {to:?} twice");
             // Refused from any other state, final ones included: the row
             // keeps its state (no late write overwrites it).
@@ -257,17 +244,24 @@ async fn every_transition_names_its_source_state(s: &BrokerStore, run: &str) {
         }
     }
     // Nothing moves an unknown call.
-    assert!(step(s, &ses, seq + 1, Pending, Executing).await.is_none());
+    assert!(step(s, &ses, seq + 1, [Pending, Executing]).await.is_none());
 }
 
 async fn advance_keeps_effect_and_output(s: &BrokerStore, run: &str) {
     let ses = format!("ses_adv_{run}");
     s.begin(call(&ses, 1, "a")).await.unwrap();
-    let x = s.advance(&ses, 1, Pending, Executing, Some("e".into()), None);
-    let x = x.await.unwrap().unwrap();
+    let effect = Recorded {
+        effect: Some("e".into()),
+        ..Default::default()
+    };
+    let x = record(s, &ses, 1, [Pending, Executing], effect).await;
+    let x = x.unwrap();
     assert_eq!((x.state, x.effect.as_deref()), (Executing, Some("e")));
-    let d = s.advance(&ses, 1, Executing, Done, None, Some("ok".into()));
-    let d = d.await.unwrap().unwrap();
+    let output = Recorded {
+        output: Some("ok".into()),
+        ..Default::default()
+    };
+    let d = record(s, &ses, 1, [Executing, Done], output).await.unwrap();
     assert_eq!(d.output.as_deref(), Some("ok"));
     assert_eq!(d.effect.as_deref(), Some("e"));
     assert_eq!(s.get(&ses, 1).await.unwrap(), Some(d));
@@ -289,13 +283,10 @@ async fn event_seqs_go_with_the_row_and_are_set_once(s: &BrokerStore, run: &str)
         result_event_seq: Some(10),
         ..Default::default()
     };
-    let y = record(s, &ses, 2, [Executing, NeedsReview], r)
-        .await
-        .unwrap();
+    let y = record(s, &ses, 2, [Executing, NeedsReview], r).await;
+    let y = y.unwrap();
     assert_eq!((y.event_seq, y.result_event_seq), (Some(9), Some(10)));
-    let output = Some("r".into());
-    let failed = s.advance(&ses, 2, NeedsReview, Failed, None, output).await;
-    failed.unwrap().unwrap();
+    step(s, &ses, 2, [NeedsReview, Failed]).await.unwrap();
     // Each reference is set once; a retry never moves it.
     s.begin(call(&ses, 3, "c")).await.unwrap();
     for (which, first) in [
@@ -307,9 +298,8 @@ async fn event_seqs_go_with_the_row_and_are_set_once(s: &BrokerStore, run: &str)
         s.set_event_ref(which, &ses, 3, first + 100).await.unwrap();
     }
     for review in [11, 12] {
-        s.set_event_ref(EventRef::Review, &ses, 2, review)
-            .await
-            .unwrap();
+        let set = s.set_event_ref(EventRef::Review, &ses, 2, review);
+        set.await.unwrap();
     }
     let refs = |seq| {
         let ses = &ses;
@@ -340,7 +330,7 @@ async fn executing_lists_only_executing_calls(s: &BrokerStore, run: &str) {
         mine.map(|c| c.seq).collect::<Vec<u64>>()
     };
     assert_eq!(mine().await, vec![3, 20]);
-    step(s, &ses, 3, Executing, Failed).await.unwrap();
+    step(s, &ses, 3, [Executing, Failed]).await.unwrap();
     assert_eq!(mine().await, vec![20]);
 }
 
@@ -361,10 +351,8 @@ async fn calls_are_in_seq_order(s: &BrokerStore, run: &str) {
 /// What one store wrote, another opened later on the same database reads;
 /// then every check again on the second.
 async fn reopened_store_keeps_calls(first: &BrokerStore, second: &BrokerStore) {
-    let (ses, sbx) = (
-        format!("ses_reopen_{}", run_id()),
-        format!("sbx_{}", run_id()),
-    );
+    let run = run_id();
+    let (ses, sbx) = (format!("ses_reopen_{run}"), format!("sbx_{run}"));
     first.begin(call(&ses, 1, "a")).await.unwrap();
     assert_eq!(first.epoch_for(&ses, &sbx).await.unwrap(), 1);
     let call = first.get(&ses, 1).await.unwrap();
@@ -393,9 +381,8 @@ mod pg_server;
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn conformance_on_postgres() {
     let pg = pg_server::TestPg::start();
-    let s = BrokerStore::open(Db::postgres(&pg.dsn, 16).unwrap())
-        .await
-        .unwrap();
+    let s = BrokerStore::open(Db::postgres(&pg.dsn, 16).unwrap()).await;
+    let s = s.unwrap();
     assert_eq!(s.backend(), "postgres");
     run_all(&s).await;
     // Migrations are idempotent: a second broker on the same database

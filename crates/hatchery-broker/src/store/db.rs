@@ -87,10 +87,8 @@ impl BrokerStore {
             // treated as a new instance all the same. The WHERE leaves a
             // row this session wrote meanwhile (a racing call for the same
             // new sandbox) as it is: that one wins.
-            match tx
-                .execute(SET_EPOCH, args![sandbox_id, session_id, next])
-                .await
-            {
+            let a = args![sandbox_id, session_id, next];
+            match tx.execute(SET_EPOCH, a).await {
                 Ok(1) => {
                     tx.commit().await.map_err(err("commit epoch"))?;
                     return Ok(next);
@@ -131,10 +129,8 @@ impl BrokerStore {
 
     pub async fn get(&self, session_id: &str, seq: u64) -> Result<Option<Call>, StoreError> {
         let row = self.db.query_opt(CALL, args![session_id, seq]).await;
-        row.map_err(err("read call"))?
-            .as_ref()
-            .map(row_call)
-            .transpose()
+        let row = row.map_err(err("read call"))?;
+        row.as_ref().map(row_call).transpose()
     }
 
     /// Stores the seq of one of the call's events, once: a column already
@@ -152,10 +148,10 @@ impl BrokerStore {
         tx.commit().await.map_err(err("commit event seq"))
     }
 
-    /// [`advance`](Self::advance) that also stores the seqs of the events
-    /// just written for the call, in the same statement (one commit
-    /// instead of two or three): the guard, the write and the read of the
-    /// new row.
+    /// Moves the call to `to` if it is in `from`, with what `r` records
+    /// (`effect`/`output` if given, the seqs of the events just written
+    /// for it), in one statement and commit: the new row, or `None` when
+    /// it was not in `from` (someone else moved it first).
     pub async fn advance_recorded(
         &self,
         session_id: &str,
@@ -170,25 +166,6 @@ impl BrokerStore {
         let row = row.map_err(err("advance call"))?;
         tx.commit().await.map_err(err("commit advance"))?;
         row.as_ref().map(row_call).transpose()
-    }
-
-    /// Moves the call to `to` if it is in `from`; `None` when it was not
-    /// (someone else moved it first). `effect`/`output` are set if given.
-    pub async fn advance(
-        &self,
-        session_id: &str,
-        seq: u64,
-        from: CallState,
-        to: CallState,
-        effect: Option<String>,
-        output: Option<String>,
-    ) -> Result<Option<Call>, StoreError> {
-        let r = Recorded {
-            effect,
-            output,
-            ..Default::default()
-        };
-        self.advance_recorded(session_id, seq, from, to, r).await
     }
 
     /// Calls caught in `executing` (the process stopped mid-effect).
@@ -252,11 +229,8 @@ impl BrokerStore {
         let r = self.db.query_opt(sql, args![session_id]).await;
         let usage = r.and_then(|r| {
             let r = r.ok_or(DbError::NoRow)?;
-            Ok(CallUsage::from_row(
-                r.get("calls")?,
-                r.get("bytes")?,
-                r.get("awaiting")?,
-            ))
+            let (calls, bytes, awaiting) = (r.get("calls")?, r.get("bytes")?, r.get("awaiting")?);
+            Ok(CallUsage::from_row(calls, bytes, awaiting))
         });
         usage.map_err(err("call usage"))
     }
@@ -264,10 +238,7 @@ impl BrokerStore {
 
 /// Inserts `new` unless its key is taken: 1 row written, or 0.
 pub(super) async fn insert_tx(tx: &mut Tx, new: &Call) -> Result<u64, DbError> {
-    let sql = format!(
-        "{} ON CONFLICT (session_id, seq) DO NOTHING",
-        Call::insert_sql()
-    );
+    let sql = Call::insert_sql() + " ON CONFLICT (session_id, seq) DO NOTHING";
     tx.execute(&sql, &new.values()?).await
 }
 
@@ -319,14 +290,11 @@ pub(super) async fn set_ref_tx(
 ) -> Result<u64, DbError> {
     // The column is one of three constants, never input.
     let col = which.column();
-    tx.execute(
-        &format!(
-            "UPDATE broker_calls SET {col} = $3
-             WHERE session_id = $1 AND seq = $2 AND {col} IS NULL"
-        ),
-        args![session_id, seq, ev],
-    )
-    .await
+    let sql = format!(
+        "UPDATE broker_calls SET {col} = $3
+         WHERE session_id = $1 AND seq = $2 AND {col} IS NULL"
+    );
+    tx.execute(&sql, args![session_id, seq, ev]).await
 }
 
 /// A row of `broker_calls` (an unknown state is a type error naming the

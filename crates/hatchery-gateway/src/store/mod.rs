@@ -84,13 +84,9 @@ async fn read_budget(tx: &mut Tx, scope: &str) -> Result<Option<Budget>, BudgetE
 }
 
 fn caller(r: Option<Row>) -> Result<Option<Caller>, DbError> {
-    let caller = |r: Row| {
-        Ok(Caller {
-            session: r.get("session")?,
-            tenant: r.get("tenant")?,
-        })
-    };
-    r.map(caller).transpose()
+    let Some(r) = r else { return Ok(None) };
+    let (session, tenant) = (r.get("session")?, r.get("tenant")?);
+    Ok(Some(Caller { session, tenant }))
 }
 
 /// Records `actual` against the reservation's scopes and deletes it, once
@@ -161,10 +157,8 @@ impl BudgetStore for GatewayStore {
         let sql =
             "INSERT INTO gateway_budgets (scope, limit_tokens, limit_usd_cents) VALUES ($1, $2, $3)
              ON CONFLICT (scope) DO UPDATE SET limit_tokens = $2, limit_usd_cents = $3";
-        let set = tx
-            .execute(sql, args![scope, tokens.map(i), usd_cents.map(i)])
-            .await;
-        set.map_err(err("set limits"))?;
+        let a = args![scope, tokens.map(i), usd_cents.map(i)];
+        tx.execute(sql, a).await.map_err(err("set limits"))?;
         let b = read_budget(&mut tx, scope).await?;
         tx.commit().await.map_err(err("commit set limits"))?;
         Ok(b.expect("just written"))
@@ -188,9 +182,8 @@ impl BudgetStore for GatewayStore {
         let mut tx = self.db.begin().await.map_err(err("begin reserve"))?;
         let lock = "SELECT scope FROM gateway_budgets WHERE scope = $1 FOR UPDATE";
         for scope in &sorted(scopes) {
-            tx.query(lock, args![scope])
-                .await
-                .map_err(err("lock budget"))?;
+            let locked = tx.query(lock, args![scope]).await;
+            locked.map_err(err("lock budget"))?;
         }
         let (tokens, cents) = (i(estimate.tokens), i(estimate.usd_cents));
         let expires = i(now_ms.saturating_add(ttl_ms));
@@ -201,9 +194,8 @@ impl BudgetStore for GatewayStore {
                 // Refused: dropping `tx` rolls back what was reserved.
                 admits(&b, estimate)?;
             }
-            let held = tx
-                .execute(insert, args![id, scope, tokens, cents, expires])
-                .await;
+            let a = args![id, scope, tokens, cents, expires];
+            let held = tx.execute(insert, a).await;
             held.map_err(err("insert reservation"))?;
         }
         tx.commit().await.map_err(err("commit reserve"))
@@ -251,12 +243,8 @@ impl KeyStore for GatewayStore {
     ) -> Result<(), BudgetError> {
         let sql =
             "INSERT INTO gateway_keys (hash, session, tenant, expires_ms) VALUES ($1, $2, $3, $4)";
-        let a = args![
-            hash,
-            &caller.session,
-            caller.tenant.as_deref(),
-            i(expires_ms)
-        ];
+        let tenant = caller.tenant.as_deref();
+        let a = args![hash, &caller.session, tenant, i(expires_ms)];
         self.db.execute(sql, a).await.map_err(err("add key"))?;
         Ok(())
     }
