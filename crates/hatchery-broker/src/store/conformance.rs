@@ -212,11 +212,8 @@ async fn concurrent_sandboxes_get_distinct_epochs(s: &BrokerStore, run: &str) {
 async fn every_transition_names_its_source_state(s: &BrokerStore, run: &str) {
     let ses = format!("ses_tr_{run}");
     let mut seq = 0;
-    for from in CallState::ALL {
-        for to in CallState::ALL
-            .into_iter()
-            .filter(|t| from.valid_transition(*t))
-        {
+    for &from in CallState::ALL {
+        for &to in CallState::ALL.iter().filter(|t| from.valid_transition(**t)) {
             // Allowed from `from`, once: a second racer finds it moved.
             seq += 1;
             s.begin(in_state(&ses, seq, from)).await.unwrap();
@@ -226,7 +223,7 @@ async fn every_transition_names_its_source_state(s: &BrokerStore, run: &str) {
             assert!(again.is_none(), "{from:?} -> {to:?} twice");
             // Refused from any other state, final ones included: the row
             // keeps its state (no late write overwrites it).
-            for other in CallState::ALL.into_iter().filter(|o| *o != from) {
+            for other in CallState::ALL.iter().copied().filter(|o| *o != from) {
                 seq += 1;
                 s.begin(in_state(&ses, seq, other)).await.unwrap();
                 let r = Recorded {
@@ -317,7 +314,7 @@ async fn event_seqs_go_with_the_row_and_are_set_once(s: &BrokerStore, run: &str)
 
 async fn executing_lists_only_executing_calls(s: &BrokerStore, run: &str) {
     let ses = format!("ses_ex_{run}");
-    for (seq, st) in CallState::ALL.into_iter().enumerate() {
+    for (seq, st) in CallState::ALL.iter().copied().enumerate() {
         s.begin(in_state(&ses, seq as u64 + 1, st)).await.unwrap();
     }
     s.begin(in_state(&ses, 20, Executing)).await.unwrap();

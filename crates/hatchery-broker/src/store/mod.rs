@@ -50,47 +50,22 @@ impl StoreError {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CallState {
-    AwaitingApproval,
-    #[default]
-    Pending,
-    Executing,
-    Done,
-    Failed,
-    Denied,
-    NeedsReview,
+hatchery_db::names! {
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum CallState {
+        AwaitingApproval = "awaiting_approval",
+        #[default]
+        Pending = "pending",
+        Executing = "executing",
+        Done = "done",
+        Failed = "failed",
+        Denied = "denied",
+        NeedsReview = "needs_review",
+    }
 }
 
 impl CallState {
-    pub const ALL: [CallState; 7] = {
-        use CallState::*;
-        [
-            AwaitingApproval,
-            Pending,
-            Executing,
-            Done,
-            Failed,
-            Denied,
-            NeedsReview,
-        ]
-    };
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CallState::AwaitingApproval => "awaiting_approval",
-            CallState::Pending => "pending",
-            CallState::Executing => "executing",
-            CallState::Done => "done",
-            CallState::Failed => "failed",
-            CallState::Denied => "denied",
-            CallState::NeedsReview => "needs_review",
-        }
-    }
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|c| c.as_str() == s)
-    }
     pub fn is_final(self) -> bool {
         matches!(
             self,
@@ -151,8 +126,6 @@ hatchery_db::record! {
         pub updated_at: String,
     }
 }
-
-hatchery_db::named!(CallState, as_str, parse);
 
 /// What an [`BrokerStore::advance_recorded`] writes besides the state.
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -273,7 +246,7 @@ mod tests {
         assert!(!NeedsReview.valid_transition(Executing));
         // A final state other than needs_review is never left.
         for from in [Done, Failed, Denied] {
-            for to in CallState::ALL {
+            for &to in CallState::ALL {
                 assert!(!from.valid_transition(to), "{from:?} -> {to:?}");
             }
         }
