@@ -19,7 +19,8 @@
 
 use crate::event::{from_hex, now_rfc3339, to_hex, Event, Hash, StoredEvent, GENESIS};
 use crate::verify::{self, Head, Report};
-use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
+use rusqlite::TransactionBehavior::Immediate;
+use rusqlite::{params, Connection, OptionalExtension, Row};
 use serde_json::Value;
 use std::path::Path;
 
@@ -98,21 +99,13 @@ impl SqliteAuditLog {
         let data_json =
             serde_json::to_string(&data).map_err(|e| AuditError::Invalid("data", e.to_string()))?;
         if data_json.len() > MAX_DATA_BYTES {
-            return Err(AuditError::Invalid(
-                "data",
-                format!("over {MAX_DATA_BYTES} bytes"),
-            ));
+            let over = format!("over {MAX_DATA_BYTES} bytes");
+            return Err(AuditError::Invalid("data", over));
         }
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let head: Option<(u64, String)> = tx
-            .query_row(
-                "SELECT seq, hash FROM audit_events WHERE chain = ?1 ORDER BY seq DESC LIMIT 1",
-                [chain],
-                |r| Ok((r.get("seq")?, r.get("hash")?)),
-            )
-            .optional()?;
+        let tx = self.conn.transaction_with_behavior(Immediate)?;
+        let sql = "SELECT seq, hash FROM audit_events WHERE chain = ?1 ORDER BY seq DESC LIMIT 1";
+        let head = tx.query_row(sql, [chain], |r| Ok((r.get("seq")?, r.get("hash")?)));
+        let head: Option<(u64, String)> = head.optional()?;
         let (seq, prev) = match head {
             None => (1, GENESIS),
             Some((seq, h)) => (
@@ -128,19 +121,11 @@ impl SqliteAuditLog {
             data,
         }
         .seal(prev)?;
-        tx.execute(
-            "INSERT INTO audit_events (chain, seq, ts, kind, data, prev_hash, hash)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            params![
-                chain,
-                seq,
-                stored.event.ts,
-                kind,
-                data_json,
-                to_hex(&stored.prev_hash),
-                to_hex(&stored.hash)
-            ],
-        )?;
+        let sql = "INSERT INTO audit_events (chain, seq, ts, kind, data, prev_hash, hash)
+                   VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+        let (p, h) = (to_hex(&stored.prev_hash), to_hex(&stored.hash));
+        let args = params![chain, seq, stored.event.ts, kind, data_json, p, h];
+        tx.execute(sql, args)?;
         tx.commit()?;
         Ok(stored)
     }
@@ -154,17 +139,13 @@ impl SqliteAuditLog {
 
     /// The latest (seq, hash) of every chain, for anchoring.
     pub fn heads(&self) -> Result<Vec<Head>, AuditError> {
-        let mut st = self.conn.prepare(
-            "SELECT chain, seq, hash FROM audit_events e
-             WHERE seq = (SELECT MAX(seq) FROM audit_events WHERE chain = e.chain)
-             ORDER BY chain",
-        )?;
+        let sql = "SELECT chain, seq, hash FROM audit_events e
+                   WHERE seq = (SELECT MAX(seq) FROM audit_events WHERE chain = e.chain)
+                   ORDER BY chain";
+        let mut st = self.conn.prepare(sql)?;
         let rows = st.query_map([], |r| {
-            Ok(Head {
-                chain: r.get("chain")?,
-                seq: r.get("seq")?,
-                hash: r.get("hash")?,
-            })
+            let (chain, seq, hash) = (r.get("chain")?, r.get("seq")?, r.get("hash")?);
+            Ok(Head { chain, seq, hash })
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
@@ -172,10 +153,9 @@ impl SqliteAuditLog {
     /// Verifies one chain, streaming its rows in seq order; with `anchors`,
     /// also checks each anchored head of this chain is still there.
     pub fn verify_chain(&self, chain: &str, anchors: &[Head]) -> Result<Report, AuditError> {
-        let mut st = self.conn.prepare(
-            "SELECT chain, seq, ts, kind, data, prev_hash, hash FROM audit_events
-             WHERE chain = ?1 ORDER BY seq",
-        )?;
+        let sql = "SELECT chain, seq, ts, kind, data, prev_hash, hash FROM audit_events
+                   WHERE chain = ?1 ORDER BY seq";
+        let mut st = self.conn.prepare(sql)?;
         let rows = st.query_map([chain], read_row)?;
         let mut report = verify::verify(chain, rows)?;
         let sql = "SELECT hash FROM audit_events WHERE chain = ?1 AND seq = ?2";

@@ -48,7 +48,7 @@ pub use record::{Record, ToValue};
 #[doc(hidden)]
 pub use serde_json;
 pub use sqlite::{BUSY_TIMEOUT, SQLITE_CONNECTIONS};
-pub use value::{ColumnIndex, FromValue, Row, Value};
+pub use value::{bind, ColumnIndex, FromValue, Row, Value};
 
 use sqlite::{SqliteConn, SqliteDb};
 use std::path::{Path, PathBuf};

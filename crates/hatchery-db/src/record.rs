@@ -111,8 +111,26 @@ impl FromValue for BTreeMap<String, String> {
 /// Each field's type reads with [`FromValue`](crate::FromValue) and
 /// writes with [`ToValue`]; an enum stored by name gets both from
 /// [`named!`](crate::named).
+///
+/// Without `in "table"` the struct is a query's result, not a table's row
+/// (a field may be an alias, `id AS approval_id`): it gets an inherent
+/// `from_row` and no [`Record`], so no INSERT names a column that is not
+/// there.
 #[macro_export]
 macro_rules! record {
+    ($(#[$m:meta])* $vis:vis struct $name:ident {
+        $($(#[$fm:meta])* $fvis:vis $field:ident : $ty:ty),* $(,)?
+    }) => {
+        $(#[$m])*
+        $vis struct $name { $($(#[$fm])* $fvis $field: $ty),* }
+
+        impl $name {
+            /// The query's row, read by column name.
+            $vis fn from_row(r: &$crate::Row) -> Result<Self, $crate::DbError> {
+                Ok($name { $($field: r.get(stringify!($field))?),* })
+            }
+        }
+    };
     ($(#[$m:meta])* $vis:vis struct $name:ident in $table:literal {
         $($(#[$fm:meta])* $fvis:vis $field:ident : $ty:ty),* $(,)?
     }) => {
@@ -251,6 +269,14 @@ mod tests {
         }
     }
 
+    record! {
+        /// A query's result: `from_row`, no `Record`.
+        struct Renamed {
+            thing: String,
+            at_ms: u64,
+        }
+    }
+
     #[tokio::test]
     async fn records_round_trip_and_refuse_what_does_not_fit() {
         let db = Db::sqlite_memory().unwrap();
@@ -295,6 +321,9 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(Thing::from_row(&rows[0]).unwrap(), t);
+        let sql = "SELECT id AS thing, at_ms FROM things ORDER BY seq";
+        let r = Renamed::from_row(&tx.query(sql, &[]).await.unwrap()[0]).unwrap();
+        assert_eq!((&*r.thing, r.at_ms), ("a", t.at_ms));
         let e = Thing::from_row(&rows[1]).unwrap_err();
         assert!(e.to_string().contains("color"), "{e}");
     }

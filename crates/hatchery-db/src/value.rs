@@ -43,6 +43,23 @@ macro_rules! args {
     ($($v:expr),+ $(,)?) => { &[$($crate::Value::from($v)),+] as &[$crate::Value] };
 }
 
+/// The `parts` that have a value (the SET list of a partial update, a
+/// list's optional filters): each value is pushed onto `args`, and its
+/// part's `$v` becomes that parameter's number.
+pub fn bind<'a>(
+    args: &mut Vec<Value>,
+    parts: impl IntoIterator<Item = (&'a str, Option<Value>)>,
+) -> Vec<String> {
+    let mut out = vec![];
+    for (part, v) in parts {
+        if let Some(v) = v {
+            args.push(v);
+            out.push(part.replace("$v", &format!("${}", args.len())));
+        }
+    }
+    out
+}
+
 macro_rules! from_int {
     ($($t:ty),*) => {$(
         impl From<$t> for Value {
@@ -378,6 +395,19 @@ pub(crate) fn sqlite_value(v: rusqlite::types::ValueRef<'_>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bind_numbers_the_parts_that_have_a_value() {
+        let mut args = vec![Value::from("id")];
+        let parts = [
+            ("a = $v", Some(Value::from(1))),
+            ("b = $v", None),
+            ("c = c + $v OR $v", Some(Value::from(2))),
+        ];
+        let sets = bind(&mut args, parts);
+        assert_eq!(sets, ["a = $2", "c = c + $3 OR $3"]);
+        assert_eq!(args, [Value::from("id"), Value::from(1), Value::from(2)]);
+    }
 
     fn row(vals: Vec<Value>) -> Row {
         let names: Arc<[String]> = (0..vals.len()).map(|i| format!("c{i}")).collect();

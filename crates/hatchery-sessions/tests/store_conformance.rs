@@ -10,7 +10,7 @@
 #[path = "../../hatchery-store/tests/support/pg_server.rs"]
 mod pg_server;
 
-use hatchery_db::{args, Db, Record};
+use hatchery_db::{args, Db};
 use hatchery_sessions::events::{Actor, EventKind};
 use hatchery_sessions::store::chain::seal_after;
 use hatchery_sessions::store::{conformance, DbSessionStore, SessionStore};
@@ -19,8 +19,9 @@ use std::sync::Arc;
 use tokio_postgres::NoTls;
 hatchery_db::record! {
     /// One event row as stored (`session` and `kind` are the columns
-    /// `session_id` and `type`, renamed by the query that reads them).
-    struct Row in "session_events" {
+    /// `session_id` and `type`, renamed by the query that reads them;
+    /// `owner_epoch` is its session's epoch).
+    struct Row {
         session: String,
         seq: u64,
         at: String,
@@ -30,12 +31,18 @@ hatchery_db::record! {
         prev_hash: String,
         hash: String,
         epoch: u64,
+        owner_epoch: u64,
     }
 }
 
 /// The invariants over every stored event row (grouped by session, in seq
-/// order), and the sessions' own epochs.
-fn check_rows(rows: &[Row], session_epoch: &std::collections::HashMap<String, u64>) -> usize {
+/// order), and the sessions' own epochs; returns the number of sessions.
+async fn check_rows(db: &Db) -> usize {
+    let sql = "SELECT e.*, e.session_id AS session, e.type AS kind, s.epoch AS owner_epoch \
+               FROM session_events e JOIN sessions s ON s.id = e.session_id \
+               ORDER BY e.session_id, e.seq";
+    let rows = db.query(sql, args![]).await.unwrap();
+    let rows: Vec<Row> = rows.iter().map(|r| Row::from_row(r).unwrap()).collect();
     let chains: Vec<&[Row]> = rows.chunk_by(|a, b| a.session == b.session).collect();
     for rows in &chains {
         let s = &rows[0].session;
@@ -54,21 +61,9 @@ fn check_rows(rows: &[Row], session_epoch: &std::collections::HashMap<String, u6
             assert_eq!(r.epoch, epoch, "{s}/{}: written under a stale epoch", r.seq);
             prev = Some(h);
         }
-        assert_eq!(session_epoch[s], epoch, "{s}: row epoch");
+        assert_eq!(rows[0].owner_epoch, epoch, "{s}: row epoch");
     }
     chains.len()
-}
-
-/// Every stored event row (by session, in seq order), and each session's
-/// epoch.
-async fn stored_rows(db: &Db) -> (Vec<Row>, std::collections::HashMap<String, u64>) {
-    let sql = "SELECT *, session_id AS session, type AS kind \
-               FROM session_events ORDER BY session_id, seq";
-    let rows = db.query(sql, args![]).await.unwrap();
-    let rows = rows.iter().map(|r| Row::from_row(r).unwrap()).collect();
-    let epochs = db.query("SELECT id, epoch FROM sessions", args![]).await;
-    let epoch = |r: &hatchery_db::Row| (r.get("id").unwrap(), r.get("epoch").unwrap());
-    (rows, epochs.unwrap().iter().map(epoch).collect())
 }
 
 /// The suite, the row invariants, a second migration run (a no-op), and
@@ -80,8 +75,7 @@ async fn suite(db: &Db) {
     let open = |h: &str| -> Arc<dyn SessionStore> { Arc::new(store.as_host(h).unwrap()) };
     conformance::run_all(&open).await;
 
-    let (rows, epochs) = stored_rows(db).await;
-    assert!(check_rows(&rows, &epochs) >= 20);
+    assert!(check_rows(db).await >= 20);
     assert_eq!(store.schema_version().await.unwrap(), 1);
     let again = DbSessionStore::open(db.clone(), "again").await.unwrap();
     assert_eq!(again.schema_version().await.unwrap(), 1);
@@ -123,6 +117,9 @@ async fn suite(db: &Db) {
     assert_eq!(r(reader.verify(&chains[2], &[]).await.unwrap()), Some(2));
 }
 
+/// The partial index that answers the broker's lookup (with_sandbox).
+const LIVE_SANDBOX: &str = "sessions_live_sandbox";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn conformance_on_sqlite() {
     let db = Db::sqlite_memory().unwrap();
@@ -130,13 +127,10 @@ async fn conformance_on_sqlite() {
     // The broker asks for a sandbox's session on every call: that lookup
     // is an index search, not a scan of every session.
     let sql = "EXPLAIN QUERY PLAN SELECT id FROM sessions WHERE sandbox_id = $1 \
-               AND state NOT IN ('completed','failed','cancelled') ORDER BY ord LIMIT 1";
+               AND state NOT IN ('completed','failed','cancelled') ORDER BY ord";
     let plan = db.query(sql, args!["sbx_1"]).await.unwrap();
     let plan: Vec<String> = plan.iter().map(|r| r.get(3).unwrap()).collect();
-    assert!(
-        plan.iter().any(|d| d.contains("sessions_live_sandbox")),
-        "{plan:?}"
-    );
+    assert!(plan.iter().any(|d| d.contains(LIVE_SANDBOX)), "{plan:?}");
     // A database no daemon has run on is a clear error for the reader.
     let empty = Db::sqlite_memory().unwrap();
     let e = AuditReader::on(empty).await.err().unwrap();
@@ -159,10 +153,7 @@ async fn conformance_on_postgres() {
     let plan = tx.query(sql, args![]).await.unwrap();
     let plan: Vec<String> = plan.iter().map(|r| r.get(0).unwrap()).collect();
     tx.rollback().await.unwrap();
-    assert!(
-        plan.iter().any(|l| l.contains("sessions_live_sandbox")),
-        "{plan:?}"
-    );
+    assert!(plan.iter().any(|l| l.contains(LIVE_SANDBOX)), "{plan:?}");
 
     // `hatchery audit verify --db postgres://...` opens read-only: the
     // server refuses a write on its connections.
@@ -190,12 +181,9 @@ async fn migrations_race_and_repeat_conformance_on_postgres() {
     let pg = pg_server::TestPg::start();
     let open = |host| DbSessionStore::open(Db::postgres(&pg.dsn, 2).unwrap(), host);
     let (a, b) = tokio::join!(open("a"), open("b"));
-    let (a, b) = (a.unwrap(), b.unwrap());
-    let v = a.schema_version().await.unwrap();
-    assert_eq!(v, b.schema_version().await.unwrap());
-    let c = open("c").await.unwrap();
-    assert_eq!(c.schema_version().await.unwrap(), v);
-    assert_eq!(v, 1);
+    for s in [a.unwrap(), b.unwrap(), open("c").await.unwrap()] {
+        assert_eq!(s.schema_version().await.unwrap(), 1);
+    }
 }
 
 /// The previous release's PostgreSQL tables (its own migration runner's
@@ -218,7 +206,13 @@ async fn previous_release_upgrades_in_place_conformance_on_postgres() {
              VALUES ($1, $2, 'running', 'git://127.0.0.1/old.git', 'h', '2026-01-01T00:00:00.000Z', 'local', 1, 1, $3)";
         let sbx = format!("sbx_old{i}");
         db.execute(sql, args![*id, &spec, sbx]).await.unwrap();
-        insert_first_event(&db, id).await;
+        // Its first event, sealed as the previous release sealed it.
+        let data = serde_json::to_string(&EventKind::CancelRequested).unwrap();
+        let at = "2026-01-01T00:00:00.000Z";
+        let (p, h) = seal_after(None, id, 1, at, "system", "cancel_requested", &data).unwrap();
+        let sql = "INSERT INTO session_events (session_id, seq, at, actor, type, data, prev_hash, hash, epoch) \
+             VALUES ($1, 1, $2, 'system', 'cancel_requested', $3, $4, $5, 1)";
+        db.execute(sql, args![*id, at, data, p, h]).await.unwrap();
     }
     let sql = "INSERT INTO session_approvals (id, session_id, action, details, state, created_at) \
          VALUES ('apr_old', 'ses_old1', 'push', 'd', 'pending', '2026-01-01T00:00:00.000Z')";
@@ -244,16 +238,6 @@ async fn previous_release_upgrades_in_place_conformance_on_postgres() {
         let r = reader.verify(ch, &[]).await.unwrap();
         assert!(r.ok(), "{ch}: {r:?}");
     }
-}
-
-/// A session's first event, sealed as the previous release sealed it.
-async fn insert_first_event(db: &Db, id: &str) {
-    let data = serde_json::to_string(&EventKind::CancelRequested).unwrap();
-    let at = "2026-01-01T00:00:00.000Z";
-    let (p, h) = seal_after(None, id, 1, at, "system", "cancel_requested", &data).unwrap();
-    let sql = "INSERT INTO session_events (session_id, seq, at, actor, type, data, prev_hash, hash, epoch) \
-         VALUES ($1, 1, $2, 'system', 'cancel_requested', $3, $4, $5, 1)";
-    db.execute(sql, args![id, at, data, p, h]).await.unwrap();
 }
 
 /// The previous release's PostgreSQL schema (hatchery-sessions-schema's
@@ -331,24 +315,18 @@ const OLD_PG_SCHEMA: &str = "CREATE TABLE sessions (
 #[tokio::test]
 async fn postgres_down_is_unavailable() {
     use hatchery_sessions::store::StoreError;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port(); // dropped: nothing listens there
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = free.local_addr().unwrap().port();
+    drop(free); // nothing listens there
     let started = std::time::Instant::now();
     let db = Db::postgres(&format!("postgres://postgres@127.0.0.1:{port}/x"), 2).unwrap();
-    let e = DbSessionStore::open(db.clone(), "h")
-        .await
-        .err()
-        .expect("connected to nothing");
+    let e = DbSessionStore::open(db.clone(), "h").await;
+    let e = e.err().expect("connected to nothing");
     assert!(matches!(e, StoreError::Unavailable(_)), "{e}");
     assert!(started.elapsed() < std::time::Duration::from_secs(30));
     // A bad host id is a configuration error.
-    assert!(matches!(
-        DbSessionStore::open(db, "bad host").await,
-        Err(StoreError::Config(_))
-    ));
+    let bad = DbSessionStore::open(db, "bad host").await;
+    assert!(matches!(bad, Err(StoreError::Config(_))));
 }
 
 /// `pg_ctl` of the installed server, as the postgres user when root.
@@ -377,12 +355,10 @@ async fn stopped_under_the_store_is_unavailable_then_recovers_conformance_on_pos
     s.create(&id, &spec, None, "h").await.unwrap();
     let (c, conn) = tokio_postgres::connect(&pg.dsn, NoTls).await.unwrap();
     tokio::spawn(conn);
-    let mut shown = vec![];
-    for name in ["data_directory", "port", "unix_socket_directories"] {
-        let r = c.query_one(&format!("SHOW {name}"), &[]).await.unwrap();
-        shown.push(r.get::<_, String>(0));
-    }
-    let [data, port, sock] = <[String; 3]>::try_from(shown).unwrap();
+    let sql = "SELECT current_setting('data_directory'), current_setting('port'), \
+               current_setting('unix_socket_directories')";
+    let r = c.query_one(sql, &[]).await.unwrap();
+    let (data, port, sock): (String, String, String) = (r.get(0), r.get(1), r.get(2));
     drop(c);
     pg_ctl(&["-D", &data, "-m", "immediate", "-w", "stop"]);
     let e = s.get(&id).await.unwrap_err();

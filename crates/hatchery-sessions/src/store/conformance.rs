@@ -62,12 +62,11 @@ fn msg(text: impl Into<String>) -> NewEvent {
     (Actor::User, EventKind::Message { text: text.into() })
 }
 
-async fn create(s: &dyn SessionStore, id: &str, run: &str) -> Session {
+async fn create(s: &dyn SessionStore, id: &str, run: &str) {
     match s.create(id, &spec(&repo(run, "r")), None, "h").await {
         Ok(CreateOutcome::Created(x, e)) => {
             assert_eq!((e.seq, x.epoch), (1, 1));
             assert_eq!(x.host_id, s.host_id());
-            x
         }
         other => panic!("create {id}: {other:?}"),
     }
@@ -87,12 +86,10 @@ fn fenced<T: std::fmt::Debug>(r: Result<T, StoreError>, owner: &str) {
     }
 }
 
-/// A patch that leaves every field as it is.
 fn keep() -> Patch {
     Patch::default()
 }
 
-/// A patch that changes what `f` sets.
 fn patch(f: impl FnOnce(&mut Patch)) -> Patch {
     let mut p = keep();
     f(&mut p);
@@ -106,21 +103,15 @@ fn conflict<T: std::fmt::Debug>(r: Result<T, StoreError>, current: SessionState)
     }
 }
 
-/// What spawned tasks return, in order.
 async fn joined<T>(tasks: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
-    let mut out = vec![];
-    for t in tasks {
-        out.push(t.await.unwrap());
-    }
-    out
+    let out = futures::future::join_all(tasks).await;
+    out.into_iter().map(Result::unwrap).collect()
 }
 
-/// Every event of session `id`.
 async fn log(s: &dyn SessionStore, id: &str) -> Vec<Event> {
     s.events(id, 0, 10_000).await.unwrap()
 }
 
-/// The epochs of the `host_changed` events in `evs`.
 fn host_changes(evs: &[Event]) -> Vec<u64> {
     evs.iter()
         .filter_map(|e| match e.kind {
@@ -136,7 +127,6 @@ async fn ask(s: &dyn SessionStore, id: &str, aid: &str) {
     r.unwrap();
 }
 
-/// A transition with no reason, extra events or patch.
 async fn go(
     s: &dyn SessionStore,
     id: &str,
@@ -250,10 +240,7 @@ async fn transitions_are_guarded(open: Open<'_>, run: &str) {
     assert_eq!(x.reason.as_deref(), Some("boom"));
     assert!(x.ended_at.is_some());
     let pending = s.pending_approval(&id).await.unwrap();
-    assert!(
-        pending.is_none(),
-        "a terminal state expires pending approvals"
-    );
+    assert!(pending.is_none(), "the end expires pending approvals");
     // A late change after the end is refused.
     conflict(go(&*s, &id, &[S::Running], S::Completed).await, S::Failed);
     let r = s.append_if_state(&id, &[S::Running], vec![msg("x")], keep());
@@ -553,15 +540,12 @@ async fn writes_are_fenced_after_take_over(open: Open<'_>, run: &str) {
     let late = || vec![msg("late")];
     let r = a.append(&s1, late(), patch(|p| p.add_tokens = 9)).await;
     fenced(r, &hb);
-    let r = a.append_agent(&s1, 10, Some(1), late(), keep()).await;
-    fenced(r, &hb);
+    fenced(a.append_agent(&s1, 10, Some(1), late(), keep()).await, &hb);
     let r = a.append_if_state(&s1, &[S::Queued], late(), keep()).await;
     fenced(r, &hb);
     fenced(go(&*a, &s1, &[S::Queued], S::Cancelled).await, &hb);
-    let r = a
-        .request_approval(&s1, &format!("apr_g{run}"), "x", "y")
-        .await;
-    fenced(r, &hb);
+    let apr_g = format!("apr_g{run}");
+    fenced(a.request_approval(&s1, &apr_g, "x", "y").await, &hb);
     fenced(a.decide_approval(&s1, &apr, "approve", "").await, &hb);
     let after = a.get(&s1).await.unwrap();
     assert_eq!(after, before, "nothing of a fenced write committed");
@@ -658,10 +642,9 @@ async fn no_append_lands_after_a_take_over(open: Open<'_>, run: &str) {
 /// approvals and the caps whose marker is in the log; nothing of another
 /// session. On PostgreSQL this is the only check of its SQL.
 async fn usage_counts_what_the_session_holds(open: Open<'_>, run: &str) {
-    let s = open(&format!("h{run}"));
-    let id = format!("ses_u{run}");
-    assert!(matches!(s.usage(&id).await, Err(StoreError::NotFound(_))));
-    create(&*s, &id, run).await;
+    let (s, id) = fresh(open, run, "u").await;
+    let unknown = s.usage(&format!("ses_nope{run}")).await;
+    assert!(matches!(unknown, Err(StoreError::NotFound(_))));
     let u0 = s.usage(&id).await.unwrap();
     let counts = |u: &StorageUsage| (u.events, u.blobs, u.blob_bytes, u.open_approvals);
     assert_eq!((counts(&u0), u0.agent_event_bytes), ((1, 0, 0, 0), 0));

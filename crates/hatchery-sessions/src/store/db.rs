@@ -13,7 +13,7 @@
 use super::chain::seal_after;
 use super::*;
 use crate::events::{cut, INLINE_TEXT_BYTES, MAX_BLOB_BYTES};
-use hatchery_db::{args, copy_table, Db, Import, Imported, Joined, Record, Row, Tx, Value};
+use hatchery_db::{args, bind, copy_table, Db, Import, Imported, Joined, Record, Row, Tx, Value};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -101,36 +101,31 @@ pub(crate) fn now() -> String {
     let t = time::OffsetDateTime::now_utc();
     let f = time::format_description::well_known::Rfc3339;
     // Millisecond precision, always `Z`.
-    let t = t
-        .replace_nanosecond(t.millisecond() as u32 * 1_000_000)
-        .unwrap_or(t);
-    t.format(&f).unwrap_or_default()
+    let ms = t.replace_nanosecond(t.millisecond() as u32 * 1_000_000);
+    ms.unwrap_or(t).format(&f).unwrap_or_default()
 }
 
 fn data_err(e: impl std::fmt::Display) -> StoreError {
     StoreError::Data(e.to_string())
 }
 
-fn event_row(r: &Row) -> Result<Event, StoreError> {
-    let data: String = r.get("data")?;
-    let actor: String = r.get("actor")?;
-    Ok(Event {
-        seq: r.get("seq")?,
-        at: r.get("at")?,
-        actor: Actor::parse(&actor).unwrap_or(Actor::System),
-        kind: serde_json::from_str(&data).map_err(data_err)?,
-    })
-}
-
 fn events(rows: Vec<Row>) -> Result<Vec<Event>, StoreError> {
-    rows.iter().map(event_row).collect()
+    let event = |r: &Row| {
+        let (data, actor): (String, String) = (r.get("data")?, r.get("actor")?);
+        Ok(Event {
+            seq: r.get("seq")?,
+            at: r.get("at")?,
+            actor: Actor::parse(&actor).unwrap_or(Actor::System),
+            kind: serde_json::from_str(&data).map_err(data_err)?,
+        })
+    };
+    rows.iter().map(event).collect()
 }
 
 fn sessions(rows: Vec<Row>) -> Result<Vec<Session>, StoreError> {
     rows.iter().map(|r| Ok(Session::from_row(r)?)).collect()
 }
 
-/// Session `id`'s row, which must be there.
 fn found(id: &str, r: Option<Row>) -> Result<Row, StoreError> {
     r.ok_or_else(|| StoreError::NotFound(id.to_string()))
 }
@@ -191,13 +186,8 @@ async fn apply_patch(tx: &mut Tx, id: &str, p: &Patch) -> Result<(), StoreError>
         ("spend_wall_s = spend_wall_s + $v", add(p.add_wall_s)),
         ("cancel_requested = $v", p.cancel_requested.map(Value::from)),
     ];
-    let (mut sets, mut args) = (vec![], vec![Value::from(id)]);
-    for (set, v) in fields {
-        if let Some(v) = v {
-            args.push(v);
-            sets.push(set.replace("$v", &format!("${}", args.len())));
-        }
-    }
+    let mut args = vec![Value::from(id)];
+    let sets = bind(&mut args, fields);
     if !sets.is_empty() {
         let sql = format!("UPDATE sessions SET {} WHERE id = $1", sets.join(", "));
         tx.execute(&sql, &args).await?;
@@ -328,13 +318,15 @@ impl DbSessionStore {
         Ok(DbSessionStore { db, host })
     }
 
-    /// The sessions schema's recorded version.
     pub async fn schema_version(&self) -> Result<u64, StoreError> {
         Ok(SCHEMA.check(&self.db).await?)
     }
 
-    pub fn db(&self) -> &Db {
-        &self.db
+    /// The unfinished sessions whose `column` is `value`, oldest first.
+    async fn unfinished_by(&self, column: &str, value: &str) -> Result<Vec<Session>, StoreError> {
+        let sql =
+            format!("SELECT * FROM sessions WHERE {column} = $1 AND {UNFINISHED} ORDER BY ord");
+        sessions(self.db.query(&sql, args![value]).await?)
     }
 
     /// A write transaction on `id` after the fence check: the transaction
@@ -368,8 +360,7 @@ impl SessionStore for DbSessionStore {
                    ON CONFLICT (idempotency_key) DO NOTHING RETURNING id";
         let (key, hash, host) = (idempotency_key, request_hash, &*self.host);
         let args = args![id, spec_json, &spec.repo, key, hash, now(), host];
-        let inserted = tx.query_opt(sql, args).await?;
-        if inserted.is_none() {
+        if tx.query_opt(sql, args).await?.is_none() {
             let seen = repeat(&mut tx, idempotency_key, request_hash).await?;
             return seen.ok_or_else(|| data_err("idempotency key conflicted but no row holds it"));
         }
@@ -393,64 +384,32 @@ impl SessionStore for DbSessionStore {
     }
 
     async fn list(&self, f: &ListFilter) -> Result<Vec<Session>, StoreError> {
-        let mut sql = "SELECT * FROM sessions WHERE 1 = 1".to_string();
-        let mut args: Vec<Value> = vec![];
-        if let Some(s) = f.state {
-            args.push(s.as_str().into());
-            sql += &format!(" AND state = ${}", args.len());
-        }
-        if let Some(r) = &f.repo {
-            args.push(r.into());
-            sql += &format!(" AND repo = ${}", args.len());
-        }
-        if let Some(a) = &f.after_id {
-            args.push(a.into());
-            sql += &format!(
-                " AND ord > COALESCE((SELECT ord FROM sessions WHERE id = ${}), 0)",
-                args.len()
-            );
-        }
-        sql += &format!(" ORDER BY ord LIMIT {}", f.limit.max(1));
+        let text = |v: &Option<String>| v.clone().map(Value::from);
+        let filters = [
+            ("AND state = $v", f.state.map(|s| Value::from(s.as_str()))),
+            ("AND repo = $v", text(&f.repo)),
+            (
+                "AND ord > COALESCE((SELECT ord FROM sessions WHERE id = $v), 0)",
+                text(&f.after_id),
+            ),
+        ];
+        let mut args = vec![];
+        let filters = bind(&mut args, filters).join(" ");
+        let limit = f.limit.max(1);
+        let sql =
+            format!("SELECT * FROM sessions WHERE 1 = 1 {filters} ORDER BY ord LIMIT {limit}");
         sessions(self.db.query(&sql, &args).await?)
     }
 
     async fn with_sandbox(&self, sandbox_id: &str) -> Result<Option<Session>, StoreError> {
         // The filter is the partial index `sessions_live_sandbox`'s
         // predicate, word for word, so the index answers it.
-        let sql = format!(
-            "SELECT * FROM sessions WHERE sandbox_id = $1 AND {UNFINISHED} \
-             ORDER BY ord LIMIT 1"
-        );
-        Ok(sessions(self.db.query(&sql, args![sandbox_id]).await?)?.pop())
+        let live = self.unfinished_by("sandbox_id", sandbox_id).await?;
+        Ok(live.into_iter().next())
     }
 
     async fn unfinished(&self) -> Result<Vec<Session>, StoreError> {
-        let sql =
-            format!("SELECT * FROM sessions WHERE host_id = $1 AND {UNFINISHED} ORDER BY ord");
-        sessions(self.db.query(&sql, args![&*self.host]).await?)
-    }
-
-    async fn append(
-        &self,
-        id: &str,
-        events: Vec<NewEvent>,
-        patch: Patch,
-    ) -> Result<Vec<Event>, StoreError> {
-        let out = self
-            .append_joined(id, None, events, patch, &mut hatchery_db::Alone)
-            .await?;
-        Ok(out.unwrap_or_default())
-    }
-
-    async fn append_once(
-        &self,
-        id: &str,
-        key: &str,
-        events: Vec<NewEvent>,
-        patch: Patch,
-    ) -> Result<Option<Vec<Event>>, StoreError> {
-        self.append_joined(id, Some(key), events, patch, &mut hatchery_db::Alone)
-            .await
+        self.unfinished_by("host_id", &self.host).await
     }
 
     async fn append_joined(
@@ -465,8 +424,7 @@ impl SessionStore for DbSessionStore {
         if let Some(key) = key {
             let sql = "INSERT INTO session_deliveries (session_id, key) VALUES ($1, $2) \
                        ON CONFLICT DO NOTHING";
-            let fresh = tx.execute(sql, args![id, key]).await?;
-            if fresh == 0 {
+            if tx.execute(sql, args![id, key]).await? == 0 {
                 return Ok(None);
             }
         }
@@ -510,7 +468,7 @@ impl SessionStore for DbSessionStore {
         from: &[SessionState],
         to: SessionState,
         reason: Option<String>,
-        extra: Vec<NewEvent>,
+        mut extra: Vec<NewEvent>,
         patch: Patch,
     ) -> Result<(Session, Vec<Event>), StoreError> {
         let (mut tx, epoch) = self.write(id).await?;
@@ -523,16 +481,14 @@ impl SessionStore for DbSessionStore {
             to,
             reason: reason.clone(),
         };
-        let mut evs = extra;
-        evs.push((Actor::System, changed));
-        let out = append_tx(&mut tx, id, epoch, evs).await?;
+        extra.push((Actor::System, changed));
+        let out = append_tx(&mut tx, id, epoch, extra).await?;
         apply_patch(&mut tx, id, &patch).await?;
         // Guarded: the UPDATE names the state it moves from and the owner
         // (both hold under the row lock; belt and braces).
         let sql = "UPDATE sessions SET state = $2 WHERE id = $1 AND state = $3 AND host_id = $4";
         let args = args![id, to.as_str(), cur.as_str(), &*self.host];
-        let n = tx.execute(sql, args).await?;
-        if n != 1 {
+        if tx.execute(sql, args).await? != 1 {
             return Err(conflict(id, cur));
         }
         if to == SessionState::Running {
@@ -559,25 +515,17 @@ impl SessionStore for DbSessionStore {
     }
 
     async fn chain_heads(&self) -> Result<Vec<hatchery_audit::Head>, StoreError> {
-        self.db
-            .query(
-                "SELECT e.session_id, e.seq, e.hash \
-                 FROM session_events e JOIN sessions s ON s.id = e.session_id \
-                 WHERE s.host_id = $1 \
-                 AND e.seq = (SELECT MAX(seq) FROM session_events WHERE session_id = e.session_id) \
-                 ORDER BY e.session_id",
-                args![&*self.host],
-            )
-            .await?
-            .iter()
-            .map(|r| {
-                Ok(hatchery_audit::Head {
-                    chain: r.get("session_id")?,
-                    seq: r.get("seq")?,
-                    hash: r.get("hash")?,
-                })
-            })
-            .collect()
+        let sql = "SELECT e.session_id, e.seq, e.hash \
+                   FROM session_events e JOIN sessions s ON s.id = e.session_id \
+                   WHERE s.host_id = $1 \
+                   AND e.seq = (SELECT MAX(seq) FROM session_events WHERE session_id = e.session_id) \
+                   ORDER BY e.session_id";
+        let head = |r: &Row| -> Result<_, StoreError> {
+            let (chain, seq, hash) = (r.get("session_id")?, r.get("seq")?, r.get("hash")?);
+            Ok(hatchery_audit::Head { chain, seq, hash })
+        };
+        let rows = self.db.query(sql, args![&*self.host]).await?;
+        rows.iter().map(head).collect()
     }
 
     async fn deliverables_after(&self, id: &str, after: u64) -> Result<Vec<Event>, StoreError> {
@@ -631,25 +579,6 @@ impl SessionStore for DbSessionStore {
         })
     }
 
-    async fn request_approval(
-        &self,
-        id: &str,
-        approval_id: &str,
-        action: &str,
-        details: &str,
-    ) -> Result<Vec<Event>, StoreError> {
-        let patch = Patch {
-            new_approval: Some((approval_id.into(), action.into(), details.into())),
-            ..Patch::default()
-        };
-        let ev = EventKind::ApprovalRequested {
-            approval_id: approval_id.into(),
-            action: action.into(),
-            details: details.into(),
-        };
-        self.append(id, vec![(Actor::Agent, ev)], patch).await
-    }
-
     async fn pending_approval(&self, id: &str) -> Result<Option<Approval>, StoreError> {
         let sql = "SELECT *, id AS approval_id FROM session_approvals \
                    WHERE session_id = $1 AND state = 'pending' ORDER BY created_at, id LIMIT 1";
@@ -668,8 +597,7 @@ impl SessionStore for DbSessionStore {
         let sql = "UPDATE session_approvals SET state = 'decided', decision = $3, note = $4, \
                    decided_at = $5 WHERE id = $1 AND session_id = $2 AND state = 'pending'";
         let args = args![approval_id, id, decision, note, now()];
-        let n = tx.execute(sql, args).await?;
-        if n == 0 {
+        if tx.execute(sql, args).await? == 0 {
             return Err(StoreError::ApprovalNotFound(approval_id.to_string()));
         }
         let decided = EventKind::ApprovalDecided {

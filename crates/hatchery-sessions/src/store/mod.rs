@@ -23,7 +23,6 @@ pub use hatchery_sessions_schema::SCHEMA;
 /// ownership existed: SQLite migration 3's default).
 pub const LOCAL_HOST: &str = "local";
 
-/// Longest host id a store accepts.
 pub const MAX_HOST_ID_BYTES: usize = 64;
 
 /// Checks a host id with the daemon's own rule (hatchery-store's
@@ -34,18 +33,17 @@ pub fn check_host_id(h: &str) -> Result<(), StoreError> {
         && !h.starts_with('-')
         && h.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-    if ok {
-        Ok(())
-    } else {
-        Err(StoreError::Config(format!(
-            "host id {h:?}: 1 to {MAX_HOST_ID_BYTES} characters of a-z 0-9 -, not starting with -"
-        )))
+    if !ok {
+        let rule = format!("1 to {MAX_HOST_ID_BYTES} characters of a-z 0-9 -, not starting with -");
+        return Err(StoreError::Config(format!("host id {h:?}: {rule}")));
     }
+    Ok(())
 }
 
 use crate::events::{Actor, Event, EventKind};
 use crate::state::SessionState;
 use async_trait::async_trait;
+use hatchery_db::Alone;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
@@ -68,10 +66,8 @@ pub enum StoreError {
     /// a locked file): retryable; the API answers 503 with Retry-After.
     #[error("session store unavailable: {0}")]
     Unavailable(String),
-    /// A bad host id.
     #[error("session store configuration: {0}")]
     Config(String),
-    /// The database failed.
     #[error("session store")]
     Db(#[source] hatchery_db::DbError),
     /// The schema could not be brought up to date (or is newer than this
@@ -83,25 +79,21 @@ pub enum StoreError {
     Data(String),
 }
 
-impl From<hatchery_db::DbError> for StoreError {
-    fn from(e: hatchery_db::DbError) -> Self {
-        if e.unavailable() {
-            StoreError::Unavailable(e.to_string())
-        } else {
-            StoreError::Db(e)
+/// A database error as `Unavailable` when it is retryable, else as the
+/// variant given.
+macro_rules! from_db_errors {
+    ($($e:ty => $variant:ident),*) => {$(
+        impl From<$e> for StoreError {
+            fn from(e: $e) -> Self {
+                match e.unavailable() {
+                    true => StoreError::Unavailable(e.to_string()),
+                    false => StoreError::$variant(e),
+                }
+            }
         }
-    }
+    )*};
 }
-
-impl From<hatchery_db::MigrateError> for StoreError {
-    fn from(e: hatchery_db::MigrateError) -> Self {
-        if e.unavailable() {
-            StoreError::Unavailable(e.to_string())
-        } else {
-            StoreError::Schema(e)
-        }
-    }
-}
+from_db_errors!(hatchery_db::DbError => Db, hatchery_db::MigrateError => Schema);
 
 /// What the caller asked for, normalised (the idempotency hash covers it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -217,10 +209,11 @@ pub struct Rewind {
 }
 
 hatchery_db::record! {
-    // A row of `session_approvals`, read with its `id` as `approval_id`
-    // (no doc comment: it would become the API schema's description).
+    // A row of `session_approvals` read with its `id` as `approval_id`: a
+    // query's result, not a `Record` (its INSERT would name `approval_id`).
+    // No doc comment: it would become the API schema's description.
     #[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
-    pub struct Approval in "session_approvals" {
+    pub struct Approval {
         pub approval_id: String,
         pub action: String,
         pub details: String,
@@ -300,7 +293,12 @@ pub trait SessionStore: Send + Sync + 'static {
         id: &str,
         events: Vec<NewEvent>,
         patch: Patch,
-    ) -> Result<Vec<Event>, StoreError>;
+    ) -> Result<Vec<Event>, StoreError> {
+        let out = self
+            .append_joined(id, None, events, patch, &mut Alone)
+            .await?;
+        Ok(out.unwrap_or_default())
+    }
     /// Appends `events` and applies `patch`, unless a write with the same
     /// `key` (a delivery id the sender chose) was made to this session
     /// before (then `None`): the key is recorded in the same transaction,
@@ -313,7 +311,10 @@ pub trait SessionStore: Send + Sync + 'static {
         key: &str,
         events: Vec<NewEvent>,
         patch: Patch,
-    ) -> Result<Option<Vec<Event>>, StoreError>;
+    ) -> Result<Option<Vec<Event>>, StoreError> {
+        self.append_joined(id, Some(key), events, patch, &mut Alone)
+            .await
+    }
     /// Appends `events` and applies `patch` (once per `key`, as
     /// [`append_once`](Self::append_once), when one is given), then runs
     /// another product's `joined` writes in the same transaction: both
@@ -379,7 +380,18 @@ pub trait SessionStore: Send + Sync + 'static {
         approval_id: &str,
         action: &str,
         details: &str,
-    ) -> Result<Vec<Event>, StoreError>;
+    ) -> Result<Vec<Event>, StoreError> {
+        let patch = Patch {
+            new_approval: Some((approval_id.into(), action.into(), details.into())),
+            ..Patch::default()
+        };
+        let ev = EventKind::ApprovalRequested {
+            approval_id: approval_id.into(),
+            action: action.into(),
+            details: details.into(),
+        };
+        self.append(id, vec![(Actor::Agent, ev)], patch).await
+    }
     async fn pending_approval(&self, id: &str) -> Result<Option<Approval>, StoreError>;
     /// Decides a pending approval and appends its event.
     async fn decide_approval(
