@@ -58,8 +58,9 @@ pub struct StoredPolicy {
     pub document: PolicyDocument,
 }
 
+// A policy's row in `policy_heads` (a plain comment: a doc comment would
+// become the API schema's description).
 hatchery_db::record! {
-    /// A policy's row in `policy_heads`.
     #[derive(Debug, Clone, Serialize, ToSchema)]
     pub struct PolicySummary in "policy_heads" {
         pub id: String,
