@@ -66,8 +66,9 @@ integration: $(SUITE_PREREQS)
 # The whole suite again with every daemon's state in one private
 # PostgreSQL (tests/pg/pg.py; each daemon a host of its own on it): every
 # suite of `make test` that starts a daemon (store-test runs on PostgreSQL
-# in `make test` already). About 55 minutes, so not part of `make test`;
-# `make test-pg-integration` is its first half (about 25 minutes).
+# in `make test` already). About 25 minutes on a quiet host (35 under
+# load), so not part of `make test`; `make test-pg-integration` is its
+# biggest part (about 13 minutes).
 PG_SUITES = integration cli-test client-test sdk-python-test sdk-typescript-test terminal-test rounds-test \
   sessions-test broker-test playground-test playground-load gateway-test e2b-test egress-test
 test-pg: $(SUITE_PREREQS)
