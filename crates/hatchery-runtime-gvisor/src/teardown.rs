@@ -166,8 +166,10 @@ fn kill_sandbox_processes(id: &str) {
 
 /// Collects children of this process that already died (a Sentry killed
 /// by the host, before teardown; its command line reads empty once it is a
-/// zombie, so the scan above cannot name it). runsc commands (`comm`
-/// "runsc") are left to the thread that waits for them.
+/// zombie, so the scan above cannot name it). Only sandbox processes are
+/// collected (see `is_sandbox_zombie`): any other child belongs to a
+/// thread that waits for it, and collecting it here would hand that wait
+/// ECHILD (a session's `git fetch` failed with "No child processes").
 fn reap_dead_children() {
     let me = std::process::id().to_string();
     let Ok(rd) = std::fs::read_dir("/proc") else {
@@ -188,10 +190,18 @@ fn reap_dead_children() {
         let comm = &stat[open + 1..close];
         let mut rest = stat[close + 1..].split_whitespace();
         let (state, ppid) = (rest.next(), rest.next());
-        if state == Some("Z") && ppid == Some(me.as_str()) && comm != "runsc" {
+        if state == Some("Z") && ppid == Some(me.as_str()) && is_sandbox_zombie(comm) {
             reap(pid);
         }
     }
+}
+
+/// Whether a dead child with this `comm` is a sandbox's Sentry or gofer
+/// (runsc re-executes itself through /proc/self/exe, so their comm is
+/// "exe") or its shim. runsc commands ("runsc") and everything else the
+/// daemon spawns (git, psql, ...) are waited for by their spawner.
+fn is_sandbox_zombie(comm: &str) -> bool {
+    comm == "exe" || comm == "hatchery-shim" || comm.starts_with("runsc-")
 }
 
 /// Waits (at most 2 s) for a SIGKILLed child to exit and collects it.
@@ -260,12 +270,44 @@ mod tests {
     }
 
     #[test]
+    fn only_sandbox_zombies_are_collected() {
+        for own in ["exe", "hatchery-shim", "runsc-sandbox", "runsc-gofer"] {
+            assert!(is_sandbox_zombie(own), "{own}");
+        }
+        for other in ["runsc", "git", "psql", "sh", "true"] {
+            assert!(!is_sandbox_zombie(other), "{other}");
+        }
+    }
+
+    #[test]
+    fn a_teardown_leaves_other_children_to_their_waiter() {
+        // A child that died while its spawner has not yet waited for it (a
+        // session's git fetch) must still be there for that wait after a
+        // teardown's sweep; it was once collected and the wait got ECHILD.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let stat = format!("/proc/{}/stat", child.id());
+        for _ in 0..500 {
+            let s = std::fs::read_to_string(&stat).unwrap_or_default();
+            if s.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+            {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        reap_dead_children();
+        let status = child.wait().expect("the child is still ours to wait for");
+        assert!(status.success());
+    }
+
+    #[test]
     fn a_process_that_only_names_the_sandbox_is_not_its_own() {
         // This test's own command line does not name the id, but a child
         // that does (as a psql query about the sandbox would) is not listed.
         let id = format!("sbx_teardowntest{}", std::process::id());
-        let mut child = std::process::Command::new("sleep")
-            .args(["5", &id])
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 5", &id])
             .spawn()
             .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(50));
