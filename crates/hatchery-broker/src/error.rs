@@ -10,6 +10,8 @@ use axum::Json;
 pub enum BrokerError {
     #[error("{0}")]
     BadRequest(String),
+    #[error("missing or wrong API key")]
+    Unauthorized,
     #[error("unknown tool {0:?}; broker tools are {1}")]
     UnknownTool(String, String),
     /// The connection did not come through a sandbox's broker endpoint,
@@ -78,6 +80,7 @@ impl BrokerError {
         use StatusCode as S;
         match self {
             BrokerError::BadRequest(_) => (S::BAD_REQUEST, "invalid_request"),
+            BrokerError::Unauthorized => (S::UNAUTHORIZED, "unauthorized"),
             BrokerError::UnknownTool(..) => (S::BAD_REQUEST, "unknown_tool"),
             BrokerError::UnknownSandbox(_) => (S::FORBIDDEN, "unknown_sandbox"),
             BrokerError::Fenced(_) => (S::CONFLICT, "fenced"),

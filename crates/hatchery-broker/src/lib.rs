@@ -15,6 +15,7 @@ pub mod github;
 pub mod mcp;
 pub mod mcp_stdio;
 pub mod metrics;
+pub mod relay;
 pub mod routes;
 pub mod runner;
 pub mod sandbox;

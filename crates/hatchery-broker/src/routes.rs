@@ -14,7 +14,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use std::sync::Arc;
 
-pub const IDENTITY_HEADER: &str = "x-hatchery-sandbox";
+pub use hatchery_serve::headers::SANDBOX_HEADER as IDENTITY_HEADER;
 
 pub fn guest_router(b: Arc<Broker>) -> Router {
     Router::new()

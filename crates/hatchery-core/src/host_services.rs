@@ -38,7 +38,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 /// The header that carries the sandbox id on HTTP host services.
-pub const IDENTITY_HEADER: &str = "x-hatchery-sandbox";
+pub use hatchery_serve::headers::SANDBOX_HEADER as IDENTITY_HEADER;
 /// Guest-started connections open at once, per sandbox (the agent has the
 /// same cap); more are refused.
 pub const MAX_CONNECTIONS_PER_SANDBOX: usize = 64;

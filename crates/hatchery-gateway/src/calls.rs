@@ -43,7 +43,7 @@ fn presented_key(headers: &HeaderMap) -> Option<&str> {
 /// The header the daemon's host-service relay sets on every request from
 /// a sandbox (hatchery-core `host_services.rs`), after removing any the
 /// guest sent.
-pub const SANDBOX_HEADER: &str = "x-hatchery-sandbox";
+pub use hatchery_serve::headers::SANDBOX_HEADER;
 
 /// Who is calling: with `trust_sandbox_header`, a request relayed from a
 /// sandbox is charged to the caller its sandbox is bound to and needs no

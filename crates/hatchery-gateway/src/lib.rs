@@ -12,6 +12,7 @@ pub mod errors;
 pub mod events;
 pub mod metrics;
 pub mod pricing;
+pub mod relay;
 pub mod store;
 pub mod upstream;
 pub mod usage;

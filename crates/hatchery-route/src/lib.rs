@@ -23,6 +23,7 @@ pub mod forward;
 pub mod layer;
 mod metrics;
 pub mod placement;
+pub mod relay;
 mod target;
 
 pub use error::RouteError;

@@ -77,6 +77,12 @@ pub fn api_key_ok(h: &HeaderMap, key: &str) -> bool {
 /// control role's model gateway) want it beside the API key.
 pub const DAEMON_KEY_HEADER: &str = "x-hatchery-daemon-key";
 
+/// The sandbox a request from a guest came from. The daemon's host-service
+/// relay sets it on every request it carries out of a sandbox (replacing
+/// any the guest sent), so guest code cannot choose it; the gateway, the
+/// broker and the relays to the control role read it.
+pub const SANDBOX_HEADER: &str = "x-hatchery-sandbox";
+
 /// Whether the request carries the deployment's daemon key, compared in
 /// constant time. An empty key (none loaded) matches nothing.
 pub fn daemon_key_ok(h: &HeaderMap, key: &str) -> bool {

@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod model_events;
 pub mod models;
 pub mod openapi;
+pub mod owner_post;
 pub mod policy;
 pub mod policy_move;
 pub mod repo;

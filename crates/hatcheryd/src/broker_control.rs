@@ -9,10 +9,10 @@
 //! database.
 
 use crate::broker_remote::RemoteSessionLog;
-use crate::owner_post::OwnerPost;
 use crate::serve::DaemonError;
 use hatchery_broker::{Broker, BrokerConfig};
 use hatchery_config::DaemonArgs;
+use hatchery_sessions::owner_post::OwnerPost;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -71,21 +71,15 @@ pub async fn start(
             .await;
         b.spawn_upkeep();
     });
-    let keys = crate::gateway_relay::HostKeys {
+    let keys = hatchery_route::relay::HostKeys {
         api_key: c.api_key.into(),
         daemon_key: c.daemon_key.into(),
     };
-    let api_key: Arc<str> = c.api_key.into();
-    let operator = hatchery_broker::routes::operator_router(broker.clone()).layer(
-        axum::middleware::from_fn_with_state(api_key, crate::broker_relay::require_api_key),
-    );
     tracing::info!(
         "tool broker serving the hosts' relays at {}",
-        crate::broker_relay::PREFIX
+        hatchery_broker::relay::PREFIX
     );
-    Ok(Some(
-        crate::broker_relay::control_routes(broker, keys).merge(operator),
-    ))
+    Ok(Some(hatchery_broker::relay::control_routes(broker, keys)))
 }
 
 /// On a host: the `broker` host service relays to the control role, or
@@ -101,17 +95,17 @@ pub fn host_relay(
     };
     // The URL's form, no credentials here and a guest port were checked
     // with the rest of the configuration (hatchery-config rules.rs).
-    let relay = crate::gateway_relay::Relay {
+    let relay = hatchery_route::relay::Relay {
         control: url.trim_end_matches('/').to_string(),
         api_key: api_key.to_string(),
         daemon_key: daemon_key.to_string(),
         me: args.host_id.clone(),
-        answer_within: crate::broker_relay::ANSWER_WITHIN,
+        answer_within: hatchery_broker::relay::ANSWER_WITHIN,
     };
     let path = crate::broker::socket_path(data);
     tracing::info!(socket = %path.display(), control = %url, "broker calls relayed to the control role");
     tokio::spawn(async move {
-        let app = crate::broker_relay::router(relay);
+        let app = hatchery_broker::relay::router(relay);
         if let Err(e) = hatchery_broker::routes::serve_on_socket(app, path).await {
             tracing::error!(error = %e, "broker relay socket stopped");
         }

@@ -10,13 +10,13 @@
 //! own record says which are written), so two writes that are the same
 //! bytes are the same write.
 
-use crate::owner_post::{Attempt, OwnerPost};
 use hatchery_broker::session_log::SessionLog;
 use hatchery_broker::store::BrokerWrite;
 use hatchery_sessions::broker_events::{ApprovalRequest, BrokerEvents, BrokerEventsWritten};
 use hatchery_sessions::broker_hooks::{reads, Decision, LoggedCall};
 use hatchery_sessions::error::SessionError;
 use hatchery_sessions::events::EventKind;
+use hatchery_sessions::owner_post::{Attempt, OwnerPost};
 use hatchery_sessions::store::{Session, SessionStore};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;

@@ -33,7 +33,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         local: None,
         sessions: Some(sessions.clone()),
     });
-    let owner_post = || crate::owner_post::OwnerPost {
+    let owner_post = || hatchery_sessions::owner_post::OwnerPost {
         owners: Arc::new(sessions.clone()),
         directory: directory.clone(),
         me: args.host_id.clone(),

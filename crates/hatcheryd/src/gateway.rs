@@ -204,15 +204,15 @@ pub async fn start(
             ));
         }
         let (store, keys) = open_budgets(h.db, h.data).await?;
-        let relay = crate::gateway_relay::Relay {
+        let relay = hatchery_route::relay::Relay {
             control: url.trim_end_matches('/').to_string(),
             api_key: h.api_key.to_string(),
             daemon_key: h.daemon_key.to_string(),
             me: h.host_id.to_string(),
             answer_within: Duration::from_secs(a.upstream_timeout_s)
-                + crate::gateway_relay::CONTROL_MARGIN,
+                + hatchery_gateway::relay::CONTROL_MARGIN,
         };
-        let socket = serve_socket(h.data, crate::gateway_relay::router(relay))?;
+        let socket = serve_socket(h.data, hatchery_gateway::relay::router(relay))?;
         tracing::info!(socket = %socket.display(), control = %url, "model calls relayed to the control role's gateway");
         return Ok(Some(Arc::new(GatewayLink {
             store,
@@ -253,7 +253,7 @@ pub async fn start_control(
     if !a.has_upstream() {
         return Ok(None);
     }
-    let keys_wanted = crate::gateway_relay::HostKeys {
+    let keys_wanted = hatchery_route::relay::HostKeys {
         api_key: sink.post.api_key.clone().into(),
         daemon_key: sink.post.daemon_key.clone().into(),
     };
@@ -267,7 +267,7 @@ pub async fn start_control(
     let g = build(a, store.clone(), keys, Arc::new(events), registry)?;
     hatchery_gateway::spawn_janitor(store);
     tracing::info!("model gateway serving the hosts' relays at /v1/model-gateway");
-    Ok(Some(crate::gateway_relay::control_routes(
+    Ok(Some(hatchery_gateway::relay::control_routes(
         model_routes(g),
         keys_wanted,
     )))

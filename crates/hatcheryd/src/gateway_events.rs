@@ -13,12 +13,12 @@
 //! former owner) until its deadline; a doubled `model_call` would double
 //! the spend, a lost one would under-count it.
 
-use crate::owner_post::{Attempt, OwnerPost};
 use hatchery_gateway::budget::{BudgetError, BudgetStore};
 use hatchery_gateway::events::{GatewayEvent, GatewayEvents};
 use hatchery_gateway::store::Settlement;
 use hatchery_sessions::events::cut;
 use hatchery_sessions::model_events::{ModelEvent, MAX_MESSAGE};
+use hatchery_sessions::owner_post::{Attempt, OwnerPost};
 use hatchery_sessions::Sessions;
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -408,10 +408,10 @@ pub fn outcomes(registry: &prometheus::Registry) -> prometheus::IntCounterVec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::owner_post::SessionOwners;
     use hatchery_gateway::budget::{Amount, Caller};
     use hatchery_gateway::usage::Flavor;
     use hatchery_route::{Directory, HostSlot, Location, RouteError};
+    use hatchery_sessions::owner_post::SessionOwners;
     use std::collections::BTreeMap;
     use std::sync::Mutex;
 
@@ -475,7 +475,10 @@ mod tests {
     struct Owners(Mutex<Vec<Option<String>>>, bool);
     #[async_trait::async_trait]
     impl SessionOwners for Owners {
-        async fn owner(&self, _: &str) -> Result<Option<(String, bool)>, String> {
+        async fn owner(
+            &self,
+            _: &str,
+        ) -> Result<Option<(String, bool)>, hatchery_sessions::store::StoreError> {
             let mut v = self.0.lock().unwrap();
             let h = if v.len() > 1 {
                 v.remove(0)

@@ -2,7 +2,6 @@
 
 mod broker;
 mod broker_control;
-mod broker_relay;
 mod broker_remote;
 mod control_role;
 mod directory;
@@ -11,11 +10,9 @@ mod egress;
 mod egress_events;
 mod gateway;
 mod gateway_events;
-mod gateway_relay;
 mod key;
 mod lost_hosts;
 mod origins;
-mod owner_post;
 mod rounds;
 mod serve;
 mod session_services;

@@ -1,19 +1,17 @@
-//! The tool broker split across roles (docs/sessions.md, "The broker on many hosts").
-//! On a host started with `--broker-control-url`, the `broker` host service
-//! sandboxes reach relays every request to the control role's broker under
-//! `/v1/broker-relay`, with the host's API key, the deployment's daemon key
-//! and the sandbox id the host-service relay attached (guest code cannot
-//! forge it): the host holds no git credential or forge token and runs no
-//! broker. On the control role, those routes take only requests carrying
-//! all three (`gateway_relay::hosts_only`).
+//! The tool broker split across roles (docs/sessions.md, "The broker on
+//! many hosts"). On a host started with `--broker-control-url`, the
+//! `broker` host service sandboxes reach relays every request to the
+//! control role's broker under [`PREFIX`] (the generic relay, its keys and
+//! the control side's check are `hatchery_route::relay`): the host holds no
+//! git credential or forge token and runs no broker. What is the broker's
+//! own: its error shape, and that a relay failure tells the agent to ask
+//! again with the same seq.
 
-use crate::gateway_relay::{hosts_only, sign, HostKeys, Relay};
+use crate::error::BrokerError;
+use crate::Broker;
 use axum::extract::{Request, State};
-use axum::http::Uri;
 use axum::response::{IntoResponse, Response};
-use hatchery_broker::error::BrokerError;
-use hatchery_broker::routes::IDENTITY_HEADER;
-use hatchery_broker::Broker;
+use hatchery_route::relay::{self, HostKeys, Relay, RelayError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,70 +23,48 @@ pub const PREFIX: &str = "/v1/broker-relay";
 /// the same seq and is answered from the call's record.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(300);
 
-fn unavailable(why: &str) -> Response {
-    BrokerError::Unavailable(format!("{why}; ask again with the same seq")).into_response()
+fn refusal(e: RelayError) -> Response {
+    match e {
+        RelayError::NoSandbox => BrokerError::UnknownSandbox(e.to_string()).into_response(),
+        RelayError::Path(e) => BrokerError::BadRequest(e.to_string()).into_response(),
+        RelayError::Keys(_) | RelayError::TimedOut(_) | RelayError::Unreachable(_) => {
+            tracing::warn!(error = %e, "broker call not relayed to the control role");
+            BrokerError::Unavailable(format!("{e}; ask again with the same seq")).into_response()
+        }
+    }
 }
 
-async fn relay(State(r): State<Arc<Relay>>, mut req: Request) -> Response {
-    // Set by this daemon's host-service relay on every request from a
-    // sandbox; without it the call is nobody's.
-    if !req.headers().contains_key(IDENTITY_HEADER) {
-        return BrokerError::UnknownSandbox("no sandbox identity on the request".into())
-            .into_response();
-    }
-    if let Err(e) = sign(&r, req.headers_mut()) {
-        tracing::error!(error = %e, "broker relay: keys not usable as headers");
-        return unavailable("the relay is misconfigured");
-    }
-    let path = req
-        .uri()
-        .path_and_query()
-        .map(|p| p.as_str().to_string())
-        .unwrap_or_default();
-    match format!("{PREFIX}{path}").parse::<Uri>() {
-        Ok(to) => *req.uri_mut() = to,
-        Err(e) => return BrokerError::BadRequest(e.to_string()).into_response(),
-    }
-    let sent = hatchery_route::forward::forward("control", &r.control, &r.me, req);
-    match tokio::time::timeout(r.answer_within, sent).await {
-        Ok(Ok(resp)) => resp,
-        Err(_) => {
-            tracing::warn!(within = ?r.answer_within, "the control role's broker did not answer in time");
-            unavailable("the control plane did not answer in time")
-        }
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "broker call not relayed to the control role");
-            unavailable("the control plane did not answer")
-        }
-    }
+async fn relay_call(State(r): State<Arc<Relay>>, req: Request) -> Response {
+    let req = match relay::rewrite(&r, PREFIX, req) {
+        Ok(req) => req,
+        Err(e) => return refusal(e),
+    };
+    relay::send(&r, req).await.unwrap_or_else(refusal)
 }
 
 /// The host's broker socket: every request relayed to `control`.
 pub fn router(r: Relay) -> axum::Router {
-    axum::Router::new().fallback(relay).with_state(Arc::new(r))
+    axum::Router::new()
+        .fallback(relay_call)
+        .with_state(Arc::new(r))
 }
 
-/// The control role's broker routes for hosts' relays, under [`PREFIX`].
+/// The control role's broker routes: the guest routes for hosts' relays,
+/// under [`PREFIX`], and the operator's routes, which want the API key.
 pub fn control_routes(b: Arc<Broker>, keys: HostKeys) -> axum::Router {
-    axum::Router::new().nest(
-        PREFIX,
-        hatchery_broker::routes::guest_router(b).layer(axum::middleware::from_fn_with_state(
-            Arc::new(keys),
-            hosts_only,
-        )),
-    )
+    let operator = crate::routes::operator_router(b.clone()).layer(
+        axum::middleware::from_fn_with_state(keys.api_key.clone(), require_api_key),
+    );
+    relay::for_hosts(PREFIX, crate::routes::guest_router(b), keys).merge(operator)
 }
 
-/// The operator's broker routes on the control role want the API key.
-pub async fn require_api_key(
+async fn require_api_key(
     State(key): State<Arc<str>>,
     req: Request,
     next: axum::middleware::Next,
 ) -> Response {
     if !hatchery_serve::headers::api_key_ok(req.headers(), &key) {
-        let body = serde_json::json!({"error": {"code": "unauthorized",
-            "message": "missing or wrong API key"}});
-        return (axum::http::StatusCode::UNAUTHORIZED, axum::Json(body)).into_response();
+        return BrokerError::Unauthorized.into_response();
     }
     next.run(req).await
 }
@@ -96,6 +72,7 @@ pub async fn require_api_key(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::routes::IDENTITY_HEADER;
     use axum::body::Body;
     use axum::routing::any;
     use tower::ServiceExt;

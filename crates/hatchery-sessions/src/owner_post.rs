@@ -6,10 +6,11 @@
 //! the shared database, so the next owner sees it too), and each attempt
 //! says whether it is worth another.
 
+use crate::model_events::DELIVERY_HEADER;
+use crate::store::{SessionStore, StoreError};
 use hatchery_route::forward::{try_forward, ForwardFailure};
 use hatchery_route::Directory;
 use hatchery_serve::headers::DAEMON_KEY_HEADER;
-use hatchery_sessions::model_events::DELIVERY_HEADER;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,16 +26,16 @@ const MAX_ANSWER: usize = 64 << 10;
 /// whether it has ended (an ended session is never taken over).
 #[async_trait::async_trait]
 pub trait SessionOwners: Send + Sync + 'static {
-    async fn owner(&self, session: &str) -> Result<Option<(String, bool)>, String>;
+    async fn owner(&self, session: &str) -> Result<Option<(String, bool)>, StoreError>;
 }
 
 #[async_trait::async_trait]
-impl SessionOwners for Arc<dyn hatchery_sessions::store::SessionStore> {
-    async fn owner(&self, session: &str) -> Result<Option<(String, bool)>, String> {
+impl SessionOwners for Arc<dyn SessionStore> {
+    async fn owner(&self, session: &str) -> Result<Option<(String, bool)>, StoreError> {
         match self.get(session).await {
             Ok(s) => Ok(Some((s.host_id, s.state.is_terminal()))),
-            Err(hatchery_sessions::store::StoreError::NotFound(_)) => Ok(None),
-            Err(e) => Err(e.to_string()),
+            Err(StoreError::NotFound(_)) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 }
