@@ -1,6 +1,6 @@
-//! The narrow interface this crate needs from Hatchery. The daemon
-//! implements it over its manager (`hatcheryd/src/e2b_backend.rs`); this
-//! crate never sees Hatchery's internals, only these types.
+//! The narrow interface this crate needs from Hatchery. The
+//! `hatchery-e2b-backend` crate implements it over hatchery-core's
+//! manager; this crate never sees Hatchery's internals, only these types.
 
 use async_trait::async_trait;
 use std::collections::BTreeMap;
@@ -31,11 +31,16 @@ pub enum FailKind {
     Internal,
 }
 
+/// A failure as the protocols answer it: a kind and the message sent to
+/// the client. `source`, when the backend has one, keeps the error it
+/// came from for logs (shared, so the error stays `Clone`).
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{message}")]
 pub struct BackendError {
     pub kind: FailKind,
     pub message: String,
+    #[source]
+    pub source: Option<std::sync::Arc<dyn std::error::Error + Send + Sync>>,
 }
 
 impl BackendError {
@@ -43,6 +48,20 @@ impl BackendError {
         BackendError {
             kind,
             message: message.into(),
+            source: None,
+        }
+    }
+
+    /// An error of `kind` answered with `message`, caused by `source`.
+    pub fn caused_by(
+        kind: FailKind,
+        message: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        BackendError {
+            kind,
+            message: message.into(),
+            source: Some(std::sync::Arc::new(source)),
         }
     }
 }

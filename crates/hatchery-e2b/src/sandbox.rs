@@ -43,6 +43,19 @@ pub fn plain_error(status: StatusCode, message: impl Into<String>) -> Response {
         .into_response()
 }
 
+/// The answer to a relayed port's traffic sent to the API's origin
+/// instead of the preview origin at `base` (421 in E2B's shape). The
+/// daemon hands this to `hatchery_serve::origin_guard`, which knows
+/// nothing of E2B.
+pub fn relayed_elsewhere(base: &str) -> Response {
+    plain_error(
+        StatusCode::MISDIRECTED_REQUEST,
+        format!(
+            "ports other than envd's and the interpreter's are relayed on the preview origin, not the API's: send this to {base}/e2b/sandbox"
+        ),
+    )
+}
+
 fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
@@ -250,5 +263,18 @@ mod tests {
         assert!(basic_user(&h).is_err());
         h.insert("authorization", HeaderValue::from_static("Basic YSBiOg==")); // "a b:"
         assert!(basic_user(&h).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_relayed_port_on_the_api_origin_is_told_where_to_go() {
+        let r = relayed_elsewhere("http://h:7424");
+        assert_eq!(r.status(), StatusCode::MISDIRECTED_REQUEST);
+        let body = axum::body::to_bytes(r.into_body(), 4096).await.unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["code"], 421);
+        assert!(v["message"]
+            .as_str()
+            .unwrap()
+            .contains("http://h:7424/e2b/sandbox"));
     }
 }

@@ -17,6 +17,7 @@
 
 pub mod headers;
 pub mod origin;
+pub mod origin_guard;
 pub mod preview_token;
 pub mod splice;
 

@@ -82,14 +82,15 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     };
     // The preview listener forwards previews and E2B's relayed ports to
     // their owners with the daemon key, which is what lets an owner serve
-    // them on its API listener (crate::origins); it serves nothing else.
+    // them on its API listener (hatchery_serve::origin_guard); it serves nothing else.
     let preview_listener = crate::serve::bind_preview(&args).await?;
-    let origins = Arc::new(crate::origins::Origins {
+    let origins = Arc::new(hatchery_serve::origin_guard::Origins {
         preview: hatchery_serve::origin::PreviewOrigin::new(
             args.preview_url.as_deref(),
             preview_listener.local_addr().map(|a| a.port()).unwrap_or(0),
         ),
         daemon_key: daemon_key.clone().into(),
+        relayed_elsewhere: hatchery_e2b::sandbox::relayed_elsewhere,
     });
     let preview_app = control::router(ControlState {
         forward_key: Some(daemon_key.clone().into()),
@@ -97,7 +98,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     })
     .layer(axum::middleware::from_fn_with_state(
         origins.clone(),
-        crate::origins::preview_only,
+        hatchery_serve::origin_guard::preview_only,
     ));
     let app = control::router(control_state);
     let app = match gateway {
@@ -113,7 +114,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // hosts), like any client's.
     let rounds = crate::rounds::start(&args, &data, &db, &key_for_rounds, &rounds_registry).await?;
     let app = hatchery_rounds::router(rounds.clone()).merge(app).layer(
-        axum::middleware::from_fn_with_state(origins, crate::origins::api_guard),
+        axum::middleware::from_fn_with_state(origins, hatchery_serve::origin_guard::api_guard),
     );
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

@@ -2,6 +2,7 @@ use hatchery_api::AppState;
 use hatchery_config::DaemonArgs;
 use hatchery_core::{Caps, ImageConfig, Manager, PoolConfig};
 use hatchery_runtime_gvisor::{GvisorConfig, GvisorRuntime};
+use hatchery_serve::origin_guard::{self, Origins};
 use hatchery_templates::ImageStore;
 use hatchery_templates::Templates;
 use std::os::unix::fs::PermissionsExt;
@@ -210,11 +211,11 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
 
     // E2B's protocol, over the same manager (docs/e2b.md).
     let e2b = hatchery_e2b::router(
-        Arc::new(crate::e2b_backend::ManagerBackend {
-            manager: manager.clone(),
-            api_key: key.clone(),
-            store: store.clone(),
-        }),
+        Arc::new(hatchery_e2b_backend::ManagerBackend::new(
+            manager.clone(),
+            key.clone(),
+            store.clone(),
+        )),
         manager.caps.max_file_bytes,
     );
     // Policies have migrations of their own: their own file on one host,
@@ -257,12 +258,13 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // Bound before the API state is made: the preview URLs it hands out
     // name this listener's port (which may be ephemeral).
     let preview_listener = bind_preview(&args).await?;
-    let origins = crate::origins::Origins {
+    let origins = Origins {
         preview: hatchery_serve::origin::PreviewOrigin::new(
             args.preview_url.as_deref(),
             local_port(&preview_listener),
         ),
         daemon_key: daemon_key.clone().into(),
+        relayed_elsewhere: hatchery_e2b::sandbox::relayed_elsewhere,
     };
     let broker_operator = match broker {
         Some(b) => hatchery_broker::routes::operator_router(b),
@@ -278,7 +280,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         )),
     };
     // The preview listener: previews and E2B's relayed ports, nothing
-    // else (origins::preview_only refuses the rest before routing).
+    // else (origin_guard::preview_only refuses the rest before routing).
     let preview_app = hatchery_api::preview_router(api_state.clone()).merge(e2b.clone());
     let app = hatchery_api::router_with(
         api_state,
@@ -327,7 +329,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let origins = Arc::new(origins);
     let preview_app = preview_app.layer(axum::middleware::from_fn_with_state(
         origins.clone(),
-        crate::origins::preview_only,
+        origin_guard::preview_only,
     ));
     // Interview rounds are the control plane's on many hosts: a host
     // (`--role host`) serves none; `all` serves them from its store.
@@ -345,7 +347,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // unless another daemon's preview listener forwarded it.
     let app = app.layer(axum::middleware::from_fn_with_state(
         origins,
-        crate::origins::api_guard,
+        origin_guard::api_guard,
     ));
     // hatchery-serve sets TCP_NODELAY on every accepted connection.
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -380,7 +382,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
 pub(crate) async fn bind_preview(
     args: &DaemonArgs,
 ) -> Result<tokio::net::TcpListener, DaemonError> {
-    let addr = crate::origins::preview_addr(args.listen, args.preview_listen)
+    let addr = origin_guard::preview_addr(args.listen, args.preview_listen)
         .ok_or(DaemonError::NoPreviewPort(args.listen.port()))?;
     tokio::net::TcpListener::bind(addr)
         .await

@@ -1,25 +1,29 @@
-//! The daemon's two listeners and what keeps them apart: the API's
+//! The guards that keep a daemon's two listeners apart: the API's
 //! (`--listen`: the API, the rounds pages, the terminal) never serves what
 //! a guest server answers, and the preview listener (`--preview-listen`)
-//! serves nothing else. See `hatchery_serve::origin` for why.
+//! serves nothing else. See [`crate::origin`] for why.
 //!
 //! - [`api_guard`] sits in front of everything on the API listener: a
 //!   request for guest content is served there only when another daemon
 //!   of the deployment forwards it from its preview listener (it carries
 //!   the daemon key, which no browser has); anything else is sent to the
-//!   preview origin (308 for a preview URL, 421 in E2B's shape for a
-//!   relayed E2B port).
+//!   preview origin (308 for a preview URL; for a relayed E2B port, the
+//!   answer the daemon injects as [`Origins::relayed_elsewhere`], so this
+//!   crate needs nothing of the E2B protocol's).
 //! - [`preview_only`] sits in front of everything on the preview
 //!   listener: guest content only, and under a wildcard `--preview-url`
 //!   only on the preview's own host name.
+//!
+//! Trusts the daemon key it is given and the headers' own bytes; a preview
+//! token is read only to name its host (its owner verifies it).
 
+use crate::headers::{daemon_key_ok, DAEMON_KEY_HEADER};
+use crate::origin::{is_guest_content, PreviewOrigin};
+use crate::preview_token::grant_unverified;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use hatchery_serve::headers::{daemon_key_ok, DAEMON_KEY_HEADER};
-use hatchery_serve::origin::{is_guest_content, PreviewOrigin};
-use hatchery_serve::preview_token::grant_unverified;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -36,11 +40,17 @@ pub fn preview_addr(listen: SocketAddr, preview_listen: Option<SocketAddr>) -> O
     Some(SocketAddr::new(listen.ip(), port))
 }
 
+/// The answer to a relayed E2B port's traffic asked of the API's origin,
+/// given the preview origin's base URL (`hatchery_e2b::sandbox::relayed_elsewhere`
+/// in the daemon: 421 in E2B's error shape).
+pub type RelayedElsewhere = fn(base: &str) -> Response;
+
 #[derive(Clone)]
 pub struct Origins {
     pub preview: PreviewOrigin,
     /// The deployment's daemon key.
     pub daemon_key: Arc<str>,
+    pub relayed_elsewhere: RelayedElsewhere,
 }
 
 /// What the API listener does with a request before routing it.
@@ -72,12 +82,13 @@ pub async fn api_guard(State(o): State<Arc<Origins>>, mut req: Request, next: Ne
             req.headers_mut().remove(DAEMON_KEY_HEADER);
             next.run(req).await
         }
-        ApiDecision::Refuse => elsewhere(&o.preview, &req),
+        ApiDecision::Refuse => elsewhere(&o, &req),
     }
 }
 
 /// The answer to guest content asked of the API's origin.
-fn elsewhere(o: &PreviewOrigin, req: &Request) -> Response {
+fn elsewhere(origins: &Origins, req: &Request) -> Response {
+    let o = &origins.preview;
     let host = req
         .headers()
         .get(header::HOST)
@@ -87,12 +98,7 @@ fn elsewhere(o: &PreviewOrigin, req: &Request) -> Response {
         let base = o
             .base(host, "", 0)
             .unwrap_or_else(|| "the preview listener".into());
-        return hatchery_e2b::sandbox::plain_error(
-            StatusCode::MISDIRECTED_REQUEST,
-            format!(
-                "ports other than envd's and the interpreter's are relayed on the preview origin, not the API's: send this to {base}/e2b/sandbox"
-            ),
-        );
+        return (origins.relayed_elsewhere)(&base);
     }
     let token = path
         .strip_prefix("/preview/")
@@ -201,14 +207,24 @@ mod tests {
     }
 
     fn token(sandbox: &str, port: u16) -> String {
-        use hatchery_serve::preview_token::{body, encode, MAC_LEN};
+        use crate::preview_token::{body, encode, MAC_LEN};
         encode(body(port, u64::MAX, sandbox), &[1; MAC_LEN])
+    }
+
+    /// Stands in for the E2B protocol's answer: says which base it got.
+    fn fake_relayed_elsewhere(base: &str) -> Response {
+        (
+            StatusCode::MISDIRECTED_REQUEST,
+            format!("e2b: go to {base}"),
+        )
+            .into_response()
     }
 
     fn origins(public: Option<&str>) -> Origins {
         Origins {
             preview: PreviewOrigin::new(public, 7424),
             daemon_key: "hxd_secret".into(),
+            relayed_elsewhere: fake_relayed_elsewhere,
         }
     }
 
@@ -271,7 +287,7 @@ mod tests {
         let o = origins(None);
         let tok = token("sbx_a", 8000);
         let r = elsewhere(
-            &o.preview,
+            &o,
             &req(&format!("/preview/{tok}/x?y=1"), &[("host", "box:7423")]),
         );
         assert_eq!(r.status(), StatusCode::PERMANENT_REDIRECT);
@@ -279,18 +295,20 @@ mod tests {
             r.headers()[header::LOCATION],
             format!("http://box:7424/preview/{tok}/x?y=1").as_str()
         );
-        let r = elsewhere(&o.preview, &req(&format!("/preview/{tok}/"), &[]));
+        let r = elsewhere(&o, &req(&format!("/preview/{tok}/"), &[]));
         assert_eq!(r.status(), StatusCode::MISDIRECTED_REQUEST);
         let w = origins(Some("https://*.p.example"));
-        let r = elsewhere(&w.preview, &req(&format!("/preview/{tok}/"), &[]));
+        let r = elsewhere(&w, &req(&format!("/preview/{tok}/"), &[]));
         assert_eq!(
             r.headers()[header::LOCATION],
             format!("https://8000-a.p.example/preview/{tok}/").as_str()
         );
-        let r = elsewhere(&w.preview, &req("/preview/garbage/", &[]));
+        let r = elsewhere(&w, &req("/preview/garbage/", &[]));
         assert_eq!(r.status(), StatusCode::MISDIRECTED_REQUEST);
+        // A relayed E2B port gets the injected answer, given the
+        // preview origin's base for the host the client reached.
         let r = elsewhere(
-            &o.preview,
+            &o,
             &req(
                 "/e2b/sandbox/",
                 &[("e2b-sandbox-port", "8000"), ("host", "h:1")],
@@ -298,12 +316,10 @@ mod tests {
         );
         assert_eq!(r.status(), StatusCode::MISDIRECTED_REQUEST);
         let body = axum::body::to_bytes(r.into_body(), 4096).await.unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(v["code"], 421);
-        assert!(v["message"]
-            .as_str()
-            .unwrap()
-            .contains("http://h:7424/e2b/sandbox"));
+        assert_eq!(&body[..], b"e2b: go to http://h:7424");
+        let r = elsewhere(&o, &req("/e2b/sandbox/", &[("e2b-sandbox-port", "8000")]));
+        let body = axum::body::to_bytes(r.into_body(), 4096).await.unwrap();
+        assert_eq!(&body[..], b"e2b: go to the preview listener");
     }
 
     #[test]

@@ -1,0 +1,481 @@
+//! [`ManagerBackend`]: `hatchery_e2b::Backend` over the manager's public
+//! API. Each method translates E2B's request to the core's, calls it,
+//! and translates the answer back ([`crate::translate`], errors by
+//! [`crate::error`]).
+
+use crate::claims::{Claims, StoreLeases};
+use crate::error::{fail, E2bBackendError};
+use crate::pty::TerminalPty;
+use crate::translate::{context_view, exec_params, file_entry, policy, proc_view, reason};
+use async_trait::async_trait;
+use hatchery_core::exec::{ExecEvent, Sink};
+use hatchery_core::Manager;
+use hatchery_e2b::backend::{
+    BResult, Backend, CodeDone, CodeEvent, CodeSpec, ContextView, CreateSpec, ExecOutput,
+    FileEntry, NetworkSpec, OutputChunk, ProcSpec, ProcView, Pty, ResumeClaim, SandboxView,
+};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+pub struct ManagerBackend {
+    manager: Arc<Manager>,
+    api_key: String,
+    claims: Claims,
+}
+
+impl ManagerBackend {
+    /// E2B over `manager`, answering to `api_key`; resume claims are
+    /// leases in `store`, so they hold across every daemon sharing it.
+    pub fn new(
+        manager: Arc<Manager>,
+        api_key: String,
+        store: Arc<dyn hatchery_core::store::Store>,
+    ) -> Self {
+        let claims = Claims::new(Arc::new(StoreLeases(store)), manager.host_id());
+        Self::with_claims(manager, api_key, claims)
+    }
+
+    /// As [`ManagerBackend::new`], with resume claims of the caller's.
+    pub fn with_claims(manager: Arc<Manager>, api_key: String, claims: Claims) -> Self {
+        ManagerBackend {
+            manager,
+            api_key,
+            claims,
+        }
+    }
+
+    fn view(&self, i: hatchery_core::SandboxInfo) -> SandboxView {
+        self.view_of(
+            i.id,
+            i.template,
+            i.created_at_ms,
+            i.expires_at_ms,
+            i.metadata,
+        )
+    }
+
+    /// A view with the template's resources (a sandbox's, or a
+    /// snapshot's: what a restore of it would get).
+    fn view_of(
+        &self,
+        id: String,
+        template: String,
+        created_at_ms: u64,
+        expires_at_ms: u64,
+        metadata: BTreeMap<String, String>,
+    ) -> SandboxView {
+        let spec = self.manager.templates().get(&template).ok().map(|t| t.spec);
+        SandboxView {
+            id,
+            template,
+            created_at_ms,
+            expires_at_ms,
+            metadata,
+            cpus: spec.as_ref().map_or(1.0, |s| s.cpus),
+            memory_mb: spec.as_ref().map_or(0, |s| s.memory_mb),
+            disk_mb: spec.as_ref().map_or(0, |s| s.disk_mb),
+            lifecycle: Default::default(),
+        }
+    }
+
+    /// The most output one exec or cell may collect (the daemon's cap).
+    fn max_output_bytes(&self) -> u64 {
+        self.manager.caps.max_output_bytes
+    }
+}
+
+#[async_trait]
+impl Backend for ManagerBackend {
+    fn api_key(&self) -> &str {
+        &self.api_key
+    }
+
+    fn template_exists(&self, name: &str) -> bool {
+        self.manager.templates().get(name).is_ok()
+    }
+
+    async fn create(&self, spec: CreateSpec) -> BResult<SandboxView> {
+        let req = hatchery_core::CreateRequest {
+            template: spec.template,
+            ttl_seconds: Some(spec.ttl_seconds),
+            metadata: spec.metadata,
+            env: spec.env,
+            network: spec.network.map(policy),
+        };
+        let info = self.manager.create(req).await.map_err(fail)?;
+        Ok(self.view(info))
+    }
+
+    async fn get(&self, id: &str) -> BResult<SandboxView> {
+        self.manager
+            .get(id)
+            .await
+            .map(|i| self.view(i))
+            .map_err(fail)
+    }
+
+    async fn usage(&self, id: &str) -> BResult<Option<hatchery_e2b::backend::Usage>> {
+        let u = self.manager.usage(id).await.map_err(fail)?;
+        Ok(u.map(|u| hatchery_e2b::backend::Usage { cpu_ns: u.cpu_ns }))
+    }
+
+    async fn list(&self) -> BResult<Vec<SandboxView>> {
+        self.find(BTreeMap::new()).await
+    }
+
+    async fn find(&self, filter: BTreeMap<String, String>) -> BResult<Vec<SandboxView>> {
+        Ok(self
+            .manager
+            .list(&filter)
+            .await
+            .map_err(fail)?
+            .into_iter()
+            .map(|i| self.view(i))
+            .collect())
+    }
+
+    async fn find_snapshots(
+        &self,
+        filter: BTreeMap<String, String>,
+    ) -> BResult<Vec<(String, SandboxView)>> {
+        Ok(self
+            .manager
+            .list_snapshots(&filter)
+            .await
+            .map_err(fail)?
+            .into_iter()
+            .map(|s| {
+                let v = self.view_of(
+                    s.sandbox_id,
+                    s.template,
+                    s.created_at_ms,
+                    s.expires_at_ms,
+                    s.metadata,
+                );
+                (s.id, v)
+            })
+            .collect())
+    }
+
+    async fn kill(&self, id: &str) {
+        self.manager.delete(id).await;
+    }
+
+    async fn set_ttl(&self, id: &str, ttl_seconds: u64) -> BResult<SandboxView> {
+        self.manager
+            .set_ttl(id, ttl_seconds)
+            .await
+            .map(|i| self.view(i))
+            .map_err(fail)
+    }
+
+    async fn set_network(&self, id: &str, net: NetworkSpec) -> BResult<()> {
+        self.manager
+            .set_network_policy(id, policy(net))
+            .await
+            .map(drop)
+            .map_err(fail)
+    }
+
+    async fn snapshot(&self, id: &str, metadata: BTreeMap<String, String>) -> BResult<String> {
+        self.manager
+            .snapshot(id, None, metadata)
+            .await
+            .map(|s| s.id)
+            .map_err(fail)
+    }
+
+    async fn restore(
+        &self,
+        snapshot: &str,
+        ttl_seconds: u64,
+        metadata: BTreeMap<String, String>,
+        network: Option<NetworkSpec>,
+    ) -> BResult<SandboxView> {
+        let req = hatchery_core::ForkRequest {
+            ttl_seconds: Some(ttl_seconds),
+            metadata,
+            count: 1,
+            network: network.map(policy).unwrap_or_default(),
+        };
+        let mut v = self.manager.fork(snapshot, req).await.map_err(fail)?;
+        let i = v.pop().ok_or_else(|| fail(E2bBackendError::ForkMadeNone))?;
+        Ok(self.view(i))
+    }
+
+    async fn delete_snapshot(&self, snapshot: &str) {
+        if let Err(e) = self.manager.delete_snapshot(snapshot).await {
+            tracing::warn!(snapshot, error = %e, "e2b: could not delete a resumed sandbox's snapshot");
+        }
+    }
+
+    async fn claim_resume(&self, e2b_id: &str) -> BResult<Option<ResumeClaim>> {
+        self.claims.claim(e2b_id).await.map_err(fail)
+    }
+
+    async fn release_resume(&self, c: ResumeClaim) {
+        self.claims.release(c).await
+    }
+
+    async fn exec(
+        &self,
+        id: &str,
+        argv: Vec<String>,
+        stdin: Option<String>,
+        timeout: Duration,
+    ) -> BResult<ExecOutput> {
+        let max = self.max_output_bytes();
+        let o = self
+            .manager
+            .exec(
+                id,
+                exec_params(argv, BTreeMap::new(), stdin, timeout, max),
+                Sink::Collect,
+            )
+            .await
+            .map_err(fail)?;
+        Ok(ExecOutput {
+            exit_code: o.exit_code,
+            stdout: o.stdout,
+            stderr: o.stderr,
+        })
+    }
+
+    async fn start_process(&self, id: &str, spec: ProcSpec) -> BResult<ProcView> {
+        let p = exec_params(
+            spec.argv,
+            spec.env,
+            None,
+            spec.timeout.unwrap_or(Duration::ZERO),
+            self.max_output_bytes(),
+        );
+        self.manager
+            .start_process(id, p, spec.timeout)
+            .await
+            .map(proc_view)
+            .map_err(fail)
+    }
+
+    async fn list_processes(&self, id: &str) -> BResult<Vec<ProcView>> {
+        let a = self.manager.agent(id).await.map_err(fail)?;
+        Ok(hatchery_core::procs::list(&a)
+            .await
+            .map_err(fail)?
+            .into_iter()
+            .map(proc_view)
+            .collect())
+    }
+
+    async fn read_process(
+        &self,
+        id: &str,
+        proc_id: &str,
+        offset: u64,
+        follow: bool,
+        tx: mpsc::Sender<OutputChunk>,
+    ) -> BResult<ProcView> {
+        let a = self.manager.agent(id).await.map_err(fail)?;
+        let (ctx, mut crx) = mpsc::channel(16);
+        let fwd = async {
+            while let Some(c) = crx.recv().await {
+                let c: hatchery_core::procs::ProcChunk = c;
+                if tx
+                    .send(OutputChunk {
+                        offset: c.offset,
+                        stderr: c.stderr,
+                        data: c.data,
+                    })
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        };
+        let (res, ()) = tokio::join!(
+            hatchery_core::procs::read(&a, proc_id, offset, follow, ctx),
+            fwd
+        );
+        res.map(proc_view).map_err(fail)
+    }
+
+    async fn write_stdin(&self, id: &str, proc_id: &str, data: &[u8]) -> BResult<()> {
+        if data.len() > hatchery_core::procs::MAX_STDIN_WRITE {
+            return Err(fail(E2bBackendError::StdinTooLarge));
+        }
+        let a = self.manager.agent(id).await.map_err(fail)?;
+        hatchery_core::procs::write_stdin(&a, proc_id, data)
+            .await
+            .map_err(fail)
+    }
+
+    async fn close_stdin(&self, id: &str, proc_id: &str) -> BResult<()> {
+        let a = self.manager.agent(id).await.map_err(fail)?;
+        hatchery_core::procs::close_stdin(&a, proc_id)
+            .await
+            .map_err(fail)
+    }
+
+    async fn signal_process(&self, id: &str, proc_id: &str, signal: i32) -> BResult<()> {
+        let a = self.manager.agent(id).await.map_err(fail)?;
+        if signal == 9 {
+            // A kill takes the process's whole unit, as E2B's does.
+            return hatchery_core::procs::kill(&a, proc_id)
+                .await
+                .map(drop)
+                .map_err(fail);
+        }
+        hatchery_core::procs::signal(&a, proc_id, signal)
+            .await
+            .map(drop)
+            .map_err(fail)
+    }
+
+    async fn read_file(&self, id: &str, path: &str) -> BResult<Vec<u8>> {
+        self.manager.read_file(id, path).await.map_err(fail)
+    }
+
+    async fn write_file(&self, id: &str, path: &str, data: &[u8]) -> BResult<()> {
+        self.manager.write_file(id, path, data).await.map_err(fail)
+    }
+
+    async fn list_dir(&self, id: &str, path: &str) -> BResult<Vec<FileEntry>> {
+        Ok(self
+            .manager
+            .list_files(id, path)
+            .await
+            .map_err(fail)?
+            .into_iter()
+            .map(file_entry)
+            .collect())
+    }
+
+    async fn remove(&self, id: &str, path: &str) -> BResult<()> {
+        self.manager.remove_file(id, path).await.map_err(fail)
+    }
+
+    async fn run_code(
+        &self,
+        id: &str,
+        spec: CodeSpec,
+        tx: mpsc::Sender<CodeEvent>,
+    ) -> BResult<CodeDone> {
+        let p = hatchery_core::code::CodeParams {
+            language: spec.language,
+            context: spec.context,
+            code: spec.code,
+            env: spec.env,
+            timeout: spec.timeout,
+            cpu_limit_ms: None,
+            max_output_bytes: self.max_output_bytes(),
+            initial_cwd: spec.initial_cwd,
+        };
+        let (etx, mut erx) = mpsc::channel::<ExecEvent>(32);
+        // Owns the receiver: when the caller stops listening (its client
+        // went away), even while the cell prints nothing, the receiver is
+        // dropped here and the run is killed (`exec::drive`).
+        let fwd = async move {
+            loop {
+                let e = tokio::select! {
+                    e = erx.recv() => e,
+                    _ = tx.closed() => None,
+                };
+                let Some(e) = e else { break };
+                let ev = match e {
+                    ExecEvent::Stdout(b) => CodeEvent::Stdout(b),
+                    ExecEvent::Stderr(b) => CodeEvent::Stderr(b),
+                    ExecEvent::Rich(v) => CodeEvent::Rich(v),
+                };
+                if tx.send(ev).await.is_err() {
+                    break;
+                }
+            }
+        };
+        let (res, ()) = tokio::join!(self.manager.run_code(id, p, Sink::Stream(etx)), fwd);
+        let o = res.map_err(fail)?;
+        Ok(CodeDone {
+            execution_count: o.execution_count,
+            reason: reason(o.reason),
+            error: o.error,
+        })
+    }
+
+    async fn create_context(
+        &self,
+        id: &str,
+        language: &str,
+        cwd: String,
+        make_cwd: bool,
+    ) -> BResult<ContextView> {
+        self.manager
+            .create_context(id, language, Some(cwd), make_cwd)
+            .await
+            .map(context_view)
+            .map_err(fail)
+    }
+
+    async fn list_contexts(&self, id: &str) -> BResult<Vec<ContextView>> {
+        Ok(self
+            .manager
+            .list_contexts(id)
+            .await
+            .map_err(fail)?
+            .into_iter()
+            .map(context_view)
+            .collect())
+    }
+
+    async fn restart_context(&self, id: &str, c: &str) -> BResult<()> {
+        self.manager
+            .restart_context(id, c)
+            .await
+            .map(drop)
+            .map_err(fail)
+    }
+
+    async fn delete_context(&self, id: &str, c: &str) -> BResult<()> {
+        self.manager.delete_context(id, c).await.map_err(fail)
+    }
+
+    async fn proxy_port(
+        &self,
+        id: &str,
+        port: u16,
+        req: axum::extract::Request,
+        path_and_query: String,
+    ) -> BResult<axum::response::Response> {
+        let stream = self.manager.open_port(id, port).await.map_err(fail)?;
+        let fwd = hatchery_core::proxy::Forward {
+            path_and_query,
+            prefix: String::new(),
+            strip_authorization: true,
+        };
+        let resp = hatchery_core::proxy::forward(stream, req, &fwd)
+            .await
+            .map_err(fail)?;
+        Ok(resp.map(axum::body::Body::new))
+    }
+
+    async fn open_pty(
+        &self,
+        id: &str,
+        argv: Vec<String>,
+        mut env: BTreeMap<String, String>,
+        cols: u16,
+        rows: u16,
+    ) -> BResult<Box<dyn Pty>> {
+        env.entry("TERM".into())
+            .or_insert_with(|| "xterm-256color".into());
+        let p = hatchery_core::pty::TerminalParams {
+            argv,
+            cwd: None,
+            env,
+            cols,
+            rows,
+        };
+        let t = self.manager.open_terminal(id, p).await.map_err(fail)?;
+        Ok(Box::new(TerminalPty::spawn(t)))
+    }
+}
