@@ -11,6 +11,7 @@ pub mod bus;
 pub mod caps;
 pub mod client_sandboxes;
 pub mod config;
+pub mod egress;
 pub mod error;
 pub mod events;
 mod extract;

@@ -1,12 +1,12 @@
 //! `--role control`: the public API without a runtime. Creates are placed
 //! on registered hosts, sandbox requests forwarded to their owners
-//! (hatchery-route), and lost hosts' sandboxes marked (lost_hosts). It
+//! (hatchery-route), and lost hosts' sandboxes marked (hatchery-hosts). It
 //! serves interview rounds, and the model gateway and tool broker when
 //! asked to, for all hosts.
 
-use crate::directory::StoreDirectory;
 use crate::serve::DaemonError;
 use hatchery_config::DaemonArgs;
+use hatchery_hosts::StoreDirectory;
 use hatchery_route::control::{self, ControlState};
 use std::sync::Arc;
 
@@ -22,14 +22,16 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .map_err(DaemonError::DaemonKey)?;
     let registry = prometheus::Registry::new();
     let metrics = hatchery_route::RouteMetrics::new(&registry);
-    let lost = crate::lost_hosts::counter(&registry);
-    let _sweeper = crate::lost_hosts::spawn(store.clone(), lost, None);
+    let lease_ttl_ms = hatchery_core::lease::host_lease_ttl_ms();
+    let lost = hatchery_hosts::sweeper::counter(&registry);
+    let _sweeper = hatchery_hosts::sweeper::spawn(store.clone(), lease_ttl_ms, lost, None);
     // Read only here (which host owns a session); the control role runs
     // no session.
     let sessions = crate::sessions::open_store(&args, &db, &data).await?;
     let directory: Arc<dyn hatchery_route::Directory> = Arc::new(StoreDirectory {
         store,
         me: args.host_id.clone(),
+        lease_ttl_ms,
         local: None,
         sessions: Some(sessions.clone()),
     });

@@ -39,6 +39,8 @@ pub enum DaemonError {
     },
     #[error("sessions: {0}")]
     Sessions(String),
+    #[error("sessions")]
+    Egress(#[from] hatchery_sessions::egress::EgressError),
     #[error("role: {0}")]
     Role(String),
     #[error("--snapshot-store: {0}")]
@@ -292,18 +294,20 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // and every daemon (not only a control plane) marks lost hosts.
     let shared = args.shared_db().is_some();
     let _sweeper = shared.then(|| {
-        crate::lost_hosts::spawn(
+        hatchery_hosts::sweeper::spawn(
             store.clone(),
-            crate::lost_hosts::counter(&manager.metrics.registry),
-            Some(sessions.clone()),
+            hatchery_core::lease::host_lease_ttl_ms(),
+            hatchery_hosts::sweeper::counter(&manager.metrics.registry),
+            Some(Arc::new(sessions.clone())),
         )
     });
     // One set of counters for both listeners' routing.
     let route_metrics = hatchery_route::RouteMetrics::new(&manager.metrics.registry);
     let routing = |forward_key: Option<Arc<str>>| hatchery_route::layer::HostRouting {
-        directory: Arc::new(crate::directory::StoreDirectory {
+        directory: Arc::new(hatchery_hosts::StoreDirectory {
             store: store.clone(),
             me: manager.host_id().to_string(),
+            lease_ttl_ms: hatchery_core::lease::host_lease_ttl_ms(),
             local: Some(manager.clone()),
             sessions: Some(session_store.clone()),
         }),

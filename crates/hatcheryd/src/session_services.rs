@@ -2,8 +2,8 @@
 //! proxy behind `SessionHooks`. (Policies come from the policy store through
 //! `hatchery_broker::catalog::StorePolicies`.)
 
-use crate::egress::{Binding, EgressLink};
 use crate::gateway::GatewayLink;
+use hatchery_sessions::egress::{Binding, EgressLink};
 use hatchery_sessions::hooks::SessionHooks;
 use hatchery_sessions::store::Session;
 use std::collections::BTreeMap;

@@ -5,6 +5,7 @@
 
 use hatchery_config::DaemonArgs;
 use hatchery_sessions::client_sandboxes::ClientSandboxes;
+use hatchery_sessions::egress::EgressConfig;
 use hatchery_sessions::policy::PolicyCatalog;
 use hatchery_sessions::scheduler::LocalScheduler;
 use hatchery_sessions::{Sessions, SessionsConfig};
@@ -126,14 +127,18 @@ pub async fn wire_services(
             identity: Identity::HttpHeader,
         })?;
     }
-    let egress = crate::egress::start(
-        &args.egress,
+    let egress = hatchery_sessions::egress::start(
+        &EgressConfig {
+            guest_port: args.egress.guest_port,
+            max_tunnels: args.egress.max_tunnels as usize,
+            max_per_session: args.egress.max_per_session as usize,
+            idle: std::time::Duration::from_secs(args.egress.idle_s),
+        },
         data,
         sessions.clone(),
         policies,
         &manager.metrics.registry,
-    )
-    .map_err(|e| err(format!("egress proxy socket: {e}")))?;
+    )?;
     let hooks = Arc::new(crate::session_services::DaemonHooks {
         gateway,
         egress: egress.clone(),

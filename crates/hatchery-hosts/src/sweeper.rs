@@ -21,7 +21,7 @@
 //! Several processes may sweep at once: the lease take is the
 //! lock, and the stop is guarded by the state it moves from.
 
-use crate::directory::alive;
+use crate::takeover::SessionTakeover;
 use hatchery_store::{host_resource, Fence, Store, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,15 +43,18 @@ pub fn counter(registry: &prometheus::Registry) -> prometheus::IntCounter {
     c
 }
 
+/// Sweeps every [`SWEEP_EVERY`]; a host silent past `lease_ttl_ms` is
+/// lost. With `sessions`, this host takes lost hosts' sessions over.
 pub fn spawn(
     store: Arc<dyn Store>,
+    lease_ttl_ms: u64,
     lost: prometheus::IntCounter,
-    sessions: Option<Arc<hatchery_sessions::Sessions>>,
+    sessions: Option<Arc<dyn SessionTakeover>>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         loop {
             tokio::time::sleep(SWEEP_EVERY).await;
-            match sweep(store.as_ref(), sessions.as_ref()).await {
+            match sweep(store.as_ref(), lease_ttl_ms, sessions.as_deref()).await {
                 Ok(0) => {}
                 Ok(n) => {
                     lost.inc_by(n as u64);
@@ -65,11 +68,12 @@ pub fn spawn(
 /// One pass; returns how many sandboxes were marked lost.
 pub async fn sweep(
     store: &dyn Store,
-    sessions: Option<&Arc<hatchery_sessions::Sessions>>,
+    lease_ttl_ms: u64,
+    sessions: Option<&dyn SessionTakeover>,
 ) -> Result<usize, StoreError> {
     let mut marked = 0;
     for h in store.list_hosts().await? {
-        if alive(h.silent_for_ms) {
+        if crate::alive(h.silent_for_ms, lease_ttl_ms) {
             continue;
         }
         let resource = host_resource(&h.id);

@@ -11,9 +11,11 @@
 //! second. The log stays bounded whatever the guest does, and the count
 //! of what was not written one by one is never lost.
 
+use super::log_limit::{limited_warn, LogLimiter};
+use crate::hooks::EgressRecord;
+use crate::store::StoreError;
+use crate::Sessions;
 use hatchery_egress::{EgressEvent, Events, Verdict};
-use hatchery_sessions::hooks::EgressRecord;
-use hatchery_sessions::Sessions;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -32,9 +34,33 @@ const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// A session's bucket is forgotten after this long without a denial.
 const FORGET_AFTER: Duration = Duration::from_secs(120);
 
-fn limiter() -> &'static hatchery_core::ratelimit::LogLimiter {
-    static L: OnceLock<hatchery_core::ratelimit::LogLimiter> = OnceLock::new();
-    L.get_or_init(|| hatchery_core::ratelimit::LogLimiter::new(Duration::from_secs(10), 5))
+fn limiter() -> &'static LogLimiter {
+    static L: OnceLock<LogLimiter> = OnceLock::new();
+    L.get_or_init(|| LogLimiter::new(Duration::from_secs(10), 5))
+}
+
+/// Where egress events go: the session's event log. Implemented by
+/// [`Sessions`]; the tests use a fake.
+///
+/// Contract: `Ok` means the event is committed (an allowed connection
+/// then carries data); an error means it is not, and the caller refuses
+/// the connection or drops the denial.
+#[async_trait::async_trait]
+pub trait EgressLog: Send + Sync + 'static {
+    /// One connection's verdict as a session event.
+    async fn record_egress(&self, session: &str, r: EgressRecord) -> Result<(), StoreError>;
+    /// `denied` denials not written one by one (over the rate limit).
+    async fn record_egress_suppressed(&self, session: &str, denied: u64) -> Result<(), StoreError>;
+}
+
+#[async_trait::async_trait]
+impl EgressLog for Sessions {
+    async fn record_egress(&self, session: &str, r: EgressRecord) -> Result<(), StoreError> {
+        Sessions::record_egress(self, session, r).await
+    }
+    async fn record_egress_suppressed(&self, session: &str, denied: u64) -> Result<(), StoreError> {
+        Sessions::record_egress_suppressed(self, session, denied).await
+    }
 }
 
 /// A per-session token bucket for denial events.
@@ -108,8 +134,10 @@ fn record(e: EgressEvent) -> EgressRecord {
     }
 }
 
+/// The proxy's [`Events`]: allowed connections written before they carry
+/// data, denials rate-limited and written by one task.
 pub struct SessionEvents {
-    sessions: Arc<Sessions>,
+    sessions: Arc<dyn EgressLog>,
     buckets: Arc<Buckets>,
     denials: mpsc::Sender<(String, EgressRecord)>,
     suppressed_total: prometheus::IntCounter,
@@ -117,7 +145,10 @@ pub struct SessionEvents {
 
 impl SessionEvents {
     /// Starts the writer of denials and suppressed counts.
-    pub fn start(sessions: Arc<Sessions>, registry: &prometheus::Registry) -> Arc<SessionEvents> {
+    pub fn start(
+        sessions: Arc<dyn EgressLog>,
+        registry: &prometheus::Registry,
+    ) -> Arc<SessionEvents> {
         let suppressed_total = prometheus::IntCounter::new(
             "hatchery_egress_events_suppressed_total",
             "Egress denials not written one by one (over the per-session rate limit; counted in egress_suppressed events)",
@@ -174,7 +205,7 @@ impl Events for SessionEvents {
         {
             Ok(Ok(())) => Ok(()),
             Ok(Err(err)) => {
-                hatchery_core::limited_warn!(limiter(), "egress-record", session = %session,
+                limited_warn!(limiter(), "egress-record", session = %session,
                     error = %err, "an allowed egress connection could not be recorded; refused");
                 Err("the session log refused the event".into())
             }
@@ -184,7 +215,7 @@ impl Events for SessionEvents {
 
     fn denied(&self, e: EgressEvent) {
         let Some(session) = e.session.clone() else {
-            hatchery_core::limited_warn!(limiter(), "egress-unknown", status = e.status,
+            limited_warn!(limiter(), "egress-unknown", status = e.status,
                 reason = %e.reason, "egress connection from no session refused");
             return;
         };
@@ -193,7 +224,7 @@ impl Events for SessionEvents {
             return;
         }
         if self.denials.try_send((session, record(e))).is_err() {
-            hatchery_core::limited_warn!(
+            limited_warn!(
                 limiter(),
                 "egress-queue",
                 "egress event queue full; denial not written to the session log"
@@ -235,5 +266,130 @@ mod tests {
         let later = t0 + FORGET_AFTER + Duration::from_secs(1);
         assert!(bs.flush(later).is_empty());
         assert!(bs.0.lock().unwrap().is_empty());
+    }
+
+    /// What the session log received; `gate` holds writes back until
+    /// released, `refuse` fails them.
+    #[derive(Default)]
+    struct FakeLog {
+        written: Mutex<Vec<(String, EgressRecord)>>,
+        suppressed: Mutex<Vec<(String, u64)>>,
+        gate: Option<tokio::sync::Semaphore>,
+        refuse: bool,
+    }
+
+    #[async_trait::async_trait]
+    impl EgressLog for FakeLog {
+        async fn record_egress(&self, session: &str, r: EgressRecord) -> Result<(), StoreError> {
+            if let Some(g) = &self.gate {
+                g.acquire().await.expect("gate").forget();
+            }
+            if self.refuse {
+                return Err(StoreError::Unavailable("fake".into()));
+            }
+            self.written.lock().unwrap().push((session.into(), r));
+            Ok(())
+        }
+        async fn record_egress_suppressed(
+            &self,
+            session: &str,
+            denied: u64,
+        ) -> Result<(), StoreError> {
+            self.suppressed
+                .lock()
+                .unwrap()
+                .push((session.into(), denied));
+            Ok(())
+        }
+    }
+
+    fn event(verdict: Verdict, session: Option<&str>) -> EgressEvent {
+        EgressEvent {
+            verdict,
+            session: session.map(str::to_string),
+            peer: "0.0.0.0:0".parse().unwrap(),
+            host: Some("example.com".into()),
+            port: Some(443),
+            ip: None,
+            rule_id: None,
+            status: if verdict == Verdict::Allowed {
+                200
+            } else {
+                403
+            },
+            reason: "test".into(),
+        }
+    }
+
+    fn events(log: &Arc<FakeLog>) -> Arc<SessionEvents> {
+        SessionEvents::start(log.clone(), &prometheus::Registry::new())
+    }
+
+    #[tokio::test]
+    async fn an_allowed_connection_waits_for_its_event() {
+        let log = Arc::new(FakeLog {
+            gate: Some(tokio::sync::Semaphore::new(0)),
+            ..FakeLog::default()
+        });
+        let ev = events(&log);
+        let allowed = tokio::spawn({
+            let ev = ev.clone();
+            async move { ev.allowed(event(Verdict::Allowed, Some("s1"))).await }
+        });
+        // The write is held back: the proxy is not told to go ahead.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!allowed.is_finished());
+        assert!(log.written.lock().unwrap().is_empty());
+        log.gate.as_ref().unwrap().add_permits(1);
+        allowed.await.unwrap().expect("allowed once written");
+        let w = log.written.lock().unwrap();
+        assert_eq!(w.len(), 1);
+        assert_eq!(w[0].0, "s1");
+        assert!(w[0].1.allowed);
+    }
+
+    #[tokio::test]
+    async fn an_allowed_connection_is_refused_when_its_event_is_not_written() {
+        let log = Arc::new(FakeLog {
+            refuse: true,
+            ..FakeLog::default()
+        });
+        let ev = events(&log);
+        assert!(ev
+            .allowed(event(Verdict::Allowed, Some("s1")))
+            .await
+            .is_err());
+        // Without a session there is no log to write to.
+        assert!(ev.allowed(event(Verdict::Allowed, None)).await.is_err());
+        assert!(log.written.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn denials_over_the_rate_are_written_as_one_count() {
+        let log = Arc::new(FakeLog::default());
+        let ev = events(&log);
+        for _ in 0..30 {
+            ev.denied(event(Verdict::Denied, Some("s1")));
+        }
+        ev.denied(event(Verdict::Denied, Some("s2")));
+        // A denial from no session is refused and written nowhere.
+        ev.denied(event(Verdict::Denied, None));
+        assert_eq!(ev.suppressed_total.get(), 30 - DENY_BURST as u64);
+        // The writer's tick flushes counts once a second.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while log.suppressed.lock().unwrap().is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let w = log.written.lock().unwrap();
+        assert_eq!(
+            w.iter().filter(|(s, _)| s == "s1").count(),
+            DENY_BURST as usize
+        );
+        assert_eq!(w.iter().filter(|(s, _)| s == "s2").count(), 1);
+        assert!(w.iter().all(|(_, r)| !r.allowed));
+        assert_eq!(
+            *log.suppressed.lock().unwrap(),
+            vec![("s1".to_string(), 30 - DENY_BURST as u64)]
+        );
     }
 }

@@ -1,11 +1,10 @@
 //! Answers hatchery-route's questions (who owns this sandbox, which hosts
 //! are alive and how full) from the shared state store. A host is alive
 //! while its last heartbeat, by the database's clock, is within the host
-//! lease TTL.
+//! lease TTL ([`crate::alive`]).
 
+use crate::local::LocalSandboxes;
 use async_trait::async_trait;
-use hatchery_core::lease::host_lease_ttl_ms;
-use hatchery_core::Manager;
 use hatchery_route::placement::TENANT_KEY;
 use hatchery_route::{base_url, Directory, HostSlot, Location, RouteError};
 use hatchery_store::{SandboxFilter, SnapshotLocation, Store, StoreError};
@@ -16,9 +15,11 @@ pub struct StoreDirectory {
     pub store: Arc<dyn Store>,
     /// This daemon's host id.
     pub me: String,
+    /// The host lease TTL: a host silent for longer is not alive.
+    pub lease_ttl_ms: u64,
     /// The local manager (roles `all` and `host`): a sandbox it runs is
     /// answered without a query.
-    pub local: Option<Arc<Manager>>,
+    pub local: Option<Arc<dyn LocalSandboxes>>,
     /// The shared session store: which host owns a session.
     pub sessions: Option<Arc<dyn hatchery_sessions::store::SessionStore>>,
 }
@@ -27,11 +28,11 @@ fn store_err(e: StoreError) -> RouteError {
     RouteError::Store(e.to_string())
 }
 
-pub fn alive(silent_for_ms: u64) -> bool {
-    silent_for_ms <= host_lease_ttl_ms()
-}
-
 impl StoreDirectory {
+    fn alive(&self, silent_for_ms: u64) -> bool {
+        crate::alive(silent_for_ms, self.lease_ttl_ms)
+    }
+
     /// An id that names no live sandbox may be an E2B id that outlived
     /// its first sandbox (hatchery-e2b state.rs): resumed into another
     /// one (that sandbox's metadata names it: routed to its host), or
@@ -74,7 +75,7 @@ impl StoreDirectory {
         }
         let hosts = self.store.list_hosts().await.map_err(store_err)?;
         Ok(match hosts.into_iter().find(|h| h.id == host) {
-            Some(h) if alive(h.silent_for_ms) => Location::At {
+            Some(h) if self.alive(h.silent_for_ms) => Location::At {
                 host: h.id,
                 url: base_url(&h.address),
             },
@@ -143,7 +144,7 @@ impl Directory for StoreDirectory {
                 live: live.get(&h.id).copied().unwrap_or(0),
                 url: base_url(&h.address),
                 capacity: h.capacity,
-                alive: alive(h.silent_for_ms),
+                alive: self.alive(h.silent_for_ms),
                 warm: h.warm_templates,
                 id: h.id,
             })

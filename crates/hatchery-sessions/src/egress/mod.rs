@@ -1,25 +1,54 @@
 //! The egress proxy for session sandboxes (docs/sessions.md, "Egress").
 //! One `hatchery-egress` proxy in the daemon, served on a Unix socket in the
-//! data dir and registered as the host service `egress` with
-//! `identity=proxy`: every sandbox reaches it at `127.0.0.1:GUEST_PORT`,
-//! and the daemon's relay writes `PROXY UNKNOWN <sandbox id>` before the
-//! guest's first byte. That line comes from the host side of the agent
-//! channel the connection arrived on, so the guest cannot choose it; the
-//! socket is in the 0700 data dir, so nothing else can connect and forge
-//! it. The sandbox is mapped to its session (bound by the runner), whose
-//! pinned policy version decides; every allow and deny is a session event.
+//! data dir and registered (by the daemon) as the host service `egress`
+//! with `identity=proxy`: every sandbox reaches it at
+//! `127.0.0.1:GUEST_PORT`, and the daemon's relay writes
+//! `PROXY UNKNOWN <sandbox id>` before the guest's first byte. That line
+//! comes from the host side of the agent channel the connection arrived on,
+//! so the guest cannot choose it; the socket is in the 0700 data dir, so
+//! nothing else can connect and forge it. The sandbox is mapped to its
+//! session (bound by the runner), whose pinned policy version decides;
+//! every allow and deny is a session event ([`events`]).
+//!
+//! Trusts: the relay's `PROXY` line (see above) and the bindings the
+//! session runner makes; nothing the guest sends decides which session a
+//! connection belongs to.
 
-use hatchery_config::EgressArgs;
+pub mod events;
+mod log_limit;
+mod proxy_line;
+
+use events::{EgressLog, SessionEvents};
 use hatchery_egress::{Limits, PolicySource, Proxy};
 use hatchery_policy::cache::CompiledPolicies;
 use hatchery_policy::Policy;
-use hatchery_sessions::Sessions;
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::io::BufReader;
+
+/// The proxy's settings (the daemon maps its `--egress-*` flags here).
+#[derive(Debug, Clone, PartialEq)]
+pub struct EgressConfig {
+    /// Where guest code reaches the proxy (`127.0.0.1:PORT` in the
+    /// sandbox); 0 turns the proxy off.
+    pub guest_port: u16,
+    /// Tunnels open at once, in all.
+    pub max_tunnels: usize,
+    /// Tunnels open at once per session.
+    pub max_per_session: usize,
+    /// A tunnel carrying no byte either way for this long is closed.
+    pub idle: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EgressError {
+    /// The proxy's Unix socket in the data dir could not be bound.
+    #[error("egress proxy socket {}", .0.display())]
+    Socket(PathBuf, #[source] std::io::Error),
+}
 
 /// What the proxy knows of a sandbox: its session and pinned policy.
 #[derive(Debug, Clone, PartialEq)]
@@ -82,44 +111,20 @@ impl hatchery_egress::Identify for Unused {
     }
 }
 
-/// `PROXY UNKNOWN ` + a sandbox id + CRLF; the relay's line is far shorter.
-const MAX_PROXY_LINE: usize = 128;
-
-/// Reads the relay's `PROXY UNKNOWN <id>\r\n` from a buffered stream (what
-/// the guest sent after it stays in the buffer for the proxy).
-async fn proxy_line<S: tokio::io::AsyncBufRead + Unpin>(s: &mut S) -> Option<String> {
-    let mut line = Vec::with_capacity(64);
-    s.take(MAX_PROXY_LINE as u64 + 1)
-        .read_until(b'\n', &mut line)
-        .await
-        .ok()?;
-    if !line.ends_with(b"\r\n") {
-        return None;
-    }
-    let text = std::str::from_utf8(&line[..line.len() - 2]).ok()?;
-    text.strip_prefix("PROXY UNKNOWN ")
-        .filter(|id| {
-            !id.is_empty()
-                && id
-                    .bytes()
-                    .all(|c| c.is_ascii_alphanumeric() || c == b'_' || c == b'-')
-        })
-        .map(str::to_string)
-}
-
+/// Serves the proxy on `DATA/egress.sock` (none when `guest_port` is 0),
+/// its events going to `log`.
 pub fn start(
-    a: &EgressArgs,
+    a: &EgressConfig,
     data: &Path,
-    sessions: Arc<Sessions>,
+    log: Arc<dyn EgressLog>,
     policies: Arc<dyn hatchery_policy::PolicyStore>,
     registry: &prometheus::Registry,
-) -> std::io::Result<Option<Arc<EgressLink>>> {
+) -> Result<Option<Arc<EgressLink>>, EgressError> {
     if a.guest_port == 0 {
         return Ok(None);
     }
     let bindings: Arc<Mutex<HashMap<String, Binding>>> = Default::default();
-    let sink: hatchery_egress::EventSink =
-        crate::egress_events::SessionEvents::start(sessions.clone(), registry);
+    let sink: hatchery_egress::EventSink = SessionEvents::start(log, registry);
     let proxy = Proxy::new(
         Arc::new(Unused),
         Arc::new(Pinned {
@@ -128,9 +133,9 @@ pub fn start(
         }),
         sink,
         Limits {
-            max_tunnels: a.max_tunnels as usize,
-            max_tunnels_per_session: a.max_per_session as usize,
-            idle: Duration::from_secs(a.idle_s),
+            max_tunnels: a.max_tunnels,
+            max_tunnels_per_session: a.max_per_session,
+            idle: a.idle,
             ..Limits::default()
         },
     );
@@ -146,7 +151,8 @@ pub fn start(
     }
     let socket = data.join("egress.sock");
     let _ = std::fs::remove_file(&socket);
-    let listener = tokio::net::UnixListener::bind(&socket)?;
+    let listener = tokio::net::UnixListener::bind(&socket)
+        .map_err(|e| EgressError::Socket(socket.clone(), e))?;
     let map = bindings.clone();
     tokio::spawn(async move {
         loop {
@@ -163,10 +169,11 @@ pub fn start(
                 // Buffered, so the line costs one read, not one per byte;
                 // the proxy reads the rest through the same buffer.
                 let mut sock = BufReader::new(sock);
-                let line = tokio::time::timeout(Duration::from_secs(5), proxy_line(&mut sock))
-                    .await
-                    .ok()
-                    .flatten();
+                let line =
+                    tokio::time::timeout(Duration::from_secs(5), proxy_line::read(&mut sock))
+                        .await
+                        .ok()
+                        .flatten();
                 let session = line.and_then(|sbx| {
                     map.lock()
                         .unwrap_or_else(|p| p.into_inner())
@@ -185,31 +192,4 @@ pub fn start(
         socket,
         bindings,
     })))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn proxy_lines() {
-        let mut ok = BufReader::new(&b"PROXY UNKNOWN sbx_abc-1\r\nCONNECT x:443 HTTP/1.1\r\n"[..]);
-        assert_eq!(proxy_line(&mut ok).await.as_deref(), Some("sbx_abc-1"));
-        // What follows the line is left for the proxy.
-        let mut rest = String::new();
-        ok.read_to_string(&mut rest).await.unwrap();
-        assert!(rest.starts_with("CONNECT"), "{rest}");
-        for bad in [
-            &b"PROXY TCP4 1.2.3.4 5.6.7.8 1 2\r\n"[..],
-            b"PROXY UNKNOWN \r\n",
-            b"PROXY UNKNOWN a b\r\n",
-            b"PROXY UNKNOWN abc",
-        ] {
-            let mut b = BufReader::new(bad);
-            assert_eq!(proxy_line(&mut b).await, None, "{bad:?}");
-        }
-        let long = [b'a'; 200];
-        let mut l = BufReader::new(&long[..]);
-        assert_eq!(proxy_line(&mut l).await, None);
-    }
 }

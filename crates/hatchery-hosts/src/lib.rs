@@ -1,0 +1,29 @@
+//! Operating many hosts on one shared state store (a `postgres://` --db):
+//! answering hatchery-route's directory questions (who owns a sandbox, a
+//! snapshot, a session; which hosts are alive and how full: [`directory`])
+//! and sweeping lost hosts (fence them, stop their rows with `host_lost`,
+//! take their sessions over: [`sweeper`]).
+//!
+//! Trusts: the shared store, its rows and the database's clock, by which
+//! a heartbeat's age is measured (no host's own clock decides whether
+//! another host is alive). What runs on this host and the sessions it
+//! takes over come through the narrow traits in [`local`] and
+//! [`takeover`], each with a fake for the tests.
+
+pub mod directory;
+pub mod local;
+pub mod sweeper;
+pub mod takeover;
+
+pub use directory::StoreDirectory;
+pub use local::LocalSandboxes;
+pub use takeover::SessionTakeover;
+
+/// Whether a host is alive: its last heartbeat, by the database's clock,
+/// is within the host lease TTL.
+pub fn alive(silent_for_ms: u64, lease_ttl_ms: u64) -> bool {
+    silent_for_ms <= lease_ttl_ms
+}
+
+#[cfg(test)]
+mod tests;
