@@ -26,11 +26,12 @@ pub mod procs;
 pub mod proxy;
 pub mod pty;
 pub mod ratelimit;
+// Sandbox-triggered warnings, rate-limited (hatchery-serve has the one copy).
+pub use hatchery_serve::limited_warn;
 mod snapshot_stores;
 pub mod snapshots;
 mod template_images;
 #[doc(hidden)]
-pub use ratelimit::Verdict as ratelimit_verdict;
 mod reaper;
 pub mod reconcile;
 pub mod relay;

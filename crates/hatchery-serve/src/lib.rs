@@ -16,6 +16,7 @@
 //! head (and starts the header timer) once the response before it is done.
 
 pub mod headers;
+pub mod log_limit;
 pub mod origin;
 pub mod origin_guard;
 pub mod preview_token;

@@ -11,7 +11,8 @@
 //! second. The log stays bounded whatever the guest does, and the count
 //! of what was not written one by one is never lost.
 
-use super::log_limit::{limited_warn, LogLimiter};
+use hatchery_serve::limited_warn;
+use hatchery_serve::log_limit::LogLimiter;
 use crate::hooks::EgressRecord;
 use crate::store::StoreError;
 use crate::Sessions;

@@ -15,7 +15,6 @@
 //! connection belongs to.
 
 pub mod events;
-mod log_limit;
 mod proxy_line;
 
 use events::{EgressLog, SessionEvents};

@@ -1,12 +1,17 @@
-//! Warnings a guest can trigger at will (its connections refused, the
-//! event queue full) go through this, so a hostile guest cannot flood the
-//! daemon's log. A fixed window per key: at most `burst` lines per
-//! `window`, then one line with the number suppressed. (The same rule as
-//! hatchery-core's `LogLimiter`, which this crate does not depend on.)
+//! Log lines that a sandbox can trigger (its guest misbehaving, its
+//! commands timing out, its connections refused, a session's event queue
+//! full) go through this, so a hostile guest cannot flood the daemon's
+//! logs. A fixed window per key: at most `burst` lines per `window`, then
+//! one line with the number suppressed. One copy for every crate.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+/// Keys beyond which windows that have ended are forgotten: keys are
+/// sandbox or session ids, which a guest cannot mint faster than the
+/// daemon makes sandboxes, but a daemon lives long.
+const MAX_KEYS: usize = 10_000;
 
 pub struct LogLimiter {
     window: Duration,
@@ -15,7 +20,7 @@ pub struct LogLimiter {
     state: Mutex<HashMap<String, (Instant, u32, u64)>>,
 }
 
-#[derive(Debug, PartialEq)]
+#[derive(Debug, PartialEq, Eq)]
 pub enum Verdict {
     Log,
     /// Log, and say how many were dropped since the last logged line.
@@ -38,6 +43,9 @@ impl LogLimiter {
 
     fn check_at(&self, key: &str, now: Instant) -> Verdict {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if st.len() > MAX_KEYS {
+            st.retain(|_, (start, _, _)| now.saturating_duration_since(*start) < self.window);
+        }
         let e = st.entry(key.to_string()).or_insert((now, 0, 0));
         if now.saturating_duration_since(e.0) >= self.window {
             let dropped = e.2;
@@ -59,18 +67,18 @@ impl LogLimiter {
 }
 
 /// `tracing::warn!` through a [`LogLimiter`], keyed by `$key`.
+#[macro_export]
 macro_rules! limited_warn {
     ($limiter:expr, $key:expr, $($arg:tt)+) => {
         match $limiter.check($key) {
-            $crate::egress::log_limit::Verdict::Log => tracing::warn!($($arg)+),
-            $crate::egress::log_limit::Verdict::LogWithSuppressed(n) => {
+            $crate::log_limit::Verdict::Log => tracing::warn!($($arg)+),
+            $crate::log_limit::Verdict::LogWithSuppressed(n) => {
                 tracing::warn!(suppressed = n, $($arg)+)
             }
-            $crate::egress::log_limit::Verdict::Drop => {}
+            $crate::log_limit::Verdict::Drop => {}
         }
     };
 }
-pub(crate) use limited_warn;
 
 #[cfg(test)]
 mod tests {
@@ -89,5 +97,16 @@ mod tests {
         let t1 = t0 + Duration::from_secs(10);
         assert_eq!(l.check_at("k", t1), Verdict::LogWithSuppressed(2));
         assert_eq!(l.check_at("k", t1), Verdict::Log);
+    }
+
+    #[test]
+    fn ended_windows_are_forgotten_past_the_key_cap() {
+        let l = LogLimiter::new(Duration::from_secs(1), 1);
+        let t0 = Instant::now();
+        for i in 0..=MAX_KEYS {
+            l.check_at(&format!("k{i}"), t0);
+        }
+        l.check_at("late", t0 + Duration::from_secs(2));
+        assert_eq!(l.state.lock().unwrap().len(), 1);
     }
 }
