@@ -9,7 +9,6 @@ mod e2b_backend;
 mod egress;
 mod egress_events;
 mod gateway;
-mod gateway_events;
 mod key;
 mod lost_hosts;
 mod origins;

@@ -38,6 +38,8 @@ pub enum DaemonError {
     },
     #[error("sessions: {0}")]
     Sessions(String),
+    #[error("model gateway: {0}")]
+    Gateway(#[from] hatchery_gateway::embed::EmbedError),
     #[error("role: {0}")]
     Role(String),
     #[error("--snapshot-store: {0}")]

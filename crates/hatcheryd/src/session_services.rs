@@ -3,7 +3,7 @@
 //! `hatchery_broker::catalog::StorePolicies`.)
 
 use crate::egress::{Binding, EgressLink};
-use crate::gateway::GatewayLink;
+use hatchery_gateway::embed::GatewayLink;
 use hatchery_sessions::hooks::SessionHooks;
 use hatchery_sessions::store::Session;
 use std::collections::BTreeMap;
