@@ -39,7 +39,7 @@ pub trait GatewayEvents: Send + Sync {
     /// event. By default two steps: the settle commits, then the event is
     /// recorded. A sink that writes into a session log on the gateway's
     /// own database overrides this to commit the event, the session's
-    /// spend and the settle in one transaction (hatcheryd's local sink).
+    /// spend and the settle in one transaction (hatchery-model-events' local sink).
     /// Returns whether the spend was recorded now (false: settled before).
     async fn settle(
         &self,

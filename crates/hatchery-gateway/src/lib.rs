@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod budget;
 pub mod calls;
+pub mod embed;
 pub mod errors;
 pub mod events;
 pub mod metrics;

@@ -44,19 +44,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     };
     // The model gateway, when the upstream options are given here: the
     // hosts relay their sandboxes' calls to it and hold no upstream key.
-    let gateway = crate::gateway::start_control(
-        &args.gateway,
-        &db,
-        &data,
-        &registry,
-        crate::gateway_events::RemoteSink {
-            post: owner_post(),
-            outcomes: crate::gateway_events::outcomes(&registry),
-            budgets: None,
-        },
-    )
-    .await
-    .map_err(|e| DaemonError::Sessions(e.to_string()))?;
+    let gateway =
+        crate::gateway::start_control(&args.gateway, (&db, &data), &registry, owner_post()).await?;
     // The tool broker, when asked for here: hosts relay their sandboxes'
     // calls to it and hold no credential.
     let broker = crate::broker_control::start(

@@ -5,7 +5,6 @@ mod broker_control;
 mod broker_remote;
 mod control_role;
 mod gateway;
-mod gateway_events;
 mod key;
 mod rounds;
 mod serve;

@@ -39,8 +39,10 @@ pub enum DaemonError {
     },
     #[error("sessions: {0}")]
     Sessions(String),
-    #[error("sessions")]
+    #[error("egress proxy")]
     Egress(#[from] hatchery_sessions::egress::EgressError),
+    #[error("model gateway: {0}")]
+    Gateway(#[from] hatchery_gateway::embed::EmbedError),
     #[error("role: {0}")]
     Role(String),
     #[error("--snapshot-store: {0}")]

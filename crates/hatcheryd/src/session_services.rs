@@ -2,7 +2,7 @@
 //! proxy behind `SessionHooks`. (Policies come from the policy store through
 //! `hatchery_broker::catalog::StorePolicies`.)
 
-use crate::gateway::GatewayLink;
+use hatchery_gateway::embed::GatewayLink;
 use hatchery_sessions::egress::{Binding, EgressLink};
 use hatchery_sessions::hooks::SessionHooks;
 use hatchery_sessions::store::Session;

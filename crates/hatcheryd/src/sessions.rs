@@ -52,7 +52,7 @@ pub fn build(
     );
     svc.set_remote_joined(
         JoinedFrom::Gateway,
-        Arc::new(crate::gateway_events::SettleDecoder),
+        Arc::new(hatchery_model_events::SettleDecoder),
     );
     svc.metrics()
         .register(registry)
@@ -105,20 +105,19 @@ pub async fn wire_services(
 ) -> Result<(), crate::DaemonError> {
     use hatchery_core::host_services::{HostAddr, HostService, Identity};
     let err = |e: String| crate::DaemonError::Sessions(e);
+    let me = hatchery_gateway::embed::HostIdentity {
+        api_key,
+        daemon_key,
+        host_id: manager.host_id(),
+    };
     let gateway = crate::gateway::start(
         &args.gateway,
-        crate::gateway::HostSide {
-            data,
-            db,
-            sessions: sessions.clone(),
-            registry: &manager.metrics.registry,
-            api_key,
-            daemon_key,
-            host_id: manager.host_id(),
-        },
+        (db, data),
+        sessions.clone(),
+        &manager.metrics.registry,
+        me,
     )
-    .await
-    .map_err(|e| err(e.to_string()))?;
+    .await?;
     if let Some(g) = &gateway {
         manager.add_host_service(HostService {
             name: "gateway".into(),

@@ -1,0 +1,145 @@
+//! What a session's log records of one gateway observation.
+
+use hatchery_gateway::events::GatewayEvent;
+use hatchery_sessions::events::cut;
+use hatchery_sessions::model_events::{ModelEvent, MAX_MESSAGE, MAX_MODEL};
+
+/// The session a gateway event belongs to and what its log records; `None`
+/// for events with no session to log to.
+pub fn model_event(e: GatewayEvent) -> Option<(String, ModelEvent)> {
+    match e {
+        GatewayEvent::Called {
+            caller,
+            flavor,
+            model,
+            input_tokens,
+            output_tokens,
+            charged,
+            ..
+        } => Some((
+            caller.session,
+            ModelEvent::Called {
+                api: flavor.name().into(),
+                model: cut(&model, MAX_MODEL).into(),
+                input_tokens,
+                output_tokens,
+                tokens: charged.tokens,
+                usd_cents: charged.usd_cents,
+                joined: None,
+            },
+        )),
+        // Its own event (and the end of the session) comes from
+        // `Exhausted`, just before.
+        GatewayEvent::Refused {
+            code: "budget_exhausted",
+            ..
+        } => None,
+        GatewayEvent::Refused {
+            caller: Some(caller),
+            flavor,
+            code,
+            message,
+        } => Some((
+            caller.session,
+            ModelEvent::Refused {
+                api: flavor.name().into(),
+                code: code.into(),
+                message: cut(&message, MAX_MESSAGE).into(),
+            },
+        )),
+        // No caller: an unbound sandbox or a bad key; nothing to log it to.
+        GatewayEvent::Refused { caller: None, .. } => None,
+        GatewayEvent::Exhausted { caller, scope } => Some((
+            caller.session,
+            ModelEvent::Exhausted {
+                scope,
+                message: "a model call's worst case did not fit in what is left of the budget"
+                    .into(),
+            },
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hatchery_gateway::budget::{Amount, Caller};
+    use hatchery_gateway::usage::Flavor;
+
+    fn caller() -> Caller {
+        Caller {
+            session: "ses_a".into(),
+            tenant: None,
+        }
+    }
+
+    #[test]
+    fn events_convert_and_long_text_is_cut() {
+        let (s, e) = model_event(GatewayEvent::Refused {
+            caller: Some(caller()),
+            flavor: Flavor::Anthropic,
+            code: "upstream_unavailable",
+            message: "é".repeat(MAX_MESSAGE),
+        })
+        .unwrap();
+        assert_eq!(s, "ses_a");
+        let ModelEvent::Refused { api, message, .. } = &e else {
+            panic!("{e:?}")
+        };
+        assert_eq!(api, "anthropic");
+        assert!(message.len() <= MAX_MESSAGE && message.len() > MAX_MESSAGE - 2);
+        assert!(e.validate().is_ok());
+        // The exhausted call's refusal is left to its `Exhausted` event.
+        assert!(model_event(GatewayEvent::Refused {
+            caller: Some(caller()),
+            flavor: Flavor::OpenAi,
+            code: "budget_exhausted",
+            message: "m".into(),
+        })
+        .is_none());
+        let (_, e) = model_event(GatewayEvent::Called {
+            caller: caller(),
+            flavor: Flavor::OpenAi,
+            model: "m".into(),
+            input_tokens: Some(1),
+            output_tokens: Some(2),
+            charged: Amount {
+                tokens: 3,
+                usd_cents: 4,
+            },
+            reserved: Amount {
+                tokens: 9,
+                usd_cents: 9,
+            },
+        })
+        .unwrap();
+        assert!(matches!(
+            e,
+            ModelEvent::Called {
+                tokens: 3,
+                usd_cents: 4,
+                ..
+            }
+        ));
+    }
+
+    /// A refusal with no caller (an unbound sandbox, a bad key) has no
+    /// session to go to.
+    #[test]
+    fn a_refusal_without_a_caller_is_not_logged() {
+        assert!(model_event(GatewayEvent::Refused {
+            caller: None,
+            flavor: Flavor::OpenAi,
+            code: "unauthorized",
+            message: "m".into(),
+        })
+        .is_none());
+        let (s, e) = model_event(GatewayEvent::Exhausted {
+            caller: caller(),
+            scope: "session:ses_a".into(),
+        })
+        .unwrap();
+        assert_eq!(s, "ses_a");
+        assert!(matches!(e, ModelEvent::Exhausted { scope, .. } if scope == "session:ses_a"));
+    }
+}
