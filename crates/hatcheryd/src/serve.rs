@@ -38,6 +38,8 @@ pub enum DaemonError {
     },
     #[error("sessions: {0}")]
     Sessions(String),
+    #[error(transparent)]
+    Broker(#[from] hatchery_broker::embed::EmbedError),
     #[error("role: {0}")]
     Role(String),
     #[error("--snapshot-store: {0}")]
@@ -239,21 +241,17 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     )
     .await?;
     // On a host that relays to the control role's broker, no broker here.
-    let broker = match crate::broker_control::host_relay(&args, &data, &key, &daemon_key)? {
-        Some(()) => None,
-        None => Some(
-            crate::broker::start(
-                &args,
-                &data,
-                &db,
-                &key,
-                sessions.clone(),
-                policies.clone(),
-                &manager.metrics.registry,
-            )
-            .await?,
+    let broker_operator = hatchery_broker::embed::start_host(
+        &crate::broker::settings(
+            &args,
+            (&data, &db),
+            (&key, &daemon_key),
+            &manager.metrics.registry,
         ),
-    };
+        sessions.clone(),
+        policies.clone(),
+    )
+    .await?;
     // Bound before the API state is made: the preview URLs it hands out
     // name this listener's port (which may be ephemeral).
     let preview_listener = bind_preview(&args).await?;
@@ -263,10 +261,6 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             local_port(&preview_listener),
         ),
         daemon_key: daemon_key.clone().into(),
-    };
-    let broker_operator = match broker {
-        Some(b) => hatchery_broker::routes::operator_router(b),
-        None => axum::Router::new(),
     };
     let api_state = AppState {
         manager: manager.clone(),
