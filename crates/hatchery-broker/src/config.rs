@@ -269,19 +269,27 @@ mod tests {
     }
 }
 
+/// Why an anchor hook's JSON form was refused (`--audit-anchor-hook`).
+#[derive(Debug, thiserror::Error)]
+pub enum AnchorHookError {
+    #[error("--audit-anchor-hook must be a JSON array of strings: {0}")]
+    Json(#[source] serde_json::Error),
+    #[error("--audit-anchor-hook is an empty array")]
+    Empty,
+    #[error("--audit-anchor-hook: the program {0:?} must be an absolute path")]
+    Relative(String),
+    #[error("--audit-anchor-hook: an argument contains NUL")]
+    Nul,
+}
+
 /// The anchor hook's argv from its JSON form: a non-empty array of
 /// strings whose program is an absolute path (no shell, no PATH lookup).
-pub fn parse_anchor_hook(json: &str) -> Result<Vec<String>, String> {
-    let argv: Vec<String> = serde_json::from_str(json)
-        .map_err(|e| format!("--audit-anchor-hook must be a JSON array of strings: {e}"))?;
+pub fn parse_anchor_hook(json: &str) -> Result<Vec<String>, AnchorHookError> {
+    let argv: Vec<String> = serde_json::from_str(json).map_err(AnchorHookError::Json)?;
     match argv.first() {
-        None => Err("--audit-anchor-hook is an empty array".into()),
-        Some(p) if !p.starts_with('/') => Err(format!(
-            "--audit-anchor-hook: the program {p:?} must be an absolute path"
-        )),
-        Some(_) if argv.iter().any(|a| a.contains('\0')) => {
-            Err("--audit-anchor-hook: an argument contains NUL".into())
-        }
+        None => Err(AnchorHookError::Empty),
+        Some(p) if !p.starts_with('/') => Err(AnchorHookError::Relative(p.clone())),
+        Some(_) if argv.iter().any(|a| a.contains('\0')) => Err(AnchorHookError::Nul),
         Some(_) => Ok(argv),
     }
 }

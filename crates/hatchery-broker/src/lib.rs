@@ -8,6 +8,7 @@
 pub mod caps;
 pub mod catalog;
 pub mod config;
+pub mod embed;
 pub mod error;
 pub mod fetch;
 pub mod git;

@@ -3,7 +3,7 @@
 //! rows, in one commit) and approvals. On one host the broker runs next to the
 //! sessions service and calls it directly ([`Local`]); on the control role
 //! (docs/sessions.md, "The broker on many hosts") reads go to the shared database and
-//! writes to the session's owning host (hatcheryd's `broker_remote`).
+//! writes to the session's owning host ([`remote`]).
 
 use crate::store::BrokerWrite;
 use hatchery_sessions::broker_hooks::Decision;
@@ -12,6 +12,8 @@ use hatchery_sessions::events::EventKind;
 use hatchery_sessions::store::Session;
 use hatchery_sessions::Sessions;
 use std::sync::Arc;
+
+pub mod remote;
 
 #[async_trait::async_trait]
 pub trait SessionLog: Send + Sync + 'static {

@@ -125,7 +125,7 @@ pub fn check(a: &DaemonArgs, o: &Origins) -> Vec<Problem> {
     }
     if let Some(hook) = &a.broker.anchor_hook {
         if let Err(e) = hatchery_broker::config::parse_anchor_hook(hook) {
-            bad("audit.anchor_hook", e);
+            bad("audit.anchor_hook", e.to_string());
         }
     }
     out

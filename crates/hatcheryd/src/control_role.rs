@@ -48,19 +48,18 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         crate::gateway::start_control(&args.gateway, (&db, &data), &registry, owner_post()).await?;
     // The tool broker, when asked for here: hosts relay their sandboxes'
     // calls to it and hold no credential.
-    let broker = crate::broker_control::start(
-        &args,
-        crate::broker_control::ControlSide {
-            data: &data,
-            db: &db,
-            api_key: &key,
-            daemon_key: &daemon_key,
-            sessions: sessions.clone(),
-            post: owner_post(),
-            registry: &registry,
-        },
-    )
-    .await?;
+    let broker = match args.broker.for_hosts {
+        false => None,
+        true => Some(
+            hatchery_broker::embed::start_control(
+                &crate::broker::settings(&args, (&data, &db), (&key, &daemon_key), &registry),
+                sessions.clone(),
+                owner_post(),
+                crate::state_db::open_policies(&db, &data).await?,
+            )
+            .await?,
+        ),
+    };
     let (key_for_rounds, rounds_registry) = (key.clone(), registry.clone());
     let control_state = ControlState {
         directory,

@@ -1,8 +1,6 @@
 //! Daemon assembly: the `hatcheryd` binary (`hatchery serve` execs it).
 
 mod broker;
-mod broker_control;
-mod broker_remote;
 mod control_role;
 mod gateway;
 mod key;

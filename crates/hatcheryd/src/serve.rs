@@ -41,8 +41,10 @@ pub enum DaemonError {
     Sessions(String),
     #[error("egress proxy")]
     Egress(#[from] hatchery_sessions::egress::EgressError),
-    #[error("model gateway: {0}")]
+    #[error("model gateway")]
     Gateway(#[from] hatchery_gateway::embed::EmbedError),
+    #[error("tool broker")]
+    Broker(#[from] hatchery_broker::embed::EmbedError),
     #[error("role: {0}")]
     Role(String),
     #[error("--snapshot-store: {0}")]
@@ -244,21 +246,17 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     )
     .await?;
     // On a host that relays to the control role's broker, no broker here.
-    let broker = match crate::broker_control::host_relay(&args, &data, &key, &daemon_key)? {
-        Some(()) => None,
-        None => Some(
-            crate::broker::start(
-                &args,
-                &data,
-                &db,
-                &key,
-                sessions.clone(),
-                policies.clone(),
-                &manager.metrics.registry,
-            )
-            .await?,
+    let broker_operator = hatchery_broker::embed::start_host(
+        &crate::broker::settings(
+            &args,
+            (&data, &db),
+            (&key, &daemon_key),
+            &manager.metrics.registry,
         ),
-    };
+        sessions.clone(),
+        policies.clone(),
+    )
+    .await?;
     // Bound before the API state is made: the preview URLs it hands out
     // name this listener's port (which may be ephemeral).
     let preview_listener = bind_preview(&args).await?;
@@ -269,10 +267,6 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         ),
         daemon_key: daemon_key.clone().into(),
         relayed_elsewhere: hatchery_e2b::sandbox::relayed_elsewhere,
-    };
-    let broker_operator = match broker {
-        Some(b) => hatchery_broker::routes::operator_router(b),
-        None => axum::Router::new(),
     };
     let api_state = AppState {
         manager: manager.clone(),

@@ -10,8 +10,8 @@
 //! own record says which are written), so two writes that are the same
 //! bytes are the same write.
 
-use hatchery_broker::session_log::SessionLog;
-use hatchery_broker::store::BrokerWrite;
+use super::SessionLog;
+use crate::store::BrokerWrite;
 use hatchery_sessions::broker_events::{ApprovalRequest, BrokerEvents, BrokerEventsWritten};
 use hatchery_sessions::broker_hooks::{reads, Decision, LoggedCall};
 use hatchery_sessions::error::SessionError;
@@ -28,9 +28,56 @@ use std::time::Duration;
 const WRITE_DEADLINE: Duration = Duration::from_secs(60);
 const RETRY_EVERY: Duration = Duration::from_millis(250);
 
+/// Why a write to the owner did not land. Each maps onto the
+/// [`SessionError`] the broker answers by (503, 404, 409, 500).
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteLogError {
+    #[error("the owner of session {session} is out of reach ({why}); nothing was done, ask again")]
+    OutOfReach { session: String, why: String },
+    #[error("session {0} has no owner")]
+    UnknownSession(String),
+    #[error("broker events of session {session} not written ({outcome}: {why})")]
+    NotWritten {
+        session: String,
+        outcome: &'static str,
+        why: String,
+    },
+    #[error("broker events as JSON: {0}")]
+    Encode(#[source] serde_json::Error),
+    #[error("the owner's answer to broker events: {0}")]
+    Answer(#[source] serde_json::Error),
+}
+
+impl From<RemoteLogError> for SessionError {
+    fn from(e: RemoteLogError) -> Self {
+        match e {
+            RemoteLogError::OutOfReach { .. } => SessionError::StoreUnavailable(e.to_string()),
+            RemoteLogError::UnknownSession(id) => SessionError::NotFound(id),
+            RemoteLogError::NotWritten { .. } => SessionError::Conflict(e.to_string()),
+            RemoteLogError::Encode(_) | RemoteLogError::Answer(_) => {
+                SessionError::Internal(e.to_string())
+            }
+        }
+    }
+}
+
 pub struct RemoteSessionLog {
-    pub store: Arc<dyn SessionStore>,
-    pub post: OwnerPost,
+    store: Arc<dyn SessionStore>,
+    post: OwnerPost,
+    deadline: Duration,
+    retry_every: Duration,
+}
+
+impl RemoteSessionLog {
+    /// Reads from `store` (the shared one), writes through `post`.
+    pub fn new(store: Arc<dyn SessionStore>, post: OwnerPost) -> Self {
+        RemoteSessionLog {
+            store,
+            post,
+            deadline: WRITE_DEADLINE,
+            retry_every: RETRY_EVERY,
+        }
+    }
 }
 
 /// The delivery key of a post: `brk_` and 40 hex of its hash.
@@ -61,8 +108,8 @@ fn logged_seqs(kinds: &[EventKind], logged: Option<&LoggedCall>) -> Vec<u64> {
         .collect()
 }
 
-fn to_body(post: &BrokerEvents) -> Result<Vec<u8>, SessionError> {
-    serde_json::to_vec(post).map_err(|e| SessionError::Internal(e.to_string()))
+fn to_body(post: &BrokerEvents) -> Result<Vec<u8>, RemoteLogError> {
+    serde_json::to_vec(post).map_err(RemoteLogError::Encode)
 }
 
 fn call_seq(kinds: &[EventKind]) -> Option<u64> {
@@ -113,31 +160,32 @@ impl RemoteSessionLog {
         session: &str,
         body: &[u8],
         key: &str,
-    ) -> Result<BrokerEventsWritten, SessionError> {
-        let deadline = tokio::time::Instant::now() + WRITE_DEADLINE;
+    ) -> Result<BrokerEventsWritten, RemoteLogError> {
+        let deadline = tokio::time::Instant::now() + self.deadline;
         loop {
             match self.post.attempt(session, "broker-events", key, body).await {
                 Attempt::Delivered(answer) => {
-                    return serde_json::from_slice(&answer).map_err(|e| {
-                        SessionError::Internal(format!("the owner's answer to broker events: {e}"))
-                    })
+                    return serde_json::from_slice(&answer).map_err(RemoteLogError::Answer)
                 }
                 Attempt::Retry(why) if tokio::time::Instant::now() < deadline => {
                     tracing::debug!(session, why, "broker events: owner not reachable yet");
-                    tokio::time::sleep(RETRY_EVERY).await;
+                    tokio::time::sleep(self.retry_every).await;
                 }
                 Attempt::Retry(why) => {
-                    return Err(SessionError::StoreUnavailable(format!(
-                        "the owner of session {session} is out of reach ({why}); nothing was done, ask again"
-                    )))
+                    return Err(RemoteLogError::OutOfReach {
+                        session: session.into(),
+                        why,
+                    })
                 }
                 Attempt::Dropped("unknown_session", _) => {
-                    return Err(SessionError::NotFound(session.to_string()))
+                    return Err(RemoteLogError::UnknownSession(session.into()))
                 }
                 Attempt::Dropped(outcome, why) => {
-                    return Err(SessionError::Conflict(format!(
-                        "broker events of session {session} not written ({outcome}: {why})"
-                    )))
+                    return Err(RemoteLogError::NotWritten {
+                        session: session.into(),
+                        outcome,
+                        why,
+                    })
                 }
             }
         }
@@ -161,8 +209,7 @@ impl SessionLog for RemoteSessionLog {
         kinds: Vec<EventKind>,
         joined: &mut BrokerWrite,
     ) -> Result<Option<Vec<u64>>, SessionError> {
-        let write = serde_json::to_value(&*joined)
-            .map_err(|e| SessionError::Internal(format!("a broker write as JSON: {e}")))?;
+        let write = serde_json::to_value(&*joined).map_err(RemoteLogError::Encode)?;
         self.post_events(id, kinds, Some(write)).await
     }
 
@@ -187,9 +234,8 @@ impl SessionLog for RemoteSessionLog {
             }),
         };
         // Opening an approval is idempotent on the owner; its id is the key.
-        self.write(id, &to_body(&post)?, approval_id)
-            .await
-            .map(|_| ())
+        self.write(id, &to_body(&post)?, approval_id).await?;
+        Ok(())
     }
 
     async fn approval_decision(
@@ -213,68 +259,5 @@ impl SessionLog for RemoteSessionLog {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn call(seq: u64) -> EventKind {
-        EventKind::BrokerCall {
-            call_seq: seq,
-            epoch: 1,
-            tool: "noop".into(),
-            arguments: "{}".into(),
-            decision: "allow".into(),
-            rule_id: None,
-            approval_id: None,
-        }
-    }
-
-    fn result(seq: u64) -> EventKind {
-        EventKind::BrokerResult {
-            call_seq: seq,
-            tool: "noop".into(),
-            status: "done".into(),
-            output: "{}".into(),
-        }
-    }
-
-    #[test]
-    fn the_same_write_has_the_same_key_and_another_another() {
-        let k = delivery_key("ses_a", b"{\"events\":[1]}");
-        assert_eq!(k, delivery_key("ses_a", b"{\"events\":[1]}"));
-        assert_ne!(k, delivery_key("ses_b", b"{\"events\":[1]}"));
-        assert_ne!(k, delivery_key("ses_a", b"{\"events\":[2]}"));
-        // What the owner's route takes: 1 to 64 of A-Z a-z 0-9 - _.
-        assert_eq!(k.len(), 44);
-        assert!(k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
-    }
-
-    #[test]
-    fn a_repeated_write_finds_its_seqs_in_the_log() {
-        let logged = LoggedCall {
-            call: Some((7, "noop".into(), "{}".into(), "allow".into())),
-            effect: None,
-            result: Some((9, "done".into(), "{}".into())),
-        };
-        assert_eq!(
-            logged_seqs(&[call(3), result(3)], Some(&logged)),
-            vec![7, 9]
-        );
-        assert_eq!(logged_seqs(&[result(3)], Some(&logged)), vec![9]);
-        let started = EventKind::BrokerEffectStarted {
-            call_seq: 3,
-            tool: "noop".into(),
-            detail: "x".into(),
-        };
-        // Up to the first it cannot name.
-        assert_eq!(
-            logged_seqs(&[call(3), started.clone()], Some(&logged)),
-            vec![7]
-        );
-        assert_eq!(
-            logged_seqs(&[started, call(3)], Some(&logged)),
-            Vec::<u64>::new()
-        );
-        assert_eq!(logged_seqs(&[call(3)], None), Vec::<u64>::new());
-        assert_eq!(call_seq(&[result(4)]), Some(4));
-    }
-}
+#[path = "remote_tests.rs"]
+pub(crate) mod tests;
