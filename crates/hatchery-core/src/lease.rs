@@ -28,13 +28,16 @@ pub fn host_lease_ttl_ms() -> u64 {
     LEASE_TTL_MS.load(Ordering::Relaxed)
 }
 
-pub fn set_host_lease_ttl_ms(ms: u64) -> Result<(), String> {
+/// A host lease TTL outside what hosts can renew in time.
+#[derive(Debug, thiserror::Error)]
+#[error("host lease TTL {ms} ms: must be between {} and {} ms", HOST_LEASE_TTL_RANGE_MS.start(), HOST_LEASE_TTL_RANGE_MS.end())]
+pub struct LeaseTtlError {
+    pub ms: u64,
+}
+
+pub fn set_host_lease_ttl_ms(ms: u64) -> Result<(), LeaseTtlError> {
     if !HOST_LEASE_TTL_RANGE_MS.contains(&ms) {
-        return Err(format!(
-            "host lease TTL {ms} ms: must be between {} and {} ms",
-            HOST_LEASE_TTL_RANGE_MS.start(),
-            HOST_LEASE_TTL_RANGE_MS.end()
-        ));
+        return Err(LeaseTtlError { ms });
     }
     LEASE_TTL_MS.store(ms, Ordering::Relaxed);
     Ok(())

@@ -28,14 +28,14 @@ pub mod pty;
 pub mod ratelimit;
 // Sandbox-triggered warnings, rate-limited (hatchery-serve has the one copy).
 pub use hatchery_serve::limited_warn;
-mod snapshot_stores;
-pub mod snapshots;
-mod template_images;
 #[doc(hidden)]
 mod reaper;
 pub mod reconcile;
 pub mod relay;
+mod snapshot_stores;
+pub mod snapshots;
 pub mod store;
+mod template_images;
 mod time_util;
 
 pub use caps::{within, Caps};

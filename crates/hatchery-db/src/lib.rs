@@ -32,6 +32,7 @@ mod race;
 mod record;
 mod sqlite;
 mod value;
+mod wait;
 
 pub use dialect::{sqlite_schema, sqlite_sql, Dialect};
 pub use error::DbError;
@@ -49,6 +50,7 @@ pub use record::{Record, ToValue};
 pub use serde_json;
 pub use sqlite::{BUSY_TIMEOUT, SQLITE_CONNECTIONS};
 pub use value::{bind, ColumnIndex, FromValue, Row, Value};
+pub use wait::{retry_while_unreachable, STARTUP_WAIT};
 
 use sqlite::{SqliteConn, SqliteDb};
 use std::path::{Path, PathBuf};

@@ -4,7 +4,7 @@
 //! serves interview rounds, and the model gateway and tool broker when
 //! asked to, for all hosts.
 
-use crate::serve::DaemonError;
+use crate::DaemonError;
 use hatchery_config::DaemonArgs;
 use hatchery_hosts::StoreDirectory;
 use hatchery_route::control::{self, ControlState};
@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let data = args.data_dir.clone();
-    crate::serve::prepare_data_dir(&data)?;
+    crate::key::prepare_data_dir(&data)?;
     let (key, _) =
         crate::key::load_or_create(&data).map_err(|e| DaemonError::DataDir(data.clone(), e))?;
     let db = crate::state_db::open_db(&args, &data).await?;
@@ -73,7 +73,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // The preview listener forwards previews and E2B's relayed ports to
     // their owners with the daemon key, which is what lets an owner serve
     // them on its API listener (hatchery_serve::origin_guard); it serves nothing else.
-    let preview_listener = crate::serve::bind_preview(&args).await?;
+    let preview_listener = crate::listeners::bind_preview(&args).await?;
     let origins = Arc::new(hatchery_serve::origin_guard::Origins {
         preview: hatchery_serve::origin::PreviewOrigin::new(
             args.preview_url.as_deref(),
@@ -113,5 +113,5 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let _rounds_reaper = rounds.spawn_reaper();
     tracing::info!(listen = %args.listen, preview_listen = ?preview_listener.local_addr().ok(),
                    role = "control", "hatcheryd ready");
-    crate::serve::serve_both(listener, app, preview_listener, preview_app, &args).await
+    crate::listeners::serve_both(listener, app, preview_listener, preview_app, &args).await
 }

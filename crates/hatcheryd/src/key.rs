@@ -67,3 +67,15 @@ pub fn terminal_secret(data_dir: &Path) -> std::io::Result<Vec<u8>> {
     f.write_all(secret.as_bytes())?;
     Ok(secret.into_bytes())
 }
+
+/// Creates the data dir and forces it to 0700 on every start, whatever
+/// the role: it holds the API key (and, on a host, every sandbox's state).
+pub fn prepare_data_dir(data: &std::path::Path) -> Result<(), crate::DaemonError> {
+    let err = |e| crate::DaemonError::DataDir(data.to_path_buf(), e);
+    std::fs::create_dir_all(data).map_err(err)?;
+    std::fs::set_permissions(
+        data,
+        <std::fs::Permissions as std::os::unix::fs::PermissionsExt>::from_mode(0o700),
+    )
+    .map_err(err)
+}

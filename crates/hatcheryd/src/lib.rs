@@ -2,16 +2,30 @@
 
 mod broker;
 mod control_role;
+mod error;
 mod gateway;
+mod host_role;
 mod key;
+mod listeners;
 mod rounds;
-mod serve;
 mod session_services;
 mod sessions;
 mod state_db;
 
+pub use error::DaemonError;
 pub use hatchery_config::DaemonArgs;
-pub use serve::{run, DaemonError};
+
+/// Runs the daemon in its role until SIGTERM. The role's needs (a shared
+/// database, ...) were checked with the rest of the configuration
+/// (hatchery-config's rules.rs) before this.
+pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
+    hatchery_core::lease::set_host_lease_ttl_ms(args.host_lease_ttl * 1000)?;
+    if args.role.runs_sandboxes() {
+        host_role::run(args).await
+    } else {
+        control_role::run(args).await
+    }
+}
 
 /// Structured logs via `tracing`; `RUST_LOG` filters (default `info`).
 pub fn init_logging(json: bool) {

@@ -22,13 +22,12 @@ pub async fn start(
     key: &str,
     registry: &prometheus::Registry,
 ) -> Result<Arc<Rounds>, DaemonError> {
-    let store = crate::state_db::retry_while_unreachable(
+    let store = hatchery_db::retry_while_unreachable(
         "rounds",
         || DbStore::open(db.clone()),
         StoreError::unavailable,
     )
-    .await
-    .map_err(|e| DaemonError::Rounds(format!("store: {e}")))?;
+    .await?;
     // A single-host data dir of the previous release: its rounds.db, once.
     db.import_sqlite(data, &IMPORT)
         .await
@@ -40,8 +39,7 @@ pub async fn start(
     if addr.ip().is_unspecified() {
         addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
     }
-    let sandboxes = ClientSandboxes::new(&format!("http://{addr}"), key)
-        .map_err(|e| DaemonError::Rounds(e.to_string()))?;
+    let sandboxes = ClientSandboxes::new(&format!("http://{addr}"), key)?;
     Ok(Rounds::new(
         Arc::new(store),
         Arc::new(sandboxes),

@@ -18,7 +18,6 @@ pub fn build(
     registry: &prometheus::Registry,
     policies: Arc<dyn PolicyCatalog>,
 ) -> Result<(axum::Router, Arc<Sessions>), crate::DaemonError> {
-    let err = |e: String| crate::DaemonError::Sessions(e);
     let mut addr = args.listen;
     if addr.ip().is_unspecified() {
         addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
@@ -28,8 +27,7 @@ pub fn build(
         api_key,
         // Snapshots get runsc's 60 s checkpoint limit plus margin.
         hatchery_client::ClientConfig::default().call_timeout(std::time::Duration::from_secs(150)),
-    )
-    .map_err(|e| err(e.to_string()))?;
+    )?;
     let mut cfg = SessionsConfig::from(&args.sessions);
     // Repository fetches work under the data dir (0700, the daemon's own
     // disk), never the host's shared /tmp; what a killed daemon left
@@ -54,9 +52,7 @@ pub fn build(
         JoinedFrom::Gateway,
         Arc::new(hatchery_model_events::SettleDecoder),
     );
-    svc.metrics()
-        .register(registry)
-        .map_err(|e| err(e.to_string()))?;
+    svc.metrics().register(registry)?;
     let routes = hatchery_sessions::router(svc.clone(), api_key.into(), daemon_key.into());
     Ok((routes, svc))
 }
@@ -72,19 +68,17 @@ pub async fn open_store(
     data: &std::path::Path,
 ) -> Result<Arc<dyn hatchery_sessions::store::SessionStore>, crate::DaemonError> {
     use hatchery_sessions::store::{DbSessionStore, StoreError, LOCAL_HOST};
-    let err = |e: StoreError| crate::DaemonError::Sessions(e.to_string());
     let host = match args.shared_db() {
         Some(_) => args.host_id.as_str(),
         None => LOCAL_HOST,
     };
-    let s = crate::state_db::retry_while_unreachable(
+    let s = hatchery_db::retry_while_unreachable(
         "sessions",
         || DbSessionStore::open(db.clone(), host),
         |e| matches!(e, StoreError::Unavailable(_)),
     )
-    .await
-    .map_err(err)?;
-    let imported = s.import_sqlite(data).await.map_err(err)?;
+    .await?;
+    let imported = s.import_sqlite(data).await?;
     if imported == hatchery_db::Imported::Now {
         tracing::info!("sessions: the data dir's sessions.db was copied into the database");
     }
@@ -104,7 +98,6 @@ pub async fn wire_services(
     db: &hatchery_db::Db,
 ) -> Result<(), crate::DaemonError> {
     use hatchery_core::host_services::{HostAddr, HostService, Identity};
-    let err = |e: String| crate::DaemonError::Sessions(e);
     let me = hatchery_gateway::embed::HostIdentity {
         api_key,
         daemon_key,
@@ -145,11 +138,7 @@ pub async fn wire_services(
     // After a restart: the proxy's map is in memory; fill it before the
     // runners re-attach (they bind again, idempotently).
     use hatchery_sessions::hooks::SessionHooks;
-    for s in sessions
-        .holding_sandboxes()
-        .await
-        .map_err(|e| err(e.to_string()))?
-    {
+    for s in sessions.holding_sandboxes().await? {
         if let Some(sbx) = &s.sandbox_id {
             if let Err(e) = hooks.bind(&s, sbx).await {
                 tracing::warn!(session = %s.id, error = %e, "binding after restart failed");

@@ -2,42 +2,12 @@
 //! PostgreSQL that is not up yet is retried with backoff for a while, each
 //! attempt logged, before the daemon gives up with the last error.
 
-use crate::serve::DaemonError;
+use crate::DaemonError;
 use hatchery_config::DaemonArgs;
+use hatchery_db::retry_while_unreachable;
 use hatchery_store::{Store, StoreError};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-/// How long a daemon waits for its database at start.
-const STARTUP_WAIT: Duration = Duration::from_secs(60);
-
-/// Runs `connect` again, with backoff (250 ms doubling to 5 s, each
-/// attempt logged), while it fails because the database is not reachable
-/// yet and STARTUP_WAIT has not passed; any other failure, or the last
-/// one, is returned as is. One policy for every store a daemon opens.
-pub async fn retry_while_unreachable<T, E, Fut>(
-    what: &'static str,
-    mut connect: impl FnMut() -> Fut,
-    unreachable: impl Fn(&E) -> bool,
-) -> Result<T, E>
-where
-    E: std::fmt::Display,
-    Fut: std::future::Future<Output = Result<T, E>>,
-{
-    let started = Instant::now();
-    let mut delay = Duration::from_millis(250);
-    loop {
-        match connect().await {
-            Err(e) if unreachable(&e) && started.elapsed() < STARTUP_WAIT => {
-                tracing::warn!(store = what, error = %e, retry_in_ms = delay.as_millis() as u64, "{what} store not reachable yet");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
-            }
-            other => return other,
-        }
-    }
-}
 
 /// The deployment's one database: `--db` (a `postgres://` URL or a SQLite
 /// path), by default DATA_DIR/hatchery.db. Products moved onto it keep

@@ -11,12 +11,12 @@
 //! second. The log stays bounded whatever the guest does, and the count
 //! of what was not written one by one is never lost.
 
-use hatchery_serve::limited_warn;
-use hatchery_serve::log_limit::LogLimiter;
 use crate::hooks::EgressRecord;
 use crate::store::StoreError;
 use crate::Sessions;
 use hatchery_egress::{EgressEvent, Events, Verdict};
+use hatchery_serve::limited_warn;
+use hatchery_serve::log_limit::LogLimiter;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};

@@ -1,3 +1,8 @@
+//! `--role all` and `--role host`: the runtime, the network, the core, the
+//! v1 API and E2B's, and each product a host runs, assembled and served.
+
+use crate::listeners::{bind_preview, local_addr, local_port, serve_both};
+use crate::DaemonError;
 use hatchery_api::AppState;
 use hatchery_config::DaemonArgs;
 use hatchery_core::{Caps, ImageConfig, Manager, PoolConfig};
@@ -5,53 +10,8 @@ use hatchery_runtime_gvisor::{GvisorConfig, GvisorRuntime};
 use hatchery_serve::origin_guard::{self, Origins};
 use hatchery_templates::ImageStore;
 use hatchery_templates::Templates;
-use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
-
-#[derive(Debug, thiserror::Error)]
-pub enum DaemonError {
-    #[error("data dir {0}: {1}")]
-    DataDir(PathBuf, std::io::Error),
-    #[error("{0} not found: {1}. Run `make run` (or scripts/setup-host.sh) to install it")]
-    Missing(&'static str, String),
-    #[error(transparent)]
-    Runtime(#[from] hatchery_runtime::RuntimeError),
-    #[error(transparent)]
-    Core(#[from] hatchery_core::CoreError),
-    #[error("network: {0}")]
-    Network(#[from] hatchery_net::NetError),
-    #[error("listen on {0}: {1}")]
-    Listen(std::net::SocketAddr, #[source] std::io::Error),
-    #[error("--preview-listen: the API's port {0} has no next port; give the preview listener an address")]
-    NoPreviewPort(u16),
-    #[error("policy store: {0}")]
-    Policy(#[from] hatchery_policy::StoreError),
-    #[error("server: {0}")]
-    Serve(std::io::Error),
-    #[error("interview rounds: {0}")]
-    Rounds(String),
-    #[error("database {what}: {source}")]
-    Db {
-        what: String,
-        #[source]
-        source: hatchery_db::DbError,
-    },
-    #[error("sessions: {0}")]
-    Sessions(String),
-    #[error("egress proxy")]
-    Egress(#[from] hatchery_sessions::egress::EgressError),
-    #[error("model gateway")]
-    Gateway(#[from] hatchery_gateway::embed::EmbedError),
-    #[error("tool broker")]
-    Broker(#[from] hatchery_broker::embed::EmbedError),
-    #[error("role: {0}")]
-    Role(String),
-    #[error("--snapshot-store: {0}")]
-    SnapshotStore(#[from] hatchery_templates::SnapshotStoreError),
-    #[error("the daemon key in the state database: {0}")]
-    DaemonKey(#[source] hatchery_store::StoreError),
-}
 
 fn sibling(name: &str) -> PathBuf {
     std::env::current_exe()
@@ -71,24 +31,10 @@ fn which(p: &PathBuf) -> Option<PathBuf> {
         .find(|c| c.exists())
 }
 
-/// Creates the data dir and forces it to 0700 on every start, whatever
-/// the role: it holds the API key (and, on a host, every sandbox's state).
-pub fn prepare_data_dir(data: &std::path::Path) -> Result<(), DaemonError> {
-    let err = |e| DaemonError::DataDir(data.to_path_buf(), e);
-    std::fs::create_dir_all(data).map_err(err)?;
-    std::fs::set_permissions(data, std::fs::Permissions::from_mode(0o700)).map_err(err)
-}
-
+/// `--role all` or `host`: the runtime, the API and the products a host runs.
 pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
-    hatchery_core::lease::set_host_lease_ttl_ms(args.host_lease_ttl * 1000)
-        .map_err(DaemonError::Role)?;
-    // The role's needs (a shared store, ...) were checked with the rest of
-    // the configuration (hatchery-config's rules.rs) before this.
-    if !args.role.runs_sandboxes() {
-        return crate::control_role::run(args).await;
-    }
     let data = args.data_dir.clone();
-    prepare_data_dir(&data)?;
+    crate::key::prepare_data_dir(&data)?;
     // Checked before anything is registered: a host that cannot reach the
     // shared store must not start (it could not serve shared snapshots).
     let shared_snapshots = match &args.snapshot_store {
@@ -376,54 +322,4 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         "hatcheryd stopped; sandboxes keep running under their shims"
     );
     Ok(())
-}
-
-/// The preview listener (`--preview-listen`, default the API's port + 1).
-pub(crate) async fn bind_preview(
-    args: &DaemonArgs,
-) -> Result<tokio::net::TcpListener, DaemonError> {
-    let addr = origin_guard::preview_addr(args.listen, args.preview_listen)
-        .ok_or(DaemonError::NoPreviewPort(args.listen.port()))?;
-    tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| DaemonError::Listen(addr, e))
-}
-
-fn local_addr(l: &tokio::net::TcpListener) -> String {
-    l.local_addr().map(|a| a.to_string()).unwrap_or_default()
-}
-
-fn local_port(l: &tokio::net::TcpListener) -> u16 {
-    l.local_addr().map(|a| a.port()).unwrap_or(0)
-}
-
-/// Both listeners until SIGTERM; each drains its requests for up to 30 s.
-pub(crate) async fn serve_both(
-    api: tokio::net::TcpListener,
-    app: axum::Router,
-    preview: tokio::net::TcpListener,
-    preview_app: axum::Router,
-    args: &DaemonArgs,
-) -> Result<(), DaemonError> {
-    let drain = Some(std::time::Duration::from_secs(30));
-    let (a, p) = tokio::join!(
-        hatchery_serve::serve(api, app, args.http.clone(), shutdown_signal(), drain),
-        hatchery_serve::serve(
-            preview,
-            preview_app,
-            args.http.clone(),
-            shutdown_signal(),
-            drain
-        ),
-    );
-    a.and(p).map_err(DaemonError::Serve)
-}
-
-pub(crate) async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
 }
