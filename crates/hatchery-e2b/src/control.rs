@@ -2,9 +2,13 @@
 //! create, find, time out, pause, resume and kill sandboxes, with E2B's
 //! shapes, status codes and `{"code": <status>, "message"}` errors.
 
+use crate::api_error::{ApiError, ApiResult, Body};
 use crate::backend::{BackendError, CreateSpec, FailKind, NetworkSpec, SandboxView};
 use crate::lifecycle::Lifecycle;
-use crate::state::{self, present, Paused, Shared, ALIAS_KEY, FORK_KEY, MAX_PAUSED};
+use crate::pause_resume::{pause_live, resume_paused, Resumed};
+use crate::query::{form_pairs, pct_decode, MAX_PAGE};
+use crate::state::{self, present, Shared, FORK_KEY};
+use crate::template_alias::template_alias;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -21,100 +25,6 @@ use std::sync::Arc;
 pub const ENVD_VERSION: &str = "0.5.7";
 /// E2B's default timeout for `POST /v2/sandboxes` and connects.
 pub const DEFAULT_TIMEOUT_S: u64 = 300;
-/// Page size bounds of `GET /v2/sandboxes`.
-pub const MAX_PAGE: usize = 100;
-
-/// E2B template names that stand for a Hatchery one.
-pub fn template_alias(name: &str) -> &str {
-    match name {
-        "code-interpreter-v1" | "code-interpreter-beta" => "code-interpreter",
-        other => other,
-    }
-}
-
-#[derive(Debug)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub message: String,
-}
-
-impl ApiError {
-    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        ApiError {
-            status,
-            message: message.into(),
-        }
-    }
-    fn bad(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, message)
-    }
-    fn not_found(id: &str) -> Self {
-        Self::new(
-            StatusCode::NOT_FOUND,
-            format!("sandbox \"{id}\" was not found"),
-        )
-    }
-}
-
-impl From<BackendError> for ApiError {
-    fn from(e: BackendError) -> Self {
-        let status = match e.kind {
-            FailKind::SandboxNotFound
-            | FailKind::TemplateNotFound
-            | FailKind::SnapshotNotFound
-            | FailKind::FileNotFound
-            | FailKind::ProcessNotFound
-            | FailKind::ContextNotFound => StatusCode::NOT_FOUND,
-            FailKind::Invalid | FailKind::WrongType => StatusCode::BAD_REQUEST,
-            FailKind::Conflict | FailKind::NotRunning => StatusCode::CONFLICT,
-            FailKind::PermissionDenied => StatusCode::FORBIDDEN,
-            FailKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            FailKind::TooMany => StatusCode::TOO_MANY_REQUESTS,
-            FailKind::Capacity | FailKind::NoSpace => StatusCode::SERVICE_UNAVAILABLE,
-            FailKind::PortClosed => StatusCode::BAD_GATEWAY,
-            FailKind::Unresponsive => StatusCode::GATEWAY_TIMEOUT,
-            FailKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        if status == StatusCode::INTERNAL_SERVER_ERROR {
-            tracing::error!(error = %e.message, "e2b control plane: internal error");
-            return ApiError::new(status, "internal error (see the daemon log)");
-        }
-        ApiError::new(status, e.message)
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (
-            self.status,
-            Json(json!({"code": self.status.as_u16(), "message": self.message})),
-        )
-            .into_response()
-    }
-}
-
-type ApiResult<T> = Result<T, ApiError>;
-
-/// A JSON body, with failures in E2B's error shape. An empty body is `{}`.
-pub struct Body<T>(pub T);
-
-impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<S> for Body<T> {
-    type Rejection = ApiError;
-
-    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = axum::body::Bytes::from_request(req, state)
-            .await
-            .map_err(|e| ApiError::new(e.status(), e.body_text()))?;
-        let bytes = if bytes.iter().all(u8::is_ascii_whitespace) {
-            axum::body::Bytes::from_static(b"{}")
-        } else {
-            bytes
-        };
-        serde_json::from_slice(&bytes)
-            .map(Body)
-            .map_err(|e| ApiError::bad(format!("invalid request body: {e}")))
-    }
-}
 
 fn rfc3339(ms: u64) -> String {
     let t = time::OffsetDateTime::from_unix_timestamp_nanos(ms as i128 * 1_000_000)
@@ -440,68 +350,6 @@ pub struct ConnectBody {
     auto_pause: Option<bool>,
 }
 
-/// What a resume found: the sandbox it restored, or one that another
-/// resume (on this host or another) restored first.
-pub(crate) enum Resumed {
-    Restored(SandboxView),
-    AlreadyRunning(SandboxView),
-}
-
-pub(crate) async fn resume_paused(s: &Shared, id: &str, ttl: u64) -> ApiResult<Resumed> {
-    if s.paused(id).await?.is_none() {
-        return Err(ApiError::not_found(id));
-    }
-    let being_resumed = || {
-        ApiError::new(
-            StatusCode::CONFLICT,
-            format!("sandbox \"{id}\" is being resumed already"),
-        )
-    };
-    if !s.begin_resume(id) {
-        return Err(being_resumed());
-    }
-    let claim = match s.backend.claim_resume(id).await {
-        Ok(Some(c)) => c,
-        Ok(None) => {
-            s.end_resume(id);
-            return Err(being_resumed());
-        }
-        Err(e) => {
-            s.end_resume(id);
-            return Err(e.into());
-        }
-    };
-    let out = resume_claimed(s, id, ttl).await;
-    s.backend.release_resume(claim).await;
-    s.end_resume(id);
-    out
-}
-
-/// Under the claim: a resume that finished before it was taken left a
-/// running sandbox (and, if its snapshot delete failed, the snapshot too),
-/// so that is looked for before anything is restored.
-async fn resume_claimed(s: &Shared, id: &str, ttl: u64) -> ApiResult<Resumed> {
-    if let Some((_, v)) = s.live(id).await? {
-        return Ok(Resumed::AlreadyRunning(v));
-    }
-    let Some(p) = s.paused(id).await? else {
-        return Err(ApiError::not_found(id));
-    };
-    // The new sandbox answers to the E2B id from its metadata on, on any
-    // host and after a restart; the snapshot goes once it runs.
-    let mut meta = p.view.metadata.clone();
-    meta.extend(p.view.lifecycle.keys());
-    meta.insert(ALIAS_KEY.into(), id.into());
-    let ttl = p.view.lifecycle.hatchery_ttl(ttl);
-    let v = s.backend.restore(&p.snapshot, ttl, meta, None).await?;
-    if p.view.lifecycle.auto_pause {
-        s.sweep_wake.notify_one();
-    }
-    s.set_alias(id, &v.id);
-    s.backend.delete_snapshot(&p.snapshot).await;
-    Ok(Resumed::Restored(v))
-}
-
 /// Connect: the sandbox as it is (200), resumed first if paused (201).
 /// The TTL is only ever extended.
 async fn do_connect(s: &Shared, id: &str, b: ConnectBody, default: u64) -> ApiResult<Response> {
@@ -626,33 +474,6 @@ pub async fn pause(
     };
     pause_live(&s, &id, &h, &v).await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// Pauses running sandbox `h` (E2B id `id`, client view `v`): a snapshot
-/// that is the pause record (state.rs), then the sandbox is stopped. Also
-/// the auto-pause at a timeout (`lifecycle::sweep`).
-pub(crate) async fn pause_live(s: &Shared, id: &str, h: &str, v: &SandboxView) -> ApiResult<()> {
-    if !s.begin_pause(id) {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            format!("sandbox \"{id}\" is being paused already"),
-        ));
-    }
-    let out = async {
-        if s.all_paused().await?.len() >= MAX_PAUSED {
-            return Err(ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                format!("{MAX_PAUSED} sandboxes are paused already; kill or resume one first"),
-            ));
-        }
-        s.backend.snapshot(h, Paused::record(id, v)).await?;
-        s.backend.kill(h).await;
-        s.forget(id, h);
-        Ok(())
-    }
-    .await;
-    s.end_pause(id);
-    out
 }
 
 /// Most forks per request (E2B's SDK allows 1..20).
@@ -799,37 +620,6 @@ impl ListQuery {
                 .is_none_or(|t| v.created_at_ms as i128 * 1_000_000 >= t)
             && self.template.as_ref().is_none_or(|t| &v.template == t)
     }
-}
-
-pub(crate) fn form_pairs(q: &str) -> ApiResult<Vec<(String, String)>> {
-    let mut out = vec![];
-    for part in q.split('&').filter(|p| !p.is_empty()) {
-        let (k, v) = part.split_once('=').unwrap_or((part, ""));
-        out.push((pct_decode(k)?, pct_decode(v)?));
-    }
-    Ok(out)
-}
-
-fn pct_decode(s: &str) -> ApiResult<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' => out.push(b' '),
-            b'%' => {
-                let h = s
-                    .get(i + 1..i + 3)
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or_else(|| ApiError::bad("malformed percent-encoding in the query"))?;
-                out.push(h);
-                i += 2;
-            }
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8(out).map_err(|_| ApiError::bad("query is not UTF-8"))
 }
 
 /// Every sandbox, running and paused, with its E2B id and state.

@@ -115,7 +115,7 @@ fn error(e: crate::backend::BackendError) -> Response {
         FailKind::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
         FailKind::Conflict => StatusCode::BAD_REQUEST,
         FailKind::SandboxNotFound | FailKind::NotRunning => StatusCode::BAD_GATEWAY,
-        _ => return crate::control::ApiError::from(e).into_response(),
+        _ => return crate::api_error::ApiError::from(e).into_response(),
     };
     plain_error(status, e.message)
 }

@@ -10,8 +10,8 @@
 //! that went away is noticed (and its run stopped) without waiting for
 //! output, and a run whose sandbox dies drops the connection.
 
+use crate::api_error::{ApiError, Body};
 use crate::backend::{CodeEvent, CodeSpec, FailKind};
-use crate::control::{ApiError, Body};
 use crate::sandbox::{Target, INTERPRETER_PORT};
 use crate::sever::Sever;
 use crate::state::Shared;

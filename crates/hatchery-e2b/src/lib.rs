@@ -12,7 +12,15 @@
 //! [`files`]) or the code interpreter ([`interpreter`]). Sandboxes are
 //! reached only through the [`backend::Backend`] trait. docs/e2b.md lists
 //! what is supported.
+//!
+//! Layering (no module needs one that needs it back): [`backend`] and
+//! [`lifecycle`] at the bottom, [`state`] over them; what several handlers
+//! share is in small modules of its own ([`api_error`], [`query`],
+//! [`template_alias`], [`pause_resume`], [`process_frames`], [`pty_tap`]);
+//! the handlers and the [`auto_pause`] sweep on top.
 
+pub mod api_error;
+pub mod auto_pause;
 pub mod backend;
 pub mod connect;
 pub mod control;
@@ -20,12 +28,17 @@ pub mod files;
 pub mod fs;
 pub mod interpreter;
 pub mod lifecycle;
+pub mod pause_resume;
 pub mod pb;
 pub mod process;
+pub mod process_frames;
+pub mod pty_tap;
+pub mod query;
 pub mod sandbox;
 pub mod sever;
 pub mod snapshots;
 pub mod state;
+pub mod template_alias;
 pub mod user;
 
 use axum::extract::DefaultBodyLimit;
@@ -47,7 +60,7 @@ pub const MAX_JSON_BODY: usize = 1 << 20;
 /// by `max_file_bytes` (plus multipart overhead).
 pub fn router(backend: Arc<dyn Backend>, max_file_bytes: u64) -> Router {
     let shared = state::Shared::new(backend);
-    tokio::spawn(lifecycle::sweep(Arc::downgrade(&shared)));
+    tokio::spawn(auto_pause::sweep(Arc::downgrade(&shared)));
     let control = Router::new()
         .route("/sandboxes", post(control::create_v1).get(control::list_v1))
         .route(

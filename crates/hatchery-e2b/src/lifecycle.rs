@@ -5,18 +5,19 @@
 //! Hatchery ends a sandbox at its TTL on its own (the shim, even with the
 //! daemon down), so an auto-pausing sandbox gets [`GRACE_S`] more TTL than
 //! its E2B timeout: the E2B end time is the Hatchery expiry minus the
-//! grace, and [`sweep`] pauses the sandbox when that end comes. If the
-//! daemon is not running then, the TTL still ends the sandbox a little
-//! later: it is lost rather than left running without a limit.
+//! grace, and the sweep ([`crate::auto_pause`]) pauses the sandbox when
+//! that end comes. If the daemon is not running then, the TTL still ends
+//! the sandbox a little later: it is lost rather than left running without
+//! a limit.
+//!
+//! This module is only the settings, and depends on nothing else here:
+//! every sandbox view carries them (`backend::SandboxView`).
 //!
 //! The settings are kept in the sandbox's metadata (keys clients never
 //! see), so they survive restarts and a pause carries them to the resumed
 //! sandbox, as E2B keeps a sandbox's lifecycle across pauses.
 
-use crate::state::{present, Shared};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Weak};
-use std::time::Duration;
 
 /// Metadata: the sandbox pauses at its timeout.
 pub const AUTO_PAUSE_KEY: &str = "e2b_auto_pause";
@@ -31,11 +32,6 @@ pub const KEYS: [&str; 3] = [AUTO_PAUSE_KEY, AUTO_RESUME_KEY, TIMEOUT_KEY];
 /// sweep to notice and the checkpoint to finish before Hatchery's own
 /// TTL would end it.
 pub const GRACE_S: u64 = 60;
-/// How often auto-pausing sandboxes are checked while there are any.
-const TICK: Duration = Duration::from_secs(1);
-/// How often when none were seen (other hosts', or ones from before a
-/// restart, are found this way).
-const IDLE_TICK: Duration = Duration::from_secs(15);
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Lifecycle {
@@ -93,51 +89,6 @@ impl Lifecycle {
             "autoResume": self.auto_resume,
         })
     }
-}
-
-/// Pauses auto-pausing sandboxes whose E2B timeout has come, until the
-/// adapter is dropped. Woken early by a create that asks for auto-pause.
-pub async fn sweep(s: Weak<Shared>) {
-    let mut busy = false;
-    loop {
-        let wake = match s.upgrade() {
-            Some(s) => Arc::clone(&s.sweep_wake),
-            None => return,
-        };
-        let wait = if busy { TICK } else { IDLE_TICK };
-        tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
-            _ = wake.notified() => {}
-        }
-        let Some(s) = s.upgrade() else { return };
-        busy = sweep_once(&s).await;
-    }
-}
-
-/// One pass; whether any auto-pausing sandbox runs (on any host).
-async fn sweep_once(s: &Shared) -> bool {
-    let filter = BTreeMap::from([(AUTO_PAUSE_KEY.to_string(), "1".to_string())]);
-    let found = match s.backend.find(filter).await {
-        Ok(f) => f,
-        Err(e) => {
-            tracing::warn!(error = %e.message, "e2b auto-pause: cannot list sandboxes");
-            return true;
-        }
-    };
-    let now = crate::now_ms();
-    for raw in &found {
-        let (e2b_id, v) = present(raw.clone());
-        if v.expires_at_ms > now {
-            continue;
-        }
-        // Another host's sandbox fails here (its own sweep pauses it).
-        if let Err(e) = crate::control::pause_live(s, &e2b_id, &raw.id, &v).await {
-            tracing::debug!(sandbox = %e2b_id, error = %e.message, "e2b auto-pause: not paused here");
-        } else {
-            tracing::info!(sandbox = %e2b_id, "e2b auto-pause: paused at its timeout");
-        }
-    }
-    !found.is_empty()
 }
 
 #[cfg(test)]

@@ -13,15 +13,16 @@ use crate::backend::{OutputChunk, ProcSpec, ProcView, Pty, PtyEvent};
 use crate::connect::{self, Code, ConnectError, Framing};
 use crate::pb::process::{
     process_event, process_input, process_selector, stream_input_request, CloseStdinRequest,
-    CloseStdinResponse, ConnectRequest, ConnectResponse, ListRequest, ListResponse, ProcessConfig,
-    ProcessEvent, ProcessInfo, ProcessInput, ProcessSelector, SendInputRequest, SendInputResponse,
-    SendSignalRequest, SendSignalResponse, StartRequest, StartResponse, StreamInputRequest,
-    StreamInputResponse, UpdateRequest, UpdateResponse,
+    CloseStdinResponse, ConnectRequest, ListRequest, ListResponse, ProcessConfig, ProcessEvent,
+    ProcessInfo, ProcessInput, ProcessSelector, SendInputRequest, SendInputResponse,
+    SendSignalRequest, SendSignalResponse, StartRequest, StreamInputRequest, StreamInputResponse,
+    UpdateRequest, UpdateResponse,
 };
+use crate::process_frames::{event, frame, keepalive, Msg, Reply};
+use crate::pty_tap::PtyTap;
 use crate::sandbox::Target;
 use crate::state::{ProcDetails, Shared};
 use crate::user;
-use axum::body::Bytes;
 use axum::extract::{Path, Request, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
@@ -35,18 +36,12 @@ const KEEPALIVE_DEFAULT: Duration = Duration::from_secs(50);
 /// Terminal size bounds (Hatchery's).
 const MAX_CELLS: u32 = 1000;
 
-type Msg = Bytes;
-
 fn keepalive_interval(h: &HeaderMap) -> Duration {
     h.get("keepalive-ping-interval")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok())
         .map(|s| Duration::from_secs(s.clamp(1, 600)))
         .unwrap_or(KEEPALIVE_DEFAULT)
-}
-
-fn event(e: process_event::Event) -> ProcessEvent {
-    ProcessEvent { event: Some(e) }
 }
 
 fn data(chunk: &OutputChunk) -> ProcessEvent {
@@ -88,28 +83,6 @@ fn signal_name(n: i32) -> &'static str {
         1 => "hangup",
         _ => "signaled",
     }
-}
-
-/// Which message type goes on the wire, `StartResponse` or `ConnectResponse`
-/// (the same shape).
-#[derive(Clone, Copy)]
-pub enum Reply {
-    Start,
-    Connect,
-}
-
-fn frame(kind: Reply, e: ProcessEvent) -> Msg {
-    match kind {
-        Reply::Start => connect::stream_message(&StartResponse { event: Some(e) }),
-        Reply::Connect => connect::stream_message(&ConnectResponse { event: Some(e) }),
-    }
-}
-
-fn keepalive(kind: Reply) -> Msg {
-    frame(
-        kind,
-        event(process_event::Event::Keepalive(process_event::KeepAlive {})),
-    )
 }
 
 /// The argv a process was started with, without the user prologue.
@@ -434,68 +407,6 @@ fn output_stream(
         }
     });
     connect::severable_stream_response(tokio_stream::wrappers::ReceiverStream::new(rx), sever)
-}
-
-/// Where a terminal's output goes: the stream of the client that started
-/// it or last connected to it. A new `Connect` takes over (the previous
-/// stream ends with `aborted`); with nobody attached, output is read and
-/// dropped so the program never blocks on it.
-#[derive(Default)]
-pub struct PtyTap {
-    sub: std::sync::Mutex<Option<(Reply, mpsc::Sender<Msg>)>>,
-    /// How the attached stream is cut if the sandbox dies (crate::sever).
-    sever: std::sync::Mutex<Option<crate::sever::Sever>>,
-}
-
-impl PtyTap {
-    fn current(&self) -> Option<(Reply, mpsc::Sender<Msg>)> {
-        self.sub.lock().unwrap_or_else(|p| p.into_inner()).clone()
-    }
-
-    fn detach(&self, tx: &mpsc::Sender<Msg>) {
-        let mut g = self.sub.lock().unwrap_or_else(|p| p.into_inner());
-        if g.as_ref().is_some_and(|(_, cur)| cur.same_channel(tx)) {
-            *g = None;
-        }
-    }
-
-    /// Ends the attached stream by dropping its connection (the sandbox
-    /// died).
-    fn sever_current(&self) {
-        if let Some(s) = self.sever.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            s.cut();
-        }
-        self.sub.lock().unwrap_or_else(|p| p.into_inner()).take();
-    }
-
-    /// Attaches a new stream, sending it the start event first.
-    async fn attach(&self, kind: Reply, pid: u32) -> Response {
-        let (tx, rx) = mpsc::channel::<Msg>(16);
-        let start = event(process_event::Event::Start(process_event::StartEvent {
-            pid,
-        }));
-        let _ = tx.send(frame(kind, start)).await;
-        let old = self
-            .sub
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .replace((kind, tx));
-        if let Some((_, old)) = old {
-            let e = ConnectError::new(Code::Aborted, "another client connected to this terminal");
-            let _ = old.try_send(connect::end_stream(Some(&e)));
-        }
-        let sever = crate::sever::Sever::default();
-        *self.sever.lock().unwrap_or_else(|p| p.into_inner()) = Some(sever.clone());
-        connect::severable_stream_response(tokio_stream::wrappers::ReceiverStream::new(rx), sever)
-    }
-
-    async fn send(&self, f: impl Fn(Reply) -> Msg) {
-        if let Some((kind, tx)) = self.current() {
-            if tx.send(f(kind)).await.is_err() {
-                self.detach(&tx);
-            }
-        }
-    }
 }
 
 /// Reads the terminal until it ends, for whoever is attached.

@@ -198,8 +198,8 @@ async fn auto_resume(s: &Shared, id: &str) -> Option<(String, crate::backend::Sa
         0 => crate::control::DEFAULT_TIMEOUT_S,
         t => t,
     };
-    use crate::control::Resumed;
-    match crate::control::resume_paused(s, id, ttl).await {
+    use crate::pause_resume::Resumed;
+    match crate::pause_resume::resume_paused(s, id, ttl).await {
         Ok(Resumed::Restored(v) | Resumed::AlreadyRunning(v)) => Some((v.id.clone(), v)),
         Err(e) => {
             // Another request may be resuming it right now: take its result.
@@ -233,7 +233,7 @@ async fn relay(s: &Shared, t: Target, mut req: Request) -> Response {
             StatusCode::BAD_GATEWAY,
             format!("The sandbox is running but port is not open: nothing listens on port {} in sandbox \"{}\"", t.port, t.e2b_id),
         ),
-        Err(e) => crate::control::ApiError::from(e).into_response(),
+        Err(e) => crate::api_error::ApiError::from(e).into_response(),
     }
 }
 

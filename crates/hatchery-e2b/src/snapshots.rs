@@ -10,9 +10,11 @@
 //! it. Pause records and forks' temporary snapshots are not E2B snapshots
 //! and are never shown or accepted here.
 
+use crate::api_error::{ApiError, ApiResult, Body};
 use crate::backend::{FailKind, SandboxView};
-use crate::control::{self, ApiError, Body};
+use crate::query::{form_pairs, MAX_PAGE};
 use crate::state::{Shared, FORK_KEY, PAUSED_KEY, SNAPSHOT_NAME_KEY, SNAPSHOT_OF_KEY};
+use crate::template_alias::template_alias;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -21,8 +23,6 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-
-type ApiResult<T> = Result<T, ApiError>;
 
 /// Longest snapshot name (E2B's template aliases are short too).
 pub const MAX_NAME: usize = 128;
@@ -111,7 +111,7 @@ pub async fn create(
                 format!("snapshot name {n:?}: 1..{MAX_NAME} letters, digits and -_.:/"),
             ));
         }
-        if s.backend.template_exists(control::template_alias(n)) {
+        if s.backend.template_exists(template_alias(n)) {
             return Err(ApiError::new(
                 StatusCode::BAD_REQUEST,
                 format!("snapshot name {n:?} is a template's"),
@@ -143,8 +143,8 @@ pub async fn create(
 /// it), `limit` (1..100, default 100) and `nextToken`; `X-Next-Token` when
 /// there is more.
 pub async fn list(State(s): State<Arc<Shared>>, RawQuery(q): RawQuery) -> ApiResult<Response> {
-    let (mut source, mut name, mut limit, mut next) = (None, None, control::MAX_PAGE, None);
-    for (k, v) in control::form_pairs(q.as_deref().unwrap_or(""))? {
+    let (mut source, mut name, mut limit, mut next) = (None, None, MAX_PAGE, None);
+    for (k, v) in form_pairs(q.as_deref().unwrap_or(""))? {
         match k.as_str() {
             "sandboxID" => source = Some(v),
             "name" => name = Some(v),
@@ -152,11 +152,11 @@ pub async fn list(State(s): State<Arc<Shared>>, RawQuery(q): RawQuery) -> ApiRes
                 limit = v
                     .parse()
                     .ok()
-                    .filter(|n| (1..=control::MAX_PAGE).contains(n))
+                    .filter(|n| (1..=MAX_PAGE).contains(n))
                     .ok_or_else(|| {
                         ApiError::new(
                             StatusCode::BAD_REQUEST,
-                            format!("limit must be between 1 and {}", control::MAX_PAGE),
+                            format!("limit must be between 1 and {MAX_PAGE}"),
                         )
                     })?
             }

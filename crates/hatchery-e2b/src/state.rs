@@ -116,8 +116,8 @@ pub struct ProcDetails {
     pub config: ProcessConfig,
     pub tag: Option<String>,
     pub pty: Option<Arc<dyn Pty>>,
-    /// Where a terminal's output goes (see `process::PtyTap`).
-    pub tap: Option<Arc<crate::process::PtyTap>>,
+    /// Where a terminal's output goes.
+    pub tap: Option<Arc<crate::pty_tap::PtyTap>>,
     pub seq: u64,
 }
 
@@ -154,7 +154,7 @@ pub struct Shared {
     pub backend: Arc<dyn Backend>,
     inner: Mutex<Inner>,
     token_key: Vec<u8>,
-    /// Wakes the auto-pause sweep (`lifecycle::sweep`) early.
+    /// Wakes the auto-pause sweep (`auto_pause::sweep`) early.
     pub sweep_wake: Arc<tokio::sync::Notify>,
 }
 
