@@ -157,7 +157,7 @@ pub fn router_with(state: AppState, products: Router) -> Router {
         .nest("/v1", v1)
         .merge(products.with_state::<AppState>(()))
         .route("/metrics", get(routes::meta::metrics))
-        .route("/openapi.json", get(routes::meta::openapi))
+        .route("/openapi.json", get(openapi::serve))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             auth::require_key,

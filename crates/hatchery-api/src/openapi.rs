@@ -1,6 +1,8 @@
-//! The OpenAPI document, generated from the handlers and wire types.
-//! `tests/openapi_snapshot.rs` pins it to `docs/openapi.json`; SDKs are
-//! checked against that file.
+//! The OpenAPI document, generated from the handlers and wire types, and
+//! the handler that serves it (`GET /openapi.json`): here rather than
+//! among the routes, since the document names the route handlers and
+//! they must not import it back. `tests/openapi_snapshot.rs` pins it to
+//! `docs/openapi.json`; SDKs are checked against that file.
 
 use crate::code_models::*;
 use crate::error::{ErrorBody, ErrorDetail};
@@ -73,6 +75,11 @@ impl Modify for BearerAuth {
 /// mounted next to it.
 pub fn doc() -> utoipa::openapi::OpenApi {
     ApiDoc::openapi().merge_from(hatchery_policy::openapi::PolicyApiDoc::openapi())
+}
+
+/// `GET /openapi.json`: the document as [`doc`] builds it.
+pub(crate) async fn serve() -> impl axum::response::IntoResponse {
+    axum::Json(doc())
 }
 
 pub fn json() -> String {

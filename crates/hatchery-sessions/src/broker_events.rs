@@ -8,10 +8,10 @@
 //! again (its answer was lost, or it reaches the session's next owner) is
 //! written once.
 
+use crate::api_state::ApiState;
 use crate::error::SessionError;
 use crate::events::EventKind;
 use crate::extract::Json;
-use crate::routes::ApiState;
 use crate::service::Sessions;
 use axum::extract::{Path, State};
 use serde::{Deserialize, Serialize};

@@ -1,14 +1,12 @@
-//! What the tool broker (`crates/hatchery-broker`) may do with sessions:
-//! find the session a sandbox currently belongs to, append its events,
-//! open an approval (moving the session to `waiting_approval`), and read
-//! an approval's decision. Everything else stays crate-private.
-
-use crate::error::SessionError;
-use crate::events::{Actor, Event, EventKind};
-use crate::service::Sessions;
-use crate::state::SessionState;
-use crate::store::{Patch, Session};
-use std::sync::Arc;
+//! What the tool broker (`crates/hatchery-broker`) plugs into sessions and
+//! reads of them: its record of a session's calls ([`BrokerUsage`]), the
+//! reader of the writes a remote broker or gateway posts with its events
+//! ([`RemoteJoined`]), an approval's [`Decision`], and its reads of the
+//! shared log ([`reads`]). What it may do through [`Sessions`] is in
+//! broker_access.rs: the service holds these plug-ins, so they stay below
+//! it.
+//!
+//! [`Sessions`]: crate::Sessions
 
 /// What a session's log holds about one broker call: the control role's
 /// broker, whose event posts reach the owner in their own commit, reads
@@ -59,126 +57,6 @@ pub trait RemoteJoined: Send + Sync + 'static {
 pub struct Decision {
     pub approved: bool,
     pub note: String,
-}
-
-impl Sessions {
-    /// The unfinished session whose current sandbox is `sandbox_id`.
-    pub async fn session_for_sandbox(
-        &self,
-        sandbox_id: &str,
-    ) -> Result<Option<Session>, SessionError> {
-        reads::session_for_sandbox(&*self.store, sandbox_id).await
-    }
-
-    /// Whether session `id` belongs to another host: its broker calls are
-    /// that host's to recover (with a shared broker record every host sees
-    /// every call). A session not found is not another host's.
-    pub async fn owned_elsewhere(&self, id: &str) -> Result<bool, SessionError> {
-        match self.store.get(id).await {
-            Ok(s) => Ok(s.host_id != self.store.host_id()),
-            Err(crate::store::StoreError::NotFound(_)) => Ok(false),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// The heads of the hash-chained logs of the sessions this host owns
-    /// (anchored outside the database; docs/policy.md, "Anchors").
-    pub async fn chain_heads(&self) -> Result<Vec<hatchery_audit::Head>, SessionError> {
-        Ok(self.store.chain_heads().await?)
-    }
-
-    /// Appends system events and, in the same transaction, the broker's
-    /// `joined` writes to its call record (and publishes the events to
-    /// live streams once committed). `None`: `joined` declined (its call
-    /// moved on meanwhile) and nothing was written.
-    pub async fn record_joined(
-        &self,
-        id: &str,
-        kinds: Vec<EventKind>,
-        joined: &mut dyn hatchery_db::Joined,
-    ) -> Result<Option<Vec<Event>>, SessionError> {
-        let t = std::time::Instant::now();
-        let events = kinds.into_iter().map(|k| (Actor::System, k)).collect();
-        let out = self
-            .store
-            .append_joined(id, None, events, Patch::default(), joined)
-            .await?;
-        self.metrics
-            .append_seconds
-            .observe(t.elapsed().as_secs_f64());
-        if let Some(evs) = &out {
-            self.bus.publish(id, evs);
-        }
-        Ok(out)
-    }
-
-    /// Appends system events (and publishes them to live streams).
-    pub async fn record(
-        &self,
-        id: &str,
-        kinds: Vec<EventKind>,
-    ) -> Result<Vec<Event>, SessionError> {
-        self.append(
-            id,
-            kinds.into_iter().map(|k| (Actor::System, k)).collect(),
-            Patch::default(),
-        )
-        .await
-    }
-
-    /// Records a pending approval with its event and moves a running
-    /// session to `waiting_approval`. A second call with the same id adds
-    /// nothing (the approval row is kept once; no second event).
-    pub async fn open_approval(
-        self: &Arc<Self>,
-        id: &str,
-        approval_id: &str,
-        action: &str,
-        details: &str,
-    ) -> Result<(), SessionError> {
-        let pending = self.store.pending_approval(id).await?;
-        if pending.as_ref().map(|a| a.approval_id.as_str()) != Some(approval_id) {
-            let evs = self
-                .store
-                .request_approval(id, approval_id, action, details)
-                .await?;
-            self.bus.publish(id, &evs);
-        }
-        let s = self.store.get(id).await?;
-        if s.state == SessionState::Running {
-            match self
-                .transition(
-                    id,
-                    SessionState::WaitingApproval,
-                    None,
-                    vec![],
-                    Patch::default(),
-                )
-                .await
-            {
-                Ok(_) | Err(SessionError::Conflict(_)) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        self.nudge(id);
-        Ok(())
-    }
-
-    /// The decision on `approval_id`, once there is one. `after` is a seq
-    /// at or before its request (the scan starts there).
-    pub async fn approval_decision(
-        &self,
-        id: &str,
-        approval_id: &str,
-        after: u64,
-    ) -> Result<Option<Decision>, SessionError> {
-        reads::approval_decision(&*self.store, id, approval_id, after).await
-    }
-
-    /// The commit the session's checkout was made from.
-    pub async fn checkout_commit(&self, id: &str) -> Result<Option<String>, SessionError> {
-        reads::checkout_commit(&*self.store, id).await
-    }
 }
 
 /// The broker's reads of the shared log, over any session store: the

@@ -5,6 +5,9 @@
 //! through a sandbox it uses via the narrow [`sandbox::Sandboxes`] trait.
 
 pub mod agent_proto;
+pub mod api_state;
+mod auth;
+mod broker_access;
 pub mod broker_events;
 pub mod broker_hooks;
 pub mod bus;
@@ -16,6 +19,7 @@ pub mod error;
 pub mod events;
 mod extract;
 pub mod hooks;
+mod host_reports;
 pub mod ids;
 pub mod metrics;
 pub mod model_events;
@@ -32,6 +36,7 @@ mod runner_tests;
 pub mod sandbox;
 pub mod scheduler;
 pub mod service;
+mod session_core;
 pub mod state;
 pub mod store;
 pub mod validate;

@@ -5,15 +5,13 @@
 //! control plane forwards to the session's owning host so that the event
 //! is written under that host's epoch like every other one.
 
+use crate::api_state::ApiState;
 use crate::error::SessionError;
 use crate::events::EventKind;
 use crate::extract::Json;
-use crate::routes::ApiState;
 use crate::service::Sessions;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::middleware::Next;
-use axum::response::Response;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use utoipa::ToSchema;
@@ -231,19 +229,6 @@ pub(crate) fn check_delivery_key(k: &str) -> Result<(), SessionError> {
         "invalid_request",
         format!("{DELIVERY_HEADER} must be 1 to {MAX_DELIVERY_KEY} of A-Z a-z 0-9 - _"),
     ))
-}
-
-/// In front of the routes other daemons post to (model and broker
-/// events), before the body is read: the API key alone is every client's,
-/// and with it a client could add spend, model or broker events to any
-/// session's log; the daemons' own key is wanted too.
-pub async fn require_daemon_key(State(st): State<ApiState>, req: Request, next: Next) -> Response {
-    if !hatchery_serve::headers::daemon_key_ok(req.headers(), &st.daemon_key) {
-        return crate::routes::unauthorized(
-            "only the deployment's daemons post here (X-Hatchery-Daemon-Key)",
-        );
-    }
-    next.run(req).await
 }
 
 #[cfg(test)]

@@ -3,11 +3,11 @@
 //! create; an edit of the policy alone changes nothing for it). The egress
 //! proxy applies the new version to connections opened after the move.
 
+use crate::api_state::ApiState;
 use crate::error::SessionError;
 use crate::events::{Actor, EventKind};
 use crate::extract::Json;
 use crate::models::SessionView;
-use crate::routes::ApiState;
 use crate::service::Sessions;
 use crate::state::SessionState;
 use crate::store::Patch;
@@ -47,7 +47,7 @@ impl Sessions {
         if !crate::ids::valid("ses", id) {
             return Err(SessionError::NotFound(id.to_string()));
         }
-        let s = self.store.get(id).await?;
+        let s = self.core.store.get(id).await?;
         if s.state.is_terminal() {
             return Err(SessionError::Conflict(format!(
                 "session {id} is {}",
@@ -75,6 +75,7 @@ impl Sessions {
             .filter(|s| !s.is_terminal())
             .collect();
         let evs = self
+            .core
             .store
             .append_if_state(
                 id,
@@ -93,12 +94,12 @@ impl Sessions {
                 },
             )
             .await?;
-        self.bus.publish(id, &evs);
+        self.core.bus.publish(id, &evs);
         // The sandbox serving it now gets the new version (the runner
         // binds with the stored session on every start and re-attach).
-        let cur = self.store.get(id).await?;
+        let cur = self.core.store.get(id).await?;
         if let Some(sbx) = &cur.sandbox_id {
-            if let Err(e) = self.hooks().bind(&cur, sbx).await {
+            if let Err(e) = self.core.hooks().bind(&cur, sbx).await {
                 tracing::warn!(session = %id, error = %e, "rebinding after a policy move failed");
             }
         }

@@ -1,5 +1,7 @@
 //! `/v1/sessions` routes.
 
+use crate::api_state::ApiState;
+use crate::auth::{require_daemon_key, require_key};
 use crate::error::SessionError;
 use crate::events::{Event, EventKind};
 use crate::extract::{Json, Query};
@@ -7,9 +9,8 @@ use crate::models::*;
 use crate::service::Sessions;
 use crate::state::SessionState;
 use crate::store::ListFilter;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::middleware::Next;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -18,15 +19,6 @@ use serde::Deserialize;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
-
-#[derive(Clone)]
-pub struct ApiState {
-    pub sessions: Arc<Sessions>,
-    pub api_key: Arc<str>,
-    /// The deployment's daemon key (hatchery_serve::headers): routes only
-    /// other daemons call want it besides the API key.
-    pub daemon_key: Arc<str>,
-}
 
 pub const MAX_JSON_BODY: usize = 256 << 10;
 /// How long `:cancel` waits for the agent to be stopped and the review
@@ -51,19 +43,13 @@ pub fn router(sessions: Arc<Sessions>, api_key: Arc<str>, daemon_key: Arc<str>) 
         .route(
             "/v1/sessions/{id}/model-events",
             post(crate::model_events::post_model_event).route_layer(
-                axum::middleware::from_fn_with_state(
-                    st.clone(),
-                    crate::model_events::require_daemon_key,
-                ),
+                axum::middleware::from_fn_with_state(st.clone(), require_daemon_key),
             ),
         )
         .route(
             "/v1/sessions/{id}/broker-events",
             post(crate::broker_events::post_broker_events).route_layer(
-                axum::middleware::from_fn_with_state(
-                    st.clone(),
-                    crate::model_events::require_daemon_key,
-                ),
+                axum::middleware::from_fn_with_state(st.clone(), require_daemon_key),
             ),
         )
         .route("/v1/sessions/{id}/approvals/{aid}", post(approve))
@@ -78,25 +64,6 @@ pub fn router(sessions: Arc<Sessions>, api_key: Arc<str>, daemon_key: Arc<str>) 
             require_key,
         ))
         .with_state(st)
-}
-
-async fn require_key(State(st): State<ApiState>, req: Request, next: Next) -> Response {
-    let given = req
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if !hatchery_serve::headers::constant_time_eq(given.as_bytes(), st.api_key.as_bytes()) {
-        return unauthorized("missing or wrong API key");
-    }
-    next.run(req).await
-}
-
-/// A 401 in the API's error shape.
-pub(crate) fn unauthorized(message: &str) -> Response {
-    let body = serde_json::json!({"error": {"code": "unauthorized", "message": message}});
-    (StatusCode::UNAUTHORIZED, axum::Json(body)).into_response()
 }
 
 fn session_id(id: &str) -> Result<&str, SessionError> {
@@ -157,6 +124,7 @@ pub async fn list(
     }
     let rows = st
         .sessions
+        .core
         .store
         .list(&ListFilter {
             state,
@@ -168,7 +136,7 @@ pub async fn list(
     let more = rows.len() > limit;
     let mut sessions = Vec::new();
     for s in rows.into_iter().take(limit) {
-        let p = st.sessions.store.pending_approval(&s.id).await?;
+        let p = st.sessions.core.store.pending_approval(&s.id).await?;
         sessions.push(SessionView::new(s, p));
     }
     let next_after = more
@@ -314,7 +282,7 @@ pub async fn events(
             }
         },
     };
-    let s = st.sessions.store.get(&id).await?;
+    let s = st.sessions.core.store.get(&id).await?;
     if after > s.last_seq {
         return Err(SessionError::bad(
             "after_beyond_end",
@@ -329,7 +297,7 @@ pub async fn events(
                 format!("limit must be 1..{PAGE_MAX}"),
             ));
         }
-        let events = st.sessions.store.events(&id, after, limit).await?;
+        let events = st.sessions.core.store.events(&id, after, limit).await?;
         let has_more = events.last().is_some_and(|e| e.seq < s.last_seq);
         return Ok(axum::Json(EventPage {
             events,
@@ -339,12 +307,12 @@ pub async fn events(
         .into_response());
     }
     let Some(slot) = st.sessions.streams.try_take() else {
-        st.sessions.metrics.streams_refused.inc();
+        st.sessions.core.metrics.streams_refused.inc();
         return Err(SessionError::TooManyStreams(st.sessions.streams.open()));
     };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<SseEvent, Infallible>>(64);
     let svc = st.sessions.clone();
-    svc.metrics.open_streams.inc();
+    svc.core.metrics.open_streams.inc();
     tokio::spawn(async move {
         let _slot = slot;
         let r = tokio::select! {
@@ -354,7 +322,7 @@ pub async fn events(
         if let Err(e) = r {
             tracing::warn!(session = %id, error = %e, "event stream ended on a store error");
         }
-        svc.metrics.open_streams.dec();
+        svc.core.metrics.open_streams.dec();
     });
     let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
     Ok(Sse::new(stream)
@@ -378,10 +346,10 @@ async fn pump(
     tx: &tokio::sync::mpsc::Sender<Result<SseEvent, Infallible>>,
 ) -> Result<(), SessionError> {
     use tokio::sync::broadcast::error::RecvError;
-    let mut rx = svc.bus.subscribe(id);
+    let mut rx = svc.core.bus.subscribe(id);
     loop {
         loop {
-            let page = svc.store.events(id, last, SSE_BATCH).await?;
+            let page = svc.core.store.events(id, last, SSE_BATCH).await?;
             let n = page.len();
             for e in page {
                 if tx.send(Ok(sse_event(&e))).await.is_err() {
@@ -396,7 +364,7 @@ async fn pump(
                 break;
             }
         }
-        let s = svc.store.get(id).await?;
+        let s = svc.core.store.get(id).await?;
         if s.state.is_terminal() && last >= s.last_seq {
             return Ok(());
         }

@@ -2,13 +2,14 @@
 //! the session from the store at every step, so a restarted daemon picks
 //! up where the last one stopped: queued sessions wait again, running ones
 //! re-attach to their agent from the stored output offset, idle ones wait
-//! for a message. Every effect is preceded by its event.
+//! for a message. Every effect is preceded by its event. It acts through
+//! the [`SessionCore`] the service hands it, not the service itself.
 
 use crate::agent_proto::{self, Effect, LineSplitter};
 use crate::events::{Actor, EventKind};
 use crate::sandbox::{NewSandbox, OutputItem, ProcState, SandboxError, SandboxInfo};
 use crate::scheduler::Lease;
-use crate::service::Sessions;
+use crate::session_core::SessionCore;
 use crate::state::SessionState as S;
 use crate::store::{Patch, Session, StoreError};
 use futures::StreamExt;
@@ -50,7 +51,7 @@ fn fail(code: &'static str, message: impl Into<String>) -> RunError {
 
 type R<T> = Result<T, RunError>;
 
-pub(crate) async fn run(svc: Arc<Sessions>, id: String, notify: Arc<Notify>) {
+pub(crate) async fn run(svc: Arc<SessionCore>, id: String, notify: Arc<Notify>) {
     let mut lease: Option<Lease> = None;
     loop {
         let s = match svc.store.get(&id).await {
@@ -119,7 +120,7 @@ pub(crate) async fn run(svc: Arc<Sessions>, id: String, notify: Arc<Notify>) {
     }
 }
 
-async fn end_failed(svc: &Arc<Sessions>, id: &str, code: &str, message: &str) -> R<()> {
+async fn end_failed(svc: &Arc<SessionCore>, id: &str, code: &str, message: &str) -> R<()> {
     let s = svc.store.get(id).await?;
     if s.state.is_terminal() {
         return Ok(());
@@ -155,7 +156,7 @@ async fn end_failed(svc: &Arc<Sessions>, id: &str, code: &str, message: &str) ->
 
 /// Deletes the session's sandbox, after saying so, and its last
 /// checkpoint (of no use once the sandbox is let go).
-async fn release(svc: &Arc<Sessions>, s: &Session) {
+async fn release(svc: &Arc<SessionCore>, s: &Session) {
     if s.state.holds_sandbox() {
         if let Some(ckpt) = &s.snapshot_id {
             if let Err(e) = svc.sandboxes.delete_snapshot(ckpt).await {
@@ -194,7 +195,7 @@ async fn release(svc: &Arc<Sessions>, s: &Session) {
 }
 
 /// Gateway binding and egress identity for the sandbox (hooks.rs).
-async fn bind(svc: &Arc<Sessions>, s: &Session, sbx: &str) -> R<()> {
+async fn bind(svc: &Arc<SessionCore>, s: &Session, sbx: &str) -> R<()> {
     svc.hooks()
         .bind(s, sbx)
         .await
@@ -209,7 +210,7 @@ fn ttl_for(s: &Session) -> u64 {
     (left + TTL_MARGIN_S).min(MAX_TTL_S)
 }
 
-async fn ev(svc: &Arc<Sessions>, id: &str, kind: EventKind) -> R<()> {
+async fn ev(svc: &Arc<SessionCore>, id: &str, kind: EventKind) -> R<()> {
     svc.append(id, vec![(Actor::System, kind)], Patch::default())
         .await
         .map_err(|e| fail("store_error", e.to_string()))?;
@@ -217,7 +218,7 @@ async fn ev(svc: &Arc<Sessions>, id: &str, kind: EventKind) -> R<()> {
 }
 
 async fn to_state(
-    svc: &Arc<Sessions>,
+    svc: &Arc<SessionCore>,
     id: &str,
     to: S,
     reason: Option<String>,
@@ -239,7 +240,7 @@ async fn to_state(
 }
 
 async fn queued(
-    svc: &Arc<Sessions>,
+    svc: &Arc<SessionCore>,
     s: &Session,
     notify: &Notify,
     lease: &mut Option<Lease>,
@@ -285,7 +286,7 @@ fn cap_label(c: &str) -> &'static str {
 }
 
 /// Sandbox, checkout, agent; then running.
-async fn start(svc: &Arc<Sessions>, s: &Session) -> R<()> {
+async fn start(svc: &Arc<SessionCore>, s: &Session) -> R<()> {
     let id = &s.id;
     ev(
         svc,
@@ -477,7 +478,7 @@ async fn start(svc: &Arc<Sessions>, s: &Session) -> R<()> {
 /// Attached to a running agent: its output becomes events; steering
 /// messages and approval decisions go to its stdin.
 async fn attached(
-    svc: &Arc<Sessions>,
+    svc: &Arc<SessionCore>,
     s: Session,
     notify: &Notify,
     lease: &mut Option<Lease>,
@@ -629,7 +630,7 @@ async fn sleep_opt(at: Option<tokio::time::Instant>) {
 /// One line of agent stdout: an event (exactly once, with the offset), an
 /// ack if the agent waits for one, and the effect on the session.
 async fn handle_line(
-    svc: &Arc<Sessions>,
+    svc: &Arc<SessionCore>,
     id: &str,
     (sbx, pid): (&str, &str),
     line: &[u8],
@@ -791,7 +792,7 @@ async fn handle_line(
 /// no approval row is opened and the session does not wait. The first
 /// refusal writes the `output_capped {cap: "open_approvals"}` marker.
 async fn refuse_approval(
-    svc: &Arc<Sessions>,
+    svc: &Arc<SessionCore>,
     id: &str,
     p: &agent_proto::Parsed,
     end: u64,
@@ -858,7 +859,7 @@ fn approval_id(session: &str, n: u64) -> String {
 
 /// Hands the agent every message and decision after the last delivered
 /// one. True if anything was delivered.
-async fn deliver(svc: &Arc<Sessions>, id: &str, sbx: &str, pid: &str) -> R<bool> {
+async fn deliver(svc: &Arc<SessionCore>, id: &str, sbx: &str, pid: &str) -> R<bool> {
     let s = svc.store.get(id).await?;
     let pending = svc.store.deliverables_after(id, s.delivered_seq).await?;
     let mut any = false;
@@ -890,7 +891,7 @@ async fn deliver(svc: &Arc<Sessions>, id: &str, sbx: &str, pid: &str) -> R<bool>
 }
 
 /// What changed in the checkout against the fetched tree, as an event.
-async fn record_diff(svc: &Arc<Sessions>, id: &str, sbx: &str) {
+async fn record_diff(svc: &Arc<SessionCore>, id: &str, sbx: &str) {
     let cmd = format!("python3 {AGENT_DIR}/workspace_diff.py {AGENT_DIR}/base.tar {WORKDIR}");
     if let Ok(x) = svc
         .sandboxes
@@ -920,7 +921,7 @@ async fn record_diff(svc: &Arc<Sessions>, id: &str, sbx: &str) {
 }
 
 async fn finish(
-    svc: &Arc<Sessions>,
+    svc: &Arc<SessionCore>,
     id: &str,
     st: ProcState,
     summary: String,
@@ -987,7 +988,7 @@ async fn finish(
 }
 
 /// Stop the agent, keep a snapshot for review, release, cancelled.
-async fn cancel_running(svc: &Arc<Sessions>, s: &Session) -> R<()> {
+async fn cancel_running(svc: &Arc<SessionCore>, s: &Session) -> R<()> {
     let id = &s.id;
     let mut reason = "cancelled by the user".to_string();
     let mut review = None;
@@ -1053,7 +1054,7 @@ const CKPT_DELIVERED: &str = "delivered_seq";
 /// the sandbox is lost. It records where the runner's reading of the
 /// agent stood; the previous checkpoint is deleted once this one is on
 /// record. A failed checkpoint is logged and the previous one stands.
-async fn checkpoint(svc: &Arc<Sessions>, id: &str, sbx: &str) -> R<()> {
+async fn checkpoint(svc: &Arc<SessionCore>, id: &str, sbx: &str) -> R<()> {
     let s = svc.store.get(id).await?;
     let mut meta = BTreeMap::new();
     meta.insert("hatchery_session".to_string(), id.to_string());
@@ -1110,7 +1111,7 @@ async fn checkpoint(svc: &Arc<Sessions>, id: &str, sbx: &str) -> R<()> {
 /// A sandbox call of the attach failed: if the sandbox is gone (lost
 /// between the check and the call), that is a lost sandbox, resumed from
 /// its checkpoint or failed as `lost_sandbox`, not a `sandbox_error`.
-async fn lost_or(svc: &Arc<Sessions>, id: &str, sbx: &str, e: RunError) -> R<()> {
+async fn lost_or(svc: &Arc<SessionCore>, id: &str, sbx: &str, e: RunError) -> R<()> {
     if matches!(e, RunError::Sandbox(_)) && !svc.sandboxes.exists(sbx).await? {
         let s = svc.store.get(id).await?;
         return resume_from_checkpoint(svc, &s, sbx).await;
@@ -1122,7 +1123,7 @@ async fn lost_or(svc: &Arc<Sessions>, id: &str, sbx: &str, e: RunError) -> R<()>
 /// was deleted under the session): fork the last checkpoint into a new
 /// sandbox, here, and read the agent again from where the checkpoint
 /// left it. Without a checkpoint the session fails, saying why.
-async fn resume_from_checkpoint(svc: &Arc<Sessions>, s: &Session, lost: &str) -> R<()> {
+async fn resume_from_checkpoint(svc: &Arc<SessionCore>, s: &Session, lost: &str) -> R<()> {
     let Some(ckpt) = s.snapshot_id.clone() else {
         return Err(fail(
             "lost_sandbox",
@@ -1192,7 +1193,7 @@ fn sandbox_metadata(s: &Session) -> BTreeMap<String, String> {
 /// A new sandbox for the session from `snapshot` (said first with
 /// `sandbox_requested`), its services bound. Not on the session's record
 /// yet: the caller records it, or [`discard`]s it.
-async fn fork_bound(svc: &Arc<Sessions>, s: &Session, snapshot: &str) -> R<SandboxInfo> {
+async fn fork_bound(svc: &Arc<SessionCore>, s: &Session, snapshot: &str) -> R<SandboxInfo> {
     ev(
         svc,
         &s.id,
@@ -1212,13 +1213,13 @@ async fn fork_bound(svc: &Arc<Sessions>, s: &Session, snapshot: &str) -> R<Sandb
 
 /// A sandbox that never made it onto the session's record: nothing else
 /// would delete it.
-async fn discard(svc: &Arc<Sessions>, session: &str, sbx: &str) {
+async fn discard(svc: &Arc<SessionCore>, session: &str, sbx: &str) {
     svc.hooks().unbind(session, sbx).await;
     let _ = svc.sandboxes.delete(sbx).await;
 }
 
 /// Waited too long: snapshot, free the sandbox and the place.
-async fn go_idle(svc: &Arc<Sessions>, id: &str, lease: &mut Option<Lease>) -> R<()> {
+async fn go_idle(svc: &Arc<SessionCore>, id: &str, lease: &mut Option<Lease>) -> R<()> {
     let s = svc.store.get(id).await?;
     let Some(sbx) = s.sandbox_id.clone() else {
         return Err(fail("lost_sandbox", "no sandbox to snapshot"));
@@ -1268,7 +1269,7 @@ async fn go_idle(svc: &Arc<Sessions>, id: &str, lease: &mut Option<Lease>) -> R<
 /// Idle: wait for a message or decision (or cancel), then fork the
 /// snapshot into a new sandbox and re-attach.
 async fn idle(
-    svc: &Arc<Sessions>,
+    svc: &Arc<SessionCore>,
     s: Session,
     notify: &Notify,
     lease: &mut Option<Lease>,

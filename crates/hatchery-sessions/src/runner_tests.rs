@@ -90,7 +90,7 @@ impl Env {
     }
 
     async fn get(&self, id: &str) -> Session {
-        self.svc.store.get(id).await.unwrap()
+        self.svc.core.store.get(id).await.unwrap()
     }
 
     /// Waits (polling every millisecond) until `ok` holds of the session.
@@ -112,6 +112,7 @@ impl Env {
 
     async fn events(&self, id: &str) -> Vec<&'static str> {
         self.svc
+            .core
             .store
             .events(id, 0, 10_000)
             .await
@@ -526,7 +527,7 @@ async fn approvals_past_the_cap_are_denied_at_once() {
         );
         e.stdin_has(&sbx, &pid, &format!("\"n\":{n}")).await;
     }
-    let u = e.svc.store.usage(&id).await.unwrap();
+    let u = e.svc.core.store.usage(&id).await.unwrap();
     assert_eq!(u.open_approvals, 2, "N open, N+1 refused");
     e.stdin_has(&sbx, &pid, "session_approval_cap").await;
     let evs = e.events(&id).await;

@@ -1,17 +1,21 @@
-//! The session service: what the routes and the runner share. Every
-//! change goes to the store first and is published to live streams after
-//! it is committed.
+//! The session service: what the routes, the daemon and the broker call.
+//! It starts one runner per unfinished session and hands it the
+//! [`SessionCore`] (not itself), so the runner does not import the
+//! service back. Every change goes to the store first and is published
+//! to live streams after it is committed.
 
-use crate::bus::{Bus, StreamSlots};
+use crate::broker_hooks::{BrokerUsage, JoinedFrom, RemoteJoined};
+use crate::bus::StreamSlots;
 use crate::config::SessionsConfig;
 use crate::error::SessionError;
-use crate::events::{Actor, Event, EventKind};
+use crate::events::{Actor, EventKind};
 use crate::models::*;
 use crate::policy::{PolicyCatalog, DEFAULT_POLICY};
 use crate::sandbox::Sandboxes;
 use crate::scheduler::Scheduler;
+use crate::session_core::SessionCore;
 use crate::state::SessionState;
-use crate::store::{AgentSpec, CreateOutcome, NewEvent, Patch, Session, SessionSpec, SessionStore};
+use crate::store::{AgentSpec, CreateOutcome, Patch, SessionSpec, SessionStore};
 use crate::validate::{
     self, MAX_IDEMPOTENCY_KEY_BYTES, MAX_MESSAGE_BYTES, MAX_NOTE_BYTES, MAX_TASK_BYTES,
 };
@@ -23,28 +27,19 @@ use tokio::sync::Notify;
 pub const DEFAULT_TEMPLATE: &str = "code-interpreter";
 
 pub struct Sessions {
-    pub(crate) store: Arc<dyn SessionStore>,
-    pub(crate) bus: Bus,
-    pub(crate) cfg: SessionsConfig,
+    /// The store, bus, sandboxes, scheduler, hooks, config and metrics,
+    /// shared with the runners (session_core.rs).
+    pub(crate) core: Arc<SessionCore>,
     pub(crate) policies: Arc<dyn PolicyCatalog>,
-    pub(crate) sandboxes: Arc<dyn Sandboxes>,
-    pub(crate) scheduler: Arc<dyn Scheduler>,
     pub(crate) streams: StreamSlots,
     /// One runner task per unfinished session, woken through its Notify.
     actors: Mutex<HashMap<String, Arc<Notify>>>,
-    pub(crate) metrics: crate::metrics::SessionMetrics,
-    /// The daemon's gateway and egress proxy (hooks.rs).
-    pub(crate) hooks: std::sync::RwLock<Arc<dyn crate::hooks::SessionHooks>>,
-    /// Sessions whose budget the gateway found exhausted, for their runner.
-    pub(crate) exhausted: Mutex<HashMap<String, String>>,
     /// The broker's record of a session's calls, for its view (set by
     /// the daemon when it runs the broker).
-    broker_usage: std::sync::RwLock<Option<Arc<dyn crate::broker_hooks::BrokerUsage>>>,
+    broker_usage: std::sync::RwLock<Option<Arc<dyn BrokerUsage>>>,
     /// How the writes a remote broker or gateway posts with its events
     /// are read.
-    remote_joined: std::sync::RwLock<
-        HashMap<crate::broker_hooks::JoinedFrom, Arc<dyn crate::broker_hooks::RemoteJoined>>,
-    >,
+    remote_joined: std::sync::RwLock<HashMap<JoinedFrom, Arc<dyn RemoteJoined>>>,
 }
 
 impl Sessions {
@@ -56,35 +51,24 @@ impl Sessions {
         scheduler: Arc<dyn Scheduler>,
     ) -> Arc<Self> {
         Arc::new(Sessions {
-            store,
-            bus: Bus::default(),
             streams: StreamSlots::new(cfg.max_streams),
-            cfg,
+            core: Arc::new(SessionCore::new(store, cfg, sandboxes, scheduler)),
             policies,
-            sandboxes,
-            scheduler,
             actors: Mutex::new(HashMap::new()),
-            metrics: crate::metrics::SessionMetrics::new(),
-            hooks: std::sync::RwLock::new(Arc::new(crate::hooks::NoHooks)),
-            exhausted: Mutex::new(HashMap::new()),
             broker_usage: std::sync::RwLock::new(None),
             remote_joined: Default::default(),
         })
     }
 
     /// Where the view finds a session's broker calls.
-    pub fn set_broker_usage(&self, b: Arc<dyn crate::broker_hooks::BrokerUsage>) {
+    pub fn set_broker_usage(&self, b: Arc<dyn BrokerUsage>) {
         *self.broker_usage.write().unwrap_or_else(|p| p.into_inner()) = Some(b);
     }
 
     /// How this host commits the writes a remote broker or gateway posts
     /// with its events (`POST /v1/sessions/{id}/broker-events`,
     /// `.../model-events`).
-    pub fn set_remote_joined(
-        &self,
-        from: crate::broker_hooks::JoinedFrom,
-        r: Arc<dyn crate::broker_hooks::RemoteJoined>,
-    ) {
+    pub fn set_remote_joined(&self, from: JoinedFrom, r: Arc<dyn RemoteJoined>) {
         self.remote_joined
             .write()
             .unwrap_or_else(|p| p.into_inner())
@@ -96,7 +80,7 @@ impl Sessions {
     /// set.
     pub(crate) fn decode_joined(
         &self,
-        from: crate::broker_hooks::JoinedFrom,
+        from: JoinedFrom,
         id: &str,
         write: serde_json::Value,
     ) -> Result<Box<dyn hatchery_db::Joined>, SessionError> {
@@ -118,12 +102,12 @@ impl Sessions {
     }
 
     pub fn metrics(&self) -> &crate::metrics::SessionMetrics {
-        &self.metrics
+        &self.core.metrics
     }
 
     /// Starts a runner for every unfinished session (after a restart).
     pub async fn recover(self: &Arc<Self>) -> Result<usize, SessionError> {
-        let all = self.store.unfinished().await?;
+        let all = self.core.store.unfinished().await?;
         let n = all.len();
         for s in all {
             tracing::info!(session = %s.id, state = %s.state, "recovering session");
@@ -138,12 +122,13 @@ impl Sessions {
     /// idle one waits here for its message. Of several hosts sweeping at
     /// once one gets each session. Returns how many moved.
     pub async fn take_over_from(self: &Arc<Self>, lost_host: &str) -> Result<usize, SessionError> {
-        if lost_host == self.store.host_id() {
+        if lost_host == self.core.store.host_id() {
             return Ok(0);
         }
         let moved = self
+            .core
             .store
-            .take_over(lost_host, self.store.host_id(), "host_lost")
+            .take_over(lost_host, self.core.store.host_id(), "host_lost")
             .await?;
         for (id, epoch) in &moved {
             tracing::warn!(session = %id, from = %lost_host, epoch, "session taken over from a lost host");
@@ -165,7 +150,7 @@ impl Sessions {
         let me = self.clone();
         let id = id.to_string();
         tokio::spawn(async move {
-            crate::runner::run(me.clone(), id.clone(), notify).await;
+            crate::runner::run(me.core.clone(), id.clone(), notify).await;
             me.actors
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -184,57 +169,6 @@ impl Sessions {
             Some(n) => n.notify_one(),
             None => self.spawn_actor(id),
         }
-    }
-
-    pub(crate) async fn append(
-        &self,
-        id: &str,
-        events: Vec<NewEvent>,
-        patch: Patch,
-    ) -> Result<Vec<Event>, SessionError> {
-        let t = std::time::Instant::now();
-        let out = self.store.append(id, events, patch).await?;
-        self.metrics
-            .append_seconds
-            .observe(t.elapsed().as_secs_f64());
-        self.bus.publish(id, &out);
-        Ok(out)
-    }
-
-    /// [`Self::append`], only while the session is in one of `states`.
-    pub(crate) async fn append_if_state(
-        &self,
-        id: &str,
-        states: &[SessionState],
-        events: Vec<NewEvent>,
-        patch: Patch,
-    ) -> Result<Vec<Event>, SessionError> {
-        let out = self
-            .store
-            .append_if_state(id, states, events, patch)
-            .await?;
-        self.bus.publish(id, &out);
-        Ok(out)
-    }
-
-    pub(crate) async fn transition(
-        &self,
-        id: &str,
-        to: SessionState,
-        reason: Option<String>,
-        extra: Vec<NewEvent>,
-        patch: Patch,
-    ) -> Result<Session, SessionError> {
-        let (s, evs) = self
-            .store
-            .transition(id, &SessionState::sources_of(to), to, reason, extra, patch)
-            .await?;
-        self.metrics
-            .transitions
-            .with_label_values(&[to.as_str()])
-            .inc();
-        self.bus.publish(id, &evs);
-        Ok(s)
     }
 
     /// Validates, resolves policy and template, stores the session as
@@ -256,13 +190,14 @@ impl Sessions {
             .collect();
         let id = crate::ids::new_id("ses");
         match self
+            .core
             .store
             .create(&id, &spec, body.idempotency_key.as_deref(), &hash)
             .await?
         {
             CreateOutcome::Created(s, ev) => {
-                self.bus.publish(&s.id, &[ev]);
-                self.metrics.created.inc();
+                self.core.bus.publish(&s.id, &[ev]);
+                self.core.metrics.created.inc();
                 self.spawn_actor(&s.id);
                 Ok((
                     CreatedSession {
@@ -286,13 +221,17 @@ impl Sessions {
     }
 
     async fn spec_of(&self, b: &CreateSessionBody) -> Result<SessionSpec, SessionError> {
-        validate::repo_url(&b.repo, &self.cfg)?;
+        validate::repo_url(&b.repo, &self.core.cfg)?;
         let git_ref = b.git_ref.clone().unwrap_or_else(|| "main".into());
         validate::git_ref(&git_ref)?;
         validate::text("task", &b.task, MAX_TASK_BYTES, false)?;
         let budget = b.budget.clone().unwrap_or_default();
-        let (tokens, cents, wall) =
-            validate::budget(budget.tokens, budget.usd_cents, budget.wall_s, &self.cfg)?;
+        let (tokens, cents, wall) = validate::budget(
+            budget.tokens,
+            budget.usd_cents,
+            budget.wall_s,
+            &self.core.cfg,
+        )?;
         let env = b.env.clone().unwrap_or_default();
         validate::env(&env)?;
         let metadata = b.metadata.clone().unwrap_or_default();
@@ -327,9 +266,12 @@ impl Sessions {
         let model_url = a
             .model_url
             .clone()
-            .unwrap_or_else(|| self.cfg.model_url.clone());
+            .unwrap_or_else(|| self.core.cfg.model_url.clone());
         validate::model_url(&model_url)?;
-        let model = a.model.clone().unwrap_or_else(|| self.cfg.model.clone());
+        let model = a
+            .model
+            .clone()
+            .unwrap_or_else(|| self.core.cfg.model.clone());
         validate::text("agent.model", &model, 200, false)?;
         let max_steps = a.max_steps.unwrap_or(30);
         if !(1..=200).contains(&max_steps) {
@@ -349,7 +291,7 @@ impl Sessions {
             .clone()
             .unwrap_or_else(|| DEFAULT_TEMPLATE.into());
         validate::template_name(&template)?;
-        match self.sandboxes.template_exists(&template).await {
+        match self.core.sandboxes.template_exists(&template).await {
             Ok(true) => {}
             Ok(false) => return Err(SessionError::UnknownTemplate(template)),
             Err(e) => return Err(SessionError::Sandbox(e)),
@@ -377,9 +319,9 @@ impl Sessions {
     }
 
     pub async fn view(&self, id: &str) -> Result<SessionView, SessionError> {
-        let s = self.store.get(id).await?;
-        let pending = self.store.pending_approval(id).await?;
-        let u = self.store.usage(id).await?;
+        let s = self.core.store.get(id).await?;
+        let pending = self.core.store.pending_approval(id).await?;
+        let u = self.core.store.usage(id).await?;
         let broker = self
             .broker_usage
             .read()
@@ -399,7 +341,7 @@ impl Sessions {
             blobs: u.blobs,
             blob_bytes: u.blob_bytes,
             output_bytes: u.output_bytes(),
-            max_output_bytes: self.cfg.output.max_bytes,
+            max_output_bytes: self.core.cfg.output.max_bytes,
             open_approvals: u.open_approvals,
             broker_calls: calls.map(|c| c.0),
             broker_arg_bytes: calls.map(|c| c.1),
@@ -419,6 +361,7 @@ impl Sessions {
             .filter(|s| s.can_message())
             .collect();
         let evs = match self
+            .core
             .store
             .append_if_state(
                 id,
@@ -441,10 +384,10 @@ impl Sessions {
             }
             Err(e) => return Err(e.into()),
         };
-        self.bus.publish(id, &evs);
-        self.metrics.messages.inc();
+        self.core.bus.publish(id, &evs);
+        self.core.metrics.messages.inc();
         self.nudge(id);
-        let s = self.store.get(id).await?;
+        let s = self.core.store.get(id).await?;
         Ok(MessageAccepted {
             seq: evs[0].seq,
             state: s.state,
@@ -464,7 +407,7 @@ impl Sessions {
             ));
         }
         validate::text("note", &body.note, MAX_NOTE_BYTES, true)?;
-        let s = self.store.get(id).await?;
+        let s = self.core.store.get(id).await?;
         if !s.state.can_decide_approval() {
             // A decided or unknown approval is 404 below; this is the
             // session-level conflict.
@@ -476,12 +419,13 @@ impl Sessions {
             }
         }
         let evs = self
+            .core
             .store
             .decide_approval(id, approval_id, &body.decision, &body.note)
             .await?;
-        self.bus.publish(id, &evs);
+        self.core.bus.publish(id, &evs);
         self.nudge(id);
-        let s = self.store.get(id).await?;
+        let s = self.core.store.get(id).await?;
         Ok(ApprovalDecided {
             seq: evs[0].seq,
             state: s.state,
@@ -496,7 +440,7 @@ impl Sessions {
         id: &str,
         wait: std::time::Duration,
     ) -> Result<SessionView, SessionError> {
-        let s = self.store.get(id).await?;
+        let s = self.core.store.get(id).await?;
         match s.state {
             SessionState::Cancelled => return self.view(id).await,
             SessionState::Completed | SessionState::Failed => {
@@ -507,9 +451,10 @@ impl Sessions {
             }
             _ => {}
         }
-        let mut rx = self.bus.subscribe(id);
+        let mut rx = self.core.bus.subscribe(id);
         if !s.cancel_requested {
             let r = self
+                .core
                 .store
                 .append_if_state(
                     id,
@@ -522,7 +467,7 @@ impl Sessions {
                 )
                 .await;
             match r {
-                Ok(evs) => self.bus.publish(id, &evs),
+                Ok(evs) => self.core.bus.publish(id, &evs),
                 Err(crate::store::StoreError::StateConflict {
                     current: SessionState::Cancelled,
                     ..
@@ -533,7 +478,7 @@ impl Sessions {
         self.nudge(id);
         let deadline = tokio::time::Instant::now() + wait;
         loop {
-            let cur = self.store.get(id).await?;
+            let cur = self.core.store.get(id).await?;
             if cur.state.is_terminal() {
                 break;
             }
@@ -547,8 +492,9 @@ impl Sessions {
     }
 
     pub async fn blob(&self, id: &str, r: &str) -> Result<Vec<u8>, SessionError> {
-        self.store.get(id).await?;
-        self.store
+        self.core.store.get(id).await?;
+        self.core
+            .store
             .blob(id, r)
             .await?
             .ok_or_else(|| SessionError::BlobNotFound(r.to_string()))

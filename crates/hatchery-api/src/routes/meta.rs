@@ -19,10 +19,6 @@ pub async fn metrics(State(st): State<AppState>) -> impl IntoResponse {
     )
 }
 
-pub async fn openapi() -> impl IntoResponse {
-    axum::Json(crate::openapi::doc())
-}
-
 pub async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route")
 }
