@@ -134,3 +134,24 @@ fn rand_u64() -> u64 {
     );
     h.finish()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store whose database is not there answers `unavailable` (503,
+    /// the caller may ask again), not a generic 500.
+    #[tokio::test]
+    async fn a_store_that_is_down_is_unavailable() {
+        let db = hatchery_db::Db::postgres("postgres://postgres@127.0.0.1:1/hatchery", 1).unwrap();
+        let Err(e) = crate::store::BrokerStore::open(db).await else {
+            panic!("connected to port 1")
+        };
+        let e = BrokerError::from(e);
+        assert!(matches!(e, BrokerError::Unavailable(_)), "{e:?}");
+        assert_eq!(
+            e.status_code(),
+            (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+        );
+    }
+}

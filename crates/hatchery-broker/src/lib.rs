@@ -8,12 +8,14 @@
 pub mod caps;
 pub mod catalog;
 pub mod config;
+mod cut;
 pub mod embed;
 pub mod error;
 pub mod fetch;
 pub mod git;
 pub mod github;
 pub mod mcp;
+mod mcp_error;
 pub mod mcp_stdio;
 pub mod metrics;
 pub mod relay;

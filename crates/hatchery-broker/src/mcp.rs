@@ -9,6 +9,11 @@
 //! shown to agents as data (`GET /v1/tools`), and never read by policy.
 
 use crate::mcp_stdio::StdioConn;
+// The error and the stdio spec sit below both this module and its
+// transport (mcp_error.rs, mcp_stdio.rs), so the transport needs nothing
+// from here; their paths here stay.
+pub use crate::mcp_error::McpError;
+pub use crate::mcp_stdio::StdioSpec;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
@@ -38,24 +43,6 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(30);
 const BACKOFF_BASE: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
-#[derive(Debug, thiserror::Error)]
-pub enum McpError {
-    #[error("mcp config: {0}")]
-    Config(String),
-    #[error("starting the server: {0}")]
-    Start(String),
-    #[error("the server is restarting after a failure; next start in {0} ms")]
-    Backoff(u128),
-    #[error("{0}")]
-    Closed(String),
-    #[error("the server answered with more than {0} bytes")]
-    TooLarge(usize),
-    #[error("the server broke the protocol: {0}")]
-    Protocol(String),
-    #[error("no answer within {0} s")]
-    Timeout(u64),
-}
-
 /// One server, as the operator configures it (JSON, `servers: [...]`).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -79,13 +66,6 @@ pub struct ServerSpec {
 #[serde(deny_unknown_fields)]
 pub struct McpFile {
     pub servers: Vec<ServerSpec>,
-}
-
-#[derive(Debug, Clone)]
-pub struct StdioSpec {
-    pub argv: Vec<String>,
-    pub env: BTreeMap<String, String>,
-    pub cwd: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -396,7 +376,7 @@ fn tool_info(t: &Value) -> Option<ToolInfo> {
     let description = t
         .get("description")
         .and_then(Value::as_str)
-        .map(|d| crate::service::cut(d, MAX_DESCRIPTION_BYTES))
+        .map(|d| crate::cut::cut(d, MAX_DESCRIPTION_BYTES))
         .unwrap_or_default();
     Some(ToolInfo {
         name: name.to_string(),

@@ -3,8 +3,10 @@
 //! request is in flight per connection (the caller holds the server's
 //! lock), so an oversized or garbled answer belongs to that request.
 
-use crate::mcp::{McpError, StdioSpec};
+use crate::mcp_error::McpError;
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::process::Stdio;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout};
@@ -15,6 +17,14 @@ use tokio::process::{Child, ChildStdin, ChildStdout};
 const PASSED_ENV: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ"];
 /// Server stderr lines logged per server and minute (the rest are counted).
 const STDERR_LINES_PER_MINUTE: u32 = 30;
+
+/// How to start one stdio server (from the operator's config, mcp.rs).
+#[derive(Debug, Clone)]
+pub struct StdioSpec {
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<PathBuf>,
+}
 
 pub struct StdioConn {
     child: Child,

@@ -11,6 +11,7 @@
 //! again.
 
 use crate::config::BrokerConfig;
+use crate::cut::cut;
 use crate::error::BrokerError;
 use crate::git;
 use crate::github::{self, Forge};
@@ -1424,17 +1425,6 @@ fn approval_id(session: &str, seq: u64) -> String {
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-pub(crate) fn cut(s: &str, n: usize) -> String {
-    if s.len() <= n {
-        return s.to_string();
-    }
-    let mut e = n;
-    while !s.is_char_boundary(e) {
-        e -= 1;
-    }
-    s[..e].to_string()
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! frames are size-checked before allocation and a protocol violation
 //! closes the connection (and with it, the sandbox's usefulness).
 
-use crate::relay::Credit;
+use crate::relay_credit::Credit;
 use hatchery_agent_proto::relay::{parse_window, GUEST_CHANNEL_BIT, MAX_FRAMES_IN_FLIGHT};
 use hatchery_agent_proto::{check_len, Frame, Kind, RelayIncoming};
 use hatchery_runtime::AgentStream;

@@ -5,11 +5,11 @@
 //! sandbox's teardown; the watcher in `Manager::adopt` reads it as soon as
 //! the agent's channel closes and may have torn the sandbox down before an
 //! exec that was running there gets its error. So the watcher notes the
-//! cause here, and the exec asks both.
+//! cause here, and the exec asks both. The manager hands over its runtime
+//! rather than itself, so this module needs nothing of the manager.
 
 use crate::error::CoreError;
-use crate::manager::Manager;
-use hatchery_runtime::EndCause;
+use hatchery_runtime::{EndCause, Runtime};
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
@@ -21,7 +21,7 @@ const REMEMBERED: usize = 256;
 pub(crate) struct RecentEnds(Mutex<VecDeque<(String, EndCause)>>);
 
 impl RecentEnds {
-    pub(crate) fn note(&self, id: &str, cause: EndCause) {
+    fn note(&self, id: &str, cause: EndCause) {
         let mut q = self.0.lock().unwrap_or_else(|p| p.into_inner());
         if q.len() >= REMEMBERED {
             q.pop_front();
@@ -29,18 +29,17 @@ impl RecentEnds {
         q.push_back((id.to_string(), cause));
     }
 
-    pub(crate) fn get(&self, id: &str) -> Option<EndCause> {
+    fn get(&self, id: &str) -> Option<EndCause> {
         let q = self.0.lock().unwrap_or_else(|p| p.into_inner());
         q.iter().rev().find(|(i, _)| i == id).map(|(_, c)| *c)
     }
-}
 
-impl Manager {
-    /// The stop reason of a sandbox whose guest went away on its own.
-    pub(crate) fn ended_on_its_own(&self, id: &str) -> &'static str {
-        match self.runtime.end_cause(id) {
+    /// The stop reason of a sandbox whose guest went away on its own,
+    /// as `runtime` tells it; the cause is noted for [`Self::explain`].
+    pub(crate) fn ended_on_its_own(&self, runtime: &dyn Runtime, id: &str) -> &'static str {
+        match runtime.end_cause(id) {
             Some(cause) => {
-                self.recent_ends.note(id, cause);
+                self.note(id, cause);
                 if cause == EndCause::HostOom {
                     // The guest's own ceiling should always act first; the
                     // operator needs to hear when it did not.
@@ -53,16 +52,13 @@ impl Manager {
     }
 
     /// An error from a request whose guest stopped answering, told more
-    /// precisely when the sandbox died of memory.
-    pub(crate) fn explain_gone(&self, id: &str, e: CoreError) -> CoreError {
+    /// precisely when the sandbox died of memory (the runtime's cause while
+    /// it still knows it, else the one noted here).
+    pub(crate) fn explain(&self, runtime: &dyn Runtime, id: &str, e: CoreError) -> CoreError {
         if !matches!(e, CoreError::GuestUnresponsive(_)) {
             return e;
         }
-        match self
-            .runtime
-            .end_cause(id)
-            .or_else(|| self.recent_ends.get(id))
-        {
+        match runtime.end_cause(id).or_else(|| self.get(id)) {
             Some(cause) => CoreError::SandboxOom {
                 id: id.to_string(),
                 reason: cause.reason(),

@@ -32,6 +32,7 @@ pub use hatchery_serve::limited_warn;
 mod reaper;
 pub mod reconcile;
 pub mod relay;
+mod relay_credit;
 mod snapshot_stores;
 pub mod snapshots;
 pub mod store;

@@ -6,7 +6,7 @@ use crate::pool::{PoolConfig, WarmPool};
 use crate::ratelimit::LogLimiter;
 use crate::store::{Fence, SandboxFilter, SandboxRow, SandboxState, Store};
 use crate::{files, now_ms, Caps, CoreError};
-use hatchery_agent_proto::{FileEntry, Frame, Kind};
+use hatchery_agent_proto::{FileEntry, Frame, Kind, ProcInfo};
 use hatchery_runtime::{Runtime, SandboxSpec};
 use hatchery_templates::{ImageStore, Template, Templates};
 use std::collections::{BTreeMap, HashMap};
@@ -487,7 +487,7 @@ impl Manager {
         tokio::spawn(async move {
             let _ = closed.wait_for(|c| *c).await;
             if let Some(m) = me.upgrade() {
-                let reason = m.ended_on_its_own(&id);
+                let reason = m.recent_ends.ended_on_its_own(&*m.runtime, &id);
                 m.stop(&id, reason).await;
             }
         });
@@ -695,6 +695,28 @@ impl Manager {
             live.procs.started(&info.id, c);
         }
         Ok(info)
+    }
+
+    /// A caller is about to SIGKILL a background process: its end is not
+    /// memory's doing, whatever else the sandbox's OOM count did.
+    pub async fn note_process_kill(&self, id: &str, proc_id: &str) -> Result<(), CoreError> {
+        self.live_get(id).await?.procs.killed_by_caller(proc_id);
+        Ok(())
+    }
+
+    /// A background process's state, with `reason: oom` when memory ended
+    /// it (proc_oom.rs).
+    pub async fn explain_process(&self, id: &str, info: ProcInfo) -> ProcInfo {
+        match self.live_get(id).await {
+            Ok(live) => live.procs.explain(info, self.runtime.oom_kills(id)),
+            Err(_) => info,
+        }
+    }
+
+    /// An error from a request whose guest stopped answering, told more
+    /// precisely when the sandbox died of memory (ends.rs).
+    pub(crate) fn explain_gone(&self, id: &str, e: CoreError) -> CoreError {
+        self.recent_ends.explain(&*self.runtime, id, e)
     }
 
     /// The agent connection of a running sandbox, for operations that need

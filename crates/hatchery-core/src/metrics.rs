@@ -38,6 +38,16 @@ pub struct RelayMetrics {
     pub rejected: IntCounterVec,
 }
 
+/// Per-connection handles on the relay metrics (one relayed stream's
+/// counters, relay.rs). Here, beside the metrics they are cut from, so the
+/// metrics need nothing of the relay.
+#[derive(Clone)]
+pub(crate) struct Meters {
+    pub to_guest: IntCounter,
+    pub from_guest: IntCounter,
+    pub open: IntGauge,
+}
+
 impl RelayMetrics {
     fn new() -> RelayMetrics {
         RelayMetrics {
@@ -76,9 +86,9 @@ impl RelayMetrics {
         }
     }
 
-    pub(crate) fn meters(&self, kind: &str) -> crate::relay::Meters {
+    pub(crate) fn meters(&self, kind: &str) -> Meters {
         self.connections.with_label_values(&[kind]).inc();
-        crate::relay::Meters {
+        Meters {
             to_guest: self.bytes.with_label_values(&[kind, "to_guest"]),
             from_guest: self.bytes.with_label_values(&[kind, "from_guest"]),
             open: self.open.with_label_values(&[kind]),

@@ -11,9 +11,11 @@
 //! reported as `oom`. A process that fails on its own while another one of
 //! the same sandbox is OOM-killed is misread the same way (as an exec
 //! running beside it is); the host cannot tell those apart.
+//!
+//! The manager keeps one [`ProcOoms`] per live sandbox and passes in the
+//! sandbox's count (`Manager::explain_process`), so this module needs
+//! nothing of the manager.
 
-use crate::manager::Manager;
-use crate::CoreError;
 use hatchery_agent_proto::{EndReason, ProcInfo};
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -42,7 +44,7 @@ impl ProcOoms {
         }
     }
 
-    fn killed_by_caller(&self, proc_id: &str) {
+    pub(crate) fn killed_by_caller(&self, proc_id: &str) {
         let mut k = lock(&self.killed);
         if k.len() < REMEMBERED {
             k.insert(proc_id.to_string());
@@ -50,7 +52,7 @@ impl ProcOoms {
     }
 
     /// The rule of the module doc, given the sandbox's count now.
-    fn explain(&self, mut info: ProcInfo, now: Option<u64>) -> ProcInfo {
+    pub(crate) fn explain(&self, mut info: ProcInfo, now: Option<u64>) -> ProcInfo {
         let Some(now) = now else { return info };
         let failed = !info.running
             && info.exit_code != Some(0)
@@ -62,24 +64,6 @@ impl ProcOoms {
             info.reason = Some(EndReason::Oom);
         }
         info
-    }
-}
-
-impl Manager {
-    /// A caller is about to SIGKILL a background process: its end is not
-    /// memory's doing, whatever else the sandbox's OOM count did.
-    pub async fn note_process_kill(&self, id: &str, proc_id: &str) -> Result<(), CoreError> {
-        self.live_get(id).await?.procs.killed_by_caller(proc_id);
-        Ok(())
-    }
-
-    /// A background process's state, with `reason: oom` when memory ended
-    /// it (module doc).
-    pub async fn explain_process(&self, id: &str, info: ProcInfo) -> ProcInfo {
-        match self.live_get(id).await {
-            Ok(live) => live.procs.explain(info, self.runtime.oom_kills(id)),
-            Err(_) => info,
-        }
     }
 }
 

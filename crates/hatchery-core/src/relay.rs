@@ -10,85 +10,25 @@
 //! it, and nothing a guest sends is logged unthrottled.
 
 use crate::agent_client::{guest_error, AgentClient, Channel};
+use crate::metrics::Meters;
 use crate::CoreError;
-use hatchery_agent_proto::relay::{cost, window_payload, ACK_EVERY, CHUNK, MIN_COST, WINDOW};
+use hatchery_agent_proto::relay::{cost, window_payload, ACK_EVERY};
 use hatchery_agent_proto::{Frame, Kind, RelayOpen};
-use prometheus::{IntCounter, IntGauge};
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
 
+// Credit has its own module (relay_credit.rs) so that the agent connection
+// needs nothing from this one; its public path stays `relay::Credit`.
+pub use crate::relay_credit::Credit;
+
 /// How long the guest gets to answer a `RelayOpen` (a loopback connect).
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Send credit of one connection: what the guest has acknowledged.
-pub struct Credit(Mutex<CreditState>);
-
-struct CreditState {
-    avail: u64,
-    closed: bool,
-    waker: Option<Waker>,
-}
-
-impl Credit {
-    pub(crate) fn new() -> Arc<Credit> {
-        Arc::new(Credit(Mutex::new(CreditState {
-            avail: WINDOW as u64,
-            closed: false,
-            waker: None,
-        })))
-    }
-
-    fn with<T>(&self, f: impl FnOnce(&mut CreditState) -> T) -> T {
-        f(&mut self.0.lock().unwrap_or_else(|p| p.into_inner()))
-    }
-
-    /// A window frame from the guest. A guest granting more than it could
-    /// have been sent only makes its own connection faster, so it is
-    /// merely capped.
-    pub(crate) fn grant(&self, n: u32) {
-        let w = self.with(|s| {
-            s.avail = (s.avail + n as u64).min(u32::MAX as u64);
-            s.waker.take()
-        });
-        if let Some(w) = w {
-            w.wake();
-        }
-    }
-
-    /// No more credit will come: the connection is gone.
-    pub(crate) fn close(&self) {
-        let w = self.with(|s| {
-            s.closed = true;
-            s.waker.take()
-        });
-        if let Some(w) = w {
-            w.wake();
-        }
-    }
-
-    /// Bytes that may be sent now (at most `want`), already taken from the
-    /// credit; `None` once closed.
-    fn poll_take(&self, cx: &mut Context<'_>, want: usize) -> Poll<Option<usize>> {
-        self.with(|s| {
-            if s.closed {
-                return Poll::Ready(None);
-            }
-            if s.avail < MIN_COST as u64 {
-                s.waker = Some(cx.waker().clone());
-                return Poll::Pending;
-            }
-            let n = want.min(CHUNK).min(s.avail as usize);
-            s.avail -= cost(n) as u64;
-            Poll::Ready(Some(n))
-        })
-    }
-}
 
 /// Counts one relayed connection against a per-sandbox cap for as long as
 /// it lives.
@@ -108,14 +48,6 @@ impl Drop for Slot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
-}
-
-/// Per-connection handles on the relay metrics.
-#[derive(Clone)]
-pub(crate) struct Meters {
-    pub to_guest: IntCounter,
-    pub from_guest: IntCounter,
-    pub open: IntGauge,
 }
 
 /// One relayed TCP connection. Writes are queued to a sender task in
@@ -365,7 +297,7 @@ pub(crate) async fn open_port(
 pub(crate) mod tests {
     use super::*;
     use crate::metrics::Metrics;
-    use hatchery_agent_proto::relay::GUEST_CHANNEL_BIT;
+    use hatchery_agent_proto::relay::{CHUNK, GUEST_CHANNEL_BIT, MIN_COST, WINDOW};
     use hatchery_agent_proto::{read_frame, GuestError, RelayIncoming};
     use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 

@@ -16,6 +16,7 @@ mod layout;
 pub mod memcg;
 mod oci;
 pub mod oom;
+mod oom_count;
 mod runtime;
 pub mod shim;
 pub mod teardown;

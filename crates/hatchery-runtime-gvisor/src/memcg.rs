@@ -177,7 +177,7 @@ fn oom_kill_count(dir: &Path) -> Option<u64> {
 
 /// OOM kills in the sandbox's cgroup and its `guest` child together (in
 /// cgroup v1 each counts only its own), with the shim's own in `guest`
-/// (oom.rs; `bundle` is the sandbox's bundle).
+/// (oom_count.rs; `bundle` is the sandbox's bundle).
 pub fn oom_kills(id: &str, bundle: &Path) -> Option<u64> {
     let dir = sandbox_dir(id);
     let parent = oom_kill_count(&dir)?;
@@ -185,7 +185,7 @@ pub fn oom_kills(id: &str, bundle: &Path) -> Option<u64> {
 }
 
 fn guest_kills(dir: &Path, bundle: &Path) -> u64 {
-    oom_kill_count(&dir.join(GUEST)).unwrap_or(0) + crate::oom::kills(bundle)
+    oom_kill_count(&dir.join(GUEST)).unwrap_or(0) + crate::oom_count::kills(bundle)
 }
 
 /// Why a sandbox whose guest just ended on its own died, judged from its

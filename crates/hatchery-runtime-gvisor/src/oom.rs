@@ -38,6 +38,9 @@
 //! left on (the earlier behaviour).
 
 use crate::memcg::{io, MemcgError, GUEST};
+// The kill count has its own module (oom_count.rs) because memcg.rs reads
+// it too; its paths here stay.
+pub use crate::oom_count::{kills, kills_file};
 use std::cell::Cell;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -58,19 +61,6 @@ pub const RELEASE: Duration = Duration::from_secs(15);
 /// when no notification comes.
 const TICK: Duration = Duration::from_millis(50);
 const POLL: Duration = Duration::from_millis(500);
-
-/// The file (in the bundle) counting the shim's OOM kills.
-pub fn kills_file(bundle: &Path) -> PathBuf {
-    bundle.join("oom_kills")
-}
-
-/// The shim's OOM kills so far in the sandbox whose bundle is `bundle`.
-pub fn kills(bundle: &Path) -> u64 {
-    std::fs::read_to_string(kills_file(bundle))
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
-}
 
 /// What to do about a guest at its ceiling.
 #[derive(Debug, PartialEq, Eq)]
