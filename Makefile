@@ -40,6 +40,7 @@ run: build template
 
 lint:
 	cargo fmt --all -- --check
+	/usr/bin/python3 scripts/module_cycles.py
 	cargo clippy --workspace --all-targets --release -- -D warnings
 
 # The test binaries: libraries, binaries, crate tests (the examples are
