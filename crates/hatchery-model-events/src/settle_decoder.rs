@@ -9,7 +9,7 @@ use hatchery_sessions::broker_hooks::RemoteJoined;
 /// Why a posted settle is refused.
 #[derive(Debug, thiserror::Error)]
 pub enum SettleRefused {
-    #[error("{0}")]
+    #[error("not a settle")]
     Unreadable(#[source] serde_json::Error),
     #[error("the settle is not charged to {0}")]
     NotCharged(String),
@@ -34,15 +34,12 @@ impl SettleDecoder {
 }
 
 impl RemoteJoined for SettleDecoder {
-    // The trait (hatchery-sessions') answers a refusal as text: it becomes
-    // the 400's message.
     fn decode(
         &self,
         session: &str,
         write: serde_json::Value,
-    ) -> Result<Box<dyn hatchery_db::Joined>, String> {
-        let s = self.settle_of(session, write).map_err(|e| e.to_string())?;
-        Ok(Box::new(s))
+    ) -> Result<Box<dyn hatchery_db::Joined>, hatchery_sessions::broker_hooks::JoinedRefused> {
+        Ok(Box::new(self.settle_of(session, write)?))
     }
 }
 
@@ -71,7 +68,7 @@ mod tests {
         assert!(own.get("fresh").is_none(), "{own}");
         assert!(SettleDecoder.decode("ses_a", own.clone()).is_ok());
         let e = SettleDecoder.decode("ses_b", own).err().unwrap();
-        assert!(e.contains("session:ses_b"), "{e}");
+        assert!(e.to_string().contains("session:ses_b"), "{e}");
         assert!(SettleDecoder.decode("ses_a", s(&["tenant:t"])).is_err());
         let junk = serde_json::json!({"id": "rsv_1", "scopes": ["session:ses_a"], "actual": {"tokens": 1, "usd_cents": 0}, "extra": 1});
         assert!(SettleDecoder.decode("ses_a", junk).is_err());

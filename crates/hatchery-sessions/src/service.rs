@@ -96,9 +96,12 @@ impl Sessions {
                     format!("this host takes no {from:?} writes"),
                 )
             })?;
-        codec
-            .decode(id, write)
-            .map_err(|e| SessionError::bad("invalid_request", format!("joined: {e}")))
+        codec.decode(id, write).map_err(|e| {
+            SessionError::bad(
+                "invalid_request",
+                format!("joined: {}", crate::broker_hooks::refusal_message(&*e)),
+            )
+        })
     }
 
     pub fn metrics(&self) -> &crate::metrics::SessionMetrics {

@@ -186,21 +186,51 @@ impl Joined for BrokerWrite {
 /// with its events (set on its sessions service by the daemon).
 pub struct Decoder;
 
-impl hatchery_sessions::broker_hooks::RemoteJoined for Decoder {
-    fn decode(&self, session: &str, write: serde_json::Value) -> Result<Box<dyn Joined>, String> {
-        let w: BrokerWrite = serde_json::from_value(write).map_err(|e| e.to_string())?;
+/// Why an owner refuses a broker write posted with events.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeRefused {
+    #[error("not a broker write")]
+    Unreadable(#[source] serde_json::Error),
+    #[error("no move from {from:?} to {to:?}")]
+    NoSuchMove { from: CallState, to: CallState },
+    #[error("the write is for a call of session {of}, not {posted_to}")]
+    OtherSession { of: String, posted_to: String },
+}
+
+impl Decoder {
+    /// The write in `write`, if it is a move of the call graph for a call
+    /// of `session`.
+    pub fn write_of(
+        &self,
+        session: &str,
+        write: serde_json::Value,
+    ) -> Result<BrokerWrite, DecodeRefused> {
+        let w: BrokerWrite = serde_json::from_value(write).map_err(DecodeRefused::Unreadable)?;
         if let BrokerWrite::Advance(a) = &w {
             if !a.from.valid_transition(a.to) {
-                return Err(format!("no move from {:?} to {:?}", a.from, a.to));
+                return Err(DecodeRefused::NoSuchMove {
+                    from: a.from,
+                    to: a.to,
+                });
             }
         }
         if w.session_id() != session {
-            return Err(format!(
-                "the write is for a call of session {}, not {session}",
-                w.session_id()
-            ));
+            return Err(DecodeRefused::OtherSession {
+                of: w.session_id().to_string(),
+                posted_to: session.to_string(),
+            });
         }
-        Ok(Box::new(w))
+        Ok(w)
+    }
+}
+
+impl hatchery_sessions::broker_hooks::RemoteJoined for Decoder {
+    fn decode(
+        &self,
+        session: &str,
+        write: serde_json::Value,
+    ) -> Result<Box<dyn Joined>, hatchery_sessions::broker_hooks::JoinedRefused> {
+        Ok(Box::new(self.write_of(session, write)?))
     }
 }
 
@@ -219,8 +249,11 @@ mod tests {
         let w = serde_json::to_value(insert("ses_a")).unwrap();
         assert!(Decoder.decode("ses_a", w.clone()).is_ok());
         // A write for another session's call is refused, whoever posts it.
-        let e = Decoder.decode("ses_b", w).err().unwrap();
-        assert!(e.contains("ses_a"), "{e}");
+        let e = Decoder.write_of("ses_b", w).unwrap_err();
+        assert!(
+            matches!(&e, DecodeRefused::OtherSession { of, .. } if of == "ses_a"),
+            "{e}"
+        );
         // No move outside the graph, even from a daemon.
         let c = Call::new("ses_a", 3, 1, "noop", "{}".into(), "sha".into());
         let bad = BrokerWrite::Advance(Advance {
@@ -233,12 +266,14 @@ mod tests {
             row: None,
         });
         let e = Decoder
-            .decode("ses_a", serde_json::to_value(bad).unwrap())
-            .err()
-            .unwrap();
-        assert!(e.contains("no move"), "{e}");
+            .write_of("ses_a", serde_json::to_value(bad).unwrap())
+            .unwrap_err();
+        assert!(matches!(e, DecodeRefused::NoSuchMove { .. }), "{e}");
         // Unknown shapes are refused, not ignored.
         let junk = serde_json::json!({"drop_table": {"session_id": "ses_a"}});
-        assert!(Decoder.decode("ses_a", junk).is_err());
+        assert!(matches!(
+            Decoder.write_of("ses_a", junk),
+            Err(DecodeRefused::Unreadable(_))
+        ));
     }
 }
