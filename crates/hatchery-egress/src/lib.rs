@@ -8,5 +8,6 @@ pub mod proxy;
 pub mod target;
 
 pub use proxy::{
-    EgressEvent, EventSink, Events, Identify, Limits, PolicySource, Proxy, SessionId, Verdict,
+    EgressEvent, EventSink, Events, Identify, Limits, PolicySource, Proxy, SessionId, SourceError,
+    Verdict,
 };

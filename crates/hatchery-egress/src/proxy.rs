@@ -32,7 +32,24 @@ pub trait Identify: Send + Sync + 'static {
 /// connection closed.
 #[async_trait::async_trait]
 pub trait PolicySource: Send + Sync + 'static {
-    async fn policy_for(&self, session: &str) -> Result<Arc<Policy>, String>;
+    async fn policy_for(&self, session: &str) -> Result<Arc<Policy>, SourceError>;
+}
+
+/// Why a policy lookup or an allowed connection's event failed: the
+/// implementation's own error (its text, causes included, goes into the
+/// refusal the guest reads and the denial event).
+pub type SourceError = Box<dyn std::error::Error + Send + Sync>;
+
+/// `e` with its causes, one line.
+fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut m = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        m.push_str(": ");
+        m.push_str(&c.to_string());
+        cause = c.source();
+    }
+    m
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,7 +80,7 @@ pub trait Events: Send + Sync {
     /// An allowed connection, awaited before a byte of it reaches the
     /// upstream: an error refuses the connection, so no connection carries
     /// data without its event written first.
-    async fn allowed(&self, e: EgressEvent) -> Result<(), String>;
+    async fn allowed(&self, e: EgressEvent) -> Result<(), SourceError>;
     /// A refusal. Must not block the proxy (a guest can make many).
     fn denied(&self, e: EgressEvent);
 }
@@ -71,7 +88,7 @@ pub trait Events: Send + Sync {
 /// A plain function takes both kinds and never refuses (tests, benches).
 #[async_trait::async_trait]
 impl<F: Fn(EgressEvent) + Send + Sync> Events for F {
-    async fn allowed(&self, e: EgressEvent) -> Result<(), String> {
+    async fn allowed(&self, e: EgressEvent) -> Result<(), SourceError> {
         self(e);
         Ok(())
     }
@@ -279,7 +296,13 @@ impl Proxy {
             Ok((mut upstream, first, ok)) => {
                 let e = self.event(Verdict::Allowed, Some(&session), peer, &ok);
                 if let Err(why) = self.events.allowed(e).await {
-                    let mut r = refuse(503, format!("the connection could not be recorded: {why}"));
+                    let mut r = refuse(
+                        503,
+                        format!(
+                            "the connection could not be recorded: {}",
+                            with_causes(&*why)
+                        ),
+                    );
                     r.host = ok.host.clone();
                     r.port = ok.port;
                     r.ip = ok.ip;
@@ -328,11 +351,12 @@ impl Proxy {
             r.port = Some(target.port);
             r
         };
-        let policy = self
-            .policies
-            .policy_for(session)
-            .await
-            .map_err(|e| with_target(refuse(503, format!("policy unavailable: {e}"))))?;
+        let policy = self.policies.policy_for(session).await.map_err(|e| {
+            with_target(refuse(
+                503,
+                format!("policy unavailable: {}", with_causes(&*e)),
+            ))
+        })?;
         let (addr, rule_id) = self
             .choose(&policy, &target, &host_str)
             .await

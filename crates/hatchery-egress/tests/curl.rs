@@ -26,11 +26,11 @@ struct Pinned(HashMap<String, Arc<Policy>>);
 
 #[async_trait::async_trait]
 impl PolicySource for Pinned {
-    async fn policy_for(&self, session: &str) -> Result<Arc<Policy>, String> {
+    async fn policy_for(&self, session: &str) -> Result<Arc<Policy>, hatchery_egress::SourceError> {
         self.0
             .get(session)
             .cloned()
-            .ok_or_else(|| format!("no pinned policy for {session}"))
+            .ok_or_else(|| format!("no pinned policy for {session}").into())
     }
 }
 

@@ -28,6 +28,18 @@ pub const DENY_BURST: f64 = 20.0;
 pub const DENY_PER_SEC: f64 = 5.0;
 /// How long an allowed connection may wait for its event to be written.
 const RECORD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why an allowed connection's event was not written (the connection is
+/// refused with this text).
+#[derive(Debug, thiserror::Error)]
+enum NotRecorded {
+    #[error("no session")]
+    NoSession,
+    #[error("the session log refused the event")]
+    Refused(#[source] StoreError),
+    #[error("the session log did not answer in {} s", RECORD_TIMEOUT.as_secs())]
+    TimedOut,
+}
 /// Denials queued for writing (the writer is one task).
 const QUEUE: usize = 8192;
 /// How often suppressed counts are written.
@@ -194,9 +206,9 @@ impl SessionEvents {
 
 #[async_trait::async_trait]
 impl Events for SessionEvents {
-    async fn allowed(&self, e: EgressEvent) -> Result<(), String> {
+    async fn allowed(&self, e: EgressEvent) -> Result<(), hatchery_egress::SourceError> {
         let Some(session) = e.session.clone() else {
-            return Err("no session".into());
+            return Err(NotRecorded::NoSession.into());
         };
         match tokio::time::timeout(
             RECORD_TIMEOUT,
@@ -208,9 +220,9 @@ impl Events for SessionEvents {
             Ok(Err(err)) => {
                 limited_warn!(limiter(), "egress-record", session = %session,
                     error = %err, "an allowed egress connection could not be recorded; refused");
-                Err("the session log refused the event".into())
+                Err(NotRecorded::Refused(err).into())
             }
-            Err(_) => Err("the session log did not answer in time".into()),
+            Err(_) => Err(NotRecorded::TimedOut.into()),
         }
     }
 

@@ -84,7 +84,7 @@ struct Pinned {
 
 #[async_trait::async_trait]
 impl PolicySource for Pinned {
-    async fn policy_for(&self, session: &str) -> Result<Arc<Policy>, String> {
+    async fn policy_for(&self, session: &str) -> Result<Arc<Policy>, hatchery_egress::SourceError> {
         let b = self
             .bindings
             .lock()
@@ -92,12 +92,28 @@ impl PolicySource for Pinned {
             .values()
             .find(|b| b.session == session)
             .cloned()
-            .ok_or_else(|| format!("session {session} has no pinned policy on record"))?;
-        self.compiled
-            .get(&b.policy_id, b.policy_version)
-            .await
-            .map_err(|e| e.to_string())
+            .ok_or_else(|| PolicyLookup::NotPinned(session.to_string()))?;
+        let p = self.compiled.get(&b.policy_id, b.policy_version).await;
+        Ok(p.map_err(|e| PolicyLookup::Store {
+            id: b.policy_id,
+            version: b.policy_version,
+            source: e,
+        })?)
     }
+}
+
+/// Why a session's pinned policy is not at hand.
+#[derive(Debug, thiserror::Error)]
+enum PolicyLookup {
+    #[error("session {0} has no pinned policy on record")]
+    NotPinned(String),
+    #[error("policy {id} version {version}")]
+    Store {
+        id: String,
+        version: u32,
+        #[source]
+        source: hatchery_policy::StoreError,
+    },
 }
 
 /// Never consulted: every connection arrives identified (`handle_identified`).
