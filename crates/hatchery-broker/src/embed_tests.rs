@@ -2,8 +2,9 @@
 //! role's routes over an in-memory database (its owners and hosts fakes).
 
 use super::*;
-use crate::session_log::remote::tests::{Hosts, Owners};
+use crate::session_log::remote::tests::Owners;
 use axum::body::Body;
+use hatchery_route::fake::{slot, FixedHosts};
 use tower::ServiceExt;
 
 fn args() -> BrokerArgs {
@@ -87,10 +88,11 @@ async fn control(s: &Settings<'_>) -> Result<axum::Router, EmbedError> {
         .unwrap();
     let post = OwnerPost {
         owners: Arc::new(Owners),
-        directory: Arc::new(Hosts {
-            url: "http://127.0.0.1:9".into(),
-            alive: false,
-        }),
+        directory: Arc::new(FixedHosts(vec![slot(
+            "a",
+            "http://127.0.0.1:9".into(),
+            false,
+        )])),
         me: "ctl".into(),
         api_key: "hx_k".into(),
         daemon_key: "hxd_d".into(),

@@ -113,9 +113,9 @@ mod tests {
     use hatchery_gateway::budget::{Amount, Caller};
     use hatchery_gateway::events::{GatewayEvent, GatewayEvents};
     use hatchery_gateway::usage::Flavor;
-    use hatchery_route::{Directory, HostSlot, Location, RouteError};
+    use hatchery_route::fake::{slot, FixedHosts};
+    use hatchery_route::HostSlot;
     use hatchery_sessions::owner_post::SessionOwners;
-    use std::collections::BTreeMap;
     use std::sync::Mutex;
 
     fn caller() -> Caller {
@@ -141,35 +141,6 @@ mod tests {
             Ok(h.map(|h| (h, self.1)))
         }
     }
-    struct Hosts(Vec<HostSlot>);
-    #[async_trait::async_trait]
-    impl Directory for Hosts {
-        async fn sandbox(&self, _: &str) -> Result<Location, RouteError> {
-            Ok(Location::Unknown)
-        }
-        async fn snapshot(&self, _: &str) -> Result<Location, RouteError> {
-            Ok(Location::Unknown)
-        }
-        async fn session(&self, _: &str) -> Result<Location, RouteError> {
-            Ok(Location::Unknown)
-        }
-        async fn hosts(&self) -> Result<Vec<HostSlot>, RouteError> {
-            Ok(self.0.clone())
-        }
-        async fn tenant_live(&self, _: &str) -> Result<BTreeMap<String, u32>, RouteError> {
-            Ok(BTreeMap::new())
-        }
-    }
-    fn slot(id: &str, url: String, alive: bool) -> HostSlot {
-        HostSlot {
-            id: id.into(),
-            url,
-            capacity: 1,
-            live: 0,
-            alive,
-            warm: vec![],
-        }
-    }
     fn sink(owners: Vec<Option<String>>, hosts: Vec<HostSlot>) -> RemoteSink {
         sink_of(owners, hosts, false)
     }
@@ -177,7 +148,7 @@ mod tests {
         RemoteSink {
             post: OwnerPost {
                 owners: Arc::new(Owners(Mutex::new(owners), ended)),
-                directory: Arc::new(Hosts(hosts)),
+                directory: Arc::new(FixedHosts(hosts)),
                 me: "ctl".into(),
                 api_key: "k".into(),
                 daemon_key: "dk".into(),

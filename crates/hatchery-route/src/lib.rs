@@ -19,6 +19,7 @@
 
 pub mod control;
 mod error;
+pub mod fake;
 pub mod forward;
 pub mod layer;
 mod metrics;

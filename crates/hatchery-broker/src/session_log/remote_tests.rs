@@ -3,9 +3,8 @@
 //! 127.0.0.1 that answers from a script and records what reached it.
 
 use super::*;
-use hatchery_route::{Directory, HostSlot, Location, RouteError};
+use hatchery_route::fake::{slot, FixedHosts};
 use hatchery_sessions::owner_post::SessionOwners;
-use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 fn call(seq: u64) -> EventKind {
@@ -82,37 +81,6 @@ impl SessionOwners for Owners {
     }
 }
 
-/// Host `a` at `url`, alive or not.
-pub(crate) struct Hosts {
-    pub url: String,
-    pub alive: bool,
-}
-#[async_trait::async_trait]
-impl Directory for Hosts {
-    async fn sandbox(&self, _: &str) -> Result<Location, RouteError> {
-        Ok(Location::Unknown)
-    }
-    async fn snapshot(&self, _: &str) -> Result<Location, RouteError> {
-        Ok(Location::Unknown)
-    }
-    async fn session(&self, _: &str) -> Result<Location, RouteError> {
-        Ok(Location::Unknown)
-    }
-    async fn hosts(&self) -> Result<Vec<HostSlot>, RouteError> {
-        Ok(vec![HostSlot {
-            id: "a".into(),
-            url: self.url.clone(),
-            capacity: 1,
-            live: 0,
-            alive: self.alive,
-            warm: vec![],
-        }])
-    }
-    async fn tenant_live(&self, _: &str) -> Result<BTreeMap<String, u32>, RouteError> {
-        Ok(BTreeMap::new())
-    }
-}
-
 /// What reached the owner: (delivery key, body).
 type Seen = Arc<Mutex<Vec<(String, String)>>>;
 
@@ -152,7 +120,7 @@ async fn log_to(url: String, alive: bool) -> RemoteSessionLog {
         Arc::new(store),
         OwnerPost {
             owners: Arc::new(Owners),
-            directory: Arc::new(Hosts { url, alive }),
+            directory: Arc::new(FixedHosts(vec![slot("a", url, alive)])),
             me: "ctl".into(),
             api_key: "k".into(),
             daemon_key: "dk".into(),
