@@ -40,18 +40,6 @@ pub trait PolicySource: Send + Sync + 'static {
 /// refusal the guest reads and the denial event).
 pub type SourceError = Box<dyn std::error::Error + Send + Sync>;
 
-/// `e` with its causes, one line.
-fn with_causes(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut m = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        m.push_str(": ");
-        m.push_str(&c.to_string());
-        cause = c.source();
-    }
-    m
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
     Allowed,
@@ -300,7 +288,7 @@ impl Proxy {
                         503,
                         format!(
                             "the connection could not be recorded: {}",
-                            with_causes(&*why)
+                            hatchery_serve::error_text::with_causes(&*why)
                         ),
                     );
                     r.host = ok.host.clone();
@@ -354,7 +342,10 @@ impl Proxy {
         let policy = self.policies.policy_for(session).await.map_err(|e| {
             with_target(refuse(
                 503,
-                format!("policy unavailable: {}", with_causes(&*e)),
+                format!(
+                    "policy unavailable: {}",
+                    hatchery_serve::error_text::with_causes(&*e)
+                ),
             ))
         })?;
         let (addr, rule_id) = self

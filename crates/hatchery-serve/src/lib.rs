@@ -15,6 +15,7 @@
 //! WebSocket runs as long as its handler does, since hyper only reads a new
 //! head (and starts the header timer) once the response before it is done.
 
+pub mod error_text;
 pub mod headers;
 pub mod log_limit;
 pub mod origin;

@@ -56,19 +56,6 @@ pub trait RemoteJoined: Send + Sync + 'static {
 /// Why a product refuses a posted write, as the product's error.
 pub type JoinedRefused = Box<dyn std::error::Error + Send + Sync>;
 
-/// A refusal with its causes, for the 400's message ("not a broker write:
-/// unknown variant ...").
-pub fn refusal_message(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut m = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        m.push_str(": ");
-        m.push_str(&c.to_string());
-        cause = c.source();
-    }
-    m
-}
-
 /// How an approval was decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decision {
@@ -172,23 +159,5 @@ pub mod reads {
             EventKind::RepoCheckedOut { commit, .. } => Some(commit),
             _ => None,
         }))
-    }
-}
-
-#[cfg(test)]
-mod refusal_tests {
-    use super::*;
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("not a broker write")]
-    struct Outer(#[source] std::io::Error);
-
-    #[test]
-    fn a_refusal_says_its_causes() {
-        let e: JoinedRefused = Box::new(Outer(std::io::Error::other("unknown variant `drop`")));
-        assert_eq!(
-            refusal_message(&*e),
-            "not a broker write: unknown variant `drop`"
-        );
     }
 }

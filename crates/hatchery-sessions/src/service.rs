@@ -99,7 +99,7 @@ impl Sessions {
         codec.decode(id, write).map_err(|e| {
             SessionError::bad(
                 "invalid_request",
-                format!("joined: {}", crate::broker_hooks::refusal_message(&*e)),
+                format!("joined: {}", hatchery_serve::error_text::with_causes(&*e)),
             )
         })
     }
