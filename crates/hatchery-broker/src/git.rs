@@ -46,16 +46,9 @@ pub struct Scratch {
     dir: tempfile::TempDir,
 }
 
+/// git's output, trimmed, cut to at most `n` bytes (crate::cut's rule).
 fn cut(s: &str, n: usize) -> String {
-    let s = s.trim();
-    if s.len() <= n {
-        return s.to_string();
-    }
-    let mut e = n;
-    while !s.is_char_boundary(e) {
-        e -= 1;
-    }
-    s[..e].to_string()
+    crate::cut::cut(s.trim(), n)
 }
 
 impl Scratch {
