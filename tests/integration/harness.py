@@ -8,6 +8,7 @@ import hashlib
 import http.client
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -42,12 +43,33 @@ def own_database(prefix):
 KEY = "test-key-" + os.urandom(4).hex()
 
 
+def _ephemeral_range():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+            return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A free port below the kernel's ephemeral range. A port the kernel
+    handed out (bind to 0) can be handed out again, as the local end of any
+    process's outgoing connection, while a daemon is between stop and
+    start; one outside that range can only be taken by an explicit bind."""
+    low, _ = _ephemeral_range()
+    first = 20000 if low > 21000 else 1025
+    for _ in range(200):
+        port = random.randrange(first, low)
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+            return port
+        except OSError:
+            continue
+        finally:
+            s.close()
+    raise RuntimeError(f"no free port in {first}..{low}")
 
 
 def metric(d, name, labels=None):

@@ -11,14 +11,15 @@ HATCHERY_TEST_PG_DSN set and stops the server afterwards."""
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(1, os.path.join(os.path.dirname(__file__), "..", "integration"))
 import hostnet  # noqa: E402
+from harness import free_port  # noqa: E402,F401  (re-exported: the gateway tests take it from here)
 
 
 def pg_bin(name):
@@ -26,14 +27,6 @@ def pg_bin(name):
     if not found:
         raise RuntimeError(f"PostgreSQL's {name} not found under /usr/lib/postgresql (scripts/setup-host.sh installs it)")
     return found[-1]
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def as_postgres(args, **kw):
