@@ -136,8 +136,8 @@ fn query(q: Option<&str>) -> Result<Query, Box<Response>> {
     };
     for part in q.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (k, v) = part.split_once('=').unwrap_or((part, ""));
-        let v = crate::pct_decode(v)
-            .ok_or_else(|| Box::new(plain_error(StatusCode::BAD_REQUEST, "malformed query")))?;
+        let v = crate::query::pct_decode(v)
+            .map_err(|e| Box::new(plain_error(StatusCode::BAD_REQUEST, e.to_string())))?;
         match k {
             "path" => out.path = Some(v),
             "username" if v.is_empty() => {}
@@ -247,7 +247,9 @@ fn signer<'a>(
     let mut found = None;
     for id in ids {
         let want = url_signature(path, op, user, &token_of(id), q.expiration.as_deref());
-        if crate::ct_eq(want.as_bytes(), sig.as_bytes()) && found.is_none() {
+        if hatchery_serve::headers::constant_time_eq(want.as_bytes(), sig.as_bytes())
+            && found.is_none()
+        {
             found = Some(id);
         }
     }
