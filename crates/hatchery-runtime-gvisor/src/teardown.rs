@@ -51,16 +51,38 @@ pub fn destroy(runsc_bin: &Path, flags: &[String], id: &str, bundle: &Path) {
         // processes (see pids_mentioning; our own pid is never listed).
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     }
-    std::thread::sleep(std::time::Duration::from_millis(50));
-    crate::memcg::remove_guest(id);
-    for p in cgroups(id) {
-        {
-            let _ = std::fs::remove_dir(&p);
-        }
-    }
+    remove_cgroups(id);
     unmount_disk(bundle);
     let _ = std::fs::remove_dir_all(bundle);
     remove_runsc_state(flags, id);
+}
+
+/// How long a teardown keeps trying to remove the sandbox's cgroups while
+/// the kernel still counts a dying task in them (EBUSY). One try after
+/// 50 ms left empty `sbx_*` cgroups behind when a loaded host was slow to
+/// finish the killed processes' exits.
+const CGROUP_PATIENCE: std::time::Duration = std::time::Duration::from_secs(3);
+
+fn remove_cgroups(id: &str) {
+    let deadline = std::time::Instant::now() + CGROUP_PATIENCE;
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        crate::memcg::remove_guest(id);
+        let busy = cgroups(id)
+            .into_iter()
+            .filter(|p| std::fs::remove_dir(p).is_err() && p.is_dir())
+            .count();
+        if busy == 0 || std::time::Instant::now() >= deadline {
+            if busy > 0 {
+                tracing::warn!(
+                    sandbox = id,
+                    busy,
+                    "sandbox cgroups still busy after teardown"
+                );
+            }
+            return;
+        }
+    }
 }
 
 /// runsc's own files for the container (`<id>_sandbox:<id>.state`, its
