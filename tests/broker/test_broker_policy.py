@@ -4,8 +4,9 @@ started changes nothing for it)."""
 
 import json
 import os
+import subprocess
 
-from broker_support import add_repo
+from broker_support import add_repo, remote_file
 
 HERE = os.path.dirname(__file__)
 
@@ -63,6 +64,66 @@ def test_first_match_default_deny_and_pinning(bd, forge):
     assert prs == ["pinned to v1"]
     for s in (a, b):
         bd.track_sandboxes(s)
+
+
+BIG_DIFF = {"name": "diff-size-test", "rules": [
+    # The docs' rule (docs/policy.md), ahead of the session's own branch.
+    {"id": "big-diff", "effect": "require_approval",
+     "match": {"tools": ["git_push"], "args": [{"field": "diff.lines", "op": "gt", "value": 500}]}},
+    {"id": "push-session-branch", "effect": "allow",
+     "match": {"tools": ["git_push"], "args": [{"field": "branch", "op": "eq", "value": {"ctx": "session_branch"}}]}},
+]}
+
+
+def started_diff(d, sid):
+    """The diff the broker recorded in the event logged before the push."""
+    evs = [e for e in d.all_events(sid) if e["type"] == "broker_effect_started"]
+    assert len(evs) == 1, evs
+    return json.loads(evs[0]["detail"])["diff"]
+
+
+def test_push_size_is_measured_on_the_host(bd):
+    """Issue 36: `diff.lines` is what the host counts in the commit it is
+    about to push, not what the agent says. 800 real lines claimed as 10
+    wait for the big-diff approval (the approver is shown the host's
+    count) and are pushed once approved; 10 real lines are pushed at once.
+    On a broker that passed the agent's `diff` through, the first push
+    was allowed without an approval."""
+    r = bd.request("POST", "/v1/policies", BIG_DIFF)
+    assert r.status == 201, r
+    pid = r.json()["id"]
+    files = {"agent.py": open(os.path.join(HERE, "diff_agent.py")).read()}
+    repo, bare = add_repo(bd.git_server, "diffsize", files)
+    big = bd.new_session(repo, "800 lines", policy_id=pid,
+                         agent={"kind": "command", "command": "python3 agent.py 800 10"})
+    small = bd.new_session(repo, "10 lines", policy_id=pid,
+                           agent={"kind": "command", "command": "python3 agent.py 10 10"})
+
+    s = bd.wait_state(big, "waiting_approval")
+    apr = s["pending_approval"]
+    assert apr["action"] == "git_push", apr
+    shown = json.loads(apr["details"])
+    assert shown["diff"] == {"files": 1, "lines_added": 800, "lines_removed": 0, "lines": 800}, shown
+    calls = bd.calls(big)
+    assert [(c["status"], c["rule_id"]) for c in calls] == [("awaiting_approval", "big-diff")], calls
+    assert calls[0]["effect"]["diff"]["lines"] == 800 and calls[0]["arguments"]["diff"]["lines"] == 10, calls
+    assert subprocess.run(["git", "--git-dir", bare, "rev-parse", "--verify", "-q", f"refs/heads/hatchery/{big}"],
+                          capture_output=True).returncode != 0, "pushed before the approval"
+    r = bd.request("POST", f"/v1/sessions/{big}/approvals/{apr['approval_id']}", {"decision": "approve", "note": "ok"})
+    assert r.status == 200, r
+    bd.wait_state(big, "completed")
+    bd.wait_state(small, "completed")
+
+    got = answers(bd, big)[1]
+    assert (got["status"], got["rule_id"]) == ("done", "big-diff"), got
+    assert started_diff(bd, big) == {"files": 1, "lines_added": 800, "lines_removed": 0, "lines": 800}
+    got = answers(bd, small)[1]
+    assert (got["status"], got["rule_id"]) == ("done", "push-session-branch"), got
+    assert started_diff(bd, small)["lines"] == 10
+    for sid, n in ((big, 800), (small, 10)):
+        text = remote_file(bare, f"hatchery/{sid}", "big.txt")
+        assert text.count("\n") == n, (sid, len(text))
+        bd.track_sandboxes(sid)
 
 
 def test_unknown_policy_is_refused_at_create(bd):

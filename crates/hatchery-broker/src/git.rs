@@ -67,9 +67,7 @@ impl Scratch {
         self.dir.path()
     }
 
-    /// Runs git in the scratch repository; `header` goes on the command
-    /// line config only. The child dies with the broker (a killed daemon
-    /// leaves no push running behind its back).
+    /// Runs git in the scratch repository ([`Scratch::command`]).
     pub async fn git(
         &self,
         step: &'static str,
@@ -91,39 +89,12 @@ impl Scratch {
         stdin: Option<&[u8]>,
         env: &[(&str, &str)],
     ) -> Result<Vec<u8>, GitError> {
-        let mut c = Command::new("git");
-        c.arg("-C").arg(self.dir.path());
-        if let Some(h) = header {
-            c.arg("-c").arg(format!("http.extraHeader={h}"));
-        }
-        c.args(args)
-            .env_clear()
-            .env(
-                "PATH",
-                std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()),
-            )
-            .env("GIT_TERMINAL_PROMPT", "0")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_ALLOW_PROTOCOL", "https:http:git:file")
-            .env("HOME", self.dir.path())
-            .envs(env.iter().copied())
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches
-        // only the calling (child) process.
-        unsafe {
-            c.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        let mut c = self.command(args, header, env);
+        c.stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
         let mut child = c.spawn()?;
         if let (Some(data), Some(mut w)) = (stdin, child.stdin.take()) {
             let data = data.to_vec();
@@ -143,6 +114,49 @@ impl Scratch {
             });
         }
         Ok(out.stdout)
+    }
+
+    /// git in the scratch repository with the host's environment only
+    /// (no user or system config, no prompt), stdout and stderr piped,
+    /// stdin closed; the child dies with the broker (a killed daemon
+    /// leaves no push running behind its back). `header` goes on the
+    /// command line config only.
+    pub(crate) fn command(
+        &self,
+        args: &[&str],
+        header: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Command {
+        let mut c = Command::new("git");
+        c.arg("-C").arg(self.dir.path());
+        if let Some(h) = header {
+            c.arg("-c").arg(format!("http.extraHeader={h}"));
+        }
+        c.args(args)
+            .env_clear()
+            .env(
+                "PATH",
+                std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into()),
+            )
+            .env("GIT_TERMINAL_PROMPT", "0")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_ALLOW_PROTOCOL", "https:http:git:file")
+            .env("HOME", self.dir.path())
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches
+        // only the calling (child) process.
+        unsafe {
+            c.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        c
     }
 }
 

@@ -9,6 +9,7 @@ pub mod caps;
 pub mod catalog;
 pub mod config;
 mod cut;
+pub mod diffstat;
 pub mod embed;
 pub mod error;
 pub mod fetch;

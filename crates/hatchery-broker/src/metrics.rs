@@ -9,11 +9,19 @@ pub struct BrokerMetrics {
     pub mcp_calls: IntCounterVec,
     /// Calls refused at a per-session cap, by cap.
     pub caps_hit: IntCounterVec,
+    /// `git_push` calls whose own `diff` argument differed from the
+    /// host's count (and was ignored).
+    pub agent_diff_ignored: prometheus::IntCounter,
 }
 
 impl BrokerMetrics {
     pub fn new() -> Self {
         BrokerMetrics {
+            agent_diff_ignored: prometheus::IntCounter::new(
+                "hatchery_broker_agent_diff_ignored_total",
+                "git_push calls whose agent-supplied diff argument differed from the size the host measured (the host's is what the policy sees)",
+            )
+            .expect("metric"),
             caps_hit: IntCounterVec::new(
                 Opts::new(
                     "hatchery_broker_session_caps_hit_total",
@@ -60,6 +68,7 @@ impl BrokerMetrics {
         r.register(Box::new(self.effect_seconds.clone()))?;
         r.register(Box::new(self.mcp_calls.clone()))?;
         r.register(Box::new(self.caps_hit.clone()))?;
+        r.register(Box::new(self.agent_diff_ignored.clone()))?;
         Ok(())
     }
 }

@@ -95,7 +95,9 @@ pub struct CallView {
     pub approval_id: Option<String>,
     #[schema(value_type = Object)]
     pub arguments: serde_json::Value,
-    /// What the effect was planned to do, recorded before it started.
+    /// What the effect was planned to do, recorded before it started (for
+    /// `git_push`, with `diff`: the size measured on the host). A push
+    /// awaiting approval has `{"diff": …}` here, the size it was decided on.
     #[schema(value_type = Object)]
     pub effect: Option<serde_json::Value>,
     #[schema(value_type = Object)]

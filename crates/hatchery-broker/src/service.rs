@@ -12,6 +12,7 @@
 
 use crate::config::BrokerConfig;
 use crate::cut::cut;
+use crate::diffstat::DiffSize;
 use crate::error::BrokerError;
 use crate::git;
 use crate::github::{self, Forge};
@@ -41,6 +42,9 @@ const WORKDIR: &str = "/workspace";
 
 type KeyLock = Arc<tokio::sync::Mutex<()>>;
 
+/// How often a session's ignored `diff` argument is logged, at most.
+const DIFF_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
 pub struct Broker {
     pub(crate) store: BrokerStore,
     sessions: Arc<dyn crate::session_log::SessionLog>,
@@ -62,6 +66,12 @@ pub struct Broker {
     session_locks: Mutex<HashMap<String, KeyLock>>,
     rates: crate::caps::RateBuckets,
     capped: Mutex<std::collections::HashSet<(String, &'static str)>>,
+    /// Measures a push's diff on the host (diffstat.rs); a trait so tests
+    /// can make it fail.
+    diffs: Mutex<Arc<dyn crate::diffstat::DiffSizer>>,
+    /// When each session was last told (in the log) that its own `diff`
+    /// argument was ignored: at most once a minute per session.
+    diff_warned: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 #[async_trait::async_trait]
@@ -104,6 +114,8 @@ impl Broker {
             session_locks: Mutex::new(HashMap::new()),
             rates: crate::caps::RateBuckets::new(cfg.caps.calls_per_minute),
             capped: Mutex::new(std::collections::HashSet::new()),
+            diffs: Mutex::new(Arc::new(crate::diffstat::GitNumstat)),
+            diff_warned: Mutex::new(HashMap::new()),
             cfg,
         })
     }
@@ -114,6 +126,16 @@ impl Broker {
 
     pub fn store(&self) -> &BrokerStore {
         &self.store
+    }
+
+    /// Replaces how pushes are measured (tests: a measurement that fails).
+    #[cfg(test)]
+    pub(crate) fn set_diff_sizer(&self, d: Arc<dyn crate::diffstat::DiffSizer>) {
+        *self.diffs.lock().unwrap_or_else(|p| p.into_inner()) = d;
+    }
+
+    fn diff_sizer(&self) -> Arc<dyn crate::diffstat::DiffSizer> {
+        self.diffs.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// A sandbox's epoch never changes once given, so it is looked up in
@@ -289,8 +311,8 @@ impl Broker {
         // call's row commits with its first events: a key with no row was
         // never asked of any broker (a session rewound to a checkpoint, or
         // moved to another host, finds its calls here) and is new.
-        let call = match self.store.get(&session.id, req.seq).await? {
-            Some(c) if c.args_sha256 == sha && c.tool == req.tool => c,
+        let (call, measured) = match self.store.get(&session.id, req.seq).await? {
+            Some(c) if c.args_sha256 == sha && c.tool == req.tool => (c, None),
             Some(c) => {
                 self.metrics
                     .calls
@@ -309,9 +331,15 @@ impl Broker {
                 self.check_caps(&session.id, args.len() as u64, None)
                     .await?;
                 let mut c = Call::new(&session.id, req.seq, epoch, &req.tool, args.clone(), sha);
-                self.decide(&session, &req, &mut c).await?;
+                let measured = self.decide(&session, &req, &mut c, sandbox_id).await?;
                 self.check_caps(&session.id, 0, Some(&c)).await?;
-                self.begin(c).await?
+                let created = c.created_at.clone();
+                let row = self.begin(c).await?;
+                // The push measured for the decision is the one pushed,
+                // unless another request recorded the key first (its
+                // commit would carry another date).
+                let measured = measured.filter(|_| row.created_at == created);
+                (row, measured)
             }
         };
         // An allowed call's `broker_call` event is written with its
@@ -322,7 +350,7 @@ impl Broker {
         } else {
             self.ensure_recorded(call).await?
         };
-        let call = self.drive(&session, call, sandbox_id).await?;
+        let call = self.drive(&session, call, sandbox_id, measured).await?;
         // A call that failed in planning has had no event yet.
         let call = self.ensure_recorded(call).await?;
         let call = self.ensure_result_event(call).await?;
@@ -374,15 +402,12 @@ impl Broker {
         }
     }
 
-    /// The pinned policy's decision, written into the new call.
-    async fn decide(
+    /// The session's pinned policy, compiled.
+    async fn policy(
         &self,
         s: &hatchery_sessions::store::Session,
-        req: &InvokeRequest,
-        c: &mut Call,
-    ) -> Result<(), BrokerError> {
-        let policy = self
-            .policies
+    ) -> Result<Arc<hatchery_policy::Policy>, BrokerError> {
+        self.policies
             .get(&s.spec.policy_id, s.spec.policy_version)
             .await
             .map_err(|e| {
@@ -390,14 +415,27 @@ impl Broker {
                     format!("{} v{}", s.spec.policy_id, s.spec.policy_version),
                     e.to_string(),
                 )
-            })?;
+            })
+    }
+
+    /// Evaluates `args` (as the host prepared them) for `tool` under the
+    /// session's policy: context `session_branch` and `session_id`, and
+    /// as `cost` the session's spend so far in cents (a broker tool call
+    /// costs no model tokens of its own; docs/policy.md).
+    async fn evaluate(
+        &self,
+        s: &hatchery_sessions::store::Session,
+        tool: &str,
+        args: &Value,
+    ) -> Result<(Effect, Option<String>), BrokerError> {
+        let policy = self.policy(s).await?;
         let mut ctx = Map::new();
         ctx.insert(
             "session_branch".into(),
             Value::String(session_branch(&s.id)),
         );
         ctx.insert("session_id".into(), Value::String(s.id.clone()));
-        let url_dest = crate::fetch::destination(&req.tool, &req.args);
+        let url_dest = crate::fetch::destination(tool, args);
         let dest = url_dest.as_ref().map(|(h, p)| Destination {
             host: h,
             ip: None,
@@ -405,17 +443,58 @@ impl Broker {
         });
         let t = std::time::Instant::now();
         let d = policy.evaluate(&Request {
-            tool: &req.tool,
-            args: &req.args,
-            cost_cents: None,
+            tool,
+            args,
+            cost_cents: Some(i64::try_from(s.spend_usd_cents).unwrap_or(i64::MAX)),
             dest,
             ctx: Some(&ctx),
         });
         self.metrics
             .policy_seconds
             .observe(t.elapsed().as_secs_f64());
-        c.rule_id = d.rule_id.map(str::to_string);
-        match d.effect {
+        Ok((d.effect, d.rule_id.map(str::to_string)))
+    }
+
+    /// The pinned policy's decision, written into the new call. A
+    /// `git_push` is planned first (its commit built on the host, not
+    /// pushed) and measured, so `diff.*` in the policy is the host's
+    /// count, never the agent's: the plan is returned to be pushed as it
+    /// was measured when the call is allowed at once. A push that cannot
+    /// be planned or measured is decided without any `diff` and, unless
+    /// that denies it, fails: it is never allowed at an unknown size.
+    async fn decide(
+        &self,
+        s: &hatchery_sessions::store::Session,
+        req: &InvokeRequest,
+        c: &mut Call,
+        sandbox_id: &str,
+    ) -> Result<Option<Plan>, BrokerError> {
+        // Fail closed before any work: no policy, no plan.
+        self.policy(s).await?;
+        let mut measured = None;
+        let mut unplanned = None;
+        let mut eval_args = None;
+        if req.tool == "git_push" {
+            match self.plan_push(s, c, &req.args, sandbox_id).await {
+                Ok(plan) => {
+                    let size = plan.diff().unwrap_or_default();
+                    self.note_agent_diff(&s.id, req.seq, &req.args, &size);
+                    eval_args = Some(with_diff(&req.args, Some(&size)));
+                    measured = Some(plan);
+                }
+                Err(PlanError::Transient(e)) => return Err(BrokerError::Unavailable(e)),
+                Err(e) => {
+                    eval_args = Some(with_diff(&req.args, None));
+                    unplanned = Some(e);
+                }
+            }
+        }
+        let (effect, rule_id) = self
+            .evaluate(s, &req.tool, eval_args.as_ref().unwrap_or(&req.args))
+            .await?;
+        c.rule_id = rule_id;
+        let diff = measured.as_ref().and_then(Plan::diff);
+        match effect {
             Effect::Allow => {
                 c.decision = "allow".into();
                 c.state = CallState::Pending;
@@ -423,21 +502,102 @@ impl Broker {
             Effect::Deny => {
                 c.decision = "deny".into();
                 c.state = CallState::Denied;
-                c.output = Some(
-                    json!({"error": match &c.rule_id {
-                        Some(r) => format!("denied by policy rule {r:?}"),
-                        None => "denied: no policy rule allows this call (default deny)".to_string(),
-                    }})
-                    .to_string(),
-                );
+                let mut out = json!({"error": match &c.rule_id {
+                    Some(r) => format!("denied by policy rule {r:?}"),
+                    None => "denied: no policy rule allows this call (default deny)".to_string(),
+                }});
+                if let Some(d) = diff {
+                    out["diff"] = d.to_json();
+                }
+                c.output = Some(out.to_string());
             }
             Effect::RequireApproval => {
                 c.decision = "require_approval".into();
                 c.state = CallState::AwaitingApproval;
                 c.approval_id = Some(approval_id(&s.id, req.seq));
+                // The operator's record shows the size the approval is
+                // asked for (the effect proper replaces it when it runs).
+                if let Some(d) = diff {
+                    c.effect = Some(json!({"diff": d.to_json()}).to_string());
+                }
             }
         }
-        Ok(())
+        if let Some(e) = unplanned {
+            if c.state != CallState::Denied {
+                c.state = CallState::Failed;
+                c.approval_id = None;
+                c.output = Some(plan_error_output(e).to_string());
+            }
+        }
+        Ok(measured.filter(|_| c.state == CallState::Pending))
+    }
+
+    /// An agent's own `diff` argument is not what the policy sees; when it
+    /// differs from the host's count, that is logged (at most once a
+    /// minute per session) and counted.
+    fn note_agent_diff(&self, session: &str, seq: u64, args: &Value, host: &DiffSize) {
+        let Some(claimed) = args.get("diff") else {
+            return;
+        };
+        if *claimed == host.to_json() {
+            return;
+        }
+        self.metrics.agent_diff_ignored.inc();
+        let now = std::time::Instant::now();
+        let mut w = self.diff_warned.lock().unwrap_or_else(|p| p.into_inner());
+        w.retain(|_, t| now.duration_since(*t) < DIFF_WARN_EVERY);
+        if w.contains_key(session) {
+            return;
+        }
+        w.insert(session.to_string(), now);
+        tracing::warn!(
+            session = %session,
+            seq,
+            claimed = %cut(&claimed.to_string(), 200),
+            files = host.files,
+            lines_added = host.lines_added,
+            lines_removed = host.lines_removed,
+            "git_push: the agent's diff argument is ignored; the policy sees the host's count"
+        );
+    }
+
+    /// A `git_push` planned again when it runs (after an approval, or by
+    /// another process): the policy is asked again with the size of the
+    /// commit about to be pushed, which may not be the one decided on if
+    /// the work tree changed meanwhile. It must allow it, or ask for the
+    /// approval this call has had; otherwise the call fails with
+    /// `push_not_allowed_as_measured` and nothing is pushed.
+    async fn recheck_push(
+        &self,
+        s: &hatchery_sessions::store::Session,
+        call: &Call,
+        args: &Value,
+        size: &DiffSize,
+    ) -> Result<Option<PlanError>, BrokerError> {
+        let (effect, rule) = self
+            .evaluate(s, &call.tool, &with_diff(args, Some(size)))
+            .await?;
+        // Only an approved call moves from awaiting_approval to pending.
+        let approved = call.approval_id.is_some();
+        Ok(match effect {
+            Effect::Allow => None,
+            Effect::RequireApproval if approved => None,
+            e => Some(PlanError::Refused {
+                code: "push_not_allowed_as_measured",
+                message: format!(
+                    "the commit to push changes {} files (+{} -{} lines), which policy rule {} answers with {} (the work tree changed since the call was decided); nothing was pushed, ask again with a new seq",
+                    size.files,
+                    size.lines_added,
+                    size.lines_removed,
+                    rule.as_deref().unwrap_or("(default deny)"),
+                    match e {
+                        Effect::Allow => "allow",
+                        Effect::Deny => "deny",
+                        Effect::RequireApproval => "require_approval",
+                    }
+                ),
+            }),
+        })
     }
 
     /// The `broker_call` event (once per call) and, for an approval, the
@@ -464,7 +624,7 @@ impl Broker {
                         &call.session_id,
                         aid,
                         &call.tool,
-                        &cut(&call.args, EVENT_ARGS_BYTES),
+                        &cut(&approval_args(&call), EVENT_ARGS_BYTES),
                     )
                     .await?;
             }
@@ -513,11 +673,14 @@ impl Broker {
             .unwrap_or(call))
     }
 
+    /// `measured`: the push planned for the decision, pushed as it is
+    /// if the call runs now.
     async fn drive(
         &self,
         s: &hatchery_sessions::store::Session,
         mut call: Call,
         sandbox_id: &str,
+        mut measured: Option<Plan>,
     ) -> Result<Call, BrokerError> {
         loop {
             match call.state {
@@ -555,7 +718,9 @@ impl Broker {
                         }
                     }
                 }
-                CallState::Pending => call = self.execute(s, call, sandbox_id).await?,
+                CallState::Pending => {
+                    call = self.execute(s, call, sandbox_id, measured.take()).await?
+                }
                 // We hold the key's lock, so no request of this process is
                 // in the middle of it: the process that started it stopped
                 // mid-effect, or (another live broker) is still at it.
@@ -630,10 +795,24 @@ impl Broker {
         s: &hatchery_sessions::store::Session,
         call: Call,
         sandbox_id: &str,
+        measured: Option<Plan>,
     ) -> Result<Call, BrokerError> {
         let args: Value = serde_json::from_str(&call.args).unwrap_or(Value::Null);
         let plan = match call.tool.as_str() {
-            "git_push" => self.plan_push(s, &call, &args, sandbox_id).await,
+            "git_push" => match measured {
+                // Decided on this very commit's size a moment ago.
+                Some(p) => Ok(p),
+                None => match self.plan_push(s, &call, &args, sandbox_id).await {
+                    Ok(p) => {
+                        let size = p.diff().unwrap_or_default();
+                        match self.recheck_push(s, &call, &args, &size).await? {
+                            None => Ok(p),
+                            Some(refused) => Err(refused),
+                        }
+                    }
+                    Err(e) => Err(e),
+                },
+            },
             "open_pr" => self.plan_pr(s, &args),
             "http_fetch" => {
                 crate::fetch::plan(&args)
@@ -659,10 +838,7 @@ impl Broker {
                 // Nothing happened outside; the call failed before its
                 // effect. Its `broker_call` and `broker_result` events
                 // (the latter with this output) are written by `invoke`.
-                let out = match e {
-                    PlanError::Refused { code, message } => json!({"error": message, "code": code}),
-                    PlanError::Invalid(e) | PlanError::Transient(e) => json!({"error": e}),
-                };
+                let out = plan_error_output(e);
                 return self
                     .advance(
                         &call,
@@ -719,6 +895,7 @@ impl Broker {
                 prepared,
                 remote,
                 branch,
+                ..
             } => self.run_push(&prepared, &remote, &branch).await,
             Run::Pr {
                 forge,
@@ -844,17 +1021,38 @@ impl Broker {
         };
         let prepared = git::prepare(&remote, &parent_ref, expect.as_deref(), &tree, &info)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| PlanError::Refused {
+                code: "push_git_failed",
+                message: format!("building the commit on the host: {e}"),
+            })?;
         let _ = self
             .sandboxes
             .exec(sandbox_id, vec!["rm".into(), "-f".into(), out], 30)
             .await;
+        // What the policy's `diff.*` matches and the effect's event
+        // records: the commit's own diff against its parent, on the host.
+        let diff = self
+            .diff_sizer()
+            .size(&prepared.scratch, &prepared.parent, &prepared.commit)
+            .await
+            .map_err(|e| {
+                tracing::warn!(session = %s.id, seq = call.seq, error = %hatchery_serve::error_text::with_causes(&e), "git_push: the push could not be measured; refused");
+                PlanError::Refused {
+                    code: "diff_unavailable",
+                    message: format!(
+                        "the push's size could not be measured on the host: {}",
+                        hatchery_serve::error_text::with_causes(&e)
+                    ),
+                }
+            })?;
         Ok(Plan {
-            effect: json!({"remote": remote.url, "branch": branch, "commit": prepared.commit, "parent": prepared.parent}),
+            effect: json!({"remote": remote.url, "branch": branch, "commit": prepared.commit,
+                           "parent": prepared.parent, "diff": diff.to_json()}),
             run: Run::Push {
                 prepared,
                 remote,
                 branch,
+                diff,
             },
         })
     }
@@ -1358,9 +1556,44 @@ impl From<&str> for PlanError {
     }
 }
 
+/// How a planning failure reads in the call's output.
+fn plan_error_output(e: PlanError) -> Value {
+    match e {
+        PlanError::Refused { code, message } => json!({"error": message, "code": code}),
+        PlanError::Invalid(e) | PlanError::Transient(e) => json!({"error": e}),
+    }
+}
+
+/// The arguments the policy sees for a `git_push`: the agent's, with
+/// `diff` replaced by the host's count, or removed when there is none.
+fn with_diff(args: &Value, size: Option<&DiffSize>) -> Value {
+    let mut a = args.clone();
+    if let Some(o) = a.as_object_mut() {
+        match size {
+            Some(d) => {
+                o.insert("diff".into(), d.to_json());
+            }
+            None => {
+                o.remove("diff");
+            }
+        }
+    }
+    a
+}
+
 struct Plan {
     effect: Value,
     run: Run,
+}
+
+impl Plan {
+    /// A push's measured size.
+    fn diff(&self) -> Option<DiffSize> {
+        match &self.run {
+            Run::Push { diff, .. } => Some(*diff),
+            _ => None,
+        }
+    }
 }
 
 enum Run {
@@ -1368,6 +1601,7 @@ enum Run {
         prepared: git::Prepared,
         remote: git::Remote,
         branch: String,
+        diff: DiffSize,
     },
     Pr {
         forge: Forge,
@@ -1409,6 +1643,24 @@ fn result_event(c: &Call) -> EventKind {
         tool: c.tool.clone(),
         status: c.state.as_str().to_string(),
         output: cut(c.output.as_deref().unwrap_or(""), EVENT_ARGS_BYTES),
+    }
+}
+
+/// What the approver is shown: the call's arguments, and for a push the
+/// host's measured `diff` (recorded with the decision) in place of any
+/// the agent sent: the size the policy asked about.
+fn approval_args(call: &Call) -> String {
+    let host = call
+        .effect
+        .as_deref()
+        .and_then(|e| serde_json::from_str::<Value>(e).ok())
+        .and_then(|e| e.get("diff").cloned());
+    match (host, serde_json::from_str::<Value>(&call.args)) {
+        (Some(d), Ok(Value::Object(mut a))) if call.tool == "git_push" => {
+            a.insert("diff".into(), d);
+            canonical(&Value::Object(a))
+        }
+        _ => call.args.clone(),
     }
 }
 

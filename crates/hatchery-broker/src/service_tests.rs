@@ -22,6 +22,7 @@ use std::time::Duration;
 
 struct Env {
     dir: tempfile::TempDir,
+    policies: Arc<hatchery_policy::DbPolicyStore>,
     sessions: Arc<hatchery_sessions::Sessions>,
     store: Arc<dyn SessionStore>,
     fake: Arc<FakeSandboxes>,
@@ -64,8 +65,39 @@ fn is_export(argv: &[String]) -> bool {
     argv.get(1).is_some_and(|a| a.ends_with("export_tree.py"))
 }
 
+/// Resolves one stored policy (and `pol_standard`) for sessions made here.
+struct Catalog(String);
+
+#[async_trait::async_trait]
+impl hatchery_sessions::policy::PolicyCatalog for Catalog {
+    async fn resolve(&self, id: &str) -> Option<hatchery_sessions::policy::PolicyRef> {
+        (id == self.0 || id == "pol_standard").then(|| hatchery_sessions::policy::PolicyRef {
+            id: id.to_string(),
+            version: 1,
+        })
+    }
+}
+
 impl Env {
     async fn new() -> Env {
+        Env::with_policy(None).await
+    }
+
+    /// A session pinned to `policy` (stored in the brokers' policy
+    /// store), or to `pol_standard`.
+    async fn with_policy(policy: Option<serde_json::Value>) -> Env {
+        use hatchery_policy::PolicyStore;
+        let policies = Arc::new(hatchery_policy::DbPolicyStore::scratch().await.unwrap());
+        let policy_id = match policy {
+            Some(doc) => {
+                policies
+                    .create(serde_json::from_value(doc).unwrap())
+                    .await
+                    .unwrap()
+                    .id
+            }
+            None => "pol_standard".to_string(),
+        };
         let dir = tempfile::tempdir().unwrap();
         sh(
             dir.path(),
@@ -86,12 +118,14 @@ impl Env {
         let sessions = hatchery_sessions::Sessions::new(
             store.clone(),
             cfg,
-            Arc::new(hatchery_sessions::policy::BuiltinPolicies),
+            Arc::new(Catalog(policy_id.clone())),
             Arc::new(sfake),
             Arc::new(hatchery_sessions::scheduler::LocalScheduler::new(2)),
         );
-        let body =
-            serde_json::from_value(serde_json::json!({"repo": remote, "task": "t"})).unwrap();
+        let body = serde_json::from_value(
+            serde_json::json!({"repo": remote, "task": "t", "policy_id": policy_id}),
+        )
+        .unwrap();
         let session = sessions.create(body).await.unwrap().0.session_id;
         let mut sandbox = None;
         for _ in 0..5000 {
@@ -124,6 +158,7 @@ impl Env {
         );
         Env {
             dir,
+            policies,
             sessions,
             store,
             fake,
@@ -139,13 +174,13 @@ impl Env {
 
     /// A broker process on the shared record.
     async fn broker(&self) -> Arc<Broker> {
-        let policies = hatchery_policy::DbPolicyStore::scratch().await.unwrap();
+        let policies = self.policies.clone();
         Broker::new(
             BrokerStore::open(hatchery_db::Db::sqlite(&self.db()).await.unwrap())
                 .await
                 .unwrap(),
             Arc::new(crate::session_log::Local(self.sessions.clone())),
-            hatchery_policy::cache::CompiledPolicies::new(Arc::new(policies)),
+            hatchery_policy::cache::CompiledPolicies::new(policies),
             self.fake.clone(),
             BrokerConfig {
                 guest_port: 0,
@@ -264,8 +299,9 @@ async fn a_call_decided_at_once_commits_with_its_events() {
 }
 
 /// Each sandbox step of the plan failing or losing the sandbox: nothing is
-/// pushed, the call stays pending (503, the agent asks again), and the
-/// retry pushes once.
+/// pushed, nothing of the call is recorded (a push is planned before it
+/// is decided, to be measured; 503, the agent asks again), and the retry
+/// pushes once.
 #[tokio::test]
 async fn a_sandbox_failing_during_the_plan_leaves_no_effect_and_the_retry_pushes() {
     for (what, fault) in [
@@ -291,9 +327,7 @@ async fn a_sandbox_failing_during_the_plan_leaves_no_effect_and_the_retry_pushes
             "{what}: {err:?}"
         );
         assert_eq!(e.tip(), "", "{what}: pushed");
-        let c = b.store().get(&e.session, 1).await.unwrap().unwrap();
-        assert_eq!(c.state, CallState::Pending, "{what}");
-        assert_eq!(c.effect, None, "{what}");
+        assert_eq!(b.store().get(&e.session, 1).await.unwrap(), None, "{what}");
         let r = b.invoke(&e.sandbox, e.push(1)).await.unwrap();
         assert_eq!(r.status, "done", "{what}: {:?}", r.output);
         assert_eq!(e.tip(), r.output["commit"].as_str().unwrap(), "{what}");
@@ -308,8 +342,7 @@ async fn a_sandbox_lost_during_the_plan_leaves_no_effect() {
     let err = b.invoke(&e.sandbox, e.push(1)).await.unwrap_err();
     assert!(matches!(err, BrokerError::Unavailable(_)), "{err:?}");
     assert_eq!(e.tip(), "");
-    let c = b.store().get(&e.session, 1).await.unwrap().unwrap();
-    assert_eq!((c.state, c.effect), (CallState::Pending, None));
+    assert_eq!(b.store().get(&e.session, 1).await.unwrap(), None);
 }
 
 #[tokio::test]
@@ -621,4 +654,171 @@ async fn the_tool_list_needs_a_session_identity() {
         .filter_map(|t| t["name"].as_str())
         .collect();
     assert!(names.contains(&"git_push"), "{names:?}");
+}
+
+/// Issue 36: the docs' big-diff rule ahead of the session's own branch.
+fn big_diff_policy() -> serde_json::Value {
+    serde_json::json!({"name": "diff-test", "rules": [
+        {"id": "huge-diff", "effect": "deny",
+         "match": {"tools": ["git_push"], "args": [{"field": "diff.lines", "op": "gt", "value": 2000}]}},
+        {"id": "big-diff", "effect": "require_approval",
+         "match": {"tools": ["git_push"], "args": [{"field": "diff.lines", "op": "gt", "value": 500}]}},
+        {"id": "push-session-branch", "effect": "allow",
+         "match": {"tools": ["git_push"], "args": [{"field": "branch", "op": "eq", "value": {"ctx": "session_branch"}}]}}
+    ]})
+}
+
+fn lines(n: usize) -> Vec<u8> {
+    (1..=n)
+        .map(|i| format!("{i}\n"))
+        .collect::<String>()
+        .into_bytes()
+}
+
+impl Env {
+    async fn put(&self, path: &str, data: Vec<u8>) {
+        use crate::sandbox::SandboxAccess;
+        self.fake
+            .write_file(&self.sandbox, &format!("/workspace/{path}"), data)
+            .await
+            .unwrap();
+    }
+
+    /// A push whose agent claims a diff of its own.
+    fn push_claiming(&self, seq: u64, claimed: u64) -> InvokeRequest {
+        let mut r = self.push(seq);
+        r.args["diff"] = serde_json::json!({"lines": claimed, "files": 1});
+        r
+    }
+}
+
+/// The policy's `diff.lines` is the size of the commit the host built
+/// (against the session's base, for a new branch), whatever the agent
+/// claims: 800 real lines claimed as 10 ask for the approval of rule
+/// big-diff, and nothing is pushed; the call's record shows the host's
+/// count. A 10-line push claimed as 9999 is allowed, and the event logged
+/// before the push records the host's size. Fails on a broker that lets
+/// the agent's `diff` through (the first call would be allowed).
+#[tokio::test]
+async fn the_policy_sees_the_diff_measured_on_the_host() {
+    let e = Env::with_policy(Some(big_diff_policy())).await;
+    e.put("big.txt", lines(800)).await;
+    let b = e.broker().await;
+    let r = b.invoke(&e.sandbox, e.push_claiming(1, 10)).await.unwrap();
+    assert_eq!(
+        (r.status.as_str(), r.rule_id.as_deref()),
+        ("awaiting_approval", Some("big-diff")),
+        "{r:?}"
+    );
+    assert_eq!(e.tip(), "");
+    let row = b.store().get(&e.session, 1).await.unwrap().unwrap();
+    let effect: serde_json::Value = serde_json::from_str(row.effect.as_deref().unwrap()).unwrap();
+    // The fake's export replaces the tree: app.py (1 line) and big.txt
+    // (800) added, the base's README (1 line) removed.
+    assert_eq!(
+        effect["diff"],
+        serde_json::json!({"files": 3, "lines_added": 801, "lines_removed": 1, "lines": 802})
+    );
+    assert_eq!(b.metrics().agent_diff_ignored.get(), 1);
+
+    // A small push, claimed huge: allowed, on the host's count.
+    let e = Env::with_policy(Some(big_diff_policy())).await;
+    e.put("small.txt", lines(9)).await;
+    let b = e.broker().await;
+    let r = b
+        .invoke(&e.sandbox, e.push_claiming(1, 9999))
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.status.as_str(), r.rule_id.as_deref()),
+        ("done", Some("push-session-branch")),
+        "{r:?}"
+    );
+    assert_eq!(e.tip(), r.output["commit"].as_str().unwrap());
+    let evs = e.store.events(&e.session, 0, 1000).await.unwrap();
+    let started = evs
+        .iter()
+        .find_map(|x| match &x.kind {
+            hatchery_sessions::events::EventKind::BrokerEffectStarted { detail, .. } => {
+                Some(serde_json::from_str::<serde_json::Value>(detail).unwrap())
+            }
+            _ => None,
+        })
+        .expect("broker_effect_started");
+    assert_eq!(started["diff"]["lines"], 11, "{started}");
+    assert_eq!(started["diff"]["files"], 3, "{started}");
+    assert_eq!(started["commit"], r.output["commit"]);
+    // Measured once: the commit measured is the commit pushed.
+    assert_eq!(e.exports(), 1);
+}
+
+/// A push whose tree grows after its approval is measured again when it
+/// runs: the policy now denies it (rule huge-diff), so it fails with
+/// `push_not_allowed_as_measured` and nothing is pushed.
+#[tokio::test]
+async fn an_approved_push_is_measured_again_when_it_runs() {
+    let e = Env::with_policy(Some(big_diff_policy())).await;
+    e.put("big.txt", lines(800)).await;
+    let b = e.broker().await;
+    let r = b.invoke(&e.sandbox, e.push(1)).await.unwrap();
+    assert_eq!(r.status, "awaiting_approval", "{r:?}");
+    let aid = r.approval_id.clone().unwrap();
+    e.sessions
+        .decide(
+            &e.session,
+            &aid,
+            &hatchery_sessions::models::ApprovalBody {
+                decision: "approve".into(),
+                note: String::new(),
+            },
+        )
+        .await
+        .unwrap();
+    e.put("big.txt", lines(3000)).await;
+    let r = b.invoke(&e.sandbox, e.push(1)).await.unwrap();
+    assert_eq!(r.status, "failed", "{r:?}");
+    assert_eq!(r.output["code"], "push_not_allowed_as_measured", "{r:?}");
+    let msg = r.output["error"].as_str().unwrap();
+    assert!(msg.contains("+3001") && msg.contains("huge-diff"), "{msg}");
+    assert_eq!(e.tip(), "");
+}
+
+/// Measuring failing (git failing, here through the sizer) refuses the
+/// push with `diff_unavailable`: never allowed at an unknown size, and
+/// nothing reaches the remote. A push the policy denies anyway is denied.
+#[tokio::test]
+async fn a_push_that_cannot_be_measured_is_refused() {
+    struct Broken;
+    #[async_trait::async_trait]
+    impl crate::diffstat::DiffSizer for Broken {
+        async fn size(
+            &self,
+            _: &crate::git::Scratch,
+            _: &str,
+            _: &str,
+        ) -> Result<crate::diffstat::DiffSize, crate::diffstat::DiffError> {
+            Err(crate::diffstat::DiffError::Git(crate::git::GitError::Git {
+                step: "diff",
+                stderr: "fatal: bad object".into(),
+            }))
+        }
+    }
+    let e = Env::new().await;
+    let b = e.broker().await;
+    b.set_diff_sizer(Arc::new(Broken));
+    let r = b.invoke(&e.sandbox, e.push(1)).await.unwrap();
+    assert_eq!(r.status, "failed", "{r:?}");
+    assert_eq!(r.output["code"], "diff_unavailable", "{r:?}");
+    assert!(
+        r.output["error"].as_str().unwrap().contains("bad object"),
+        "{r:?}"
+    );
+    assert_eq!(e.tip(), "");
+    let mut main = e.push(2);
+    main.args["branch"] = "main".into();
+    let r = b.invoke(&e.sandbox, main).await.unwrap();
+    assert_eq!(
+        (r.status.as_str(), r.rule_id.as_deref()),
+        ("denied", Some("push-protected"))
+    );
 }
