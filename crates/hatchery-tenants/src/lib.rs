@@ -28,5 +28,7 @@ pub mod service;
 pub mod store;
 
 pub use model::{Limits, NewTenant, Tenant, TenantKey, TenantPatch, ValidationError};
-pub use service::{Admission, AdmitError, LiveUsage, Principal, Tenants, UsageError};
+pub use service::{
+    Admission, AdmitError, DeleteError, LiveUsage, Principal, Tenants, Usage, UsageError,
+};
 pub use store::{DbTenantStore, StoreError, TenantStore};

@@ -11,7 +11,6 @@ use crate::keys;
 use crate::model::{Limits, Tenant};
 use crate::store::{StoreError, TenantStore};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -89,12 +88,25 @@ pub enum DeleteError {
     Usage(#[from] UsageError),
 }
 
-#[derive(Default)]
 struct Gate {
     turn: tokio::sync::Mutex<()>,
-    /// Admitted and not yet made (or failed).
-    pending: AtomicU64,
+    /// Admitted and not yet made (or failed); watched, so an admission
+    /// that must count exactly can wait for those in flight to settle.
+    pending: tokio::sync::watch::Sender<u64>,
 }
+
+impl Default for Gate {
+    fn default() -> Self {
+        Gate {
+            turn: tokio::sync::Mutex::new(()),
+            pending: tokio::sync::watch::Sender::new(0),
+        }
+    }
+}
+
+/// Longest an admission waits for a tenant's creates in flight to settle
+/// before it refuses on the count it has.
+pub const SETTLE_WAIT: Duration = Duration::from_secs(120);
 
 /// An admitted create; dropping it (made or failed) releases its place.
 pub struct Admission {
@@ -104,7 +116,8 @@ pub struct Admission {
 
 impl Drop for Admission {
     fn drop(&mut self) {
-        self.gate.pending.fetch_sub(self.n, Ordering::SeqCst);
+        let n = self.n;
+        self.gate.pending.send_modify(|p| *p = p.saturating_sub(n));
     }
 }
 
@@ -202,7 +215,7 @@ impl Tenants {
         let _turn = gate.turn.lock().await;
         self.store.get(tenant).await?;
         let u = self.usage.usage(tenant).await?;
-        let pending = gate.pending.load(Ordering::SeqCst);
+        let pending = *gate.pending.borrow();
         if u.live_sandboxes + pending > 0 || u.live_sessions > 0 {
             return Err(DeleteError::InUse {
                 tenant: tenant.into(),
@@ -216,26 +229,39 @@ impl Tenants {
     }
 
     /// Admits the creation of `n` sandboxes for `tenant` if its
-    /// `live_sandboxes` limit has room for them, counting the live ones
-    /// and those admitted but not yet made. Hold the answer until the
+    /// `live_sandboxes` limit has room for them. Hold the answer until the
     /// sandboxes exist (or failed): until then they count as pending.
+    ///
+    /// A create in flight may already be in the live count as well as
+    /// pending, so `live + pending` can count it twice. That sum admits
+    /// when it fits (it is never low); when it does not fit and creates
+    /// are in flight, the admission waits (holding the tenant's turn) for
+    /// them to settle and counts again, so a refusal is on an exact count.
     pub async fn admit_sandboxes(&self, tenant: &str, n: u64) -> Result<Admission, AdmitError> {
         let gate = self.gate(tenant);
         let _turn = gate.turn.lock().await;
         let t: Tenant = self.store.get(tenant).await?;
         if let Some(max) = t.limits.live_sandboxes {
-            let live = self.usage.usage(tenant).await?.live_sandboxes;
-            let in_use = live + gate.pending.load(Ordering::SeqCst);
-            if in_use + n > max {
-                return Err(AdmitError::Limit {
-                    tenant: tenant.into(),
-                    limit: "live_sandboxes",
-                    max,
-                    in_use,
-                });
+            let mut settled = gate.pending.subscribe();
+            let deadline = tokio::time::Instant::now() + SETTLE_WAIT;
+            loop {
+                let pending = *settled.borrow_and_update();
+                let live = self.usage.usage(tenant).await?.live_sandboxes;
+                if live + pending + n <= max {
+                    break;
+                }
+                let settle = tokio::time::timeout_at(deadline, settled.changed());
+                if pending == 0 || !matches!(settle.await, Ok(Ok(()))) {
+                    return Err(AdmitError::Limit {
+                        tenant: tenant.into(),
+                        limit: "live_sandboxes",
+                        max,
+                        in_use: live + pending,
+                    });
+                }
             }
         }
-        gate.pending.fetch_add(n, Ordering::SeqCst);
+        gate.pending.send_modify(|p| *p += n);
         Ok(Admission {
             gate: gate.clone(),
             n,
@@ -252,6 +278,7 @@ mod tests {
     use super::*;
     use crate::model::NewTenant;
     use crate::store::DbTenantStore;
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     /// Sandboxes counted live by a fake: what `made` says.
     struct Fake {
@@ -315,13 +342,51 @@ mod tests {
                 "{r:?}"
             );
         }
-        // A failed create gives its place back.
+        // A refusal while a create is in flight waits for it: here it
+        // fails (made nothing), so the waiting one gets its place.
         made.store(2, Ordering::SeqCst);
         let a = t.admit_sandboxes(&id, 1).await.unwrap();
-        assert!(t.admit_sandboxes(&id, 1).await.is_err());
+        let waiter = tokio::spawn({
+            let (t, id) = (t.clone(), id.clone());
+            async move { t.admit_sandboxes(&id, 1).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished(), "waits for the create in flight");
         drop(a);
-        t.admit_sandboxes(&id, 1).await.unwrap();
-        assert!(t.admit_sandboxes(&id, 2).await.is_err(), "n counts whole");
+        let b = waiter.await.unwrap().unwrap();
+        made.store(3, Ordering::SeqCst);
+        drop(b);
+        // Nothing in flight: refused at once, on the exact count.
+        let r = t.admit_sandboxes(&id, 1).await;
+        assert!(
+            matches!(r, Err(AdmitError::Limit { in_use: 3, .. })),
+            "{:?}",
+            r.err()
+        );
+        made.store(1, Ordering::SeqCst);
+        t.admit_sandboxes(&id, 2).await.unwrap();
+    }
+
+    /// The manager records a sandbox before its create returns, so for a
+    /// while it is both live and pending. Four creates at once under a
+    /// limit of 2, each live as soon as admitted: exactly two are made,
+    /// none refused on the double count.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_sandbox_both_live_and_pending_is_not_counted_twice() {
+        let (t, id, made) = setup(Some(2)).await;
+        let got = hatchery_db::race(4, |_| {
+            let (t, id, made) = (t.clone(), id.clone(), made.clone());
+            async move {
+                let a = t.admit_sandboxes(&id, 1).await?;
+                made.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                drop(a);
+                Ok::<_, AdmitError>(())
+            }
+        })
+        .await;
+        assert_eq!(got.iter().filter(|r| r.is_ok()).count(), 2, "{got:?}");
+        assert_eq!(made.load(Ordering::SeqCst), 2);
     }
 
     #[tokio::test]
