@@ -151,3 +151,23 @@ def test_live_sandboxes_limit_holds_under_concurrent_creates(daemon):
     r = d.request("POST", "/v1/sandboxes", {"ttl_seconds": 60})
     assert r.status == 201, r
     d.created.add(r.json()["id"])
+
+
+def test_forks_count_against_live_sandboxes(daemon):
+    d = daemon
+    t, k = tenant(d, "forks", live_sandboxes=2)
+    r = create(d, k["key"])
+    assert r.status == 201, r
+    sid = r.json()["id"]
+    r = as_key(d, k["key"], "POST", f"/v1/sandboxes/{sid}/snapshots", {})
+    assert r.status == 201, r
+    snap = r.json()["id"]
+    r = as_key(d, k["key"], "POST", f"/v1/snapshots/{snap}/fork", {"count": 2, "ttl_seconds": 120})
+    assert r.status == 429 and r.error_code() == "tenant_limit", r
+    r = as_key(d, k["key"], "POST", f"/v1/snapshots/{snap}/fork", {"count": 1, "ttl_seconds": 120})
+    assert r.status == 201, r
+    forked = r.json()["sandboxes"]
+    d.created.update(s["id"] for s in forked)
+    assert [s["metadata"].get("tenant") for s in forked] == [t], forked
+    assert len(as_key(d, k["key"], "GET", "/v1/sandboxes").json()["sandboxes"]) == 2
+    assert as_key(d, k["key"], "DELETE", f"/v1/snapshots/{snap}").status == 204
