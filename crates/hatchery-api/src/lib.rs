@@ -14,6 +14,7 @@ pub mod openapi;
 pub mod output;
 pub mod process_models;
 mod routes;
+pub mod scope;
 pub mod terminal_models;
 pub mod terminal_token;
 
@@ -37,6 +38,9 @@ pub struct AppState {
     pub preview_origin: hatchery_serve::origin::PreviewOrigin,
     /// Mints and checks the tokens browsers attach to terminals with.
     pub terminal_tokens: Arc<terminal_token::TerminalTokens>,
+    /// Tenants and their keys: who a bearer key is, and the admission
+    /// gate of a tenant's creates.
+    pub tenants: Arc<hatchery_tenants::Tenants>,
 }
 
 /// JSON bodies are small; file uploads get their own, larger limit.

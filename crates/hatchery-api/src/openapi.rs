@@ -74,7 +74,9 @@ impl Modify for BearerAuth {
 /// The daemon's whole document: the sandbox API and the product routers
 /// mounted next to it.
 pub fn doc() -> utoipa::openapi::OpenApi {
-    ApiDoc::openapi().merge_from(hatchery_policy::openapi::PolicyApiDoc::openapi())
+    ApiDoc::openapi()
+        .merge_from(hatchery_policy::openapi::PolicyApiDoc::openapi())
+        .merge_from(hatchery_tenants::openapi::TenantApiDoc::openapi())
 }
 
 /// `GET /openapi.json`: the document as [`doc`] builds it.

@@ -21,6 +21,8 @@ pub enum DaemonError {
     NoPreviewPort(u16),
     #[error("policy store")]
     Policy(#[from] hatchery_policy::StoreError),
+    #[error("tenant store")]
+    Tenants(#[from] hatchery_tenants::StoreError),
     #[error("server")]
     Serve(#[source] std::io::Error),
     #[error("interview rounds' store")]

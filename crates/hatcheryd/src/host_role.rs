@@ -214,7 +214,12 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         daemon_key: daemon_key.clone().into(),
         relayed_elsewhere: hatchery_e2b::sandbox::relayed_elsewhere,
     };
+    let tenants = Arc::new(hatchery_tenants::Tenants::new(
+        crate::state_db::open_tenants(&db).await?,
+        Arc::new(hatchery_api::scope::ManagerUsage(manager.clone())),
+    ));
     let api_state = AppState {
+        tenants: tenants.clone(),
         manager: manager.clone(),
         api_key: key.clone().into(),
         preview: Arc::new(preview),
@@ -228,7 +233,9 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let preview_app = hatchery_api::preview_router(api_state.clone()).merge(e2b.clone());
     let app = hatchery_api::router_with(
         api_state,
-        hatchery_policy::http::router(policies).merge(broker_operator),
+        hatchery_policy::http::router(policies)
+            .merge(broker_operator)
+            .merge(hatchery_tenants::http::router(tenants)),
     )
     .merge(sessions_app)
     .merge(e2b);

@@ -93,3 +93,18 @@ pub async fn open_policies(
     import(db, data, &hatchery_policy::store::IMPORT).await?;
     Ok(Arc::new(s))
 }
+
+/// The tenants and their keys, in the deployment's one database (on
+/// PostgreSQL every host resolves the same keys).
+pub async fn open_tenants(
+    db: &hatchery_db::Db,
+) -> Result<Arc<dyn hatchery_tenants::TenantStore>, DaemonError> {
+    use hatchery_tenants::{DbTenantStore, StoreError as TenantError};
+    let s = retry_while_unreachable(
+        "tenants",
+        || DbTenantStore::open(db.clone()),
+        |e| matches!(e, TenantError::Unavailable(_)),
+    )
+    .await?;
+    Ok(Arc::new(s))
+}

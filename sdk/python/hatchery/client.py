@@ -22,6 +22,7 @@ from ._ws import Closed, WebSocket
 from .models import (BuildAccepted, BuildEvent, CodeContext, ContextLike, CpuLimitBasis, ExecReason, ExecResult, Execution,
                      ExecutionError, FileEntry, Logs, NetworkEvent, NetworkPolicy, OutputChunk, OutputEncoding,
                      PolicyLike, PolicySummary, PreviewUrl, ProcessChunk, ProcessInfo, Result, SandboxInfo, SnapshotInfo, StoredPolicy,
+                     Tenant, TenantKey, CreatedKey,
                      TemplateInfo, TerminalExit, TerminalToken, context_id, policy_dict)
 
 # (method, path) -> what in this SDK calls it.
@@ -32,6 +33,14 @@ ROUTES = {
     ("GET", "/v1/policies/{id}"): "Policies.get",
     ("POST", "/v1/policies/{id}/versions"): "Policies.add_version",
     ("GET", "/v1/policies/{id}/versions/{version}"): "Policies.get_version",
+    ("POST", "/v1/tenants"): "Tenants.create",
+    ("GET", "/v1/tenants"): "Tenants.list",
+    ("GET", "/v1/tenants/{id}"): "Tenants.get",
+    ("PATCH", "/v1/tenants/{id}"): "Tenants.update",
+    ("DELETE", "/v1/tenants/{id}"): "Tenants.delete",
+    ("POST", "/v1/tenants/{id}/keys"): "Tenants.create_key",
+    ("GET", "/v1/tenants/{id}/keys"): "Tenants.list_keys",
+    ("DELETE", "/v1/tenants/{id}/keys/{key_id}"): "Tenants.revoke_key",
     ("GET", "/metrics"): "Client.metrics",
     ("GET", "/openapi.json"): "Client.openapi",
     ("POST", "/v1/sandboxes"): "Sandbox.create",
@@ -1256,6 +1265,63 @@ class Policies:
         c = client or default_client()
         return StoredPolicy.from_dict(c.call("GET", "/v1/policies/{id}/versions/{version}",
                                              params={"id": policy_id, "version": str(version)}).json())
+
+
+class Tenants:
+    """Tenants and their API keys (docs/api.md, "Tenants"): operator key
+    only. A tenant's key sees and acts on its own sandboxes and snapshots;
+    `limits` keys are tokens, usd_cents, concurrent_sessions,
+    live_sandboxes and wall_clock_seconds (absent: unlimited)."""
+
+    @staticmethod
+    def create(name: str, *, limits: Optional[Dict[str, int]] = None,
+               client: Optional[Client] = None) -> Tenant:
+        c = client or default_client()
+        body = _drop_none({"name": name, "limits": limits})
+        return Tenant.from_dict(c.call("POST", "/v1/tenants", json=body).json())
+
+    @staticmethod
+    def list(*, client: Optional[Client] = None) -> List[Tenant]:
+        c = client or default_client()
+        return [Tenant.from_dict(t) for t in c.call("GET", "/v1/tenants").json()["tenants"]]
+
+    @staticmethod
+    def get(tenant_id: str, *, client: Optional[Client] = None) -> Tenant:
+        c = client or default_client()
+        return Tenant.from_dict(c.call("GET", "/v1/tenants/{id}", params={"id": tenant_id}).json())
+
+    @staticmethod
+    def update(tenant_id: str, *, name: Optional[str] = None, limits: Optional[Dict[str, int]] = None,
+               client: Optional[Client] = None) -> Tenant:
+        """`limits`, when given, replaces all five (an absent one becomes unlimited)."""
+        c = client or default_client()
+        body = _drop_none({"name": name, "limits": limits})
+        return Tenant.from_dict(c.call("PATCH", "/v1/tenants/{id}", params={"id": tenant_id}, json=body).json())
+
+    @staticmethod
+    def delete(tenant_id: str, *, client: Optional[Client] = None) -> None:
+        """Refused (Conflict, `tenant_in_use`) while it has live sandboxes."""
+        c = client or default_client()
+        c.call("DELETE", "/v1/tenants/{id}", params={"id": tenant_id})
+
+    @staticmethod
+    def create_key(tenant_id: str, *, client: Optional[Client] = None) -> CreatedKey:
+        """A new key; `.key` is shown this once (only its hash is kept)."""
+        c = client or default_client()
+        return CreatedKey.from_dict(c.call("POST", "/v1/tenants/{id}/keys", params={"id": tenant_id}).json())
+
+    @staticmethod
+    def list_keys(tenant_id: str, *, client: Optional[Client] = None) -> List[TenantKey]:
+        c = client or default_client()
+        keys = c.call("GET", "/v1/tenants/{id}/keys", params={"id": tenant_id}).json()["keys"]
+        return [TenantKey.from_dict(k) for k in keys]
+
+    @staticmethod
+    def revoke_key(tenant_id: str, key_id: str, *, client: Optional[Client] = None) -> TenantKey:
+        """Refused from the next request on."""
+        c = client or default_client()
+        return TenantKey.from_dict(c.call("DELETE", "/v1/tenants/{id}/keys/{key_id}",
+                                          params={"id": tenant_id, "key_id": key_id}).json())
 
 
 def _exchange(conn: http_client.HTTPConnection, method: str, target: str, body: Optional[bytes],

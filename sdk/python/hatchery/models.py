@@ -252,6 +252,53 @@ class PolicySummary:
 
 
 @dataclass
+class Tenant:
+    """A tenant (`/v1/tenants`, operator key only). `limits` maps tokens,
+    usd_cents, concurrent_sessions, live_sandboxes and wall_clock_seconds
+    to a number, or None for unlimited."""
+    id: str
+    name: str
+    limits: Dict[str, Any]
+    created_at: str
+    extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "Tenant":
+        return _from(cls, d)
+
+
+@dataclass
+class TenantKey:
+    """A tenant's API key as listed: its id and display prefix, never the key."""
+    id: str
+    tenant: str
+    prefix: str
+    created_at: str
+    revoked_at: Optional[str] = None
+    extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "TenantKey":
+        return _from(cls, d)
+
+
+@dataclass
+class CreatedKey:
+    """A key just made: `key` is the bearer key, shown this once only."""
+    id: str
+    tenant: str
+    prefix: str
+    created_at: str
+    key: str
+    revoked_at: Optional[str] = None
+    extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "CreatedKey":
+        return _from(cls, d)
+
+
+@dataclass
 class BuildAccepted:
     build_id: str
     name: str

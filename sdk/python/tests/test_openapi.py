@@ -15,7 +15,7 @@ import pytest
 import hatchery
 from hatchery import models
 from hatchery.aio import AsyncProcess, AsyncSandbox
-from hatchery.client import Policies, Process, Sandbox, Snapshot, Template
+from hatchery.client import Policies, Process, Sandbox, Snapshot, Template, Tenants
 
 import conftest
 
@@ -28,7 +28,8 @@ MODELS = {"Sandbox": models.SandboxInfo, "ExecResponse": models.ExecResult, "Fil
           "EgressEventBody": models.NetworkEvent, "CodeContext": models.CodeContext,
           "CodeResultItem": models.Result, "CodeError": models.ExecutionError, "ProcessInfo": models.ProcessInfo,
           "PreviewUrl": models.PreviewUrl, "TerminalToken": models.TerminalToken,
-          "StoredPolicy": models.StoredPolicy, "PolicySummary": models.PolicySummary}
+          "StoredPolicy": models.StoredPolicy, "PolicySummary": models.PolicySummary,
+          "Tenant": models.Tenant, "TenantKey": models.TenantKey}
 # Schemas a model holds partly under other names:
 # schema -> (model, {schema field: model field}, model fields filled from elsewhere).
 # A code run's stdout/stderr are Execution.logs; the stream's `done` event
@@ -36,12 +37,15 @@ MODELS = {"Sandbox": models.SandboxInfo, "ExecResponse": models.ExecResult, "Fil
 RENAMED = {"CodeResponse": (models.Execution, {"stdout": "logs", "stderr": "logs"}, set()),
            "CodeSummary": (models.Execution, {}, {"results", "logs"}),
            # A process output event: its name is the chunk's stream.
-           "ProcessChunk": (models.ProcessChunk, {}, {"stream"})}
+           "ProcessChunk": (models.ProcessChunk, {}, {"stream"}),
+           # A key just made: the listed key's fields and the key itself.
+           "CreatedKey": (models.CreatedKey, {}, set())}
 # Wrappers the SDK unwraps: schema -> (field it reads, item schema).
 LISTS = {"SandboxList": ("sandboxes", "Sandbox"), "SnapshotList": ("snapshots", "Snapshot"),
          "TemplateList": ("templates", "TemplateInfo"), "FileList": ("entries", "FileEntry"),
          "EgressEventList": ("events", "EgressEventBody"), "CodeContextList": ("contexts", "CodeContext"),
-         "ProcessList": ("processes", "ProcessInfo"), "PolicyList": ("policies", "PolicySummary")}
+         "ProcessList": ("processes", "ProcessInfo"), "PolicyList": ("policies", "PolicySummary"),
+         "TenantList": ("tenants", "Tenant"), "KeyList": ("keys", "TenantKey")}
 # Request schemas -> the methods whose parameters carry them.
 REQUESTS = {"CreateSandbox": [Sandbox.create], "ExecBody": [Sandbox.exec, Sandbox.exec_stream],
             "PatchSandbox": [Sandbox.set_ttl], "CreateSnapshot": [Sandbox.snapshot],
@@ -50,7 +54,8 @@ REQUESTS = {"CreateSandbox": [Sandbox.create], "ExecBody": [Sandbox.exec, Sandbo
             "CreateContext": [Sandbox.create_code_context, AsyncSandbox.create_code_context],
             "SignalBody": [Process.signal, AsyncProcess.signal],
             "CreatePreviewUrl": [Sandbox.preview_url, AsyncSandbox.preview_url],
-            "PolicyDocument": [Policies.create, Policies.add_version]}
+            "PolicyDocument": [Policies.create, Policies.add_version],
+            "NewTenant": [Tenants.create], "TenantPatch": [Tenants.update]}
 # Request fields whose parameter has another name (E2B's, for run_code).
 PARAMS = {"CodeBody": {"code": "code", "context_id": "context", "env": "envs", "timeout_seconds": "timeout"}}
 # Request fields a method leaves out on purpose: a stream cannot run in the
@@ -68,7 +73,9 @@ QUERIES = {("GET", "/v1/sandboxes/{id}/processes/{pid}/output"): ([Process.outpu
 RAW = {"ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode", "ExecReason", "OutputEncoding", "CpuLimitBasis",
        "TerminalClientMessage", "TerminalServerMessage",
        # A policy document's parts travel as plain dicts in the document format.
-       "Rule", "Match", "ArgCondition", "NumberCondition", "Effect", "Op"}
+       "Rule", "Match", "ArgCondition", "NumberCondition", "Effect", "Op",
+       # A tenant's limits travel as a plain dict.
+       "Limits"}
 # Served but left out of the document on purpose (docs/api.md).
 UNDOCUMENTED = {("GET", "/openapi.json")}
 

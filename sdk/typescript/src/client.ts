@@ -71,6 +71,14 @@ export const ROUTES = {
   "GET /v1/policies/{id}": "Policies.get",
   "POST /v1/policies/{id}/versions": "Policies.addVersion",
   "GET /v1/policies/{id}/versions/{version}": "Policies.getVersion",
+  "POST /v1/tenants": "Tenants.create",
+  "GET /v1/tenants": "Tenants.list",
+  "GET /v1/tenants/{id}": "Tenants.get",
+  "PATCH /v1/tenants/{id}": "Tenants.update",
+  "DELETE /v1/tenants/{id}": "Tenants.delete",
+  "POST /v1/tenants/{id}/keys": "Tenants.createKey",
+  "GET /v1/tenants/{id}/keys": "Tenants.listKeys",
+  "DELETE /v1/tenants/{id}/keys/{key_id}": "Tenants.revokeKey",
 } as const satisfies Record<Documented, string> & Record<string, string>;
 
 export type Route = keyof typeof ROUTES;

@@ -185,6 +185,39 @@ export const POLICY_SUMMARY_FIELDS = {
 export type PolicySummary = Renamed<wire.PolicySummary, typeof POLICY_SUMMARY_FIELDS>;
 export const policySummary = (w: wire.PolicySummary): PolicySummary => fromWire(POLICY_SUMMARY_FIELDS, w);
 
+// Tenants (docs/api.md, "Tenants"): operator key only ------------------------
+
+export const LIMITS_FIELDS = {
+  tokens: "tokens", usd_cents: "usdCents", concurrent_sessions: "concurrentSessions",
+  live_sandboxes: "liveSandboxes", wall_clock_seconds: "wallClockSeconds",
+} as const satisfies FieldMap<wire.Limits>;
+/** A tenant's limits; an absent (or null) one is unlimited. */
+export type Limits = Renamed<wire.Limits, typeof LIMITS_FIELDS>;
+
+export const TENANT_FIELDS = {
+  id: "id", name: "name", limits: "limits", created_at: "createdAt",
+} as const satisfies FieldMap<wire.Tenant>;
+export type Tenant = Omit<Renamed<wire.Tenant, typeof TENANT_FIELDS>, "limits"> & { limits: Limits };
+export const tenant = (w: wire.Tenant): Tenant =>
+  ({ ...fromWire(TENANT_FIELDS, w), limits: fromWire(LIMITS_FIELDS, w.limits) }) as Tenant;
+
+export const TENANT_KEY_FIELDS = {
+  id: "id", tenant: "tenant", prefix: "prefix", created_at: "createdAt", revoked_at: "revokedAt",
+} as const satisfies FieldMap<wire.TenantKey>;
+/** A tenant's key as listed: its id and display prefix, never the key. */
+export type TenantKey = Renamed<wire.TenantKey, typeof TENANT_KEY_FIELDS>;
+export const tenantKey = (w: wire.TenantKey): TenantKey => fromWire(TENANT_KEY_FIELDS, w);
+
+export const CREATED_KEY_FIELDS = { ...TENANT_KEY_FIELDS, key: "key" } as const satisfies FieldMap<wire.CreatedKey>;
+/** A key just made: `key` is the bearer key, shown this once only. */
+export type CreatedKey = Renamed<wire.CreatedKey, typeof CREATED_KEY_FIELDS>;
+export const createdKey = (w: wire.CreatedKey): CreatedKey => fromWire(CREATED_KEY_FIELDS, w);
+
+export const NEW_TENANT_FIELDS = { name: "name", limits: "limits" } as const satisfies FieldMap<wire.NewTenant>;
+export const TENANT_PATCH_FIELDS = { name: "name", limits: "limits" } as const satisfies FieldMap<wire.TenantPatch>;
+/** Camel-case limits -> the wire's. */
+export const limitsToWire = (l: Limits): wire.Limits => toWire<wire.Limits>(LIMITS_FIELDS, l);
+
 // run_code ----------------------------------------------------------------
 
 export const CODE_CONTEXT_FIELDS = {

@@ -108,6 +108,11 @@ export interface CreateTemplate {
   setup?: Array<string>;
 }
 
+/** `POST /v1/tenants/{id}/keys`' answer: the only time the key is shown. */
+export interface CreatedKey extends TenantKey {
+  key: string;
+}
+
 export type Effect = "allow" | "deny" | "require_approval";
 
 /** A denied connection attempt. */
@@ -187,6 +192,19 @@ export interface ForkBody {
   ttl_seconds?: number | null;
 }
 
+export interface KeyList {
+  keys: Array<TenantKey>;
+}
+
+/** A tenant's limits; each absent one is unlimited. */
+export interface Limits {
+  concurrent_sessions?: number | null;
+  live_sandboxes?: number | null;
+  tokens?: number | null;
+  usd_cents?: number | null;
+  wall_clock_seconds?: number | null;
+}
+
 /** What a rule applies to. Absent fields match anything. */
 export interface Match {
   args?: Array<ArgCondition>;
@@ -208,6 +226,12 @@ export interface NetworkRule {
   cidr?: string | null;
   host?: string | null;
   ports?: Array<number>;
+}
+
+/** `POST /v1/tenants`. */
+export interface NewTenant {
+  limits?: Limits;
+  name: string;
 }
 
 export interface NumberCondition {
@@ -352,6 +376,33 @@ export interface TemplateList {
   templates: Array<TemplateInfo>;
 }
 
+/** A tenant as stored. */
+export interface Tenant {
+  created_at: string;
+  id: string;
+  limits: Limits;
+  name: string;
+}
+
+/** A key as listed: never its secret. */
+export interface TenantKey {
+  created_at: string;
+  id: string;
+  prefix: string;
+  revoked_at?: string | null;
+  tenant: string;
+}
+
+export interface TenantList {
+  tenants: Array<Tenant>;
+}
+
+/** `PATCH /v1/tenants/{id}`: a field given replaces the stored one; `limits`, when given, replaces all five (an absent one becomes unlimited). */
+export interface TenantPatch {
+  limits?: null | Limits;
+  name?: string | null;
+}
+
 /** A text (JSON) message from the client. Binary messages are keystrokes. */
 export type TerminalClientMessage = Record<string, unknown>;
 
@@ -374,6 +425,8 @@ export const DOCUMENTED_ROUTES = [
   "DELETE /v1/sandboxes/{id}/processes/{pid}",
   "DELETE /v1/snapshots/{id}",
   "DELETE /v1/templates/{name}",
+  "DELETE /v1/tenants/{id}",
+  "DELETE /v1/tenants/{id}/keys/{key_id}",
   "GET /healthz",
   "GET /metrics",
   "GET /preview/{token}/{path}",
@@ -397,6 +450,9 @@ export const DOCUMENTED_ROUTES = [
   "GET /v1/templates",
   "GET /v1/templates/{name}",
   "GET /v1/templates/{name}/builds/{id}/events",
+  "GET /v1/tenants",
+  "GET /v1/tenants/{id}",
+  "GET /v1/tenants/{id}/keys",
   "HEAD /preview/{token}/{path}",
   "HEAD /v1/sandboxes/{id}/ports/{port}/{path}",
   "OPTIONS /preview/{token}/{path}",
@@ -404,6 +460,7 @@ export const DOCUMENTED_ROUTES = [
   "PATCH /preview/{token}/{path}",
   "PATCH /v1/sandboxes/{id}",
   "PATCH /v1/sandboxes/{id}/ports/{port}/{path}",
+  "PATCH /v1/tenants/{id}",
   "POST /preview/{token}/{path}",
   "POST /v1/policies",
   "POST /v1/policies/{id}/versions",
@@ -424,6 +481,8 @@ export const DOCUMENTED_ROUTES = [
   "POST /v1/sandboxes/{id}/snapshots",
   "POST /v1/snapshots/{id}/fork",
   "POST /v1/templates",
+  "POST /v1/tenants",
+  "POST /v1/tenants/{id}/keys",
   "PUT /preview/{token}/{path}",
   "PUT /v1/sandboxes/{id}/files",
   "PUT /v1/sandboxes/{id}/network",

@@ -27,10 +27,12 @@ const MAPS = {
   ProcessInfo: fields.PROCESS_INFO_FIELDS, ProcessChunk: fields.PROCESS_CHUNK_FIELDS, SignalBody: fields.SIGNAL_FIELDS,
   PreviewUrl: fields.PREVIEW_URL_FIELDS, CreatePreviewUrl: fields.CREATE_PREVIEW_URL_FIELDS, TerminalToken: fields.TERMINAL_TOKEN_FIELDS,
   StoredPolicy: fields.STORED_POLICY_FIELDS, PolicySummary: fields.POLICY_SUMMARY_FIELDS,
+  Tenant: fields.TENANT_FIELDS, TenantKey: fields.TENANT_KEY_FIELDS, CreatedKey: fields.CREATED_KEY_FIELDS,
+  Limits: fields.LIMITS_FIELDS, NewTenant: fields.NEW_TENANT_FIELDS, TenantPatch: fields.TENANT_PATCH_FIELDS,
 };
 const LISTS = {
   SandboxList: "sandboxes", SnapshotList: "snapshots", TemplateList: "templates", FileList: "entries", EgressEventList: "events",
-  CodeContextList: "contexts", ProcessList: "processes", PolicyList: "policies",
+  CodeContextList: "contexts", ProcessList: "processes", PolicyList: "policies", TenantList: "tenants", KeyList: "keys",
 };
 // The terminal's control messages: JSON over the pty WebSocket (oneOf), read as is.
 const RAW = new Set(["ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode", "ExecReason", "OutputEncoding", "CpuLimitBasis",

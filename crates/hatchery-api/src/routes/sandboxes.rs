@@ -4,22 +4,28 @@ use crate::models::{
     validate_env, validate_metadata, validate_ttl, CreateSandbox, PatchSandbox, Sandbox,
     SandboxList,
 };
-use crate::{ApiError, AppState};
+use crate::{scope, ApiError, AppState};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
+use axum::Extension;
 use hatchery_core::CreateRequest;
 use hatchery_templates::DEFAULT_TEMPLATE;
+use hatchery_tenants::Principal;
 use std::collections::BTreeMap;
 
 #[utoipa::path(post, path = "/v1/sandboxes", request_body = CreateSandbox, tag = "sandboxes",
     responses((status = 201, body = Sandbox), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 429, body = ErrorBody, description = "tenant_limit: the tenant's live_sandboxes limit is reached"),
               (status = 503, body = ErrorBody)))]
 pub async fn create(
     State(st): State<AppState>,
-    Json(body): Json<CreateSandbox>,
+    principal: Option<Extension<Principal>>,
+    Json(mut body): Json<CreateSandbox>,
 ) -> Result<(StatusCode, axum::Json<Sandbox>), ApiError> {
     let caps = &st.manager.caps;
     let ttl = validate_ttl(body.ttl_seconds, caps)?;
+    let principal = principal.as_ref().map(|e| &e.0);
+    scope::stamp(principal, &mut body.metadata);
     validate_metadata(&body.metadata, caps)?;
     validate_env(&body.env, caps)?;
     let req = CreateRequest {
@@ -31,6 +37,9 @@ pub async fn create(
         env: body.env,
         network: body.network.map(Into::into),
     };
+    // Held until the sandbox exists (or failed): it counts as the
+    // tenant's meanwhile.
+    let _admitted = scope::admit(&st, principal, 1).await?;
     let info = st.manager.create(req).await?;
     Ok((StatusCode::CREATED, axum::Json(info.into())))
 }
@@ -41,9 +50,11 @@ pub async fn create(
     responses((status = 200, body = SandboxList), (status = 400, body = ErrorBody)))]
 pub async fn list(
     State(st): State<AppState>,
+    principal: Option<Extension<Principal>>,
     RawQuery(q): RawQuery,
 ) -> Result<axum::Json<SandboxList>, ApiError> {
-    let filter = metadata_filter(q)?;
+    let mut filter = metadata_filter(q)?;
+    scope::stamp(principal.as_ref().map(|e| &e.0), &mut filter);
     let sandboxes = st
         .manager
         .list(&filter)

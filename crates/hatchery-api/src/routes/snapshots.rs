@@ -5,20 +5,24 @@ use crate::models::{
     Snapshot, SnapshotList,
 };
 use crate::routes::sandboxes::metadata_filter;
-use crate::{ApiError, AppState};
+use crate::{scope, ApiError, AppState};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
+use axum::Extension;
 use hatchery_core::ForkRequest;
+use hatchery_tenants::Principal;
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshots", tag = "snapshots", params(("id" = String, Path)),
     request_body = CreateSnapshot,
     responses((status = 201, body = Snapshot), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn create(
     State(st): State<AppState>,
+    principal: Option<Extension<Principal>>,
     Path(id): Path<String>,
-    Json(body): Json<CreateSnapshot>,
+    Json(mut body): Json<CreateSnapshot>,
 ) -> Result<(StatusCode, axum::Json<Snapshot>), ApiError> {
     let caps = &st.manager.caps;
+    scope::stamp(principal.as_ref().map(|e| &e.0), &mut body.metadata);
     validate_metadata(&body.metadata, caps)?;
     let retention = bounded(
         body.retention_seconds,
@@ -38,9 +42,11 @@ pub async fn create(
     responses((status = 200, body = SnapshotList), (status = 400, body = ErrorBody)))]
 pub async fn list(
     State(st): State<AppState>,
+    principal: Option<Extension<Principal>>,
     RawQuery(q): RawQuery,
 ) -> Result<axum::Json<SnapshotList>, ApiError> {
-    let filter = metadata_filter(q)?;
+    let mut filter = metadata_filter(q)?;
+    scope::stamp(principal.as_ref().map(|e| &e.0), &mut filter);
     let snapshots = st
         .manager
         .list_snapshots(&filter)
@@ -75,14 +81,18 @@ pub async fn delete(
 #[utoipa::path(post, path = "/v1/snapshots/{id}/fork", tag = "snapshots", params(("id" = String, Path)),
     request_body = ForkBody,
     responses((status = 201, body = SandboxList), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
-              (status = 422, body = ErrorBody, description = "snapshot_corrupt: the image failed its checksum")))]
+              (status = 422, body = ErrorBody, description = "snapshot_corrupt: the image failed its checksum"),
+              (status = 429, body = ErrorBody, description = "tenant_limit: the tenant's live_sandboxes limit has no room for count more")))]
 pub async fn fork(
     State(st): State<AppState>,
+    principal: Option<Extension<Principal>>,
     Path(id): Path<String>,
-    Json(body): Json<ForkBody>,
+    Json(mut body): Json<ForkBody>,
 ) -> Result<(StatusCode, axum::Json<SandboxList>), ApiError> {
     let caps = &st.manager.caps;
     let ttl = validate_ttl(body.ttl_seconds, caps)?;
+    let principal = principal.as_ref().map(|e| &e.0);
+    scope::stamp(principal, &mut body.metadata);
     validate_metadata(&body.metadata, caps)?;
     let count = bounded(body.count, 1, caps.max_fork_count as u64, "count")? as usize;
     let req = ForkRequest {
@@ -91,6 +101,7 @@ pub async fn fork(
         count,
         network: body.network.map(Into::into).unwrap_or_default(),
     };
+    let _admitted = scope::admit(&st, principal, count as u64).await?;
     let sandboxes: Vec<Sandbox> = st
         .manager
         .fork(&id, req)

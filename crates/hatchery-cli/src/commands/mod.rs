@@ -12,4 +12,5 @@ pub mod session;
 pub mod shell;
 pub mod snapshot;
 pub mod template;
+pub mod tenant;
 pub mod terminal;
