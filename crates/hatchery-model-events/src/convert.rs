@@ -53,10 +53,15 @@ pub fn model_event(e: GatewayEvent) -> Option<(String, ModelEvent)> {
             caller.session,
             ModelEvent::Exhausted {
                 scope,
-                message: "a model call's worst case did not fit in what is left of the budget"
+                message: "the model budget is used up: a call's worst case did not fit in what \
+                    is left, or the upstream reported more than a call reserved"
                     .into(),
             },
         )),
+        // Its figures are in the call's `model_call` event (reported input
+        // and output next to the capped charge); an exhaustion it causes
+        // comes as `Exhausted`, just after.
+        GatewayEvent::Overage { .. } => None,
     }
 }
 
