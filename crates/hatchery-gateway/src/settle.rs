@@ -165,9 +165,6 @@ impl Pending {
             usd_cents: reported.usd_cents.saturating_sub(self.estimate.usd_cents),
         };
         g.metrics.overage(self.flavor, excess);
-        tracing::warn!(reservation = %self.id, session = %self.caller.session,
-            reported_tokens = reported.tokens, reserved_tokens = self.estimate.tokens,
-            "the upstream reported more than the call's reservation; charged the reservation");
         g.events.record(GatewayEvent::Overage {
             caller: self.caller.clone(),
             flavor: self.flavor,
