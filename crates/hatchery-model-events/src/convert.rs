@@ -147,4 +147,24 @@ mod tests {
         assert_eq!(s, "ses_a");
         assert!(matches!(e, ModelEvent::Exhausted { scope, .. } if scope == "session:ses_a"));
     }
+
+    /// An overage's figures are the call's own `model_call` event's; the
+    /// session ends on the `Exhausted` that follows when its budget is gone.
+    #[test]
+    fn an_overage_is_not_a_second_event() {
+        let a = |tokens| Amount {
+            tokens,
+            usd_cents: 1,
+        };
+        assert!(model_event(GatewayEvent::Overage {
+            caller: caller(),
+            flavor: Flavor::Anthropic,
+            model: "m".into(),
+            input_tokens: 5_000,
+            output_tokens: 5_000,
+            reported: a(10_000),
+            reserved: a(465),
+        })
+        .is_none());
+    }
 }
