@@ -118,6 +118,9 @@ def model(commands):
                  finish("moved")],
         "restart": [shell("sleep 8; " + commands["curl"]), finish("survived")],
         "broke": [finish("never reached")],
+        # Its model reports 100,000 + 100,000 tokens for the first call.
+        "overreport": [dict(shell("echo hi"), usage={"prompt_tokens": 100000, "completion_tokens": 100000}),
+                       finish("done")],
         # 150 denied requests through the proxy from one process, then a
         # pause so the last suppressed count is written while the session
         # runs. One curl process per request was too slow in one CI run
@@ -306,6 +309,33 @@ def test_exhausted_budget_fails_the_session_before_the_upstream(gd, git_server, 
     assert not any(e["type"] == "model_call" for e in evs)
     assert s["spend"]["tokens"] == 0
     assert len(model.requests) == before, "the upstream saw a call it had no budget for"
+
+
+def test_an_upstream_reporting_more_than_reserved_fails_the_session(gd, git_server, model):
+    """The model reports 100,000 + 100,000 tokens for a call that reserved
+    its prompt plus the 4096-token output cap: the session is charged the
+    reservation, not the report (its spend stays within its 50,000-token
+    limit), and since what the upstream really used is past the limit the
+    session ends `failed` (budget_exhausted). Before: charged 200,000."""
+    repo = git_server.add_repo("overreport", DEMO_FILES)
+    limit = 50000
+    sid = gd.new_session(repo, "[script:overreport] lie", template="agent-session",
+                         budget={"tokens": limit, "wall_s": 600})
+    t0 = time.time()
+    while time.time() - t0 < 300:
+        s = gd.session(sid)
+        if s["state"] in ("completed", "failed", "cancelled"):
+            break
+        time.sleep(0.3)
+    gd.track_sandboxes(sid)
+    evs = gd.all_events(sid)
+    calls = [e for e in evs if e["type"] == "model_call"]
+    assert calls and calls[0]["input_tokens"] == 100000 and calls[0]["output_tokens"] == 100000, evs
+    assert calls[0]["tokens"] < 20000, calls[0]
+    assert s["state"] == "failed" and s["reason"].startswith("budget_exhausted"), s
+    ex = [e for e in evs if e["type"] == "budget_exhausted"]
+    assert len(ex) == 1 and ex[0]["scope"] == f"session:{sid}", evs
+    assert s["spend"]["tokens"] == sum(c["tokens"] for c in calls) <= limit, s
 
 
 def test_bindings_survive_a_daemon_sigkill(gd, servers, git_server, model):

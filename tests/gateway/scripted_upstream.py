@@ -5,7 +5,11 @@ tests can check what reached it. Model names script behaviour:
 `slow-*` waits SLOW_SECONDS before answering; `full-*` reports usage as
 large as a gateway's worst-case estimate of the call (every byte of the
 request a token, and all of max_tokens), so a budget test's calls spend
-what they reserve."""
+what they reserve. It can lie and stall: `liar-*` reports LIE_TOKENS in and
+LIE_TOKENS out whatever max_tokens said; `hang-*` takes the request and
+answers after HANG_SECONDS (a stuck upstream); `drip-*` answers slowly: a
+whole answer after DRIP_SECONDS, a stream of DRIP_WORDS chunks spread over
+DRIP_SECONDS (usage in its last event, as the real APIs do)."""
 
 import json
 import threading
@@ -14,6 +18,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 SLOW_SECONDS = 4.0
 OUTPUT_TOKENS = 7
+LIE_TOKENS = 5000
+HANG_SECONDS = 30.0
+DRIP_SECONDS = 1.6
+DRIP_WORDS = 8
 
 
 class Upstream:
@@ -34,17 +42,32 @@ class Upstream:
                 n = int(self.headers.get("content-length", "0"))
                 raw = self.rfile.read(n)
                 body = json.loads(raw or b"{}")
+                rec = {"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()},
+                       "body": body, "size": len(raw)}
                 with up.lock:
-                    up.requests.append({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()},
-                                        "body": body, "size": len(raw)})
+                    up.requests.append(rec)
                 up.arrived.set()
-                if str(body.get("model", "")).startswith("slow-"):
+                model = str(body.get("model", ""))
+                self.pause = 0.0
+                if model.startswith("slow-"):
                     time.sleep(SLOW_SECONDS)
+                if model.startswith("hang-"):
+                    time.sleep(HANG_SECONDS)
                 input_tokens = max(1, len(raw) // 8)
                 output_tokens = min(OUTPUT_TOKENS, body.get("max_tokens") or body.get("max_completion_tokens") or 10**9)
-                if str(body.get("model", "")).startswith("full-"):
+                if model.startswith("full-"):
                     input_tokens = len(raw)
                     output_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or OUTPUT_TOKENS
+                if model.startswith("liar-"):
+                    input_tokens = output_tokens = LIE_TOKENS
+                if model.startswith("drip-"):
+                    output_tokens = min(DRIP_WORDS, output_tokens)
+                    if body.get("stream"):
+                        self.pause = DRIP_SECONDS / DRIP_WORDS
+                    else:
+                        time.sleep(DRIP_SECONDS)
+                # What it is about to report (a test compares the charge).
+                rec["reported"] = (input_tokens, output_tokens)
                 if self.path.endswith("/chat/completions"):
                     self.openai(body, input_tokens, output_tokens)
                 elif self.path.endswith("/messages"):
@@ -69,6 +92,8 @@ class Upstream:
                 self.end_headers()
 
             def chunk(self, text):
+                if self.pause:
+                    time.sleep(self.pause)
                 data = text.encode()
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
                 self.wfile.flush()
@@ -78,7 +103,7 @@ class Upstream:
                 self.wfile.flush()
 
             def openai(self, body, i, o):
-                words = ["hello"] * o
+                words = ["hello"] * min(o, 64)
                 if not body.get("stream"):
                     return self.whole({
                         "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": body["model"],
@@ -99,7 +124,7 @@ class Upstream:
                 self.sse_end()
 
             def anthropic(self, body, i, o):
-                text = " ".join(["hello"] * o)
+                text = " ".join(["hello"] * min(o, 64))
                 msg = {"id": "msg_1", "type": "message", "role": "assistant", "model": body["model"],
                        "stop_reason": "end_turn", "stop_sequence": None}
                 if not body.get("stream"):

@@ -30,7 +30,11 @@ REAL_KEY = "sk-upstream-real-key-0123456789"
 PRICES = {"models": {"gpt-test": {"input_cents_per_mtok": 100000, "output_cents_per_mtok": 400000},
                      "slow-model": {"input_cents_per_mtok": 100000, "output_cents_per_mtok": 400000},
                      "claude-test": {"input_cents_per_mtok": 100000, "output_cents_per_mtok": 400000},
-                     "full-model": {"input_cents_per_mtok": 100000, "output_cents_per_mtok": 400000}}}
+                     "full-model": {"input_cents_per_mtok": 100000, "output_cents_per_mtok": 400000},
+                     # The scripted upstream lies, stalls and drips for these (test_spend_bounded.py).
+                     "liar-model": {"input_cents_per_mtok": 100000, "output_cents_per_mtok": 400000},
+                     "hang-model": {"input_cents_per_mtok": 100000, "output_cents_per_mtok": 400000},
+                     "drip-model": {"input_cents_per_mtok": 100000, "output_cents_per_mtok": 400000}}}
 CAP = 256
 
 

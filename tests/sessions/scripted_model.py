@@ -10,6 +10,8 @@ each get their own deterministic play. A turn is
   {"content": "text"}
 and `{last_user}` in any string is replaced by the text of the
 conversation's last user message (a steering message shows up that way).
+A turn with `"usage": {"prompt_tokens", "completion_tokens"}` reports that
+instead of its real size (a model that lies about what a call cost).
 
 Run standalone: python3 scripted_model.py SCRIPTS.json [PORT]
 """
@@ -129,6 +131,7 @@ class ScriptedModel:
         turn = dict(_subst(turn, _text(users[-1]) if users else ""), _step=step)
         prompt = sum(len(json.dumps(m)) for m in msgs) // 4
         usage = {"prompt_tokens": prompt, "completion_tokens": len(json.dumps(turn)) // 4 + 1}
+        usage.update(turn.pop("usage", None) or {})
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         return turn, usage
 

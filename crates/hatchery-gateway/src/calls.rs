@@ -2,26 +2,26 @@
 //! most, the reservation, the upstream call with the real key, and the
 //! settlement of what it actually cost, streamed or not.
 
+use crate::answer::Exchange;
 use crate::budget::{Amount, BudgetError, Caller};
 use crate::errors::CallError;
+use crate::estimate::{input_tokens_upper_bound, writes_cache};
 use crate::events::GatewayEvent;
-use crate::pricing::input_tokens_upper_bound;
-use crate::usage::{Flavor, SseData, Usage};
+use crate::settle::{answer_deadline, Settle};
+use crate::usage::Flavor;
 use crate::Gateway;
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::HeaderMap;
 use axum::response::Response;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Most completions one OpenAI call may ask for (`n`); each is reserved.
 pub const MAX_CHOICES: u64 = 8;
-/// Largest non-streamed upstream answer passed on.
-const MAX_ANSWER: usize = 16 << 20;
 
 pub fn key_hash(key: &str) -> String {
     Sha256::digest(key.as_bytes())
@@ -75,6 +75,10 @@ struct Plan {
     stream: bool,
     /// Worst-case output tokens (max tokens × choices).
     max_output: u64,
+    /// Upper bound of the input tokens (`estimate.rs`).
+    input_bound: u64,
+    /// The request writes a prompt cache (its input may cost twice).
+    writes_cache: bool,
     /// The body to send upstream (with the gateway's additions).
     body: Bytes,
 }
@@ -159,6 +163,8 @@ fn plan(g: &Gateway, flavor: Flavor, raw: &[u8]) -> Result<Plan, CallError> {
         model,
         stream,
         max_output: max_tokens * choices,
+        input_bound: input_tokens_upper_bound(flavor, &v, body.len())?,
+        writes_cache: writes_cache(&v),
         body: body.into(),
     })
 }
@@ -209,10 +215,13 @@ async fn call_inner(
         .to_bytes();
     let plan = plan(g, flavor, &raw).map_err(fail)?;
     let price = g.prices.price(&plan.model).map_err(|e| fail(e.into()))?;
-    let input_bound = input_tokens_upper_bound(&plan.body);
     let estimate = Amount {
-        tokens: input_bound + plan.max_output,
-        usd_cents: price.cents(input_bound, plan.max_output),
+        tokens: plan.input_bound + plan.max_output,
+        // A cache write is priced at up to twice the input.
+        usd_cents: price.cents(
+            plan.input_bound * if plan.writes_cache { 2 } else { 1 },
+            plan.max_output,
+        ),
     };
     let id = format!("rsv_{:032x}", rand::random::<u128>());
     let scopes = caller.scopes();
@@ -236,63 +245,31 @@ async fn call_inner(
         }
         return Err(fail(CallError::Store(e)));
     }
-    let settle = Settle {
-        g: g.clone(),
+    // From here the reservation is settled whatever happens to this
+    // request: the exchange runs in a task of its own, which a caller that
+    // hangs up does not cancel, within a deadline shorter than the
+    // reservation's TTL (and `Settle` charges it whole if dropped).
+    let settle = Settle::new(
+        g.clone(),
         id,
         scopes,
-        caller: caller.clone(),
+        caller.clone(),
         flavor,
-        model: plan.model.clone(),
+        plan.model.clone(),
         price,
         estimate,
-    };
-    let answer = match upstream
-        .post(path, plan.body.clone(), &pass_headers(flavor, headers))
-        .await
-    {
-        Ok(a) => a,
-        Err(e) => {
-            // Nothing was generated: release the reservation in full.
-            settle.finish(Some((0, 0))).await;
-            return Err(fail(CallError::Upstream(e)));
-        }
-    };
-    let status = answer.status();
-    let content_type = answer.headers().get("content-type").cloned();
-    if plan.stream && status.is_success() {
-        return Ok(stream_through(
-            settle,
-            status,
-            content_type,
-            answer.into_body(),
-        ));
-    }
-    let bytes = match Limited::new(answer.into_body(), MAX_ANSWER).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(_) => {
-            settle.finish(None).await;
-            return Err(fail(CallError::BadUpstreamAnswer));
-        }
-    };
-    let usage = serde_json::from_slice::<Value>(&bytes)
-        .map(|v| Usage::of_body(flavor, &v))
-        .unwrap_or_default();
-    // An upstream error generated nothing unless it says otherwise.
-    let used = usage
-        .complete()
-        .or((!status.is_success()).then_some((0, 0)));
-    // Settled off the response path: until it lands the reservation (an
-    // upper bound) still counts, so budgets only err on the safe side.
-    tokio::spawn(settle.finish(used));
-    g.metrics.call(
-        flavor,
-        if status.is_success() {
-            "ok"
-        } else {
-            "upstream_error"
-        },
     );
-    Ok(respond(status, content_type, Body::from(bytes)))
+    let ttl = Duration::from_millis(g.reservation_ttl_ms);
+    let exchange = Exchange {
+        upstream,
+        path,
+        body: plan.body,
+        headers: pass_headers(flavor, headers),
+        stream: plan.stream,
+        deadline: tokio::time::Instant::now() + answer_deadline(ttl),
+        within: answer_deadline(ttl),
+    };
+    Ok(crate::answer::run(settle, exchange).await)
 }
 
 /// Request headers the upstream needs to see (the protocol's version and
@@ -306,110 +283,4 @@ fn pass_headers(flavor: Flavor, h: &HeaderMap) -> Vec<(&'static str, String)> {
         .iter()
         .filter_map(|n| Some((*n, h.get(*n)?.to_str().ok()?.to_string())))
         .collect()
-}
-
-fn respond(status: StatusCode, content_type: Option<HeaderValue>, body: Body) -> Response {
-    let mut r = Response::new(body);
-    *r.status_mut() = status;
-    if let Some(ct) = content_type {
-        r.headers_mut().insert("content-type", ct);
-    }
-    r
-}
-
-/// Passes the upstream's stream on as it arrives, reading usage out of it
-/// on the way, and settles when it ends (or the caller goes away).
-fn stream_through(
-    settle: Settle,
-    status: StatusCode,
-    content_type: Option<HeaderValue>,
-    mut body: hyper::body::Incoming,
-) -> Response {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
-    let flavor = settle.flavor;
-    tokio::spawn(async move {
-        let (mut sse, mut usage) = (SseData::default(), Usage::default());
-        let mut clean = false;
-        loop {
-            match body.frame().await {
-                Some(Ok(f)) => {
-                    let Ok(data) = f.into_data() else { continue };
-                    sse.push(&data, |d| usage.feed_event(flavor, d));
-                    if tx.send(Ok(data)).await.is_err() {
-                        break; // the caller went away
-                    }
-                }
-                Some(Err(e)) => {
-                    let _ = tx.send(Err(std::io::Error::other(e.to_string()))).await;
-                    break;
-                }
-                None => {
-                    clean = true;
-                    break;
-                }
-            }
-        }
-        // Without a usage report the worst case is what it cost.
-        settle
-            .g
-            .metrics
-            .call(flavor, if clean { "ok" } else { "interrupted" });
-        settle.finish(usage.complete()).await;
-    });
-    respond(
-        status,
-        content_type,
-        Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx)),
-    )
-}
-
-/// Everything needed to settle one reservation.
-struct Settle {
-    g: Arc<Gateway>,
-    id: String,
-    scopes: Vec<String>,
-    caller: Caller,
-    flavor: Flavor,
-    model: String,
-    price: crate::pricing::Price,
-    estimate: Amount,
-}
-
-impl Settle {
-    /// `used`: (input, output) tokens, or None when unknown (then the
-    /// reservation's estimate is recorded: it is an upper bound).
-    async fn finish(self, used: Option<(u64, u64)>) {
-        let actual = match used {
-            Some((i, o)) => Amount {
-                tokens: i + o,
-                usd_cents: self.price.cents(i, o),
-            },
-            None => self.estimate,
-        };
-        let called = GatewayEvent::Called {
-            caller: self.caller,
-            flavor: self.flavor,
-            model: self.model,
-            input_tokens: used.map(|u| u.0),
-            output_tokens: used.map(|u| u.1),
-            charged: actual,
-            reserved: self.estimate,
-        };
-        let settlement = crate::store::Settlement {
-            id: self.id.clone(),
-            scopes: self.scopes,
-            actual,
-            fresh: false,
-        };
-        if let Err(e) = self
-            .g
-            .events
-            .settle(&*self.g.store, settlement, called)
-            .await
-        {
-            // The janitor frees the reservation after its TTL; the spend
-            // of this call is then missing, which the log records.
-            tracing::error!(reservation = %self.id, error = %e, "settling a model call failed");
-        }
-    }
 }

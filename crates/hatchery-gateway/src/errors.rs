@@ -3,6 +3,7 @@
 //! shape `{"type": "error", "error": {"type", "message"}}`.
 
 use crate::budget::BudgetError;
+use crate::estimate::EstimateError;
 use crate::pricing::PricingError;
 use crate::upstream::UpstreamError;
 use crate::usage::Flavor;
@@ -32,6 +33,13 @@ pub enum CallError {
     Upstream(UpstreamError),
     #[error("the upstream's answer was too large or broken")]
     BadUpstreamAnswer,
+    /// The upstream's answer did not end within the call's deadline
+    /// (`settle::answer_deadline`); the whole reservation was charged.
+    #[error("the upstream did not finish its answer within {0:?}")]
+    AnswerDeadline(std::time::Duration),
+    /// The request's input has no upper bound to reserve.
+    #[error(transparent)]
+    Unbounded(#[from] EstimateError),
     /// A host's relay could not reach the control role's gateway.
     #[error("the model gateway is not reachable: {0}")]
     GatewayUnreachable(String),
@@ -45,6 +53,8 @@ impl CallError {
             CallError::BadRequest(_) => "invalid_request",
             CallError::OverCap { .. } => "max_tokens_over_cap",
             CallError::TooLarge(_) => "request_too_large",
+            CallError::Unbounded(_) => "unbounded_input",
+            CallError::AnswerDeadline(_) => "upstream_timeout",
             CallError::Pricing(_) => "unknown_model",
             CallError::Store(BudgetError::Exhausted { .. }) => "budget_exhausted",
             CallError::Store(_) => "internal",
@@ -60,6 +70,7 @@ impl CallError {
             CallError::Store(BudgetError::Exhausted { .. }) => "budget_exhausted",
             CallError::Upstream(_)
             | CallError::BadUpstreamAnswer
+            | CallError::AnswerDeadline(_)
             | CallError::GatewayUnreachable(_) => "upstream_unavailable",
             CallError::Store(_) => "internal",
             _ => "refused",
@@ -69,9 +80,10 @@ impl CallError {
     fn status(&self) -> StatusCode {
         match self {
             CallError::Unauthorized | CallError::UnboundSandbox => StatusCode::UNAUTHORIZED,
-            CallError::BadRequest(_) | CallError::OverCap { .. } | CallError::Pricing(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            CallError::BadRequest(_)
+            | CallError::OverCap { .. }
+            | CallError::Pricing(_)
+            | CallError::Unbounded(_) => StatusCode::BAD_REQUEST,
             CallError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             CallError::Store(BudgetError::Exhausted { .. }) => StatusCode::TOO_MANY_REQUESTS,
             CallError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -79,6 +91,7 @@ impl CallError {
             CallError::Upstream(_)
             | CallError::BadUpstreamAnswer
             | CallError::GatewayUnreachable(_) => StatusCode::BAD_GATEWAY,
+            CallError::AnswerDeadline(_) => StatusCode::GATEWAY_TIMEOUT,
         }
     }
 

@@ -29,6 +29,18 @@ pub enum GatewayEvent {
         caller: Caller,
         scope: String,
     },
+    /// The upstream reported more than the call's reservation (an upper
+    /// bound of what it could cost): `reported` is its figure, of which
+    /// only `reserved` was charged (the `Called` event says so too).
+    Overage {
+        caller: Caller,
+        flavor: Flavor,
+        model: String,
+        input_tokens: u64,
+        output_tokens: u64,
+        reported: Amount,
+        reserved: Amount,
+    },
 }
 
 #[async_trait::async_trait]
@@ -108,6 +120,19 @@ impl GatewayEvents for LogEvents {
             GatewayEvent::Exhausted { caller, scope } => {
                 tracing::warn!(session = %caller.session, %scope, dropped, "budget exhausted")
             }
+            GatewayEvent::Overage {
+                caller,
+                flavor,
+                model,
+                input_tokens,
+                output_tokens,
+                reported,
+                reserved,
+            } => tracing::warn!(event = "overage", session = %caller.session,
+                tenant = caller.tenant.as_deref(), ?flavor, %model, input_tokens, output_tokens,
+                reported_tokens = reported.tokens, reported_cents = reported.usd_cents,
+                reserved_tokens = reserved.tokens, reserved_cents = reserved.usd_cents, dropped,
+                "model call overage: the upstream reported more than was reserved"),
         }
     }
 }

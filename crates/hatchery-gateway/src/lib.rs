@@ -6,14 +6,17 @@
 //! and settles what it actually cost after (`budget.rs`).
 
 pub mod admin;
+pub mod answer;
 pub mod budget;
 pub mod calls;
 pub mod embed;
 pub mod errors;
+pub mod estimate;
 pub mod events;
 pub mod metrics;
 pub mod pricing;
 pub mod relay;
+pub mod settle;
 pub mod store;
 pub mod upstream;
 pub mod usage;

@@ -1,5 +1,6 @@
 //! Prometheus metrics of the gateway.
 
+use crate::budget::Amount;
 use crate::usage::Flavor;
 use prometheus::{Histogram, HistogramOpts, IntCounterVec, Opts, Registry};
 
@@ -8,6 +9,10 @@ pub struct Metrics {
     /// By API and outcome (an embedding daemon registers it next to its own).
     pub calls: IntCounterVec,
     pub reserve_seconds: Histogram,
+    /// Tokens upstreams reported above calls' reservations (not charged).
+    pub overage_tokens: IntCounterVec,
+    /// Cents upstreams reported above calls' reservations (not charged).
+    pub overage_cents: IntCounterVec,
 }
 
 impl Default for Metrics {
@@ -29,7 +34,24 @@ impl Default for Metrics {
             .buckets(vec![0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.25]),
         )
         .expect("static metric");
+        let over = |name: &str, help: &str| {
+            IntCounterVec::new(Opts::new(name, help), &["api"]).expect("static metric")
+        };
+        let overage_tokens = over(
+            "hatchery_gateway_overage_tokens_total",
+            "Tokens upstreams reported above the calls' reservations, not charged",
+        );
+        let overage_cents = over(
+            "hatchery_gateway_overage_usd_cents_total",
+            "US cents upstreams reported above the calls' reservations, not charged",
+        );
         registry.register(Box::new(calls.clone())).expect("unique");
+        registry
+            .register(Box::new(overage_tokens.clone()))
+            .expect("unique");
+        registry
+            .register(Box::new(overage_cents.clone()))
+            .expect("unique");
         registry
             .register(Box::new(reserve_seconds.clone()))
             .expect("unique");
@@ -37,6 +59,8 @@ impl Default for Metrics {
             registry,
             calls,
             reserve_seconds,
+            overage_tokens,
+            overage_cents,
         }
     }
 }
@@ -46,5 +70,16 @@ impl Metrics {
         self.calls
             .with_label_values(&[flavor.name(), outcome])
             .inc();
+    }
+
+    /// What an upstream reported above a call's reservation.
+    pub fn overage(&self, flavor: Flavor, excess: Amount) {
+        let api = [flavor.name()];
+        self.overage_tokens
+            .with_label_values(&api)
+            .inc_by(excess.tokens);
+        self.overage_cents
+            .with_label_values(&api)
+            .inc_by(excess.usd_cents);
     }
 }

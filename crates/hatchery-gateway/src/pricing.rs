@@ -1,4 +1,4 @@
-//! Turning tokens into cents, and the worst case of a call before it runs.
+//! Turning tokens into cents (the worst case of a call's input is `estimate.rs`).
 
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -47,15 +47,6 @@ impl Price {
     }
 }
 
-/// An upper bound on a request's input tokens: its body's length in bytes.
-/// Every token of a byte-level BPE covers at least one byte of text, and
-/// the JSON around the text (quotes, keys, roles) is longer than the few
-/// tokens a chat format adds per message, so this never under-counts; it
-/// over-counts by the JSON syntax, which only makes a reservation larger.
-pub fn input_tokens_upper_bound(body: &[u8]) -> u64 {
-    body.len() as u64
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -78,11 +69,5 @@ mod tests {
             prices.price("x"),
             Err(PricingError::UnknownModel("x".into()))
         );
-    }
-
-    #[test]
-    fn the_input_bound_is_at_least_the_text() {
-        let body = br#"{"messages":[{"role":"user","content":"hello world"}]}"#;
-        assert!(input_tokens_upper_bound(body) >= "hello world".len() as u64);
     }
 }

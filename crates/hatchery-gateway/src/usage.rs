@@ -1,6 +1,8 @@
 //! Reading token usage out of upstream answers, whole or streamed, for the
 //! two wire formats the gateway speaks.
 
+use crate::budget::Amount;
+use crate::pricing::Price;
 use serde_json::Value;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,15 +26,56 @@ impl Flavor {
     }
 }
 
+/// What the upstream reported a call used: input tokens (cache reads and
+/// writes included), output tokens, and the cache writes among the input
+/// (priced twice: a cache write costs up to twice the input price).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reported {
+    pub input: u64,
+    pub output: u64,
+    pub cache_write: u64,
+}
+
+impl Reported {
+    pub fn nothing() -> Self {
+        Reported {
+            input: 0,
+            output: 0,
+            cache_write: 0,
+        }
+    }
+
+    pub fn amount(&self, price: &Price) -> Amount {
+        Amount {
+            tokens: self.input.saturating_add(self.output),
+            usd_cents: price.cents(self.input.saturating_add(self.cache_write), self.output),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
     pub input_tokens: Option<u64>,
     pub output_tokens: Option<u64>,
+    /// Anthropic counts prompt-cache writes and reads apart from
+    /// `input_tokens`; both are input the call was billed for. (OpenAI's
+    /// `prompt_tokens` already includes its cached tokens.)
+    pub cache_write_tokens: u64,
+    pub cache_read_tokens: u64,
 }
 
 impl Usage {
-    pub fn complete(&self) -> Option<(u64, u64)> {
-        Some((self.input_tokens?, self.output_tokens?))
+    /// What was reported, once both input and output are known.
+    pub fn complete(&self) -> Option<Reported> {
+        let input = self
+            .input_tokens?
+            .saturating_add(self.cache_write_tokens)
+            .saturating_add(self.cache_read_tokens);
+        Some(Reported {
+            input,
+            output: self.output_tokens?,
+            cache_write: self.cache_write_tokens,
+        })
     }
 
     fn take(&mut self, v: &Value, input: &str, output: &str) {
@@ -41,6 +84,12 @@ impl Usage {
         }
         if let Some(n) = v.get(output).and_then(Value::as_u64) {
             self.output_tokens = Some(n);
+        }
+        if let Some(n) = v.get("cache_creation_input_tokens").and_then(Value::as_u64) {
+            self.cache_write_tokens = n;
+        }
+        if let Some(n) = v.get("cache_read_input_tokens").and_then(Value::as_u64) {
+            self.cache_read_tokens = n;
         }
     }
 
@@ -116,14 +165,35 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn r(input: u64, output: u64) -> Reported {
+        Reported {
+            input,
+            output,
+            cache_write: 0,
+        }
+    }
+
     #[test]
     fn whole_answers() {
         let o = json!({"usage": {"prompt_tokens": 12, "completion_tokens": 3}});
-        assert_eq!(Usage::of_body(Flavor::OpenAi, &o).complete(), Some((12, 3)));
+        assert_eq!(
+            Usage::of_body(Flavor::OpenAi, &o).complete(),
+            Some(r(12, 3))
+        );
         let a = json!({"usage": {"input_tokens": 7, "output_tokens": 9}});
         assert_eq!(
             Usage::of_body(Flavor::Anthropic, &a).complete(),
-            Some((7, 9))
+            Some(r(7, 9))
+        );
+        let cached = json!({"usage": {"input_tokens": 7, "output_tokens": 9,
+            "cache_creation_input_tokens": 100, "cache_read_input_tokens": 50}});
+        assert_eq!(
+            Usage::of_body(Flavor::Anthropic, &cached).complete(),
+            Some(Reported {
+                input: 157,
+                output: 9,
+                cache_write: 100
+            })
         );
         assert_eq!(Usage::of_body(Flavor::OpenAi, &json!({})).complete(), None);
     }
@@ -135,11 +205,31 @@ mod tests {
             let (mut p, mut u) = (SseData::default(), Usage::default());
             p.push(&s.as_bytes()[..cut], |d| u.feed_event(Flavor::OpenAi, d));
             p.push(&s.as_bytes()[cut..], |d| u.feed_event(Flavor::OpenAi, d));
-            assert_eq!(u.complete(), Some((5, 2)), "cut at {cut}");
+            assert_eq!(u.complete(), Some(r(5, 2)), "cut at {cut}");
         }
         let a = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":4,\"output_tokens\":1}}}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":6}}\n\n";
         let (mut p, mut u) = (SseData::default(), Usage::default());
         p.push(a.as_bytes(), |d| u.feed_event(Flavor::Anthropic, d));
-        assert_eq!(u.complete(), Some((4, 6)));
+        assert_eq!(u.complete(), Some(r(4, 6)));
+    }
+
+    #[test]
+    fn cache_writes_are_priced_twice() {
+        let p = Price {
+            input_cents_per_mtok: 1_000_000,
+            output_cents_per_mtok: 0,
+        };
+        let r = Reported {
+            input: 10,
+            output: 0,
+            cache_write: 4,
+        };
+        assert_eq!(
+            r.amount(&p),
+            Amount {
+                tokens: 10,
+                usd_cents: 14
+            }
+        );
     }
 }

@@ -53,10 +53,15 @@ pub fn model_event(e: GatewayEvent) -> Option<(String, ModelEvent)> {
             caller.session,
             ModelEvent::Exhausted {
                 scope,
-                message: "a model call's worst case did not fit in what is left of the budget"
+                message: "the model budget is used up: a call's worst case did not fit in what \
+                    is left, or the upstream reported more than a call reserved"
                     .into(),
             },
         )),
+        // Its figures are in the call's `model_call` event (reported input
+        // and output next to the capped charge); an exhaustion it causes
+        // comes as `Exhausted`, just after.
+        GatewayEvent::Overage { .. } => None,
     }
 }
 
@@ -141,5 +146,25 @@ mod tests {
         .unwrap();
         assert_eq!(s, "ses_a");
         assert!(matches!(e, ModelEvent::Exhausted { scope, .. } if scope == "session:ses_a"));
+    }
+
+    /// An overage's figures are the call's own `model_call` event's; the
+    /// session ends on the `Exhausted` that follows when its budget is gone.
+    #[test]
+    fn an_overage_is_not_a_second_event() {
+        let a = |tokens| Amount {
+            tokens,
+            usd_cents: 1,
+        };
+        assert!(model_event(GatewayEvent::Overage {
+            caller: caller(),
+            flavor: Flavor::Anthropic,
+            model: "m".into(),
+            input_tokens: 5_000,
+            output_tokens: 5_000,
+            reported: a(10_000),
+            reserved: a(465),
+        })
+        .is_none());
     }
 }
