@@ -19,10 +19,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// The envd version reported for every sandbox: the SDKs turn features on
-/// by it. 0.5.7 has the default user, stdin control, `CloseStdin` and
-/// octet-stream uploads, and not file metadata (0.6.2) or entry info in
-/// watch events (0.6.3), which this adapter does not implement.
-pub const ENVD_VERSION: &str = "0.5.7";
+/// by it (`e2b/envd/versions.py`, `versions.ts`). 0.6.4 has everything
+/// they gate: the default user (0.4.0), stdin control, `CloseStdin`,
+/// octet-stream and gzip uploads (0.5.7), file metadata (0.6.2), entry
+/// info in watch events (0.6.3) and watches of network mounts (0.6.4).
+/// envd's own routes no SDK calls (`/files/compose`, `/metrics`, `/envs`,
+/// `/init`) are not served.
+pub const ENVD_VERSION: &str = "0.6.4";
 /// E2B's default timeout for `POST /v2/sandboxes` and connects.
 pub const DEFAULT_TIMEOUT_S: u64 = 300;
 
