@@ -43,6 +43,18 @@ def test_auto_pause_at_the_timeout_then_connect(daemon):
         Sandbox.kill(s.sandbox_id)
 
 
+def test_auto_pause_is_on_time_after_the_sweep_went_idle(daemon):
+    # With no auto-pausing sandbox running the sweep ticks every 15 s; a
+    # create must wake it once the sandbox exists (woken before, it found
+    # nothing and paused a 3 s sandbox about 15 s after its create).
+    time.sleep(2.5)
+    s = Sandbox.create("base", timeout=3, lifecycle={"on_timeout": "pause", "auto_resume": False})
+    try:
+        assert wait_state(s, SandboxState.PAUSED, within=9), "not paused within 9 s of a 3 s timeout"
+    finally:
+        Sandbox.kill(s.sandbox_id)
+
+
 def test_auto_resume_on_a_request(daemon):
     s = Sandbox.create("base", timeout=3, lifecycle={"on_timeout": "pause", "auto_resume": True})
     try:

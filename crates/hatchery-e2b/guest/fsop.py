@@ -7,7 +7,8 @@ import json, os, stat, sys, pwd, grp, shutil, errno
 def kind_of(e):
     return {errno.ENOENT: "not_found", errno.EEXIST: "exists", errno.EACCES: "permission",
             errno.EPERM: "permission", errno.ENOTDIR: "not_dir", errno.EISDIR: "is_dir",
-            errno.ENOTEMPTY: "not_empty", errno.ENOSPC: "no_space"}.get(e.errno, "io")
+            errno.ENOTEMPTY: "not_empty", errno.ENOSPC: "no_space",
+            errno.EDQUOT: "no_space"}.get(e.errno, "io")
 
 def perms(m):
     t = "d" if stat.S_ISDIR(m) else "L" if stat.S_ISLNK(m) else "-"
@@ -20,6 +21,51 @@ def name_of(f, ids):
     except KeyError:
         return str(ids)
 
+# User-defined file metadata lives in extended attributes under this
+# namespace, as envd keeps it; other user.* attributes are not metadata.
+META = "user.e2b."
+
+def metadata(path):
+    """The file's user.e2b.* attributes, prefix stripped. Best effort, as
+    envd's: a filesystem without xattrs (or a dangling link) has none, and
+    a name or value that is not UTF-8 (set with setfattr, say) is skipped
+    rather than spoiling the whole entry."""
+    out = {}
+    try:
+        names = os.listxattr(path)
+    except OSError:
+        return out
+    for n in names:
+        if not n.startswith(META):
+            continue
+        try:
+            out[n[len(META):]] = os.getxattr(path, n).decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            pass
+    return out
+
+def set_metadata(path, meta):
+    """Makes the file's metadata exactly `meta`: keys it no longer has are
+    removed (an upload replaces the set; no metadata clears it). Nothing is
+    touched when the set is already right, so an upload without metadata
+    adds no attribute event to a watch. Filesystems without xattrs (/proc)
+    keep none, as with envd."""
+    try:
+        names = os.listxattr(path)
+    except OSError as e:
+        if e.errno in (errno.ENOTSUP, errno.EOPNOTSUPP):
+            return
+        raise
+    for n in names:
+        if n.startswith(META) and n[len(META):] not in meta:
+            try:
+                os.removexattr(path, n)
+            except OSError as e:
+                if e.errno != errno.ENODATA:
+                    raise
+    for k, v in meta.items():
+        os.setxattr(path, META + k, v.encode())
+
 def entry(path):
     st = os.lstat(path)
     m = st.st_mode
@@ -27,7 +73,7 @@ def entry(path):
     e = {"name": os.path.basename(path) or "/", "type": t, "path": path, "size": st.st_size,
          "mode": stat.S_IMODE(m), "permissions": perms(m),
          "owner": name_of(pwd.getpwuid, st.st_uid), "group": name_of(grp.getgrgid, st.st_gid),
-         "mtime_ns": st.st_mtime_ns}
+         "mtime_ns": st.st_mtime_ns, "metadata": metadata(path)}
     if t == "symlink":
         e["symlink_target"] = os.path.realpath(path)
         try:
@@ -63,7 +109,36 @@ def listdir(path, depth, limit):
 # How long a repeat of the event just reported counts as the same event.
 REPEAT = 0.05
 
-def watch(path, recursive):
+# statfs f_type of the filesystems envd calls network mounts (NFS, CIFS,
+# SMB, SMB2, FUSE), whose events may never arrive: watching them is refused
+# unless the client allows it.
+NETWORK_FS = {0x6969, 0xFF534D42, 0x517B, 0xFE534D42, 0x65735546}
+
+def fs_type(path):
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    # struct statfs starts with f_type, a C long on Linux's 64-bit ABIs.
+    buf = ctypes.create_string_buffer(256)
+    if libc.statfs(path.encode(), buf) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
+
+def watchable(path, allow_network):
+    """Why `path` cannot be watched, as envd checks it, before the watch."""
+    st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(errno.ENOTDIR, "not a directory")
+    if not allow_network and fs_type(path) in NETWORK_FS:
+        return {"error": "invalid", "message": "cannot watch path on network filesystem: " + path}
+    return {}
+
+# Events whose path still names the entry they are about; a remove or a
+# rename-away names one that is gone (a stat could find a newcomer), so
+# they carry no entry, as in envd.
+CARRIES_ENTRY = ("create", "write", "chmod")
+
+def watch(path, recursive, with_entry=False):
     import ctypes, struct, select, time
     libc = ctypes.CDLL(None, use_errno=True)
     fd = libc.inotify_init1(os.O_NONBLOCK)
@@ -132,7 +207,36 @@ def watch(path, recursive):
             if (rel, t) == last and now - last_at < REPEAT:
                 continue
             last, last_at = (rel, t), now
-            print(json.dumps({"name": rel, "type": t}), flush=True)
+            ev = {"name": rel, "type": t}
+            if with_entry and t in CARRIES_ENTRY:
+                # Best effort: gone again by now means no entry.
+                try:
+                    ev["entry"] = entry(full)
+                except OSError:
+                    pass
+            print(json.dumps(ev), flush=True)
+
+def prepare_upload(p, meta):
+    """Before an upload's bytes are written (as root, in place, which keeps
+    the owner and the attributes): the parents and the file are created as
+    the requesting user, the file is given to them if they may take it
+    (envd chowns every upload to its user, which a watch sees as chmod),
+    and its metadata becomes exactly `meta`. Returns the metadata now on
+    the file, which is what the upload reports (none where the filesystem
+    keeps no attributes)."""
+    d = os.path.dirname(p)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    if os.path.isdir(p):
+        raise OSError(errno.EISDIR, "path is a directory")
+    with open(p, "ab"):
+        pass
+    try:
+        os.chown(p, os.getuid(), os.getgid())
+    except OSError:
+        pass
+    set_metadata(p, meta)
+    return {"metadata": metadata(p)}
 
 def main():
     op, args = sys.argv[1], json.loads(sys.argv[2])
@@ -169,9 +273,13 @@ def main():
             else:
                 os.unlink(p)
             r = {}
+        elif op == "watchable":
+            r = watchable(args["path"], args.get("allow_network_mounts", False))
         elif op == "watch":
-            watch(args["path"], args["recursive"])
+            watch(args["path"], args["recursive"], args.get("include_entry", False))
             return
+        elif op == "prepare_upload":
+            r = prepare_upload(args["path"], args.get("metadata") or {})
         else:
             r = {"error": "invalid", "message": "unknown op " + op}
     except OSError as e:

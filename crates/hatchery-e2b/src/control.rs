@@ -19,10 +19,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// The envd version reported for every sandbox: the SDKs turn features on
-/// by it. 0.5.7 has the default user, stdin control, `CloseStdin` and
-/// octet-stream uploads, and not file metadata (0.6.2) or entry info in
-/// watch events (0.6.3), which this adapter does not implement.
-pub const ENVD_VERSION: &str = "0.5.7";
+/// by it (`e2b/envd/versions.py`, `versions.ts`). 0.6.4 has everything
+/// they gate: the default user (0.4.0), stdin control, `CloseStdin`,
+/// octet-stream and gzip uploads (0.5.7), file metadata (0.6.2), entry
+/// info in watch events (0.6.3) and watches of network mounts (0.6.4).
+/// envd's own routes no SDK calls (`/files/compose`, `/metrics`, `/envs`,
+/// `/init`) are not served.
+pub const ENVD_VERSION: &str = "0.6.4";
 /// E2B's default timeout for `POST /v2/sandboxes` and connects.
 pub const DEFAULT_TIMEOUT_S: u64 = 300;
 
@@ -200,6 +203,15 @@ fn lifecycle_of(b: &NewSandbox, timeout_s: u64) -> ApiResult<Lifecycle> {
     })
 }
 
+/// Wakes the auto-pause sweep for a sandbox that now exists. Only once it
+/// does: a sweep woken while the create was still running found nothing,
+/// went back to its idle tick (15 s) and paused a 3 s sandbox 12 s late.
+fn wake_sweep_for(s: &Shared, lifecycle: &crate::lifecycle::Lifecycle) {
+    if lifecycle.auto_pause {
+        s.sweep_wake.notify_one();
+    }
+}
+
 async fn do_create(s: &Shared, b: NewSandbox, default_timeout: u64) -> ApiResult<Response> {
     refuse_unsupported(&b.rest, "sandbox")?;
     let template = template_alias(&b.template_id).to_string();
@@ -208,9 +220,6 @@ async fn do_create(s: &Shared, b: NewSandbox, default_timeout: u64) -> ApiResult
     let ttl_seconds = lifecycle.hatchery_ttl(timeout_s);
     let mut metadata = state::user_metadata(&b.metadata);
     metadata.extend(lifecycle.keys());
-    if lifecycle.auto_pause {
-        s.sweep_wake.notify_one();
-    }
     let network = network_spec(b.allow_internet_access, b.network.as_ref())?;
     if !s.backend.template_exists(&template) {
         // `Sandbox.create(snapshot_id)`: E2B's snapshots are templates.
@@ -231,6 +240,7 @@ async fn do_create(s: &Shared, b: NewSandbox, default_timeout: u64) -> ApiResult
             .backend
             .restore(&snap, ttl_seconds, metadata, network)
             .await?;
+        wake_sweep_for(s, &lifecycle);
         return Ok((StatusCode::CREATED, Json(sandbox_json(s, &v.id, &v))).into_response());
     }
     let spec = CreateSpec {
@@ -241,6 +251,7 @@ async fn do_create(s: &Shared, b: NewSandbox, default_timeout: u64) -> ApiResult
         network,
     };
     let v = s.backend.create(spec).await?;
+    wake_sweep_for(s, &lifecycle);
     Ok((StatusCode::CREATED, Json(sandbox_json(s, &v.id, &v))).into_response())
 }
 

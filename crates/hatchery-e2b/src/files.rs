@@ -11,7 +11,8 @@ use axum::extract::{FromRequest, Multipart, RawQuery, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
-use serde_json::json;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -370,48 +371,59 @@ async fn download_for(s: &Shared, t: &Target, q: Query) -> Response {
     }
 }
 
-/// Creates the file (and missing parents) as the user it is written for,
-/// so they own it, and so a user who may not write there is refused as in
-/// E2B; Hatchery's write then fills it as root, keeping the owner. Nothing
-/// to do for root, or a user the sandbox lacks (the write runs as root).
-/// Like envd's upload, it then chowns the file to the user (which a
-/// directory watch reports as `chmod`: create, chmod, write for a new
-/// file, as from envd); a file someone else owns keeps its owner.
-async fn prepare(s: &Shared, t: &Target, who: &str, path: &str) -> Result<(), Box<Response>> {
-    if who == "root" {
-        return Ok(());
-    }
-    let script = r#"d=$(dirname -- "$1"); mkdir -p -- "$d" && : >> "$1" && { chown -- "$(id -u):$(id -g)" "$1" 2>/dev/null || :; }"#;
-    let argv = user::wrap(
-        who,
-        Some("/"),
-        vec![
-            "/bin/sh".into(),
-            "-c".into(),
-            script.into(),
-            "e2b".into(),
-            path.into(),
-        ],
+/// Readies one upload's file before Hatchery's write fills it (as root,
+/// in place, keeping owner and attributes), with the guest helper run as
+/// the user the upload is for: missing parents and the file are created
+/// as that user (so they own them, and a user who may not write there is
+/// refused as in E2B); like envd's upload, the file is then chowned to
+/// the user (a directory watch reports it as `chmod`: create, chmod,
+/// write for a new file, as from envd; a file someone else owns keeps its
+/// owner); and its metadata becomes exactly `meta` (none clears it).
+/// Returns the metadata now on the file, which the upload reports.
+async fn prepare(
+    s: &Shared,
+    t: &Target,
+    who: &str,
+    path: &str,
+    meta: &BTreeMap<String, String>,
+) -> Result<HashMap<String, String>, Box<Response>> {
+    let mut target = t.clone();
+    target.user = Some(who.to_string());
+    let argv = crate::fs::helper_argv(
+        &target,
+        "prepare_upload",
+        &json!({"path": path, "metadata": meta}),
     );
-    match s
+    let out = s
         .backend
         .exec(&t.sandbox, argv, None, Duration::from_secs(30))
         .await
-    {
-        Ok(o) if o.exit_code == 0 => Ok(()),
-        Ok(o) => {
-            let msg = String::from_utf8_lossy(&o.stderr)
-                .trim()
-                .chars()
-                .take(300)
-                .collect::<String>();
-            Err(Box::new(plain_error(
-                StatusCode::FORBIDDEN,
-                format!("cannot write {path} as {who}: {msg}"),
-            )))
-        }
-        Err(e) => Err(Box::new(error(e))),
+        .map_err(|e| Box::new(error(e)))?;
+    let v: Value = serde_json::from_slice(&out.stdout).map_err(|_| {
+        let msg = String::from_utf8_lossy(&out.stderr)
+            .trim()
+            .chars()
+            .take(300)
+            .collect::<String>();
+        Box::new(plain_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot write {path} as {who}: {msg}"),
+        ))
+    })?;
+    if let Some(kind) = v["error"].as_str() {
+        let status = match kind {
+            "permission" => StatusCode::FORBIDDEN,
+            "is_dir" | "not_dir" | "invalid" => StatusCode::BAD_REQUEST,
+            "no_space" => StatusCode::INSUFFICIENT_STORAGE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let msg = v["message"].as_str().unwrap_or(kind);
+        return Err(Box::new(plain_error(
+            status,
+            format!("cannot write {path} as {who}: {msg}"),
+        )));
     }
+    Ok(crate::fs::metadata_of(&v["metadata"]))
 }
 
 pub async fn upload(
@@ -433,6 +445,11 @@ pub async fn upload(
 
 async fn upload_for(s: &Shared, t: &Target, cap: UploadCap, q: Query, req: Request) -> Response {
     let who = who(t, &q);
+    // Checked before anything is read or written, as envd does.
+    let meta = match crate::file_metadata::from_headers(req.headers()) {
+        Ok(m) => m,
+        Err(e) => return plain_error(StatusCode::BAD_REQUEST, e.to_string()),
+    };
     let ct = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -501,14 +518,21 @@ async fn upload_for(s: &Shared, t: &Target, cap: UploadCap, q: Query, req: Reque
         let Some(abs) = user::resolve_path(&who, &p) else {
             return plain_error(StatusCode::BAD_REQUEST, format!("invalid path {p:?}"));
         };
-        if let Err(r) = prepare(s, t, &who, &abs).await {
-            return *r;
-        }
+        let persisted = match prepare(s, t, &who, &abs, &meta).await {
+            Ok(m) => m,
+            Err(r) => return *r,
+        };
         if let Err(e) = s.backend.write_file(&t.sandbox, &abs, &data).await {
             return error(e);
         }
         let name = abs.rsplit('/').next().unwrap_or("").to_string();
-        written.push(json!({"name": name, "type": "file", "path": abs}));
+        let mut info = json!({"name": name, "type": "file", "path": abs});
+        // As envd: what is on the file, and no key at all when nothing is
+        // (a filesystem without attributes keeps none).
+        if !persisted.is_empty() {
+            info["metadata"] = json!(persisted);
+        }
+        written.push(info);
     }
     Json(written).into_response()
 }

@@ -35,7 +35,7 @@ pub const MAX_DEPTH: u32 = 64;
 /// Events one GetWatcherEvents returns at most; the rest wait for the next.
 const KEEPALIVE: Duration = Duration::from_secs(50);
 
-fn helper_argv(t: &Target, op: &str, args: &Value) -> Vec<String> {
+pub(crate) fn helper_argv(t: &Target, op: &str, args: &Value) -> Vec<String> {
     user::wrap(
         user::user_of(t),
         None,
@@ -110,8 +110,20 @@ fn entry(v: &Value) -> EntryInfo {
             nanos: ns.rem_euclid(1_000_000_000) as i32,
         }),
         symlink_target: v["symlink_target"].as_str().map(Into::into),
-        metadata: Default::default(),
+        metadata: metadata_of(&v["metadata"]),
     }
+}
+
+/// The helper's `metadata` object (the file's `user.e2b.*` attributes,
+/// prefix stripped) as a map; anything else is no metadata.
+pub(crate) fn metadata_of(v: &Value) -> std::collections::HashMap<String, String> {
+    v.as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn path_of(t: &Target, p: &str) -> Result<String, ConnectError> {
@@ -208,26 +220,35 @@ where
     Ok(connect::unary_response(&f(req).await?))
 }
 
-async fn start_watch(
-    s: &Shared,
-    t: &Target,
-    path: &str,
+/// What a watch is asked for: `WatchDirRequest` and `CreateWatcherRequest`
+/// carry the same fields.
+struct WatchSpec<'a> {
+    path: &'a str,
     recursive: bool,
-) -> Result<String, ConnectError> {
-    let p = path_of(t, path)?;
-    // The helper checks the directory and says so before it watches, so
-    // a bad path is an error of this call, not of a later poll.
-    run(s, t, "stat", json!({"path": p})).await.and_then(|v| {
-        if v["entry"]["type"] == "dir" {
-            Ok(())
-        } else {
-            Err(ConnectError::new(
-                Code::InvalidArgument,
-                format!("{p} is not a directory"),
-            ))
-        }
-    })?;
-    let argv = helper_argv(t, "watch", &json!({"path": p, "recursive": recursive}));
+    /// Each create, write and chmod event carries the entry's info (envd
+    /// 0.6.3).
+    include_entry: bool,
+    /// Network filesystems (NFS, CIFS, SMB, FUSE) may be watched (envd
+    /// 0.6.4); refused by default, as their events may never come.
+    allow_network_mounts: bool,
+}
+
+async fn start_watch(s: &Shared, t: &Target, w: WatchSpec<'_>) -> Result<String, ConnectError> {
+    let p = path_of(t, w.path)?;
+    // The helper checks the directory (and its filesystem) before it
+    // watches, so a bad path is an error of this call, not of a later poll.
+    run(
+        s,
+        t,
+        "watchable",
+        json!({"path": p, "allow_network_mounts": w.allow_network_mounts}),
+    )
+    .await?;
+    let argv = helper_argv(
+        t,
+        "watch",
+        &json!({"path": p, "recursive": w.recursive, "include_entry": w.include_entry}),
+    );
     let v = s
         .backend
         .start_process(
@@ -256,7 +277,7 @@ fn parse_event(line: &[u8]) -> Option<FilesystemEvent> {
     Some(FilesystemEvent {
         name: v["name"].as_str()?.into(),
         r#type: ty as i32,
-        entry: None,
+        entry: v.get("entry").filter(|e| e.is_object()).map(entry),
     })
 }
 
@@ -288,7 +309,13 @@ async fn watch_dir(
     }
     let r: WatchDirRequest = connect::decode_request(framing, body)?;
     let deadline = connect::timeout(h)?.filter(|d| !d.is_zero());
-    let proc_id = start_watch(s, t, &r.path, r.recursive).await?;
+    let spec = WatchSpec {
+        path: &r.path,
+        recursive: r.recursive,
+        include_entry: r.include_entry,
+        allow_network_mounts: r.allow_network_mounts,
+    };
+    let proc_id = start_watch(s, t, spec).await?;
     let (tx, rx) = mpsc::channel::<Bytes>(16);
     let s = Arc::clone(s);
     let sandbox = t.sandbox.clone();
@@ -350,7 +377,13 @@ async fn create_watcher(
     t: &Target,
     r: CreateWatcherRequest,
 ) -> Result<CreateWatcherResponse, ConnectError> {
-    let proc_id = start_watch(s, t, &r.path, r.recursive).await?;
+    let spec = WatchSpec {
+        path: &r.path,
+        recursive: r.recursive,
+        include_entry: r.include_entry,
+        allow_network_mounts: r.allow_network_mounts,
+    };
+    let proc_id = start_watch(s, t, spec).await?;
     let id = format!("w_{}", &proc_id.trim_start_matches("proc_"));
     let w = Watcher {
         sandbox: t.sandbox.clone(),
@@ -456,5 +489,32 @@ mod tests {
         assert_eq!(e.r#type, EventType::Write as i32);
         assert!(parse_event(b"junk").is_none());
         assert!(parse_event(br#"{"name": "x", "type": "bogus"}"#).is_none());
+        assert!(e.entry.is_none());
+    }
+
+    #[test]
+    fn events_carry_the_helpers_entry_with_its_metadata() {
+        let line = br#"{"name": "a.txt", "type": "write", "entry": {"name": "a.txt", "type": "file",
+            "path": "/home/user/w/a.txt", "size": 3, "mode": 420, "permissions": "-rw-r--r--",
+            "owner": "user", "group": "user", "mtime_ns": 1500000000, "metadata": {"k": "v", "n": 1}}}"#;
+        let e = parse_event(line).unwrap();
+        let info = e.entry.unwrap();
+        assert_eq!(info.path, "/home/user/w/a.txt");
+        assert_eq!(info.r#type, FileType::File as i32);
+        assert_eq!(info.modified_time.unwrap().nanos, 500_000_000);
+        // Only string values are metadata.
+        assert_eq!(
+            info.metadata,
+            std::collections::HashMap::from([("k".to_string(), "v".to_string())])
+        );
+        // An entry that is not an object is no entry.
+        let e = parse_event(br#"{"name": "a", "type": "remove", "entry": null}"#).unwrap();
+        assert!(e.entry.is_none());
+    }
+
+    #[test]
+    fn no_metadata_is_an_empty_map() {
+        assert!(metadata_of(&Value::Null).is_empty());
+        assert!(metadata_of(&json!(["k"])).is_empty());
     }
 }

@@ -24,6 +24,7 @@ pub mod auto_pause;
 pub mod backend;
 pub mod connect;
 pub mod control;
+pub mod file_metadata;
 pub mod files;
 pub mod fs;
 pub mod interpreter;

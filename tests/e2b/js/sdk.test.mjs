@@ -132,3 +132,33 @@ test("issue 35: snapshots (create, list, create from, delete)", async () => {
     await src.kill();
   }
 });
+
+test("envd 0.6.4: file metadata, watch entries", async () => {
+  const sbx = await Sandbox.create("base", { timeoutMs: 300_000 });
+  try {
+    const info = await sbx.files.write("/home/user/meta.txt", "m", { metadata: { Author: "js" } });
+    assert.deepEqual(info.metadata, { author: "js" });
+    assert.deepEqual((await sbx.files.getInfo("/home/user/meta.txt")).metadata, { author: "js" });
+    const listed = await sbx.files.list("/home/user");
+    assert.deepEqual(listed.find((e) => e.name === "meta.txt").metadata, { author: "js" });
+    const cleared = await sbx.files.write("/home/user/meta.txt", "n");
+    assert.equal(cleared.metadata, undefined);
+
+    await sbx.files.makeDir("/home/user/wjs");
+    let resolveWrite;
+    const written = new Promise((r) => (resolveWrite = r));
+    const h = await sbx.files.watchDir(
+      "/home/user/wjs",
+      (e) => { if (e.type === "write") resolveWrite(e); },
+      { includeEntry: true, allowNetworkMounts: true },
+    );
+    await sbx.files.write("/home/user/wjs/f.txt", "x", { metadata: { k: "v" } });
+    const e = await Promise.race([written, new Promise((_, no) => setTimeout(() => no(new Error("no write event")), 20_000))]);
+    await h.stop();
+    assert.equal(e.name, "f.txt");
+    assert.equal(e.entry.path, "/home/user/wjs/f.txt");
+    assert.deepEqual(e.entry.metadata, { k: "v" });
+  } finally {
+    await sbx.kill();
+  }
+});
