@@ -245,6 +245,7 @@ def test_a_flood_of_refusals_is_a_handful_of_counted_events(gd, servers, git_ser
         if total >= FLOOD or time.time() > deadline:
             break
         time.sleep(0.2)
+    print(f"egress_denied events: {len(denied)}, counts {[e['count'] for e in denied]}")
     assert total == FLOOD, (total, [(e["seq"], e["count"]) for e in denied])
     # One destination: its first refusal at once, then one per 10 s while
     # it lasts, and the rest at the end.

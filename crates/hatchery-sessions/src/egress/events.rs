@@ -121,7 +121,7 @@ fn denied(b: &Batch) -> EventKind {
 pub struct SessionEvents {
     log: Arc<dyn EgressLog>,
     counts: Mutex<Coalescer>,
-    wake: Notify,
+    wake: Arc<Notify>,
     /// Refusals that did not get an event of their own (in an
     /// `egress_denied` count with others).
     coalesced: prometheus::IntCounter,
@@ -154,23 +154,27 @@ impl SessionEvents {
         for c in [&coalesced, &unrecorded] {
             let _ = registry.register(Box::new(c.clone()));
         }
+        let wake = Arc::new(Notify::new());
         let me = Arc::new(SessionEvents {
             log,
             counts: Mutex::new(Coalescer::new(interval, MAX_DESTINATIONS)),
-            wake: Notify::new(),
+            wake: wake.clone(),
             coalesced,
             unrecorded,
         });
+        // Holds only a weak reference while it waits: the daemon's
+        // shutdown drops the proxy and, with it, the session service this
+        // writes to; the writer ends then.
         let weak = Arc::downgrade(&me);
         tokio::spawn(async move {
             let mut t = tokio::time::interval(tick);
             t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                let Some(me) = weak.upgrade() else { break };
                 tokio::select! {
-                    _ = me.wake.notified() => {}
+                    _ = wake.notified() => {}
                     _ = t.tick() => {}
                 }
+                let Some(me) = weak.upgrade() else { break };
                 let due = me.lock().due(Instant::now());
                 me.write(due).await;
             }
