@@ -22,8 +22,11 @@ impl Identify for One {
 struct Fixed(Arc<Policy>);
 #[async_trait::async_trait]
 impl PolicySource for Fixed {
-    async fn policy_for(&self, _: &str) -> Result<Arc<Policy>, hatchery_egress::SourceError> {
-        Ok(self.0.clone())
+    async fn policy_for(
+        &self,
+        _: &str,
+    ) -> Result<hatchery_egress::SessionPolicy, hatchery_egress::SourceError> {
+        Ok(self.0.clone().into())
     }
 }
 

@@ -8,6 +8,6 @@ pub mod proxy;
 pub mod target;
 
 pub use proxy::{
-    EgressEvent, EventSink, Events, Identify, Limits, PolicySource, Proxy, SessionId, SourceError,
-    Verdict,
+    EgressEvent, EgressResult, EventSink, Events, Identify, Limits, Outcome, PolicySource, Proxy,
+    SessionId, SessionPolicy, SourceError, Verdict,
 };

@@ -32,7 +32,25 @@ pub trait Identify: Send + Sync + 'static {
 /// connection closed.
 #[async_trait::async_trait]
 pub trait PolicySource: Send + Sync + 'static {
-    async fn policy_for(&self, session: &str) -> Result<Arc<Policy>, SourceError>;
+    async fn policy_for(&self, session: &str) -> Result<SessionPolicy, SourceError>;
+}
+
+/// A session's compiled policy and the version it is, when the source
+/// knows: the version travels in the connection's intent event, so the log
+/// can check in the same commit that it is still the session's.
+#[derive(Clone)]
+pub struct SessionPolicy {
+    pub policy: Arc<Policy>,
+    pub version: Option<u32>,
+}
+
+impl From<Arc<Policy>> for SessionPolicy {
+    fn from(policy: Arc<Policy>) -> Self {
+        SessionPolicy {
+            policy,
+            version: None,
+        }
+    }
 }
 
 /// Why a policy lookup or an allowed connection's event failed: the
@@ -46,7 +64,8 @@ pub enum Verdict {
     Denied,
 }
 
-/// One per connection attempt, allowed or denied.
+/// A connection the policy allowed (its intent, before the dial) or one
+/// refused before any dial.
 #[derive(Debug, Clone)]
 pub struct EgressEvent {
     pub verdict: Verdict,
@@ -57,29 +76,77 @@ pub struct EgressEvent {
     /// The address dialled (allowed) or the last one considered (denied).
     pub ip: Option<IpAddr>,
     pub rule_id: Option<String>,
-    /// HTTP status answered to the client.
+    /// HTTP status answered to the client (200 for an intent).
     pub status: u16,
     pub reason: String,
+    /// The policy version that decided ([`SessionPolicy::version`]); none
+    /// when the decision came before a policy was at hand.
+    pub policy_version: Option<u32>,
+}
+
+/// How an allowed connection ended, after its intent was recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The destination answered the dial; bytes and duration are the
+    /// tunnel's when it closed.
+    Connected,
+    /// The destination refused the dial (connection refused).
+    Refused,
+    /// The dial timed out or failed otherwise.
+    Failed,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Connected => "connected",
+            Outcome::Refused => "refused",
+            Outcome::Failed => "failed",
+        }
+    }
+}
+
+/// The outcome of one recorded intent.
+#[derive(Debug, Clone)]
+pub struct EgressResult {
+    pub session: SessionId,
+    /// What [`Events::connect`] returned for the intent this ends.
+    pub intent: u64,
+    pub outcome: Outcome,
+    /// HTTP status answered to the client (200 when connected).
+    pub status: u16,
+    pub reason: String,
+    /// Bytes relayed to the destination and back (0 unless connected).
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    /// From the intent being recorded to the tunnel closing (or the dial
+    /// failing).
+    pub duration: Duration,
 }
 
 /// Where the proxy's connection events go.
 #[async_trait::async_trait]
 pub trait Events: Send + Sync {
-    /// An allowed connection, awaited before a byte of it reaches the
-    /// upstream: an error refuses the connection, so no connection carries
-    /// data without its event written first.
-    async fn allowed(&self, e: EgressEvent) -> Result<(), SourceError>;
+    /// The intent to dial an allowed destination, awaited before the dial:
+    /// `Ok` means it is durable (its id is handed back in the result); an
+    /// error refuses the connection, so nothing is dialled unrecorded.
+    async fn connect(&self, e: EgressEvent) -> Result<u64, SourceError>;
+    /// How a recorded intent ended: awaited by the connection's own task
+    /// once it is over, so it delays nothing the guest waits for.
+    async fn result(&self, r: EgressResult);
     /// A refusal. Must not block the proxy (a guest can make many).
     fn denied(&self, e: EgressEvent);
 }
 
-/// A plain function takes both kinds and never refuses (tests, benches).
+/// A plain function takes intents and refusals, never refuses, and does
+/// not see results (tests, benches).
 #[async_trait::async_trait]
 impl<F: Fn(EgressEvent) + Send + Sync> Events for F {
-    async fn allowed(&self, e: EgressEvent) -> Result<(), SourceError> {
+    async fn connect(&self, e: EgressEvent) -> Result<u64, SourceError> {
         self(e);
-        Ok(())
+        Ok(0)
     }
+    async fn result(&self, _: EgressResult) {}
     fn denied(&self, e: EgressEvent) {
         self(e)
     }
@@ -131,6 +198,7 @@ struct Refusal {
     port: Option<u16>,
     ip: Option<IpAddr>,
     rule_id: Option<String>,
+    policy_version: Option<u32>,
 }
 
 fn refuse(status: u16, reason: impl Into<String>) -> Refusal {
@@ -141,7 +209,17 @@ fn refuse(status: u16, reason: impl Into<String>) -> Refusal {
         port: None,
         ip: None,
         rule_id: None,
+        policy_version: None,
     }
+}
+
+/// What the policy allowed: the exact address to dial and what to send
+/// once it answers.
+struct Decision {
+    addr: SocketAddr,
+    first: FirstBytes,
+    /// The intent's fields (status 200, "allowed").
+    ok: Refusal,
 }
 
 impl Proxy {
@@ -193,6 +271,7 @@ impl Proxy {
             rule_id: r.rule_id.clone(),
             status: r.status,
             reason: r.reason.clone(),
+            policy_version: r.policy_version,
         }
     }
 
@@ -208,9 +287,14 @@ impl Proxy {
             Verdict::Allowed => "allowed",
             Verdict::Denied => "denied",
         };
+        self.count_as(v, status)
+    }
+
+    /// `failed`: allowed and recorded, but the dial did not connect.
+    fn count_as(&self, verdict: &str, status: u16) {
         self.metrics
             .connections
-            .with_label_values(&[v, &status.to_string()])
+            .with_label_values(&[verdict, &status.to_string()])
             .inc();
     }
 
@@ -276,53 +360,107 @@ impl Proxy {
             answer(&mut sock, &r).await;
             return;
         };
-        match self.open(&mut sock, &session).await {
+        let d = match self.decide(&mut sock, &session).await {
+            Ok(d) => d,
             Err(r) => {
                 self.emit(Verdict::Denied, Some(&session), peer, &r);
                 answer(&mut sock, &r).await;
+                return;
             }
-            Ok((mut upstream, first, ok)) => {
-                let e = self.event(Verdict::Allowed, Some(&session), peer, &ok);
-                if let Err(why) = self.events.allowed(e).await {
-                    let mut r = refuse(
-                        503,
-                        format!(
-                            "the connection could not be recorded: {}",
-                            hatchery_serve::error_text::with_causes(&*why)
-                        ),
-                    );
-                    r.host = ok.host.clone();
-                    r.port = ok.port;
-                    r.ip = ok.ip;
-                    r.rule_id = ok.rule_id.clone();
-                    self.emit(Verdict::Denied, Some(&session), peer, &r);
-                    answer(&mut sock, &r).await;
-                    return;
-                }
-                self.count(Verdict::Allowed, ok.status);
-                if let Some(reply) = first.reply {
-                    if sock.write_all(reply.as_bytes()).await.is_err() {
-                        return;
-                    }
-                }
-                if upstream.write_all(&first.to_upstream).await.is_err() {
-                    return;
-                }
-                self.metrics.tunnels_open.inc();
-                let (up, down) = pump(sock, upstream, self.limits.idle).await;
-                self.metrics.bytes.with_label_values(&["up"]).inc_by(up);
-                self.metrics.bytes.with_label_values(&["down"]).inc_by(down);
-                self.metrics.tunnels_open.dec();
+        };
+        // The intent is durable before the dial: a crash from here on
+        // leaves an `egress_connect` without a result, never a connection
+        // without a record.
+        let e = self.event(Verdict::Allowed, Some(&session), peer, &d.ok);
+        let intent = match self.events.connect(e).await {
+            Ok(id) => id,
+            Err(why) => {
+                let r = Refusal {
+                    status: 503,
+                    reason: format!(
+                        "the connection could not be recorded: {}",
+                        hatchery_serve::error_text::with_causes(&*why)
+                    ),
+                    ..d.ok
+                };
+                self.emit(Verdict::Denied, Some(&session), peer, &r);
+                answer(&mut sock, &r).await;
+                return;
             }
+        };
+        let started = Instant::now();
+        let result = |outcome: Outcome,
+                      status: u16,
+                      reason: String,
+                      (bytes_up, bytes_down): (u64, u64)| EgressResult {
+            session: session.clone(),
+            intent,
+            outcome,
+            status,
+            reason,
+            bytes_up,
+            bytes_down,
+            duration: started.elapsed(),
+        };
+        let mut upstream = match self.dial(d.addr).await {
+            Ok(u) => u,
+            Err((outcome, status, reason)) => {
+                self.count_as("failed", status);
+                let r = Refusal {
+                    status,
+                    reason: reason.clone(),
+                    ..d.ok
+                };
+                self.events
+                    .result(result(outcome, status, reason, (0, 0)))
+                    .await;
+                answer(&mut sock, &r).await;
+                return;
+            }
+        };
+        self.count(Verdict::Allowed, d.ok.status);
+        let mut moved = (0, 0);
+        let sent = match d.first.reply {
+            Some(reply) => sock.write_all(reply.as_bytes()).await.is_ok(),
+            None => true,
+        };
+        if sent && upstream.write_all(&d.first.to_upstream).await.is_ok() {
+            self.metrics.tunnels_open.inc();
+            let (up, down) = pump(sock, upstream, self.limits.idle).await;
+            self.metrics.bytes.with_label_values(&["up"]).inc_by(up);
+            self.metrics.bytes.with_label_values(&["down"]).inc_by(down);
+            self.metrics.tunnels_open.dec();
+            moved = (up, down);
         }
+        self.events
+            .result(result(Outcome::Connected, 200, "closed".into(), moved))
+            .await;
     }
 
-    /// Everything up to a connected upstream, or the refusal to answer.
-    async fn open<S: AsyncRead + Unpin>(
+    /// Dials the address the policy saw; the outcome and status to answer
+    /// when it does not connect.
+    async fn dial(&self, addr: SocketAddr) -> Result<TcpStream, (Outcome, u16, String)> {
+        let upstream = tokio::time::timeout(self.limits.connect_timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| (Outcome::Failed, 504, format!("connect to {addr} timed out")))?
+            .map_err(|e| {
+                let outcome = match e.kind() {
+                    std::io::ErrorKind::ConnectionRefused => Outcome::Refused,
+                    _ => Outcome::Failed,
+                };
+                (outcome, 502, format!("connect to {addr}: {e}"))
+            })?;
+        let _ = upstream.set_nodelay(true);
+        Ok(upstream)
+    }
+
+    /// Everything up to the decision to dial (nothing dialled yet), or
+    /// the refusal to answer.
+    async fn decide<S: AsyncRead + Unpin>(
         &self,
         sock: &mut S,
         session: &str,
-    ) -> Result<(TcpStream, FirstBytes, Refusal), Refusal> {
+    ) -> Result<Decision, Refusal> {
         let (head, rest) = read_head(sock, &self.limits).await?;
         let text =
             std::str::from_utf8(&head).map_err(|_| refuse(400, "request head is not UTF-8"))?;
@@ -348,20 +486,14 @@ impl Proxy {
                 ),
             ))
         })?;
+        let version = policy.version;
         let (addr, rule_id) = self
-            .choose(&policy, &target, &host_str)
+            .choose(&policy.policy, &target, &host_str)
             .await
-            .map_err(with_target)?;
-        let upstream = tokio::time::timeout(self.limits.connect_timeout, TcpStream::connect(addr))
-            .await
-            .map_err(|_| refuse(504, format!("connect to {addr} timed out")))
-            .and_then(|r| r.map_err(|e| refuse(502, format!("connect to {addr}: {e}"))))
             .map_err(|mut r| {
-                r.ip = Some(addr.ip());
-                r.rule_id = rule_id.clone();
+                r.policy_version = version;
                 with_target(r)
             })?;
-        let _ = upstream.set_nodelay(true);
         let first = match req {
             Request::Connect(_) => FirstBytes {
                 reply: Some("HTTP/1.1 200 Connection Established\r\n\r\n".into()),
@@ -411,8 +543,9 @@ impl Proxy {
             port: Some(target.port),
             ip: Some(addr.ip()),
             rule_id,
+            policy_version: version,
         };
-        Ok((upstream, first, ok))
+        Ok(Decision { addr, first, ok })
     }
 
     /// Resolves (once) and picks the first address the policy allows.

@@ -26,10 +26,14 @@ struct Pinned(HashMap<String, Arc<Policy>>);
 
 #[async_trait::async_trait]
 impl PolicySource for Pinned {
-    async fn policy_for(&self, session: &str) -> Result<Arc<Policy>, hatchery_egress::SourceError> {
+    async fn policy_for(
+        &self,
+        session: &str,
+    ) -> Result<hatchery_egress::SessionPolicy, hatchery_egress::SourceError> {
         self.0
             .get(session)
             .cloned()
+            .map(Into::into)
             .ok_or_else(|| format!("no pinned policy for {session}").into())
     }
 }

@@ -304,8 +304,56 @@ pub enum EventKind {
         scope: String,
         message: String,
     },
-    /// A connection through the egress proxy, allowed or denied, with the
-    /// policy rule that decided it.
+    /// The egress proxy's intent to dial a destination the session's policy
+    /// allows, committed before the dial (with a check, in the same
+    /// transaction, that the session is unfinished and still on the
+    /// policy version that decided). Its `egress_result` follows.
+    EgressConnect {
+        host: String,
+        port: u16,
+        /// The exact address to be dialled (the one the policy saw).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ip: Option<String>,
+        /// `allow` (refusals are `egress_denied`).
+        decision: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rule_id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        policy_version: Option<u32>,
+    },
+    /// How the connection of an `egress_connect` ended.
+    EgressResult {
+        /// The seq of its `egress_connect`.
+        connect_seq: u64,
+        /// `connected` (written when the tunnel closed), `refused` (the
+        /// destination refused the dial) or `failed` (timed out, unreachable).
+        outcome: String,
+        /// What the proxy answered the guest (200 when connected).
+        status: u16,
+        reason: String,
+        bytes_up: u64,
+        bytes_down: u64,
+        duration_ms: u64,
+    },
+    /// Egress connections the proxy refused: one event per destination
+    /// (host, port) and status per interval, `count` being how many
+    /// attempts it stands for (docs/sessions.md, "Egress").
+    EgressDenied {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        host: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        port: Option<u16>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ip: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rule_id: Option<String>,
+        status: u16,
+        /// The first refusal's reason in the interval.
+        reason: String,
+        count: u64,
+    },
+    /// Written by versions before `egress_connect`: a connection through
+    /// the egress proxy, allowed (after the dial) or denied.
     Egress {
         /// `allowed` or `denied`.
         verdict: String,
@@ -321,9 +369,8 @@ pub enum EventKind {
         status: u16,
         reason: String,
     },
-    /// Denied egress connections of the session that were not written one
-    /// by one because they came faster than the per-session rate limit
-    /// (docs/sessions.md, "Egress"); written at most once a second.
+    /// Written by versions before `egress_denied`: denials not written one
+    /// by one (over a per-session rate limit).
     EgressSuppressed {
         denied: u64,
     },
@@ -403,6 +450,9 @@ impl EventKind {
             EventKind::ModelCall { .. } => "model_call",
             EventKind::ModelRefused { .. } => "model_refused",
             EventKind::BudgetExhausted { .. } => "budget_exhausted",
+            EventKind::EgressConnect { .. } => "egress_connect",
+            EventKind::EgressResult { .. } => "egress_result",
+            EventKind::EgressDenied { .. } => "egress_denied",
             EventKind::Egress { .. } => "egress",
             EventKind::EgressSuppressed { .. } => "egress_suppressed",
             EventKind::PolicyMoved { .. } => "policy_moved",
@@ -454,7 +504,9 @@ impl EventKind {
             EventKind::Error { message, .. } => vec![(message, None, None)],
             EventKind::ModelRefused { message, .. }
             | EventKind::BudgetExhausted { message, .. } => vec![(message, None, None)],
-            EventKind::Egress { reason, .. } => vec![(reason, None, None)],
+            EventKind::Egress { reason, .. }
+            | EventKind::EgressDenied { reason, .. }
+            | EventKind::EgressResult { reason, .. } => vec![(reason, None, None)],
             EventKind::AgentDone { summary } => vec![(summary, None, None)],
             _ => vec![],
         }

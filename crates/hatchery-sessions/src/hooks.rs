@@ -43,15 +43,3 @@ impl SessionHooks for NoHooks {
         false
     }
 }
-
-/// One connection through the egress proxy, as the log records it.
-#[derive(Debug, Clone)]
-pub struct EgressRecord {
-    pub allowed: bool,
-    pub host: Option<String>,
-    pub port: Option<u16>,
-    pub ip: Option<String>,
-    pub rule_id: Option<String>,
-    pub status: u16,
-    pub reason: String,
-}

@@ -5,8 +5,9 @@
 //! hooks: the traits stay below the service, these methods above it.
 
 use crate::events::{Actor, Event, EventKind};
-use crate::hooks::{EgressRecord, SessionHooks};
+use crate::hooks::SessionHooks;
 use crate::service::Sessions;
+use crate::store::authorised::Authorised;
 use crate::store::{Patch, Session, StoreError};
 use std::sync::Arc;
 
@@ -146,31 +147,31 @@ impl Sessions {
         Ok(())
     }
 
-    pub async fn record_egress(&self, id: &str, r: EgressRecord) -> Result<(), StoreError> {
-        self.append_live(
-            id,
-            vec![EventKind::Egress {
-                verdict: if r.allowed { "allowed" } else { "denied" }.into(),
-                host: r.host,
-                port: r.port,
-                ip: r.ip,
-                rule_id: r.rule_id,
-                status: r.status,
-                reason: r.reason,
-            }],
-            Patch::default(),
-        )
-        .await
+    /// An egress connection's intent (`egress_connect`), committed only
+    /// while the session is unfinished and on `policy_version` (checked in
+    /// the same transaction): its seq, or `None` when that no longer holds
+    /// (nothing written; the proxy refuses the connection).
+    pub async fn record_egress_connect(
+        &self,
+        id: &str,
+        intent: EventKind,
+        policy_version: Option<u32>,
+    ) -> Result<Option<u64>, StoreError> {
+        let mut authorised = Authorised {
+            session: id,
+            policy_version,
+        };
+        let evs = self
+            .append_delivered(id, None, vec![intent], Patch::default(), &mut authorised)
+            .await?;
+        Ok(evs.and_then(|e| e.first().map(|e| e.seq)))
     }
 
-    /// How many denials were left unwritten by the rate limit.
-    pub async fn record_egress_suppressed(&self, id: &str, denied: u64) -> Result<(), StoreError> {
-        self.append_live(
-            id,
-            vec![EventKind::EgressSuppressed { denied }],
-            Patch::default(),
-        )
-        .await
+    /// An egress connection's outcome or a count of refusals
+    /// (`egress_result`, `egress_denied`), whatever the session's state:
+    /// what happened is recorded even after the session ended.
+    pub async fn record_egress_event(&self, id: &str, e: EventKind) -> Result<(), StoreError> {
+        self.append_live(id, vec![e], Patch::default()).await
     }
 
     /// Unfinished sessions that hold a sandbox: a restarted daemon binds

@@ -42,7 +42,7 @@ impl SessionHooks for DaemonHooks {
 
     async fn unbind(&self, _session: &str, sandbox: &str) {
         if let Some(e) = &self.egress {
-            e.unbind(sandbox);
+            e.unbind(sandbox).await;
         }
         if let Some(g) = &self.gateway {
             g.unbind(sandbox).await;

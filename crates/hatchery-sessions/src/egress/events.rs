@@ -1,35 +1,35 @@
 //! Egress connection events into the session log.
 //!
-//! An allowed connection's event is written (committed) before a byte of
-//! the connection reaches the upstream; if it cannot be written in time the
-//! connection is refused, so no data leaves without its event.
+//! An allowed connection's intent (`egress_connect`) is committed before
+//! the proxy dials, with a check in the same transaction that the session
+//! is unfinished and still on the policy version that allowed it; if it
+//! cannot be written in time the connection is refused, so nothing is
+//! dialled unrecorded. Its `egress_result` (connected with bytes and
+//! duration, refused, failed) is written when it ends.
 //!
-//! Denials are what a looping or hostile guest can produce at will, so
-//! they never wait and are rate-limited per session: a bucket of
-//! `DENY_BURST` refilled at `DENY_PER_SEC`; denials beyond it are counted
-//! and written as one `egress_suppressed {denied: N}` event at most once a
-//! second. The log stays bounded whatever the guest does, and the count
-//! of what was not written one by one is never lost.
+//! Refusals are what a looping or hostile guest can produce at will, so
+//! they never wait: they are counted per session and destination
+//! ([`coalesce`](super::coalesce)) and written by one task as
+//! `egress_denied {count}` events, a handful whatever the guest does, with
+//! every refusal in some count.
 
-use crate::hooks::EgressRecord;
+use super::coalesce::{Batch, Coalescer, Dest, Sample, INTERVAL, MAX_DESTINATIONS};
+use crate::events::EventKind;
 use crate::store::StoreError;
 use crate::Sessions;
-use hatchery_egress::{EgressEvent, Events, Verdict};
+use hatchery_egress::{EgressEvent, EgressResult, Events};
 use hatchery_serve::limited_warn;
 use hatchery_serve::log_limit::LogLimiter;
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 
-/// Denials written one by one in a burst, per session.
-pub const DENY_BURST: f64 = 20.0;
-/// Denials written one by one per second after the burst, per session.
-pub const DENY_PER_SEC: f64 = 5.0;
-/// How long an allowed connection may wait for its event to be written.
+/// How long an allowed connection may wait for its intent to be written.
 const RECORD_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the writer looks for windows that ended.
+const TICK: Duration = Duration::from_secs(1);
 
-/// Why an allowed connection's event was not written (the connection is
+/// Why an allowed connection's intent was not written (the connection is
 /// refused with this text).
 #[derive(Debug, thiserror::Error)]
 enum NotRecorded {
@@ -37,15 +37,11 @@ enum NotRecorded {
     NoSession,
     #[error("the session log refused the event")]
     Refused(#[source] StoreError),
+    #[error("the session ended or moved to another policy version since the decision")]
+    NotAuthorised,
     #[error("the session log did not answer in {} s", RECORD_TIMEOUT.as_secs())]
     TimedOut,
 }
-/// Denials queued for writing (the writer is one task).
-const QUEUE: usize = 8192;
-/// How often suppressed counts are written.
-const FLUSH_EVERY: Duration = Duration::from_secs(1);
-/// A session's bucket is forgotten after this long without a denial.
-const FORGET_AFTER: Duration = Duration::from_secs(120);
 
 fn limiter() -> &'static LogLimiter {
     static L: OnceLock<LogLimiter> = OnceLock::new();
@@ -54,169 +50,182 @@ fn limiter() -> &'static LogLimiter {
 
 /// Where egress events go: the session's event log. Implemented by
 /// [`Sessions`]; the tests use a fake.
-///
-/// Contract: `Ok` means the event is committed (an allowed connection
-/// then carries data); an error means it is not, and the caller refuses
-/// the connection or drops the denial.
 #[async_trait::async_trait]
 pub trait EgressLog: Send + Sync + 'static {
-    /// One connection's verdict as a session event.
-    async fn record_egress(&self, session: &str, r: EgressRecord) -> Result<(), StoreError>;
-    /// `denied` denials not written one by one (over the rate limit).
-    async fn record_egress_suppressed(&self, session: &str, denied: u64) -> Result<(), StoreError>;
+    /// An `egress_connect`, committed only while the session is
+    /// unfinished and on `policy_version`: its seq, or `None` when that no
+    /// longer holds (nothing written).
+    async fn record_connect(
+        &self,
+        session: &str,
+        intent: EventKind,
+        policy_version: Option<u32>,
+    ) -> Result<Option<u64>, StoreError>;
+    /// An `egress_result` or `egress_denied`, whatever the session's state.
+    async fn record(&self, session: &str, e: EventKind) -> Result<(), StoreError>;
 }
 
 #[async_trait::async_trait]
 impl EgressLog for Sessions {
-    async fn record_egress(&self, session: &str, r: EgressRecord) -> Result<(), StoreError> {
-        Sessions::record_egress(self, session, r).await
+    async fn record_connect(
+        &self,
+        session: &str,
+        intent: EventKind,
+        policy_version: Option<u32>,
+    ) -> Result<Option<u64>, StoreError> {
+        self.record_egress_connect(session, intent, policy_version)
+            .await
     }
-    async fn record_egress_suppressed(&self, session: &str, denied: u64) -> Result<(), StoreError> {
-        Sessions::record_egress_suppressed(self, session, denied).await
-    }
-}
-
-/// A per-session token bucket for denial events.
-#[derive(Debug, Clone)]
-struct Bucket {
-    tokens: f64,
-    at: Instant,
-    suppressed: u64,
-}
-
-impl Bucket {
-    fn new(now: Instant) -> Bucket {
-        Bucket {
-            tokens: DENY_BURST,
-            at: now,
-            suppressed: 0,
-        }
-    }
-
-    /// Whether one more denial may be written now; counts it if not.
-    fn take(&mut self, now: Instant) -> bool {
-        let dt = now.saturating_duration_since(self.at).as_secs_f64();
-        self.tokens = (self.tokens + dt * DENY_PER_SEC).min(DENY_BURST);
-        self.at = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            self.suppressed += 1;
-            false
-        }
+    async fn record(&self, session: &str, e: EventKind) -> Result<(), StoreError> {
+        self.record_egress_event(session, e).await
     }
 }
 
-/// Buckets by session; `flush` hands out the counts to write.
-#[derive(Default)]
-struct Buckets(Mutex<HashMap<String, Bucket>>);
-
-impl Buckets {
-    fn take(&self, session: &str, now: Instant) -> bool {
-        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        m.entry(session.to_string())
-            .or_insert_with(|| Bucket::new(now))
-            .take(now)
-    }
-
-    /// Suppressed counts to write now (reset to zero), and buckets idle
-    /// long enough (with nothing pending) forgotten.
-    fn flush(&self, now: Instant) -> Vec<(String, u64)> {
-        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let mut out = vec![];
-        m.retain(|session, b| {
-            if b.suppressed > 0 {
-                out.push((session.clone(), std::mem::take(&mut b.suppressed)));
-            }
-            now.saturating_duration_since(b.at) < FORGET_AFTER
-        });
-        out
-    }
-}
-
-fn record(e: EgressEvent) -> EgressRecord {
-    EgressRecord {
-        allowed: e.verdict == Verdict::Allowed,
-        host: e.host,
-        port: e.port,
+fn intent(e: EgressEvent) -> EventKind {
+    EventKind::EgressConnect {
+        host: e.host.unwrap_or_default(),
+        port: e.port.unwrap_or_default(),
         ip: e.ip.map(|i| i.to_string()),
+        decision: "allow".into(),
         rule_id: e.rule_id,
-        status: e.status,
-        reason: e.reason,
+        policy_version: e.policy_version,
     }
 }
 
-/// The proxy's [`Events`]: allowed connections written before they carry
-/// data, denials rate-limited and written by one task.
+fn outcome(r: EgressResult) -> EventKind {
+    EventKind::EgressResult {
+        connect_seq: r.intent,
+        outcome: r.outcome.as_str().into(),
+        status: r.status,
+        reason: r.reason,
+        bytes_up: r.bytes_up,
+        bytes_down: r.bytes_down,
+        duration_ms: r.duration.as_millis() as u64,
+    }
+}
+
+fn denied(b: &Batch) -> EventKind {
+    EventKind::EgressDenied {
+        host: b.dest.host.clone(),
+        port: b.dest.port,
+        ip: b.sample.ip.clone(),
+        rule_id: b.sample.rule_id.clone(),
+        status: b.dest.status,
+        reason: b.sample.reason.clone(),
+        count: b.count,
+    }
+}
+
+/// The proxy's [`Events`]: intents written before the dial, results after,
+/// refusals counted and written by one task.
 pub struct SessionEvents {
-    sessions: Arc<dyn EgressLog>,
-    buckets: Arc<Buckets>,
-    denials: mpsc::Sender<(String, EgressRecord)>,
-    suppressed_total: prometheus::IntCounter,
+    log: Arc<dyn EgressLog>,
+    counts: Mutex<Coalescer>,
+    wake: Arc<Notify>,
+    /// Refusals that did not get an event of their own (in an
+    /// `egress_denied` count with others).
+    coalesced: prometheus::IntCounter,
+    /// Refusals and results the log did not take (the session is gone).
+    unrecorded: prometheus::IntCounter,
 }
 
 impl SessionEvents {
-    /// Starts the writer of denials and suppressed counts.
-    pub fn start(
-        sessions: Arc<dyn EgressLog>,
+    /// Starts the writer of refusal counts.
+    pub fn start(log: Arc<dyn EgressLog>, registry: &prometheus::Registry) -> Arc<SessionEvents> {
+        Self::start_with(log, registry, INTERVAL, TICK)
+    }
+
+    fn start_with(
+        log: Arc<dyn EgressLog>,
         registry: &prometheus::Registry,
+        interval: Duration,
+        tick: Duration,
     ) -> Arc<SessionEvents> {
-        let suppressed_total = prometheus::IntCounter::new(
-            "hatchery_egress_events_suppressed_total",
-            "Egress denials not written one by one (over the per-session rate limit; counted in egress_suppressed events)",
+        let coalesced = prometheus::IntCounter::new(
+            "hatchery_egress_denied_coalesced_total",
+            "Egress refusals written as part of another's egress_denied count instead of their own event",
         )
         .expect("metric");
-        let _ = registry.register(Box::new(suppressed_total.clone()));
-        let (tx, mut rx) = mpsc::channel::<(String, EgressRecord)>(QUEUE);
-        let buckets: Arc<Buckets> = Arc::default();
-        {
-            let sessions = sessions.clone();
-            let buckets = buckets.clone();
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(FLUSH_EVERY);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tokio::select! {
-                        got = rx.recv() => {
-                            let Some((session, r)) = got else { break };
-                            if let Err(err) = sessions.record_egress(&session, r).await {
-                                tracing::debug!(session = %session, error = %err, "egress denial not recorded");
-                            }
-                        }
-                        _ = tick.tick() => {
-                            for (session, denied) in buckets.flush(Instant::now()) {
-                                if let Err(err) = sessions.record_egress_suppressed(&session, denied).await {
-                                    tracing::debug!(session = %session, error = %err, "egress suppressed count not recorded");
-                                }
-                            }
-                        }
-                    }
-                }
-            });
+        let unrecorded = prometheus::IntCounter::new(
+            "hatchery_egress_events_unrecorded_total",
+            "Egress refusals and results the session log did not take (the session is gone)",
+        )
+        .expect("metric");
+        for c in [&coalesced, &unrecorded] {
+            let _ = registry.register(Box::new(c.clone()));
         }
-        Arc::new(SessionEvents {
-            sessions,
-            buckets,
-            denials: tx,
-            suppressed_total,
-        })
+        let wake = Arc::new(Notify::new());
+        let me = Arc::new(SessionEvents {
+            log,
+            counts: Mutex::new(Coalescer::new(interval, MAX_DESTINATIONS)),
+            wake: wake.clone(),
+            coalesced,
+            unrecorded,
+        });
+        // Holds only a weak reference while it waits: the daemon's
+        // shutdown drops the proxy and, with it, the session service this
+        // writes to; the writer ends then.
+        let weak = Arc::downgrade(&me);
+        tokio::spawn(async move {
+            let mut t = tokio::time::interval(tick);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = wake.notified() => {}
+                    _ = t.tick() => {}
+                }
+                let Some(me) = weak.upgrade() else { break };
+                let due = me.lock().due(Instant::now());
+                me.write(due).await;
+            }
+        });
+        me
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Coalescer> {
+        self.counts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes each batch; one the store fails on comes back to its count
+    /// (written at its window's end), one whose session is gone is counted
+    /// as unrecorded.
+    async fn write(&self, batches: Vec<Batch>) {
+        for b in batches {
+            match self.log.record(&b.session, denied(&b)).await {
+                Ok(()) => self.coalesced.inc_by(b.count - 1),
+                Err(StoreError::NotFound(_)) => {
+                    self.unrecorded.inc_by(b.count);
+                    limited_warn!(limiter(), "egress-denied-gone", session = %b.session,
+                        count = b.count, "egress refusals of a session that is gone not recorded");
+                }
+                Err(err) => {
+                    limited_warn!(limiter(), "egress-denied", session = %b.session, error = %err,
+                        count = b.count, "egress refusals not recorded yet; kept for the next interval");
+                    self.lock().put_back(b, Instant::now());
+                }
+            }
+        }
+    }
+
+    /// Writes what `session` counted, now: its sandbox is released (the
+    /// session ended, went idle or moved), so nothing waits for a window.
+    pub async fn flush_session(&self, session: &str) {
+        let batches = self.lock().drain_session(session);
+        self.write(batches).await;
     }
 }
 
 #[async_trait::async_trait]
 impl Events for SessionEvents {
-    async fn allowed(&self, e: EgressEvent) -> Result<(), hatchery_egress::SourceError> {
+    async fn connect(&self, e: EgressEvent) -> Result<u64, hatchery_egress::SourceError> {
         let Some(session) = e.session.clone() else {
             return Err(NotRecorded::NoSession.into());
         };
-        match tokio::time::timeout(
-            RECORD_TIMEOUT,
-            self.sessions.record_egress(&session, record(e)),
-        )
-        .await
-        {
-            Ok(Ok(())) => Ok(()),
+        let version = e.policy_version;
+        let write = self.log.record_connect(&session, intent(e), version);
+        match tokio::time::timeout(RECORD_TIMEOUT, write).await {
+            Ok(Ok(Some(seq))) => Ok(seq),
+            Ok(Ok(None)) => Err(NotRecorded::NotAuthorised.into()),
             Ok(Err(err)) => {
                 limited_warn!(limiter(), "egress-record", session = %session,
                     error = %err, "an allowed egress connection could not be recorded; refused");
@@ -226,22 +235,33 @@ impl Events for SessionEvents {
         }
     }
 
+    async fn result(&self, r: EgressResult) {
+        let session = r.session.clone();
+        if let Err(err) = self.log.record(&session, outcome(r)).await {
+            self.unrecorded.inc();
+            limited_warn!(limiter(), "egress-result", session = %session, error = %err,
+                "an egress connection's result could not be recorded");
+        }
+    }
+
     fn denied(&self, e: EgressEvent) {
-        let Some(session) = e.session.clone() else {
+        let Some(session) = e.session else {
             limited_warn!(limiter(), "egress-unknown", status = e.status,
                 reason = %e.reason, "egress connection from no session refused");
             return;
         };
-        if !self.buckets.take(&session, Instant::now()) {
-            self.suppressed_total.inc();
-            return;
-        }
-        if self.denials.try_send((session, record(e))).is_err() {
-            limited_warn!(
-                limiter(),
-                "egress-queue",
-                "egress event queue full; denial not written to the session log"
-            );
+        let dest = Dest {
+            host: e.host,
+            port: e.port,
+            status: e.status,
+        };
+        let sample = Sample {
+            ip: e.ip.map(|i| i.to_string()),
+            rule_id: e.rule_id,
+            reason: e.reason,
+        };
+        if self.lock().add(&session, dest, sample, 1, Instant::now()) {
+            self.wake.notify_one();
         }
     }
 }
@@ -249,69 +269,45 @@ impl Events for SessionEvents {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hatchery_egress::{Outcome, Verdict};
 
-    #[test]
-    fn a_burst_then_the_rate_then_counted() {
-        let t0 = Instant::now();
-        let mut b = Bucket::new(t0);
-        let written = (0..100).filter(|_| b.take(t0)).count();
-        assert_eq!(written, DENY_BURST as usize);
-        assert_eq!(b.suppressed, 100 - DENY_BURST as u64);
-        // One second later: DENY_PER_SEC more.
-        let t1 = t0 + Duration::from_secs(1);
-        let written = (0..100).filter(|_| b.take(t1)).count();
-        assert_eq!(written, DENY_PER_SEC as usize);
-        // Never more than the burst after a long quiet.
-        let t2 = t1 + Duration::from_secs(3600);
-        assert_eq!((0..100).filter(|_| b.take(t2)).count(), DENY_BURST as usize);
-    }
-
-    #[test]
-    fn flush_hands_out_counts_once_and_forgets_idle_sessions() {
-        let bs = Buckets::default();
-        let t0 = Instant::now();
-        for _ in 0..30 {
-            bs.take("s1", t0);
-        }
-        bs.take("s2", t0);
-        assert_eq!(bs.flush(t0), vec![("s1".to_string(), 10)]);
-        assert_eq!(bs.flush(t0), vec![]);
-        let later = t0 + FORGET_AFTER + Duration::from_secs(1);
-        assert!(bs.flush(later).is_empty());
-        assert!(bs.0.lock().unwrap().is_empty());
-    }
-
-    /// What the session log received; `gate` holds writes back until
-    /// released, `refuse` fails them.
+    /// What the session log received; `gate` holds intents back until
+    /// released, `refuse` fails every write, `unauthorised` declines
+    /// intents.
     #[derive(Default)]
     struct FakeLog {
-        written: Mutex<Vec<(String, EgressRecord)>>,
-        suppressed: Mutex<Vec<(String, u64)>>,
+        written: Mutex<Vec<(String, EventKind)>>,
         gate: Option<tokio::sync::Semaphore>,
         refuse: bool,
+        unauthorised: bool,
     }
 
     #[async_trait::async_trait]
     impl EgressLog for FakeLog {
-        async fn record_egress(&self, session: &str, r: EgressRecord) -> Result<(), StoreError> {
+        async fn record_connect(
+            &self,
+            session: &str,
+            intent: EventKind,
+            _: Option<u32>,
+        ) -> Result<Option<u64>, StoreError> {
             if let Some(g) = &self.gate {
                 g.acquire().await.expect("gate").forget();
             }
             if self.refuse {
                 return Err(StoreError::Unavailable("fake".into()));
             }
-            self.written.lock().unwrap().push((session.into(), r));
-            Ok(())
+            if self.unauthorised {
+                return Ok(None);
+            }
+            let mut w = self.written.lock().unwrap();
+            w.push((session.into(), intent));
+            Ok(Some(w.len() as u64))
         }
-        async fn record_egress_suppressed(
-            &self,
-            session: &str,
-            denied: u64,
-        ) -> Result<(), StoreError> {
-            self.suppressed
-                .lock()
-                .unwrap()
-                .push((session.into(), denied));
+        async fn record(&self, session: &str, e: EventKind) -> Result<(), StoreError> {
+            if self.refuse {
+                return Err(StoreError::Unavailable("fake".into()));
+            }
+            self.written.lock().unwrap().push((session.into(), e));
             Ok(())
         }
     }
@@ -331,6 +327,7 @@ mod tests {
                 403
             },
             reason: "test".into(),
+            policy_version: Some(1),
         }
     }
 
@@ -339,7 +336,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_allowed_connection_waits_for_its_event() {
+    async fn an_allowed_connection_waits_for_its_intent_and_gets_its_seq() {
         let log = Arc::new(FakeLog {
             gate: Some(tokio::sync::Semaphore::new(0)),
             ..FakeLog::default()
@@ -347,62 +344,111 @@ mod tests {
         let ev = events(&log);
         let allowed = tokio::spawn({
             let ev = ev.clone();
-            async move { ev.allowed(event(Verdict::Allowed, Some("s1"))).await }
+            async move { ev.connect(event(Verdict::Allowed, Some("s1"))).await }
         });
         // The write is held back: the proxy is not told to go ahead.
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(!allowed.is_finished());
         assert!(log.written.lock().unwrap().is_empty());
         log.gate.as_ref().unwrap().add_permits(1);
-        allowed.await.unwrap().expect("allowed once written");
+        let seq = allowed.await.unwrap().expect("allowed once written");
+        ev.result(EgressResult {
+            session: "s1".into(),
+            intent: seq,
+            outcome: Outcome::Connected,
+            status: 200,
+            reason: "closed".into(),
+            bytes_up: 3,
+            bytes_down: 5,
+            duration: Duration::from_millis(7),
+        })
+        .await;
         let w = log.written.lock().unwrap();
-        assert_eq!(w.len(), 1);
-        assert_eq!(w[0].0, "s1");
-        assert!(w[0].1.allowed);
+        assert!(
+            matches!(&w[0].1, EventKind::EgressConnect { decision, policy_version: Some(1), .. } if decision == "allow")
+        );
+        assert!(
+            matches!(&w[1].1, EventKind::EgressResult { connect_seq, outcome, bytes_up: 3, bytes_down: 5, duration_ms: 7, .. }
+            if *connect_seq == seq && outcome == "connected")
+        );
     }
 
     #[tokio::test]
-    async fn an_allowed_connection_is_refused_when_its_event_is_not_written() {
-        let log = Arc::new(FakeLog {
-            refuse: true,
-            ..FakeLog::default()
-        });
-        let ev = events(&log);
-        assert!(ev
-            .allowed(event(Verdict::Allowed, Some("s1")))
-            .await
-            .is_err());
-        // Without a session there is no log to write to.
-        assert!(ev.allowed(event(Verdict::Allowed, None)).await.is_err());
-        assert!(log.written.lock().unwrap().is_empty());
+    async fn an_allowed_connection_is_refused_when_its_intent_is_not_written() {
+        for log in [
+            FakeLog {
+                refuse: true,
+                ..FakeLog::default()
+            },
+            FakeLog {
+                unauthorised: true,
+                ..FakeLog::default()
+            },
+        ] {
+            let log = Arc::new(log);
+            let ev = events(&log);
+            let err = ev
+                .connect(event(Verdict::Allowed, Some("s1")))
+                .await
+                .expect_err("refused");
+            let text = hatchery_serve::error_text::with_causes(&*err);
+            assert!(
+                text.contains("refused the event") || text.contains("policy version"),
+                "{text}"
+            );
+            // Without a session there is no log to write to.
+            assert!(ev.connect(event(Verdict::Allowed, None)).await.is_err());
+            assert!(log.written.lock().unwrap().is_empty());
+        }
     }
 
+    /// Refusals: the first of a destination is written at once, the rest
+    /// at the window's end or when the session's sandbox is released, and
+    /// the counts add up; the metric counts what shared an event.
     #[tokio::test]
-    async fn denials_over_the_rate_are_written_as_one_count() {
+    async fn refusals_are_counted_per_destination_and_flushed() {
         let log = Arc::new(FakeLog::default());
-        let ev = events(&log);
-        for _ in 0..30 {
+        let ev = SessionEvents::start_with(
+            log.clone(),
+            &prometheus::Registry::new(),
+            Duration::from_secs(3600),
+            Duration::from_millis(10),
+        );
+        let count = |s: &str| -> (usize, u64) {
+            let w = log.written.lock().unwrap();
+            let c: Vec<u64> = w
+                .iter()
+                .filter(|(x, _)| x == s)
+                .map(|(_, e)| match e {
+                    EventKind::EgressDenied {
+                        count, status: 403, ..
+                    } => *count,
+                    other => panic!("{other:?}"),
+                })
+                .collect();
+            (c.len(), c.iter().sum())
+        };
+        let settle = || async {
+            // The writer runs on this runtime: let it.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        ev.denied(event(Verdict::Denied, Some("s1")));
+        settle().await;
+        // A destination's first refusal is written at once.
+        assert_eq!(count("s1"), (1, 1));
+        for _ in 0..999 {
             ev.denied(event(Verdict::Denied, Some("s1")));
         }
         ev.denied(event(Verdict::Denied, Some("s2")));
-        // A denial from no session is refused and written nowhere.
+        // A refusal from no session is written nowhere.
         ev.denied(event(Verdict::Denied, None));
-        assert_eq!(ev.suppressed_total.get(), 30 - DENY_BURST as u64);
-        // The writer's tick flushes counts once a second.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while log.suppressed.lock().unwrap().is_empty() && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let w = log.written.lock().unwrap();
-        assert_eq!(
-            w.iter().filter(|(s, _)| s == "s1").count(),
-            DENY_BURST as usize
-        );
-        assert_eq!(w.iter().filter(|(s, _)| s == "s2").count(), 1);
-        assert!(w.iter().all(|(_, r)| !r.allowed));
-        assert_eq!(
-            *log.suppressed.lock().unwrap(),
-            vec![("s1".to_string(), 30 - DENY_BURST as u64)]
-        );
+        settle().await;
+        // The interval is an hour: the rest of s1 waits; s2's first is out.
+        assert_eq!(count("s1"), (1, 1));
+        assert_eq!(count("s2"), (1, 1));
+        ev.flush_session("s1").await;
+        assert_eq!(count("s1"), (2, 1000));
+        assert_eq!(ev.coalesced.get(), 1000 - 2);
+        assert_eq!(ev.lock().pending(), 0);
     }
 }

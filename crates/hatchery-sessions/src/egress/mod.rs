@@ -8,19 +8,20 @@
 //! so the guest cannot choose it; the socket is in the 0700 data dir, so
 //! nothing else can connect and forge it. The sandbox is mapped to its
 //! session (bound by the runner), whose pinned policy version decides;
-//! every allow and deny is a session event ([`events`]).
+//! every allowed connection's intent is a session event committed before
+//! the dial, and every refusal is counted in one ([`events`]).
 //!
 //! Trusts: the relay's `PROXY` line (see above) and the bindings the
 //! session runner makes; nothing the guest sends decides which session a
 //! connection belongs to.
 
+pub mod coalesce;
 pub mod events;
 mod proxy_line;
 
 use events::{EgressLog, SessionEvents};
-use hatchery_egress::{Limits, PolicySource, Proxy};
+use hatchery_egress::{Limits, PolicySource, Proxy, SessionPolicy};
 use hatchery_policy::cache::CompiledPolicies;
-use hatchery_policy::Policy;
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -62,14 +63,20 @@ pub struct EgressLink {
     pub guest_port: u16,
     pub socket: PathBuf,
     bindings: Arc<Mutex<HashMap<String, Binding>>>,
+    events: Arc<SessionEvents>,
 }
 
 impl EgressLink {
     pub fn bind(&self, sandbox: &str, b: Binding) {
         self.lock().insert(sandbox.to_string(), b);
     }
-    pub fn unbind(&self, sandbox: &str) {
-        self.lock().remove(sandbox);
+    /// Forgets the sandbox and writes the refusals its session counted
+    /// and has not written yet (the session ended, went idle or moved).
+    pub async fn unbind(&self, sandbox: &str) {
+        let gone = self.lock().remove(sandbox);
+        if let Some(b) = gone {
+            self.events.flush_session(&b.session).await;
+        }
     }
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Binding>> {
         self.bindings.lock().unwrap_or_else(|p| p.into_inner())
@@ -84,7 +91,10 @@ struct Pinned {
 
 #[async_trait::async_trait]
 impl PolicySource for Pinned {
-    async fn policy_for(&self, session: &str) -> Result<Arc<Policy>, hatchery_egress::SourceError> {
+    async fn policy_for(
+        &self,
+        session: &str,
+    ) -> Result<SessionPolicy, hatchery_egress::SourceError> {
         let b = self
             .bindings
             .lock()
@@ -94,11 +104,15 @@ impl PolicySource for Pinned {
             .cloned()
             .ok_or_else(|| PolicyLookup::NotPinned(session.to_string()))?;
         let p = self.compiled.get(&b.policy_id, b.policy_version).await;
-        Ok(p.map_err(|e| PolicyLookup::Store {
+        let policy = p.map_err(|e| PolicyLookup::Store {
             id: b.policy_id,
             version: b.policy_version,
             source: e,
-        })?)
+        })?;
+        Ok(SessionPolicy {
+            policy,
+            version: Some(b.policy_version),
+        })
     }
 }
 
@@ -139,7 +153,8 @@ pub fn start(
         return Ok(None);
     }
     let bindings: Arc<Mutex<HashMap<String, Binding>>> = Default::default();
-    let sink: hatchery_egress::EventSink = SessionEvents::start(log, registry);
+    let events = SessionEvents::start(log, registry);
+    let sink: hatchery_egress::EventSink = events.clone();
     let proxy = Proxy::new(
         Arc::new(Unused),
         Arc::new(Pinned {
@@ -206,5 +221,6 @@ pub fn start(
         guest_port: a.guest_port,
         socket,
         bindings,
+        events,
     })))
 }

@@ -21,6 +21,7 @@ pub async fn run_all(open: Open<'_>) {
     agent_lines_dedupe_and_large_fields_become_blobs(open, &run).await;
     a_delivery_lands_once_across_owners(open, &run).await;
     joined_writes_commit_with_the_events_or_not_at_all(open, &run).await;
+    an_egress_intent_commits_only_while_its_state_authorises_it(open, &run).await;
     a_rewind_moves_the_reading_back(open, &run).await;
     approvals(open, &run).await;
     policy_version_patch_changes_only_that_field(open, &run).await;
@@ -339,6 +340,51 @@ async fn joined_writes_commit_with_the_events_or_not_at_all(open: Open<'_>, run:
     let r = a.append_joined(&id, Some("d1"), vec![msg("x")], keep(), &mut again);
     assert!(r.await.unwrap().is_none() && again.seqs.is_empty());
     assert_eq!(a.get(&id).await.unwrap().last_seq, before + 1);
+}
+
+/// The egress proxy's intent (`egress_connect`) commits only while the
+/// session is unfinished and on the policy version that decided, checked in
+/// the append's own transaction (store/authorised.rs): a moved version or
+/// the session's end writes nothing.
+async fn an_egress_intent_commits_only_while_its_state_authorises_it(open: Open<'_>, run: &str) {
+    use super::authorised::Authorised;
+    let (s, id) = fresh(open, run, "eg").await;
+    let intent = || {
+        let kind = EventKind::EgressConnect {
+            host: "example.com".into(),
+            port: 443,
+            ip: None,
+            decision: "allow".into(),
+            rule_id: Some("r".into()),
+            policy_version: Some(1),
+        };
+        vec![(Actor::System, kind)]
+    };
+    let write = |v: Option<u32>| {
+        let s = s.clone();
+        let (id, evs) = (id.clone(), intent());
+        async move {
+            let mut a = Authorised {
+                session: &id,
+                policy_version: v,
+            };
+            s.append_joined(&id, None, evs, keep(), &mut a)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(write(Some(1)).await.map(|e| e.len()), Some(1));
+    assert!(write(Some(2)).await.is_none(), "not the session's version");
+    let moved = patch(|p| p.policy_version = Some(2));
+    s.append(&id, vec![], moved).await.unwrap();
+    assert!(write(Some(1)).await.is_none(), "moved since the decision");
+    assert!(write(Some(2)).await.is_some());
+    let before = s.get(&id).await.unwrap().last_seq;
+    go(&*s, &id, &[S::Queued], S::Cancelled).await.unwrap();
+    assert!(write(Some(2)).await.is_none(), "the session ended");
+    assert!(write(None).await.is_none());
+    // Only the state change was written after `before`.
+    assert_eq!(s.get(&id).await.unwrap().last_seq, before + 1);
 }
 
 async fn agent_lines_dedupe_and_large_fields_become_blobs(open: Open<'_>, run: &str) {

@@ -12,6 +12,7 @@
 //! sessions to another and bumps their epochs, so the old host's late
 //! writes fail with [`StoreError::Fenced`] and never commit.
 
+pub(crate) mod authorised;
 pub mod chain;
 pub mod conformance;
 mod db;
