@@ -4,8 +4,6 @@ use hatchery_core::CoreError;
 use hatchery_net::NetError;
 use hatchery_runtime::RuntimeError;
 use hatchery_templates::TemplateError;
-use serde::Serialize;
-use utoipa::ToSchema;
 
 /// Every error the API returns.
 #[derive(Debug, thiserror::Error)]
@@ -16,17 +14,7 @@ pub struct ApiError {
     pub message: String,
 }
 
-#[derive(Serialize, ToSchema)]
-pub struct ErrorBody {
-    pub error: ErrorDetail,
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct ErrorDetail {
-    /// Stable, machine-readable code, e.g. `sandbox_not_found`.
-    pub code: String,
-    pub message: String,
-}
+pub use hatchery_serve::json_error::{ErrorBody, ErrorDetail};
 
 impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
@@ -40,29 +28,19 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
     }
     pub fn body(&self) -> ErrorBody {
-        ErrorBody {
-            error: ErrorDetail {
-                code: self.code.to_string(),
-                message: self.message.clone(),
-            },
-        }
+        ErrorBody::new(self.code, self.message.clone())
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut resp = (self.status, axum::Json(self.body())).into_response();
         // `too_many` and `too_many_terminals` cap what the caller itself
         // keeps running or open: a retry in a second would fail the same
         // way, so they get no hint.
-        if (self.status == StatusCode::SERVICE_UNAVAILABLE
+        let retry = (self.status == StatusCode::SERVICE_UNAVAILABLE
             || self.status == StatusCode::TOO_MANY_REQUESTS)
-            && !matches!(self.code, "too_many" | "too_many_terminals")
-        {
-            resp.headers_mut()
-                .insert("retry-after", axum::http::HeaderValue::from_static("1"));
-        }
-        resp
+            && !matches!(self.code, "too_many" | "too_many_terminals");
+        hatchery_serve::json_error::respond(self.status, self.code, self.message, retry)
     }
 }
 

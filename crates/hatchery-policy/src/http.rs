@@ -8,7 +8,6 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Serialize;
@@ -18,55 +17,7 @@ use utoipa::ToSchema;
 /// Largest policy document accepted, in bytes (the JSON body).
 pub const MAX_DOCUMENT_BYTES: usize = 1 << 20;
 
-#[derive(Debug, thiserror::Error)]
-#[error("{code}: {message}")]
-pub struct HttpError {
-    pub status: StatusCode,
-    pub code: &'static str,
-    pub message: String,
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct ErrorBody {
-    pub error: ErrorDetail,
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct ErrorDetail {
-    /// Stable, machine-readable code, e.g. `sandbox_not_found`.
-    pub code: String,
-    pub message: String,
-}
-
-impl HttpError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        HttpError {
-            status,
-            code,
-            message: message.into(),
-        }
-    }
-}
-
-impl IntoResponse for HttpError {
-    fn into_response(self) -> Response {
-        let body = ErrorBody {
-            error: ErrorDetail {
-                code: self.code.to_string(),
-                message: self.message,
-            },
-        };
-        let mut r = (self.status, Json(body)).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
-            // As the daemon's other 503s: the store is expected back soon.
-            r.headers_mut().insert(
-                axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from_static("1"),
-            );
-        }
-        r
-    }
-}
+pub use hatchery_serve::json_error::{ErrorBody, ErrorDetail, HttpError};
 
 impl From<StoreError> for HttpError {
     fn from(e: StoreError) -> Self {

@@ -7,8 +7,6 @@ use crate::sandbox::SandboxError;
 use crate::store::StoreError;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
-use utoipa::ToSchema;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RoundsError {
@@ -41,17 +39,7 @@ pub enum RoundsError {
     Internal(String),
 }
 
-#[derive(Serialize, ToSchema)]
-pub struct ErrorBody {
-    pub error: ErrorDetail,
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct ErrorDetail {
-    /// Stable, machine-readable code, e.g. `round_not_found`.
-    pub code: String,
-    pub message: String,
-}
+pub use hatchery_serve::json_error::{ErrorBody, ErrorDetail};
 
 impl RoundsError {
     pub fn state(code: &'static str, message: impl Into<String>) -> Self {
@@ -129,21 +117,8 @@ impl IntoResponse for RoundsError {
                 self.to_string()
             }
         };
-        let mut resp = (
-            status,
-            axum::Json(ErrorBody {
-                error: ErrorDetail {
-                    code: code.to_string(),
-                    message,
-                },
-            }),
-        )
-            .into_response();
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            resp.headers_mut()
-                .insert("retry-after", axum::http::HeaderValue::from_static("1"));
-        }
-        resp
+        let retry = status == StatusCode::SERVICE_UNAVAILABLE;
+        hatchery_serve::json_error::respond(status, code, message, retry)
     }
 }
 

@@ -17,6 +17,7 @@
 
 pub mod error_text;
 pub mod headers;
+pub mod json_error;
 pub mod log_limit;
 pub mod origin;
 pub mod origin_guard;

@@ -5,7 +5,6 @@ use crate::store::StoreError;
 use crate::validate::ValidationError;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SessionError {
@@ -103,16 +102,7 @@ impl SessionError {
     }
 }
 
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct ErrorBody {
-    pub error: ErrorDetail,
-}
-
-#[derive(Serialize, utoipa::ToSchema)]
-pub struct ErrorDetail {
-    pub code: String,
-    pub message: String,
-}
+pub use hatchery_serve::json_error::{ErrorBody, ErrorDetail};
 
 impl IntoResponse for SessionError {
     fn into_response(self) -> Response {
@@ -125,21 +115,8 @@ impl IntoResponse for SessionError {
         } else {
             self.to_string()
         };
-        let mut resp = (
-            status,
-            axum::Json(ErrorBody {
-                error: ErrorDetail {
-                    code: code.to_string(),
-                    message,
-                },
-            }),
-        )
-            .into_response();
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            resp.headers_mut()
-                .insert("retry-after", axum::http::HeaderValue::from_static("1"));
-        }
-        resp
+        let retry = status == StatusCode::SERVICE_UNAVAILABLE;
+        hatchery_serve::json_error::respond(status, code, message, retry)
     }
 }
 

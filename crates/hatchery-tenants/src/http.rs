@@ -13,7 +13,6 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Extension, Json, Router};
 use serde::de::DeserializeOwned;
@@ -24,64 +23,16 @@ use utoipa::ToSchema;
 /// Largest request body, in bytes.
 pub const MAX_BODY_BYTES: usize = 16 << 10;
 
-#[derive(Debug, thiserror::Error)]
-#[error("{code}: {message}")]
-pub struct HttpError {
-    pub status: StatusCode,
-    pub code: &'static str,
-    pub message: String,
+pub use hatchery_serve::json_error::{ErrorBody, ErrorDetail, HttpError};
+
+fn forbidden() -> HttpError {
+    HttpError::new(
+        StatusCode::FORBIDDEN,
+        "forbidden",
+        "tenants are managed with the operator key only",
+    )
 }
 
-#[derive(Serialize, ToSchema)]
-pub struct ErrorBody {
-    pub error: ErrorDetail,
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct ErrorDetail {
-    /// Stable, machine-readable code, e.g. `sandbox_not_found`.
-    pub code: String,
-    pub message: String,
-}
-
-impl HttpError {
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        HttpError {
-            status,
-            code,
-            message: message.into(),
-        }
-    }
-
-    fn forbidden() -> Self {
-        HttpError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            "tenants are managed with the operator key only",
-        )
-    }
-}
-
-impl IntoResponse for HttpError {
-    fn into_response(self) -> Response {
-        let body = ErrorBody {
-            error: ErrorDetail {
-                code: self.code.to_string(),
-                message: self.message,
-            },
-        };
-        let mut r = (self.status, Json(body)).into_response();
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
-            r.headers_mut().insert(
-                axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from_static("1"),
-            );
-        }
-        r
-    }
-}
-
-/// An internal failure: the cause goes to the log, the caller gets an id.
 fn internal(e: &(dyn std::error::Error + 'static)) -> HttpError {
     let request_id = format!("req_{:016x}", rand::random::<u64>());
     let causes = hatchery_serve::error_text::with_causes(e);
@@ -134,7 +85,7 @@ type Caller = Option<Extension<Principal>>;
 fn operator(caller: &Caller) -> Result<(), HttpError> {
     match caller {
         Some(Extension(Principal::Operator)) => Ok(()),
-        _ => Err(HttpError::forbidden()),
+        _ => Err(forbidden()),
     }
 }
 
