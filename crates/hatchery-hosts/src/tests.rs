@@ -24,9 +24,10 @@ async fn host(s: &dyn Store, id: &str, lease_ms: u64) -> Fence {
             .await
             .unwrap(),
     );
-    s.register_host(&f, &format!("10.0.0.1:{}", 7000 + id.len()), 8)
+    s.register_host(&f, &format!("10.0.0.1:{}", 7000 + id.len()), 8, "test")
         .await
         .unwrap();
+    assert!(s.host_ready(&f).await.unwrap());
     assert!(s.heartbeat(&f, 0, &[]).await.unwrap());
     f
 }
