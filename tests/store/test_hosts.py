@@ -547,8 +547,10 @@ def test_paused_host_is_fenced_and_kills_its_sandboxes(pg):
         try:
             wait_for(lambda: sql(pg, f"SELECT state, end_reason FROM core_sandboxes WHERE id = '{sid}'")
                      == [["stopped", "host_lost"]], timeout=LOSS_WAIT, what="paused host marked lost")
-            # While it sleeps, its sandbox is gone for everyone else.
-            assert h2.request("GET", f"/v1/sandboxes/{sid}").status == 404
+            # While it sleeps, its sandbox is lost for everyone else, and
+            # says so.
+            r = h2.request("GET", f"/v1/sandboxes/{sid}")
+            assert (r.status, r.error_code()) == (410, "sandbox_lost"), r
         finally:
             h1.proc.send_signal(signal.SIGCONT)
         assert epoch(pg, "st-1") > e0
