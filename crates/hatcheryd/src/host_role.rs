@@ -243,6 +243,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         hatchery_hosts::hold_guard::HoldGuard {
             store: store.clone(),
             me: manager.host_id().to_string(),
+            sessions: Some(Arc::new(session_store.clone())),
         },
         hatchery_hosts::hold_guard::refuse_when_held,
     ))
