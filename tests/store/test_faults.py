@@ -346,7 +346,8 @@ def test_host_cut_off_from_the_database_by_nftables(pg):
         assert epoch(pg, "cut-a") > before["cut-a"]
         assert sql(pg, f"SELECT state FROM core_sandboxes WHERE id = '{sb}'") == [["running"]]
         assert epoch(pg, "cut-b") == before["cut-b"]
-        assert c.request("GET", f"/v1/sandboxes/{sa}").status == 404
+        r = c.request("GET", f"/v1/sandboxes/{sa}")
+        assert (r.status, r.error_code()) == (410, "sandbox_lost"), r
         # Back on the network it stays fenced (it gave up), until restarted.
         uncut()
         r = a.request("POST", "/v1/sandboxes", {"ttl_seconds": 60}, timeout=30)

@@ -502,9 +502,12 @@ def test_sigkilled_host_is_marked_lost_and_not_resurrected(pg):
         for sid in lost:
             kinds = [k for (k,) in sql(pg, f"SELECT kind FROM core_events WHERE sandbox_id = '{sid}' ORDER BY seq")]
             assert kinds.count("stopped") == 1 and kinds[-1] == "stopped", kinds
-        assert c2.request("GET", f"/v1/sandboxes/{lost[1]}").status == 404
+        # Lost, and said so: 410 sandbox_lost, not an unknown sandbox.
+        r = c2.request("GET", f"/v1/sandboxes/{lost[1]}")
+        assert (r.status, r.error_code()) == (410, "sandbox_lost"), r
         assert marked_after < LOSS_WAIT
-        assert c.request("GET", f"/v1/sandboxes/{lost[0]}").status == 404
+        r = c.request("GET", f"/v1/sandboxes/{lost[0]}")
+        assert (r.status, r.json()["error"]["host"]) == (410, "kl-1"), r
         # Creates go to the hosts that are left, which lost nothing.
         for _ in range(2):
             r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": 300})
@@ -544,8 +547,10 @@ def test_paused_host_is_fenced_and_kills_its_sandboxes(pg):
         try:
             wait_for(lambda: sql(pg, f"SELECT state, end_reason FROM core_sandboxes WHERE id = '{sid}'")
                      == [["stopped", "host_lost"]], timeout=LOSS_WAIT, what="paused host marked lost")
-            # While it sleeps, its sandbox is gone for everyone else.
-            assert h2.request("GET", f"/v1/sandboxes/{sid}").status == 404
+            # While it sleeps, its sandbox is lost for everyone else, and
+            # says so.
+            r = h2.request("GET", f"/v1/sandboxes/{sid}")
+            assert (r.status, r.error_code()) == (410, "sandbox_lost"), r
         finally:
             h1.proc.send_signal(signal.SIGCONT)
         assert epoch(pg, "st-1") > e0

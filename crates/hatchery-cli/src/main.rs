@@ -1,7 +1,7 @@
 //! `hatchery`: the command line. `serve` execs the daemon (`hatcheryd`,
 //! a binary of its own: the CLI links no daemon code); every other
 //! subcommand is a client of a running daemon (sandbox, exec, ps, attach,
-//! wait, kill, cp, shell, run, snapshot, template, network), except
+//! wait, kill, cp, shell, run, snapshot, template, network, host), except
 //! `template build-local`, which builds a template's root filesystem on this
 //! host (how `make run` makes the default template).
 
@@ -120,6 +120,9 @@ enum Cmd {
     /// Tenants and their API keys (operator key only).
     #[command(subcommand, alias = "tenants")]
     Tenant(commands::tenant::TenantCmd),
+    /// The hosts sharing the state store: list, cordon, uncordon, drain.
+    #[command(subcommand, alias = "hosts")]
+    Host(commands::host::HostCmd),
 }
 
 #[tokio::main]
@@ -196,6 +199,7 @@ fn client_cmd(api: &Api, cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Audit(c) => commands::audit::run(c),
         Cmd::Session(c) => commands::session::run(api, c),
         Cmd::Tenant(c) => commands::tenant::run(api, c),
+        Cmd::Host(c) => commands::host::run(api, c),
         Cmd::Serve(_) | Cmd::Run(_) | Cmd::Round(_) => unreachable!("handled in main"),
     }
 }

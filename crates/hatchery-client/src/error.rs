@@ -119,8 +119,17 @@ impl ClientError {
         self.status() == Some(503)
     }
 
+    /// 404, or 410 `sandbox_lost` (a sandbox stopped because its host was
+    /// lost): either way it is not there any more, and a caller that
+    /// recovers from a missing sandbox (a session resuming from its
+    /// checkpoint) must do the same for a lost one.
     pub fn is_not_found(&self) -> bool {
-        self.status() == Some(404)
+        matches!(self.status(), Some(404 | 410))
+    }
+
+    /// 410 `sandbox_lost`: its host was lost (the message says when).
+    pub fn is_lost(&self) -> bool {
+        self.status() == Some(410)
     }
 
     pub fn is_unauthorized(&self) -> bool {
@@ -182,6 +191,8 @@ mod tests {
         assert_eq!(e.call(), Some(("POST", "/v1/sandboxes")));
         assert_eq!(e.to_string(), "POST /v1/sandboxes: 503 capacity: no room");
         assert!(api(404, "not_found").is_not_found());
+        let lost = api(410, "sandbox_lost");
+        assert!(lost.is_not_found() && lost.is_lost() && !api(404, "x").is_lost());
         assert!(api(413, "too_large").is_too_large());
         assert!(api(429, "too_many").is_rate_limited());
         assert!(api(409, "conflict").is_client_error());

@@ -168,9 +168,26 @@ impl Manager {
     /// many sandboxes it takes. Heartbeats follow with every renewal.
     pub async fn register_host(&self, address: &str) -> Result<(), CoreError> {
         let cap = self.caps.max_live_sandboxes.min(u32::MAX as usize) as u32;
-        self.store.register_host(&self.fence, address, cap).await?;
-        tracing::info!(host = %self.host_id(), address, capacity = cap, "host registered");
+        let version = env!("CARGO_PKG_VERSION");
+        self.store
+            .register_host(&self.fence, address, cap, version)
+            .await?;
+        tracing::info!(host = %self.host_id(), address, capacity = cap, version, "host registered (starting: not placed on or routed to until ready)");
         Ok(())
+    }
+
+    /// Marks this host ready in the store: called once it has reconciled
+    /// and listens, so nothing is placed on or routed to it before.
+    pub async fn mark_ready(&self) -> Result<(), CoreError> {
+        let now = self.store.host_ready(&self.fence).await?;
+        tracing::info!(host = %self.host_id(), changed = now, "host ready: placed on and routed to");
+        Ok(())
+    }
+
+    /// Whether this process still holds its host lease (it stops serving
+    /// once it does not).
+    pub fn lease_held(&self) -> bool {
+        !self.fenced_off.load(Ordering::SeqCst)
     }
 
     /// Stops serving: no new sandboxes, and every live one destroyed on

@@ -9,6 +9,9 @@ use crate::{now_ms, CoreError, Manager};
 use std::collections::HashSet;
 use std::sync::Arc;
 
+/// How often a long reconcile logs its progress.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct ReconcileReport {
     pub adopted: usize,
@@ -23,7 +26,29 @@ impl Manager {
         let now = now_ms();
         // Only this host's rows: another host's sandboxes are not on this
         // machine, and must not be marked lost from here.
-        for row in self.store.list_unstopped(self.host_id()).await? {
+        let rows = self.store.list_unstopped(self.host_id()).await?;
+        // Reconnecting to each shim takes time (seconds with many): an
+        // operator sees it start, progress and end, and the host is not
+        // `ready` (placed on, routed to) until it has.
+        let started = std::time::Instant::now();
+        let mut said = started;
+        let total = rows.len();
+        tracing::info!(
+            rows = total,
+            "reconciling this host's sandboxes with the store"
+        );
+        for (done, row) in rows.into_iter().enumerate() {
+            if said.elapsed() >= PROGRESS_EVERY {
+                said = std::time::Instant::now();
+                tracing::info!(
+                    done,
+                    total,
+                    adopted = report.adopted,
+                    stopped = report.stopped,
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "reconcile progress"
+                );
+            }
             // Pooled sandboxes are cheap to remake and their pool is gone
             // with the old process: discard them.
             if row.state != SandboxState::Pooled && row.expires_at_ms > now {
@@ -67,6 +92,7 @@ impl Manager {
             adopted = report.adopted,
             stopped = report.stopped,
             orphans = report.orphans_destroyed,
+            elapsed_ms = started.elapsed().as_millis() as u64,
             "reconciled"
         );
         Ok(report)

@@ -7,7 +7,7 @@ use crate::local::LocalSandboxes;
 use async_trait::async_trait;
 use hatchery_route::placement::TENANT_KEY;
 use hatchery_route::{base_url, Directory, HostSlot, Location, RouteError};
-use hatchery_store::{SandboxFilter, SnapshotLocation, Store, StoreError};
+use hatchery_store::{HostState, SandboxFilter, SnapshotLocation, Store, StoreError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -69,17 +69,41 @@ impl StoreDirectory {
         }
     }
 
+    /// A sandbox the sweeper stopped because its host was lost says so
+    /// (410 `sandbox_lost`, when and why) rather than being unknown.
+    async fn lost(&self, id: &str) -> Result<Location, RouteError> {
+        if !hatchery_core::valid_sandbox_id(id) {
+            return Ok(Location::Unknown);
+        }
+        Ok(match self.store.get_stopped(id).await.map_err(store_err)? {
+            Some(r) if r.end_reason == crate::sweeper::LOST_REASON => Location::Gone {
+                host: r.host_id,
+                at_ms: r.ended_at_ms,
+                reason: format!(
+                    "its host stopped heartbeating for longer than the host lease ({} ms) and the sandbox was marked {}",
+                    self.lease_ttl_ms,
+                    crate::sweeper::LOST_REASON
+                ),
+            },
+            _ => Location::Unknown,
+        })
+    }
+
     async fn owner(&self, host: &str) -> Result<Location, RouteError> {
         if host == self.me {
             return Ok(Location::Here);
         }
         let hosts = self.store.list_hosts().await.map_err(store_err)?;
         Ok(match hosts.into_iter().find(|h| h.id == host) {
-            Some(h) if self.alive(h.silent_for_ms) => Location::At {
-                host: h.id,
-                url: base_url(&h.address),
+            Some(h) => match h.state(self.alive(h.silent_for_ms)) {
+                s if s.routed() => Location::At {
+                    host: h.id,
+                    url: base_url(&h.address),
+                },
+                HostState::Starting => Location::Starting { host: h.id },
+                _ => Location::Lost { host: h.id },
             },
-            _ => Location::Lost { host: host.into() },
+            None => Location::Lost { host: host.into() },
         })
     }
 }
@@ -93,7 +117,10 @@ impl Directory for StoreDirectory {
         if let Some(row) = self.store.get_live(id).await.map_err(store_err)? {
             return self.owner(&row.host_id).await;
         }
-        self.e2b_alias(id).await
+        match self.e2b_alias(id).await? {
+            Location::Unknown => self.lost(id).await,
+            found => Ok(found),
+        }
     }
 
     async fn snapshot(&self, id: &str) -> Result<Location, RouteError> {
@@ -140,13 +167,19 @@ impl Directory for StoreDirectory {
             .map_err(store_err)?;
         Ok(hosts
             .into_iter()
-            .map(|h| HostSlot {
-                live: live.get(&h.id).copied().unwrap_or(0),
-                url: base_url(&h.address),
-                capacity: h.capacity,
-                alive: self.alive(h.silent_for_ms),
-                warm: h.warm_templates,
-                id: h.id,
+            .map(|h| {
+                let alive = self.alive(h.silent_for_ms);
+                let state = h.state(alive);
+                HostSlot {
+                    live: live.get(&h.id).copied().unwrap_or(0),
+                    url: base_url(&h.address),
+                    capacity: h.capacity,
+                    alive,
+                    routed: state.routed(),
+                    placeable: state.placeable(),
+                    warm: h.warm_templates,
+                    id: h.id,
+                }
             })
             .collect())
     }

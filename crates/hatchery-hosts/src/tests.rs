@@ -24,9 +24,10 @@ async fn host(s: &dyn Store, id: &str, lease_ms: u64) -> Fence {
             .await
             .unwrap(),
     );
-    s.register_host(&f, &format!("10.0.0.1:{}", 7000 + id.len()), 8)
+    s.register_host(&f, &format!("10.0.0.1:{}", 7000 + id.len()), 8, "test")
         .await
         .unwrap();
+    assert!(s.host_ready(&f).await.unwrap());
     assert!(s.heartbeat(&f, 0, &[]).await.unwrap());
     f
 }
@@ -140,4 +141,215 @@ async fn the_sweeper_stops_a_lost_hosts_rows_and_takes_its_sessions_over() {
     assert_eq!(*failing.asked.lock().unwrap(), vec!["h1".to_string()]);
     // Without sessions (the control role) only rows are stopped.
     assert_eq!(sweep(s.as_ref(), ttl, None).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn a_starting_host_is_not_routed_to_and_a_held_one_takes_nothing_new() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(&dir).await;
+    let f = host(s.as_ref(), "h1", 60_000).await;
+    s.insert_sandbox(&f, &sbx("sbx_remote")).await.unwrap();
+    let d = directory(&s, 60_000);
+    // Restarted: registered again, not yet ready.
+    let f2 = Fence::of(
+        &s.take_lease(&host_resource("h1"), "h1", 60_000)
+            .await
+            .unwrap(),
+    );
+    s.register_host(&f2, "10.0.0.1:7002", 8, "test")
+        .await
+        .unwrap();
+    assert_eq!(
+        d.sandbox("sbx_remote").await.unwrap(),
+        Location::Starting { host: "h1".into() }
+    );
+    let h = &d.hosts().await.unwrap()[0];
+    assert_eq!((h.alive, h.routed, h.placeable), (true, false, false));
+    assert!(s.host_ready(&f2).await.unwrap());
+    assert!(matches!(
+        d.sandbox("sbx_remote").await.unwrap(),
+        Location::At { .. }
+    ));
+    // Cordoned: still routed, not placeable.
+    assert!(s
+        .hold_host(
+            "h1",
+            &[hatchery_store::HostHold::None],
+            hatchery_store::HostHold::Cordoned
+        )
+        .await
+        .unwrap());
+    assert!(matches!(
+        d.sandbox("sbx_remote").await.unwrap(),
+        Location::At { .. }
+    ));
+    let h = &d.hosts().await.unwrap()[0];
+    assert_eq!((h.alive, h.routed, h.placeable), (true, true, false));
+}
+
+#[tokio::test]
+async fn a_sandbox_of_a_lost_host_says_when_and_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(&dir).await;
+    let lost = host(s.as_ref(), "h1", 100).await;
+    s.insert_sandbox(&lost, &sbx("sbx_gone000000000000"))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sweep(s.as_ref(), 200, None).await.unwrap(), 1);
+    let d = directory(&s, 200);
+    match d.sandbox("sbx_gone000000000000").await.unwrap() {
+        Location::Gone {
+            host,
+            at_ms,
+            reason,
+        } => {
+            assert_eq!(host, "h1");
+            assert!(at_ms > 1_600_000_000_000, "{at_ms}");
+            assert!(reason.contains(LOST_REASON), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Stopped for another reason: unknown as before.
+    let f = host(s.as_ref(), "h2", 60_000).await;
+    s.insert_sandbox(&f, &sbx("sbx_de1eted000000000"))
+        .await
+        .unwrap();
+    assert!(s
+        .stop(&f, "sbx_de1eted000000000", "deleted", 1)
+        .await
+        .unwrap());
+    assert_eq!(
+        d.sandbox("sbx_de1eted000000000").await.unwrap(),
+        Location::Unknown
+    );
+}
+
+mod api {
+    use super::*;
+    use crate::api::{router, HostsApi};
+    use crate::sessions_count::fake::FixedCounts;
+    use axum::body::Body;
+    use axum::http::{Request, StatusCode};
+    use tower::ServiceExt;
+
+    async fn call(
+        app: &axum::Router,
+        method: &str,
+        path: &str,
+        key: &str,
+    ) -> (StatusCode, serde_json::Value) {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("authorization", format!("Bearer {key}"))
+            .body(Body::empty())
+            .unwrap();
+        let resp = app.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&body).unwrap_or_default())
+    }
+
+    #[tokio::test]
+    async fn hosts_are_listed_cordoned_drained_and_uncordoned() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(&dir).await;
+        let f = host(s.as_ref(), "h1", 60_000).await;
+        s.insert_sandbox(&f, &sbx("sbx_1")).await.unwrap();
+        let app = router(HostsApi {
+            store: s.clone(),
+            lease_ttl_ms: 60_000,
+            api_key: "k".into(),
+            sessions: Some(Arc::new(FixedCounts([("h1".to_string(), 2)].into()))),
+        });
+        let (st, _) = call(&app, "GET", "/v1/hosts", "wrong").await;
+        assert_eq!(st, StatusCode::UNAUTHORIZED);
+        let (st, v) = call(&app, "GET", "/v1/hosts", "k").await;
+        assert_eq!(st, StatusCode::OK);
+        let h = &v["hosts"][0];
+        assert_eq!(h["id"], "h1");
+        assert_eq!(h["state"], "ready");
+        assert_eq!(h["live_sandboxes"], 1);
+        assert_eq!(h["live_sessions"], 2);
+        assert_eq!(h["capacity"], 8);
+        assert_eq!(h["version"], "test");
+        assert!(h["heartbeat_age_ms"].as_u64().unwrap() < 60_000);
+
+        let (st, v) = call(&app, "POST", "/v1/hosts/h1:cordon", "k").await;
+        assert_eq!((st, &v["state"]), (StatusCode::OK, &"cordoned".into()));
+        // Twice is no error.
+        let (st, v) = call(&app, "POST", "/v1/hosts/h1:cordon", "k").await;
+        assert_eq!((st, &v["state"]), (StatusCode::OK, &"cordoned".into()));
+        let (_, v) = call(&app, "POST", "/v1/hosts/h1:drain", "k").await;
+        assert_eq!(v["state"], "draining");
+        // A drain is not walked back to a cordon: the hold stays.
+        let (_, v) = call(&app, "POST", "/v1/hosts/h1:cordon", "k").await;
+        assert_eq!(v["state"], "draining");
+        let (_, v) = call(&app, "POST", "/v1/hosts/h1:uncordon", "k").await;
+        assert_eq!(v["state"], "ready");
+        let (_, v) = call(&app, "GET", "/v1/hosts/h1", "k").await;
+        assert_eq!(v["state"], "ready");
+
+        let (st, v) = call(&app, "GET", "/v1/hosts/nope", "k").await;
+        assert_eq!(
+            (st, &v["error"]["code"]),
+            (StatusCode::NOT_FOUND, &"host_not_found".into())
+        );
+        let (st, v) = call(&app, "POST", "/v1/hosts/nope:cordon", "k").await;
+        assert_eq!(
+            (st, &v["error"]["code"]),
+            (StatusCode::NOT_FOUND, &"host_not_found".into())
+        );
+        let (st, v) = call(&app, "POST", "/v1/hosts/h1:reboot", "k").await;
+        assert_eq!(
+            (st, &v["error"]["code"]),
+            (StatusCode::BAD_REQUEST, &"invalid_request".into())
+        );
+        let (st, _) = call(&app, "POST", "/v1/hosts/Bad%20Id:cordon", "k").await;
+        assert_eq!(st, StatusCode::BAD_REQUEST);
+    }
+
+    #[tokio::test]
+    async fn the_control_plane_is_ready_with_a_ready_host_and_counts_hosts_by_state() {
+        use crate::readiness::{ControlChecks, ReadyChecks};
+        let dir = tempfile::tempdir().unwrap();
+        let s = store(&dir).await;
+        let checks = ReadyChecks {
+            host: None,
+            control: Some(ControlChecks {
+                store: s.clone(),
+                lease_ttl_ms: 60_000,
+            }),
+        };
+        let (st, r) = checks.run().await;
+        assert_eq!(
+            (st, r.failing),
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                vec!["ready_host".to_string()]
+            )
+        );
+        let f = host(s.as_ref(), "h1", 60_000).await;
+        assert_eq!(checks.run().await.0, StatusCode::OK);
+        // Cordoned is not ready.
+        s.hold_host(
+            "h1",
+            &[hatchery_store::HostHold::None],
+            hatchery_store::HostHold::Cordoned,
+        )
+        .await
+        .unwrap();
+        assert_eq!(checks.run().await.0, StatusCode::SERVICE_UNAVAILABLE);
+
+        let reg = prometheus::Registry::new();
+        let g = crate::gauges::HostGauges::new(&reg);
+        s.insert_sandbox(&f, &sbx("sbx_g")).await.unwrap();
+        g.refresh(s.as_ref(), 60_000).await.unwrap();
+        assert_eq!(g.by_state.with_label_values(&["cordoned"]).get(), 1);
+        assert_eq!(g.by_state.with_label_values(&["ready"]).get(), 0);
+        assert_eq!(g.live.with_label_values(&["h1"]).get(), 1);
+    }
 }

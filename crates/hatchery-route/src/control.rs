@@ -73,13 +73,41 @@ async fn route(st: &ControlState, req: Request) -> Result<Response, RouteError> 
         }
         Some(Ok((Location::Anywhere, _))) => any_host(st, req).await,
         Some(Ok((Location::At { host, url }, what))) => {
-            st.metrics.count("forwarded");
             let req = crate::layer::with_daemon_key(req, st.forward_key.as_deref());
-            forward::forward_watched(st.directory.as_ref(), &host, &url, &st.me, &what, req).await
+            let r =
+                forward::forward_watched(st.directory.as_ref(), &host, &url, &st.me, &what, req)
+                    .await;
+            // Counted after the forward, so a failed one is not "forwarded".
+            st.metrics.count(match &r {
+                Ok(_) => "forwarded",
+                Err(RouteError::HostLost { .. }) => "host_lost",
+                Err(_) => "unreachable",
+            });
+            r
         }
         Some(Ok((Location::Lost { host }, what))) => {
             st.metrics.count("host_lost");
             Err(RouteError::HostLost { host, what })
+        }
+        Some(Ok((Location::Starting { host }, what))) => {
+            st.metrics.count("host_starting");
+            Err(RouteError::HostStarting { host, what })
+        }
+        Some(Ok((
+            Location::Gone {
+                host,
+                at_ms,
+                reason,
+            },
+            what,
+        ))) => {
+            st.metrics.count("sandbox_lost");
+            Err(RouteError::SandboxLost {
+                host,
+                what,
+                at_ms,
+                reason,
+            })
         }
         Some(Ok((Location::Here | Location::Unknown, what))) => {
             Err(if what.starts_with("snapshot") {
@@ -107,10 +135,11 @@ async fn any_host(st: &ControlState, req: Request) -> Result<Response, RouteErro
         .ok_or(RouteError::NoHost)
 }
 
-/// Live hosts, most free capacity first (then by id, so ties alternate
-/// as counts change rather than by chance).
+/// Routed hosts (ready, cordoned or draining: not starting or lost),
+/// most free capacity first (then by id, so ties alternate as counts
+/// change rather than by chance).
 pub fn by_preference(hosts: Vec<HostSlot>) -> Vec<HostSlot> {
-    let mut live: Vec<HostSlot> = hosts.into_iter().filter(|h| h.alive).collect();
+    let mut live: Vec<HostSlot> = hosts.into_iter().filter(|h| h.routed).collect();
     live.sort_by(|a, b| b.free().cmp(&a.free()).then_with(|| a.id.cmp(&b.id)));
     live
 }
@@ -140,12 +169,19 @@ async fn place(st: &ControlState, req: Request, what: Create) -> Result<Response
     };
     let mut hosts = placement::rank(all.clone(), &want, &tenant_live);
     if hosts.is_empty() && what == Create::Session {
-        hosts = by_preference(all);
+        // Queued on a full host rather than refused; never on a held one.
+        hosts = by_preference(all.iter().filter(|h| h.placeable).cloned().collect());
     }
     match try_hosts(st, &parts, &body, &hosts, true).await {
         Some(resp) => {
             st.metrics.count("placed");
             Ok(resp)
+        }
+        // Nobody to ask: every live host cordoned, draining or starting
+        // says so rather than "full".
+        None if !all.iter().any(|h| h.placeable) => {
+            st.metrics.count("no_ready_host");
+            Err(RouteError::NoReadyHost)
         }
         None => {
             st.metrics.count("no_capacity");
@@ -214,6 +250,8 @@ mod tests {
             capacity: cap,
             live,
             alive,
+            routed: alive,
+            placeable: alive,
             warm: vec![],
         }
     }

@@ -9,10 +9,23 @@ pub enum RouteError {
     Store(String),
     #[error("host {host} owns {what} but is lost (no heartbeat within its lease)")]
     HostLost { host: String, what: String },
+    #[error("host {host} owns {what} but is starting (not yet reconciled and listening)")]
+    HostStarting { host: String, what: String },
+    #[error("{what} was lost with its host {host} at {at_ms} (unix ms): {reason}")]
+    SandboxLost {
+        host: String,
+        what: String,
+        at_ms: u64,
+        reason: String,
+    },
     #[error("host {host} is unreachable: {cause}")]
     Unreachable { host: String, cause: String },
     #[error("no host has room for a sandbox")]
     NoCapacity,
+    #[error(
+        "no host is ready for new sandboxes: every live host is cordoned, draining or starting"
+    )]
+    NoReadyHost,
     #[error("no live host registered")]
     NoHost,
     #[error("{1} not found")]
@@ -30,9 +43,12 @@ impl RouteError {
         match self {
             RouteError::Store(_) => "store_unavailable",
             RouteError::HostLost { .. } => "host_lost",
+            RouteError::HostStarting { .. } => "host_starting",
+            RouteError::SandboxLost { .. } => "sandbox_lost",
             RouteError::Unreachable { .. } => "host_unreachable",
             RouteError::NoCapacity => "capacity",
             RouteError::NoHost => "no_host",
+            RouteError::NoReadyHost => "no_ready_host",
             RouteError::NotFound(code, _) => code,
             RouteError::Unauthorized => "unauthorized",
             RouteError::Body(_) => "invalid_request",
@@ -43,6 +59,7 @@ impl RouteError {
     pub fn status(&self) -> StatusCode {
         match self {
             RouteError::NotFound(..) => StatusCode::NOT_FOUND,
+            RouteError::SandboxLost { .. } => StatusCode::GONE,
             RouteError::Unauthorized => StatusCode::UNAUTHORIZED,
             RouteError::Body(_) => StatusCode::BAD_REQUEST,
             RouteError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
@@ -62,7 +79,19 @@ impl IntoResponse for RouteError {
             RouteError::Store(_) => "the state store is unavailable; retry shortly".to_string(),
             e => e.to_string(),
         };
-        let body = serde_json::json!({"error": {"code": self.code(), "message": message}});
+        let mut body = serde_json::json!({"error": {"code": self.code(), "message": message}});
+        // When and why, as fields a client need not parse out of the text.
+        if let RouteError::SandboxLost {
+            host,
+            at_ms,
+            reason,
+            ..
+        } = &self
+        {
+            body["error"]["host"] = host.as_str().into();
+            body["error"]["lost_at_ms"] = (*at_ms).into();
+            body["error"]["reason"] = reason.as_str().into();
+        }
         let mut resp = (status, axum::Json(body)).into_response();
         if status == StatusCode::SERVICE_UNAVAILABLE {
             resp.headers_mut()

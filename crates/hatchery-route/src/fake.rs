@@ -16,6 +16,8 @@ pub fn slot(id: &str, url: String, alive: bool) -> HostSlot {
         capacity: 1,
         live: 0,
         alive,
+        routed: alive,
+        placeable: alive,
         warm: vec![],
     }
 }

@@ -96,6 +96,27 @@ pub async fn route(State(r): State<HostRouting>, req: Request, next: Next) -> Re
             r.metrics.count("host_lost");
             RouteError::HostLost { host, what }.into_response()
         }
+        Some(Ok((Location::Starting { host }, what))) => {
+            r.metrics.count("host_starting");
+            RouteError::HostStarting { host, what }.into_response()
+        }
+        Some(Ok((
+            Location::Gone {
+                host,
+                at_ms,
+                reason,
+            },
+            what,
+        ))) => {
+            r.metrics.count("sandbox_lost");
+            RouteError::SandboxLost {
+                host,
+                what,
+                at_ms,
+                reason,
+            }
+            .into_response()
+        }
         Some(Err(e)) => e.into_response(),
     }
 }

@@ -48,6 +48,16 @@ pub enum Location {
     At { host: String, url: String },
     /// Owned by a host that missed its heartbeats past the lease TTL.
     Lost { host: String },
+    /// Owned by a host that is alive but has not yet reconciled and
+    /// listened (503 with Retry-After until it is ready).
+    Starting { host: String },
+    /// A sandbox that was stopped because its host was lost: answered
+    /// 410 `sandbox_lost` (when and why) for as long as its row is kept.
+    Gone {
+        host: String,
+        at_ms: u64,
+        reason: String,
+    },
     /// Servable by any host that mounts the shared snapshot store (a
     /// shared snapshot, asked by the control role, which mounts nothing):
     /// a fork is placed like a create, anything else goes to a live host.
@@ -67,6 +77,13 @@ pub struct HostSlot {
     pub live: u32,
     /// Heartbeat within the lease TTL.
     pub alive: bool,
+    /// Alive, reconciled and listening: requests for its sandboxes and
+    /// requests any host answers go to it (a cordoned or draining host
+    /// still is).
+    pub routed: bool,
+    /// Routed and not held by the operator: new sandboxes and sessions
+    /// may be placed on it.
+    pub placeable: bool,
     /// Templates it has warm checkpoints of, as of its last heartbeat.
     pub warm: Vec<String>,
 }

@@ -1,7 +1,8 @@
 use prometheus::{IntCounterVec, Opts, Registry};
 
 /// `hatchery_route_requests_total{outcome}`: forwarded, host_lost,
-/// unreachable, placed, no_capacity.
+/// host_starting, sandbox_lost, unreachable, placed, no_capacity,
+/// no_ready_host.
 #[derive(Clone)]
 pub struct RouteMetrics {
     pub requests: IntCounterVec,

@@ -45,7 +45,7 @@ impl Want {
     }
 }
 
-/// Live hosts with room, best first for `want`. `tenant_live` counts the
+/// Placeable hosts (ready, not cordoned or draining) with room, best first for `want`. `tenant_live` counts the
 /// tenant's live sandboxes per host (empty without a tenant).
 pub fn rank(
     hosts: Vec<HostSlot>,
@@ -54,7 +54,7 @@ pub fn rank(
 ) -> Vec<HostSlot> {
     let mut ok: Vec<HostSlot> = hosts
         .into_iter()
-        .filter(|h| h.alive && h.free() > 0)
+        .filter(|h| h.placeable && h.free() > 0)
         .collect();
     ok.sort_by_key(|h| {
         (
@@ -78,6 +78,8 @@ mod tests {
             capacity: cap,
             live,
             alive: true,
+            routed: true,
+            placeable: true,
             warm: warm.iter().map(|s| s.to_string()).collect(),
         }
     }
@@ -157,8 +159,16 @@ mod tests {
             tenant: None,
         };
         let mut lost = slot("lost", 10, 0, &["ci"]);
-        lost.alive = false;
-        let hosts = vec![slot("full", 4, 4, &["ci"]), lost, slot("cold", 4, 3, &[])];
+        (lost.alive, lost.routed, lost.placeable) = (false, false, false);
+        // Alive and routed, but cordoned (or draining, or starting).
+        let mut held = slot("held", 10, 0, &["ci"]);
+        held.placeable = false;
+        let hosts = vec![
+            slot("full", 4, 4, &["ci"]),
+            lost,
+            held,
+            slot("cold", 4, 3, &[]),
+        ];
         assert_eq!(ids(&rank(hosts, &want, &BTreeMap::new())), ["cold"]);
     }
 }

@@ -3,7 +3,7 @@
 //! server). Ids are unique per run, so a database may be reused.
 
 use crate::rows::{Fence, SandboxFilter, SandboxRow, SandboxState, SnapshotLocation, SnapshotRow};
-use crate::{host_resource, Store, StoreError};
+use crate::{host_resource, HostHold, Store, StoreError};
 use hatchery_db::race;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -24,6 +24,8 @@ pub async fn run_all(s: Arc<dyn Store>) {
     racing_takes_have_one_winner(&s, &run).await;
     no_write_lands_after_a_takeover(&s, &run).await;
     hosts_register_and_beat(&*s, &run).await;
+    host_states_are_guarded(&*s, &run).await;
+    stopped_rows_say_when_and_why(&*s, &run).await;
     live_counted_per_host(&*s, &run).await;
     the_first_secret_is_kept(&s, &run).await;
 }
@@ -456,11 +458,17 @@ async fn hosts_register_and_beat(s: &dyn Store, run: &str) {
     let f = host(s, &name).await;
     let beat = s.heartbeat(&f, 0, &[]).await;
     assert!(!beat.unwrap(), "not registered yet");
-    s.register_host(&f, "127.0.0.1:7423", 64).await.unwrap();
+    s.register_host(&f, "127.0.0.1:7423", 64, "1.0")
+        .await
+        .unwrap();
     let mine = |v: Vec<crate::HostRow>| v.into_iter().find(|h| h.id == name).expect("listed");
     let h = mine(s.list_hosts().await.unwrap());
     let expect = ("127.0.0.1:7423", 64, 0, f.epoch);
     assert_eq!((&*h.address, h.capacity, h.live, h.epoch), expect);
+    assert_eq!(
+        (h.ready, h.hold, &*h.version),
+        (false, HostHold::None, "1.0")
+    );
     tokio::time::sleep(std::time::Duration::from_millis(60)).await;
     let h = mine(s.list_hosts().await.unwrap());
     assert!(h.silent_for_ms >= 40, "{h:?}");
@@ -473,21 +481,27 @@ async fn hosts_register_and_beat(s: &dyn Store, run: &str) {
     // Not a host lease, or another host's name: refused before any SQL.
     let session = s.take_lease(&format!("session:r{run}"), &name, TTL).await;
     let session = Fence::of(&session.unwrap());
-    assert!(s.register_host(&session, "x", 1).await.is_err());
+    assert!(s.register_host(&session, "x", 1, "").await.is_err());
     let other = Fence {
         resource: host_resource(&name),
         owner: format!("other-{run}"),
         epoch: f.epoch,
     };
-    assert!(s.register_host(&other, "x", 1).await.is_err());
+    assert!(s.register_host(&other, "x", 1, "").await.is_err());
     let bad = s.take_lease("host:Bad Name", "Bad Name", TTL).await;
     let bad = Fence::of(&bad.unwrap());
-    assert!(s.register_host(&bad, "x", 1).await.is_err());
+    assert!(s.register_host(&bad, "x", 1, "").await.is_err());
     // A restarted incarnation re-registers; the old one is fenced off.
     let f2 = host(s, &name).await;
     assert!(s.heartbeat(&f, 1, &[]).await.unwrap_err().is_fenced());
-    assert!(s.register_host(&f, "x", 1).await.unwrap_err().is_fenced());
-    s.register_host(&f2, "127.0.0.1:7424", 32).await.unwrap();
+    assert!(s
+        .register_host(&f, "x", 1, "")
+        .await
+        .unwrap_err()
+        .is_fenced());
+    s.register_host(&f2, "127.0.0.1:7424", 32, "1.1")
+        .await
+        .unwrap();
     let h = mine(s.list_hosts().await.unwrap());
     assert_eq!((h.address.as_str(), h.epoch), ("127.0.0.1:7424", f2.epoch));
 }
@@ -520,4 +534,84 @@ async fn live_counted_per_host(s: &dyn Store, run: &str) {
     let n = s.live_per_host(&tenant("acme")).await.unwrap();
     assert_eq!((n.get(&a.owner), n.get(&b.owner)), (Some(&1), Some(&1)));
     assert!(s.live_per_host(&tenant("other")).await.unwrap().is_empty());
+}
+
+/// A host is `starting` until it says it is ready (under its own lease);
+/// the operator's hold moves only along valid transitions, guarded by
+/// the hold it moves from, and outlives the host's restart.
+async fn host_states_are_guarded(s: &dyn Store, run: &str) {
+    use HostHold::*;
+    let name = format!("st-{run}");
+    let f = host(s, &name).await;
+    let mine = |v: Vec<crate::HostRow>| v.into_iter().find(|h| h.id == name).expect("listed");
+    // Not registered: nothing to mark or hold.
+    assert!(!s.host_ready(&f).await.unwrap());
+    assert!(!s.hold_host(&name, &[None], Cordoned).await.unwrap());
+    s.register_host(&f, "127.0.0.1:1", 4, "v1").await.unwrap();
+    assert!(!mine(s.list_hosts().await.unwrap()).ready);
+    assert!(s.host_ready(&f).await.unwrap());
+    assert!(!s.host_ready(&f).await.unwrap(), "already ready");
+    let h = mine(s.list_hosts().await.unwrap());
+    assert_eq!((h.ready, h.state(true)), (true, crate::HostState::Ready));
+    assert_eq!(h.state(false), crate::HostState::Lost);
+
+    // Cordon, guarded by the hold it moves from.
+    assert!(s.hold_host(&name, &[None], Cordoned).await.unwrap());
+    assert!(!s.hold_host(&name, &[None], Cordoned).await.unwrap());
+    assert!(s
+        .hold_host(&name, &HostHold::sources(Cordoned), Cordoned)
+        .await
+        .unwrap());
+    let h = mine(s.list_hosts().await.unwrap());
+    assert_eq!(h.state(true), crate::HostState::Cordoned);
+    // An invalid move is refused before any SQL.
+    let bad = s.hold_host(&name, &[Draining], Cordoned).await;
+    assert!(
+        matches!(bad, Err(StoreError::InvalidHold { .. })),
+        "{bad:?}"
+    );
+    assert!(s.hold_host(&name, &[Cordoned], Draining).await.unwrap());
+    // A restart: starting again, the hold kept, the old epoch fenced.
+    let f2 = host(s, &name).await;
+    assert!(s.host_ready(&f).await.unwrap_err().is_fenced());
+    s.register_host(&f2, "127.0.0.1:2", 4, "v2").await.unwrap();
+    let h = mine(s.list_hosts().await.unwrap());
+    assert_eq!((h.ready, h.hold, &*h.version), (false, Draining, "v2"));
+    assert_eq!(h.state(true), crate::HostState::Starting);
+    assert!(s.host_ready(&f2).await.unwrap());
+    assert_eq!(
+        mine(s.list_hosts().await.unwrap()).state(true),
+        crate::HostState::Draining
+    );
+    assert!(s
+        .hold_host(&name, &HostHold::sources(None), None)
+        .await
+        .unwrap());
+    assert_eq!(
+        mine(s.list_hosts().await.unwrap()).state(true),
+        crate::HostState::Ready
+    );
+    assert!(!s
+        .hold_host(&format!("nobody-{run}"), &[None], Cordoned)
+        .await
+        .unwrap());
+}
+
+async fn stopped_rows_say_when_and_why(s: &dyn Store, run: &str) {
+    let f = host(s, &format!("end-{run}")).await;
+    let id = format!("sbx_end{run}");
+    s.insert_sandbox(&f, &sbx(&id, SandboxState::Running, &[]))
+        .await
+        .unwrap();
+    assert_eq!(s.get_stopped(&id).await.unwrap(), None, "live");
+    assert!(s.stop(&f, &id, "host_lost", 1234).await.unwrap());
+    let got = s.get_stopped(&id).await.unwrap().expect("stopped");
+    assert_eq!(
+        (&*got.host_id, got.ended_at_ms, &*got.end_reason),
+        (&*f.owner, 1234, "host_lost")
+    );
+    assert_eq!(
+        s.get_stopped(&format!("sbx_none{run}")).await.unwrap(),
+        None
+    );
 }

@@ -13,7 +13,9 @@
 
 use crate::rows::{
     Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow, SandboxState, SnapshotRow,
+    StoppedRow,
 };
+use crate::HostHold;
 use crate::{check_host_fence, to_json, warm_list, Result, Store, StoreError};
 use async_trait::async_trait;
 use hatchery_db::{
@@ -24,15 +26,26 @@ use std::collections::BTreeMap;
 /// The core's schema. Append only.
 pub static SCHEMA: Migrations = Migrations {
     product: "core",
-    steps: &[Step::Each {
-        sqlite: SQLITE_SCHEMA,
-        // A database of the previous release (the old PostgreSQL store,
-        // all five of its migrations run) has the same tables without the
-        // prefix: renamed in place, rows and indexes kept; then what is
-        // missing is created. Metadata is JSONB with a GIN index there
-        // (containment filters), text filtered with json_each on SQLite.
-        postgres: PG_SCHEMA,
-    }],
+    steps: &[
+        Step::Each {
+            sqlite: SQLITE_SCHEMA,
+            // A database of the previous release (the old PostgreSQL store,
+            // all five of its migrations run) has the same tables without the
+            // prefix: renamed in place, rows and indexes kept; then what is
+            // missing is created. Metadata is JSONB with a GIN index there
+            // (containment filters), text filtered with json_each on SQLite.
+            postgres: PG_SCHEMA,
+        },
+        // 2: a host's lifecycle (starting until it has reconciled and
+        // listens), the operator's hold (cordoned, draining) and its
+        // version (crate::host_state). Hosts registered before this are
+        // `starting` until they restart with it.
+        Step::Both(
+            "ALTER TABLE core_hosts ADD COLUMN state TEXT NOT NULL DEFAULT 'starting';
+             ALTER TABLE core_hosts ADD COLUMN hold TEXT NOT NULL DEFAULT '';
+             ALTER TABLE core_hosts ADD COLUMN version TEXT NOT NULL DEFAULT '';",
+        ),
+    ],
 };
 
 /// The tables, with the type of the metadata and env columns.
@@ -427,6 +440,20 @@ impl Store for DbStore {
         self.one(&sql, args![id], record).await
     }
 
+    async fn get_stopped(&self, id: &str) -> Result<Option<StoppedRow>> {
+        let sql = "SELECT id, host_id, ended_at_ms, end_reason FROM core_sandboxes
+                   WHERE id = $1 AND state = 'stopped'";
+        let row = |r: &Row| {
+            Ok(StoppedRow {
+                id: get(r, "id")?,
+                host_id: get(r, "host_id")?,
+                ended_at_ms: get::<Option<i64>>(r, "ended_at_ms")?.unwrap_or(0).max(0) as u64,
+                end_reason: get::<Option<String>>(r, "end_reason")?.unwrap_or_default(),
+            })
+        };
+        self.one(sql, args![id], row).await
+    }
+
     async fn list_live(&self, filter: &SandboxFilter) -> Result<Vec<SandboxRow>> {
         let mut args = Vec::new();
         let mut sql = format!("{SELECT} WHERE state IN {LIVE}");
@@ -623,19 +650,51 @@ impl Store for DbStore {
         value.ok_or_else(|| StoreError::Corrupt(format!("secret {name} vanished")))
     }
 
-    async fn register_host(&self, f: &Fence, address: &str, capacity: u32) -> Result<()> {
+    async fn register_host(
+        &self,
+        f: &Fence,
+        address: &str,
+        capacity: u32,
+        version: &str,
+    ) -> Result<()> {
         check_host_fence(f)?;
         let now = db_now(self.db.dialect());
         let capacity = capacity.min(i32::MAX as u32);
+        // `hold` is left as it was: an operator's cordon outlives a restart.
         let sql = format!(
-            "INSERT INTO core_hosts (id, address, capacity, live, epoch, registered_at_ms, heartbeat_at_ms)
-             VALUES ($1, $2, $3, 0, $4, {now}, {now})
+            "INSERT INTO core_hosts (id, address, capacity, live, epoch, registered_at_ms, heartbeat_at_ms, state, version)
+             VALUES ($1, $2, $3, 0, $4, {now}, {now}, 'starting', $5)
              ON CONFLICT (id) DO UPDATE SET address = $2, capacity = $3, live = 0, epoch = $4,
-               registered_at_ms = {now}, heartbeat_at_ms = {now}"
+               registered_at_ms = {now}, heartbeat_at_ms = {now}, state = 'starting', version = $5"
         );
-        let a = args![&f.owner, address, capacity, f.epoch];
+        let a = args![&f.owner, address, capacity, f.epoch, version];
         self.change(f, "register host", &sql, a, None).await?;
         Ok(())
+    }
+
+    async fn host_ready(&self, f: &Fence) -> Result<bool> {
+        check_host_fence(f)?;
+        let sql = "UPDATE core_hosts SET state = 'ready' WHERE id = $1 AND epoch = $2 AND state = 'starting'";
+        self.change(f, "host ready", sql, args![&f.owner, f.epoch], None)
+            .await
+    }
+
+    async fn hold_host(&self, id: &str, from: &[HostHold], to: HostHold) -> Result<bool> {
+        // Refused before any SQL runs.
+        if let Some(&from) = from.iter().find(|f| **f != to && !f.valid_transition(to)) {
+            return Err(StoreError::InvalidHold { from, to });
+        }
+        let list = from
+            .iter()
+            .map(|h| format!("'{}'", h.as_str()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if list.is_empty() {
+            return Ok(false);
+        }
+        let sql = format!("UPDATE core_hosts SET hold = $1 WHERE id = $2 AND hold IN ({list})");
+        let n = self.db.execute(&sql, args![to.as_str(), id]).await;
+        Ok(n.map_err(db("hold host"))? > 0)
     }
 
     async fn heartbeat(&self, f: &Fence, live: u32, warm_templates: &[String]) -> Result<bool> {
@@ -663,7 +722,7 @@ impl Store for DbStore {
     async fn list_hosts(&self) -> Result<Vec<HostRow>> {
         let sql = format!(
             "SELECT id, address, capacity, live, epoch, registered_at_ms, warm_templates,
-               {} - heartbeat_at_ms AS silent
+               state, hold, version, {} - heartbeat_at_ms AS silent
              FROM core_hosts ORDER BY id",
             db_now(self.db.dialect())
         );
@@ -677,6 +736,13 @@ impl Store for DbStore {
                 registered_at_ms: get(r, "registered_at_ms")?,
                 silent_for_ms: get::<i64>(r, "silent")?.max(0) as u64,
                 warm_templates: warm_list(&get::<String>(r, "warm_templates")?),
+                ready: get::<String>(r, "state")? == "ready",
+                hold: {
+                    let h: String = get(r, "hold")?;
+                    HostHold::parse(&h)
+                        .ok_or_else(|| StoreError::Corrupt(format!("host hold {h:?}")))?
+                },
+                version: get(r, "version")?,
             })
         };
         self.rows(&sql, args![], row).await

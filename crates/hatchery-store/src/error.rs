@@ -2,6 +2,7 @@
 //! sources, so no rusqlite or postgres type shows in this crate's API.
 
 use crate::rows::SandboxState;
+use crate::HostHold;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -34,6 +35,8 @@ pub enum StoreError {
         from: SandboxState,
         to: SandboxState,
     },
+    #[error("invalid host hold {from} -> {to}")]
+    InvalidHold { from: HostHold, to: HostHold },
     #[error("corrupt row: {0}")]
     Corrupt(String),
     #[error("bad database address: {0}")]

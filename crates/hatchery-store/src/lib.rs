@@ -11,14 +11,16 @@ mod bounded;
 pub mod conformance;
 mod db;
 mod error;
+mod host_state;
 mod rows;
 
 pub use bounded::{Bounded, CALL_LIMIT};
 pub use db::{DbStore, IMPORT, SCHEMA};
 pub use error::{BoxError, Result, StoreError};
+pub use host_state::{HostHold, HostState};
 pub use rows::{
     host_resource, valid_host_id, Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow,
-    SandboxState, SnapshotLocation, SnapshotRow,
+    SandboxState, SnapshotLocation, SnapshotRow, StoppedRow,
 };
 
 use async_trait::async_trait;
@@ -75,6 +77,8 @@ store! {
     async fn set_expiry(&self, f: &Fence, id: &str, expires_at_ms: u64) -> Result<bool>;
     /// A starting or running sandbox, on any host.
     async fn get_live(&self, id: &str) -> Result<Option<SandboxRow>>;
+    /// A stopped sandbox, on any host: when and why it ended.
+    async fn get_stopped(&self, id: &str) -> Result<Option<StoppedRow>>;
     /// Starting and running sandboxes of every host matching `filter`,
     /// oldest first.
     async fn list_live(&self, filter: &SandboxFilter) -> Result<Vec<SandboxRow>>;
@@ -135,7 +139,20 @@ store! {
     /// must be that host's own lease (`host:<id>`): a host cannot register
     /// under another's identity, and a second process with the same id
     /// registers only by taking the lease, which fences the first.
-    async fn register_host(&self, f: &Fence, address: &str, capacity: u32) -> Result<()>;
+    /// It registers as `starting` (not placed on or routed to until
+    /// [`Store::host_ready`]); an operator's hold is kept.
+    async fn register_host(
+        &self, f: &Fence, address: &str, capacity: u32, version: &str
+    ) -> Result<()>;
+    /// Marks the fence's host `ready` (it has reconciled and listens);
+    /// `false` if it was not registered under this epoch or not starting.
+    async fn host_ready(&self, f: &Fence) -> Result<bool>;
+    /// The operator's cordon, drain and uncordon: moves host `id`'s hold
+    /// to `to` if it is in one of `from` (each of which must be `to` or a
+    /// valid transition to it). Guarded, not fenced: the operator holds
+    /// no lease, and the host never writes its hold. `false` if the host
+    /// is unknown or its hold was in none of `from`.
+    async fn hold_host(&self, id: &str, from: &[HostHold], to: HostHold) -> Result<bool>;
     /// Records that the host is alive, with how many sandboxes it runs and
     /// which templates it has warm checkpoints of; `false` if it never
     /// registered.

@@ -226,6 +226,30 @@ pub struct HostRow {
     /// heartbeat: a create there restores it at once instead of baking it
     /// first, so placement prefers these hosts.
     pub warm_templates: Vec<String>,
+    /// It has reconciled and listens (its own word, under its lease).
+    pub ready: bool,
+    /// What the operator asked of it.
+    pub hold: crate::HostHold,
+    /// The daemon version it registered with.
+    pub version: String,
+}
+
+impl HostRow {
+    /// Its state, given whether its heartbeat is recent enough (the
+    /// caller knows the lease TTL).
+    pub fn state(&self, alive: bool) -> crate::HostState {
+        crate::HostState::of(self.ready, self.hold, alive)
+    }
+}
+
+/// A sandbox row that was stopped: when, why, and on which host (what a
+/// request for it is told once it is no longer live).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoppedRow {
+    pub id: String,
+    pub host_id: String,
+    pub ended_at_ms: u64,
+    pub end_reason: String,
 }
 
 /// A host id: 1..64 of `[a-z0-9-]`, not starting with `-`. It names rows,

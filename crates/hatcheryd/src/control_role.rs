@@ -28,6 +28,25 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // Read only here (which host owns a session); the control role runs
     // no session.
     let sessions = crate::sessions::open_store(&args, &db, &data).await?;
+    let _gauges =
+        hatchery_hosts::gauges::HostGauges::new(&registry).spawn(store.clone(), lease_ttl_ms);
+    // The operator's hosts API and `/readyz` (the store reachable and a
+    // ready host), answered here rather than forwarded.
+    let hosts_app = hatchery_hosts::api::router(hatchery_hosts::api::HostsApi {
+        store: store.clone(),
+        lease_ttl_ms,
+        api_key: key.clone().into(),
+        sessions: Some(Arc::new(sessions.clone())),
+    })
+    .merge(hatchery_hosts::readiness::router(
+        hatchery_hosts::readiness::ReadyChecks {
+            host: None,
+            control: Some(hatchery_hosts::readiness::ControlChecks {
+                store: store.clone(),
+                lease_ttl_ms,
+            }),
+        },
+    ));
     let directory: Arc<dyn hatchery_route::Directory> = Arc::new(StoreDirectory {
         store,
         me: args.host_id.clone(),
@@ -90,7 +109,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         origins.clone(),
         hatchery_serve::origin_guard::preview_only,
     ));
-    let app = control::router(control_state);
+    let app = hosts_app.merge(control::router(control_state));
     let app = match gateway {
         Some(g) => g.merge(app),
         None => app,

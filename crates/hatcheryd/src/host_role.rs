@@ -150,8 +150,14 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .clone()
         .unwrap_or_else(|| args.listen.to_string());
     manager.register_host(&advertise).await?;
+    // `/readyz`: reconciled and listening are set below, the lease is the
+    // manager's; role `all` is also its own control plane.
+    let host_checks = hatchery_hosts::readiness::HostChecks::new(manager.clone());
     let report = manager.reconcile().await?;
     tracing::info!(?report, "state reconciled with the host");
+    host_checks
+        .reconciled
+        .store(true, std::sync::atomic::Ordering::SeqCst);
     let _reaper = manager.spawn_reaper();
     let _lease = manager.spawn_lease_keeper();
     // Bake missing template checkpoints in the background; until one is
@@ -238,7 +244,38 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             .merge(hatchery_tenants::http::router(tenants)),
     )
     .merge(sessions_app)
-    .merge(e2b);
+    .merge(e2b)
+    // A cordoned or draining host refuses creates that reach it directly.
+    .layer(axum::middleware::from_fn_with_state(
+        hatchery_hosts::hold_guard::HoldGuard {
+            store: store.clone(),
+            me: manager.host_id().to_string(),
+            sessions: Some(Arc::new(session_store.clone())),
+        },
+        hatchery_hosts::hold_guard::refuse_when_held,
+    ))
+    .merge(hatchery_hosts::api::router(hatchery_hosts::api::HostsApi {
+        store: store.clone(),
+        lease_ttl_ms: hatchery_core::lease::host_lease_ttl_ms(),
+        api_key: key.clone().into(),
+        sessions: Some(Arc::new(session_store.clone())),
+    }))
+    .merge(hatchery_hosts::readiness::router(
+        hatchery_hosts::readiness::ReadyChecks {
+            host: Some(host_checks.clone()),
+            control: (args.role == hatchery_config::Role::All).then(|| {
+                hatchery_hosts::readiness::ControlChecks {
+                    store: store.clone(),
+                    lease_ttl_ms: hatchery_core::lease::host_lease_ttl_ms(),
+                }
+            }),
+        },
+    ));
+    // Role `all` is its own control plane: the hosts' gauges too.
+    let _gauges = (args.role == hatchery_config::Role::All).then(|| {
+        hatchery_hosts::gauges::HostGauges::new(&manager.metrics.registry)
+            .spawn(store.clone(), hatchery_core::lease::host_lease_ttl_ms())
+    });
     // On a shared store, requests for another host's sandboxes go there,
     // and every daemon (not only a control plane) marks lost hosts.
     let shared = args.shared_db().is_some();
@@ -309,6 +346,12 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // After the bind: the reaper's first act may be resuming gradings,
     // which call this daemon's own API.
     let _rounds_reaper = rounds.as_ref().map(|r| r.spawn_reaper());
+    // Reconciled and bound: placed on and routed to from now on (requests
+    // queue in the backlog until serve below accepts them).
+    host_checks
+        .listening
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    manager.mark_ready().await?;
     // Runners talk to this daemon's API, so they start once it listens.
     tokio::spawn(async move {
         match sessions.recover().await {

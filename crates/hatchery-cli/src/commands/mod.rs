@@ -3,6 +3,7 @@
 pub mod audit;
 pub mod cp;
 pub mod exec;
+pub mod host;
 pub mod network;
 pub mod procs;
 pub mod round;

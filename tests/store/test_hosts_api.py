@@ -1,0 +1,142 @@
+"""Hosts managed through the API on one PostgreSQL (tests/pg/pg.py), each
+host in a network namespace of its own (hostnet.py): the control plane
+lists them, a cordoned host gets no new sandboxes while the ones it runs
+are still served, an uncordon restores it, a sandbox lost with its host
+answers 410 sandbox_lost (through the control plane and through another
+host), and the control plane's /readyz follows its hosts."""
+
+import os
+import sys
+import time
+
+import pytest
+
+HERE = os.path.dirname(__file__)
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+sys.path.insert(0, os.path.join(HERE, "..", "pg"))
+
+from harness import metric, wait_for  # noqa: E402
+from pg import Postgres  # noqa: E402
+from test_hosts import check_invariants, daemon, no_net_leftovers, owner, wait_warm  # noqa: E402
+
+# The shortest host lease (hatchery-core lease.rs): a stopped host is
+# lost, and its sandboxes marked, within seconds.
+LEASE = ["--host-lease-ttl", "6"]
+
+
+@pytest.fixture(scope="module")
+def pg():
+    p = Postgres(db="hxhostsapi", fabric=True).start()
+    yield p
+    p.stop()
+
+
+def readyz(d):
+    r = d.request("GET", "/readyz", auth=False)
+    return r.status, r.json()
+
+
+def states(c):
+    r = c.request("GET", "/v1/hosts")
+    assert r.status == 200, r
+    return {h["id"]: h["state"] for h in r.json()["hosts"]}
+
+
+def test_cordon_uncordon_lost_sandboxes_and_readiness(pg):
+    h1 = daemon(pg, "ap-1", role="host", extra=LEASE)
+    h2 = daemon(pg, "ap-2", role="host", extra=LEASE)
+    c = daemon(pg, "ap-ctl", role="control", extra=LEASE)
+    hosts = {"ap-1": h1, "ap-2": h2}
+    h1b = None
+    try:
+        # Both warm, so only the hold and free room decide below.
+        wait_warm(pg, hosts, "code-interpreter")
+        status, body = readyz(c)
+        assert status == 200 and [x["name"] for x in body["checks"]] == ["database", "ready_host"], body
+        assert readyz(h1)[0] == 200
+        assert [x["name"] for x in readyz(h1)[1]["checks"]] == ["reconciled", "listening", "lease_held"]
+        assert states(c) == {"ap-1": "ready", "ap-2": "ready"}
+        # Every role answers the hosts API from the shared store.
+        assert states(h2) == states(c)
+
+        kept = h1.create(ttl_seconds=600)
+        r = c.request("POST", "/v1/hosts/ap-1:cordon")
+        assert (r.status, r.json()["state"]) == (200, "cordoned"), r
+        sids = []
+        for _ in range(10):
+            r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": 300})
+            assert r.status == 201, r
+            sids.append(r.json()["id"])
+            h2.created.add(sids[-1])
+        placed = [owner(pg, s) for s in sids]
+        assert placed == ["ap-2"] * 10, placed
+        # Still routed: the cordoned host's sandbox answers through control.
+        assert c.exec(kept, "echo kept")["stdout"] == "kept\n"
+        # Straight to the cordoned host: refused with its own code.
+        r = h1.request("POST", "/v1/sandboxes", {"ttl_seconds": 60})
+        assert (r.status, r.error_code()) == (503, "host_cordoned"), r
+        listed = {h["id"]: h for h in c.request("GET", "/v1/hosts").json()["hosts"]}
+        assert (listed["ap-1"]["state"], listed["ap-1"]["live_sandboxes"]) == ("cordoned", 1), listed
+        assert listed["ap-2"]["live_sandboxes"] == 10, listed
+        wait_for(lambda: metric(c, "hatchery_hosts", 'state="cordoned"') == 1
+                 and metric(c, "hatchery_host_live_sandboxes", 'host="ap-2"') == 10,
+                 timeout=15, what="control-plane gauges")
+        # Both cordoned: control says no host is ready, and creates nothing.
+        assert c.request("POST", "/v1/hosts/ap-2:cordon").status == 200
+        r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": 60})
+        assert (r.status, r.error_code()) == (503, "no_ready_host"), r
+        status, body = readyz(c)
+        assert (status, body["failing"]) == (503, ["ready_host"]), body
+        # Uncordon: placement comes back, to the emptier host.
+        for h in ("ap-1", "ap-2"):
+            r = c.request("POST", f"/v1/hosts/{h}:uncordon")
+            assert (r.status, r.json()["state"]) == (200, "ready"), r
+        r = c.request("POST", "/v1/sandboxes", {"ttl_seconds": 300})
+        assert r.status == 201, r
+        assert owner(pg, r.json()["id"]) == "ap-1"
+        h1.created.add(r.json()["id"])
+        back = r.json()["id"]
+        check_invariants(pg, [kept, back, *sids])
+
+        # ap-1 dies: its sandboxes are lost, and say so (410, when, why).
+        h1.crash()
+        killed = time.time()
+
+        def gone():
+            return c.request("GET", f"/v1/sandboxes/{kept}", timeout=30).status == 410
+        wait_for(gone, timeout=60, what="sandbox_lost through control")
+        r = c.request("GET", f"/v1/sandboxes/{kept}")
+        err = r.json()["error"]
+        assert (r.status, err["code"], err["host"], err["reason"] and True) == (410, "sandbox_lost", "ap-1", True), r
+        assert err["lost_at_ms"] / 1000 >= killed - 1, err
+        # Through another host, the same answer.
+        r = h2.request("GET", f"/v1/sandboxes/{back}")
+        assert (r.status, r.error_code()) == (410, "sandbox_lost"), r
+        assert states(c)["ap-1"] == "lost"
+        print(f"sandbox_lost {time.time() - killed:.1f}s after SIGKILL")
+
+        # The host comes back on its data directory: ready only after it
+        # has reconciled (destroying what its shims still ran).
+        h1b = daemon(pg, "ap-1", role="host", extra=LEASE, restart_of=h1)
+        h1b.created |= h1.created
+        assert states(c)["ap-1"] == "ready"
+        h1b.wait_no_leftovers(timeout=30, net=False)
+        assert "reconciling this host's sandboxes" in h1b.log()
+        assert c.request("GET", f"/v1/sandboxes/{kept}").status == 410
+
+        # Every host stopped: the control plane is not ready.
+        h1b.cleanup()
+        h2.cleanup()
+
+        def not_ready():
+            return readyz(c)[0] == 503
+        wait_for(not_ready, timeout=30, what="control /readyz 503 with no host")
+        status, body = readyz(c)
+        assert body["failing"] == ["ready_host"] and body["ready"] is False, body
+        assert set(states(c).values()) == {"lost"}
+    finally:
+        c.cleanup()
+        h2.cleanup()
+        (h1b or h1).cleanup()
+    no_net_leftovers(h1, h2)
