@@ -1,9 +1,7 @@
 //! The hosts API's errors, in the API's JSON error shape.
 
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
-use utoipa::ToSchema;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HostsApiError {
@@ -21,17 +19,7 @@ pub enum HostsApiError {
     Sessions(#[source] hatchery_sessions::store::StoreError),
 }
 
-/// `{"error": {"code", "message"}}`.
-#[derive(Serialize, ToSchema)]
-pub struct ErrorBody {
-    pub error: ErrorDetail,
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct ErrorDetail {
-    pub code: String,
-    pub message: String,
-}
+pub use hatchery_serve::json_error::{ErrorBody, ErrorDetail};
 
 impl HostsApiError {
     pub fn code(&self) -> &'static str {
@@ -64,17 +52,11 @@ impl IntoResponse for HostsApiError {
             }
             e => e.to_string(),
         };
-        let body = ErrorBody {
-            error: ErrorDetail {
-                code: self.code().into(),
-                message,
-            },
-        };
-        let mut resp = (status, axum::Json(body)).into_response();
-        if status == StatusCode::SERVICE_UNAVAILABLE {
-            resp.headers_mut()
-                .insert("retry-after", HeaderValue::from_static("2"));
-        }
-        resp
+        hatchery_serve::json_error::respond(
+            status,
+            self.code(),
+            message,
+            status == StatusCode::SERVICE_UNAVAILABLE,
+        )
     }
 }
