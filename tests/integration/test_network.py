@@ -46,10 +46,18 @@ def new(d, network=None, **kw):
     return sid
 
 
-def probe(d, sid, *specs):
-    r = d.exec(sid, argv=["python3", "/tmp/probe.py", *specs], timeout_seconds=60)
-    assert r["exit_code"] == 0, r
-    return json.loads(r["stdout"])
+def probe(d, sid, *specs, expect=None):
+    """The probes' results. With `expect` (the specs that should open), a
+    probe that did not open is tried twice more: under both lanes of
+    `make test`, the first connection out of a sandbox just snapshotted or
+    forked has timed out (3 s) in CI (2 of the last 3 runs, cause not found;
+    docs/testing.md), and a retry still fails if the policy never opens."""
+    for attempt in range(3):
+        r = d.exec(sid, argv=["python3", "/tmp/probe.py", *specs], timeout_seconds=60)
+        assert r["exit_code"] == 0, r
+        results = json.loads(r["stdout"])
+        if expect is None or opened(results) == expect or attempt == 2:
+            return results
 
 
 def opened(results):
@@ -146,7 +154,7 @@ def test_sandboxes_cannot_reach_each_other(netd):
     wait_for(lambda: "open" in probe(netd, a, f"tcp,{a_ip},8000")[f"tcp,{a_ip},8000"], timeout=8,
              what="server up inside A")
     # Both of A's servers answer (so B's "blocked" below is the policy).
-    assert opened(probe(netd, a, f"tcp,{a_ip},8000", f"udp,{a_ip},8000")) == {f"tcp,{a_ip},8000", f"udp,{a_ip},8000"}
+    assert opened(probe(netd, a, f"tcp,{a_ip},8000", f"udp,{a_ip},8000", expect={f"tcp,{a_ip},8000", f"udp,{a_ip},8000"})) == {f"tcp,{a_ip},8000", f"udp,{a_ip},8000"}
     res = probe(netd, b, f"tcp,{a_ip},8000", f"icmp,{a_ip},0", f"udp,{a_ip},8000")
     assert opened(res) == set(), res
     server.join()
@@ -224,7 +232,7 @@ def test_host_rules_are_pinned_on_the_host(netd):
     # The pinned address is in the guest's /etc/hosts, so the name works.
     r = netd.exec(sid, "python3 -c \"import socket; print(socket.gethostbyname('pypi.example'))\"")
     assert r["stdout"].strip() == PUBLIC, r
-    assert opened(probe(netd, sid, "tcp,pypi.example,80")) == {"tcp,pypi.example,80"}
+    assert opened(probe(netd, sid, "tcp,pypi.example,80", expect={"tcp,pypi.example,80"})) == {"tcp,pypi.example,80"}
     # By name via the guest's own /etc/hosts pointing elsewhere: still only
     # the address the host resolved is open.
     netd.exec(sid, f"echo '{PUBLIC2} pypi.example' > /etc/hosts")
@@ -298,17 +306,17 @@ def test_forks_get_their_own_slot_and_policy(netd):
     netd.created.add(f3)
     ips = {guest_ip(netd, s) for s in (src, f1, f2, f3)}
     assert len(ips) == 4, ips
-    assert opened(probe(netd, src, f"tcp,{PUBLIC},80")) == {f"tcp,{PUBLIC},80"}
+    assert opened(probe(netd, src, f"tcp,{PUBLIC},80", expect={f"tcp,{PUBLIC},80"})) == {f"tcp,{PUBLIC},80"}
     # Forks do not inherit the source's holes.
     assert opened(probe(netd, f1, f"tcp,{PUBLIC},80")) == set()
-    assert opened(probe(netd, f3, f"tcp,{PUBLIC},80", f"tcp,{PUBLIC},8080")) == {f"tcp,{PUBLIC},8080"}
+    assert opened(probe(netd, f3, f"tcp,{PUBLIC},80", f"tcp,{PUBLIC},8080", expect={f"tcp,{PUBLIC},8080"})) == {f"tcp,{PUBLIC},8080"}
     netd.request("DELETE", f"/v1/snapshots/{snap}")
 
 
 def test_slots_are_scrubbed_and_reused(netd):
     for _ in range(3):
         sid = new(netd, {"egress": "allow"})
-        assert opened(probe(netd, sid, f"tcp,{PUBLIC},80")) == {f"tcp,{PUBLIC},80"}
+        assert opened(probe(netd, sid, f"tcp,{PUBLIC},80", expect={f"tcp,{PUBLIC},80"})) == {f"tcp,{PUBLIC},80"}
         netd.delete(sid)
     wait_for(lambda: metric(netd, "hatchery_net_slots_leased") == 0, timeout=20, what="slots back")
     # The next tenant of a used slot starts from deny-all.
@@ -355,9 +363,9 @@ def test_two_daemons_side_by_side_do_not_cut_each_other(netd):
         allow = {"allow": [{"cidr": PUBLIC, "ports": [80]}]}
         mine, theirs = new(netd, allow), new(other, allow)
         for d, sid in ((netd, mine), (other, theirs)):
-            assert opened(probe(d, sid, f"tcp,{PUBLIC},80", f"tcp,{PUBLIC},8080")) == {f"tcp,{PUBLIC},80"}
+            assert opened(probe(d, sid, f"tcp,{PUBLIC},80", f"tcp,{PUBLIC},8080", expect={f"tcp,{PUBLIC},80"})) == {f"tcp,{PUBLIC},80"}
         assert guest_ip(netd, mine) != guest_ip(other, theirs)
     finally:
         other.cleanup()
     # The first daemon still works once the second has gone.
-    assert opened(probe(netd, mine, f"tcp,{PUBLIC},80")) == {f"tcp,{PUBLIC},80"}
+    assert opened(probe(netd, mine, f"tcp,{PUBLIC},80", expect={f"tcp,{PUBLIC},80"})) == {f"tcp,{PUBLIC},80"}
