@@ -68,8 +68,10 @@ async fn refuse(settle: Settle, tx: Answer, e: CallError, used: Option<Reported>
             message: e.to_string(),
         });
     }
-    let _ = tx.send(e.into_response(flavor));
+    // Settled before the answer: a caller that reads its budget right after
+    // the refusal sees the reservation gone (read-your-writes).
     settle.finish(used).await;
+    let _ = tx.send(e.into_response(flavor));
 }
 
 async fn exchange(settle: Settle, x: Exchange, tx: Answer) {
@@ -140,10 +142,10 @@ async fn exchange(settle: Settle, x: Exchange, tx: Answer) {
     if let Some(g) = settle.gateway() {
         g.metrics.call(flavor, outcome);
     }
-    // Answered first: until the settle lands the reservation (an upper
-    // bound) still counts, so budgets only err on the safe side.
-    let _ = tx.send(respond(status, content_type, Body::from(bytes)));
+    // Settled before the answer (one store write): a caller that reads its
+    // budget right after the call sees the charge, not the reservation.
     settle.finish(used).await;
+    let _ = tx.send(respond(status, content_type, Body::from(bytes)));
 }
 
 /// How a streamed answer ended.
@@ -212,7 +214,6 @@ async fn stream_through(
     if let Some(g) = settle.gateway() {
         g.metrics.call(flavor, outcome);
     }
-    drop(out);
     // Only a finished stream's report is its usage (a broken one's is
     // partial: Anthropic's first event already names an output of 1);
     // without it the worst case is what it cost.
@@ -222,6 +223,9 @@ async fn stream_through(
         None
     };
     settle.finish(used).await;
+    // The caller's stream ends only now, after the settle, so a budget read
+    // once the stream is done already shows the charge.
+    drop(out);
 }
 
 pub(crate) fn respond(
