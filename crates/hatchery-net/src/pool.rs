@@ -104,7 +104,7 @@ impl Network {
     pub fn start(cfg: NetworkConfig, metrics: Metrics) -> Result<Arc<Network>, NetError> {
         cfg.validate()?;
         let lock = crate::host::PrefixLock::take(&cfg.prefix)?;
-        let guard = crate::host::enable_forwarding()?;
+        let guard = crate::host::enable_forwarding(&lock)?;
         let table = Table::new(&cfg.prefix, cfg.range, guard);
         let net = Arc::new(Network {
             resolver: Resolver::with_overrides(cfg.hosts_file.as_deref())?,
