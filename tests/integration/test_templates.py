@@ -91,6 +91,16 @@ def test_build_use_rebuild_delete(builder):
     new = d.create(template="tpl-jq")
     assert d.exec(new, "cat /opt/setup-ran")["stdout"] == "v2"
     assert d.exec(old["id"], "cat /opt/setup-ran")["stdout"] == "v1"
+    # A snapshot taken after the rebuild of the sandbox booted on v1 is of
+    # v1: its fork runs on v1's rootfs, not the template's current one.
+    old_snap = d.request("POST", f"/v1/sandboxes/{old['id']}/snapshots", {}).json()["id"]
+    r = d.request("POST", f"/v1/snapshots/{old_snap}/fork", {"count": 1})
+    assert r.status == 201, r
+    fork = r.json()["sandboxes"][0]["id"]
+    d.created.add(fork)
+    assert d.exec(fork, "cat /opt/setup-ran")["stdout"] == "v1"
+    d.delete(fork)
+    assert d.request("DELETE", f"/v1/snapshots/{old_snap}").status == 204
 
     # A failing setup step fails the build and leaves the current version.
     _, bad = build(d, dict(SPEC, setup=["echo about to fail; exit 3"]))

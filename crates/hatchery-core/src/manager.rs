@@ -235,6 +235,9 @@ impl Manager {
             metadata: req.metadata,
             env: req.env,
             host_id: self.fence.owner.clone(),
+            template_version: template.version.clone(),
+            rootfs: template.rootfs.to_string_lossy().into_owned(),
+            limits: crate::snapshots::limits_json(&template),
         };
         while let Some((id, client)) = self.pool.take(&template.spec.name) {
             row.id = id;

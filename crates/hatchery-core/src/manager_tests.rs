@@ -634,6 +634,9 @@ async fn reconcile_after_a_restart_adopts_stops_and_destroys() {
         metadata: BTreeMap::new(),
         env: BTreeMap::new(),
         host_id: HOST.into(),
+        template_version: String::new(),
+        rootfs: String::new(),
+        limits: String::new(),
     };
     rig.store
         .insert_sandbox(&old_fence, &pooled_row)

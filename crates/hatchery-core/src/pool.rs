@@ -260,6 +260,9 @@ impl Manager {
             metadata: BTreeMap::new(),
             env: BTreeMap::new(),
             host_id: self.host_id().to_string(),
+            template_version: template.version.clone(),
+            rootfs: template.rootfs.to_string_lossy().into_owned(),
+            limits: crate::snapshots::limits_json(template),
         };
         let client = self
             .start_row(&row, &Default::default(), template, Some(image))

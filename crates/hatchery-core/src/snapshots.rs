@@ -62,8 +62,16 @@ impl Manager {
             .get_live(sandbox_id)
             .await?
             .ok_or_else(|| CoreError::SandboxNotFound(sandbox_id.into()))?;
-        // Restores need exactly the rootfs and shape this sandbox runs on.
-        let template = self.templates().get(&row.template)?;
+        // Restores need exactly the rootfs and shape this sandbox was
+        // booted on: its own record, or (a row from before they were
+        // recorded) its template's.
+        let (template_version, rootfs, limits) = if row.rootfs.is_empty() {
+            let t = self.templates().get(&row.template)?;
+            let limits = limits_json(&t);
+            (t.version, t.rootfs.to_string_lossy().into_owned(), limits)
+        } else {
+            (row.template_version, row.rootfs, row.limits)
+        };
         let id = new_snapshot_id();
         let (images, location) = self.snapshots.for_new(self.host_id());
         let dir = images.prepare(&id).map_err(store_err)?;
@@ -89,8 +97,9 @@ impl Manager {
             size_bytes: sealed.size_bytes,
             metadata,
             env: row.env,
-            rootfs: template.rootfs.to_string_lossy().into_owned(),
-            limits: serde_json::to_string(&template.limits()).unwrap_or_default(),
+            rootfs,
+            limits,
+            template_version,
             host_id: self.host_id().to_string(),
             location,
         };
@@ -190,7 +199,7 @@ impl Manager {
         );
         let template = Template {
             spec,
-            version: String::new(),
+            version: snap.template_version.clone(),
             rootfs: snap.rootfs.clone().into(),
         };
         if !template.rootfs.is_dir() {
@@ -213,6 +222,9 @@ impl Manager {
                     metadata: req.metadata.clone(),
                     env: snap.env.clone(),
                     host_id: self.host_id().to_string(),
+                    template_version: snap.template_version.clone(),
+                    rootfs: snap.rootfs.clone(),
+                    limits: snap.limits.clone(),
                 };
                 let r = self
                     .boot_row(row, &req.network, &template, Some(&dir), "fork", started)
@@ -291,4 +303,10 @@ impl Manager {
             }
         }
     }
+}
+
+/// A template's limits as a sandbox or snapshot row records them.
+pub(crate) fn limits_json(t: &Template) -> String {
+    // Four integers: serialising them cannot fail.
+    serde_json::to_string(&t.limits()).unwrap_or_default()
 }

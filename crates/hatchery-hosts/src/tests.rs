@@ -42,6 +42,9 @@ fn sbx(id: &str) -> SandboxRow {
         metadata: Default::default(),
         env: Default::default(),
         host_id: String::new(),
+        template_version: String::new(),
+        rootfs: String::new(),
+        limits: String::new(),
     }
 }
 

@@ -57,6 +57,9 @@ async fn measure(s: Arc<dyn Store>) -> Figures {
             metadata: [("k".to_string(), n.to_string())].into(),
             env: Default::default(),
             host_id: String::new(),
+            template_version: String::new(),
+            rootfs: String::new(),
+            limits: String::new(),
         };
         let t = Instant::now();
         s.insert_sandbox(&f, &r).await.unwrap();

@@ -85,6 +85,9 @@ fn sbx(id: &str, state: SandboxState, pairs: &[(&str, &str)]) -> SandboxRow {
         metadata: md(pairs),
         env: md(&[("E", "1")]),
         host_id: "ignored".into(),
+        template_version: "v1".into(),
+        rootfs: "/var/lib/hatchery/templates/t/v1/rootfs".into(),
+        limits: "{}".into(),
     }
 }
 
@@ -102,6 +105,7 @@ fn snap(id: &str, sandbox_id: &str, location: SnapshotLocation) -> SnapshotRow {
         env: BTreeMap::new(),
         rootfs: "/r".into(),
         limits: "{}".into(),
+        template_version: "v1".into(),
         host_id: String::new(),
         location,
     }
@@ -116,6 +120,8 @@ async fn lifecycle_is_guarded(s: &dyn Store, run: &str) {
     let got = s.get_live(&id).await.unwrap().expect("live");
     assert_eq!((got.state, &got.host_id), (Starting, &f.owner));
     assert_eq!(got.env["E"], "1");
+    let booted_on = (&got.template_version, &got.rootfs, &got.limits);
+    assert_eq!(booted_on, (&row.template_version, &row.rootfs, &row.limits));
     assert!(s.transition(&f, &id, &[Starting], Running).await.unwrap());
     let again = s.transition(&f, &id, &[Starting], Running).await;
     assert!(!again.unwrap(), "no longer starting");
@@ -150,12 +156,18 @@ async fn pooled_sandboxes_are_claimed_once(s: &dyn Store, run: &str) {
     let mut claim = sbx(&id, Running, &[("owner", "me")]);
     claim.created_at_ms = 7000;
     claim.expires_at_ms = 8000;
+    // A claim takes the pooled sandbox as it was booted.
+    claim.rootfs = "/elsewhere".into();
     assert!(s.claim(&f, &claim).await.unwrap());
     assert!(!s.claim(&f, &claim).await.unwrap(), "only once");
     let got = s.get_live(&id).await.unwrap().unwrap();
     let times = (got.created_at_ms, got.expires_at_ms);
     assert_eq!((got.state, times), (Running, (7000, 8000)));
     assert_eq!(got.metadata["owner"], "me");
+    assert_eq!(
+        got.rootfs, row.rootfs,
+        "the claim keeps what it was booted on"
+    );
 }
 
 async fn expiry_and_reconcile_see_only_their_host(s: &dyn Store, run: &str) {

@@ -45,6 +45,15 @@ pub static SCHEMA: Migrations = Migrations {
              ALTER TABLE core_hosts ADD COLUMN hold TEXT NOT NULL DEFAULT '';
              ALTER TABLE core_hosts ADD COLUMN version TEXT NOT NULL DEFAULT '';",
         ),
+        // 3: what a sandbox was booted on (template version, rootfs,
+        // limits), so its snapshots capture that and not a later rebuild;
+        // rows from before keep '' and fall back to the template.
+        Step::Both(
+            "ALTER TABLE core_sandboxes ADD COLUMN template_version TEXT NOT NULL DEFAULT '';
+             ALTER TABLE core_sandboxes ADD COLUMN rootfs TEXT NOT NULL DEFAULT '';
+             ALTER TABLE core_sandboxes ADD COLUMN limits TEXT NOT NULL DEFAULT '';
+             ALTER TABLE core_snapshots ADD COLUMN template_version TEXT NOT NULL DEFAULT '';",
+        ),
     ],
 };
 

@@ -75,6 +75,14 @@ hatchery_db::record! {
         /// The host that runs it. Set by the store from the writer's fence on
         /// insert; whatever the caller puts here is ignored.
         pub host_id: String,
+        /// What it was booted on: the template version, its rootfs and its
+        /// limits (JSON). Snapshots of it record these, not what the
+        /// template has become since, so a rebuild never changes how a
+        /// running sandbox is captured. Empty for rows written before they
+        /// were recorded (then the template's current ones are used).
+        pub template_version: String,
+        pub rootfs: String,
+        pub limits: String,
     }
 }
 
@@ -94,6 +102,9 @@ hatchery_db::record! {
         /// shape of its sandbox, independent of later template rebuilds.
         pub rootfs: String,
         pub limits: String,
+        /// The template version its sandbox was booted from (empty for
+        /// snapshots taken before it was recorded).
+        pub template_version: String,
         /// The host that took it (set from the writer's fence).
         pub host_id: String,
         /// Where its image is. A local one is set to the writer's host by
