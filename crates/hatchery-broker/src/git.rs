@@ -4,8 +4,11 @@
 //! author, committer, date and message and exactly one parent, the
 //! branch's remote tip (or the session's base commit). It is pushed,
 //! fast-forward only, with the operator's write credential passed to that
-//! one `git push` as `-c http.extraHeader`. The credential never enters a
-//! sandbox and is never written to disk by the broker.
+//! one `git push` as `http.extraHeader` through git's environment config
+//! (`GIT_CONFIG_COUNT`/`KEY_0`/`VALUE_0`), never its argv: another user on
+//! the host can read any process's command line, not its environment. The
+//! credential never enters a sandbox and is never written to disk by the
+//! broker.
 
 use crate::tree::{Change, TreeChanges};
 use std::path::Path;
@@ -119,8 +122,8 @@ impl Scratch {
     /// git in the scratch repository with the host's environment only
     /// (no user or system config, no prompt), stdout and stderr piped,
     /// stdin closed; the child dies with the broker (a killed daemon
-    /// leaves no push running behind its back). `header` goes on the
-    /// command line config only.
+    /// leaves no push running behind its back). `header` goes into git's
+    /// environment config, never its command line.
     pub(crate) fn command(
         &self,
         args: &[&str],
@@ -129,9 +132,6 @@ impl Scratch {
     ) -> Command {
         let mut c = Command::new("git");
         c.arg("-C").arg(self.dir.path());
-        if let Some(h) = header {
-            c.arg("-c").arg(format!("http.extraHeader={h}"));
-        }
         c.args(args)
             .env_clear()
             .env(
@@ -148,6 +148,12 @@ impl Scratch {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
+        // After env_clear, which would drop it.
+        if let Some(h) = header {
+            c.env("GIT_CONFIG_COUNT", "1")
+                .env("GIT_CONFIG_KEY_0", "http.extraHeader")
+                .env("GIT_CONFIG_VALUE_0", h);
+        }
         // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches
         // only the calling (child) process.
         unsafe {
@@ -414,6 +420,33 @@ pub(crate) mod tests {
         ] {
             assert!(!valid_branch(bad), "{bad}");
         }
+    }
+
+    /// The write credential is in git's environment config, never in its
+    /// argv (which any user on the host can read in `ps`).
+    #[tokio::test]
+    async fn the_credential_is_not_on_the_command_line() {
+        let s = Scratch::new().await.unwrap();
+        let secret = "Authorization: Bearer s3cret-token";
+        let c = s.command(&["push", "origin"], Some(secret), &[]);
+        let c = c.as_std();
+        assert!(c
+            .get_args()
+            .all(|a| !a.to_string_lossy().contains("s3cret")));
+        let env: Vec<_> = c.get_envs().collect();
+        let val = |k: &str| {
+            env.iter()
+                .find(|(n, _)| *n == k)
+                .and_then(|(_, v)| v.map(|v| v.to_string_lossy().into_owned()))
+        };
+        assert_eq!(val("GIT_CONFIG_COUNT").as_deref(), Some("1"));
+        assert_eq!(val("GIT_CONFIG_KEY_0").as_deref(), Some("http.extraHeader"));
+        assert_eq!(val("GIT_CONFIG_VALUE_0").as_deref(), Some(secret));
+        let none = s.command(&["fetch"], None, &[]);
+        assert!(none
+            .as_std()
+            .get_envs()
+            .all(|(k, _)| k != "GIT_CONFIG_COUNT"));
     }
 
     /// Runs `cmd` in `dir` with a neutral git identity and no user config

@@ -822,3 +822,51 @@ async fn a_push_that_cannot_be_measured_is_refused() {
         ("denied", Some("push-protected"))
     );
 }
+
+/// A sandbox the session has replaced (a resume on another sandbox, a
+/// takeover) is fenced: its calls, new or repeated, are refused 409
+/// `fenced` over the guest socket and nothing is recorded for them, while
+/// the session's current sandbox is served.
+#[tokio::test]
+async fn a_replaced_sandbox_is_fenced() {
+    let e = Env::new().await;
+    let b = e.broker().await;
+    let noop = |seq| InvokeRequest {
+        seq,
+        tool: "noop".into(),
+        args: serde_json::json!({}),
+    };
+    // The old sandbox has called: the record knows its epoch.
+    b.invoke(&e.sandbox, noop(1)).await.unwrap();
+    let replacement = format!("{}_next", e.sandbox);
+    let p = hatchery_sessions::store::Patch {
+        sandbox_id: Some(Some(replacement.clone())),
+        ..Default::default()
+    };
+    e.store.append(&e.session, vec![], p).await.unwrap();
+
+    let sock = e.dir.path().join("broker.sock");
+    tokio::spawn(crate::routes::serve_socket(b.clone(), sock.clone()));
+    for _ in 0..5000 {
+        if tokio::net::UnixStream::connect(&sock).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    for seq in [1, 2] {
+        let call = serde_json::json!({"seq": seq, "tool": "noop", "args": {}}).to_string();
+        let (st, v) = over_socket(&sock, "POST", "/v1/invoke", Some(&e.sandbox), &call).await;
+        assert_eq!(
+            (st, v["error"]["code"].as_str()),
+            (409, Some("fenced")),
+            "{v}"
+        );
+    }
+    assert!(b.store().get(&e.session, 2).await.unwrap().is_none());
+    assert!(matches!(
+        b.caller(&e.sandbox).await,
+        Err(BrokerError::Fenced(_))
+    ));
+    let current = b.caller(&replacement).await.unwrap();
+    assert_eq!(current.id, e.session);
+}

@@ -1,6 +1,7 @@
 //! Fetching the repository on the host. The credential (an HTTP header
-//! from the operator's file) is passed to this one `git fetch` on its
-//! command line config only: it is never written to the checkout, and the
+//! from the operator's file) is passed to this one `git fetch` in its
+//! environment config only (not its argv, not a file): it is never written
+//! to the checkout, and the
 //! sandbox receives a plain tar of the work tree and `.git`.
 //!
 //! The repository is untrusted (a huge blob, a "git bomb" tree of
@@ -244,8 +245,25 @@ impl Fetcher<'_> {
 
     /// One git step, under the deadline and the watcher.
     async fn git(&self, step: &'static str, args: &[&str]) -> Result<String, RepoError> {
+        self.git_with(step, args, None).await
+    }
+
+    /// `git` with the operator's credential header, given through git's
+    /// environment config (`GIT_CONFIG_COUNT`/`KEY_0`/`VALUE_0`), never
+    /// its argv: any user on the host can read a command line in `ps`.
+    async fn git_with(
+        &self,
+        step: &'static str,
+        args: &[&str],
+        header: Option<&str>,
+    ) -> Result<String, RepoError> {
         let mut c = command(self.dir, self.limits.max_bytes);
         c.args(args);
+        if let Some(h) = header {
+            c.env("GIT_CONFIG_COUNT", "1")
+                .env("GIT_CONFIG_KEY_0", "http.extraHeader")
+                .env("GIT_CONFIG_VALUE_0", h);
+        }
         let child = c.spawn()?;
         let out = tokio::select! {
             r = tokio::time::timeout_at(self.deadline, child.wait_with_output()) => {
@@ -424,13 +442,7 @@ pub async fn fetch(
     };
     f.git("init", &["init", "-q", "-b", "hatchery-session"])
         .await?;
-    let header;
-    let mut args: Vec<&str> = vec![];
-    if let Some(c) = credential {
-        header = format!("http.extraHeader={c}");
-        args.extend(["-c", header.as_str()]);
-    }
-    args.extend([
+    let args = [
         "-c",
         "protocol.file.allow=always",
         // Keep what arrives as one pack (never millions of loose
@@ -447,8 +459,8 @@ pub async fn fetch(
         "--",
         url,
         git_ref,
-    ]);
-    f.git("fetch", &args).await?;
+    ];
+    f.git_with("fetch", &args, credential).await?;
     f.check_tree("FETCH_HEAD").await?;
     f.git(
         "checkout",
