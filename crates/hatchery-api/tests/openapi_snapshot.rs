@@ -3,20 +3,12 @@
 //! API shows up here as a diff to review and commit:
 //! `UPDATE_SNAPSHOTS=1 cargo test -p hatchery-api --test openapi_snapshot`.
 
-use std::path::PathBuf;
-
 #[test]
 fn openapi_matches_snapshot() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/openapi.json");
-    let generated = hatchery_api::openapi::json() + "\n";
-    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
-        std::fs::write(&path, &generated).unwrap();
-        return;
-    }
-    let committed = std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(
-        committed == generated,
-        "docs/openapi.json is stale; rerun with UPDATE_SNAPSHOTS=1 and review the diff"
+    hatchery_serve::openapi_pin::pin(
+        env!("CARGO_MANIFEST_DIR"),
+        "docs/openapi.json",
+        &hatchery_api::openapi::json(),
     );
 }
 

@@ -2,20 +2,12 @@
 //! `docs/openapi-rounds.json`, which the SDKs follow. After an API change:
 //! `UPDATE_SNAPSHOTS=1 cargo test -p hatchery-rounds --test openapi_snapshot`.
 
-use std::path::PathBuf;
-
 #[test]
 fn openapi_matches_snapshot() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/openapi-rounds.json");
-    let generated = hatchery_rounds::openapi::json() + "\n";
-    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
-        std::fs::write(&path, &generated).unwrap();
-        return;
-    }
-    let committed = std::fs::read_to_string(&path).unwrap_or_default();
-    assert!(
-        committed == generated,
-        "docs/openapi-rounds.json is stale; rerun with UPDATE_SNAPSHOTS=1 and review the diff"
+    hatchery_serve::openapi_pin::pin(
+        env!("CARGO_MANIFEST_DIR"),
+        "docs/openapi-rounds.json",
+        &hatchery_rounds::openapi::json(),
     );
 }
 
