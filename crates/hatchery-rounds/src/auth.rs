@@ -24,6 +24,13 @@ impl FromRequestParts<Arc<Rounds>> for Caller {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
+        Caller::from_token(st, given).await
+    }
+}
+
+impl Caller {
+    /// Who `given` (a bearer token, or the API key) is.
+    pub(crate) async fn from_token(st: &Rounds, given: &str) -> Result<Self, RoundsError> {
         if given.is_empty() {
             return Err(RoundsError::Unauthorized);
         }
@@ -36,9 +43,7 @@ impl FromRequestParts<Arc<Rounds>> for Caller {
             Scope::Reviewer => Caller::Reviewer(rec),
         })
     }
-}
 
-impl Caller {
     pub fn require_key(&self) -> Result<(), RoundsError> {
         match self {
             Caller::Key => Ok(()),

@@ -26,6 +26,7 @@ mod ratelimit;
 mod reference;
 mod replays;
 mod round_ops;
+pub mod room;
 mod routes;
 mod run_ops;
 pub mod sandbox;
@@ -49,7 +50,7 @@ use std::sync::Arc;
 /// The routes under `/v1/rounds` (and the pages under `/rounds/`). No
 /// fallback of its own, so the daemon can merge it with its API router.
 pub fn router(rounds: Arc<Rounds>) -> Router {
-    use routes::{admin, candidate as c, review as r};
+    use routes::{admin, candidate as c, review as r, room};
     let s = "/v1/rounds/{id}/sessions/{sid}";
     Router::new()
         .route("/v1/rounds", post(admin::create).get(admin::list))
@@ -70,6 +71,7 @@ pub fn router(rounds: Arc<Rounds>) -> Router {
         .route(&format!("{s}/submit"), post(c::submit))
         .route(&format!("{s}/terminal"), post(c::terminal))
         .route(&format!("{s}/end"), post(c::end))
+        .route(&format!("{s}/room"), get(room::room))
         .route(&format!("{s}/runs"), get(r::runs))
         .route(&format!("{s}/report"), get(r::report))
         .route(&format!("{s}/submissions/{{sub}}"), get(r::submission))

@@ -4,7 +4,7 @@
 
 use crate::error::{ErrorBody, ErrorDetail};
 use crate::models::*;
-use crate::routes::{admin, candidate, review};
+use crate::routes::{admin, candidate, review, room};
 use crate::state::{RoundState, SessionState};
 use utoipa::OpenApi;
 
@@ -42,6 +42,7 @@ use utoipa::OpenApi;
         review::fork_file,
         review::fork_exec,
         review::delete_fork,
+        room::room,
     ),
     components(schemas(
         CreateRound,

@@ -26,6 +26,15 @@ pub enum RunEvent {
     Error(RoundsError),
 }
 
+/// A Run let in: what it runs and under which id.
+struct Admitted {
+    r: RoundRecord,
+    s: SessionRecord,
+    spec: RoundSpec,
+    run_id: String,
+    files: BTreeMap<String, String>,
+}
+
 /// Where a Run happens: the session's own sandbox, or a fresh fork that
 /// is deleted afterwards.
 struct Target {
@@ -108,12 +117,14 @@ impl Rounds {
     }
 
     /// Checks before a Run; moves ready → live (the candidate is here).
+    /// With a live room the files are the room's document (a marker in
+    /// its log names the Run), not `body.files`.
     async fn admit_run(
         &self,
         round_id: &str,
         session_id: &str,
-        body: &RunBody,
-    ) -> Result<(RoundRecord, SessionRecord, RoundSpec), RoundsError> {
+        body: RunBody,
+    ) -> Result<Admitted, RoundsError> {
         check_files("files", &body.files, MAX_RUN_BYTES)?;
         let (r, mut s) = self.session(round_id, session_id).await?;
         if !s.state.can_run() {
@@ -121,7 +132,21 @@ impl Rounds {
         }
         s.state = self.join(&s).await?;
         let spec = spec_of(&r)?;
-        Ok((r, s, spec))
+        let run_id = new_id("run");
+        let files = match self.room_capture(&s, "run", &run_id).await? {
+            Some(doc) => {
+                check_files("the room's files", &doc, MAX_RUN_BYTES)?;
+                doc
+            }
+            None => body.files,
+        };
+        Ok(Admitted {
+            r,
+            s,
+            spec,
+            run_id,
+            files,
+        })
     }
 
     fn result(
@@ -130,6 +155,7 @@ impl Rounds {
         o: &ExecOutcome,
         stdout: String,
         stderr: String,
+        run_id: String,
     ) -> RunResult {
         let v = verdict(o, spec.memory_limit_mb << 20);
         self.metrics
@@ -137,7 +163,7 @@ impl Rounds {
             .with_label_values(&[verdict_name(v)])
             .inc();
         RunResult {
-            run_id: new_id("run"),
+            run_id,
             stdout: tail(&stdout, STDOUT_TAIL),
             stderr: tail(&stderr, STDERR_TAIL),
             exit_code: o.exit_code,
@@ -172,12 +198,13 @@ impl Rounds {
         body: RunBody,
     ) -> Result<RunResult, RoundsError> {
         let _g = self.hold_session(session_id, false).await?;
-        let (r, s, spec) = self.admit_run(round_id, session_id, &body).await?;
-        let t = self.run_target(&r, &s, &spec, &body.files).await?;
+        let a = self.admit_run(round_id, session_id, body).await?;
+        let (r, s, spec) = (a.r, a.s, a.spec);
+        let t = self.run_target(&r, &s, &spec, &a.files).await?;
         let out = self.sandboxes.exec(&t.sandbox, self.exec_spec(&spec)).await;
         self.drop_target(&t).await;
         let o = out?;
-        let res = self.result(&spec, &o, o.stdout.clone(), o.stderr.clone());
+        let res = self.result(&spec, &o, o.stdout.clone(), o.stderr.clone(), a.run_id);
         self.record_run(session_id, &res).await;
         Ok(res)
     }
@@ -191,8 +218,9 @@ impl Rounds {
         body: RunBody,
     ) -> Result<BoxStream<'static, RunEvent>, RoundsError> {
         let guard = self.hold_session(session_id, false).await?;
-        let (r, s, spec) = self.admit_run(round_id, session_id, &body).await?;
-        let t = self.run_target(&r, &s, &spec, &body.files).await?;
+        let a = self.admit_run(round_id, session_id, body).await?;
+        let (r, s, spec, run_id) = (a.r, a.s, a.spec, a.run_id);
+        let t = self.run_target(&r, &s, &spec, &a.files).await?;
         let events = match self
             .sandboxes
             .exec_stream(&t.sandbox, self.exec_spec(&spec))
@@ -248,7 +276,7 @@ impl Rounds {
             me.drop_target(&t).await;
             match (outcome, failure) {
                 (Some(o), _) => {
-                    let res = me.result(&spec, &o, out.finish(), err.finish());
+                    let res = me.result(&spec, &o, out.finish(), err.finish(), run_id);
                     me.record_run(&sid, &res).await;
                     let _ = tx.send(RunEvent::Result(res)).await;
                 }

@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod candidate;
 pub mod review;
+pub mod room;
 
 use axum::http::HeaderMap;
 

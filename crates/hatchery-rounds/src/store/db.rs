@@ -239,6 +239,21 @@ impl RoundStore for DbStore {
         Ok(self.db.execute(sql, args![id]).await? == 1)
     }
 
+    async fn append_doc_log(&self, e: &DocLogRecord) -> StoreResult<()> {
+        self.insert(e).await
+    }
+
+    async fn doc_log(&self, session_id: &str, upto: Option<u64>) -> StoreResult<Vec<DocLogRecord>> {
+        let upto = clamp(upto.unwrap_or(u64::MAX));
+        let order = "WHERE session_id = $1 AND idx <= $2 ORDER BY idx";
+        Ok(self.db.select(order, args![session_id, upto]).await?)
+    }
+
+    async fn delete_doc_log(&self, session_id: &str) -> StoreResult<u64> {
+        let sql = "DELETE FROM round_doc_log WHERE session_id = $1";
+        Ok(self.db.execute(sql, args![session_id]).await?)
+    }
+
     async fn insert_fork(&self, f: &ForkRecord) -> StoreResult<()> {
         self.insert(f).await
     }
