@@ -13,6 +13,7 @@ pub enum Caller {
     Key,
     Candidate(TokenRecord),
     Reviewer(TokenRecord),
+    Interviewer(TokenRecord),
 }
 
 impl FromRequestParts<Arc<Rounds>> for Caller {
@@ -41,6 +42,7 @@ impl Caller {
         Ok(match rec.scope {
             Scope::Candidate => Caller::Candidate(rec),
             Scope::Reviewer => Caller::Reviewer(rec),
+            Scope::Interviewer => Caller::Interviewer(rec),
         })
     }
 
@@ -64,6 +66,23 @@ impl Caller {
             Caller::Candidate(_) => Err(RoundsError::Forbidden(
                 "a candidate token cannot read reviews".into(),
             )),
+            Caller::Interviewer(_) => Err(RoundsError::Forbidden(
+                "an interviewer token cannot read reviews".into(),
+            )),
+        }
+    }
+
+    /// The API key, or an interviewer token of this round.
+    pub fn require_interviewer(&self, round_id: &str) -> Result<(), RoundsError> {
+        match self {
+            Caller::Key => Ok(()),
+            Caller::Interviewer(t) if t.round_id == round_id => Ok(()),
+            Caller::Interviewer(_) => Err(RoundsError::Forbidden(
+                "this interviewer token is for another round".into(),
+            )),
+            _ => Err(RoundsError::Forbidden(
+                "this route needs an interviewer token of the round".into(),
+            )),
         }
     }
 
@@ -82,6 +101,9 @@ impl Caller {
             Caller::Reviewer(_) => Err(RoundsError::Forbidden(
                 "a reviewer token cannot act for the candidate".into(),
             )),
+            Caller::Interviewer(_) => Err(RoundsError::Forbidden(
+                "an interviewer token cannot act for the candidate".into(),
+            )),
         }
     }
 
@@ -89,7 +111,7 @@ impl Caller {
     pub fn owner(&self) -> String {
         match self {
             Caller::Key => "api_key".into(),
-            Caller::Candidate(t) | Caller::Reviewer(t) => t.hash.clone(),
+            Caller::Candidate(t) | Caller::Reviewer(t) | Caller::Interviewer(t) => t.hash.clone(),
         }
     }
 

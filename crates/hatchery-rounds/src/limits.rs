@@ -73,6 +73,8 @@ pub const MAX_AWARENESS_CLIENTS: usize = 4;
 /// Messages queued for one slow receiver before it is dropped (it
 /// reconnects and resyncs from the server's document).
 pub const ROOM_FANOUT_QUEUE: usize = 1024;
+/// The interviewers' notes on one session.
+pub const MAX_NOTES_BYTES: usize = 64 << 10;
 /// Runs kept per session for the reviewer (oldest go first).
 pub const RUNS_KEPT: usize = 200;
 /// Forks a replay may have at once.

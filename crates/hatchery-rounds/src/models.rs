@@ -388,3 +388,26 @@ pub struct TerminalGrant {
     pub token: String,
     pub expires_at: String,
 }
+
+/// The interviewers' private notes on a session.
+#[derive(Debug, Serialize, Deserialize, ToSchema, Default)]
+#[serde(deny_unknown_fields)]
+pub struct NotesBody {
+    /// At most 64 KiB.
+    pub text: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Notes {
+    pub text: String,
+    /// Who saved them last (`interviewer:<id>`, `api_key`); empty if never.
+    pub author: String,
+    pub updated_at: Option<String>,
+}
+
+/// The room's pairing switch: interviewers type too, or only watch.
+#[derive(Debug, Serialize, Deserialize, ToSchema, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Pairing {
+    pub pairing: bool,
+}

@@ -4,7 +4,7 @@
 
 use crate::error::{ErrorBody, ErrorDetail};
 use crate::models::*;
-use crate::routes::{admin, candidate, review, room};
+use crate::routes::{admin, candidate, interview, review, room};
 use crate::state::{RoundState, SessionState};
 use utoipa::OpenApi;
 
@@ -43,9 +43,16 @@ use utoipa::OpenApi;
         review::fork_exec,
         review::delete_fork,
         room::room,
+        interview::interviewer_token,
+        interview::get_notes,
+        interview::put_notes,
+        interview::pairing,
     ),
     components(schemas(
         CreateRound,
+        NotesBody,
+        Notes,
+        Pairing,
         TestSuiteBody,
         SetupBody,
         RunMode,

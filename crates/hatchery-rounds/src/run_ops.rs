@@ -177,6 +177,14 @@ impl Rounds {
         }
     }
 
+    /// Tells the session's live room (if any) about a Run: everyone in it
+    /// sees the output as it streams.
+    fn room_event(&self, session_id: &str, run_id: &str, event: &str, data: serde_json::Value) {
+        if let Some(room) = self.rooms.live(session_id) {
+            room.event(&serde_json::json!({"event": event, "run_id": run_id, "data": data}));
+        }
+    }
+
     async fn record_run(&self, session_id: &str, res: &RunResult) {
         let rec = RunRecord {
             id: res.run_id.clone(),
@@ -201,11 +209,13 @@ impl Rounds {
         let a = self.admit_run(round_id, session_id, body).await?;
         let (r, s, spec) = (a.r, a.s, a.spec);
         let t = self.run_target(&r, &s, &spec, &a.files).await?;
+        self.room_event(session_id, &a.run_id, "run_started", serde_json::Value::Null);
         let out = self.sandboxes.exec(&t.sandbox, self.exec_spec(&spec)).await;
         self.drop_target(&t).await;
         let o = out?;
         let res = self.result(&spec, &o, o.stdout.clone(), o.stderr.clone(), a.run_id);
         self.record_run(session_id, &res).await;
+        self.room_event(session_id, &res.run_id, "run_result", serde_json::json!(res));
         Ok(res)
     }
 
@@ -234,6 +244,7 @@ impl Rounds {
         };
         let me = self.clone();
         let sid = session_id.to_string();
+        self.room_event(&sid, &run_id, "run_started", serde_json::Value::Null);
         let (tx, rx) = tokio::sync::mpsc::channel::<RunEvent>(64);
         // The Run goes on in its own task: the result is recorded even if
         // the browser goes away (dropping the events would kill it, so
@@ -252,6 +263,7 @@ impl Rounds {
                         out.push(&d);
                         if forwarded < STREAM_FORWARD_BYTES {
                             forwarded += d.len();
+                            me.room_event(&sid, &run_id, "stdout", d.clone().into());
                             let _ = tx.send(RunEvent::Stdout(d)).await;
                         }
                     }
@@ -259,6 +271,7 @@ impl Rounds {
                         err.push(&d);
                         if forwarded < STREAM_FORWARD_BYTES {
                             forwarded += d.len();
+                            me.room_event(&sid, &run_id, "stderr", d.clone().into());
                             let _ = tx.send(RunEvent::Stderr(d)).await;
                         }
                     }
@@ -276,8 +289,9 @@ impl Rounds {
             me.drop_target(&t).await;
             match (outcome, failure) {
                 (Some(o), _) => {
-                    let res = me.result(&spec, &o, out.finish(), err.finish(), run_id);
+                    let res = me.result(&spec, &o, out.finish(), err.finish(), run_id.clone());
                     me.record_run(&sid, &res).await;
+                    me.room_event(&sid, &run_id, "run_result", serde_json::json!(res));
                     let _ = tx.send(RunEvent::Result(res)).await;
                 }
                 (None, Some(e)) => {

@@ -65,6 +65,8 @@ pub struct Member {
     pub author: String,
     pub key: String,
     pub can_write: bool,
+    /// An interviewer: writes only while the room is in pairing mode.
+    pub interviewer: bool,
     pub expires_at_ms: u64,
 }
 
@@ -91,6 +93,9 @@ pub(crate) struct Room {
     slots: Mutex<Slots>,
     next_conn: AtomicU64,
     closed: AtomicBool,
+    /// Interviewers may type too. Off by default, and off again when the
+    /// room is rebuilt (the safe side: watching).
+    pairing: AtomicBool,
 }
 
 #[derive(Default)]
@@ -124,6 +129,10 @@ fn encode(m: &Message) -> Vec<u8> {
     m.encode_v1()
 }
 
+/// The message type of the room's own events (JSON), beside Yjs's sync
+/// (0), awareness (1), auth (2) and awareness query (3).
+pub const MSG_ROOM_EVENT: u8 = 100;
+
 /// The Yjs encoding of an update that changes nothing (what a client
 /// sends as sync step 2 when it has nothing the server lacks).
 const EMPTY_UPDATE: &[u8] = &[0, 0];
@@ -143,6 +152,7 @@ impl Room {
             slots: Mutex::new(Slots::default()),
             next_conn: AtomicU64::new(1),
             closed: AtomicBool::new(false),
+            pairing: AtomicBool::new(false),
         })
     }
 
@@ -166,6 +176,27 @@ impl Room {
             conn: self.next_conn.fetch_add(1, Ordering::Relaxed),
             key: key.to_string(),
         })
+    }
+
+    pub fn pairing(&self) -> bool {
+        self.pairing.load(Ordering::Relaxed)
+    }
+
+    /// Turns pairing on or off and tells everyone in the room (a custom
+    /// message, [`MSG_ROOM_EVENT`]).
+    pub fn set_pairing(&self, on: bool) {
+        self.pairing.store(on, Ordering::Relaxed);
+        self.event(&serde_json::json!({"event": "pairing", "pairing": on}));
+    }
+
+    /// Fans a room event (JSON) out to every connection: pairing changes
+    /// and a Run's output as it streams.
+    pub fn event(&self, ev: &serde_json::Value) {
+        let msg = encode(&Message::Custom(MSG_ROOM_EVENT, ev.to_string().into_bytes()));
+        let _ = self.tx.send(Frame {
+            from: 0,
+            bytes: Arc::new(msg),
+        });
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<Frame> {
@@ -227,7 +258,8 @@ impl Room {
                 Message::Sync(SyncMessage::SyncStep2(u)) | Message::Sync(SyncMessage::Update(u)) => {
                     // A read-only member's edits are dropped; their editor
                     // resyncs to the server's text.
-                    if who.can_write && u != EMPTY_UPDATE {
+                    let may = who.can_write || (who.interviewer && self.pairing());
+                    if may && u != EMPTY_UPDATE {
                         self.update(store, conn, &who.author, u).await?;
                     }
                 }
@@ -424,7 +456,7 @@ pub(crate) struct Rooms {
 }
 
 impl Rooms {
-    fn live(&self, session_id: &str) -> Option<Arc<Room>> {
+    pub(crate) fn live(&self, session_id: &str) -> Option<Arc<Room>> {
         let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
         m.retain(|_, w| w.strong_count() > 0);
         m.get(session_id)

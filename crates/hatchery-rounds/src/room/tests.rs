@@ -60,6 +60,8 @@ async fn dial(addr: SocketAddr, s: &SessionRecord, token: Option<&str>) -> Resul
 struct Client {
     ws: Stream,
     doc: Doc,
+    /// The room's own events received (Run output, pairing).
+    events: Vec<serde_json::Value>,
 }
 
 /// How a connection ended, as the server said.
@@ -75,6 +77,7 @@ impl Client {
         let mut c = Client {
             ws,
             doc: Doc::new(),
+            events: Vec::new(),
         };
         // Our state vector: the server answers with everything.
         let sv = c.doc.transact().state_vector();
@@ -108,6 +111,9 @@ impl Client {
                         Message::Sync(SyncMessage::SyncStep2(u))
                         | Message::Sync(SyncMessage::Update(u)) => {
                             doc::apply(&self.doc, &u).unwrap();
+                        }
+                        Message::Custom(super::MSG_ROOM_EVENT, data) => {
+                            self.events.push(serde_json::from_slice(&data).unwrap());
                         }
                         _ => {}
                     }
@@ -504,4 +510,116 @@ async fn connection_and_member_caps() {
     assert_eq!(dial(addr, &s, Some(&tokens[MAX_ROOM_MEMBERS])).await.err(), Some(429));
     let mut again = Client::join(addr, &s, &tokens[0]).await;
     again.until("solution.py", STARTER).await;
+}
+
+async fn interviewer_token(app: &axum::Router, round: &str) -> String {
+    let out = http(app, "POST", &format!("/v1/rounds/{round}/interviewer-tokens"), "key", "{}").await;
+    assert_eq!(out.0, 201, "{}", out.1);
+    out.1["token"].as_str().unwrap().to_string()
+}
+
+/// One HTTP request on loopback: status and JSON body.
+async fn http(app: &axum::Router, method: &str, path: &str, token: &str, body: &str) -> (u16, serde_json::Value) {
+    use tower::ServiceExt;
+    let req = axum::http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(body.to_string()))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let b = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+    (status, serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null))
+}
+
+
+#[tokio::test]
+async fn interviewer_watches_pairs_sees_runs_and_keeps_notes_from_the_candidate() {
+    let e = Env::new().await;
+    let (_, s, token) = e.session_with_token().await;
+    let app = crate::router(e.rounds.clone());
+    let addr = serve(&e).await;
+    let it = interviewer_token(&app, &s.round_id).await;
+    // Not a reviewer: no report, and not the candidate: no Run.
+    let (st, _) = http(&app, "GET", &format!("/v1/rounds/{}/sessions/{}/report", s.round_id, s.id), &it, "").await;
+    assert_eq!(st, 403);
+    let (st, _) = http(&app, "POST", &format!("/v1/rounds/{}/sessions/{}/run", s.round_id, s.id), &it, "{}").await;
+    assert_eq!(st, 403);
+    // Only the API key makes interviewer tokens.
+    let (st, _) = http(&app, "POST", &format!("/v1/rounds/{}/interviewer-tokens", s.round_id), &token, "{}").await;
+    assert_eq!(st, 403);
+
+    let mut cand = Client::join(addr, &s, &token).await;
+    let mut int = Client::join(addr, &s, &it).await;
+    cand.until("solution.py", STARTER).await;
+    int.until("solution.py", STARTER).await;
+    cand.type_in("solution.py", 0, "# c\n").await;
+    int.until("solution.py", &format!("# c\n{STARTER}")).await;
+
+    // Read-only: the interviewer's edit is dropped by the server.
+    int.type_in("solution.py", 0, "# i\n").await;
+    cand.type_in("solution.py", 0, "# c2\n").await;
+    let mut probe = Client::join(addr, &s, "key").await;
+    probe.until("solution.py", &format!("# c2\n# c\n{STARTER}")).await;
+    assert!(!e.store.doc_log(&s.id, None).await.unwrap().iter().any(|l| l.author.starts_with("interviewer")));
+    drop(probe);
+
+    // Pairing on: the interviewer types too; everyone is told.
+    let pair = format!("/v1/rounds/{}/sessions/{}/room/pairing", s.round_id, s.id);
+    let (st, _) = http(&app, "POST", &pair, &token, r#"{"pairing":true}"#).await;
+    assert_eq!(st, 403, "the candidate cannot switch it");
+    let (st, v) = http(&app, "POST", &pair, &it, r#"{"pairing":true}"#).await;
+    assert_eq!((st, v["pairing"].as_bool()), (200, Some(true)));
+    let mut int = Client::join(addr, &s, &it).await;
+    int.until("solution.py", &format!("# c2\n# c\n{STARTER}")).await;
+    int.type_in("solution.py", 0, "# pair\n").await;
+    cand.until("solution.py", &format!("# pair\n# c2\n# c\n{STARTER}")).await;
+    assert!(cand.events.iter().any(|v| v["event"] == "pairing" && v["pairing"] == true));
+
+    // A streamed Run by the candidate reaches the interviewer as it runs.
+    let ev = e.rounds.run_stream(&s.round_id, &s.id, RunBody::default()).await.unwrap();
+    let got: Vec<_> = ev.collect().await;
+    assert!(matches!(got.last(), Some(crate::run_ops::RunEvent::Result(_))));
+    for _ in 0..100 {
+        if int.events.iter().any(|v| v["event"] == "run_result") {
+            break;
+        }
+        int.pump().await.unwrap();
+    }
+    let kinds: Vec<&str> = int.events.iter().filter_map(|v| v["event"].as_str()).collect();
+    assert!(kinds.contains(&"run_started") && kinds.contains(&"run_result"), "{kinds:?}");
+
+    // Notes: interviewers write, the candidate never reads them.
+    let notes = format!("/v1/rounds/{}/sessions/{}/notes", s.round_id, s.id);
+    let secret = "SECRET-NOTE: strong on tests";
+    let (st, _) = http(&app, "PUT", &notes, &it, &serde_json::json!({"text": secret}).to_string()).await;
+    assert_eq!(st, 200);
+    let (st, v) = http(&app, "GET", &notes, &it, "").await;
+    assert_eq!((st, v["text"].as_str()), (200, Some(secret)));
+    assert!(v["author"].as_str().unwrap().starts_with("interviewer:"));
+    let (st, v) = http(&app, "GET", &notes, &token, "").await;
+    assert_eq!(st, 403);
+    assert!(!v.to_string().contains("SECRET-NOTE"));
+    let (st, _) = http(&app, "PUT", &notes, &token, r#"{"text":"x"}"#).await;
+    assert_eq!(st, 403);
+    // Nothing the candidate's socket got carries them.
+    for _ in 0..3 {
+        let _ = tokio::time::timeout(Duration::from_millis(50), cand.pump()).await;
+    }
+    assert!(!cand.events.iter().any(|v| v.to_string().contains("SECRET-NOTE")));
+    // The cap, at its boundary.
+    let at = "n".repeat(MAX_NOTES_BYTES);
+    let (st, _) = http(&app, "PUT", &notes, &it, &serde_json::json!({"text": at}).to_string()).await;
+    assert_eq!(st, 200);
+    let over = "n".repeat(MAX_NOTES_BYTES + 1);
+    let (st, _) = http(&app, "PUT", &notes, &it, &serde_json::json!({"text": over}).to_string()).await;
+    assert_eq!(st, 413);
+    // An interviewer token of another round opens nothing here.
+    let (_, other, _) = e.session_with_token().await;
+    let other_it = interviewer_token(&app, &other.round_id).await;
+    assert_eq!(dial(addr, &s, Some(&other_it)).await.err(), Some(403));
+    let (st, _) = http(&app, "GET", &notes, &other_it, "").await;
+    assert_eq!(st, 403);
 }

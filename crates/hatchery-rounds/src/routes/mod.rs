@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod candidate;
+pub mod interview;
 pub mod review;
 pub mod room;
 

@@ -45,21 +45,35 @@ fn token(h: &HeaderMap) -> String {
         .to_string()
 }
 
-/// Who may enter which room, and as what.
-fn member(caller: &Caller, round_id: &str, session_id: &str) -> Result<Member, RoundsError> {
+/// Who may enter which room, and as what: the session's candidate and
+/// the API key write; an interviewer of the round watches, and writes
+/// while the room is in pairing mode. A reviewer token is refused.
+pub(crate) fn member(caller: &Caller, round_id: &str, session_id: &str) -> Result<Member, RoundsError> {
+    if let Caller::Interviewer(t) = caller {
+        caller.require_interviewer(round_id)?;
+        return Ok(Member {
+            author: format!("interviewer:{}", &t.hash[..12]),
+            key: t.hash.clone(),
+            can_write: false,
+            interviewer: true,
+            expires_at_ms: t.expires_at_ms,
+        });
+    }
     caller.require_candidate(round_id, session_id)?;
     Ok(match caller {
-        Caller::Key => Member {
-            author: "api_key".into(),
-            key: "api_key".into(),
-            can_write: true,
-            expires_at_ms: u64::MAX,
-        },
-        Caller::Candidate(t) | Caller::Reviewer(t) => Member {
+        Caller::Candidate(t) => Member {
             author: "candidate".into(),
             key: t.hash.clone(),
             can_write: true,
+            interviewer: false,
             expires_at_ms: t.expires_at_ms,
+        },
+        _ => Member {
+            author: "api_key".into(),
+            key: "api_key".into(),
+            can_write: true,
+            interviewer: false,
+            expires_at_ms: u64::MAX,
         },
     })
 }

@@ -254,6 +254,19 @@ impl RoundStore for DbStore {
         Ok(self.db.execute(sql, args![session_id]).await?)
     }
 
+    async fn get_notes(&self, session_id: &str) -> StoreResult<Option<NotesRecord>> {
+        Ok(self.db.select_opt("WHERE session_id = $1", args![session_id]).await?)
+    }
+
+    async fn put_notes(&self, n: &NotesRecord) -> StoreResult<()> {
+        let sql = "INSERT INTO round_notes (session_id, text, author, updated_at_ms)
+            VALUES ($1, $2, $3, $4) ON CONFLICT (session_id) DO UPDATE SET
+            text = excluded.text, author = excluded.author, updated_at_ms = excluded.updated_at_ms";
+        let a = args![&n.session_id, &n.text, &n.author, clamp(n.updated_at_ms)];
+        self.db.execute(sql, a).await?;
+        Ok(())
+    }
+
     async fn insert_fork(&self, f: &ForkRecord) -> StoreResult<()> {
         self.insert(f).await
     }

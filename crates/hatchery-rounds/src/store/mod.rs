@@ -140,6 +140,9 @@ hatchery_db::names! {
     pub enum Scope {
         Candidate = "candidate",
         Reviewer = "reviewer",
+        /// One round's live rooms (src/room/): watch, pair when allowed,
+        /// keep notes. Not a reviewer: no reports, no hidden tests.
+        Interviewer = "interviewer",
     }
 }
 
@@ -243,6 +246,17 @@ hatchery_db::record! {
     }
 }
 
+hatchery_db::record! {
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct NotesRecord in "round_notes" {
+        pub session_id: String,
+        pub text: String,
+        /// Who wrote the last version (`interviewer:<id>`, `api_key`).
+        pub author: String,
+        pub updated_at_ms: u64,
+    }
+}
+
 #[async_trait]
 pub trait RoundStore: Send + Sync + 'static {
     async fn insert_round(&self, r: &RoundRecord) -> StoreResult<()>;
@@ -320,6 +334,11 @@ pub trait RoundStore: Send + Sync + 'static {
     async fn doc_log(&self, session_id: &str, upto: Option<u64>) -> StoreResult<Vec<DocLogRecord>>;
     /// Deletes a session's log (its retention window closed).
     async fn delete_doc_log(&self, session_id: &str) -> StoreResult<u64>;
+    /// The interviewers' private notes on a session (never the
+    /// candidate's to read).
+    async fn get_notes(&self, session_id: &str) -> StoreResult<Option<NotesRecord>>;
+    /// Replaces the notes of a session.
+    async fn put_notes(&self, n: &NotesRecord) -> StoreResult<()>;
 
     async fn insert_fork(&self, f: &ForkRecord) -> StoreResult<()>;
     async fn get_fork(&self, id: &str) -> StoreResult<Option<ForkRecord>>;

@@ -97,7 +97,7 @@ pub static MIGRATIONS: Migrations = Migrations {
             expires_at_ms BIGINT NOT NULL
          );",
         ),
-        // The live room's log (src/room/): every accepted update of a
+        // The live room's log (src/room/) and the interviewers' notes: every accepted update of a
         // session's shared document, and a marker where each Run and
         // Submit captured it. `idx` numbers a session's entries from 0
         // (the server's seed); unique, so two processes cannot both
@@ -113,6 +113,12 @@ pub static MIGRATIONS: Migrations = Migrations {
             body BYTEA NOT NULL,
             created_at_ms BIGINT NOT NULL,
             UNIQUE (session_id, idx)
+         );
+         CREATE TABLE round_notes (
+            session_id TEXT PRIMARY KEY,
+            text TEXT NOT NULL,
+            author TEXT NOT NULL,
+            updated_at_ms BIGINT NOT NULL
          );",
         ),
     ],
