@@ -4,7 +4,7 @@
 
 use crate::error::{ErrorBody, ErrorDetail};
 use crate::models::*;
-use crate::routes::{admin, candidate, interview, review, room};
+use crate::routes::{admin, candidate, interview, playback, review, room};
 use crate::state::{RoundState, SessionState};
 use utoipa::OpenApi;
 
@@ -47,12 +47,17 @@ use utoipa::OpenApi;
         interview::get_notes,
         interview::put_notes,
         interview::pairing,
+        playback::timeline,
+        playback::document,
     ),
     components(schemas(
         CreateRound,
         NotesBody,
         Notes,
         Pairing,
+        TimelineEntry,
+        Timeline,
+        DocumentAt,
         TestSuiteBody,
         SetupBody,
         RunMode,

@@ -11,6 +11,7 @@
 //! closes its connections, which reconnect and resync (docs/rounds.md).
 
 pub mod doc;
+mod playback;
 mod rate;
 pub(crate) mod socket;
 #[cfg(test)]

@@ -254,6 +254,25 @@ async fn two_clients_converge_and_run_and_submit_take_the_servers_copy() {
     assert_eq!(log[4].ref_id.as_deref(), Some(acc.submission_id.as_str()));
     let replayed = doc::replay(log.iter().map(|l| l.body.as_slice()).filter(|b| !b.is_empty())).unwrap();
     assert_eq!(doc::files(&replayed)["solution.py"], want);
+
+    // Playback: the document at each entry, by the API.
+    let at = |i: u64| e.rounds.document_at(&s.round_id, &s.id, i);
+    assert_eq!(at(0).await.unwrap().files["solution.py"], STARTER);
+    assert_eq!(at(1).await.unwrap().files["solution.py"], format!("# by a\n{STARTER}"));
+    assert_eq!(at(3).await.unwrap().files["solution.py"], want, "at the Run");
+    assert_eq!(at(4).await.unwrap().files, sub.files, "at the Submit, byte for byte");
+    assert!(matches!(at(5).await, Err(crate::RoundsError::NotFound(_))));
+    let tl = e.rounds.timeline(&s.round_id, &s.id).await.unwrap();
+    assert_eq!(tl.entries.len(), 5);
+    assert_eq!(tl.entries[3].ref_id.as_deref(), Some(res.run_id.as_str()));
+    // Reviewer side only.
+    let app = crate::router(e.rounds.clone());
+    let path = format!("/v1/rounds/{}/sessions/{}/document?at=1", s.round_id, s.id);
+    assert_eq!(http(&app, "GET", &path, &token, "").await.0, 403);
+    let (st, v) = http(&app, "GET", &path, "key", "").await;
+    assert_eq!((st, v["idx"].as_u64()), (200, Some(1)));
+    let bad = format!("/v1/rounds/{}/sessions/{}/document?at=x", s.round_id, s.id);
+    assert_eq!(http(&app, "GET", &bad, "key", "").await.0, 400);
 }
 
 #[tokio::test]

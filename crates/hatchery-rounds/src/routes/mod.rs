@@ -5,6 +5,7 @@
 pub mod admin;
 pub mod candidate;
 pub mod interview;
+pub mod playback;
 pub mod review;
 pub mod room;
 

@@ -249,9 +249,15 @@ impl RoundStore for DbStore {
         Ok(self.db.select(order, args![session_id, upto]).await?)
     }
 
-    async fn delete_doc_log(&self, session_id: &str) -> StoreResult<u64> {
-        let sql = "DELETE FROM round_doc_log WHERE session_id = $1";
-        Ok(self.db.execute(sql, args![session_id]).await?)
+    async fn delete_room_data(&self, session_id: &str) -> StoreResult<u64> {
+        let mut tx = self.db.begin().await?;
+        let n = tx
+            .execute("DELETE FROM round_doc_log WHERE session_id = $1", args![session_id])
+            .await?;
+        tx.execute("DELETE FROM round_notes WHERE session_id = $1", args![session_id])
+            .await?;
+        tx.commit().await?;
+        Ok(n)
     }
 
     async fn get_notes(&self, session_id: &str) -> StoreResult<Option<NotesRecord>> {

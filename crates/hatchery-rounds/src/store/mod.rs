@@ -332,8 +332,9 @@ pub trait RoundStore: Send + Sync + 'static {
     /// The session's log entries with `idx <= upto` (all without it), in
     /// order.
     async fn doc_log(&self, session_id: &str, upto: Option<u64>) -> StoreResult<Vec<DocLogRecord>>;
-    /// Deletes a session's log (its retention window closed).
-    async fn delete_doc_log(&self, session_id: &str) -> StoreResult<u64>;
+    /// Deletes a session's document log and notes, in one transaction
+    /// (its retention window closed); the log entries deleted.
+    async fn delete_room_data(&self, session_id: &str) -> StoreResult<u64>;
     /// The interviewers' private notes on a session (never the
     /// candidate's to read).
     async fn get_notes(&self, session_id: &str) -> StoreResult<Option<NotesRecord>>;
