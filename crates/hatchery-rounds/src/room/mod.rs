@@ -232,6 +232,8 @@ impl Room {
         if !g.presence.is_empty() {
             out.push(encode(&Message::Awareness(presence_update(&g.presence))));
         }
+        let pairing = serde_json::json!({"event": "pairing", "pairing": self.pairing()});
+        out.push(encode(&Message::Custom(MSG_ROOM_EVENT, pairing.to_string().into_bytes())));
         out
     }
 
