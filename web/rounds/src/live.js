@@ -18,6 +18,8 @@ const FINAL = new Set([4401, 4403]);
 export function connectRoom({ url, token, doc, awareness, onEvent, onStatus, onSynced }) {
   const me = {};
   let ws = null;
+  // Resolvers waiting for the server's next sync step 2 (see flush).
+  let waiting = [];
   let backoff = 250;
   const send = (enc) => {
     if (ws && ws.readyState === WebSocket.OPEN) ws.send(encoding.toUint8Array(enc));
@@ -61,7 +63,12 @@ export function connectRoom({ url, token, doc, awareness, onEvent, onStatus, onS
         encoding.writeVarUint(e, SYNC);
         const t = syncProtocol.readSyncMessage(d, e, doc, me);
         if (encoding.length(e) > 1) send(e);
-        if (t === syncProtocol.messageYjsSyncStep2) onSynced();
+        if (t === syncProtocol.messageYjsSyncStep2) {
+          onSynced();
+          const w = waiting;
+          waiting = [];
+          for (const r of w) r();
+        }
       } else if (type === AWARENESS) {
         awarenessProtocol.applyAwarenessUpdate(awareness, decoding.readVarUint8Array(d), "remote");
       } else if (type === EVENT) {
@@ -79,6 +86,19 @@ export function connectRoom({ url, token, doc, awareness, onEvent, onStatus, onS
     };
   }
   open();
+  // Resolves once the server has taken every update sent so far: it
+  // handles one connection's messages in order, so its answer to a sync
+  // step 1 sent now comes after all of them. Run and Submit wait for it,
+  // since the server runs its own copy. Gives up after 3 s.
+  me.flush = () =>
+    new Promise((resolve) => {
+      waiting.push(resolve);
+      setTimeout(resolve, 3000);
+      const e = encoding.createEncoder();
+      encoding.writeVarUint(e, SYNC);
+      syncProtocol.writeSyncStep1(e, doc);
+      send(e);
+    });
   // For tests: drop the socket as a network loss would.
   me.drop = () => ws && ws.close();
   return me;

@@ -120,6 +120,7 @@ async function run() {
   $("verdict").className = "verdict";
   $("stats").textContent = "";
   try {
+    if (link) await link.flush();
     await stream(g.token, `${base}/run/stream`, { files: files() }, (ev, data) => {
       if (ev === "stdout") $("stdout").textContent += data.data;
       else if (ev === "stderr") $("stderr").textContent += data.data;
@@ -138,6 +139,7 @@ async function submit() {
   showError(null);
   setBusy(true, "grading…");
   try {
+    if (link) await link.flush();
     const acc = await call(g.token, "POST", `${base}/submit`, { files: files() });
     $("result").textContent = `Submitted (${acc.sha256.slice(0, 12)}…), grading…`;
     for (;;) {
