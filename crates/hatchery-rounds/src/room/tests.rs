@@ -359,8 +359,7 @@ async fn message_size_cap_boundary() {
     c.until("notes.md", "scratch").await;
     // An update message of exactly the cap is taken.
     let fits = |n: usize| {
-        let probe = Doc::new();
-        doc::apply(&probe, &doc::full_state(&c.doc)).unwrap();
+        let probe = twin(&c.doc);
         let p = Client::local_edit_on(&probe, "notes.md", &"y".repeat(n));
         Message::Sync(SyncMessage::Update(p)).encode_v1().len()
     };
@@ -369,11 +368,20 @@ async fn message_size_cap_boundary() {
         n += 1;
     }
     assert_eq!(fits(n), MAX_ROOM_MESSAGE_BYTES, "an exact fit exists");
-    c.type_in("notes.md", 0, &"y".repeat(n)).await;
+    let u = c.local_edit("notes.md", 0, &"y".repeat(n));
+    let msg = Message::Sync(SyncMessage::Update(u));
+    assert_eq!(msg.encode_v1().len(), MAX_ROOM_MESSAGE_BYTES);
+    c.send(&msg).await;
     let mut other = Client::join(addr, &s, "key").await;
     other
         .until("notes.md", &format!("{}scratch", "y".repeat(n)))
         .await;
+    // One byte over: cut by its size (not a 4400 for its content).
+    let mut over = vec![0u8; MAX_ROOM_MESSAGE_BYTES + 1];
+    over[1] = 2;
+    let _ = other.ws.send(Ws::Binary(over.into())).await;
+    let ended = other.closed().await;
+    assert!(matches!(ended, Ended::Dropped | Ended::Code(1009)), "{ended:?}");
 }
 
 impl Client {
@@ -420,17 +428,16 @@ async fn document_log_cap_boundary() {
     }
     let used = logged(&e.store.doc_log(&s.id, None).await.unwrap());
     let left = (MAX_DOC_LOG_BYTES - used) as usize;
-    let size = |n: usize| {
-        let probe = Doc::new();
-        doc::apply(&probe, &doc::full_state(&c.doc)).unwrap();
-        Client::local_edit_on(&probe, "notes.md", &"w".repeat(n)).len()
-    };
-    let mut n = left.saturating_sub(64);
-    while size(n) < left {
-        n += 1;
-    }
-    assert_eq!(size(n), left, "an exact fit exists");
-    let u = c.local_edit("notes.md", 0, &"w".repeat(n));
+    // The text whose update is exactly `left` bytes: n ASCII characters,
+    // or n and one two-byte character where a length prefix grows by a
+    // byte and skips the size.
+    let size = |t: &str| Client::local_edit_on(&twin(&c.doc), "notes.md", t).len();
+    let fill = (left.saturating_sub(64)..left)
+        .flat_map(|n| ["", "é"].map(|tail| format!("{}{tail}", "w".repeat(n))))
+        .find(|t| size(t) == left)
+        .expect("an exact fit exists");
+    let u = c.local_edit("notes.md", 0, &fill);
+    assert_eq!(u.len(), left);
     c.send(&Message::Sync(SyncMessage::Update(u))).await;
     let want = doc::files(&c.doc)["notes.md"].clone();
     wait_logged(&e, &s, &want).await;
@@ -439,6 +446,14 @@ async fn document_log_cap_boundary() {
     c.type_in("notes.md", 0, "!").await;
     assert_eq!(c.closed().await, Ended::Code(4413));
     assert_eq!(logged(&e.store.doc_log(&s.id, None).await.unwrap()), MAX_DOC_LOG_BYTES);
+}
+
+/// A copy of `d` under the same client id: a local edit on it encodes
+/// exactly as the same edit on `d` would.
+fn twin(d: &Doc) -> Doc {
+    let t = Doc::with_client_id(d.client_id().get());
+    doc::apply(&t, &doc::full_state(d)).unwrap();
+    t
 }
 
 async fn rebuilt(e: &Env, s: &SessionRecord) -> Doc {
