@@ -137,18 +137,19 @@ def test_candidate_and_interviewers_share_the_room(daemon):
         cand.click("#submit")
         cand.wait("document.getElementById('result').dataset.passed === '1'", timeout=120, what="graded")
         rep = d.request("GET", f"/v1/rounds/{rid}/sessions/{sid}/report").json()
-        sub_id = rep["submissions"][-1]["id"] if "submissions" in rep else None
+        sub_id = rep["submissions"][-1]["submission_id"]
         tl = d.request("GET", f"/v1/rounds/{rid}/sessions/{sid}/timeline").json()["entries"]
         kinds = [e["kind"] for e in tl]
         assert kinds[0] == "seed" and "run" in kinds and kinds[-1] == "submit", kinds
         sub_at = tl[-1]
-        if sub_id:
-            assert sub_at["ref_id"] == sub_id
-        sub = d.request("GET", f"/v1/rounds/{rid}/sessions/{sid}/submissions/{sub_at['ref_id']}").json()
+        assert sub_at["ref_id"] == sub_id
+        # What was graded, byte for byte, is the document at the Submit
+        # (the capture is everything under /work: the room's files among it).
+        sub = d.request("GET", f"/v1/rounds/{rid}/sessions/{sid}/submissions/{sub_id}").json()
         doc_at_submit = d.request("GET", f"/v1/rounds/{rid}/sessions/{sid}/document?at={sub_at['idx']}").json()
+        assert doc_at_submit["files"] == want
         for p, t in doc_at_submit["files"].items():
             assert sub["files"][p] == t, p
-        assert doc_at_submit["files"] == want
 
         # Playback: the file at the Run is what ran.
         run_at = next(e for e in tl if e["kind"] == "run")
