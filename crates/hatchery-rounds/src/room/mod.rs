@@ -211,7 +211,7 @@ impl Room {
     /// Every open connection closes (they reconnect and the room is
     /// rebuilt from the log): the in-memory document may hold an update
     /// the log does not.
-    fn close(&self) {
+    pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Relaxed);
         let _ = self.tx.send(Frame {
             from: 0,

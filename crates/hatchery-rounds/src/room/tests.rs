@@ -302,7 +302,7 @@ async fn a_rejoin_or_a_restart_loses_nothing() {
         crate::RoundsConfig::default(),
         &prometheus::Registry::new(),
     );
-    let app = crate::router(again);
+    let app = crate::router(again.clone());
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr2 = l.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(l, app).await });
@@ -311,6 +311,10 @@ async fn a_rejoin_or_a_restart_loses_nothing() {
     c.until("notes.md", "offline scratch").await;
     let seeds = e.store.doc_log(&s.id, None).await.unwrap();
     assert_eq!(seeds.iter().filter(|l| l.kind == "seed").count(), 1, "seeded once");
+    // Ending the session closes the room; the log stays.
+    again.end_session(&s, "ended").await.unwrap();
+    assert_eq!(c.closed().await, Ended::Code(1012));
+    assert_eq!(e.store.doc_log(&s.id, None).await.unwrap().len(), seeds.len());
 }
 
 #[tokio::test]
