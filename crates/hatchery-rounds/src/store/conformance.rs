@@ -848,8 +848,8 @@ async fn previous_release_tables_upgrade_in_place_conformance_on_postgres() {
     let sql = "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()";
     let rows = db.query(sql, args![]).await.unwrap();
     let n: i64 = rows[0].get(0).unwrap();
-    // rounds_schema, hatchery_migrations and the 8 rounds tables.
-    assert_eq!(n, 10);
+    // rounds_schema, hatchery_migrations and the 10 rounds tables.
+    assert_eq!(n, 12);
 }
 
 /// A database that is not there is unavailable (retryable, answered 503).
