@@ -209,13 +209,23 @@ impl Rounds {
         let a = self.admit_run(round_id, session_id, body).await?;
         let (r, s, spec) = (a.r, a.s, a.spec);
         let t = self.run_target(&r, &s, &spec, &a.files).await?;
-        self.room_event(session_id, &a.run_id, "run_started", serde_json::Value::Null);
+        self.room_event(
+            session_id,
+            &a.run_id,
+            "run_started",
+            serde_json::Value::Null,
+        );
         let out = self.sandboxes.exec(&t.sandbox, self.exec_spec(&spec)).await;
         self.drop_target(&t).await;
         let o = out?;
         let res = self.result(&spec, &o, o.stdout.clone(), o.stderr.clone(), a.run_id);
         self.record_run(session_id, &res).await;
-        self.room_event(session_id, &res.run_id, "run_result", serde_json::json!(res));
+        self.room_event(
+            session_id,
+            &res.run_id,
+            "run_result",
+            serde_json::json!(res),
+        );
         Ok(res)
     }
 

@@ -11,7 +11,9 @@
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use yrs::updates::decoder::Decode;
-use yrs::{Doc, GetString, Map, MapPrelim, Out, ReadTxn, StateVector, TextPrelim, Transact, Update};
+use yrs::{
+    Doc, GetString, Map, MapPrelim, Out, ReadTxn, StateVector, TextPrelim, Transact, Update,
+};
 
 /// The root map every client binds to.
 pub const FILES: &str = "files";
@@ -68,7 +70,8 @@ pub fn diff(doc: &Doc, sv: &StateVector) -> Vec<u8> {
 
 /// The whole document as one update.
 pub fn full_state(doc: &Doc) -> Vec<u8> {
-    doc.transact().encode_state_as_update_v1(&StateVector::default())
+    doc.transact()
+        .encode_state_as_update_v1(&StateVector::default())
 }
 
 /// The files the document holds now, `{path: text}`. An entry that is
@@ -138,7 +141,11 @@ mod tests {
     fn garbage_is_refused_and_the_doc_is_unchanged() {
         let server = new_doc();
         apply(&server, &seed_update(&fs(&[("a", "x")]))).unwrap();
-        for bad in [&b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"[..], b"\x01", b""] {
+        for bad in [
+            &b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"[..],
+            b"\x01",
+            b"",
+        ] {
             let _ = apply(&server, bad);
             assert_eq!(files(&server), fs(&[("a", "x")]));
         }

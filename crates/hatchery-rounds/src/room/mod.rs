@@ -193,7 +193,10 @@ impl Room {
     /// Fans a room event (JSON) out to every connection: pairing changes
     /// and a Run's output as it streams.
     pub fn event(&self, ev: &serde_json::Value) {
-        let msg = encode(&Message::Custom(MSG_ROOM_EVENT, ev.to_string().into_bytes()));
+        let msg = encode(&Message::Custom(
+            MSG_ROOM_EVENT,
+            ev.to_string().into_bytes(),
+        ));
         let _ = self.tx.send(Frame {
             from: 0,
             bytes: Arc::new(msg),
@@ -233,7 +236,10 @@ impl Room {
             out.push(encode(&Message::Awareness(presence_update(&g.presence))));
         }
         let pairing = serde_json::json!({"event": "pairing", "pairing": self.pairing()});
-        out.push(encode(&Message::Custom(MSG_ROOM_EVENT, pairing.to_string().into_bytes())));
+        out.push(encode(&Message::Custom(
+            MSG_ROOM_EVENT,
+            pairing.to_string().into_bytes(),
+        )));
         out
     }
 
@@ -258,7 +264,8 @@ impl Room {
                     let d = doc::diff(&g.doc, &sv);
                     replies.push(encode(&Message::Sync(SyncMessage::SyncStep2(d))));
                 }
-                Message::Sync(SyncMessage::SyncStep2(u)) | Message::Sync(SyncMessage::Update(u)) => {
+                Message::Sync(SyncMessage::SyncStep2(u))
+                | Message::Sync(SyncMessage::Update(u)) => {
                     // A read-only member's edits are dropped; their editor
                     // resyncs to the server's text.
                     let may = who.can_write || (who.interviewer && self.pairing());
@@ -479,8 +486,12 @@ async fn load(store: &dyn RoundStore, session_id: &str) -> Result<Option<Arc<Roo
     let Some(last) = log.last() else {
         return Ok(None);
     };
-    let doc = doc::replay(log.iter().map(|e| e.body.as_slice()).filter(|b| !b.is_empty()))
-        .map_err(|e| RoundsError::Internal(format!("session {session_id}'s document log: {e}")))?;
+    let doc = doc::replay(
+        log.iter()
+            .map(|e| e.body.as_slice())
+            .filter(|b| !b.is_empty()),
+    )
+    .map_err(|e| RoundsError::Internal(format!("session {session_id}'s document log: {e}")))?;
     let bytes = log.iter().map(|e| e.body.len() as u64).sum();
     Ok(Some(Room::new(session_id, doc, last.idx + 1, bytes)))
 }

@@ -7,7 +7,11 @@ use crate::models::{DocumentAt, Timeline, TimelineEntry};
 use crate::{Rounds, RoundsError};
 
 impl Rounds {
-    pub async fn timeline(&self, round_id: &str, session_id: &str) -> Result<Timeline, RoundsError> {
+    pub async fn timeline(
+        &self,
+        round_id: &str,
+        session_id: &str,
+    ) -> Result<Timeline, RoundsError> {
         let (_, s) = self.session(round_id, session_id).await?;
         let log = self.store.doc_log(&s.id, None).await?;
         Ok(Timeline {
@@ -38,8 +42,12 @@ impl Rounds {
         if log.last().map(|e| e.idx) != Some(idx) {
             return Err(RoundsError::NotFound(format!("log entry {idx}")));
         }
-        let d = doc::replay(log.iter().map(|e| e.body.as_slice()).filter(|b| !b.is_empty()))
-            .map_err(|e| RoundsError::Internal(format!("session {}'s document log: {e}", s.id)))?;
+        let d = doc::replay(
+            log.iter()
+                .map(|e| e.body.as_slice())
+                .filter(|b| !b.is_empty()),
+        )
+        .map_err(|e| RoundsError::Internal(format!("session {}'s document log: {e}", s.id)))?;
         Ok(DocumentAt {
             idx,
             files: doc::files(&d),

@@ -86,7 +86,10 @@ impl Client {
     }
 
     async fn send(&mut self, m: &Message) {
-        self.ws.send(Ws::Binary(m.encode_v1().into())).await.unwrap();
+        self.ws
+            .send(Ws::Binary(m.encode_v1().into()))
+            .await
+            .unwrap();
     }
 
     /// Reads one message and handles it; `Err` when the connection ends.
@@ -174,7 +177,11 @@ async fn refusals_come_before_the_upgrade() {
     let addr = serve(&e).await;
     assert_eq!(dial(addr, &s, None).await.err(), Some(401), "no token");
     let wrong = crate::tokens::mint();
-    assert_eq!(dial(addr, &s, Some(&wrong)).await.err(), Some(401), "wrong token");
+    assert_eq!(
+        dial(addr, &s, Some(&wrong)).await.err(),
+        Some(401),
+        "wrong token"
+    );
     assert_eq!(
         dial(addr, &s, Some(&other_token)).await.err(),
         Some(403),
@@ -182,9 +189,20 @@ async fn refusals_come_before_the_upgrade() {
     );
     // A reviewer token of the round: not a room member.
     let rev = crate::tokens::mint();
-    let rec = crate::tokens::record(&rev, Scope::Reviewer, &s.round_id, None, crate::ids::now_ms(), 60);
+    let rec = crate::tokens::record(
+        &rev,
+        Scope::Reviewer,
+        &s.round_id,
+        None,
+        crate::ids::now_ms(),
+        60,
+    );
     e.store.insert_token(&rec).await.unwrap();
-    assert_eq!(dial(addr, &s, Some(&rev)).await.err(), Some(403), "reviewer");
+    assert_eq!(
+        dial(addr, &s, Some(&rev)).await.err(),
+        Some(403),
+        "reviewer"
+    );
     // An expired candidate token of this very session.
     let old = crate::tokens::mint();
     let mut rec = crate::tokens::record(&old, Scope::Candidate, &s.round_id, Some(&s.id), 1, 1);
@@ -193,7 +211,10 @@ async fn refusals_come_before_the_upgrade() {
     assert_eq!(dial(addr, &s, Some(&old)).await.err(), Some(401), "expired");
     // An ended session has no room.
     e.rounds.end_session(&other, "ended").await.unwrap();
-    assert_eq!(dial(addr, &other, Some(&other_token)).await.err(), Some(409));
+    assert_eq!(
+        dial(addr, &other, Some(&other_token)).await.err(),
+        Some(409)
+    );
     // Nothing was seeded by any refusal.
     assert!(e.store.doc_log(&s.id, None).await.unwrap().is_empty());
     // The right token opens it; the upgrade selected only the room's
@@ -223,7 +244,13 @@ async fn two_clients_converge_and_run_and_submit_take_the_servers_copy() {
     let posted = BTreeMap::from([("solution.py".to_string(), "posted".to_string())]);
     let res = e
         .rounds
-        .run(&s.round_id, &s.id, RunBody { files: posted.clone() })
+        .run(
+            &s.round_id,
+            &s.id,
+            RunBody {
+                files: posted.clone(),
+            },
+        )
         .await
         .unwrap();
     let written = e.fake.sandbox(&sbx).unwrap().files[&format!("{WORKDIR}/solution.py")].clone();
@@ -232,7 +259,13 @@ async fn two_clients_converge_and_run_and_submit_take_the_servers_copy() {
     // So does a Submit: the captured files are the document's.
     let acc = e
         .rounds
-        .submit(&s.round_id, &s.id, SubmitBody { files: Some(posted) })
+        .submit(
+            &s.round_id,
+            &s.id,
+            SubmitBody {
+                files: Some(posted),
+            },
+        )
         .await
         .unwrap();
     e.graded(&s).await;
@@ -252,15 +285,31 @@ async fn two_clients_converge_and_run_and_submit_take_the_servers_copy() {
     assert_eq!(log[2].author, "api_key");
     assert_eq!(log[3].ref_id.as_deref(), Some(res.run_id.as_str()));
     assert_eq!(log[4].ref_id.as_deref(), Some(acc.submission_id.as_str()));
-    let replayed = doc::replay(log.iter().map(|l| l.body.as_slice()).filter(|b| !b.is_empty())).unwrap();
+    let replayed = doc::replay(
+        log.iter()
+            .map(|l| l.body.as_slice())
+            .filter(|b| !b.is_empty()),
+    )
+    .unwrap();
     assert_eq!(doc::files(&replayed)["solution.py"], want);
 
     // Playback: the document at each entry, by the API.
     let at = |i: u64| e.rounds.document_at(&s.round_id, &s.id, i);
     assert_eq!(at(0).await.unwrap().files["solution.py"], STARTER);
-    assert_eq!(at(1).await.unwrap().files["solution.py"], format!("# by a\n{STARTER}"));
-    assert_eq!(at(3).await.unwrap().files["solution.py"], want, "at the Run");
-    assert_eq!(at(4).await.unwrap().files, sub.files, "at the Submit, byte for byte");
+    assert_eq!(
+        at(1).await.unwrap().files["solution.py"],
+        format!("# by a\n{STARTER}")
+    );
+    assert_eq!(
+        at(3).await.unwrap().files["solution.py"],
+        want,
+        "at the Run"
+    );
+    assert_eq!(
+        at(4).await.unwrap().files,
+        sub.files,
+        "at the Submit, byte for byte"
+    );
     assert!(matches!(at(5).await, Err(crate::RoundsError::NotFound(_))));
     let tl = e.rounds.timeline(&s.round_id, &s.id).await.unwrap();
     assert_eq!(tl.entries.len(), 5);
@@ -289,8 +338,10 @@ async fn a_rejoin_or_a_restart_loses_nothing() {
     let mut b = Client::join(addr, &s, "key").await;
     b.until("solution.py", &format!("x = 1\n{STARTER}")).await;
     let mut back = Client::join(addr, &s, &token).await;
-    back.send(&Message::Sync(SyncMessage::Update(offline))).await;
-    back.until("solution.py", &format!("x = 1\n{STARTER}")).await;
+    back.send(&Message::Sync(SyncMessage::Update(offline)))
+        .await;
+    back.until("solution.py", &format!("x = 1\n{STARTER}"))
+        .await;
     b.until("notes.md", "offline scratch").await;
     drop((b, back));
 
@@ -310,11 +361,18 @@ async fn a_rejoin_or_a_restart_loses_nothing() {
     c.until("solution.py", &format!("x = 1\n{STARTER}")).await;
     c.until("notes.md", "offline scratch").await;
     let seeds = e.store.doc_log(&s.id, None).await.unwrap();
-    assert_eq!(seeds.iter().filter(|l| l.kind == "seed").count(), 1, "seeded once");
+    assert_eq!(
+        seeds.iter().filter(|l| l.kind == "seed").count(),
+        1,
+        "seeded once"
+    );
     // Ending the session closes the room; the log stays.
     again.end_session(&s, "ended").await.unwrap();
     assert_eq!(c.closed().await, Ended::Code(1012));
-    assert_eq!(e.store.doc_log(&s.id, None).await.unwrap().len(), seeds.len());
+    assert_eq!(
+        e.store.doc_log(&s.id, None).await.unwrap().len(),
+        seeds.len()
+    );
 }
 
 #[tokio::test]
@@ -327,7 +385,10 @@ async fn bad_input_closes_only_its_own_connection() {
     let before = e.store.doc_log(&s.id, None).await.unwrap().len();
     let cases: Vec<(Ws, u16)> = vec![
         // A sync update whose payload is not a Yjs update.
-        (Ws::Binary(vec![0, 2, 5, 0xff, 0xff, 0xff, 0xff, 0xff].into()), 4400),
+        (
+            Ws::Binary(vec![0, 2, 5, 0xff, 0xff, 0xff, 0xff, 0xff].into()),
+            4400,
+        ),
         // An unknown sync step.
         (Ws::Binary(vec![0, 9, 0].into()), 4400),
         // Truncated.
@@ -346,7 +407,10 @@ async fn bad_input_closes_only_its_own_connection() {
     let huge = big.local_edit("notes.md", 0, &"x".repeat(MAX_ROOM_MESSAGE_BYTES));
     let _ = big.ws.send(Ws::Binary(huge.into())).await;
     let ended = big.closed().await;
-    assert!(matches!(ended, Ended::Dropped | Ended::Code(1009)), "{ended:?}");
+    assert!(
+        matches!(ended, Ended::Dropped | Ended::Code(1009)),
+        "{ended:?}"
+    );
     // Nothing of it reached the log; the good client carries on.
     assert_eq!(e.store.doc_log(&s.id, None).await.unwrap().len(), before);
     good.type_in("solution.py", 0, "ok\n").await;
@@ -385,7 +449,10 @@ async fn message_size_cap_boundary() {
     over[1] = 2;
     let _ = other.ws.send(Ws::Binary(over.into())).await;
     let ended = other.closed().await;
-    assert!(matches!(ended, Ended::Dropped | Ended::Code(1009)), "{ended:?}");
+    assert!(
+        matches!(ended, Ended::Dropped | Ended::Code(1009)),
+        "{ended:?}"
+    );
 }
 
 impl Client {
@@ -445,11 +512,17 @@ async fn document_log_cap_boundary() {
     c.send(&Message::Sync(SyncMessage::Update(u))).await;
     let want = doc::files(&c.doc)["notes.md"].clone();
     wait_logged(&e, &s, &want).await;
-    assert_eq!(logged(&e.store.doc_log(&s.id, None).await.unwrap()), MAX_DOC_LOG_BYTES);
+    assert_eq!(
+        logged(&e.store.doc_log(&s.id, None).await.unwrap()),
+        MAX_DOC_LOG_BYTES
+    );
     // One byte more: refused, this connection closes with 4413.
     c.type_in("notes.md", 0, "!").await;
     assert_eq!(c.closed().await, Ended::Code(4413));
-    assert_eq!(logged(&e.store.doc_log(&s.id, None).await.unwrap()), MAX_DOC_LOG_BYTES);
+    assert_eq!(
+        logged(&e.store.doc_log(&s.id, None).await.unwrap()),
+        MAX_DOC_LOG_BYTES
+    );
 }
 
 /// A copy of `d` under the same client id: a local edit on it encodes
@@ -462,7 +535,12 @@ fn twin(d: &Doc) -> Doc {
 
 async fn rebuilt(e: &Env, s: &SessionRecord) -> Doc {
     let log = e.store.doc_log(&s.id, None).await.unwrap();
-    doc::replay(log.iter().map(|l| l.body.as_slice()).filter(|b| !b.is_empty())).unwrap()
+    doc::replay(
+        log.iter()
+            .map(|l| l.body.as_slice())
+            .filter(|b| !b.is_empty()),
+    )
+    .unwrap()
 }
 
 /// Waits until the log replays to `want` in notes.md.
@@ -535,7 +613,14 @@ async fn connection_and_member_caps() {
     let mut tokens = vec![token.clone()];
     while tokens.len() < MAX_ROOM_MEMBERS + 1 {
         let t = crate::tokens::mint();
-        let rec = crate::tokens::record(&t, Scope::Candidate, &s.round_id, Some(&s.id), crate::ids::now_ms(), 600);
+        let rec = crate::tokens::record(
+            &t,
+            Scope::Candidate,
+            &s.round_id,
+            Some(&s.id),
+            crate::ids::now_ms(),
+            600,
+        );
         e.store.insert_token(&rec).await.unwrap();
         tokens.push(t);
     }
@@ -545,19 +630,35 @@ async fn connection_and_member_caps() {
         c.until("solution.py", STARTER).await;
         members.push(c);
     }
-    assert_eq!(dial(addr, &s, Some(&tokens[MAX_ROOM_MEMBERS])).await.err(), Some(429));
+    assert_eq!(
+        dial(addr, &s, Some(&tokens[MAX_ROOM_MEMBERS])).await.err(),
+        Some(429)
+    );
     let mut again = Client::join(addr, &s, &tokens[0]).await;
     again.until("solution.py", STARTER).await;
 }
 
 async fn interviewer_token(app: &axum::Router, round: &str) -> String {
-    let out = http(app, "POST", &format!("/v1/rounds/{round}/interviewer-tokens"), "key", "{}").await;
+    let out = http(
+        app,
+        "POST",
+        &format!("/v1/rounds/{round}/interviewer-tokens"),
+        "key",
+        "{}",
+    )
+    .await;
     assert_eq!(out.0, 201, "{}", out.1);
     out.1["token"].as_str().unwrap().to_string()
 }
 
 /// One HTTP request on loopback: status and JSON body.
-async fn http(app: &axum::Router, method: &str, path: &str, token: &str, body: &str) -> (u16, serde_json::Value) {
+async fn http(
+    app: &axum::Router,
+    method: &str,
+    path: &str,
+    token: &str,
+    body: &str,
+) -> (u16, serde_json::Value) {
     use tower::ServiceExt;
     let req = axum::http::Request::builder()
         .method(method)
@@ -568,10 +669,14 @@ async fn http(app: &axum::Router, method: &str, path: &str, token: &str, body: &
         .unwrap();
     let resp = app.clone().oneshot(req).await.unwrap();
     let status = resp.status().as_u16();
-    let b = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
-    (status, serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null))
+    let b = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (
+        status,
+        serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null),
+    )
 }
-
 
 #[tokio::test]
 async fn interviewer_watches_pairs_sees_runs_and_keeps_notes_from_the_candidate() {
@@ -581,12 +686,33 @@ async fn interviewer_watches_pairs_sees_runs_and_keeps_notes_from_the_candidate(
     let addr = serve(&e).await;
     let it = interviewer_token(&app, &s.round_id).await;
     // Not a reviewer: no report, and not the candidate: no Run.
-    let (st, _) = http(&app, "GET", &format!("/v1/rounds/{}/sessions/{}/report", s.round_id, s.id), &it, "").await;
+    let (st, _) = http(
+        &app,
+        "GET",
+        &format!("/v1/rounds/{}/sessions/{}/report", s.round_id, s.id),
+        &it,
+        "",
+    )
+    .await;
     assert_eq!(st, 403);
-    let (st, _) = http(&app, "POST", &format!("/v1/rounds/{}/sessions/{}/run", s.round_id, s.id), &it, "{}").await;
+    let (st, _) = http(
+        &app,
+        "POST",
+        &format!("/v1/rounds/{}/sessions/{}/run", s.round_id, s.id),
+        &it,
+        "{}",
+    )
+    .await;
     assert_eq!(st, 403);
     // Only the API key makes interviewer tokens.
-    let (st, _) = http(&app, "POST", &format!("/v1/rounds/{}/interviewer-tokens", s.round_id), &token, "{}").await;
+    let (st, _) = http(
+        &app,
+        "POST",
+        &format!("/v1/rounds/{}/interviewer-tokens", s.round_id),
+        &token,
+        "{}",
+    )
+    .await;
     assert_eq!(st, 403);
 
     let mut cand = Client::join(addr, &s, &token).await;
@@ -600,8 +726,16 @@ async fn interviewer_watches_pairs_sees_runs_and_keeps_notes_from_the_candidate(
     int.type_in("solution.py", 0, "# i\n").await;
     cand.type_in("solution.py", 0, "# c2\n").await;
     let mut probe = Client::join(addr, &s, "key").await;
-    probe.until("solution.py", &format!("# c2\n# c\n{STARTER}")).await;
-    assert!(!e.store.doc_log(&s.id, None).await.unwrap().iter().any(|l| l.author.starts_with("interviewer")));
+    probe
+        .until("solution.py", &format!("# c2\n# c\n{STARTER}"))
+        .await;
+    assert!(!e
+        .store
+        .doc_log(&s.id, None)
+        .await
+        .unwrap()
+        .iter()
+        .any(|l| l.author.starts_with("interviewer")));
     drop(probe);
 
     // Pairing on: the interviewer types too; everyone is told.
@@ -611,28 +745,54 @@ async fn interviewer_watches_pairs_sees_runs_and_keeps_notes_from_the_candidate(
     let (st, v) = http(&app, "POST", &pair, &it, r#"{"pairing":true}"#).await;
     assert_eq!((st, v["pairing"].as_bool()), (200, Some(true)));
     let mut int = Client::join(addr, &s, &it).await;
-    int.until("solution.py", &format!("# c2\n# c\n{STARTER}")).await;
+    int.until("solution.py", &format!("# c2\n# c\n{STARTER}"))
+        .await;
     int.type_in("solution.py", 0, "# pair\n").await;
-    cand.until("solution.py", &format!("# pair\n# c2\n# c\n{STARTER}")).await;
-    assert!(cand.events.iter().any(|v| v["event"] == "pairing" && v["pairing"] == true));
+    cand.until("solution.py", &format!("# pair\n# c2\n# c\n{STARTER}"))
+        .await;
+    assert!(cand
+        .events
+        .iter()
+        .any(|v| v["event"] == "pairing" && v["pairing"] == true));
 
     // A streamed Run by the candidate reaches the interviewer as it runs.
-    let ev = e.rounds.run_stream(&s.round_id, &s.id, RunBody::default()).await.unwrap();
+    let ev = e
+        .rounds
+        .run_stream(&s.round_id, &s.id, RunBody::default())
+        .await
+        .unwrap();
     let got: Vec<_> = ev.collect().await;
-    assert!(matches!(got.last(), Some(crate::run_ops::RunEvent::Result(_))));
+    assert!(matches!(
+        got.last(),
+        Some(crate::run_ops::RunEvent::Result(_))
+    ));
     for _ in 0..100 {
         if int.events.iter().any(|v| v["event"] == "run_result") {
             break;
         }
         int.pump().await.unwrap();
     }
-    let kinds: Vec<&str> = int.events.iter().filter_map(|v| v["event"].as_str()).collect();
-    assert!(kinds.contains(&"run_started") && kinds.contains(&"run_result"), "{kinds:?}");
+    let kinds: Vec<&str> = int
+        .events
+        .iter()
+        .filter_map(|v| v["event"].as_str())
+        .collect();
+    assert!(
+        kinds.contains(&"run_started") && kinds.contains(&"run_result"),
+        "{kinds:?}"
+    );
 
     // Notes: interviewers write, the candidate never reads them.
     let notes = format!("/v1/rounds/{}/sessions/{}/notes", s.round_id, s.id);
     let secret = "SECRET-NOTE: strong on tests";
-    let (st, _) = http(&app, "PUT", &notes, &it, &serde_json::json!({"text": secret}).to_string()).await;
+    let (st, _) = http(
+        &app,
+        "PUT",
+        &notes,
+        &it,
+        &serde_json::json!({"text": secret}).to_string(),
+    )
+    .await;
     assert_eq!(st, 200);
     let (st, v) = http(&app, "GET", &notes, &it, "").await;
     assert_eq!((st, v["text"].as_str()), (200, Some(secret)));
@@ -646,13 +806,30 @@ async fn interviewer_watches_pairs_sees_runs_and_keeps_notes_from_the_candidate(
     for _ in 0..3 {
         let _ = tokio::time::timeout(Duration::from_millis(50), cand.pump()).await;
     }
-    assert!(!cand.events.iter().any(|v| v.to_string().contains("SECRET-NOTE")));
+    assert!(!cand
+        .events
+        .iter()
+        .any(|v| v.to_string().contains("SECRET-NOTE")));
     // The cap, at its boundary.
     let at = "n".repeat(MAX_NOTES_BYTES);
-    let (st, _) = http(&app, "PUT", &notes, &it, &serde_json::json!({"text": at}).to_string()).await;
+    let (st, _) = http(
+        &app,
+        "PUT",
+        &notes,
+        &it,
+        &serde_json::json!({"text": at}).to_string(),
+    )
+    .await;
     assert_eq!(st, 200);
     let over = "n".repeat(MAX_NOTES_BYTES + 1);
-    let (st, _) = http(&app, "PUT", &notes, &it, &serde_json::json!({"text": over}).to_string()).await;
+    let (st, _) = http(
+        &app,
+        "PUT",
+        &notes,
+        &it,
+        &serde_json::json!({"text": over}).to_string(),
+    )
+    .await;
     assert_eq!(st, 413);
     // An interviewer token of another round opens nothing here.
     let (_, other, _) = e.session_with_token().await;

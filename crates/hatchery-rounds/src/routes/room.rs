@@ -48,7 +48,11 @@ fn token(h: &HeaderMap) -> String {
 /// Who may enter which room, and as what: the session's candidate and
 /// the API key write; an interviewer of the round watches, and writes
 /// while the room is in pairing mode. A reviewer token is refused.
-pub(crate) fn member(caller: &Caller, round_id: &str, session_id: &str) -> Result<Member, RoundsError> {
+pub(crate) fn member(
+    caller: &Caller,
+    round_id: &str,
+    session_id: &str,
+) -> Result<Member, RoundsError> {
     if let Caller::Interviewer(t) = caller {
         caller.require_interviewer(round_id)?;
         return Ok(Member {

@@ -183,16 +183,27 @@ async fn doc_log_appends_in_order_once_and_goes_with_notes(s: &Store, run: &str)
         created_at_ms: 10 + idx,
     };
     // Appended out of order, read back in idx order.
-    for e in [entry(0, "seed", b"\x00\x01"), entry(2, "run", b""), entry(1, "update", &[0xff; 300])] {
+    for e in [
+        entry(0, "seed", b"\x00\x01"),
+        entry(2, "run", b""),
+        entry(1, "update", &[0xff; 300]),
+    ] {
         s.append_doc_log(&e).await.unwrap();
     }
     let log = s.doc_log(&sid, None).await.unwrap();
     assert_eq!(log.iter().map(|e| e.idx).collect::<Vec<_>>(), [0, 1, 2]);
     assert_eq!(log[1], entry(1, "update", &[0xff; 300]), "bytes round-trip");
     assert_eq!(log[2].ref_id.as_deref(), Some("run_2"));
-    assert_eq!(s.doc_log(&sid, Some(1)).await.unwrap().len(), 2, "up to an idx");
+    assert_eq!(
+        s.doc_log(&sid, Some(1)).await.unwrap().len(),
+        2,
+        "up to an idx"
+    );
     // Entry n is taken once: a second process appending it conflicts.
-    let e = s.append_doc_log(&entry(1, "update", b"x")).await.unwrap_err();
+    let e = s
+        .append_doc_log(&entry(1, "update", b"x"))
+        .await
+        .unwrap_err();
     assert!(e.conflict(), "{e}");
     // Notes: replaced whole.
     assert!(s.get_notes(&sid).await.unwrap().is_none());

@@ -252,16 +252,25 @@ impl RoundStore for DbStore {
     async fn delete_room_data(&self, session_id: &str) -> StoreResult<u64> {
         let mut tx = self.db.begin().await?;
         let n = tx
-            .execute("DELETE FROM round_doc_log WHERE session_id = $1", args![session_id])
+            .execute(
+                "DELETE FROM round_doc_log WHERE session_id = $1",
+                args![session_id],
+            )
             .await?;
-        tx.execute("DELETE FROM round_notes WHERE session_id = $1", args![session_id])
-            .await?;
+        tx.execute(
+            "DELETE FROM round_notes WHERE session_id = $1",
+            args![session_id],
+        )
+        .await?;
         tx.commit().await?;
         Ok(n)
     }
 
     async fn get_notes(&self, session_id: &str) -> StoreResult<Option<NotesRecord>> {
-        Ok(self.db.select_opt("WHERE session_id = $1", args![session_id]).await?)
+        Ok(self
+            .db
+            .select_opt("WHERE session_id = $1", args![session_id])
+            .await?)
     }
 
     async fn put_notes(&self, n: &NotesRecord) -> StoreResult<()> {
