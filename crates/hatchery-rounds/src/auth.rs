@@ -13,6 +13,7 @@ pub enum Caller {
     Key,
     Candidate(TokenRecord),
     Reviewer(TokenRecord),
+    Interviewer(TokenRecord),
 }
 
 impl FromRequestParts<Arc<Rounds>> for Caller {
@@ -24,6 +25,13 @@ impl FromRequestParts<Arc<Rounds>> for Caller {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
+        Caller::from_token(st, given).await
+    }
+}
+
+impl Caller {
+    /// Who `given` (a bearer token, or the API key) is.
+    pub(crate) async fn from_token(st: &Rounds, given: &str) -> Result<Self, RoundsError> {
         if given.is_empty() {
             return Err(RoundsError::Unauthorized);
         }
@@ -34,11 +42,10 @@ impl FromRequestParts<Arc<Rounds>> for Caller {
         Ok(match rec.scope {
             Scope::Candidate => Caller::Candidate(rec),
             Scope::Reviewer => Caller::Reviewer(rec),
+            Scope::Interviewer => Caller::Interviewer(rec),
         })
     }
-}
 
-impl Caller {
     pub fn require_key(&self) -> Result<(), RoundsError> {
         match self {
             Caller::Key => Ok(()),
@@ -59,6 +66,23 @@ impl Caller {
             Caller::Candidate(_) => Err(RoundsError::Forbidden(
                 "a candidate token cannot read reviews".into(),
             )),
+            Caller::Interviewer(_) => Err(RoundsError::Forbidden(
+                "an interviewer token cannot read reviews".into(),
+            )),
+        }
+    }
+
+    /// The API key, or an interviewer token of this round.
+    pub fn require_interviewer(&self, round_id: &str) -> Result<(), RoundsError> {
+        match self {
+            Caller::Key => Ok(()),
+            Caller::Interviewer(t) if t.round_id == round_id => Ok(()),
+            Caller::Interviewer(_) => Err(RoundsError::Forbidden(
+                "this interviewer token is for another round".into(),
+            )),
+            _ => Err(RoundsError::Forbidden(
+                "this route needs an interviewer token of the round".into(),
+            )),
         }
     }
 
@@ -77,6 +101,9 @@ impl Caller {
             Caller::Reviewer(_) => Err(RoundsError::Forbidden(
                 "a reviewer token cannot act for the candidate".into(),
             )),
+            Caller::Interviewer(_) => Err(RoundsError::Forbidden(
+                "an interviewer token cannot act for the candidate".into(),
+            )),
         }
     }
 
@@ -84,7 +111,7 @@ impl Caller {
     pub fn owner(&self) -> String {
         match self {
             Caller::Key => "api_key".into(),
-            Caller::Candidate(t) | Caller::Reviewer(t) => t.hash.clone(),
+            Caller::Candidate(t) | Caller::Reviewer(t) | Caller::Interviewer(t) => t.hash.clone(),
         }
     }
 

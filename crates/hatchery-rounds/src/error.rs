@@ -31,6 +31,9 @@ pub enum RoundsError {
     },
     #[error("{0}")]
     Capacity(String),
+    /// A room's connection or member cap: 429, try later.
+    #[error("{0}")]
+    RoomFull(String),
     #[error("sandbox: {0}")]
     Sandbox(#[from] SandboxError),
     #[error("store: {0}")]
@@ -69,6 +72,7 @@ impl RoundsError {
             RoundsError::State { code, .. } => (S::CONFLICT, code),
             RoundsError::TemplateVersionGone { .. } => (S::CONFLICT, "template_version_gone"),
             RoundsError::Capacity(_) => (S::SERVICE_UNAVAILABLE, "capacity"),
+            RoundsError::RoomFull(_) => (S::TOO_MANY_REQUESTS, "room_full"),
             RoundsError::Sandbox(e) => match e {
                 SandboxError::Api { status, .. } if *status == 503 || *status == 429 => {
                     (S::SERVICE_UNAVAILABLE, "sandbox_unavailable")

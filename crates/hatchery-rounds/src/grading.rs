@@ -80,6 +80,14 @@ impl Rounds {
         if !s.state.can_submit() {
             return Err(refusal(s.state, "submit"));
         }
+        let sub_id = new_id("sub");
+        // With a live room, what is written and captured is the room's
+        // document, whatever the client posted.
+        let mut body = body;
+        if let Some(doc) = self.room_capture(&s, "submit", &sub_id).await? {
+            check_files("the room's files", &doc, MAX_RUN_BYTES)?;
+            body.files = Some(doc);
+        }
         let sbx = s.sandbox_id.clone().unwrap_or_default();
         for (p, text) in body.files.iter().flatten() {
             self.sandboxes
@@ -88,7 +96,7 @@ impl Rounds {
         }
         let files = self.read_workdir(&sbx).await?;
         let sub = SubmissionRecord {
-            id: new_id("sub"),
+            id: sub_id,
             session_id: s.id.clone(),
             round_id: r.id.clone(),
             sha256: files_sha256(&files),

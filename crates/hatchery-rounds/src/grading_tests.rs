@@ -17,15 +17,15 @@ use std::time::Duration;
 const GOOD: &str = "def add(a, b):\n    return a + b\n";
 const STARTER: &str = "def add(a, b):\n    pass\n";
 
-struct Env {
-    rounds: Arc<Rounds>,
-    fake: Arc<FakeSandboxes>,
-    store: Arc<dyn RoundStore>,
+pub(crate) struct Env {
+    pub(crate) rounds: Arc<Rounds>,
+    pub(crate) fake: Arc<FakeSandboxes>,
+    pub(crate) store: Arc<dyn RoundStore>,
     _dir: tempfile::TempDir,
 }
 
 impl Env {
-    async fn new() -> Env {
+    pub(crate) async fn new() -> Env {
         let dir = tempfile::tempdir().unwrap();
         let db = hatchery_db::Db::sqlite(&dir.path().join("hatchery.db"))
             .await
@@ -44,7 +44,13 @@ impl Env {
     }
 
     /// A round and one candidate's session on it.
-    async fn session(&self) -> (RoundRecord, SessionRecord) {
+    pub(crate) async fn session(&self) -> (RoundRecord, SessionRecord) {
+        let (r, s, _) = self.session_with_token().await;
+        (r, s)
+    }
+
+    /// The same, with the candidate's token.
+    pub(crate) async fn session_with_token(&self) -> (RoundRecord, SessionRecord, String) {
         let body: CreateRound = serde_json::from_value(serde_json::json!({
             "name": "add",
             "starter_files": {"solution.py": STARTER, "notes.md": "scratch"},
@@ -67,10 +73,12 @@ impl Env {
             )
             .await
             .unwrap();
-        self.rounds
+        let (r, s) = self
+            .rounds
             .session(&round.id, &created.session.id)
             .await
-            .unwrap()
+            .unwrap();
+        (r, s, created.token)
     }
 
     async fn submit(&self, s: &SessionRecord) -> Result<SubmitAccepted, RoundsError> {
@@ -80,7 +88,7 @@ impl Env {
     }
 
     /// Waits (in milliseconds, on the fake) until the session is graded.
-    async fn graded(&self, s: &SessionRecord) -> SessionRecord {
+    pub(crate) async fn graded(&self, s: &SessionRecord) -> SessionRecord {
         for _ in 0..5000 {
             let cur = self.store.get_session(&s.id).await.unwrap().unwrap();
             if cur.state == SessionState::Graded {

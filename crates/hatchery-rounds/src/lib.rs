@@ -25,6 +25,7 @@ mod pages;
 mod ratelimit;
 mod reference;
 mod replays;
+pub mod room;
 mod round_ops;
 mod routes;
 mod run_ops;
@@ -49,7 +50,7 @@ use std::sync::Arc;
 /// The routes under `/v1/rounds` (and the pages under `/rounds/`). No
 /// fallback of its own, so the daemon can merge it with its API router.
 pub fn router(rounds: Arc<Rounds>) -> Router {
-    use routes::{admin, candidate as c, review as r};
+    use routes::{admin, candidate as c, interview as iv, playback as pb, review as r, room};
     let s = "/v1/rounds/{id}/sessions/{sid}";
     Router::new()
         .route("/v1/rounds", post(admin::create).get(admin::list))
@@ -70,6 +71,15 @@ pub fn router(rounds: Arc<Rounds>) -> Router {
         .route(&format!("{s}/submit"), post(c::submit))
         .route(&format!("{s}/terminal"), post(c::terminal))
         .route(&format!("{s}/end"), post(c::end))
+        .route(&format!("{s}/room"), get(room::room))
+        .route(&format!("{s}/room/pairing"), post(iv::pairing))
+        .route(&format!("{s}/timeline"), get(pb::timeline))
+        .route(&format!("{s}/document"), get(pb::document))
+        .route(&format!("{s}/notes"), get(iv::get_notes).put(iv::put_notes))
+        .route(
+            "/v1/rounds/{id}/interviewer-tokens",
+            post(iv::interviewer_token),
+        )
         .route(&format!("{s}/runs"), get(r::runs))
         .route(&format!("{s}/report"), get(r::report))
         .route(&format!("{s}/submissions/{{sub}}"), get(r::submission))

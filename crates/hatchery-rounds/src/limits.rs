@@ -50,6 +50,31 @@ pub const DEFAULT_RETENTION_S: u64 = 7 * 24 * 3600;
 pub const MAX_RETENTION_S: u64 = 90 * 24 * 3600;
 pub const DEFAULT_REVIEWER_TOKEN_S: u64 = 7 * 24 * 3600;
 pub const MAX_REVIEWER_TOKEN_S: u64 = 90 * 24 * 3600;
+/// The live room (src/room/). One WebSocket message (a Yjs sync or
+/// awareness message; a browser's keystroke is well under 1 KiB, pasting
+/// a whole file fits): larger closes that connection.
+pub const MAX_ROOM_MESSAGE_BYTES: usize = 256 << 10;
+/// The sum of a session's accepted document updates, its seed included.
+/// Every byte of the document arrived in one of them, so this bounds the
+/// document (and its log) too; an update past it is refused and closes
+/// that connection (an hour of steady typing logs well under 2 MiB).
+pub const MAX_DOC_LOG_BYTES: u64 = 8 << 20;
+/// Messages per second one connection may send, as a token bucket: this
+/// steady rate after a burst of [`ROOM_RATE_BURST`]. Past it the
+/// connection is closed (4429); the client reconnects and resyncs.
+pub const ROOM_RATE_PER_S: f64 = 100.0;
+pub const ROOM_RATE_BURST: f64 = 200.0;
+/// Open WebSockets on one session's room, every member's tabs counted.
+pub const MAX_ROOM_CONNECTIONS: usize = 8;
+/// Distinct members (tokens, and the API key) in one session's room.
+pub const MAX_ROOM_MEMBERS: usize = 4;
+/// Presence entries (Yjs awareness client ids) one connection may own.
+pub const MAX_AWARENESS_CLIENTS: usize = 4;
+/// Messages queued for one slow receiver before it is dropped (it
+/// reconnects and resyncs from the server's document).
+pub const ROOM_FANOUT_QUEUE: usize = 1024;
+/// The interviewers' notes on one session.
+pub const MAX_NOTES_BYTES: usize = 64 << 10;
 /// Runs kept per session for the reviewer (oldest go first).
 pub const RUNS_KEPT: usize = 200;
 /// Forks a replay may have at once.

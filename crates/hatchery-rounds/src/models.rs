@@ -388,3 +388,55 @@ pub struct TerminalGrant {
     pub token: String,
     pub expires_at: String,
 }
+
+/// The interviewers' private notes on a session.
+#[derive(Debug, Serialize, Deserialize, ToSchema, Default)]
+#[serde(deny_unknown_fields)]
+pub struct NotesBody {
+    /// At most 64 KiB.
+    pub text: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Notes {
+    pub text: String,
+    /// Who saved them last (`interviewer:<id>`, `api_key`); empty if never.
+    pub author: String,
+    pub updated_at: Option<String>,
+}
+
+/// The room's pairing switch: interviewers type too, or only watch.
+#[derive(Debug, Serialize, Deserialize, ToSchema, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Pairing {
+    pub pairing: bool,
+}
+
+/// One entry of a session's room log, for playback.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TimelineEntry {
+    /// Its place in the log, from 0 (the seed).
+    pub idx: u64,
+    /// `seed`, `update`, `run` or `submit`.
+    pub kind: String,
+    /// `server`, `candidate`, `interviewer:<id>`, `api_key`.
+    pub author: String,
+    /// The Run's id (see `/runs`) or the submission's id, for a marker.
+    pub ref_id: Option<String>,
+    pub at: String,
+    pub at_ms: u64,
+    /// Size of the update (0 for a marker).
+    pub bytes: u64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Timeline {
+    pub entries: Vec<TimelineEntry>,
+}
+
+/// The room's files as they were right after log entry `idx`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DocumentAt {
+    pub idx: u64,
+    pub files: BTreeMap<String, String>,
+}

@@ -4,7 +4,7 @@
 
 use crate::error::{ErrorBody, ErrorDetail};
 use crate::models::*;
-use crate::routes::{admin, candidate, review};
+use crate::routes::{admin, candidate, interview, playback, review, room};
 use crate::state::{RoundState, SessionState};
 use utoipa::OpenApi;
 
@@ -42,9 +42,22 @@ use utoipa::OpenApi;
         review::fork_file,
         review::fork_exec,
         review::delete_fork,
+        room::room,
+        interview::interviewer_token,
+        interview::get_notes,
+        interview::put_notes,
+        interview::pairing,
+        playback::timeline,
+        playback::document,
     ),
     components(schemas(
         CreateRound,
+        NotesBody,
+        Notes,
+        Pairing,
+        TimelineEntry,
+        Timeline,
+        DocumentAt,
         TestSuiteBody,
         SetupBody,
         RunMode,

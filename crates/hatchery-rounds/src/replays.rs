@@ -296,6 +296,13 @@ impl Rounds {
                         self.metrics.replays_expired.inc();
                         tracing::info!(replay = %rp.id, snapshot = %rp.snapshot_id, "replay expired and deleted");
                     }
+                    // The session's final replay: its room's log and notes
+                    // share its retention window, and go with it.
+                    if rp.reason == "end" {
+                        if let Err(e) = self.store.delete_room_data(&rp.session_id).await {
+                            tracing::warn!(session = %rp.session_id, error = %e, "rounds: deleting a room's log failed; retrying next pass");
+                        }
+                    }
                 }
             }
             Err(e) => tracing::warn!(error = %e, "rounds reaper: listing replays failed"),

@@ -26,6 +26,15 @@ pub enum RunEvent {
     Error(RoundsError),
 }
 
+/// A Run let in: what it runs and under which id.
+struct Admitted {
+    r: RoundRecord,
+    s: SessionRecord,
+    spec: RoundSpec,
+    run_id: String,
+    files: BTreeMap<String, String>,
+}
+
 /// Where a Run happens: the session's own sandbox, or a fresh fork that
 /// is deleted afterwards.
 struct Target {
@@ -108,12 +117,14 @@ impl Rounds {
     }
 
     /// Checks before a Run; moves ready → live (the candidate is here).
+    /// With a live room the files are the room's document (a marker in
+    /// its log names the Run), not `body.files`.
     async fn admit_run(
         &self,
         round_id: &str,
         session_id: &str,
-        body: &RunBody,
-    ) -> Result<(RoundRecord, SessionRecord, RoundSpec), RoundsError> {
+        body: RunBody,
+    ) -> Result<Admitted, RoundsError> {
         check_files("files", &body.files, MAX_RUN_BYTES)?;
         let (r, mut s) = self.session(round_id, session_id).await?;
         if !s.state.can_run() {
@@ -121,7 +132,21 @@ impl Rounds {
         }
         s.state = self.join(&s).await?;
         let spec = spec_of(&r)?;
-        Ok((r, s, spec))
+        let run_id = new_id("run");
+        let files = match self.room_capture(&s, "run", &run_id).await? {
+            Some(doc) => {
+                check_files("the room's files", &doc, MAX_RUN_BYTES)?;
+                doc
+            }
+            None => body.files,
+        };
+        Ok(Admitted {
+            r,
+            s,
+            spec,
+            run_id,
+            files,
+        })
     }
 
     fn result(
@@ -130,6 +155,7 @@ impl Rounds {
         o: &ExecOutcome,
         stdout: String,
         stderr: String,
+        run_id: String,
     ) -> RunResult {
         let v = verdict(o, spec.memory_limit_mb << 20);
         self.metrics
@@ -137,7 +163,7 @@ impl Rounds {
             .with_label_values(&[verdict_name(v)])
             .inc();
         RunResult {
-            run_id: new_id("run"),
+            run_id,
             stdout: tail(&stdout, STDOUT_TAIL),
             stderr: tail(&stderr, STDERR_TAIL),
             exit_code: o.exit_code,
@@ -148,6 +174,14 @@ impl Rounds {
             reason: o.reason.clone(),
             truncated: o.truncated,
             created_at: rfc3339(now_ms()),
+        }
+    }
+
+    /// Tells the session's live room (if any) about a Run: everyone in it
+    /// sees the output as it streams.
+    fn room_event(&self, session_id: &str, run_id: &str, event: &str, data: serde_json::Value) {
+        if let Some(room) = self.rooms.live(session_id) {
+            room.event(&serde_json::json!({"event": event, "run_id": run_id, "data": data}));
         }
     }
 
@@ -172,13 +206,26 @@ impl Rounds {
         body: RunBody,
     ) -> Result<RunResult, RoundsError> {
         let _g = self.hold_session(session_id, false).await?;
-        let (r, s, spec) = self.admit_run(round_id, session_id, &body).await?;
-        let t = self.run_target(&r, &s, &spec, &body.files).await?;
+        let a = self.admit_run(round_id, session_id, body).await?;
+        let (r, s, spec) = (a.r, a.s, a.spec);
+        let t = self.run_target(&r, &s, &spec, &a.files).await?;
+        self.room_event(
+            session_id,
+            &a.run_id,
+            "run_started",
+            serde_json::Value::Null,
+        );
         let out = self.sandboxes.exec(&t.sandbox, self.exec_spec(&spec)).await;
         self.drop_target(&t).await;
         let o = out?;
-        let res = self.result(&spec, &o, o.stdout.clone(), o.stderr.clone());
+        let res = self.result(&spec, &o, o.stdout.clone(), o.stderr.clone(), a.run_id);
         self.record_run(session_id, &res).await;
+        self.room_event(
+            session_id,
+            &res.run_id,
+            "run_result",
+            serde_json::json!(res),
+        );
         Ok(res)
     }
 
@@ -191,8 +238,9 @@ impl Rounds {
         body: RunBody,
     ) -> Result<BoxStream<'static, RunEvent>, RoundsError> {
         let guard = self.hold_session(session_id, false).await?;
-        let (r, s, spec) = self.admit_run(round_id, session_id, &body).await?;
-        let t = self.run_target(&r, &s, &spec, &body.files).await?;
+        let a = self.admit_run(round_id, session_id, body).await?;
+        let (r, s, spec, run_id) = (a.r, a.s, a.spec, a.run_id);
+        let t = self.run_target(&r, &s, &spec, &a.files).await?;
         let events = match self
             .sandboxes
             .exec_stream(&t.sandbox, self.exec_spec(&spec))
@@ -206,6 +254,7 @@ impl Rounds {
         };
         let me = self.clone();
         let sid = session_id.to_string();
+        self.room_event(&sid, &run_id, "run_started", serde_json::Value::Null);
         let (tx, rx) = tokio::sync::mpsc::channel::<RunEvent>(64);
         // The Run goes on in its own task: the result is recorded even if
         // the browser goes away (dropping the events would kill it, so
@@ -224,6 +273,7 @@ impl Rounds {
                         out.push(&d);
                         if forwarded < STREAM_FORWARD_BYTES {
                             forwarded += d.len();
+                            me.room_event(&sid, &run_id, "stdout", d.clone().into());
                             let _ = tx.send(RunEvent::Stdout(d)).await;
                         }
                     }
@@ -231,6 +281,7 @@ impl Rounds {
                         err.push(&d);
                         if forwarded < STREAM_FORWARD_BYTES {
                             forwarded += d.len();
+                            me.room_event(&sid, &run_id, "stderr", d.clone().into());
                             let _ = tx.send(RunEvent::Stderr(d)).await;
                         }
                     }
@@ -248,8 +299,9 @@ impl Rounds {
             me.drop_target(&t).await;
             match (outcome, failure) {
                 (Some(o), _) => {
-                    let res = me.result(&spec, &o, out.finish(), err.finish());
+                    let res = me.result(&spec, &o, out.finish(), err.finish(), run_id.clone());
                     me.record_run(&sid, &res).await;
+                    me.room_event(&sid, &run_id, "run_result", serde_json::json!(res));
                     let _ = tx.send(RunEvent::Result(res)).await;
                 }
                 (None, Some(e)) => {

@@ -96,6 +96,8 @@ pub struct Rounds {
     pub(crate) cfg: RoundsConfig,
     pub(crate) metrics: Metrics,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The live rooms this process keeps (src/room/).
+    pub(crate) rooms: crate::room::Rooms,
 }
 
 impl Rounds {
@@ -113,6 +115,7 @@ impl Rounds {
             cfg,
             metrics: Metrics::new(registry),
             locks: Mutex::new(HashMap::new()),
+            rooms: Default::default(),
         })
     }
 

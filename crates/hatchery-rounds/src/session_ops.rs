@@ -314,6 +314,10 @@ impl Rounds {
                 err.as_deref(),
             )
             .await?;
+        // The room closes with the sandbox; its log stays for playback.
+        if let Some(room) = self.rooms.live(&cur.id) {
+            room.close();
+        }
         tracing::info!(session = %cur.id, why, "candidate session ended");
         Ok(())
     }

@@ -116,6 +116,13 @@ class Round:
         r: Dict[str, Any] = self._t.request("POST", f"/v1/rounds/{_q(self.id)}/reviewer-tokens", json=body).json()
         return r
 
+    def interviewer_token(self, ttl_seconds: Optional[int] = None) -> Dict[str, Any]:
+        """{"token", "expires_at", "url"}: opens this round's live rooms
+        (read-only until pairing), the pairing switch and notes; no reports."""
+        body = {"ttl_seconds": ttl_seconds} if ttl_seconds is not None else {}
+        r: Dict[str, Any] = self._t.request("POST", f"/v1/rounds/{_q(self.id)}/interviewer-tokens", json=body).json()
+        return r
+
     def fork_replay(self, replay_id: str) -> "ReplayFork":
         """The caller's own fork of a replay (deny-all egress)."""
         d = self._t.request("POST", f"/v1/rounds/{_q(self.id)}/replays/{_q(replay_id)}/forks", timeout=180.0).json()

@@ -195,6 +195,13 @@ export class Round {
     });
   }
 
+  /** {token, expires_at, url}: opens this round's live rooms (read-only until pairing), the pairing switch and notes; no reports. */
+  async interviewerToken(ttlSeconds?: number): Promise<{ token: string; expires_at: string; url: string }> {
+    return this.t.json("POST", `/v1/rounds/${q(this.id)}/interviewer-tokens`, {
+      json: ttlSeconds === undefined ? {} : { ttl_seconds: ttlSeconds },
+    });
+  }
+
   /** The caller's own fork of a replay (deny-all egress). */
   async forkReplay(replayId: string): Promise<ReplayFork> {
     const d = await this.t.json<{ id: string; sandbox_id: string }>(

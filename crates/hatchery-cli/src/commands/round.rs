@@ -1,4 +1,4 @@
-//! `hatchery round create|ls|get|invite|report|replay`: interview rounds
+//! `hatchery round create|ls|get|invite|interviewer|report|replay`: interview rounds
 //! (docs/interviews.md), through the typed `hatchery-client`.
 
 use crate::client::Api;
@@ -34,6 +34,17 @@ pub enum RoundCmd {
     Invite {
         id: String,
         candidate: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// An interviewer token for a round: prints the room link (it
+    /// carries the token). It opens each session's live room read-only
+    /// (typing while pairing is on) and keeps notes; no reports.
+    Interviewer {
+        id: String,
+        /// Lifetime in seconds (default 7 days, at most 90).
+        #[arg(long)]
+        ttl: Option<u64>,
         #[arg(long)]
         json: bool,
     },
@@ -182,6 +193,25 @@ pub async fn run(api: &Api, cmd: RoundCmd) -> anyhow::Result<i32> {
                     s(&r, "state"),
                     s(&r, "expires_at")
                 );
+            }
+        }
+        RoundCmd::Interviewer { id, ttl, json } => {
+            let body = match ttl {
+                Some(t) => json!({ "ttl_seconds": t }),
+                None => json!({}),
+            };
+            let r = c
+                .request_json(
+                    Method::POST,
+                    &format!("/v1/rounds/{}/interviewer-tokens", enc(&id)),
+                    Some(&body),
+                )
+                .await?;
+            if json {
+                print(&r);
+            } else {
+                println!("{}", s(&r, "url"));
+                eprintln!("interviewer token, expires {}", s(&r, "expires_at"));
             }
         }
         RoundCmd::Report { id, session, json } => {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 type St = State<Arc<Rounds>>;
 
-/// Candidates, reviewers of the round, and the API key. A candidate's
+/// Candidates, reviewers and interviewers of the round, and the API key. A candidate's
 /// first look moves the session from `ready` to `live`. The `result` has
 /// counts and failed case names only.
 #[utoipa::path(get, path = "/v1/rounds/{id}/sessions/{sid}", tag = "rounds",
@@ -27,10 +27,10 @@ pub async fn get(
     caller: Caller,
     Path((id, sid)): Path<(String, String)>,
 ) -> Result<axum::Json<Session>, RoundsError> {
-    if caller.is_candidate() {
-        caller.require_candidate(&id, &sid)?;
-    } else {
-        caller.require_reviewer(&id)?;
+    match &caller {
+        Caller::Candidate(_) => caller.require_candidate(&id, &sid)?,
+        Caller::Interviewer(_) => caller.require_interviewer(&id)?,
+        _ => caller.require_reviewer(&id)?,
     }
     let (r, mut s) = st.session(&id, &sid).await?;
     if caller.is_candidate() {

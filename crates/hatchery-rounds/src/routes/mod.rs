@@ -4,7 +4,10 @@
 
 pub mod admin;
 pub mod candidate;
+pub mod interview;
+pub mod playback;
 pub mod review;
+pub mod room;
 
 use axum::http::HeaderMap;
 

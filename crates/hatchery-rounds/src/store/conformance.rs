@@ -168,6 +168,58 @@ pub async fn run_all(s: &Store) {
     replays_fall_due_and_expire_once(s, &run).await;
     forks_insert_get_list_delete(s, &run).await;
     out_of_range_values_are_refused(s, &run).await;
+    doc_log_appends_in_order_once_and_goes_with_notes(s, &run).await;
+}
+
+async fn doc_log_appends_in_order_once_and_goes_with_notes(s: &Store, run: &str) {
+    let sid = format!("ses_dl_{run}");
+    let entry = |idx: u64, kind: &str, body: &[u8]| DocLogRecord {
+        session_id: sid.clone(),
+        idx,
+        kind: kind.into(),
+        author: "candidate".into(),
+        ref_id: (kind == "run").then(|| format!("run_{idx}")),
+        body: body.to_vec(),
+        created_at_ms: 10 + idx,
+    };
+    // Appended out of order, read back in idx order.
+    for e in [
+        entry(0, "seed", b"\x00\x01"),
+        entry(2, "run", b""),
+        entry(1, "update", &[0xff; 300]),
+    ] {
+        s.append_doc_log(&e).await.unwrap();
+    }
+    let log = s.doc_log(&sid, None).await.unwrap();
+    assert_eq!(log.iter().map(|e| e.idx).collect::<Vec<_>>(), [0, 1, 2]);
+    assert_eq!(log[1], entry(1, "update", &[0xff; 300]), "bytes round-trip");
+    assert_eq!(log[2].ref_id.as_deref(), Some("run_2"));
+    assert_eq!(
+        s.doc_log(&sid, Some(1)).await.unwrap().len(),
+        2,
+        "up to an idx"
+    );
+    // Entry n is taken once: a second process appending it conflicts.
+    let e = s
+        .append_doc_log(&entry(1, "update", b"x"))
+        .await
+        .unwrap_err();
+    assert!(e.conflict(), "{e}");
+    // Notes: replaced whole.
+    assert!(s.get_notes(&sid).await.unwrap().is_none());
+    let n = |text: &str, at: u64| NotesRecord {
+        session_id: sid.clone(),
+        text: text.into(),
+        author: "interviewer:x".into(),
+        updated_at_ms: at,
+    };
+    s.put_notes(&n("first", 1)).await.unwrap();
+    s.put_notes(&n("second", 2)).await.unwrap();
+    assert_eq!(s.get_notes(&sid).await.unwrap(), Some(n("second", 2)));
+    // Deleted together.
+    assert_eq!(s.delete_room_data(&sid).await.unwrap(), 3);
+    assert!(s.doc_log(&sid, None).await.unwrap().is_empty());
+    assert!(s.get_notes(&sid).await.unwrap().is_none());
 }
 
 async fn rounds_insert_get_list(s: &Store, run: &str) {
@@ -807,8 +859,8 @@ async fn previous_release_tables_upgrade_in_place_conformance_on_postgres() {
     let sql = "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()";
     let rows = db.query(sql, args![]).await.unwrap();
     let n: i64 = rows[0].get(0).unwrap();
-    // rounds_schema, hatchery_migrations and the 8 rounds tables.
-    assert_eq!(n, 10);
+    // rounds_schema, hatchery_migrations and the 10 rounds tables.
+    assert_eq!(n, 12);
 }
 
 /// A database that is not there is unavailable (retryable, answered 503).

@@ -239,6 +239,49 @@ impl RoundStore for DbStore {
         Ok(self.db.execute(sql, args![id]).await? == 1)
     }
 
+    async fn append_doc_log(&self, e: &DocLogRecord) -> StoreResult<()> {
+        self.insert(e).await
+    }
+
+    async fn doc_log(&self, session_id: &str, upto: Option<u64>) -> StoreResult<Vec<DocLogRecord>> {
+        let upto = clamp(upto.unwrap_or(u64::MAX));
+        let order = "WHERE session_id = $1 AND idx <= $2 ORDER BY idx";
+        Ok(self.db.select(order, args![session_id, upto]).await?)
+    }
+
+    async fn delete_room_data(&self, session_id: &str) -> StoreResult<u64> {
+        let mut tx = self.db.begin().await?;
+        let n = tx
+            .execute(
+                "DELETE FROM round_doc_log WHERE session_id = $1",
+                args![session_id],
+            )
+            .await?;
+        tx.execute(
+            "DELETE FROM round_notes WHERE session_id = $1",
+            args![session_id],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(n)
+    }
+
+    async fn get_notes(&self, session_id: &str) -> StoreResult<Option<NotesRecord>> {
+        Ok(self
+            .db
+            .select_opt("WHERE session_id = $1", args![session_id])
+            .await?)
+    }
+
+    async fn put_notes(&self, n: &NotesRecord) -> StoreResult<()> {
+        let sql = "INSERT INTO round_notes (session_id, text, author, updated_at_ms)
+            VALUES ($1, $2, $3, $4) ON CONFLICT (session_id) DO UPDATE SET
+            text = excluded.text, author = excluded.author, updated_at_ms = excluded.updated_at_ms";
+        let a = args![&n.session_id, &n.text, &n.author, clamp(n.updated_at_ms)];
+        self.db.execute(sql, a).await?;
+        Ok(())
+    }
+
     async fn insert_fork(&self, f: &ForkRecord) -> StoreResult<()> {
         self.insert(f).await
     }

@@ -3,8 +3,8 @@
 //! (`hatchery-db`: `DATA_DIR/hatchery.db` on a single host, the
 //! `--db postgres://` database on many), the same tables on both:
 //! `rounds`, `round_sessions`, `round_tokens`, `round_runs`,
-//! `round_submissions`, `round_gradings`, `round_replays`, `round_forks`
-//! (`schema.rs`; migrations recorded as product `rounds` in
+//! `round_submissions`, `round_gradings`, `round_replays`, `round_forks`,
+//! `round_doc_log` (`schema.rs`; migrations recorded as product `rounds` in
 //! `hatchery_migrations`). The queries are written once (`db.rs`); the
 //! one PostgreSQL-only piece is the session hold (`pg_lock.rs`). One
 //! contract, checked by one suite on both databases (`conformance.rs`).
@@ -140,6 +140,9 @@ hatchery_db::names! {
     pub enum Scope {
         Candidate = "candidate",
         Reviewer = "reviewer",
+        /// One round's live rooms (src/room/): watch, pair when allowed,
+        /// keep notes. Not a reviewer: no reports, no hidden tests.
+        Interviewer = "interviewer",
     }
 }
 
@@ -225,6 +228,35 @@ hatchery_db::record! {
     }
 }
 
+hatchery_db::record! {
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct DocLogRecord in "round_doc_log" {
+        pub session_id: String,
+        /// The entry's place in the session's log, from 0 (the seed).
+        pub idx: u64,
+        /// `seed`, `update`, `run` or `submit`.
+        pub kind: String,
+        /// Who: `server`, `candidate`, `interviewer:<id>`.
+        pub author: String,
+        /// The Run's or the submission's id, for a marker.
+        pub ref_id: Option<String>,
+        /// The Yjs update (v1 encoding); empty for a marker.
+        pub body: Vec<u8>,
+        pub created_at_ms: u64,
+    }
+}
+
+hatchery_db::record! {
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct NotesRecord in "round_notes" {
+        pub session_id: String,
+        pub text: String,
+        /// Who wrote the last version (`interviewer:<id>`, `api_key`).
+        pub author: String,
+        pub updated_at_ms: u64,
+    }
+}
+
 #[async_trait]
 pub trait RoundStore: Send + Sync + 'static {
     async fn insert_round(&self, r: &RoundRecord) -> StoreResult<()>;
@@ -293,6 +325,21 @@ pub trait RoundStore: Send + Sync + 'static {
     async fn due_replays(&self, now_ms: u64) -> StoreResult<Vec<ReplayRecord>>;
     /// `active` → `expired`; `false` if it was not active.
     async fn expire_replay(&self, id: &str) -> StoreResult<bool>;
+
+    /// Appends one entry to a session's document log. An `idx` already
+    /// taken (another process appended it) is a conflict.
+    async fn append_doc_log(&self, e: &DocLogRecord) -> StoreResult<()>;
+    /// The session's log entries with `idx <= upto` (all without it), in
+    /// order.
+    async fn doc_log(&self, session_id: &str, upto: Option<u64>) -> StoreResult<Vec<DocLogRecord>>;
+    /// Deletes a session's document log and notes, in one transaction
+    /// (its retention window closed); the log entries deleted.
+    async fn delete_room_data(&self, session_id: &str) -> StoreResult<u64>;
+    /// The interviewers' private notes on a session (never the
+    /// candidate's to read).
+    async fn get_notes(&self, session_id: &str) -> StoreResult<Option<NotesRecord>>;
+    /// Replaces the notes of a session.
+    async fn put_notes(&self, n: &NotesRecord) -> StoreResult<()>;
 
     async fn insert_fork(&self, f: &ForkRecord) -> StoreResult<()>;
     async fn get_fork(&self, id: &str) -> StoreResult<Option<ForkRecord>>;

@@ -12,8 +12,9 @@ use hatchery_db::{copy_table, Import, Migrations, Step};
 
 pub static MIGRATIONS: Migrations = Migrations {
     product: "rounds",
-    steps: &[Step::Both(
-        "CREATE TABLE IF NOT EXISTS rounds (
+    steps: &[
+        Step::Both(
+            "CREATE TABLE IF NOT EXISTS rounds (
             id TEXT PRIMARY KEY,
             name TEXT NOT NULL,
             state TEXT NOT NULL,
@@ -95,7 +96,32 @@ pub static MIGRATIONS: Migrations = Migrations {
             created_at_ms BIGINT NOT NULL,
             expires_at_ms BIGINT NOT NULL
          );",
-    )],
+        ),
+        // The live room's log (src/room/) and the interviewers' notes: every accepted update of a
+        // session's shared document, and a marker where each Run and
+        // Submit captured it. `idx` numbers a session's entries from 0
+        // (the server's seed); unique, so two processes cannot both
+        // append entry n.
+        Step::Both(
+            "CREATE TABLE round_doc_log (
+            seq BIGSERIAL PRIMARY KEY,
+            session_id TEXT NOT NULL,
+            idx BIGINT NOT NULL,
+            kind TEXT NOT NULL,
+            author TEXT NOT NULL,
+            ref_id TEXT,
+            body BYTEA NOT NULL,
+            created_at_ms BIGINT NOT NULL,
+            UNIQUE (session_id, idx)
+         );
+         CREATE TABLE round_notes (
+            session_id TEXT PRIMARY KEY,
+            text TEXT NOT NULL,
+            author TEXT NOT NULL,
+            updated_at_ms BIGINT NOT NULL
+         );",
+        ),
+    ],
 };
 
 /// A single-host data dir of the previous release: `rounds.db` at its
