@@ -15,6 +15,7 @@ pub mod caps;
 pub mod client_sandboxes;
 pub mod config;
 pub mod egress;
+pub mod environments;
 pub mod error;
 pub mod events;
 mod extract;

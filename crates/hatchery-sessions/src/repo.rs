@@ -43,6 +43,22 @@ pub enum RepoError {
     Timeout(Duration),
     #[error("host: {0}")]
     Io(#[from] std::io::Error),
+    #[error("reading the git credential file")]
+    Credential(#[source] std::io::Error),
+}
+
+/// The operator's git credential (an HTTP header line), read from its
+/// file at each fetch so that a rotated file is taken at once.
+pub fn read_credential(path: Option<&Path>) -> Result<Option<String>, RepoError> {
+    match path {
+        None => Ok(None),
+        Some(p) => Ok(Some(
+            std::fs::read_to_string(p)
+                .map_err(RepoError::Credential)?
+                .trim()
+                .to_string(),
+        )),
+    }
 }
 
 impl RepoError {
@@ -278,6 +294,28 @@ impl Fetcher<'_> {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 
+    /// [`Self::git`], its output as bytes, untrimmed (NUL-separated
+    /// lists).
+    async fn git_bytes(&self, step: &'static str, args: &[&str]) -> Result<Vec<u8>, RepoError> {
+        let mut c = command(self.dir, self.limits.max_bytes);
+        c.args(args);
+        let child = c.spawn()?;
+        let out = tokio::select! {
+            r = tokio::time::timeout_at(self.deadline, child.wait_with_output()) => {
+                r.map_err(|_| self.timeout())??
+            }
+            e = self.watch.until_over() => return Err(e),
+        };
+        if !out.status.success() {
+            let e = String::from_utf8_lossy(&out.stderr);
+            return Err(RepoError::Git {
+                step,
+                stderr: crate::events::cut(e.trim(), 2000).to_string(),
+            });
+        }
+        Ok(out.stdout)
+    }
+
     /// Lists the fetched tree before anything of it is written: more
     /// than `max_files` paths, or more than `max_bytes` of blobs, is
     /// refused. The listing is read as it comes and the lister killed at
@@ -345,10 +383,17 @@ impl Fetcher<'_> {
     /// The checkout as a tar, read with a running count: past `max_bytes`
     /// tar is killed and nothing more is read.
     async fn tar(&self) -> Result<Vec<u8>, RepoError> {
+        self.tar_of(&["."]).await
+    }
+
+    /// `what` (tar arguments naming what to pack, relative to the
+    /// checkout) as a tar, with [`Self::tar`]'s running count.
+    async fn tar_of(&self, what: &[&str]) -> Result<Vec<u8>, RepoError> {
         let mut c = Command::new("tar");
         c.arg("-C")
             .arg(self.dir)
-            .args(["-cf", "-", "."])
+            .args(["-cf", "-"])
+            .args(what)
             .stdin(Stdio::null())
             .stderr(Stdio::piped())
             .stdout(Stdio::piped())
@@ -403,6 +448,92 @@ pub async fn fetch(
     limits: FetchLimits,
     work_root: &Path,
 ) -> Result<Checkout, RepoError> {
+    let dir = work_dir(work_root)?;
+    let f = fetcher(&dir.0, limits);
+    let commit = fetch_in(&f, url, git_ref, credential).await?;
+    let tar = f.tar().await?;
+    Ok(Checkout { tar, commit })
+}
+
+/// What a session that starts from an environment's snapshot (which
+/// holds the checkout at `base`) needs on top of it: the files that
+/// differ, and the list of every path of the new tree, so that the
+/// sandbox removes what the new tree no longer has.
+#[derive(Debug)]
+pub struct Delta {
+    pub commit: String,
+    /// The added and changed files as a tar. Every tracked file when the
+    /// base is not in the fetched history (`from_base` false); the whole
+    /// checkout, `.git` included, when no base was given.
+    pub tar: Vec<u8>,
+    /// Every tracked path at `commit`, each ended by NUL.
+    pub paths: Vec<u8>,
+    /// Paths in `tar` (tracked files; 0 when no base was given).
+    pub changed: u64,
+    /// The base was found and `tar` holds only what differs from it.
+    pub from_base: bool,
+}
+
+/// [`fetch`] under the same caps, answered as a [`Delta`] from `base` (a
+/// full commit id), or as the whole checkout when `base` is `None` (an
+/// environment's build). The fetched history is 50 commits deep: a ref
+/// further ahead of the base, or not descended from it, gets every
+/// tracked file, which is still correct, only larger.
+pub async fn fetch_delta(
+    url: &str,
+    git_ref: &str,
+    base: Option<&str>,
+    credential: Option<&str>,
+    limits: FetchLimits,
+    work_root: &Path,
+) -> Result<Delta, RepoError> {
+    let dir = work_dir(work_root)?;
+    let f = fetcher(&dir.0, limits);
+    let commit = fetch_in(&f, url, git_ref, credential).await?;
+    let paths = f
+        .git_bytes("ls-files", &["ls-files", "-z", "--full-name"])
+        .await?;
+    let Some(base) = base else {
+        let tar = f.tar().await?;
+        return Ok(Delta {
+            commit,
+            tar,
+            paths,
+            changed: 0,
+            from_base: false,
+        });
+    };
+    let known = f
+        .git("cat-file", &["cat-file", "-t", &format!("{base}^{{commit}}")])
+        .await
+        .is_ok();
+    let list = if known {
+        f.git_bytes(
+            "diff",
+            &["diff", "--name-only", "--no-renames", "-z", "--diff-filter=d", base, "HEAD"],
+        )
+        .await?
+    } else {
+        paths.clone()
+    };
+    let changed = list.split(|b| *b == 0).filter(|p| !p.is_empty()).count() as u64;
+    // The list lives in .git, which is not packed here.
+    let list_file = f.dir.join(".git/hatchery-delta-paths");
+    std::fs::write(&list_file, &list)?;
+    let list_arg = list_file.to_string_lossy().to_string();
+    let tar = f
+        .tar_of(&["--null", "--no-recursion", "-T", &list_arg])
+        .await?;
+    Ok(Delta {
+        commit,
+        tar,
+        paths,
+        changed,
+        from_base: known,
+    })
+}
+
+fn work_dir(work_root: &Path) -> Result<TempDir, RepoError> {
     {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
@@ -412,8 +543,11 @@ pub async fn fetch(
     }
     let dir = TempDir(work_root.join(crate::ids::new_id("fetch")));
     std::fs::create_dir(&dir.0)?;
-    let d = dir.0.as_path();
-    let f = Fetcher {
+    Ok(dir)
+}
+
+fn fetcher(d: &Path, limits: FetchLimits) -> Fetcher<'_> {
+    Fetcher {
         dir: d,
         limits,
         deadline: Instant::now() + limits.timeout,
@@ -421,7 +555,17 @@ pub async fn fetch(
             dir: d.to_path_buf(),
             limits,
         },
-    };
+    }
+}
+
+/// init, fetch (depth 50), tree check, checkout; the commit checked out.
+async fn fetch_in(
+    f: &Fetcher<'_>,
+    url: &str,
+    git_ref: &str,
+    credential: Option<&str>,
+) -> Result<String, RepoError> {
+    let d = f.dir;
     f.git("init", &["init", "-q", "-b", "hatchery-session"])
         .await?;
     let header;
@@ -459,8 +603,7 @@ pub async fn fetch(
     // FETCH_HEAD names the URL; the sandbox does not need it.
     let _ = std::fs::remove_file(d.join(".git/FETCH_HEAD"));
     f.watch.check().await?;
-    let tar = f.tar().await?;
-    Ok(Checkout { tar, commit })
+    Ok(commit)
 }
 
 #[cfg(test)]

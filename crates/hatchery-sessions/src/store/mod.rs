@@ -114,6 +114,10 @@ pub struct SessionSpec {
     /// Kept in the spec's JSON: sessions stored before it read as empty.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub metadata: std::collections::BTreeMap<String, String>,
+    /// The environment version the session starts from (forked from its
+    /// snapshot, then the delta to `ref`); absent for a bare repository.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<crate::environments::models::EnvPin>,
 }
 
 /// Which agent runs and where it finds its model.
