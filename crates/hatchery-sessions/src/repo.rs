@@ -677,6 +677,71 @@ mod tests {
         assert!(empty(work.path()), "a fetch left its directory behind");
     }
 
+    /// The names in a tar, sorted.
+    fn tar_names(tar: &[u8]) -> Vec<String> {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("t.tar");
+        std::fs::write(&f, tar).unwrap();
+        let out = std::process::Command::new("tar")
+            .arg("-tf")
+            .arg(&f)
+            .output()
+            .unwrap();
+        let mut v: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| l.trim_start_matches("./").to_string())
+            .filter(|l| !l.is_empty())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[tokio::test]
+    async fn a_delta_holds_only_what_changed_since_the_base() {
+        let src = repo_with(&[
+            ("keep.txt", b"same".to_vec()),
+            ("edit.txt", b"old".to_vec()),
+            ("drop.txt", b"bye".to_vec()),
+        ]);
+        let p = src.path();
+        let work = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", p.display());
+        let l = FetchLimits::for_bytes(1 << 20, 1000);
+        // No base: the whole checkout, .git included, and every path.
+        let full = fetch_delta(&url, "main", None, None, l, work.path())
+            .await
+            .unwrap();
+        assert!(!full.from_base && full.changed == 0);
+        assert!(tar_names(&full.tar).iter().any(|n| n.starts_with(".git/")));
+        assert_eq!(full.paths, b"drop.txt\0edit.txt\0keep.txt\0");
+        let base = full.commit.clone();
+
+        std::fs::write(p.join("edit.txt"), b"new").unwrap();
+        std::fs::create_dir(p.join("sub")).unwrap();
+        std::fs::write(p.join("sub/add.txt"), b"added").unwrap();
+        std::fs::remove_file(p.join("drop.txt")).unwrap();
+        run(p, &["add", "-A", "."]);
+        run(p, &["commit", "-q", "-m", "two"]);
+        let d = fetch_delta(&url, "main", Some(&base), None, l, work.path())
+            .await
+            .unwrap();
+        assert!(d.from_base);
+        assert_eq!(d.changed, 2);
+        assert_eq!(tar_names(&d.tar), ["edit.txt", "sub/add.txt"]);
+        assert_eq!(d.paths, b"edit.txt\0keep.txt\0sub/add.txt\0");
+        assert_ne!(d.commit, base);
+
+        // A base the fetched history does not hold: every tracked file
+        // (never .git), still correct.
+        let unknown = "0123456789abcdef0123456789abcdef01234567";
+        let u = fetch_delta(&url, "main", Some(unknown), None, l, work.path())
+            .await
+            .unwrap();
+        assert!(!u.from_base);
+        assert_eq!(tar_names(&u.tar), ["edit.txt", "keep.txt", "sub/add.txt"]);
+        assert!(empty(work.path()), "a delta fetch left its directory behind");
+    }
+
     #[tokio::test]
     async fn a_huge_blob_stops_at_the_cap_on_disk() {
         // 8 MiB of incompressible bytes against a 1 MiB cap: the pack

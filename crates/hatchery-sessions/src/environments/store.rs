@@ -340,3 +340,92 @@ impl EnvStore {
         Ok(gone)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{DbSessionStore, SessionStore};
+
+    fn spec() -> EnvSpec {
+        EnvSpec {
+            repo: "git://127.0.0.1/r.git".into(),
+            git_ref: "main".into(),
+            template: "code-interpreter".into(),
+            setup: String::new(),
+            setup_allow: vec![],
+            setup_timeout_s: 60,
+        }
+    }
+
+    #[tokio::test]
+    async fn versions_prune_and_a_pinned_environment_is_not_deleted() {
+        let d = tempfile::tempdir().unwrap();
+        let db = Db::sqlite(&d.path().join("hatchery.db")).await.unwrap();
+        let sessions = DbSessionStore::open(db.clone(), "local").await.unwrap();
+        let s = EnvStore::open(db).await.unwrap();
+        s.insert("env_a", "a", &spec()).await.unwrap();
+        s.insert("env_b", "b", &spec()).await.unwrap();
+        let r = s.get("env_a").await.unwrap().unwrap();
+        assert!(r.current().is_none() && r.versions.is_empty());
+        for i in 1..=3 {
+            let v = s
+                .add_version("env_a", &format!("snap{i}"), "c0ffee", "code-interpreter", 5)
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(v.version, i);
+        }
+        // The newest two stay.
+        assert_eq!(s.prune("env_a").await.unwrap(), vec!["snap1".to_string()]);
+        let r = s.get("env_a").await.unwrap().unwrap();
+        assert_eq!(r.current().unwrap().version, 3);
+        assert_eq!(
+            r.versions.iter().map(|v| v.version).collect::<Vec<_>>(),
+            [3, 2]
+        );
+        // A queued session pinned version 2: the environment cannot be
+        // deleted, and version 2 outlives its turn.
+        let mut spec = crate::store::conformance::spec("git://127.0.0.1/r.git");
+        spec.environment = Some(EnvPin {
+            environment_id: "env_a".into(),
+            version: 2,
+            snapshot_id: "snap2".into(),
+            base_commit: "c0ffee".into(),
+        });
+        sessions.create("ses_x", &spec, None, "h").await.unwrap();
+        assert!(matches!(s.delete("env_a").await, Err(EnvError::Conflict(_))));
+        s.add_version("env_a", "snap4", "c0ffee", "code-interpreter", 5)
+            .await
+            .unwrap();
+        assert!(s.prune("env_a").await.unwrap().is_empty());
+        assert_eq!(s.get("env_a").await.unwrap().unwrap().versions.len(), 3);
+        // Another environment is not held by it; its rows go.
+        s.add_version("env_b", "snapb", "c0ffee", "code-interpreter", 5)
+            .await
+            .unwrap();
+        assert_eq!(s.delete("env_b").await.unwrap(), vec!["snapb".to_string()]);
+        assert!(s.get("env_b").await.unwrap().is_none());
+        assert!(matches!(s.delete("env_b").await, Err(EnvError::NotFound(_))));
+        // A version for a deleted environment is not recorded.
+        assert!(s
+            .add_version("env_b", "late", "c0ffee", "code-interpreter", 5)
+            .await
+            .unwrap()
+            .is_none());
+    }
+
+    #[tokio::test]
+    async fn the_environment_cap_is_exact() {
+        let d = tempfile::tempdir().unwrap();
+        let db = Db::sqlite(&d.path().join("hatchery.db")).await.unwrap();
+        let s = EnvStore::open(db).await.unwrap();
+        for i in 0..MAX_ENVIRONMENTS {
+            s.insert(&format!("env_{i}"), "n", &spec()).await.unwrap();
+        }
+        assert!(matches!(
+            s.insert("env_over", "n", &spec()).await,
+            Err(EnvError::TooMany(_))
+        ));
+        assert_eq!(s.list().await.unwrap().len() as u64, MAX_ENVIRONMENTS);
+    }
+}
