@@ -11,7 +11,6 @@ import http.client
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time

@@ -132,7 +132,11 @@ def test_build_once_sessions_fork_get_the_delta_and_lose_setup_egress(ed, git_se
     # hole) or it fails; it leaves a marker outside git's tracked files
     # and the canary the token scan must find.
     udp = f"udp,{peer.addr},9999"
-    setup = (f"{probe_cmd(udp)} > /tmp/setup-net.json && grep -q '\"open:' /tmp/setup-net.json"
+    # (Tried up to three times: a first connection out of a fresh sandbox
+    # has timed out under load, docs/testing.md "Known flake".)
+    setup = (f"for i in 1 2 3; do {probe_cmd(udp)} > /tmp/setup-net.json;"
+             f" grep -q '\"open:' /tmp/setup-net.json && break; done;"
+             f" grep -q '\"open:' /tmp/setup-net.json"
              f" && echo installed > .setup-done && echo {CANARY} > /opt/canary.txt")
     env = create_env(ed, name="calc", repo=repo, setup=setup, setup_allow=[{"cidr": peer.addr}])
     eid = env["environment_id"]

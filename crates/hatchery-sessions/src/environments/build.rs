@@ -134,16 +134,8 @@ async fn in_sandbox(
                 env.spec.setup_timeout_s,
             )
             .await?;
-        for line in o
-            .stdout
-            .lines()
-            .chain(o.stderr.lines())
-            .collect::<Vec<_>>()
-            .iter()
-            .rev()
-            .take(LOG_LINES)
-            .rev()
-        {
+        let lines: Vec<&str> = o.stdout.lines().chain(o.stderr.lines()).collect();
+        for line in &lines[lines.len().saturating_sub(LOG_LINES)..] {
             p.send(BuildEvent::Log {
                 line: line.to_string(),
             });

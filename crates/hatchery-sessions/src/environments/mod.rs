@@ -18,6 +18,8 @@ pub mod progress;
 pub mod routes;
 pub mod service;
 pub mod store;
+#[cfg(test)]
+mod tests;
 
 pub use error::EnvError;
 pub use service::Environments;

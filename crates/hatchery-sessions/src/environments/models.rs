@@ -39,6 +39,7 @@ pub struct CreateEnvironment {
     /// 64), open only while the set-up runs and closed before the
     /// snapshot. Sessions never get them.
     #[serde(default)]
+    #[schema(value_type = Vec<Object>)]
     pub setup_allow: Vec<serde_json::Value>,
     /// 1..3600 (default 600).
     pub setup_timeout_s: Option<u64>,
@@ -52,6 +53,7 @@ pub struct EnvSpec {
     pub git_ref: String,
     pub template: String,
     pub setup: String,
+    #[schema(value_type = Vec<Object>)]
     pub setup_allow: Vec<serde_json::Value>,
     pub setup_timeout_s: u64,
 }
