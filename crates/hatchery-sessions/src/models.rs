@@ -189,7 +189,11 @@ impl SessionView {
             policy_id: s.spec.policy_id,
             policy_version: s.spec.policy_version,
             template: s.spec.template,
-            environment_id: s.spec.environment.as_ref().map(|e| e.environment_id.clone()),
+            environment_id: s
+                .spec
+                .environment
+                .as_ref()
+                .map(|e| e.environment_id.clone()),
             environment_version: s.spec.environment.as_ref().map(|e| e.version),
             metadata: s.spec.metadata,
             budget: Spend {

@@ -504,13 +504,24 @@ pub async fn fetch_delta(
         });
     };
     let known = f
-        .git("cat-file", &["cat-file", "-t", &format!("{base}^{{commit}}")])
+        .git(
+            "cat-file",
+            &["cat-file", "-t", &format!("{base}^{{commit}}")],
+        )
         .await
         .is_ok();
     let list = if known {
         f.git_bytes(
             "diff",
-            &["diff", "--name-only", "--no-renames", "-z", "--diff-filter=d", base, "HEAD"],
+            &[
+                "diff",
+                "--name-only",
+                "--no-renames",
+                "-z",
+                "--diff-filter=d",
+                base,
+                "HEAD",
+            ],
         )
         .await?
     } else {
@@ -739,7 +750,10 @@ mod tests {
             .unwrap();
         assert!(!u.from_base);
         assert_eq!(tar_names(&u.tar), ["edit.txt", "keep.txt", "sub/add.txt"]);
-        assert!(empty(work.path()), "a delta fetch left its directory behind");
+        assert!(
+            empty(work.path()),
+            "a delta fetch left its directory behind"
+        );
     }
 
     #[tokio::test]

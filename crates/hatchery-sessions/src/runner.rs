@@ -395,8 +395,12 @@ async fn bare(svc: &Arc<SessionCore>, s: &Session) -> R<String> {
 
 /// The operator's git credential, read at each fetch.
 fn credential(svc: &Arc<SessionCore>) -> R<Option<String>> {
-    crate::repo::read_credential(svc.cfg.git_credential_file.as_deref())
-        .map_err(|e| fail("repo_fetch_failed", hatchery_serve::error_text::with_causes(&e)))
+    crate::repo::read_credential(svc.cfg.git_credential_file.as_deref()).map_err(|e| {
+        fail(
+            "repo_fetch_failed",
+            hatchery_serve::error_text::with_causes(&e),
+        )
+    })
 }
 
 /// A fork of the environment version's snapshot (the set-up done, its

@@ -70,7 +70,8 @@ pub fn run(api: &Api, cmd: EnvCmd) -> anyhow::Result<i32> {
                 .iter()
                 .map(|r| serde_json::from_str::<Value>(r).with_context(|| format!("--allow {r}")))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            let mut body = json!({"name": name, "repo": repo, "setup": setup, "setup_allow": rules});
+            let mut body =
+                json!({"name": name, "repo": repo, "setup": setup, "setup_allow": rules});
             if let Some(r) = git_ref {
                 body["ref"] = r.into();
             }

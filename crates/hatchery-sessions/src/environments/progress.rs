@@ -16,15 +16,23 @@ const LIVE_BUFFER: usize = 1024;
 #[serde(tag = "event", rename_all = "snake_case")]
 pub enum BuildEvent {
     /// `step`: `sandbox`, `fetch`, `setup`, `close_egress`, `snapshot`.
-    Step { step: &'static str, percent: u8 },
-    Log { line: String },
+    Step {
+        step: &'static str,
+        percent: u8,
+    },
+    Log {
+        line: String,
+    },
     Done {
         environment_id: String,
         version: u64,
         base_commit: String,
         snapshot_id: String,
     },
-    Error { code: &'static str, message: String },
+    Error {
+        code: &'static str,
+        message: String,
+    },
 }
 
 impl BuildEvent {

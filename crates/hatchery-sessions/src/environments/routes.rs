@@ -89,7 +89,11 @@ pub async fn build(
     let p = envs(&st)?.start_build(&id).await?;
     let (history, rx) = p.subscribe();
     let sse = |ev: &BuildEvent| {
-        Ok::<_, Infallible>(SseEvent::default().event(ev.name()).data(ev.data().to_string()))
+        Ok::<_, Infallible>(
+            SseEvent::default()
+                .event(ev.name())
+                .data(ev.data().to_string()),
+        )
     };
     let done = history.iter().any(BuildEvent::is_last);
     let first = futures::stream::iter(history.iter().map(sse).collect::<Vec<_>>());

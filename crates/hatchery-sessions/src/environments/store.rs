@@ -132,7 +132,10 @@ impl EnvStore {
     pub async fn list(&self) -> Result<Vec<EnvRecord>, EnvError> {
         let rows = self
             .db
-            .query("SELECT * FROM environments ORDER BY created_at, id", args![])
+            .query(
+                "SELECT * FROM environments ORDER BY created_at, id",
+                args![],
+            )
             .await?;
         let mut out = Vec::with_capacity(rows.len());
         for r in &rows {
@@ -233,10 +236,7 @@ impl EnvStore {
     /// The snapshots unfinished sessions pinned, of environment `id`
     /// (every unfinished session's spec is read: they are bounded by the
     /// hosts' capacity, and the pin lives in the spec's JSON).
-    async fn pinned(
-        tx: &mut hatchery_db::Tx,
-        id: &str,
-    ) -> Result<Vec<(String, EnvPin)>, EnvError> {
+    async fn pinned(tx: &mut hatchery_db::Tx, id: &str) -> Result<Vec<(String, EnvPin)>, EnvError> {
         let sql = format!("SELECT id, spec FROM sessions WHERE {}", unfinished_sql());
         let mut out = Vec::new();
         for r in tx.query(&sql, args![]).await? {
@@ -369,7 +369,13 @@ mod tests {
         assert!(r.current().is_none() && r.versions.is_empty());
         for i in 1..=3 {
             let v = s
-                .add_version("env_a", &format!("snap{i}"), "c0ffee", "code-interpreter", 5)
+                .add_version(
+                    "env_a",
+                    &format!("snap{i}"),
+                    "c0ffee",
+                    "code-interpreter",
+                    5,
+                )
                 .await
                 .unwrap()
                 .unwrap();
@@ -393,7 +399,10 @@ mod tests {
             base_commit: "c0ffee".into(),
         });
         sessions.create("ses_x", &spec, None, "h").await.unwrap();
-        assert!(matches!(s.delete("env_a").await, Err(EnvError::Conflict(_))));
+        assert!(matches!(
+            s.delete("env_a").await,
+            Err(EnvError::Conflict(_))
+        ));
         s.add_version("env_a", "snap4", "c0ffee", "code-interpreter", 5)
             .await
             .unwrap();
@@ -405,7 +414,10 @@ mod tests {
             .unwrap();
         assert_eq!(s.delete("env_b").await.unwrap(), vec!["snapb".to_string()]);
         assert!(s.get("env_b").await.unwrap().is_none());
-        assert!(matches!(s.delete("env_b").await, Err(EnvError::NotFound(_))));
+        assert!(matches!(
+            s.delete("env_b").await,
+            Err(EnvError::NotFound(_))
+        ));
         // A version for a deleted environment is not recorded.
         assert!(s
             .add_version("env_b", "late", "c0ffee", "code-interpreter", 5)

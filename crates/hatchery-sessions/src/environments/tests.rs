@@ -166,7 +166,10 @@ async fn a_build_closes_the_setup_egress_and_sessions_fork_it_with_the_delta() {
     assert_eq!(sb.network, None);
     assert_eq!(sb.files["/opt/hatchery/delta-paths"], b"NEW\0README\0");
     assert!(sb.files.contains_key("/opt/hatchery/env_delta.py"));
-    assert!(sb.files.contains_key("/opt/hatchery/env-tracked"), "from the snapshot");
+    assert!(
+        sb.files.contains_key("/opt/hatchery/env-tracked"),
+        "from the snapshot"
+    );
 
     // In use: not deleted.
     assert!(matches!(
@@ -215,7 +218,9 @@ async fn a_failed_setup_leaves_no_version_and_says_why() {
     .unwrap();
     assert!(matches!(
         e.sessions.create(body).await,
-        Err(crate::error::SessionError::Environment(EnvError::NotBuilt(_)))
+        Err(crate::error::SessionError::Environment(EnvError::NotBuilt(
+            _
+        )))
     ));
     e.envs.delete(&id).await.unwrap();
 }
@@ -248,8 +253,7 @@ async fn bad_input_is_refused_before_anything_is_written() {
     let mut edge = ok.clone();
     edge["name"] = "n".repeat(MAX_NAME_BYTES).into();
     edge["setup"] = "x".repeat(MAX_SETUP_BYTES).into();
-    edge["setup_allow"] =
-        vec![serde_json::json!({"cidr": "10.0.0.1"}); MAX_SETUP_ALLOW].into();
+    edge["setup_allow"] = vec![serde_json::json!({"cidr": "10.0.0.1"}); MAX_SETUP_ALLOW].into();
     edge["setup_timeout_s"] = MAX_SETUP_TIMEOUT_S.into();
     let body: CreateEnvironment = serde_json::from_value(edge).unwrap();
     e.envs.create(body).await.unwrap();
