@@ -15,6 +15,9 @@ pub mod caps;
 pub mod client_sandboxes;
 pub mod config;
 pub mod egress;
+pub mod environment_routes;
+#[cfg(test)]
+mod environment_tests;
 pub mod environments;
 pub mod error;
 pub mod events;
@@ -22,6 +25,7 @@ mod extract;
 pub mod hooks;
 mod host_reports;
 pub mod ids;
+pub mod layout;
 pub mod metrics;
 pub mod model_events;
 pub mod models;

@@ -28,11 +28,11 @@ use utoipa::OpenApi;
         crate::policy_move::move_policy,
         crate::model_events::post_model_event,
         crate::broker_events::post_broker_events,
-        crate::environments::routes::create,
-        crate::environments::routes::list,
-        crate::environments::routes::get_one,
-        crate::environments::routes::delete,
-        crate::environments::routes::build
+        crate::environment_routes::create,
+        crate::environment_routes::list,
+        crate::environment_routes::get_one,
+        crate::environment_routes::delete,
+        crate::environment_routes::build
     ),
     components(schemas(
         CreateSessionBody,
@@ -67,7 +67,7 @@ use utoipa::OpenApi;
         crate::environments::models::EnvVersion,
         crate::environments::models::EnvironmentView,
         crate::environments::models::EnvironmentList,
-        crate::environments::models::EnvPin
+        crate::store::EnvPin
     ))
 )]
 pub struct SessionsDoc;

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
-pub const WORKDIR: &str = "/workspace";
-pub(crate) const AGENT_DIR: &str = "/opt/hatchery";
+use crate::layout::AGENT_DIR;
+pub use crate::layout::WORKDIR;
 const REFERENCE_AGENT: &str = include_str!("../agent/reference_agent.py");
 const WORKSPACE_DIFF: &str = include_str!("../agent/workspace_diff.py");
 const ENV_DELTA: &str = include_str!("../agent/env_delta.py");
@@ -410,7 +410,7 @@ fn credential(svc: &Arc<SessionCore>) -> R<Option<String>> {
 async fn from_environment(
     svc: &Arc<SessionCore>,
     s: &Session,
-    pin: &crate::environments::models::EnvPin,
+    pin: &crate::store::EnvPin,
 ) -> R<String> {
     let id = &s.id;
     let info = fork_bound(svc, s, &pin.snapshot_id).await?;
@@ -492,7 +492,7 @@ async fn from_environment(
                 paths,
                 WORKDIR.into(),
                 format!("{AGENT_DIR}/base.tar"),
-                crate::environments::build::TRACKED_FILE.into(),
+                crate::layout::TRACKED_FILE.into(),
             ],
             "/",
             120,

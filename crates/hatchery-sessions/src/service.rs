@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
-pub const DEFAULT_TEMPLATE: &str = "code-interpreter";
+pub use crate::layout::DEFAULT_TEMPLATE;
 
 pub struct Sessions {
     /// The store, bus, sandboxes, scheduler, hooks, config and metrics,

@@ -10,7 +10,7 @@ use super::progress::{BuildEvent, Progress};
 use super::store::EnvRecord;
 use super::EnvError;
 use crate::config::SessionsConfig;
-use crate::runner::{AGENT_DIR, WORKDIR};
+use crate::layout::{AGENT_DIR, TRACKED_FILE, WORKDIR};
 use crate::sandbox::{NewSandbox, Sandboxes};
 use std::collections::BTreeMap;
 
@@ -21,10 +21,6 @@ pub const SNAPSHOT_RETENTION_S: u64 = 90 * 24 * 3600;
 const LOG_LINES: usize = 200;
 /// Bytes of the set-up's output kept in a failure's reason.
 const REASON_TAIL: usize = 2000;
-
-/// Where the snapshot keeps what a session's delta is applied against:
-/// the tracked paths at the base commit, NUL-separated.
-pub(crate) const TRACKED_FILE: &str = "/opt/hatchery/env-tracked";
 
 /// What a build made: the snapshot and the commit it holds.
 pub(crate) struct Built {

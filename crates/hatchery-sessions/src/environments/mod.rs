@@ -9,17 +9,17 @@
 //!
 //! A module of hatchery-sessions rather than a crate: it uses the same
 //! sandbox trait, host-side fetch, database and API key as the sessions,
-//! and its delete checks the sessions' own table.
+//! and its delete checks the sessions' own table. Its routes are in
+//! `environment_routes.rs`, its tests with the runner's in
+//! `environment_tests.rs`: outside this module, so that the sessions'
+//! modules it is used by are never imported back.
 
 pub mod build;
 pub mod error;
 pub mod models;
 pub mod progress;
-pub mod routes;
 pub mod service;
 pub mod store;
-#[cfg(test)]
-mod tests;
 
 pub use error::EnvError;
 pub use service::Environments;

@@ -92,12 +92,4 @@ pub struct EnvironmentList {
     pub environments: Vec<EnvironmentView>,
 }
 
-/// What a session that starts from an environment pins: the version and
-/// everything the runner needs of it, kept in the session's spec.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-pub struct EnvPin {
-    pub environment_id: String,
-    pub version: u64,
-    pub snapshot_id: String,
-    pub base_commit: String,
-}
+pub use crate::store::EnvPin;

@@ -61,7 +61,7 @@ impl Environments {
         validate::git_ref(&git_ref)?;
         let template = b
             .template
-            .unwrap_or_else(|| crate::service::DEFAULT_TEMPLATE.into());
+            .unwrap_or_else(|| crate::layout::DEFAULT_TEMPLATE.into());
         validate::template_name(&template)?;
         validate::text("setup", &b.setup, MAX_SETUP_BYTES, true)?;
         if b.setup_allow.len() > MAX_SETUP_ALLOW {

@@ -5,11 +5,11 @@
 //! failed set-up leaves (nothing), and how a session starts from a
 //! version (a fork of its snapshot, the delta files, the version pinned).
 
-use super::models::*;
-use super::progress::{BuildEvent, Progress};
-use super::store::EnvStore;
-use super::{EnvError, Environments};
 use crate::config::SessionsConfig;
+use crate::environments::models::*;
+use crate::environments::progress::{BuildEvent, Progress};
+use crate::environments::store::EnvStore;
+use crate::environments::{EnvError, Environments};
 use crate::models::CreateSessionBody;
 use crate::policy::BuiltinPolicies;
 use crate::sandbox::fake::FakeSandboxes;

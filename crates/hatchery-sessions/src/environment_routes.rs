@@ -1,10 +1,10 @@
 //! `/v1/environments` routes, mounted by the sessions router (same API
 //! key, same body cap).
 
-use super::models::*;
-use super::progress::BuildEvent;
-use super::{EnvError, Environments};
 use crate::api_state::ApiState;
+use crate::environments::models::*;
+use crate::environments::progress::BuildEvent;
+use crate::environments::{EnvError, Environments};
 use crate::extract::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
