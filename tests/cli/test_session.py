@@ -79,3 +79,36 @@ def test_session_commands(env):
     assert p.returncode != 0 and "invalid_repo" in p.stderr
     p = hx("session", "get", "nope")
     assert p.returncode != 0
+
+
+def test_env_commands(env):
+    """`hatchery env create/build/ls/get/rm` and `session create
+    --environment`: the build's version on stdout, a failed set-up's
+    reason and a non-zero exit, 409 while a session uses it."""
+    d, hx, g = env
+    repo = g.add_repo("cli-env", DEMO_FILES)
+    eid = hx("env", "create", "--name", "cli", "--repo", repo, "--setup", "echo ready > .ready",
+             "--allow", '{"cidr": "10.9.9.9", "ports": [80]}', check=0).stdout.strip()
+    assert re.fullmatch(r"env_[a-z0-9]{16}", eid), eid
+    p = hx("env", "build", eid, timeout=600, check=0)
+    assert p.stdout.strip() == "1", (p.stdout, p.stderr)
+    assert "done" in p.stderr
+    listed = json.loads(hx("env", "ls", "--json", check=0).stdout)
+    assert [(e["environment_id"], e["current"]["version"]) for e in listed] == [(eid, 1)]
+    got = json.loads(hx("env", "get", eid, "--json", check=0).stdout)
+    assert got["setup_allow"] == [{"cidr": "10.9.9.9", "ports": [80]}]
+    assert eid in hx("env", "ls", check=0).stdout
+    sid = hx("session", "create", "--environment", eid, "--task", "[script:ask] ask", check=0).stdout.strip()
+    d.wait_event(sid, "waiting")
+    assert d.session(sid)["environment_version"] == 1
+    p = hx("env", "rm", eid)
+    assert p.returncode != 0 and "environment_conflict" in p.stderr, (p.stdout, p.stderr)
+    hx("session", "cancel", sid, check=0)
+    d.track_sandboxes(sid)
+    hx("env", "rm", eid, check=0)
+    assert json.loads(hx("env", "ls", "--json", check=0).stdout) == []
+    bad = hx("env", "create", "--name", "bad", "--repo", repo, "--setup", "echo nope >&2; exit 3",
+             check=0).stdout.strip()
+    p = hx("env", "build", bad, timeout=600)
+    assert p.returncode != 0 and "setup_failed" in p.stderr and "nope" in p.stderr, (p.stdout, p.stderr)
+    hx("env", "rm", bad, check=0)

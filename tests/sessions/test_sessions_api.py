@@ -41,7 +41,9 @@ def test_bad_input_is_refused_and_nothing_is_created(sd, git_server):
         (dict(ok, agent={"kind": "magic"}), (400, "invalid_request")),
         (dict(ok, agent={"max_steps": 0}), (400, "invalid_request")),
         (dict(ok, bogus=1), (400, "invalid_json")),
-        ({"task": "no repo"}, (400, "invalid_json")),
+        # `repo` may be absent only with `environment_id`.
+        ({"task": "no repo"}, (400, "invalid_repo")),
+        ({"task": "t", "environment_id": "env_nosuchenvironm1"}, (404, "environment_not_found")),
     ]
     for body, want in cases:
         r = sd.request("POST", "/v1/sessions", body)

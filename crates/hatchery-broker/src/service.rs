@@ -1778,6 +1778,7 @@ mod policy_fail_closed_tests {
                     },
                     env: Default::default(),
                     metadata: Default::default(),
+                    environment: None,
                 },
                 state: if self.starting.load(Ordering::SeqCst) {
                     SessionState::Starting

@@ -117,6 +117,10 @@ enum Cmd {
     /// Agent sessions: a coding agent on a repository, in a sandbox.
     #[command(subcommand, alias = "sessions")]
     Session(commands::session::SessionCmd),
+    /// Environments: a repository's set-up built once, for sessions to
+    /// start from (`env create|build|ls|get|rm`).
+    #[command(subcommand, alias = "envs")]
+    Env(commands::env::EnvCmd),
     /// Tenants and their API keys (operator key only).
     #[command(subcommand, alias = "tenants")]
     Tenant(commands::tenant::TenantCmd),
@@ -198,6 +202,7 @@ fn client_cmd(api: &Api, cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Network(c) => network::run(api, c),
         Cmd::Audit(c) => commands::audit::run(c),
         Cmd::Session(c) => commands::session::run(api, c),
+        Cmd::Env(c) => commands::env::run(api, c),
         Cmd::Tenant(c) => commands::tenant::run(api, c),
         Cmd::Host(c) => commands::host::run(api, c),
         Cmd::Serve(_) | Cmd::Run(_) | Cmd::Round(_) => unreachable!("handled in main"),

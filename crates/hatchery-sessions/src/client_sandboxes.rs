@@ -26,9 +26,17 @@ fn map(e: ClientError) -> SandboxError {
         SandboxError::NotFound(e.to_string())
     } else if e.is_capacity() {
         SandboxError::Capacity(e.to_string())
+    } else if e.code() == Some("invalid_network_policy") {
+        SandboxError::InvalidNetwork(e.message().unwrap_or_default().to_string())
     } else {
         SandboxError::Other(e.to_string())
     }
+}
+
+/// A policy the caller built as JSON, in the client's type: one that
+/// does not parse is the caller's mistake, said as such.
+fn policy(v: serde_json::Value) -> Result<hatchery_client::NetworkPolicy, SandboxError> {
+    serde_json::from_value(v).map_err(|e| SandboxError::InvalidNetwork(e.to_string()))
 }
 
 fn proc_state(p: &ProcessInfo) -> ProcState {
@@ -60,7 +68,7 @@ impl Sandboxes for ClientSandboxes {
                 ttl_seconds: Some(req.ttl_s),
                 metadata: req.metadata,
                 env: req.env,
-                network: None,
+                network: req.network.map(policy).transpose()?,
             })
             .await
             .map_err(|e| {
@@ -240,6 +248,14 @@ impl Sandboxes for ClientSandboxes {
             boot_mode: s.boot_mode,
             boot_ms: s.boot_ms,
         })
+    }
+
+    async fn set_network(&self, id: &str, p: serde_json::Value) -> Result<(), SandboxError> {
+        self.client
+            .set_network(id, &policy(p)?)
+            .await
+            .map(|_| ())
+            .map_err(map)
     }
 
     async fn delete_snapshot(&self, id: &str) -> Result<(), SandboxError> {

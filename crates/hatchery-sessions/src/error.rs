@@ -38,6 +38,9 @@ pub enum SessionError {
     StoreUnavailable(String),
     #[error("internal: {0}")]
     Internal(String),
+    /// An environment named by a create (not found, not built, ...).
+    #[error(transparent)]
+    Environment(#[from] crate::environments::EnvError),
 }
 
 impl From<StoreError> for SessionError {
@@ -98,6 +101,8 @@ impl SessionError {
             SessionError::Moved(_) => (S::CONFLICT, "session_moved"),
             SessionError::StoreUnavailable(_) => (S::SERVICE_UNAVAILABLE, "store_unavailable"),
             SessionError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "internal"),
+            // Answered by the environment's own error (into_response).
+            SessionError::Environment(_) => (S::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
 }
@@ -106,6 +111,9 @@ pub use hatchery_serve::json_error::{ErrorBody, ErrorDetail};
 
 impl IntoResponse for SessionError {
     fn into_response(self) -> Response {
+        if let SessionError::Environment(e) = self {
+            return e.into_response();
+        }
         let (status, code) = self.status_code();
         let message = if status == StatusCode::INTERNAL_SERVER_ERROR {
             // The cause goes to the log, the caller gets an id to quote.

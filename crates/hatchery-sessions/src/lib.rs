@@ -15,12 +15,17 @@ pub mod caps;
 pub mod client_sandboxes;
 pub mod config;
 pub mod egress;
+pub mod environment_routes;
+#[cfg(test)]
+mod environment_tests;
+pub mod environments;
 pub mod error;
 pub mod events;
 mod extract;
 pub mod hooks;
 mod host_reports;
 pub mod ids;
+pub mod layout;
 pub mod metrics;
 pub mod model_events;
 pub mod models;

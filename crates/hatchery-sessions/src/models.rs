@@ -57,7 +57,13 @@ pub struct AgentBody {
 #[serde(deny_unknown_fields)]
 pub struct CreateSessionBody {
     /// `https://…`, `git://…` or `file:///…` under an allowed root.
+    /// May be absent with `environment_id` (the environment's is used).
+    #[serde(default)]
     pub repo: String,
+    /// Start from this environment's current version: its snapshot (the
+    /// set-up done) plus the files that changed from its base commit to
+    /// `ref`. Its repository and template are the session's.
+    pub environment_id: Option<String>,
     /// Branch, tag or commit (default `main`).
     #[serde(rename = "ref")]
     pub git_ref: Option<String>,
@@ -104,6 +110,9 @@ pub struct SessionView {
     pub policy_id: String,
     pub policy_version: u32,
     pub template: String,
+    /// The environment and the version the session started from.
+    pub environment_id: Option<String>,
+    pub environment_version: Option<u64>,
     pub metadata: BTreeMap<String, String>,
     pub budget: Spend,
     pub spend: Spend,
@@ -180,6 +189,12 @@ impl SessionView {
             policy_id: s.spec.policy_id,
             policy_version: s.spec.policy_version,
             template: s.spec.template,
+            environment_id: s
+                .spec
+                .environment
+                .as_ref()
+                .map(|e| e.environment_id.clone()),
+            environment_version: s.spec.environment.as_ref().map(|e| e.version),
             metadata: s.spec.metadata,
             budget: Spend {
                 tokens: s.spec.budget_tokens,

@@ -27,7 +27,12 @@ use utoipa::OpenApi;
         routes::blob,
         crate::policy_move::move_policy,
         crate::model_events::post_model_event,
-        crate::broker_events::post_broker_events
+        crate::broker_events::post_broker_events,
+        crate::environment_routes::create,
+        crate::environment_routes::list,
+        crate::environment_routes::get_one,
+        crate::environment_routes::delete,
+        crate::environment_routes::build
     ),
     components(schemas(
         CreateSessionBody,
@@ -56,7 +61,13 @@ use utoipa::OpenApi;
         crate::model_events::ModelEvent,
         crate::broker_events::BrokerEvents,
         crate::broker_events::ApprovalRequest,
-        crate::broker_events::BrokerEventsWritten
+        crate::broker_events::BrokerEventsWritten,
+        crate::environments::models::CreateEnvironment,
+        crate::environments::models::EnvSpec,
+        crate::environments::models::EnvVersion,
+        crate::environments::models::EnvironmentView,
+        crate::environments::models::EnvironmentList,
+        crate::store::EnvPin
     ))
 )]
 pub struct SessionsDoc;

@@ -44,6 +44,22 @@ pub enum RepoError {
     Timeout(Duration),
     #[error("host: {0}")]
     Io(#[from] std::io::Error),
+    #[error("reading the git credential file")]
+    Credential(#[source] std::io::Error),
+}
+
+/// The operator's git credential (an HTTP header line), read from its
+/// file at each fetch so that a rotated file is taken at once.
+pub fn read_credential(path: Option<&Path>) -> Result<Option<String>, RepoError> {
+    match path {
+        None => Ok(None),
+        Some(p) => Ok(Some(
+            std::fs::read_to_string(p)
+                .map_err(RepoError::Credential)?
+                .trim()
+                .to_string(),
+        )),
+    }
 }
 
 impl RepoError {
@@ -296,6 +312,28 @@ impl Fetcher<'_> {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 
+    /// [`Self::git`], its output as bytes, untrimmed (NUL-separated
+    /// lists).
+    async fn git_bytes(&self, step: &'static str, args: &[&str]) -> Result<Vec<u8>, RepoError> {
+        let mut c = command(self.dir, self.limits.max_bytes);
+        c.args(args);
+        let child = c.spawn()?;
+        let out = tokio::select! {
+            r = tokio::time::timeout_at(self.deadline, child.wait_with_output()) => {
+                r.map_err(|_| self.timeout())??
+            }
+            e = self.watch.until_over() => return Err(e),
+        };
+        if !out.status.success() {
+            let e = String::from_utf8_lossy(&out.stderr);
+            return Err(RepoError::Git {
+                step,
+                stderr: crate::events::cut(e.trim(), 2000).to_string(),
+            });
+        }
+        Ok(out.stdout)
+    }
+
     /// Lists the fetched tree before anything of it is written: more
     /// than `max_files` paths, or more than `max_bytes` of blobs, is
     /// refused. The listing is read as it comes and the lister killed at
@@ -363,10 +401,17 @@ impl Fetcher<'_> {
     /// The checkout as a tar, read with a running count: past `max_bytes`
     /// tar is killed and nothing more is read.
     async fn tar(&self) -> Result<Vec<u8>, RepoError> {
+        self.tar_of(&["."]).await
+    }
+
+    /// `what` (tar arguments naming what to pack, relative to the
+    /// checkout) as a tar, with [`Self::tar`]'s running count.
+    async fn tar_of(&self, what: &[&str]) -> Result<Vec<u8>, RepoError> {
         let mut c = Command::new("tar");
         c.arg("-C")
             .arg(self.dir)
-            .args(["-cf", "-", "."])
+            .args(["-cf", "-"])
+            .args(what)
             .stdin(Stdio::null())
             .stderr(Stdio::piped())
             .stdout(Stdio::piped())
@@ -421,6 +466,103 @@ pub async fn fetch(
     limits: FetchLimits,
     work_root: &Path,
 ) -> Result<Checkout, RepoError> {
+    let dir = work_dir(work_root)?;
+    let f = fetcher(&dir.0, limits);
+    let commit = fetch_in(&f, url, git_ref, credential).await?;
+    let tar = f.tar().await?;
+    Ok(Checkout { tar, commit })
+}
+
+/// What a session that starts from an environment's snapshot (which
+/// holds the checkout at `base`) needs on top of it: the files that
+/// differ, and the list of every path of the new tree, so that the
+/// sandbox removes what the new tree no longer has.
+#[derive(Debug)]
+pub struct Delta {
+    pub commit: String,
+    /// The added and changed files as a tar. Every tracked file when the
+    /// base is not in the fetched history (`from_base` false); the whole
+    /// checkout, `.git` included, when no base was given.
+    pub tar: Vec<u8>,
+    /// Every tracked path at `commit`, each ended by NUL.
+    pub paths: Vec<u8>,
+    /// Paths in `tar` (tracked files; 0 when no base was given).
+    pub changed: u64,
+    /// The base was found and `tar` holds only what differs from it.
+    pub from_base: bool,
+}
+
+/// [`fetch`] under the same caps, answered as a [`Delta`] from `base` (a
+/// full commit id), or as the whole checkout when `base` is `None` (an
+/// environment's build). The fetched history is 50 commits deep: a ref
+/// further ahead of the base, or not descended from it, gets every
+/// tracked file, which is still correct, only larger.
+pub async fn fetch_delta(
+    url: &str,
+    git_ref: &str,
+    base: Option<&str>,
+    credential: Option<&str>,
+    limits: FetchLimits,
+    work_root: &Path,
+) -> Result<Delta, RepoError> {
+    let dir = work_dir(work_root)?;
+    let f = fetcher(&dir.0, limits);
+    let commit = fetch_in(&f, url, git_ref, credential).await?;
+    let paths = f
+        .git_bytes("ls-files", &["ls-files", "-z", "--full-name"])
+        .await?;
+    let Some(base) = base else {
+        let tar = f.tar().await?;
+        return Ok(Delta {
+            commit,
+            tar,
+            paths,
+            changed: 0,
+            from_base: false,
+        });
+    };
+    let known = f
+        .git(
+            "cat-file",
+            &["cat-file", "-t", &format!("{base}^{{commit}}")],
+        )
+        .await
+        .is_ok();
+    let list = if known {
+        f.git_bytes(
+            "diff",
+            &[
+                "diff",
+                "--name-only",
+                "--no-renames",
+                "-z",
+                "--diff-filter=d",
+                base,
+                "HEAD",
+            ],
+        )
+        .await?
+    } else {
+        paths.clone()
+    };
+    let changed = list.split(|b| *b == 0).filter(|p| !p.is_empty()).count() as u64;
+    // The list lives in .git, which is not packed here.
+    let list_file = f.dir.join(".git/hatchery-delta-paths");
+    std::fs::write(&list_file, &list)?;
+    let list_arg = list_file.to_string_lossy().to_string();
+    let tar = f
+        .tar_of(&["--null", "--no-recursion", "-T", &list_arg])
+        .await?;
+    Ok(Delta {
+        commit,
+        tar,
+        paths,
+        changed,
+        from_base: known,
+    })
+}
+
+fn work_dir(work_root: &Path) -> Result<TempDir, RepoError> {
     {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
@@ -430,8 +572,11 @@ pub async fn fetch(
     }
     let dir = TempDir(work_root.join(crate::ids::new_id("fetch")));
     std::fs::create_dir(&dir.0)?;
-    let d = dir.0.as_path();
-    let f = Fetcher {
+    Ok(dir)
+}
+
+fn fetcher(d: &Path, limits: FetchLimits) -> Fetcher<'_> {
+    Fetcher {
         dir: d,
         limits,
         deadline: Instant::now() + limits.timeout,
@@ -439,7 +584,17 @@ pub async fn fetch(
             dir: d.to_path_buf(),
             limits,
         },
-    };
+    }
+}
+
+/// init, fetch (depth 50), tree check, checkout; the commit checked out.
+async fn fetch_in(
+    f: &Fetcher<'_>,
+    url: &str,
+    git_ref: &str,
+    credential: Option<&str>,
+) -> Result<String, RepoError> {
+    let d = f.dir;
     f.git("init", &["init", "-q", "-b", "hatchery-session"])
         .await?;
     let args = [
@@ -471,8 +626,7 @@ pub async fn fetch(
     // FETCH_HEAD names the URL; the sandbox does not need it.
     let _ = std::fs::remove_file(d.join(".git/FETCH_HEAD"));
     f.watch.check().await?;
-    let tar = f.tar().await?;
-    Ok(Checkout { tar, commit })
+    Ok(commit)
 }
 
 #[cfg(test)]
@@ -544,6 +698,74 @@ mod tests {
             Err(RepoError::Git { step: "fetch", .. })
         ));
         assert!(empty(work.path()), "a fetch left its directory behind");
+    }
+
+    /// The names in a tar, sorted.
+    fn tar_names(tar: &[u8]) -> Vec<String> {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("t.tar");
+        std::fs::write(&f, tar).unwrap();
+        let out = std::process::Command::new("tar")
+            .arg("-tf")
+            .arg(&f)
+            .output()
+            .unwrap();
+        let mut v: Vec<String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| l.trim_start_matches("./").to_string())
+            .filter(|l| !l.is_empty())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[tokio::test]
+    async fn a_delta_holds_only_what_changed_since_the_base() {
+        let src = repo_with(&[
+            ("keep.txt", b"same".to_vec()),
+            ("edit.txt", b"old".to_vec()),
+            ("drop.txt", b"bye".to_vec()),
+        ]);
+        let p = src.path();
+        let work = tempfile::tempdir().unwrap();
+        let url = format!("file://{}", p.display());
+        let l = FetchLimits::for_bytes(1 << 20, 1000);
+        // No base: the whole checkout, .git included, and every path.
+        let full = fetch_delta(&url, "main", None, None, l, work.path())
+            .await
+            .unwrap();
+        assert!(!full.from_base && full.changed == 0);
+        assert!(tar_names(&full.tar).iter().any(|n| n.starts_with(".git/")));
+        assert_eq!(full.paths, b"drop.txt\0edit.txt\0keep.txt\0");
+        let base = full.commit.clone();
+
+        std::fs::write(p.join("edit.txt"), b"new").unwrap();
+        std::fs::create_dir(p.join("sub")).unwrap();
+        std::fs::write(p.join("sub/add.txt"), b"added").unwrap();
+        std::fs::remove_file(p.join("drop.txt")).unwrap();
+        run(p, &["add", "-A", "."]);
+        run(p, &["commit", "-q", "-m", "two"]);
+        let d = fetch_delta(&url, "main", Some(&base), None, l, work.path())
+            .await
+            .unwrap();
+        assert!(d.from_base);
+        assert_eq!(d.changed, 2);
+        assert_eq!(tar_names(&d.tar), ["edit.txt", "sub/add.txt"]);
+        assert_eq!(d.paths, b"edit.txt\0keep.txt\0sub/add.txt\0");
+        assert_ne!(d.commit, base);
+
+        // A base the fetched history does not hold: every tracked file
+        // (never .git), still correct.
+        let unknown = "0123456789abcdef0123456789abcdef01234567";
+        let u = fetch_delta(&url, "main", Some(unknown), None, l, work.path())
+            .await
+            .unwrap();
+        assert!(!u.from_base);
+        assert_eq!(tar_names(&u.tar), ["edit.txt", "keep.txt", "sub/add.txt"]);
+        assert!(
+            empty(work.path()),
+            "a delta fetch left its directory behind"
+        );
     }
 
     #[tokio::test]

@@ -58,6 +58,7 @@ pub fn router(sessions: Arc<Sessions>, api_key: Arc<str>, daemon_key: Arc<str>) 
             "/v1/sessions/{id}/policy",
             post(crate::policy_move::move_policy),
         )
+        .merge(crate::environment_routes::routes())
         .layer(axum::extract::DefaultBodyLimit::max(MAX_JSON_BODY))
         .route_layer(axum::middleware::from_fn_with_state(
             st.clone(),

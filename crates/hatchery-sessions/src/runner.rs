@@ -18,10 +18,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
-pub const WORKDIR: &str = "/workspace";
-const AGENT_DIR: &str = "/opt/hatchery";
+use crate::layout::AGENT_DIR;
+pub use crate::layout::WORKDIR;
 const REFERENCE_AGENT: &str = include_str!("../agent/reference_agent.py");
 const WORKSPACE_DIFF: &str = include_str!("../agent/workspace_diff.py");
+const ENV_DELTA: &str = include_str!("../agent/env_delta.py");
 /// Snapshots (idle and review) are kept this long.
 const SNAPSHOT_RETENTION_S: u64 = 7 * 86_400;
 /// Sandboxes outlive the session's wall budget by this much, so the
@@ -285,8 +286,9 @@ fn cap_label(c: &str) -> &'static str {
     }
 }
 
-/// Sandbox, checkout, agent; then running.
-async fn start(svc: &Arc<SessionCore>, s: &Session) -> R<()> {
+/// A sandbox of the template and the whole checkout: the session's
+/// sandbox id.
+async fn bare(svc: &Arc<SessionCore>, s: &Session) -> R<String> {
     let id = &s.id;
     ev(
         svc,
@@ -304,6 +306,7 @@ async fn start(svc: &Arc<SessionCore>, s: &Session) -> R<()> {
             ttl_s: ttl_for(s),
             env: BTreeMap::new(),
             metadata: meta,
+            network: None,
         })
         .await?;
     let sbx = info.id.clone();
@@ -335,15 +338,7 @@ async fn start(svc: &Arc<SessionCore>, s: &Session) -> R<()> {
         },
     )
     .await?;
-    let cred = match &svc.cfg.git_credential_file {
-        Some(p) => Some(
-            std::fs::read_to_string(p)
-                .map_err(|e| fail("repo_fetch_failed", format!("credential file: {e}")))?
-                .trim()
-                .to_string(),
-        ),
-        None => None,
-    };
+    let cred = credential(svc)?;
     let co = crate::repo::fetch(
         &s.spec.repo,
         &s.spec.git_ref,
@@ -365,13 +360,6 @@ async fn start(svc: &Arc<SessionCore>, s: &Session) -> R<()> {
     // The tar stays as the base the final diff is made against.
     svc.sandboxes
         .write_file(&sbx, &format!("{AGENT_DIR}/base.tar"), co.tar)
-        .await?;
-    svc.sandboxes
-        .write_file(
-            &sbx,
-            &format!("{AGENT_DIR}/workspace_diff.py"),
-            WORKSPACE_DIFF.as_bytes().to_vec(),
-        )
         .await?;
     let x = svc
         .sandboxes
@@ -402,7 +390,149 @@ async fn start(svc: &Arc<SessionCore>, s: &Session) -> R<()> {
         },
     )
     .await?;
+    Ok(sbx)
+}
 
+/// The operator's git credential, read at each fetch.
+fn credential(svc: &Arc<SessionCore>) -> R<Option<String>> {
+    crate::repo::read_credential(svc.cfg.git_credential_file.as_deref()).map_err(|e| {
+        fail(
+            "repo_fetch_failed",
+            hatchery_serve::error_text::with_causes(&e),
+        )
+    })
+}
+
+/// A fork of the environment version's snapshot (the set-up done, its
+/// egress closed; the fork starts deny-all and gets the session's own
+/// proxy binding), brought to the session's ref by the files that changed
+/// since the version's base commit: the session's sandbox id.
+async fn from_environment(
+    svc: &Arc<SessionCore>,
+    s: &Session,
+    pin: &crate::store::EnvPin,
+) -> R<String> {
+    let id = &s.id;
+    let info = fork_bound(svc, s, &pin.snapshot_id).await?;
+    let sbx = info.id.clone();
+    let recorded = svc
+        .append(
+            id,
+            vec![(
+                Actor::System,
+                EventKind::SandboxReady {
+                    sandbox_id: sbx.clone(),
+                    boot_mode: Some(format!(
+                        "environment {} v{}",
+                        pin.environment_id, pin.version
+                    )),
+                    boot_ms: info.boot_ms,
+                },
+            )],
+            Patch {
+                sandbox_id: Some(Some(sbx.clone())),
+                ..Default::default()
+            },
+        )
+        .await;
+    if let Err(e) = recorded {
+        discard(svc, id, &sbx).await;
+        return Err(fail("store_error", e.to_string()));
+    }
+    ev(
+        svc,
+        id,
+        EventKind::RepoFetchStarted {
+            repo: s.spec.repo.clone(),
+            git_ref: s.spec.git_ref.clone(),
+        },
+    )
+    .await?;
+    let cred = credential(svc)?;
+    let d = crate::repo::fetch_delta(
+        &s.spec.repo,
+        &s.spec.git_ref,
+        Some(&pin.base_commit),
+        cred.as_deref(),
+        svc.cfg.fetch,
+        &svc.cfg.fetch_root,
+    )
+    .await
+    .map_err(|e| {
+        if let Some(cap) = e.cap() {
+            svc.metrics
+                .caps_hit
+                .with_label_values(&[cap_label(cap)])
+                .inc();
+        }
+        fail("repo_fetch_failed", e.to_string())
+    })?;
+    let bytes = d.tar.len() as u64;
+    let (delta, paths) = (
+        format!("{AGENT_DIR}/delta.tar"),
+        format!("{AGENT_DIR}/delta-paths"),
+    );
+    svc.sandboxes.write_file(&sbx, &delta, d.tar).await?;
+    svc.sandboxes.write_file(&sbx, &paths, d.paths).await?;
+    svc.sandboxes
+        .write_file(
+            &sbx,
+            &format!("{AGENT_DIR}/env_delta.py"),
+            ENV_DELTA.as_bytes().to_vec(),
+        )
+        .await?;
+    let x = svc
+        .sandboxes
+        .exec(
+            &sbx,
+            vec![
+                "python3".into(),
+                format!("{AGENT_DIR}/env_delta.py"),
+                delta.clone(),
+                paths,
+                WORKDIR.into(),
+                format!("{AGENT_DIR}/base.tar"),
+                crate::layout::TRACKED_FILE.into(),
+            ],
+            "/",
+            120,
+        )
+        .await?;
+    if x.exit_code != 0 {
+        return Err(fail(
+            "checkout_failed",
+            format!("applying the delta in the sandbox: {}", x.stderr),
+        ));
+    }
+    tracing::info!(session = %id, environment = %pin.environment_id, version = pin.version,
+        from_base = d.from_base, changed = d.changed, bytes, "session checked out from its environment");
+    ev(
+        svc,
+        id,
+        EventKind::RepoCheckedOut {
+            commit: d.commit,
+            path: WORKDIR.into(),
+            bytes,
+        },
+    )
+    .await?;
+    Ok(sbx)
+}
+
+/// Sandbox, checkout, agent; then running.
+async fn start(svc: &Arc<SessionCore>, s: &Session) -> R<()> {
+    let id = &s.id;
+    let sbx = match &s.spec.environment {
+        Some(pin) => from_environment(svc, s, pin).await?,
+        None => bare(svc, s).await?,
+    };
+    svc.sandboxes
+        .write_file(
+            &sbx,
+            &format!("{AGENT_DIR}/workspace_diff.py"),
+            WORKSPACE_DIFF.as_bytes().to_vec(),
+        )
+        .await?;
     let conf = serde_json::json!({
         "session_id": id,
         "task": s.spec.task,

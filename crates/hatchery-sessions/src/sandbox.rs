@@ -19,6 +19,9 @@ pub enum SandboxError {
     /// Out of capacity (retry later).
     #[error("capacity: {0}")]
     Capacity(String),
+    /// A network policy the daemon refused (or that does not parse).
+    #[error("invalid network policy: {0}")]
+    InvalidNetwork(String),
     #[error("{0}")]
     Other(String),
 }
@@ -29,6 +32,10 @@ pub struct NewSandbox {
     pub ttl_s: u64,
     pub env: BTreeMap<String, String>,
     pub metadata: BTreeMap<String, String>,
+    /// Egress policy from the start (a NetworkPolicy object); `None` is
+    /// the daemon's default (deny-all). An environment's set-up opens its
+    /// own holes with it.
+    pub network: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone)]
@@ -115,6 +122,8 @@ pub trait Sandboxes: Send + Sync + 'static {
         metadata: BTreeMap<String, String>,
     ) -> Result<SandboxInfo, SandboxError>;
     async fn delete_snapshot(&self, id: &str) -> Result<(), SandboxError>;
+    /// Replaces the sandbox's egress policy (a NetworkPolicy object).
+    async fn set_network(&self, id: &str, policy: serde_json::Value) -> Result<(), SandboxError>;
     /// The metadata a snapshot was taken with.
     async fn snapshot_metadata(&self, id: &str) -> Result<BTreeMap<String, String>, SandboxError>;
 }

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
-pub const DEFAULT_TEMPLATE: &str = "code-interpreter";
+pub use crate::layout::DEFAULT_TEMPLATE;
 
 pub struct Sessions {
     /// The store, bus, sandboxes, scheduler, hooks, config and metrics,
@@ -40,6 +40,8 @@ pub struct Sessions {
     /// How the writes a remote broker or gateway posts with its events
     /// are read.
     remote_joined: std::sync::RwLock<HashMap<JoinedFrom, Arc<dyn RemoteJoined>>>,
+    /// Environments sessions may start from (set by the daemon).
+    environments: std::sync::RwLock<Option<Arc<crate::environments::Environments>>>,
 }
 
 impl Sessions {
@@ -57,7 +59,20 @@ impl Sessions {
             actors: Mutex::new(HashMap::new()),
             broker_usage: std::sync::RwLock::new(None),
             remote_joined: Default::default(),
+            environments: Default::default(),
         })
+    }
+
+    /// Turns on `/v1/environments` and sessions' `environment_id`.
+    pub fn set_environments(&self, e: Arc<crate::environments::Environments>) {
+        *self.environments.write().unwrap_or_else(|p| p.into_inner()) = Some(e);
+    }
+
+    pub fn environments(&self) -> Option<Arc<crate::environments::Environments>> {
+        self.environments
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Where the view finds a session's broker calls.
@@ -224,7 +239,38 @@ impl Sessions {
     }
 
     async fn spec_of(&self, b: &CreateSessionBody) -> Result<SessionSpec, SessionError> {
-        validate::repo_url(&b.repo, &self.core.cfg)?;
+        // From an environment: its repository and template, its current
+        // version pinned; a repo or template that says otherwise is 400.
+        let from_env = match &b.environment_id {
+            None => None,
+            Some(eid) => {
+                let envs = self.environments().ok_or_else(|| {
+                    SessionError::bad("invalid_request", "environments are not enabled")
+                })?;
+                let (spec, pin) = envs.pin(eid).await?;
+                if !b.repo.is_empty() && b.repo != spec.repo {
+                    return Err(SessionError::bad(
+                        "invalid_request",
+                        format!("repo must be the environment's ({}) or absent", spec.repo),
+                    ));
+                }
+                if b.template.as_ref().is_some_and(|t| *t != spec.template) {
+                    return Err(SessionError::bad(
+                        "invalid_request",
+                        format!(
+                            "template must be the environment's ({}) or absent",
+                            spec.template
+                        ),
+                    ));
+                }
+                Some((spec, pin))
+            }
+        };
+        let repo = match &from_env {
+            Some((spec, _)) => spec.repo.clone(),
+            None => b.repo.clone(),
+        };
+        validate::repo_url(&repo, &self.core.cfg)?;
         let git_ref = b.git_ref.clone().unwrap_or_else(|| "main".into());
         validate::git_ref(&git_ref)?;
         validate::text("task", &b.task, MAX_TASK_BYTES, false)?;
@@ -289,10 +335,13 @@ impl Sessions {
             .resolve(&policy_id)
             .await
             .ok_or_else(|| SessionError::UnknownPolicy(policy_id.clone()))?;
-        let template = b
-            .template
-            .clone()
-            .unwrap_or_else(|| DEFAULT_TEMPLATE.into());
+        let template = match &from_env {
+            Some((spec, _)) => spec.template.clone(),
+            None => b
+                .template
+                .clone()
+                .unwrap_or_else(|| DEFAULT_TEMPLATE.into()),
+        };
         validate::template_name(&template)?;
         match self.core.sandboxes.template_exists(&template).await {
             Ok(true) => {}
@@ -300,7 +349,7 @@ impl Sessions {
             Err(e) => return Err(SessionError::Sandbox(e)),
         }
         Ok(SessionSpec {
-            repo: b.repo.clone(),
+            repo,
             git_ref,
             task: b.task.clone(),
             policy_id: policy.id,
@@ -318,6 +367,7 @@ impl Sessions {
             },
             env,
             metadata,
+            environment: from_env.map(|(_, pin)| pin),
         })
     }
 

@@ -23,6 +23,9 @@ fn every_route_is_documented() {
         "/v1/sessions/{id}/messages",
         "/v1/sessions/{id}/approvals/{aid}",
         "/v1/sessions/{id}/blobs/{blob_ref}",
+        "/v1/environments",
+        "/v1/environments/{id}",
+        "/v1/environments/{id}:build",
     ] {
         assert!(
             paths.contains_key(p),

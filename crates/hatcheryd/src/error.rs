@@ -37,6 +37,8 @@ pub enum DaemonError {
     },
     #[error("sessions' store")]
     SessionsStore(#[from] hatchery_sessions::store::StoreError),
+    #[error("environments store")]
+    Environments(#[from] hatchery_sessions::environments::EnvError),
     #[error("a client of this daemon's own API")]
     OwnApi(#[from] hatchery_client::ClientError),
     #[error("metrics")]

@@ -186,6 +186,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         (&key, &daemon_key),
         &manager.metrics.registry,
         Arc::new(hatchery_broker::catalog::StorePolicies(policies.clone())),
+        crate::sessions::open_environments(&db).await?,
     )?;
     crate::sessions::wire_services(
         &args,

@@ -17,6 +17,7 @@ pub fn build(
     (api_key, daemon_key): (&str, &str),
     registry: &prometheus::Registry,
     policies: Arc<dyn PolicyCatalog>,
+    environments: hatchery_sessions::environments::store::EnvStore,
 ) -> Result<(axum::Router, Arc<Sessions>), crate::DaemonError> {
     let mut addr = args.listen;
     if addr.ip().is_unspecified() {
@@ -34,13 +35,21 @@ pub fn build(
     // there is removed before any runner starts.
     cfg.fetch_root = args.data_dir.join("repo-fetch");
     hatchery_sessions::repo::clean_work_root(&cfg.fetch_root);
+    let sandboxes = Arc::new(ClientSandboxes::new(client));
     let svc = Sessions::new(
         store,
         cfg.clone(),
         policies,
-        Arc::new(ClientSandboxes::new(client)),
+        sandboxes.clone(),
         Arc::new(LocalScheduler::new(cfg.max_running)),
     );
+    // Environments (`/v1/environments`, sessions' `environment_id`): the
+    // same sandboxes, fetch caps and credential as the sessions.
+    svc.set_environments(hatchery_sessions::environments::Environments::new(
+        environments,
+        sandboxes,
+        cfg.clone(),
+    ));
     // A control role's broker posts its call rows with its events, and its
     // gateway a call's settle; this host commits them together (issue 32).
     use hatchery_sessions::broker_hooks::JoinedFrom;
@@ -55,6 +64,19 @@ pub fn build(
     svc.metrics().register(registry)?;
     let routes = hatchery_sessions::router(svc.clone(), api_key.into(), daemon_key.into());
     Ok((routes, svc))
+}
+
+/// The environments' tables on the deployment's database, migrated.
+pub async fn open_environments(
+    db: &hatchery_db::Db,
+) -> Result<hatchery_sessions::environments::store::EnvStore, crate::DaemonError> {
+    use hatchery_sessions::environments::{store::EnvStore, EnvError};
+    Ok(hatchery_db::retry_while_unreachable(
+        "environments",
+        || EnvStore::open(db.clone()),
+        |e| matches!(e, EnvError::Unavailable(_)),
+    )
+    .await?)
 }
 
 /// The sessions store on the deployment's database, migrated: on a

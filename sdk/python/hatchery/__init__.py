@@ -18,7 +18,7 @@ from .models import (BuildAccepted, BuildEvent, CodeContext, ExecReason, ExecRes
                      TerminalExit, TerminalToken)
 from .rounds import InterviewSession, ReplayFork, Round
 from .models import CreatedKey, PolicySummary, StoredPolicy, Tenant, TenantKey
-from .sessions import Session
+from .sessions import Environment, Session
 
 __version__ = "0.1.0"
 
@@ -36,5 +36,5 @@ __all__ = [
     "Round", "InterviewSession", "ReplayFork",
     "Policies", "StoredPolicy", "PolicySummary",
     "Tenants", "Tenant", "TenantKey", "CreatedKey",
-    "Session",
+    "Session", "Environment",
 ]

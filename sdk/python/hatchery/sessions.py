@@ -49,17 +49,22 @@ class Session:
     # Calls ---------------------------------------------------------------
 
     @classmethod
-    def create(cls, repo: str, task: str, *, ref: Optional[str] = None, policy_id: Optional[str] = None,
+    def create(cls, repo: Optional[str] = None, task: str = "", *, ref: Optional[str] = None,
+               policy_id: Optional[str] = None,
                budget: Optional[Dict[str, int]] = None, idempotency_key: Optional[str] = None,
                template: Optional[str] = None, agent: Optional[Dict[str, Any]] = None,
                env: Optional[Dict[str, str]] = None, metadata: Optional[Dict[str, str]] = None,
-               client: Optional[Client] = None) -> "Session":
+               environment_id: Optional[str] = None, client: Optional[Client] = None) -> "Session":
         """`metadata`: labels kept with the session and copied to its
-        sandboxes; on many hosts, `tenant` spreads one tenant's sessions."""
+        sandboxes; on many hosts, `tenant` spreads one tenant's sessions.
+        `environment_id`: start from that environment's current version
+        (its set-up done, then the commits `ref` is ahead); `repo` may then
+        be left out."""
         c = client or default_client()
         body = {k: v for k, v in dict(repo=repo, ref=ref, task=task, policy_id=policy_id, budget=budget,
                                       idempotency_key=idempotency_key, template=template, agent=agent,
-                                      env=env, metadata=metadata).items() if v is not None}
+                                      env=env, metadata=metadata,
+                                      environment_id=environment_id).items() if v is not None}
         # With an idempotency key a retry cannot make a second session.
         r = c.transport.request("POST", "/v1/sessions", json=body, idempotent=idempotency_key is not None)
         return cls.get(r.json()["session_id"], client=c)
@@ -181,3 +186,82 @@ class Session:
             if time.monotonic() > deadline:
                 raise errors.SandboxTimeout(f"session {self.id} still {self.state} after {timeout}s")
             time.sleep(poll)
+
+
+class Environment:
+    """A repository's set-up done once (/v1/environments): `build()` runs
+    the set-up script in a sandbox with the set-up's own egress, closes it
+    and snapshots the result as a new version; sessions created with
+    `environment_id` start from the current version.
+
+        e = Environment.create(name="api", repo=URL, setup="pip install -r requirements.txt",
+                               setup_allow=[{"cidr": "10.0.0.5", "ports": [443]}])
+        e.build(on_event=lambda kind, data: print(kind, data))
+        s = Session.create(environment_id=e.id, task="Fix the flaky test")
+    """
+
+    def __init__(self, info: Dict[str, Any], client: Optional[Client] = None):
+        self.client = client or default_client()
+        self.info = info
+
+    def __repr__(self) -> str:
+        return f"<Environment {self.id} v{self.version}>"
+
+    @property
+    def id(self) -> str:
+        return str(self.info["environment_id"])
+
+    @property
+    def version(self) -> Optional[int]:
+        cur = self.info.get("current")
+        return None if cur is None else int(cur["version"])
+
+    @classmethod
+    def create(cls, name: str, repo: str, *, ref: Optional[str] = None, template: Optional[str] = None,
+               setup: str = "", setup_allow: Optional[List[Dict[str, Any]]] = None,
+               setup_timeout_s: Optional[int] = None, client: Optional[Client] = None) -> "Environment":
+        c = client or default_client()
+        body = {k: v for k, v in dict(name=name, repo=repo, ref=ref, template=template, setup=setup,
+                                      setup_allow=setup_allow, setup_timeout_s=setup_timeout_s).items()
+                if v is not None}
+        return cls(c.transport.request("POST", "/v1/environments", json=body).json(), c)
+
+    @classmethod
+    def get(cls, environment_id: str, client: Optional[Client] = None) -> "Environment":
+        c = client or default_client()
+        r = c.transport.request("GET", path("/v1/environments/{id}", id=environment_id), idempotent=True)
+        return cls(r.json(), c)
+
+    @classmethod
+    def list(cls, client: Optional[Client] = None) -> List["Environment"]:
+        c = client or default_client()
+        r = c.transport.request("GET", "/v1/environments", idempotent=True)
+        return [cls(e, c) for e in r.json()["environments"]]
+
+    def refresh(self) -> "Environment":
+        self.info = Environment.get(self.id, self.client).info
+        return self
+
+    def build(self, on_event: Any = None, timeout: float = 3900.0) -> int:
+        """Builds a new version, following its progress (`on_event(kind,
+        data)` for each `step` and `log`); returns the version. A failed
+        set-up raises with the daemon's reason, and makes no version."""
+        sse = self.client.transport.stream("POST", path("/v1/environments/{id}", id=self.id) + ":build",
+                                           timeout=timeout)
+        try:
+            for kind, data in sse:
+                if kind == "done":
+                    self.refresh()
+                    return int(data["version"])
+                if kind == "error":
+                    err = data.get("error", {})
+                    raise errors.HatcheryError(str(err.get("message", "build failed")), code=err.get("code"))
+                if on_event is not None:
+                    on_event(kind, data)
+        finally:
+            sse.close()
+        raise errors.StreamError("the build's event stream ended before the build did")
+
+    def delete(self) -> None:
+        """Deletes it and its snapshots; refused (409) while sessions use it."""
+        self.client.transport.request("DELETE", path("/v1/environments/{id}", id=self.id))

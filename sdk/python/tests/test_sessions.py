@@ -94,3 +94,26 @@ def test_session_steer_and_cancel(env):
     assert s2.cancel().state == "cancelled"
     assert s2.cancel().state == "cancelled"
     assert s2.info["review_snapshot_id"]
+
+
+def test_environment_build_session_and_delete(env):
+    d, c, g = env
+    repo = g.add_repo("sdk-env", DEMO_FILES)
+    e = hatchery.Environment.create("sdk", repo, setup="echo ready > .ready", client=c)
+    assert e.version is None
+    seen = []
+    assert e.build(on_event=lambda kind, data: seen.append(kind)) == 1
+    assert "step" in seen and e.version == 1
+    assert [x.id for x in hatchery.Environment.list(client=c)] == [e.id]
+    s = hatchery.Session.create(task="[script:quick] start", environment_id=e.id, client=c)
+    s.wait("completed", timeout=300)
+    assert s.info["environment_id"] == e.id and s.info["environment_version"] == 1
+    d.track_sandboxes(s.id)
+    e.delete()
+    with pytest.raises(hatchery.errors.NotFound):
+        hatchery.Environment.get(e.id, client=c)
+    bad = hatchery.Environment.create("bad", repo, setup="exit 3", client=c)
+    with pytest.raises(hatchery.errors.HatcheryError) as ex:
+        bad.build()
+    assert ex.value.code == "setup_failed" and "exited with 3" in str(ex.value)
+    bad.delete()

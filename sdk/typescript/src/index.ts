@@ -31,3 +31,9 @@ export * as fields from "./models.js";
 export type * as wire from "./wire.js";
 export { InterviewSession, ReplayFork, Round, type CandidateResult, type CreateRoundOptions, type Replay, type RoundInfo, type RunEvent, type RunMode, type RunResult, type SessionInfo as RoundSessionInfo, type SubmitAccepted, type Verdict } from "./rounds.js";
 export { Session, FINAL_STATES, type CreateSessionOptions, type SessionEvent, type SessionInfo } from "./session.js";
+export {
+  Environment,
+  type CreateEnvironmentOptions,
+  type EnvironmentInfo,
+  type EnvironmentVersion,
+} from "./environment.js";

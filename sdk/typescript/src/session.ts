@@ -25,6 +25,9 @@ export interface SessionInfo {
   policy_id: string;
   policy_version: number;
   template: string;
+  /** The environment and version the session started from. */
+  environment_id: string | null;
+  environment_version: number | null;
   metadata: Record<string, string>;
   budget: { tokens: number; usd_cents: number; wall_s: number };
   spend: { tokens: number; usd_cents: number; wall_s: number };
@@ -41,7 +44,10 @@ export interface SessionInfo {
 }
 
 export interface CreateSessionOptions {
-  repo: string;
+  /** May be left out with `environmentId` (the environment's is used). */
+  repo?: string;
+  /** Start from this environment's current version. */
+  environmentId?: string;
   task: string;
   ref?: string;
   policyId?: string;
@@ -75,7 +81,9 @@ export class Session {
 
   static async create(opts: CreateSessionOptions): Promise<Session> {
     const client = opts.client ?? getDefaultClient();
-    const body: Record<string, unknown> = { repo: opts.repo, task: opts.task };
+    const body: Record<string, unknown> = { task: opts.task };
+    if (opts.repo !== undefined) body.repo = opts.repo;
+    if (opts.environmentId !== undefined) body.environment_id = opts.environmentId;
     if (opts.ref !== undefined) body.ref = opts.ref;
     if (opts.policyId !== undefined) body.policy_id = opts.policyId;
     if (opts.budget !== undefined) body.budget = opts.budget;

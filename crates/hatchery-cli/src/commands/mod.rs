@@ -2,6 +2,7 @@
 
 pub mod audit;
 pub mod cp;
+pub mod env;
 pub mod exec;
 pub mod host;
 pub mod network;

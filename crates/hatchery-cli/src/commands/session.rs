@@ -11,9 +11,13 @@ const FINAL: [&str; 3] = ["completed", "failed", "cancelled"];
 
 #[derive(clap::Args)]
 pub struct CreateArgs {
-    /// https://…, git://… or file:///… (under an allowed root).
+    /// https://…, git://… or file:///… (under an allowed root); may be
+    /// left out with --environment.
+    #[arg(long, required_unless_present = "environment")]
+    pub repo: Option<String>,
+    /// Start from this environment's current version (`hatchery env`).
     #[arg(long)]
-    pub repo: String,
+    pub environment: Option<String>,
     /// What the agent should do.
     #[arg(long)]
     pub task: String,
@@ -131,6 +135,7 @@ pub fn run(api: &Api, cmd: SessionCmd) -> anyhow::Result<i32> {
         SessionCmd::Create(a) => {
             let CreateArgs {
                 repo,
+                environment,
                 task,
                 git_ref,
                 policy,
@@ -147,12 +152,14 @@ pub fn run(api: &Api, cmd: SessionCmd) -> anyhow::Result<i32> {
                 metadata,
                 json,
             } = *a;
-            let mut body = json!({"repo": repo, "task": task});
+            let mut body = json!({"task": task});
             let set = |b: &mut Value, k: &str, v: Option<Value>| {
                 if let Some(v) = v {
                     b[k] = v;
                 }
             };
+            set(&mut body, "repo", repo.map(Into::into));
+            set(&mut body, "environment_id", environment.map(Into::into));
             set(&mut body, "ref", git_ref.map(Into::into));
             set(&mut body, "policy_id", policy.map(Into::into));
             set(

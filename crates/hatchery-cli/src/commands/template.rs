@@ -128,7 +128,7 @@ fn packages(v: &Value) -> String {
     }
 }
 
-fn bar(step: &str, percent: u64) {
+pub(crate) fn bar(step: &str, percent: u64) {
     let filled = (percent.min(100) / 5) as usize;
     eprint!(
         "\r[{}{}] {:>3}% {:<10}",

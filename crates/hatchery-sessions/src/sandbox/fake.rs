@@ -55,6 +55,7 @@ pub enum Op {
     Fork,
     DeleteSnapshot,
     SnapshotMetadata,
+    SetNetwork,
 }
 
 pub use hatchery_client::faults::Effect;
@@ -93,6 +94,9 @@ pub struct FakeSandbox {
     pub files: Files,
     pub processes: BTreeMap<String, FakeProcess>,
     pub alive: bool,
+    /// The egress policy it was created with or last given (`None`:
+    /// deny-all; forks start with `None`, as real ones do).
+    pub network: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone)]
@@ -339,6 +343,7 @@ impl Sandboxes for FakeSandboxes {
             metadata: req.metadata,
             env: req.env,
             ttl_s: req.ttl_s,
+            network: req.network,
             ..FakeSandbox::default()
         }))
     }
@@ -581,6 +586,14 @@ impl Sandboxes for FakeSandboxes {
             processes: snap.processes,
             ..FakeSandbox::default()
         }))
+    }
+
+    async fn set_network(&self, id: &str, policy: serde_json::Value) -> Result<(), SandboxError> {
+        self.gate(Op::SetNetwork, Some(id)).await?;
+        self.with_live(id, |s| {
+            s.network = Some(policy);
+            Ok(())
+        })
     }
 
     async fn delete_snapshot(&self, id: &str) -> Result<(), SandboxError> {

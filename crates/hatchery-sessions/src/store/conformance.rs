@@ -52,6 +52,7 @@ pub fn spec(repo: &str) -> SessionSpec {
         },
         env: Default::default(),
         metadata: [("tenant".to_string(), "acme".to_string())].into(),
+        environment: None,
     }
 }
 

@@ -114,6 +114,20 @@ pub struct SessionSpec {
     /// Kept in the spec's JSON: sessions stored before it read as empty.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub metadata: std::collections::BTreeMap<String, String>,
+    /// The environment version the session starts from (forked from its
+    /// snapshot, then the delta to `ref`); absent for a bare repository.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<EnvPin>,
+}
+
+/// What a session that starts from an environment pins: the version and
+/// everything the runner needs of it, kept in the session's spec.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct EnvPin {
+    pub environment_id: String,
+    pub version: u64,
+    pub snapshot_id: String,
+    pub base_commit: String,
 }
 
 /// Which agent runs and where it finds its model.

@@ -1,0 +1,260 @@
+//! Builds and environment sessions against the in-memory sandboxes
+//! ([`crate::sandbox::fake`]), real SQLite and a local git repository:
+//! what the build asks of the sandboxes (the set-up's policy, then
+//! deny-all, then the snapshot; the building sandbox deleted), what a
+//! failed set-up leaves (nothing), and how a session starts from a
+//! version (a fork of its snapshot, the delta files, the version pinned).
+
+use crate::config::SessionsConfig;
+use crate::environments::models::*;
+use crate::environments::progress::{BuildEvent, Progress};
+use crate::environments::store::EnvStore;
+use crate::environments::{EnvError, Environments};
+use crate::models::CreateSessionBody;
+use crate::policy::BuiltinPolicies;
+use crate::sandbox::fake::FakeSandboxes;
+use crate::sandbox::ExecOutcome;
+use crate::scheduler::LocalScheduler;
+use crate::service::Sessions;
+use crate::state::SessionState as S;
+use crate::store::{SessionStore, SqliteStore};
+use std::sync::Arc;
+use std::time::Duration;
+
+struct Env {
+    sessions: Arc<Sessions>,
+    envs: Arc<Environments>,
+    fake: FakeSandboxes,
+    src: std::path::PathBuf,
+    repo: String,
+    _dir: tempfile::TempDir,
+}
+
+fn git(dir: &std::path::Path, args: &[&str]) {
+    let ok = std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=t", "-c", "user.email=t@t"])
+        .args(args)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "git {args:?}");
+}
+
+async fn env() -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("repo");
+    std::fs::create_dir(&src).unwrap();
+    git(&src, &["init", "-q", "-b", "main"]);
+    std::fs::write(src.join("README"), "hello").unwrap();
+    git(&src, &["add", "."]);
+    git(&src, &["commit", "-q", "-m", "one"]);
+    let cfg = SessionsConfig {
+        file_repo_roots: vec![dir.path().to_path_buf()],
+        fetch_root: dir.path().join("fetch"),
+        ..SessionsConfig::default()
+    };
+    let path = dir.path().join("hatchery.db");
+    let store: Arc<dyn SessionStore> = Arc::new(SqliteStore::open(&path).unwrap());
+    let envs_store = EnvStore::open(hatchery_db::Db::sqlite(&path).await.unwrap())
+        .await
+        .unwrap();
+    let fake = FakeSandboxes::new();
+    fake.add_template("code-interpreter");
+    let sessions = Sessions::new(
+        store,
+        cfg.clone(),
+        Arc::new(BuiltinPolicies),
+        Arc::new(fake.clone()),
+        Arc::new(LocalScheduler::new(4)),
+    );
+    let envs = Environments::new(envs_store, Arc::new(fake.clone()), cfg);
+    sessions.set_environments(envs.clone());
+    Env {
+        sessions,
+        envs,
+        fake,
+        repo: format!("file://{}", src.display()),
+        src,
+        _dir: dir,
+    }
+}
+
+fn create_body(repo: &str, setup: &str) -> CreateEnvironment {
+    serde_json::from_value(serde_json::json!({
+        "name": "e", "repo": repo, "setup": setup,
+        "setup_allow": [{"cidr": "10.1.2.3", "ports": [443]}]
+    }))
+    .unwrap()
+}
+
+/// Runs a build to its last event.
+async fn build(e: &Env, id: &str) -> Vec<BuildEvent> {
+    let p: Arc<Progress> = e.envs.start_build(id).await.unwrap();
+    for _ in 0..5000 {
+        let (h, _) = p.subscribe();
+        if h.last().is_some_and(BuildEvent::is_last) {
+            return h;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("the build did not end");
+}
+
+#[tokio::test]
+async fn a_build_closes_the_setup_egress_and_sessions_fork_it_with_the_delta() {
+    let e = env().await;
+    let v = e
+        .envs
+        .create(create_body(&e.repo, "pip install -r req.txt"))
+        .await
+        .unwrap();
+    let id = v.environment_id;
+    let h = build(&e, &id).await;
+    let BuildEvent::Done {
+        version,
+        snapshot_id,
+        base_commit,
+        ..
+    } = h.last().unwrap().clone()
+    else {
+        panic!("{h:?}")
+    };
+    assert_eq!(version, 1);
+    // The building sandbox: made with the set-up's holes, closed before
+    // the snapshot, then deleted.
+    let b = &e.fake.all()[0];
+    assert_eq!(b.metadata["hatchery_environment"], id);
+    assert_eq!(b.network, Some(serde_json::json!({"egress": "deny"})));
+    assert!(!b.alive);
+    let snap = e.fake.snapshot_of(&snapshot_id).unwrap();
+    assert_eq!(snap.source, b.id);
+    assert_eq!(snap.files["/opt/hatchery/env-tracked"], b"README\0");
+    assert_eq!(
+        snap.metadata["hatchery_environment_commit"],
+        base_commit.clone()
+    );
+
+    // main moves on: one file changed, one added.
+    std::fs::write(e.src.join("README"), "hello again").unwrap();
+    std::fs::write(e.src.join("NEW"), "new").unwrap();
+    git(&e.src, &["add", "."]);
+    git(&e.src, &["commit", "-q", "-m", "two"]);
+    let body: CreateSessionBody = serde_json::from_value(serde_json::json!({
+        "environment_id": id, "task": "fix"
+    }))
+    .unwrap();
+    let sid = e.sessions.create(body).await.unwrap().0.session_id;
+    let mut s = e.sessions.core.store.get(&sid).await.unwrap();
+    for _ in 0..5000 {
+        if s.state == S::Running {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        s = e.sessions.core.store.get(&sid).await.unwrap();
+    }
+    assert_eq!(s.state, S::Running, "{:?}", s.reason);
+    let pin = s.spec.environment.clone().unwrap();
+    assert_eq!((pin.version, &pin.base_commit), (1, &base_commit));
+    assert_eq!(s.spec.repo, e.repo);
+    let sb = e.fake.sandbox(s.sandbox_id.as_deref().unwrap()).unwrap();
+    assert_eq!(sb.forked_from.as_deref(), Some(snapshot_id.as_str()));
+    // A fork starts deny-all; the set-up's policy never reaches it.
+    assert_eq!(sb.network, None);
+    assert_eq!(sb.files["/opt/hatchery/delta-paths"], b"NEW\0README\0");
+    assert!(sb.files.contains_key("/opt/hatchery/env_delta.py"));
+    assert!(
+        sb.files.contains_key("/opt/hatchery/env-tracked"),
+        "from the snapshot"
+    );
+
+    // In use: not deleted.
+    assert!(matches!(
+        e.envs.delete(&id).await,
+        Err(EnvError::Conflict(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_failed_setup_leaves_no_version_and_says_why() {
+    let e = env().await;
+    e.fake.on_exec(
+        |argv| argv.get(2).is_some_and(|c| c.contains("exit 3")),
+        |_, _| ExecOutcome {
+            exit_code: 3,
+            stdout: String::new(),
+            stderr: "no such package\n".into(),
+        },
+    );
+    let id = e
+        .envs
+        .create(create_body(&e.repo, "exit 3"))
+        .await
+        .unwrap()
+        .environment_id;
+    let h = build(&e, &id).await;
+    match h.last().unwrap() {
+        BuildEvent::Error { code, message } => {
+            assert_eq!(*code, "setup_failed");
+            assert!(message.contains("exited with 3") && message.contains("no such package"));
+        }
+        other => panic!("{other:?}"),
+    }
+    let v = e.envs.get(&id).await.unwrap();
+    assert!(v.current.is_none() && v.versions.is_empty());
+    assert!(v.last_error.unwrap().contains("no such package"));
+    assert!(e.fake.live().is_empty(), "the building sandbox is gone");
+    assert_eq!(
+        e.fake.calls(crate::sandbox::fake::Op::Snapshot),
+        0,
+        "no snapshot of a failed set-up"
+    );
+    let body: CreateSessionBody = serde_json::from_value(serde_json::json!({
+        "environment_id": id, "task": "fix"
+    }))
+    .unwrap();
+    assert!(matches!(
+        e.sessions.create(body).await,
+        Err(crate::error::SessionError::Environment(EnvError::NotBuilt(
+            _
+        )))
+    ));
+    e.envs.delete(&id).await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_before_anything_is_written() {
+    let e = env().await;
+    let ok = serde_json::json!({"name": "x", "repo": e.repo});
+    let bad = [
+        serde_json::json!({"name": ""}),
+        serde_json::json!({"name": "n".repeat(MAX_NAME_BYTES + 1)}),
+        serde_json::json!({"repo": "ssh://h/r.git"}),
+        serde_json::json!({"ref": "-x"}),
+        serde_json::json!({"setup": "x".repeat(MAX_SETUP_BYTES + 1)}),
+        serde_json::json!({"setup_allow": vec![serde_json::json!({"cidr": "10.0.0.1"}); MAX_SETUP_ALLOW + 1]}),
+        serde_json::json!({"setup_allow": ["10.0.0.1"]}),
+        serde_json::json!({"setup_timeout_s": 0}),
+        serde_json::json!({"setup_timeout_s": MAX_SETUP_TIMEOUT_S + 1}),
+        serde_json::json!({"template": "nope"}),
+    ];
+    for patch in bad {
+        let mut b = ok.clone();
+        for (k, v) in patch.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let body: CreateEnvironment = serde_json::from_value(b.clone()).unwrap();
+        assert!(e.envs.create(body).await.is_err(), "{b}");
+    }
+    assert!(e.envs.list().await.unwrap().environments.is_empty());
+    let mut edge = ok.clone();
+    edge["name"] = "n".repeat(MAX_NAME_BYTES).into();
+    edge["setup"] = "x".repeat(MAX_SETUP_BYTES).into();
+    edge["setup_allow"] = vec![serde_json::json!({"cidr": "10.0.0.1"}); MAX_SETUP_ALLOW].into();
+    edge["setup_timeout_s"] = MAX_SETUP_TIMEOUT_S.into();
+    let body: CreateEnvironment = serde_json::from_value(edge).unwrap();
+    e.envs.create(body).await.unwrap();
+}

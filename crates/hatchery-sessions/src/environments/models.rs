@@ -1,0 +1,95 @@
+//! Wire types of `/v1/environments`, and the caps on what a create may ask.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Bytes of an environment's name.
+pub const MAX_NAME_BYTES: usize = 64;
+/// Bytes of the set-up script.
+pub const MAX_SETUP_BYTES: usize = 64 << 10;
+/// NetworkPolicy `allow` rules of the set-up's egress.
+pub const MAX_SETUP_ALLOW: usize = 64;
+/// The set-up's time limit: default and most.
+pub const DEFAULT_SETUP_TIMEOUT_S: u64 = 600;
+pub const MAX_SETUP_TIMEOUT_S: u64 = 3600;
+/// Environments in the deployment.
+pub const MAX_ENVIRONMENTS: u64 = 256;
+/// Versions kept per environment: the current one and the one before it
+/// (older ones are deleted once no unfinished session pinned them).
+pub const KEEP_VERSIONS: u64 = 2;
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateEnvironment {
+    /// 1-64 bytes, for people (ids are what the API takes).
+    pub name: String,
+    /// The repository, under the sessions' URL rules.
+    pub repo: String,
+    /// The base ref the set-up runs on (default `main`).
+    #[serde(rename = "ref")]
+    pub git_ref: Option<String>,
+    /// Default `code-interpreter`.
+    pub template: Option<String>,
+    /// Run once per build as `/bin/sh -c` in the checkout (`/workspace`),
+    /// for example `pip install -r requirements.txt`. Up to 64 KiB; empty
+    /// is allowed (the environment is then the checkout alone).
+    #[serde(default)]
+    pub setup: String,
+    /// The egress the set-up may use: NetworkPolicy `allow` rules (at most
+    /// 64), open only while the set-up runs and closed before the
+    /// snapshot. Sessions never get them.
+    #[serde(default)]
+    #[schema(value_type = Vec<Object>)]
+    pub setup_allow: Vec<serde_json::Value>,
+    /// 1..3600 (default 600).
+    pub setup_timeout_s: Option<u64>,
+}
+
+/// What a create was normalised to; stored as JSON.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct EnvSpec {
+    pub repo: String,
+    #[serde(rename = "ref")]
+    pub git_ref: String,
+    pub template: String,
+    pub setup: String,
+    #[schema(value_type = Vec<Object>)]
+    pub setup_allow: Vec<serde_json::Value>,
+    pub setup_timeout_s: u64,
+}
+
+/// One built version: immutable once made.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct EnvVersion {
+    pub version: u64,
+    pub snapshot_id: String,
+    /// The commit the set-up ran on.
+    pub base_commit: String,
+    pub template: String,
+    pub built_at: String,
+    pub build_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct EnvironmentView {
+    pub environment_id: String,
+    pub name: String,
+    #[serde(flatten)]
+    pub spec: EnvSpec,
+    pub created_at: String,
+    /// The version new sessions start from; null until a build succeeds.
+    pub current: Option<EnvVersion>,
+    /// Versions kept (newest first), the current one included.
+    pub versions: Vec<EnvVersion>,
+    /// A build is running on this host.
+    pub building: bool,
+    /// Why the last build failed, until one succeeds.
+    pub last_error: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct EnvironmentList {
+    pub environments: Vec<EnvironmentView>,
+}
+
+pub use crate::store::EnvPin;

@@ -1,0 +1,260 @@
+"""Environments end to end with real runsc sandboxes: a build runs the
+set-up once with its own egress (a server in a network namespace this test
+creates), closes it and snapshots; sessions fork that snapshot, get the
+commits their ref is ahead, cannot reach what the set-up could, do not see
+each other's writes; a failed set-up makes no version and says why; the
+snapshot holds no deploy credential; bad input is a 4xx that leaves
+nothing; an environment in use cannot be deleted."""
+
+import http.client
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+from gitserver import GIT_ENV, git
+from harness import KEY
+from netlab import Peer, probe_cmd
+from sessions_support import DEMO_FILES, SessionDaemon
+
+# The deploy credential the daemon sends with its host-side fetches; it
+# must never be found inside an environment's snapshot.
+TOKEN = "hx-deploy-token-5f0c1e9a7b"
+# What the set-up writes: found by the same scan, so the scan can fail.
+CANARY = "hx-setup-canary-93d2"
+
+
+@pytest.fixture(scope="module")
+def peer():
+    p = Peer().up()
+    yield p
+    p.down()
+
+
+@pytest.fixture
+def ed(model):
+    """A sessions daemon with a deploy credential for its fetches."""
+    d = tempfile.mkdtemp(prefix="hxt-envcred-")
+    cred = os.path.join(d, "git-credential")
+    with open(cred, "w") as f:
+        f.write(f"Authorization: Bearer {TOKEN}\n")
+    s = SessionDaemon(model.port, extra=["--sessions-git-credential-file", cred]).start()
+    yield s
+    try:
+        r = s.request("GET", "/v1/environments")
+        if r.status == 200:
+            for e in r.json()["environments"]:
+                s.request("DELETE", f"/v1/environments/{e['environment_id']}")
+    finally:
+        s.cleanup_sessions()
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def build(d, eid):
+    """POST :build and read its SSE stream to the end: [(event, data)]."""
+    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=900)
+    conn.request("POST", f"/v1/environments/{eid}:build",
+                 headers={"Authorization": f"Bearer {KEY}", "Accept": "text/event-stream"})
+    r = conn.getresponse()
+    assert r.status == 200, (r.status, r.read())
+    out, ev, data = [], None, []
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        line = line.decode().rstrip("\n")
+        if line.startswith("event:"):
+            ev = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip())
+        elif line == "" and ev:
+            out.append((ev, json.loads("\n".join(data))))
+            ev, data = None, []
+    conn.close()
+    return out
+
+
+def create_env(d, **body):
+    r = d.request("POST", "/v1/environments", body)
+    assert r.status == 201, r
+    return r.json()
+
+
+def push_commits(git_server, name, n, last_files):
+    """`n` commits on main of repo `name`: n-1 that each add a file, then
+    one that writes `last_files` (None deletes)."""
+    work = tempfile.mkdtemp(prefix="hxgitw-")
+    try:
+        bare = os.path.join(git_server.root, name + ".git")
+        git("clone", "-q", bare, work)
+        for i in range(n - 1):
+            with open(os.path.join(work, f"step{i}.txt"), "w") as f:
+                f.write(f"step {i}\n")
+            git("add", ".", cwd=work)
+            git("commit", "-q", "-m", f"step {i}", cwd=work)
+        for path, content in last_files.items():
+            p = os.path.join(work, path)
+            if content is None:
+                os.remove(p)
+            else:
+                os.makedirs(os.path.dirname(p) or work, exist_ok=True)
+                with open(p, "w") as f:
+                    f.write(content)
+        git("add", "-A", ".", cwd=work)
+        git("commit", "-q", "-m", "last", cwd=work)
+        git("push", "-q", "origin", "main", cwd=work)
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=work, env=GIT_ENV, check=True,
+                              capture_output=True, text=True).stdout.strip()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def agent_output(d, sid):
+    return "".join(e["text"] for e in d.all_events(sid) if e["type"] == "agent_output")
+
+
+def run_command_session(d, eid, command, **kw):
+    r = d.request("POST", "/v1/sessions", {"environment_id": eid, "task": "inspect",
+                                           "agent": {"kind": "command", "command": command}, **kw})
+    assert r.status == 201, r
+    sid = r.json()["session_id"]
+    s = d.wait_state(sid, ("completed",), timeout=300)
+    d.track_sandboxes(sid)
+    return sid, s
+
+
+def test_build_once_sessions_fork_get_the_delta_and_lose_setup_egress(ed, git_server, peer):
+    repo = git_server.add_repo("envcalc", dict(DEMO_FILES, **{"lib/old.py": "OLD = 1\n"}))
+    # The set-up must reach the peer (a UDP round trip through its own
+    # hole) or it fails; it leaves a marker outside git's tracked files
+    # and the canary the token scan must find.
+    udp = f"udp,{peer.addr},9999"
+    # (Tried up to three times: a first connection out of a fresh sandbox
+    # has timed out under load, docs/testing.md "Known flake".)
+    setup = (f"for i in 1 2 3; do {probe_cmd(udp)} > /tmp/setup-net.json;"
+             f" grep -q '\"open:' /tmp/setup-net.json && break; done;"
+             f" grep -q '\"open:' /tmp/setup-net.json"
+             f" && echo installed > .setup-done && echo {CANARY} > /opt/canary.txt")
+    env = create_env(ed, name="calc", repo=repo, setup=setup, setup_allow=[{"cidr": peer.addr}])
+    eid = env["environment_id"]
+    assert env["current"] is None and env["versions"] == [] and env["repo"] == repo and env["ref"] == "main"
+    evs = build(ed, eid)
+    names = [e for e, _ in evs]
+    assert names[-1] == "done", evs
+    steps = [d["step"] for e, d in evs if e == "step"]
+    assert steps == ["sandbox", "fetch", "setup", "close_egress", "snapshot"], steps
+    done = evs[-1][1]
+    assert done["version"] == 1
+    got = ed.request("GET", f"/v1/environments/{eid}").json()
+    assert got["current"]["version"] == 1 and got["current"]["snapshot_id"] == done["snapshot_id"]
+    base = got["current"]["base_commit"]
+    assert len(base) == 40 and got["last_error"] is None
+
+    # The snapshot holds no deploy credential: a fork of it, searched
+    # whole, has the canary the set-up wrote and not the token.
+    r = ed.request("POST", f"/v1/snapshots/{done['snapshot_id']}/fork", {"count": 1})
+    assert r.status in (200, 201), r
+    fork = r.json()
+    fork = fork["sandboxes"][0]["id"] if isinstance(fork, dict) and "sandboxes" in fork else fork[0]["id"]
+    ed.created.add(fork)
+    scan = "grep -rlsa --exclude-dir=proc --exclude-dir=sys --exclude-dir=dev -e {} / || true"
+    assert "/opt/canary.txt" in ed.exec(fork, scan.format(CANARY))["stdout"]
+    assert ed.exec(fork, scan.format(TOKEN))["stdout"].strip() == ""
+    assert ed.request("DELETE", f"/v1/sandboxes/{fork}").status in (200, 204)
+
+    # main moves 20 commits ahead: 19 new files, then calc.py fixed and
+    # lib/old.py deleted.
+    fixed = "def add(a, b):\n    return a + b  # env fixed\n"
+    head = push_commits(git_server, "envcalc", 20, {"calc.py": fixed, "lib/old.py": None})
+
+    # Session 1: the set-up's output is there, the 20 commits are, the
+    # deleted file is gone, the peer the set-up reached is not reachable
+    # (TCP and UDP), and it leaves a file behind.
+    probe = probe_cmd(f"tcp,{peer.addr},80", udp)
+    check = ("cat .setup-done; echo STEPS=$(ls step*.txt | wc -l); cat calc.py; test -e lib/old.py && echo OLD-THERE;"
+             f" {probe}; echo; echo mine > s1.txt")
+    s1, v1 = run_command_session(ed, eid, check)
+    assert v1["environment_id"] == eid and v1["environment_version"] == 1, v1
+    out = agent_output(ed, s1)
+    assert "installed" in out and "env fixed" in out and "OLD-THERE" not in out, out
+    assert "STEPS=19" in out, out
+    results = json.loads(out[out.index("{"):out.rindex("}") + 1])
+    assert all(v.startswith("blocked:") for v in results.values()), results
+    checked = next(e for e in ed.all_events(s1) if e["type"] == "repo_checked_out")
+    assert checked["commit"] == head
+    ready = next(e for e in ed.all_events(s1) if e["type"] == "sandbox_ready")
+    assert ready["boot_mode"] == f"environment {eid} v1"
+    # Its final diff is the agent's work only: not the delta, not the set-up.
+    diff = next(e for e in ed.all_events(s1) if e["type"] == "workspace_diff")
+    assert "s1.txt" in diff["stat"] and "calc.py" not in diff["stat"] and ".setup-done" not in diff["stat"], diff
+
+    # Session 2, from the same version: s1's file is not there.
+    s2, _ = run_command_session(ed, eid, "test -e s1.txt && echo S1-LEAKED; cat .setup-done")
+    out2 = agent_output(ed, s2)
+    assert "installed" in out2 and "S1-LEAKED" not in out2, out2
+
+    # In use: a running session holds the environment.
+    r = ed.request("POST", "/v1/sessions", {"environment_id": eid, "task": "wait",
+                                            "agent": {"kind": "command", "command": "sleep 120"}})
+    assert r.status == 201, r
+    s3 = r.json()["session_id"]
+    ed.wait_state(s3, "running")
+    r = ed.request("DELETE", f"/v1/environments/{eid}")
+    assert (r.status, r.error_code()) == (409, "environment_conflict"), r
+    assert ed.request("POST", f"/v1/sessions/{s3}:cancel").status == 200
+    ed.track_sandboxes(s3)
+    assert ed.request("DELETE", f"/v1/environments/{eid}").status == 204
+    assert ed.request("GET", f"/v1/environments/{eid}").status == 404
+    assert ed.request("GET", f"/v1/snapshots/{done['snapshot_id']}").status == 404
+
+
+def test_failed_setup_makes_no_version_and_says_why(ed, git_server):
+    repo = git_server.add_repo("envfail", DEMO_FILES)
+    eid = create_env(ed, name="broken", repo=repo, setup="echo pip-says-no >&2; exit 3")["environment_id"]
+    evs = build(ed, eid)
+    ev, data = evs[-1]
+    assert ev == "error" and data["error"]["code"] == "setup_failed", evs
+    assert "exited with 3" in data["error"]["message"] and "pip-says-no" in data["error"]["message"]
+    got = ed.request("GET", f"/v1/environments/{eid}").json()
+    assert got["current"] is None and got["versions"] == [] and "pip-says-no" in got["last_error"], got
+    assert ed.request("GET", "/v1/snapshots").json()["snapshots"] == []
+    r = ed.request("POST", "/v1/sessions", {"environment_id": eid, "task": "t"})
+    assert (r.status, r.error_code()) == (409, "environment_not_built"), r
+
+
+def test_bad_input_is_4xx_and_leaves_nothing(ed, git_server):
+    repo = git_server.add_repo("envbad", DEMO_FILES)
+    ok = {"name": "x", "repo": repo}
+    cases = [
+        ({**ok, "name": ""}, 400),
+        ({**ok, "name": "n" * 65}, 400),
+        ({**ok, "repo": "ssh://example.invalid/r.git"}, 400),
+        ({**ok, "ref": "-x"}, 400),
+        ({**ok, "setup": "x" * (64 * 1024 + 1)}, 400),
+        ({**ok, "setup_allow": [{"cidr": "10.0.0.1"}] * 65}, 400),
+        ({**ok, "setup_allow": ["10.0.0.1"]}, 400),
+        ({**ok, "setup_timeout_s": 0}, 400),
+        ({**ok, "setup_timeout_s": 3601}, 400),
+        ({**ok, "template": "no-such-template"}, 404),
+        ({**ok, "surprise": 1}, 400),
+    ]
+    for body, status in cases:
+        r = ed.request("POST", "/v1/environments", body)
+        assert r.status == status, (body if len(json.dumps(body)) < 300 else list(body), r)
+    assert ed.request("GET", "/v1/environments").json()["environments"] == []
+    # At the caps exactly: accepted.
+    edge = create_env(ed, name="n" * 64, repo=repo, setup="x" * (64 * 1024),
+                      setup_allow=[{"cidr": "10.0.0.1"}] * 64, setup_timeout_s=3600)
+    eid = edge["environment_id"]
+    assert ed.request("GET", "/v1/environments/env_nosuchenvironm1").status == 404
+    assert ed.request("POST", "/v1/environments/nope:build").status == 404
+    assert ed.request("POST", f"/v1/environments/{eid}:frobnicate").status == 400
+    r = ed.request("POST", "/v1/sessions", {"environment_id": "env_nosuchenvironm1", "task": "t"})
+    assert (r.status, r.error_code()) == (404, "environment_not_found"), r
+    r = ed.request("POST", "/v1/sessions", {"environment_id": eid, "task": "t", "repo": repo + "x"})
+    assert r.status in (400, 409), r
+    assert ed.request("GET", "/v1/sessions").json()["sessions"] == []
+    assert ed.request("DELETE", f"/v1/environments/{eid}").status == 204
