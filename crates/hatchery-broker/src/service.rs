@@ -1713,8 +1713,12 @@ mod policy_fail_closed_tests {
 
     #[async_trait::async_trait]
     impl PolicyStore for Flaky {
-        async fn create(&self, doc: PolicyDocument) -> Result<StoredPolicy, StoreError> {
-            self.inner.create(doc).await
+        async fn create(
+            &self,
+            doc: PolicyDocument,
+            tenant: Option<&str>,
+        ) -> Result<StoredPolicy, StoreError> {
+            self.inner.create(doc, tenant).await
         }
         async fn add_version(
             &self,
@@ -1778,6 +1782,7 @@ mod policy_fail_closed_tests {
                     },
                     env: Default::default(),
                     metadata: Default::default(),
+                    tenant: None,
                 },
                 state: if self.starting.load(Ordering::SeqCst) {
                     SessionState::Starting
@@ -1888,7 +1893,7 @@ mod policy_fail_closed_tests {
             json!({"name": "all", "rules": [{"id": "any", "effect": "allow"}]}),
         )
         .unwrap();
-        let p = store.create(doc).await.unwrap();
+        let p = store.create(doc, None).await.unwrap();
         store.fail.store(fail, Ordering::SeqCst);
         let db = hatchery_db::Db::sqlite_memory().unwrap();
         let log = Arc::new(OneSession {

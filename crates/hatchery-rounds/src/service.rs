@@ -96,6 +96,9 @@ pub struct Rounds {
     pub(crate) cfg: RoundsConfig,
     pub(crate) metrics: Metrics,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Resolves tenant keys ([`Rounds::set_tenants`]); unset, only the
+    /// API key and the rounds' own tokens are let in.
+    pub(crate) tenants: std::sync::OnceLock<Arc<hatchery_tenants::Tenants>>,
 }
 
 impl Rounds {
@@ -113,7 +116,14 @@ impl Rounds {
             cfg,
             metrics: Metrics::new(registry),
             locks: Mutex::new(HashMap::new()),
+            tenants: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Lets tenant keys in: each reaches only the rounds it made (issue
+    /// 36). Set once, at wiring; a second call is ignored.
+    pub fn set_tenants(&self, tenants: Arc<hatchery_tenants::Tenants>) {
+        let _ = self.tenants.set(tenants);
     }
 
     /// Holds one session's sandbox for a Run, a Submit's capture, a

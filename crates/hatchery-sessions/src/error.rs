@@ -38,6 +38,10 @@ pub enum SessionError {
     StoreUnavailable(String),
     #[error("internal: {0}")]
     Internal(String),
+    /// Resolving a tenant key failed (503 when the store is only
+    /// unreachable, otherwise 500 with the cause in the log).
+    #[error("resolving a tenant key")]
+    Tenants(#[source] hatchery_tenants::StoreError),
 }
 
 impl From<StoreError> for SessionError {
@@ -98,6 +102,10 @@ impl SessionError {
             SessionError::Moved(_) => (S::CONFLICT, "session_moved"),
             SessionError::StoreUnavailable(_) => (S::SERVICE_UNAVAILABLE, "store_unavailable"),
             SessionError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "internal"),
+            SessionError::Tenants(hatchery_tenants::StoreError::Unavailable(_)) => {
+                (S::SERVICE_UNAVAILABLE, "store_unavailable")
+            }
+            SessionError::Tenants(_) => (S::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
 }
@@ -110,7 +118,8 @@ impl IntoResponse for SessionError {
         let message = if status == StatusCode::INTERNAL_SERVER_ERROR {
             // The cause goes to the log, the caller gets an id to quote.
             let rid = crate::ids::new_id("req");
-            tracing::error!(request_id = %rid, error = %self, "sessions request failed");
+            let error = hatchery_serve::error_text::with_causes(&self);
+            tracing::error!(request_id = %rid, %error, "sessions request failed");
             format!("internal error (request id {rid})")
         } else {
             self.to_string()

@@ -105,6 +105,10 @@ pub struct SessionView {
     pub policy_version: u32,
     pub template: String,
     pub metadata: BTreeMap<String, String>,
+    /// The tenant whose key created the session; absent for the
+    /// operator's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     pub budget: Spend,
     pub spend: Spend,
     pub pending_approval: Option<Approval>,
@@ -181,6 +185,7 @@ impl SessionView {
             policy_version: s.spec.policy_version,
             template: s.spec.template,
             metadata: s.spec.metadata,
+            tenant: s.spec.tenant,
             budget: Spend {
                 tokens: s.spec.budget_tokens,
                 usd_cents: s.spec.budget_usd_cents,

@@ -9,12 +9,13 @@ use crate::models::*;
 use crate::service::Sessions;
 use crate::state::SessionState;
 use crate::store::ListFilter;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use hatchery_tenants::Principal;
 use serde::Deserialize;
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -28,11 +29,19 @@ const PAGE_DEFAULT: usize = 100;
 const PAGE_MAX: usize = 1000;
 const SSE_BATCH: usize = 256;
 
-pub fn router(sessions: Arc<Sessions>, api_key: Arc<str>, daemon_key: Arc<str>) -> Router {
+/// `tenants`: resolves tenant keys, which then reach only their own
+/// sessions (`None`: only the API key is let in).
+pub fn router(
+    sessions: Arc<Sessions>,
+    api_key: Arc<str>,
+    daemon_key: Arc<str>,
+    tenants: Option<Arc<hatchery_tenants::Tenants>>,
+) -> Router {
     let st = ApiState {
         sessions,
         api_key,
         daemon_key,
+        tenants,
     };
     Router::new()
         .route("/v1/sessions", post(create).get(list))
@@ -80,9 +89,10 @@ fn session_id(id: &str) -> Result<&str, SessionError> {
               (status = 409, body = crate::error::ErrorBody)))]
 pub async fn create(
     State(st): State<ApiState>,
+    Extension(who): Extension<Principal>,
     Json(body): Json<CreateSessionBody>,
 ) -> Result<Response, SessionError> {
-    let (created, new) = st.sessions.create(body).await?;
+    let (created, new) = st.sessions.create(body, who.tenant()).await?;
     let status = if new {
         StatusCode::CREATED
     } else {
@@ -106,6 +116,7 @@ pub struct ListQuery {
     responses((status = 200, body = SessionList), (status = 400, body = crate::error::ErrorBody)))]
 pub async fn list(
     State(st): State<ApiState>,
+    Extension(who): Extension<Principal>,
     Query(q): Query<ListQuery>,
 ) -> Result<axum::Json<SessionList>, SessionError> {
     let state =
@@ -130,6 +141,8 @@ pub async fn list(
             state,
             repo: q.repo,
             after_id: q.after,
+            // A tenant lists its own sessions only.
+            tenant: who.tenant().map(str::to_string),
             limit: limit + 1,
         })
         .await?;

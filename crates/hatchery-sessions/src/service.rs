@@ -177,14 +177,23 @@ impl Sessions {
     /// Validates, resolves policy and template, stores the session as
     /// queued, and starts its runner. `Ok((created, true))` when a new
     /// session was made, `false` for an idempotent replay.
+    /// `tenant`: the caller's tenant (`None`: the operator), recorded on
+    /// the session; its idempotency keys are its own, so another tenant
+    /// reusing one makes a new session rather than learning of this one.
     pub async fn create(
         self: &Arc<Self>,
         body: CreateSessionBody,
+        tenant: Option<&str>,
     ) -> Result<(CreatedSession, bool), SessionError> {
-        let spec = self.spec_of(&body).await?;
+        let mut spec = self.spec_of(&body, tenant).await?;
+        spec.tenant = tenant.map(str::to_string);
         if let Some(k) = &body.idempotency_key {
             validate::text("idempotency_key", k, MAX_IDEMPOTENCY_KEY_BYTES, false)?;
         }
+        let key = body
+            .idempotency_key
+            .as_deref()
+            .map(|k| idempotency_scope(tenant, k));
         let canonical =
             serde_json::to_vec(&spec).map_err(|e| SessionError::Internal(e.to_string()))?;
         let hash: String = Sha256::digest(&canonical)
@@ -195,7 +204,7 @@ impl Sessions {
         match self
             .core
             .store
-            .create(&id, &spec, body.idempotency_key.as_deref(), &hash)
+            .create(&id, &spec, key.as_deref(), &hash)
             .await?
         {
             CreateOutcome::Created(s, ev) => {
@@ -223,7 +232,11 @@ impl Sessions {
         }
     }
 
-    async fn spec_of(&self, b: &CreateSessionBody) -> Result<SessionSpec, SessionError> {
+    async fn spec_of(
+        &self,
+        b: &CreateSessionBody,
+        tenant: Option<&str>,
+    ) -> Result<SessionSpec, SessionError> {
         validate::repo_url(&b.repo, &self.core.cfg)?;
         let git_ref = b.git_ref.clone().unwrap_or_else(|| "main".into());
         validate::git_ref(&git_ref)?;
@@ -288,6 +301,8 @@ impl Sessions {
             .policies
             .resolve(&policy_id)
             .await
+            // Another tenant's policy is not there for this one.
+            .filter(|p| p.usable_by(tenant))
             .ok_or_else(|| SessionError::UnknownPolicy(policy_id.clone()))?;
         let template = b
             .template
@@ -318,6 +333,7 @@ impl Sessions {
             },
             env,
             metadata,
+            tenant: None,
         })
     }
 
@@ -501,5 +517,15 @@ impl Sessions {
             .blob(id, r)
             .await?
             .ok_or_else(|| SessionError::BlobNotFound(r.to_string()))
+    }
+}
+
+/// The stored idempotency key: the operator's as given, a tenant's
+/// prefixed with its id (a tenant id has no `/`), so keys never collide
+/// across tenants.
+fn idempotency_scope(tenant: Option<&str>, key: &str) -> String {
+    match tenant {
+        None => key.to_string(),
+        Some(t) => format!("{t}/{key}"),
     }
 }

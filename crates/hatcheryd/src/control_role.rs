@@ -88,6 +88,9 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         registry,
         default_template: hatchery_templates::DEFAULT_TEMPLATE.into(),
         forward_key: None,
+        tenant_keys: Some(Arc::new(crate::tenant_keys::StoreTenantKeys(
+            crate::state_db::open_tenants(&db).await?,
+        ))),
     };
     // The preview listener forwards previews and E2B's relayed ports to
     // their owners with the daemon key, which is what lets an owner serve
@@ -122,6 +125,10 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // sandboxes through this role's own API (placed on and routed to the
     // hosts), like any client's.
     let rounds = crate::rounds::start(&args, &data, &db, &key_for_rounds, &rounds_registry).await?;
+    rounds.set_tenants(Arc::new(hatchery_tenants::Tenants::new(
+        crate::state_db::open_tenants(&db).await?,
+        Arc::new(crate::tenant_keys::NothingCounted),
+    )));
     let app = hatchery_rounds::router(rounds.clone()).merge(app).layer(
         axum::middleware::from_fn_with_state(origins, hatchery_serve::origin_guard::api_guard),
     );

@@ -17,6 +17,7 @@ pub fn build(
     (api_key, daemon_key): (&str, &str),
     registry: &prometheus::Registry,
     policies: Arc<dyn PolicyCatalog>,
+    tenants: Arc<hatchery_tenants::Tenants>,
 ) -> Result<(axum::Router, Arc<Sessions>), crate::DaemonError> {
     let mut addr = args.listen;
     if addr.ip().is_unspecified() {
@@ -53,7 +54,8 @@ pub fn build(
         Arc::new(hatchery_model_events::SettleDecoder),
     );
     svc.metrics().register(registry)?;
-    let routes = hatchery_sessions::router(svc.clone(), api_key.into(), daemon_key.into());
+    let routes =
+        hatchery_sessions::router(svc.clone(), api_key.into(), daemon_key.into(), Some(tenants));
     Ok((routes, svc))
 }
 

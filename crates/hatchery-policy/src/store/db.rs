@@ -71,6 +71,12 @@ pub static SCHEMA: Migrations = Migrations {
             CREATE TRIGGER policy_versions_no_change BEFORE UPDATE OR DELETE ON policy_versions
               FOR EACH ROW EXECUTE FUNCTION policy_versions_immutable();"
         ),
+    },
+    // Issue 36: the tenant whose key made the policy (NULL: the
+    // operator's, or built in).
+    Step::Each {
+        sqlite: "ALTER TABLE policy_heads ADD COLUMN tenant TEXT;",
+        postgres: "ALTER TABLE policy_heads ADD COLUMN IF NOT EXISTS tenant TEXT;",
     }],
 };
 
@@ -91,7 +97,7 @@ pub struct DbPolicyStore {
 }
 
 const SELECT_VERSION: &str =
-    "SELECT v.policy_id, v.version, v.document, v.sha256, v.created_at, p.builtin
+    "SELECT v.policy_id, v.version, v.document, v.sha256, v.created_at, p.builtin, p.tenant
      FROM policy_versions v JOIN policy_heads p ON p.id = v.policy_id";
 
 fn read_version(r: &Row) -> Result<StoredPolicy, StoreError> {
@@ -105,6 +111,7 @@ fn read_version(r: &Row) -> Result<StoredPolicy, StoreError> {
         created_at: r.get("created_at")?,
         sha256: r.get("sha256")?,
         builtin: r.get("builtin")?,
+        tenant: r.get("tenant")?,
         document,
     })
 }
@@ -117,6 +124,7 @@ async fn insert_version(
     version: u32,
     document: PolicyDocument,
     builtin: bool,
+    tenant: Option<&str>,
 ) -> Result<StoredPolicy, StoreError> {
     let json = serde_json::to_string(&document).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let digest = Sha256::digest(json.as_bytes());
@@ -125,9 +133,9 @@ async fn insert_version(
     let created_at = now.format(&Rfc3339).unwrap_or_default();
     if version == 1 {
         tx.execute(
-            "INSERT INTO policy_heads (id, name, latest_version, builtin, created_at, updated_at)
-             VALUES ($1, $2, 1, $3, $4, $4)",
-            args![id, &document.name, builtin, &created_at],
+            "INSERT INTO policy_heads (id, name, latest_version, builtin, created_at, updated_at,
+             tenant) VALUES ($1, $2, 1, $3, $4, $4, $5)",
+            args![id, &document.name, builtin, &created_at, tenant],
         )
         .await?;
     }
@@ -143,6 +151,7 @@ async fn insert_version(
         created_at,
         sha256,
         builtin,
+        tenant: tenant.map(str::to_string),
         document,
     })
 }
@@ -161,7 +170,7 @@ impl DbPolicyStore {
         let mut tx = db.begin().await?;
         tx.lock("policy_heads").await?;
         if !exists(&mut tx, STANDARD_ID).await? {
-            insert_version(&mut tx, STANDARD_ID, 1, standard_document(), true).await?;
+            insert_version(&mut tx, STANDARD_ID, 1, standard_document(), true, None).await?;
         }
         tx.commit().await?;
         Ok(DbPolicyStore { db })
@@ -180,7 +189,11 @@ impl DbPolicyStore {
 
 #[async_trait::async_trait]
 impl PolicyStore for DbPolicyStore {
-    async fn create(&self, doc: PolicyDocument) -> Result<StoredPolicy, StoreError> {
+    async fn create(
+        &self,
+        doc: PolicyDocument,
+        tenant: Option<&str>,
+    ) -> Result<StoredPolicy, StoreError> {
         Policy::compile(&doc)?;
         let mut tx = self.db.begin().await?;
         // Creates take turns, so the cap on the number of policies is exact.
@@ -191,7 +204,7 @@ impl PolicyStore for DbPolicyStore {
             return Err(StoreError::TooMany(n, MAX_POLICIES));
         }
         let id = format!("pol_{:016x}", rand::random::<u64>());
-        let p = insert_version(&mut tx, &id, 1, doc, false).await?;
+        let p = insert_version(&mut tx, &id, 1, doc, false, tenant).await?;
         tx.commit().await?;
         Ok(p)
     }
@@ -199,17 +212,19 @@ impl PolicyStore for DbPolicyStore {
     async fn add_version(&self, id: &str, doc: PolicyDocument) -> Result<StoredPolicy, StoreError> {
         Policy::compile(&doc)?;
         let mut tx = self.db.begin().await?;
-        let head = "SELECT latest_version, builtin FROM policy_heads WHERE id = $1 FOR UPDATE";
+        let head =
+            "SELECT latest_version, builtin, tenant FROM policy_heads WHERE id = $1 FOR UPDATE";
         let row = tx.query_opt(head, args![id]).await?;
         let row = row.ok_or_else(|| StoreError::NotFound(id.into()))?;
         let (latest, builtin): (u32, bool) = (row.get(0)?, row.get(1)?);
+        let tenant: Option<String> = row.get(2)?;
         if builtin {
             return Err(StoreError::ReadOnly(id.into()));
         }
         if latest >= MAX_VERSIONS {
             return Err(StoreError::TooManyVersions(id.into(), latest, MAX_VERSIONS));
         }
-        let p = insert_version(&mut tx, id, latest + 1, doc, false).await?;
+        let p = insert_version(&mut tx, id, latest + 1, doc, false, tenant.as_deref()).await?;
         // Names the version it moves from, so two writers cannot both
         // think they made version N+1.
         let set = "UPDATE policy_heads SET latest_version = $2, name = $3, updated_at = $4

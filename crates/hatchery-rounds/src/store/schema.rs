@@ -95,7 +95,9 @@ pub static MIGRATIONS: Migrations = Migrations {
             created_at_ms BIGINT NOT NULL,
             expires_at_ms BIGINT NOT NULL
          );",
-    )],
+    ),
+    // Issue 36: the tenant whose key made the round (NULL: the operator's).
+    Step::Both("ALTER TABLE rounds ADD COLUMN tenant TEXT;")],
 };
 
 /// A single-host data dir of the previous release: `rounds.db` at its

@@ -112,5 +112,13 @@ pub const SCHEMA: Migrations = Migrations {
             tables!(),
             "\nALTER TABLE sessions ADD COLUMN IF NOT EXISTS replay_through BIGINT NOT NULL DEFAULT 0;"
         ),
+    },
+    // Issue 36: the tenant whose key made the session (NULL: the
+    // operator's); a tenant's list is filtered on it.
+    Step::Each {
+        sqlite: "ALTER TABLE sessions ADD COLUMN tenant TEXT;
+                 CREATE INDEX IF NOT EXISTS sessions_tenant ON sessions (tenant, ord);",
+        postgres: "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS tenant TEXT;
+                   CREATE INDEX IF NOT EXISTS sessions_tenant ON sessions (tenant, ord);",
     }],
 };

@@ -52,6 +52,7 @@ pub fn spec(repo: &str) -> SessionSpec {
         },
         env: Default::default(),
         metadata: [("tenant".to_string(), "acme".to_string())].into(),
+        tenant: None,
     }
 }
 
@@ -517,6 +518,7 @@ async fn list_is_keyset_paginated(open: Open<'_>, run: &str) {
         state,
         after_id,
         limit,
+        tenant: None,
     };
     let (mut seen, mut after) = (vec![], None);
     loop {

@@ -356,10 +356,12 @@ impl SessionStore for DbSessionStore {
         // for the first's commit, inserts nothing, and then answers as a
         // repeat.
         let sql = "INSERT INTO sessions (id, spec, state, repo, idempotency_key, request_hash, \
-                   created_at, host_id, epoch) VALUES ($1, $2, 'queued', $3, $4, $5, $6, $7, 1) \
+                   created_at, host_id, epoch, tenant) \
+                   VALUES ($1, $2, 'queued', $3, $4, $5, $6, $7, 1, $8) \
                    ON CONFLICT (idempotency_key) DO NOTHING RETURNING id";
         let (key, hash, host) = (idempotency_key, request_hash, &*self.host);
-        let args = args![id, spec_json, &spec.repo, key, hash, now(), host];
+        let tenant = spec.tenant.as_deref();
+        let args = args![id, spec_json, &spec.repo, key, hash, now(), host, tenant];
         if tx.query_opt(sql, args).await?.is_none() {
             let seen = repeat(&mut tx, idempotency_key, request_hash).await?;
             return seen.ok_or_else(|| data_err("idempotency key conflicted but no row holds it"));
@@ -388,6 +390,7 @@ impl SessionStore for DbSessionStore {
         let filters = [
             ("AND state = $v", f.state.map(|s| Value::from(s.as_str()))),
             ("AND repo = $v", text(&f.repo)),
+            ("AND tenant = $v", text(&f.tenant)),
             (
                 "AND ord > COALESCE((SELECT ord FROM sessions WHERE id = $v), 0)",
                 text(&f.after_id),

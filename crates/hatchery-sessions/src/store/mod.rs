@@ -114,6 +114,11 @@ pub struct SessionSpec {
     /// Kept in the spec's JSON: sessions stored before it read as empty.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub metadata: std::collections::BTreeMap<String, String>,
+    /// The tenant whose key created the session (issue 36), from the key,
+    /// never from the body; `None` for the operator's. Also written to
+    /// the row's `tenant` column, which a tenant's list filters on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// Which agent runs and where it finds its model.
@@ -262,6 +267,8 @@ pub struct ListFilter {
     pub repo: Option<String>,
     /// Sessions created after this id's row (keyset pagination).
     pub after_id: Option<String>,
+    /// Only this tenant's sessions (a tenant key's list).
+    pub tenant: Option<String>,
     pub limit: usize,
 }
 
