@@ -140,3 +140,42 @@ def test_a_tenant_key_reaches_only_its_own_sessions_policies_and_rounds(sd, git_
     for sid in (sa, sb):
         d.request("POST", f"/v1/sessions/{sid}:cancel")
         d.track_sandboxes(sid)
+
+
+def test_a_tenant_s_sessions_reserve_its_limits_at_create(sd, git_server):
+    """Two sessions of one tenant at once hold their budgets; a third the
+    tenant has no room for is 429 tenant_budget_exhausted and stored
+    nowhere; a session that ends gives back what it did not use."""
+    d = sd
+    r = d.request("POST", "/v1/tenants", {"name": "small", "limits": {"tokens": 3000, "concurrent_sessions": 2}})
+    assert r.status == 201, r
+    tid = r.json()["id"]
+    key = d.request("POST", f"/v1/tenants/{tid}/keys").json()["key"]
+    repo = git_server.add_repo("reserve", DEMO_FILES)
+
+    def new(tokens):
+        return as_key(d, key, "POST", "/v1/sessions", {"repo": repo, "task": "[script:ask] t", "budget": {"tokens": tokens}})
+
+    r1, r2 = new(1000), new(1500)
+    assert r1.status == 201 and r2.status == 201, (r1, r2)
+    s1, s2 = r1.json()["session_id"], r2.json()["session_id"]
+    r = new(600)
+    assert err(r) == (429, "tenant_budget_exhausted"), r
+    assert "tokens" in r.json()["error"]["message"] and "2500 held" in r.json()["error"]["message"], r
+    r = new(400)
+    assert err(r) == (429, "tenant_budget_exhausted") and "concurrent_sessions" in r.json()["error"]["message"], r
+    listed = [x["session_id"] for x in as_key(d, key, "GET", "/v1/sessions").json()["sessions"]]
+    assert sorted(listed) == sorted([s1, s2]), "a refused create stores nothing"
+    # The operator is not limited by the tenant's room.
+    assert d.request("POST", "/v1/sessions", {"repo": repo, "task": "[script:ask] op"}).status == 201
+
+    # s1 ends having spent nothing (no gateway here: spend is not
+    # metered): its whole budget comes back.
+    r = as_key(d, key, "POST", f"/v1/sessions/{s1}:cancel")
+    assert r.status == 200 and r.json()["state"] == "cancelled", r
+    spent = r.json()["spend"]["tokens"]
+    r3 = new(3000 - 1500 - spent)
+    assert r3.status == 201, r3
+    assert err(new(1)) == (429, "tenant_budget_exhausted")
+    for sid in (s1, s2, r3.json()["session_id"]):
+        d.track_sandboxes(sid)

@@ -38,6 +38,9 @@ pub enum SessionError {
     StoreUnavailable(String),
     #[error("internal: {0}")]
     Internal(String),
+    /// The tenant's limits have no room for the session's budget.
+    #[error("the tenant's {} limit is {}: {} held, {} asked", .0.limit, .0.max, .0.held, .0.asked)]
+    TenantBudget(crate::store::NoRoom),
     /// Resolving a tenant key failed (503 when the store is only
     /// unreachable, otherwise 500 with the cause in the log).
     #[error("resolving a tenant key")]
@@ -105,7 +108,12 @@ impl SessionError {
             SessionError::Tenants(hatchery_tenants::StoreError::Unavailable(_)) => {
                 (S::SERVICE_UNAVAILABLE, "store_unavailable")
             }
+            // A key of a tenant deleted since the key was resolved.
+            SessionError::Tenants(hatchery_tenants::StoreError::NotFound(_)) => {
+                (S::UNAUTHORIZED, "unauthorized")
+            }
             SessionError::Tenants(_) => (S::INTERNAL_SERVER_ERROR, "internal"),
+            SessionError::TenantBudget(_) => (S::TOO_MANY_REQUESTS, "tenant_budget_exhausted"),
         }
     }
 }

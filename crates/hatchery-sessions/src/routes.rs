@@ -8,7 +8,7 @@ use crate::extract::{Json, Query};
 use crate::models::*;
 use crate::service::Sessions;
 use crate::state::SessionState;
-use crate::store::ListFilter;
+use crate::store::{ListFilter, TenantLimits};
 use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -86,19 +86,44 @@ fn session_id(id: &str) -> Result<&str, SessionError> {
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions", request_body = CreateSessionBody,
     responses((status = 201, body = CreatedSession), (status = 200, body = CreatedSession, description = "idempotent replay"),
               (status = 400, body = crate::error::ErrorBody), (status = 404, body = crate::error::ErrorBody),
-              (status = 409, body = crate::error::ErrorBody)))]
+              (status = 409, body = crate::error::ErrorBody),
+              (status = 429, body = crate::error::ErrorBody, description = "tenant_budget_exhausted: a tenant key's session whose budget its tenant's limits (tokens, usd_cents, concurrent_sessions, wall_clock_seconds) have no room for; nothing is stored")))]
 pub async fn create(
     State(st): State<ApiState>,
     Extension(who): Extension<Principal>,
     Json(body): Json<CreateSessionBody>,
 ) -> Result<Response, SessionError> {
-    let (created, new) = st.sessions.create(body, who.tenant()).await?;
+    let limits = match who.tenant() {
+        Some(t) => Some((t, tenant_limits(&st, t).await?)),
+        None => None,
+    };
+    let tenant = limits.as_ref().map(|(t, l)| (*t, l));
+    let (created, new) = st.sessions.create(body, tenant).await?;
     let status = if new {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
     Ok((status, axum::Json(created)).into_response())
+}
+
+/// The limits a tenant's new session is reserved against.
+async fn tenant_limits(st: &ApiState, tenant: &str) -> Result<TenantLimits, SessionError> {
+    let Some(tenants) = &st.tenants else {
+        return Err(SessionError::Internal(
+            "a tenant principal without a tenant store".into(),
+        ));
+    };
+    let l = tenants
+        .limits(tenant)
+        .await
+        .map_err(SessionError::Tenants)?;
+    Ok(TenantLimits {
+        tokens: l.tokens,
+        usd_cents: l.usd_cents,
+        concurrent_sessions: l.concurrent_sessions,
+        wall_s: l.wall_clock_seconds,
+    })
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]

@@ -15,7 +15,7 @@ use crate::sandbox::Sandboxes;
 use crate::scheduler::Scheduler;
 use crate::session_core::SessionCore;
 use crate::state::SessionState;
-use crate::store::{AgentSpec, CreateOutcome, Patch, SessionSpec, SessionStore};
+use crate::store::{AgentSpec, CreateOutcome, Patch, SessionSpec, SessionStore, TenantLimits};
 use crate::validate::{
     self, MAX_IDEMPOTENCY_KEY_BYTES, MAX_MESSAGE_BYTES, MAX_NOTE_BYTES, MAX_TASK_BYTES,
 };
@@ -180,11 +180,19 @@ impl Sessions {
     /// `tenant`: the caller's tenant (`None`: the operator), recorded on
     /// the session; its idempotency keys are its own, so another tenant
     /// reusing one makes a new session rather than learning of this one.
+    ///
+    /// A tenant's session is stored only if the tenant's `limits` have
+    /// room for its budget (reserved in the same transaction; 429
+    /// `tenant_budget_exhausted` otherwise).
     pub async fn create(
         self: &Arc<Self>,
         body: CreateSessionBody,
-        tenant: Option<&str>,
+        tenant: Option<(&str, &TenantLimits)>,
     ) -> Result<(CreatedSession, bool), SessionError> {
+        let (tenant, limits) = match tenant {
+            Some((t, l)) => (Some(t), Some(l)),
+            None => (None, None),
+        };
         let mut spec = self.spec_of(&body, tenant).await?;
         spec.tenant = tenant.map(str::to_string);
         if let Some(k) = &body.idempotency_key {
@@ -204,7 +212,7 @@ impl Sessions {
         match self
             .core
             .store
-            .create(&id, &spec, key.as_deref(), &hash)
+            .create_within(&id, &spec, key.as_deref(), &hash, limits)
             .await?
         {
             CreateOutcome::Created(s, ev) => {
@@ -228,6 +236,10 @@ impl Sessions {
             )),
             CreateOutcome::KeyConflict(existing) => {
                 Err(SessionError::IdempotencyConflict(existing))
+            }
+            CreateOutcome::NoRoom(no) => {
+                self.core.metrics.tenant_refused.inc();
+                Err(SessionError::TenantBudget(no))
             }
         }
     }

@@ -203,6 +203,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         policies.clone(),
         (&key, &daemon_key),
         &db,
+        tenants.clone(),
     )
     .await?;
     // On a host that relays to the control role's broker, no broker here.

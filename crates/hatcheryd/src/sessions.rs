@@ -98,6 +98,7 @@ pub async fn wire_services(
     policies: Arc<dyn hatchery_policy::PolicyStore>,
     (api_key, daemon_key): (&str, &str),
     db: &hatchery_db::Db,
+    tenants: Arc<hatchery_tenants::Tenants>,
 ) -> Result<(), crate::DaemonError> {
     use hatchery_core::host_services::{HostAddr, HostService, Identity};
     let me = hatchery_gateway::embed::HostIdentity {
@@ -136,6 +137,7 @@ pub async fn wire_services(
     let hooks = Arc::new(crate::session_services::DaemonHooks {
         gateway,
         egress: egress.clone(),
+        tenants,
     });
     // After a restart: the proxy's map is in memory; fill it before the
     // runners re-attach (they bind again, idempotently).

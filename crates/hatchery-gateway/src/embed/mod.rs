@@ -20,7 +20,7 @@
 
 mod link;
 
-pub use link::GatewayLink;
+pub use link::{GatewayLink, TenantScope};
 
 use crate::budget::{BudgetError, BudgetStore, KeyStore};
 use crate::events::GatewayEvents;
@@ -121,7 +121,15 @@ pub async fn serve_sandboxes(
         keys,
         guest_port: s.guest_port,
         socket,
+        settle_within: settle_within(s.reservation_ttl),
     }))
+}
+
+/// How long a session's end waits for its calls in flight: the answer
+/// deadline (by which every call is settled or charged whole) and a
+/// little more for the settle's own write.
+fn settle_within(reservation_ttl: std::time::Duration) -> std::time::Duration {
+    crate::settle::answer_deadline(reservation_ttl) + std::time::Duration::from_secs(2)
 }
 
 /// A host relaying its sandboxes' calls to the control role at `control`:
@@ -154,6 +162,9 @@ pub async fn relay_sandboxes(
         keys,
         guest_port: s.guest_port,
         socket,
+        // The control role's gateway settles these calls in the shared
+        // tables this host reads; its TTL is the deployment's setting.
+        settle_within: settle_within(s.reservation_ttl),
     })
 }
 
