@@ -25,8 +25,14 @@ pub fn standard_document() -> PolicyDocument {
     let hosts = serde_json::json!(STANDARD_HOSTS);
     serde_json::from_value(serde_json::json!({
         "name": "standard",
-        "description": "Built-in defaults: push only the session's own branch, never main/master; fetch and connect only to the package indexes and GitHub over HTTPS; everything else is denied.",
+        "description": "Built-in defaults: push only the session's own branch, never main/master, and a push of more than 500 changed lines (as the host counts them) only with approval; model calls within the budget; fetch and connect only to the package indexes and GitHub over HTTPS; everything else is denied.",
         "rules": [
+            {"id": "push-large-diff", "effect": "require_approval",
+             "description": "More than 500 lines added and removed (counted by the host in the commit it pushes) needs a person to approve.",
+             "match": {"tools": ["git_push"], "args": [{"field": "diff.lines", "op": "gt", "value": 500}]}},
+            {"id": "model-calls", "effect": "allow",
+             "description": "Model calls, within the session's budget.",
+             "match": {"tools": ["model_call"]}},
             {"id": "push-session-branch", "effect": "allow",
              "description": "The session's work branch is the agent's to push.",
              "match": {"tools": ["git_push"], "args": [{"field": "branch", "op": "eq", "value": {"ctx": "session_branch"}}]}},
@@ -71,6 +77,29 @@ mod tests {
             .effect
         };
         assert_eq!(push("hatchery/ses_1"), Effect::Allow);
+        let big = |lines: u64| {
+            let args = json!({"branch": "hatchery/ses_1", "diff": {"lines": lines, "files": 1}});
+            p.evaluate(&Request {
+                tool: "git_push",
+                args: &args,
+                cost_cents: None,
+                dest: None,
+                ctx: Some(&ctx),
+            })
+            .rule_id
+            .map(str::to_string)
+        };
+        assert_eq!(big(800).as_deref(), Some("push-large-diff"));
+        assert_eq!(big(500).as_deref(), Some("push-session-branch"));
+        assert!(p.names_tool("model_call") && p.names_tool("git_push") && !p.names_tool("shell"));
+        let model = p.evaluate(&Request {
+            tool: "model_call",
+            args: &Value::Null,
+            cost_cents: Some(40),
+            dest: None,
+            ctx: Some(&ctx),
+        });
+        assert_eq!(model.effect, Effect::Allow);
         assert_eq!(push("main"), Effect::Deny);
         assert_eq!(push("master"), Effect::Deny);
         assert_eq!(push("feature"), Effect::RequireApproval);

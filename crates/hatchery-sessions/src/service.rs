@@ -161,6 +161,12 @@ impl Sessions {
         });
     }
 
+    /// The sessions store (the gateway's policy check reads a call's
+    /// session from it).
+    pub fn store(&self) -> Arc<dyn SessionStore> {
+        self.core.store.clone()
+    }
+
     pub(crate) fn nudge(self: &Arc<Self>, id: &str) {
         let n = self
             .actors

@@ -63,8 +63,17 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     };
     // The model gateway, when the upstream options are given here: the
     // hosts relay their sandboxes' calls to it and hold no upstream key.
-    let gateway =
-        crate::gateway::start_control(&args.gateway, (&db, &data), &registry, owner_post()).await?;
+    let gateway = crate::gateway::start_control(
+        &args.gateway,
+        (&db, &data),
+        &registry,
+        owner_post(),
+        (
+            sessions.clone(),
+            crate::state_db::open_policies(&db, &data).await?,
+        ),
+    )
+    .await?;
     // The tool broker, when asked for here: hosts relay their sandboxes'
     // calls to it and hold no credential.
     let broker = match args.broker.for_hosts {

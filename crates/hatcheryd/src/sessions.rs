@@ -112,6 +112,7 @@ pub async fn wire_services(
         sessions.clone(),
         &manager.metrics.registry,
         me,
+        policies.clone(),
     )
     .await?;
     if let Some(g) = &gateway {

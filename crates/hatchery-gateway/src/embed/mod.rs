@@ -22,6 +22,7 @@ mod link;
 
 pub use link::{GatewayLink, TenantScope};
 
+use crate::policy::CallPolicy;
 use crate::budget::{BudgetError, BudgetStore, KeyStore};
 use crate::events::GatewayEvents;
 use crate::upstream::{Upstream, UpstreamError};
@@ -107,12 +108,13 @@ pub async fn serve_sandboxes(
     data: &Path,
     registry: &prometheus::Registry,
     events: impl FnOnce() -> Arc<dyn GatewayEvents>,
+    policy: Option<Arc<dyn CallPolicy>>,
 ) -> Result<Option<GatewayLink>, EmbedError> {
     if !s.has_upstream() {
         return Ok(None);
     }
     let (store, keys) = open_budgets(db, data).await?;
-    let g = build(s, store.clone(), keys.clone(), events(), registry)?;
+    let g = build(s, store.clone(), keys.clone(), events(), registry, policy)?;
     crate::spawn_janitor(store.clone());
     let socket = serve_socket(data, model_routes(g))?;
     tracing::info!(socket = %socket.display(), guest_port = s.guest_port, "model gateway serving sandboxes");
@@ -180,12 +182,13 @@ pub async fn serve_hosts(
     registry: &prometheus::Registry,
     keys_wanted: HostKeys,
     events: impl FnOnce(Arc<dyn BudgetStore>) -> Arc<dyn GatewayEvents>,
+    policy: Option<Arc<dyn CallPolicy>>,
 ) -> Result<Option<axum::Router>, EmbedError> {
     if !s.has_upstream() {
         return Ok(None);
     }
     let (store, keys) = open_budgets(db, data).await?;
-    let g = build(s, store.clone(), keys, events(store.clone()), registry)?;
+    let g = build(s, store.clone(), keys, events(store.clone()), registry, policy)?;
     crate::spawn_janitor(store);
     tracing::info!("model gateway serving the hosts' relays at /v1/model-gateway");
     Ok(Some(crate::relay::control_routes(
@@ -231,6 +234,7 @@ fn build(
     keys: Arc<dyn KeyStore>,
     events: Arc<dyn GatewayEvents>,
     registry: &prometheus::Registry,
+    policy: Option<Arc<dyn CallPolicy>>,
 ) -> Result<Arc<Gateway>, EmbedError> {
     let prices_path = s.prices.as_ref().ok_or(EmbedError::NoPrices)?;
     let prices =
@@ -278,6 +282,7 @@ fn build(
         admin_key: String::new(),
         metrics,
         events,
+        policy,
     }))
 }
 

@@ -156,6 +156,29 @@ async fn insert_version(
     })
 }
 
+/// A database made by an older build holds an older `pol_standard`: this
+/// build's document becomes its next version (issue 36 added the
+/// large-diff and model-call rules). Sessions pinned to the old version
+/// keep it; new sessions get this one.
+async fn upgrade_standard(tx: &mut Tx) -> Result<(), StoreError> {
+    let sql = format!("{SELECT_VERSION} WHERE v.policy_id = $1 AND v.version = p.latest_version");
+    let Some(r) = tx.query_opt(&sql, args![STANDARD_ID]).await? else {
+        return Ok(());
+    };
+    let latest = read_version(&r)?;
+    let want = standard_document();
+    let same = serde_json::to_value(&latest.document).ok() == serde_json::to_value(&want).ok();
+    if same {
+        return Ok(());
+    }
+    let p = insert_version(tx, STANDARD_ID, latest.version + 1, want, true, None).await?;
+    let set = "UPDATE policy_heads SET latest_version = $2, name = $3, updated_at = $4 WHERE id = $1";
+    tx.execute(set, args![STANDARD_ID, p.version, &p.document.name, &p.created_at])
+        .await?;
+    tracing::info!(version = p.version, "pol_standard: this build's document is its new version");
+    Ok(())
+}
+
 async fn exists(tx: &mut Tx, id: &str) -> Result<bool, StoreError> {
     let sql = "SELECT 1 FROM policy_heads WHERE id = $1";
     Ok(tx.query_opt(sql, args![id]).await?.is_some())
@@ -171,6 +194,8 @@ impl DbPolicyStore {
         tx.lock("policy_heads").await?;
         if !exists(&mut tx, STANDARD_ID).await? {
             insert_version(&mut tx, STANDARD_ID, 1, standard_document(), true, None).await?;
+        } else {
+            upgrade_standard(&mut tx).await?;
         }
         tx.commit().await?;
         Ok(DbPolicyStore { db })
