@@ -26,6 +26,8 @@ export interface SessionInfo {
   policy_version: number;
   template: string;
   metadata: Record<string, string>;
+  /** The tenant whose key created the session; absent for the operator's. */
+  tenant?: string;
   budget: { tokens: number; usd_cents: number; wall_s: number };
   spend: { tokens: number; usd_cents: number; wall_s: number };
   pending_approval: { approval_id: string; action: string; details: string; state: string; created_at: string } | null;

@@ -777,7 +777,8 @@ async fn a_tenant_s_sessions_reserve_their_budgets_at_create(open: Open<'_>, run
         tenant: Some(format!("ten_o{run}")),
         ..mine(2500)
     };
-    let r = s.create_within(&format!("ses_ro{run}"), &other, None, "h", Some(&limits));
+    let o = format!("ses_ro{run}");
+    let r = s.create_within(&o, &other, None, "h", Some(&limits));
     assert!(created(&r.await.unwrap()));
     // Ended having spent 100 of its 1,000: 900 come back.
     let a = format!("ses_ra{run}");

@@ -381,7 +381,7 @@ impl SessionStore for DbSessionStore {
             return Ok(seen);
         }
         if let (Some(t), Some(l)) = (&spec.tenant, limits) {
-            let held = tenant_held(&mut tx, t).await?;
+            let held = Self::tenant_held(&mut tx, t).await?;
             let asked = [
                 spec.budget_tokens,
                 spec.budget_usd_cents,
