@@ -21,6 +21,43 @@ pub const STANDARD_HOSTS: &[&str] = &[
     "deb.debian.org",
 ];
 
+/// Every version of `pol_standard`, oldest first: version N is the Nth.
+/// Append only (sessions pin a version by number, on every deployment
+/// alike); the store adds the versions a database lacks when it opens.
+pub fn standard_versions() -> Vec<PolicyDocument> {
+    vec![standard_document_v1(), standard_document()]
+}
+
+/// Version 1, as the first releases wrote it.
+pub fn standard_document_v1() -> PolicyDocument {
+    let hosts = serde_json::json!(STANDARD_HOSTS);
+    serde_json::from_value(serde_json::json!({
+        "name": "standard",
+        "description": "Built-in defaults: push only the session's own branch, never main/master; fetch and connect only to the package indexes and GitHub over HTTPS; everything else is denied.",
+        "rules": [
+            {"id": "push-session-branch", "effect": "allow",
+             "description": "The session's work branch is the agent's to push.",
+             "match": {"tools": ["git_push"], "args": [{"field": "branch", "op": "eq", "value": {"ctx": "session_branch"}}]}},
+            {"id": "push-protected", "effect": "deny",
+             "description": "Protected branches are never pushed by an agent.",
+             "match": {"tools": ["git_push"], "args": [{"field": "branch", "op": "in", "value": ["main", "master"]}]}},
+            {"id": "push-other-branch", "effect": "require_approval",
+             "description": "Any other branch needs a person to approve.",
+             "match": {"tools": ["git_push"], "args": [{"field": "branch", "op": "exists"}]}},
+            {"id": "pr-from-session-branch", "effect": "allow",
+             "description": "A pull request from the session's branch.",
+             "match": {"tools": ["open_pr"], "args": [{"field": "head", "op": "eq", "value": {"ctx": "session_branch"}}]}},
+            {"id": "fetch-allowed-hosts", "effect": "allow",
+             "match": {"tools": ["http_fetch"], "hosts": hosts.clone(), "ports": [443]}},
+            {"id": "egress-allowed-hosts", "effect": "allow",
+             "match": {"tools": ["egress"], "hosts": hosts, "ports": [443]}}
+        ]
+    }))
+    .expect("the standard policy is a valid document")
+}
+
+/// The current version (2): version 1 and, first, the large-diff rule
+/// and the model-call rule of issue 36.
 pub fn standard_document() -> PolicyDocument {
     let hosts = serde_json::json!(STANDARD_HOSTS);
     serde_json::from_value(serde_json::json!({

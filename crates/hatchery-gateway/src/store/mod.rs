@@ -168,10 +168,13 @@ impl BudgetStore for GatewayStore {
         let sql = "SELECT CAST(COUNT(*) AS BIGINT) FROM gateway_reservations WHERE scope = $1";
         let r = self
             .db
-            .query_one(sql, args![scope])
+            .query_opt(sql, args![scope])
             .await
             .map_err(err("count reservations"))?;
-        Ok(r.get::<i64>(0).map_err(err("count reservations"))?.max(0) as u64)
+        match r {
+            Some(r) => Ok(r.get::<i64>(0).map_err(err("count reservations"))?.max(0) as u64),
+            None => Ok(0),
+        }
     }
 
     async fn get(&self, scope: &str) -> Result<Budget, BudgetError> {

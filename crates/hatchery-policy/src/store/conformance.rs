@@ -31,7 +31,7 @@ pub async fn run_all(db: impl AsyncFn() -> Db) -> (DbPolicyStore, String) {
     let listed = b.list().await.unwrap();
     let builtin = listed.iter().filter(|p| p.builtin).count();
     assert_eq!(builtin, 1, "one built-in policy, however many daemons");
-    assert_eq!(b.latest(STANDARD_ID).await.unwrap().version, 1);
+    assert_eq!(b.latest(STANDARD_ID).await.unwrap().version, 2);
     // A migration run twice is a no-op.
     let again = DbPolicyStore::open(db().await).await.unwrap();
     assert_eq!(again.schema_version().await.unwrap(), 2);

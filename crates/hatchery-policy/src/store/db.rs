@@ -7,7 +7,7 @@
 
 use crate::compile::Policy;
 use crate::document::PolicyDocument;
-use crate::standard::{standard_document, STANDARD_ID};
+use crate::standard::{standard_versions, STANDARD_ID};
 use crate::store::{PolicyStore, PolicySummary, StoreError, StoredPolicy};
 use hatchery_db::{args, copy_table, Db, Import, Migrations, Row, Step, Tx};
 use sha2::{Digest, Sha256};
@@ -156,26 +156,31 @@ async fn insert_version(
     })
 }
 
-/// A database made by an older build holds an older `pol_standard`: this
-/// build's document becomes its next version (issue 36 added the
-/// large-diff and model-call rules). Sessions pinned to the old version
-/// keep it; new sessions get this one.
-async fn upgrade_standard(tx: &mut Tx) -> Result<(), StoreError> {
-    let sql = format!("{SELECT_VERSION} WHERE v.policy_id = $1 AND v.version = p.latest_version");
-    let Some(r) = tx.query_opt(&sql, args![STANDARD_ID]).await? else {
-        return Ok(());
+/// Writes the versions of `pol_standard` the database lacks (all of
+/// them in a new one; a database of an older build gets the newer ones),
+/// so version N is the same document on every deployment. Sessions pinned
+/// to an older version keep it; new sessions get the latest.
+async fn standard_versions_in(tx: &mut Tx) -> Result<(), StoreError> {
+    let head = "SELECT latest_version FROM policy_heads WHERE id = $1";
+    let have: u32 = match tx.query_opt(head, args![STANDARD_ID]).await? {
+        Some(r) => r.get(0)?,
+        None => 0,
     };
-    let latest = read_version(&r)?;
-    let want = standard_document();
-    let same = serde_json::to_value(&latest.document).ok() == serde_json::to_value(&want).ok();
-    if same {
-        return Ok(());
+    let versions = standard_versions();
+    for (i, doc) in versions.into_iter().enumerate() {
+        let version = i as u32 + 1;
+        if version <= have {
+            continue;
+        }
+        let p = insert_version(tx, STANDARD_ID, version, doc, true, None).await?;
+        if version > 1 {
+            let set = "UPDATE policy_heads SET latest_version = $2, name = $3, updated_at = $4 \
+                       WHERE id = $1";
+            tx.execute(set, args![STANDARD_ID, version, &p.document.name, &p.created_at])
+                .await?;
+            tracing::info!(version, "pol_standard: version added");
+        }
     }
-    let p = insert_version(tx, STANDARD_ID, latest.version + 1, want, true, None).await?;
-    let set = "UPDATE policy_heads SET latest_version = $2, name = $3, updated_at = $4 WHERE id = $1";
-    tx.execute(set, args![STANDARD_ID, p.version, &p.document.name, &p.created_at])
-        .await?;
-    tracing::info!(version = p.version, "pol_standard: this build's document is its new version");
     Ok(())
 }
 
@@ -192,11 +197,7 @@ impl DbPolicyStore {
         db.migrate(&SCHEMA).await?;
         let mut tx = db.begin().await?;
         tx.lock("policy_heads").await?;
-        if !exists(&mut tx, STANDARD_ID).await? {
-            insert_version(&mut tx, STANDARD_ID, 1, standard_document(), true, None).await?;
-        } else {
-            upgrade_standard(&mut tx).await?;
-        }
+        standard_versions_in(&mut tx).await?;
         tx.commit().await?;
         Ok(DbPolicyStore { db })
     }
