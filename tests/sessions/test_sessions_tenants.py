@@ -6,7 +6,7 @@ are per tenant; the operator key sees everything."""
 
 from sessions_support import DEMO_FILES
 
-POLICY = {"name": "tenant-a", "default": "allow", "rules": []}
+POLICY = {"name": "tenant-a", "rules": [{"id": "all", "effect": "allow"}]}
 
 ROUND = {
     "name": "tenant round",
