@@ -13,10 +13,14 @@ use async_trait::async_trait;
 pub enum Verdict {
     Allow,
     /// Refused: 403 `policy_denied`, naming the rule.
-    Deny { rule: Option<String> },
+    Deny {
+        rule: Option<String>,
+    },
     /// A model call cannot wait for a person mid-request: refused, 403
     /// `approval_required`, naming the rule.
-    RequireApproval { rule: Option<String> },
+    RequireApproval {
+        rule: Option<String>,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]

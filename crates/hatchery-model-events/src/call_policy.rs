@@ -108,9 +108,12 @@ mod tests {
 
     #[test]
     fn a_policy_silent_on_model_calls_leaves_them_to_the_budget() {
-        let p = policy(json!([{"id": "push", "effect": "allow", "match": {"tools": ["git_push"]}}]));
+        let p =
+            policy(json!([{"id": "push", "effect": "allow", "match": {"tools": ["git_push"]}}]));
         assert_eq!(decide(&p, "ses_a", "m", cents(1_000_000)), Verdict::Allow);
-        let only_deny = policy(json!([{"id": "no-models", "effect": "deny", "match": {"tools": ["model_call"]}}]));
+        let only_deny = policy(
+            json!([{"id": "no-models", "effect": "deny", "match": {"tools": ["model_call"]}}]),
+        );
         assert_eq!(
             decide(&only_deny, "ses_a", "m", cents(1)),
             Verdict::Deny {

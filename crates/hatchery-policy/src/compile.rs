@@ -42,9 +42,11 @@ impl Policy {
     /// were evaluated say nothing about them, and their default deny is
     /// not taken to mean "no model calls".
     pub fn names_tool(&self, tool: &str) -> bool {
-        self.rules
-            .iter()
-            .any(|r| r.tools.as_ref().is_some_and(|t| t.iter().any(|x| x == tool)))
+        self.rules.iter().any(|r| {
+            r.tools
+                .as_ref()
+                .is_some_and(|t| t.iter().any(|x| x == tool))
+        })
     }
 }
 

@@ -11,10 +11,10 @@ use crate::store::{reachable, PolicyStore, PolicySummary, StoreError, StoredPoli
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Extension, Path, State};
-use hatchery_tenants::Principal;
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use hatchery_tenants::Principal;
 use serde::Serialize;
 use std::sync::Arc;
 use utoipa::ToSchema;

@@ -191,10 +191,14 @@ mod tests {
         let t = Some(&keys);
         let ask = |path: &str, auth: Option<&str>, t| may_forward(&req(path, auth), "op", t);
         assert!(ask("/v1/sessions/ses_a", Some("op"), None).await.unwrap());
-        assert!(ask("/v1/sessions/ses_a", Some("htk_good"), t).await.unwrap());
+        assert!(ask("/v1/sessions/ses_a", Some("htk_good"), t)
+            .await
+            .unwrap());
         assert!(!ask("/v1/sessions/ses_a", Some("htk_bad"), t).await.unwrap());
         assert!(
-            !ask("/v1/sessions/ses_a", Some("htk_good"), None).await.unwrap(),
+            !ask("/v1/sessions/ses_a", Some("htk_good"), None)
+                .await
+                .unwrap(),
             "without a resolver only the API key is forwarded"
         );
         assert!(!ask("/v1/sessions/ses_a", None, t).await.unwrap());

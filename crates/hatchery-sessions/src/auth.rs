@@ -6,11 +6,11 @@
 
 use crate::api_state::ApiState;
 use crate::error::SessionError;
-use hatchery_tenants::Principal;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use hatchery_tenants::Principal;
 
 /// The API key is the operator, who reaches every session; a tenant's
 /// key (hatchery-tenants) reaches only the sessions it made: any other

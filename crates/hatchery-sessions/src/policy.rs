@@ -75,7 +75,10 @@ mod tests {
         };
         assert!(p(Some("ten_a")).usable_by(Some("ten_a")));
         assert!(!p(Some("ten_a")).usable_by(Some("ten_b")));
-        assert!(!p(None).usable_by(Some("ten_b")), "the operator's policies are not a tenant's");
+        assert!(
+            !p(None).usable_by(Some("ten_b")),
+            "the operator's policies are not a tenant's"
+        );
         assert!(p(Some("ten_a")).usable_by(None) && p(None).usable_by(None));
     }
 }

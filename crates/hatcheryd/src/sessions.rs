@@ -54,8 +54,12 @@ pub fn build(
         Arc::new(hatchery_model_events::SettleDecoder),
     );
     svc.metrics().register(registry)?;
-    let routes =
-        hatchery_sessions::router(svc.clone(), api_key.into(), daemon_key.into(), Some(tenants));
+    let routes = hatchery_sessions::router(
+        svc.clone(),
+        api_key.into(),
+        daemon_key.into(),
+        Some(tenants),
+    );
     Ok((routes, svc))
 }
 

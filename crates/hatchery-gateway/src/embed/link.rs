@@ -121,7 +121,9 @@ mod tests {
             tokens: Some(5000),
             usd_cents: None,
         };
-        link.bind("ses_a", "sbx_1", (1000, 25), Some(&t)).await.unwrap();
+        link.bind("ses_a", "sbx_1", (1000, 25), Some(&t))
+            .await
+            .unwrap();
         let who = s.caller_of_sandbox("sbx_1").await.unwrap().unwrap();
         assert_eq!(who.tenant.as_deref(), Some("ten_a"));
         assert_eq!(who.scopes(), ["session:ses_a", "tenant:ten_a"]);
@@ -151,7 +153,9 @@ mod tests {
             usd_cents: 0,
         };
         let now = crate::now_ms();
-        s.reserve("call_1", &scopes, est, now, 60_000).await.unwrap();
+        s.reserve("call_1", &scopes, est, now, 60_000)
+            .await
+            .unwrap();
         // Settled 200 ms from now, while settle_calls waits.
         let (s2, sc) = (s.clone(), scopes.clone());
         let settler = tokio::spawn(async move {
@@ -168,7 +172,9 @@ mod tests {
         settler.await.unwrap();
         assert_eq!(s.get("session:ses_a").await.unwrap().used_tokens, 40);
         // One never settled: given up on after settle_within, and counted.
-        s.reserve("call_2", &scopes, est, now, 60_000).await.unwrap();
+        s.reserve("call_2", &scopes, est, now, 60_000)
+            .await
+            .unwrap();
         let short = GatewayLink {
             settle_within: Duration::from_millis(120),
             ..Arc::try_unwrap(link).ok().unwrap()

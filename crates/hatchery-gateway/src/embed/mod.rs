@@ -22,9 +22,9 @@ mod link;
 
 pub use link::{GatewayLink, TenantScope};
 
-use crate::policy::CallPolicy;
 use crate::budget::{BudgetError, BudgetStore, KeyStore};
 use crate::events::GatewayEvents;
+use crate::policy::CallPolicy;
 use crate::upstream::{Upstream, UpstreamError};
 use crate::usage::Flavor;
 use crate::Gateway;
@@ -188,7 +188,14 @@ pub async fn serve_hosts(
         return Ok(None);
     }
     let (store, keys) = open_budgets(db, data).await?;
-    let g = build(s, store.clone(), keys, events(store.clone()), registry, policy)?;
+    let g = build(
+        s,
+        store.clone(),
+        keys,
+        events(store.clone()),
+        registry,
+        policy,
+    )?;
     crate::spawn_janitor(store);
     tracing::info!("model gateway serving the hosts' relays at /v1/model-gateway");
     Ok(Some(crate::relay::control_routes(

@@ -112,7 +112,10 @@ async fn concurrent_versions(s: Arc<dyn PolicyStore>) {
     got.sort();
     assert_eq!(got, (2..=21).collect::<Vec<_>>());
     let latest = s.latest(&p.id).await.unwrap();
-    assert_eq!((latest.version, latest.tenant.as_deref()), (21, Some("ten_c")));
+    assert_eq!(
+        (latest.version, latest.tenant.as_deref()),
+        (21, Some("ten_c"))
+    );
     let listed = s.list().await.unwrap();
     let head = listed.iter().find(|h| h.id == p.id).unwrap();
     assert_eq!(head.tenant.as_deref(), Some("ten_c"));

@@ -50,34 +50,36 @@ macro_rules! tables {
 /// The policy schema. Append only.
 pub static SCHEMA: Migrations = Migrations {
     product: "policy",
-    steps: &[Step::Each {
-        sqlite: concat!(
-            tables!(""),
-            "CREATE TRIGGER policy_versions_no_update BEFORE UPDATE ON policy_versions
+    steps: &[
+        Step::Each {
+            sqlite: concat!(
+                tables!(""),
+                "CREATE TRIGGER policy_versions_no_update BEFORE UPDATE ON policy_versions
               BEGIN SELECT RAISE(ABORT, 'policy versions are immutable'); END;
             CREATE TRIGGER policy_versions_no_delete BEFORE DELETE ON policy_versions
               BEGIN SELECT RAISE(ABORT, 'policy versions are immutable'); END;"
-        ),
-        // A database of the previous release already has `policies` and
-        // `policy_versions` (and the trigger) from the old PostgreSQL
-        // store: renamed and kept, rows included; a new one gets them.
-        postgres: concat!(
-            "ALTER TABLE IF EXISTS policies RENAME TO policy_heads;",
-            tables!("IF NOT EXISTS "),
-            "CREATE OR REPLACE FUNCTION policy_versions_immutable() RETURNS trigger
+            ),
+            // A database of the previous release already has `policies` and
+            // `policy_versions` (and the trigger) from the old PostgreSQL
+            // store: renamed and kept, rows included; a new one gets them.
+            postgres: concat!(
+                "ALTER TABLE IF EXISTS policies RENAME TO policy_heads;",
+                tables!("IF NOT EXISTS "),
+                "CREATE OR REPLACE FUNCTION policy_versions_immutable() RETURNS trigger
               LANGUAGE plpgsql AS $$
               BEGIN RAISE EXCEPTION 'policy versions are immutable'; END $$;
             DROP TRIGGER IF EXISTS policy_versions_no_change ON policy_versions;
             CREATE TRIGGER policy_versions_no_change BEFORE UPDATE OR DELETE ON policy_versions
               FOR EACH ROW EXECUTE FUNCTION policy_versions_immutable();"
-        ),
-    },
-    // Issue 36: the tenant whose key made the policy (NULL: the
-    // operator's, or built in).
-    Step::Each {
-        sqlite: "ALTER TABLE policy_heads ADD COLUMN tenant TEXT;",
-        postgres: "ALTER TABLE policy_heads ADD COLUMN IF NOT EXISTS tenant TEXT;",
-    }],
+            ),
+        },
+        // Issue 36: the tenant whose key made the policy (NULL: the
+        // operator's, or built in).
+        Step::Each {
+            sqlite: "ALTER TABLE policy_heads ADD COLUMN tenant TEXT;",
+            postgres: "ALTER TABLE policy_heads ADD COLUMN IF NOT EXISTS tenant TEXT;",
+        },
+    ],
 };
 
 /// A single-host data dir of the previous release: DATA_DIR/policies.db.
@@ -176,8 +178,11 @@ async fn standard_versions_in(tx: &mut Tx) -> Result<(), StoreError> {
         if version > 1 {
             let set = "UPDATE policy_heads SET latest_version = $2, name = $3, updated_at = $4 \
                        WHERE id = $1";
-            tx.execute(set, args![STANDARD_ID, version, &p.document.name, &p.created_at])
-                .await?;
+            tx.execute(
+                set,
+                args![STANDARD_ID, version, &p.document.name, &p.created_at],
+            )
+            .await?;
             tracing::info!(version, "pol_standard: version added");
         }
     }

@@ -758,7 +758,11 @@ async fn a_tenant_s_sessions_reserve_their_budgets_at_create(open: Open<'_>, run
     };
     let make = |id: String, tokens: u64| {
         let (s, sp, l) = (s.clone(), mine(tokens), limits.clone());
-        async move { s.create_within(&id, &sp, None, "h", Some(&l)).await.unwrap() }
+        async move {
+            s.create_within(&id, &sp, None, "h", Some(&l))
+                .await
+                .unwrap()
+        }
     };
     let created = |o: &CreateOutcome| matches!(o, CreateOutcome::Created(..));
     assert!(created(&make(format!("ses_ra{run}"), 1000).await));
@@ -767,7 +771,10 @@ async fn a_tenant_s_sessions_reserve_their_budgets_at_create(open: Open<'_>, run
     let c = format!("ses_rc{run}");
     match make(c.clone(), 600).await {
         CreateOutcome::NoRoom(no) => {
-            assert_eq!((no.limit, no.max, no.held, no.asked), ("tokens", 2500, 2000, 600))
+            assert_eq!(
+                (no.limit, no.max, no.held, no.asked),
+                ("tokens", 2500, 2000, 600)
+            )
         }
         other => panic!("{other:?}"),
     }
@@ -789,7 +796,11 @@ async fn a_tenant_s_sessions_reserve_their_budgets_at_create(open: Open<'_>, run
         .unwrap();
     // 1,100 held: two creates of 1,000 race for the 1,400 left; one fits.
     let racing = hatchery_db::race(2, |i| make(format!("ses_rr{i}{run}"), 1000)).await;
-    assert_eq!(racing.iter().filter(|o| created(o)).count(), 1, "{racing:?}");
+    assert_eq!(
+        racing.iter().filter(|o| created(o)).count(),
+        1,
+        "{racing:?}"
+    );
     // Two unfinished: a third fits the concurrent_sessions limit of 3, a
     // fourth does not (tokens would: 2,102 of 2,500).
     assert!(created(&make(format!("ses_rd{run}"), 1).await));
@@ -805,5 +816,10 @@ async fn a_tenant_s_sessions_reserve_their_budgets_at_create(open: Open<'_>, run
         ..Default::default()
     };
     let listed = s.list(&f).await.unwrap();
-    assert!(listed.len() >= 3 && listed.iter().all(|x| x.spec.tenant.as_deref() == Some(&*tenant)));
+    assert!(
+        listed.len() >= 3
+            && listed
+                .iter()
+                .all(|x| x.spec.tenant.as_deref() == Some(&*tenant))
+    );
 }

@@ -330,28 +330,28 @@ impl DbSessionStore {
     }
 
     /// What `tenant` holds, in its limits' order (tokens, cents, sessions,
-/// wall seconds): an unfinished session its budget (or its spend, should
-/// that be more), a finished one what it spent; sessions count while
-/// unfinished.
-async fn tenant_held(tx: &mut Tx, tenant: &str) -> Result<[u64; 4], StoreError> {
-    let held = |budget: &str, spend: &str| {
-        format!(
-            "CAST(COALESCE(SUM(CASE WHEN {UNFINISHED} AND {budget} > {spend} THEN {budget} \
+    /// wall seconds): an unfinished session its budget (or its spend, should
+    /// that be more), a finished one what it spent; sessions count while
+    /// unfinished.
+    async fn tenant_held(tx: &mut Tx, tenant: &str) -> Result<[u64; 4], StoreError> {
+        let held = |budget: &str, spend: &str| {
+            format!(
+                "CAST(COALESCE(SUM(CASE WHEN {UNFINISHED} AND {budget} > {spend} THEN {budget} \
              ELSE {spend} END), 0) AS BIGINT)"
-        )
-    };
-    let sql = format!(
+            )
+        };
+        let sql = format!(
         "SELECT {}, {}, CAST(COALESCE(SUM(CASE WHEN {UNFINISHED} THEN 1 ELSE 0 END), 0) AS BIGINT), \
          {} FROM sessions WHERE tenant = $1",
         held("budget_tokens", "spend_tokens"),
         held("budget_usd_cents", "spend_usd_cents"),
         held("budget_wall_s", "spend_wall_s"),
     );
-    let r = tx.query_one(&sql, args![tenant]).await?;
-    Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?])
-}
+        let r = tx.query_one(&sql, args![tenant]).await?;
+        Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?])
+    }
 
-/// A write transaction on `id` after the fence check: the transaction
+    /// A write transaction on `id` after the fence check: the transaction
     /// and the epoch its events record.
     async fn write(&self, id: &str) -> Result<(Tx, u64), StoreError> {
         let mut tx = self.db.begin().await?;
