@@ -199,11 +199,10 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         &args,
         &data,
         &manager,
-        &sessions,
+        (&sessions, tenants.clone()),
         policies.clone(),
         (&key, &daemon_key),
         &db,
-        tenants.clone(),
     )
     .await?;
     // On a host that relays to the control role's broker, no broker here.

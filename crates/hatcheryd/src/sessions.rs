@@ -98,11 +98,10 @@ pub async fn wire_services(
     args: &DaemonArgs,
     data: &std::path::Path,
     manager: &Arc<hatchery_core::Manager>,
-    sessions: &Arc<Sessions>,
+    (sessions, tenants): (&Arc<Sessions>, Arc<hatchery_tenants::Tenants>),
     policies: Arc<dyn hatchery_policy::PolicyStore>,
     (api_key, daemon_key): (&str, &str),
     db: &hatchery_db::Db,
-    tenants: Arc<hatchery_tenants::Tenants>,
 ) -> Result<(), crate::DaemonError> {
     use hatchery_core::host_services::{HostAddr, HostService, Identity};
     let me = hatchery_gateway::embed::HostIdentity {
