@@ -126,6 +126,31 @@ def test_push_size_is_measured_on_the_host(bd):
         bd.track_sandboxes(sid)
 
 
+def test_the_standard_policy_holds_a_large_push_for_approval(bd):
+    """Issue 36: pol_standard's push-large-diff rule fires on the host's
+    count: a push of 800 real lines the agent claims as 10 waits for a
+    person, under the session's own default policy; denied, nothing is
+    pushed."""
+    files = {"agent.py": open(os.path.join(HERE, "diff_agent.py")).read()}
+    repo, bare = add_repo(bd.git_server, "stddiff", files)
+    sid = bd.new_session(repo, "800 lines, standard policy",
+                         agent={"kind": "command", "command": "python3 agent.py 800 10"})
+    s = bd.wait_state(sid, "waiting_approval")
+    assert s["policy_id"] == "pol_standard", s
+    apr = s["pending_approval"]
+    assert json.loads(apr["details"])["diff"]["lines"] == 800, apr
+    calls = bd.calls(sid)
+    assert [(c["status"], c["rule_id"]) for c in calls] == [("awaiting_approval", "push-large-diff")], calls
+    r = bd.request("POST", f"/v1/sessions/{sid}/approvals/{apr['approval_id']}", {"decision": "deny", "note": "too big"})
+    assert r.status == 200, r
+    bd.wait_state(sid, "completed")
+    got = answers(bd, sid)[1]
+    assert (got["status"], got["rule_id"]) == ("denied", "push-large-diff"), got
+    assert subprocess.run(["git", "--git-dir", bare, "rev-parse", "--verify", "-q", f"refs/heads/hatchery/{sid}"],
+                          capture_output=True).returncode != 0, "a denied push was pushed"
+    bd.track_sandboxes(sid)
+
+
 def test_unknown_policy_is_refused_at_create(bd):
     r = bd.request("POST", "/v1/sessions", {"repo": "git://127.0.0.1:1/x.git", "task": "t", "policy_id": "pol_0000000000000000"})
     assert r.status == 400 and r.error_code() == "policy_not_found", r

@@ -436,3 +436,34 @@ def test_moving_a_session_to_a_new_version_applies_to_new_connections(gd, server
     assert s["policy_version"] == 2
     # Finished sessions stay where they ended.
     assert gd.request("POST", f"/v1/sessions/{sid}/policy", {"version": 1}).status == 409
+
+
+def test_the_pinned_policy_decides_a_model_call_before_the_upstream(gd, git_server, model):
+    """Issue 36: the gateway asks the session's pinned policy about each
+    model call, with its estimated cost, before reserving or calling the
+    upstream. A policy that denies model calls costing more than 1 cent:
+    the agent's first call is refused 403 policy_denied (a `model_refused`
+    event naming the rule), the upstream never sees it, nothing is spent."""
+    r = gd.request("POST", "/v1/policies", {"name": "cheap-models-only", "rules": [
+        {"id": "pricey-model-call", "effect": "deny",
+         "match": {"tools": ["model_call"], "cost": {"op": "gt", "value": 1}}},
+        {"id": "rest", "effect": "allow"}]})
+    assert r.status == 201, r
+    repo = git_server.add_repo("policy-model", DEMO_FILES)
+    before = len(model.requests)
+    sid = gd.new_session(repo, "[script:broke] refused", policy_id=r.json()["id"], template="agent-session",
+                         budget={"tokens": 50000, "wall_s": 600})
+    t0 = time.time()
+    while time.time() - t0 < 300:
+        s = gd.session(sid)
+        if s["state"] in ("completed", "failed", "cancelled"):
+            break
+        time.sleep(0.3)
+    gd.track_sandboxes(sid)
+    evs = gd.all_events(sid)
+    refused = [e for e in evs if e["type"] == "model_refused"]
+    assert refused and refused[0]["code"] == "policy_denied", evs
+    assert "pricey-model-call" in refused[0]["message"], refused
+    assert not any(e["type"] == "model_call" for e in evs)
+    assert s["spend"]["tokens"] == 0, s
+    assert len(model.requests) == before, "the upstream saw a call the policy denied"

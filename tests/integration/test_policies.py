@@ -60,6 +60,6 @@ def test_policies_survive_a_restart():
         d.start()
         r = d.request("GET", f"/v1/policies/{pid}/versions/1")
         assert r.status == 200 and r.json()["document"] == DOC, r
-        assert d.request("GET", "/v1/policies/pol_standard").json()["version"] == 1
+        assert d.request("GET", "/v1/policies/pol_standard").json()["version"] == 2
     finally:
         d.cleanup()

@@ -37,7 +37,8 @@ TABLES = [
     # document): its old row is not copied, by design; compared by key.
     ("policies.db", "policies", "policy_heads", ["id"],
      ["id", "name", "latest_version", "builtin", "created_at", "updated_at"], "builtin = 0"),
-    ("policies.db", "policies", "policy_heads", ["id"], ["id", "name", "latest_version", "builtin"], "builtin = 1"),
+    # Its latest version is this build's (pol_standard gains versions).
+    ("policies.db", "policies", "policy_heads", ["id"], ["id", "builtin"], "builtin = 1"),
     ("policies.db", "policy_versions", "policy_versions", ["policy_id", "version"],
      ["policy_id", "version", "document", "sha256", "created_at"], "policy_id != 'pol_standard'"),
     ("policies.db", "policy_versions", "policy_versions", ["policy_id", "version"],

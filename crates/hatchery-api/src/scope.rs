@@ -2,9 +2,12 @@
 //! `metadata.tenant` = its id, set by the API from the key (never from
 //! the body); a sandbox or snapshot of another tenant answers exactly as
 //! a missing one does (404 `sandbox_not_found`/`snapshot_not_found`), so a
-//! key cannot learn what others have. Routes not scoped yet (templates
-//! other than reading them, policies, the broker's operator routes,
-//! metrics, tenants) answer 403 `forbidden` to a tenant key.
+//! key cannot learn what others have. `/v1/policies` is scoped by its own
+//! handlers (hatchery-policy: a tenant's own policies and the built-in
+//! ones), `/v1/sessions` and `/v1/rounds` by their routers' own key checks.
+//! Routes not scoped (templates other than reading them, the broker's
+//! operator routes, metrics, tenants) answer 403 `forbidden` to a tenant
+//! key.
 //!
 //! Also [`ManagerUsage`]: a tenant's live sandboxes as the manager counts
 //! them, for hatchery-tenants' admission gate and delete check.
@@ -34,7 +37,7 @@ fn forbidden() -> ApiError {
 /// What a tenant's request is for, by its path.
 #[derive(Debug, PartialEq, Eq)]
 enum Target<'a> {
-    /// A create or list: the handler scopes it.
+    /// A create or list, or a policy: the handler scopes it.
     Handler,
     Sandbox(&'a str),
     Snapshot(&'a str),
@@ -47,6 +50,7 @@ fn target<'a>(method: &Method, path: &'a str) -> Target<'a> {
     let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     match parts.as_slice() {
         ["v1", "sandboxes"] | ["v1", "snapshots"] => Target::Handler,
+        ["v1", "policies", ..] => Target::Handler,
         ["v1", "sandboxes", id, ..] => Target::Sandbox(id),
         ["v1", "snapshots", id, ..] => Target::Snapshot(id),
         ["v1", "templates", ..] if method == Method::GET => Target::Open,
@@ -199,7 +203,8 @@ mod tests {
             (&post, "/v1/templates", Target::Forbidden),
             (&Method::DELETE, "/v1/templates/base", Target::Forbidden),
             (&get, "/v1/tenants", Target::Forbidden),
-            (&get, "/v1/policies", Target::Forbidden),
+            (&get, "/v1/policies", Target::Handler),
+            (&post, "/v1/policies/pol_a/versions", Target::Handler),
             (&get, "/metrics", Target::Forbidden),
             (&get, "/v1/broker/calls", Target::Forbidden),
         ];

@@ -14,6 +14,8 @@ impl PolicyCatalog for StorePolicies {
             Ok(p) => Some(PolicyRef {
                 id: p.id,
                 version: p.version,
+                tenant: p.tenant,
+                builtin: p.builtin,
             }),
             Err(e) => {
                 if !matches!(e, hatchery_policy::StoreError::NotFound(_)) {

@@ -1713,8 +1713,12 @@ mod policy_fail_closed_tests {
 
     #[async_trait::async_trait]
     impl PolicyStore for Flaky {
-        async fn create(&self, doc: PolicyDocument) -> Result<StoredPolicy, StoreError> {
-            self.inner.create(doc).await
+        async fn create(
+            &self,
+            doc: PolicyDocument,
+            tenant: Option<&str>,
+        ) -> Result<StoredPolicy, StoreError> {
+            self.inner.create(doc, tenant).await
         }
         async fn add_version(
             &self,
@@ -1779,6 +1783,7 @@ mod policy_fail_closed_tests {
                     env: Default::default(),
                     metadata: Default::default(),
                     environment: None,
+                    tenant: None,
                 },
                 state: if self.starting.load(Ordering::SeqCst) {
                     SessionState::Starting
@@ -1889,7 +1894,7 @@ mod policy_fail_closed_tests {
             json!({"name": "all", "rules": [{"id": "any", "effect": "allow"}]}),
         )
         .unwrap();
-        let p = store.create(doc).await.unwrap();
+        let p = store.create(doc, None).await.unwrap();
         store.fail.store(fail, Ordering::SeqCst);
         let db = hatchery_db::Db::sqlite_memory().unwrap();
         let log = Arc::new(OneSession {

@@ -74,6 +74,8 @@ impl hatchery_sessions::policy::PolicyCatalog for Catalog {
         (id == self.0 || id == "pol_standard").then(|| hatchery_sessions::policy::PolicyRef {
             id: id.to_string(),
             version: 1,
+            tenant: None,
+            builtin: id == "pol_standard",
         })
     }
 }
@@ -91,7 +93,7 @@ impl Env {
         let policy_id = match policy {
             Some(doc) => {
                 policies
-                    .create(serde_json::from_value(doc).unwrap())
+                    .create(serde_json::from_value(doc).unwrap(), None)
                     .await
                     .unwrap()
                     .id
@@ -126,7 +128,7 @@ impl Env {
             serde_json::json!({"repo": remote, "task": "t", "policy_id": policy_id}),
         )
         .unwrap();
-        let session = sessions.create(body).await.unwrap().0.session_id;
+        let session = sessions.create(body, None).await.unwrap().0.session_id;
         let mut sandbox = None;
         for _ in 0..5000 {
             let s = store.get(&session).await.unwrap();

@@ -88,6 +88,8 @@ pub trait BudgetStore: Send + Sync {
     ) -> Result<bool, BudgetError>;
     /// Deletes reservations whose TTL has passed; returns how many.
     async fn expire(&self, now_ms: u64) -> Result<u64, BudgetError>;
+    /// How many reservations of `scope` are open (calls in flight).
+    async fn open_reservations(&self, scope: &str) -> Result<u64, BudgetError>;
     /// The clock reservations are stamped and expired by. A store shared
     /// by several processes answers with its own (the database's) clock,
     /// so that a process whose clock runs ahead cannot expire the others'

@@ -223,6 +223,19 @@ async fn call_inner(
             plan.max_output,
         ),
     };
+    // The pinned policy decides on the estimate before anything is
+    // reserved or sent (issue 36).
+    if let Some(p) = &g.policy {
+        use crate::policy::Verdict;
+        match p.model_call(&caller, &plan.model, estimate).await {
+            Ok(Verdict::Allow) => {}
+            Ok(Verdict::Deny { rule }) => return Err(fail(CallError::PolicyDenied(rule))),
+            Ok(Verdict::RequireApproval { rule }) => {
+                return Err(fail(CallError::ApprovalRequired(rule)))
+            }
+            Err(e) => return Err(fail(CallError::Policy(e))),
+        }
+    }
     let id = format!("rsv_{:032x}", rand::random::<u128>());
     let scopes = caller.scopes();
     let t = Instant::now();

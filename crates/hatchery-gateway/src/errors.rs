@@ -43,6 +43,16 @@ pub enum CallError {
     /// A host's relay could not reach the control role's gateway.
     #[error("the model gateway is not reachable: {0}")]
     GatewayUnreachable(String),
+    /// The session's policy denies this model call.
+    #[error("the session's policy denies this model call (rule {})", .0.as_deref().unwrap_or("default deny"))]
+    PolicyDenied(Option<String>),
+    /// The session's policy wants a person to approve this model call,
+    /// which a call cannot wait for.
+    #[error("the session's policy requires approval for this model call (rule {})", .0.as_deref().unwrap_or("-"))]
+    ApprovalRequired(Option<String>),
+    /// The policy could not be evaluated: the call is not made.
+    #[error(transparent)]
+    Policy(crate::policy::PolicyCheckError),
 }
 
 impl CallError {
@@ -61,6 +71,9 @@ impl CallError {
             CallError::NoUpstream => "no_upstream",
             CallError::Upstream(_) | CallError::BadUpstreamAnswer => "upstream_unavailable",
             CallError::GatewayUnreachable(_) => "gateway_unreachable",
+            CallError::PolicyDenied(_) => "policy_denied",
+            CallError::ApprovalRequired(_) => "approval_required",
+            CallError::Policy(_) => "internal",
         }
     }
 
@@ -72,7 +85,8 @@ impl CallError {
             | CallError::BadUpstreamAnswer
             | CallError::AnswerDeadline(_)
             | CallError::GatewayUnreachable(_) => "upstream_unavailable",
-            CallError::Store(_) => "internal",
+            CallError::Store(_) | CallError::Policy(_) => "internal",
+            CallError::PolicyDenied(_) | CallError::ApprovalRequired(_) => "policy_refused",
             _ => "refused",
         }
     }
@@ -86,7 +100,8 @@ impl CallError {
             | CallError::Unbounded(_) => StatusCode::BAD_REQUEST,
             CallError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             CallError::Store(BudgetError::Exhausted { .. }) => StatusCode::TOO_MANY_REQUESTS,
-            CallError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            CallError::Store(_) | CallError::Policy(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            CallError::PolicyDenied(_) | CallError::ApprovalRequired(_) => StatusCode::FORBIDDEN,
             CallError::NoUpstream => StatusCode::NOT_FOUND,
             CallError::Upstream(_)
             | CallError::BadUpstreamAnswer
@@ -100,7 +115,8 @@ impl CallError {
         // The cause of an internal error is logged, not echoed.
         let message = if status == StatusCode::INTERNAL_SERVER_ERROR {
             let rid = format!("req_{:016x}", rand::random::<u64>());
-            tracing::error!(request_id = %rid, error = %self, "model call failed");
+            let error = hatchery_serve::error_text::with_causes(&self);
+            tracing::error!(request_id = %rid, %error, "model call failed");
             format!("internal error (request id {rid})")
         } else {
             self.to_string()
@@ -111,6 +127,7 @@ impl CallError {
                 "type": match status {
                     StatusCode::TOO_MANY_REQUESTS => "insufficient_quota",
                     StatusCode::UNAUTHORIZED => "invalid_request_error",
+                    StatusCode::FORBIDDEN => "permission_error",
                     s if s.is_server_error() => "api_error",
                     _ => "invalid_request_error",
                 },
@@ -123,6 +140,7 @@ impl CallError {
                     StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
                     StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
                     StatusCode::NOT_FOUND => "not_found_error",
+                    StatusCode::FORBIDDEN => "permission_error",
                     s if s.is_server_error() => "api_error",
                     _ => "invalid_request_error",
                 },

@@ -14,6 +14,7 @@ pub mod errors;
 pub mod estimate;
 pub mod events;
 pub mod metrics;
+pub mod policy;
 pub mod pricing;
 pub mod relay;
 pub mod settle;
@@ -52,6 +53,9 @@ pub struct Gateway {
     pub admin_key: String,
     pub metrics: metrics::Metrics,
     pub events: Arc<dyn events::GatewayEvents>,
+    /// The session's pinned policy, asked before each call is reserved
+    /// (`None`: budgets alone decide).
+    pub policy: Option<Arc<dyn policy::CallPolicy>>,
 }
 
 /// Every route of the gateway.

@@ -126,6 +126,8 @@ async fn main() -> anyhow::Result<()> {
         admin_key: a.admin_key.clone(),
         metrics: metrics::Metrics::default(),
         events: Arc::new(events::LogEvents::new(20)),
+        // The standalone gateway knows no sessions' policies.
+        policy: None,
     });
     spawn_janitor(store);
     let listener = tokio::net::TcpListener::bind(a.listen)

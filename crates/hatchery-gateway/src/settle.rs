@@ -232,6 +232,7 @@ mod tests {
             admin_key: "k".repeat(16),
             metrics: Default::default(),
             events,
+            policy: None,
         })
     }
 

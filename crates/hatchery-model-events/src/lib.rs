@@ -23,6 +23,7 @@
 //!
 //! [`GatewayEvent`]: hatchery_gateway::events::GatewayEvent
 
+pub mod call_policy;
 pub mod convert;
 pub mod lanes;
 mod log_limit;
@@ -31,6 +32,7 @@ pub mod remote;
 pub mod settle_decoder;
 pub mod sink;
 
+pub use call_policy::PinnedPolicy;
 pub use convert::model_event;
 pub use lanes::Lanes;
 pub use queue::QueuedEvents;

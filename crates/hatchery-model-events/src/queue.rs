@@ -237,7 +237,7 @@ mod tests {
             serde_json::json!({"repo": "https://example.invalid/r.git", "task": "t"}),
         )
         .unwrap();
-        let sid = sessions.create(body).await.unwrap().0.session_id;
+        let sid = sessions.create(body, None).await.unwrap().0.session_id;
         let q = QueuedEvents::local(Arc::new(sessions.clone()));
         let who = Caller {
             session: sid.clone(),

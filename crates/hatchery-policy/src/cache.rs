@@ -59,7 +59,7 @@ mod tests {
             serde_json::from_value(json!({"name": "p", "rules": [{"id": "r", "effect": effect}]}))
                 .unwrap()
         };
-        let p = store.create(doc("allow")).await.unwrap();
+        let p = store.create(doc("allow"), None).await.unwrap();
         let cache = CompiledPolicies::new(store.clone());
         let v1 = cache.get(&p.id, 1).await.unwrap();
         store.add_version(&p.id, doc("deny")).await.unwrap();

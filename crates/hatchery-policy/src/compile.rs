@@ -36,6 +36,20 @@ pub struct Policy {
     pub(crate) rules: Vec<CompiledRule>,
 }
 
+impl Policy {
+    /// Whether a rule names `tool` in its `tools`. The model gateway asks
+    /// before deciding a model call: policies written before model calls
+    /// were evaluated say nothing about them, and their default deny is
+    /// not taken to mean "no model calls".
+    pub fn names_tool(&self, tool: &str) -> bool {
+        self.rules.iter().any(|r| {
+            r.tools
+                .as_ref()
+                .is_some_and(|t| t.iter().any(|x| x == tool))
+        })
+    }
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct CompiledRule {
     pub id: String,

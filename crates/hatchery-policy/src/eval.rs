@@ -26,6 +26,11 @@ pub struct Request<'a> {
 /// The tool name the egress proxy evaluates connections under.
 pub const EGRESS_TOOL: &str = "egress";
 
+/// The tool name the model gateway evaluates a model call as, with the
+/// call's estimated cost (issue 36). A policy none of whose rules names it
+/// leaves model calls to the budget alone (see [`Policy::names_tool`]).
+pub const MODEL_CALL_TOOL: &str = "model_call";
+
 #[derive(Debug, Clone, Copy)]
 pub struct Destination<'a> {
     /// Normalised host: lower-case ASCII name without a trailing dot, or an

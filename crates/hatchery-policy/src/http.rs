@@ -1,15 +1,20 @@
 //! `/v1/policies`: create, version, list and read policies. Every failure
 //! is `{"error":{"code","message"}}`; a validation error's message names the
-//! rule by index and id. The daemon mounts this behind its API key.
+//! rule by index and id. The daemon mounts this behind its API key, whose
+//! check puts the caller's [`Principal`] in the request: a tenant's key
+//! makes policies of its own and reaches only those and the built-in ones
+//! (another's answers 404 `policy_not_found`, as a missing one does); no
+//! principal (tests, a bare mount) is the operator.
 
 use crate::document::PolicyDocument;
-use crate::store::{PolicyStore, PolicySummary, StoreError, StoredPolicy};
+use crate::store::{reachable, PolicyStore, PolicySummary, StoreError, StoredPolicy};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, Extension, Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use hatchery_tenants::Principal;
 use serde::Serialize;
 use std::sync::Arc;
 use utoipa::ToSchema;
@@ -57,6 +62,22 @@ impl From<StoreError> for HttpError {
 }
 
 type Store = Arc<dyn PolicyStore>;
+
+/// The request's caller as a tenant id (`None`: the operator).
+type Caller = Option<Extension<Principal>>;
+
+fn tenant_of(who: &Caller) -> Option<&str> {
+    who.as_ref().and_then(|Extension(p)| p.tenant())
+}
+
+/// `p` if the caller reaches it, else 404 as for a missing policy.
+fn visible(p: StoredPolicy, who: &Caller) -> Result<StoredPolicy, HttpError> {
+    if reachable(p.builtin, p.tenant.as_deref(), tenant_of(who)) {
+        Ok(p)
+    } else {
+        Err(StoreError::NotFound(p.id).into())
+    }
+}
 
 pub fn router(store: Store) -> Router {
     Router::new()
@@ -118,10 +139,11 @@ pub struct PolicyList {
               (status = 413, body = ErrorBody)))]
 pub async fn create(
     State(store): State<Store>,
+    who: Caller,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<StoredPolicy>), HttpError> {
     let doc = parse_doc(body)?;
-    let p = store.create(doc).await?;
+    let p = store.create(doc, tenant_of(&who)).await?;
     tracing::info!(policy = %p.id, version = p.version, rules = p.document.rules.len(), "policy created");
     Ok((StatusCode::CREATED, Json(p)))
 }
@@ -135,10 +157,15 @@ pub async fn create(
               (status = 409, body = ErrorBody, description = "policy_read_only: pol_standard")))]
 pub async fn add_version(
     State(store): State<Store>,
+    who: Caller,
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<StoredPolicy>), HttpError> {
     check_id(&id)?;
+    // Another tenant's policy is not there for this caller. (Between this
+    // read and the write its owner cannot change: a policy's tenant is
+    // set once, at create.)
+    visible(store.latest(&id).await?, &who)?;
     let doc = parse_doc(body)?;
     let p = store.add_version(&id, doc).await?;
     tracing::info!(policy = %p.id, version = p.version, rules = p.document.rules.len(), "policy version added");
@@ -147,10 +174,11 @@ pub async fn add_version(
 
 /// Every policy with its latest version number.
 #[utoipa::path(get, path = "/v1/policies", tag = "policies", responses((status = 200, body = PolicyList)))]
-pub async fn list(State(store): State<Store>) -> Result<Json<PolicyList>, HttpError> {
-    Ok(Json(PolicyList {
-        policies: store.list().await?,
-    }))
+pub async fn list(State(store): State<Store>, who: Caller) -> Result<Json<PolicyList>, HttpError> {
+    let caller = tenant_of(&who);
+    let mut policies = store.list().await?;
+    policies.retain(|p| reachable(p.builtin, p.tenant.as_deref(), caller));
+    Ok(Json(PolicyList { policies }))
 }
 
 /// The latest version of a policy.
@@ -158,10 +186,11 @@ pub async fn list(State(store): State<Store>) -> Result<Json<PolicyList>, HttpEr
     responses((status = 200, body = StoredPolicy), (status = 404, body = ErrorBody)))]
 pub async fn latest(
     State(store): State<Store>,
+    who: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<StoredPolicy>, HttpError> {
     check_id(&id)?;
-    Ok(Json(store.latest(&id).await?))
+    Ok(Json(visible(store.latest(&id).await?, &who)?))
 }
 
 /// One version of a policy, as it was written.
@@ -170,6 +199,7 @@ pub async fn latest(
     responses((status = 200, body = StoredPolicy), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn version(
     State(store): State<Store>,
+    who: Caller,
     Path((id, version)): Path<(String, String)>,
 ) -> Result<Json<StoredPolicy>, HttpError> {
     check_id(&id)?;
@@ -180,5 +210,8 @@ pub async fn version(
             format!("version {version:?} is not a positive integer"),
         )
     })?;
+    // Checked on the policy's head first, so another tenant's policy
+    // answers policy_not_found whatever version is asked.
+    visible(store.latest(&id).await?, &who)?;
     Ok(Json(store.version(&id, v).await?))
 }

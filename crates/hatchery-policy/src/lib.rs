@@ -24,5 +24,5 @@ pub mod store;
 
 pub use compile::{Policy, ValidationError};
 pub use document::{Effect, PolicyDocument};
-pub use eval::{Decision, Destination, Request, EGRESS_TOOL};
+pub use eval::{Decision, Destination, Request, EGRESS_TOOL, MODEL_CALL_TOOL};
 pub use store::{DbPolicyStore, PolicyStore, StoreError, StoredPolicy, MAX_POLICIES, MAX_VERSIONS};

@@ -176,7 +176,7 @@ async fn errors_are_json_and_name_the_rule() {
         (StatusCode::NOT_FOUND, "policy_not_found")
     );
     let (s, e) = api
-        .call("GET", "/v1/policies/pol_standard/versions/2", None)
+        .call("GET", "/v1/policies/pol_standard/versions/3", None)
         .await;
     assert_eq!(
         (s, error_code(&e)),

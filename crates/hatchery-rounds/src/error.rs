@@ -40,6 +40,10 @@ pub enum RoundsError {
     Store(#[from] StoreError),
     #[error("internal: {0}")]
     Internal(String),
+    /// Resolving a tenant key failed (503 when the store is only
+    /// unreachable, otherwise 500 with the cause in the log).
+    #[error("resolving a tenant key")]
+    Tenants(#[source] hatchery_tenants::StoreError),
 }
 
 pub use hatchery_serve::json_error::{ErrorBody, ErrorDetail};
@@ -90,6 +94,10 @@ impl RoundsError {
             RoundsError::Store(_) | RoundsError::Internal(_) => {
                 (S::INTERNAL_SERVER_ERROR, "internal")
             }
+            RoundsError::Tenants(hatchery_tenants::StoreError::Unavailable(_)) => {
+                (S::SERVICE_UNAVAILABLE, "unavailable")
+            }
+            RoundsError::Tenants(_) => (S::INTERNAL_SERVER_ERROR, "internal"),
         }
     }
 }
@@ -101,7 +109,8 @@ impl IntoResponse for RoundsError {
             // The cause goes to the log under a request id, not to the
             // caller (who may be a candidate).
             let rid = crate::ids::new_id("req");
-            tracing::error!(request_id = %rid, error = %self, "rounds request failed");
+            let error = hatchery_serve::error_text::with_causes(&self);
+            tracing::error!(request_id = %rid, %error, "rounds request failed");
             format!("internal error (request id {rid})")
         } else {
             if matches!(&self, RoundsError::Store(e) if e.unavailable()) {

@@ -61,7 +61,7 @@ impl Env {
             "cpu_time_limit_ms": 2000
         }))
         .unwrap();
-        let round = self.rounds.create_round(body).await.unwrap();
+        let round = self.rounds.create_round(body, None).await.unwrap();
         let created = self
             .rounds
             .create_session(

@@ -130,6 +130,9 @@ pub struct Round {
     pub spec: RoundSpec,
     pub created_at: String,
     pub error: Option<String>,
+    /// The tenant whose key made the round; absent for the operator's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]

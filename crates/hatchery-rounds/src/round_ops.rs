@@ -162,11 +162,18 @@ pub(crate) fn view(r: &RoundRecord) -> Result<Round, RoundsError> {
         spec: spec_of(r)?,
         created_at: rfc3339(r.created_at_ms),
         error: r.error.clone(),
+        tenant: r.tenant.clone(),
     })
 }
 
 impl Rounds {
-    pub async fn create_round(&self, body: CreateRound) -> Result<Round, RoundsError> {
+    /// `tenant`: the caller's tenant (`None`: the operator), recorded on
+    /// the round.
+    pub async fn create_round(
+        &self,
+        body: CreateRound,
+        tenant: Option<&str>,
+    ) -> Result<Round, RoundsError> {
         let mut c = check(body)?;
         let tpl = self.sandboxes.template(&c.template).await?;
         if let Some(v) = &c.pinned {
@@ -200,6 +207,7 @@ impl Rounds {
             prepared_snapshot: Some(snapshot.clone()),
             error: None,
             created_at_ms: now_ms(),
+            tenant: tenant.map(str::to_string),
         };
         if let Err(e) = self.store.insert_round(&rec).await {
             let _ = self.sandboxes.delete_snapshot(&snapshot).await;
@@ -331,8 +339,14 @@ impl Rounds {
             .ok_or_else(|| RoundsError::NotFound(format!("round {id}")))
     }
 
-    pub async fn list_rounds(&self) -> Result<Vec<Round>, RoundsError> {
-        self.store.list_rounds().await?.iter().map(view).collect()
+    /// Every round, or only `tenant`'s.
+    pub async fn list_rounds(&self, tenant: Option<&str>) -> Result<Vec<Round>, RoundsError> {
+        let rounds = self.store.list_rounds().await?;
+        rounds
+            .iter()
+            .filter(|r| tenant.is_none() || r.tenant.as_deref() == tenant)
+            .map(view)
+            .collect()
     }
 
     pub async fn archive_round(&self, id: &str) -> Result<Round, RoundsError> {

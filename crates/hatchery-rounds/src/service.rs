@@ -98,6 +98,9 @@ pub struct Rounds {
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The live rooms this process keeps (src/room/).
     pub(crate) rooms: crate::room::Rooms,
+    /// Resolves tenant keys ([`Rounds::set_tenants`]); unset, only the
+    /// API key and the rounds' own tokens are let in.
+    pub(crate) tenants: std::sync::OnceLock<Arc<hatchery_tenants::Tenants>>,
 }
 
 impl Rounds {
@@ -116,7 +119,14 @@ impl Rounds {
             metrics: Metrics::new(registry),
             locks: Mutex::new(HashMap::new()),
             rooms: Default::default(),
+            tenants: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Lets tenant keys in: each reaches only the rounds it made (issue
+    /// 36). Set once, at wiring; a second call is ignored.
+    pub fn set_tenants(&self, tenants: Arc<hatchery_tenants::Tenants>) {
+        let _ = self.tenants.set(tenants);
     }
 
     /// Holds one session's sandbox for a Run, a Submit's capture, a

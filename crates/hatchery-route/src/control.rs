@@ -34,6 +34,9 @@ pub struct ControlState {
     /// sandbox) to any host, which then answers it as a preview (see
     /// [`crate::layer::with_daemon_key`]).
     pub forward_key: Option<Arc<str>>,
+    /// Tenant keys, forwarded to the hosts like the API key once
+    /// recognised (`None`: refused here, 401).
+    pub tenant_keys: Option<Arc<dyn crate::TenantKeys>>,
 }
 
 pub fn router(st: ControlState) -> Router {
@@ -52,10 +55,14 @@ async fn route(st: &ControlState, req: Request) -> Result<Response, RouteError> 
     if path == "/healthz" {
         return Ok(axum::Json(serde_json::json!({"ok": true, "role": "control"})).into_response());
     }
-    if !may_forward(&req, &st.api_key) {
+    if !may_forward(&req, &st.api_key, st.tenant_keys.as_ref()).await? {
         return Err(RouteError::Unauthorized);
     }
     if path == "/metrics" {
+        // The operator's alone, like a host's /metrics.
+        if !hatchery_serve::headers::api_key_ok(req.headers(), &st.api_key) {
+            return Err(RouteError::Unauthorized);
+        }
         return Ok(metrics_text(&st.registry).into_response());
     }
     if req.method() == Method::POST && (path == "/v1/sandboxes" || path == "/e2b/sandboxes") {

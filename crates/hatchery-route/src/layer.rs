@@ -4,7 +4,8 @@
 //! or unreachable.
 
 use crate::{
-    forward, scope_of_request, Directory, Location, RouteError, RouteMetrics, Scope, FORWARDED_BY,
+    forward, scope_of_request, Directory, Location, RouteError, RouteMetrics, Scope, TenantKeys,
+    FORWARDED_BY,
 };
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -23,6 +24,9 @@ pub struct HostRouting {
     /// on its API listener only to another daemon ([`with_daemon_key`]).
     /// `None` on an API listener.
     pub forward_key: Option<Arc<str>>,
+    /// Tenant keys are forwarded too once recognised (`None`: only the
+    /// API key is).
+    pub tenant_keys: Option<Arc<dyn TenantKeys>>,
 }
 
 /// Marks a request forwarded from a preview listener with the daemon key
@@ -38,17 +42,48 @@ pub fn with_daemon_key(mut req: Request, key: Option<&str>) -> Request {
 }
 
 /// Forwarding is for callers with the API key (Bearer, or E2B's
-/// `X-API-Key`). The exceptions carry a credential only the owner, whose
-/// secret signed it, can check: the pty WebSocket (a terminal token), E2B's
-/// sandbox traffic (`X-Access-Token`) and preview URLs (the token is the
-/// path).
-pub(crate) fn may_forward(req: &Request, api_key: &str) -> bool {
+/// `X-API-Key`) or a tenant key that `tenants` recognises (the owner
+/// scopes what it reaches). The exceptions carry a credential only the
+/// owner, whose secret signed it, can check: the pty WebSocket (a
+/// terminal token), E2B's sandbox traffic (`X-Access-Token`) and preview
+/// URLs (the token is the path). A string that merely looks like a
+/// tenant key is not forwarded: an unknown caller learns nothing about
+/// where things are.
+///
+/// What it needs of the request is taken before the returned future runs:
+/// the request itself is not Sync, so it is not held across an await.
+pub(crate) fn may_forward(
+    req: &Request,
+    api_key: &str,
+    tenants: Option<&Arc<dyn TenantKeys>>,
+) -> impl std::future::Future<Output = Result<bool, RouteError>> + Send + 'static {
     let path = req.uri().path();
-    hatchery_serve::headers::api_key_ok(req.headers(), api_key)
+    let open = hatchery_serve::headers::api_key_ok(req.headers(), api_key)
         || path.ends_with("/pty")
         || path.starts_with("/e2b/sandbox/")
         || path == "/e2b/sandbox"
-        || path.starts_with("/preview/")
+        || path.starts_with("/preview/");
+    let ask = match (open, tenants, bearer(req)) {
+        (false, Some(t), Some(b)) => Some((t.clone(), b.to_string())),
+        _ => None,
+    };
+    async move {
+        match ask {
+            _ if open => Ok(true),
+            Some((t, b)) => t.known(&b).await,
+            None => Ok(false),
+        }
+    }
+}
+
+/// The request's `Authorization: Bearer` value, or E2B's `X-API-Key`.
+fn bearer(req: &Request) -> Option<&str> {
+    let h = req.headers();
+    h.get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| h.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .filter(|k| !k.is_empty())
 }
 
 /// What the directory says about the request's sandbox or snapshot;
@@ -67,8 +102,14 @@ pub(crate) async fn locate(
 }
 
 pub async fn route(State(r): State<HostRouting>, req: Request, next: Next) -> Response {
-    // Forwarded once already: this host answers, whatever it knows.
-    if req.headers().contains_key(FORWARDED_BY) || !may_forward(&req, &r.api_key) {
+    // Forwarded once already: this host answers, whatever it knows. A
+    // tenant store that cannot tell: answered here too, where the API's
+    // own check says 503.
+    if req.headers().contains_key(FORWARDED_BY)
+        || !may_forward(&req, &r.api_key, r.tenant_keys.as_ref())
+            .await
+            .unwrap_or(false)
+    {
         return next.run(req).await;
     }
     // Taken before any await: the request itself is not Sync.
@@ -118,5 +159,49 @@ pub async fn route(State(r): State<HostRouting>, req: Request, next: Next) -> Re
             .into_response()
         }
         Some(Err(e)) => e.into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+
+    /// Knows one tenant key.
+    struct OneKey;
+
+    #[async_trait::async_trait]
+    impl TenantKeys for OneKey {
+        async fn known(&self, bearer: &str) -> Result<bool, RouteError> {
+            Ok(bearer == "htk_good")
+        }
+    }
+
+    fn req(path: &str, auth: Option<&str>) -> Request {
+        let mut b = Request::builder().uri(path);
+        if let Some(a) = auth {
+            b = b.header("authorization", format!("Bearer {a}"));
+        }
+        b.body(Body::empty()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn tenant_keys_are_forwarded_once_recognised_and_only_then() {
+        let keys: Arc<dyn TenantKeys> = Arc::new(OneKey);
+        let t = Some(&keys);
+        let ask = |path: &str, auth: Option<&str>, t| may_forward(&req(path, auth), "op", t);
+        assert!(ask("/v1/sessions/ses_a", Some("op"), None).await.unwrap());
+        assert!(ask("/v1/sessions/ses_a", Some("htk_good"), t)
+            .await
+            .unwrap());
+        assert!(!ask("/v1/sessions/ses_a", Some("htk_bad"), t).await.unwrap());
+        assert!(
+            !ask("/v1/sessions/ses_a", Some("htk_good"), None)
+                .await
+                .unwrap(),
+            "without a resolver only the API key is forwarded"
+        );
+        assert!(!ask("/v1/sessions/ses_a", None, t).await.unwrap());
+        assert!(ask("/preview/tok/x", None, t).await.unwrap());
     }
 }

@@ -111,6 +111,16 @@ pub trait Directory: Send + Sync {
     async fn tenant_live(&self, tenant: &str) -> Result<BTreeMap<String, u32>, RouteError>;
 }
 
+/// Recognises the deployment's tenant API keys (hatchery-tenants; the
+/// daemon wires it). A tenant key is forwarded like the API key: the
+/// owner checks it again and answers only for the tenant's own things.
+#[async_trait]
+pub trait TenantKeys: Send + Sync {
+    /// Whether `bearer` is a live tenant key (`Err`: the store could not
+    /// tell, [`RouteError::Store`]).
+    async fn known(&self, bearer: &str) -> Result<bool, RouteError>;
+}
+
 /// `host:port` or `http://host:port` (what hosts register) as a base URL.
 pub fn base_url(address: &str) -> String {
     if address.contains("://") {

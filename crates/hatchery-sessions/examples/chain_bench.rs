@@ -40,6 +40,7 @@ async fn main() {
         env: Default::default(),
         metadata: Default::default(),
         environment: None,
+        tenant: None,
     };
     s.create("ses_bench", &spec, None, "h").await.unwrap();
     let mut append = Vec::with_capacity(N);

@@ -13,4 +13,6 @@ pub struct ApiState {
     /// The deployment's daemon key (hatchery_serve::headers): routes only
     /// other daemons call want it besides the API key.
     pub daemon_key: Arc<str>,
+    /// Resolves tenant keys (`htk_…`); `None`: the API key alone is let in.
+    pub tenants: Option<Arc<hatchery_tenants::Tenants>>,
 }

@@ -41,6 +41,13 @@ pub enum SessionError {
     /// An environment named by a create (not found, not built, ...).
     #[error(transparent)]
     Environment(#[from] crate::environments::EnvError),
+    /// The tenant's limits have no room for the session's budget.
+    #[error("the tenant's {} limit is {}: {} held, {} asked", .0.limit, .0.max, .0.held, .0.asked)]
+    TenantBudget(crate::store::NoRoom),
+    /// Resolving a tenant key failed (503 when the store is only
+    /// unreachable, otherwise 500 with the cause in the log).
+    #[error("resolving a tenant key")]
+    Tenants(#[source] hatchery_tenants::StoreError),
 }
 
 impl From<StoreError> for SessionError {
@@ -103,6 +110,15 @@ impl SessionError {
             SessionError::Internal(_) => (S::INTERNAL_SERVER_ERROR, "internal"),
             // Answered by the environment's own error (into_response).
             SessionError::Environment(_) => (S::INTERNAL_SERVER_ERROR, "internal"),
+            SessionError::Tenants(hatchery_tenants::StoreError::Unavailable(_)) => {
+                (S::SERVICE_UNAVAILABLE, "store_unavailable")
+            }
+            // A key of a tenant deleted since the key was resolved.
+            SessionError::Tenants(hatchery_tenants::StoreError::NotFound(_)) => {
+                (S::UNAUTHORIZED, "unauthorized")
+            }
+            SessionError::Tenants(_) => (S::INTERNAL_SERVER_ERROR, "internal"),
+            SessionError::TenantBudget(_) => (S::TOO_MANY_REQUESTS, "tenant_budget_exhausted"),
         }
     }
 }
@@ -118,7 +134,8 @@ impl IntoResponse for SessionError {
         let message = if status == StatusCode::INTERNAL_SERVER_ERROR {
             // The cause goes to the log, the caller gets an id to quote.
             let rid = crate::ids::new_id("req");
-            tracing::error!(request_id = %rid, error = %self, "sessions request failed");
+            let error = hatchery_serve::error_text::with_causes(&self);
+            tracing::error!(request_id = %rid, %error, "sessions request failed");
             format!("internal error (request id {rid})")
         } else {
             self.to_string()

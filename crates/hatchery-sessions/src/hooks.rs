@@ -19,6 +19,11 @@ pub trait SessionHooks: Send + Sync + 'static {
     async fn bind(&self, session: &Session, sandbox: &str) -> Result<(), String>;
     /// The sandbox is about to be deleted or was lost.
     async fn unbind(&self, session: &str, sandbox: &str);
+    /// Waits (bounded) until the session's model calls in flight are
+    /// settled, so that the spend reported when it ends includes them.
+    /// Called after [`SessionHooks::unbind`]. Without a gateway nothing
+    /// is metered in flight, so the default has nothing to wait for.
+    async fn settle_calls(&self, _session: &str) {}
     /// Environment for the agent process (proxy settings, for one).
     fn agent_env(&self, session: &Session) -> BTreeMap<String, String>;
     /// True when the host meters model spend (the gateway): the agent's own

@@ -5,6 +5,8 @@ use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, 
 
 pub struct SessionMetrics {
     pub created: IntCounter,
+    /// Tenant sessions refused: their tenant's limits had no room.
+    pub tenant_refused: IntCounter,
     pub messages: IntCounter,
     pub transitions: IntCounterVec,
     pub append_seconds: Histogram,
@@ -53,6 +55,11 @@ impl SessionMetrics {
             .expect("metric"),
             created: IntCounter::new("hatchery_sessions_created_total", "Sessions created")
                 .expect("metric"),
+            tenant_refused: IntCounter::new(
+                "hatchery_sessions_tenant_refused_total",
+                "Session creates refused 429 tenant_budget_exhausted (the tenant's limits had no room for the budget)",
+            )
+            .expect("metric"),
             messages: IntCounter::new(
                 "hatchery_sessions_messages_total",
                 "Steering messages accepted",
@@ -113,6 +120,7 @@ impl SessionMetrics {
 
     pub fn register(&self, r: &Registry) -> prometheus::Result<()> {
         r.register(Box::new(self.created.clone()))?;
+        r.register(Box::new(self.tenant_refused.clone()))?;
         r.register(Box::new(self.messages.clone()))?;
         r.register(Box::new(self.transitions.clone()))?;
         r.register(Box::new(self.append_seconds.clone()))?;

@@ -114,6 +114,10 @@ pub struct SessionView {
     pub environment_id: Option<String>,
     pub environment_version: Option<u64>,
     pub metadata: BTreeMap<String, String>,
+    /// The tenant whose key created the session; absent for the
+    /// operator's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     pub budget: Spend,
     pub spend: Spend,
     pub pending_approval: Option<Approval>,
@@ -196,6 +200,7 @@ impl SessionView {
                 .map(|e| e.environment_id.clone()),
             environment_version: s.spec.environment.as_ref().map(|e| e.version),
             metadata: s.spec.metadata,
+            tenant: s.spec.tenant,
             budget: Spend {
                 tokens: s.spec.budget_tokens,
                 usd_cents: s.spec.budget_usd_cents,

@@ -8,13 +8,14 @@ use crate::extract::{Json, Query};
 use crate::models::*;
 use crate::service::Sessions;
 use crate::state::SessionState;
-use crate::store::ListFilter;
-use axum::extract::{Path, State};
+use crate::store::{ListFilter, TenantLimits};
+use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use hatchery_tenants::Principal;
 use serde::Deserialize;
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -28,11 +29,19 @@ const PAGE_DEFAULT: usize = 100;
 const PAGE_MAX: usize = 1000;
 const SSE_BATCH: usize = 256;
 
-pub fn router(sessions: Arc<Sessions>, api_key: Arc<str>, daemon_key: Arc<str>) -> Router {
+/// `tenants`: resolves tenant keys, which then reach only their own
+/// sessions (`None`: only the API key is let in).
+pub fn router(
+    sessions: Arc<Sessions>,
+    api_key: Arc<str>,
+    daemon_key: Arc<str>,
+    tenants: Option<Arc<hatchery_tenants::Tenants>>,
+) -> Router {
     let st = ApiState {
         sessions,
         api_key,
         daemon_key,
+        tenants,
     };
     Router::new()
         .route("/v1/sessions", post(create).get(list))
@@ -78,18 +87,44 @@ fn session_id(id: &str) -> Result<&str, SessionError> {
 #[utoipa::path(post, path = "/v1/sessions", tag = "sessions", request_body = CreateSessionBody,
     responses((status = 201, body = CreatedSession), (status = 200, body = CreatedSession, description = "idempotent replay"),
               (status = 400, body = crate::error::ErrorBody), (status = 404, body = crate::error::ErrorBody),
-              (status = 409, body = crate::error::ErrorBody)))]
+              (status = 409, body = crate::error::ErrorBody),
+              (status = 429, body = crate::error::ErrorBody, description = "tenant_budget_exhausted: a tenant key's session whose budget its tenant's limits (tokens, usd_cents, concurrent_sessions, wall_clock_seconds) have no room for; nothing is stored")))]
 pub async fn create(
     State(st): State<ApiState>,
+    Extension(who): Extension<Principal>,
     Json(body): Json<CreateSessionBody>,
 ) -> Result<Response, SessionError> {
-    let (created, new) = st.sessions.create(body).await?;
+    let limits = match who.tenant() {
+        Some(t) => Some((t, tenant_limits(&st, t).await?)),
+        None => None,
+    };
+    let tenant = limits.as_ref().map(|(t, l)| (*t, l));
+    let (created, new) = st.sessions.create(body, tenant).await?;
     let status = if new {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
     Ok((status, axum::Json(created)).into_response())
+}
+
+/// The limits a tenant's new session is reserved against.
+async fn tenant_limits(st: &ApiState, tenant: &str) -> Result<TenantLimits, SessionError> {
+    let Some(tenants) = &st.tenants else {
+        return Err(SessionError::Internal(
+            "a tenant principal without a tenant store".into(),
+        ));
+    };
+    let l = tenants
+        .limits(tenant)
+        .await
+        .map_err(SessionError::Tenants)?;
+    Ok(TenantLimits {
+        tokens: l.tokens,
+        usd_cents: l.usd_cents,
+        concurrent_sessions: l.concurrent_sessions,
+        wall_s: l.wall_clock_seconds,
+    })
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]
@@ -107,6 +142,7 @@ pub struct ListQuery {
     responses((status = 200, body = SessionList), (status = 400, body = crate::error::ErrorBody)))]
 pub async fn list(
     State(st): State<ApiState>,
+    Extension(who): Extension<Principal>,
     Query(q): Query<ListQuery>,
 ) -> Result<axum::Json<SessionList>, SessionError> {
     let state =
@@ -131,6 +167,8 @@ pub async fn list(
             state,
             repo: q.repo,
             after_id: q.after,
+            // A tenant lists its own sessions only.
+            tenant: who.tenant().map(str::to_string),
             limit: limit + 1,
         })
         .await?;

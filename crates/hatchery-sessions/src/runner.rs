@@ -193,6 +193,9 @@ async fn release(svc: &Arc<SessionCore>, s: &Session) {
             tracing::warn!(session = %s.id, sandbox = %sbx, error = %e, "sandbox delete failed");
         }
     }
+    // Before the caller reports the session's spend (its end, or idle):
+    // calls still in flight are settled into it first (issue 36).
+    svc.hooks().settle_calls(&s.id).await;
 }
 
 /// Gateway binding and egress identity for the sandbox (hooks.rs).

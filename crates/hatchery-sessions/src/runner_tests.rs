@@ -86,7 +86,7 @@ impl Env {
             "repo": self.repo, "task": "fix the bug"
         }))
         .unwrap();
-        self.svc.create(body).await.unwrap().0.session_id
+        self.svc.create(body, None).await.unwrap().0.session_id
     }
 
     async fn get(&self, id: &str) -> Session {

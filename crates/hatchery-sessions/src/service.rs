@@ -15,7 +15,7 @@ use crate::sandbox::Sandboxes;
 use crate::scheduler::Scheduler;
 use crate::session_core::SessionCore;
 use crate::state::SessionState;
-use crate::store::{AgentSpec, CreateOutcome, Patch, SessionSpec, SessionStore};
+use crate::store::{AgentSpec, CreateOutcome, Patch, SessionSpec, SessionStore, TenantLimits};
 use crate::validate::{
     self, MAX_IDEMPOTENCY_KEY_BYTES, MAX_MESSAGE_BYTES, MAX_NOTE_BYTES, MAX_TASK_BYTES,
 };
@@ -176,6 +176,12 @@ impl Sessions {
         });
     }
 
+    /// The sessions store (the gateway's policy check reads a call's
+    /// session from it).
+    pub fn store(&self) -> Arc<dyn SessionStore> {
+        self.core.store.clone()
+    }
+
     pub(crate) fn nudge(self: &Arc<Self>, id: &str) {
         let n = self
             .actors
@@ -192,14 +198,31 @@ impl Sessions {
     /// Validates, resolves policy and template, stores the session as
     /// queued, and starts its runner. `Ok((created, true))` when a new
     /// session was made, `false` for an idempotent replay.
+    /// `tenant`: the caller's tenant (`None`: the operator), recorded on
+    /// the session; its idempotency keys are its own, so another tenant
+    /// reusing one makes a new session rather than learning of this one.
+    ///
+    /// A tenant's session is stored only if the tenant's `limits` have
+    /// room for its budget (reserved in the same transaction; 429
+    /// `tenant_budget_exhausted` otherwise).
     pub async fn create(
         self: &Arc<Self>,
         body: CreateSessionBody,
+        tenant: Option<(&str, &TenantLimits)>,
     ) -> Result<(CreatedSession, bool), SessionError> {
-        let spec = self.spec_of(&body).await?;
+        let (tenant, limits) = match tenant {
+            Some((t, l)) => (Some(t), Some(l)),
+            None => (None, None),
+        };
+        let mut spec = self.spec_of(&body, tenant).await?;
+        spec.tenant = tenant.map(str::to_string);
         if let Some(k) = &body.idempotency_key {
             validate::text("idempotency_key", k, MAX_IDEMPOTENCY_KEY_BYTES, false)?;
         }
+        let key = body
+            .idempotency_key
+            .as_deref()
+            .map(|k| idempotency_scope(tenant, k));
         let canonical =
             serde_json::to_vec(&spec).map_err(|e| SessionError::Internal(e.to_string()))?;
         let hash: String = Sha256::digest(&canonical)
@@ -210,7 +233,7 @@ impl Sessions {
         match self
             .core
             .store
-            .create(&id, &spec, body.idempotency_key.as_deref(), &hash)
+            .create_within(&id, &spec, key.as_deref(), &hash, limits)
             .await?
         {
             CreateOutcome::Created(s, ev) => {
@@ -235,10 +258,18 @@ impl Sessions {
             CreateOutcome::KeyConflict(existing) => {
                 Err(SessionError::IdempotencyConflict(existing))
             }
+            CreateOutcome::NoRoom(no) => {
+                self.core.metrics.tenant_refused.inc();
+                Err(SessionError::TenantBudget(no))
+            }
         }
     }
 
-    async fn spec_of(&self, b: &CreateSessionBody) -> Result<SessionSpec, SessionError> {
+    async fn spec_of(
+        &self,
+        b: &CreateSessionBody,
+        tenant: Option<&str>,
+    ) -> Result<SessionSpec, SessionError> {
         // From an environment: its repository and template, its current
         // version pinned; a repo or template that says otherwise is 400.
         let from_env = match &b.environment_id {
@@ -334,6 +365,8 @@ impl Sessions {
             .policies
             .resolve(&policy_id)
             .await
+            // Another tenant's policy is not there for this one.
+            .filter(|p| p.usable_by(tenant))
             .ok_or_else(|| SessionError::UnknownPolicy(policy_id.clone()))?;
         let template = match &from_env {
             Some((spec, _)) => spec.template.clone(),
@@ -368,6 +401,7 @@ impl Sessions {
             env,
             metadata,
             environment: from_env.map(|(_, pin)| pin),
+            tenant: None,
         })
     }
 
@@ -551,5 +585,15 @@ impl Sessions {
             .blob(id, r)
             .await?
             .ok_or_else(|| SessionError::BlobNotFound(r.to_string()))
+    }
+}
+
+/// The stored idempotency key: the operator's as given, a tenant's
+/// prefixed with its id (a tenant id has no `/`), so keys never collide
+/// across tenants.
+fn idempotency_scope(tenant: Option<&str>, key: &str) -> String {
+    match tenant {
+        None => key.to_string(),
+        Some(t) => format!("{t}/{key}"),
     }
 }

@@ -63,8 +63,17 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     };
     // The model gateway, when the upstream options are given here: the
     // hosts relay their sandboxes' calls to it and hold no upstream key.
-    let gateway =
-        crate::gateway::start_control(&args.gateway, (&db, &data), &registry, owner_post()).await?;
+    let gateway = crate::gateway::start_control(
+        &args.gateway,
+        (&db, &data),
+        &registry,
+        owner_post(),
+        (
+            sessions.clone(),
+            crate::state_db::open_policies(&db, &data).await?,
+        ),
+    )
+    .await?;
     // The tool broker, when asked for here: hosts relay their sandboxes'
     // calls to it and hold no credential.
     let broker = match args.broker.for_hosts {
@@ -88,6 +97,9 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         registry,
         default_template: hatchery_templates::DEFAULT_TEMPLATE.into(),
         forward_key: None,
+        tenant_keys: Some(Arc::new(crate::tenant_keys::StoreTenantKeys(
+            crate::state_db::open_tenants(&db).await?,
+        ))),
     };
     // The preview listener forwards previews and E2B's relayed ports to
     // their owners with the daemon key, which is what lets an owner serve
@@ -122,6 +134,10 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // sandboxes through this role's own API (placed on and routed to the
     // hosts), like any client's.
     let rounds = crate::rounds::start(&args, &data, &db, &key_for_rounds, &rounds_registry).await?;
+    rounds.set_tenants(Arc::new(hatchery_tenants::Tenants::new(
+        crate::state_db::open_tenants(&db).await?,
+        Arc::new(crate::tenant_keys::NothingCounted),
+    )));
     let app = hatchery_rounds::router(rounds.clone()).merge(app).layer(
         axum::middleware::from_fn_with_state(origins, hatchery_serve::origin_guard::api_guard),
     );

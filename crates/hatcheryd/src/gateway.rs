@@ -4,7 +4,8 @@
 
 use hatchery_config::GatewayArgs;
 use hatchery_gateway::embed::{self, EmbedError, GatewayLink, HostIdentity, Settings};
-use hatchery_model_events::{Lanes, QueuedEvents, RemoteSink};
+use hatchery_gateway::policy::CallPolicy;
+use hatchery_model_events::{Lanes, PinnedPolicy, QueuedEvents, RemoteSink};
 use hatchery_sessions::owner_post::OwnerPost;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,16 +33,29 @@ pub async fn start(
     sessions: Arc<hatchery_sessions::Sessions>,
     registry: &prometheus::Registry,
     me: HostIdentity<'_>,
+    policies: Arc<dyn hatchery_policy::PolicyStore>,
 ) -> Result<Option<Arc<GatewayLink>>, EmbedError> {
     let s = settings(a);
     let link = match &a.control_url {
         Some(url) => Some(embed::relay_sandboxes(&s, db, data, url, me).await?),
         None => {
+            let policy = pinned(sessions.store(), policies);
             let events = || Arc::new(QueuedEvents::local(Arc::new(sessions))) as _;
-            embed::serve_sandboxes(&s, db, data, registry, events).await?
+            embed::serve_sandboxes(&s, db, data, registry, events, Some(policy)).await?
         }
     };
     Ok(link.map(Arc::new))
+}
+
+/// Each model call decided by its session's pinned policy first.
+fn pinned(
+    sessions: Arc<dyn hatchery_sessions::store::SessionStore>,
+    policies: Arc<dyn hatchery_policy::PolicyStore>,
+) -> Arc<dyn CallPolicy> {
+    Arc::new(PinnedPolicy {
+        sessions,
+        policies: Arc::new(hatchery_policy::cache::CompiledPolicies::new(policies)),
+    })
 }
 
 /// The control role's gateway: its events posted to each session's owning
@@ -52,7 +66,12 @@ pub async fn start_control(
     (db, data): (&hatchery_db::Db, &std::path::Path),
     registry: &prometheus::Registry,
     post: OwnerPost,
+    (sessions, policies): (
+        Arc<dyn hatchery_sessions::store::SessionStore>,
+        Arc<dyn hatchery_policy::PolicyStore>,
+    ),
 ) -> Result<Option<axum::Router>, EmbedError> {
+    let policy = pinned(sessions, policies);
     let keys = hatchery_route::relay::HostKeys {
         api_key: post.api_key.clone().into(),
         daemon_key: post.daemon_key.clone().into(),
@@ -66,5 +85,5 @@ pub async fn start_control(
         };
         Arc::new(QueuedEvents::spawn(Arc::new(Lanes::new(Arc::new(sink))))) as _
     };
-    embed::serve_hosts(&settings(a), db, data, registry, keys, events).await
+    embed::serve_hosts(&settings(a), db, data, registry, keys, events, Some(policy)).await
 }

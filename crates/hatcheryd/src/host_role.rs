@@ -180,6 +180,13 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // their own tables in the shared database on many.
     let policies = crate::state_db::open_policies(&db, &data).await?;
     let session_store = crate::sessions::open_store(&args, &db, &data).await?;
+    // One resolver for the API's and the sessions' routes, so a revoke
+    // empties the one cache both read.
+    let tenant_store = crate::state_db::open_tenants(&db).await?;
+    let tenants = Arc::new(hatchery_tenants::Tenants::new(
+        tenant_store.clone(),
+        Arc::new(hatchery_api::scope::ManagerUsage(manager.clone())),
+    ));
     let (sessions_app, sessions) = crate::sessions::build(
         &args,
         session_store.clone(),
@@ -187,12 +194,13 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         &manager.metrics.registry,
         Arc::new(hatchery_broker::catalog::StorePolicies(policies.clone())),
         crate::sessions::open_environments(&db).await?,
+        tenants.clone(),
     )?;
     crate::sessions::wire_services(
         &args,
         &data,
         &manager,
-        &sessions,
+        (&sessions, tenants.clone()),
         policies.clone(),
         (&key, &daemon_key),
         &db,
@@ -221,10 +229,6 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         daemon_key: daemon_key.clone().into(),
         relayed_elsewhere: hatchery_e2b::sandbox::relayed_elsewhere,
     };
-    let tenants = Arc::new(hatchery_tenants::Tenants::new(
-        crate::state_db::open_tenants(&db).await?,
-        Arc::new(hatchery_api::scope::ManagerUsage(manager.clone())),
-    ));
     let api_state = AppState {
         tenants: tenants.clone(),
         manager: manager.clone(),
@@ -242,7 +246,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         api_state,
         hatchery_policy::http::router(policies)
             .merge(broker_operator)
-            .merge(hatchery_tenants::http::router(tenants)),
+            .merge(hatchery_tenants::http::router(tenants.clone())),
     )
     .merge(sessions_app)
     .merge(e2b)
@@ -302,6 +306,9 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         api_key: key.clone().into(),
         metrics: route_metrics.clone(),
         forward_key,
+        tenant_keys: Some(Arc::new(crate::tenant_keys::StoreTenantKeys(
+            tenant_store.clone(),
+        ))),
     };
     let (app, preview_app) = if shared {
         (
@@ -325,7 +332,9 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // Interview rounds are the control plane's on many hosts: a host
     // (`--role host`) serves none; `all` serves them from its store.
     let rounds = if args.role.serves_rounds() {
-        Some(crate::rounds::start(&args, &data, &db, &key, &manager.metrics.registry).await?)
+        let r = crate::rounds::start(&args, &data, &db, &key, &manager.metrics.registry).await?;
+        r.set_tenants(tenants.clone());
+        Some(r)
     } else {
         None
     };

@@ -11,6 +11,7 @@ mod rounds;
 mod session_services;
 mod sessions;
 mod state_db;
+mod tenant_keys;
 
 pub use error::DaemonError;
 pub use hatchery_config::DaemonArgs;

@@ -2,7 +2,7 @@
 //! proxy behind `SessionHooks`. (Policies come from the policy store through
 //! `hatchery_broker::catalog::StorePolicies`.)
 
-use hatchery_gateway::embed::GatewayLink;
+use hatchery_gateway::embed::{GatewayLink, TenantScope};
 use hatchery_sessions::egress::{Binding, EgressLink};
 use hatchery_sessions::hooks::SessionHooks;
 use hatchery_sessions::store::Session;
@@ -12,6 +12,29 @@ use std::sync::Arc;
 pub struct DaemonHooks {
     pub gateway: Option<Arc<GatewayLink>>,
     pub egress: Option<Arc<EgressLink>>,
+    /// A tenant's session's calls are charged within its tenant's limits
+    /// too (read at each bind).
+    pub tenants: Arc<hatchery_tenants::Tenants>,
+}
+
+impl DaemonHooks {
+    /// The gateway scope of the session's tenant, with its limits now.
+    async fn tenant_scope(&self, s: &Session) -> Result<Option<TenantScope>, String> {
+        let Some(t) = &s.spec.tenant else {
+            return Ok(None);
+        };
+        let l = self.tenants.limits(t).await.map_err(|e| {
+            format!(
+                "the limits of tenant {t}: {}",
+                hatchery_serve::error_text::with_causes(&e)
+            )
+        })?;
+        Ok(Some(TenantScope {
+            id: t.clone(),
+            tokens: l.tokens,
+            usd_cents: l.usd_cents,
+        }))
+    }
 }
 
 #[async_trait::async_trait]
@@ -28,11 +51,12 @@ impl SessionHooks for DaemonHooks {
             );
         }
         if let Some(g) = &self.gateway {
+            let tenant = self.tenant_scope(s).await?;
             g.bind(
                 &s.id,
                 sandbox,
-                s.spec.budget_tokens,
-                s.spec.budget_usd_cents,
+                (s.spec.budget_tokens, s.spec.budget_usd_cents),
+                tenant.as_ref(),
             )
             .await
             .map_err(|e| format!("model gateway: {e}"))?;
@@ -46,6 +70,19 @@ impl SessionHooks for DaemonHooks {
         }
         if let Some(g) = &self.gateway {
             g.unbind(sandbox).await;
+        }
+    }
+
+    async fn settle_calls(&self, session: &str) {
+        let Some(g) = &self.gateway else { return };
+        match g.settle_calls(session).await {
+            Ok(0) => {}
+            Ok(open) => {
+                tracing::warn!(session, open, "calls still in flight when the session's spend was reported (their reservations expire)")
+            }
+            Err(e) => {
+                tracing::warn!(session, error = %hatchery_serve::error_text::with_causes(&e), "could not wait for the session's calls in flight")
+            }
         }
     }
 

@@ -18,6 +18,7 @@ pub fn build(
     registry: &prometheus::Registry,
     policies: Arc<dyn PolicyCatalog>,
     environments: hatchery_sessions::environments::store::EnvStore,
+    tenants: Arc<hatchery_tenants::Tenants>,
 ) -> Result<(axum::Router, Arc<Sessions>), crate::DaemonError> {
     let mut addr = args.listen;
     if addr.ip().is_unspecified() {
@@ -62,7 +63,12 @@ pub fn build(
         Arc::new(hatchery_model_events::SettleDecoder),
     );
     svc.metrics().register(registry)?;
-    let routes = hatchery_sessions::router(svc.clone(), api_key.into(), daemon_key.into());
+    let routes = hatchery_sessions::router(
+        svc.clone(),
+        api_key.into(),
+        daemon_key.into(),
+        Some(tenants),
+    );
     Ok((routes, svc))
 }
 
@@ -114,7 +120,7 @@ pub async fn wire_services(
     args: &DaemonArgs,
     data: &std::path::Path,
     manager: &Arc<hatchery_core::Manager>,
-    sessions: &Arc<Sessions>,
+    (sessions, tenants): (&Arc<Sessions>, Arc<hatchery_tenants::Tenants>),
     policies: Arc<dyn hatchery_policy::PolicyStore>,
     (api_key, daemon_key): (&str, &str),
     db: &hatchery_db::Db,
@@ -131,6 +137,7 @@ pub async fn wire_services(
         sessions.clone(),
         &manager.metrics.registry,
         me,
+        policies.clone(),
     )
     .await?;
     if let Some(g) = &gateway {
@@ -156,6 +163,7 @@ pub async fn wire_services(
     let hooks = Arc::new(crate::session_services::DaemonHooks {
         gateway,
         egress: egress.clone(),
+        tenants,
     });
     // After a restart: the proxy's map is in memory; fill it before the
     // runners re-attach (they bind again, idempotently).

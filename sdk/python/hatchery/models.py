@@ -229,6 +229,8 @@ class StoredPolicy:
     sha256: str
     builtin: bool
     document: Dict[str, Any]
+    #: The tenant whose key made the policy (None: the operator's or built in).
+    tenant: Optional[str] = None
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -244,6 +246,7 @@ class PolicySummary:
     created_at: str
     updated_at: str
     builtin: bool
+    tenant: Optional[str] = None
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod

@@ -56,6 +56,11 @@ class Round:
     def template_version(self) -> str:
         return str(self.data["template_version"])
 
+    @property
+    def tenant(self) -> Optional[str]:
+        """The tenant whose key made the round (None: the operator's)."""
+        return self.data.get("tenant")
+
     def __repr__(self) -> str:
         return f"Round({self.id!r}, {self.data.get('name')!r}, {self.state})"
 

@@ -46,6 +46,11 @@ class Session:
     def pending_approval(self) -> Optional[Dict[str, Any]]:
         return self.info.get("pending_approval")
 
+    @property
+    def tenant(self) -> Optional[str]:
+        """The tenant whose key created the session (None: the operator's)."""
+        return self.info.get("tenant")
+
     # Calls ---------------------------------------------------------------
 
     @classmethod

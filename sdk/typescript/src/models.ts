@@ -173,6 +173,7 @@ export const PASS_THROUGH = ["NetworkPolicy", "NetworkRule", "EgressEventBody", 
 
 export const STORED_POLICY_FIELDS = {
   id: "id", version: "version", created_at: "createdAt", sha256: "sha256", builtin: "builtin", document: "document",
+  tenant: "tenant",
 } as const satisfies FieldMap<wire.StoredPolicy>;
 /** One immutable version of a policy. */
 export type StoredPolicy = Renamed<wire.StoredPolicy, typeof STORED_POLICY_FIELDS>;
@@ -180,7 +181,7 @@ export const storedPolicy = (w: wire.StoredPolicy): StoredPolicy => fromWire(STO
 
 export const POLICY_SUMMARY_FIELDS = {
   id: "id", name: "name", latest_version: "latestVersion", created_at: "createdAt", updated_at: "updatedAt",
-  builtin: "builtin",
+  builtin: "builtin", tenant: "tenant",
 } as const satisfies FieldMap<wire.PolicySummary>;
 export type PolicySummary = Renamed<wire.PolicySummary, typeof POLICY_SUMMARY_FIELDS>;
 export const policySummary = (w: wire.PolicySummary): PolicySummary => fromWire(POLICY_SUMMARY_FIELDS, w);

@@ -38,6 +38,8 @@ export interface RoundInfo {
   state: "preparing" | "ready" | "failed" | "archived";
   template: string;
   template_version: string;
+  /** The tenant whose key made the round; absent for the operator's. */
+  tenant?: string;
   starter_files: Record<string, string>;
   run: string[];
   cpu_time_limit_ms: number;

@@ -29,6 +29,8 @@ export interface SessionInfo {
   environment_id: string | null;
   environment_version: number | null;
   metadata: Record<string, string>;
+  /** The tenant whose key created the session; absent for the operator's. */
+  tenant?: string;
   budget: { tokens: number; usd_cents: number; wall_s: number };
   spend: { tokens: number; usd_cents: number; wall_s: number };
   pending_approval: { approval_id: string; action: string; details: string; state: string; created_at: string } | null;

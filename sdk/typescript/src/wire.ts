@@ -270,6 +270,7 @@ export interface PolicySummary {
   id: string;
   latest_version: number;
   name: string;
+  tenant?: string | null;
   updated_at: string;
 }
 
@@ -354,6 +355,7 @@ export interface StoredPolicy {
   document: PolicyDocument;
   id: string;
   sha256: string;
+  tenant?: string | null;
   version: number;
 }
 

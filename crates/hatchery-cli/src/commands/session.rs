@@ -245,6 +245,7 @@ pub fn run(api: &Api, cmd: SessionCmd) -> anyhow::Result<i32> {
                     "ref",
                     "task",
                     "policy_id",
+                    "tenant",
                     "created_at",
                     "started_at",
                     "ended_at",

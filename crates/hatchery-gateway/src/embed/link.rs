@@ -4,6 +4,10 @@
 use crate::budget::{BudgetError, BudgetStore, Caller, KeyStore};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
+
+/// How often [`GatewayLink::settle_calls`] looks again.
+const SETTLE_POLL: Duration = Duration::from_millis(50);
 
 pub struct GatewayLink {
     pub store: Arc<dyn BudgetStore>,
@@ -12,31 +16,70 @@ pub struct GatewayLink {
     pub guest_port: u16,
     /// The Unix socket the daemon registers as that host service.
     pub socket: PathBuf,
+    /// How long [`GatewayLink::settle_calls`] waits: a call in flight ends
+    /// (settled, or charged its whole reservation) within the answer
+    /// deadline, which this is a little over.
+    pub settle_within: std::time::Duration,
+}
+
+/// A session's tenant and its limits, as a second budget scope its
+/// calls reserve against (issue 36). `None` limits: unlimited in that unit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantScope {
+    pub id: String,
+    pub tokens: Option<u64>,
+    pub usd_cents: Option<u64>,
 }
 
 impl GatewayLink {
     /// Charges `sandbox`'s calls to `session`, within its budget
-    /// (`usd_cents` 0: no limit in cents).
+    /// (`usd_cents` 0: no limit in cents), and, for a tenant's session,
+    /// within the tenant's limits too: each call reserves against both
+    /// scopes in one transaction.
     pub async fn bind(
         &self,
         session: &str,
         sandbox: &str,
-        tokens: u64,
-        usd_cents: u64,
+        (tokens, usd_cents): (u64, u64),
+        tenant: Option<&TenantScope>,
     ) -> Result<(), BudgetError> {
         let scope = format!("session:{session}");
         self.store
             .set_limits(&scope, Some(tokens), (usd_cents > 0).then_some(usd_cents))
             .await?;
+        if let Some(t) = tenant {
+            // The tenant's current limits (a PATCH since the last bind
+            // applies from this one on); what it spent stays.
+            self.store
+                .set_limits(&format!("tenant:{}", t.id), t.tokens, t.usd_cents)
+                .await?;
+        }
         self.keys
             .bind_sandbox(
                 sandbox,
                 &Caller {
                     session: session.to_string(),
-                    tenant: None,
+                    tenant: tenant.map(|t| t.id.clone()),
                 },
             )
             .await
+    }
+
+    /// Waits until no call of `session` is in flight (each settled, its
+    /// spend committed with its `model_call` event), up to
+    /// `settle_within`; answers how many were still open then. Called
+    /// when a session ends, after its sandbox was unbound (so no new call
+    /// starts), before its final spend is reported.
+    pub async fn settle_calls(&self, session: &str) -> Result<u64, BudgetError> {
+        let scope = format!("session:{session}");
+        let deadline = tokio::time::Instant::now() + self.settle_within;
+        loop {
+            let open = self.store.open_reservations(&scope).await?;
+            if open == 0 || tokio::time::Instant::now() >= deadline {
+                return Ok(open);
+            }
+            tokio::time::sleep(SETTLE_POLL).await;
+        }
     }
 
     /// Its calls are nobody's any more (a failure is logged: the binding
@@ -61,18 +104,81 @@ mod tests {
             keys: s.clone(),
             guest_port: 9100,
             socket: PathBuf::from("/nonexistent"),
+            settle_within: Duration::from_millis(300),
         };
-        link.bind("ses_a", "sbx_1", 1000, 0).await.unwrap();
+        link.bind("ses_a", "sbx_1", (1000, 0), None).await.unwrap();
         let who = s.caller_of_sandbox("sbx_1").await.unwrap().unwrap();
         assert_eq!(who.session, "ses_a");
         let b = s.get("session:ses_a").await.unwrap();
         assert_eq!((b.limit_tokens, b.limit_usd_cents), (Some(1000), None));
-        link.bind("ses_a", "sbx_1", 1000, 25).await.unwrap();
+        link.bind("ses_a", "sbx_1", (1000, 25), None).await.unwrap();
         let b = s.get("session:ses_a").await.unwrap();
         assert_eq!(b.limit_usd_cents, Some(25));
+        // A tenant's session: its calls are the tenant's too, within the
+        // tenant's limits.
+        let t = TenantScope {
+            id: "ten_a".into(),
+            tokens: Some(5000),
+            usd_cents: None,
+        };
+        link.bind("ses_a", "sbx_1", (1000, 25), Some(&t))
+            .await
+            .unwrap();
+        let who = s.caller_of_sandbox("sbx_1").await.unwrap().unwrap();
+        assert_eq!(who.tenant.as_deref(), Some("ten_a"));
+        assert_eq!(who.scopes(), ["session:ses_a", "tenant:ten_a"]);
+        let b = s.get("tenant:ten_a").await.unwrap();
+        assert_eq!((b.limit_tokens, b.limit_usd_cents), (Some(5000), None));
         link.unbind("sbx_1").await;
         assert!(s.caller_of_sandbox("sbx_1").await.unwrap().is_none());
         // Twice: nothing to unbind, nothing fails.
         link.unbind("sbx_1").await;
+    }
+
+    #[tokio::test]
+    async fn settle_calls_waits_for_the_session_s_calls_in_flight() {
+        use crate::budget::Amount;
+        let s = Arc::new(GatewayStore::open_in_memory().await.unwrap());
+        let link = Arc::new(GatewayLink {
+            store: s.clone(),
+            keys: s.clone(),
+            guest_port: 9100,
+            socket: PathBuf::from("/nonexistent"),
+            settle_within: Duration::from_secs(5),
+        });
+        assert_eq!(link.settle_calls("ses_a").await.unwrap(), 0);
+        let scopes = vec!["session:ses_a".to_string()];
+        let est = Amount {
+            tokens: 100,
+            usd_cents: 0,
+        };
+        let now = crate::now_ms();
+        s.reserve("call_1", &scopes, est, now, 60_000)
+            .await
+            .unwrap();
+        // Settled 200 ms from now, while settle_calls waits.
+        let (s2, sc) = (s.clone(), scopes.clone());
+        let settler = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let used = Amount {
+                tokens: 40,
+                usd_cents: 0,
+            };
+            s2.settle("call_1", &sc, used).await.unwrap();
+        });
+        let t = tokio::time::Instant::now();
+        assert_eq!(link.settle_calls("ses_a").await.unwrap(), 0);
+        assert!(t.elapsed() >= Duration::from_millis(150));
+        settler.await.unwrap();
+        assert_eq!(s.get("session:ses_a").await.unwrap().used_tokens, 40);
+        // One never settled: given up on after settle_within, and counted.
+        s.reserve("call_2", &scopes, est, now, 60_000)
+            .await
+            .unwrap();
+        let short = GatewayLink {
+            settle_within: Duration::from_millis(120),
+            ..Arc::try_unwrap(link).ok().unwrap()
+        };
+        assert_eq!(short.settle_calls("ses_a").await.unwrap(), 1);
     }
 }

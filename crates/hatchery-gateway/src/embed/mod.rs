@@ -20,10 +20,11 @@
 
 mod link;
 
-pub use link::GatewayLink;
+pub use link::{GatewayLink, TenantScope};
 
 use crate::budget::{BudgetError, BudgetStore, KeyStore};
 use crate::events::GatewayEvents;
+use crate::policy::CallPolicy;
 use crate::upstream::{Upstream, UpstreamError};
 use crate::usage::Flavor;
 use crate::Gateway;
@@ -107,12 +108,13 @@ pub async fn serve_sandboxes(
     data: &Path,
     registry: &prometheus::Registry,
     events: impl FnOnce() -> Arc<dyn GatewayEvents>,
+    policy: Option<Arc<dyn CallPolicy>>,
 ) -> Result<Option<GatewayLink>, EmbedError> {
     if !s.has_upstream() {
         return Ok(None);
     }
     let (store, keys) = open_budgets(db, data).await?;
-    let g = build(s, store.clone(), keys.clone(), events(), registry)?;
+    let g = build(s, store.clone(), keys.clone(), events(), registry, policy)?;
     crate::spawn_janitor(store.clone());
     let socket = serve_socket(data, model_routes(g))?;
     tracing::info!(socket = %socket.display(), guest_port = s.guest_port, "model gateway serving sandboxes");
@@ -121,7 +123,15 @@ pub async fn serve_sandboxes(
         keys,
         guest_port: s.guest_port,
         socket,
+        settle_within: settle_within(s.reservation_ttl),
     }))
+}
+
+/// How long a session's end waits for its calls in flight: the answer
+/// deadline (by which every call is settled or charged whole) and a
+/// little more for the settle's own write.
+fn settle_within(reservation_ttl: std::time::Duration) -> std::time::Duration {
+    crate::settle::answer_deadline(reservation_ttl) + std::time::Duration::from_secs(2)
 }
 
 /// A host relaying its sandboxes' calls to the control role at `control`:
@@ -154,6 +164,9 @@ pub async fn relay_sandboxes(
         keys,
         guest_port: s.guest_port,
         socket,
+        // The control role's gateway settles these calls in the shared
+        // tables this host reads; its TTL is the deployment's setting.
+        settle_within: settle_within(s.reservation_ttl),
     })
 }
 
@@ -169,12 +182,20 @@ pub async fn serve_hosts(
     registry: &prometheus::Registry,
     keys_wanted: HostKeys,
     events: impl FnOnce(Arc<dyn BudgetStore>) -> Arc<dyn GatewayEvents>,
+    policy: Option<Arc<dyn CallPolicy>>,
 ) -> Result<Option<axum::Router>, EmbedError> {
     if !s.has_upstream() {
         return Ok(None);
     }
     let (store, keys) = open_budgets(db, data).await?;
-    let g = build(s, store.clone(), keys, events(store.clone()), registry)?;
+    let g = build(
+        s,
+        store.clone(),
+        keys,
+        events(store.clone()),
+        registry,
+        policy,
+    )?;
     crate::spawn_janitor(store);
     tracing::info!("model gateway serving the hosts' relays at /v1/model-gateway");
     Ok(Some(crate::relay::control_routes(
@@ -220,6 +241,7 @@ fn build(
     keys: Arc<dyn KeyStore>,
     events: Arc<dyn GatewayEvents>,
     registry: &prometheus::Registry,
+    policy: Option<Arc<dyn CallPolicy>>,
 ) -> Result<Arc<Gateway>, EmbedError> {
     let prices_path = s.prices.as_ref().ok_or(EmbedError::NoPrices)?;
     let prices =
@@ -267,6 +289,7 @@ fn build(
         admin_key: String::new(),
         metrics,
         events,
+        policy,
     }))
 }
 

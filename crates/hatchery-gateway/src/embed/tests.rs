@@ -31,7 +31,7 @@ async fn store() -> (Arc<dyn BudgetStore>, Arc<dyn KeyStore>) {
 async fn built(s: &Settings) -> Result<Arc<Gateway>, EmbedError> {
     let (store, keys) = store().await;
     let r = prometheus::Registry::new();
-    build(s, store, keys, Arc::new(NoEvents), &r)
+    build(s, store, keys, Arc::new(NoEvents), &r, None)
 }
 
 /// An upstream needs its price table, readable and well-formed; the key
@@ -112,18 +112,18 @@ async fn a_host_serves_its_sandboxes_on_a_socket() {
     let r = prometheus::Registry::new();
     let mut s = settings(dir.path());
     s.openai_upstream = None;
-    let none = serve_sandboxes(&s, &db, dir.path(), &r, || unreachable!()).await;
+    let none = serve_sandboxes(&s, &db, dir.path(), &r, || unreachable!(), None).await;
     assert!(none.unwrap().is_none());
     let keys = HostKeys {
         api_key: "k".into(),
         daemon_key: "dk".into(),
     };
-    let none = serve_hosts(&s, &db, dir.path(), &r, keys, |_| unreachable!()).await;
+    let none = serve_hosts(&s, &db, dir.path(), &r, keys, |_| unreachable!(), None).await;
     assert!(none.unwrap().is_none());
 
     let s = settings(dir.path());
     std::fs::write(dir.path().join("prices.json"), "{}").unwrap();
-    let link = serve_sandboxes(&s, &db, dir.path(), &r, || Arc::new(NoEvents))
+    let link = serve_sandboxes(&s, &db, dir.path(), &r, || Arc::new(NoEvents), None)
         .await
         .unwrap()
         .unwrap();

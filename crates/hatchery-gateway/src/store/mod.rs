@@ -164,6 +164,19 @@ impl BudgetStore for GatewayStore {
         Ok(b.expect("just written"))
     }
 
+    async fn open_reservations(&self, scope: &str) -> Result<u64, BudgetError> {
+        let sql = "SELECT CAST(COUNT(*) AS BIGINT) FROM gateway_reservations WHERE scope = $1";
+        let r = self
+            .db
+            .query_opt(sql, args![scope])
+            .await
+            .map_err(err("count reservations"))?;
+        match r {
+            Some(r) => Ok(r.get::<i64>(0).map_err(err("count reservations"))?.max(0) as u64),
+            None => Ok(0),
+        }
+    }
+
     async fn get(&self, scope: &str) -> Result<Budget, BudgetError> {
         let mut tx = self.db.read().await.map_err(err("begin read budget"))?;
         let b = read_budget(&mut tx, scope).await?;

@@ -22,7 +22,7 @@ pub async fn run_all(db: impl AsyncFn() -> Db) -> (DbPolicyStore, String) {
         DbPolicyStore::open(db().await)
     );
     let (a, b) = (a.unwrap(), b.unwrap());
-    assert_eq!(a.schema_version().await.unwrap(), 1);
+    assert_eq!(a.schema_version().await.unwrap(), 2);
     let id = versions(&a).await;
     concurrent_versions(Arc::new(a.clone())).await;
     let on_b = b.version(&id, 1).await.unwrap();
@@ -31,10 +31,10 @@ pub async fn run_all(db: impl AsyncFn() -> Db) -> (DbPolicyStore, String) {
     let listed = b.list().await.unwrap();
     let builtin = listed.iter().filter(|p| p.builtin).count();
     assert_eq!(builtin, 1, "one built-in policy, however many daemons");
-    assert_eq!(b.latest(STANDARD_ID).await.unwrap().version, 1);
+    assert_eq!(b.latest(STANDARD_ID).await.unwrap().version, 2);
     // A migration run twice is a no-op.
     let again = DbPolicyStore::open(db().await).await.unwrap();
-    assert_eq!(again.schema_version().await.unwrap(), 1);
+    assert_eq!(again.schema_version().await.unwrap(), 2);
     assert_eq!(again.latest(&id).await.unwrap().version, 2);
     versions_are_immutable(&db().await, &id).await;
     assert_eq!(b.version(&id, 1).await.unwrap().sha256, on_b.sha256);
@@ -50,7 +50,7 @@ fn doc(name: &str, rules: serde_json::Value) -> PolicyDocument {
 async fn versions(s: &dyn PolicyStore) -> String {
     use serde_json::json;
     let a = doc("a", json!([{"id": "r", "effect": "allow"}]));
-    let p1 = s.create(a).await.unwrap();
+    let p1 = s.create(a, None).await.unwrap();
     assert_eq!(p1.version, 1);
     assert!(p1.id.starts_with("pol_") && p1.id.len() == 20);
     assert!(!p1.builtin);
@@ -80,7 +80,7 @@ async fn versions(s: &dyn PolicyStore) -> String {
     let bad = doc("b", rules);
     let before = s.list().await.unwrap().len();
     for r in [
-        s.create(bad.clone()).await,
+        s.create(bad.clone(), None).await,
         s.add_version(&p1.id, bad).await,
     ] {
         assert!(matches!(r, Err(StoreError::Invalid(_))), "{r:?}");
@@ -98,10 +98,12 @@ async fn versions(s: &dyn PolicyStore) -> String {
 }
 
 /// Twenty writers add a version to one policy at once: each gets its own
-/// number, 2..=21, and the latest is 21.
+/// number, 2..=21, and the latest is 21. The policy is a tenant's: every
+/// version stays its, and the list says whose it is.
 async fn concurrent_versions(s: Arc<dyn PolicyStore>) {
     let c = || doc("c", serde_json::json!([]));
-    let p = s.create(c()).await.unwrap();
+    let p = s.create(c(), Some("ten_c")).await.unwrap();
+    assert_eq!(p.tenant.as_deref(), Some("ten_c"));
     let mut got = hatchery_db::race(20, |_| {
         let (s, id, doc) = (s.clone(), p.id.clone(), c());
         async move { s.add_version(&id, doc).await.unwrap().version }
@@ -109,7 +111,15 @@ async fn concurrent_versions(s: Arc<dyn PolicyStore>) {
     .await;
     got.sort();
     assert_eq!(got, (2..=21).collect::<Vec<_>>());
-    assert_eq!(s.latest(&p.id).await.unwrap().version, 21);
+    let latest = s.latest(&p.id).await.unwrap();
+    assert_eq!(
+        (latest.version, latest.tenant.as_deref()),
+        (21, Some("ten_c"))
+    );
+    let listed = s.list().await.unwrap();
+    let head = listed.iter().find(|h| h.id == p.id).unwrap();
+    assert_eq!(head.tenant.as_deref(), Some("ten_c"));
+    assert!(listed.iter().all(|h| h.id == p.id || h.tenant.is_none()));
 }
 
 /// The database itself refuses to rewrite or drop a written version of

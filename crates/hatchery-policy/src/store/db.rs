@@ -7,7 +7,7 @@
 
 use crate::compile::Policy;
 use crate::document::PolicyDocument;
-use crate::standard::{standard_document, STANDARD_ID};
+use crate::standard::{standard_versions, STANDARD_ID};
 use crate::store::{PolicyStore, PolicySummary, StoreError, StoredPolicy};
 use hatchery_db::{args, copy_table, Db, Import, Migrations, Row, Step, Tx};
 use sha2::{Digest, Sha256};
@@ -50,28 +50,36 @@ macro_rules! tables {
 /// The policy schema. Append only.
 pub static SCHEMA: Migrations = Migrations {
     product: "policy",
-    steps: &[Step::Each {
-        sqlite: concat!(
-            tables!(""),
-            "CREATE TRIGGER policy_versions_no_update BEFORE UPDATE ON policy_versions
+    steps: &[
+        Step::Each {
+            sqlite: concat!(
+                tables!(""),
+                "CREATE TRIGGER policy_versions_no_update BEFORE UPDATE ON policy_versions
               BEGIN SELECT RAISE(ABORT, 'policy versions are immutable'); END;
             CREATE TRIGGER policy_versions_no_delete BEFORE DELETE ON policy_versions
               BEGIN SELECT RAISE(ABORT, 'policy versions are immutable'); END;"
-        ),
-        // A database of the previous release already has `policies` and
-        // `policy_versions` (and the trigger) from the old PostgreSQL
-        // store: renamed and kept, rows included; a new one gets them.
-        postgres: concat!(
-            "ALTER TABLE IF EXISTS policies RENAME TO policy_heads;",
-            tables!("IF NOT EXISTS "),
-            "CREATE OR REPLACE FUNCTION policy_versions_immutable() RETURNS trigger
+            ),
+            // A database of the previous release already has `policies` and
+            // `policy_versions` (and the trigger) from the old PostgreSQL
+            // store: renamed and kept, rows included; a new one gets them.
+            postgres: concat!(
+                "ALTER TABLE IF EXISTS policies RENAME TO policy_heads;",
+                tables!("IF NOT EXISTS "),
+                "CREATE OR REPLACE FUNCTION policy_versions_immutable() RETURNS trigger
               LANGUAGE plpgsql AS $$
               BEGIN RAISE EXCEPTION 'policy versions are immutable'; END $$;
             DROP TRIGGER IF EXISTS policy_versions_no_change ON policy_versions;
             CREATE TRIGGER policy_versions_no_change BEFORE UPDATE OR DELETE ON policy_versions
               FOR EACH ROW EXECUTE FUNCTION policy_versions_immutable();"
-        ),
-    }],
+            ),
+        },
+        // Issue 36: the tenant whose key made the policy (NULL: the
+        // operator's, or built in).
+        Step::Each {
+            sqlite: "ALTER TABLE policy_heads ADD COLUMN tenant TEXT;",
+            postgres: "ALTER TABLE policy_heads ADD COLUMN IF NOT EXISTS tenant TEXT;",
+        },
+    ],
 };
 
 /// A single-host data dir of the previous release: DATA_DIR/policies.db.
@@ -91,7 +99,7 @@ pub struct DbPolicyStore {
 }
 
 const SELECT_VERSION: &str =
-    "SELECT v.policy_id, v.version, v.document, v.sha256, v.created_at, p.builtin
+    "SELECT v.policy_id, v.version, v.document, v.sha256, v.created_at, p.builtin, p.tenant
      FROM policy_versions v JOIN policy_heads p ON p.id = v.policy_id";
 
 fn read_version(r: &Row) -> Result<StoredPolicy, StoreError> {
@@ -105,6 +113,7 @@ fn read_version(r: &Row) -> Result<StoredPolicy, StoreError> {
         created_at: r.get("created_at")?,
         sha256: r.get("sha256")?,
         builtin: r.get("builtin")?,
+        tenant: r.get("tenant")?,
         document,
     })
 }
@@ -117,6 +126,7 @@ async fn insert_version(
     version: u32,
     document: PolicyDocument,
     builtin: bool,
+    tenant: Option<&str>,
 ) -> Result<StoredPolicy, StoreError> {
     let json = serde_json::to_string(&document).map_err(|e| StoreError::Corrupt(e.to_string()))?;
     let digest = Sha256::digest(json.as_bytes());
@@ -125,9 +135,9 @@ async fn insert_version(
     let created_at = now.format(&Rfc3339).unwrap_or_default();
     if version == 1 {
         tx.execute(
-            "INSERT INTO policy_heads (id, name, latest_version, builtin, created_at, updated_at)
-             VALUES ($1, $2, 1, $3, $4, $4)",
-            args![id, &document.name, builtin, &created_at],
+            "INSERT INTO policy_heads (id, name, latest_version, builtin, created_at, updated_at,
+             tenant) VALUES ($1, $2, 1, $3, $4, $4, $5)",
+            args![id, &document.name, builtin, &created_at, tenant],
         )
         .await?;
     }
@@ -143,8 +153,40 @@ async fn insert_version(
         created_at,
         sha256,
         builtin,
+        tenant: tenant.map(str::to_string),
         document,
     })
+}
+
+/// Writes the versions of `pol_standard` the database lacks (all of
+/// them in a new one; a database of an older build gets the newer ones),
+/// so version N is the same document on every deployment. Sessions pinned
+/// to an older version keep it; new sessions get the latest.
+async fn standard_versions_in(tx: &mut Tx) -> Result<(), StoreError> {
+    let head = "SELECT latest_version FROM policy_heads WHERE id = $1";
+    let have: u32 = match tx.query_opt(head, args![STANDARD_ID]).await? {
+        Some(r) => r.get(0)?,
+        None => 0,
+    };
+    let versions = standard_versions();
+    for (i, doc) in versions.into_iter().enumerate() {
+        let version = i as u32 + 1;
+        if version <= have {
+            continue;
+        }
+        let p = insert_version(tx, STANDARD_ID, version, doc, true, None).await?;
+        if version > 1 {
+            let set = "UPDATE policy_heads SET latest_version = $2, name = $3, updated_at = $4 \
+                       WHERE id = $1";
+            tx.execute(
+                set,
+                args![STANDARD_ID, version, &p.document.name, &p.created_at],
+            )
+            .await?;
+            tracing::info!(version, "pol_standard: version added");
+        }
+    }
+    Ok(())
 }
 
 async fn exists(tx: &mut Tx, id: &str) -> Result<bool, StoreError> {
@@ -160,9 +202,7 @@ impl DbPolicyStore {
         db.migrate(&SCHEMA).await?;
         let mut tx = db.begin().await?;
         tx.lock("policy_heads").await?;
-        if !exists(&mut tx, STANDARD_ID).await? {
-            insert_version(&mut tx, STANDARD_ID, 1, standard_document(), true).await?;
-        }
+        standard_versions_in(&mut tx).await?;
         tx.commit().await?;
         Ok(DbPolicyStore { db })
     }
@@ -180,7 +220,11 @@ impl DbPolicyStore {
 
 #[async_trait::async_trait]
 impl PolicyStore for DbPolicyStore {
-    async fn create(&self, doc: PolicyDocument) -> Result<StoredPolicy, StoreError> {
+    async fn create(
+        &self,
+        doc: PolicyDocument,
+        tenant: Option<&str>,
+    ) -> Result<StoredPolicy, StoreError> {
         Policy::compile(&doc)?;
         let mut tx = self.db.begin().await?;
         // Creates take turns, so the cap on the number of policies is exact.
@@ -191,7 +235,7 @@ impl PolicyStore for DbPolicyStore {
             return Err(StoreError::TooMany(n, MAX_POLICIES));
         }
         let id = format!("pol_{:016x}", rand::random::<u64>());
-        let p = insert_version(&mut tx, &id, 1, doc, false).await?;
+        let p = insert_version(&mut tx, &id, 1, doc, false, tenant).await?;
         tx.commit().await?;
         Ok(p)
     }
@@ -199,17 +243,19 @@ impl PolicyStore for DbPolicyStore {
     async fn add_version(&self, id: &str, doc: PolicyDocument) -> Result<StoredPolicy, StoreError> {
         Policy::compile(&doc)?;
         let mut tx = self.db.begin().await?;
-        let head = "SELECT latest_version, builtin FROM policy_heads WHERE id = $1 FOR UPDATE";
+        let head =
+            "SELECT latest_version, builtin, tenant FROM policy_heads WHERE id = $1 FOR UPDATE";
         let row = tx.query_opt(head, args![id]).await?;
         let row = row.ok_or_else(|| StoreError::NotFound(id.into()))?;
         let (latest, builtin): (u32, bool) = (row.get(0)?, row.get(1)?);
+        let tenant: Option<String> = row.get(2)?;
         if builtin {
             return Err(StoreError::ReadOnly(id.into()));
         }
         if latest >= MAX_VERSIONS {
             return Err(StoreError::TooManyVersions(id.into(), latest, MAX_VERSIONS));
         }
-        let p = insert_version(&mut tx, id, latest + 1, doc, false).await?;
+        let p = insert_version(&mut tx, id, latest + 1, doc, false, tenant.as_deref()).await?;
         // Names the version it moves from, so two writers cannot both
         // think they made version N+1.
         let set = "UPDATE policy_heads SET latest_version = $2, name = $3, updated_at = $4

@@ -55,6 +55,10 @@ pub struct StoredPolicy {
     /// SHA-256 (hex) of the stored document's JSON, to compare versions.
     pub sha256: String,
     pub builtin: bool,
+    /// The tenant whose key made the policy; absent for the operator's and
+    /// the built-in one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     pub document: PolicyDocument,
 }
 
@@ -69,13 +73,29 @@ hatchery_db::record! {
         pub created_at: String,
         pub updated_at: String,
         pub builtin: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        pub tenant: Option<String>,
+    }
+}
+
+/// Whether `caller` reaches a policy owned by `owner`: the operator
+/// (`None`) every one; a tenant the built-in ones and its own (issue 36).
+pub fn reachable(builtin: bool, owner: Option<&str>, caller: Option<&str>) -> bool {
+    match caller {
+        None => true,
+        Some(t) => builtin || owner == Some(t),
     }
 }
 
 #[async_trait::async_trait]
 pub trait PolicyStore: Send + Sync + 'static {
-    /// Validates and stores a new policy at version 1.
-    async fn create(&self, doc: PolicyDocument) -> Result<StoredPolicy, StoreError>;
+    /// Validates and stores a new policy at version 1, `tenant`'s (`None`:
+    /// the operator's).
+    async fn create(
+        &self,
+        doc: PolicyDocument,
+        tenant: Option<&str>,
+    ) -> Result<StoredPolicy, StoreError>;
     /// Validates and stores the next version of an existing policy.
     async fn add_version(&self, id: &str, doc: PolicyDocument) -> Result<StoredPolicy, StoreError>;
     async fn list(&self) -> Result<Vec<PolicySummary>, StoreError>;

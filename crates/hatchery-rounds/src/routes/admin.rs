@@ -26,7 +26,7 @@ pub async fn create(
     caller.require_key()?;
     Ok((
         StatusCode::CREATED,
-        axum::Json(st.create_round(body).await?),
+        axum::Json(st.create_round(body, caller.tenant()).await?),
     ))
 }
 
@@ -34,7 +34,7 @@ pub async fn create(
 pub async fn list(State(st): St, caller: Caller) -> Result<axum::Json<RoundList>, RoundsError> {
     caller.require_key()?;
     Ok(axum::Json(RoundList {
-        rounds: st.list_rounds().await?,
+        rounds: st.list_rounds(caller.tenant()).await?,
     }))
 }
 

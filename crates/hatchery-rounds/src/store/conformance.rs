@@ -24,6 +24,7 @@ fn round(id: &str, state: RoundState, created_at_ms: u64) -> RoundRecord {
         prepared_snapshot: None,
         error: None,
         created_at_ms,
+        tenant: None,
     }
 }
 

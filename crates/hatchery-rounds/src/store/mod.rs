@@ -113,6 +113,9 @@ hatchery_db::record! {
         pub prepared_snapshot: Option<String>,
         pub error: Option<String>,
         pub created_at_ms: u64,
+        /// The tenant whose key made the round (issue 36); `None`: the
+        /// operator's.
+        pub tenant: Option<String>,
     }
 }
 

@@ -121,6 +121,9 @@ pub static MIGRATIONS: Migrations = Migrations {
             updated_at_ms BIGINT NOT NULL
          );",
         ),
+        // 3 (issue 36): the tenant whose key made the round (NULL: the
+        // operator's).
+        Step::Both("ALTER TABLE rounds ADD COLUMN tenant TEXT;"),
     ],
 };
 

@@ -112,5 +112,20 @@ pub const SCHEMA: Migrations = Migrations {
             tables!(),
             "\nALTER TABLE sessions ADD COLUMN IF NOT EXISTS replay_through BIGINT NOT NULL DEFAULT 0;"
         ),
+    },
+    // Issue 36: the tenant whose key made the session (NULL: the
+    // operator's); a tenant's list is filtered on it. The budget in
+    // columns too: a create sums the tenant's reserved budgets in SQL.
+    Step::Each {
+        sqlite: "ALTER TABLE sessions ADD COLUMN tenant TEXT;
+                 ALTER TABLE sessions ADD COLUMN budget_tokens BIGINT NOT NULL DEFAULT 0;
+                 ALTER TABLE sessions ADD COLUMN budget_usd_cents BIGINT NOT NULL DEFAULT 0;
+                 ALTER TABLE sessions ADD COLUMN budget_wall_s BIGINT NOT NULL DEFAULT 0;
+                 CREATE INDEX IF NOT EXISTS sessions_tenant ON sessions (tenant, ord);",
+        postgres: "ALTER TABLE sessions ADD COLUMN IF NOT EXISTS tenant TEXT;
+                   ALTER TABLE sessions ADD COLUMN IF NOT EXISTS budget_tokens BIGINT NOT NULL DEFAULT 0;
+                   ALTER TABLE sessions ADD COLUMN IF NOT EXISTS budget_usd_cents BIGINT NOT NULL DEFAULT 0;
+                   ALTER TABLE sessions ADD COLUMN IF NOT EXISTS budget_wall_s BIGINT NOT NULL DEFAULT 0;
+                   CREATE INDEX IF NOT EXISTS sessions_tenant ON sessions (tenant, ord);",
     }],
 };

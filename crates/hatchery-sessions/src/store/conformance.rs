@@ -30,6 +30,7 @@ pub async fn run_all(open: Open<'_>) {
     racing_take_overs_have_one_winner(open, &run).await;
     no_append_lands_after_a_take_over(open, &run).await;
     usage_counts_what_the_session_holds(open, &run).await;
+    a_tenant_s_sessions_reserve_their_budgets_at_create(open, &run).await;
 }
 
 pub fn spec(repo: &str) -> SessionSpec {
@@ -53,6 +54,7 @@ pub fn spec(repo: &str) -> SessionSpec {
         env: Default::default(),
         metadata: [("tenant".to_string(), "acme".to_string())].into(),
         environment: None,
+        tenant: None,
     }
 }
 
@@ -518,6 +520,7 @@ async fn list_is_keyset_paginated(open: Open<'_>, run: &str) {
         state,
         after_id,
         limit,
+        tenant: None,
     };
     let (mut seen, mut after) = (vec![], None);
     loop {
@@ -735,4 +738,89 @@ async fn usage_counts_what_the_session_holds(open: Open<'_>, run: &str) {
     let o = s.usage(&other).await.unwrap();
     assert_eq!(counts(&o), (1, 0, 0, 0));
     assert!(o.capped.is_empty());
+}
+
+/// Issue 36: a tenant's sessions hold their budgets from the create; a
+/// create that does not fit stores nothing; an ended session holds only
+/// what it spent; creates racing for the last room have one winner; the
+/// tenant's list shows its sessions only.
+async fn a_tenant_s_sessions_reserve_their_budgets_at_create(open: Open<'_>, run: &str) {
+    let s = open(&format!("h{run}"));
+    let tenant = format!("ten_r{run}");
+    let limits = TenantLimits {
+        tokens: Some(2500),
+        concurrent_sessions: Some(3),
+        ..Default::default()
+    };
+    let mine = |tokens: u64| SessionSpec {
+        budget_tokens: tokens,
+        tenant: Some(tenant.clone()),
+        ..spec(&repo(run, "tenant"))
+    };
+    let make = |id: String, tokens: u64| {
+        let (s, sp, l) = (s.clone(), mine(tokens), limits.clone());
+        async move {
+            s.create_within(&id, &sp, None, "h", Some(&l))
+                .await
+                .unwrap()
+        }
+    };
+    let created = |o: &CreateOutcome| matches!(o, CreateOutcome::Created(..));
+    assert!(created(&make(format!("ses_ra{run}"), 1000).await));
+    assert!(created(&make(format!("ses_rb{run}"), 1000).await));
+    // 2,000 held: 600 more does not fit, and nothing of it is stored.
+    let c = format!("ses_rc{run}");
+    match make(c.clone(), 600).await {
+        CreateOutcome::NoRoom(no) => {
+            assert_eq!(
+                (no.limit, no.max, no.held, no.asked),
+                ("tokens", 2500, 2000, 600)
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(s.get(&c).await, Err(StoreError::NotFound(_))));
+    // Another tenant, or the operator, is not held by this one's room.
+    let other = SessionSpec {
+        tenant: Some(format!("ten_o{run}")),
+        ..mine(2500)
+    };
+    let o = format!("ses_ro{run}");
+    let r = s.create_within(&o, &other, None, "h", Some(&limits));
+    assert!(created(&r.await.unwrap()));
+    // Ended having spent 100 of its 1,000: 900 come back.
+    let a = format!("ses_ra{run}");
+    let spent = patch(|p| p.add_tokens = 100);
+    let failed = S::sources_of(S::Failed);
+    s.transition(&a, &failed, S::Failed, Some("x".into()), vec![], spent)
+        .await
+        .unwrap();
+    // 1,100 held: two creates of 1,000 race for the 1,400 left; one fits.
+    let racing = hatchery_db::race(2, |i| make(format!("ses_rr{i}{run}"), 1000)).await;
+    assert_eq!(
+        racing.iter().filter(|o| created(o)).count(),
+        1,
+        "{racing:?}"
+    );
+    // Two unfinished: a third fits the concurrent_sessions limit of 3, a
+    // fourth does not (tokens would: 2,102 of 2,500).
+    assert!(created(&make(format!("ses_rd{run}"), 1).await));
+    match make(format!("ses_re{run}"), 1).await {
+        CreateOutcome::NoRoom(no) => {
+            assert_eq!((no.limit, no.max, no.held), ("concurrent_sessions", 3, 3))
+        }
+        other => panic!("{other:?}"),
+    }
+    let f = ListFilter {
+        tenant: Some(tenant.clone()),
+        limit: 100,
+        ..Default::default()
+    };
+    let listed = s.list(&f).await.unwrap();
+    assert!(
+        listed.len() >= 3
+            && listed
+                .iter()
+                .all(|x| x.spec.tenant.as_deref() == Some(&*tenant))
+    );
 }

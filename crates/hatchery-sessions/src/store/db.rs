@@ -329,6 +329,28 @@ impl DbSessionStore {
         sessions(self.db.query(&sql, args![value]).await?)
     }
 
+    /// What `tenant` holds, in its limits' order (tokens, cents, sessions,
+    /// wall seconds): an unfinished session its budget (or its spend, should
+    /// that be more), a finished one what it spent; sessions count while
+    /// unfinished.
+    async fn tenant_held(tx: &mut Tx, tenant: &str) -> Result<[u64; 4], StoreError> {
+        let held = |budget: &str, spend: &str| {
+            format!(
+                "CAST(COALESCE(SUM(CASE WHEN {UNFINISHED} AND {budget} > {spend} THEN {budget} \
+             ELSE {spend} END), 0) AS BIGINT)"
+            )
+        };
+        let sql = format!(
+        "SELECT {}, {}, CAST(COALESCE(SUM(CASE WHEN {UNFINISHED} THEN 1 ELSE 0 END), 0) AS BIGINT), \
+         {} FROM sessions WHERE tenant = $1",
+        held("budget_tokens", "spend_tokens"),
+        held("budget_usd_cents", "spend_usd_cents"),
+        held("budget_wall_s", "spend_wall_s"),
+    );
+        let r = tx.query_one(&sql, args![tenant]).await?;
+        Ok([r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?])
+    }
+
     /// A write transaction on `id` after the fence check: the transaction
     /// and the epoch its events record.
     async fn write(&self, id: &str) -> Result<(Tx, u64), StoreError> {
@@ -340,26 +362,60 @@ impl DbSessionStore {
 
 #[async_trait]
 impl SessionStore for DbSessionStore {
-    async fn create(
+    async fn create_within(
         &self,
         id: &str,
         spec: &SessionSpec,
         idempotency_key: Option<&str>,
         request_hash: &str,
+        limits: Option<&TenantLimits>,
     ) -> Result<CreateOutcome, StoreError> {
         let mut tx = self.db.begin().await?;
+        if let (Some(t), Some(_)) = (&spec.tenant, limits) {
+            // One tenant's creates take turns (PostgreSQL; SQLite's
+            // write transaction already serialises them), so two cannot
+            // both fit in the same room.
+            tx.lock(&format!("session_tenant:{t}")).await?;
+        }
         if let Some(seen) = repeat(&mut tx, idempotency_key, request_hash).await? {
             return Ok(seen);
+        }
+        if let (Some(t), Some(l)) = (&spec.tenant, limits) {
+            let held = Self::tenant_held(&mut tx, t).await?;
+            let asked = [
+                spec.budget_tokens,
+                spec.budget_usd_cents,
+                1,
+                spec.budget_wall_s,
+            ];
+            if let Some(no) = l.refuse(held, asked) {
+                return Ok(CreateOutcome::NoRoom(no));
+            }
         }
         let spec_json = serde_json::to_string(spec).map_err(data_err)?;
         // Two creates with one key at once (PostgreSQL): the second waits
         // for the first's commit, inserts nothing, and then answers as a
         // repeat.
         let sql = "INSERT INTO sessions (id, spec, state, repo, idempotency_key, request_hash, \
-                   created_at, host_id, epoch) VALUES ($1, $2, 'queued', $3, $4, $5, $6, $7, 1) \
+                   created_at, host_id, epoch, tenant, budget_tokens, budget_usd_cents, \
+                   budget_wall_s) \
+                   VALUES ($1, $2, 'queued', $3, $4, $5, $6, $7, 1, $8, $9, $10, $11) \
                    ON CONFLICT (idempotency_key) DO NOTHING RETURNING id";
         let (key, hash, host) = (idempotency_key, request_hash, &*self.host);
-        let args = args![id, spec_json, &spec.repo, key, hash, now(), host];
+        let tenant = spec.tenant.as_deref();
+        let args = args![
+            id,
+            spec_json,
+            &spec.repo,
+            key,
+            hash,
+            now(),
+            host,
+            tenant,
+            spec.budget_tokens,
+            spec.budget_usd_cents,
+            spec.budget_wall_s
+        ];
         if tx.query_opt(sql, args).await?.is_none() {
             let seen = repeat(&mut tx, idempotency_key, request_hash).await?;
             return seen.ok_or_else(|| data_err("idempotency key conflicted but no row holds it"));
@@ -388,6 +444,7 @@ impl SessionStore for DbSessionStore {
         let filters = [
             ("AND state = $v", f.state.map(|s| Value::from(s.as_str()))),
             ("AND repo = $v", text(&f.repo)),
+            ("AND tenant = $v", text(&f.tenant)),
             (
                 "AND ord > COALESCE((SELECT ord FROM sessions WHERE id = $v), 0)",
                 text(&f.after_id),

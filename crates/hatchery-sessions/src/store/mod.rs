@@ -114,6 +114,11 @@ pub struct SessionSpec {
     /// Kept in the spec's JSON: sessions stored before it read as empty.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub metadata: std::collections::BTreeMap<String, String>,
+    /// The tenant whose key created the session (issue 36), from the key,
+    /// never from the body; `None` for the operator's. Also written to
+    /// the row's `tenant` column, which a tenant's list filters on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     /// The environment version the session starts from (forked from its
     /// snapshot, then the delta to `ref`); absent for a bare repository.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -268,6 +273,55 @@ pub enum CreateOutcome {
     Existing(Session),
     /// The same idempotency key with another request.
     KeyConflict(String),
+    /// The tenant's limit has no room for this session's budget: nothing
+    /// was stored.
+    NoRoom(NoRoom),
+}
+
+/// A tenant's limits a new session's budget is reserved against (issue
+/// 36), in the transaction that stores the session. `None`: unlimited.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TenantLimits {
+    pub tokens: Option<u64>,
+    pub usd_cents: Option<u64>,
+    pub concurrent_sessions: Option<u64>,
+    pub wall_s: Option<u64>,
+}
+
+/// Which limit refused a session, with what was held and asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoRoom {
+    pub limit: &'static str,
+    pub max: u64,
+    /// What the tenant holds now: its unfinished sessions' budgets plus
+    /// what its finished ones spent.
+    pub held: u64,
+    pub asked: u64,
+}
+
+impl TenantLimits {
+    /// The first limit that `held` (tokens, cents, sessions, wall) plus
+    /// `asked` would pass.
+    pub fn refuse(&self, held: [u64; 4], asked: [u64; 4]) -> Option<NoRoom> {
+        let limits = [
+            ("tokens", self.tokens),
+            ("usd_cents", self.usd_cents),
+            ("concurrent_sessions", self.concurrent_sessions),
+            ("wall_clock_seconds", self.wall_s),
+        ];
+        limits
+            .into_iter()
+            .zip(held.into_iter().zip(asked))
+            .find_map(|((limit, max), (held, asked))| {
+                let max = max?;
+                (held.saturating_add(asked) > max).then_some(NoRoom {
+                    limit,
+                    max,
+                    held,
+                    asked,
+                })
+            })
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -276,6 +330,8 @@ pub struct ListFilter {
     pub repo: Option<String>,
     /// Sessions created after this id's row (keyset pagination).
     pub after_id: Option<String>,
+    /// Only this tenant's sessions (a tenant key's list).
+    pub tenant: Option<String>,
     pub limit: usize,
 }
 
@@ -286,12 +342,29 @@ pub type NewEvent = (Actor, EventKind);
 pub trait SessionStore: Send + Sync + 'static {
     /// Stores a queued session and its first event, in one transaction;
     /// with an idempotency key seen before, compares `request_hash`.
+    /// Stores a new session (not a tenant's, or a tenant's without limits).
     async fn create(
         &self,
         id: &str,
         spec: &SessionSpec,
         idempotency_key: Option<&str>,
         request_hash: &str,
+    ) -> Result<CreateOutcome, StoreError> {
+        self.create_within(id, spec, idempotency_key, request_hash, None)
+            .await
+    }
+    /// Stores a new session; for a tenant's (`spec.tenant`) with `limits`,
+    /// only if they have room for its budget, counted in the same
+    /// transaction: the tenant's unfinished sessions hold their budgets,
+    /// its finished ones what they spent (so an ended session has given
+    /// back what it did not use). Creates of one tenant take turns.
+    async fn create_within(
+        &self,
+        id: &str,
+        spec: &SessionSpec,
+        idempotency_key: Option<&str>,
+        request_hash: &str,
+        limits: Option<&TenantLimits>,
     ) -> Result<CreateOutcome, StoreError>;
     async fn get(&self, id: &str) -> Result<Session, StoreError>;
     async fn list(&self, f: &ListFilter) -> Result<Vec<Session>, StoreError>;
