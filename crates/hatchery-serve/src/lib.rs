@@ -19,6 +19,7 @@ pub mod error_text;
 pub mod headers;
 pub mod json_error;
 pub mod log_limit;
+pub mod metrics_token;
 pub mod origin;
 pub mod origin_guard;
 pub mod preview_token;

@@ -18,6 +18,7 @@ pub mod egress;
 pub mod error;
 pub mod events;
 mod extract;
+pub mod handoff;
 pub mod hooks;
 mod host_reports;
 pub mod ids;

@@ -595,6 +595,20 @@ async fn host_states_are_guarded(s: &dyn Store, run: &str) {
         .hold_host(&format!("nobody-{run}"), &[None], Cordoned)
         .await
         .unwrap());
+
+    // Told to stop: draining whatever its hold, still routed (ready),
+    // never placed on; the next registration makes it starting again.
+    assert!(s.host_stopping(&f2).await.unwrap());
+    let h = mine(s.list_hosts().await.unwrap());
+    assert_eq!((h.ready, h.stopping), (true, true));
+    assert_eq!(h.state(true), crate::HostState::Draining);
+    assert!(h.state(true).routed() && !h.state(true).placeable());
+    assert_eq!(h.state(false), crate::HostState::Lost);
+    let f3 = host(s, &name).await;
+    assert!(s.host_stopping(&f2).await.unwrap_err().is_fenced());
+    s.register_host(&f3, "127.0.0.1:3", 4, "v3").await.unwrap();
+    let h = mine(s.list_hosts().await.unwrap());
+    assert_eq!((h.ready, h.stopping), (false, false));
 }
 
 async fn stopped_rows_say_when_and_why(s: &dyn Store, run: &str) {

@@ -679,6 +679,13 @@ impl Store for DbStore {
             .await
     }
 
+    async fn host_stopping(&self, f: &Fence) -> Result<bool> {
+        check_host_fence(f)?;
+        let sql = "UPDATE core_hosts SET state = 'stopping' WHERE id = $1 AND epoch = $2 AND state IN ('starting', 'ready')";
+        self.change(f, "host stopping", sql, args![&f.owner, f.epoch], None)
+            .await
+    }
+
     async fn hold_host(&self, id: &str, from: &[HostHold], to: HostHold) -> Result<bool> {
         // Refused before any SQL runs.
         if let Some(&from) = from.iter().find(|f| **f != to && !f.valid_transition(to)) {
@@ -736,7 +743,8 @@ impl Store for DbStore {
                 registered_at_ms: get(r, "registered_at_ms")?,
                 silent_for_ms: get::<i64>(r, "silent")?.max(0) as u64,
                 warm_templates: warm_list(&get::<String>(r, "warm_templates")?),
-                ready: get::<String>(r, "state")? == "ready",
+                ready: matches!(&*get::<String>(r, "state")?, "ready" | "stopping"),
+                stopping: get::<String>(r, "state")? == "stopping",
                 hold: {
                     let h: String = get(r, "hold")?;
                     HostHold::parse(&h)

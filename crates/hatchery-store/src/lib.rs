@@ -147,6 +147,11 @@ store! {
     /// Marks the fence's host `ready` (it has reconciled and listens);
     /// `false` if it was not registered under this epoch or not starting.
     async fn host_ready(&self, f: &Fence) -> Result<bool>;
+    /// Marks the fence's host `stopping` (told to stop: it takes no new
+    /// work and hands its sessions elsewhere, still serving what it runs
+    /// until it exits); `false` if it was not registered under this
+    /// epoch. Its next registration makes it `starting` again.
+    async fn host_stopping(&self, f: &Fence) -> Result<bool>;
     /// The operator's cordon, drain and uncordon: moves host `id`'s hold
     /// to `to` if it is in one of `from` (each of which must be `to` or a
     /// valid transition to it). Guarded, not fenced: the operator holds

@@ -228,6 +228,10 @@ pub struct HostRow {
     pub warm_templates: Vec<String>,
     /// It has reconciled and listens (its own word, under its lease).
     pub ready: bool,
+    /// It was told to stop and is handing its sessions to other hosts
+    /// (its own word, under its lease; `ready` stays true: it still
+    /// listens and serves what it runs).
+    pub stopping: bool,
     /// What the operator asked of it.
     pub hold: crate::HostHold,
     /// The daemon version it registered with.
@@ -238,7 +242,7 @@ impl HostRow {
     /// Its state, given whether its heartbeat is recent enough (the
     /// caller knows the lease TTL).
     pub fn state(&self, alive: bool) -> crate::HostState {
-        crate::HostState::of(self.ready, self.hold, alive)
+        crate::HostState::of(self.ready, self.stopping, self.hold, alive)
     }
 }
 
