@@ -277,8 +277,12 @@ pg-conformance: $(SUITE_BUILD)
 # snapshot forked on another host after its writer's SIGKILL (about 55 s).
 # tests/store/test_rounds_hosts.py: interview rounds on two control
 # processes over two hosts, one control SIGKILLed mid-grading (about 20 s).
-# tests/store/test_hosts_api.py: cordon, uncordon, 410 sandbox_lost and
-# the control plane's /readyz over two hosts (about 45 s).
+# tests/store/test_hosts_api.py: cordon, uncordon, 410 sandbox_lost (API,
+# Python SDK, CLI, E2B's shape) and the control plane's /readyz over two
+# hosts (about 45 s).
+# tests/store/test_sessions_graceful.py: SIGTERM of a host with two sessions
+# mid-run (both resume on the other host), and a drain through the API
+# (about 2 minutes).
 store-test: $(SUITE_PREREQS) pg-conformance
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/store

@@ -6,12 +6,16 @@
 //! the daemon goes away. The caller then drains requests in flight
 //! (running commands) for up to the grace again, and exits.
 //!
+//! Without a place to move them (one host, no shared snapshot store),
+//! sessions stay and are resumed by the host's next start; none is failed
+//! because the daemon went away.
+//!
 //! Sandboxes without a session are not moved: they keep running under
 //! their shims, and the host's next start re-adopts them (after the host
 //! lease TTL without a start, the host-loss sweep marks them lost).
 
 use crate::readiness::HostChecks;
-use crate::shedding::Shedder;
+use crate::shedding::{Shedder, Shedding};
 use hatchery_sessions::handoff::ShedReason;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -33,9 +37,13 @@ impl MarkStopping for hatchery_core::Manager {
 
 /// Runs the stop up to the point where the listeners may close; returns
 /// how many sessions are still this host's (0 when all moved).
+/// `shedder` is `None` where sessions cannot move (one host, or no
+/// shared snapshot store): they are then only told that the daemon goes
+/// away, so that none is failed for it, and the next start resumes them.
 pub async fn prepare(
     host: &dyn MarkStopping,
     checks: &HostChecks,
+    sessions: &dyn Shedding,
     shedder: Option<&Arc<Shedder>>,
     grace: Duration,
 ) -> usize {
@@ -49,14 +57,14 @@ pub async fn prepare(
     }
     let left = match shedder {
         Some(s) => {
-            let left = s
-                .shed_until(ShedReason::HostStopping, tokio::time::Instant::now() + grace)
-                .await;
-            s.sessions.halt();
-            left
+            s.shed_until(ShedReason::HostStopping, tokio::time::Instant::now() + grace)
+                .await
         }
-        None => 0,
+        None => sessions.owned().await.unwrap_or(0),
     };
+    // Before the listeners close: a runner's call to this daemon's API
+    // that fails from now on stops the runner, not the session.
+    sessions.halt();
     tracing::info!(sessions_left = left, ms = t0.elapsed().as_millis() as u64, "sessions moved; closing the listeners after requests in flight");
     left
 }

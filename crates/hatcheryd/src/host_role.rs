@@ -389,8 +389,9 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .store(true, std::sync::atomic::Ordering::SeqCst);
     manager.mark_ready().await?;
     // Runners talk to this daemon's API, so they start once it listens.
+    let recovering = sessions.clone();
     tokio::spawn(async move {
-        match sessions.recover().await {
+        match recovering.recover().await {
             Ok(n) => tracing::info!(sessions = n, "unfinished sessions resumed"),
             Err(e) => tracing::error!(error = %e, "sessions not recovered"),
         }
@@ -404,10 +405,17 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let grace = std::time::Duration::from_secs(args.stop_grace);
     let stop = {
         let (manager, checks, shedder) = (manager.clone(), host_checks.clone(), shedder.clone());
+        let sessions = sessions.clone();
         async move {
             crate::listeners::shutdown_signal().await;
-            hatchery_hosts::graceful_stop::prepare(&*manager, &checks, shedder.as_ref(), grace)
-                .await;
+            hatchery_hosts::graceful_stop::prepare(
+                &*manager,
+                &checks,
+                &sessions,
+                shedder.as_ref(),
+                grace,
+            )
+            .await;
         }
     };
     serve_both_until(listener, app, preview_listener, preview_app, &args, stop).await?;
