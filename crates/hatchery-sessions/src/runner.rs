@@ -1077,7 +1077,7 @@ const CKPT_DELIVERED: &str = "delivered_seq";
 /// the sandbox is lost. It records where the runner's reading of the
 /// agent stood; the previous checkpoint is deleted once this one is on
 /// record. A failed checkpoint is logged and the previous one stands.
-pub(super) async fn checkpoint(svc: &Arc<SessionCore>, id: &str, sbx: &str) -> R<()> {
+async fn checkpoint(svc: &Arc<SessionCore>, id: &str, sbx: &str) -> R<()> {
     let s = svc.store.get(id).await?;
     let mut meta = BTreeMap::new();
     meta.insert("hatchery_session".to_string(), id.to_string());

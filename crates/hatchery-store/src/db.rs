@@ -462,6 +462,33 @@ impl Store for DbStore {
         self.rows(&sql, &args, record).await
     }
 
+    async fn list_stopped(
+        &self,
+        reason: &str,
+        filter: &SandboxFilter,
+        limit: usize,
+    ) -> Result<Vec<(SandboxRow, StoppedRow)>> {
+        let mut args: Vec<Value> = vec![reason.into()];
+        let mut sql = format!("{SELECT} WHERE state = 'stopped' AND end_reason = $1");
+        sql.push_str(&filter_clause(self.db.dialect(), filter, &mut args));
+        args.push((limit.min(i64::MAX as usize) as i64).into());
+        sql.push_str(&format!(
+            " ORDER BY ended_at_ms DESC, id LIMIT ${}",
+            args.len()
+        ));
+        let row = |r: &Row| {
+            let sandbox: SandboxRow = record(r)?;
+            let stopped = StoppedRow {
+                id: sandbox.id.clone(),
+                host_id: sandbox.host_id.clone(),
+                ended_at_ms: get::<Option<i64>>(r, "ended_at_ms")?.unwrap_or(0).max(0) as u64,
+                end_reason: get::<Option<String>>(r, "end_reason")?.unwrap_or_default(),
+            };
+            Ok((sandbox, stopped))
+        };
+        self.rows(&sql, &args, row).await
+    }
+
     async fn list_unstopped(&self, host: &str) -> Result<Vec<SandboxRow>> {
         let sql = format!(
             "{SELECT} WHERE host_id = $1 AND state IN {UNSTOPPED} ORDER BY created_at_ms, id"

@@ -20,6 +20,7 @@ pub use error::{BoxError, Result, StoreError};
 pub use host_state::{HostHold, HostState};
 pub use rows::{
     host_resource, valid_host_id, Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow,
+    HOST_LOST,
     SandboxState, SnapshotLocation, SnapshotRow, StoppedRow,
 };
 
@@ -82,6 +83,12 @@ store! {
     /// Starting and running sandboxes of every host matching `filter`,
     /// oldest first.
     async fn list_live(&self, filter: &SandboxFilter) -> Result<Vec<SandboxRow>>;
+    /// Stopped sandboxes of every host that ended for `reason` (e.g.
+    /// [`HOST_LOST`]) and match `filter`, the most recently ended first,
+    /// at most `limit`: each row with when and why it ended.
+    async fn list_stopped(
+        &self, reason: &str, filter: &SandboxFilter, limit: usize
+    ) -> Result<Vec<(SandboxRow, StoppedRow)>>;
     /// Every row of `host` not stopped, pooled ones included: what
     /// reconcile must account for on that host.
     async fn list_unstopped(&self, host: &str) -> Result<Vec<SandboxRow>>;

@@ -246,6 +246,11 @@ impl HostRow {
     }
 }
 
+/// The end reason of a sandbox stopped because its host was lost (the
+/// host-loss sweep, hatchery-hosts); such a sandbox answers 410
+/// `sandbox_lost`.
+pub const HOST_LOST: &str = "host_lost";
+
 /// A sandbox row that was stopped: when, why, and on which host (what a
 /// request for it is told once it is no longer live).
 #[derive(Debug, Clone, PartialEq)]

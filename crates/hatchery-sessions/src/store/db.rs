@@ -654,7 +654,7 @@ impl SessionStore for DbSessionStore {
         reason: &str,
     ) -> Result<Option<u64>, StoreError> {
         check_host_id(to_host)?;
-        if to_host == self.host {
+        if to_host == &*self.host {
             return Ok(None);
         }
         let mut tx = self.db.begin().await?;
@@ -662,12 +662,12 @@ impl SessionStore for DbSessionStore {
             "UPDATE sessions SET host_id = $2, epoch = epoch + 1 \
              WHERE id = $1 AND host_id = $3 AND {UNFINISHED} RETURNING epoch"
         );
-        let Some(r) = tx.query_opt(&sql, args![id, to_host, &self.host]).await? else {
+        let Some(r) = tx.query_opt(&sql, args![id, to_host, &*self.host]).await? else {
             return Ok(None);
         };
         let epoch: u64 = r.get("epoch")?;
         let changed = EventKind::HostChanged {
-            from: self.host.clone(),
+            from: self.host.to_string(),
             to: to_host.to_string(),
             epoch,
             reason: reason.to_string(),
