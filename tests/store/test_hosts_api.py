@@ -161,7 +161,9 @@ def test_cordon_uncordon_lost_sandboxes_and_readiness(pg):
         wait_for(not_ready, timeout=30, what="control /readyz 503 with no host")
         status, body = readyz(c)
         assert body["failing"] == ["ready_host"] and body["ready"] is False, body
-        assert set(states(c).values()) == {"lost"}
+        # A stopped host is `draining` (stopping) at once, and `lost` once
+        # its heartbeat is older than the lease.
+        wait_for(lambda: set(states(c).values()) == {"lost"}, timeout=30, what="every stopped host lost")
     finally:
         c.cleanup()
         h2.cleanup()
