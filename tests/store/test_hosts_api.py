@@ -142,6 +142,22 @@ def test_cordon_uncordon_lost_sandboxes_and_readiness(pg):
         assert states(c)["ap-1"] == "lost"
         print(f"sandbox_lost {time.time() - killed:.1f}s after SIGKILL")
         assert_lost_said_everywhere(c, kept, "ap-1")
+        # Listed as lost (through the control plane and another host), with
+        # its host, when and why; the live listing no longer has it.
+        for d in (c, h2):
+            r = d.request("GET", "/v1/sandboxes?state=lost")
+            assert r.status == 200, r
+            lost = {s["id"]: s for s in r.json()["sandboxes"]}
+            assert kept in lost and back in lost, lost
+            k = lost[kept]
+            assert (k["state"], k["host"], k["end_reason"]) == ("lost", "ap-1", "host_lost"), k
+            assert k["ended_at"].startswith("20"), k
+            live = {s["id"] for s in d.request("GET", "/v1/sandboxes").json()["sandboxes"]}
+            assert kept not in live and not (set(sids) - live), live
+        r = c.request("GET", "/v1/sandboxes?state=lost&limit=1")
+        assert len(r.json()["sandboxes"]) == 1, r
+        r = c.request("GET", "/v1/sandboxes?state=gone")
+        assert (r.status, r.error_code()) == (400, "invalid_query"), r
 
         # The host comes back on its data directory: ready only after it
         # has reconciled (destroying what its shims still ran).

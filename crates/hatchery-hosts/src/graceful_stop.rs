@@ -48,7 +48,10 @@ pub async fn prepare(
     grace: Duration,
 ) -> usize {
     let t0 = std::time::Instant::now();
-    tracing::info!(grace_s = grace.as_secs(), "stop requested: taking no new work, moving sessions to other hosts");
+    tracing::info!(
+        grace_s = grace.as_secs(),
+        "stop requested: taking no new work, moving sessions to other hosts"
+    );
     checks.stopping.store(true, Ordering::SeqCst);
     if let Err(e) = host.mark_stopping().await {
         // The local checks still refuse new work; placement learns it
@@ -57,14 +60,21 @@ pub async fn prepare(
     }
     let left = match shedder {
         Some(s) => {
-            s.shed_until(ShedReason::HostStopping, tokio::time::Instant::now() + grace)
-                .await
+            s.shed_until(
+                ShedReason::HostStopping,
+                tokio::time::Instant::now() + grace,
+            )
+            .await
         }
         None => sessions.owned().await.unwrap_or(0),
     };
     // Before the listeners close: a runner's call to this daemon's API
     // that fails from now on stops the runner, not the session.
     sessions.halt();
-    tracing::info!(sessions_left = left, ms = t0.elapsed().as_millis() as u64, "sessions moved; closing the listeners after requests in flight");
+    tracing::info!(
+        sessions_left = left,
+        ms = t0.elapsed().as_millis() as u64,
+        "sessions moved; closing the listeners after requests in flight"
+    );
     left
 }

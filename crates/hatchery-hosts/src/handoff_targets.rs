@@ -77,7 +77,12 @@ mod tests {
             me: "a".into(),
         };
         // Never itself, however free; never a held or stopping host.
-        let all = vec![slot("a", 0, true), slot("b", 5, true), slot("c", 2, true), slot("d", 0, false)];
+        let all = vec![
+            slot("a", 0, true),
+            slot("b", 5, true),
+            slot("c", 2, true),
+            slot("d", 0, false),
+        ];
         assert_eq!(t(all).pick().await.as_deref(), Some("c"));
         let none = vec![slot("a", 0, true), slot("d", 0, false)];
         assert_eq!(t(none).pick().await, None);

@@ -81,7 +81,13 @@ pub async fn refuse_when_held(State(g): State<HoldGuard>, req: Request, next: Ne
             .into_iter()
             .find(|h| h.id == g.me)
             // Told to stop: refused as a drained host is.
-            .map(|h| if h.stopping { HostHold::Draining } else { h.hold })
+            .map(|h| {
+                if h.stopping {
+                    HostHold::Draining
+                } else {
+                    h.hold
+                }
+            })
             .unwrap_or(HostHold::None),
         Err(_) => HostHold::None,
     };

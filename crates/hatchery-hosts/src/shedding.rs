@@ -240,14 +240,19 @@ mod tests {
 
     async fn store_with(me: &str, hold: HostHold) -> (Arc<dyn Store>, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
-        let db = hatchery_db::Db::sqlite(&dir.path().join("s.db")).await.unwrap();
+        let db = hatchery_db::Db::sqlite(&dir.path().join("s.db"))
+            .await
+            .unwrap();
         let store: Arc<dyn Store> = Arc::new(hatchery_store::DbStore::open(db).await.unwrap());
         let lease = store
             .take_lease(&hatchery_store::host_resource(me), me, 30_000)
             .await
             .unwrap();
         let f = hatchery_store::Fence::of(&lease);
-        store.register_host(&f, "127.0.0.1:1", 4, "t").await.unwrap();
+        store
+            .register_host(&f, "127.0.0.1:1", 4, "t")
+            .await
+            .unwrap();
         store
             .hold_host(me, &HostHold::sources(hold), hold)
             .await
@@ -255,7 +260,11 @@ mod tests {
         (store, dir)
     }
 
-    fn shedder(store: Arc<dyn Store>, sessions: Arc<FakeSessions>, to: Option<&str>) -> Arc<Shedder> {
+    fn shedder(
+        store: Arc<dyn Store>,
+        sessions: Arc<FakeSessions>,
+        to: Option<&str>,
+    ) -> Arc<Shedder> {
         let targets = FixedTargets::default();
         *targets.host.lock().unwrap() = to.map(String::from);
         Shedder::new(sessions, Arc::new(targets), store, "h1".into())
@@ -268,7 +277,10 @@ mod tests {
         *sessions.left.lock().unwrap() = 5;
         let s = shedder(store.clone(), sessions.clone(), Some("h2"));
         assert!(s.check_hold().await);
-        assert_eq!(*sessions.shedding.lock().unwrap(), Some(ShedReason::HostDraining));
+        assert_eq!(
+            *sessions.shedding.lock().unwrap(),
+            Some(ShedReason::HostDraining)
+        );
         store
             .hold_host("h1", &HostHold::sources(HostHold::None), HostHold::None)
             .await
@@ -284,7 +296,10 @@ mod tests {
         *sessions.left.lock().unwrap() = 3;
         let s = shedder(store.clone(), sessions.clone(), Some("h2"));
         let left = s
-            .shed_until(ShedReason::HostStopping, Instant::now() + Duration::from_secs(60))
+            .shed_until(
+                ShedReason::HostStopping,
+                Instant::now() + Duration::from_secs(60),
+            )
             .await;
         assert_eq!(left, 0);
         // Stopping: the operator's hold no longer ends it.

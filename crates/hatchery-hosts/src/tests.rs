@@ -358,7 +358,10 @@ mod api {
         let text = prometheus::TextEncoder::new()
             .encode_to_string(&reg.gather())
             .unwrap();
-        assert!(text.contains("hatchery_host_live_sessions{host=\"h1\"} 3"), "{text}");
+        assert!(
+            text.contains("hatchery_host_live_sessions{host=\"h1\"} 3"),
+            "{text}"
+        );
     }
 }
 

@@ -127,7 +127,10 @@ impl IntoResponse for RouteError {
 fn rfc3339(at_ms: u64) -> String {
     time::OffsetDateTime::from_unix_timestamp_nanos(at_ms as i128 * 1_000_000)
         .ok()
-        .and_then(|t| t.format(&time::format_description::well_known::Rfc3339).ok())
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
         .unwrap_or_else(|| "an unknown time".into())
 }
 
@@ -146,7 +149,13 @@ mod lost_message_tests {
         let b = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
         let v: serde_json::Value = serde_json::from_slice(&b).unwrap();
         assert_eq!(v["code"], 404);
-        assert!(v["message"].as_str().unwrap().contains("was lost with its host h1"), "{v}");
+        assert!(
+            v["message"]
+                .as_str()
+                .unwrap()
+                .contains("was lost with its host h1"),
+            "{v}"
+        );
         // The v1 API keeps 410 and its fields.
         let r = axum::response::IntoResponse::into_response(lost());
         assert_eq!(r.status(), axum::http::StatusCode::GONE);

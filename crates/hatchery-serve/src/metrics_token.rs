@@ -76,14 +76,21 @@ mod tests {
     use axum::routing::get;
     use tower_service::Service;
 
-    async fn call(app: &mut axum::Router, method: Method, path: &str, auth: Option<&str>) -> (StatusCode, String) {
+    async fn call(
+        app: &mut axum::Router,
+        method: Method,
+        path: &str,
+        auth: Option<&str>,
+    ) -> (StatusCode, String) {
         let mut b = axum::http::Request::builder().method(method).uri(path);
         if let Some(a) = auth {
             b = b.header(header::AUTHORIZATION, format!("Bearer {a}"));
         }
         let resp = app.call(b.body(Body::empty()).unwrap()).await.unwrap();
         let status = resp.status();
-        let body = axum::body::to_bytes(resp.into_body(), 1 << 20).await.unwrap();
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
         (status, String::from_utf8_lossy(&body).into_owned())
     }
 
@@ -96,10 +103,19 @@ mod tests {
         };
         // Behind it, every route wants the API key.
         let mut app = axum::Router::new()
-            .route("/metrics", get(|| async { (StatusCode::UNAUTHORIZED, "key wanted") }))
-            .route("/v1/sandboxes", get(|| async { (StatusCode::UNAUTHORIZED, "key wanted") }))
+            .route(
+                "/metrics",
+                get(|| async { (StatusCode::UNAUTHORIZED, "key wanted") }),
+            )
+            .route(
+                "/v1/sandboxes",
+                get(|| async { (StatusCode::UNAUTHORIZED, "key wanted") }),
+            )
             .layer(axum::middleware::from_fn_with_state(m, answer));
-        assert_eq!(call(&mut app, Method::GET, "/metrics", Some(&token)).await, (StatusCode::OK, "up 1\n".into()));
+        assert_eq!(
+            call(&mut app, Method::GET, "/metrics", Some(&token)).await,
+            (StatusCode::OK, "up 1\n".into())
+        );
         for (method, path, auth) in [
             (Method::GET, "/metrics", Some("wrong-token-wrong-token")),
             (Method::GET, "/metrics", None),
@@ -117,12 +133,18 @@ mod tests {
         std::fs::create_dir_all(&d).unwrap();
         let f = d.join("t");
         std::fs::write(&f, "short\n").unwrap();
-        assert!(matches!(load(&f), Err(MetricsTokenError::Bad { bytes: 5, .. })));
+        assert!(matches!(
+            load(&f),
+            Err(MetricsTokenError::Bad { bytes: 5, .. })
+        ));
         std::fs::write(&f, "has a space in the middle of it").unwrap();
         assert!(load(&f).is_err());
         std::fs::write(&f, format!("  {}\n", "k".repeat(MIN_TOKEN_BYTES))).unwrap();
         assert_eq!(load(&f).unwrap(), "k".repeat(MIN_TOKEN_BYTES));
-        assert!(matches!(load(&d.join("none")), Err(MetricsTokenError::Read(..))));
+        assert!(matches!(
+            load(&d.join("none")),
+            Err(MetricsTokenError::Read(..))
+        ));
         std::fs::remove_dir_all(&d).unwrap();
     }
 }

@@ -88,9 +88,7 @@ pub(crate) async fn run(svc: Arc<SessionCore>, id: String, notify: Arc<Notify>) 
                 "interrupted_start",
                 "the daemon stopped while the session was starting; its sandbox was released",
             )),
-            (None, S::Running | S::WaitingApproval) => {
-                attached(&svc, s, &notify, &mut lease).await
-            }
+            (None, S::Running | S::WaitingApproval) => attached(&svc, s, &notify, &mut lease).await,
             (None, S::Idle) => idle(&svc, s, &notify, &mut lease).await,
             _ => return,
         };

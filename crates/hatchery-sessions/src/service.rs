@@ -159,7 +159,10 @@ impl Sessions {
     }
 
     /// [`Sessions::adopt`] every `every`, for as long as the task lives.
-    pub fn spawn_adopter(self: &Arc<Self>, every: std::time::Duration) -> tokio::task::JoinHandle<()> {
+    pub fn spawn_adopter(
+        self: &Arc<Self>,
+        every: std::time::Duration,
+    ) -> tokio::task::JoinHandle<()> {
         let me = self.clone();
         tokio::spawn(async move {
             loop {
@@ -175,7 +178,11 @@ impl Sessions {
     /// (crate::handoff): every runner is woken, and each hands its
     /// session over at its next step. Asking again re-wakes them (after
     /// a target appeared).
-    pub fn shed(&self, targets: Arc<dyn crate::handoff::HandoffTargets>, why: crate::handoff::ShedReason) {
+    pub fn shed(
+        &self,
+        targets: Arc<dyn crate::handoff::HandoffTargets>,
+        why: crate::handoff::ShedReason,
+    ) {
         self.core.handoff.start(targets, why);
         self.nudge_all();
     }

@@ -634,7 +634,12 @@ async fn stopped_rows_say_when_and_why(s: &dyn Store, run: &str) {
         metadata: md(&[("lostrun", &tag)]),
         template: None,
     };
-    for (n, at, why) in [(1, 10, "host_lost"), (2, 30, "host_lost"), (3, 20, "deleted"), (4, 40, "host_lost")] {
+    for (n, at, why) in [
+        (1, 10, "host_lost"),
+        (2, 30, "host_lost"),
+        (3, 20, "deleted"),
+        (4, 40, "host_lost"),
+    ] {
         let id = format!("sbx_ls{n}{run}");
         s.insert_sandbox(&f, &sbx(&id, SandboxState::Running, &[("lostrun", &tag)]))
             .await
@@ -644,15 +649,27 @@ async fn stopped_rows_say_when_and_why(s: &dyn Store, run: &str) {
         }
     }
     let got = s.list_stopped(crate::HOST_LOST, &mine, 10).await.unwrap();
-    let ids: Vec<_> = got.iter().map(|(r, e)| (r.id.clone(), e.ended_at_ms)).collect();
+    let ids: Vec<_> = got
+        .iter()
+        .map(|(r, e)| (r.id.clone(), e.ended_at_ms))
+        .collect();
     assert_eq!(
         ids,
         [(format!("sbx_ls2{run}"), 30), (format!("sbx_ls1{run}"), 10)],
         "only stopped host_lost rows, latest first; the live one is not"
     );
     let (row, end) = &got[0];
-    assert_eq!((&*row.template, &*end.end_reason, &*end.host_id), ("tpl", "host_lost", &*f.owner));
-    assert_eq!(s.list_stopped(crate::HOST_LOST, &mine, 1).await.unwrap().len(), 1);
+    assert_eq!(
+        (&*row.template, &*end.end_reason, &*end.host_id),
+        ("tpl", "host_lost", &*f.owner)
+    );
+    assert_eq!(
+        s.list_stopped(crate::HOST_LOST, &mine, 1)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     let deleted = s.list_stopped("deleted", &mine, 10).await.unwrap();
     assert_eq!(deleted.len(), 1);
 }

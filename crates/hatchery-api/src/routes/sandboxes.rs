@@ -210,7 +210,13 @@ mod list_query_tests {
         assert_eq!(q("state=lost").unwrap().1, Some(DEFAULT_LOST_LISTED));
         assert_eq!(q("state=live&metadata.k=v").unwrap().1, None);
         assert_eq!(list_query(None).unwrap(), (BTreeMap::new(), None));
-        for bad in ["state=gone", "state=lost&limit=0", "state=lost&limit=1001", "limit=5", "colour=red"] {
+        for bad in [
+            "state=gone",
+            "state=lost&limit=0",
+            "state=lost&limit=1001",
+            "limit=5",
+            "colour=red",
+        ] {
             assert!(q(bad).is_err(), "{bad}");
         }
         assert!(q(&format!("state=lost&limit={MAX_LOST_LISTED}")).is_ok());

@@ -633,7 +633,10 @@ async fn a_handed_over_session_is_fenced_on_its_old_host(open: Open<'_>, run: &s
     let before = log(&*a, &s1).await.len();
     assert_eq!(log(&*a, &s1).await.len(), before, "nothing written");
 
-    assert_eq!(a.hand_over(&s1, &hb, "host_stopping").await.unwrap(), Some(2));
+    assert_eq!(
+        a.hand_over(&s1, &hb, "host_stopping").await.unwrap(),
+        Some(2)
+    );
     let last = log(&*a, &s1).await.pop().unwrap();
     assert!(
         matches!(&last.kind, EventKind::HostChanged { from, to, epoch: 2, reason } if *from == ha && *to == hb && reason == "host_stopping"),
