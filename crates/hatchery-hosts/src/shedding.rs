@@ -289,7 +289,7 @@ mod tests {
         assert!(!sessions.shedding());
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_stop_sheds_until_none_is_left_or_the_grace_ends() {
         let (store, _d) = store_with("h1", HostHold::None).await;
         let sessions = Arc::new(FakeSessions::default());
