@@ -105,9 +105,11 @@ impl Shedder {
                 return left;
             }
             // Wakes runners that found no target before, once one exists.
-            if nudged.map_or(true, |t| t.elapsed() >= NUDGE_EVERY)
-                && self.targets.pick().await.is_some()
-            {
+            let due = match nudged {
+                None => true,
+                Some(t) => t.elapsed() >= NUDGE_EVERY,
+            };
+            if due && self.targets.pick().await.is_some() {
                 self.sessions.shed(self.targets.clone(), why);
                 nudged = Some(Instant::now());
             }
