@@ -105,7 +105,8 @@ mod tests {
         let mut app = axum::Router::new()
             .route(
                 "/metrics",
-                get(|| async { (StatusCode::UNAUTHORIZED, "key wanted") }),
+                get(|| async { (StatusCode::UNAUTHORIZED, "key wanted") })
+                    .post(|| async { (StatusCode::UNAUTHORIZED, "key wanted") }),
             )
             .route(
                 "/v1/sandboxes",
