@@ -24,7 +24,7 @@ PYTEST := /usr/bin/python3 -m pytest -p timeout
 SUITE_PREREQS ?= build template
 SUITE_BUILD ?= build
 
-.PHONY: soak-memory pg-conformance test-pg test-pg-integration egress-test agent-template gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load sessions-test e2b-test store-test broker-test bench bench-code clean-state
+.PHONY: install soak-memory pg-conformance test-pg test-pg-integration egress-test agent-template gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load sessions-test e2b-test store-test broker-test bench bench-code clean-state
 
 setup:
 	bash scripts/setup-host.sh
@@ -37,6 +37,28 @@ template: build
 
 run: build template
 	$(BIN)/hatcheryd --listen $(LISTEN) --data-dir $(DATA_DIR) --templates-dir $(TEMPLATES_DIR)
+
+# `make install`: the binaries to $(PREFIX)/bin (where the systemd units
+# run them), a unit per role (hatchery.service for `all`,
+# hatchery-control.service, hatchery-host.service), and each role's example
+# config as $(SYSCONFDIR)/<role>.toml.example (never over an operator's
+# file). DESTDIR prefixes every path (packaging, or a test's scratch root:
+# tests/cli/test_install.py). INSTALL_PREREQS= installs what is built.
+PREFIX ?= /opt/hatchery
+SYSCONFDIR ?= /etc/hatchery
+UNITDIR ?= /etc/systemd/system
+INSTALL_PREREQS ?= build
+INSTALL_BINS := hatcheryd hatchery hatchery-agent hatchery-shim
+install: $(INSTALL_PREREQS)
+	install -d -m 0755 $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR)
+	install -d -m 0750 $(DESTDIR)$(SYSCONFDIR)
+	install -m 0755 $(addprefix $(BIN)/,$(INSTALL_BINS)) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 deploy/systemd/hatchery.service deploy/systemd/hatchery-control.service \
+	  deploy/systemd/hatchery-host.service $(DESTDIR)$(UNITDIR)/
+	for role in all control host; do \
+	  install -m 0600 deploy/config/$$role.toml $(DESTDIR)$(SYSCONFDIR)/$$role.toml.example; \
+	done
+	@echo "installed under $(DESTDIR)$(PREFIX) and $(DESTDIR)$(SYSCONFDIR); next: docs/operations.md, Install"
 
 lint:
 	cargo fmt --all -- --check
@@ -255,8 +277,12 @@ pg-conformance: $(SUITE_BUILD)
 # snapshot forked on another host after its writer's SIGKILL (about 55 s).
 # tests/store/test_rounds_hosts.py: interview rounds on two control
 # processes over two hosts, one control SIGKILLed mid-grading (about 20 s).
-# tests/store/test_hosts_api.py: cordon, uncordon, 410 sandbox_lost and
-# the control plane's /readyz over two hosts (about 45 s).
+# tests/store/test_hosts_api.py: cordon, uncordon, 410 sandbox_lost (API,
+# Python SDK, CLI, E2B's shape) and the control plane's /readyz over two
+# hosts (about 45 s).
+# tests/store/test_sessions_graceful.py: SIGTERM of a host with two sessions
+# mid-run (both resume on the other host), and a drain through the API
+# (about 2 minutes).
 store-test: $(SUITE_PREREQS) pg-conformance
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/store

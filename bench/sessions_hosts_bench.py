@@ -10,12 +10,19 @@ every 2 s) and a control plane.
   SIGKILLed, time until the session runs again on B (its
   `resumed_from_checkpoint` event); A is restarted on its data dir between
   rounds. BENCH_RESUME_N rounds (default 3; each about 20 s).
+- resume after a graceful stop: two sessions mid-run on A, A SIGTERMed
+  (it checkpoints each and hands it to B while it still listens), time
+  from the signal to each `resumed_from_checkpoint` event on B; A is
+  restarted between rounds. BENCH_RESUME_N rounds, two samples each
+  (goal p50 <= 5 s, issue 38).
 
 Prints p50/p99 and the difference and ratio to the baseline. Loopback
 only; every session is cancelled and every daemon checked for leftovers."""
 
+import datetime
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -102,6 +109,31 @@ def main():
             a.wait_no_leftovers(timeout=30, net=False)
         print(f"resume after host loss (SIGKILL, lease TTL {LEASE_TTL_S} s): n={R} p50 {pct(resumes, 50):.0f} ms "
               f"p99 {pct(resumes, 99):.0f} ms (goal p50 <= 15000 ms, bound 60000 ms)")
+
+        graceful, exits = [], []
+        for i in range(R):
+            sids = [create(a, repo, "slow")[1] for _ in range(2)]
+            for sid in sids:
+                a.wait_event(sid, "command_run", timeout=120)
+                a.track_sandboxes(sid)
+            a.proc.send_signal(signal.SIGTERM)
+            stopped = time.time()
+            for sid in sids:
+                e, _ = wait_moved_event(c, sid, "resumed_from_checkpoint", 60)
+                at = datetime.datetime.fromisoformat(e["at"].replace("Z", "+00:00")).timestamp()
+                graceful.append((at - stopped) * 1000)
+            a.proc.wait(60)
+            exits.append((time.time() - stopped) * 1000)
+            for sid in sids:
+                b.wait_state(sid, "completed", timeout=180)
+                b.track_sandboxes(sid)
+            old = a
+            a = host(pg, "sb-a", model, shared, restart_of=old)
+            a.created |= old.created
+            a.wait_no_leftovers(timeout=30, net=False)
+        print(f"resume after a graceful stop (SIGTERM): n={len(graceful)} p50 {pct(graceful, 50):.0f} ms "
+              f"p99 {pct(graceful, 99):.0f} ms (goal p50 <= 5000 ms); the host exited after p50 "
+              f"{pct(exits, 50):.0f} ms")
     finally:
         # Each step even if one before it failed: the servers must not
         # outlive the bench.

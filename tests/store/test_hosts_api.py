@@ -6,6 +6,7 @@ answers 410 sandbox_lost (through the control plane and through another
 host), and the control plane's /readyz follows its hosts."""
 
 import os
+import subprocess
 import sys
 import time
 
@@ -16,7 +17,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.insert(0, os.path.join(HERE, "..", "pg"))
 
-from harness import metric, wait_for  # noqa: E402
+from harness import BIN_DIR, KEY, metric, wait_for  # noqa: E402
 from pg import Postgres  # noqa: E402
 from test_hosts import check_invariants, daemon, no_net_leftovers, owner, wait_warm  # noqa: E402
 
@@ -43,6 +44,31 @@ def states(c):
     return {h["id"]: h["state"] for h in r.json()["hosts"]}
 
 
+def assert_lost_said_everywhere(c, sid, host):
+    """The SDKs, the CLI and E2B's API say a lost sandbox was lost (which
+    host, when, why), not that it is unknown."""
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "sdk", "python"))
+    import hatchery  # noqa: E402
+
+    client = hatchery.Client(f"http://{c.addr}:{c.port}", KEY, max_retries=0)
+    with pytest.raises(hatchery.SandboxLost) as e:
+        hatchery.Sandbox.get(sid, client=client)
+    err = e.value
+    assert isinstance(err, hatchery.NotFound) and err.status == 410 and err.code == "sandbox_lost", err
+    assert err.host == host and err.lost_at_ms > 0 and "heartbeat" in err.reason, vars(err)
+    assert f"was lost with its host {host} at 20" in err.message, err.message
+    # The CLI: its message, and a failing exit.
+    env = dict(os.environ, HATCHERY_URL=f"http://{c.addr}:{c.port}", HATCHERY_API_KEY=KEY)
+    r = subprocess.run([os.path.join(BIN_DIR, "hatchery"), "sandbox", "get", sid], env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and "410 sandbox_lost" in r.stderr and f"lost with its host {host} at 20" in r.stderr, r
+    # E2B's API: its own 404 shape (its SDKs raise not-found), saying lost.
+    r = c.request("GET", f"/e2b/sandboxes/{sid}")
+    body = r.json()
+    assert (r.status, body.get("code")) == (404, 404), (r, body)
+    assert f"lost with its host {host}" in body["message"], body
+
+
 def test_cordon_uncordon_lost_sandboxes_and_readiness(pg):
     h1 = daemon(pg, "ap-1", role="host", extra=LEASE)
     h2 = daemon(pg, "ap-2", role="host", extra=LEASE)
@@ -55,7 +81,7 @@ def test_cordon_uncordon_lost_sandboxes_and_readiness(pg):
         status, body = readyz(c)
         assert status == 200 and [x["name"] for x in body["checks"]] == ["database", "ready_host"], body
         assert readyz(h1)[0] == 200
-        assert [x["name"] for x in readyz(h1)[1]["checks"]] == ["reconciled", "listening", "lease_held"]
+        assert [x["name"] for x in readyz(h1)[1]["checks"]] == ["reconciled", "listening", "not_stopping", "lease_held"]
         assert states(c) == {"ap-1": "ready", "ap-2": "ready"}
         # Every role answers the hosts API from the shared store.
         assert states(h2) == states(c)
@@ -115,6 +141,23 @@ def test_cordon_uncordon_lost_sandboxes_and_readiness(pg):
         assert (r.status, r.error_code()) == (410, "sandbox_lost"), r
         assert states(c)["ap-1"] == "lost"
         print(f"sandbox_lost {time.time() - killed:.1f}s after SIGKILL")
+        assert_lost_said_everywhere(c, kept, "ap-1")
+        # Listed as lost (through the control plane and another host), with
+        # its host, when and why; the live listing no longer has it.
+        for d in (c, h2):
+            r = d.request("GET", "/v1/sandboxes?state=lost")
+            assert r.status == 200, r
+            lost = {s["id"]: s for s in r.json()["sandboxes"]}
+            assert kept in lost and back in lost, lost
+            k = lost[kept]
+            assert (k["state"], k["host"], k["end_reason"]) == ("lost", "ap-1", "host_lost"), k
+            assert k["ended_at"].startswith("20"), k
+            live = {s["id"] for s in d.request("GET", "/v1/sandboxes").json()["sandboxes"]}
+            assert kept not in live and not (set(sids) - live), live
+        r = c.request("GET", "/v1/sandboxes?state=lost&limit=1")
+        assert len(r.json()["sandboxes"]) == 1, r
+        r = c.request("GET", "/v1/sandboxes?state=gone")
+        assert (r.status, r.error_code()) == (400, "invalid_query"), r
 
         # The host comes back on its data directory: ready only after it
         # has reconciled (destroying what its shims still ran).
@@ -134,7 +177,9 @@ def test_cordon_uncordon_lost_sandboxes_and_readiness(pg):
         wait_for(not_ready, timeout=30, what="control /readyz 503 with no host")
         status, body = readyz(c)
         assert body["failing"] == ["ready_host"] and body["ready"] is False, body
-        assert set(states(c).values()) == {"lost"}
+        # A stopped host is `draining` (stopping) at once, and `lost` once
+        # its heartbeat is older than the lease.
+        wait_for(lambda: set(states(c).values()) == {"lost"}, timeout=30, what="every stopped host lost")
     finally:
         c.cleanup()
         h2.cleanup()

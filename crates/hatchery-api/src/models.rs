@@ -37,7 +37,8 @@ pub struct Sandbox {
     /// `sbx_` followed by 16 characters.
     pub id: String,
     pub template: String,
-    /// `starting`, `running` or `stopped`.
+    /// `starting`, `running` or `stopped`; `lost` in a
+    /// `?state=lost` listing.
     pub state: String,
     /// RFC 3339.
     pub created_at: String,
@@ -52,6 +53,29 @@ pub struct Sandbox {
     /// On create and fork only: milliseconds from request to agent ready.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub boot_ms: Option<u64>,
+    /// Lost sandboxes only (`?state=lost`): the host it was lost with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// Lost sandboxes only: when it was marked lost (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<String>,
+    /// Lost sandboxes only: why it ended (`host_lost`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end_reason: Option<String>,
+}
+
+impl Sandbox {
+    /// A sandbox stopped because its host was lost, as a `?state=lost`
+    /// listing shows it.
+    pub fn lost(i: SandboxInfo, end: hatchery_store::StoppedRow) -> Sandbox {
+        Sandbox {
+            state: "lost".into(),
+            host: Some(end.host_id),
+            ended_at: Some(hatchery_core::rfc3339(end.ended_at_ms)),
+            end_reason: Some(end.end_reason),
+            ..i.into()
+        }
+    }
 }
 
 impl From<SandboxInfo> for Sandbox {
@@ -65,6 +89,9 @@ impl From<SandboxInfo> for Sandbox {
             metadata: i.metadata,
             boot_mode: i.boot_mode.map(str::to_string),
             boot_ms: i.boot_ms,
+            host: None,
+            ended_at: None,
+            end_reason: None,
         }
     }
 }

@@ -37,6 +37,12 @@ pub struct DaemonArgs {
     #[arg(long, env = "HATCHERY_HOST_LEASE_TTL", default_value_t = 30,
           value_parser = clap::value_parser!(u64).range(6..=300))]
     pub host_lease_ttl: u64,
+    /// Seconds a stopping daemon (SIGTERM) waits, at most, for its
+    /// sessions to move to other hosts and then again for requests in
+    /// flight (running commands) to finish, before it exits (1 to 3600).
+    #[arg(long, env = "HATCHERY_STOP_GRACE", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub stop_grace: u64,
     /// `all`: one daemon does everything (the default). `control`: the
     /// public API and placement, no runtime (needs a postgres:// --db).
     /// `host`: runtime, slots and pool on a shared postgres:// --db,
@@ -137,6 +143,11 @@ pub struct DaemonArgs {
     /// the API was reached at + the preview listener's port.
     #[arg(long, env = "HATCHERY_PREVIEW_URL", value_parser = preview_url)]
     pub preview_url: Option<String>,
+    /// A file holding a token that opens `GET /metrics` (as
+    /// `Authorization: Bearer <token>`) and nothing else, for a scraper
+    /// that should not hold the API key; 16 to 4096 visible characters.
+    #[arg(long, env = "HATCHERY_METRICS_TOKEN_FILE")]
+    pub metrics_token_file: Option<PathBuf>,
     /// Seconds without input (keystrokes or resizes) after which a
     /// terminal (`GET /v1/sandboxes/{id}/pty`) is closed and everything
     /// started in it killed.

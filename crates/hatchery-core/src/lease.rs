@@ -184,6 +184,15 @@ impl Manager {
         Ok(())
     }
 
+    /// Marks this host stopping in the store (SIGTERM): it is no longer
+    /// placed on, and requests for what it runs are still routed to it
+    /// while it hands its sessions to other hosts.
+    pub async fn mark_stopping(&self) -> Result<(), CoreError> {
+        let now = self.store.host_stopping(&self.fence).await?;
+        tracing::info!(host = %self.host_id(), changed = now, "host stopping: no longer placed on; still routed to until it exits");
+        Ok(())
+    }
+
     /// Whether this process still holds its host lease (it stops serving
     /// once it does not).
     pub fn lease_held(&self) -> bool {

@@ -580,6 +580,29 @@ impl Manager {
             .collect())
     }
 
+    /// Sandboxes of every host stopped for `reason` (e.g.
+    /// `hatchery_store::HOST_LOST`) whose metadata matches `filter`, the
+    /// latest ended first, at most `limit`; each with when and why it
+    /// ended and on which host.
+    pub async fn list_stopped(
+        &self,
+        reason: &str,
+        filter: &BTreeMap<String, String>,
+        limit: usize,
+    ) -> Result<Vec<(SandboxInfo, hatchery_store::StoppedRow)>, CoreError> {
+        let filter = SandboxFilter {
+            metadata: filter.clone(),
+            template: None,
+        };
+        Ok(self
+            .store
+            .list_stopped(reason, &filter, limit)
+            .await?
+            .into_iter()
+            .map(|(row, end)| (row.into(), end))
+            .collect())
+    }
+
     pub(crate) async fn live_client(&self, id: &str) -> Result<Arc<AgentClient>, CoreError> {
         Ok(Arc::clone(&self.live_get(id).await?.client))
     }

@@ -3,8 +3,10 @@
 //! the shared store by any role (every daemon on it sees the same hosts).
 //! Operator-only: the deployment's API key, nothing narrower.
 //!
-//! A drain here stops placement and marks the host `draining`; moving its
-//! sessions to another host is not done yet (docs/operations.md).
+//! A drain stops placement and marks the host `draining`; the host sees
+//! its hold within a second and moves its sessions to other hosts
+//! (crate::shedding). Its progress is the host's `live_sessions` falling
+//! to 0 (and its log).
 
 use crate::api_error::HostsApiError;
 use crate::sessions_count::SessionCounts;
@@ -153,7 +155,7 @@ pub async fn uncordon(
 }
 
 #[utoipa::path(post, path = "/v1/hosts/{id}:drain", tag = "hosts",
-    description = "Stops placement on the host and marks it draining. Its sessions are not yet moved to other hosts: stop it once they have ended.",
+    description = "Stops placement on the host and marks it draining. Within about a second the host checkpoints each of its sessions and hands it to another ready host, where it resumes from that checkpoint (a `host_changed` event with reason `host_draining`); its `live_sessions` falls to 0 as they move (the progress), and then it may be stopped. Sandboxes without a session stay on it. Needs another ready host and a shared snapshot store; without them the sessions stay. An uncordon ends it.",
     responses((status = 200, body = Host), (status = 400, body = crate::api_error::ErrorBody),
               (status = 404, body = crate::api_error::ErrorBody)))]
 pub async fn drain(

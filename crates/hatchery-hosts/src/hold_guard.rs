@@ -80,7 +80,14 @@ pub async fn refuse_when_held(State(g): State<HoldGuard>, req: Request, next: Ne
         Ok(hosts) => hosts
             .into_iter()
             .find(|h| h.id == g.me)
-            .map(|h| h.hold)
+            // Told to stop: refused as a drained host is.
+            .map(|h| {
+                if h.stopping {
+                    HostHold::Draining
+                } else {
+                    h.hold
+                }
+            })
             .unwrap_or(HostHold::None),
         Err(_) => HostHold::None,
     };

@@ -4,6 +4,9 @@
 //! and sweeping lost hosts (fence them, stop their rows with `host_lost`,
 //! take their sessions over: [`sweeper`]).
 //!
+//! A host that is drained or told to stop moves its sessions to another
+//! host at once ([`shedding`], [`graceful_stop`], [`handoff_targets`]).
+//!
 //! It also serves the operator's view of them: `GET /v1/hosts`, cordon,
 //! uncordon and drain ([`api`]), every role's `/readyz` ([`readiness`]),
 //! the hosts' gauges ([`gauges`]), and a held host's refusal of creates
@@ -19,11 +22,14 @@ pub mod api;
 pub mod api_error;
 pub mod directory;
 pub mod gauges;
+pub mod graceful_stop;
+pub mod handoff_targets;
 pub mod hold_guard;
 pub mod local;
 pub mod openapi;
 pub mod readiness;
 pub mod sessions_count;
+pub mod shedding;
 pub mod sweeper;
 pub mod takeover;
 pub mod view;

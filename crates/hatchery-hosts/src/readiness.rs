@@ -31,6 +31,8 @@ impl LeaseHolder for hatchery_core::Manager {
 pub struct HostChecks {
     pub reconciled: AtomicBool,
     pub listening: AtomicBool,
+    /// Told to stop (SIGTERM): not ready again in this process.
+    pub stopping: AtomicBool,
     pub lease: Arc<dyn LeaseHolder>,
 }
 
@@ -39,6 +41,7 @@ impl HostChecks {
         Arc::new(HostChecks {
             reconciled: AtomicBool::new(false),
             listening: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
             lease,
         })
     }
@@ -55,6 +58,11 @@ impl HostChecks {
                 "listening",
                 self.listening.load(Ordering::SeqCst),
                 "its API listener is not bound yet",
+            ),
+            flag(
+                "not_stopping",
+                !self.stopping.load(Ordering::SeqCst),
+                "it was told to stop and is moving its sessions to other hosts",
             ),
             flag(
                 "lease_held",
@@ -172,7 +180,7 @@ pub fn router(st: ReadyChecks) -> Router {
 }
 
 #[utoipa::path(get, path = "/readyz", tag = "hosts", security(()),
-    description = "No auth. Host: reconciled, listening, lease held. Control: database reachable and at least one ready host. Role `all`: both.",
+    description = "No auth. Host: reconciled, listening, not stopping, lease held. Control: database reachable and at least one ready host. Role `all`: both.",
     responses((status = 200, body = Readiness), (status = 503, body = Readiness)))]
 pub async fn readyz(State(st): State<ReadyChecks>) -> Response {
     let (status, body) = st.run().await;
@@ -218,6 +226,9 @@ mod tests {
         assert_eq!(checks.run().await.1.failing, ["listening"]);
         h.listening.store(true, Ordering::SeqCst);
         assert_eq!(checks.run().await.0, StatusCode::OK);
+        h.stopping.store(true, Ordering::SeqCst);
+        assert_eq!(checks.run().await.1.failing, ["not_stopping"]);
+        h.stopping.store(false, Ordering::SeqCst);
         lease.0.store(false, Ordering::SeqCst);
         let (s, r) = checks.run().await;
         assert_eq!(

@@ -30,7 +30,7 @@ use std::time::Duration;
 pub const SWEEP_EVERY: Duration = Duration::from_secs(3);
 /// How long the sweeper holds a lost host's lease while it marks rows.
 const SWEEP_LEASE_MS: u64 = 15_000;
-pub const LOST_REASON: &str = "host_lost";
+pub const LOST_REASON: &str = hatchery_store::HOST_LOST;
 
 /// `hatchery_sandboxes_host_lost_total`, registered in `registry`.
 pub fn counter(registry: &prometheus::Registry) -> prometheus::IntCounter {

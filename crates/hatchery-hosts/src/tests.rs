@@ -350,9 +350,32 @@ mod api {
         let reg = prometheus::Registry::new();
         let g = crate::gauges::HostGauges::new(&reg);
         s.insert_sandbox(&f, &sbx("sbx_g")).await.unwrap();
-        g.refresh(s.as_ref(), 60_000).await.unwrap();
+        let counts = super::Fixed([("h1".to_string(), 3)].into());
+        g.refresh(s.as_ref(), Some(&counts), 60_000).await.unwrap();
         assert_eq!(g.by_state.with_label_values(&["cordoned"]).get(), 1);
         assert_eq!(g.by_state.with_label_values(&["ready"]).get(), 0);
         assert_eq!(g.live.with_label_values(&["h1"]).get(), 1);
+        assert_eq!(g.sessions.with_label_values(&["h1"]).get(), 3);
+        let cap = s.list_hosts().await.unwrap()[0].capacity as i64;
+        assert_eq!(g.capacity.with_label_values(&["h1"]).get(), cap);
+        let text = prometheus::TextEncoder::new()
+            .encode_to_string(&reg.gather())
+            .unwrap();
+        assert!(
+            text.contains("hatchery_host_live_sessions{host=\"h1\"} 3"),
+            "{text}"
+        );
+    }
+}
+
+/// Fixed session counts per host.
+struct Fixed(std::collections::BTreeMap<String, u32>);
+
+#[async_trait::async_trait]
+impl crate::sessions_count::SessionCounts for Fixed {
+    async fn per_host(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, u32>, hatchery_sessions::store::StoreError> {
+        Ok(self.0.clone())
     }
 }

@@ -17,6 +17,10 @@ pub struct Host {
     /// routed), `lost` (no heartbeat within the host lease).
     #[schema(value_type = String, example = "ready")]
     pub state: HostState,
+    /// It was told to stop (SIGTERM) and is moving its sessions to other
+    /// hosts before it exits (shown `draining`, whatever the operator's
+    /// hold).
+    pub stopping: bool,
     /// Starting and running sandboxes it owns, counted in the store.
     pub live_sandboxes: u32,
     /// Its sessions not yet completed, failed or cancelled.
@@ -47,6 +51,7 @@ impl Host {
     ) -> Host {
         Host {
             state: h.state(crate::alive(h.silent_for_ms, lease_ttl_ms)),
+            stopping: h.stopping,
             live_sandboxes: live.get(&h.id).copied().unwrap_or(0),
             live_sessions: sessions.get(&h.id).copied().unwrap_or(0),
             capacity: h.capacity,

@@ -44,8 +44,10 @@ pub fn router(st: ControlState) -> Router {
 }
 
 async fn handle(State(st): State<ControlState>, req: Request) -> Response {
+    let e2b = crate::error::is_e2b(req.uri().path());
     match route(&st, req).await {
         Ok(r) => r,
+        Err(e) if e2b => e.into_e2b_response(),
         Err(e) => e.into_response(),
     }
 }

@@ -150,13 +150,16 @@ pub async fn route(State(r): State<HostRouting>, req: Request, next: Next) -> Re
             what,
         ))) => {
             r.metrics.count("sandbox_lost");
-            RouteError::SandboxLost {
+            let e = RouteError::SandboxLost {
                 host,
                 what,
                 at_ms,
                 reason,
+            };
+            match crate::error::is_e2b(req.uri().path()) {
+                true => e.into_e2b_response(),
+                false => e.into_response(),
             }
-            .into_response()
         }
         Some(Err(e)) => e.into_response(),
     }

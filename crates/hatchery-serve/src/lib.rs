@@ -20,6 +20,7 @@ pub mod headers;
 pub mod json_error;
 pub mod log_limit;
 pub mod openapi_pin;
+pub mod metrics_token;
 pub mod origin;
 pub mod origin_guard;
 pub mod preview_token;

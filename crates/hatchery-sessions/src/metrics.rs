@@ -15,6 +15,8 @@ pub struct SessionMetrics {
     pub resume_seconds: Histogram,
     pub checkpoint_seconds: Histogram,
     pub start_seconds: Histogram,
+    /// Sessions this host handed to another (graceful stop, drain).
+    pub handed_over: IntCounter,
     /// Per-session caps reached (docs/sessions.md, "Caps"), by cap.
     pub caps_hit: IntCounterVec,
     /// Agent output lines and bytes not stored because of a cap.
@@ -51,6 +53,11 @@ impl SessionMetrics {
                     "Agent output bytes not stored, by the cap that dropped them",
                 ),
                 &["cap"],
+            )
+            .expect("metric"),
+            handed_over: IntCounter::new(
+                "hatchery_sessions_handed_over_total",
+                "Sessions this host handed to another host (graceful stop or drain)",
             )
             .expect("metric"),
             created: IntCounter::new("hatchery_sessions_created_total", "Sessions created")
@@ -121,6 +128,7 @@ impl SessionMetrics {
     pub fn register(&self, r: &Registry) -> prometheus::Result<()> {
         r.register(Box::new(self.created.clone()))?;
         r.register(Box::new(self.tenant_refused.clone()))?;
+        r.register(Box::new(self.handed_over.clone()))?;
         r.register(Box::new(self.messages.clone()))?;
         r.register(Box::new(self.transitions.clone()))?;
         r.register(Box::new(self.append_seconds.clone()))?;

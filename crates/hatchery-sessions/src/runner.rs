@@ -18,6 +18,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
+mod handoff;
+
 use crate::layout::AGENT_DIR;
 pub use crate::layout::WORKDIR;
 const REFERENCE_AGENT: &str = include_str!("../agent/reference_agent.py");
@@ -73,14 +75,22 @@ pub(crate) async fn run(svc: Arc<SessionCore>, id: String, notify: Arc<Notify>) 
             tracing::warn!(session = %id, owner = %s.host_id, epoch = s.epoch, "session is another host's; runner stops");
             return;
         }
-        let r = match s.state {
-            S::Queued => queued(&svc, &s, &notify, &mut lease).await,
-            S::Starting => Err(fail(
+        // This host sheds its sessions (stopping or drained): hand this
+        // one over between steps, where nothing of it is in flight.
+        let handed = match handoff::hand_off(&svc, &s, &mut lease).await {
+            Ok(true) => return,
+            Ok(false) => None,
+            Err(e) => Some(Err(e)),
+        };
+        let r = match (handed, s.state) {
+            (Some(e), _) => e,
+            (None, S::Queued) => queued(&svc, &s, &notify, &mut lease).await,
+            (None, S::Starting) => Err(fail(
                 "interrupted_start",
                 "the daemon stopped while the session was starting; its sandbox was released",
             )),
-            S::Running | S::WaitingApproval => attached(&svc, s, &notify, &mut lease).await,
-            S::Idle => idle(&svc, s, &notify, &mut lease).await,
+            (None, S::Running | S::WaitingApproval) => attached(&svc, s, &notify, &mut lease).await,
+            (None, S::Idle) => idle(&svc, s, &notify, &mut lease).await,
             _ => return,
         };
         match r {
@@ -98,6 +108,13 @@ pub(crate) async fn run(svc: Arc<SessionCore>, id: String, notify: Arc<Notify>) 
                 // The database is away: retry rather than fail the session.
                 tracing::warn!(session = %id, error = %e, "session store unavailable; retrying");
                 tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) if svc.handoff.halted() => {
+                // The daemon is going away (its API may already be
+                // closed): not the session's failure. Whoever owns it
+                // next resumes it.
+                tracing::warn!(session = %id, error = %e, "daemon stopping: runner stops without ending the session");
+                return;
             }
             Err(e) => {
                 let (code, message) = match e {
@@ -729,6 +746,10 @@ async fn attached(
                 let cur = svc.store.get(&id).await?;
                 if cur.cancel_requested {
                     return cancel_running(svc, &cur).await;
+                }
+                if svc.handoff.is_shedding() {
+                    // Back to the runner's loop, which hands it over.
+                    return Ok(());
                 }
                 if let Some(why) = svc.take_exhausted(&id) {
                     return Err(fail("budget_exhausted", why));

@@ -536,3 +536,58 @@ async fn approvals_past_the_cap_are_denied_at_once() {
     // A second approval while one is open no longer fails the session.
     assert_eq!(e.get(&id).await.state, S::WaitingApproval);
 }
+
+/// Where a shedding host's sessions go, fixed for the test.
+struct To(Option<&'static str>);
+
+#[async_trait::async_trait]
+impl crate::handoff::HandoffTargets for To {
+    async fn pick(&self) -> Option<String> {
+        self.0.map(String::from)
+    }
+}
+
+/// A drained or stopping host hands a running session over: a fresh
+/// checkpoint, its sandbox let go (said first), then the move in the
+/// store (`host_changed`), after which this host's runner stops. With no
+/// host to take it, it stays and keeps running.
+#[tokio::test]
+async fn a_shedding_host_checkpoints_releases_and_hands_a_running_session_over() {
+    use crate::handoff::ShedReason;
+    let e = Env::new(|_| {});
+    let id = e.create().await;
+    let s = e.state(&id, S::Running).await;
+    let (sbx, _) = ids(&s);
+
+    // Nowhere to go: nothing moves, the agent keeps its sandbox.
+    e.svc.shed(Arc::new(To(None)), ShedReason::HostDraining);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let s = e.get(&id).await;
+    assert_eq!(
+        (s.host_id.as_str(), s.state),
+        (e.svc.core.store.host_id(), S::Running)
+    );
+    assert_eq!(e.fake.live(), vec![sbx.clone()]);
+
+    e.svc
+        .shed(Arc::new(To(Some("host-b"))), ShedReason::HostStopping);
+    let s = e.until(&id, "handed over", |s| s.host_id == "host-b").await;
+    assert_eq!((s.state, s.epoch), (S::Running, 2));
+    let ckpt = s.snapshot_id.clone().expect("a checkpoint to resume from");
+    assert_eq!(
+        e.fake.snapshot_of(&ckpt).unwrap().metadata["purpose"],
+        "checkpoint"
+    );
+    let evs = e.events(&id).await;
+    in_order(
+        &evs,
+        &["snapshot_taken", "sandbox_released", "host_changed"],
+    );
+    assert_eq!(evs.last(), Some(&"host_changed"));
+    // Its sandbox is gone (the new owner resumes from the checkpoint) and
+    // this host adopts nothing while it sheds.
+    assert!(e.fake.live().is_empty());
+    assert_eq!(e.svc.metrics().handed_over.get(), 1);
+    assert_eq!(e.svc.adopt().await.unwrap(), 0);
+    assert_eq!(e.svc.owned().await.unwrap(), 0);
+}

@@ -155,11 +155,92 @@ impl Sessions {
         Ok(moved.len())
     }
 
-    pub(crate) fn spawn_actor(self: &Arc<Self>, id: &str) {
+    /// Starts a runner for each unfinished session this host owns that
+    /// has none: the sessions another host handed here (graceful stop,
+    /// drain). Not while this host sheds its own or is stopping.
+    /// Returns how many runners it started.
+    pub async fn adopt(self: &Arc<Self>) -> Result<usize, SessionError> {
+        if self.core.handoff.is_shedding() || self.core.handoff.halted() {
+            return Ok(0);
+        }
+        let mut n = 0;
+        for s in self.core.store.unfinished().await? {
+            if self.spawn_actor(&s.id) {
+                tracing::info!(session = %s.id, state = %s.state, epoch = s.epoch, "session adopted: handed to this host");
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// [`Sessions::adopt`] every `every`, for as long as the task lives.
+    pub fn spawn_adopter(
+        self: &Arc<Self>,
+        every: std::time::Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        let me = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if let Err(e) = me.adopt().await {
+                    tracing::warn!(error = %e, "adopting handed-over sessions failed; retrying");
+                }
+            }
+        })
+    }
+
+    /// Starts moving this host's sessions to the hosts `targets` names
+    /// (crate::handoff): every runner is woken, and each hands its
+    /// session over at its next step. Asking again re-wakes them (after
+    /// a target appeared).
+    pub fn shed(
+        &self,
+        targets: Arc<dyn crate::handoff::HandoffTargets>,
+        why: crate::handoff::ShedReason,
+    ) {
+        self.core.handoff.start(targets, why);
+        self.nudge_all();
+    }
+
+    /// Stops moving sessions away (an uncordon ended the drain).
+    pub fn unshed(&self) {
+        self.core.handoff.stop();
+    }
+
+    pub fn shedding(&self) -> bool {
+        self.core.handoff.is_shedding()
+    }
+
+    /// The daemon is going away: runners stop without ending their
+    /// sessions as failed when their sandbox calls fail.
+    pub fn halt(&self) {
+        self.core.handoff.halt();
+    }
+
+    /// Unfinished sessions this host owns (what a drain waits for).
+    pub async fn owned(&self) -> Result<usize, SessionError> {
+        Ok(self.core.store.unfinished().await?.len())
+    }
+
+    fn nudge_all(&self) {
+        let all: Vec<Arc<Notify>> = self
+            .actors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for n in all {
+            n.notify_one();
+        }
+    }
+
+    /// Starts a runner for `id` unless one runs; whether it started one.
+    pub(crate) fn spawn_actor(self: &Arc<Self>, id: &str) -> bool {
         let notify = {
             let mut m = self.actors.lock().unwrap_or_else(|p| p.into_inner());
             if m.contains_key(id) {
-                return;
+                return false;
             }
             let n = Arc::new(Notify::new());
             m.insert(id.to_string(), n.clone());
@@ -174,6 +255,7 @@ impl Sessions {
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&id);
         });
+        true
     }
 
     /// The sessions store (the gateway's policy check reads a call's
@@ -191,7 +273,9 @@ impl Sessions {
             .cloned();
         match n {
             Some(n) => n.notify_one(),
-            None => self.spawn_actor(id),
+            None => {
+                self.spawn_actor(id);
+            }
         }
     }
 

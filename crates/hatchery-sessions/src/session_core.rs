@@ -29,6 +29,8 @@ pub struct SessionCore {
     hooks: RwLock<Arc<dyn SessionHooks>>,
     /// Sessions whose budget the gateway found exhausted, for their runner.
     exhausted: Mutex<HashMap<String, String>>,
+    /// Whether this host sheds its sessions to others (handoff.rs).
+    pub(crate) handoff: crate::handoff::Handoff,
 }
 
 impl SessionCore {
@@ -47,6 +49,7 @@ impl SessionCore {
             metrics: SessionMetrics::new(),
             hooks: RwLock::new(Arc::new(NoHooks)),
             exhausted: Mutex::new(HashMap::new()),
+            handoff: Default::default(),
         }
     }
 

@@ -607,6 +607,20 @@ async fn host_states_are_guarded(s: &dyn Store, run: &str) {
         .hold_host(&format!("nobody-{run}"), &[None], Cordoned)
         .await
         .unwrap());
+
+    // Told to stop: draining whatever its hold, still routed (ready),
+    // never placed on; the next registration makes it starting again.
+    assert!(s.host_stopping(&f2).await.unwrap());
+    let h = mine(s.list_hosts().await.unwrap());
+    assert_eq!((h.ready, h.stopping), (true, true));
+    assert_eq!(h.state(true), crate::HostState::Draining);
+    assert!(h.state(true).routed() && !h.state(true).placeable());
+    assert_eq!(h.state(false), crate::HostState::Lost);
+    let f3 = host(s, &name).await;
+    assert!(s.host_stopping(&f2).await.unwrap_err().is_fenced());
+    s.register_host(&f3, "127.0.0.1:3", 4, "v3").await.unwrap();
+    let h = mine(s.list_hosts().await.unwrap());
+    assert_eq!((h.ready, h.stopping), (false, false));
 }
 
 async fn stopped_rows_say_when_and_why(s: &dyn Store, run: &str) {
@@ -626,4 +640,48 @@ async fn stopped_rows_say_when_and_why(s: &dyn Store, run: &str) {
         s.get_stopped(&format!("sbx_none{run}")).await.unwrap(),
         None
     );
+    // Listed by reason and metadata, the latest ended first, capped.
+    let tag = format!("t{run}");
+    let mine = SandboxFilter {
+        metadata: md(&[("lostrun", &tag)]),
+        template: None,
+    };
+    for (n, at, why) in [
+        (1, 10, "host_lost"),
+        (2, 30, "host_lost"),
+        (3, 20, "deleted"),
+        (4, 40, "host_lost"),
+    ] {
+        let id = format!("sbx_ls{n}{run}");
+        s.insert_sandbox(&f, &sbx(&id, SandboxState::Running, &[("lostrun", &tag)]))
+            .await
+            .unwrap();
+        if n != 4 {
+            assert!(s.stop(&f, &id, why, at).await.unwrap());
+        }
+    }
+    let got = s.list_stopped(crate::HOST_LOST, &mine, 10).await.unwrap();
+    let ids: Vec<_> = got
+        .iter()
+        .map(|(r, e)| (r.id.clone(), e.ended_at_ms))
+        .collect();
+    assert_eq!(
+        ids,
+        [(format!("sbx_ls2{run}"), 30), (format!("sbx_ls1{run}"), 10)],
+        "only stopped host_lost rows, latest first; the live one is not"
+    );
+    let (row, end) = &got[0];
+    assert_eq!(
+        (&*row.template, &*end.end_reason, &*end.host_id),
+        ("tpl", "host_lost", &*f.owner)
+    );
+    assert_eq!(
+        s.list_stopped(crate::HOST_LOST, &mine, 1)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    let deleted = s.list_stopped("deleted", &mine, 10).await.unwrap();
+    assert_eq!(deleted.len(), 1);
 }

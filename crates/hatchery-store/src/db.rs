@@ -471,6 +471,33 @@ impl Store for DbStore {
         self.rows(&sql, &args, record).await
     }
 
+    async fn list_stopped(
+        &self,
+        reason: &str,
+        filter: &SandboxFilter,
+        limit: usize,
+    ) -> Result<Vec<(SandboxRow, StoppedRow)>> {
+        let mut args: Vec<Value> = vec![reason.into()];
+        let mut sql = format!("{SELECT} WHERE state = 'stopped' AND end_reason = $1");
+        sql.push_str(&filter_clause(self.db.dialect(), filter, &mut args));
+        args.push((limit.min(i64::MAX as usize) as i64).into());
+        sql.push_str(&format!(
+            " ORDER BY ended_at_ms DESC, id LIMIT ${}",
+            args.len()
+        ));
+        let row = |r: &Row| {
+            let sandbox: SandboxRow = record(r)?;
+            let stopped = StoppedRow {
+                id: sandbox.id.clone(),
+                host_id: sandbox.host_id.clone(),
+                ended_at_ms: get::<Option<i64>>(r, "ended_at_ms")?.unwrap_or(0).max(0) as u64,
+                end_reason: get::<Option<String>>(r, "end_reason")?.unwrap_or_default(),
+            };
+            Ok((sandbox, stopped))
+        };
+        self.rows(&sql, &args, row).await
+    }
+
     async fn list_unstopped(&self, host: &str) -> Result<Vec<SandboxRow>> {
         let sql = format!(
             "{SELECT} WHERE host_id = $1 AND state IN {UNSTOPPED} ORDER BY created_at_ms, id"
@@ -688,6 +715,13 @@ impl Store for DbStore {
             .await
     }
 
+    async fn host_stopping(&self, f: &Fence) -> Result<bool> {
+        check_host_fence(f)?;
+        let sql = "UPDATE core_hosts SET state = 'stopping' WHERE id = $1 AND epoch = $2 AND state IN ('starting', 'ready')";
+        self.change(f, "host stopping", sql, args![&f.owner, f.epoch], None)
+            .await
+    }
+
     async fn hold_host(&self, id: &str, from: &[HostHold], to: HostHold) -> Result<bool> {
         // Refused before any SQL runs.
         if let Some(&from) = from.iter().find(|f| **f != to && !f.valid_transition(to)) {
@@ -745,7 +779,8 @@ impl Store for DbStore {
                 registered_at_ms: get(r, "registered_at_ms")?,
                 silent_for_ms: get::<i64>(r, "silent")?.max(0) as u64,
                 warm_templates: warm_list(&get::<String>(r, "warm_templates")?),
-                ready: get::<String>(r, "state")? == "ready",
+                ready: matches!(&*get::<String>(r, "state")?, "ready" | "stopping"),
+                stopping: get::<String>(r, "state")? == "stopping",
                 hold: {
                     let h: String = get(r, "hold")?;
                     HostHold::parse(&h)

@@ -3,7 +3,9 @@
 //! apart because different parties write them:
 //!
 //! - the host's own lifecycle (`core_hosts.state`: `starting` from its
-//!   registration until it has reconciled and listens, then `ready`),
+//!   registration until it has reconciled and listens, then `ready`,
+//!   then `stopping` once it was told to stop (SIGTERM) and hands its
+//!   sessions to other hosts; the next registration makes it `starting`),
 //!   written only under its lease (fenced, so a stale incarnation cannot
 //!   mark itself ready);
 //! - the operator's hold (`core_hosts.hold`: none, `cordoned` or
@@ -24,8 +26,8 @@ pub enum HostHold {
     /// No new sandboxes or sessions placed there; existing ones still
     /// routed to it.
     Cordoned,
-    /// Cordoned, and on its way out (moving its sessions elsewhere is
-    /// not done yet: docs/operations.md).
+    /// Cordoned, and on its way out: the host hands its sessions to
+    /// other hosts (docs/operations.md, "Draining a host").
     Draining,
 }
 
@@ -100,11 +102,14 @@ impl HostState {
 
     /// Lost before anything else (a lost host's hold does not make it
     /// serve); then a starting host is starting whatever its hold (it
-    /// serves nothing yet); then the hold.
-    pub fn of(ready: bool, hold: HostHold, alive: bool) -> HostState {
+    /// serves nothing yet); then a stopping host is draining whatever
+    /// its hold (it still serves what it runs, takes nothing new); then
+    /// the hold.
+    pub fn of(ready: bool, stopping: bool, hold: HostHold, alive: bool) -> HostState {
         match (alive, ready, hold) {
             (false, _, _) => HostState::Lost,
             (true, false, _) => HostState::Starting,
+            (true, true, _) if stopping => HostState::Draining,
             (true, true, HostHold::None) => HostState::Ready,
             (true, true, HostHold::Cordoned) => HostState::Cordoned,
             (true, true, HostHold::Draining) => HostState::Draining,
@@ -167,13 +172,17 @@ mod tests {
     fn the_state_shown_is_lost_then_starting_then_the_hold() {
         use HostState as S;
         for h in HostHold::ALL {
-            assert_eq!(S::of(true, h, false), S::Lost);
-            assert_eq!(S::of(false, h, false), S::Lost);
-            assert_eq!(S::of(false, h, true), S::Starting);
+            for stopping in [false, true] {
+                assert_eq!(S::of(true, stopping, h, false), S::Lost);
+                assert_eq!(S::of(false, stopping, h, false), S::Lost);
+                assert_eq!(S::of(false, stopping, h, true), S::Starting);
+            }
+            // Told to stop: draining, whatever the operator's hold.
+            assert_eq!(S::of(true, true, h, true), S::Draining);
         }
-        assert_eq!(S::of(true, None, true), S::Ready);
-        assert_eq!(S::of(true, Cordoned, true), S::Cordoned);
-        assert_eq!(S::of(true, Draining, true), S::Draining);
+        assert_eq!(S::of(true, false, None, true), S::Ready);
+        assert_eq!(S::of(true, false, Cordoned, true), S::Cordoned);
+        assert_eq!(S::of(true, false, Draining, true), S::Draining);
         let placeable: Vec<S> = S::ALL.into_iter().filter(|s| s.placeable()).collect();
         assert_eq!(placeable, [S::Ready]);
         let routed: Vec<S> = S::ALL.into_iter().filter(|s| s.routed()).collect();

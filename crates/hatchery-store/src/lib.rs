@@ -20,7 +20,7 @@ pub use error::{BoxError, Result, StoreError};
 pub use host_state::{HostHold, HostState};
 pub use rows::{
     host_resource, valid_host_id, Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow,
-    SandboxState, SnapshotLocation, SnapshotRow, StoppedRow,
+    SandboxState, SnapshotLocation, SnapshotRow, StoppedRow, HOST_LOST,
 };
 
 use async_trait::async_trait;
@@ -82,6 +82,12 @@ store! {
     /// Starting and running sandboxes of every host matching `filter`,
     /// oldest first.
     async fn list_live(&self, filter: &SandboxFilter) -> Result<Vec<SandboxRow>>;
+    /// Stopped sandboxes of every host that ended for `reason` (e.g.
+    /// [`HOST_LOST`]) and match `filter`, the most recently ended first,
+    /// at most `limit`: each row with when and why it ended.
+    async fn list_stopped(
+        &self, reason: &str, filter: &SandboxFilter, limit: usize
+    ) -> Result<Vec<(SandboxRow, StoppedRow)>>;
     /// Every row of `host` not stopped, pooled ones included: what
     /// reconcile must account for on that host.
     async fn list_unstopped(&self, host: &str) -> Result<Vec<SandboxRow>>;
@@ -147,6 +153,11 @@ store! {
     /// Marks the fence's host `ready` (it has reconciled and listens);
     /// `false` if it was not registered under this epoch or not starting.
     async fn host_ready(&self, f: &Fence) -> Result<bool>;
+    /// Marks the fence's host `stopping` (told to stop: it takes no new
+    /// work and hands its sessions elsewhere, still serving what it runs
+    /// until it exits); `false` if it was not registered under this
+    /// epoch. Its next registration makes it `starting` again.
+    async fn host_stopping(&self, f: &Fence) -> Result<bool>;
     /// The operator's cordon, drain and uncordon: moves host `id`'s hold
     /// to `to` if it is in one of `from` (each of which must be `to` or a
     /// valid transition to it). Guarded, not fenced: the operator holds

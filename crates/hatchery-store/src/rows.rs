@@ -239,6 +239,10 @@ pub struct HostRow {
     pub warm_templates: Vec<String>,
     /// It has reconciled and listens (its own word, under its lease).
     pub ready: bool,
+    /// It was told to stop and is handing its sessions to other hosts
+    /// (its own word, under its lease; `ready` stays true: it still
+    /// listens and serves what it runs).
+    pub stopping: bool,
     /// What the operator asked of it.
     pub hold: crate::HostHold,
     /// The daemon version it registered with.
@@ -249,9 +253,14 @@ impl HostRow {
     /// Its state, given whether its heartbeat is recent enough (the
     /// caller knows the lease TTL).
     pub fn state(&self, alive: bool) -> crate::HostState {
-        crate::HostState::of(self.ready, self.hold, alive)
+        crate::HostState::of(self.ready, self.stopping, self.hold, alive)
     }
 }
+
+/// The end reason of a sandbox stopped because its host was lost (the
+/// host-loss sweep, hatchery-hosts); such a sandbox answers 410
+/// `sandbox_lost`.
+pub const HOST_LOST: &str = "host_lost";
 
 /// A sandbox row that was stopped: when, why, and on which host (what a
 /// request for it is told once it is no longer live).

@@ -28,8 +28,11 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // Read only here (which host owns a session); the control role runs
     // no session.
     let sessions = crate::sessions::open_store(&args, &db, &data).await?;
-    let _gauges =
-        hatchery_hosts::gauges::HostGauges::new(&registry).spawn(store.clone(), lease_ttl_ms);
+    let _gauges = hatchery_hosts::gauges::HostGauges::new(&registry).spawn(
+        store.clone(),
+        Some(Arc::new(sessions.clone())),
+        lease_ttl_ms,
+    );
     // The operator's hosts API and `/readyz` (the store reachable and a
     // ready host), answered here rather than forwarded.
     let hosts_app = hatchery_hosts::api::router(hatchery_hosts::api::HostsApi {
@@ -138,9 +141,19 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         crate::state_db::open_tenants(&db).await?,
         Arc::new(crate::tenant_keys::NothingCounted),
     )));
-    let app = hatchery_rounds::router(rounds.clone()).merge(app).layer(
-        axum::middleware::from_fn_with_state(origins, hatchery_serve::origin_guard::api_guard),
-    );
+    let app = crate::listeners::with_metrics_token(
+        hatchery_rounds::router(rounds.clone()).merge(app),
+        &args,
+        Arc::new(move || {
+            prometheus::TextEncoder::new()
+                .encode_to_string(&rounds_registry.gather())
+                .unwrap_or_default()
+        }),
+    )?
+    .layer(axum::middleware::from_fn_with_state(
+        origins,
+        hatchery_serve::origin_guard::api_guard,
+    ));
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| DaemonError::Listen(args.listen, e))?;

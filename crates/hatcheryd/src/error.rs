@@ -53,6 +53,8 @@ pub enum DaemonError {
     LeaseTtl(#[from] hatchery_core::lease::LeaseTtlError),
     #[error("--snapshot-store")]
     SnapshotStore(#[from] hatchery_templates::SnapshotStoreError),
+    #[error("--metrics-token-file")]
+    MetricsToken(#[from] hatchery_serve::metrics_token::MetricsTokenError),
     #[error("the daemon key in the state database")]
     DaemonKey(#[source] hatchery_store::StoreError),
 }

@@ -1,7 +1,7 @@
 //! `--role all` and `--role host`: the runtime, the network, the core, the
 //! v1 API and E2B's, and each product a host runs, assembled and served.
 
-use crate::listeners::{bind_preview, local_addr, local_port, serve_both};
+use crate::listeners::{bind_preview, local_addr, local_port, serve_both_until};
 use crate::DaemonError;
 use hatchery_api::AppState;
 use hatchery_config::DaemonArgs;
@@ -278,8 +278,11 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     ));
     // Role `all` is its own control plane: the hosts' gauges too.
     let _gauges = (args.role == hatchery_config::Role::All).then(|| {
-        hatchery_hosts::gauges::HostGauges::new(&manager.metrics.registry)
-            .spawn(store.clone(), hatchery_core::lease::host_lease_ttl_ms())
+        hatchery_hosts::gauges::HostGauges::new(&manager.metrics.registry).spawn(
+            store.clone(),
+            Some(Arc::new(session_store.clone())),
+            hatchery_core::lease::host_lease_ttl_ms(),
+        )
     });
     // On a shared store, requests for another host's sandboxes go there,
     // and every daemon (not only a control plane) marks lost hosts.
@@ -292,6 +295,34 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             Some(Arc::new(sessions.clone())),
         )
     });
+    // A drained or stopping host moves its sessions to another host, and
+    // each host adopts the sessions handed to it (hatchery-hosts
+    // shedding, hatchery-sessions handoff). Only where another host can
+    // resume them: a shared store and shared snapshots.
+    let shedder = (shared && manager.has_shared_snapshots()).then(|| {
+        hatchery_hosts::shedding::Shedder::new(
+            Arc::new(sessions.clone()),
+            Arc::new(hatchery_hosts::handoff_targets::DirectoryTargets {
+                directory: Arc::new(hatchery_hosts::StoreDirectory {
+                    store: store.clone(),
+                    me: manager.host_id().to_string(),
+                    lease_ttl_ms: hatchery_core::lease::host_lease_ttl_ms(),
+                    local: None,
+                    sessions: None,
+                }),
+                me: manager.host_id().to_string(),
+            }),
+            store.clone(),
+            manager.host_id().to_string(),
+        )
+    });
+    if shared && shedder.is_none() {
+        tracing::warn!("no shared snapshot store: a drain or a stop leaves this host's sessions here (they resume when it starts again)");
+    }
+    let _drain_watch = shedder
+        .as_ref()
+        .map(|s| s.spawn_drain_watch(std::time::Duration::from_secs(1)));
+    let _adopter = shared.then(|| sessions.spawn_adopter(std::time::Duration::from_secs(1)));
     // One set of counters for both listeners' routing.
     let route_metrics = hatchery_route::RouteMetrics::new(&manager.metrics.registry);
     let routing = |forward_key: Option<Arc<str>>| hatchery_route::layer::HostRouting {
@@ -343,6 +374,11 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         Some(r) => hatchery_rounds::router(r.clone()).merge(app),
         None => app,
     };
+    let render = {
+        let m = manager.clone();
+        Arc::new(move || m.metrics.render())
+    };
+    let app = crate::listeners::with_metrics_token(app, &args, render)?;
     // Outermost: nothing behind it serves guest content on this origin
     // unless another daemon's preview listener forwarded it.
     let app = app.layer(axum::middleware::from_fn_with_state(
@@ -363,17 +399,36 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .store(true, std::sync::atomic::Ordering::SeqCst);
     manager.mark_ready().await?;
     // Runners talk to this daemon's API, so they start once it listens.
+    let recovering = sessions.clone();
     tokio::spawn(async move {
-        match sessions.recover().await {
+        match recovering.recover().await {
             Ok(n) => tracing::info!(sessions = n, "unfinished sessions resumed"),
             Err(e) => tracing::error!(error = %e, "sessions not recovered"),
         }
     });
     tracing::info!(listen = %args.listen, preview_listen = %local_addr(&preview_listener),
                    data_dir = %data.display(), "hatcheryd ready");
-    // Requests in flight get 30 s to finish; SSE follows and the like are
-    // cut after that (clients reconnect to the restarted daemon).
-    serve_both(listener, app, preview_listener, preview_app, &args).await?;
+    // On SIGTERM: no new work, sessions moved to other hosts while the
+    // API still listens (their runners call it), then requests in flight
+    // get the stop grace to finish; SSE follows and the like are cut
+    // after that (clients reconnect to the restarted daemon).
+    let grace = std::time::Duration::from_secs(args.stop_grace);
+    let stop = {
+        let (manager, checks, shedder) = (manager.clone(), host_checks.clone(), shedder.clone());
+        let sessions = sessions.clone();
+        async move {
+            crate::listeners::shutdown_signal().await;
+            hatchery_hosts::graceful_stop::prepare(
+                &*manager,
+                &checks,
+                &sessions,
+                shedder.as_ref(),
+                grace,
+            )
+            .await;
+        }
+    };
+    serve_both_until(listener, app, preview_listener, preview_app, &args, stop).await?;
     manager.shutdown().await;
     // Sandboxes outlive the daemon on purpose: their shims keep the agent
     // channel and the TTL, and the next start re-adopts them.

@@ -22,7 +22,8 @@ pub fn local_port(l: &tokio::net::TcpListener) -> u16 {
     l.local_addr().map(|a| a.port()).unwrap_or(0)
 }
 
-/// Both listeners until SIGTERM; each drains its requests for up to 30 s.
+/// Both listeners until SIGTERM; each drains its requests for up to the
+/// stop grace (`--stop-grace`).
 pub async fn serve_both(
     api: tokio::net::TcpListener,
     app: axum::Router,
@@ -30,16 +31,32 @@ pub async fn serve_both(
     preview_app: axum::Router,
     args: &DaemonArgs,
 ) -> Result<(), DaemonError> {
-    let drain = Some(std::time::Duration::from_secs(30));
+    serve_both_until(api, app, preview, preview_app, args, shutdown_signal()).await
+}
+
+/// Both listeners until `stop` completes (a host: SIGTERM, then its
+/// sessions moved away while it still listened); then each drains its
+/// requests in flight for up to the stop grace.
+pub async fn serve_both_until(
+    api: tokio::net::TcpListener,
+    app: axum::Router,
+    preview: tokio::net::TcpListener,
+    preview_app: axum::Router,
+    args: &DaemonArgs,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), DaemonError> {
+    let drain = Some(std::time::Duration::from_secs(args.stop_grace));
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        stop.await;
+        let _ = tx.send(true);
+    });
+    let closed = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
+    };
     let (a, p) = tokio::join!(
-        hatchery_serve::serve(api, app, args.http.clone(), shutdown_signal(), drain),
-        hatchery_serve::serve(
-            preview,
-            preview_app,
-            args.http.clone(),
-            shutdown_signal(),
-            drain
-        ),
+        hatchery_serve::serve(api, app, args.http.clone(), closed(rx.clone()), drain),
+        hatchery_serve::serve(preview, preview_app, args.http.clone(), closed(rx), drain),
     );
     a.and(p).map_err(DaemonError::Serve)
 }
@@ -51,4 +68,26 @@ pub async fn shutdown_signal() {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
     }
+}
+
+/// With `--metrics-token-file`, `GET /metrics` also opens to that token
+/// (hatchery_serve::metrics_token); `render` is this role's metrics text.
+pub fn with_metrics_token(
+    app: axum::Router,
+    args: &DaemonArgs,
+    render: std::sync::Arc<dyn Fn() -> String + Send + Sync>,
+) -> Result<axum::Router, DaemonError> {
+    use hatchery_serve::metrics_token::{answer, load, MetricsToken};
+    let Some(path) = &args.metrics_token_file else {
+        return Ok(app);
+    };
+    let token = load(path)?;
+    tracing::info!(path = %path.display(), "GET /metrics also opens to the metrics token");
+    Ok(app.layer(axum::middleware::from_fn_with_state(
+        MetricsToken {
+            token: token.into(),
+            render,
+        },
+        answer,
+    )))
 }

@@ -10,8 +10,8 @@
 from .client import (ROUTES, Client, ExecStream, Filesystem, Network, Policies, Process, ProcessOutput, Sandbox,
                      Snapshot, Template, Tenants, Terminal, configure, default_client)
 from .errors import (AuthError, BadRequest, BuildFailed, Conflict, ConnectionFailed, GuestError, HatcheryError,
-                     NotFound, PermissionDenied, RateLimited, SandboxTimeout, ServerError, ServiceUnavailable,
-                     StreamError, TooLarge)
+                     NotFound, PermissionDenied, RateLimited, SandboxLost, SandboxTimeout, ServerError,
+                     ServiceUnavailable, StreamError, TooLarge)
 from .models import (BuildAccepted, BuildEvent, CodeContext, ExecReason, ExecResult, Execution, ExecutionError,
                      FileEntry, Logs, NetworkEvent, NetworkPolicy, NetworkRule, OutputChunk, OutputEncoding, CpuLimitBasis,
                      PreviewUrl, ProcessChunk, ProcessInfo, ProcessState, Result, SandboxInfo, SnapshotInfo, TemplateInfo,
@@ -26,7 +26,8 @@ __all__ = [
     "Client", "Sandbox", "Snapshot", "Template", "Filesystem", "Network", "ExecStream", "Process", "ProcessOutput",
     "configure",
     "default_client", "ROUTES",
-    "HatcheryError", "BadRequest", "AuthError", "PermissionDenied", "NotFound", "Conflict", "TooLarge", "GuestError",
+    "HatcheryError", "BadRequest", "AuthError", "PermissionDenied", "NotFound", "SandboxLost", "Conflict", "TooLarge",
+    "GuestError",
     "RateLimited", "ServerError", "ServiceUnavailable", "SandboxTimeout", "ConnectionFailed", "StreamError",
     "BuildFailed",
     "SandboxInfo", "ExecResult", "OutputChunk", "FileEntry", "SnapshotInfo", "TemplateInfo", "BuildAccepted",

@@ -61,12 +61,13 @@ def raise_for(status: int, headers: Dict[str, str], body: bytes) -> None:
     if status < 400:
         return
     code, message = None, body.decode("utf-8", "replace")[:500] or f"HTTP {status}"
+    err = None
     try:
         err = jsonlib.loads(body)["error"]
         code, message = err.get("code"), err.get("message", message)
     except (ValueError, KeyError, TypeError, AttributeError):
-        pass
-    raise errors.error_for(status, code, message, _retry_after(headers))
+        err = None
+    raise errors.error_for(status, code, message, _retry_after(headers), detail=err)
 
 
 def path(template: str, **params: str) -> str:

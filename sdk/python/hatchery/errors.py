@@ -36,6 +36,20 @@ class NotFound(HatcheryError):
     (``process_not_found``)."""
 
 
+class SandboxLost(NotFound):
+    """410 ``sandbox_lost``: the sandbox was stopped because its host was
+    lost (no heartbeat within the host lease). `host`, `lost_at_ms` (unix
+    ms) and `reason` say which, when and why. A subclass of `NotFound`:
+    code that treats a vanished sandbox as gone keeps working."""
+
+    def __init__(self, message: str, *, host: Optional[str] = None, lost_at_ms: Optional[int] = None,
+                 reason: Optional[str] = None, **kw: Any):
+        super().__init__(message, **kw)
+        self.host = host
+        self.lost_at_ms = lost_at_ms
+        self.reason = reason
+
+
 class Conflict(HatcheryError):
     """409: sandbox not running, build already running, template in use,
     reading a directory, a 17th code context, writing to a closed stdin..."""
@@ -86,7 +100,14 @@ _BY_STATUS = {400: BadRequest, 401: AuthError, 403: PermissionDenied, 404: NotFo
               504: SandboxTimeout}
 
 
-def error_for(status: int, code: Optional[str], message: str, retry_after: Optional[float] = None) -> HatcheryError:
+def error_for(status: int, code: Optional[str], message: str, retry_after: Optional[float] = None,
+              detail: Optional[dict] = None) -> HatcheryError:
+    """`detail`: the whole ``error`` object of the body (its extra fields,
+    such as a lost sandbox's ``host``, ``lost_at_ms`` and ``reason``)."""
+    if status == 410 and code == "sandbox_lost":
+        d = detail or {}
+        return SandboxLost(message, status=status, code=code, retry_after=retry_after, host=d.get("host"),
+                           lost_at_ms=d.get("lost_at_ms"), reason=d.get("reason"))
     cls = _BY_STATUS.get(status)
     if cls is None:
         cls = ServerError if status >= 500 else HatcheryError
@@ -98,7 +119,7 @@ def error_from_event(payload: Any, status: Optional[int] = None) -> HatcheryErro
     err = (payload or {}).get("error") or {}
     code = err.get("code")
     status = status or _CODE_STATUS.get(code or "", 500)
-    return error_for(status, code, err.get("message", "stream error"))
+    return error_for(status, code, err.get("message", "stream error"), detail=err)
 
 
 # Status a code is answered with outside a stream (docs/api.md), so that an
@@ -107,7 +128,7 @@ _CODE_STATUS = {"invalid_request": 400, "invalid_json": 400, "invalid_body": 400
                 "invalid_network_policy": 400, "invalid_template_name": 400, "unsupported_media_type": 415,
                 "unauthorized": 401, "permission_denied": 403, "not_found": 404, "sandbox_not_found": 404,
                 "snapshot_not_found": 404, "file_not_found": 404, "template_not_found": 404, "build_not_found": 404,
-                "context_not_found": 404, "process_not_found": 404, "sandbox_not_running": 409, "conflict": 409,
+                "context_not_found": 404, "process_not_found": 404, "sandbox_lost": 410, "sandbox_not_running": 409, "conflict": 409,
                 "file_conflict": 409, "unsupported": 409, "too_large": 413, "guest_error": 422,
                 "snapshot_corrupt": 422, "too_many": 429, "capacity": 503, "runtime_error": 503,
                 "network_exhausted": 503, "guest_unresponsive": 504}

@@ -105,3 +105,15 @@ def test_error_hierarchy():
                 hatchery.SandboxTimeout, hatchery.ServerError, hatchery.TooLarge, hatchery.StreamError):
         assert issubclass(cls, HatcheryError)
     assert os.environ.get("HATCHERY_URL")
+
+
+def test_410_sandbox_lost_is_a_typed_not_found():
+    """The wire shape of a lost sandbox (only several hosts on a shared
+    store answer it live: tests/store/test_hosts_api.py)."""
+    from hatchery.errors import error_for, error_from_event
+    e = error_for(410, "sandbox_lost", "lost", detail={"host": "h1", "lost_at_ms": 5, "reason": "r"})
+    assert isinstance(e, hatchery.SandboxLost) and isinstance(e, hatchery.NotFound)
+    assert (e.status, e.host, e.lost_at_ms, e.reason) == (410, "h1", 5, "r")
+    e = error_from_event({"error": {"code": "sandbox_lost", "message": "m", "host": "h2"}})
+    assert isinstance(e, hatchery.SandboxLost) and e.status == 410 and e.host == "h2"
+    assert not isinstance(error_for(410, "gone", "m"), hatchery.SandboxLost)

@@ -7,6 +7,13 @@ export interface ErrorInit {
   retryAfter?: number;
 }
 
+/** The extra fields of a 410 `sandbox_lost` body: which host, when, why. */
+export interface LostDetail {
+  host?: string;
+  lost_at_ms?: number;
+  reason?: string;
+}
+
 /** Base class of every error this SDK throws. */
 export class HatcheryError extends Error {
   readonly status?: number;
@@ -31,6 +38,24 @@ export class AuthError extends HatcheryError {}
 export class PermissionDenied extends HatcheryError {}
 /** 404: no such sandbox, snapshot, template, build, file, cwd, code context (`context_not_found`) or background process (`process_not_found`). */
 export class NotFound extends HatcheryError {}
+/**
+ * 410 `sandbox_lost`: the sandbox was stopped because its host was lost (no
+ * heartbeat within the host lease); `host`, `lostAtMs` (unix ms) and `reason`
+ * say which, when and why. A subclass of `NotFound`: code that treats a
+ * vanished sandbox as gone keeps working.
+ */
+export class SandboxLost extends NotFound {
+  readonly host?: string;
+  readonly lostAtMs?: number;
+  readonly reason?: string;
+
+  constructor(message: string, init: ErrorInit = {}, detail: LostDetail = {}) {
+    super(message, init);
+    this.host = detail.host;
+    this.lostAtMs = detail.lost_at_ms;
+    this.reason = detail.reason;
+  }
+}
 /** 409: sandbox not running, build already running, template in use, reading a directory, a 17th code context, writing to a closed stdin... */
 export class Conflict extends HatcheryError {}
 /** 413: body, file, code cell (256 KiB) or stdin write (1 MiB) over its limit, or no space left in the sandbox. */
@@ -63,17 +88,27 @@ const CODE_STATUS: Record<string, number> = {
   invalid_request: 400, invalid_json: 400, invalid_body: 400, invalid_query: 400, invalid_network_policy: 400,
   invalid_template_name: 400, unsupported_media_type: 415, unauthorized: 401, permission_denied: 403, not_found: 404,
   sandbox_not_found: 404, snapshot_not_found: 404, file_not_found: 404, template_not_found: 404, build_not_found: 404,
-  context_not_found: 404, process_not_found: 404, sandbox_not_running: 409, conflict: 409, file_conflict: 409, unsupported: 409,
+  context_not_found: 404, process_not_found: 404, sandbox_lost: 410, sandbox_not_running: 409, conflict: 409, file_conflict: 409, unsupported: 409,
   too_large: 413, guest_error: 422, snapshot_corrupt: 422, too_many: 429, capacity: 503, runtime_error: 503,
   network_exhausted: 503, guest_unresponsive: 504,
 };
 
-export function errorFor(status: number, code: string | undefined, message: string, retryAfter?: number): HatcheryError {
+/** `detail`: the whole `error` object of the body (its extra fields). */
+export function errorFor(
+  status: number,
+  code: string | undefined,
+  message: string,
+  retryAfter?: number,
+  detail?: LostDetail,
+): HatcheryError {
+  if (status === 410 && code === "sandbox_lost") {
+    return new SandboxLost(message, { status, code, retryAfter }, detail ?? {});
+  }
   const cls = BY_STATUS[status] ?? (status >= 500 ? ServerError : HatcheryError);
   return new cls(message, { status, code, retryAfter });
 }
 
 export function errorFromEvent(payload: unknown): HatcheryError {
-  const err = (payload as { error?: { code?: string; message?: string } } | null)?.error ?? {};
-  return errorFor(CODE_STATUS[err.code ?? ""] ?? 500, err.code, err.message ?? "stream error");
+  const err = (payload as { error?: { code?: string; message?: string } & LostDetail } | null)?.error ?? {};
+  return errorFor(CODE_STATUS[err.code ?? ""] ?? 500, err.code, err.message ?? "stream error", undefined, err);
 }

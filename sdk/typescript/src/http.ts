@@ -2,7 +2,7 @@
 // them), with typed errors and retries only where a retry cannot do
 // something twice.
 import { readFileSync } from "node:fs";
-import { ConnectionFailed, HatcheryError, SandboxTimeout, StreamError, errorFor } from "./errors.js";
+import { ConnectionFailed, HatcheryError, type LostDetail, SandboxTimeout, StreamError, errorFor } from "./errors.js";
 
 export const DEFAULT_URL = "http://127.0.0.1:7423";
 export const DEFAULT_KEY_FILE = "/var/lib/hatchery/api_key";
@@ -62,14 +62,16 @@ async function errorFrom(r: Response): Promise<HatcheryError> {
   const text = await r.text().catch(() => "");
   let code: string | undefined;
   let message = text.slice(0, 500) || `HTTP ${r.status}`;
+  let detail: LostDetail | undefined;
   try {
     const err = JSON.parse(text).error;
     if (err && typeof err === "object") {
       code = err.code;
       message = err.message ?? message;
+      detail = err;
     }
   } catch { /* not JSON: keep the text */ }
-  return errorFor(r.status, code, message, retryAfter(r.headers));
+  return errorFor(r.status, code, message, retryAfter(r.headers), detail);
 }
 
 const sleep = (ms: number) => new Promise((res) => setTimeout(res, ms));

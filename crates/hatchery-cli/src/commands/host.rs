@@ -31,8 +31,8 @@ pub enum HostCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Stop placement on a host and mark it draining (its sessions are not
-    /// moved yet: stop it once they have ended).
+    /// Stop placement on a host and move its sessions to other hosts
+    /// (`hatchery host get ID` shows them falling to 0; then stop it).
     Drain {
         id: String,
         #[arg(long)]
@@ -94,6 +94,15 @@ fn age(v: &Value) -> String {
     }
 }
 
+/// The state, and `(stopping)` while the host moves its sessions away
+/// after a SIGTERM (shown `draining` whatever the operator's hold).
+fn state(h: &Value) -> String {
+    match h["stopping"].as_bool() {
+        Some(true) => format!("{} (stopping)", s(&h["state"])),
+        _ => s(&h["state"]),
+    }
+}
+
 fn print_table(list: &Value) {
     let rows: Vec<Vec<String>> = list
         .as_array()
@@ -102,7 +111,7 @@ fn print_table(list: &Value) {
         .map(|h| {
             vec![
                 s(&h["id"]),
-                s(&h["state"]),
+                state(h),
                 s(&h["address"]),
                 format!("{}/{}", s(&h["live_sandboxes"]), s(&h["capacity"])),
                 s(&h["live_sessions"]),
@@ -126,7 +135,9 @@ fn print_table(list: &Value) {
 }
 
 fn print_one(h: &Value) {
-    for k in ["id", "state", "address", "version"] {
+    println!("{:<11} {}", "id:", s(&h["id"]));
+    println!("{:<11} {}", "state:", state(h));
+    for k in ["address", "version"] {
         println!("{:<11} {}", format!("{k}:"), s(&h[k]));
     }
     println!(

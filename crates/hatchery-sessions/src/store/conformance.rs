@@ -27,6 +27,7 @@ pub async fn run_all(open: Open<'_>) {
     policy_version_patch_changes_only_that_field(open, &run).await;
     list_is_keyset_paginated(open, &run).await;
     writes_are_fenced_after_take_over(open, &run).await;
+    a_handed_over_session_is_fenced_on_its_old_host(open, &run).await;
     racing_take_overs_have_one_winner(open, &run).await;
     no_append_lands_after_a_take_over(open, &run).await;
     usage_counts_what_the_session_holds(open, &run).await;
@@ -615,6 +616,43 @@ async fn writes_are_fenced_after_take_over(open: Open<'_>, run: &str) {
     // A bad host id is a clear error, and moves nothing.
     let r = a.take_over(&ha, "bad host", "x").await;
     assert!(matches!(r, Err(StoreError::Config(_))));
+}
+
+/// A graceful stop hands one session at a time: only the owner hands,
+/// only an unfinished session moves, and the old owner is fenced.
+async fn a_handed_over_session_is_fenced_on_its_old_host(open: Open<'_>, run: &str) {
+    let (ha, hb) = (format!("ha{run}"), format!("hb{run}"));
+    let (a, b) = (open(&ha), open(&hb));
+    let [s1, s2, s3] = [1, 2, 3].map(|n| format!("ses_h{n}{run}"));
+    for id in [&s1, &s2, &s3] {
+        create(&*a, id, run).await;
+    }
+    go(&*a, &s3, &[S::Queued], S::Cancelled).await.unwrap();
+    // Not B's to hand, not to itself, not a finished one, not a bad id.
+    assert_eq!(b.hand_over(&s1, &ha, "x").await.unwrap(), None);
+    assert_eq!(a.hand_over(&s1, &ha, "x").await.unwrap(), None);
+    assert_eq!(a.hand_over(&s3, &hb, "x").await.unwrap(), None);
+    let r = a.hand_over(&s1, "bad host", "x").await;
+    assert!(matches!(r, Err(StoreError::Config(_))), "{r:?}");
+    let before = log(&*a, &s1).await.len();
+    assert_eq!(log(&*a, &s1).await.len(), before, "nothing written");
+
+    assert_eq!(
+        a.hand_over(&s1, &hb, "host_stopping").await.unwrap(),
+        Some(2)
+    );
+    let last = log(&*a, &s1).await.pop().unwrap();
+    assert!(
+        matches!(&last.kind, EventKind::HostChanged { from, to, epoch: 2, reason } if *from == ha && *to == hb && reason == "host_stopping"),
+        "{last:?}"
+    );
+    // Only s1 moved; A is fenced on it and still owns s2.
+    let ids = |v: Vec<Session>| v.into_iter().map(|x| x.id).collect::<Vec<_>>();
+    assert_eq!(ids(b.unfinished().await.unwrap()), vec![s1.clone()]);
+    assert_eq!(ids(a.unfinished().await.unwrap()), vec![s2.clone()]);
+    fenced(a.append(&s1, vec![msg("late")], keep()).await, &hb);
+    assert_eq!(a.hand_over(&s1, &hb, "again").await.unwrap(), None);
+    b.append(&s1, vec![msg("b")], keep()).await.unwrap();
 }
 
 async fn racing_take_overs_have_one_winner(open: Open<'_>, run: &str) {

@@ -704,6 +704,36 @@ impl SessionStore for DbSessionStore {
         Ok(moved)
     }
 
+    async fn hand_over(
+        &self,
+        id: &str,
+        to_host: &str,
+        reason: &str,
+    ) -> Result<Option<u64>, StoreError> {
+        check_host_id(to_host)?;
+        if to_host == &*self.host {
+            return Ok(None);
+        }
+        let mut tx = self.db.begin().await?;
+        let sql = format!(
+            "UPDATE sessions SET host_id = $2, epoch = epoch + 1 \
+             WHERE id = $1 AND host_id = $3 AND {UNFINISHED} RETURNING epoch"
+        );
+        let Some(r) = tx.query_opt(&sql, args![id, to_host, &*self.host]).await? else {
+            return Ok(None);
+        };
+        let epoch: u64 = r.get("epoch")?;
+        let changed = EventKind::HostChanged {
+            from: self.host.to_string(),
+            to: to_host.to_string(),
+            epoch,
+            reason: reason.to_string(),
+        };
+        append_tx(&mut tx, id, epoch, vec![(Actor::System, changed)]).await?;
+        tx.commit().await?;
+        Ok(Some(epoch))
+    }
+
     fn host_id(&self) -> &str {
         &self.host
     }

@@ -499,6 +499,17 @@ pub trait SessionStore: Send + Sync + 'static {
         to_host: &str,
         reason: &str,
     ) -> Result<Vec<(String, u64)>, StoreError>;
+    /// Hands one unfinished session this host owns to `to_host` (a
+    /// graceful stop or a drain): epoch + 1 and a `host_changed` event,
+    /// in one transaction. `None` if the session is finished or not this
+    /// host's (nothing written). After it, this host's writes for the
+    /// session are fenced, as after [`SessionStore::take_over`].
+    async fn hand_over(
+        &self,
+        id: &str,
+        to_host: &str,
+        reason: &str,
+    ) -> Result<Option<u64>, StoreError>;
     /// The host this store writes as.
     fn host_id(&self) -> &str;
 }
