@@ -233,7 +233,8 @@ struct Decision {
     ok: Refusal,
     /// A CONNECT to a destination credential rules name: intercepted with
     /// these bindings (in rule order) instead of tunnelled.
-    intercept: Option<Vec<hatchery_policy::Credential>>,
+    /// Whether it is TLS (a CONNECT) or a forwarded plain request.
+    intercept: Option<(Vec<hatchery_policy::Credential>, bool)>,
 }
 
 impl Proxy {
@@ -448,7 +449,7 @@ impl Proxy {
         };
         self.count(Verdict::Allowed, d.ok.status);
         let mut moved = (0, 0);
-        if let (Some(credentials), Some(ix)) = (d.intercept, self.interception.as_ref()) {
+        if let (Some((credentials, tls)), Some(ix)) = (d.intercept, self.interception.as_ref()) {
             let reply = d.first.reply.unwrap_or_default();
             if sock.write_all(reply.as_bytes()).await.is_ok() {
                 self.metrics.tunnels_open.inc();
@@ -459,6 +460,7 @@ impl Proxy {
                     port: d.addr.port(),
                     policy_version: d.ok.policy_version,
                     credentials,
+                    tls,
                 };
                 let client = crate::intercept::Prefixed::new(d.first.to_upstream, sock);
                 moved =
@@ -558,35 +560,63 @@ impl Proxy {
                 r.policy_version = version;
                 with_target(r)
             })?;
-        let intercept = match &req {
-            Request::Connect(_) => {
-                let dest = Destination {
-                    host: &host_str,
-                    ip: Some(addr.ip()),
-                    port: target.port,
-                };
-                let creds: Vec<_> = policy
-                    .policy
-                    .credentials_for(&dest)
-                    .into_iter()
-                    .filter(|c| c.scheme == hatchery_policy::Scheme::Https)
-                    .cloned()
-                    .collect();
-                if creds.is_empty() {
-                    None
-                } else if self.interception.is_none() {
-                    let mut r = refuse(
-                        503,
-                        "a credential rule names this destination and this proxy does not inject credentials",
-                    );
-                    r.policy_version = version;
-                    return Err(with_target(r));
-                } else {
-                    Some(creds)
-                }
-            }
-            Request::Forward { .. } => None,
+        // A CONNECT is intercepted for `https` bindings, a forwarded
+        // plain request for `http` ones (loopback test hosts only).
+        let tls = matches!(req, Request::Connect(_));
+        let want = if tls {
+            hatchery_policy::Scheme::Https
+        } else {
+            hatchery_policy::Scheme::Http
         };
+        let dest = Destination {
+            host: &host_str,
+            ip: Some(addr.ip()),
+            port: target.port,
+        };
+        let creds: Vec<_> = policy
+            .policy
+            .credentials_for(&dest)
+            .into_iter()
+            .filter(|c| c.scheme == want)
+            .cloned()
+            .collect();
+        let intercept = if creds.is_empty() {
+            None
+        } else if self.interception.is_none() {
+            let mut r = refuse(
+                503,
+                "a credential rule names this destination and this proxy does not inject credentials",
+            );
+            r.policy_version = version;
+            return Err(with_target(r));
+        } else {
+            Some((creds, tls))
+        };
+        if intercept.is_some() && !tls {
+            // The guest's request as it came, replayed into the relay
+            // that adds the credential.
+            let mut raw = head.clone();
+            raw.extend_from_slice(b"\r\n\r\n");
+            raw.extend_from_slice(&rest);
+            let ok = Refusal {
+                status: 200,
+                reason: "allowed".into(),
+                host: Some(host_str.clone()),
+                port: Some(target.port),
+                ip: Some(addr.ip()),
+                rule_id,
+                policy_version: version,
+            };
+            return Ok(Decision {
+                addr,
+                first: FirstBytes {
+                    reply: None,
+                    to_upstream: raw,
+                },
+                ok,
+                intercept,
+            });
+        }
         let first = match req {
             Request::Connect(_) => FirstBytes {
                 reply: Some("HTTP/1.1 200 Connection Established\r\n\r\n".into()),

@@ -128,6 +128,11 @@ fn test_ca(dir: &Path) -> Arc<rustls::ServerConfig> {
 /// An HTTPS origin: `/redirect` answers 302 to another host, everything
 /// else 200 with the Authorization header and the target it saw.
 async fn origin(tls: Arc<rustls::ServerConfig>, log: Arc<Log>) -> SocketAddr {
+    origin_with(Some(tls), log).await
+}
+
+/// `tls: None`: plain HTTP.
+async fn origin_with(tls: Option<Arc<rustls::ServerConfig>>, log: Arc<Log>) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     tokio::spawn(async move {
@@ -135,8 +140,12 @@ async fn origin(tls: Arc<rustls::ServerConfig>, log: Arc<Log>) -> SocketAddr {
             let (s, _) = l.accept().await.unwrap();
             let (tls, log) = (tls.clone(), log.clone());
             tokio::spawn(async move {
-                let Ok(s) = tokio_rustls::TlsAcceptor::from(tls).accept(s).await else {
-                    return;
+                let s: Box<dyn Stream> = match tls {
+                    Some(tls) => match tokio_rustls::TlsAcceptor::from(tls).accept(s).await {
+                        Ok(t) => Box::new(t),
+                        Err(_) => return,
+                    },
+                    None => Box::new(s),
                 };
                 let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                     let log = log.clone();
@@ -167,6 +176,9 @@ async fn origin(tls: Arc<rustls::ServerConfig>, log: Arc<Log>) -> SocketAddr {
     });
     addr
 }
+
+trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for T {}
 
 struct Setup {
     proxy: SocketAddr,
@@ -395,4 +407,53 @@ async fn a_credential_rule_without_interception_is_refused() {
         s2.log.all()
     );
     assert!(!s2.log.all().iter().any(|l| l.starts_with("origin")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_http_injection_on_a_loopback_test_host() {
+    let s = setup().await;
+    let plain = origin_with(None, s.log.clone()).await;
+    let doc: PolicyDocument = serde_json::from_value(serde_json::json!({"name": "t", "rules": [
+        {"id": "loopback-token", "effect": "allow",
+         "match": {"tools": ["egress"], "hosts": ["127.0.0.1"], "ports": [plain.port()]},
+         "credential": {"secret": "TOKEN", "scheme": "http", "path_prefix": "/api/",
+                        "inject": {"query": {"param": "token"}}}}
+    ]}))
+    .unwrap();
+    let ix = Interception {
+        ca: Arc::new(Ca::load_or_create(&s.dir.path().join("egress-ca")).unwrap()),
+        upstream: upstream_config(&s.dir.path().join("test-ca.pem")).unwrap(),
+        secrets: Arc::new(Vault),
+    };
+    let proxy = Proxy::with_interception(
+        Arc::new(OneSession),
+        Arc::new(Fixed(Arc::new(Policy::compile(&doc).unwrap()))),
+        Arc::new(Recorder(s.log.clone())),
+        Limits::default(),
+        Some(Arc::new(ix)),
+    );
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(proxy.serve(l));
+    let s2 = Setup { proxy: addr, ..s };
+    let base = format!("http://127.0.0.1:{}", plain.port());
+    let (rc, out, err) = curl(
+        &s2,
+        "test-ca.pem",
+        &format!("{base}/api/x?token=guest&a=1"),
+        &[],
+    )
+    .await;
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(
+        out.trim(),
+        format!("target=/api/x?a=1&token={SECRET} auth=")
+    );
+    let (_, out, _) = curl(&s2, "test-ca.pem", &format!("{base}/other"), &[]).await;
+    assert_eq!(out.trim(), "target=/other auth=");
+    let log = s2.log.all();
+    assert!(
+        log.contains(&"credential TOKEN GET /api/x loopback-token".to_string()),
+        "{log:?}"
+    );
 }

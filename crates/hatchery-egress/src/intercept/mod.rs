@@ -86,6 +86,8 @@ pub(crate) struct Plan {
     pub port: u16,
     pub policy_version: Option<u32>,
     pub credentials: Vec<Credential>,
+    /// False only for a `scheme: "http"` binding (loopback test hosts).
+    pub tls: bool,
 }
 
 type Body = BoxBody<Bytes, hyper::Error>;
@@ -104,11 +106,6 @@ fn text(status: StatusCode, msg: String) -> Response<Body> {
     r
 }
 
-/// The TLS name to verify the destination by.
-fn server_name(host: &str) -> Option<ServerName<'static>> {
-    ServerName::try_from(host.to_string()).ok()
-}
-
 /// Serves one intercepted connection until either side closes; returns the
 /// bytes moved to the destination and back (TLS records included).
 pub(crate) async fn serve<C>(
@@ -125,6 +122,13 @@ where
     let upstream = Counted::new(upstream);
     let (up, down) = (upstream.up.clone(), upstream.down.clone());
     let moved = || (up.load(Ordering::Relaxed), down.load(Ordering::Relaxed));
+    if !plan.tls {
+        // A loopback test host a `scheme: "http"` binding names: the
+        // guest's forwarded request is replayed into the same relay.
+        let sender = handshake(upstream, &plan).await;
+        relay(client, sender, plan, events, ix, limits).await;
+        return moved();
+    }
     let server = match ix.ca.server_config(&plan.host) {
         Ok(c) => c,
         Err(e) => {
@@ -135,7 +139,7 @@ where
     // The destination first: when it cannot be verified, the guest is
     // told so in an HTTP answer rather than by a broken handshake.
     let sender = match connect_upstream(ix, limits, &plan, upstream).await {
-        Ok(s) => Ok(Arc::new(tokio::sync::Mutex::new(s))),
+        Ok(tls) => handshake(tls, &plan).await,
         Err(why) => Err(why),
     };
     let accepted = tokio::time::timeout(
@@ -148,6 +152,37 @@ where
         // The guest did not trust the leaf or hung up: nothing was sent.
         _ => return moved(),
     };
+    relay(tls, sender, plan, events, ix, limits).await;
+    moved()
+}
+
+type Sender = Arc<tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Body>>>;
+
+async fn handshake<U>(upstream: U, plan: &Plan) -> Result<Sender, String>
+where
+    U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(upstream))
+        .await
+        .map_err(|e| format!("HTTP to {}:{}: {e}", plan.host, plan.port))?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(Arc::new(tokio::sync::Mutex::new(sender)))
+}
+
+/// Serves the guest's requests on `stream` (its TLS, or the replayed
+/// plain connection), each through [`forward`].
+async fn relay<S>(
+    stream: S,
+    sender: Result<Sender, String>,
+    plan: Plan,
+    events: &EventSink,
+    ix: &Interception,
+    limits: &Limits,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let plan = Arc::new(plan);
     let events = events.clone();
     let secrets = ix.secrets.clone();
@@ -172,9 +207,8 @@ where
         .timer(TokioTimer::new())
         .header_read_timeout(limits.idle)
         .keep_alive(true)
-        .serve_connection(TokioIo::new(tls), svc)
+        .serve_connection(TokioIo::new(stream), svc)
         .await;
-    moved()
 }
 
 async fn connect_upstream<U>(
@@ -182,26 +216,20 @@ async fn connect_upstream<U>(
     limits: &Limits,
     plan: &Plan,
     upstream: U,
-) -> Result<hyper::client::conn::http1::SendRequest<Body>, String>
+) -> Result<tokio_rustls::client::TlsStream<U>, String>
 where
     U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let name =
-        server_name(&plan.host).ok_or_else(|| format!("{} is not a TLS server name", plan.host))?;
-    let tls = tokio::time::timeout(
+    let name = ServerName::try_from(plan.host.as_str())
+        .map(|n| n.to_owned())
+        .map_err(|_| format!("{} is not a TLS server name", plan.host))?;
+    tokio::time::timeout(
         limits.connect_timeout,
         tokio_rustls::TlsConnector::from(ix.upstream.clone()).connect(name, upstream),
     )
     .await
     .map_err(|_| format!("TLS to {}:{} timed out", plan.host, plan.port))?
-    .map_err(|e| format!("TLS to {}:{}: {e}", plan.host, plan.port))?;
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-        .await
-        .map_err(|e| format!("HTTP to {}:{}: {e}", plan.host, plan.port))?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    Ok(sender)
+    .map_err(|e| format!("TLS to {}:{}: {e}", plan.host, plan.port))
 }
 
 /// One request: the credential added when a binding holds for it (after
@@ -211,7 +239,7 @@ async fn forward(
     plan: &Plan,
     events: &EventSink,
     secrets: &dyn CredentialSource,
-    sender: &tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Body>>,
+    sender: &Sender,
 ) -> Response<Body> {
     let (mut parts, body) = req.into_parts();
     let method = parts.method.as_str().to_string();
@@ -225,7 +253,7 @@ async fn forward(
         Ok(u) => u,
         Err(_) => return text(StatusCode::BAD_REQUEST, "bad request target".into()),
     };
-    let authority = if plan.port == 443 {
+    let authority = if plan.port == if plan.tls { 443 } else { 80 } {
         plan.host.clone()
     } else {
         format!("{}:{}", plan.host, plan.port)
