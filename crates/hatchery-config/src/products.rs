@@ -96,4 +96,22 @@ pub struct EgressArgs {
     #[arg(long = "egress-idle-timeout", env = "HATCHERY_EGRESS_IDLE_TIMEOUT", default_value_t = 300,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub idle_s: u64,
+    /// Certificates (PEM) the proxy trusts for destinations it intercepts
+    /// to inject a credential (docs/policy.md, "Credentials"); the host's
+    /// trust store by default. Tests name a test CA here.
+    #[arg(
+        long = "egress-upstream-ca-file",
+        env = "HATCHERY_EGRESS_UPSTREAM_CA_FILE",
+        default_value = "/etc/ssl/certs/ca-certificates.crt"
+    )]
+    pub upstream_ca_file: PathBuf,
+    /// The directory of the interception CA (`ca.pem`, `ca.key` 0600),
+    /// made at first start; DATA_DIR/egress-ca by default.
+    #[arg(long = "egress-ca-dir", env = "HATCHERY_EGRESS_CA_DIR")]
+    pub ca_dir: Option<PathBuf>,
+    /// The key that seals stored secrets (32 bytes, 0600, made at first
+    /// start); DATA_DIR/secrets.key by default. Keep it out of database
+    /// backups and back it up on its own: without it no secret opens.
+    #[arg(long = "secrets-key-file", env = "HATCHERY_SECRETS_KEY_FILE")]
+    pub secrets_key_file: Option<PathBuf>,
 }

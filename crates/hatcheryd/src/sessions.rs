@@ -93,7 +93,10 @@ pub async fn wire_services(
     data: &std::path::Path,
     manager: &Arc<hatchery_core::Manager>,
     sessions: &Arc<Sessions>,
-    policies: Arc<dyn hatchery_policy::PolicyStore>,
+    (policies, secrets): (
+        Arc<dyn hatchery_policy::PolicyStore>,
+        hatchery_secrets::Secrets,
+    ),
     (api_key, daemon_key): (&str, &str),
     db: &hatchery_db::Db,
 ) -> Result<(), crate::DaemonError> {
@@ -130,6 +133,7 @@ pub async fn wire_services(
         sessions.clone(),
         policies,
         &manager.metrics.registry,
+        crate::session_services::interception(args, data, secrets)?,
     )?;
     let hooks = Arc::new(crate::session_services::DaemonHooks {
         gateway,
