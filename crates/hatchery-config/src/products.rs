@@ -98,13 +98,17 @@ pub struct EgressArgs {
     pub idle_s: u64,
     /// Certificates (PEM) the proxy trusts for destinations it intercepts
     /// to inject a credential (docs/policy.md, "Credentials"); the host's
-    /// trust store by default. Tests name a test CA here.
+    /// trust store (/etc/ssl/certs/ca-certificates.crt) when not given.
+    /// Tests name a test CA here.
+    // Its own id: the gateway's field has the same name, and clap ids
+    // of flattened structs share one namespace.
     #[arg(
+        id = "egress_upstream_ca_file",
+        value_name = "FILE",
         long = "egress-upstream-ca-file",
-        env = "HATCHERY_EGRESS_UPSTREAM_CA_FILE",
-        default_value = "/etc/ssl/certs/ca-certificates.crt"
+        env = "HATCHERY_EGRESS_UPSTREAM_CA_FILE"
     )]
-    pub upstream_ca_file: PathBuf,
+    pub upstream_ca_file: Option<PathBuf>,
     /// The directory of the interception CA (`ca.pem`, `ca.key` 0600),
     /// made at first start; DATA_DIR/egress-ca by default.
     #[arg(long = "egress-ca-dir", env = "HATCHERY_EGRESS_CA_DIR")]

@@ -33,7 +33,10 @@ pub trait SessionHooks: Send + Sync + 'static {
     /// Variables the session's pinned policy names for its credentials,
     /// each with a placeholder value (never the secret). An error fails
     /// the session (`services_unavailable`).
-    async fn placeholder_env(&self, _session: &Session) -> Result<BTreeMap<String, String>, String> {
+    async fn placeholder_env(
+        &self,
+        _session: &Session,
+    ) -> Result<BTreeMap<String, String>, String> {
         Ok(BTreeMap::new())
     }
 }

@@ -85,7 +85,12 @@ impl SessionHooks for DaemonHooks {
         let vars = e
             .placeholders(&s.spec.policy_id, s.spec.policy_version)
             .await
-            .map_err(|err| format!("pinned policy: {}", hatchery_serve::error_text::with_causes(&err)))?;
+            .map_err(|err| {
+                format!(
+                    "pinned policy: {}",
+                    hatchery_serve::error_text::with_causes(&err)
+                )
+            })?;
         Ok(vars.into_iter().collect())
     }
 }
@@ -125,7 +130,12 @@ pub fn interception(
         .unwrap_or_else(|| data.join("egress-ca"));
     Ok(Some(Arc::new(hatchery_egress::Interception {
         ca: Arc::new(ca::Ca::load_or_create(&dir)?),
-        upstream: ca::upstream_config(&args.egress.upstream_ca_file)?,
+        upstream: ca::upstream_config(
+            args.egress
+                .upstream_ca_file
+                .as_deref()
+                .unwrap_or(std::path::Path::new("/etc/ssl/certs/ca-certificates.crt")),
+        )?,
         secrets: Arc::new(SecretValues(secrets)),
     })))
 }
