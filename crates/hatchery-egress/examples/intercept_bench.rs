@@ -9,8 +9,8 @@
 use bytes::Bytes;
 use hatchery_egress::intercept::ca::{upstream_config, Ca};
 use hatchery_egress::{
-    CredentialResult, CredentialSource, CredentialUse, EgressEvent, EgressResult, Events,
-    Identify, Interception, Limits, PolicySource, Proxy, SourceError, Zeroizing,
+    CredentialResult, CredentialSource, CredentialUse, EgressEvent, EgressResult, Events, Identify,
+    Interception, Limits, PolicySource, Proxy, SourceError, Zeroizing,
 };
 use hatchery_policy::{Policy, PolicyDocument};
 use http_body_util::{BodyExt, Full, StreamBody};
@@ -106,24 +106,26 @@ async fn origin(tls: Arc<rustls::ServerConfig>) -> SocketAddr {
                 let Ok(s) = tokio_rustls::TlsAcceptor::from(tls).accept(s).await else {
                     return;
                 };
-                let svc = hyper::service::service_fn(|req: hyper::Request<hyper::body::Incoming>| async move {
-                    let body: Body = if req.uri().path() == "/big" {
-                        let mib: usize = req
-                            .uri()
-                            .query()
-                            .and_then(|q| q.strip_prefix("mib="))
-                            .and_then(|n| n.parse().ok())
-                            .unwrap_or(1);
-                        let chunk = Bytes::from(vec![7u8; 256 * 1024]);
-                        let frames = (0..mib * 4).map(move |_| {
-                            Ok::<_, std::convert::Infallible>(Frame::data(chunk.clone()))
-                        });
-                        StreamBody::new(futures::stream::iter(frames)).boxed()
-                    } else {
-                        Full::new(Bytes::from_static(b"ok")).boxed()
-                    };
-                    Ok::<_, std::convert::Infallible>(hyper::Response::new(body))
-                });
+                let svc = hyper::service::service_fn(
+                    |req: hyper::Request<hyper::body::Incoming>| async move {
+                        let body: Body = if req.uri().path() == "/big" {
+                            let mib: usize = req
+                                .uri()
+                                .query()
+                                .and_then(|q| q.strip_prefix("mib="))
+                                .and_then(|n| n.parse().ok())
+                                .unwrap_or(1);
+                            let chunk = Bytes::from(vec![7u8; 256 * 1024]);
+                            let frames = (0..mib * 4).map(move |_| {
+                                Ok::<_, std::convert::Infallible>(Frame::data(chunk.clone()))
+                            });
+                            StreamBody::new(futures::stream::iter(frames)).boxed()
+                        } else {
+                            Full::new(Bytes::from_static(b"ok")).boxed()
+                        };
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(body))
+                    },
+                );
                 let _ = hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(s), svc)
                     .await;
@@ -150,11 +152,20 @@ async fn client(
         s.read_exact(&mut b).await.unwrap();
         head.push(b[0]);
     }
-    assert!(head.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&head));
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
     let cfg = upstream_config(roots).unwrap();
     let name = rustls_pki_types::ServerName::try_from("127.0.0.1").unwrap();
-    let tls = tokio_rustls::TlsConnector::from(cfg).connect(name, s).await.unwrap();
-    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(cfg)
+        .connect(name, s)
+        .await
+        .unwrap();
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
     tokio::spawn(conn);
     send
 }
