@@ -304,6 +304,7 @@ bench: $(SUITE_PREREQS)
 	cargo run -q --release -p hatchery-policy --example policy_bench
 	cargo run -q --release -p hatchery-audit --example audit_bench
 	cargo run -q --release -p hatchery-egress --example egress_bench
+	cargo run -q --release -p hatchery-egress --example intercept_bench
 	cargo run -q --release -p hatchery-store --example store_bench
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/hosts_bench.py

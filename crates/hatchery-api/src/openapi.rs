@@ -77,6 +77,7 @@ pub fn doc() -> utoipa::openapi::OpenApi {
     ApiDoc::openapi()
         .merge_from(hatchery_policy::openapi::PolicyApiDoc::openapi())
         .merge_from(hatchery_tenants::openapi::TenantApiDoc::openapi())
+        .merge_from(hatchery_secrets::openapi::SecretsApiDoc::openapi())
 }
 
 /// `GET /openapi.json`: the document as [`doc`] builds it.

@@ -96,4 +96,26 @@ pub struct EgressArgs {
     #[arg(long = "egress-idle-timeout", env = "HATCHERY_EGRESS_IDLE_TIMEOUT", default_value_t = 300,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub idle_s: u64,
+    /// Certificates (PEM) the proxy trusts for destinations it intercepts
+    /// to inject a credential (docs/policy.md, "Credentials"); the host's
+    /// trust store (/etc/ssl/certs/ca-certificates.crt) when not given.
+    /// Tests name a test CA here.
+    // Its own id: the gateway's field has the same name, and clap ids
+    // of flattened structs share one namespace.
+    #[arg(
+        id = "egress_upstream_ca_file",
+        value_name = "FILE",
+        long = "egress-upstream-ca-file",
+        env = "HATCHERY_EGRESS_UPSTREAM_CA_FILE"
+    )]
+    pub upstream_ca_file: Option<PathBuf>,
+    /// The directory of the interception CA (`ca.pem`, `ca.key` 0600),
+    /// made at first start; DATA_DIR/egress-ca by default.
+    #[arg(long = "egress-ca-dir", env = "HATCHERY_EGRESS_CA_DIR")]
+    pub ca_dir: Option<PathBuf>,
+    /// The key that seals stored secrets (32 bytes, 0600, made at first
+    /// start); DATA_DIR/secrets.key by default. Keep it out of database
+    /// backups and back it up on its own: without it no secret opens.
+    #[arg(long = "secrets-key-file", env = "HATCHERY_SECRETS_KEY_FILE")]
+    pub secrets_key_file: Option<PathBuf>,
 }

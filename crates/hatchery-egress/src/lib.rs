@@ -3,11 +3,15 @@
 //! docs/policy.md, "Egress proxy".
 
 pub mod addr;
+pub mod intercept;
 pub mod metrics;
 pub mod proxy;
 pub mod target;
 
+pub use intercept::{CredentialResult, CredentialSource, CredentialUse, Interception};
 pub use proxy::{
     EgressEvent, EgressResult, EventSink, Events, Identify, Limits, Outcome, PolicySource, Proxy,
     SessionId, SessionPolicy, SourceError, Verdict,
 };
+/// Secret values are handed to the proxy in this (zeroed when dropped).
+pub use zeroize::Zeroizing;

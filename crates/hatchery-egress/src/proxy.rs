@@ -7,6 +7,7 @@
 //! so no DNS rebinding between check and dial.
 
 use crate::addr::special_range;
+use crate::intercept::{CredentialResult, CredentialUse, Interception, Plan};
 use crate::target::{parse_request_line, Host, Request, Target};
 use hatchery_policy::{Destination, Effect, Policy, EGRESS_TOOL};
 use std::collections::HashMap;
@@ -136,6 +137,15 @@ pub trait Events: Send + Sync {
     async fn result(&self, r: EgressResult);
     /// A refusal. Must not block the proxy (a guest can make many).
     fn denied(&self, e: EgressEvent);
+    /// A credential about to be added to a request, awaited before the
+    /// request goes out: `Ok` (the use's id) means it is durable; an error
+    /// refuses the request (503), so no secret goes out unrecorded. A sink
+    /// that does not record uses refuses them all.
+    async fn credential(&self, _u: CredentialUse) -> Result<u64, SourceError> {
+        Err("this event sink does not record credential use".into())
+    }
+    /// The destination's answer to a request that carried a credential.
+    async fn credential_result(&self, _r: CredentialResult) {}
 }
 
 /// A plain function takes intents and refusals, never refuses, and does
@@ -189,6 +199,7 @@ pub struct Proxy {
     tunnels: Arc<Semaphore>,
     per_session: Mutex<HashMap<SessionId, usize>>,
     metrics: crate::metrics::EgressMetrics,
+    interception: Option<Arc<Interception>>,
 }
 
 struct Refusal {
@@ -220,6 +231,10 @@ struct Decision {
     first: FirstBytes,
     /// The intent's fields (status 200, "allowed").
     ok: Refusal,
+    /// A CONNECT to a destination credential rules name: intercepted with
+    /// these bindings (in rule order) instead of tunnelled.
+    /// Whether it is TLS (a CONNECT) or a forwarded plain request.
+    intercept: Option<(Vec<hatchery_policy::Credential>, bool)>,
 }
 
 impl Proxy {
@@ -229,7 +244,21 @@ impl Proxy {
         events: EventSink,
         limits: Limits,
     ) -> Arc<Proxy> {
+        Self::with_interception(identify, policies, events, limits, None)
+    }
+
+    /// A proxy that injects credentials (`interception`) for destinations
+    /// that credential rules name; without it, a connection to one is
+    /// refused (503), never tunnelled without its credential.
+    pub fn with_interception(
+        identify: Arc<dyn Identify>,
+        policies: Arc<dyn PolicySource>,
+        events: EventSink,
+        limits: Limits,
+        interception: Option<Arc<Interception>>,
+    ) -> Arc<Proxy> {
         Arc::new(Proxy {
+            interception,
             identify,
             policies,
             events,
@@ -420,6 +449,43 @@ impl Proxy {
         };
         self.count(Verdict::Allowed, d.ok.status);
         let mut moved = (0, 0);
+        if let (Some((credentials, tls)), Some(ix)) = (d.intercept, self.interception.as_ref()) {
+            let reply = d.first.reply.unwrap_or_default();
+            if sock.write_all(reply.as_bytes()).await.is_ok() {
+                self.metrics.tunnels_open.inc();
+                let plan = Plan {
+                    session: session.clone(),
+                    connect_seq: intent,
+                    host: d.ok.host.clone().unwrap_or_default(),
+                    port: d.addr.port(),
+                    policy_version: d.ok.policy_version,
+                    credentials,
+                    tls,
+                };
+                let client = crate::intercept::Prefixed::new(d.first.to_upstream, sock);
+                moved =
+                    crate::intercept::serve(ix, &self.events, &self.limits, client, upstream, plan)
+                        .await;
+                self.metrics
+                    .bytes
+                    .with_label_values(&["up"])
+                    .inc_by(moved.0);
+                self.metrics
+                    .bytes
+                    .with_label_values(&["down"])
+                    .inc_by(moved.1);
+                self.metrics.tunnels_open.dec();
+            }
+            self.events
+                .result(result(
+                    Outcome::Connected,
+                    200,
+                    "closed (intercepted)".into(),
+                    moved,
+                ))
+                .await;
+            return;
+        }
         let sent = match d.first.reply {
             Some(reply) => sock.write_all(reply.as_bytes()).await.is_ok(),
             None => true,
@@ -494,6 +560,63 @@ impl Proxy {
                 r.policy_version = version;
                 with_target(r)
             })?;
+        // A CONNECT is intercepted for `https` bindings, a forwarded
+        // plain request for `http` ones (loopback test hosts only).
+        let tls = matches!(req, Request::Connect(_));
+        let want = if tls {
+            hatchery_policy::Scheme::Https
+        } else {
+            hatchery_policy::Scheme::Http
+        };
+        let dest = Destination {
+            host: &host_str,
+            ip: Some(addr.ip()),
+            port: target.port,
+        };
+        let creds: Vec<_> = policy
+            .policy
+            .credentials_for(&dest)
+            .into_iter()
+            .filter(|c| c.scheme == want)
+            .cloned()
+            .collect();
+        let intercept = if creds.is_empty() {
+            None
+        } else if self.interception.is_none() {
+            let mut r = refuse(
+                503,
+                "a credential rule names this destination and this proxy does not inject credentials",
+            );
+            r.policy_version = version;
+            return Err(with_target(r));
+        } else {
+            Some((creds, tls))
+        };
+        if intercept.is_some() && !tls {
+            // The guest's request as it came, replayed into the relay
+            // that adds the credential.
+            let mut raw = head.clone();
+            raw.extend_from_slice(b"\r\n\r\n");
+            raw.extend_from_slice(&rest);
+            let ok = Refusal {
+                status: 200,
+                reason: "allowed".into(),
+                host: Some(host_str.clone()),
+                port: Some(target.port),
+                ip: Some(addr.ip()),
+                rule_id,
+                policy_version: version,
+            };
+            return Ok(Decision {
+                addr,
+                first: FirstBytes {
+                    reply: None,
+                    to_upstream: raw,
+                },
+                ok,
+                intercept,
+            });
+        }
         let first = match req {
             Request::Connect(_) => FirstBytes {
                 reply: Some("HTTP/1.1 200 Connection Established\r\n\r\n".into()),
@@ -545,7 +668,12 @@ impl Proxy {
             rule_id,
             policy_version: version,
         };
-        Ok(Decision { addr, first, ok })
+        Ok(Decision {
+            addr,
+            first,
+            ok,
+            intercept,
+        })
     }
 
     /// Resolves (once) and picks the first address the policy allows.

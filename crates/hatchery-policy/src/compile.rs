@@ -59,6 +59,7 @@ pub(crate) struct CompiledRule {
     pub cost: Option<(Op, i64)>,
     pub hosts: Option<Vec<HostPattern>>,
     pub ports: Option<Vec<(u16, u16)>>,
+    pub credential: Option<crate::credential::Credential>,
 }
 
 #[derive(Debug, Clone)]
@@ -224,7 +225,7 @@ fn compile_rule(rule: &Rule) -> Result<CompiledRule, String> {
             )
         }
     };
-    Ok(CompiledRule {
+    let mut compiled = CompiledRule {
         id: rule.id.clone(),
         effect: rule.effect,
         tools,
@@ -232,7 +233,10 @@ fn compile_rule(rule: &Rule) -> Result<CompiledRule, String> {
         cost,
         hosts,
         ports,
-    })
+        credential: None,
+    };
+    compiled.credential = crate::credential::compile(rule, &compiled)?;
+    Ok(compiled)
 }
 
 fn compile_cond(c: &ArgCondition) -> Result<CompiledCond, String> {

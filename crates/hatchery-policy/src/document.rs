@@ -30,6 +30,11 @@ pub struct Rule {
     pub effect: Effect,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// A stored secret the egress proxy adds to matching HTTPS requests to
+    /// this rule's hosts (docs/policy.md, "Credentials"). Only on an
+    /// `allow` rule of the `egress` tool with named hosts and ports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<crate::credential::CredentialBinding>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]

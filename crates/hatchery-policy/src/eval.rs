@@ -114,7 +114,7 @@ fn rule_matches(rule: &CompiledRule, req: &Request<'_>) -> Option<bool> {
 
 /// `Some(by_range)` when one pattern matches. Name patterns are tried
 /// first, so `by_range` is only true when no name pattern matched.
-fn host_matches(hosts: &[HostPattern], d: &Destination<'_>) -> Option<bool> {
+pub(crate) fn host_matches(hosts: &[HostPattern], d: &Destination<'_>) -> Option<bool> {
     let literal: Option<IpAddr> = d.host.parse().ok();
     let mut range = false;
     for h in hosts {

@@ -61,7 +61,16 @@ impl From<StoreError> for HttpError {
     }
 }
 
-type Store = Arc<dyn PolicyStore>;
+/// Which secret names are not stored: a policy whose credential rules name
+/// one is refused (400 `unknown_secret`) before it is stored. The daemon
+/// passes its secrets store (hatchery-secrets).
+#[async_trait::async_trait]
+pub trait SecretNames: Send + Sync + 'static {
+    async fn missing(
+        &self,
+        names: Vec<String>,
+    ) -> Result<Vec<String>, Box<dyn std::error::Error + Send + Sync>>;
+}
 
 /// The request's caller as a tenant id (`None`: the operator).
 type Caller = Option<Extension<Principal>>;
@@ -79,14 +88,68 @@ fn visible(p: StoredPolicy, who: &Caller) -> Result<StoredPolicy, HttpError> {
     }
 }
 
-pub fn router(store: Store) -> Router {
+/// The routes' state: the store and the secrets check.
+#[derive(Clone)]
+pub struct Api {
+    store: Arc<dyn PolicyStore>,
+    secrets: Option<Arc<dyn SecretNames>>,
+}
+
+/// Without a secrets check: a policy with a credential rule is refused
+/// (there is no secret it could name).
+pub fn router(store: Arc<dyn PolicyStore>) -> Router {
+    router_with_secrets(store, None)
+}
+
+pub fn router_with_secrets(
+    store: Arc<dyn PolicyStore>,
+    secrets: Option<Arc<dyn SecretNames>>,
+) -> Router {
     Router::new()
         .route("/v1/policies", post(create).get(list))
         .route("/v1/policies/{id}", get(latest))
         .route("/v1/policies/{id}/versions", post(add_version))
         .route("/v1/policies/{id}/versions/{version}", get(version))
         .layer(DefaultBodyLimit::max(MAX_DOCUMENT_BYTES))
-        .with_state(store)
+        .with_state(Api { store, secrets })
+}
+
+/// Every secret the document's credential rules name must exist.
+async fn check_secrets(api: &Api, doc: &PolicyDocument) -> Result<(), HttpError> {
+    let mut names: Vec<String> = doc
+        .rules
+        .iter()
+        .filter_map(|r| r.credential.as_ref().map(|c| c.secret.clone()))
+        .collect();
+    if names.is_empty() {
+        return Ok(());
+    }
+    names.sort();
+    names.dedup();
+    let missing = match &api.secrets {
+        None => names,
+        Some(s) => s.missing(names).await.map_err(|e| {
+            let request_id = format!("req_{:016x}", rand::random::<u64>());
+            tracing::error!(%request_id, error = %hatchery_serve::error_text::with_causes(&*e), "secret names not checked");
+            HttpError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                format!("the secrets store did not answer (request id {request_id}); retry shortly"),
+            )
+        })?,
+    };
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(HttpError::new(
+            StatusCode::BAD_REQUEST,
+            "unknown_secret",
+            format!(
+                "credential rules name secrets that are not stored: {}",
+                missing.join(", ")
+            ),
+        ))
+    }
 }
 
 fn parse_doc(body: Result<Bytes, BytesRejection>) -> Result<PolicyDocument, HttpError> {
@@ -138,12 +201,14 @@ pub struct PolicyList {
               (status = 400, body = ErrorBody, description = "invalid_policy: the message names the rule (index and id)"),
               (status = 413, body = ErrorBody)))]
 pub async fn create(
-    State(store): State<Store>,
+    State(api): State<Api>,
     who: Caller,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<StoredPolicy>), HttpError> {
     let doc = parse_doc(body)?;
-    let p = store.create(doc, tenant_of(&who)).await?;
+    crate::compile::Policy::compile(&doc).map_err(StoreError::from)?;
+    check_secrets(&api, &doc).await?;
+    let p = api.store.create(doc, tenant_of(&who)).await?;
     tracing::info!(policy = %p.id, version = p.version, rules = p.document.rules.len(), "policy created");
     Ok((StatusCode::CREATED, Json(p)))
 }
@@ -156,7 +221,7 @@ pub async fn create(
               (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
               (status = 409, body = ErrorBody, description = "policy_read_only: pol_standard")))]
 pub async fn add_version(
-    State(store): State<Store>,
+    State(api): State<Api>,
     who: Caller,
     Path(id): Path<String>,
     body: Result<Bytes, BytesRejection>,
@@ -165,18 +230,20 @@ pub async fn add_version(
     // Another tenant's policy is not there for this caller. (Between this
     // read and the write its owner cannot change: a policy's tenant is
     // set once, at create.)
-    visible(store.latest(&id).await?, &who)?;
+    visible(api.store.latest(&id).await?, &who)?;
     let doc = parse_doc(body)?;
-    let p = store.add_version(&id, doc).await?;
+    crate::compile::Policy::compile(&doc).map_err(StoreError::from)?;
+    check_secrets(&api, &doc).await?;
+    let p = api.store.add_version(&id, doc).await?;
     tracing::info!(policy = %p.id, version = p.version, rules = p.document.rules.len(), "policy version added");
     Ok((StatusCode::CREATED, Json(p)))
 }
 
 /// Every policy with its latest version number.
 #[utoipa::path(get, path = "/v1/policies", tag = "policies", responses((status = 200, body = PolicyList)))]
-pub async fn list(State(store): State<Store>, who: Caller) -> Result<Json<PolicyList>, HttpError> {
+pub async fn list(State(api): State<Api>, who: Caller) -> Result<Json<PolicyList>, HttpError> {
     let caller = tenant_of(&who);
-    let mut policies = store.list().await?;
+    let mut policies = api.store.list().await?;
     policies.retain(|p| reachable(p.builtin, p.tenant.as_deref(), caller));
     Ok(Json(PolicyList { policies }))
 }
@@ -185,12 +252,12 @@ pub async fn list(State(store): State<Store>, who: Caller) -> Result<Json<Policy
 #[utoipa::path(get, path = "/v1/policies/{id}", tag = "policies", params(("id" = String, Path)),
     responses((status = 200, body = StoredPolicy), (status = 404, body = ErrorBody)))]
 pub async fn latest(
-    State(store): State<Store>,
+    State(api): State<Api>,
     who: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<StoredPolicy>, HttpError> {
     check_id(&id)?;
-    Ok(Json(visible(store.latest(&id).await?, &who)?))
+    Ok(Json(visible(api.store.latest(&id).await?, &who)?))
 }
 
 /// One version of a policy, as it was written.
@@ -198,7 +265,7 @@ pub async fn latest(
     params(("id" = String, Path), ("version" = u32, Path)),
     responses((status = 200, body = StoredPolicy), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn version(
-    State(store): State<Store>,
+    State(api): State<Api>,
     who: Caller,
     Path((id, version)): Path<(String, String)>,
 ) -> Result<Json<StoredPolicy>, HttpError> {
@@ -212,6 +279,6 @@ pub async fn version(
     })?;
     // Checked on the policy's head first, so another tenant's policy
     // answers policy_not_found whatever version is asked.
-    visible(store.latest(&id).await?, &who)?;
-    Ok(Json(store.version(&id, v).await?))
+    visible(api.store.latest(&id).await?, &who)?;
+    Ok(Json(api.store.version(&id, v).await?))
 }

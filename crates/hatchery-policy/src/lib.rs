@@ -14,6 +14,7 @@
 
 pub mod cache;
 pub mod compile;
+pub mod credential;
 pub mod document;
 pub mod eval;
 mod glob;
@@ -23,6 +24,7 @@ pub mod standard;
 pub mod store;
 
 pub use compile::{Policy, ValidationError};
+pub use credential::{Credential, CredentialBinding, Injection, Scheme};
 pub use document::{Effect, PolicyDocument};
 pub use eval::{Decision, Destination, Request, EGRESS_TOOL, MODEL_CALL_TOOL};
 pub use store::{DbPolicyStore, PolicyStore, StoreError, StoredPolicy, MAX_POLICIES, MAX_VERSIONS};

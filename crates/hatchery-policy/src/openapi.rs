@@ -18,6 +18,9 @@ use utoipa::OpenApi;
     components(schemas(
         PolicyDocument,
         Rule,
+        crate::credential::CredentialBinding,
+        crate::credential::Injection,
+        crate::credential::Scheme,
         Effect,
         Match,
         ArgCondition,

@@ -335,6 +335,27 @@ pub enum EventKind {
         bytes_down: u64,
         duration_ms: u64,
     },
+    /// A stored secret about to be added to one request of an intercepted
+    /// connection (docs/policy.md, "Credentials"), committed before the
+    /// request goes out (with the same check as `egress_connect`). Never
+    /// the value; the path without its query.
+    EgressCredential {
+        /// The seq of the connection's `egress_connect`.
+        connect_seq: u64,
+        secret: String,
+        rule_id: String,
+        host: String,
+        port: u16,
+        method: String,
+        path: String,
+    },
+    /// The destination's answer to the request of an `egress_credential`.
+    EgressCredentialResult {
+        /// The seq of its `egress_credential`.
+        credential_seq: u64,
+        status: u16,
+        reason: String,
+    },
     /// Egress connections the proxy refused: one event per destination
     /// (host, port) and status per interval, `count` being how many
     /// attempts it stands for (docs/sessions.md, "Egress").
@@ -452,6 +473,8 @@ impl EventKind {
             EventKind::BudgetExhausted { .. } => "budget_exhausted",
             EventKind::EgressConnect { .. } => "egress_connect",
             EventKind::EgressResult { .. } => "egress_result",
+            EventKind::EgressCredential { .. } => "egress_credential",
+            EventKind::EgressCredentialResult { .. } => "egress_credential_result",
             EventKind::EgressDenied { .. } => "egress_denied",
             EventKind::Egress { .. } => "egress",
             EventKind::EgressSuppressed { .. } => "egress_suppressed",

@@ -29,6 +29,21 @@ pub trait SessionHooks: Send + Sync + 'static {
     /// True when the host meters model spend (the gateway): the agent's own
     /// usage reports are then ignored, since guest code could lie in them.
     fn meters_spend(&self) -> bool;
+    /// The egress proxy's interception CA (PEM), installed into the
+    /// sandbox's trust store before the agent starts; none when the proxy
+    /// injects no credentials. Never a private key.
+    fn guest_ca(&self) -> Option<String> {
+        None
+    }
+    /// Variables the session's pinned policy names for its credentials,
+    /// each with a placeholder value (never the secret). An error fails
+    /// the session (`services_unavailable`).
+    async fn placeholder_env(
+        &self,
+        _session: &Session,
+    ) -> Result<BTreeMap<String, String>, String> {
+        Ok(BTreeMap::new())
+    }
 }
 
 /// Nothing plugged in: the agent reaches whatever host service its model

@@ -45,6 +45,12 @@ pub enum DaemonError {
     Metrics(#[from] prometheus::Error),
     #[error("egress proxy")]
     Egress(#[from] hatchery_sessions::egress::EgressError),
+    #[error("egress credential injection")]
+    EgressCa(#[from] hatchery_egress::intercept::ca::CaError),
+    #[error("secrets key")]
+    SecretsKey(#[from] hatchery_secrets::KeyError),
+    #[error("secrets store")]
+    Secrets(#[from] hatchery_secrets::StoreError),
     #[error("model gateway")]
     Gateway(#[from] hatchery_gateway::embed::EmbedError),
     #[error("tool broker")]

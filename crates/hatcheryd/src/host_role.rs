@@ -179,6 +179,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // Policies have migrations of their own: their own file on one host,
     // their own tables in the shared database on many.
     let policies = crate::state_db::open_policies(&db, &data).await?;
+    let secrets = crate::session_services::open_secrets(&args, &db, &data).await?;
     let session_store = crate::sessions::open_store(&args, &db, &data).await?;
     // One resolver for the API's and the sessions' routes, so a revoke
     // empties the one cache both read.
@@ -201,7 +202,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         &data,
         &manager,
         (&sessions, tenants.clone()),
-        policies.clone(),
+        (policies.clone(), secrets.clone()),
         (&key, &daemon_key),
         &db,
     )
@@ -244,7 +245,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let preview_app = hatchery_api::preview_router(api_state.clone()).merge(e2b.clone());
     let app = hatchery_api::router_with(
         api_state,
-        hatchery_policy::http::router(policies)
+        hatchery_policy::http::router_with_secrets(policies, Some(Arc::new(secrets.clone())))
+            .merge(hatchery_secrets::http::router(secrets))
             .merge(broker_operator)
             .merge(hatchery_tenants::http::router(tenants.clone())),
     )

@@ -110,4 +110,82 @@ impl SessionHooks for DaemonHooks {
     fn meters_spend(&self) -> bool {
         self.gateway.is_some()
     }
+
+    fn guest_ca(&self) -> Option<String> {
+        self.egress.as_ref().and_then(|e| e.ca_pem.clone())
+    }
+
+    async fn placeholder_env(&self, s: &Session) -> Result<BTreeMap<String, String>, String> {
+        let Some(e) = &self.egress else {
+            return Ok(BTreeMap::new());
+        };
+        let vars = e
+            .placeholders(&s.spec.policy_id, s.spec.policy_version)
+            .await
+            .map_err(|err| {
+                format!(
+                    "pinned policy: {}",
+                    hatchery_serve::error_text::with_causes(&err)
+                )
+            })?;
+        Ok(vars.into_iter().collect())
+    }
+}
+
+/// The secrets store on the deployment's database, sealed with the key
+/// file (`--secrets-key-file`, DATA_DIR/secrets.key by default).
+pub async fn open_secrets(
+    args: &hatchery_config::DaemonArgs,
+    db: &hatchery_db::Db,
+    data: &std::path::Path,
+) -> Result<hatchery_secrets::Secrets, crate::DaemonError> {
+    let path = args
+        .egress
+        .secrets_key_file
+        .clone()
+        .unwrap_or_else(|| data.join("secrets.key"));
+    let key = hatchery_secrets::SecretKey::load_or_create(&path)?;
+    Ok(hatchery_secrets::Secrets::open(db.clone(), key).await?)
+}
+
+/// The egress proxy's credential injection: the CA (`--egress-ca-dir`,
+/// DATA_DIR/egress-ca by default), the upstream trust (`--egress-upstream-ca-file`)
+/// and the secrets store. None when the proxy is off.
+pub fn interception(
+    args: &hatchery_config::DaemonArgs,
+    data: &std::path::Path,
+    secrets: hatchery_secrets::Secrets,
+) -> Result<Option<Arc<hatchery_egress::Interception>>, crate::DaemonError> {
+    if args.egress.guest_port == 0 {
+        return Ok(None);
+    }
+    use hatchery_egress::intercept::ca;
+    let dir = args
+        .egress
+        .ca_dir
+        .clone()
+        .unwrap_or_else(|| data.join("egress-ca"));
+    Ok(Some(Arc::new(hatchery_egress::Interception {
+        ca: Arc::new(ca::Ca::load_or_create(&dir)?),
+        upstream: ca::upstream_config(
+            args.egress
+                .upstream_ca_file
+                .as_deref()
+                .unwrap_or(std::path::Path::new("/etc/ssl/certs/ca-certificates.crt")),
+        )?,
+        secrets: Arc::new(SecretValues(secrets)),
+    })))
+}
+
+/// The proxy reads a value only when a request gets it.
+struct SecretValues(hatchery_secrets::Secrets);
+
+#[async_trait::async_trait]
+impl hatchery_egress::CredentialSource for SecretValues {
+    async fn reveal(
+        &self,
+        secret: &str,
+    ) -> Result<hatchery_egress::Zeroizing<Vec<u8>>, hatchery_egress::SourceError> {
+        Ok(self.0.reveal(secret).await?)
+    }
 }

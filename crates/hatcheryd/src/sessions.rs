@@ -121,7 +121,10 @@ pub async fn wire_services(
     data: &std::path::Path,
     manager: &Arc<hatchery_core::Manager>,
     (sessions, tenants): (&Arc<Sessions>, Arc<hatchery_tenants::Tenants>),
-    policies: Arc<dyn hatchery_policy::PolicyStore>,
+    (policies, secrets): (
+        Arc<dyn hatchery_policy::PolicyStore>,
+        hatchery_secrets::Secrets,
+    ),
     (api_key, daemon_key): (&str, &str),
     db: &hatchery_db::Db,
 ) -> Result<(), crate::DaemonError> {
@@ -159,6 +162,7 @@ pub async fn wire_services(
         sessions.clone(),
         policies,
         &manager.metrics.registry,
+        crate::session_services::interception(args, data, secrets)?,
     )?;
     let hooks = Arc::new(crate::session_services::DaemonHooks {
         gateway,

@@ -89,6 +89,12 @@ export interface CreateSandbox {
   ttl_seconds?: number | null;
 }
 
+/** A new secret. The value is write-only: no route returns it. */
+export interface CreateSecret {
+  name: string;
+  value: string;
+}
+
 export interface CreateSnapshot {
   metadata?: Record<string, string>;
   retention_seconds?: number | null;
@@ -111,6 +117,15 @@ export interface CreateTemplate {
 /** `POST /v1/tenants/{id}/keys`' answer: the only time the key is shown. */
 export interface CreatedKey extends TenantKey {
   key: string;
+}
+
+export interface CredentialBinding {
+  env?: string | null;
+  inject: Injection;
+  methods?: Array<string> | null;
+  path_prefix?: string | null;
+  scheme?: Scheme;
+  secret: string;
 }
 
 export type Effect = "allow" | "deny" | "require_approval";
@@ -191,6 +206,9 @@ export interface ForkBody {
   network?: null | NetworkPolicy;
   ttl_seconds?: number | null;
 }
+
+/** Where the secret goes. Exactly one of the three. */
+export type Injection = Record<string, unknown> | Record<string, unknown> | Record<string, unknown>;
 
 export interface KeyList {
   keys: Array<TenantKey>;
@@ -309,6 +327,7 @@ export interface ProcessList {
 }
 
 export interface Rule {
+  credential?: null | CredentialBinding;
   description?: string | null;
   effect: Effect;
   id: string;
@@ -328,6 +347,19 @@ export interface Sandbox {
 
 export interface SandboxList {
   sandboxes: Array<Sandbox>;
+}
+
+export type Scheme = "https" | "http";
+
+/** What the API shows of a secret: never its value. */
+export interface SecretInfo {
+  bytes: number;
+  created_at: string;
+  name: string;
+}
+
+export interface SecretList {
+  secrets: Array<SecretInfo>;
 }
 
 export interface SignalBody {
@@ -425,6 +457,7 @@ export const DOCUMENTED_ROUTES = [
   "DELETE /v1/sandboxes/{id}/files",
   "DELETE /v1/sandboxes/{id}/ports/{port}/{path}",
   "DELETE /v1/sandboxes/{id}/processes/{pid}",
+  "DELETE /v1/secrets/{name}",
   "DELETE /v1/snapshots/{id}",
   "DELETE /v1/templates/{name}",
   "DELETE /v1/tenants/{id}",
@@ -447,6 +480,7 @@ export const DOCUMENTED_ROUTES = [
   "GET /v1/sandboxes/{id}/processes/{pid}",
   "GET /v1/sandboxes/{id}/processes/{pid}/output",
   "GET /v1/sandboxes/{id}/pty",
+  "GET /v1/secrets",
   "GET /v1/snapshots",
   "GET /v1/snapshots/{id}",
   "GET /v1/templates",
@@ -481,6 +515,7 @@ export const DOCUMENTED_ROUTES = [
   "POST /v1/sandboxes/{id}/processes/{pid}/wait",
   "POST /v1/sandboxes/{id}/pty/token",
   "POST /v1/sandboxes/{id}/snapshots",
+  "POST /v1/secrets",
   "POST /v1/snapshots/{id}/fork",
   "POST /v1/templates",
   "POST /v1/tenants",

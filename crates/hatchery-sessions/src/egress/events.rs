@@ -17,7 +17,7 @@ use super::coalesce::{Batch, Coalescer, Dest, Sample, INTERVAL, MAX_DESTINATIONS
 use crate::events::EventKind;
 use crate::store::StoreError;
 use crate::Sessions;
-use hatchery_egress::{EgressEvent, EgressResult, Events};
+use hatchery_egress::{CredentialResult, CredentialUse, EgressEvent, EgressResult, Events};
 use hatchery_serve::limited_warn;
 use hatchery_serve::log_limit::LogLimiter;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -241,6 +241,44 @@ impl Events for SessionEvents {
             self.unrecorded.inc();
             limited_warn!(limiter(), "egress-result", session = %session, error = %err,
                 "an egress connection's result could not be recorded");
+        }
+    }
+
+    async fn credential(&self, u: CredentialUse) -> Result<u64, hatchery_egress::SourceError> {
+        let session = u.session.clone();
+        let version = u.policy_version;
+        let e = EventKind::EgressCredential {
+            connect_seq: u.connect_seq,
+            secret: u.secret,
+            rule_id: u.rule_id,
+            host: u.host,
+            port: u.port,
+            method: u.method,
+            path: u.path,
+        };
+        let write = self.log.record_connect(&session, e, version);
+        match tokio::time::timeout(RECORD_TIMEOUT, write).await {
+            Ok(Ok(Some(seq))) => Ok(seq),
+            Ok(Ok(None)) => Err(NotRecorded::NotAuthorised.into()),
+            Ok(Err(err)) => {
+                limited_warn!(limiter(), "egress-credential", session = %session,
+                    error = %err, "a credential's use could not be recorded; request refused");
+                Err(NotRecorded::Refused(err).into())
+            }
+            Err(_) => Err(NotRecorded::TimedOut.into()),
+        }
+    }
+
+    async fn credential_result(&self, r: CredentialResult) {
+        let e = EventKind::EgressCredentialResult {
+            credential_seq: r.use_seq,
+            status: r.status,
+            reason: r.reason,
+        };
+        if let Err(err) = self.log.record(&r.session, e).await {
+            self.unrecorded.inc();
+            limited_warn!(limiter(), "egress-credential-result", session = %r.session, error = %err,
+                "a credential request's status could not be recorded");
         }
     }
 

@@ -62,6 +62,10 @@ pub struct Binding {
 pub struct EgressLink {
     pub guest_port: u16,
     pub socket: PathBuf,
+    /// The interception CA's certificate (PEM) when the proxy injects
+    /// credentials: every session sandbox trusts it.
+    pub ca_pem: Option<String>,
+    compiled: Arc<CompiledPolicies>,
     bindings: Arc<Mutex<HashMap<String, Binding>>>,
     events: Arc<SessionEvents>,
 }
@@ -81,12 +85,29 @@ impl EgressLink {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Binding>> {
         self.bindings.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// The placeholder variables the pinned policy's credential bindings
+    /// name (`env`), each set to a value that is not the secret, for tools
+    /// that insist on a variable being set.
+    pub async fn placeholders(
+        &self,
+        policy_id: &str,
+        version: u32,
+    ) -> Result<Vec<(String, String)>, hatchery_policy::StoreError> {
+        let p = self.compiled.get(policy_id, version).await?;
+        Ok(p.credentials()
+            .filter_map(|c| {
+                let env = c.env.clone()?;
+                Some((env, format!("hatchery-egress-injects-{}", c.secret)))
+            })
+            .collect())
+    }
 }
 
 /// The session's pinned version, compiled (cached by id and version).
 struct Pinned {
     bindings: Arc<Mutex<HashMap<String, Binding>>>,
-    compiled: CompiledPolicies,
+    compiled: Arc<CompiledPolicies>,
 }
 
 #[async_trait::async_trait]
@@ -142,12 +163,15 @@ impl hatchery_egress::Identify for Unused {
 
 /// Serves the proxy on `DATA/egress.sock` (none when `guest_port` is 0),
 /// its events going to `log`.
+/// `interception`: the CA and secrets for credential rules (none: a
+/// connection a credential rule names is refused).
 pub fn start(
     a: &EgressConfig,
     data: &Path,
     log: Arc<dyn EgressLog>,
     policies: Arc<dyn hatchery_policy::PolicyStore>,
     registry: &prometheus::Registry,
+    interception: Option<Arc<hatchery_egress::Interception>>,
 ) -> Result<Option<Arc<EgressLink>>, EgressError> {
     if a.guest_port == 0 {
         return Ok(None);
@@ -155,11 +179,13 @@ pub fn start(
     let bindings: Arc<Mutex<HashMap<String, Binding>>> = Default::default();
     let events = SessionEvents::start(log, registry);
     let sink: hatchery_egress::EventSink = events.clone();
-    let proxy = Proxy::new(
+    let ca_pem = interception.as_ref().map(|i| i.ca.cert_pem().to_string());
+    let compiled = Arc::new(CompiledPolicies::new(policies));
+    let proxy = Proxy::with_interception(
         Arc::new(Unused),
         Arc::new(Pinned {
             bindings: bindings.clone(),
-            compiled: CompiledPolicies::new(policies),
+            compiled: compiled.clone(),
         }),
         sink,
         Limits {
@@ -168,6 +194,7 @@ pub fn start(
             idle: a.idle,
             ..Limits::default()
         },
+        interception,
     );
     let m = proxy.metrics();
     for c in [
@@ -220,6 +247,8 @@ pub fn start(
     Ok(Some(Arc::new(EgressLink {
         guest_port: a.guest_port,
         socket,
+        ca_pem,
+        compiled,
         bindings,
         events,
     })))

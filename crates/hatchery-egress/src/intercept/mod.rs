@@ -1,0 +1,341 @@
+//! Credential injection (docs/policy.md, "Credentials"): for a CONNECT to
+//! a destination that a credential rule of the session's policy names, the
+//! proxy ends the guest's TLS with a leaf from the deployment's CA
+//! ([`ca`]), opens its own TLS to the real destination (verified against
+//! the host's trust store or a configured bundle), and relays HTTP/1.1
+//! request by request. A request whose method and path a rule's binding
+//! names gets the secret ([`inject`]), after its use is recorded in the
+//! session's log ([`Events::credential`]); its status is recorded when the
+//! answer comes. Answers, redirects included, go back as they are: the
+//! proxy never follows a redirect, so a secret goes only to the host the
+//! guest connected to. Destinations without a credential rule never come
+//! here (a plain tunnel).
+
+pub mod ca;
+pub mod inject;
+mod io;
+
+pub use io::Prefixed;
+
+use crate::proxy::{EventSink, Limits, SessionId, SourceError};
+use bytes::Bytes;
+use hatchery_policy::Credential;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use io::Counted;
+use rustls_pki_types::ServerName;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio_rustls::rustls;
+use zeroize::Zeroizing;
+
+/// The secret values, read when a request gets one (the daemon's secrets
+/// store; tests use a map).
+#[async_trait::async_trait]
+pub trait CredentialSource: Send + Sync + 'static {
+    async fn reveal(&self, secret: &str) -> Result<Zeroizing<Vec<u8>>, SourceError>;
+}
+
+/// What the proxy needs to intercept: the CA the guest trusts, the TLS
+/// client configuration towards real upstreams, and the secrets.
+pub struct Interception {
+    pub ca: Arc<ca::Ca>,
+    pub upstream: Arc<rustls::ClientConfig>,
+    pub secrets: Arc<dyn CredentialSource>,
+}
+
+/// A credential about to go out in one request (recorded before it does).
+/// Never the value.
+#[derive(Debug, Clone)]
+pub struct CredentialUse {
+    pub session: SessionId,
+    /// The seq of the connection's `egress_connect`.
+    pub connect_seq: u64,
+    pub rule_id: String,
+    pub secret: String,
+    pub host: String,
+    pub port: u16,
+    pub method: String,
+    /// The request path without its query (a query may carry the secret).
+    pub path: String,
+    pub policy_version: Option<u32>,
+}
+
+/// The destination's answer to a request that carried a credential.
+#[derive(Debug, Clone)]
+pub struct CredentialResult {
+    pub session: SessionId,
+    /// What [`crate::Events::credential`] returned for its use.
+    pub use_seq: u64,
+    /// The destination's status, or the one the proxy answered (502) when
+    /// the destination gave none.
+    pub status: u16,
+    pub reason: String,
+}
+
+/// One intercepted connection's facts.
+pub(crate) struct Plan {
+    pub session: SessionId,
+    pub connect_seq: u64,
+    pub host: String,
+    pub port: u16,
+    pub policy_version: Option<u32>,
+    pub credentials: Vec<Credential>,
+    /// False only for a `scheme: "http"` binding (loopback test hosts).
+    pub tls: bool,
+}
+
+type Body = BoxBody<Bytes, hyper::Error>;
+
+fn text(status: StatusCode, msg: String) -> Response<Body> {
+    let mut r = Response::new(
+        Full::new(Bytes::from(msg + "\n"))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        "x-hatchery-egress",
+        hyper::header::HeaderValue::from_static("refused"),
+    );
+    r
+}
+
+/// Serves one intercepted connection until either side closes; returns the
+/// bytes moved to the destination and back (TLS records included).
+pub(crate) async fn serve<C>(
+    ix: &Interception,
+    events: &EventSink,
+    limits: &Limits,
+    client: C,
+    upstream: TcpStream,
+    plan: Plan,
+) -> (u64, u64)
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let upstream = Counted::new(upstream);
+    let (up, down) = (upstream.up.clone(), upstream.down.clone());
+    let moved = || (up.load(Ordering::Relaxed), down.load(Ordering::Relaxed));
+    if !plan.tls {
+        // A loopback test host a `scheme: "http"` binding names: the
+        // guest's forwarded request is replayed into the same relay.
+        let sender = handshake(upstream, &plan).await;
+        relay(client, sender, plan, events, ix, limits).await;
+        return moved();
+    }
+    let server = match ix.ca.server_config(&plan.host) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %hatchery_serve::error_text::with_causes(&e), host = %plan.host, "no leaf certificate");
+            return moved();
+        }
+    };
+    // The destination first: when it cannot be verified, the guest is
+    // told so in an HTTP answer rather than by a broken handshake.
+    let sender = match connect_upstream(ix, limits, &plan, upstream).await {
+        Ok(tls) => handshake(tls, &plan).await,
+        Err(why) => Err(why),
+    };
+    let accepted = tokio::time::timeout(
+        limits.head_timeout,
+        tokio_rustls::TlsAcceptor::from(server).accept(client),
+    )
+    .await;
+    let tls = match accepted {
+        Ok(Ok(t)) => t,
+        // The guest did not trust the leaf or hung up: nothing was sent.
+        _ => return moved(),
+    };
+    relay(tls, sender, plan, events, ix, limits).await;
+    moved()
+}
+
+type Sender = Arc<tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Body>>>;
+
+async fn handshake<U>(upstream: U, plan: &Plan) -> Result<Sender, String>
+where
+    U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(upstream))
+        .await
+        .map_err(|e| format!("HTTP to {}:{}: {e}", plan.host, plan.port))?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(Arc::new(tokio::sync::Mutex::new(sender)))
+}
+
+/// Serves the guest's requests on `stream` (its TLS, or the replayed
+/// plain connection), each through [`forward`].
+async fn relay<S>(
+    stream: S,
+    sender: Result<Sender, String>,
+    plan: Plan,
+    events: &EventSink,
+    ix: &Interception,
+    limits: &Limits,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let plan = Arc::new(plan);
+    let events = events.clone();
+    let secrets = ix.secrets.clone();
+    let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let (plan, events, secrets, sender) = (
+            plan.clone(),
+            events.clone(),
+            secrets.clone(),
+            sender.clone(),
+        );
+        async move {
+            let sender = match sender {
+                Ok(s) => s,
+                Err(why) => {
+                    return Ok::<_, std::convert::Infallible>(text(StatusCode::BAD_GATEWAY, why))
+                }
+            };
+            Ok(forward(req, &plan, &events, &*secrets, &sender).await)
+        }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.idle)
+        .keep_alive(true)
+        .serve_connection(TokioIo::new(stream), svc)
+        .await;
+}
+
+async fn connect_upstream<U>(
+    ix: &Interception,
+    limits: &Limits,
+    plan: &Plan,
+    upstream: U,
+) -> Result<tokio_rustls::client::TlsStream<U>, String>
+where
+    U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let name = ServerName::try_from(plan.host.as_str())
+        .map(|n| n.to_owned())
+        .map_err(|_| format!("{} is not a TLS server name", plan.host))?;
+    tokio::time::timeout(
+        limits.connect_timeout,
+        tokio_rustls::TlsConnector::from(ix.upstream.clone()).connect(name, upstream),
+    )
+    .await
+    .map_err(|_| format!("TLS to {}:{} timed out", plan.host, plan.port))?
+    .map_err(|e| format!("TLS to {}:{}: {e}", plan.host, plan.port))
+}
+
+/// One request: the credential added when a binding holds for it (after
+/// its use is recorded), sent, and its answer passed back as it is.
+async fn forward(
+    req: Request<Incoming>,
+    plan: &Plan,
+    events: &EventSink,
+    secrets: &dyn CredentialSource,
+    sender: &Sender,
+) -> Response<Body> {
+    let (mut parts, body) = req.into_parts();
+    let method = parts.method.as_str().to_string();
+    let target = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".into());
+    // Origin form only; the Host is the destination the guest connected to.
+    parts.uri = match target.parse() {
+        Ok(u) => u,
+        Err(_) => return text(StatusCode::BAD_REQUEST, "bad request target".into()),
+    };
+    let authority = if plan.port == if plan.tls { 443 } else { 80 } {
+        plan.host.clone()
+    } else {
+        format!("{}:{}", plan.host, plan.port)
+    };
+    match hyper::header::HeaderValue::from_str(&authority) {
+        Ok(h) => {
+            parts.headers.insert(hyper::header::HOST, h);
+        }
+        Err(_) => return text(StatusCode::BAD_REQUEST, "bad host".into()),
+    }
+    for h in ["proxy-authorization", "proxy-connection"] {
+        parts.headers.remove(h);
+    }
+    let cred = plan
+        .credentials
+        .iter()
+        .find(|c| c.applies(&method, &target));
+    let mut use_seq = None;
+    if let Some(c) = cred {
+        let value = match secrets.reveal(&c.secret).await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(secret = %c.secret, error = %hatchery_serve::error_text::with_causes(&*e), "credential not available");
+                return text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("the credential {:?} is not available", c.secret),
+                );
+            }
+        };
+        let path = target.split('?').next().unwrap_or("/").to_string();
+        let u = CredentialUse {
+            session: plan.session.clone(),
+            connect_seq: plan.connect_seq,
+            rule_id: c.rule_id.clone(),
+            secret: c.secret.clone(),
+            host: plan.host.clone(),
+            port: plan.port,
+            method: method.clone(),
+            path,
+            policy_version: plan.policy_version,
+        };
+        // Recorded before the request goes out: no use without a record.
+        match events.credential(u).await {
+            Ok(seq) => use_seq = Some(seq),
+            Err(e) => {
+                return text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!(
+                        "the credential's use could not be recorded: {}",
+                        hatchery_serve::error_text::with_causes(&*e)
+                    ),
+                )
+            }
+        }
+        if let Err(e) = inject::inject(&c.inject, &value, &mut parts.headers, &mut parts.uri) {
+            return text(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
+        }
+    }
+    let req = Request::from_parts(parts, body.boxed());
+    let sent = {
+        let mut s = sender.lock().await;
+        match s.ready().await {
+            Ok(()) => s.send_request(req).await,
+            Err(e) => Err(e),
+        }
+    };
+    let resp = match sent {
+        Ok(r) => r.map(|b| b.boxed()),
+        Err(e) => text(
+            StatusCode::BAD_GATEWAY,
+            format!("{}:{}: {e}", plan.host, plan.port),
+        ),
+    };
+    if let Some(seq) = use_seq {
+        events
+            .credential_result(CredentialResult {
+                session: plan.session.clone(),
+                use_seq: seq,
+                status: resp.status().as_u16(),
+                reason: resp.status().canonical_reason().unwrap_or("").to_string(),
+            })
+            .await;
+    }
+    resp
+}
