@@ -237,7 +237,7 @@ impl Manager {
             host_id: self.fence.owner.clone(),
             template_version: template.version.clone(),
             rootfs: template.rootfs.to_string_lossy().into_owned(),
-            limits: crate::snapshots::limits_json(&template),
+            limits: template.limits_json(),
         };
         while let Some((id, client)) = self.pool.take(&template.spec.name) {
             row.id = id;

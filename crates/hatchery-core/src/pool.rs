@@ -262,7 +262,7 @@ impl Manager {
             host_id: self.host_id().to_string(),
             template_version: template.version.clone(),
             rootfs: template.rootfs.to_string_lossy().into_owned(),
-            limits: crate::snapshots::limits_json(template),
+            limits: template.limits_json(),
         };
         let client = self
             .start_row(&row, &Default::default(), template, Some(image))

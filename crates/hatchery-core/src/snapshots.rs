@@ -67,7 +67,7 @@ impl Manager {
         // recorded) its template's.
         let (template_version, rootfs, limits) = if row.rootfs.is_empty() {
             let t = self.templates().get(&row.template)?;
-            let limits = limits_json(&t);
+            let limits = t.limits_json();
             (t.version, t.rootfs.to_string_lossy().into_owned(), limits)
         } else {
             (row.template_version, row.rootfs, row.limits)
@@ -303,10 +303,4 @@ impl Manager {
             }
         }
     }
-}
-
-/// A template's limits as a sandbox or snapshot row records them.
-pub(crate) fn limits_json(t: &Template) -> String {
-    // Four integers: serialising them cannot fail.
-    serde_json::to_string(&t.limits()).unwrap_or_default()
 }

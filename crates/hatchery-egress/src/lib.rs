@@ -3,6 +3,7 @@
 //! docs/policy.md, "Egress proxy".
 
 pub mod addr;
+pub mod events;
 pub mod intercept;
 pub mod metrics;
 pub mod proxy;

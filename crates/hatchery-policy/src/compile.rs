@@ -3,6 +3,8 @@
 //! of it that is wrong. Everything the evaluator would otherwise re-parse per
 //! request (paths, ports, CIDRs) is parsed here, once.
 
+pub mod credential;
+
 use crate::document::{ArgCondition, Effect, Op, PolicyDocument, Rule};
 use serde_json::Value;
 use std::collections::HashSet;
@@ -59,7 +61,7 @@ pub(crate) struct CompiledRule {
     pub cost: Option<(Op, i64)>,
     pub hosts: Option<Vec<HostPattern>>,
     pub ports: Option<Vec<(u16, u16)>>,
-    pub credential: Option<crate::credential::Credential>,
+    pub credential: Option<credential::Credential>,
 }
 
 #[derive(Debug, Clone)]
@@ -235,7 +237,7 @@ fn compile_rule(rule: &Rule) -> Result<CompiledRule, String> {
         ports,
         credential: None,
     };
-    compiled.credential = crate::credential::compile(rule, &compiled)?;
+    compiled.credential = credential::compile(rule, &compiled)?;
     Ok(compiled)
 }
 

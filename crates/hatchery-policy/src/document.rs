@@ -34,7 +34,7 @@ pub struct Rule {
     /// this rule's hosts (docs/policy.md, "Credentials"). Only on an
     /// `allow` rule of the `egress` tool with named hosts and ports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub credential: Option<crate::credential::CredentialBinding>,
+    pub credential: Option<crate::binding::CredentialBinding>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
@@ -136,3 +136,11 @@ impl std::fmt::Display for Op {
         })
     }
 }
+
+/// The tool name the egress proxy evaluates connections under.
+pub const EGRESS_TOOL: &str = "egress";
+
+/// The tool name the model gateway evaluates a model call as, with the
+/// call's estimated cost (issue 36). A policy none of whose rules names it
+/// leaves model calls to the budget alone (`Policy::names_tool`).
+pub const MODEL_CALL_TOOL: &str = "model_call";

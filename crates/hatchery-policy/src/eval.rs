@@ -23,13 +23,7 @@ pub struct Request<'a> {
     pub ctx: Option<&'a Map<String, Value>>,
 }
 
-/// The tool name the egress proxy evaluates connections under.
-pub const EGRESS_TOOL: &str = "egress";
-
-/// The tool name the model gateway evaluates a model call as, with the
-/// call's estimated cost (issue 36). A policy none of whose rules names it
-/// leaves model calls to the budget alone (see [`Policy::names_tool`]).
-pub const MODEL_CALL_TOOL: &str = "model_call";
+pub use crate::document::{EGRESS_TOOL, MODEL_CALL_TOOL};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Destination<'a> {
@@ -242,6 +236,35 @@ fn compare_ord(op: Op, o: Ordering) -> bool {
         Op::Lt => o == Ordering::Less,
         Op::Le => o != Ordering::Greater,
         _ => false,
+    }
+}
+
+impl crate::compile::Policy {
+    /// The credential rules whose hosts and ports hold for `dest`, in rule
+    /// order (the proxy intercepts a connection when there is one, and
+    /// gives a request the first whose method and path hold).
+    pub fn credentials_for(
+        &self,
+        dest: &Destination<'_>,
+    ) -> Vec<&crate::compile::credential::Credential> {
+        self.rules
+            .iter()
+            .filter_map(|r| {
+                let c = r.credential.as_ref()?;
+                let ports = r.ports.as_ref()?;
+                if !ports.iter().any(|&(lo, hi)| (lo..=hi).contains(&dest.port)) {
+                    return None;
+                }
+                host_matches(r.hosts.as_ref()?, dest)?;
+                Some(c)
+            })
+            .collect()
+    }
+
+    /// Every credential binding of the policy (secret names for the edge's
+    /// check, placeholder variables for the agent's environment).
+    pub fn credentials(&self) -> impl Iterator<Item = &crate::compile::credential::Credential> {
+        self.rules.iter().filter_map(|r| r.credential.as_ref())
     }
 }
 

@@ -12,9 +12,9 @@
 //!
 //! docs/policy.md describes the format and `pol_standard`.
 
+pub mod binding;
 pub mod cache;
 pub mod compile;
-pub mod credential;
 pub mod document;
 pub mod eval;
 mod glob;
@@ -23,8 +23,9 @@ pub mod openapi;
 pub mod standard;
 pub mod store;
 
+pub use binding::{CredentialBinding, Injection, Scheme};
+pub use compile::credential::{self, Credential};
 pub use compile::{Policy, ValidationError};
-pub use credential::{Credential, CredentialBinding, Injection, Scheme};
 pub use document::{Effect, PolicyDocument};
 pub use eval::{Decision, Destination, Request, EGRESS_TOOL, MODEL_CALL_TOOL};
 pub use store::{DbPolicyStore, PolicyStore, StoreError, StoredPolicy, MAX_POLICIES, MAX_VERSIONS};

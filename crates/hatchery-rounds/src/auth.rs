@@ -30,13 +30,18 @@ impl FromRequestParts<Arc<Rounds>> for Caller {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
-        Caller::from_token(st, given).await
+        Caller::from_token(st, given, parts.uri.path()).await
     }
 }
 
 impl Caller {
-    /// Who `given` (a bearer token, or the API key) is.
-    pub(crate) async fn from_token(st: &Rounds, given: &str) -> Result<Self, RoundsError> {
+    /// Who `given` (a bearer token, or the API key) is, asking for `path`
+    /// (a tenant's key reaches only its own rounds' paths).
+    pub(crate) async fn from_token(
+        st: &Rounds,
+        given: &str,
+        path: &str,
+    ) -> Result<Self, RoundsError> {
         if given.is_empty() {
             return Err(RoundsError::Unauthorized);
         }
@@ -46,7 +51,7 @@ impl Caller {
         if let Some(tenants) = st.tenants.get() {
             if let Some(p) = tenants.resolve(given).await.map_err(RoundsError::Tenants)? {
                 let tenant = p.tenant().unwrap_or_default().to_string();
-                if let Some(id) = round_in_path(parts.uri.path()) {
+                if let Some(id) = round_in_path(path) {
                     owned_by(st, id, &tenant).await?;
                 }
                 return Ok(Caller::Tenant(tenant));
@@ -59,6 +64,7 @@ impl Caller {
             Scope::Interviewer => Caller::Interviewer(rec),
         })
     }
+}
 
 /// The round a `/v1/rounds/{id}…` path names; `None` for the collection.
 fn round_in_path(path: &str) -> Option<&str> {

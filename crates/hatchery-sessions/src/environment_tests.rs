@@ -147,7 +147,7 @@ async fn a_build_closes_the_setup_egress_and_sessions_fork_it_with_the_delta() {
         "environment_id": id, "task": "fix"
     }))
     .unwrap();
-    let sid = e.sessions.create(body).await.unwrap().0.session_id;
+    let sid = e.sessions.create(body, None).await.unwrap().0.session_id;
     let mut s = e.sessions.core.store.get(&sid).await.unwrap();
     for _ in 0..5000 {
         if s.state == S::Running {
@@ -217,7 +217,7 @@ async fn a_failed_setup_leaves_no_version_and_says_why() {
     }))
     .unwrap();
     assert!(matches!(
-        e.sessions.create(body).await,
+        e.sessions.create(body, None).await,
         Err(crate::error::SessionError::Environment(EnvError::NotBuilt(
             _
         )))

@@ -36,6 +36,12 @@ impl Template {
         format!("{}-{}", self.spec.name, h)
     }
 
+    /// The limits as a sandbox or snapshot row records them (JSON).
+    pub fn limits_json(&self) -> String {
+        // Four integers: serialising them cannot fail.
+        serde_json::to_string(&self.limits()).unwrap_or_default()
+    }
+
     pub fn limits(&self) -> Limits {
         Limits {
             cpus: self.spec.cpus,

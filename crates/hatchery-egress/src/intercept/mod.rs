@@ -17,7 +17,8 @@ mod io;
 
 pub use io::Prefixed;
 
-use crate::proxy::{EventSink, Limits, SessionId, SourceError};
+pub use crate::events::{CredentialResult, CredentialUse};
+use crate::events::{EventSink, Limits, SessionId, SourceError};
 use bytes::Bytes;
 use hatchery_policy::Credential;
 use http_body_util::combinators::BoxBody;
@@ -47,35 +48,6 @@ pub struct Interception {
     pub ca: Arc<ca::Ca>,
     pub upstream: Arc<rustls::ClientConfig>,
     pub secrets: Arc<dyn CredentialSource>,
-}
-
-/// A credential about to go out in one request (recorded before it does).
-/// Never the value.
-#[derive(Debug, Clone)]
-pub struct CredentialUse {
-    pub session: SessionId,
-    /// The seq of the connection's `egress_connect`.
-    pub connect_seq: u64,
-    pub rule_id: String,
-    pub secret: String,
-    pub host: String,
-    pub port: u16,
-    pub method: String,
-    /// The request path without its query (a query may carry the secret).
-    pub path: String,
-    pub policy_version: Option<u32>,
-}
-
-/// The destination's answer to a request that carried a credential.
-#[derive(Debug, Clone)]
-pub struct CredentialResult {
-    pub session: SessionId,
-    /// What [`crate::Events::credential`] returned for its use.
-    pub use_seq: u64,
-    /// The destination's status, or the one the proxy answered (502) when
-    /// the destination gave none.
-    pub status: u16,
-    pub reason: String,
 }
 
 /// One intercepted connection's facts.

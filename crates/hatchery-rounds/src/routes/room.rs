@@ -98,7 +98,8 @@ pub async fn room(
     headers: HeaderMap,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, RoundsError> {
-    let caller = Caller::from_token(&st, &token(&headers)).await?;
+    let path = format!("/v1/rounds/{id}/sessions/{sid}/room");
+    let caller = Caller::from_token(&st, &token(&headers), &path).await?;
     let who = member(&caller, &id, &sid)?;
     if !valid_id("ses", &sid) {
         return Err(RoundsError::NotFound(format!("session {sid}")));

@@ -1,16 +1,15 @@
 //! Credential bindings: a rule of the `egress` tool may name a stored
 //! secret that the egress proxy adds to matching HTTPS requests to the
 //! rule's hosts, so the sandbox never holds it (docs/policy.md,
-//! "Credentials"). This module is the binding's document form, its
-//! validation (a binding that could leak the secret to more than the
-//! named destinations is refused here, at the edge) and the per-request
-//! match the proxy runs.
+//! "Credentials"). The binding's document form is in [`crate::binding`];
+//! this module is its validation (a binding that could leak the secret to
+//! more than the named destinations is refused here, at the edge) and the
+//! per-request match the proxy runs. Which rules' credentials hold for a
+//! destination is the evaluator's (`Policy::credentials_for`, eval.rs).
 
-use crate::compile::{CompiledRule, HostPattern};
+use super::{CompiledRule, HostPattern};
+pub use crate::binding::{CredentialBinding, Injection, Scheme};
 use crate::document::{Effect, Rule};
-use crate::eval::Destination;
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 /// Longest header template, username or path prefix.
 pub const MAX_TEMPLATE_BYTES: usize = 256;
@@ -19,54 +18,6 @@ pub const MAX_PATH_PREFIX_BYTES: usize = 1024;
 pub const MAX_METHODS: usize = 16;
 /// The placeholder the template's secret goes into.
 pub const SECRET_SLOT: &str = "{secret}";
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CredentialBinding {
-    /// The name of a secret stored with `/v1/secrets`; a policy naming a
-    /// secret that does not exist is refused.
-    pub secret: String,
-    /// How the secret goes into the request.
-    pub inject: Injection,
-    /// Upper-case HTTP methods the secret is added to; absent: any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub methods: Option<Vec<String>>,
-    /// Request paths the secret is added to (starting with `/`); absent:
-    /// every path. A path with `.`/`..` segments or an encoded dot never
-    /// matches, so a prefix cannot be walked out of.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub path_prefix: Option<String>,
-    /// `https` (the default): the proxy terminates TLS for the rule's hosts
-    /// and adds the secret inside it. `http` (a cleartext request) is
-    /// refused unless every host of the rule is a loopback address (tests).
-    #[serde(default)]
-    pub scheme: Scheme,
-    /// An environment variable the agent gets with a placeholder value
-    /// (for tools that insist on one being set); never the secret.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub env: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Scheme {
-    #[default]
-    Https,
-    Http,
-}
-
-/// Where the secret goes. Exactly one of the three.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub enum Injection {
-    /// A header, replacing any the guest sent under that name:
-    /// `{"header": {"name": "Authorization", "template": "Bearer {secret}"}}`.
-    Header { name: String, template: String },
-    /// HTTP basic auth with this username and the secret as the password.
-    Basic { username: String },
-    /// A query parameter, replacing any of that name the guest sent.
-    Query { param: String },
-}
 
 /// Secret names: `[A-Za-z0-9_.-]`, 1–64 characters (the secrets API uses
 /// the same rule).
@@ -137,7 +88,7 @@ pub(crate) fn compile(rule: &Rule, compiled: &CompiledRule) -> Result<Option<Cre
         return err("only an allow rule may carry a credential");
     }
     match &compiled.tools {
-        Some(t) if t.iter().all(|p| p == crate::eval::EGRESS_TOOL) => {}
+        Some(t) if t.iter().all(|p| p == crate::document::EGRESS_TOOL) => {}
         _ => {
             return err(
                 "the rule must match exactly the tool \"egress\" (match.tools: [\"egress\"])",
@@ -272,32 +223,6 @@ pub(crate) fn compile(rule: &Rule, compiled: &CompiledRule) -> Result<Option<Cre
         scheme: b.scheme,
         env: b.env.clone(),
     }))
-}
-
-impl crate::compile::Policy {
-    /// The credential rules whose hosts and ports hold for `dest`, in rule
-    /// order (the proxy intercepts a connection when there is one, and
-    /// gives a request the first whose method and path hold).
-    pub fn credentials_for(&self, dest: &Destination<'_>) -> Vec<&Credential> {
-        self.rules
-            .iter()
-            .filter_map(|r| {
-                let c = r.credential.as_ref()?;
-                let ports = r.ports.as_ref()?;
-                if !ports.iter().any(|&(lo, hi)| (lo..=hi).contains(&dest.port)) {
-                    return None;
-                }
-                crate::eval::host_matches(r.hosts.as_ref()?, dest)?;
-                Some(c)
-            })
-            .collect()
-    }
-
-    /// Every credential binding of the policy (secret names for the edge's
-    /// check, placeholder variables for the agent's environment).
-    pub fn credentials(&self) -> impl Iterator<Item = &Credential> {
-        self.rules.iter().filter_map(|r| r.credential.as_ref())
-    }
 }
 
 #[cfg(test)]
