@@ -9,6 +9,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 sys.path.insert(0, os.path.join(HERE, "..", "sessions"))
 sys.path.insert(0, HERE)
 
+from egress_servers import EgressServers  # noqa: E402
+from gitserver import GitServer  # noqa: E402
 from harness import BIN_DIR  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
@@ -25,3 +27,19 @@ def agent_templates():
     subprocess.run([os.path.join(BIN_DIR, "hatchery"), "template", "build-local", "--templates-dir", d,
                     os.path.join(REPO, "templates", "agent-session.json")], check=True, timeout=900)
     return d
+
+
+# The suite's destinations, one set per test module (each module's daemon
+# and sessions use them).
+@pytest.fixture(scope="module")
+def servers():
+    s = EgressServers()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def git_server():
+    g = GitServer().start()
+    yield g
+    g.stop()

@@ -26,7 +26,6 @@ import time
 
 import pytest
 
-from gitserver import GitServer
 from harness import Daemon
 from scripted_model import ScriptedModel
 from sessions_support import DEMO_FILES, SessionDaemon
@@ -210,13 +209,6 @@ def server():
     s = NsServer().up()
     yield s
     s.cleanup()
-
-
-@pytest.fixture(scope="module")
-def git_server():
-    g = GitServer().start()
-    yield g
-    g.stop()
 
 
 def commands(s):

@@ -17,8 +17,7 @@ import time
 
 import pytest
 
-from egress_servers import HOST, EgressServers
-from gitserver import GitServer
+from egress_servers import HOST
 from harness import Daemon, arg
 from scripted_model import ScriptedModel
 from sessions_support import DEMO_FILES, SessionDaemon
@@ -97,20 +96,6 @@ def closed_port():
     p = s.getsockname()[1]
     s.close()
     return p
-
-
-@pytest.fixture(scope="module")
-def servers():
-    s = EgressServers()
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def git_server():
-    g = GitServer().start()
-    yield g
-    g.stop()
 
 
 @pytest.fixture(scope="module")

@@ -17,8 +17,7 @@ import time
 
 import pytest
 
-from egress_servers import HOST, PKG, PKG_VALUE, EgressServers
-from gitserver import GitServer
+from egress_servers import HOST, PKG, PKG_VALUE
 from harness import Daemon
 from scripted_model import ScriptedModel
 from sessions_support import DEMO_FILES, SCRIPTS, SessionDaemon
@@ -65,20 +64,6 @@ def shell(cmd):
 
 def finish(summary):
     return {"tool_calls": [{"name": "finish", "arguments": {"summary": summary}}]}
-
-
-@pytest.fixture(scope="module")
-def servers():
-    s = EgressServers()
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def git_server():
-    g = GitServer().start()
-    yield g
-    g.stop()
 
 
 @pytest.fixture(scope="module")

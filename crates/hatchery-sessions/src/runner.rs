@@ -297,6 +297,18 @@ async fn queued(
     Ok(())
 }
 
+/// A fetch that failed fails the session `repo_fetch_failed`; a cap it
+/// hit is counted.
+fn fetch_failed(svc: &SessionCore, e: crate::repo::RepoError) -> RunError {
+    if let Some(cap) = e.cap() {
+        svc.metrics
+            .caps_hit
+            .with_label_values(&[cap_label(cap)])
+            .inc();
+    }
+    fail("repo_fetch_failed", e.to_string())
+}
+
 fn cap_label(c: &str) -> &'static str {
     match c {
         "disk" => "repo_disk",
@@ -367,15 +379,7 @@ async fn bare(svc: &Arc<SessionCore>, s: &Session) -> R<String> {
         &svc.cfg.fetch_root,
     )
     .await
-    .map_err(|e| {
-        if let Some(cap) = e.cap() {
-            svc.metrics
-                .caps_hit
-                .with_label_values(&[cap_label(cap)])
-                .inc();
-        }
-        fail("repo_fetch_failed", e.to_string())
-    })?;
+    .map_err(|e| fetch_failed(svc, e))?;
     let bytes = co.tar.len() as u64;
     // The tar stays as the base the final diff is made against.
     svc.sandboxes
@@ -478,15 +482,7 @@ async fn from_environment(
         &svc.cfg.fetch_root,
     )
     .await
-    .map_err(|e| {
-        if let Some(cap) = e.cap() {
-            svc.metrics
-                .caps_hit
-                .with_label_values(&[cap_label(cap)])
-                .inc();
-        }
-        fail("repo_fetch_failed", e.to_string())
-    })?;
+    .map_err(|e| fetch_failed(svc, e))?;
     let bytes = d.tar.len() as u64;
     let (delta, paths) = (
         format!("{AGENT_DIR}/delta.tar"),

@@ -8,7 +8,7 @@
 """
 
 from .client import (ROUTES, Client, ExecStream, Filesystem, Network, Policies, Process, ProcessOutput, Sandbox,
-                     Snapshot, Template, Tenants, Terminal, configure, default_client)
+                     Secrets, Snapshot, Template, Tenants, Terminal, configure, default_client)
 from .errors import (AuthError, BadRequest, BuildFailed, Conflict, ConnectionFailed, GuestError, HatcheryError,
                      NotFound, PermissionDenied, RateLimited, SandboxLost, SandboxTimeout, ServerError,
                      ServiceUnavailable, StreamError, TooLarge)
@@ -17,7 +17,7 @@ from .models import (BuildAccepted, BuildEvent, CodeContext, ExecReason, ExecRes
                      PreviewUrl, ProcessChunk, ProcessInfo, ProcessState, Result, SandboxInfo, SnapshotInfo, TemplateInfo,
                      TerminalExit, TerminalToken)
 from .rounds import InterviewSession, ReplayFork, Round
-from .models import CreatedKey, PolicySummary, StoredPolicy, Tenant, TenantKey
+from .models import CreatedKey, PolicySummary, Secret, StoredPolicy, Tenant, TenantKey
 from .sessions import Environment, Session
 
 __version__ = "0.1.0"
@@ -36,6 +36,6 @@ __all__ = [
     "OutputEncoding", "CpuLimitBasis", "Terminal", "PreviewUrl", "TerminalToken", "TerminalExit",
     "Round", "InterviewSession", "ReplayFork",
     "Policies", "StoredPolicy", "PolicySummary",
-    "Tenants", "Tenant", "TenantKey", "CreatedKey",
+    "Tenants", "Tenant", "TenantKey", "CreatedKey", "Secrets", "Secret",
     "Session", "Environment",
 ]

@@ -22,7 +22,7 @@ from ._ws import Closed, WebSocket
 from .models import (BuildAccepted, BuildEvent, CodeContext, ContextLike, CpuLimitBasis, ExecReason, ExecResult, Execution,
                      ExecutionError, FileEntry, Logs, NetworkEvent, NetworkPolicy, OutputChunk, OutputEncoding,
                      PolicyLike, PolicySummary, PreviewUrl, ProcessChunk, ProcessInfo, Result, SandboxInfo, SnapshotInfo, StoredPolicy,
-                     Tenant, TenantKey, CreatedKey,
+                     Secret, Tenant, TenantKey, CreatedKey,
                      TemplateInfo, TerminalExit, TerminalToken, context_id, policy_dict)
 
 # (method, path) -> what in this SDK calls it.
@@ -33,6 +33,9 @@ ROUTES = {
     ("GET", "/v1/policies/{id}"): "Policies.get",
     ("POST", "/v1/policies/{id}/versions"): "Policies.add_version",
     ("GET", "/v1/policies/{id}/versions/{version}"): "Policies.get_version",
+    ("POST", "/v1/secrets"): "Secrets.create",
+    ("GET", "/v1/secrets"): "Secrets.list",
+    ("DELETE", "/v1/secrets/{name}"): "Secrets.delete",
     ("POST", "/v1/tenants"): "Tenants.create",
     ("GET", "/v1/tenants"): "Tenants.list",
     ("GET", "/v1/tenants/{id}"): "Tenants.get",
@@ -1265,6 +1268,29 @@ class Policies:
         c = client or default_client()
         return StoredPolicy.from_dict(c.call("GET", "/v1/policies/{id}/versions/{version}",
                                              params={"id": policy_id, "version": str(version)}).json())
+
+
+class Secrets:
+    """Secrets for credential rules (docs/policy.md, "Credentials"):
+    operator key only. A value is write-only: the egress proxy adds it to
+    the requests a policy's credential rule names, and no route returns
+    it."""
+
+    @staticmethod
+    def create(name: str, value: str, *, client: Optional[Client] = None) -> Secret:
+        """Stores `value` under `name` (Conflict, `secret_exists`, if taken)."""
+        c = client or default_client()
+        return Secret.from_dict(c.call("POST", "/v1/secrets", json={"name": name, "value": value}).json())
+
+    @staticmethod
+    def list(*, client: Optional[Client] = None) -> List[Secret]:
+        c = client or default_client()
+        return [Secret.from_dict(s) for s in c.call("GET", "/v1/secrets").json()["secrets"]]
+
+    @staticmethod
+    def delete(name: str, *, client: Optional[Client] = None) -> None:
+        c = client or default_client()
+        c.call("DELETE", "/v1/secrets/{name}", params={"name": name})
 
 
 class Tenants:

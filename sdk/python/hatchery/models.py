@@ -37,6 +37,11 @@ class SandboxInfo:
     metadata: Dict[str, str] = field(default_factory=dict)
     boot_mode: Optional[str] = None
     boot_ms: Optional[int] = None
+    # Lost sandboxes only (`list(state="lost")`): the host it was lost
+    # with, when and why.
+    host: Optional[str] = None
+    ended_at: Optional[str] = None
+    end_reason: Optional[str] = None
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -267,6 +272,21 @@ class Tenant:
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "Tenant":
+        return _from(cls, d)
+
+
+@dataclass
+class Secret:
+    """A stored secret as the API shows it (`/v1/secrets`, operator key
+    only): its name, its value's length and when it was stored; never the
+    value."""
+    name: str
+    bytes: int
+    created_at: str
+    extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "Secret":
         return _from(cls, d)
 
 

@@ -15,7 +15,7 @@ import pytest
 import hatchery
 from hatchery import models
 from hatchery.aio import AsyncProcess, AsyncSandbox
-from hatchery.client import Policies, Process, Sandbox, Snapshot, Template, Tenants
+from hatchery.client import Policies, Process, Sandbox, Secrets, Snapshot, Template, Tenants
 
 import conftest
 
@@ -29,7 +29,8 @@ MODELS = {"Sandbox": models.SandboxInfo, "ExecResponse": models.ExecResult, "Fil
           "CodeResultItem": models.Result, "CodeError": models.ExecutionError, "ProcessInfo": models.ProcessInfo,
           "PreviewUrl": models.PreviewUrl, "TerminalToken": models.TerminalToken,
           "StoredPolicy": models.StoredPolicy, "PolicySummary": models.PolicySummary,
-          "Tenant": models.Tenant, "TenantKey": models.TenantKey}
+          "Tenant": models.Tenant, "TenantKey": models.TenantKey,
+          "SecretInfo": models.Secret}
 # Schemas a model holds partly under other names:
 # schema -> (model, {schema field: model field}, model fields filled from elsewhere).
 # A code run's stdout/stderr are Execution.logs; the stream's `done` event
@@ -45,7 +46,8 @@ LISTS = {"SandboxList": ("sandboxes", "Sandbox"), "SnapshotList": ("snapshots", 
          "TemplateList": ("templates", "TemplateInfo"), "FileList": ("entries", "FileEntry"),
          "EgressEventList": ("events", "EgressEventBody"), "CodeContextList": ("contexts", "CodeContext"),
          "ProcessList": ("processes", "ProcessInfo"), "PolicyList": ("policies", "PolicySummary"),
-         "TenantList": ("tenants", "Tenant"), "KeyList": ("keys", "TenantKey")}
+         "TenantList": ("tenants", "Tenant"), "KeyList": ("keys", "TenantKey"),
+         "SecretList": ("secrets", "SecretInfo")}
 # Request schemas -> the methods whose parameters carry them.
 REQUESTS = {"CreateSandbox": [Sandbox.create], "ExecBody": [Sandbox.exec, Sandbox.exec_stream],
             "PatchSandbox": [Sandbox.set_ttl], "CreateSnapshot": [Sandbox.snapshot],
@@ -55,7 +57,8 @@ REQUESTS = {"CreateSandbox": [Sandbox.create], "ExecBody": [Sandbox.exec, Sandbo
             "SignalBody": [Process.signal, AsyncProcess.signal],
             "CreatePreviewUrl": [Sandbox.preview_url, AsyncSandbox.preview_url],
             "PolicyDocument": [Policies.create, Policies.add_version],
-            "NewTenant": [Tenants.create], "TenantPatch": [Tenants.update]}
+            "NewTenant": [Tenants.create], "TenantPatch": [Tenants.update],
+            "CreateSecret": [Secrets.create]}
 # Request fields whose parameter has another name (E2B's, for run_code).
 PARAMS = {"CodeBody": {"code": "code", "context_id": "context", "env": "envs", "timeout_seconds": "timeout"}}
 # Request fields a method leaves out on purpose: a stream cannot run in the
@@ -74,6 +77,7 @@ RAW = {"ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode", "ExecReason", "O
        "TerminalClientMessage", "TerminalServerMessage",
        # A policy document's parts travel as plain dicts in the document format.
        "Rule", "Match", "ArgCondition", "NumberCondition", "Effect", "Op",
+       "CredentialBinding", "Injection", "Scheme",
        # A tenant's limits travel as a plain dict.
        "Limits"}
 # Served but left out of the document on purpose (docs/api.md).

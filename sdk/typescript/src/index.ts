@@ -18,6 +18,8 @@ export * from "./errors.js";
 export { Terminal } from "./terminal.js";
 export { Policies } from "./policies.js";
 export { Tenants, type TenantOptions } from "./tenants.js";
+export { Secrets } from "./secrets.js";
+export type { Secret } from "./models.js";
 export type { CreatedKey, Limits, Tenant, TenantKey } from "./models.js";
 export type { PolicyDocument, PolicyRule, PolicySummary, StoredPolicy } from "./models.js";
 export { Execution, Result } from "./models.js";

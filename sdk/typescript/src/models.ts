@@ -28,6 +28,8 @@ export function toWire<W>(map: FieldMap<W>, opts: object): Partial<W> {
 export const SANDBOX_FIELDS = {
   id: "id", template: "template", state: "state", created_at: "createdAt", expires_at: "expiresAt",
   metadata: "metadata", boot_mode: "bootMode", boot_ms: "bootMs",
+  // Lost sandboxes only (`list({ state: "lost" })`): with what host, when, why.
+  host: "host", ended_at: "endedAt", end_reason: "endReason",
 } as const satisfies FieldMap<wire.Sandbox>;
 export type SandboxInfo = Renamed<wire.Sandbox, typeof SANDBOX_FIELDS>;
 export const sandboxInfo = (w: wire.Sandbox): SandboxInfo => fromWire(SANDBOX_FIELDS, w);
@@ -218,6 +220,16 @@ export const NEW_TENANT_FIELDS = { name: "name", limits: "limits" } as const sat
 export const TENANT_PATCH_FIELDS = { name: "name", limits: "limits" } as const satisfies FieldMap<wire.TenantPatch>;
 /** Camel-case limits -> the wire's. */
 export const limitsToWire = (l: Limits): wire.Limits => toWire<wire.Limits>(LIMITS_FIELDS, l);
+
+// Secrets (docs/policy.md, "Credentials"): operator key only ----------------
+
+export const SECRET_FIELDS = {
+  name: "name", bytes: "bytes", created_at: "createdAt",
+} as const satisfies FieldMap<wire.SecretInfo>;
+/** A stored secret as the API shows it: never its value. */
+export type Secret = Renamed<wire.SecretInfo, typeof SECRET_FIELDS>;
+export const secret = (w: wire.SecretInfo): Secret => fromWire(SECRET_FIELDS, w);
+export const CREATE_SECRET_FIELDS = { name: "name", value: "value" } as const satisfies FieldMap<wire.CreateSecret>;
 
 // run_code ----------------------------------------------------------------
 

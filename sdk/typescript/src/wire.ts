@@ -338,7 +338,10 @@ export interface Sandbox {
   boot_mode?: string | null;
   boot_ms?: number | null;
   created_at: string;
+  end_reason?: string | null;
+  ended_at?: string | null;
   expires_at: string;
+  host?: string | null;
   id: string;
   metadata: Record<string, string>;
   state: string;

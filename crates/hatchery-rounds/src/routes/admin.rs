@@ -88,22 +88,46 @@ pub async fn reviewer_token(
     Path(id): Path<String>,
     OptJson(body): OptJson<CreateReviewerToken>,
 ) -> Result<(StatusCode, axum::Json<ReviewerToken>), RoundsError> {
+    round_link(
+        &st,
+        &caller,
+        &headers,
+        &id,
+        body.ttl_seconds,
+        Scope::Reviewer,
+    )
+    .await
+}
+
+/// A new token of `scope` (reviewer or interviewer) for round `id` (API
+/// key only), and the link to its page: the review page, or the room as
+/// an interviewer.
+pub(super) async fn round_link(
+    st: &Rounds,
+    caller: &Caller,
+    headers: &HeaderMap,
+    id: &str,
+    ttl_seconds: Option<u64>,
+    scope: Scope,
+) -> Result<(StatusCode, axum::Json<ReviewerToken>), RoundsError> {
     caller.require_key()?;
-    let r = st.round(&id).await?;
+    let r = st.round(id).await?;
     let ttl = within(
         "ttl_seconds",
-        body.ttl_seconds.unwrap_or(DEFAULT_REVIEWER_TOKEN_S),
+        ttl_seconds.unwrap_or(DEFAULT_REVIEWER_TOKEN_S),
         1,
         MAX_REVIEWER_TOKEN_S,
     )?;
     let token = crate::tokens::mint();
-    let now = now_ms();
-    let rec = crate::tokens::record(&token, Scope::Reviewer, &r.id, None, now, ttl);
+    let rec = crate::tokens::record(&token, scope, &r.id, None, now_ms(), ttl);
     st.store.insert_token(&rec).await?;
+    let page = match scope {
+        Scope::Interviewer => format!("room/?round={}&role=interviewer", r.id),
+        _ => format!("review/?round={}", r.id),
+    };
     let url = format!(
-        "{}/rounds/review/?round={}#{token}",
-        st.base_url(super::host(&headers)),
-        r.id
+        "{}/rounds/{page}#{token}",
+        st.base_url(super::host(headers))
     );
     Ok((
         StatusCode::CREATED,

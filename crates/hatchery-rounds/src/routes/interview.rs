@@ -28,31 +28,15 @@ pub async fn interviewer_token(
     Path(id): Path<String>,
     OptJson(body): OptJson<CreateReviewerToken>,
 ) -> Result<(StatusCode, axum::Json<ReviewerToken>), RoundsError> {
-    caller.require_key()?;
-    let r = st.round(&id).await?;
-    let ttl = within(
-        "ttl_seconds",
-        body.ttl_seconds.unwrap_or(DEFAULT_REVIEWER_TOKEN_S),
-        1,
-        MAX_REVIEWER_TOKEN_S,
-    )?;
-    let token = crate::tokens::mint();
-    let now = now_ms();
-    let rec = crate::tokens::record(&token, Scope::Interviewer, &r.id, None, now, ttl);
-    st.store.insert_token(&rec).await?;
-    let url = format!(
-        "{}/rounds/room/?round={}&role=interviewer#{token}",
-        st.base_url(super::host(&headers)),
-        r.id
-    );
-    Ok((
-        StatusCode::CREATED,
-        axum::Json(ReviewerToken {
-            token,
-            expires_at: rfc3339(rec.expires_at_ms),
-            url,
-        }),
-    ))
+    super::admin::round_link(
+        &st,
+        &caller,
+        &headers,
+        &id,
+        body.ttl_seconds,
+        Scope::Interviewer,
+    )
+    .await
 }
 
 /// Interviewers and the API key write notes; reviewers of the round
