@@ -56,6 +56,14 @@ pub struct Sandbox {
     pub boot_mode: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_ms: Option<u64>,
+    /// Lost sandboxes only (`?state=lost`): the host it was lost with,
+    /// when (RFC 3339) and why (`host_lost`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_reason: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

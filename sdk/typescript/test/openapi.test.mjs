@@ -29,14 +29,18 @@ const MAPS = {
   StoredPolicy: fields.STORED_POLICY_FIELDS, PolicySummary: fields.POLICY_SUMMARY_FIELDS,
   Tenant: fields.TENANT_FIELDS, TenantKey: fields.TENANT_KEY_FIELDS, CreatedKey: fields.CREATED_KEY_FIELDS,
   Limits: fields.LIMITS_FIELDS, NewTenant: fields.NEW_TENANT_FIELDS, TenantPatch: fields.TENANT_PATCH_FIELDS,
+  SecretInfo: fields.SECRET_FIELDS, CreateSecret: fields.CREATE_SECRET_FIELDS,
 };
 const LISTS = {
   SandboxList: "sandboxes", SnapshotList: "snapshots", TemplateList: "templates", FileList: "entries", EgressEventList: "events",
   CodeContextList: "contexts", ProcessList: "processes", PolicyList: "policies", TenantList: "tenants", KeyList: "keys",
+  SecretList: "secrets",
 };
 // The terminal's control messages: JSON over the pty WebSocket (oneOf), read as is.
 const RAW = new Set(["ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode", "ExecReason", "OutputEncoding", "CpuLimitBasis",
-  "TerminalClientMessage", "TerminalServerMessage", "Effect", "Op", ...fields.PASS_THROUGH]);
+  "TerminalClientMessage", "TerminalServerMessage", "Effect", "Op",
+  // A rule's credential binding travels in the policy document's own format.
+  "CredentialBinding", "Injection", "Scheme", ...fields.PASS_THROUGH]);
 
 /** A schema's properties, `allOf` parts merged. */
 function properties(schemas, s) {
