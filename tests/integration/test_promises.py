@@ -296,7 +296,9 @@ def test_ip_forward_is_put_back_by_the_last_daemon_to_stop():
         assert ns.ip_forward() == "0"
         daemons.append(InnerDaemon(ns))
         assert ns.ip_forward() == "1"
-        assert ns.run("cat", "/run/hatchery/ip_forward.orig").strip() == "0"
+        # Saved per network namespace (hatchery-net host.rs), named by its inode.
+        netns_id = "".join(c for c in os.readlink(f"/proc/{ns.holder.pid}/ns/net") if c.isdigit())
+        assert ns.run("cat", f"/run/hatchery/ip_forward.{netns_id}.orig").strip() == "0"
         daemons.append(InnerDaemon(ns))
         assert ns.ip_forward() == "1"
         assert daemons[0].stop() == 0
