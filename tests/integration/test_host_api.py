@@ -14,9 +14,10 @@ def test_readyz_answers_without_a_key_once_the_host_is_ready(daemon):
     body = r.json()
     assert body["ready"] is True and body["failing"] == [], body
     names = {c["name"]: c["ok"] for c in body["checks"]}
-    # Role `all`: the host's checks and the control plane's.
+    # Role `all`: the host's checks and the control plane's; not_stopping
+    # turns false when a SIGTERM starts the drain.
     assert names == {"reconciled": True, "listening": True, "lease_held": True,
-                     "database": True, "ready_host": True}, body
+                     "database": True, "ready_host": True, "not_stopping": True}, body
 
 
 def test_the_one_host_is_listed_ready(daemon):

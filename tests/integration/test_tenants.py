@@ -93,8 +93,8 @@ def test_a_tenant_key_reaches_only_its_own(daemon):
     assert as_key(d, ka["key"], "GET", "/v1/snapshots").json()["snapshots"] == []
     assert [s["id"] for s in as_key(d, kb["key"], "GET", "/v1/snapshots").json()["snapshots"]] == [snap]
 
-    # Routes not scoped yet are the operator's.
-    for method, path in (("GET", "/v1/policies"), ("GET", "/metrics"), ("POST", "/v1/templates")):
+    # Operator-only routes. (Policies are tenant-scoped: tests/sessions/test_sessions_tenants.py.)
+    for method, path in (("GET", "/metrics"), ("POST", "/v1/templates")):
         r = as_key(d, ka["key"], method, path, {} if method == "POST" else None)
         assert r.status == 403 and r.error_code() == "forbidden", (path, r)
     assert as_key(d, ka["key"], "GET", "/v1/templates").status == 200

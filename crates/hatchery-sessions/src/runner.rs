@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
+mod guest_ca;
 mod handoff;
 
 use crate::layout::AGENT_DIR;
@@ -591,12 +592,8 @@ async fn start(svc: &Arc<SessionCore>, s: &Session) -> R<()> {
     let mut env = s.spec.env.clone();
     env.extend(svc.hooks().agent_env(s));
     if let Some(pem) = svc.hooks().guest_ca() {
-        install_guest_ca(svc, &sbx, pem).await?;
-        // A session's own setting of one of these wins (it may trust a
-        // bundle of its own that already holds the CA).
-        for (k, v) in GUEST_CA_ENV {
-            env.entry(k.to_string()).or_insert_with(|| v.to_string());
-        }
+        guest_ca::install(svc, &sbx, pem).await?;
+        guest_ca::add_trust_env(&mut env);
     }
     env.extend(
         svc.hooks()
@@ -632,41 +629,6 @@ async fn start(svc: &Arc<SessionCore>, s: &Session) -> R<()> {
         },
     )
     .await?;
-    Ok(())
-}
-
-/// The interception CA inside the sandbox: alone (for NODE_EXTRA_CA_CERTS)
-/// and appended to the system bundle every other client reads.
-const GUEST_CA_FILE: &str = "/usr/local/share/ca-certificates/hatchery-egress.crt";
-const GUEST_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
-const GUEST_CA_ENV: [(&str, &str); 6] = [
-    ("SSL_CERT_FILE", GUEST_BUNDLE),
-    ("REQUESTS_CA_BUNDLE", GUEST_BUNDLE),
-    ("PIP_CERT", GUEST_BUNDLE),
-    ("GIT_SSL_CAINFO", GUEST_BUNDLE),
-    ("CURL_CA_BUNDLE", GUEST_BUNDLE),
-    ("NODE_EXTRA_CA_CERTS", GUEST_CA_FILE),
-];
-
-async fn install_guest_ca(svc: &Arc<SessionCore>, sbx: &str, pem: String) -> R<()> {
-    let staged = format!("{AGENT_DIR}/egress-ca.pem");
-    svc.sandboxes
-        .write_file(sbx, &staged, pem.into_bytes())
-        .await?;
-    let script = format!(
-        "set -e; mkdir -p /usr/local/share/ca-certificates /etc/ssl/certs; \
-         cp {staged} {GUEST_CA_FILE}; cat {GUEST_CA_FILE} >> {GUEST_BUNDLE}"
-    );
-    let x = svc
-        .sandboxes
-        .exec(sbx, vec!["/bin/sh".into(), "-c".into(), script], "/", 60)
-        .await?;
-    if x.exit_code != 0 {
-        return Err(fail(
-            "services_unavailable",
-            format!("installing the egress CA in the sandbox: {}", x.stderr),
-        ));
-    }
     Ok(())
 }
 
