@@ -64,7 +64,7 @@ class BrokerDaemon(SessionDaemon):
         args = ["--broker-git-push-url",
                 f"git://{git_server.host}:{git_server.port}/=http://{push_server.host}:{push_server.port}/",
                 "--broker-git-credential-file", cred,
-                "--broker-github-api", f"http://{forge.host}:{forge.port}",
+                "--broker-github-api", forge.base, "--broker-ca-file", forge.ca_path,
                 "--broker-github-token-file", tok, "--audit-anchor-interval", "1",
                 "--audit-anchor-hook", hook, *extra]
         # kw: netns and model_host, for a host in a namespace of its own.

@@ -2,19 +2,29 @@
 allowed a test double: no forge can run here). `POST
 /repos/{owner}/{repo}/pulls` creates a pull request (Bearer token
 required; 422 for a duplicate head/base pair, as GitHub does); `GET
-/repos/{owner}/{repo}/pulls?head=owner:branch&state=all` lists them."""
+/repos/{owner}/{repo}/pulls?head=owner:branch&state=all` lists them.
+It speaks HTTPS only, with a certificate from a CA of its own
+(`ca_path`, what the broker is told to trust with --broker-ca-file): the
+token never travels in clear, as with a real forge."""
 
 import http.server
 import json
+import shutil
 import socketserver
+import ssl
+import tempfile
 import threading
 import urllib.parse
 
+from egress_servers import make_ca
+
 
 class Forge:
-    def __init__(self, token="ghp_test-forge-token", host="127.0.0.1"):
+    def __init__(self, token="ghp_test-forge-token", host="127.0.0.2"):
         self.token = token
         self.host = host
+        self.tls_dir = tempfile.mkdtemp(prefix="hxforge-")
+        self.ca_path, cert, key = make_ca(self.tls_dir, host)
         self.pulls = []          # every created pull request, in order
         self.posts = 0           # POSTs that reached the handler
         self.lock = threading.Lock()
@@ -83,7 +93,11 @@ class Forge:
             allow_reuse_address = True
 
         self.httpd = S((host, 0), H)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
         self.port = self.httpd.server_address[1]
+        self.base = f"https://{host}:{self.port}"
 
     def start(self):
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
@@ -92,3 +106,4 @@ class Forge:
     def stop(self):
         self.httpd.shutdown()
         self.httpd.server_close()
+        shutil.rmtree(self.tls_dir, ignore_errors=True)

@@ -28,16 +28,16 @@ PKG = "tinypkg"
 PKG_VALUE = "tiny-ok-42"
 
 
-def make_ca(d):
-    """A test CA and a server certificate for 127.0.0.2 (openssl CLI)."""
+def make_ca(d, host=HOST):
+    """A test CA and a server certificate for the address `host` (openssl CLI)."""
     def run(*a):
         subprocess.run(["openssl", *a], check=True, capture_output=True, cwd=d)
     run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
         "-days", "2", "-subj", "/CN=hatchery egress test CA")
     run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "srv.key", "-out", "srv.csr",
-        "-subj", f"/CN={HOST}")
+        "-subj", f"/CN={host}")
     with open(os.path.join(d, "ext.cnf"), "w") as f:
-        f.write(f"subjectAltName=IP:{HOST}\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
+        f.write(f"subjectAltName=IP:{host}\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
                 "extendedKeyUsage=serverAuth\n")
     run("x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
         "-out", "srv.pem", "-days", "2", "-extfile", "ext.cnf")

@@ -1,5 +1,6 @@
 //! Operator settings for the broker (daemon flags, `HATCHERY_BROKER_*`).
 
+use crate::http_client::Trust;
 use crate::mcp::McpHub;
 use clap::Args;
 use std::path::PathBuf;
@@ -33,8 +34,9 @@ pub struct BrokerArgs {
         env = "HATCHERY_BROKER_GIT_CREDENTIAL_FILE"
     )]
     pub git_credential_file: Option<PathBuf>,
-    /// Base URL of a GitHub-compatible REST API for `open_pr`
-    /// (`http://` only; e.g. a local forge or an operator-run relay).
+    /// Base URL of a GitHub-compatible REST API for `open_pr`:
+    /// `https://host[:port][/prefix]`, or `http://` to a loopback address
+    /// only (a local relay; the token must not travel in clear).
     #[arg(
         id = "broker_github_api",
         id = "broker_github_api",
@@ -42,6 +44,14 @@ pub struct BrokerArgs {
         env = "HATCHERY_BROKER_GITHUB_API"
     )]
     pub github_api: Option<String>,
+    /// A PEM bundle the broker's https calls (`http_fetch`, the forge
+    /// API) trust instead of the system's (a private CA, a test CA).
+    #[arg(
+        id = "broker_ca_file",
+        long = "broker-ca-file",
+        env = "HATCHERY_BROKER_CA_FILE"
+    )]
+    pub ca_file: Option<PathBuf>,
     /// A file with the token `open_pr` sends (`Authorization: Bearer`).
     #[arg(
         id = "broker_github_token_file",
@@ -137,6 +147,8 @@ pub struct BrokerConfig {
     pub git_credential_file: Option<PathBuf>,
     pub github_api: Option<String>,
     pub github_token_file: Option<PathBuf>,
+    /// What https calls trust (`--broker-ca-file`, else the system's).
+    pub trust: Arc<Trust>,
     /// The MCP servers (none without `--broker-mcp-config`).
     pub mcp: Arc<McpHub>,
     /// What one session's calls may store (docs/sessions.md, "Caps").
@@ -177,6 +189,10 @@ pub enum ConfigError {
     PushUrl(String),
     #[error("--broker-mcp-config: {0}")]
     Mcp(#[from] crate::mcp::McpError),
+    #[error("--broker-github-api")]
+    Forge(#[source] crate::http_client::BaseError),
+    #[error("--broker-ca-file")]
+    Trust(#[source] hatchery_tls::TrustError),
 }
 
 impl TryFrom<&BrokerArgs> for BrokerConfig {
@@ -191,14 +207,26 @@ impl TryFrom<&BrokerArgs> for BrokerConfig {
                 _ => return Err(ConfigError::PushUrl(r.clone())),
             }
         }
+        if let Some(base) = &a.github_api {
+            crate::http_client::Base::parse(base).map_err(ConfigError::Forge)?;
+        }
+        let trust = Arc::new(match &a.ca_file {
+            Some(p) => {
+                let t = Trust::new(p.clone());
+                t.check().map_err(ConfigError::Trust)?;
+                t
+            }
+            None => Trust::default(),
+        });
         Ok(BrokerConfig {
+            trust: trust.clone(),
             guest_port: a.guest_port,
             push_rewrites,
             git_credential_file: a.git_credential_file.clone(),
             github_api: a.github_api.clone(),
             github_token_file: a.github_token_file.clone(),
             mcp: Arc::new(match &a.mcp_config {
-                Some(p) => McpHub::from_file(p)?,
+                Some(p) => McpHub::from_file(p, &trust)?,
                 None => McpHub::default(),
             }),
             caps: SessionCallCaps {
@@ -242,6 +270,7 @@ mod tests {
             git_credential_file: None,
             github_api: None,
             github_token_file: None,
+            ca_file: None,
             anchor_interval_s: 60,
             anchor_hook: None,
             mcp_config: None,

@@ -14,6 +14,7 @@ fn args() -> BrokerArgs {
         git_credential_file: None,
         github_api: None,
         github_token_file: None,
+        ca_file: None,
         anchor_interval_s: 0,
         anchor_hook: None,
         mcp_config: None,

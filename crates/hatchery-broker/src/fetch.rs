@@ -1,13 +1,14 @@
 //! `http_fetch`: one HTTP request the broker makes for the agent, after
 //! the pinned policy allowed its destination (tool `http_fetch`, host and
-//! port). Plain `http://` only in this build (no TLS client in the
-//! workspace yet); a name that resolves to a loopback, private or other
-//! special address is refused (only an IP literal the policy names reaches
-//! those), and the request goes to the address that was checked.
+//! port). `https://` is verified against the broker's trust
+//! (`--broker-ca-file`, the system bundle by default); a name that
+//! resolves to a loopback, private or other special address is refused
+//! (only an IP literal the policy names reaches those), and the request
+//! goes to the address that was checked.
 
+use crate::http_client::{self, HttpError, Target, Trust};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::rt::TokioIo;
+use http_body_util::Full;
 use serde_json::{json, Value};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -17,10 +18,27 @@ const MAX_RESPONSE: usize = 1 << 20;
 const MAX_BODY: usize = 64 << 10;
 
 #[derive(Debug, thiserror::Error)]
-#[error("http_fetch: {0}")]
-pub struct FetchError(String);
+pub enum FetchError {
+    #[error("http_fetch: the DNS lookup of {0} timed out")]
+    DnsTimeout(String),
+    #[error("http_fetch: resolving {host}")]
+    Dns {
+        host: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("http_fetch: {0} has no address")]
+    NoAddress(String),
+    #[error("http_fetch: {host} resolves to {ip}, a special-purpose address; only a rule naming that address reaches it")]
+    Special { host: String, ip: IpAddr },
+    #[error("http_fetch")]
+    Http(#[from] HttpError),
+    #[error("http_fetch: timed out after {}s", TIMEOUT.as_secs())]
+    Timeout,
+}
 
 pub struct Fetch {
+    https: bool,
     method: String,
     host: String,
     port: u16,
@@ -80,9 +98,6 @@ pub fn plan(args: &Value) -> Result<(Value, Fetch), String> {
         .ok_or("http_fetch needs a url")?;
     let (scheme, host, port, path) =
         parse(url).ok_or_else(|| format!("not an http(s) URL: {url:?}"))?;
-    if scheme != "http" {
-        return Err("https is not supported by this broker build".into());
-    }
     let method = args
         .get("method")
         .and_then(Value::as_str)
@@ -99,6 +114,7 @@ pub fn plan(args: &Value) -> Result<(Value, Fetch), String> {
     Ok((
         effect,
         Fetch {
+            https: scheme == "https",
             method,
             host,
             port,
@@ -142,32 +158,28 @@ impl Fetch {
             tokio::net::lookup_host((self.host.as_str(), self.port)),
         )
         .await
-        .map_err(|_| FetchError("DNS lookup timed out".into()))?
-        .map_err(|e| FetchError(format!("DNS: {e}")))?;
+        .map_err(|_| FetchError::DnsTimeout(self.host.clone()))?
+        .map_err(|source| FetchError::Dns {
+            host: self.host.clone(),
+            source,
+        })?;
         let a = addrs
             .next()
-            .ok_or_else(|| FetchError("no address".into()))?;
+            .ok_or_else(|| FetchError::NoAddress(self.host.clone()))?;
         if special(a.ip()) {
-            return Err(FetchError(format!(
-                "{} resolves to {}, a special-purpose address; only a rule naming that address reaches it",
-                self.host,
-                a.ip()
-            )));
+            return Err(FetchError::Special {
+                host: self.host.clone(),
+                ip: a.ip(),
+            });
         }
         Ok(a)
     }
 
-    pub async fn run(self) -> Result<Value, FetchError> {
+    pub async fn run(self, trust: &Trust) -> Result<Value, FetchError> {
         let fut = async {
-            let addr = self.addr().await?;
-            let tcp = tokio::net::TcpStream::connect(addr)
-                .await
-                .map_err(|e| FetchError(e.to_string()))?;
-            let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-                .await
-                .map_err(|e| FetchError(e.to_string()))?;
-            tokio::spawn(conn);
-            let host = if self.port == 80 {
+            let addr = self.addr().await?.to_string();
+            let default_port = if self.https { 443 } else { 80 };
+            let host = if self.port == default_port {
                 self.host.clone()
             } else {
                 format!("{}:{}", self.host, self.port)
@@ -180,22 +192,18 @@ impl Fetch {
                 .body(Full::new(Bytes::from(
                     self.body.clone().unwrap_or_default(),
                 )))
-                .map_err(|e| FetchError(e.to_string()))?;
-            let resp = tx
-                .send_request(req)
-                .await
-                .map_err(|e| FetchError(e.to_string()))?;
-            let status = resp.status().as_u16();
-            let body = Limited::new(resp.into_body(), MAX_RESPONSE)
-                .collect()
-                .await
-                .map_err(|e| FetchError(e.to_string()))?
-                .to_bytes();
-            Ok(json!({"status": status, "body": String::from_utf8_lossy(&body)}))
+                .map_err(HttpError::from)?;
+            let to = Target {
+                addr: &addr,
+                host: &self.host,
+                tls: self.https,
+            };
+            let a = http_client::send(trust, to, req, MAX_RESPONSE).await?;
+            Ok(json!({"status": a.status, "body": String::from_utf8_lossy(&a.body)}))
         };
         tokio::time::timeout(TIMEOUT, fut)
             .await
-            .map_err(|_| FetchError("timed out".into()))?
+            .map_err(|_| FetchError::Timeout)?
     }
 }
 

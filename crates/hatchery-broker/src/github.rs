@@ -4,17 +4,24 @@
 //! /repos/{owner}/{repo}/pulls?head=owner:branch&state=all`) before it
 //! would ever create a second one.
 
+use crate::http_client::{self, Base, BaseError, HttpError, Trust};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::Request;
-use hyper_util::rt::TokioIo;
 use serde_json::Value;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ForgeError {
-    #[error("forge API: {0}")]
-    Http(String),
+    #[error("forge API")]
+    Http(#[from] HttpError),
+    #[error("forge API: timed out after {}s", TIMEOUT.as_secs())]
+    Timeout,
+    #[error("forge API")]
+    Base(#[from] BaseError),
+    #[error("forge API: the answer is not JSON")]
+    Answer(#[source] serde_json::Error),
     #[error("forge API answered {status}: {body}")]
     Status { status: u16, body: String },
     #[error("forge API is not configured (--broker-github-api)")]
@@ -27,9 +34,11 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 const MAX_BODY: usize = 1 << 20;
 
 pub struct Forge {
-    /// `http://host:port` (and an optional path prefix).
+    /// `https://host[:port]` or, to a loopback address only, `http://`
+    /// (and an optional path prefix): see [`Base`].
     pub base: String,
     pub token: Option<String>,
+    pub trust: Arc<Trust>,
 }
 
 /// `owner/repo` from a repository URL (the last two path segments).
@@ -57,28 +66,13 @@ impl Forge {
         path: &str,
         body: Option<&Value>,
     ) -> Result<Value, ForgeError> {
-        let rest = self
-            .base
-            .strip_prefix("http://")
-            .ok_or_else(|| ForgeError::Invalid("the forge API URL must be http://".into()))?;
-        let (hostport, prefix) = match rest.split_once('/') {
-            Some((h, p)) => (h, format!("/{}", p.trim_end_matches('/'))),
-            None => (rest, String::new()),
-        };
-        let hostport = hostport.to_string();
-        let uri = format!("{prefix}{path}");
+        let base = Base::parse(&self.base)?;
+        let uri = format!("{}{path}", base.prefix);
         let fut = async {
-            let tcp = tokio::net::TcpStream::connect(&hostport)
-                .await
-                .map_err(|e| ForgeError::Http(e.to_string()))?;
-            let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-                .await
-                .map_err(|e| ForgeError::Http(e.to_string()))?;
-            tokio::spawn(conn);
             let mut req = Request::builder()
                 .method(method)
                 .uri(&uri)
-                .header("host", &hostport)
+                .header("host", &base.hostport)
                 .header("accept", "application/vnd.github+json")
                 .header("user-agent", "hatchery-broker");
             if let Some(t) = &self.token {
@@ -91,19 +85,9 @@ impl Forge {
                 }
                 None => Bytes::new(),
             };
-            let req = req
-                .body(Full::new(data))
-                .map_err(|e| ForgeError::Http(e.to_string()))?;
-            let resp = tx
-                .send_request(req)
-                .await
-                .map_err(|e| ForgeError::Http(e.to_string()))?;
-            let status = resp.status().as_u16();
-            let bytes = Limited::new(resp.into_body(), MAX_BODY)
-                .collect()
-                .await
-                .map_err(|e| ForgeError::Http(e.to_string()))?
-                .to_bytes();
+            let req = req.body(Full::new(data)).map_err(HttpError::from)?;
+            let a = http_client::send(&self.trust, base.target(), req, MAX_BODY).await?;
+            let (status, bytes) = (a.status, a.body);
             if !(200..300).contains(&status) {
                 let b = String::from_utf8_lossy(&bytes);
                 return Err(ForgeError::Status {
@@ -111,11 +95,11 @@ impl Forge {
                     body: b.chars().take(500).collect(),
                 });
             }
-            serde_json::from_slice(&bytes).map_err(|e| ForgeError::Http(format!("answer: {e}")))
+            serde_json::from_slice(&bytes).map_err(ForgeError::Answer)
         };
         tokio::time::timeout(TIMEOUT, fut)
             .await
-            .map_err(|_| ForgeError::Http("timed out".into()))?
+            .map_err(|_| ForgeError::Timeout)?
     }
 
     pub async fn create_pr(
@@ -158,7 +142,9 @@ impl Forge {
                             .is_none_or(|o| o.eq_ignore_ascii_case(owner))
                 })
                 .collect()),
-            _ => Err(ForgeError::Http("expected a list of pull requests".into())),
+            _ => Err(ForgeError::Invalid(
+                "forge API: expected a list of pull requests".into(),
+            )),
         }
     }
 }
@@ -286,6 +272,7 @@ mod tests {
         let f = Forge {
             base: format!("http://{addr}"),
             token: None,
+            trust: Default::default(),
         };
         let branch = "x&head=acme:main#a=b c";
         let got = f.find_prs("acme", "demo", branch).await.unwrap();

@@ -2,12 +2,15 @@
 //! servers (`--broker-mcp-config FILE`) and offers their tools to agents
 //! as `mcp.<server>.<tool>`, through the same recorded, policy-checked
 //! path as its own tools (service.rs). JSON-RPC 2.0: `initialize`,
-//! `notifications/initialized`, `tools/list`, `tools/call`.
+//! `notifications/initialized`, `tools/list`, `tools/call`, over stdio
+//! (mcp_stdio.rs) or streamable HTTP (mcp_http.rs).
 //!
 //! Everything a server says about its tools (descriptions, schemas,
 //! annotations such as `readOnlyHint`) is untrusted: it is capped and
 //! shown to agents as data (`GET /v1/tools`), and never read by policy.
 
+use crate::http_client::Trust;
+use crate::mcp_http::{HttpConn, HttpSpec};
 use crate::mcp_stdio::StdioConn;
 // The error and the stdio spec sit below both this module and its
 // transport (mcp_error.rs, mcp_stdio.rs), so the transport needs nothing
@@ -48,10 +51,17 @@ const BACKOFF_MAX: Duration = Duration::from_secs(30);
 #[serde(deny_unknown_fields)]
 pub struct ServerSpec {
     pub name: String,
-    /// `stdio` (streamable HTTP is not implemented yet; refused at load).
+    /// `stdio` (`argv`, `env`, `cwd`) or `http` (`url`, `headers`).
     pub transport: String,
     #[serde(default)]
     pub argv: Vec<String>,
+    /// `http`: the server's MCP endpoint.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// `http`: headers sent with every message (a credential the host
+    /// holds; never shown to agents).
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     #[serde(default)]
@@ -69,9 +79,15 @@ pub struct McpFile {
 }
 
 #[derive(Debug, Clone)]
+pub enum Transport {
+    Stdio(StdioSpec),
+    Http(HttpSpec),
+}
+
+#[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub name: String,
-    pub stdio: StdioSpec,
+    pub transport: Transport,
     pub call_timeout: Duration,
     pub max_response_bytes: usize,
 }
@@ -84,8 +100,10 @@ fn valid_name(s: &str, max: usize) -> bool {
 }
 
 /// Parses and checks the config file's text; errors name the server.
-pub fn parse_config(text: &str) -> Result<Vec<ServerConfig>, McpError> {
-    let f: McpFile = serde_json::from_str(text).map_err(|e| McpError::Config(e.to_string()))?;
+/// `trust` is what `https` servers are verified against.
+pub fn parse_config(text: &str, trust: &Arc<Trust>) -> Result<Vec<ServerConfig>, McpError> {
+    let f: McpFile = serde_json::from_str(text)
+        .map_err(|e| McpError::Config(hatchery_serve::error_text::with_causes(&e)))?;
     if f.servers.len() > MAX_SERVERS {
         return Err(McpError::Config(format!("at most {MAX_SERVERS} servers")));
     }
@@ -98,15 +116,36 @@ pub fn parse_config(text: &str) -> Result<Vec<ServerConfig>, McpError> {
         if out.iter().any(|o| o.name == s.name) {
             return Err(bad("named twice".into()));
         }
-        if s.transport != "stdio" {
-            return Err(bad(format!(
-                "transport {:?} is not supported (stdio only)",
-                s.transport
-            )));
-        }
-        if s.argv.is_empty() || s.argv[0].is_empty() {
-            return Err(bad("stdio needs argv".into()));
-        }
+        let transport = match s.transport.as_str() {
+            "stdio" => {
+                if s.argv.is_empty() || s.argv[0].is_empty() {
+                    return Err(bad("stdio needs argv".into()));
+                }
+                if s.url.is_some() || !s.headers.is_empty() {
+                    return Err(bad("url and headers are for the http transport".into()));
+                }
+                Transport::Stdio(StdioSpec {
+                    argv: s.argv.clone(),
+                    env: s.env.clone(),
+                    cwd: s.cwd.clone(),
+                })
+            }
+            "http" => {
+                if !s.argv.is_empty() || !s.env.is_empty() || s.cwd.is_some() {
+                    return Err(bad("argv, env and cwd are for the stdio transport".into()));
+                }
+                let url = s
+                    .url
+                    .as_deref()
+                    .ok_or_else(|| bad("http needs url".into()))?;
+                Transport::Http(HttpSpec::new(url, &s.headers, trust.clone()).map_err(bad)?)
+            }
+            other => {
+                return Err(bad(format!(
+                    "transport {other:?} is not supported (stdio or http)"
+                )))
+            }
+        };
         let call_timeout_s = s.call_timeout_s.unwrap_or(DEFAULT_CALL_TIMEOUT_S);
         if !(1..=MAX_CALL_TIMEOUT_S).contains(&call_timeout_s) {
             return Err(bad(format!(
@@ -121,11 +160,7 @@ pub fn parse_config(text: &str) -> Result<Vec<ServerConfig>, McpError> {
         }
         out.push(ServerConfig {
             name: s.name,
-            stdio: StdioSpec {
-                argv: s.argv,
-                env: s.env,
-                cwd: s.cwd,
-            },
+            transport,
             call_timeout: Duration::from_secs(call_timeout_s),
             max_response_bytes,
         });
@@ -159,8 +194,49 @@ pub enum CallOutcome {
     Unknown(String),
 }
 
+/// A live connection to a server, over its transport.
+enum Conn {
+    Stdio(StdioConn),
+    Http(HttpConn),
+}
+
+impl Conn {
+    async fn request(
+        &mut self,
+        method: &str,
+        params: Value,
+        max_bytes: usize,
+    ) -> Result<Result<Value, (i64, String)>, McpError> {
+        match self {
+            Conn::Stdio(c) => c.request(method, params, max_bytes).await,
+            Conn::Http(c) => c.request(method, params, max_bytes).await,
+        }
+    }
+
+    async fn notify(&mut self, method: &str, params: Option<Value>) -> Result<(), McpError> {
+        match self {
+            Conn::Stdio(c) => c.notify(method, params).await,
+            Conn::Http(c) => c.notify(method, params).await,
+        }
+    }
+
+    fn tools_changed(&mut self) -> &mut bool {
+        match self {
+            Conn::Stdio(c) => &mut c.tools_changed,
+            Conn::Http(c) => &mut c.tools_changed,
+        }
+    }
+
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Conn::Stdio(c) => c.pid(),
+            Conn::Http(_) => None,
+        }
+    }
+}
+
 struct ServerState {
-    conn: Option<StdioConn>,
+    conn: Option<Conn>,
     tools: Vec<ToolInfo>,
     protocol: String,
     failures: u32,
@@ -201,7 +277,7 @@ impl Server {
     /// A running, initialized connection (started if need be).
     async fn ensure(&self, st: &mut ServerState) -> Result<(), McpError> {
         if let Some(c) = &mut st.conn {
-            if !c.tools_changed {
+            if !*c.tools_changed() {
                 return Ok(());
             }
         }
@@ -221,12 +297,12 @@ impl Server {
                     st.protocol = protocol;
                 }
                 Ok(Err(e)) => {
-                    self.failed(st, &e.to_string());
+                    self.failed(st, &hatchery_serve::error_text::with_causes(&e));
                     return Err(e);
                 }
                 Err(_) => {
                     let e = McpError::Timeout(START_TIMEOUT.as_secs());
-                    self.failed(st, &e.to_string());
+                    self.failed(st, &hatchery_serve::error_text::with_causes(&e));
                     return Err(e);
                 }
             }
@@ -234,7 +310,7 @@ impl Server {
         let Some(c) = st.conn.as_mut() else {
             return Err(McpError::Closed("no connection".into()));
         };
-        c.tools_changed = false;
+        *c.tools_changed() = false;
         let max = self.cfg.max_response_bytes;
         match tokio::time::timeout(START_TIMEOUT, list_tools(c, max)).await {
             Ok(Ok(t)) => {
@@ -242,19 +318,22 @@ impl Server {
                 Ok(())
             }
             Ok(Err(e)) => {
-                self.failed(st, &e.to_string());
+                self.failed(st, &hatchery_serve::error_text::with_causes(&e));
                 Err(e)
             }
             Err(_) => {
                 let e = McpError::Timeout(START_TIMEOUT.as_secs());
-                self.failed(st, &e.to_string());
+                self.failed(st, &hatchery_serve::error_text::with_causes(&e));
                 Err(e)
             }
         }
     }
 
-    async fn start(&self) -> Result<(StdioConn, String), McpError> {
-        let mut c = StdioConn::spawn(&self.cfg.name, &self.cfg.stdio)?;
+    async fn start(&self) -> Result<(Conn, String), McpError> {
+        let mut c = match &self.cfg.transport {
+            Transport::Stdio(spec) => Conn::Stdio(StdioConn::spawn(&self.cfg.name, spec)?),
+            Transport::Http(spec) => Conn::Http(HttpConn::new(spec)),
+        };
         let r = c
             .request(
                 "initialize",
@@ -274,6 +353,9 @@ impl Server {
         if r.pointer("/capabilities/tools").is_none() {
             return Err(McpError::Start("the server offers no tools".into()));
         }
+        if let Conn::Http(h) = &mut c {
+            h.set_protocol(&protocol);
+        }
         c.notify("notifications/initialized", None).await?;
         tracing::info!(server = %self.cfg.name, pid = c.pid(), protocol = %protocol, "mcp server started");
         Ok((c, protocol))
@@ -289,7 +371,7 @@ impl Server {
     pub async fn call(&self, tool: &str, args: &Value) -> CallOutcome {
         let mut st = self.state.lock().await;
         if let Err(e) = self.ensure(&mut st).await {
-            return CallOutcome::NotSent(e.to_string());
+            return CallOutcome::NotSent(hatchery_serve::error_text::with_causes(&e));
         }
         let Some(c) = st.conn.as_mut() else {
             return CallOutcome::NotSent("no connection".into());
@@ -317,14 +399,14 @@ impl Server {
             Err(e) => {
                 // The connection is in an unknown place mid-exchange: drop
                 // it (killing the process); the next call starts afresh.
-                self.failed(&mut st, &e.to_string());
-                CallOutcome::Unknown(e.to_string())
+                self.failed(&mut st, &hatchery_serve::error_text::with_causes(&e));
+                CallOutcome::Unknown(hatchery_serve::error_text::with_causes(&e))
             }
         }
     }
 }
 
-async fn list_tools(c: &mut StdioConn, max: usize) -> Result<Vec<ToolInfo>, McpError> {
+async fn list_tools(c: &mut Conn, max: usize) -> Result<Vec<ToolInfo>, McpError> {
     let mut out = vec![];
     let mut cursor: Option<String> = None;
     // A bounded number of pages: a server cannot keep us paging forever.
@@ -417,10 +499,10 @@ impl McpHub {
         h
     }
 
-    pub fn from_file(path: &std::path::Path) -> Result<McpHub, McpError> {
+    pub fn from_file(path: &std::path::Path, trust: &Arc<Trust>) -> Result<McpHub, McpError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| McpError::Config(format!("{}: {e}", path.display())))?;
-        Ok(McpHub::new(parse_config(&text)?))
+        Ok(McpHub::new(parse_config(&text, trust)?))
     }
 
     pub fn server(&self, name: &str) -> Option<&Arc<Server>> {
@@ -451,7 +533,9 @@ impl McpHub {
                         }));
                     }
                 }
-                Err(e) => errors.push(json!({"server": name, "error": e.to_string()})),
+                Err(e) => errors.push(
+                    json!({"server": name, "error": hatchery_serve::error_text::with_causes(&e)}),
+                ),
             }
         }
         (tools, errors)
@@ -464,10 +548,14 @@ mod tests {
 
     #[test]
     fn config_is_checked_and_names_the_server() {
+        let t = Arc::new(Trust::default());
         let ok = parse_config(
-            r#"{"servers":[{"name":"git","transport":"stdio","argv":["mcp-server-git"],"env":{"A":"b"},"call_timeout_s":5}]}"#,
+            r#"{"servers":[{"name":"git","transport":"stdio","argv":["mcp-server-git"],"env":{"A":"b"},"call_timeout_s":5},
+                           {"name":"web","transport":"http","url":"https://mcp.corp/mcp","headers":{"Authorization":"Bearer t"}}]}"#,
+            &t,
         )
         .unwrap();
+        assert!(matches!(ok[1].transport, Transport::Http(_)));
         assert_eq!(ok[0].call_timeout, Duration::from_secs(5));
         assert_eq!(ok[0].max_response_bytes, DEFAULT_MAX_RESPONSE_BYTES);
         for (bad, want) in [
@@ -476,8 +564,20 @@ mod tests {
                 "name",
             ),
             (
-                r#"{"servers":[{"name":"h","transport":"http","argv":["x"]}]}"#,
+                r#"{"servers":[{"name":"h","transport":"sse","argv":["x"]}]}"#,
                 "not supported",
+            ),
+            (
+                r#"{"servers":[{"name":"h","transport":"http","argv":["x"],"url":"https://h/mcp"}]}"#,
+                "stdio transport",
+            ),
+            (
+                r#"{"servers":[{"name":"h","transport":"http"}]}"#,
+                "needs url",
+            ),
+            (
+                r#"{"servers":[{"name":"h","transport":"http","url":"http://mcp.corp/mcp"}]}"#,
+                "loopback",
             ),
             (
                 r#"{"servers":[{"name":"s","transport":"stdio","argv":[]}]}"#,
@@ -500,7 +600,7 @@ mod tests {
                 "unknown field",
             ),
         ] {
-            let e = parse_config(bad).unwrap_err().to_string();
+            let e = parse_config(bad, &t).unwrap_err().to_string();
             assert!(e.contains(want), "{bad}: {e}");
         }
     }

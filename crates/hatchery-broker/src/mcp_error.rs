@@ -21,4 +21,6 @@ pub enum McpError {
     Protocol(String),
     #[error("no answer within {0} s")]
     Timeout(u64),
+    #[error("the HTTP transport")]
+    Http(#[source] crate::http_client::HttpError),
 }

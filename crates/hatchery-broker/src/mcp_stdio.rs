@@ -4,7 +4,8 @@
 //! lock), so an oversized or garbled answer belongs to that request.
 
 use crate::mcp_error::McpError;
-use serde_json::{json, Value};
+use crate::mcp_rpc::{self, Incoming};
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -98,11 +99,7 @@ impl StdioConn {
     }
 
     pub async fn notify(&mut self, method: &str, params: Option<Value>) -> Result<(), McpError> {
-        let mut m = json!({"jsonrpc": "2.0", "method": method});
-        if let Some(p) = params {
-            m["params"] = p;
-        }
-        self.send(&m).await
+        self.send(&mcp_rpc::notification(method, params)).await
     }
 
     /// Sends one request and reads until its answer, answering the
@@ -118,8 +115,7 @@ impl StdioConn {
     ) -> Result<Result<Value, (i64, String)>, McpError> {
         let id = self.next_id;
         self.next_id += 1;
-        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
-            .await?;
+        self.send(&mcp_rpc::request(id, method, params)).await?;
         loop {
             let line = read_line_capped(&mut self.stdout, max_bytes).await?;
             if line.iter().all(u8::is_ascii_whitespace) {
@@ -127,39 +123,11 @@ impl StdioConn {
             }
             let msg: Value = serde_json::from_slice(&line)
                 .map_err(|e| McpError::Protocol(format!("not JSON from the server: {e}")))?;
-            let has_method = msg.get("method").and_then(Value::as_str);
-            match (msg.get("id"), has_method) {
-                // A request from the server to us.
-                (Some(rid), Some(m)) => {
-                    let answer = if m == "ping" {
-                        json!({"jsonrpc": "2.0", "id": rid, "result": {}})
-                    } else {
-                        json!({"jsonrpc": "2.0", "id": rid,
-                               "error": {"code": -32601, "message": "the broker offers no client features"}})
-                    };
-                    self.send(&answer).await?;
-                }
-                (None, Some("notifications/tools/list_changed")) => {
-                    self.tools_changed = true;
-                }
-                // Other notifications (logging, progress): not used.
-                (None, Some(_)) => {}
-                (Some(rid), None) if rid.as_u64() == Some(id) => {
-                    if let Some(e) = msg.get("error") {
-                        let code = e.get("code").and_then(Value::as_i64).unwrap_or(0);
-                        let text = e
-                            .get("message")
-                            .and_then(Value::as_str)
-                            .unwrap_or("")
-                            .chars()
-                            .take(1000)
-                            .collect();
-                        return Ok(Err((code, text)));
-                    }
-                    return Ok(Ok(msg.get("result").cloned().unwrap_or(Value::Null)));
-                }
-                // An answer to a request we gave up on: dropped.
-                _ => {}
+            match mcp_rpc::classify(&msg, id) {
+                Incoming::ServerRequest(answer) => self.send(&answer).await?,
+                Incoming::ToolsChanged => self.tools_changed = true,
+                Incoming::Ignored => {}
+                Incoming::Answer(a) => return Ok(a),
             }
         }
     }

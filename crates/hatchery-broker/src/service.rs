@@ -908,9 +908,12 @@ impl Broker {
                 let outcome = server.call(&tool, &args).await;
                 self.mcp_result(&c.tool, outcome)
             }
-            Run::Fetch(f) => match f.run().await {
+            Run::Fetch(f) => match f.run(&self.cfg.trust).await {
                 Ok(v) => (CallState::Done, v),
-                Err(e) => (CallState::Failed, json!({"error": e.to_string()})),
+                Err(e) => (
+                    CallState::Failed,
+                    json!({"error": hatchery_serve::error_text::with_causes(&e)}),
+                ),
             },
         };
         self.metrics
@@ -1191,7 +1194,11 @@ impl Broker {
             ),
             None => None,
         };
-        Ok(Forge { base, token })
+        Ok(Forge {
+            base,
+            token,
+            trust: self.cfg.trust.clone(),
+        })
     }
 
     fn plan_pr(

@@ -190,6 +190,7 @@ impl Env {
                 git_credential_file: None,
                 github_api: None,
                 github_token_file: None,
+                trust: Default::default(),
                 mcp: Arc::new(crate::mcp::McpHub::new(vec![])),
                 caps: Default::default(),
             },

@@ -142,6 +142,7 @@ pub const KEYS: &[Key] = &[
     k("broker", "git_credential_file", "broker-git-credential-file", Str, FRONT),
     k("broker", "github_api", "broker-github-api", Str, FRONT),
     k("broker", "github_token_file", "broker-github-token-file", Str, FRONT),
+    k("broker", "ca_file", "broker-ca-file", Str, FRONT),
     k("broker", "mcp_config", "broker-mcp-config", Str, FRONT),
     k("broker", "session_max_calls", "broker-session-max-calls", Int, FRONT),
     k("broker", "session_calls_per_minute", "broker-session-calls-per-minute", Int, FRONT),

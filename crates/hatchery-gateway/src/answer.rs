@@ -88,7 +88,7 @@ async fn exchange(settle: Settle, x: Exchange, tx: Answer) {
             e @ (UpstreamError::Connect { .. }
             | UpstreamError::Tls { .. }
             | UpstreamError::BadUrl(_)
-            | UpstreamError::Ca { .. }),
+            | UpstreamError::Ca(_)),
         )) => {
             return refuse(
                 settle,

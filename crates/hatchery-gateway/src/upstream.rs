@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::rustls;
 
 /// Trust anchors for `https://` upstreams when the operator names none.
-pub const DEFAULT_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+pub const DEFAULT_CA_BUNDLE: &str = hatchery_tls::SYSTEM_BUNDLE;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -25,8 +25,8 @@ pub enum UpstreamError {
         "upstream URL {0:?} must be http://host:port[/prefix] or https://host[:port][/prefix]"
     )]
     BadUrl(String),
-    #[error("CA bundle {path}: {why}")]
-    Ca { path: String, why: String },
+    #[error("the upstream's trust")]
+    Ca(#[from] hatchery_tls::TrustError),
     #[error("TLS with the upstream {addr}: {source}")]
     Tls {
         addr: String,
@@ -80,30 +80,7 @@ impl std::fmt::Debug for Tls {
 /// A rustls client config trusting the certificates in `ca_file` (PEM),
 /// HTTP/1.1 by ALPN.
 pub fn client_config(ca_file: &Path) -> Result<Arc<rustls::ClientConfig>, UpstreamError> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::CertificateDer;
-    let err = |why: String| UpstreamError::Ca {
-        path: ca_file.display().to_string(),
-        why,
-    };
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_file_iter(ca_file).map_err(|e| err(e.to_string()))? {
-        let c = c.map_err(|e| err(e.to_string()))?;
-        // A bundle may hold certificates rustls cannot use; skip those.
-        let _ = roots.add(c);
-    }
-    if roots.is_empty() {
-        return Err(err("no usable certificate".into()));
-    }
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| err(e.to_string()))?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(cfg))
+    Ok(hatchery_tls::client_config(ca_file)?)
 }
 
 impl Upstream {
@@ -283,7 +260,7 @@ mod tests {
         let missing = Path::new("/nonexistent/ca.pem");
         assert!(matches!(
             Upstream::with_ca(Flavor::OpenAi, "https://h/v1", "k", t, Some(missing)),
-            Err(UpstreamError::Ca { .. })
+            Err(UpstreamError::Ca(_))
         ));
         // http:// never reads a CA file.
         assert!(Upstream::with_ca(Flavor::OpenAi, "http://h:1", "k", t, Some(missing)).is_ok());

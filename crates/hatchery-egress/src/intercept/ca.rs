@@ -30,6 +30,8 @@ pub enum CaError {
     Cert(#[source] rcgen::Error),
     #[error("egress CA: a TLS configuration for {0}")]
     Tls(String, #[source] rustls::Error),
+    #[error("the trust for intercepted upstreams")]
+    Trust(#[from] hatchery_tls::TrustError),
 }
 
 pub struct Ca {
@@ -169,29 +171,7 @@ impl Ca {
 /// The client side towards real upstreams: the certificates of `bundle`
 /// (PEM; the host's trust store by default, a test CA in tests).
 pub fn upstream_config(bundle: &Path) -> Result<Arc<rustls::ClientConfig>, CaError> {
-    use rustls_pki_types::pem::PemObject;
-    let io = |e| CaError::Io(bundle.to_path_buf(), e);
-    let pem = std::fs::read(bundle).map_err(io)?;
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(&pem).flatten() {
-        // A bundle may hold certificates rustls cannot use; skip those.
-        let _ = roots.add(c);
-    }
-    if roots.is_empty() {
-        return Err(io(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "no usable certificate in the bundle",
-        )));
-    }
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| CaError::Tls("upstream".into(), e))?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(cfg))
+    Ok(hatchery_tls::client_config(bundle)?)
 }
 
 #[cfg(test)]
