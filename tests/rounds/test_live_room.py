@@ -64,6 +64,9 @@ def type_and_measure(typists, pages, text, first, n, delays):
     sent = {}
     k = first
     for b in typists:
+        # Each types at the end of what it has: wait until that is the
+        # whole text so far, so the order of the merged text is known.
+        wait_file(b, "solution.py", text, "the previous typist's keystrokes", timeout=30)
         for _ in range(n):
             k += 1
             sent[k] = (b, send_key(b, k))

@@ -107,12 +107,15 @@ def test_playback_replays_the_history_to_the_final_file_and_each_run(daemon, bro
         assert b.eval("document.getElementById('pb-content').textContent") == "def add(a, b):\n    pass\n"
         assert b.eval("document.getElementById('pb-run').hidden") is True
 
-        # Play from the start at 16x to the end, recording what the pane
-        # showed on the way.
+        # Play from the start at 4x to the end, recording what the pane
+        # showed on the way (at least one state between the seed and the
+        # end: it played, not jumped; how many more depends on how fast
+        # the documents come on this machine, since playback skips ahead
+        # to keep its pace).
         b.eval("""(() => { window.pbSeen = new Set();
             new MutationObserver(() => window.pbSeen.add(document.getElementById('pb-content').textContent))
               .observe(document.getElementById('pb-content'), {childList: true, characterData: true, subtree: true});
-            const s = document.getElementById('pb-speed'); s.value = '16'; s.dispatchEvent(new Event('change')); })()""")
+            const s = document.getElementById('pb-speed'); s.value = '4'; s.dispatchEvent(new Event('change')); })()""")
         b.click("#pb-play")
         b.wait("document.getElementById('playback').dataset.ended === 'true'", timeout=60, what="played to the end")
         assert pb(b, "dataset.shown") == str(tl[-1]["idx"])
@@ -120,7 +123,7 @@ def test_playback_replays_the_history_to_the_final_file_and_each_run(daemon, bro
         assert shown.encode() == FINAL.encode()
         assert b.eval("document.getElementById('pb-run').dataset.run") == marks[1]["ref_id"]
         seen = b.eval("[...window.pbSeen]")
-        assert len(seen) > 5, f"playback showed only {len(seen)} states: {seen}"
+        assert len(seen) >= 3, f"playback showed only {len(seen)} states: {seen}"
         # The other file is there too, unchanged.
         b.click("#pb-files button[data-path='notes.md']")
         b.wait("document.getElementById('pb-content').textContent === 'scratch\\n'", what="notes.md at the end")
