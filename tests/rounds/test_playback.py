@@ -4,10 +4,15 @@ room; the reviewer page then replays the code's history from the stored
 log. Played to the end at a chosen speed, the file shown equals the final
 document byte for byte; at each Run mark it equals what that Run ran (each
 version prints its own marker, so the Run's stdout proves what ran) and
-that Run's output is shown beside it."""
+that Run's output is shown beside it. Screenshot:
+target/test-artifacts/rounds-playback.png."""
 
 import json
+import os
 import time
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "../.."))
+ARTIFACTS = os.environ.get("HATCHERY_TEST_ARTIFACTS", os.path.join(REPO, "target/test-artifacts"))
 
 V1 = "def add(a, b):\n    return a - b\n\nprint('v1', add(2, 3))\n"
 V2 = "def add(a, b):\n    return a + b\n\nprint('v2', add(2, 3))\n"
@@ -100,6 +105,9 @@ def test_playback_replays_the_history_to_the_final_file_and_each_run(daemon, bro
             assert b.eval("document.getElementById('pb-run').dataset.run") == ref
             assert b.eval("document.getElementById('pb-stdout').textContent") == out
             assert b.eval("document.getElementById('pb-verdict').textContent") == runs[ref]["verdict"]
+
+        os.makedirs(ARTIFACTS, exist_ok=True)
+        b.screenshot(os.path.join(ARTIFACTS, "rounds-playback.png"))
 
         # Scrub to the first entry: the starter, and no Run yet.
         b.eval("(() => { const s = document.getElementById('pb-scrub'); s.value = '0'; s.dispatchEvent(new Event('input')); })()")

@@ -77,6 +77,7 @@ export function createPlayback({ token, base, $, showError }) {
     $("pb-verdict").className = `verdict ${r && r.verdict === "ok" ? "ok" : "bad"}`;
     $("pb-stdout").textContent = r ? r.stdout : "";
     $("pb-stderr").textContent = r ? r.stderr : "";
+    $("pb-stderr").hidden = !(r && r.stderr);
   }
 
   // Shows entry i. Answers that arrive after a later call are dropped, so
