@@ -190,8 +190,9 @@ gateway-test: $(SUITE_PREREQS)
 # Interview rounds (the store's conformance suite on PostgreSQL is in
 # `make pg-conformance`, on SQLite in `make unit`): the pages (web/rounds: CodeMirror 6 bundled by esbuild, dist/
 # committed and embedded in the daemon): check/build as for the terminal,
-# then the candidate room and the reviewer page in headless Chromium
-# (about 15 s). The HTTP suite is tests/integration/test_rounds.py.
+# then the candidate room and the reviewer page in headless Chromium,
+# the live room with three pages and the reviewer's playback (about 55 s).
+# The HTTP suite is tests/integration/test_rounds.py.
 rounds-pages-check:
 	$(NEED_NODE)
 	cd web/rounds && npm ci --no-audit --no-fund --silent && npm run --silent check
@@ -299,6 +300,10 @@ soak-memory: $(SUITE_PREREQS)
 	HATCHERY_HOG_ROUNDS=7 HATCHERY_HOG_WARMUP=300 HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $(PYTEST) -q -p no:cacheprovider tests/integration/test_adversarial.py -k memory_hogs_of_every_shape
 
+# The live room's load test (issue 41): pycrdt and websockets, pinned in
+# bench/room-requirements.txt, in a venv of their own.
+ROOM_VENV = $$($(CACHE) venv room bench/room-requirements.txt --system-site-packages)
+
 bench: $(SUITE_PREREQS)
 	cargo build --release -p hatchery-net --example slot_bench
 	cargo run -q --release -p hatchery-policy --example policy_bench
@@ -323,6 +328,8 @@ bench: $(SUITE_PREREQS)
 	V=$(GATEWAY_VENV) && HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) $$V/bin/python bench/gateway_bench.py
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/rounds_fairness.py
+	V=$(ROOM_VENV) && HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  $$V/bin/python bench/room_bench.py
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/sessions_bench.py
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \

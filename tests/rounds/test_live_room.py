@@ -39,6 +39,53 @@ def wait_file(b, path, text, what, timeout=20):
     b.wait(f"window.hatcheryRoom.files()[{json.dumps(path)}] === {json.dumps(text)}", timeout=timeout, what=what)
 
 
+# Keystrokes each typist sends per round of typing.
+KEYS = 30
+
+# On a page: the time each keystroke marker (`#k<n>.`) first reaches its
+# copy of solution.py, whoever typed it (the sender's own entry is ignored).
+ARRIVALS = """(() => { window.kArrive = {};
+  const t = window.hatcheryRoom.doc.getMap('files').get('solution.py');
+  t.observe((ev) => { const now = performance.timeOrigin + performance.now();
+    for (const d of ev.delta) if (typeof d.insert === 'string')
+      for (const m of d.insert.matchAll(/#k(\\d+)\\./g)) if (!(m[1] in window.kArrive)) window.kArrive[m[1]] = now; });
+})()"""
+
+
+def send_key(b, k):
+    """Types keystroke k at the end of solution.py; returns when it was sent."""
+    return b.eval(f"""(() => {{ const v = window.hatcheryRoom.view(); const t0 = performance.timeOrigin + performance.now();
+        v.dispatch({{changes: {{from: v.state.doc.length, insert: '#k{k}.\\n'}}}}); return t0; }})()""")
+
+
+def type_and_measure(typists, pages, text, first, n, delays):
+    """Each typist in turn sends n keystrokes ~20 ms apart; waits until every
+    other page has each, and appends each arrival's delay (ms) to delays."""
+    sent = {}
+    k = first
+    for b in typists:
+        # Each types at the end of what it has: wait until that is the
+        # whole text so far, so the order of the merged text is known.
+        wait_file(b, "solution.py", text, "the previous typist's keystrokes", timeout=30)
+        for _ in range(n):
+            k += 1
+            sent[k] = (b, send_key(b, k))
+            text += f"#k{k}.\n"
+            time.sleep(0.02)
+    for b in pages:
+        wait_file(b, "solution.py", text, "every keystroke on every page", timeout=30)
+    for b in pages:
+        got = json.loads(b.eval("JSON.stringify(window.kArrive)"))
+        for kk, (src, t0) in sent.items():
+            if src is not b:
+                delays.append(got[str(kk)] - t0)
+    return text
+
+
+def pct(xs, p):
+    return xs[min(len(xs) - 1, int(len(xs) * p / 100))]
+
+
 def test_candidate_and_interviewers_share_the_room(daemon):
     d = daemon
     r = d.request("POST", "/v1/rounds", {
@@ -70,33 +117,33 @@ def test_candidate_and_interviewers_share_the_room(daemon):
         assert ints[0].eval("document.body.dataset.role") == "interviewer"
         assert ints[0].eval("document.getElementById('run').hidden") is True
 
-        # Typing on the candidate's page appears on both interviewers'.
-        cand.eval("window.hatcheryRoom.select('solution.py')")
-        lat = []
+        # Typing on one page appears on the others: the candidate types
+        # first; then, pairing on, each of the three types in turn. Each
+        # keystroke's delay (sent on one page to applied in another page's
+        # document, on the pages' own clocks: Chromium processes on one
+        # machine) is printed as p50/p99, not asserted (the 200 ms target
+        # is checked in `make bench`, bench/room_bench.py).
+        for b in pages:
+            b.eval("window.hatcheryRoom.select('solution.py')")
+            b.eval(ARRIVALS)
         text = "def add(a, b):\n    pass\n"
-        for i in range(20):
-            piece = f"# {i}\n"
-            text += piece
-            t0 = time.monotonic()
-            insert_at_end(cand, piece)
-            for b in ints:
-                wait_file(b, "solution.py", text, f"keystroke {i} on an interviewer")
-            lat.append(time.monotonic() - t0)
-        lat.sort()
-        print(f"\nroom fan-out, candidate to 2 interviewers (incl. CDP polling): p50 {lat[len(lat) // 2] * 1000:.0f} ms, "
-              f"max {lat[-1] * 1000:.0f} ms")
+        delays = []
+        text = type_and_measure([cand], pages, text, 0, KEYS, delays)
+        assert all(b.eval("window.hatcheryRoom.files()['solution.py']") == text for b in pages)
 
         # Read-only by default: an interviewer's editor does not take input.
         assert ints[0].eval("window.hatcheryRoom.view().state.facet(window.hatcheryRoom.view().constructor.editable)") is False
-        # Pairing: the interviewer switches it on and types; the candidate sees it.
+        # Pairing: the interviewer switches it on and types; everyone sees it.
         ints[0].click("#pairing")
-        ints[0].wait("window.hatcheryRoom.view().state.facet(window.hatcheryRoom.view().constructor.editable) === true",
-                     what="pairing on")
-        ints[0].eval("window.hatcheryRoom.select('solution.py')")
+        for b in ints:
+            b.wait("window.hatcheryRoom.view().state.facet(window.hatcheryRoom.view().constructor.editable) === true",
+                   what="pairing on")
         ints[0].wait(f"window.hatcheryRoom.view().state.doc.toString() === {json.dumps(text)}", what="interviewer view")
-        insert_at_end(ints[0], "# pair\n")
-        text += "# pair\n"
-        wait_file(cand, "solution.py", text, "the interviewer's edit on the candidate's page")
+        text = type_and_measure([cand, ints[0], ints[1]], pages, text, KEYS, KEYS, delays)
+        wait_file(cand, "solution.py", text, "the interviewers' edits on the candidate's page")
+        delays.sort()
+        print(f"\nroom keystroke delay, 3 clients ({len(delays)} arrivals of {len(delays) // 2} keystrokes): "
+              f"p50 {pct(delays, 50):.1f} ms, p99 {pct(delays, 99):.1f} ms, max {delays[-1]:.1f} ms")
 
         # The candidate writes the answer and runs it: the run streams to
         # the interviewers.

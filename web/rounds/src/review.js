@@ -1,7 +1,9 @@
 // The reviewer page: one round's candidates, their runs as they happen,
-// the full grading report, replays with a fork button and a file viewer.
+// the full grading report, playback of the code's history (playback.js),
+// replays with a fork button and a file viewer.
 // It holds a reviewer token (from the URL fragment), never the API key.
 import { call, el, grant } from "./api.js";
+import { createPlayback } from "./playback.js";
 
 const g = grant();
 const R = `/v1/rounds/${encodeURIComponent(g.round)}`;
@@ -13,6 +15,15 @@ let timer = null;
 function showError(e) {
   $("error").textContent = e ? (e.code ? `${e.code}: ${e.message}` : String(e.message || e)) : "";
 }
+
+// The code's history, loaded once per pick (and on Reload): the 2 s
+// refresh below leaves it alone so it does not move a playhead.
+const playback = createPlayback({
+  token: g.token,
+  base: () => `${R}/sessions/${encodeURIComponent(selected)}`,
+  $,
+  showError,
+});
 
 async function loadSessions() {
   const list = (await call(g.token, "GET", `${R}/sessions`)).sessions;
@@ -92,7 +103,8 @@ async function pick(id) {
   selected = id;
   $("detail").hidden = false;
   for (const li of $("sessions").children) li.setAttribute("aria-current", String(li.dataset.id === id));
-  await refresh();
+  playback.stop();
+  await Promise.all([refresh(), playback.load().catch(showError)]);
   clearInterval(timer);
   // The candidate's runs as they happen.
   timer = setInterval(refresh, 2000);

@@ -59,4 +59,24 @@ mod tests {
         }
         assert!(!b.take(t2));
     }
+
+    /// The room's own constants: ROOM_RATE_BURST messages at once pass,
+    /// the next does not; then exactly one per 1/ROOM_RATE_PER_S.
+    #[test]
+    fn room_caps_at_the_boundary() {
+        use crate::limits::{ROOM_RATE_BURST, ROOM_RATE_PER_S};
+        let t0 = Instant::now();
+        let mut b = Bucket::new(t0, ROOM_RATE_PER_S, ROOM_RATE_BURST);
+        for i in 0..ROOM_RATE_BURST as usize {
+            assert!(b.take(t0), "message {i} of the burst");
+        }
+        assert!(!b.take(t0), "one past the burst");
+        let step = Duration::from_secs_f64(1.0 / ROOM_RATE_PER_S);
+        let t1 = t0 + step;
+        assert!(b.take(t1), "one interval buys one message");
+        assert!(!b.take(t1), "and only one");
+        // Just short of an interval buys nothing.
+        let t2 = t1 + step - Duration::from_micros(100);
+        assert!(!b.take(t2));
+    }
 }

@@ -209,6 +209,18 @@ async fn refusals_come_before_the_upgrade() {
     rec.expires_at_ms = crate::ids::now_ms() - 1;
     e.store.insert_token(&rec).await.unwrap();
     assert_eq!(dial(addr, &s, Some(&old)).await.err(), Some(401), "expired");
+    // An interviewer token of this round a millisecond past its expiry:
+    // 401 (one that expires later opens the room, below).
+    let now = crate::ids::now_ms();
+    let late = crate::tokens::mint();
+    let mut rec = crate::tokens::record(&late, Scope::Interviewer, &s.round_id, None, 1, 1);
+    rec.expires_at_ms = now - 1;
+    e.store.insert_token(&rec).await.unwrap();
+    assert_eq!(
+        dial(addr, &s, Some(&late)).await.err(),
+        Some(401),
+        "expired interviewer"
+    );
     // An ended session has no room.
     e.rounds.end_session(&other, "ended").await.unwrap();
     assert_eq!(
@@ -217,6 +229,16 @@ async fn refusals_come_before_the_upgrade() {
     );
     // Nothing was seeded by any refusal.
     assert!(e.store.doc_log(&s.id, None).await.unwrap().is_empty());
+    // (After the check above: opening seeds the room.)
+    let live = crate::tokens::mint();
+    let mut rec = crate::tokens::record(&live, Scope::Interviewer, &s.round_id, None, 1, 1);
+    rec.expires_at_ms = now + 60_000;
+    e.store.insert_token(&rec).await.unwrap();
+    drop(
+        dial(addr, &s, Some(&live))
+            .await
+            .expect("a live interviewer token opens the room"),
+    );
     // The right token opens it; the upgrade selected only the room's
     // subprotocol.
     let mut c = Client::join(addr, &s, &token).await;
@@ -575,6 +597,76 @@ async fn rate_cap_closes_a_flooding_connection() {
     let mut check = Client::join(addr, &s, "key").await;
     check
         .until("solution.py", &format!("still here\n{STARTER}"))
+        .await;
+}
+
+/// The rate cap's lower side over a real socket: a burst of exactly
+/// `ROOM_RATE_BURST` messages at once (the handshake's two among them) is
+/// all taken and the connection stays; the bucket's exact edge at the
+/// real constants is `rate::tests::room_caps_at_the_boundary`, the upper
+/// side `rate_cap_closes_a_flooding_connection`.
+#[tokio::test]
+async fn a_burst_of_exactly_the_cap_is_taken() {
+    let e = Env::new().await;
+    let (_, s, token) = e.session_with_token().await;
+    let addr = serve(&e).await;
+    let mut calm = Client::join(addr, &s, &token).await;
+    calm.until("solution.py", STARTER).await;
+    // Two messages spent: our sync step 1, and our step 2 answering the
+    // server's step 1 (which `until` pumped before the document).
+    let mut burst = Client::join(addr, &s, "key").await;
+    burst.until("solution.py", STARTER).await;
+    let q = Message::AwarenessQuery.encode_v1();
+    for _ in 0..(ROOM_RATE_BURST as usize - 3) {
+        burst.ws.send(Ws::Binary(q.clone().into())).await.unwrap();
+    }
+    // The burst's last message is an edit: taken, logged, fanned out.
+    burst.type_in("solution.py", 0, "a\n").await;
+    calm.until("solution.py", &format!("a\n{STARTER}")).await;
+    // Still open once the bucket refills a little.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    burst.type_in("solution.py", 0, "b\n").await;
+    calm.until("solution.py", &format!("b\na\n{STARTER}")).await;
+}
+
+/// Presence: MAX_AWARENESS_CLIENTS entries on one connection are kept;
+/// one more closes that connection (4400) and only it.
+#[tokio::test]
+async fn presence_cap_boundary() {
+    use yrs::sync::awareness::AwarenessUpdateEntry;
+    use yrs::sync::AwarenessUpdate;
+    let e = Env::new().await;
+    let (_, s, token) = e.session_with_token().await;
+    let addr = serve(&e).await;
+    let mut calm = Client::join(addr, &s, &token).await;
+    calm.until("solution.py", STARTER).await;
+    let mut many = Client::join(addr, &s, "key").await;
+    many.until("solution.py", STARTER).await;
+    let presence = |ids: std::ops::Range<u64>| {
+        Message::Awareness(AwarenessUpdate {
+            clients: ids
+                .map(|id| {
+                    (
+                        yrs::ClientID::new(id),
+                        AwarenessUpdateEntry {
+                            clock: 1,
+                            json: r#"{"user":{"name":"x"}}"#.into(),
+                        },
+                    )
+                })
+                .collect(),
+        })
+    };
+    let cap = MAX_AWARENESS_CLIENTS as u64;
+    many.send(&presence(1..cap + 1)).await;
+    many.type_in("solution.py", 0, "kept\n").await;
+    calm.until("solution.py", &format!("kept\n{STARTER}")).await;
+    many.send(&presence(cap + 1..cap + 2)).await;
+    assert_eq!(many.closed().await, Ended::Code(4400));
+    calm.type_in("solution.py", 0, "on\n").await;
+    let mut check = Client::join(addr, &s, "key").await;
+    check
+        .until("solution.py", &format!("on\nkept\n{STARTER}"))
         .await;
 }
 
