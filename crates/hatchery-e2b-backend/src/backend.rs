@@ -10,11 +10,11 @@ use crate::translate::{context_view, exec_params, file_entry, policy, proc_view,
 use async_trait::async_trait;
 use hatchery_core::exec::{ExecEvent, Sink};
 use hatchery_core::Manager;
+use hatchery_e2b::backend::TENANT_KEY;
 use hatchery_e2b::backend::{
     BResult, Backend, CodeDone, CodeEvent, CodeSpec, ContextView, CreateSpec, ExecOutput,
     FileEntry, NetworkSpec, OutputChunk, ProcSpec, ProcView, Pty, ResumeClaim, SandboxView,
 };
-use hatchery_e2b::backend::TENANT_KEY;
 use hatchery_tenants::AdmitError;
 use std::collections::BTreeMap;
 use std::sync::Arc;

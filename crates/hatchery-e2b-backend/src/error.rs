@@ -6,8 +6,8 @@ use hatchery_core::store::StoreError;
 use hatchery_core::CoreError;
 use hatchery_e2b::backend::{BackendError, FailKind};
 use hatchery_runtime::RuntimeError;
-use hatchery_tenants::{AdmitError, StoreError as TenantStoreError};
 use hatchery_templates::TemplateError;
+use hatchery_tenants::{AdmitError, StoreError as TenantStoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum E2bBackendError {

@@ -134,7 +134,10 @@ mod tests {
         assert!(!owns(&me, &BTreeMap::new()));
         let mut op = BTreeMap::from([(TENANT_KEY.to_string(), "ten_x".to_string())]);
         stamp(&Caller::Operator, &mut op);
-        assert_eq!(op[TENANT_KEY], "ten_x", "the operator's metadata is left as given");
+        assert_eq!(
+            op[TENANT_KEY], "ten_x",
+            "the operator's metadata is left as given"
+        );
     }
 
     #[test]

@@ -74,6 +74,8 @@ async fn main() {
             let db = hatchery_db::Db::open(&scratch).await.unwrap();
             run("PostgreSQL, loopback", db).await;
         }
-        _ => println!("\n(PostgreSQL: not run; set HATCHERY_TEST_PG_DSN, or run under tests/pg/pg.py)"),
+        _ => println!(
+            "\n(PostgreSQL: not run; set HATCHERY_TEST_PG_DSN, or run under tests/pg/pg.py)"
+        ),
     }
 }

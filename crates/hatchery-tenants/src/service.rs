@@ -444,11 +444,21 @@ mod tests {
         let id = store.create(new).await.unwrap().id;
         let r = t.delete(&id).await;
         assert!(
-            matches!(r, Err(DeleteError::InUse { sessions: 1, sandboxes: 0, .. })),
+            matches!(
+                r,
+                Err(DeleteError::InUse {
+                    sessions: 1,
+                    sandboxes: 0,
+                    ..
+                })
+            ),
             "{r:?}"
         );
         store.get(&id).await.unwrap();
-        let t = Tenants::new(store.clone(), Arc::new(SumUsage(vec![Arc::new(Sessions(0))])));
+        let t = Tenants::new(
+            store.clone(),
+            Arc::new(SumUsage(vec![Arc::new(Sessions(0))])),
+        );
         t.delete(&id).await.unwrap();
     }
 

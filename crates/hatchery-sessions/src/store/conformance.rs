@@ -865,7 +865,9 @@ async fn a_tenant_s_sessions_reserve_their_budgets_at_create(open: Open<'_>, run
     // and no other tenant's.
     assert_eq!(s.unfinished_of_tenant(&tenant).await.unwrap(), 3);
     assert_eq!(
-        s.unfinished_of_tenant(&format!("ten_o{run}")).await.unwrap(),
+        s.unfinished_of_tenant(&format!("ten_o{run}"))
+            .await
+            .unwrap(),
         1
     );
     assert_eq!(
