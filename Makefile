@@ -324,8 +324,8 @@ bench: $(SUITE_PREREQS)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/playground_bench.py
 	cargo build --release -p hatchery-gateway --example reserve_bench
-	$(BIN)/examples/reserve_bench
-	V=$(GATEWAY_VENV) && HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) $$V/bin/python bench/gateway_bench.py
+	/usr/bin/python3 tests/pg/pg.py -- $(BIN)/examples/reserve_bench
+	V=$(GATEWAY_VENV) && HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) /usr/bin/python3 tests/pg/pg.py -- $$V/bin/python bench/gateway_bench.py
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/rounds_fairness.py
 	V=$(ROOM_VENV) && HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """`make bench`: the model gateway's overhead over calling the upstream
 directly (non-streaming chat completions, one keep-alive connection each,
-N=300), against the scripted upstream of tests/gateway. Loopback only."""
+N=300), against the scripted upstream of tests/gateway, with a session's
+key and with a tenant's session's key (two budget scopes). On SQLite, and
+on PostgreSQL too when HATCHERY_TEST_PG_DSN names one (make bench runs it
+under tests/pg/pg.py). Loopback only."""
 
 import http.client
 import json
@@ -41,25 +44,42 @@ def calls(port, headers, n):
     return out
 
 
-def main():
+def measure(db, label):
+    """Direct and through the gateway alternated in one run, with a
+    session's key (one budget scope) and a tenant's session's key (two:
+    session + tenant, both reserved and settled per call)."""
     up = Upstream()
-    g = Gateway(up)
+    g = Gateway(up, db=db)
     try:
-        key = g.key("ses_bench")
+        keys = {"session": g.key("ses_bench"), "session + tenant": g.key("ses_bench_t", tenant="ten_bench")}
+        g.budget("tenant:ten_bench", tokens=10 ** 12)
         calls(up.port, {}, 20)
-        calls(g.port, {"authorization": f"Bearer {key}"}, 20)
-        direct, through = [], []
+        for k in keys.values():
+            calls(g.port, {"authorization": f"Bearer {k}"}, 20)
+        direct, through = [], {k: [] for k in keys}
         for _ in range(3):  # alternated
             direct += calls(up.port, {}, N // 3)
-            through += calls(g.port, {"authorization": f"Bearer {key}"}, N // 3)
-        print(f"\nModel gateway, {time.strftime('%Y-%m-%d %H:%M')}, N={N}\n")
-        print("| path | p50 ms | p99 ms |\n|---|---|---|")
-        print(f"| upstream directly | {pct(direct, 50):.2f} | {pct(direct, 99):.2f} |")
-        print(f"| through the gateway (reserve, forward, settle) | {pct(through, 50):.2f} | {pct(through, 99):.2f} |")
-        print(f"| overhead | {pct(through, 50) - pct(direct, 50):.2f} | |")
+            for name, k in keys.items():
+                through[name] += calls(g.port, {"authorization": f"Bearer {k}"}, N // 3)
+        print(f"\nModel gateway ({label}), {time.strftime('%Y-%m-%d %H:%M')}, N={N} each, "
+              f"load {os.getloadavg()[0]:.1f}\n")
+        print("| path | p50 ms | p99 ms | overhead at p50 ms |\n|---|---|---|---|")
+        print(f"| upstream directly | {pct(direct, 50):.2f} | {pct(direct, 99):.2f} | |")
+        for name, xs in through.items():
+            print(f"| through the gateway, {name} scope(s) (reserve, forward, settle) | {pct(xs, 50):.2f} | "
+                  f"{pct(xs, 99):.2f} | {pct(xs, 50) - pct(direct, 50):.2f} |")
     finally:
         g.stop()
         up.close()
+
+
+def main():
+    measure(None, "SQLite")
+    dsn = os.environ.get("HATCHERY_TEST_PG_DSN")
+    if dsn:
+        measure(dsn, "PostgreSQL, loopback")
+    else:
+        print("\n(PostgreSQL: not run; set HATCHERY_TEST_PG_DSN, or run under tests/pg/pg.py)")
 
 
 if __name__ == "__main__":

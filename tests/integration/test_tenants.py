@@ -3,9 +3,14 @@ a tenant key sees and acts only on its tenant's sandboxes and snapshots
 (another tenant's answer exactly as a missing one: 404), its list shows
 only its own, a revoked key is refused at once, /v1/tenants is the
 operator's only, and a live_sandboxes limit holds under concurrent
-creates (429 tenant_limit)."""
+creates (429 tenant_limit). Terminals too: a tenant key attaches to its
+own sandbox's terminal and gets 404 before the upgrade for another's."""
 
 import threading
+
+import pytest
+
+from wsclient import Refused, Term, WebSocket
 
 SHARED_DAEMON = True
 
@@ -171,3 +176,44 @@ def test_forks_count_against_live_sandboxes(daemon):
     assert [s["metadata"].get("tenant") for s in forked] == [t], forked
     assert len(as_key(d, k["key"], "GET", "/v1/sandboxes").json()["sandboxes"]) == 2
     assert as_key(d, k["key"], "DELETE", f"/v1/snapshots/{snap}").status == 204
+
+
+def test_a_tenant_key_opens_terminals_on_its_own_sandboxes_only(daemon):
+    d = daemon
+    a, ka = tenant(d, "term-a")
+    b, kb = tenant(d, "term-b")
+    r = create(d, ka["key"])
+    assert r.status == 201, r
+    sa = r.json()["id"]
+    r = create(d, kb["key"])
+    assert r.status == 201, r
+    sb = r.json()["id"]
+    bearer = lambda k: {"Authorization": f"Bearer {k['key']}"}
+
+    # Its own: a working terminal over its key, and a token it may mint.
+    t = Term(WebSocket(d.port, f"/v1/sandboxes/{sa}/pty?cmd=sh", bearer(ka)))
+    t.type("echo te''rminal-$((6*7))\r")
+    t.wait_for("terminal-42")
+    t.ws.close()
+    r = as_key(d, ka["key"], "POST", f"/v1/sandboxes/{sa}/pty/token")
+    assert r.status == 200 and r.json()["token"], r
+
+    # Another's: 404 before the upgrade, as a missing sandbox, for the
+    # attach and for minting a token; a made-up key is 401.
+    missing = sb[:4] + ("a" if sb[4] != "a" else "b") + sb[5:]
+    for sid in (sb, missing):
+        with pytest.raises(Refused) as e:
+            WebSocket(d.port, f"/v1/sandboxes/{sid}/pty", bearer(ka))
+        assert e.value.status == 404 and e.value.error_code() == "sandbox_not_found", e.value
+        r = as_key(d, ka["key"], "POST", f"/v1/sandboxes/{sid}/pty/token")
+        assert r.status == 404 and r.error_code() == "sandbox_not_found", r
+    with pytest.raises(Refused) as e:
+        WebSocket(d.port, f"/v1/sandboxes/{sa}/pty", {"Authorization": "Bearer htk_" + "0" * 64})
+    assert e.value.status == 401, e.value
+    # B's own key still reaches B's.
+    t = Term(WebSocket(d.port, f"/v1/sandboxes/{sb}/pty?cmd=sh", bearer(kb)))
+    t.type("echo b-''ok\r")
+    t.wait_for("b-ok")
+    t.ws.close()
+    for sid in (sa, sb):
+        assert d.request("DELETE", f"/v1/sandboxes/{sid}").status == 204

@@ -179,3 +179,36 @@ def test_a_tenant_s_sessions_reserve_its_limits_at_create(sd, git_server):
     assert err(new(1)) == (429, "tenant_budget_exhausted")
     for sid in (s1, s2, r3.json()["session_id"]):
         d.track_sandboxes(sid)
+
+
+def test_a_tenant_with_an_unfinished_session_is_not_deleted(sd, git_server):
+    """DELETE /v1/tenants/{id} counts sessions, not only sandboxes: 409
+    tenant_in_use while one is unfinished (whatever its sandbox is doing),
+    204 once it has ended and its sandbox is gone."""
+    import time
+
+    d = sd
+    t, key = tenant(d, "in-use")
+    repo = git_server.add_repo("tenant-in-use", DEMO_FILES)
+    r = as_key(d, key, "POST", "/v1/sessions", {"repo": repo, "task": "t"})
+    assert r.status == 201, r
+    sid = r.json()["session_id"]
+    try:
+        r = d.request("DELETE", f"/v1/tenants/{t}")
+        assert err(r) == (409, "tenant_in_use"), r
+        assert "1 live sessions" in r.json()["error"]["message"], r
+        assert d.request("GET", f"/v1/tenants/{t}").status == 200, "nothing deleted"
+    finally:
+        r = d.request("POST", f"/v1/sessions/{sid}:cancel")
+        assert r.status == 200, r
+    assert d.request("GET", f"/v1/sessions/{sid}").json()["state"] == "cancelled"
+    # Its sandbox (the tenant's too) is removed as the session ends.
+    deadline = time.time() + 60
+    while True:
+        r = d.request("DELETE", f"/v1/tenants/{t}")
+        if r.status == 204 or time.time() > deadline:
+            break
+        assert err(r) == (409, "tenant_in_use") and "0 live sessions" in r.json()["error"]["message"], r
+        time.sleep(0.5)
+    assert r.status == 204, r
+    assert d.request("GET", f"/v1/tenants/{t}").status == 404

@@ -150,7 +150,8 @@ impl hatchery_tenants::LiveUsage for ManagerUsage {
         })?;
         Ok(Usage {
             live_sandboxes: live.len() as u64,
-            // Sessions record no tenant yet (docs/threat-model.md).
+            // Sessions are counted by hatchery-sessions' own LiveUsage
+            // (the daemon adds the two up).
             live_sessions: 0,
         })
     }

@@ -10,10 +10,12 @@ use crate::translate::{context_view, exec_params, file_entry, policy, proc_view,
 use async_trait::async_trait;
 use hatchery_core::exec::{ExecEvent, Sink};
 use hatchery_core::Manager;
+use hatchery_e2b::backend::TENANT_KEY;
 use hatchery_e2b::backend::{
     BResult, Backend, CodeDone, CodeEvent, CodeSpec, ContextView, CreateSpec, ExecOutput,
     FileEntry, NetworkSpec, OutputChunk, ProcSpec, ProcView, Pty, ResumeClaim, SandboxView,
 };
+use hatchery_tenants::AdmitError;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +25,9 @@ pub struct ManagerBackend {
     manager: Arc<Manager>,
     api_key: String,
     claims: Claims,
+    /// Tenant keys and the live-sandbox gate; `None`: no tenants (the
+    /// operator's key only).
+    tenants: Option<Arc<hatchery_tenants::Tenants>>,
 }
 
 impl ManagerBackend {
@@ -43,6 +48,37 @@ impl ManagerBackend {
             manager,
             api_key,
             claims,
+            tenants: None,
+        }
+    }
+
+    /// Tenant keys are answered by `tenants`, and every sandbox that
+    /// records a tenant is admitted by its live-sandbox limit.
+    pub fn with_tenants(mut self, tenants: Arc<hatchery_tenants::Tenants>) -> Self {
+        self.tenants = Some(tenants);
+        self
+    }
+
+    /// Admits one new sandbox with `metadata` against the limit of the
+    /// tenant it records (whoever starts it: a create, a fork, a resume),
+    /// to be held until it exists. A name that is no tenant's is a plain
+    /// label (E2B users' own metadata may say `tenant`), not limited.
+    async fn admit(
+        &self,
+        metadata: &BTreeMap<String, String>,
+    ) -> BResult<Option<hatchery_tenants::Admission>> {
+        let (Some(tenants), Some(t)) = (&self.tenants, metadata.get(TENANT_KEY)) else {
+            return Ok(None);
+        };
+        match tenants.admit_sandboxes(t, 1).await {
+            Ok(a) => Ok(Some(a)),
+            Err(AdmitError::Store(hatchery_tenants::StoreError::NotFound(_))) => Ok(None),
+            Err(e) => {
+                if !matches!(e, AdmitError::Limit { .. }) {
+                    tracing::error!(tenant = %t, error = ?e, "e2b: admitting a tenant's sandbox");
+                }
+                Err(fail(e))
+            }
         }
     }
 
@@ -92,6 +128,16 @@ impl Backend for ManagerBackend {
         &self.api_key
     }
 
+    async fn tenant_of_key(&self, key: &str) -> BResult<Option<String>> {
+        let Some(tenants) = &self.tenants else {
+            return Ok(None);
+        };
+        match tenants.resolve(key).await {
+            Ok(p) => Ok(p.and_then(|p| p.tenant().map(str::to_string))),
+            Err(e) => Err(fail(E2bBackendError::TenantKey(e))),
+        }
+    }
+
     fn template_exists(&self, name: &str) -> bool {
         self.manager.templates().get(name).is_ok()
     }
@@ -104,6 +150,7 @@ impl Backend for ManagerBackend {
             env: spec.env,
             network: spec.network.map(policy),
         };
+        let _admitted = self.admit(&req.metadata).await?;
         let info = self.manager.create(req).await.map_err(fail)?;
         Ok(self.view(info))
     }
@@ -200,6 +247,7 @@ impl Backend for ManagerBackend {
             count: 1,
             network: network.map(policy).unwrap_or_default(),
         };
+        let _admitted = self.admit(&req.metadata).await?;
         let mut v = self.manager.fork(snapshot, req).await.map_err(fail)?;
         let i = v.pop().ok_or_else(|| fail(E2bBackendError::ForkMadeNone))?;
         Ok(self.view(i))

@@ -7,6 +7,7 @@ use hatchery_core::CoreError;
 use hatchery_e2b::backend::{BackendError, FailKind};
 use hatchery_runtime::RuntimeError;
 use hatchery_templates::TemplateError;
+use hatchery_tenants::{AdmitError, StoreError as TenantStoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum E2bBackendError {
@@ -25,6 +26,13 @@ pub enum E2bBackendError {
     /// One stdin write over `hatchery_core::procs::MAX_STDIN_WRITE`.
     #[error("stdin write over 1 MiB")]
     StdinTooLarge,
+    /// The tenant a new sandbox records has no room for it, or its
+    /// limits could not be read.
+    #[error(transparent)]
+    Tenant(#[from] hatchery_tenants::AdmitError),
+    /// A tenant key could not be resolved (the tenant store failed).
+    #[error("resolving a tenant key")]
+    TenantKey(#[source] hatchery_tenants::StoreError),
 }
 
 impl E2bBackendError {
@@ -34,6 +42,10 @@ impl E2bBackendError {
             E2bBackendError::ResumeClaim(_) | E2bBackendError::ForkMadeNone => FailKind::Internal,
             E2bBackendError::TerminalEnded => FailKind::ProcessNotFound,
             E2bBackendError::StdinTooLarge => FailKind::TooLarge,
+            E2bBackendError::Tenant(AdmitError::Limit { .. }) => FailKind::TooMany,
+            E2bBackendError::Tenant(AdmitError::Store(TenantStoreError::Unavailable(_)))
+            | E2bBackendError::TenantKey(TenantStoreError::Unavailable(_)) => FailKind::Capacity,
+            E2bBackendError::Tenant(_) | E2bBackendError::TenantKey(_) => FailKind::Internal,
         }
     }
 

@@ -6,7 +6,9 @@
 //! relayed port's request it hands to the core's proxy.
 //!
 //! Trusts its caller: hatchery-e2b has checked the API key and the
-//! sandbox's access token before any call reaches here.
+//! sandbox's access token before any call reaches here. It answers which
+//! tenant a key is (hatchery-tenants) and admits every new sandbox that
+//! records a tenant against that tenant's `live_sandboxes` limit.
 //!
 //! - [`error`]: the core's and the store's errors as E2B's failure kinds.
 //! - [`translate`]: E2B's network, process and context shapes to the

@@ -68,6 +68,28 @@ impl BackendError {
 
 pub type BResult<T> = Result<T, BackendError>;
 
+/// The sandbox and snapshot metadata key that names their tenant, as
+/// Hatchery's own API writes it (`metadata.tenant`): a tenant's E2B
+/// sandboxes and snapshots carry it, set from the caller's key.
+pub const TENANT_KEY: &str = "tenant";
+
+/// Who an E2B request comes from: the deployment's key (everything), or
+/// one tenant's key (only what records that tenant; see [`crate::tenancy`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Caller {
+    Operator,
+    Tenant(String),
+}
+
+impl Caller {
+    pub fn tenant(&self) -> Option<&str> {
+        match self {
+            Caller::Operator => None,
+            Caller::Tenant(t) => Some(t),
+        }
+    }
+}
+
 /// A live sandbox as Hatchery reports it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SandboxView {
@@ -226,6 +248,12 @@ pub struct ResumeClaim {
 pub trait Backend: Send + Sync + 'static {
     /// The daemon's API key, which E2B clients send as `X-API-KEY`.
     fn api_key(&self) -> &str;
+    /// The tenant whose API key `key` is, if it is a tenant's (not
+    /// whether it is the operator's: that is [`Backend::api_key`]). A
+    /// backend without tenants knows none.
+    async fn tenant_of_key(&self, _key: &str) -> BResult<Option<String>> {
+        Ok(None)
+    }
     /// Whether the template exists (after E2B aliases are resolved).
     fn template_exists(&self, name: &str) -> bool;
     async fn create(&self, spec: CreateSpec) -> BResult<SandboxView>;

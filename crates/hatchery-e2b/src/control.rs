@@ -3,7 +3,7 @@
 //! shapes, status codes and `{"code": <status>, "message"}` errors.
 
 use crate::api_error::{ApiError, ApiResult, Body};
-use crate::backend::{BackendError, CreateSpec, FailKind, NetworkSpec, SandboxView};
+use crate::backend::{BackendError, Caller, CreateSpec, FailKind, NetworkSpec, SandboxView};
 use crate::lifecycle::Lifecycle;
 use crate::pause_resume::{pause_live, resume_paused, Resumed};
 use crate::query::{form_pairs, pct_decode, MAX_PAGE};
@@ -12,6 +12,7 @@ use crate::template_alias::template_alias;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -212,7 +213,12 @@ fn wake_sweep_for(s: &Shared, lifecycle: &crate::lifecycle::Lifecycle) {
     }
 }
 
-async fn do_create(s: &Shared, b: NewSandbox, default_timeout: u64) -> ApiResult<Response> {
+async fn do_create(
+    s: &Shared,
+    caller: &Caller,
+    b: NewSandbox,
+    default_timeout: u64,
+) -> ApiResult<Response> {
     refuse_unsupported(&b.rest, "sandbox")?;
     let template = template_alias(&b.template_id).to_string();
     let timeout_s = timeout_of(b.timeout, default_timeout)?;
@@ -220,10 +226,11 @@ async fn do_create(s: &Shared, b: NewSandbox, default_timeout: u64) -> ApiResult
     let ttl_seconds = lifecycle.hatchery_ttl(timeout_s);
     let mut metadata = state::user_metadata(&b.metadata);
     metadata.extend(lifecycle.keys());
+    crate::tenancy::stamp(caller, &mut metadata);
     let network = network_spec(b.allow_internet_access, b.network.as_ref())?;
     if !s.backend.template_exists(&template) {
         // `Sandbox.create(snapshot_id)`: E2B's snapshots are templates.
-        let Some(snap) = crate::snapshots::resolve(s, &b.template_id).await? else {
+        let Some(snap) = crate::snapshots::resolve(s, caller, &b.template_id).await? else {
             return Err(ApiError::new(
                 StatusCode::NOT_FOUND,
                 format!("template '{}' not found", b.template_id),
@@ -257,17 +264,19 @@ async fn do_create(s: &Shared, b: NewSandbox, default_timeout: u64) -> ApiResult
 
 pub async fn create_v1(
     State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
     Body(b): Body<NewSandbox>,
 ) -> ApiResult<Response> {
     // v1 defaults to 15 s, as E2B's.
-    do_create(&s, b, 15).await
+    do_create(&s, &caller, b, 15).await
 }
 
 pub async fn create_v2(
     State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
     Body(b): Body<NewSandbox>,
 ) -> ApiResult<Response> {
-    do_create(&s, b, DEFAULT_TIMEOUT_S).await
+    do_create(&s, &caller, b, DEFAULT_TIMEOUT_S).await
 }
 
 pub async fn get(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<Json<Value>> {
@@ -656,9 +665,11 @@ async fn everything(s: &Shared) -> ApiResult<Vec<(String, SandboxView, &'static 
 
 pub async fn list_v1(
     State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
     RawQuery(q): RawQuery,
 ) -> ApiResult<Json<Value>> {
-    let q = parse_query(q.as_deref())?;
+    let mut q = parse_query(q.as_deref())?;
+    crate::tenancy::stamp(&caller, &mut q.metadata);
     let out: Vec<Value> = everything(&s)
         .await?
         .into_iter()
@@ -668,8 +679,14 @@ pub async fn list_v1(
     Ok(Json(Value::Array(out)))
 }
 
-pub async fn list_v2(State(s): State<Arc<Shared>>, RawQuery(q): RawQuery) -> ApiResult<Response> {
-    let q = parse_query(q.as_deref())?;
+pub async fn list_v2(
+    State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Response> {
+    let mut q = parse_query(q.as_deref())?;
+    // A tenant's list is its own, whatever metadata filter it sent.
+    crate::tenancy::stamp(&caller, &mut q.metadata);
     let mut all: Vec<_> = everything(&s)
         .await?
         .into_iter()
@@ -885,18 +902,22 @@ pub fn key_ok(headers: &HeaderMap, key: &str) -> bool {
     hatchery_serve::headers::api_key_ok(headers, key)
 }
 
+/// The operator's key or a tenant's ([`crate::tenancy`]); a tenant's
+/// request for a sandbox not its own is 404 here, before the handler.
 pub async fn require_key(
     State(s): State<Arc<Shared>>,
-    req: axum::extract::Request,
+    mut req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if !key_ok(req.headers(), s.backend.api_key()) {
-        return ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "missing or wrong API key (X-API-KEY)",
-        )
-        .into_response();
+    let caller = match crate::tenancy::caller(&s, req.headers()).await {
+        Ok(Some(c)) => c,
+        Ok(None) => return crate::tenancy::unauthorized().into_response(),
+        Err(e) => return e.into_response(),
+    };
+    if let Err(e) = crate::tenancy::check(&s, &caller, req.method(), req.uri().path()).await {
+        return e.into_response();
     }
+    req.extensions_mut().insert(caller);
     next.run(req).await
 }
 

@@ -4,7 +4,7 @@
 //! ```text
 //! E2B_API_URL=http://127.0.0.1:7423/e2b
 //! E2B_SANDBOX_URL=http://127.0.0.1:7423/e2b/sandbox
-//! E2B_API_KEY=$(cat /var/lib/hatchery/api_key)
+//! E2B_API_KEY=$(cat /var/lib/hatchery/api_key)   # or a tenant's htk_ key
 //! ```
 //!
 //! [`control`] is the control plane, [`sandbox`] routes sandbox traffic by
@@ -17,7 +17,8 @@
 //! [`lifecycle`] at the bottom, [`state`] over them; what several handlers
 //! share is in small modules of its own ([`api_error`], [`query`],
 //! [`template_alias`], [`pause_resume`], [`process_frames`], [`pty_tap`]);
-//! the handlers and the [`auto_pause`] sweep on top.
+//! the handlers and the [`auto_pause`] sweep on top. [`tenancy`] decides
+//! who a key is (the operator, or one tenant) and what a tenant reaches.
 
 pub mod api_error;
 pub mod auto_pause;
@@ -40,6 +41,7 @@ pub mod sever;
 pub mod snapshots;
 pub mod state;
 pub mod template_alias;
+pub mod tenancy;
 pub mod user;
 
 use axum::extract::DefaultBodyLimit;

@@ -123,7 +123,25 @@ pub async fn dispatch(s: Arc<Shared>, envd: axum::Router, req: Request) -> Respo
     };
     let token = header(h, "x-access-token");
     let token_ok = token.is_some_and(|t| s.check_token(&id, t));
-    let key_ok = h.get("x-api-key").is_some() && crate::control::key_ok(h, s.backend.api_key());
+    // An `X-API-Key`: the operator's reaches every sandbox, a tenant's
+    // only its own; another tenant's sandbox answers as a missing one.
+    let caller = match h.get("x-api-key") {
+        Some(_) if !token_ok => crate::tenancy::caller(&s, h).await.ok().flatten(),
+        _ => None,
+    };
+    let key_ok = match &caller {
+        None => false,
+        Some(c) => match crate::tenancy::owns_sandbox(&s, c, &id).await {
+            Ok(true) => true,
+            Ok(false) => {
+                return plain_error(
+                    StatusCode::BAD_GATEWAY,
+                    format!("sandbox \"{id}\" was not found"),
+                )
+            }
+            Err(e) => return e.into_response(),
+        },
+    };
     // The SDK sends no token to the interpreter's /contexts routes (E2B
     // serves them on a public port); they are allowed without one, never
     // with a wrong one. See docs/e2b.md.

@@ -11,13 +11,14 @@
 //! and are never shown or accepted here.
 
 use crate::api_error::{ApiError, ApiResult, Body};
-use crate::backend::{FailKind, SandboxView};
+use crate::backend::{Caller, FailKind, SandboxView, TENANT_KEY};
 use crate::query::{form_pairs, MAX_PAGE};
 use crate::state::{Shared, FORK_KEY, PAUSED_KEY, SNAPSHOT_NAME_KEY, SNAPSHOT_OF_KEY};
 use crate::template_alias::template_alias;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -55,11 +56,14 @@ impl Snap {
     }
 }
 
-/// Every snapshot E2B clients may see, newest first.
-async fn all(s: &Shared) -> ApiResult<Vec<Snap>> {
+/// Every snapshot the caller may see, newest first (a tenant's: those
+/// that record its tenant).
+async fn all(s: &Shared, caller: &Caller) -> ApiResult<Vec<Snap>> {
+    let mut filter = BTreeMap::new();
+    crate::tenancy::stamp(caller, &mut filter);
     let mut out: Vec<Snap> = s
         .backend
-        .find_snapshots(BTreeMap::new())
+        .find_snapshots(filter)
         .await?
         .into_iter()
         .filter(|(_, v)| !v.metadata.contains_key(PAUSED_KEY) && !v.metadata.contains_key(FORK_KEY))
@@ -72,11 +76,11 @@ async fn all(s: &Shared) -> ApiResult<Vec<Snap>> {
 /// The snapshot a template name stands for, if it is one: a snapshot id,
 /// or the name given to one (the newest of that name, as E2B assigns a
 /// name's new builds to the same template).
-pub async fn resolve(s: &Shared, template: &str) -> ApiResult<Option<String>> {
+pub async fn resolve(s: &Shared, caller: &Caller, template: &str) -> ApiResult<Option<String>> {
     if template.is_empty() || template.len() > MAX_NAME {
         return Ok(None);
     }
-    let all = all(s).await?;
+    let all = all(s, caller).await?;
     let found = all
         .iter()
         .find(|x| x.id == template)
@@ -100,6 +104,7 @@ fn valid_name(n: &str) -> bool {
 /// running (E2B pauses it meanwhile); 201 `{"snapshotID", "names"}`.
 pub async fn create(
     State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
     Body(b): Body<NewSnapshot>,
 ) -> ApiResult<Response> {
@@ -118,7 +123,7 @@ pub async fn create(
             ));
         }
     }
-    let Some((h, _)) = s.live(&id).await? else {
+    let Some((h, v)) = s.live(&id).await? else {
         return Err(match s.paused(&id).await? {
             Some(_) => ApiError::new(
                 StatusCode::CONFLICT,
@@ -131,6 +136,12 @@ pub async fn create(
         });
     };
     let mut meta = BTreeMap::from([(SNAPSHOT_OF_KEY.to_string(), id.clone())]);
+    // A snapshot is its sandbox's tenant's (the caller's, for a tenant:
+    // the route let only its own sandbox through).
+    if let Some(t) = v.metadata.get(TENANT_KEY) {
+        meta.insert(TENANT_KEY.into(), t.clone());
+    }
+    crate::tenancy::stamp(&caller, &mut meta);
     if let Some(n) = &name {
         meta.insert(SNAPSHOT_NAME_KEY.into(), n.clone());
     }
@@ -142,7 +153,11 @@ pub async fn create(
 /// `list_snapshots`: `sandboxID`, `name` (the name or id, as E2B matches
 /// it), `limit` (1..100, default 100) and `nextToken`; `X-Next-Token` when
 /// there is more.
-pub async fn list(State(s): State<Arc<Shared>>, RawQuery(q): RawQuery) -> ApiResult<Response> {
+pub async fn list(
+    State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    RawQuery(q): RawQuery,
+) -> ApiResult<Response> {
     let (mut source, mut name, mut limit, mut next) = (None, None, MAX_PAGE, None);
     for (k, v) in form_pairs(q.as_deref().unwrap_or(""))? {
         match k.as_str() {
@@ -169,7 +184,7 @@ pub async fn list(State(s): State<Arc<Shared>>, RawQuery(q): RawQuery) -> ApiRes
             }
         }
     }
-    let all: Vec<Snap> = all(&s)
+    let all: Vec<Snap> = all(&s, &caller)
         .await?
         .into_iter()
         .filter(|x| source.as_ref().is_none_or(|src| x.source() == src))
@@ -202,8 +217,13 @@ pub async fn list(State(s): State<Arc<Shared>>, RawQuery(q): RawQuery) -> ApiRes
 /// `delete_snapshot`: 204, or 404 (the SDK's `false`) for anything that is
 /// not an E2B-visible snapshot, templates included (they are managed with
 /// Hatchery's `/v1/templates`).
-pub async fn delete(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    let Some(snap) = resolve(&s, &id).await? else {
+pub async fn delete(
+    State(s): State<Arc<Shared>>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
+    // Another tenant's snapshot is not found, as a missing one.
+    let Some(snap) = resolve(&s, &caller, &id).await? else {
         return Err(ApiError::new(
             StatusCode::NOT_FOUND,
             format!("snapshot '{id}' not found (only snapshots can be deleted here)"),
@@ -211,7 +231,7 @@ pub async fn delete(State(s): State<Arc<Shared>>, Path(id): Path<String>) -> Api
     };
     s.backend.delete_snapshot(&snap).await;
     // A delete that failed leaves it listed: report that rather than 204.
-    if all(&s).await?.iter().any(|x| x.id == snap) {
+    if all(&s, &caller).await?.iter().any(|x| x.id == snap) {
         return Err(crate::backend::BackendError::new(
             FailKind::Internal,
             format!("snapshot {snap} could not be deleted"),

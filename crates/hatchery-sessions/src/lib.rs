@@ -45,6 +45,7 @@ pub mod service;
 mod session_core;
 pub mod state;
 pub mod store;
+pub mod tenant_usage;
 pub mod validate;
 
 pub use config::{SessionArgs, SessionsConfig};

@@ -29,6 +29,6 @@ pub mod store;
 
 pub use model::{Limits, NewTenant, Tenant, TenantKey, TenantPatch, ValidationError};
 pub use service::{
-    Admission, AdmitError, DeleteError, LiveUsage, Principal, Tenants, Usage, UsageError,
+    Admission, AdmitError, DeleteError, LiveUsage, Principal, SumUsage, Tenants, Usage, UsageError,
 };
 pub use store::{DbTenantStore, StoreError, TenantStore};

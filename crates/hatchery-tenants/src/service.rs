@@ -59,6 +59,23 @@ pub trait LiveUsage: Send + Sync + 'static {
     async fn usage(&self, tenant: &str) -> Result<Usage, UsageError>;
 }
 
+/// What several products count, added up: each counts what it holds
+/// (the manager its sandboxes, the sessions their unfinished sessions).
+pub struct SumUsage(pub Vec<Arc<dyn LiveUsage>>);
+
+#[async_trait::async_trait]
+impl LiveUsage for SumUsage {
+    async fn usage(&self, tenant: &str) -> Result<Usage, UsageError> {
+        let mut sum = Usage::default();
+        for u in &self.0 {
+            let one = u.usage(tenant).await?;
+            sum.live_sandboxes += one.live_sandboxes;
+            sum.live_sessions += one.live_sessions;
+        }
+        Ok(sum)
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum AdmitError {
     #[error("tenant {tenant} is at its {limit} limit of {max} ({in_use} in use)")]
@@ -387,6 +404,62 @@ mod tests {
         .await;
         assert_eq!(got.iter().filter(|r| r.is_ok()).count(), 2, "{got:?}");
         assert_eq!(made.load(Ordering::SeqCst), 2);
+    }
+
+    /// Sessions: a fake that counts `n` unfinished.
+    struct Sessions(u64);
+
+    #[async_trait::async_trait]
+    impl LiveUsage for Sessions {
+        async fn usage(&self, _: &str) -> Result<Usage, UsageError> {
+            Ok(Usage {
+                live_sandboxes: 0,
+                live_sessions: self.0,
+            })
+        }
+    }
+
+    /// A tenant with an unfinished session and no sandbox is in use; the
+    /// sum counts each product's share once.
+    #[tokio::test]
+    async fn a_delete_counts_every_product_s_share() {
+        let store = Arc::new(DbTenantStore::scratch().await.unwrap());
+        let made = Arc::new(AtomicU64::new(0));
+        let sum = SumUsage(vec![
+            Arc::new(Fake { made: made.clone() }),
+            Arc::new(Sessions(1)),
+        ]);
+        assert_eq!(
+            sum.usage("ten_x").await.unwrap(),
+            Usage {
+                live_sandboxes: 0,
+                live_sessions: 1
+            }
+        );
+        let t = Tenants::new(store.clone(), Arc::new(sum));
+        let new = NewTenant {
+            name: "a".into(),
+            limits: Limits::default(),
+        };
+        let id = store.create(new).await.unwrap().id;
+        let r = t.delete(&id).await;
+        assert!(
+            matches!(
+                r,
+                Err(DeleteError::InUse {
+                    sessions: 1,
+                    sandboxes: 0,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        store.get(&id).await.unwrap();
+        let t = Tenants::new(
+            store.clone(),
+            Arc::new(SumUsage(vec![Arc::new(Sessions(0))])),
+        );
+        t.delete(&id).await.unwrap();
     }
 
     #[tokio::test]

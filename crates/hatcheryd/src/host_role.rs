@@ -167,15 +167,6 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     }
     let _pool = manager.spawn_pool_filler();
 
-    // E2B's protocol, over the same manager (docs/e2b.md).
-    let e2b = hatchery_e2b::router(
-        Arc::new(hatchery_e2b_backend::ManagerBackend::new(
-            manager.clone(),
-            key.clone(),
-            store.clone(),
-        )),
-        manager.caps.max_file_bytes,
-    );
     // Policies have migrations of their own: their own file on one host,
     // their own tables in the shared database on many.
     let policies = crate::state_db::open_policies(&db, &data).await?;
@@ -184,10 +175,25 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // One resolver for the API's and the sessions' routes, so a revoke
     // empties the one cache both read.
     let tenant_store = crate::state_db::open_tenants(&db).await?;
+    // A tenant holds its live sandboxes (any host's, in the store) and
+    // its unfinished sessions: both keep it from being deleted.
     let tenants = Arc::new(hatchery_tenants::Tenants::new(
         tenant_store.clone(),
-        Arc::new(hatchery_api::scope::ManagerUsage(manager.clone())),
+        Arc::new(hatchery_tenants::SumUsage(vec![
+            Arc::new(hatchery_api::scope::ManagerUsage(manager.clone())),
+            Arc::new(hatchery_sessions::tenant_usage::SessionUsage(
+                session_store.clone(),
+            )),
+        ])),
     ));
+    // E2B's protocol, over the same manager and tenants (docs/e2b.md).
+    let e2b = hatchery_e2b::router(
+        Arc::new(
+            hatchery_e2b_backend::ManagerBackend::new(manager.clone(), key.clone(), store.clone())
+                .with_tenants(tenants.clone()),
+        ),
+        manager.caps.max_file_bytes,
+    );
     let (sessions_app, sessions) = crate::sessions::build(
         &args,
         session_store.clone(),

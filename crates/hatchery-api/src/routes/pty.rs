@@ -47,7 +47,8 @@ pub async fn token(
 /// both ways; text messages are JSON control messages
 /// (`TerminalClientMessage`, `TerminalServerMessage`). Authenticated by
 /// the API key as a Bearer header or by `?token=` from
-/// `POST /v1/sandboxes/{id}/pty/token`. The terminal and everything
+/// `POST /v1/sandboxes/{id}/pty/token`; a tenant's key reaches only its
+/// tenant's sandboxes (404 for any other). The terminal and everything
 /// started in it are killed when the socket closes, when the client sends
 /// nothing for the idle timeout (default 15 min, `--terminal-idle-timeout`)
 /// and when the sandbox goes; at most `--max-terminals` (8) per sandbox.
@@ -67,7 +68,7 @@ pub async fn attach(
     Query(q): Query<TerminalQuery>,
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
-    let nonce = authorize(&st, &id, &headers, q.token.as_deref())?;
+    let nonce = authorize(&st, &id, &headers, q.token.as_deref()).await?;
     let opened = async {
         let ws = ws.map_err(|e| {
             ApiError::new(
@@ -98,9 +99,13 @@ pub async fn attach(
         .on_upgrade(move |socket| relay(socket, term)))
 }
 
-/// The API key (Bearer, compared in constant time) or a token for this
-/// sandbox, used up by this request (its nonce is returned).
-fn authorize(
+/// The API key (Bearer, compared in constant time), a tenant's key for
+/// one of its own sandboxes (another's answers 404, as a missing one), or
+/// a token for this sandbox, used up by this request (its nonce is
+/// returned). Tokens are minted only through the keyed, scoped
+/// `…/pty/token` route, so a token already names a sandbox its holder
+/// may reach.
+async fn authorize(
     st: &AppState,
     id: &str,
     headers: &HeaderMap,
@@ -113,11 +118,19 @@ fn authorize(
             .ok()
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
-        return if hatchery_serve::headers::constant_time_eq(given.as_bytes(), st.api_key.as_bytes())
-        {
-            Ok(None)
-        } else {
-            Err(unauthorized("missing or wrong API key"))
+        if hatchery_serve::headers::constant_time_eq(given.as_bytes(), st.api_key.as_bytes()) {
+            return Ok(None);
+        }
+        return match st.tenants.resolve(given).await {
+            Ok(Some(p)) => {
+                if let Some(t) = p.tenant() {
+                    let path = format!("/v1/sandboxes/{id}/pty");
+                    crate::scope::check(st, t, &axum::http::Method::GET, &path).await?;
+                }
+                Ok(None)
+            }
+            Ok(None) => Err(unauthorized("missing or wrong API key")),
+            Err(e) => Err(crate::scope::store_failed(e)),
         };
     }
     match token {

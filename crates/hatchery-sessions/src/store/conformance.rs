@@ -861,4 +861,19 @@ async fn a_tenant_s_sessions_reserve_their_budgets_at_create(open: Open<'_>, run
                 .iter()
                 .all(|x| x.spec.tenant.as_deref() == Some(&*tenant))
     );
+    // What a tenant delete counts: its unfinished sessions, on any host,
+    // and no other tenant's.
+    assert_eq!(s.unfinished_of_tenant(&tenant).await.unwrap(), 3);
+    assert_eq!(
+        s.unfinished_of_tenant(&format!("ten_o{run}"))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        s.unfinished_of_tenant(&format!("ten_none{run}"))
+            .await
+            .unwrap(),
+        0
+    );
 }

@@ -469,6 +469,17 @@ impl SessionStore for DbSessionStore {
         self.unfinished_by("host_id", &self.host).await
     }
 
+    async fn unfinished_of_tenant(&self, tenant: &str) -> Result<u64, StoreError> {
+        let sql = format!(
+            "SELECT CAST(COUNT(*) AS BIGINT) FROM sessions WHERE tenant = $1 AND {UNFINISHED}"
+        );
+        let rows = self.db.query(&sql, args![tenant]).await?;
+        match rows.first() {
+            Some(r) => Ok(r.get(0)?),
+            None => Ok(0),
+        }
+    }
+
     async fn append_joined(
         &self,
         id: &str,

@@ -374,6 +374,9 @@ pub trait SessionStore: Send + Sync + 'static {
     /// The unfinished session, on any host, whose current sandbox is
     /// `sandbox_id` (the control role's broker finds a call's session so).
     async fn with_sandbox(&self, sandbox_id: &str) -> Result<Option<Session>, StoreError>;
+    /// How many of `tenant`'s sessions are unfinished, on any host (a
+    /// tenant is not deleted while it has one).
+    async fn unfinished_of_tenant(&self, tenant: &str) -> Result<u64, StoreError>;
     /// Appends events in one transaction that assigns the next seqs, and
     /// applies `patch` in it.
     async fn append(
