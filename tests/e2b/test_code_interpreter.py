@@ -5,6 +5,7 @@ per print, new contexts listed last, `!` shell lines, a run the client gave
 up on stopped so the next one runs, and a run whose sandbox is killed
 raising instead of returning."""
 
+import json
 import threading
 import time
 
@@ -104,3 +105,26 @@ def test_other_languages_are_refused_with_a_reason(ci):
             ci.run_code("1", language=lang)
         with pytest.raises(SandboxException, match="not supported by Hatchery"):
             ci.create_code_context(language=lang)
+
+
+def test_contexts_need_the_sandbox_s_traffic_token(daemon, ci):
+    """E2B serves /contexts publicly; Hatchery wants the traffic token the
+    SDK gets at create (and sends there), so knowing an id opens nothing."""
+    from test_bad_input import req
+    tok = ci.traffic_access_token
+    assert tok and tok != ci._envd_access_token
+    base = {"E2b-Sandbox-Id": ci.sandbox_id, "E2b-Sandbox-Port": "49999"}
+    path = "/e2b/sandbox/contexts"
+    assert req(daemon, "GET", path, headers=base)[0] == 401
+    assert req(daemon, "GET", path, headers={**base, "E2B-Traffic-Access-Token": "00" * 24})[0] == 401
+    s, _, body = req(daemon, "GET", path, headers={**base, "E2B-Traffic-Access-Token": tok})
+    assert s == 200 and any(c["id"] == "default" for c in json.loads(body)), body
+    # The traffic token opens the contexts only: not /execute, not envd.
+    s, _, _ = req(daemon, "POST", "/e2b/sandbox/execute", json.dumps({"code": "1"}),
+                  {**base, "E2B-Traffic-Access-Token": tok, "Content-Type": "application/json"})
+    assert s == 401
+    envd = {"E2b-Sandbox-Id": ci.sandbox_id, "E2B-Traffic-Access-Token": tok}
+    assert req(daemon, "GET", "/e2b/sandbox/health", headers=envd)[0] == 401
+    # Another sandbox's traffic token is not this one's.
+    assert req(daemon, "GET", path, headers={**base, "E2b-Sandbox-Id": ci.sandbox_id + "x",
+                                             "E2B-Traffic-Access-Token": tok})[0] == 401

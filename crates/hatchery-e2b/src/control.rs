@@ -46,7 +46,7 @@ fn sandbox_json(s: &Shared, e2b_id: &str, v: &SandboxView) -> Value {
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": s.access_token(e2b_id),
         "domain": null,
-        "trafficAccessToken": null,
+        "trafficAccessToken": s.traffic_token(e2b_id),
     })
 }
 

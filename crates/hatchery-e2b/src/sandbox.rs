@@ -142,13 +142,15 @@ pub async fn dispatch(s: Arc<Shared>, envd: axum::Router, req: Request) -> Respo
             Err(e) => return e.into_response(),
         },
     };
-    // The SDK sends no token to the interpreter's /contexts routes (E2B
-    // serves them on a public port); they are allowed without one, never
-    // with a wrong one. See docs/e2b.md.
-    let public = port == INTERPRETER_PORT
+    // The code interpreter's SDK sends no envd token to its /contexts
+    // routes, only the sandbox's traffic token (E2B-Traffic-Access-Token,
+    // from `trafficAccessToken` at create and connect): that token opens
+    // those routes and nothing else. See docs/e2b.md.
+    let contexts_ok = port == INTERPRETER_PORT
         && token.is_none()
-        && crate::strip_prefix(req.uri().path()).starts_with("/contexts");
-    if !token_ok && !key_ok && !public {
+        && crate::strip_prefix(req.uri().path()).starts_with("/contexts")
+        && header(h, "e2b-traffic-access-token").is_some_and(|t| s.check_traffic_token(&id, t));
+    if !token_ok && !key_ok && !contexts_ok {
         return plain_error(
             StatusCode::UNAUTHORIZED,
             "missing or wrong X-Access-Token for this sandbox",

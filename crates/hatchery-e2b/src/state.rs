@@ -150,6 +150,14 @@ pub struct Watcher {
 /// Most polled watchers per daemon.
 pub const MAX_WATCHERS: usize = 256;
 
+/// The label of the traffic token's MAC (the envd token's is empty; E2B
+/// ids have no colon, so no id's input is another's traffic input).
+const TRAFFIC: &[u8] = b"traffic:";
+
+fn hex_of(b: &[u8]) -> String {
+    b.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 pub struct Shared {
     pub backend: Arc<dyn Backend>,
     inner: Mutex<Inner>,
@@ -176,19 +184,44 @@ impl Shared {
     /// The envd access token of an E2B sandbox id: an HMAC under the API
     /// key, so it survives restarts and cannot be guessed without the key.
     pub fn access_token(&self, e2b_id: &str) -> String {
-        use hmac::{Hmac, Mac};
-        let mut m = Hmac::<sha2::Sha256>::new_from_slice(&self.token_key).expect("any key length");
-        m.update(e2b_id.as_bytes());
-        let tag = m.finalize().into_bytes();
-        tag[..24].iter().map(|b| format!("{b:02x}")).collect()
+        hex_of(&self.tag(b"", e2b_id))
     }
 
     pub fn check_token(&self, e2b_id: &str, token: &str) -> bool {
-        use hmac::{Hmac, Mac};
-        let Ok(raw) = hex(token) else { return false };
-        let mut m = Hmac::<sha2::Sha256>::new_from_slice(&self.token_key).expect("any key length");
+        self.check_tag(b"", e2b_id, token)
+    }
+
+    /// The traffic access token (`trafficAccessToken` of a create or
+    /// connect): what the code interpreter's SDK sends to its `/contexts`
+    /// routes (`E2B-Traffic-Access-Token`), which get no envd token. A tag
+    /// of its own, so it opens those routes and nothing of envd's.
+    pub fn traffic_token(&self, e2b_id: &str) -> String {
+        hex_of(&self.tag(TRAFFIC, e2b_id))
+    }
+
+    pub fn check_traffic_token(&self, e2b_id: &str, token: &str) -> bool {
+        self.check_tag(TRAFFIC, e2b_id, token)
+    }
+
+    fn mac(&self, label: &[u8], e2b_id: &str) -> hmac::Hmac<sha2::Sha256> {
+        use hmac::Mac;
+        let mut m =
+            hmac::Hmac::<sha2::Sha256>::new_from_slice(&self.token_key).expect("any key length");
+        // The envd token (empty label) keeps the MAC it always had.
+        m.update(label);
         m.update(e2b_id.as_bytes());
-        m.verify_truncated_left(&raw).is_ok() && raw.len() == 24
+        m
+    }
+
+    fn tag(&self, label: &[u8], e2b_id: &str) -> Vec<u8> {
+        use hmac::Mac;
+        self.mac(label, e2b_id).finalize().into_bytes()[..24].to_vec()
+    }
+
+    fn check_tag(&self, label: &[u8], e2b_id: &str, token: &str) -> bool {
+        use hmac::Mac;
+        let Ok(raw) = hex(token) else { return false };
+        raw.len() == 24 && self.mac(label, e2b_id).verify_truncated_left(&raw).is_ok()
     }
 
     /// The running Hatchery sandbox behind an E2B id, and its view as
