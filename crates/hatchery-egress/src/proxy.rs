@@ -78,6 +78,7 @@ struct Refusal {
     ip: Option<IpAddr>,
     rule_id: Option<String>,
     policy_version: Option<u32>,
+    approval_id: Option<String>,
 }
 
 fn refuse(status: u16, reason: impl Into<String>) -> Refusal {
@@ -89,6 +90,7 @@ fn refuse(status: u16, reason: impl Into<String>) -> Refusal {
         ip: None,
         rule_id: None,
         policy_version: None,
+        approval_id: None,
     }
 }
 
@@ -196,6 +198,7 @@ impl Proxy {
             status: r.status,
             reason: r.reason.clone(),
             policy_version: r.policy_version,
+            approval_id: r.approval_id.clone(),
         }
     }
 
@@ -294,7 +297,10 @@ impl Proxy {
         };
         if let Some(hold) = d.hold.take() {
             match self.held(&session, &d, hold).await {
-                Ok(reason) => d.ok.reason = reason,
+                Ok((reason, approval_id)) => {
+                    d.ok.reason = reason;
+                    d.ok.approval_id = Some(approval_id);
+                }
                 Err(r) => {
                     self.emit(Verdict::Denied, Some(&session), peer, &r);
                     answer(&mut sock, &r).await;
@@ -411,8 +417,13 @@ impl Proxy {
     /// Waits for the approver's answer on a held connection: the intent's
     /// reason when approved, else the refusal (the answer is already in
     /// the session's log; the refusal's event counts it as a denial).
-    async fn held(&self, session: &str, d: &Decision, hold: Hold) -> Result<String, Refusal> {
-        let base = |status, reason: String| Refusal {
+    async fn held(
+        &self,
+        session: &str,
+        d: &Decision,
+        hold: Hold,
+    ) -> Result<(String, String), Refusal> {
+        let refusal = |status, reason: String, approval_id: Option<&String>| Refusal {
             status,
             reason,
             host: d.ok.host.clone(),
@@ -420,14 +431,16 @@ impl Proxy {
             ip: d.ok.ip,
             rule_id: Some(hold.rule_id.clone()),
             policy_version: d.ok.policy_version,
+            approval_id: approval_id.cloned(),
         };
         let Some(approver) = self.approver.get() else {
-            return Err(base(
+            return Err(refusal(
                 403,
                 format!(
                     "rule {:?} requires an approval and this proxy asks no one",
                     hold.rule_id
                 ),
+                None,
             ));
         };
         let (method, path) = match hold.request {
@@ -451,35 +464,39 @@ impl Proxy {
             Ok(Answer::Approved {
                 approval_id,
                 remembered: false,
-            }) => Ok(format!("allowed by approval {approval_id}")),
+            }) => Ok((format!("allowed by approval {approval_id}"), approval_id)),
             Ok(Answer::Approved {
                 approval_id,
                 remembered: true,
-            }) => Ok(format!(
-                "allowed by approval {approval_id} (remembered for the session)"
+            }) => Ok((
+                format!("allowed by approval {approval_id} (remembered for the session)"),
+                approval_id,
             )),
-            Ok(Answer::Denied { approval_id, note }) => Err(base(
+            Ok(Answer::Denied { approval_id, note }) => Err(refusal(
                 403,
                 if note.is_empty() {
                     format!("denied by approval {approval_id}")
                 } else {
                     format!("denied by approval {approval_id}: {note}")
                 },
+                Some(&approval_id),
             )),
-            Ok(Answer::TimedOut { approval_id }) => Err(base(
+            Ok(Answer::TimedOut { approval_id }) => Err(refusal(
                 403,
                 format!(
                     "approval {approval_id} not decided within {} s (rule {:?})",
                     hold.timeout.as_secs(),
                     hold.rule_id
                 ),
+                Some(&approval_id),
             )),
-            Err(e) => Err(base(
+            Err(e) => Err(refusal(
                 503,
                 format!(
                     "the approval could not be asked: {}",
                     hatchery_serve::error_text::with_causes(&*e)
                 ),
+                None,
             )),
         }
     }
@@ -604,6 +621,7 @@ impl Proxy {
                 ip: Some(addr.ip()),
                 rule_id,
                 policy_version: version,
+                approval_id: None,
             };
             return Ok(Decision {
                 addr,
@@ -666,6 +684,7 @@ impl Proxy {
             ip: Some(addr.ip()),
             rule_id,
             policy_version: version,
+            approval_id: None,
         };
         Ok(Decision {
             addr,

@@ -979,6 +979,7 @@ async fn refuse_approval(
                     "refused: the session has {} approvals open, its cap (session_approval_cap)",
                     usage.open_approvals
                 ),
+                remember: None,
             },
         ),
     ];

@@ -15,6 +15,7 @@
 //! session runner makes; nothing the guest sends decides which session a
 //! connection belongs to.
 
+pub mod approvals;
 pub mod coalesce;
 pub mod events;
 mod proxy_line;
@@ -164,7 +165,9 @@ impl hatchery_egress::Identify for Unused {
 /// Serves the proxy on `DATA/egress.sock` (none when `guest_port` is 0),
 /// its events going to `log`.
 /// `interception`: the CA and secrets for credential rules (none: a
-/// connection a credential rule names is refused).
+/// connection a credential rule names is refused). `approver`: who
+/// decides connections `require_approval` rules hold
+/// ([`approvals::SessionApprovals`]).
 pub fn start(
     a: &EgressConfig,
     data: &Path,
@@ -172,6 +175,7 @@ pub fn start(
     policies: Arc<dyn hatchery_policy::PolicyStore>,
     registry: &prometheus::Registry,
     interception: Option<Arc<hatchery_egress::Interception>>,
+    approver: Arc<dyn hatchery_egress::Approver>,
 ) -> Result<Option<Arc<EgressLink>>, EgressError> {
     if a.guest_port == 0 {
         return Ok(None);
@@ -196,10 +200,12 @@ pub fn start(
         },
         interception,
     );
+    proxy.set_approver(approver);
     let m = proxy.metrics();
     for c in [
         Box::new(m.connections.clone()) as Box<dyn prometheus::core::Collector>,
         Box::new(m.tunnels_open.clone()),
+        Box::new(m.held.clone()),
         Box::new(m.bytes.clone()),
     ] {
         if let Err(e) = registry.register(c) {
