@@ -65,10 +65,7 @@ pub fn run(api: &Api, cmd: SecretCmd) -> anyhow::Result<i32> {
                 }
                 None => read_value(std::io::stdin().lock()).context("standard input")?,
             };
-            let req = CreateSecret {
-                name,
-                value,
-            };
+            let req = CreateSecret { name, value };
             let made = api.run(api.c()?.create_secret(&req))?;
             output::show(json, &serde_json::to_value(&made)?, |_| {
                 println!("{}", made.name)
@@ -129,7 +126,10 @@ mod tests {
     #[test]
     fn a_huge_or_binary_value_is_refused_before_sending() {
         let big = vec![b'a'; 64 * 1024 + 1];
-        assert!(read_value(&big[..]).unwrap_err().to_string().contains("over"));
+        assert!(read_value(&big[..])
+            .unwrap_err()
+            .to_string()
+            .contains("over"));
         assert!(read_value(&vec![b'a'; 64 * 1024][..]).is_ok());
         assert!(read_value(&[0xff, 0xfe][..]).is_err());
     }

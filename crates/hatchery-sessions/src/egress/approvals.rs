@@ -17,9 +17,9 @@
 //! back from the log the first time a session asks after this daemon
 //! started (or took the session over), then kept in memory.
 
+use crate::error::SessionError;
 use crate::events::EventKind;
 use crate::store::{Decided, StoreError};
-use crate::error::SessionError;
 use crate::Sessions;
 use hatchery_egress::{Answer, ApprovalAsk, Approver, SourceError};
 use std::collections::HashMap;
@@ -242,6 +242,37 @@ impl Approver for SessionApprovals {
         }));
         Ok(out?)
     }
+}
+
+/// The agent exited: the egress approvals still pending (a held
+/// connection of a process that outlived it, or one whose waiter is gone)
+/// are denied by the system, so the session can end (`waiting_approval`
+/// cannot). A held connection still waiting gets its 403 from the denial.
+pub(crate) async fn close_for_exit(
+    svc: &Arc<crate::session_core::SessionCore>,
+    id: &str,
+) -> Result<(), StoreError> {
+    // Bounded: each round decides one; at most the open-approvals cap.
+    for _ in 0..=svc.cfg.max_open_approvals {
+        let Some(a) = svc.store.pending_approval(id).await? else {
+            return Ok(());
+        };
+        if a.action != ACTION || !a.approval_id.starts_with(ID_PREFIX) {
+            return Ok(());
+        }
+        let closed = Decided {
+            decision: "deny",
+            note: "the session's agent exited",
+            remember: None,
+            actor: crate::events::Actor::System,
+        };
+        match svc.store.decide_approval(id, &a.approval_id, closed).await {
+            Ok(evs) => svc.bus.publish(id, &evs),
+            Err(StoreError::ApprovalNotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 struct Found {
