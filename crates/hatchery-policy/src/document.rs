@@ -36,10 +36,9 @@ pub struct Rule {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<crate::binding::CredentialBinding>,
     /// How long the egress proxy holds a connection this `require_approval`
-    /// rule decides while it waits for a person's decision, in seconds
-    /// (1–`MAX_APPROVAL_TIMEOUT_S`; absent: `DEFAULT_APPROVAL_TIMEOUT_S`).
-    /// Only on a `require_approval` rule (docs/policy.md, "Egress that
-    /// waits for a person").
+    /// rule decides while it waits for a person's decision, in seconds:
+    /// 1–900, absent 120 (`compile::approval`). Only on a
+    /// `require_approval` rule (docs/sessions.md, "Egress").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_timeout_s: Option<u64>,
 }

@@ -15,7 +15,8 @@
 //! `remember: "session"` on a decision makes it hold for the session's
 //! later connections to that host and port. Remembered decisions are read
 //! back from the log the first time a session asks after this daemon
-//! started (or took the session over), then kept in memory.
+//! started (or took the session over, or the session resumed), then kept
+//! in memory until its sandbox is let go ([`SessionApprovals::forget`]).
 
 use crate::error::SessionError;
 use crate::events::EventKind;
@@ -78,6 +79,13 @@ impl SessionApprovals {
             sessions,
             state: Mutex::default(),
         })
+    }
+
+    /// Drops what is kept in memory of a session whose sandbox was let go
+    /// (it ended, went idle or moved): its remembered decisions are read
+    /// back from the log if it asks again.
+    pub fn forget(&self, session: &str) {
+        self.lock().remembered.remove(session);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

@@ -69,6 +69,7 @@ pub struct EgressLink {
     compiled: Arc<CompiledPolicies>,
     bindings: Arc<Mutex<HashMap<String, Binding>>>,
     events: Arc<SessionEvents>,
+    approvals: Arc<approvals::SessionApprovals>,
 }
 
 impl EgressLink {
@@ -81,6 +82,7 @@ impl EgressLink {
         let gone = self.lock().remove(sandbox);
         if let Some(b) = gone {
             self.events.flush_session(&b.session).await;
+            self.approvals.forget(&b.session);
         }
     }
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Binding>> {
@@ -175,7 +177,7 @@ pub fn start(
     policies: Arc<dyn hatchery_policy::PolicyStore>,
     registry: &prometheus::Registry,
     interception: Option<Arc<hatchery_egress::Interception>>,
-    approver: Arc<dyn hatchery_egress::Approver>,
+    approver: Arc<approvals::SessionApprovals>,
 ) -> Result<Option<Arc<EgressLink>>, EgressError> {
     if a.guest_port == 0 {
         return Ok(None);
@@ -200,7 +202,7 @@ pub fn start(
         },
         interception,
     );
-    proxy.set_approver(approver);
+    proxy.set_approver(approver.clone());
     let m = proxy.metrics();
     for c in [
         Box::new(m.connections.clone()) as Box<dyn prometheus::core::Collector>,
@@ -257,5 +259,6 @@ pub fn start(
         compiled,
         bindings,
         events,
+        approvals: approver,
     })))
 }
