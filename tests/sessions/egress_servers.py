@@ -5,6 +5,9 @@ where its host services are, so the test servers sit on another one):
 - an HTTPS server with a test CA: `/hello`, a PEP 503 package index
   (`/simple/`) with one tiny wheel built here, and git over HTTPS
   (`git http-backend` as CGI under `/git/`);
+  Under `/private/` the same index and git, for a client that sends
+  `Authorization: Bearer <token>` (`token`; 401 otherwise): what a
+  credential rule makes the egress proxy add (test_credentials_tools.py);
 - a plain HTTP server (forward-proxy path);
 - a server on a port the policy does not allow, which must see nothing.
 """
@@ -93,6 +96,9 @@ class EgressServers:
         os.makedirs(self.git_root)
         self._lib_repo()
         self.hits = {"https": [], "http": [], "denied": []}
+        self.token = "hx-index-token-" + os.urandom(12).hex()
+        # (method, path, whether the token came) of each /private/ request.
+        self.private = []
         lock = threading.Lock()
         outer = self
 
@@ -114,16 +120,36 @@ class EgressServers:
                 self.wfile.write(body)
 
         class Https(Base):
+            def unlock(self):
+                """Strips `/private` off a private request that carries the
+                token; False (answered 401) when it does not."""
+                if not self.path.startswith("/private/"):
+                    self.prefix = ""
+                    return True
+                ok = self.headers.get("Authorization") == f"Bearer {outer.token}"
+                with lock:
+                    outer.private.append((self.command, self.path.split("?")[0], ok))
+                if not ok:
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", 'Bearer realm="private"')
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return False
+                self.path, self.prefix = self.path[len("/private"):], "/private"
+                return True
+
             def do_GET(self):
                 self.note()
+                if not self.unlock():
+                    return
                 p = self.path.split("?")[0]
                 if p == "/hello":
                     return self.send(200, b"hello through the proxy\n")
                 if p in ("/simple/", "/simple"):
-                    return self.send(200, f'<a href="/simple/{PKG}/">{PKG}</a>'.encode(), "text/html")
+                    return self.send(200, f'<a href="{self.prefix}/simple/{PKG}/">{PKG}</a>'.encode(), "text/html")
                 if p in (f"/simple/{PKG}/", f"/simple/{PKG}"):
                     h = hashlib.sha256(outer.wheel).hexdigest()
-                    link = f'<a href="/packages/{outer.wheel_name}#sha256={h}">{outer.wheel_name}</a>'
+                    link = f'<a href="{self.prefix}/packages/{outer.wheel_name}#sha256={h}">{outer.wheel_name}</a>'
                     return self.send(200, f"<html><body>{link}</body></html>".encode(), "text/html")
                 if p == f"/packages/{outer.wheel_name}":
                     return self.send(200, outer.wheel, "application/octet-stream")
@@ -133,6 +159,8 @@ class EgressServers:
 
             def do_POST(self):
                 self.note()
+                if not self.unlock():
+                    return
                 if self.path.startswith("/git/"):
                     return self.cgi()
                 self.send(404, b"not found\n")

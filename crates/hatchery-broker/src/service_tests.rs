@@ -773,6 +773,7 @@ async fn an_approved_push_is_measured_again_when_it_runs() {
             &hatchery_sessions::models::ApprovalBody {
                 decision: "approve".into(),
                 note: String::new(),
+                remember: None,
             },
         )
         .await

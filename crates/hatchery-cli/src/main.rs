@@ -124,6 +124,11 @@ enum Cmd {
     /// Tenants and their API keys (operator key only).
     #[command(subcommand, alias = "tenants")]
     Tenant(commands::tenant::TenantCmd),
+    /// Secrets the egress proxy injects into sessions' requests (operator
+    /// key only): `secret create NAME --value-file F | --value-stdin`,
+    /// `secret list`, `secret delete NAME`.
+    #[command(subcommand, alias = "secrets")]
+    Secret(commands::secret::SecretCmd),
     /// The hosts sharing the state store: list, cordon, uncordon, drain.
     #[command(subcommand, alias = "hosts")]
     Host(commands::host::HostCmd),
@@ -205,6 +210,7 @@ fn client_cmd(api: &Api, cmd: Cmd) -> anyhow::Result<i32> {
         Cmd::Env(c) => commands::env::run(api, c),
         Cmd::Tenant(c) => commands::tenant::run(api, c),
         Cmd::Host(c) => commands::host::run(api, c),
+        Cmd::Secret(c) => commands::secret::run(api, c),
         Cmd::Serve(_) | Cmd::Run(_) | Cmd::Round(_) => unreachable!("handled in main"),
     }
 }

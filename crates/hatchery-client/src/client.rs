@@ -572,6 +572,36 @@ impl Client {
             .await
     }
 
+    /// Stores a secret (operator key only); answers what the API shows of
+    /// it, never the value.
+    pub async fn create_secret(&self, req: &CreateSecret) -> Result<SecretInfo> {
+        let c = &self.t.config;
+        self.t
+            .json(
+                Method::POST,
+                "/v1/secrets",
+                json(req),
+                StatusCode::CREATED,
+                c.max_json_bytes,
+                c.call_timeout,
+            )
+            .await
+    }
+
+    pub async fn list_secrets(&self) -> Result<Vec<SecretInfo>> {
+        Ok(self.get::<SecretList>("/v1/secrets").await?.secrets)
+    }
+
+    pub async fn delete_secret(&self, name: &str) -> Result<()> {
+        self.t
+            .empty(
+                Method::DELETE,
+                &format!("/v1/secrets/{}", encode_component(name)),
+                ReqBody::Empty,
+            )
+            .await
+    }
+
     /// New sandboxes from a snapshot (`count`, default 1).
     pub async fn fork(&self, snapshot_id: &str, req: &ForkRequest) -> Result<Vec<Sandbox>> {
         let c = &self.t.config;

@@ -655,3 +655,36 @@ pub struct ErrorDetail {
     pub code: String,
     pub message: String,
 }
+
+// ---- secrets ----
+
+/// `POST /v1/secrets`: a secret the egress proxy injects (docs/api.md,
+/// "Secrets"). Its value is write-only, and not shown by `Debug`.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+pub struct CreateSecret {
+    pub name: String,
+    pub value: String,
+}
+
+impl std::fmt::Debug for CreateSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreateSecret")
+            .field("name", &self.name)
+            .field("value", &format_args!("<{} bytes>", self.value.len()))
+            .finish()
+    }
+}
+
+/// What the API shows of a secret: never its value.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SecretInfo {
+    pub name: String,
+    /// The value's length in bytes.
+    pub bytes: u64,
+    pub created_at: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SecretList {
+    pub secrets: Vec<SecretInfo>,
+}

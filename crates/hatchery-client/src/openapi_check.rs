@@ -211,6 +211,8 @@ fn responses_match_the_spec() {
     response::<PreviewUrl>("PreviewUrl");
     response::<TerminalToken>("TerminalToken");
     response::<ErrorBody>("ErrorBody");
+    response::<SecretInfo>("SecretInfo");
+    response::<SecretList>("SecretList");
 }
 
 #[test]
@@ -291,6 +293,13 @@ fn requests_match_the_spec() {
     );
     request("NetworkPolicy", policy());
     request(
+        "CreateSecret",
+        CreateSecret {
+            name: "n".into(),
+            value: "v".into(),
+        },
+    );
+    request(
         "CreateTemplate",
         CreateTemplate {
             name: "t".into(),
@@ -314,6 +323,9 @@ fn every_path_the_client_calls_is_in_the_spec() {
     let paths = spec["paths"].as_object().unwrap();
     for (p, method) in [
         ("/healthz", "get"),
+        ("/v1/secrets", "get"),
+        ("/v1/secrets", "post"),
+        ("/v1/secrets/{name}", "delete"),
         ("/v1/templates", "get"),
         ("/v1/templates", "post"),
         ("/v1/templates/{name}", "get"),

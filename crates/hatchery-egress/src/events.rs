@@ -38,6 +38,9 @@ pub struct EgressEvent {
     /// The policy version that decided ([`SessionPolicy::version`]); none
     /// when the decision came before a policy was at hand.
     pub policy_version: Option<u32>,
+    /// The approval that decided a held connection (approved, denied or
+    /// timed out; [`crate::Approver`]).
+    pub approval_id: Option<String>,
 }
 
 /// How an allowed connection ended, after its intent was recorded.

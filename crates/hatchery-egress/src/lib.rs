@@ -3,12 +3,14 @@
 //! docs/policy.md, "Egress proxy".
 
 pub mod addr;
+pub mod approval;
 pub mod events;
 pub mod intercept;
 pub mod metrics;
 pub mod proxy;
 pub mod target;
 
+pub use approval::{Answer, ApprovalAsk, Approver};
 pub use intercept::{CredentialResult, CredentialSource, CredentialUse, Interception};
 pub use proxy::{
     EgressEvent, EgressResult, EventSink, Events, Identify, Limits, Outcome, PolicySource, Proxy,

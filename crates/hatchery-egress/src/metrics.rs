@@ -8,6 +8,8 @@ pub struct EgressMetrics {
     /// By verdict (`allowed`, `denied`) and answered status.
     pub connections: IntCounterVec,
     pub tunnels_open: IntGauge,
+    /// Connections held for a person's decision now.
+    pub held: IntGauge,
     /// Bytes relayed, by direction (`up` to the destination, `down`).
     pub bytes: IntCounterVec,
 }
@@ -28,6 +30,11 @@ impl EgressMetrics {
             "Egress tunnels relaying now",
         )
         .expect("valid metric");
+        let held = IntGauge::new(
+            "hatchery_egress_held",
+            "Egress connections waiting for an approval",
+        )
+        .expect("valid metric");
         let bytes = IntCounterVec::new(
             Opts::new(
                 "hatchery_egress_bytes_total",
@@ -39,6 +46,7 @@ impl EgressMetrics {
         for c in [
             Box::new(connections.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(tunnels_open.clone()),
+            Box::new(held.clone()),
             Box::new(bytes.clone()),
         ] {
             registry.register(c).expect("unique metric names");
@@ -47,6 +55,7 @@ impl EgressMetrics {
             registry,
             connections,
             tunnels_open,
+            held,
             bytes,
         }
     }

@@ -7,6 +7,7 @@
 //! so no DNS rebinding between check and dial.
 
 use crate::addr::special_range;
+use crate::approval::{Answer, ApprovalAsk, Approver};
 pub use crate::events::{
     EgressEvent, EgressResult, EventSink, Events, Limits, Outcome, SessionId, SourceError, Verdict,
 };
@@ -16,7 +17,7 @@ use hatchery_policy::{Destination, Effect, Policy, EGRESS_TOOL};
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -64,6 +65,9 @@ pub struct Proxy {
     per_session: Mutex<HashMap<SessionId, usize>>,
     metrics: crate::metrics::EgressMetrics,
     interception: Option<Arc<Interception>>,
+    /// Asks a person about connections `require_approval` rules decide;
+    /// without one they are refused (403).
+    approver: OnceLock<Arc<dyn Approver>>,
 }
 
 struct Refusal {
@@ -74,6 +78,7 @@ struct Refusal {
     ip: Option<IpAddr>,
     rule_id: Option<String>,
     policy_version: Option<u32>,
+    approval_id: Option<String>,
 }
 
 fn refuse(status: u16, reason: impl Into<String>) -> Refusal {
@@ -85,6 +90,7 @@ fn refuse(status: u16, reason: impl Into<String>) -> Refusal {
         ip: None,
         rule_id: None,
         policy_version: None,
+        approval_id: None,
     }
 }
 
@@ -99,6 +105,26 @@ struct Decision {
     /// these bindings (in rule order) instead of tunnelled.
     /// Whether it is TLS (a CONNECT) or a forwarded plain request.
     intercept: Option<(Vec<hatchery_policy::Credential>, bool)>,
+    /// A `require_approval` rule decided: the connection waits for an
+    /// approval before the dial.
+    hold: Option<Hold>,
+}
+
+/// What a held connection is asked about, beyond its host and port.
+struct Hold {
+    rule_id: String,
+    timeout: Duration,
+    /// A forwarded plain request's method and path (a CONNECT has none
+    /// before the dial).
+    request: Option<(String, String)>,
+}
+
+/// The address a rule let through, the rule, and its hold when it is a
+/// `require_approval` one.
+struct Chosen {
+    addr: SocketAddr,
+    rule_id: Option<String>,
+    hold: Option<Duration>,
 }
 
 impl Proxy {
@@ -130,7 +156,14 @@ impl Proxy {
             limits,
             per_session: Mutex::new(HashMap::new()),
             metrics: crate::metrics::EgressMetrics::new(),
+            approver: OnceLock::new(),
         })
+    }
+
+    /// Who decides connections that `require_approval` rules hold; set
+    /// once, before serving (a second call is ignored).
+    pub fn set_approver(&self, approver: Arc<dyn Approver>) {
+        let _ = self.approver.set(approver);
     }
 
     pub fn metrics(&self) -> &crate::metrics::EgressMetrics {
@@ -165,6 +198,7 @@ impl Proxy {
             status: r.status,
             reason: r.reason.clone(),
             policy_version: r.policy_version,
+            approval_id: r.approval_id.clone(),
         }
     }
 
@@ -253,7 +287,7 @@ impl Proxy {
             answer(&mut sock, &r).await;
             return;
         };
-        let d = match self.decide(&mut sock, &session).await {
+        let mut d = match self.decide(&mut sock, &session).await {
             Ok(d) => d,
             Err(r) => {
                 self.emit(Verdict::Denied, Some(&session), peer, &r);
@@ -261,6 +295,19 @@ impl Proxy {
                 return;
             }
         };
+        if let Some(hold) = d.hold.take() {
+            match self.held(&session, &d, hold).await {
+                Ok((reason, approval_id)) => {
+                    d.ok.reason = reason;
+                    d.ok.approval_id = Some(approval_id);
+                }
+                Err(r) => {
+                    self.emit(Verdict::Denied, Some(&session), peer, &r);
+                    answer(&mut sock, &r).await;
+                    return;
+                }
+            }
+        }
         // The intent is durable before the dial: a crash from here on
         // leaves an `egress_connect` without a result, never a connection
         // without a record.
@@ -367,6 +414,93 @@ impl Proxy {
             .await;
     }
 
+    /// Waits for the approver's answer on a held connection: the intent's
+    /// reason when approved, else the refusal (the answer is already in
+    /// the session's log; the refusal's event counts it as a denial).
+    async fn held(
+        &self,
+        session: &str,
+        d: &Decision,
+        hold: Hold,
+    ) -> Result<(String, String), Refusal> {
+        let refusal = |status, reason: String, approval_id: Option<&String>| Refusal {
+            status,
+            reason,
+            host: d.ok.host.clone(),
+            port: d.ok.port,
+            ip: d.ok.ip,
+            rule_id: Some(hold.rule_id.clone()),
+            policy_version: d.ok.policy_version,
+            approval_id: approval_id.cloned(),
+        };
+        let Some(approver) = self.approver.get() else {
+            return Err(refusal(
+                403,
+                format!(
+                    "rule {:?} requires an approval and this proxy asks no one",
+                    hold.rule_id
+                ),
+                None,
+            ));
+        };
+        let (method, path) = match hold.request {
+            Some((m, p)) => (Some(m), Some(p)),
+            None => (None, None),
+        };
+        let ask = ApprovalAsk {
+            session: session.to_string(),
+            host: d.ok.host.clone().unwrap_or_default(),
+            port: d.addr.port(),
+            method,
+            path,
+            rule_id: hold.rule_id.clone(),
+            policy_version: d.ok.policy_version,
+            timeout: hold.timeout,
+        };
+        self.metrics.held.inc();
+        let answer = approver.ask(ask).await;
+        self.metrics.held.dec();
+        match answer {
+            Ok(Answer::Approved {
+                approval_id,
+                remembered: false,
+            }) => Ok((format!("allowed by approval {approval_id}"), approval_id)),
+            Ok(Answer::Approved {
+                approval_id,
+                remembered: true,
+            }) => Ok((
+                format!("allowed by approval {approval_id} (remembered for the session)"),
+                approval_id,
+            )),
+            Ok(Answer::Denied { approval_id, note }) => Err(refusal(
+                403,
+                if note.is_empty() {
+                    format!("denied by approval {approval_id}")
+                } else {
+                    format!("denied by approval {approval_id}: {note}")
+                },
+                Some(&approval_id),
+            )),
+            Ok(Answer::TimedOut { approval_id }) => Err(refusal(
+                403,
+                format!(
+                    "approval {approval_id} not decided within {} s (rule {:?})",
+                    hold.timeout.as_secs(),
+                    hold.rule_id
+                ),
+                Some(&approval_id),
+            )),
+            Err(e) => Err(refusal(
+                503,
+                format!(
+                    "the approval could not be asked: {}",
+                    hatchery_serve::error_text::with_causes(&*e)
+                ),
+                None,
+            )),
+        }
+    }
+
     /// Dials the address the policy saw; the outcome and status to answer
     /// when it does not connect.
     async fn dial(&self, addr: SocketAddr) -> Result<TcpStream, (Outcome, u16, String)> {
@@ -417,13 +551,30 @@ impl Proxy {
             ))
         })?;
         let version = policy.version;
-        let (addr, rule_id) = self
+        let Chosen {
+            addr,
+            rule_id,
+            hold,
+        } = self
             .choose(&policy.policy, &target, &host_str)
             .await
             .map_err(|mut r| {
                 r.policy_version = version;
                 with_target(r)
             })?;
+        let hold = hold.map(|timeout| Hold {
+            rule_id: rule_id.clone().unwrap_or_default(),
+            timeout,
+            request: match &req {
+                Request::Connect(_) => None,
+                Request::Forward { method, path, .. } => {
+                    // The path without its query: a query may carry
+                    // something the person deciding need not see.
+                    let p = path.split('?').next().unwrap_or("/");
+                    Some((method.to_string(), p.to_string()))
+                }
+            },
+        });
         // A CONNECT is intercepted for `https` bindings, a forwarded
         // plain request for `http` ones (loopback test hosts only).
         let tls = matches!(req, Request::Connect(_));
@@ -470,6 +621,7 @@ impl Proxy {
                 ip: Some(addr.ip()),
                 rule_id,
                 policy_version: version,
+                approval_id: None,
             };
             return Ok(Decision {
                 addr,
@@ -479,6 +631,7 @@ impl Proxy {
                 },
                 ok,
                 intercept,
+                hold,
             });
         }
         let first = match req {
@@ -531,12 +684,14 @@ impl Proxy {
             ip: Some(addr.ip()),
             rule_id,
             policy_version: version,
+            approval_id: None,
         };
         Ok(Decision {
             addr,
             first,
             ok,
             intercept,
+            hold,
         })
     }
 
@@ -546,7 +701,7 @@ impl Proxy {
         policy: &Policy,
         target: &Target,
         host_str: &str,
-    ) -> Result<(SocketAddr, Option<String>), Refusal> {
+    ) -> Result<Chosen, Refusal> {
         let ips: Vec<IpAddr> = match &target.host {
             Host::Ip(ip) => vec![*ip],
             Host::Name(name) => {
@@ -576,7 +731,11 @@ impl Proxy {
                 ctx: None,
             });
             let rule_id = d.rule_id.map(str::to_string);
-            if d.effect == Effect::Allow {
+            let hold = match d.effect {
+                Effect::RequireApproval => d.rule_index.and_then(|i| policy.approval_timeout(i)),
+                _ => None,
+            };
+            if d.effect == Effect::Allow || hold.is_some() {
                 match special_range(ip) {
                     Some(range) if !d.matched_address_range => {
                         last = Refusal {
@@ -585,7 +744,13 @@ impl Proxy {
                             ..refuse(403, format!("{ip} is {range}; only a rule naming that address range allows it"))
                         };
                     }
-                    _ => return Ok((SocketAddr::new(ip, target.port), rule_id)),
+                    _ => {
+                        return Ok(Chosen {
+                            addr: SocketAddr::new(ip, target.port),
+                            rule_id,
+                            hold,
+                        })
+                    }
                 }
             } else {
                 let why = match d.rule_id {

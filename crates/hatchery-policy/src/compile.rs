@@ -3,6 +3,7 @@
 //! of it that is wrong. Everything the evaluator would otherwise re-parse per
 //! request (paths, ports, CIDRs) is parsed here, once.
 
+pub mod approval;
 pub mod credential;
 
 use crate::document::{ArgCondition, Effect, Op, PolicyDocument, Rule};
@@ -62,6 +63,8 @@ pub(crate) struct CompiledRule {
     pub hosts: Option<Vec<HostPattern>>,
     pub ports: Option<Vec<(u16, u16)>>,
     pub credential: Option<credential::Credential>,
+    /// A `require_approval` rule's hold limit (always set on one).
+    pub approval_timeout: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Clone)]
@@ -130,6 +133,12 @@ impl Policy {
 
     pub fn rule_count(&self) -> usize {
         self.rules.len()
+    }
+
+    /// How long a connection the rule at `rule_index` holds for an
+    /// approval (`None` unless that rule is `require_approval`).
+    pub fn approval_timeout(&self, rule_index: usize) -> Option<std::time::Duration> {
+        self.rules.get(rule_index)?.approval_timeout
     }
 }
 
@@ -236,6 +245,7 @@ fn compile_rule(rule: &Rule) -> Result<CompiledRule, String> {
         hosts,
         ports,
         credential: None,
+        approval_timeout: approval::compile(rule)?,
     };
     compiled.credential = credential::compile(rule, &compiled)?;
     Ok(compiled)

@@ -35,6 +35,12 @@ pub struct Rule {
     /// `allow` rule of the `egress` tool with named hosts and ports.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credential: Option<crate::binding::CredentialBinding>,
+    /// How long the egress proxy holds a connection this `require_approval`
+    /// rule decides while it waits for a person's decision, in seconds:
+    /// 1–900, absent 120 (`compile::approval`). Only on a
+    /// `require_approval` rule (docs/sessions.md, "Egress").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_timeout_s: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]

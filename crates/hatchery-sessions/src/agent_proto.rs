@@ -285,10 +285,18 @@ pub fn deliverable(seq: u64, kind: &EventKind) -> Option<Vec<u8>> {
         EventKind::Message { text } => Some(line(
             serde_json::json!({"type": "message", "seq": seq, "text": text}),
         )),
+        // An egress hold's decision is the proxy's business, not the
+        // agent's (it asked for no approval).
+        EventKind::ApprovalDecided { approval_id, .. }
+            if approval_id.starts_with(crate::egress::approvals::ID_PREFIX) =>
+        {
+            None
+        }
         EventKind::ApprovalDecided {
             approval_id,
             decision,
             note,
+            ..
         } => Some(line(serde_json::json!({
             "type": "approval", "seq": seq, "approval_id": approval_id, "decision": decision, "note": note
         }))),

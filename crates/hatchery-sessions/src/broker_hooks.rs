@@ -136,6 +136,7 @@ pub mod reads {
                     approval_id: a,
                     decision,
                     note,
+                    ..
                 } = &e.kind
                 {
                     if a == approval_id {

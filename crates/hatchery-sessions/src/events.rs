@@ -176,9 +176,14 @@ pub enum EventKind {
     },
     ApprovalDecided {
         approval_id: String,
+        /// `approve`, `deny`, or `timeout` (an egress hold that ran out).
         decision: String,
         #[serde(default)]
         note: String,
+        /// `session`: an approved egress destination is let through for
+        /// the rest of the session without asking again.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        remember: Option<String>,
     },
     /// Spend so far.
     Budget {
@@ -320,6 +325,10 @@ pub enum EventKind {
         rule_id: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         policy_version: Option<u32>,
+        /// A `require_approval` rule held the connection: the approval
+        /// that let it through (possibly an earlier one, remembered).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        approval_id: Option<String>,
     },
     /// How the connection of an `egress_connect` ended.
     EgressResult {

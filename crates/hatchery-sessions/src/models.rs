@@ -262,6 +262,11 @@ pub struct ApprovalBody {
     pub decision: String,
     #[serde(default)]
     pub note: String,
+    /// `session`: the decision also holds for the session's later
+    /// connections to the same destination (host and port), which are
+    /// then not held. Egress approvals only (`action` `egress`).
+    #[serde(default)]
+    pub remember: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -979,6 +979,7 @@ async fn refuse_approval(
                     "refused: the session has {} approvals open, its cap (session_approval_cap)",
                     usage.open_approvals
                 ),
+                remember: None,
             },
         ),
     ];
@@ -1026,6 +1027,11 @@ async fn deliver(svc: &Arc<SessionCore>, id: &str, sbx: &str, pid: &str) -> R<bo
     let mut any = false;
     for e in pending {
         let Some(bytes) = agent_proto::deliverable(e.seq, &e.kind) else {
+            // An egress hold's decision is not the agent's, but the
+            // session leaves `waiting_approval` all the same.
+            if matches!(e.kind, EventKind::ApprovalDecided { .. }) {
+                leave_waiting(svc, id).await?;
+            }
             continue;
         };
         svc.sandboxes.write_stdin(sbx, pid, bytes).await?;
@@ -1042,13 +1048,19 @@ async fn deliver(svc: &Arc<SessionCore>, id: &str, sbx: &str, pid: &str) -> R<bo
             )
             .await?;
         if matches!(e.kind, EventKind::ApprovalDecided { .. }) {
-            let cur = svc.store.get(id).await?;
-            if cur.state == S::WaitingApproval && svc.store.pending_approval(id).await?.is_none() {
-                to_state(svc, id, S::Running, None, vec![], Patch::default()).await?;
-            }
+            leave_waiting(svc, id).await?;
         }
     }
     Ok(any)
+}
+
+/// Back to `running` once no approval is pending.
+async fn leave_waiting(svc: &Arc<SessionCore>, id: &str) -> R<()> {
+    let cur = svc.store.get(id).await?;
+    if cur.state == S::WaitingApproval && svc.store.pending_approval(id).await?.is_none() {
+        to_state(svc, id, S::Running, None, vec![], Patch::default()).await?;
+    }
+    Ok(())
 }
 
 /// What changed in the checkout against the fetched tree, as an event.
@@ -1108,6 +1120,8 @@ async fn finish(
     if let Some(sbx) = &cur.sandbox_id {
         record_diff(svc, id, sbx).await;
     }
+    crate::egress::approvals::close_for_exit(svc, id).await?;
+    leave_waiting(svc, id).await?;
     let cur = svc.store.get(id).await?;
     if code == Some(0) && cur.state == S::Running {
         release(svc, &cur).await;

@@ -591,3 +591,5 @@ async fn a_shedding_host_checkpoints_releases_and_hands_a_running_session_over()
     assert_eq!(e.svc.adopt().await.unwrap(), 0);
     assert_eq!(e.svc.owned().await.unwrap(), 0);
 }
+
+mod egress_approvals;

@@ -578,6 +578,21 @@ impl Sessions {
             ));
         }
         validate::text("note", &body.note, MAX_NOTE_BYTES, true)?;
+        if let Some(r) = &body.remember {
+            if r != "session" {
+                return Err(SessionError::bad(
+                    "invalid_request",
+                    "remember must be \"session\" (or absent)",
+                ));
+            }
+            let a = self.core.store.approval(id, approval_id).await?;
+            if a.is_some_and(|a| a.action != crate::egress::approvals::ACTION) {
+                return Err(SessionError::bad(
+                    "invalid_request",
+                    "remember applies to egress approvals only",
+                ));
+            }
+        }
         let s = self.core.store.get(id).await?;
         if !s.state.can_decide_approval() {
             // A decided or unknown approval is 404 below; this is the
@@ -592,7 +607,14 @@ impl Sessions {
         let evs = self
             .core
             .store
-            .decide_approval(id, approval_id, &body.decision, &body.note)
+            .decide_approval(
+                id,
+                approval_id,
+                crate::store::Decided {
+                    remember: body.remember.as_deref(),
+                    ..crate::store::Decided::by_user(&body.decision, &body.note)
+                },
+            )
             .await?;
         self.core.bus.publish(id, &evs);
         self.nudge(id);

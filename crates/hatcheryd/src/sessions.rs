@@ -163,6 +163,7 @@ pub async fn wire_services(
         policies,
         &manager.metrics.registry,
         crate::session_services::interception(args, data, secrets)?,
+        hatchery_sessions::egress::approvals::SessionApprovals::new(sessions.clone()),
     )?;
     let hooks = Arc::new(crate::session_services::DaemonHooks {
         gateway,

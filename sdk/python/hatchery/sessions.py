@@ -104,16 +104,20 @@ class Session:
         r = self.client.transport.request("POST", path("/v1/sessions/{id}/messages", id=self.id), json={"text": text})
         return int(r.json()["seq"])
 
-    def approve(self, approval_id: str, note: str = "") -> int:
-        return self._decide(approval_id, "approve", note)
+    def approve(self, approval_id: str, note: str = "", remember: Optional[str] = None) -> int:
+        """`remember="session"` (egress approvals only): the session's later
+        connections to the same host and port are not held again."""
+        return self._decide(approval_id, "approve", note, remember)
 
-    def deny(self, approval_id: str, note: str = "") -> int:
-        return self._decide(approval_id, "deny", note)
+    def deny(self, approval_id: str, note: str = "", remember: Optional[str] = None) -> int:
+        return self._decide(approval_id, "deny", note, remember)
 
-    def _decide(self, approval_id: str, decision: str, note: str) -> int:
+    def _decide(self, approval_id: str, decision: str, note: str, remember: Optional[str]) -> int:
+        body: Dict[str, Any] = {"decision": decision, "note": note}
+        if remember is not None:
+            body["remember"] = remember
         r = self.client.transport.request(
-            "POST", path("/v1/sessions/{id}/approvals/{aid}", id=self.id, aid=approval_id),
-            json={"decision": decision, "note": note})
+            "POST", path("/v1/sessions/{id}/approvals/{aid}", id=self.id, aid=approval_id), json=body)
         return int(r.json()["seq"])
 
     def move_policy(self, version: Optional[int] = None) -> "Session":

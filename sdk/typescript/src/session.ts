@@ -138,17 +138,22 @@ export class Session {
     return r.seq;
   }
 
-  async approve(approvalId: string, note = ""): Promise<number> {
-    return this.decide(approvalId, "approve", note);
+  /** `remember: "session"` (egress approvals only): the session's later
+   * connections to the same host and port are not held again. */
+  async approve(approvalId: string, note = "", opts: { remember?: "session" } = {}): Promise<number> {
+    return this.decide(approvalId, "approve", note, opts.remember);
   }
 
-  async deny(approvalId: string, note = ""): Promise<number> {
-    return this.decide(approvalId, "deny", note);
+  async deny(approvalId: string, note = "", opts: { remember?: "session" } = {}): Promise<number> {
+    return this.decide(approvalId, "deny", note, opts.remember);
   }
 
-  private async decide(approvalId: string, decision: string, note: string): Promise<number> {
+  private async decide(approvalId: string, decision: string, note: string,
+                       remember?: "session"): Promise<number> {
+    const json: Record<string, unknown> = { decision, note };
+    if (remember !== undefined) json.remember = remember;
     const r = await this.client.transport.json<{ seq: number }>(
-      "POST", `/v1/sessions/${enc(this.id)}/approvals/${enc(approvalId)}`, { json: { decision, note } });
+      "POST", `/v1/sessions/${enc(this.id)}/approvals/${enc(approvalId)}`, { json });
     return r.seq;
   }
 

@@ -327,6 +327,7 @@ export interface ProcessList {
 }
 
 export interface Rule {
+  approval_timeout_s?: number | null;
   credential?: null | CredentialBinding;
   description?: string | null;
   effect: Effect;

@@ -10,6 +10,7 @@ pub mod procs;
 pub mod round;
 pub mod run;
 pub mod sandbox;
+pub mod secret;
 pub mod session;
 pub mod shell;
 pub mod snapshot;

@@ -89,6 +89,7 @@ fn intent(e: EgressEvent) -> EventKind {
         decision: "allow".into(),
         rule_id: e.rule_id,
         policy_version: e.policy_version,
+        approval_id: e.approval_id,
     }
 }
 
@@ -359,6 +360,7 @@ mod tests {
             port: Some(443),
             ip: None,
             rule_id: None,
+            approval_id: None,
             status: if verdict == Verdict::Allowed {
                 200
             } else {

@@ -15,6 +15,7 @@
 //! session runner makes; nothing the guest sends decides which session a
 //! connection belongs to.
 
+pub mod approvals;
 pub mod coalesce;
 pub mod events;
 mod proxy_line;
@@ -68,6 +69,7 @@ pub struct EgressLink {
     compiled: Arc<CompiledPolicies>,
     bindings: Arc<Mutex<HashMap<String, Binding>>>,
     events: Arc<SessionEvents>,
+    approvals: Arc<approvals::SessionApprovals>,
 }
 
 impl EgressLink {
@@ -80,6 +82,7 @@ impl EgressLink {
         let gone = self.lock().remove(sandbox);
         if let Some(b) = gone {
             self.events.flush_session(&b.session).await;
+            self.approvals.forget(&b.session);
         }
     }
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Binding>> {
@@ -164,7 +167,9 @@ impl hatchery_egress::Identify for Unused {
 /// Serves the proxy on `DATA/egress.sock` (none when `guest_port` is 0),
 /// its events going to `log`.
 /// `interception`: the CA and secrets for credential rules (none: a
-/// connection a credential rule names is refused).
+/// connection a credential rule names is refused). `approver`: who
+/// decides connections `require_approval` rules hold
+/// ([`approvals::SessionApprovals`]).
 pub fn start(
     a: &EgressConfig,
     data: &Path,
@@ -172,6 +177,7 @@ pub fn start(
     policies: Arc<dyn hatchery_policy::PolicyStore>,
     registry: &prometheus::Registry,
     interception: Option<Arc<hatchery_egress::Interception>>,
+    approver: Arc<approvals::SessionApprovals>,
 ) -> Result<Option<Arc<EgressLink>>, EgressError> {
     if a.guest_port == 0 {
         return Ok(None);
@@ -196,10 +202,12 @@ pub fn start(
         },
         interception,
     );
+    proxy.set_approver(approver.clone());
     let m = proxy.metrics();
     for c in [
         Box::new(m.connections.clone()) as Box<dyn prometheus::core::Collector>,
         Box::new(m.tunnels_open.clone()),
+        Box::new(m.held.clone()),
         Box::new(m.bytes.clone()),
     ] {
         if let Err(e) = registry.register(c) {
@@ -251,5 +259,6 @@ pub fn start(
         compiled,
         bindings,
         events,
+        approvals: approver,
     })))
 }

@@ -361,6 +361,7 @@ async fn an_egress_intent_commits_only_while_its_state_authorises_it(open: Open<
             decision: "allow".into(),
             rule_id: Some("r".into()),
             policy_version: Some(1),
+            approval_id: None,
         };
         vec![(Actor::System, kind)]
     };
@@ -456,10 +457,18 @@ async fn approvals(open: Open<'_>, run: &str) {
     let p = s.pending_approval(&id).await.unwrap().unwrap();
     let got = (&*p.approval_id, &*p.action, &*p.state);
     assert_eq!(got, (&*aid, "git_push", "pending"));
-    s.decide_approval(&id, &aid, "approve", "ok").await.unwrap();
+    s.decide_approval(&id, &aid, Decided::by_user("approve", "ok"))
+        .await
+        .unwrap();
     assert!(s.pending_approval(&id).await.unwrap().is_none());
-    let r = s.decide_approval(&id, &aid, "deny", "").await;
+    let r = s
+        .decide_approval(&id, &aid, Decided::by_user("deny", ""))
+        .await;
     assert!(matches!(r, Err(StoreError::ApprovalNotFound(_))));
+    // A decided approval is still read by id; another session's is not.
+    let got = s.approval(&id, &aid).await.unwrap().unwrap();
+    assert_eq!((&*got.action, &*got.state), ("git_push", "decided"));
+    assert!(s.approval("ses_none", &aid).await.unwrap().is_none());
     let d = s.deliverables_after(&id, 0).await.unwrap();
     assert!(
         matches!(&d[..], [Event { kind: EventKind::ApprovalDecided { decision, .. }, .. }] if decision == "approve")
@@ -597,14 +606,20 @@ async fn writes_are_fenced_after_take_over(open: Open<'_>, run: &str) {
     fenced(go(&*a, &s1, &[S::Queued], S::Cancelled).await, &hb);
     let apr_g = format!("apr_g{run}");
     fenced(a.request_approval(&s1, &apr_g, "x", "y").await, &hb);
-    fenced(a.decide_approval(&s1, &apr, "approve", "").await, &hb);
+    fenced(
+        a.decide_approval(&s1, &apr, Decided::by_user("approve", ""))
+            .await,
+        &hb,
+    );
     let after = a.get(&s1).await.unwrap();
     assert_eq!(after, before, "nothing of a fenced write committed");
     assert_eq!(log(&*a, &s1).await.len() as u64, before.last_seq);
     let p = a.pending_approval(&s1).await.unwrap().unwrap();
     assert_eq!(p.approval_id, apr);
     // The new owner writes, under the new epoch.
-    b.decide_approval(&s1, &apr, "approve", "").await.unwrap();
+    b.decide_approval(&s1, &apr, Decided::by_user("approve", ""))
+        .await
+        .unwrap();
     b.append(&s1, vec![msg("b")], keep()).await.unwrap();
     // Back to A: the epoch grows again, and now B is fenced.
     let back = a.take_over(&hb, &ha, "drain").await.unwrap();
@@ -767,7 +782,9 @@ async fn usage_counts_what_the_session_holds(open: Open<'_>, run: &str) {
     assert_eq!(ub.agent_event_bytes, ua.agent_event_bytes);
     assert_eq!(ub.events, ua.events + 1);
     assert!(ub.event_bytes > ua.event_bytes);
-    s.decide_approval(&id, &aid, "deny", "no").await.unwrap();
+    s.decide_approval(&id, &aid, Decided::by_user("deny", "no"))
+        .await
+        .unwrap();
     assert_eq!(s.usage(&id).await.unwrap().open_approvals, 0);
 
     // Another session holds its own rows only.

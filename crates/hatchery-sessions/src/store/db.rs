@@ -654,26 +654,33 @@ impl SessionStore for DbSessionStore {
         Ok(r.as_ref().map(Approval::from_row).transpose()?)
     }
 
+    async fn approval(&self, id: &str, approval_id: &str) -> Result<Option<Approval>, StoreError> {
+        let sql = "SELECT *, id AS approval_id FROM session_approvals \
+                   WHERE session_id = $1 AND id = $2";
+        let r = self.db.query_opt(sql, args![id, approval_id]).await?;
+        Ok(r.as_ref().map(Approval::from_row).transpose()?)
+    }
+
     async fn decide_approval(
         &self,
         id: &str,
         approval_id: &str,
-        decision: &str,
-        note: &str,
+        d: Decided<'_>,
     ) -> Result<Vec<Event>, StoreError> {
         let (mut tx, epoch) = self.write(id).await?;
         let sql = "UPDATE session_approvals SET state = 'decided', decision = $3, note = $4, \
                    decided_at = $5 WHERE id = $1 AND session_id = $2 AND state = 'pending'";
-        let args = args![approval_id, id, decision, note, now()];
+        let args = args![approval_id, id, d.decision, d.note, now()];
         if tx.execute(sql, args).await? == 0 {
             return Err(StoreError::ApprovalNotFound(approval_id.to_string()));
         }
         let decided = EventKind::ApprovalDecided {
             approval_id: approval_id.to_string(),
-            decision: decision.to_string(),
-            note: note.to_string(),
+            decision: d.decision.to_string(),
+            note: d.note.to_string(),
+            remember: d.remember.map(str::to_string),
         };
-        let out = append_tx(&mut tx, id, epoch, vec![(Actor::User, decided)]).await?;
+        let out = append_tx(&mut tx, id, epoch, vec![(d.actor, decided)]).await?;
         tx.commit().await?;
         Ok(out)
     }

@@ -242,6 +242,28 @@ hatchery_db::record! {
     }
 }
 
+/// A decision on an approval, as [`SessionStore::decide_approval`]
+/// records it.
+#[derive(Debug, Clone, Copy)]
+pub struct Decided<'a> {
+    pub decision: &'a str,
+    pub note: &'a str,
+    pub remember: Option<&'a str>,
+    pub actor: Actor,
+}
+
+impl<'a> Decided<'a> {
+    /// A person's decision through the API, remembering nothing.
+    pub fn by_user(decision: &'a str, note: &'a str) -> Self {
+        Decided {
+            decision,
+            note,
+            remember: None,
+            actor: Actor::User,
+        }
+    }
+}
+
 /// What one session holds in the store (computed on read, from the rows).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StorageUsage {
@@ -484,13 +506,15 @@ pub trait SessionStore: Send + Sync + 'static {
         self.append(id, vec![(Actor::Agent, ev)], patch).await
     }
     async fn pending_approval(&self, id: &str) -> Result<Option<Approval>, StoreError>;
-    /// Decides a pending approval and appends its event.
+    /// One approval of the session, pending or decided.
+    async fn approval(&self, id: &str, approval_id: &str) -> Result<Option<Approval>, StoreError>;
+    /// Decides a pending approval and appends its event (by `actor`: the
+    /// API caller, or the system when an egress hold times out).
     async fn decide_approval(
         &self,
         id: &str,
         approval_id: &str,
-        decision: &str,
-        note: &str,
+        decided: Decided<'_>,
     ) -> Result<Vec<Event>, StoreError>;
     /// Moves every unfinished session of `from_host` to `to_host` in one
     /// transaction: epoch + 1 and a `host_changed` event each. Only sessions
