@@ -26,14 +26,13 @@ import time
 
 import pytest
 
-from harness import Daemon
+from gateway_daemon import gateway_daemon
 from scripted_model import ScriptedModel
-from sessions_support import DEMO_FILES, SessionDaemon
+from sessions_support import DEMO_FILES
 
 SECRET = "hx-secret-" + os.urandom(12).hex()
 SECRET_NAME = "API_TOKEN"
 PORT_BOUND, PORT_PLAIN, PORT_NONE = 8443, 9443, 7443
-PRICES = {"models": {"scripted": {"input_cents_per_mtok": 1, "output_cents_per_mtok": 1}}}
 
 # The TLS server inside the namespace: on PORT_BOUND and PORT_PLAIN,
 # `/…/redirect` answers 302 to PORT_PLAIN's /landing, anything else says
@@ -240,25 +239,8 @@ def model(server):
 
 @pytest.fixture(scope="module")
 def cd(model, server, agent_templates):
-    tmp = tempfile.mkdtemp(prefix="hxcredd-")
-    prices = os.path.join(tmp, "prices.json")
-    with open(prices, "w") as f:
-        json.dump(PRICES, f)
-    keyf = os.path.join(tmp, "upstream_key")
-    with open(keyf, "w") as f:
-        f.write("sk-unused")
-    d = SessionDaemon.__new__(SessionDaemon)
-    Daemon.__init__(d, extra_args=[
-        "--max-ttl", "7200", "--pool-size", "1",
-        "--gateway-openai-upstream", f"http://127.0.0.1:{model.port}",
-        "--gateway-prices", prices, "--gateway-upstream-key-file", keyf,
-        "--sessions-model", "scripted",
-        "--egress-upstream-ca-file", server.ca,
-    ], templates_dir=agent_templates)
-    d.start()
-    yield d
-    d.cleanup_sessions()
-    shutil.rmtree(tmp, ignore_errors=True)
+    with gateway_daemon(model, agent_templates, "hxcredd-", extra=["--egress-upstream-ca-file", server.ca]) as d:
+        yield d
 
 
 def outputs(evs):

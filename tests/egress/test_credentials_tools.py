@@ -11,19 +11,15 @@ readable files) finds no byte run of the token. test_credentials.py
 covers curl, redirects, other paths and ports, and bad input."""
 
 import json
-import os
-import shutil
-import tempfile
 
 import pytest
 
+from gateway_daemon import gateway_daemon
 from egress_servers import HOST, PKG, PKG_VALUE
-from harness import Daemon
 from scripted_model import ScriptedModel
-from sessions_support import DEMO_FILES, SessionDaemon
+from sessions_support import DEMO_FILES
 from test_credentials import SCAN
 
-PRICES = {"models": {"scripted": {"input_cents_per_mtok": 1, "output_cents_per_mtok": 1}}}
 
 
 def shell(cmd):
@@ -54,25 +50,8 @@ def model(servers):
 
 @pytest.fixture(scope="module")
 def td(model, servers, agent_templates):
-    tmp = tempfile.mkdtemp(prefix="hxctools-")
-    prices = os.path.join(tmp, "prices.json")
-    with open(prices, "w") as f:
-        json.dump(PRICES, f)
-    keyf = os.path.join(tmp, "upstream_key")
-    with open(keyf, "w") as f:
-        f.write("sk-unused")
-    d = SessionDaemon.__new__(SessionDaemon)
-    Daemon.__init__(d, extra_args=[
-        "--max-ttl", "7200", "--pool-size", "1",
-        "--gateway-openai-upstream", f"http://127.0.0.1:{model.port}",
-        "--gateway-prices", prices, "--gateway-upstream-key-file", keyf,
-        "--sessions-model", "scripted",
-        "--egress-upstream-ca-file", servers.ca,
-    ], templates_dir=agent_templates)
-    d.start()
-    yield d
-    d.cleanup_sessions()
-    shutil.rmtree(tmp, ignore_errors=True)
+    with gateway_daemon(model, agent_templates, "hxctools-", extra=["--egress-upstream-ca-file", servers.ca]) as d:
+        yield d
 
 
 def test_pip_and_git_get_the_token_only_at_the_proxy(td, servers, git_server):

@@ -20,19 +20,15 @@ the decision endpoint while the agent's commands wait:
   `session`: each 400, nothing stored or decided."""
 
 import json
-import os
-import shutil
-import tempfile
 import time
 
 import pytest
 
+from gateway_daemon import gateway_daemon
 from egress_servers import HOST
-from harness import Daemon
 from scripted_model import ScriptedModel
-from sessions_support import DEMO_FILES, SessionDaemon
+from sessions_support import DEMO_FILES
 
-PRICES = {"models": {"scripted": {"input_cents_per_mtok": 1, "output_cents_per_mtok": 1}}}
 CA_ENV = {"CURL_CA_BUNDLE": "/workspace/ca.pem"}
 
 
@@ -63,24 +59,8 @@ def model(servers):
 
 @pytest.fixture(scope="module")
 def ad(model, agent_templates):
-    tmp = tempfile.mkdtemp(prefix="hxappr-")
-    prices = os.path.join(tmp, "prices.json")
-    with open(prices, "w") as f:
-        json.dump(PRICES, f)
-    keyf = os.path.join(tmp, "upstream_key")
-    with open(keyf, "w") as f:
-        f.write("sk-unused")
-    d = SessionDaemon.__new__(SessionDaemon)
-    Daemon.__init__(d, extra_args=[
-        "--max-ttl", "7200", "--pool-size", "1",
-        "--gateway-openai-upstream", f"http://127.0.0.1:{model.port}",
-        "--gateway-prices", prices, "--gateway-upstream-key-file", keyf,
-        "--sessions-model", "scripted",
-    ], templates_dir=agent_templates)
-    d.start()
-    yield d
-    d.cleanup_sessions()
-    shutil.rmtree(tmp, ignore_errors=True)
+    with gateway_daemon(model, agent_templates, "hxappr-") as d:
+        yield d
 
 
 def ask(rule_id, port, timeout_s):

@@ -9,18 +9,17 @@ proxy (the cost of writing the intent before the dial)."""
 
 import json
 import os
-import shutil
 import socket
 import subprocess
-import tempfile
 import time
 
 import pytest
 
+from gateway_daemon import gateway_daemon
 from egress_servers import HOST
-from harness import Daemon, arg
+from harness import arg
 from scripted_model import ScriptedModel
-from sessions_support import DEMO_FILES, SessionDaemon
+from sessions_support import DEMO_FILES
 
 CA_PATH = "/workspace/ca.pem"
 CA_ENV = {"CURL_CA_BUNDLE": CA_PATH}
@@ -122,24 +121,8 @@ def model(servers, refused_port):
 def gd(model, agent_templates):
     """A daemon whose gateway forwards to the scripted model (as in
     test_session_network.py)."""
-    tmp = tempfile.mkdtemp(prefix="hxei-")
-    prices = os.path.join(tmp, "prices.json")
-    with open(prices, "w") as f:
-        json.dump({"models": {"scripted": {"input_cents_per_mtok": 1, "output_cents_per_mtok": 1}}}, f)
-    keyf = os.path.join(tmp, "upstream_key")
-    with open(keyf, "w") as f:
-        f.write("sk-upstream-" + os.urandom(6).hex())
-    d = SessionDaemon.__new__(SessionDaemon)
-    Daemon.__init__(d, extra_args=[
-        "--max-ttl", "7200", "--pool-size", "1",
-        "--gateway-openai-upstream", f"http://127.0.0.1:{model.port}",
-        "--gateway-prices", prices, "--gateway-upstream-key-file", keyf,
-        "--sessions-model", "scripted",
-    ], templates_dir=agent_templates)
-    d.start()
-    yield d
-    d.cleanup_sessions()
-    shutil.rmtree(tmp, ignore_errors=True)
+    with gateway_daemon(model, agent_templates, "hxei-", upstream_key="sk-upstream-" + os.urandom(6).hex()) as d:
+        yield d
 
 
 def policy(d, servers, refused_port):

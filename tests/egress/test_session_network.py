@@ -11,16 +11,14 @@ the upstream sees a call. Every test checks teardown."""
 
 import json
 import os
-import shutil
-import tempfile
 import time
 
 import pytest
 
+from gateway_daemon import gateway_daemon
 from egress_servers import HOST, PKG, PKG_VALUE
-from harness import Daemon
 from scripted_model import ScriptedModel
-from sessions_support import DEMO_FILES, SCRIPTS, SessionDaemon
+from sessions_support import DEMO_FILES, SCRIPTS
 
 UPSTREAM_KEY = "sk-upstream-" + os.urandom(6).hex()
 PRICES = {"models": {"scripted": {"input_cents_per_mtok": 100000, "output_cents_per_mtok": 400000}}}
@@ -124,24 +122,8 @@ def model(commands):
 def gd(model, agent_templates):
     """A daemon whose gateway forwards to the scripted model; no other
     host service: the model is reachable only through the gateway."""
-    tmp = tempfile.mkdtemp(prefix="hxgwp-")
-    prices = os.path.join(tmp, "prices.json")
-    with open(prices, "w") as f:
-        json.dump(PRICES, f)
-    keyf = os.path.join(tmp, "upstream_key")
-    with open(keyf, "w") as f:
-        f.write(UPSTREAM_KEY)
-    d = SessionDaemon.__new__(SessionDaemon)
-    Daemon.__init__(d, extra_args=[
-        "--max-ttl", "7200", "--pool-size", "1",
-        "--gateway-openai-upstream", f"http://127.0.0.1:{model.port}",
-        "--gateway-prices", prices, "--gateway-upstream-key-file", keyf,
-        "--sessions-model", "scripted",
-    ], templates_dir=agent_templates)
-    d.start()
-    yield d
-    d.cleanup_sessions()
-    shutil.rmtree(tmp, ignore_errors=True)
+    with gateway_daemon(model, agent_templates, "hxgwp-", prices=PRICES, upstream_key=UPSTREAM_KEY) as d:
+        yield d
 
 
 FLOOD = 150

@@ -30,7 +30,7 @@ fn presented(h: &HeaderMap) -> Option<&str> {
 
 /// Who sent `h`: `None` when its key is nobody's.
 pub async fn caller(s: &Shared, h: &HeaderMap) -> ApiResult<Option<Caller>> {
-    if crate::control::key_ok(h, s.backend.api_key()) {
+    if hatchery_serve::headers::api_key_ok(h, s.backend.api_key()) {
         return Ok(Some(Caller::Operator));
     }
     let Some(key) = presented(h).filter(|k| !k.is_empty()) else {
