@@ -30,7 +30,7 @@ def test_network_policy_default_update_events(daemon, client):
                timeout_seconds=10)
         # Denied attempts reach the event log asynchronously (the host's
         # packet log is read in the background): wait, bounded.
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
         while True:
             evs = s.network.events()
             assert all(isinstance(e, NetworkEvent) for e in evs)

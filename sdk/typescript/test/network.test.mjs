@@ -21,7 +21,7 @@ test("network: default, update, events", async () => {
     await s.exec("python3 -c \"import socket; s=socket.socket(); s.settimeout(2); s.connect_ex(('198.51.100.7', 443))\"", { timeoutSeconds: 10 });
     // Denied attempts reach the event log asynchronously (the host's packet
     // log is read in the background): wait, bounded.
-    const deadline = Date.now() + 10_000;
+    const deadline = Date.now() + 30_000;
     for (;;) {
       const evs = await s.network.events();
       if (evs.some((e) => e.destination === "198.51.100.7" && e.port === 443 && e.protocol === "tcp")) break;
