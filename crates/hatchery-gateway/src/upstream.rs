@@ -10,7 +10,6 @@ use hyper::header::{CONTENT_TYPE, HOST};
 use hyper::{Method, Request, Response};
 use hyper_util::rt::TokioIo;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -77,12 +76,6 @@ impl std::fmt::Debug for Tls {
     }
 }
 
-/// A rustls client config trusting the certificates in `ca_file` (PEM),
-/// HTTP/1.1 by ALPN.
-pub fn client_config(ca_file: &Path) -> Result<Arc<rustls::ClientConfig>, UpstreamError> {
-    Ok(hatchery_tls::client_config(ca_file)?)
-}
-
 impl Upstream {
     /// `https://` upstreams trust [`DEFAULT_CA_BUNDLE`].
     pub fn new(
@@ -125,7 +118,7 @@ impl Upstream {
             None => return Err(bad()),
         };
         let tls = if https {
-            let cfg = client_config(ca_file.unwrap_or(Path::new(DEFAULT_CA_BUNDLE)))?;
+            let cfg = hatchery_tls::client_config(ca_file.unwrap_or(Path::new(DEFAULT_CA_BUNDLE)))?;
             let bare = host
                 .trim_start_matches('[')
                 .trim_end_matches(']')

@@ -171,7 +171,7 @@ pub fn interception(
             args.egress
                 .upstream_ca_file
                 .as_deref()
-                .unwrap_or(std::path::Path::new("/etc/ssl/certs/ca-certificates.crt")),
+                .unwrap_or(std::path::Path::new(hatchery_tls::SYSTEM_BUNDLE)),
         )?,
         secrets: Arc::new(SecretValues(secrets)),
     })))
