@@ -10,7 +10,7 @@ use crate::error::SessionError;
 use crate::events::{Actor, Event, EventKind};
 use crate::service::Sessions;
 use crate::state::SessionState;
-use crate::store::{Patch, Session};
+use crate::store::{approval_request, Patch, Session};
 use std::sync::Arc;
 
 impl Sessions {
@@ -92,30 +92,41 @@ impl Sessions {
         details: &str,
     ) -> Result<(), SessionError> {
         let pending = self.core.store.pending_approval(id).await?;
-        if pending.as_ref().map(|a| a.approval_id.as_str()) != Some(approval_id) {
-            let evs = self
-                .core
-                .store
-                .request_approval(id, approval_id, action, details)
-                .await?;
-            self.core.bus.publish(id, &evs);
-        }
+        let fresh = pending.as_ref().map(|a| a.approval_id.as_str()) != Some(approval_id);
         let s = self.core.store.get(id).await?;
+        let (ev, patch) = approval_request(approval_id, action, details);
+        let (extra, patch) = if fresh {
+            (vec![ev], patch)
+        } else {
+            (vec![], Patch::default())
+        };
+        let mut moved = false;
         if s.state == SessionState::Running {
+            // The request and the move in one transaction: nobody reads the
+            // approval pending while the session says `running`.
             match self
                 .core
                 .transition(
                     id,
                     SessionState::WaitingApproval,
                     None,
-                    vec![],
-                    Patch::default(),
+                    extra.clone(),
+                    patch.clone(),
                 )
                 .await
             {
-                Ok(_) | Err(SessionError::Conflict(_)) => {}
+                Ok(_) => moved = true,
+                Err(SessionError::Conflict(_)) => {}
                 Err(e) => return Err(e),
             }
+        }
+        if !moved && fresh {
+            let evs = self
+                .core
+                .store
+                .request_approval(id, approval_id, action, details)
+                .await?;
+            self.core.bus.publish(id, &evs);
         }
         self.nudge(id);
         Ok(())

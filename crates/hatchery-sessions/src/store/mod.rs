@@ -360,6 +360,23 @@ pub struct ListFilter {
 /// One event to append, with its actor.
 pub type NewEvent = (Actor, EventKind);
 
+/// The event and row of a new pending approval: appended alone
+/// ([`SessionStore::request_approval`]) or with the move to
+/// `waiting_approval` in one transaction, so no reader sees the approval
+/// pending while the session still says `running`.
+pub fn approval_request(approval_id: &str, action: &str, details: &str) -> (NewEvent, Patch) {
+    let patch = Patch {
+        new_approval: Some((approval_id.into(), action.into(), details.into())),
+        ..Patch::default()
+    };
+    let ev = EventKind::ApprovalRequested {
+        approval_id: approval_id.into(),
+        action: action.into(),
+        details: details.into(),
+    };
+    ((Actor::Agent, ev), patch)
+}
+
 #[async_trait]
 pub trait SessionStore: Send + Sync + 'static {
     /// Stores a queued session and its first event, in one transaction;
@@ -494,16 +511,8 @@ pub trait SessionStore: Send + Sync + 'static {
         action: &str,
         details: &str,
     ) -> Result<Vec<Event>, StoreError> {
-        let patch = Patch {
-            new_approval: Some((approval_id.into(), action.into(), details.into())),
-            ..Patch::default()
-        };
-        let ev = EventKind::ApprovalRequested {
-            approval_id: approval_id.into(),
-            action: action.into(),
-            details: details.into(),
-        };
-        self.append(id, vec![(Actor::Agent, ev)], patch).await
+        let (ev, patch) = approval_request(approval_id, action, details);
+        self.append(id, vec![ev], patch).await
     }
     async fn pending_approval(&self, id: &str) -> Result<Option<Approval>, StoreError>;
     /// One approval of the session, pending or decided.
