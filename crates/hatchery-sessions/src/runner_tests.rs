@@ -587,6 +587,13 @@ async fn a_shedding_host_checkpoints_releases_and_hands_a_running_session_over()
     // Its sandbox is gone (the new owner resumes from the checkpoint) and
     // this host adopts nothing while it sheds.
     assert!(e.fake.live().is_empty());
+    // Counted just after the hand-over commits (which `until` saw).
+    for _ in 0..100 {
+        if e.svc.metrics().handed_over.get() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(e.svc.metrics().handed_over.get(), 1);
     assert_eq!(e.svc.adopt().await.unwrap(), 0);
     assert_eq!(e.svc.owned().await.unwrap(), 0);
