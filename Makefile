@@ -63,6 +63,7 @@ install: $(INSTALL_PREREQS)
 lint:
 	cargo fmt --all -- --check
 	/usr/bin/python3 scripts/module_cycles.py
+	sh scripts/daemon_size.sh
 	cargo clippy --workspace --all-targets --release -- -D warnings
 
 # The test binaries: libraries, binaries, crate tests (the examples are

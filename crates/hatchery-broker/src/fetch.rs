@@ -58,15 +58,7 @@ fn parse(url: &str) -> Option<(&str, String, u16, String)> {
         Some(i) => (&rest[..i], rest[i..].to_string()),
         None => (rest, "/".to_string()),
     };
-    if auth.contains('@') || auth.is_empty() {
-        return None;
-    }
-    let (host, port) = match auth.rsplit_once(':') {
-        Some((h, p)) if !h.ends_with(']') || auth.starts_with('[') => {
-            (h, p.parse().ok().filter(|p| *p != 0)?)
-        }
-        _ => (auth, default),
-    };
+    let (host, port) = crate::http_client::split_authority(auth, default)?;
     let host = host
         .trim_start_matches('[')
         .trim_end_matches(']')

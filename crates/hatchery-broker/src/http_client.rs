@@ -116,21 +116,12 @@ impl Base {
             None => (rest, String::new()),
         };
         let prefix = if prefix == "/" { String::new() } else { prefix };
-        if authority.is_empty() || authority.contains('@') || authority.contains(['?', '#']) {
+        if authority.contains(['?', '#']) {
             return Err(bad("no host, or user info in it"));
         }
-        let (host, hostport) = match authority.rsplit_once(':') {
-            Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => {
-                if p.parse::<u16>().map_or(true, |p| p == 0) || h.is_empty() {
-                    return Err(bad("bad port"));
-                }
-                (h.to_string(), authority.to_string())
-            }
-            _ => (
-                authority.to_string(),
-                format!("{authority}:{}", if tls { 443 } else { 80 }),
-            ),
-        };
+        let (host, port) = split_authority(authority, if tls { 443 } else { 80 })
+            .ok_or_else(|| bad("no host, user info in it, or a bad port"))?;
+        let (host, hostport) = (host.to_string(), format!("{host}:{port}"));
         let bare = host.trim_start_matches('[').trim_end_matches(']');
         let loopback = bare == "localhost"
             || bare
@@ -156,6 +147,23 @@ impl Base {
             tls: self.tls,
         }
     }
+}
+
+/// `(host, port)` of a URL's authority: the host as written (brackets
+/// kept for IPv6), the port given (not 0) or `default`. None for an empty
+/// host, user info (`@`: a credential in a URL is never sent), or a bad
+/// port. Shared by operator base URLs and `http_fetch`'s URLs.
+pub(crate) fn split_authority(authority: &str, default: u16) -> Option<(&str, u16)> {
+    if authority.contains('@') {
+        return None;
+    }
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => {
+            (h, p.parse().ok().filter(|p| *p != 0)?)
+        }
+        _ => (authority, default),
+    };
+    (!host.is_empty()).then_some((host, port))
 }
 
 /// Where a request goes: the address dialled (already checked by the

@@ -27,7 +27,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let _sweeper = hatchery_hosts::sweeper::spawn(store.clone(), lease_ttl_ms, lost, None);
     // Read only here (which host owns a session); the control role runs
     // no session.
-    let sessions = crate::sessions::open_store(&args, &db, &data).await?;
+    let sessions = hatchery_agents::open_store(&args, &db, &data).await?;
     let _gauges = hatchery_hosts::gauges::HostGauges::new(&registry).spawn(
         store.clone(),
         Some(Arc::new(sessions.clone())),
@@ -66,31 +66,26 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     };
     // The model gateway, when the upstream options are given here: the
     // hosts relay their sandboxes' calls to it and hold no upstream key.
-    let gateway = crate::gateway::start_control(
+    let policies = crate::state_db::open_policies(&db, &data).await?;
+    let gateway = hatchery_agents::control::gateway(
         &args.gateway,
         (&db, &data),
         &registry,
         owner_post(),
-        (
-            sessions.clone(),
-            crate::state_db::open_policies(&db, &data).await?,
-        ),
+        (sessions.clone(), policies.clone()),
     )
     .await?;
     // The tool broker, when asked for here: hosts relay their sandboxes'
     // calls to it and hold no credential.
-    let broker = match args.broker.for_hosts {
-        false => None,
-        true => Some(
-            hatchery_broker::embed::start_control(
-                &crate::broker::settings(&args, (&data, &db), (&key, &daemon_key), &registry),
-                sessions.clone(),
-                owner_post(),
-                crate::state_db::open_policies(&db, &data).await?,
-            )
-            .await?,
-        ),
-    };
+    let broker = hatchery_agents::control::broker(
+        &args,
+        (&data, &db),
+        (&key, &daemon_key),
+        &registry,
+        (sessions.clone(), policies),
+        owner_post(),
+    )
+    .await?;
     let (key_for_rounds, rounds_registry) = (key.clone(), registry.clone());
     let control_state = ControlState {
         directory,

@@ -35,26 +35,8 @@ pub enum DaemonError {
         #[source]
         source: hatchery_db::DbError,
     },
-    #[error("sessions' store")]
-    SessionsStore(#[from] hatchery_sessions::store::StoreError),
-    #[error("environments store")]
-    Environments(#[from] hatchery_sessions::environments::EnvError),
-    #[error("a client of this daemon's own API")]
-    OwnApi(#[from] hatchery_client::ClientError),
-    #[error("metrics")]
-    Metrics(#[from] prometheus::Error),
-    #[error("egress proxy")]
-    Egress(#[from] hatchery_sessions::egress::EgressError),
-    #[error("egress credential injection")]
-    EgressCa(#[from] hatchery_egress::intercept::ca::CaError),
-    #[error("secrets key")]
-    SecretsKey(#[from] hatchery_secrets::KeyError),
-    #[error("secrets store")]
-    Secrets(#[from] hatchery_secrets::StoreError),
-    #[error("model gateway")]
-    Gateway(#[from] hatchery_gateway::embed::EmbedError),
-    #[error("tool broker")]
-    Broker(#[from] hatchery_broker::embed::EmbedError),
+    #[error("agent platform")]
+    Agents(#[from] hatchery_agents::AgentsError),
     #[error("--host-lease-ttl")]
     LeaseTtl(#[from] hatchery_core::lease::LeaseTtlError),
     #[error("--snapshot-store")]

@@ -142,7 +142,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     for svc in &args.host_services {
         manager.add_host_service(svc.clone())?;
     }
-    if let Some(svc) = crate::broker::host_service(&args, &data) {
+    if let Some(svc) = hatchery_agents::broker::host_service(&args, &data) {
         manager.add_host_service(svc)?;
     }
     let advertise = args
@@ -170,8 +170,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     // Policies have migrations of their own: their own file on one host,
     // their own tables in the shared database on many.
     let policies = crate::state_db::open_policies(&db, &data).await?;
-    let secrets = crate::session_services::open_secrets(&args, &db, &data).await?;
-    let session_store = crate::sessions::open_store(&args, &db, &data).await?;
+    let secrets = hatchery_agents::open_secrets(&args, &db, &data).await?;
+    let session_store = hatchery_agents::open_store(&args, &db, &data).await?;
     // One resolver for the API's and the sessions' routes, so a revoke
     // empties the one cache both read.
     let tenant_store = crate::state_db::open_tenants(&db).await?;
@@ -194,37 +194,19 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         ),
         manager.caps.max_file_bytes,
     );
-    let (sessions_app, sessions) = crate::sessions::build(
-        &args,
-        session_store.clone(),
-        (&key, &daemon_key),
-        &manager.metrics.registry,
-        Arc::new(hatchery_broker::catalog::StorePolicies(policies.clone())),
-        crate::sessions::open_environments(&db).await?,
-        tenants.clone(),
-    )?;
-    crate::sessions::wire_services(
-        &args,
-        &data,
-        &manager,
-        (&sessions, tenants.clone()),
-        (policies.clone(), secrets.clone()),
-        (&key, &daemon_key),
-        &db,
-    )
+    let agents = hatchery_agents::start_host(hatchery_agents::HostParts {
+        args: &args,
+        data: &data,
+        db: &db,
+        manager: &manager,
+        keys: (&key, &daemon_key),
+        session_store: session_store.clone(),
+        policies: policies.clone(),
+        secrets: secrets.clone(),
+        tenants: tenants.clone(),
+    })
     .await?;
-    // On a host that relays to the control role's broker, no broker here.
-    let broker_operator = hatchery_broker::embed::start_host(
-        &crate::broker::settings(
-            &args,
-            (&data, &db),
-            (&key, &daemon_key),
-            &manager.metrics.registry,
-        ),
-        sessions.clone(),
-        policies.clone(),
-    )
-    .await?;
+    let sessions = agents.sessions.clone();
     // Bound before the API state is made: the preview URLs it hands out
     // name this listener's port (which may be ephemeral).
     let preview_listener = bind_preview(&args).await?;
@@ -253,10 +235,10 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         api_state,
         hatchery_policy::http::router_with_secrets(policies, Some(Arc::new(secrets.clone())))
             .merge(hatchery_secrets::http::router(secrets))
-            .merge(broker_operator)
+            .merge(agents.broker_operator)
             .merge(hatchery_tenants::http::router(tenants.clone())),
     )
-    .merge(sessions_app)
+    .merge(agents.routes)
     .merge(e2b)
     // A cordoned or draining host refuses creates that reach it directly.
     .layer(axum::middleware::from_fn_with_state(

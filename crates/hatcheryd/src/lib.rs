@@ -1,15 +1,11 @@
 //! Daemon assembly: the `hatcheryd` binary (`hatchery serve` execs it).
 
-mod broker;
 mod control_role;
 mod error;
-mod gateway;
 mod host_role;
 mod key;
 mod listeners;
 mod rounds;
-mod session_services;
-mod sessions;
 mod state_db;
 mod tenant_keys;
 

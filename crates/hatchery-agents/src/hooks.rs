@@ -1,4 +1,4 @@
-//! What the daemon plugs into sessions: the in-process gateway and egress
+//! What a host plugs into sessions: the in-process gateway and egress
 //! proxy behind `SessionHooks`. (Policies come from the policy store through
 //! `hatchery_broker::catalog::StorePolicies`.)
 
@@ -9,7 +9,7 @@ use hatchery_sessions::store::Session;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-pub struct DaemonHooks {
+pub struct HostHooks {
     pub gateway: Option<Arc<GatewayLink>>,
     pub egress: Option<Arc<EgressLink>>,
     /// A tenant's session's calls are charged within its tenant's limits
@@ -17,7 +17,7 @@ pub struct DaemonHooks {
     pub tenants: Arc<hatchery_tenants::Tenants>,
 }
 
-impl DaemonHooks {
+impl HostHooks {
     /// The gateway scope of the session's tenant, with its limits now.
     async fn tenant_scope(&self, s: &Session) -> Result<Option<TenantScope>, String> {
         let Some(t) = &s.spec.tenant else {
@@ -38,7 +38,7 @@ impl DaemonHooks {
 }
 
 #[async_trait::async_trait]
-impl SessionHooks for DaemonHooks {
+impl SessionHooks for HostHooks {
     async fn bind(&self, s: &Session, sandbox: &str) -> Result<(), String> {
         if let Some(e) = &self.egress {
             e.bind(
@@ -87,24 +87,10 @@ impl SessionHooks for DaemonHooks {
     }
 
     fn agent_env(&self, _s: &Session) -> BTreeMap<String, String> {
-        let mut env = BTreeMap::new();
-        if let Some(e) = &self.egress {
-            let url = format!("http://127.0.0.1:{}", e.guest_port);
-            for k in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
-                env.insert(k.to_string(), url.clone());
-            }
-            // pip reads PIP_PROXY as its --proxy; git reads http.proxy from
-            // GIT_CONFIG_* (git >= 2.31), so neither needs a config file.
-            env.insert("PIP_PROXY".into(), url.clone());
-            env.insert("GIT_CONFIG_COUNT".into(), "1".into());
-            env.insert("GIT_CONFIG_KEY_0".into(), "http.proxy".into());
-            env.insert("GIT_CONFIG_VALUE_0".into(), url);
-            // Host services (the gateway among them) are on guest loopback.
-            for k in ["NO_PROXY", "no_proxy"] {
-                env.insert(k.to_string(), "127.0.0.1,localhost".into());
-            }
+        match &self.egress {
+            Some(e) => proxy_env(e.guest_port),
+            None => BTreeMap::new(),
         }
-        env
     }
 
     fn meters_spend(&self) -> bool {
@@ -132,13 +118,34 @@ impl SessionHooks for DaemonHooks {
     }
 }
 
+/// What points the agent's tools at the egress proxy on guest loopback
+/// port `guest_port`.
+fn proxy_env(guest_port: u16) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    let url = format!("http://127.0.0.1:{guest_port}");
+    for k in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
+        env.insert(k.to_string(), url.clone());
+    }
+    // pip reads PIP_PROXY as its --proxy; git reads http.proxy from
+    // GIT_CONFIG_* (git >= 2.31), so neither needs a config file.
+    env.insert("PIP_PROXY".into(), url.clone());
+    env.insert("GIT_CONFIG_COUNT".into(), "1".into());
+    env.insert("GIT_CONFIG_KEY_0".into(), "http.proxy".into());
+    env.insert("GIT_CONFIG_VALUE_0".into(), url);
+    // Host services (the gateway among them) are on guest loopback.
+    for k in ["NO_PROXY", "no_proxy"] {
+        env.insert(k.to_string(), "127.0.0.1,localhost".into());
+    }
+    env
+}
+
 /// The secrets store on the deployment's database, sealed with the key
 /// file (`--secrets-key-file`, DATA_DIR/secrets.key by default).
 pub async fn open_secrets(
     args: &hatchery_config::DaemonArgs,
     db: &hatchery_db::Db,
     data: &std::path::Path,
-) -> Result<hatchery_secrets::Secrets, crate::DaemonError> {
+) -> Result<hatchery_secrets::Secrets, crate::AgentsError> {
     let path = args
         .egress
         .secrets_key_file
@@ -155,7 +162,7 @@ pub fn interception(
     args: &hatchery_config::DaemonArgs,
     data: &std::path::Path,
     secrets: hatchery_secrets::Secrets,
-) -> Result<Option<Arc<hatchery_egress::Interception>>, crate::DaemonError> {
+) -> Result<Option<Arc<hatchery_egress::Interception>>, crate::AgentsError> {
     if args.egress.guest_port == 0 {
         return Ok(None);
     }
@@ -187,5 +194,31 @@ impl hatchery_egress::CredentialSource for SecretValues {
         secret: &str,
     ) -> Result<hatchery_egress::Zeroizing<Vec<u8>>, hatchery_egress::SourceError> {
         Ok(self.0.reveal(secret).await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_tool_is_pointed_at_the_proxy_and_host_services_bypass_it() {
+        let env = proxy_env(3128);
+        for k in [
+            "HTTPS_PROXY",
+            "https_proxy",
+            "HTTP_PROXY",
+            "http_proxy",
+            "PIP_PROXY",
+        ] {
+            assert_eq!(env[k], "http://127.0.0.1:3128", "{k}");
+        }
+        // git's one config entry, counted, so git reads exactly it.
+        assert_eq!(env["GIT_CONFIG_COUNT"], "1");
+        assert_eq!(env["GIT_CONFIG_KEY_0"], "http.proxy");
+        assert_eq!(env["GIT_CONFIG_VALUE_0"], "http://127.0.0.1:3128");
+        // The gateway and broker are on guest loopback: never proxied.
+        assert_eq!(env["NO_PROXY"], "127.0.0.1,localhost");
+        assert_eq!(env["no_proxy"], env["NO_PROXY"]);
     }
 }

@@ -33,3 +33,29 @@ pub fn host_service(args: &DaemonArgs, data: &Path) -> Option<hatchery_core::Hos
         identity: hatchery_core::Identity::HttpHeader,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(argv: &[&str]) -> DaemonArgs {
+        let argv = std::iter::once("hatcheryd").chain(argv.iter().copied());
+        match hatchery_config::parse(argv.map(Into::into).collect()).unwrap() {
+            hatchery_config::Invocation::Run(a) => *a,
+            _ => panic!("not a run"),
+        }
+    }
+
+    #[test]
+    fn the_broker_socket_is_a_host_service_unless_its_port_is_0() {
+        let data = Path::new("/var/lib/hatchery");
+        assert!(host_service(&args(&["--broker-guest-port", "0"]), data).is_none());
+        let svc = host_service(&args(&["--broker-guest-port", "7070"]), data).unwrap();
+        assert_eq!((svc.name.as_str(), svc.guest_port), ("broker", 7070));
+        assert!(matches!(svc.identity, hatchery_core::Identity::HttpHeader));
+        match svc.addr {
+            hatchery_core::HostAddr::Unix(p) => assert!(p.starts_with(data), "{p:?}"),
+            other => panic!("not a socket in the data dir: {other:?}"),
+        }
+    }
+}

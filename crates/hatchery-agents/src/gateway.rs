@@ -70,7 +70,7 @@ pub async fn start_control(
         Arc<dyn hatchery_sessions::store::SessionStore>,
         Arc<dyn hatchery_policy::PolicyStore>,
     ),
-) -> Result<Option<axum::Router>, EmbedError> {
+) -> Result<Option<axum::Router>, crate::AgentsError> {
     let policy = pinned(sessions, policies);
     let keys = hatchery_route::relay::HostKeys {
         api_key: post.api_key.clone().into(),
@@ -85,5 +85,5 @@ pub async fn start_control(
         };
         Arc::new(QueuedEvents::spawn(Arc::new(Lanes::new(Arc::new(sink))))) as _
     };
-    embed::serve_hosts(&settings(a), db, data, registry, keys, events, Some(policy)).await
+    Ok(embed::serve_hosts(&settings(a), db, data, registry, keys, events, Some(policy)).await?)
 }

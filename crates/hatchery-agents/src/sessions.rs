@@ -5,13 +5,12 @@
 
 use hatchery_config::DaemonArgs;
 use hatchery_sessions::client_sandboxes::ClientSandboxes;
-use hatchery_sessions::egress::EgressConfig;
 use hatchery_sessions::policy::PolicyCatalog;
 use hatchery_sessions::scheduler::LocalScheduler;
 use hatchery_sessions::{Sessions, SessionsConfig};
 use std::sync::Arc;
 
-pub fn build(
+pub(crate) fn build(
     args: &DaemonArgs,
     store: Arc<dyn hatchery_sessions::store::SessionStore>,
     (api_key, daemon_key): (&str, &str),
@@ -19,7 +18,7 @@ pub fn build(
     policies: Arc<dyn PolicyCatalog>,
     environments: hatchery_sessions::environments::store::EnvStore,
     tenants: Arc<hatchery_tenants::Tenants>,
-) -> Result<(axum::Router, Arc<Sessions>), crate::DaemonError> {
+) -> Result<(axum::Router, Arc<Sessions>), crate::AgentsError> {
     let mut addr = args.listen;
     if addr.ip().is_unspecified() {
         addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
@@ -73,9 +72,9 @@ pub fn build(
 }
 
 /// The environments' tables on the deployment's database, migrated.
-pub async fn open_environments(
+pub(crate) async fn open_environments(
     db: &hatchery_db::Db,
-) -> Result<hatchery_sessions::environments::store::EnvStore, crate::DaemonError> {
+) -> Result<hatchery_sessions::environments::store::EnvStore, crate::AgentsError> {
     use hatchery_sessions::environments::{store::EnvStore, EnvError};
     Ok(hatchery_db::retry_while_unreachable(
         "environments",
@@ -94,7 +93,7 @@ pub async fn open_store(
     args: &DaemonArgs,
     db: &hatchery_db::Db,
     data: &std::path::Path,
-) -> Result<Arc<dyn hatchery_sessions::store::SessionStore>, crate::DaemonError> {
+) -> Result<Arc<dyn hatchery_sessions::store::SessionStore>, crate::AgentsError> {
     use hatchery_sessions::store::{DbSessionStore, StoreError, LOCAL_HOST};
     let host = match args.shared_db() {
         Some(_) => args.host_id.as_str(),
@@ -111,85 +110,4 @@ pub async fn open_store(
         tracing::info!("sessions: the data dir's sessions.db was copied into the database");
     }
     Ok(Arc::new(s))
-}
-
-/// The in-process model gateway and egress proxy, each registered as a
-/// host service on a Unix socket in the data dir, and plugged into the
-/// sessions runner (docs/sessions.md, "Model gateway" and "Egress").
-pub async fn wire_services(
-    args: &DaemonArgs,
-    data: &std::path::Path,
-    manager: &Arc<hatchery_core::Manager>,
-    (sessions, tenants): (&Arc<Sessions>, Arc<hatchery_tenants::Tenants>),
-    (policies, secrets): (
-        Arc<dyn hatchery_policy::PolicyStore>,
-        hatchery_secrets::Secrets,
-    ),
-    (api_key, daemon_key): (&str, &str),
-    db: &hatchery_db::Db,
-) -> Result<(), crate::DaemonError> {
-    use hatchery_core::host_services::{HostAddr, HostService, Identity};
-    let me = hatchery_gateway::embed::HostIdentity {
-        api_key,
-        daemon_key,
-        host_id: manager.host_id(),
-    };
-    let gateway = crate::gateway::start(
-        &args.gateway,
-        (db, data),
-        sessions.clone(),
-        &manager.metrics.registry,
-        me,
-        policies.clone(),
-    )
-    .await?;
-    if let Some(g) = &gateway {
-        manager.add_host_service(HostService {
-            name: "gateway".into(),
-            guest_port: g.guest_port,
-            addr: HostAddr::Unix(g.socket.clone()),
-            identity: Identity::HttpHeader,
-        })?;
-    }
-    let egress = hatchery_sessions::egress::start(
-        &EgressConfig {
-            guest_port: args.egress.guest_port,
-            max_tunnels: args.egress.max_tunnels as usize,
-            max_per_session: args.egress.max_per_session as usize,
-            idle: std::time::Duration::from_secs(args.egress.idle_s),
-        },
-        data,
-        sessions.clone(),
-        policies,
-        &manager.metrics.registry,
-        crate::session_services::interception(args, data, secrets)?,
-        hatchery_sessions::egress::approvals::SessionApprovals::new(sessions.clone()),
-    )?;
-    let hooks = Arc::new(crate::session_services::DaemonHooks {
-        gateway,
-        egress: egress.clone(),
-        tenants,
-    });
-    // After a restart: the proxy's map is in memory; fill it before the
-    // runners re-attach (they bind again, idempotently).
-    use hatchery_sessions::hooks::SessionHooks;
-    for s in sessions.holding_sandboxes().await? {
-        if let Some(sbx) = &s.sandbox_id {
-            if let Err(e) = hooks.bind(&s, sbx).await {
-                tracing::warn!(session = %s.id, error = %e, "binding after restart failed");
-            }
-        }
-    }
-    sessions.set_hooks(hooks);
-    // Registered once bound: the first connection a guest makes finds its
-    // session.
-    if let Some(e) = &egress {
-        manager.add_host_service(HostService {
-            name: "egress".into(),
-            guest_port: e.guest_port,
-            addr: HostAddr::Unix(e.socket.clone()),
-            identity: Identity::ProxyV1,
-        })?;
-    }
-    Ok(())
 }

@@ -1,0 +1,139 @@
+//! The agent platform on a host (`--role all` or `host`): the sessions
+//! service and its routes, the model gateway and egress proxy plugged into
+//! its runner and registered as host services, and the tool broker.
+
+use crate::AgentsError;
+use hatchery_config::DaemonArgs;
+use hatchery_sessions::egress::EgressConfig;
+use hatchery_sessions::Sessions;
+use std::sync::Arc;
+
+/// What the daemon already opened that the agent platform runs on.
+pub struct HostParts<'a> {
+    pub args: &'a DaemonArgs,
+    pub data: &'a std::path::Path,
+    pub db: &'a hatchery_db::Db,
+    pub manager: &'a Arc<hatchery_core::Manager>,
+    /// The API key and the daemon key.
+    pub keys: (&'a str, &'a str),
+    pub session_store: Arc<dyn hatchery_sessions::store::SessionStore>,
+    pub policies: Arc<dyn hatchery_policy::PolicyStore>,
+    pub secrets: hatchery_secrets::Secrets,
+    pub tenants: Arc<hatchery_tenants::Tenants>,
+}
+
+/// The started platform: its routes and the sessions service (for
+/// recovery, hand-over and adoption, which the daemon schedules).
+pub struct OnHost {
+    /// `/v1/sessions`, `/v1/environments` and their kin (own auth).
+    pub routes: axum::Router,
+    /// The broker's operator routes (served behind the API's auth).
+    pub broker_operator: axum::Router,
+    pub sessions: Arc<Sessions>,
+}
+
+/// Builds the sessions service, wires its gateway, proxy and broker, and
+/// re-binds the sandboxes of sessions that hold one (after a restart).
+pub async fn start_host(p: HostParts<'_>) -> Result<OnHost, AgentsError> {
+    let (routes, sessions) = crate::sessions::build(
+        p.args,
+        p.session_store.clone(),
+        p.keys,
+        &p.manager.metrics.registry,
+        Arc::new(hatchery_broker::catalog::StorePolicies(p.policies.clone())),
+        crate::sessions::open_environments(p.db).await?,
+        p.tenants.clone(),
+    )?;
+    wire_services(&p, &sessions).await?;
+    // On a host that relays to the control role's broker, no broker here.
+    let broker_operator = hatchery_broker::embed::start_host(
+        &crate::broker::settings(p.args, (p.data, p.db), p.keys, &p.manager.metrics.registry),
+        sessions.clone(),
+        p.policies.clone(),
+    )
+    .await?;
+    Ok(OnHost {
+        routes,
+        broker_operator,
+        sessions,
+    })
+}
+
+/// The in-process model gateway and egress proxy, each registered as a
+/// host service on a Unix socket in the data dir, and plugged into the
+/// sessions runner (docs/sessions.md, "Model gateway" and "Egress").
+async fn wire_services(p: &HostParts<'_>, sessions: &Arc<Sessions>) -> Result<(), AgentsError> {
+    let HostParts {
+        args,
+        data,
+        db,
+        manager,
+        keys: (api_key, daemon_key),
+        ..
+    } = *p;
+    let (policies, tenants) = (p.policies.clone(), p.tenants.clone());
+    use hatchery_core::host_services::{HostAddr, HostService, Identity};
+    let me = hatchery_gateway::embed::HostIdentity {
+        api_key,
+        daemon_key,
+        host_id: manager.host_id(),
+    };
+    let gateway = crate::gateway::start(
+        &args.gateway,
+        (db, data),
+        sessions.clone(),
+        &manager.metrics.registry,
+        me,
+        policies.clone(),
+    )
+    .await?;
+    if let Some(g) = &gateway {
+        manager.add_host_service(HostService {
+            name: "gateway".into(),
+            guest_port: g.guest_port,
+            addr: HostAddr::Unix(g.socket.clone()),
+            identity: Identity::HttpHeader,
+        })?;
+    }
+    let egress = hatchery_sessions::egress::start(
+        &EgressConfig {
+            guest_port: args.egress.guest_port,
+            max_tunnels: args.egress.max_tunnels as usize,
+            max_per_session: args.egress.max_per_session as usize,
+            idle: std::time::Duration::from_secs(args.egress.idle_s),
+        },
+        data,
+        sessions.clone(),
+        policies,
+        &manager.metrics.registry,
+        crate::hooks::interception(args, data, p.secrets.clone())?,
+        hatchery_sessions::egress::approvals::SessionApprovals::new(sessions.clone()),
+    )?;
+    let hooks = Arc::new(crate::hooks::HostHooks {
+        gateway,
+        egress: egress.clone(),
+        tenants,
+    });
+    // After a restart: the proxy's map is in memory; fill it before the
+    // runners re-attach (they bind again, idempotently).
+    use hatchery_sessions::hooks::SessionHooks;
+    for s in sessions.holding_sandboxes().await? {
+        if let Some(sbx) = &s.sandbox_id {
+            if let Err(e) = hooks.bind(&s, sbx).await {
+                tracing::warn!(session = %s.id, error = %e, "binding after restart failed");
+            }
+        }
+    }
+    sessions.set_hooks(hooks);
+    // Registered once bound: the first connection a guest makes finds its
+    // session.
+    if let Some(e) = &egress {
+        manager.add_host_service(HostService {
+            name: "egress".into(),
+            guest_port: e.guest_port,
+            addr: HostAddr::Unix(e.socket.clone()),
+            identity: Identity::ProxyV1,
+        })?;
+    }
+    Ok(())
+}
