@@ -334,6 +334,8 @@ bench: $(SUITE_PREREQS)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/sessions_bench.py
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  /usr/bin/python3 bench/checkpoint_cost.py
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/environments_bench.py
 	cargo run -q --release -p hatchery-sessions --example chain_bench
 	cargo run -q --release -p hatchery-sessions --example session_store_bench

@@ -160,6 +160,16 @@ class SessionDaemon(Daemon):
             if e["type"] in ("resumed", "resumed_from_checkpoint"):
                 self.created.add(e["sandbox_id"])
 
+    def _wait_sessions_ended(self, timeout):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            r = self.request("GET", "/v1/sessions?limit=1000")
+            if r.status != 200 or _ended(r.json()["sessions"]):
+                for s in r.json()["sessions"] if r.status == 200 else []:
+                    self.track_sandboxes(s["session_id"])
+                return
+            time.sleep(0.25)
+
     def cleanup_sessions(self):
         """Cancel what still runs, then the harness teardown: no sandbox,
         process, mount or netns may be left."""
@@ -171,6 +181,13 @@ class SessionDaemon(Daemon):
                         self.track_sandboxes(s["session_id"])
                         if s["state"] not in ("completed", "failed", "cancelled"):
                             self.request("POST", f"/v1/sessions/{s['session_id']}:cancel")
+                    # A session cancelled while its sandbox was being made
+                    # ends (and deletes that sandbox) in its runner, after
+                    # the cancel answered: wait for it, or the daemon's
+                    # stop leaves the sandbox running (sandboxes outlive
+                    # the daemon on purpose). Bounded; the leak check after
+                    # says what is left.
+                    self._wait_sessions_ended(60)
                 # Review and idle snapshots are kept on purpose; remove them
                 # here so the data dir goes too.
                 r = self.request("GET", "/v1/snapshots")
@@ -179,6 +196,10 @@ class SessionDaemon(Daemon):
                         self.request("DELETE", f"/v1/snapshots/{sn['id']}")
         finally:
             self.cleanup()
+
+
+def _ended(sessions):
+    return all(s["state"] in ("completed", "failed", "cancelled", "idle") for s in sessions)
 
 
 def sse_events(port, sid, after=None, last_event_id=None, stop_after=None, timeout=240):
