@@ -572,3 +572,68 @@ def test_paused_host_is_fenced_and_kills_its_sandboxes(pg):
         h2.cleanup()
         h1.cleanup()
     no_net_leftovers(h1, h2)
+
+
+def test_e2b_tenant_keys_hold_across_hosts(pg):
+    """Issue 36: a tenant's key on E2B's protocol, on many hosts. Tenants
+    and keys are in the shared database, so a key made through one host
+    works through the control plane and every host: its create is placed
+    on a host and records its tenant (whatever metadata it sends); through
+    any daemon the key sees and acts on its own sandbox, and another
+    tenant's key gets E2B's 404 for it, in lists too."""
+    a = daemon(pg, "tk-a")
+    b = daemon(pg, "tk-b")
+    c = daemon(pg, "tk-ctl", role="control")
+
+    def tenant(name):
+        r = a.request("POST", "/v1/tenants", {"name": name, "limits": {}})
+        assert r.status == 201, r
+        tid = r.json()["id"]
+        r = a.request("POST", f"/v1/tenants/{tid}/keys")
+        assert r.status == 201, r
+        return tid, {"X-API-Key": r.json()["key"]}
+
+    try:
+        ta, ka = tenant("tk-one")
+        tb, kb = tenant("tk-two")
+        r = c.request("POST", "/e2b/sandboxes", {"templateID": "code-interpreter", "timeout": 300,
+                                                 "metadata": {"tenant": tb}}, auth=False, headers=ka)
+        assert r.status == 201, r
+        sid = r.json()["sandboxID"]
+        own = owner(pg, sid)
+        {"tk-a": a, "tk-b": b}[own].created.add(sid)
+        assert sql(pg, f"SELECT metadata->>'tenant' FROM core_sandboxes WHERE id = '{sid}'") == [[ta]]
+        for via in (a, b, c):
+            r = via.request("GET", f"/e2b/sandboxes/{sid}", auth=False, headers=ka)
+            assert r.status == 200 and r.json()["sandboxID"] == sid, (via.port, r)
+            r = via.request("GET", f"/e2b/sandboxes/{sid}", auth=False, headers=kb)
+            assert r.status == 404, (via.port, r)
+            r = via.request("GET", "/e2b/v2/sandboxes", auth=False, headers=kb)
+            assert r.status == 200 and sid not in [x["sandboxID"] for x in r.json()], (via.port, r)
+            r = via.request("GET", "/e2b/v2/sandboxes", auth=False, headers=ka)
+            assert r.status == 200 and [x["sandboxID"] for x in r.json()] == [sid], (via.port, r)
+        # Acting on it: the other tenant's delete is a 404 and changes
+        # nothing; its own goes through from a host that does not own it.
+        other = {"tk-a": b, "tk-b": a}[own]
+        r = c.request("DELETE", f"/e2b/sandboxes/{sid}", auth=False, headers=kb)
+        assert r.status == 404, r
+        assert sql(pg, f"SELECT state FROM core_sandboxes WHERE id = '{sid}'") == [["running"]]
+        r = other.request("DELETE", f"/e2b/sandboxes/{sid}", auth=False, headers=ka)
+        assert r.status == 204, r
+        assert sql(pg, f"SELECT state FROM core_sandboxes WHERE id = '{sid}'") == [["stopped"]]
+        # A revoked key is refused by the daemon that revoked it at once
+        # (its cache is emptied on revoke).
+        kid = a.request("GET", f"/v1/tenants/{ta}/keys").json()["keys"][0]["id"]
+        r = a.request("DELETE", f"/v1/tenants/{ta}/keys/{kid}")
+        assert r.status == 200 and r.json()["revoked_at"], r
+        r = a.request("POST", "/e2b/sandboxes", {"templateID": "code-interpreter"}, auth=False, headers=ka)
+        assert r.status == 401, r
+        # The others within their cache's 5 s (hatchery-tenants CACHE_TTL).
+        for via in (b, c):
+            wait_for(lambda: via.request("GET", "/e2b/v2/sandboxes", auth=False, headers=ka).status == 401,
+                     timeout=10, what="the revoked key refused")
+    finally:
+        c.cleanup()
+        b.cleanup()
+        a.cleanup()
+    no_net_leftovers(a, b)
