@@ -27,6 +27,7 @@ session. Checked from the log and the remote:
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,6 +40,7 @@ for sub in ("integration", "pg", "sessions", "broker"):
     sys.path.insert(0, os.path.join(HERE, "..", sub))
 
 import hostnet  # noqa: E402
+from harness import BIN_DIR, wait_for  # noqa: E402
 from broker_support import BrokerDaemon, add_repo  # noqa: E402
 from forge import Forge  # noqa: E402
 from gitserver import GitServer  # noqa: E402
@@ -77,13 +79,19 @@ def servers(pg):
     g.stop()
 
 
-def broker_host(pg, name, servers, shared, restart_of=None, control=None):
+def broker_host(pg, name, servers, shared, restart_of=None, control=None, anchors=None):
     """A host with a broker of its own (and the credentials), or, given
     the control plane's URL, one that relays its sandboxes' broker calls
-    there and holds no credential."""
+    there and holds no credential. `anchors`: a directory outside the data
+    dir where it anchors its chains' heads every second (NAME.jsonl)."""
     g, p, f, m = servers
     extra = ["--db", pg.fabric_dsn, "--host-id", name, "--role", "host", "--host-lease-ttl", str(LEASE_TTL_S),
              "--snapshot-store", f"shared:{shared}", "--sessions-checkpoint-interval", "2", "--pool-size", "0"]
+    if anchors:
+        # (A BrokerDaemon already anchors every second, with its hook.)
+        extra += ["--audit-anchor-file", os.path.join(anchors, f"{name}.jsonl")]
+        if control is not None:
+            extra += ["--audit-anchor-interval", "1"]
     if restart_of is not None:
         for flag in ("--net-prefix", "--net-range"):
             extra += [flag, restart_of.extra_args[restart_of.extra_args.index(flag) + 1]]
@@ -106,6 +114,13 @@ def broker_control(pg, servers, host_id="bh-ctl"):
                             "--host-lease-ttl", str(LEASE_TTL_S), "--pool-size", "0"])
     c.addr = hostnet.GATEWAY
     return c.start()
+
+
+def anchored(directory, host):
+    path = os.path.join(directory, f"{host}.jsonl")
+    if not os.path.exists(path):
+        return []
+    return [json.loads(line) for line in open(path) if line.strip()]
 
 
 def wait_completed(c, sid, timeout):
@@ -220,8 +235,11 @@ def test_broker_calls_of_a_lost_host_are_never_run_twice(pg, servers, broker_on)
                                                             "control", "--host-lease-ttl", str(LEASE_TTL_S),
                                                             "--pool-size", "0"]).start()
         relay = None
-    a = broker_host(pg, "bh-a", servers, shared, control=relay)
-    b = broker_host(pg, "bh-b", servers, shared, control=relay)
+    # Every host anchors the chains it writes, also one that relays its
+    # broker calls to the control role (issue 37 item 2).
+    anchors = tempfile.mkdtemp(prefix="hxanchors-")
+    a = broker_host(pg, "bh-a", servers, shared, control=relay, anchors=anchors)
+    b = broker_host(pg, "bh-b", servers, shared, control=relay, anchors=anchors)
     if relay:
         for d in (a, b):
             assert not any(x.startswith("--broker-git") or x.startswith("--broker-github")
@@ -302,6 +320,18 @@ def test_broker_calls_of_a_lost_host_are_never_run_twice(pg, servers, broker_on)
             assert statuses.get("done", 0) >= CALLS - 1, statuses
         resumed = [e for e in evs if e["type"] == "resumed_from_checkpoint"]
         assert len(resumed) == 1, resumed
+        # Both hosts anchored the session's chain while they owned it (A
+        # until it died, B to its last event), outside their data dirs;
+        # every anchored head is still in the chain.
+        took_over = resumed[0]["seq"]
+        wait_for(lambda: any(x["chain"] == sid and x["seq"] >= took_over for x in anchored(anchors, "bh-b")),
+                 timeout=30, what="B's anchor of the session's events after it took the session over")
+        assert any(x["chain"] == sid for x in anchored(anchors, "bh-a")), os.listdir(anchors)
+        for name in ("bh-a", "bh-b"):
+            v = subprocess.run([os.path.join(BIN_DIR, "hatchery"), "audit", "verify", "--db", pg.dsn,
+                                "--anchors", os.path.join(anchors, f"{name}.jsonl"), sid],
+                               capture_output=True, text=True, timeout=60)
+            assert v.returncode == 0, (name, v.stdout, v.stderr)
         print(f"broker across a host loss: {statuses}, {len(remote)} pushes, {told} answers printed, "
               f"completed {took:.1f}s after the kill")
         b.track_sandboxes(sid)
@@ -327,3 +357,4 @@ def test_broker_calls_of_a_lost_host_are_never_run_twice(pg, servers, broker_on)
     no_net_leftovers(a, b)
     assert [n for n in os.listdir(shared) if not n.startswith(".")] == [], os.listdir(shared)
     shutil.rmtree(shared, ignore_errors=True)
+    shutil.rmtree(anchors, ignore_errors=True)

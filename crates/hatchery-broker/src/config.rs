@@ -68,6 +68,17 @@ pub struct BrokerArgs {
         default_value_t = 60
     )]
     pub anchor_interval_s: u64,
+    /// Where the anchor lines are appended (default
+    /// DATA_DIR/session-anchors.jsonl). Put it outside the data dir, on
+    /// storage the daemon's data-dir writer cannot rewrite (another mount,
+    /// append-only): a copy of the heads there is what `hatchery audit
+    /// verify --anchors FILE` checks the chains against.
+    #[arg(
+        id = "broker_anchor_file",
+        long = "audit-anchor-file",
+        env = "HATCHERY_AUDIT_ANCHOR_FILE"
+    )]
+    pub anchor_file: Option<PathBuf>,
     /// A command that also gets each batch of new anchor lines on stdin
     /// and must exit 0 (write-once storage: an object-lock bucket, a
     /// WORM volume), as a JSON array argv with an absolute program path,

@@ -146,6 +146,9 @@ pub async fn start_host(
     sessions: Arc<Sessions>,
     policies: Arc<dyn hatchery_policy::PolicyStore>,
 ) -> Result<axum::Router, EmbedError> {
+    // The chains this host writes are anchored whether its broker is its
+    // own or the control role's (whose events this host commits).
+    spawn_anchoring(s, sessions.clone())?;
     if let Some(url) = &s.broker.control_url {
         spawn_host_relay(s, url);
         return Ok(axum::Router::new());
@@ -154,19 +157,48 @@ pub async fn start_host(
     Ok(crate::routes::operator_router(b))
 }
 
-/// The broker of a host that runs its own: its socket served (when the
-/// guest port is on), the session chains' heads anchored (when asked),
-/// and calls left mid-effect taken up.
-async fn start_own(
-    s: &Settings<'_>,
-    sessions: Arc<Sessions>,
-    policies: Arc<dyn hatchery_policy::PolicyStore>,
-) -> Result<Arc<Broker>, EmbedError> {
+/// The heads of the session event chains this host owns, anchored outside
+/// the database every `--audit-anchor-interval` (docs/policy.md,
+/// "Anchors"): appended to `--audit-anchor-file` (DATA_DIR's
+/// session-anchors.jsonl unless given; put it on other storage) and handed
+/// to the hook. Only heads that moved. From whichever store the sessions
+/// are in (SQLite or PostgreSQL): the anchoring runs on a blocking thread,
+/// which may wait on the store.
+fn spawn_anchoring(s: &Settings<'_>, sessions: Arc<Sessions>) -> Result<(), EmbedError> {
     // Checked before anything starts.
     let hook = match &s.broker.anchor_hook {
         Some(json) => Some(crate::config::parse_anchor_hook(json)?),
         None => None,
     };
+    if s.broker.anchor_interval_s == 0 {
+        return Ok(());
+    }
+    let rt = tokio::runtime::Handle::current();
+    let file = s
+        .broker
+        .anchor_file
+        .clone()
+        .unwrap_or_else(|| s.data.join("session-anchors.jsonl"));
+    let mut anchor = hatchery_audit::Anchor::new(file);
+    anchor.hook = hook;
+    std::mem::drop(hatchery_audit::anchor::spawn_periodic(
+        anchor,
+        Duration::from_secs(s.broker.anchor_interval_s),
+        move || {
+            rt.block_on(sessions.chain_heads())
+                .map_err(|e| hatchery_audit::AuditError::Heads(e.to_string()))
+        },
+    ));
+    Ok(())
+}
+
+/// The broker of a host that runs its own: its socket served (when the
+/// guest port is on) and calls left mid-effect taken up.
+async fn start_own(
+    s: &Settings<'_>,
+    sessions: Arc<Sessions>,
+    policies: Arc<dyn hatchery_policy::PolicyStore>,
+) -> Result<Arc<Broker>, EmbedError> {
     let (broker, client) = build(s, Arc::new(Local(sessions.clone())), policies).await?;
     sessions.set_broker_usage(broker.clone());
     if s.broker.guest_port != 0 {
@@ -179,23 +211,6 @@ async fn start_own(
                 tracing::error!(error = %e, "broker socket stopped");
             }
         });
-    }
-    if s.broker.anchor_interval_s > 0 {
-        // The heads of the session event chains, anchored outside the
-        // database (docs/policy.md, "Anchors"); only heads that moved. From
-        // whichever store the sessions are in (SQLite or PostgreSQL): the
-        // anchoring runs on a blocking thread, which may wait on the store.
-        let rt = tokio::runtime::Handle::current();
-        let mut anchor = hatchery_audit::Anchor::new(s.data.join("session-anchors.jsonl"));
-        anchor.hook = hook;
-        std::mem::drop(hatchery_audit::anchor::spawn_periodic(
-            anchor,
-            Duration::from_secs(s.broker.anchor_interval_s),
-            move || {
-                rt.block_on(sessions.chain_heads())
-                    .map_err(|e| hatchery_audit::AuditError::Heads(e.to_string()))
-            },
-        ));
     }
     // Calls left mid-effect, now and whenever another broker process on
     // the shared record stops renewing its heartbeat.

@@ -147,8 +147,11 @@ pub const KEYS: &[Key] = &[
     k("broker", "session_max_calls", "broker-session-max-calls", Int, FRONT),
     k("broker", "session_calls_per_minute", "broker-session-calls-per-minute", Int, FRONT),
     k("broker", "session_max_arg_bytes", "broker-session-max-arg-bytes", Int, FRONT),
-    k("audit", "anchor_interval", "audit-anchor-interval", Int, FRONT),
-    k("audit", "anchor_hook", "audit-anchor-hook", Str, FRONT),
+    // Hosts anchor the chains they write (a control role's broker and
+    // gateway events are committed by the sessions' owning hosts).
+    k("audit", "anchor_interval", "audit-anchor-interval", Int, RUNS),
+    k("audit", "anchor_hook", "audit-anchor-hook", Str, RUNS),
+    k("audit", "anchor_file", "audit-anchor-file", Str, RUNS),
     k("gateway", "control_url", "gateway-control-url", Str, HOST),
     k("gateway", "openai_upstream", "gateway-openai-upstream", Str, FRONT),
     k("gateway", "anthropic_upstream", "gateway-anthropic-upstream", Str, FRONT),
