@@ -284,6 +284,7 @@ mod tests {
             ca_file: None,
             anchor_interval_s: 60,
             anchor_hook: None,
+            anchor_file: None,
             mcp_config: None,
             control_url: None,
             for_hosts: false,

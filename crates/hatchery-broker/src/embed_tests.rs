@@ -17,6 +17,7 @@ fn args() -> BrokerArgs {
         ca_file: None,
         anchor_interval_s: 0,
         anchor_hook: None,
+        anchor_file: None,
         mcp_config: None,
         control_url: None,
         for_hosts: true,
