@@ -381,6 +381,8 @@ class NetworkEvent:
     protocol: str
     destination: str
     port: Optional[int] = None
+    # 1, 2, ... per sandbox in the order logged (0 from older daemons).
+    seq: int = 0
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
