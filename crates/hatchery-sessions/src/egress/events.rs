@@ -21,10 +21,10 @@ use crate::events::EventKind;
 use crate::sandbox::{KernelDenial, SandboxError};
 use crate::store::StoreError;
 use crate::Sessions;
-use std::collections::HashMap;
 use hatchery_egress::{CredentialResult, CredentialUse, EgressEvent, EgressResult, Events};
 use hatchery_serve::limited_warn;
 use hatchery_serve::log_limit::LogLimiter;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -615,7 +615,10 @@ mod tests {
             else {
                 panic!("{e:?}")
             };
-            assert_eq!((session.as_str(), source.as_deref(), *status), ("s1", Some("nftables"), 0));
+            assert_eq!(
+                (session.as_str(), source.as_deref(), *status),
+                ("s1", Some("nftables"), 0)
+            );
             if host.is_none() {
                 gaps += count;
             }
