@@ -133,7 +133,9 @@ fn denied(b: &Batch) -> EventKind {
 pub struct SessionEvents {
     log: Arc<dyn EgressLog>,
     counts: Mutex<Coalescer>,
-    /// Per bound sandbox: the last kernel refusal (`seq`) counted.
+    /// Per bound sandbox (from [`SessionEvents::track_sandbox`] to
+    /// [`SessionEvents::forget_sandbox`]): the last kernel refusal (`seq`)
+    /// counted.
     kernel_seen: Mutex<HashMap<String, u64>>,
     wake: Arc<Notify>,
     /// Refusals that did not get an event of their own (in an
@@ -234,9 +236,20 @@ impl SessionEvents {
         self.write(batches).await;
     }
 
+    /// The sandbox is bound: its kernel refusals are counted from now on
+    /// (binding again, as after a restart, keeps the cursor).
+    pub fn track_sandbox(&self, sandbox: &str) {
+        self.kernel_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(sandbox.to_string())
+            .or_default();
+    }
+
     /// Counts the kernel's refusals of `sandbox` (bound to `session`)
     /// logged since the last read. Two reads at once count each refusal
-    /// once: what is new is decided under the lock, against the cursor.
+    /// once: what is new is decided under the lock, against the cursor;
+    /// a read that ends after the sandbox was forgotten counts nothing.
     pub async fn poll_kernel(&self, sandbox: &str, session: &str) {
         let list = match self.log.kernel_denials(sandbox).await {
             Ok(l) => l,
@@ -252,7 +265,9 @@ impl SessionEvents {
         let mut wake = false;
         {
             let mut seen = self.kernel_seen.lock().unwrap_or_else(|p| p.into_inner());
-            let seen = seen.entry(sandbox.to_string()).or_default();
+            let Some(seen) = seen.get_mut(sandbox) else {
+                return;
+            };
             let (next, adds) = kernel::fold(*seen, &list);
             *seen = next;
             let mut c = self.lock();
@@ -591,6 +606,10 @@ mod tests {
             Duration::from_millis(10),
         );
         log.kernel_refuses(5);
+        // Not bound yet: nothing counted.
+        ev.poll_kernel("sbx1", "s1").await;
+        assert_eq!(ev.lock().pending(), 0);
+        ev.track_sandbox("sbx1");
         ev.poll_kernel("sbx1", "s1").await;
         ev.poll_kernel("sbx1", "s1").await;
         // The writer runs on this runtime: let it write the first.
@@ -599,6 +618,9 @@ mod tests {
         log.kernel_refuses(300);
         // Two reads at once see the same list.
         tokio::join!(ev.poll_kernel("sbx1", "s1"), ev.poll_kernel("sbx1", "s1"));
+        // Bound again while bound (runners re-bind after a daemon
+        // restart): the cursor stays where it was.
+        ev.track_sandbox("sbx1");
         ev.poll_kernel("sbx1", "s1").await;
         ev.flush_session("s1").await;
         let w = log.written.lock().unwrap();
@@ -631,8 +653,11 @@ mod tests {
         // destination's and the gap's.
         assert_eq!(w.len(), 3, "{w:?}");
         drop(w);
-        // A released sandbox's cursor is forgotten; a new one starts at 0.
+        // A released sandbox's cursor is forgotten, and a read still under
+        // way then (the periodic one) counts nothing again.
         ev.forget_sandbox("sbx1");
         assert!(ev.kernel_seen.lock().unwrap().is_empty());
+        ev.poll_kernel("sbx1", "s1").await;
+        assert_eq!(ev.lock().pending(), 0);
     }
 }

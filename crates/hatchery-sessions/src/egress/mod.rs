@@ -78,6 +78,7 @@ pub struct EgressLink {
 
 impl EgressLink {
     pub fn bind(&self, sandbox: &str, b: Binding) {
+        self.events.track_sandbox(sandbox);
         self.lock().insert(sandbox.to_string(), b);
     }
     /// Forgets the sandbox and writes the refusals its session counted
