@@ -4,8 +4,12 @@ its `egress_result` (connected with bytes and duration, or refused by the
 destination) follows, in order, on a hash chain `hatchery audit verify`
 accepts; a flood of 10,000 refused connections from one sandbox finishes in
 bounded time, writes a handful of `egress_denied` events, and their counts
-add up to exactly 10,000. Also prints the p50 of 50 CONNECTs through the
-proxy (the cost of writing the intent before the dial)."""
+add up to exactly 10,000; a flood of 10,000 connections that bypass the
+proxy and are refused by the sandbox's nftables policy writes a handful of
+`egress_denied {source: nftables}` events whose counts add up to every
+attempt the daemon logged (its kernel log is rate-limited: 20 a second,
+burst 40). Also prints the p50 of 50 CONNECTs through the proxy (the cost
+of writing the intent before the dial)."""
 
 import json
 import os
@@ -17,7 +21,7 @@ import pytest
 
 from gateway_daemon import gateway_daemon
 from egress_servers import HOST
-from harness import arg
+from harness import arg, metric
 from scripted_model import ScriptedModel
 from sessions_support import DEMO_FILES
 
@@ -80,6 +84,42 @@ print("flooded", sorted(counts.items()), "in %.1f s" % (time.time() - t0))
 """
 
 
+# Inside the sandbox: FLOOD TCP connections straight to the sandbox's
+# gateway (the host side of its own network slot; the kernel refuses a
+# sandbox talking to its host, with a TCP reset), bypassing the proxy, from
+# 4 threads. argv: port n
+KERNEL_FLOOD_PY = r"""
+import socket, struct, sys, threading, time
+port, n = int(sys.argv[1]), int(sys.argv[2])
+gw = None
+for line in open("/proc/net/route").read().splitlines()[1:]:
+    f = line.split()
+    if f[1] == "00000000":
+        gw = socket.inet_ntoa(struct.pack("<I", int(f[2], 16)))
+counts, lock = {}, threading.Lock()
+def run(k):
+    for i in range(k):
+        s = socket.socket()
+        s.settimeout(5)
+        try:
+            s.connect((gw, port))
+            r = "connected"
+        except ConnectionRefusedError:
+            r = "refused"
+        except OSError as e:
+            r = type(e).__name__
+        s.close()
+        with lock:
+            counts[r] = counts.get(r, 0) + 1
+t0 = time.time()
+ts = [threading.Thread(target=run, args=(n // 4,)) for _ in range(4)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+print("kernel-flooded", gw, sorted(counts.items()), "in %.1f s" % (time.time() - t0))
+"""
+KERNEL_PORT = 9
+
+
 def shell(cmd):
     return {"tool_calls": [{"name": "shell", "arguments": {"command": cmd}}]}
 
@@ -111,6 +151,7 @@ def model(servers, refused_port):
                    shell(f"python3 connect.py {HOST} {refused_port} 1"),
                    finish("connected")],
         "flood": [shell(f"python3 flood.py {HOST} {d} {FLOOD}"), finish("flooded")],
+        "kernel": [shell(f"python3 kflood.py {KERNEL_PORT} {FLOOD}"), finish("flooded")],
     }
     m = ScriptedModel(scripts).start()
     yield m
@@ -220,8 +261,65 @@ def test_a_flood_of_refusals_is_a_handful_of_counted_events(gd, servers, git_ser
     assert 1 <= len(denied) <= 12, [(e["at"], e["count"]) for e in denied]
     assert all((e["host"], e["port"], e["status"]) == (HOST, servers.denied.port, 403) for e in denied)
     assert all(e["reason"] == "no rule allows it (default deny)" for e in denied), denied[0]
+    assert all(e["source"] == "proxy" for e in denied), denied[0]
     assert not any(e["type"] in ("egress_connect", "egress") for e in evs)
     assert servers.hits["denied"] == []
     text = gd.request("GET", "/metrics").body.decode()
     assert f"hatchery_egress_denied_coalesced_total {FLOOD - len(denied)}" in text
+    verify_chain(gd, sid)
+
+
+# One event per destination per this long (--egress-denied-interval).
+KERNEL_INTERVAL = 2
+
+
+@pytest.fixture
+def gd_short(model, agent_templates):
+    """As `gd`, with a 2 s interval between a destination's events."""
+    with gateway_daemon(model, agent_templates, "hxek-", extra=(
+            "--egress-denied-interval", str(KERNEL_INTERVAL))) as d:
+        yield d
+
+
+@pytest.mark.timeout(120)
+def test_a_flood_the_kernel_refuses_is_a_handful_of_counted_events(gd_short, servers, git_server):
+    gd = gd_short
+    repo = git_server.add_repo("kflood", {**DEMO_FILES, "kflood.py": KERNEL_FLOOD_PY})
+    t0 = time.time()
+    sid = gd.new_session(repo, "[script:kernel] flood", template="agent-session")
+    gd.wait_state(sid, "completed", timeout=110)
+    took = time.time() - t0
+    gd.track_sandboxes(sid)
+    out = outputs(gd.all_events(sid))
+    print(f"\n{out[0].strip()}; session done in {took:.1f} s")
+    assert out[0].startswith("kernel-flooded "), out
+    gw = out[0].split()[1]
+    assert f"[('refused', {FLOOD})]" in out[0], out
+    # Every attempt the daemon logged for this daemon's only sandbox is in
+    # the session's counts; the last are written when the sandbox is
+    # released, which may be just after the session's final state.
+    deadline = time.time() + 15
+    while True:
+        evs = gd.all_events(sid)
+        denied = [e for e in evs if e["type"] == "egress_denied"]
+        total = sum(e["count"] for e in denied)
+        logged = metric(gd, "hatchery_egress_denied_total")
+        if (total == logged and total > 0) or time.time() > deadline:
+            break
+        time.sleep(0.3)
+    print(f"egress_denied events: {len(denied)}, counts {[e['count'] for e in denied]}, "
+          f"logged by the daemon {logged:.0f} of {FLOOD} attempts")
+    assert total == logged, (total, logged, [(e["seq"], e["count"]) for e in denied])
+    assert all((e["source"], e["status"]) == ("nftables", 0) for e in denied), denied
+    flood = [e for e in denied if (e.get("host"), e.get("port")) == (gw, KERNEL_PORT)]
+    # The kernel logs a burst of 40, then 20 a second: at least the burst.
+    assert sum(e["count"] for e in flood) >= 40, flood
+    assert all(e["reason"] == "refused by the sandbox's network policy (tcp)" for e in flood), flood
+    # Bounded: one event per destination per interval while it lasts,
+    # whatever the number of attempts.
+    assert len(flood) <= took / KERNEL_INTERVAL + 3, [(e["at"], e["count"]) for e in flood]
+    assert len(denied) <= len(flood) + 8, denied
+    coalesced = metric(gd, "hatchery_egress_denied_coalesced_total")
+    assert coalesced == total - len(denied), (coalesced, total, len(denied))
+    assert not any(e["type"] in ("egress_connect", "egress") for e in evs)
     verify_chain(gd, sid)

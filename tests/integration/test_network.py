@@ -254,6 +254,8 @@ def test_denied_attempts_become_events_and_metrics(netd):
     assert ("tcp", METADATA, 80) in got and ("udp", PUBLIC2, 9999) in got, events
     assert all(e["destination"] != PUBLIC or e["port"] != 80 for e in events), "allowed traffic is no event"
     assert all(e["time"].endswith("Z") for e in events)
+    # Numbered 1, 2, ... per sandbox, in order, none missing.
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1)), events
     assert metric(netd, "hatchery_egress_denied_total") >= before + 2
     # A flood is rate-limited, not a log storm.
     flood = "python3 -c \"import socket\nfor i in range(3000):\n  s=socket.socket(2,2); s.sendto(b'x',('198.51.100.8',10000+i%500))\""

@@ -101,6 +101,7 @@ async fn wire_services(p: &HostParts<'_>, sessions: &Arc<Sessions>) -> Result<()
             max_tunnels: args.egress.max_tunnels as usize,
             max_per_session: args.egress.max_per_session as usize,
             idle: std::time::Duration::from_secs(args.egress.idle_s),
+            denied_interval: std::time::Duration::from_secs(args.egress.denied_interval_s),
         },
         data,
         sessions.clone(),

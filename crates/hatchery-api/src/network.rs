@@ -92,6 +92,10 @@ impl From<Policy> for NetworkPolicy {
 /// A denied connection attempt.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EgressEventBody {
+    /// 1, 2, ... per sandbox in the order logged: `events` holds the last
+    /// 256, so the first one's `seq` minus 1 is how many were dropped
+    /// from the list (never from enforcement).
+    pub seq: u64,
     /// RFC 3339.
     pub time: String,
     /// `tcp`, `udp`, `icmp` or `other`.
@@ -103,6 +107,7 @@ pub struct EgressEventBody {
 impl From<EgressEvent> for EgressEventBody {
     fn from(e: EgressEvent) -> Self {
         EgressEventBody {
+            seq: e.seq,
             time: hatchery_core::rfc3339(e.time_ms),
             protocol: e.protocol,
             destination: e.destination,

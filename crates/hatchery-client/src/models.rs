@@ -508,6 +508,10 @@ impl NetworkPolicy {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EgressEvent {
+    /// 1, 2, ... per sandbox in the order logged (0 from daemons that did
+    /// not number them).
+    #[serde(default)]
+    pub seq: u64,
     pub time: String,
     pub protocol: String,
     pub destination: String,

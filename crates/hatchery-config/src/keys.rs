@@ -166,6 +166,7 @@ pub const KEYS: &[Key] = &[
     k("egress", "max_tunnels", "egress-max-tunnels", Int, RUNS),
     k("egress", "max_tunnels_per_session", "egress-max-tunnels-per-session", Int, RUNS),
     k("egress", "idle_timeout", "egress-idle-timeout", Int, RUNS),
+    k("egress", "denied_interval", "egress-denied-interval", Int, RUNS),
     k("egress", "upstream_ca_file", "egress-upstream-ca-file", Str, RUNS),
     k("egress", "ca_dir", "egress-ca-dir", Str, RUNS),
     k("egress", "secrets_key_file", "secrets-key-file", Str, RUNS),

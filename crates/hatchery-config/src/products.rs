@@ -96,6 +96,12 @@ pub struct EgressArgs {
     #[arg(long = "egress-idle-timeout", env = "HATCHERY_EGRESS_IDLE_TIMEOUT", default_value_t = 300,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub idle_s: u64,
+    /// Seconds per `egress_denied` session event: refusals (by the proxy
+    /// or the sandbox's nftables policy) of one destination in between
+    /// are written as that event's count, the first one at once.
+    #[arg(long = "egress-denied-interval", env = "HATCHERY_EGRESS_DENIED_INTERVAL", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub denied_interval_s: u64,
     /// Certificates (PEM) the proxy trusts for destinations it intercepts
     /// to inject a credential (docs/policy.md, "Credentials"); the host's
     /// trust store (/etc/ssl/certs/ca-certificates.crt) when not given.

@@ -11,6 +11,10 @@ pub const MAX_EVENTS: usize = 256;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct EgressEvent {
+    /// 1, 2, ... per sandbox, in the order the kernel log gave them: a
+    /// reader that saw up to `n` knows what is new, and a gap past the
+    /// oldest kept is how many were dropped from the ring before it read.
+    pub seq: u64,
     pub time_ms: u64,
     /// `tcp`, `udp`, `icmp` or `other`.
     pub protocol: String,
@@ -82,11 +86,22 @@ pub fn follow_kmsg(tag: String, sink: impl Fn(Denied) + Send + 'static) -> std::
     Ok(())
 }
 
-pub fn push(q: &mut VecDeque<EgressEvent>, e: EgressEvent) {
-    if q.len() >= MAX_EVENTS {
-        q.pop_front();
+/// One sandbox's denied attempts: the last [`MAX_EVENTS`], and how many
+/// were logged in all (the last one's `seq`).
+#[derive(Debug, Default)]
+pub struct Ring {
+    pub events: VecDeque<EgressEvent>,
+    pub logged: u64,
+}
+
+/// Numbers `e` and keeps it, dropping the oldest past [`MAX_EVENTS`].
+pub fn push(r: &mut Ring, mut e: EgressEvent) {
+    r.logged += 1;
+    e.seq = r.logged;
+    if r.events.len() >= MAX_EVENTS {
+        r.events.pop_front();
     }
-    q.push_back(e);
+    r.events.push_back(e);
 }
 
 #[cfg(test)]
@@ -111,11 +126,12 @@ mod tests {
         assert_eq!((d.protocol.as_str(), d.port), ("icmp", None));
         assert_eq!(parse(tcp, "hxdeny:other "), None, "another daemon's line");
         assert_eq!(parse("6,1,2,-;eth0: link up\n", tag), None);
-        let mut q = VecDeque::new();
+        let mut q = Ring::default();
         for i in 0..(MAX_EVENTS + 5) {
             push(
                 &mut q,
                 EgressEvent {
+                    seq: 0,
                     time_ms: i as u64,
                     protocol: "tcp".into(),
                     destination: "x".into(),
@@ -123,7 +139,11 @@ mod tests {
                 },
             );
         }
-        assert_eq!(q.len(), MAX_EVENTS);
-        assert_eq!(q.front().unwrap().time_ms, 5);
+        assert_eq!(q.events.len(), MAX_EVENTS);
+        assert_eq!(q.events.front().unwrap().time_ms, 5);
+        // Numbered from 1 in order: the oldest kept says 5 were dropped.
+        assert_eq!(q.events.front().unwrap().seq, 6);
+        assert_eq!(q.logged, (MAX_EVENTS + 5) as u64);
+        assert_eq!(q.events.back().unwrap().seq, q.logged);
     }
 }

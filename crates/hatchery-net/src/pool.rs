@@ -92,7 +92,7 @@ pub struct Network {
     resolver: Resolver,
     inner: Mutex<Inner>,
     wake: Condvar,
-    events: Mutex<HashMap<String, VecDeque<EgressEvent>>>,
+    events: Mutex<HashMap<String, events::Ring>>,
     metrics: Metrics,
     closing: AtomicBool,
     lock: Mutex<Option<crate::host::PrefixLock>>,
@@ -430,6 +430,7 @@ impl Network {
         };
         self.metrics.denied.inc();
         let e = EgressEvent {
+            seq: 0,
             time_ms: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_millis() as u64)
@@ -448,7 +449,7 @@ impl Network {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(owner)
-            .map(|q| q.iter().cloned().collect())
+            .map(|q| q.events.iter().cloned().collect())
             .unwrap_or_default()
     }
 

@@ -365,10 +365,15 @@ pub enum EventKind {
         status: u16,
         reason: String,
     },
-    /// Egress connections the proxy refused: one event per destination
-    /// (host, port) and status per interval, `count` being how many
-    /// attempts it stands for (docs/sessions.md, "Egress").
+    /// Egress connections refused by the proxy or by the sandbox's
+    /// nftables policy: one event per source, destination (host, port)
+    /// and status per interval, `count` being how many attempts it stands
+    /// for (docs/sessions.md, "Egress").
     EgressDenied {
+        /// `proxy` or `nftables`; absent in events written before the
+        /// kernel's refusals were logged (all of those are the proxy's).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        source: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         host: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -377,6 +382,8 @@ pub enum EventKind {
         ip: Option<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         rule_id: Option<String>,
+        /// What the proxy answered; 0 for `nftables` (a TCP reset or an
+        /// ICMP admin-prohibited).
         status: u16,
         /// The first refusal's reason in the interval.
         reason: String,

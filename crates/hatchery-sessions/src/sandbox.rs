@@ -52,6 +52,20 @@ pub struct ExecOutcome {
     pub stderr: String,
 }
 
+/// A connection attempt the sandbox's network policy refused in the
+/// kernel (nftables), as the daemon logged it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelDenial {
+    /// 1, 2, ... per sandbox in the order logged; the daemon keeps the
+    /// last 256, so a gap before the first one returned is how many were
+    /// dropped before they were read.
+    pub seq: u64,
+    /// `tcp`, `udp`, `icmp` or `other`.
+    pub protocol: String,
+    pub destination: String,
+    pub port: Option<u16>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum ProcState {
     Running,
@@ -124,6 +138,9 @@ pub trait Sandboxes: Send + Sync + 'static {
     async fn delete_snapshot(&self, id: &str) -> Result<(), SandboxError>;
     /// Replaces the sandbox's egress policy (a NetworkPolicy object).
     async fn set_network(&self, id: &str, policy: serde_json::Value) -> Result<(), SandboxError>;
+    /// The attempts the sandbox's network policy refused in the kernel
+    /// that the daemon still keeps (its last 256), oldest first.
+    async fn kernel_denials(&self, id: &str) -> Result<Vec<KernelDenial>, SandboxError>;
     /// The metadata a snapshot was taken with.
     async fn snapshot_metadata(&self, id: &str) -> Result<BTreeMap<String, String>, SandboxError>;
 }

@@ -380,6 +380,9 @@ class NetworkEvent:
     time: str
     protocol: str
     destination: str
+    # 1, 2, ... per sandbox in the order logged: a gap before the first
+    # one kept is how many were dropped from the daemon's last 256.
+    seq: int
     port: Optional[int] = None
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 

@@ -135,6 +135,7 @@ export interface EgressEventBody {
   destination: string;
   port?: number | null;
   protocol: string;
+  seq: number;
   time: string;
 }
 

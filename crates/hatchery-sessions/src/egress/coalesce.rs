@@ -13,7 +13,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-/// One `egress_denied` event per destination per this long.
+/// One `egress_denied` event per destination per this long, by default
+/// (`--egress-denied-interval`).
 pub const INTERVAL: Duration = Duration::from_secs(10);
 /// Distinct destinations counted apart per session; refusals to more are
 /// counted together under [`OTHERS`] (a guest naming a new host each time
@@ -23,10 +24,28 @@ pub const MAX_DESTINATIONS: usize = 256;
 /// request the proxy parses can name it).
 pub const OTHERS: &str = "*";
 
-/// What refusals are counted by: where the guest tried to go, and the
-/// status it was answered.
+/// Who refused: the egress proxy, or the kernel (the sandbox's nftables
+/// policy, for connections that did not go through the proxy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Source {
+    Proxy,
+    Nftables,
+}
+
+impl Source {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Source::Proxy => "proxy",
+            Source::Nftables => "nftables",
+        }
+    }
+}
+
+/// What refusals are counted by: who refused, where the guest tried to
+/// go, and the status it was answered (0 for the kernel's refusals).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Dest {
+    pub source: Source,
     pub host: Option<String>,
     pub port: Option<u16>,
     pub status: u16,
@@ -91,6 +110,7 @@ impl Coalescer {
                 self.max_destinations, sample.reason
             );
             let others = Dest {
+                source: dest.source,
                 host: Some(OTHERS.into()),
                 port: None,
                 status: dest.status,
@@ -181,6 +201,7 @@ mod tests {
 
     fn dest(host: &str, port: u16) -> Dest {
         Dest {
+            source: Source::Proxy,
             host: Some(host.into()),
             port: Some(port),
             status: 403,

@@ -8,18 +8,23 @@
 //! duration, refused, failed) is written when it ends.
 //!
 //! Refusals are what a looping or hostile guest can produce at will, so
-//! they never wait: they are counted per session and destination
+//! they never wait: they are counted per session, source and destination
 //! ([`coalesce`](super::coalesce)) and written by one task as
 //! `egress_denied {count}` events, a handful whatever the guest does, with
-//! every refusal in some count.
+//! every refusal in some count. The proxy's refusals are counted as they
+//! happen; the kernel's (nftables, for connections that bypassed the
+//! proxy) are read from the daemon's list of them ([`kernel`](super::kernel)).
 
-use super::coalesce::{Batch, Coalescer, Dest, Sample, INTERVAL, MAX_DESTINATIONS};
+use super::coalesce::{Batch, Coalescer, Dest, Sample, Source, MAX_DESTINATIONS};
+use super::kernel;
 use crate::events::EventKind;
+use crate::sandbox::{KernelDenial, SandboxError};
 use crate::store::StoreError;
 use crate::Sessions;
 use hatchery_egress::{CredentialResult, CredentialUse, EgressEvent, EgressResult, Events};
 use hatchery_serve::limited_warn;
 use hatchery_serve::log_limit::LogLimiter;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
@@ -63,6 +68,8 @@ pub trait EgressLog: Send + Sync + 'static {
     ) -> Result<Option<u64>, StoreError>;
     /// An `egress_result` or `egress_denied`, whatever the session's state.
     async fn record(&self, session: &str, e: EventKind) -> Result<(), StoreError>;
+    /// The kernel's refusals of `sandbox` the daemon still keeps.
+    async fn kernel_denials(&self, sandbox: &str) -> Result<Vec<KernelDenial>, SandboxError>;
 }
 
 #[async_trait::async_trait]
@@ -78,6 +85,9 @@ impl EgressLog for Sessions {
     }
     async fn record(&self, session: &str, e: EventKind) -> Result<(), StoreError> {
         self.record_egress_event(session, e).await
+    }
+    async fn kernel_denials(&self, sandbox: &str) -> Result<Vec<KernelDenial>, SandboxError> {
+        self.core.sandboxes.kernel_denials(sandbox).await
     }
 }
 
@@ -107,6 +117,7 @@ fn outcome(r: EgressResult) -> EventKind {
 
 fn denied(b: &Batch) -> EventKind {
     EventKind::EgressDenied {
+        source: Some(b.dest.source.as_str().into()),
         host: b.dest.host.clone(),
         port: b.dest.port,
         ip: b.sample.ip.clone(),
@@ -122,6 +133,10 @@ fn denied(b: &Batch) -> EventKind {
 pub struct SessionEvents {
     log: Arc<dyn EgressLog>,
     counts: Mutex<Coalescer>,
+    /// Per bound sandbox (from [`SessionEvents::track_sandbox`] to
+    /// [`SessionEvents::forget_sandbox`]): the last kernel refusal (`seq`)
+    /// counted.
+    kernel_seen: Mutex<HashMap<String, u64>>,
     wake: Arc<Notify>,
     /// Refusals that did not get an event of their own (in an
     /// `egress_denied` count with others).
@@ -131,9 +146,14 @@ pub struct SessionEvents {
 }
 
 impl SessionEvents {
-    /// Starts the writer of refusal counts.
-    pub fn start(log: Arc<dyn EgressLog>, registry: &prometheus::Registry) -> Arc<SessionEvents> {
-        Self::start_with(log, registry, INTERVAL, TICK)
+    /// Starts the writer of refusal counts: one `egress_denied` per
+    /// source and destination per `interval`.
+    pub fn start(
+        log: Arc<dyn EgressLog>,
+        registry: &prometheus::Registry,
+        interval: Duration,
+    ) -> Arc<SessionEvents> {
+        Self::start_with(log, registry, interval, TICK)
     }
 
     fn start_with(
@@ -159,6 +179,7 @@ impl SessionEvents {
         let me = Arc::new(SessionEvents {
             log,
             counts: Mutex::new(Coalescer::new(interval, MAX_DESTINATIONS)),
+            kernel_seen: Mutex::default(),
             wake: wake.clone(),
             coalesced,
             unrecorded,
@@ -213,6 +234,59 @@ impl SessionEvents {
     pub async fn flush_session(&self, session: &str) {
         let batches = self.lock().drain_session(session);
         self.write(batches).await;
+    }
+
+    /// The sandbox is bound: its kernel refusals are counted from now on
+    /// (binding again, as after a restart, keeps the cursor).
+    pub fn track_sandbox(&self, sandbox: &str) {
+        self.kernel_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(sandbox.to_string())
+            .or_default();
+    }
+
+    /// Counts the kernel's refusals of `sandbox` (bound to `session`)
+    /// logged since the last read. Two reads at once count each refusal
+    /// once: what is new is decided under the lock, against the cursor;
+    /// a read that ends after the sandbox was forgotten counts nothing.
+    pub async fn poll_kernel(&self, sandbox: &str, session: &str) {
+        let list = match self.log.kernel_denials(sandbox).await {
+            Ok(l) => l,
+            // Deleted or lost: what it logged went with its slot.
+            Err(SandboxError::NotFound(_)) => return,
+            Err(err) => {
+                limited_warn!(limiter(), "egress-kernel", sandbox = %sandbox, error = %err,
+                    "the daemon's network events could not be read; read again next tick");
+                return;
+            }
+        };
+        let now = Instant::now();
+        let mut wake = false;
+        {
+            let mut seen = self.kernel_seen.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(seen) = seen.get_mut(sandbox) else {
+                return;
+            };
+            let (next, adds) = kernel::fold(*seen, &list);
+            *seen = next;
+            let mut c = self.lock();
+            for (dest, sample, n) in adds {
+                wake |= c.add(session, dest, sample, n, now);
+            }
+        }
+        if wake {
+            self.wake.notify_one();
+        }
+    }
+
+    /// The sandbox is released: its cursor is dropped (a new sandbox of
+    /// the session starts its own).
+    pub fn forget_sandbox(&self, sandbox: &str) {
+        self.kernel_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(sandbox);
     }
 }
 
@@ -290,6 +364,7 @@ impl Events for SessionEvents {
             return;
         };
         let dest = Dest {
+            source: Source::Proxy,
             host: e.host,
             port: e.port,
             status: e.status,
@@ -319,6 +394,24 @@ mod tests {
         gate: Option<tokio::sync::Semaphore>,
         refuse: bool,
         unauthorised: bool,
+        /// The daemon's list of kernel refusals, as `kernel_denials` reads it.
+        kernel: Mutex<Vec<KernelDenial>>,
+    }
+
+    impl FakeLog {
+        /// The kernel refuses `n` more attempts; the last 256 are kept.
+        fn kernel_refuses(&self, n: u64) {
+            let mut k = self.kernel.lock().unwrap();
+            let last = k.last().map_or(0, |d| d.seq);
+            k.extend((last + 1..=last + n).map(|seq| KernelDenial {
+                seq,
+                protocol: "tcp".into(),
+                destination: "10.9.0.1".into(),
+                port: Some(7),
+            }));
+            let over = k.len().saturating_sub(256);
+            k.drain(..over);
+        }
     }
 
     #[async_trait::async_trait]
@@ -349,6 +442,9 @@ mod tests {
             self.written.lock().unwrap().push((session.into(), e));
             Ok(())
         }
+        async fn kernel_denials(&self, _: &str) -> Result<Vec<KernelDenial>, SandboxError> {
+            Ok(self.kernel.lock().unwrap().clone())
+        }
     }
 
     fn event(verdict: Verdict, session: Option<&str>) -> EgressEvent {
@@ -372,7 +468,11 @@ mod tests {
     }
 
     fn events(log: &Arc<FakeLog>) -> Arc<SessionEvents> {
-        SessionEvents::start(log.clone(), &prometheus::Registry::new())
+        SessionEvents::start(
+            log.clone(),
+            &prometheus::Registry::new(),
+            super::super::coalesce::INTERVAL,
+        )
     }
 
     #[tokio::test]
@@ -489,6 +589,74 @@ mod tests {
         ev.flush_session("s1").await;
         assert_eq!(count("s1"), (2, 1000));
         assert_eq!(ev.coalesced.get(), 1000 - 2);
+        assert_eq!(ev.lock().pending(), 0);
+    }
+
+    /// The kernel's refusals: read from the daemon's list each poll, each
+    /// counted once however often it is read, a gap (more than 256 between
+    /// two reads) counted under no destination, all written as
+    /// `nftables` counts that add up to what the daemon logged.
+    #[tokio::test]
+    async fn kernel_refusals_are_counted_once_with_their_gaps() {
+        let log = Arc::new(FakeLog::default());
+        let ev = SessionEvents::start_with(
+            log.clone(),
+            &prometheus::Registry::new(),
+            Duration::from_secs(3600),
+            Duration::from_millis(10),
+        );
+        log.kernel_refuses(5);
+        // Not bound yet: nothing counted.
+        ev.poll_kernel("sbx1", "s1").await;
+        assert_eq!(ev.lock().pending(), 0);
+        ev.track_sandbox("sbx1");
+        ev.poll_kernel("sbx1", "s1").await;
+        ev.poll_kernel("sbx1", "s1").await;
+        // The writer runs on this runtime: let it write the first.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(log.written.lock().unwrap().len(), 1);
+        log.kernel_refuses(300);
+        // Two reads at once see the same list.
+        tokio::join!(ev.poll_kernel("sbx1", "s1"), ev.poll_kernel("sbx1", "s1"));
+        // Bound again while bound (runners re-bind after a daemon
+        // restart): the cursor stays where it was.
+        ev.track_sandbox("sbx1");
+        ev.poll_kernel("sbx1", "s1").await;
+        ev.flush_session("s1").await;
+        let w = log.written.lock().unwrap().clone();
+        let mut total = 0;
+        let mut gaps = 0;
+        for (session, e) in w.iter() {
+            let EventKind::EgressDenied {
+                source,
+                host,
+                status,
+                count,
+                ..
+            } = e
+            else {
+                panic!("{e:?}")
+            };
+            assert_eq!(
+                (session.as_str(), source.as_deref(), *status),
+                ("s1", Some("nftables"), 0)
+            );
+            if host.is_none() {
+                gaps += count;
+            }
+            total += count;
+        }
+        assert_eq!(total, 305, "{w:?}");
+        // Read up to 5; then 6..=305 logged and 50..=305 kept: 44 dropped.
+        assert_eq!(gaps, 44);
+        // One event at once (the first), then the rest at the flush: the
+        // destination's and the gap's.
+        assert_eq!(w.len(), 3, "{w:?}");
+        // A released sandbox's cursor is forgotten, and a read still under
+        // way then (the periodic one) counts nothing again.
+        ev.forget_sandbox("sbx1");
+        assert!(ev.kernel_seen.lock().unwrap().is_empty());
+        ev.poll_kernel("sbx1", "s1").await;
         assert_eq!(ev.lock().pending(), 0);
     }
 }

@@ -18,6 +18,7 @@
 pub mod approvals;
 pub mod coalesce;
 pub mod events;
+pub mod kernel;
 mod proxy_line;
 
 use events::{EgressLog, SessionEvents};
@@ -42,6 +43,9 @@ pub struct EgressConfig {
     pub max_per_session: usize,
     /// A tunnel carrying no byte either way for this long is closed.
     pub idle: Duration,
+    /// One `egress_denied` event per source and destination per this long
+    /// (the refusals in between are in its count).
+    pub denied_interval: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +78,7 @@ pub struct EgressLink {
 
 impl EgressLink {
     pub fn bind(&self, sandbox: &str, b: Binding) {
+        self.events.track_sandbox(sandbox);
         self.lock().insert(sandbox.to_string(), b);
     }
     /// Forgets the sandbox and writes the refusals its session counted
@@ -81,6 +86,10 @@ impl EgressLink {
     pub async fn unbind(&self, sandbox: &str) {
         let gone = self.lock().remove(sandbox);
         if let Some(b) = gone {
+            // The sandbox is still there (it is deleted after this): what
+            // the kernel refused since the last tick is counted first.
+            self.events.poll_kernel(sandbox, &b.session).await;
+            self.events.forget_sandbox(sandbox);
             self.events.flush_session(&b.session).await;
             self.approvals.forget(&b.session);
         }
@@ -164,6 +173,36 @@ impl hatchery_egress::Identify for Unused {
     }
 }
 
+/// How often bound sandboxes' kernel refusals are read (well under the
+/// time the daemon's 256-entry list lasts at the kernel log's 20 a
+/// second).
+const KERNEL_POLL: Duration = Duration::from_secs(1);
+
+/// Reads every bound sandbox's kernel refusals each [`KERNEL_POLL`], until
+/// the proxy and its events are dropped.
+fn poll_kernel(
+    events: std::sync::Weak<SessionEvents>,
+    bindings: Arc<Mutex<HashMap<String, Binding>>>,
+) {
+    tokio::spawn(async move {
+        let mut t = tokio::time::interval(KERNEL_POLL);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            t.tick().await;
+            let Some(ev) = events.upgrade() else { break };
+            let bound: Vec<(String, String)> = bindings
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .map(|(sbx, b)| (sbx.clone(), b.session.clone()))
+                .collect();
+            for (sbx, session) in bound {
+                ev.poll_kernel(&sbx, &session).await;
+            }
+        }
+    });
+}
+
 /// Serves the proxy on `DATA/egress.sock` (none when `guest_port` is 0),
 /// its events going to `log`.
 /// `interception`: the CA and secrets for credential rules (none: a
@@ -183,7 +222,8 @@ pub fn start(
         return Ok(None);
     }
     let bindings: Arc<Mutex<HashMap<String, Binding>>> = Default::default();
-    let events = SessionEvents::start(log, registry);
+    let events = SessionEvents::start(log, registry, a.denied_interval);
+    poll_kernel(Arc::downgrade(&events), bindings.clone());
     let sink: hatchery_egress::EventSink = events.clone();
     let ca_pem = interception.as_ref().map(|i| i.ca.cert_pem().to_string());
     let compiled = Arc::new(CompiledPolicies::new(policies));

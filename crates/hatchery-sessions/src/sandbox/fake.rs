@@ -97,6 +97,11 @@ pub struct FakeSandbox {
     /// The egress policy it was created with or last given (`None`:
     /// deny-all; forks start with `None`, as real ones do).
     pub network: Option<serde_json::Value>,
+    /// What the kernel refused, as a daemon keeps it (the tests push
+    /// here with [`FakeSandboxes::kernel_denied`]).
+    pub kernel_denials: Vec<KernelDenial>,
+    /// How many were ever pushed (the next one's seq minus 1).
+    pub kernel_logged: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -296,6 +301,26 @@ impl FakeSandboxes {
                 Ok(())
             }
         }
+    }
+
+    /// The kernel refuses `n` attempts of sandbox `id` to `dest:port`;
+    /// like the daemon, only the last `keep` are kept.
+    pub fn kernel_denied(&self, id: &str, dest: &str, port: u16, n: u64, keep: usize) {
+        let mut g = self.lock();
+        let Some(s) = g.sandboxes.get_mut(id) else {
+            return;
+        };
+        for _ in 0..n {
+            s.kernel_logged += 1;
+            s.kernel_denials.push(KernelDenial {
+                seq: s.kernel_logged,
+                protocol: "tcp".into(),
+                destination: dest.into(),
+                port: Some(port),
+            });
+        }
+        let over = s.kernel_denials.len().saturating_sub(keep);
+        s.kernel_denials.drain(..over);
     }
 
     fn with_live<T>(
@@ -586,6 +611,10 @@ impl Sandboxes for FakeSandboxes {
             processes: snap.processes,
             ..FakeSandbox::default()
         }))
+    }
+
+    async fn kernel_denials(&self, id: &str) -> Result<Vec<KernelDenial>, SandboxError> {
+        self.with_live(id, |s| Ok(s.kernel_denials.clone()))
     }
 
     async fn set_network(&self, id: &str, policy: serde_json::Value) -> Result<(), SandboxError> {
