@@ -1,6 +1,6 @@
 use crate::layout::{GvisorConfig, Layout, ShimConfig};
 use crate::shim::{ROLE_AGENT, ROLE_CONTROL};
-use crate::{oci, teardown};
+use crate::{files, oci, teardown};
 use async_trait::async_trait;
 use hatchery_agent_proto::{Frame, Kind, ShimControl, MAX_FRAME};
 use hatchery_runtime::{AgentStream, Runtime, RuntimeError, SandboxSpec};
@@ -126,6 +126,30 @@ impl Runtime for GvisorRuntime {
 
     async fn restore(&self, spec: &SandboxSpec, dir: &Path) -> Result<(), RuntimeError> {
         self.start(spec, Some(dir)).await
+    }
+
+    async fn export_files(
+        &self,
+        id: &str,
+        since_ms: u64,
+        dest: &Path,
+        max_bytes: u64,
+    ) -> Result<u64, RuntimeError> {
+        let flags = self.layout.runsc_flags();
+        files::export(
+            &self.layout.cfg.runsc,
+            &flags,
+            id,
+            since_ms,
+            dest,
+            max_bytes,
+        )
+        .await
+    }
+
+    async fn import_files(&self, id: &str, src: &Path) -> Result<(), RuntimeError> {
+        let flags = self.layout.runsc_flags();
+        files::import(&self.layout.cfg.runsc, &flags, id, src).await
     }
 
     async fn connect(&self, id: &str) -> Result<AgentStream, RuntimeError> {
