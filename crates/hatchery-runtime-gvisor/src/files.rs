@@ -51,10 +51,23 @@ pub(crate) fn export_script(since_s: u64) -> String {
 /// The guest's command that unpacks the archive from stdin over `/`,
 /// keeping owners and modes, never onto a skipped path.
 pub(crate) fn import_args() -> Vec<String> {
-    let mut a: Vec<String> = ["tar", "-x", "-p", "--numeric-owner", "-C", "/", "-f", "-"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    // `--anchored`: a pattern names a path from `/` (and everything below
+    // it), not any component anywhere (tar's default would also drop a
+    // user's own `~/dev`).
+    let mut a: Vec<String> = [
+        "tar",
+        "-x",
+        "-p",
+        "--numeric-owner",
+        "-C",
+        "/",
+        "-f",
+        "-",
+        "--anchored",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     for p in SKIP {
         a.push(format!("--exclude=.{p}"));
         a.push(format!("--exclude={}", &p[1..]));
@@ -232,6 +245,12 @@ mod tests {
     fn the_import_never_writes_a_skipped_path() {
         let a = import_args();
         assert_eq!(&a[..2], &["tar", "-x"]);
+        let anchored = a.iter().position(|x| x == "--anchored").unwrap();
+        let first_exclude = a.iter().position(|x| x.starts_with("--exclude")).unwrap();
+        assert!(
+            anchored < first_exclude,
+            "--anchored must come first: {a:?}"
+        );
         assert!(a.contains(&"--exclude=./proc".to_string()));
         assert!(a.contains(&"--exclude=opt/hatchery".to_string()));
         assert!(a.contains(&"--exclude=etc/resolv.conf".to_string()));

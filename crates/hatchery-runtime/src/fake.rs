@@ -928,6 +928,32 @@ fn list_dir(files: &BTreeMap<String, Vec<u8>>, dir: &str) -> Option<Vec<FileEntr
 mod tests {
     use super::*;
 
+    #[tokio::test]
+    async fn a_files_export_is_capped_and_imports_into_another_guest() {
+        let rt = FakeRuntime::new();
+        rt.create(&spec("a")).await.unwrap();
+        rt.st().sandboxes["a"]
+            .guest
+            .files
+            .lock()
+            .unwrap()
+            .insert("/f".into(), b"x".to_vec());
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("e");
+        let err = rt.export_files("a", 0, &out, 4).await.unwrap_err();
+        assert!(
+            matches!(err, RuntimeError::TooLarge { limit: 4 }),
+            "{err:?}"
+        );
+        assert!(!out.exists(), "nothing past the cap is written");
+        let n = rt.export_files("a", 0, &out, 1 << 20).await.unwrap();
+        assert_eq!(n, std::fs::metadata(&out).unwrap().len());
+        rt.create(&spec("b")).await.unwrap();
+        rt.import_files("b", &out).await.unwrap();
+        assert_eq!(rt.file("b", "/f"), Some(b"x".to_vec()));
+        assert!(rt.import_files("gone", &out).await.is_err());
+    }
+
     fn spec(id: &str) -> SandboxSpec {
         SandboxSpec {
             id: id.into(),

@@ -196,6 +196,9 @@ class SnapshotInfo:
     expires_at: str
     size_bytes: int
     metadata: Dict[str, str] = field(default_factory=dict)
+    # False: the sandbox's files only (a filesystem-only pause); forks boot
+    # the template with them and no process survives.
+    memory: bool = True
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
