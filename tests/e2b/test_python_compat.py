@@ -26,7 +26,7 @@ def sandbox_url(daemon):
 
 def pause_snapshots(daemon, e2b_id):
     """Hatchery snapshots that are pause records of `e2b_id`."""
-    r = daemon.request("GET", f"/v1/snapshots?metadata.e2b_paused={e2b_id}")
+    r = daemon.request("GET", f"/v1/snapshots?metadata.e2b_paused_sandbox={e2b_id}")
     assert r.status == 200, r
     return r.json()["snapshots"]
 

@@ -138,7 +138,7 @@ def test_a_files_only_snapshot_keeps_files_and_drops_processes(daemon):
                      "ln -s a/b/c /root/l && echo t > /tmp/t && chown 1234:1234 /tmp/t")
     r = daemon.request("POST", f"/v1/sandboxes/{src}/exec", {"cmd": "sleep 3600", "background": True})
     assert r.status == 202, r
-    assert daemon.exec(src, "ps -eo args | grep -c '[s]leep 3600'")["stdout"] == "1\n"
+    assert daemon.exec(src, "ps -eo args | grep -c '^[s]leep 3600$'")["stdout"] == "1\n"
     r = daemon.request("POST", f"/v1/sandboxes/{src}/snapshots", {"memory": False, "metadata": {"k": "fs"}})
     assert r.status == 201, r
     snap = r.json()
@@ -156,7 +156,7 @@ def test_a_files_only_snapshot_keeps_files_and_drops_processes(daemon):
     for i, f in enumerate(forks):
         out = daemon.exec(f, "python3 /workspace/solution.py; cat /root/a/b/c /root/l /tmp/t; "
                              "stat -c '%a' /root/a/b/c; stat -c '%u:%g' /tmp/t; echo $FROM_CREATE; "
-                             "ps -eo args | grep -c '[s]leep 3600'")
+                             "ps -eo args | grep -c '^[s]leep 3600$'")
         # Files with their modes and owners; the env; no process of the source.
         assert out["stdout"] == "v1\ndeep\ndeep\nt\n604\n1234:1234\nyes\n0\n", out
         assert daemon.request("GET", f"/v1/sandboxes/{f}/processes").json()["processes"] == []
