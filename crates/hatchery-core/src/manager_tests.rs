@@ -821,7 +821,6 @@ async fn a_files_only_snapshot_forks_into_the_template_with_the_files() {
     // unpacked before it is handed out.
     let rig = Rig::new().await;
     let m = rig.manager().await;
-    hold_bakes(&m);
     let src = m.create(req()).await.unwrap().id;
     m.write_file(&src, "/work/x", b"kept").await.unwrap();
     let snap = m.snapshot_files(&src, None, BTreeMap::new()).await.unwrap();
@@ -855,7 +854,6 @@ async fn a_files_only_snapshot_forks_into_the_template_with_the_files() {
 async fn a_failed_export_or_import_leaves_nothing() {
     let rig = Rig::new().await;
     let m = rig.manager().await;
-    hold_bakes(&m);
     let src = m.create(req()).await.unwrap().id;
     rig.rt.fail_once(Op::ExportFiles);
     m.snapshot_files(&src, None, BTreeMap::new())
