@@ -33,16 +33,18 @@ def row(name, xs, base=None):
 
 
 def rounds(d, memory):
-    """`N` pause/resume rounds of one sandbox's lineage; (pauses, resumes) in ms."""
+    """`N` pause/resume rounds of one sandbox's lineage; (pauses, resumes)
+    in ms and the images' sizes in bytes."""
     sid = d.create(ttl_seconds=600)
     d.exec(sid, "mkdir -p /workspace/src && for i in $(seq 20); do echo line $i > /workspace/src/f$i.py; done")
-    pauses, resumes = [], []
+    pauses, resumes, sizes = [], [], []
     for i in range(N):
         d.exec(sid, f"echo round {i} > /workspace/round")
         t0 = time.monotonic()
         r = d.request("POST", f"/v1/sandboxes/{sid}/snapshots", {"memory": memory})
         assert r.status == 201, r
         snap = r.json()["id"]
+        sizes.append(r.json()["size_bytes"])
         assert d.request("DELETE", f"/v1/sandboxes/{sid}").status == 204
         t1 = time.monotonic()
         r = d.request("POST", f"/v1/snapshots/{snap}/fork", {"ttl_seconds": 600})
@@ -55,14 +57,14 @@ def rounds(d, memory):
         pauses.append((t1 - t0) * 1000)
         resumes.append((t2 - t1) * 1000)
     d.request("DELETE", f"/v1/sandboxes/{sid}")
-    return pauses, resumes
+    return pauses, resumes, sizes
 
 
 def main():
     d = support.start_daemon()
     try:
-        mem_p, mem_r = rounds(d, True)
-        fs_p, fs_r = rounds(d, False)
+        mem_p, mem_r, mem_s = rounds(d, True)
+        fs_p, fs_r, fs_s = rounds(d, False)
     finally:
         support.stop_daemon(d)
     print(f"load average at the end: {os.getloadavg()[0]:.1f}")
@@ -72,6 +74,7 @@ def main():
     row("filesystem-only pause (export + delete)", fs_p, mem_p)
     row("memory resume (fork, first exec)", mem_r)
     row("filesystem-only resume (files fork, exec)", fs_r, mem_r)
+    print(f"image size p50: memory {pct(mem_s, 50)} bytes, filesystem-only {pct(fs_s, 50)} bytes")
 
 
 if __name__ == "__main__":
