@@ -195,10 +195,10 @@ class SnapshotInfo:
     created_at: str
     expires_at: str
     size_bytes: int
-    metadata: Dict[str, str] = field(default_factory=dict)
     # False: the sandbox's files only (a filesystem-only pause); forks boot
     # the template with them and no process survives.
-    memory: bool = True
+    memory: bool
+    metadata: Dict[str, str] = field(default_factory=dict)
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
