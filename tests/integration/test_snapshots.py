@@ -136,6 +136,11 @@ def test_a_files_only_snapshot_keeps_files_and_drops_processes(daemon):
     daemon.put_file(src, "/workspace/solution.py", b"print('v1')")
     daemon.exec(src, "mkdir -p /root/a/b && echo deep > /root/a/b/c && chmod 604 /root/a/b/c && "
                      "ln -s a/b/c /root/l && echo t > /tmp/t && chown 1234:1234 /tmp/t")
+    # Template files deleted in the sandbox stay deleted: a file, and a
+    # directory with what is under it.
+    out = daemon.exec(src, "test -f /etc/motd && test -d /usr/share/lintian && "
+                           "rm /etc/motd && rm -r /usr/share/lintian && echo removed")
+    assert out["stdout"] == "removed\n", out
     r = daemon.request("POST", f"/v1/sandboxes/{src}/exec", {"cmd": "sleep 3600", "background": True})
     assert r.status == 202, r
     assert daemon.exec(src, "ps -eo args | grep -c '^[s]leep 3600$'")["stdout"] == "1\n"
@@ -156,9 +161,12 @@ def test_a_files_only_snapshot_keeps_files_and_drops_processes(daemon):
     for i, f in enumerate(forks):
         out = daemon.exec(f, "python3 /workspace/solution.py; cat /root/a/b/c /root/l /tmp/t; "
                              "stat -c '%a' /root/a/b/c; stat -c '%u:%g' /tmp/t; echo $FROM_CREATE; "
-                             "ps -eo args | grep -c '^[s]leep 3600$'")
-        # Files with their modes and owners; the env; no process of the source.
-        assert out["stdout"] == "v1\ndeep\ndeep\nt\n604\n1234:1234\nyes\n0\n", out
+                             "ps -eo args | grep -c '^[s]leep 3600$'; "
+                             "ls /etc/motd /usr/share/lintian 2>&1 | grep -c 'No such file'; "
+                             "test -f /etc/passwd && echo kept")
+        # Files with their modes and owners; the env; no process of the
+        # source; the template's deleted files gone, the others there.
+        assert out["stdout"] == "v1\ndeep\ndeep\nt\n604\n1234:1234\nyes\n0\n2\nkept\n", out
         assert daemon.request("GET", f"/v1/sandboxes/{f}/processes").json()["processes"] == []
         daemon.exec(f, f"echo fork{i} > /workspace/mine")
     for i, f in enumerate(forks):

@@ -72,6 +72,24 @@ impl GvisorRuntime {
         }
     }
 
+    /// The rootfs sandbox `id` runs on, from the OCI spec written at its
+    /// start (host-written: the guest cannot change it).
+    fn rootfs_of(&self, id: &str) -> Result<std::path::PathBuf, RuntimeError> {
+        let raw = std::fs::read(self.layout.bundle(id).join("config.json")).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                RuntimeError::NotFound(id.to_string())
+            } else {
+                e.into()
+            }
+        })?;
+        let spec: serde_json::Value =
+            serde_json::from_slice(&raw).map_err(|e| RuntimeError::Other(e.to_string()))?;
+        spec["root"]["path"]
+            .as_str()
+            .map(Into::into)
+            .ok_or_else(|| RuntimeError::Other(format!("no root path in {id}'s spec")))
+    }
+
     fn shim_pid(&self, id: &str) -> Option<i32> {
         std::fs::read_to_string(self.layout.bundle(id).join("shim.pid"))
             .ok()?
@@ -136,10 +154,12 @@ impl Runtime for GvisorRuntime {
         max_bytes: u64,
     ) -> Result<u64, RuntimeError> {
         let flags = self.layout.runsc_flags();
+        let rootfs = self.rootfs_of(id)?;
         files::export(
             &self.layout.cfg.runsc,
             &flags,
             id,
+            &rootfs,
             since_ms,
             dest,
             max_bytes,
