@@ -183,8 +183,9 @@ pub trait Runtime: Send + Sync + 'static {
     /// changed (status change time) at or after `since_ms`, with its
     /// owner, mode and times; never the runtime's own mounts (`/proc`,
     /// `/sys`, `/dev`, the agent) nor what the runtime writes itself at
-    /// every boot. Deletions of files that came with the rootfs are not
-    /// recorded. The format is the runtime's own and opaque to callers;
+    /// every boot; and every path of the sandbox's rootfs that the guest
+    /// no longer has (deleted), so that `import_files` removes it again.
+    /// The format is the runtime's own and opaque to callers;
     /// the host never unpacks it (only a guest does, in `import_files`),
     /// because the guest decided its contents. `dest` never grows past
     /// `max_bytes`: past it the export fails with
