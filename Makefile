@@ -323,6 +323,8 @@ bench: $(SUITE_PREREQS)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/bench.py
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  /usr/bin/python3 bench/fs_pause_bench.py
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/playground_bench.py
 	cargo build --release -p hatchery-gateway --example reserve_bench
 	/usr/bin/python3 tests/pg/pg.py -- $(BIN)/examples/reserve_bench

@@ -2,12 +2,15 @@
 pause` (autoPause) pauses instead of killing at the timeout, keeping files,
 memory and the E2B id; `auto_resume` makes a request to the paused sandbox
 resume it; `auto_resume: False` is accepted; a filesystem-only auto-pause
-(`keep_memory: False`) is refused, as filesystem-only pauses are."""
+(`mode: "filesystem"`) keeps the files and not the processes."""
 
+import os
 import time
 
-import pytest
-from e2b import Sandbox, SandboxException, SandboxState
+import httpx
+from e2b import Sandbox, SandboxState
+
+from harness import KEY
 
 
 def wait_state(s, state, within=20):
@@ -76,5 +79,23 @@ def test_lifecycle_options_accepted_and_refused(daemon):
         assert not Sandbox.kill(s.sandbox_id)
     finally:
         Sandbox.kill(s.sandbox_id)
-    with pytest.raises(SandboxException, match="filesystem-only auto-pause. is not supported"):
-        Sandbox.create("base", timeout=30, lifecycle={"on_timeout": {"action": "pause", "keep_memory": False}})
+
+
+def test_filesystem_only_auto_pause_at_the_timeout(daemon):
+    s = Sandbox.create("base", timeout=4, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}})
+    try:
+        s.files.write("/home/user/kept.txt", "across a files-only auto-pause")
+        s.commands.run("python3 -c 'import time; time.sleep(3600)'", background=True)
+        assert wait_state(s, SandboxState.PAUSED), "not paused at its timeout"
+        back = Sandbox.connect(s.sandbox_id, timeout=60)
+        assert back.files.read("/home/user/kept.txt") == "across a files-only auto-pause"
+        assert not any("time.sleep(3600)" in " ".join([p.cmd, *p.args]) for p in back.commands.list())
+        assert back.get_info().lifecycle["on_timeout"] == "pause"
+    finally:
+        Sandbox.kill(s.sandbox_id)
+    # E2B's rule, enforced by the API too: a files-only pause is resumed by
+    # connect, never by traffic.
+    r = httpx.post(f"{os.environ['E2B_API_URL']}/sandboxes", headers={"X-API-KEY": KEY},
+                   json={"templateID": "base", "autoPause": True, "autoPauseMemory": False,
+                         "autoResume": {"enabled": True}})
+    assert r.status_code == 400 and "autoResume" in r.json()["message"], r.text

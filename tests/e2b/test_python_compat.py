@@ -1,10 +1,12 @@
 """E2B behaviours beyond the basics (issue 35), each with the official `e2b`
-Python SDK against a live daemon: pause bodies, list filters,
+Python SDK against a live daemon: pause bodies and filesystem-only
+pauses, list filters,
 Template.exists, remove of a missing path, watch events as envd reports
 them, gzip uploads and signed file URLs."""
 
 import datetime
 import gzip
+import os
 import time
 import urllib.parse
 
@@ -22,23 +24,73 @@ def sandbox_url(daemon):
     return f"http://127.0.0.1:{daemon.port}/e2b/sandbox"
 
 
-def test_pause_takes_memory_true_and_refuses_filesystem_only(daemon):
+def pause_snapshots(daemon, e2b_id):
+    """Hatchery snapshots that are pause records of `e2b_id`."""
+    r = daemon.request("GET", f"/v1/snapshots?metadata.e2b_paused_sandbox={e2b_id}")
+    assert r.status == 200, r
+    return r.json()["snapshots"]
+
+
+def test_filesystem_only_pause_keeps_files_and_drops_processes(daemon):
     s = Sandbox.create("base", timeout=300)
     try:
         s.files.write("/home/user/kept.txt", "kept")
-        # A filesystem-only pause cannot be done honestly here: refused with
-        # a clear message, and the sandbox keeps running untouched.
-        for kwargs in ({"keep_memory": False}, {"mode": "filesystem"}):
-            with pytest.raises(SandboxException) as e:
-                s.pause(**kwargs)
-            assert "filesystem-only pause" in str(e.value), e.value
-            assert s.get_info().state.value == "running"
+        s.commands.run("mkdir -p /home/user/deep/er && echo x > /home/user/deep/er/f && "
+                       "ln -s deep/er/f /home/user/link && chmod 640 /home/user/kept.txt")
+        s.commands.run("python3 -c 'import time; time.sleep(3600)'", background=True)
+        # keep_memory=False is what SDK 2.63 sends as {"memory": false}.
+        assert s.pause(keep_memory=False) is True
+        assert s.get_info().state.value == "paused"
+        [snap] = pause_snapshots(daemon, s.sandbox_id)
+        assert snap["memory"] is False
+        assert Sandbox.pause(s.sandbox_id, mode="filesystem") is False  # already paused: 409
+        back = Sandbox.connect(s.sandbox_id, timeout=120)
+        assert back.sandbox_id == s.sandbox_id
+        assert back.get_info().state.value == "running"
+        assert back.files.read("/home/user/kept.txt") == "kept"
+        assert back.files.read("/home/user/link") == "x\n"
+        # Owner and mode as they were (the SDK's user wrote the file).
+        st = back.commands.run("stat -c '%U %a' /home/user/kept.txt").stdout.split()
+        assert st == ["user", "640"], st
+        # Memory is gone: the process did not come back; the sandbox works.
+        assert not any("time.sleep(3600)" in " ".join([p.cmd, *p.args]) for p in back.commands.list())
+        assert back.commands.run("echo ok").stdout == "ok\n"
+        # Paused again the newer way, then resumed with on_resume="reboot"
+        # ({"memory": false} on connect: what such a resume is anyway).
+        back.files.write("/home/user/kept.txt", "twice")
+        assert back.pause(mode="filesystem") is True
+        again = Sandbox.connect(s.sandbox_id, timeout=120, on_resume="reboot")
+        assert again.files.read("/home/user/kept.txt") == "twice"
+        assert again.files.read("/home/user/deep/er/f") == "x\n"
+        # A memory pause cannot be rebooted from files: 400, still paused.
+        assert again.pause() is True
+        with pytest.raises(SandboxException, match="filesystem-only pause"):
+            Sandbox.connect(s.sandbox_id, on_resume="reboot")
+        assert Sandbox.get_info(s.sandbox_id).state.value == "paused"
+        assert Sandbox.connect(s.sandbox_id).files.read("/home/user/kept.txt") == "twice"
+        paused_ids = [x["id"] for x in pause_snapshots(daemon, s.sandbox_id)]
+        assert s.pause(keep_memory=False) is True
+        paused_ids += [x["id"] for x in pause_snapshots(daemon, s.sandbox_id)]
+    finally:
+        Sandbox.kill(s.sandbox_id)
+    # Killing a paused sandbox removes its pause: no row, no image.
+    assert pause_snapshots(daemon, s.sandbox_id) == []
+    left = os.listdir(os.path.join(daemon.data_dir, "snapshots"))
+    assert not set(paused_ids) & set(left), (paused_ids, left)
+
+
+def test_pause_bodies_that_are_refused(daemon):
+    s = Sandbox.create("base", timeout=300)
+    try:
+        url = f"http://127.0.0.1:{daemon.port}/e2b/sandboxes/{s.sandbox_id}/pause"
+        for bad in ({"memory": "no"}, {"memory": 0}, {"mode": "disk"}, {"memory": True, "mode": "filesystem"}):
+            r = httpx.post(url, json=bad, headers={"X-API-KEY": KEY})
+            assert r.status_code == 400 and r.json()["code"] == 400, (bad, r.text)
+        assert s.get_info().state.value == "running"
         # What 2.45 sends for a plain pause ({"memory": true}).
         assert s.pause(keep_memory=True) is True
         assert s.get_info().state.value == "paused"
         assert Sandbox.pause(s.sandbox_id, mode="full") is False  # already paused: 409
-        back = Sandbox.connect(s.sandbox_id)
-        assert back.files.read("/home/user/kept.txt") == "kept"
     finally:
         Sandbox.kill(s.sandbox_id)
 

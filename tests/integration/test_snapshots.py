@@ -129,6 +129,52 @@ def test_snapshot_fork_sees_snapshot_state_and_forks_are_isolated(daemon):
     assert daemon.request("GET", f"/v1/snapshots/{snap['id']}").json()["size_bytes"] == snap["size_bytes"]
 
 
+def test_a_files_only_snapshot_keeps_files_and_drops_processes(daemon):
+    # A filesystem-only pause through the v1 API: a snapshot with
+    # memory false, the sandbox deleted, and forks of the snapshot.
+    src = create(daemon, env={"FROM_CREATE": "yes"})["id"]
+    daemon.put_file(src, "/workspace/solution.py", b"print('v1')")
+    daemon.exec(src, "mkdir -p /root/a/b && echo deep > /root/a/b/c && chmod 604 /root/a/b/c && "
+                     "ln -s a/b/c /root/l && echo t > /tmp/t && chown 1234:1234 /tmp/t")
+    # Template files deleted in the sandbox stay deleted: a file, and a
+    # directory with what is under it.
+    out = daemon.exec(src, "test -f /etc/motd && test -d /usr/share/lintian && "
+                           "rm /etc/motd && rm -r /usr/share/lintian && echo removed")
+    assert out["stdout"] == "removed\n", out
+    r = daemon.request("POST", f"/v1/sandboxes/{src}/exec", {"cmd": "sleep 3600", "background": True})
+    assert r.status == 202, r
+    assert daemon.exec(src, "ps -eo args | grep -c '^[s]leep 3600$'")["stdout"] == "1\n"
+    r = daemon.request("POST", f"/v1/sandboxes/{src}/snapshots", {"memory": False, "metadata": {"k": "fs"}})
+    assert r.status == 201, r
+    snap = r.json()
+    assert snap["memory"] is False and snap["sandbox_id"] == src and snap["size_bytes"] > 0
+    d = os.path.join(daemon.data_dir, "snapshots", snap["id"])
+    assert "checkpoint.img" not in os.listdir(d), os.listdir(d)
+    assert daemon.request("GET", f"/v1/snapshots/{snap['id']}").json()["memory"] is False
+    assert daemon.request("DELETE", f"/v1/sandboxes/{src}").status == 204
+
+    r = daemon.request("POST", f"/v1/snapshots/{snap['id']}/fork", {"count": 2})
+    assert r.status == 201, r
+    forks = [s["id"] for s in r.json()["sandboxes"]]
+    daemon.created.update(forks)
+    assert all(s["boot_mode"] == "files" for s in r.json()["sandboxes"]), r.json()
+    for i, f in enumerate(forks):
+        out = daemon.exec(f, "python3 /workspace/solution.py; cat /root/a/b/c /root/l /tmp/t; "
+                             "stat -c '%a' /root/a/b/c; stat -c '%u:%g' /tmp/t; echo $FROM_CREATE; "
+                             "ps -eo args | grep -c '^[s]leep 3600$'; "
+                             "ls /etc/motd /usr/share/lintian 2>&1 | grep -c 'No such file'; "
+                             "test -f /etc/passwd && echo kept")
+        # Files with their modes and owners; the env; no process of the
+        # source; the template's deleted files gone, the others there.
+        assert out["stdout"] == "v1\ndeep\ndeep\nt\n604\n1234:1234\nyes\n0\n2\nkept\n", out
+        assert daemon.request("GET", f"/v1/sandboxes/{f}/processes").json()["processes"] == []
+        daemon.exec(f, f"echo fork{i} > /workspace/mine")
+    for i, f in enumerate(forks):
+        assert daemon.exec(f, "cat /workspace/mine")["stdout"] == f"fork{i}\n"
+    assert daemon.request("DELETE", f"/v1/snapshots/{snap['id']}").status == 204
+    assert not os.path.exists(d)
+
+
 def test_snapshot_files_are_private_and_delete_frees_them(daemon, sandbox):
     snap = daemon.request("POST", f"/v1/sandboxes/{sandbox}/snapshots", {}).json()
     d = os.path.join(daemon.data_dir, "snapshots", snap["id"])
@@ -173,7 +219,7 @@ def test_corrupt_snapshot_is_a_typed_error_and_leaks_nothing(daemon, sandbox, da
 def test_snapshot_and_fork_bad_input(daemon, sandbox):
     url = f"/v1/sandboxes/{sandbox}/snapshots"
     for body in [{"retention_seconds": 0}, {"retention_seconds": 90 * 24 * 3600 + 1}, {"bogus": 1},
-                 {"metadata": {"k": "v" * 513}}]:
+                 {"metadata": {"k": "v" * 513}}, {"memory": "no"}, {"memory": 0}]:
         assert daemon.request("POST", url, body).status == 400, body
     assert daemon.request("POST", "/v1/sandboxes/sbx_doesnotexist0000/snapshots", {}).status == 404
     snap = daemon.request("POST", url, {}).json()

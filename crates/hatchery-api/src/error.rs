@@ -108,6 +108,7 @@ impl From<CoreError> for ApiError {
             CoreError::Guest { .. } => (S::UNPROCESSABLE_ENTITY, "guest_error"),
             CoreError::Runtime(RuntimeError::NotFound(_)) => (S::NOT_FOUND, "sandbox_not_found"),
             CoreError::Runtime(RuntimeError::Unsupported(..)) => (S::CONFLICT, "unsupported"),
+            CoreError::Runtime(RuntimeError::TooLarge { .. }) => (S::CONFLICT, "files_too_large"),
             CoreError::Runtime(_) => (S::SERVICE_UNAVAILABLE, "runtime_error"),
             CoreError::SnapshotNotFound(_) => (S::NOT_FOUND, "snapshot_not_found"),
             CoreError::ContextNotFound(_) => (S::NOT_FOUND, "context_not_found"),

@@ -103,6 +103,12 @@ pub struct CreateSnapshot {
     pub retention_seconds: Option<i64>,
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+    /// `true` (the default): memory, processes and files, and a fork
+    /// carries on where the sandbox was. `false`: the files the sandbox
+    /// created or changed only (a filesystem-only pause), at most its
+    /// disk plus 64 MiB; a fork boots from the template with those files,
+    /// and no process survives.
+    pub memory: Option<bool>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -115,6 +121,8 @@ pub struct Snapshot {
     pub expires_at: String,
     pub size_bytes: u64,
     pub metadata: BTreeMap<String, String>,
+    /// Whether it holds memory and processes (`false`: files only).
+    pub memory: bool,
 }
 
 impl From<hatchery_core::SnapshotInfo> for Snapshot {
@@ -127,6 +135,7 @@ impl From<hatchery_core::SnapshotInfo> for Snapshot {
             expires_at: hatchery_core::rfc3339(i.expires_at_ms),
             size_bytes: i.size_bytes,
             metadata: i.metadata,
+            memory: i.kind == hatchery_core::store::SnapshotKind::Memory,
         }
     }
 }

@@ -288,6 +288,7 @@ async fn exercise(
                 &CreateSnapshot {
                     retention_seconds: Some(600),
                     metadata: meta.clone(),
+                    memory: None,
                 },
             )
             .await?;

@@ -422,6 +422,9 @@ pub struct CreateSnapshot {
     pub retention_seconds: Option<u64>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
+    /// `Some(false)`: the sandbox's files only (a filesystem-only pause).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -434,6 +437,14 @@ pub struct Snapshot {
     pub size_bytes: u64,
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+    /// Whether it holds memory and processes (`false`: files only). An
+    /// older daemon does not say: all its snapshots do.
+    #[serde(default = "yes")]
+    pub memory: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

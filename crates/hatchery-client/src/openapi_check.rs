@@ -260,6 +260,7 @@ fn requests_match_the_spec() {
         CreateSnapshot {
             retention_seconds: Some(1),
             metadata: map(),
+            memory: Some(false),
         },
     );
     request(

@@ -254,7 +254,7 @@ impl Manager {
         }
         let Some(image) = image else {
             return self
-                .boot_row(row, &policy, &template, None, "cold", started)
+                .boot_row(row, &policy, &template, None, None, "cold", started)
                 .await;
         };
         let first = self
@@ -263,6 +263,7 @@ impl Manager {
                 &policy,
                 &template,
                 Some(&image),
+                None,
                 "restore",
                 started,
             )
@@ -278,7 +279,7 @@ impl Manager {
                     "template checkpoint refused by the runtime; booting cold and baking it again");
                 self.rebake_refused(&template);
                 row.id = new_sandbox_id();
-                self.boot_row(row, &policy, &template, None, "cold", started)
+                self.boot_row(row, &policy, &template, None, None, "cold", started)
                     .await
             }
             other => other,
@@ -353,17 +354,21 @@ impl Manager {
     }
 
     /// Starts a sandbox for `row`, from `image` if given, else by booting,
-    /// and registers it. On failure nothing is left but a stopped row.
+    /// then unpacks `files` (a files-only snapshot's export) into it if
+    /// given, and registers it. On failure nothing is left but a stopped
+    /// row.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn boot_row(
         self: &Arc<Self>,
         row: SandboxRow,
         policy: &hatchery_net::Policy,
         template: &Template,
         image: Option<&Path>,
+        files: Option<&Path>,
         mode: &'static str,
         started: Instant,
     ) -> Result<SandboxInfo, CoreError> {
-        let client = self.start_row(&row, policy, template, image).await?;
+        let client = self.start_row(&row, policy, template, image, files).await?;
         // Guarded: a delete that came in while it booted has stopped the
         // row (and torn the sandbox down), and must not be overwritten.
         match self
@@ -397,14 +402,16 @@ impl Manager {
         Ok(self.created(row, mode, started))
     }
 
-    /// Records `row`, then boots or restores its sandbox. On failure the
-    /// row is stopped and the host cleaned, so nothing half-made remains.
+    /// Records `row`, then boots or restores its sandbox (and unpacks
+    /// `files` into it). On failure the row is stopped and the host
+    /// cleaned, so nothing half-made remains.
     pub(crate) async fn start_row(
         &self,
         row: &SandboxRow,
         policy: &hatchery_net::Policy,
         template: &Template,
         image: Option<&Path>,
+        files: Option<&Path>,
     ) -> Result<Arc<AgentClient>, CoreError> {
         self.store.insert_sandbox(&self.fence, row).await?;
         let netns = match self.claim_slot(&row.id, policy).await {
@@ -427,6 +434,11 @@ impl Manager {
         };
         let booted = async {
             let client = self.boot(&spec, image, template).await?;
+            if let Some(f) = files {
+                // Before the row runs: nobody sees the sandbox without
+                // its files.
+                self.runtime.import_files(&spec.id, f).await?;
+            }
             if policy.has_hosts() {
                 self.write_pins(&row.id, &client).await?;
             }

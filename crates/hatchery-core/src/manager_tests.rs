@@ -815,6 +815,66 @@ async fn the_reaper_deletes_expired_snapshots() {
 }
 
 #[tokio::test]
+async fn a_files_only_snapshot_forks_into_the_template_with_the_files() {
+    // No checkpoint is taken: the runtime exports the files, and a fork
+    // boots (or restores the template's own checkpoint) and gets them
+    // unpacked before it is handed out.
+    let rig = Rig::new().await;
+    let m = rig.manager().await;
+    let src = m.create(req()).await.unwrap().id;
+    m.write_file(&src, "/work/x", b"kept").await.unwrap();
+    let snap = m.snapshot_files(&src, None, BTreeMap::new()).await.unwrap();
+    assert_eq!(snap.kind, crate::store::SnapshotKind::Files);
+    assert!(snap.size_bytes > 0);
+    assert!(
+        rig.rt.calls(Op::Checkpoint).is_empty(),
+        "no memory is saved"
+    );
+    assert_eq!(rig.rt.calls(Op::ExportFiles), vec![src.clone()]);
+    assert_eq!(m.get_snapshot(&snap.id).await.unwrap(), snap);
+    assert_eq!(
+        m.get(&src).await.unwrap().state,
+        "running",
+        "the source runs on"
+    );
+    let forks = m.fork(&snap.id, fork_req(1)).await.unwrap();
+    let f = &forks[0];
+    assert_eq!(f.boot_mode, Some("files"));
+    assert!(
+        !rig.rt.was_restored(&f.id),
+        "booted, not restored (no template checkpoint)"
+    );
+    assert_eq!(rig.rt.calls(Op::ImportFiles), vec![f.id.clone()]);
+    assert_eq!(m.read_file(&f.id, "/work/x").await.unwrap(), b"kept");
+    m.delete_snapshot(&snap.id).await.unwrap();
+    assert!(m.snapshots.local().ids().is_empty());
+}
+
+#[tokio::test]
+async fn a_failed_export_or_import_leaves_nothing() {
+    let rig = Rig::new().await;
+    let m = rig.manager().await;
+    let src = m.create(req()).await.unwrap().id;
+    rig.rt.fail_once(Op::ExportFiles);
+    m.snapshot_files(&src, None, BTreeMap::new())
+        .await
+        .unwrap_err();
+    assert!(m.list_snapshots(&BTreeMap::new()).await.unwrap().is_empty());
+    assert!(m.snapshots.local().ids().is_empty(), "no partial image");
+    let snap = m.snapshot_files(&src, None, BTreeMap::new()).await.unwrap();
+    // The files cannot be unpacked: the fork is not handed out, and
+    // nothing of it remains.
+    rig.rt.fail_once(Op::ImportFiles);
+    m.fork(&snap.id, fork_req(1)).await.unwrap_err();
+    eventually!("teardown", rig.rt.ids() == vec![src.clone()]);
+    assert_eq!(m.live_count(), 1);
+    assert!(
+        m.get_snapshot(&snap.id).await.is_ok(),
+        "the pause stays resumable"
+    );
+}
+
+#[tokio::test]
 async fn a_failed_checkpoint_leaves_no_snapshot() {
     let rig = Rig::new().await;
     let m = rig.manager().await;

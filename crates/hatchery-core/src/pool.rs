@@ -265,7 +265,7 @@ impl Manager {
             limits: template.limits_json(),
         };
         let client = self
-            .start_row(&row, &Default::default(), template, Some(image))
+            .start_row(&row, &Default::default(), template, Some(image), None)
             .await?;
         // A restored interpreter's memory is paged in on first use, which
         // made the first run in a claimed sandbox about 12 ms slower than

@@ -2,16 +2,33 @@
 //! running) into a sealed image: files, including ones deleted from an
 //! editor but still open, processes and installed packages. A fork restores
 //! that image into new, independent sandboxes.
+//!
+//! A files-only snapshot ([`SnapshotKind::Files`], a filesystem-only
+//! pause) holds no memory: the files the sandbox created or changed, as
+//! the runtime exports them. A fork of it starts from the recorded
+//! template (its checkpoint if one is baked, else a cold boot) and the
+//! files are unpacked into it before anyone can use it; no process of the
+//! sandbox survives.
 
 use crate::ids::{new_sandbox_id, new_snapshot_id, valid_snapshot_id};
 use crate::manager::SandboxInfo;
 use crate::snapshot_stores::store_err;
-use crate::store::{SandboxRow, SandboxState, SnapshotRow};
+use crate::store::{SandboxRow, SandboxState, SnapshotKind, SnapshotRow};
 use crate::{now_ms, CoreError, Manager};
 use hatchery_templates::Template;
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
+
+/// The file a files-only snapshot's image holds (the runtime's export).
+pub const FILES_ARCHIVE: &str = "files.export";
+
+/// Room a files-only snapshot may take beyond the sandbox's disk: the
+/// archive's own headers (512 bytes or more per entry), so a disk full of
+/// small files still fits. Anything larger fails the snapshot (409
+/// `files_too_large`) rather than filling the host's snapshot store.
+pub const FILES_HEADROOM_BYTES: u64 = 64 << 20;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SnapshotInfo {
@@ -22,6 +39,8 @@ pub struct SnapshotInfo {
     pub expires_at_ms: u64,
     pub size_bytes: u64,
     pub metadata: BTreeMap<String, String>,
+    /// Whether it holds memory and processes (a checkpoint) or only files.
+    pub kind: SnapshotKind,
 }
 
 impl From<SnapshotRow> for SnapshotInfo {
@@ -34,6 +53,7 @@ impl From<SnapshotRow> for SnapshotInfo {
             expires_at_ms: r.expires_at_ms,
             size_bytes: r.size_bytes,
             metadata: r.metadata,
+            kind: r.kind,
         }
     }
 }
@@ -48,11 +68,37 @@ pub struct ForkRequest {
 }
 
 impl Manager {
+    /// A checkpoint of running sandbox `sandbox_id`: memory, processes
+    /// and files. The sandbox keeps running.
     pub async fn snapshot(
         &self,
         sandbox_id: &str,
         retention_s: Option<u64>,
         metadata: BTreeMap<String, String>,
+    ) -> Result<SnapshotInfo, CoreError> {
+        self.take_snapshot(sandbox_id, retention_s, metadata, SnapshotKind::Memory)
+            .await
+    }
+
+    /// The files sandbox `sandbox_id` created or changed since it started
+    /// (not its memory or processes): a filesystem-only pause. The sandbox
+    /// keeps running. At most its disk plus [`FILES_HEADROOM_BYTES`].
+    pub async fn snapshot_files(
+        &self,
+        sandbox_id: &str,
+        retention_s: Option<u64>,
+        metadata: BTreeMap<String, String>,
+    ) -> Result<SnapshotInfo, CoreError> {
+        self.take_snapshot(sandbox_id, retention_s, metadata, SnapshotKind::Files)
+            .await
+    }
+
+    async fn take_snapshot(
+        &self,
+        sandbox_id: &str,
+        retention_s: Option<u64>,
+        metadata: BTreeMap<String, String>,
+        kind: SnapshotKind,
     ) -> Result<SnapshotInfo, CoreError> {
         let retention = retention_s.unwrap_or(self.caps.default_retention_s);
         crate::within("retention_seconds", retention, self.caps.max_retention_s)?;
@@ -76,7 +122,18 @@ impl Manager {
         let (images, location) = self.snapshots.for_new(self.host_id());
         let dir = images.prepare(&id).map_err(store_err)?;
         let sealed = async {
-            self.runtime.checkpoint(sandbox_id, &dir).await?;
+            match kind {
+                SnapshotKind::Memory => self.runtime.checkpoint(sandbox_id, &dir).await?,
+                SnapshotKind::Files => {
+                    let disk_mb = serde_json::from_str::<hatchery_runtime::Limits>(&limits)
+                        .map(|l| l.disk_mb)
+                        .map_err(|e| CoreError::Internal(format!("limits of {sandbox_id}: {e}")))?;
+                    let cap = (disk_mb << 20) + FILES_HEADROOM_BYTES;
+                    self.runtime
+                        .export_files(sandbox_id, row.created_at_ms, &dir.join(FILES_ARCHIVE), cap)
+                        .await?;
+                }
+            }
             images.publish(&id).map_err(store_err)
         }
         .await;
@@ -102,13 +159,14 @@ impl Manager {
             template_version,
             host_id: self.host_id().to_string(),
             location,
+            kind,
         };
         if let Err(e) = self.store.insert_snapshot(&self.fence, &snap).await {
             let _ = images.remove(&id);
             return Err(e.into());
         }
         self.metrics.snapshots_created.inc();
-        tracing::info!(snapshot = %id, sandbox = %sandbox_id, bytes = sealed.size_bytes, location = %snap.location.as_string(), "snapshot taken");
+        tracing::info!(snapshot = %id, sandbox = %sandbox_id, bytes = sealed.size_bytes, location = %snap.location.as_string(), kind = kind.as_str(), "snapshot taken");
         Ok(snap.into())
     }
 
@@ -207,6 +265,17 @@ impl Manager {
                 "the rootfs snapshot {snapshot_id} was taken on is gone"
             )));
         }
+        // A files-only snapshot starts from the template (its checkpoint
+        // when this host has one for the recorded version) and the files.
+        let (image, files, mode): (Option<PathBuf>, Option<PathBuf>, &'static str) = match snap.kind
+        {
+            SnapshotKind::Memory => (Some(dir), None, "fork"),
+            SnapshotKind::Files => (
+                self.template_image(&template),
+                Some(dir.join(FILES_ARCHIVE)),
+                "files",
+            ),
+        };
         let mut made: Vec<SandboxInfo> = Vec::new();
         for _ in 0..req.count {
             let res = async {
@@ -227,7 +296,15 @@ impl Manager {
                     limits: snap.limits.clone(),
                 };
                 let r = self
-                    .boot_row(row, &req.network, &template, Some(&dir), "fork", started)
+                    .boot_row(
+                        row,
+                        &req.network,
+                        &template,
+                        image.as_deref(),
+                        files.as_deref(),
+                        mode,
+                        started,
+                    )
                     .await;
                 self.unreserve();
                 r

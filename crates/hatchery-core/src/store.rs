@@ -2,6 +2,6 @@
 //! one async trait); this module names what the core uses of it.
 
 pub use hatchery_store::{
-    host_resource, Event, Fence, Lease, SandboxFilter, SandboxRow, SandboxState, SnapshotLocation,
-    SnapshotRow, Store, StoreError,
+    host_resource, Event, Fence, Lease, SandboxFilter, SandboxRow, SandboxState, SnapshotKind,
+    SnapshotLocation, SnapshotRow, Store, StoreError,
 };

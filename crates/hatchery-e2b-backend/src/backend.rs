@@ -234,6 +234,18 @@ impl Backend for ManagerBackend {
             .map_err(fail)
     }
 
+    async fn snapshot_files(
+        &self,
+        id: &str,
+        metadata: BTreeMap<String, String>,
+    ) -> BResult<String> {
+        self.manager
+            .snapshot_files(id, None, metadata)
+            .await
+            .map(|s| s.id)
+            .map_err(fail)
+    }
+
     async fn restore(
         &self,
         snapshot: &str,

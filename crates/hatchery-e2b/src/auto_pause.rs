@@ -52,7 +52,9 @@ async fn sweep_once(s: &Shared) -> bool {
             continue;
         }
         // Another host's sandbox fails here (its own sweep pauses it).
-        if let Err(e) = crate::pause_resume::pause_live(s, &e2b_id, &raw.id, &v).await {
+        if let Err(e) =
+            crate::pause_resume::pause_live(s, &e2b_id, &raw.id, &v, !v.lifecycle.files_only).await
+        {
             tracing::debug!(sandbox = %e2b_id, error = %e.message, "e2b auto-pause: not paused here");
         } else {
             tracing::info!(sandbox = %e2b_id, "e2b auto-pause: paused at its timeout");

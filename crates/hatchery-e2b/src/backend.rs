@@ -278,6 +278,11 @@ pub trait Backend: Send + Sync + 'static {
     async fn set_network(&self, id: &str, net: NetworkSpec) -> BResult<()>;
     /// Checkpoints the sandbox (it keeps running) and returns the snapshot id.
     async fn snapshot(&self, id: &str, metadata: BTreeMap<String, String>) -> BResult<String>;
+    /// Saves the sandbox's files only, not its memory (it keeps running),
+    /// and returns the snapshot id; `restore` of it boots the template
+    /// with those files (a filesystem-only pause).
+    async fn snapshot_files(&self, id: &str, metadata: BTreeMap<String, String>)
+        -> BResult<String>;
     /// A new sandbox restored from the snapshot, with egress `network`
     /// (`None`: denied, as Hatchery's forks).
     async fn restore(

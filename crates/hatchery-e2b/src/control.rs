@@ -82,8 +82,7 @@ pub struct NewSandbox {
     allow_internet_access: Option<bool>,
     network: Option<NetworkBody>,
     auto_pause: Option<bool>,
-    /// `false` (a filesystem-only auto-pause) is refused, as a pause with
-    /// `memory: false` is.
+    /// `false`: the auto-pause keeps files only (a filesystem-only pause).
     auto_pause_memory: Option<bool>,
     /// `{"enabled": bool}` (a bare bool from older SDKs).
     auto_resume: Option<Value>,
@@ -191,16 +190,20 @@ fn lifecycle_of(b: &NewSandbox, timeout_s: u64) -> ApiResult<Lifecycle> {
             "autoResume can be enabled only with autoPause (onTimeout: pause)",
         ));
     }
-    if auto_pause && b.auto_pause_memory == Some(false) {
+    let files_only = auto_pause && b.auto_pause_memory == Some(false);
+    // As E2B: a filesystem-only pause is resumed by connect, never by
+    // traffic (its processes are gone, so a request would find nothing).
+    if files_only && auto_resume {
         return Err(ApiError::bad(
-            "autoPauseMemory: false (a filesystem-only auto-pause) is not supported by Hatchery: \
-             auto-pause keeps memory (see docs/e2b.md)",
+            "autoResume cannot be enabled with autoPauseMemory: false \
+             (a filesystem-only pause is resumed with connect)",
         ));
     }
     Ok(Lifecycle {
         auto_pause,
         auto_resume,
         timeout_s,
+        files_only,
     })
 }
 
@@ -363,21 +366,34 @@ pub async fn refresh(
 #[derive(Deserialize, Default)]
 pub struct ConnectBody {
     timeout: Option<i64>,
-    /// `false` (a cold boot from disk) cannot be honoured: refused.
+    /// `false` (the SDK's `on_resume="reboot"`: a cold boot from the
+    /// files): what resuming a filesystem-only pause does anyway, and
+    /// nothing for a running sandbox; refused for a memory pause, whose
+    /// files alone Hatchery does not keep.
     memory: Option<bool>,
     #[serde(rename = "autoPause")]
     #[allow(dead_code)]
     auto_pause: Option<bool>,
 }
 
+/// `memory: false` on a resume of a pause that kept memory: Hatchery has
+/// no files-only copy of it to boot from.
+async fn refuse_reboot_of_memory(s: &Shared, id: &str, b: &ConnectBody) -> ApiResult<()> {
+    if b.memory != Some(false) {
+        return Ok(());
+    }
+    match s.paused(id).await? {
+        Some(p) if !p.files_only => Err(ApiError::bad(
+            "memory=false (a reboot from disk) is supported only for a filesystem-only pause \
+             (pause with memory: false); this sandbox was paused with its memory",
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Connect: the sandbox as it is (200), resumed first if paused (201).
 /// The TTL is only ever extended.
 async fn do_connect(s: &Shared, id: &str, b: ConnectBody, default: u64) -> ApiResult<Response> {
-    if b.memory == Some(false) {
-        return Err(ApiError::bad(
-            "memory=false (resume from disk only) is not supported by Hatchery",
-        ));
-    }
     let ttl = timeout_of(b.timeout, default)?;
     if let Some((h, v)) = s.live(id).await? {
         let v = if v.expires_at_ms < crate::now_ms() + ttl * 1000 {
@@ -387,6 +403,7 @@ async fn do_connect(s: &Shared, id: &str, b: ConnectBody, default: u64) -> ApiRe
         };
         return Ok((StatusCode::OK, Json(sandbox_json(s, id, &v))).into_response());
     }
+    refuse_reboot_of_memory(s, id, &b).await?;
     Ok(match resume_paused(s, id, ttl).await? {
         Resumed::Restored(v) => (StatusCode::CREATED, Json(sandbox_json(s, id, &v))),
         Resumed::AlreadyRunning(v) => (StatusCode::OK, Json(sandbox_json(s, id, &v))),
@@ -415,17 +432,13 @@ pub async fn resume(
     Path(id): Path<String>,
     Body(b): Body<ConnectBody>,
 ) -> ApiResult<Response> {
-    if b.memory == Some(false) {
-        return Err(ApiError::bad(
-            "memory=false (resume from disk only) is not supported by Hatchery",
-        ));
-    }
     if s.live(&id).await?.is_some() {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             format!("sandbox \"{id}\" is already running"),
         ));
     }
+    refuse_reboot_of_memory(&s, &id, &b).await?;
     match resume_paused(&s, &id, timeout_of(b.timeout, 15)?).await? {
         Resumed::Restored(v) => {
             Ok((StatusCode::CREATED, Json(sandbox_json(&s, &id, &v))).into_response())
@@ -440,49 +453,57 @@ pub async fn resume(
 #[derive(Deserialize, Default)]
 pub struct PauseBody {
     /// `true` or absent: memory, processes and files (a Hatchery
-    /// snapshot). `false` asks for a filesystem-only pause, which this
-    /// backend cannot do honestly: refused before anything happens.
+    /// snapshot). `false`: files only (a filesystem-only pause; the
+    /// resume boots the template with them, no process survives).
     memory: Option<bool>,
     #[serde(flatten)]
     rest: BTreeMap<String, Value>,
 }
 
-/// Why a pause body is refused, if it is.
-fn pause_refusal(b: &PauseBody) -> Option<String> {
-    if b.memory == Some(false) {
-        return Some(
-            "filesystem-only pause (memory: false) is not supported by Hatchery: \
-             pause with memory (the default) instead (see docs/e2b.md)"
-                .into(),
-        );
+/// Whether the pause keeps memory, or why the body is refused.
+fn pause_memory(b: &PauseBody) -> Result<bool, String> {
+    // `mode` ("full" / "filesystem") is the newer spelling of `memory`.
+    let mode = match b.rest.get("mode") {
+        None | Some(Value::Null) => None,
+        Some(v) if v == "memory" || v == "full" => Some(true),
+        Some(v) if v == "filesystem" => Some(false),
+        Some(v) => {
+            return Err(format!(
+                "pause option \"mode\"={v} is not supported by Hatchery"
+            ))
+        }
+    };
+    if let (Some(m), Some(md)) = (b.memory, mode) {
+        if m != md {
+            return Err("memory and mode disagree".into());
+        }
     }
     // `requireHealthyGuest` (the SDK's `strict`) and `strict`: a snapshot
-    // needs a responding guest anyway. `mode: "memory"` is what it does.
+    // needs a responding guest anyway.
     for (k, v) in &b.rest {
         let fine = match k.as_str() {
             "strict" | "requireHealthyGuest" => v.is_null() || v.is_boolean(),
-            "mode" => v.is_null() || v == "memory" || v == "full",
+            "mode" => true,
             _ => v.is_null(),
         };
         if !fine {
-            return Some(format!(
+            return Err(format!(
                 "pause option {k:?}={v} is not supported by Hatchery"
             ));
         }
     }
-    None
+    Ok(b.memory.or(mode).unwrap_or(true))
 }
 
-/// Pause: a snapshot of the running sandbox, then the sandbox is stopped;
-/// a resume restores the snapshot under the same E2B id.
+/// Pause: a snapshot of the running sandbox (with its memory, or of its
+/// files only), then the sandbox is stopped; a resume restores the
+/// snapshot under the same E2B id.
 pub async fn pause(
     State(s): State<Arc<Shared>>,
     Path(id): Path<String>,
     Body(b): Body<PauseBody>,
 ) -> ApiResult<StatusCode> {
-    if let Some(why) = pause_refusal(&b) {
-        return Err(ApiError::bad(why));
-    }
+    let memory = pause_memory(&b).map_err(ApiError::bad)?;
     let Some((h, v)) = s.live(&id).await? else {
         return Err(match s.paused(&id).await? {
             Some(_) => ApiError::new(
@@ -492,7 +513,7 @@ pub async fn pause(
             None => ApiError::not_found(&id),
         });
     };
-    pause_live(&s, &id, &h, &v).await?;
+    pause_live(&s, &id, &h, &v, memory).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -1035,14 +1056,23 @@ mod tests {
             r#"{"memory": null}"#,
             r#"{"memory": true, "requireHealthyGuest": true}"#,
             r#"{"strict": false, "mode": "memory"}"#,
+            r#"{"mode": "full"}"#,
         ] {
-            assert_eq!(pause_refusal(&body(ok)), None, "{ok}");
+            assert_eq!(pause_memory(&body(ok)), Ok(true), "{ok}");
         }
-        let why = pause_refusal(&body(r#"{"memory": false}"#)).unwrap();
-        assert!(why.contains("filesystem-only pause"), "{why}");
-        assert!(pause_refusal(&body(r#"{"mode": "filesystem"}"#)).is_some());
-        assert!(pause_refusal(&body(r#"{"requireHealthyGuest": "yes"}"#)).is_some());
-        assert!(pause_refusal(&body(r#"{"other": 1}"#)).is_some());
+        for files in [
+            r#"{"memory": false}"#,
+            r#"{"mode": "filesystem"}"#,
+            r#"{"memory": false, "mode": "filesystem", "requireHealthyGuest": true}"#,
+        ] {
+            assert_eq!(pause_memory(&body(files)), Ok(false), "{files}");
+        }
+        assert!(pause_memory(&body(r#"{"memory": true, "mode": "filesystem"}"#)).is_err());
+        assert!(pause_memory(&body(r#"{"mode": "disk"}"#)).is_err());
+        assert!(pause_memory(&body(r#"{"requireHealthyGuest": "yes"}"#)).is_err());
+        assert!(pause_memory(&body(r#"{"other": 1}"#)).is_err());
+        // Not a bool: refused by the body's own parse (a 400).
+        assert!(serde_json::from_str::<PauseBody>(r#"{"memory": "no"}"#).is_err());
     }
 
     #[test]

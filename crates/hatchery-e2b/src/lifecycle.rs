@@ -26,8 +26,15 @@ pub const AUTO_RESUME_KEY: &str = "e2b_auto_resume";
 /// Metadata: the timeout (seconds) an auto-resume gives the sandbox, the
 /// one it was created or last connected with.
 pub const TIMEOUT_KEY: &str = "e2b_timeout_s";
+/// Metadata: the auto-pause keeps files only (`autoPauseMemory: false`).
+pub const AUTO_PAUSE_FILES_KEY: &str = "e2b_auto_pause_files";
 /// The keys above, hidden from clients and kept across pauses.
-pub const KEYS: [&str; 3] = [AUTO_PAUSE_KEY, AUTO_RESUME_KEY, TIMEOUT_KEY];
+pub const KEYS: [&str; 4] = [
+    AUTO_PAUSE_KEY,
+    AUTO_RESUME_KEY,
+    TIMEOUT_KEY,
+    AUTO_PAUSE_FILES_KEY,
+];
 /// TTL beyond the E2B timeout of an auto-pausing sandbox: time for the
 /// sweep to notice and the checkpoint to finish before Hatchery's own
 /// TTL would end it.
@@ -39,6 +46,9 @@ pub struct Lifecycle {
     pub auto_resume: bool,
     /// The timeout an auto-resume gives, in seconds (0: not known).
     pub timeout_s: u64,
+    /// The auto-pause is filesystem-only (E2B's `autoPauseMemory: false`):
+    /// files kept, memory and processes dropped.
+    pub files_only: bool,
 }
 
 impl Lifecycle {
@@ -48,6 +58,8 @@ impl Lifecycle {
             auto_pause: m.get(AUTO_PAUSE_KEY).is_some_and(|v| v == "1"),
             auto_resume: m.get(AUTO_RESUME_KEY).is_some_and(|v| v == "1"),
             timeout_s: m.get(TIMEOUT_KEY).and_then(|v| v.parse().ok()).unwrap_or(0),
+            files_only: m.get(AUTO_PAUSE_KEY).is_some_and(|v| v == "1")
+                && m.get(AUTO_PAUSE_FILES_KEY).is_some_and(|v| v == "1"),
         }
     }
 
@@ -59,6 +71,9 @@ impl Lifecycle {
             m.insert(TIMEOUT_KEY.into(), self.timeout_s.to_string());
             if self.auto_resume {
                 m.insert(AUTO_RESUME_KEY.into(), "1".into());
+            }
+            if self.files_only {
+                m.insert(AUTO_PAUSE_FILES_KEY.into(), "1".into());
             }
         }
         m
@@ -101,8 +116,22 @@ mod tests {
             auto_pause: true,
             auto_resume: true,
             timeout_s: 30,
+            files_only: false,
         };
         assert_eq!(Lifecycle::of(&l.keys()), l);
+        let f = Lifecycle {
+            auto_pause: true,
+            timeout_s: 30,
+            files_only: true,
+            ..Default::default()
+        };
+        assert_eq!(Lifecycle::of(&f.keys()), f);
+        // A files-only pause means nothing without auto-pause.
+        let k = Lifecycle {
+            files_only: true,
+            ..Default::default()
+        };
+        assert_eq!(Lifecycle::of(&k.keys()), Lifecycle::default());
         assert!(Lifecycle::default().keys().is_empty());
         // Auto-resume means nothing without auto-pause.
         let r = Lifecycle {

@@ -75,8 +75,16 @@ async fn resume_claimed(s: &Shared, id: &str, ttl: u64) -> ApiResult<Resumed> {
 
 /// Pauses running sandbox `h` (E2B id `id`, client view `v`): a snapshot
 /// that is the pause record (`state`), then the sandbox is stopped. Also
-/// the auto-pause at a timeout (`auto_pause::sweep`).
-pub(crate) async fn pause_live(s: &Shared, id: &str, h: &str, v: &SandboxView) -> ApiResult<()> {
+/// the auto-pause at a timeout (`auto_pause::sweep`). With `memory`
+/// false only its files are kept (a filesystem-only pause): the resume
+/// boots the template with them, and no process survives.
+pub(crate) async fn pause_live(
+    s: &Shared,
+    id: &str,
+    h: &str,
+    v: &SandboxView,
+    memory: bool,
+) -> ApiResult<()> {
     if !s.begin_pause(id) {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -90,7 +98,12 @@ pub(crate) async fn pause_live(s: &Shared, id: &str, h: &str, v: &SandboxView) -
                 format!("{MAX_PAUSED} sandboxes are paused already; kill or resume one first"),
             ));
         }
-        s.backend.snapshot(h, Paused::record(id, v)).await?;
+        let record = Paused::record(id, v, memory);
+        if memory {
+            s.backend.snapshot(h, record).await?;
+        } else {
+            s.backend.snapshot_files(h, record).await?;
+        }
         s.backend.kill(h).await;
         s.forget(id, h);
         Ok(())

@@ -38,11 +38,15 @@ pub const FORK_KEY: &str = "e2b_fork_of";
 /// and the name it was given.
 pub const SNAPSHOT_OF_KEY: &str = "e2b_snapshot_of";
 pub const SNAPSHOT_NAME_KEY: &str = "e2b_snapshot_name";
+/// Pause record metadata: the pause kept files only (`memory: false`), so
+/// a resume boots the template with them and no process survives.
+pub const PAUSED_FILES_KEY: &str = "e2b_paused_files";
 /// Keys this adapter writes; stripped from what clients see and from
 /// what a pause, resume or fork copies (the lifecycle's are carried over
 /// explicitly, see `lifecycle`).
-const SYSTEM_KEYS: [&str; 10] = [
+const SYSTEM_KEYS: [&str; 12] = [
     PAUSED_KEY,
+    PAUSED_FILES_KEY,
     PAUSED_STARTED_KEY,
     PAUSED_END_KEY,
     ALIAS_KEY,
@@ -52,6 +56,7 @@ const SYSTEM_KEYS: [&str; 10] = [
     lifecycle::KEYS[0],
     lifecycle::KEYS[1],
     lifecycle::KEYS[2],
+    lifecycle::KEYS[3],
 ];
 
 /// The user's metadata: `m` without this adapter's keys.
@@ -76,14 +81,19 @@ pub fn present(mut v: SandboxView) -> (String, SandboxView) {
 pub struct Paused {
     pub snapshot: String,
     pub view: SandboxView,
+    /// A filesystem-only pause (no memory).
+    pub files_only: bool,
 }
 
 impl Paused {
     /// The snapshot's metadata for a pause of `view` under `e2b_id`.
-    pub fn record(e2b_id: &str, view: &SandboxView) -> BTreeMap<String, String> {
+    pub fn record(e2b_id: &str, view: &SandboxView, memory: bool) -> BTreeMap<String, String> {
         let mut m = user_metadata(&view.metadata);
         m.extend(view.lifecycle.keys());
         m.insert(PAUSED_KEY.into(), e2b_id.into());
+        if !memory {
+            m.insert(PAUSED_FILES_KEY.into(), "1".into());
+        }
         m.insert(PAUSED_STARTED_KEY.into(), view.created_at_ms.to_string());
         m.insert(PAUSED_END_KEY.into(), view.expires_at_ms.to_string());
         m
@@ -103,9 +113,20 @@ impl Paused {
         view.created_at_ms = ms(PAUSED_STARTED_KEY, view.created_at_ms);
         view.expires_at_ms = ms(PAUSED_END_KEY, view.expires_at_ms);
         view.lifecycle = Lifecycle::of(&view.metadata);
+        let files_only = view
+            .metadata
+            .get(PAUSED_FILES_KEY)
+            .is_some_and(|v| v == "1");
         view.metadata = user_metadata(&view.metadata);
         view.id = e2b_id.clone();
-        Some((e2b_id, Paused { snapshot, view }))
+        Some((
+            e2b_id,
+            Paused {
+                snapshot,
+                view,
+                files_only,
+            },
+        ))
     }
 }
 

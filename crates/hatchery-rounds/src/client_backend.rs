@@ -234,6 +234,7 @@ impl Sandboxes for ClientSandboxes {
                 &CreateSnapshot {
                     retention_seconds: Some(retention_seconds),
                     metadata,
+                    memory: None,
                 },
             )
             .await

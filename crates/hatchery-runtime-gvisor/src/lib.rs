@@ -12,6 +12,7 @@
 //! sandboxes/<id>/        bundle: config.json, shim.json, shim.sock, logs
 //! ```
 
+mod files;
 mod layout;
 pub mod memcg;
 mod oci;

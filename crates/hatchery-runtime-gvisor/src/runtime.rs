@@ -1,6 +1,6 @@
 use crate::layout::{GvisorConfig, Layout, ShimConfig};
 use crate::shim::{ROLE_AGENT, ROLE_CONTROL};
-use crate::{oci, teardown};
+use crate::{files, oci, teardown};
 use async_trait::async_trait;
 use hatchery_agent_proto::{Frame, Kind, ShimControl, MAX_FRAME};
 use hatchery_runtime::{AgentStream, Runtime, RuntimeError, SandboxSpec};
@@ -72,6 +72,24 @@ impl GvisorRuntime {
         }
     }
 
+    /// The rootfs sandbox `id` runs on, from the OCI spec written at its
+    /// start (host-written: the guest cannot change it).
+    fn rootfs_of(&self, id: &str) -> Result<std::path::PathBuf, RuntimeError> {
+        let raw = std::fs::read(self.layout.bundle(id).join("config.json")).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                RuntimeError::NotFound(id.to_string())
+            } else {
+                e.into()
+            }
+        })?;
+        let spec: serde_json::Value =
+            serde_json::from_slice(&raw).map_err(|e| RuntimeError::Other(e.to_string()))?;
+        spec["root"]["path"]
+            .as_str()
+            .map(Into::into)
+            .ok_or_else(|| RuntimeError::Other(format!("no root path in {id}'s spec")))
+    }
+
     fn shim_pid(&self, id: &str) -> Option<i32> {
         std::fs::read_to_string(self.layout.bundle(id).join("shim.pid"))
             .ok()?
@@ -126,6 +144,32 @@ impl Runtime for GvisorRuntime {
 
     async fn restore(&self, spec: &SandboxSpec, dir: &Path) -> Result<(), RuntimeError> {
         self.start(spec, Some(dir)).await
+    }
+
+    async fn export_files(
+        &self,
+        id: &str,
+        since_ms: u64,
+        dest: &Path,
+        max_bytes: u64,
+    ) -> Result<u64, RuntimeError> {
+        let flags = self.layout.runsc_flags();
+        let rootfs = self.rootfs_of(id)?;
+        files::export(
+            &self.layout.cfg.runsc,
+            &flags,
+            id,
+            &rootfs,
+            since_ms,
+            dest,
+            max_bytes,
+        )
+        .await
+    }
+
+    async fn import_files(&self, id: &str, src: &Path) -> Result<(), RuntimeError> {
+        let flags = self.layout.runsc_flags();
+        files::import(&self.layout.cfg.runsc, &flags, id, src).await
     }
 
     async fn connect(&self, id: &str) -> Result<AgentStream, RuntimeError> {

@@ -24,6 +24,10 @@
 //!   [`FakeRuntime::forget_checkpoint`] makes an image that still verifies
 //!   on disk unrestorable (a runtime that cannot read its own image);
 //!   deleting the file is the test's way of losing it on disk;
+//! - filesystem-only pauses: `export_files` writes the guest's files (all
+//!   of them: the fake has no template files and no clock) as JSON,
+//!   failing with `TooLarge` past the cap, and `import_files` adds them
+//!   to another guest's;
 //! - faults, per operation ([`Op`]): fail with an error, hang until a
 //!   [`Gate`] is released, or be delayed, each for every call, one call, or
 //!   one call after skipping some ([`FakeRuntime::inject`]);
@@ -73,6 +77,8 @@ pub enum Op {
     Destroy,
     List,
     Checkpoint,
+    ExportFiles,
+    ImportFiles,
 }
 
 /// What an injected fault does to a call.
@@ -600,6 +606,58 @@ impl Runtime for FakeRuntime {
         }
         self.start(spec, img.files, Some(img.serial))
     }
+
+    async fn export_files(
+        &self,
+        id: &str,
+        _since_ms: u64,
+        dest: &Path,
+        max_bytes: u64,
+    ) -> Result<u64, RuntimeError> {
+        self.enter(Op::ExportFiles, id).await?;
+        let guest = self
+            .st()
+            .sandboxes
+            .get(id)
+            .filter(|s| s.alive)
+            .map(|s| Arc::clone(&s.guest))
+            .ok_or_else(|| RuntimeError::NotFound(id.to_string()))?;
+        let files = guest
+            .files
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let body = serde_json::to_vec(&files).map_err(|e| RuntimeError::Other(e.to_string()))?;
+        if body.len() as u64 > max_bytes {
+            return Err(RuntimeError::TooLarge { limit: max_bytes });
+        }
+        std::fs::write(dest, &body)?;
+        Ok(body.len() as u64)
+    }
+
+    async fn import_files(&self, id: &str, src: &Path) -> Result<(), RuntimeError> {
+        self.enter(Op::ImportFiles, id).await?;
+        let add = exported_files(src)?;
+        let guest = self
+            .st()
+            .sandboxes
+            .get(id)
+            .filter(|s| s.alive)
+            .map(|s| Arc::clone(&s.guest))
+            .ok_or_else(|| RuntimeError::NotFound(id.to_string()))?;
+        guest
+            .files
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(add);
+        Ok(())
+    }
+}
+
+/// The guest's files as [`Runtime::export_files`] wrote them into `src`.
+pub fn exported_files(src: &Path) -> Result<BTreeMap<String, Vec<u8>>, RuntimeError> {
+    let raw = std::fs::read(src)?;
+    serde_json::from_slice(&raw).map_err(|e| RuntimeError::Other(format!("bad export: {e}")))
 }
 
 /// The file a fake checkpoint in image directory `dir` consists of: what a
@@ -869,6 +927,32 @@ fn list_dir(files: &BTreeMap<String, Vec<u8>>, dir: &str) -> Option<Vec<FileEntr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_files_export_is_capped_and_imports_into_another_guest() {
+        let rt = FakeRuntime::new();
+        rt.create(&spec("a")).await.unwrap();
+        rt.st().sandboxes["a"]
+            .guest
+            .files
+            .lock()
+            .unwrap()
+            .insert("/f".into(), b"x".to_vec());
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("e");
+        let err = rt.export_files("a", 0, &out, 4).await.unwrap_err();
+        assert!(
+            matches!(err, RuntimeError::TooLarge { limit: 4 }),
+            "{err:?}"
+        );
+        assert!(!out.exists(), "nothing past the cap is written");
+        let n = rt.export_files("a", 0, &out, 1 << 20).await.unwrap();
+        assert_eq!(n, std::fs::metadata(&out).unwrap().len());
+        rt.create(&spec("b")).await.unwrap();
+        rt.import_files("b", &out).await.unwrap();
+        assert_eq!(rt.file("b", "/f"), Some(b"x".to_vec()));
+        assert!(rt.import_files("gone", &out).await.is_err());
+    }
 
     fn spec(id: &str) -> SandboxSpec {
         SandboxSpec {

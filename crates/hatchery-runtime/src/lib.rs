@@ -88,6 +88,9 @@ pub enum RuntimeError {
     Io(#[from] std::io::Error),
     #[error("runtime: {0}")]
     Other(String),
+    /// An export would have been larger than the cap it was given.
+    #[error("the sandbox's files are larger than {limit} bytes")]
+    TooLarge { limit: u64 },
 }
 
 /// A sandbox's resource use, read from the host's accounting.
@@ -169,5 +172,42 @@ pub trait Runtime: Send + Sync + 'static {
         _dir: &std::path::Path,
     ) -> Result<(), RuntimeError> {
         Err(RuntimeError::Unsupported("restore", self.name()))
+    }
+
+    /// Saves the files of running sandbox `id` (not its memory or
+    /// processes) into the new file `dest`, for [`Runtime::import_files`]:
+    /// a filesystem-only pause builds on this.
+    ///
+    /// Contract: what is saved is every file, directory and symlink of the
+    /// guest's writable filesystems (the root and `/tmp`) created or
+    /// changed (status change time) at or after `since_ms`, with its
+    /// owner, mode and times; never the runtime's own mounts (`/proc`,
+    /// `/sys`, `/dev`, the agent) nor what the runtime writes itself at
+    /// every boot; and every path of the sandbox's rootfs that the guest
+    /// no longer has (deleted), so that `import_files` removes it again.
+    /// The format is the runtime's own and opaque to callers;
+    /// the host never unpacks it (only a guest does, in `import_files`),
+    /// because the guest decided its contents. `dest` never grows past
+    /// `max_bytes`: past it the export fails with
+    /// [`RuntimeError::TooLarge`] and `dest` is removed. The sandbox keeps
+    /// running. Returns the bytes written.
+    async fn export_files(
+        &self,
+        _id: &str,
+        _since_ms: u64,
+        _dest: &std::path::Path,
+        _max_bytes: u64,
+    ) -> Result<u64, RuntimeError> {
+        Err(RuntimeError::Unsupported("export_files", self.name()))
+    }
+
+    /// Unpacks `src`, written by [`Runtime::export_files`] (of any sandbox
+    /// of the same runtime), into running sandbox `id`, over what it has:
+    /// the other half of a filesystem-only pause, done right after a
+    /// sandbox booted and before it is handed out. The unpacking runs
+    /// inside the sandbox, so a hostile archive can only harm that
+    /// sandbox; it is bounded by the sandbox's own disk.
+    async fn import_files(&self, _id: &str, _src: &std::path::Path) -> Result<(), RuntimeError> {
+        Err(RuntimeError::Unsupported("import_files", self.name()))
     }
 }

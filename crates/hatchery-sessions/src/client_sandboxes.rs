@@ -213,6 +213,7 @@ impl Sandboxes for ClientSandboxes {
                 &CreateSnapshot {
                     retention_seconds: Some(retention_s),
                     metadata,
+                    memory: None,
                 },
             )
             .await

@@ -2,7 +2,9 @@
 //! PostgreSQL (crates/hatchery-store/tests/conformance.rs starts a private
 //! server). Ids are unique per run, so a database may be reused.
 
-use crate::rows::{Fence, SandboxFilter, SandboxRow, SandboxState, SnapshotLocation, SnapshotRow};
+use crate::rows::{
+    Fence, SandboxFilter, SandboxRow, SandboxState, SnapshotKind, SnapshotLocation, SnapshotRow,
+};
 use crate::{host_resource, HostHold, Store, StoreError};
 use hatchery_db::race;
 use std::collections::BTreeMap;
@@ -108,6 +110,7 @@ fn snap(id: &str, sandbox_id: &str, location: SnapshotLocation) -> SnapshotRow {
         template_version: "v1".into(),
         host_id: String::new(),
         location,
+        kind: SnapshotKind::Memory,
     }
 }
 
@@ -240,8 +243,15 @@ async fn snapshots(s: &dyn Store, run: &str) {
     let (s1, s2) = (format!("snap_1{run}"), format!("snap_2{run}"));
     let (one, two) = (&[("r", run)][..], &[("r", run), ("k", "v")][..]);
     s.insert_snapshot(&a, &snap(&s1, 100, one)).await.unwrap();
-    s.insert_snapshot(&b, &snap(&s2, 200, two)).await.unwrap();
+    let files_only = SnapshotRow {
+        kind: SnapshotKind::Files,
+        ..snap(&s2, 200, two)
+    };
+    s.insert_snapshot(&b, &files_only).await.unwrap();
+    let got2 = s.get_snapshot(&s2).await.unwrap().unwrap();
+    assert_eq!(got2.kind, SnapshotKind::Files);
     let got = s.get_snapshot(&s1).await.unwrap().unwrap();
+    assert_eq!(got.kind, SnapshotKind::Memory);
     assert_eq!((got.size_bytes, &*got.host_id), (1 << 40, &*a.owner));
     assert_eq!(got.limits, "{\"cpus\":1}");
     assert_eq!(got.location, local(&a.owner));

@@ -54,6 +54,9 @@ pub static SCHEMA: Migrations = Migrations {
              ALTER TABLE core_sandboxes ADD COLUMN limits TEXT NOT NULL DEFAULT '';
              ALTER TABLE core_snapshots ADD COLUMN template_version TEXT NOT NULL DEFAULT '';",
         ),
+        // 4: what a snapshot holds (memory and files, or files only: a
+        // filesystem-only pause); every earlier one is a checkpoint.
+        Step::Both("ALTER TABLE core_snapshots ADD COLUMN kind TEXT NOT NULL DEFAULT 'memory';"),
     ],
 };
 

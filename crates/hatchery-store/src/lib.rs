@@ -20,7 +20,7 @@ pub use error::{BoxError, Result, StoreError};
 pub use host_state::{HostHold, HostState};
 pub use rows::{
     host_resource, valid_host_id, Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow,
-    SandboxState, SnapshotLocation, SnapshotRow, StoppedRow, HOST_LOST,
+    SandboxState, SnapshotKind, SnapshotLocation, SnapshotRow, StoppedRow, HOST_LOST,
 };
 
 use async_trait::async_trait;

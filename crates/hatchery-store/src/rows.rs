@@ -110,6 +110,22 @@ hatchery_db::record! {
         /// Where its image is. A local one is set to the writer's host by
         /// the store, whatever host the caller names.
         pub location: SnapshotLocation,
+        /// What its image holds (rows from before it was recorded are
+        /// `memory`).
+        pub kind: SnapshotKind,
+    }
+}
+
+hatchery_db::names! {
+    /// What a snapshot's image holds, and so how a fork starts from it.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum SnapshotKind {
+        /// Memory, processes and files (a runtime checkpoint): a fork
+        /// restores it and carries on where the sandbox was.
+        Memory = "memory",
+        /// Files only (`Runtime::export_files`): a fork boots from the
+        /// recorded template and unpacks them; no process survives.
+        Files = "files",
     }
 }
 

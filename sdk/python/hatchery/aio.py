@@ -361,8 +361,9 @@ class AsyncSandbox(_AsyncRecord):
         return AsyncExecStream(await _run(self.sync.exec_stream, cmd, **kw))
 
     async def snapshot(self, retention_seconds: Optional[int] = None, *,
-                       metadata: Optional[Dict[str, str]] = None) -> "AsyncSnapshot":
-        return AsyncSnapshot(await _run(self.sync.snapshot, retention_seconds, metadata=metadata))
+                       metadata: Optional[Dict[str, str]] = None,
+                       memory: Optional[bool] = None) -> "AsyncSnapshot":
+        return AsyncSnapshot(await _run(self.sync.snapshot, retention_seconds, metadata=metadata, memory=memory))
 
     async def run_code(self, code: str, *, language: Optional[str] = "python", context: Optional[ContextLike] = None,
                        on_stdout: Optional[Callable[[str], Any]] = None,

@@ -1106,8 +1106,9 @@ class Sandbox(_Record):
         return Terminal(WebSocket.connect(url, headers, timeout=timeout))
 
     def snapshot(self, retention_seconds: Optional[int] = None, *,
-                 metadata: Optional[Dict[str, str]] = None) -> "Snapshot":
-        body = _drop_none({"retention_seconds": retention_seconds, "metadata": metadata})
+                 metadata: Optional[Dict[str, str]] = None, memory: Optional[bool] = None) -> "Snapshot":
+        """memory=False keeps the sandbox's files only (a filesystem-only pause)."""
+        body = _drop_none({"retention_seconds": retention_seconds, "metadata": metadata, "memory": memory})
         r = self._client.call("POST", "/v1/sandboxes/{id}/snapshots", params={"id": self.id}, json=body,
                               timeout=max(self._client.transport.timeout, 120.0))
         return Snapshot(SnapshotInfo.from_dict(r.json()), self._client)

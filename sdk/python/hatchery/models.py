@@ -195,6 +195,9 @@ class SnapshotInfo:
     created_at: str
     expires_at: str
     size_bytes: int
+    # False: the sandbox's files only (a filesystem-only pause); forks boot
+    # the template with them and no process survives.
+    memory: bool
     metadata: Dict[str, str] = field(default_factory=dict)
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 

@@ -139,7 +139,7 @@ export const fileEntry = (w: wire.FileEntry): FileEntry => fromWire(FILE_ENTRY_F
 
 export const SNAPSHOT_FIELDS = {
   id: "id", sandbox_id: "sandboxId", template: "template", created_at: "createdAt", expires_at: "expiresAt",
-  size_bytes: "sizeBytes", metadata: "metadata",
+  size_bytes: "sizeBytes", metadata: "metadata", memory: "memory",
 } as const satisfies FieldMap<wire.Snapshot>;
 export type SnapshotInfo = Renamed<wire.Snapshot, typeof SNAPSHOT_FIELDS>;
 export const snapshotInfo = (w: wire.Snapshot): SnapshotInfo => fromWire(SNAPSHOT_FIELDS, w);
@@ -435,9 +435,11 @@ export const PATCH_FIELDS = { ttl_seconds: "ttlSeconds" } as const satisfies Fie
 export interface SnapshotOptions {
   retentionSeconds?: number;
   metadata?: Record<string, string>;
+  /** `false`: the sandbox's files only (a filesystem-only pause). */
+  memory?: boolean;
 }
 export const SNAPSHOT_OPTION_FIELDS = {
-  retention_seconds: "retentionSeconds", metadata: "metadata",
+  retention_seconds: "retentionSeconds", metadata: "metadata", memory: "memory",
 } as const satisfies FieldMap<wire.CreateSnapshot> & Record<string, keyof SnapshotOptions>;
 
 export interface ForkOptions {

@@ -96,6 +96,7 @@ export interface CreateSecret {
 }
 
 export interface CreateSnapshot {
+  memory?: boolean | null;
   metadata?: Record<string, string>;
   retention_seconds?: number | null;
 }
@@ -375,6 +376,7 @@ export interface Snapshot {
   created_at: string;
   expires_at: string;
   id: string;
+  memory: boolean;
   metadata: Record<string, string>;
   sandbox_id: string;
   size_bytes: number;

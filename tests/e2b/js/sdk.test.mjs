@@ -97,9 +97,14 @@ test("issue 35: list filters, Template.exists, remove, gzip, metrics, signed URL
     forged.searchParams.set("path", "/home/user/up.txt");
     assert.equal((await fetch(forged)).status, 401);
 
-    await assert.rejects(a.pause({ keepMemory: false }), /filesystem-only pause/);
-    assert.equal((await a.getInfo()).state, "running");
-    assert.equal(await a.pause({ keepMemory: true }), true);
+    // A filesystem-only pause: the files come back, the processes do not.
+    await a.commands.run("sleep 3600", { background: true });
+    assert.equal(await a.pause({ keepMemory: false }), true);
+    assert.equal((await a.getInfo()).state, "paused");
+    const cold = await Sandbox.connect(a.sandboxId);
+    assert.equal(await cold.files.read("/home/user/up.txt"), "via url");
+    assert.ok(!(await cold.commands.list()).some((p) => [p.cmd, ...p.args].join(" ").includes("sleep 3600")));
+    assert.equal(await cold.pause({ keepMemory: true }), true);
     const back = await Sandbox.connect(a.sandboxId);
     assert.equal(await back.files.read("/home/user/up.txt"), "via url");
   } finally {

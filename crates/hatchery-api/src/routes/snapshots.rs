@@ -14,7 +14,8 @@ use hatchery_tenants::Principal;
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshots", tag = "snapshots", params(("id" = String, Path)),
     request_body = CreateSnapshot,
-    responses((status = 201, body = Snapshot), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 201, body = Snapshot), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+        (status = 409, description = "files_too_large: a files-only snapshot over the sandbox's disk plus 64 MiB", body = ErrorBody)))]
 pub async fn create(
     State(st): State<AppState>,
     principal: Option<Extension<Principal>>,
@@ -30,10 +31,15 @@ pub async fn create(
         caps.max_retention_s,
         "retention_seconds",
     )?;
-    let snap = st
-        .manager
-        .snapshot(&id, Some(retention), body.metadata)
-        .await?;
+    let snap = if body.memory.unwrap_or(true) {
+        st.manager
+            .snapshot(&id, Some(retention), body.metadata)
+            .await?
+    } else {
+        st.manager
+            .snapshot_files(&id, Some(retention), body.metadata)
+            .await?
+    };
     Ok((StatusCode::CREATED, axum::Json(snap.into())))
 }
 
