@@ -54,7 +54,7 @@ def main():
     model = ScriptedModel({"burn": [
         {"tool_calls": [{"name": "shell", "arguments": {"command": BURN}}]},
         {"tool_calls": [{"name": "finish", "arguments": {"summary": "counted"}}]},
-    ] * 1}).start()
+    ]}).start()
     git = GitServer().start()
     base = SessionDaemon(model.port, extra=["--pool-size", "0"]).start()
     ck = SessionDaemon(model.port, extra=["--pool-size", "0", "--sessions-checkpoint-interval", str(K)]).start()

@@ -209,14 +209,15 @@ def _cache_put(src, dst, name, superseded):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def net_leftovers(prefix, netns=None):
-    """Network namespaces, veths and the nftables table of a daemon that
-    is no longer running: all must be gone. `netns`: the namespace the
-    daemon ran in (tests/pg/hostnet.py), where its veths and table were;
-    the root namespace is checked too."""
-    left = []
+def _net_items(prefix, netns=None):
+    """(description, command that removes it) of each network namespace,
+    veth and nftables table of a daemon with this prefix. `netns`: the
+    namespace the daemon ran in (tests/pg/hostnet.py), where its veths and
+    table were; the root namespace is checked too."""
+    items = []
     if os.path.isdir("/run/netns"):
-        left += [f"netns {n}" for n in os.listdir("/run/netns") if n.startswith(f"hx{prefix}-")]
+        items += [(f"netns {n}", ["ip", "netns", "delete", n])
+                  for n in os.listdir("/run/netns") if n.startswith(f"hx{prefix}-")]
     inside = [[]]
     if netns and os.path.exists(f"/run/netns/{netns}"):
         inside.append(["ip", "netns", "exec", netns])
@@ -226,35 +227,27 @@ def net_leftovers(prefix, netns=None):
         for line in links.splitlines():
             name = line.split(": ")[1].split("@")[0]
             if name.startswith(f"hx{prefix}."):
-                left.append(f"veth {name}{where}")
+                items.append((f"veth {name}{where}", [*pre, "ip", "link", "delete", name]))
         tables = subprocess.run([*pre, "nft", "list", "tables"], capture_output=True, text=True).stdout
-        if f"hatchery_{prefix}" in tables:
-            left.append(f"nftables table hatchery_{prefix}{where}")
-    return left
+        for line in tables.splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[2] == f"hatchery_{prefix}":
+                items.append((f"nftables table hatchery_{prefix}{where}", [*pre, "nft", "delete", "table", *parts[1:]]))
+    return items
+
+
+def net_leftovers(prefix, netns=None):
+    """Network namespaces, veths and the nftables table of a daemon that
+    is no longer running: all must be gone."""
+    return [what for what, _ in _net_items(prefix, netns)]
 
 
 def purge_net(prefix, netns=None):
     """Removes what net_leftovers finds, after a leak was reported, so one
     test's leak does not fail the tests after it (a later daemon's network
     checks would see stale namespaces and tables)."""
-    if os.path.isdir("/run/netns"):
-        for n in os.listdir("/run/netns"):
-            if n.startswith(f"hx{prefix}-"):
-                subprocess.run(["ip", "netns", "delete", n], capture_output=True)
-    inside = [[]]
-    if netns and os.path.exists(f"/run/netns/{netns}"):
-        inside.append(["ip", "netns", "exec", netns])
-    for pre in inside:
-        links = subprocess.run([*pre, "ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-        for line in links.splitlines():
-            name = line.split(": ")[1].split("@")[0]
-            if name.startswith(f"hx{prefix}."):
-                subprocess.run([*pre, "ip", "link", "delete", name], capture_output=True)
-        tables = subprocess.run([*pre, "nft", "list", "tables"], capture_output=True, text=True).stdout
-        for line in tables.splitlines():
-            parts = line.split()
-            if len(parts) == 3 and parts[2] == f"hatchery_{prefix}":
-                subprocess.run([*pre, "nft", "delete", "table", parts[1], parts[2]], capture_output=True)
+    for _, cmd in _net_items(prefix, netns):
+        subprocess.run(cmd, capture_output=True)
     with contextlib.suppress(OSError):
         os.unlink(f"/run/hatchery/net-{prefix}.lock")
 

@@ -94,8 +94,8 @@ impl Sessions {
         let pending = self.core.store.pending_approval(id).await?;
         let fresh = pending.as_ref().map(|a| a.approval_id.as_str()) != Some(approval_id);
         let s = self.core.store.get(id).await?;
-        let (ev, patch) = approval_request(approval_id, action, details);
         let (extra, patch) = if fresh {
+            let (ev, patch) = approval_request(approval_id, action, details);
             (vec![ev], patch)
         } else {
             (vec![], Patch::default())
@@ -106,13 +106,7 @@ impl Sessions {
             // approval pending while the session says `running`.
             match self
                 .core
-                .transition(
-                    id,
-                    SessionState::WaitingApproval,
-                    None,
-                    extra.clone(),
-                    patch.clone(),
-                )
+                .transition(id, SessionState::WaitingApproval, None, extra, patch)
                 .await
             {
                 Ok(_) => moved = true,
