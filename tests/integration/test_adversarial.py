@@ -215,7 +215,7 @@ def test_a_host_backstop_kill_is_reported_as_host_oom(daemon):
     daemon.created.discard(sid)
     wait_for(lambda: metric(daemon, "hatchery_sandboxes_killed_total", 'reason="host_oom"') == 1, timeout=10)
     wait_for(lambda: not os.path.exists(cg), timeout=20)
-    assert "the host's memory backstop killed" in daemon.log()
+    assert "the host's memory backstop killed" in daemon.log(tail=None)
     healthy(daemon, neighbour)
 
 

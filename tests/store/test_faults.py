@@ -54,7 +54,7 @@ def pg():
 
 
 def log_of(d):
-    return open(d.log_path, errors="replace").read()
+    return d.log(tail=None)
 
 
 def db_now_ms(pg):

@@ -165,7 +165,7 @@ def test_cordon_uncordon_lost_sandboxes_and_readiness(pg):
         h1b.created |= h1.created
         assert states(c)["ap-1"] == "ready"
         h1b.wait_no_leftovers(timeout=30, net=False)
-        assert "reconciling this host's sandboxes" in h1b.log()
+        assert "reconciling this host's sandboxes" in h1b.log(tail=None)
         assert c.request("GET", f"/v1/sandboxes/{kept}").status == 410
 
         # Every host stopped: the control plane is not ready.

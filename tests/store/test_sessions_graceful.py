@@ -121,7 +121,7 @@ def test_sigterm_moves_running_sessions_to_another_host(pg, git_server, model, s
         a.proc.wait(STOP_GRACE_S + 10)
         exited_after = time.time() - stopped_at
         assert a.proc.returncode == 0, a.proc.returncode
-        log = a.log()
+        log = a.log(tail=None)
         for line in ("stop requested: taking no new work", "session handed to another host",
                      "no sessions left on this host"):
             assert line in log, line
@@ -188,7 +188,7 @@ def test_drain_through_the_api_moves_a_session_then_the_stop_is_quick(pg, git_se
         wait_for(lambda: host_view(c, "gd-a")["live_sessions"] == 0, timeout=30, what="no session left on gd-a")
         assert a.proc.poll() is None, "a drain does not stop the host"
         assert session_row(pg, sid)[0] == "gd-b"
-        wait_for(lambda: "drained: no sessions left on this host" in a.log(), timeout=10,
+        wait_for(lambda: "drained: no sessions left on this host" in a.log(tail=None), timeout=10,
                  what="the drained host saying so")
         # A new session through the control plane goes to the other host.
         other = c.new_session(repo, "[script:quick] placed elsewhere")

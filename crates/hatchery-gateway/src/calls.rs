@@ -251,10 +251,12 @@ async fn call_inner(
     g.metrics.reserve_seconds.observe(t.elapsed().as_secs_f64());
     if let Err(e) = reserved {
         if let BudgetError::Exhausted { scope, .. } = &e {
-            g.events.record(GatewayEvent::Exhausted {
-                caller: caller.clone(),
-                scope: scope.clone(),
-            });
+            g.events
+                .record_first(GatewayEvent::Exhausted {
+                    caller: caller.clone(),
+                    scope: scope.clone(),
+                })
+                .await;
         }
         return Err(fail(CallError::Store(e)));
     }

@@ -47,6 +47,15 @@ pub enum GatewayEvent {
 pub trait GatewayEvents: Send + Sync {
     fn record(&self, e: GatewayEvent);
 
+    /// Records `e` before the caller is answered, for an event the caller
+    /// acts on: an agent told its budget is spent exits at once, and the
+    /// session must already know why (an effect is logged before it is
+    /// seen). By default [`Self::record`]; a sink that writes somewhere
+    /// waits for the write, within a bound of its own.
+    async fn record_first(&self, e: GatewayEvent) {
+        self.record(e)
+    }
+
     /// Settles a finished call's reservation and records its `Called`
     /// event. By default two steps: the settle commits, then the event is
     /// recorded. A sink that writes into a session log on the gateway's

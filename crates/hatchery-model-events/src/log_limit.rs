@@ -19,3 +19,15 @@ pub(crate) fn not_written(session: Option<&str>, why: &str) {
         "gateway event not written to the session log"
     );
 }
+
+/// An event its caller waited for that was not taken before the wait's
+/// bound: the answer went out first (the event is still written in turn).
+pub(crate) fn answered_first() {
+    static LIMIT: OnceLock<LogLimiter> = OnceLock::new();
+    let l = LIMIT.get_or_init(|| LogLimiter::new(Duration::from_secs(10), 1));
+    hatchery_serve::limited_warn!(
+        l,
+        "gateway-event-late",
+        "a gateway event was not recorded before its answer"
+    );
+}

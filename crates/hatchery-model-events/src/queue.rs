@@ -2,23 +2,30 @@
 //! a settled call's event committed with its settle.
 
 use crate::convert::model_event;
-use crate::log_limit::not_written;
+use crate::log_limit::{answered_first, not_written};
 use crate::sink::{EventSink, LocalSink, SessionLog};
 use hatchery_gateway::budget::{BudgetError, BudgetStore};
 use hatchery_gateway::events::{GatewayEvent, GatewayEvents};
 use hatchery_gateway::store::Settlement;
 use hatchery_sessions::model_events::ModelEvent;
 use std::sync::Arc;
-use tokio::sync::mpsc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
 
 /// Events waiting for their writer; past it they are dropped and counted,
 /// never blocking a model call.
 const EVENT_QUEUE: usize = 4096;
 
-/// What the writer task is handed: an observation, or a settled call's
-/// event already carrying its settle (the control role's).
+/// How long a caller waits for an event it must see recorded before its
+/// answer ([`GatewayEvents::record_first`]); past it the answer goes out
+/// and the event is still written in its turn.
+const RECORD_FIRST_WAIT: Duration = Duration::from_secs(2);
+
+/// What the writer task is handed: an observation (with whom to tell once
+/// its sink took it), or a settled call's event already carrying its
+/// settle (the control role's).
 enum Queued {
-    Observed(GatewayEvent),
+    Observed(GatewayEvent, Option<oneshot::Sender<()>>),
     Settling(String, ModelEvent),
 }
 
@@ -45,12 +52,15 @@ impl QueuedEvents {
         let (tx, mut rx) = mpsc::channel::<Queued>(EVENT_QUEUE);
         tokio::spawn(async move {
             while let Some(q) = rx.recv().await {
-                let e = match q {
-                    Queued::Observed(e) => model_event(e),
-                    Queued::Settling(session, ev) => Some((session, ev)),
+                let (e, done) = match q {
+                    Queued::Observed(e, done) => (model_event(e), done),
+                    Queued::Settling(session, ev) => (Some((session, ev)), None),
                 };
                 if let Some((session, ev)) = e {
                     sink.deliver(&session, ev).await;
+                }
+                if let Some(done) = done {
+                    let _ = done.send(());
                 }
             }
         });
@@ -61,8 +71,26 @@ impl QueuedEvents {
 #[async_trait::async_trait]
 impl GatewayEvents for QueuedEvents {
     fn record(&self, e: GatewayEvent) {
-        if self.tx.try_send(Queued::Observed(e)).is_err() {
+        if self.tx.try_send(Queued::Observed(e, None)).is_err() {
             not_written(None, "the gateway's event queue is full");
+        }
+    }
+
+    /// Through the queue, so that it stays in order with the events
+    /// before it, and waited for until the sink took it: written, with
+    /// the sessions local; handed to its session's lane, on the control
+    /// role (whose post to the owner may take longer than a caller should
+    /// wait).
+    async fn record_first(&self, e: GatewayEvent) {
+        let (done, taken) = oneshot::channel();
+        if self.tx.try_send(Queued::Observed(e, Some(done))).is_err() {
+            return not_written(None, "the gateway's event queue is full");
+        }
+        if tokio::time::timeout(RECORD_FIRST_WAIT, taken)
+            .await
+            .is_err()
+        {
+            answered_first();
         }
     }
 
@@ -156,6 +184,69 @@ mod tests {
             })
             .collect();
         assert_eq!(codes, ["ses_a:first", "ses_a:second"]);
+    }
+
+    /// A sink that takes 50 ms per event, or never returns.
+    struct Slow {
+        got: std::sync::Mutex<Vec<ModelEvent>>,
+        stuck: bool,
+    }
+    #[async_trait::async_trait]
+    impl EventSink for Slow {
+        async fn deliver(&self, _: &str, e: ModelEvent) {
+            if self.stuck {
+                std::future::pending::<()>().await;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            self.got.lock().unwrap().push(e);
+        }
+    }
+
+    fn exhausted() -> GatewayEvent {
+        GatewayEvent::Exhausted {
+            caller: caller(),
+            scope: "session:ses_a".into(),
+        }
+    }
+
+    /// `record_first` returns once the sink took the event, after the
+    /// events queued before it: the answer that follows is never ahead
+    /// of its log line.
+    #[tokio::test]
+    async fn record_first_waits_for_the_sink() {
+        let sink = Arc::new(Slow {
+            got: Default::default(),
+            stuck: false,
+        });
+        let q = QueuedEvents::spawn(sink.clone());
+        q.record(called(
+            &caller(),
+            Amount {
+                tokens: 1,
+                usd_cents: 0,
+            },
+        ));
+        q.record_first(exhausted()).await;
+        let got = sink.got.lock().unwrap().clone();
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!(matches!(got[1], ModelEvent::Exhausted { .. }), "{got:?}");
+    }
+
+    /// A sink that never finishes holds the answer for the bound only.
+    #[tokio::test]
+    async fn record_first_gives_up_after_its_bound() {
+        let sink = Arc::new(Slow {
+            got: Default::default(),
+            stuck: true,
+        });
+        let q = QueuedEvents::spawn(sink.clone());
+        let t0 = tokio::time::Instant::now();
+        q.record_first(exhausted()).await;
+        let waited = t0.elapsed();
+        assert!(
+            waited >= RECORD_FIRST_WAIT && waited < RECORD_FIRST_WAIT * 3,
+            "{waited:?}"
+        );
     }
 
     /// A local log that refuses the event (the caller is no session of

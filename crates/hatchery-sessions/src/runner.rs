@@ -1122,6 +1122,12 @@ async fn finish(
     }
     crate::egress::approvals::close_for_exit(svc, id).await?;
     leave_waiting(svc, id).await?;
+    // An agent told that its budget is spent usually exits at once, often
+    // before this runner read the gateway's mark: the session ends for
+    // the budget, not for how the agent took the refusal.
+    if let Some(why) = svc.take_exhausted(id) {
+        return Err(fail("budget_exhausted", why));
+    }
     let cur = svc.store.get(id).await?;
     if code == Some(0) && cur.state == S::Running {
         release(svc, &cur).await;
