@@ -6,9 +6,10 @@ import contextlib
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 
-from harness import Daemon
+from harness import Daemon, arg
 from sessions_support import SessionDaemon
 
 CHEAP = {"models": {"scripted": {"input_cents_per_mtok": 1, "output_cents_per_mtok": 1}}}
@@ -36,3 +37,12 @@ def gateway_daemon(model, templates_dir, prefix, prices=CHEAP, upstream_key="sk-
     finally:
         d.cleanup_sessions()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def verify_chain(d, sid):
+    """`hatchery audit verify` accepts session `sid`'s hash chain."""
+    cli = os.path.join(os.environ["HATCHERY_BIN_DIR"], "hatchery")
+    db = arg(d.extra_args, "--db") or os.path.join(d.data_dir, "hatchery.db")
+    r = subprocess.run([cli, "audit", "verify", "--db", db, sid, "--json"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, (r.stdout, r.stderr)

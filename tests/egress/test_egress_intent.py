@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from gateway_daemon import gateway_daemon
+from gateway_daemon import gateway_daemon, verify_chain
 from egress_servers import HOST
 from harness import arg, metric
 from scripted_model import ScriptedModel
@@ -177,14 +177,6 @@ def policy(d, servers, refused_port):
 
 def outputs(evs):
     return [e["output"] for e in evs if e["type"] == "command_run"]
-
-
-def verify_chain(d, sid):
-    cli = os.path.join(os.environ["HATCHERY_BIN_DIR"], "hatchery")
-    db = arg(d.extra_args, "--db") or os.path.join(d.data_dir, "hatchery.db")
-    r = subprocess.run([cli, "audit", "verify", "--db", db, sid, "--json"],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, (r.stdout, r.stderr)
 
 
 def test_an_allowed_connection_is_logged_before_the_dial_then_its_result(gd, servers, git_server,

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from gateway_daemon import gateway_daemon
+from gateway_daemon import gateway_daemon, verify_chain
 from egress_servers import HOST, PKG, PKG_VALUE
 from scripted_model import ScriptedModel
 from sessions_support import DEMO_FILES, SCRIPTS
@@ -100,6 +100,7 @@ def model(commands):
         "move": [shell(commands["curl"]), {"content": "ready for a policy move"}, shell(commands["curl"]),
                  finish("moved")],
         "restart": [shell("sleep 8; " + commands["curl"]), finish("survived")],
+        "held": [dict(shell("true"), delay_s=HELD_S), finish("never")],
         "broke": [finish("never reached")],
         # Its model reports 100,000 + 100,000 tokens for the first call.
         "overreport": [dict(shell("echo hi"), usage={"prompt_tokens": 100000, "completion_tokens": 100000}),
@@ -127,6 +128,8 @@ def gd(model, agent_templates):
 
 
 FLOOD = 150
+# How long the scripted model holds the "held" script's first call.
+HELD_S = 30
 
 
 def commands_port(commands):
@@ -342,6 +345,38 @@ def test_bindings_survive_a_daemon_sigkill(gd, servers, git_server, model):
     assert len(calls) == 2 and s["spend"]["tokens"] == sum(c["tokens"] for c in calls)
 
 
+def test_a_model_call_at_the_upstream_when_the_daemon_dies_was_logged_first(gd, git_server, model):
+    """SIGKILL while a call is at the upstream (the scripted model holds it
+    for HELD_S s): its `model_call_intent` is already in the session's log
+    (committed before the upstream was dialled), with no `model_call` after
+    it, and the upstream saw exactly as many calls as there are intents;
+    the log still verifies after the restart."""
+    repo = git_server.add_repo("held", DEMO_FILES)
+    before = len(model.requests)
+    sid = gd.new_session(repo, "[script:held] a call held at the upstream", template="agent-session")
+    gd.track_sandboxes(sid)
+    intent = gd.wait_event(sid, "model_call_intent", timeout=120)
+    deadline = time.time() + 30
+    while len(model.requests) == before and time.time() < deadline:
+        time.sleep(0.05)
+    assert len(model.requests) - before == 1, "the upstream never saw the call"
+    gd.crash()
+    gd.start()
+    evs = gd.all_events(sid)
+    intents = [e for e in evs if e["type"] == "model_call_intent"]
+    assert intents and intents[0]["reservation"] == intent["reservation"], evs
+    assert not [e for e in evs if e["type"] == "model_call" and e["seq"] > intent["seq"]
+                and e["seq"] < (intents[1]["seq"] if len(intents) > 1 else 1 << 62)], evs
+    # Whatever the restarted session did next, no call reached the
+    # upstream without its intent.
+    assert gd.request("POST", f"/v1/sessions/{sid}:cancel").status == 200
+    gd.wait_state(sid, "cancelled", timeout=120)
+    evs = gd.all_events(sid)
+    intents = [e for e in evs if e["type"] == "model_call_intent"]
+    assert len(model.requests) - before <= len(intents), (len(model.requests) - before, intents)
+    verify_chain(gd, sid)
+
+
 def test_demo_installs_through_the_proxy_and_spends_through_the_gateway(gd, servers, git_server, model):
     """The agent-sessions demo with the gateway and the proxy: the agent
     installs a package through the proxy, then fixes the failing test; every
@@ -361,6 +396,11 @@ def test_demo_installs_through_the_proxy_and_spends_through_the_gateway(gd, serv
     assert any(e["type"] == "egress_connect" for e in evs)
     calls = [e for e in evs if e["type"] == "model_call"]
     assert len(calls) == len(model.requests) - before == 6
+    # Each call's intent came first: 6 intents, the i-th before the i-th call.
+    intents = [e for e in evs if e["type"] == "model_call_intent"]
+    assert len(intents) == 6 and all(i["seq"] < c["seq"] for i, c in zip(intents, calls)), intents
+    assert len({i["reservation"] for i in intents}) == 6
+    assert all(i["reserved_tokens"] >= c["tokens"] for i, c in zip(intents, calls)), (intents, calls)
     assert s["spend"]["tokens"] == sum(c["tokens"] for c in calls) > 0
     assert s["spend"]["usd_cents"] == sum(c["usd_cents"] for c in calls) > 0
     budgets = [e for e in evs if e["type"] == "budget"]

@@ -11,7 +11,9 @@ each get their own deterministic play. A turn is
 and `{last_user}` in any string is replaced by the text of the
 conversation's last user message (a steering message shows up that way).
 A turn with `"usage": {"prompt_tokens", "completion_tokens"}` reports that
-instead of its real size (a model that lies about what a call cost).
+instead of its real size (a model that lies about what a call cost); one
+with `"delay_s": N` holds the call N seconds before answering (a slow
+model, to kill a daemon while a call is at the upstream).
 
 Run standalone: python3 scripted_model.py SCRIPTS.json [PORT]
 """
@@ -64,6 +66,7 @@ class ScriptedModel:
                 with model.lock:
                     model.requests.append({"sandbox": self.headers.get("X-Hatchery-Sandbox"), "body": req})
                 turn, usage = model.answer(req)
+                time.sleep(float(turn.pop("delay_s", 0)))
                 if req.get("stream"):
                     return self._stream(req, turn, usage)
                 self._json(200, model.completion(req, turn, usage))

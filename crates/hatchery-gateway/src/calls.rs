@@ -260,6 +260,22 @@ async fn call_inner(
         }
         return Err(fail(CallError::Store(e)));
     }
+    // The call's intent is in the session's log before the upstream is
+    // dialled; a session that ended or a log that cannot take it keeps
+    // the call from going out (and frees its reservation).
+    let intent = GatewayEvent::Requested {
+        caller: caller.clone(),
+        flavor,
+        model: plan.model.clone(),
+        reservation: id.clone(),
+        reserved: estimate,
+    };
+    if let Err(e) = g.events.intent(intent).await {
+        if let Err(err) = g.store.settle(&id, &scopes, Amount::default()).await {
+            tracing::error!(reservation = %id, error = %err, "freeing an unsent call's reservation failed");
+        }
+        return Err(fail(e.into()));
+    }
     // From here the reservation is settled whatever happens to this
     // request: the exchange runs in a task of its own, which a caller that
     // hangs up does not cancel, within a deadline shorter than the
@@ -299,3 +315,7 @@ fn pass_headers(flavor: Flavor, h: &HeaderMap) -> Vec<(&'static str, String)> {
         .filter_map(|n| Some((*n, h.get(*n)?.to_str().ok()?.to_string())))
         .collect()
 }
+
+#[cfg(test)]
+#[path = "calls_tests.rs"]
+mod tests;

@@ -4,6 +4,7 @@
 
 use crate::budget::BudgetError;
 use crate::estimate::EstimateError;
+use crate::events::IntentError;
 use crate::pricing::PricingError;
 use crate::upstream::UpstreamError;
 use crate::usage::Flavor;
@@ -53,6 +54,10 @@ pub enum CallError {
     /// The policy could not be evaluated: the call is not made.
     #[error(transparent)]
     Policy(crate::policy::PolicyCheckError),
+    /// The call's intent could not be written to the session's log: it is
+    /// not made.
+    #[error(transparent)]
+    Intent(#[from] crate::events::IntentError),
 }
 
 impl CallError {
@@ -74,6 +79,8 @@ impl CallError {
             CallError::PolicyDenied(_) => "policy_denied",
             CallError::ApprovalRequired(_) => "approval_required",
             CallError::Policy(_) => "internal",
+            CallError::Intent(IntentError::SessionEnded) => "session_ended",
+            CallError::Intent(IntentError::NotRecorded(_)) => "log_unavailable",
         }
     }
 
@@ -107,6 +114,8 @@ impl CallError {
             | CallError::BadUpstreamAnswer
             | CallError::GatewayUnreachable(_) => StatusCode::BAD_GATEWAY,
             CallError::AnswerDeadline(_) => StatusCode::GATEWAY_TIMEOUT,
+            CallError::Intent(IntentError::SessionEnded) => StatusCode::CONFLICT,
+            CallError::Intent(IntentError::NotRecorded(_)) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 

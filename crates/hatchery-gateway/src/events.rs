@@ -10,6 +10,15 @@ use std::time::Instant;
 
 #[derive(Debug, Clone)]
 pub enum GatewayEvent {
+    /// A call about to reach the upstream, its worst case reserved (the
+    /// intent, [`GatewayEvents::intent`]).
+    Requested {
+        caller: Caller,
+        flavor: Flavor,
+        model: String,
+        reservation: String,
+        reserved: Amount,
+    },
     Called {
         caller: Caller,
         flavor: Flavor,
@@ -56,6 +65,15 @@ pub trait GatewayEvents: Send + Sync {
         self.record(e)
     }
 
+    /// Writes a call's intent (`Requested`) before the upstream is
+    /// dialled: an error means it is not written and the call must not
+    /// go out. By default [`Self::record`] (a gateway without session
+    /// logs has nothing to refuse on).
+    async fn intent(&self, e: GatewayEvent) -> Result<(), IntentError> {
+        self.record(e);
+        Ok(())
+    }
+
     /// Settles a finished call's reservation and records its `Called`
     /// event. By default two steps: the settle commits, then the event is
     /// recorded. A sink that writes into a session log on the gateway's
@@ -72,6 +90,18 @@ pub trait GatewayEvents: Send + Sync {
         self.record(called);
         r
     }
+}
+
+/// Why a call's intent was not written; the call is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum IntentError {
+    /// The session has ended: none of its calls goes out.
+    #[error("the session has ended: its model calls are refused")]
+    SessionEnded,
+    /// The session's log could not take the intent (in time): the call
+    /// does not go out unlogged.
+    #[error("the session's log did not take the call's intent: {0}")]
+    NotRecorded(String),
 }
 
 /// Log lines, at most `per_second` a second (the rest are counted and
@@ -108,6 +138,15 @@ impl GatewayEvents for LogEvents {
     fn record(&self, e: GatewayEvent) {
         let Some(dropped) = self.admit() else { return };
         match e {
+            GatewayEvent::Requested {
+                caller,
+                flavor,
+                model,
+                reservation,
+                reserved,
+            } => tracing::info!(session = %caller.session, ?flavor, %model, %reservation,
+                reserved_tokens = reserved.tokens, reserved_cents = reserved.usd_cents, dropped,
+                "model call sent to the upstream"),
             GatewayEvent::Called {
                 caller,
                 flavor,

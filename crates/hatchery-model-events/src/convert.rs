@@ -8,6 +8,22 @@ use hatchery_sessions::model_events::{ModelEvent, MAX_MESSAGE, MAX_MODEL};
 /// for events with no session to log to.
 pub fn model_event(e: GatewayEvent) -> Option<(String, ModelEvent)> {
     match e {
+        GatewayEvent::Requested {
+            caller,
+            flavor,
+            model,
+            reservation,
+            reserved,
+        } => Some((
+            caller.session,
+            ModelEvent::Requested {
+                api: flavor.name().into(),
+                model: cut(&model, MAX_MODEL).into(),
+                reservation,
+                tokens: reserved.tokens,
+                usd_cents: reserved.usd_cents,
+            },
+        )),
         GatewayEvent::Called {
             caller,
             flavor,

@@ -2,6 +2,7 @@
 
 use crate::log_limit::not_written;
 use crate::sink::EventSink;
+use hatchery_gateway::events::IntentError;
 use hatchery_sessions::model_events::ModelEvent;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -57,6 +58,13 @@ async fn lane(
 
 #[async_trait::async_trait]
 impl EventSink for Lanes {
+    /// Straight to the sink, not through the session's lane: the caller
+    /// waits for it, and an intent written ahead of events still queued
+    /// (earlier calls' outcomes) names its own reservation.
+    async fn deliver_intent(&self, session: &str, e: ModelEvent) -> Result<(), IntentError> {
+        self.inner.deliver_intent(session, e).await
+    }
+
     async fn deliver(&self, session: &str, mut e: ModelEvent) {
         let mut m = self.lanes.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(tx) = m.get(session) {

@@ -5,7 +5,7 @@ use crate::convert::model_event;
 use crate::log_limit::{answered_first, not_written};
 use crate::sink::{EventSink, LocalSink, SessionLog};
 use hatchery_gateway::budget::{BudgetError, BudgetStore};
-use hatchery_gateway::events::{GatewayEvent, GatewayEvents};
+use hatchery_gateway::events::{GatewayEvent, GatewayEvents, IntentError};
 use hatchery_gateway::store::Settlement;
 use hatchery_sessions::model_events::ModelEvent;
 use std::sync::Arc;
@@ -33,6 +33,9 @@ enum Queued {
 /// which delivers in the order the events happened.
 pub struct QueuedEvents {
     tx: mpsc::Sender<Queued>,
+    /// Where intents go, straight, not through the queue (the caller
+    /// waits for them).
+    sink: Arc<dyn EventSink>,
     /// This daemon's sessions, on the gateway's own database: a settled
     /// call's event goes there in the settle's transaction, not through
     /// the queue.
@@ -50,7 +53,9 @@ impl QueuedEvents {
     /// Events delivered to `sink` in the order they happened, by one task.
     pub fn spawn(sink: Arc<dyn EventSink>) -> Self {
         let (tx, mut rx) = mpsc::channel::<Queued>(EVENT_QUEUE);
+        let writer = sink.clone();
         tokio::spawn(async move {
+            let sink = writer;
             while let Some(q) = rx.recv().await {
                 let (e, done) = match q {
                     Queued::Observed(e, done) => (model_event(e), done),
@@ -64,7 +69,11 @@ impl QueuedEvents {
                 }
             }
         });
-        QueuedEvents { tx, local: None }
+        QueuedEvents {
+            tx,
+            sink,
+            local: None,
+        }
     }
 }
 
@@ -91,6 +100,15 @@ impl GatewayEvents for QueuedEvents {
             .is_err()
         {
             answered_first();
+        }
+    }
+
+    /// To the sink directly (the local sessions' log, or the owner's by
+    /// a post), waited for: the call goes out only once it is written.
+    async fn intent(&self, e: GatewayEvent) -> Result<(), IntentError> {
+        match model_event(e) {
+            Some((session, ev)) => self.sink.deliver_intent(&session, ev).await,
+            None => Ok(()),
         }
     }
 
@@ -247,6 +265,50 @@ mod tests {
             waited >= RECORD_FIRST_WAIT && waited < RECORD_FIRST_WAIT * 3,
             "{waited:?}"
         );
+    }
+
+    /// An intent goes to the local log at once (the caller waits for it),
+    /// converted; a session the log does not know refuses the call.
+    #[tokio::test]
+    async fn an_intent_is_written_before_the_answer_or_refuses_the_call() {
+        let log = Arc::new(FakeLog {
+            known: vec!["ses_a".into()],
+            ..Default::default()
+        });
+        let q = QueuedEvents::local(log.clone());
+        let intent = |session: &str| GatewayEvent::Requested {
+            caller: Caller {
+                session: session.into(),
+                tenant: None,
+            },
+            flavor: Flavor::OpenAi,
+            model: "m".into(),
+            reservation: "rsv_1".into(),
+            reserved: Amount {
+                tokens: 70,
+                usd_cents: 2,
+            },
+        };
+        q.intent(intent("ses_a")).await.unwrap();
+        let got = log.appended.lock().unwrap().clone();
+        assert_eq!(
+            got,
+            vec![(
+                "ses_a".to_string(),
+                ModelEvent::Requested {
+                    api: "openai".into(),
+                    model: "m".into(),
+                    reservation: "rsv_1".into(),
+                    tokens: 70,
+                    usd_cents: 2,
+                },
+                None
+            )]
+        );
+        assert!(matches!(
+            q.intent(intent("ses_gone")).await,
+            Err(IntentError::SessionEnded)
+        ));
     }
 
     /// A local log that refuses the event (the caller is no session of

@@ -4,6 +4,7 @@
 use crate::log_limit::not_written;
 use crate::sink::EventSink;
 use hatchery_gateway::budget::BudgetStore;
+use hatchery_gateway::events::IntentError;
 use hatchery_gateway::store::Settlement;
 use hatchery_sessions::model_events::ModelEvent;
 use hatchery_sessions::owner_post::{Attempt, OwnerPost};
@@ -49,6 +50,10 @@ impl RemoteSink {
 
 #[async_trait::async_trait]
 impl EventSink for RemoteSink {
+    async fn deliver_intent(&self, session: &str, e: ModelEvent) -> Result<(), IntentError> {
+        self.post_intent(session, &e).await
+    }
+
     async fn deliver(&self, session: &str, e: ModelEvent) {
         let body = match serde_json::to_vec(&e) {
             Ok(b) => b,
@@ -88,6 +93,47 @@ impl EventSink for RemoteSink {
         }
     }
 }
+
+impl RemoteSink {
+    /// A call's intent posted to the owner and waited for, retried under
+    /// one key (the reservation's, marked as the intent's) for at most
+    /// [`INTENT_DEADLINE`]: a call waits that long at worst, and goes out
+    /// only once its owner wrote the intent.
+    async fn post_intent(&self, session: &str, e: &ModelEvent) -> Result<(), IntentError> {
+        let ModelEvent::Requested { reservation, .. } = e else {
+            return Err(IntentError::NotRecorded("not an intent".into()));
+        };
+        let body = serde_json::to_vec(e)
+            .map_err(|err| IntentError::NotRecorded(format!("not serializable: {err}")))?;
+        let key = format!("{reservation}_intent");
+        let deadline = tokio::time::Instant::now() + INTENT_DEADLINE;
+        loop {
+            let (outcome, result) = match self
+                .post
+                .attempt(session, "model-events", &key, &body)
+                .await
+            {
+                Attempt::Delivered(_) => ("delivered", Ok(())),
+                Attempt::Retry(_) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(INTENT_RETRY_EVERY).await;
+                    continue;
+                }
+                Attempt::Retry(why) => ("timed_out", Err(IntentError::NotRecorded(why))),
+                Attempt::Dropped("session_ended", _) => {
+                    ("session_ended", Err(IntentError::SessionEnded))
+                }
+                Attempt::Dropped(outcome, why) => (outcome, Err(IntentError::NotRecorded(why))),
+            };
+            self.outcomes.with_label_values(&[outcome]).inc();
+            return result;
+        }
+    }
+}
+
+/// How long a call waits for its intent to be written by the session's
+/// owner before it is refused (503 `log_unavailable`).
+const INTENT_DEADLINE: Duration = Duration::from_secs(5);
+const INTENT_RETRY_EVERY: Duration = Duration::from_millis(100);
 
 /// `hatchery_gateway_events_total{outcome}` on the control role.
 pub fn outcomes(registry: &prometheus::Registry) -> prometheus::IntCounterVec {

@@ -1,6 +1,7 @@
 //! Where converted events go ([`EventSink`]), and the one thing this crate
 //! asks of a local sessions service ([`SessionLog`]).
 
+use hatchery_gateway::events::IntentError;
 use hatchery_sessions::error::SessionError;
 use hatchery_sessions::model_events::ModelEvent;
 use hatchery_sessions::Sessions;
@@ -12,6 +13,14 @@ use std::sync::Arc;
 #[async_trait::async_trait]
 pub trait EventSink: Send + Sync + 'static {
     async fn deliver(&self, session: &str, e: ModelEvent);
+
+    /// A call's intent, written before the call goes out: unlike
+    /// [`Self::deliver`], the caller waits, and an error keeps the call
+    /// from being made. By default delivered like any event.
+    async fn deliver_intent(&self, session: &str, e: ModelEvent) -> Result<(), IntentError> {
+        self.deliver(session, e).await;
+        Ok(())
+    }
 }
 
 /// A session log on this host: `e` appended to `session`'s log under the
@@ -57,6 +66,24 @@ impl EventSink for LocalSink {
         {
             // A caller that is no session of this host keeps no events.
             tracing::debug!(session, error = %e, "gateway event not recorded");
+        }
+    }
+
+    async fn deliver_intent(&self, session: &str, e: ModelEvent) -> Result<(), IntentError> {
+        match self
+            .0
+            .append(session, e, None, &mut hatchery_db::Alone)
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(SessionError::Request {
+                code: "session_ended",
+                ..
+            })
+            | Err(SessionError::NotFound(_)) => Err(IntentError::SessionEnded),
+            Err(e) => Err(IntentError::NotRecorded(
+                hatchery_serve::error_text::with_causes(&e),
+            )),
         }
     }
 }

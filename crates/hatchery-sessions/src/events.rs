@@ -284,6 +284,19 @@ pub enum EventKind {
         outcome: String,
         note: String,
     },
+    /// A model call about to go to the upstream: written by the gateway
+    /// after the call's worst case was reserved and before the upstream is
+    /// dialled, and only while the session is unfinished (else the call is
+    /// refused). `reservation` names the call; its `model_call` follows
+    /// with what it cost, or, when the gateway died in between, nothing
+    /// (the reservation then expires charged whole).
+    ModelCallIntent {
+        api: String,
+        model: String,
+        reservation: String,
+        reserved_tokens: u64,
+        reserved_usd_cents: u64,
+    },
     /// A model call the gateway forwarded and settled (what it charged is
     /// what the session's spend grew by; the agent's own reports are not
     /// counted when a gateway meters the session).
@@ -484,6 +497,7 @@ impl EventKind {
             EventKind::BrokerResult { .. } => "broker_result",
             EventKind::BrokerCallResolved { .. } => "broker_call_resolved",
             EventKind::AgentOutput { .. } => "agent_output",
+            EventKind::ModelCallIntent { .. } => "model_call_intent",
             EventKind::ModelCall { .. } => "model_call",
             EventKind::ModelRefused { .. } => "model_refused",
             EventKind::BudgetExhausted { .. } => "budget_exhausted",

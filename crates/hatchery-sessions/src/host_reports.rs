@@ -101,6 +101,31 @@ impl Sessions {
         Ok(())
     }
 
+    /// A model call's intent (`model_call_intent`), committed only while the
+    /// session is unfinished (checked in the same transaction): whether
+    /// it is recorded. With a delivery key seen before it was recorded
+    /// the first time, unless the session has ended since.
+    pub async fn record_model_intent(
+        &self,
+        id: &str,
+        intent: EventKind,
+        key: Option<&str>,
+    ) -> Result<bool, StoreError> {
+        let mut authorised = Authorised {
+            session: id,
+            policy_version: None,
+        };
+        let written = self
+            .append_delivered(id, key, vec![intent], Patch::default(), &mut authorised)
+            .await?;
+        if written.is_some() {
+            return Ok(true);
+        }
+        // Nothing written: its key was seen (a retry of a recorded intent)
+        // or the session has ended; only the second refuses the call.
+        Ok(key.is_some() && !self.core.store.get(id).await?.state.is_terminal())
+    }
+
     /// A refused model call (bad request, unbound, upstream down).
     pub async fn record_model_refused(
         &self,

@@ -26,6 +26,18 @@ pub const MAX_MESSAGE: usize = 4096;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum ModelEvent {
+    /// A call about to reach the upstream, its worst case reserved: its
+    /// intent, written only while the session is unfinished (otherwise
+    /// 400 `session_ended`, and the gateway refuses the call).
+    Requested {
+        /// `openai` or `anthropic`.
+        api: String,
+        model: String,
+        /// The call's reservation id (1 to 64 of A-Z a-z 0-9 - _).
+        reservation: String,
+        tokens: u64,
+        usd_cents: u64,
+    },
     /// A settled call: what it cost is added to the session's spend.
     Called {
         /// `openai` or `anthropic`.
@@ -76,6 +88,22 @@ impl ModelEvent {
             )),
         };
         match self {
+            ModelEvent::Requested {
+                api: a,
+                model,
+                reservation,
+                ..
+            } => {
+                api(a)?;
+                check("model", model, MAX_MODEL)?;
+                if check_delivery_key(reservation).is_err() {
+                    return Err(SessionError::bad(
+                        "invalid_request",
+                        format!("reservation must be 1 to {MAX_DELIVERY_KEY} of A-Z a-z 0-9 - _"),
+                    ));
+                }
+                Ok(())
+            }
             ModelEvent::Called { api: a, model, .. } => {
                 api(a)?;
                 check("model", model, MAX_MODEL)
@@ -132,6 +160,27 @@ impl Sessions {
             check_delivery_key(k)?;
         }
         match e {
+            ModelEvent::Requested {
+                api,
+                model,
+                reservation,
+                tokens,
+                usd_cents,
+            } => {
+                let intent = EventKind::ModelCallIntent {
+                    api,
+                    model,
+                    reservation,
+                    reserved_tokens: tokens,
+                    reserved_usd_cents: usd_cents,
+                };
+                if !self.record_model_intent(id, intent, key).await? {
+                    return Err(SessionError::bad(
+                        "session_ended",
+                        format!("session {id} has ended: its model calls are refused"),
+                    ));
+                }
+            }
             ModelEvent::Called {
                 api,
                 model,

@@ -125,10 +125,20 @@ impl OwnerPost {
             Ok((s, _)) if s == axum::http::StatusCode::SERVICE_UNAVAILABLE => {
                 Attempt::Retry(format!("{host} answered 503"))
             }
+            // An intent for a session that ended: the call is refused.
+            Ok((s, body)) if error_code(&body).as_deref() == Some("session_ended") => {
+                Attempt::Dropped("session_ended", format!("{host} answered {s}"))
+            }
             Ok((s, _)) => Attempt::Dropped("refused", format!("{host} answered {s}")),
             Err(ForwardFailure::NotSent(e)) => Attempt::Retry(e.to_string()),
             // It may have been written: the same key again is a no-op then.
             Err(ForwardFailure::MaybeSent(e)) => Attempt::Retry(format!("maybe sent: {e}")),
         }
     }
+}
+
+/// The `code` of an answer's JSON error body, if it has one.
+fn error_code(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    Some(v.get("error")?.get("code")?.as_str()?.to_string())
 }
