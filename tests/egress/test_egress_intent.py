@@ -36,6 +36,7 @@ CONNECTS = 50
 CONNECT_PY = r"""
 import socket, sys, time
 host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+hold = float(sys.argv[4]) if len(sys.argv) > 4 else 0
 took, statuses = [], {}
 for i in range(n):
     t0 = time.perf_counter()
@@ -50,6 +51,7 @@ for i in range(n):
     took.append(time.perf_counter() - t0)
     st = data.split(b" ")[1].decode() if b" " in data else "none"
     statuses[st] = statuses.get(st, 0) + 1
+    time.sleep(hold)
     s.close()
 took.sort()
 print("statuses", sorted(statuses.items()), "p50_ms %.2f" % (took[len(took) // 2] * 1000),
@@ -118,6 +120,9 @@ ts = [threading.Thread(target=run, args=(n // 4,)) for _ in range(4)]
 print("kernel-flooded", gw, sorted(counts.items()), "in %.1f s" % (time.time() - t0))
 """
 KERNEL_PORT = 9
+# How long the "hold" script keeps its tunnel open (the daemon is killed
+# meanwhile).
+HOLD_S = 60
 
 
 def shell(cmd):
@@ -152,6 +157,7 @@ def model(servers, refused_port):
                    finish("connected")],
         "flood": [shell(f"python3 flood.py {HOST} {d} {FLOOD}"), finish("flooded")],
         "kernel": [shell(f"python3 kflood.py {KERNEL_PORT} {FLOOD}"), finish("flooded")],
+        "hold": [shell(f"python3 connect.py {HOST} {p} 1 {HOLD_S}"), finish("held")],
     }
     m = ScriptedModel(scripts).start()
     yield m
@@ -222,6 +228,30 @@ def test_an_allowed_connection_is_logged_before_the_dial_then_its_result(gd, ser
     assert len(refused) == 1 and refused[0]["outcome"] == "refused", refused
     assert refused[0]["status"] == 502 and refused[0]["bytes_up"] == 0, refused
     assert not any(e["type"] in ("egress", "egress_denied") for e in evs)
+    verify_chain(gd, sid)
+
+
+def test_a_tunnel_open_when_the_daemon_dies_was_logged_before_its_dial(gd, servers, git_server,
+                                                                      refused_port):
+    """SIGKILL while a tunnel the proxy dialled is open: its
+    `egress_connect` is already in the log (committed before the dial),
+    and after the restart the chain still verifies."""
+    pol = policy(gd, servers, refused_port)
+    repo = git_server.add_repo("hold", {**DEMO_FILES, "connect.py": CONNECT_PY})
+    sid = gd.new_session(repo, "[script:hold] hold a tunnel", policy_id=pol["id"],
+                         template="agent-session")
+    gd.track_sandboxes(sid)
+    connect = gd.wait_event(sid, "egress_connect", timeout=120)
+    assert (connect["port"], connect["decision"]) == (servers.https.port, "allow"), connect
+    # The tunnel is up (the proxy answered 200 after the dial): the
+    # destination has the connection while the daemon dies.
+    time.sleep(1)
+    gd.crash()
+    gd.start()
+    evs = gd.all_events(sid)
+    assert [e for e in evs if e["type"] == "egress_connect"][0]["seq"] == connect["seq"], evs
+    assert gd.request("POST", f"/v1/sessions/{sid}:cancel").status == 200
+    gd.wait_state(sid, "cancelled", timeout=120)
     verify_chain(gd, sid)
 
 
