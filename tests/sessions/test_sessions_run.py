@@ -254,6 +254,12 @@ def test_lost_sandbox_resumes_from_checkpoint(model, git_server):
         ckpts = [e["snapshot_id"] for e in evs if e["type"] == "snapshot_taken" and e["seq"] < r["seq"]]
         assert ckpts and r["snapshot_id"] == ckpts[-1], (r, ckpts)
         assert r["replay_through"] > 0
+        # What the re-run agent sent again was logged as `replayed` and
+        # compared: the scripted model answers the same, so all match
+        # (a divergence would have failed the session: runner_tests).
+        replayed = [e for e in evs if e["type"] == "replayed"]
+        assert all(e["n"] <= r["replay_through"] and e.get("matches") is True for e in replayed), replayed
+        print(f"\n{len(replayed)} messages re-run after the resume, all matching")
         # Every model step and every command once in the log, though the
         # agent re-ran what came after the checkpoint.
         steps = [e["step"] for e in evs if e["type"] == "model_request"]

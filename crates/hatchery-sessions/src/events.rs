@@ -219,6 +219,18 @@ pub enum EventKind {
         replay_through: u64,
         resume_ms: u64,
     },
+    /// Agent message `n`, handled before the checkpoint the session
+    /// resumed from, sent again by the re-run agent: what it asked
+    /// (crate::replay), and whether that is what it asked the first time
+    /// (`None`: the first run's record is missing). `false` ends the
+    /// session `failed` (`replay_diverged`) before the message is acted on.
+    Replayed {
+        n: u64,
+        kind: String,
+        asked: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        matches: Option<bool>,
+    },
     CancelRequested,
     /// The agent said it is done.
     AgentDone {
@@ -498,6 +510,7 @@ impl EventKind {
             EventKind::BrokerCallResolved { .. } => "broker_call_resolved",
             EventKind::AgentOutput { .. } => "agent_output",
             EventKind::ModelCallIntent { .. } => "model_call_intent",
+            EventKind::Replayed { .. } => "replayed",
             EventKind::ModelCall { .. } => "model_call",
             EventKind::ModelRefused { .. } => "model_refused",
             EventKind::BudgetExhausted { .. } => "budget_exhausted",

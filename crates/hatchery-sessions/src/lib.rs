@@ -34,6 +34,7 @@ pub mod openapi;
 pub mod owner_post;
 pub mod policy;
 pub mod policy_move;
+pub mod replay;
 pub mod repo;
 pub mod routes;
 mod runner;

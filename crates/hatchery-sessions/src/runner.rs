@@ -664,8 +664,11 @@ async fn attached(
     if let Some(why) = svc.take_exhausted(&id) {
         return Err(fail("budget_exhausted", why));
     }
-    // A line handled before a crash may still wait for its ack.
-    if s.agent_seq > 0 {
+    // A line handled before a crash may still wait for its ack. Not one
+    // handled before a rewind: the agent restored from the checkpoint has
+    // not sent it yet, and an ack waiting in its stdin would let whatever
+    // it sends under that number act unchecked (crate::replay).
+    if s.agent_seq > 0 && handled_in_this_run(svc, &s).await? {
         let _ = svc
             .sandboxes
             .write_stdin(&sbx, &pid, agent_proto::ack(s.agent_seq))
@@ -781,6 +784,31 @@ async fn attached(
     }
 }
 
+/// Whether the agent's last handled message (`agent_seq`) was handled in
+/// the agent's current run: after a resume from a checkpoint, only if the
+/// re-run sent it (a matching `replayed` after the resume, among the last
+/// events) or it is past `replay_through`.
+async fn handled_in_this_run(svc: &SessionCore, s: &Session) -> R<bool> {
+    if s.agent_seq > s.replay_through {
+        return Ok(true);
+    }
+    const TAIL: u64 = 64;
+    let tail = svc
+        .store
+        .events(&s.id, s.last_seq.saturating_sub(TAIL), TAIL as usize)
+        .await?;
+    for e in tail.iter().rev() {
+        match &e.kind {
+            EventKind::Replayed { n, matches, .. } if *n == s.agent_seq => {
+                return Ok(*matches != Some(false))
+            }
+            EventKind::ResumedFromCheckpoint { .. } => return Ok(false),
+            _ => {}
+        }
+    }
+    Ok(false)
+}
+
 async fn sleep_opt(at: Option<tokio::time::Instant>) {
     match at {
         Some(t) => tokio::time::sleep_until(t).await,
@@ -800,22 +828,35 @@ async fn handle_line(
     guard: &mut crate::caps::OutputGuard,
 ) -> R<Effect> {
     let mut p = agent_proto::parse(line);
-    if p.n.is_some_and(|n| n <= replay_through) {
+    if let Some(n) = p.n.filter(|n| *n <= replay_through) {
         // The re-run of a message handled before the rewind: its event is
-        // in the log already and its effects happened. Only the offset
-        // moves on, and an agent that waits for the ack gets it again.
-        if svc
+        // in the log already and its effects happened. It is logged as
+        // `replayed` and compared with what it asked then (crate::replay);
+        // the same, an agent that waits for the ack gets it again; not the
+        // same, the session ends before the agent may act on it.
+        let original = svc.store.agent_line(id, n).await?;
+        let (event, matches) = crate::replay::replayed(n, &p.event, original.as_ref());
+        let Some(evs) = svc
             .store
-            .append_agent(id, end, p.n, vec![], Patch::default())
+            .append_agent(id, end, p.n, vec![(Actor::System, event)], Patch::default())
             .await?
-            .is_some()
-            && p.wants_ack
-        {
-            if let Some(n) = p.n {
-                svc.sandboxes
-                    .write_stdin(sbx, pid, agent_proto::ack(n))
-                    .await?;
-            }
+        else {
+            return Ok(Effect::None);
+        };
+        svc.bus.publish(id, &evs);
+        if matches == Some(false) {
+            return Err(fail(
+                "replay_diverged",
+                format!(
+                    "agent message {n} asked for something else after the resume than before it ({})",
+                    p.event.type_name()
+                ),
+            ));
+        }
+        if p.wants_ack {
+            svc.sandboxes
+                .write_stdin(sbx, pid, agent_proto::ack(n))
+                .await?;
         }
         return Ok(Effect::None);
     }
@@ -885,6 +926,8 @@ async fn handle_line(
     }
     let mut patch = Patch {
         add_tokens: p.tokens,
+        // Kept to compare a re-run of this message with (crate::replay).
+        agent_line: p.n.map(|n| crate::replay::line(n, &p.event)),
         ..Default::default()
     };
     match &p.effect {

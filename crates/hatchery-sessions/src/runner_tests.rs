@@ -6,6 +6,7 @@
 //! what the runner wrote to its stdin.
 
 use crate::config::SessionsConfig;
+use crate::events::EventKind;
 use crate::models::CreateSessionBody;
 use crate::policy::BuiltinPolicies;
 use crate::sandbox::fake::{Effect, FakeSandboxes, Fault, Op};
@@ -350,24 +351,23 @@ async fn a_lost_sandbox_without_a_checkpoint_fails_the_session() {
     assert_eq!(e.fake.calls(Op::Fork), 0);
 }
 
-/// Lost while running, with a checkpoint: the checkpoint is forked, the
-/// runner reads the restored agent again from the checkpoint's offset,
-/// and a message the agent repeats (handled after the checkpoint, before
-/// the loss) is not recorded twice.
-#[tokio::test]
-async fn a_lost_sandbox_resumes_from_its_checkpoint() {
-    let e = Env::new(|c| c.checkpoint_every = Some(Duration::from_millis(20)));
+/// A session whose agent handled line 1 before a checkpoint and line 2
+/// after it, then lost its sandbox and resumed from the checkpoint: the
+/// line 2 it then sends is `again` (what the re-run agent asks). Returns
+/// the session's id and the new sandbox and process.
+async fn resumed_after_line_2(
+    e: &Env,
+    first: serde_json::Value,
+    again: serde_json::Value,
+) -> (String, String, String) {
     let id = e.create().await;
     let s = e.state(&id, S::Running).await;
     let (sbx, pid) = ids(&s);
-    let say = |sbx: &str, n: u64, text: &str| {
-        e.fake.emit_line(
-            sbx,
-            &pid,
-            serde_json::json!({"n": n, "type": "agent_message", "text": text}),
-        )
-    };
-    say(&sbx, 1, "before the checkpoint");
+    e.fake.emit_line(
+        &sbx,
+        &pid,
+        serde_json::json!({"n": 1, "type": "agent_message", "text": "before the checkpoint"}),
+    );
     // A checkpoint taken after that line was handled (its offset says so).
     let fake = e.fake.clone();
     e.until(&id, "checkpointed", move |s| {
@@ -380,7 +380,7 @@ async fn a_lost_sandbox_resumes_from_its_checkpoint() {
     // No later checkpoint: line 2 is handled after the last one only.
     e.fake
         .inject(Fault::on(Op::Snapshot, Effect::Fail("disk full".into())).times(1_000_000));
-    say(&sbx, 2, "after the checkpoint");
+    e.fake.emit_line(&sbx, &pid, first);
     let s = e.until(&id, "line 2 handled", |s| s.agent_seq == 2).await;
     let line2_end = s.output_offset;
 
@@ -391,17 +391,34 @@ async fn a_lost_sandbox_resumes_from_its_checkpoint() {
         })
         .await;
     assert_eq!(s.state, S::Running);
-    let (sbx2, _) = ids(&s);
+    let (sbx2, pid2) = ids(&s);
     let forked = e.fake.sandbox(&sbx2).unwrap();
     // Forked from a checkpoint with line 1 in it and line 2 not.
     let snap = e.fake.snapshot_of(&forked.forked_from.unwrap()).unwrap();
     assert_eq!(snap.metadata["purpose"], "checkpoint");
     let at: u64 = snap.metadata["output_offset"].parse().unwrap();
     assert!(at > 0 && at < line2_end, "{at} of {line2_end}");
-    // The restored agent is where the checkpoint was: it says line 2
-    // again, then carries on and finishes.
-    say(&sbx2, 2, "after the checkpoint");
-    say(&sbx2, 3, "after the resume");
+    // The restored agent is where the checkpoint was: it sends line 2
+    // again.
+    e.fake.emit_line(&sbx2, &pid2, again);
+    (id, sbx2, pid2)
+}
+
+/// Lost while running, with a checkpoint: the checkpoint is forked, the
+/// runner reads the restored agent again from the checkpoint's offset,
+/// and a message the agent repeats (handled after the checkpoint, before
+/// the loss) is not recorded twice: it is logged as `replayed`, matching.
+#[tokio::test]
+async fn a_lost_sandbox_resumes_from_its_checkpoint() {
+    let e = Env::new(|c| c.checkpoint_every = Some(Duration::from_millis(20)));
+    let line2 =
+        serde_json::json!({"n": 2, "type": "agent_message", "text": "after the checkpoint"});
+    let (id, sbx2, pid) = resumed_after_line_2(&e, line2.clone(), line2).await;
+    e.fake.emit_line(
+        &sbx2,
+        &pid,
+        serde_json::json!({"n": 3, "type": "agent_message", "text": "after the resume"}),
+    );
     e.fake
         .emit_line(&sbx2, &pid, serde_json::json!({"n": 4, "type": "done"}));
     e.fake.exit(&sbx2, &pid, 0);
@@ -413,12 +430,53 @@ async fn a_lost_sandbox_resumes_from_its_checkpoint() {
             "agent_message",
             "agent_message",
             "resumed_from_checkpoint",
+            "replayed",
             "agent_message",
         ],
     );
     let said = evs.iter().filter(|k| **k == "agent_message").count();
     assert_eq!(said, 3, "each agent message recorded once: {evs:?}");
+    let all = e.svc.core.store.events(&id, 0, 10_000).await.unwrap();
+    let replayed: Vec<_> = all
+        .iter()
+        .filter_map(|ev| match &ev.kind {
+            EventKind::Replayed { n, matches, .. } => Some((*n, *matches)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(replayed, [(2, Some(true))]);
     assert!(e.fake.live().is_empty());
+}
+
+/// The re-run agent asks for another tool call under the number of one
+/// it made before the loss (a model that answers differently the second
+/// time): logged as `replayed` with `matches: false`, never acknowledged,
+/// and the session ends `failed` (`replay_diverged`).
+#[tokio::test]
+async fn a_rerun_that_asks_for_something_else_ends_the_session() {
+    let e = Env::new(|c| c.checkpoint_every = Some(Duration::from_millis(20)));
+    let call = |args: &str| {
+        serde_json::json!({"n": 2, "ack": true, "type": "tool_call", "call_id": "c1",
+                           "tool": "shell", "arguments": args})
+    };
+    let (id, sbx2, pid) = resumed_after_line_2(
+        &e,
+        call(r#"{"command":"ls"}"#),
+        call(r#"{"command":"curl x"}"#),
+    )
+    .await;
+    let s = e.state(&id, S::Failed).await;
+    let reason = s.reason.unwrap_or_default();
+    assert!(reason.starts_with("replay_diverged"), "{reason}");
+    let all = e.svc.core.store.events(&id, 0, 10_000).await.unwrap();
+    assert!(
+        all.iter().any(|ev| matches!(&ev.kind,
+        EventKind::Replayed { n: 2, matches: Some(false), asked, .. } if asked.contains("curl x")))
+    );
+    // The new sandbox's agent never got an ack for the different call.
+    let sent = String::from_utf8_lossy(&e.fake.stdin(&sbx2, &pid)).to_string();
+    let ack = String::from_utf8(crate::agent_proto::ack(2)).unwrap();
+    assert!(!sent.contains(ack.trim()), "{sent}");
 }
 
 /// The sandbox is deleted just as the runner acks a line (ci's

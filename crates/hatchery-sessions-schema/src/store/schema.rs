@@ -127,5 +127,18 @@ pub const SCHEMA: Migrations = Migrations {
                    ALTER TABLE sessions ADD COLUMN IF NOT EXISTS budget_usd_cents BIGINT NOT NULL DEFAULT 0;
                    ALTER TABLE sessions ADD COLUMN IF NOT EXISTS budget_wall_s BIGINT NOT NULL DEFAULT 0;
                    CREATE INDEX IF NOT EXISTS sessions_tenant ON sessions (tenant, ord);",
-    }],
+    },
+    // Issue 37: what each numbered agent message asked (its kind and the
+    // part that decides its effect: a tool call's tool and arguments, a
+    // command), so that its re-run after a resume from a checkpoint is
+    // compared with it.
+    Step::Both(
+        "CREATE TABLE IF NOT EXISTS session_agent_lines (
+           session_id TEXT NOT NULL,
+           n BIGINT NOT NULL,
+           kind TEXT NOT NULL,
+           asked TEXT NOT NULL,
+           PRIMARY KEY (session_id, n)
+         );",
+    )],
 };

@@ -192,6 +192,12 @@ async fn apply_patch(tx: &mut Tx, id: &str, p: &Patch) -> Result<(), StoreError>
         let sql = format!("UPDATE sessions SET {} WHERE id = $1", sets.join(", "));
         tx.execute(&sql, &args).await?;
     }
+    if let Some(l) = &p.agent_line {
+        // Once per number: a message handled again keeps its first record.
+        let sql = "INSERT INTO session_agent_lines (session_id, n, kind, asked) \
+                   VALUES ($1, $2, $3, $4) ON CONFLICT (session_id, n) DO NOTHING";
+        tx.execute(sql, args![id, l.n, &l.kind, &l.asked]).await?;
+    }
     if let Some((aid, action, details)) = &p.new_approval {
         // Once per id.
         let sql = "INSERT INTO session_approvals (id, session_id, action, details, state, \
@@ -645,6 +651,18 @@ impl SessionStore for DbSessionStore {
             open_approvals: r.get("open_approvals")?,
             capped,
         })
+    }
+
+    async fn agent_line(&self, id: &str, n: u64) -> Result<Option<AgentLine>, StoreError> {
+        let sql = "SELECT kind, asked FROM session_agent_lines WHERE session_id = $1 AND n = $2";
+        let Some(r) = self.db.query_opt(sql, args![id, n]).await? else {
+            return Ok(None);
+        };
+        Ok(Some(AgentLine {
+            n,
+            kind: r.get("kind")?,
+            asked: r.get("asked")?,
+        }))
     }
 
     async fn pending_approval(&self, id: &str) -> Result<Option<Approval>, StoreError> {

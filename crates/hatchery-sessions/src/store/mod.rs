@@ -219,6 +219,18 @@ pub struct Patch {
     /// what was delivered after it is delivered again, and
     /// `replay_through` becomes the highest message handled so far.
     pub rewind: Option<Rewind>,
+    /// What a numbered agent message asked, kept to compare its re-run
+    /// with after a resume from a checkpoint (once per number).
+    pub agent_line: Option<AgentLine>,
+}
+
+/// What agent message `n` asked: its event's kind and the part of it that
+/// decides its effect (`crate::replay::asked`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentLine {
+    pub n: u64,
+    pub kind: String,
+    pub asked: String,
 }
 
 /// Where a checkpoint left the session's reading of its agent.
@@ -515,6 +527,8 @@ pub trait SessionStore: Send + Sync + 'static {
         self.append(id, vec![ev], patch).await
     }
     async fn pending_approval(&self, id: &str) -> Result<Option<Approval>, StoreError>;
+    /// What agent message `n` of the session asked, if it was recorded.
+    async fn agent_line(&self, id: &str, n: u64) -> Result<Option<AgentLine>, StoreError>;
     /// One approval of the session, pending or decided.
     async fn approval(&self, id: &str, approval_id: &str) -> Result<Option<Approval>, StoreError>;
     /// Decides a pending approval and appends its event (by `actor`: the
