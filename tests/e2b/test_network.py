@@ -169,3 +169,19 @@ def test_update_network_refuses_bad_input_and_keeps_the_policy(daemon, peers):
         assert reach(s, a, b, expect={b}) == {a: "blocked", b: "open"}
     finally:
         s.kill()
+
+
+def test_js_sdk_network_options(daemon, peers):
+    # The JS SDK spells the same options its own way (allowInternetAccess,
+    # ALL_TRAFFIC); tests/e2b/js/network.test.mjs.
+    import subprocess
+    here = os.path.dirname(os.path.abspath(__file__))
+    js = os.environ.get("HATCHERY_E2B_JS", os.path.join(here, "..", "..", "target", "e2b-js"))
+    module = os.path.join(js, "node_modules", "e2b", "dist", "index.mjs")
+    if not os.path.exists(module):
+        pytest.fail("the e2b npm package is not installed: run `make e2b-test` (tests/cache.py node-modules)")
+    env = dict(os.environ, E2B_JS_MODULE=os.path.abspath(module), E2B_PEER_A=peers[0], E2B_PEER_B=peers[1])
+    r = subprocess.run(["node", "--test", os.path.join(here, "js", "network.test.mjs")], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-3000:]
+    assert "# pass 2" in r.stdout, r.stdout[-3000:]
