@@ -17,12 +17,6 @@ pub const MAX_ENTRIES: usize = 64;
 /// E2B's own cap on `dnsServers`.
 pub const MAX_DNS_SERVERS: usize = 10;
 
-/// E2B's "all traffic" (`ctx.all_traffic` in the SDKs).
-const ALL_TRAFFIC: Dest = Dest::Net {
-    addr: Ipv4Addr::UNSPECIFIED,
-    prefix: 0,
-};
-
 #[derive(Deserialize, Default, Clone)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkBody {
@@ -201,8 +195,12 @@ pub fn network_spec(
     if allow_internet.is_none() && allow.is_empty() && deny.is_empty() {
         return Ok(None);
     }
-    // `allow_internet_access: false` is E2B's `denyOut: ["0.0.0.0/0"]`.
-    let deny_all = allow_internet == Some(false) || deny.contains(&ALL_TRAFFIC);
+    // `allow_internet_access: false` is E2B's `denyOut: ["0.0.0.0/0"]`
+    // (the SDKs' `all_traffic`), or any other /0.
+    let deny_all = allow_internet == Some(false)
+        || deny
+            .iter()
+            .any(|d| matches!(d, Dest::Net { prefix: 0, .. }));
     if deny_all {
         // With everything denied, the other deny entries add nothing, and
         // the allow list is what gets out (E2B's allow wins).
@@ -211,6 +209,14 @@ pub fn network_spec(
             // is allowed; Hatchery resolves hosts itself, so only the
             // servers named here are opened.
             allow.extend(dns);
+            // They become allow rules, under the same cap.
+            if allow.len() > MAX_ENTRIES {
+                return Err(ApiError::bad(format!(
+                    "network.allowOut and network.dnsServers have {} entries together; at \
+                     most {MAX_ENTRIES} are allowed",
+                    allow.len()
+                )));
+            }
         }
         return Ok(Some(NetworkSpec {
             allow_all: false,
@@ -295,6 +301,10 @@ mod tests {
             vec![net("1.1.1.1", 32), Dest::Host("pypi.example".into())]
         );
         assert!(s.deny.is_empty());
+        let s = network_spec(None, Some(&body(&["1.1.1.1"], &["10.0.0.0/0"])))
+            .unwrap()
+            .unwrap();
+        assert!(!s.allow_all && s.deny.is_empty());
         // Inside the update body too.
         let mut b = body(&["1.1.1.1"], &[]);
         b.allow_internet_access = Some(false);
@@ -387,6 +397,14 @@ mod tests {
         );
         b.dns_servers.as_mut().unwrap().push("192.0.2.99".into());
         assert!(msg(network_spec(None, Some(&b))).contains("dnsServers has 11"));
+        let mut full = body(&[], &["0.0.0.0/0"]);
+        full.allow_out = (0..MAX_ENTRIES - 1)
+            .map(|i| format!("203.0.113.{i}"))
+            .collect();
+        full.allow_out.push("pypi.example".into());
+        full.dns_servers = Some(vec!["192.0.2.1".into()]);
+        let m = msg(network_spec(None, Some(&full)));
+        assert!(m.contains("have 65 entries together"), "{m}");
         b.dns_servers = Some(vec!["192.0.2.0/24".into()]);
         assert!(msg(network_spec(None, Some(&b))).contains("single IPv4"));
     }
