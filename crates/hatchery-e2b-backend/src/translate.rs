@@ -2,35 +2,25 @@
 //! contexts, exec parameters. Pure functions, no I/O.
 
 use hatchery_core::exec::ExecParams;
-use hatchery_e2b::backend::{ContextView, FileEntry, NetworkSpec, ProcView};
+use hatchery_e2b::backend::{ContextView, Dest, FileEntry, NetworkSpec, ProcView};
 use hatchery_net::policy::{Egress, Rule};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// E2B's `network` (allow-all or deny-all, then allow and deny lists of
-/// addresses or host names) as a core network policy. An entry that
-/// starts with a digit is an address (a bare one is a /32); anything
-/// else is a host name.
+/// E2B's `network`, checked at the edge into addresses and host names,
+/// as a core network policy.
 pub fn policy(n: NetworkSpec) -> hatchery_net::Policy {
-    let rule = |d: String| {
-        if d.chars().next().is_some_and(|c| c.is_ascii_digit()) {
-            let cidr = if d.contains('/') {
-                d
-            } else {
-                format!("{d}/32")
-            };
-            Rule {
-                cidr: Some(cidr),
-                host: None,
-                ports: vec![],
-            }
-        } else {
-            Rule {
-                cidr: None,
-                host: Some(d),
-                ports: vec![],
-            }
-        }
+    let rule = |d: Dest| match d {
+        Dest::Net { addr, prefix } => Rule {
+            cidr: Some(format!("{addr}/{prefix}")),
+            host: None,
+            ports: vec![],
+        },
+        Dest::Host(h) => Rule {
+            cidr: None,
+            host: Some(h),
+            ports: vec![],
+        },
     };
     hatchery_net::Policy {
         egress: if n.allow_all {
@@ -113,11 +103,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn network_rules_tell_addresses_from_host_names() {
+    fn network_rules_keep_addresses_and_host_names_apart() {
         let p = policy(NetworkSpec {
             allow_all: false,
-            allow: vec!["10.1.2.3".into(), "192.168.0.0/16".into()],
-            deny: vec!["example.com".into()],
+            allow: vec![
+                Dest::Net {
+                    addr: "10.1.2.3".parse().unwrap(),
+                    prefix: 32,
+                },
+                Dest::Net {
+                    addr: "192.168.0.0".parse().unwrap(),
+                    prefix: 16,
+                },
+            ],
+            deny: vec![Dest::Host("example.com".into())],
         });
         assert_eq!(p.egress, Egress::Deny);
         assert_eq!(p.allow[0].cidr.as_deref(), Some("10.1.2.3/32"));
@@ -130,6 +129,15 @@ mod tests {
         });
         assert_eq!(open.egress, Egress::Allow);
         assert!(open.allow.is_empty() && open.deny.is_empty());
+    }
+
+    #[test]
+    fn the_edge_cap_is_the_cores() {
+        // An accepted E2B list must never be refused by the core's default.
+        assert_eq!(
+            hatchery_e2b::network::MAX_ENTRIES,
+            hatchery_net::PolicyLimits::default().max_rules
+        );
     }
 
     #[test]

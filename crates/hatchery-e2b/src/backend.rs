@@ -116,12 +116,36 @@ pub struct CreateSpec {
     pub network: Option<NetworkSpec>,
 }
 
-/// Egress rules in E2B's terms (CIDRs or host names).
+/// Egress rules from E2B's options, checked at the edge (`network`):
+/// everything not covered by `allow` or `deny` follows `allow_all`.
+/// `deny` never overlaps an address `allow` names when `allow_all` is
+/// set, so the order a backend applies them in does not matter there.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct NetworkSpec {
     pub allow_all: bool,
-    pub allow: Vec<String>,
-    pub deny: Vec<String>,
+    pub allow: Vec<Dest>,
+    pub deny: Vec<Dest>,
+}
+
+/// One egress destination.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dest {
+    /// An IPv4 network (a bare address is a /32).
+    Net {
+        addr: std::net::Ipv4Addr,
+        prefix: u8,
+    },
+    /// A host name, resolved by the backend.
+    Host(String),
+}
+
+impl std::fmt::Display for Dest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Dest::Net { addr, prefix } => write!(f, "{addr}/{prefix}"),
+            Dest::Host(h) => f.write_str(h),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default)]

@@ -5,6 +5,7 @@
 use crate::api_error::{ApiError, ApiResult, Body};
 use crate::backend::{BackendError, Caller, CreateSpec, FailKind, NetworkSpec, SandboxView};
 use crate::lifecycle::Lifecycle;
+use crate::network::{network_spec, refuse_unsupported, NetworkBody};
 use crate::pause_resume::{pause_live, resume_paused, Resumed};
 use crate::query::{form_pairs, pct_decode, MAX_PAGE};
 use crate::state::{self, present, Shared, FORK_KEY};
@@ -92,66 +93,6 @@ pub struct NewSandbox {
     secure: Option<bool>,
     #[serde(flatten)]
     rest: BTreeMap<String, Value>,
-}
-
-#[derive(Deserialize, Default, Clone)]
-#[serde(rename_all = "camelCase")]
-pub struct NetworkBody {
-    #[serde(default)]
-    allow_out: Vec<String>,
-    #[serde(default)]
-    deny_out: Vec<String>,
-    #[serde(rename = "allow_internet_access")]
-    allow_internet_access: Option<bool>,
-    #[serde(flatten)]
-    rest: BTreeMap<String, Value>,
-}
-
-/// Options that need something Hatchery does not have are refused, not
-/// silently dropped. `null`, `false` and empty values are fine.
-fn refuse_unsupported(rest: &BTreeMap<String, Value>, what: &str) -> ApiResult<()> {
-    for (k, v) in rest {
-        let empty = match v {
-            Value::Null | Value::Bool(false) => true,
-            Value::Array(a) => a.is_empty(),
-            Value::Object(o) => o.is_empty(),
-            Value::String(s) => s.is_empty(),
-            _ => false,
-        };
-        // Secure is accepted, allowPublicTraffic is what Hatchery does anyway
-        // (ports are reached with the key only).
-        let harmless = matches!(k.as_str(), "allowPublicTraffic");
-        if !empty && !harmless {
-            return Err(ApiError::bad(format!(
-                "{what} option {k:?} is not supported by Hatchery (see docs/e2b.md)"
-            )));
-        }
-    }
-    Ok(())
-}
-
-fn network_spec(
-    allow_internet: Option<bool>,
-    n: Option<&NetworkBody>,
-) -> ApiResult<Option<NetworkSpec>> {
-    if let Some(n) = n {
-        refuse_unsupported(&n.rest, "network")?;
-    }
-    let allow_internet = allow_internet.or(n.and_then(|n| n.allow_internet_access));
-    let (allow, deny) = n
-        .map(|n| (n.allow_out.clone(), n.deny_out.clone()))
-        .unwrap_or_default();
-    if allow_internet.is_none() && allow.is_empty() && deny.is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(NetworkSpec {
-        // E2B's default is open internet; `false` is the same as denying
-        // 0.0.0.0/0, and an allow list alone still means "deny the rest"
-        // only when something is denied.
-        allow_all: allow_internet.unwrap_or(true) && !deny.iter().any(|d| d == "0.0.0.0/0"),
-        allow,
-        deny: deny.into_iter().filter(|d| d != "0.0.0.0/0").collect(),
-    }))
 }
 
 fn timeout_of(t: Option<i64>, default: u64) -> ApiResult<u64> {
@@ -1085,21 +1026,5 @@ mod tests {
         assert!(key_ok(&h, "hx_ab12"));
         h.insert("x-api-key", HeaderValue::from_static("e2b_ab13"));
         assert!(!key_ok(&h, "hx_ab12"));
-    }
-
-    #[test]
-    fn network_mapping() {
-        assert_eq!(network_spec(None, None).unwrap(), None);
-        let off = network_spec(Some(false), None).unwrap().unwrap();
-        assert!(!off.allow_all);
-        let n = NetworkBody {
-            allow_out: vec!["1.1.1.1/32".into()],
-            deny_out: vec!["0.0.0.0/0".into()],
-            ..Default::default()
-        };
-        let s = network_spec(None, Some(&n)).unwrap().unwrap();
-        assert!(!s.allow_all);
-        assert_eq!(s.allow, vec!["1.1.1.1/32"]);
-        assert!(s.deny.is_empty());
     }
 }

@@ -30,6 +30,7 @@ pub mod files;
 pub mod fs;
 pub mod interpreter;
 pub mod lifecycle;
+pub mod network;
 pub mod pause_resume;
 pub mod pb;
 pub mod process;
