@@ -7,8 +7,9 @@ bounded time, writes a handful of `egress_denied` events, and their counts
 add up to exactly 10,000; a flood of 10,000 connections that bypass the
 proxy and are refused by the sandbox's nftables policy writes a handful of
 `egress_denied {source: nftables}` events whose counts add up to every
-attempt the daemon logged (its kernel log is rate-limited: 20 a second,
-burst 40). Also prints the p50 of 50 CONNECTs through the proxy (the cost
+attempt, exactly: those the kernel logged (rate-limited: 20 a second,
+burst 40) with their destination, the rest from the slot's nftables
+counter. Also prints the p50 of 50 CONNECTs through the proxy (the cost
 of writing the intent before the dial)."""
 
 import json
@@ -317,21 +318,28 @@ def test_a_flood_the_kernel_refuses_is_a_handful_of_counted_events(gd_short, ser
     assert out[0].startswith("kernel-flooded "), out
     gw = out[0].split()[1]
     assert f"[('refused', {FLOOD})]" in out[0], out
-    # Every attempt the daemon logged for this daemon's only sandbox is in
-    # the session's counts; the last are written when the sandbox is
-    # released, which may be just after the session's final state.
+    # Every attempt the kernel refused is in the session's counts: the
+    # ones it logged with their destination, the rest (its log is
+    # rate-limited) from the slot's nftables counter; the last are written
+    # when the sandbox is released, which may be just after the session's
+    # final state.
     deadline = time.time() + 15
     while True:
         evs = gd.all_events(sid)
         denied = [e for e in evs if e["type"] == "egress_denied"]
         total = sum(e["count"] for e in denied)
-        logged = metric(gd, "hatchery_egress_denied_total")
-        if (total == logged and total > 0) or time.time() > deadline:
+        if total >= FLOOD or time.time() > deadline:
             break
         time.sleep(0.3)
+    logged = metric(gd, "hatchery_egress_denied_total")
+    not_logged = sum(e["count"] for e in denied if e["reason"].endswith("(its log is rate-limited)"))
     print(f"egress_denied events: {len(denied)}, counts {[e['count'] for e in denied]}, "
-          f"logged by the daemon {logged:.0f} of {FLOOD} attempts")
-    assert total == logged, (total, logged, [(e["seq"], e["count"]) for e in denied])
+          f"{total} refusals counted for {FLOOD} attempts: {logged:.0f} logged by the kernel, "
+          f"{not_logged} from the counter")
+    # Exact: the flood's 10,000 and the few other attempts the agent's
+    # sandbox makes (its own lookups), nothing lost to the log's limit.
+    assert FLOOD <= total <= FLOOD + 10, (total, logged, [(e["seq"], e["count"]) for e in denied])
+    assert total >= logged and not_logged > 0, (total, logged, not_logged)
     assert all((e["source"], e["status"]) == ("nftables", 0) for e in denied), denied
     flood = [e for e in denied if (e.get("host"), e.get("port")) == (gw, KERNEL_PORT)]
     # The kernel logs a burst of 40, then 20 a second: at least the burst.
@@ -340,7 +348,7 @@ def test_a_flood_the_kernel_refuses_is_a_handful_of_counted_events(gd_short, ser
     # Bounded: one event per destination per interval while it lasts,
     # whatever the number of attempts.
     assert len(flood) <= took / KERNEL_INTERVAL + 3, [(e["at"], e["count"]) for e in flood]
-    assert len(denied) <= len(flood) + 8, denied
+    assert len(denied) <= len(flood) + 12, denied
     coalesced = metric(gd, "hatchery_egress_denied_coalesced_total")
     assert coalesced == total - len(denied), (coalesced, total, len(denied))
     assert not any(e["type"] in ("egress_connect", "egress") for e in evs)

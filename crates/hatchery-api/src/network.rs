@@ -121,4 +121,10 @@ impl From<EgressEvent> for EgressEventBody {
 #[derive(Debug, Serialize, ToSchema)]
 pub struct EgressEventList {
     pub events: Vec<EgressEventBody>,
+    /// Every new connection the sandbox's policy refused since it got its
+    /// network slot, logged or not (the slot's nftables counter): exact,
+    /// where `events` is rate-limited. Absent when networking is off or
+    /// the slot has no counter (made by an older daemon).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub denied_total: Option<u64>,
 }

@@ -653,10 +653,13 @@ impl Client {
     }
 
     pub async fn network_events(&self, id: &str) -> Result<Vec<EgressEvent>> {
-        Ok(self
-            .get::<EgressEventList>(&format!("{}/network/events", sbx(id)))
-            .await?
-            .events)
+        Ok(self.network_event_list(id).await?.events)
+    }
+
+    /// The events and the exact count of refused connections.
+    pub async fn network_event_list(&self, id: &str) -> Result<EgressEventList> {
+        self.get::<EgressEventList>(&format!("{}/network/events", sbx(id)))
+            .await
     }
 
     // ---- code ----

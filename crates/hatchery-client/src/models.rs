@@ -533,6 +533,9 @@ pub struct EgressEvent {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EgressEventList {
     pub events: Vec<EgressEvent>,
+    /// Every new connection the sandbox's policy refused, logged or not.
+    #[serde(default)]
+    pub denied_total: Option<u64>,
 }
 
 // ---- code ----

@@ -138,6 +138,19 @@ impl Manager {
         Ok(self.net.as_ref().map(|n| n.events(id)).unwrap_or_default())
     }
 
+    /// Every new connection `id`'s slot refused, logged or not (its
+    /// nftables counter; one `nft` run, off the async threads).
+    pub async fn network_denied_total(&self, id: &str) -> Result<Option<u64>, CoreError> {
+        self.live_get(id).await?;
+        let Some(net) = self.net.clone() else {
+            return Ok(None);
+        };
+        let id = id.to_string();
+        Ok(tokio::task::spawn_blocking(move || net.denied_total(&id))
+            .await
+            .unwrap_or(None))
+    }
+
     /// At start: keeps the slots of `adopted` sandboxes (with their stored
     /// policies) and destroys every other slot of ours on the host.
     pub(crate) async fn reclaim_slots(

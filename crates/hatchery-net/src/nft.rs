@@ -9,9 +9,10 @@
 //!   addresses, so also the daemon's port): denied and logged.
 //! - `s<i>`: the slot's compiled policy. Evaluated for every packet, not
 //!   only new connections, so removing an allow cuts open connections.
-//! - `d<i>`: the slot's deny action: rate-limited kernel log line (turned
-//!   into egress events), then TCP reset or ICMP admin-prohibited, so the
-//!   guest fails fast instead of hanging.
+//! - `d<i>`: the slot's deny action: the named counter `c<i>` of refused
+//!   new connections (exact, where the log is not), a rate-limited kernel
+//!   log line (turned into egress events), then TCP reset or ICMP
+//!   admin-prohibited, so the guest fails fast instead of hanging.
 //! - `postrouting`: allowed traffic is masqueraded behind the host.
 
 use crate::policy::{Compiled, ALWAYS_BLOCKED};
@@ -107,7 +108,7 @@ impl Table {
     pub fn add_slot_script(&self, slot: &SlotAddrs, rules: &SlotRules) -> String {
         let t = self.t();
         let i = slot.index;
-        let mut s = format!("add chain {t} s{i}\nadd chain {t} d{i}\n");
+        let mut s = format!("add counter {t} c{i}\nadd chain {t} s{i}\nadd chain {t} d{i}\n");
         s += &self.deny_chain(slot);
         s += &self.policy_chain(slot, rules);
         s += &format!(
@@ -122,11 +123,35 @@ impl Table {
         self.policy_chain(slot, rules)
     }
 
+    /// A released slot back to default deny, its refusal counter at 0 for
+    /// its next owner.
+    pub fn scrub_script(&self, slot: &SlotAddrs) -> String {
+        format!(
+            "{}reset counter {} c{}\n",
+            self.policy_chain(slot, &SlotRules::default()),
+            self.t(),
+            slot.index
+        )
+    }
+
+    /// `nft` arguments that print slot `i`'s refusal counter as JSON
+    /// (read by [`parse_counter`]).
+    pub fn counter_args(&self, i: u32) -> Vec<String> {
+        vec![
+            "-j".into(),
+            "list".into(),
+            "counter".into(),
+            "inet".into(),
+            self.name.clone(),
+            format!("c{i}"),
+        ]
+    }
+
     pub fn remove_slot_script(&self, slot: &SlotAddrs) -> String {
         let t = self.t();
         let i = slot.index;
         format!(
-            "delete element {t} slots {{ \"{h}\" }}\ndelete element {t} slots_in {{ \"{h}\" }}\nflush chain {t} s{i}\nflush chain {t} d{i}\ndelete chain {t} s{i}\ndelete chain {t} d{i}\n",
+            "delete element {t} slots {{ \"{h}\" }}\ndelete element {t} slots_in {{ \"{h}\" }}\nflush chain {t} s{i}\nflush chain {t} d{i}\ndelete chain {t} s{i}\ndelete chain {t} d{i}\ndelete counter {t} c{i}\n",
             h = slot.host_if
         )
     }
@@ -136,7 +161,7 @@ impl Table {
         let i = slot.index;
         format!(
             "flush chain {t} d{i}\n\
-             add rule {t} d{i} ct state new limit rate 20/second burst 40 packets log prefix \"{p}\" level info\n\
+             add rule {t} d{i} ct state new counter name \"c{i}\" limit rate 20/second burst 40 packets log prefix \"{p}\" level info\n\
              add rule {t} d{i} meta l4proto tcp reject with tcp reset\n\
              add rule {t} d{i} reject with icmpx admin-prohibited\n",
             p = self.log_prefix()
@@ -192,6 +217,16 @@ pub struct SlotRules {
     pub deny: Vec<Compiled>,
 }
 
+/// The packet count of `nft -j list counter` output: the slot's refused
+/// new connections since it was last scrubbed.
+pub fn parse_counter(json: &str) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_str(json).ok()?;
+    v.get("nftables")?
+        .as_array()?
+        .iter()
+        .find_map(|o| o.get("counter")?.get("packets")?.as_u64())
+}
+
 pub fn apply(script: &str) -> Result<(), NetError> {
     crate::cmd::run_script("nft", &["-f", "-"], script)
 }
@@ -245,5 +280,48 @@ mod tests {
             full.contains("forward iifname != \"hx*\" oifname != \"hx*\" drop\n"),
             "guard spares every daemon's slots"
         );
+    }
+
+    /// Every refused new connection is counted before the log's rate
+    /// limit; the counter goes with the slot and is zeroed when the slot
+    /// is scrubbed for its next owner.
+    #[test]
+    fn refusals_are_counted_before_the_log_limit() {
+        let (t, slot) = table();
+        let add = t.add_slot_script(&slot, &SlotRules::default());
+        assert!(
+            add.starts_with("add counter inet hatchery_hy c3\n"),
+            "{add}"
+        );
+        let deny = add
+            .lines()
+            .find(|l| l.contains(" d3 ct state new"))
+            .unwrap();
+        let (counter, limit) = (
+            deny.find("counter name").unwrap(),
+            deny.find("limit rate").unwrap(),
+        );
+        assert!(counter < limit, "{deny}");
+        assert!(t
+            .remove_slot_script(&slot)
+            .ends_with("delete counter inet hatchery_hy c3\n"));
+        let scrub = t.scrub_script(&slot);
+        assert!(
+            !scrub.contains("accept") && scrub.ends_with("reset counter inet hatchery_hy c3\n")
+        );
+        assert_eq!(
+            t.counter_args(3).join(" "),
+            "-j list counter inet hatchery_hy c3"
+        );
+    }
+
+    #[test]
+    fn the_counter_is_read_from_nft_json() {
+        let out = r#"{"nftables": [{"metainfo": {"version": "1.0.6", "json_schema_version": 1}},
+            {"counter": {"family": "inet", "name": "c3", "table": "hatchery_hy", "handle": 1,
+            "packets": 10040, "bytes": 602400}}]}"#;
+        assert_eq!(parse_counter(out), Some(10040));
+        assert_eq!(parse_counter(r#"{"nftables": []}"#), None);
+        assert_eq!(parse_counter("Error: No such file or directory"), None);
     }
 }

@@ -391,7 +391,7 @@ impl Network {
 
     fn scrub_or_destroy(&self, i: u32) {
         let s = self.slot(i);
-        let scrubbed = nft::apply(&self.table.set_policy_script(&s, &SlotRules::default()))
+        let scrubbed = nft::apply(&self.table.scrub_script(&s))
             .and_then(|_| plumbing::configure_guest_end(&s));
         plumbing::flush_conntrack(&s);
         let mut g = self.lock();
@@ -451,6 +451,17 @@ impl Network {
             .get(owner)
             .map(|q| q.events.iter().cloned().collect())
             .unwrap_or_default()
+    }
+
+    /// How many new connections `owner`'s slot refused since it was
+    /// leased: exact, where [`Self::events`] keeps what the rate-limited
+    /// kernel log reported. `None` without a slot or a counter (a slot
+    /// made by an older daemon and adopted).
+    pub fn denied_total(&self, owner: &str) -> Option<u64> {
+        let i = self.index_of(owner).ok()?;
+        let args = self.table.counter_args(i);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        nft::parse_counter(&crate::cmd::output("nft", &args).ok()?)
     }
 
     pub fn ready_count(&self) -> usize {

@@ -259,17 +259,21 @@ impl Sandboxes for ClientSandboxes {
             .map_err(map)
     }
 
-    async fn kernel_denials(&self, id: &str) -> Result<Vec<KernelDenial>, SandboxError> {
-        let events = self.client.network_events(id).await.map_err(map)?;
-        Ok(events
-            .into_iter()
-            .map(|e| KernelDenial {
-                seq: e.seq,
-                protocol: e.protocol,
-                destination: e.destination,
-                port: e.port,
-            })
-            .collect())
+    async fn kernel_denials(&self, id: &str) -> Result<KernelDenials, SandboxError> {
+        let got = self.client.network_event_list(id).await.map_err(map)?;
+        Ok(KernelDenials {
+            list: got
+                .events
+                .into_iter()
+                .map(|e| KernelDenial {
+                    seq: e.seq,
+                    protocol: e.protocol,
+                    destination: e.destination,
+                    port: e.port,
+                })
+                .collect(),
+            total: got.denied_total,
+        })
     }
 
     async fn delete_snapshot(&self, id: &str) -> Result<(), SandboxError> {

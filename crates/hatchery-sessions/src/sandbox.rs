@@ -54,6 +54,17 @@ pub struct ExecOutcome {
 
 /// A connection attempt the sandbox's network policy refused in the
 /// kernel (nftables), as the daemon logged it.
+/// A sandbox's kernel refusals as its daemon reports them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct KernelDenials {
+    /// What the kernel logged, the last 256, oldest first.
+    pub list: Vec<KernelDenial>,
+    /// Every new connection refused since the sandbox got its network
+    /// slot, logged or not (the slot's nftables counter); `None` from a
+    /// daemon that does not count.
+    pub total: Option<u64>,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct KernelDenial {
     /// 1, 2, ... per sandbox in the order logged; the daemon keeps the
@@ -139,8 +150,10 @@ pub trait Sandboxes: Send + Sync + 'static {
     /// Replaces the sandbox's egress policy (a NetworkPolicy object).
     async fn set_network(&self, id: &str, policy: serde_json::Value) -> Result<(), SandboxError>;
     /// The attempts the sandbox's network policy refused in the kernel
-    /// that the daemon still keeps (its last 256), oldest first.
-    async fn kernel_denials(&self, id: &str) -> Result<Vec<KernelDenial>, SandboxError>;
+    /// that the daemon still keeps (its last 256), oldest first, and how
+    /// many it refused in all (exact; the list is what the rate-limited
+    /// kernel log reported).
+    async fn kernel_denials(&self, id: &str) -> Result<KernelDenials, SandboxError>;
     /// The metadata a snapshot was taken with.
     async fn snapshot_metadata(&self, id: &str) -> Result<BTreeMap<String, String>, SandboxError>;
 }

@@ -264,6 +264,9 @@ class AsyncNetwork:
     async def events(self) -> List[NetworkEvent]:
         return await _run(self._n.events)
 
+    async def denied_total(self) -> Optional[int]:
+        return await _run(self._n.denied_total)
+
 
 class _AsyncRecord:
     """Async face of a sync record: `.id`, `.info` and its fields."""

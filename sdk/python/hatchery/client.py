@@ -424,8 +424,15 @@ class Network:
         return NetworkPolicy.from_dict(r.json())
 
     def events(self) -> List[NetworkEvent]:
+        """Denied attempts as the kernel logged them (rate-limited), oldest first."""
         r = self._s._client.call("GET", "/v1/sandboxes/{id}/network/events", params={"id": self._s.id})
         return [NetworkEvent.from_dict(e) for e in r.json()["events"]]
+
+    def denied_total(self) -> Optional[int]:
+        """Every new connection the policy refused, logged or not (exact);
+        None when the daemon does not count."""
+        r = self._s._client.call("GET", "/v1/sandboxes/{id}/network/events", params={"id": self._s.id})
+        return r.json().get("denied_total")
 
 
 class ProcessOutput:

@@ -417,8 +417,15 @@ export class Network {
     return this.sbx.client.json("PUT /v1/sandboxes/{id}/network", { id: this.sbx.id }, { json: policy });
   }
 
+  /** Denied attempts as the kernel logged them (rate-limited), oldest first. */
   async events(): Promise<NetworkEvent[]> {
     return (await this.sbx.client.json<wire.EgressEventList>("GET /v1/sandboxes/{id}/network/events", { id: this.sbx.id })).events;
+  }
+
+  /** Every new connection the policy refused, logged or not (exact); undefined when the daemon does not count. */
+  async deniedTotal(): Promise<number | undefined> {
+    const r = await this.sbx.client.json<wire.EgressEventList>("GET /v1/sandboxes/{id}/network/events", { id: this.sbx.id });
+    return r.denied_total ?? undefined;
   }
 }
 

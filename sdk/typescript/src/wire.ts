@@ -142,6 +142,7 @@ export interface EgressEventBody {
 
 /** Oldest first; the last 256 per sandbox are kept. Attempts are logged at most 20 per second per sandbox (burst 40); the rest are still blocked. */
 export interface EgressEventList {
+  denied_total?: number | null;
   events: Array<EgressEventBody>;
 }
 

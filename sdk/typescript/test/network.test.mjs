@@ -28,6 +28,10 @@ test("network: default, update, events", async () => {
       assert.ok(Date.now() < deadline, JSON.stringify(evs));
       await new Promise((r) => setTimeout(r, 200));
     }
+    // Exact, where the log is rate-limited: at least every logged one.
+    const total = await s.network.deniedTotal();
+    const logged = (await s.network.events()).length;
+    assert.ok(Number.isInteger(total) && total >= logged && logged >= 1, `${total} of ${logged}`);
   });
 });
 

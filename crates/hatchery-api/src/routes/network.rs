@@ -41,5 +41,9 @@ pub async fn events(
         .into_iter()
         .map(Into::into)
         .collect();
-    Ok(axum::Json(EgressEventList { events }))
+    let denied_total = st.manager.network_denied_total(&id).await?;
+    Ok(axum::Json(EgressEventList {
+        events,
+        denied_total,
+    }))
 }

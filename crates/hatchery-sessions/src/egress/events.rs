@@ -18,7 +18,7 @@
 use super::coalesce::{Batch, Coalescer, Dest, Sample, Source, MAX_DESTINATIONS};
 use super::kernel;
 use crate::events::EventKind;
-use crate::sandbox::{KernelDenial, SandboxError};
+use crate::sandbox::{KernelDenials, SandboxError};
 use crate::store::StoreError;
 use crate::Sessions;
 use hatchery_egress::{CredentialResult, CredentialUse, EgressEvent, EgressResult, Events};
@@ -68,8 +68,9 @@ pub trait EgressLog: Send + Sync + 'static {
     ) -> Result<Option<u64>, StoreError>;
     /// An `egress_result` or `egress_denied`, whatever the session's state.
     async fn record(&self, session: &str, e: EventKind) -> Result<(), StoreError>;
-    /// The kernel's refusals of `sandbox` the daemon still keeps.
-    async fn kernel_denials(&self, sandbox: &str) -> Result<Vec<KernelDenial>, SandboxError>;
+    /// The kernel's refusals of `sandbox` the daemon still keeps, and
+    /// their exact total.
+    async fn kernel_denials(&self, sandbox: &str) -> Result<KernelDenials, SandboxError>;
 }
 
 #[async_trait::async_trait]
@@ -86,7 +87,7 @@ impl EgressLog for Sessions {
     async fn record(&self, session: &str, e: EventKind) -> Result<(), StoreError> {
         self.record_egress_event(session, e).await
     }
-    async fn kernel_denials(&self, sandbox: &str) -> Result<Vec<KernelDenial>, SandboxError> {
+    async fn kernel_denials(&self, sandbox: &str) -> Result<KernelDenials, SandboxError> {
         self.core.sandboxes.kernel_denials(sandbox).await
     }
 }
@@ -136,7 +137,7 @@ pub struct SessionEvents {
     /// Per bound sandbox (from [`SessionEvents::track_sandbox`] to
     /// [`SessionEvents::forget_sandbox`]): the last kernel refusal (`seq`)
     /// counted.
-    kernel_seen: Mutex<HashMap<String, u64>>,
+    kernel_seen: Mutex<HashMap<String, kernel::Cursor>>,
     wake: Arc<Notify>,
     /// Refusals that did not get an event of their own (in an
     /// `egress_denied` count with others).
@@ -250,7 +251,9 @@ impl SessionEvents {
     /// logged since the last read. Two reads at once count each refusal
     /// once: what is new is decided under the lock, against the cursor;
     /// a read that ends after the sandbox was forgotten counts nothing.
-    pub async fn poll_kernel(&self, sandbox: &str, session: &str) {
+    /// `last`: the sandbox is being released (its counter is read for
+    /// the last time, kernel.rs).
+    pub async fn poll_kernel(&self, sandbox: &str, session: &str, last: bool) {
         let list = match self.log.kernel_denials(sandbox).await {
             Ok(l) => l,
             // Deleted or lost: what it logged went with its slot.
@@ -268,7 +271,7 @@ impl SessionEvents {
             let Some(seen) = seen.get_mut(sandbox) else {
                 return;
             };
-            let (next, adds) = kernel::fold(*seen, &list);
+            let (next, adds) = kernel::fold(*seen, &list, last);
             *seen = next;
             let mut c = self.lock();
             for (dest, sample, n) in adds {
@@ -395,7 +398,9 @@ mod tests {
         refuse: bool,
         unauthorised: bool,
         /// The daemon's list of kernel refusals, as `kernel_denials` reads it.
-        kernel: Mutex<Vec<KernelDenial>>,
+        kernel: Mutex<Vec<crate::sandbox::KernelDenial>>,
+        /// The slot's counter (`None`: a daemon that does not count).
+        kernel_total: Mutex<Option<u64>>,
     }
 
     impl FakeLog {
@@ -403,12 +408,14 @@ mod tests {
         fn kernel_refuses(&self, n: u64) {
             let mut k = self.kernel.lock().unwrap();
             let last = k.last().map_or(0, |d| d.seq);
-            k.extend((last + 1..=last + n).map(|seq| KernelDenial {
-                seq,
-                protocol: "tcp".into(),
-                destination: "10.9.0.1".into(),
-                port: Some(7),
-            }));
+            k.extend(
+                (last + 1..=last + n).map(|seq| crate::sandbox::KernelDenial {
+                    seq,
+                    protocol: "tcp".into(),
+                    destination: "10.9.0.1".into(),
+                    port: Some(7),
+                }),
+            );
             let over = k.len().saturating_sub(256);
             k.drain(..over);
         }
@@ -442,8 +449,11 @@ mod tests {
             self.written.lock().unwrap().push((session.into(), e));
             Ok(())
         }
-        async fn kernel_denials(&self, _: &str) -> Result<Vec<KernelDenial>, SandboxError> {
-            Ok(self.kernel.lock().unwrap().clone())
+        async fn kernel_denials(&self, _: &str) -> Result<KernelDenials, SandboxError> {
+            Ok(KernelDenials {
+                list: self.kernel.lock().unwrap().clone(),
+                total: *self.kernel_total.lock().unwrap(),
+            })
         }
     }
 
@@ -607,21 +617,24 @@ mod tests {
         );
         log.kernel_refuses(5);
         // Not bound yet: nothing counted.
-        ev.poll_kernel("sbx1", "s1").await;
+        ev.poll_kernel("sbx1", "s1", false).await;
         assert_eq!(ev.lock().pending(), 0);
         ev.track_sandbox("sbx1");
-        ev.poll_kernel("sbx1", "s1").await;
-        ev.poll_kernel("sbx1", "s1").await;
+        ev.poll_kernel("sbx1", "s1", false).await;
+        ev.poll_kernel("sbx1", "s1", false).await;
         // The writer runs on this runtime: let it write the first.
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(log.written.lock().unwrap().len(), 1);
         log.kernel_refuses(300);
         // Two reads at once see the same list.
-        tokio::join!(ev.poll_kernel("sbx1", "s1"), ev.poll_kernel("sbx1", "s1"));
+        tokio::join!(
+            ev.poll_kernel("sbx1", "s1", false),
+            ev.poll_kernel("sbx1", "s1", false)
+        );
         // Bound again while bound (runners re-bind after a daemon
         // restart): the cursor stays where it was.
         ev.track_sandbox("sbx1");
-        ev.poll_kernel("sbx1", "s1").await;
+        ev.poll_kernel("sbx1", "s1", false).await;
         ev.flush_session("s1").await;
         let w = log.written.lock().unwrap().clone();
         let mut total = 0;
@@ -652,11 +665,45 @@ mod tests {
         // One event at once (the first), then the rest at the flush: the
         // destination's and the gap's.
         assert_eq!(w.len(), 3, "{w:?}");
+    }
+
+    /// With the slot's counter, what the kernel did not log is counted
+    /// too: after the release read, the `nftables` counts add up to the
+    /// counter exactly.
+    #[tokio::test]
+    async fn kernel_refusals_add_up_to_the_slots_counter() {
+        let log = Arc::new(FakeLog::default());
+        let ev = SessionEvents::start_with(
+            log.clone(),
+            &prometheus::Registry::new(),
+            Duration::from_secs(3600),
+            Duration::from_millis(10),
+        );
+        ev.track_sandbox("sbx1");
+        for _ in 0..3 {
+            // 40 logged, 960 past the log's rate limit, per tick.
+            log.kernel_refuses(40);
+            let logged = log.kernel.lock().unwrap().last().map_or(0, |d| d.seq);
+            *log.kernel_total.lock().unwrap() = Some(logged * 25);
+            ev.poll_kernel("sbx1", "s1", false).await;
+        }
+        ev.poll_kernel("sbx1", "s1", true).await;
+        ev.forget_sandbox("sbx1");
+        ev.flush_session("s1").await;
+        let w = log.written.lock().unwrap().clone();
+        let counted: u64 = w
+            .iter()
+            .map(|(_, e)| match e {
+                EventKind::EgressDenied { count, .. } => *count,
+                e => panic!("{e:?}"),
+            })
+            .sum();
+        assert_eq!(counted, 3_000, "{w:?}");
         // A released sandbox's cursor is forgotten, and a read still under
         // way then (the periodic one) counts nothing again.
         ev.forget_sandbox("sbx1");
         assert!(ev.kernel_seen.lock().unwrap().is_empty());
-        ev.poll_kernel("sbx1", "s1").await;
+        ev.poll_kernel("sbx1", "s1", false).await;
         assert_eq!(ev.lock().pending(), 0);
     }
 }

@@ -88,7 +88,7 @@ impl EgressLink {
         if let Some(b) = gone {
             // The sandbox is still there (it is deleted after this): what
             // the kernel refused since the last tick is counted first.
-            self.events.poll_kernel(sandbox, &b.session).await;
+            self.events.poll_kernel(sandbox, &b.session, true).await;
             self.events.forget_sandbox(sandbox);
             self.events.flush_session(&b.session).await;
             self.approvals.forget(&b.session);
@@ -197,7 +197,7 @@ fn poll_kernel(
                 .map(|(sbx, b)| (sbx.clone(), b.session.clone()))
                 .collect();
             for (sbx, session) in bound {
-                ev.poll_kernel(&sbx, &session).await;
+                ev.poll_kernel(&sbx, &session, false).await;
             }
         }
     });

@@ -102,6 +102,8 @@ pub struct FakeSandbox {
     pub kernel_denials: Vec<KernelDenial>,
     /// How many were ever pushed (the next one's seq minus 1).
     pub kernel_logged: u64,
+    /// Refused without a log line (the kernel log's rate limit).
+    pub kernel_unlogged: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -300,6 +302,14 @@ impl FakeSandboxes {
                 }
                 Ok(())
             }
+        }
+    }
+
+    /// The kernel refuses `n` attempts of sandbox `id` without logging
+    /// them (past the log's rate limit): only the total counts them.
+    pub fn kernel_denied_unlogged(&self, id: &str, n: u64) {
+        if let Some(s) = self.lock().sandboxes.get_mut(id) {
+            s.kernel_unlogged += n;
         }
     }
 
@@ -613,8 +623,13 @@ impl Sandboxes for FakeSandboxes {
         }))
     }
 
-    async fn kernel_denials(&self, id: &str) -> Result<Vec<KernelDenial>, SandboxError> {
-        self.with_live(id, |s| Ok(s.kernel_denials.clone()))
+    async fn kernel_denials(&self, id: &str) -> Result<KernelDenials, SandboxError> {
+        self.with_live(id, |s| {
+            Ok(KernelDenials {
+                list: s.kernel_denials.clone(),
+                total: Some(s.kernel_logged + s.kernel_unlogged),
+            })
+        })
     }
 
     async fn set_network(&self, id: &str, policy: serde_json::Value) -> Result<(), SandboxError> {
