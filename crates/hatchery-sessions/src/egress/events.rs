@@ -552,18 +552,24 @@ mod tests {
         }
     }
 
+    /// Events over `log` whose windows last an hour (only a release or a
+    /// flush writes past a destination's first refusal), ticking fast.
+    fn hourly(log: &Arc<FakeLog>) -> Arc<SessionEvents> {
+        SessionEvents::start_with(
+            log.clone(),
+            &prometheus::Registry::new(),
+            Duration::from_secs(3600),
+            Duration::from_millis(10),
+        )
+    }
+
     /// Refusals: the first of a destination is written at once, the rest
     /// at the window's end or when the session's sandbox is released, and
     /// the counts add up; the metric counts what shared an event.
     #[tokio::test]
     async fn refusals_are_counted_per_destination_and_flushed() {
         let log = Arc::new(FakeLog::default());
-        let ev = SessionEvents::start_with(
-            log.clone(),
-            &prometheus::Registry::new(),
-            Duration::from_secs(3600),
-            Duration::from_millis(10),
-        );
+        let ev = hourly(&log);
         let count = |s: &str| -> (usize, u64) {
             let w = log.written.lock().unwrap();
             let c: Vec<u64> = w
@@ -609,12 +615,7 @@ mod tests {
     #[tokio::test]
     async fn kernel_refusals_are_counted_once_with_their_gaps() {
         let log = Arc::new(FakeLog::default());
-        let ev = SessionEvents::start_with(
-            log.clone(),
-            &prometheus::Registry::new(),
-            Duration::from_secs(3600),
-            Duration::from_millis(10),
-        );
+        let ev = hourly(&log);
         log.kernel_refuses(5);
         // Not bound yet: nothing counted.
         ev.poll_kernel("sbx1", "s1", false).await;
@@ -673,12 +674,7 @@ mod tests {
     #[tokio::test]
     async fn kernel_refusals_add_up_to_the_slots_counter() {
         let log = Arc::new(FakeLog::default());
-        let ev = SessionEvents::start_with(
-            log.clone(),
-            &prometheus::Registry::new(),
-            Duration::from_secs(3600),
-            Duration::from_millis(10),
-        );
+        let ev = hourly(&log);
         ev.track_sandbox("sbx1");
         for _ in 0..3 {
             // 40 logged, 960 past the log's rate limit, per tick.
