@@ -345,36 +345,52 @@ def test_bindings_survive_a_daemon_sigkill(gd, servers, git_server, model):
     assert len(calls) == 2 and s["spend"]["tokens"] == sum(c["tokens"] for c in calls)
 
 
-def test_a_model_call_at_the_upstream_when_the_daemon_dies_was_logged_first(gd, git_server, model):
+def test_a_model_call_at_the_upstream_when_the_daemon_dies_was_logged_first(agent_templates, git_server, model):
     """SIGKILL while a call is at the upstream (the scripted model holds it
     for HELD_S s): its `model_call_intent` is already in the session's log
     (committed before the upstream was dialled), with no `model_call` after
-    it, and the upstream saw exactly as many calls as there are intents;
-    the log still verifies after the restart."""
-    repo = git_server.add_repo("held", DEMO_FILES)
-    before = len(model.requests)
-    sid = gd.new_session(repo, "[script:held] a call held at the upstream", template="agent-session")
-    gd.track_sandboxes(sid)
-    intent = gd.wait_event(sid, "model_call_intent", timeout=120)
-    deadline = time.time() + 30
-    while len(model.requests) == before and time.time() < deadline:
-        time.sleep(0.05)
-    assert len(model.requests) - before == 1, "the upstream never saw the call"
-    gd.crash()
-    gd.start()
-    evs = gd.all_events(sid)
-    intents = [e for e in evs if e["type"] == "model_call_intent"]
-    assert intents and intents[0]["reservation"] == intent["reservation"], evs
-    assert not [e for e in evs if e["type"] == "model_call" and e["seq"] > intent["seq"]
-                and e["seq"] < (intents[1]["seq"] if len(intents) > 1 else 1 << 62)], evs
-    # Whatever the restarted session did next, no call reached the
-    # upstream without its intent.
-    assert gd.request("POST", f"/v1/sessions/{sid}:cancel").status == 200
-    gd.wait_state(sid, "cancelled", timeout=120)
-    evs = gd.all_events(sid)
-    intents = [e for e in evs if e["type"] == "model_call_intent"]
-    assert len(model.requests) - before <= len(intents), (len(model.requests) - before, intents)
-    verify_chain(gd, sid)
+    it, and the upstream saw exactly as many calls as there are intents.
+    Its reservation outlives the call: once its TTL (15 s here) passes the
+    restarted daemon's janitor charges it whole (the upstream may have
+    billed it), as `model_call_expired` on the session's spend, so the
+    budget never gets that room back. The log still verifies."""
+    with gateway_daemon(model, agent_templates, "hxgwh-", prices=PRICES, upstream_key=UPSTREAM_KEY,
+                        extra=["--gateway-reservation-ttl", "15"]) as gd:
+        repo = git_server.add_repo("held", DEMO_FILES)
+        before = len(model.requests)
+        sid = gd.new_session(repo, "[script:held] a call held at the upstream", template="agent-session")
+        gd.track_sandboxes(sid)
+        intent = gd.wait_event(sid, "model_call_intent", timeout=120)
+        deadline = time.time() + 30
+        while len(model.requests) == before and time.time() < deadline:
+            time.sleep(0.05)
+        assert len(model.requests) - before == 1, "the upstream never saw the call"
+        gd.crash()
+        gd.start()
+        evs = gd.all_events(sid)
+        intents = [e for e in evs if e["type"] == "model_call_intent"]
+        assert intents and intents[0]["reservation"] == intent["reservation"], evs
+        assert not [e for e in evs if e["type"] == "model_call" and e["seq"] > intent["seq"]
+                    and e["seq"] < (intents[1]["seq"] if len(intents) > 1 else 1 << 62)], evs
+        # The unsettled call is charged whole once its reservation expires.
+        expired = None
+        deadline = time.time() + 60
+        while expired is None and time.time() < deadline:
+            expired = next((e for e in gd.all_events(sid) if e["type"] == "model_call_expired"
+                            and e["reservation"] == intent["reservation"]), None)
+            time.sleep(0.5)
+        assert expired is not None, [e["type"] for e in gd.all_events(sid)]
+        assert expired["tokens"] == intent["reserved_tokens"] > 0, (expired, intent)
+        assert gd.session(sid)["spend"]["tokens"] >= expired["tokens"]
+        # Whatever the restarted session did next, no call reached the
+        # upstream without its intent.
+        assert gd.request("POST", f"/v1/sessions/{sid}:cancel").status == 200
+        gd.wait_state(sid, "cancelled", timeout=120)
+        evs = gd.all_events(sid)
+        intents = [e for e in evs if e["type"] == "model_call_intent"]
+        assert len(model.requests) - before <= len(intents), (len(model.requests) - before, intents)
+        assert len([e for e in evs if e["type"] == "model_call_expired"]) == 1, evs
+        verify_chain(gd, sid)
 
 
 def test_demo_installs_through_the_proxy_and_spends_through_the_gateway(gd, servers, git_server, model):

@@ -10,6 +10,34 @@
 
 use async_trait::async_trait;
 
+/// A reservation the janitor charged whole: its id, its scopes and what
+/// was charged (nothing when it had been settled before).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expired {
+    pub id: String,
+    pub scopes: Vec<String>,
+    pub charged: Amount,
+}
+
+impl Expired {
+    /// The session the reservation was made for, from its scopes.
+    pub fn caller(&self) -> Option<Caller> {
+        let session = self
+            .scopes
+            .iter()
+            .find_map(|s| s.strip_prefix("session:"))?;
+        let tenant = self
+            .scopes
+            .iter()
+            .find_map(|s| s.strip_prefix("tenant:"))
+            .map(str::to_string);
+        Some(Caller {
+            session: session.to_string(),
+            tenant,
+        })
+    }
+}
+
 /// What a call may cost, or did cost.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Amount {
@@ -86,8 +114,12 @@ pub trait BudgetStore: Send + Sync {
         scopes: &[String],
         actual: Amount,
     ) -> Result<bool, BudgetError>;
-    /// Deletes reservations whose TTL has passed; returns how many.
-    async fn expire(&self, now_ms: u64) -> Result<u64, BudgetError>;
+    /// Charges reservations whose TTL has passed their whole amount, as a
+    /// settle would (once per reservation), and returns them. A call is
+    /// settled well within its TTL unless the process serving it died, and
+    /// its upstream may have billed it: freeing the reservation instead
+    /// would give the budget room for spend that already happened.
+    async fn expire(&self, now_ms: u64) -> Result<Vec<Expired>, BudgetError>;
     /// How many reservations of `scope` are open (calls in flight).
     async fn open_reservations(&self, scope: &str) -> Result<u64, BudgetError>;
     /// The clock reservations are stamped and expired by. A store shared

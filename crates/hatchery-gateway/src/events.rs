@@ -38,6 +38,14 @@ pub enum GatewayEvent {
         caller: Caller,
         scope: String,
     },
+    /// A reservation that outlived its call (the process serving it died)
+    /// and was charged whole by the janitor: `charged` is zero when it
+    /// had been settled before.
+    Expired {
+        caller: Caller,
+        reservation: String,
+        charged: Amount,
+    },
     /// The upstream reported more than the call's reservation (an upper
     /// bound of what it could cost): `reported` is its figure, of which
     /// only `reserved` was charged (the `Called` event says so too).
@@ -134,7 +142,14 @@ impl LogEvents {
     }
 }
 
+#[async_trait::async_trait]
 impl GatewayEvents for LogEvents {
+    /// No session log to write an intent to, and the settled call gets its
+    /// own line: a second line per call would only eat into the limit.
+    async fn intent(&self, _: GatewayEvent) -> Result<(), IntentError> {
+        Ok(())
+    }
+
     fn record(&self, e: GatewayEvent) {
         let Some(dropped) = self.admit() else { return };
         match e {
@@ -165,6 +180,13 @@ impl GatewayEvents for LogEvents {
                 message,
             } => tracing::warn!(session = caller.as_ref().map(|c| c.session.as_str()), ?flavor,
                 code, %message, dropped, "model call refused"),
+            GatewayEvent::Expired {
+                caller,
+                reservation,
+                charged,
+            } => tracing::warn!(session = %caller.session, %reservation,
+                charged_tokens = charged.tokens, charged_cents = charged.usd_cents, dropped,
+                "an unsettled model call was charged its whole reservation"),
             GatewayEvent::Exhausted { caller, scope } => {
                 tracing::warn!(session = %caller.session, %scope, dropped, "budget exhausted")
             }

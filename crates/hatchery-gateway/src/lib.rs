@@ -91,10 +91,12 @@ pub fn router(g: Arc<Gateway>) -> Router {
         .with_state(g)
 }
 
-/// Deletes expired reservations (left by calls that never settled: a crash
-/// between reserve and settle) once a second, until the process ends. By
-/// the store's clock, which reservations are stamped with too.
-pub fn spawn_janitor(store: Arc<dyn budget::BudgetStore>) {
+/// Charges expired reservations whole (left by calls that never settled: a
+/// crash between reserve and settle, when the upstream may have billed
+/// the call) once a second, until the process ends, and reports each as
+/// `Expired` to its session. By the store's clock, which reservations are
+/// stamped with too.
+pub fn spawn_janitor(store: Arc<dyn budget::BudgetStore>, events: Arc<dyn events::GatewayEvents>) {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
         loop {
@@ -107,8 +109,20 @@ pub fn spawn_janitor(store: Arc<dyn budget::BudgetStore>) {
                 }
             };
             match store.expire(now).await {
-                Ok(0) => {}
-                Ok(n) => tracing::info!(expired = n, "reservations expired"),
+                Ok(expired) => {
+                    for e in expired {
+                        tracing::warn!(reservation = %e.id, tokens = e.charged.tokens,
+                            usd_cents = e.charged.usd_cents,
+                            "a reservation outlived its call (its process died?): charged whole");
+                        if let Some(caller) = e.caller() {
+                            events.record(events::GatewayEvent::Expired {
+                                caller,
+                                reservation: e.id,
+                                charged: e.charged,
+                            });
+                        }
+                    }
+                }
                 Err(e) => tracing::error!(error = %e, "expiring reservations failed"),
             }
         }

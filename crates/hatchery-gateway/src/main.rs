@@ -129,7 +129,7 @@ async fn main() -> anyhow::Result<()> {
         // The standalone gateway knows no sessions' policies.
         policy: None,
     });
-    spawn_janitor(store);
+    spawn_janitor(store, g.events.clone());
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await
         .with_context(|| format!("cannot listen on {}", a.listen))?;

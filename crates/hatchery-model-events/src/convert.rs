@@ -65,6 +65,19 @@ pub fn model_event(e: GatewayEvent) -> Option<(String, ModelEvent)> {
         )),
         // No caller: an unbound sandbox or a bad key; nothing to log it to.
         GatewayEvent::Refused { caller: None, .. } => None,
+        // Charged again by nobody: what the janitor charged is the spend.
+        GatewayEvent::Expired {
+            caller,
+            reservation,
+            charged,
+        } => Some((
+            caller.session,
+            ModelEvent::Expired {
+                reservation,
+                tokens: charged.tokens,
+                usd_cents: charged.usd_cents,
+            },
+        )),
         GatewayEvent::Exhausted { caller, scope } => Some((
             caller.session,
             ModelEvent::Exhausted {
@@ -182,5 +195,29 @@ mod tests {
             reserved: a(465),
         })
         .is_none());
+    }
+
+    /// A reservation the janitor charged goes to its session as spend.
+    #[test]
+    fn an_expired_reservation_is_its_sessions_spend() {
+        let e = GatewayEvent::Expired {
+            caller: caller(),
+            reservation: "rsv_1".into(),
+            charged: Amount {
+                tokens: 70,
+                usd_cents: 3,
+            },
+        };
+        assert_eq!(
+            model_event(e),
+            Some((
+                "ses_a".to_string(),
+                ModelEvent::Expired {
+                    reservation: "rsv_1".into(),
+                    tokens: 70,
+                    usd_cents: 3
+                }
+            ))
+        );
     }
 }

@@ -322,6 +322,15 @@ pub enum EventKind {
         tokens: u64,
         usd_cents: u64,
     },
+    /// A model call whose `model_call_intent` has no `model_call`: the
+    /// process serving it died, and once its reservation's TTL passed the
+    /// gateway charged it whole (the upstream may have billed it), added
+    /// to the session's spend.
+    ModelCallExpired {
+        reservation: String,
+        tokens: u64,
+        usd_cents: u64,
+    },
     /// The gateway refused a model call before it reached the upstream.
     ModelRefused {
         api: String,
@@ -510,6 +519,7 @@ impl EventKind {
             EventKind::BrokerCallResolved { .. } => "broker_call_resolved",
             EventKind::AgentOutput { .. } => "agent_output",
             EventKind::ModelCallIntent { .. } => "model_call_intent",
+            EventKind::ModelCallExpired { .. } => "model_call_expired",
             EventKind::Replayed { .. } => "replayed",
             EventKind::ModelCall { .. } => "model_call",
             EventKind::ModelRefused { .. } => "model_refused",

@@ -64,6 +64,13 @@ pub enum ModelEvent {
         code: String,
         message: String,
     },
+    /// A call whose process died before it settled, charged its whole
+    /// reservation by the gateway's janitor: added to the session's spend.
+    Expired {
+        reservation: String,
+        tokens: u64,
+        usd_cents: u64,
+    },
     /// A call that did not fit in the budget: the session ends `failed`.
     Exhausted { scope: String, message: String },
 }
@@ -96,6 +103,15 @@ impl ModelEvent {
             } => {
                 api(a)?;
                 check("model", model, MAX_MODEL)?;
+                if check_delivery_key(reservation).is_err() {
+                    return Err(SessionError::bad(
+                        "invalid_request",
+                        format!("reservation must be 1 to {MAX_DELIVERY_KEY} of A-Z a-z 0-9 - _"),
+                    ));
+                }
+                Ok(())
+            }
+            ModelEvent::Expired { reservation, .. } => {
                 if check_delivery_key(reservation).is_err() {
                     return Err(SessionError::bad(
                         "invalid_request",
@@ -199,6 +215,23 @@ impl Sessions {
                     usd_cents,
                 };
                 self.record_model_call(id, call, (tokens, usd_cents), key, joined)
+                    .await?
+            }
+            ModelEvent::Expired {
+                reservation,
+                tokens,
+                usd_cents,
+            } => {
+                // Once per reservation, whoever delivers it and however often.
+                let key = key
+                    .map(str::to_string)
+                    .unwrap_or_else(|| format!("{reservation}_expired"));
+                let call = EventKind::ModelCallExpired {
+                    reservation,
+                    tokens,
+                    usd_cents,
+                };
+                self.record_model_call(id, call, (tokens, usd_cents), Some(&key), joined)
                     .await?
             }
             ModelEvent::Refused { api, code, message } => {

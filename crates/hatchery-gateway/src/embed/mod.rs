@@ -114,8 +114,16 @@ pub async fn serve_sandboxes(
         return Ok(None);
     }
     let (store, keys) = open_budgets(db, data).await?;
-    let g = build(s, store.clone(), keys.clone(), events(), registry, policy)?;
-    crate::spawn_janitor(store.clone());
+    let events = events();
+    let g = build(
+        s,
+        store.clone(),
+        keys.clone(),
+        events.clone(),
+        registry,
+        policy,
+    )?;
+    crate::spawn_janitor(store.clone(), events);
     let socket = serve_socket(data, model_routes(g))?;
     tracing::info!(socket = %socket.display(), guest_port = s.guest_port, "model gateway serving sandboxes");
     Ok(Some(GatewayLink {
@@ -188,15 +196,9 @@ pub async fn serve_hosts(
         return Ok(None);
     }
     let (store, keys) = open_budgets(db, data).await?;
-    let g = build(
-        s,
-        store.clone(),
-        keys,
-        events(store.clone()),
-        registry,
-        policy,
-    )?;
-    crate::spawn_janitor(store);
+    let events = events(store.clone());
+    let g = build(s, store.clone(), keys, events.clone(), registry, policy)?;
+    crate::spawn_janitor(store, events);
     tracing::info!("model gateway serving the hosts' relays at /v1/model-gateway");
     Ok(Some(crate::relay::control_routes(
         model_routes(g),

@@ -24,7 +24,7 @@ pub async fn run_all<S: BudgetStore + KeyStore + 'static>(s: &S) {
     let run = format!("{:x}", rand::random::<u32>());
     reservations_count_until_settled(s, &run).await;
     refused_reservations_hold_nothing(s, &run).await;
-    janitor_frees_expired_only(s, &run).await;
+    janitor_charges_expired_only(s, &run).await;
     spend_of_unlimited_scopes_is_recorded(s, &run).await;
     keys_and_bindings(s, &run).await;
 }
@@ -59,7 +59,7 @@ async fn refused_reservations_hold_nothing<S: BudgetStore>(s: &S, run: &str) {
     assert_eq!(s.get(&t).await.unwrap().reserved_tokens, 0);
 }
 
-async fn janitor_frees_expired_only<S: BudgetStore>(s: &S, run: &str) {
+async fn janitor_charges_expired_only<S: BudgetStore>(s: &S, run: &str) {
     // The store's clock (the database's, when shared) is the wall clock
     // give or take skew; a minute's slack.
     let now = s.now_ms().await.unwrap();
@@ -71,11 +71,22 @@ async fn janitor_frees_expired_only<S: BudgetStore>(s: &S, run: &str) {
     for (id, ttl) in [(&old, 100), (&new, 10_000_000_000_000)] {
         s.reserve(id, &scopes, cents(5), 0, ttl).await.unwrap();
     }
-    assert!(s.expire(5_000).await.unwrap() >= 1);
-    assert_eq!(s.get(&scope).await.unwrap().reserved_usd_cents, 5);
-    // A late settle of the expired one still records its spend.
-    assert!(s.settle(&old, &scopes, cents(3)).await.unwrap());
-    assert_eq!(s.get(&scope).await.unwrap().used_usd_cents, 3);
+    let expired = s.expire(5_000).await.unwrap();
+    let mine: Vec<_> = expired.iter().filter(|e| e.id == old).collect();
+    assert_eq!(mine.len(), 1, "{expired:?}");
+    assert_eq!(
+        (mine[0].scopes.clone(), mine[0].charged),
+        (scopes.clone(), cents(5))
+    );
+    assert_eq!(mine[0].caller().unwrap().session, format!("c{run}"));
+    // The expired one is charged whole; the live one stays reserved.
+    let b = s.get(&scope).await.unwrap();
+    assert_eq!((b.used_usd_cents, b.reserved_usd_cents), (5, 5));
+    // A late settle of the expired one records nothing more; expiring
+    // again charges nothing again.
+    assert!(!s.settle(&old, &scopes, cents(3)).await.unwrap());
+    assert!(s.expire(5_000).await.unwrap().iter().all(|e| e.id != old));
+    assert_eq!(s.get(&scope).await.unwrap().used_usd_cents, 5);
     s.settle(&new, &scopes, cents(0)).await.unwrap();
 }
 

@@ -11,7 +11,7 @@
 pub mod conformance;
 pub mod schema;
 
-use crate::budget::{admits, Amount, Budget, BudgetError, BudgetStore, Caller, KeyStore};
+use crate::budget::{admits, Amount, Budget, BudgetError, BudgetStore, Caller, Expired, KeyStore};
 use async_trait::async_trait;
 use hatchery_db::{args, Db, DbError, Dialect, Row, Tx};
 
@@ -227,10 +227,37 @@ impl BudgetStore for GatewayStore {
         Ok(fresh)
     }
 
-    async fn expire(&self, now_ms: u64) -> Result<u64, BudgetError> {
-        let sql = "DELETE FROM gateway_reservations WHERE expires_ms < $1";
-        let n = self.db.execute(sql, args![i(now_ms)]).await;
-        n.map_err(err("expire reservations"))
+    async fn expire(&self, now_ms: u64) -> Result<Vec<Expired>, BudgetError> {
+        let mut tx = self.db.begin().await.map_err(err("begin expire"))?;
+        let sql = "SELECT id, scope, tokens, usd_cents FROM gateway_reservations \
+                   WHERE expires_ms < $1 ORDER BY id, scope";
+        let rows = tx.query(sql, args![i(now_ms)]).await;
+        let rows = rows.map_err(err("read expired reservations"))?;
+        let mut out: Vec<Expired> = vec![];
+        for r in &rows {
+            let id: String = r.get("id").map_err(err("read expired reservations"))?;
+            let scope: String = r.get("scope").map_err(err("read expired reservations"))?;
+            let amount = Amount {
+                tokens: u(r, "tokens").map_err(err("read expired reservations"))?,
+                usd_cents: u(r, "usd_cents").map_err(err("read expired reservations"))?,
+            };
+            match out.last_mut() {
+                Some(e) if e.id == id => e.scopes.push(scope),
+                _ => out.push(Expired {
+                    id,
+                    scopes: vec![scope],
+                    charged: amount,
+                }),
+            }
+        }
+        for e in &mut out {
+            let fresh = settle_tx(&mut tx, &e.id, &e.scopes, e.charged).await;
+            if !fresh.map_err(err("charge an expired reservation"))? {
+                e.charged = Amount::default();
+            }
+        }
+        tx.commit().await.map_err(err("commit expire"))?;
+        Ok(out)
     }
 
     /// On PostgreSQL the database's clock (several processes share it);
