@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 
 import pytest
 
@@ -258,3 +259,121 @@ def test_bad_input_is_4xx_and_leaves_nothing(ed, git_server):
     assert r.status in (400, 409), r
     assert ed.request("GET", "/v1/sessions").json()["sessions"] == []
     assert ed.request("DELETE", f"/v1/environments/{eid}").status == 204
+
+
+TEMPLATES = os.environ.get("HATCHERY_TEMPLATES_DIR", "/var/lib/hatchery/templates")
+TEMPLATE_SPEC = os.path.join(os.path.dirname(__file__), "..", "..", "templates", "code-interpreter.json")
+
+
+def build_template(d, version):
+    """Builds `code-interpreter` through the API with a setup that writes
+    `version` to /opt/tpl-version; the template version built."""
+    with open(TEMPLATE_SPEC) as f:
+        s = json.load(f)
+    s["setup"] = [f"echo {version} > /opt/tpl-version"]
+    r = d.request("POST", "/v1/templates", s)
+    assert r.status == 202, r
+    events = d.stream(None, None, path=r.json()["events_url"], method="GET", timeout=600)
+    assert events and events[-1][0] == "done", events[-3:]
+    return events[-1][1]["version"]
+
+
+# The template version a session's files come from, and the one the
+# environment's set-up ran on.
+READ_VERSIONS = "echo T=$(cat /opt/tpl-version) ENV=$(cat .built-on)"
+
+
+def start_command_session(d, eid, command):
+    r = d.request("POST", "/v1/sessions", {"environment_id": eid, "task": "inspect",
+                                           "agent": {"kind": "command", "command": command}})
+    assert r.status == 201, r
+    return r.json()["session_id"]
+
+
+@pytest.mark.timeout(1200)
+def test_a_template_rebuild_rebuilds_the_environment_and_sessions_keep_the_old_version(model, git_server):
+    """Issue 40: rebuilt when the template changes, the previous version
+    kept until the new one is ready. The daemon has a templates directory
+    of its own (a copy of the default template's, as in
+    test_sessions_rebuild.py); its template's setup writes v1, then v2, to
+    /opt/tpl-version, which an environment's snapshot (and every session
+    forked from it) inherits. The environment's set-up takes 25 s more on
+    v2, the window in which sessions must still start from version 1."""
+    tdir = tempfile.mkdtemp(prefix="hxtplenv-", dir="/tmp")
+    # cp -a, not shutil.copytree: the rootfs's /dev holds device nodes.
+    subprocess.run(["cp", "-a", os.path.join(TEMPLATES, "code-interpreter"), tdir], check=True)
+    d = SessionDaemon(model.port, templates_dir=tdir, extra=["--pool-size", "0"]).start()
+    try:
+        t1 = build_template(d, "v1")
+        repo = git_server.add_repo("envtpl", DEMO_FILES)
+        setup = "if grep -q v2 /opt/tpl-version; then sleep 25; fi; cp /opt/tpl-version .built-on"
+        eid = create_env(d, name="tpl", repo=repo, setup=setup)["environment_id"]
+        assert build(d, eid)[-1][0] == "done"
+        env = d.request("GET", f"/v1/environments/{eid}").json()
+        cur = env["current"]
+        assert (cur["version"], cur["reason"], cur["template_version"]) == (1, "requested", t1), env
+        assert env["template_version"] == t1 and env["stale"] is False, env
+
+        t2 = build_template(d, "v2")
+        assert t2 != t1
+        env = d.request("GET", f"/v1/environments/{eid}").json()
+        assert env["template_version"] == t2 and env["stale"] is True, env
+        assert env["current"]["version"] == 1
+
+        # Two sessions asked for while the rebuild runs: both from version
+        # 1 (v1's files); the first one's ask starts the rebuild if the
+        # daemon's sweep has not yet. The first runs across the switch.
+        long_cmd = f"{READ_VERSIONS}; sleep 75; echo AFTER=$(cat /opt/tpl-version)"
+        a = start_command_session(d, eid, long_cmd)
+        env = d.request("GET", f"/v1/environments/{eid}").json()
+        assert env["building"] is True and env["building_reason"] == "template_changed", env
+        b = start_command_session(d, eid, READ_VERSIONS)
+        env = d.request("GET", f"/v1/environments/{eid}").json()
+        assert env["building"] is True and env["current"]["version"] == 1, env
+        for sid in (a, b):
+            assert d.session(sid)["environment_version"] == 1
+        d.wait_state(b, ("completed",), timeout=300)
+        d.track_sandboxes(b)
+        assert "T=v1 ENV=v1" in agent_output(d, b), agent_output(d, b)
+
+        # The new version, once ready: made because the template changed,
+        # from t2; version 1 kept (a running session pinned it).
+        deadline = time.time() + 600
+        while True:
+            env = d.request("GET", f"/v1/environments/{eid}").json()
+            if not env["building"]:
+                break
+            assert time.time() < deadline, env
+            time.sleep(1)
+        cur = env["current"]
+        assert env["last_error"] is None, env
+        assert (cur["version"], cur["reason"], cur["template_version"]) == (2, "template_changed", t2), env
+        assert env["stale"] is False and [v["version"] for v in env["versions"]] == [2, 1], env
+        # Session a, on version 1, is still running across the switch.
+        assert d.session(a)["state"] == "running", d.session(a)
+
+        # New sessions start from version 2.
+        c = start_command_session(d, eid, READ_VERSIONS)
+        assert d.session(c)["environment_version"] == 2
+        d.wait_state(c, ("completed",), timeout=300)
+        d.track_sandboxes(c)
+        assert "T=v2 ENV=v2" in agent_output(d, c), agent_output(d, c)
+        ready = next(e for e in d.all_events(c) if e["type"] == "sandbox_ready")
+        assert ready["boot_mode"] == f"environment {eid} v2"
+
+        # The session on version 1 ends as it would have: its files v1's.
+        s = d.wait_state(a, ("completed",), timeout=300)
+        d.track_sandboxes(a)
+        assert s["environment_version"] == 1
+        out = agent_output(d, a)
+        assert "T=v1 ENV=v1" in out and "AFTER=v1" in out, out
+        # Nothing more to rebuild.
+        env = d.request("GET", f"/v1/environments/{eid}").json()
+        assert env["stale"] is False and env["building"] is False and env["current"]["version"] == 2, env
+    finally:
+        try:
+            for e in d.request("GET", "/v1/environments").json().get("environments", []):
+                d.request("DELETE", f"/v1/environments/{e['environment_id']}")
+        finally:
+            d.cleanup_sessions()
+            shutil.rmtree(tdir, ignore_errors=True)

@@ -45,11 +45,12 @@ pub(crate) fn build(
     );
     // Environments (`/v1/environments`, sessions' `environment_id`): the
     // same sandboxes, fetch caps and credential as the sessions.
-    svc.set_environments(hatchery_sessions::environments::Environments::new(
-        environments,
-        sandboxes,
-        cfg.clone(),
-    ));
+    let envs =
+        hatchery_sessions::environments::Environments::new(environments, sandboxes, cfg.clone());
+    // Environments whose template was rebuilt are rebuilt too: swept at
+    // start and every minute (and checked when a session asks for one).
+    envs.spawn_sweeps(hatchery_sessions::environments::service::SWEEP_EVERY);
+    svc.set_environments(envs);
     // A control role's broker posts its call rows with its events, and its
     // gateway a call's settle; this host commits them together (issue 32).
     use hatchery_sessions::broker_hooks::JoinedFrom;

@@ -60,6 +60,14 @@ impl Sandboxes for ClientSandboxes {
         }
     }
 
+    async fn template_version(&self, name: &str) -> Result<Option<String>, SandboxError> {
+        match self.client.get_template(name).await {
+            Ok(t) => Ok(Some(t.version)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(map(e)),
+        }
+    }
+
     async fn create(&self, req: NewSandbox) -> Result<SandboxInfo, SandboxError> {
         let s = self
             .client

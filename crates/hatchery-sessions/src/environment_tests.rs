@@ -258,3 +258,178 @@ async fn bad_input_is_refused_before_anything_is_written() {
     let body: CreateEnvironment = serde_json::from_value(edge).unwrap();
     e.envs.create(body).await.unwrap();
 }
+
+/// A session on environment `id`, waited for until it runs.
+async fn running_session(e: &Env, id: &str) -> crate::store::Session {
+    let body: CreateSessionBody = serde_json::from_value(serde_json::json!({
+        "environment_id": id, "task": "fix"
+    }))
+    .unwrap();
+    let sid = e.sessions.create(body, None).await.unwrap().0.session_id;
+    for _ in 0..5000 {
+        let s = e.sessions.core.store.get(&sid).await.unwrap();
+        if s.state == S::Running {
+            return s;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("session {sid} did not start");
+}
+
+async fn until(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..5000 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("{what}");
+}
+
+#[tokio::test]
+async fn a_changed_template_rebuilds_while_sessions_keep_the_old_version() {
+    use crate::sandbox::fake::{Effect, Fault, Op};
+    let e = env().await;
+    let id = e
+        .envs
+        .create(create_body(&e.repo, "true"))
+        .await
+        .unwrap()
+        .environment_id;
+    build(&e, &id).await;
+    let v = e.envs.get(&id).await.unwrap();
+    let cur = v.current.clone().unwrap();
+    assert_eq!(
+        (cur.template_version.as_deref(), cur.reason),
+        (Some("1"), BuildReason::Requested)
+    );
+    assert_eq!(v.template_version.as_deref(), Some("1"));
+    assert!(!v.stale && !v.building && v.building_reason.is_none());
+    // Nothing changed: a sweep starts nothing.
+    assert!(e.envs.sweep().await.unwrap().is_empty());
+
+    // The template is rebuilt; the next build will hang at its snapshot.
+    e.fake.set_template_version("code-interpreter", "2");
+    e.fake
+        .inject(Fault::on(Op::Snapshot, Effect::Hang).times(1));
+    let v = e.envs.get(&id).await.unwrap();
+    assert!(v.stale && !v.building, "{v:?}");
+    assert_eq!(v.template_version.as_deref(), Some("2"));
+
+    // A session asks for it: it gets version 1 at once, and the rebuild
+    // starts (reason template_changed).
+    let s1 = running_session(&e, &id).await;
+    assert_eq!(s1.spec.environment.as_ref().unwrap().version, 1);
+    let v = e.envs.get(&id).await.unwrap();
+    assert!(v.stale && v.building, "{v:?}");
+    assert_eq!(v.building_reason, Some(BuildReason::TemplateChanged));
+    until("the rebuild did not reach its snapshot", || {
+        e.fake.hung() == 1
+    })
+    .await;
+    // Sessions keep starting from version 1 while it builds; neither they
+    // nor a sweep start a second build.
+    let s2 = running_session(&e, &id).await;
+    assert_eq!(s2.spec.environment.as_ref().unwrap().version, 1);
+    assert!(e.envs.sweep().await.unwrap().is_empty());
+    assert!(matches!(
+        e.envs.start_build(&id).await,
+        Err(EnvError::Conflict(_))
+    ));
+
+    e.fake.release();
+    let mut v = e.envs.get(&id).await.unwrap();
+    for _ in 0..5000 {
+        if !v.building {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        v = e.envs.get(&id).await.unwrap();
+    }
+    let cur = v.current.clone().unwrap();
+    assert_eq!(cur.version, 2);
+    assert_eq!(cur.reason, BuildReason::TemplateChanged);
+    assert_eq!(cur.template_version.as_deref(), Some("2"));
+    assert!(!v.stale && !v.building, "{v:?}");
+    assert_eq!(
+        v.versions.iter().map(|x| x.version).collect::<Vec<_>>(),
+        [2, 1],
+        "version 1 is kept"
+    );
+    // New sessions start from version 2; the ones on version 1 keep it
+    // and their snapshot.
+    let s3 = running_session(&e, &id).await;
+    let pin = s3.spec.environment.clone().unwrap();
+    assert_eq!(pin.version, 2);
+    let sb = e.fake.sandbox(s3.sandbox_id.as_deref().unwrap()).unwrap();
+    assert_eq!(sb.forked_from.as_deref(), Some(cur.snapshot_id.as_str()));
+    for s in [&s1, &s2] {
+        let now = e.sessions.core.store.get(&s.id).await.unwrap();
+        assert_eq!(now.state, S::Running, "{:?}", now.reason);
+        let pin = now.spec.environment.unwrap();
+        assert_eq!(pin.version, 1);
+        assert!(e.fake.snapshot_of(&pin.snapshot_id).is_some());
+    }
+}
+
+#[tokio::test]
+async fn a_failed_template_rebuild_is_not_retried_for_the_same_template_version() {
+    let e = env().await;
+    let id = e
+        .envs
+        .create(create_body(&e.repo, "make"))
+        .await
+        .unwrap()
+        .environment_id;
+    build(&e, &id).await;
+    // On the new template the set-up fails.
+    e.fake.on_exec(
+        |argv| argv.get(2).is_some_and(|c| c == "make"),
+        |_, _| ExecOutcome {
+            exit_code: 2,
+            stdout: String::new(),
+            stderr: "no make on v2\n".into(),
+        },
+    );
+    e.fake.set_template_version("code-interpreter", "2");
+    // The sweep (what runs at daemon start and every minute) finds it.
+    assert_eq!(e.envs.sweep().await.unwrap(), vec![id.clone()]);
+    let mut v = e.envs.get(&id).await.unwrap();
+    while v.building {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        v = e.envs.get(&id).await.unwrap();
+    }
+    // No version made; version 1 stays current and sessions get it.
+    assert_eq!(v.current.as_ref().unwrap().version, 1);
+    assert!(v.stale && v.last_error.as_deref().unwrap().contains("no make on v2"));
+    assert_eq!(
+        running_session(&e, &id)
+            .await
+            .spec
+            .environment
+            .unwrap()
+            .version,
+        1
+    );
+    // Not retried for template version 2 (a session's ask did not start
+    // one either), only when the template changes again.
+    assert!(e.envs.sweep().await.unwrap().is_empty());
+    assert!(!e.envs.get(&id).await.unwrap().building);
+    e.fake.set_template_version("code-interpreter", "3");
+    assert_eq!(e.envs.sweep().await.unwrap(), vec![id.clone()]);
+}
+
+#[tokio::test]
+async fn an_environment_never_built_is_not_rebuilt_for_its_template() {
+    let e = env().await;
+    let id = e
+        .envs
+        .create(create_body(&e.repo, ""))
+        .await
+        .unwrap()
+        .environment_id;
+    e.fake.set_template_version("code-interpreter", "2");
+    assert!(e.envs.sweep().await.unwrap().is_empty());
+    let v = e.envs.get(&id).await.unwrap();
+    assert!(!v.stale && !v.building && v.current.is_none());
+}

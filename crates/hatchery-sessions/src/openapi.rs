@@ -65,6 +65,7 @@ use utoipa::OpenApi;
         crate::environments::models::CreateEnvironment,
         crate::environments::models::EnvSpec,
         crate::environments::models::EnvVersion,
+        crate::environments::models::BuildReason,
         crate::environments::models::EnvironmentView,
         crate::environments::models::EnvironmentList,
         crate::store::EnvPin

@@ -101,6 +101,10 @@ pub enum OutputItem {
 #[async_trait]
 pub trait Sandboxes: Send + Sync + 'static {
     async fn template_exists(&self, name: &str) -> Result<bool, SandboxError>;
+    /// The template's current version (it changes with every rebuild);
+    /// `None` when there is no such template. An environment records it
+    /// at build and is rebuilt when it differs.
+    async fn template_version(&self, name: &str) -> Result<Option<String>, SandboxError>;
     async fn create(&self, req: NewSandbox) -> Result<SandboxInfo, SandboxError>;
     /// The sandbox is there and not stopped: false once it was deleted
     /// or lost, even while its record is still kept.

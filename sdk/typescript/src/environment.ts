@@ -14,9 +14,15 @@ export interface EnvironmentVersion {
   snapshot_id: string;
   base_commit: string;
   template: string;
+  /** The template's version the build started from (null: not recorded). */
+  template_version: string | null;
+  /** `template_changed`: the daemon rebuilt it after a template rebuild. */
+  reason: BuildReason;
   built_at: string;
   build_ms: number;
 }
+
+export type BuildReason = "requested" | "template_changed";
 
 export interface EnvironmentInfo {
   environment_id: string;
@@ -30,7 +36,13 @@ export interface EnvironmentInfo {
   created_at: string;
   current: EnvironmentVersion | null;
   versions: EnvironmentVersion[];
+  /** The template's version now (null: unreadable). */
+  template_version: string | null;
+  /** Built from an older template version; a rebuild is due or running,
+   * sessions start from `current` until it is ready. */
+  stale: boolean;
   building: boolean;
+  building_reason: BuildReason | null;
   last_error: string | null;
 }
 

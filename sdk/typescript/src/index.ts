@@ -38,4 +38,5 @@ export {
   type CreateEnvironmentOptions,
   type EnvironmentInfo,
   type EnvironmentVersion,
+  type BuildReason,
 } from "./environment.js";

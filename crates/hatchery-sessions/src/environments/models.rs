@@ -58,6 +58,35 @@ pub struct EnvSpec {
     pub setup_timeout_s: u64,
 }
 
+/// Why a version was built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BuildReason {
+    /// `POST /v1/environments/{id}:build`.
+    Requested,
+    /// The template was rebuilt since the current version was built: the
+    /// daemon started this build itself.
+    TemplateChanged,
+}
+
+impl BuildReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BuildReason::Requested => "requested",
+            BuildReason::TemplateChanged => "template_changed",
+        }
+    }
+
+    /// A stored reason; anything unknown reads as `requested` (the
+    /// column's default, what versions built before reasons were).
+    pub fn parse(s: &str) -> BuildReason {
+        match s {
+            "template_changed" => BuildReason::TemplateChanged,
+            _ => BuildReason::Requested,
+        }
+    }
+}
+
 /// One built version: immutable once made.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct EnvVersion {
@@ -66,6 +95,11 @@ pub struct EnvVersion {
     /// The commit the set-up ran on.
     pub base_commit: String,
     pub template: String,
+    /// The template's version the build started from (read just before
+    /// its sandbox was made); null for versions built before it was
+    /// recorded, which are never considered stale.
+    pub template_version: Option<String>,
+    pub reason: BuildReason,
     pub built_at: String,
     pub build_ms: u64,
 }
@@ -81,8 +115,18 @@ pub struct EnvironmentView {
     pub current: Option<EnvVersion>,
     /// Versions kept (newest first), the current one included.
     pub versions: Vec<EnvVersion>,
+    /// The template's version now; null when it cannot be read (no such
+    /// template any more, or the daemon did not answer).
+    pub template_version: Option<String>,
+    /// The current version was built from another version of the
+    /// template than today's: a rebuild (reason `template_changed`) is
+    /// due or running, and sessions start from the current version until
+    /// it is ready.
+    pub stale: bool,
     /// A build is running on this host.
     pub building: bool,
+    /// Why the running build was started (null when none runs).
+    pub building_reason: Option<BuildReason>,
     /// Why the last build failed, until one succeeds.
     pub last_error: Option<String>,
 }

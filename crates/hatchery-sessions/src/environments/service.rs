@@ -1,35 +1,81 @@
 //! The environments service: create, read, delete, and builds (one at a
 //! time per environment on this host, in a task of their own so that a
 //! client going away does not stop one).
+//!
+//! Template changes: every version records the template version it was
+//! built from. When the template's version differs today the environment
+//! is stale and this host rebuilds it itself (reason `template_changed`):
+//! checked when a session asks for the environment (so an environment in
+//! use is rebuilt as soon as the change can matter, without waiting for a
+//! sweep), and by a sweep of all environments at daemon start and every
+//! [`SWEEP_EVERY`] (so one nobody is using is fresh before the next
+//! session, and a template rebuilt while nobody asks is noticed). Sessions
+//! keep starting from the current version until the new one is ready.
 
 use super::build;
 use super::models::*;
 use super::progress::{BuildEvent, Progress};
-use super::store::{EnvRecord, EnvStore};
+use super::store::{EnvRecord, EnvStore, NewVersion};
 use super::EnvError;
 use crate::config::SessionsConfig;
 use crate::sandbox::Sandboxes;
 use crate::validate;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+/// How often every environment's template is compared with the one its
+/// current version was built from (a `GET /v1/templates/{name}` per
+/// distinct template).
+pub const SWEEP_EVERY: Duration = Duration::from_secs(60);
+/// The first sweep after daemon start waits this long, for the daemon's
+/// own API (what the template versions are read from) to be up.
+pub const FIRST_SWEEP_AFTER: Duration = Duration::from_secs(5);
+/// The most a session's create waits for the template's version before
+/// it goes on without the staleness check (the sweep catches it later).
+const PIN_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 pub struct Environments {
     store: EnvStore,
     sandboxes: Arc<dyn Sandboxes>,
     cfg: SessionsConfig,
-    /// Builds running on this host, by environment.
-    builds: Mutex<HashMap<String, Arc<Progress>>>,
+    /// Builds running on this host, by environment, with why they run.
+    builds: Mutex<HashMap<String, (Arc<Progress>, BuildReason)>>,
+    /// By environment: the template version a `template_changed` rebuild
+    /// was last started for. It is not started again for that version, so
+    /// a set-up that fails on the new template is retried only when the
+    /// template changes again, on a requested build, or at a restart
+    /// (never a rebuild every sweep).
+    auto_tried: Mutex<HashMap<String, String>>,
 }
 
-fn view(r: EnvRecord, building: bool) -> EnvironmentView {
+/// The current version was built from another template version than
+/// `now`. A version that did not record one, or a template whose
+/// version cannot be read, is not stale: unknown is never a reason to
+/// rebuild.
+fn is_stale(r: &EnvRecord, now: Option<&str>) -> bool {
+    match (r.current().and_then(|c| c.template_version.as_deref()), now) {
+        (Some(built), Some(now)) => built != now,
+        _ => false,
+    }
+}
+
+fn view(
+    r: EnvRecord,
+    building: Option<BuildReason>,
+    template_version: Option<String>,
+) -> EnvironmentView {
     EnvironmentView {
+        stale: is_stale(&r, template_version.as_deref()),
         current: r.current().cloned(),
         environment_id: r.id,
         name: r.name,
         spec: r.spec,
         created_at: r.created_at,
         versions: r.versions,
-        building,
+        template_version,
+        building: building.is_some(),
+        building_reason: building,
         last_error: r.last_error,
     }
 }
@@ -41,14 +87,28 @@ impl Environments {
             sandboxes,
             cfg,
             builds: Mutex::new(HashMap::new()),
+            auto_tried: Mutex::new(HashMap::new()),
         })
     }
 
-    fn building(&self, id: &str) -> bool {
+    fn building(&self, id: &str) -> Option<BuildReason> {
         self.builds
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .contains_key(id)
+            .get(id)
+            .map(|(_, r)| *r)
+    }
+
+    /// The template's version now, `None` when it cannot be read (logged:
+    /// a read view and a sweep go on without it).
+    async fn template_version(&self, template: &str) -> Option<String> {
+        match self.sandboxes.template_version(template).await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(template = %template, error = %e, "reading a template's version failed");
+                None
+            }
+        }
     }
 
     /// Checks everything first; the row is written only when all of it
@@ -109,17 +169,32 @@ impl Environments {
     pub async fn get(&self, id: &str) -> Result<EnvironmentView, EnvError> {
         let r = self.record(id).await?;
         let b = self.building(id);
-        Ok(view(r, b))
+        let tv = self.template_version(&r.spec.template).await;
+        Ok(view(r, b, tv))
+    }
+
+    /// The template versions of `all`'s templates, each read once.
+    async fn template_versions(&self, all: &[EnvRecord]) -> HashMap<String, Option<String>> {
+        let mut out = HashMap::new();
+        for r in all {
+            if !out.contains_key(&r.spec.template) {
+                let v = self.template_version(&r.spec.template).await;
+                out.insert(r.spec.template.clone(), v);
+            }
+        }
+        out
     }
 
     pub async fn list(&self) -> Result<EnvironmentList, EnvError> {
         let all = self.store.list().await?;
+        let tvs = self.template_versions(&all).await;
         Ok(EnvironmentList {
             environments: all
                 .into_iter()
                 .map(|r| {
                     let b = self.building(&r.id);
-                    view(r, b)
+                    let tv = tvs.get(&r.spec.template).cloned().flatten();
+                    view(r, b, tv)
                 })
                 .collect(),
         })
@@ -129,7 +204,7 @@ impl Environments {
     /// else the rows go, then every version's snapshot.
     pub async fn delete(&self, id: &str) -> Result<(), EnvError> {
         self.record(id).await?;
-        if self.building(id) {
+        if self.building(id).is_some() {
             return Err(EnvError::Conflict(format!(
                 "environment {id} is being built"
             )));
@@ -150,6 +225,15 @@ impl Environments {
     /// returns its progress; the build goes on if nobody listens.
     pub async fn start_build(self: &Arc<Self>, id: &str) -> Result<Arc<Progress>, EnvError> {
         let rec = self.record(id).await?;
+        self.start(rec, BuildReason::Requested)
+    }
+
+    fn start(
+        self: &Arc<Self>,
+        rec: EnvRecord,
+        reason: BuildReason,
+    ) -> Result<Arc<Progress>, EnvError> {
+        let id = rec.id.as_str();
         let p = {
             let mut b = self.builds.lock().unwrap_or_else(|p| p.into_inner());
             if b.contains_key(id) {
@@ -158,13 +242,13 @@ impl Environments {
                 )));
             }
             let p = Arc::new(Progress::default());
-            b.insert(id.to_string(), p.clone());
+            b.insert(id.to_string(), (p.clone(), reason));
             p
         };
         let me = self.clone();
         let progress = p.clone();
         tokio::spawn(async move {
-            let end = me.build(&rec, &progress).await;
+            let end = me.build(&rec, &progress, reason).await;
             me.builds
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -175,8 +259,18 @@ impl Environments {
     }
 
     /// One build to its last event.
-    async fn build(&self, rec: &EnvRecord, p: &Progress) -> BuildEvent {
+    async fn build(&self, rec: &EnvRecord, p: &Progress, reason: BuildReason) -> BuildEvent {
         let t0 = std::time::Instant::now();
+        // Read before the sandbox is made: a template rebuilt in between
+        // makes the version look older than it is, so it is rebuilt once
+        // more (never the other way round, a stale version looking fresh).
+        let template_version = match self.sandboxes.template_version(&rec.spec.template).await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(environment = %rec.id, error = %e, "reading the template's version for a build failed");
+                None
+            }
+        };
         let fail = |e: &EnvError| BuildEvent::Error {
             code: e.build_code(),
             message: e.full_message(),
@@ -197,10 +291,14 @@ impl Environments {
             .store
             .add_version(
                 &rec.id,
-                &built.snapshot_id,
-                &built.base_commit,
-                &rec.spec.template,
-                ms,
+                NewVersion {
+                    snapshot_id: &built.snapshot_id,
+                    base_commit: &built.base_commit,
+                    template: &rec.spec.template,
+                    template_version: template_version.as_deref(),
+                    reason,
+                    build_ms: ms,
+                },
             )
             .await;
         let v = match added {
@@ -224,7 +322,7 @@ impl Environments {
                 tracing::warn!(environment = %rec.id, error = %e.full_message(), "pruning old versions failed")
             }
         }
-        tracing::info!(environment = %rec.id, version = v.version, commit = %v.base_commit, build_ms = ms, "environment built");
+        tracing::info!(environment = %rec.id, version = v.version, commit = %v.base_commit, reason = reason.as_str(), build_ms = ms, "environment built");
         BuildEvent::Done {
             environment_id: rec.id.clone(),
             version: v.version,
@@ -234,8 +332,10 @@ impl Environments {
     }
 
     /// What a new session on environment `id` pins: its current version,
-    /// with the repository and template it was built from.
-    pub async fn pin(&self, id: &str) -> Result<(EnvSpec, EnvPin), EnvError> {
+    /// with the repository and template it was built from. A stale
+    /// environment is pinned all the same (the new version is not ready)
+    /// and its rebuild is started if none runs.
+    pub async fn pin(self: &Arc<Self>, id: &str) -> Result<(EnvSpec, EnvPin), EnvError> {
         let r = self.record(id).await?;
         let v = r.current().ok_or_else(|| EnvError::NotBuilt(id.into()))?;
         let pin = EnvPin {
@@ -244,6 +344,128 @@ impl Environments {
             snapshot_id: v.snapshot_id.clone(),
             base_commit: v.base_commit.clone(),
         };
-        Ok((r.spec, pin))
+        let spec = r.spec.clone();
+        match tokio::time::timeout(PIN_CHECK_TIMEOUT, self.template_version(&spec.template)).await {
+            Ok(tv) => {
+                self.rebuild_if_stale(r, tv.as_deref());
+            }
+            Err(_) => {
+                tracing::warn!(environment = %id, "the template's version did not come in time; the sweep checks it")
+            }
+        }
+        Ok((spec, pin))
+    }
+
+    /// Starts a `template_changed` build when `r` is stale against the
+    /// template's version `now`, unless a build of it runs here or one
+    /// was started for that template version already. True when started.
+    fn rebuild_if_stale(self: &Arc<Self>, r: EnvRecord, now: Option<&str>) -> bool {
+        let Some(now) = now.filter(|_| is_stale(&r, now)) else {
+            return false;
+        };
+        if self.building(&r.id).is_some() {
+            return false;
+        }
+        {
+            let mut tried = self.auto_tried.lock().unwrap_or_else(|p| p.into_inner());
+            if tried.get(&r.id).is_some_and(|t| t == now) {
+                return false;
+            }
+            tried.insert(r.id.clone(), now.to_string());
+        }
+        let id = r.id.clone();
+        let built = r
+            .current()
+            .and_then(|c| c.template_version.clone())
+            .unwrap_or_default();
+        match self.start(r, BuildReason::TemplateChanged) {
+            Ok(_) => {
+                tracing::info!(environment = %id, built_from = %built, template_version = %now, "template changed: rebuilding the environment");
+                true
+            }
+            // A requested build started in between: it builds from the
+            // new template version anyway.
+            Err(_) => false,
+        }
+    }
+
+    /// Compares every built environment with its template's version now
+    /// and starts the rebuilds due; returns the environments rebuilt.
+    pub async fn sweep(self: &Arc<Self>) -> Result<Vec<String>, EnvError> {
+        let all = self.store.list().await?;
+        let tvs = self.template_versions(&all).await;
+        let mut started = Vec::new();
+        for r in all {
+            let id = r.id.clone();
+            let now = tvs.get(&r.spec.template).cloned().flatten();
+            if self.rebuild_if_stale(r, now.as_deref()) {
+                started.push(id);
+            }
+        }
+        Ok(started)
+    }
+
+    /// Sweeps at daemon start (after [`FIRST_SWEEP_AFTER`]) and every
+    /// `every` after, until the service is dropped.
+    pub fn spawn_sweeps(self: &Arc<Self>, every: Duration) {
+        let me: Weak<Self> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick =
+                tokio::time::interval_at(tokio::time::Instant::now() + FIRST_SWEEP_AFTER, every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(me) = me.upgrade() else { return };
+                if let Err(e) = me.sweep().await {
+                    tracing::warn!(error = %e.full_message(), "sweeping environments for template changes failed");
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(built_from: Option<&str>) -> EnvRecord {
+        EnvRecord {
+            id: "env_a".into(),
+            name: "a".into(),
+            spec: EnvSpec {
+                repo: "git://127.0.0.1/r.git".into(),
+                git_ref: "main".into(),
+                template: "code-interpreter".into(),
+                setup: String::new(),
+                setup_allow: vec![],
+                setup_timeout_s: 60,
+            },
+            created_at: String::new(),
+            current_version: Some(1),
+            last_error: None,
+            versions: vec![EnvVersion {
+                version: 1,
+                snapshot_id: "s".into(),
+                base_commit: "c".into(),
+                template: "code-interpreter".into(),
+                template_version: built_from.map(str::to_string),
+                reason: BuildReason::Requested,
+                built_at: String::new(),
+                build_ms: 1,
+            }],
+        }
+    }
+
+    #[test]
+    fn only_a_known_difference_is_stale() {
+        assert!(is_stale(&rec(Some("1")), Some("2")));
+        assert!(!is_stale(&rec(Some("2")), Some("2")));
+        // Built before versions were recorded, or the template's version
+        // unreadable (deleted template, daemon not answering): unknown.
+        assert!(!is_stale(&rec(None), Some("2")));
+        assert!(!is_stale(&rec(Some("1")), None));
+        let mut never = rec(Some("1"));
+        never.current_version = None;
+        assert!(!is_stale(&never, Some("2")));
     }
 }

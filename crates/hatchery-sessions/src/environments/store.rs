@@ -11,8 +11,9 @@ use hatchery_db::{args, Db, Migrations, Row, Step};
 /// Append only: a released step is never edited.
 pub static SCHEMA: Migrations = Migrations {
     product: "environment",
-    steps: &[Step::Both(
-        "CREATE TABLE environments (
+    steps: &[
+        Step::Both(
+            "CREATE TABLE environments (
             id TEXT PRIMARY KEY,
             name TEXT NOT NULL,
             spec TEXT NOT NULL,
@@ -31,7 +32,14 @@ pub static SCHEMA: Migrations = Migrations {
             build_ms BIGINT NOT NULL,
             PRIMARY KEY (environment_id, version)
         );",
-    )],
+        ),
+        // The template version a build started from and why it ran
+        // (template-change rebuilds).
+        Step::Both(
+            "ALTER TABLE environment_versions ADD COLUMN template_version TEXT;
+         ALTER TABLE environment_versions ADD COLUMN reason TEXT NOT NULL DEFAULT 'requested';",
+        ),
+    ],
 };
 
 /// A row of `environments` with its kept versions.
@@ -73,7 +81,20 @@ fn version_of(r: &Row) -> Result<EnvVersion, EnvError> {
         template: r.get("template")?,
         built_at: r.get("built_at")?,
         build_ms: r.get("build_ms")?,
+        template_version: r.get("template_version")?,
+        reason: BuildReason::parse(&r.get::<String>("reason")?),
     })
+}
+
+/// What a build made, to record as a version.
+#[derive(Debug, Clone)]
+pub struct NewVersion<'a> {
+    pub snapshot_id: &'a str,
+    pub base_commit: &'a str,
+    pub template: &'a str,
+    pub template_version: Option<&'a str>,
+    pub reason: BuildReason,
+    pub build_ms: u64,
 }
 
 /// The states of sessions that may still start or resume.
@@ -174,10 +195,7 @@ impl EnvStore {
     pub async fn add_version(
         &self,
         id: &str,
-        snapshot_id: &str,
-        base_commit: &str,
-        template: &str,
-        build_ms: u64,
+        n: NewVersion<'_>,
     ) -> Result<Option<EnvVersion>, EnvError> {
         let mut tx = self.db.begin().await?;
         let Some(r) = tx
@@ -192,23 +210,28 @@ impl EnvStore {
         let last: u64 = r.get("last_version")?;
         let v = EnvVersion {
             version: last + 1,
-            snapshot_id: snapshot_id.into(),
-            base_commit: base_commit.into(),
-            template: template.into(),
+            snapshot_id: n.snapshot_id.into(),
+            base_commit: n.base_commit.into(),
+            template: n.template.into(),
+            template_version: n.template_version.map(str::to_string),
+            reason: n.reason,
             built_at: now(),
-            build_ms,
+            build_ms: n.build_ms,
         };
         tx.execute(
             "INSERT INTO environment_versions (environment_id, version, snapshot_id, base_commit, \
-             template, built_at, build_ms) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+             template, built_at, build_ms, template_version, reason) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
             args![
                 id,
                 v.version as i64,
-                snapshot_id,
-                base_commit,
-                template,
+                n.snapshot_id,
+                n.base_commit,
+                n.template,
                 v.built_at.clone(),
-                build_ms as i64
+                n.build_ms as i64,
+                v.template_version.clone(),
+                n.reason.as_str()
             ],
         )
         .await?;
@@ -357,6 +380,17 @@ mod tests {
         }
     }
 
+    fn nv(snapshot_id: &str) -> NewVersion<'_> {
+        NewVersion {
+            snapshot_id,
+            base_commit: "c0ffee",
+            template: "code-interpreter",
+            template_version: Some("7"),
+            reason: BuildReason::Requested,
+            build_ms: 5,
+        }
+    }
+
     #[tokio::test]
     async fn versions_prune_and_a_pinned_environment_is_not_deleted() {
         let d = tempfile::tempdir().unwrap();
@@ -369,13 +403,7 @@ mod tests {
         assert!(r.current().is_none() && r.versions.is_empty());
         for i in 1..=3 {
             let v = s
-                .add_version(
-                    "env_a",
-                    &format!("snap{i}"),
-                    "c0ffee",
-                    "code-interpreter",
-                    5,
-                )
+                .add_version("env_a", nv(&format!("snap{i}")))
                 .await
                 .unwrap()
                 .unwrap();
@@ -403,15 +431,11 @@ mod tests {
             s.delete("env_a").await,
             Err(EnvError::Conflict(_))
         ));
-        s.add_version("env_a", "snap4", "c0ffee", "code-interpreter", 5)
-            .await
-            .unwrap();
+        s.add_version("env_a", nv("snap4")).await.unwrap();
         assert!(s.prune("env_a").await.unwrap().is_empty());
         assert_eq!(s.get("env_a").await.unwrap().unwrap().versions.len(), 3);
         // Another environment is not held by it; its rows go.
-        s.add_version("env_b", "snapb", "c0ffee", "code-interpreter", 5)
-            .await
-            .unwrap();
+        s.add_version("env_b", nv("snapb")).await.unwrap();
         assert_eq!(s.delete("env_b").await.unwrap(), vec!["snapb".to_string()]);
         assert!(s.get("env_b").await.unwrap().is_none());
         assert!(matches!(
@@ -419,11 +443,7 @@ mod tests {
             Err(EnvError::NotFound(_))
         ));
         // A version for a deleted environment is not recorded.
-        assert!(s
-            .add_version("env_b", "late", "c0ffee", "code-interpreter", 5)
-            .await
-            .unwrap()
-            .is_none());
+        assert!(s.add_version("env_b", nv("late")).await.unwrap().is_none());
     }
 
     #[tokio::test]

@@ -119,6 +119,8 @@ pub struct FakeSnapshot {
 #[derive(Default)]
 struct Inner {
     templates: Vec<String>,
+    /// By template: its version, "1" when added.
+    template_versions: BTreeMap<String, String>,
     sandboxes: BTreeMap<String, FakeSandbox>,
     order: Vec<String>,
     snapshots: BTreeMap<String, FakeSnapshot>,
@@ -175,7 +177,16 @@ impl FakeSandboxes {
     }
 
     pub fn add_template(&self, name: &str) {
-        self.lock().templates.push(name.into());
+        let mut g = self.lock();
+        g.templates.push(name.into());
+        g.template_versions.insert(name.into(), "1".into());
+    }
+
+    /// A rebuild of template `name`: its version becomes `version`.
+    pub fn set_template_version(&self, name: &str, version: &str) {
+        self.lock()
+            .template_versions
+            .insert(name.into(), version.into());
     }
 
     /// Adds an exec rule; newer rules are tried first.
@@ -366,6 +377,14 @@ impl Sandboxes for FakeSandboxes {
     async fn template_exists(&self, name: &str) -> Result<bool, SandboxError> {
         self.gate(Op::TemplateExists, None).await?;
         Ok(self.lock().templates.iter().any(|t| t == name))
+    }
+
+    async fn template_version(&self, name: &str) -> Result<Option<String>, SandboxError> {
+        let g = self.lock();
+        if !g.templates.iter().any(|t| t == name) {
+            return Ok(None);
+        }
+        Ok(g.template_versions.get(name).cloned())
     }
 
     async fn create(&self, req: NewSandbox) -> Result<SandboxInfo, SandboxError> {
