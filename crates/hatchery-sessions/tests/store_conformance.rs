@@ -76,9 +76,9 @@ async fn suite(db: &Db) {
     conformance::run_all(&open).await;
 
     assert!(check_rows(db).await >= 20);
-    assert_eq!(store.schema_version().await.unwrap(), 2);
+    assert_eq!(store.schema_version().await.unwrap(), 3);
     let again = DbSessionStore::open(db.clone(), "again").await.unwrap();
-    assert_eq!(again.schema_version().await.unwrap(), 2);
+    assert_eq!(again.schema_version().await.unwrap(), 3);
 
     let reader = AuditReader::on(db.clone()).await.unwrap();
     let chains = reader.chains().await.unwrap();
@@ -182,7 +182,7 @@ async fn migrations_race_and_repeat_conformance_on_postgres() {
     let open = |host| DbSessionStore::open(Db::postgres(&pg.dsn, 2).unwrap(), host);
     let (a, b) = tokio::join!(open("a"), open("b"));
     for s in [a.unwrap(), b.unwrap(), open("c").await.unwrap()] {
-        assert_eq!(s.schema_version().await.unwrap(), 2);
+        assert_eq!(s.schema_version().await.unwrap(), 3);
     }
 }
 
