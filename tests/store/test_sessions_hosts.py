@@ -327,7 +327,19 @@ def test_sessions_of_a_lost_host_resume_on_another(pg, git_server, model, shared
         finally:
             b.cleanup_sessions()
     no_net_leftovers(a, b)
-    assert os.listdir(shared) == [] or all(n.startswith(".") for n in os.listdir(shared)), os.listdir(shared)
+    left = [n for n in os.listdir(shared) if not n.startswith(".")]
+    if fault == "sigkill" and left:
+        # A host killed between publishing a checkpoint's image and
+        # inserting its row leaves the image without a row; the orphan
+        # sweep removes such images once they are STALE_AFTER (6 h) old,
+        # since another host may still be about to insert its row. Only
+        # that is allowed here: an image with a row was not cleaned up.
+        ids = ", ".join(f"'{n}'" for n in left)
+        rows = sql(pg, f"SELECT id FROM core_snapshots WHERE id IN ({ids})")
+        assert rows == [], (left, rows)
+        print(f"\nimages the kill left without a row (swept after 6 h): {left}")
+    else:
+        assert left == [], left
 
 
 def test_control_spreads_one_tenants_sessions(pg, git_server, model, shared):
