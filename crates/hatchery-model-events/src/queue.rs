@@ -55,14 +55,13 @@ impl QueuedEvents {
         let (tx, mut rx) = mpsc::channel::<Queued>(EVENT_QUEUE);
         let writer = sink.clone();
         tokio::spawn(async move {
-            let sink = writer;
             while let Some(q) = rx.recv().await {
                 let (e, done) = match q {
                     Queued::Observed(e, done) => (model_event(e), done),
                     Queued::Settling(session, ev) => (Some((session, ev)), None),
                 };
                 if let Some((session, ev)) = e {
-                    sink.deliver(&session, ev).await;
+                    writer.deliver(&session, ev).await;
                 }
                 if let Some(done) = done {
                     let _ = done.send(());

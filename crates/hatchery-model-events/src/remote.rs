@@ -71,25 +71,12 @@ impl EventSink for RemoteSink {
             _ => None,
         }
         .unwrap_or_else(|| format!("gw_{:032x}", rand::random::<u128>()));
-        let deadline = tokio::time::Instant::now() + DELIVERY_DEADLINE;
-        loop {
-            let sent = self.post.attempt(session, "model-events", &key, &body);
-            let (outcome, why) = match sent.await {
-                Attempt::Delivered(_) => ("delivered", String::new()),
-                Attempt::Retry(why) if tokio::time::Instant::now() < deadline => {
-                    tracing::debug!(session, why, "gateway event: owner not reachable yet");
-                    tokio::time::sleep(RETRY_EVERY).await;
-                    continue;
-                }
-                Attempt::Retry(why) => ("timed_out", why),
-                Attempt::Dropped(outcome, why) => (outcome, why),
-            };
-            self.outcomes.with_label_values(&[outcome]).inc();
-            if outcome != "delivered" {
-                not_written(Some(session), &format!("{outcome}: {why}"));
-                self.settle_alone(session, &e).await;
-            }
-            return;
+        let (outcome, why) = self
+            .post_until(session, &key, &body, DELIVERY_DEADLINE, RETRY_EVERY)
+            .await;
+        if outcome != "delivered" {
+            not_written(Some(session), &format!("{outcome}: {why}"));
+            self.settle_alone(session, &e).await;
         }
     }
 }
@@ -106,27 +93,42 @@ impl RemoteSink {
         let body = serde_json::to_vec(e)
             .map_err(|err| IntentError::NotRecorded(format!("not serializable: {err}")))?;
         let key = format!("{reservation}_intent");
-        let deadline = tokio::time::Instant::now() + INTENT_DEADLINE;
-        loop {
-            let (outcome, result) = match self
-                .post
-                .attempt(session, "model-events", &key, &body)
-                .await
-            {
-                Attempt::Delivered(_) => ("delivered", Ok(())),
-                Attempt::Retry(_) if tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(INTENT_RETRY_EVERY).await;
-                    continue;
-                }
-                Attempt::Retry(why) => ("timed_out", Err(IntentError::NotRecorded(why))),
-                Attempt::Dropped("session_ended", _) => {
-                    ("session_ended", Err(IntentError::SessionEnded))
-                }
-                Attempt::Dropped(outcome, why) => (outcome, Err(IntentError::NotRecorded(why))),
-            };
-            self.outcomes.with_label_values(&[outcome]).inc();
-            return result;
+        match self
+            .post_until(session, &key, &body, INTENT_DEADLINE, INTENT_RETRY_EVERY)
+            .await
+        {
+            ("delivered", _) => Ok(()),
+            ("session_ended", _) => Err(IntentError::SessionEnded),
+            (_, why) => Err(IntentError::NotRecorded(why)),
         }
+    }
+
+    /// Posts `body` to `session`'s owner under `key`, again every `every`
+    /// while the owner may yet take it, for at most `within`; counts and
+    /// returns the outcome (`delivered`, `timed_out`, or why it was
+    /// dropped) and why.
+    async fn post_until(
+        &self,
+        session: &str,
+        key: &str,
+        body: &[u8],
+        within: Duration,
+        every: Duration,
+    ) -> (&'static str, String) {
+        let deadline = tokio::time::Instant::now() + within;
+        let (outcome, why) = loop {
+            match self.post.attempt(session, "model-events", key, body).await {
+                Attempt::Delivered(_) => break ("delivered", String::new()),
+                Attempt::Retry(why) if tokio::time::Instant::now() < deadline => {
+                    tracing::debug!(session, why, "gateway event: owner not reachable yet");
+                    tokio::time::sleep(every).await;
+                }
+                Attempt::Retry(why) => break ("timed_out", why),
+                Attempt::Dropped(outcome, why) => break (outcome, why),
+            }
+        };
+        self.outcomes.with_label_values(&[outcome]).inc();
+        (outcome, why)
     }
 }
 

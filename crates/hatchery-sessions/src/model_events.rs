@@ -103,23 +103,9 @@ impl ModelEvent {
             } => {
                 api(a)?;
                 check("model", model, MAX_MODEL)?;
-                if check_delivery_key(reservation).is_err() {
-                    return Err(SessionError::bad(
-                        "invalid_request",
-                        format!("reservation must be 1 to {MAX_DELIVERY_KEY} of A-Z a-z 0-9 - _"),
-                    ));
-                }
-                Ok(())
+                check_reservation(reservation)
             }
-            ModelEvent::Expired { reservation, .. } => {
-                if check_delivery_key(reservation).is_err() {
-                    return Err(SessionError::bad(
-                        "invalid_request",
-                        format!("reservation must be 1 to {MAX_DELIVERY_KEY} of A-Z a-z 0-9 - _"),
-                    ));
-                }
-                Ok(())
-            }
+            ModelEvent::Expired { reservation, .. } => check_reservation(reservation),
             ModelEvent::Called { api: a, model, .. } => {
                 api(a)?;
                 check("model", model, MAX_MODEL)
@@ -298,6 +284,16 @@ pub(crate) fn delivery_key(headers: &axum::http::HeaderMap) -> Result<&str, Sess
 pub const DELIVERY_HEADER: &str = "idempotency-key";
 /// Longest delivery key, in bytes.
 pub const MAX_DELIVERY_KEY: usize = 64;
+
+/// A reservation id is a delivery key by shape; its error names it.
+fn check_reservation(r: &str) -> Result<(), SessionError> {
+    check_delivery_key(r).map_err(|_| {
+        SessionError::bad(
+            "invalid_request",
+            format!("reservation must be 1 to {MAX_DELIVERY_KEY} of A-Z a-z 0-9 - _"),
+        )
+    })
+}
 
 pub(crate) fn check_delivery_key(k: &str) -> Result<(), SessionError> {
     let ok = !k.is_empty()

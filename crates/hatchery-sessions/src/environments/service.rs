@@ -432,14 +432,7 @@ mod tests {
         EnvRecord {
             id: "env_a".into(),
             name: "a".into(),
-            spec: EnvSpec {
-                repo: "git://127.0.0.1/r.git".into(),
-                git_ref: "main".into(),
-                template: "code-interpreter".into(),
-                setup: String::new(),
-                setup_allow: vec![],
-                setup_timeout_s: 60,
-            },
+            spec: crate::environments::store::tests::spec(),
             created_at: String::new(),
             current_version: Some(1),
             last_error: None,

@@ -365,11 +365,12 @@ impl EnvStore {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::store::{DbSessionStore, SessionStore};
 
-    fn spec() -> EnvSpec {
+    /// An environment's spec for tests (also the service's).
+    pub(crate) fn spec() -> EnvSpec {
         EnvSpec {
             repo: "git://127.0.0.1/r.git".into(),
             git_ref: "main".into(),
