@@ -93,6 +93,12 @@ def test_sigkill_mid_push_20_times(model, git_server, push_server, forge):
                 results.setdefault(e["call_seq"], set()).add(e["status"])
         assert {k: v for k, v in results.items()} == {seq: {c["status"]} for seq, c in calls.items()}
         assert statuses.get("done", 0) >= CALLS // 2, statuses
+        # The 20 kills left scratch repositories mid-push; the last start
+        # removed them: one directory is left, the running broker's, empty.
+        scratch = os.path.join(d.data_dir, "broker-scratch")
+        roots = os.listdir(scratch)
+        assert len(roots) == 1 and roots[0].startswith(f"{d.proc.pid}-"), roots
+        assert os.listdir(os.path.join(scratch, roots[0])) == [], roots
         print("kills", kills, "statuses", statuses, "pushes", len(pushed))
     finally:
         push_server.receive_delay = 0.0

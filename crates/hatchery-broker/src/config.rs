@@ -164,6 +164,9 @@ pub struct BrokerConfig {
     pub mcp: Arc<McpHub>,
     /// What one session's calls may store (docs/sessions.md, "Caps").
     pub caps: SessionCallCaps,
+    /// Where git scratch repositories are made (`git::scratch_root`; the
+    /// system's temporary directory unless the broker is embedded).
+    pub scratch: PathBuf,
 }
 
 /// Per-session caps on broker calls.
@@ -204,6 +207,8 @@ pub enum ConfigError {
     Forge(#[source] crate::http_client::BaseError),
     #[error("--broker-ca-file")]
     Trust(#[source] hatchery_tls::TrustError),
+    #[error("the broker's scratch directory under the data dir")]
+    Scratch(#[source] std::io::Error),
 }
 
 impl TryFrom<&BrokerArgs> for BrokerConfig {
@@ -246,6 +251,7 @@ impl TryFrom<&BrokerArgs> for BrokerConfig {
                 max_arg_bytes: a.session_max_arg_bytes,
                 ..SessionCallCaps::default()
             },
+            scratch: std::env::temp_dir(),
         })
     }
 }

@@ -269,7 +269,7 @@ mod tests {
     /// and a path with a newline in it.
     #[tokio::test]
     async fn measures_a_real_diff() {
-        let s = Scratch::new().await.unwrap();
+        let s = Scratch::new(&std::env::temp_dir()).await.unwrap();
         let d = s.path();
         sh(
             d,

@@ -115,6 +115,7 @@ fn own_api(listen: SocketAddr, api_key: &str) -> Result<Client, ClientError> {
 fn config(s: &Settings<'_>) -> Result<BrokerConfig, ConfigError> {
     let mut cfg = BrokerConfig::try_from(s.broker)?;
     cfg.caps.max_open_approvals = s.max_open_approvals;
+    cfg.scratch = crate::git::scratch_root(s.data).map_err(ConfigError::Scratch)?;
     Ok(cfg)
 }
 

@@ -11,7 +11,7 @@
 //! broker.
 
 use crate::tree::{Change, TreeChanges};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
@@ -42,6 +42,33 @@ pub struct Remote {
     pub url: String,
     /// `Header: value` sent on http(s) remotes.
     pub header: Option<String>,
+    /// Where this host's scratch repositories for the remote are made
+    /// ([`scratch_root`]).
+    pub scratch: PathBuf,
+}
+
+/// The directory a broker makes its scratch repositories in:
+/// `DATA_DIR/broker-scratch/<pid>-XXXX`, not `/tmp`. A push cut short by a
+/// SIGKILL cannot remove its own scratch repository, so each broker, when
+/// it starts, removes what earlier processes left there (any entry not
+/// named for this process; two brokers in one process keep their own).
+pub fn scratch_root(data: &Path) -> std::io::Result<PathBuf> {
+    let parent = data.join("broker-scratch");
+    std::fs::create_dir_all(&parent)?;
+    let mine = format!("{}-", std::process::id());
+    for e in std::fs::read_dir(&parent)? {
+        let e = e?;
+        if !e.file_name().to_string_lossy().starts_with(&mine) {
+            let gone = std::fs::remove_dir_all(e.path());
+            if let Err(err) = gone {
+                tracing::warn!(path = %e.path().display(), error = %err, "could not remove a scratch repository left by an earlier process");
+            }
+        }
+    }
+    Ok(tempfile::Builder::new()
+        .prefix(&mine)
+        .tempdir_in(&parent)?
+        .keep())
 }
 
 /// A working git directory of the host's own (config from nowhere else).
@@ -55,11 +82,10 @@ fn cut(s: &str, n: usize) -> String {
 }
 
 impl Scratch {
-    pub async fn new() -> Result<Scratch, GitError> {
+    /// A bare repository in a new directory under `root` (removed on drop).
+    pub async fn new(root: &Path) -> Result<Scratch, GitError> {
         let s = Scratch {
-            dir: tempfile::Builder::new()
-                .prefix("hatchery-push-")
-                .tempdir()?,
+            dir: tempfile::Builder::new().prefix("push-").tempdir_in(root)?,
         };
         s.git("init", &["init", "-q", "--bare", "."], None, None, &[])
             .await?;
@@ -168,7 +194,7 @@ impl Scratch {
 
 /// The commit `refs/heads/<branch>` is at on the remote, if it exists.
 pub async fn remote_tip(remote: &Remote, branch: &str) -> Result<Option<String>, GitError> {
-    let s = Scratch::new().await?;
+    let s = Scratch::new(&remote.scratch).await?;
     let r = format!("refs/heads/{branch}");
     let out = s
         .git(
@@ -321,7 +347,7 @@ pub async fn prepare(
 ) -> Result<Prepared, GitError> {
     check_ident("author name", info.name)?;
     check_ident("author email", info.email)?;
-    let s = Scratch::new().await?;
+    let s = Scratch::new(&remote.scratch).await?;
     s.git(
         "fetch",
         &["fetch", "-q", "--depth", "1", "--", &remote.url, parent_ref],
@@ -422,11 +448,33 @@ pub(crate) mod tests {
         }
     }
 
+    /// What a SIGKILLed push left under the data dir is gone when the next
+    /// broker starts; a second broker of the same process keeps its own.
+    #[tokio::test]
+    async fn scratch_root_removes_what_earlier_processes_left() {
+        let d = tempfile::tempdir().unwrap();
+        let left = d.path().join("broker-scratch/999999999-old/push-x");
+        std::fs::create_dir_all(&left).unwrap();
+        let a = scratch_root(d.path()).unwrap();
+        assert!(!left.exists());
+        assert!(a.starts_with(d.path().join("broker-scratch")));
+        let s = Scratch::new(&a).await.unwrap();
+        let b = scratch_root(d.path()).unwrap();
+        assert_ne!(a, b);
+        assert!(
+            s.path().exists(),
+            "another broker's scratch of this process is kept"
+        );
+        let p = s.path().to_path_buf();
+        drop(s);
+        assert!(!p.exists());
+    }
+
     /// The write credential is in git's environment config, never in its
     /// argv (which any user on the host can read in `ps`).
     #[tokio::test]
     async fn the_credential_is_not_on_the_command_line() {
-        let s = Scratch::new().await.unwrap();
+        let s = Scratch::new(&std::env::temp_dir()).await.unwrap();
         let secret = "Authorization: Bearer s3cret-token";
         let c = s.command(&["push", "origin"], Some(secret), &[]);
         let c = c.as_std();
@@ -486,6 +534,7 @@ pub(crate) mod tests {
         let remote = Remote {
             url: format!("file://{}/remote.git", d.display()),
             header: None,
+            scratch: d.to_path_buf(),
         };
         let base = String::from_utf8(out(&d.join("remote.git"), &["rev-parse", "main"]))
             .unwrap()
@@ -497,7 +546,7 @@ pub(crate) mod tests {
     /// A scratch repository holding the remote's `main`, for tests that
     /// run fast-import there by hand.
     async fn scratch_with_main(remote: &Remote) -> Scratch {
-        let s = Scratch::new().await.unwrap();
+        let s = Scratch::new(&std::env::temp_dir()).await.unwrap();
         s.git(
             "fetch",
             &["fetch", "-q", "--", &remote.url, "refs/heads/main"],

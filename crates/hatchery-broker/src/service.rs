@@ -1148,6 +1148,7 @@ impl Broker {
         Ok(git::Remote {
             url: self.cfg.push_url(repo),
             header,
+            scratch: self.cfg.scratch.clone(),
         })
     }
 

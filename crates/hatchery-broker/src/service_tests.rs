@@ -193,6 +193,7 @@ impl Env {
                 trust: Default::default(),
                 mcp: Arc::new(crate::mcp::McpHub::new(vec![])),
                 caps: Default::default(),
+                scratch: crate::git::scratch_root(self.dir.path()).unwrap(),
             },
         )
     }
