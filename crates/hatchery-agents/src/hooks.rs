@@ -4,10 +4,26 @@
 
 use hatchery_gateway::embed::{GatewayLink, TenantScope};
 use hatchery_sessions::egress::{Binding, EgressLink};
-use hatchery_sessions::hooks::SessionHooks;
+use hatchery_sessions::hooks::{HookError, SessionHooks};
 use hatchery_sessions::store::Session;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+
+/// Why a host could not bind a sandbox to its session, or give it its
+/// credentials' placeholders.
+#[derive(Debug, thiserror::Error)]
+pub enum HostHookError {
+    #[error("the limits of tenant {tenant}")]
+    TenantLimits {
+        tenant: String,
+        #[source]
+        source: hatchery_tenants::StoreError,
+    },
+    #[error("model gateway")]
+    Gateway(#[source] hatchery_gateway::budget::BudgetError),
+    #[error("pinned policy")]
+    Policy(#[source] hatchery_policy::StoreError),
+}
 
 pub struct HostHooks {
     pub gateway: Option<Arc<GatewayLink>>,
@@ -19,16 +35,18 @@ pub struct HostHooks {
 
 impl HostHooks {
     /// The gateway scope of the session's tenant, with its limits now.
-    async fn tenant_scope(&self, s: &Session) -> Result<Option<TenantScope>, String> {
+    async fn tenant_scope(&self, s: &Session) -> Result<Option<TenantScope>, HostHookError> {
         let Some(t) = &s.spec.tenant else {
             return Ok(None);
         };
-        let l = self.tenants.limits(t).await.map_err(|e| {
-            format!(
-                "the limits of tenant {t}: {}",
-                hatchery_serve::error_text::with_causes(&e)
-            )
-        })?;
+        let l = self
+            .tenants
+            .limits(t)
+            .await
+            .map_err(|source| HostHookError::TenantLimits {
+                tenant: t.clone(),
+                source,
+            })?;
         Ok(Some(TenantScope {
             id: t.clone(),
             tokens: l.tokens,
@@ -39,7 +57,7 @@ impl HostHooks {
 
 #[async_trait::async_trait]
 impl SessionHooks for HostHooks {
-    async fn bind(&self, s: &Session, sandbox: &str) -> Result<(), String> {
+    async fn bind(&self, s: &Session, sandbox: &str) -> Result<(), HookError> {
         if let Some(e) = &self.egress {
             e.bind(
                 sandbox,
@@ -59,7 +77,7 @@ impl SessionHooks for HostHooks {
                 tenant.as_ref(),
             )
             .await
-            .map_err(|e| format!("model gateway: {e}"))?;
+            .map_err(HostHookError::Gateway)?;
         }
         Ok(())
     }
@@ -101,19 +119,14 @@ impl SessionHooks for HostHooks {
         self.egress.as_ref().and_then(|e| e.ca_pem.clone())
     }
 
-    async fn placeholder_env(&self, s: &Session) -> Result<BTreeMap<String, String>, String> {
+    async fn placeholder_env(&self, s: &Session) -> Result<BTreeMap<String, String>, HookError> {
         let Some(e) = &self.egress else {
             return Ok(BTreeMap::new());
         };
         let vars = e
             .placeholders(&s.spec.policy_id, s.spec.policy_version)
             .await
-            .map_err(|err| {
-                format!(
-                    "pinned policy: {}",
-                    hatchery_serve::error_text::with_causes(&err)
-                )
-            })?;
+            .map_err(HostHookError::Policy)?;
         Ok(vars.into_iter().collect())
     }
 }

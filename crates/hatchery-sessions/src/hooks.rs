@@ -10,13 +10,19 @@ use crate::store::Session;
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 
+/// Why a hook could not set a sandbox up for its session. The plug-in's
+/// own error, chain kept: the session fails `services_unavailable` with
+/// the whole chain as its message, and this crate does not know the
+/// plug-ins' error types.
+pub type HookError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 #[async_trait]
 pub trait SessionHooks: Send + Sync + 'static {
     /// `sandbox` now serves `session`: after it was created, after a fork
     /// from an idle snapshot, and again when a restarted daemon re-attaches
     /// (so it must be idempotent). Called before the agent can make a call.
     /// An error fails the session (`services_unavailable`).
-    async fn bind(&self, session: &Session, sandbox: &str) -> Result<(), String>;
+    async fn bind(&self, session: &Session, sandbox: &str) -> Result<(), HookError>;
     /// The sandbox is about to be deleted or was lost.
     async fn unbind(&self, session: &str, sandbox: &str);
     /// Waits (bounded) until the session's model calls in flight are
@@ -41,7 +47,7 @@ pub trait SessionHooks: Send + Sync + 'static {
     async fn placeholder_env(
         &self,
         _session: &Session,
-    ) -> Result<BTreeMap<String, String>, String> {
+    ) -> Result<BTreeMap<String, String>, HookError> {
         Ok(BTreeMap::new())
     }
 }
@@ -52,7 +58,7 @@ pub struct NoHooks;
 
 #[async_trait]
 impl SessionHooks for NoHooks {
-    async fn bind(&self, _: &Session, _: &str) -> Result<(), String> {
+    async fn bind(&self, _: &Session, _: &str) -> Result<(), HookError> {
         Ok(())
     }
     async fn unbind(&self, _: &str, _: &str) {}

@@ -100,7 +100,7 @@ impl Sessions {
         let cur = self.core.store.get(id).await?;
         if let Some(sbx) = &cur.sandbox_id {
             if let Err(e) = self.core.hooks().bind(&cur, sbx).await {
-                tracing::warn!(session = %id, error = %e, "rebinding after a policy move failed");
+                tracing::warn!(session = %id, error = %hatchery_serve::error_text::with_causes(&*e), "rebinding after a policy move failed");
             }
         }
         Ok(())

@@ -218,10 +218,12 @@ async fn release(svc: &Arc<SessionCore>, s: &Session) {
 
 /// Gateway binding and egress identity for the sandbox (hooks.rs).
 async fn bind(svc: &Arc<SessionCore>, s: &Session, sbx: &str) -> R<()> {
-    svc.hooks()
-        .bind(s, sbx)
-        .await
-        .map_err(|e| fail("services_unavailable", e))
+    svc.hooks().bind(s, sbx).await.map_err(|e| {
+        fail(
+            "services_unavailable",
+            hatchery_serve::error_text::with_causes(&*e),
+        )
+    })
 }
 
 fn ttl_for(s: &Session) -> u64 {
@@ -595,12 +597,12 @@ async fn start(svc: &Arc<SessionCore>, s: &Session) -> R<()> {
         guest_ca::install(svc, &sbx, pem).await?;
         guest_ca::add_trust_env(&mut env);
     }
-    env.extend(
-        svc.hooks()
-            .placeholder_env(s)
-            .await
-            .map_err(|e| fail("services_unavailable", e))?,
-    );
+    env.extend(svc.hooks().placeholder_env(s).await.map_err(|e| {
+        fail(
+            "services_unavailable",
+            hatchery_serve::error_text::with_causes(&*e),
+        )
+    })?);
     env.insert("OPENAI_BASE_URL".into(), s.spec.agent.model_url.clone());
     env.insert("OPENAI_API_KEY".into(), "unused-inside-the-sandbox".into());
     env.insert("HATCHERY_SESSION_ID".into(), id.clone());
