@@ -31,6 +31,9 @@ pub struct HostHooks {
     /// A tenant's session's calls are charged within its tenant's limits
     /// too (read at each bind).
     pub tenants: Arc<hatchery_tenants::Tenants>,
+    /// The sessions' pinned policies, for what they say of a diverged
+    /// re-run.
+    pub policies: Arc<hatchery_policy::cache::CompiledPolicies>,
 }
 
 impl HostHooks {
@@ -117,6 +120,21 @@ impl SessionHooks for HostHooks {
 
     fn guest_ca(&self) -> Option<String> {
         self.egress.as_ref().and_then(|e| e.ca_pem.clone())
+    }
+
+    async fn replay_diverged(
+        &self,
+        s: &Session,
+        n: u64,
+        kind: &str,
+        asked: &str,
+    ) -> Result<hatchery_sessions::replay::Verdict, HookError> {
+        let p = self
+            .policies
+            .get(&s.spec.policy_id, s.spec.policy_version)
+            .await
+            .map_err(HostHookError::Policy)?;
+        Ok(hatchery_sessions::replay::verdict(&p, n, kind, asked))
     }
 
     async fn placeholder_env(&self, s: &Session) -> Result<BTreeMap<String, String>, HookError> {

@@ -114,6 +114,9 @@ async fn wire_services(p: &HostParts<'_>, sessions: &Arc<Sessions>) -> Result<()
         gateway,
         egress: egress.clone(),
         tenants,
+        policies: Arc::new(hatchery_policy::cache::CompiledPolicies::new(
+            p.policies.clone(),
+        )),
     });
     // After a restart: the proxy's map is in memory; fill it before the
     // runners re-attach (they bind again, idempotently).

@@ -150,3 +150,10 @@ pub const EGRESS_TOOL: &str = "egress";
 /// call's estimated cost (issue 36). A policy none of whose rules names it
 /// leaves model calls to the budget alone (`Policy::names_tool`).
 pub const MODEL_CALL_TOOL: &str = "model_call";
+
+/// The tool name a resumed session's re-run message that asks for
+/// something else than before the resume is evaluated as (issue 37), with
+/// arguments `n`, `kind` and `asked`. `allow` lets the re-run go on,
+/// `require_approval` asks a person, `deny` (and a policy that does not
+/// name it) ends the session `replay_diverged`.
+pub const REPLAY_DIVERGED_TOOL: &str = "replay_diverged";

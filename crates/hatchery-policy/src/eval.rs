@@ -23,7 +23,7 @@ pub struct Request<'a> {
     pub ctx: Option<&'a Map<String, Value>>,
 }
 
-pub use crate::document::{EGRESS_TOOL, MODEL_CALL_TOOL};
+pub use crate::document::{EGRESS_TOOL, MODEL_CALL_TOOL, REPLAY_DIVERGED_TOOL};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Destination<'a> {

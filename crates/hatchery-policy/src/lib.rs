@@ -27,5 +27,7 @@ pub use binding::{CredentialBinding, Injection, Scheme};
 pub use compile::credential::{self, Credential};
 pub use compile::{Policy, ValidationError};
 pub use document::{Effect, PolicyDocument};
-pub use eval::{Decision, Destination, Request, EGRESS_TOOL, MODEL_CALL_TOOL};
+pub use eval::{
+    Decision, Destination, Request, EGRESS_TOOL, MODEL_CALL_TOOL, REPLAY_DIVERGED_TOOL,
+};
 pub use store::{DbPolicyStore, PolicyStore, StoreError, StoredPolicy, MAX_POLICIES, MAX_VERSIONS};

@@ -287,8 +287,10 @@ pub fn deliverable(seq: u64, kind: &EventKind) -> Option<Vec<u8>> {
         )),
         // An egress hold's decision is the proxy's business, not the
         // agent's (it asked for no approval).
+        // So is a held re-run's (the runner acts on it, crate::replay).
         EventKind::ApprovalDecided { approval_id, .. }
-            if approval_id.starts_with(crate::egress::approvals::ID_PREFIX) =>
+            if approval_id.starts_with(crate::egress::approvals::ID_PREFIX)
+                || approval_id.starts_with(crate::replay::APPROVAL_PREFIX) =>
         {
             None
         }

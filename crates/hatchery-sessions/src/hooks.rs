@@ -41,6 +41,18 @@ pub trait SessionHooks: Send + Sync + 'static {
     fn guest_ca(&self) -> Option<String> {
         None
     }
+    /// What the session's pinned policy says of re-run message `n` (of
+    /// `kind`), which after a resume asks for `asked`, something else than
+    /// before it (crate::replay). Without a policy store: end the session.
+    async fn replay_diverged(
+        &self,
+        _session: &Session,
+        _n: u64,
+        _kind: &str,
+        _asked: &str,
+    ) -> Result<crate::replay::Verdict, HookError> {
+        Ok(crate::replay::Verdict::Fail { rule: None })
+    }
     /// Variables the session's pinned policy names for its credentials,
     /// each with a placeholder value (never the secret). An error fails
     /// the session (`services_unavailable`).

@@ -8,8 +8,13 @@
 //! never logged or approved. So each numbered message records what it
 //! asked ([`AgentLine`]: its kind and the part of it that decides its
 //! effect), and a re-run message is logged as `replayed` and compared
-//! with it. A difference ends the session (`replay_diverged`) before the
-//! re-run message is acknowledged, so the different effect never runs.
+//! with it. A difference is decided by the session's pinned policy, as the
+//! tool `replay_diverged` ([`verdict`]): by default (a policy that does not
+//! name it, or denies it) the session ends (`replay_diverged`) before the
+//! re-run message is acknowledged, so the different effect never runs;
+//! `require_approval` holds the message unacknowledged until a person
+//! decides; `allow` lets it go on. Whatever goes on, the `replayed` event
+//! with what it asks is in the log before the acknowledgement.
 //!
 //! What is compared ([`asked`]): a tool call's tool and arguments, a
 //! command's text, a changed file's path, an approval's action and
@@ -18,7 +23,80 @@
 
 use crate::events::{cut, EventKind};
 use crate::store::AgentLine;
+use hatchery_policy::{Effect, Policy, Request, REPLAY_DIVERGED_TOOL};
 use sha2::{Digest, Sha256};
+
+/// The action of the approval a diverged re-run asks for.
+pub const APPROVAL_ACTION: &str = "replay_diverged";
+/// Its approval ids' prefix: the decision is the runner's to act on, not
+/// the agent's (it asked for no approval).
+pub const APPROVAL_PREFIX: &str = "apr_replay_";
+
+/// What happens to a re-run message that asks for something else.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The session ends `replay_diverged`.
+    Fail { rule: Option<String> },
+    /// The message waits, unacknowledged, for a person's decision.
+    Ask { rule: Option<String> },
+    /// The message is acknowledged and kept as message `n` from now on.
+    Continue { rule: Option<String> },
+}
+
+/// The pinned `policy`'s verdict on re-run message `n` of `kind` asking
+/// for `asked`. A policy that does not name `replay_diverged` keeps the
+/// safe default: the session ends.
+pub fn verdict(policy: &Policy, n: u64, kind: &str, asked: &str) -> Verdict {
+    if !policy.names_tool(REPLAY_DIVERGED_TOOL) {
+        return Verdict::Fail { rule: None };
+    }
+    let args = serde_json::json!({"n": n, "kind": kind, "asked": asked});
+    let d = policy.evaluate(&Request {
+        tool: REPLAY_DIVERGED_TOOL,
+        args: &args,
+        cost_cents: None,
+        dest: None,
+        ctx: None,
+    });
+    let rule = d.rule_id.map(str::to_string);
+    match d.effect {
+        Effect::Allow => Verdict::Continue { rule },
+        Effect::RequireApproval => Verdict::Ask { rule },
+        Effect::Deny => Verdict::Fail { rule },
+    }
+}
+
+/// What a replay approval's details carry: enough to keep the re-run's
+/// line as message `n` once approved.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Held {
+    pub n: u64,
+    pub kind: String,
+    /// The digest kept as the line's `asked` ([`line`]).
+    pub digest: String,
+    /// What it asks, cut to [`SHOWN`] bytes, for the person deciding.
+    pub asked: String,
+}
+
+impl Held {
+    pub fn new(n: u64, e: &EventKind) -> Held {
+        let l = line(n, e);
+        Held {
+            n,
+            kind: l.kind,
+            digest: l.asked,
+            asked: cut(&asked(e), SHOWN).to_string(),
+        }
+    }
+
+    pub fn line(&self) -> AgentLine {
+        AgentLine {
+            n: self.n,
+            kind: self.kind.clone(),
+            asked: self.digest.clone(),
+        }
+    }
+}
 
 /// How much of a re-run message's `asked` its `replayed` event shows.
 pub const SHOWN: usize = 1024;
@@ -81,6 +159,56 @@ mod tests {
             tool: "shell".into(),
             arguments: args.into(),
         }
+    }
+
+    fn policy(rules: serde_json::Value) -> Policy {
+        let doc = serde_json::from_value(serde_json::json!({"name": "p", "rules": rules})).unwrap();
+        Policy::compile(&doc).unwrap()
+    }
+
+    /// A policy that does not name `replay_diverged` ends the session (even
+    /// one that allows every other tool); one that does decides by its
+    /// rules, on the message's kind and what it asks.
+    #[test]
+    fn the_pinned_policy_decides_a_divergence() {
+        let any = policy(
+            serde_json::json!([{"id": "all", "match": {"tools": ["*"]}, "effect": "allow"}]),
+        );
+        assert_eq!(
+            verdict(&any, 2, "tool_call", "shell ls"),
+            Verdict::Fail { rule: None }
+        );
+        let p = policy(serde_json::json!([
+            {"id": "prose", "match": {"tools": ["replay_diverged"],
+             "args": [{"field": "kind", "op": "eq", "value": "agent_message"}]}, "effect": "allow"},
+            {"id": "no-curl", "match": {"tools": ["replay_diverged"],
+             "args": [{"field": "asked", "op": "glob", "value": "*curl*"}]}, "effect": "deny"},
+            {"id": "ask", "match": {"tools": ["replay_diverged"]}, "effect": "require_approval"},
+        ]));
+        let r = |s: &str| Some(s.to_string());
+        assert_eq!(
+            verdict(&p, 1, "agent_message", ""),
+            Verdict::Continue { rule: r("prose") }
+        );
+        assert_eq!(
+            verdict(&p, 2, "tool_call", "shell curl x"),
+            Verdict::Fail { rule: r("no-curl") }
+        );
+        assert_eq!(
+            verdict(&p, 2, "tool_call", "shell ls"),
+            Verdict::Ask { rule: r("ask") }
+        );
+    }
+
+    /// What an approval holds is the line kept once approved.
+    #[test]
+    fn a_held_rerun_keeps_its_full_digest() {
+        let long = format!("{{\"command\":\"{}\"}}", "x".repeat(5000));
+        let h = Held::new(7, &tool(&long));
+        assert_eq!(h.line(), line(7, &tool(&long)));
+        assert!(h.asked.len() <= SHOWN);
+        let back: Held = serde_json::from_str(&serde_json::to_string(&h).unwrap()).unwrap();
+        assert_eq!(back, h);
     }
 
     /// The same tool call under another call id matches; other arguments,

@@ -818,6 +818,148 @@ async fn sleep_opt(at: Option<tokio::time::Instant>) {
     }
 }
 
+/// The re-run of message `n`, handled before the rewind: its event is in
+/// the log already and its effects happened. It is logged as `replayed`
+/// and compared with what it asked then (crate::replay). The same: an
+/// agent that waits for the ack gets it again. Not the same: the session's
+/// pinned policy decides, and the `replayed` event (with what an approval
+/// or the new line needs, in the same commit) is logged before anything
+/// acts on it.
+async fn handle_rerun(
+    svc: &Arc<SessionCore>,
+    id: &str,
+    (sbx, pid): (&str, &str),
+    p: agent_proto::Parsed,
+    n: u64,
+    end: u64,
+) -> R<Effect> {
+    use crate::replay::{Held, Verdict};
+    let original = svc.store.agent_line(id, n).await?;
+    let (event, matches) = crate::replay::replayed(n, &p.event, original.as_ref());
+    let verdict = match matches {
+        Some(false) => {
+            let cur = svc.store.get(id).await?;
+            let asked = crate::replay::asked(&p.event);
+            let v = svc
+                .hooks()
+                .replay_diverged(&cur, n, p.event.type_name(), &asked)
+                .await
+                .map_err(|e| {
+                    fail(
+                        "services_unavailable",
+                        hatchery_serve::error_text::with_causes(&*e),
+                    )
+                })?;
+            Some(v)
+        }
+        _ => None,
+    };
+    let mut events = vec![(Actor::System, event)];
+    let mut patch = Patch::default();
+    let mut effect = Effect::None;
+    match &verdict {
+        Some(Verdict::Continue { .. }) => {
+            // Message n is this one from now on (a later resume compares
+            // with it).
+            patch.agent_line = Some(crate::replay::line(n, &p.event));
+        }
+        Some(Verdict::Ask { rule }) => {
+            let held = Held::new(n, &p.event);
+            let aid = format!(
+                "{}{}",
+                crate::replay::APPROVAL_PREFIX,
+                &approval_id(id, n)["apr_".len()..]
+            );
+            let mut details = serde_json::to_value(&held).unwrap_or_default();
+            details["rule"] = serde_json::json!(rule);
+            let details = details.to_string();
+            let action = crate::replay::APPROVAL_ACTION.to_string();
+            events.push((
+                Actor::System,
+                EventKind::ApprovalRequested {
+                    approval_id: aid.clone(),
+                    action: action.clone(),
+                    details: details.clone(),
+                },
+            ));
+            patch.new_approval = Some((aid, action.clone(), details.clone()));
+            effect = Effect::ApprovalRequest { action, details };
+        }
+        _ => {}
+    }
+    let Some(evs) = svc.store.append_agent(id, end, p.n, events, patch).await? else {
+        return Ok(Effect::None);
+    };
+    svc.bus.publish(id, &evs);
+    match verdict {
+        Some(Verdict::Fail { rule }) => {
+            let by = rule
+                .map(|r| format!(", denied by rule {r}"))
+                .unwrap_or_default();
+            return Err(fail(
+                "replay_diverged",
+                format!(
+                    "agent message {n} asked for something else after the resume than before it ({}){by}",
+                    p.event.type_name()
+                ),
+            ));
+        }
+        Some(Verdict::Ask { .. }) => {
+            // Unacknowledged until a person decides (deliver).
+            if svc.store.get(id).await?.state != S::WaitingApproval {
+                to_state(svc, id, S::WaitingApproval, None, vec![], Patch::default()).await?;
+            }
+            return Ok(effect);
+        }
+        _ => {}
+    }
+    if p.wants_ack {
+        svc.sandboxes
+            .write_stdin(sbx, pid, agent_proto::ack(n))
+            .await?;
+    }
+    Ok(Effect::None)
+}
+
+/// A person's decision on a diverged re-run held for approval: approved,
+/// its line becomes message `n` and the agent gets the ack it waits for
+/// (at least once: the ack goes before `delivered_seq` moves); denied or
+/// timed out, the session ends `replay_diverged`.
+async fn replay_decided(
+    svc: &Arc<SessionCore>,
+    id: &str,
+    (sbx, pid): (&str, &str),
+    seq: u64,
+    approval_id: &str,
+    decision: &str,
+) -> R<()> {
+    let approval = svc.store.approval(id, approval_id).await?;
+    let held: Option<crate::replay::Held> = approval
+        .as_ref()
+        .and_then(|a| serde_json::from_str(&a.details).ok());
+    let Some(held) = held.filter(|_| decision == "approve") else {
+        return Err(fail(
+            "replay_diverged",
+            format!("the re-run's different request was not approved ({decision})"),
+        ));
+    };
+    svc.sandboxes
+        .write_stdin(sbx, pid, agent_proto::ack(held.n))
+        .await?;
+    svc.store
+        .append(
+            id,
+            vec![],
+            Patch {
+                delivered_seq: Some(seq),
+                agent_line: Some(held.line()),
+                ..Default::default()
+            },
+        )
+        .await?;
+    leave_waiting(svc, id).await
+}
+
 /// One line of agent stdout: an event (exactly once, with the offset), an
 /// ack if the agent waits for one, and the effect on the session.
 async fn handle_line(
@@ -831,36 +973,7 @@ async fn handle_line(
 ) -> R<Effect> {
     let mut p = agent_proto::parse(line);
     if let Some(n) = p.n.filter(|n| *n <= replay_through) {
-        // The re-run of a message handled before the rewind: its event is
-        // in the log already and its effects happened. It is logged as
-        // `replayed` and compared with what it asked then (crate::replay);
-        // the same, an agent that waits for the ack gets it again; not the
-        // same, the session ends before the agent may act on it.
-        let original = svc.store.agent_line(id, n).await?;
-        let (event, matches) = crate::replay::replayed(n, &p.event, original.as_ref());
-        let Some(evs) = svc
-            .store
-            .append_agent(id, end, p.n, vec![(Actor::System, event)], Patch::default())
-            .await?
-        else {
-            return Ok(Effect::None);
-        };
-        svc.bus.publish(id, &evs);
-        if matches == Some(false) {
-            return Err(fail(
-                "replay_diverged",
-                format!(
-                    "agent message {n} asked for something else after the resume than before it ({})",
-                    p.event.type_name()
-                ),
-            ));
-        }
-        if p.wants_ack {
-            svc.sandboxes
-                .write_stdin(sbx, pid, agent_proto::ack(n))
-                .await?;
-        }
-        return Ok(Effect::None);
+        return handle_rerun(svc, id, (sbx, pid), p, n, end).await;
     }
     match guard.check(&mut p.event, p.wants_ack, Instant::now()) {
         crate::caps::Verdict::Keep { blob_cut } => {
@@ -1072,9 +1185,19 @@ async fn deliver(svc: &Arc<SessionCore>, id: &str, sbx: &str, pid: &str) -> R<bo
     let mut any = false;
     for e in pending {
         let Some(bytes) = agent_proto::deliverable(e.seq, &e.kind) else {
-            // An egress hold's decision is not the agent's, but the
-            // session leaves `waiting_approval` all the same.
-            if matches!(e.kind, EventKind::ApprovalDecided { .. }) {
+            if let EventKind::ApprovalDecided {
+                approval_id,
+                decision,
+                ..
+            } = &e.kind
+            {
+                if approval_id.starts_with(crate::replay::APPROVAL_PREFIX) {
+                    replay_decided(svc, id, (sbx, pid), e.seq, approval_id, decision).await?;
+                    any = true;
+                    continue;
+                }
+                // An egress hold's decision is not the agent's, but the
+                // session leaves `waiting_approval` all the same.
                 leave_waiting(svc, id).await?;
             }
             continue;

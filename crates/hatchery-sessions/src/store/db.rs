@@ -193,9 +193,11 @@ async fn apply_patch(tx: &mut Tx, id: &str, p: &Patch) -> Result<(), StoreError>
         tx.execute(&sql, &args).await?;
     }
     if let Some(l) = &p.agent_line {
-        // Once per number: a message handled again keeps its first record.
+        // A number is handled once, so this replaces a record only for a
+        // diverged re-run let go on (crate::replay).
         let sql = "INSERT INTO session_agent_lines (session_id, n, kind, asked) \
-                   VALUES ($1, $2, $3, $4) ON CONFLICT (session_id, n) DO NOTHING";
+                   VALUES ($1, $2, $3, $4) ON CONFLICT (session_id, n) \
+                   DO UPDATE SET kind = excluded.kind, asked = excluded.asked";
         tx.execute(sql, args![id, l.n, &l.kind, &l.asked]).await?;
     }
     if let Some((aid, action, details)) = &p.new_approval {

@@ -220,7 +220,9 @@ pub struct Patch {
     /// `replay_through` becomes the highest message handled so far.
     pub rewind: Option<Rewind>,
     /// What a numbered agent message asked, kept to compare its re-run
-    /// with after a resume from a checkpoint (once per number).
+    /// with after a resume from a checkpoint. Replaces the number's earlier
+    /// record: only a diverged re-run that was let go on (by policy or a
+    /// person) writes one for a number already kept.
     pub agent_line: Option<AgentLine>,
 }
 
