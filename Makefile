@@ -142,11 +142,14 @@ sdk-typescript-test: $(SUITE_PREREQS)
 # E2B compatibility (docs/e2b.md): the official `e2b` and
 # `e2b-code-interpreter` from PyPI in a fresh venv, and `e2b` from npm
 # (npm ci from tests/e2b/js/package-lock.json), against a live daemon.
-e2b-test: $(SUITE_PREREQS)
+# `base` is built on agent-template's rootfs (the same packages), so CI runs
+# debootstrap once for both.
+e2b-test: $(SUITE_PREREQS) agent-template
 	$(NEED_NODE)
 	E2B_VENV=$$($(CACHE) venv e2b tests/e2b/requirements.txt) && \
 	E2B_JS=$$($(CACHE) node-modules e2b-js tests/e2b/js) && \
 	HATCHERY_E2B_JS=$$E2B_JS HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  HATCHERY_AGENT_TEMPLATES_DIR=$(AGENT_TEMPLATES_DIR) \
 	  $$E2B_VENV/bin/python -m pytest -p timeout -q -p no:cacheprovider tests/e2b
 
 # The browser terminal (web/terminal: xterm.js on the PTY WebSocket). The
@@ -233,9 +236,14 @@ broker-test: $(SUITE_PREREQS)
 # The `agent-session` template (curl, git, pip from the Debian mirror), kept
 # in the test cache between runs and clones: the egress suite's sessions use it.
 AGENT_TEMPLATES_DIR ?= $(HATCHERY_TEST_CACHE)/agent-templates
-# build-local is a no-op when the built version is current.
+# build-local is a no-op when the built version is current. Its packages
+# are base.json's too: e2b-test seeds `base` from this rootfs. The lock
+# (tests/integration/harness.py agent_templates takes it too) keeps
+# egress-test and e2b-test, in two lanes, from building it at once.
 agent-template: $(SUITE_BUILD)
-	$(BIN)/hatchery template build-local --templates-dir $(AGENT_TEMPLATES_DIR) templates/agent-session.json
+	mkdir -p $(AGENT_TEMPLATES_DIR)
+	flock $(AGENT_TEMPLATES_DIR).lock \
+	  $(BIN)/hatchery template build-local --templates-dir $(AGENT_TEMPLATES_DIR) templates/agent-session.json
 
 # Sessions through the daemon's model gateway and egress proxy: pip, git
 # over HTTPS and curl inside a session sandbox against servers on 127.0.0.2

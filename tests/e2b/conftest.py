@@ -1,9 +1,12 @@
 """A live daemon for the E2B suites, driven by the official E2B SDKs.
 
 It runs on a private templates directory: a copy of the default template
-(which also answers as `code-interpreter-v1`) and `base` (templates/base.json,
-/bin/bash and a user `user`), built through the API on a seeded rootfs so no
-debootstrap runs. The SDKs find it through E2B_API_URL / E2B_SANDBOX_URL."""
+(which also answers as `code-interpreter-v1`) and `base` (templates/base.json:
+/bin/bash, git, curl, sudo, pip and a user `user` with passwordless sudo),
+built through the API on the rootfs of the agent template, which has the same
+packages (HATCHERY_AGENT_TEMPLATES_DIR, `make agent-template`; built there
+if missing), so no debootstrap runs here. The SDKs find it through
+E2B_API_URL / E2B_SANDBOX_URL."""
 
 import json
 import os
@@ -17,13 +20,16 @@ ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "tests", "sdk"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 
+import harness  # noqa: E402
 import support  # noqa: E402
 from harness import KEY, metric, wait_for  # noqa: E402
 
 
+BASE_SPEC = json.load(open(os.path.join(ROOT, "templates", "base.json")))
+
+
 def build_base(d):
-    spec = json.load(open(os.path.join(ROOT, "templates", "base.json")))
-    r = d.request("POST", "/v1/templates", spec)
+    r = d.request("POST", "/v1/templates", BASE_SPEC)
     assert r.status == 202, r
     events = d.stream(None, None, path=r.json()["events_url"], method="GET", timeout=900)
     assert events[-1][0] == "done", events[-5:]
@@ -32,7 +38,7 @@ def build_base(d):
 @pytest.fixture(scope="session")
 def daemon():
     tdir = support.private_templates()
-    support.seed_rootfs(tdir, "base")
+    harness.seed_agent_rootfs(tdir, BASE_SPEC)
     d = support.start_daemon(templates_dir=tdir, bake=False)
     try:
         build_base(d)

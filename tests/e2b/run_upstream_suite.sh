@@ -53,8 +53,11 @@ checkout() { # repo tag dir
 }
 E2B_SRC=${E2B_SRC:-$WORK/E2B}
 CI_SRC=${CI_SRC:-$WORK/code-interpreter}
-checkout e2b-dev/E2B "$E2B_TAG" "$E2B_SRC"
-checkout e2b-dev/code-interpreter "$CI_TAG" "$CI_SRC"
+# Only what the suites asked for is fetched (`git` needs no code-interpreter).
+wants_ci() { [ "$WHAT" = interpreter ] || [ "$WHAT" = all ]; }
+wants_sdk() { [ "$WHAT" != interpreter ]; }
+if wants_sdk; then checkout e2b-dev/E2B "$E2B_TAG" "$E2B_SRC"; fi
+if wants_ci; then checkout e2b-dev/code-interpreter "$CI_TAG" "$CI_SRC"; fi
 
 # One venv per suite: the SDK at the tag's version with the suite's own
 # test dependencies (from its pyproject's dev group).
@@ -66,10 +69,10 @@ venv() { # dir packages...
   fi
 }
 TEST_DEPS=(pytest pytest-asyncio pytest-timeout pytest-xdist pytest-dotenv python-dotenv)
-venv "$WORK/venv-sdk" "e2b==2.45.1" "${TEST_DEPS[@]}"
+if wants_sdk; then venv "$WORK/venv-sdk" "e2b==2.45.1" "${TEST_DEPS[@]}"; fi
 # e2b-code-interpreter 2.9.1 allows any e2b 2.x but breaks with the newest
 # (get_transport changed): the SDK release of the same time.
-venv "$WORK/venv-ci" "e2b-code-interpreter==2.9.1" "e2b==2.45.1" "${TEST_DEPS[@]}"
+if wants_ci; then venv "$WORK/venv-ci" "e2b-code-interpreter==2.9.1" "e2b==2.45.1" "${TEST_DEPS[@]}"; fi
 
 # --- Deselected: public internet or E2B's cloud services, never Hatchery's
 # behaviour. Paths are relative to the suite's directory.

@@ -278,6 +278,53 @@ def keep_rootfs(templates_dir, name):
         _cache_put(path, dst, r, lambda old: old.startswith("rootfs-"))
 
 
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def agent_templates():
+    """The templates dir holding `agent-session` (templates/agent-session.json:
+    curl, git, sudo, pip) that `make agent-template` keeps in the test cache
+    (HATCHERY_AGENT_TEMPLATES_DIR), built here if missing or stale (a no-op
+    when current). The lock beside the dir, which the Makefile's target
+    takes too, keeps two lanes from running debootstrap into the same
+    partial rootfs at once."""
+    d = os.environ.get("HATCHERY_AGENT_TEMPLATES_DIR") or os.path.join(CACHE, "agent-templates")
+    d = os.path.abspath(d)
+    os.makedirs(d, exist_ok=True)
+    with open(d + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run([os.path.join(BIN_DIR, "hatchery"), "template", "build-local", "--templates-dir", d,
+                        os.path.join(REPO, "templates", "agent-session.json")], check=True, timeout=900)
+    return d
+
+
+def rootfs_key(spec):
+    """TemplateSpec::rootfs_key (crates/hatchery-templates/src/spec.rs):
+    base, the packages with the implied ones, sorted and deduplicated, and
+    the pip requirements when there are any."""
+    pkgs = sorted(set(["python3", "procps", *spec.get("packages", [])]))
+    key = f"{spec.get('base', 'debian-bookworm')}|{','.join(pkgs)}"
+    if spec.get("pip"):
+        key += "|pip:" + " ".join(spec["pip"])
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def seed_agent_rootfs(templates_dir, spec):
+    """Gives template `spec` the agent template's rootfs, which it shares
+    (same packages: templates/base.json and agent-session.json), so its
+    build skips debootstrap. Fails if the keys differ: the two files have
+    drifted apart."""
+    agent = json.load(open(os.path.join(REPO, "templates", "agent-session.json")))
+    key = rootfs_key(spec)
+    assert rootfs_key(agent) == key, \
+        f"template {spec['name']} and agent-session must list the same packages to share a rootfs"
+    src = os.path.join(agent_templates(), "agent-session", f"rootfs-{key}")
+    assert os.path.exists(os.path.join(src, ".complete")), src
+    dst = os.path.join(templates_dir, spec["name"])
+    os.makedirs(dst, exist_ok=True)
+    subprocess.run(["cp", "-a", src, dst], check=True)
+
+
 class Response:
     def __init__(self, status, body, headers):
         self.status = status

@@ -331,4 +331,24 @@ mod tests {
         d.packages.push("python3".into());
         assert_eq!(a.rootfs_key(), d.rootfs_key(), "base packages are implied");
     }
+
+    /// CI builds one rootfs for both: the e2b suite seeds `base` from the
+    /// agent template's cache (tests/e2b/conftest.py), so a package added to
+    /// one file and not the other would mean a second debootstrap.
+    #[test]
+    fn base_and_agent_session_share_a_rootfs() {
+        let load = |name: &str| -> TemplateSpec {
+            let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../templates/").to_string() + name;
+            let raw = std::fs::read(&path).expect(&path);
+            let spec: TemplateSpec = serde_json::from_slice(&raw).expect(&path);
+            spec.validate().expect(&path);
+            spec
+        };
+        let base = load("base.json");
+        let agent = load("agent-session.json");
+        assert_eq!(base.rootfs_key(), agent.rootfs_key());
+        for p in ["git", "curl", "sudo", "ca-certificates", "python3-pip"] {
+            assert!(base.packages.iter().any(|q| q == p), "base lacks {p}");
+        }
+    }
 }

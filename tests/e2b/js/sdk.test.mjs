@@ -167,3 +167,32 @@ test("envd 0.6.4: file metadata, watch entries", async () => {
     await sbx.kill();
   }
 });
+
+test("issue 35: base has git, curl and sudo, and the git helpers work on it (remote: a bare repository in the sandbox)", async () => {
+  const sbx = await Sandbox.create("base", { timeoutMs: 300_000 });
+  try {
+    assert.equal((await sbx.commands.run("command -v git curl sudo")).stdout, "/usr/bin/git\n/usr/bin/curl\n/usr/bin/sudo\n");
+    const { git } = sbx;
+    await git.configureUser("Sandbox Bot", "bot@example.com");
+    await git.init("/home/user/remote.git", { bare: true, initialBranch: "main" });
+    await git.init("/home/user/repo", { initialBranch: "main" });
+    await sbx.files.write("/home/user/repo/a.txt", "one\n");
+    let st = await git.status("/home/user/repo");
+    assert.deepEqual(st.fileStatus.map((f) => [f.name, f.status]), [["a.txt", "untracked"]]);
+    await git.add("/home/user/repo");
+    await git.commit("/home/user/repo", "one", { authorName: "Sandbox Bot", authorEmail: "bot@example.com" });
+    assert.equal((await git.status("/home/user/repo")).isClean, true);
+    await git.createBranch("/home/user/repo", "feature");
+    const b = await git.branches("/home/user/repo");
+    assert.deepEqual([b.branches.sort(), b.currentBranch], [["feature", "main"], "feature"]);
+    await git.checkoutBranch("/home/user/repo", "main");
+    await git.remoteAdd("/home/user/repo", "origin", "/home/user/remote.git");
+    await git.push("/home/user/repo", { remote: "origin", branch: "main" });
+    st = await git.status("/home/user/repo");
+    assert.equal(st.upstream, "origin/main");
+    await git.clone("file:///home/user/remote.git", { path: "/home/user/clone" });
+    assert.equal(await sbx.files.read("/home/user/clone/a.txt"), "one\n");
+  } finally {
+    await sbx.kill();
+  }
+});
