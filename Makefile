@@ -35,8 +35,14 @@ build: setup
 template: build
 	$(BIN)/hatchery template build-local --templates-dir $(TEMPLATES_DIR) templates/code-interpreter.json
 
+# Templates the daemon builds in the background once it serves (after the
+# default one, which `template` makes before it starts): creates naming
+# one answer 503 template_building with Retry-After until it is done.
+# BUILD_TEMPLATES= starts without them.
+BUILD_TEMPLATES ?= templates/base.json
 run: build template
-	$(BIN)/hatcheryd --listen $(LISTEN) --data-dir $(DATA_DIR) --templates-dir $(TEMPLATES_DIR)
+	$(BIN)/hatcheryd --listen $(LISTEN) --data-dir $(DATA_DIR) --templates-dir $(TEMPLATES_DIR) \
+	  $(addprefix --build-template ,$(BUILD_TEMPLATES))
 
 # `make install`: the binaries to $(PREFIX)/bin (where the systemd units
 # run them), a unit per role (hatchery.service for `all`,

@@ -40,9 +40,22 @@ impl IntoResponse for ApiError {
         let retry = (self.status == StatusCode::SERVICE_UNAVAILABLE
             || self.status == StatusCode::TOO_MANY_REQUESTS)
             && !matches!(self.code, "too_many" | "too_many_terminals");
-        hatchery_serve::json_error::respond(self.status, self.code, self.message, retry)
+        let building = self.code == "template_building";
+        let mut r =
+            hatchery_serve::json_error::respond(self.status, self.code, self.message, retry);
+        if building {
+            // A build takes seconds to minutes: no point asking every second.
+            r.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(TEMPLATE_BUILDING_RETRY_AFTER),
+            );
+        }
+        r
     }
 }
+
+/// Seconds a create of a template still being built is told to wait.
+pub const TEMPLATE_BUILDING_RETRY_AFTER: &str = "5";
 
 /// `req_` and 16 random characters: what a caller quotes to an operator,
 /// who finds the cause in the daemon's log under `request_id`.
@@ -79,6 +92,7 @@ impl From<CoreError> for ApiError {
         let (status, code) = match &e {
             CoreError::SandboxNotFound(_) => (S::NOT_FOUND, "sandbox_not_found"),
             CoreError::Template(TemplateError::NotFound(_)) => (S::NOT_FOUND, "template_not_found"),
+            CoreError::TemplateBuilding { .. } => (S::SERVICE_UNAVAILABLE, "template_building"),
             CoreError::Template(TemplateError::InvalidName(_)) => {
                 (S::BAD_REQUEST, "invalid_template_name")
             }
@@ -167,6 +181,20 @@ mod tests {
         // A caller's own mistake keeps its explanation.
         let e: ApiError = CoreError::Invalid("cols must be between 1 and 1000".into()).into();
         assert_eq!(e.message, "cols must be between 1 and 1000");
+        let e: ApiError = CoreError::TemplateBuilding {
+            name: "base".into(),
+            step: "setup".into(),
+            percent: 60,
+        }
+        .into();
+        assert_eq!((e.status.as_u16(), e.code), (503, "template_building"));
+        assert!(
+            e.message.contains("'base'") && e.message.contains("60%"),
+            "{}",
+            e.message
+        );
+        let r = e.into_response();
+        assert_eq!(r.headers()[axum::http::header::RETRY_AFTER], "5");
         let a = new_request_id();
         assert!(a.len() == 20 && a.starts_with("req_") && a != new_request_id());
     }

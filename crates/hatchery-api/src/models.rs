@@ -413,6 +413,33 @@ pub struct TemplateInfo {
     pub disk_mb: u64,
     /// Whether the warm checkpoint creates restore from is ready.
     pub checkpoint_ready: bool,
+    /// `ready`: creates use `version`. `building`: no version is ready yet
+    /// (the fields describe the spec being built); creates answer 503
+    /// `template_building` with `Retry-After` until the build is done.
+    pub state: TemplateState,
+    /// The build of this template in progress (queued or running), if
+    /// any: of a new template, or of a new version of a ready one.
+    pub build: Option<BuildProgress>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, ToSchema, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum TemplateState {
+    Ready,
+    Building,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BuildProgress {
+    pub build_id: String,
+    /// The version the build will activate.
+    pub version: String,
+    /// `queued` (waiting for the builds before it), `rootfs`, `setup` or
+    /// `activate`.
+    pub step: String,
+    pub percent: u32,
+    /// The build's server-sent events, from the start.
+    pub events_url: String,
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -41,7 +41,7 @@ use utoipa::{Modify, OpenApi};
                        OutputEncoding, ProcessInfo, ProcessList, ProcessChunk, SignalBody,
                        FileEntry, FileList, ErrorBody, ErrorDetail,
                        CreateSnapshot, Snapshot, SnapshotList, ForkBody,
-                       CreateTemplate, TemplateInfo, TemplateList, BuildAccepted,
+                       CreateTemplate, TemplateInfo, TemplateState, BuildProgress, TemplateList, BuildAccepted,
                        NetworkPolicy, NetworkRule, EgressMode, EgressEventBody, EgressEventList,
                        routes::ports::CreatePreviewUrl, routes::ports::PreviewUrl,
                        TerminalToken, TerminalClientMessage, TerminalServerMessage)),

@@ -97,6 +97,34 @@ pub struct TemplateInfo {
     pub disk_mb: u64,
     #[serde(default)]
     pub checkpoint_ready: bool,
+    /// `Ready` (older daemons send none), or `Building`: no version yet,
+    /// creates answer 503 `template_building` until the build is done.
+    #[serde(default)]
+    pub state: TemplateState,
+    /// The build of this template in progress, if any.
+    #[serde(default)]
+    pub build: Option<BuildProgress>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TemplateState {
+    #[default]
+    Ready,
+    Building,
+    /// A state this client does not know yet.
+    #[serde(other)]
+    Unknown,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BuildProgress {
+    pub build_id: String,
+    pub version: String,
+    /// `queued`, `rootfs`, `setup` or `activate`.
+    pub step: String,
+    pub percent: u32,
+    pub events_url: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -56,6 +56,15 @@ pub struct DaemonArgs {
     /// Where baked templates live (default: DATA_DIR/templates).
     #[arg(long, env = "HATCHERY_TEMPLATES_DIR")]
     pub templates_dir: Option<PathBuf>,
+    /// A template spec file (the JSON body of POST /v1/templates) to build
+    /// in the background once the daemon serves, one at a time, at low
+    /// CPU priority; a no-op when its version is already current.
+    /// Repeatable. Until it is built, creates naming it answer 503
+    /// `template_building` with Retry-After. Read when the daemon starts:
+    /// a missing or invalid file stops it.
+    #[arg(long = "build-template", env = "HATCHERY_BUILD_TEMPLATES",
+          value_delimiter = ' ', value_name = "PATH", value_parser = spec_file)]
+    pub build_templates: Vec<hatchery_templates::SpecFile>,
     /// Where new snapshots go: `local` (DATA_DIR/snapshots, this host
     /// only) or `shared:/abs/path`, a directory every host mounts (NFS),
     /// so any host forks, reads and deletes them (docs/operations.md,
@@ -181,6 +190,21 @@ pub struct DaemonArgs {
     /// Log as JSON lines instead of text.
     #[arg(long, env = "HATCHERY_LOG_JSON")]
     pub log_json: bool,
+}
+
+/// A spec file, read and checked now; clap shows only the message, so it
+/// carries the whole cause.
+fn spec_file(s: &str) -> Result<hatchery_templates::SpecFile, String> {
+    hatchery_templates::SpecFile::read(std::path::Path::new(s)).map_err(|e| {
+        let mut msg = e.to_string();
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            msg.push_str(": ");
+            msg.push_str(&c.to_string());
+            cause = c.source();
+        }
+        msg
+    })
 }
 
 /// `http(s)://host[:port]`, nothing after the authority, `*` only as the

@@ -73,8 +73,21 @@ use Kind::{Bool, Float, Int, List, Str};
 
 /// Sections in the order `config example` prints them.
 pub const SECTIONS: &[&str] = &[
-    "server", "store", "role", "runtime", "limits", "pool", "network", "http", "rounds",
-    "sessions", "broker", "audit", "gateway", "egress",
+    "server",
+    "store",
+    "role",
+    "runtime",
+    "templates",
+    "limits",
+    "pool",
+    "network",
+    "http",
+    "rounds",
+    "sessions",
+    "broker",
+    "audit",
+    "gateway",
+    "egress",
 ];
 
 #[rustfmt::skip]
@@ -97,6 +110,7 @@ pub const KEYS: &[Key] = &[
     k("runtime", "platform", "platform", Str, RUNS),
     k("runtime", "templates_dir", "templates-dir", Str, RUNS),
     k("runtime", "snapshot_store", "snapshot-store", Str, RUNS),
+    k("templates", "build_at_start", "build-template", List, RUNS),
     k("limits", "max_ttl", "max-ttl", Int, RUNS),
     k("limits", "max_sandboxes", "max-sandboxes", Int, RUNS),
     k("limits", "max_output_bytes", "max-output-bytes", Int, RUNS),

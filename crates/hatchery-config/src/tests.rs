@@ -136,6 +136,62 @@ fn a_wrong_type_or_value_names_the_key_and_the_file() {
 }
 
 #[test]
+fn templates_to_build_at_start_are_read_when_the_config_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("small.json");
+    std::fs::write(&good, r#"{"name": "small"}"#).unwrap();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, r#"{"name": "Bad Name"}"#).unwrap();
+    let missing = dir.path().join("missing.json");
+
+    let f = file(&format!(
+        "[templates]\nbuild_at_start = [\"{}\"]\n",
+        good.display()
+    ));
+    let a = run(&["hatcheryd", "--config", f.path().to_str().unwrap()]).unwrap();
+    let names: Vec<&str> = a
+        .build_templates
+        .iter()
+        .map(|s| s.spec.name.as_str())
+        .collect();
+    assert_eq!(names, ["small"]);
+    // Repeatable on the command line, in order.
+    let a = run(&[
+        "hatcheryd",
+        "--build-template",
+        good.to_str().unwrap(),
+        "--build-template",
+        good.to_str().unwrap(),
+    ])
+    .unwrap();
+    assert_eq!(a.build_templates.len(), 2);
+    assert!(run(&["hatcheryd"]).unwrap().build_templates.is_empty());
+
+    // A bad file is a start error naming the key, the config file and the
+    // spec file.
+    let f = file(&format!(
+        "[templates]\nbuild_at_start = [\"{}\", \"{}\"]\n",
+        missing.display(),
+        bad.display()
+    ));
+    let e = problems(run(&["hatcheryd", "--config", f.path().to_str().unwrap()]).unwrap_err());
+    let shown = f.path().display().to_string();
+    assert!(
+        e.iter().any(|p| p.starts_with(&shown)
+            && p.contains("`templates.build_at_start`")
+            && p.contains("missing.json: cannot read it: ")),
+        "{e:?}"
+    );
+    // And as a flag, the flag and the file.
+    let e = run(&["hatcheryd", "--build-template", bad.to_str().unwrap()]).unwrap_err();
+    let m = e.to_string();
+    assert!(
+        m.contains("--build-template") && m.contains("bad.json: invalid template spec"),
+        "{m}"
+    );
+}
+
+#[test]
 fn the_file_s_problems_come_with_the_rules_it_breaks() {
     let f = file("[pool]\nsize = \"x\"\n[role]\nname = \"control\"\n");
     let e = problems(run(&["hatcheryd", "--config", f.path().to_str().unwrap()]).unwrap_err());

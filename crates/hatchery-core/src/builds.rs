@@ -7,7 +7,9 @@
 
 use crate::ids::new_sandbox_id;
 use crate::{CoreError, Manager};
-use hatchery_templates::{build_rootfs, default_mirror, Template, TemplateSpec};
+use hatchery_templates::{
+    build_rootfs, default_mirror, BuildPriority, Template, TemplateError, TemplateSpec,
+};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,6 +32,10 @@ pub struct Build {
     pub id: String,
     pub name: String,
     pub version: String,
+    /// What is being built: the templates API shows a template that
+    /// exists only as a build from it.
+    pub spec: TemplateSpec,
+    priority: BuildPriority,
     started_ms: u64,
     events: Mutex<Vec<BuildEvent>>,
     tx: broadcast::Sender<BuildEvent>,
@@ -57,6 +63,21 @@ impl Build {
         self.finished.load(Ordering::SeqCst)
     }
 
+    /// The last step reached and its percentage (`queued`, 0 before any).
+    pub fn progress(&self) -> (String, u32) {
+        let evs = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        evs.iter()
+            .rev()
+            .find(|e| e.kind == "step")
+            .map(|e| {
+                (
+                    e.data["step"].as_str().unwrap_or_default().to_string(),
+                    e.data["percent"].as_u64().unwrap_or(0) as u32,
+                )
+            })
+            .unwrap_or_else(|| ("queued".into(), 0))
+    }
+
     /// History so far plus a receiver for what comes next (none once the
     /// build has finished), taken atomically so no event is missed.
     pub fn subscribe(&self) -> (Vec<BuildEvent>, Option<broadcast::Receiver<BuildEvent>>) {
@@ -68,6 +89,18 @@ impl Build {
 
 impl Manager {
     pub fn build_template(self: &Arc<Self>, spec: TemplateSpec) -> Result<Arc<Build>, CoreError> {
+        let build = self.register_build(&spec, BuildPriority::Normal)?;
+        tokio::spawn(Arc::clone(self).run_to_end(Arc::clone(&build), spec));
+        Ok(build)
+    }
+
+    /// Records a build of `spec` (refused while another of its name has
+    /// not finished); `run_to_end` does it.
+    pub(crate) fn register_build(
+        &self,
+        spec: &TemplateSpec,
+        priority: BuildPriority,
+    ) -> Result<Arc<Build>, CoreError> {
         spec.validate()?;
         let mut builds = self.builds.lock().unwrap_or_else(|p| p.into_inner());
         if builds
@@ -95,34 +128,85 @@ impl Manager {
             id: format!("bld_{}", &new_sandbox_id()[4..]),
             name: spec.name.clone(),
             version: spec.version(),
+            spec: spec.clone(),
+            priority,
             started_ms: crate::now_ms(),
             events: Mutex::new(Vec::new()),
             tx: broadcast::channel(1024).0,
             finished: AtomicBool::new(false),
         });
         builds.insert(build.id.clone(), Arc::clone(&build));
-        drop(builds);
-        let (me, b) = (Arc::clone(self), Arc::clone(&build));
-        tokio::spawn(async move {
-            tracing::info!(template = %b.name, version = %b.version, build = %b.id, "template build started");
-            match me.run_build(&b, spec).await {
-                Ok(t) => {
-                    tracing::info!(template = %b.name, version = %t.version, "template build done");
-                    b.emit(
-                        "done",
-                        json!({"name": t.spec.name, "version": t.version, "percent": 100}),
-                    );
-                }
-                Err(e) => {
-                    tracing::warn!(template = %b.name, error = %e, "template build failed");
-                    b.emit(
-                        "error",
-                        json!({"error": {"code": "build_failed", "message": e.to_string()}}),
-                    );
-                }
-            }
-        });
         Ok(build)
+    }
+
+    /// Runs a registered build and ends its event stream with `done` or
+    /// `error`.
+    pub(crate) async fn run_to_end(self: Arc<Self>, b: Arc<Build>, spec: TemplateSpec) {
+        tracing::info!(template = %b.name, version = %b.version, build = %b.id, "template build started");
+        match self.run_build(&b, spec).await {
+            Ok(t) => {
+                tracing::info!(template = %b.name, version = %t.version, "template build done");
+                b.emit(
+                    "done",
+                    json!({"name": t.spec.name, "version": t.version, "percent": 100}),
+                );
+            }
+            Err(e) => {
+                tracing::warn!(template = %b.name, error = %e, "template build failed");
+                b.emit(
+                    "error",
+                    json!({"error": {"code": "build_failed", "message": e.to_string()}}),
+                );
+            }
+        }
+    }
+
+    /// The unfinished build of template `name`, if any.
+    pub fn running_build_of(&self, name: &str) -> Option<Arc<Build>> {
+        self.builds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .find(|b| b.name == name && !b.finished())
+            .cloned()
+    }
+
+    /// Every unfinished build, by template name.
+    pub fn running_builds(&self) -> Vec<Arc<Build>> {
+        let mut out: Vec<Arc<Build>> = self
+            .builds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|b| !b.finished())
+            .cloned()
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// `TemplateBuilding` if a build of template `name` is in progress:
+    /// what a create naming a template that does not exist yet is told.
+    pub fn building_error(&self, name: &str) -> Option<CoreError> {
+        let b = self.running_build_of(name)?;
+        let (step, percent) = b.progress();
+        Some(CoreError::TemplateBuilding {
+            name: name.to_string(),
+            step,
+            percent,
+        })
+    }
+
+    /// The current version of template `name`, for a create: one that
+    /// exists only as a build in progress is `TemplateBuilding` (retry
+    /// later), not `NotFound`.
+    pub(crate) fn template_for_create(&self, name: &str) -> Result<Template, CoreError> {
+        match self.templates().get(name) {
+            Err(TemplateError::NotFound(n)) => Err(self
+                .building_error(&n)
+                .unwrap_or(TemplateError::NotFound(n).into())),
+            other => Ok(other?),
+        }
     }
 
     pub fn get_build(&self, name: &str, id: &str) -> Option<Arc<Build>> {
@@ -143,9 +227,10 @@ impl Manager {
         b.step("rootfs", 5);
         let rootfs = self.templates().rootfs_dir(&spec);
         let (b2, spec2, dest) = (Arc::clone(b), spec.clone(), rootfs.clone());
+        let priority = b.priority;
         tokio::task::spawn_blocking(move || {
             let mut lines = 0u32;
-            build_rootfs(&spec2, &dest, &default_mirror(), &mut |line| {
+            build_rootfs(&spec2, &dest, &default_mirror(), priority, &mut |line| {
                 lines += 1;
                 b2.emit("log", json!({"line": line}));
                 if lines.is_multiple_of(20) {

@@ -7,6 +7,14 @@ pub enum CoreError {
     SandboxNotFound(String),
     #[error(transparent)]
     Template(#[from] TemplateError),
+    /// The template exists only as a build in progress: a create may
+    /// retry once it is done.
+    #[error("template '{name}' is still being built ({step}, {percent}%); retry shortly")]
+    TemplateBuilding {
+        name: String,
+        step: String,
+        percent: u32,
+    },
     #[error("{0}")]
     Invalid(String),
     #[error("file not found: {0}")]

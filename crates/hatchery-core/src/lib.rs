@@ -35,6 +35,7 @@ pub mod relay;
 mod relay_credit;
 mod snapshot_stores;
 pub mod snapshots;
+pub mod start_builds;
 pub mod store;
 mod template_images;
 mod time_util;

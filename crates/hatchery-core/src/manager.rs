@@ -202,7 +202,7 @@ impl Manager {
     }
 
     pub async fn create(self: &Arc<Self>, req: CreateRequest) -> Result<SandboxInfo, CoreError> {
-        let template = self.templates.get(&req.template)?;
+        let template = self.template_for_create(&req.template)?;
         let ttl = req.ttl_seconds.unwrap_or(self.caps.default_ttl_s);
         crate::within("ttl_seconds", ttl, self.caps.max_ttl_s)?;
         if let Some(p) = &req.network {

@@ -979,3 +979,113 @@ async fn losing_the_lease_destroys_everything_and_refuses_work() {
     // The rows are left for the lease's next holder to reconcile.
     assert!(rig.store.get_live(&b).await.unwrap().is_some());
 }
+
+// --- templates built at start ------------------------------------------------------
+
+/// A spec of a new template whose rootfs is already there (no debootstrap).
+fn seeded_spec(rig: &Rig, name: &str) -> TemplateSpec {
+    let mut spec = TemplateSpec::named(name);
+    spec.setup = vec!["echo built".into()];
+    let rootfs = Templates::new(rig.root.join("templates")).rootfs_dir(&spec);
+    std::fs::create_dir_all(&rootfs).unwrap();
+    std::fs::write(rootfs.join(".complete"), "").unwrap();
+    spec
+}
+
+#[tokio::test]
+async fn a_template_queued_at_start_is_building_until_built_then_creates_use_it() {
+    // Registered before the daemon serves: from then on a create naming it
+    // is told to retry (not that it does not exist), an unknown name is
+    // still NotFound, and after the build creates succeed.
+    let rig = Rig::new().await;
+    let m = rig.manager().await;
+    let (a, b) = (seeded_spec(&rig, "tpl-a"), seeded_spec(&rig, "tpl-b"));
+    let queued = m.queue_builds(vec![a.clone(), b.clone()]);
+    let ids: Vec<String> = queued.builds().map(|b| b.id.clone()).collect();
+    assert_eq!(ids.len(), 2);
+    let names: Vec<String> = m.running_builds().iter().map(|b| b.name.clone()).collect();
+    assert_eq!(names, ["tpl-a", "tpl-b"]);
+    assert_eq!(
+        m.running_build_of("tpl-b").unwrap().progress(),
+        ("queued".to_string(), 0)
+    );
+    let create = |t: &str| CreateRequest {
+        template: t.into(),
+        ..Default::default()
+    };
+    let e = m.create(create("tpl-a")).await.unwrap_err();
+    assert!(
+        matches!(&e, CoreError::TemplateBuilding { name, step, .. } if name == "tpl-a" && step == "queued"),
+        "{e:?}"
+    );
+    let e = m.create(create("tpl-none")).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            CoreError::Template(hatchery_templates::TemplateError::NotFound(_))
+        ),
+        "{e:?}"
+    );
+    // A second build of a queued name (POST /v1/templates) is refused.
+    assert!(matches!(
+        m.build_template(a.clone()),
+        Err(CoreError::Conflict(_))
+    ));
+
+    queued.spawn().await.unwrap();
+    assert!(m.running_builds().is_empty());
+    for (spec, id) in [(&a, &ids[0]), (&b, &ids[1])] {
+        let build = m.get_build(&spec.name, id).unwrap();
+        let (history, _) = build.subscribe();
+        assert_eq!(history.last().unwrap().kind, "done", "{history:?}");
+        let t = m.templates().get(&spec.name).unwrap();
+        assert_eq!(t.version, spec.version());
+        assert!(m.template_image(&t).is_some(), "baked by the build");
+    }
+    let info = m.create(create("tpl-b")).await.unwrap();
+    assert_eq!(info.boot_mode, Some("restore"));
+
+    // Queued again (the next start): current, so nothing to build.
+    let again = m.queue_builds(vec![a, b]);
+    assert_eq!(again.builds().count(), 0);
+    assert!(m.running_builds().is_empty());
+}
+
+#[tokio::test]
+async fn builds_at_start_run_one_at_a_time_in_order() {
+    // The second's first step comes after the first's last event.
+    let rig = Rig::new().await;
+    let m = rig.manager().await;
+    let (a, b) = (seeded_spec(&rig, "tpl-a"), seeded_spec(&rig, "tpl-b"));
+    let queued = m.queue_builds(vec![a, b]);
+    let builds: Vec<_> = queued.builds().cloned().collect();
+    let (_, rx_a) = builds[0].subscribe();
+    let (_, rx_b) = builds[1].subscribe();
+    let (mut rx_a, mut rx_b) = (rx_a.unwrap(), rx_b.unwrap());
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (o1, o2) = (Arc::clone(&order), Arc::clone(&order));
+    let ta = tokio::spawn(async move {
+        while let Ok(ev) = rx_a.recv().await {
+            o1.lock().unwrap().push(format!("a:{}", ev.kind));
+            if ev.kind == "done" || ev.kind == "error" {
+                break;
+            }
+        }
+    });
+    let tb = tokio::spawn(async move {
+        while let Ok(ev) = rx_b.recv().await {
+            o2.lock().unwrap().push(format!("b:{}", ev.kind));
+            if ev.kind == "done" || ev.kind == "error" {
+                break;
+            }
+        }
+    });
+    queued.spawn().await.unwrap();
+    ta.await.unwrap();
+    tb.await.unwrap();
+    let order = order.lock().unwrap().clone();
+    let a_done = order.iter().position(|e| e == "a:done").unwrap();
+    let b_first = order.iter().position(|e| e.starts_with("b:")).unwrap();
+    assert!(a_done < b_first, "{order:?}");
+    assert_eq!(order.last().unwrap(), "b:done", "{order:?}");
+}

@@ -12,8 +12,9 @@ use hatchery_core::exec::{ExecEvent, Sink};
 use hatchery_core::Manager;
 use hatchery_e2b::backend::TENANT_KEY;
 use hatchery_e2b::backend::{
-    BResult, Backend, CodeDone, CodeEvent, CodeSpec, ContextView, CreateSpec, ExecOutput,
-    FileEntry, NetworkSpec, OutputChunk, ProcSpec, ProcView, Pty, ResumeClaim, SandboxView,
+    BResult, Backend, BackendError, CodeDone, CodeEvent, CodeSpec, ContextView, CreateSpec,
+    ExecOutput, FileEntry, NetworkSpec, OutputChunk, ProcSpec, ProcView, Pty, ResumeClaim,
+    SandboxView,
 };
 use hatchery_tenants::AdmitError;
 use std::collections::BTreeMap;
@@ -140,6 +141,10 @@ impl Backend for ManagerBackend {
 
     fn template_exists(&self, name: &str) -> bool {
         self.manager.templates().get(name).is_ok()
+    }
+
+    fn template_building(&self, name: &str) -> Option<BackendError> {
+        self.manager.building_error(name).map(fail)
     }
 
     async fn create(&self, spec: CreateSpec) -> BResult<SandboxView> {

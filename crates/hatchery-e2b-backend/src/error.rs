@@ -79,6 +79,7 @@ pub fn core_kind(e: &CoreError) -> FailKind {
             FailKind::SandboxNotFound
         }
         CoreError::Template(TemplateError::NotFound(_)) => FailKind::TemplateNotFound,
+        CoreError::TemplateBuilding { .. } => FailKind::TemplateBuilding,
         CoreError::Template(TemplateError::InvalidName(_) | TemplateError::Invalid(_)) => {
             FailKind::Invalid
         }
@@ -142,6 +143,14 @@ mod tests {
             (
                 CoreError::Template(TemplateError::InvalidName("t".into())),
                 FailKind::Invalid,
+            ),
+            (
+                CoreError::TemplateBuilding {
+                    name: "t".into(),
+                    step: "setup".into(),
+                    percent: 60,
+                },
+                FailKind::TemplateBuilding,
             ),
             (CoreError::FileConflict("d".into()), FailKind::WrongType),
             (CoreError::TooLarge("disk full".into()), FailKind::NoSpace),

@@ -16,13 +16,19 @@ use serde_json::json;
 pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
+    /// Seconds to send as `Retry-After`, for a refusal that passes.
+    pub retry_after: Option<u32>,
 }
+
+/// Seconds a create of a template still being built is told to wait.
+pub const TEMPLATE_BUILDING_RETRY_AFTER: u32 = 5;
 
 impl ApiError {
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
         ApiError {
             status,
             message: message.into(),
+            retry_after: None,
         }
     }
     pub(crate) fn bad(message: impl Into<String>) -> Self {
@@ -50,7 +56,9 @@ impl From<BackendError> for ApiError {
             FailKind::PermissionDenied => StatusCode::FORBIDDEN,
             FailKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             FailKind::TooMany => StatusCode::TOO_MANY_REQUESTS,
-            FailKind::Capacity | FailKind::NoSpace => StatusCode::SERVICE_UNAVAILABLE,
+            FailKind::Capacity | FailKind::NoSpace | FailKind::TemplateBuilding => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             FailKind::PortClosed => StatusCode::BAD_GATEWAY,
             FailKind::Unresponsive => StatusCode::GATEWAY_TIMEOUT,
             FailKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -59,17 +67,27 @@ impl From<BackendError> for ApiError {
             tracing::error!(error = %e.message, "e2b control plane: internal error");
             return ApiError::new(status, "internal error (see the daemon log)");
         }
-        ApiError::new(status, e.message)
+        let retry_after =
+            (e.kind == FailKind::TemplateBuilding).then_some(TEMPLATE_BUILDING_RETRY_AFTER);
+        ApiError {
+            retry_after,
+            ..ApiError::new(status, e.message)
+        }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (
+        let mut r = (
             self.status,
             Json(json!({"code": self.status.as_u16(), "message": self.message})),
         )
-            .into_response()
+            .into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, s.into());
+        }
+        r
     }
 }
 
@@ -93,5 +111,21 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> axum::extract::FromRequest<
         serde_json::from_slice(&bytes)
             .map(Body)
             .map_err(|e| ApiError::bad(format!("invalid request body: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_template_still_building_is_503_with_retry_after() {
+        let r = ApiError::from(BackendError::new(FailKind::TemplateBuilding, "building"))
+            .into_response();
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[axum::http::header::RETRY_AFTER], "5");
+        let r = ApiError::from(BackendError::new(FailKind::TemplateNotFound, "no")).into_response();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+        assert!(r.headers().get(axum::http::header::RETRY_AFTER).is_none());
     }
 }

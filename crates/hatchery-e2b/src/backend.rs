@@ -25,6 +25,8 @@ pub enum FailKind {
     NoSpace,
     TooMany,
     Capacity,
+    /// The template exists only as a build in progress: retry later.
+    TemplateBuilding,
     NotRunning,
     PortClosed,
     Unresponsive,
@@ -280,6 +282,12 @@ pub trait Backend: Send + Sync + 'static {
     }
     /// Whether the template exists (after E2B aliases are resolved).
     fn template_exists(&self, name: &str) -> bool;
+    /// Why a create of template `name`, which does not exist yet, should
+    /// be retried later (`FailKind::TemplateBuilding`), if it should.
+    fn template_building(&self, name: &str) -> Option<BackendError> {
+        let _ = name;
+        None
+    }
     async fn create(&self, spec: CreateSpec) -> BResult<SandboxView>;
     async fn get(&self, id: &str) -> BResult<SandboxView>;
     async fn list(&self) -> BResult<Vec<SandboxView>>;

@@ -133,7 +133,9 @@ impl From<crate::backend::BackendError> for ConnectError {
             K::Conflict => Code::FailedPrecondition,
             K::PermissionDenied => Code::PermissionDenied,
             K::TooLarge | K::NoSpace | K::TooMany | K::Capacity => Code::ResourceExhausted,
-            K::NotRunning | K::PortClosed | K::Unresponsive => Code::Unavailable,
+            K::NotRunning | K::PortClosed | K::Unresponsive | K::TemplateBuilding => {
+                Code::Unavailable
+            }
             K::Internal => Code::Internal,
         };
         ConnectError::new(code, e.message)

@@ -173,6 +173,10 @@ async fn do_create(
     crate::tenancy::stamp(caller, &mut metadata);
     let network = network_spec(b.allow_internet_access, b.network.as_ref())?;
     if !s.backend.template_exists(&template) {
+        // Not yet: built at start (or through the API) and not done.
+        if let Some(e) = s.backend.template_building(&template) {
+            return Err(e.into());
+        }
         // `Sandbox.create(snapshot_id)`: E2B's snapshots are templates.
         let Some(snap) = crate::snapshots::resolve(s, caller, &b.template_id).await? else {
             return Err(ApiError::new(

@@ -20,6 +20,32 @@ pub fn default_mirror() -> String {
         .unwrap_or_else(|| "http://deb.debian.org/debian".to_string())
 }
 
+/// How much of the host's CPU a build's commands may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BuildPriority {
+    /// A build someone waits for (`POST /v1/templates`, `build-local`).
+    #[default]
+    Normal,
+    /// A build nobody waits for (`--build-template` at start): its
+    /// commands run under `nice -n 19`, so the sandboxes the daemon serves
+    /// meanwhile keep the CPU.
+    Low,
+}
+
+impl BuildPriority {
+    /// `program` as a command at this priority.
+    fn command(self, program: &str) -> Command {
+        match self {
+            BuildPriority::Normal => Command::new(program),
+            BuildPriority::Low => {
+                let mut cmd = Command::new("nice");
+                cmd.args(["-n", "19", program]);
+                cmd
+            }
+        }
+    }
+}
+
 /// Makes `dest` (if not already complete), reporting progress lines to
 /// `log`. A crash mid-build leaves only `dest.partial`, never a `dest` that
 /// looks finished.
@@ -27,6 +53,7 @@ pub fn build_rootfs(
     spec: &TemplateSpec,
     dest: &Path,
     mirror: &str,
+    priority: BuildPriority,
     log: &mut dyn FnMut(&str),
 ) -> Result<(), TemplateError> {
     if dest.join(".complete").exists() {
@@ -40,7 +67,7 @@ pub fn build_rootfs(
     if let Some(parent) = dest.parent() {
         std::fs::create_dir_all(parent).map_err(io)?;
     }
-    let mut cmd = Command::new("debootstrap");
+    let mut cmd = priority.command("debootstrap");
     cmd.arg("--variant=minbase")
         .arg(format!("--include={}", spec.all_packages().join(",")))
         .arg("bookworm")
@@ -63,7 +90,11 @@ pub fn build_rootfs(
     }
     if !spec.pip.is_empty() {
         log(&format!("pip: {}", spec.pip.join(" ")));
-        if let Err(e) = run_logged(pip_command(&partial, &spec.pip), "pip install", log) {
+        if let Err(e) = run_logged(
+            pip_command(&partial, &spec.pip, priority),
+            "pip install",
+            log,
+        ) {
             let _ = std::fs::remove_dir_all(&partial);
             return Err(e);
         }
@@ -86,8 +117,8 @@ pub fn build_rootfs(
 /// Only validated requirement specifiers reach the command line; the index
 /// is the host pip's own configuration (PIP_INDEX_URL, PIP_FIND_LINKS,
 /// PIP_NO_INDEX in the daemon's environment).
-fn pip_command(root: &Path, reqs: &[String]) -> Command {
-    let mut cmd = Command::new("/usr/bin/python3");
+fn pip_command(root: &Path, reqs: &[String], priority: BuildPriority) -> Command {
+    let mut cmd = priority.command("/usr/bin/python3");
     cmd.args(["-m", "pip", "install", "--root"])
         .arg(root)
         .args([
@@ -148,6 +179,7 @@ mod tests {
         let cmd = pip_command(
             Path::new("/t/rootfs.partial"),
             &["a==1".into(), "b[x]".into()],
+            BuildPriority::Normal,
         );
         assert_eq!(cmd.get_program(), "/usr/bin/python3");
         let args: Vec<_> = cmd
@@ -160,6 +192,24 @@ mod tests {
              --no-cache-dir --no-input --disable-pip-version-check --no-warn-script-location \
              --break-system-packages --progress-bar off a==1 b[x]"
         );
+    }
+
+    #[test]
+    fn a_low_priority_build_runs_its_commands_under_nice() {
+        let cmd = pip_command(Path::new("/r"), &["a".into()], BuildPriority::Low);
+        assert_eq!(cmd.get_program(), "nice");
+        let args: Vec<_> = cmd
+            .get_args()
+            .take(5)
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(args, ["-n", "19", "/usr/bin/python3", "-m", "pip"]);
+        // The command really runs (nice is on every host that builds).
+        let mut echo = BuildPriority::Low.command("/bin/echo");
+        echo.arg("hi");
+        let mut seen = Vec::new();
+        run_logged(echo, "echo", &mut |l| seen.push(l.to_string())).unwrap();
+        assert_eq!(seen, ["hi"]);
     }
 
     #[test]

@@ -13,12 +13,14 @@ mod build;
 mod images;
 pub mod snapshot_store;
 mod spec;
+mod spec_file;
 mod store;
 
-pub use build::{build_rootfs, default_mirror};
+pub use build::{build_rootfs, default_mirror, BuildPriority};
 pub use images::{ImageError, ImageStore, SealedImage};
 pub use snapshot_store::{SnapshotStore, SnapshotStoreError, SnapshotStoreKind, SnapshotStoreSpec};
 pub use spec::{valid_name, TemplateSpec, BASE_BOOKWORM, BASE_PACKAGES};
+pub use spec_file::{SpecFile, SpecFileError};
 pub use store::{Template, Templates};
 
 pub const DEFAULT_TEMPLATE: &str = "code-interpreter";

@@ -165,6 +165,14 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     for t in manager.templates().list() {
         manager.spawn_bake(&t);
     }
+    // Templates to build at start: `building` from the first request on,
+    // built once the daemon serves (spawned below).
+    let start_builds = manager.queue_builds(
+        args.build_templates
+            .iter()
+            .map(|f| f.spec.clone())
+            .collect(),
+    );
     let _pool = manager.spawn_pool_filler();
 
     // Policies have migrations of their own: their own file on one host,
@@ -388,6 +396,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .listening
         .store(true, std::sync::atomic::Ordering::SeqCst);
     manager.mark_ready().await?;
+    let _start_builds = start_builds.spawn();
     // Runners talk to this daemon's API, so they start once it listens.
     let recovering = sessions.clone();
     tokio::spawn(async move {

@@ -220,6 +220,12 @@ class TemplateInfo:
     disk_mb: int
     checkpoint_ready: bool
     pip: List[str]
+    #: `ready`, or `building`: no version is ready yet (the fields are the
+    #: spec being built) and creates answer 503 `template_building`.
+    state: str = "ready"
+    #: The build in progress, if any: build_id, version, step, percent,
+    #: events_url.
+    build: Optional[Dict[str, Any]] = None
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod

@@ -24,7 +24,7 @@ export type { CreatedKey, Limits, Tenant, TenantKey } from "./models.js";
 export type { PolicyDocument, PolicyRule, PolicySummary, StoredPolicy } from "./models.js";
 export { Execution, Result } from "./models.js";
 export type {
-  BuildAccepted, BuildEvent, CodeContext, CreateCodeContextOptions, CreateSandboxOptions, EgressMode, ExecOptions,
+  BuildAccepted, BuildEvent, BuildProgress, CodeContext, CreateCodeContextOptions, CreateSandboxOptions, EgressMode, ExecOptions,
   ExecReason, ExecResult, ExecutionError, FileEntry, ForkOptions, Logs, NetworkEvent, NetworkPolicy, NetworkRule,
   OutputChunk, OutputEncoding, PreviewUrl, PreviewUrlOptions, ProcessChunk, PtyOptions, TerminalExit, TerminalToken, ProcessInfo, ProcessOutputOptions, RunCodeOptions, SandboxInfo, Signal,
   SnapshotInfo, SnapshotOptions, TemplateInfo, TemplateSpec, WaitOptions,

@@ -147,9 +147,23 @@ export const snapshotInfo = (w: wire.Snapshot): SnapshotInfo => fromWire(SNAPSHO
 export const TEMPLATE_FIELDS = {
   name: "name", version: "version", base: "base", packages: "packages", pip: "pip", files: "files", setup: "setup",
   cpus: "cpus", memory_mb: "memoryMb", pids_max: "pidsMax", disk_mb: "diskMb", checkpoint_ready: "checkpointReady",
+  state: "state", build: "build",
 } as const satisfies FieldMap<wire.TemplateInfo>;
-export type TemplateInfo = Renamed<wire.TemplateInfo, typeof TEMPLATE_FIELDS>;
-export const templateInfo = (w: wire.TemplateInfo): TemplateInfo => fromWire(TEMPLATE_FIELDS, w);
+
+/** A build in progress, as `TemplateInfo.build` shows it. */
+export const BUILD_PROGRESS_FIELDS = {
+  build_id: "buildId", version: "version", step: "step", percent: "percent", events_url: "eventsUrl",
+} as const satisfies FieldMap<wire.BuildProgress>;
+export type BuildProgress = Renamed<wire.BuildProgress, typeof BUILD_PROGRESS_FIELDS>;
+/** `state`: `ready`, or `building` (no version is ready yet: creates answer
+ * 503 `template_building`); `build`: the build in progress, if any. */
+export type TemplateInfo = Omit<Renamed<wire.TemplateInfo, typeof TEMPLATE_FIELDS>, "build"> & {
+  build?: BuildProgress | null;
+};
+export const templateInfo = (w: wire.TemplateInfo): TemplateInfo => ({
+  ...fromWire(TEMPLATE_FIELDS, w),
+  build: w.build ? fromWire(BUILD_PROGRESS_FIELDS, w.build) : w.build,
+});
 
 export const BUILD_ACCEPTED_FIELDS = {
   build_id: "buildId", name: "name", version: "version", events_url: "eventsUrl",

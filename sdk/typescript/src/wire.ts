@@ -15,6 +15,14 @@ export interface BuildAccepted {
   version: string;
 }
 
+export interface BuildProgress {
+  build_id: string;
+  events_url: string;
+  percent: number;
+  step: string;
+  version: string;
+}
+
 export interface CodeBody {
   code: string;
   context_id?: string | null;
@@ -401,6 +409,7 @@ export interface StoredPolicy {
 
 export interface TemplateInfo {
   base: string;
+  build?: null | BuildProgress;
   checkpoint_ready: boolean;
   cpus: number;
   disk_mb: number;
@@ -411,12 +420,15 @@ export interface TemplateInfo {
   pids_max: number;
   pip: Array<string>;
   setup: Array<string>;
+  state: TemplateState;
   version: string;
 }
 
 export interface TemplateList {
   templates: Array<TemplateInfo>;
 }
+
+export type TemplateState = "ready" | "building";
 
 /** A tenant as stored. */
 export interface Tenant {

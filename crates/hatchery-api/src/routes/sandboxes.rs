@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 #[utoipa::path(post, path = "/v1/sandboxes", request_body = CreateSandbox, tag = "sandboxes",
     responses((status = 201, body = Sandbox), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
               (status = 429, body = ErrorBody, description = "tenant_limit: the tenant's live_sandboxes limit is reached"),
-              (status = 503, body = ErrorBody)))]
+              (status = 503, body = ErrorBody, description = "capacity, or template_building: the template exists only as a build in progress (Retry-After says when to try again)")))]
 pub async fn create(
     State(st): State<AppState>,
     principal: Option<Extension<Principal>>,

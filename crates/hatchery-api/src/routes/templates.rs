@@ -1,33 +1,77 @@
 use crate::error::ErrorBody;
 use crate::extract::Json;
-use crate::models::{BuildAccepted, CreateTemplate, TemplateInfo, TemplateList};
+use crate::models::{
+    BuildAccepted, BuildProgress, CreateTemplate, TemplateInfo, TemplateList, TemplateState,
+};
 use crate::{ApiError, AppState};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::stream::{self, Stream, StreamExt};
-use hatchery_core::builds::BuildEvent;
-use hatchery_templates::Template;
+use hatchery_core::builds::{Build, BuildEvent};
+use hatchery_templates::{Template, TemplateError, TemplateSpec};
 use std::convert::Infallible;
 use tokio_stream::wrappers::BroadcastStream;
 
-fn info(st: &AppState, t: Template) -> TemplateInfo {
-    let checkpoint_ready = st.manager.template_image(&t).is_some();
-    let s = t.spec;
-    TemplateInfo {
-        name: s.name,
-        version: t.version,
-        base: s.base,
-        packages: s.packages,
-        pip: s.pip,
-        files: s.files.into_keys().collect(),
-        setup: s.setup,
-        cpus: s.cpus,
-        memory_mb: s.memory_mb,
-        pids_max: s.pids_max,
-        disk_mb: s.disk_mb,
-        checkpoint_ready,
+fn events_url(name: &str, id: &str) -> String {
+    format!("/v1/templates/{name}/builds/{id}/events")
+}
+
+fn progress(b: &Build) -> BuildProgress {
+    let (step, percent) = b.progress();
+    BuildProgress {
+        build_id: b.id.clone(),
+        version: b.version.clone(),
+        step,
+        percent,
+        events_url: events_url(&b.name, &b.id),
     }
+}
+
+/// A template as the API shows it: its current version when there is one
+/// (`ready`), else the spec of its build (`building`).
+fn info(st: &AppState, t: Option<Template>, build: Option<&Build>) -> Option<TemplateInfo> {
+    let (spec, version, checkpoint_ready, state) = match (t, build) {
+        (Some(t), _) => {
+            let ready = st.manager.template_image(&t).is_some();
+            (t.spec, t.version, ready, TemplateState::Ready)
+        }
+        (None, Some(b)) => (
+            b.spec.clone(),
+            b.version.clone(),
+            false,
+            TemplateState::Building,
+        ),
+        (None, None) => return None,
+    };
+    let TemplateSpec {
+        name,
+        base,
+        packages,
+        pip,
+        files,
+        setup,
+        cpus,
+        memory_mb,
+        pids_max,
+        disk_mb,
+    } = spec;
+    Some(TemplateInfo {
+        name,
+        version,
+        base,
+        packages,
+        pip,
+        files: files.into_keys().collect(),
+        setup,
+        cpus,
+        memory_mb,
+        pids_max,
+        disk_mb,
+        checkpoint_ready,
+        state,
+        build: build.map(progress),
+    })
 }
 
 /// Starts a build; follow it at `events_url`. Rebuilding a name makes a new
@@ -43,7 +87,7 @@ pub async fn create(
     Ok((
         StatusCode::ACCEPTED,
         axum::Json(BuildAccepted {
-            events_url: format!("/v1/templates/{}/builds/{}/events", build.name, build.id),
+            events_url: events_url(&build.name, &build.id),
             build_id: build.id.clone(),
             name: build.name.clone(),
             version: build.version.clone(),
@@ -51,15 +95,25 @@ pub async fn create(
     ))
 }
 
+/// Every template: the ready ones and those only being built, by name.
 #[utoipa::path(get, path = "/v1/templates", tag = "templates", responses((status = 200, body = TemplateList)))]
 pub async fn list(State(st): State<AppState>) -> axum::Json<TemplateList> {
-    let templates = st
+    let mut builds = st.manager.running_builds();
+    let mut templates: Vec<TemplateInfo> = st
         .manager
         .templates()
         .list()
         .into_iter()
-        .map(|t| info(&st, t))
+        .filter_map(|t| {
+            let b = builds
+                .iter()
+                .position(|b| b.name == t.spec.name)
+                .map(|i| builds.remove(i));
+            info(&st, Some(t), b.as_deref())
+        })
         .collect();
+    templates.extend(builds.iter().filter_map(|b| info(&st, None, Some(b))));
+    templates.sort_by(|a, b| a.name.cmp(&b.name));
     axum::Json(TemplateList { templates })
 }
 
@@ -69,12 +123,16 @@ pub async fn get(
     State(st): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<axum::Json<TemplateInfo>, ApiError> {
-    let t = st
-        .manager
-        .templates()
-        .get(&name)
-        .map_err(hatchery_core::CoreError::from)?;
-    Ok(axum::Json(info(&st, t)))
+    let build = st.manager.running_build_of(&name);
+    let t = match st.manager.templates().get(&name) {
+        Err(TemplateError::NotFound(_)) if build.is_some() => None,
+        other => Some(other.map_err(hatchery_core::CoreError::from)?),
+    };
+    let found = info(&st, t, build.as_deref());
+    // info() is None only without both, which the match above refused.
+    found
+        .map(axum::Json)
+        .ok_or_else(|| hatchery_core::CoreError::from(TemplateError::NotFound(name)).into())
 }
 
 #[utoipa::path(delete, path = "/v1/templates/{name}", tag = "templates", params(("name" = String, Path)),

@@ -4,7 +4,7 @@ use crate::client::{event_error, Api};
 use crate::output::{self, s};
 use anyhow::{bail, Context};
 use clap::Subcommand;
-use hatchery_templates::{build_rootfs, default_mirror, TemplateSpec, Templates};
+use hatchery_templates::{build_rootfs, default_mirror, BuildPriority, TemplateSpec, Templates};
 use serde_json::Value;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -71,6 +71,7 @@ pub fn run(api: &Api, cmd: TemplateCmd) -> anyhow::Result<i32> {
                                 "no"
                             }
                             .into(),
+                            state(t),
                         ]
                     })
                     .collect();
@@ -82,6 +83,7 @@ pub fn run(api: &Api, cmd: TemplateCmd) -> anyhow::Result<i32> {
                         "MEMORY_MB",
                         "PACKAGES",
                         "CHECKPOINT",
+                        "STATE",
                     ],
                     &rows,
                 );
@@ -105,6 +107,10 @@ pub fn run(api: &Api, cmd: TemplateCmd) -> anyhow::Result<i32> {
                 }
                 println!("{:<17} {}", "packages:", packages(&t["packages"]));
                 println!("{:<17} {}", "checkpoint_ready:", t["checkpoint_ready"]);
+                println!("{:<17} {}", "state:", state(&t));
+                if let Some(url) = t["build"]["events_url"].as_str() {
+                    println!("{:<17} {url}", "build_events:");
+                }
             }
         }
         TemplateCmd::Rm { name } => {
@@ -117,6 +123,22 @@ pub fn run(api: &Api, cmd: TemplateCmd) -> anyhow::Result<i32> {
         } => build_local(&templates_dir, &spec)?,
     }
     Ok(0)
+}
+
+/// `ready`, or the build in progress: `building 60% setup` (a template
+/// only being built), `ready, building 60% setup` (a new version of one).
+fn state(t: &Value) -> String {
+    let st = s(&t["state"]);
+    let b = &t["build"];
+    if b.is_null() {
+        return st;
+    }
+    let building = format!("building {}% {}", b["percent"], s(&b["step"]));
+    if st == "building" {
+        building
+    } else {
+        format!("{st}, {building}")
+    }
 }
 
 fn packages(v: &Value) -> String {
@@ -203,16 +225,42 @@ fn build_local(dir: &Path, spec_path: &Path) -> anyhow::Result<()> {
         dest.display()
     );
     let mut n: u32 = 0;
-    build_rootfs(&spec, &dest, &default_mirror(), &mut |line| {
-        n += 1;
-        if n.is_multiple_of(25) || line.starts_with("E:") {
-            eprintln!("  {line}");
-        }
-    })?;
+    build_rootfs(
+        &spec,
+        &dest,
+        &default_mirror(),
+        BuildPriority::Normal,
+        &mut |line| {
+            n += 1;
+            if n.is_multiple_of(25) || line.starts_with("E:") {
+                eprintln!("  {line}");
+            }
+        },
+    )?;
     let t = templates.activate(&spec)?;
     eprintln!(
         "hatchery: template {} version {} is current",
         t.spec.name, t.version
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn the_state_column_shows_a_build_in_progress() {
+        assert_eq!(state(&json!({"state": "ready", "build": null})), "ready");
+        let b = json!({"percent": 60, "step": "setup"});
+        assert_eq!(
+            state(&json!({"state": "building", "build": b})),
+            "building 60% setup"
+        );
+        assert_eq!(
+            state(&json!({"state": "ready", "build": b})),
+            "ready, building 60% setup"
+        );
+    }
 }
