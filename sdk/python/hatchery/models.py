@@ -222,7 +222,7 @@ class TemplateInfo:
     pip: List[str]
     #: `ready`, or `building`: no version is ready yet (the fields are the
     #: spec being built) and creates answer 503 `template_building`.
-    state: str = "ready"
+    state: str
     #: The build in progress, if any: build_id, version, step, percent,
     #: events_url.
     build: Optional[Dict[str, Any]] = None

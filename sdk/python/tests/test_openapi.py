@@ -81,7 +81,9 @@ RAW = {"ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode", "ExecReason", "O
        "Rule", "Match", "ArgCondition", "NumberCondition", "Effect", "Op",
        "CredentialBinding", "Injection", "Scheme",
        # A tenant's limits travel as a plain dict.
-       "Limits"}
+       "Limits",
+       # A template's state is a string, its build in progress a plain dict.
+       "TemplateState", "BuildProgress"}
 # Served but left out of the document on purpose (docs/api.md).
 UNDOCUMENTED = {("GET", "/openapi.json")}
 

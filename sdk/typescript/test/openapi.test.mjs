@@ -30,6 +30,7 @@ const MAPS = {
   Tenant: fields.TENANT_FIELDS, TenantKey: fields.TENANT_KEY_FIELDS, CreatedKey: fields.CREATED_KEY_FIELDS,
   Limits: fields.LIMITS_FIELDS, NewTenant: fields.NEW_TENANT_FIELDS, TenantPatch: fields.TENANT_PATCH_FIELDS,
   SecretInfo: fields.SECRET_FIELDS, CreateSecret: fields.CREATE_SECRET_FIELDS,
+  BuildProgress: fields.BUILD_PROGRESS_FIELDS,
 };
 const LISTS = {
   SandboxList: "sandboxes", SnapshotList: "snapshots", TemplateList: "templates", FileList: "entries", EgressEventList: "events",
@@ -39,6 +40,8 @@ const LISTS = {
 // The terminal's control messages: JSON over the pty WebSocket (oneOf), read as is.
 const RAW = new Set(["ErrorBody", "ErrorDetail", "OutputChunk", "EgressMode", "ExecReason", "OutputEncoding", "CpuLimitBasis",
   "TerminalClientMessage", "TerminalServerMessage", "Effect", "Op",
+  // A template's state: a string enum, passed as is.
+  "TemplateState",
   // A rule's credential binding travels in the policy document's own format.
   "CredentialBinding", "Injection", "Scheme", ...fields.PASS_THROUGH]);
 
