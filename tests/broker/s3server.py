@@ -1,7 +1,9 @@
 """A local S3-compatible object store for the anchoring tests: moto's
 server (moto_server, pinned in s3-requirements.txt, from the test cache's
-s3 venv) on a loopback port. moto does not check signatures, so the
-tests read objects with plain HTTP; the daemon and the CLI sign anyway."""
+s3 venv) on a loopback port. moto does not check signatures, but it
+treats a request without one as anonymous (private objects are 403 to
+it), so the tests' own requests carry an unsigned Authorization header;
+the daemon and the CLI sign theirs (presigned SigV4)."""
 
 import os
 import subprocess
@@ -16,6 +18,12 @@ HERE = os.path.dirname(__file__)
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 VENV = os.environ.get("HATCHERY_S3_VENV", os.path.join(ROOT, "target", "s3-venv"))
 NS = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+HEADERS = {
+    "Authorization": "AWS4-HMAC-SHA256 Credential=hxtestkey/20261206/us-east-1/s3/aws4_request, "
+                     "SignedHeaders=host, Signature=00",
+    # Not urllib's form type, which the server would parse as a form.
+    "Content-Type": "application/octet-stream",
+}
 
 
 class S3Server:
@@ -48,7 +56,7 @@ class S3Server:
         os.unlink(self.log.name)
 
     def _req(self, method, path, body=None):
-        r = urllib.request.Request(self.base + path, data=body, method=method)
+        r = urllib.request.Request(self.base + path, data=body, method=method, headers=HEADERS)
         with urllib.request.urlopen(r, timeout=10) as a:
             return a.read()
 
@@ -64,7 +72,7 @@ class S3Server:
 
     def put(self, bucket, key, body, headers=None):
         r = urllib.request.Request(f"{self.base}/{bucket}/{key}", data=body, method="PUT",
-                                   headers=headers or {})
+                                   headers={**HEADERS, **(headers or {})})
         try:
             with urllib.request.urlopen(r, timeout=10) as a:
                 return a.status

@@ -7,6 +7,7 @@ hatchery_audit_anchor_failures_total while the anchor file goes on."""
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import tempfile
@@ -38,8 +39,7 @@ def creds():
         f.write("[default]\naws_access_key_id = hxtestkey\naws_secret_access_key = hxtestsecret\n")
     os.chmod(p, 0o600)
     yield p
-    os.unlink(p)
-    os.rmdir(d)
+    shutil.rmtree(d)
 
 
 def s3_daemon(model, git_server, push_server, forge, url, creds):
@@ -101,15 +101,19 @@ def test_s3_anchors_verify_the_chain_and_catch_a_dropped_tail(model, git_server,
         r = verify("--db", db, sid, *s3args, "--json")
         assert r.returncode == 0, (r.stdout, r.stderr)
         assert json.loads(r.stdout)["verified"] == n
-        d.stop()
         if db.startswith("postgres"):
-            return  # the tamper half edits the SQLite file
-        # Drop the chain's last event: a consistent, shorter chain, which
-        # passes on its own; the bucket's anchor of seq n does not.
-        c = sqlite3.connect(db)
+            return  # the tamper half edits a SQLite file
+        # Drop the chain's last event, in a consistent copy of the live
+        # database: a shorter chain, which passes on its own; the bucket's
+        # anchor of seq n does not.
+        tampered = os.path.join(os.path.dirname(creds), "tampered.db")
+        src, c = sqlite3.connect(db), sqlite3.connect(tampered)
+        src.backup(c)
+        src.close()
         c.execute("DELETE FROM session_events WHERE session_id = ? AND seq = ?", (sid, n))
         c.commit()
         c.close()
+        db = tampered
         r = verify("--db", db, sid)
         assert r.returncode == 0, (r.stdout, r.stderr)
         r = verify("--db", db, sid, *s3args)

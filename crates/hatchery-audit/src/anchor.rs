@@ -93,7 +93,7 @@ impl Anchor {
         if heads.is_empty() {
             return Ok(());
         }
-        let batch = batch(heads);
+        let batch = batch(heads, &crate::event::now_rfc3339());
         let mut first = None;
         for s in &self.sinks {
             if let Err(e) = self.put(s.as_ref(), &batch) {
@@ -117,13 +117,14 @@ impl Anchor {
     }
 }
 
-fn batch(heads: &[Head]) -> Batch {
-    let at = crate::event::now_rfc3339();
+/// The lines of `heads`, anchored `at` (one time per round: every sink
+/// stores the same lines).
+fn batch(heads: &[Head], at: &str) -> Batch {
     Batch::new(
         heads
             .iter()
             .map(|h| AnchorLine {
-                anchored_at: at.clone(),
+                anchored_at: at.to_string(),
                 chain: h.chain.clone(),
                 seq: h.seq,
                 hash: h.hash.clone(),
@@ -247,6 +248,7 @@ fn round(
     mut states: Vec<SinkState>,
 ) -> Result<Vec<SinkState>, AuditError> {
     let all = heads()?;
+    let at = crate::event::now_rfc3339();
     for (sink, st) in anchor.sinks.iter().zip(states.iter_mut()) {
         let moved: Vec<Head> = all
             .iter()
@@ -256,7 +258,7 @@ fn round(
         if moved.is_empty() {
             continue;
         }
-        match anchor.put(sink.as_ref(), &batch(&moved)) {
+        match anchor.put(sink.as_ref(), &batch(&moved, &at)) {
             Ok(()) => st.stored(sink.kind(), &moved),
             Err(e) => st.failed(sink.kind(), &e, Instant::now()),
         }

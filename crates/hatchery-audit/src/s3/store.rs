@@ -26,6 +26,28 @@ pub const MAX_OBJECTS: usize = 1_000_000;
 /// An error answer's body, read for its `<Code>` and `<Message>`.
 const MAX_ERROR_BYTES: usize = 64 << 10;
 
+/// One request: a presigned URL, the headers it was signed with, a body,
+/// and a cap on the answer's body.
+struct Req<'a> {
+    method: hyper::Method,
+    url: &'a url::Url,
+    headers: &'a [(&'a str, &'a str)],
+    body: Bytes,
+    max: usize,
+}
+
+impl<'a> Req<'a> {
+    fn get(url: &'a url::Url, max: usize) -> Req<'a> {
+        Req {
+            method: hyper::Method::GET,
+            url,
+            headers: &[],
+            body: Bytes::new(),
+            max,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct S3Store {
     pub location: S3Location,
@@ -90,13 +112,16 @@ impl S3Store {
         &self,
         op: &'static str,
         key: &str,
-        method: hyper::Method,
-        url: &url::Url,
-        headers: &[(&str, &str)],
-        body: Bytes,
-        max: usize,
+        req: Req<'_>,
     ) -> Result<http::Answer, S3Error> {
-        let fut = http::send(self.target()?, method, url, headers, body, max);
+        let fut = http::send(
+            self.target()?,
+            req.method,
+            req.url,
+            req.headers,
+            req.body,
+            req.max,
+        );
         match tokio::time::timeout(REQUEST_TIMEOUT, fut).await {
             Err(_) => Err(S3Error::Timeout {
                 op,
@@ -120,20 +145,17 @@ impl S3Store {
         let mut put = PutObject::new(&self.bucket, Some(&creds), key);
         put.headers_mut().insert("if-none-match", "*");
         let url = put.sign(SIGNED_FOR);
-        let a = self
-            .send(
-                "put",
-                key,
-                hyper::Method::PUT,
-                &url,
-                &[
-                    ("if-none-match", "*"),
-                    ("content-type", "application/x-ndjson"),
-                ],
-                body,
-                MAX_ERROR_BYTES,
-            )
-            .await?;
+        let req = Req {
+            method: hyper::Method::PUT,
+            url: &url,
+            headers: &[
+                ("if-none-match", "*"),
+                ("content-type", "application/x-ndjson"),
+            ],
+            body,
+            max: MAX_ERROR_BYTES,
+        };
+        let a = self.send("put", key, req).await?;
         match a.status {
             200..=299 => Ok(()),
             412 => Err(S3Error::Exists {
@@ -156,15 +178,7 @@ impl S3Store {
             }
             let url = list.sign(SIGNED_FOR);
             let a = self
-                .send(
-                    "list",
-                    prefix,
-                    hyper::Method::GET,
-                    &url,
-                    &[],
-                    Bytes::new(),
-                    MAX_LIST_BYTES,
-                )
+                .send("list", prefix, Req::get(&url, MAX_LIST_BYTES))
                 .await?;
             if a.status != 200 {
                 return Err(refused("list", prefix, &a));
@@ -200,15 +214,7 @@ impl S3Store {
         let creds = credentials::read(&self.credentials_file)?;
         let url = GetObject::new(&self.bucket, Some(&creds), key).sign(SIGNED_FOR);
         let a = self
-            .send(
-                "get",
-                key,
-                hyper::Method::GET,
-                &url,
-                &[],
-                Bytes::new(),
-                MAX_OBJECT_BYTES,
-            )
+            .send("get", key, Req::get(&url, MAX_OBJECT_BYTES))
             .await?;
         if a.status != 200 {
             return Err(refused("get", key, &a));
