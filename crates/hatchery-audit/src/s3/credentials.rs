@@ -148,7 +148,7 @@ mod tests {
         let f = d.join("c");
         let body = "aws_access_key_id=a\naws_secret_access_key=b\n";
         let pad = "#".repeat(MAX_CREDENTIALS_BYTES as usize - body.len());
-        std::fs::write(&f, format!("{pad}\n{body}")[1..].to_string()).unwrap();
+        std::fs::write(&f, &format!("{pad}\n{body}")[1..]).unwrap();
         assert!(read(&f).is_ok(), "exactly the cap");
         std::fs::write(&f, format!("{pad}\n{body}")).unwrap();
         assert!(matches!(read(&f), Err(CredentialsError::TooLarge { .. })));
