@@ -135,7 +135,6 @@ fn read_s3_anchors(
 
 pub fn run(cmd: AuditCmd) -> anyhow::Result<i32> {
     let AuditCmd::Verify(a) = cmd;
-    let log = Source::open(&a.db)?;
     let mut anchors = match &a.anchors {
         Some(p) => hatchery_audit::read_anchors(p)?,
         None => Vec::new(),
@@ -143,6 +142,10 @@ pub fn run(cmd: AuditCmd) -> anyhow::Result<i32> {
     if let (Some(url), Some(creds)) = (&a.anchors_s3_url, &a.anchors_s3_credentials_file) {
         anchors.extend(read_s3_anchors(url, &a.anchors_s3_region, creds)?);
     }
+    // The anchors first: a bad --anchors-s3-url is reported before the
+    // database is opened, and every head read was anchored before the
+    // chains are read (chains only grow, so each must be there).
+    let log = Source::open(&a.db)?;
     let chains = match a.chain {
         Some(c) => vec![c],
         None => log.chains()?,
