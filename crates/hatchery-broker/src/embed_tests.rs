@@ -216,6 +216,26 @@ async fn a_host_runs_its_own_broker() {
         "{e}"
     );
     assert!(reg.gather().is_empty());
+    // So is an object store whose credentials file cannot be read.
+    let bad = BrokerArgs {
+        anchor_s3_url: Some("http://127.0.0.1:9/anchors".into()),
+        anchor_s3_credentials_file: Some(dir.path().join("missing")),
+        anchor_interval_s: 60,
+        ..args()
+    };
+    let s = settings(&bad, &db, dir.path(), &reg);
+    let e = start_host(&s, sessions(&db).await, policies.clone())
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(
+            e,
+            EmbedError::AnchorStore(hatchery_audit::s3::S3Error::Credentials(_))
+        ),
+        "{e}"
+    );
+    assert!(reg.gather().is_empty());
 
     let a = args();
     let s = settings(&a, &db, dir.path(), &reg);
