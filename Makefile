@@ -229,14 +229,17 @@ sessions-test: $(SUITE_PREREQS)
 
 # mcp-server-git from PyPI (pinned, with what it pulls in), the real MCP
 # server the broker fronts in tests/broker/test_broker_mcp.py.
+# moto's S3 server (pinned in tests/broker/s3-requirements.txt), the local
+# object store test_broker_s3_anchor.py anchors to.
 # The tool broker (tests/broker, about 2.5 minutes; its store's conformance
 # suite is in `make pg-conformance` and `make unit`): git push with a write credential to a real git
 # http-backend, a forge test server, SIGKILL x20, MCP tools of
-# mcp-server-git (about 20 s of it).
+# mcp-server-git (about 20 s of it), anchoring to an S3-compatible store.
 broker-test: $(SUITE_PREREQS)
 	V=$$($(CACHE) venv mcp tests/broker/mcp-requirements.txt) && \
+	S3=$$($(CACHE) venv s3 tests/broker/s3-requirements.txt) && \
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
-	  HATCHERY_MCP_VENV=$$V \
+	  HATCHERY_MCP_VENV=$$V HATCHERY_S3_VENV=$$S3 \
 	  $(PYTEST) -q -p no:cacheprovider tests/broker
 
 # The `agent-session` template (curl, git, pip from the Debian mirror), kept

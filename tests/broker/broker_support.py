@@ -43,6 +43,10 @@ SCRIPTS = {
         {"tool_calls": [{"name": "git_push", "arguments": {"branch": "release/evil"}}]},
         {"tool_calls": [{"name": "finish", "arguments": {"summary": "done"}}]},
     ],
+    # Ends at once: a short chain for the anchoring tests.
+    "quick": [
+        {"tool_calls": [{"name": "finish", "arguments": {"summary": "nothing to do"}}]},
+    ],
 }
 
 

@@ -34,8 +34,12 @@ pub enum AuditError {
     Invalid(&'static str, String),
     #[error("anchor file {0}: {1}")]
     Anchor(String, std::io::Error),
-    #[error("anchor hook: {0}")]
-    Hook(String),
+    #[error("anchoring to the {sink} sink")]
+    Sink {
+        sink: &'static str,
+        #[source]
+        source: crate::sink::SinkError,
+    },
     /// The store the heads come from failed (another backend than this
     /// crate's SQLite reader).
     #[error("reading chain heads: {0}")]

@@ -203,14 +203,11 @@ fn anchors_catch_a_dropped_or_rewritten_tail() {
     let path = fixture(&d);
     let anchors_path = d.0.join("anchors.jsonl");
     let hook_out = d.0.join("hook.out");
-    let anchor = Anchor {
-        path: anchors_path.clone(),
-        hook: Some(vec![
-            "/bin/sh".into(),
-            "-c".into(),
-            format!("cat >> {}", hook_out.display()),
-        ]),
-    };
+    let anchor = Anchor::new(&anchors_path).with_hook(vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        format!("cat >> {}", hook_out.display()),
+    ]);
     let heads = SqliteAuditLog::open(&path).unwrap().heads().unwrap();
     anchor.anchor(&heads).unwrap();
     assert_eq!(
@@ -282,25 +279,34 @@ fn anchors_catch_a_dropped_or_rewritten_tail() {
     assert_eq!(r.first_bad.map(|b| b.seq), Some(20));
 }
 
+/// An error and its sources, as one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(x) = src {
+        s += &format!(": {x}");
+        src = x.source();
+    }
+    s
+}
+
 #[test]
 fn anchor_hook_failure_is_an_error_and_the_file_keeps_the_line() {
     let d = tmpdir();
-    let a = Anchor {
-        path: d.0.join("a.jsonl"),
-        hook: Some(vec![
-            "/bin/sh".into(),
-            "-c".into(),
-            "echo nope >&2; exit 3".into(),
-        ]),
-    };
+    let path = d.0.join("a.jsonl");
+    let a = Anchor::new(&path).with_hook(vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        "echo nope >&2; exit 3".into(),
+    ]);
     let heads = vec![hatchery_audit::Head {
         chain: "c".into(),
         seq: 1,
         hash: "00".repeat(32),
     }];
-    let e = a.anchor(&heads).unwrap_err().to_string();
+    let e = chain(&a.anchor(&heads).unwrap_err());
     assert!(e.contains("exit") && e.contains("nope"), "{e}");
-    assert_eq!(read_anchors(&a.path).unwrap(), heads);
+    assert_eq!(read_anchors(&path).unwrap(), heads);
     // More than a pipe holds, to a hook that never reads its stdin: the
     // write meets EPIPE every time, and the hook's own exit status and
     // stderr must still be the error (it was once a bare "Broken pipe").
@@ -311,10 +317,10 @@ fn anchor_hook_failure_is_an_error_and_the_file_keeps_the_line() {
             hash: "11".repeat(32),
         })
         .collect();
-    let e = a.anchor(&many).unwrap_err().to_string();
+    let e = chain(&a.anchor(&many).unwrap_err());
     assert!(e.contains("exit") && e.contains("nope"), "{e}");
-    std::fs::write(&a.path, "{broken\n").unwrap();
-    assert!(read_anchors(&a.path).is_err());
+    std::fs::write(&path, "{broken\n").unwrap();
+    assert!(read_anchors(&path).is_err());
 }
 
 #[test]

@@ -91,6 +91,36 @@ pub struct BrokerArgs {
         env = "HATCHERY_AUDIT_ANCHOR_HOOK"
     )]
     pub anchor_hook: Option<String>,
+    /// An S3-compatible bucket each round's anchor lines are also put to,
+    /// as a new object (`PREFIX/all/TIME-NODE-N.jsonl`, never an
+    /// overwrite): `https://host[:port]/BUCKET[/PREFIX]` (path-style), or
+    /// `http://` to a loopback address. With object lock / retention on
+    /// the bucket, anchored heads are out of the daemon's reach. `hatchery
+    /// audit verify --anchors-s3-url` checks chains against them.
+    #[arg(
+        id = "broker_anchor_s3_url",
+        long = "audit-anchor-s3-url",
+        env = "HATCHERY_AUDIT_ANCHOR_S3_URL"
+    )]
+    pub anchor_s3_url: Option<String>,
+    /// The bucket's region (what requests are signed for).
+    #[arg(
+        id = "broker_anchor_s3_region",
+        long = "audit-anchor-s3-region",
+        env = "HATCHERY_AUDIT_ANCHOR_S3_REGION",
+        default_value = "us-east-1"
+    )]
+    pub anchor_s3_region: String,
+    /// A file with the bucket's access key, in the AWS credentials-file
+    /// form (`aws_access_key_id = ...`, `aws_secret_access_key = ...`,
+    /// optional `aws_session_token`); read at each put, never on argv or
+    /// in the config file. Required with `--audit-anchor-s3-url`.
+    #[arg(
+        id = "broker_anchor_s3_credentials_file",
+        long = "audit-anchor-s3-credentials-file",
+        env = "HATCHERY_AUDIT_ANCHOR_S3_CREDENTIALS_FILE"
+    )]
+    pub anchor_s3_credentials_file: Option<PathBuf>,
     /// A JSON file naming the MCP servers whose tools the broker fronts
     /// as `mcp.<server>.<tool>` (docs/sessions.md, "MCP servers").
     #[arg(
@@ -291,6 +321,9 @@ mod tests {
             anchor_interval_s: 60,
             anchor_hook: None,
             anchor_file: None,
+            anchor_s3_url: None,
+            anchor_s3_region: "us-east-1".into(),
+            anchor_s3_credentials_file: None,
             mcp_config: None,
             control_url: None,
             for_hosts: false,
@@ -338,6 +371,114 @@ pub fn parse_anchor_hook(json: &str) -> Result<Vec<String>, AnchorHookError> {
         Some(p) if !p.starts_with('/') => Err(AnchorHookError::Relative(p.clone())),
         Some(_) if argv.iter().any(|a| a.contains('\0')) => Err(AnchorHookError::Nul),
         Some(_) => Ok(argv),
+    }
+}
+
+/// Why the object-store anchor settings were refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AnchorS3Error {
+    #[error("--audit-anchor-s3-url")]
+    Url(#[source] hatchery_audit::s3::LocationError),
+    #[error("--audit-anchor-s3-url needs --audit-anchor-s3-credentials-file (the key is never on argv or in the config file)")]
+    NoCredentials,
+    #[error("--audit-anchor-s3-credentials-file is set without --audit-anchor-s3-url")]
+    NoUrl,
+    #[error(
+        "--audit-anchor-s3-region {0:?}: 1 to {MAX_REGION_BYTES} lowercase letters, digits and '-'"
+    )]
+    Region(String),
+}
+
+/// Longer than any region name AWS or the S3-compatible stores use.
+pub const MAX_REGION_BYTES: usize = 64;
+
+/// The object-store sink's settings, checked.
+#[derive(Debug, Clone)]
+pub struct AnchorS3 {
+    pub location: hatchery_audit::s3::S3Location,
+    pub region: String,
+    pub credentials_file: PathBuf,
+}
+
+/// The object-store sink `a` asks for, if any: a valid URL, a region and
+/// a credentials file together.
+pub fn anchor_s3(a: &BrokerArgs) -> Result<Option<AnchorS3>, AnchorS3Error> {
+    let r = &a.anchor_s3_region;
+    if r.is_empty()
+        || r.len() > MAX_REGION_BYTES
+        || !r
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    {
+        return Err(AnchorS3Error::Region(r.clone()));
+    }
+    match (&a.anchor_s3_url, &a.anchor_s3_credentials_file) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => Err(AnchorS3Error::NoUrl),
+        (Some(_), None) => Err(AnchorS3Error::NoCredentials),
+        (Some(url), Some(file)) => Ok(Some(AnchorS3 {
+            location: hatchery_audit::s3::S3Location::parse(url).map_err(AnchorS3Error::Url)?,
+            region: r.clone(),
+            credentials_file: file.clone(),
+        })),
+    }
+}
+
+#[cfg(test)]
+mod anchor_s3_tests {
+    use super::*;
+
+    #[derive(clap::Parser)]
+    struct Flags {
+        #[command(flatten)]
+        a: BrokerArgs,
+    }
+
+    fn args(url: Option<&str>, creds: Option<&str>, region: &str) -> BrokerArgs {
+        let mut a = <Flags as clap::Parser>::parse_from(["hatcheryd"]).a;
+        a.anchor_s3_url = url.map(Into::into);
+        a.anchor_s3_credentials_file = creds.map(Into::into);
+        a.anchor_s3_region = region.into();
+        a
+    }
+
+    #[test]
+    fn url_credentials_and_region_go_together() {
+        let ok = anchor_s3(&args(
+            Some("http://127.0.0.1:9000/bkt/p"),
+            Some("/c"),
+            "eu-west-1",
+        ))
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (ok.location.bucket.as_str(), ok.location.prefix.as_str()),
+            ("bkt", "p")
+        );
+        assert!(anchor_s3(&args(None, None, "us-east-1")).unwrap().is_none());
+        assert!(matches!(
+            anchor_s3(&args(Some("http://127.0.0.1:9000/bkt"), None, "us-east-1")),
+            Err(AnchorS3Error::NoCredentials)
+        ));
+        assert!(matches!(
+            anchor_s3(&args(None, Some("/c"), "us-east-1")),
+            Err(AnchorS3Error::NoUrl)
+        ));
+        assert!(matches!(
+            anchor_s3(&args(Some("http://10.1.1.1/bkt"), Some("/c"), "us-east-1")),
+            Err(AnchorS3Error::Url(_))
+        ));
+        let at_cap = "a".repeat(MAX_REGION_BYTES);
+        assert!(anchor_s3(&args(None, None, &at_cap)).is_ok());
+        for bad in ["", "US-EAST-1", "a b", &"a".repeat(MAX_REGION_BYTES + 1)] {
+            assert!(
+                matches!(
+                    anchor_s3(&args(None, None, bad)),
+                    Err(AnchorS3Error::Region(_))
+                ),
+                "{bad}"
+            );
+        }
     }
 }
 

@@ -63,6 +63,10 @@ pub enum EmbedError {
     Config(#[from] ConfigError),
     #[error("broker: {0}")]
     AnchorHook(#[from] AnchorHookError),
+    #[error("broker: the object-store anchor settings")]
+    AnchorS3(#[from] crate::config::AnchorS3Error),
+    #[error("broker: the anchors' object store")]
+    AnchorStore(#[source] hatchery_audit::s3::S3Error),
     #[error("broker: {0}")]
     Store(#[from] StoreError),
     #[error("broker: this daemon's own API: {0}")]
@@ -161,14 +165,24 @@ pub async fn start_host(
 /// The heads of the session event chains this host owns, anchored outside
 /// the database every `--audit-anchor-interval` (docs/policy.md,
 /// "Anchors"): appended to `--audit-anchor-file` (DATA_DIR's
-/// session-anchors.jsonl unless given; put it on other storage) and handed
-/// to the hook. Only heads that moved. From whichever store the sessions
-/// are in (SQLite or PostgreSQL): the anchoring runs on a blocking thread,
-/// which may wait on the store.
+/// session-anchors.jsonl unless given; put it on other storage), handed
+/// to the hook, and put to the object store as a new object. Only heads
+/// that moved since each sink stored them. From whichever store the
+/// sessions are in (SQLite or PostgreSQL): the anchoring runs on a
+/// blocking thread, which may wait on the store.
 fn spawn_anchoring(s: &Settings<'_>, sessions: Arc<Sessions>) -> Result<(), EmbedError> {
     // Checked before anything starts.
     let hook = match &s.broker.anchor_hook {
         Some(json) => Some(crate::config::parse_anchor_hook(json)?),
+        None => None,
+    };
+    let s3 = match crate::config::anchor_s3(s.broker)? {
+        Some(c) => {
+            let store = hatchery_audit::s3::S3Store::new(c.location, &c.region, c.credentials_file)
+                .map_err(EmbedError::AnchorStore)?;
+            store.check_credentials().map_err(EmbedError::AnchorStore)?;
+            Some(store)
+        }
         None => None,
     };
     if s.broker.anchor_interval_s == 0 {
@@ -181,7 +195,18 @@ fn spawn_anchoring(s: &Settings<'_>, sessions: Arc<Sessions>) -> Result<(), Embe
         .clone()
         .unwrap_or_else(|| s.data.join("session-anchors.jsonl"));
     let mut anchor = hatchery_audit::Anchor::new(file);
-    anchor.hook = hook;
+    if let Some(argv) = hook {
+        anchor = anchor.with_hook(argv);
+    }
+    if let Some(store) = s3 {
+        tracing::info!(bucket = %store.location.bucket, prefix = %store.location.anchors_prefix(),
+            "audit anchors also go to the object store");
+        anchor = anchor.with(hatchery_audit::sink::S3Sink::new(
+            Arc::new(store),
+            rt.clone(),
+        ));
+    }
+    anchor.metrics.register(s.registry)?;
     std::mem::drop(hatchery_audit::anchor::spawn_periodic(
         anchor,
         Duration::from_secs(s.broker.anchor_interval_s),

@@ -18,6 +18,9 @@ fn args() -> BrokerArgs {
         anchor_interval_s: 0,
         anchor_hook: None,
         anchor_file: None,
+        anchor_s3_url: None,
+        anchor_s3_region: "us-east-1".into(),
+        anchor_s3_credentials_file: None,
         mcp_config: None,
         control_url: None,
         for_hosts: true,
@@ -210,6 +213,26 @@ async fn a_host_runs_its_own_broker() {
         .unwrap();
     assert!(
         matches!(e, EmbedError::AnchorHook(AnchorHookError::Relative(_))),
+        "{e}"
+    );
+    assert!(reg.gather().is_empty());
+    // So is an object store whose credentials file cannot be read.
+    let bad = BrokerArgs {
+        anchor_s3_url: Some("http://127.0.0.1:9/anchors".into()),
+        anchor_s3_credentials_file: Some(dir.path().join("missing")),
+        anchor_interval_s: 60,
+        ..args()
+    };
+    let s = settings(&bad, &db, dir.path(), &reg);
+    let e = start_host(&s, sessions(&db).await, policies.clone())
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(
+            e,
+            EmbedError::AnchorStore(hatchery_audit::s3::S3Error::Credentials(_))
+        ),
         "{e}"
     );
     assert!(reg.gather().is_empty());

@@ -128,5 +128,12 @@ pub fn check(a: &DaemonArgs, o: &Origins) -> Vec<Problem> {
             bad("audit.anchor_hook", e.to_string());
         }
     }
+    if let Err(e) = hatchery_broker::config::anchor_s3(&a.broker) {
+        // The URL's reason is the error's source.
+        let why = std::error::Error::source(&e)
+            .map(|s| format!("{e}: {s}"))
+            .unwrap_or_else(|| e.to_string());
+        bad("audit.anchor_s3_url", why);
+    }
     out
 }

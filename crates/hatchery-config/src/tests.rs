@@ -318,3 +318,39 @@ fn the_deployed_examples_pass_the_check() {
         assert_eq!(a.role, role);
     }
 }
+
+#[test]
+fn the_anchor_object_store_is_checked_with_the_rest() {
+    // A URL without its credentials file, from the file: named by key.
+    let f = file("[audit]\nanchor_s3_url = \"http://127.0.0.1:9000/anchors/p\"\n");
+    let e = problems(run(&["hatcheryd", "--config", f.path().to_str().unwrap()]).unwrap_err());
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].contains("`audit.anchor_s3_url`")
+            && e[0].contains("needs --audit-anchor-s3-credentials-file"),
+        "{e:?}"
+    );
+    // Plain http:// to a non-loopback store: the URL's reason is given.
+    let e = problems(
+        run(&[
+            "hatcheryd",
+            "--audit-anchor-s3-url",
+            "http://10.0.0.1/anchors",
+            "--audit-anchor-s3-credentials-file",
+            "/c",
+        ])
+        .unwrap_err(),
+    );
+    assert!(e[0].contains("loopback"), "{e:?}");
+    let a = run(&[
+        "hatcheryd",
+        "--audit-anchor-s3-url",
+        "https://s3.example.com/anchors/p",
+        "--audit-anchor-s3-credentials-file",
+        "/c",
+        "--audit-anchor-s3-region",
+        "eu-west-1",
+    ])
+    .unwrap();
+    assert_eq!(a.broker.anchor_s3_region, "eu-west-1");
+}

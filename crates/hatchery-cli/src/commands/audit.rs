@@ -4,7 +4,9 @@
 //! file `DATA_DIR/hatchery.db`, with no daemon running, or the
 //! `postgres://` database many hosts share), read-only; or a SQLite file
 //! with hatchery-audit's own `audit_events` layout (a standalone audit
-//! log, or a `sessions.db` from before the one database).
+//! log, or a `sessions.db` from before the one database). Anchored heads
+//! come from an anchor file (`--anchors`) or the object store the daemon
+//! anchors to (`--anchors-s3-url`).
 
 use clap::{Args, Subcommand};
 use std::path::PathBuf;
@@ -31,6 +33,19 @@ pub struct VerifyArgs {
     /// An anchor file: each anchored head must still be in its chain.
     #[arg(long)]
     anchors: Option<PathBuf>,
+    /// The object store the daemon anchors to (its `audit.anchor_s3_url`,
+    /// `https://host[:port]/BUCKET[/PREFIX]`): every object under
+    /// PREFIX/all/ is read, and each head in them must still be in its
+    /// chain (with `--anchors`, both sets count).
+    #[arg(long, requires = "anchors_s3_credentials_file")]
+    anchors_s3_url: Option<String>,
+    /// The bucket's region.
+    #[arg(long, default_value = "us-east-1")]
+    anchors_s3_region: String,
+    /// The bucket's read key, in the AWS credentials-file form
+    /// (`aws_access_key_id = ...`, `aws_secret_access_key = ...`).
+    #[arg(long, requires = "anchors_s3_url")]
+    anchors_s3_credentials_file: Option<PathBuf>,
     /// One JSON report per chain instead of text.
     #[arg(long)]
     json: bool,
@@ -92,13 +107,45 @@ impl Source {
     }
 }
 
+/// Why the object store's anchors could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum S3AnchorsError {
+    #[error("--anchors-s3-url")]
+    Url(#[from] hatchery_audit::s3::LocationError),
+    #[error("reading the anchors from the object store")]
+    Store(#[from] hatchery_audit::s3::S3Error),
+    #[error("a runtime for the object store's requests")]
+    Runtime(#[source] std::io::Error),
+}
+
+/// Every head anchored in the object store at `url`, in key (time) order.
+fn read_s3_anchors(
+    url: &str,
+    region: &str,
+    credentials_file: &std::path::Path,
+) -> Result<Vec<hatchery_audit::Head>, S3AnchorsError> {
+    let loc = hatchery_audit::s3::S3Location::parse(url)?;
+    let store = hatchery_audit::s3::S3Store::new(loc, region, credentials_file.into())?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(S3AnchorsError::Runtime)?;
+    Ok(rt.block_on(store.read_anchors())?)
+}
+
 pub fn run(cmd: AuditCmd) -> anyhow::Result<i32> {
     let AuditCmd::Verify(a) = cmd;
-    let log = Source::open(&a.db)?;
-    let anchors = match &a.anchors {
+    let mut anchors = match &a.anchors {
         Some(p) => hatchery_audit::read_anchors(p)?,
         None => Vec::new(),
     };
+    if let (Some(url), Some(creds)) = (&a.anchors_s3_url, &a.anchors_s3_credentials_file) {
+        anchors.extend(read_s3_anchors(url, &a.anchors_s3_region, creds)?);
+    }
+    // The anchors first: a bad --anchors-s3-url is reported before the
+    // database is opened, and every head read was anchored before the
+    // chains are read (chains only grow, so each must be there).
+    let log = Source::open(&a.db)?;
     let chains = match a.chain {
         Some(c) => vec![c],
         None => log.chains()?,
