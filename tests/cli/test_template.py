@@ -41,8 +41,8 @@ def spec_file(tmp_path, **kw):
 
 def test_ls_and_get(tx):
     table = tx("template", "ls", check=0).stdout.splitlines()
-    assert table[0].split() == ["NAME", "VERSION", "CPUS", "MEMORY_MB", "PACKAGES", "CHECKPOINT"]
-    assert table[1].split()[0] == "code-interpreter"
+    assert table[0].split() == ["NAME", "VERSION", "CPUS", "MEMORY_MB", "PACKAGES", "CHECKPOINT", "STATE"]
+    assert table[1].split()[0] == "code-interpreter" and table[1].split()[-1] == "ready"
     listed = json.loads(tx("template", "ls", "--json", check=0).stdout)
     assert [t["name"] for t in listed] == ["code-interpreter"]
     got = json.loads(tx("template", "get", "code-interpreter", "--json", check=0).stdout)

@@ -11,7 +11,6 @@ use crate::sink::{AnchorSink, Batch, FileSink, HookSink};
 use crate::store::AuditError;
 use crate::verify::Head;
 use prometheus::{IntCounterVec, Opts, Registry};
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -22,13 +21,7 @@ pub use crate::sink::hook::HOOK_TIMEOUT;
 /// While a sink keeps failing, at most one log line per this long.
 pub const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AnchorLine {
-    pub anchored_at: String,
-    pub chain: String,
-    pub seq: u64,
-    pub hash: String,
-}
+pub use crate::line::AnchorLine;
 
 /// Anchoring's counters, by sink (`file`, `hook`, `s3`).
 #[derive(Debug, Clone)]

@@ -11,6 +11,7 @@
 pub mod anchor;
 pub mod canonical;
 pub mod event;
+pub mod line;
 pub mod s3;
 pub mod sink;
 pub mod store;

@@ -3,7 +3,7 @@
 
 use super::http::{self, Target};
 use super::{credentials, S3Error, S3Location};
-use crate::anchor::AnchorLine;
+use crate::line::AnchorLine;
 use crate::verify::Head;
 use bytes::Bytes;
 use rusty_s3::actions::{GetObject, ListObjectsV2, PutObject};

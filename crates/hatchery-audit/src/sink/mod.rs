@@ -12,7 +12,7 @@ pub use file::FileSink;
 pub use hook::{HookError, HookSink};
 pub use s3::S3Sink;
 
-use crate::anchor::AnchorLine;
+use crate::line::AnchorLine;
 
 /// One round's lines, and the same as JSON lines (what a sink stores).
 #[derive(Debug, Clone)]
