@@ -76,16 +76,19 @@ pub struct Held {
     pub digest: String,
     /// What it asks, cut to [`SHOWN`] bytes, for the person deciding.
     pub asked: String,
+    /// The policy rule that asked for the approval.
+    pub rule: Option<String>,
 }
 
 impl Held {
-    pub fn new(n: u64, e: &EventKind) -> Held {
+    pub fn new(n: u64, e: &EventKind, rule: Option<String>) -> Held {
         let l = line(n, e);
         Held {
             n,
             kind: l.kind,
             digest: l.asked,
             asked: cut(&asked(e), SHOWN).to_string(),
+            rule,
         }
     }
 
@@ -204,7 +207,7 @@ mod tests {
     #[test]
     fn a_held_rerun_keeps_its_full_digest() {
         let long = format!("{{\"command\":\"{}\"}}", "x".repeat(5000));
-        let h = Held::new(7, &tool(&long));
+        let h = Held::new(7, &tool(&long), None);
         assert_eq!(h.line(), line(7, &tool(&long)));
         assert!(h.asked.len() <= SHOWN);
         let back: Held = serde_json::from_str(&serde_json::to_string(&h).unwrap()).unwrap();

@@ -55,6 +55,15 @@ fn fail(code: &'static str, message: impl Into<String>) -> RunError {
 
 type R<T> = Result<T, RunError>;
 
+/// A hook that could not serve the session fails it, with the hook's whole
+/// error chain as the reason.
+fn hook_failed(e: crate::hooks::HookError) -> RunError {
+    fail(
+        "services_unavailable",
+        hatchery_serve::error_text::with_causes(&*e),
+    )
+}
+
 pub(crate) async fn run(svc: Arc<SessionCore>, id: String, notify: Arc<Notify>) {
     let mut lease: Option<Lease> = None;
     loop {
@@ -218,12 +227,7 @@ async fn release(svc: &Arc<SessionCore>, s: &Session) {
 
 /// Gateway binding and egress identity for the sandbox (hooks.rs).
 async fn bind(svc: &Arc<SessionCore>, s: &Session, sbx: &str) -> R<()> {
-    svc.hooks().bind(s, sbx).await.map_err(|e| {
-        fail(
-            "services_unavailable",
-            hatchery_serve::error_text::with_causes(&*e),
-        )
-    })
+    svc.hooks().bind(s, sbx).await.map_err(hook_failed)
 }
 
 fn ttl_for(s: &Session) -> u64 {
@@ -597,12 +601,7 @@ async fn start(svc: &Arc<SessionCore>, s: &Session) -> R<()> {
         guest_ca::install(svc, &sbx, pem).await?;
         guest_ca::add_trust_env(&mut env);
     }
-    env.extend(svc.hooks().placeholder_env(s).await.map_err(|e| {
-        fail(
-            "services_unavailable",
-            hatchery_serve::error_text::with_causes(&*e),
-        )
-    })?);
+    env.extend(svc.hooks().placeholder_env(s).await.map_err(hook_failed)?);
     env.insert("OPENAI_BASE_URL".into(), s.spec.agent.model_url.clone());
     env.insert("OPENAI_API_KEY".into(), "unused-inside-the-sandbox".into());
     env.insert("HATCHERY_SESSION_ID".into(), id.clone());
@@ -844,12 +843,7 @@ async fn handle_rerun(
                 .hooks()
                 .replay_diverged(&cur, n, p.event.type_name(), &asked)
                 .await
-                .map_err(|e| {
-                    fail(
-                        "services_unavailable",
-                        hatchery_serve::error_text::with_causes(&*e),
-                    )
-                })?;
+                .map_err(hook_failed)?;
             Some(v)
         }
         _ => None,
@@ -864,15 +858,9 @@ async fn handle_rerun(
             patch.agent_line = Some(crate::replay::line(n, &p.event));
         }
         Some(Verdict::Ask { rule }) => {
-            let held = Held::new(n, &p.event);
-            let aid = format!(
-                "{}{}",
-                crate::replay::APPROVAL_PREFIX,
-                &approval_id(id, n)["apr_".len()..]
-            );
-            let mut details = serde_json::to_value(&held).unwrap_or_default();
-            details["rule"] = serde_json::json!(rule);
-            let details = details.to_string();
+            let held = Held::new(n, &p.event, rule.clone());
+            let aid = prefixed_approval_id(crate::replay::APPROVAL_PREFIX, id, n);
+            let details = serde_json::to_string(&held).unwrap_or_default();
             let action = crate::replay::APPROVAL_ACTION.to_string();
             events.push((
                 Actor::System,
@@ -906,9 +894,7 @@ async fn handle_rerun(
         }
         Some(Verdict::Ask { .. }) => {
             // Unacknowledged until a person decides (deliver).
-            if svc.store.get(id).await?.state != S::WaitingApproval {
-                to_state(svc, id, S::WaitingApproval, None, vec![], Patch::default()).await?;
-            }
+            wait_for_approval(svc, id).await?;
             return Ok(effect);
         }
         _ => {}
@@ -1095,14 +1081,19 @@ async fn handle_line(
         .await?;
     }
     if let Effect::ApprovalRequest { .. } = p.effect {
-        // A second approval while one is open: already waiting (moving
-        // to the same state again was a state conflict that failed the
-        // session).
-        if svc.store.get(id).await?.state != S::WaitingApproval {
-            to_state(svc, id, S::WaitingApproval, None, vec![], Patch::default()).await?;
-        }
+        wait_for_approval(svc, id).await?;
     }
     Ok(p.effect)
+}
+
+/// To `waiting_approval`, unless already there: a second approval while
+/// one is open (moving to the same state again was a state conflict that
+/// failed the session).
+async fn wait_for_approval(svc: &Arc<SessionCore>, id: &str) -> R<()> {
+    if svc.store.get(id).await?.state != S::WaitingApproval {
+        to_state(svc, id, S::WaitingApproval, None, vec![], Patch::default()).await?;
+    }
+    Ok(())
 }
 
 /// An approval the agent asks for while the session already has
@@ -1166,6 +1157,12 @@ async fn refuse_approval(
 }
 
 fn approval_id(session: &str, n: u64) -> String {
+    prefixed_approval_id("apr_", session, n)
+}
+
+/// An approval id derived from the session and message number, so a
+/// re-read line opens the same approval.
+fn prefixed_approval_id(prefix: &str, session: &str, n: u64) -> String {
     use sha2::{Digest, Sha256};
     let h = Sha256::digest(format!("{session}/{n}").as_bytes());
     let alpha = b"abcdefghijklmnopqrstuvwxyz0123456789";
@@ -1174,7 +1171,7 @@ fn approval_id(session: &str, n: u64) -> String {
         .take(16)
         .map(|b| alpha[*b as usize % alpha.len()] as char)
         .collect();
-    format!("apr_{tail}")
+    format!("{prefix}{tail}")
 }
 
 /// Hands the agent every message and decision after the last delivered
