@@ -322,41 +322,71 @@ soak-memory: $(SUITE_PREREQS)
 # bench/room-requirements.txt, in a venv of their own.
 ROOM_VENV = $$($(CACHE) venv room bench/room-requirements.txt --system-site-packages)
 
+# make bench prints, before each script or example, its name, the UTC time
+# and the load average, so docs/benchmarks.md can say what each figure was
+# measured beside. A script that crashes stops make bench (make's own rule).
+BENCH_HEAD = @printf '\n=== bench %s · %s · load %s\n' "$(1)" "$$(date -u '+%F %T UTC')" "$$(cut -d' ' -f1-3 /proc/loadavg)"
+
 bench: $(SUITE_PREREQS)
 	cargo build --release -p hatchery-net --example slot_bench
+	$(call BENCH_HEAD,policy_bench)
 	cargo run -q --release -p hatchery-policy --example policy_bench
+	$(call BENCH_HEAD,audit_bench)
 	cargo run -q --release -p hatchery-audit --example audit_bench
+	$(call BENCH_HEAD,egress_bench)
 	cargo run -q --release -p hatchery-egress --example egress_bench
+	$(call BENCH_HEAD,intercept_bench)
 	cargo run -q --release -p hatchery-egress --example intercept_bench
+	$(call BENCH_HEAD,store_bench)
 	cargo run -q --release -p hatchery-store --example store_bench
+	$(call BENCH_HEAD,hosts_bench)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/hosts_bench.py
+	$(call BENCH_HEAD,sessions_hosts_bench)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/sessions_hosts_bench.py
+	$(call BENCH_HEAD,gateway_hosts_bench)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/gateway_hosts_bench.py
+	$(call BENCH_HEAD,session_egress_bench)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/session_egress_bench.py
+	$(call BENCH_HEAD,bench)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/bench.py
+	$(call BENCH_HEAD,fs_pause_bench)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/fs_pause_bench.py
+	$(call BENCH_HEAD,playground_bench)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/playground_bench.py
+	$(call BENCH_HEAD,code_bench)
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  /usr/bin/python3 bench/code_bench.py
 	cargo build --release -p hatchery-gateway --example reserve_bench
+	$(call BENCH_HEAD,reserve_bench)
 	/usr/bin/python3 tests/pg/pg.py -- $(BIN)/examples/reserve_bench
+	$(call BENCH_HEAD,gateway_bench)
 	V=$(GATEWAY_VENV) && HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) /usr/bin/python3 tests/pg/pg.py -- $$V/bin/python bench/gateway_bench.py
+	$(call BENCH_HEAD,rounds_fairness)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/rounds_fairness.py
+	$(call BENCH_HEAD,room_bench)
 	V=$(ROOM_VENV) && HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  $$V/bin/python bench/room_bench.py
+	$(call BENCH_HEAD,sessions_bench)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/sessions_bench.py
+	$(call BENCH_HEAD,checkpoint_cost)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/checkpoint_cost.py
+	$(call BENCH_HEAD,environments_bench)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/environments_bench.py
+	$(call BENCH_HEAD,chain_bench)
 	cargo run -q --release -p hatchery-sessions --example chain_bench
+	$(call BENCH_HEAD,session_store_bench)
 	cargo run -q --release -p hatchery-sessions --example session_store_bench
+	$(call BENCH_HEAD,broker_bench)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/broker_bench.py
