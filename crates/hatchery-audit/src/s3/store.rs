@@ -53,7 +53,10 @@ pub struct S3Store {
     pub location: S3Location,
     bucket: rusty_s3::Bucket,
     credentials_file: PathBuf,
-    /// The system's bundle, loaded at the first https request.
+    /// What an https store's certificate is verified against: the
+    /// system's bundle, or the operator's CA file (`with_ca_file`).
+    bundle: PathBuf,
+    /// `bundle`, loaded at the first https request (or by `check_trust`).
     tls: OnceLock<Arc<ClientConfig>>,
 }
 
@@ -78,8 +81,34 @@ impl S3Store {
             location,
             bucket,
             credentials_file,
+            bundle: PathBuf::from(hatchery_tls::SYSTEM_BUNDLE),
             tls: OnceLock::new(),
         })
+    }
+
+    /// Verifies the store's certificate against the CAs in `bundle` (PEM)
+    /// instead of the system's: a private CA, or a test's.
+    pub fn with_ca_file(mut self, bundle: PathBuf) -> S3Store {
+        self.bundle = bundle;
+        self.tls = OnceLock::new();
+        self
+    }
+
+    /// Loads the trust an https store is verified against now: a missing
+    /// or empty CA file is refused at start, not at the first round.
+    pub fn check_trust(&self) -> Result<(), S3Error> {
+        if self.location.tls {
+            self.tls_config()?;
+        }
+        Ok(())
+    }
+
+    fn tls_config(&self) -> Result<&Arc<ClientConfig>, S3Error> {
+        if let Some(c) = self.tls.get() {
+            return Ok(c);
+        }
+        let cfg = hatchery_tls::client_config(&self.bundle).map_err(S3Error::Trust)?;
+        Ok(self.tls.get_or_init(|| cfg))
     }
 
     /// Reads the credentials file now (it is read again at each request,
@@ -91,13 +120,7 @@ impl S3Store {
 
     fn target(&self) -> Result<Target<'_>, S3Error> {
         let tls = if self.location.tls {
-            if self.tls.get().is_none() {
-                let cfg =
-                    hatchery_tls::client_config(std::path::Path::new(hatchery_tls::SYSTEM_BUNDLE))
-                        .map_err(S3Error::Trust)?;
-                let _ = self.tls.set(cfg);
-            }
-            self.tls.get()
+            Some(self.tls_config()?)
         } else {
             None
         };
@@ -346,5 +369,29 @@ mod tests {
             s.check_credentials(),
             Err(S3Error::Credentials(_))
         ));
+        // No TLS, no trust to load.
+        assert!(s.check_trust().is_ok());
+    }
+
+    #[test]
+    fn an_https_store_loads_its_ca_file_at_the_check() {
+        let loc = S3Location::parse("https://s3.corp/bkt").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let s = S3Store::new(loc.clone(), "us-east-1", "/nonexistent".into())
+            .unwrap()
+            .with_ca_file(dir.path().join("missing.pem"));
+        assert!(matches!(
+            s.check_trust(),
+            Err(S3Error::Trust(hatchery_tls::TrustError::Read(..)))
+        ));
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec![]).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, params.self_signed(&key).unwrap().pem()).unwrap();
+        let s = S3Store::new(loc, "us-east-1", "/nonexistent".into())
+            .unwrap()
+            .with_ca_file(ca);
+        assert!(s.check_trust().is_ok());
     }
 }
