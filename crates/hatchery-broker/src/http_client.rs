@@ -5,9 +5,9 @@
 //! bundle by default) or plain, bounded in time by the caller and in
 //! answer size there.
 
-use hatchery_tls::origin::{Origin, OriginError};
 pub use hatchery_tls::http::{open, send, Answer, HttpError, Target, Trust};
 pub(crate) use hatchery_tls::origin::split_authority;
+use hatchery_tls::origin::{Origin, OriginError};
 
 /// An operator-configured endpoint the broker sends a host-held
 /// credential to (the forge API, an MCP server): `https://`, or plain

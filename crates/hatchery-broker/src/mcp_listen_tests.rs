@@ -29,9 +29,7 @@ fn sse(events: &str) -> Reply {
 type Seen = Arc<Mutex<Vec<(String, String)>>>;
 
 /// A server on a loopback port; every request's head and body are kept.
-async fn server(
-    respond: impl Fn(&str, usize) -> Reply + Send + Sync + 'static,
-) -> (u16, Seen) {
+async fn server(respond: impl Fn(&str, usize) -> Reply + Send + Sync + 'static) -> (u16, Seen) {
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = l.local_addr().unwrap().port();
     let seen: Seen = Arc::default();
@@ -159,16 +157,36 @@ async fn an_endless_event_ends_the_stream_at_the_cap() {
     })
     .await;
     let flag = AtomicBool::new(false);
-    let end = bounded(listen_once("s", &session(port), &flag, &quick(), &mut resume())).await;
-    assert!(matches!(end, End::Failed(McpError::TooLarge(4096))), "{end:?}");
+    let end = bounded(listen_once(
+        "s",
+        &session(port),
+        &flag,
+        &quick(),
+        &mut resume(),
+    ))
+    .await;
+    assert!(
+        matches!(end, End::Failed(McpError::TooLarge(4096))),
+        "{end:?}"
+    );
     // As many `data:` lines as it takes: the event's total counts.
     let (port, _) = server(|_, _| Reply {
         head: b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n".to_vec(),
         repeat: Some(format!("data: {}\n", "y".repeat(1000)).into_bytes()),
     })
     .await;
-    let end = bounded(listen_once("s", &session(port), &flag, &quick(), &mut resume())).await;
-    assert!(matches!(end, End::Failed(McpError::TooLarge(4096))), "{end:?}");
+    let end = bounded(listen_once(
+        "s",
+        &session(port),
+        &flag,
+        &quick(),
+        &mut resume(),
+    ))
+    .await;
+    assert!(
+        matches!(end, End::Failed(McpError::TooLarge(4096))),
+        "{end:?}"
+    );
 }
 
 #[tokio::test]
@@ -181,7 +199,14 @@ async fn a_flood_of_messages_ends_the_stream() {
     })
     .await;
     let flag = AtomicBool::new(false);
-    let end = bounded(listen_once("s", &session(port), &flag, &quick(), &mut resume())).await;
+    let end = bounded(listen_once(
+        "s",
+        &session(port),
+        &flag,
+        &quick(),
+        &mut resume(),
+    ))
+    .await;
     assert!(
         matches!(&end, End::Failed(McpError::Protocol(m)) if m.contains("more than 50 messages")),
         "{end:?}"
@@ -229,7 +254,14 @@ async fn server_requests_are_refused_except_ping_and_never_run() {
     })
     .await;
     let flag = AtomicBool::new(false);
-    let end = bounded(listen_once("s", &session(port), &flag, &quick(), &mut resume())).await;
+    let end = bounded(listen_once(
+        "s",
+        &session(port),
+        &flag,
+        &quick(),
+        &mut resume(),
+    ))
+    .await;
     assert!(matches!(end, End::Closed), "{end:?}");
     let seen = seen.lock().unwrap();
     let posts: Vec<Value> = seen
@@ -257,7 +289,14 @@ async fn a_stream_that_is_not_an_event_stream_fails() {
     })
     .await;
     let flag = AtomicBool::new(false);
-    let end = bounded(listen_once("s", &session(port), &flag, &quick(), &mut resume())).await;
+    let end = bounded(listen_once(
+        "s",
+        &session(port),
+        &flag,
+        &quick(),
+        &mut resume(),
+    ))
+    .await;
     assert!(matches!(end, End::Failed(McpError::Protocol(_))), "{end:?}");
     // A session the server no longer knows: stop, the POSTs start anew.
     let (port, _) = server(|_, _| Reply {

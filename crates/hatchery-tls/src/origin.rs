@@ -39,8 +39,8 @@ impl Origin {
         if authority.contains(['?', '#']) {
             return Err(OriginError::Authority);
         }
-        let (host, port) = split_authority(authority, if tls { 443 } else { 80 })
-            .ok_or(OriginError::Authority)?;
+        let (host, port) =
+            split_authority(authority, if tls { 443 } else { 80 }).ok_or(OriginError::Authority)?;
         let bare = host.trim_start_matches('[').trim_end_matches(']');
         let loopback = bare == "localhost"
             || bare

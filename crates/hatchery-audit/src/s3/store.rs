@@ -115,7 +115,7 @@ impl S3Store {
     }
 
     async fn send(&self, op: &'static str, key: &str, req: Req<'_>) -> Result<Answer, S3Error> {
-        let http_err = |source| S3Error::Http {
+        let http_err = |source: http::HttpError| S3Error::Http {
             op,
             key: key.to_string(),
             source,
@@ -366,7 +366,10 @@ mod tests {
             Bytes::from_static(b"x"),
         )
         .unwrap();
-        assert!(req.uri().to_string().starts_with("/bkt/p/all/x.jsonl?X-Amz-"));
+        assert!(req
+            .uri()
+            .to_string()
+            .starts_with("/bkt/p/all/x.jsonl?X-Amz-"));
         assert_eq!(req.headers()["host"], "127.0.0.1:9000");
         assert_eq!(req.headers()["content-length"], "1");
         let q: std::collections::HashMap<_, _> = url.query_pairs().into_owned().collect();
