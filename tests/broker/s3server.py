@@ -4,7 +4,7 @@ s3 venv) on a loopback port. moto does not check signatures, but it
 treats a request without one as anonymous (private objects are 403 to
 it), so the tests' own requests carry an unsigned Authorization header;
 the daemon and the CLI sign theirs (presigned SigV4). With `tls` (a
-TestCA), moto serves https with a leaf certificate for 127.0.0.1 signed
+MadeCA), moto serves https with a leaf certificate for 127.0.0.1 signed
 by that CA (moto_server --ssl-cert/--ssl-key)."""
 
 import os
@@ -29,7 +29,7 @@ HEADERS = {
 }
 
 
-class TestCA:
+class MadeCA:
     """A CA and a leaf certificate for 127.0.0.1 it signs, made with
     openssl in `d` (P-256 keys, valid for a day): the store serves the
     leaf, and only a client given `ca` (PEM) trusts it."""

@@ -21,7 +21,7 @@ import pytest
 
 from broker_support import BrokerDaemon, add_repo
 from harness import arg, free_port
-from s3server import S3Server, TestCA
+from s3server import S3Server, MadeCA
 
 BUCKET = "hx-anchors"
 PREFIX = "hosts/test"
@@ -50,7 +50,7 @@ def creds():
 def tls_s3():
     """moto over https, its certificate signed by a CA made here."""
     d = tempfile.mkdtemp(prefix="hxs3tls-")
-    ca = TestCA(d)
+    ca = MadeCA(d)
     s = S3Server(tls=ca).start()
     s.create_bucket(BUCKET)
     yield s
