@@ -18,7 +18,7 @@ session's log, as for an agent's own call. The bench calls each host's
 header naming the session's sandbox): non-streaming chat completions, one
 keep-alive connection each, BENCH_GW_N calls (default 300) alternated in
 thirds. Prints p50/p99, the difference and the ratio. Loopback and
-bench-made namespaces only; sessions are cancelled and every daemon
+bench-made namespaces only; every daemon cancels its sessions and is
 checked for leftovers."""
 
 import http.client
@@ -129,14 +129,11 @@ def main():
         used = [sql(pg, f"SELECT used_tokens FROM gateway_budgets WHERE scope = 'session:{sid}'")
                 for sid, _ in sandbox.values()]
         print(f"(each session's budget row, used_tokens: {used})")
-        for d, (sid, _) in sandbox.items():
-            d.request("POST", f"/v1/sessions/{sid}:cancel")
     finally:
+        # Cancels what still runs (the holding sessions), then the
+        # harness's teardown and leak check.
         for d in reversed(daemons):
-            if hasattr(d, "cleanup_sessions"):
-                d.cleanup_sessions()
-            else:
-                d.cleanup()
+            d.cleanup_sessions()
         model.stop()
         git.stop()
         pg.stop()

@@ -2,7 +2,7 @@
 //!
 //! Why: a connection per call costs a TCP (and, for `https://`, a TLS)
 //! handshake on every model call, more than the gateway's whole overhead
-//! goal (docs/gateway.md, "Overhead"). What keeps reuse safe:
+//! goal (docs/gateway.md, "TLS upstreams"). What keeps reuse safe:
 //! - a connection comes back only once hyper says it is ready for another
 //!   request, which for HTTP/1.1 means the previous answer was read to its
 //!   end; an answer dropped half-read closes its connection instead, so no
