@@ -125,6 +125,19 @@ async fn bounded<F: std::future::Future>(f: F) -> F::Output {
         .expect("bounded in time")
 }
 
+/// One stream from the test server on `port`, with the quick limits and
+/// no resume state, bounded in time.
+async fn listen_at(port: u16, pushed: &AtomicBool) -> End {
+    bounded(listen_once(
+        "s",
+        &session(port),
+        pushed,
+        &quick(),
+        &mut resume(),
+    ))
+    .await
+}
+
 #[tokio::test]
 async fn a_405_means_not_offered_and_no_second_try() {
     let (port, seen) = server(|_, _| Reply {
@@ -157,14 +170,7 @@ async fn an_endless_event_ends_the_stream_at_the_cap() {
     })
     .await;
     let flag = AtomicBool::new(false);
-    let end = bounded(listen_once(
-        "s",
-        &session(port),
-        &flag,
-        &quick(),
-        &mut resume(),
-    ))
-    .await;
+    let end = listen_at(port, &flag).await;
     assert!(
         matches!(end, End::Failed(McpError::TooLarge(4096))),
         "{end:?}"
@@ -175,14 +181,7 @@ async fn an_endless_event_ends_the_stream_at_the_cap() {
         repeat: Some(format!("data: {}\n", "y".repeat(1000)).into_bytes()),
     })
     .await;
-    let end = bounded(listen_once(
-        "s",
-        &session(port),
-        &flag,
-        &quick(),
-        &mut resume(),
-    ))
-    .await;
+    let end = listen_at(port, &flag).await;
     assert!(
         matches!(end, End::Failed(McpError::TooLarge(4096))),
         "{end:?}"
@@ -199,14 +198,7 @@ async fn a_flood_of_messages_ends_the_stream() {
     })
     .await;
     let flag = AtomicBool::new(false);
-    let end = bounded(listen_once(
-        "s",
-        &session(port),
-        &flag,
-        &quick(),
-        &mut resume(),
-    ))
-    .await;
+    let end = listen_at(port, &flag).await;
     assert!(
         matches!(&end, End::Failed(McpError::Protocol(m)) if m.contains("more than 50 messages")),
         "{end:?}"
@@ -254,14 +246,7 @@ async fn server_requests_are_refused_except_ping_and_never_run() {
     })
     .await;
     let flag = AtomicBool::new(false);
-    let end = bounded(listen_once(
-        "s",
-        &session(port),
-        &flag,
-        &quick(),
-        &mut resume(),
-    ))
-    .await;
+    let end = listen_at(port, &flag).await;
     assert!(matches!(end, End::Closed), "{end:?}");
     let seen = seen.lock().unwrap();
     let posts: Vec<Value> = seen
@@ -289,14 +274,7 @@ async fn a_stream_that_is_not_an_event_stream_fails() {
     })
     .await;
     let flag = AtomicBool::new(false);
-    let end = bounded(listen_once(
-        "s",
-        &session(port),
-        &flag,
-        &quick(),
-        &mut resume(),
-    ))
-    .await;
+    let end = listen_at(port, &flag).await;
     assert!(matches!(end, End::Failed(McpError::Protocol(_))), "{end:?}");
     // A session the server no longer knows: stop, the POSTs start anew.
     let (port, _) = server(|_, _| Reply {
