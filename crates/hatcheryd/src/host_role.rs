@@ -150,6 +150,12 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .clone()
         .unwrap_or_else(|| args.listen.to_string());
     manager.register_host(&advertise).await?;
+    // Renewed from here, not after reconcile: the lease was taken above,
+    // and a slow reconcile (17-25 s in issue 38; 19.9 s for three orphans
+    // on a loaded machine) plus the first renewal period (a third of the
+    // lease) can outlast the lease, and the sweepers would then mark a
+    // host that is still starting as lost.
+    let _lease = manager.spawn_lease_keeper();
     // `/readyz`: reconciled and listening are set below, the lease is the
     // manager's; role `all` is also its own control plane.
     let host_checks = hatchery_hosts::readiness::HostChecks::new(manager.clone());
@@ -159,7 +165,6 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .reconciled
         .store(true, std::sync::atomic::Ordering::SeqCst);
     let _reaper = manager.spawn_reaper();
-    let _lease = manager.spawn_lease_keeper();
     // Bake missing template checkpoints in the background; until one is
     // ready, creates of that template boot cold.
     for t in manager.templates().list() {
