@@ -165,7 +165,23 @@ def test_cordon_uncordon_lost_sandboxes_and_readiness(pg):
         h1b.created |= h1.created
         assert states(c)["ap-1"] == "ready"
         h1b.wait_no_leftovers(timeout=30, net=False)
-        assert "reconciling this host's sandboxes" in h1b.log(tail=None)
+        log = h1b.log(tail=None)
+        assert "reconciling this host's sandboxes" in log
+        # The lease taken at start is renewed while the host reconciles
+        # (7060e7c): a reconcile longer than the lease must not get the
+        # restarted host swept as lost. Held through one more lease
+        # period after it became ready, and never fenced.
+        print("restart: lease taken, reconciled at",
+              [line[:26] for line in log.splitlines()
+               if "host lease taken" in line or "state reconciled with the host" in line][-2:])
+        until = time.time() + 6 + 3
+        while time.time() < until:
+            assert states(c)["ap-1"] == "ready", states(c)
+            assert readyz(h1b)[0] == 200, readyz(h1b)
+            time.sleep(1)
+        assert h1b.proc.poll() is None, h1b.log()
+        after = h1b.log(tail=None)
+        assert "host lease taken over" not in after and "about to expire unrenewed" not in after
         assert c.request("GET", f"/v1/sandboxes/{kept}").status == 410
 
         # Every host stopped: the control plane is not ready.
