@@ -357,6 +357,9 @@ bench: $(SUITE_PREREQS)
 	$(call BENCH_HEAD,fs_pause_bench)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/fs_pause_bench.py
+	$(call BENCH_HEAD,idle_cpu_bench)
+	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
+	  /usr/bin/python3 bench/idle_cpu_bench.py
 	$(call BENCH_HEAD,playground_bench)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
 	  /usr/bin/python3 bench/playground_bench.py

@@ -406,6 +406,11 @@ async fn create_claims_a_pooled_sandbox_and_the_pool_refills() {
         Some(true),
         "a refill starts with the least CPU weight"
     );
+    assert_eq!(
+        rig.rt.is_parked(&pooled_id),
+        Some(true),
+        "a warm pooled sandbox waits parked (no CPU)"
+    );
     let info = m.create(req()).await.unwrap();
     assert_eq!(info.boot_mode, Some("pool"));
     assert_eq!(info.id, pooled_id);
@@ -413,6 +418,11 @@ async fn create_claims_a_pooled_sandbox_and_the_pool_refills() {
         rig.rt.is_background(&info.id),
         Some(false),
         "a claim gives it the normal weight"
+    );
+    assert_eq!(
+        rig.rt.is_parked(&info.id),
+        Some(false),
+        "a claim unparks it"
     );
     assert_eq!(rig.rt.expiry(&info.id), Some(info.expires_at_ms));
     assert_eq!(m.get(&info.id).await.unwrap().state, "running");

@@ -13,6 +13,7 @@
 //! ```
 
 mod files;
+pub mod freezer;
 mod layout;
 pub mod memcg;
 mod oci;

@@ -256,7 +256,26 @@ impl Runtime for GvisorRuntime {
         crate::memcg::usage(id)
     }
 
+    async fn park(&self, id: &str) {
+        let id2 = id.to_string();
+        let r = tokio::task::spawn_blocking(move || crate::freezer::freeze(&id2)).await;
+        match r {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(sandbox = %id, error = %e, "could not park a pooled sandbox; it stays running")
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %id, error = %e, "parking a pooled sandbox panicked")
+            }
+        }
+    }
+
     fn foreground(&self, id: &str) {
+        // Thawed first: nothing else on the claim path can reach a parked
+        // sandbox (freezer.rs).
+        if let Err(e) = crate::freezer::thaw(id) {
+            tracing::warn!(sandbox = %id, error = %e, "could not unpark a claimed sandbox");
+        }
         // runsc made the cgroup with the spec's shares (oci.rs); only the
         // weight changes here, the CPU quota stays.
         let p = std::path::Path::new("/sys/fs/cgroup/cpu")

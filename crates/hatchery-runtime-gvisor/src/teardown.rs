@@ -32,6 +32,9 @@ fn runsc(runsc: &Path, flags: &[String], args: &[&str]) -> bool {
 /// Kills the container, deletes its runsc state, removes cgroups runsc may
 /// have left and finally the bundle directory.
 pub fn destroy(runsc_bin: &Path, flags: &[String], id: &str, bundle: &Path) {
+    // A parked (frozen) pool sandbox cannot answer `runsc kill`'s RPC nor
+    // die of SIGKILL until thawed (freezer.rs).
+    let _ = crate::freezer::thaw(id);
     runsc(runsc_bin, flags, &["kill", id, "KILL"]);
     // The sandbox's own processes are SIGKILLed and, in the shim (their
     // subreaper), reaped before `runsc delete`: that command polls until

@@ -199,6 +199,8 @@ struct Sandbox {
     end_cause: Option<crate::EndCause>,
     /// Started with `background` and not yet [`Runtime::foreground`]ed.
     background: bool,
+    /// [`Runtime::park`]ed and not yet foregrounded.
+    parked: bool,
 }
 
 #[derive(Default)]
@@ -363,6 +365,11 @@ impl FakeRuntime {
         self.st().sandboxes.get(id).map(|s| s.background)
     }
 
+    /// Whether `id` is parked now (`None`: unknown).
+    pub fn is_parked(&self, id: &str) -> Option<bool> {
+        self.st().sandboxes.get(id).map(|s| s.parked)
+    }
+
     /// The guest dies as [`FakeRuntime::kill`] says, and the runtime knows
     /// why (`end_cause` answers `cause` until `destroy`).
     pub fn kill_for(&self, id: &str, cause: crate::EndCause) -> bool {
@@ -483,6 +490,7 @@ impl FakeRuntime {
                 restored_from,
                 end_cause: None,
                 background: spec.background,
+                parked: false,
             },
         );
         Ok(())
@@ -553,6 +561,13 @@ impl Runtime for FakeRuntime {
     fn foreground(&self, id: &str) {
         if let Some(s) = self.st().sandboxes.get_mut(id) {
             s.background = false;
+            s.parked = false;
+        }
+    }
+
+    async fn park(&self, id: &str) {
+        if let Some(s) = self.st().sandboxes.get_mut(id) {
+            s.parked = true;
         }
     }
 

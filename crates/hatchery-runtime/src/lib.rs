@@ -148,6 +148,15 @@ pub trait Runtime: Send + Sync + 'static {
     /// weights does nothing, and a failure is the runtime's to log.
     fn foreground(&self, _id: &str) {}
 
+    /// Stops a pooled sandbox outright until it is claimed: a parked
+    /// sandbox runs nothing and costs no CPU. [`Runtime::foreground`]
+    /// unparks it (first, before anything else may talk to it), and
+    /// [`Runtime::destroy`] works on a parked sandbox. Best effort: a
+    /// runtime that cannot park does nothing, and a failure is the
+    /// runtime's to log; the sandbox is then left running, never half
+    /// stopped.
+    async fn park(&self, _id: &str) {}
+
     /// Host resources still present for `id`, described for humans; empty
     /// once teardown is complete. Used by health checks and tests.
     fn leftovers(&self, id: &str) -> Vec<String>;
