@@ -16,7 +16,8 @@ that one) instead of assuming it.
 The session's pinned policy decides (docs/policy.md, `replay_diverged`):
 a policy that does not name it (the default) fails the session
 `replay_diverged`; `require_approval` holds the message until a person
-approves, then the new command runs once; `allow` runs it at once."""
+decides: approved, the new command runs once; denied, the session fails
+`replay_diverged`; `allow` runs it at once."""
 
 import time
 
@@ -158,6 +159,21 @@ def test_a_diverged_rerun_waits_for_a_person_then_runs_once(ckpt_daemon, git_ser
     # The next command reads what the approved one wrote.
     cat = [e for e in evs if e["type"] == "command_run" and e["command"] == "cat pick.txt"]
     assert len(cat) == 1 and cat[0]["output"].strip() == "second", cat
+
+
+def test_a_diverged_rerun_a_person_denies_ends_the_session(ckpt_daemon, git_server):
+    d = ckpt_daemon
+    pid = pinned_policy(d, "require_approval")
+    sid, lost, n_ev = lose_after_message_n(d, git_server, "replay-deny", policy_id=pid)
+    s, evs, dv = diverged(d, sid, lost, n_ev, "waiting_approval")
+    a = next(e for e in evs if e["type"] == "approval_requested" and e["seq"] > dv["seq"])
+    r = d.request("POST", f"/v1/sessions/{sid}/approvals/{a['approval_id']}", {"decision": "deny"})
+    assert r.status == 200, r
+    s = wait_failed(d, sid)
+    assert "replay_diverged" in s["reason"], s
+    evs = d.all_events(sid)
+    d.track_sandboxes(sid)
+    assert second_runs(evs) == [], "denied: the new command never ran"
 
 
 def test_a_diverged_rerun_the_policy_allows_runs_at_once(ckpt_daemon, git_server):
