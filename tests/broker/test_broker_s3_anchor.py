@@ -1,5 +1,10 @@
-"""Anchoring to an S3-compatible object store (moto's server, run here):
-a daemon puts each round's chain heads to the bucket as a new object,
+"""Anchoring to an S3-compatible object store (moto's server, run here,
+behind s3front.py, which checks every request's SigV4 signature with
+botocore's signer and its payload hash, and refuses a mismatch as S3
+does): a daemon puts each round's chain heads to the bucket as a new
+object, signed in its headers with the body's SHA-256, which the store
+checks; a daemon given the wrong secret key anchors nothing there
+(403 SignatureDoesNotMatch, counted, logged once);
 `hatchery audit verify --anchors-s3-url` checks the session's chain
 against them, and a rewritten tail is caught at the anchored seq; a
 store that refuses or cannot be reached is counted in
@@ -16,12 +21,15 @@ import sqlite3
 import subprocess
 import tempfile
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 
 import pytest
 
 from broker_support import BrokerDaemon, add_repo
 from harness import arg, free_port
-from s3server import S3Server, MadeCA
+from s3server import KEY_ID, SECRET, S3Server, MadeCA, _sign
 
 BUCKET = "hx-anchors"
 PREFIX = "hosts/test"
@@ -35,14 +43,26 @@ def s3():
     s.stop()
 
 
+def credentials_file(d, secret):
+    p = os.path.join(d, "credentials")
+    with open(p, "w") as f:
+        f.write(f"[default]\naws_access_key_id = {KEY_ID}\naws_secret_access_key = {secret}\n")
+    os.chmod(p, 0o600)
+    return p
+
+
 @pytest.fixture
 def creds():
     d = tempfile.mkdtemp(prefix="hxs3c-")
-    p = os.path.join(d, "credentials")
-    with open(p, "w") as f:
-        f.write("[default]\naws_access_key_id = hxtestkey\naws_secret_access_key = hxtestsecret\n")
-    os.chmod(p, 0o600)
-    yield p
+    yield credentials_file(d, SECRET)
+    shutil.rmtree(d)
+
+
+@pytest.fixture
+def wrong_creds():
+    """The store's key id with another secret."""
+    d = tempfile.mkdtemp(prefix="hxs3w-")
+    yield credentials_file(d, SECRET + "-not")
     shutil.rmtree(d)
 
 
@@ -113,10 +133,27 @@ def test_s3_anchors_verify_the_chain_and_catch_a_dropped_tail(model, git_server,
         anchors = os.path.join(d.data_dir, "session-anchors.jsonl")
         assert any(head in line for line in open(anchors))
         db = arg(d.extra_args, "--db") or os.path.join(d.data_dir, "hatchery.db")
+        # An anchor object under a key that needs URI encoding (the daemon
+        # writes none such; a store may hold one): the CLI lists and reads
+        # it with a signature the store checks.
+        odd = f"{PREFIX}/all/zz odd$key+1=(x).jsonl"
+        line = next(l for l in s3.get(BUCKET, key).splitlines() if head in l)
+        assert s3.put(BUCKET, urllib.parse.quote(odd, safe="/~"), (line + "\n").encode()) == 200
         s3args = ["--anchors-s3-url", url, "--anchors-s3-credentials-file", creds]
         r = verify("--db", db, sid, *s3args, "--json")
         assert r.returncode == 0, (r.stdout, r.stderr)
         assert json.loads(r.stdout)["verified"] == n
+        # Every request of the daemon and the CLI passed the store's
+        # signature check: the daemon's puts signed in their headers with
+        # the body's SHA-256 (checked against the body), the CLI's list and
+        # gets presigned, the odd key's among them.
+        seen = [e for e in s3.front_log() if e["path"].startswith(f"/{BUCKET}")]
+        puts = [e for e in seen if e["method"] == "PUT" and e["path"].startswith(f"/{BUCKET}/{PREFIX}/all/")]
+        assert puts and all((e["auth"], e["payload"], e["verdict"]) == ("header", "signed", "ok") for e in puts), puts
+        gets = [e for e in seen if e["method"] == "GET" and e["auth"] == "query"]
+        assert {e["verdict"] for e in gets} == {"ok"}, gets
+        assert f"/{BUCKET}/{urllib.parse.quote(odd, safe='/~')}" in {e["path"] for e in gets}, gets
+        assert f"/{BUCKET}/" in {e["path"] for e in gets}, "the list, presigned"
         if db.startswith("postgres"):
             return  # the tamper half edits a SQLite file
         # Drop the chain's last event, in a consistent copy of the live
@@ -203,5 +240,69 @@ def test_an_https_store_is_verified_against_the_ca_file(model, git_server, push_
         # The CLI without the CA: the certificate is refused, exit 1.
         r = verify("--db", db, sid, *s3args)
         assert r.returncode == 1 and "certificate" in r.stderr, r.stderr
+    finally:
+        d.cleanup_sessions()
+
+
+def test_the_store_checks_signatures_and_payload_hashes(s3):
+    """The check can fail: what the front refuses, as S3 would."""
+    path = f"/{BUCKET}/sigcheck/a b$c.jsonl"
+    enc = urllib.parse.quote(path, safe="/~")
+    host = f"127.0.0.1:{s3.port}"
+
+    def send(method, target, headers, body=None):
+        r = urllib.request.Request(s3.base + target, data=body, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(r, timeout=10, context=s3.ctx) as a:
+                return a.status, a.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    body = b"signed body\n"
+    assert send("PUT", enc, _sign("PUT", host, enc, [], {}, body), body)[0] == 200
+    # The body changed after signing: its SHA-256 is not the signed one.
+    st, text = send("PUT", enc, _sign("PUT", host, enc, [], {}, body), b"other body\n")
+    assert (st, "<Code>XAmzContentSHA256Mismatch</Code>" in text) == (400, True), (st, text)
+    # The path changed after signing.
+    other = urllib.parse.quote(f"/{BUCKET}/sigcheck/other.jsonl")
+    st, text = send("PUT", other, _sign("PUT", host, enc, [], {}, body), body)
+    assert (st, "<Code>SignatureDoesNotMatch</Code>" in text) == (403, True), (st, text)
+    # A header the signature covers, changed.
+    h = _sign("PUT", host, enc, [], {"if-none-match": "*"}, body)
+    h["if-none-match"] = "etag"
+    st, text = send("PUT", enc, h, body)
+    assert (st, "<Code>SignatureDoesNotMatch</Code>" in text) == (403, True), (st, text)
+    # Unsigned, and signed by a key the store does not know.
+    st, text = send("GET", enc, {})
+    assert (st, "<Code>AccessDenied</Code>" in text) == (403, True), (st, text)
+    h = _sign("GET", host, enc, [], {}, b"")
+    h["authorization"] = h["authorization"].replace(f"Credential={KEY_ID}/", "Credential=nosuchkey/")
+    st, text = send("GET", enc, h)
+    assert (st, "<Code>InvalidAccessKeyId</Code>" in text) == (403, True), (st, text)
+    # What was refused never reached moto: the object is the signed body.
+    assert s3.get(BUCKET, enc.removeprefix(f"/{BUCKET}/")) == body.decode()
+
+
+def test_a_wrong_secret_key_anchors_nothing_and_is_counted(model, git_server, push_server, forge, s3, wrong_creds):
+    url = f"{s3.base}/{BUCKET}/wrongkey"
+    d = s3_daemon(model, git_server, push_server, forge, url, wrong_creds)
+    try:
+        sid, n = finished_session(d, "s3wrongkey")
+        anchors = os.path.join(d.data_dir, "session-anchors.jsonl")
+        head = f'"chain":"{sid}","seq":{n},'
+        wait_for(lambda: os.path.exists(anchors) and any(head in line for line in open(anchors)),
+                 "file anchor of the session's head")
+        wait_for(lambda: metric(d, "hatchery_audit_anchor_failures_total", "s3") >= 2,
+                 "counted S3 failures (one per round)")
+        assert metric(d, "hatchery_audit_anchors_total", "s3") == 0
+        failed = [line for line in d.log().splitlines() if "audit anchoring failed" in line]
+        assert len(failed) == 1 and "SignatureDoesNotMatch" in failed[0], failed
+        assert s3.keys(BUCKET, "wrongkey/") == []
+        refused = [e for e in s3.front_log() if e["path"].startswith(f"/{BUCKET}/wrongkey/")]
+        assert refused and {e["verdict"] for e in refused} == {"SignatureDoesNotMatch"}, refused
+        # The CLI with the wrong secret: refused by the store, exit 1.
+        db = arg(d.extra_args, "--db") or os.path.join(d.data_dir, "hatchery.db")
+        r = verify("--db", db, sid, "--anchors-s3-url", url, "--anchors-s3-credentials-file", wrong_creds)
+        assert r.returncode == 1 and "SignatureDoesNotMatch" in r.stderr, r.stderr
     finally:
         d.cleanup_sessions()

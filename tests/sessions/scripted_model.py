@@ -13,7 +13,10 @@ conversation's last user message (a steering message shows up that way).
 A turn with `"usage": {"prompt_tokens", "completion_tokens"}` reports that
 instead of its real size (a model that lies about what a call cost); one
 with `"delay_s": N` holds the call N seconds before answering (a slow
-model, to kill a daemon while a call is at the upstream).
+model, to kill a daemon while a call is at the upstream). A turn with
+`"again": TURN` plays TURN instead whenever the same conversation (the
+same first user message) asks for that step a second time: a model that
+answers differently when a resumed agent re-runs its call.
 
 Run standalone: python3 scripted_model.py SCRIPTS.json [PORT]
 """
@@ -41,6 +44,8 @@ class ScriptedModel:
         self.scripts = scripts
         self.requests = []
         self.lock = threading.Lock()
+        # How often each (first user message, step) was asked, for `again`.
+        self.asked = {}
         model = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -131,6 +136,11 @@ class ScriptedModel:
         script = self.scripts.get(m.group(1) if m else "default") or [{"content": "no script"}]
         step = sum(1 for m in msgs if m.get("role") == "assistant")
         turn = script[step] if step < len(script) else script[-1]
+        with self.lock:
+            seen = self.asked.get((first, step), 0)
+            self.asked[(first, step)] = seen + 1
+        turn = turn.get("again", turn) if seen else turn
+        turn = {k: v for k, v in turn.items() if k != "again"}
         turn = dict(_subst(turn, _text(users[-1]) if users else ""), _step=step)
         prompt = sum(len(json.dumps(m)) for m in msgs) // 4
         usage = {"prompt_tokens": prompt, "completion_tokens": len(json.dumps(turn)) // 4 + 1}

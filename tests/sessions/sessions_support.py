@@ -69,6 +69,17 @@ SCRIPTS = {
         {"content": "The tests pass.",
          "tool_calls": [{"name": "bash", "arguments": {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}}]},
     ],
+    # Answers its second step differently when asked again (a re-run after
+    # a resume from a checkpoint): test_sessions_replay.py. The first
+    # step's sleep holds the agent while the checkpoint is taken; the
+    # first answer's sleep holds it while the test loses the sandbox.
+    "diverge": [
+        {"tool_calls": [{"name": "shell", "arguments": {"command": "sleep 14; echo one"}}]},
+        {"tool_calls": [{"name": "shell", "arguments": {"command": "echo first > pick.txt; sleep 120"}}],
+         "again": {"tool_calls": [{"name": "shell", "arguments": {"command": "echo second > pick.txt"}}]}},
+        {"tool_calls": [{"name": "shell", "arguments": {"command": "cat pick.txt"}}]},
+        {"tool_calls": [{"name": "finish", "arguments": {"summary": "picked"}}]},
+    ],
     "approve": [
         {"tool_calls": [{"name": "request_approval", "arguments": {"action": "git_push", "details": "main"}}]},
         {"tool_calls": [{"name": "shell", "arguments": {"command": "echo approved > pushed.txt"}}]},

@@ -1,14 +1,16 @@
 //! An S3-compatible object store as an anchoring sink (docs/operations.md,
 //! "Anchoring"): each anchoring round is a new object, never an
 //! overwrite, so a bucket with object lock / retention keeps every head
-//! the daemon ever anchored out of its reach. Requests are signed with
-//! `rusty-s3` (SigV4, presigned) and sent with hatchery-tls's exchange
+//! the daemon ever anchored out of its reach. The put is signed in its
+//! headers with the body's SHA-256 (`sigv4`), list and get with
+//! `rusty-s3`'s presigned URLs (SigV4); all are sent with hatchery-tls's exchange
 //! (the one the broker uses), over TLS verified against the system's
 //! bundle or the operator's CA file, or plain http:// to a loopback
 //! address.
 
 pub mod credentials;
 pub mod location;
+pub mod sigv4;
 pub mod store;
 
 pub use credentials::CredentialsError;

@@ -1,20 +1,20 @@
 //! The three requests anchoring needs: put a new object (write-once),
 //! list the objects under the anchors' prefix, get one.
 
-use super::{credentials, S3Error, S3Location};
+use super::{credentials, sigv4, S3Error, S3Location};
 use crate::line::AnchorLine;
 use crate::verify::Head;
 use bytes::Bytes;
 use hatchery_tls::http::{self, Answer, Target, Trust};
 use http_body_util::Full;
-use rusty_s3::actions::{GetObject, ListObjectsV2, PutObject};
+use rusty_s3::actions::{GetObject, ListObjectsV2};
 use rusty_s3::S3Action;
 use std::path::PathBuf;
 use std::time::Duration;
 
 /// How long one request may take.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a presigned URL is valid: just the request.
+/// How long a presigned URL (list, get) is valid: just the request.
 const SIGNED_FOR: Duration = Duration::from_secs(300);
 /// Caps on answers: a list page (1000 keys) and an anchor object (one
 /// line per chain that moved in a round, about 150 bytes each).
@@ -24,28 +24,6 @@ pub const MAX_OBJECT_BYTES: usize = 64 << 20;
 pub const MAX_OBJECTS: usize = 1_000_000;
 /// An error answer's body, read for its `<Code>` and `<Message>`.
 const MAX_ERROR_BYTES: usize = 64 << 10;
-
-/// One request: a presigned URL, the headers it was signed with, a body,
-/// and a cap on the answer's body.
-struct Req<'a> {
-    method: hyper::Method,
-    url: &'a url::Url,
-    headers: &'a [(&'a str, &'a str)],
-    body: Bytes,
-    max: usize,
-}
-
-impl<'a> Req<'a> {
-    fn get(url: &'a url::Url, max: usize) -> Req<'a> {
-        Req {
-            method: hyper::Method::GET,
-            url,
-            headers: &[],
-            body: Bytes::new(),
-            max,
-        }
-    }
-}
 
 #[derive(Debug)]
 pub struct S3Store {
@@ -114,15 +92,22 @@ impl S3Store {
         }
     }
 
-    async fn send(&self, op: &'static str, key: &str, req: Req<'_>) -> Result<Answer, S3Error> {
+    /// Sends `request` and waits at most [`REQUEST_TIMEOUT`] for the
+    /// answer, with at most `max` bytes of its body.
+    async fn send(
+        &self,
+        op: &'static str,
+        key: &str,
+        request: Result<hyper::Request<Full<Bytes>>, hyper::http::Error>,
+        max: usize,
+    ) -> Result<Answer, S3Error> {
         let http_err = |source: http::HttpError| S3Error::Http {
             op,
             key: key.to_string(),
             source,
         };
-        let request = presigned(req.method, req.url, req.headers, req.body)
-            .map_err(|e| http_err(e.into()))?;
-        let fut = http::send(&self.trust, self.target(), request, req.max);
+        let request = request.map_err(|e| http_err(e.into()))?;
+        let fut = http::send(&self.trust, self.target(), request, max);
         match tokio::time::timeout(REQUEST_TIMEOUT, fut).await {
             Err(_) => Err(S3Error::Timeout {
                 op,
@@ -134,25 +119,54 @@ impl S3Store {
         }
     }
 
+    /// The put's request: path-style, signed in the `Authorization`
+    /// header with the body's SHA-256 (s3::sigv4), so the store checks the
+    /// body as well as who sent it.
+    fn put_request(
+        &self,
+        creds: &rusty_s3::Credentials,
+        key: &str,
+        body: Bytes,
+        at: time::OffsetDateTime,
+    ) -> Result<hyper::Request<Full<Bytes>>, hyper::http::Error> {
+        let path = format!(
+            "/{}/{}",
+            sigv4::encode_path(&self.location.bucket),
+            sigv4::encode_path(key)
+        );
+        let host = host_header(&self.location.endpoint);
+        let fixed = [
+            ("content-type", "application/x-ndjson"),
+            ("if-none-match", "*"),
+        ];
+        let signer = sigv4::Signer {
+            key_id: creds.key(),
+            secret: creds.secret(),
+            token: creds.token(),
+            region: self.bucket.region(),
+        };
+        let signed = signer.sign("PUT", &path, &host, &fixed, &sigv4::sha256_hex(&body), at);
+        let mut req = hyper::Request::builder()
+            .method(hyper::Method::PUT)
+            .uri(path)
+            .header(hyper::header::HOST, host)
+            .header(hyper::header::CONTENT_LENGTH, body.len());
+        for (k, v) in fixed {
+            req = req.header(k, v);
+        }
+        for (k, v) in signed {
+            req = req.header(k, v);
+        }
+        req.body(Full::new(body))
+    }
+
     /// Puts `body` at `key` only if no object is there (`If-None-Match: *`,
     /// which AWS S3, MinIO and moto honour; a store that ignores it still
     /// never sees the same key twice from us).
     pub async fn put_new(&self, key: &str, body: Bytes) -> Result<(), S3Error> {
         let creds = credentials::read(&self.credentials_file)?;
-        let mut put = PutObject::new(&self.bucket, Some(&creds), key);
-        put.headers_mut().insert("if-none-match", "*");
-        let url = put.sign(SIGNED_FOR);
-        let req = Req {
-            method: hyper::Method::PUT,
-            url: &url,
-            headers: &[
-                ("if-none-match", "*"),
-                ("content-type", "application/x-ndjson"),
-            ],
-            body,
-            max: MAX_ERROR_BYTES,
-        };
-        let a = self.send("put", key, req).await?;
+        let req = self.put_request(&creds, key, body, time::OffsetDateTime::now_utc());
+        let a = self.send("put", key, req, MAX_ERROR_BYTES).await?;
         match a.status {
             200..=299 => Ok(()),
             412 => Err(S3Error::Exists {
@@ -175,7 +189,7 @@ impl S3Store {
             }
             let url = list.sign(SIGNED_FOR);
             let a = self
-                .send("list", prefix, Req::get(&url, MAX_LIST_BYTES))
+                .send("list", prefix, presigned_get(&url), MAX_LIST_BYTES)
                 .await?;
             if a.status != 200 {
                 return Err(refused("list", prefix, &a));
@@ -211,7 +225,7 @@ impl S3Store {
         let creds = credentials::read(&self.credentials_file)?;
         let url = GetObject::new(&self.bucket, Some(&creds), key).sign(SIGNED_FOR);
         let a = self
-            .send("get", key, Req::get(&url, MAX_OBJECT_BYTES))
+            .send("get", key, presigned_get(&url), MAX_OBJECT_BYTES)
             .await?;
         if a.status != 200 {
             return Err(refused("get", key, &a));
@@ -256,31 +270,28 @@ pub fn parse_object(key: &str, body: &[u8]) -> Result<Vec<Head>, S3Error> {
         .collect()
 }
 
-/// The request for a presigned `url` (its path and query are the request
-/// target), with the headers it was signed with and `body`.
-fn presigned(
-    method: hyper::Method,
-    url: &url::Url,
-    headers: &[(&str, &str)],
-    body: Bytes,
-) -> Result<hyper::Request<Full<Bytes>>, hyper::http::Error> {
+/// The `Host` header for `url`: its host, and its port unless the
+/// scheme's default (what rusty-s3 signs a presigned URL for too).
+fn host_header(url: &url::Url) -> String {
+    match url.port() {
+        Some(p) => format!("{}:{p}", url.host_str().unwrap_or_default()),
+        None => url.host_str().unwrap_or_default().to_string(),
+    }
+}
+
+/// The GET for a presigned `url` (its path and query are the request
+/// target; it carries no body).
+fn presigned_get(url: &url::Url) -> Result<hyper::Request<Full<Bytes>>, hyper::http::Error> {
     let target = match url.query() {
         Some(q) => format!("{}?{q}", url.path()),
         None => url.path().to_string(),
     };
-    let host = match url.port() {
-        Some(p) => format!("{}:{p}", url.host_str().unwrap_or_default()),
-        None => url.host_str().unwrap_or_default().to_string(),
-    };
-    let mut req = hyper::Request::builder()
-        .method(method)
+    hyper::Request::builder()
+        .method(hyper::Method::GET)
         .uri(target)
-        .header(hyper::header::HOST, host)
-        .header(hyper::header::CONTENT_LENGTH, body.len());
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    req.body(Full::new(body))
+        .header(hyper::header::HOST, host_header(url))
+        .header(hyper::header::CONTENT_LENGTH, 0)
+        .body(Full::new(Bytes::new()))
 }
 
 fn refused(op: &'static str, key: &str, a: &Answer) -> S3Error {
@@ -355,30 +366,43 @@ mod tests {
         let loc = S3Location::parse("http://127.0.0.1:9000/bkt/p").unwrap();
         let s = S3Store::new(loc, "us-east-1", "/nonexistent".into()).unwrap();
         let creds = rusty_s3::Credentials::new("AKID", "secret");
-        let mut put = PutObject::new(&s.bucket, Some(&creds), "p/all/x.jsonl");
-        put.headers_mut().insert("if-none-match", "*");
-        let url = put.sign(SIGNED_FOR);
-        assert_eq!(url.path(), "/bkt/p/all/x.jsonl");
-        let req = presigned(
-            hyper::Method::PUT,
-            &url,
-            &[("if-none-match", "*")],
-            Bytes::from_static(b"x"),
-        )
-        .unwrap();
+        // The put: signed in its headers, the body's hash among them.
+        let at = time::OffsetDateTime::from_unix_timestamp(1_700_000_000).unwrap();
+        let req = s
+            .put_request(&creds, "p/all/x.jsonl", Bytes::from_static(b"x"), at)
+            .unwrap();
+        assert_eq!(req.method(), hyper::Method::PUT);
+        assert_eq!(req.uri().to_string(), "/bkt/p/all/x.jsonl");
+        let h = req.headers();
+        assert_eq!(h["host"], "127.0.0.1:9000");
+        assert_eq!(h["content-length"], "1");
+        assert_eq!(h["if-none-match"], "*");
+        assert_eq!(h["x-amz-content-sha256"], sigv4::sha256_hex(b"x"));
+        assert_eq!(h["x-amz-date"], "20231114T221320Z");
+        let auth = h["authorization"].to_str().unwrap();
+        assert!(
+            auth.starts_with(
+                "AWS4-HMAC-SHA256 Credential=AKID/20231114/us-east-1/s3/aws4_request, "
+            ) && auth.contains(
+                " SignedHeaders=content-type;host;if-none-match;x-amz-content-sha256;x-amz-date, "
+            ),
+            "{auth}"
+        );
+        // List and get: presigned (no body to sign).
+        let url = GetObject::new(&s.bucket, Some(&creds), "p/all/x.jsonl").sign(SIGNED_FOR);
+        let req = presigned_get(&url).unwrap();
         assert!(req
             .uri()
             .to_string()
             .starts_with("/bkt/p/all/x.jsonl?X-Amz-"));
         assert_eq!(req.headers()["host"], "127.0.0.1:9000");
-        assert_eq!(req.headers()["content-length"], "1");
         let q: std::collections::HashMap<_, _> = url.query_pairs().into_owned().collect();
         assert_eq!(q["X-Amz-Algorithm"], "AWS4-HMAC-SHA256");
         assert!(
             q["X-Amz-Credential"].starts_with("AKID/")
                 && q["X-Amz-Credential"].contains("/us-east-1/s3/")
         );
-        assert_eq!(q["X-Amz-SignedHeaders"], "host;if-none-match");
+        assert_eq!(q["X-Amz-SignedHeaders"], "host");
         assert_eq!(q["X-Amz-Signature"].len(), 64);
         // A missing credentials file is an error before any request.
         assert!(matches!(
