@@ -13,6 +13,16 @@ use tokio_postgres::NoTls;
 pub const POOL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Unacknowledged data on a connection before the kernel gives up on it.
 pub const TCP_USER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the server lets a session sit idle inside a transaction before
+/// it ends the session. The client side notices a dead network within
+/// [`TCP_USER_TIMEOUT`], but the server does not: a host cut off between
+/// two statements of a transaction left its backend "idle in transaction"
+/// holding row locks (its lease's, its sandboxes') until the server's TCP
+/// keepalive noticed, two hours by default, and every other host's sweeper
+/// that had to mark its sandboxes lost waited on those locks. No
+/// transaction here waits on anything but the database between statements,
+/// so 20 s is far above a healthy gap and below the default 30 s host lease.
+pub const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(20);
 
 /// Why a pool could not be made: the connection string, as the driver
 /// read it (nothing is connected yet).
@@ -37,10 +47,10 @@ fn build(dsn: &str, size: usize, read_only: bool) -> Result<Pool, PoolConfigErro
     let mut cfg: tokio_postgres::Config = dsn
         .parse()
         .map_err(|e: tokio_postgres::Error| PoolConfigError(e.to_string()))?;
-    if read_only {
-        let opts = cfg.get_options().unwrap_or_default();
-        cfg.options(format!("{opts} -c default_transaction_read_only=on").trim());
-    }
+    cfg.options(&session_options(
+        cfg.get_options().unwrap_or_default(),
+        read_only,
+    ));
     if cfg.get_tcp_user_timeout().is_none() {
         cfg.tcp_user_timeout(TCP_USER_TIMEOUT);
     }
@@ -59,6 +69,20 @@ fn build(dsn: &str, size: usize, read_only: bool) -> Result<Pool, PoolConfigErro
         .runtime(deadpool_postgres::Runtime::Tokio1)
         .build()
         .map_err(|e| PoolConfigError(e.to_string()))
+}
+
+/// The server-side settings every session of the pool starts with, after
+/// any the connection string gave (which therefore lose to these: the
+/// bounds are not a caller's choice).
+fn session_options(given: &str, read_only: bool) -> String {
+    let mut opts = format!(
+        "{given} -c idle_in_transaction_session_timeout={}",
+        IDLE_IN_TRANSACTION.as_millis()
+    );
+    if read_only {
+        opts.push_str(" -c default_transaction_read_only=on");
+    }
+    opts.trim().to_string()
 }
 
 /// Whether a driver error means the database is not there right now (a
@@ -84,6 +108,18 @@ pub fn pg_message(e: &tokio_postgres::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_session_gets_the_idle_in_transaction_bound() {
+        assert_eq!(
+            session_options("", false),
+            "-c idle_in_transaction_session_timeout=20000"
+        );
+        assert_eq!(
+            session_options("-c search_path=x", true),
+            "-c search_path=x -c idle_in_transaction_session_timeout=20000 -c default_transaction_read_only=on"
+        );
+    }
 
     #[test]
     fn bad_strings_are_refused_before_connecting() {

@@ -343,6 +343,18 @@ async fn contract_conformance_on_postgres() {
     let pg = pg_server::TestPg::start();
     let db = Db::open(&pg.dsn).await.unwrap();
     assert_eq!(db.dialect(), hatchery_db::Dialect::Postgres);
+    // The server ends a session left idle inside a transaction (a host cut
+    // off mid-transaction must not hold its row locks for hours).
+    let r = db
+        .query_opt(
+            "SELECT current_setting('idle_in_transaction_session_timeout') AS v",
+            args![],
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let v: String = r.get("v").unwrap();
+    assert_eq!(v, "20s");
     // A shared database (HATCHERY_TEST_PG_DSN) may hold a previous run's.
     for t in ["dbt_items", "dbt_counter", "dbt_doc", "dbt_half"] {
         db.execute(&format!("DROP TABLE IF EXISTS {t}"), args![])
