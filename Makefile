@@ -24,7 +24,7 @@ PYTEST := /usr/bin/python3 -m pytest -p timeout
 SUITE_PREREQS ?= build template
 SUITE_BUILD ?= build
 
-.PHONY: install soak-memory pg-conformance test-pg test-pg-integration egress-test agent-template gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load sessions-test e2b-test store-test broker-test bench bench-code clean-state
+.PHONY: install soak-memory pg-conformance test-pg test-pg-integration egress-test agent-template full-template gateway-test rounds-pages-check rounds-pages-build rounds-test setup build template run test unit kernel-test lint integration cli-test client-test sdk-python-test sdk-typescript-test terminal-check terminal-build terminal-test playground-test playground-load sessions-test e2b-test store-test broker-test bench bench-code clean-state
 
 setup:
 	bash scripts/setup-host.sh
@@ -38,8 +38,10 @@ template: build
 # Templates the daemon builds in the background once it serves (after the
 # default one, which `template` makes before it starts): creates naming
 # one answer 503 template_building with Retry-After until it is done.
-# BUILD_TEMPLATES= starts without them.
-BUILD_TEMPLATES ?= templates/base.json
+# BUILD_TEMPLATES= starts without them. code-interpreter-full (numpy,
+# pandas, matplotlib, IPython, Node: E2B's code-interpreter-v1 contents)
+# is the bigger one and comes second.
+BUILD_TEMPLATES ?= templates/base.json templates/code-interpreter-full.json
 run: build template
 	$(BIN)/hatcheryd --listen $(LISTEN) --data-dir $(DATA_DIR) --templates-dir $(TEMPLATES_DIR) \
 	  $(addprefix --build-template ,$(BUILD_TEMPLATES))
@@ -149,13 +151,13 @@ sdk-typescript-test: $(SUITE_PREREQS)
 # `e2b-code-interpreter` from PyPI in a fresh venv, and `e2b` from npm
 # (npm ci from tests/e2b/js/package-lock.json), against a live daemon.
 # `base` is built on agent-template's rootfs (the same packages), so CI runs
-# debootstrap once for both.
-e2b-test: $(SUITE_PREREQS) agent-template
+# debootstrap once for both; `code-interpreter-full` on full-template's.
+e2b-test: $(SUITE_PREREQS) agent-template full-template
 	$(NEED_NODE)
 	E2B_VENV=$$($(CACHE) venv e2b tests/e2b/requirements.txt) && \
 	E2B_JS=$$($(CACHE) node-modules e2b-js tests/e2b/js) && \
 	HATCHERY_E2B_JS=$$E2B_JS HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
-	  HATCHERY_AGENT_TEMPLATES_DIR=$(AGENT_TEMPLATES_DIR) \
+	  HATCHERY_AGENT_TEMPLATES_DIR=$(AGENT_TEMPLATES_DIR) HATCHERY_FULL_TEMPLATES_DIR=$(FULL_TEMPLATES_DIR) \
 	  $$E2B_VENV/bin/python -m pytest -p timeout -q -p no:cacheprovider tests/e2b
 
 # The browser terminal (web/terminal: xterm.js on the PTY WebSocket). The
@@ -253,6 +255,17 @@ agent-template: $(SUITE_BUILD)
 	mkdir -p $(AGENT_TEMPLATES_DIR)
 	flock $(AGENT_TEMPLATES_DIR).lock \
 	  $(BIN)/hatchery template build-local --templates-dir $(AGENT_TEMPLATES_DIR) templates/agent-session.json
+
+# The `code-interpreter-full` template's rootfs (numpy, pandas, matplotlib,
+# IPython, Node, TypeScript from the Debian mirror), kept in the test cache
+# like agent-template's: e2b-test builds the template on it, so only its
+# setup and checkpoint run there. A cold build is a debootstrap of a few
+# hundred packages (docs/e2b.md gives the time); a current one is a no-op.
+FULL_TEMPLATES_DIR ?= $(HATCHERY_TEST_CACHE)/full-templates
+full-template: $(SUITE_BUILD)
+	mkdir -p $(FULL_TEMPLATES_DIR)
+	flock $(FULL_TEMPLATES_DIR).lock \
+	  $(BIN)/hatchery template build-local --templates-dir $(FULL_TEMPLATES_DIR) templates/code-interpreter-full.json
 
 # Sessions through the daemon's model gateway and egress proxy: pip, git
 # over HTTPS and curl inside a session sandbox against servers on 127.0.0.2

@@ -55,19 +55,29 @@ pub struct ExecuteBody {
 }
 
 /// The kernel a request's language names (E2B's names, case-insensitive).
+/// Whether the sandbox has an interpreter for it is the agent's answer
+/// (400 with the reason when its template has none).
 fn kernel_of(l: Option<&str>) -> Result<&'static str, ApiError> {
     let l = l.map(|l| l.trim().to_ascii_lowercase());
     match l.as_deref() {
         None | Some("") | Some("python") | Some("python3") => Ok("python"),
         Some("bash") => Ok("bash"),
+        Some("js") | Some("javascript") => Ok("javascript"),
+        Some("ts") | Some("typescript") => Ok("typescript"),
         Some(other) => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             format!(
-                "language {other:?} is not supported by Hatchery's code interpreter (python and bash are)"
+                "language {other:?} is not supported by Hatchery's code interpreter \
+                 (python, bash, js and ts are)"
             ),
         )),
     }
 }
+
+/// How long `/execute` waits, for a language other than Python, to learn
+/// whether the sandbox can run it before it commits to a 200 stream: the
+/// agent refuses at once, before it starts anything.
+const REFUSAL_WAIT: Duration = Duration::from_secs(1);
 
 fn now() -> String {
     time::OffsetDateTime::now_utc()
@@ -170,36 +180,70 @@ pub async fn execute(
     let (tx, rx) = mpsc::channel::<Bytes>(32);
     let sever = Sever::default();
     let cut = sever.clone();
+    let (etx, mut erx) = mpsc::channel::<CodeEvent>(32);
+    let backend = Arc::clone(&s.backend);
+    let sandbox = t.sandbox.clone();
+    let refusable = spec.context.is_none() && kernel != "python";
+    // Not aborted when the client goes away: dropping the events receiver
+    // makes the backend stop the run in the sandbox, which dropping the
+    // run's future would not.
+    let mut run = tokio::spawn(async move { backend.run_code(&sandbox, spec, etx).await });
+    // A language whose interpreter the template lacks (JavaScript without
+    // Node) is a 400 with the agent's reason, as a create_context of it
+    // is, not a stream that ends in an error.
+    let mut first: Option<CodeEvent> = None;
+    let mut ended = None;
+    if refusable {
+        tokio::select! {
+            ev = erx.recv() => first = ev,
+            res = &mut run => {
+                if let Ok(Err(e)) = &res {
+                    if e.kind == FailKind::Invalid {
+                        return ApiError::new(StatusCode::BAD_REQUEST, e.message.clone()).into_response();
+                    }
+                }
+                ended = Some(res);
+            }
+            _ = tokio::time::sleep(REFUSAL_WAIT) => {}
+        }
+    }
     tokio::spawn(async move {
-        let (etx, mut erx) = mpsc::channel::<CodeEvent>(32);
-        let backend = Arc::clone(&s.backend);
-        let sandbox = t.sandbox.clone();
-        // Not aborted when the client goes away: dropping the events
-        // receiver makes the backend stop the run in the sandbox, which
-        // dropping the run's future would not.
-        let run = tokio::spawn(async move { backend.run_code(&sandbox, spec, etx).await });
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + KEEPALIVE, KEEPALIVE);
+        let mut first = first;
         loop {
-            let v = tokio::select! {
-                ev = erx.recv() => match ev {
-                    Some(CodeEvent::Stdout(b)) => {
-                        json!({"type": "stdout", "text": String::from_utf8_lossy(&b), "timestamp": now()})
+            let ev = if let Some(ev) = first.take() {
+                Some(ev)
+            } else {
+                tokio::select! {
+                    ev = erx.recv() => ev,
+                    _ = tick.tick() => {
+                        if tx.send(line(&json!({"type": "keepalive"}))).await.is_err() {
+                            return;
+                        }
+                        continue;
                     }
-                    Some(CodeEvent::Stderr(b)) => {
-                        json!({"type": "stderr", "text": String::from_utf8_lossy(&b), "timestamp": now()})
-                    }
-                    Some(CodeEvent::Rich(v)) if v["type"] == "error" => error_line(&v),
-                    Some(CodeEvent::Rich(v)) => result_line(&v),
-                    None => break,
-                },
-                _ = tick.tick() => json!({"type": "keepalive"}),
-                _ = tx.closed() => return,
+                    _ = tx.closed() => return,
+                }
+            };
+            let v = match ev {
+                Some(CodeEvent::Stdout(b)) => {
+                    json!({"type": "stdout", "text": String::from_utf8_lossy(&b), "timestamp": now()})
+                }
+                Some(CodeEvent::Stderr(b)) => {
+                    json!({"type": "stderr", "text": String::from_utf8_lossy(&b), "timestamp": now()})
+                }
+                Some(CodeEvent::Rich(v)) if v["type"] == "error" => error_line(&v),
+                Some(CodeEvent::Rich(v)) => result_line(&v),
+                None => break,
             };
             if tx.send(line(&v)).await.is_err() {
                 return;
             }
         }
-        let res = run.await;
+        let res = match ended {
+            Some(r) => r,
+            None => run.await,
+        };
         let failed = !matches!(&res, Ok(Ok(d)) if d.reason == "exited");
         if failed && crate::sever::sandbox_gone(s.backend.as_ref(), &t.sandbox).await {
             // No end_of_execution: the SDK must see the connection drop.
@@ -321,6 +365,24 @@ pub async fn restart_context(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn language_names_as_e2b_sends_them() {
+        for (given, kernel) in [
+            (None, "python"),
+            (Some("Python3"), "python"),
+            (Some("bash"), "bash"),
+            (Some("js"), "javascript"),
+            (Some(" JavaScript "), "javascript"),
+            (Some("ts"), "typescript"),
+            (Some("typescript"), "typescript"),
+        ] {
+            assert_eq!(kernel_of(given).ok(), Some(kernel), "{given:?}");
+        }
+        for refused in ["r", "java", "deno", "node"] {
+            assert!(kernel_of(Some(refused)).is_err(), "{refused}");
+        }
+    }
 
     #[test]
     fn mime_keys() {
