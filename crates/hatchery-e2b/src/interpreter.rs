@@ -209,7 +209,6 @@ pub async fn execute(
     }
     tokio::spawn(async move {
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + KEEPALIVE, KEEPALIVE);
-        let mut first = first;
         loop {
             let ev = if let Some(ev) = first.take() {
                 Some(ev)

@@ -308,7 +308,17 @@ async function handle(line) {
 // Requests one at a time: a line is served only when the previous cell,
 // awaits included, has finished.
 function main() {
-  if (LANGUAGE === 'typescript') typescript(); // loaded now, not in the first run's time
+  if (LANGUAGE === 'typescript') {
+    // Loaded now, not in the first run's time. Without it the kernel
+    // stops before it is ready, saying why on its raw stderr (the agent
+    // offers no TypeScript context then, so this is a template's mistake).
+    try {
+      typescript();
+    } catch (e) {
+      fs.writeSync(2, e.message + '\n');
+      process.exit(1);
+    }
+  }
   const input = fs.createReadStream(null, { fd: REQ_FD, highWaterMark: 65536 });
   let buf = '';
   let busy = false;

@@ -229,11 +229,13 @@ def _patch_ipython_display(module):
 
 
 # Modules patched right after their import, so the patch holds even in the
-# cell that imports them. IPython.display star-imports display_functions,
-# so `from IPython.display import display` gets the patched one.
+# cell that imports them. IPython.display star-imports IPython.core.display,
+# which takes display from display_functions (IPython 8; before, it defined
+# it), so `from IPython.display import display` gets the patched one.
 _PATCHES = {
     "matplotlib.pyplot": _patch_show,
     "IPython.core.display_functions": _patch_ipython_display,
+    "IPython.core.display": _patch_ipython_display,
 }
 
 
