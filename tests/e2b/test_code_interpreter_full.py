@@ -135,3 +135,21 @@ def test_ipython_display(full):
     shown, main = ex.results
     assert shown.html == "<b>bold</b>" and not shown.is_main_result
     assert main.markdown == "*m*" and main.is_main_result
+
+
+def test_a_kernel_that_cannot_start_is_a_400_with_its_reason(full):
+    """TypeScript is offered here (the template has node-typescript), but
+    with the compiler gone the kernel stops before it is ready: the run is
+    refused 400 with what the kernel said, not a stream ending in an error,
+    and not a hang."""
+    from e2b import SandboxException
+    full.commands.run("mv /usr/share/nodejs/typescript /usr/share/nodejs/typescript.gone", user="root")
+    t0 = time.monotonic()
+    with pytest.raises(SandboxException, match="400 Bad Request: .*interpreter exited while starting: "
+                                               "no TypeScript compiler in this sandbox"):
+        full.run_code("1", language="ts")
+    assert time.monotonic() - t0 < 20
+    # JavaScript runs on, and TypeScript once the compiler is back.
+    assert full.run_code("1 + 1", language="js").text == "2"
+    full.commands.run("mv /usr/share/nodejs/typescript.gone /usr/share/nodejs/typescript", user="root")
+    assert full.run_code("const n: number = 3\nn", language="ts").text == "3"

@@ -11,7 +11,7 @@
 //! output, and a run whose sandbox dies drops the connection.
 
 use crate::api_error::{ApiError, Body};
-use crate::backend::{CodeEvent, CodeSpec, FailKind};
+use crate::backend::{BResult, CodeDone, CodeEvent, CodeSpec, FailKind};
 use crate::sandbox::{Target, INTERPRETER_PORT};
 use crate::sever::Sever;
 use crate::state::Shared;
@@ -74,10 +74,16 @@ fn kernel_of(l: Option<&str>) -> Result<&'static str, ApiError> {
     }
 }
 
-/// How long `/execute` waits, for a language other than Python, to learn
-/// whether the sandbox can run it before it commits to a 200 stream: the
-/// agent refuses at once, before it starts anything.
-const REFUSAL_WAIT: Duration = Duration::from_secs(1);
+/// How long `/execute`, for a language other than Python, holds its answer
+/// until the run's first event or its end, to learn whether the sandbox
+/// can run it before it commits to a 200 stream. The agent refuses a
+/// language it has no interpreter for at once, and gives up on a kernel
+/// that does not get ready within its own 20 s (kernel.rs READY_TIMEOUT):
+/// both are a 400 with the reason, never a stream that hangs or ends in an
+/// error. A started kernel answers within that time with the cell's first
+/// output, or the cell is quiet and the stream starts when this runs out
+/// (under the JS SDK's 30 s wait for an answer's head).
+const REFUSAL_WAIT: Duration = Duration::from_secs(25);
 
 fn now() -> String {
     time::OffsetDateTime::now_utc()
@@ -142,6 +148,18 @@ fn line(v: &Value) -> Bytes {
     b.into()
 }
 
+/// A run's end that refuses the request (a 400 with the agent's reason):
+/// a language the sandbox has no interpreter for, or a kernel that could
+/// not start (`spawn_failed`, its reason from the kernel's stderr).
+fn refusal(res: &Result<BResult<CodeDone>, tokio::task::JoinError>) -> Option<ApiError> {
+    match res {
+        Ok(Err(e)) if e.kind == FailKind::Invalid => {
+            Some(ApiError::new(StatusCode::BAD_REQUEST, e.message.clone()))
+        }
+        _ => None,
+    }
+}
+
 pub async fn execute(
     State(s): State<Arc<Shared>>,
     Extension(t): Extension<Target>,
@@ -194,17 +212,27 @@ pub async fn execute(
     let mut first: Option<CodeEvent> = None;
     let mut ended = None;
     if refusable {
-        tokio::select! {
-            ev = erx.recv() => first = ev,
-            res = &mut run => {
-                if let Ok(Err(e)) = &res {
-                    if e.kind == FailKind::Invalid {
-                        return ApiError::new(StatusCode::BAD_REQUEST, e.message.clone()).into_response();
-                    }
+        // The events channel closes when the run ends, at the same time
+        // as `run` is ready: a closed channel is no first event but the
+        // end, whose answer decides (choosing at random between the two
+        // made a refusal a 200 stream half of the time).
+        let res = tokio::select! {
+            biased;
+            res = &mut run => Some(res),
+            ev = erx.recv() => match ev {
+                Some(ev) => {
+                    first = Some(ev);
+                    None
                 }
-                ended = Some(res);
+                None => Some((&mut run).await),
+            },
+            _ = tokio::time::sleep(REFUSAL_WAIT) => None,
+        };
+        if let Some(res) = res {
+            if let Some(refused) = refusal(&res) {
+                return refused.into_response();
             }
-            _ = tokio::time::sleep(REFUSAL_WAIT) => {}
+            ended = Some(res);
         }
     }
     tokio::spawn(async move {
@@ -364,6 +392,26 @@ pub async fn restart_context(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_that_ends_invalid_is_refused_with_its_reason() {
+        let invalid: Result<BResult<CodeDone>, tokio::task::JoinError> = Ok(Err(
+            crate::backend::BackendError::new(FailKind::Invalid, "no javascript interpreter"),
+        ));
+        let r = refusal(&invalid).expect("refused").into_response();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        // Anything else is the stream's to report (an error line, or the
+        // connection cut when the sandbox is gone).
+        for kind in [
+            FailKind::Internal,
+            FailKind::SandboxNotFound,
+            FailKind::Unresponsive,
+        ] {
+            let other: Result<BResult<CodeDone>, tokio::task::JoinError> =
+                Ok(Err(crate::backend::BackendError::new(kind, "x")));
+            assert!(refusal(&other).is_none(), "{kind:?}");
+        }
+    }
 
     #[test]
     fn language_names_as_e2b_sends_them() {

@@ -22,6 +22,8 @@ pub const JS_KERNEL: &str = include_str!("../kernel/js_kernel.js");
 pub const PYTHON: &str = "/usr/bin/python3";
 pub const NODE: &str = "/usr/bin/node";
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// How much of a kernel's stderr a failed start reports.
+const STARTUP_STDERR: usize = 2048;
 
 static NEXT_MARK: AtomicU64 = AtomicU64::new(1);
 
@@ -167,7 +169,7 @@ impl Kernel {
             }
             let n = self.events.read(&mut buf)?;
             if n == 0 {
-                return Err(std::io::Error::other("interpreter exited while starting"));
+                return Err(std::io::Error::other(self.exited_while_starting()));
             }
             self.pending.extend_from_slice(&buf[..n]);
             if let Some(pos) = self.pending.iter().position(|&b| b == b'\n') {
@@ -181,7 +183,28 @@ impl Kernel {
                 break;
             }
         }
-        Err(std::io::Error::other("interpreter did not get ready"))
+        Err(std::io::Error::other(format!(
+            "interpreter did not get ready within {} s",
+            READY_TIMEOUT.as_secs()
+        )))
+    }
+
+    /// What a kernel that ended before it was ready said on its stderr
+    /// (the JS kernel's "no TypeScript compiler ...", a Python traceback):
+    /// the reason a client is given. Read without blocking (it wrote
+    /// before it exited; a child of it may hold the pipe open), at most
+    /// [`STARTUP_STDERR`] bytes.
+    fn exited_while_starting(&self) -> String {
+        set_nonblocking(&self.stderr);
+        let mut buf = vec![0u8; STARTUP_STDERR];
+        let n = (&self.stderr).read(&mut buf).unwrap_or(0);
+        let said = String::from_utf8_lossy(&buf[..n]);
+        let said = said.trim();
+        if said.is_empty() {
+            "interpreter exited while starting".to_string()
+        } else {
+            format!("interpreter exited while starting: {said}")
+        }
     }
 
     /// Sends one request line without blocking the caller: a kernel that
