@@ -100,11 +100,22 @@ def test_bash_runs_and_contexts(ci):
 def test_other_languages_are_refused_with_a_reason(ci):
     # What the SDK raises (documented in docs/e2b.md).
     from e2b import SandboxException
-    for lang in ("r", "java", "js", "typescript"):
+    for lang in ("r", "java"):
         with pytest.raises(SandboxException, match="400 Bad Request: .*language .*%s.* is not supported by Hatchery" % lang):
             ci.run_code("1", language=lang)
         with pytest.raises(SandboxException, match="not supported by Hatchery"):
             ci.create_code_context(language=lang)
+    # JavaScript and TypeScript are supported, but this template has no
+    # Node (code-interpreter-full has): 400 with the reason.
+    for lang, name in (("js", "javascript"), ("javascript", "javascript"), ("ts", "typescript"),
+                       ("typescript", "typescript")):
+        with pytest.raises(SandboxException, match="400 Bad Request: .*no %s interpreter in this sandbox: "
+                                                   "its template has no /usr/bin/node" % name):
+            ci.run_code("1", language=lang)
+        with pytest.raises(SandboxException, match="no %s interpreter in this sandbox" % name):
+            ci.create_code_context(language=lang)
+    # Python still runs after the refusals.
+    assert ci.run_code("1 + 1").text == "2"
 
 
 def test_contexts_need_the_sandbox_s_traffic_token(daemon, ci):

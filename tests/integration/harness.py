@@ -298,6 +298,35 @@ def agent_templates():
     return d
 
 
+def full_templates():
+    """The templates dir holding `code-interpreter-full`'s rootfs
+    (templates/code-interpreter-full.json: numpy, pandas, matplotlib,
+    IPython, Node and TypeScript from Debian) that `make full-template` keeps
+    in the test cache (HATCHERY_FULL_TEMPLATES_DIR), built here if missing
+    or stale, under the same kind of lock as agent_templates. A cold build
+    is a debootstrap of about 200 packages (docs/e2b.md gives its time)."""
+    d = os.environ.get("HATCHERY_FULL_TEMPLATES_DIR") or os.path.join(CACHE, "full-templates")
+    d = os.path.abspath(d)
+    os.makedirs(d, exist_ok=True)
+    with open(d + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        subprocess.run([os.path.join(BIN_DIR, "hatchery"), "template", "build-local", "--templates-dir", d,
+                        os.path.join(REPO, "templates", "code-interpreter-full.json")], check=True, timeout=1800)
+    return d
+
+
+def seed_cached_rootfs(templates_dir, spec, cache_dir):
+    """Gives template `spec` the rootfs of the same template built in
+    `cache_dir` (full_templates()), so a build through the API only runs
+    its setup and bakes its checkpoint."""
+    key = rootfs_key(spec)
+    src = os.path.join(cache_dir, spec["name"], f"rootfs-{key}")
+    assert os.path.exists(os.path.join(src, ".complete")), src
+    dst = os.path.join(templates_dir, spec["name"])
+    os.makedirs(dst, exist_ok=True)
+    subprocess.run(["cp", "-a", src, dst], check=True)
+
+
 def rootfs_key(spec):
     """TemplateSpec::rootfs_key (crates/hatchery-templates/src/spec.rs):
     base, the packages with the implied ones, sorted and deduplicated, and

@@ -22,6 +22,12 @@ KERNEL = Path(__file__).resolve().parents[2] / "crates/hatchery-agent/src/kernel
 TIMEOUT = 10.0
 
 
+def argv():
+    """The kernel's command line, as hatchery-agent builds it (other kernels'
+    tests replace this)."""
+    return [PYTHON, "-u", "-E", "-s", "-c", KERNEL.read_text()]
+
+
 class Kernel:
     def __init__(self, cwd, env=None):
         req_r, self.req_w = os.pipe()
@@ -36,7 +42,7 @@ class Kernel:
             os.dup2(w, 4)
 
         self.proc = subprocess.Popen(
-            [PYTHON, "-u", "-E", "-s", "-c", KERNEL.read_text()],
+            argv(),
             stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, cwd=cwd,
             env=env if env is not None else dict(os.environ),
             pass_fds=(3, 4), preexec_fn=place,
@@ -296,6 +302,23 @@ def test_display_rich_bundle(kernel):
                              "application/json": {"a": [1, 2]}}
     assert second["data"] == {"text/plain": "5"}
     assert [e["type"] for e in events] == ["result", "result", "stdout", "done"]
+
+
+def test_ipython_display_publishes_rich_results(kernel, tmp_path):
+    # A stand-in for IPython's layout (IPython.display star-imports
+    # IPython.core.display_functions, whose display() prints reprs outside
+    # an IPython shell), in the kernel's directory, which is on sys.path.
+    pkg = tmp_path / "IPython"
+    (pkg / "core").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "core" / "__init__.py").write_text("")
+    (pkg / "core" / "display_functions.py").write_text(
+        "__all__ = ['display']\ndef display(*objs, **kw):\n    print(*objs)\n")
+    (pkg / "display.py").write_text("from IPython.core.display_functions import *\n")
+    events = kernel.run(RICH + "from IPython.display import display\ndisplay(Rich())")
+    (res,) = results(events)
+    assert res["is_main_result"] is False and res["data"]["text/html"] == "<b>rich</b>"
+    assert text(events) == ""
 
 
 def test_broken_repr_method_is_skipped(kernel):

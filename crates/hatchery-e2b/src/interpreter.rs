@@ -11,7 +11,7 @@
 //! output, and a run whose sandbox dies drops the connection.
 
 use crate::api_error::{ApiError, Body};
-use crate::backend::{CodeEvent, CodeSpec, FailKind};
+use crate::backend::{BResult, CodeDone, CodeEvent, CodeSpec, FailKind};
 use crate::sandbox::{Target, INTERPRETER_PORT};
 use crate::sever::Sever;
 use crate::state::Shared;
@@ -55,19 +55,35 @@ pub struct ExecuteBody {
 }
 
 /// The kernel a request's language names (E2B's names, case-insensitive).
+/// Whether the sandbox has an interpreter for it is the agent's answer
+/// (400 with the reason when its template has none).
 fn kernel_of(l: Option<&str>) -> Result<&'static str, ApiError> {
     let l = l.map(|l| l.trim().to_ascii_lowercase());
     match l.as_deref() {
         None | Some("") | Some("python") | Some("python3") => Ok("python"),
         Some("bash") => Ok("bash"),
+        Some("js") | Some("javascript") => Ok("javascript"),
+        Some("ts") | Some("typescript") => Ok("typescript"),
         Some(other) => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             format!(
-                "language {other:?} is not supported by Hatchery's code interpreter (python and bash are)"
+                "language {other:?} is not supported by Hatchery's code interpreter \
+                 (python, bash, js and ts are)"
             ),
         )),
     }
 }
+
+/// How long `/execute`, for a language other than Python, holds its answer
+/// until the run's first event or its end, to learn whether the sandbox
+/// can run it before it commits to a 200 stream. The agent refuses a
+/// language it has no interpreter for at once, and gives up on a kernel
+/// that does not get ready within its own 20 s (kernel.rs READY_TIMEOUT):
+/// both are a 400 with the reason, never a stream that hangs or ends in an
+/// error. A started kernel answers within that time with the cell's first
+/// output, or the cell is quiet and the stream starts when this runs out
+/// (under the JS SDK's 30 s wait for an answer's head).
+const REFUSAL_WAIT: Duration = Duration::from_secs(25);
 
 fn now() -> String {
     time::OffsetDateTime::now_utc()
@@ -132,6 +148,18 @@ fn line(v: &Value) -> Bytes {
     b.into()
 }
 
+/// A run's end that refuses the request (a 400 with the agent's reason):
+/// a language the sandbox has no interpreter for, or a kernel that could
+/// not start (`spawn_failed`, its reason from the kernel's stderr).
+fn refusal(res: &Result<BResult<CodeDone>, tokio::task::JoinError>) -> Option<ApiError> {
+    match res {
+        Ok(Err(e)) if e.kind == FailKind::Invalid => {
+            Some(ApiError::new(StatusCode::BAD_REQUEST, e.message.clone()))
+        }
+        _ => None,
+    }
+}
+
 pub async fn execute(
     State(s): State<Arc<Shared>>,
     Extension(t): Extension<Target>,
@@ -170,36 +198,79 @@ pub async fn execute(
     let (tx, rx) = mpsc::channel::<Bytes>(32);
     let sever = Sever::default();
     let cut = sever.clone();
+    let (etx, mut erx) = mpsc::channel::<CodeEvent>(32);
+    let backend = Arc::clone(&s.backend);
+    let sandbox = t.sandbox.clone();
+    let refusable = spec.context.is_none() && kernel != "python";
+    // Not aborted when the client goes away: dropping the events receiver
+    // makes the backend stop the run in the sandbox, which dropping the
+    // run's future would not.
+    let mut run = tokio::spawn(async move { backend.run_code(&sandbox, spec, etx).await });
+    // A language whose interpreter the template lacks (JavaScript without
+    // Node) is a 400 with the agent's reason, as a create_context of it
+    // is, not a stream that ends in an error.
+    let mut first: Option<CodeEvent> = None;
+    let mut ended = None;
+    if refusable {
+        // The events channel closes when the run ends, at the same time
+        // as `run` is ready: a closed channel is no first event but the
+        // end, whose answer decides (choosing at random between the two
+        // made a refusal a 200 stream half of the time).
+        let res = tokio::select! {
+            biased;
+            res = &mut run => Some(res),
+            ev = erx.recv() => match ev {
+                Some(ev) => {
+                    first = Some(ev);
+                    None
+                }
+                None => Some((&mut run).await),
+            },
+            _ = tokio::time::sleep(REFUSAL_WAIT) => None,
+        };
+        if let Some(res) = res {
+            if let Some(refused) = refusal(&res) {
+                return refused.into_response();
+            }
+            ended = Some(res);
+        }
+    }
     tokio::spawn(async move {
-        let (etx, mut erx) = mpsc::channel::<CodeEvent>(32);
-        let backend = Arc::clone(&s.backend);
-        let sandbox = t.sandbox.clone();
-        // Not aborted when the client goes away: dropping the events
-        // receiver makes the backend stop the run in the sandbox, which
-        // dropping the run's future would not.
-        let run = tokio::spawn(async move { backend.run_code(&sandbox, spec, etx).await });
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + KEEPALIVE, KEEPALIVE);
         loop {
-            let v = tokio::select! {
-                ev = erx.recv() => match ev {
-                    Some(CodeEvent::Stdout(b)) => {
-                        json!({"type": "stdout", "text": String::from_utf8_lossy(&b), "timestamp": now()})
+            let ev = if let Some(ev) = first.take() {
+                Some(ev)
+            } else {
+                tokio::select! {
+                    ev = erx.recv() => ev,
+                    _ = tick.tick() => {
+                        if tx.send(line(&json!({"type": "keepalive"}))).await.is_err() {
+                            return;
+                        }
+                        continue;
                     }
-                    Some(CodeEvent::Stderr(b)) => {
-                        json!({"type": "stderr", "text": String::from_utf8_lossy(&b), "timestamp": now()})
-                    }
-                    Some(CodeEvent::Rich(v)) if v["type"] == "error" => error_line(&v),
-                    Some(CodeEvent::Rich(v)) => result_line(&v),
-                    None => break,
-                },
-                _ = tick.tick() => json!({"type": "keepalive"}),
-                _ = tx.closed() => return,
+                    _ = tx.closed() => return,
+                }
+            };
+            let v = match ev {
+                Some(CodeEvent::Stdout(b)) => {
+                    json!({"type": "stdout", "text": String::from_utf8_lossy(&b), "timestamp": now()})
+                }
+                Some(CodeEvent::Stderr(b)) => {
+                    json!({"type": "stderr", "text": String::from_utf8_lossy(&b), "timestamp": now()})
+                }
+                Some(CodeEvent::Rich(v)) if v["type"] == "error" => error_line(&v),
+                Some(CodeEvent::Rich(v)) => result_line(&v),
+                None => break,
             };
             if tx.send(line(&v)).await.is_err() {
                 return;
             }
         }
-        let res = run.await;
+        let res = match ended {
+            Some(r) => r,
+            None => run.await,
+        };
         let failed = !matches!(&res, Ok(Ok(d)) if d.reason == "exited");
         if failed && crate::sever::sandbox_gone(s.backend.as_ref(), &t.sandbox).await {
             // No end_of_execution: the SDK must see the connection drop.
@@ -321,6 +392,44 @@ pub async fn restart_context(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_that_ends_invalid_is_refused_with_its_reason() {
+        let invalid: Result<BResult<CodeDone>, tokio::task::JoinError> = Ok(Err(
+            crate::backend::BackendError::new(FailKind::Invalid, "no javascript interpreter"),
+        ));
+        let r = refusal(&invalid).expect("refused").into_response();
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        // Anything else is the stream's to report (an error line, or the
+        // connection cut when the sandbox is gone).
+        for kind in [
+            FailKind::Internal,
+            FailKind::SandboxNotFound,
+            FailKind::Unresponsive,
+        ] {
+            let other: Result<BResult<CodeDone>, tokio::task::JoinError> =
+                Ok(Err(crate::backend::BackendError::new(kind, "x")));
+            assert!(refusal(&other).is_none(), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn language_names_as_e2b_sends_them() {
+        for (given, kernel) in [
+            (None, "python"),
+            (Some("Python3"), "python"),
+            (Some("bash"), "bash"),
+            (Some("js"), "javascript"),
+            (Some(" JavaScript "), "javascript"),
+            (Some("ts"), "typescript"),
+            (Some("typescript"), "typescript"),
+        ] {
+            assert_eq!(kernel_of(given).ok(), Some(kernel), "{given:?}");
+        }
+        for refused in ["r", "java", "deno", "node"] {
+            assert!(kernel_of(Some(refused)).is_err(), "{refused}");
+        }
+    }
 
     #[test]
     fn mime_keys() {

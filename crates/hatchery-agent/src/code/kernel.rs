@@ -1,6 +1,7 @@
-//! One interpreter process: a Python kernel (`python_kernel.py`), or the
-//! Bash kernel (`bash_kernel.py`, a Python driver of one `bash`), in a
-//! unit of its own, with four pipes: requests (its fd 3), events (its fd
+//! One interpreter process: a Python kernel (`python_kernel.py`), the
+//! Bash kernel (`bash_kernel.py`, a Python driver of one `bash`), or the
+//! JavaScript/TypeScript kernel (`js_kernel.js`, one `node`), in a unit of
+//! its own, with four pipes: requests (its fd 3), events (its fd
 //! 4) and its raw stdout and stderr (what its child processes write).
 
 use crate::exec::{spawn_contained, Tree};
@@ -17,8 +18,12 @@ use std::time::{Duration, Instant};
 
 pub const PYTHON_KERNEL: &str = include_str!("../kernel/python_kernel.py");
 pub const BASH_KERNEL: &str = include_str!("../kernel/bash_kernel.py");
-const PYTHON: &str = "/usr/bin/python3";
+pub const JS_KERNEL: &str = include_str!("../kernel/js_kernel.js");
+pub const PYTHON: &str = "/usr/bin/python3";
+pub const NODE: &str = "/usr/bin/node";
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// How much of a kernel's stderr a failed start reports.
+const STARTUP_STDERR: usize = 2048;
 
 static NEXT_MARK: AtomicU64 = AtomicU64::new(1);
 
@@ -64,20 +69,33 @@ pub fn set_nonblocking(f: &File) {
 }
 
 impl Kernel {
-    /// Starts the kernel of `language` (`python` or `bash`) in `cwd` and
-    /// waits until it says it is ready.
+    /// Starts the kernel of `language` (`python`, `bash`, `javascript` or
+    /// `typescript`) in `cwd` and waits until it says it is ready.
     pub fn start(language: &str, cwd: &str, reaper: &Arc<Reaper>) -> std::io::Result<Kernel> {
-        let source = match language {
-            "bash" => BASH_KERNEL,
-            _ => PYTHON_KERNEL,
-        };
         let (req_r, req_w) = high_pipe()?;
         let (ev_r, ev_w) = high_pipe()?;
         let (req_fd, ev_fd) = (req_r.as_raw_fd(), ev_w.as_raw_fd());
         let mark = format!("k-{}", NEXT_MARK.fetch_add(1, Ordering::Relaxed));
-        let mut cmd = Command::new(PYTHON);
-        cmd.args(["-u", "-E", "-s", "-c", source])
-            .env_clear()
+        let mut cmd = match language {
+            "javascript" | "typescript" => {
+                // --expose-internals: the kernel uses Node's REPL rewrite
+                // of top-level await (internal/repl/await).
+                let mut c = Command::new(NODE);
+                c.args(["--expose-internals", "-e", JS_KERNEL]);
+                c
+            }
+            _ => {
+                let source = if language == "bash" {
+                    BASH_KERNEL
+                } else {
+                    PYTHON_KERNEL
+                };
+                let mut c = Command::new(PYTHON);
+                c.args(["-u", "-E", "-s", "-c", source]);
+                c
+            }
+        };
+        cmd.env_clear()
             .env(
                 "PATH",
                 "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -90,6 +108,10 @@ impl Kernel {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
+        if matches!(language, "javascript" | "typescript") {
+            // Read and unset by the kernel before any cell runs.
+            cmd.env("HATCHERY_KERNEL_LANGUAGE", language);
+        }
         // SAFETY: only dup2 (async-signal-safe) between fork and exec; the
         // sources are CLOEXEC and vanish at exec, the copies do not.
         unsafe {
@@ -147,7 +169,7 @@ impl Kernel {
             }
             let n = self.events.read(&mut buf)?;
             if n == 0 {
-                return Err(std::io::Error::other("interpreter exited while starting"));
+                return Err(std::io::Error::other(self.exited_while_starting()));
             }
             self.pending.extend_from_slice(&buf[..n]);
             if let Some(pos) = self.pending.iter().position(|&b| b == b'\n') {
@@ -161,7 +183,28 @@ impl Kernel {
                 break;
             }
         }
-        Err(std::io::Error::other("interpreter did not get ready"))
+        Err(std::io::Error::other(format!(
+            "interpreter did not get ready within {} s",
+            READY_TIMEOUT.as_secs()
+        )))
+    }
+
+    /// What a kernel that ended before it was ready said on its stderr
+    /// (the JS kernel's "no TypeScript compiler ...", a Python traceback):
+    /// the reason a client is given. Read without blocking (it wrote
+    /// before it exited; a child of it may hold the pipe open), at most
+    /// [`STARTUP_STDERR`] bytes.
+    fn exited_while_starting(&self) -> String {
+        set_nonblocking(&self.stderr);
+        let mut buf = vec![0u8; STARTUP_STDERR];
+        let n = (&self.stderr).read(&mut buf).unwrap_or(0);
+        let said = String::from_utf8_lossy(&buf[..n]);
+        let said = said.trim();
+        if said.is_empty() {
+            "interpreter exited while starting".to_string()
+        } else {
+            format!("interpreter exited while starting: {said}")
+        }
     }
 
     /// Sends one request line without blocking the caller: a kernel that

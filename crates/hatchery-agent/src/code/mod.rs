@@ -12,6 +12,7 @@ use crate::reaper::Reaper;
 use hatchery_agent_proto::{CodeRequest, ContextInfo, ContextRequest, Frame, Kind};
 use kernel::Kernel;
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -116,15 +117,52 @@ fn languages() -> &'static [&'static str] {
     static L: OnceLock<Vec<&'static str>> = OnceLock::new();
     L.get_or_init(|| {
         let mut l = vec![];
-        if std::path::Path::new("/usr/bin/python3").exists() {
+        if Path::new(kernel::PYTHON).exists() {
             l.push("python");
             // The Bash kernel is a Python driver of one bash.
-            if std::path::Path::new("/bin/bash").exists() {
+            if Path::new("/bin/bash").exists() {
                 l.push("bash");
+            }
+        }
+        if Path::new(kernel::NODE).exists() {
+            l.push("javascript");
+            if TS_COMPILERS.iter().any(|p| Path::new(p).exists()) {
+                l.push("typescript");
             }
         }
         l
     })
+}
+
+/// Where the JavaScript kernel finds a TypeScript compiler: Debian's
+/// node-typescript, or an npm global install (js_kernel.js's TS_PATHS).
+const TS_COMPILERS: &[&str] = &[
+    "/usr/share/nodejs/typescript/package.json",
+    "/usr/lib/node_modules/typescript/package.json",
+    "/usr/local/lib/node_modules/typescript/package.json",
+];
+
+/// Why this sandbox cannot run `language`: what a client is told (400).
+fn unavailable(language: &str) -> String {
+    match language {
+        "javascript" => format!(
+            "no javascript interpreter in this sandbox: its template has no {} (Debian's nodejs; \
+             the code-interpreter-full template has it)",
+            kernel::NODE
+        ),
+        "typescript" if Path::new(kernel::NODE).exists() => {
+            "no typescript compiler in this sandbox: its template has no typescript module \
+             (Debian's node-typescript; the code-interpreter-full template has it)"
+                .to_string()
+        }
+        "typescript" => format!(
+            "no typescript interpreter in this sandbox: its template has no {} and no \
+             typescript module (Debian's nodejs and node-typescript; the code-interpreter-full \
+             template has them)",
+            kernel::NODE
+        ),
+        other => format!("no {other} interpreter in this sandbox"),
+    }
 }
 
 fn new_id() -> String {
@@ -145,22 +183,34 @@ impl Contexts {
         }
     }
 
-    /// Starts the default Python context (in the background; a run that
-    /// comes first waits for it).
+    /// Starts the default Python context, and the default JavaScript one
+    /// where the template has Node (in the background; a run that comes
+    /// first waits for it): both are running in every sandbox restored from
+    /// the template's checkpoint, so their first run starts no process.
     pub fn start_default(&self) {
-        if !languages().contains(&"python") {
-            return;
-        }
-        let cwd = if std::path::Path::new(DEFAULT_CWD).is_dir() {
+        let cwd = if Path::new(DEFAULT_CWD).is_dir() {
             DEFAULT_CWD
         } else {
             "/"
         };
-        let ctx = self.insert(DEFAULT.into(), "python".into(), cwd.into(), false);
-        let reaper = Arc::clone(&self.reaper);
-        crate::pool::run(move || {
-            let _ = ctx.restart(&reaper);
-        });
+        let mut started = vec![];
+        if languages().contains(&"python") {
+            started.push(self.insert(DEFAULT.into(), "python".into(), cwd.into(), false));
+        }
+        if languages().contains(&"javascript") {
+            started.push(self.insert(
+                format!("{DEFAULT}-javascript"),
+                "javascript".into(),
+                cwd.into(),
+                false,
+            ));
+        }
+        for ctx in started {
+            let reaper = Arc::clone(&self.reaper);
+            crate::pool::run(move || {
+                let _ = ctx.restart(&reaper);
+            });
+        }
     }
 
     fn insert(&self, id: String, language: String, cwd: String, settled: bool) -> Arc<Context> {
@@ -220,6 +270,9 @@ impl Contexts {
             None if req.language == "python" => DEFAULT.into(),
             None => format!("{DEFAULT}-{}", req.language),
         };
+        if req.context.is_none() && !languages().contains(&req.language.as_str()) {
+            return out.error(chan, "invalid", unavailable(&req.language));
+        }
         let found = match &req.context {
             None if req.language != "python" => self.language_default(&req.language),
             _ => self.get(&id),
@@ -291,11 +344,7 @@ impl Contexts {
         crate::pool::run(move || {
             let language = req.language.unwrap_or_else(|| "python".into());
             if !languages().contains(&language.as_str()) {
-                return out.error(
-                    chan,
-                    "invalid",
-                    format!("no {language} interpreter in this sandbox"),
-                );
+                return out.error(chan, "invalid", unavailable(&language));
             }
             let cwd = req.cwd.unwrap_or_else(|| DEFAULT_CWD.into());
             if req.make_cwd {
@@ -379,5 +428,25 @@ impl Contexts {
             }
             out.send(&Frame::new(chan, Kind::Ok, b"{}".to_vec()));
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unavailable_language_says_what_the_template_lacks() {
+        let js = unavailable("javascript");
+        assert!(
+            js.starts_with("no javascript interpreter in this sandbox: "),
+            "{js}"
+        );
+        assert!(
+            js.contains("/usr/bin/node") && js.contains("code-interpreter-full"),
+            "{js}"
+        );
+        assert!(unavailable("typescript").contains("node-typescript"));
+        assert_eq!(unavailable("cobol"), "no cobol interpreter in this sandbox");
     }
 }

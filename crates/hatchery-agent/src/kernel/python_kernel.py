@@ -222,26 +222,45 @@ def _patch_show(plt):
         plt.show = show
 
 
-class _PyplotHook:
-    """Meta path finder: patches pyplot.show right after matplotlib.pyplot is
-    imported, so plt.show() works even in the cell that imports it."""
+def _patch_ipython_display(module):
+    """IPython's display() outside an IPython shell prints each object's
+    repr; the kernel's publishes it as a rich result, as Jupyter does."""
+    module.display = display
+
+
+# Modules patched right after their import, so the patch holds even in the
+# cell that imports them. IPython.display star-imports IPython.core.display,
+# which takes display from display_functions (IPython 8; before, it defined
+# it), so `from IPython.display import display` gets the patched one.
+_PATCHES = {
+    "matplotlib.pyplot": _patch_show,
+    "IPython.core.display_functions": _patch_ipython_display,
+    "IPython.core.display": _patch_ipython_display,
+}
+
+
+class _ImportHook:
+    """Meta path finder: applies _PATCHES right after such a module is
+    imported (e.g. pyplot.show, so plt.show() works even in the cell that
+    imports pyplot)."""
 
     def find_spec(self, name, path, target=None):
-        if name != "matplotlib.pyplot":
+        patch = _PATCHES.get(name)
+        if patch is None:
             return None
         for finder in sys.meta_path:
             find_spec = None if finder is self else getattr(finder, "find_spec", None)
             spec = find_spec(name, path, target) if find_spec else None
             if spec is not None:
                 if hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader)
+                    spec.loader = _PatchingLoader(spec.loader, patch)
                 return spec
         return None
 
 
 class _PatchingLoader:
-    def __init__(self, inner):
-        self._inner = inner
+    def __init__(self, inner, patch):
+        self._inner, self._patch = inner, patch
 
     def __getattr__(self, name):
         return getattr(self._inner, name)  # get_source, get_resource_reader, ...
@@ -251,7 +270,7 @@ class _PatchingLoader:
 
     def exec_module(self, module):
         self._inner.exec_module(module)
-        _patch_show(module)
+        self._patch(module)
 
 
 def _run(code):
@@ -470,7 +489,7 @@ def main():
     user_main.__builtins__ = builtins
     sys.modules["__main__"], _ns = user_main, user_main.__dict__
     sys.path.insert(0, os.getcwd())  # user modules in the working directory import
-    sys.meta_path.insert(0, _PyplotHook())
+    sys.meta_path.insert(0, _ImportHook())
     global _streams
     builtins.display = display
     builtins.__hatchery_shell__ = _shell

@@ -1,0 +1,155 @@
+"""`e2b-code-interpreter` (the official Python SDK) on the
+`code-interpreter-full` template (templates/code-interpreter-full.json:
+numpy, pandas, matplotlib, IPython, Node and TypeScript from Debian; issue
+35): JavaScript and TypeScript contexts in a warm Node process, and
+Python's scientific stack with PNG charts and display data.
+
+The template is built through the API of the suite's daemon on the rootfs
+that `make full-template` keeps in the test cache (harness.full_templates,
+built there if missing), so only its setup and checkpoint run here."""
+
+import json
+import os
+import time
+
+import pytest
+from e2b import TimeoutException
+
+import harness
+from harness import wait_for
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FULL_SPEC = json.load(open(os.path.join(HERE, "..", "..", "templates", "code-interpreter-full.json")))
+NAME = FULL_SPEC["name"]
+
+
+@pytest.fixture(scope="module")
+def full_template(daemon):
+    harness.seed_cached_rootfs(daemon.templates_dir, FULL_SPEC, harness.full_templates())
+    r = daemon.request("POST", "/v1/templates", FULL_SPEC)
+    assert r.status == 202, r
+    events = daemon.stream(None, None, path=r.json()["events_url"], method="GET", timeout=900)
+    assert events[-1][0] == "done", events[-5:]
+    wait_for(lambda: daemon.request("GET", f"/v1/templates/{NAME}").json().get("state") == "ready",
+             timeout=60, what="code-interpreter-full ready")
+    return NAME
+
+
+@pytest.fixture
+def full(full_template):
+    from e2b_code_interpreter import Sandbox
+    s = Sandbox.create(full_template, timeout=300)
+    yield s
+    s.kill()
+
+
+def test_js_runs_in_node_with_the_last_expression_as_result(full):
+    ex = full.run_code("1+1", language="js")
+    assert ex.text == "2" and ex.error is None
+    assert full.run_code("'a' + 'b'", language="javascript").text == "ab"
+    assert full.run_code("process.version", language="js").text.startswith("v18.")
+
+
+def test_js_state_is_kept_across_cells(full):
+    assert full.run_code("const x = 40; function add(a, b) { return a + b }", language="js").text is None
+    assert full.run_code("add(x, 2)", language="js").text == "42"
+    # Top-level await, and declarations made under it, as E2B's kernel.
+    full.run_code("const later = await new Promise(r => setTimeout(() => r(7), 10))", language="js")
+    assert full.run_code("async function main() { return later * 6 }\nawait main()", language="js").text == "42"
+
+
+def test_console_log_streams(full):
+    seen = []
+    ex = full.run_code("console.log('Hello, World!')\nawait new Promise(r => setTimeout(r, 1500))\nconsole.log('b')",
+                       language="js", on_stdout=lambda m: seen.append((m.line, time.monotonic())))
+    done = time.monotonic()
+    assert ex.logs.stdout == ["Hello, World!\n", "b\n"]
+    assert [line for line, _ in seen] == ["Hello, World!\n", "b\n"]
+    # The first line arrived while the cell was still running.
+    assert done - seen[0][1] > 1.0, seen
+    assert full.run_code("console.error('e')", language="js").logs.stderr == ["e\n"]
+
+
+def test_js_errors_have_name_and_value(full):
+    ex = full.run_code("let a = 1\nnotDefined + a", language="js")
+    assert ex.error.name == "ReferenceError" and ex.error.value == "notDefined is not defined"
+    assert "<cell-" in ex.error.traceback
+    ex = full.run_code("throw new TypeError('bad thing')", language="js")
+    assert (ex.error.name, ex.error.value) == ("TypeError", "bad thing")
+    # The context lives on.
+    assert full.run_code("a", language="js").text == "1"
+
+
+def test_js_contexts_cwd_and_env(full):
+    assert full.run_code("process.cwd()", language="js").text == "/home/user"
+    ctx = full.create_code_context(cwd="/home", language="js")
+    assert (ctx.language, ctx.cwd) == ("javascript", "/home")
+    assert full.run_code("process.cwd()", context=ctx).text == "/home"
+    assert full.run_code("typeof x", context=ctx).text == "undefined"
+    assert full.run_code("process.env.FOO", envs={"FOO": "bar"}, language="js").text == "bar"
+    assert full.run_code("process.env.FOO || 'default'", language="js").text == "default"
+    assert "javascript" in [c.language for c in full.list_code_contexts()]
+
+
+def test_typescript_types_are_stripped(full):
+    ex = full.run_code("function subtract(x: number, y: number): number {\n  return x - y;\n}\n\nsubtract(1, 2);",
+                       language="ts")
+    assert ex.text == "-1" and ex.error is None
+    full.run_code("interface P { n: number }\nconst p: P = { n: 2 }", language="typescript")
+    assert full.run_code("p.n as number", language="ts").text == "2"
+    assert full.run_code("let y: = 1", language="ts").error.name == "SyntaxError"
+
+
+def test_a_js_run_past_its_timeout_restarts_the_context(full):
+    full.run_code("const kept = 1", language="js")
+    with pytest.raises(TimeoutException):
+        full.run_code("while (true) {}", language="js", timeout=3)
+    t0 = time.monotonic()
+    # Stopped (its unit killed), so this one does not wait behind it; the
+    # context starts clean.
+    assert full.run_code("typeof kept", language="js", timeout=30).text == "undefined"
+    assert time.monotonic() - t0 < 30
+
+
+def test_the_scientific_stack(full):
+    ex = full.run_code("import numpy as np, pandas as pd\n"
+                       "df = pd.DataFrame({'a': np.arange(4)})\nint(df.a.sum())")
+    assert ex.text == "6" and ex.error is None
+    # A pandas frame shows as HTML too, as in Jupyter.
+    ex = full.run_code("df")
+    assert ex.results[0].html and "<table" in ex.results[0].html
+
+
+def test_a_matplotlib_chart_is_a_png_result(full):
+    ex = full.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [3, 1, 2])\nplt.title('t')\nplt.show()")
+    assert ex.error is None, ex.error
+    (res,) = ex.results
+    assert res.png and res.png.startswith("iVBORw0KGgo"), res
+    assert not res.is_main_result
+
+
+def test_ipython_display(full):
+    ex = full.run_code("from IPython.display import display, HTML, Markdown\n"
+                       "display(HTML('<b>bold</b>'))\nMarkdown('*m*')")
+    assert ex.error is None, ex.error
+    shown, main = ex.results
+    assert shown.html == "<b>bold</b>" and not shown.is_main_result
+    assert main.markdown == "*m*" and main.is_main_result
+
+
+def test_a_kernel_that_cannot_start_is_a_400_with_its_reason(full):
+    """TypeScript is offered here (the template has node-typescript), but
+    with the compiler gone the kernel stops before it is ready: the run is
+    refused 400 with what the kernel said, not a stream ending in an error,
+    and not a hang."""
+    from e2b import SandboxException
+    full.commands.run("mv /usr/share/nodejs/typescript /usr/share/nodejs/typescript.gone", user="root")
+    t0 = time.monotonic()
+    with pytest.raises(SandboxException, match="400 Bad Request: .*interpreter exited while starting: "
+                                               "no TypeScript compiler in this sandbox"):
+        full.run_code("1", language="ts")
+    assert time.monotonic() - t0 < 20
+    # JavaScript runs on, and TypeScript once the compiler is back.
+    assert full.run_code("1 + 1", language="js").text == "2"
+    full.commands.run("mv /usr/share/nodejs/typescript.gone /usr/share/nodejs/typescript", user="root")
+    assert full.run_code("const n: number = 3\nn", language="ts").text == "3"
