@@ -47,7 +47,7 @@ fn build(dsn: &str, size: usize, read_only: bool) -> Result<Pool, PoolConfigErro
     let mut cfg: tokio_postgres::Config = dsn
         .parse()
         .map_err(|e: tokio_postgres::Error| PoolConfigError(e.to_string()))?;
-    cfg.options(&session_options(
+    cfg.options(session_options(
         cfg.get_options().unwrap_or_default(),
         read_only,
     ));
