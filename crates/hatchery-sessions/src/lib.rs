@@ -27,6 +27,7 @@ pub mod hooks;
 mod host_reports;
 pub mod ids;
 pub mod layout;
+pub mod guest_trust;
 pub mod metrics;
 pub mod model_events;
 pub mod models;
