@@ -6,7 +6,6 @@
 use crate::claims::{Claims, StoreLeases};
 use crate::error::{fail, E2bBackendError};
 use crate::headers::{Bound, EgressHeaders};
-use hatchery_serve::error_text::with_causes;
 use crate::pty::TerminalPty;
 use crate::translate::{context_view, exec_params, file_entry, policy, proc_view, reason};
 use async_trait::async_trait;
@@ -18,6 +17,7 @@ use hatchery_e2b::backend::{
     ExecOutput, FileEntry, NetworkSpec, OutputChunk, ProcSpec, ProcView, Pty, ResumeClaim,
     SandboxView,
 };
+use hatchery_serve::error_text::with_causes;
 use hatchery_tenants::AdmitError;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -105,8 +105,10 @@ impl ManagerBackend {
     ) -> Result<(), E2bBackendError> {
         let list = crate::headers::bound(id, rules);
         // Recorded first, so a failure below deletes what was stored.
-        self.attached()
-            .insert(id.to_string(), list.iter().map(|(b, _)| b.clone()).collect());
+        self.attached().insert(
+            id.to_string(),
+            list.iter().map(|(b, _)| b.clone()).collect(),
+        );
         for (b, value) in &list {
             h.seal(&b.secret, value)
                 .await
@@ -151,11 +153,7 @@ impl ManagerBackend {
     }
 }
 
-async fn detach(
-    h: &dyn EgressHeaders,
-    attached: &Mutex<HashMap<String, Vec<Bound>>>,
-    id: &str,
-) {
+async fn detach(h: &dyn EgressHeaders, attached: &Mutex<HashMap<String, Vec<Bound>>>, id: &str) {
     h.unbind(id);
     let known = attached
         .lock()
@@ -218,7 +216,10 @@ fn spawn_sweep(
                     None => manager.get(id).await.is_ok(),
                 };
                 if !live {
-                    tracing::info!(sandbox = id, "e2b: deleting the header values of a sandbox that is gone");
+                    tracing::info!(
+                        sandbox = id,
+                        "e2b: deleting the header values of a sandbox that is gone"
+                    );
                     detach(h.as_ref(), &attached, id).await;
                 }
             }
@@ -227,7 +228,6 @@ fn spawn_sweep(
 }
 
 impl ManagerBackend {
-
     /// Tenant keys are answered by `tenants`, and every sandbox that
     /// records a tenant is admitted by its live-sandbox limit.
     pub fn with_tenants(mut self, tenants: Arc<hatchery_tenants::Tenants>) -> Self {

@@ -69,7 +69,10 @@ pub fn secret_name(sandbox: &str, n: usize) -> String {
 
 /// The sandbox a stored name belongs to, if it is a header value's.
 pub fn sandbox_of(secret: &str) -> Option<&str> {
-    secret.strip_prefix(SECRET_PREFIX)?.rsplit_once('.').map(|(s, _)| s)
+    secret
+        .strip_prefix(SECRET_PREFIX)?
+        .rsplit_once('.')
+        .map(|(s, _)| s)
 }
 
 /// Each header with the name its value is stored under, in order.
@@ -226,7 +229,10 @@ mod tests {
 
     #[test]
     fn headers_go_only_where_the_sandboxs_egress_already_goes() {
-        let b: Vec<Bound> = bound("sbx_x", &rules()).into_iter().map(|(b, _)| b).collect();
+        let b: Vec<Bound> = bound("sbx_x", &rules())
+            .into_iter()
+            .map(|(b, _)| b)
+            .collect();
         // Everything denied but one address: its header holds there; a
         // rules host not in allowOut stays denied (E2B: not allowed by
         // being listed); another address gets nothing.
@@ -239,8 +245,14 @@ mod tests {
             deny: vec![],
         };
         let p = policy("sbx_x", Some(&deny_all), &b).unwrap();
-        assert_eq!(decide(&p, "198.19.2.6", "198.19.2.6", 8443), (Effect::Allow, 1));
-        assert_eq!(decide(&p, "198.19.2.10", "198.19.2.10", 8443).0, Effect::Deny);
+        assert_eq!(
+            decide(&p, "198.19.2.6", "198.19.2.6", 8443),
+            (Effect::Allow, 1)
+        );
+        assert_eq!(
+            decide(&p, "198.19.2.10", "198.19.2.10", 8443).0,
+            Effect::Deny
+        );
         assert_eq!(
             decide(&p, "a.api.example.com", "203.0.113.7", 443),
             (Effect::Deny, 2)
@@ -260,7 +272,10 @@ mod tests {
             decide(&p, "a.api.example.com", "192.0.2.7", 443),
             (Effect::Allow, 2)
         );
-        assert_eq!(decide(&p, "api.example.com", "192.0.2.7", 443), (Effect::Allow, 0));
+        assert_eq!(
+            decide(&p, "api.example.com", "192.0.2.7", 443),
+            (Effect::Allow, 0)
+        );
         assert_eq!(decide(&p, "x.example", "203.0.113.9", 443).0, Effect::Deny);
         assert_eq!(decide(&p, "x.example", "10.0.0.1", 443).0, Effect::Deny);
         assert_eq!(decide(&p, "x.example", "127.0.0.1", 443).0, Effect::Deny);

@@ -5,7 +5,9 @@
 use crate::api_error::{ApiError, ApiResult, Body};
 use crate::backend::{BackendError, Caller, CreateSpec, FailKind, NetworkSpec, SandboxView};
 use crate::lifecycle::Lifecycle;
-use crate::network::{header_rules, network_spec, refuse_rules_update, refuse_unsupported, NetworkBody};
+use crate::network::{
+    header_rules, network_spec, refuse_rules_update, refuse_unsupported, NetworkBody,
+};
 use crate::pause_resume::{pause_live, resume_paused, Resumed};
 use crate::query::{form_pairs, pct_decode, MAX_PAGE};
 use crate::state::{self, present, Shared, FORK_KEY};

@@ -121,7 +121,9 @@ fn check_header(at: &str, name: &str, value: &Value) -> ApiResult<String> {
     }
     // Messages name the header, never its value.
     let Value::String(v) = value else {
-        return Err(bad(format!("{at} header {name:?}: the value must be a string")));
+        return Err(bad(format!(
+            "{at} header {name:?}: the value must be a string"
+        )));
     };
     if v.contains(IAM_PLACEHOLDER) {
         return Err(bad(format!(
@@ -277,7 +279,11 @@ mod tests {
 
     #[test]
     fn debug_shows_names_never_values() {
-        let r = parse(Some(&one("a.example.com", json!({"X-Key": "s3cr3t-value"})))).unwrap();
+        let r = parse(Some(&one(
+            "a.example.com",
+            json!({"X-Key": "s3cr3t-value"}),
+        )))
+        .unwrap();
         let d = format!("{r:?}");
         assert!(d.contains("X-Key") && !d.contains("s3cr3t"), "{d}");
     }
@@ -295,7 +301,10 @@ mod tests {
             ("", "never for every host"),
         ] {
             let m = msg(one(host, json!({"X": "v"})));
-            assert!(m.contains(want) && m.contains("network.rules host"), "{host}: {m}");
+            assert!(
+                m.contains(want) && m.contains("network.rules host"),
+                "{host}: {m}"
+            );
         }
     }
 
@@ -315,7 +324,10 @@ mod tests {
         ] {
             let m = msg(one("a.example.com", headers.clone()));
             assert!(m.contains(want), "{headers}: {m}");
-            assert!(m.contains("network.rules[\"a.example.com\"][0].transform.headers"), "{m}");
+            assert!(
+                m.contains("network.rules[\"a.example.com\"][0].transform.headers"),
+                "{m}"
+            );
             assert!(!m.contains("X-Evil") && !m.contains("Bearer"), "{m}");
         }
         for (v, want) in [
@@ -334,10 +346,7 @@ mod tests {
                 json!({"a.example.com": [{"transform": {"headers": []}}]}),
                 "headers must be an object",
             ),
-            (
-                json!({"A.example.com": [], "a.example.com": []}),
-                "twice",
-            ),
+            (json!({"A.example.com": [], "a.example.com": []}), "twice"),
         ] {
             let m = msg(v.clone());
             assert!(m.contains(want), "{v}: {m}");
@@ -368,13 +377,8 @@ mod tests {
         };
         assert_eq!(parse(Some(&hosts(MAX_HOSTS))).unwrap().len(), MAX_HOSTS);
         assert!(msg(hosts(MAX_HOSTS + 1)).contains("names 17 hosts; at most 16"));
-        let headers = |n: usize| {
-            Value::Object(
-                (0..n)
-                    .map(|i| (format!("X-{i}"), json!("v")))
-                    .collect(),
-            )
-        };
+        let headers =
+            |n: usize| Value::Object((0..n).map(|i| (format!("X-{i}"), json!("v"))).collect());
         let two = |a: usize, b: usize| {
             json!({
                 "a.example.com": [{"transform": {"headers": headers(a)}}],

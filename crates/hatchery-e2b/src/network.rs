@@ -436,7 +436,10 @@ mod tests {
         assert_eq!(r[0].host, "api.example.com");
         // Not on an update.
         let m = refuse_rules_update(&rules).unwrap_err().message;
-        assert!(m.contains("\"rules\" (header transforms) cannot be changed"), "{m}");
+        assert!(
+            m.contains("\"rules\" (header transforms) cannot be changed"),
+            "{m}"
+        );
         for (k, v) in [
             (
                 "egressProxy",

@@ -98,7 +98,7 @@ pub fn router(secrets: Secrets) -> Router {
 /// is never returned by any route.
 #[utoipa::path(post, path = "/v1/secrets", tag = "secrets", request_body = CreateSecret,
     responses((status = 201, body = SecretInfo),
-              (status = 400, body = hatchery_serve::json_error::ErrorBody, description = "invalid_secret: name or value out of bounds"),
+              (status = 400, body = hatchery_serve::json_error::ErrorBody, description = "invalid_secret: name or value out of bounds, or a name reserved for E2B sandboxes (e2b.)"),
               (status = 403, body = hatchery_serve::json_error::ErrorBody, description = "a tenant key"),
               (status = 409, body = hatchery_serve::json_error::ErrorBody, description = "secret_exists, too_many_secrets"),
               (status = 413, body = hatchery_serve::json_error::ErrorBody)))]

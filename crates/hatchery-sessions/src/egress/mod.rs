@@ -325,7 +325,11 @@ pub fn start(
                         .unwrap_or_else(|p| p.into_inner())
                         .get(&sbx)
                         .map(|b| b.session.clone());
-                    s.or_else(|| owned_lock(&own).contains_key(&sbx).then(|| pseudo_session(&sbx)))
+                    s.or_else(|| {
+                        owned_lock(&own)
+                            .contains_key(&sbx)
+                            .then(|| pseudo_session(&sbx))
+                    })
                 });
                 // Relayed connections have no IP peer; events name the session.
                 let peer = SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0));

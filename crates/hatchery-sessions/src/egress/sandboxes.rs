@@ -60,8 +60,10 @@ impl Routed {
     }
 }
 
-fn sandbox_in(session: Option<&str>) -> Option<&str> {
-    session.and_then(sandbox_of)
+/// The sandbox a connection's session names, if it is a pseudo-session
+/// (owned, so the event can be handed on when it is not).
+fn sandbox_in(session: Option<&str>) -> Option<String> {
+    session.and_then(sandbox_of).map(str::to_string)
 }
 
 #[async_trait::async_trait]
@@ -78,7 +80,7 @@ impl Events for Routed {
     }
 
     async fn result(&self, r: EgressResult) {
-        let Some(sbx) = sandbox_of(&r.session) else {
+        let Some(sbx) = sandbox_in(Some(&r.session)) else {
             return self.sessions.result(r).await;
         };
         tracing::info!(target: "hatchery::egress::sandbox", sandbox = %sbx, connect_seq = r.intent,
@@ -97,7 +99,7 @@ impl Events for Routed {
     }
 
     async fn credential(&self, u: CredentialUse) -> Result<u64, SourceError> {
-        let Some(sbx) = sandbox_of(&u.session) else {
+        let Some(sbx) = sandbox_in(Some(&u.session)) else {
             return self.sessions.credential(u).await;
         };
         let seq = self.next();
@@ -109,7 +111,7 @@ impl Events for Routed {
     }
 
     async fn credential_result(&self, r: CredentialResult) {
-        let Some(sbx) = sandbox_of(&r.session) else {
+        let Some(sbx) = sandbox_in(Some(&r.session)) else {
             return self.sessions.credential_result(r).await;
         };
         tracing::info!(target: "hatchery::egress::sandbox", sandbox = %sbx, use_seq = r.use_seq,
