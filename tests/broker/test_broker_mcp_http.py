@@ -3,7 +3,10 @@ that speak the transport through the real `mcp` SDK (http_mcp.py), one
 answering with event streams and one with JSON bodies, with the bearer
 token the operator's config holds; a server given the wrong token is
 reported in the tool catalog and offers nothing. Calls go through the
-same recorded, policy-checked path as stdio servers' (test_broker_mcp.py)."""
+same recorded, policy-checked path as stdio servers' (test_broker_mcp.py).
+The broker listens on each session's GET stream: a tool list change
+announced there is seen before the next call, and a server's sampling
+request is refused (JSON-RPC -32601), never run; both are logged."""
 
 import json
 import os
@@ -100,3 +103,35 @@ def test_tools_over_streamable_http(hbd):
     assert sorted(log) == ["echo once", "echo over json", "echo over sse"], log
     # The token stays on the host: not in the session's events.
     assert TOKEN not in json.dumps(hbd.all_events(sid))
+
+
+def test_server_messages_on_the_get_stream(hbd):
+    pid = hbd.request("POST", "/v1/policies", {"name": "mcp-get", "rules": [
+        {"id": "web-ok", "effect": "allow", "match": {"tools": ["mcp.websse.*"]}}]}).json()["id"]
+    calls = [
+        # Not listed yet.
+        [1, "mcp.websse.late", {"text": "too early"}, {}],
+        # Adds it, and says so on the GET stream only.
+        [2, "mcp.websse.grow", {}, {}],
+        [3, "mcp.websse.late", {"text": "now"}, {}],
+        # The server asks the broker to sample a model: refused.
+        [4, "mcp.websse.ask", {}, {}],
+    ]
+    sid = run_agent(hbd, "mcp-get", calls, pid)
+    hbd.wait_state(sid, "completed", timeout=300)
+    hbd.track_sandboxes(sid)
+    got, _ = answers(hbd, sid)
+    a = got[1][0]
+    assert a["status"] == "failed" and "has no tool" in a["output"]["error"], a
+    assert text_of(got[2][0]) == "grown", got[2]
+    a = got[3][0]
+    assert a["status"] == "done" and text_of(a) == "late: now", a
+    a = got[4][0]
+    assert a["status"] == "done", a
+    assert text_of(a).startswith("refused:") and "no client features" in text_of(a), a
+    log = open(hbd.mcp_log).read().splitlines()
+    assert sorted(log) == ["ask", "late now"], log
+    daemon = hbd.log(tail=None)
+    assert "its tool list changed" in daemon
+    refused = [line for line in daemon.splitlines() if "mcp server request refused" in line]
+    assert refused and "sampling/createMessage" in refused[0] and "websse" in refused[0], refused

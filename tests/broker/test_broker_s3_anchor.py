@@ -3,7 +3,11 @@ a daemon puts each round's chain heads to the bucket as a new object,
 `hatchery audit verify --anchors-s3-url` checks the session's chain
 against them, and a rewritten tail is caught at the anchored seq; a
 store that refuses or cannot be reached is counted in
-hatchery_audit_anchor_failures_total while the anchor file goes on."""
+hatchery_audit_anchor_failures_total while the anchor file goes on. Over
+https, the store's certificate is verified: one from a CA the test makes
+fails the anchoring (a certificate error, logged and counted) until the
+daemon is given that CA (`--audit-anchor-s3-ca-file`), and so does the
+CLI's verify (`--anchors-s3-ca-file`)."""
 
 import json
 import os
@@ -17,7 +21,7 @@ import pytest
 
 from broker_support import BrokerDaemon, add_repo
 from harness import arg, free_port
-from s3server import S3Server
+from s3server import S3Server, MadeCA
 
 BUCKET = "hx-anchors"
 PREFIX = "hosts/test"
@@ -42,11 +46,23 @@ def creds():
     shutil.rmtree(d)
 
 
-def s3_daemon(model, git_server, push_server, forge, url, creds):
+@pytest.fixture(scope="module")
+def tls_s3():
+    """moto over https, its certificate signed by a CA made here."""
+    d = tempfile.mkdtemp(prefix="hxs3tls-")
+    ca = MadeCA(d)
+    s = S3Server(tls=ca).start()
+    s.create_bucket(BUCKET)
+    yield s
+    s.stop()
+    shutil.rmtree(d)
+
+
+def s3_daemon(model, git_server, push_server, forge, url, creds, extra=()):
     # BrokerDaemon anchors every second (--audit-anchor-interval 1).
     return BrokerDaemon(model.port, git_server, push_server, forge,
                         extra=["--audit-anchor-s3-url", url,
-                               "--audit-anchor-s3-credentials-file", creds]).start()
+                               "--audit-anchor-s3-credentials-file", creds, *extra]).start()
 
 
 def finished_session(d, name):
@@ -148,5 +164,44 @@ def test_a_failing_store_is_counted_while_the_file_anchors(model, git_server, pu
         assert len(failed) == 1, failed
         assert "s3" in failed[0], failed
         assert ("NoSuchBucket" if store == "refusing" else "cannot connect") in failed[0], failed
+    finally:
+        d.cleanup_sessions()
+
+
+def test_an_https_store_is_verified_against_the_ca_file(model, git_server, push_server, forge, tls_s3, creds):
+    url = f"{tls_s3.base}/{BUCKET}/tls"
+    assert url.startswith("https://127.0.0.1:")
+    # Without the CA: the system's bundle does not know the test's CA, so
+    # every round fails on the certificate (counted, logged once) while
+    # the file anchors; nothing reaches the bucket.
+    d = s3_daemon(model, git_server, push_server, forge, url, creds)
+    try:
+        sid, n = finished_session(d, "s3tls-noca")
+        wait_for(lambda: metric(d, "hatchery_audit_anchor_failures_total", "s3") >= 2,
+                 "counted S3 certificate failures")
+        assert metric(d, "hatchery_audit_anchors_total", "s3") == 0
+        assert metric(d, "hatchery_audit_anchors_total", "file") >= 1
+        failed = [line for line in d.log().splitlines() if "audit anchoring failed" in line]
+        assert len(failed) == 1 and "certificate" in failed[0], failed
+        assert tls_s3.keys(BUCKET, "tls/all/") == []
+    finally:
+        d.cleanup_sessions()
+    # With it: the session's head is put over https and verifies.
+    d = s3_daemon(model, git_server, push_server, forge, url, creds,
+                  extra=["--audit-anchor-s3-ca-file", tls_s3.tls.ca])
+    try:
+        sid, n = finished_session(d, "s3tls-ca")
+        head = f'"chain":"{sid}","seq":{n},'
+        wait_for(lambda: any(head in tls_s3.get(BUCKET, k) for k in tls_s3.keys(BUCKET, "tls/all/")),
+                 "S3 anchor over https")
+        assert metric(d, "hatchery_audit_anchor_failures_total", "s3") == 0
+        db = arg(d.extra_args, "--db") or os.path.join(d.data_dir, "hatchery.db")
+        s3args = ["--anchors-s3-url", url, "--anchors-s3-credentials-file", creds]
+        r = verify("--db", db, sid, *s3args, "--anchors-s3-ca-file", tls_s3.tls.ca, "--json")
+        assert r.returncode == 0, (r.stdout, r.stderr)
+        assert json.loads(r.stdout)["verified"] == n
+        # The CLI without the CA: the certificate is refused, exit 1.
+        r = verify("--db", db, sid, *s3args)
+        assert r.returncode == 1 and "certificate" in r.stderr, r.stderr
     finally:
         d.cleanup_sessions()

@@ -121,6 +121,15 @@ pub struct BrokerArgs {
         env = "HATCHERY_AUDIT_ANCHOR_S3_CREDENTIALS_FILE"
     )]
     pub anchor_s3_credentials_file: Option<PathBuf>,
+    /// A PEM bundle the object store's certificate is verified against
+    /// instead of the system's (a private CA, or a test's). Only with an
+    /// `https://` `--audit-anchor-s3-url`.
+    #[arg(
+        id = "broker_anchor_s3_ca_file",
+        long = "audit-anchor-s3-ca-file",
+        env = "HATCHERY_AUDIT_ANCHOR_S3_CA_FILE"
+    )]
+    pub anchor_s3_ca_file: Option<PathBuf>,
     /// A JSON file naming the MCP servers whose tools the broker fronts
     /// as `mcp.<server>.<tool>` (docs/sessions.md, "MCP servers").
     #[arg(
@@ -324,6 +333,7 @@ mod tests {
             anchor_s3_url: None,
             anchor_s3_region: "us-east-1".into(),
             anchor_s3_credentials_file: None,
+            anchor_s3_ca_file: None,
             mcp_config: None,
             control_url: None,
             for_hosts: false,
@@ -383,6 +393,12 @@ pub enum AnchorS3Error {
     NoCredentials,
     #[error("--audit-anchor-s3-credentials-file is set without --audit-anchor-s3-url")]
     NoUrl,
+    #[error("--audit-anchor-s3-ca-file is set without --audit-anchor-s3-url")]
+    CaWithoutUrl,
+    /// A CA for a store reached without TLS: a mistake (a URL meant to be
+    /// https://), refused rather than ignored.
+    #[error("--audit-anchor-s3-ca-file is set but --audit-anchor-s3-url is plain http://")]
+    CaWithoutTls,
     #[error(
         "--audit-anchor-s3-region {0:?}: 1 to {MAX_REGION_BYTES} lowercase letters, digits and '-'"
     )]
@@ -398,10 +414,13 @@ pub struct AnchorS3 {
     pub location: hatchery_audit::s3::S3Location,
     pub region: String,
     pub credentials_file: PathBuf,
+    /// What its certificate is verified against (None: the system's
+    /// bundle).
+    pub ca_file: Option<PathBuf>,
 }
 
 /// The object-store sink `a` asks for, if any: a valid URL, a region and
-/// a credentials file together.
+/// a credentials file together, and a CA file only for an https:// URL.
 pub fn anchor_s3(a: &BrokerArgs) -> Result<Option<AnchorS3>, AnchorS3Error> {
     let r = &a.anchor_s3_region;
     if r.is_empty()
@@ -412,16 +431,23 @@ pub fn anchor_s3(a: &BrokerArgs) -> Result<Option<AnchorS3>, AnchorS3Error> {
     {
         return Err(AnchorS3Error::Region(r.clone()));
     }
-    match (&a.anchor_s3_url, &a.anchor_s3_credentials_file) {
-        (None, None) => Ok(None),
-        (None, Some(_)) => Err(AnchorS3Error::NoUrl),
-        (Some(_), None) => Err(AnchorS3Error::NoCredentials),
-        (Some(url), Some(file)) => Ok(Some(AnchorS3 {
-            location: hatchery_audit::s3::S3Location::parse(url).map_err(AnchorS3Error::Url)?,
-            region: r.clone(),
-            credentials_file: file.clone(),
-        })),
+    let (url, file) = match (&a.anchor_s3_url, &a.anchor_s3_credentials_file) {
+        (None, None) if a.anchor_s3_ca_file.is_some() => return Err(AnchorS3Error::CaWithoutUrl),
+        (None, None) => return Ok(None),
+        (None, Some(_)) => return Err(AnchorS3Error::NoUrl),
+        (Some(_), None) => return Err(AnchorS3Error::NoCredentials),
+        (Some(url), Some(file)) => (url, file),
+    };
+    let location = hatchery_audit::s3::S3Location::parse(url).map_err(AnchorS3Error::Url)?;
+    if a.anchor_s3_ca_file.is_some() && !location.tls {
+        return Err(AnchorS3Error::CaWithoutTls);
     }
+    Ok(Some(AnchorS3 {
+        location,
+        region: r.clone(),
+        credentials_file: file.clone(),
+        ca_file: a.anchor_s3_ca_file.clone(),
+    }))
 }
 
 #[cfg(test)]
@@ -436,6 +462,7 @@ mod anchor_s3_tests {
 
     fn args(url: Option<&str>, creds: Option<&str>, region: &str) -> BrokerArgs {
         let mut a = <Flags as clap::Parser>::parse_from(["hatcheryd"]).a;
+        a.anchor_s3_ca_file = None;
         a.anchor_s3_url = url.map(Into::into);
         a.anchor_s3_credentials_file = creds.map(Into::into);
         a.anchor_s3_region = region.into();
@@ -467,6 +494,24 @@ mod anchor_s3_tests {
         assert!(matches!(
             anchor_s3(&args(Some("http://10.1.1.1/bkt"), Some("/c"), "us-east-1")),
             Err(AnchorS3Error::Url(_))
+        ));
+        // A CA file: only with an https:// URL.
+        let with_ca = |url: Option<&str>, creds: Option<&str>| {
+            let mut a = args(url, creds, "us-east-1");
+            a.anchor_s3_ca_file = Some("/ca.pem".into());
+            anchor_s3(&a)
+        };
+        let ok = with_ca(Some("https://s3.corp:9000/bkt"), Some("/c"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(ok.ca_file.as_deref(), Some(std::path::Path::new("/ca.pem")));
+        assert!(matches!(
+            with_ca(None, None),
+            Err(AnchorS3Error::CaWithoutUrl)
+        ));
+        assert!(matches!(
+            with_ca(Some("http://127.0.0.1:9000/bkt"), Some("/c")),
+            Err(AnchorS3Error::CaWithoutTls)
         ));
         let at_cap = "a".repeat(MAX_REGION_BYTES);
         assert!(anchor_s3(&args(None, None, &at_cap)).is_ok());

@@ -178,9 +178,14 @@ fn spawn_anchoring(s: &Settings<'_>, sessions: Arc<Sessions>) -> Result<(), Embe
     };
     let s3 = match crate::config::anchor_s3(s.broker)? {
         Some(c) => {
-            let store = hatchery_audit::s3::S3Store::new(c.location, &c.region, c.credentials_file)
-                .map_err(EmbedError::AnchorStore)?;
+            let mut store =
+                hatchery_audit::s3::S3Store::new(c.location, &c.region, c.credentials_file)
+                    .map_err(EmbedError::AnchorStore)?;
+            if let Some(ca) = c.ca_file {
+                store = store.with_ca_file(ca);
+            }
             store.check_credentials().map_err(EmbedError::AnchorStore)?;
+            store.check_trust().map_err(EmbedError::AnchorStore)?;
             Some(store)
         }
         None => None,

@@ -21,6 +21,7 @@ fn args() -> BrokerArgs {
         anchor_s3_url: None,
         anchor_s3_region: "us-east-1".into(),
         anchor_s3_credentials_file: None,
+        anchor_s3_ca_file: None,
         mcp_config: None,
         control_url: None,
         for_hosts: true,

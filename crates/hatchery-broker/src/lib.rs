@@ -19,6 +19,7 @@ pub mod http_client;
 pub mod mcp;
 mod mcp_error;
 pub mod mcp_http;
+mod mcp_listen;
 mod mcp_rpc;
 pub mod mcp_stdio;
 pub mod metrics;

@@ -3,7 +3,8 @@
 //! as `mcp.<server>.<tool>`, through the same recorded, policy-checked
 //! path as its own tools (service.rs). JSON-RPC 2.0: `initialize`,
 //! `notifications/initialized`, `tools/list`, `tools/call`, over stdio
-//! (mcp_stdio.rs) or streamable HTTP (mcp_http.rs).
+//! (mcp_stdio.rs) or streamable HTTP (mcp_http.rs, with the optional
+//! GET stream of the server's own messages in mcp_listen.rs).
 //!
 //! Everything a server says about its tools (descriptions, schemas,
 //! annotations such as `readOnlyHint`) is untrusted: it is capped and
@@ -223,7 +224,7 @@ impl Conn {
     fn tools_changed(&mut self) -> &mut bool {
         match self {
             Conn::Stdio(c) => &mut c.tools_changed,
-            Conn::Http(c) => &mut c.tools_changed,
+            Conn::Http(c) => c.tools_changed_mut(),
         }
     }
 
@@ -357,6 +358,16 @@ impl Server {
             h.set_protocol(&protocol);
         }
         c.notify("notifications/initialized", None).await?;
+        if let Conn::Http(h) = &mut c {
+            // The server's own messages, if it offers a GET stream.
+            let task = crate::mcp_listen::spawn(
+                self.cfg.name.clone(),
+                h.session().clone(),
+                h.pushed_flag(),
+                crate::mcp_listen::Limits::for_server(self.cfg.max_response_bytes),
+            );
+            h.attach_listener(task);
+        }
         tracing::info!(server = %self.cfg.name, pid = c.pid(), protocol = %protocol, "mcp server started");
         Ok((c, protocol))
     }

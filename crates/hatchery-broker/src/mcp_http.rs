@@ -7,7 +7,8 @@
 //! endpoint is `https://` verified against the broker's trust, or
 //! `http://` to a loopback address only, since `headers` may hold a
 //! host-side credential. One request is in flight per connection (the
-//! caller holds the server's lock).
+//! caller holds the server's lock). The optional GET stream a server may
+//! offer for messages of its own is mcp_listen.rs's.
 
 use crate::http_client::{self, Base, Trust};
 use crate::mcp_error::McpError;
@@ -17,10 +18,13 @@ use http_body_util::Full;
 use hyper::header::{HeaderName, HeaderValue};
 use serde_json::Value;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 const SESSION_HEADER: &str = "mcp-session-id";
 const PROTOCOL_HEADER: &str = "mcp-protocol-version";
+/// The GET stream's resumption header (mcp_listen.rs).
+pub const LAST_EVENT_ID_HEADER: &str = "last-event-id";
 /// Headers the transport sets itself; an operator's `headers` may not.
 const RESERVED: &[&str] = &[
     "host",
@@ -31,6 +35,7 @@ const RESERVED: &[&str] = &[
     "connection",
     SESSION_HEADER,
     PROTOCOL_HEADER,
+    LAST_EVENT_ID_HEADER,
 ];
 /// A session id longer than this is a broken server, not an id.
 const MAX_SESSION_ID: usize = 256;
@@ -71,58 +76,123 @@ impl HttpSpec {
     }
 }
 
-pub struct HttpConn {
-    spec: HttpSpec,
-    session: Option<HeaderValue>,
-    protocol: Option<HeaderValue>,
-    next_id: u64,
-    /// The server said its tool list changed.
-    pub tools_changed: bool,
+/// Where messages of one MCP session go and what they carry besides
+/// their body: the operator's headers, and the session id and protocol
+/// version once `initialize` gave them. The POSTs of [`HttpConn`] and the
+/// GET stream's listener (mcp_listen.rs) both send with it.
+#[derive(Debug, Clone)]
+pub struct Session {
+    pub spec: HttpSpec,
+    pub id: Option<HeaderValue>,
+    pub protocol: Option<HeaderValue>,
 }
 
-impl HttpConn {
-    pub fn new(spec: &HttpSpec) -> HttpConn {
-        HttpConn {
-            spec: spec.clone(),
-            session: None,
-            protocol: None,
-            next_id: 1,
-            tools_changed: false,
-        }
-    }
-
-    /// The version negotiated at `initialize`, sent from then on.
-    pub fn set_protocol(&mut self, version: &str) {
-        self.protocol = HeaderValue::from_str(version).ok();
-    }
-
-    async fn post(&mut self, msg: &Value, max: usize) -> Result<http_client::Answer, McpError> {
-        let body = serde_json::to_vec(msg).map_err(|e| McpError::Protocol(e.to_string()))?;
+impl Session {
+    /// A request to the endpoint with the transport's headers.
+    pub fn builder(&self, method: hyper::Method, accept: &str) -> hyper::http::request::Builder {
         let b = &self.spec.base;
         let path = if b.prefix.is_empty() { "/" } else { &b.prefix };
         let mut req = hyper::Request::builder()
-            .method("POST")
+            .method(method)
             .uri(path)
             .header("host", &b.hostport)
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
+            .header("accept", accept)
             .header("user-agent", "hatchery-broker");
         for (k, v) in &self.spec.headers {
             req = req.header(k, v);
         }
-        if let Some(s) = &self.session {
+        if let Some(s) = &self.id {
             req = req.header(SESSION_HEADER, s);
         }
         if let Some(p) = &self.protocol {
             req = req.header(PROTOCOL_HEADER, p);
         }
-        let req = req
+        req
+    }
+
+    /// POSTs one message; the answer as it came (status not checked).
+    pub async fn send(&self, msg: &Value, max: usize) -> Result<http_client::Answer, McpError> {
+        let body = serde_json::to_vec(msg).map_err(|e| McpError::Protocol(e.to_string()))?;
+        let req = self
+            .builder(hyper::Method::POST, "application/json, text/event-stream")
+            .header("content-type", "application/json")
             .body(Full::new(Bytes::from(body)))
             .map_err(|e| McpError::Http(e.into()))?;
-        let a = http_client::send(&self.spec.trust, b.target(), req, max)
+        http_client::send(&self.spec.trust, self.spec.base.target(), req, max)
             .await
-            .map_err(McpError::Http)?;
-        if a.status == 404 && self.session.is_some() {
+            .map_err(McpError::Http)
+    }
+}
+
+pub struct HttpConn {
+    session: Session,
+    next_id: u64,
+    /// The server said its tool list changed.
+    pub tools_changed: bool,
+    /// Set by the GET stream's listener when the server says so there.
+    pushed: Arc<AtomicBool>,
+    /// That listener, stopped with this connection (one per session).
+    listener: Option<tokio::task::AbortHandle>,
+}
+
+impl Drop for HttpConn {
+    fn drop(&mut self) {
+        if let Some(l) = &self.listener {
+            l.abort();
+        }
+    }
+}
+
+impl HttpConn {
+    pub fn new(spec: &HttpSpec) -> HttpConn {
+        HttpConn {
+            session: Session {
+                spec: spec.clone(),
+                id: None,
+                protocol: None,
+            },
+            next_id: 1,
+            tools_changed: false,
+            pushed: Arc::new(AtomicBool::new(false)),
+            listener: None,
+        }
+    }
+
+    /// The version negotiated at `initialize`, sent from then on.
+    pub fn set_protocol(&mut self, version: &str) {
+        self.session.protocol = HeaderValue::from_str(version).ok();
+    }
+
+    /// The session as it stands (after `initialize`: with its id).
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// The flag the GET stream's listener raises on
+    /// `notifications/tools/list_changed`.
+    pub fn pushed_flag(&self) -> Arc<AtomicBool> {
+        self.pushed.clone()
+    }
+
+    /// Keeps the session's GET stream listener, to stop it with this
+    /// connection (a second one replaces, and stops, the first).
+    pub fn attach_listener(&mut self, task: tokio::task::AbortHandle) {
+        if let Some(old) = self.listener.replace(task) {
+            old.abort();
+        }
+    }
+
+    /// Whether the tool list changed, by a message on either stream.
+    pub fn tools_changed_mut(&mut self) -> &mut bool {
+        if self.pushed.swap(false, Ordering::Relaxed) {
+            self.tools_changed = true;
+        }
+        &mut self.tools_changed
+    }
+
+    async fn post(&mut self, msg: &Value, max: usize) -> Result<http_client::Answer, McpError> {
+        let a = self.session.send(msg, max).await?;
+        if a.status == 404 && self.session.id.is_some() {
             // The server ended the session: start afresh (the caller
             // drops this connection and initializes a new one).
             return Err(McpError::Closed("the server ended the MCP session".into()));
@@ -134,12 +204,12 @@ impl HttpConn {
                 a.status
             )));
         }
-        if self.session.is_none() {
+        if self.session.id.is_none() {
             if let Some(id) = a.headers.get(SESSION_HEADER) {
                 if id.len() > MAX_SESSION_ID {
                     return Err(McpError::Protocol("an oversized session id".into()));
                 }
-                self.session = Some(id.clone());
+                self.session.id = Some(id.clone());
             }
         }
         Ok(a)

@@ -169,6 +169,7 @@ pub const KEYS: &[Key] = &[
     k("audit", "anchor_s3_url", "audit-anchor-s3-url", Str, RUNS),
     k("audit", "anchor_s3_region", "audit-anchor-s3-region", Str, RUNS),
     k("audit", "anchor_s3_credentials_file", "audit-anchor-s3-credentials-file", Str, RUNS),
+    k("audit", "anchor_s3_ca_file", "audit-anchor-s3-ca-file", Str, RUNS),
     k("gateway", "control_url", "gateway-control-url", Str, HOST),
     k("gateway", "openai_upstream", "gateway-openai-upstream", Str, FRONT),
     k("gateway", "anthropic_upstream", "gateway-anthropic-upstream", Str, FRONT),

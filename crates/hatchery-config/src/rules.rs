@@ -133,7 +133,13 @@ pub fn check(a: &DaemonArgs, o: &Origins) -> Vec<Problem> {
         let why = std::error::Error::source(&e)
             .map(|s| format!("{e}: {s}"))
             .unwrap_or_else(|| e.to_string());
-        bad("audit.anchor_s3_url", why);
+        // A CA file's own mistake is named by its key.
+        let key = match &e {
+            hatchery_broker::config::AnchorS3Error::CaWithoutUrl
+            | hatchery_broker::config::AnchorS3Error::CaWithoutTls => "audit.anchor_s3_ca_file",
+            _ => "audit.anchor_s3_url",
+        };
+        bad(key, why);
     }
     out
 }

@@ -354,3 +354,46 @@ fn the_anchor_object_store_is_checked_with_the_rest() {
     .unwrap();
     assert_eq!(a.broker.anchor_s3_region, "eu-west-1");
 }
+
+#[test]
+fn the_anchor_object_stores_ca_file_goes_with_an_https_url() {
+    // Alone, from the file: named by its own key.
+    let f = file("[audit]\nanchor_s3_ca_file = \"/etc/hatchery/s3-ca.pem\"\n");
+    let e = problems(run(&["hatcheryd", "--config", f.path().to_str().unwrap()]).unwrap_err());
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].contains("`audit.anchor_s3_ca_file`") && e[0].contains("without"),
+        "{e:?}"
+    );
+    // With a plain http:// (loopback) store: a mistake, refused.
+    let e = problems(
+        run(&[
+            "hatcheryd",
+            "--audit-anchor-s3-url",
+            "http://127.0.0.1:9000/anchors",
+            "--audit-anchor-s3-credentials-file",
+            "/c",
+            "--audit-anchor-s3-ca-file",
+            "/ca.pem",
+        ])
+        .unwrap_err(),
+    );
+    assert!(
+        e[0].contains("--audit-anchor-s3-ca-file") && e[0].contains("plain http://"),
+        "{e:?}"
+    );
+    let a = run(&[
+        "hatcheryd",
+        "--audit-anchor-s3-url",
+        "https://s3.corp:9000/anchors/p",
+        "--audit-anchor-s3-credentials-file",
+        "/c",
+        "--audit-anchor-s3-ca-file",
+        "/ca.pem",
+    ])
+    .unwrap();
+    assert_eq!(
+        a.broker.anchor_s3_ca_file.as_deref(),
+        Some(std::path::Path::new("/ca.pem"))
+    );
+}

@@ -90,7 +90,9 @@ impl Manager {
             loop {
                 tokio::time::sleep(tick).await;
                 let Some(m) = me.upgrade() else { return };
-                if m.closing.load(Ordering::SeqCst) {
+                // Renewed (and heartbeating) until the stop has finished,
+                // not merely begun: see `Manager::shut_down`.
+                if m.shut_down.load(Ordering::SeqCst) {
                     return;
                 }
                 let asked = Instant::now();

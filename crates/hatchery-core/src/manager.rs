@@ -87,6 +87,12 @@ pub struct Manager {
     /// Templates whose checkpoint is being baked right now.
     pub(crate) baking: Mutex<std::collections::HashSet<String>>,
     pub(crate) closing: std::sync::atomic::AtomicBool,
+    /// Set once `shutdown` has finished: only then does the lease keeper
+    /// stop renewing. A shutdown can outlast the host lease (an in-flight
+    /// refill, bakes, teardowns: up to about 90 s), and a host that went
+    /// silent that long while still stopping would be swept as lost, its
+    /// live sandboxes marked `host_lost` instead of re-adopted at restart.
+    pub(crate) shut_down: std::sync::atomic::AtomicBool,
     pub(crate) builds: crate::builds::Builds,
     /// Held by the pool filler while it restores; shutdown takes it so no
     /// refill is cut off halfway (which would orphan a sandbox).
@@ -137,6 +143,7 @@ impl Manager {
             teardowns: Default::default(),
             baking: Mutex::new(Default::default()),
             closing: Default::default(),
+            shut_down: Default::default(),
             builds: Default::default(),
             caps,
             metrics,

@@ -504,6 +504,42 @@ async fn shutdown_lets_an_inflight_refill_finish_then_destroys_it() {
 }
 
 #[tokio::test]
+async fn the_lease_is_kept_until_shutdown_has_finished() {
+    // A shutdown blocked on an in-flight refill (here held; on a loaded
+    // machine runsc's 30 s timeout) can outlast the host lease. The keeper
+    // renews through it, so the host is not swept as lost while still
+    // stopping (its live sandboxes would be marked host_lost instead of
+    // re-adopted at the restart), and it stops once the shutdown is done.
+    let rig = Rig::new().await;
+    let m = rig.manager_with(Caps::default(), 1).await;
+    bake(&m).await;
+    let gate = rig.rt.hang(Op::Restore);
+    let filler = m.spawn_pool_filler();
+    let keeper = m.spawn_lease_keeper();
+    eventually!("the refill's restore", rig.rt.calls(Op::Restore).len() == 1);
+    let stopping = tokio::spawn({
+        let m = Arc::clone(&m);
+        async move { m.shutdown().await }
+    });
+    // Past the keeper's 2 s check: it used to return at the first one
+    // after shutdown began.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert!(!stopping.is_finished(), "shutdown waits for the refill");
+    assert!(
+        !keeper.is_finished(),
+        "the keeper stopped while still stopping"
+    );
+    assert!(m.lease_held());
+    gate.release();
+    stopping.await.unwrap();
+    let _ = filler.await;
+    tokio::time::timeout(Duration::from_secs(5), keeper)
+        .await
+        .expect("the keeper ends once the shutdown is done")
+        .unwrap();
+}
+
+#[tokio::test]
 async fn a_refused_restore_falls_back_to_cold_and_is_rebaked() {
     // With an image that passes its checksum, a restore the runtime
     // refuses is not the create's failure: that attempt is stopped and

@@ -190,6 +190,7 @@ impl Manager {
         }
         let me = Arc::clone(self);
         let _ = tokio::task::spawn_blocking(move || me.shutdown_network()).await;
+        self.shut_down.store(true, Ordering::SeqCst);
     }
 
     /// Keeps every template's pool full, within the memory budget, and

@@ -233,6 +233,11 @@ async fn call_inner(
             Ok(Verdict::RequireApproval { rule }) => {
                 return Err(fail(CallError::ApprovalRequired(rule)))
             }
+            Ok(Verdict::SessionGone) => {
+                return Err(fail(CallError::Intent(
+                    crate::events::IntentError::SessionEnded,
+                )))
+            }
             Err(e) => return Err(fail(CallError::Policy(e))),
         }
     }

@@ -13,6 +13,7 @@ pub mod embed;
 pub mod errors;
 pub mod estimate;
 pub mod events;
+pub mod keepalive;
 pub mod metrics;
 pub mod policy;
 pub mod pricing;

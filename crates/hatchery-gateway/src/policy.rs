@@ -21,6 +21,10 @@ pub enum Verdict {
     RequireApproval {
         rule: Option<String>,
     },
+    /// The session the sandbox is bound to no longer exists (deleted while
+    /// a binding outlived it): refused as an ended session's call is, 409
+    /// `session_ended`, not an internal error.
+    SessionGone,
 }
 
 #[derive(Debug, thiserror::Error)]

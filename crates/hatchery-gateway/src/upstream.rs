@@ -1,6 +1,6 @@
-//! The operator's upstream model endpoint: one HTTP/1.1 connection per
-//! call (TLS for `https://`, rustls with the operator's CA bundle), the
-//! real key added here (callers never see it).
+//! The operator's upstream model endpoint: HTTP/1.1 (TLS for `https://`,
+//! rustls with the operator's CA bundle), connections kept alive between
+//! calls (keepalive.rs), the real key added here (callers never see it).
 
 use crate::usage::Flavor;
 use bytes::Bytes;
@@ -62,6 +62,7 @@ pub struct Upstream {
     key: String,
     timeout: Duration,
     tls: Option<Tls>,
+    idle: crate::keepalive::Idle,
 }
 
 #[derive(Clone)]
@@ -139,7 +140,39 @@ impl Upstream {
             key: key.to_string(),
             timeout,
             tls,
+            idle: Default::default(),
         })
+    }
+
+    /// A new connection to the upstream, HTTP/1.1 handshake done.
+    async fn connect(&self) -> Result<crate::keepalive::Sender, UpstreamError> {
+        let addr = &self.addr;
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|source| UpstreamError::Connect {
+                addr: addr.clone(),
+                source,
+            })?;
+        let _ = stream.set_nodelay(true);
+        match &self.tls {
+            None => handshake(stream, addr).await,
+            Some(t) => {
+                let tls = t
+                    .connector
+                    .connect(t.name.clone(), stream)
+                    .await
+                    .map_err(|source| UpstreamError::Tls {
+                        addr: addr.clone(),
+                        source,
+                    })?;
+                handshake(tls, addr).await
+            }
+        }
+    }
+
+    /// Idle connections kept for reuse (tests).
+    pub fn idle_connections(&self) -> usize {
+        self.idle.len()
     }
 
     /// Sends `body` to `path` (for example `/v1/chat/completions`) and
@@ -151,48 +184,43 @@ impl Upstream {
         extra: &[(&'static str, String)],
     ) -> Result<Response<Incoming>, UpstreamError> {
         let addr = self.addr.clone();
-        let fut =
-            async {
-                let stream = TcpStream::connect(&self.addr).await.map_err(|source| {
-                    UpstreamError::Connect {
-                        addr: addr.clone(),
-                        source,
-                    }
-                })?;
-                let _ = stream.set_nodelay(true);
-                let mut sender = match &self.tls {
-                    None => handshake(stream, &addr).await?,
-                    Some(t) => {
-                        let tls = t.connector.connect(t.name.clone(), stream).await.map_err(
-                            |source| UpstreamError::Tls {
-                                addr: addr.clone(),
-                                source,
-                            },
-                        )?;
-                        handshake(tls, &addr).await?
-                    }
-                };
-                let mut req = Request::builder()
-                    .method(Method::POST)
-                    .uri(format!("{}{}", self.prefix, path))
-                    .header(HOST, &self.host_header)
-                    .header(CONTENT_TYPE, "application/json");
-                req = match self.flavor {
-                    Flavor::OpenAi => req.header("authorization", format!("Bearer {}", self.key)),
-                    Flavor::Anthropic => req.header("x-api-key", &self.key),
-                };
-                for (k, v) in extra {
-                    req = req.header(*k, v);
-                }
-                let req = req.body(Full::new(body)).expect("static header names");
-                sender
-                    .send_request(req)
-                    .await
-                    .map_err(|source| UpstreamError::Http {
-                        addr: addr.clone(),
-                        source,
-                    })
+        let http = |source| UpstreamError::Http {
+            addr: addr.clone(),
+            source,
+        };
+        let fut = async {
+            let mut req = Request::builder()
+                .method(Method::POST)
+                .uri(format!("{}{}", self.prefix, path))
+                .header(HOST, &self.host_header)
+                .header(CONTENT_TYPE, "application/json");
+            req = match self.flavor {
+                Flavor::OpenAi => req.header("authorization", format!("Bearer {}", self.key)),
+                Flavor::Anthropic => req.header("x-api-key", &self.key),
             };
+            for (k, v) in extra {
+                req = req.header(*k, v);
+            }
+            let mut req = req.body(Full::new(body)).expect("static header names");
+            if let Some(mut sender) = self.idle.take() {
+                match sender.try_send_request(req).await {
+                    Ok(resp) => {
+                        self.idle.give_back_when_ready(sender);
+                        return Ok(resp);
+                    }
+                    // Never sent (the upstream closed the idle connection):
+                    // safe to send on a fresh one.
+                    Err(mut e) => match e.take_message() {
+                        Some(unsent) => req = unsent,
+                        None => return Err(http(e.into_error())),
+                    },
+                }
+            }
+            let mut sender = self.connect().await?;
+            let resp = sender.send_request(req).await.map_err(http)?;
+            self.idle.give_back_when_ready(sender);
+            Ok(resp)
+        };
         tokio::time::timeout(self.timeout, fut)
             .await
             .map_err(|_| UpstreamError::Timeout {
@@ -225,6 +253,8 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
 
     #[test]
     fn urls() {
@@ -257,5 +287,97 @@ mod tests {
         ));
         // http:// never reads a CA file.
         assert!(Upstream::with_ca(Flavor::OpenAi, "http://h:1", "k", t, Some(missing)).is_ok());
+    }
+
+    /// A loopback server answering every request on a connection with
+    /// `body` (HTTP/1.1 keep-alive), counting the connections it accepted.
+    async fn counting_server(body: &'static str) -> (String, Arc<AtomicUsize>) {
+        use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let n = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let (s, _) = l.accept().await.unwrap();
+                n.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let mut r = BufReader::new(s);
+                    loop {
+                        let mut len = 0usize;
+                        loop {
+                            let mut line = String::new();
+                            if r.read_line(&mut line).await.unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if let Some(v) =
+                                line.to_ascii_lowercase().strip_prefix("content-length:")
+                            {
+                                len = v.trim().parse().unwrap();
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                        }
+                        let mut b = vec![0; len];
+                        r.read_exact(&mut b).await.unwrap();
+                        let head =
+                            format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
+                        let s = r.get_mut();
+                        if s.write_all(head.as_bytes()).await.is_err()
+                            || s.write_all(body.as_bytes()).await.is_err()
+                        {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    async fn read_all(r: Response<Incoming>) -> Bytes {
+        use http_body_util::BodyExt;
+        r.into_body().collect().await.unwrap().to_bytes()
+    }
+
+    /// Calls whose answers were read to the end share one connection; an
+    /// answer dropped unread is not reused (its connection is closed), so
+    /// the next call dials again and reads its own answer.
+    #[tokio::test]
+    async fn connections_are_kept_alive_only_after_a_whole_answer() {
+        let (addr, accepted) = counting_server("{\"ok\":true}").await;
+        let u = Upstream::new(
+            Flavor::OpenAi,
+            &format!("http://{addr}"),
+            "k",
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let post = || u.post("/v1/chat/completions", Bytes::from_static(b"{}"), &[]);
+        for _ in 0..3 {
+            assert_eq!(&read_all(post().await.unwrap()).await[..], b"{\"ok\":true}");
+            // The connection comes back from a task once it is ready.
+            for _ in 0..100 {
+                if u.idle_connections() == 1 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "one connection for three calls"
+        );
+        drop(post().await.unwrap());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            u.idle_connections(),
+            0,
+            "a half-read answer's connection is not kept"
+        );
+        assert_eq!(&read_all(post().await.unwrap()).await[..], b"{\"ok\":true}");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
     }
 }

@@ -13,7 +13,7 @@ use hatchery_gateway::budget::{Amount, Caller};
 use hatchery_gateway::policy::{CallPolicy, PolicyCheckError, Verdict};
 use hatchery_policy::cache::CompiledPolicies;
 use hatchery_policy::{Effect, Policy, Request, MODEL_CALL_TOOL};
-use hatchery_sessions::store::SessionStore;
+use hatchery_sessions::store::{SessionStore, StoreError};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 
@@ -54,11 +54,13 @@ impl CallPolicy for PinnedPolicy {
         estimate: Amount,
     ) -> Result<Verdict, PolicyCheckError> {
         let boxed = |e: Box<dyn std::error::Error + Send + Sync>| PolicyCheckError(e);
-        let s = self
-            .sessions
-            .get(&caller.session)
-            .await
-            .map_err(|e| boxed(Box::new(e)))?;
+        let s = match self.sessions.get(&caller.session).await {
+            Ok(s) => s,
+            // A binding that outlived its session: the caller's problem,
+            // not the daemon's (it would otherwise answer 500).
+            Err(StoreError::NotFound(_)) => return Ok(Verdict::SessionGone),
+            Err(e) => return Err(boxed(Box::new(e))),
+        };
         let p = self
             .policies
             .get(&s.spec.policy_id, s.spec.policy_version)
@@ -104,6 +106,26 @@ mod tests {
                 rule: Some("review".into())
             }
         );
+    }
+
+    /// A sandbox whose session is gone (a binding outlived it) is refused
+    /// like an ended session's call, not failed as the daemon's fault.
+    #[tokio::test]
+    async fn a_call_for_a_session_that_does_not_exist_is_refused_not_an_error() {
+        use hatchery_sessions::store::{DbSessionStore, LOCAL_HOST};
+        let db = hatchery_db::Db::sqlite_memory().unwrap();
+        let sessions = Arc::new(DbSessionStore::open(db, LOCAL_HOST).await.unwrap());
+        let policies = hatchery_policy::DbPolicyStore::scratch().await.unwrap();
+        let p = PinnedPolicy {
+            sessions,
+            policies: Arc::new(CompiledPolicies::new(Arc::new(policies))),
+        };
+        let caller = Caller {
+            session: "ses_gone".into(),
+            tenant: None,
+        };
+        let v = p.model_call(&caller, "m", cents(1)).await.unwrap();
+        assert_eq!(v, Verdict::SessionGone);
     }
 
     #[test]

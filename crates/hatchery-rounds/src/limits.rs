@@ -73,6 +73,17 @@ pub const MAX_AWARENESS_CLIENTS: usize = 4;
 /// Messages queued for one slow receiver before it is dropped (it
 /// reconnects and resyncs from the server's document).
 pub const ROOM_FANOUT_QUEUE: usize = 1024;
+/// Playback checkpoints (`room/checkpoint.rs`): the document's whole state
+/// stored beside its log, so `document?at=` replays only the entries past
+/// the nearest one. A checkpoint is taken at least this many entries after
+/// the previous one...
+pub const DOC_CHECKPOINT_MIN_ENTRIES: u64 = 256;
+/// ...and only when it is at most twice the update bytes since the
+/// previous one, so a session's checkpoints never add up to more than
+/// twice its log. These two caps hold the total regardless: past either,
+/// no further checkpoint is stored (playback replays a longer tail).
+pub const MAX_DOC_CHECKPOINTS: usize = 512;
+pub const MAX_DOC_CHECKPOINT_BYTES: u64 = 2 * MAX_DOC_LOG_BYTES;
 /// The interviewers' notes on one session.
 pub const MAX_NOTES_BYTES: usize = 64 << 10;
 /// Runs kept per session for the reviewer (oldest go first).

@@ -3,7 +3,12 @@
 //! intercepts, the broker's `http_fetch` and `open_pr`. One place decides
 //! what they trust (a PEM bundle: the system's, or one given for a test or
 //! a private CA) and how a name is checked, so none of them can drift into
-//! skipping verification.
+//! skipping verification. Also the one HTTP/1.1 client exchange those
+//! callers share (http.rs) and the check of an operator's URL they send a
+//! credential or an anchor to (origin.rs).
+
+pub mod http;
+pub mod origin;
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};

@@ -20,10 +20,16 @@ pub struct S3Location {
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("S3 URL {url:?}: {why}")]
-pub struct LocationError {
-    url: String,
-    why: &'static str,
+pub enum LocationError {
+    /// The scheme and host (hatchery-tls's check, shared with the
+    /// broker's endpoints).
+    #[error("S3 URL {url:?}: {why}")]
+    Origin {
+        url: String,
+        why: hatchery_tls::origin::OriginError,
+    },
+    #[error("S3 URL {url:?}: {why}")]
+    Path { url: String, why: &'static str },
 }
 
 /// The key prefix may hold only these (no percent-encoding questions
@@ -44,22 +50,23 @@ fn bucket_ok(b: &str) -> bool {
 
 impl S3Location {
     pub fn parse(url: &str) -> Result<S3Location, LocationError> {
-        let bad = |why| LocationError {
+        let bad = |why| LocationError::Path {
             url: url.to_string(),
             why,
         };
-        let (tls, rest) = match (url.strip_prefix("https://"), url.strip_prefix("http://")) {
-            (Some(r), _) => (true, r),
-            (_, Some(r)) => (false, r),
-            _ => return Err(bad("must be https:// (or http:// to a loopback address)")),
-        };
+        let rest = url.split_once("://").map_or("", |(_, r)| r);
         if rest.contains(['?', '#', '@']) {
             return Err(bad(
                 "no query, fragment or user info (credentials go in the credentials file)",
             ));
         }
-        let (authority, path) = rest
-            .split_once('/')
+        let (origin, path) =
+            hatchery_tls::origin::Origin::split(url).map_err(|why| LocationError::Origin {
+                url: url.to_string(),
+                why,
+            })?;
+        let path = path
+            .strip_prefix('/')
             .ok_or_else(|| bad("no bucket: the URL's path must start with the bucket name"))?;
         let (bucket, prefix) = match path.split_once('/') {
             Some((b, p)) => (b, p.trim_matches('/')),
@@ -77,38 +84,14 @@ impl S3Location {
                 "the key prefix may hold only letters, digits, '-', '_', '.' and single '/'",
             ));
         }
-        let default = if tls { 443 } else { 80 };
-        let (host, port) = match authority.rsplit_once(':') {
-            Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => (
-                h,
-                p.parse::<u16>()
-                    .ok()
-                    .filter(|p| *p != 0)
-                    .ok_or_else(|| bad("a bad port"))?,
-            ),
-            _ => (authority, default),
-        };
-        if host.is_empty() {
-            return Err(bad("no host"));
-        }
-        let bare = host.trim_start_matches('[').trim_end_matches(']');
-        let loopback = bare == "localhost"
-            || bare
-                .parse::<std::net::IpAddr>()
-                .is_ok_and(|ip| ip.is_loopback());
-        if !tls && !loopback {
-            return Err(bad(
-                "plain http:// only to a loopback address (anchors would travel unprotected)",
-            ));
-        }
-        let scheme = if tls { "https" } else { "http" };
-        let endpoint = url::Url::parse(&format!("{scheme}://{host}:{port}"))
+        let scheme = if origin.tls { "https" } else { "http" };
+        let endpoint = url::Url::parse(&format!("{scheme}://{}", origin.hostport))
             .map_err(|_| bad("not a valid host"))?;
         Ok(S3Location {
             endpoint,
-            tls,
-            host: host.to_string(),
-            hostport: format!("{host}:{port}"),
+            tls: origin.tls,
+            host: origin.host,
+            hostport: origin.hostport,
             bucket: bucket.to_string(),
             prefix: prefix.to_string(),
         })
@@ -175,6 +158,8 @@ mod tests {
         assert_eq!(l.anchors_prefix(), "all/");
         assert!(S3Location::parse("http://[::1]:9000/bkt").is_ok());
         assert!(S3Location::parse("http://localhost/bkt/p").is_ok());
+        let e = S3Location::parse("http://10.0.0.1:9000/bkt").unwrap_err();
+        assert!(e.to_string().contains("loopback"), "{e}");
         for bad in [
             "s3://bkt/p",
             "http://10.0.0.1:9000/bkt",

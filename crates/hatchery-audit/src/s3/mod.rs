@@ -2,11 +2,12 @@
 //! "Anchoring"): each anchoring round is a new object, never an
 //! overwrite, so a bucket with object lock / retention keeps every head
 //! the daemon ever anchored out of its reach. Requests are signed with
-//! `rusty-s3` (SigV4, presigned) and sent with hyper, over TLS verified
-//! against the system's bundle, or plain http:// to a loopback address.
+//! `rusty-s3` (SigV4, presigned) and sent with hatchery-tls's exchange
+//! (the one the broker uses), over TLS verified against the system's
+//! bundle or the operator's CA file, or plain http:// to a loopback
+//! address.
 
 pub mod credentials;
-pub mod http;
 pub mod location;
 pub mod store;
 
@@ -37,7 +38,7 @@ pub enum S3Error {
         op: &'static str,
         key: String,
         #[source]
-        source: http::HttpError,
+        source: hatchery_tls::http::HttpError,
     },
     #[error("S3 {op} {key:?} took over {within:?}")]
     Timeout {

@@ -1,17 +1,16 @@
 //! The three requests anchoring needs: put a new object (write-once),
 //! list the objects under the anchors' prefix, get one.
 
-use super::http::{self, Target};
 use super::{credentials, S3Error, S3Location};
 use crate::line::AnchorLine;
 use crate::verify::Head;
 use bytes::Bytes;
+use hatchery_tls::http::{self, Answer, Target, Trust};
+use http_body_util::Full;
 use rusty_s3::actions::{GetObject, ListObjectsV2, PutObject};
 use rusty_s3::S3Action;
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
-use tokio_rustls::rustls::ClientConfig;
 
 /// How long one request may take.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -53,8 +52,10 @@ pub struct S3Store {
     pub location: S3Location,
     bucket: rusty_s3::Bucket,
     credentials_file: PathBuf,
-    /// The system's bundle, loaded at the first https request.
-    tls: OnceLock<Arc<ClientConfig>>,
+    /// What an https store's certificate is verified against: the
+    /// system's bundle, or the operator's CA file (`with_ca_file`),
+    /// loaded at the first https request (or by `check_trust`).
+    trust: Trust,
 }
 
 impl S3Store {
@@ -78,8 +79,24 @@ impl S3Store {
             location,
             bucket,
             credentials_file,
-            tls: OnceLock::new(),
+            trust: Trust::default(),
         })
+    }
+
+    /// Verifies the store's certificate against the CAs in `bundle` (PEM)
+    /// instead of the system's: a private CA, or a test's.
+    pub fn with_ca_file(mut self, bundle: PathBuf) -> S3Store {
+        self.trust = Trust::new(bundle);
+        self
+    }
+
+    /// Loads the trust an https store is verified against now: a missing
+    /// or empty CA file is refused at start, not at the first round.
+    pub fn check_trust(&self) -> Result<(), S3Error> {
+        if self.location.tls {
+            self.trust.check().map_err(S3Error::Trust)?;
+        }
+        Ok(())
     }
 
     /// Reads the credentials file now (it is read again at each request,
@@ -89,50 +106,30 @@ impl S3Store {
         Ok(())
     }
 
-    fn target(&self) -> Result<Target<'_>, S3Error> {
-        let tls = if self.location.tls {
-            if self.tls.get().is_none() {
-                let cfg =
-                    hatchery_tls::client_config(std::path::Path::new(hatchery_tls::SYSTEM_BUNDLE))
-                        .map_err(S3Error::Trust)?;
-                let _ = self.tls.set(cfg);
-            }
-            self.tls.get()
-        } else {
-            None
-        };
-        Ok(Target {
+    fn target(&self) -> Target<'_> {
+        Target {
             addr: &self.location.hostport,
             host: &self.location.host,
-            tls,
-        })
+            tls: self.location.tls,
+        }
     }
 
-    async fn send(
-        &self,
-        op: &'static str,
-        key: &str,
-        req: Req<'_>,
-    ) -> Result<http::Answer, S3Error> {
-        let fut = http::send(
-            self.target()?,
-            req.method,
-            req.url,
-            req.headers,
-            req.body,
-            req.max,
-        );
+    async fn send(&self, op: &'static str, key: &str, req: Req<'_>) -> Result<Answer, S3Error> {
+        let http_err = |source: http::HttpError| S3Error::Http {
+            op,
+            key: key.to_string(),
+            source,
+        };
+        let request = presigned(req.method, req.url, req.headers, req.body)
+            .map_err(|e| http_err(e.into()))?;
+        let fut = http::send(&self.trust, self.target(), request, req.max);
         match tokio::time::timeout(REQUEST_TIMEOUT, fut).await {
             Err(_) => Err(S3Error::Timeout {
                 op,
                 key: key.to_string(),
                 within: REQUEST_TIMEOUT,
             }),
-            Ok(Err(source)) => Err(S3Error::Http {
-                op,
-                key: key.to_string(),
-                source,
-            }),
+            Ok(Err(source)) => Err(http_err(source)),
             Ok(Ok(a)) => Ok(a),
         }
     }
@@ -259,7 +256,34 @@ pub fn parse_object(key: &str, body: &[u8]) -> Result<Vec<Head>, S3Error> {
         .collect()
 }
 
-fn refused(op: &'static str, key: &str, a: &http::Answer) -> S3Error {
+/// The request for a presigned `url` (its path and query are the request
+/// target), with the headers it was signed with and `body`.
+fn presigned(
+    method: hyper::Method,
+    url: &url::Url,
+    headers: &[(&str, &str)],
+    body: Bytes,
+) -> Result<hyper::Request<Full<Bytes>>, hyper::http::Error> {
+    let target = match url.query() {
+        Some(q) => format!("{}?{q}", url.path()),
+        None => url.path().to_string(),
+    };
+    let host = match url.port() {
+        Some(p) => format!("{}:{p}", url.host_str().unwrap_or_default()),
+        None => url.host_str().unwrap_or_default().to_string(),
+    };
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(target)
+        .header(hyper::header::HOST, host)
+        .header(hyper::header::CONTENT_LENGTH, body.len());
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.body(Full::new(body))
+}
+
+fn refused(op: &'static str, key: &str, a: &Answer) -> S3Error {
     let text = String::from_utf8_lossy(&a.body);
     let tag = |t: &str| {
         let open = format!("<{t}>");
@@ -282,8 +306,9 @@ mod tests {
 
     #[test]
     fn error_answers_name_the_code() {
-        let a = http::Answer {
+        let a = Answer {
             status: 404,
+            headers: Default::default(),
             body: Bytes::from_static(
                 b"<?xml version=\"1.0\"?><Error><Code>NoSuchBucket</Code><Message>The specified bucket does not exist</Message></Error>",
             ),
@@ -297,8 +322,9 @@ mod tests {
         let e = refused(
             "put",
             "k",
-            &http::Answer {
+            &Answer {
                 status: 503,
+                headers: Default::default(),
                 body: Bytes::new(),
             },
         );
@@ -333,6 +359,19 @@ mod tests {
         put.headers_mut().insert("if-none-match", "*");
         let url = put.sign(SIGNED_FOR);
         assert_eq!(url.path(), "/bkt/p/all/x.jsonl");
+        let req = presigned(
+            hyper::Method::PUT,
+            &url,
+            &[("if-none-match", "*")],
+            Bytes::from_static(b"x"),
+        )
+        .unwrap();
+        assert!(req
+            .uri()
+            .to_string()
+            .starts_with("/bkt/p/all/x.jsonl?X-Amz-"));
+        assert_eq!(req.headers()["host"], "127.0.0.1:9000");
+        assert_eq!(req.headers()["content-length"], "1");
         let q: std::collections::HashMap<_, _> = url.query_pairs().into_owned().collect();
         assert_eq!(q["X-Amz-Algorithm"], "AWS4-HMAC-SHA256");
         assert!(
@@ -346,5 +385,29 @@ mod tests {
             s.check_credentials(),
             Err(S3Error::Credentials(_))
         ));
+        // No TLS, no trust to load.
+        assert!(s.check_trust().is_ok());
+    }
+
+    #[test]
+    fn an_https_store_loads_its_ca_file_at_the_check() {
+        let loc = S3Location::parse("https://s3.corp/bkt").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let s = S3Store::new(loc.clone(), "us-east-1", "/nonexistent".into())
+            .unwrap()
+            .with_ca_file(dir.path().join("missing.pem"));
+        assert!(matches!(
+            s.check_trust(),
+            Err(S3Error::Trust(hatchery_tls::TrustError::Read(..)))
+        ));
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec![]).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = dir.path().join("ca.pem");
+        std::fs::write(&ca, params.self_signed(&key).unwrap().pem()).unwrap();
+        let s = S3Store::new(loc, "us-east-1", "/nonexistent".into())
+            .unwrap()
+            .with_ca_file(ca);
+        assert!(s.check_trust().is_ok());
     }
 }

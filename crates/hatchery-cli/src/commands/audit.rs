@@ -46,6 +46,10 @@ pub struct VerifyArgs {
     /// (`aws_access_key_id = ...`, `aws_secret_access_key = ...`).
     #[arg(long, requires = "anchors_s3_url")]
     anchors_s3_credentials_file: Option<PathBuf>,
+    /// A PEM bundle the store's certificate is verified against instead
+    /// of the system's (the daemon's `audit.anchor_s3_ca_file`).
+    #[arg(long, requires = "anchors_s3_url")]
+    anchors_s3_ca_file: Option<PathBuf>,
     /// One JSON report per chain instead of text.
     #[arg(long)]
     json: bool,
@@ -123,9 +127,13 @@ fn read_s3_anchors(
     url: &str,
     region: &str,
     credentials_file: &std::path::Path,
+    ca_file: Option<&std::path::Path>,
 ) -> Result<Vec<hatchery_audit::Head>, S3AnchorsError> {
     let loc = hatchery_audit::s3::S3Location::parse(url)?;
-    let store = hatchery_audit::s3::S3Store::new(loc, region, credentials_file.into())?;
+    let mut store = hatchery_audit::s3::S3Store::new(loc, region, credentials_file.into())?;
+    if let Some(ca) = ca_file {
+        store = store.with_ca_file(ca.into());
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -140,7 +148,12 @@ pub fn run(cmd: AuditCmd) -> anyhow::Result<i32> {
         None => Vec::new(),
     };
     if let (Some(url), Some(creds)) = (&a.anchors_s3_url, &a.anchors_s3_credentials_file) {
-        anchors.extend(read_s3_anchors(url, &a.anchors_s3_region, creds)?);
+        anchors.extend(read_s3_anchors(
+            url,
+            &a.anchors_s3_region,
+            creds,
+            a.anchors_s3_ca_file.as_deref(),
+        )?);
     }
     // The anchors first: a bad --anchors-s3-url is reported before the
     // database is opened, and every head read was anchored before the

@@ -220,7 +220,14 @@ impl BudgetStore for GatewayStore {
         scopes: &[String],
         actual: Amount,
     ) -> Result<bool, BudgetError> {
-        let mut tx = self.db.begin().await.map_err(err("begin settle"))?;
+        // Relaxed (no fsync of its own on SQLite; durable at the next
+        // durable commit): a settle lost to a power loss leaves its
+        // reservation held, and the janitor charges an expired reservation
+        // its whole estimate (`expire`), which is at least what the call
+        // was settled for. So a lost settle can only over-charge: the bound
+        // holds. The reservation itself stays a durable commit: it is the
+        // record that the call may go out.
+        let mut tx = self.db.begin_relaxed().await.map_err(err("begin settle"))?;
         let fresh = settle_tx(&mut tx, id, scopes, actual).await;
         let fresh = fresh.map_err(err("settle"))?;
         tx.commit().await.map_err(err("commit settle"))?;

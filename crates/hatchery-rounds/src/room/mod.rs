@@ -10,6 +10,7 @@
 //! collide on the log's unique `(session_id, idx)` and the loser's room
 //! closes its connections, which reconnect and resync (docs/rounds.md).
 
+mod checkpoint;
 pub mod doc;
 mod playback;
 mod rate;
@@ -480,20 +481,28 @@ impl Rooms {
     }
 }
 
-/// Rebuilds a room from its log; `None` if the session has none.
-async fn load(store: &dyn RoundStore, session_id: &str) -> Result<Option<Arc<Room>>, RoundsError> {
-    let log = store.doc_log(session_id, None).await?;
-    let Some(last) = log.last() else {
-        return Ok(None);
-    };
-    let doc = doc::replay(
-        log.iter()
-            .map(|e| e.body.as_slice())
-            .filter(|b| !b.is_empty()),
-    )
-    .map_err(|e| RoundsError::Internal(format!("session {session_id}'s document log: {e}")))?;
-    let bytes = log.iter().map(|e| e.body.len() as u64).sum();
-    Ok(Some(Room::new(session_id, doc, last.idx + 1, bytes)))
+impl Rounds {
+    /// Rebuilds a room from its log (from its last playback checkpoint,
+    /// `checkpoint.rs`, and the entries after it); `None` if the session
+    /// has none.
+    async fn load(&self, session_id: &str) -> Result<Option<Arc<Room>>, RoundsError> {
+        let cp = self.store.doc_checkpoint(session_id, u64::MAX).await?;
+        let after = cp.as_ref().map(|c| c.idx);
+        let tail = self.store.doc_log_tail(session_id, after, u64::MAX).await?;
+        let Some(last) = tail.last().map(|e| e.idx).or(after) else {
+            return Ok(None);
+        };
+        let start = cp.as_ref().map(|c| checkpoint::Start {
+            state: &c.state,
+            log_bytes: c.log_bytes,
+        });
+        let r = checkpoint::rebuild(start, tail.iter().map(|e| (e.idx, e.body.as_slice())))
+            .map_err(|e| {
+                RoundsError::Internal(format!("session {session_id}'s document log: {e}"))
+            })?;
+        self.keep_checkpoints(session_id, r.taken).await;
+        Ok(Some(Room::new(session_id, r.doc, last + 1, r.log_bytes)))
+    }
 }
 
 impl Rounds {
@@ -512,7 +521,7 @@ impl Rounds {
         if let Some(r) = self.rooms.live(&s.id) {
             return Ok(Some(r));
         }
-        if let Some(r) = load(self.store.as_ref(), &s.id).await? {
+        if let Some(r) = self.load(&s.id).await? {
             self.rooms.keep(&r);
             return Ok(Some(r));
         }
@@ -536,7 +545,8 @@ impl Rounds {
             Err(e) if e.conflict() => {}
             Err(e) => return Err(e.into()),
         }
-        let r = load(self.store.as_ref(), &s.id)
+        let r = self
+            .load(&s.id)
             .await?
             .ok_or_else(|| RoundsError::Internal("a seeded room has no log".into()))?;
         self.rooms.keep(&r);

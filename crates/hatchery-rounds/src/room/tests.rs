@@ -930,3 +930,127 @@ async fn interviewer_watches_pairs_sees_runs_and_keeps_notes_from_the_candidate(
     let (st, _) = http(&app, "GET", &notes, &other_it, "").await;
     assert_eq!(st, 403);
 }
+
+/// A long log in the real store (a typist's keystrokes through the room,
+/// Run markers between): playback at every entry from the stored
+/// checkpoints is what replaying the whole log gives, the checkpoints stay
+/// within their bounds, a room rebuilt by another process starts from
+/// them, and retention deletes them with the log.
+#[tokio::test]
+async fn playback_from_checkpoints_matches_the_full_rebuild() {
+    let e = Env::new().await;
+    let (_, s, _) = e.session_with_token().await;
+    let room = e.rounds.room(&s, true).await.unwrap().unwrap();
+    let typist = Doc::new();
+    let seed = e.store.doc_log(&s.id, None).await.unwrap();
+    doc::apply(&typist, &seed[0].body).unwrap();
+    let n = 3 * DOC_CHECKPOINT_MIN_ENTRIES as usize + 100;
+    for i in 0..n {
+        if i % 97 == 96 {
+            room.capture(e.store.as_ref(), "run", &format!("run_{i}"))
+                .await
+                .unwrap();
+            continue;
+        }
+        let sv = typist.transact().state_vector();
+        {
+            let files = typist.get_or_insert_map(doc::FILES);
+            let mut txn = typist.transact_mut();
+            let Some(Out::YText(t)) = files.get(&txn, "solution.py") else {
+                panic!("no solution.py")
+            };
+            let len = t.len(&txn);
+            if i % 5 == 4 {
+                t.remove_range(&mut txn, (i as u32 * 7) % len, 1);
+            } else {
+                t.insert(&mut txn, (i as u32 * 13) % (len + 1), "ab\n");
+            }
+        }
+        let u = typist.transact().encode_diff_v1(&sv);
+        room.update(e.store.as_ref(), 1, "candidate", u)
+            .await
+            .unwrap();
+    }
+    let log = e.store.doc_log(&s.id, None).await.unwrap();
+    let last = log.last().unwrap().idx;
+    // The whole log replayed, after each entry.
+    let full = Doc::new();
+    let mut want = Vec::new();
+    for l in &log {
+        if !l.body.is_empty() {
+            doc::apply(&full, &l.body).unwrap();
+        }
+        want.push(doc::files(&full));
+    }
+    assert_eq!(want[last as usize], doc::files(&typist));
+    // The end first (one replay passes every checkpoint), then all.
+    let at = |i: u64| e.rounds.document_at(&s.round_id, &s.id, i);
+    assert_eq!(at(last).await.unwrap().files, want[last as usize]);
+    let cps = e.store.doc_checkpoints(&s.id).await.unwrap();
+    assert!(cps.len() >= 2, "{} checkpoints", cps.len());
+    for i in (0..=last).rev() {
+        assert_eq!(at(i).await.unwrap().files, want[i as usize], "at {i}");
+    }
+    assert!(matches!(
+        at(last + 1).await,
+        Err(crate::RoundsError::NotFound(_))
+    ));
+    // Bounds: spaced, and together at most twice the log.
+    let log_bytes: u64 = log.iter().map(|l| l.body.len() as u64).sum();
+    let cp_bytes: u64 = cps.iter().map(|c| c.state.len() as u64).sum();
+    assert!(cp_bytes <= 2 * log_bytes, "{cp_bytes} > 2 x {log_bytes}");
+    for w in cps.windows(2) {
+        assert!(w[1].idx - w[0].idx >= DOC_CHECKPOINT_MIN_ENTRIES);
+    }
+    for c in &cps {
+        let upto: u64 = log[..=c.idx as usize]
+            .iter()
+            .map(|l| l.body.len() as u64)
+            .sum();
+        assert_eq!(c.log_bytes, upto, "log bytes at {}", c.idx);
+    }
+    assert_eq!(
+        e.store.doc_checkpoints(&s.id).await.unwrap(),
+        cps,
+        "no more"
+    );
+
+    // Another process rebuilds the room from the last checkpoint and the
+    // entries after it, and appends after the log's end.
+    drop(room);
+    let again = crate::Rounds::new(
+        e.store.clone(),
+        e.fake.clone(),
+        "key".into(),
+        crate::RoundsConfig::default(),
+        &prometheus::Registry::new(),
+    );
+    let r2 = again.room(&s, false).await.unwrap().unwrap();
+    {
+        let g = r2.inner.lock().await;
+        assert_eq!(doc::files(&g.doc), want[last as usize]);
+        assert_eq!((g.next_idx, g.log_bytes), (last + 1, log_bytes));
+    }
+    let sv = typist.transact().state_vector();
+    {
+        let files = typist.get_or_insert_map(doc::FILES);
+        let mut txn = typist.transact_mut();
+        let Some(Out::YText(t)) = files.get(&txn, "solution.py") else {
+            panic!("no solution.py")
+        };
+        t.insert(&mut txn, 0, "# more\n");
+    }
+    let u = typist.transact().encode_diff_v1(&sv);
+    r2.update(e.store.as_ref(), 1, "candidate", u)
+        .await
+        .unwrap();
+    let end = again
+        .document_at(&s.round_id, &s.id, last + 1)
+        .await
+        .unwrap();
+    assert_eq!(end.files, doc::files(&typist));
+
+    // Retention deletes them with the log.
+    assert_eq!(e.store.delete_room_data(&s.id).await.unwrap(), last + 2);
+    assert!(e.store.doc_checkpoints(&s.id).await.unwrap().is_empty());
+}

@@ -206,6 +206,49 @@ async fn doc_log_appends_in_order_once_and_goes_with_notes(s: &Store, run: &str)
         .await
         .unwrap_err();
     assert!(e.conflict(), "{e}");
+    // The tail past a checkpoint.
+    let tail = s.doc_log_tail(&sid, Some(0), 2).await.unwrap();
+    assert_eq!(tail.iter().map(|e| e.idx).collect::<Vec<_>>(), [1, 2]);
+    let tail = s.doc_log_tail(&sid, None, 1).await.unwrap();
+    assert_eq!(tail.iter().map(|e| e.idx).collect::<Vec<_>>(), [0, 1]);
+    assert!(s.doc_log_tail(&sid, Some(2), 9).await.unwrap().is_empty());
+    // Checkpoints: held to a count and a size, exactly at each.
+    let cp = |idx: u64, len: usize| DocCheckpointRecord {
+        session_id: sid.clone(),
+        idx,
+        state: vec![idx as u8; len],
+        log_bytes: 100 + idx,
+        created_at_ms: 7,
+    };
+    assert!(s.doc_checkpoint(&sid, 2).await.unwrap().is_none());
+    let put = |cps: Vec<DocCheckpointRecord>, count: usize, bytes: u64| {
+        let s = s.clone();
+        async move { s.put_doc_checkpoints(&cps, count, bytes).await.unwrap() }
+    };
+    assert_eq!(
+        put(vec![cp(0, 10), cp(1, 20)], 8, 30).await,
+        2,
+        "at the byte cap"
+    );
+    assert_eq!(put(vec![cp(2, 1)], 8, 30).await, 0, "a byte past it");
+    assert_eq!(put(vec![cp(2, 1)], 2, 1 << 20).await, 0, "past the count");
+    assert_eq!(
+        put(vec![cp(1, 5), cp(2, 1)], 3, 1 << 20).await,
+        1,
+        "one kept"
+    );
+    assert_eq!(
+        s.doc_checkpoints(&sid).await.unwrap(),
+        [cp(0, 10), cp(1, 20), cp(2, 1)]
+    );
+    assert_eq!(s.doc_checkpoint(&sid, 1).await.unwrap(), Some(cp(1, 20)));
+    assert_eq!(s.doc_checkpoint(&sid, 9).await.unwrap(), Some(cp(2, 1)));
+    // Only beside a log entry of the session.
+    assert!(s
+        .put_doc_checkpoints(&[cp(3, 1)], 8, 1 << 20)
+        .await
+        .is_err());
+    assert_eq!(s.doc_checkpoints(&sid).await.unwrap().len(), 3);
     // Notes: replaced whole.
     assert!(s.get_notes(&sid).await.unwrap().is_none());
     let n = |text: &str, at: u64| NotesRecord {
@@ -220,6 +263,7 @@ async fn doc_log_appends_in_order_once_and_goes_with_notes(s: &Store, run: &str)
     // Deleted together.
     assert_eq!(s.delete_room_data(&sid).await.unwrap(), 3);
     assert!(s.doc_log(&sid, None).await.unwrap().is_empty());
+    assert!(s.doc_checkpoints(&sid).await.unwrap().is_empty());
     assert!(s.get_notes(&sid).await.unwrap().is_none());
 }
 
@@ -860,8 +904,8 @@ async fn previous_release_tables_upgrade_in_place_conformance_on_postgres() {
     let sql = "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema()";
     let rows = db.query(sql, args![]).await.unwrap();
     let n: i64 = rows[0].get(0).unwrap();
-    // rounds_schema, hatchery_migrations and the 10 rounds tables.
-    assert_eq!(n, 12);
+    // rounds_schema, hatchery_migrations and the 11 rounds tables.
+    assert_eq!(n, 13);
 }
 
 /// A database that is not there is unavailable (retryable, answered 503).

@@ -20,6 +20,8 @@ use hatchery_db::{args, Db, Record, ToValue, Value};
 #[derive(Clone)]
 pub struct DbStore {
     db: Db,
+    /// Group commit of the rooms' updates (`appender.rs`).
+    appender: super::appender::Appender,
     /// Session holds across processes: PostgreSQL only (see `pg_lock.rs`).
     holds: Option<super::pg_lock::Holds>,
 }
@@ -30,7 +32,12 @@ impl DbStore {
     pub async fn open(db: Db) -> StoreResult<DbStore> {
         db.migrate(&super::MIGRATIONS).await?;
         let holds = db.pg_pool().map(super::pg_lock::Holds::new);
-        Ok(DbStore { db, holds })
+        let appender = super::appender::Appender::start(db.clone());
+        Ok(DbStore {
+            db,
+            appender,
+            holds,
+        })
     }
 
     async fn insert<T: Record>(&self, r: &T) -> StoreResult<()> {
@@ -249,11 +256,9 @@ impl RoundStore for DbStore {
         // fsync per keystroke, serialized over every room of the host,
         // was the fan-out's bottleneck (bench/room_bench.py). The seed and
         // the Run and Submit markers stay durable, and their commit makes
-        // every update before them durable too (WAL order).
-        let mut tx = self.db.begin_relaxed().await?;
-        tx.insert(e).await?;
-        tx.commit().await?;
-        Ok(())
+        // every update before them durable too (WAL order). Updates from
+        // all rooms waiting at once commit together (`appender.rs`).
+        self.appender.append(e.clone()).await
     }
 
     async fn doc_log(&self, session_id: &str, upto: Option<u64>) -> StoreResult<Vec<DocLogRecord>> {
@@ -262,8 +267,91 @@ impl RoundStore for DbStore {
         Ok(self.db.select(order, args![session_id, upto]).await?)
     }
 
+    async fn doc_log_tail(
+        &self,
+        session_id: &str,
+        after: Option<u64>,
+        upto: u64,
+    ) -> StoreResult<Vec<DocLogRecord>> {
+        // -1: before entry 0, the seed.
+        let after = after.map_or(-1, clamp);
+        let order = "WHERE session_id = $1 AND idx > $2 AND idx <= $3 ORDER BY idx";
+        Ok(self
+            .db
+            .select(order, args![session_id, after, clamp(upto)])
+            .await?)
+    }
+
+    async fn doc_checkpoint(
+        &self,
+        session_id: &str,
+        at: u64,
+    ) -> StoreResult<Option<DocCheckpointRecord>> {
+        let last = "WHERE session_id = $1 AND idx <= $2 ORDER BY idx DESC LIMIT 1";
+        Ok(self
+            .db
+            .select_opt(last, args![session_id, clamp(at)])
+            .await?)
+    }
+
+    async fn doc_checkpoints(&self, session_id: &str) -> StoreResult<Vec<DocCheckpointRecord>> {
+        let order = "WHERE session_id = $1 ORDER BY idx";
+        Ok(self.db.select(order, args![session_id]).await?)
+    }
+
+    async fn put_doc_checkpoints(
+        &self,
+        cps: &[DocCheckpointRecord],
+        max_count: usize,
+        max_bytes: u64,
+    ) -> StoreResult<usize> {
+        let Some(first) = cps.first() else {
+            return Ok(0);
+        };
+        let sid = &first.session_id;
+        // A cache, rebuilt from the log if lost: no fsync of its own.
+        let mut tx = self.db.begin_relaxed().await?;
+        // Two reviewers' playbacks of one session take turns, so the caps
+        // hold across processes (PostgreSQL; SQLite's writers already do).
+        tx.lock(&format!("round_doc_checkpoints:{sid}")).await?;
+        let sums = "SELECT COUNT(*) AS n, CAST(COALESCE(SUM(LENGTH(state)), 0) AS BIGINT) AS bytes
+            FROM round_doc_checkpoints WHERE session_id = $1";
+        let row = tx.query_one(sums, args![sid]).await?;
+        let (mut count, mut bytes): (u64, u64) = (row.get("n")?, row.get("bytes")?);
+        let put =
+            "INSERT INTO round_doc_checkpoints (session_id, idx, state, log_bytes, created_at_ms)
+            VALUES ($1, $2, $3, $4, $5) ON CONFLICT (session_id, idx) DO NOTHING";
+        let mut stored = 0;
+        for c in cps {
+            let len = c.state.len() as u64;
+            if c.session_id != *sid || count >= max_count as u64 || bytes + len > max_bytes {
+                continue;
+            }
+            let a = args![
+                sid,
+                clamp(c.idx),
+                &c.state,
+                clamp(c.log_bytes),
+                clamp(c.created_at_ms)
+            ];
+            if tx.execute(put, a).await? == 1 {
+                stored += 1;
+                count += 1;
+                bytes += len;
+            }
+        }
+        tx.commit().await?;
+        Ok(stored)
+    }
+
     async fn delete_room_data(&self, session_id: &str) -> StoreResult<u64> {
         let mut tx = self.db.begin().await?;
+        // Before the log they hang off (the foreign key would cascade too).
+        tx.execute(
+            "DELETE FROM round_doc_checkpoints WHERE session_id = $1",
+            args![session_id],
+        )
+        .await?;
         let n = tx
             .execute(
                 "DELETE FROM round_doc_log WHERE session_id = $1",

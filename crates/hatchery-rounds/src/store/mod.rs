@@ -4,12 +4,14 @@
 //! `--db postgres://` database on many), the same tables on both:
 //! `rounds`, `round_sessions`, `round_tokens`, `round_runs`,
 //! `round_submissions`, `round_gradings`, `round_replays`, `round_forks`,
-//! `round_doc_log` (`schema.rs`; migrations recorded as product `rounds` in
-//! `hatchery_migrations`). The queries are written once (`db.rs`); the
-//! one PostgreSQL-only piece is the session hold (`pg_lock.rs`). One
+//! `round_doc_log`, `round_doc_checkpoints`, `round_notes` (`schema.rs`;
+//! migrations recorded as product `rounds` in `hatchery_migrations`). The
+//! queries are written once (`db.rs`); the one PostgreSQL-only piece is
+//! the session hold (`pg_lock.rs`). One
 //! contract, checked by one suite on both databases (`conformance.rs`).
 //! Every state change names the states it may move from.
 
+mod appender;
 mod db;
 mod pg_lock;
 mod schema;
@@ -40,6 +42,10 @@ pub enum StoreError {
     /// A stored value is none of ours (an unknown state or scope).
     #[error("corrupt record: {0}")]
     Corrupt(String),
+    /// The task that writes the rooms' updates (`appender.rs`) is gone:
+    /// the runtime is shutting down.
+    #[error("the document log's writer has stopped")]
+    WriterGone,
     /// A number too large for the database's signed 64-bit integer.
     #[error("{what} {value} is out of range")]
     OutOfRange { what: &'static str, value: u64 },
@@ -250,6 +256,21 @@ hatchery_db::record! {
 }
 
 hatchery_db::record! {
+    /// The document's whole state right after log entry `idx`
+    /// (`room/checkpoint.rs`): playback starts here instead of at entry 0.
+    #[derive(Debug, Clone, PartialEq)]
+    pub struct DocCheckpointRecord in "round_doc_checkpoints" {
+        pub session_id: String,
+        pub idx: u64,
+        /// The document as one Yjs update (v1), pending structs included.
+        pub state: Vec<u8>,
+        /// The log's update bytes up to and with `idx`.
+        pub log_bytes: u64,
+        pub created_at_ms: u64,
+    }
+}
+
+hatchery_db::record! {
     #[derive(Debug, Clone, PartialEq)]
     pub struct NotesRecord in "round_notes" {
         pub session_id: String,
@@ -335,8 +356,35 @@ pub trait RoundStore: Send + Sync + 'static {
     /// The session's log entries with `idx <= upto` (all without it), in
     /// order.
     async fn doc_log(&self, session_id: &str, upto: Option<u64>) -> StoreResult<Vec<DocLogRecord>>;
-    /// Deletes a session's document log and notes, in one transaction
-    /// (its retention window closed); the log entries deleted.
+    /// The session's log entries with `after < idx <= upto` (from the
+    /// start without `after`), in order: the tail past a checkpoint.
+    async fn doc_log_tail(
+        &self,
+        session_id: &str,
+        after: Option<u64>,
+        upto: u64,
+    ) -> StoreResult<Vec<DocLogRecord>>;
+    /// The session's checkpoint with the largest `idx <= at`.
+    async fn doc_checkpoint(
+        &self,
+        session_id: &str,
+        at: u64,
+    ) -> StoreResult<Option<DocCheckpointRecord>>;
+    /// The session's checkpoints, in `idx` order.
+    async fn doc_checkpoints(&self, session_id: &str) -> StoreResult<Vec<DocCheckpointRecord>>;
+    /// Stores checkpoints, in one transaction, each only while the
+    /// session's would stay within `max_count` checkpoints and
+    /// `max_bytes` of state; one already stored (same `idx`) is kept. The
+    /// number stored. A checkpoint is a cache: its log entry must exist
+    /// (a foreign key), and goes with it.
+    async fn put_doc_checkpoints(
+        &self,
+        cps: &[DocCheckpointRecord],
+        max_count: usize,
+        max_bytes: u64,
+    ) -> StoreResult<usize>;
+    /// Deletes a session's document log, its checkpoints and notes, in one
+    /// transaction (its retention window closed); the log entries deleted.
     async fn delete_room_data(&self, session_id: &str) -> StoreResult<u64>;
     /// The interviewers' private notes on a session (never the
     /// candidate's to read).

@@ -124,6 +124,23 @@ pub static MIGRATIONS: Migrations = Migrations {
         // 3 (issue 36): the tenant whose key made the round (NULL: the
         // operator's).
         Step::Both("ALTER TABLE rounds ADD COLUMN tenant TEXT;"),
+        // 4 (issue 41): playback checkpoints, the document's whole state
+        // (a Yjs update) right after log entry `idx`, so `document?at=`
+        // replays only the entries past the nearest one. `log_bytes`: the
+        // log's update bytes up to `idx`. Keyed to their log entry and
+        // deleted with it (retention deletes the log).
+        Step::Both(
+            "CREATE TABLE round_doc_checkpoints (
+            session_id TEXT NOT NULL,
+            idx BIGINT NOT NULL,
+            state BYTEA NOT NULL,
+            log_bytes BIGINT NOT NULL,
+            created_at_ms BIGINT NOT NULL,
+            PRIMARY KEY (session_id, idx),
+            FOREIGN KEY (session_id, idx) REFERENCES round_doc_log (session_id, idx)
+                ON DELETE CASCADE
+         );",
+        ),
     ],
 };
 
