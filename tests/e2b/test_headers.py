@@ -267,3 +267,37 @@ def test_an_update_keeps_the_header_bound_and_rules_cannot_change(daemon, server
 def test_the_secrets_api_keeps_the_e2b_names_to_itself(daemon):
     status, body = api(daemon, "POST", "/v1/secrets", {"name": "e2b.sbx_x.0", "value": "v"})
     assert status == 400 and "reserved" in body["error"]["message"], body
+
+
+# Bad rules, sent as the SDKs send them: each is E2B's error shape
+# (`{"code": 400, "message": ...}`), names the field and never the value,
+# and leaves no sandbox and no stored value behind.
+BAD_RULES = [
+    ({"*": [{"transform": {"headers": {"X-Api-Key": VALUE}}}]}, 'network.rules host "*" is refused'),
+    ({"*.com": [{"transform": {"headers": {"X-Api-Key": VALUE}}}]}, 'network.rules host "*.com" is too wide'),
+    ({"198.19.3.0/29": [{"transform": {"headers": {"X-Api-Key": VALUE}}}]}, "is an address range"),
+    ({"api.example.com": [{"transform": {"headers": {"X-Api-Key": VALUE}}, "match": "/v1"}]},
+     'network.rules["api.example.com"][0].match is not supported by Hatchery'),
+    ({"api.example.com": [{"transform": {"headers": {"X-Api-Key": VALUE}, "body": {"a": 1}}}]},
+     'network.rules["api.example.com"][0].transform.body is not supported by Hatchery'),
+    ({"api.example.com": [{"transform": {"headers": {"Host": VALUE}}}]}, "one the egress proxy writes itself"),
+    ({"api.example.com": [{"transform": {"headers": {"X-Api-Key": VALUE + "\r\nX-Evil: 1"}}}]},
+     "printable ASCII"),
+    ({"api.example.com": [{"transform": {"headers": {"X-Api-Key": "v" * 4097}}}]}, "1–4096 bytes"),
+]
+
+
+@pytest.mark.parametrize("rules,want", BAD_RULES, ids=[str(i) for i in range(len(BAD_RULES))])
+def test_bad_rules_are_e2b_400s_and_store_nothing(daemon, rules, want):
+    before_secrets = e2b_secrets(daemon)
+    status, body = api(daemon, "GET", "/v1/sandboxes")
+    before = {s["id"] for s in body["sandboxes"]}
+    status, body = api(daemon, "POST", "/e2b/sandboxes", {
+        "templateID": "base", "timeout": 60,
+        "network": {"allowOut": ["api.example.com", "198.19.3.2"], "rules": rules}})
+    assert status == 400 and set(body) == {"code", "message"} and body["code"] == 400, body
+    assert want in body["message"], body
+    assert VALUE not in body["message"]
+    status, after = api(daemon, "GET", "/v1/sandboxes")
+    assert {s["id"] for s in after["sandboxes"]} == before
+    assert e2b_secrets(daemon) == before_secrets

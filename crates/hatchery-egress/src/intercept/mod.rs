@@ -256,12 +256,8 @@ async fn forward(
             return refused;
         }
     }
-    let cred = plan
-        .credentials
-        .iter()
-        .find(|c| c.applies(&method, &target));
-    let mut use_seq = None;
-    if let Some(c) = cred {
+    let mut use_seqs = Vec::new();
+    for c in inject::chosen(&plan.credentials, &method, &target) {
         let value = match secrets.reveal(&c.secret).await {
             Ok(v) => v,
             Err(e) => {
@@ -286,7 +282,7 @@ async fn forward(
         };
         // Recorded before the request goes out: no use without a record.
         match events.credential(u).await {
-            Ok(seq) => use_seq = Some(seq),
+            Ok(seq) => use_seqs.push(seq),
             Err(e) => {
                 return text(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -316,7 +312,7 @@ async fn forward(
             format!("{}:{}: {e}", plan.host, plan.port),
         ),
     };
-    if let Some(seq) = use_seq {
+    for seq in use_seqs {
         events
             .credential_result(CredentialResult {
                 session: plan.session.clone(),
