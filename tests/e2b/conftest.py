@@ -11,7 +11,9 @@ E2B_API_URL / E2B_SANDBOX_URL."""
 import json
 import os
 import shutil
+import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -36,10 +38,24 @@ def build_base(d):
 
 
 @pytest.fixture(scope="session")
-def daemon():
+def egress_ca():
+    """A test CA the daemon's egress proxy trusts for upstreams
+    (--egress-upstream-ca-file): servers the header-transform tests start
+    (test_headers.py) have certificates it signs. {"dir", "pem", "key"}."""
+    d = tempfile.mkdtemp(prefix="hxe2bca-")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key",
+                    "-out", "ca.pem", "-days", "2", "-subj", "/CN=hatchery e2b header test CA"],
+                   check=True, capture_output=True, cwd=d)
+    yield {"dir": d, "pem": os.path.join(d, "ca.pem"), "key": os.path.join(d, "ca.key")}
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def daemon(egress_ca):
     tdir = support.private_templates()
     harness.seed_agent_rootfs(tdir, BASE_SPEC)
-    d = support.start_daemon(templates_dir=tdir, bake=False)
+    d = support.start_daemon(extra_args=["--egress-upstream-ca-file", egress_ca["pem"]],
+                             templates_dir=tdir, bake=False)
     try:
         build_base(d)
         # Both templates' checkpoints, so creates restore instead of booting.

@@ -123,9 +123,14 @@ BAD = [
     ({"denyOut": ["example.com"]}, "network.denyOut entry \"example.com\" is a host name"),
     ({"allowOut": ["198.19.0.6"], "denyOut": ["198.19.0.0/24"]}, "overlaps network.denyOut entry"),
     ({"dnsServers": ["192.0.2.0/24"], "allowOut": ["a.example"]}, "not a single IPv4 address"),
+    # Header transforms are applied (test_headers.py); what a credential
+    # binding cannot be is refused by name.
     ({"allowOut": ["api.example.com"],
-      "rules": {"api.example.com": [{"transform": {"headers": {"Authorization": "Bearer x"}}}]}},
-     'network option "rules" (header transforms) is not supported'),
+      "rules": {"*": [{"transform": {"headers": {"Authorization": "Bearer x"}}}]}},
+     'network.rules host "*" is refused'),
+    ({"rules": {"api.example.com": [{"transform": {"headers": {
+        "Authorization": "Bearer ${e2b.identity.tokens.aws}"}}}]}},
+     "workload identity token (iam): not supported"),
     ({"egressProxy": {"address": "127.0.0.1:1080"}}, '"egressProxy" is not supported'),
     ({"maskRequestHost": "${PORT}-x.example"}, '"maskRequestHost" is not supported'),
 ]
@@ -142,9 +147,9 @@ def test_bad_network_options_are_400_and_create_nothing(daemon, network, want):
 def test_the_sdk_raises_the_400s_message(daemon):
     from e2b import Sandbox
     with pytest.raises(Exception) as e:
-        Sandbox.create("base", network={"rules": {"api.example.com": [{"transform": {"headers": {"X-K": "v"}}}]},
+        Sandbox.create("base", network={"rules": {"*.com": [{"transform": {"headers": {"X-K": "v"}}}]},
                                         "allow_out": ["api.example.com"]})
-    assert "header transforms" in str(e.value)
+    assert 'network.rules host "*.com" is too wide' in str(e.value)
 
 
 def test_lists_are_capped_at_64_entries(daemon):

@@ -151,7 +151,7 @@ impl SessionHooks for HostHooks {
 
 /// What points the agent's tools at the egress proxy on guest loopback
 /// port `guest_port`.
-fn proxy_env(guest_port: u16) -> BTreeMap<String, String> {
+pub(crate) fn proxy_env(guest_port: u16) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
     let url = format!("http://127.0.0.1:{guest_port}");
     for k in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {

@@ -30,6 +30,9 @@ pub struct OnHost {
     /// The broker's operator routes (served behind the API's auth).
     pub broker_operator: axum::Router,
     pub sessions: Arc<Sessions>,
+    /// E2B's header transforms over this host's egress proxy; `None` when
+    /// the proxy is off (then E2B's `network.rules` are refused).
+    pub e2b_headers: Option<Arc<dyn hatchery_e2b_backend::headers::EgressHeaders>>,
 }
 
 /// Builds the sessions service, wires its gateway, proxy and broker, and
@@ -44,7 +47,10 @@ pub async fn start_host(p: HostParts<'_>) -> Result<OnHost, AgentsError> {
         crate::sessions::open_environments(p.db).await?,
         p.tenants.clone(),
     )?;
-    wire_services(&p, &sessions).await?;
+    let egress = wire_services(&p, &sessions).await?;
+    let e2b_headers = egress
+        .and_then(|e| crate::e2b_headers::E2bHeaders::new(p.secrets.clone(), e))
+        .map(|h| Arc::new(h) as Arc<dyn hatchery_e2b_backend::headers::EgressHeaders>);
     // On a host that relays to the control role's broker, no broker here.
     let broker_operator = hatchery_broker::embed::start_host(
         &crate::broker::settings(p.args, (p.data, p.db), p.keys, &p.manager.metrics.registry),
@@ -56,13 +62,18 @@ pub async fn start_host(p: HostParts<'_>) -> Result<OnHost, AgentsError> {
         routes,
         broker_operator,
         sessions,
+        e2b_headers,
     })
 }
 
 /// The in-process model gateway and egress proxy, each registered as a
 /// host service on a Unix socket in the data dir, and plugged into the
 /// sessions runner (docs/sessions.md, "Model gateway" and "Egress").
-async fn wire_services(p: &HostParts<'_>, sessions: &Arc<Sessions>) -> Result<(), AgentsError> {
+/// The egress proxy's link, when it runs.
+async fn wire_services(
+    p: &HostParts<'_>,
+    sessions: &Arc<Sessions>,
+) -> Result<Option<Arc<hatchery_sessions::egress::EgressLink>>, AgentsError> {
     let HostParts {
         args,
         data,
@@ -139,5 +150,5 @@ async fn wire_services(p: &HostParts<'_>, sessions: &Arc<Sessions>) -> Result<()
             identity: Identity::ProxyV1,
         })?;
     }
-    Ok(())
+    Ok(egress)
 }

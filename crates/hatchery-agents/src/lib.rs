@@ -15,6 +15,7 @@
 
 pub mod broker;
 pub mod control;
+pub mod e2b_headers;
 mod error;
 mod gateway;
 pub mod hooks;

@@ -5,6 +5,7 @@
 
 use crate::claims::{Claims, StoreLeases};
 use crate::error::{fail, E2bBackendError};
+use crate::headers::{Bound, EgressHeaders};
 use crate::pty::TerminalPty;
 use crate::translate::{context_view, exec_params, file_entry, policy, proc_view, reason};
 use async_trait::async_trait;
@@ -16,11 +17,18 @@ use hatchery_e2b::backend::{
     ExecOutput, FileEntry, NetworkSpec, OutputChunk, ProcSpec, ProcView, Pty, ResumeClaim,
     SandboxView,
 };
+use hatchery_serve::error_text::with_causes;
 use hatchery_tenants::AdmitError;
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
+
+/// Where the proxy's CA is written before the install script copies it.
+const STAGED_CA: &str = "/tmp/.hatchery-egress-ca.pem";
+/// How often stored header values of sandboxes that are gone (expired,
+/// deleted elsewhere, lost in a restart) are deleted.
+const SWEEP: Duration = Duration::from_secs(30);
 
 pub struct ManagerBackend {
     manager: Arc<Manager>,
@@ -29,6 +37,15 @@ pub struct ManagerBackend {
     /// Tenant keys and the live-sandbox gate; `None`: no tenants (the
     /// operator's key only).
     tenants: Option<Arc<hatchery_tenants::Tenants>>,
+    /// The state store every host shares: whether a sandbox is live
+    /// anywhere (the sweep of header values asks it).
+    store: Option<Arc<dyn hatchery_core::store::Store>>,
+    /// `network.rules`: the daemon's egress proxy and secrets store
+    /// (`None`: the proxy is off, and `rules` are refused).
+    headers: Option<Arc<dyn EgressHeaders>>,
+    /// The header bindings of this daemon's sandboxes that have some (to
+    /// bind again when their egress options change).
+    attached: Arc<Mutex<HashMap<String, Vec<Bound>>>>,
 }
 
 impl ManagerBackend {
@@ -39,8 +56,10 @@ impl ManagerBackend {
         api_key: String,
         store: Arc<dyn hatchery_core::store::Store>,
     ) -> Self {
-        let claims = Claims::new(Arc::new(StoreLeases(store)), manager.host_id());
-        Self::with_claims(manager, api_key, claims)
+        let claims = Claims::new(Arc::new(StoreLeases(store.clone())), manager.host_id());
+        let mut b = Self::with_claims(manager, api_key, claims);
+        b.store = Some(store);
+        b
     }
 
     /// As [`ManagerBackend::new`], with resume claims of the caller's.
@@ -50,9 +69,165 @@ impl ManagerBackend {
             api_key,
             claims,
             tenants: None,
+            store: None,
+            headers: None,
+            attached: Arc::default(),
         }
     }
 
+    /// `network.rules` are applied through `headers` (the daemon's egress
+    /// proxy and secrets store). Starts the sweep that deletes the stored
+    /// values of sandboxes that are gone; call within a Tokio runtime.
+    pub fn with_headers(mut self, headers: Arc<dyn EgressHeaders>) -> Self {
+        spawn_sweep(
+            Arc::downgrade(&headers),
+            self.manager.clone(),
+            self.store.clone(),
+            self.attached.clone(),
+        );
+        self.headers = Some(headers);
+        self
+    }
+
+    fn attached(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Bound>>> {
+        self.attached.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stores the header values of sandbox `id` sealed, installs the
+    /// proxy's CA in it and binds it at the proxy. On error the caller
+    /// deletes the sandbox and calls [`ManagerBackend::detach`].
+    async fn attach(
+        &self,
+        h: &Arc<dyn EgressHeaders>,
+        id: &str,
+        rules: &[hatchery_e2b::backend::HeaderRule],
+        net: Option<&NetworkSpec>,
+    ) -> Result<(), E2bBackendError> {
+        let list = crate::headers::bound(id, rules);
+        // Recorded first, so a failure below deletes what was stored.
+        self.attached().insert(
+            id.to_string(),
+            list.iter().map(|(b, _)| b.clone()).collect(),
+        );
+        for (b, value) in &list {
+            h.seal(&b.secret, value)
+                .await
+                .map_err(E2bBackendError::HeaderSecret)?;
+        }
+        let bound: Vec<Bound> = list.into_iter().map(|(b, _)| b).collect();
+        let policy =
+            crate::headers::policy(id, net, &bound).map_err(E2bBackendError::HeaderPolicy)?;
+        self.manager
+            .write_file(id, STAGED_CA, h.ca_pem().as_bytes())
+            .await?;
+        let script = h.ca_install_script(STAGED_CA);
+        let o = self
+            .manager
+            .exec(
+                id,
+                exec_params(
+                    vec!["/bin/sh".into(), "-c".into(), script],
+                    BTreeMap::new(),
+                    None,
+                    Duration::from_secs(60),
+                    self.max_output_bytes(),
+                ),
+                Sink::Collect,
+            )
+            .await?;
+        if o.exit_code != 0 {
+            return Err(E2bBackendError::HeaderCa(
+                String::from_utf8_lossy(&o.stderr).into_owned(),
+            ));
+        }
+        h.bind(id, Arc::new(policy));
+        Ok(())
+    }
+
+    /// Unbinds sandbox `id` at the proxy and deletes its stored header
+    /// values (those this daemon recorded, or, after a restart, those the
+    /// store holds under its names).
+    async fn detach(&self, id: &str) {
+        let Some(h) = &self.headers else { return };
+        detach(h.as_ref(), &self.attached, id).await;
+    }
+}
+
+async fn detach(h: &dyn EgressHeaders, attached: &Mutex<HashMap<String, Vec<Bound>>>, id: &str) {
+    h.unbind(id);
+    let known = attached
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(id);
+    let names: Vec<String> = match known {
+        Some(b) => b.into_iter().map(|b| b.secret).collect(),
+        None => match h.sealed().await {
+            Ok(all) => all
+                .into_iter()
+                .filter(|n| crate::headers::sandbox_of(n) == Some(id))
+                .collect(),
+            Err(e) => {
+                tracing::warn!(sandbox = id, error = %with_causes(&e), "e2b: listing stored header values failed; the sweep deletes them later");
+                return;
+            }
+        },
+    };
+    for n in names {
+        h.forget(&n).await;
+    }
+}
+
+/// Every [`SWEEP`]: the stored header values whose sandbox is live
+/// nowhere (the shared store says; this host's manager when there is
+/// none) are deleted, and the sandbox unbound. Ends when the proxy side
+/// is dropped.
+fn spawn_sweep(
+    headers: std::sync::Weak<dyn EgressHeaders>,
+    manager: Arc<Manager>,
+    store: Option<Arc<dyn hatchery_core::store::Store>>,
+    attached: Arc<Mutex<HashMap<String, Vec<Bound>>>>,
+) {
+    tokio::spawn(async move {
+        let mut t = tokio::time::interval(SWEEP);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            t.tick().await;
+            let Some(h) = headers.upgrade() else { break };
+            let names = match h.sealed().await {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(error = %with_causes(&e), "e2b: header value sweep could not list the store");
+                    continue;
+                }
+            };
+            let mut ids: Vec<&str> = names
+                .iter()
+                .filter_map(|n| crate::headers::sandbox_of(n))
+                .collect();
+            ids.sort_unstable();
+            ids.dedup();
+            for id in ids {
+                let live = match &store {
+                    Some(s) => match s.get_live(id).await {
+                        Ok(r) => r.is_some(),
+                        // Unknown: kept until the store answers.
+                        Err(_) => true,
+                    },
+                    None => manager.get(id).await.is_ok(),
+                };
+                if !live {
+                    tracing::info!(
+                        sandbox = id,
+                        "e2b: deleting the header values of a sandbox that is gone"
+                    );
+                    detach(h.as_ref(), &attached, id).await;
+                }
+            }
+        }
+    });
+}
+
+impl ManagerBackend {
     /// Tenant keys are answered by `tenants`, and every sandbox that
     /// records a tenant is admitted by its live-sandbox limit.
     pub fn with_tenants(mut self, tenants: Arc<hatchery_tenants::Tenants>) -> Self {
@@ -148,15 +323,37 @@ impl Backend for ManagerBackend {
     }
 
     async fn create(&self, spec: CreateSpec) -> BResult<SandboxView> {
+        let headers = if spec.header_rules.is_empty() {
+            None
+        } else {
+            let h = self.headers.clone();
+            Some(h.ok_or_else(|| fail(E2bBackendError::HeadersUnavailable))?)
+        };
+        let env = match &headers {
+            // The proxy's variables and CA trust, the sandbox's own first.
+            Some(h) => h.guest_env(&spec.env),
+            None => spec.env,
+        };
         let req = hatchery_core::CreateRequest {
             template: spec.template,
             ttl_seconds: Some(spec.ttl_seconds),
             metadata: spec.metadata,
-            env: spec.env,
-            network: spec.network.map(policy),
+            env,
+            network: spec.network.clone().map(policy),
         };
         let _admitted = self.admit(&req.metadata).await?;
         let info = self.manager.create(req).await.map_err(fail)?;
+        if let Some(h) = &headers {
+            if let Err(e) = self
+                .attach(h, &info.id, &spec.header_rules, spec.network.as_ref())
+                .await
+            {
+                tracing::warn!(sandbox = %info.id, error = %with_causes(&e), "e2b: network.rules could not be applied; deleting the sandbox");
+                self.manager.delete(&info.id).await;
+                self.detach(&info.id).await;
+                return Err(fail(e));
+            }
+        }
         Ok(self.view(info))
     }
 
@@ -213,6 +410,7 @@ impl Backend for ManagerBackend {
 
     async fn kill(&self, id: &str) {
         self.manager.delete(id).await;
+        self.detach(id).await;
     }
 
     async fn set_ttl(&self, id: &str, ttl_seconds: u64) -> BResult<SandboxView> {
@@ -225,10 +423,18 @@ impl Backend for ManagerBackend {
 
     async fn set_network(&self, id: &str, net: NetworkSpec) -> BResult<()> {
         self.manager
-            .set_network_policy(id, policy(net))
+            .set_network_policy(id, policy(net.clone()))
             .await
-            .map(drop)
-            .map_err(fail)
+            .map_err(fail)?;
+        // A sandbox with header bindings: the proxy's mirror of its
+        // egress follows (the proxy dials from the host).
+        let bound = self.attached().get(id).cloned();
+        if let (Some(h), Some(bound)) = (&self.headers, bound) {
+            let p = crate::headers::policy(id, Some(&net), &bound)
+                .map_err(|e| fail(E2bBackendError::HeaderPolicy(e)))?;
+            h.bind(id, Arc::new(p));
+        }
+        Ok(())
     }
 
     async fn snapshot(&self, id: &str, metadata: BTreeMap<String, String>) -> BResult<String> {

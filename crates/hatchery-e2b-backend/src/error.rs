@@ -33,6 +33,19 @@ pub enum E2bBackendError {
     /// A tenant key could not be resolved (the tenant store failed).
     #[error("resolving a tenant key")]
     TenantKey(#[source] hatchery_tenants::StoreError),
+    /// `network.rules` on a daemon whose egress proxy is off.
+    #[error("network option \"rules\" (header transforms) needs the egress proxy, which is off on this daemon (--egress-guest-port 0)")]
+    HeadersUnavailable,
+    /// The policy the header rules make did not compile (the edge's
+    /// checks should have refused it first).
+    #[error("network.rules: {0}")]
+    HeaderPolicy(#[source] hatchery_policy::ValidationError),
+    /// A header value could not be stored sealed.
+    #[error("storing a network.rules header value")]
+    HeaderSecret(#[source] crate::headers::HeaderError),
+    /// The proxy's CA could not be installed in the sandbox.
+    #[error("installing the egress proxy's CA in the sandbox: {0}")]
+    HeaderCa(String),
 }
 
 impl E2bBackendError {
@@ -46,6 +59,13 @@ impl E2bBackendError {
             E2bBackendError::Tenant(AdmitError::Store(TenantStoreError::Unavailable(_)))
             | E2bBackendError::TenantKey(TenantStoreError::Unavailable(_)) => FailKind::Capacity,
             E2bBackendError::Tenant(_) | E2bBackendError::TenantKey(_) => FailKind::Internal,
+            E2bBackendError::HeadersUnavailable | E2bBackendError::HeaderPolicy(_) => {
+                FailKind::Invalid
+            }
+            E2bBackendError::HeaderSecret(crate::headers::HeaderError::Full(_)) => {
+                FailKind::TooMany
+            }
+            E2bBackendError::HeaderSecret(_) | E2bBackendError::HeaderCa(_) => FailKind::Internal,
         }
     }
 

@@ -14,11 +14,14 @@
 //! - [`translate`]: E2B's network, process and context shapes to the
 //!   core's and back.
 //! - [`claims`]: resume claims over the narrow [`claims::Leases`] seam.
+//! - [`headers`]: E2B's header transforms as credential bindings of the
+//!   egress proxy, over the [`headers::EgressHeaders`] seam.
 //! - `pty`: a core terminal as E2B's `Pty`, driven by one task.
 
 mod backend;
 pub mod claims;
 pub mod error;
+pub mod headers;
 mod pty;
 pub mod translate;
 

@@ -116,6 +116,33 @@ pub struct CreateSpec {
     pub env: BTreeMap<String, String>,
     /// Egress: `None` keeps Hatchery's default (deny all).
     pub network: Option<NetworkSpec>,
+    /// `network.rules`: headers the egress proxy adds to the sandbox's
+    /// requests to these hosts (the backend stores the values sealed and
+    /// never puts them in the sandbox); empty: none.
+    pub header_rules: Vec<HeaderRule>,
+}
+
+/// One host's headers from E2B's `network.rules` (checked by
+/// `header_rules::parse`), in the order E2B's rules give them (a name set
+/// twice keeps the later value, as E2B replaces).
+#[derive(Clone, PartialEq, Eq)]
+pub struct HeaderRule {
+    /// Lower case: a host name, `*.domain` (below it, two labels at
+    /// least), or one IPv4 address.
+    pub host: String,
+    /// Name and value. The value is the secret: never logged.
+    pub headers: Vec<(String, String)>,
+}
+
+/// Names only: a value never goes into a log line.
+impl std::fmt::Debug for HeaderRule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("HeaderRule")
+            .field("host", &self.host)
+            .field("headers", &names)
+            .finish()
+    }
 }
 
 /// Egress rules from E2B's options, checked at the edge (`network`):

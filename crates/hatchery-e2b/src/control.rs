@@ -5,7 +5,9 @@
 use crate::api_error::{ApiError, ApiResult, Body};
 use crate::backend::{BackendError, Caller, CreateSpec, FailKind, NetworkSpec, SandboxView};
 use crate::lifecycle::Lifecycle;
-use crate::network::{network_spec, refuse_unsupported, NetworkBody};
+use crate::network::{
+    header_rules, network_spec, refuse_rules_update, refuse_unsupported, NetworkBody,
+};
 use crate::pause_resume::{pause_live, resume_paused, Resumed};
 use crate::query::{form_pairs, pct_decode, MAX_PAGE};
 use crate::state::{self, present, Shared, FORK_KEY};
@@ -172,6 +174,7 @@ async fn do_create(
     metadata.extend(lifecycle.keys());
     crate::tenancy::stamp(caller, &mut metadata);
     let network = network_spec(b.allow_internet_access, b.network.as_ref())?;
+    let header_rules = header_rules(b.network.as_ref())?;
     if !s.backend.template_exists(&template) {
         // Not yet: built at start (or through the API) and not done.
         if let Some(e) = s.backend.template_building(&template) {
@@ -184,6 +187,14 @@ async fn do_create(
                 format!("template '{}' not found", b.template_id),
             ));
         };
+        if !header_rules.is_empty() {
+            // A restore keeps the snapshot's env and trust store as they
+            // were, so the proxy's variables and CA could not be added.
+            return Err(ApiError::bad(
+                "network option \"rules\" (header transforms) is not supported by Hatchery on a \
+                 sandbox created from a snapshot (see docs/e2b.md)",
+            ));
+        }
         if !b.env_vars.is_empty() {
             // The snapshot's processes, and the env a Hatchery sandbox
             // gives its commands, are restored as they were.
@@ -204,6 +215,7 @@ async fn do_create(
         metadata,
         env: b.env_vars,
         network,
+        header_rules,
     };
     let v = s.backend.create(spec).await?;
     wake_sweep_for(s, &lifecycle);
@@ -518,6 +530,7 @@ pub async fn set_network(
     let Some((h, _)) = s.live(&id).await? else {
         return Err(ApiError::not_found(&id));
     };
+    refuse_rules_update(&b)?;
     let spec = network_spec(None, Some(&b))?.unwrap_or(NetworkSpec {
         allow_all: true,
         ..Default::default()

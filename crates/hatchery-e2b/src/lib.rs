@@ -28,6 +28,7 @@ pub mod control;
 pub mod file_metadata;
 pub mod files;
 pub mod fs;
+pub mod header_rules;
 pub mod interpreter;
 pub mod lifecycle;
 pub mod network;

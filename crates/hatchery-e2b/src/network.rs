@@ -25,7 +25,7 @@ pub struct NetworkBody {
     #[serde(default)]
     pub(crate) deny_out: Vec<String>,
     pub(crate) dns_servers: Option<Vec<String>>,
-    /// Header transforms per host: refused (see [`refuse_rules`]).
+    /// Header transforms per host ([`header_rules`]).
     #[serde(default)]
     pub(crate) rules: Option<Value>,
     #[serde(rename = "allow_internet_access")]
@@ -57,12 +57,12 @@ pub(crate) fn refuse_unsupported(rest: &BTreeMap<String, Value>, what: &str) -> 
     Ok(())
 }
 
-/// `network.rules` injects headers into the sandbox's HTTP(S) requests.
-/// Hatchery does that only in the egress proxy of agent sessions (a
-/// credential binding); a plain sandbox's egress is its own firewall, so
-/// the option is refused rather than accepted and not applied.
-fn refuse_rules(rules: &Option<Value>) -> ApiResult<()> {
-    let empty = match rules {
+/// `network.rules` on `PUT /sandboxes/{id}/network`: E2B replaces the
+/// header transforms there. Hatchery stores a sandbox's header values
+/// sealed at create and binds them once; changing them on a running
+/// sandbox is refused by name (an update without `rules` keeps them).
+pub(crate) fn refuse_rules_update(n: &NetworkBody) -> ApiResult<()> {
+    let empty = match &n.rules {
         None | Some(Value::Null) => true,
         Some(Value::Object(o)) => o.is_empty(),
         Some(_) => false,
@@ -71,10 +71,14 @@ fn refuse_rules(rules: &Option<Value>) -> ApiResult<()> {
         return Ok(());
     }
     Err(ApiError::bad(
-        "network option \"rules\" (header transforms) is not supported by Hatchery for E2B \
-         sandboxes: headers are injected only by the egress proxy of agent sessions, from a \
-         secret bound in their policy (see docs/e2b.md)",
+        "network option \"rules\" (header transforms) cannot be changed on a running sandbox \
+         by Hatchery: set them when the sandbox is created (see docs/e2b.md)",
     ))
+}
+
+/// The header transforms of a create's `network` (none when absent).
+pub fn header_rules(n: Option<&NetworkBody>) -> ApiResult<Vec<crate::header_rules::HeaderRule>> {
+    crate::header_rules::parse(n.and_then(|n| n.rules.as_ref()))
 }
 
 /// One `allowOut` / `denyOut` / `dnsServers` entry. `hosts`: whether a
@@ -174,7 +178,6 @@ pub fn network_spec(
     let empty = NetworkBody::default();
     let n = n.unwrap_or(&empty);
     refuse_unsupported(&n.rest, "network")?;
-    refuse_rules(&n.rules)?;
     let mut allow = parse_list("allowOut", &n.allow_out, true, MAX_ENTRIES)?;
     let deny = parse_list("denyOut", &n.deny_out, false, MAX_ENTRIES)?;
     let dns = parse_list(
@@ -421,14 +424,22 @@ mod tests {
     }
 
     #[test]
-    fn header_transforms_and_other_options_are_refused_by_name() {
+    fn header_transforms_are_parsed_apart_and_other_options_refused_by_name() {
         let rules: NetworkBody = serde_json::from_value(serde_json::json!({
             "allowOut": ["api.example.com"],
             "rules": {"api.example.com": [{"transform": {"headers": {"Authorization": "Bearer x"}}}]}
         }))
         .unwrap();
-        let m = msg(network_spec(None, Some(&rules)));
-        assert!(m.contains("\"rules\" (header transforms)"), "{m}");
+        // The egress spec is the lists alone; the rules are their own.
+        assert!(network_spec(None, Some(&rules)).unwrap().is_some());
+        let r = header_rules(Some(&rules)).unwrap();
+        assert_eq!(r[0].host, "api.example.com");
+        // Not on an update.
+        let m = refuse_rules_update(&rules).unwrap_err().message;
+        assert!(
+            m.contains("\"rules\" (header transforms) cannot be changed"),
+            "{m}"
+        );
         for (k, v) in [
             (
                 "egressProxy",
@@ -447,5 +458,7 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(network_spec(None, Some(&ok)).unwrap(), None);
+        assert!(refuse_rules_update(&ok).is_ok());
+        assert!(header_rules(Some(&ok)).unwrap().is_empty());
     }
 }

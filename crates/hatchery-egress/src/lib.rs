@@ -10,7 +10,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod target;
 
-pub use approval::{Answer, ApprovalAsk, Approver};
+pub use approval::{Answer, ApprovalAsk, Approver, DecisionKey};
 pub use intercept::{CredentialResult, CredentialSource, CredentialUse, Interception};
 pub use proxy::{
     EgressEvent, EgressResult, EventSink, Events, Identify, Limits, Outcome, PolicySource, Proxy,

@@ -295,17 +295,34 @@ impl Proxy {
                 return;
             }
         };
+        // An intercepted destination is asked about per request (the
+        // proxy sees each one); any other connection here, as a whole.
+        let mut request_hold = None;
         if let Some(hold) = d.hold.take() {
-            match self.held(&session, &d, hold).await {
-                Ok((reason, approval_id)) => {
-                    d.ok.reason = reason;
-                    d.ok.approval_id = Some(approval_id);
+            match (&d.intercept, self.approver.get()) {
+                (Some(_), Some(approver)) => {
+                    d.ok.reason = format!(
+                        "allowed; each request held for approval (rule {:?})",
+                        hold.rule_id
+                    );
+                    request_hold = Some(crate::intercept::RequestHold {
+                        rule_id: hold.rule_id,
+                        timeout: hold.timeout,
+                        approver: approver.clone(),
+                        held: self.metrics.held.clone(),
+                    });
                 }
-                Err(r) => {
-                    self.emit(Verdict::Denied, Some(&session), peer, &r);
-                    answer(&mut sock, &r).await;
-                    return;
-                }
+                _ => match self.held(&session, &d, hold).await {
+                    Ok((reason, approval_id)) => {
+                        d.ok.reason = reason;
+                        d.ok.approval_id = Some(approval_id);
+                    }
+                    Err(r) => {
+                        self.emit(Verdict::Denied, Some(&session), peer, &r);
+                        answer(&mut sock, &r).await;
+                        return;
+                    }
+                },
             }
         }
         // The intent is durable before the dial: a crash from here on
@@ -372,6 +389,9 @@ impl Proxy {
                     policy_version: d.ok.policy_version,
                     credentials,
                     tls,
+                    peer,
+                    ip: d.addr.ip(),
+                    hold: request_hold,
                 };
                 let client = crate::intercept::Prefixed::new(d.first.to_upstream, sock);
                 moved =
@@ -453,6 +473,7 @@ impl Proxy {
             port: d.addr.port(),
             method,
             path,
+            per_request: false,
             rule_id: hold.rule_id.clone(),
             policy_version: d.ok.policy_version,
             timeout: hold.timeout,

@@ -10,8 +10,9 @@
 use bytes::Bytes;
 use hatchery_egress::intercept::ca::{upstream_config, Ca};
 use hatchery_egress::{
-    CredentialResult, CredentialSource, CredentialUse, EgressEvent, EgressResult, Events, Identify,
-    Interception, Limits, PolicySource, Proxy, SourceError, Zeroizing,
+    Answer, ApprovalAsk, Approver, CredentialResult, CredentialSource, CredentialUse, EgressEvent,
+    EgressResult, Events, Identify, Interception, Limits, PolicySource, Proxy, SourceError,
+    Zeroizing,
 };
 use hatchery_policy::{Policy, PolicyDocument};
 use http_body_util::Full;
@@ -455,5 +456,107 @@ async fn plain_http_injection_on_a_loopback_test_host() {
     assert!(
         log.contains(&"credential TOKEN GET /api/x loopback-token".to_string()),
         "{log:?}"
+    );
+}
+
+/// Answers by path (`/api/ok` approved, `/api/no` denied, anything else
+/// timed out) and logs each question where the origin logs its requests.
+struct ByPath(Arc<Log>);
+
+#[async_trait::async_trait]
+impl Approver for ByPath {
+    async fn ask(&self, a: ApprovalAsk) -> Result<Answer, SourceError> {
+        let (m, p) = (a.method.clone().unwrap(), a.path.clone().unwrap());
+        self.0
+            .push(format!("asked {m} {p} per_request={}", a.per_request));
+        let approval_id = format!("apr_{}", p.trim_start_matches("/api/"));
+        Ok(match p.as_str() {
+            "/api/ok" => Answer::Approved {
+                approval_id,
+                remembered: false,
+            },
+            "/api/no" => Answer::Denied {
+                approval_id,
+                note: String::new(),
+            },
+            _ => Answer::TimedOut { approval_id },
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_intercepted_destination_is_approved_per_request() {
+    let s = setup().await;
+    let doc: PolicyDocument = serde_json::from_value(serde_json::json!({"name": "t", "rules": [
+        {"id": "ask-api", "effect": "require_approval", "approval_timeout_s": 3,
+         "match": {"tools": ["egress"], "hosts": ["127.0.0.1"], "ports": [s.origin.port()]}},
+        {"id": "api-token", "effect": "allow",
+         "match": {"tools": ["egress"], "hosts": ["127.0.0.1"], "ports": [s.origin.port()]},
+         "credential": {"secret": "TOKEN", "path_prefix": "/api/",
+                        "inject": {"header": {"name": "Authorization", "template": "Bearer {secret}"}}}}
+    ]}))
+    .unwrap();
+    let ix = Interception {
+        ca: Arc::new(Ca::load_or_create(&s.dir.path().join("egress-ca")).unwrap()),
+        upstream: upstream_config(&s.dir.path().join("test-ca.pem")).unwrap(),
+        secrets: Arc::new(Vault),
+    };
+    let proxy = Proxy::with_interception(
+        Arc::new(OneSession),
+        Arc::new(Fixed(Arc::new(Policy::compile(&doc).unwrap()))),
+        Arc::new(Recorder(s.log.clone())),
+        Limits::default(),
+        Some(Arc::new(ix)),
+    );
+    proxy.set_approver(Arc::new(ByPath(s.log.clone())));
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(proxy.serve(l));
+    let s2 = Setup { proxy: addr, ..s };
+    let base = format!("https://127.0.0.1:{}", s2.origin.port());
+    // Three requests on one connection: each asked about on its own; the
+    // refused ones are the proxy's 403s, and the connection goes on.
+    let (rc, out, err) = curl(
+        &s2,
+        "egress-ca/ca.pem",
+        &format!("{base}/api/late"),
+        &[
+            "-w",
+            "%{http_code}\n",
+            &format!("{base}/api/no"),
+            &format!("{base}/api/ok?q=1"),
+        ],
+    )
+    .await;
+    assert_eq!(rc, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "GET /api/no: denied by approval apr_no",
+            "403",
+            &format!("target=/api/ok?q=1 auth=Bearer {SECRET}"),
+            "200",
+            "GET /api/late: approval apr_late not decided within 3 s (rule \"ask-api\")",
+            "403",
+        ],
+        "{out}"
+    );
+    let log = s2.log.all();
+    let port = s2.origin.port();
+    assert_eq!(
+        log,
+        [
+            format!("connect Some(\"127.0.0.1\"):Some({port})"),
+            "asked GET /api/no per_request=true".to_string(),
+            "denied 403 GET /api/no: denied by approval apr_no".to_string(),
+            "asked GET /api/ok per_request=true".to_string(),
+            "credential TOKEN GET /api/ok api-token".to_string(),
+            format!("origin GET /api/ok?q=1 auth=Bearer {SECRET}"),
+            "credential_result 7 200".to_string(),
+            "asked GET /api/late per_request=true".to_string(),
+            "denied 403 GET /api/late: approval apr_late not decided within 3 s (rule \"ask-api\")"
+                .to_string(),
+        ],
     );
 }

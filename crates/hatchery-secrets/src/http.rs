@@ -15,6 +15,11 @@ use hatchery_tenants::service::Principal;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+/// Names the E2B adapter stores sandboxes' header values under
+/// (`e2b.<sandbox>.<n>`, deleted with the sandbox): not for the API, so an
+/// operator's secret is never taken for one and swept.
+pub const RESERVED_PREFIX: &str = "e2b.";
+
 /// Largest request body: a value at its cap, JSON-escaped, and a name.
 pub const MAX_BODY_BYTES: usize = 4 * MAX_VALUE_BYTES + 1024;
 
@@ -93,7 +98,7 @@ pub fn router(secrets: Secrets) -> Router {
 /// is never returned by any route.
 #[utoipa::path(post, path = "/v1/secrets", tag = "secrets", request_body = CreateSecret,
     responses((status = 201, body = SecretInfo),
-              (status = 400, body = hatchery_serve::json_error::ErrorBody, description = "invalid_secret: name or value out of bounds"),
+              (status = 400, body = hatchery_serve::json_error::ErrorBody, description = "invalid_secret: name or value out of bounds, or a name reserved for E2B sandboxes (e2b.)"),
               (status = 403, body = hatchery_serve::json_error::ErrorBody, description = "a tenant key"),
               (status = 409, body = hatchery_serve::json_error::ErrorBody, description = "secret_exists, too_many_secrets"),
               (status = 413, body = hatchery_serve::json_error::ErrorBody)))]
@@ -122,6 +127,13 @@ pub async fn create(
             format!("body: {e}"),
         )
     })?;
+    if req.name.starts_with(RESERVED_PREFIX) {
+        return Err(HttpError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_secret",
+            format!("names starting with {RESERVED_PREFIX:?} are reserved for the header values of E2B sandboxes (docs/e2b.md)"),
+        ));
+    }
     let info = s.create(&req.name, &req.value).await?;
     tracing::info!(secret = %info.name, bytes = info.bytes, "secret stored");
     Ok((StatusCode::CREATED, Json(info)))

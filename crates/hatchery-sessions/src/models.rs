@@ -263,8 +263,11 @@ pub struct ApprovalBody {
     #[serde(default)]
     pub note: String,
     /// `session`: the decision also holds for the session's later
-    /// connections to the same destination (host and port), which are
-    /// then not held. Egress approvals only (`action` `egress`).
+    /// connections to the same destination (host and port), or, for a
+    /// request held on an intercepted destination (details `scope`
+    /// `request`), for its later requests with the same method and exact
+    /// path (query aside); those are then not held. Egress approvals only
+    /// (`action` `egress`).
     #[serde(default)]
     pub remember: Option<String>,
 }

@@ -199,14 +199,6 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             )),
         ])),
     ));
-    // E2B's protocol, over the same manager and tenants (docs/e2b.md).
-    let e2b = hatchery_e2b::router(
-        Arc::new(
-            hatchery_e2b_backend::ManagerBackend::new(manager.clone(), key.clone(), store.clone())
-                .with_tenants(tenants.clone()),
-        ),
-        manager.caps.max_file_bytes,
-    );
     let agents = hatchery_agents::start_host(hatchery_agents::HostParts {
         args: &args,
         data: &data,
@@ -219,6 +211,15 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         tenants: tenants.clone(),
     })
     .await?;
+    // E2B's protocol, over the same manager and tenants (docs/e2b.md);
+    // its header transforms over the agents' egress proxy.
+    let mut e2b_backend =
+        hatchery_e2b_backend::ManagerBackend::new(manager.clone(), key.clone(), store.clone())
+            .with_tenants(tenants.clone());
+    if let Some(h) = agents.e2b_headers.clone() {
+        e2b_backend = e2b_backend.with_headers(h);
+    }
+    let e2b = hatchery_e2b::router(Arc::new(e2b_backend), manager.caps.max_file_bytes);
     let sessions = agents.sessions.clone();
     // Bound before the API state is made: the preview URLs it hands out
     // name this listener's port (which may be ephemeral).

@@ -20,6 +20,41 @@ pub enum InjectError {
     Target,
 }
 
+/// Where an injection writes: a header (by its lower-case name; basic auth
+/// is `authorization`) or a query parameter.
+#[derive(Debug, PartialEq, Eq)]
+enum Slot {
+    Header(String),
+    Query(String),
+}
+
+fn slot(how: &Injection) -> Slot {
+    match how {
+        Injection::Header { name, .. } => Slot::Header(name.to_ascii_lowercase()),
+        Injection::Basic { .. } => Slot::Header("authorization".into()),
+        Injection::Query { param } => Slot::Query(param.clone()),
+    }
+}
+
+/// The bindings that go into one request: of those whose method and path
+/// hold, the first (in rule order) for each header or query parameter.
+/// Bindings that write different places all apply (an E2B sandbox's host
+/// may get several headers); two that write the same place never both
+/// do, so a later rule cannot replace an earlier one's value.
+pub fn chosen<'a>(
+    bindings: &'a [hatchery_policy::Credential],
+    method: &str,
+    target: &str,
+) -> Vec<&'a hatchery_policy::Credential> {
+    let mut out: Vec<&hatchery_policy::Credential> = Vec::new();
+    for c in bindings.iter().filter(|c| c.applies(method, target)) {
+        if !out.iter().any(|o| slot(&o.inject) == slot(&c.inject)) {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Adds `secret` to the request's headers or target, as `how` says.
 pub fn inject(
     how: &Injection,
@@ -90,6 +125,58 @@ fn encode(v: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn binding(
+        rule: &str,
+        how: Injection,
+        methods: Option<&[&str]>,
+    ) -> hatchery_policy::Credential {
+        hatchery_policy::Credential {
+            rule_id: rule.into(),
+            secret: "S".into(),
+            inject: how,
+            methods: methods.map(|m| m.iter().map(|x| x.to_string()).collect()),
+            path_prefix: "/api/".into(),
+            scheme: hatchery_policy::Scheme::Https,
+            env: None,
+        }
+    }
+
+    fn header(name: &str) -> Injection {
+        Injection::Header {
+            name: name.into(),
+            template: "{secret}".into(),
+        }
+    }
+
+    #[test]
+    fn each_place_gets_the_first_binding_that_holds() {
+        let b = vec![
+            binding("post-only", header("X-Key"), Some(&["POST"])),
+            binding("key", header("X-Key"), None),
+            binding("key-again", header("x-key"), None),
+            binding("team", header("X-Team"), None),
+            binding(
+                "basic",
+                Injection::Basic {
+                    username: "u".into(),
+                },
+                None,
+            ),
+            binding("bearer", header("Authorization"), None),
+            binding("q", Injection::Query { param: "t".into() }, None),
+            binding("q-again", Injection::Query { param: "t".into() }, None),
+        ];
+        let ids = |m, t| {
+            chosen(&b, m, t)
+                .iter()
+                .map(|c| c.rule_id.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ids("GET", "/api/x"), ["key", "team", "basic", "q"]);
+        assert_eq!(ids("POST", "/api/x"), ["post-only", "team", "basic", "q"]);
+        assert!(ids("GET", "/other").is_empty());
+    }
 
     fn run(how: Injection, uri: &str, pre: &[(&str, &str)]) -> (hyper::HeaderMap, Uri) {
         let mut h = hyper::HeaderMap::new();

@@ -8,12 +8,17 @@
 //! session's log ([`Events::credential`]); its status is recorded when the
 //! answer comes. Answers, redirects included, go back as they are: the
 //! proxy never follows a redirect, so a secret goes only to the host the
-//! guest connected to. Destinations without a credential rule never come
-//! here (a plain tunnel).
+//! guest connected to. When a `require_approval` rule decided the
+//! destination, each request first waits for a person's decision
+//! ([`held`]). Destinations without a credential rule never come here (a
+//! plain tunnel).
 
 pub mod ca;
+mod held;
 pub mod inject;
 mod io;
+
+pub(crate) use held::RequestHold;
 
 pub use io::Prefixed;
 
@@ -60,11 +65,17 @@ pub(crate) struct Plan {
     pub credentials: Vec<Credential>,
     /// False only for a `scheme: "http"` binding (loopback test hosts).
     pub tls: bool,
+    /// The guest's end and the address dialled (for refusal events).
+    pub peer: std::net::SocketAddr,
+    pub ip: std::net::IpAddr,
+    /// A `require_approval` rule decided the destination: each request
+    /// waits for a decision before it goes upstream.
+    pub hold: Option<RequestHold>,
 }
 
-type Body = BoxBody<Bytes, hyper::Error>;
+pub(crate) type Body = BoxBody<Bytes, hyper::Error>;
 
-fn text(status: StatusCode, msg: String) -> Response<Body> {
+pub(crate) fn text(status: StatusCode, msg: String) -> Response<Body> {
     let mut r = Response::new(
         Full::new(Bytes::from(msg + "\n"))
             .map_err(|never| match never {})
@@ -239,12 +250,14 @@ async fn forward(
     for h in ["proxy-authorization", "proxy-connection"] {
         parts.headers.remove(h);
     }
-    let cred = plan
-        .credentials
-        .iter()
-        .find(|c| c.applies(&method, &target));
-    let mut use_seq = None;
-    if let Some(c) = cred {
+    // Held before anything of it (or its credential) goes upstream.
+    if let Some(h) = &plan.hold {
+        if let Err(refused) = held::approve(h, plan, events, &method, &target).await {
+            return refused;
+        }
+    }
+    let mut use_seqs = Vec::new();
+    for c in inject::chosen(&plan.credentials, &method, &target) {
         let value = match secrets.reveal(&c.secret).await {
             Ok(v) => v,
             Err(e) => {
@@ -269,7 +282,7 @@ async fn forward(
         };
         // Recorded before the request goes out: no use without a record.
         match events.credential(u).await {
-            Ok(seq) => use_seq = Some(seq),
+            Ok(seq) => use_seqs.push(seq),
             Err(e) => {
                 return text(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -299,7 +312,7 @@ async fn forward(
             format!("{}:{}: {e}", plan.host, plan.port),
         ),
     };
-    if let Some(seq) = use_seq {
+    for seq in use_seqs {
         events
             .credential_result(CredentialResult {
                 session: plan.session.clone(),

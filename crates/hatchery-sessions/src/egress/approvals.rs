@@ -13,7 +13,10 @@
 //! `--sessions-max-open-approvals` open gets no new one (503).
 //!
 //! `remember: "session"` on a decision makes it hold for the session's
-//! later connections to that host and port. Remembered decisions are read
+//! later connections to that host and port, or, for a request held on an
+//! intercepted connection (details `scope: "request"`), for its later
+//! requests with the same method and exact path (query aside) to that
+//! host and port ([`DecisionKey`]). Remembered decisions are read
 //! back from the log the first time a session asks after this daemon
 //! started (or took the session over, or the session resumed), then kept
 //! in memory until its sandbox is let go ([`SessionApprovals::forget`]).
@@ -22,7 +25,7 @@ use crate::error::SessionError;
 use crate::events::EventKind;
 use crate::store::{Decided, StoreError};
 use crate::Sessions;
-use hatchery_egress::{Answer, ApprovalAsk, Approver, SourceError};
+use hatchery_egress::{Answer, ApprovalAsk, Approver, DecisionKey, SourceError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -51,8 +54,8 @@ pub enum ApprovalError {
     Shared(String),
 }
 
-/// A destination: (session, host, port).
-type Key = (String, String, u16);
+/// A question in flight: the session and what its decision covers.
+type Key = (String, DecisionKey);
 type Shared = watch::Receiver<Option<Result<Answer, String>>>;
 
 #[derive(Clone)]
@@ -64,7 +67,7 @@ struct Remembered {
 #[derive(Default)]
 struct State {
     /// Per session (present once read back from the log).
-    remembered: HashMap<String, HashMap<(String, u16), Remembered>>,
+    remembered: HashMap<String, HashMap<DecisionKey, Remembered>>,
     in_flight: HashMap<Key, Shared>,
 }
 
@@ -92,11 +95,11 @@ impl SessionApprovals {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The session's remembered decision on `(host, port)`.
+    /// The session's remembered decision on `dest`.
     async fn remembered(
         &self,
         session: &str,
-        dest: &(String, u16),
+        dest: &DecisionKey,
     ) -> Result<Option<Remembered>, ApprovalError> {
         if let Some(m) = self.lock().remembered.get(session) {
             return Ok(m.get(dest).cloned());
@@ -120,6 +123,7 @@ impl SessionApprovals {
         let approval_id = crate::ids::new_id("apr_egress");
         let details = serde_json::json!({
             "host": a.host, "port": a.port, "method": a.method, "path": a.path,
+            "scope": if a.per_request { "request" } else { "connection" },
             "rule_id": a.rule_id, "policy_version": a.policy_version,
             "timeout_s": a.timeout.as_secs(),
         });
@@ -177,7 +181,7 @@ impl SessionApprovals {
                 .entry(a.session.clone())
                 .or_default()
                 .insert(
-                    (a.host.clone(), a.port),
+                    a.key(),
                     Remembered {
                         approval_id: approval_id.clone(),
                         approved: d.approved,
@@ -201,7 +205,7 @@ impl SessionApprovals {
 #[async_trait::async_trait]
 impl Approver for SessionApprovals {
     async fn ask(&self, a: ApprovalAsk) -> Result<Answer, SourceError> {
-        let dest = (a.host.clone(), a.port);
+        let dest = a.key();
         if let Some(r) = self.remembered(&a.session, &dest).await? {
             return Ok(if r.approved {
                 Answer::Approved {
@@ -215,7 +219,7 @@ impl Approver for SessionApprovals {
                 }
             });
         }
-        let key: Key = (a.session.clone(), a.host.clone(), a.port);
+        let key: Key = (a.session.clone(), dest);
         let joined = {
             let mut st = self.lock();
             match st.in_flight.get(&key) {
@@ -323,13 +327,27 @@ async fn decision(
     }
 }
 
+/// What an `egress` approval's details say its decision covers: host and
+/// port, and method and path when it was asked per request (`scope:
+/// "request"`; details written before the scope existed are connection
+/// ones).
+fn key_of(v: &serde_json::Value) -> Option<DecisionKey> {
+    let host = v["host"].as_str()?;
+    let port = u16::try_from(v["port"].as_u64()?).ok()?;
+    let request = match v["scope"].as_str() {
+        Some("request") => Some((v["method"].as_str()?, v["path"].as_str()?)),
+        _ => None,
+    };
+    Some(DecisionKey::new(host, port, request))
+}
+
 /// The session's remembered egress decisions, from its whole log (the
 /// latest per destination wins).
 async fn read_remembered(
     sessions: &Sessions,
     session: &str,
-) -> Result<HashMap<(String, u16), Remembered>, StoreError> {
-    let mut asked: HashMap<String, (String, u16)> = HashMap::new();
+) -> Result<HashMap<DecisionKey, Remembered>, StoreError> {
+    let mut asked: HashMap<String, DecisionKey> = HashMap::new();
     let mut out = HashMap::new();
     let mut from = 0;
     loop {
@@ -346,10 +364,8 @@ async fn read_remembered(
                     details,
                 } if action == ACTION => {
                     let v: serde_json::Value = serde_json::from_str(&details).unwrap_or_default();
-                    if let (Some(h), Some(p)) = (v["host"].as_str(), v["port"].as_u64()) {
-                        if let Ok(p) = u16::try_from(p) {
-                            asked.insert(approval_id, (h.to_string(), p));
-                        }
+                    if let Some(k) = key_of(&v) {
+                        asked.insert(approval_id, k);
                     }
                 }
                 EventKind::ApprovalDecided {
@@ -370,6 +386,38 @@ async fn read_remembered(
                 }
                 _ => {}
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn details_read_back_into_the_key_they_were_asked_with() {
+        let req = json!({"host": "h", "port": 443, "method": "GET", "path": "/a",
+                         "scope": "request"});
+        assert_eq!(
+            key_of(&req),
+            Some(DecisionKey::new("h", 443, Some(("GET", "/a"))))
+        );
+        // A connection's, and one written before `scope` existed: host
+        // and port only, even with a plain request's method and path.
+        for v in [
+            json!({"host": "h", "port": 443, "method": null, "path": null, "scope": "connection"}),
+            json!({"host": "h", "port": 443, "method": "GET", "path": "/a"}),
+        ] {
+            assert_eq!(key_of(&v), Some(DecisionKey::new("h", 443, None)), "{v}");
+        }
+        // Unreadable: no key (never a wider one).
+        for v in [
+            json!({"host": "h", "port": 70000}),
+            json!({"port": 443}),
+            json!({"host": "h", "port": 443, "scope": "request", "method": "GET"}),
+        ] {
+            assert_eq!(key_of(&v), None, "{v}");
         }
     }
 }

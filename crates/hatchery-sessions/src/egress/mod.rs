@@ -20,10 +20,13 @@ pub mod coalesce;
 pub mod events;
 pub mod kernel;
 mod proxy_line;
+pub mod sandboxes;
 
 use events::{EgressLog, SessionEvents};
 use hatchery_egress::{Limits, PolicySource, Proxy, SessionPolicy};
 use hatchery_policy::cache::CompiledPolicies;
+use hatchery_policy::Policy;
+use sandboxes::{pseudo_session, sandbox_of};
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -72,8 +75,17 @@ pub struct EgressLink {
     pub ca_pem: Option<String>,
     compiled: Arc<CompiledPolicies>,
     bindings: Arc<Mutex<HashMap<String, Binding>>>,
+    owned: Owned,
     events: Arc<SessionEvents>,
     approvals: Arc<approvals::SessionApprovals>,
+}
+
+/// Sessionless sandboxes (E2B's header transforms) and the policy each
+/// was bound with ([`sandboxes`]).
+type Owned = Arc<Mutex<HashMap<String, Arc<Policy>>>>;
+
+fn owned_lock(o: &Owned) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Policy>>> {
+    o.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl EgressLink {
@@ -98,6 +110,20 @@ impl EgressLink {
         self.bindings.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Binds a sandbox that has no session to a policy of its own (E2B's
+    /// header transforms): its connections are decided by `policy` and
+    /// recorded in the daemon's log ([`sandboxes`]). Binding again
+    /// replaces the policy (the sandbox's egress options changed).
+    pub fn bind_sandbox(&self, sandbox: &str, policy: Arc<Policy>) {
+        owned_lock(&self.owned).insert(sandbox.to_string(), policy);
+    }
+
+    /// Forgets a sandbox [`EgressLink::bind_sandbox`] bound: its
+    /// connections are refused from now on.
+    pub fn unbind_sandbox(&self, sandbox: &str) {
+        owned_lock(&self.owned).remove(sandbox);
+    }
+
     /// The placeholder variables the pinned policy's credential bindings
     /// name (`env`), each set to a value that is not the secret, for tools
     /// that insist on a variable being set.
@@ -116,9 +142,11 @@ impl EgressLink {
     }
 }
 
-/// The session's pinned version, compiled (cached by id and version).
+/// The session's pinned version, compiled (cached by id and version),
+/// or a sessionless sandbox's own policy.
 struct Pinned {
     bindings: Arc<Mutex<HashMap<String, Binding>>>,
+    owned: Owned,
     compiled: Arc<CompiledPolicies>,
 }
 
@@ -128,6 +156,14 @@ impl PolicySource for Pinned {
         &self,
         session: &str,
     ) -> Result<SessionPolicy, hatchery_egress::SourceError> {
+        if let Some(sbx) = sandbox_of(session) {
+            let p = owned_lock(&self.owned).get(sbx).cloned();
+            let policy = p.ok_or_else(|| PolicyLookup::NotBound(sbx.to_string()))?;
+            return Ok(SessionPolicy {
+                policy,
+                version: None,
+            });
+        }
         let b = self
             .bindings
             .lock()
@@ -154,6 +190,8 @@ impl PolicySource for Pinned {
 enum PolicyLookup {
     #[error("session {0} has no pinned policy on record")]
     NotPinned(String),
+    #[error("sandbox {0} is no longer bound to a policy")]
+    NotBound(String),
     #[error("policy {id} version {version}")]
     Store {
         id: String,
@@ -222,15 +260,17 @@ pub fn start(
         return Ok(None);
     }
     let bindings: Arc<Mutex<HashMap<String, Binding>>> = Default::default();
+    let owned: Owned = Default::default();
     let events = SessionEvents::start(log, registry, a.denied_interval);
     poll_kernel(Arc::downgrade(&events), bindings.clone());
-    let sink: hatchery_egress::EventSink = events.clone();
+    let sink: hatchery_egress::EventSink = Arc::new(sandboxes::Routed::new(events.clone()));
     let ca_pem = interception.as_ref().map(|i| i.ca.cert_pem().to_string());
     let compiled = Arc::new(CompiledPolicies::new(policies));
     let proxy = Proxy::with_interception(
         Arc::new(Unused),
         Arc::new(Pinned {
             bindings: bindings.clone(),
+            owned: owned.clone(),
             compiled: compiled.clone(),
         }),
         sink,
@@ -258,7 +298,7 @@ pub fn start(
     let _ = std::fs::remove_file(&socket);
     let listener = tokio::net::UnixListener::bind(&socket)
         .map_err(|e| EgressError::Socket(socket.clone(), e))?;
-    let map = bindings.clone();
+    let (map, own) = (bindings.clone(), owned.clone());
     tokio::spawn(async move {
         loop {
             let (sock, _) = match listener.accept().await {
@@ -269,7 +309,7 @@ pub fn start(
                     continue;
                 }
             };
-            let (proxy, map) = (proxy.clone(), map.clone());
+            let (proxy, map, own) = (proxy.clone(), map.clone(), own.clone());
             tokio::spawn(async move {
                 // Buffered, so the line costs one read, not one per byte;
                 // the proxy reads the rest through the same buffer.
@@ -280,10 +320,16 @@ pub fn start(
                         .ok()
                         .flatten();
                 let session = line.and_then(|sbx| {
-                    map.lock()
+                    let s = map
+                        .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .get(&sbx)
-                        .map(|b| b.session.clone())
+                        .map(|b| b.session.clone());
+                    s.or_else(|| {
+                        owned_lock(&own)
+                            .contains_key(&sbx)
+                            .then(|| pseudo_session(&sbx))
+                    })
                 });
                 // Relayed connections have no IP peer; events name the session.
                 let peer = SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0));
@@ -298,6 +344,7 @@ pub fn start(
         ca_pem,
         compiled,
         bindings,
+        owned,
         events,
         approvals: approver,
     })))

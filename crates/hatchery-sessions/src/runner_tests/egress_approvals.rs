@@ -22,6 +22,7 @@ fn ask(session: &str, port: u16, timeout: Duration) -> ApprovalAsk {
         port,
         method: None,
         path: None,
+        per_request: false,
         rule_id: "ask".into(),
         policy_version: Some(1),
         timeout,
@@ -132,6 +133,95 @@ async fn approved_with_remember_then_asked_nothing_even_after_a_restart() {
     // The agent got neither decision.
     let stdin = String::from_utf8_lossy(&e.fake.stdin(&sbx, &pid)).to_string();
     assert!(!stdin.contains("apr_egress_"), "{stdin}");
+}
+
+/// A request held on an intercepted connection: its question names method
+/// and path with `scope: "request"`.
+fn ask_request(session: &str, method: &str, path: &str) -> ApprovalAsk {
+    ApprovalAsk {
+        method: Some(method.into()),
+        path: Some(path.into()),
+        per_request: true,
+        ..ask(session, 443, Duration::from_secs(60))
+    }
+}
+
+#[tokio::test]
+async fn a_request_remembered_covers_its_method_and_path_only() {
+    let e = Env::new(|_| {});
+    let id = e.create().await;
+    e.state(&id, S::Running).await;
+    let a = SessionApprovals::new(e.svc.clone());
+    let first = tokio::spawn({
+        let (a, q) = (a.clone(), ask_request(&id, "GET", "/v1/a"));
+        async move { a.ask(q).await.map_err(|e| e.to_string()) }
+    });
+    let aid = pending_id(&e, &id).await;
+    let p = e
+        .svc
+        .core
+        .store
+        .pending_approval(&id)
+        .await
+        .unwrap()
+        .unwrap();
+    let details: serde_json::Value = serde_json::from_str(&p.details).unwrap();
+    assert_eq!(
+        (&details["method"], &details["path"], &details["scope"]),
+        (
+            &serde_json::json!("GET"),
+            &serde_json::json!("/v1/a"),
+            &serde_json::json!("request")
+        )
+    );
+    e.svc
+        .decide(&id, &aid, &body("approve", Some("session")))
+        .await
+        .unwrap();
+    assert!(matches!(
+        first.await.unwrap().unwrap(),
+        Answer::Approved {
+            remembered: false,
+            ..
+        }
+    ));
+    let remembered = Answer::Approved {
+        approval_id: aid.clone(),
+        remembered: true,
+    };
+    // The same method and path (its query aside), here and after a restart.
+    assert_eq!(
+        a.ask(ask_request(&id, "GET", "/v1/a?page=2"))
+            .await
+            .unwrap(),
+        remembered
+    );
+    let fresh = SessionApprovals::new(e.svc.clone());
+    assert_eq!(
+        fresh.ask(ask_request(&id, "GET", "/v1/a")).await.unwrap(),
+        remembered
+    );
+    // Neither the connection as a whole, another path nor another method.
+    for q in [
+        ask(&id, 443, Duration::from_secs(60)),
+        ask_request(&id, "GET", "/v1/b"),
+        ask_request(&id, "POST", "/v1/a"),
+    ] {
+        let held = tokio::spawn({
+            let (a, q) = (fresh.clone(), q.clone());
+            async move { a.ask(q).await.map_err(|e| e.to_string()) }
+        });
+        let again = pending_id(&e, &id).await;
+        assert_ne!(again, aid, "{q:?}");
+        e.svc
+            .decide(&id, &again, &body("deny", None))
+            .await
+            .unwrap();
+        assert!(
+            matches!(held.await.unwrap().unwrap(), Answer::Denied { .. }),
+            "{q:?}"
+        );
+    }
 }
 
 #[tokio::test]
