@@ -88,15 +88,7 @@ fn check_host(key: &str) -> ApiResult<String> {
         }
         None => &h,
     };
-    let ok = name.len() <= 253
-        && name.split('.').all(|l| {
-            !l.is_empty()
-                && l.len() <= 63
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        });
-    if !ok {
+    if !crate::network::is_dns_name(name) {
         return Err(why(
             "is not a host name, *.domain or IPv4 address (a '*' only as the first label)",
         ));
