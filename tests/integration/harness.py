@@ -319,10 +319,14 @@ def seed_cached_rootfs(templates_dir, spec, cache_dir):
     """Gives template `spec` the rootfs of the same template built in
     `cache_dir` (full_templates()), so a build through the API only runs
     its setup and bakes its checkpoint."""
-    key = rootfs_key(spec)
-    src = os.path.join(cache_dir, spec["name"], f"rootfs-{key}")
+    _copy_rootfs(os.path.join(cache_dir, spec["name"], f"rootfs-{rootfs_key(spec)}"), templates_dir, spec["name"])
+
+
+def _copy_rootfs(src, templates_dir, name):
+    """Copies a complete cached rootfs `src` into template `name`'s
+    directory under `templates_dir`."""
     assert os.path.exists(os.path.join(src, ".complete")), src
-    dst = os.path.join(templates_dir, spec["name"])
+    dst = os.path.join(templates_dir, name)
     os.makedirs(dst, exist_ok=True)
     subprocess.run(["cp", "-a", src, dst], check=True)
 
@@ -347,11 +351,7 @@ def seed_agent_rootfs(templates_dir, spec):
     key = rootfs_key(spec)
     assert rootfs_key(agent) == key, \
         f"template {spec['name']} and agent-session must list the same packages to share a rootfs"
-    src = os.path.join(agent_templates(), "agent-session", f"rootfs-{key}")
-    assert os.path.exists(os.path.join(src, ".complete")), src
-    dst = os.path.join(templates_dir, spec["name"])
-    os.makedirs(dst, exist_ok=True)
-    subprocess.run(["cp", "-a", src, dst], check=True)
+    _copy_rootfs(os.path.join(agent_templates(), "agent-session", f"rootfs-{key}"), templates_dir, spec["name"])
 
 
 class Response:
