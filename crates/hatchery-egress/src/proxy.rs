@@ -359,7 +359,17 @@ impl Proxy {
             bytes_down,
             duration: started.elapsed(),
         };
-        let mut upstream = match self.dial(d.addr).await {
+        // Each request of an intercepted destination waits for a person:
+        // it is dialled on the first approved one (intercept::Upstream),
+        // so nothing reaches it before that.
+        let deferred =
+            request_hold.is_some() && d.intercept.is_some() && self.interception.is_some();
+        let dialled = if deferred {
+            None
+        } else {
+            Some(self.dial(d.addr).await)
+        };
+        let dialled = match dialled.transpose() {
             Ok(u) => u,
             Err((outcome, status, reason)) => {
                 self.count_as("failed", status);
@@ -394,6 +404,10 @@ impl Proxy {
                     hold: request_hold,
                 };
                 let client = crate::intercept::Prefixed::new(d.first.to_upstream, sock);
+                let upstream = match dialled {
+                    Some(tcp) => crate::intercept::Upstream::Dialled(tcp),
+                    None => crate::intercept::Upstream::OnApproval(d.addr),
+                };
                 moved =
                     crate::intercept::serve(ix, &self.events, &self.limits, client, upstream, plan)
                         .await;
@@ -417,6 +431,10 @@ impl Proxy {
                 .await;
             return;
         }
+        // Only an intercepted destination is ever left undialled (above).
+        let Some(mut upstream) = dialled else {
+            return;
+        };
         let sent = match d.first.reply {
             Some(reply) => sock.write_all(reply.as_bytes()).await.is_ok(),
             None => true,

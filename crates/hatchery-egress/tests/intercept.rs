@@ -59,7 +59,7 @@ impl CredentialSource for Vault {
 /// One log both the proxy's events and the origin's requests go to, in
 /// the order they happened.
 #[derive(Default)]
-struct Log(Mutex<Vec<String>>);
+struct Log(Mutex<Vec<String>>, Mutex<Vec<usize>>);
 
 impl Log {
     fn push(&self, s: String) {
@@ -67,6 +67,15 @@ impl Log {
     }
     fn all(&self) -> Vec<String> {
         self.0.lock().unwrap().clone()
+    }
+    /// An origin accepted a TCP connection: where in the log it fell.
+    fn accepted(&self) {
+        let at = self.0.lock().unwrap().len();
+        self.1.lock().unwrap().push(at);
+    }
+    /// Log positions of the origins' accepted connections.
+    fn accepts(&self) -> Vec<usize> {
+        self.1.lock().unwrap().clone()
     }
 }
 
@@ -139,6 +148,7 @@ async fn origin_with(tls: Option<Arc<rustls::ServerConfig>>, log: Arc<Log>) -> S
     tokio::spawn(async move {
         loop {
             let (s, _) = l.accept().await.unwrap();
+            log.accepted();
             let (tls, log) = (tls.clone(), log.clone());
             tokio::spawn(async move {
                 let s: Box<dyn Stream> = match tls {
@@ -559,4 +569,8 @@ async fn an_intercepted_destination_is_approved_per_request() {
                 .to_string(),
         ],
     );
+    // The destination heard nothing, not even a TCP handshake, before the
+    // first request a person approved: one connection, opened right after
+    // that approval (log position 4, after "asked GET /api/ok").
+    assert_eq!(s2.log.accepts(), [4], "{log:?}");
 }

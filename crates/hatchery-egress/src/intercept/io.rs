@@ -62,12 +62,10 @@ pub struct Counted<S> {
 }
 
 impl<S> Counted<S> {
-    pub fn new(inner: S) -> Self {
-        Counted {
-            inner,
-            up: Arc::default(),
-            down: Arc::default(),
-        }
+    /// Counts into `up` and `down`, which the caller may read before the
+    /// stream exists (a connection opened only when first needed).
+    pub fn with(inner: S, up: Arc<AtomicU64>, down: Arc<AtomicU64>) -> Self {
+        Counted { inner, up, down }
     }
 }
 

@@ -33,8 +33,10 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use io::Counted;
 use rustls_pki_types::ServerName;
-use std::sync::atomic::Ordering;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::rustls;
@@ -89,6 +91,81 @@ pub(crate) fn text(status: StatusCode, msg: String) -> Response<Body> {
     r
 }
 
+/// The destination's side of an intercepted connection.
+pub(crate) enum Upstream {
+    /// Dialled by the proxy, after the connection's intent was recorded.
+    Dialled(TcpStream),
+    /// Each request waits for a person's approval: the destination is
+    /// dialled only when the first request has been approved, so nothing
+    /// reaches it (not even a TCP or TLS handshake) before someone said
+    /// yes. A denied or timed-out request leaves it undialled.
+    OnApproval(SocketAddr),
+}
+
+/// Opens the proxy's connection to the destination: TLS verified against
+/// the host's trust store (or the configured bundle) unless the binding
+/// names a plain-HTTP test host, then HTTP/1.1.
+#[derive(Clone)]
+struct Connector {
+    upstream: Arc<rustls::ClientConfig>,
+    host: String,
+    port: u16,
+    tls: bool,
+    timeout: Duration,
+    up: Arc<AtomicU64>,
+    down: Arc<AtomicU64>,
+}
+
+impl Connector {
+    async fn open(&self, tcp: TcpStream) -> Result<Sender, String> {
+        let tcp = Counted::with(tcp, self.up.clone(), self.down.clone());
+        if !self.tls {
+            return handshake(tcp, &self.host, self.port).await;
+        }
+        let name = ServerName::try_from(self.host.as_str())
+            .map(|n| n.to_owned())
+            .map_err(|_| format!("{} is not a TLS server name", self.host))?;
+        let tls = tokio::time::timeout(
+            self.timeout,
+            tokio_rustls::TlsConnector::from(self.upstream.clone()).connect(name, tcp),
+        )
+        .await
+        .map_err(|_| format!("TLS to {}:{} timed out", self.host, self.port))?
+        .map_err(|e| format!("TLS to {}:{}: {e}", self.host, self.port))?;
+        handshake(tls, &self.host, self.port).await
+    }
+
+    async fn dial_and_open(&self, addr: SocketAddr) -> Result<Sender, String> {
+        let tcp = tokio::time::timeout(self.timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| format!("connect to {addr} timed out"))?
+            .map_err(|e| format!("connect to {addr}: {e}"))?;
+        let _ = tcp.set_nodelay(true);
+        self.open(tcp).await
+    }
+}
+
+/// The connection's HTTP sender, opened at most once: at once for a
+/// dialled destination, on the first approved request otherwise.
+struct Link {
+    sender: tokio::sync::OnceCell<Result<Sender, String>>,
+    later: Option<(Connector, SocketAddr)>,
+}
+
+impl Link {
+    async fn sender(&self) -> Result<Sender, String> {
+        self.sender
+            .get_or_init(|| async {
+                match &self.later {
+                    Some((c, addr)) => c.dial_and_open(*addr).await,
+                    None => Err("no connection to the destination".into()),
+                }
+            })
+            .await
+            .clone()
+    }
+}
+
 /// Serves one intercepted connection until either side closes; returns the
 /// bytes moved to the destination and back (TLS records included).
 pub(crate) async fn serve<C>(
@@ -96,20 +173,39 @@ pub(crate) async fn serve<C>(
     events: &EventSink,
     limits: &Limits,
     client: C,
-    upstream: TcpStream,
+    upstream: Upstream,
     plan: Plan,
 ) -> (u64, u64)
 where
     C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let upstream = Counted::new(upstream);
-    let (up, down) = (upstream.up.clone(), upstream.down.clone());
+    let c = Connector {
+        upstream: ix.upstream.clone(),
+        host: plan.host.clone(),
+        port: plan.port,
+        tls: plan.tls,
+        timeout: limits.connect_timeout,
+        up: Arc::default(),
+        down: Arc::default(),
+    };
+    let (up, down) = (c.up.clone(), c.down.clone());
     let moved = || (up.load(Ordering::Relaxed), down.load(Ordering::Relaxed));
+    // A dialled destination first: when it cannot be verified, the guest
+    // is told so in an HTTP answer rather than by a broken handshake.
+    let link = match upstream {
+        Upstream::Dialled(tcp) => Link {
+            sender: tokio::sync::OnceCell::new_with(Some(c.open(tcp).await)),
+            later: None,
+        },
+        Upstream::OnApproval(addr) => Link {
+            sender: tokio::sync::OnceCell::new(),
+            later: Some((c, addr)),
+        },
+    };
     if !plan.tls {
         // A loopback test host a `scheme: "http"` binding names: the
         // guest's forwarded request is replayed into the same relay.
-        let sender = handshake(upstream, &plan).await;
-        relay(client, sender, plan, events, ix, limits).await;
+        relay(client, link, plan, events, ix, limits).await;
         return moved();
     }
     let server = match ix.ca.server_config(&plan.host) {
@@ -118,12 +214,6 @@ where
             tracing::error!(error = %hatchery_serve::error_text::with_causes(&e), host = %plan.host, "no leaf certificate");
             return moved();
         }
-    };
-    // The destination first: when it cannot be verified, the guest is
-    // told so in an HTTP answer rather than by a broken handshake.
-    let sender = match connect_upstream(ix, limits, &plan, upstream).await {
-        Ok(tls) => handshake(tls, &plan).await,
-        Err(why) => Err(why),
     };
     let accepted = tokio::time::timeout(
         limits.head_timeout,
@@ -135,19 +225,19 @@ where
         // The guest did not trust the leaf or hung up: nothing was sent.
         _ => return moved(),
     };
-    relay(tls, sender, plan, events, ix, limits).await;
+    relay(tls, link, plan, events, ix, limits).await;
     moved()
 }
 
 type Sender = Arc<tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Body>>>;
 
-async fn handshake<U>(upstream: U, plan: &Plan) -> Result<Sender, String>
+async fn handshake<U>(upstream: U, host: &str, port: u16) -> Result<Sender, String>
 where
     U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(upstream))
         .await
-        .map_err(|e| format!("HTTP to {}:{}: {e}", plan.host, plan.port))?;
+        .map_err(|e| format!("HTTP to {host}:{port}: {e}"))?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -158,7 +248,7 @@ where
 /// plain connection), each through [`forward`].
 async fn relay<S>(
     stream: S,
-    sender: Result<Sender, String>,
+    link: Link,
     plan: Plan,
     events: &EventSink,
     ix: &Interception,
@@ -169,21 +259,12 @@ async fn relay<S>(
     let plan = Arc::new(plan);
     let events = events.clone();
     let secrets = ix.secrets.clone();
+    let link = Arc::new(link);
     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
-        let (plan, events, secrets, sender) = (
-            plan.clone(),
-            events.clone(),
-            secrets.clone(),
-            sender.clone(),
-        );
+        let (plan, events, secrets, link) =
+            (plan.clone(), events.clone(), secrets.clone(), link.clone());
         async move {
-            let sender = match sender {
-                Ok(s) => s,
-                Err(why) => {
-                    return Ok::<_, std::convert::Infallible>(text(StatusCode::BAD_GATEWAY, why))
-                }
-            };
-            Ok(forward(req, &plan, &events, &*secrets, &sender).await)
+            Ok::<_, std::convert::Infallible>(forward(req, &plan, &events, &*secrets, &link).await)
         }
     });
     let _ = hyper::server::conn::http1::Builder::new()
@@ -194,27 +275,6 @@ async fn relay<S>(
         .await;
 }
 
-async fn connect_upstream<U>(
-    ix: &Interception,
-    limits: &Limits,
-    plan: &Plan,
-    upstream: U,
-) -> Result<tokio_rustls::client::TlsStream<U>, String>
-where
-    U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let name = ServerName::try_from(plan.host.as_str())
-        .map(|n| n.to_owned())
-        .map_err(|_| format!("{} is not a TLS server name", plan.host))?;
-    tokio::time::timeout(
-        limits.connect_timeout,
-        tokio_rustls::TlsConnector::from(ix.upstream.clone()).connect(name, upstream),
-    )
-    .await
-    .map_err(|_| format!("TLS to {}:{} timed out", plan.host, plan.port))?
-    .map_err(|e| format!("TLS to {}:{}: {e}", plan.host, plan.port))
-}
-
 /// One request: the credential added when a binding holds for it (after
 /// its use is recorded), sent, and its answer passed back as it is.
 async fn forward(
@@ -222,7 +282,7 @@ async fn forward(
     plan: &Plan,
     events: &EventSink,
     secrets: &dyn CredentialSource,
-    sender: &Sender,
+    link: &Link,
 ) -> Response<Body> {
     let (mut parts, body) = req.into_parts();
     let method = parts.method.as_str().to_string();
@@ -256,6 +316,11 @@ async fn forward(
             return refused;
         }
     }
+    // Opened here when it waited for this approval.
+    let sender = match link.sender().await {
+        Ok(s) => s,
+        Err(why) => return text(StatusCode::BAD_GATEWAY, why),
+    };
     let mut use_seqs = Vec::new();
     for c in inject::chosen(&plan.credentials, &method, &target) {
         let value = match secrets.reveal(&c.secret).await {
