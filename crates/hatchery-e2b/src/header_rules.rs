@@ -88,7 +88,7 @@ fn check_host(key: &str) -> ApiResult<String> {
         }
         None => &h,
     };
-    if !crate::network::is_dns_name(name) {
+    if !crate::host_name::is_dns_name(name) {
         return Err(why(
             "is not a host name, *.domain or IPv4 address (a '*' only as the first label)",
         ));

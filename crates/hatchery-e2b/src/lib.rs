@@ -29,6 +29,7 @@ pub mod file_metadata;
 pub mod files;
 pub mod fs;
 pub mod header_rules;
+mod host_name;
 pub mod interpreter;
 pub mod lifecycle;
 pub mod network;

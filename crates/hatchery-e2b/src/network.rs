@@ -115,7 +115,7 @@ fn parse_entry(field: &str, e: &str, hosts: bool) -> ApiResult<Dest> {
              exact names",
         ));
     }
-    if !is_dns_name(e) {
+    if !crate::host_name::is_dns_name(e) {
         return Err(bad("is not a valid host name, IPv4 address or CIDR block"));
     }
     Ok(Dest::Host(e.to_ascii_lowercase()))
@@ -237,21 +237,6 @@ pub fn network_spec(
         allow,
         deny,
     }))
-}
-
-/// A DNS name's shape: at most 253 bytes, dot-separated labels of 1-63
-/// ASCII letters, digits and inner hyphens. Shared by the allow and deny
-/// lists and the header-transform rules (header_rules.rs), which take the
-/// same names.
-pub(crate) fn is_dns_name(name: &str) -> bool {
-    name.len() <= 253
-        && name.split('.').all(|l| {
-            !l.is_empty()
-                && l.len() <= 63
-                && !l.starts_with('-')
-                && !l.ends_with('-')
-                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-        })
 }
 
 #[cfg(test)]
