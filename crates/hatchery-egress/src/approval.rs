@@ -98,6 +98,56 @@ pub enum Answer {
     },
 }
 
+/// A question's answer that lets nothing through: the status the guest
+/// gets, why, and the approval it names (none when it could not be asked).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Refused {
+    pub status: u16,
+    pub why: String,
+    pub approval_id: Option<String>,
+}
+
+/// An answer as the proxy acts on it, for a connection and a request
+/// alike: `Ok((approval_id, remembered))` lets it through; otherwise the
+/// refusal (403 denied or timed out, 503 when it could not be asked).
+pub(crate) fn decided(
+    answer: Result<Answer, SourceError>,
+    timeout: Duration,
+    rule_id: &str,
+) -> Result<(String, bool), Refused> {
+    match answer {
+        Ok(Answer::Approved {
+            approval_id,
+            remembered,
+        }) => Ok((approval_id, remembered)),
+        Ok(Answer::Denied { approval_id, note }) => Err(Refused {
+            status: 403,
+            why: if note.is_empty() {
+                format!("denied by approval {approval_id}")
+            } else {
+                format!("denied by approval {approval_id}: {note}")
+            },
+            approval_id: Some(approval_id),
+        }),
+        Ok(Answer::TimedOut { approval_id }) => Err(Refused {
+            status: 403,
+            why: format!(
+                "approval {approval_id} not decided within {} s (rule {rule_id:?})",
+                timeout.as_secs()
+            ),
+            approval_id: Some(approval_id),
+        }),
+        Err(e) => Err(Refused {
+            status: 503,
+            why: format!(
+                "the approval could not be asked: {}",
+                hatchery_serve::error_text::with_causes(&*e)
+            ),
+            approval_id: None,
+        }),
+    }
+}
+
 /// Asks for a decision on a held connection and waits for it (at most
 /// the ask's timeout, plus the time to record the timeout). An error
 /// refuses the connection (503).

@@ -7,7 +7,7 @@
 //! so no DNS rebinding between check and dial.
 
 use crate::addr::special_range;
-use crate::approval::{Answer, ApprovalAsk, Approver};
+use crate::approval::{ApprovalAsk, Approver};
 pub use crate::events::{
     EgressEvent, EgressResult, EventSink, Events, Limits, Outcome, SessionId, SourceError, Verdict,
 };
@@ -499,44 +499,15 @@ impl Proxy {
         self.metrics.held.inc();
         let answer = approver.ask(ask).await;
         self.metrics.held.dec();
-        match answer {
-            Ok(Answer::Approved {
-                approval_id,
-                remembered: false,
-            }) => Ok((format!("allowed by approval {approval_id}"), approval_id)),
-            Ok(Answer::Approved {
-                approval_id,
-                remembered: true,
-            }) => Ok((
+        match crate::approval::decided(answer, hold.timeout, &hold.rule_id) {
+            Ok((approval_id, false)) => {
+                Ok((format!("allowed by approval {approval_id}"), approval_id))
+            }
+            Ok((approval_id, true)) => Ok((
                 format!("allowed by approval {approval_id} (remembered for the session)"),
                 approval_id,
             )),
-            Ok(Answer::Denied { approval_id, note }) => Err(refusal(
-                403,
-                if note.is_empty() {
-                    format!("denied by approval {approval_id}")
-                } else {
-                    format!("denied by approval {approval_id}: {note}")
-                },
-                Some(&approval_id),
-            )),
-            Ok(Answer::TimedOut { approval_id }) => Err(refusal(
-                403,
-                format!(
-                    "approval {approval_id} not decided within {} s (rule {:?})",
-                    hold.timeout.as_secs(),
-                    hold.rule_id
-                ),
-                Some(&approval_id),
-            )),
-            Err(e) => Err(refusal(
-                503,
-                format!(
-                    "the approval could not be asked: {}",
-                    hatchery_serve::error_text::with_causes(&*e)
-                ),
-                None,
-            )),
+            Err(r) => Err(refusal(r.status, r.why, r.approval_id.as_ref())),
         }
     }
 

@@ -7,7 +7,7 @@
 //! naming the method, path and approval.
 
 use super::{text, Body, Plan};
-use crate::approval::{strip_query, Answer, ApprovalAsk, Approver};
+use crate::approval::{strip_query, ApprovalAsk, Approver};
 use crate::events::{EgressEvent, EventSink, Verdict};
 use hyper::{Response, StatusCode};
 use std::sync::Arc;
@@ -47,35 +47,15 @@ pub(crate) async fn approve(
     h.held.inc();
     let answer = h.approver.ask(ask).await;
     h.held.dec();
-    let (status, why, approval_id) = match answer {
-        Ok(Answer::Approved { .. }) => return Ok(()),
-        Ok(Answer::Denied { approval_id, note }) => (
-            StatusCode::FORBIDDEN,
-            if note.is_empty() {
-                format!("denied by approval {approval_id}")
-            } else {
-                format!("denied by approval {approval_id}: {note}")
-            },
-            Some(approval_id),
-        ),
-        Ok(Answer::TimedOut { approval_id }) => (
-            StatusCode::FORBIDDEN,
-            format!(
-                "approval {approval_id} not decided within {} s (rule {:?})",
-                h.timeout.as_secs(),
-                h.rule_id
-            ),
-            Some(approval_id),
-        ),
-        Err(e) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!(
-                "the approval could not be asked: {}",
-                hatchery_serve::error_text::with_causes(&*e)
-            ),
-            None,
-        ),
+    let crate::approval::Refused {
+        status,
+        why,
+        approval_id,
+    } = match crate::approval::decided(answer, h.timeout, &h.rule_id) {
+        Ok(_) => return Ok(()),
+        Err(r) => r,
     };
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::FORBIDDEN);
     let reason = format!("{method} {path}: {why}");
     events.denied(EgressEvent {
         verdict: Verdict::Denied,
