@@ -4,6 +4,7 @@
 
 pub mod addr;
 pub mod approval;
+mod dial;
 pub mod events;
 pub mod intercept;
 pub mod metrics;

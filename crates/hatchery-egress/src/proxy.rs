@@ -367,7 +367,7 @@ impl Proxy {
         let dialled = if deferred {
             None
         } else {
-            Some(self.dial(d.addr).await)
+            Some(crate::dial::dial(d.addr, self.limits.connect_timeout).await)
         };
         let dialled = match dialled.transpose() {
             Ok(u) => u,
@@ -509,23 +509,6 @@ impl Proxy {
             )),
             Err(r) => Err(refusal(r.status, r.why, r.approval_id.as_ref())),
         }
-    }
-
-    /// Dials the address the policy saw; the outcome and status to answer
-    /// when it does not connect.
-    async fn dial(&self, addr: SocketAddr) -> Result<TcpStream, (Outcome, u16, String)> {
-        let upstream = tokio::time::timeout(self.limits.connect_timeout, TcpStream::connect(addr))
-            .await
-            .map_err(|_| (Outcome::Failed, 504, format!("connect to {addr} timed out")))?
-            .map_err(|e| {
-                let outcome = match e.kind() {
-                    std::io::ErrorKind::ConnectionRefused => Outcome::Refused,
-                    _ => Outcome::Failed,
-                };
-                (outcome, 502, format!("connect to {addr}: {e}"))
-            })?;
-        let _ = upstream.set_nodelay(true);
-        Ok(upstream)
     }
 
     /// Everything up to the decision to dial (nothing dialled yet), or

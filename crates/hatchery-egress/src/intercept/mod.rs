@@ -136,12 +136,8 @@ impl Connector {
     }
 
     async fn dial_and_open(&self, addr: SocketAddr) -> Result<Sender, String> {
-        let tcp = tokio::time::timeout(self.timeout, TcpStream::connect(addr))
-            .await
-            .map_err(|_| format!("connect to {addr} timed out"))?
-            .map_err(|e| format!("connect to {addr}: {e}"))?;
-        let _ = tcp.set_nodelay(true);
-        self.open(tcp).await
+        let tcp = crate::dial::dial(addr, self.timeout).await;
+        self.open(tcp.map_err(|(_, _, why)| why)?).await
     }
 }
 
