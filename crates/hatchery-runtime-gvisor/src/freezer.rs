@@ -60,10 +60,3 @@ pub fn thaw(id: &str) -> io::Result<()> {
         r => r,
     }
 }
-
-/// Whether `id` is frozen (or freezing) now.
-pub fn is_frozen(id: &str) -> bool {
-    std::fs::read_to_string(state_file(id))
-        .map(|s| s.trim() != "THAWED")
-        .unwrap_or(false)
-}
