@@ -9,6 +9,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "sessions"))
 sys.path.insert(0, HERE)
 
 from broker_support import SCRIPTS, BrokerDaemon  # noqa: E402
+from harness import pytest_runtest_makereport  # noqa: E402,F401  (a failure's report gets the daemons' warnings)
 from forge import Forge  # noqa: E402
 from gitserver import GitServer  # noqa: E402
 from pushserver import PushServer  # noqa: E402

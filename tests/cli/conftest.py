@@ -14,6 +14,7 @@ sys.path.append(os.path.join(os.path.dirname(__file__), "..", "integration"))
 
 from cli import Cli  # noqa: E402
 from harness import Daemon, wait_baked  # noqa: E402
+from harness import pytest_runtest_makereport  # noqa: E402,F401  (a failure's report gets the daemons' warnings)
 
 
 @pytest.fixture(scope="session")

@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
 import harness  # noqa: E402
 import support  # noqa: E402
 from harness import KEY, metric, wait_for  # noqa: E402
+from harness import pytest_runtest_makereport  # noqa: E402,F401  (a failure's report gets the daemons' warnings)
 
 
 BASE_SPEC = json.load(open(os.path.join(ROOT, "templates", "base.json")))

@@ -11,6 +11,7 @@ sys.path.insert(0, HERE)
 from egress_servers import EgressServers  # noqa: E402
 from gitserver import GitServer  # noqa: E402
 import harness  # noqa: E402
+from harness import pytest_runtest_makereport  # noqa: E402,F401  (a failure's report gets the daemons' warnings)
 
 
 @pytest.fixture(scope="session")

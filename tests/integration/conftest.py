@@ -1,6 +1,7 @@
 import pytest
 
 from harness import Daemon
+from harness import pytest_runtest_makereport  # noqa: E402,F401  (a failure's report gets the daemons' warnings)
 
 DAEMON_ARGS = ["--max-file-bytes", str(4 << 20), "--max-ttl", "3600", "--pool-size", "0"]
 

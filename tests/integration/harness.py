@@ -9,6 +9,7 @@ import http.client
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -16,8 +17,38 @@ import subprocess
 import tempfile
 import time
 import urllib.parse
+import weakref
 
 import config_file
+
+try:
+    import pytest
+except ImportError:  # a bench script, outside pytest
+    pytest = None
+
+# Daemons started and not yet stopped: a failing test's report gets their
+# warnings and errors (a 503 only names a request id; its cause is in the
+# log, which CI's output otherwise never shows).
+LIVE = weakref.WeakSet()
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _makereport(item, call):
+    """Imported by each suite's conftest.py: on a failure, the last
+    warnings and errors of every live daemon go into the report."""
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.failed:
+        for d in list(LIVE):
+            lines = [ANSI.sub("", l)[:600] for l in d.log(tail=None).splitlines()]
+            bad = [l for l in lines if " WARN " in l or " ERROR " in l][-40:]
+            if bad:
+                rep.sections.append((f"daemon {d.addr}:{d.port} warnings and errors", "\n".join(bad)))
+
+
+if pytest:
+    pytest_runtest_makereport = pytest.hookimpl(hookwrapper=True)(_makereport)
+
 
 BIN_DIR = os.environ.get("HATCHERY_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../target/release"))
 TEMPLATES_DIR = os.environ.get("HATCHERY_TEMPLATES_DIR", "/var/lib/hatchery/templates")
@@ -457,6 +488,7 @@ class Daemon:
             for var in config_file.variables(hatcheryd):
                 env.pop(var, None)
         self.proc = subprocess.Popen([*enter, hatcheryd, *args], stdout=log, stderr=log, env=env)
+        LIVE.add(self)
         deadline = time.time() + 30
         while time.time() < deadline:
             try:
@@ -485,6 +517,7 @@ class Daemon:
         self.proc.wait()
 
     def stop(self):
+        LIVE.discard(self)
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:

@@ -5,6 +5,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from pg_harness import Gateway, assert_no_sandboxes, start_daemon  # noqa: E402
+from harness import pytest_runtest_makereport  # noqa: E402,F401  (a failure's report gets the daemons' warnings)
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ sys.path.insert(0, HERE)
 from gitserver import GitServer  # noqa: E402
 from scripted_model import ScriptedModel  # noqa: E402
 from sessions_support import SCRIPTS, SessionDaemon  # noqa: E402
+from harness import pytest_runtest_makereport  # noqa: E402,F401  (a failure's report gets the daemons' warnings)
 
 
 @pytest.fixture(scope="module")

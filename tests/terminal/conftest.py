@@ -11,6 +11,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "playground"))
 
 import cdp  # noqa: E402
 from harness import Daemon  # noqa: E402
+from harness import pytest_runtest_makereport  # noqa: E402,F401  (a failure's report gets the daemons' warnings)
 
 # Chromium as docs/operations.md runs it for tests: no QUIC, nothing in the
 # background (the rest of the flags are cdp.py's).
