@@ -50,6 +50,11 @@ class ScriptedModel:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # Headers and body are two writes: with Nagle, the body waits
+            # for the client's delayed ACK of the headers (40 ms), which
+            # made a model call through a host's gateway look like 60 ms
+            # (docs/benchmarks.md). Real upstreams do not stall so.
+            disable_nagle_algorithm = True
 
             def log_message(self, *a):
                 pass
