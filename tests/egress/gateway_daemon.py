@@ -40,9 +40,14 @@ def gateway_daemon(model, templates_dir, prefix, prices=CHEAP, upstream_key="sk-
 
 
 def verify_chain(d, sid):
-    """`hatchery audit verify` accepts session `sid`'s hash chain."""
+    """`hatchery audit verify` accepts session `sid`'s hash chain; returns
+    its report (`verified`, `head` {`seq`, `hash`}), so a caller can check
+    that the events it cares about are within the verified chain."""
     cli = os.path.join(os.environ["HATCHERY_BIN_DIR"], "hatchery")
     db = arg(d.extra_args, "--db") or os.path.join(d.data_dir, "hatchery.db")
     r = subprocess.run([cli, "audit", "verify", "--db", db, sid, "--json"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, (r.stdout, r.stderr)
+    report = json.loads(r.stdout)
+    assert report["chain"] == sid and report["first_bad"] is None and report["head"], report
+    return report

@@ -6,15 +6,16 @@ binds the stored token to that server's `/private/` paths; the proxy
 intercepts (the sandbox trusts the deployment's CA through the variables
 the runner sets) and adds it. Both succeed, each request the server took
 under `/private/` carried the token, each use is an `egress_credential`
-event, and a scan of the sandbox (every process's environ and cmdline,
-readable files) finds no byte run of the token. test_credentials.py
+event within the session's hash chain (`hatchery audit verify`), and a
+scan of the sandbox (every process's environ and cmdline, readable files)
+finds no byte run of the token. test_credentials.py
 covers curl, redirects, other paths and ports, and bad input."""
 
 import json
 
 import pytest
 
-from gateway_daemon import gateway_daemon
+from gateway_daemon import gateway_daemon, verify_chain
 from egress_servers import HOST, PKG, PKG_VALUE
 from scripted_model import ScriptedModel
 from sessions_support import DEMO_FILES
@@ -88,3 +89,6 @@ def test_pip_and_git_get_the_token_only_at_the_proxy(td, servers, git_server):
     uses = [e for e in evs if e["type"] == "egress_credential"]
     assert len(uses) == len(seen) and all(u["secret"] == "INDEX_TOKEN" for u in uses), (uses, seen)
     assert not any(servers.token in json.dumps(e) for e in evs)
+    # Each use is in the session's verified hash chain.
+    report = verify_chain(td, sid)
+    assert report["head"]["seq"] >= max(u["seq"] for u in uses), (report, uses)

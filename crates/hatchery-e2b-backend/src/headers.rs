@@ -17,8 +17,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// The names of sandbox-scoped header values in the secrets store
-/// (`e2b.<sandbox id>.<n>`); `/v1/secrets` refuses names that start so.
-pub const SECRET_PREFIX: &str = "e2b.";
+/// (`e2b.<sandbox id>.<n>`); `/v1/secrets` refuses names that start so,
+/// and `/v1/policies` documents that bind one: only [`policy`] binds them.
+pub const SECRET_PREFIX: &str = hatchery_policy::secret_scope::ADAPTER_PREFIX;
 
 /// Why the store did not take (or list) a header value.
 #[derive(Debug, thiserror::Error)]

@@ -31,6 +31,16 @@ impl CompiledPolicies {
             return Ok(p.clone());
         }
         let stored = self.store.version(id, version).await?;
+        // A version written before `/v1/policies` checked whose secrets
+        // it binds (secret_scope.rs) is not used: a tenant's credential
+        // rule would send the operator's secret where the tenant says.
+        crate::secret_scope::check(&stored.document, stored.tenant.as_deref()).map_err(
+            |source| StoreError::OutOfScope {
+                id: id.to_string(),
+                version,
+                source,
+            },
+        )?;
         // Stored documents were valid when written; compiling again guards
         // against a store edited behind our back.
         let p = Arc::new(Policy::compile(&stored.document)?);
@@ -91,5 +101,43 @@ mod tests {
             cache.get("pol_nope", 1).await,
             Err(StoreError::NotFound(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn a_stored_version_that_binds_what_its_owner_may_not_is_not_used() {
+        let store = Arc::new(DbPolicyStore::scratch().await.unwrap());
+        let doc = |secret: &str| -> crate::PolicyDocument {
+            serde_json::from_value(json!({"name": "p", "rules": [{"id": "cred", "effect": "allow",
+                "match": {"tools": ["egress"], "hosts": ["api.example.com"], "ports": [443]},
+                "credential": {"secret": secret, "inject": {"header": {"name": "Authorization", "template": "Bearer {secret}"}}}}]}))
+            .unwrap()
+        };
+        // Written straight to the store, as before the API checked them.
+        let tenants = store.create(doc("GH_TOKEN"), Some("ten_a")).await.unwrap();
+        let adapters = store
+            .create(doc("e2b.sbx_0123456789abcdef.0"), None)
+            .await
+            .unwrap();
+        let operators = store.create(doc("GH_TOKEN"), None).await.unwrap();
+        let cache = CompiledPolicies::new(store.clone());
+        for p in [&tenants, &adapters] {
+            assert!(
+                matches!(
+                    cache.get(&p.id, 1).await,
+                    Err(StoreError::OutOfScope { .. })
+                ),
+                "{}",
+                p.id
+            );
+        }
+        assert_eq!(
+            cache
+                .get(&operators.id, 1)
+                .await
+                .unwrap()
+                .credentials()
+                .count(),
+            1
+        );
     }
 }

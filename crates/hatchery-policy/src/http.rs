@@ -43,7 +43,10 @@ impl From<StoreError> for HttpError {
                     "the policy store is not reachable; retry shortly",
                 );
             }
+            // OutOfScope is the compiled cache's (cache.rs), never these
+            // routes': one here is a bug, reported as such.
             StoreError::Db(_)
+            | StoreError::OutOfScope { .. }
             | StoreError::Schema(_)
             | StoreError::Corrupt(_)
             | StoreError::Raced(_) => {
@@ -112,6 +115,24 @@ pub fn router_with_secrets(
         .route("/v1/policies/{id}/versions/{version}", get(version))
         .layer(DefaultBodyLimit::max(MAX_DOCUMENT_BYTES))
         .with_state(Api { store, secrets })
+}
+
+/// The document binds only secrets a policy of `owner` (`None`: the
+/// operator) may bind (secret_scope.rs): a tenant's none (403
+/// `credential_rules_operator_only`), nobody's an E2B sandbox's own (400
+/// `reserved_secret_name`). Runs before [`check_secrets`], so a tenant
+/// cannot learn which names are stored.
+fn check_scope(doc: &PolicyDocument, owner: Option<&str>) -> Result<(), HttpError> {
+    use crate::secret_scope::ScopeError;
+    crate::secret_scope::check(doc, owner).map_err(|e| {
+        let (status, code) = match &e {
+            ScopeError::TenantCredential { .. } => {
+                (StatusCode::FORBIDDEN, "credential_rules_operator_only")
+            }
+            ScopeError::AdapterSecret { .. } => (StatusCode::BAD_REQUEST, "reserved_secret_name"),
+        };
+        HttpError::new(status, code, e.to_string())
+    })
 }
 
 /// Every secret the document's credential rules name must exist.
@@ -198,7 +219,8 @@ pub struct PolicyList {
 /// Create a policy; it starts at version 1.
 #[utoipa::path(post, path = "/v1/policies", tag = "policies", request_body = PolicyDocument,
     responses((status = 201, body = StoredPolicy),
-              (status = 400, body = ErrorBody, description = "invalid_policy: the message names the rule (index and id)"),
+              (status = 400, body = ErrorBody, description = "invalid_policy: the message names the rule (index and id); unknown_secret; reserved_secret_name: a credential rule names an `e2b.` secret"),
+              (status = 403, body = ErrorBody, description = "credential_rules_operator_only: a tenant key's document has a credential rule"),
               (status = 413, body = ErrorBody)))]
 pub async fn create(
     State(api): State<Api>,
@@ -207,6 +229,7 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<StoredPolicy>), HttpError> {
     let doc = parse_doc(body)?;
     crate::compile::Policy::compile(&doc).map_err(StoreError::from)?;
+    check_scope(&doc, tenant_of(&who))?;
     check_secrets(&api, &doc).await?;
     let p = api.store.create(doc, tenant_of(&who)).await?;
     tracing::info!(policy = %p.id, version = p.version, rules = p.document.rules.len(), "policy created");
@@ -218,7 +241,9 @@ pub async fn create(
 #[utoipa::path(post, path = "/v1/policies/{id}/versions", tag = "policies", request_body = PolicyDocument,
     params(("id" = String, Path)),
     responses((status = 201, body = StoredPolicy),
-              (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 400, body = ErrorBody, description = "as for a create"),
+              (status = 403, body = ErrorBody, description = "credential_rules_operator_only: a credential rule from a tenant key, or in a tenant's policy"),
+              (status = 404, body = ErrorBody),
               (status = 409, body = ErrorBody, description = "policy_read_only: pol_standard")))]
 pub async fn add_version(
     State(api): State<Api>,
@@ -230,9 +255,16 @@ pub async fn add_version(
     // Another tenant's policy is not there for this caller. (Between this
     // read and the write its owner cannot change: a policy's tenant is
     // set once, at create.)
-    visible(api.store.latest(&id).await?, &who)?;
+    let head = visible(api.store.latest(&id).await?, &who)?;
     let doc = parse_doc(body)?;
     crate::compile::Policy::compile(&doc).map_err(StoreError::from)?;
+    // A tenant caller, or a tenant's policy: a tenant's policy binds no
+    // secret even in a version the operator writes (the tenant's sessions
+    // would use it; cache.rs refuses it at use). The caller too, for a
+    // tenant writing to a built-in policy: refused as read-only only by
+    // the store, after the secrets check would have told it which names
+    // are stored.
+    check_scope(&doc, tenant_of(&who).or(head.tenant.as_deref()))?;
     check_secrets(&api, &doc).await?;
     let p = api.store.add_version(&id, doc).await?;
     tracing::info!(policy = %p.id, version = p.version, rules = p.document.rules.len(), "policy version added");

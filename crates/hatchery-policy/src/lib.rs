@@ -9,6 +9,8 @@
 //!   deployment's one database ([`DbPolicyStore`], SQLite or PostgreSQL);
 //!   [`store::conformance`] is its contract.
 //! - [`http`]: the `/v1/policies` router; [`openapi`]: its document.
+//! - [`secret_scope`]: who may bind which secrets (the operator, never an
+//!   E2B sandbox's own).
 //!
 //! docs/policy.md describes the format and `pol_standard`.
 
@@ -20,6 +22,7 @@ pub mod eval;
 mod glob;
 pub mod http;
 pub mod openapi;
+pub mod secret_scope;
 pub mod standard;
 pub mod store;
 

@@ -1,7 +1,7 @@
 //! `/v1/secrets`: create, list and delete secrets; a value is accepted and
-//! never returned. Operator key only: policies (which bind secrets to
-//! destinations) and sessions are deployment-wide, so a tenant key gets
-//! 403 here. Every failure is `{"error":{"code","message"}}`.
+//! never returned. Operator key only (a tenant key gets 403 here): the
+//! secrets are the operator's, and only the operator's policies bind them
+//! (hatchery-policy's secret_scope). Every failure is `{"error":{"code","message"}}`.
 
 use crate::store::{SecretInfo, Secrets, StoreError, MAX_VALUE_BYTES};
 use axum::body::Bytes;
@@ -17,8 +17,9 @@ use utoipa::ToSchema;
 
 /// Names the E2B adapter stores sandboxes' header values under
 /// (`e2b.<sandbox>.<n>`, deleted with the sandbox): not for the API, so an
-/// operator's secret is never taken for one and swept.
-pub const RESERVED_PREFIX: &str = "e2b.";
+/// operator's secret is never taken for one and swept. (No policy binds
+/// one either: hatchery-policy's secret_scope.)
+pub const RESERVED_PREFIX: &str = hatchery_policy::secret_scope::ADAPTER_PREFIX;
 
 /// Largest request body: a value at its cap, JSON-escaped, and a name.
 pub const MAX_BODY_BYTES: usize = 4 * MAX_VALUE_BYTES + 1024;

@@ -22,6 +22,15 @@ pub enum StoreError {
     VersionNotFound(String, u32),
     #[error("{0}")]
     Invalid(#[from] ValidationError),
+    /// A stored version binds a secret its owner may not bind (written
+    /// before `/v1/policies` refused it): not used.
+    #[error("policy {id} version {version} is not used")]
+    OutOfScope {
+        id: String,
+        version: u32,
+        #[source]
+        source: crate::secret_scope::ScopeError,
+    },
     #[error("policy {0} is built in and read-only; create a policy of your own")]
     ReadOnly(String),
     #[error("{0} policies stored; at most {1}")]
