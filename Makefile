@@ -363,7 +363,7 @@ bench: $(SUITE_PREREQS)
 	$(call BENCH_HEAD,egress_bench)
 	cargo run -q --release -p hatchery-egress --example egress_bench
 	$(call BENCH_HEAD,intercept_bench)
-	cargo run -q --release -p hatchery-egress --example intercept_bench
+	cargo run -q --release -p hatchery-sessions --example intercept_bench
 	$(call BENCH_HEAD,store_bench)
 	cargo run -q --release -p hatchery-store --example store_bench
 	$(call BENCH_HEAD,hosts_bench)
