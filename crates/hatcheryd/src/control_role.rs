@@ -156,5 +156,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
     let _rounds_reaper = rounds.spawn_reaper();
     tracing::info!(listen = %args.listen, preview_listen = ?preview_listener.local_addr().ok(),
                    role = "control", "hatcheryd ready");
-    crate::listeners::serve_both(listener, app, preview_listener, preview_app, &args).await
+    crate::listeners::serve_both(listener, app, preview_listener, preview_app, &args).await?;
+    // As a host does: an operator's stop is seen to have ended.
+    tracing::info!(role = "control", "hatcheryd stopped");
+    Ok(())
 }
