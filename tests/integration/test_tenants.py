@@ -103,6 +103,11 @@ def test_a_tenant_key_reaches_only_its_own(daemon):
         r = as_key(d, ka["key"], method, path, {} if method == "POST" else None)
         assert r.status == 403 and r.error_code() == "forbidden", (path, r)
     assert as_key(d, ka["key"], "GET", "/v1/templates").status == 200
+    # Templates are read, not their builds: a build's log is the operator's.
+    name = as_key(d, ka["key"], "GET", "/v1/templates").json()["templates"][0]["name"]
+    assert as_key(d, ka["key"], "GET", f"/v1/templates/{name}").status == 200
+    r = as_key(d, ka["key"], "GET", f"/v1/templates/{name}/builds/bld_0123456789abcdef/events")
+    assert r.status == 403 and r.error_code() == "forbidden", r
 
     # A tenant with live sandboxes is not deleted.
     r = d.request("DELETE", f"/v1/tenants/{b}")

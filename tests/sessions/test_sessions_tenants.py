@@ -2,7 +2,11 @@
 against a real daemon: a tenant key reaching for another tenant's
 session, its events, its policy or its round gets 404, exactly as for one
 that does not exist; lists show only the tenant's own; idempotency keys
-are per tenant; the operator key sees everything."""
+are per tenant; the operator key sees everything. A session's sandbox is
+the caller's tenant's whatever the body names, and a round's sandboxes
+are its tenant's, counted and limited by its live_sandboxes."""
+
+import time
 
 from sessions_support import DEMO_FILES
 
@@ -25,8 +29,8 @@ def err(r):
     return (r.status, r.json()["error"]["code"])
 
 
-def tenant(d, name):
-    r = d.request("POST", "/v1/tenants", {"name": name, "limits": {}})
+def tenant(d, name, **limits):
+    r = d.request("POST", "/v1/tenants", {"name": name, "limits": limits})
     assert r.status == 201, r
     tid = r.json()["id"]
     r = d.request("POST", f"/v1/tenants/{tid}/keys")
@@ -212,3 +216,76 @@ def test_a_tenant_with_an_unfinished_session_is_not_deleted(sd, git_server):
         time.sleep(0.5)
     assert r.status == 204, r
     assert d.request("GET", f"/v1/tenants/{t}").status == 404
+
+
+def test_a_tenant_cannot_plant_a_session_sandbox_in_another_s_account(sd, git_server):
+    """metadata.tenant in a tenant's session body is overwritten with the
+    caller's tenant (as a sandbox create's is): the session and its sandbox
+    are the caller's, and the named tenant neither sees nor reaches the
+    sandbox, nor is it kept from being deleted by it."""
+    d = sd
+    a, ka = tenant(d, "planter")
+    v, kv = tenant(d, "victim")
+    repo = git_server.add_repo("tenant-plant", DEMO_FILES)
+    r = as_key(d, ka, "POST", "/v1/sessions",
+               {"repo": repo, "task": "[script:ask] plant", "metadata": {"tenant": v, "team": "x"}})
+    assert r.status == 201, r
+    sid = r.json()["session_id"]
+    try:
+        deadline = time.time() + 120
+        while True:
+            s = d.session(sid)
+            if s["waiting"] == "message" or time.time() > deadline:
+                break
+            assert s["state"] in ("queued", "starting", "running"), s
+            time.sleep(0.2)
+        assert s["waiting"] == "message" and s["sandbox_id"], s
+        assert (s["tenant"], s["metadata"]) == (a, {"tenant": a, "team": "x"}), s
+        sbx = s["sandbox_id"]
+        meta = d.request("GET", f"/v1/sandboxes/{sbx}").json()["metadata"]
+        assert meta.get("tenant") == a and meta.get("hatchery_session") == sid, meta
+
+        # Not the victim's: not listed, not reachable, not counted.
+        assert as_key(d, kv, "GET", "/v1/sandboxes").json()["sandboxes"] == []
+        r = as_key(d, kv, "POST", f"/v1/sandboxes/{sbx}/exec", {"cmd": "true"})
+        assert err(r) == (404, "sandbox_not_found"), r
+        assert [x["id"] for x in as_key(d, ka, "GET", "/v1/sandboxes").json()["sandboxes"]] == [sbx]
+        r = d.request("DELETE", f"/v1/tenants/{v}")
+        assert r.status == 204, r
+    finally:
+        d.request("POST", f"/v1/sessions/{sid}:cancel")
+        d.track_sandboxes(sid)
+
+
+def test_a_round_s_sandboxes_are_its_tenant_s_and_pass_its_live_sandboxes_limit(sd):
+    """A tenant's round makes its sandboxes (through the sandbox API, with
+    the operator key) recording the tenant: the candidate's sandbox is in
+    the tenant's list and fills a live_sandboxes limit of 1, so the
+    tenant's next create (a sandbox or another candidate's) is 429
+    tenant_limit, as the sandbox API answers it."""
+    d = sd
+    t, k = tenant(d, "interviews", live_sandboxes=1)
+    r = as_key(d, k, "POST", "/v1/rounds", ROUND)
+    assert r.status == 201, r
+    rid = r.json()["id"]
+    r = as_key(d, k, "POST", f"/v1/rounds/{rid}/sessions", {"candidate": "ada@example.com"})
+    assert r.status == 201, r
+    mine = as_key(d, k, "GET", "/v1/sandboxes").json()["sandboxes"]
+    assert len(mine) == 1, mine
+    sbx = mine[0]
+    d.created.add(sbx["id"])
+    assert sbx["metadata"].get("tenant") == t, sbx
+    assert sbx["metadata"].get("hatchery.round") == rid, sbx
+    assert sbx["metadata"].get("hatchery.kind") == "round-session", sbx
+
+    r = as_key(d, k, "POST", "/v1/sandboxes", {"ttl_seconds": 60})
+    assert err(r) == (429, "tenant_limit") and "live_sandboxes" in r.json()["error"]["message"], r
+    r = as_key(d, k, "POST", f"/v1/rounds/{rid}/sessions", {"candidate": "bob@example.com"})
+    assert err(r) == (429, "tenant_limit") and "live_sandboxes" in r.json()["error"]["message"], r
+    assert len(as_key(d, k, "GET", "/v1/sandboxes").json()["sandboxes"]) == 1
+    # The operator's own sandboxes are not the tenant's to count.
+    r = d.request("POST", "/v1/sandboxes", {"ttl_seconds": 60})
+    assert r.status == 201, r
+    d.created.add(r.json()["id"])
+    d.request("DELETE", f"/v1/sandboxes/{r.json()['id']}")
+    assert as_key(d, k, "POST", f"/v1/rounds/{rid}/archive").status == 200

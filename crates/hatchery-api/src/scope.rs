@@ -5,9 +5,9 @@
 //! key cannot learn what others have. `/v1/policies` is scoped by its own
 //! handlers (hatchery-policy: a tenant's own policies and the built-in
 //! ones), `/v1/sessions` and `/v1/rounds` by their routers' own key checks.
-//! Routes not scoped (templates other than reading them, the broker's
-//! operator routes, metrics, tenants) answer 403 `forbidden` to a tenant
-//! key.
+//! Routes not scoped (templates other than reading the list or one of
+//! them, so a build's events too; the broker's operator routes, metrics,
+//! tenants) answer 403 `forbidden` to a tenant key.
 //!
 //! Also [`ManagerUsage`]: a tenant's live sandboxes as the manager counts
 //! them, for hatchery-tenants' admission gate and delete check.
@@ -53,7 +53,10 @@ fn target<'a>(method: &Method, path: &'a str) -> Target<'a> {
         ["v1", "policies", ..] => Target::Handler,
         ["v1", "sandboxes", id, ..] => Target::Sandbox(id),
         ["v1", "snapshots", id, ..] => Target::Snapshot(id),
-        ["v1", "templates", ..] if method == Method::GET => Target::Open,
+        // The list and one template's view only: builds and their logs
+        // are the operator's (a build's output may name hosts, paths and
+        // registries; issue 36 audit).
+        ["v1", "templates"] | ["v1", "templates", _] if method == Method::GET => Target::Open,
         ["openapi.json"] => Target::Open,
         _ => Target::Forbidden,
     }
@@ -97,14 +100,33 @@ pub(crate) fn stamp(principal: Option<&Principal>, metadata: &mut BTreeMap<Strin
     }
 }
 
-/// Admits `n` new sandboxes for a tenant principal (the operator is not
-/// limited): 429 `tenant_limit` naming the limit when there is no room.
+/// Which tenant a create or fork with `metadata` (already [`stamp`]ed)
+/// is admitted against: a tenant key's own, or the tenant the operator
+/// names in `metadata.tenant` (such a sandbox counts as that tenant's, so
+/// it passes the same limit; the rounds' sandboxes are made this way).
+/// `true` when the name came from a tenant key (a tenant deleted since is
+/// then a dead key); the operator's name may be a plain label.
+fn admitted_as<'a>(
+    principal: Option<&'a Principal>,
+    metadata: &'a BTreeMap<String, String>,
+) -> Option<(&'a str, bool)> {
+    match principal.and_then(Principal::tenant) {
+        Some(t) => Some((t, true)),
+        None => metadata.get(TENANT_KEY).map(|t| (t.as_str(), false)),
+    }
+}
+
+/// Admits `n` new sandboxes recording `metadata` against the live-sandbox
+/// limit of the tenant they record ([`admitted_as`]; a sandbox recording
+/// none is not limited): 429 `tenant_limit` naming the limit when there
+/// is no room.
 pub(crate) async fn admit(
     st: &AppState,
     principal: Option<&Principal>,
+    metadata: &BTreeMap<String, String>,
     n: u64,
 ) -> Result<Option<hatchery_tenants::Admission>, ApiError> {
-    let Some(tenant) = principal.and_then(Principal::tenant) else {
+    let Some((tenant, by_key)) = admitted_as(principal, metadata) else {
         return Ok(None);
     };
     match st.tenants.admit_sandboxes(tenant, n).await {
@@ -117,6 +139,9 @@ pub(crate) async fn admit(
                 e.to_string(),
             ))
         }
+        // The operator's label that names no tenant: not limited, as
+        // E2B's creates (hatchery-e2b-backend) treat it.
+        Err(AdmitError::Store(hatchery_tenants::StoreError::NotFound(_))) if !by_key => Ok(None),
         // A key of a tenant deleted since it was cached.
         Err(AdmitError::Store(hatchery_tenants::StoreError::NotFound(_))) => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
@@ -199,7 +224,15 @@ mod tests {
                 "/v1/snapshots/snap_a/fork",
                 Target::Snapshot("snap_a"),
             ),
+            (&get, "/v1/templates", Target::Open),
             (&get, "/v1/templates/base", Target::Open),
+            (&get, "/v1/templates/base/builds", Target::Forbidden),
+            (&get, "/v1/templates/base/builds/bld_a", Target::Forbidden),
+            (
+                &get,
+                "/v1/templates/base/builds/bld_a/events",
+                Target::Forbidden,
+            ),
             (&get, "/openapi.json", Target::Open),
             (&post, "/v1/templates", Target::Forbidden),
             (&Method::DELETE, "/v1/templates/base", Target::Forbidden),
@@ -227,5 +260,20 @@ mod tests {
         );
         assert!(owned(&m, "ten_me") && !owned(&m, "ten_other"));
         assert!(!owned(&BTreeMap::new(), "ten_me"));
+    }
+
+    #[test]
+    fn a_create_is_admitted_as_the_key_s_tenant_or_the_one_the_operator_names() {
+        let me = Principal::Tenant("ten_me".into());
+        let named = BTreeMap::from([("tenant".to_string(), "ten_b".to_string())]);
+        let none = BTreeMap::new();
+        // A tenant key: its own (stamp has already overwritten the body).
+        assert_eq!(admitted_as(Some(&me), &none), Some(("ten_me", true)));
+        // The operator naming a tenant (how rounds make a tenant's
+        // sandboxes): that tenant's limit, a name that may be a label.
+        let op = Principal::Operator;
+        assert_eq!(admitted_as(Some(&op), &named), Some(("ten_b", false)));
+        assert_eq!(admitted_as(None, &named), Some(("ten_b", false)));
+        assert_eq!(admitted_as(Some(&op), &none), None);
     }
 }

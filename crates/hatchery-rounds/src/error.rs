@@ -78,6 +78,12 @@ impl RoundsError {
             RoundsError::Capacity(_) => (S::SERVICE_UNAVAILABLE, "capacity"),
             RoundsError::RoomFull(_) => (S::TOO_MANY_REQUESTS, "room_full"),
             RoundsError::Sandbox(e) => match e {
+                // The round's tenant is at its live-sandbox limit: the
+                // sandbox API's own answer, passed on (not a capacity
+                // problem a retry soon would fix).
+                SandboxError::Api { code, .. } if code == "tenant_limit" => {
+                    (S::TOO_MANY_REQUESTS, "tenant_limit")
+                }
                 SandboxError::Api { status, .. } if *status == 503 || *status == 429 => {
                     (S::SERVICE_UNAVAILABLE, "sandbox_unavailable")
                 }
@@ -171,6 +177,28 @@ mod tests {
         assert_eq!(
             RoundsError::Store(StoreError::Corrupt("x".into())).status_code(),
             (StatusCode::INTERNAL_SERVER_ERROR, "internal")
+        );
+    }
+
+    #[test]
+    fn a_tenant_s_limit_is_passed_on_as_the_sandbox_api_says_it() {
+        let limit = SandboxError::Api {
+            status: 429,
+            code: "tenant_limit".into(),
+            message: "tenant ten_a is at its live_sandboxes limit of 1 (1 in use)".into(),
+        };
+        assert_eq!(
+            RoundsError::Sandbox(limit).status_code(),
+            (StatusCode::TOO_MANY_REQUESTS, "tenant_limit")
+        );
+        let busy = SandboxError::Api {
+            status: 429,
+            code: "too_many_requests".into(),
+            message: String::new(),
+        };
+        assert_eq!(
+            RoundsError::Sandbox(busy).status_code(),
+            (StatusCode::SERVICE_UNAVAILABLE, "sandbox_unavailable")
         );
     }
 

@@ -253,12 +253,15 @@ impl Rounds {
             .fork(
                 &snap,
                 timeout + 120,
-                self.own_meta(&[
-                    ("round", &r.id),
-                    ("session", &s.id),
-                    ("submission", &sub.id),
-                    ("kind", "round-grader"),
-                ]),
+                crate::tenant_meta::of_tenant(
+                    self.own_meta(&[
+                        ("round", &r.id),
+                        ("session", &s.id),
+                        ("submission", &sub.id),
+                        ("kind", "round-grader"),
+                    ]),
+                    r.tenant.as_deref(),
+                ),
             )
             .await
             .map_err(|e| fork_error(r, e))?;

@@ -51,6 +51,14 @@ impl Env {
 
     /// The same, with the candidate's token.
     pub(crate) async fn session_with_token(&self) -> (RoundRecord, SessionRecord, String) {
+        self.session_of(None).await
+    }
+
+    /// The same, on a round made by `tenant`'s key (`None`: the API key).
+    pub(crate) async fn session_of(
+        &self,
+        tenant: Option<&str>,
+    ) -> (RoundRecord, SessionRecord, String) {
         let body: CreateRound = serde_json::from_value(serde_json::json!({
             "name": "add",
             "starter_files": {"solution.py": STARTER, "notes.md": "scratch"},
@@ -61,7 +69,7 @@ impl Env {
             "cpu_time_limit_ms": 2000
         }))
         .unwrap();
-        let round = self.rounds.create_round(body, None).await.unwrap();
+        let round = self.rounds.create_round(body, tenant).await.unwrap();
         let created = self
             .rounds
             .create_session(
@@ -81,7 +89,7 @@ impl Env {
         (r, s, created.token)
     }
 
-    async fn submit(&self, s: &SessionRecord) -> Result<SubmitAccepted, RoundsError> {
+    pub(crate) async fn submit(&self, s: &SessionRecord) -> Result<SubmitAccepted, RoundsError> {
         self.rounds
             .submit(&s.round_id, &s.id, SubmitBody { files: None })
             .await

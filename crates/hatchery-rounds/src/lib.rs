@@ -34,6 +34,9 @@ mod service;
 mod session_ops;
 pub mod state;
 pub mod store;
+mod tenant_meta;
+#[cfg(test)]
+mod tenant_tests;
 pub mod tokens;
 mod verdict;
 

@@ -128,6 +128,7 @@ impl Rounds {
         caller: &Caller,
     ) -> Result<Fork, RoundsError> {
         let rp = self.replay(round_id, replay_id).await?;
+        let tenant = self.round(round_id).await?.tenant;
         if rp.state != "active" {
             return Err(RoundsError::state(
                 "replay_expired",
@@ -148,11 +149,14 @@ impl Rounds {
             .fork(
                 &rp.snapshot_id,
                 FORK_TTL_S,
-                meta(&[
-                    ("round", round_id),
-                    ("replay", replay_id),
-                    ("kind", "round-review-fork"),
-                ]),
+                crate::tenant_meta::of_tenant(
+                    meta(&[
+                        ("round", round_id),
+                        ("replay", replay_id),
+                        ("kind", "round-review-fork"),
+                    ]),
+                    tenant.as_deref(),
+                ),
             )
             .await?;
         let now = now_ms();

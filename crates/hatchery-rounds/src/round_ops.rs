@@ -192,7 +192,7 @@ impl Rounds {
             within("memory_limit_mb", c.spec.memory_limit_mb, 16, template_mb)?;
         }
         let id = new_id("rnd");
-        let (snapshot, reference_cpu_ms) = self.prepare(&id, &c, &tpl.version).await?;
+        let (snapshot, reference_cpu_ms) = self.prepare(&id, &c, &tpl.version, tenant).await?;
         c.spec.reference_cpu_ms = reference_cpu_ms;
         let rec = RoundRecord {
             id: id.clone(),
@@ -224,6 +224,7 @@ impl Rounds {
         id: &str,
         c: &Checked,
         version: &str,
+        tenant: Option<&str>,
     ) -> Result<(String, Option<u64>), RoundsError> {
         let network = if c.spec.setup_allow.is_empty() {
             None
@@ -237,7 +238,9 @@ impl Rounds {
             .create(NewSandbox {
                 template: c.template.clone(),
                 ttl_seconds: ttl,
-                metadata: metadata.clone(),
+                // The tenant's only on the sandbox: the prepared snapshot
+                // stays the rounds' own (metadata below, without it).
+                metadata: crate::tenant_meta::of_tenant(metadata.clone(), tenant),
                 network,
             })
             .await

@@ -75,11 +75,14 @@ impl Rounds {
                     .fork(
                         &snap,
                         ttl,
-                        self.own_meta(&[
-                            ("round", &r.id),
-                            ("session", &s.id),
-                            ("kind", "round-run"),
-                        ]),
+                        crate::tenant_meta::of_tenant(
+                            self.own_meta(&[
+                                ("round", &r.id),
+                                ("session", &s.id),
+                                ("kind", "round-run"),
+                            ]),
+                            r.tenant.as_deref(),
+                        ),
                     )
                     .await
                     .map_err(|e| fork_error(r, e))?;

@@ -84,11 +84,14 @@ impl Rounds {
             .fork(
                 &snap,
                 ttl,
-                meta(&[
-                    ("round", round_id),
-                    ("session", &id),
-                    ("kind", "round-session"),
-                ]),
+                crate::tenant_meta::of_tenant(
+                    meta(&[
+                        ("round", round_id),
+                        ("session", &id),
+                        ("kind", "round-session"),
+                    ]),
+                    r.tenant.as_deref(),
+                ),
             )
             .await
             .map_err(|e| fork_error(&r, e))?;

@@ -1529,9 +1529,13 @@ async fn resume_from_checkpoint(svc: &Arc<SessionCore>, s: &Session, lost: &str)
 }
 
 /// A session's sandbox carries its metadata (a tenant, for placement across
-/// hosts) and the session's id.
-fn sandbox_metadata(s: &Session) -> BTreeMap<String, String> {
+/// hosts) and the session's id. A tenant's session's sandbox records the
+/// session's recorded tenant (from the caller's key) over whatever its
+/// metadata says, so a session stored with another tenant's name (before
+/// create stamped it) still cannot put a sandbox in that tenant's account.
+pub(crate) fn sandbox_metadata(s: &Session) -> BTreeMap<String, String> {
     let mut meta = s.spec.metadata.clone();
+    crate::tenant_meta::stamp(&mut meta, s.spec.tenant.as_deref());
     meta.insert("hatchery_session".to_string(), s.id.clone());
     meta
 }

@@ -398,8 +398,9 @@ impl Sessions {
         )?;
         let env = b.env.clone().unwrap_or_default();
         validate::env(&env)?;
-        let metadata = b.metadata.clone().unwrap_or_default();
+        let mut metadata = b.metadata.clone().unwrap_or_default();
         validate::metadata(&metadata)?;
+        crate::tenant_meta::stamp(&mut metadata, tenant);
         let a = b.agent.clone().unwrap_or_default();
         let kind = a.kind.clone().unwrap_or_else(|| "reference".into());
         let command = match (kind.as_str(), &a.command) {
@@ -485,7 +486,7 @@ impl Sessions {
             env,
             metadata,
             environment: from_env.map(|(_, pin)| pin),
-            tenant: None,
+            tenant: tenant.map(str::to_string),
         })
     }
 

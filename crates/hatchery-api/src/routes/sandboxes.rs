@@ -39,7 +39,7 @@ pub async fn create(
     };
     // Held until the sandbox exists (or failed): it counts as the
     // tenant's meanwhile.
-    let _admitted = scope::admit(&st, principal, 1).await?;
+    let _admitted = scope::admit(&st, principal, &req.metadata, 1).await?;
     let info = st.manager.create(req).await?;
     Ok((StatusCode::CREATED, axum::Json(info.into())))
 }

@@ -107,7 +107,7 @@ pub async fn fork(
         count,
         network: body.network.map(Into::into).unwrap_or_default(),
     };
-    let _admitted = scope::admit(&st, principal, count as u64).await?;
+    let _admitted = scope::admit(&st, principal, &req.metadata, count as u64).await?;
     let sandboxes: Vec<Sandbox> = st
         .manager
         .fork(&id, req)
