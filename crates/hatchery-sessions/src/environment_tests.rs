@@ -465,7 +465,7 @@ async fn a_tenant_reaches_only_its_own_environments() {
     };
     assert_eq!(
         ids(e.envs.list(Some("ten_a")).await.unwrap()),
-        [a.environment_id.clone()]
+        vec![a.environment_id.clone()]
     );
     let mut all = vec![
         a.environment_id.clone(),
@@ -511,6 +511,6 @@ async fn a_tenant_reaches_only_its_own_environments() {
     e.envs.delete(&a.environment_id, None).await.unwrap();
     assert_eq!(
         ids(e.envs.list(None).await.unwrap()),
-        [op.environment_id.clone()]
+        vec![op.environment_id.clone()]
     );
 }
