@@ -99,6 +99,9 @@ class EgressServers:
         self.token = "hx-index-token-" + os.urandom(12).hex()
         # (method, path, whether the token came) of each /private/ request.
         self.private = []
+        # (method, path, Authorization header or None) of every request to
+        # the HTTPS server: what a host-side git fetch sent (issue 36).
+        self.auth = []
         lock = threading.Lock()
         outer = self
 
@@ -111,6 +114,9 @@ class EgressServers:
             def note(self):
                 with lock:
                     outer.hits[self.kind].append((self.command, self.path))
+                    if self.kind == "https":
+                        outer.auth.append((self.command, self.path.split("?")[0],
+                                           self.headers.get("Authorization")))
 
             def send(self, code, body, ctype="text/plain"):
                 self.send_response(code)

@@ -54,11 +54,12 @@ def ed(model):
         shutil.rmtree(d, ignore_errors=True)
 
 
-def build(d, eid):
-    """POST :build and read its SSE stream to the end: [(event, data)]."""
+def build(d, eid, key=KEY):
+    """POST :build (with API key `key`) and read its SSE stream to the
+    end: [(event, data)]."""
     conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=900)
     conn.request("POST", f"/v1/environments/{eid}:build",
-                 headers={"Authorization": f"Bearer {KEY}", "Accept": "text/event-stream"})
+                 headers={"Authorization": f"Bearer {key}", "Accept": "text/event-stream"})
     r = conn.getresponse()
     assert r.status == 200, (r.status, r.read())
     out, ev, data = [], None, []

@@ -34,6 +34,18 @@ pub struct BrokerArgs {
         env = "HATCHERY_BROKER_GIT_CREDENTIAL_FILE"
     )]
     pub git_credential_file: Option<PathBuf>,
+    /// Hosts (`host` or `host:port`, repeatable) a tenant's session's
+    /// `git_push` may send the write credential to (the push URL's host,
+    /// after `--broker-git-push-url`). The operator's sessions always send
+    /// it; a tenant's to any other host push without it (issue 36: the
+    /// tenant names the repository).
+    #[arg(
+        id = "broker_git_credential_host",
+        long = "broker-git-credential-host",
+        env = "HATCHERY_BROKER_GIT_CREDENTIAL_HOSTS",
+        value_delimiter = ' '
+    )]
+    pub git_credential_hosts: Vec<String>,
     /// Base URL of a GitHub-compatible REST API for `open_pr`:
     /// `https://host[:port][/prefix]`, or `http://` to a loopback address
     /// only (a local relay; the token must not travel in clear).
@@ -195,6 +207,7 @@ pub struct BrokerConfig {
     pub guest_port: u16,
     pub push_rewrites: Vec<(String, String)>,
     pub git_credential_file: Option<PathBuf>,
+    pub git_credential_hosts: Vec<String>,
     pub github_api: Option<String>,
     pub github_token_file: Option<PathBuf>,
     /// What https calls trust (`--broker-ca-file`, else the system's).
@@ -278,6 +291,7 @@ impl TryFrom<&BrokerArgs> for BrokerConfig {
             guest_port: a.guest_port,
             push_rewrites,
             git_credential_file: a.git_credential_file.clone(),
+            git_credential_hosts: a.git_credential_hosts.clone(),
             github_api: a.github_api.clone(),
             github_token_file: a.github_token_file.clone(),
             mcp: Arc::new(match &a.mcp_config {
@@ -324,6 +338,7 @@ mod tests {
                 "git://h/acme/=http://h:82/a/".into(),
             ],
             git_credential_file: None,
+            git_credential_hosts: vec![],
             github_api: None,
             github_token_file: None,
             ca_file: None,

@@ -12,6 +12,7 @@ fn args() -> BrokerArgs {
         guest_port: 9200,
         git_push_urls: vec![],
         git_credential_file: None,
+        git_credential_hosts: vec![],
         github_api: None,
         github_token_file: None,
         ca_file: None,

@@ -949,7 +949,7 @@ impl Broker {
             .and_then(Value::as_str)
             .map(|m| cut(m, 4096))
             .unwrap_or_else(|| format!("hatchery session {}", s.id));
-        let remote = self.remote(&s.spec.repo)?;
+        let remote = self.remote(s)?;
         // The tree, from the sandbox, as data only.
         let out = format!("/tmp/hatchery-push-{}.fi", call.seq);
         self.sandboxes
@@ -1050,7 +1050,8 @@ impl Broker {
             })?;
         Ok(Plan {
             effect: json!({"remote": remote.url, "branch": branch, "commit": prepared.commit,
-                           "parent": prepared.parent, "diff": diff.to_json()}),
+                           "parent": prepared.parent, "diff": diff.to_json(),
+                           "credential": remote.header.is_some()}),
             run: Run::Push {
                 prepared,
                 remote,
@@ -1135,18 +1136,36 @@ impl Broker {
         }
     }
 
-    fn remote(&self, repo: &str) -> Result<git::Remote, String> {
+    /// Where session `s`'s push goes, with the write credential only when
+    /// the push URL's host may have it: always for the operator's
+    /// session, for a tenant's only on a `--broker-git-credential-host`
+    /// (the tenant chose the repository URL; hatchery_sessions::git_cred).
+    pub(crate) fn remote(
+        &self,
+        s: &hatchery_sessions::store::Session,
+    ) -> Result<git::Remote, String> {
+        let url = self.cfg.push_url(&s.spec.repo);
+        let send = hatchery_sessions::git_cred::allowed(
+            &url,
+            s.spec.tenant.as_deref(),
+            &self.cfg.git_credential_hosts,
+        );
+        self.remote_at(url, send)
+    }
+
+    /// The remote at `url`, with the write credential if `send`.
+    fn remote_at(&self, url: String, send: bool) -> Result<git::Remote, String> {
         let header = match &self.cfg.git_credential_file {
-            Some(p) => Some(
+            Some(p) if send => Some(
                 std::fs::read_to_string(p)
                     .map_err(|e| format!("the broker's git credential file: {e}"))?
                     .trim()
                     .to_string(),
             ),
-            None => None,
+            _ => None,
         };
         Ok(git::Remote {
-            url: self.cfg.push_url(repo),
+            url,
             header,
             scratch: self.cfg.scratch.clone(),
         })
@@ -1202,11 +1221,28 @@ impl Broker {
         })
     }
 
-    fn plan_pr(
+    pub(crate) fn plan_pr(
         &self,
         s: &hatchery_sessions::store::Session,
         args: &Value,
     ) -> Result<Plan, PlanError> {
+        // A tenant names its session's repository, and the forge token
+        // acts on the owner/repo that URL names: a tenant's pull request
+        // is opened only for a repository on a listed host (issue 36;
+        // the same rule as the push credential).
+        if !hatchery_sessions::git_cred::allowed(
+            &s.spec.repo,
+            s.spec.tenant.as_deref(),
+            &self.cfg.git_credential_hosts,
+        ) {
+            return Err(PlanError::Refused {
+                code: "repo_host_not_listed",
+                message: format!(
+                    "open_pr: a tenant's session opens pull requests only for a repository on --broker-git-credential-host, not {}",
+                    s.spec.repo
+                ),
+            });
+        }
         let forge = self.forge()?;
         let (owner, repo) = github::owner_repo(&s.spec.repo).ok_or_else(|| {
             format!(
@@ -1294,14 +1330,16 @@ impl Broker {
                 .to_string()
         };
         let (url, branch, commit) = (g("remote"), g("branch"), g("commit"));
-        let Ok(mut remote) = self.remote(&url) else {
+        // The recorded URL is already the push URL; the credential goes
+        // only where the plan sent it (a record without `credential`
+        // predates the rule and was planned with it).
+        let send = effect.get("credential").and_then(Value::as_bool) != Some(false);
+        let Ok(remote) = self.remote_at(url, send) else {
             return (
                 CallState::NeedsReview,
                 json!({"review": "the credential file cannot be read"}),
             );
         };
-        // The recorded URL is already the push URL.
-        remote.url = url;
         match git::remote_tip(&remote, &branch).await {
             Ok(Some(t)) if t == commit => (
                 CallState::Done,
@@ -1546,7 +1584,8 @@ async fn find_pr(
 /// answer is 503 and a retry plans again), `Invalid` fails it for good,
 /// `Refused` too, with a `code` in its output: the sandbox sent something
 /// the broker does not take (a tree stream outside the grammar).
-enum PlanError {
+#[derive(Debug)]
+pub(crate) enum PlanError {
     Transient(String),
     Invalid(String),
     Refused { code: &'static str, message: String },
@@ -1589,7 +1628,7 @@ fn with_diff(args: &Value, size: Option<&DiffSize>) -> Value {
     a
 }
 
-struct Plan {
+pub(crate) struct Plan {
     effect: Value,
     run: Run,
 }

@@ -176,7 +176,25 @@ impl Env {
 
     /// A broker process on the shared record.
     async fn broker(&self) -> Arc<Broker> {
+        self.broker_with(|_| {}).await
+    }
+
+    /// A broker whose config `f` changed first.
+    async fn broker_with(&self, f: impl FnOnce(&mut BrokerConfig)) -> Arc<Broker> {
         let policies = self.policies.clone();
+        let mut cfg = BrokerConfig {
+            guest_port: 0,
+            push_rewrites: vec![],
+            git_credential_file: None,
+            git_credential_hosts: vec![],
+            github_api: None,
+            github_token_file: None,
+            trust: Default::default(),
+            mcp: Arc::new(crate::mcp::McpHub::new(vec![])),
+            caps: Default::default(),
+            scratch: crate::git::scratch_root(self.dir.path()).unwrap(),
+        };
+        f(&mut cfg);
         Broker::new(
             BrokerStore::open(hatchery_db::Db::sqlite(&self.db()).await.unwrap())
                 .await
@@ -184,17 +202,7 @@ impl Env {
             Arc::new(crate::session_log::Local(self.sessions.clone())),
             hatchery_policy::cache::CompiledPolicies::new(policies),
             self.fake.clone(),
-            BrokerConfig {
-                guest_port: 0,
-                push_rewrites: vec![],
-                git_credential_file: None,
-                github_api: None,
-                github_token_file: None,
-                trust: Default::default(),
-                mcp: Arc::new(crate::mcp::McpHub::new(vec![])),
-                caps: Default::default(),
-                scratch: crate::git::scratch_root(self.dir.path()).unwrap(),
-            },
+            cfg,
         )
     }
 
@@ -874,4 +882,76 @@ async fn a_replaced_sandbox_is_fenced() {
     ));
     let current = b.caller(&replacement).await.unwrap();
     assert_eq!(current.id, e.session);
+}
+
+/// Issue 36: a tenant names its session's repository, so its push gets
+/// the write credential only on a `--broker-git-credential-host`; the
+/// operator's session gets it wherever it pushes.
+#[tokio::test]
+async fn a_tenant_s_push_gets_the_credential_only_on_a_listed_host() {
+    let e = Env::new().await;
+    let cred = e.dir.path().join("push-credential");
+    std::fs::write(&cred, "Authorization: Bearer operator-secret\n").unwrap();
+    let b = e
+        .broker_with(|c| {
+            c.git_credential_file = Some(cred);
+            c.git_credential_hosts = vec!["git.corp.example".into()];
+        })
+        .await;
+    let mut s = e.store.get(&e.session).await.unwrap();
+    let header = |s: &hatchery_sessions::store::Session| b.remote(s).unwrap().header;
+    let want = Some("Authorization: Bearer operator-secret".to_string());
+    for (repo, tenant, sent) in [
+        ("https://evil.example/r.git", None, true),
+        ("https://evil.example/r.git", Some("ten_a"), false),
+        (
+            "https://git.corp.example.evil.example/r.git",
+            Some("ten_a"),
+            false,
+        ),
+        ("https://git.corp.example/r.git", Some("ten_a"), true),
+    ] {
+        s.spec.repo = repo.into();
+        s.spec.tenant = tenant.map(str::to_string);
+        let got = header(&s);
+        assert_eq!(got.is_some(), sent, "{repo} {tenant:?}");
+        if sent {
+            assert_eq!(got, want);
+        }
+    }
+}
+
+/// Issue 36: `open_pr` acts with the forge token on the owner/repo the
+/// session's repository URL names; a tenant's is planned only for a
+/// repository on a listed host, the operator's wherever.
+#[tokio::test]
+async fn a_tenant_s_pull_request_is_refused_off_the_listed_hosts() {
+    let e = Env::new().await;
+    let token = e.dir.path().join("forge-token");
+    std::fs::write(&token, "forge-secret\n").unwrap();
+    let b = e
+        .broker_with(|c| {
+            c.github_api = Some("http://127.0.0.1:9".into());
+            c.github_token_file = Some(token);
+            c.git_credential_hosts = vec!["github.com".into()];
+        })
+        .await;
+    let mut s = e.store.get(&e.session).await.unwrap();
+    let args = serde_json::json!({"title": "t"});
+    for (repo, tenant, ok) in [
+        ("https://evil.example/acme/api.git", None, true),
+        ("https://evil.example/acme/api.git", Some("ten_a"), false),
+        ("https://github.com/acme/api.git", Some("ten_a"), true),
+    ] {
+        s.spec.repo = repo.into();
+        s.spec.tenant = tenant.map(str::to_string);
+        match b.plan_pr(&s, &args) {
+            Ok(_) => assert!(ok, "{repo} {tenant:?} planned"),
+            Err(crate::service::PlanError::Refused { code, .. }) => {
+                assert!(!ok, "{repo} {tenant:?} refused");
+                assert_eq!(code, "repo_host_not_listed");
+            }
+            Err(other) => panic!("{repo} {tenant:?}: {other:?}"),
+        }
+    }
 }

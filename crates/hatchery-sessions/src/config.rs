@@ -85,6 +85,18 @@ pub struct SessionArgs {
         env = "HATCHERY_SESSIONS_GIT_CREDENTIAL_FILE"
     )]
     pub git_credential_file: Option<PathBuf>,
+    /// Hosts (`host` or `host:port`, repeatable) whose `https://`
+    /// repositories a tenant's session or environment fetches with the
+    /// credential above. The operator's own fetches always send it; a
+    /// tenant's to any other host (a repository URL the tenant chose)
+    /// send none, so the credential cannot be sent to a host the tenant
+    /// runs (issue 36).
+    #[arg(
+        long = "sessions-git-credential-host",
+        env = "HATCHERY_SESSIONS_GIT_CREDENTIAL_HOSTS",
+        value_delimiter = ' '
+    )]
+    pub git_credential_hosts: Vec<String>,
     /// Largest repository checkout (work tree and `.git`, as a tar); also
     /// the largest file and the largest sum of blobs the fetch accepts.
     #[arg(id = "sessions_max_repo_bytes", long = "sessions-max-repo-bytes", env = "HATCHERY_SESSIONS_MAX_REPO_BYTES",
@@ -131,6 +143,8 @@ pub struct SessionsConfig {
     pub model_url: String,
     pub model: String,
     pub git_credential_file: Option<PathBuf>,
+    /// Where a tenant's fetch may send it (`host` or `host:port`).
+    pub git_credential_hosts: Vec<String>,
     /// What one repository fetch may use (repo.rs).
     pub fetch: crate::repo::FetchLimits,
     /// Where fetches work (a directory each, removed after): the daemon
@@ -180,6 +194,7 @@ impl From<&SessionArgs> for SessionsConfig {
             model_url: a.model_url.clone(),
             model: a.model.clone(),
             git_credential_file: a.git_credential_file.clone(),
+            git_credential_hosts: a.git_credential_hosts.clone(),
             fetch: crate::repo::FetchLimits::for_bytes(a.max_repo_bytes, a.max_repo_files),
             fetch_root: std::env::temp_dir().join("hatchery-repo-fetch"),
             output: OutputCaps {
@@ -207,6 +222,7 @@ impl Default for SessionsConfig {
             model_url: "http://127.0.0.1:9100/v1".into(),
             model: "default".into(),
             git_credential_file: None,
+            git_credential_hosts: vec![],
             fetch: crate::repo::FetchLimits::default(),
             fetch_root: std::env::temp_dir().join("hatchery-repo-fetch"),
             output: OutputCaps::default(),

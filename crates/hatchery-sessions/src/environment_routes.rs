@@ -1,5 +1,9 @@
 //! `/v1/environments` routes, mounted by the sessions router (same API
-//! key, same body cap).
+//! key, same body cap). The caller's [`Principal`] (auth.rs) scopes each:
+//! a tenant key creates environments of its tenant and reaches only
+//! those (another's, the operator's included, is 404
+//! `environment_not_found`, as a missing one); the operator key reaches
+//! all.
 
 use crate::api_state::ApiState;
 use crate::environments::models::*;
@@ -11,7 +15,9 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::Extension;
 use axum::Router;
+use hatchery_tenants::Principal;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,25 +43,30 @@ fn envs(st: &ApiState) -> Result<Arc<Environments>, EnvError> {
               (status = 404, body = crate::error::ErrorBody), (status = 409, body = crate::error::ErrorBody)))]
 pub async fn create(
     State(st): State<ApiState>,
+    Extension(who): Extension<Principal>,
     Json(body): Json<CreateEnvironment>,
 ) -> Result<Response, EnvError> {
-    let v = envs(&st)?.create(body).await?;
+    let v = envs(&st)?.create(body, who.tenant()).await?;
     Ok((StatusCode::CREATED, axum::Json(v)).into_response())
 }
 
 #[utoipa::path(get, path = "/v1/environments", tag = "environments",
     responses((status = 200, body = EnvironmentList)))]
-pub async fn list(State(st): State<ApiState>) -> Result<axum::Json<EnvironmentList>, EnvError> {
-    Ok(axum::Json(envs(&st)?.list().await?))
+pub async fn list(
+    State(st): State<ApiState>,
+    Extension(who): Extension<Principal>,
+) -> Result<axum::Json<EnvironmentList>, EnvError> {
+    Ok(axum::Json(envs(&st)?.list(who.tenant()).await?))
 }
 
 #[utoipa::path(get, path = "/v1/environments/{id}", tag = "environments",
     responses((status = 200, body = EnvironmentView), (status = 404, body = crate::error::ErrorBody)))]
 pub async fn get_one(
     State(st): State<ApiState>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<axum::Json<EnvironmentView>, EnvError> {
-    Ok(axum::Json(envs(&st)?.get(&id).await?))
+    Ok(axum::Json(envs(&st)?.get(&id, who.tenant()).await?))
 }
 
 #[utoipa::path(delete, path = "/v1/environments/{id}", tag = "environments",
@@ -63,15 +74,20 @@ pub async fn get_one(
     responses((status = 204), (status = 404, body = crate::error::ErrorBody), (status = 409, body = crate::error::ErrorBody)))]
 pub async fn delete(
     State(st): State<ApiState>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, EnvError> {
-    envs(&st)?.delete(&id).await?;
+    envs(&st)?.delete(&id, who.tenant()).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn colon_action(st: State<ApiState>, Path(id): Path<String>) -> Result<Response, EnvError> {
+async fn colon_action(
+    st: State<ApiState>,
+    who: Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Response, EnvError> {
     match id.split_once(':') {
-        Some((eid, "build")) => build(st, Path(eid.to_string())).await,
+        Some((eid, "build")) => build(st, who, Path(eid.to_string())).await,
         _ => Err(EnvError::Invalid(
             "POST /v1/environments/{id} takes an action: {id}:build".into(),
         )),
@@ -84,9 +100,10 @@ async fn colon_action(st: State<ApiState>, Path(id): Path<String>) -> Result<Res
               (status = 404, body = crate::error::ErrorBody), (status = 409, body = crate::error::ErrorBody)))]
 pub async fn build(
     State(st): State<ApiState>,
+    Extension(who): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Response, EnvError> {
-    let p = envs(&st)?.start_build(&id).await?;
+    let p = envs(&st)?.start_build(&id, who.tenant()).await?;
     let (history, rx) = p.subscribe();
     let sse = |ev: &BuildEvent| {
         Ok::<_, Infallible>(

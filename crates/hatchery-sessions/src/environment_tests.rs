@@ -93,7 +93,7 @@ fn create_body(repo: &str, setup: &str) -> CreateEnvironment {
 
 /// Runs a build to its last event.
 async fn build(e: &Env, id: &str) -> Vec<BuildEvent> {
-    let p: Arc<Progress> = e.envs.start_build(id).await.unwrap();
+    let p: Arc<Progress> = e.envs.start_build(id, None).await.unwrap();
     for _ in 0..5000 {
         let (h, _) = p.subscribe();
         if h.last().is_some_and(BuildEvent::is_last) {
@@ -109,7 +109,7 @@ async fn a_build_closes_the_setup_egress_and_sessions_fork_it_with_the_delta() {
     let e = env().await;
     let v = e
         .envs
-        .create(create_body(&e.repo, "pip install -r req.txt"))
+        .create(create_body(&e.repo, "pip install -r req.txt"), None)
         .await
         .unwrap();
     let id = v.environment_id;
@@ -173,7 +173,7 @@ async fn a_build_closes_the_setup_egress_and_sessions_fork_it_with_the_delta() {
 
     // In use: not deleted.
     assert!(matches!(
-        e.envs.delete(&id).await,
+        e.envs.delete(&id, None).await,
         Err(EnvError::Conflict(_))
     ));
 }
@@ -191,7 +191,7 @@ async fn a_failed_setup_leaves_no_version_and_says_why() {
     );
     let id = e
         .envs
-        .create(create_body(&e.repo, "exit 3"))
+        .create(create_body(&e.repo, "exit 3"), None)
         .await
         .unwrap()
         .environment_id;
@@ -203,7 +203,7 @@ async fn a_failed_setup_leaves_no_version_and_says_why() {
         }
         other => panic!("{other:?}"),
     }
-    let v = e.envs.get(&id).await.unwrap();
+    let v = e.envs.get(&id, None).await.unwrap();
     assert!(v.current.is_none() && v.versions.is_empty());
     assert!(v.last_error.unwrap().contains("no such package"));
     assert!(e.fake.live().is_empty(), "the building sandbox is gone");
@@ -222,7 +222,7 @@ async fn a_failed_setup_leaves_no_version_and_says_why() {
             _
         )))
     ));
-    e.envs.delete(&id).await.unwrap();
+    e.envs.delete(&id, None).await.unwrap();
 }
 
 #[tokio::test]
@@ -247,16 +247,16 @@ async fn bad_input_is_refused_before_anything_is_written() {
             b[k] = v.clone();
         }
         let body: CreateEnvironment = serde_json::from_value(b.clone()).unwrap();
-        assert!(e.envs.create(body).await.is_err(), "{b}");
+        assert!(e.envs.create(body, None).await.is_err(), "{b}");
     }
-    assert!(e.envs.list().await.unwrap().environments.is_empty());
+    assert!(e.envs.list(None).await.unwrap().environments.is_empty());
     let mut edge = ok.clone();
     edge["name"] = "n".repeat(MAX_NAME_BYTES).into();
     edge["setup"] = "x".repeat(MAX_SETUP_BYTES).into();
     edge["setup_allow"] = vec![serde_json::json!({"cidr": "10.0.0.1"}); MAX_SETUP_ALLOW].into();
     edge["setup_timeout_s"] = MAX_SETUP_TIMEOUT_S.into();
     let body: CreateEnvironment = serde_json::from_value(edge).unwrap();
-    e.envs.create(body).await.unwrap();
+    e.envs.create(body, None).await.unwrap();
 }
 
 /// A session on environment `id`, waited for until it runs.
@@ -292,12 +292,12 @@ async fn a_changed_template_rebuilds_while_sessions_keep_the_old_version() {
     let e = env().await;
     let id = e
         .envs
-        .create(create_body(&e.repo, "true"))
+        .create(create_body(&e.repo, "true"), None)
         .await
         .unwrap()
         .environment_id;
     build(&e, &id).await;
-    let v = e.envs.get(&id).await.unwrap();
+    let v = e.envs.get(&id, None).await.unwrap();
     let cur = v.current.clone().unwrap();
     assert_eq!(
         (cur.template_version.as_deref(), cur.reason),
@@ -312,7 +312,7 @@ async fn a_changed_template_rebuilds_while_sessions_keep_the_old_version() {
     e.fake.set_template_version("code-interpreter", "2");
     e.fake
         .inject(Fault::on(Op::Snapshot, Effect::Hang).times(1));
-    let v = e.envs.get(&id).await.unwrap();
+    let v = e.envs.get(&id, None).await.unwrap();
     assert!(v.stale && !v.building, "{v:?}");
     assert_eq!(v.template_version.as_deref(), Some("2"));
 
@@ -320,7 +320,7 @@ async fn a_changed_template_rebuilds_while_sessions_keep_the_old_version() {
     // starts (reason template_changed).
     let s1 = running_session(&e, &id).await;
     assert_eq!(s1.spec.environment.as_ref().unwrap().version, 1);
-    let v = e.envs.get(&id).await.unwrap();
+    let v = e.envs.get(&id, None).await.unwrap();
     assert!(v.stale && v.building, "{v:?}");
     assert_eq!(v.building_reason, Some(BuildReason::TemplateChanged));
     until("the rebuild did not reach its snapshot", || {
@@ -333,18 +333,18 @@ async fn a_changed_template_rebuilds_while_sessions_keep_the_old_version() {
     assert_eq!(s2.spec.environment.as_ref().unwrap().version, 1);
     assert!(e.envs.sweep().await.unwrap().is_empty());
     assert!(matches!(
-        e.envs.start_build(&id).await,
+        e.envs.start_build(&id, None).await,
         Err(EnvError::Conflict(_))
     ));
 
     e.fake.release();
-    let mut v = e.envs.get(&id).await.unwrap();
+    let mut v = e.envs.get(&id, None).await.unwrap();
     for _ in 0..5000 {
         if !v.building {
             break;
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
-        v = e.envs.get(&id).await.unwrap();
+        v = e.envs.get(&id, None).await.unwrap();
     }
     let cur = v.current.clone().unwrap();
     assert_eq!(cur.version, 2);
@@ -377,7 +377,7 @@ async fn a_failed_template_rebuild_is_not_retried_for_the_same_template_version(
     let e = env().await;
     let id = e
         .envs
-        .create(create_body(&e.repo, "make"))
+        .create(create_body(&e.repo, "make"), None)
         .await
         .unwrap()
         .environment_id;
@@ -394,10 +394,10 @@ async fn a_failed_template_rebuild_is_not_retried_for_the_same_template_version(
     e.fake.set_template_version("code-interpreter", "2");
     // The sweep (what runs at daemon start and every minute) finds it.
     assert_eq!(e.envs.sweep().await.unwrap(), vec![id.clone()]);
-    let mut v = e.envs.get(&id).await.unwrap();
+    let mut v = e.envs.get(&id, None).await.unwrap();
     while v.building {
         tokio::time::sleep(Duration::from_millis(1)).await;
-        v = e.envs.get(&id).await.unwrap();
+        v = e.envs.get(&id, None).await.unwrap();
     }
     // No version made; version 1 stays current and sessions get it.
     assert_eq!(v.current.as_ref().unwrap().version, 1);
@@ -414,7 +414,7 @@ async fn a_failed_template_rebuild_is_not_retried_for_the_same_template_version(
     // Not retried for template version 2 (a session's ask did not start
     // one either), only when the template changes again.
     assert!(e.envs.sweep().await.unwrap().is_empty());
-    assert!(!e.envs.get(&id).await.unwrap().building);
+    assert!(!e.envs.get(&id, None).await.unwrap().building);
     e.fake.set_template_version("code-interpreter", "3");
     assert_eq!(e.envs.sweep().await.unwrap(), vec![id.clone()]);
 }
@@ -424,12 +424,93 @@ async fn an_environment_never_built_is_not_rebuilt_for_its_template() {
     let e = env().await;
     let id = e
         .envs
-        .create(create_body(&e.repo, ""))
+        .create(create_body(&e.repo, ""), None)
         .await
         .unwrap()
         .environment_id;
     e.fake.set_template_version("code-interpreter", "2");
     assert!(e.envs.sweep().await.unwrap().is_empty());
-    let v = e.envs.get(&id).await.unwrap();
+    let v = e.envs.get(&id, None).await.unwrap();
     assert!(!v.stale && !v.building && v.current.is_none());
+}
+
+/// Issue 36: an environment records the tenant whose key made it; a
+/// tenant reaches (lists, reads, builds, deletes, starts sessions from)
+/// only its own, another's (the operator's included) answering exactly as
+/// a missing one; the operator reaches all.
+#[tokio::test]
+async fn a_tenant_reaches_only_its_own_environments() {
+    let e = env().await;
+    let mk = |t: Option<&'static str>| e.envs.create(create_body(&e.repo, "true"), t);
+    let a = mk(Some("ten_a")).await.unwrap();
+    let b = mk(Some("ten_b")).await.unwrap();
+    let op = mk(None).await.unwrap();
+    assert_eq!(a.tenant.as_deref(), Some("ten_a"));
+    assert_eq!(op.tenant, None);
+    // Built, so that only the tenant check can refuse a session.
+    for id in [&b.environment_id, &op.environment_id] {
+        assert!(matches!(
+            build(&e, id).await.last(),
+            Some(BuildEvent::Done { .. })
+        ));
+    }
+    let ids = |l: EnvironmentList| {
+        let mut v: Vec<String> = l
+            .environments
+            .into_iter()
+            .map(|x| x.environment_id)
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        ids(e.envs.list(Some("ten_a")).await.unwrap()),
+        vec![a.environment_id.clone()]
+    );
+    let mut all = vec![
+        a.environment_id.clone(),
+        b.environment_id.clone(),
+        op.environment_id.clone(),
+    ];
+    all.sort();
+    assert_eq!(ids(e.envs.list(None).await.unwrap()), all);
+    let limits = crate::store::TenantLimits::default();
+    let nf = |r: Result<(), EnvError>, what: &str| {
+        assert!(matches!(r, Err(EnvError::NotFound(_))), "{what}: {r:?}");
+    };
+    for other in [&b.environment_id, &op.environment_id] {
+        let t = Some("ten_a");
+        nf(e.envs.get(other, t).await.map(drop), "get");
+        nf(e.envs.start_build(other, t).await.map(drop), "build");
+        nf(e.envs.pin(other, t).await.map(drop), "pin");
+        nf(e.envs.delete(other, t).await, "delete");
+        let body: CreateSessionBody = serde_json::from_value(serde_json::json!({
+            "environment_id": other, "task": "fix"
+        }))
+        .unwrap();
+        let r = e.sessions.create(body, Some(("ten_a", &limits))).await;
+        assert!(
+            matches!(
+                r,
+                Err(crate::error::SessionError::Environment(EnvError::NotFound(
+                    _
+                )))
+            ),
+            "session from another's environment: {r:?}"
+        );
+        // Untouched, and the operator reaches it.
+        assert_eq!(e.envs.get(other, None).await.unwrap().versions.len(), 1);
+    }
+    // The tenant's own, and the operator on a tenant's.
+    e.envs.get(&a.environment_id, Some("ten_a")).await.unwrap();
+    e.envs.get(&b.environment_id, None).await.unwrap();
+    e.envs
+        .delete(&b.environment_id, Some("ten_b"))
+        .await
+        .unwrap();
+    e.envs.delete(&a.environment_id, None).await.unwrap();
+    assert_eq!(
+        ids(e.envs.list(None).await.unwrap()),
+        vec![op.environment_id.clone()]
+    );
 }

@@ -22,6 +22,7 @@ pub mod environments;
 pub mod error;
 pub mod events;
 mod extract;
+pub mod git_cred;
 pub mod guest_trust;
 pub mod handoff;
 pub mod hooks;

@@ -377,7 +377,7 @@ async fn bare(svc: &Arc<SessionCore>, s: &Session) -> R<String> {
         },
     )
     .await?;
-    let cred = credential(svc)?;
+    let cred = credential(svc, s)?;
     let co = crate::repo::fetch(
         &s.spec.repo,
         &s.spec.git_ref,
@@ -424,9 +424,19 @@ async fn bare(svc: &Arc<SessionCore>, s: &Session) -> R<String> {
     Ok(sbx)
 }
 
-/// The operator's git credential, read at each fetch.
-fn credential(svc: &Arc<SessionCore>) -> R<Option<String>> {
-    crate::repo::read_credential(svc.cfg.git_credential_file.as_deref()).map_err(|e| {
+/// The operator's git credential for session `s`'s fetch, read at each
+/// fetch: none for a tenant's session whose repository's host the
+/// operator did not list (crate::git_cred).
+fn credential(svc: &Arc<SessionCore>, s: &Session) -> R<Option<String>> {
+    let cfg = &svc.cfg;
+    if !crate::git_cred::allowed(
+        &s.spec.repo,
+        s.spec.tenant.as_deref(),
+        &cfg.git_credential_hosts,
+    ) {
+        return Ok(None);
+    }
+    crate::repo::read_credential(cfg.git_credential_file.as_deref()).map_err(|e| {
         fail(
             "repo_fetch_failed",
             hatchery_serve::error_text::with_causes(&e),
@@ -479,7 +489,7 @@ async fn from_environment(
         },
     )
     .await?;
-    let cred = credential(svc)?;
+    let cred = credential(svc, s)?;
     let d = crate::repo::fetch_delta(
         &s.spec.repo,
         &s.spec.git_ref,

@@ -362,7 +362,7 @@ impl Sessions {
                 let envs = self.environments().ok_or_else(|| {
                     SessionError::bad("invalid_request", "environments are not enabled")
                 })?;
-                let (spec, pin) = envs.pin(eid).await?;
+                let (spec, pin) = envs.pin(eid, tenant).await?;
                 if !b.repo.is_empty() && b.repo != spec.repo {
                     return Err(SessionError::bad(
                         "invalid_request",

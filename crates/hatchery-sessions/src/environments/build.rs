@@ -84,8 +84,17 @@ async fn in_sandbox(
     mut metadata: BTreeMap<String, String>,
 ) -> Result<Built, EnvError> {
     step(p, "fetch", 20);
-    let cred = crate::repo::read_credential(cfg.git_credential_file.as_deref())
-        .map_err(EnvError::Fetch)?;
+    // A tenant's environment names its own repository: the credential
+    // goes only to a host the operator listed (crate::git_cred).
+    let cred = if crate::git_cred::allowed(
+        &env.spec.repo,
+        env.tenant.as_deref(),
+        &cfg.git_credential_hosts,
+    ) {
+        crate::repo::read_credential(cfg.git_credential_file.as_deref()).map_err(EnvError::Fetch)?
+    } else {
+        None
+    };
     let co = crate::repo::fetch_delta(
         &env.spec.repo,
         &env.spec.git_ref,

@@ -111,6 +111,10 @@ pub struct EnvironmentView {
     #[serde(flatten)]
     pub spec: EnvSpec,
     pub created_at: String,
+    /// The tenant whose key created it (absent: the operator's). A tenant
+    /// key sees and uses only its own tenant's environments.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     /// The version new sessions start from; null until a build succeeds.
     pub current: Option<EnvVersion>,
     /// Versions kept (newest first), the current one included.

@@ -72,6 +72,7 @@ fn view(
         name: r.name,
         spec: r.spec,
         created_at: r.created_at,
+        tenant: r.tenant,
         versions: r.versions,
         template_version,
         building: building.is_some(),
@@ -112,8 +113,13 @@ impl Environments {
     }
 
     /// Checks everything first; the row is written only when all of it
-    /// holds, so a refused create leaves nothing.
-    pub async fn create(&self, b: CreateEnvironment) -> Result<EnvironmentView, EnvError> {
+    /// holds, so a refused create leaves nothing. `tenant`: the caller's
+    /// (`None`: the operator), recorded as the environment's.
+    pub async fn create(
+        &self,
+        b: CreateEnvironment,
+        tenant: Option<&str>,
+    ) -> Result<EnvironmentView, EnvError> {
         let name = b.name.trim().to_string();
         validate::text("name", &name, MAX_NAME_BYTES, false)?;
         validate::repo_url(&b.repo, &self.cfg)?;
@@ -152,22 +158,27 @@ impl Environments {
             setup_timeout_s: timeout,
         };
         let id = crate::ids::new_id("env");
-        self.store.insert(&id, &name, &spec).await?;
-        self.get(&id).await
+        self.store.insert(&id, &name, &spec, tenant).await?;
+        self.get(&id, tenant).await
     }
 
-    async fn record(&self, id: &str) -> Result<EnvRecord, EnvError> {
+    /// Environment `id` as caller `tenant` may see it: a tenant (`Some`)
+    /// reaches only its own; another's answers 404 exactly as a missing
+    /// one, so a tenant cannot learn what others have. `None`: the
+    /// operator, who reaches all.
+    async fn record(&self, id: &str, tenant: Option<&str>) -> Result<EnvRecord, EnvError> {
         if !crate::ids::valid("env", id) {
             return Err(EnvError::NotFound(id.into()));
         }
         self.store
             .get(id)
             .await?
+            .filter(|r| tenant.is_none() || r.tenant.as_deref() == tenant)
             .ok_or_else(|| EnvError::NotFound(id.into()))
     }
 
-    pub async fn get(&self, id: &str) -> Result<EnvironmentView, EnvError> {
-        let r = self.record(id).await?;
+    pub async fn get(&self, id: &str, tenant: Option<&str>) -> Result<EnvironmentView, EnvError> {
+        let r = self.record(id, tenant).await?;
         let b = self.building(id);
         let tv = self.template_version(&r.spec.template).await;
         Ok(view(r, b, tv))
@@ -185,8 +196,13 @@ impl Environments {
         out
     }
 
-    pub async fn list(&self) -> Result<EnvironmentList, EnvError> {
-        let all = self.store.list().await?;
+    /// Every environment for the operator (`tenant` `None`), a tenant's
+    /// own for a tenant.
+    pub async fn list(&self, tenant: Option<&str>) -> Result<EnvironmentList, EnvError> {
+        let mut all = self.store.list().await?;
+        if tenant.is_some() {
+            all.retain(|r| r.tenant.as_deref() == tenant);
+        }
         let tvs = self.template_versions(&all).await;
         Ok(EnvironmentList {
             environments: all
@@ -202,8 +218,8 @@ impl Environments {
 
     /// Refused (409) while a build runs or an unfinished session uses it;
     /// else the rows go, then every version's snapshot.
-    pub async fn delete(&self, id: &str) -> Result<(), EnvError> {
-        self.record(id).await?;
+    pub async fn delete(&self, id: &str, tenant: Option<&str>) -> Result<(), EnvError> {
+        self.record(id, tenant).await?;
         if self.building(id).is_some() {
             return Err(EnvError::Conflict(format!(
                 "environment {id} is being built"
@@ -223,8 +239,12 @@ impl Environments {
 
     /// Starts a build (409 when one of this environment runs here) and
     /// returns its progress; the build goes on if nobody listens.
-    pub async fn start_build(self: &Arc<Self>, id: &str) -> Result<Arc<Progress>, EnvError> {
-        let rec = self.record(id).await?;
+    pub async fn start_build(
+        self: &Arc<Self>,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<Arc<Progress>, EnvError> {
+        let rec = self.record(id, tenant).await?;
         self.start(rec, BuildReason::Requested)
     }
 
@@ -334,9 +354,15 @@ impl Environments {
     /// What a new session on environment `id` pins: its current version,
     /// with the repository and template it was built from. A stale
     /// environment is pinned all the same (the new version is not ready)
-    /// and its rebuild is started if none runs.
-    pub async fn pin(self: &Arc<Self>, id: &str) -> Result<(EnvSpec, EnvPin), EnvError> {
-        let r = self.record(id).await?;
+    /// and its rebuild is started if none runs. A session of `tenant`
+    /// pins only its tenant's environments (another's is 404, and starts
+    /// no rebuild).
+    pub async fn pin(
+        self: &Arc<Self>,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<(EnvSpec, EnvPin), EnvError> {
+        let r = self.record(id, tenant).await?;
         let v = r.current().ok_or_else(|| EnvError::NotBuilt(id.into()))?;
         let pin = EnvPin {
             environment_id: r.id.clone(),
@@ -434,6 +460,7 @@ mod tests {
             name: "a".into(),
             spec: crate::environments::store::tests::spec(),
             created_at: String::new(),
+            tenant: None,
             current_version: Some(1),
             last_error: None,
             versions: vec![EnvVersion {

@@ -39,6 +39,12 @@ pub static SCHEMA: Migrations = Migrations {
             "ALTER TABLE environment_versions ADD COLUMN template_version TEXT;
          ALTER TABLE environment_versions ADD COLUMN reason TEXT NOT NULL DEFAULT 'requested';",
         ),
+        // Issue 36: the tenant whose key made the environment (NULL: the
+        // operator's); a tenant key reaches only its own.
+        Step::Each {
+            sqlite: "ALTER TABLE environments ADD COLUMN tenant TEXT;",
+            postgres: "ALTER TABLE environments ADD COLUMN IF NOT EXISTS tenant TEXT;",
+        },
     ],
 };
 
@@ -49,6 +55,8 @@ pub struct EnvRecord {
     pub name: String,
     pub spec: EnvSpec,
     pub created_at: String,
+    /// The tenant whose key made it; `None`: the operator's.
+    pub tenant: Option<String>,
     pub current_version: Option<u64>,
     pub last_error: Option<String>,
     /// Newest first.
@@ -119,7 +127,13 @@ impl EnvStore {
 
     /// Inserts a new environment; refused past [`MAX_ENVIRONMENTS`]
     /// (counted in the writing transaction).
-    pub async fn insert(&self, id: &str, name: &str, spec: &EnvSpec) -> Result<(), EnvError> {
+    pub async fn insert(
+        &self,
+        id: &str,
+        name: &str,
+        spec: &EnvSpec,
+        tenant: Option<&str>,
+    ) -> Result<(), EnvError> {
         let mut tx = self.db.begin().await?;
         tx.lock("environments").await?;
         let n: u64 = tx
@@ -131,8 +145,9 @@ impl EnvStore {
         }
         let spec = serde_json::to_string(spec).map_err(EnvError::Data)?;
         tx.execute(
-            "INSERT INTO environments (id, name, spec, created_at) VALUES ($1, $2, $3, $4)",
-            args![id, name, spec, now()],
+            "INSERT INTO environments (id, name, spec, created_at, tenant) \
+             VALUES ($1, $2, $3, $4, $5)",
+            args![id, name, spec, now(), tenant],
         )
         .await?;
         tx.commit().await?;
@@ -182,6 +197,7 @@ impl EnvStore {
             name: r.get("name")?,
             spec: serde_json::from_str(&spec).map_err(EnvError::Data)?,
             created_at: r.get("created_at")?,
+            tenant: r.get("tenant")?,
             current_version: r.get("current_version")?,
             last_error: r.get("last_error")?,
             versions,
@@ -398,10 +414,16 @@ pub(crate) mod tests {
         let db = Db::sqlite(&d.path().join("hatchery.db")).await.unwrap();
         let sessions = DbSessionStore::open(db.clone(), "local").await.unwrap();
         let s = EnvStore::open(db).await.unwrap();
-        s.insert("env_a", "a", &spec()).await.unwrap();
-        s.insert("env_b", "b", &spec()).await.unwrap();
+        s.insert("env_a", "a", &spec(), None).await.unwrap();
+        s.insert("env_b", "b", &spec(), Some("ten_b"))
+            .await
+            .unwrap();
         let r = s.get("env_a").await.unwrap().unwrap();
         assert!(r.current().is_none() && r.versions.is_empty());
+        // Who made it is stored (issue 36): NULL is the operator.
+        assert_eq!(r.tenant, None);
+        let b = s.get("env_b").await.unwrap().unwrap();
+        assert_eq!(b.tenant.as_deref(), Some("ten_b"));
         for i in 1..=3 {
             let v = s
                 .add_version("env_a", nv(&format!("snap{i}")))
@@ -453,10 +475,12 @@ pub(crate) mod tests {
         let db = Db::sqlite(&d.path().join("hatchery.db")).await.unwrap();
         let s = EnvStore::open(db).await.unwrap();
         for i in 0..MAX_ENVIRONMENTS {
-            s.insert(&format!("env_{i}"), "n", &spec()).await.unwrap();
+            s.insert(&format!("env_{i}"), "n", &spec(), None)
+                .await
+                .unwrap();
         }
         assert!(matches!(
-            s.insert("env_over", "n", &spec()).await,
+            s.insert("env_over", "n", &spec(), None).await,
             Err(EnvError::TooMany(_))
         ));
         assert_eq!(s.list().await.unwrap().len() as u64, MAX_ENVIRONMENTS);
