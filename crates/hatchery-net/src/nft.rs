@@ -227,13 +227,41 @@ pub fn parse_counter(json: &str) -> Option<u64> {
         .find_map(|o| o.get("counter")?.get("packets")?.as_u64())
 }
 
+/// How many times a script nft reports as interrupted is run.
+const INTERRUPTED_TRIES: usize = 3;
+
+/// Applies `script` in one `nft -f` (one transaction: all or nothing).
+/// nft answers `Interrupted system call` when a netlink dump it needed was
+/// changed under it by another process's update (two daemons stopping at
+/// once did it: a slot's scrub failed and the slot was destroyed); since
+/// nothing of a failed transaction is applied, the script is run again.
 pub fn apply(script: &str) -> Result<(), NetError> {
-    crate::cmd::run_script("nft", &["-f", "-"], script)
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match crate::cmd::run_script("nft", &["-f", "-"], script) {
+            Err(e) if tries < INTERRUPTED_TRIES && interrupted(&e) => continue,
+            r => return r,
+        }
+    }
+}
+
+fn interrupted(e: &NetError) -> bool {
+    matches!(e, NetError::Command(m) if m.contains("Interrupted system call"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_interrupted_run_is_tried_again() {
+        let eintr =
+            "nft -f -: /dev/stdin:6:1-34: Error: Could not process rule: Interrupted system call";
+        assert!(interrupted(&NetError::Command(eintr.into())));
+        let other = "nft -f -: Error: No such file or directory";
+        assert!(!interrupted(&NetError::Command(other.into())));
+    }
 
     fn table() -> (Table, SlotAddrs) {
         let range: Cidr = "10.231.0.0/16".parse().unwrap();
