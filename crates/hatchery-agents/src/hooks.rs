@@ -97,9 +97,10 @@ impl SessionHooks for HostHooks {
     async fn settle_calls(&self, session: &str) {
         let Some(g) = &self.gateway else { return };
         match g.settle_calls(session).await {
-            Ok(0) => {}
-            Ok(open) => {
-                tracing::warn!(session, open, "calls still in flight when the session's spend was reported (their reservations expire)")
+            Ok(charged) if charged.is_empty() => {}
+            Ok(charged) => {
+                let tokens: u64 = charged.iter().map(|e| e.charged.tokens).sum();
+                tracing::warn!(session, calls = charged.len(), tokens, "calls still in flight at the session's end were charged their whole reservations")
             }
             Err(e) => {
                 tracing::warn!(session, error = %hatchery_serve::error_text::with_causes(&e), "could not wait for the session's calls in flight")

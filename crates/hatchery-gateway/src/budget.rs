@@ -120,6 +120,12 @@ pub trait BudgetStore: Send + Sync {
     /// its upstream may have billed it: freeing the reservation instead
     /// would give the budget room for spend that already happened.
     async fn expire(&self, now_ms: u64) -> Result<Vec<Expired>, BudgetError>;
+    /// Charges every open reservation of `scope` its whole amount, on all
+    /// its scopes, as [`Self::expire`] does, and returns them: a session
+    /// ends with a call its process never settled (issue 36), and its
+    /// final spend must count that call before it is reported. A late
+    /// settle of one records nothing more.
+    async fn charge_open(&self, scope: &str) -> Result<Vec<Expired>, BudgetError>;
     /// How many reservations of `scope` are open (calls in flight).
     async fn open_reservations(&self, scope: &str) -> Result<u64, BudgetError>;
     /// The clock reservations are stamped and expired by. A store shared

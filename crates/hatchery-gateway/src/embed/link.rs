@@ -1,7 +1,8 @@
 //! The running embedded gateway, as the daemon's session hooks use it:
 //! a sandbox's calls charged to its session, within the session's budget.
 
-use crate::budget::{BudgetError, BudgetStore, Caller, KeyStore};
+use crate::budget::{BudgetError, BudgetStore, Caller, Expired, KeyStore};
+use crate::events::{GatewayEvent, GatewayEvents};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +21,11 @@ pub struct GatewayLink {
     /// (settled, or charged its whole reservation) within the answer
     /// deadline, which this is a little over.
     pub settle_within: std::time::Duration,
+    /// Where a session's calls charged whole at its end are reported
+    /// (`Expired`, to the session's log, as the janitor reports its own).
+    /// `None` on a host relaying to the control role: the calls are the
+    /// control role's gateway's; the session's end logs what was charged.
+    pub events: Option<Arc<dyn GatewayEvents>>,
 }
 
 /// A session's tenant and its limits, as a second budget scope its
@@ -67,19 +73,37 @@ impl GatewayLink {
 
     /// Waits until no call of `session` is in flight (each settled, its
     /// spend committed with its `model_call` event), up to
-    /// `settle_within`; answers how many were still open then. Called
-    /// when a session ends, after its sandbox was unbound (so no new call
-    /// starts), before its final spend is reported.
-    pub async fn settle_calls(&self, session: &str) -> Result<u64, BudgetError> {
+    /// `settle_within`. Called when a session ends, after its sandbox was
+    /// unbound (so no new call starts), before its final spend is
+    /// reported. A call still open then (its process died or hangs past
+    /// the answer deadline) is charged its whole reservation now, as the
+    /// janitor would at its TTL, so that the final spend counts it
+    /// (issue 36); those are returned.
+    pub async fn settle_calls(&self, session: &str) -> Result<Vec<Expired>, BudgetError> {
         let scope = format!("session:{session}");
         let deadline = tokio::time::Instant::now() + self.settle_within;
         loop {
-            let open = self.store.open_reservations(&scope).await?;
-            if open == 0 || tokio::time::Instant::now() >= deadline {
-                return Ok(open);
+            if self.store.open_reservations(&scope).await? == 0 {
+                return Ok(vec![]);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                break;
             }
             tokio::time::sleep(SETTLE_POLL).await;
         }
+        let charged = self.store.charge_open(&scope).await?;
+        if let Some(events) = &self.events {
+            for e in &charged {
+                if let Some(caller) = e.caller() {
+                    events.record(GatewayEvent::Expired {
+                        caller,
+                        reservation: e.id.clone(),
+                        charged: e.charged,
+                    });
+                }
+            }
+        }
+        Ok(charged)
     }
 
     /// Its calls are nobody's any more (a failure is logged: the binding
@@ -105,6 +129,7 @@ mod tests {
             guest_port: 9100,
             socket: PathBuf::from("/nonexistent"),
             settle_within: Duration::from_millis(300),
+            events: None,
         };
         link.bind("ses_a", "sbx_1", (1000, 0), None).await.unwrap();
         let who = s.caller_of_sandbox("sbx_1").await.unwrap().unwrap();
@@ -145,8 +170,9 @@ mod tests {
             guest_port: 9100,
             socket: PathBuf::from("/nonexistent"),
             settle_within: Duration::from_secs(5),
+            events: None,
         });
-        assert_eq!(link.settle_calls("ses_a").await.unwrap(), 0);
+        assert!(link.settle_calls("ses_a").await.unwrap().is_empty());
         let scopes = vec!["session:ses_a".to_string()];
         let est = Amount {
             tokens: 100,
@@ -167,18 +193,29 @@ mod tests {
             s2.settle("call_1", &sc, used).await.unwrap();
         });
         let t = tokio::time::Instant::now();
-        assert_eq!(link.settle_calls("ses_a").await.unwrap(), 0);
+        assert!(link.settle_calls("ses_a").await.unwrap().is_empty());
         assert!(t.elapsed() >= Duration::from_millis(150));
         settler.await.unwrap();
         assert_eq!(s.get("session:ses_a").await.unwrap().used_tokens, 40);
-        // One never settled: given up on after settle_within, and counted.
-        s.reserve("call_2", &scopes, est, now, 60_000)
-            .await
-            .unwrap();
+        // One never settled (its process died), of a tenant's session:
+        // after settle_within it is charged its whole reservation on both
+        // scopes, so the final spend counts it; a late settle adds nothing.
+        let both = vec!["session:ses_a".to_string(), "tenant:ten_a".to_string()];
+        s.reserve("call_2", &both, est, now, 60_000).await.unwrap();
         let short = GatewayLink {
             settle_within: Duration::from_millis(120),
             ..Arc::try_unwrap(link).ok().unwrap()
         };
-        assert_eq!(short.settle_calls("ses_a").await.unwrap(), 1);
+        let charged = short.settle_calls("ses_a").await.unwrap();
+        assert_eq!(charged.len(), 1, "{charged:?}");
+        assert_eq!(
+            (charged[0].id.as_str(), charged[0].charged),
+            ("call_2", est)
+        );
+        assert_eq!(s.get("session:ses_a").await.unwrap().used_tokens, 140);
+        assert_eq!(s.get("tenant:ten_a").await.unwrap().used_tokens, 100);
+        assert_eq!(s.open_reservations("session:ses_a").await.unwrap(), 0);
+        assert!(!s.settle("call_2", &both, est).await.unwrap());
+        assert_eq!(s.get("session:ses_a").await.unwrap().used_tokens, 140);
     }
 }

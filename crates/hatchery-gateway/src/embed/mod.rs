@@ -123,7 +123,7 @@ pub async fn serve_sandboxes(
         registry,
         policy,
     )?;
-    crate::spawn_janitor(store.clone(), events);
+    crate::spawn_janitor(store.clone(), events.clone());
     let socket = serve_socket(data, model_routes(g))?;
     tracing::info!(socket = %socket.display(), guest_port = s.guest_port, "model gateway serving sandboxes");
     Ok(Some(GatewayLink {
@@ -132,6 +132,7 @@ pub async fn serve_sandboxes(
         guest_port: s.guest_port,
         socket,
         settle_within: settle_within(s.reservation_ttl),
+        events: Some(events),
     }))
 }
 
@@ -175,6 +176,7 @@ pub async fn relay_sandboxes(
         // The control role's gateway settles these calls in the shared
         // tables this host reads; its TTL is the deployment's setting.
         settle_within: settle_within(s.reservation_ttl),
+        events: None,
     })
 }
 

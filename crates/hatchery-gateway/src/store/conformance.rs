@@ -25,6 +25,7 @@ pub async fn run_all<S: BudgetStore + KeyStore + 'static>(s: &S) {
     reservations_count_until_settled(s, &run).await;
     refused_reservations_hold_nothing(s, &run).await;
     janitor_charges_expired_only(s, &run).await;
+    a_scope_s_open_reservations_are_charged_whole(s, &run).await;
     spend_of_unlimited_scopes_is_recorded(s, &run).await;
     keys_and_bindings(s, &run).await;
 }
@@ -88,6 +89,43 @@ async fn janitor_charges_expired_only<S: BudgetStore>(s: &S, run: &str) {
     assert!(s.expire(5_000).await.unwrap().iter().all(|e| e.id != old));
     assert_eq!(s.get(&scope).await.unwrap().used_usd_cents, 5);
     s.settle(&new, &scopes, cents(0)).await.unwrap();
+}
+
+async fn a_scope_s_open_reservations_are_charged_whole<S: BudgetStore>(s: &S, run: &str) {
+    let (ses, other, ten) = (
+        format!("session:e{run}"),
+        format!("session:f{run}"),
+        format!("tenant:e{run}"),
+    );
+    let (mine, theirs) = (
+        vec![ses.clone(), ten.clone()],
+        vec![other.clone(), ten.clone()],
+    );
+    s.reserve(&format!("e1{run}"), &mine, amt(30), 0, 10_000_000_000_000)
+        .await
+        .unwrap();
+    s.reserve(&format!("f1{run}"), &theirs, amt(7), 0, 10_000_000_000_000)
+        .await
+        .unwrap();
+    let charged = s.charge_open(&ses).await.unwrap();
+    assert_eq!(charged.len(), 1, "{charged:?}");
+    assert_eq!(
+        (charged[0].scopes.clone(), charged[0].charged),
+        (mine.clone(), amt(30))
+    );
+    // Both of its scopes charged; the other session's call untouched.
+    assert_eq!(s.get(&ses).await.unwrap().used_tokens, 30);
+    let t = s.get(&ten).await.unwrap();
+    assert_eq!((t.used_tokens, t.reserved_tokens), (30, 7));
+    assert_eq!(s.open_reservations(&ses).await.unwrap(), 0);
+    assert_eq!(s.open_reservations(&other).await.unwrap(), 1);
+    // Once: again charges nothing; a late settle records nothing more.
+    assert!(s.charge_open(&ses).await.unwrap().is_empty());
+    assert!(!s.settle(&format!("e1{run}"), &mine, amt(3)).await.unwrap());
+    assert_eq!(s.get(&ses).await.unwrap().used_tokens, 30);
+    s.settle(&format!("f1{run}"), &theirs, amt(0))
+        .await
+        .unwrap();
 }
 
 async fn spend_of_unlimited_scopes_is_recorded<S: BudgetStore>(s: &S, run: &str) {

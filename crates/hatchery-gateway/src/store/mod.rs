@@ -145,6 +145,45 @@ impl hatchery_db::Joined for Settlement {
     }
 }
 
+/// Charges the reservations `select` finds (rows of id, scope, tokens,
+/// usd_cents, ordered by id) their whole amounts in one transaction, each
+/// once (`charged` is zero for one settled before), and returns them.
+async fn charge_whole(
+    db: &Db,
+    select: &str,
+    a: &[hatchery_db::Value],
+    what: &'static str,
+) -> Result<Vec<Expired>, BudgetError> {
+    let mut tx = db.begin().await.map_err(err(what))?;
+    let rows = tx.query(select, a).await;
+    let rows = rows.map_err(err("read reservations to charge"))?;
+    let mut out: Vec<Expired> = vec![];
+    for r in &rows {
+        let id: String = r.get("id").map_err(err("read reservations to charge"))?;
+        let scope: String = r.get("scope").map_err(err("read reservations to charge"))?;
+        let amount = Amount {
+            tokens: u(r, "tokens").map_err(err("read reservations to charge"))?,
+            usd_cents: u(r, "usd_cents").map_err(err("read reservations to charge"))?,
+        };
+        match out.last_mut() {
+            Some(e) if e.id == id => e.scopes.push(scope),
+            _ => out.push(Expired {
+                id,
+                scopes: vec![scope],
+                charged: amount,
+            }),
+        }
+    }
+    for e in &mut out {
+        let fresh = settle_tx(&mut tx, &e.id, &e.scopes, e.charged).await;
+        if !fresh.map_err(err("charge a reservation whole"))? {
+            e.charged = Amount::default();
+        }
+    }
+    tx.commit().await.map_err(err(what))?;
+    Ok(out)
+}
+
 #[async_trait]
 impl BudgetStore for GatewayStore {
     async fn set_limits(
@@ -235,36 +274,18 @@ impl BudgetStore for GatewayStore {
     }
 
     async fn expire(&self, now_ms: u64) -> Result<Vec<Expired>, BudgetError> {
-        let mut tx = self.db.begin().await.map_err(err("begin expire"))?;
         let sql = "SELECT id, scope, tokens, usd_cents FROM gateway_reservations \
                    WHERE expires_ms < $1 ORDER BY id, scope";
-        let rows = tx.query(sql, args![i(now_ms)]).await;
-        let rows = rows.map_err(err("read expired reservations"))?;
-        let mut out: Vec<Expired> = vec![];
-        for r in &rows {
-            let id: String = r.get("id").map_err(err("read expired reservations"))?;
-            let scope: String = r.get("scope").map_err(err("read expired reservations"))?;
-            let amount = Amount {
-                tokens: u(r, "tokens").map_err(err("read expired reservations"))?,
-                usd_cents: u(r, "usd_cents").map_err(err("read expired reservations"))?,
-            };
-            match out.last_mut() {
-                Some(e) if e.id == id => e.scopes.push(scope),
-                _ => out.push(Expired {
-                    id,
-                    scopes: vec![scope],
-                    charged: amount,
-                }),
-            }
-        }
-        for e in &mut out {
-            let fresh = settle_tx(&mut tx, &e.id, &e.scopes, e.charged).await;
-            if !fresh.map_err(err("charge an expired reservation"))? {
-                e.charged = Amount::default();
-            }
-        }
-        tx.commit().await.map_err(err("commit expire"))?;
-        Ok(out)
+        charge_whole(&self.db, sql, args![i(now_ms)], "expire").await
+    }
+
+    async fn charge_open(&self, scope: &str) -> Result<Vec<Expired>, BudgetError> {
+        // Every scope of each reservation that holds `scope`: the tenant's
+        // too, as its settle would have been.
+        let sql = "SELECT id, scope, tokens, usd_cents FROM gateway_reservations \
+                   WHERE id IN (SELECT id FROM gateway_reservations WHERE scope = $1) \
+                   ORDER BY id, scope";
+        charge_whole(&self.db, sql, args![scope], "charge open").await
     }
 
     /// On PostgreSQL the database's clock (several processes share it);
