@@ -40,8 +40,8 @@ def _makereport(item, call):
     rep = outcome.get_result()
     if rep.failed:
         for d in list(LIVE):
-            lines = [ANSI.sub("", l)[:600] for l in d.log(tail=None).splitlines()]
-            bad = [l for l in lines if " WARN " in l or " ERROR " in l][-40:]
+            lines = [ANSI.sub("", line)[:600] for line in d.log(tail=None).splitlines()]
+            bad = [line for line in lines if " WARN " in line or " ERROR " in line][-40:]
             if bad:
                 rep.sections.append((f"daemon {d.addr}:{d.port} warnings and errors", "\n".join(bad)))
 
@@ -516,6 +516,15 @@ class Daemon:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()
 
+    def said_about(self, text, most=60):
+        """The log's warnings and errors, and its lines naming a sandbox
+        id that occurs in `text` (a leak check's report): its last `most`."""
+        ids = set(re.findall(r"sbx_[a-z0-9]+", text))
+        lines = [ANSI.sub("", line)[:600] for line in self.log(tail=None).splitlines()]
+        keep = [line for line in lines
+                if " WARN " in line or " ERROR " in line or any(i in line for i in ids)]
+        return "daemon log (warnings, errors, the leaked sandboxes):\n" + "\n".join(keep[-most:])
+
     def stop(self):
         LIVE.discard(self)
         if self.proc and self.proc.poll() is None:
@@ -726,9 +735,11 @@ class Daemon:
             self.stop()
             try:
                 self.wait_no_leftovers()
-            except AssertionError:
+            except AssertionError as e:
                 self.purge_leftovers()
-                raise
+                # The daemon is stopped and its data dir goes below: what
+                # it said about the leaked sandboxes goes with the failure.
+                raise AssertionError(f"{e}\n{self.said_about(str(e))}") from None
         finally:
             self.stop()
             if self.netns:
