@@ -2,11 +2,6 @@
 
 use std::collections::BTreeMap;
 
-/// The metadata key that makes a sandbox a tenant's (hatchery-api's
-/// `scope::TENANT_KEY`): its list shows it, its `live_sandboxes` limit
-/// counts and admits it.
-pub const TENANT_KEY: &str = "tenant";
-
 /// `m` for a sandbox of a round made by `tenant` (`None`: the operator's
 /// round, no tenant). Rounds create sandboxes with the API key, which
 /// the API admits against the tenant `metadata.tenant` names, so a
@@ -16,8 +11,6 @@ pub(crate) fn of_tenant(
     mut m: BTreeMap<String, String>,
     tenant: Option<&str>,
 ) -> BTreeMap<String, String> {
-    if let Some(t) = tenant {
-        m.insert(TENANT_KEY.to_string(), t.to_string());
-    }
+    hatchery_tenants::metadata::stamp(&mut m, tenant);
     m
 }

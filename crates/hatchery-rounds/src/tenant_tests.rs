@@ -6,7 +6,7 @@
 //! operator's rounds record none.
 
 use crate::grading_tests::Env;
-use crate::tenant_meta::TENANT_KEY;
+use hatchery_tenants::metadata::TENANT_KEY;
 
 const KINDS: [&str; 3] = ["round-prepare", "round-session", "round-grader"];
 

@@ -48,7 +48,6 @@ pub mod service;
 mod session_core;
 pub mod state;
 pub mod store;
-mod tenant_meta;
 pub mod tenant_usage;
 pub mod validate;
 

@@ -1545,7 +1545,7 @@ async fn resume_from_checkpoint(svc: &Arc<SessionCore>, s: &Session, lost: &str)
 /// create stamped it) still cannot put a sandbox in that tenant's account.
 pub(crate) fn sandbox_metadata(s: &Session) -> BTreeMap<String, String> {
     let mut meta = s.spec.metadata.clone();
-    crate::tenant_meta::stamp(&mut meta, s.spec.tenant.as_deref());
+    hatchery_tenants::metadata::stamp(&mut meta, s.spec.tenant.as_deref());
     meta.insert("hatchery_session".to_string(), s.id.clone());
     meta
 }

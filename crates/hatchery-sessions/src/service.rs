@@ -400,7 +400,7 @@ impl Sessions {
         validate::env(&env)?;
         let mut metadata = b.metadata.clone().unwrap_or_default();
         validate::metadata(&metadata)?;
-        crate::tenant_meta::stamp(&mut metadata, tenant);
+        hatchery_tenants::metadata::stamp(&mut metadata, tenant);
         let a = b.agent.clone().unwrap_or_default();
         let kind = a.kind.clone().unwrap_or_else(|| "reference".into());
         let command = match (kind.as_str(), &a.command) {

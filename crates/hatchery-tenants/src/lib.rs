@@ -22,6 +22,7 @@
 
 pub mod http;
 pub mod keys;
+pub mod metadata;
 pub mod model;
 pub mod openapi;
 pub mod service;
