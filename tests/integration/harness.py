@@ -40,8 +40,7 @@ def _makereport(item, call):
     rep = outcome.get_result()
     if rep.failed:
         for d in list(LIVE):
-            lines = [ANSI.sub("", line)[:600] for line in d.log(tail=None).splitlines()]
-            bad = [line for line in lines if " WARN " in line or " ERROR " in line][-40:]
+            bad = d.problem_lines(most=40)
             if bad:
                 rep.sections.append((f"daemon {d.addr}:{d.port} warnings and errors", "\n".join(bad)))
 
@@ -520,10 +519,16 @@ class Daemon:
         """The log's warnings and errors, and its lines naming a sandbox
         id that occurs in `text` (a leak check's report): its last `most`."""
         ids = set(re.findall(r"sbx_[a-z0-9]+", text))
+        keep = self.problem_lines(ids, most)
+        return "daemon log (warnings, errors, the leaked sandboxes):\n" + "\n".join(keep)
+
+    def problem_lines(self, ids=(), most=40):
+        """The log's last `most` warning and error lines (and lines naming
+        one of `ids`), without colour codes."""
         lines = [ANSI.sub("", line)[:600] for line in self.log(tail=None).splitlines()]
         keep = [line for line in lines
                 if " WARN " in line or " ERROR " in line or any(i in line for i in ids)]
-        return "daemon log (warnings, errors, the leaked sandboxes):\n" + "\n".join(keep[-most:])
+        return keep[-most:]
 
     def stop(self):
         LIVE.discard(self)
