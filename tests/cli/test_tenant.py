@@ -14,6 +14,25 @@ def test_tenant_and_key_lifecycle(hx):
     t = [x for x in json.loads(hx("tenant", "ls", "--json", check=0).stdout) if x["id"] == tid][0]
     assert t["limits"]["live_sandboxes"] == 1 and t["limits"]["tokens"] is None
 
+    # show and update: a named limit changes, the others keep their value.
+    hx("tenant", "update", tid, "--tokens", "5000", "--wall-clock-seconds", "60", check=0)
+    t = json.loads(hx("tenant", "show", tid, "--json", check=0).stdout)
+    assert t["limits"] == {"tokens": 5000, "usd_cents": None, "concurrent_sessions": None,
+                           "live_sandboxes": 1, "wall_clock_seconds": 60}, t
+    shown = hx("tenant", "update", tid, "--name", "cli-t2", "--unlimited", "wall_clock_seconds",
+               check=0).stdout
+    assert "cli-t2" in shown and "5000" in shown, shown
+    t = json.loads(hx("tenant", "show", tid, "--json", check=0).stdout)
+    assert t["name"] == "cli-t2" and t["limits"]["wall_clock_seconds"] is None
+    assert t["limits"]["live_sandboxes"] == 1 and t["limits"]["tokens"] == 5000
+    for bad, says in ((["--unlimited", "bogus"], "not a limit"),
+                      (["--tokens", "1", "--unlimited", "tokens"], "contradict"),
+                      ([], "nothing to change")):
+        p = hx("tenant", "update", tid, *bad)
+        assert p.returncode != 0 and says in p.stderr, p
+    p = hx("tenant", "show", "ten_0000000000000000")
+    assert p.returncode != 0 and "tenant_not_found" in p.stderr, p
+
     made = hx("tenant", "key", "create", tid, check=0)
     key = made.stdout.strip()
     assert re.fullmatch(r"htk_[0-9a-f]{64}", key), made

@@ -1,4 +1,5 @@
-//! `hatchery tenant create|ls|rm` and `hatchery tenant key create|ls|revoke`:
+//! `hatchery tenant create|ls|show|update|rm` and
+//! `hatchery tenant key create|ls|revoke`:
 //! the operator's commands for tenants and their API keys (api.md,
 //! "Tenants"). A key is printed once, when made; the daemon keeps only its
 //! hash.
@@ -20,6 +21,28 @@ pub enum TenantCmd {
     },
     /// List tenants, oldest first.
     Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// One tenant: its name and limits.
+    #[command(alias = "get")]
+    Show {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rename a tenant or change some of its limits; limits not named keep
+    /// their value (`--unlimited NAME` lifts one).
+    Update {
+        id: String,
+        #[arg(long)]
+        name: Option<String>,
+        #[command(flatten)]
+        limits: LimitArgs,
+        /// Make a limit unlimited: tokens, usd_cents, concurrent_sessions,
+        /// live_sandboxes or wall_clock_seconds (repeatable).
+        #[arg(long, value_name = "LIMIT")]
+        unlimited: Vec<String>,
         #[arg(long)]
         json: bool,
     },
@@ -54,21 +77,61 @@ pub struct LimitArgs {
     wall_clock_seconds: Option<u64>,
 }
 
+/// The daemon's limit names, in `LimitArgs`' order.
+const LIMITS: [&str; 5] = [
+    "tokens",
+    "usd_cents",
+    "concurrent_sessions",
+    "live_sandboxes",
+    "wall_clock_seconds",
+];
+
 impl LimitArgs {
+    fn given(&self) -> [Option<u64>; 5] {
+        [
+            self.tokens,
+            self.usd_cents,
+            self.concurrent_sessions,
+            self.live_sandboxes,
+            self.wall_clock_seconds,
+        ]
+    }
+
     fn to_json(&self) -> Value {
         let mut m = Map::new();
-        for (k, v) in [
-            ("tokens", self.tokens),
-            ("usd_cents", self.usd_cents),
-            ("concurrent_sessions", self.concurrent_sessions),
-            ("live_sandboxes", self.live_sandboxes),
-            ("wall_clock_seconds", self.wall_clock_seconds),
-        ] {
+        for (k, v) in LIMITS.iter().zip(self.given()) {
             if let Some(v) = v {
-                m.insert(k.into(), v.into());
+                m.insert((*k).into(), v.into());
             }
         }
         Value::Object(m)
+    }
+
+    /// The limits a PATCH sends: the daemon replaces all five at once, so
+    /// the stored ones are kept unless named here or lifted.
+    fn merged(&self, stored: &Value, unlimited: &[String]) -> anyhow::Result<Value> {
+        for u in unlimited {
+            if !LIMITS.contains(&u.as_str()) {
+                anyhow::bail!(
+                    "--unlimited {u:?}: not a limit (one of {})",
+                    LIMITS.join(", ")
+                );
+            }
+        }
+        let mut m = Map::new();
+        for (k, v) in LIMITS.iter().zip(self.given()) {
+            if v.is_some() && unlimited.iter().any(|u| u == k) {
+                anyhow::bail!("--{} and --unlimited {k} contradict", k.replace('_', "-"));
+            }
+            let kept = (!unlimited.iter().any(|u| u == k)).then(|| stored[*k].clone());
+            match v.map(Value::from).or(kept) {
+                Some(x) if !x.is_null() => {
+                    m.insert((*k).into(), x);
+                }
+                _ => {}
+            }
+        }
+        Ok(Value::Object(m))
     }
 }
 
@@ -104,6 +167,35 @@ pub fn run(api: &Api, cmd: TenantCmd) -> anyhow::Result<i32> {
         TenantCmd::Ls { json } => {
             let list = api.get("/v1/tenants")?;
             output::show(json, &list["tenants"], print_tenants);
+        }
+        TenantCmd::Show { id, json } => {
+            let t = api.get(&format!("/v1/tenants/{}", segment(&id)?))?;
+            output::show(json, &t, |v| print_tenants(&Value::Array(vec![v.clone()])));
+        }
+        TenantCmd::Update {
+            id,
+            name,
+            limits,
+            unlimited,
+            json,
+        } => {
+            let path = format!("/v1/tenants/{}", segment(&id)?);
+            let mut body = Map::new();
+            if let Some(n) = name {
+                body.insert("name".into(), n.into());
+            }
+            if limits.given().iter().any(Option::is_some) || !unlimited.is_empty() {
+                let stored = api.get(&path)?;
+                body.insert(
+                    "limits".into(),
+                    limits.merged(&stored["limits"], &unlimited)?,
+                );
+            }
+            if body.is_empty() {
+                anyhow::bail!("nothing to change: give --name or a limit");
+            }
+            let t = api.send("PATCH", &path, &Value::Object(body))?;
+            output::show(json, &t, |v| print_tenants(&Value::Array(vec![v.clone()])));
         }
         TenantCmd::Rm { ids } => {
             for id in &ids {
@@ -236,5 +328,25 @@ mod tests {
             wall_clock_seconds: None,
         };
         assert_eq!(l.to_json(), json!({"usd_cents": 5, "live_sandboxes": 0}));
+    }
+
+    #[test]
+    fn an_update_keeps_the_limits_it_does_not_name() {
+        let l = LimitArgs {
+            tokens: Some(9),
+            usd_cents: None,
+            concurrent_sessions: None,
+            live_sandboxes: None,
+            wall_clock_seconds: None,
+        };
+        let stored = json!({"tokens": 1, "usd_cents": 2, "concurrent_sessions": 3,
+                            "live_sandboxes": null, "wall_clock_seconds": 5});
+        let lifted = vec!["wall_clock_seconds".to_string()];
+        assert_eq!(
+            l.merged(&stored, &lifted).unwrap(),
+            json!({"tokens": 9, "usd_cents": 2, "concurrent_sessions": 3})
+        );
+        assert!(l.merged(&stored, &["bogus".into()]).is_err());
+        assert!(l.merged(&stored, &["tokens".into()]).is_err());
     }
 }
