@@ -542,6 +542,19 @@ def test_paused_host_is_fenced_and_kills_its_sandboxes(pg):
     h2 = daemon(pg, "st-2", role="host")
     try:
         sid = h1.create(ttl_seconds=600)
+        # A tenant's sandbox too: lost, it is named (and its host) to its
+        # tenant and the operator only; another tenant's key gets the 404
+        # of a missing one (issue 36).
+        keys = {}
+        for name in ("st-owner", "st-other"):
+            tid = h2.request("POST", "/v1/tenants", {"name": name, "limits": {}}).json()["id"]
+            r = h2.request("POST", f"/v1/tenants/{tid}/keys")
+            assert r.status == 201, r
+            keys[name] = {"Authorization": "Bearer " + r.json()["key"]}
+        r = h1.request("POST", "/v1/sandboxes", {"ttl_seconds": 600}, auth=False, headers=keys["st-owner"])
+        assert r.status == 201, r
+        tsid = r.json()["id"]
+        h1.created.add(tsid)
         e0 = epoch(pg, "st-1")
         h1.proc.send_signal(signal.SIGSTOP)
         try:
@@ -551,6 +564,16 @@ def test_paused_host_is_fenced_and_kills_its_sandboxes(pg):
             # says so.
             r = h2.request("GET", f"/v1/sandboxes/{sid}")
             assert (r.status, r.error_code()) == (410, "sandbox_lost"), r
+            wait_for(lambda: sql(pg, f"SELECT state FROM core_sandboxes WHERE id = '{tsid}'") == [["stopped"]],
+                     timeout=LOSS_WAIT, what="the tenant's sandbox marked lost")
+            r = h2.request("GET", f"/v1/sandboxes/{tsid}", auth=False, headers=keys["st-owner"])
+            assert (r.status, r.error_code(), r.json()["error"]["host"]) == (410, "sandbox_lost", "st-1"), r
+            for path in (f"/v1/sandboxes/{tsid}", f"/v1/sandboxes/{tsid}/exec"):
+                r = h2.request("POST" if path.endswith("exec") else "GET", path,
+                               {"cmd": "true"} if path.endswith("exec") else None,
+                               auth=False, headers=keys["st-other"])
+                assert (r.status, r.error_code()) == (404, "sandbox_not_found"), (path, r)
+                assert "st-1" not in r.body.decode(), r
         finally:
             h1.proc.send_signal(signal.SIGCONT)
         assert epoch(pg, "st-1") > e0
@@ -567,7 +590,7 @@ def test_paused_host_is_fenced_and_kills_its_sandboxes(pg):
         assert kinds[-1] == "stopped" and kinds.count("stopped") == 1, evs
         assert sql(pg, f"SELECT state FROM core_sandboxes WHERE id = '{sid}'") == [["stopped"]]
         assert h2.exec(h2.create(ttl_seconds=60), "echo ok")["stdout"] == "ok\n"
-        check_invariants(pg, [sid])
+        check_invariants(pg, [sid, tsid])
     finally:
         h2.cleanup()
         h1.cleanup()

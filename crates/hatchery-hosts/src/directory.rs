@@ -6,7 +6,7 @@
 use crate::local::LocalSandboxes;
 use async_trait::async_trait;
 use hatchery_route::placement::TENANT_KEY;
-use hatchery_route::{base_url, Directory, HostSlot, Location, RouteError};
+use hatchery_route::{base_url, Directory, HostSlot, Location, RouteError, Scope};
 use hatchery_store::{HostState, SandboxFilter, SnapshotLocation, Store, StoreError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -76,7 +76,7 @@ impl StoreDirectory {
             return Ok(Location::Unknown);
         }
         Ok(match self.store.get_stopped(id).await.map_err(store_err)? {
-            Some(r) if r.end_reason == crate::sweeper::LOST_REASON => Location::Gone {
+            Some((_, r)) if r.end_reason == crate::sweeper::LOST_REASON => Location::Gone {
                 host: r.host_id,
                 at_ms: r.ended_at_ms,
                 reason: format!(
@@ -190,5 +190,35 @@ impl Directory for StoreDirectory {
             template: None,
         };
         self.store.live_per_host(&filter).await.map_err(store_err)
+    }
+
+    async fn tenant_of(&self, scope: &Scope) -> Result<Option<String>, RouteError> {
+        let of = |m: &BTreeMap<String, String>| m.get(TENANT_KEY).cloned();
+        Ok(match scope {
+            Scope::Sandbox(id) => match self.store.get_live(id).await.map_err(store_err)? {
+                Some(row) => of(&row.metadata),
+                None => self
+                    .store
+                    .get_stopped(id)
+                    .await
+                    .map_err(store_err)?
+                    .and_then(|(row, _)| of(&row.metadata)),
+            },
+            Scope::Snapshot(id) => self
+                .store
+                .get_snapshot(id)
+                .await
+                .map_err(store_err)?
+                .and_then(|row| of(&row.metadata)),
+            Scope::Session(id) => match &self.sessions {
+                Some(store) => match store.get(id).await {
+                    Ok(s) => s.spec.tenant,
+                    Err(hatchery_sessions::store::StoreError::NotFound(_)) => None,
+                    Err(e) => return Err(RouteError::Store(e.to_string())),
+                },
+                None => None,
+            },
+            Scope::Other => None,
+        })
     }
 }

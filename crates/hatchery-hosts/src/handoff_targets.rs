@@ -55,6 +55,9 @@ mod tests {
         async fn tenant_live(&self, _: &str) -> Result<BTreeMap<String, u32>, RouteError> {
             Ok(BTreeMap::new())
         }
+        async fn tenant_of(&self, _: &hatchery_route::Scope) -> Result<Option<String>, RouteError> {
+            Ok(None)
+        }
     }
 
     fn slot(id: &str, live: u32, placeable: bool) -> HostSlot {

@@ -57,9 +57,9 @@ async fn route(st: &ControlState, req: Request) -> Result<Response, RouteError> 
     if path == "/healthz" {
         return Ok(axum::Json(serde_json::json!({"ok": true, "role": "control"})).into_response());
     }
-    if !may_forward(&req, &st.api_key, st.tenant_keys.as_ref()).await? {
+    let Some(caller) = may_forward(&req, &st.api_key, st.tenant_keys.as_ref()).await? else {
         return Err(RouteError::Unauthorized);
-    }
+    };
     if path == "/metrics" {
         // The operator's alone, like a host's /metrics.
         if !hatchery_serve::headers::api_key_ok(req.headers(), &st.api_key) {
@@ -74,7 +74,7 @@ async fn route(st: &ControlState, req: Request) -> Result<Response, RouteError> 
         return place(st, req, Create::Session).await;
     }
     let scope = crate::scope_of_request(&path, req.headers());
-    match locate(st.directory.as_ref(), scope).await {
+    match locate(st.directory.as_ref(), scope, &caller).await {
         // A shared snapshot: its fork needs room, like a create; a read
         // or delete any host answers.
         Some(Ok((Location::Anywhere, _))) if req.method() == Method::POST => {

@@ -39,4 +39,7 @@ impl Directory for FixedHosts {
     async fn tenant_live(&self, _: &str) -> Result<BTreeMap<String, u32>, RouteError> {
         Ok(BTreeMap::new())
     }
+    async fn tenant_of(&self, _: &crate::Scope) -> Result<Option<String>, RouteError> {
+        Ok(None)
+    }
 }

@@ -41,14 +41,23 @@ pub fn with_daemon_key(mut req: Request, key: Option<&str>) -> Request {
     req
 }
 
+/// Who a forwarded request comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Caller {
+    /// The API key, or a credential the owner checks itself.
+    Unscoped,
+    /// A tenant key: it reaches only its tenant's things.
+    Tenant(String),
+}
+
 /// Forwarding is for callers with the API key (Bearer, or E2B's
 /// `X-API-Key`) or a tenant key that `tenants` recognises (the owner
 /// scopes what it reaches). The exceptions carry a credential only the
 /// owner, whose secret signed it, can check: the pty WebSocket (a
 /// terminal token), E2B's sandbox traffic (`X-Access-Token`) and preview
 /// URLs (the token is the path). A string that merely looks like a
-/// tenant key is not forwarded: an unknown caller learns nothing about
-/// where things are.
+/// tenant key is not forwarded (`None`): an unknown caller learns nothing
+/// about where things are.
 ///
 /// What it needs of the request is taken before the returned future runs:
 /// the request itself is not Sync, so it is not held across an await.
@@ -56,7 +65,7 @@ pub(crate) fn may_forward(
     req: &Request,
     api_key: &str,
     tenants: Option<&Arc<dyn TenantKeys>>,
-) -> impl std::future::Future<Output = Result<bool, RouteError>> + Send + 'static {
+) -> impl std::future::Future<Output = Result<Option<Caller>, RouteError>> + Send + 'static {
     let path = req.uri().path();
     let open = hatchery_serve::headers::api_key_ok(req.headers(), api_key)
         || path.ends_with("/pty")
@@ -69,9 +78,9 @@ pub(crate) fn may_forward(
     };
     async move {
         match ask {
-            _ if open => Ok(true),
-            Some((t, b)) => t.known(&b).await,
-            None => Ok(false),
+            _ if open => Ok(Some(Caller::Unscoped)),
+            Some((t, b)) => Ok(t.tenant(&b).await?.map(Caller::Tenant)),
+            None => Ok(None),
         }
     }
 }
@@ -88,15 +97,34 @@ fn bearer(req: &Request) -> Option<&str> {
 
 /// What the directory says about the request's sandbox or snapshot;
 /// `None` for requests without one.
+///
+/// A host that cannot answer for it (lost, starting, or a sandbox lost
+/// with its host) is answered here, naming the host. To a tenant key that
+/// does not own the thing it is [`Location::Unknown`] instead, answered
+/// like anything missing (404), so another tenant learns neither that it
+/// exists nor where: a live owner checks the key itself.
 pub(crate) async fn locate(
     dir: &dyn Directory,
     scope: Scope,
+    caller: &Caller,
 ) -> Option<Result<(Location, String), RouteError>> {
-    let (loc, what) = match scope {
-        Scope::Sandbox(id) => (dir.sandbox(&id).await, format!("sandbox {id}")),
-        Scope::Snapshot(id) => (dir.snapshot(&id).await, format!("snapshot {id}")),
-        Scope::Session(id) => (dir.session(&id).await, format!("session {id}")),
+    let (loc, what) = match &scope {
+        Scope::Sandbox(id) => (dir.sandbox(id).await, format!("sandbox {id}")),
+        Scope::Snapshot(id) => (dir.snapshot(id).await, format!("snapshot {id}")),
+        Scope::Session(id) => (dir.session(id).await, format!("session {id}")),
         Scope::Other => return None,
+    };
+    let answered_here = matches!(
+        loc,
+        Ok(Location::Lost { .. } | Location::Starting { .. } | Location::Gone { .. })
+    );
+    let loc = match caller {
+        Caller::Tenant(t) if answered_here => match dir.tenant_of(&scope).await {
+            Ok(owner) if owner.as_deref() == Some(t.as_str()) => loc,
+            Ok(_) => Ok(Location::Unknown),
+            Err(e) => Err(e),
+        },
+        _ => loc,
     };
     Some(loc.map(|l| (l, what)))
 }
@@ -105,16 +133,15 @@ pub async fn route(State(r): State<HostRouting>, req: Request, next: Next) -> Re
     // Forwarded once already: this host answers, whatever it knows. A
     // tenant store that cannot tell: answered here too, where the API's
     // own check says 503.
-    if req.headers().contains_key(FORWARDED_BY)
-        || !may_forward(&req, &r.api_key, r.tenant_keys.as_ref())
-            .await
-            .unwrap_or(false)
-    {
+    if req.headers().contains_key(FORWARDED_BY) {
         return next.run(req).await;
     }
+    let Ok(Some(caller)) = may_forward(&req, &r.api_key, r.tenant_keys.as_ref()).await else {
+        return next.run(req).await;
+    };
     // Taken before any await: the request itself is not Sync.
     let scope = scope_of_request(req.uri().path(), req.headers());
-    match locate(r.directory.as_ref(), scope).await {
+    match locate(r.directory.as_ref(), scope, &caller).await {
         None | Some(Ok((Location::Here | Location::Unknown | Location::Anywhere, _))) => {
             next.run(req).await
         }
@@ -175,8 +202,8 @@ mod tests {
 
     #[async_trait::async_trait]
     impl TenantKeys for OneKey {
-        async fn known(&self, bearer: &str) -> Result<bool, RouteError> {
-            Ok(bearer == "htk_good")
+        async fn tenant(&self, bearer: &str) -> Result<Option<String>, RouteError> {
+            Ok((bearer == "htk_good").then(|| "ten_a".to_string()))
         }
     }
 
@@ -193,18 +220,93 @@ mod tests {
         let keys: Arc<dyn TenantKeys> = Arc::new(OneKey);
         let t = Some(&keys);
         let ask = |path: &str, auth: Option<&str>, t| may_forward(&req(path, auth), "op", t);
-        assert!(ask("/v1/sessions/ses_a", Some("op"), None).await.unwrap());
-        assert!(ask("/v1/sessions/ses_a", Some("htk_good"), t)
-            .await
-            .unwrap());
-        assert!(!ask("/v1/sessions/ses_a", Some("htk_bad"), t).await.unwrap());
-        assert!(
-            !ask("/v1/sessions/ses_a", Some("htk_good"), None)
+        let un = Some(Caller::Unscoped);
+        assert_eq!(
+            ask("/v1/sessions/ses_a", Some("op"), None).await.unwrap(),
+            un
+        );
+        assert_eq!(
+            ask("/v1/sessions/ses_a", Some("htk_good"), t)
                 .await
                 .unwrap(),
+            Some(Caller::Tenant("ten_a".into()))
+        );
+        assert_eq!(
+            ask("/v1/sessions/ses_a", Some("htk_bad"), t).await.unwrap(),
+            None
+        );
+        assert_eq!(
+            ask("/v1/sessions/ses_a", Some("htk_good"), None)
+                .await
+                .unwrap(),
+            None,
             "without a resolver only the API key is forwarded"
         );
-        assert!(!ask("/v1/sessions/ses_a", None, t).await.unwrap());
-        assert!(ask("/preview/tok/x", None, t).await.unwrap());
+        assert_eq!(ask("/v1/sessions/ses_a", None, t).await.unwrap(), None);
+        assert_eq!(ask("/preview/tok/x", None, t).await.unwrap(), un);
+    }
+
+    /// Sandbox `sbx_a` of tenant `ten_a` on lost host `h1`.
+    struct LostHost;
+
+    #[async_trait::async_trait]
+    impl Directory for LostHost {
+        async fn sandbox(&self, _: &str) -> Result<Location, RouteError> {
+            Ok(Location::Lost { host: "h1".into() })
+        }
+        async fn snapshot(&self, _: &str) -> Result<Location, RouteError> {
+            Ok(Location::Starting { host: "h1".into() })
+        }
+        async fn session(&self, _: &str) -> Result<Location, RouteError> {
+            Ok(Location::Here)
+        }
+        async fn hosts(&self) -> Result<Vec<crate::HostSlot>, RouteError> {
+            Ok(vec![])
+        }
+        async fn tenant_live(
+            &self,
+            _: &str,
+        ) -> Result<std::collections::BTreeMap<String, u32>, RouteError> {
+            Ok(Default::default())
+        }
+        async fn tenant_of(&self, _: &Scope) -> Result<Option<String>, RouteError> {
+            Ok(Some("ten_a".into()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lost_host_is_named_only_to_the_owner_and_the_operator() {
+        let at = |s: &'static str, c: Caller| async move {
+            let scope = if s == "sandbox" {
+                Scope::Sandbox("sbx_a".into())
+            } else {
+                Scope::Snapshot("snap_a".into())
+            };
+            locate(&LostHost, scope, &c).await.unwrap().unwrap().0
+        };
+        let lost = Location::Lost { host: "h1".into() };
+        assert_eq!(at("sandbox", Caller::Unscoped).await, lost);
+        assert_eq!(at("sandbox", Caller::Tenant("ten_a".into())).await, lost);
+        assert_eq!(
+            at("sandbox", Caller::Tenant("ten_b".into())).await,
+            Location::Unknown
+        );
+        assert_eq!(
+            at("snapshot", Caller::Tenant("ten_b".into())).await,
+            Location::Unknown
+        );
+        // A live owner checks the key itself: nothing asked here.
+        assert_eq!(
+            locate(
+                &LostHost,
+                Scope::Session("ses_a".into()),
+                &Caller::Tenant("ten_b".into())
+            )
+            .await
+            .unwrap()
+            .unwrap()
+            .0,
+            Location::Here
+        );
     }
 }

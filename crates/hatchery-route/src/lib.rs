@@ -109,6 +109,11 @@ pub trait Directory: Send + Sync {
     /// How many live sandboxes of `tenant` (their `metadata.tenant`) each
     /// host runs; hosts with none are absent.
     async fn tenant_live(&self, tenant: &str) -> Result<BTreeMap<String, u32>, RouteError>;
+    /// The tenant that owns what `scope` names (a sandbox's or
+    /// snapshot's `metadata.tenant`, a session's tenant), live or stopped;
+    /// `None` for the operator's or an unknown one. Asked only before a
+    /// tenant key is told about a host that cannot answer for itself.
+    async fn tenant_of(&self, scope: &Scope) -> Result<Option<String>, RouteError>;
 }
 
 /// Recognises the deployment's tenant API keys (hatchery-tenants; the
@@ -116,9 +121,9 @@ pub trait Directory: Send + Sync {
 /// owner checks it again and answers only for the tenant's own things.
 #[async_trait]
 pub trait TenantKeys: Send + Sync {
-    /// Whether `bearer` is a live tenant key (`Err`: the store could not
-    /// tell, [`RouteError::Store`]).
-    async fn known(&self, bearer: &str) -> Result<bool, RouteError>;
+    /// The tenant whose live key `bearer` is; `None` for anything else
+    /// (`Err`: the store could not tell, [`RouteError::Store`]).
+    async fn tenant(&self, bearer: &str) -> Result<Option<String>, RouteError>;
 }
 
 /// `host:port` or `http://host:port` (what hosts register) as a base URL.

@@ -641,7 +641,8 @@ async fn stopped_rows_say_when_and_why(s: &dyn Store, run: &str) {
         .unwrap();
     assert_eq!(s.get_stopped(&id).await.unwrap(), None, "live");
     assert!(s.stop(&f, &id, "host_lost", 1234).await.unwrap());
-    let got = s.get_stopped(&id).await.unwrap().expect("stopped");
+    let (row, got) = s.get_stopped(&id).await.unwrap().expect("stopped");
+    assert_eq!(row.id, id);
     assert_eq!(
         (&*got.host_id, got.ended_at_ms, &*got.end_reason),
         (&*f.owner, 1234, "host_lost")

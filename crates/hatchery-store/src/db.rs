@@ -308,6 +308,18 @@ fn record<T: Record>(r: &Row) -> Result<T> {
     })
 }
 
+/// A stopped sandbox's row and when and why it ended.
+fn stopped_row(r: &Row) -> Result<(SandboxRow, StoppedRow)> {
+    let sandbox: SandboxRow = record(r)?;
+    let stopped = StoppedRow {
+        id: sandbox.id.clone(),
+        host_id: sandbox.host_id.clone(),
+        ended_at_ms: get::<Option<i64>>(r, "ended_at_ms")?.unwrap_or(0).max(0) as u64,
+        end_reason: get::<Option<String>>(r, "end_reason")?.unwrap_or_default(),
+    };
+    Ok((sandbox, stopped))
+}
+
 fn lease_row(r: &Row) -> Result<Lease> {
     let expires: i64 = get(r, "expires_at_ms")?;
     let now: i64 = get(r, "now_ms")?;
@@ -452,18 +464,9 @@ impl Store for DbStore {
         self.one(&sql, args![id], record).await
     }
 
-    async fn get_stopped(&self, id: &str) -> Result<Option<StoppedRow>> {
-        let sql = "SELECT id, host_id, ended_at_ms, end_reason FROM core_sandboxes
-                   WHERE id = $1 AND state = 'stopped'";
-        let row = |r: &Row| {
-            Ok(StoppedRow {
-                id: get(r, "id")?,
-                host_id: get(r, "host_id")?,
-                ended_at_ms: get::<Option<i64>>(r, "ended_at_ms")?.unwrap_or(0).max(0) as u64,
-                end_reason: get::<Option<String>>(r, "end_reason")?.unwrap_or_default(),
-            })
-        };
-        self.one(sql, args![id], row).await
+    async fn get_stopped(&self, id: &str) -> Result<Option<(SandboxRow, StoppedRow)>> {
+        let sql = format!("{SELECT} WHERE id = $1 AND state = 'stopped'");
+        self.one(&sql, args![id], stopped_row).await
     }
 
     async fn list_live(&self, filter: &SandboxFilter) -> Result<Vec<SandboxRow>> {
@@ -488,17 +491,7 @@ impl Store for DbStore {
             " ORDER BY ended_at_ms DESC, id LIMIT ${}",
             args.len()
         ));
-        let row = |r: &Row| {
-            let sandbox: SandboxRow = record(r)?;
-            let stopped = StoppedRow {
-                id: sandbox.id.clone(),
-                host_id: sandbox.host_id.clone(),
-                ended_at_ms: get::<Option<i64>>(r, "ended_at_ms")?.unwrap_or(0).max(0) as u64,
-                end_reason: get::<Option<String>>(r, "end_reason")?.unwrap_or_default(),
-            };
-            Ok((sandbox, stopped))
-        };
-        self.rows(&sql, &args, row).await
+        self.rows(&sql, &args, stopped_row).await
     }
 
     async fn list_unstopped(&self, host: &str) -> Result<Vec<SandboxRow>> {

@@ -77,8 +77,9 @@ store! {
     async fn set_expiry(&self, f: &Fence, id: &str, expires_at_ms: u64) -> Result<bool>;
     /// A starting or running sandbox, on any host.
     async fn get_live(&self, id: &str) -> Result<Option<SandboxRow>>;
-    /// A stopped sandbox, on any host: when and why it ended.
-    async fn get_stopped(&self, id: &str) -> Result<Option<StoppedRow>>;
+    /// A stopped sandbox, on any host: its row (metadata included), and
+    /// when and why it ended.
+    async fn get_stopped(&self, id: &str) -> Result<Option<(SandboxRow, StoppedRow)>>;
     /// Starting and running sandboxes of every host matching `filter`,
     /// oldest first.
     async fn list_live(&self, filter: &SandboxFilter) -> Result<Vec<SandboxRow>>;

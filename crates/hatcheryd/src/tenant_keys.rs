@@ -10,12 +10,12 @@ pub struct StoreTenantKeys(pub Arc<dyn TenantStore>);
 
 #[async_trait::async_trait]
 impl TenantKeys for StoreTenantKeys {
-    async fn known(&self, bearer: &str) -> Result<bool, RouteError> {
+    async fn tenant(&self, bearer: &str) -> Result<Option<String>, RouteError> {
         if !keys::well_formed(bearer) {
-            return Ok(false);
+            return Ok(None);
         }
         match self.0.owner(&keys::hash(bearer)).await {
-            Ok(owner) => Ok(owner.is_some()),
+            Ok(owner) => Ok(owner.map(|o| o.tenant)),
             Err(e @ StoreError::Unavailable(_)) => Err(RouteError::Store(
                 hatchery_serve::error_text::with_causes(&e),
             )),
