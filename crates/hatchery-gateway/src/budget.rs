@@ -56,15 +56,23 @@ pub struct Budget {
     /// Held by live reservations (calls in flight).
     pub reserved_tokens: u64,
     pub reserved_usd_cents: u64,
+    /// What upstreams reported above their calls' reservations: not
+    /// charged (`used` stays within the bound), but spent all the same, so
+    /// it counts against the limit when a call asks for room.
+    #[serde(default)]
+    pub overage_tokens: u64,
+    #[serde(default)]
+    pub overage_usd_cents: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum BudgetError {
-    #[error("budget {scope} is exhausted: {unit} used {used} + reserved {reserved} + this call's estimate {estimate} > limit {limit}")]
+    #[error("budget {scope} is exhausted: {unit} used {used} + reported above reservations {overage} + reserved {reserved} + this call's estimate {estimate} > limit {limit}")]
     Exhausted {
         scope: String,
         unit: &'static str,
         used: u64,
+        overage: u64,
         reserved: u64,
         estimate: u64,
         limit: u64,
@@ -114,6 +122,11 @@ pub trait BudgetStore: Send + Sync {
         scopes: &[String],
         actual: Amount,
     ) -> Result<bool, BudgetError>;
+    /// [`Self::settle`] of a call whose upstream reported more than its
+    /// reservation: `s.actual` (at most the reservation) is charged, and
+    /// `s.overage` (the reported excess) is recorded against each scope in
+    /// the same transaction, where [`Self::reserve`] counts it.
+    async fn settle_call(&self, s: &crate::store::Settlement) -> Result<bool, BudgetError>;
     /// Charges reservations whose TTL has passed their whole amount, as a
     /// settle would (once per reservation), and returns them. A call is
     /// settled well within its TTL unless the process serving it died, and
@@ -189,40 +202,40 @@ pub(crate) fn admits(b: &Budget, estimate: Amount) -> Result<(), BudgetError> {
         &b.scope,
         "tokens",
         b.limit_tokens,
-        b.used_tokens,
-        b.reserved_tokens,
+        [b.used_tokens, b.overage_tokens, b.reserved_tokens],
         estimate.tokens,
     )?;
     check(
         &b.scope,
         "usd_cents",
         b.limit_usd_cents,
-        b.used_usd_cents,
-        b.reserved_usd_cents,
+        [b.used_usd_cents, b.overage_usd_cents, b.reserved_usd_cents],
         estimate.usd_cents,
     )
 }
 
-/// The check of one unit: `used + reserved + estimate <= limit`.
+/// The check of one unit: `used + overage + reserved + estimate <= limit`.
+/// The overage counts: a scope an upstream's reports have spent (charged
+/// or not) admits no more calls, else a tenant's other sessions would go
+/// on calling an upstream that bills more than the gateway records.
 fn check(
     scope: &str,
     unit: &'static str,
     limit: Option<u64>,
-    used: u64,
-    reserved: u64,
+    [used, overage, reserved]: [u64; 3],
     estimate: u64,
 ) -> Result<(), BudgetError> {
+    let held = used.saturating_add(overage).saturating_add(reserved);
     match limit {
-        Some(limit) if used.saturating_add(reserved).saturating_add(estimate) > limit => {
-            Err(BudgetError::Exhausted {
-                scope: scope.to_string(),
-                unit,
-                used,
-                reserved,
-                estimate,
-                limit,
-            })
-        }
+        Some(limit) if held.saturating_add(estimate) > limit => Err(BudgetError::Exhausted {
+            scope: scope.to_string(),
+            unit,
+            used,
+            overage,
+            reserved,
+            estimate,
+            limit,
+        }),
         _ => Ok(()),
     }
 }

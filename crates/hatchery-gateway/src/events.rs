@@ -94,7 +94,7 @@ pub trait GatewayEvents: Send + Sync {
         s: Settlement,
         called: GatewayEvent,
     ) -> Result<bool, BudgetError> {
-        let r = store.settle(&s.id, &s.scopes, s.actual).await;
+        let r = store.settle_call(&s).await;
         self.record(called);
         r
     }
