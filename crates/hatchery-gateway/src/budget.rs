@@ -1,8 +1,10 @@
 //! Budgets and reservations. Before a model call the gateway reserves its
 //! worst case against every scope the call is charged to (the session and
 //! its tenant) in one transaction that checks
-//! `used + live reservations + estimate <= limit` for each; after the call it
-//! settles the actual usage and drops the reservation. So recorded spend can
+//! `used + overage + live reservations + estimate <= limit` for each (the
+//! overage: what upstreams reported above earlier calls' reservations,
+//! never charged but spent); after the call it settles the actual usage,
+//! at most the reservation, and drops the reservation. So recorded spend can
 //! pass a limit only by what the calls already in flight under-estimated,
 //! which is at most the largest single reservation (the estimate is an
 //! upper bound, see `estimate.rs`). A reservation left by a crash expires
@@ -126,7 +128,7 @@ pub trait BudgetStore: Send + Sync {
     /// reservation: `s.actual` (at most the reservation) is charged, and
     /// `s.overage` (the reported excess) is recorded against each scope in
     /// the same transaction, where [`Self::reserve`] counts it.
-    async fn settle_call(&self, s: &crate::store::Settlement) -> Result<bool, BudgetError>;
+    async fn settle_call(&self, s: &Settlement) -> Result<bool, BudgetError>;
     /// Charges reservations whose TTL has passed their whole amount, as a
     /// settle would (once per reservation), and returns them. A call is
     /// settled well within its TTL unless the process serving it died, and
@@ -238,4 +240,27 @@ fn check(
         }),
         _ => Ok(()),
     }
+}
+
+/// A settle run inside another store's transaction (hatchery_db::Joined):
+/// a session log commits the call's `model_call` event, the session's
+/// spend and the settle together. Declines when the reservation was
+/// settled before, which rolls the event back with it: a call is charged
+/// and logged once. On the control role it travels with the event to the
+/// session's owner, which runs it in its transaction (serialized; `fresh`
+/// stays behind).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settlement {
+    pub id: String,
+    pub scopes: Vec<String>,
+    pub actual: Amount,
+    /// What the upstream reported above the reservation (not charged;
+    /// counted against the scopes' limits by the next reservations).
+    /// Absent in a settle posted by an older gateway: none.
+    #[serde(default)]
+    pub overage: Amount,
+    /// Set once the settle committed: whether it recorded the spend.
+    #[serde(skip)]
+    pub fresh: bool,
 }

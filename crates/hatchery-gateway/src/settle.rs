@@ -142,7 +142,7 @@ impl Pending {
             charged,
             reserved: self.estimate,
         };
-        let settlement = crate::store::Settlement {
+        let settlement = crate::budget::Settlement {
             id: self.id.clone(),
             scopes: self.scopes.clone(),
             actual: charged,

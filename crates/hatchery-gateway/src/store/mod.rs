@@ -11,6 +11,9 @@
 pub mod conformance;
 pub mod schema;
 
+/// Declared with the budget contract (`BudgetStore::settle_call`); named
+/// here too, where its joined write is, as other crates know it.
+pub use crate::budget::Settlement;
 use crate::budget::{admits, Amount, Budget, BudgetError, BudgetStore, Caller, Expired, KeyStore};
 use async_trait::async_trait;
 use hatchery_db::{args, Db, DbError, Dialect, Row, Tx};
@@ -127,29 +130,6 @@ async fn settle_tx(
     let done = "DELETE FROM gateway_reservations WHERE id = $1";
     tx.execute(done, args![id]).await?;
     Ok(fresh)
-}
-
-/// A settle run inside another store's transaction (hatchery_db::Joined):
-/// a session log commits the call's `model_call` event, the session's
-/// spend and the settle together. Declines when the reservation was
-/// settled before, which rolls the event back with it: a call is charged
-/// and logged once. On the control role it travels with the event to the
-/// session's owner, which runs it in its transaction (serialized; `fresh`
-/// stays behind).
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Settlement {
-    pub id: String,
-    pub scopes: Vec<String>,
-    pub actual: Amount,
-    /// What the upstream reported above the reservation (not charged;
-    /// counted against the scopes' limits by the next reservations).
-    /// Absent in a settle posted by an older gateway: none.
-    #[serde(default)]
-    pub overage: Amount,
-    /// Set once the settle committed: whether it recorded the spend.
-    #[serde(skip)]
-    pub fresh: bool,
 }
 
 #[async_trait]
