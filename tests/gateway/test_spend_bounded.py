@@ -116,9 +116,12 @@ def log(gw):
 def test_usage_reported_above_the_reservation_is_an_overage_not_a_charge(gw, upstream):
     """Six calls (whole and streamed, both APIs) whose upstream reports
     5,000 + 5,000 tokens against reservations of about 300, under a tenant
-    limit of 4,000 tokens: each is charged its reservation, the rest is an
-    `overage` (log event and metric), and the tenant's recorded spend stays
-    under limit + one reservation (before: 60,000)."""
+    limit of 4,000 tokens: the first is charged its reservation, the rest
+    of its report is an `overage` (log event, metric, and the tenant's
+    budget row), and since what the upstream reported has used up the
+    tenant, the other five are refused 429 `budget_exhausted` before the
+    upstream (before the overage counted: all six went out, the upstream
+    billed 60,000; before the charge was capped: 60,000 recorded)."""
     key = gw.key("ses_liar", tenant="acme-liar")
     limit = 4000
     gw.budget("tenant:acme-liar", tokens=limit)
@@ -127,20 +130,34 @@ def test_usage_reported_above_the_reservation_is_an_overage_not_a_charge(gw, ups
                                           ("anthropic", True), ("openai", False), ("anthropic", True)]):
         content = f"<liar call {i}>"
         st, body = answer(send(gw.port, flavor, key, request(flavor, "liar-model", content, stream)))
-        assert st == 200, body
-        recs.append(reached(upstream, content))
-    assert all(r["reported"] == (5000, 5000) for r in recs)
+        if i == 0:
+            assert st == 200, body
+            recs.append(reached(upstream, content))
+            # Its settle lands just after the answer (until then its
+            # reservation still counts).
+            gw.spent("tenant:acme-liar")
+        else:
+            assert st == 429, (i, st, body)
+            # In the caller's protocol: OpenAI's code, Anthropic's type.
+            e = json.loads(body)["error"]
+            shapes = (("budget_exhausted", "insufficient_quota"), (None, "rate_limit_error"))
+            assert (e.get("code"), e.get("type")) in shapes, (i, body)
+            assert "tenant:acme-liar" in e["message"], body
+    with upstream.lock:
+        assert len(upstream.requests) == 1, "a refused call reached the upstream"
+    assert recs[0]["reported"] == (5000, 5000)
     t = gw.spent("tenant:acme-liar")
-    charged = sum(reservation(r) for r in recs)
-    assert t["used_tokens"] == charged, (t, charged)
-    assert t["used_tokens"] <= limit + max(reservation(r) for r in recs), t
+    charged = reservation(recs[0])
+    assert (t["used_tokens"], t["overage_tokens"]) == (charged, 10000 - charged), t
+    assert t["used_tokens"] <= limit + charged, t
     assert t["reserved_tokens"] == 0, t
-    assert settled(gw, "session:ses_liar")["used_tokens"] == charged
+    s = settled(gw, "session:ses_liar")
+    assert (s["used_tokens"], s["overage_tokens"]) == (charged, 10000 - charged), s
     over = metric(gw, "hatchery_gateway_overage_tokens_total", "openai") + \
         metric(gw, "hatchery_gateway_overage_tokens_total", "anthropic")
-    assert over == sum(10000 - reservation(r) for r in recs), over
+    assert over == 10000 - charged, over
     text = log(gw)
-    assert text.count("model call overage") == 6, text[-3000:]
+    assert text.count("model call overage") == 1, text[-3000:]
     # What the upstream really used passes the tenant's limit: its budget
     # is gone, which a session is told (standalone: the log line).
     assert "budget exhausted" in text and "tenant:acme-liar" in text

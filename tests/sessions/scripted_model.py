@@ -12,6 +12,11 @@ and `{last_user}` in any string is replaced by the text of the
 conversation's last user message (a steering message shows up that way).
 A turn with `"usage": {"prompt_tokens", "completion_tokens"}` reports that
 instead of its real size (a model that lies about what a call cost); one
+with `"overbill": F` reports F times the most the gateway can have
+reserved for the request as it arrived (its bytes, the tool-use allowance
+of 2,048 and its max_tokens; docs/gateway.md, "Budgets"): with F = 2, a
+model whose every lie is one reservation above the reservation. Each request's
+record keeps the usage reported for it (`usage`). One
 with `"delay_s": N` holds the call N seconds before answering (a slow
 model, to kill a daemon while a call is at the upstream). A turn with
 `"again": TURN` plays TURN instead whenever the same conversation (the
@@ -73,9 +78,11 @@ class ScriptedModel:
                     return self._json(400, {"error": {"message": "bad json"}})
                 if not self.path.rstrip("/").endswith("/chat/completions"):
                     return self._json(404, {"error": {"message": "not found"}})
+                rec = {"sandbox": self.headers.get("X-Hatchery-Sandbox"), "body": req}
                 with model.lock:
-                    model.requests.append({"sandbox": self.headers.get("X-Hatchery-Sandbox"), "body": req})
-                turn, usage = model.answer(req)
+                    model.requests.append(rec)
+                turn, usage = model.answer(req, n)
+                rec["usage"] = usage
                 time.sleep(float(turn.pop("delay_s", 0)))
                 if req.get("stream"):
                     return self._stream(req, turn, usage)
@@ -133,7 +140,7 @@ class ScriptedModel:
         self.server.shutdown()
         self.server.server_close()
 
-    def answer(self, req):
+    def answer(self, req, size=0):
         msgs = req.get("messages") or []
         users = [m for m in msgs if m.get("role") == "user"]
         first = _text(users[0]) if users else ""
@@ -150,6 +157,11 @@ class ScriptedModel:
         prompt = sum(len(json.dumps(m)) for m in msgs) // 4
         usage = {"prompt_tokens": prompt, "completion_tokens": len(json.dumps(turn)) // 4 + 1}
         usage.update(turn.pop("usage", None) or {})
+        over = turn.pop("overbill", None)
+        if over is not None:
+            tools = 2048 if req.get("tools") else 0
+            asked = req.get("max_completion_tokens") or req.get("max_tokens") or 0
+            usage = {"prompt_tokens": over * (size + tools), "completion_tokens": over * asked}
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         return turn, usage
 

@@ -1,8 +1,10 @@
 //! Budgets and reservations. Before a model call the gateway reserves its
 //! worst case against every scope the call is charged to (the session and
 //! its tenant) in one transaction that checks
-//! `used + live reservations + estimate <= limit` for each; after the call it
-//! settles the actual usage and drops the reservation. So recorded spend can
+//! `used + overage + live reservations + estimate <= limit` for each (the
+//! overage: what upstreams reported above earlier calls' reservations,
+//! never charged but spent); after the call it settles the actual usage,
+//! at most the reservation, and drops the reservation. So recorded spend can
 //! pass a limit only by what the calls already in flight under-estimated,
 //! which is at most the largest single reservation (the estimate is an
 //! upper bound, see `estimate.rs`). A reservation left by a crash expires
@@ -56,15 +58,23 @@ pub struct Budget {
     /// Held by live reservations (calls in flight).
     pub reserved_tokens: u64,
     pub reserved_usd_cents: u64,
+    /// What upstreams reported above their calls' reservations: not
+    /// charged (`used` stays within the bound), but spent all the same, so
+    /// it counts against the limit when a call asks for room.
+    #[serde(default)]
+    pub overage_tokens: u64,
+    #[serde(default)]
+    pub overage_usd_cents: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum BudgetError {
-    #[error("budget {scope} is exhausted: {unit} used {used} + reserved {reserved} + this call's estimate {estimate} > limit {limit}")]
+    #[error("budget {scope} is exhausted: {unit} used {used} + reported above reservations {overage} + reserved {reserved} + this call's estimate {estimate} > limit {limit}")]
     Exhausted {
         scope: String,
         unit: &'static str,
         used: u64,
+        overage: u64,
         reserved: u64,
         estimate: u64,
         limit: u64,
@@ -114,6 +124,11 @@ pub trait BudgetStore: Send + Sync {
         scopes: &[String],
         actual: Amount,
     ) -> Result<bool, BudgetError>;
+    /// [`Self::settle`] of a call whose upstream reported more than its
+    /// reservation: `s.actual` (at most the reservation) is charged, and
+    /// `s.overage` (the reported excess) is recorded against each scope in
+    /// the same transaction, where [`Self::reserve`] counts it.
+    async fn settle_call(&self, s: &Settlement) -> Result<bool, BudgetError>;
     /// Charges reservations whose TTL has passed their whole amount, as a
     /// settle would (once per reservation), and returns them. A call is
     /// settled well within its TTL unless the process serving it died, and
@@ -189,40 +204,63 @@ pub(crate) fn admits(b: &Budget, estimate: Amount) -> Result<(), BudgetError> {
         &b.scope,
         "tokens",
         b.limit_tokens,
-        b.used_tokens,
-        b.reserved_tokens,
+        [b.used_tokens, b.overage_tokens, b.reserved_tokens],
         estimate.tokens,
     )?;
     check(
         &b.scope,
         "usd_cents",
         b.limit_usd_cents,
-        b.used_usd_cents,
-        b.reserved_usd_cents,
+        [b.used_usd_cents, b.overage_usd_cents, b.reserved_usd_cents],
         estimate.usd_cents,
     )
 }
 
-/// The check of one unit: `used + reserved + estimate <= limit`.
+/// The check of one unit: `used + overage + reserved + estimate <= limit`.
+/// The overage counts: a scope an upstream's reports have spent (charged
+/// or not) admits no more calls, else a tenant's other sessions would go
+/// on calling an upstream that bills more than the gateway records.
 fn check(
     scope: &str,
     unit: &'static str,
     limit: Option<u64>,
-    used: u64,
-    reserved: u64,
+    [used, overage, reserved]: [u64; 3],
     estimate: u64,
 ) -> Result<(), BudgetError> {
+    let held = used.saturating_add(overage).saturating_add(reserved);
     match limit {
-        Some(limit) if used.saturating_add(reserved).saturating_add(estimate) > limit => {
-            Err(BudgetError::Exhausted {
-                scope: scope.to_string(),
-                unit,
-                used,
-                reserved,
-                estimate,
-                limit,
-            })
-        }
+        Some(limit) if held.saturating_add(estimate) > limit => Err(BudgetError::Exhausted {
+            scope: scope.to_string(),
+            unit,
+            used,
+            overage,
+            reserved,
+            estimate,
+            limit,
+        }),
         _ => Ok(()),
     }
+}
+
+/// A settle run inside another store's transaction (hatchery_db::Joined):
+/// a session log commits the call's `model_call` event, the session's
+/// spend and the settle together. Declines when the reservation was
+/// settled before, which rolls the event back with it: a call is charged
+/// and logged once. On the control role it travels with the event to the
+/// session's owner, which runs it in its transaction (serialized; `fresh`
+/// stays behind).
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settlement {
+    pub id: String,
+    pub scopes: Vec<String>,
+    pub actual: Amount,
+    /// What the upstream reported above the reservation (not charged;
+    /// counted against the scopes' limits by the next reservations).
+    /// Absent in a settle posted by an older gateway: none.
+    #[serde(default)]
+    pub overage: Amount,
+    /// Set once the settle committed: whether it recorded the spend.
+    #[serde(skip)]
+    pub fresh: bool,
 }

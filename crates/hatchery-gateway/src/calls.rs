@@ -308,17 +308,45 @@ async fn call_inner(
     Ok(crate::answer::run(settle, exchange).await)
 }
 
-/// Request headers the upstream needs to see (the protocol's version and
-/// beta flags); never the caller's key.
+/// The `anthropic-beta` flags passed to the upstream: those that change
+/// nothing a reservation does not already cover (docs/gateway.md, "Beta
+/// flags"). Any other flag is dropped: a beta can change what a call
+/// costs beyond its estimate (`context-1m-…` prices a long prompt at
+/// twice the rate, `output-128k-…` lifts the output ceiling) or bring
+/// input the gateway cannot bound (files, MCP, code execution).
+pub const ANTHROPIC_BETAS: [&str; 4] = [
+    "prompt-caching-2024-07-31",
+    "extended-cache-ttl-2025-04-11",
+    "token-efficient-tools-2025-02-19",
+    "fine-grained-tool-streaming-2025-05-14",
+];
+
+/// Request headers the upstream needs to see (the protocol's version, and
+/// the allowed beta flags); never the caller's key.
 fn pass_headers(flavor: Flavor, h: &HeaderMap) -> Vec<(&'static str, String)> {
     let names: &[&'static str] = match flavor {
         Flavor::OpenAi => &["openai-organization", "openai-project"],
-        Flavor::Anthropic => &["anthropic-version", "anthropic-beta"],
+        Flavor::Anthropic => &["anthropic-version"],
     };
-    names
+    let mut out: Vec<(&'static str, String)> = names
         .iter()
         .filter_map(|n| Some((*n, h.get(*n)?.to_str().ok()?.to_string())))
-        .collect()
+        .collect();
+    if flavor == Flavor::Anthropic {
+        // Comma-separated, possibly over several header lines.
+        let allowed: Vec<&str> = h
+            .get_all("anthropic-beta")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter(|f| ANTHROPIC_BETAS.contains(f))
+            .collect();
+        if !allowed.is_empty() {
+            out.push(("anthropic-beta", allowed.join(",")));
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -182,3 +182,44 @@ async fn a_refused_intent_keeps_the_call_from_the_upstream() {
         assert_eq!((b.used_tokens, b.reserved_tokens), (0, 0), "{b:?}");
     }
 }
+
+/// Only the allowed beta flags reach the upstream: a long-context flag
+/// (priced beyond the estimate) is dropped from a list, and a header of
+/// unknown flags only is not sent at all; the version always is.
+#[test]
+fn only_allowed_anthropic_betas_are_passed_on() {
+    let mut h = HeaderMap::new();
+    h.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
+    h.append(
+        "anthropic-beta",
+        HeaderValue::from_static("context-1m-2025-08-07, prompt-caching-2024-07-31"),
+    );
+    h.append(
+        "anthropic-beta",
+        HeaderValue::from_static("token-efficient-tools-2025-02-19"),
+    );
+    h.insert("x-api-key", HeaderValue::from_static("caller-key"));
+    let passed = super::pass_headers(Flavor::Anthropic, &h);
+    assert_eq!(
+        passed,
+        vec![
+            ("anthropic-version", "2023-06-01".to_string()),
+            (
+                "anthropic-beta",
+                "prompt-caching-2024-07-31,token-efficient-tools-2025-02-19".to_string()
+            ),
+        ]
+    );
+    let mut h = HeaderMap::new();
+    h.insert(
+        "anthropic-beta",
+        HeaderValue::from_static("context-1m-2025-08-07,files-api-2025-04-14"),
+    );
+    assert!(super::pass_headers(Flavor::Anthropic, &h).is_empty());
+    // Not an Anthropic header on the OpenAI API.
+    h.insert(
+        "anthropic-beta",
+        HeaderValue::from_static("prompt-caching-2024-07-31"),
+    );
+    assert!(super::pass_headers(Flavor::OpenAi, &h).is_empty());
+}

@@ -2,8 +2,8 @@
 //! event log; standalone, they are log lines, rate-limited because guest
 //! code can cause them in a loop.
 
+use crate::budget::Settlement;
 use crate::budget::{Amount, BudgetError, BudgetStore, Caller};
-use crate::store::Settlement;
 use crate::usage::Flavor;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -94,7 +94,7 @@ pub trait GatewayEvents: Send + Sync {
         s: Settlement,
         called: GatewayEvent,
     ) -> Result<bool, BudgetError> {
-        let r = store.settle(&s.id, &s.scopes, s.actual).await;
+        let r = store.settle_call(&s).await;
         self.record(called);
         r
     }

@@ -129,6 +129,10 @@ impl Pending {
         let reported = used.map(|u| u.amount(&self.price));
         let charged = reported.map_or(self.estimate, |r| cap(r, self.estimate));
         let over = reported.filter(|r| *r != cap(*r, self.estimate));
+        let excess = over.map_or(Amount::default(), |r| Amount {
+            tokens: r.tokens.saturating_sub(self.estimate.tokens),
+            usd_cents: r.usd_cents.saturating_sub(self.estimate.usd_cents),
+        });
         let called = GatewayEvent::Called {
             caller: self.caller.clone(),
             flavor: self.flavor,
@@ -138,10 +142,13 @@ impl Pending {
             charged,
             reserved: self.estimate,
         };
-        let settlement = crate::store::Settlement {
+        let settlement = crate::budget::Settlement {
             id: self.id.clone(),
             scopes: self.scopes.clone(),
             actual: charged,
+            // Recorded with the charge, in its transaction: the next
+            // reservation of any of these scopes already counts it.
+            overage: excess,
             fresh: false,
         };
         if let Err(e) = g.events.settle(&*g.store, settlement, called).await {
@@ -150,20 +157,18 @@ impl Pending {
             tracing::error!(reservation = %self.id, error = %e, "settling a model call failed");
         }
         if let (Some(reported), Some(u)) = (over, used) {
-            self.overage(reported, u).await;
+            self.overage(reported, excess, u).await;
         }
     }
 
     /// The upstream reported more than was reserved: an `overage` event
     /// with its figures, the metric, and when what it really spent leaves
     /// nothing of a scope's budget, that scope's exhaustion (in a session,
-    /// the session ends `failed`, `budget_exhausted`).
-    async fn overage(self, reported: Amount, used: Reported) {
+    /// the session ends `failed`, `budget_exhausted`). The excess itself
+    /// was recorded with the settle, so the store already refuses the
+    /// scope's next reservation whatever this reports.
+    async fn overage(self, reported: Amount, excess: Amount, used: Reported) {
         let g = &self.g;
-        let excess = Amount {
-            tokens: reported.tokens.saturating_sub(self.estimate.tokens),
-            usd_cents: reported.usd_cents.saturating_sub(self.estimate.usd_cents),
-        };
         g.metrics.overage(self.flavor, excess);
         g.events.record(GatewayEvent::Overage {
             caller: self.caller.clone(),
@@ -184,11 +189,13 @@ impl Pending {
                     continue;
                 }
             };
-            let gone = |limit: Option<u64>, used: u64, excess: u64| {
-                limit.is_some_and(|l| used.saturating_add(excess) >= l)
+            // `b` counts this call's excess (and every earlier one's):
+            // it was settled before this read.
+            let gone = |limit: Option<u64>, used: u64, over: u64| {
+                limit.is_some_and(|l| used.saturating_add(over) >= l)
             };
-            if gone(b.limit_tokens, b.used_tokens, excess.tokens)
-                || gone(b.limit_usd_cents, b.used_usd_cents, excess.usd_cents)
+            if gone(b.limit_tokens, b.used_tokens, b.overage_tokens)
+                || gone(b.limit_usd_cents, b.used_usd_cents, b.overage_usd_cents)
             {
                 g.events.record(GatewayEvent::Exhausted {
                     caller: self.caller.clone(),

@@ -124,7 +124,7 @@ impl GatewayEvents for QueuedEvents {
         called: GatewayEvent,
     ) -> Result<bool, BudgetError> {
         let Some((session, mut ev)) = model_event(called) else {
-            return store.settle(&s.id, &s.scopes, s.actual).await;
+            return store.settle_call(&s).await;
         };
         let Some(sessions) = &self.local else {
             if let (ModelEvent::Called { joined, .. }, Ok(w)) = (&mut ev, serde_json::to_value(&s))
@@ -135,7 +135,7 @@ impl GatewayEvents for QueuedEvents {
                 }
                 not_written(None, "the gateway's event queue is full");
             }
-            return store.settle(&s.id, &s.scopes, s.actual).await;
+            return store.settle_call(&s).await;
         };
         let key = s.id.clone();
         match sessions.append(&session, ev, Some(&key), &mut s).await {
@@ -143,7 +143,7 @@ impl GatewayEvents for QueuedEvents {
             Err(e) => {
                 // Nothing of it committed; the spend still counts.
                 tracing::debug!(session, error = %e, "gateway event not recorded");
-                store.settle(&s.id, &s.scopes, s.actual).await
+                store.settle_call(&s).await
             }
         }
     }
@@ -331,6 +331,7 @@ mod tests {
             id: "rsv_d".into(),
             scopes: who.scopes(),
             actual: one,
+            overage: Default::default(),
             fresh: false,
         };
         assert!(q.settle(&budgets, s, called(&who, one)).await.unwrap());
@@ -357,6 +358,7 @@ mod tests {
             id: "rsv_e".into(),
             scopes: who.scopes(),
             actual: one,
+            overage: Default::default(),
             fresh: false,
         };
         // The fake runs no joined write: nothing fresh was recorded.
@@ -413,6 +415,7 @@ mod tests {
             id: id.into(),
             scopes: scopes.clone(),
             actual: charged,
+            overage: Default::default(),
             fresh: false,
         };
         let count = |evs: &[hatchery_sessions::events::Event]| {

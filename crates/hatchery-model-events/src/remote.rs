@@ -352,6 +352,7 @@ mod tests {
             id: "rsv_c".into(),
             scopes: who.scopes(),
             actual: one,
+            overage: Default::default(),
             fresh: false,
         };
         let called = GatewayEvent::Called {

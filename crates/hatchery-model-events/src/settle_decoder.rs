@@ -60,6 +60,7 @@ mod tests {
                     tokens: 3,
                     usd_cents: 1,
                 },
+                overage: Amount::default(),
                 fresh: true,
             })
             .unwrap()

@@ -4,6 +4,7 @@
 //! database may be reused.
 
 use crate::budget::{Amount, BudgetError, BudgetStore, Caller, KeyStore};
+use crate::store::Settlement;
 use std::sync::Arc;
 
 fn amt(tokens: u64) -> Amount {
@@ -27,6 +28,7 @@ pub async fn run_all<S: BudgetStore + KeyStore + 'static>(s: &S) {
     janitor_charges_expired_only(s, &run).await;
     a_scope_s_open_reservations_are_charged_whole(s, &run).await;
     spend_of_unlimited_scopes_is_recorded(s, &run).await;
+    an_overage_blocks_every_session_of_its_tenant(s, &run).await;
     keys_and_bindings(s, &run).await;
 }
 
@@ -137,6 +139,60 @@ async fn spend_of_unlimited_scopes_is_recorded<S: BudgetStore>(s: &S, run: &str)
     s.settle(&id, &scopes, amt(4)).await.unwrap();
     let b = s.get(&scope).await.unwrap();
     assert_eq!((b.limit_tokens, b.used_tokens), (None, 4));
+}
+
+/// An upstream reported 900 tokens above a call's reservation of 100
+/// (charged 100) under a tenant limit of 1,000: the tenant's real spend
+/// has reached its limit, so its other session's next call is refused,
+/// though only 100 is recorded; a call already in flight still settles
+/// (recorded spend stays within limit + one reservation). The overage is
+/// recorded once per reservation, on every scope, limited or not.
+async fn an_overage_blocks_every_session_of_its_tenant<S: BudgetStore>(s: &S, run: &str) {
+    let (ten, liar, other) = (
+        format!("tenant:o{run}"),
+        format!("session:o1{run}"),
+        format!("session:o2{run}"),
+    );
+    s.set_limits(&ten, Some(1000), None).await.unwrap();
+    let (mine, theirs) = (
+        vec![liar.clone(), ten.clone()],
+        vec![other.clone(), ten.clone()],
+    );
+    let far = 10_000_000_000_000;
+    let (lie, flight) = (format!("o1{run}"), format!("o2{run}"));
+    s.reserve(&lie, &mine, amt(100), 0, far).await.unwrap();
+    s.reserve(&flight, &theirs, amt(200), 0, far).await.unwrap();
+    let settled = Settlement {
+        id: lie.clone(),
+        scopes: mine.clone(),
+        actual: amt(100),
+        overage: amt(900),
+        fresh: false,
+    };
+    assert!(s.settle_call(&settled).await.unwrap());
+    assert!(!s.settle_call(&settled).await.unwrap(), "once");
+    let t = s.get(&ten).await.unwrap();
+    assert_eq!(
+        (t.used_tokens, t.overage_tokens, t.reserved_tokens),
+        (100, 900, 200)
+    );
+    let l = s.get(&liar).await.unwrap();
+    assert_eq!(
+        (l.limit_tokens, l.used_tokens, l.overage_tokens),
+        (None, 100, 900)
+    );
+    // 100 used + 900 over: no room for 1 token more, on either session.
+    for (id, scopes) in [(format!("o3{run}"), &theirs), (format!("o4{run}"), &mine)] {
+        let e = s.reserve(&id, scopes, amt(1), 0, far).await;
+        let refused = matches!(e, Err(BudgetError::Exhausted { overage: 900, .. }));
+        assert!(refused, "{e:?}");
+    }
+    // The call in flight when the overage landed settles as usual.
+    assert!(s.settle(&flight, &theirs, amt(200)).await.unwrap());
+    let t = s.get(&ten).await.unwrap();
+    assert_eq!((t.used_tokens, t.reserved_tokens), (300, 0));
+    assert!(t.used_tokens <= 1000 + 200);
+    assert_eq!(s.open_reservations(&other).await.unwrap(), 0);
 }
 
 async fn keys_and_bindings<S: KeyStore>(s: &S, run: &str) {

@@ -11,6 +11,9 @@
 pub mod conformance;
 pub mod schema;
 
+/// Declared with the budget contract (`BudgetStore::settle_call`); named
+/// here too, where its joined write is, as other crates know it.
+pub use crate::budget::Settlement;
 use crate::budget::{admits, Amount, Budget, BudgetError, BudgetStore, Caller, Expired, KeyStore};
 use async_trait::async_trait;
 use hatchery_db::{args, Db, DbError, Dialect, Row, Tx};
@@ -63,6 +66,7 @@ impl GatewayStore {
 async fn read_budget(tx: &mut Tx, scope: &str) -> Result<Option<Budget>, BudgetError> {
     let e = || err("read budget");
     let sql = "SELECT b.limit_tokens, b.limit_usd_cents, b.used_tokens, b.used_usd_cents,
+            b.overage_tokens, b.overage_usd_cents,
             CAST(COALESCE((SELECT SUM(tokens) FROM gateway_reservations WHERE scope = b.scope), 0)
                 AS BIGINT) AS rt,
             CAST(COALESCE((SELECT SUM(usd_cents) FROM gateway_reservations WHERE scope = b.scope), 0)
@@ -80,6 +84,8 @@ async fn read_budget(tx: &mut Tx, scope: &str) -> Result<Option<Budget>, BudgetE
         used_usd_cents: used("used_usd_cents")?,
         reserved_tokens: used("rt")?,
         reserved_usd_cents: used("rc")?,
+        overage_tokens: used("overage_tokens")?,
+        overage_usd_cents: used("overage_usd_cents")?,
     }))
 }
 
@@ -89,15 +95,18 @@ fn caller(r: Option<Row>) -> Result<Option<Caller>, DbError> {
     Ok(Some(Caller { session, tenant }))
 }
 
-/// Records `actual` against the reservation's scopes and deletes it, once
-/// per reservation id (false: settled before, nothing recorded now).
+/// Records `actual` (and the upstream's `overage` above it) against the
+/// reservation's scopes and deletes it, once per reservation id (false:
+/// settled before, nothing recorded now).
 async fn settle_tx(
     tx: &mut Tx,
     id: &str,
     scopes: &[String],
     actual: Amount,
+    overage: Amount,
 ) -> Result<bool, DbError> {
     let (tokens, cents) = (i(actual.tokens), i(actual.usd_cents));
+    let (over_t, over_c) = (i(overage.tokens), i(overage.usd_cents));
     let once = "INSERT INTO gateway_settlements (id, tokens, usd_cents) VALUES ($1, $2, $3)
         ON CONFLICT (id) DO NOTHING";
     let fresh = tx.execute(once, args![id, tokens, cents]).await? == 1;
@@ -105,13 +114,17 @@ async fn settle_tx(
         // Spend is recorded even if the janitor already dropped the
         // reservation: the call happened. A scope without limits gets a
         // row too: its spend is visible even when nothing caps it.
-        let spend =
-            "INSERT INTO gateway_budgets (scope, used_tokens, used_usd_cents) VALUES ($1, $2, $3)
+        let spend = "INSERT INTO gateway_budgets
+                (scope, used_tokens, used_usd_cents, overage_tokens, overage_usd_cents)
+            VALUES ($1, $2, $3, $4, $5)
             ON CONFLICT (scope) DO UPDATE SET
                used_tokens = gateway_budgets.used_tokens + $2,
-               used_usd_cents = gateway_budgets.used_usd_cents + $3";
+               used_usd_cents = gateway_budgets.used_usd_cents + $3,
+               overage_tokens = gateway_budgets.overage_tokens + $4,
+               overage_usd_cents = gateway_budgets.overage_usd_cents + $5";
         for scope in &sorted(scopes) {
-            tx.execute(spend, args![scope, tokens, cents]).await?;
+            let a = args![scope, tokens, cents, over_t, over_c];
+            tx.execute(spend, a).await?;
         }
     }
     let done = "DELETE FROM gateway_reservations WHERE id = $1";
@@ -119,28 +132,10 @@ async fn settle_tx(
     Ok(fresh)
 }
 
-/// A settle run inside another store's transaction (hatchery_db::Joined):
-/// a session log commits the call's `model_call` event, the session's
-/// spend and the settle together. Declines when the reservation was
-/// settled before, which rolls the event back with it: a call is charged
-/// and logged once. On the control role it travels with the event to the
-/// session's owner, which runs it in its transaction (serialized; `fresh`
-/// stays behind).
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Settlement {
-    pub id: String,
-    pub scopes: Vec<String>,
-    pub actual: Amount,
-    /// Set once the settle committed: whether it recorded the spend.
-    #[serde(skip)]
-    pub fresh: bool,
-}
-
 #[async_trait]
 impl hatchery_db::Joined for Settlement {
     async fn write(&mut self, tx: &mut Tx, _: &[u64]) -> Result<bool, DbError> {
-        self.fresh = settle_tx(tx, &self.id, &self.scopes, self.actual).await?;
+        self.fresh = settle_tx(tx, &self.id, &self.scopes, self.actual, self.overage).await?;
         Ok(self.fresh)
     }
 }
@@ -175,7 +170,7 @@ async fn charge_whole(
         }
     }
     for e in &mut out {
-        let fresh = settle_tx(&mut tx, &e.id, &e.scopes, e.charged).await;
+        let fresh = settle_tx(&mut tx, &e.id, &e.scopes, e.charged, Amount::default()).await;
         if !fresh.map_err(err("charge a reservation whole"))? {
             e.charged = Amount::default();
         }
@@ -266,8 +261,22 @@ impl BudgetStore for GatewayStore {
         // was settled for. So a lost settle can only over-charge: the bound
         // holds. The reservation itself stays a durable commit: it is the
         // record that the call may go out.
+        let s = Settlement {
+            id: id.to_string(),
+            scopes: scopes.to_vec(),
+            actual,
+            overage: Amount::default(),
+            fresh: false,
+        };
+        self.settle_call(&s).await
+    }
+
+    async fn settle_call(&self, s: &Settlement) -> Result<bool, BudgetError> {
+        // Relaxed, as `settle` says; an overage lost with it only leaves
+        // the scope more room than the upstream's reports would: the
+        // recorded bound still holds.
         let mut tx = self.db.begin_relaxed().await.map_err(err("begin settle"))?;
-        let fresh = settle_tx(&mut tx, id, scopes, actual).await;
+        let fresh = settle_tx(&mut tx, &s.id, &s.scopes, s.actual, s.overage).await;
         let fresh = fresh.map_err(err("settle"))?;
         tx.commit().await.map_err(err("commit settle"))?;
         Ok(fresh)

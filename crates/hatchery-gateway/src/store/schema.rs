@@ -54,10 +54,11 @@ macro_rules! tables {
 /// database).
 pub const MIGRATIONS: Migrations = Migrations {
     product: "gateway",
-    steps: &[Step::Each {
-        sqlite: tables!(),
-        postgres: concat!(
-            "ALTER TABLE IF EXISTS budgets RENAME TO gateway_budgets;
+    steps: &[
+        Step::Each {
+            sqlite: tables!(),
+            postgres: concat!(
+                "ALTER TABLE IF EXISTS budgets RENAME TO gateway_budgets;
             ALTER TABLE IF EXISTS reservations RENAME TO gateway_reservations;
             ALTER TABLE IF EXISTS settlements RENAME TO gateway_settlements;
             ALTER TABLE IF EXISTS keys RENAME TO gateway_keys;
@@ -65,9 +66,18 @@ pub const MIGRATIONS: Migrations = Migrations {
             ALTER INDEX IF EXISTS reservations_scope RENAME TO gateway_reservations_scope;
             ALTER INDEX IF EXISTS reservations_expiry RENAME TO gateway_reservations_expiry;
             ",
-            tables!()
+                tables!()
+            ),
+        },
+        // What upstreams reported above their calls' reservations (never
+        // charged, see settle.rs), per scope: a scope whose used + overage no
+        // longer fits its limit takes no more reservations (issue 36), so
+        // an upstream that over-reports is not called on for ever.
+        Step::Both(
+            "ALTER TABLE gateway_budgets ADD COLUMN overage_tokens BIGINT NOT NULL DEFAULT 0;
+        ALTER TABLE gateway_budgets ADD COLUMN overage_usd_cents BIGINT NOT NULL DEFAULT 0;",
         ),
-    }],
+    ],
 };
 
 /// The previous release's SQLite file (DATA_DIR/gateway.db in the daemon),
