@@ -88,17 +88,38 @@ async fn a_key_keeps_its_own_secrets() {
     let d = Deployment::new().await;
     let secret = |name: &str| json!({"name": name, "value": "v-".to_string() + name});
     for who in [Principal::Operator, tenant(), tenant_b()] {
-        let (s, info) = d.call(who.clone(), "POST", "/v1/secrets", secret("GH_TOKEN")).await;
+        let (s, info) = d
+            .call(who.clone(), "POST", "/v1/secrets", secret("GH_TOKEN"))
+            .await;
         assert_eq!(s, StatusCode::CREATED, "{who:?}: {info}");
         assert_eq!(info["tenant"], json!(who.tenant()), "{info}");
     }
-    let (s, _) = d.call(tenant(), "POST", "/v1/secrets", secret("A_ONLY")).await;
+    let (s, _) = d
+        .call(tenant(), "POST", "/v1/secrets", secret("A_ONLY"))
+        .await;
     assert_eq!(s, StatusCode::CREATED);
-    let (s, e) = d.call(tenant(), "POST", "/v1/secrets", secret("GH_TOKEN")).await;
-    assert_eq!((s, code(&e)), (StatusCode::CONFLICT, "secret_exists"), "{e}");
+    let (s, e) = d
+        .call(tenant(), "POST", "/v1/secrets", secret("GH_TOKEN"))
+        .await;
+    assert_eq!(
+        (s, code(&e)),
+        (StatusCode::CONFLICT, "secret_exists"),
+        "{e}"
+    );
     // The E2B adapter's names are reserved for every key.
-    let (s, e) = d.call(tenant(), "POST", "/v1/secrets", secret("e2b.sbx_0123456789abcdef.0")).await;
-    assert_eq!((s, code(&e)), (StatusCode::BAD_REQUEST, "invalid_secret"), "{e}");
+    let (s, e) = d
+        .call(
+            tenant(),
+            "POST",
+            "/v1/secrets",
+            secret("e2b.sbx_0123456789abcdef.0"),
+        )
+        .await;
+    assert_eq!(
+        (s, code(&e)),
+        (StatusCode::BAD_REQUEST, "invalid_secret"),
+        "{e}"
+    );
 
     let listed = |v: &Value| -> Vec<(Value, String)> {
         v["secrets"]
@@ -111,25 +132,51 @@ async fn a_key_keeps_its_own_secrets() {
     let (_, a) = d.call(tenant(), "GET", "/v1/secrets", Value::Null).await;
     assert_eq!(
         listed(&a),
-        vec![(json!("ten_a"), "A_ONLY".into()), (json!("ten_a"), "GH_TOKEN".into())]
+        vec![
+            (json!("ten_a"), "A_ONLY".into()),
+            (json!("ten_a"), "GH_TOKEN".into())
+        ]
     );
     let (_, b) = d.call(tenant_b(), "GET", "/v1/secrets", Value::Null).await;
     assert_eq!(listed(&b), vec![(json!("ten_b"), "GH_TOKEN".into())]);
-    let (_, all) = d.call(Principal::Operator, "GET", "/v1/secrets", Value::Null).await;
+    let (_, all) = d
+        .call(Principal::Operator, "GET", "/v1/secrets", Value::Null)
+        .await;
     assert_eq!(listed(&all).len(), 4, "{all}");
 
     // Another's name is not there for a key: 404 as for a missing one,
     // and the secret stays.
-    let (s, e) = d.call(tenant_b(), "DELETE", "/v1/secrets/A_ONLY", Value::Null).await;
-    assert_eq!((s, code(&e)), (StatusCode::NOT_FOUND, "secret_not_found"), "{e}");
-    let (s, _) = d.call(Principal::Operator, "DELETE", "/v1/secrets/A_ONLY", Value::Null).await;
+    let (s, e) = d
+        .call(tenant_b(), "DELETE", "/v1/secrets/A_ONLY", Value::Null)
+        .await;
+    assert_eq!(
+        (s, code(&e)),
+        (StatusCode::NOT_FOUND, "secret_not_found"),
+        "{e}"
+    );
+    let (s, _) = d
+        .call(
+            Principal::Operator,
+            "DELETE",
+            "/v1/secrets/A_ONLY",
+            Value::Null,
+        )
+        .await;
     assert_eq!(s, StatusCode::NOT_FOUND);
-    assert_eq!(&d.secrets.reveal(Some("ten_a"), "A_ONLY").await.unwrap()[..], b"v-A_ONLY");
+    assert_eq!(
+        &d.secrets.reveal(Some("ten_a"), "A_ONLY").await.unwrap()[..],
+        b"v-A_ONLY"
+    );
     // Deleting its own leaves the others' of the same name.
-    let (s, _) = d.call(tenant_b(), "DELETE", "/v1/secrets/GH_TOKEN", Value::Null).await;
+    let (s, _) = d
+        .call(tenant_b(), "DELETE", "/v1/secrets/GH_TOKEN", Value::Null)
+        .await;
     assert_eq!(s, StatusCode::NO_CONTENT);
     assert!(d.secrets.reveal(Some("ten_b"), "GH_TOKEN").await.is_err());
-    assert_eq!(&d.secrets.reveal(Some("ten_a"), "GH_TOKEN").await.unwrap()[..], b"v-GH_TOKEN");
+    assert_eq!(
+        &d.secrets.reveal(Some("ten_a"), "GH_TOKEN").await.unwrap()[..],
+        b"v-GH_TOKEN"
+    );
     assert!(d.secrets.reveal(None, "GH_TOKEN").await.is_ok());
 }
 
@@ -140,7 +187,12 @@ async fn a_policy_binds_only_its_owners_secrets() {
         let d = &d;
         async move {
             let (s, _) = d
-                .call(who, "POST", "/v1/secrets", json!({"name": name, "value": "v"}))
+                .call(
+                    who,
+                    "POST",
+                    "/v1/secrets",
+                    json!({"name": name, "value": "v"}),
+                )
                 .await;
             assert_eq!(s, StatusCode::CREATED);
         }
@@ -152,7 +204,9 @@ async fn a_policy_binds_only_its_owners_secrets() {
     // The operator's secret, another tenant's, and a name nobody stored:
     // the same 400, so the refusal tells nothing of what others store.
     for name in ["OPERATORS", "B_ONLY", "NOT_STORED"] {
-        let (s, e) = d.call(tenant(), "POST", "/v1/policies", binding(name)).await;
+        let (s, e) = d
+            .call(tenant(), "POST", "/v1/policies", binding(name))
+            .await;
         assert_eq!(
             (s, code(&e)),
             (StatusCode::BAD_REQUEST, "unknown_secret"),
@@ -162,37 +216,80 @@ async fn a_policy_binds_only_its_owners_secrets() {
         assert!(msg.contains("tenant ten_a's secrets"), "{msg}");
     }
     // Its own: stored.
-    let (s, p) = d.call(tenant(), "POST", "/v1/policies", binding("A_OWN")).await;
+    let (s, p) = d
+        .call(tenant(), "POST", "/v1/policies", binding("A_OWN"))
+        .await;
     assert_eq!(s, StatusCode::CREATED, "{p}");
     let versions = format!("/v1/policies/{}/versions", p["id"].as_str().unwrap());
     // A version of a tenant's policy binds the tenant's secrets, whoever
     // writes it: the operator's own secret is not one of them.
     for who in [tenant(), Principal::Operator] {
-        let (s, e) = d.call(who.clone(), "POST", &versions, binding("OPERATORS")).await;
+        let (s, e) = d
+            .call(who.clone(), "POST", &versions, binding("OPERATORS"))
+            .await;
         assert_eq!(
             (s, code(&e)),
             (StatusCode::BAD_REQUEST, "unknown_secret"),
             "{who:?}: {e}"
         );
     }
-    let (s, v) = d.call(Principal::Operator, "POST", &versions, binding("A_OWN")).await;
-    assert_eq!((s, v["version"].clone()), (StatusCode::CREATED, json!(2)), "{v}");
+    let (s, v) = d
+        .call(Principal::Operator, "POST", &versions, binding("A_OWN"))
+        .await;
+    assert_eq!(
+        (s, v["version"].clone()),
+        (StatusCode::CREATED, json!(2)),
+        "{v}"
+    );
     // Another tenant does not reach it at all.
-    let (s, e) = d.call(tenant_b(), "POST", &versions, binding("B_ONLY")).await;
-    assert_eq!((s, code(&e)), (StatusCode::NOT_FOUND, "policy_not_found"), "{e}");
+    let (s, e) = d
+        .call(tenant_b(), "POST", &versions, binding("B_ONLY"))
+        .await;
+    assert_eq!(
+        (s, code(&e)),
+        (StatusCode::NOT_FOUND, "policy_not_found"),
+        "{e}"
+    );
 
     // A built-in policy: its names checked in the caller's own, then
     // read-only.
     let (s, e) = d
-        .call(tenant(), "POST", "/v1/policies/pol_standard/versions", binding("OPERATORS"))
+        .call(
+            tenant(),
+            "POST",
+            "/v1/policies/pol_standard/versions",
+            binding("OPERATORS"),
+        )
         .await;
-    assert_eq!((s, code(&e)), (StatusCode::BAD_REQUEST, "unknown_secret"), "{e}");
+    assert_eq!(
+        (s, code(&e)),
+        (StatusCode::BAD_REQUEST, "unknown_secret"),
+        "{e}"
+    );
 
     // The operator binds its own, not a tenant's.
-    let (s, p) = d.call(Principal::Operator, "POST", "/v1/policies", binding("OPERATORS")).await;
+    let (s, p) = d
+        .call(
+            Principal::Operator,
+            "POST",
+            "/v1/policies",
+            binding("OPERATORS"),
+        )
+        .await;
     assert_eq!(s, StatusCode::CREATED, "{p}");
-    let (s, e) = d.call(Principal::Operator, "POST", "/v1/policies", binding("A_OWN")).await;
-    assert_eq!((s, code(&e)), (StatusCode::BAD_REQUEST, "unknown_secret"), "{e}");
+    let (s, e) = d
+        .call(
+            Principal::Operator,
+            "POST",
+            "/v1/policies",
+            binding("A_OWN"),
+        )
+        .await;
+    assert_eq!(
+        (s, code(&e)),
+        (StatusCode::BAD_REQUEST, "unknown_secret"),
+        "{e}"
+    );
 }
 
 #[tokio::test]
