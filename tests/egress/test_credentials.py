@@ -14,10 +14,14 @@ test CA the daemon is told to trust with --egress-upstream-ca-file).
   rule allows (the host's end of the test's veth, on the bound port) is
   refused at the proxy with an `egress_denied` event;
 - the session's hash chain verifies, the credential events in it;
+- a tenant's own secret: a tenant key stores it under the name the
+  operator's also has, its policy binds it, and its session's curl gets
+  the tenant's value injected (never the operator's), with no byte of it
+  in the sandbox; another tenant neither lists, deletes nor binds it;
 - bad input at the edge: a secret bound to `*` or a TLD, injection into
   plain HTTP, an oversized or multi-line value, an unknown secret name,
-  an E2B sandbox's `e2b.` secret, a tenant key managing secrets or
-  binding one, a duplicate: each a 4xx, nothing stored."""
+  an E2B sandbox's `e2b.` secret, a tenant binding the operator's
+  secret, a duplicate: each a 4xx, nothing stored."""
 
 import json
 import os
@@ -34,6 +38,8 @@ from scripted_model import ScriptedModel
 from sessions_support import DEMO_FILES
 
 SECRET = "hx-secret-" + os.urandom(12).hex()
+# A tenant's value for the same name (SECRET_NAME): its session gets this.
+TENANT_SECRET = "hx-tenant-" + os.urandom(12).hex()
 SECRET_NAME = "API_TOKEN"
 PORT_BOUND, PORT_PLAIN = 8443, 9443
 
@@ -236,7 +242,14 @@ def commands(s):
 
 @pytest.fixture(scope="module")
 def model(server):
-    scripts = {"creds": [shell(c) for c in commands(server)] + [finish("done")]}
+    a = server.addr
+    tenant_cmds = [
+        f"curl -sS https://{a}:{PORT_BOUND}/api/tenant",
+        f"echo \"var=${SECRET_NAME}\"",
+        f"python3 /workspace/scan.py {TENANT_SECRET.encode().hex()}",
+    ]
+    scripts = {"creds": [shell(c) for c in commands(server)] + [finish("done")],
+               "tenant-creds": [shell(c) for c in tenant_cmds] + [finish("done")]}
     m = ScriptedModel(scripts).start()
     yield m
     m.stop()
@@ -262,6 +275,14 @@ def credential_policy(d, s, secret=SECRET_NAME, headers=None, path="/v1/policies
          "match": {"tools": ["egress"], "hosts": [f"{s.addr}/32"], "ports": [PORT_PLAIN]}},
     ]
     return d.request("POST", path, {"name": "credentials", "rules": rules}, headers=headers)
+
+
+def tenant_key(d, name):
+    """A new tenant's key, as request headers."""
+    t = d.request("POST", "/v1/tenants", {"name": name})
+    assert t.status == 201, t
+    key = d.request("POST", f"/v1/tenants/{t.json()['id']}/keys").json()["key"]
+    return {"Authorization": f"Bearer {key}"}
 
 
 def test_bad_input_is_refused_at_the_edge(cd, server):
@@ -302,30 +323,30 @@ def test_bad_input_is_refused_at_the_edge(cd, server):
             "credential": {**cred, "secret": "e2b.sbx_0123456789abcdef.0"}}
     r = cd.request("POST", "/v1/policies", {"name": "bad", "rules": [rule]})
     assert r.status == 400 and r.json()["error"]["code"] == "reserved_secret_name", r
-    # A tenant key cannot manage secrets.
-    t = cd.request("POST", "/v1/tenants", {"name": "t-creds"})
-    assert t.status == 201, t
-    key = cd.request("POST", f"/v1/tenants/{t.json()['id']}/keys").json()["key"]
-    as_tenant = {"Authorization": f"Bearer {key}"}
-    for method, path, body in (("GET", "/v1/secrets", None), ("POST", "/v1/secrets", {"name": "T", "value": "v"}),
-                               ("DELETE", "/v1/secrets/EDGE", None)):
-        r = cd.request(method, path, body, headers=as_tenant)
-        assert r.status == 403, (method, path, r)
-    # Nor bind one: a tenant's policy with a credential rule would send the
-    # operator's secret (EDGE, stored) to a host of the tenant's choosing
-    # from its own session. 403 whether the name is stored or not (no hint
-    # of which are), on a create and on a version of its own policy.
+    # A tenant key manages its own secrets only: the operator's EDGE is
+    # neither in its list nor deletable by it.
+    as_tenant = tenant_key(cd, "t-creds")
+    r = cd.request("POST", "/v1/secrets", {"name": "T", "value": "v"}, headers=as_tenant)
+    assert r.status == 201 and r.json()["tenant"].startswith("ten_"), r
+    listed = cd.request("GET", "/v1/secrets", headers=as_tenant).json()["secrets"]
+    assert [x["name"] for x in listed] == ["T"], listed
+    assert cd.request("DELETE", "/v1/secrets/EDGE", headers=as_tenant).status == 404
+    # Nor bind the operator's: a tenant's policy names only the tenant's
+    # own secrets. The same 400 as for a name nobody stored (no hint of
+    # what the operator stores), on a create and on a version of its own
+    # policy.
     for name in ("EDGE", "NOPE"):
         r = credential_policy(cd, server, secret=name, headers=as_tenant)
-        assert r.status == 403 and r.json()["error"]["code"] == "credential_rules_operator_only", (name, r)
+        assert r.status == 400 and r.json()["error"]["code"] == "unknown_secret", (name, r)
     own = cd.request("POST", "/v1/policies", {"name": "tenant-own", "rules": [
         {"id": "plain", "effect": "allow", "match": {"tools": ["egress"], "hosts": [server.addr], "ports": [443]}}]},
         headers=as_tenant)
     assert own.status == 201, own
     r = credential_policy(cd, server, secret="EDGE", headers=as_tenant,
                           path=f"/v1/policies/{own.json()['id']}/versions")
-    assert r.status == 403 and r.json()["error"]["code"] == "credential_rules_operator_only", r
+    assert r.status == 400 and r.json()["error"]["code"] == "unknown_secret", r
     assert cd.request("GET", f"/v1/policies/{own.json()['id']}", headers=as_tenant).json()["version"] == 1
+    assert cd.request("DELETE", "/v1/secrets/T", headers=as_tenant).status == 204
     assert cd.request("DELETE", "/v1/secrets/EDGE").status == 204
     assert cd.request("DELETE", "/v1/secrets/EDGE").status == 404
 
@@ -391,3 +412,56 @@ def test_credentials_never_enter_the_sandbox(cd, server, git_server):
     assert report["head"]["seq"] >= max(e["seq"] for e in uses + denied), (report, uses, denied)
     text = cd.request("GET", f"/v1/sessions/{sid}/events?limit=1").body.decode()
     assert SECRET not in text
+
+
+def test_a_tenants_secret_is_its_own(cd, server, git_server):
+    # The operator's secret of the same name (the test above may have
+    # stored it already).
+    r = cd.request("POST", "/v1/secrets", {"name": SECRET_NAME, "value": SECRET})
+    assert r.status in (201, 409), r
+    as_a, as_b = tenant_key(cd, "t-own-a"), tenant_key(cd, "t-own-b")
+    r = cd.request("POST", "/v1/secrets", {"name": SECRET_NAME, "value": TENANT_SECRET}, headers=as_a)
+    assert r.status == 201, r
+    tenant_a = r.json()["tenant"]
+    pol = credential_policy(cd, server, headers=as_a)
+    assert pol.status == 201, pol
+
+    # Another tenant: not in its list, not deletable, not bindable.
+    assert cd.request("GET", "/v1/secrets", headers=as_b).json()["secrets"] == []
+    r = cd.request("DELETE", f"/v1/secrets/{SECRET_NAME}", headers=as_b)
+    assert r.status == 404 and r.json()["error"]["code"] == "secret_not_found", r
+    r = credential_policy(cd, server, headers=as_b)
+    assert r.status == 400 and r.json()["error"]["code"] == "unknown_secret", r
+    # Nor does it reach the tenant's policy (to pin it).
+    assert cd.request("GET", f"/v1/policies/{pol.json()['id']}", headers=as_b).status == 404
+    # The operator sees every owner's.
+    owners = {(x["tenant"], x["name"]) for x in cd.request("GET", "/v1/secrets").json()["secrets"]}
+    assert {(None, SECRET_NAME), (tenant_a, SECRET_NAME)} <= owners, owners
+
+    repo = git_server.add_repo("tenant-creds", {**DEMO_FILES, "scan.py": SCAN})
+    before = len(server.requests())
+    r = cd.request("POST", "/v1/sessions", {
+        "repo": repo, "task": "[script:tenant-creds] use the API", "policy_id": pol.json()["id"],
+        "template": "agent-session", "budget": {"tokens": 200000, "wall_s": 600}}, headers=as_a)
+    assert r.status == 201, r
+    sid = r.json()["session_id"]
+    cd.wait_state(sid, "completed", timeout=300)
+    cd.track_sandboxes(sid)
+    evs = cd.all_events(sid)
+    out = [o.strip() for o in outputs(evs)]
+    # The server saw the tenant's value, not the operator's (its answer
+    # says `no-secret`: it looks for the operator's).
+    assert out[0] == f"{PORT_BOUND} /api/tenant no-secret", out
+    assert out[1] == f"var=hatchery-egress-injects-{SECRET_NAME}", out
+    assert out[2].startswith("clean ") and int(out[2].split()[1]) > 1000, out
+    seen = server.requests()[before:]
+    assert [(q["path"], q["auth"]) for q in seen] == [("/api/tenant", f"Bearer {TENANT_SECRET}")], seen
+    uses = [e for e in evs if e["type"] == "egress_credential"]
+    assert [(u["secret"], u["path"]) for u in uses] == [(SECRET_NAME, "/api/tenant")], uses
+    assert not any(TENANT_SECRET in json.dumps(e) or SECRET in json.dumps(e) for e in evs)
+    verify_chain(cd, sid)
+
+    # Deleted by its owner, it is gone for its owner only.
+    assert cd.request("DELETE", f"/v1/secrets/{SECRET_NAME}", headers=as_a).status == 204
+    assert cd.request("GET", "/v1/secrets", headers=as_a).json()["secrets"] == []
+    assert (None, SECRET_NAME) in {(x["tenant"], x["name"]) for x in cd.request("GET", "/v1/secrets").json()["secrets"]}

@@ -53,7 +53,7 @@ impl EgressHeaders for E2bHeaders {
     }
 
     async fn seal(&self, name: &str, value: &str) -> Result<(), HeaderError> {
-        match self.secrets.create(name, value).await {
+        match self.secrets.create(None, name, value).await {
             Ok(_) => Ok(()),
             Err(StoreError::TooMany(n)) => Err(HeaderError::Full(n)),
             Err(e) => Err(HeaderError::Store(Box::new(e))),
@@ -61,7 +61,7 @@ impl EgressHeaders for E2bHeaders {
     }
 
     async fn forget(&self, name: &str) {
-        match self.secrets.delete(name).await {
+        match self.secrets.delete(None, name).await {
             Ok(()) | Err(StoreError::NotFound(_)) => {}
             Err(e) => {
                 tracing::warn!(secret = name, error = %hatchery_serve::error_text::with_causes(&e),
@@ -73,7 +73,7 @@ impl EgressHeaders for E2bHeaders {
     async fn sealed(&self) -> Result<Vec<String>, HeaderError> {
         let all = self
             .secrets
-            .list()
+            .list(hatchery_secrets::Listing::Of(None))
             .await
             .map_err(|e| HeaderError::Store(Box::new(e)))?;
         Ok(all

@@ -68,6 +68,7 @@ impl SessionHooks for HostHooks {
                     session: s.id.clone(),
                     policy_id: s.spec.policy_id.clone(),
                     policy_version: s.spec.policy_version,
+                    tenant: s.spec.tenant.clone(),
                 },
             );
         }
@@ -223,9 +224,10 @@ struct SecretValues(hatchery_secrets::Secrets);
 impl hatchery_egress::CredentialSource for SecretValues {
     async fn reveal(
         &self,
+        tenant: Option<&str>,
         secret: &str,
     ) -> Result<hatchery_egress::Zeroizing<Vec<u8>>, hatchery_egress::SourceError> {
-        Ok(self.0.reveal(secret).await?)
+        Ok(self.0.reveal(tenant, secret).await?)
     }
 }
 

@@ -4,7 +4,8 @@
 //! a missing one does (404 `sandbox_not_found`/`snapshot_not_found`), so a
 //! key cannot learn what others have. `/v1/policies` is scoped by its own
 //! handlers (hatchery-policy: a tenant's own policies and the built-in
-//! ones), `/v1/sessions` and `/v1/rounds` by their routers' own key checks.
+//! ones), `/v1/secrets` too (hatchery-secrets: a tenant's own secrets),
+//! `/v1/sessions` and `/v1/rounds` by their routers' own key checks.
 //! Routes not scoped (templates other than reading the list or one of
 //! them, so a build's events too; the broker's operator routes, metrics,
 //! tenants) answer 403 `forbidden` to a tenant key.
@@ -51,6 +52,9 @@ fn target<'a>(method: &Method, path: &'a str) -> Target<'a> {
     match parts.as_slice() {
         ["v1", "sandboxes"] | ["v1", "snapshots"] => Target::Handler,
         ["v1", "policies", ..] => Target::Handler,
+        // Each key's own secrets: the handlers read and write only the
+        // caller's (hatchery-secrets http.rs).
+        ["v1", "secrets"] | ["v1", "secrets", _] => Target::Handler,
         ["v1", "sandboxes", id, ..] => Target::Sandbox(id),
         ["v1", "snapshots", id, ..] => Target::Snapshot(id),
         // The list and one template's view only: builds and their logs
@@ -239,6 +243,9 @@ mod tests {
             (&get, "/v1/tenants", Target::Forbidden),
             (&get, "/v1/policies", Target::Handler),
             (&post, "/v1/policies/pol_a/versions", Target::Handler),
+            (&get, "/v1/secrets", Target::Handler),
+            (&Method::DELETE, "/v1/secrets/GH_TOKEN", Target::Handler),
+            (&get, "/v1/secrets/GH_TOKEN/x", Target::Forbidden),
             (&get, "/metrics", Target::Forbidden),
             (&get, "/v1/broker/calls", Target::Forbidden),
         ];

@@ -45,6 +45,11 @@ pub trait PolicySource: Send + Sync + 'static {
 pub struct SessionPolicy {
     pub policy: Arc<Policy>,
     pub version: Option<u32>,
+    /// Whose secrets the policy's credential rules name: the session's
+    /// tenant (`None`: the operator's). The proxy reads values only there,
+    /// so a tenant's session never gets another owner's secret of the
+    /// same name, whatever its policy says.
+    pub tenant: Option<String>,
 }
 
 impl From<Arc<Policy>> for SessionPolicy {
@@ -52,6 +57,7 @@ impl From<Arc<Policy>> for SessionPolicy {
         SessionPolicy {
             policy,
             version: None,
+            tenant: None,
         }
     }
 }
@@ -101,13 +107,22 @@ struct Decision {
     first: FirstBytes,
     /// The intent's fields (status 200, "allowed").
     ok: Refusal,
-    /// A CONNECT to a destination credential rules name: intercepted with
-    /// these bindings (in rule order) instead of tunnelled.
-    /// Whether it is TLS (a CONNECT) or a forwarded plain request.
-    intercept: Option<(Vec<hatchery_policy::Credential>, bool)>,
+    /// A CONNECT to a destination credential rules name: intercepted
+    /// instead of tunnelled.
+    intercept: Option<Intercepted>,
     /// A `require_approval` rule decided: the connection waits for an
     /// approval before the dial.
     hold: Option<Hold>,
+}
+
+/// How a destination credential rules name is intercepted.
+struct Intercepted {
+    /// The bindings, in rule order.
+    credentials: Vec<hatchery_policy::Credential>,
+    /// Whether it is TLS (a CONNECT) or a forwarded plain request.
+    tls: bool,
+    /// Whose secrets the values are read from (the session's tenant).
+    tenant: Option<String>,
 }
 
 /// What a held connection is asked about, beyond its host and port.
@@ -387,7 +402,15 @@ impl Proxy {
         };
         self.count(Verdict::Allowed, d.ok.status);
         let mut moved = (0, 0);
-        if let (Some((credentials, tls)), Some(ix)) = (d.intercept, self.interception.as_ref()) {
+        if let (
+            Some(Intercepted {
+                credentials,
+                tls,
+                tenant,
+            }),
+            Some(ix),
+        ) = (d.intercept, self.interception.as_ref())
+        {
             let reply = d.first.reply.unwrap_or_default();
             if sock.write_all(reply.as_bytes()).await.is_ok() {
                 self.metrics.tunnels_open.inc();
@@ -399,6 +422,7 @@ impl Proxy {
                     policy_version: d.ok.policy_version,
                     credentials,
                     tls,
+                    tenant,
                     peer,
                     ip: d.addr.ip(),
                     hold: request_hold,
@@ -598,7 +622,11 @@ impl Proxy {
             r.policy_version = version;
             return Err(with_target(r));
         } else {
-            Some((creds, tls))
+            Some(Intercepted {
+                credentials: creds,
+                tls,
+                tenant: policy.tenant.clone(),
+            })
         };
         if intercept.is_some() && !tls {
             // The guest's request as it came, replayed into the relay

@@ -44,14 +44,36 @@ impl PolicySource for Fixed {
     }
 }
 
+/// A tenant's session's policy: its secrets are read in the tenant.
+struct OfTenant(Arc<Policy>, &'static str);
+
+#[async_trait::async_trait]
+impl PolicySource for OfTenant {
+    async fn policy_for(&self, _: &str) -> Result<hatchery_egress::SessionPolicy, SourceError> {
+        Ok(hatchery_egress::SessionPolicy {
+            policy: self.0.clone(),
+            version: None,
+            tenant: Some(self.1.to_string()),
+        })
+    }
+}
+
+/// ten_a's TOKEN, a value of its own (the operator's is SECRET).
+const TEN_A_SECRET: &str = "ten-a-own-token-value";
+
 struct Vault;
 
 #[async_trait::async_trait]
 impl CredentialSource for Vault {
-    async fn reveal(&self, secret: &str) -> Result<Zeroizing<Vec<u8>>, SourceError> {
-        match secret {
-            "TOKEN" => Ok(Zeroizing::new(SECRET.as_bytes().to_vec())),
-            other => Err(format!("no secret {other}").into()),
+    async fn reveal(
+        &self,
+        tenant: Option<&str>,
+        secret: &str,
+    ) -> Result<Zeroizing<Vec<u8>>, SourceError> {
+        match (tenant, secret) {
+            (None, "TOKEN") => Ok(Zeroizing::new(SECRET.as_bytes().to_vec())),
+            (Some("ten_a"), "TOKEN") => Ok(Zeroizing::new(TEN_A_SECRET.as_bytes().to_vec())),
+            (t, other) => Err(format!("{t:?} has no secret {other}").into()),
         }
     }
 }
@@ -200,6 +222,11 @@ struct Setup {
 }
 
 async fn setup() -> Setup {
+    setup_for(None).await
+}
+
+/// The proxy for one session, the operator's (`None`) or `tenant`'s.
+async fn setup_for(tenant: Option<&'static str>) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let tls = test_ca(dir.path());
     let log = Arc::new(Log::default());
@@ -221,9 +248,13 @@ async fn setup() -> Setup {
         upstream: upstream_config(&dir.path().join("test-ca.pem")).unwrap(),
         secrets: Arc::new(Vault),
     };
+    let policies: Arc<dyn PolicySource> = match tenant {
+        None => Arc::new(Fixed(policy)),
+        Some(t) => Arc::new(OfTenant(policy, t)),
+    };
     let proxy = Proxy::with_interception(
         Arc::new(OneSession),
-        Arc::new(Fixed(policy)),
+        policies,
         Arc::new(Recorder(log.clone())),
         Limits::default(),
         Some(Arc::new(ix)),
@@ -259,6 +290,32 @@ async fn curl(s: &Setup, ca: &str, url: &str, extra: &[&str]) -> (i32, String, S
         String::from_utf8_lossy(&out.stdout).into(),
         String::from_utf8_lossy(&out.stderr).into(),
     )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_session_gets_its_tenants_secret_and_no_one_elses() {
+    let ca = "egress-ca/ca.pem";
+    // ten_a's session: its own TOKEN, never the operator's.
+    let s = setup_for(Some("ten_a")).await;
+    let url = format!("https://127.0.0.1:{}/api/x", s.origin.port());
+    let (rc, out, err) = curl(&s, ca, &url, &[]).await;
+    assert_eq!(rc, 0, "{err}");
+    assert_eq!(
+        out.trim(),
+        format!("target=/api/x auth=Bearer {TEN_A_SECRET}")
+    );
+    // ten_b has no TOKEN: refused, with neither ten_a's nor the
+    // operator's sent, and the origin never asked.
+    let s = setup_for(Some("ten_b")).await;
+    let url = format!("https://127.0.0.1:{}/api/x", s.origin.port());
+    let (_, out, _) = curl(&s, ca, &url, &["-w", " %{http_code}"]).await;
+    assert!(out.trim().ends_with(" 503"), "{out}");
+    assert!(
+        !out.contains(SECRET) && !out.contains(TEN_A_SECRET),
+        "{out}"
+    );
+    let log = s.log.all();
+    assert!(!log.iter().any(|l| l.starts_with("origin")), "{log:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

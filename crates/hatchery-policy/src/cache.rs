@@ -31,16 +31,16 @@ impl CompiledPolicies {
             return Ok(p.clone());
         }
         let stored = self.store.version(id, version).await?;
-        // A version written before `/v1/policies` checked whose secrets
-        // it binds (secret_scope.rs) is not used: a tenant's credential
-        // rule would send the operator's secret where the tenant says.
-        crate::secret_scope::check(&stored.document, stored.tenant.as_deref()).map_err(
-            |source| StoreError::OutOfScope {
-                id: id.to_string(),
-                version,
-                source,
-            },
-        )?;
+        // A version written before `/v1/policies` checked which secrets
+        // it binds (secret_scope.rs) is not used: a rule naming an E2B
+        // sandbox's header value would send it where the rule says. (A
+        // tenant's rule is used: the proxy reads its secrets in the
+        // session's tenant, hatchery-secrets.)
+        crate::secret_scope::check(&stored.document).map_err(|source| StoreError::OutOfScope {
+            id: id.to_string(),
+            version,
+            source,
+        })?;
         // Stored documents were valid when written; compiling again guards
         // against a store edited behind our back.
         let p = Arc::new(Policy::compile(&stored.document)?);
@@ -113,31 +113,26 @@ mod tests {
             .unwrap()
         };
         // Written straight to the store, as before the API checked them.
-        let tenants = store.create(doc("GH_TOKEN"), Some("ten_a")).await.unwrap();
         let adapters = store
             .create(doc("e2b.sbx_0123456789abcdef.0"), None)
             .await
             .unwrap();
         let operators = store.create(doc("GH_TOKEN"), None).await.unwrap();
+        let tenants = store.create(doc("GH_TOKEN"), Some("ten_a")).await.unwrap();
         let cache = CompiledPolicies::new(store.clone());
-        for p in [&tenants, &adapters] {
-            assert!(
-                matches!(
-                    cache.get(&p.id, 1).await,
-                    Err(StoreError::OutOfScope { .. })
-                ),
+        assert!(matches!(
+            cache.get(&adapters.id, 1).await,
+            Err(StoreError::OutOfScope { .. })
+        ));
+        // An operator's and a tenant's own binding are used (each reads
+        // its secrets in the session's tenant at the proxy).
+        for p in [&operators, &tenants] {
+            assert_eq!(
+                cache.get(&p.id, 1).await.unwrap().credentials().count(),
+                1,
                 "{}",
                 p.id
             );
         }
-        assert_eq!(
-            cache
-                .get(&operators.id, 1)
-                .await
-                .unwrap()
-                .credentials()
-                .count(),
-            1
-        );
     }
 }

@@ -64,13 +64,15 @@ impl From<StoreError> for HttpError {
     }
 }
 
-/// Which secret names are not stored: a policy whose credential rules name
-/// one is refused (400 `unknown_secret`) before it is stored. The daemon
-/// passes its secrets store (hatchery-secrets).
+/// Which secret names `owner` (a tenant; `None`: the operator) has not
+/// stored: a policy whose credential rules name one is refused (400
+/// `unknown_secret`) before it is stored. The daemon passes its secrets
+/// store (hatchery-secrets).
 #[async_trait::async_trait]
 pub trait SecretNames: Send + Sync + 'static {
     async fn missing(
         &self,
+        owner: Option<String>,
         names: Vec<String>,
     ) -> Result<Vec<String>, Box<dyn std::error::Error + Send + Sync>>;
 }
@@ -117,26 +119,29 @@ pub fn router_with_secrets(
         .with_state(Api { store, secrets })
 }
 
-/// The document binds only secrets a policy of `owner` (`None`: the
-/// operator) may bind (secret_scope.rs): a tenant's none (403
-/// `credential_rules_operator_only`), nobody's an E2B sandbox's own (400
-/// `reserved_secret_name`). Runs before [`check_secrets`], so a tenant
-/// cannot learn which names are stored.
-fn check_scope(doc: &PolicyDocument, owner: Option<&str>) -> Result<(), HttpError> {
+/// No document binds an E2B sandbox's own secret (secret_scope.rs, 400
+/// `reserved_secret_name`).
+fn check_scope(doc: &PolicyDocument) -> Result<(), HttpError> {
     use crate::secret_scope::ScopeError;
-    crate::secret_scope::check(doc, owner).map_err(|e| {
+    crate::secret_scope::check(doc).map_err(|e| {
         let (status, code) = match &e {
-            ScopeError::TenantCredential { .. } => {
-                (StatusCode::FORBIDDEN, "credential_rules_operator_only")
-            }
             ScopeError::AdapterSecret { .. } => (StatusCode::BAD_REQUEST, "reserved_secret_name"),
         };
         HttpError::new(status, code, e.to_string())
     })
 }
 
-/// Every secret the document's credential rules name must exist.
-async fn check_secrets(api: &Api, doc: &PolicyDocument) -> Result<(), HttpError> {
+/// Every secret the document's credential rules name must be one `owner`
+/// (the policy's: a tenant, or `None` for the operator) has stored. A
+/// tenant's policy naming the operator's or another tenant's secret is
+/// refused as for a name nobody stored (400 `unknown_secret`), so the
+/// answer tells a tenant nothing of others' names; at use, the proxy
+/// reads names in the session's tenant whatever a document says.
+async fn check_secrets(
+    api: &Api,
+    doc: &PolicyDocument,
+    owner: Option<&str>,
+) -> Result<(), HttpError> {
     let mut names: Vec<String> = doc
         .rules
         .iter()
@@ -149,7 +154,7 @@ async fn check_secrets(api: &Api, doc: &PolicyDocument) -> Result<(), HttpError>
     names.dedup();
     let missing = match &api.secrets {
         None => names,
-        Some(s) => s.missing(names).await.map_err(|e| {
+        Some(s) => s.missing(owner.map(str::to_string), names).await.map_err(|e| {
             let request_id = format!("req_{:016x}", rand::random::<u64>());
             tracing::error!(%request_id, error = %hatchery_serve::error_text::with_causes(&*e), "secret names not checked");
             HttpError::new(
@@ -166,7 +171,11 @@ async fn check_secrets(api: &Api, doc: &PolicyDocument) -> Result<(), HttpError>
             StatusCode::BAD_REQUEST,
             "unknown_secret",
             format!(
-                "credential rules name secrets that are not stored: {}",
+                "credential rules name secrets that are not among {}: {}",
+                match owner {
+                    Some(t) => format!("tenant {t}'s secrets (a policy binds only its owner's)"),
+                    None => "the operator's secrets".to_string(),
+                },
                 missing.join(", ")
             ),
         ))
@@ -219,8 +228,7 @@ pub struct PolicyList {
 /// Create a policy; it starts at version 1.
 #[utoipa::path(post, path = "/v1/policies", tag = "policies", request_body = PolicyDocument,
     responses((status = 201, body = StoredPolicy),
-              (status = 400, body = ErrorBody, description = "invalid_policy: the message names the rule (index and id); unknown_secret; reserved_secret_name: a credential rule names an `e2b.` secret"),
-              (status = 403, body = ErrorBody, description = "credential_rules_operator_only: a tenant key's document has a credential rule"),
+              (status = 400, body = ErrorBody, description = "invalid_policy: the message names the rule (index and id); unknown_secret: a credential rule names a secret the caller has not stored (a tenant's policy binds only the tenant's own); reserved_secret_name: a credential rule names an `e2b.` secret"),
               (status = 413, body = ErrorBody)))]
 pub async fn create(
     State(api): State<Api>,
@@ -229,8 +237,8 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<StoredPolicy>), HttpError> {
     let doc = parse_doc(body)?;
     crate::compile::Policy::compile(&doc).map_err(StoreError::from)?;
-    check_scope(&doc, tenant_of(&who))?;
-    check_secrets(&api, &doc).await?;
+    check_scope(&doc)?;
+    check_secrets(&api, &doc, tenant_of(&who)).await?;
     let p = api.store.create(doc, tenant_of(&who)).await?;
     tracing::info!(policy = %p.id, version = p.version, rules = p.document.rules.len(), "policy created");
     Ok((StatusCode::CREATED, Json(p)))
@@ -241,8 +249,7 @@ pub async fn create(
 #[utoipa::path(post, path = "/v1/policies/{id}/versions", tag = "policies", request_body = PolicyDocument,
     params(("id" = String, Path)),
     responses((status = 201, body = StoredPolicy),
-              (status = 400, body = ErrorBody, description = "as for a create"),
-              (status = 403, body = ErrorBody, description = "credential_rules_operator_only: a credential rule from a tenant key, or in a tenant's policy"),
+              (status = 400, body = ErrorBody, description = "as for a create; a credential rule's secret must be the policy's owner's"),
               (status = 404, body = ErrorBody),
               (status = 409, body = ErrorBody, description = "policy_read_only: pol_standard")))]
 pub async fn add_version(
@@ -258,14 +265,13 @@ pub async fn add_version(
     let head = visible(api.store.latest(&id).await?, &who)?;
     let doc = parse_doc(body)?;
     crate::compile::Policy::compile(&doc).map_err(StoreError::from)?;
-    // A tenant caller, or a tenant's policy: a tenant's policy binds no
-    // secret even in a version the operator writes (the tenant's sessions
-    // would use it; cache.rs refuses it at use). The caller too, for a
-    // tenant writing to a built-in policy: refused as read-only only by
-    // the store, after the secrets check would have told it which names
-    // are stored.
-    check_scope(&doc, tenant_of(&who).or(head.tenant.as_deref()))?;
-    check_secrets(&api, &doc).await?;
+    // The policy's owner's secrets, even in a version the operator writes
+    // (the tenant's sessions use it, and read its secrets in the tenant).
+    // The caller's, for a tenant writing to a built-in policy: refused as
+    // read-only only by the store, after this check, which then names
+    // only the caller's own.
+    check_scope(&doc)?;
+    check_secrets(&api, &doc, head.tenant.as_deref().or(tenant_of(&who))).await?;
     let p = api.store.add_version(&id, doc).await?;
     tracing::info!(policy = %p.id, version = p.version, rules = p.document.rules.len(), "policy version added");
     Ok((StatusCode::CREATED, Json(p)))

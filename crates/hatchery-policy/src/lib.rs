@@ -9,8 +9,8 @@
 //!   deployment's one database ([`DbPolicyStore`], SQLite or PostgreSQL);
 //!   [`store::conformance`] is its contract.
 //! - [`http`]: the `/v1/policies` router; [`openapi`]: its document.
-//! - [`secret_scope`]: who may bind which secrets (the operator, never an
-//!   E2B sandbox's own).
+//! - [`secret_scope`]: which secrets no stored policy binds (an E2B
+//!   sandbox's own); a policy's names are its owner's (http.rs).
 //!
 //! docs/policy.md describes the format and `pol_standard`.
 

@@ -3,10 +3,12 @@
 //! stored version is compiled for use (cache.rs), so a version written
 //! before these checks existed binds nothing it should not.
 //!
-//! - Secrets are the operator's (`/v1/secrets` takes only the operator
-//!   key), so only the operator binds them. A tenant's credential rule
-//!   could name the operator's secret with a host of the tenant's choosing,
-//!   and the tenant's own session's egress proxy would send it there.
+//! - Whose secrets a rule names is not a question for the document: a
+//!   policy's names are looked up among its owner's secrets when it is
+//!   written (http.rs, `unknown_secret` for a name its owner has not
+//!   stored, another owner's included), and the egress proxy reads a value
+//!   only in the session's tenant (hatchery-secrets), so a tenant's rule
+//!   never sends the operator's or another tenant's secret anywhere.
 //! - No stored document names an [`ADAPTER_PREFIX`] secret: those are the
 //!   E2B adapter's per-sandbox header values, which the adapter binds in a
 //!   policy it compiles itself (hatchery-e2b-backend `headers::policy`),
@@ -22,13 +24,6 @@ pub const ADAPTER_PREFIX: &str = "e2b.";
 /// Why a document may not bind a secret it names.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ScopeError {
-    /// A tenant's document with a credential rule. The secret's name is
-    /// not repeated: whether it exists is none of the tenant's business.
-    #[error(
-        "rule {index} (id {id:?}) binds a secret: credential rules are written with the operator key \
-         only (secrets are the operator's, and a tenant's rule could send one to a host of its choosing)"
-    )]
-    TenantCredential { index: usize, id: String },
     #[error(
         "rule {index} (id {id:?}) binds secret {secret:?}: names starting with \"{ADAPTER_PREFIX}\" are \
          E2B sandboxes' own header values, which only the E2B adapter binds"
@@ -40,17 +35,10 @@ pub enum ScopeError {
     },
 }
 
-/// Checks `doc`, written (or stored) by `tenant` (`None`: the operator).
-/// The first offending rule is named.
-pub fn check(doc: &PolicyDocument, tenant: Option<&str>) -> Result<(), ScopeError> {
+/// Checks `doc`, whoever wrote it: the first offending rule is named.
+pub fn check(doc: &PolicyDocument) -> Result<(), ScopeError> {
     for (index, rule) in doc.rules.iter().enumerate() {
         let Some(c) = &rule.credential else { continue };
-        if tenant.is_some() {
-            return Err(ScopeError::TenantCredential {
-                index,
-                id: rule.id.clone(),
-            });
-        }
         if c.secret.starts_with(ADAPTER_PREFIX) {
             return Err(ScopeError::AdapterSecret {
                 index,
@@ -79,30 +67,18 @@ mod tests {
     }
 
     #[test]
-    fn a_tenant_binds_no_secret() {
-        assert_eq!(check(&doc(None), Some("ten_a")), Ok(()));
-        let e = check(&doc(Some("GH_TOKEN")), Some("ten_a")).unwrap_err();
-        assert_eq!(
-            e,
-            ScopeError::TenantCredential {
-                index: 1,
-                id: "cred".into()
-            }
-        );
-        assert!(!e.to_string().contains("GH_TOKEN"), "{e}");
-        assert_eq!(check(&doc(Some("GH_TOKEN")), None), Ok(()));
+    fn a_plain_name_is_anyones_to_bind() {
+        assert_eq!(check(&doc(None)), Ok(()));
+        assert_eq!(check(&doc(Some("GH_TOKEN"))), Ok(()));
     }
 
     #[test]
     fn no_document_binds_an_e2b_sandboxs_value() {
-        for tenant in [None, Some("ten_a")] {
-            assert!(check(&doc(Some("e2b.sbx_0123456789abcdef.0")), tenant).is_err());
-        }
         assert!(matches!(
-            check(&doc(Some("e2b.sbx_0123456789abcdef.0")), None),
+            check(&doc(Some("e2b.sbx_0123456789abcdef.0"))),
             Err(ScopeError::AdapterSecret { index: 1, .. })
         ));
         // Only the prefix is reserved.
-        assert_eq!(check(&doc(Some("e2b_token")), None), Ok(()));
+        assert_eq!(check(&doc(Some("e2b_token"))), Ok(()));
     }
 }

@@ -1,9 +1,13 @@
 //! `/v1/secrets`: create, list and delete secrets; a value is accepted and
-//! never returned. Operator key only (a tenant key gets 403 here): the
-//! secrets are the operator's, and only the operator's policies bind them
-//! (hatchery-policy's secret_scope). Every failure is `{"error":{"code","message"}}`.
+//! never returned. The operator's key and tenants' keys each work on their
+//! own secrets: a tenant's key stores the tenant's, lists and deletes only
+//! those (another's name answers 404 `secret_not_found`, as a missing one
+//! does). The operator's list shows every owner's, each with its tenant.
+//! A policy binds only its owner's secrets (hatchery-policy http.rs), and
+//! the egress proxy reads them in the session's tenant. Every failure is
+//! `{"error":{"code","message"}}`.
 
-use crate::store::{SecretInfo, Secrets, StoreError, MAX_VALUE_BYTES};
+use crate::store::{Listing, Owner, SecretInfo, Secrets, StoreError, MAX_VALUE_BYTES};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, State};
@@ -74,17 +78,10 @@ pub struct SecretList {
 
 type Caller = Option<Extension<Principal>>;
 
-fn operator(caller: &Caller) -> Result<(), HttpError> {
-    match caller {
-        // No principal: a router mounted without the tenants layer (tests)
-        // behind the operator's key.
-        None | Some(Extension(Principal::Operator)) => Ok(()),
-        Some(Extension(Principal::Tenant(_))) => Err(HttpError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            "secrets are managed with the operator key only",
-        )),
-    }
+/// Whose secrets the caller works on. No principal: a router mounted
+/// without the tenants layer (tests) behind the operator's key.
+fn owner(caller: &Caller) -> Owner<'_> {
+    caller.as_ref().and_then(|Extension(p)| p.tenant())
 }
 
 pub fn router(secrets: Secrets) -> Router {
@@ -95,20 +92,19 @@ pub fn router(secrets: Secrets) -> Router {
         .with_state(secrets)
 }
 
-/// Store a secret. Its value is sealed with the deployment's key file and
-/// is never returned by any route.
+/// Store a secret: the caller's (a tenant key's secret is that tenant's,
+/// the operator key's the operator's). Its value is sealed with the
+/// deployment's key file and is never returned by any route.
 #[utoipa::path(post, path = "/v1/secrets", tag = "secrets", request_body = CreateSecret,
     responses((status = 201, body = SecretInfo),
               (status = 400, body = hatchery_serve::json_error::ErrorBody, description = "invalid_secret: name or value out of bounds, or a name reserved for E2B sandboxes (e2b.)"),
-              (status = 403, body = hatchery_serve::json_error::ErrorBody, description = "a tenant key"),
-              (status = 409, body = hatchery_serve::json_error::ErrorBody, description = "secret_exists, too_many_secrets"),
+              (status = 409, body = hatchery_serve::json_error::ErrorBody, description = "secret_exists (the caller has one of that name), too_many_secrets (the caller's cap)"),
               (status = 413, body = hatchery_serve::json_error::ErrorBody)))]
 pub async fn create(
     State(s): State<Secrets>,
     caller: Caller,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<SecretInfo>), HttpError> {
-    operator(&caller)?;
     let body = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             HttpError::new(
@@ -135,33 +131,38 @@ pub async fn create(
             format!("names starting with {RESERVED_PREFIX:?} are reserved for the header values of E2B sandboxes (docs/e2b.md)"),
         ));
     }
-    let info = s.create(&req.name, &req.value).await?;
-    tracing::info!(secret = %info.name, bytes = info.bytes, "secret stored");
+    let info = s.create(owner(&caller), &req.name, &req.value).await?;
+    tracing::info!(secret = %info.name, tenant = ?info.tenant, bytes = info.bytes, "secret stored");
     Ok((StatusCode::CREATED, Json(info)))
 }
 
-/// Every secret's name, length and creation time (never a value).
+/// Name, owner, length and creation time (never a value) of the caller's
+/// secrets; with the operator key, of every owner's.
 #[utoipa::path(get, path = "/v1/secrets", tag = "secrets",
-    responses((status = 200, body = SecretList), (status = 403, body = hatchery_serve::json_error::ErrorBody)))]
+    responses((status = 200, body = SecretList)))]
 pub async fn list(State(s): State<Secrets>, caller: Caller) -> Result<Json<SecretList>, HttpError> {
-    operator(&caller)?;
+    let which = match owner(&caller) {
+        None => Listing::All,
+        tenant => Listing::Of(tenant),
+    };
     Ok(Json(SecretList {
-        secrets: s.list().await?,
+        secrets: s.list(which).await?,
     }))
 }
 
-/// Delete a secret. A policy that names it stays; the proxy then refuses
-/// the requests it would have added it to (503, with an event).
+/// Delete one of the caller's secrets (the operator key: the operator's
+/// own). A policy that names it stays; the proxy then refuses the
+/// requests it would have added it to (503, with an event).
 #[utoipa::path(delete, path = "/v1/secrets/{name}", tag = "secrets", params(("name" = String, Path)),
-    responses((status = 204), (status = 403, body = hatchery_serve::json_error::ErrorBody),
-              (status = 404, body = hatchery_serve::json_error::ErrorBody)))]
+    responses((status = 204),
+              (status = 404, body = hatchery_serve::json_error::ErrorBody, description = "secret_not_found: the caller has no secret of that name (another owner's is not there for it)")))]
 pub async fn remove(
     State(s): State<Secrets>,
     caller: Caller,
     Path(name): Path<String>,
 ) -> Result<StatusCode, HttpError> {
-    operator(&caller)?;
-    s.delete(&name).await?;
-    tracing::info!(secret = %name, "secret deleted");
+    let who = owner(&caller);
+    s.delete(who, &name).await?;
+    tracing::info!(secret = %name, tenant = ?who, "secret deleted");
     Ok(StatusCode::NO_CONTENT)
 }

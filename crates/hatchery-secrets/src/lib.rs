@@ -7,8 +7,10 @@
 //!
 //! - [`key`]: the key file (made at first start, 0600, refused if looser).
 //! - [`seal`]: sealing and opening one value (the name is bound in).
-//! - [`store`]: the table (`secrets`) in the deployment's one database.
-//! - [`http`]: `/v1/secrets` (operator only); [`openapi`]: its document.
+//! - [`store`]: the table (`secrets`) in the deployment's one database;
+//!   each secret is the operator's or one tenant's.
+//! - [`http`]: `/v1/secrets` (the operator's key and tenants' keys, each
+//!   on its own secrets); [`openapi`]: its document.
 //!
 //! docs/policy.md, "Credentials", describes the model.
 
@@ -19,4 +21,4 @@ pub mod seal;
 pub mod store;
 
 pub use key::{KeyError, SecretKey};
-pub use store::{SecretInfo, Secrets, StoreError, MAX_SECRETS, MAX_VALUE_BYTES};
+pub use store::{Listing, Owner, SecretInfo, Secrets, StoreError, MAX_SECRETS, MAX_VALUE_BYTES};

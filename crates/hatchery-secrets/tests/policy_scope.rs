@@ -2,8 +2,9 @@
 //! them (hatcheryd host_role.rs): `/v1/policies` checking names against
 //! this crate's store, `/v1/secrets` beside it, one SQLite database, and
 //! the caller's principal in the request as the tenants layer puts it.
-//! A tenant's key writes no credential rule (the secrets are the
-//! operator's), and no key binds an E2B sandbox's `e2b.` header value.
+//! Each key keeps secrets of its own: a policy binds only its owner's
+//! (another owner's name is `unknown_secret`, as a name nobody stored),
+//! and no key binds an E2B sandbox's `e2b.` header value.
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
@@ -78,98 +79,217 @@ fn code(v: &Value) -> &str {
     v["error"]["code"].as_str().unwrap_or("")
 }
 
+fn tenant_b() -> Principal {
+    Principal::Tenant("ten_b".into())
+}
+
 #[tokio::test]
-async fn a_tenant_key_binds_no_secret() {
+async fn a_key_keeps_its_own_secrets() {
     let d = Deployment::new().await;
+    let secret = |name: &str| json!({"name": name, "value": "v-".to_string() + name});
+    for who in [Principal::Operator, tenant(), tenant_b()] {
+        let (s, info) = d
+            .call(who.clone(), "POST", "/v1/secrets", secret("GH_TOKEN"))
+            .await;
+        assert_eq!(s, StatusCode::CREATED, "{who:?}: {info}");
+        assert_eq!(info["tenant"], json!(who.tenant()), "{info}");
+    }
+    let (s, _) = d
+        .call(tenant(), "POST", "/v1/secrets", secret("A_ONLY"))
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let (s, e) = d
+        .call(tenant(), "POST", "/v1/secrets", secret("GH_TOKEN"))
+        .await;
+    assert_eq!(
+        (s, code(&e)),
+        (StatusCode::CONFLICT, "secret_exists"),
+        "{e}"
+    );
+    // The E2B adapter's names are reserved for every key.
+    let (s, e) = d
+        .call(
+            tenant(),
+            "POST",
+            "/v1/secrets",
+            secret("e2b.sbx_0123456789abcdef.0"),
+        )
+        .await;
+    assert_eq!(
+        (s, code(&e)),
+        (StatusCode::BAD_REQUEST, "invalid_secret"),
+        "{e}"
+    );
+
+    let listed = |v: &Value| -> Vec<(Value, String)> {
+        v["secrets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| (x["tenant"].clone(), x["name"].as_str().unwrap().to_string()))
+            .collect()
+    };
+    let (_, a) = d.call(tenant(), "GET", "/v1/secrets", Value::Null).await;
+    assert_eq!(
+        listed(&a),
+        vec![
+            (json!("ten_a"), "A_ONLY".into()),
+            (json!("ten_a"), "GH_TOKEN".into())
+        ]
+    );
+    let (_, b) = d.call(tenant_b(), "GET", "/v1/secrets", Value::Null).await;
+    assert_eq!(listed(&b), vec![(json!("ten_b"), "GH_TOKEN".into())]);
+    let (_, all) = d
+        .call(Principal::Operator, "GET", "/v1/secrets", Value::Null)
+        .await;
+    assert_eq!(listed(&all).len(), 4, "{all}");
+
+    // Another's name is not there for a key: 404 as for a missing one,
+    // and the secret stays.
+    let (s, e) = d
+        .call(tenant_b(), "DELETE", "/v1/secrets/A_ONLY", Value::Null)
+        .await;
+    assert_eq!(
+        (s, code(&e)),
+        (StatusCode::NOT_FOUND, "secret_not_found"),
+        "{e}"
+    );
     let (s, _) = d
         .call(
             Principal::Operator,
-            "POST",
-            "/v1/secrets",
-            json!({"name": "GH_TOKEN", "value": "ghp_x"}),
+            "DELETE",
+            "/v1/secrets/A_ONLY",
+            Value::Null,
         )
         .await;
-    assert_eq!(s, StatusCode::CREATED);
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert_eq!(
+        &d.secrets.reveal(Some("ten_a"), "A_ONLY").await.unwrap()[..],
+        b"v-A_ONLY"
+    );
+    // Deleting its own leaves the others' of the same name.
+    let (s, _) = d
+        .call(tenant_b(), "DELETE", "/v1/secrets/GH_TOKEN", Value::Null)
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    assert!(d.secrets.reveal(Some("ten_b"), "GH_TOKEN").await.is_err());
+    assert_eq!(
+        &d.secrets.reveal(Some("ten_a"), "GH_TOKEN").await.unwrap()[..],
+        b"v-GH_TOKEN"
+    );
+    assert!(d.secrets.reveal(None, "GH_TOKEN").await.is_ok());
+}
 
-    // The operator's secret, and a name that is not stored: the same 403
-    // (not unknown_secret), so the refusal tells nothing of what is stored.
-    for name in ["GH_TOKEN", "NOT_STORED"] {
+#[tokio::test]
+async fn a_policy_binds_only_its_owners_secrets() {
+    let d = Deployment::new().await;
+    let store = |who: Principal, name: &'static str| {
+        let d = &d;
+        async move {
+            let (s, _) = d
+                .call(
+                    who,
+                    "POST",
+                    "/v1/secrets",
+                    json!({"name": name, "value": "v"}),
+                )
+                .await;
+            assert_eq!(s, StatusCode::CREATED);
+        }
+    };
+    store(Principal::Operator, "OPERATORS").await;
+    store(tenant_b(), "B_ONLY").await;
+    store(tenant(), "A_OWN").await;
+
+    // The operator's secret, another tenant's, and a name nobody stored:
+    // the same 400, so the refusal tells nothing of what others store.
+    for name in ["OPERATORS", "B_ONLY", "NOT_STORED"] {
         let (s, e) = d
             .call(tenant(), "POST", "/v1/policies", binding(name))
             .await;
         assert_eq!(
             (s, code(&e)),
-            (StatusCode::FORBIDDEN, "credential_rules_operator_only"),
+            (StatusCode::BAD_REQUEST, "unknown_secret"),
             "{name}: {e}"
         );
         let msg = e["error"]["message"].as_str().unwrap();
-        assert!(
-            msg.contains("rule 0 (id \"steal\")") && msg.contains("operator key"),
-            "{msg}"
-        );
-        assert!(!msg.contains(name), "{msg}");
+        assert!(msg.contains("tenant ten_a's secrets"), "{msg}");
     }
-
-    // Its own policy: a version with a credential rule is refused too, by
-    // the tenant and by the operator (a tenant's policy binds nothing),
-    // and the policy stays at version 1.
-    let (s, p) = d.call(tenant(), "POST", "/v1/policies", plain()).await;
+    // Its own: stored.
+    let (s, p) = d
+        .call(tenant(), "POST", "/v1/policies", binding("A_OWN"))
+        .await;
     assert_eq!(s, StatusCode::CREATED, "{p}");
     let versions = format!("/v1/policies/{}/versions", p["id"].as_str().unwrap());
+    // A version of a tenant's policy binds the tenant's secrets, whoever
+    // writes it: the operator's own secret is not one of them.
     for who in [tenant(), Principal::Operator] {
         let (s, e) = d
-            .call(who.clone(), "POST", &versions, binding("GH_TOKEN"))
+            .call(who.clone(), "POST", &versions, binding("OPERATORS"))
             .await;
         assert_eq!(
             (s, code(&e)),
-            (StatusCode::FORBIDDEN, "credential_rules_operator_only"),
+            (StatusCode::BAD_REQUEST, "unknown_secret"),
             "{who:?}: {e}"
         );
     }
-    let (s, v) = d.call(tenant(), "POST", &versions, plain()).await;
+    let (s, v) = d
+        .call(Principal::Operator, "POST", &versions, binding("A_OWN"))
+        .await;
     assert_eq!(
         (s, v["version"].clone()),
         (StatusCode::CREATED, json!(2)),
         "{v}"
     );
+    // Another tenant does not reach it at all.
+    let (s, e) = d
+        .call(tenant_b(), "POST", &versions, binding("B_ONLY"))
+        .await;
+    assert_eq!(
+        (s, code(&e)),
+        (StatusCode::NOT_FOUND, "policy_not_found"),
+        "{e}"
+    );
 
-    // A built-in policy: refused for the binding before the store says
-    // read-only (and before the secrets are looked up).
+    // A built-in policy: its names checked in the caller's own, then
+    // read-only.
     let (s, e) = d
         .call(
             tenant(),
             "POST",
             "/v1/policies/pol_standard/versions",
-            binding("NOT_STORED"),
+            binding("OPERATORS"),
         )
         .await;
     assert_eq!(
         (s, code(&e)),
-        (StatusCode::FORBIDDEN, "credential_rules_operator_only"),
+        (StatusCode::BAD_REQUEST, "unknown_secret"),
         "{e}"
     );
 
-    // Nothing of the tenant's binds a secret.
-    let (s, list) = d.call(tenant(), "GET", "/v1/policies", Value::Null).await;
-    assert_eq!(s, StatusCode::OK);
-    let names: Vec<&str> = list["policies"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| p["name"].as_str().unwrap())
-        .collect();
-    assert!(!names.contains(&"exfil"), "{list}");
-
-    // The operator binds its own secret.
+    // The operator binds its own, not a tenant's.
     let (s, p) = d
         .call(
             Principal::Operator,
             "POST",
             "/v1/policies",
-            binding("GH_TOKEN"),
+            binding("OPERATORS"),
         )
         .await;
     assert_eq!(s, StatusCode::CREATED, "{p}");
+    let (s, e) = d
+        .call(
+            Principal::Operator,
+            "POST",
+            "/v1/policies",
+            binding("A_OWN"),
+        )
+        .await;
+    assert_eq!(
+        (s, code(&e)),
+        (StatusCode::BAD_REQUEST, "unknown_secret"),
+        "{e}"
+    );
 }
 
 #[tokio::test]
@@ -179,7 +299,7 @@ async fn no_key_binds_an_e2b_sandboxs_header_value() {
     // refuses the name): it exists, so only the name's prefix refuses it.
     let sbx_value = "e2b.sbx_0123456789abcdef.0";
     d.secrets
-        .create(sbx_value, "another sandbox's header")
+        .create(None, sbx_value, "another sandbox's header")
         .await
         .unwrap();
     let (s, e) = d
@@ -217,13 +337,13 @@ async fn no_key_binds_an_e2b_sandboxs_header_value() {
         "{e}"
     );
 
-    // A tenant: refused for binding anything at all.
+    // A tenant: the same.
     let (s, e) = d
         .call(tenant(), "POST", "/v1/policies", binding(sbx_value))
         .await;
     assert_eq!(
         (s, code(&e)),
-        (StatusCode::FORBIDDEN, "credential_rules_operator_only"),
+        (StatusCode::BAD_REQUEST, "reserved_secret_name"),
         "{e}"
     );
 }

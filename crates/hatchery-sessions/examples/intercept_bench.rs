@@ -50,8 +50,12 @@ struct SecretValues(hatchery_secrets::Secrets);
 
 #[async_trait::async_trait]
 impl CredentialSource for SecretValues {
-    async fn reveal(&self, secret: &str) -> Result<Zeroizing<Vec<u8>>, SourceError> {
-        Ok(self.0.reveal(secret).await?)
+    async fn reveal(
+        &self,
+        tenant: Option<&str>,
+        secret: &str,
+    ) -> Result<Zeroizing<Vec<u8>>, SourceError> {
+        Ok(self.0.reveal(tenant, secret).await?)
     }
 }
 
@@ -236,7 +240,7 @@ async fn daemon(dir: &Path, doc: PolicyDocument) -> Arc<hatchery_sessions::egres
         .await
         .unwrap();
     secrets
-        .create(SECRET, "bench-token-0123456789")
+        .create(None, SECRET, "bench-token-0123456789")
         .await
         .unwrap();
     let policies = Arc::new(DbPolicyStore::open(db).await.unwrap());
@@ -283,6 +287,7 @@ async fn daemon(dir: &Path, doc: PolicyDocument) -> Arc<hatchery_sessions::egres
             session: SESSION.into(),
             policy_id: pol.id,
             policy_version: pol.version,
+            tenant: None,
         },
     );
     link

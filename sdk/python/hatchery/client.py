@@ -1279,10 +1279,11 @@ class Policies:
 
 
 class Secrets:
-    """Secrets for credential rules (docs/policy.md, "Credentials"):
-    operator key only. A value is write-only: the egress proxy adds it to
-    the requests a policy's credential rule names, and no route returns
-    it."""
+    """Secrets for credential rules (docs/policy.md, "Credentials"): each
+    key works on its own (a tenant key's are its tenant's; the operator
+    key lists every owner's). A value is write-only: the egress proxy adds
+    it to the requests a policy's credential rule names, and no route
+    returns it."""
 
     @staticmethod
     def create(name: str, value: str, *, client: Optional[Client] = None) -> Secret:

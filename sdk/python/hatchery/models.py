@@ -286,12 +286,14 @@ class Tenant:
 
 @dataclass
 class Secret:
-    """A stored secret as the API shows it (`/v1/secrets`, operator key
-    only): its name, its value's length and when it was stored; never the
-    value."""
+    """A stored secret as the API shows it (`/v1/secrets`): its name, its
+    owner, its value's length and when it was stored; never the value."""
     name: str
     bytes: int
     created_at: str
+    #: The tenant whose key stored it (None: the operator's). A tenant's
+    #: policies bind only its own, and its sessions get only its own.
+    tenant: Optional[str] = None
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod

@@ -235,10 +235,10 @@ export const TENANT_PATCH_FIELDS = { name: "name", limits: "limits" } as const s
 /** Camel-case limits -> the wire's. */
 export const limitsToWire = (l: Limits): wire.Limits => toWire<wire.Limits>(LIMITS_FIELDS, l);
 
-// Secrets (docs/policy.md, "Credentials"): operator key only ----------------
+// Secrets (docs/policy.md, "Credentials"): each key's own ------------------
 
 export const SECRET_FIELDS = {
-  name: "name", bytes: "bytes", created_at: "createdAt",
+  name: "name", tenant: "tenant", bytes: "bytes", created_at: "createdAt",
 } as const satisfies FieldMap<wire.SecretInfo>;
 /** A stored secret as the API shows it: never its value. */
 export type Secret = Renamed<wire.SecretInfo, typeof SECRET_FIELDS>;

@@ -371,6 +371,7 @@ export interface SecretInfo {
   bytes: number;
   created_at: string;
   name: string;
+  tenant?: string | null;
 }
 
 export interface SecretList {

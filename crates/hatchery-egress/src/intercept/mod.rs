@@ -43,10 +43,15 @@ use tokio_rustls::rustls;
 use zeroize::Zeroizing;
 
 /// The secret values, read when a request gets one (the daemon's secrets
-/// store; tests use a map).
+/// store; tests use a map). `tenant` is the session's (`None`: the
+/// operator's): a value is read among that owner's secrets only.
 #[async_trait::async_trait]
 pub trait CredentialSource: Send + Sync + 'static {
-    async fn reveal(&self, secret: &str) -> Result<Zeroizing<Vec<u8>>, SourceError>;
+    async fn reveal(
+        &self,
+        tenant: Option<&str>,
+        secret: &str,
+    ) -> Result<Zeroizing<Vec<u8>>, SourceError>;
 }
 
 /// What the proxy needs to intercept: the CA the guest trusts, the TLS
@@ -67,6 +72,8 @@ pub(crate) struct Plan {
     pub credentials: Vec<Credential>,
     /// False only for a `scheme: "http"` binding (loopback test hosts).
     pub tls: bool,
+    /// Whose secrets are read: the session's tenant (`None`: the operator).
+    pub tenant: Option<String>,
     /// The guest's end and the address dialled (for refusal events).
     pub peer: std::net::SocketAddr,
     pub ip: std::net::IpAddr,
@@ -319,7 +326,7 @@ async fn forward(
     };
     let mut use_seqs = Vec::new();
     for c in inject::chosen(&plan.credentials, &method, &target) {
-        let value = match secrets.reveal(&c.secret).await {
+        let value = match secrets.reveal(plan.tenant.as_deref(), &c.secret).await {
             Ok(v) => v,
             Err(e) => {
                 tracing::warn!(secret = %c.secret, error = %hatchery_serve::error_text::with_causes(&*e), "credential not available");

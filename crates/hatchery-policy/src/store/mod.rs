@@ -22,8 +22,8 @@ pub enum StoreError {
     VersionNotFound(String, u32),
     #[error("{0}")]
     Invalid(#[from] ValidationError),
-    /// A stored version binds a secret its owner may not bind (written
-    /// before `/v1/policies` refused it): not used.
+    /// A stored version binds a secret no stored policy may bind (an E2B
+    /// sandbox's own, written before `/v1/policies` refused it): not used.
     #[error("policy {id} version {version} is not used")]
     OutOfScope {
         id: String,

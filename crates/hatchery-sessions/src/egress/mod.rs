@@ -64,6 +64,9 @@ pub struct Binding {
     pub session: String,
     pub policy_id: String,
     pub policy_version: u32,
+    /// The session's tenant (`None`: the operator's): the secrets its
+    /// policy's credential rules name are read among this owner's only.
+    pub tenant: Option<String>,
 }
 
 /// The running proxy, as the session hooks use it.
@@ -159,9 +162,12 @@ impl PolicySource for Pinned {
         if let Some(sbx) = sandbox_of(session) {
             let p = owned_lock(&self.owned).get(sbx).cloned();
             let policy = p.ok_or_else(|| PolicyLookup::NotBound(sbx.to_string()))?;
+            // The E2B adapter stores a sandbox's header values as the
+            // operator's (hatchery-agents e2b_headers).
             return Ok(SessionPolicy {
                 policy,
                 version: None,
+                tenant: None,
             });
         }
         let b = self
@@ -181,6 +187,7 @@ impl PolicySource for Pinned {
         Ok(SessionPolicy {
             policy,
             version: Some(b.policy_version),
+            tenant: b.tenant,
         })
     }
 }
