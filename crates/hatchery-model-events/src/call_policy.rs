@@ -113,9 +113,14 @@ impl CallPolicy for PinnedPolicy {
             policy_version: s.spec.policy_version,
             timeout,
         };
-        match approvals.model_call(&ask).await {
-            Ok(answer) => Ok(verdict_of(answer, Some(rule.clone()))),
-            Err(ApprovalError::TooMany(open)) => Ok(Verdict::TooManyApprovals { open }),
+        // In a task of its own: a caller that hangs up while held does not
+        // leave its question open with nobody to time it out.
+        let approvals = approvals.clone();
+        let held = tokio::spawn(async move { approvals.model_call(&ask).await });
+        match held.await {
+            Ok(Ok(answer)) => Ok(verdict_of(answer, Some(rule.clone()))),
+            Ok(Err(ApprovalError::TooMany(open))) => Ok(Verdict::TooManyApprovals { open }),
+            Ok(Err(e)) => Err(boxed(Box::new(e))),
             Err(e) => Err(boxed(Box::new(e))),
         }
     }
@@ -157,6 +162,30 @@ mod tests {
                 rule: Some("review".into())
             }
         );
+    }
+
+    /// A `require_approval` verdict carries its rule's hold limit (the
+    /// rule's `approval_timeout_s`, else the default), which bounds how
+    /// long the call is held.
+    #[test]
+    fn an_approval_verdict_carries_its_rule_s_hold_limit() {
+        let p = policy(json!([
+            {"id": "quick", "effect": "require_approval", "approval_timeout_s": 5,
+             "match": {"tools": ["model_call"], "args": [{"field": "model", "op": "eq", "value": "big"}]}},
+            {"id": "slow", "effect": "require_approval", "match": {"tools": ["model_call"]}}
+        ]));
+        let (v, hold) = decide_with_hold(&p, "ses_a", "big", cents(1));
+        assert_eq!(
+            (v, hold),
+            (
+                Verdict::RequireApproval {
+                    rule: Some("quick".into())
+                },
+                Some(Duration::from_secs(5))
+            )
+        );
+        let (_, hold) = decide_with_hold(&p, "ses_a", "small", cents(1));
+        assert_eq!(hold, Some(Duration::from_secs(120)));
     }
 
     /// A sandbox whose session is gone (a binding outlived it) is refused
