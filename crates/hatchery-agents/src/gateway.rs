@@ -6,6 +6,7 @@ use hatchery_config::GatewayArgs;
 use hatchery_gateway::embed::{self, EmbedError, GatewayLink, HostIdentity, Settings};
 use hatchery_gateway::policy::CallPolicy;
 use hatchery_model_events::{Lanes, PinnedPolicy, QueuedEvents, RemoteSink};
+use hatchery_sessions::held_approvals::SessionApprovals;
 use hatchery_sessions::owner_post::OwnerPost;
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +31,7 @@ fn settings(a: &GatewayArgs) -> Settings {
 pub async fn start(
     a: &GatewayArgs,
     (db, data): (&hatchery_db::Db, &std::path::Path),
-    sessions: Arc<hatchery_sessions::Sessions>,
+    (sessions, approvals): (Arc<hatchery_sessions::Sessions>, Arc<SessionApprovals>),
     registry: &prometheus::Registry,
     me: HostIdentity<'_>,
     policies: Arc<dyn hatchery_policy::PolicyStore>,
@@ -39,7 +40,7 @@ pub async fn start(
     let link = match &a.control_url {
         Some(url) => Some(embed::relay_sandboxes(&s, db, data, url, me).await?),
         None => {
-            let policy = pinned(sessions.store(), policies);
+            let policy = pinned(sessions.store(), policies, Some(approvals));
             let events = || Arc::new(QueuedEvents::local(Arc::new(sessions))) as _;
             embed::serve_sandboxes(&s, db, data, registry, events, Some(policy)).await?
         }
@@ -47,14 +48,18 @@ pub async fn start(
     Ok(link.map(Arc::new))
 }
 
-/// Each model call decided by its session's pinned policy first.
+/// Each model call decided by its session's pinned policy first; held
+/// for a person's approval where this daemon has the session's log
+/// (`approvals`), refused where it cannot hold one.
 fn pinned(
     sessions: Arc<dyn hatchery_sessions::store::SessionStore>,
     policies: Arc<dyn hatchery_policy::PolicyStore>,
+    approvals: Option<Arc<SessionApprovals>>,
 ) -> Arc<dyn CallPolicy> {
     Arc::new(PinnedPolicy {
         sessions,
         policies: Arc::new(hatchery_policy::cache::CompiledPolicies::new(policies)),
+        approvals,
     })
 }
 
@@ -71,7 +76,9 @@ pub async fn start_control(
         Arc<dyn hatchery_policy::PolicyStore>,
     ),
 ) -> Result<Option<axum::Router>, crate::AgentsError> {
-    let policy = pinned(sessions, policies);
+    // The control role has no session logs to hold a call's question in
+    // (they are on each session's host): `require_approval` is refused.
+    let policy = pinned(sessions, policies, None);
     let keys = hatchery_route::relay::HostKeys {
         api_key: post.api_key.clone().into(),
         daemon_key: post.daemon_key.clone().into(),

@@ -89,10 +89,13 @@ async fn wire_services(
         daemon_key,
         host_id: manager.host_id(),
     };
+    // One set of held questions for the proxy's connections and the
+    // gateway's model calls: the same cap, one remembered set per session.
+    let approvals = hatchery_sessions::held_approvals::SessionApprovals::new(sessions.clone());
     let gateway = crate::gateway::start(
         &args.gateway,
         (db, data),
-        sessions.clone(),
+        (sessions.clone(), approvals.clone()),
         &manager.metrics.registry,
         me,
         policies.clone(),
@@ -119,7 +122,7 @@ async fn wire_services(
         policies,
         &manager.metrics.registry,
         crate::hooks::interception(args, data, p.secrets.clone())?,
-        hatchery_sessions::egress::approvals::SessionApprovals::new(sessions.clone()),
+        approvals,
     )?;
     let hooks = Arc::new(crate::hooks::HostHooks {
         gateway,

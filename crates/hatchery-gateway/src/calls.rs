@@ -224,7 +224,8 @@ async fn call_inner(
         ),
     };
     // The pinned policy decides on the estimate before anything is
-    // reserved or sent (issue 36).
+    // reserved or sent (issue 36); a call it holds for a person's approval
+    // waits here, holding no reservation.
     if let Some(p) = &g.policy {
         use crate::policy::Verdict;
         match p.model_call(&caller, &plan.model, estimate).await {
@@ -232,6 +233,12 @@ async fn call_inner(
             Ok(Verdict::Deny { rule }) => return Err(fail(CallError::PolicyDenied(rule))),
             Ok(Verdict::RequireApproval { rule }) => {
                 return Err(fail(CallError::ApprovalRequired(rule)))
+            }
+            Ok(Verdict::ApprovalTimedOut { rule, approval_id }) => {
+                return Err(fail(CallError::ApprovalTimedOut { rule, approval_id }))
+            }
+            Ok(Verdict::TooManyApprovals { open }) => {
+                return Err(fail(CallError::TooManyApprovals(open)))
             }
             Ok(Verdict::SessionGone) => {
                 return Err(fail(CallError::Intent(

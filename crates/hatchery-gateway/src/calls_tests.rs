@@ -3,6 +3,7 @@
 
 use crate::budget::{BudgetStore, Caller, KeyStore};
 use crate::events::{GatewayEvent, GatewayEvents, IntentError};
+use crate::policy::{CallPolicy, PolicyCheckError, Verdict};
 use crate::pricing::{Price, Prices};
 use crate::store::GatewayStore;
 use crate::upstream::Upstream;
@@ -78,6 +79,13 @@ async fn upstream() -> (String, Arc<AtomicUsize>) {
 }
 
 async fn gateway(refuse: Option<fn() -> IntentError>) -> (Arc<Gateway>, Arc<Sink>) {
+    gateway_with(refuse, None).await
+}
+
+async fn gateway_with(
+    refuse: Option<fn() -> IntentError>,
+    policy: Option<Arc<dyn CallPolicy>>,
+) -> (Arc<Gateway>, Arc<Sink>) {
     let (url, seen) = upstream().await;
     let store = Arc::new(GatewayStore::open_in_memory().await.unwrap());
     let caller = Caller {
@@ -119,7 +127,7 @@ async fn gateway(refuse: Option<fn() -> IntentError>) -> (Arc<Gateway>, Arc<Sink
         admin_key: "k".repeat(16),
         metrics: Default::default(),
         events: sink.clone(),
-        policy: None,
+        policy,
     });
     (g, sink)
 }
@@ -222,4 +230,73 @@ fn only_allowed_anthropic_betas_are_passed_on() {
         HeaderValue::from_static("prompt-caching-2024-07-31"),
     );
     assert!(super::pass_headers(Flavor::OpenAi, &h).is_empty());
+}
+
+/// A policy that holds each call until the test answers it, as the
+/// daemon's does while a person decides (crate::policy).
+struct Held {
+    asked: tokio::sync::mpsc::UnboundedSender<tokio::sync::oneshot::Sender<Verdict>>,
+}
+
+#[async_trait::async_trait]
+impl CallPolicy for Held {
+    async fn model_call(
+        &self,
+        _: &Caller,
+        _: &str,
+        _: crate::budget::Amount,
+    ) -> Result<Verdict, PolicyCheckError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.asked.send(tx).unwrap();
+        Ok(rx.await.unwrap())
+    }
+}
+
+/// A held call reserves nothing and reaches nobody while it waits; its
+/// verdict then decides: approved, it goes out (intent first); timed out
+/// or past the cap of open approvals, it is refused with its own code.
+#[tokio::test]
+async fn a_held_call_waits_unreserved_then_goes_or_is_refused() {
+    let (tx, mut asked) = tokio::sync::mpsc::unbounded_channel();
+    let (g, sink) = gateway_with(None, Some(Arc::new(Held { asked: tx }))).await;
+    for (verdict, status, code) in [
+        (Verdict::Allow, 200, "called"),
+        (
+            Verdict::ApprovalTimedOut {
+                rule: Some("ask".into()),
+                approval_id: "apr_model_x".into(),
+            },
+            403,
+            "approval_timeout",
+        ),
+        (
+            Verdict::TooManyApprovals { open: 8 },
+            503,
+            "too_many_approvals",
+        ),
+    ] {
+        sink.log.lock().unwrap().clear();
+        let call = tokio::spawn({
+            let g = g.clone();
+            async move { one_call(&g).await }
+        });
+        let answer = asked.recv().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let b = g.store.get("session:ses_a").await.unwrap();
+        assert_eq!(b.reserved_tokens, 0, "a held call reserved {b:?}");
+        assert!(sink.log.lock().unwrap().is_empty(), "no intent while held");
+        let seen = sink.seen.load(Ordering::SeqCst);
+        answer.send(verdict).unwrap();
+        assert_eq!(call.await.unwrap(), status);
+        for _ in 0..200 {
+            if sink.log.lock().unwrap().iter().any(|(n, _)| n == code) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let log = sink.log.lock().unwrap().clone();
+        assert!(log.iter().any(|(n, _)| n == code), "{code}: {log:?}");
+        let went = sink.seen.load(Ordering::SeqCst) - seen;
+        assert_eq!(went, usize::from(status == 200), "{code}: upstream calls");
+    }
 }

@@ -48,9 +48,18 @@ pub enum CallError {
     #[error("the session's policy denies this model call (rule {})", .0.as_deref().unwrap_or("default deny"))]
     PolicyDenied(Option<String>),
     /// The session's policy wants a person to approve this model call,
-    /// which a call cannot wait for.
+    /// and this gateway cannot hold it for one (crate::policy::Verdict).
     #[error("the session's policy requires approval for this model call (rule {})", .0.as_deref().unwrap_or("-"))]
     ApprovalRequired(Option<String>),
+    /// The call was held for a person's approval; none came in time.
+    #[error("no decision on approval {approval_id} within its rule's hold limit (rule {})", .rule.as_deref().unwrap_or("-"))]
+    ApprovalTimedOut {
+        rule: Option<String>,
+        approval_id: String,
+    },
+    /// The session has its cap of open approvals: the call is not held.
+    #[error("the session has {0} approvals open, its cap (--sessions-max-open-approvals)")]
+    TooManyApprovals(u64),
     /// The policy could not be evaluated: the call is not made.
     #[error(transparent)]
     Policy(crate::policy::PolicyCheckError),
@@ -78,6 +87,8 @@ impl CallError {
             CallError::GatewayUnreachable(_) => "gateway_unreachable",
             CallError::PolicyDenied(_) => "policy_denied",
             CallError::ApprovalRequired(_) => "approval_required",
+            CallError::ApprovalTimedOut { .. } => "approval_timeout",
+            CallError::TooManyApprovals(_) => "too_many_approvals",
             CallError::Policy(_) => "internal",
             CallError::Intent(IntentError::SessionEnded) => "session_ended",
             CallError::Intent(IntentError::NotRecorded(_)) => "log_unavailable",
@@ -93,7 +104,10 @@ impl CallError {
             | CallError::AnswerDeadline(_)
             | CallError::GatewayUnreachable(_) => "upstream_unavailable",
             CallError::Store(_) | CallError::Policy(_) => "internal",
-            CallError::PolicyDenied(_) | CallError::ApprovalRequired(_) => "policy_refused",
+            CallError::PolicyDenied(_)
+            | CallError::ApprovalRequired(_)
+            | CallError::ApprovalTimedOut { .. }
+            | CallError::TooManyApprovals(_) => "policy_refused",
             _ => "refused",
         }
     }
@@ -108,7 +122,10 @@ impl CallError {
             CallError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             CallError::Store(BudgetError::Exhausted { .. }) => StatusCode::TOO_MANY_REQUESTS,
             CallError::Store(_) | CallError::Policy(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            CallError::PolicyDenied(_) | CallError::ApprovalRequired(_) => StatusCode::FORBIDDEN,
+            CallError::PolicyDenied(_)
+            | CallError::ApprovalRequired(_)
+            | CallError::ApprovalTimedOut { .. } => StatusCode::FORBIDDEN,
+            CallError::TooManyApprovals(_) => StatusCode::SERVICE_UNAVAILABLE,
             CallError::NoUpstream => StatusCode::NOT_FOUND,
             CallError::Upstream(_)
             | CallError::BadUpstreamAnswer

@@ -4,28 +4,48 @@
 //! estimated cents (the reservation's: what the call may cost at most) and
 //! as arguments the model and the reserved tokens (issue 36).
 //!
+//! A call a rule says `require_approval` for is held for a person's
+//! decision (hatchery_sessions::held_approvals) when the policy has
+//! [`PinnedPolicy::approvals`], the sessions of this daemon; without them
+//! (the control role's gateway) it is refused as it cannot be held.
+//!
 //! A policy none of whose rules names `model_call` allows it: policies
 //! written before model calls were evaluated would otherwise deny every
 //! call by their default deny (docs/policy.md).
 
 use async_trait::async_trait;
 use hatchery_gateway::budget::{Amount, Caller};
+
 use hatchery_gateway::policy::{CallPolicy, PolicyCheckError, Verdict};
 use hatchery_policy::cache::CompiledPolicies;
 use hatchery_policy::{Effect, Policy, Request, MODEL_CALL_TOOL};
+use hatchery_sessions::held_approvals::{Answer, ApprovalError, ModelCallAsk, SessionApprovals};
 use hatchery_sessions::store::{SessionStore, StoreError};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
+use std::time::Duration;
 
 pub struct PinnedPolicy {
     pub sessions: Arc<dyn SessionStore>,
     pub policies: Arc<CompiledPolicies>,
+    /// Holds calls for a person's approval; none: such calls are refused.
+    pub approvals: Option<Arc<SessionApprovals>>,
 }
 
 /// `policy`'s verdict on a model call of `model` reserving `estimate`.
 pub fn decide(policy: &Policy, session: &str, model: &str, estimate: Amount) -> Verdict {
+    decide_with_hold(policy, session, model, estimate).0
+}
+
+/// The verdict and, for `require_approval`, its rule's hold limit.
+fn decide_with_hold(
+    policy: &Policy,
+    session: &str,
+    model: &str,
+    estimate: Amount,
+) -> (Verdict, Option<Duration>) {
     if !policy.names_tool(MODEL_CALL_TOOL) {
-        return Verdict::Allow;
+        return (Verdict::Allow, None);
     }
     let args = json!({"model": model, "tokens": estimate.tokens});
     let mut ctx = Map::new();
@@ -39,9 +59,21 @@ pub fn decide(policy: &Policy, session: &str, model: &str, estimate: Amount) -> 
     });
     let rule = d.rule_id.map(str::to_string);
     match d.effect {
-        Effect::Allow => Verdict::Allow,
-        Effect::Deny => Verdict::Deny { rule },
-        Effect::RequireApproval => Verdict::RequireApproval { rule },
+        Effect::Allow => (Verdict::Allow, None),
+        Effect::Deny => (Verdict::Deny { rule }, None),
+        Effect::RequireApproval => (
+            Verdict::RequireApproval { rule },
+            d.rule_index.and_then(|i| policy.approval_timeout(i)),
+        ),
+    }
+}
+
+/// A held call's verdict from the person's answer (or its absence).
+fn verdict_of(answer: Answer, rule: Option<String>) -> Verdict {
+    match answer {
+        Answer::Approved { .. } => Verdict::Allow,
+        Answer::Denied { .. } => Verdict::Deny { rule },
+        Answer::TimedOut { approval_id } => Verdict::ApprovalTimedOut { rule, approval_id },
     }
 }
 
@@ -66,7 +98,31 @@ impl CallPolicy for PinnedPolicy {
             .get(&s.spec.policy_id, s.spec.policy_version)
             .await
             .map_err(|e| boxed(Box::new(e)))?;
-        Ok(decide(&p, &s.id, model, estimate))
+        let (verdict, hold) = decide_with_hold(&p, &s.id, model, estimate);
+        let (Verdict::RequireApproval { rule: Some(rule) }, Some(timeout), Some(approvals)) =
+            (&verdict, hold, &self.approvals)
+        else {
+            return Ok(verdict);
+        };
+        let ask = ModelCallAsk {
+            session: s.id.clone(),
+            model: model.to_string(),
+            tokens: estimate.tokens,
+            usd_cents: estimate.usd_cents,
+            rule_id: rule.clone(),
+            policy_version: s.spec.policy_version,
+            timeout,
+        };
+        // In a task of its own: a caller that hangs up while held does not
+        // leave its question open with nobody to time it out.
+        let approvals = approvals.clone();
+        let held = tokio::spawn(async move { approvals.model_call(&ask).await });
+        match held.await {
+            Ok(Ok(answer)) => Ok(verdict_of(answer, Some(rule.clone()))),
+            Ok(Err(ApprovalError::TooMany(open))) => Ok(Verdict::TooManyApprovals { open }),
+            Ok(Err(e)) => Err(boxed(Box::new(e))),
+            Err(e) => Err(boxed(Box::new(e))),
+        }
     }
 }
 
@@ -108,6 +164,30 @@ mod tests {
         );
     }
 
+    /// A `require_approval` verdict carries its rule's hold limit (the
+    /// rule's `approval_timeout_s`, else the default), which bounds how
+    /// long the call is held.
+    #[test]
+    fn an_approval_verdict_carries_its_rule_s_hold_limit() {
+        let p = policy(json!([
+            {"id": "quick", "effect": "require_approval", "approval_timeout_s": 5,
+             "match": {"tools": ["model_call"], "args": [{"field": "model", "op": "eq", "value": "big"}]}},
+            {"id": "slow", "effect": "require_approval", "match": {"tools": ["model_call"]}}
+        ]));
+        let (v, hold) = decide_with_hold(&p, "ses_a", "big", cents(1));
+        assert_eq!(
+            (v, hold),
+            (
+                Verdict::RequireApproval {
+                    rule: Some("quick".into())
+                },
+                Some(Duration::from_secs(5))
+            )
+        );
+        let (_, hold) = decide_with_hold(&p, "ses_a", "small", cents(1));
+        assert_eq!(hold, Some(Duration::from_secs(120)));
+    }
+
     /// A sandbox whose session is gone (a binding outlived it) is refused
     /// like an ended session's call, not failed as the daemon's fault.
     #[tokio::test]
@@ -119,6 +199,7 @@ mod tests {
         let p = PinnedPolicy {
             sessions,
             policies: Arc::new(CompiledPolicies::new(Arc::new(policies))),
+            approvals: None,
         };
         let caller = Caller {
             session: "ses_gone".into(),

@@ -285,11 +285,11 @@ pub fn deliverable(seq: u64, kind: &EventKind) -> Option<Vec<u8>> {
         EventKind::Message { text } => Some(line(
             serde_json::json!({"type": "message", "seq": seq, "text": text}),
         )),
-        // An egress hold's decision is the proxy's business, not the
-        // agent's (it asked for no approval).
+        // An egress or model call hold's decision is the proxy's or the
+        // gateway's business, not the agent's (it asked for no approval).
         // So is a held re-run's (the runner acts on it, crate::replay).
         EventKind::ApprovalDecided { approval_id, .. }
-            if approval_id.starts_with(crate::egress::approvals::ID_PREFIX)
+            if crate::held_approvals::is_held(approval_id)
                 || approval_id.starts_with(crate::replay::APPROVAL_PREFIX) =>
         {
             None

@@ -25,6 +25,7 @@ mod extract;
 pub mod git_cred;
 pub mod guest_trust;
 pub mod handoff;
+pub mod held_approvals;
 pub mod hooks;
 mod host_reports;
 pub mod ids;

@@ -266,8 +266,9 @@ pub struct ApprovalBody {
     /// connections to the same destination (host and port), or, for a
     /// request held on an intercepted destination (details `scope`
     /// `request`), for its later requests with the same method and exact
-    /// path (query aside); those are then not held. Egress approvals only
-    /// (`action` `egress`).
+    /// path (query aside); those are then not held. On a held model
+    /// call's (`action` `model_call`): for the session's later model calls
+    /// the same rule decides. Egress and held model call approvals only.
     #[serde(default)]
     pub remember: Option<String>,
 }

@@ -1295,7 +1295,7 @@ async fn finish(
     if let Some(sbx) = &cur.sandbox_id {
         record_diff(svc, id, sbx).await;
     }
-    crate::egress::approvals::close_for_exit(svc, id).await?;
+    crate::held_approvals::close_for_exit(svc, id).await?;
     leave_waiting(svc, id).await?;
     // An agent told that its budget is spent usually exits at once, often
     // before this runner read the gateway's mark: the session ends for

@@ -658,5 +658,6 @@ async fn a_shedding_host_checkpoints_releases_and_hands_a_running_session_over()
 }
 
 mod egress_approvals;
+mod model_call_approvals;
 mod replay_policy;
 mod tenant;

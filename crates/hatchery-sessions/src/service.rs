@@ -587,10 +587,14 @@ impl Sessions {
                 ));
             }
             let a = self.core.store.approval(id, approval_id).await?;
-            if a.is_some_and(|a| a.action != crate::egress::approvals::ACTION) {
+            use crate::held_approvals::{is_held, ACTION, MODEL_CALL_ACTION};
+            let held = |a: &crate::store::Approval| {
+                is_held(&a.approval_id) && matches!(a.action.as_str(), ACTION | MODEL_CALL_ACTION)
+            };
+            if a.is_some_and(|a| !held(&a)) {
                 return Err(SessionError::bad(
                     "invalid_request",
-                    "remember applies to egress approvals only",
+                    "remember applies to egress and model call approvals only",
                 ));
             }
         }

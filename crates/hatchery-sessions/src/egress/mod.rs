@@ -14,8 +14,8 @@
 //! Trusts: the relay's `PROXY` line (see above) and the bindings the
 //! session runner makes; nothing the guest sends decides which session a
 //! connection belongs to.
+//! Held connections' questions: [`crate::held_approvals`].
 
-pub mod approvals;
 pub mod coalesce;
 pub mod events;
 pub mod kernel;
@@ -80,7 +80,7 @@ pub struct EgressLink {
     bindings: Arc<Mutex<HashMap<String, Binding>>>,
     owned: Owned,
     events: Arc<SessionEvents>,
-    approvals: Arc<approvals::SessionApprovals>,
+    approvals: Arc<crate::held_approvals::SessionApprovals>,
 }
 
 /// Sessionless sandboxes (E2B's header transforms) and the policy each
@@ -253,7 +253,7 @@ fn poll_kernel(
 /// `interception`: the CA and secrets for credential rules (none: a
 /// connection a credential rule names is refused). `approver`: who
 /// decides connections `require_approval` rules hold
-/// ([`approvals::SessionApprovals`]).
+/// ([`crate::held_approvals::SessionApprovals`]).
 pub fn start(
     a: &EgressConfig,
     data: &Path,
@@ -261,7 +261,7 @@ pub fn start(
     policies: Arc<dyn hatchery_policy::PolicyStore>,
     registry: &prometheus::Registry,
     interception: Option<Arc<hatchery_egress::Interception>>,
-    approver: Arc<approvals::SessionApprovals>,
+    approver: Arc<crate::held_approvals::SessionApprovals>,
 ) -> Result<Option<Arc<EgressLink>>, EgressError> {
     if a.guest_port == 0 {
         return Ok(None);

@@ -8,8 +8,8 @@
 //! still lets the session complete.
 
 use super::{ids, Env};
-use crate::egress::approvals::SessionApprovals;
 use crate::events::EventKind;
+use crate::held_approvals::SessionApprovals;
 use crate::models::ApprovalBody;
 use crate::state::SessionState as S;
 use hatchery_egress::{Answer, ApprovalAsk, Approver};
