@@ -435,7 +435,7 @@ def test_a_tenants_secret_is_its_own(cd, server, git_server):
     out = [o.strip() for o in outputs(evs)]
     # The server saw the tenant's value, not the operator's (its answer
     # says `no-secret`: it looks for the operator's).
-    assert out[0] == f"{PORT_BOUND} /api/tenant no-secret", out
+    assert out[0] == f"{server.addr}:{PORT_BOUND} /api/tenant no-secret", out
     assert out[1] == f"var=hatchery-egress-injects-{SECRET_NAME}", out
     assert out[2].startswith("clean ") and int(out[2].split()[1]) > 1000, out
     seen = server.requests()[before:]
