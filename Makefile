@@ -269,7 +269,8 @@ full-template: $(SUITE_BUILD)
 	  $(BIN)/hatchery template build-local --templates-dir $(FULL_TEMPLATES_DIR) templates/code-interpreter-full.json
 
 # Sessions through the daemon's model gateway and egress proxy: pip, git
-# over HTTPS and curl inside a session sandbox against servers on 127.0.0.2
+# over HTTPS and curl inside a session sandbox against servers in a network
+# namespace the suite creates (tests/sessions/egress_servers.py)
 # (about 20 s once the template is built; the build takes about 3 min).
 egress-test: $(SUITE_BUILD) agent-template
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_AGENT_TEMPLATES_DIR=$(AGENT_TEMPLATES_DIR) \

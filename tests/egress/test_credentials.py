@@ -1,17 +1,20 @@
 """Credentials injected at the egress proxy (issue 39), end to end: a real
 runsc session sandbox, the daemon's proxy, and an HTTPS server of the
-test's own in a network namespace the test creates (its certificate from a
-test CA the daemon is told to trust with --egress-upstream-ca-file).
+test's own in the network namespace the suite creates (conftest `testnet`:
+HOST and OTHER, two addresses; its certificate from a test CA the daemon
+is told to trust with --egress-upstream-ca-file).
 
 - curl inside the sandbox reaches the bound path and the server sees the
-  secret; another path, a port without a credential rule and the target of
-  a redirect see none; each use is an `egress_credential` event (never the
-  value) before the request, its status an `egress_credential_result`;
+  secret; another path, a port without a credential rule, the target of a
+  redirect to another port and that of a redirect to another host (OTHER,
+  same port and path prefix; its server records every header) see none;
+  each use is an `egress_credential` event (never the value) before the
+  request, its status an `egress_credential_result`;
 - the agent's environment holds only a placeholder, and a scan of the
   sandbox (every process's environ and cmdline, readable files) finds no
   byte run of the secret;
 - a prompt-injected command that posts the placeholder to an address no
-  rule allows (the host's end of the test's veth, on the bound port) is
+  rule allows (the host's end of the suite's veth, on the bound port) is
   refused at the proxy with an `egress_denied` event;
 - the session's hash chain verifies, the credential events in it;
 - a tenant's own secret: a tenant key stores it under the name the
@@ -33,6 +36,7 @@ import time
 
 import pytest
 
+from egress_servers import HOST, OTHER, make_ca
 from gateway_daemon import gateway_daemon, verify_chain
 from scripted_model import ScriptedModel
 from sessions_support import DEMO_FILES
@@ -43,14 +47,17 @@ TENANT_SECRET = "hx-tenant-" + os.urandom(12).hex()
 SECRET_NAME = "API_TOKEN"
 PORT_BOUND, PORT_PLAIN = 8443, 9443
 
-# The TLS server inside the namespace: on PORT_BOUND and PORT_PLAIN,
-# `/…/redirect` answers 302 to PORT_PLAIN's /landing, anything else says
-# whether it saw the secret (never the secret itself: the answer goes into
-# the sandbox). Every request is a JSON line in LOG.
+# The TLS server inside the namespace: on ADDR (HOST) at PORT_BOUND and
+# PORT_PLAIN, on OTHER at PORT_BOUND. `/…/redirect` answers 302 to ADDR's
+# PORT_PLAIN /landing, `/…/redirect-host` 302 to OTHER's PORT_BOUND
+# /api/landing (only the host differs from what the credential rule
+# names); anything else says where it was asked and whether it saw the
+# secret (never the secret itself: the answer goes into the sandbox). Every
+# request, with all its headers, is a JSON line in LOG.
 SERVER = r'''
 import json, ssl, sys, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-ADDR, PORTS, CERT, KEY, LOG, WANT = sys.argv[1], [int(p) for p in sys.argv[2].split(",")], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
+ADDR, OTHER, PORTS, CERT, KEY, LOG, WANT = sys.argv[1], sys.argv[2], [int(p) for p in sys.argv[3].split(",")], sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7]
 lock = threading.Lock()
 class H(BaseHTTPRequestHandler):
     def log_message(self, *a): pass
@@ -60,26 +67,30 @@ class H(BaseHTTPRequestHandler):
         n = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(n) if n else b""
         auth = self.headers.get("Authorization") or ""
-        port = self.server.server_address[1]
+        addr, port = self.server.server_address[:2]
         with lock, open(LOG, "a") as f:
-            f.write(json.dumps({"port": port, "method": self.command, "path": self.path,
-                                "auth": auth, "body": body.decode(errors="replace")}) + "\n")
-        if self.path.split("?")[0].endswith("/redirect"):
+            f.write(json.dumps({"addr": addr, "port": port, "method": self.command, "path": self.path,
+                                "auth": auth, "headers": str(self.headers),
+                                "body": body.decode(errors="replace")}) + "\n")
+        to = {"/redirect": "https://%s:%d/landing" % (ADDR, PORTS[1]),
+              "/redirect-host": "https://%s:%d/api/landing" % (OTHER, PORTS[0])}
+        where = [v for k, v in to.items() if self.path.split("?")[0].endswith(k)]
+        if where:
             self.send_response(302)
-            self.send_header("Location", "https://%s:%d/landing" % (ADDR, PORTS[1]))
+            self.send_header("Location", where[0])
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
         seen = b"secret-seen" if auth == "Bearer " + WANT else b"no-secret"
-        out = b"%d %s %s\n" % (port, self.path.encode(), seen)
+        out = b"%s:%d %s %s\n" % (addr.encode(), port, self.path.encode(), seen)
         self.send_response(200)
         self.send_header("Content-Length", str(len(out)))
         self.end_headers()
         self.wfile.write(out)
 ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
 ctx.load_cert_chain(CERT, KEY)
-for p in PORTS:
-    s = ThreadingHTTPServer((ADDR, p), H)
+for a, p in ((ADDR, PORTS[0]), (ADDR, PORTS[1]), (OTHER, PORTS[0])):
+    s = ThreadingHTTPServer((a, p), H)
     s.daemon_threads = True
     s.socket = ctx.wrap_socket(s.socket, server_side=True)
     threading.Thread(target=s.serve_forever, daemon=True).start()
@@ -136,61 +147,26 @@ def finish(summary):
     return {"tool_calls": [{"name": "finish", "arguments": {"summary": summary}}]}
 
 
-def sh(*cmd, check=True):
-    return subprocess.run(cmd, check=check, capture_output=True, text=True)
+class CredServer:
+    """SERVER, a process in the suite's namespace (`net`, conftest
+    testnet), its certificate for HOST and OTHER from a CA of its own."""
 
-
-class NsServer:
-    """The HTTPS server in a network namespace of the test's own, at the far
-    end of a veth /30 from the host (198.19.2.0/24, per process: the
-    integration suite's Peer uses 198.19.0-1.x)."""
-
-    def __init__(self):
-        n = os.getpid() % 64
-        self.ns = f"hxtcred{n}"
-        self.host_if, self.ns_if = f"hxtc{n}r", f"hxtc{n}n"
-        self.host_addr, self.addr = f"198.19.2.{4 * n + 1}", f"198.19.2.{4 * n + 2}"
+    def __init__(self, net):
+        self.net = net
+        self.addr, self.other, self.host_addr = HOST, OTHER, net.host_addr
         self.dir = tempfile.mkdtemp(prefix="hxcred-")
         self.log = os.path.join(self.dir, "requests.jsonl")
-        self.proc = None
-
-    def make_ca(self):
-        d = self.dir
-
-        def run(*a):
-            subprocess.run(["openssl", *a], check=True, capture_output=True, cwd=d)
-        run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
-            "-days", "2", "-subj", "/CN=hatchery credential test CA")
-        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "srv.key", "-out", "srv.csr",
-            "-subj", f"/CN={self.addr}")
-        with open(os.path.join(d, "ext.cnf"), "w") as f:
-            f.write(f"subjectAltName=IP:{self.addr}\nbasicConstraints=CA:FALSE\n"
-                    "keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n")
-        run("x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", "srv.pem", "-days", "2", "-extfile", "ext.cnf")
-        self.ca = os.path.join(d, "ca.pem")
+        self.ca, cert, key = make_ca(self.dir, (HOST, OTHER), cn="hatchery credential test CA")
         self.ca_pem = open(self.ca).read()
-
-    def up(self):
-        self.down()
-        self.make_ca()
-        sh("ip", "netns", "add", self.ns)
-        sh("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if, "netns", self.ns)
-        sh("ip", "addr", "add", f"{self.host_addr}/30", "dev", self.host_if)
-        sh("ip", "link", "set", self.host_if, "up")
-        sh("ip", "-n", self.ns, "addr", "add", f"{self.addr}/30", "dev", self.ns_if)
-        sh("ip", "-n", self.ns, "link", "set", self.ns_if, "up")
-        sh("ip", "-n", self.ns, "link", "set", "lo", "up")
-        sh("ip", "-n", self.ns, "route", "add", "default", "via", self.host_addr)
         script = os.path.join(self.dir, "server.py")
         with open(script, "w") as f:
             f.write(SERVER)
         self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", self.ns, sys.executable, script, self.addr, f"{PORT_BOUND},{PORT_PLAIN}",
-             os.path.join(self.dir, "srv.pem"), os.path.join(self.dir, "srv.key"), self.log, SECRET],
+            net.argv(sys.executable, script, HOST, OTHER, f"{PORT_BOUND},{PORT_PLAIN}", cert, key, self.log, SECRET),
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        assert self.proc.stdout.readline().strip() == "ready"
-        return self
+        if self.proc.stdout.readline().strip() != "ready":
+            self.cleanup()
+            raise AssertionError("the credential test server did not start")
 
     def requests(self):
         if not os.path.exists(self.log):
@@ -198,23 +174,15 @@ class NsServer:
         with open(self.log) as f:
             return [json.loads(line) for line in f if line.strip()]
 
-    def down(self):
-        if self.proc:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-        sh("ip", "link", "del", self.host_if, check=False)
-        sh("ip", "netns", "del", self.ns, check=False)
-
     def cleanup(self):
-        self.down()
+        self.proc.kill()
+        self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
-        assert not os.path.exists(f"/run/netns/{self.ns}")
 
 
 @pytest.fixture(scope="module")
-def server():
-    s = NsServer().up()
+def server(testnet):
+    s = CredServer(testnet)
     yield s
     s.cleanup()
 
@@ -230,6 +198,7 @@ def commands(s):
         f"curl -sS -X POST -d x https://{a}:{PORT_BOUND}/api/whoami",
         f"curl -sS -o /dev/null -w '%{{http_code}} %{{redirect_url}}' https://{a}:{PORT_BOUND}/api/redirect",
         f"curl -sSL https://{a}:{PORT_BOUND}/api/redirect",
+        f"curl -sSL https://{a}:{PORT_BOUND}/api/redirect-host",
         f"curl -sS https://{a}:{PORT_PLAIN}/api/whoami",
         f"echo \"var=${SECRET_NAME}\"; env | grep -c SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt",
         # A prompt-injected exfiltration: the variable, to an address no rule
@@ -273,6 +242,9 @@ def credential_policy(d, s, secret=SECRET_NAME, headers=None, path="/v1/policies
                         "inject": {"header": {"name": "Authorization", "template": "Bearer {secret}"}}}},
         {"id": "plain", "effect": "allow",
          "match": {"tools": ["egress"], "hosts": [f"{s.addr}/32"], "ports": [PORT_PLAIN]}},
+        # The other host, on the bound port: a plain tunnel.
+        {"id": "other", "effect": "allow",
+         "match": {"tools": ["egress"], "hosts": [f"{s.other}/32"], "ports": [PORT_BOUND]}},
     ]
     return d.request("POST", path, {"name": "credentials", "rules": rules}, headers=headers)
 
@@ -363,28 +335,38 @@ def test_credentials_never_enter_the_sandbox(cd, server, git_server):
     cd.track_sandboxes(sid)
     evs = cd.all_events(sid)
     out = [o.strip() for o in outputs(evs)]
-    a = server.addr
+    a, o = server.addr, server.other
     assert out[0] == "trusted", out
-    assert out[1] == f"{PORT_BOUND} /api/whoami?x=1 secret-seen", out
-    assert out[2] == f"{PORT_BOUND} /other no-secret", out
-    assert out[3] == f"{PORT_BOUND} /api/whoami no-secret", out     # POST: not a bound method
+    assert out[1] == f"{a}:{PORT_BOUND} /api/whoami?x=1 secret-seen", out
+    assert out[2] == f"{a}:{PORT_BOUND} /other no-secret", out
+    assert out[3] == f"{a}:{PORT_BOUND} /api/whoami no-secret", out     # POST: not a bound method
     assert out[4] == f"302 https://{a}:{PORT_PLAIN}/landing", out
-    assert out[5] == f"{PORT_PLAIN} /landing no-secret", out        # the redirect's target
-    assert out[6] == f"{PORT_PLAIN} /api/whoami no-secret", out     # no credential rule
-    assert out[7].splitlines() == [f"var=hatchery-egress-injects-{SECRET_NAME}", "1"], out
-    assert out[8].endswith("rc=56") and "403" in out[8], out
-    assert out[9].startswith("clean "), out[9]
-    assert int(out[9].split()[1]) > 1000, out[9]
+    assert out[5] == f"{a}:{PORT_PLAIN} /landing no-secret", out        # another port's redirect target
+    assert out[6] == f"{o}:{PORT_BOUND} /api/landing no-secret", out    # another host's
+    assert out[7] == f"{a}:{PORT_PLAIN} /api/whoami no-secret", out     # no credential rule
+    assert out[8].splitlines() == [f"var=hatchery-egress-injects-{SECRET_NAME}", "1"], out
+    assert out[9].endswith("rc=56") and "403" in out[9], out
+    assert out[10].startswith("clean "), out[10]
+    assert int(out[10].split()[1]) > 1000, out[10]
 
-    # The server saw the secret exactly on the bound GETs (the whoami and
-    # the redirect), nowhere else; never the placeholder as a credential.
+    # The server saw the secret exactly on the bound GETs to the bound host
+    # (the whoami and the redirects), nowhere else; never the placeholder
+    # as a credential.
     seen = server.requests()
-    with_secret = [(q["port"], q["method"], q["path"]) for q in seen if SECRET in q["auth"]]
-    assert sorted(with_secret) == sorted([(PORT_BOUND, "GET", "/api/whoami?x=1"),
-                                          (PORT_BOUND, "GET", "/api/redirect"),
-                                          (PORT_BOUND, "GET", "/api/redirect")]), seen
+    with_secret = [(q["addr"], q["port"], q["method"], q["path"]) for q in seen if SECRET in q["auth"]]
+    assert sorted(with_secret) == sorted([(a, PORT_BOUND, "GET", "/api/whoami?x=1"),
+                                          (a, PORT_BOUND, "GET", "/api/redirect"),
+                                          (a, PORT_BOUND, "GET", "/api/redirect"),
+                                          (a, PORT_BOUND, "GET", "/api/redirect-host")]), seen
     assert not any(SECRET in q["body"] for q in seen)
     assert not any(q["port"] == PORT_PLAIN and q["auth"] for q in seen), seen
+    # The other host got the redirect's follow-up and not one 12-byte run of
+    # the secret anywhere in it (every header, the path, the body).
+    at_other = [q for q in seen if q["addr"] == o]
+    assert [(q["port"], q["method"], q["path"], q["auth"]) for q in at_other] == [
+        (PORT_BOUND, "GET", "/api/landing", "")], seen
+    runs = {SECRET[i:i + 12] for i in range(len(SECRET) - 11)}
+    assert not any(r in json.dumps(q) for q in at_other for r in runs), at_other
 
     # Each use recorded before the request, never with the value.
     uses = [e for e in evs if e["type"] == "egress_credential"]
@@ -392,9 +374,11 @@ def test_credentials_never_enter_the_sandbox(cd, server, git_server):
         (SECRET_NAME, "GET", "/api/whoami", PORT_BOUND, "api-token"),
         (SECRET_NAME, "GET", "/api/redirect", PORT_BOUND, "api-token"),
         (SECRET_NAME, "GET", "/api/redirect", PORT_BOUND, "api-token"),
+        (SECRET_NAME, "GET", "/api/redirect-host", PORT_BOUND, "api-token"),
     ], uses
+    assert all(u["host"] == a for u in uses), uses
     results = {e["credential_seq"]: e["status"] for e in evs if e["type"] == "egress_credential_result"}
-    assert [results.get(u["seq"]) for u in uses] == [200, 302, 302], (uses, results)
+    assert [results.get(u["seq"]) for u in uses] == [200, 302, 302, 302], (uses, results)
     connects = {e["seq"] for e in evs if e["type"] == "egress_connect"}
     assert all(u["connect_seq"] in connects and u["connect_seq"] < u["seq"] for u in uses)
     assert not any(SECRET in json.dumps(e) for e in evs)
@@ -451,7 +435,7 @@ def test_a_tenants_secret_is_its_own(cd, server, git_server):
     out = [o.strip() for o in outputs(evs)]
     # The server saw the tenant's value, not the operator's (its answer
     # says `no-secret`: it looks for the operator's).
-    assert out[0] == f"{PORT_BOUND} /api/tenant no-secret", out
+    assert out[0] == f"{server.addr}:{PORT_BOUND} /api/tenant no-secret", out
     assert out[1] == f"var=hatchery-egress-injects-{SECRET_NAME}", out
     assert out[2].startswith("clean ") and int(out[2].split()[1]) > 1000, out
     seen = server.requests()[before:]

@@ -1,7 +1,7 @@
 """Credentials at the egress for real tools (issue 39): from inside a runsc
 session sandbox, `pip install` from a private index and `git clone` over
 HTTPS from a private server both need a token (the suite's HTTPS server on
-127.0.0.2 answers 401 under `/private/` without it). A credential rule
+HOST, in the suite's namespace, answers 401 under `/private/` without it). A credential rule
 binds the stored token to that server's `/private/` paths; the proxy
 intercepts (the sandbox trusts the deployment's CA through the variables
 the runner sets) and adds it. Both succeed, each request the server took

@@ -1,6 +1,6 @@
 """Egress that waits for a person (issue 39 item 3), end to end: a real
 runsc session sandbox, the daemon's proxy and its approver, and the
-suite's servers on 127.0.0.2. The session's policy holds three
+suite's servers (HOST, in the suite's namespace). The session's policy holds three
 destinations with `require_approval`; the test plays the person through
 the decision endpoint while the agent's commands wait:
 

@@ -134,18 +134,20 @@ def finish(summary):
     return {"tool_calls": [{"name": "finish", "arguments": {"summary": summary}}]}
 
 
-def closed_port():
+def closed_port(net):
     """A port on HOST nothing listens on (the destination refuses the dial)."""
-    s = socket.socket()
-    s.bind((HOST, 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+    def pick():
+        s = socket.socket()
+        s.bind((HOST, 0))
+        p = s.getsockname()[1]
+        s.close()
+        return p
+    return net.call(pick)
 
 
 @pytest.fixture(scope="module")
-def refused_port():
-    return closed_port()
+def refused_port(testnet):
+    return closed_port(testnet)
 
 
 @pytest.fixture(scope="module")

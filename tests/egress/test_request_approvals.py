@@ -1,8 +1,8 @@
 """Egress approvals per request on an intercepted destination (issue 39
 item 3), end to end: a real runsc session sandbox, the daemon's proxy and
-approver, and an HTTPS server of the test's own in a network namespace the
-test creates (test_credentials.NsServer; its certificate from a test CA
-the daemon trusts with --egress-upstream-ca-file). A credential rule makes
+approver, and an HTTPS server of the test's own in the network namespace
+the suite creates (test_credentials.CredServer, on HOST; its certificate
+from a test CA the daemon trusts with --egress-upstream-ca-file). A credential rule makes
 the proxy end TLS for the server's two ports, so it sees each request;
 `require_approval` rules on those ports then hold each request, not the
 connection. The test plays the person through the decision endpoint
@@ -21,7 +21,6 @@ while the agent's commands wait:
 The approvals are in the log before the requests they let through."""
 
 import json
-import os
 import time
 
 import pytest
@@ -29,26 +28,16 @@ import pytest
 from gateway_daemon import gateway_daemon
 from scripted_model import ScriptedModel
 from sessions_support import DEMO_FILES
-from test_credentials import PORT_BOUND, PORT_PLAIN, SECRET, SECRET_NAME, NsServer
+from test_credentials import PORT_BOUND, PORT_PLAIN, SECRET, SECRET_NAME, CredServer
 
 PORT_SLOW = PORT_PLAIN
 
 
-class ReqServer(NsServer):
-    """test_credentials' server on names and addresses of its own
-    (198.19.4.0/24), so the two modules never share a namespace."""
-
-    def __init__(self):
-        super().__init__()
-        n = os.getpid() % 64
-        self.ns = f"hxtreq{n}"
-        self.host_if, self.ns_if = f"hxtq{n}r", f"hxtq{n}n"
-        self.host_addr, self.addr = f"198.19.4.{4 * n + 1}", f"198.19.4.{4 * n + 2}"
-
-
+# A server of this module's own (test_credentials' is gone by now: module
+# fixtures end with their module), so it logs only this module's requests.
 @pytest.fixture(scope="module")
-def server():
-    s = ReqServer().up()
+def server(testnet):
+    s = CredServer(testnet)
     yield s
     s.cleanup()
 
@@ -151,8 +140,8 @@ def test_requests_to_an_intercepted_host_are_approved_one_by_one(rd, server, git
     evs = rd.all_events(sid)
     # Whitespace folded: each answer's body, then curl's " <status>".
     out = [" ".join(e["output"].split()) for e in evs if e["type"] == "command_run"]
-    assert out[0] == f"{PORT_BOUND} /api/a?x=1 secret-seen 200", out
-    assert out[1] == f"{PORT_BOUND} /api/a secret-seen 200", out
+    assert out[0] == f"{server.addr}:{PORT_BOUND} /api/a?x=1 secret-seen 200", out
+    assert out[1] == f"{server.addr}:{PORT_BOUND} /api/a secret-seen 200", out
     assert out[2] == f"GET /api/b: denied by approval {second['approval_id']}: not b 403", out
     assert out[3].startswith(f"GET /api/late: approval {third['approval_id']} not decided within 2 s"), out
     assert out[3].endswith(" 403"), out

@@ -4,10 +4,12 @@ holding a "public" host (198.51.100.7 and .8), a "metadata" endpoint
 small server inside that namespace and routed from the host through a veth.
 Nothing is ever sent anywhere else; everything is removed afterwards."""
 
+import ctypes
 import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 
 NS = "hxtinet"
@@ -55,22 +57,40 @@ def sh(*cmd, check=True):
     return subprocess.run(cmd, check=check, capture_output=True, text=True)
 
 
+def veth_ns(ns, host_if, ns_if, host_cidr, ns_cidrs):
+    """A namespace `ns` at the far end of a veth from the host: `host_cidr`
+    on the host's end, `ns_cidrs` on its own, its loopback up and its
+    default route back through the host. Half-built pieces are the
+    caller's to remove (veth_ns_down) when a step fails."""
+    sh("ip", "netns", "add", ns)
+    sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", ns)
+    sh("ip", "addr", "add", host_cidr, "dev", host_if)
+    sh("ip", "link", "set", host_if, "up")
+    for c in ns_cidrs:
+        sh("ip", "-n", ns, "addr", "add", c, "dev", ns_if)
+    sh("ip", "-n", ns, "link", "set", ns_if, "up")
+    sh("ip", "-n", ns, "link", "set", "lo", "up")
+    sh("ip", "-n", ns, "route", "add", "default", "via", host_cidr.split("/")[0])
+
+
+def veth_ns_down(ns, host_if, routes=()):
+    """Removes what veth_ns (and `routes`, /32s added in the root namespace)
+    made; whatever is already gone is skipped."""
+    for a in routes:
+        sh("ip", "route", "del", f"{a}/32", check=False)
+    sh("ip", "link", "del", host_if, check=False)
+    sh("ip", "netns", "del", ns, check=False)
+
+
 def ns_up(ns, host_if, ns_if, host_addr, ns_addr, addrs):
     """A namespace at the far end of a veth /30 from the host, its default
     route back through the host, and SERVER answering on `addrs`; returns
     the server process (ready)."""
-    sh("ip", "netns", "add", ns)
-    sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", ns)
-    sh("ip", "addr", "add", f"{host_addr}/30", "dev", host_if)
-    sh("ip", "link", "set", host_if, "up")
-    sh("ip", "-n", ns, "addr", "add", f"{ns_addr}/30", "dev", ns_if)
-    sh("ip", "-n", ns, "link", "set", ns_if, "up")
-    sh("ip", "-n", ns, "link", "set", "lo", "up")
+    veth_ns(ns, host_if, ns_if, f"{host_addr}/30", [f"{ns_addr}/30"])
     for a in addrs:
         if a != ns_addr:
             sh("ip", "-n", ns, "addr", "add", f"{a}/32", "dev", "lo")
             sh("ip", "route", "add", f"{a}/32", "via", ns_addr)
-    sh("ip", "-n", ns, "route", "add", "default", "via", host_addr)
     server = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, "-c", f"ADDRS = {addrs!r}\n" + SERVER],
                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert server.stdout.readline().strip() == "ready"
@@ -81,10 +101,74 @@ def ns_down(server, ns, host_if, addrs):
     if server:
         server.kill()
         server.wait()
-    for a in addrs:
-        sh("ip", "route", "del", f"{a}/32", check=False)
-    sh("ip", "link", "del", host_if, check=False)
-    sh("ip", "netns", "del", ns, check=False)
+    veth_ns_down(ns, host_if, addrs)
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNET = 0x40000000
+
+
+class TestNet:
+    """A network namespace of the test's own at the far end of a veth, with
+    `addrs` on its side of one small subnet (`host_addr/prefix_len` on the
+    host's): the host reaches every address through that link's connected
+    route, so nothing else is routed in the root namespace. Servers of the
+    test process listen there through `call`, which runs a function (say,
+    one that binds a socket) in a thread that has entered the namespace:
+    a socket stays in the namespace it was made in, so the server's threads
+    and state stay in the test process, where the test reads them."""
+
+    __test__ = False  # not a pytest test class, despite the name
+
+    def __init__(self, ns, host_if, ns_if, host_addr, addrs, prefix_len):
+        self.ns, self.host_if, self.ns_if = ns, host_if, ns_if
+        self.host_addr, self.addrs, self.prefix_len = host_addr, list(addrs), prefix_len
+
+    def up(self):
+        self.down()  # a run killed before its teardown left these behind
+        try:
+            veth_ns(self.ns, self.host_if, self.ns_if, f"{self.host_addr}/{self.prefix_len}",
+                    [f"{a}/{self.prefix_len}" for a in self.addrs])
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def down(self):
+        veth_ns_down(self.ns, self.host_if)
+
+    def left(self):
+        """What of this namespace is still on the host (empty once down)."""
+        out = []
+        if os.path.exists(f"/run/netns/{self.ns}"):
+            out.append(f"netns {self.ns}")
+        if sh("ip", "link", "show", self.host_if, check=False).returncode == 0:
+            out.append(f"link {self.host_if}")
+        return out
+
+    def argv(self, *cmd):
+        """`cmd` run inside the namespace."""
+        return ["ip", "netns", "exec", self.ns, *cmd]
+
+    def call(self, fn):
+        """fn() in a thread inside the namespace; its result (or exception)."""
+        box = {}
+
+        def run():
+            try:
+                with open(f"/run/netns/{self.ns}") as f:
+                    if _libc.setns(f.fileno(), CLONE_NEWNET) != 0:
+                        e = ctypes.get_errno()
+                        raise OSError(e, f"setns {self.ns}: {os.strerror(e)}")
+                box["ok"] = fn()
+            except BaseException as e:  # handed to the caller's thread
+                box["err"] = e
+        t = threading.Thread(target=run)
+        t.start()
+        t.join()
+        if "err" in box:
+            raise box["err"]
+        return box["ok"]
 
 
 class NetLab:

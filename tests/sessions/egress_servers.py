@@ -1,6 +1,13 @@
-"""Servers the egress tests reach through the proxy, all on 127.0.0.2 (a
-loopback address; inside a sandbox 127.0.0.1 is the guest's own loopback,
-where its host services are, so the test servers sit on another one):
+"""Servers the egress tests reach through the proxy, in a network namespace
+the test creates (`egress_net`, a netlab.TestNet): HOST (`api.test` in
+the docs) and OTHER (`other.test`) are two addresses of TEST-NET-2
+(198.51.100.0/24, documentation-only, so never anyone's real server) on
+the namespace's end of a veth; the host, where the daemon and its egress
+proxy run, reaches them over that link. The proxy dials special-purpose
+ranges only for a rule naming the address or its range, which is how the
+suites' policies name them (an IP, or `HOST/32`); the names are IP
+literals, in the certificate's SANs too, as the proxy resolves names with
+the host's resolver and a test does not edit the host's /etc/hosts. On HOST:
 
 - an HTTPS server with a test CA: `/hello`, a PEP 503 package index
   (`/simple/`) with one tiny wheel built here, and git over HTTPS
@@ -25,22 +32,39 @@ import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from gitserver import GIT_ENV, git
+from netlab import TestNet
 
-HOST = "127.0.0.2"
+# A /29 of 198.51.100.64/26 per lane and process (netlab's fake internet
+# has 198.51.100.7 and .8): .1 the host's end of the veth, .2 HOST, .3
+# OTHER. The lanes of `make test` run side by side, each suite in a lane
+# alone, so a lane's suites never hold the same block at once.
+_LANE = int(os.environ.get("HATCHERY_TEST_LANE", "0")) % 2
+_N = os.getpid() % 4
+_BASE = 64 + 32 * _LANE + 8 * _N
+LINK = f"198.51.100.{_BASE + 1}"
+HOST = f"198.51.100.{_BASE + 2}"
+OTHER = f"198.51.100.{_BASE + 3}"
 PKG = "tinypkg"
 PKG_VALUE = "tiny-ok-42"
 
 
-def make_ca(d, host=HOST):
-    """A test CA and a server certificate for the address `host` (openssl CLI)."""
+def egress_net():
+    """The namespace HOST and OTHER live in (not yet up)."""
+    tag = f"{_LANE}x{_N}"
+    return TestNet(f"hxtegr{tag}", f"hxte{tag}r", f"hxte{tag}n", LINK, [HOST, OTHER], 29)
+
+
+def make_ca(d, hosts=(HOST, OTHER), cn="hatchery egress test CA"):
+    """A test CA and a server certificate for the addresses `hosts` (openssl CLI)."""
     def run(*a):
         subprocess.run(["openssl", *a], check=True, capture_output=True, cwd=d)
     run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
-        "-days", "2", "-subj", "/CN=hatchery egress test CA")
+        "-days", "2", "-subj", f"/CN={cn}")
     run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "srv.key", "-out", "srv.csr",
-        "-subj", f"/CN={host}")
+        "-subj", f"/CN={hosts[0]}")
     with open(os.path.join(d, "ext.cnf"), "w") as f:
-        f.write(f"subjectAltName=IP:{host}\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
+        san = ",".join(f"IP:{h}" for h in hosts)
+        f.write(f"subjectAltName={san}\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n"
                 "extendedKeyUsage=serverAuth\n")
     run("x509", "-req", "-in", "srv.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
         "-out", "srv.pem", "-days", "2", "-extfile", "ext.cnf")
@@ -70,8 +94,9 @@ def build_wheel():
 
 
 class _Server:
-    def __init__(self, handler, tls=None):
-        self.httpd = ThreadingHTTPServer((HOST, 0), handler)
+    def __init__(self, net, handler, tls=None):
+        # Bound inside the namespace; served from this process's threads.
+        self.httpd = net.call(lambda: ThreadingHTTPServer((HOST, 0), handler))
         self.httpd.daemon_threads = True
         if tls:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -87,7 +112,8 @@ class _Server:
 
 
 class EgressServers:
-    def __init__(self):
+    def __init__(self, net):
+        """`net`: egress_net(), up (the caller takes it down)."""
         self.dir = tempfile.mkdtemp(prefix="hxegr-")
         self.ca, cert, key = make_ca(self.dir)
         self.ca_pem = open(self.ca).read()
@@ -215,9 +241,9 @@ class EgressServers:
                 self.note()
                 self.send(200, b"this must never be reached\n")
 
-        self.https = _Server(Https, tls=(cert, key))
-        self.http = _Server(Plain)
-        self.denied = _Server(Denied)
+        self.https = _Server(net, Https, tls=(cert, key))
+        self.http = _Server(net, Plain)
+        self.denied = _Server(net, Denied)
 
     def _lib_repo(self):
         work = tempfile.mkdtemp(prefix="hxegrw-")

@@ -17,7 +17,7 @@ import tempfile
 
 import pytest
 
-from egress_servers import HOST, EgressServers
+from egress_servers import HOST, EgressServers, egress_net
 from harness import KEY
 from sessions_support import DEMO_FILES, SessionDaemon
 from test_environments import build
@@ -28,9 +28,14 @@ TOKEN = "hx-operator-git-token-36b"
 
 @pytest.fixture(scope="module")
 def https_git():
-    s = EgressServers()
-    yield s
-    s.stop()
+    net = egress_net().up()
+    try:
+        s = EgressServers(net)
+        yield s
+        s.stop()
+    finally:
+        net.down()
+    assert not net.left(), net.left()
 
 
 @pytest.fixture
