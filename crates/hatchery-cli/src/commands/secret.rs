@@ -1,4 +1,5 @@
-//! `hatchery secret create|list|delete`: the operator's secrets that the
+//! `hatchery secret create|list|delete`: the caller's secrets (the operator's, or a
+//! tenant's own) that the
 //! egress proxy injects into a session's requests (api.md, "Secrets";
 //! policy.md, "Credentials"). A value is never an argument (argv is
 //! readable by every local user through /proc): it comes from a file or
