@@ -9,8 +9,8 @@ import re
 import tempfile
 
 
-def names(hx):
-    return {s["name"]: s for s in json.loads(hx("secret", "list", "--json", check=0).stdout)}
+def names(hx, **kw):
+    return {s["name"]: s for s in json.loads(hx("secret", "list", "--json", check=0, **kw).stdout)}
 
 
 def test_secret_lifecycle(hx):
@@ -28,7 +28,7 @@ def test_secret_lifecycle(hx):
     got = names(hx)
     assert got["CLI_FILE"]["bytes"] == len(value) and got["CLI_STDIN"]["bytes"] == 3
     table = hx("secret", "ls", check=0).stdout
-    assert re.search(rf"^CLI_FILE\s+{len(value)}\s", table, re.M), table
+    assert re.search(rf"^CLI_FILE\s+-\s+{len(value)}\s", table, re.M), table
     assert value not in table
 
     # Bad input: each refused, nothing stored.
@@ -50,11 +50,20 @@ def test_secret_lifecycle(hx):
     assert p.returncode == 2, p.stderr
     assert "CLI_DUP" not in names(hx)
 
-    # The operator's only: a tenant key is refused.
+    # A tenant key keeps secrets of its own (issue 39): it sees none of
+    # the operator's, may reuse a name, and cannot delete the operator's.
     tid = hx("tenant", "create", "cli-secrets", check=0).stdout.strip()
     key = hx("tenant", "key", "create", tid, check=0).stdout.strip()
-    p = hx("secret", "list", env={"HATCHERY_API_KEY": key})
-    assert p.returncode != 0 and "403" in p.stderr, p.stderr
+    as_tenant = {"HATCHERY_API_KEY": key}
+    assert list(names(hx, env=as_tenant)) == []
+    made = hx("secret", "create", "CLI_FILE", "--value-stdin", input="tv", env=as_tenant, check=0)
+    assert made.stdout.strip() == "CLI_FILE", made
+    assert list(names(hx, env=as_tenant)) == ["CLI_FILE"]
+    mine = [x for x in json.loads(hx("secret", "list", "--json", check=0).stdout) if x["name"] == "CLI_FILE"]
+    assert sorted(x.get("tenant") or "" for x in mine) == ["", tid], mine
+    assert hx("secret", "delete", "CLI_STDIN", env=as_tenant).returncode != 0
+    assert hx("secret", "delete", "CLI_FILE", env=as_tenant, check=0).stdout.split() == ["CLI_FILE"]
+    assert list(names(hx, env=as_tenant)) == []
     hx("tenant", "rm", tid, check=0)
 
     assert hx("secret", "delete", "CLI_FILE", "CLI_STDIN", check=0).stdout.split() == ["CLI_FILE", "CLI_STDIN"]

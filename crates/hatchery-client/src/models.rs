@@ -725,6 +725,9 @@ impl std::fmt::Debug for CreateSecret {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SecretInfo {
     pub name: String,
+    /// The tenant whose secret it is; `None` for the operator's.
+    #[serde(default)]
+    pub tenant: Option<String>,
     /// The value's length in bytes.
     pub bytes: u64,
     pub created_at: String,

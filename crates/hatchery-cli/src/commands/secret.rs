@@ -107,9 +107,16 @@ fn read_value(r: impl Read) -> anyhow::Result<String> {
 fn print(list: &[SecretInfo]) {
     let rows: Vec<Vec<String>> = list
         .iter()
-        .map(|s| vec![s.name.clone(), s.bytes.to_string(), s.created_at.clone()])
+        .map(|s| {
+            vec![
+                s.name.clone(),
+                s.tenant.clone().unwrap_or_else(|| "-".into()),
+                s.bytes.to_string(),
+                s.created_at.clone(),
+            ]
+        })
         .collect();
-    table(&["NAME", "BYTES", "CREATED"], &rows);
+    table(&["NAME", "TENANT", "BYTES", "CREATED"], &rows);
 }
 
 #[cfg(test)]
