@@ -55,7 +55,10 @@ def egress_net():
 
 
 def make_ca(d, hosts=(HOST, OTHER), cn="hatchery egress test CA"):
-    """A test CA and a server certificate for the addresses `hosts` (openssl CLI)."""
+    """A test CA and a server certificate for the addresses `hosts` (one
+    address, or several; openssl CLI)."""
+    if isinstance(hosts, str):
+        hosts = (hosts,)
     def run(*a):
         subprocess.run(["openssl", *a], check=True, capture_output=True, cwd=d)
     run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
