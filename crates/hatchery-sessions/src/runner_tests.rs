@@ -142,6 +142,26 @@ fn ids(s: &Session) -> (String, String) {
     (s.sandbox_id.clone().unwrap(), s.process_id.clone().unwrap())
 }
 
+/// A person's decision on an approval, as the API takes it.
+fn approval_body(decision: &str, remember: Option<&str>) -> crate::models::ApprovalBody {
+    crate::models::ApprovalBody {
+        decision: decision.into(),
+        note: String::new(),
+        remember: remember.map(String::from),
+    }
+}
+
+/// The id of session `id`'s pending approval, once it has one.
+async fn pending_id(e: &Env, id: &str) -> String {
+    for _ in 0..5000 {
+        if let Some(a) = e.svc.core.store.pending_approval(id).await.unwrap() {
+            return a.approval_id;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("no pending approval");
+}
+
 /// `events` holds `want` in this order (other events may come between).
 fn in_order(events: &[&str], want: &[&str]) {
     let mut it = events.iter();

@@ -7,10 +7,9 @@
 //! never gets an egress decision; an agent that exits while one is held
 //! still lets the session complete.
 
-use super::{ids, Env};
+use super::{approval_body as body, ids, pending_id, Env};
 use crate::events::EventKind;
 use crate::held_approvals::SessionApprovals;
-use crate::models::ApprovalBody;
 use crate::state::SessionState as S;
 use hatchery_egress::{Answer, ApprovalAsk, Approver};
 use std::time::Duration;
@@ -27,24 +26,6 @@ fn ask(session: &str, port: u16, timeout: Duration) -> ApprovalAsk {
         policy_version: Some(1),
         timeout,
     }
-}
-
-fn body(decision: &str, remember: Option<&str>) -> ApprovalBody {
-    ApprovalBody {
-        decision: decision.into(),
-        note: String::new(),
-        remember: remember.map(String::from),
-    }
-}
-
-async fn pending_id(e: &Env, id: &str) -> String {
-    for _ in 0..5000 {
-        if let Some(a) = e.svc.core.store.pending_approval(id).await.unwrap() {
-            return a.approval_id;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    panic!("no pending approval");
 }
 
 #[tokio::test]

@@ -7,10 +7,9 @@
 //! details is never remembered for the gateway; the agent gets no held
 //! call's decision; no decision is a `timeout` decided by the system.
 
-use super::{ids, Env};
+use super::{approval_body as body, ids, pending_id, Env};
 use crate::events::EventKind;
 use crate::held_approvals::{Answer, ModelCallAsk, SessionApprovals};
-use crate::models::ApprovalBody;
 use crate::state::SessionState as S;
 use std::time::Duration;
 
@@ -24,24 +23,6 @@ fn ask(session: &str, rule: &str, timeout: Duration) -> ModelCallAsk {
         policy_version: 1,
         timeout,
     }
-}
-
-fn body(decision: &str, remember: Option<&str>) -> ApprovalBody {
-    ApprovalBody {
-        decision: decision.into(),
-        note: String::new(),
-        remember: remember.map(String::from),
-    }
-}
-
-async fn pending_id(e: &Env, id: &str) -> String {
-    for _ in 0..5000 {
-        if let Some(a) = e.svc.core.store.pending_approval(id).await.unwrap() {
-            return a.approval_id;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    panic!("no pending approval");
 }
 
 fn held(

@@ -3,10 +3,9 @@
 //! The policy is a fake hook here; the policy evaluation itself is tested
 //! in crate::replay, and end to end in tests/sessions.
 
-use super::{resumed_after_line_2, Env};
+use super::{approval_body, resumed_after_line_2, Env};
 use crate::events::EventKind;
 use crate::hooks::{HookError, SessionHooks};
-use crate::models::ApprovalBody;
 use crate::replay::Verdict;
 use crate::state::SessionState as S;
 use crate::store::Session;
@@ -64,14 +63,6 @@ fn acked(e: &Env, sbx: &str, pid: &str) -> bool {
     sent.contains(ack.trim())
 }
 
-fn decide(decision: &str) -> ApprovalBody {
-    ApprovalBody {
-        decision: decision.into(),
-        note: String::new(),
-        remember: None,
-    }
-}
-
 /// Held: the session waits with an approval that shows what the re-run
 /// asks, the agent gets no ack; approved, it gets it, message 2 is the new
 /// call from then on, and the session goes on to its end.
@@ -103,7 +94,7 @@ async fn a_held_rerun_goes_on_once_a_person_approves_it() {
     let before = e.svc.core.store.agent_line(&id, 2).await.unwrap().unwrap();
 
     e.svc
-        .decide(&id, &a.approval_id, &decide("approve"))
+        .decide(&id, &a.approval_id, &approval_body("approve", None))
         .await
         .unwrap();
     e.until(&id, "acked and running", |s| s.state == S::Running)
@@ -151,7 +142,7 @@ async fn a_held_rerun_that_is_denied_ends_the_session() {
         .unwrap()
         .unwrap();
     e.svc
-        .decide(&id, &a.approval_id, &decide("deny"))
+        .decide(&id, &a.approval_id, &approval_body("deny", None))
         .await
         .unwrap();
     let s = e.state(&id, S::Failed).await;
