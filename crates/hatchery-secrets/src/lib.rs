@@ -14,6 +14,7 @@
 //!
 //! docs/policy.md, "Credentials", describes the model.
 
+pub mod conformance;
 pub mod http;
 pub mod key;
 pub mod openapi;

@@ -514,28 +514,6 @@ mod tests {
 
     #[tokio::test]
     async fn secrets_stored_before_tenants_had_any_are_the_operators() {
-        let db = Db::sqlite_memory().unwrap();
-        let key = SecretKey::from_bytes([1; 32]);
-        // The table as step 1 made it, with a row sealed to its name.
-        db.migrate(&Migrations {
-            product: "secrets",
-            steps: &SCHEMA.steps[..1],
-        })
-        .await
-        .unwrap();
-        let sealed = seal::seal(&key, "OLD", b"old-value").unwrap();
-        db.execute(
-            "INSERT INTO secrets (name, sealed, key_id, bytes, created_at) VALUES ('OLD', $1, $2, 9, 'then')",
-            args![sealed, key.id()],
-        )
-        .await
-        .unwrap();
-        let s = Secrets::open(db, key).await.unwrap();
-        assert_eq!(&s.reveal(None, "OLD").await.unwrap()[..], b"old-value");
-        assert!(matches!(
-            s.reveal(Some("ten_a"), "OLD").await,
-            Err(StoreError::NotFound(_))
-        ));
-        assert_eq!(s.list(Listing::All).await.unwrap()[0].tenant, None);
+        crate::conformance::owners_and_the_migration(Db::sqlite_memory().unwrap()).await;
     }
 }
