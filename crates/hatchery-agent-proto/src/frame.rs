@@ -46,6 +46,9 @@ kinds! {
     FileList = 14,
     FileRemove = 15,
     Ping = 20,
+    // is the guest quiet (nothing of the user's running)? Answered with Ok
+    // and a QuietReport; the host parks a quiet, unused sandbox (idle.rs)
+    Quiet = 21,
     CodeRun = 30,
     ContextCreate = 31,
     ContextList = 32,

@@ -23,6 +23,7 @@ pub use frame::{
 pub use messages::{
     CodeRequest, CodeResult, ContextInfo, ContextRequest, EndReason, ExecRequest, ExecResult,
     FileEntry, FileListRequest, FilePathRequest, FileReadRequest, FileWriteRequest, GuestError,
-    ProcInfo, ProcRequest, PtyExit, PtyRequest, PtyResized, PtySize, PtyStarted, ShimControl,
+    ProcInfo, ProcRequest, PtyExit, PtyRequest, PtyResized, PtySize, PtyStarted, QuietReport,
+    ShimControl,
 };
 pub use relay::{RelayIncoming, RelayListen, RelayListening, RelayOpen};

@@ -113,6 +113,17 @@ pub struct ContextRequest {
     pub make_cwd: bool,
 }
 
+/// The answer to a `Quiet` request: whether nothing of the user's runs in
+/// the guest (no command, terminal, background process or interpreter run,
+/// and no process besides the agent's own), so the host may stop the whole
+/// sandbox until it is used again. `busy` says what keeps it running.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct QuietReport {
+    pub quiet: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub busy: Option<String>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct ContextInfo {
     pub id: String,

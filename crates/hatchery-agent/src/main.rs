@@ -13,6 +13,7 @@ mod pool;
 mod procs;
 mod pty;
 mod pty_size;
+mod quiet;
 mod reaper;
 mod relay;
 mod spawner;
@@ -163,6 +164,11 @@ fn main() {
             },
             Kind::PtyClose => ptys.close(chan),
             Kind::Ping => out.send(&Frame::new(chan, Kind::Pong, frame.payload)),
+            Kind::Quiet => out.send(&Frame::json(
+                chan,
+                Kind::Ok,
+                &quiet::report(&contexts, !writes.is_empty()),
+            )),
             Kind::RelayListen => match frame.parse() {
                 Ok(req) => relays.listen(chan, req),
                 Err(e) => out.error(chan, "invalid", e.to_string()),

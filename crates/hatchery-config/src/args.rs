@@ -163,6 +163,13 @@ pub struct DaemonArgs {
     #[arg(long, env = "HATCHERY_TERMINAL_IDLE_TIMEOUT", default_value_t = 900,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub terminal_idle_timeout: u64,
+    /// Milliseconds a claimed sandbox must go unused (no request in
+    /// flight, nothing of the user's running in it) before it is parked:
+    /// stopped whole, costing no CPU, until the next request starts it
+    /// again. 0 turns idle parking off.
+    #[arg(long, env = "HATCHERY_IDLE_PARK_MS", default_value_t = 3000,
+          value_parser = idle_park_ms)]
+    pub idle_park_ms: u64,
     /// Terminals attached to one sandbox at once; more get 429.
     #[arg(long, env = "HATCHERY_MAX_TERMINALS", default_value_t = 8,
           value_parser = clap::value_parser!(u64).range(1..=256))]
@@ -234,6 +241,17 @@ impl DaemonArgs {
         self.db
             .as_deref()
             .filter(|d| hatchery_store::is_postgres(d))
+    }
+}
+
+/// 0 (off) or 500 ms to 1 h: under half a second a sandbox would be stopped
+/// between the requests of one client's burst.
+fn idle_park_ms(v: &str) -> Result<u64, String> {
+    let ms: u64 = v.parse().map_err(|e| format!("{e}"))?;
+    if ms == 0 || (500..=3_600_000).contains(&ms) {
+        Ok(ms)
+    } else {
+        Err(format!("{ms}: use 0 (off) or 500 to 3600000"))
     }
 }
 

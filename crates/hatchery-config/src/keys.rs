@@ -117,6 +117,7 @@ pub const KEYS: &[Key] = &[
     k("limits", "max_file_bytes", "max-file-bytes", Int, RUNS),
     k("limits", "terminal_idle_timeout", "terminal-idle-timeout", Int, RUNS),
     k("limits", "max_terminals", "max-terminals", Int, RUNS),
+    k("limits", "idle_park_ms", "idle-park-ms", Int, RUNS),
     k("pool", "size", "pool-size", Int, RUNS),
     k("pool", "memory_mb", "pool-memory-mb", Int, RUNS),
     k("pool", "min_available", "pool-min-available", Float, RUNS),

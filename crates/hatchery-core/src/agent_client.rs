@@ -68,6 +68,9 @@ pub struct AgentClient {
     /// Relayed connections open now, host-started and guest-started.
     pub(crate) relays_out: Arc<AtomicUsize>,
     pub(crate) relays_in: Arc<AtomicUsize>,
+    /// The sandbox's idle gate (idle.rs), once it is live: every channel
+    /// opened passes it, which starts a parked sandbox again first.
+    gate: std::sync::OnceLock<Arc<crate::idle::IdleGate>>,
 }
 
 /// One request's view of the connection; dropping it frees the channel.
@@ -118,6 +121,7 @@ impl AgentClient {
             incoming,
             relays_out: Default::default(),
             relays_in: Default::default(),
+            gate: Default::default(),
         })
     }
 
@@ -134,6 +138,23 @@ impl AgentClient {
         self.open_with(CHANNEL_DEPTH, None)
     }
 
+    /// Puts every later channel behind the sandbox's idle gate.
+    pub(crate) fn set_gate(&self, gate: Arc<crate::idle::IdleGate>) {
+        let _ = self.gate.set(gate);
+    }
+
+    /// A channel that does not count as use: the idle parker's own
+    /// question to the agent.
+    pub(crate) fn open_unnoticed(&self) -> Channel {
+        self.open_route(CHANNEL_DEPTH, None)
+    }
+
+    /// Channels open now, host- and guest-started: requests in flight,
+    /// terminals, relayed connections.
+    pub(crate) fn open_channels(&self) -> usize {
+        self.routes.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     /// A channel for a relayed connection: a queue deep enough for the
     /// whole window, and window frames credited to `credit` directly.
     pub(crate) fn open_relay(&self, credit: Arc<Credit>) -> Channel {
@@ -141,6 +162,14 @@ impl AgentClient {
     }
 
     fn open_with(&self, depth: usize, credit: Option<Arc<Credit>>) -> Channel {
+        // Before the route exists: the parker checks both (idle.rs).
+        if let Some(g) = self.gate.get() {
+            g.touch();
+        }
+        self.open_route(depth, credit)
+    }
+
+    fn open_route(&self, depth: usize, credit: Option<Arc<Credit>>) -> Channel {
         let (tx, rx) = mpsc::channel(depth);
         let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
         // The high bit is the guest's (connections it starts); 0 is the

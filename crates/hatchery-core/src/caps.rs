@@ -40,6 +40,8 @@ pub struct Caps {
     pub max_terminals_per_sandbox: usize,
     /// Largest window, in columns and in rows.
     pub max_terminal_cells: u16,
+    /// A claimed sandbox unused this long is parked (idle.rs); 0: never.
+    pub idle_park_ms: u64,
 }
 
 /// `v` if it is in 1..=max: the core's own check of every bound, whatever
@@ -93,6 +95,7 @@ impl Default for Caps {
             max_preview_ttl_s: 24 * 3600,
             default_preview_ttl_s: 3600,
             terminal_idle_timeout_s: 15 * 60,
+            idle_park_ms: 3000,
             max_terminals_per_sandbox: 8,
             max_terminal_cells: 1000,
         }

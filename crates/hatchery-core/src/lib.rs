@@ -12,6 +12,9 @@ mod error;
 pub mod exec;
 pub mod files;
 pub mod host_services;
+mod idle;
+#[cfg(test)]
+mod idle_tests;
 mod ids;
 pub mod lease;
 mod manager;

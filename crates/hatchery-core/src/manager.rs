@@ -61,6 +61,8 @@ pub(crate) struct Live {
     pub terminals: Mutex<std::collections::HashSet<u32>>,
     /// What the host knows of its background processes (proc_oom.rs).
     pub procs: crate::proc_oom::ProcOoms,
+    /// Parking while nobody uses it (idle.rs).
+    pub idle: Arc<crate::idle::IdleGate>,
 }
 
 /// Owns every sandbox of this daemon: the state store, the runtime, the
@@ -494,6 +496,9 @@ impl Manager {
         env: BTreeMap<String, String>,
     ) {
         let mut closed = client.closed();
+        let idle =
+            crate::idle::IdleGate::new(id, Arc::clone(&self.runtime), self.metrics.idle.clone());
+        client.set_gate(Arc::clone(&idle));
         self.live.lock().unwrap_or_else(|p| p.into_inner()).insert(
             id.to_string(),
             Arc::new(Live {
@@ -501,6 +506,7 @@ impl Manager {
                 env,
                 terminals: Default::default(),
                 procs: Default::default(),
+                idle,
             }),
         );
         self.metrics.sandboxes_live.inc();
@@ -518,12 +524,18 @@ impl Manager {
     /// Stops a sandbox: state first (so the API answers at once), host
     /// teardown in the background. Idempotent.
     pub async fn stop(self: &Arc<Self>, id: &str, reason: &str) {
-        let was_live = self
+        let was_live = match self
             .live
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id)
-            .is_some();
+        {
+            Some(l) => {
+                l.idle.retire();
+                true
+            }
+            None => false,
+        };
         let was_pooled = self.pool.remove(id);
         if was_live {
             self.metrics.sandboxes_live.dec();
@@ -846,6 +858,9 @@ impl Manager {
     /// Connects to a sandbox's agent, checks it answers, and attaches the
     /// host services (which also drops relays of any earlier connection).
     pub(crate) async fn connect_agent(&self, id: &str) -> Result<Arc<AgentClient>, CoreError> {
+        // A sandbox an earlier daemon parked while idle (idle.rs) answers
+        // nothing until it runs again.
+        self.runtime.unpark(id);
         let client = connect_and_ping(self.runtime.as_ref(), id).await?;
         self.host_services.attach(&client, id).await;
         Ok(client)

@@ -38,15 +38,15 @@ macro_rules! eventually {
     }};
 }
 
-struct Rig {
+pub(crate) struct Rig {
     _dir: tempfile::TempDir,
     root: PathBuf,
     store: Arc<dyn Store>,
-    rt: Arc<FakeRuntime>,
+    pub(crate) rt: Arc<FakeRuntime>,
 }
 
 impl Rig {
-    async fn new() -> Rig {
+    pub(crate) async fn new() -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().to_path_buf();
         let store: Arc<dyn Store> = Arc::new(DbStore::scratch().await.unwrap());
@@ -69,13 +69,13 @@ impl Rig {
     /// A daemon incarnation of `HOST` (each call takes the lease anew,
     /// fencing off the previous one), with no warm pool and background
     /// bakes held off.
-    async fn manager(&self) -> Arc<Manager> {
+    pub(crate) async fn manager(&self) -> Arc<Manager> {
         let m = self.manager_with(Caps::default(), 0).await;
         hold_bakes(&m);
         m
     }
 
-    async fn manager_with(&self, caps: Caps, pool_size: usize) -> Arc<Manager> {
+    pub(crate) async fn manager_with(&self, caps: Caps, pool_size: usize) -> Arc<Manager> {
         let state = take_host_lease(Arc::clone(&self.store), HOST)
             .await
             .unwrap();
@@ -124,7 +124,7 @@ fn template(m: &Manager) -> Template {
 /// A cold create starts a background bake of the template, which would
 /// add builder sandboxes to the runtime at times of its own choosing:
 /// marking the bake as running keeps tests that do not bake exact.
-fn hold_bakes(m: &Manager) {
+pub(crate) fn hold_bakes(m: &Manager) {
     assert!(m.start_baking(&m.template_image_id(&template(m))));
 }
 
@@ -140,7 +140,7 @@ async fn bake(m: &Manager) {
     assert!(m.template_image(&t).is_some());
 }
 
-fn req() -> CreateRequest {
+pub(crate) fn req() -> CreateRequest {
     CreateRequest {
         template: TPL.into(),
         ..Default::default()

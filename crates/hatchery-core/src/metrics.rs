@@ -24,6 +24,38 @@ pub struct Metrics {
     pub relay: RelayMetrics,
     pub terminals_open: IntGauge,
     pub terminals_opened: IntCounter,
+    /// Idle parking of claimed sandboxes (idle.rs).
+    pub idle: IdleMetrics,
+}
+
+/// Claimed sandboxes stopped while nothing used them (idle.rs).
+#[derive(Clone)]
+pub struct IdleMetrics {
+    pub parked: IntGauge,
+    pub parks: IntCounter,
+    pub unparks: IntCounter,
+}
+
+impl IdleMetrics {
+    fn new() -> IdleMetrics {
+        IdleMetrics {
+            parked: IntGauge::new(
+                "hatchery_sandboxes_idle_parked",
+                "Claimed sandboxes stopped now because nothing used them",
+            )
+            .unwrap(),
+            parks: IntCounter::new(
+                "hatchery_idle_parks_total",
+                "Claimed sandboxes stopped because nothing used them",
+            )
+            .unwrap(),
+            unparks: IntCounter::new(
+                "hatchery_idle_unparks_total",
+                "Idle-parked sandboxes started again by a request or teardown",
+            )
+            .unwrap(),
+        }
+    }
 }
 
 /// Relayed connections, labelled `kind` = `port` (into the guest: the
@@ -189,9 +221,13 @@ impl Metrics {
                 "PTY terminals opened",
             )
             .unwrap(),
+            idle: IdleMetrics::new(),
             registry,
         };
         let r = &m.registry;
+        r.register(Box::new(m.idle.parked.clone())).unwrap();
+        r.register(Box::new(m.idle.parks.clone())).unwrap();
+        r.register(Box::new(m.idle.unparks.clone())).unwrap();
         r.register(Box::new(m.sandboxes_live.clone())).unwrap();
         r.register(Box::new(m.sandboxes_created.clone())).unwrap();
         r.register(Box::new(m.sandboxes_killed.clone())).unwrap();

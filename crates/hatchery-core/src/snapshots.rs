@@ -102,7 +102,9 @@ impl Manager {
     ) -> Result<SnapshotInfo, CoreError> {
         let retention = retention_s.unwrap_or(self.caps.default_retention_s);
         crate::within("retention_seconds", retention, self.caps.max_retention_s)?;
-        self.live_client(sandbox_id).await?;
+        // A checkpoint and a file export reach the guest without an agent
+        // channel: the sandbox must run, and stay running, until they end.
+        let _running = self.live_get(sandbox_id).await?.idle.hold();
         let row = self
             .store
             .get_live(sandbox_id)

@@ -270,6 +270,22 @@ impl Runtime for GvisorRuntime {
         }
     }
 
+    fn park_idle(&self, id: &str) -> bool {
+        match crate::freezer::freeze(id) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(sandbox = %id, error = %e, "could not park an idle sandbox; it stays running");
+                false
+            }
+        }
+    }
+
+    fn unpark(&self, id: &str) {
+        if let Err(e) = crate::freezer::thaw(id) {
+            tracing::warn!(sandbox = %id, error = %e, "could not unpark an idle sandbox");
+        }
+    }
+
     fn foreground(&self, id: &str) {
         // Thawed first: nothing else on the claim path can reach a parked
         // sandbox (freezer.rs).

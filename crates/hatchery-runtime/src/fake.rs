@@ -57,6 +57,7 @@ use hatchery_agent_proto::{
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
@@ -184,6 +185,11 @@ struct Guest {
     execs: Mutex<Vec<Vec<String>>>,
     /// User code runs (warm-up cells excluded).
     code_runs: Mutex<u64>,
+    /// Idle-parked: like a frozen cgroup, the agent reads nothing until it
+    /// is unparked, so a request that skipped the unpark hangs.
+    frozen: std::sync::atomic::AtomicBool,
+    /// Something of the user's runs: the agent's `Quiet` says so.
+    busy: std::sync::atomic::AtomicBool,
 }
 
 struct Sandbox {
@@ -363,6 +369,13 @@ impl FakeRuntime {
     /// with (`None`: unknown).
     pub fn is_background(&self, id: &str) -> Option<bool> {
         self.st().sandboxes.get(id).map(|s| s.background)
+    }
+
+    /// Makes `id`'s guest report work in progress (or none) to `Quiet`.
+    pub fn set_busy(&self, id: &str, busy: bool) {
+        if let Some(s) = self.st().sandboxes.get(id) {
+            s.guest.busy.store(busy, Ordering::SeqCst);
+        }
     }
 
     /// Whether `id` is parked now (`None`: unknown).
@@ -571,6 +584,24 @@ impl Runtime for FakeRuntime {
         }
     }
 
+    fn park_idle(&self, id: &str) -> bool {
+        match self.st().sandboxes.get_mut(id) {
+            Some(s) if s.alive => {
+                s.parked = true;
+                s.guest.frozen.store(true, Ordering::SeqCst);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn unpark(&self, id: &str) {
+        if let Some(s) = self.st().sandboxes.get_mut(id) {
+            s.parked = false;
+            s.guest.frozen.store(false, Ordering::SeqCst);
+        }
+    }
+
     fn leftovers(&self, id: &str) -> Vec<String> {
         match self.st().sandboxes.get(id) {
             Some(s) if s.alive => vec![format!("fake sandbox {id} (running)")],
@@ -719,6 +750,10 @@ async fn serve(
             _ = ended.changed() => break,
         };
         let Ok(Some(f)) = f else { break };
+        // A frozen guest reads nothing until it is thawed.
+        while agent.guest.frozen.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
         agent.handle(f);
         for reply in agent.out.drain(..) {
             if w.write_all(&reply.encode()).await.is_err() {
@@ -772,6 +807,11 @@ impl Agent {
         }
         match f.kind {
             Kind::Ping => self.out.push(Frame::new(chan, Kind::Pong, f.payload)),
+            Kind::Quiet => {
+                let quiet = !self.guest.busy.load(Ordering::SeqCst);
+                let busy = (!quiet).then(|| "a fake job runs".to_string());
+                self.ok(chan, &hatchery_agent_proto::QuietReport { quiet, busy })
+            }
             Kind::RelayListen => {
                 let req = parse!(RelayListen);
                 let ans = RelayListening {

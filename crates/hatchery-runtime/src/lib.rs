@@ -157,6 +157,19 @@ pub trait Runtime: Send + Sync + 'static {
     /// stopped.
     async fn park(&self, _id: &str) {}
 
+    /// Stops a claimed sandbox that nothing uses, as [`Runtime::park`]
+    /// does a pooled one, on the caller's (blocking) thread; true if it is
+    /// stopped now. [`Runtime::unpark`] undoes it and must come before
+    /// anything talks to the sandbox again. Default: cannot, false.
+    fn park_idle(&self, _id: &str) -> bool {
+        false
+    }
+
+    /// Lets a parked sandbox run again. Cheap, synchronous and idempotent
+    /// (it is on the path of every request to an idle-parked sandbox); a
+    /// sandbox that is not parked, or gone, is left as it is.
+    fn unpark(&self, _id: &str) {}
+
     /// Host resources still present for `id`, described for humans; empty
     /// once teardown is complete. Used by health checks and tests.
     fn leftovers(&self, id: &str) -> Vec<String>;

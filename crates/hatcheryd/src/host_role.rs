@@ -98,6 +98,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         max_output_bytes: args.max_output_bytes,
         max_file_bytes: args.max_file_bytes,
         terminal_idle_timeout_s: args.terminal_idle_timeout,
+        idle_park_ms: args.idle_park_ms,
         max_terminals_per_sandbox: args.max_terminals as usize,
         ..Caps::default()
     }
@@ -165,6 +166,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         .reconciled
         .store(true, std::sync::atomic::Ordering::SeqCst);
     let _reaper = manager.spawn_reaper();
+    let _idle_parker = manager.spawn_idle_parker();
     // Bake missing template checkpoints in the background; until one is
     // ready, creates of that template boot cold.
     for t in manager.templates().list() {

@@ -56,6 +56,15 @@ pub fn keeper() -> &'static Arc<Keeper> {
 }
 
 impl Keeper {
+    /// The keeper's process, if it runs; `Err` while a request is being
+    /// served (something is being started or measured).
+    pub fn pid(&self) -> Result<Option<u32>, ()> {
+        match self.conn.try_lock() {
+            Ok(g) => Ok(g.as_ref().map(|c| c.child.id())),
+            Err(_) => Err(()),
+        }
+    }
+
     /// One request, one reply. A dead keeper is restarted once per request:
     /// guest root can kill it, but the cgroups it manages live on in the
     /// guest kernel, so a new keeper picks up where the old one stopped.

@@ -36,7 +36,7 @@ pub struct Kernel {
     pub exited: Receiver<Exit>,
     /// Bytes of `events` read past the last full line.
     pub pending: Vec<u8>,
-    _child: Child,
+    child: Child,
 }
 
 /// A pipe whose ends are above the fds the kernel is given (3 and 4), so
@@ -69,6 +69,11 @@ pub fn set_nonblocking(f: &File) {
 }
 
 impl Kernel {
+    /// The interpreter's own process (quiet.rs counts it as the agent's).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Starts the kernel of `language` (`python`, `bash`, `javascript` or
     /// `typescript`) in `cwd` and waits until it says it is ready.
     pub fn start(language: &str, cwd: &str, reaper: &Arc<Reaper>) -> std::io::Result<Kernel> {
@@ -141,7 +146,7 @@ impl Kernel {
             stderr,
             exited,
             pending: Vec::new(),
-            _child: child,
+            child,
         };
         if let Err(e) = k.wait_ready() {
             k.tree.kill_all();

@@ -231,6 +231,30 @@ impl Contexts {
         ctx
     }
 
+    /// The interpreters' own processes when none of them is running code
+    /// or starting; otherwise what is busy (quiet.rs).
+    pub fn idle_pids(&self) -> Result<Vec<u32>, &'static str> {
+        let ctxs: Vec<Arc<Context>> = self
+            .map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let mut pids = Vec::with_capacity(ctxs.len());
+        for c in ctxs {
+            // The kernel's lock is held for a whole run.
+            match c.kernel.try_lock() {
+                Ok(g) => match g.as_ref() {
+                    Some(k) => pids.push(k.pid()),
+                    None => return Err("an interpreter is starting"),
+                },
+                Err(_) => return Err("an interpreter is running code"),
+            }
+        }
+        Ok(pids)
+    }
+
     fn get(&self, id: &str) -> Option<Arc<Context>> {
         self.map
             .lock()
