@@ -20,8 +20,13 @@ typing less its RSS with the same sessions before any room was opened,
 divided by ROOMS (a room holds its document, its members and its log's
 counters while anyone is connected).
 
+Run twice in one go: first with idle parking off (`--idle-park-ms 0`, the
+baseline: every idle room sandbox's Sentry running), then with the
+daemon's default (3 s; BENCH_IDLE_PARK_MS), where the room sandboxes
+waiting for the next Run are parked (hatchery-core idle.rs).
+
 Bounded: session creation (about 1 s a session), then TYPE_S (default 30 s)
-of typing; all traffic to 127.0.0.1. The figures go to stdout and
+of typing, twice; all traffic to 127.0.0.1. The figures go to stdout and
 target/bench/room_bench.json."""
 
 import asyncio
@@ -171,8 +176,18 @@ async def drive(rooms):
     return time.monotonic() - t0
 
 
-def main():
-    d = Daemon(extra_args=["--pool-size", "0", "--max-ttl", "7200", "--max-sandboxes", str(ROOMS + 16)]).start()
+def parked_now(d):
+    for line in d.request("GET", "/metrics").body.decode().splitlines():
+        if line.startswith("hatchery_sandboxes_idle_parked "):
+            return int(float(line.split()[-1]))
+    return 0
+
+
+def run(park_ms):
+    """One daemon, ROOMS rooms, TYPE_S of typing; the figures as a dict.
+    `park_ms` is the daemon's --idle-park-ms (0: idle sandboxes run)."""
+    d = Daemon(extra_args=["--pool-size", "0", "--max-ttl", "7200", "--max-sandboxes", str(ROOMS + 16),
+                           "--idle-park-ms", str(park_ms)]).start()
     try:
         rnd = d.request("POST", "/v1/rounds", {
             "name": "room bench", "starter_files": {"solution.py": STARTER},
@@ -192,7 +207,9 @@ def main():
                 time.sleep(0.2)
         print(f"{ROOMS} sessions ready in {time.monotonic() - t:.1f} s", flush=True)
         it = d.request("POST", f"/v1/rounds/{rid}/interviewer-tokens", {}).json()["token"]
-        time.sleep(2)
+        # Long enough for idle parking (3 s by default) to have acted.
+        time.sleep(2 + park_ms / 1000)
+        parked = parked_now(d)
         rss_before = d.rss_kb()
         rooms = [Room(f"ws://127.0.0.1:{d.port}/v1/rounds/{rid}/sessions/{s['id']}/room", s["token"], it)
                  for s in sessions]
@@ -214,6 +231,7 @@ def main():
             from_room += [rw - a for a, rw in zip(at, r.received_wall)]
         per_room_kib = (rss_after - rss_before) / ROOMS
         res = {
+            "idle_park_ms": park_ms, "sandboxes_parked_while_typing": parked,
             "rooms": ROOMS, "type_s": TYPE_S, "keystrokes_per_s_per_room": RATE,
             "updates": len(lat), "wall_s": round(wall, 1),
             "fanout_p50_ms": round(pct(lat, 50), 2), "fanout_p99_ms": round(pct(lat, 99), 2),
@@ -226,6 +244,7 @@ def main():
             "daemon_rss_per_room_kib": round(per_room_kib, 1),
             "p99_target_ms": TARGET_P99_MS, "p99_within_target": pct(lat, 99) < TARGET_P99_MS,
         }
+        print(f"--idle-park-ms {park_ms}: {parked} of {ROOMS} room sandboxes parked when the typing began")
         print(f"room fan-out, {ROOMS} rooms x 1 typist ({RATE:g} keys/s) + 1 watcher, {len(lat)} updates in {wall:.0f} s: "
               f"p50 {res['fanout_p50_ms']} ms, p99 {res['fanout_p99_ms']} ms, max {res['fanout_max_ms']} ms "
               f"(target p99 < {TARGET_P99_MS} ms: {'met' if res['p99_within_target'] else 'MISSED'})")
@@ -236,13 +255,24 @@ def main():
               f"p99 {res['client_wake_lag_p99_ms']} ms; load average {load0:.1f} before, {load1:.1f} after")
         print(f"daemon memory: RSS {rss_before / 1024:.1f} MiB -> {rss_after / 1024:.1f} MiB, "
               f"{per_room_kib:.0f} KiB per room")
-        os.makedirs(os.path.dirname(OUT), exist_ok=True)
-        with open(OUT, "w") as f:
-            json.dump(res, f, indent=2)
         for s in sessions:
             d.request("POST", f"/v1/rounds/{rid}/sessions/{s['id']}/end")
+        return res
     finally:
         d.cleanup()
+
+
+def main():
+    # The baseline first, in the same run: idle room sandboxes running
+    # (each Sentry of this runsc burns ~3.5 % of a core while idle).
+    base = run(0)
+    res = run(int(os.environ.get("BENCH_IDLE_PARK_MS", "3000")))
+    res["baseline_parking_off"] = base
+    ratio = res["fanout_p99_ms"] / base["fanout_p99_ms"] if base["fanout_p99_ms"] else 0
+    print(f"p99 with idle parking / without, same run: {ratio:.3f}")
+    os.makedirs(os.path.dirname(OUT), exist_ok=True)
+    with open(OUT, "w") as f:
+        json.dump(res, f, indent=2)
 
 
 if __name__ == "__main__":
