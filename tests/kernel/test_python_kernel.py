@@ -349,6 +349,12 @@ def test_an_indented_cell_loses_its_indent(kernel):
     kernel.send({"id": rid, "env": {}, "code": "\n\n    x = 1\n    1/0\n"})
     (err,) = errors(kernel.collect(rid))
     assert err["name"] == "ZeroDivisionError" and 'line 4' in err["traceback"], err
+    # The first line of code counts, not a comment; valid code never changes.
+    for code, want in (("\n    # a comment\n    y = 2\n    y\n", "2"),
+                       ("  # a comment\ns = '''\n  kept'''\ns", repr("\n  kept"))):
+        rid, kernel.next_id = kernel.next_id, kernel.next_id + 1
+        kernel.send({"id": rid, "env": {}, "code": code})
+        assert value_of(kernel.collect(rid)) == want, code
 
 
 def test_dataframe_results_carry_their_columns(kernel, tmp_path):

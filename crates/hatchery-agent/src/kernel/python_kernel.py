@@ -452,9 +452,11 @@ def _dedent(code):
     """IPython's leading-indent rule: a cell whose first line of code is
     indented (say, a snippet cut from inside a function, or a triple-quoted
     string in a test) loses that indent on every line that has it. Such a
-    cell is an IndentationError otherwise, so valid code never changes; blank
-    lines stay, so line numbers in tracebacks are the cell's own."""
-    first = next((line for line in code.split("\n") if line.strip()), "")
+    cell is an IndentationError otherwise, so valid code never changes (the
+    first line of code, not a comment: unlike IPython, which goes by the
+    first line, an indented comment above unindented code changes nothing);
+    blank lines stay, so line numbers in tracebacks are the cell's own."""
+    first = next((line for line in code.split("\n") if line.strip() and not line.lstrip().startswith("#")), "")
     indent = first[:len(first) - len(first.lstrip(" \t"))]
     if not indent:
         return code
