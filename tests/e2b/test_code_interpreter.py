@@ -26,15 +26,40 @@ def test_contexts_work_in_home_user_as_e2b(ci):
     assert "".join(ci.run_code("from pathlib import Path; print(Path.cwd())").logs.stdout) == "/home/user\n"
     ctx = ci.create_code_context()
     assert ctx.cwd == "/home/user"
-    assert ci.run_code("import os; os.getcwd()", context=ctx).text == "'/home/user'"
+    assert ci.run_code("import os; os.getcwd()", context=ctx).text == "/home/user"
     # A cwd given is used as given (and must exist).
     other = ci.create_code_context(cwd="/tmp")
-    assert ci.run_code("import os; os.getcwd()", context=other).text == "'/tmp'"
+    assert ci.run_code("import os; os.getcwd()", context=other).text == "/tmp"
     # The default context stays where the user moves it: placed once only.
     ci.run_code("import os; os.chdir('/tmp')")
-    assert ci.run_code("os.getcwd()").text == "'/tmp'"
+    assert ci.run_code("os.getcwd()").text == "/tmp"
     default = [c for c in ci.list_code_contexts() if c.id == "default"][0]
     assert default.cwd == "/home/user"
+
+
+def test_a_string_result_reads_without_quotes_as_e2b(ci):
+    # E2B's server drops the quotes of a str's repr from `text` (so
+    # `os.getenv(...)` reads as the value); only a pair around the whole.
+    assert ci.run_code("import os; os.getenv('FOO')", envs={"FOO": "bar"}).text == "bar"
+    assert ci.run_code('"x"').text == "x"
+    assert ci.run_code("['a', 'b']").text == "['a', 'b']"
+    assert ci.run_code("''").text == ""
+
+
+def test_an_indented_cell_runs_as_in_ipython(ci):
+    # E2B's own tests send cells from indented triple-quoted strings.
+    ex = ci.run_code("""
+        x = 20
+        if x:
+            x += 1
+        x * 2
+        """)
+    assert ex.error is None and ex.text == "42"
+
+
+def test_display_raw_shows_only_the_given_formats(ci):
+    ex = ci.run_code("display({'text/latex': r'\\text{CustomReprObject}'}, raw=True)")
+    assert ex.results[0].formats() == ["latex"] and ex.results[0].text is None
 
 
 def test_each_print_is_one_stdout_message(ci):
@@ -61,7 +86,7 @@ def test_shell_escapes_as_ipython(ci):
     ex = ci.run_code("n = 3\nlines = !seq $n\nprint(lines)\n!echo {n * 2} $HOME; exit 4\n_exit_code")
     assert "".join(ex.logs.stdout) == "['1', '2', '3']\n6 /root\n" and ex.text == "4"
     # A `!` that is Python (an expression, a string) is left alone.
-    assert ci.run_code("x = not 1 != 2\ns = '''\n!pwd\n'''\ns").text == "'\\n!pwd\\n'"
+    assert ci.run_code("x = not 1 != 2\ns = '''\n!pwd\n'''\ns").text == "\\n!pwd\\n"
 
 
 def test_the_run_after_a_client_timeout_runs(ci):

@@ -70,6 +70,12 @@ def test_console_log_streams(full):
     assert full.run_code("console.error('e')", language="js").logs.stderr == ["e\n"]
 
 
+def test_js_es_module_imports(full):
+    # E2B's suite (test_js_esm_imports): a static import in a JS cell.
+    ex = full.run_code("import { readFileSync } from 'fs'\nconsole.log(typeof readFileSync)", language="js")
+    assert ex.logs.stdout == ["function\n"] and ex.error is None
+
+
 def test_js_errors_have_name_and_value(full):
     ex = full.run_code("let a = 1\nnotDefined + a", language="js")
     assert ex.error.name == "ReferenceError" and ex.error.value == "notDefined is not defined"
@@ -126,6 +132,57 @@ def test_a_matplotlib_chart_is_a_png_result(full):
     (res,) = ex.results
     assert res.png and res.png.startswith("iVBORw0KGgo"), res
     assert not res.is_main_result
+
+
+def test_charts_carry_their_data(full):
+    """`Result.chart`: what E2B's interpreter extracts from a shown figure,
+    read back by the SDK's chart classes."""
+    from e2b_code_interpreter.charts import (BarChart, BoxAndWhiskerChart, ChartType, LineChart, PieChart,
+                                             ScatterChart, SuperChart)
+    ex = full.run_code("import matplotlib.pyplot as plt\nplt.bar(['a', 'b', 'c'], [3, 1, 2], label='n')\n"
+                       "plt.xlabel('Letter')\nplt.ylabel('Count [pcs]')\nplt.title('Bars')\nplt.show()")
+    (res,) = ex.results
+    bar = res.chart
+    assert isinstance(bar, BarChart) and res.png and (bar.title, bar.x_label, bar.y_unit) == ("Bars", "Letter", "pcs")
+    assert [(b.label, b.value, b.group) for b in bar.elements] == [("a", 3, "n"), ("b", 1, "n"), ("c", 2, "n")]
+    line = full.run_code("""
+        import datetime
+        days = [datetime.date(2026, 1, d) for d in (1, 2, 3)]
+        plt.plot(days, [1.5, 2.5, 2], label='temp')
+        plt.ylabel('Temperature (C)')
+        plt.show()
+        """).results[0].chart
+    assert isinstance(line, LineChart) and (line.x_scale, line.y_scale, line.y_unit) == ("datetime", "linear", "C")
+    assert line.elements[0].label == "temp"
+    assert line.elements[0].points == [("2026-01-01", 1.5), ("2026-01-02", 2.5), ("2026-01-03", 2)]
+    assert all(isinstance(t, str) for t in line.x_ticks) and all(isinstance(t, float) for t in line.y_ticks)
+    pie = full.run_code("plt.pie([90, 10], labels=['No', 'Yes'], startangle=90)\nplt.show()").results[0].chart
+    assert isinstance(pie, PieChart) and [(w.label, w.angle, w.radius) for w in pie.elements] == [
+        ("No", 324, 1), ("Yes", 36, 1)]
+    box = full.run_code("fig, ax = plt.subplots()\n"
+                        "ax.boxplot([[85, 90, 78, 92, 88], [95, 89, 76, 91, 84, 87]], labels=['A', 'B'],"
+                        " patch_artist=True)\nplt.show()").results[0].chart
+    assert isinstance(box, BoxAndWhiskerChart)
+    assert [(b.label, b.min, b.first_quartile, b.median, b.third_quartile, b.max, b.outliers) for b in box.elements] == [
+        ("A", 78, 85, 88, 90, 92, []), ("B", 84, 84.75, 88, 90.5, 95, [76])]
+    sup = full.run_code("fig, (a, b) = plt.subplots(1, 2)\nfig.suptitle('Both')\na.plot([1, 2])\n"
+                        "b.scatter([1, 2, 3], ['x', 'y', 'x'])\nplt.show()").results[0].chart
+    assert isinstance(sup, SuperChart) and sup.title == "Both"
+    first, second = sup.elements
+    assert isinstance(first, LineChart) and first.elements[0].points == [(0, 1), (1, 2)]
+    assert isinstance(second, ScatterChart) and second.y_scale == "categorical"
+    # A figure with nothing plotted has no chart; one of other shapes is `unknown`.
+    assert full.run_code("plt.figure()\nplt.show()").results[0].chart is None
+    ex = full.run_code("fig, ax = plt.subplots()\nax.add_patch(plt.Circle((0, 0), 1))\nax.set_title('c')\nfig")
+    assert (ex.results[0].chart.type, ex.results[0].chart.title) == (ChartType.UNKNOWN, "c")
+
+
+def test_dataframes_and_images_as_e2b_shows_them(full):
+    ex = full.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2], 't': pd.to_datetime(['2026-01-01', None])})")
+    assert ex.results[0].data == {"a": [1, 2], "t": ["2026-01-01T00:00:00", None]}
+    # PIL's show() and save() to a file display the image (E2B's interpreter does).
+    ex = full.run_code("from PIL import Image\nim = Image.new('RGB', (4, 4))\nim.show()\nim.save('x.png')")
+    assert ex.error is None and len(ex.results) == 2 and all(r.png for r in ex.results)
 
 
 def test_ipython_display(full):

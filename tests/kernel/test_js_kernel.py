@@ -178,3 +178,20 @@ def test_typescript_without_a_compiler_says_so(tmp_path, monkeypatch):
         pytest.skip("this host has a typescript module")
     with pytest.raises(AssertionError, match="event pipe closed; kernel stderr: .*no TypeScript compiler"):
         start(tmp_path, monkeypatch, "typescript")
+
+
+def test_es_module_imports_become_globals(kernel, tmp_path):
+    # E2B's Deno kernel takes static imports; here each is rewritten to
+    # `require`, its names global for later cells, line numbers kept.
+    (tmp_path / "esm_dep.js").write_text("exports.__esModule = true; exports.default = 'dflt'; exports.two = 2;\n")
+    events = kernel.run("import { readFileSync } from 'fs'\nconsole.log(typeof readFileSync)")
+    assert out(events) == "function\n" and not harness.errors(events)
+    events = kernel.run("import dep, { two as deux } from './esm_dep.js';\nimport * as path from \"path\"\n"
+                        "import {\n  sep,\n  join,\n} from 'path'\nimport 'util'\n[dep, deux, path.sep === sep, typeof join]")
+    assert main_text(events) == "[ 'dflt', 2, true, 'function' ]"
+    assert main_text(kernel.run("import os from 'os'\ntypeof os.cpus")) == "function"  # CommonJS: its exports
+    assert main_text(kernel.run("typeof readFileSync")) == "function"  # kept for later cells
+    (err,) = harness.errors(kernel.run("import {\n  x,\n} from 'fs'\nnope"))
+    assert err["name"] == "ReferenceError" and "<cell-5>:4" in err["traceback"], err
+    # Dynamic import() and a string are untouched.
+    assert main_text(kernel.run("const s = 'import x from y'\ns")) == "import x from y"

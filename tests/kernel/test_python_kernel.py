@@ -19,13 +19,14 @@ import pytest
 
 PYTHON = "/usr/bin/python3"
 KERNEL = Path(__file__).resolve().parents[2] / "crates/hatchery-agent/src/kernel/python_kernel.py"
+CHARTS = KERNEL.with_name("python_charts.py")
 TIMEOUT = 10.0
 
 
 def argv():
     """The kernel's command line, as hatchery-agent builds it (other kernels'
     tests replace this)."""
-    return [PYTHON, "-u", "-E", "-s", "-c", KERNEL.read_text()]
+    return [PYTHON, "-u", "-E", "-s", "-c", KERNEL.read_text(), CHARTS.read_text()]
 
 
 class Kernel:
@@ -135,6 +136,12 @@ def results(events):
 
 def errors(events):
     return [e for e in events if e["type"] == "error"]
+
+
+def value_of(events):
+    """The text/plain of the main result among events."""
+    (res,) = [r for r in results(events) if r["is_main_result"]]
+    return res["data"]["text/plain"]
 
 
 def value(kernel, expr):
@@ -319,6 +326,70 @@ def test_ipython_display_publishes_rich_results(kernel, tmp_path):
     (res,) = results(events)
     assert res["is_main_result"] is False and res["data"]["text/html"] == "<b>rich</b>"
     assert text(events) == ""
+
+
+def test_display_raw_publishes_the_bundle_as_given(kernel):
+    # IPython's display(bundle, raw=True): the dict is the MIME bundle, with
+    # no text/plain of its own (E2B's test_custom_repr_object expects
+    # formats() == ["latex"]).
+    events = kernel.run(r"display({'text/latex': r'\text{x}'}, {'text/plain': 'p', 'text/html': '<b/>'}, raw=True)")
+    assert [r["data"] for r in results(events)] == [{"text/latex": r"\text{x}"},
+                                                    {"text/plain": "p", "text/html": "<b/>"}]
+
+
+def test_an_indented_cell_loses_its_indent(kernel):
+    # IPython's leading-indent rule: E2B's tests send cells cut from indented
+    # triple-quoted strings. Line numbers stay the cell's own.
+    rid, kernel.next_id = kernel.next_id, kernel.next_id + 1
+    kernel.send({"id": rid, "env": {},
+                 "code": "\n    def f():\n        return 41\n\n  # less\n    f() + 1\n"})
+    events = kernel.collect(rid)
+    assert errors(events) == [] and value_of(events) == "42"
+    rid, kernel.next_id = kernel.next_id, kernel.next_id + 1
+    kernel.send({"id": rid, "env": {}, "code": "\n\n    x = 1\n    1/0\n"})
+    (err,) = errors(kernel.collect(rid))
+    assert err["name"] == "ZeroDivisionError" and 'line 4' in err["traceback"], err
+    # The first line of code counts, not a comment; valid code never changes.
+    for code, want in (("\n    # a comment\n    y = 2\n    y\n", "2"),
+                       ("  # a comment\ns = '''\n  kept'''\ns", repr("\n  kept"))):
+        rid, kernel.next_id = kernel.next_id, kernel.next_id + 1
+        kernel.send({"id": rid, "env": {}, "code": code})
+        assert value_of(kernel.collect(rid)) == want, code
+
+
+def test_dataframe_results_carry_their_columns(kernel, tmp_path):
+    # A stand-in for pandas (not on the host): E2B's `e2b/data` is a
+    # DataFrame's to_dict(orient="list"), JSON-safe.
+    (tmp_path / "pandas.py").write_text(
+        "import datetime\nclass DataFrame:\n"
+        "    def to_dict(self, orient):\n"
+        "        assert orient == 'list'\n"
+        "        return {'a': [1, 2.5, float('nan'), None], 'when': [datetime.date(2026, 1, 2)] * 3 + ['NaT']}\n"
+        "    def __repr__(self):\n        return 'frame'\n"
+        "def isna(v):\n    return v == 'NaT'\n")
+    events = kernel.run("import pandas\npandas.DataFrame()")
+    (res,) = results(events)
+    assert res["data"] == {"text/plain": "frame",
+                           "e2b/data": {"a": [1, 2.5, None, None], "when": ["2026-01-02"] * 3 + [None]}}
+    assert "e2b/data" not in results(kernel.run("{'a': [1]}"))[0]["data"]
+
+
+def test_pil_show_and_save_display_the_image(kernel, tmp_path):
+    # A stand-in for Pillow (PIL.Image.Image with a PNG repr): show() and
+    # save() to a path display the image, as in E2B's interpreter.
+    (tmp_path / "PIL").mkdir()
+    (tmp_path / "PIL" / "__init__.py").write_text("")
+    (tmp_path / "PIL" / "Image.py").write_text(
+        "class Image:\n"
+        "    def _repr_png_(self):\n        return b'PNG'\n"
+        "    def show(self):\n        raise RuntimeError('no viewer')\n"
+        "    def save(self, fp, format=None):\n"
+        "        (open(fp, 'wb') if isinstance(fp, str) else fp).write(b'PNG')\n")
+    events = kernel.run("import io\nfrom PIL import Image\nim = Image.Image()\nim.show()\n"
+                        "im.save('x.png')\nim.save(io.BytesIO())\nprint('done')")
+    assert errors(events) == []
+    assert [r["data"]["image/png"] for r in results(events)] == [base64.b64encode(b"PNG").decode()] * 2
+    assert (tmp_path / "x.png").read_bytes() == b"PNG"
 
 
 def test_broken_repr_method_is_skipped(kernel):

@@ -91,6 +91,22 @@ fn now() -> String {
         .unwrap_or_default()
 }
 
+/// A result's text as E2B's server gives it: a repr in quotes (a string's,
+/// `'bar'`) loses them, so `os.getenv("FOO")` reads `bar`. Hatchery's own
+/// API keeps the repr.
+fn unquoted(val: &Value) -> Value {
+    match val.as_str() {
+        Some(s)
+            if s.len() >= 2
+                && ((s.starts_with('\'') && s.ends_with('\''))
+                    || (s.starts_with('"') && s.ends_with('"'))) =>
+        {
+            json!(s[1..s.len() - 1])
+        }
+        _ => val.clone(),
+    }
+}
+
 /// MIME bundle keys as the SDK names them.
 fn result_line(v: &Value) -> Value {
     let mut out = Map::new();
@@ -99,7 +115,10 @@ fn result_line(v: &Value) -> Value {
     if let Some(data) = v["data"].as_object() {
         for (mime, val) in data {
             let key = match mime.as_str() {
-                "text/plain" => "text",
+                "text/plain" => {
+                    out.insert("text".into(), unquoted(val));
+                    continue;
+                }
                 "text/html" => "html",
                 "text/markdown" => "markdown",
                 "image/svg+xml" => "svg",
@@ -109,6 +128,8 @@ fn result_line(v: &Value) -> Value {
                 "text/latex" => "latex",
                 "application/json" => "json",
                 "application/javascript" => "javascript",
+                "e2b/data" => "data",
+                "e2b/chart" => "chart",
                 _ => {
                     extra.insert(mime.clone(), val.clone());
                     continue;
@@ -439,6 +460,21 @@ mod tests {
         assert_eq!(r["png"], "iVBO");
         assert_eq!(r["extra"]["application/x-custom"], 1);
         assert_eq!(r["is_main_result"], true);
+        // E2B's names for its own types, and a string's repr without quotes.
+        let v = json!({"data": {"text/plain": "'bar'", "e2b/data": {"a": [1]}, "e2b/chart": {"type": "pie"}}});
+        let r = result_line(&v);
+        assert_eq!(
+            (&r["text"], &r["data"]["a"][0], &r["chart"]["type"]),
+            (&json!("bar"), &json!(1), &json!("pie"))
+        );
+        assert!(r.get("extra").is_none(), "{r}");
+        for (repr, text) in [("\"x\"", "x"), ("'", "'"), ("''", ""), ("'a\" ", "'a\" ")] {
+            assert_eq!(
+                result_line(&json!({"data": {"text/plain": repr}}))["text"],
+                text,
+                "{repr}"
+            );
+        }
         let e = error_line(
             &json!({"name": "ZeroDivisionError", "value": "division by zero", "traceback": ["a", "b"]}),
         );

@@ -17,6 +17,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub const PYTHON_KERNEL: &str = include_str!("../kernel/python_kernel.py");
+/// The Python kernel's chart extractor, passed as its argument (it loads
+/// it on the first figure it shows).
+pub const PYTHON_CHARTS: &str = include_str!("../kernel/python_charts.py");
 pub const BASH_KERNEL: &str = include_str!("../kernel/bash_kernel.py");
 pub const JS_KERNEL: &str = include_str!("../kernel/js_kernel.js");
 pub const PYTHON: &str = "/usr/bin/python3";
@@ -90,13 +93,12 @@ impl Kernel {
                 c
             }
             _ => {
-                let source = if language == "bash" {
-                    BASH_KERNEL
-                } else {
-                    PYTHON_KERNEL
-                };
                 let mut c = Command::new(PYTHON);
-                c.args(["-u", "-E", "-s", "-c", source]);
+                if language == "bash" {
+                    c.args(["-u", "-E", "-s", "-c", BASH_KERNEL]);
+                } else {
+                    c.args(["-u", "-E", "-s", "-c", PYTHON_KERNEL, PYTHON_CHARTS]);
+                }
                 c
             }
         };

@@ -227,8 +227,37 @@ globalThis.require = require;
 globalThis.module = module;
 globalThis.exports = module.exports;
 
+// Static ES module imports, which a script cannot hold (E2B's Deno kernel
+// takes them): each becomes `var` bindings of `require`, so the names are
+// globals that later cells see, as the cell's other declarations. The
+// statement is rewritten on its own line(s), keeping line numbers. An
+// `import ... from` at the start of a line inside a template string is
+// rewritten too: the price of not parsing the cell.
+const ESM_IMPORT = /^([ \t]*)import[ \t]+(?:([\w$]+)[ \t]*,?\s*)?(?:\*\s*as\s+([\w$]+)\s*|\{([^}]*)\}\s*)?(?:from\s*)?(['"])([^'"\n]+)\5[ \t]*;?/gm;
+Object.defineProperty(globalThis, '__hatchery_default__', {
+  // What `import x from 'm'` binds for a CommonJS module: its exports.
+  value: (m) => (m && m.__esModule && 'default' in m ? m.default : m),
+});
+
+function esmImports(code) {
+  if (!/^[ \t]*import[ \t]/m.test(code)) return code;
+  return code.replace(ESM_IMPORT, (all, indent, def, star, named, _q, spec) => {
+    const mod = `require(${JSON.stringify(spec)})`;
+    const parts = [];
+    if (star) parts.push(`var ${star} = ${mod};`);
+    if (def) parts.push(`var ${def} = __hatchery_default__(${mod});`);
+    if (named !== undefined) {
+      const names = named.split(',').map((n) => n.trim()).filter(Boolean)
+        .map((n) => n.replace(/^([\w$]+)\s+as\s+([\w$]+)$/, '$1: $2'));
+      parts.push(`var { ${names.join(', ')} } = ${mod};`);
+    }
+    if (!parts.length) parts.push(`${mod};`);
+    return indent + parts.join(' ') + '\n'.repeat((all.match(/\n/g) || []).length);
+  });
+}
+
 async function runCell(code, filename) {
-  const source = LANGUAGE === 'typescript' ? transpile(code, filename) : code;
+  const source = LANGUAGE === 'typescript' ? transpile(code, filename) : esmImports(code);
   const wrapped = awaitForm(source);
   if (wrapped !== null) {
     const got = await vm.runInThisContext(wrapped, { filename });

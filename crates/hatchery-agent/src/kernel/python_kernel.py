@@ -25,6 +25,10 @@ import traceback
 os.environ["MPLBACKEND"] = "Agg"  # before any user import: no display in a sandbox
 os.set_inheritable(3, False)  # children must never hold the kernel's pipes
 os.set_inheritable(4, False)
+# The chart extractor's source (python_charts.py), the kernel's one argument,
+# loaded on the first figure shown (_chart); user code sees no arguments.
+_CHARTS_SOURCE = sys.argv[1] if len(sys.argv) > 1 else ""
+del sys.argv[1:]
 
 _FLAGS = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
 _CO_COROUTINE = 0x80  # inspect.CO_COROUTINE (set when a cell awaits), without importing inspect
@@ -40,6 +44,7 @@ _current_id = None  # the request that output is attributed to
 _count = 0  # execution_count
 _loop = None  # one asyncio loop for all cells, made on the first top-level await
 _ns = None  # the user's namespace, see main()
+_charts = None  # python_charts.py's namespace once loaded
 
 
 def _emit(event):
@@ -160,10 +165,53 @@ def _figure_bundle(fig):
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     data = {"image/png": base64.b64encode(buf.getvalue()).decode("ascii"), "text/plain": _plain(fig)}
+    chart = _chart(fig)  # after savefig: tick labels exist once the figure is drawn
+    if chart:
+        data["e2b/chart"] = chart
     plt = sys.modules.get("matplotlib.pyplot")
     if plt is not None:
         _safe(plt.close, fig)  # shown now, so the end-of-cell flush does not show it again
     return data
+
+
+def _chart(fig):
+    """The figure's chart data (E2B's `e2b/chart`, python_charts.py), or
+    None: a figure it cannot read still shows as a PNG."""
+    global _charts
+    try:
+        if _charts is None:
+            _charts = {"__name__": "hatchery_charts"}
+            exec(compile(_CHARTS_SOURCE, "<hatchery-charts>", "exec", dont_inherit=True), _charts)
+        value = _charts["chart"](fig)
+        json.dumps(value, allow_nan=False)  # must survive the event encoding
+        return value
+    except Exception:
+        return None
+
+
+def _frame_data(obj):
+    """A pandas DataFrame's columns as lists (E2B's `e2b/data`, the SDKs'
+    `Result.data`): timestamps as ISO strings, NaN and other values JSON
+    lacks as null."""
+    pandas = sys.modules.get("pandas")
+    if pandas is None or not isinstance(obj, pandas.DataFrame):
+        return None
+    isna = getattr(pandas, "isna", None)
+
+    def cell(v):
+        if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+            return None
+        if isna is not None and _safe(isna, v) is True:  # NaT, pandas.NA
+            return None
+        if isinstance(v, (str, int, float, bool)) or v is None:
+            return v
+        iso = getattr(v, "isoformat", None)
+        return _safe(iso) if callable(iso) else _safe(str, v)
+
+    try:
+        return {str(k): [cell(v) for v in col] for k, col in obj.to_dict(orient="list").items()}
+    except Exception:
+        return None
 
 
 def _plain(obj):
@@ -184,6 +232,9 @@ def _bundle(obj):
             data[mime] = _repr_call(obj, meth)
     data = {mime: _mime_value(mime, v) for mime, v in data.items() if isinstance(mime, str)}
     data = {mime: v for mime, v in data.items() if v is not None}
+    frame = _frame_data(obj)
+    if frame is not None:
+        data["e2b/data"] = frame
     data["text/plain"] = _plain(obj)
     return data
 
@@ -193,10 +244,18 @@ def _result(obj, main):
     _emit({"id": _current_id, "type": "result", "data": _bundle(obj), "is_main_result": main})
 
 
-def display(*objs, **_options):
-    """Show each object as a rich result (a minimal Jupyter display())."""
+def display(*objs, raw=False, **_options):
+    """Show each object as a rich result (a minimal Jupyter display()).
+    With raw=True each object is a MIME bundle ({mime: data}) shown as it
+    is, without a text/plain of its own, as IPython publishes it."""
     for obj in objs:
-        _result(obj, False)
+        if raw and isinstance(obj, dict):
+            data = {mime: _mime_value(mime, v) for mime, v in obj.items() if isinstance(mime, str)}
+            _flush_streams()
+            _emit({"id": _current_id, "type": "result", "is_main_result": False,
+                   "data": {mime: v for mime, v in data.items() if v is not None}})
+        else:
+            _result(obj, False)
 
 
 def _flush_figures():
@@ -228,6 +287,26 @@ def _patch_ipython_display(module):
     module.display = display
 
 
+def _patch_pil(module):
+    """PIL's Image.show() opens a viewer, and in IPython it displays the
+    image: here it is a PNG result. Image.save() to a path shows the image
+    too, as E2B's code interpreter does (its 0003_images startup script)."""
+    cls = getattr(module, "Image", None)
+    if cls is None or getattr(cls.save, "_hatchery", False):
+        return
+    save = cls.save
+
+    def show(self, *args, **kwargs):
+        display(self)
+
+    def saving(self, fp, *args, **kwargs):
+        if isinstance(fp, (str, os.PathLike)):
+            display(self)
+        return save(self, fp, *args, **kwargs)
+    saving._hatchery = True
+    cls.show, cls.save = show, saving
+
+
 # Modules patched right after their import, so the patch holds even in the
 # cell that imports them. IPython.display star-imports IPython.core.display,
 # which takes display from display_functions (IPython 8; before, it defined
@@ -236,6 +315,7 @@ _PATCHES = {
     "matplotlib.pyplot": _patch_show,
     "IPython.core.display_functions": _patch_ipython_display,
     "IPython.core.display": _patch_ipython_display,
+    "PIL.Image": _patch_pil,
 }
 
 
@@ -368,8 +448,25 @@ def _parse(code, filename):
     return compile(shell, filename, "exec", ast.PyCF_ONLY_AST | _FLAGS, dont_inherit=True)
 
 
+def _dedent(code):
+    """IPython's leading-indent rule: a cell whose first line of code is
+    indented (say, a snippet cut from inside a function, or a triple-quoted
+    string in a test) loses that indent on every line that has it. Such a
+    cell is an IndentationError otherwise, so valid code never changes (the
+    first line of code, not a comment: unlike IPython, which goes by the
+    first line, an indented comment above unindented code changes nothing);
+    blank lines stay, so line numbers in tracebacks are the cell's own."""
+    first = next((line for line in code.split("\n") if line.strip() and not line.lstrip().startswith("#")), "")
+    indent = first[:len(first) - len(first.lstrip(" \t"))]
+    if not indent:
+        return code
+    return "\n".join(line[len(indent):] if line.startswith(indent) else line
+                     for line in code.split("\n"))
+
+
 def _run_cell(code, filename):
     """Exec a cell in the user namespace; a final expression's value is the main result."""
+    code = _dedent(code)
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)  # lines in tracebacks
     tree = _parse(code, filename)
     last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
