@@ -70,7 +70,7 @@ pub struct AgentClient {
     pub(crate) relays_in: Arc<AtomicUsize>,
     /// The sandbox's idle gate (idle.rs), once it is live: every channel
     /// opened passes it, which starts a parked sandbox again first.
-    gate: std::sync::OnceLock<Arc<crate::idle::IdleGate>>,
+    gate: std::sync::OnceLock<Arc<crate::idle_gate::IdleGate>>,
 }
 
 /// One request's view of the connection; dropping it frees the channel.
@@ -139,7 +139,7 @@ impl AgentClient {
     }
 
     /// Puts every later channel behind the sandbox's idle gate.
-    pub(crate) fn set_gate(&self, gate: Arc<crate::idle::IdleGate>) {
+    pub(crate) fn set_gate(&self, gate: Arc<crate::idle_gate::IdleGate>) {
         let _ = self.gate.set(gate);
     }
 

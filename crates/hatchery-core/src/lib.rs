@@ -13,6 +13,7 @@ pub mod exec;
 pub mod files;
 pub mod host_services;
 mod idle;
+mod idle_gate;
 #[cfg(test)]
 mod idle_tests;
 mod ids;

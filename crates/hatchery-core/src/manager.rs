@@ -62,7 +62,7 @@ pub(crate) struct Live {
     /// What the host knows of its background processes (proc_oom.rs).
     pub procs: crate::proc_oom::ProcOoms,
     /// Parking while nobody uses it (idle.rs).
-    pub idle: Arc<crate::idle::IdleGate>,
+    pub idle: Arc<crate::idle_gate::IdleGate>,
 }
 
 /// Owns every sandbox of this daemon: the state store, the runtime, the
@@ -496,8 +496,11 @@ impl Manager {
         env: BTreeMap<String, String>,
     ) {
         let mut closed = client.closed();
-        let idle =
-            crate::idle::IdleGate::new(id, Arc::clone(&self.runtime), self.metrics.idle.clone());
+        let idle = crate::idle_gate::IdleGate::new(
+            id,
+            Arc::clone(&self.runtime),
+            self.metrics.idle.clone(),
+        );
         client.set_gate(Arc::clone(&idle));
         self.live.lock().unwrap_or_else(|p| p.into_inner()).insert(
             id.to_string(),
