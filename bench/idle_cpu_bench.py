@@ -16,15 +16,12 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../tests/integration"))
+from cgroups import cpu_ns, parked_within  # noqa: E402
+from cgroups import freezer as state  # noqa: E402
 from harness import Daemon, metric, wait_for  # noqa: E402
 
 N = 4
 W = 10.0
-
-
-def cpu_ns(sid):
-    with open(f"/sys/fs/cgroup/cpuacct/{sid}/cpuacct.usage") as f:
-        return int(f.read())
 
 
 def ms_per_s(ids):
@@ -33,15 +30,6 @@ def ms_per_s(ids):
     time.sleep(W)
     dt = time.monotonic() - t
     return [(cpu_ns(s) - a[s]) / 1e6 / dt for s in ids]
-
-
-def state(sid, v=None):
-    p = f"/sys/fs/cgroup/freezer/{sid}/freezer.state"
-    if v:
-        with open(p, "w") as f:
-            f.write(v)
-    with open(p) as f:
-        return f.read().strip()
 
 
 def row(name, xs):
@@ -56,15 +44,6 @@ def exec_ms(d, sid):
     t = time.monotonic()
     assert d.exec(sid, "true")["exit_code"] == 0
     return (time.monotonic() - t) * 1000
-
-
-def parked_within(sid, seconds):
-    end = time.time() + seconds
-    while time.time() < end:
-        if state(sid) == "FROZEN":
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def parking(d):

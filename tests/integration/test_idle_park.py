@@ -11,29 +11,11 @@ import time
 
 import pytest
 
+from cgroups import cpu_ns, freezer, parked_within
 from harness import Daemon, metric, wait_for
 
 PARK_MS = 600
 ARGS = ["--pool-size", "0", "--idle-park-ms", str(PARK_MS), "--max-ttl", "600"]
-
-
-def freezer(sid):
-    with open(f"/sys/fs/cgroup/freezer/{sid}/freezer.state") as f:
-        return f.read().strip()
-
-
-def cpu_ns(sid):
-    with open(f"/sys/fs/cgroup/cpuacct/{sid}/cpuacct.usage") as f:
-        return int(f.read())
-
-
-def parked_within(sid, seconds):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if freezer(sid) == "FROZEN":
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def stays_running(sid, seconds):

@@ -10,6 +10,7 @@ are cgroup v1's, read on the host."""
 import os
 import time
 
+from cgroups import cpu_ns, freezer
 from harness import Daemon, metric, wait_for
 
 SHARES = "/sys/fs/cgroup/cpu/{}/cpu.shares"
@@ -17,16 +18,6 @@ SHARES = "/sys/fs/cgroup/cpu/{}/cpu.shares"
 
 def shares(sid):
     with open(SHARES.format(sid)) as f:
-        return int(f.read())
-
-
-def freezer(sid):
-    with open(f"/sys/fs/cgroup/freezer/{sid}/freezer.state") as f:
-        return f.read().strip()
-
-
-def cpu_ns(sid):
-    with open(f"/sys/fs/cgroup/cpuacct/{sid}/cpuacct.usage") as f:
         return int(f.read())
 
 

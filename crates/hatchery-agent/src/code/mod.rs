@@ -234,13 +234,7 @@ impl Contexts {
     /// The interpreters' own processes when none of them is running code
     /// or starting; otherwise what is busy (quiet.rs).
     pub fn idle_pids(&self) -> Result<Vec<u32>, &'static str> {
-        let ctxs: Vec<Arc<Context>> = self
-            .map
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let ctxs = self.all();
         let mut pids = Vec::with_capacity(ctxs.len());
         for c in ctxs {
             // The kernel's lock is held for a whole run.
@@ -399,14 +393,18 @@ impl Contexts {
         });
     }
 
-    pub fn list(&self, chan: u32, out: &Out) {
-        let mut all: Vec<Arc<Context>> = self
-            .map
+    /// Every context now, in no order.
+    fn all(&self) -> Vec<Arc<Context>> {
+        self.map
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
             .cloned()
-            .collect();
+            .collect()
+    }
+
+    pub fn list(&self, chan: u32, out: &Out) {
+        let mut all = self.all();
         all.sort_by_key(|c| c.seq);
         let all: Vec<ContextInfo> = all.iter().map(|c| c.info()).collect();
         out.send(&Frame::json(chan, Kind::Ok, &all));
