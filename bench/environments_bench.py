@@ -48,8 +48,18 @@ def ts(s):
     return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
 
 
-def start_ms(d, body):
-    """POST a session that finishes at once; its start from the log."""
+# The start's phases, from the event log: (label, from event, to event).
+PHASES = [
+    ("created -> sandbox requested", "session_created", "sandbox_requested"),
+    ("sandbox requested -> ready (fork/claim + bind)", "sandbox_requested", "sandbox_ready"),
+    ("sandbox ready -> checked out (fetch + unpack/delta)", "sandbox_ready", "repo_checked_out"),
+    ("checked out -> running (agent files + start)", "repo_checked_out", "to_running"),
+]
+
+
+def start_ms(d, body, phases=None):
+    """POST a session that finishes at once; its start from the log (and
+    each phase's length appended to `phases`, a dict of lists)."""
     r = d.request("POST", "/v1/sessions", {"task": "[script:quick] start", **body})
     assert r.status == 201, r
     sid = r.json()["session_id"]
@@ -64,6 +74,10 @@ def start_ms(d, body):
     for e in d.all_events(sid):
         key = e["type"] if e["type"] != "state_changed" else "to_" + e["to"]
         at.setdefault(key, ts(e["at"]))
+    if phases is not None:
+        for label, a, b in PHASES:
+            if a in at and b in at:
+                phases.setdefault(label, []).append((at[b] - at[a]) * 1000)
     return (at["to_running"] - at["session_created"]) * 1000
 
 
@@ -111,18 +125,26 @@ def main():
         build(d, eid)
         build_ms = (time.perf_counter() - t) * 1000
         push_ahead(g, "envbench", AHEAD)
-        bare, env = [], []
+        bare, env, bare_ph, env_ph = [], [], {}, {}
         # Interleaved, so both see the same load.
         for _ in range(N):
             time.sleep(1.5)  # the pool refills
-            bare.append(start_ms(d, {"repo": repo}))
-            env.append(start_ms(d, {"environment_id": eid}))
+            bare.append(start_ms(d, {"repo": repo}, bare_ph))
+            env.append(start_ms(d, {"environment_id": eid}, env_ph))
         print("\n### Session start from an environment (snapshot fork + delta) vs a bare repository\n")
         print(f"| {'operation':<62} | {'n':>4} | {'p50 ms':>8} | {'p99 ms':>8} | {'vs base':>8} |")
         print(f"|{'-' * 64}|{'-' * 6}|{'-' * 10}|{'-' * 10}|{'-' * 10}|")
         row("baseline: bare repository start (pool claim + whole checkout)", bare)
         row(f"environment start (fork + delta of {AHEAD} commits)", env, bare)
         row("environment build, once (set-up: venv + compileall)", [build_ms])
+        print("\n### Where a start's time goes (p50 of each phase, ms)\n")
+        print(f"| {'phase':<52} | {'bare':>8} | {'env':>8} |")
+        print(f"|{'-' * 54}|{'-' * 10}|{'-' * 10}|")
+        for label, _, _ in PHASES:
+            b, e = bare_ph.get(label), env_ph.get(label)
+            fb = f"{pct(b, 50):>8.1f}" if b else f"{'-':>8}"
+            fe = f"{pct(e, 50):>8.1f}" if e else f"{'-':>8}"
+            print(f"| {label:<52} | {fb} | {fe} |", flush=True)
         d.request("DELETE", f"/v1/environments/{eid}")
     finally:
         d.cleanup_sessions()

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
+mod from_env;
 mod guest_ca;
 mod handoff;
 
@@ -444,119 +445,11 @@ fn credential(svc: &Arc<SessionCore>, s: &Session) -> R<Option<String>> {
     })
 }
 
-/// A fork of the environment version's snapshot (the set-up done, its
-/// egress closed; the fork starts deny-all and gets the session's own
-/// proxy binding), brought to the session's ref by the files that changed
-/// since the version's base commit: the session's sandbox id.
-async fn from_environment(
-    svc: &Arc<SessionCore>,
-    s: &Session,
-    pin: &crate::store::EnvPin,
-) -> R<String> {
-    let id = &s.id;
-    let info = fork_bound(svc, s, &pin.snapshot_id).await?;
-    let sbx = info.id.clone();
-    let recorded = svc
-        .append(
-            id,
-            vec![(
-                Actor::System,
-                EventKind::SandboxReady {
-                    sandbox_id: sbx.clone(),
-                    boot_mode: Some(format!(
-                        "environment {} v{}",
-                        pin.environment_id, pin.version
-                    )),
-                    boot_ms: info.boot_ms,
-                },
-            )],
-            Patch {
-                sandbox_id: Some(Some(sbx.clone())),
-                ..Default::default()
-            },
-        )
-        .await;
-    if let Err(e) = recorded {
-        discard(svc, id, &sbx).await;
-        return Err(fail("store_error", e.to_string()));
-    }
-    ev(
-        svc,
-        id,
-        EventKind::RepoFetchStarted {
-            repo: s.spec.repo.clone(),
-            git_ref: s.spec.git_ref.clone(),
-        },
-    )
-    .await?;
-    let cred = credential(svc, s)?;
-    let d = crate::repo::fetch_delta(
-        &s.spec.repo,
-        &s.spec.git_ref,
-        Some(&pin.base_commit),
-        cred.as_deref(),
-        svc.cfg.fetch,
-        &svc.cfg.fetch_root,
-    )
-    .await
-    .map_err(|e| fetch_failed(svc, e))?;
-    let bytes = d.tar.len() as u64;
-    let (delta, paths) = (
-        format!("{AGENT_DIR}/delta.tar"),
-        format!("{AGENT_DIR}/delta-paths"),
-    );
-    svc.sandboxes.write_file(&sbx, &delta, d.tar).await?;
-    svc.sandboxes.write_file(&sbx, &paths, d.paths).await?;
-    svc.sandboxes
-        .write_file(
-            &sbx,
-            &format!("{AGENT_DIR}/env_delta.py"),
-            ENV_DELTA.as_bytes().to_vec(),
-        )
-        .await?;
-    let x = svc
-        .sandboxes
-        .exec(
-            &sbx,
-            vec![
-                "python3".into(),
-                format!("{AGENT_DIR}/env_delta.py"),
-                delta.clone(),
-                paths,
-                WORKDIR.into(),
-                format!("{AGENT_DIR}/base.tar"),
-                crate::layout::TRACKED_FILE.into(),
-            ],
-            "/",
-            120,
-        )
-        .await?;
-    if x.exit_code != 0 {
-        return Err(fail(
-            "checkout_failed",
-            format!("applying the delta in the sandbox: {}", x.stderr),
-        ));
-    }
-    tracing::info!(session = %id, environment = %pin.environment_id, version = pin.version,
-        from_base = d.from_base, changed = d.changed, bytes, "session checked out from its environment");
-    ev(
-        svc,
-        id,
-        EventKind::RepoCheckedOut {
-            commit: d.commit,
-            path: WORKDIR.into(),
-            bytes,
-        },
-    )
-    .await?;
-    Ok(sbx)
-}
-
 /// Sandbox, checkout, agent; then running.
 async fn start(svc: &Arc<SessionCore>, s: &Session) -> R<()> {
     let id = &s.id;
     let sbx = match &s.spec.environment {
-        Some(pin) => from_environment(svc, s, pin).await?,
+        Some(pin) => from_env::from_environment(svc, s, pin).await?,
         None => bare(svc, s).await?,
     };
     svc.sandboxes
