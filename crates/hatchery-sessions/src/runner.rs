@@ -452,13 +452,6 @@ async fn start(svc: &Arc<SessionCore>, s: &Session) -> R<()> {
         Some(pin) => from_env::from_environment(svc, s, pin).await?,
         None => bare(svc, s).await?,
     };
-    svc.sandboxes
-        .write_file(
-            &sbx,
-            &format!("{AGENT_DIR}/workspace_diff.py"),
-            WORKSPACE_DIFF.as_bytes().to_vec(),
-        )
-        .await?;
     let conf = serde_json::json!({
         "session_id": id,
         "task": s.spec.task,
@@ -467,32 +460,40 @@ async fn start(svc: &Arc<SessionCore>, s: &Session) -> R<()> {
         "max_steps": s.spec.agent.max_steps,
         "workdir": WORKDIR,
     });
-    svc.sandboxes
-        .write_file(
+    let sb = &svc.sandboxes;
+    let reference = s.spec.agent.command.is_none();
+    let (diff_py, conf_json, agent_py) = (
+        format!("{AGENT_DIR}/workspace_diff.py"),
+        format!("{AGENT_DIR}/session.json"),
+        format!("{AGENT_DIR}/reference_agent.py"),
+    );
+    // Independent files: written at once rather than one round trip each
+    // (the agent's start is on every session's start path).
+    tokio::try_join!(
+        sb.write_file(&sbx, &diff_py, WORKSPACE_DIFF.as_bytes().to_vec()),
+        sb.write_file(
             &sbx,
-            &format!("{AGENT_DIR}/session.json"),
+            &conf_json,
             serde_json::to_vec(&conf).unwrap_or_default(),
-        )
-        .await?;
+        ),
+        async {
+            if reference {
+                sb.write_file(&sbx, &agent_py, REFERENCE_AGENT.as_bytes().to_vec())
+                    .await?;
+            }
+            Ok(())
+        },
+    )?;
     let (argv, agent_name) = match s.spec.agent.command.as_deref() {
-        None => {
-            svc.sandboxes
-                .write_file(
-                    &sbx,
-                    &format!("{AGENT_DIR}/reference_agent.py"),
-                    REFERENCE_AGENT.as_bytes().to_vec(),
-                )
-                .await?;
-            (
-                vec![
-                    "python3".to_string(),
-                    "-u".into(),
-                    format!("{AGENT_DIR}/reference_agent.py"),
-                    format!("{AGENT_DIR}/session.json"),
-                ],
-                "reference".to_string(),
-            )
-        }
+        None => (
+            vec![
+                "python3".to_string(),
+                "-u".into(),
+                agent_py.clone(),
+                conf_json.clone(),
+            ],
+            "reference".to_string(),
+        ),
         Some(cmd) => (
             vec!["/bin/sh".into(), "-c".into(), cmd.to_string()],
             "command".to_string(),
