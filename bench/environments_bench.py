@@ -48,8 +48,21 @@ def ts(s):
     return datetime.fromisoformat(s.replace("Z", "+00:00")).timestamp()
 
 
-def start_ms(d, body):
-    """POST a session that finishes at once; its start from the log."""
+# The start's phases, from the event log: (label, from event, to event).
+PHASES = [
+    ("created -> sandbox requested", "session_created", "sandbox_requested"),
+    ("sandbox requested -> ready (fork/claim + bind; env: + delta fetch)", "sandbox_requested",
+     "sandbox_ready"),
+    ("sandbox ready -> checked out (bare: fetch; unpack/apply delta)", "sandbox_ready",
+     "repo_checked_out"),
+    ("checked out -> running (agent files + start)", "repo_checked_out", "to_running"),
+]
+
+
+def start_ms(d, body, phases=None, modes=None):
+    """POST a session that finishes at once; its start from the log (and
+    each phase's length appended to `phases`, a dict of lists, and the
+    sandbox_ready boot mode's last word to `modes`)."""
     r = d.request("POST", "/v1/sessions", {"task": "[script:quick] start", **body})
     assert r.status == 201, r
     sid = r.json()["session_id"]
@@ -64,6 +77,12 @@ def start_ms(d, body):
     for e in d.all_events(sid):
         key = e["type"] if e["type"] != "state_changed" else "to_" + e["to"]
         at.setdefault(key, ts(e["at"]))
+        if e["type"] == "sandbox_ready" and modes is not None:
+            modes.append((e.get("boot_mode") or "").split()[-1])
+    if phases is not None:
+        for label, a, b in PHASES:
+            if a in at and b in at:
+                phases.setdefault(label, []).append((at[b] - at[a]) * 1000)
     return (at["to_running"] - at["session_created"]) * 1000
 
 
@@ -103,27 +122,48 @@ def main():
     repo = g.add_repo("envbench", DEMO_FILES)
     d = SessionDaemon(m.port, extra=["--pool-size", "2"]).start()
     try:
+        # The same set-up twice: one environment keeps a warm pool of its
+        # version (the default, 2), the other none (every start restores
+        # the snapshot).
         r = d.request("POST", "/v1/environments", {"name": "bench", "repo": repo,
                                                      "setup": SETUP})
         assert r.status == 201, r
         eid = r.json()["environment_id"]
+        r = d.request("POST", "/v1/environments", {"name": "bench-nopool", "repo": repo,
+                                                     "setup": SETUP, "pool_size": 0})
+        assert r.status == 201, r
+        cold = r.json()["environment_id"]
         t = time.perf_counter()
         build(d, eid)
         build_ms = (time.perf_counter() - t) * 1000
+        build(d, cold)
         push_ahead(g, "envbench", AHEAD)
-        bare, env = [], []
-        # Interleaved, so both see the same load.
+        bare, env, hot, bare_ph, env_ph, hot_ph, modes = [], [], [], {}, {}, {}, []
+        # Interleaved, so all see the same load.
         for _ in range(N):
-            time.sleep(1.5)  # the pool refills
-            bare.append(start_ms(d, {"repo": repo}))
-            env.append(start_ms(d, {"environment_id": eid}))
+            time.sleep(1.5)  # the pools refill
+            bare.append(start_ms(d, {"repo": repo}, bare_ph))
+            env.append(start_ms(d, {"environment_id": cold}, env_ph))
+            hot.append(start_ms(d, {"environment_id": eid}, hot_ph, modes))
         print("\n### Session start from an environment (snapshot fork + delta) vs a bare repository\n")
         print(f"| {'operation':<62} | {'n':>4} | {'p50 ms':>8} | {'p99 ms':>8} | {'vs base':>8} |")
         print(f"|{'-' * 64}|{'-' * 6}|{'-' * 10}|{'-' * 10}|{'-' * 10}|")
         row("baseline: bare repository start (pool claim + whole checkout)", bare)
-        row(f"environment start (fork + delta of {AHEAD} commits)", env, bare)
+        row(f"environment start, no pool (restore + delta of {AHEAD} commits)", env, bare)
+        row(f"hot environment start (pool claim + delta of {AHEAD})", hot, bare)
         row("environment build, once (set-up: venv + compileall)", [build_ms])
+        print(f"\nhot starts served from the pool: {modes.count('pool')} of {len(modes)}")
+        print("\n### Where a start's time goes (p50 of each phase, ms)\n")
+        print(f"| {'phase':<66} | {'bare':>8} | {'no pool':>8} | {'hot':>8} |")
+        print(f"|{'-' * 68}|{'-' * 10}|{'-' * 10}|{'-' * 10}|")
+
+        def cell(xs):
+            return f"{pct(xs, 50):>8.1f}" if xs else f"{'-':>8}"
+        for label, _, _ in PHASES:
+            print(f"| {label:<66} | {cell(bare_ph.get(label))} | {cell(env_ph.get(label))} "
+                  f"| {cell(hot_ph.get(label))} |", flush=True)
         d.request("DELETE", f"/v1/environments/{eid}")
+        d.request("DELETE", f"/v1/environments/{cold}")
     finally:
         d.cleanup_sessions()
         m.stop()

@@ -6,6 +6,7 @@ each other's writes; a failed set-up makes no version and says why; the
 snapshot holds no deploy credential; bad input is a 4xx that leaves
 nothing; an environment in use cannot be deleted."""
 
+import glob
 import http.client
 import json
 import os
@@ -13,11 +14,12 @@ import shutil
 import subprocess
 import tempfile
 import time
+from datetime import datetime
 
 import pytest
 
 from gitserver import GIT_ENV, git
-from harness import KEY
+from harness import KEY, metric
 from netlab import Peer, probe_cmd
 from sessions_support import DEMO_FILES, SessionDaemon
 
@@ -188,7 +190,9 @@ def test_build_once_sessions_fork_get_the_delta_and_lose_setup_egress(ed, git_se
     checked = next(e for e in ed.all_events(s1) if e["type"] == "repo_checked_out")
     assert checked["commit"] == head
     ready = next(e for e in ed.all_events(s1) if e["type"] == "sandbox_ready")
-    assert ready["boot_mode"] == f"environment {eid} v1"
+    # Claimed from the version's warm pool if its refill was done, else
+    # restored (test_a_hot_environment_... pins the pool down).
+    assert ready["boot_mode"] in (f"environment {eid} v1 pool", f"environment {eid} v1 fork"), ready
     # Its final diff is the agent's work only: not the delta, not the set-up.
     diff = next(e for e in ed.all_events(s1) if e["type"] == "workspace_diff")
     assert "s1.txt" in diff["stat"] and "calc.py" not in diff["stat"] and ".setup-done" not in diff["stat"], diff
@@ -360,7 +364,7 @@ def test_a_template_rebuild_rebuilds_the_environment_and_sessions_keep_the_old_v
         d.track_sandboxes(c)
         assert "T=v2 ENV=v2" in agent_output(d, c), agent_output(d, c)
         ready = next(e for e in d.all_events(c) if e["type"] == "sandbox_ready")
-        assert ready["boot_mode"] == f"environment {eid} v2"
+        assert ready["boot_mode"] in (f"environment {eid} v2 pool", f"environment {eid} v2 fork"), ready
 
         # The session on version 1 ends as it would have: its files v1's.
         s = d.wait_state(a, ("completed",), timeout=300)
@@ -378,3 +382,112 @@ def test_a_template_rebuild_rebuilds_the_environment_and_sessions_keep_the_old_v
         finally:
             d.cleanup_sessions()
             shutil.rmtree(tdir, ignore_errors=True)
+
+
+def pool_of(d, snap):
+    r = d.request("GET", f"/v1/snapshots/{snap}/pool")
+    return r.json() if r.status == 200 else None
+
+
+def wait_pool(d, snap, ready, timeout=180):
+    deadline = time.time() + timeout
+    while True:
+        p = pool_of(d, snap)
+        if p is not None and p["ready"] == ready:
+            return p
+        assert time.time() < deadline, (snap, p, d.log()[-3000:])
+        time.sleep(0.2)
+
+
+def host_traces(d, ids):
+    """What is left on the host of sandboxes `ids`: processes, cgroups,
+    state directories."""
+    left = []
+    for p in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            cmd = open(p, "rb").read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        left += [f"process {p}: {cmd[:100]}" for i in ids if i in cmd]
+    for i in ids:
+        left += glob.glob(f"/sys/fs/cgroup/*/{i}")
+        if os.path.exists(os.path.join(d.data_dir, "sandboxes", i)):
+            left.append(f"state of {i}")
+    return left
+
+
+def wait_gone(d, ids, timeout=90):
+    deadline = time.time() + timeout
+    while host_traces(d, ids):
+        assert time.time() < deadline, host_traces(d, ids)
+        time.sleep(0.3)
+
+
+def start_ms(d, sid):
+    at = {}
+    for e in d.all_events(sid):
+        key = e["type"] if e["type"] != "state_changed" else "to_" + e["to"]
+        at.setdefault(key, datetime.fromisoformat(e["at"].replace("Z", "+00:00")).timestamp())
+    return (at["to_running"] - at["session_created"]) * 1000
+
+
+def test_a_hot_environment_serves_sessions_from_its_warm_pool(ed, git_server, peer):
+    """Issue 40's warm pool: a built version keeps `pool_size` sandboxes
+    restored from its snapshot, parked; a session claims one (its
+    sandbox_ready says `pool`), sessions from it are independent and
+    cannot reach what the set-up could; the pool refills; a rebuild drops
+    the superseded version's pool and deleting the environment the
+    current one's, leaving nothing on the host."""
+    repo = git_server.add_repo("envpool", DEMO_FILES)
+    udp = f"udp,{peer.addr},9999"
+    setup = (f"for i in 1 2 3; do {probe_cmd(udp)} > /tmp/setup-net.json;"
+             f" grep -q '\"open:' /tmp/setup-net.json && break; done;"
+             f" grep -q '\"open:' /tmp/setup-net.json && echo installed > .setup-done")
+    env = create_env(ed, name="pooled", repo=repo, setup=setup, setup_allow=[{"cidr": peer.addr}],
+                     pool_size=2)
+    eid = env["environment_id"]
+    assert env["pool_size"] == 2
+    v1 = build(ed, eid)[-1][1]["snapshot_id"]
+    wait_pool(ed, v1, 2)
+    assert pool_of(ed, v1)["size"] == 2
+    assert metric(ed, "hatchery_snapshot_pool_ready") == 2
+    claims0 = metric(ed, "hatchery_snapshot_pool_claims_total")
+
+    probe = probe_cmd(f"tcp,{peer.addr},80", udp)
+    s1, _ = run_command_session(ed, eid, f"cat .setup-done; {probe}; echo; echo mine > s1.txt")
+    out1 = agent_output(ed, s1)
+    assert "installed" in out1, out1
+    results = json.loads(out1[out1.index("{"):out1.rindex("}") + 1])
+    assert all(v.startswith("blocked:") for v in results.values()), results
+    r1 = next(e for e in ed.all_events(s1) if e["type"] == "sandbox_ready")
+    assert r1["boot_mode"] == f"environment {eid} v1 pool", r1
+    # Refilled in the background.
+    wait_pool(ed, v1, 2)
+    s2, _ = run_command_session(ed, eid, "test -e s1.txt && echo S1-LEAKED; cat .setup-done")
+    out2 = agent_output(ed, s2)
+    assert "installed" in out2 and "S1-LEAKED" not in out2, out2
+    r2 = next(e for e in ed.all_events(s2) if e["type"] == "sandbox_ready")
+    assert r2["boot_mode"] == f"environment {eid} v1 pool" and r2["sandbox_id"] != r1["sandbox_id"], r2
+    assert metric(ed, "hatchery_snapshot_pool_claims_total") - claims0 == 2
+    print(f"pooled starts: {start_ms(ed, s1):.0f} ms, {start_ms(ed, s2):.0f} ms "
+          f"(claim {r1['boot_ms']} ms, {r2['boot_ms']} ms)")
+
+    # A rebuild: the new version is warmed, the superseded one's pool goes
+    # (its snapshot is kept, the previous version).
+    wait_pool(ed, v1, 2)
+    old = set(pool_of(ed, v1)["sandbox_ids"])
+    assert len(old) == 2, old
+    v2 = build(ed, eid)[-1][1]["snapshot_id"]
+    assert v2 != v1
+    wait_pool(ed, v2, 2)
+    assert pool_of(ed, v1) == {"snapshot_id": v1, "size": 0, "ready": 0, "sandbox_ids": []}
+    wait_gone(ed, old)
+
+    # Deleting the environment drops the current version's pool with its
+    # snapshot: nothing of it is left on the host.
+    current = set(pool_of(ed, v2)["sandbox_ids"])
+    assert len(current) == 2, current
+    assert ed.request("DELETE", f"/v1/environments/{eid}").status == 204
+    assert pool_of(ed, v2) is None
+    wait_gone(ed, current)
+    assert metric(ed, "hatchery_snapshot_pool_ready") == 0

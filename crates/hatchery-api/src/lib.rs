@@ -134,6 +134,10 @@ pub fn router_with(state: AppState, products: Router) -> Router {
             get(routes::snapshots::get).delete(routes::snapshots::delete),
         )
         .route("/snapshots/{id}/fork", post(routes::snapshots::fork))
+        .route(
+            "/snapshots/{id}/pool",
+            get(routes::snapshots::get_pool).put(routes::snapshots::put_pool),
+        )
         .route("/sandboxes/{id}/ports/{port}", any(routes::ports::proxy))
         .route("/sandboxes/{id}/ports/{port}/", any(routes::ports::proxy))
         .route(

@@ -158,6 +158,40 @@ pub struct ForkBody {
     pub count: Option<i64>,
 }
 
+/// `PUT /v1/snapshots/{id}/pool`: how many forks of the snapshot to keep
+/// restored and parked on this host, ready for a fork to claim.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotPoolBody {
+    /// 0..8; 0 drops the pool.
+    pub size: u64,
+}
+
+/// A snapshot's warm pool on this host.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SnapshotPool {
+    pub snapshot_id: String,
+    /// Forks kept ready (0: no pool). A pool no fork used for 15 minutes
+    /// is dropped, as is the pool of a deleted snapshot.
+    pub size: u64,
+    /// Forks ready now (refilled in the background).
+    pub ready: u64,
+    /// Their sandbox ids: parked, and not among `GET /v1/sandboxes` until
+    /// a fork claims one.
+    pub sandbox_ids: Vec<String>,
+}
+
+impl From<hatchery_core::SnapshotPoolInfo> for SnapshotPool {
+    fn from(p: hatchery_core::SnapshotPoolInfo) -> Self {
+        SnapshotPool {
+            snapshot_id: p.snapshot_id,
+            size: p.size as u64,
+            ready: p.ready as u64,
+            sandbox_ids: p.sandbox_ids,
+        }
+    }
+}
+
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SandboxList {
     pub sandboxes: Vec<Sandbox>,

@@ -56,6 +56,8 @@ fn target<'a>(method: &Method, path: &'a str) -> Target<'a> {
         // caller's (hatchery-secrets http.rs).
         ["v1", "secrets"] | ["v1", "secrets", _] => Target::Handler,
         ["v1", "sandboxes", id, ..] => Target::Sandbox(id),
+        // A warm pool holds the host's memory: the operator's to size.
+        ["v1", "snapshots", _, "pool"] => Target::Forbidden,
         ["v1", "snapshots", id, ..] => Target::Snapshot(id),
         // The list and one template's view only: builds and their logs
         // are the operator's (a build's output may name hosts, paths and
@@ -228,6 +230,7 @@ mod tests {
                 "/v1/snapshots/snap_a/fork",
                 Target::Snapshot("snap_a"),
             ),
+            (&Method::PUT, "/v1/snapshots/snap_a/pool", Target::Forbidden),
             (&get, "/v1/templates", Target::Open),
             (&get, "/v1/templates/base", Target::Open),
             (&get, "/v1/templates/base/builds", Target::Forbidden),

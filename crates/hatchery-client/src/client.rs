@@ -635,6 +635,26 @@ impl Client {
             })
     }
 
+    /// Keeps `size` forks of the snapshot restored and parked on its host
+    /// (0 drops them): a later fork claims one instead of restoring.
+    pub async fn set_snapshot_pool(&self, snapshot_id: &str, size: u64) -> Result<SnapshotPool> {
+        self.send(
+            Method::PUT,
+            &format!("/v1/snapshots/{}/pool", encode_component(snapshot_id)),
+            json(&SnapshotPoolRequest { size }),
+            StatusCode::OK,
+        )
+        .await
+    }
+
+    pub async fn snapshot_pool(&self, snapshot_id: &str) -> Result<SnapshotPool> {
+        self.get(&format!(
+            "/v1/snapshots/{}/pool",
+            encode_component(snapshot_id)
+        ))
+        .await
+    }
+
     // ---- network ----
 
     pub async fn get_network(&self, id: &str) -> Result<NetworkPolicy> {

@@ -497,6 +497,25 @@ pub struct ForkRequest {
     pub network: Option<NetworkPolicy>,
 }
 
+/// `PUT /v1/snapshots/{id}/pool` (operator only).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotPoolRequest {
+    /// Forks to keep restored and parked on the host (0..8; 0 drops them).
+    pub size: u64,
+}
+
+/// A snapshot's warm pool of forks on its host.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotPool {
+    pub snapshot_id: String,
+    pub size: u64,
+    /// Forks ready now.
+    pub ready: u64,
+    /// Their sandbox ids (parked until a fork claims one).
+    #[serde(default)]
+    pub sandbox_ids: Vec<String>,
+}
+
 // ---- network ----
 
 /// What happens to traffic no rule matches.

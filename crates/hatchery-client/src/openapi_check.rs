@@ -189,6 +189,7 @@ fn responses_match_the_spec() {
     response::<SandboxList>("SandboxList");
     response::<Snapshot>("Snapshot");
     response::<SnapshotList>("SnapshotList");
+    response::<SnapshotPool>("SnapshotPool");
     response::<TemplateInfo>("TemplateInfo");
     response::<TemplateList>("TemplateList");
     response::<BuildAccepted>("BuildAccepted");
@@ -272,6 +273,7 @@ fn requests_match_the_spec() {
             network: Some(policy()),
         },
     );
+    request("SnapshotPoolBody", SnapshotPoolRequest { size: 2 });
     request(
         "CreateContext",
         CreateContext {

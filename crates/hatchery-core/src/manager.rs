@@ -86,6 +86,8 @@ pub struct Manager {
     pub(crate) template_images: ImageStore,
     pub(crate) snapshots: crate::snapshot_stores::SnapshotStores,
     pub(crate) pool: WarmPool,
+    /// The snapshots whose forks are kept warm in `pool`, and how many.
+    pub(crate) snapshot_pools: crate::snapshot_pool::Wanted,
     /// Templates whose checkpoint is being baked right now.
     pub(crate) baking: Mutex<std::collections::HashSet<String>>,
     pub(crate) closing: std::sync::atomic::AtomicBool,
@@ -140,7 +142,12 @@ impl Manager {
                 images.snapshots,
                 images.shared_snapshots,
             ),
-            pool: WarmPool::new(images.pool, metrics.pool_ready.clone()),
+            pool: WarmPool::new(
+                images.pool,
+                metrics.pool_ready.clone(),
+                metrics.snapshot_pool_ready.clone(),
+            ),
+            snapshot_pools: Default::default(),
             filling: Default::default(),
             teardowns: Default::default(),
             baking: Mutex::new(Default::default()),
@@ -309,7 +316,7 @@ impl Manager {
 
     /// Turns a pooled sandbox into the caller's. `None` if it turned out to
     /// be dead, in which case it has been cleaned up.
-    async fn claim_pooled(
+    pub(crate) async fn claim_pooled(
         self: &Arc<Self>,
         row: &SandboxRow,
         policy: &hatchery_net::Policy,

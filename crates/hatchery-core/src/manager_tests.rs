@@ -1135,3 +1135,5 @@ async fn builds_at_start_run_one_at_a_time_in_order() {
     assert!(a_done < b_first, "{order:?}");
     assert_eq!(order.last().unwrap(), "b:done", "{order:?}");
 }
+
+mod snapshot_pools;

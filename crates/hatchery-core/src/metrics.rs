@@ -20,6 +20,9 @@ pub struct Metrics {
     pub restore_fallbacks: IntCounter,
     pub snapshots_created: IntCounter,
     pub pool_ready: IntGauge,
+    pub snapshot_pool_ready: IntGauge,
+    pub snapshot_pool_claims: IntCounter,
+    pub snapshot_pool_misses: IntCounter,
     pub template_images_baked: IntCounter,
     pub relay: RelayMetrics,
     pub terminals_open: IntGauge,
@@ -208,6 +211,21 @@ impl Metrics {
                 "Warm, never-used sandboxes ready to claim",
             )
             .unwrap(),
+            snapshot_pool_ready: IntGauge::new(
+                "hatchery_snapshot_pool_ready",
+                "Parked forks of warm snapshots (hot environment versions) ready to claim",
+            )
+            .unwrap(),
+            snapshot_pool_claims: IntCounter::new(
+                "hatchery_snapshot_pool_claims_total",
+                "Forks served from a snapshot's warm pool",
+            )
+            .unwrap(),
+            snapshot_pool_misses: IntCounter::new(
+                "hatchery_snapshot_pool_misses_total",
+                "Forks of a snapshot kept warm that found none ready and restored",
+            )
+            .unwrap(),
             template_images_baked: IntCounter::new(
                 "hatchery_template_images_baked_total",
                 "Template checkpoints baked",
@@ -242,6 +260,11 @@ impl Metrics {
         r.register(Box::new(m.exec_truncated.clone())).unwrap();
         r.register(Box::new(m.snapshots_created.clone())).unwrap();
         r.register(Box::new(m.pool_ready.clone())).unwrap();
+        r.register(Box::new(m.snapshot_pool_ready.clone())).unwrap();
+        r.register(Box::new(m.snapshot_pool_claims.clone()))
+            .unwrap();
+        r.register(Box::new(m.snapshot_pool_misses.clone()))
+            .unwrap();
         r.register(Box::new(m.template_images_baked.clone()))
             .unwrap();
         r.register(Box::new(m.relay.connections.clone())).unwrap();

@@ -47,33 +47,61 @@ type Ready = HashMap<String, VecDeque<(String, Arc<AgentClient>)>>;
 
 pub struct WarmPool {
     pub cfg: PoolConfig,
+    /// Keyed by template name, or by [`crate::snapshot_pool::key`] for a
+    /// snapshot's forks (one store, so stops, drains, lease loss and
+    /// shutdown reach both kinds the same way).
     ready: Mutex<Ready>,
-    /// Kept exact on every change, so "ready" on /metrics can be trusted.
+    /// Kept exact on every change, so "ready" on /metrics can be trusted:
+    /// templates' sandboxes, and snapshots' forks.
     gauge: IntGauge,
+    snapshot_gauge: IntGauge,
 }
 
 impl WarmPool {
-    pub fn new(cfg: PoolConfig, gauge: IntGauge) -> Self {
+    pub fn new(cfg: PoolConfig, gauge: IntGauge, snapshot_gauge: IntGauge) -> Self {
         WarmPool {
             cfg,
             ready: Mutex::new(HashMap::new()),
             gauge,
+            snapshot_gauge,
         }
     }
 
     fn with<T>(&self, f: impl FnOnce(&mut Ready) -> T) -> T {
         let mut g = self.ready.lock().unwrap_or_else(|p| p.into_inner());
         let out = f(&mut g);
-        self.gauge
-            .set(g.values().map(|q| q.len()).sum::<usize>() as i64);
+        let (mut templates, mut snapshots) = (0, 0);
+        for (k, q) in g.iter() {
+            match crate::snapshot_pool::snapshot_of(k) {
+                Some(_) => snapshots += q.len(),
+                None => templates += q.len(),
+            }
+        }
+        self.gauge.set(templates as i64);
+        self.snapshot_gauge.set(snapshots as i64);
         out
+    }
+
+    /// Every key with a sandbox ready.
+    pub(crate) fn keys(&self) -> Vec<String> {
+        self.with(|r| {
+            r.iter()
+                .filter(|(_, q)| !q.is_empty())
+                .map(|(k, _)| k.clone())
+                .collect()
+        })
+    }
+
+    /// Sandboxes ready in all, whatever their key.
+    pub(crate) fn total(&self) -> usize {
+        self.with(|r| r.values().map(|q| q.len()).sum())
     }
 
     pub fn take(&self, template: &str) -> Option<(String, Arc<AgentClient>)> {
         self.with(|r| r.get_mut(template)?.pop_front())
     }
 
-    fn put(&self, template: &str, id: String, client: Arc<AgentClient>) {
+    pub(crate) fn put(&self, template: &str, id: String, client: Arc<AgentClient>) {
         self.with(|r| {
             r.entry(template.to_string())
                 .or_default()
@@ -126,8 +154,12 @@ impl WarmPool {
     /// Ready sandboxes to keep per template when `templates` share the
     /// memory budget.
     fn target_per(&self, templates: usize) -> usize {
-        let budget = (self.cfg.memory_budget_mb / IDLE_SANDBOX_MB) as usize;
-        self.cfg.size.min(budget / templates.max(1))
+        self.cfg.size.min(self.budget() / templates.max(1))
+    }
+
+    /// Idle sandboxes the memory budget has room for, both kinds together.
+    pub(crate) fn budget(&self) -> usize {
+        (self.cfg.memory_budget_mb / IDLE_SANDBOX_MB) as usize
     }
 }
 
@@ -205,9 +237,6 @@ impl Manager {
                 if m.closing.load(Ordering::SeqCst) {
                     return;
                 }
-                if m.pool.cfg.size == 0 {
-                    continue;
-                }
                 if available_fraction() < m.pool.cfg.min_available_fraction {
                     for id in m.pool.ids() {
                         tracing::warn!(sandbox = %id, "memory pressure: draining warm pool");
@@ -215,35 +244,47 @@ impl Manager {
                     }
                     continue;
                 }
-                let templates = m.templates().list();
-                let target = m.pool.target_per(templates.len());
-                for template in templates {
-                    // Cheap check first: verifying an image hashes it.
-                    if m.pool.len(&template.spec.name) >= target {
-                        continue;
-                    }
-                    let Some(image) = m.template_image(&template) else {
-                        m.spawn_bake(&template);
-                        continue;
-                    };
-                    match m.add_pooled(&template, &image).await {
-                        Ok(()) => {}
-                        // The same rule as a create's restore: without it
-                        // the pool stayed empty, retrying the refused image
-                        // every 2 s, until a create happened to rebake it.
-                        Err(crate::CoreError::Runtime(e)) => {
-                            tracing::warn!(template = %template.spec.name, error = %e,
-                                "pool refill: template checkpoint refused by the runtime; baking it again");
-                            m.rebake_refused(&template);
-                        }
-                        Err(e) => {
-                            tracing::warn!(template = %template.spec.name, error = %e, "pool refill failed");
-                            tokio::time::sleep(Duration::from_secs(2)).await;
-                        }
-                    }
+                if m.pool.cfg.size > 0 {
+                    m.fill_template_pools().await;
                 }
+                // After the templates': a fresh create must not wait
+                // behind a hot snapshot's refill.
+                m.fill_snapshot_pools().await;
             }
         })
+    }
+
+    /// One round of template refills: one sandbox per template short of
+    /// its share of the budget.
+    async fn fill_template_pools(self: &Arc<Self>) {
+        let m = self;
+        let templates = m.templates().list();
+        let target = m.pool.target_per(templates.len());
+        for template in templates {
+            // Cheap check first: verifying an image hashes it.
+            if m.pool.len(&template.spec.name) >= target {
+                continue;
+            }
+            let Some(image) = m.template_image(&template) else {
+                m.spawn_bake(&template);
+                continue;
+            };
+            match m.add_pooled(&template, &image).await {
+                Ok(()) => {}
+                // The same rule as a create's restore: without it
+                // the pool stayed empty, retrying the refused image
+                // every 2 s, until a create happened to rebake it.
+                Err(crate::CoreError::Runtime(e)) => {
+                    tracing::warn!(template = %template.spec.name, error = %e,
+                        "pool refill: template checkpoint refused by the runtime; baking it again");
+                    m.rebake_refused(&template);
+                }
+                Err(e) => {
+                    tracing::warn!(template = %template.spec.name, error = %e, "pool refill failed");
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+            }
+        }
     }
 
     async fn add_pooled(
@@ -313,6 +354,7 @@ mod tests {
                 ..Default::default()
             },
             g,
+            IntGauge::new("s", "s").unwrap(),
         );
         assert_eq!(p.target_per(1), 8);
         assert_eq!(p.target_per(2), 4);
@@ -323,6 +365,7 @@ mod tests {
                 ..Default::default()
             },
             IntGauge::new("h", "h").unwrap(),
+            IntGauge::new("s", "s").unwrap(),
         );
         assert_eq!(p0.target_per(1), 0);
     }

@@ -67,6 +67,14 @@ pub struct ForkRequest {
     pub network: hatchery_net::Policy,
 }
 
+/// What a fork restores (see [`Manager::fork_source`]).
+pub(crate) struct ForkSource {
+    pub template: Template,
+    pub image: Option<PathBuf>,
+    pub files: Option<PathBuf>,
+    pub mode: &'static str,
+}
+
 impl Manager {
     /// A checkpoint of running sandbox `sandbox_id`: memory, processes
     /// and files. The sandbox keeps running.
@@ -205,6 +213,9 @@ impl Manager {
         if !valid_snapshot_id(id) {
             return Ok(());
         }
+        // Its warm forks are stopped by the pool filler's next round
+        // (snapshot_pool.rs), which stops whatever nobody wants.
+        self.snapshot_pools.remove(id);
         let Some(row) = self.store.get_snapshot(id).await? else {
             // Files of a snapshot whose row is gone (a crash between the
             // two): this host's own only.
@@ -241,6 +252,80 @@ impl Manager {
             .get_snapshot(snapshot_id)
             .await?
             .ok_or_else(|| CoreError::SnapshotNotFound(snapshot_id.into()))?;
+        let warm = self.snapshot_pools.touch(snapshot_id);
+        // Resolved only when a fork restores: verifying the image hashes
+        // all of it, which a claim from the warm pool must not pay (its
+        // forks were restored from the verified image).
+        let mut src: Option<ForkSource> = None;
+        let mut made: Vec<SandboxInfo> = Vec::new();
+        for _ in 0..req.count {
+            let res = async {
+                self.reserve()?;
+                if warm {
+                    let r = self.claim_warm_fork(&snap, ttl, &req).await;
+                    if let Some(r) = r.transpose() {
+                        self.unreserve();
+                        return r;
+                    }
+                    self.metrics.snapshot_pool_misses.inc();
+                }
+                let src = match &src {
+                    Some(s) => s,
+                    None => match self.fork_source(&snap) {
+                        Ok(s) => src.insert(s),
+                        Err(e) => {
+                            self.unreserve();
+                            return Err(e);
+                        }
+                    },
+                };
+                let started = Instant::now();
+                let now = now_ms();
+                let row = SandboxRow {
+                    id: new_sandbox_id(),
+                    template: snap.template.clone(),
+                    state: SandboxState::Starting,
+                    created_at_ms: now,
+                    expires_at_ms: now + ttl * 1000,
+                    metadata: req.metadata.clone(),
+                    env: snap.env.clone(),
+                    host_id: self.host_id().to_string(),
+                    template_version: snap.template_version.clone(),
+                    rootfs: snap.rootfs.clone(),
+                    limits: snap.limits.clone(),
+                };
+                let r = self
+                    .boot_row(
+                        row,
+                        &req.network,
+                        &src.template,
+                        src.image.as_deref(),
+                        src.files.as_deref(),
+                        src.mode,
+                        started,
+                    )
+                    .await;
+                self.unreserve();
+                r
+            }
+            .await;
+            match res {
+                Ok(info) => made.push(info),
+                Err(e) => {
+                    for m in &made {
+                        self.stop(&m.id, "fork_failed").await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(made)
+    }
+
+    /// What a fork of `snapshot_id` restores: its record, the template
+    /// (rootfs and shape) it was taken on, and the image and files.
+    pub(crate) fn fork_source(&self, snap: &SnapshotRow) -> Result<ForkSource, CoreError> {
+        let snapshot_id = snap.id.as_str();
         let dir = self
             .snapshots
             .for_row(snapshot_id, &snap.location, self.host_id())?
@@ -278,51 +363,12 @@ impl Manager {
                 "files",
             ),
         };
-        let mut made: Vec<SandboxInfo> = Vec::new();
-        for _ in 0..req.count {
-            let res = async {
-                self.reserve()?;
-                let started = Instant::now();
-                let now = now_ms();
-                let row = SandboxRow {
-                    id: new_sandbox_id(),
-                    template: snap.template.clone(),
-                    state: SandboxState::Starting,
-                    created_at_ms: now,
-                    expires_at_ms: now + ttl * 1000,
-                    metadata: req.metadata.clone(),
-                    env: snap.env.clone(),
-                    host_id: self.host_id().to_string(),
-                    template_version: snap.template_version.clone(),
-                    rootfs: snap.rootfs.clone(),
-                    limits: snap.limits.clone(),
-                };
-                let r = self
-                    .boot_row(
-                        row,
-                        &req.network,
-                        &template,
-                        image.as_deref(),
-                        files.as_deref(),
-                        mode,
-                        started,
-                    )
-                    .await;
-                self.unreserve();
-                r
-            }
-            .await;
-            match res {
-                Ok(info) => made.push(info),
-                Err(e) => {
-                    for m in &made {
-                        self.stop(&m.id, "fork_failed").await;
-                    }
-                    return Err(e);
-                }
-            }
-        }
-        Ok(made)
+        Ok(ForkSource {
+            template,
+            image,
+            files,
+            mode,
+        })
     }
 
     pub(crate) async fn expire_snapshots(&self) {

@@ -229,6 +229,14 @@ impl Sandboxes for ClientSandboxes {
         Ok(s.id)
     }
 
+    async fn set_snapshot_pool(&self, snapshot_id: &str, size: u64) -> Result<(), SandboxError> {
+        self.client
+            .set_snapshot_pool(snapshot_id, size)
+            .await
+            .map(|_| ())
+            .map_err(map)
+    }
+
     async fn snapshot_metadata(&self, id: &str) -> Result<BTreeMap<String, String>, SandboxError> {
         Ok(self.client.get_snapshot(id).await.map_err(map)?.metadata)
     }

@@ -514,3 +514,68 @@ async fn a_tenant_reaches_only_its_own_environments() {
         vec![op.environment_id.clone()]
     );
 }
+
+fn done_snapshot(h: &[BuildEvent]) -> String {
+    match h.last() {
+        Some(BuildEvent::Done { snapshot_id, .. }) => snapshot_id.clone(),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The events' `sandbox_ready` boot mode of session `s`.
+async fn ready_mode(e: &Env, s: &crate::store::Session) -> String {
+    let evs = e.sessions.core.store.events(&s.id, 0, 1000).await.unwrap();
+    evs.iter()
+        .find_map(|ev| match &ev.kind {
+            crate::events::EventKind::SandboxReady { boot_mode, .. } => boot_mode.clone(),
+            _ => None,
+        })
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_current_version_is_kept_warm_and_a_rebuild_drops_the_old_pool() {
+    // A build makes its version's pool (the environment's size); a session
+    // is served from it (the daemon says `pool`, the event says so); a
+    // rebuild warms the new version and drops the superseded one's.
+    let e = env().await;
+    let id = e
+        .envs
+        .create(create_body(&e.repo, ""), None)
+        .await
+        .unwrap()
+        .environment_id;
+    let v1 = done_snapshot(&build(&e, &id).await);
+    until("the pool of v1", || e.fake.snapshot_pool(&v1) == Some(2)).await;
+    let s = running_session(&e, &id).await;
+    assert_eq!(
+        ready_mode(&e, &s).await,
+        format!("environment {id} v1 pool")
+    );
+
+    let v2 = done_snapshot(&build(&e, &id).await);
+    until("the pool of v2", || e.fake.snapshot_pool(&v2) == Some(2)).await;
+    until("v1's dropped", || e.fake.snapshot_pool(&v1) == Some(0)).await;
+}
+
+#[tokio::test]
+async fn an_environment_with_pool_size_0_is_never_pooled() {
+    let e = env().await;
+    let mut body = create_body(&e.repo, "");
+    body.pool_size = Some(0);
+    let id = e.envs.create(body, None).await.unwrap().environment_id;
+    let v1 = done_snapshot(&build(&e, &id).await);
+    let s = running_session(&e, &id).await;
+    assert_eq!(
+        ready_mode(&e, &s).await,
+        format!("environment {id} v1 fork")
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(e.fake.snapshot_pool(&v1).unwrap_or(0), 0, "never warmed");
+    let mut big = create_body(&e.repo, "");
+    big.pool_size = Some(9);
+    assert!(matches!(
+        e.envs.create(big, None).await,
+        Err(EnvError::Invalid(_))
+    ));
+}

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
+mod from_env;
 mod guest_ca;
 mod handoff;
 
@@ -444,128 +445,13 @@ fn credential(svc: &Arc<SessionCore>, s: &Session) -> R<Option<String>> {
     })
 }
 
-/// A fork of the environment version's snapshot (the set-up done, its
-/// egress closed; the fork starts deny-all and gets the session's own
-/// proxy binding), brought to the session's ref by the files that changed
-/// since the version's base commit: the session's sandbox id.
-async fn from_environment(
-    svc: &Arc<SessionCore>,
-    s: &Session,
-    pin: &crate::store::EnvPin,
-) -> R<String> {
-    let id = &s.id;
-    let info = fork_bound(svc, s, &pin.snapshot_id).await?;
-    let sbx = info.id.clone();
-    let recorded = svc
-        .append(
-            id,
-            vec![(
-                Actor::System,
-                EventKind::SandboxReady {
-                    sandbox_id: sbx.clone(),
-                    boot_mode: Some(format!(
-                        "environment {} v{}",
-                        pin.environment_id, pin.version
-                    )),
-                    boot_ms: info.boot_ms,
-                },
-            )],
-            Patch {
-                sandbox_id: Some(Some(sbx.clone())),
-                ..Default::default()
-            },
-        )
-        .await;
-    if let Err(e) = recorded {
-        discard(svc, id, &sbx).await;
-        return Err(fail("store_error", e.to_string()));
-    }
-    ev(
-        svc,
-        id,
-        EventKind::RepoFetchStarted {
-            repo: s.spec.repo.clone(),
-            git_ref: s.spec.git_ref.clone(),
-        },
-    )
-    .await?;
-    let cred = credential(svc, s)?;
-    let d = crate::repo::fetch_delta(
-        &s.spec.repo,
-        &s.spec.git_ref,
-        Some(&pin.base_commit),
-        cred.as_deref(),
-        svc.cfg.fetch,
-        &svc.cfg.fetch_root,
-    )
-    .await
-    .map_err(|e| fetch_failed(svc, e))?;
-    let bytes = d.tar.len() as u64;
-    let (delta, paths) = (
-        format!("{AGENT_DIR}/delta.tar"),
-        format!("{AGENT_DIR}/delta-paths"),
-    );
-    svc.sandboxes.write_file(&sbx, &delta, d.tar).await?;
-    svc.sandboxes.write_file(&sbx, &paths, d.paths).await?;
-    svc.sandboxes
-        .write_file(
-            &sbx,
-            &format!("{AGENT_DIR}/env_delta.py"),
-            ENV_DELTA.as_bytes().to_vec(),
-        )
-        .await?;
-    let x = svc
-        .sandboxes
-        .exec(
-            &sbx,
-            vec![
-                "python3".into(),
-                format!("{AGENT_DIR}/env_delta.py"),
-                delta.clone(),
-                paths,
-                WORKDIR.into(),
-                format!("{AGENT_DIR}/base.tar"),
-                crate::layout::TRACKED_FILE.into(),
-            ],
-            "/",
-            120,
-        )
-        .await?;
-    if x.exit_code != 0 {
-        return Err(fail(
-            "checkout_failed",
-            format!("applying the delta in the sandbox: {}", x.stderr),
-        ));
-    }
-    tracing::info!(session = %id, environment = %pin.environment_id, version = pin.version,
-        from_base = d.from_base, changed = d.changed, bytes, "session checked out from its environment");
-    ev(
-        svc,
-        id,
-        EventKind::RepoCheckedOut {
-            commit: d.commit,
-            path: WORKDIR.into(),
-            bytes,
-        },
-    )
-    .await?;
-    Ok(sbx)
-}
-
 /// Sandbox, checkout, agent; then running.
 async fn start(svc: &Arc<SessionCore>, s: &Session) -> R<()> {
     let id = &s.id;
     let sbx = match &s.spec.environment {
-        Some(pin) => from_environment(svc, s, pin).await?,
+        Some(pin) => from_env::from_environment(svc, s, pin).await?,
         None => bare(svc, s).await?,
     };
-    svc.sandboxes
-        .write_file(
-            &sbx,
-            &format!("{AGENT_DIR}/workspace_diff.py"),
-            WORKSPACE_DIFF.as_bytes().to_vec(),
-        )
-        .await?;
     let conf = serde_json::json!({
         "session_id": id,
         "task": s.spec.task,
@@ -574,32 +460,40 @@ async fn start(svc: &Arc<SessionCore>, s: &Session) -> R<()> {
         "max_steps": s.spec.agent.max_steps,
         "workdir": WORKDIR,
     });
-    svc.sandboxes
-        .write_file(
+    let sb = &svc.sandboxes;
+    let reference = s.spec.agent.command.is_none();
+    let (diff_py, conf_json, agent_py) = (
+        format!("{AGENT_DIR}/workspace_diff.py"),
+        format!("{AGENT_DIR}/session.json"),
+        format!("{AGENT_DIR}/reference_agent.py"),
+    );
+    // Independent files: written at once rather than one round trip each
+    // (the agent's start is on every session's start path).
+    tokio::try_join!(
+        sb.write_file(&sbx, &diff_py, WORKSPACE_DIFF.as_bytes().to_vec()),
+        sb.write_file(
             &sbx,
-            &format!("{AGENT_DIR}/session.json"),
+            &conf_json,
             serde_json::to_vec(&conf).unwrap_or_default(),
-        )
-        .await?;
+        ),
+        async {
+            if reference {
+                sb.write_file(&sbx, &agent_py, REFERENCE_AGENT.as_bytes().to_vec())
+                    .await?;
+            }
+            Ok(())
+        },
+    )?;
     let (argv, agent_name) = match s.spec.agent.command.as_deref() {
-        None => {
-            svc.sandboxes
-                .write_file(
-                    &sbx,
-                    &format!("{AGENT_DIR}/reference_agent.py"),
-                    REFERENCE_AGENT.as_bytes().to_vec(),
-                )
-                .await?;
-            (
-                vec![
-                    "python3".to_string(),
-                    "-u".into(),
-                    format!("{AGENT_DIR}/reference_agent.py"),
-                    format!("{AGENT_DIR}/session.json"),
-                ],
-                "reference".to_string(),
-            )
-        }
+        None => (
+            vec![
+                "python3".to_string(),
+                "-u".into(),
+                agent_py.clone(),
+                conf_json.clone(),
+            ],
+            "reference".to_string(),
+        ),
         Some(cmd) => (
             vec!["/bin/sh".into(), "-c".into(), cmd.to_string()],
             "command".to_string(),

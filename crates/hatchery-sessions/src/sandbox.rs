@@ -158,6 +158,9 @@ pub trait Sandboxes: Send + Sync + 'static {
     /// many it refused in all (exact; the list is what the rate-limited
     /// kernel log reported).
     async fn kernel_denials(&self, id: &str) -> Result<KernelDenials, SandboxError>;
+    /// Keeps `size` forks of the snapshot restored and parked on its host
+    /// (0 drops them), so that a fork claims one (`boot_mode` `pool`).
+    async fn set_snapshot_pool(&self, snapshot_id: &str, size: u64) -> Result<(), SandboxError>;
     /// The metadata a snapshot was taken with.
     async fn snapshot_metadata(&self, id: &str) -> Result<BTreeMap<String, String>, SandboxError>;
 }

@@ -2,7 +2,7 @@ use crate::error::ErrorBody;
 use crate::extract::Json;
 use crate::models::{
     bounded, validate_metadata, validate_ttl, CreateSnapshot, ForkBody, Sandbox, SandboxList,
-    Snapshot, SnapshotList,
+    Snapshot, SnapshotList, SnapshotPool, SnapshotPoolBody,
 };
 use crate::routes::sandboxes::metadata_filter;
 use crate::{scope, ApiError, AppState};
@@ -116,4 +116,32 @@ pub async fn fork(
         .map(Into::into)
         .collect();
     Ok((StatusCode::CREATED, axum::Json(SandboxList { sandboxes })))
+}
+
+/// Keeps `size` forks of the snapshot restored and parked on this host, so
+/// that a fork claims one instead of restoring (the sessions service does
+/// it for a hot environment version). The operator's: a pool holds host
+/// memory.
+#[utoipa::path(put, path = "/v1/snapshots/{id}/pool", tag = "snapshots", params(("id" = String, Path)),
+    request_body = SnapshotPoolBody,
+    responses((status = 200, body = SnapshotPool), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn put_pool(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    Json(body): Json<SnapshotPoolBody>,
+) -> Result<axum::Json<SnapshotPool>, ApiError> {
+    let size = usize::try_from(body.size).unwrap_or(usize::MAX);
+    Ok(axum::Json(
+        st.manager.set_snapshot_pool(&id, size).await?.into(),
+    ))
+}
+
+#[utoipa::path(get, path = "/v1/snapshots/{id}/pool", tag = "snapshots", params(("id" = String, Path)),
+    responses((status = 200, body = SnapshotPool), (status = 404, body = ErrorBody)))]
+pub async fn get_pool(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<axum::Json<SnapshotPool>, ApiError> {
+    st.manager.get_snapshot(&id).await?;
+    Ok(axum::Json(st.manager.snapshot_pool(&id).into()))
 }

@@ -17,6 +17,7 @@
 pub mod build;
 pub mod error;
 pub mod models;
+pub mod pool;
 pub mod progress;
 pub mod service;
 pub mod store;

@@ -14,6 +14,15 @@ pub const DEFAULT_SETUP_TIMEOUT_S: u64 = 600;
 pub const MAX_SETUP_TIMEOUT_S: u64 = 3600;
 /// Environments in the deployment.
 pub const MAX_ENVIRONMENTS: u64 = 256;
+/// Forks of the current version kept restored and parked on the host (the
+/// warm pool, environments/pool.rs): default and most.
+pub const DEFAULT_POOL_SIZE: u64 = 2;
+pub const MAX_POOL_SIZE: u64 = 8;
+
+fn default_pool_size() -> u64 {
+    DEFAULT_POOL_SIZE
+}
+
 /// Versions kept per environment: the current one and the one before it
 /// (older ones are deleted once no unfinished session pinned them).
 pub const KEEP_VERSIONS: u64 = 2;
@@ -43,6 +52,11 @@ pub struct CreateEnvironment {
     pub setup_allow: Vec<serde_json::Value>,
     /// 1..3600 (default 600).
     pub setup_timeout_s: Option<u64>,
+    /// Sandboxes already restored from the current version that the host
+    /// keeps ready while the environment is hot (built, or a session
+    /// started from it in the last 15 minutes): a session claims one
+    /// instead of restoring. 0..8 (default 2); 0 turns the pool off.
+    pub pool_size: Option<u64>,
 }
 
 /// What a create was normalised to; stored as JSON.
@@ -56,6 +70,10 @@ pub struct EnvSpec {
     #[schema(value_type = Vec<Object>)]
     pub setup_allow: Vec<serde_json::Value>,
     pub setup_timeout_s: u64,
+    /// Forks of the current version kept warm (0: none). Environments
+    /// created before it existed read as the default.
+    #[serde(default = "default_pool_size")]
+    pub pool_size: u64,
 }
 
 /// Why a version was built.

@@ -146,6 +146,12 @@ impl Environments {
                 "setup_timeout_s must be 1..{MAX_SETUP_TIMEOUT_S}"
             )));
         }
+        let pool_size = b.pool_size.unwrap_or(DEFAULT_POOL_SIZE);
+        if pool_size > MAX_POOL_SIZE {
+            return Err(EnvError::Invalid(format!(
+                "pool_size must be 0..{MAX_POOL_SIZE}"
+            )));
+        }
         if !self.sandboxes.template_exists(&template).await? {
             return Err(EnvError::UnknownTemplate(template));
         }
@@ -156,6 +162,7 @@ impl Environments {
             setup: b.setup,
             setup_allow: b.setup_allow,
             setup_timeout_s: timeout,
+            pool_size,
         };
         let id = crate::ids::new_id("env");
         self.store.insert(&id, &name, &spec, tenant).await?;
@@ -178,8 +185,12 @@ impl Environments {
     }
 
     pub async fn get(&self, id: &str, tenant: Option<&str>) -> Result<EnvironmentView, EnvError> {
-        let r = self.record(id, tenant).await?;
+        // Read before the record: a build records its outcome and only then
+        // stops counting as running, so "not building" read first means the
+        // record read after has that outcome (the other order could show a
+        // finished build with neither its version nor its error).
         let b = self.building(id);
+        let r = self.record(id, tenant).await?;
         let tv = self.template_version(&r.spec.template).await;
         Ok(view(r, b, tv))
     }
@@ -332,6 +343,13 @@ impl Environments {
                 return fail(&e);
             }
         };
+        // The new version is what sessions start from now: its forks are
+        // kept warm, the superseded one's go (its snapshot may stay, for
+        // sessions still pinned to it).
+        super::pool::warm(&self.sandboxes, &v.snapshot_id, rec.spec.pool_size);
+        if let Some(old) = rec.current().filter(|c| c.snapshot_id != v.snapshot_id) {
+            super::pool::warm(&self.sandboxes, &old.snapshot_id, 0);
+        }
         match self.store.prune(&rec.id).await {
             Ok(old) => {
                 for s in old {
@@ -371,6 +389,11 @@ impl Environments {
             base_commit: v.base_commit.clone(),
         };
         let spec = r.spec.clone();
+        // A session starts from it: hot. Asked again each time, so a pool
+        // gone cold or lost with a daemon restart is warmed again.
+        if spec.pool_size > 0 {
+            super::pool::warm(&self.sandboxes, &pin.snapshot_id, spec.pool_size);
+        }
         match tokio::time::timeout(PIN_CHECK_TIMEOUT, self.template_version(&spec.template)).await {
             Ok(tv) => {
                 self.rebuild_if_stale(r, tv.as_deref());

@@ -394,6 +394,7 @@ pub(crate) mod tests {
             setup: String::new(),
             setup_allow: vec![],
             setup_timeout_s: 60,
+            pool_size: DEFAULT_POOL_SIZE,
         }
     }
 

@@ -56,6 +56,7 @@ pub enum Op {
     DeleteSnapshot,
     SnapshotMetadata,
     SetNetwork,
+    SnapshotPool,
 }
 
 pub use hatchery_client::faults::Effect;
@@ -124,6 +125,8 @@ struct Inner {
     sandboxes: BTreeMap<String, FakeSandbox>,
     order: Vec<String>,
     snapshots: BTreeMap<String, FakeSnapshot>,
+    /// Warm pool sizes asked for, by snapshot (absent: never asked).
+    snapshot_pools: BTreeMap<String, u64>,
     rules: Vec<(ExecMatch, ExecScript)>,
     faults: FaultPlan<Op>,
     next: u64,
@@ -162,6 +165,11 @@ fn gone(id: &str) -> SandboxError {
 }
 
 impl FakeSandboxes {
+    /// The warm pool size last asked for `snapshot`.
+    pub fn snapshot_pool(&self, snapshot: &str) -> Option<u64> {
+        self.lock().snapshot_pools.get(snapshot).copied()
+    }
+
     pub fn new() -> FakeSandboxes {
         FakeSandboxes {
             shared: Arc::new(Shared {
@@ -631,7 +639,10 @@ impl Sandboxes for FakeSandboxes {
             Some(s) if !s.deleted => s.clone(),
             _ => return Err(SandboxError::NotFound(format!("snapshot {snapshot_id}"))),
         };
-        Ok(self.add(FakeSandbox {
+        // As a daemon whose pool of it was refilled: a snapshot kept warm
+        // serves a claim.
+        let pooled = self.snapshot_pool(snapshot_id).is_some_and(|n| n > 0);
+        let mut info = self.add(FakeSandbox {
             template: String::new(),
             forked_from: Some(snapshot_id.into()),
             metadata,
@@ -639,7 +650,9 @@ impl Sandboxes for FakeSandboxes {
             files: snap.files,
             processes: snap.processes,
             ..FakeSandbox::default()
-        }))
+        });
+        info.boot_mode = Some(if pooled { "pool" } else { "fork" }.into());
+        Ok(info)
     }
 
     async fn kernel_denials(&self, id: &str) -> Result<KernelDenials, SandboxError> {
@@ -667,6 +680,18 @@ impl Sandboxes for FakeSandboxes {
                 Ok(())
             }
             _ => Err(SandboxError::NotFound(format!("snapshot {id}"))),
+        }
+    }
+
+    async fn set_snapshot_pool(&self, snapshot_id: &str, size: u64) -> Result<(), SandboxError> {
+        self.gate(Op::SnapshotPool, None).await?;
+        let mut g = self.lock();
+        match g.snapshots.get(snapshot_id) {
+            Some(s) if !s.deleted => {
+                g.snapshot_pools.insert(snapshot_id.to_string(), size);
+                Ok(())
+            }
+            _ => Err(SandboxError::NotFound(format!("snapshot {snapshot_id}"))),
         }
     }
 
