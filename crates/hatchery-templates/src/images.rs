@@ -4,7 +4,8 @@
 //! 0600/0700, because a snapshot is a recording of a person's work. Before
 //! a restore the image is verified against its manifest, so a truncated,
 //! emptied or bit-flipped image is a typed error, never a half-restored
-//! sandbox.
+//! sandbox. An image this process verified and that has not changed since
+//! is not read again (verified.rs).
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -130,6 +131,16 @@ pub(crate) fn verify_dir(dir: &Path, id: &str) -> Result<(), ImageError> {
     let corrupt = |why: String| ImageError::Corrupt { id: id.into(), why };
     let m: Manifest =
         serde_json::from_slice(&raw).map_err(|e| corrupt(format!("manifest: {e}")))?;
+    let names: Vec<&str> = m
+        .files
+        .keys()
+        .map(String::as_str)
+        .chain([MANIFEST])
+        .collect();
+    // Checksummed before by this process and unchanged since (verified.rs).
+    if crate::verified::still_verified(dir, &names) {
+        return Ok(());
+    }
     for (name, want) in &m.files {
         let (size, sum) =
             sha256_file(&dir.join(name)).map_err(|e| corrupt(format!("{name}: {e}")))?;
@@ -143,6 +154,7 @@ pub(crate) fn verify_dir(dir: &Path, id: &str) -> Result<(), ImageError> {
             return Err(corrupt(format!("{name} checksum mismatch")));
         }
     }
+    crate::verified::remember(dir, &names);
     Ok(())
 }
 
@@ -164,6 +176,7 @@ impl ImageStore {
     /// A fresh, empty, private directory for the runtime to write into.
     pub fn prepare(&self, id: &str) -> Result<PathBuf, ImageError> {
         let p = self.path(id)?;
+        crate::verified::forget(&p);
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir(&p)?;
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700))?;
@@ -191,7 +204,9 @@ impl ImageStore {
     }
 
     pub fn remove(&self, id: &str) -> Result<(), ImageError> {
-        match std::fs::remove_dir_all(self.path(id)?) {
+        let p = self.path(id)?;
+        crate::verified::forget(&p);
+        match std::fs::remove_dir_all(p) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
             _ => Ok(()),
         }
@@ -219,6 +234,24 @@ mod tests {
             .unwrap();
         let s = ImageStore::new(d.path().to_path_buf()).unwrap();
         (d, s)
+    }
+
+    #[test]
+    fn a_remembered_image_is_checked_again_once_it_changes() {
+        // An image verified once is not hashed again while unchanged
+        // (verified.rs); a later same-size rewrite must still be caught.
+        let (_dir, s) = store();
+        let d = s.prepare("snap_r").unwrap();
+        std::fs::write(d.join("pages.img"), vec![1u8; 4096]).unwrap();
+        s.seal("snap_r").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(2300));
+        assert!(s.verify("snap_r").is_ok());
+        assert!(s.verify("snap_r").is_ok());
+        std::fs::write(d.join("pages.img"), vec![2u8; 4096]).unwrap();
+        assert!(matches!(
+            s.verify("snap_r"),
+            Err(ImageError::Corrupt { .. })
+        ));
     }
 
     #[test]

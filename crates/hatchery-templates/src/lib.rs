@@ -15,6 +15,7 @@ pub mod snapshot_store;
 mod spec;
 mod spec_file;
 mod store;
+mod verified;
 
 pub use build::{build_rootfs, default_mirror, BuildPriority};
 pub use images::{ImageError, ImageStore, SealedImage};
