@@ -108,7 +108,8 @@ def test_env_commands(env):
     hx("env", "rm", eid, check=0)
     assert json.loads(hx("env", "ls", "--json", check=0).stdout) == []
     bad = hx("env", "create", "--name", "bad", "--repo", repo, "--setup", "echo nope >&2; exit 3",
-             check=0).stdout.strip()
+             "--pool-size", "0", check=0).stdout.strip()
+    assert json.loads(hx("env", "get", bad, "--json", check=0).stdout)["pool_size"] == 0
     p = hx("env", "build", bad, timeout=600)
     assert p.returncode != 0 and "setup_failed" in p.stderr and "nope" in p.stderr, (p.stdout, p.stderr)
     hx("env", "rm", bad, check=0)

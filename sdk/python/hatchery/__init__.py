@@ -17,7 +17,7 @@ from .models import (BuildAccepted, BuildEvent, CodeContext, ExecReason, ExecRes
                      PreviewUrl, ProcessChunk, ProcessInfo, ProcessState, Result, SandboxInfo, SnapshotInfo, TemplateInfo,
                      TerminalExit, TerminalToken)
 from .rounds import InterviewSession, ReplayFork, Round
-from .models import CreatedKey, PolicySummary, Secret, StoredPolicy, Tenant, TenantKey
+from .models import CreatedKey, PolicySummary, Secret, SnapshotPool, StoredPolicy, Tenant, TenantKey
 from .sessions import Environment, Session
 
 __version__ = "0.1.0"
@@ -25,7 +25,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Client", "Sandbox", "Snapshot", "Template", "Filesystem", "Network", "ExecStream", "Process", "ProcessOutput",
     "configure",
-    "default_client", "ROUTES",
+    "default_client", "ROUTES", "SnapshotPool",
     "HatcheryError", "BadRequest", "AuthError", "PermissionDenied", "NotFound", "SandboxLost", "Conflict", "TooLarge",
     "GuestError",
     "RateLimited", "ServerError", "ServiceUnavailable", "SandboxTimeout", "ConnectionFailed", "StreamError",

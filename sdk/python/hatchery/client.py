@@ -21,7 +21,7 @@ from ._http import SSE, Response, Transport, metadata_query, path, raise_for
 from ._ws import Closed, WebSocket
 from .models import (BuildAccepted, BuildEvent, CodeContext, ContextLike, CpuLimitBasis, ExecReason, ExecResult, Execution,
                      ExecutionError, FileEntry, Logs, NetworkEvent, NetworkPolicy, OutputChunk, OutputEncoding,
-                     PolicyLike, PolicySummary, PreviewUrl, ProcessChunk, ProcessInfo, Result, SandboxInfo, SnapshotInfo, StoredPolicy,
+                     PolicyLike, PolicySummary, PreviewUrl, ProcessChunk, ProcessInfo, Result, SandboxInfo, SnapshotInfo, SnapshotPool, StoredPolicy,
                      Secret, Tenant, TenantKey, CreatedKey,
                      TemplateInfo, TerminalExit, TerminalToken, context_id, policy_dict)
 
@@ -96,6 +96,8 @@ ROUTES = {
     ("GET", "/v1/snapshots/{id}"): "Snapshot.get",
     ("DELETE", "/v1/snapshots/{id}"): "Snapshot.delete",
     ("POST", "/v1/snapshots/{id}/fork"): "Snapshot.fork",
+    ("GET", "/v1/snapshots/{id}/pool"): "Snapshot.pool",
+    ("PUT", "/v1/snapshots/{id}/pool"): "Snapshot.set_pool",
     ("GET", "/v1/templates"): "Template.list",
     ("POST", "/v1/templates"): "Template.build",
     ("GET", "/v1/templates/{name}"): "Template.get",
@@ -1146,6 +1148,18 @@ class Snapshot(_Record):
     def delete(self) -> None:
         """Idempotent; the image files are gone when this returns."""
         self._client.call("DELETE", "/v1/snapshots/{id}", params={"id": self.id})
+
+    def pool(self) -> SnapshotPool:
+        """This host's warm pool of the snapshot (size 0: none)."""
+        return SnapshotPool.from_dict(self._client.call("GET", "/v1/snapshots/{id}/pool",
+                                                        params={"id": self.id}).json())
+
+    def set_pool(self, size: int) -> SnapshotPool:
+        """Keeps `size` (0..8) forks restored and parked on the host, so that
+        a fork claims one instead of restoring; 0 drops the pool. The
+        operator's key only (a pool holds host memory)."""
+        return SnapshotPool.from_dict(self._client.call("PUT", "/v1/snapshots/{id}/pool", params={"id": self.id},
+                                                        json={"size": size}).json())
 
     def fork(self, *, ttl_seconds: Optional[int] = None, metadata: Optional[Dict[str, str]] = None,
              network: Optional[PolicyLike] = None) -> Sandbox:

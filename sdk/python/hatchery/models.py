@@ -207,6 +207,21 @@ class SnapshotInfo:
 
 
 @dataclass
+class SnapshotPool:
+    """A snapshot's warm pool on one host: forks kept restored and parked,
+    claimed by the next forks instead of restoring."""
+    snapshot_id: str
+    size: int
+    ready: int
+    sandbox_ids: List[str] = field(default_factory=list)
+    extra: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "SnapshotPool":
+        return _from(cls, d)
+
+
+@dataclass
 class TemplateInfo:
     name: str
     version: str

@@ -228,10 +228,15 @@ class Environment:
     @classmethod
     def create(cls, name: str, repo: str, *, ref: Optional[str] = None, template: Optional[str] = None,
                setup: str = "", setup_allow: Optional[List[Dict[str, Any]]] = None,
-               setup_timeout_s: Optional[int] = None, client: Optional[Client] = None) -> "Environment":
+               setup_timeout_s: Optional[int] = None, pool_size: Optional[int] = None,
+               client: Optional[Client] = None) -> "Environment":
+        """`pool_size` (0..8, default 2): sandboxes of the current version the
+        host keeps restored while the environment is hot, so that a session
+        claims one instead of restoring."""
         c = client or default_client()
         body = {k: v for k, v in dict(name=name, repo=repo, ref=ref, template=template, setup=setup,
-                                      setup_allow=setup_allow, setup_timeout_s=setup_timeout_s).items()
+                                      setup_allow=setup_allow, setup_timeout_s=setup_timeout_s,
+                                      pool_size=pool_size).items()
                 if v is not None}
         return cls(c.transport.request("POST", "/v1/environments", json=body).json(), c)
 

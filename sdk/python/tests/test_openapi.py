@@ -30,7 +30,7 @@ MODELS = {"Sandbox": models.SandboxInfo, "ExecResponse": models.ExecResult, "Fil
           "PreviewUrl": models.PreviewUrl, "TerminalToken": models.TerminalToken,
           "StoredPolicy": models.StoredPolicy, "PolicySummary": models.PolicySummary,
           "Tenant": models.Tenant, "TenantKey": models.TenantKey,
-          "SecretInfo": models.Secret}
+          "SecretInfo": models.Secret, "SnapshotPool": models.SnapshotPool}
 # Schemas a model holds partly under other names:
 # schema -> (model, {schema field: model field}, model fields filled from elsewhere).
 # A code run's stdout/stderr are Execution.logs; the stream's `done` event
@@ -60,7 +60,7 @@ REQUESTS = {"CreateSandbox": [Sandbox.create], "ExecBody": [Sandbox.exec, Sandbo
             "CreatePreviewUrl": [Sandbox.preview_url, AsyncSandbox.preview_url],
             "PolicyDocument": [Policies.create, Policies.add_version],
             "NewTenant": [Tenants.create], "TenantPatch": [Tenants.update],
-            "CreateSecret": [Secrets.create]}
+            "CreateSecret": [Secrets.create], "SnapshotPoolBody": [Snapshot.set_pool]}
 # Request fields whose parameter has another name (E2B's, for run_code).
 PARAMS = {"CodeBody": {"code": "code", "context_id": "context", "env": "envs", "timeout_seconds": "timeout"}}
 # Request fields a method leaves out on purpose: a stream cannot run in the

@@ -112,7 +112,9 @@ def test_environment_build_session_and_delete(env):
     e.delete()
     with pytest.raises(hatchery.errors.NotFound):
         hatchery.Environment.get(e.id, client=c)
-    bad = hatchery.Environment.create("bad", repo, setup="exit 3", client=c)
+    assert e.info["pool_size"] == 2  # the default
+    bad = hatchery.Environment.create("bad", repo, setup="exit 3", pool_size=0, client=c)
+    assert bad.info["pool_size"] == 0
     with pytest.raises(hatchery.errors.HatcheryError) as ex:
         bad.build()
     assert ex.value.code == "setup_failed" and "exited with 3" in str(ex.value)

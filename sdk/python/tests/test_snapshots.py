@@ -39,3 +39,29 @@ def test_snapshot_fork_list_delete(daemon, client, sbx):
     with pytest.raises(NotFound):
         snap.fork()
     assert [s for s in Snapshot.list(client=client) if s.id in mine] == []
+
+
+def test_a_snapshot_pool_serves_forks(daemon, client, sbx):
+    import time
+
+    from hatchery import SnapshotPool
+
+    sbx.filesystem.write("/workspace/state.txt", "pooled")
+    snap = sbx.snapshot(retention_seconds=600)
+    try:
+        assert snap.pool() == SnapshotPool(snapshot_id=snap.id, size=0, ready=0, sandbox_ids=[])
+        p = snap.set_pool(1)
+        assert p.snapshot_id == snap.id and p.size == 1
+        deadline = time.time() + 120
+        while snap.pool().ready < 1:
+            assert time.time() < deadline, "the pool never filled"
+            time.sleep(0.3)
+        pooled = snap.pool().sandbox_ids
+        fork = snap.fork(ttl_seconds=60)
+        daemon.created.add(fork.id)
+        assert fork.id in pooled and fork.boot_mode == "pool", (fork.id, pooled, fork.boot_mode)
+        assert fork.filesystem.read_text("/workspace/state.txt") == "pooled"
+        fork.kill()
+        assert snap.set_pool(0).size == 0
+    finally:
+        snap.delete()

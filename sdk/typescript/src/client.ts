@@ -61,6 +61,8 @@ export const ROUTES = {
   "GET /v1/snapshots/{id}": "Snapshot.get",
   "DELETE /v1/snapshots/{id}": "Snapshot.delete",
   "POST /v1/snapshots/{id}/fork": "Snapshot.fork",
+  "GET /v1/snapshots/{id}/pool": "Snapshot.pool",
+  "PUT /v1/snapshots/{id}/pool": "Snapshot.setPool",
   "GET /v1/templates": "Template.list",
   "POST /v1/templates": "Template.build",
   "GET /v1/templates/{name}": "Template.get",

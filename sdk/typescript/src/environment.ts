@@ -33,6 +33,8 @@ export interface EnvironmentInfo {
   setup: string;
   setup_allow: Array<Record<string, unknown>>;
   setup_timeout_s: number;
+  /** Sandboxes of the current version kept restored while it is hot (0: none). */
+  pool_size: number;
   created_at: string;
   current: EnvironmentVersion | null;
   versions: EnvironmentVersion[];
@@ -55,6 +57,9 @@ export interface CreateEnvironmentOptions {
   /** NetworkPolicy allow rules open only while the set-up runs. */
   setupAllow?: Array<Record<string, unknown>>;
   setupTimeoutS?: number;
+  /** 0..8 (default 2): sandboxes of the current version the host keeps
+   * restored while the environment is hot, so a session claims one. */
+  poolSize?: number;
   client?: Client;
 }
 
@@ -78,6 +83,7 @@ export class Environment {
     if (opts.template !== undefined) body.template = opts.template;
     if (opts.setupAllow !== undefined) body.setup_allow = opts.setupAllow;
     if (opts.setupTimeoutS !== undefined) body.setup_timeout_s = opts.setupTimeoutS;
+    if (opts.poolSize !== undefined) body.pool_size = opts.poolSize;
     const info = await client.transport.json<EnvironmentInfo>("POST", "/v1/environments", { json: body });
     return new Environment(info, client);
   }

@@ -27,7 +27,7 @@ export type {
   BuildAccepted, BuildEvent, BuildProgress, CodeContext, CreateCodeContextOptions, CreateSandboxOptions, EgressMode, ExecOptions,
   ExecReason, ExecResult, ExecutionError, FileEntry, ForkOptions, Logs, NetworkEvent, NetworkPolicy, NetworkRule,
   OutputChunk, OutputEncoding, PreviewUrl, PreviewUrlOptions, ProcessChunk, PtyOptions, TerminalExit, TerminalToken, ProcessInfo, ProcessOutputOptions, RunCodeOptions, SandboxInfo, Signal,
-  SnapshotInfo, SnapshotOptions, TemplateInfo, TemplateSpec, WaitOptions,
+  SnapshotInfo, SnapshotOptions, SnapshotPool, TemplateInfo, TemplateSpec, WaitOptions,
 } from "./models.js";
 export * as fields from "./models.js";
 export type * as wire from "./wire.js";

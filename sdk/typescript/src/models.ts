@@ -144,6 +144,14 @@ export const SNAPSHOT_FIELDS = {
 export type SnapshotInfo = Renamed<wire.Snapshot, typeof SNAPSHOT_FIELDS>;
 export const snapshotInfo = (w: wire.Snapshot): SnapshotInfo => fromWire(SNAPSHOT_FIELDS, w);
 
+export const SNAPSHOT_POOL_FIELDS = {
+  snapshot_id: "snapshotId", size: "size", ready: "ready", sandbox_ids: "sandboxIds",
+} as const satisfies FieldMap<wire.SnapshotPool>;
+/** A snapshot's warm pool on one host: forks kept restored and parked. */
+export type SnapshotPool = Renamed<wire.SnapshotPool, typeof SNAPSHOT_POOL_FIELDS>;
+export const snapshotPool = (w: wire.SnapshotPool): SnapshotPool => fromWire(SNAPSHOT_POOL_FIELDS, w);
+export const SNAPSHOT_POOL_BODY_FIELDS = { size: "size" } as const satisfies FieldMap<wire.SnapshotPoolBody>;
+
 export const TEMPLATE_FIELDS = {
   name: "name", version: "version", base: "base", packages: "packages", pip: "pip", files: "files", setup: "setup",
   cpus: "cpus", memory_mb: "memoryMb", pids_max: "pidsMax", disk_mb: "diskMb", checkpoint_ready: "checkpointReady",

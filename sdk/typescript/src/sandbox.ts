@@ -9,9 +9,9 @@ import {
   type ExecReason, type ExecResult, Execution, type ExecutionError, FORK_FIELDS, type FileEntry, type ForkOptions,
   type Logs, type NetworkEvent, type NetworkPolicy, type OutputChunk, type OutputEncoding, PATCH_FIELDS,
   type ProcessChunk, type ProcessInfo, type ProcessOutputOptions, Result, type RunCodeOptions, SIGNAL_FIELDS,
-  SNAPSHOT_OPTION_FIELDS, type SandboxInfo, type Signal, type SnapshotInfo, type SnapshotOptions,
+  SNAPSHOT_OPTION_FIELDS, SNAPSHOT_POOL_BODY_FIELDS, type SandboxInfo, type Signal, type SnapshotInfo, type SnapshotOptions, type SnapshotPool,
   TEMPLATE_SPEC_FIELDS, type TemplateInfo, type TemplateSpec, type WaitOptions, buildAccepted, codeContext,
-  decodeText, encodeText, execResult, fileEntry, fromBase64, processInfo, sandboxInfo, snapshotInfo, templateInfo,
+  decodeText, encodeText, execResult, fileEntry, fromBase64, processInfo, sandboxInfo, snapshotInfo, snapshotPool, templateInfo,
   toWire, CREATE_PREVIEW_URL_FIELDS, type PreviewUrl, type PreviewUrlOptions, type PtyOptions, type TerminalToken,
   previewUrl, terminalToken,
 } from "./models.js";
@@ -748,6 +748,21 @@ export class Snapshot {
   async delete(): Promise<void> {
     const r = await this.client.call("DELETE /v1/snapshots/{id}", { id: this.id });
     await r.body?.cancel();
+  }
+
+  /** This host's warm pool of the snapshot (size 0: none). */
+  async pool(): Promise<SnapshotPool> {
+    return snapshotPool(await this.client.json<wire.SnapshotPool>("GET /v1/snapshots/{id}/pool", { id: this.id }));
+  }
+
+  /**
+   * Keeps `size` (0..8) forks restored and parked on the host, so that a
+   * fork claims one instead of restoring; 0 drops the pool. The operator's
+   * key only (a pool holds host memory).
+   */
+  async setPool(size: number): Promise<SnapshotPool> {
+    const json = toWire<wire.SnapshotPoolBody>(SNAPSHOT_POOL_BODY_FIELDS, { size });
+    return snapshotPool(await this.client.json<wire.SnapshotPool>("PUT /v1/snapshots/{id}/pool", { id: this.id }, { json }));
   }
 
   /** One new sandbox in the state the snapshot recorded. */

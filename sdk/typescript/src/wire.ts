@@ -397,6 +397,19 @@ export interface SnapshotList {
   snapshots: Array<Snapshot>;
 }
 
+/** A snapshot's warm pool on this host. */
+export interface SnapshotPool {
+  ready: number;
+  sandbox_ids: Array<string>;
+  size: number;
+  snapshot_id: string;
+}
+
+/** `PUT /v1/snapshots/{id}/pool`: how many forks of the snapshot to keep restored and parked on this host, ready for a fork to claim. */
+export interface SnapshotPoolBody {
+  size: number;
+}
+
 /** One version of one policy. */
 export interface StoredPolicy {
   builtin: boolean;
@@ -504,6 +517,7 @@ export const DOCUMENTED_ROUTES = [
   "GET /v1/secrets",
   "GET /v1/snapshots",
   "GET /v1/snapshots/{id}",
+  "GET /v1/snapshots/{id}/pool",
   "GET /v1/templates",
   "GET /v1/templates/{name}",
   "GET /v1/templates/{name}/builds/{id}/events",
@@ -545,4 +559,5 @@ export const DOCUMENTED_ROUTES = [
   "PUT /v1/sandboxes/{id}/files",
   "PUT /v1/sandboxes/{id}/network",
   "PUT /v1/sandboxes/{id}/ports/{port}/{path}",
+  "PUT /v1/snapshots/{id}/pool",
 ] as const;

@@ -25,7 +25,9 @@ test("an environment builds once, a session starts from it, a failed set-up says
   assert.equal(s.info.environment_version, 1);
   await e.delete();
   await assert.rejects(Environment.get(e.id, client), NotFound);
-  const bad = await Environment.create({ name: "bad", repo, setup: "exit 3", client });
+  assert.equal(e.info.pool_size, 2); // the default
+  const bad = await Environment.create({ name: "bad", repo, setup: "exit 3", poolSize: 0, client });
+  assert.equal(bad.info.pool_size, 0);
   await assert.rejects(bad.build(), (err) => err instanceof HatcheryError && err.code === "setup_failed");
   await bad.delete();
 });

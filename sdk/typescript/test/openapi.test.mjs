@@ -31,6 +31,7 @@ const MAPS = {
   Limits: fields.LIMITS_FIELDS, NewTenant: fields.NEW_TENANT_FIELDS, TenantPatch: fields.TENANT_PATCH_FIELDS,
   SecretInfo: fields.SECRET_FIELDS, CreateSecret: fields.CREATE_SECRET_FIELDS,
   BuildProgress: fields.BUILD_PROGRESS_FIELDS,
+  SnapshotPool: fields.SNAPSHOT_POOL_FIELDS, SnapshotPoolBody: fields.SNAPSHOT_POOL_BODY_FIELDS,
 };
 const LISTS = {
   SandboxList: "sandboxes", SnapshotList: "snapshots", TemplateList: "templates", FileList: "entries", EgressEventList: "events",

@@ -39,3 +39,29 @@ test("snapshot, get, list, fork, forkMany, delete", async (t) => {
   await assert.rejects(snap.fork(), NotFound);
   assert.deepEqual((await Snapshot.list({ client })).filter((x) => mine.has(x.id)), []);
 });
+
+test("a snapshot's warm pool serves forks", async (t) => {
+  const s = await tmpSandbox(t);
+  await s.filesystem.write("/workspace/state.txt", "pooled");
+  const snap = await s.snapshot({ retentionSeconds: 600 });
+  try {
+    assert.deepEqual(await snap.pool(), { snapshotId: snap.id, size: 0, ready: 0, sandboxIds: [] });
+    const p = await snap.setPool(1);
+    assert.equal(p.snapshotId, snap.id);
+    assert.equal(p.size, 1);
+    const deadline = Date.now() + 120_000;
+    while ((await snap.pool()).ready < 1) {
+      assert.ok(Date.now() < deadline, "the pool never filled");
+      await new Promise((r) => setTimeout(r, 300));
+    }
+    const pooled = (await snap.pool()).sandboxIds;
+    const fork = await snap.fork({ ttlSeconds: 60 });
+    assert.ok(pooled.includes(fork.id), `${fork.id} not from ${pooled}`);
+    assert.equal(fork.info.bootMode, "pool");
+    assert.equal(await fork.filesystem.readText("/workspace/state.txt"), "pooled");
+    await fork.kill();
+    assert.equal((await snap.setPool(0)).size, 0);
+  } finally {
+    await snap.delete();
+  }
+});

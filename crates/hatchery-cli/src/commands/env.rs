@@ -31,6 +31,11 @@ pub enum EnvCmd {
         /// Seconds the set-up may take (default 600, at most 3600).
         #[arg(long)]
         setup_timeout: Option<u64>,
+        /// Sandboxes of the current version kept restored while the
+        /// environment is hot, so a session claims one (0..8, default 2;
+        /// 0: no pool).
+        #[arg(long)]
+        pool_size: Option<u64>,
         #[arg(long)]
         json: bool,
     },
@@ -64,6 +69,7 @@ pub fn run(api: &Api, cmd: EnvCmd) -> anyhow::Result<i32> {
             setup,
             allow,
             setup_timeout,
+            pool_size,
             json,
         } => {
             let rules = allow
@@ -80,6 +86,9 @@ pub fn run(api: &Api, cmd: EnvCmd) -> anyhow::Result<i32> {
             }
             if let Some(t) = setup_timeout {
                 body["setup_timeout_s"] = t.into();
+            }
+            if let Some(n) = pool_size {
+                body["pool_size"] = n.into();
             }
             let r = api.send("POST", "/v1/environments", &body)?;
             output::show(json, &r, |v| println!("{}", s(&v["environment_id"])));
