@@ -315,19 +315,7 @@ impl Manager {
         // context's namespace and count untouched, pays for it here, off
         // the request path.
         crate::code::warm(&client).await;
-        if !self
-            .store
-            .transition(
-                &self.fence,
-                &row.id,
-                &[SandboxState::Pooled],
-                SandboxState::Pooled,
-            )
-            .await?
-        {
-            // Stopped while it restored (a drain, a shutdown): not ours to pool.
-            let _ = self.runtime.destroy(&row.id).await;
-            self.release_slot(&row.id).await;
+        if !self.still_pooled(&row.id).await? {
             return Ok(());
         }
         // Stopped outright until claimed (warm-up done): an idle Sentry
@@ -337,6 +325,28 @@ impl Manager {
         self.runtime.park(&row.id).await;
         self.pool.put(&template.spec.name, row.id, client);
         Ok(())
+    }
+}
+
+impl Manager {
+    /// Whether a sandbox restored for a pool is still the pool's: one
+    /// stopped while it restored (a drain, a shutdown) is torn down here,
+    /// not pooled.
+    pub(crate) async fn still_pooled(&self, id: &str) -> Result<bool, crate::CoreError> {
+        let still = self
+            .store
+            .transition(
+                &self.fence,
+                id,
+                &[SandboxState::Pooled],
+                SandboxState::Pooled,
+            )
+            .await?;
+        if !still {
+            let _ = self.runtime.destroy(id).await;
+            self.release_slot(id).await;
+        }
+        Ok(still)
     }
 }
 

@@ -188,20 +188,7 @@ impl Manager {
         let k = key(&snap.id);
         while let Some((id, client)) = self.pool.take(&k) {
             let started = Instant::now();
-            let now = now_ms();
-            let row = SandboxRow {
-                id,
-                template: snap.template.clone(),
-                state: SandboxState::Running,
-                created_at_ms: now,
-                expires_at_ms: now + ttl * 1000,
-                metadata: req.metadata.clone(),
-                env: snap.env.clone(),
-                host_id: self.host_id().to_string(),
-                template_version: snap.template_version.clone(),
-                rootfs: snap.rootfs.clone(),
-                limits: snap.limits.clone(),
-            };
+            let row = self.fork_row(snap, id, SandboxState::Running, ttl, req);
             if let Some(mut info) = self
                 .claim_pooled(&row, &req.network, client, started)
                 .await?
@@ -274,20 +261,7 @@ impl Manager {
                 src.files.as_deref(),
             )
             .await?;
-        let still = self
-            .store
-            .transition(
-                &self.fence,
-                &row.id,
-                &[SandboxState::Pooled],
-                SandboxState::Pooled,
-            )
-            .await?;
-        if !still {
-            // Stopped while it restored (a drain, a shutdown): not ours to pool.
-            drop(client);
-            let _ = self.runtime.destroy(&row.id).await;
-            self.release_slot(&row.id).await;
+        if !self.still_pooled(&row.id).await? {
             return Ok(());
         }
         if self.snapshot_pools.size(id) == 0 {

@@ -280,20 +280,7 @@ impl Manager {
                     },
                 };
                 let started = Instant::now();
-                let now = now_ms();
-                let row = SandboxRow {
-                    id: new_sandbox_id(),
-                    template: snap.template.clone(),
-                    state: SandboxState::Starting,
-                    created_at_ms: now,
-                    expires_at_ms: now + ttl * 1000,
-                    metadata: req.metadata.clone(),
-                    env: snap.env.clone(),
-                    host_id: self.host_id().to_string(),
-                    template_version: snap.template_version.clone(),
-                    rootfs: snap.rootfs.clone(),
-                    limits: snap.limits.clone(),
-                };
+                let row = self.fork_row(&snap, new_sandbox_id(), SandboxState::Starting, ttl, &req);
                 let r = self
                     .boot_row(
                         row,
@@ -324,6 +311,32 @@ impl Manager {
 
     /// What a fork of `snapshot_id` restores: its record, the template
     /// (rootfs and shape) it was taken on, and the image and files.
+    /// The record of a fork of `snap` made now: the snapshot's template,
+    /// rootfs, shape and env, the request's metadata and TTL.
+    pub(crate) fn fork_row(
+        &self,
+        snap: &SnapshotRow,
+        id: String,
+        state: SandboxState,
+        ttl: u64,
+        req: &ForkRequest,
+    ) -> SandboxRow {
+        let now = now_ms();
+        SandboxRow {
+            id,
+            template: snap.template.clone(),
+            state,
+            created_at_ms: now,
+            expires_at_ms: now + ttl * 1000,
+            metadata: req.metadata.clone(),
+            env: snap.env.clone(),
+            host_id: self.host_id().to_string(),
+            template_version: snap.template_version.clone(),
+            rootfs: snap.rootfs.clone(),
+            limits: snap.limits.clone(),
+        }
+    }
+
     pub(crate) fn fork_source(&self, snap: &SnapshotRow) -> Result<ForkSource, CoreError> {
         let snapshot_id = snap.id.as_str();
         let dir = self
