@@ -22,6 +22,10 @@ const CHECKPOINT_TIMEOUT: Duration = Duration::from_secs(60);
 /// the backstop for when the daemon is down.
 const SHIM_GRACE_MS: u64 = 2000;
 
+/// In a sandbox's bundle while the idle parker has it frozen
+/// (hatchery-core idle.rs): what `unpark` may thaw.
+const IDLE_PARKED: &str = "idle-parked";
+
 pub struct GvisorRuntime {
     layout: Layout,
 }
@@ -271,9 +275,20 @@ impl Runtime for GvisorRuntime {
     }
 
     fn park_idle(&self, id: &str) -> bool {
+        // Marked first, frozen second: a daemon that dies in between
+        // leaves a mark on a running sandbox (harmless), never a frozen
+        // sandbox without one. Only marked sandboxes are thawed by
+        // `unpark`, so one frozen by someone else (an operator holding it
+        // for inspection, a test simulating a hung guest) stays frozen.
+        let mark = self.layout.bundle(id).join(IDLE_PARKED);
+        if let Err(e) = std::fs::write(&mark, b"") {
+            tracing::warn!(sandbox = %id, error = %e, "could not mark an idle sandbox; it stays running");
+            return false;
+        }
         match crate::freezer::freeze(id) {
             Ok(()) => true,
             Err(e) => {
+                let _ = std::fs::remove_file(&mark);
                 tracing::warn!(sandbox = %id, error = %e, "could not park an idle sandbox; it stays running");
                 false
             }
@@ -281,8 +296,15 @@ impl Runtime for GvisorRuntime {
     }
 
     fn unpark(&self, id: &str) {
-        if let Err(e) = crate::freezer::thaw(id) {
-            tracing::warn!(sandbox = %id, error = %e, "could not unpark an idle sandbox");
+        let mark = self.layout.bundle(id).join(IDLE_PARKED);
+        if !mark.exists() {
+            return;
+        }
+        match crate::freezer::thaw(id) {
+            Ok(()) => {
+                let _ = std::fs::remove_file(&mark);
+            }
+            Err(e) => tracing::warn!(sandbox = %id, error = %e, "could not unpark an idle sandbox"),
         }
     }
 

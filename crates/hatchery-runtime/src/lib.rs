@@ -165,9 +165,10 @@ pub trait Runtime: Send + Sync + 'static {
         false
     }
 
-    /// Lets a parked sandbox run again. Cheap, synchronous and idempotent
-    /// (it is on the path of every request to an idle-parked sandbox); a
-    /// sandbox that is not parked, or gone, is left as it is.
+    /// Lets a sandbox [`Runtime::park_idle`] stopped run again. Cheap,
+    /// synchronous and idempotent (it is on the path of every request to
+    /// an idle-parked sandbox); a sandbox it did not park (not parked,
+    /// gone, or stopped by someone else) is left as it is.
     fn unpark(&self, _id: &str) {}
 
     /// Host resources still present for `id`, described for humans; empty
