@@ -213,7 +213,7 @@ class SnapshotPool:
     snapshot_id: str
     size: int
     ready: int
-    sandbox_ids: List[str] = field(default_factory=list)
+    sandbox_ids: List[str]
     extra: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
