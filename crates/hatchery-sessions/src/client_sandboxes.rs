@@ -6,8 +6,8 @@ use async_trait::async_trait;
 use base64::Engine;
 use futures::stream::BoxStream;
 use hatchery_client::{
-    Client, ClientError, CreateSandbox, CreateSnapshot, ExecRequest, ForkRequest, OutputEncoding,
-    OutputOptions, ProcessEvent, ProcessInfo,
+    Client, ClientError, CodeRequest, CreateSandbox, CreateSnapshot, ExecReason, ExecRequest,
+    ForkRequest, OutputEncoding, OutputOptions, ProcessEvent, ProcessInfo,
 };
 use std::collections::BTreeMap;
 
@@ -127,6 +127,31 @@ impl Sandboxes for ClientSandboxes {
 
     async fn write_file(&self, id: &str, path: &str, data: Vec<u8>) -> Result<(), SandboxError> {
         self.client.write_file(id, path, data).await.map_err(map)
+    }
+
+    async fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>, SandboxError> {
+        Ok(self.client.read_file(id, path).await.map_err(map)?.to_vec())
+    }
+
+    async fn run_python(
+        &self,
+        id: &str,
+        code: &str,
+        timeout_s: u64,
+    ) -> Result<PythonOutcome, SandboxError> {
+        let mut req = CodeRequest::python(code);
+        req.timeout_seconds = Some(timeout_s);
+        let r = self.client.run_code(id, &req).await.map_err(map)?;
+        let error = match (r.summary.error, r.summary.reason) {
+            (Some(e), _) => Some(format!("{}: {}", e.name, e.value)),
+            (None, ExecReason::Exited) => None,
+            // Stopped by a limit or a deadline before it raised anything.
+            (None, other) => Some(format!("stopped: {other:?}").to_lowercase()),
+        };
+        Ok(PythonOutcome {
+            stdout: r.stdout,
+            error,
+        })
     }
 
     async fn start_process(

@@ -165,7 +165,8 @@ async fn a_build_closes_the_setup_egress_and_sessions_fork_it_with_the_delta() {
     // A fork starts deny-all; the set-up's policy never reaches it.
     assert_eq!(sb.network, None);
     assert_eq!(sb.files["/opt/hatchery/delta-paths"], b"NEW\0README\0");
-    assert!(sb.files.contains_key("/opt/hatchery/env_delta.py"));
+    // Applied in the warm interpreter: no script file, no process.
+    assert!(!sb.files.contains_key("/opt/hatchery/env_delta.py"));
     assert!(
         sb.files.contains_key("/opt/hatchery/env-tracked"),
         "from the snapshot"

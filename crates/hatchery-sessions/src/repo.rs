@@ -597,7 +597,21 @@ async fn fetch_in(
     let d = f.dir;
     f.git("init", &["init", "-q", "-b", "hatchery-session"])
         .await?;
+    // Over git:// protocol v2 stalls twice per fetch on loopback and
+    // LANs: its requests go out as several small writes, and the server,
+    // with nothing to answer until the last one, delays its ACK (40 ms
+    // on Linux) while Nagle holds the rest (measured: 100 ms a fetch
+    // with v2, 19 ms with v1, against `git daemon`). Version 1 sends its
+    // wants in one flush. HTTP(S) sends each request as one body and
+    // keeps v2 (and its server-side ref filtering).
+    let version = if url.starts_with("git://") {
+        "protocol.version=1"
+    } else {
+        "protocol.version=2"
+    };
     let args = [
+        "-c",
+        version,
         "-c",
         "protocol.file.allow=always",
         // Keep what arrives as one pack (never millions of loose

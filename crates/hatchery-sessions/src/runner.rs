@@ -26,7 +26,6 @@ use crate::layout::AGENT_DIR;
 pub use crate::layout::WORKDIR;
 const REFERENCE_AGENT: &str = include_str!("../agent/reference_agent.py");
 const WORKSPACE_DIFF: &str = include_str!("../agent/workspace_diff.py");
-const ENV_DELTA: &str = include_str!("../agent/env_delta.py");
 /// Snapshots (idle and review) are kept this long.
 const SNAPSHOT_RETENTION_S: u64 = 7 * 86_400;
 /// Sandboxes outlive the session's wall budget by this much, so the
@@ -328,7 +327,7 @@ fn cap_label(c: &str) -> &'static str {
 
 /// A sandbox of the template and the whole checkout: the session's
 /// sandbox id.
-async fn bare(svc: &Arc<SessionCore>, s: &Session) -> R<String> {
+async fn bare(svc: &Arc<SessionCore>, s: &Session) -> R<(String, Launch)> {
     let id = &s.id;
     ev(
         svc,
@@ -379,50 +378,54 @@ async fn bare(svc: &Arc<SessionCore>, s: &Session) -> R<String> {
     )
     .await?;
     let cred = credential(svc, s)?;
-    let co = crate::repo::fetch(
-        &s.spec.repo,
-        &s.spec.git_ref,
-        cred.as_deref(),
-        svc.cfg.fetch,
-        &svc.cfg.fetch_root,
-    )
-    .await
-    .map_err(|e| fetch_failed(svc, e))?;
-    let bytes = co.tar.len() as u64;
-    // The tar stays as the base the final diff is made against.
-    svc.sandboxes
-        .write_file(&sbx, &format!("{AGENT_DIR}/base.tar"), co.tar)
-        .await?;
-    let x = svc
-        .sandboxes
-        .exec(
-            &sbx,
-            vec![
-                "/bin/sh".into(),
-                "-c".into(),
-                format!("mkdir -p {WORKDIR} && tar -xf {AGENT_DIR}/base.tar -C {WORKDIR}"),
-            ],
-            "/",
-            120,
+    let checkout = async {
+        let co = crate::repo::fetch(
+            &s.spec.repo,
+            &s.spec.git_ref,
+            cred.as_deref(),
+            svc.cfg.fetch,
+            &svc.cfg.fetch_root,
         )
-        .await?;
-    if x.exit_code != 0 {
-        return Err(fail(
-            "checkout_failed",
-            format!("unpacking in the sandbox: {}", x.stderr),
-        ));
-    }
+        .await
+        .map_err(|e| fetch_failed(svc, e))?;
+        let bytes = co.tar.len() as u64;
+        // The tar stays as the base the final diff is made against.
+        svc.sandboxes
+            .write_file(&sbx, &format!("{AGENT_DIR}/base.tar"), co.tar)
+            .await?;
+        let x = svc
+            .sandboxes
+            .exec(
+                &sbx,
+                vec![
+                    "/bin/sh".into(),
+                    "-c".into(),
+                    format!("mkdir -p {WORKDIR} && tar -xf {AGENT_DIR}/base.tar -C {WORKDIR}"),
+                ],
+                "/",
+                120,
+            )
+            .await?;
+        if x.exit_code != 0 {
+            return Err(fail(
+                "checkout_failed",
+                format!("unpacking in the sandbox: {}", x.stderr),
+            ));
+        }
+        Ok((co.commit, bytes))
+    };
+    let ((commit, bytes), launch) = tokio::try_join!(checkout, prepare_agent(svc, s, &sbx))?;
     ev(
         svc,
         id,
         EventKind::RepoCheckedOut {
-            commit: co.commit,
+            commit,
             path: WORKDIR.into(),
             bytes,
         },
     )
     .await?;
-    Ok(sbx)
+    Ok((sbx, launch))
 }
 
 /// The operator's git credential for session `s`'s fetch, read at each
@@ -445,13 +448,49 @@ fn credential(svc: &Arc<SessionCore>, s: &Session) -> R<Option<String>> {
     })
 }
 
+/// What starts the agent once its files are in the sandbox.
+struct Launch {
+    argv: Vec<String>,
+    env: BTreeMap<String, String>,
+    name: String,
+}
+
 /// Sandbox, checkout, agent; then running.
 async fn start(svc: &Arc<SessionCore>, s: &Session) -> R<()> {
     let id = &s.id;
-    let sbx = match &s.spec.environment {
+    let (sbx, launch) = match &s.spec.environment {
         Some(pin) => from_env::from_environment(svc, s, pin).await?,
         None => bare(svc, s).await?,
     };
+    // A cancel that came in while starting is taken by the attached loop
+    // (its nudge is kept), which stops the agent and snapshots.
+    let pid = svc
+        .sandboxes
+        .start_process(&sbx, launch.argv, WORKDIR, launch.env)
+        .await?;
+    to_state(
+        svc,
+        id,
+        S::Running,
+        None,
+        vec![EventKind::AgentStarted {
+            process_id: pid.clone(),
+            agent: launch.name,
+        }],
+        Patch {
+            process_id: Some(Some(pid)),
+            ..Default::default()
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// The agent's files, the egress CA and the agent's environment in
+/// sandbox `sbx`. Nothing here reads the checkout, so it runs while the
+/// repository is fetched: both are on every session's start path.
+async fn prepare_agent(svc: &Arc<SessionCore>, s: &Session, sbx: &str) -> R<Launch> {
+    let id = &s.id;
     let conf = serde_json::json!({
         "session_id": id,
         "task": s.spec.task,
@@ -467,31 +506,36 @@ async fn start(svc: &Arc<SessionCore>, s: &Session) -> R<()> {
         format!("{AGENT_DIR}/session.json"),
         format!("{AGENT_DIR}/reference_agent.py"),
     );
-    // Independent files: written at once rather than one round trip each
-    // (the agent's start is on every session's start path).
-    tokio::try_join!(
-        sb.write_file(&sbx, &diff_py, WORKSPACE_DIFF.as_bytes().to_vec()),
-        sb.write_file(
-            &sbx,
-            &conf_json,
-            serde_json::to_vec(&conf).unwrap_or_default(),
-        ),
-        async {
-            if reference {
-                sb.write_file(&sbx, &agent_py, REFERENCE_AGENT.as_bytes().to_vec())
-                    .await?;
-            }
-            Ok(())
-        },
-    )?;
-    let (argv, agent_name) = match s.spec.agent.command.as_deref() {
+    let ca = svc.hooks().guest_ca();
+    // Independent files: written at once rather than one round trip each.
+    let files = async {
+        tokio::try_join!(
+            sb.write_file(sbx, &diff_py, WORKSPACE_DIFF.as_bytes().to_vec()),
+            sb.write_file(
+                sbx,
+                &conf_json,
+                serde_json::to_vec(&conf).unwrap_or_default(),
+            ),
+            async {
+                if reference {
+                    sb.write_file(sbx, &agent_py, REFERENCE_AGENT.as_bytes().to_vec())
+                        .await?;
+                }
+                Ok(())
+            },
+        )?;
+        Ok::<(), RunError>(())
+    };
+    let trust = async {
+        if let Some(pem) = ca.clone() {
+            guest_ca::install(svc, sbx, pem).await?;
+        }
+        Ok::<(), RunError>(())
+    };
+    tokio::try_join!(files, trust)?;
+    let (argv, name) = match s.spec.agent.command.as_deref() {
         None => (
-            vec![
-                "python3".to_string(),
-                "-u".into(),
-                agent_py.clone(),
-                conf_json.clone(),
-            ],
+            vec!["python3".to_string(), "-u".into(), agent_py, conf_json],
             "reference".to_string(),
         ),
         Some(cmd) => (
@@ -501,8 +545,7 @@ async fn start(svc: &Arc<SessionCore>, s: &Session) -> R<()> {
     };
     let mut env = s.spec.env.clone();
     env.extend(svc.hooks().agent_env(s));
-    if let Some(pem) = svc.hooks().guest_ca() {
-        guest_ca::install(svc, &sbx, pem).await?;
+    if ca.is_some() {
         guest_ca::add_trust_env(&mut env);
     }
     env.extend(svc.hooks().placeholder_env(s).await.map_err(hook_failed)?);
@@ -513,28 +556,7 @@ async fn start(svc: &Arc<SessionCore>, s: &Session) -> R<()> {
         "HATCHERY_TASK_FILE".into(),
         format!("{AGENT_DIR}/session.json"),
     );
-    // A cancel that came in while starting is taken by the attached loop
-    // (its nudge is kept), which stops the agent and snapshots.
-    let pid = svc
-        .sandboxes
-        .start_process(&sbx, argv, WORKDIR, env)
-        .await?;
-    to_state(
-        svc,
-        id,
-        S::Running,
-        None,
-        vec![EventKind::AgentStarted {
-            process_id: pid.clone(),
-            agent: agent_name,
-        }],
-        Patch {
-            process_id: Some(Some(pid)),
-            ..Default::default()
-        },
-    )
-    .await?;
-    Ok(())
+    Ok(Launch { argv, env, name })
 }
 
 /// Attached to a running agent: its output becomes events; steering

@@ -46,6 +46,8 @@ pub enum Op {
     Delete,
     Exec,
     WriteFile,
+    ReadFile,
+    RunPython,
     StartProcess,
     ProcessState,
     WriteStdin,
@@ -60,6 +62,9 @@ pub enum Op {
 }
 
 pub use hatchery_client::faults::Effect;
+
+/// `argv[0]` of a [`Sandboxes::run_python`] snippet as exec rules see it.
+pub const PYTHON_KERNEL: &str = "<python-kernel>";
 use hatchery_client::faults::{FaultPlan, Gate};
 
 /// A scripted fault of one [`Op`] (see `hatchery_client::faults`).
@@ -453,6 +458,48 @@ impl Sandboxes for FakeSandboxes {
         self.with_live(id, |s| {
             s.files.insert(path.into(), data);
             Ok(())
+        })
+    }
+
+    async fn read_file(&self, id: &str, path: &str) -> Result<Vec<u8>, SandboxError> {
+        self.gate(Op::ReadFile, Some(id)).await?;
+        self.with_live(id, |s| {
+            s.files
+                .get(path)
+                .cloned()
+                .ok_or_else(|| SandboxError::NotFound(format!("{id}:{path}")))
+        })
+    }
+
+    /// Exec rules see it as argv `[PYTHON_KERNEL, code]`; without a rule
+    /// the snippet succeeds printing nothing. A rule's non-zero exit is
+    /// an exception whose text is its stderr.
+    async fn run_python(
+        &self,
+        id: &str,
+        code: &str,
+        _timeout_s: u64,
+    ) -> Result<PythonOutcome, SandboxError> {
+        self.gate(Op::RunPython, Some(id)).await?;
+        let argv = vec![PYTHON_KERNEL.to_string(), code.to_string()];
+        let rule = self
+            .lock()
+            .rules
+            .iter()
+            .rev()
+            .find(|(m, _)| m(&argv))
+            .map(|(_, s)| s.clone());
+        self.with_live(id, |s| {
+            Ok(match rule {
+                Some(script) => {
+                    let x = script(&argv, &mut s.files);
+                    PythonOutcome {
+                        stdout: x.stdout,
+                        error: (x.exit_code != 0).then_some(x.stderr),
+                    }
+                }
+                None => PythonOutcome::default(),
+            })
         })
     }
 
