@@ -250,6 +250,11 @@ def test_r_errors_have_name_and_value(full):
     ex = full.run_code('f <- function() stop("x")\nf()', language="r")
     assert (ex.error.name, ex.error.value) == ("simpleError", "x")
     assert ex.error.traceback.startswith("Error in f(): x")
+    ex = full.run_code("stop('top')", language="r")
+    assert (ex.error.value, ex.error.traceback) == ("top", "Error: top\n")
+    # A long cell with a character JSON escapes as \u0001 (R's own parser
+    # refuses such a string of over 10000 characters).
+    assert full.run_code("s <- '%s\x01'; nchar(s)" % ("é" * 12000), language="r").text == "[1] 12001"
     ex = full.run_code("1 +* 2", language="r")
     assert ex.error.name == "SyntaxError" and "unexpected" in ex.error.value
     # A warning goes to stderr and is no error; the context lives on.

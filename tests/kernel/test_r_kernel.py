@@ -55,3 +55,9 @@ def test_errors_and_a_redefined_base_function(kernel):
     # The kernel's own functions are not looked up in the global environment.
     kernel.run("paste0 <- function(...) 'broken'; writeLines <- NULL")
     assert main_text(kernel.run("'é\\t\"q\"'")) == '[1] "é\\t\\"q\\""'
+
+
+def test_a_long_cell_with_escapes(kernel):
+    # json.dumps escapes é as \u00e9 (serde_json only control characters);
+    # R's parser refuses such a string of over 10000 characters.
+    assert main_text(kernel.run("s <- '%s\x01'; nchar(s)" % ("é" * 12000))) == "[1] 12001"

@@ -67,8 +67,7 @@ local({
   }
 
   # The agent's request line: an object of strings, a number, null and an
-  # object of strings. JSON string literals as serde_json writes them are R
-  # string literals, so R's parser decodes them.
+  # object of strings.
   parse_json <- function(line) {
     toks <- regmatches(line, gregexpr(
       "\"(?:[^\"\\\\]++|\\\\.)*+\"|-?[0-9][0-9.eE+-]*|null|true|false|[][{}:,]",
@@ -115,9 +114,22 @@ local({
       as.numeric(t)
     }
     str_value <- function(t) {
-      v <- parse(text = t, keep.source = FALSE, encoding = "UTF-8")[[1]]
-      if (!is.character(v)) stop("expected a string")
-      v
+      if (!startsWith(t, "\"")) stop("expected a string")
+      t <- substr(t, 2L, nchar(t) - 1L)
+      if (!grepl("\\", t, fixed = TRUE)) return(t)
+      # R's parser would decode JSON's escapes too, but refuses a string
+      # of over 10000 characters with a \u escape in it.
+      m <- gregexpr("\\\\(u[0-9a-fA-F]{4}|.)", t, perl = TRUE)
+      regmatches(t, m) <- list(vapply(regmatches(t, m)[[1L]], function(e) {
+        switch(substr(e, 2L, 2L),
+               n = "\n", t = "\t", r = "\r", b = "\b", f = "\f",
+               u = {
+                 ch <- intToUtf8(strtoi(substr(e, 3L, 6L), 16L))
+                 if (is.na(ch)) "\ufffd" else ch
+               },
+               substr(e, 2L, 2L))
+      }, "", USE.NAMES = FALSE))
+      t
     }
     value()
   }
@@ -168,6 +180,8 @@ local({
       if (inherits(res, "error")) {
         msg <- conditionMessage(res)
         call <- conditionCall(res)
+        # stop() at a cell's top level names the kernel's eval.
+        if (identical(call, quote(eval(exprs[[j]], envir = globalenv())))) call <- NULL
         head <- if (is.null(call)) "Error: " else
           paste0("Error in ", paste(deparse(call, nlines = 1L), collapse = ""), ": ")
         error_event(class(res)[[1L]], msg, paste0(head, msg, "\n"))
