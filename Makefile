@@ -257,10 +257,10 @@ agent-template: $(SUITE_BUILD)
 	  $(BIN)/hatchery template build-local --templates-dir $(AGENT_TEMPLATES_DIR) templates/agent-session.json
 
 # The `code-interpreter-full` template's rootfs (numpy, pandas, matplotlib,
-# IPython, Node, TypeScript from the Debian mirror), kept in the test cache
+# IPython, Node, TypeScript, R, a JDK from the Debian mirror), kept in the test cache
 # like agent-template's: e2b-test builds the template on it, so only its
-# setup and checkpoint run there. A cold build is a debootstrap of 289
-# packages (9 to 19 min here: docs/testing.md); a current one is a no-op.
+# setup and checkpoint run there. A cold build is a debootstrap of 334
+# packages (6 to 19 min here: docs/testing.md); a current one is a no-op.
 # `make test` starts it in the background (below).
 FULL_TEMPLATES_DIR ?= $(HATCHERY_TEST_CACHE)/full-templates
 full-template: $(SUITE_BUILD)

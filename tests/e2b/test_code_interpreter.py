@@ -125,10 +125,18 @@ def test_bash_runs_and_contexts(ci):
 def test_other_languages_are_refused_with_a_reason(ci):
     # What the SDK raises (documented in docs/e2b.md).
     from e2b import SandboxException
-    for lang in ("r", "java"):
+    for lang in ("rust", "kotlin"):
         with pytest.raises(SandboxException, match="400 Bad Request: .*language .*%s.* is not supported by Hatchery" % lang):
             ci.run_code("1", language=lang)
         with pytest.raises(SandboxException, match="not supported by Hatchery"):
+            ci.create_code_context(language=lang)
+    # R and Java are supported, but this template has neither
+    # (code-interpreter-full has both): 400 with what it lacks.
+    for lang, lacks in (("r", "/usr/bin/Rscript"), ("java", "JDK with jshell")):
+        with pytest.raises(SandboxException, match="400 Bad Request: .*no %s interpreter in this sandbox: "
+                                                   "its template has no %s" % (lang, lacks)):
+            ci.run_code("1", language=lang)
+        with pytest.raises(SandboxException, match="no %s interpreter in this sandbox" % lang):
             ci.create_code_context(language=lang)
     # JavaScript and TypeScript are supported, but this template has no
     # Node (code-interpreter-full has): 400 with the reason.

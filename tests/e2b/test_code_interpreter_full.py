@@ -1,8 +1,9 @@
 """`e2b-code-interpreter` (the official Python SDK) on the
 `code-interpreter-full` template (templates/code-interpreter-full.json:
-numpy, pandas, matplotlib, IPython, Node and TypeScript from Debian; issue
-35): JavaScript and TypeScript contexts in a warm Node process, and
-Python's scientific stack with PNG charts and display data.
+numpy, pandas, matplotlib, IPython, Node, TypeScript, R and a JDK from
+Debian; issue 35): JavaScript and TypeScript contexts in a warm Node
+process, Python's scientific stack with PNG charts and display data, and
+R (Rscript) and Java (JShell in one JVM) contexts started on first use.
 
 The template is built through the API of the suite's daemon on the rootfs
 that `make full-template` keeps in the test cache (harness.full_templates,
@@ -210,3 +211,110 @@ def test_a_kernel_that_cannot_start_is_a_400_with_its_reason(full):
     assert full.run_code("1 + 1", language="js").text == "2"
     full.commands.run("mv /usr/share/nodejs/typescript.gone /usr/share/nodejs/typescript", user="root")
     assert full.run_code("const n: number = 3\nn", language="ts").text == "3"
+
+
+def test_r_prints_as_r_does_and_its_last_value_is_the_result(full):
+    # E2B's suite (test_r_kernel, test_cwd_r): R's own printing.
+    ex = full.run_code('print("Hello, World!")', language="r")
+    assert ex.logs.stdout == ['[1] "Hello, World!"\n'] and ex.error is None
+    assert [r.text for r in full.run_code("getwd()", language="r").results] == ['[1] "/home/user"']
+    # State is kept; only the last visible value is the result, earlier
+    # ones print; an invisible last value is none.
+    ex = full.run_code("x <- c(1, 2, 3)\nsum(x)\nmean(x) * 2", language="r")
+    assert ex.logs.stdout == ["[1] 6\n"] and [r.text for r in ex.results] == ["[1] 4"]
+    assert full.run_code("y <- x * 2", language="r").results == []
+    assert full.run_code("y", language="r").text == "[1] 2 4 6"
+    ex = full.run_code("message('to stderr'); cat('a', 'b\\n')", language="r")
+    # R writes cat's pieces one by one: they stream as R writes them.
+    assert ex.logs.stderr == ["to stderr\n"] and "".join(ex.logs.stdout) == "a b\n"
+
+
+def test_r_envs_are_for_their_run_and_the_sandbox_s_stay(full_template):
+    from e2b_code_interpreter import Sandbox
+    s = Sandbox.create(full_template, envs={"TEST_ENV_VAR": "supertest"}, timeout=120)
+    try:
+        assert s.run_code("Sys.getenv('TEST_ENV_VAR')", language="r").text == '[1] "supertest"'
+        assert s.run_code("Sys.getenv('TEST_ENV_VAR')", language="r",
+                          envs={"TEST_ENV_VAR": "overwrite"}).text == '[1] "overwrite"'
+        assert s.run_code("Sys.getenv('TEST_ENV_VAR')", language="r").text == '[1] "supertest"'
+        assert s.run_code("Sys.getenv('FOO')", envs={"FOO": "bar"}, language="r").text == '[1] "bar"'
+        assert s.run_code("Sys.getenv('FOO', unset = 'default')", language="r").text == '[1] "default"'
+        # Children of R see them too.
+        assert s.run_code("system('echo $FOO')", envs={"FOO": "child"}, language="r").logs.stdout == ["child\n"]
+    finally:
+        s.kill()
+
+
+def test_r_errors_have_name_and_value(full):
+    full.run_code("kept <- 1", language="r")
+    ex = full.run_code('f <- function() stop("x")\nf()', language="r")
+    assert (ex.error.name, ex.error.value) == ("simpleError", "x")
+    assert ex.error.traceback.startswith("Error in f(): x")
+    ex = full.run_code("stop('top')", language="r")
+    assert (ex.error.value, ex.error.traceback) == ("top", "Error: top\n")
+    # A long cell with a character JSON escapes as \u0001 (R's own parser
+    # refuses such a string of over 10000 characters).
+    assert full.run_code("s <- '%s\x01'; nchar(s)" % ("é" * 12000), language="r").text == "[1] 12001"
+    ex = full.run_code("1 +* 2", language="r")
+    assert ex.error.name == "SyntaxError" and "unexpected" in ex.error.value
+    # A warning goes to stderr and is no error; the context lives on.
+    ex = full.run_code("as.integer('a')\nkept", language="r")
+    assert ex.error is None and ex.text == "[1] 1" and "NAs introduced by coercion" in "".join(ex.logs.stderr)
+
+
+def test_java_runs_in_jshell_with_the_last_expression_as_result(full):
+    # E2B's suite (test_java_kernel, test_cwd_java).
+    ex = full.run_code('System.out.println("Hello, World!")', language="java")
+    assert ex.logs.stdout[0] == "Hello, World!" and "".join(ex.logs.stdout) == "Hello, World!\n"
+    assert ex.error is None and ex.results == []
+    assert [r.text for r in full.run_code('System.getProperty("user.dir")', language="java").results] == ["/home/user"]
+    # Declarations persist; the last expression is the result.
+    assert full.run_code("int x = 40;\nint add(int a, int b) { return a + b; }", language="java").results == []
+    assert full.run_code("add(x, 2)", language="java").text == "42"
+    assert full.run_code("List.of(1, 2).stream().map(i -> i * 3).collect(Collectors.toList())",
+                         language="java").text == "[3, 6]"
+    ctx = full.create_code_context(language="java", cwd="/tmp")
+    assert (ctx.language, ctx.cwd) == ("java", "/tmp")
+    assert full.run_code('System.getProperty("user.dir")', context=ctx).text == "/tmp"
+    assert full.run_code("x", context=ctx).error.name == "CompilationError"
+
+
+def test_java_envs_are_system_properties_for_their_run(full_template):
+    from e2b_code_interpreter import Sandbox
+    s = Sandbox.create(full_template, envs={"TEST_ENV_VAR": "supertest"}, timeout=120)
+    try:
+        get = 'System.getProperty("TEST_ENV_VAR")'
+        assert s.run_code(get, language="java").text == "supertest"
+        assert s.run_code(get, language="java", envs={"TEST_ENV_VAR": "overwrite"}).text == "overwrite"
+        assert s.run_code(get, language="java").text == "supertest"
+        assert s.run_code('System.getProperty("FOO")', envs={"FOO": "bar"}, language="java").text == "bar"
+        assert s.run_code('System.getProperty("FOO", "default")', language="java").text == "default"
+    finally:
+        s.kill()
+
+
+def test_java_errors_have_name_and_value(full):
+    full.run_code("int kept = 1;", language="java")
+    ex = full.run_code('throw new IllegalStateException("boom")', language="java")
+    assert (ex.error.name, ex.error.value) == ("java.lang.IllegalStateException", "boom")
+    assert ex.error.traceback.startswith("java.lang.IllegalStateException: boom\n")
+    ex = full.run_code("int z = ;", language="java")
+    assert ex.error.name == "CompilationError" and ex.error.value
+    ex = full.run_code('System.out.print("before ");\nInteger.parseInt("x")', language="java")
+    assert ex.logs.stdout == ["before "] and ex.error.name == "java.lang.NumberFormatException"
+    assert full.run_code("kept", language="java").text == "1"
+
+
+@pytest.mark.parametrize("lang,keep,spin,check,fresh", [
+    ("r", "kept <- 1", "repeat {}", "exists('kept')", "[1] FALSE"),
+    ("java", "int kept = 1;", "while (true) {}", "Arrays.asList(1)", "[1]"),
+])
+def test_an_r_or_java_run_past_its_timeout_restarts_the_context(full, lang, keep, spin, check, fresh):
+    full.run_code(keep, language=lang, timeout=60)
+    with pytest.raises(TimeoutException):
+        full.run_code(spin, language=lang, timeout=5)
+    # Stopped (its unit killed), so this one does not wait behind it; the
+    # context starts clean.
+    assert full.run_code(check, language=lang, timeout=60).text == fresh
+    if lang == "java":
+        assert full.run_code("kept", language=lang, timeout=60).error.name == "CompilationError"

@@ -331,7 +331,7 @@ def agent_templates():
 def full_templates():
     """The templates dir holding `code-interpreter-full`'s rootfs
     (templates/code-interpreter-full.json: numpy, pandas, matplotlib,
-    IPython, Node and TypeScript from Debian) that `make full-template` keeps
+    IPython, Node, TypeScript, R and a JDK from Debian) that `make full-template` keeps
     in the test cache (HATCHERY_FULL_TEMPLATES_DIR), built here if missing
     or stale, under the same kind of lock as agent_templates. A cold build
     is a debootstrap of about 200 packages (docs/e2b.md gives its time)."""

@@ -64,11 +64,13 @@ fn kernel_of(l: Option<&str>) -> Result<&'static str, ApiError> {
         Some("bash") => Ok("bash"),
         Some("js") | Some("javascript") => Ok("javascript"),
         Some("ts") | Some("typescript") => Ok("typescript"),
+        Some("r") => Ok("r"),
+        Some("java") => Ok("java"),
         Some(other) => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             format!(
                 "language {other:?} is not supported by Hatchery's code interpreter \
-                 (python, bash, js and ts are)"
+                 (python, bash, js, ts, r and java are)"
             ),
         )),
     }
@@ -444,10 +446,13 @@ mod tests {
             (Some(" JavaScript "), "javascript"),
             (Some("ts"), "typescript"),
             (Some("typescript"), "typescript"),
+            (Some("r"), "r"),
+            (Some("R"), "r"),
+            (Some("java"), "java"),
         ] {
             assert_eq!(kernel_of(given).ok(), Some(kernel), "{given:?}");
         }
-        for refused in ["r", "java", "deno", "node"] {
+        for refused in ["rust", "kotlin", "deno", "node"] {
             assert!(kernel_of(Some(refused)).is_err(), "{refused}");
         }
     }

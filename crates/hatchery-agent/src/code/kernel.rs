@@ -1,8 +1,12 @@
 //! One interpreter process: a Python kernel (`python_kernel.py`), the
 //! Bash kernel (`bash_kernel.py`, a Python driver of one `bash`), or the
-//! JavaScript/TypeScript kernel (`js_kernel.js`, one `node`), in a unit of
-//! its own, with four pipes: requests (its fd 3), events (its fd
-//! 4) and its raw stdout and stderr (what its child processes write).
+//! JavaScript/TypeScript kernel (`js_kernel.js`, one `node`), the R kernel
+//! (`r_kernel.R`, one `Rscript`) or the Java kernel (`java_kernel.java`,
+//! one JVM running JShell in-process), in a unit of its own, with four
+//! pipes: requests (its fd 3), events (its fd 4) and its raw stdout and
+//! stderr (what it and its child processes write). The R and Java kernels
+//! read their own source from a memfd on fd 5: nothing is written to the
+//! sandbox's disk.
 
 use crate::exec::{spawn_contained, Tree};
 use crate::reaper::{Exit, Reaper};
@@ -22,8 +26,25 @@ pub const PYTHON_KERNEL: &str = include_str!("../kernel/python_kernel.py");
 pub const PYTHON_CHARTS: &str = include_str!("../kernel/python_charts.py");
 pub const BASH_KERNEL: &str = include_str!("../kernel/bash_kernel.py");
 pub const JS_KERNEL: &str = include_str!("../kernel/js_kernel.js");
+pub const R_KERNEL: &str = include_str!("../kernel/r_kernel.R");
+pub const JAVA_KERNEL: &str = include_str!("../kernel/java_kernel.java");
 pub const PYTHON: &str = "/usr/bin/python3";
 pub const NODE: &str = "/usr/bin/node";
+pub const RSCRIPT: &str = "/usr/bin/Rscript";
+pub const JAVA: &str = "/usr/bin/java";
+/// Present with a JDK (Debian's openjdk-*-jdk-headless), whose jdk.jshell
+/// module the Java kernel needs; a JRE has `java` but not this.
+pub const JSHELL: &str = "/usr/bin/jshell";
+/// The Java kernel's JVM: a small, quick start (one GC thread, the C1
+/// compiler only, the JDK's class-data archive) and a heap well inside the
+/// sandbox's memory (1 GiB in code-interpreter-full).
+const JVM_FLAGS: &[&str] = &[
+    "-XX:+UseSerialGC",
+    "-XX:TieredStopAtLevel=1",
+    "-Xshare:auto",
+    "-XX:-UsePerfData",
+    "-Xmx256m",
+];
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// How much of a kernel's stderr a failed start reports.
 const STARTUP_STDERR: usize = 2048;
@@ -40,6 +61,27 @@ pub struct Kernel {
     /// Bytes of `events` read past the last full line.
     pub pending: Vec<u8>,
     child: Child,
+}
+
+/// A memfd holding `text`, positioned at its start, above fd 5 (see
+/// [`high_pipe`]).
+fn source_fd(text: &str) -> std::io::Result<File> {
+    // SAFETY: memfd_create with a NUL-terminated name; the fd is ours.
+    let fd = unsafe { libc::memfd_create(c"hatchery-kernel".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: F_DUPFD_CLOEXEC on an fd we own; then close the original.
+    let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) };
+    unsafe { libc::close(fd) };
+    if high < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh fd owned by nothing else.
+    let mut f = unsafe { File::from_raw_fd(high) };
+    f.write_all(text.as_bytes())?;
+    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(0))?;
+    Ok(f)
 }
 
 /// A pipe whose ends are above the fds the kernel is given (3 and 4), so
@@ -77,14 +119,33 @@ impl Kernel {
         self.child.id()
     }
 
-    /// Starts the kernel of `language` (`python`, `bash`, `javascript` or
-    /// `typescript`) in `cwd` and waits until it says it is ready.
+    /// Starts the kernel of `language` (`python`, `bash`, `javascript`,
+    /// `typescript`, `r` or `java`) in `cwd` and waits until it says it is ready.
     pub fn start(language: &str, cwd: &str, reaper: &Arc<Reaper>) -> std::io::Result<Kernel> {
         let (req_r, req_w) = high_pipe()?;
         let (ev_r, ev_w) = high_pipe()?;
         let (req_fd, ev_fd) = (req_r.as_raw_fd(), ev_w.as_raw_fd());
         let mark = format!("k-{}", NEXT_MARK.fetch_add(1, Ordering::Relaxed));
+        // The R and Java kernels' source, on the kernel's fd 5.
+        let source = match language {
+            "r" => Some(source_fd(R_KERNEL)?),
+            "java" => Some(source_fd(JAVA_KERNEL)?),
+            _ => None,
+        };
+        let src_fd = source.as_ref().map(|f| f.as_raw_fd());
         let mut cmd = match language {
+            "r" => {
+                let mut c = Command::new(RSCRIPT);
+                c.args(["--vanilla", "/dev/fd/5"]);
+                c
+            }
+            "java" => {
+                // The JDK's source launcher compiles the kernel in memory;
+                // it needs a seekable file, which a memfd is.
+                let mut c = Command::new(JAVA);
+                c.args(JVM_FLAGS).args(["--source", "17", "/dev/fd/5"]);
+                c
+            }
             "javascript" | "typescript" => {
                 // --expose-internals: the kernel uses Node's REPL rewrite
                 // of top-level await (internal/repl/await).
@@ -126,12 +187,17 @@ impl Kernel {
                 if libc::dup2(req_fd, 3) < 0 || libc::dup2(ev_fd, 4) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
+                if let Some(fd) = src_fd {
+                    if libc::dup2(fd, 5) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
                 Ok(())
             });
         }
         let unit = crate::cgroup::keeper().new_unit();
         let (mut child, exited, unit) = spawn_contained(cmd, unit, reaper)?;
-        drop((req_r, ev_w));
+        drop((req_r, ev_w, source));
         let marker = format!("HATCHERY_EXEC_ID={mark}").into_bytes();
         let tree = Arc::new(Tree::new(child.id() as i32, marker, unit));
         let stdout = File::from(std::os::fd::OwnedFd::from(

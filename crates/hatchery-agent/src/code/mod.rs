@@ -130,6 +130,14 @@ fn languages() -> &'static [&'static str] {
                 l.push("typescript");
             }
         }
+        // Started on a context's first run or creation, never with the
+        // agent: an idle sandbox pays for no R process and no JVM.
+        if Path::new(kernel::RSCRIPT).exists() {
+            l.push("r");
+        }
+        if Path::new(kernel::JAVA).exists() && Path::new(kernel::JSHELL).exists() {
+            l.push("java");
+        }
         l
     })
 }
@@ -160,6 +168,16 @@ fn unavailable(language: &str) -> String {
              typescript module (Debian's nodejs and node-typescript; the code-interpreter-full \
              template has them)",
             kernel::NODE
+        ),
+        "r" => format!(
+            "no r interpreter in this sandbox: its template has no {} (Debian's r-base-core; \
+             the code-interpreter-full template has it)",
+            kernel::RSCRIPT
+        ),
+        "java" => format!(
+            "no java interpreter in this sandbox: its template has no JDK with jshell ({}; \
+             Debian's openjdk-17-jdk-headless; the code-interpreter-full template has it)",
+            kernel::JSHELL
         ),
         other => format!("no {other} interpreter in this sandbox"),
     }
@@ -469,6 +487,8 @@ mod tests {
             "{js}"
         );
         assert!(unavailable("typescript").contains("node-typescript"));
+        assert!(unavailable("r").contains("/usr/bin/Rscript"));
+        assert!(unavailable("java").contains("openjdk-17-jdk-headless"));
         assert_eq!(unavailable("cobol"), "no cobol interpreter in this sandbox");
     }
 }
