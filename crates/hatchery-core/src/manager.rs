@@ -385,6 +385,7 @@ impl Manager {
         started: Instant,
     ) -> Result<SandboxInfo, CoreError> {
         let client = self.start_row(&row, policy, template, image, files).await?;
+        crate::steps::mark("files");
         // Guarded: a delete that came in while it booted has stopped the
         // row (and torn the sandbox down), and must not be overwritten.
         match self
@@ -414,7 +415,9 @@ impl Manager {
                 });
             }
         }
+        crate::steps::mark("running_row");
         self.adopt(&row.id, client, row.env.clone());
+        crate::steps::mark("adopt");
         Ok(self.created(row, mode, started))
     }
 
@@ -430,6 +433,7 @@ impl Manager {
         files: Option<&Path>,
     ) -> Result<Arc<AgentClient>, CoreError> {
         self.store.insert_sandbox(&self.fence, row).await?;
+        crate::steps::mark("row");
         let netns = match self.claim_slot(&row.id, policy).await {
             Ok(n) => n,
             Err(e) => {
@@ -448,6 +452,7 @@ impl Manager {
             // A pool refill: least CPU weight until claimed (pool.rs).
             background: row.state == SandboxState::Pooled,
         };
+        crate::steps::mark("slot");
         let booted = async {
             let client = self.boot(&spec, image, template).await?;
             if let Some(f) = files {
@@ -485,7 +490,9 @@ impl Manager {
             Some(dir) => self.runtime.restore(spec, dir).await?,
             None => self.runtime.create(spec).await?,
         }
+        crate::steps::mark("restore");
         let client = self.connect_agent(&spec.id).await?;
+        crate::steps::mark("agent");
         if image.is_none() {
             // A checkpoint would already hold the template's files and setup.
             self.prepare_guest(&client, template, &mut |_| {}).await?;
