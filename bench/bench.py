@@ -9,6 +9,7 @@ import glob
 import http.client
 import json
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -262,11 +263,13 @@ def log_steps(d, message):
     """Step timings (ms) of every daemon log line with `message` (the
     `steps` field of "snapshot taken" and "forked", hatchery-core
     steps.rs), as one dict per line."""
-    import re
     out = []
     for line in re.sub(r"\x1b\[[0-9;]*m", "", d.log(tail=None)).splitlines():
         if message in line and "steps=" in line:
-            out.append({k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", line.split("steps=", 1)[1])})
+            steps = {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", line.split("steps=", 1)[1])}
+            # A fork claimed from a warm pool restores nothing: no steps.
+            if steps:
+                out.append(steps)
     return out
 
 
@@ -307,7 +310,6 @@ def snapfork_figures(d, raw, n):
         res["fork_exec"].append((t2 - t) * 1000)
         try:
             shim_log = open(os.path.join(d.data_dir, "sandboxes", f, "shim.log")).read()
-            import re
             m = re.search(r"started \(ms\):(.*)", shim_log)
             if m:
                 res["shim"].append({k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", m.group(1))})
@@ -315,6 +317,24 @@ def snapfork_figures(d, raw, n):
             pass
         d.delete(f)
         time.sleep(0.3)  # the teardown of this fork, off the request path, is not the next one's load
+    # The same fork with the snapshot's warm pool on (opt-in, operator
+    # only: PUT /v1/snapshots/{id}/pool): a claim of a parked fork.
+    res["pool_fork"], res["pool_fork_exec"] = [], []
+    pool = f"/v1/snapshots/{snaps[0]}/pool"
+    assert d.request("PUT", pool, {"size": 1}).status == 200
+    for _ in range(n):
+        wait_for(lambda: d.request("GET", pool).json()["ready"] >= 1)
+        time.sleep(0.3)  # the refill's restore, at least CPU weight, ends first
+        t = time.perf_counter()
+        r = d.request("POST", f"/v1/snapshots/{snaps[0]}/fork", {"ttl_seconds": 60}).json()["sandboxes"][0]
+        t1 = time.perf_counter()
+        assert r["boot_mode"] == "pool", r
+        assert d.exec(r["id"], "cat /workspace/s")["stdout"] == "state\n"
+        t2 = time.perf_counter()
+        res["pool_fork"].append((t1 - t) * 1000)
+        res["pool_fork_exec"].append((t2 - t) * 1000)
+        d.delete(r["id"])
+    d.request("PUT", pool, {"size": 0})
     for sn in snaps:
         d.request("DELETE", f"/v1/snapshots/{sn}")
     d.delete(sid)
@@ -330,7 +350,7 @@ def steps_table(title, steps):
         return
     names = list(dict.fromkeys(k for s in steps for k in s))
     print(f"\n{title} (p50 of each step over {len(steps)}, ms): " +
-          ", ".join(f"{k} {pct([s.get(k, 0.0) for s in steps], 50):.1f}" for k in names))
+          ", ".join(f"{k} {pct([s[k] for s in steps if k in s], 50):.1f}" for k in names))
 
 
 def snapfork_table(r, label=""):
@@ -342,6 +362,8 @@ def snapfork_table(r, label=""):
         row("hatchery: fork (restore of the snapshot)", r["fork"], r["raw_restore"]),
         row("hatchery: fork, then its first exec", r["fork_exec"], r["raw_restore"]),
         row("  (first exec after the fork alone)", r["first_exec"]),
+        row("hatchery: fork from its warm pool (opt-in)", r["pool_fork"], r["raw_restore"]),
+        row("hatchery: fork from its warm pool, 1st exec", r["pool_fork_exec"], r["raw_restore"]),
     ]
     steps_table("snapshot steps (daemon log)", r["snap_steps"])
     steps_table("fork steps (daemon log)", r["fork_steps"])

@@ -878,8 +878,16 @@ impl Manager {
         // A sandbox an earlier daemon parked while idle (idle.rs) answers
         // nothing until it runs again.
         self.runtime.unpark(id);
-        let client = connect_and_ping(self.runtime.as_ref(), id).await?;
-        self.host_services.attach(&client, id).await;
+        let client = AgentClient::new(self.runtime.connect(id).await?);
+        // The ping and the host services' listeners are two round trips
+        // to the same agent: sent together, a boot waits about one (a
+        // fork's `agent` step). A failed ping returns at once, dropping
+        // the attach; what it registered is weak and goes with the client.
+        let attach = async {
+            self.host_services.attach(&client, id).await;
+            Ok(())
+        };
+        tokio::try_join!(ping(&client), attach)?;
         Ok(client)
     }
 
@@ -969,19 +977,15 @@ impl Drop for TeardownGuard {
     }
 }
 
-pub(crate) async fn connect_and_ping(
-    rt: &dyn Runtime,
-    id: &str,
-) -> Result<Arc<AgentClient>, CoreError> {
-    let stream = rt.connect(id).await?;
-    let client = AgentClient::new(stream);
+/// Whether the agent behind `client` answers a ping.
+async fn ping(client: &AgentClient) -> Result<(), CoreError> {
     let mut ch = client.open();
     client
         .send(&Frame::new(ch.id, Kind::Ping, vec![]))
         .await
         .map_err(|e| CoreError::GuestUnresponsive(e.to_string()))?;
     match tokio::time::timeout(PING_TIMEOUT, ch.rx.recv()).await {
-        Ok(Some(f)) if f.kind == Kind::Pong => Ok(client),
+        Ok(Some(f)) if f.kind == Kind::Pong => Ok(()),
         Ok(_) => Err(CoreError::GuestUnresponsive(
             "agent did not answer ping".into(),
         )),
