@@ -9,6 +9,7 @@ import glob
 import http.client
 import json
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -119,6 +120,11 @@ class RawRunsc:
         # directory, which the restore only creates files in.
         spec = json.load(open(config))
         old = spec.pop("hatchery_bundle")
+        # A network-on sandbox's spec names its slot's namespace, which
+        # that sandbox is using: the baseline gets a fresh one instead
+        # (and runs with --network=none, as ever).
+        for ns in spec.get("linux", {}).get("namespaces", []):
+            ns.pop("path", None)
         for m in spec.get("mounts", []):
             if m.get("source", "").startswith(old):
                 m["source"] = b + m["source"][len(old):]
@@ -133,6 +139,21 @@ class RawRunsc:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, check=True)
         ms = (time.perf_counter() - t) * 1000
         self.runsc("delete", "--force", cid)
+        return ms
+
+    def checkpoint_daemon_sandbox(self, d, sid):
+        """`runsc checkpoint` of a daemon's own sandbox, with the flags the
+        daemon's snapshot uses (runtime.rs): the like-for-like baseline of
+        a snapshot. The image goes to a scratch directory."""
+        img = tempfile.mkdtemp(prefix="ckpt-", dir=self.dir)
+        root = os.path.join(d.data_dir, "runsc")
+        net = "--network=sandbox" if "--network" not in d.extra_args else "--network=none"
+        t = time.perf_counter()
+        subprocess.run(["runsc", f"--root={root}", "--platform=systrap", net, "checkpoint",
+                        f"--image-path={img}", "--compression=none", "--leave-running", sid],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, check=True)
+        ms = (time.perf_counter() - t) * 1000
+        shutil.rmtree(img, ignore_errors=True)
         return ms
 
     def close(self):
@@ -227,6 +248,163 @@ def network_off_figures(raw):
         return off, base
     finally:
         d.cleanup()
+
+
+def sandbox_config(d, sid, path):
+    """The OCI spec of a daemon's sandbox, for RawRunsc.restore_image."""
+    bundle = os.path.join(d.data_dir, "sandboxes", sid)
+    spec = json.load(open(os.path.join(bundle, "config.json")))
+    spec["hatchery_bundle"] = bundle
+    json.dump(spec, open(path, "w"))
+    return path
+
+
+def log_steps(d, message):
+    """Step timings (ms) of every daemon log line with `message` (the
+    `steps` field of "snapshot taken" and "forked", hatchery-core
+    steps.rs), as one dict per line."""
+    out = []
+    for line in re.sub(r"\x1b\[[0-9;]*m", "", d.log(tail=None)).splitlines():
+        if message in line and "steps=" in line:
+            steps = {k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", line.split("steps=", 1)[1])}
+            # A fork claimed from a warm pool restores nothing: no steps.
+            if steps:
+                out.append(steps)
+    return out
+
+
+def snapfork_figures(d, raw, n):
+    """Snapshots and forks of a running sandbox, each beside its raw runsc
+    baseline, alternated so both see the same load: `runsc checkpoint` of
+    the same sandbox with the daemon's flags, and `runsc restore` of the
+    snapshot's own image on the same spec. Also the fork's first exec and
+    where the time went (daemon log steps, the shim's own steps)."""
+    sid = d.create(ttl_seconds=600)
+    d.exec(sid, "true")
+    # As the full bench leaves it: the interpreter warm, some execs run.
+    for _ in range(5):
+        d.exec(sid, argv=["python3", "-c", "print(1)"])
+    d.exec(sid, "mkdir -p /workspace && echo state > /workspace/s")
+    res = {k: [] for k in ("raw_ckpt", "snap", "raw_restore", "fork", "first_exec", "fork_exec", "shim")}
+    snaps = []
+    for _ in range(n):
+        res["raw_ckpt"].append(raw.checkpoint_daemon_sandbox(d, sid))
+        t = time.perf_counter()
+        r = d.request("POST", f"/v1/sandboxes/{sid}/snapshots", {})
+        res["snap"].append((time.perf_counter() - t) * 1000)
+        assert r.status == 201, r.body
+        snaps.append(r.json()["id"])
+    config = sandbox_config(d, sid, os.path.join(raw.dir, f"snap-config-{sid}.json"))
+    image = os.path.join(d.data_dir, "snapshots", snaps[0])
+    for _ in range(n):
+        res["raw_restore"].append(raw.restore_image(image, config))
+        t = time.perf_counter()
+        r = d.request("POST", f"/v1/snapshots/{snaps[0]}/fork", {"ttl_seconds": 60})
+        t1 = time.perf_counter()
+        assert r.status in (200, 201), r.body
+        f = r.json()["sandboxes"][0]["id"]
+        assert d.exec(f, "cat /workspace/s")["stdout"] == "state\n"
+        t2 = time.perf_counter()
+        res["fork"].append((t1 - t) * 1000)
+        res["first_exec"].append((t2 - t1) * 1000)
+        res["fork_exec"].append((t2 - t) * 1000)
+        try:
+            shim_log = open(os.path.join(d.data_dir, "sandboxes", f, "shim.log")).read()
+            m = re.search(r"started \(ms\):(.*)", shim_log)
+            if m:
+                res["shim"].append({k: float(v) for k, v in re.findall(r"(\w+)=([\d.]+)", m.group(1))})
+        except OSError:
+            pass
+        d.delete(f)
+        time.sleep(0.3)  # the teardown of this fork, off the request path, is not the next one's load
+    # The same fork with the snapshot's warm pool on (opt-in, operator
+    # only: PUT /v1/snapshots/{id}/pool): a claim of a parked fork.
+    res["pool_fork"], res["pool_fork_exec"] = [], []
+    pool = f"/v1/snapshots/{snaps[0]}/pool"
+    assert d.request("PUT", pool, {"size": 1}).status == 200
+    for _ in range(n):
+        wait_for(lambda: d.request("GET", pool).json()["ready"] >= 1)
+        time.sleep(0.3)  # the refill's restore, at least CPU weight, ends first
+        t = time.perf_counter()
+        r = d.request("POST", f"/v1/snapshots/{snaps[0]}/fork", {"ttl_seconds": 60}).json()["sandboxes"][0]
+        t1 = time.perf_counter()
+        assert r["boot_mode"] == "pool", r
+        assert d.exec(r["id"], "cat /workspace/s")["stdout"] == "state\n"
+        t2 = time.perf_counter()
+        res["pool_fork"].append((t1 - t) * 1000)
+        res["pool_fork_exec"].append((t2 - t) * 1000)
+        d.delete(r["id"])
+    d.request("PUT", pool, {"size": 0})
+    for sn in snaps:
+        d.request("DELETE", f"/v1/snapshots/{sn}")
+    d.delete(sid)
+    res["snap_steps"] = log_steps(d, "snapshot taken")
+    res["fork_steps"] = log_steps(d, "forked")
+    return res
+
+
+def steps_table(title, steps):
+    """p50 of each step (ms) over the lines in `steps`."""
+    if not steps:
+        print(f"\n{title}: no step timings in the log")
+        return
+    names = list(dict.fromkeys(k for s in steps for k in s))
+    print(f"\n{title} (p50 of each step over {len(steps)}, ms): " +
+          ", ".join(f"{k} {pct([s[k] for s in steps if k in s], 50):.1f}" for k in names))
+
+
+def snapfork_table(r, label=""):
+    table_header(f"Snapshots and forks of a running session{label}")
+    rows = [
+        row("baseline: runsc checkpoint (same sandbox)", r["raw_ckpt"]),
+        row("hatchery: snapshot (idle sandbox)", r["snap"], r["raw_ckpt"]),
+        row("baseline: runsc restore (the snapshot image)", r["raw_restore"]),
+        row("hatchery: fork (restore of the snapshot)", r["fork"], r["raw_restore"]),
+        row("hatchery: fork, then its first exec", r["fork_exec"], r["raw_restore"]),
+        row("  (first exec after the fork alone)", r["first_exec"]),
+        row("hatchery: fork from its warm pool (opt-in)", r["pool_fork"], r["raw_restore"]),
+        row("hatchery: fork from its warm pool, 1st exec", r["pool_fork_exec"], r["raw_restore"]),
+    ]
+    steps_table("snapshot steps (daemon log)", r["snap_steps"])
+    steps_table("fork steps (daemon log)", r["fork_steps"])
+    steps_table("fork: the shim's steps inside restore", r["shim"])
+    return rows
+
+
+def snapfork_only():
+    """BENCH_ONLY=snapfork: the snapshot and fork figures alone. With
+    BENCH_BEFORE_BIN_DIR, the same figures of that build too, in turns
+    with this one (before, after, before, after), so both see the same
+    machine."""
+    import harness
+    before = os.environ.get("BENCH_BEFORE_BIN_DIR")
+    builds = [("before", before), ("after", harness.BIN_DIR)] if before else [("", harness.BIN_DIR)]
+    rounds = 2 if before else 1
+    per = max(5, N // rounds)
+    print(f"\nSnapshot/fork benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, "
+          f"load {open('/proc/loadavg').read().split()[:3]}, N={per * rounds} per build")
+    got = {name: None for name, _ in builds}
+    raw = RawRunsc()
+    try:
+        for _ in range(rounds):
+            for name, bin_dir in builds:
+                harness.BIN_DIR = bin_dir
+                d = Daemon(extra_args=["--max-sandboxes", "80", "--pool-size", "0"]).start()
+                try:
+                    wait_for(lambda: metric(d, "hatchery_template_images_baked_total") >= 1)
+                    r = snapfork_figures(d, raw, per)
+                finally:
+                    d.cleanup()
+                if got[name] is None:
+                    got[name] = r
+                else:
+                    for k, v in r.items():
+                        got[name][k] += v
+        for name, _ in builds:
+            snapfork_table(got[name], f" ({name}: {dict(builds)[name]})" if name else "")
+    finally:
+        raw.close()
+    print(f"\nload average at the end: {open('/proc/loadavg').read().split()[:3]}")
 
 
 def code_first_output(d, include_create):
@@ -380,6 +558,9 @@ def relay_table(r):
 
 
 def main():
+    if os.environ.get("BENCH_ONLY") == "snapfork":
+        snapfork_only()
+        return
     if os.environ.get("BENCH_ONLY") == "relay":
         print(f"\nHatchery relay benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, N={N}")
         relay_table(relay_figures())
@@ -406,20 +587,9 @@ def main():
         h_true = timed(lambda: d.exec(sid, argv=["true"]), N * 3)
         h_py = timed(lambda: d.exec(sid, argv=["python3", "-c", "print(1)"]), N)
 
-        # Snapshot and fork of a running session.
-        d.exec(sid, "mkdir -p /workspace && echo state > /workspace/s")
-        snaps = []
-        h_snap = timed(lambda: snaps.append(d.request("POST", f"/v1/sandboxes/{sid}/snapshots", {}).json()["id"]),
-                       max(5, N // 2))
-
-        def fork_one():
-            r = d.request("POST", f"/v1/snapshots/{snaps[0]}/fork", {"ttl_seconds": 60}).json()
-            for s in r["sandboxes"]:
-                d.delete(s["id"])
-        h_fork = timed(fork_one, max(5, N // 2))
-        for sn in snaps:
-            d.request("DELETE", f"/v1/snapshots/{sn}")
         d.delete(sid)
+        # Snapshot and fork of a running session, beside raw runsc.
+        snapfork = snapfork_figures(d, raw, max(5, N // 2))
 
         h_restore = [create_delete(d, "restore") for _ in range(max(5, N // 2))]
         # Policy updates on a live sandbox: one nft transaction each.
@@ -559,11 +729,7 @@ def main():
             row("hatchery: run button, pool, 1 client", rb1, base_run),
             row("hatchery: run button, pool, 8 concurrent", rb8, base_run),
         ]
-        table_header("Snapshots and forks of a running session")
-        results += [
-            row("hatchery: snapshot (idle sandbox)", h_snap),
-            row("hatchery: fork (restore of the snapshot)", h_fork, base_restore),
-        ]
+        results += snapfork_table(snapfork)
         results += relay_table(relay)
         mean_pss = sum(pss) / len(pss)
         print(f"\nDensity: idle sandbox PSS {mean_pss:.1f} MiB (mean of {len(pss)}) = "

@@ -41,6 +41,7 @@ pub mod snapshot_pool;
 mod snapshot_stores;
 pub mod snapshots;
 pub mod start_builds;
+mod steps;
 pub mod store;
 mod template_images;
 mod time_util;

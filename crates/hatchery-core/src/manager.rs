@@ -385,6 +385,7 @@ impl Manager {
         started: Instant,
     ) -> Result<SandboxInfo, CoreError> {
         let client = self.start_row(&row, policy, template, image, files).await?;
+        crate::steps::mark("files");
         // Guarded: a delete that came in while it booted has stopped the
         // row (and torn the sandbox down), and must not be overwritten.
         match self
@@ -414,7 +415,9 @@ impl Manager {
                 });
             }
         }
+        crate::steps::mark("running_row");
         self.adopt(&row.id, client, row.env.clone());
+        crate::steps::mark("adopt");
         Ok(self.created(row, mode, started))
     }
 
@@ -430,6 +433,7 @@ impl Manager {
         files: Option<&Path>,
     ) -> Result<Arc<AgentClient>, CoreError> {
         self.store.insert_sandbox(&self.fence, row).await?;
+        crate::steps::mark("row");
         let netns = match self.claim_slot(&row.id, policy).await {
             Ok(n) => n,
             Err(e) => {
@@ -448,6 +452,7 @@ impl Manager {
             // A pool refill: least CPU weight until claimed (pool.rs).
             background: row.state == SandboxState::Pooled,
         };
+        crate::steps::mark("slot");
         let booted = async {
             let client = self.boot(&spec, image, template).await?;
             if let Some(f) = files {
@@ -485,7 +490,9 @@ impl Manager {
             Some(dir) => self.runtime.restore(spec, dir).await?,
             None => self.runtime.create(spec).await?,
         }
+        crate::steps::mark("restore");
         let client = self.connect_agent(&spec.id).await?;
+        crate::steps::mark("agent");
         if image.is_none() {
             // A checkpoint would already hold the template's files and setup.
             self.prepare_guest(&client, template, &mut |_| {}).await?;
@@ -871,8 +878,16 @@ impl Manager {
         // A sandbox an earlier daemon parked while idle (idle.rs) answers
         // nothing until it runs again.
         self.runtime.unpark(id);
-        let client = connect_and_ping(self.runtime.as_ref(), id).await?;
-        self.host_services.attach(&client, id).await;
+        let client = AgentClient::new(self.runtime.connect(id).await?);
+        // The ping and the host services' listeners are two round trips
+        // to the same agent: sent together, a boot waits about one (a
+        // fork's `agent` step). A failed ping returns at once, dropping
+        // the attach; what it registered is weak and goes with the client.
+        let attach = async {
+            self.host_services.attach(&client, id).await;
+            Ok(())
+        };
+        tokio::try_join!(ping(&client), attach)?;
         Ok(client)
     }
 
@@ -962,19 +977,15 @@ impl Drop for TeardownGuard {
     }
 }
 
-pub(crate) async fn connect_and_ping(
-    rt: &dyn Runtime,
-    id: &str,
-) -> Result<Arc<AgentClient>, CoreError> {
-    let stream = rt.connect(id).await?;
-    let client = AgentClient::new(stream);
+/// Whether the agent behind `client` answers a ping.
+async fn ping(client: &AgentClient) -> Result<(), CoreError> {
     let mut ch = client.open();
     client
         .send(&Frame::new(ch.id, Kind::Ping, vec![]))
         .await
         .map_err(|e| CoreError::GuestUnresponsive(e.to_string()))?;
     match tokio::time::timeout(PING_TIMEOUT, ch.rx.recv()).await {
-        Ok(Some(f)) if f.kind == Kind::Pong => Ok(client),
+        Ok(Some(f)) if f.kind == Kind::Pong => Ok(()),
         Ok(_) => Err(CoreError::GuestUnresponsive(
             "agent did not answer ping".into(),
         )),

@@ -110,9 +110,11 @@ impl Manager {
     ) -> Result<SnapshotInfo, CoreError> {
         let retention = retention_s.unwrap_or(self.caps.default_retention_s);
         crate::within("retention_seconds", retention, self.caps.max_retention_s)?;
+        let mut steps = crate::steps::Steps::new();
         // A checkpoint and a file export reach the guest without an agent
         // channel: the sandbox must run, and stay running, until they end.
         let _running = self.live_get(sandbox_id).await?.idle.hold();
+        steps.mark("hold");
         let row = self
             .store
             .get_live(sandbox_id)
@@ -131,6 +133,7 @@ impl Manager {
         let id = new_snapshot_id();
         let (images, location) = self.snapshots.for_new(self.host_id());
         let dir = images.prepare(&id).map_err(store_err)?;
+        steps.mark("prepare");
         let sealed = async {
             match kind {
                 SnapshotKind::Memory => self.runtime.checkpoint(sandbox_id, &dir).await?,
@@ -144,7 +147,10 @@ impl Manager {
                         .await?;
                 }
             }
-            images.publish(&id).map_err(store_err)
+            steps.mark("checkpoint");
+            let sealed = images.publish(&id).map_err(store_err);
+            steps.mark("seal");
+            sealed
         }
         .await;
         let sealed = match sealed {
@@ -175,8 +181,9 @@ impl Manager {
             let _ = images.remove(&id);
             return Err(e.into());
         }
+        steps.mark("row");
         self.metrics.snapshots_created.inc();
-        tracing::info!(snapshot = %id, sandbox = %sandbox_id, bytes = sealed.size_bytes, location = %snap.location.as_string(), kind = kind.as_str(), "snapshot taken");
+        tracing::info!(snapshot = %id, sandbox = %sandbox_id, bytes = sealed.size_bytes, location = %snap.location.as_string(), kind = kind.as_str(), %steps, "snapshot taken");
         Ok(snap.into())
     }
 
@@ -259,7 +266,7 @@ impl Manager {
         let mut src: Option<ForkSource> = None;
         let mut made: Vec<SandboxInfo> = Vec::new();
         for _ in 0..req.count {
-            let res = async {
+            let (res, steps) = crate::steps::Steps::scope(async {
                 self.reserve()?;
                 if warm {
                     let r = self.claim_warm_fork(&snap, ttl, &req).await;
@@ -279,6 +286,7 @@ impl Manager {
                         }
                     },
                 };
+                crate::steps::mark("verify");
                 let started = Instant::now();
                 let row = self.fork_row(&snap, new_sandbox_id(), SandboxState::Starting, ttl, &req);
                 let r = self
@@ -294,10 +302,13 @@ impl Manager {
                     .await;
                 self.unreserve();
                 r
-            }
+            })
             .await;
             match res {
-                Ok(info) => made.push(info),
+                Ok(info) => {
+                    tracing::info!(snapshot = %snapshot_id, sandbox = %info.id, %steps, "forked");
+                    made.push(info)
+                }
                 Err(e) => {
                     for m in &made {
                         self.stop(&m.id, "fork_failed").await;

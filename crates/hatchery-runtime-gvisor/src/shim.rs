@@ -134,9 +134,9 @@ pub fn run(bundle: &Path) -> ! {
         }
     };
     match start(&cfg, bundle) {
-        Ok((to_agent, from_agent, listener, split, killer)) => {
-            serve(cfg, bundle, to_agent, from_agent, listener, split, killer)
-        }
+        Ok((to_agent, from_agent, listener, split, killer, steps)) => serve(
+            cfg, bundle, to_agent, from_agent, listener, split, killer, &steps,
+        ),
         Err(e) => {
             println!("error: {e}");
             let _ = std::io::stdout().flush();
@@ -152,10 +152,21 @@ type Started = (
     UnixListener,
     Option<memcg::Split>,
     Option<crate::oom::Killer>,
+    String,
 );
 
 fn start(cfg: &ShimConfig, bundle: &Path) -> std::io::Result<Started> {
+    // Where a start's time went, for shim.log (docs/benchmarks.md breaks
+    // forks down with it).
+    let mut steps = String::new();
+    let mut last = std::time::Instant::now();
+    let mut mark = |name: &str| {
+        let now = std::time::Instant::now();
+        steps += &format!(" {name}={:.1}", (now - last).as_secs_f64() * 1000.0);
+        last = now;
+    };
     private_mounts(cfg, bundle)?;
+    mark("mounts");
     let (agent_stdin, to_agent) = pipe()?;
     let (from_agent, agent_stdout) = pipe()?;
     let log = File::create(bundle.join("runsc.log"))?;
@@ -169,6 +180,7 @@ fn start(cfg: &ShimConfig, bundle: &Path) -> std::io::Result<Started> {
             .arg(format!("--image-path={}", image.display())),
         None => cmd.arg("run"),
     };
+    mark("pipes");
     let status = cmd
         .arg(format!("--bundle={}", bundle.display()))
         .arg("--detach")
@@ -177,6 +189,7 @@ fn start(cfg: &ShimConfig, bundle: &Path) -> std::io::Result<Started> {
         .stdout(Stdio::from(agent_stdout))
         .stderr(Stdio::from(log))
         .status()?;
+    mark("runsc");
     if !status.success() {
         let log = std::fs::read_to_string(bundle.join("runsc.log")).unwrap_or_default();
         let tail: String = log.lines().rev().take(5).collect::<Vec<_>>().join(" | ");
@@ -190,6 +203,7 @@ fn start(cfg: &ShimConfig, bundle: &Path) -> std::io::Result<Started> {
     } else {
         None
     };
+    mark("memcg");
     // The guest's OOM killer (oom.rs), armed before `ready` too. Without
     // it the kernel's stays in charge.
     let killer = split.as_ref().and_then(|_| {
@@ -205,15 +219,18 @@ fn start(cfg: &ShimConfig, bundle: &Path) -> std::io::Result<Started> {
     let _ = std::fs::remove_file(&sock);
     let listener = UnixListener::bind(&sock)?;
     std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o600))?;
+    mark("oom_socket");
     Ok((
         File::from(to_agent),
         File::from(from_agent),
         listener,
         split,
         killer,
+        steps,
     ))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn serve(
     cfg: ShimConfig,
     bundle: &Path,
@@ -222,11 +239,13 @@ fn serve(
     listener: UnixListener,
     split: Option<memcg::Split>,
     killer: Option<crate::oom::Killer>,
+    steps: &str,
 ) -> ! {
     std::fs::write(bundle.join("shim.pid"), std::process::id().to_string()).ok();
     println!("ready");
     let _ = std::io::stdout().flush();
     detach_stdio(bundle);
+    eprintln!("hatchery-shim {}: started (ms):{steps}", cfg.id);
 
     let last_oom_kill_ms = killer
         .as_ref()
