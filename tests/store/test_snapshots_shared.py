@@ -23,7 +23,7 @@ import pytest
 HERE = os.path.dirname(__file__)
 sys.path.insert(0, HERE)
 
-from test_hosts import ARGS, LOSS_WAIT, check_invariants, daemon, headers, no_net_leftovers, owner, pg, sql  # noqa: E402,F401
+from test_hosts import ARGS, LOSS_WAIT, check_invariants, daemon, headers, no_net_leftovers, owner, pg, sql, warm  # noqa: E402,F401
 from harness import KEY, Daemon, wait_for  # noqa: E402  (on the path test_hosts set)
 
 
@@ -151,6 +151,62 @@ def test_shared_snapshot_outlives_its_writer(pg):
         (lo2 or lo).cleanup()
         shutil.rmtree(shared, ignore_errors=True)
     no_net_leftovers(a, b, lo)
+
+
+def test_a_fork_goes_where_the_snapshot_has_a_warm_pool(pg):
+    """A shared snapshot's fork through the control plane is placed on the
+    host with forks of it parked in its warm pool (the host reports
+    `snapshot:ID` among its warm entries), and claims one there (boot_mode
+    `pool`), though the other host comes first by every other rule (more
+    free room, and the tie by id)."""
+    shared = tempfile.mkdtemp(prefix="hxsp-", dir="/tmp")
+    store = ["--snapshot-store", f"shared:{shared}"]
+    a = daemon(pg, "sp-a", role="host", extra=store)
+    b = daemon(pg, "sp-b", role="host", extra=store)
+    c = daemon(pg, "sp-ctl", role="control")
+    forks = []
+    try:
+        sid = a.create(ttl_seconds=300)
+        assert a.put_file(sid, "/work/kept.txt", b"from a").status == 204
+        snap = snapshot(a, sid)
+        assert a.delete(sid).status == 204
+        key = f"snapshot:{snap}"
+        assert key not in warm(pg, "sp-a") + warm(pg, "sp-b")
+        r = b.request("PUT", f"/v1/snapshots/{snap}/pool", {"size": 1})
+        assert r.status == 200, r
+        wait_for(lambda: b.request("GET", f"/v1/snapshots/{snap}/pool").json()["ready"] == 1,
+                 timeout=60, what="b's pool of the snapshot ready")
+        wait_for(lambda: key in warm(pg, "sp-b"), timeout=30, what="b reporting the pool warm")
+        assert key not in warm(pg, "sp-a")
+        r = c.request("POST", f"/v1/snapshots/{snap}/fork", {"ttl_seconds": 300, "count": 1}, timeout=120)
+        assert r.status == 201, r
+        f = r.json()["sandboxes"][0]
+        forks.append(f["id"])
+        b.created.add(f["id"])
+        assert owner(pg, f["id"]) == "sp-b"
+        assert f.get("boot_mode") == "pool", f
+        assert c.get_file(f["id"], "/work/kept.txt").body == b"from a"
+        # Its pool spent and not refilled yet or refilled: either way the
+        # next fork is placed and served.
+        r = c.request("POST", f"/v1/snapshots/{snap}/fork", {"ttl_seconds": 300, "count": 1}, timeout=120)
+        assert r.status == 201, r
+        g = r.json()["sandboxes"][0]["id"]
+        forks.append(g)
+        (b if owner(pg, g) == "sp-b" else a).created.add(g)
+        assert b.request("PUT", f"/v1/snapshots/{snap}/pool", {"size": 0}).status == 200
+        wait_for(lambda: key not in warm(pg, "sp-b"), timeout=30, what="b no longer reporting it")
+        for fid in forks:
+            assert c.request("DELETE", f"/v1/sandboxes/{fid}").status == 204
+        assert c.request("DELETE", f"/v1/snapshots/{snap}").status == 204
+        for d in (a, b):
+            d.wait_no_leftovers(timeout=30, net=False)
+        check_invariants(pg, [sid, *forks])
+    finally:
+        c.cleanup()
+        b.cleanup()
+        a.cleanup()
+        shutil.rmtree(shared, ignore_errors=True)
+    no_net_leftovers(a, b)
 
 
 def test_a_paused_e2b_sandbox_is_resumed_once_across_hosts(pg):

@@ -96,11 +96,12 @@ impl Manager {
                     return;
                 }
                 let asked = Instant::now();
-                // A checkpoint baked or removed is reported at once, not
-                // at the next renewal: placement prefers warm hosts.
+                // A checkpoint baked or removed, or a snapshot's warm pool
+                // filled or emptied, is reported at once, not at the next
+                // renewal: placement prefers warm hosts.
                 let warm = {
                     let m = Arc::clone(&m);
-                    tokio::task::spawn_blocking(move || m.warm_templates())
+                    tokio::task::spawn_blocking(move || m.warm_keys())
                         .await
                         .unwrap_or_default()
                 };

@@ -30,6 +30,9 @@ pub const HOT_FOR: Duration = Duration::from_secs(15 * 60);
 const PREFIX: &str = "snapshot:";
 
 /// The pool key of `snapshot`'s forks (template names have no colon).
+/// Also how the heartbeat names a snapshot with a warm pool here, which
+/// placement matches (`hatchery_route::placement::snapshot_key`; a test in
+/// hatchery-hosts holds them equal).
 pub fn key(snapshot: &str) -> String {
     format!("{PREFIX}{snapshot}")
 }
@@ -157,6 +160,24 @@ impl Manager {
         }
         tracing::info!(snapshot = %id, size, "snapshot pool set");
         Ok(self.snapshot_pool(id))
+    }
+
+    /// What the heartbeat reports as warm here: templates whose
+    /// checkpoint is sealed on this disk, and the pool key ([`key`]) of
+    /// each snapshot with forks parked in its warm pool, so placement
+    /// sends that snapshot's forks to this host first (a claim is 1-2 ms;
+    /// a restore elsewhere about 200).
+    pub fn warm_keys(&self) -> Vec<String> {
+        let mut keys = self.warm_templates();
+        keys.extend(
+            self.pool
+                .keys()
+                .into_iter()
+                .filter(|k| snapshot_of(k).is_some()),
+        );
+        keys.sort();
+        keys.dedup();
+        keys
     }
 
     pub fn snapshot_pool(&self, id: &str) -> SnapshotPoolInfo {

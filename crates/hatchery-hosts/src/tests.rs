@@ -379,3 +379,13 @@ impl crate::sessions_count::SessionCounts for Fixed {
         Ok(self.0.clone())
     }
 }
+
+/// The heartbeat names a snapshot's warm pool by hatchery-core's pool key,
+/// and placement looks for hatchery-route's key: one string, two crates.
+#[test]
+fn a_warm_pool_is_named_the_same_by_heartbeat_and_placement() {
+    assert_eq!(
+        hatchery_core::snapshot_pool::key("sn_x"),
+        hatchery_route::placement::snapshot_key("sn_x")
+    );
+}

@@ -74,11 +74,15 @@ async fn route(st: &ControlState, req: Request) -> Result<Response, RouteError> 
         return place(st, req, Create::Session).await;
     }
     let scope = crate::scope_of_request(&path, req.headers());
+    let forked = match &scope {
+        crate::Scope::Snapshot(id) => Some(id.clone()),
+        _ => None,
+    };
     match locate(st.directory.as_ref(), scope, &caller).await {
         // A shared snapshot: its fork needs room, like a create; a read
         // or delete any host answers.
         Some(Ok((Location::Anywhere, _))) if req.method() == Method::POST => {
-            place(st, req, Create::Fork).await
+            place(st, req, Create::Fork(forked)).await
         }
         Some(Ok((Location::Anywhere, _))) => any_host(st, req).await,
         Some(Ok((Location::At { host, url }, what))) => {
@@ -154,11 +158,12 @@ pub fn by_preference(hosts: Vec<HostSlot>) -> Vec<HostSlot> {
 }
 
 /// What is being placed.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 enum Create {
     Sandbox,
-    /// A fork of a shared snapshot: restores the snapshot, not a template.
-    Fork,
+    /// A fork of a shared snapshot (its id): restores the snapshot, or
+    /// claims one of its forks where a warm pool of it is parked.
+    Fork(Option<String>),
     /// A session: it queues for a slot on its host, so a host without free
     /// room still takes it when no host has any.
     Session,
@@ -168,8 +173,12 @@ enum Create {
 async fn place(st: &ControlState, req: Request, what: Create) -> Result<Response, RouteError> {
     let (parts, body) = buffered(req).await?;
     let mut want = Want::of_body(&body, &st.default_template);
-    if what == Create::Fork {
-        want.template.clear();
+    if let Create::Fork(snapshot) = &what {
+        // Not the template's checkpoint: the snapshot's own pool, if any.
+        want.template = snapshot
+            .as_deref()
+            .map(placement::snapshot_key)
+            .unwrap_or_default();
     }
     let all = st.directory.hosts().await?;
     let tenant_live = match &want.tenant {

@@ -3,6 +3,8 @@
 //!
 //! 1. a host with a warm checkpoint of the template (it restores one in
 //!    milliseconds; another host would bake it first, which takes seconds);
+//!    for a fork of a shared snapshot, a host with forks of it parked in
+//!    its warm pool (a claim takes 1-2 ms; a restore about 200);
 //! 2. the host running the fewest live sandboxes of the same tenant (the
 //!    create's `metadata.tenant`), so one tenant's work is spread and the
 //!    loss of a host takes only part of it;
@@ -18,9 +20,17 @@ use std::collections::BTreeMap;
 /// The metadata key that names a tenant.
 pub const TENANT_KEY: &str = "tenant";
 
+/// How a host's heartbeat names a snapshot whose warm pool has forks
+/// parked there (hatchery-core's pool key).
+pub fn snapshot_key(snapshot: &str) -> String {
+    format!("snapshot:{snapshot}")
+}
+
 /// What placement takes from a create's JSON body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Want {
+    /// The template, or for a fork the snapshot's [`snapshot_key`]: the
+    /// warm entry that makes a host first.
     pub template: String,
     pub tenant: Option<String>,
 }
@@ -119,6 +129,27 @@ mod tests {
             }
         );
         assert_eq!(Want::of_body(br#"{"template":""}"#, "ci").template, "ci");
+    }
+
+    #[test]
+    fn a_snapshots_warm_pool_comes_before_free_room_and_the_tie() {
+        let want = Want {
+            template: snapshot_key("sn1"),
+            tenant: None,
+        };
+        let hosts = vec![
+            slot("a", 10, 0, &["python", "snapshot:sn2"]),
+            slot("b", 10, 5, &["snapshot:sn1"]),
+        ];
+        assert_eq!(
+            ids(&rank(hosts.clone(), &want, &BTreeMap::new())),
+            ["b", "a"]
+        );
+        let other = Want {
+            template: snapshot_key("sn3"),
+            tenant: None,
+        };
+        assert_eq!(ids(&rank(hosts, &other, &BTreeMap::new())), ["a", "b"]);
     }
 
     #[test]
