@@ -357,6 +357,16 @@ impl FakeSandboxes {
         s.kernel_denials.drain(..over);
     }
 
+    /// The newest exec rule that matches `argv`.
+    fn rule_for(&self, argv: &[String]) -> Option<ExecScript> {
+        self.lock()
+            .rules
+            .iter()
+            .rev()
+            .find(|(m, _)| m(argv))
+            .map(|(_, s)| s.clone())
+    }
+
     fn with_live<T>(
         &self,
         id: &str,
@@ -434,13 +444,7 @@ impl Sandboxes for FakeSandboxes {
         _timeout_s: u64,
     ) -> Result<ExecOutcome, SandboxError> {
         self.gate(Op::Exec, Some(id)).await?;
-        let rule = self
-            .lock()
-            .rules
-            .iter()
-            .rev()
-            .find(|(m, _)| m(&argv))
-            .map(|(_, s)| s.clone());
+        let rule = self.rule_for(&argv);
         self.with_live(id, |s| {
             Ok(match rule {
                 Some(script) => script(&argv, &mut s.files),
@@ -482,13 +486,7 @@ impl Sandboxes for FakeSandboxes {
     ) -> Result<PythonOutcome, SandboxError> {
         self.gate(Op::RunPython, Some(id)).await?;
         let argv = vec![PYTHON_KERNEL.to_string(), code.to_string()];
-        let rule = self
-            .lock()
-            .rules
-            .iter()
-            .rev()
-            .find(|(m, _)| m(&argv))
-            .map(|(_, s)| s.clone());
+        let rule = self.rule_for(&argv);
         self.with_live(id, |s| {
             Ok(match rule {
                 Some(script) => {
