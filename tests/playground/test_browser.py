@@ -73,7 +73,7 @@ def test_demo_page_in_chromium(gateway_factory, daemon, browser):
         if s["state"] != "running":
             break
         time.sleep(0.05)
-    assert seen_partial is not None, "no output arrived before the run ended"
+    assert seen_partial is not None, f"no output arrived before the run ended: {s}"
     assert seen_partial["disabled"] is True and seen_partial["kind"] == "running"
     assert s["out"] == "".join(f"tick {i}\n" for i in range(1, 6)) + "done\n", s
     assert s["kind"] == "ok"
