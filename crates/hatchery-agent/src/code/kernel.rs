@@ -71,14 +71,7 @@ fn source_fd(text: &str) -> std::io::Result<File> {
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
-    // SAFETY: F_DUPFD_CLOEXEC on an fd we own; then close the original.
-    let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) };
-    unsafe { libc::close(fd) };
-    if high < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh fd owned by nothing else.
-    let mut f = unsafe { File::from_raw_fd(high) };
+    let mut f = lift(fd)?;
     f.write_all(text.as_bytes())?;
     std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(0))?;
     Ok(f)
@@ -92,17 +85,25 @@ fn high_pipe() -> std::io::Result<(File, File)> {
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    let mut high = [0 as RawFd; 2];
-    for i in 0..2 {
-        // SAFETY: F_DUPFD_CLOEXEC on an fd we own; then close the original.
-        high[i] = unsafe { libc::fcntl(fds[i], libc::F_DUPFD_CLOEXEC, 10) };
-        unsafe { libc::close(fds[i]) };
-        if high[i] < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
+    let read = lift(fds[0]);
+    let write = lift(fds[1]);
+    Ok((read?, write?))
+}
+
+/// `fd` (ours, closed here) moved to the lowest free fd at or above 10,
+/// close-on-exec.
+fn lift(fd: RawFd) -> std::io::Result<File> {
+    // SAFETY: F_DUPFD_CLOEXEC on an fd we own.
+    let high = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 10) };
+    // Read before close, which may set errno too.
+    let err = std::io::Error::last_os_error();
+    // SAFETY: `fd` is ours and used no more.
+    unsafe { libc::close(fd) };
+    if high < 0 {
+        return Err(err);
     }
-    // SAFETY: both fds are fresh and owned by nothing else.
-    Ok(unsafe { (File::from_raw_fd(high[0]), File::from_raw_fd(high[1])) })
+    // SAFETY: a fresh fd owned by nothing else.
+    Ok(unsafe { File::from_raw_fd(high) })
 }
 
 pub fn set_nonblocking(f: &File) {
