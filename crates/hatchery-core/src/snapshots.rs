@@ -320,8 +320,6 @@ impl Manager {
         Ok(made)
     }
 
-    /// What a fork of `snapshot_id` restores: its record, the template
-    /// (rootfs and shape) it was taken on, and the image and files.
     /// The record of a fork of `snap` made now: the snapshot's template,
     /// rootfs, shape and env, the request's metadata and TTL.
     pub(crate) fn fork_row(
@@ -348,6 +346,8 @@ impl Manager {
         }
     }
 
+    /// What a fork of `snap` restores: its record, the template (rootfs
+    /// and shape) it was taken on, and the image and files.
     pub(crate) fn fork_source(&self, snap: &SnapshotRow) -> Result<ForkSource, CoreError> {
         let snapshot_id = snap.id.as_str();
         let dir = self
