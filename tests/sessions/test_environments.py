@@ -59,7 +59,7 @@ def ed(model):
 def build(d, eid, key=KEY):
     """POST :build (with API key `key`) and read its SSE stream to the
     end: [(event, data)]."""
-    conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=900)
+    conn = http.client.HTTPConnection(d.addr, d.port, timeout=900)
     conn.request("POST", f"/v1/environments/{eid}:build",
                  headers={"Authorization": f"Bearer {key}", "Accept": "text/event-stream"})
     r = conn.getresponse()

@@ -42,7 +42,8 @@ from pg import Postgres  # noqa: E402
 from scripted_model import ScriptedModel  # noqa: E402
 from sessions_support import DEMO_FILES, SCRIPTS, SessionDaemon  # noqa: E402
 import hostnet  # noqa: E402
-from test_hosts import host_netns, no_net_leftovers, sql, started, wait_warm  # noqa: E402
+from test_environments import build  # noqa: E402
+from test_hosts import host_netns, no_net_leftovers, sql, started, wait_warm, warm  # noqa: E402
 
 # A short host lease, so that a lost host is noticed within seconds.
 LEASE_TTL_S = 9
@@ -400,4 +401,66 @@ def test_control_spreads_one_tenants_sessions(pg, git_server, model, shared):
             a.cleanup_sessions()
         finally:
             b.cleanup_sessions()
+    no_net_leftovers(a, b)
+
+
+def test_a_session_from_an_environment_goes_where_its_pool_is(pg, git_server, model, shared):
+    """Placement of a session from an environment. Host b builds the
+    environment (its snapshot goes to the shared store) and keeps a warm
+    pool of it; a has twice b's room, so by free room alone every session
+    would start on a. The first session through the control plane starts
+    on b, claimed from the pool; with b's pool dropped, the second starts
+    on a, which never had the snapshot: it restores it from the shared
+    store. Both see the set-up's output and the same commit."""
+    a = host(pg, "ep-a", model, shared, extra=["--max-sandboxes", "6"])
+    b = host(pg, "ep-b", model, shared, extra=["--max-sandboxes", "3"])
+    c = SessionDaemon(model.port, model_host=model.host, extra=["--db", pg.dsn, "--host-id", "ep-ctl", "--role",
+                                                                "control", "--pool-size", "0"]).start()
+    eid = None
+    try:
+        repo = git_server.add_repo("envplace", DEMO_FILES)
+        r = c.request("POST", "/v1/environments", {"name": "placed", "repo": repo, "pool_size": 0,
+                                                   "setup": "echo installed > .setup-done"})
+        assert r.status == 201, r
+        eid = r.json()["environment_id"]
+        evs = build(b, eid)
+        assert evs[-1][0] == "done", evs
+        snap = evs[-1][1]["snapshot_id"]
+        key = f"snapshot:{snap}"
+        r = b.request("PUT", f"/v1/snapshots/{snap}/pool", {"size": 1})
+        assert r.status == 200, r
+        wait_for(lambda: key in warm(pg, "ep-b"), timeout=60, what="b reporting the environment's pool warm")
+        assert key not in warm(pg, "ep-a")
+
+        def start(expect_host, expect_mode):
+            r = c.request("POST", "/v1/sessions", {"environment_id": eid, "task": "inspect",
+                                                   "agent": {"kind": "command", "command": "cat .setup-done"}})
+            assert r.status == 201, r
+            sid = r.json()["session_id"]
+            end = c.wait_state(sid, ("completed",), timeout=240)
+            assert end["state"] == "completed", end
+            assert session_row(pg, sid)[0] == expect_host
+            d = {"ep-a": a, "ep-b": b}[expect_host]
+            d.track_sandboxes(sid)
+            events = c.all_events(sid)
+            ready = next(e for e in events if e["type"] == "sandbox_ready")
+            assert ready["boot_mode"] == f"environment {eid} v1 {expect_mode}", ready
+            out = "".join(e["text"] for e in events if e["type"] == "agent_output")
+            assert "installed" in out, out
+            return next(e for e in events if e["type"] == "repo_checked_out")["commit"]
+
+        first = start("ep-b", "pool")
+        assert b.request("PUT", f"/v1/snapshots/{snap}/pool", {"size": 0}).status == 200
+        wait_for(lambda: key not in warm(pg, "ep-b"), timeout=30, what="b no longer reporting the pool")
+        assert start("ep-a", "fork") == first
+    finally:
+        try:
+            if eid:
+                c.request("DELETE", f"/v1/environments/{eid}")
+            c.cleanup()
+        finally:
+            try:
+                a.cleanup_sessions()
+            finally:
+                b.cleanup_sessions()
     no_net_leftovers(a, b)

@@ -25,4 +25,4 @@ mod sessions;
 pub use error::AgentsError;
 pub use hooks::open_secrets;
 pub use host::{start_host, HostParts, OnHost};
-pub use sessions::open_store;
+pub use sessions::{open_environments, open_store};

@@ -73,7 +73,7 @@ pub(crate) fn build(
 }
 
 /// The environments' tables on the deployment's database, migrated.
-pub(crate) async fn open_environments(
+pub async fn open_environments(
     db: &hatchery_db::Db,
 ) -> Result<hatchery_sessions::environments::store::EnvStore, crate::AgentsError> {
     use hatchery_sessions::environments::{store::EnvStore, EnvError};

@@ -7,6 +7,7 @@ use crate::local::LocalSandboxes;
 use async_trait::async_trait;
 use hatchery_route::placement::TENANT_KEY;
 use hatchery_route::{base_url, Directory, HostSlot, Location, RouteError, Scope};
+use hatchery_sessions::environments::store::EnvStore;
 use hatchery_store::{HostState, SandboxFilter, SnapshotLocation, Store, StoreError};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,6 +23,9 @@ pub struct StoreDirectory {
     pub local: Option<Arc<dyn LocalSandboxes>>,
     /// The shared session store: which host owns a session.
     pub sessions: Option<Arc<dyn hatchery_sessions::store::SessionStore>>,
+    /// The environments' tables: the snapshot a session from an
+    /// environment forks (the control role's placement).
+    pub environments: Option<EnvStore>,
 }
 
 fn store_err(e: StoreError) -> RouteError {
@@ -190,6 +194,17 @@ impl Directory for StoreDirectory {
             template: None,
         };
         self.store.live_per_host(&filter).await.map_err(store_err)
+    }
+
+    async fn environment_snapshot(&self, id: &str) -> Result<Option<String>, RouteError> {
+        let Some(envs) = &self.environments else {
+            return Ok(None);
+        };
+        let rec = envs
+            .get(id)
+            .await
+            .map_err(|e| RouteError::Store(e.to_string()))?;
+        Ok(rec.and_then(|r| r.current().map(|v| v.snapshot_id.clone())))
     }
 
     async fn tenant_of(&self, scope: &Scope) -> Result<Option<String>, RouteError> {

@@ -58,6 +58,7 @@ fn directory(store: &Arc<dyn Store>, lease_ttl_ms: u64) -> StoreDirectory {
             shared_snapshots: false,
         })),
         sessions: None,
+        environments: None,
     }
 }
 
@@ -388,4 +389,43 @@ fn a_warm_pool_is_named_the_same_by_heartbeat_and_placement() {
         hatchery_core::snapshot_pool::key("sn_x"),
         hatchery_route::placement::snapshot_key("sn_x")
     );
+}
+
+#[tokio::test]
+async fn an_environment_is_placed_by_its_current_versions_snapshot() {
+    use hatchery_sessions::environments::models::{BuildReason, EnvSpec};
+    use hatchery_sessions::environments::store::{EnvStore, NewVersion};
+    let dir = tempfile::tempdir().unwrap();
+    let db = Db::sqlite(&dir.path().join("hatchery.db")).await.unwrap();
+    let s: Arc<dyn Store> = Arc::new(DbStore::open(db.clone()).await.unwrap());
+    let envs = EnvStore::open(db).await.unwrap();
+    let spec: EnvSpec = serde_json::from_value(serde_json::json!({
+        "repo": "git://127.0.0.1/r", "ref": "main", "template": "code-interpreter",
+        "setup": "true", "setup_allow": [], "setup_timeout_s": 60
+    }))
+    .unwrap();
+    envs.insert("env_a", "a", &spec, None).await.unwrap();
+    let mut d = directory(&s, 10_000);
+    // Without the environments' tables: no preference.
+    assert_eq!(d.environment_snapshot("env_a").await.unwrap(), None);
+    d.environments = Some(envs.clone());
+    // Not built yet, and unknown.
+    assert_eq!(d.environment_snapshot("env_a").await.unwrap(), None);
+    assert_eq!(d.environment_snapshot("env_zz").await.unwrap(), None);
+    for snap in ["snp_1", "snp_2"] {
+        let v = NewVersion {
+            snapshot_id: snap,
+            base_commit: "c0ffee",
+            template: "code-interpreter",
+            template_version: None,
+            reason: BuildReason::Requested,
+            build_ms: 1,
+        };
+        envs.add_version("env_a", v).await.unwrap().unwrap();
+        // The current version's, which a rebuild replaces.
+        assert_eq!(
+            d.environment_snapshot("env_a").await.unwrap().as_deref(),
+            Some(snap)
+        );
+    }
 }

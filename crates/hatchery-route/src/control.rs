@@ -180,6 +180,11 @@ async fn place(st: &ControlState, req: Request, what: Create) -> Result<Response
             .map(placement::snapshot_key)
             .unwrap_or_default();
     }
+    if what == Create::Session {
+        if let Some(env) = placement::environment_of(&body) {
+            environment_want(st, &env, &mut want).await;
+        }
+    }
     let all = st.directory.hosts().await?;
     let tenant_live = match &want.tenant {
         Some(t) => st.directory.tenant_live(t).await?,
@@ -204,6 +209,32 @@ async fn place(st: &ControlState, req: Request, what: Create) -> Result<Response
         None => {
             st.metrics.count("no_capacity");
             Err(RouteError::NoCapacity)
+        }
+    }
+}
+
+/// A session from environment `env` forks its current version's
+/// snapshot, not the template's checkpoint: hosts with a warm pool of that
+/// snapshot come first, then (a snapshot on one host's disk) its holder.
+/// A preference only: when the store cannot tell, the usual rules place
+/// it, and the chosen host answers for the environment (404, 409).
+async fn environment_want(st: &ControlState, env: &str, want: &mut Want) {
+    let snap = match st.directory.environment_snapshot(env).await {
+        Ok(Some(snap)) => snap,
+        Ok(None) => return,
+        Err(e) => {
+            tracing::warn!(environment = %env, error = %e, "placing a session without its environment's snapshot");
+            return;
+        }
+    };
+    want.template = placement::snapshot_key(&snap);
+    match st.directory.snapshot(&snap).await {
+        Ok(Location::At { host, .. }) => want.holder = Some(host),
+        // Shared (any host restores it at the same cost), or its holder
+        // is not placeable anyway.
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(environment = %env, snapshot = %snap, error = %e, "placing a session without its snapshot's location")
         }
     }
 }

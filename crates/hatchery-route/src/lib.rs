@@ -114,6 +114,14 @@ pub trait Directory: Send + Sync {
     /// `None` for the operator's or an unknown one. Asked only before a
     /// tenant key is told about a host that cannot answer for itself.
     async fn tenant_of(&self, scope: &Scope) -> Result<Option<String>, RouteError>;
+    /// The snapshot of environment `id`'s current version, which a session
+    /// created with that `environment_id` forks (placement prefers a host
+    /// with a warm pool of it). `None`: no such environment, none built
+    /// yet, or a directory that does not know environments; the host the
+    /// session goes to then answers for the environment itself.
+    async fn environment_snapshot(&self, _id: &str) -> Result<Option<String>, RouteError> {
+        Ok(None)
+    }
 }
 
 /// Recognises the deployment's tenant API keys (hatchery-tenants; the

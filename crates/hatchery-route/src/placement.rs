@@ -4,7 +4,14 @@
 //! 1. a host with a warm checkpoint of the template (it restores one in
 //!    milliseconds; another host would bake it first, which takes seconds);
 //!    for a fork of a shared snapshot, a host with forks of it parked in
-//!    its warm pool (a claim takes 1-2 ms; a restore about 200);
+//!    its warm pool (a claim takes 1-2 ms; a restore about 200); for a
+//!    session from an environment, the same for the snapshot of the
+//!    environment's current version (a pooled start is about 150 ms, a
+//!    restore about 350);
+//! 1b. for a snapshot only one host's disk holds (no shared snapshot
+//!    store), that host: elsewhere the fork would be served across hosts;
+//!    a shared snapshot costs the same restore on every host, so the
+//!    rules below decide;
 //! 2. the host running the fewest live sandboxes of the same tenant (the
 //!    create's `metadata.tenant`), so one tenant's work is spread and the
 //!    loss of a host takes only part of it;
@@ -33,6 +40,9 @@ pub struct Want {
     /// warm entry that makes a host first.
     pub template: String,
     pub tenant: Option<String>,
+    /// The one host whose disk holds the snapshot a session starts from
+    /// (set by the control role for an environment's host-local snapshot).
+    pub holder: Option<String>,
 }
 
 impl Want {
@@ -51,8 +61,22 @@ impl Want {
             .as_str()
             .filter(|t| !t.is_empty())
             .map(str::to_string);
-        Want { template, tenant }
+        Want {
+            template,
+            tenant,
+            holder: None,
+        }
     }
+}
+
+/// The environment a session's create body starts from (`environment_id`),
+/// if any; an empty one is no environment (the host refuses it).
+pub fn environment_of(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    v["environment_id"]
+        .as_str()
+        .filter(|e| !e.is_empty())
+        .map(str::to_string)
 }
 
 /// Placeable hosts (ready, not cordoned or draining) with room, best first for `want`. `tenant_live` counts the
@@ -69,6 +93,7 @@ pub fn rank(
     ok.sort_by_key(|h| {
         (
             !h.warm.contains(&want.template),
+            want.holder.as_ref().is_some_and(|x| *x != h.id),
             tenant_live.get(&h.id).copied().unwrap_or(0),
             std::cmp::Reverse(h.free()),
             h.id.clone(),
@@ -108,7 +133,8 @@ mod tests {
             w,
             Want {
                 template: "node".into(),
-                tenant: Some("acme".into())
+                tenant: Some("acme".into()),
+                holder: None,
             }
         );
         let w = Want::of_body(br#"{"ttl_seconds":5,"metadata":{"tenant":7}}"#, "ci");
@@ -116,7 +142,8 @@ mod tests {
             w,
             Want {
                 template: "ci".into(),
-                tenant: None
+                tenant: None,
+                holder: None,
             }
         );
         assert_eq!(Want::of_body(b"not json", "ci").template, "ci");
@@ -125,7 +152,8 @@ mod tests {
             e2b,
             Want {
                 template: "node".into(),
-                tenant: Some("t".into())
+                tenant: Some("t".into()),
+                holder: None,
             }
         );
         assert_eq!(Want::of_body(br#"{"template":""}"#, "ci").template, "ci");
@@ -136,6 +164,7 @@ mod tests {
         let want = Want {
             template: snapshot_key("sn1"),
             tenant: None,
+            holder: None,
         };
         let hosts = vec![
             slot("a", 10, 0, &["python", "snapshot:sn2"]),
@@ -148,8 +177,47 @@ mod tests {
         let other = Want {
             template: snapshot_key("sn3"),
             tenant: None,
+            holder: None,
         };
         assert_eq!(ids(&rank(hosts, &other, &BTreeMap::new())), ["a", "b"]);
+    }
+
+    #[test]
+    fn a_session_names_its_environment() {
+        assert_eq!(
+            environment_of(br#"{"environment_id":"env_1","task":"t"}"#).as_deref(),
+            Some("env_1")
+        );
+        assert_eq!(environment_of(br#"{"repo":"git://x","task":"t"}"#), None);
+        assert_eq!(environment_of(br#"{"environment_id":""}"#), None);
+        assert_eq!(environment_of(br#"{"environment_id":7}"#), None);
+        assert_eq!(environment_of(b"not json"), None);
+    }
+
+    #[test]
+    fn the_snapshots_holder_comes_after_a_warm_pool_and_before_free_room() {
+        let hosts = vec![
+            slot("a", 10, 0, &[]),
+            slot("b", 10, 7, &[]),
+            slot("c", 10, 9, &["snapshot:sn1"]),
+        ];
+        let mut want = Want {
+            template: snapshot_key("sn1"),
+            tenant: None,
+            holder: Some("b".into()),
+        };
+        assert_eq!(
+            ids(&rank(hosts.clone(), &want, &BTreeMap::new())),
+            ["c", "b", "a"]
+        );
+        want.template = snapshot_key("sn2");
+        assert_eq!(
+            ids(&rank(hosts.clone(), &want, &BTreeMap::new())),
+            ["b", "a", "c"]
+        );
+        // A shared snapshot (no holder): free room decides among the cold.
+        want.holder = None;
+        assert_eq!(ids(&rank(hosts, &want, &BTreeMap::new())), ["a", "b", "c"]);
     }
 
     #[test]
@@ -157,6 +225,7 @@ mod tests {
         let want = Want {
             template: "node".into(),
             tenant: None,
+            holder: None,
         };
         let hosts = vec![
             slot("a", 10, 0, &["code-interpreter"]),
@@ -171,6 +240,7 @@ mod tests {
         let want = Want {
             template: "ci".into(),
             tenant: Some("acme".into()),
+            holder: None,
         };
         let hosts = vec![
             slot("a", 10, 1, &["ci"]),
@@ -188,6 +258,7 @@ mod tests {
         let want = Want {
             template: "ci".into(),
             tenant: None,
+            holder: None,
         };
         let mut lost = slot("lost", 10, 0, &["ci"]);
         (lost.alive, lost.routed, lost.placeable) = (false, false, false);

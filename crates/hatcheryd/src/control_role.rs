@@ -56,6 +56,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         lease_ttl_ms,
         local: None,
         sessions: Some(sessions.clone()),
+        // A session from an environment is placed by its snapshot's pool.
+        environments: Some(hatchery_agents::open_environments(&db).await?),
     });
     let owner_post = || hatchery_sessions::owner_post::OwnerPost {
         owners: Arc::new(sessions.clone()),

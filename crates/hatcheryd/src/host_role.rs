@@ -315,6 +315,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
                     lease_ttl_ms: hatchery_core::lease::host_lease_ttl_ms(),
                     local: None,
                     sessions: None,
+                    environments: None,
                 }),
                 me: manager.host_id().to_string(),
             }),
@@ -338,6 +339,8 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
             lease_ttl_ms: hatchery_core::lease::host_lease_ttl_ms(),
             local: Some(manager.clone()),
             sessions: Some(session_store.clone()),
+            // Hosts route; only the control role places sessions.
+            environments: None,
         }),
         me: manager.host_id().to_string(),
         api_key: key.clone().into(),
