@@ -483,6 +483,18 @@ def test_a_hot_environment_serves_sessions_from_its_warm_pool(ed, git_server, pe
     assert pool_of(ed, v1) == {"snapshot_id": v1, "size": 0, "ready": 0, "sandbox_ids": []}
     wait_gone(ed, old)
 
+    # A restart: the parked forks go with the old process, and the new
+    # one fills the hot version's pool again before any session asks
+    # (core_snapshot_pools); the superseded version's stays dropped.
+    before = set(pool_of(ed, v2)["sandbox_ids"])
+    ed.stop()
+    wait_gone(ed, before)
+    ed.start()
+    after = set(wait_pool(ed, v2, 2)["sandbox_ids"])
+    assert not after & before, (before, after)
+    assert pool_of(ed, v1)["size"] == 0
+    assert "snapshot pools kept across the restart" in ed.log(tail=None)
+
     # Deleting the environment drops the current version's pool with its
     # snapshot: nothing of it is left on the host.
     current = set(pool_of(ed, v2)["sandbox_ids"])

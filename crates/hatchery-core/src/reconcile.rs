@@ -88,6 +88,7 @@ impl Manager {
         }
         // Only now, with every unknown sandbox gone, may their slots go.
         self.reclaim_slots(&keep).await?;
+        self.restore_snapshot_pools().await;
         tracing::info!(
             adopted = report.adopted,
             stopped = report.stopped,

@@ -148,6 +148,10 @@ impl Manager {
         // Refused now rather than by every refill: a snapshot of another
         // host's local store (without a shared one) cannot be restored here.
         self.snapshots.for_row(id, &snap.location, self.host_id())?;
+        // Remembered first, so a restart while it is hot fills it again.
+        self.store
+            .set_snapshot_pool(&self.fence, id, size as u32, now_ms())
+            .await?;
         self.snapshot_pools.set(id, size, Instant::now());
         if size == 0 {
             self.drop_snapshot_pool(id).await;
@@ -193,8 +197,50 @@ impl Manager {
     /// No more forks of `id` kept; the parked ones are stopped.
     pub(crate) async fn drop_snapshot_pool(self: &Arc<Self>, id: &str) {
         self.snapshot_pools.remove(id);
+        self.forget_snapshot_pool(id).await;
         for sbx in self.pool.ids_of(&key(id)) {
             self.stop(&sbx, "pool_discard").await;
+        }
+    }
+
+    async fn forget_snapshot_pool(&self, id: &str) {
+        if let Err(e) = self
+            .store
+            .set_snapshot_pool(&self.fence, id, 0, now_ms())
+            .await
+        {
+            tracing::warn!(snapshot = %id, error = %e, "could not forget a snapshot pool in the store; a restart drops it as cold");
+        }
+    }
+
+    /// After a restart (reconcile): the snapshot pools this host kept and
+    /// that are still hot (asked for within [`HOT_FOR`]) are wanted again,
+    /// for what is left of their time, so the filler restores them before
+    /// the next session asks; cold ones are forgotten. Their parked forks
+    /// went with the old process.
+    pub(crate) async fn restore_snapshot_pools(&self) {
+        let rows = match self.store.snapshot_pools(self.host_id()).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read this host's snapshot pools; they fill again when asked");
+                return;
+            }
+        };
+        let (now, wall) = (Instant::now(), now_ms());
+        let mut kept = 0;
+        for p in rows {
+            let age = Duration::from_millis(wall.saturating_sub(p.touched_at_ms));
+            if p.size == 0 || age >= HOT_FOR {
+                self.forget_snapshot_pool(&p.snapshot_id).await;
+                continue;
+            }
+            let touched = now.checked_sub(age).unwrap_or(now);
+            let size = (p.size as usize).min(MAX_SIZE);
+            self.snapshot_pools.set(&p.snapshot_id, size, touched);
+            kept += 1;
+        }
+        if kept > 0 {
+            tracing::info!(pools = kept, "snapshot pools kept across the restart");
         }
     }
 

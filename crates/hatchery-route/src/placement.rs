@@ -8,10 +8,10 @@
 //!    session from an environment, the same for the snapshot of the
 //!    environment's current version (a pooled start is about 150 ms, a
 //!    restore about 350);
-//! 1b. for a snapshot only one host's disk holds (no shared snapshot
-//!    store), that host: elsewhere the fork would be served across hosts;
-//!    a shared snapshot costs the same restore on every host, so the
-//!    rules below decide;
+//!    then, for a snapshot only one host's disk holds (no shared
+//!    snapshot store), that host: elsewhere the fork would be served
+//!    across hosts; a shared snapshot costs the same restore on every
+//!    host, so the rules below decide;
 //! 2. the host running the fewest live sandboxes of the same tenant (the
 //!    create's `metadata.tenant`), so one tenant's work is spread and the
 //!    loss of a host takes only part of it;

@@ -21,6 +21,7 @@ pub async fn run_all(s: Arc<dyn Store>) {
     snapshots(&*s, &run).await;
     shared_snapshots_belong_to_every_host(&s, &run).await;
     network_slots(&*s, &run).await;
+    snapshot_pools_are_per_host(&*s, &run).await;
     leases_grow_and_fence(&*s, &run).await;
     stale_epoch_writes_are_refused(&*s, &run).await;
     racing_takes_have_one_winner(&s, &run).await;
@@ -326,6 +327,34 @@ async fn network_slots(s: &dyn Store, run: &str) {
     assert_eq!(s.all_net(&b.owner).await.unwrap().len(), 1);
     s.clear_net(&a, &x).await.unwrap();
     assert!(s.all_net(&a.owner).await.unwrap().is_empty());
+}
+
+async fn snapshot_pools_are_per_host(s: &dyn Store, run: &str) {
+    let (a, b) = hosts(s, "hp", "hq", run).await;
+    let (x, y) = (format!("snp_px{run}"), format!("snp_py{run}"));
+    s.set_snapshot_pool(&a, &x, 2, 10).await.unwrap();
+    s.set_snapshot_pool(&a, &y, 1, 11).await.unwrap();
+    s.set_snapshot_pool(&b, &x, 3, 12).await.unwrap();
+    // Asked again: the newer size and time replace the row.
+    s.set_snapshot_pool(&a, &x, 4, 20).await.unwrap();
+    let pa = s.snapshot_pools(&a.owner).await.unwrap();
+    let got: Vec<_> = pa
+        .iter()
+        .map(|p| (p.snapshot_id.as_str(), p.size, p.touched_at_ms))
+        .collect();
+    assert_eq!(got, [(x.as_str(), 4, 20), (y.as_str(), 1, 11)]);
+    s.set_snapshot_pool(&a, &x, 0, 30).await.unwrap();
+    let pa = s.snapshot_pools(&a.owner).await.unwrap();
+    assert_eq!(pa.len(), 1);
+    assert_eq!(pa[0].snapshot_id, y);
+    // b's own wish is untouched by a's.
+    assert_eq!(s.snapshot_pools(&b.owner).await.unwrap()[0].size, 3);
+    // A replaced owner cannot write under the old fence.
+    let b_new = Fence::of(&s.take_lease(&b.resource, &b.owner, 60_000).await.unwrap());
+    let stale = s.set_snapshot_pool(&b, &x, 1, 40).await;
+    assert!(matches!(stale, Err(StoreError::Fenced { .. })), "{stale:?}");
+    s.set_snapshot_pool(&b_new, &x, 0, 41).await.unwrap();
+    assert!(s.snapshot_pools(&b.owner).await.unwrap().is_empty());
 }
 
 async fn leases_grow_and_fence(s: &dyn Store, run: &str) {

@@ -12,8 +12,8 @@
 //! database's clock, never a host's.
 
 use crate::rows::{
-    Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow, SandboxState, SnapshotRow,
-    StoppedRow,
+    Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow, SandboxState, SnapshotPoolRow,
+    SnapshotRow, StoppedRow,
 };
 use crate::HostHold;
 use crate::{check_host_fence, to_json, warm_list, Result, Store, StoreError};
@@ -57,6 +57,16 @@ pub static SCHEMA: Migrations = Migrations {
         // 4: what a snapshot holds (memory and files, or files only: a
         // filesystem-only pause); every earlier one is a checkpoint.
         Step::Both("ALTER TABLE core_snapshots ADD COLUMN kind TEXT NOT NULL DEFAULT 'memory';"),
+        // 5: the snapshots each host keeps a warm pool of (issue 40), so a
+        // restarted daemon fills them again instead of waiting for the
+        // next session to ask.
+        Step::Both(
+            "CREATE TABLE core_snapshot_pools (
+               host_id TEXT NOT NULL, snapshot_id TEXT NOT NULL,
+               size BIGINT NOT NULL, touched_at_ms BIGINT NOT NULL,
+               PRIMARY KEY (host_id, snapshot_id)
+             );",
+        ),
     ],
 };
 
@@ -604,6 +614,43 @@ impl Store for DbStore {
                 sandbox_id,
                 slot,
                 policy,
+            })
+        };
+        self.rows(sql, args![host], row).await
+    }
+
+    async fn set_snapshot_pool(
+        &self,
+        f: &Fence,
+        snapshot: &str,
+        size: u32,
+        touched_at_ms: u64,
+    ) -> Result<()> {
+        if size == 0 {
+            let sql = "DELETE FROM core_snapshot_pools WHERE host_id = $1 AND snapshot_id = $2";
+            let a = args![&f.owner, snapshot];
+            return self
+                .change(f, "forget snapshot pool", sql, a, None)
+                .await
+                .map(drop);
+        }
+        let sql = "INSERT INTO core_snapshot_pools (host_id, snapshot_id, size, touched_at_ms)
+             VALUES ($1, $2, $3, $4)
+             ON CONFLICT (host_id, snapshot_id) DO UPDATE SET size = $3, touched_at_ms = $4";
+        let a = args![&f.owner, snapshot, size, touched_at_ms];
+        self.change(f, "set snapshot pool", sql, a, None)
+            .await
+            .map(drop)
+    }
+
+    async fn snapshot_pools(&self, host: &str) -> Result<Vec<SnapshotPoolRow>> {
+        let sql = "SELECT snapshot_id, size, touched_at_ms FROM core_snapshot_pools
+             WHERE host_id = $1 ORDER BY snapshot_id";
+        let row = |r: &Row| {
+            Ok(SnapshotPoolRow {
+                snapshot_id: get(r, "snapshot_id")?,
+                size: get(r, "size")?,
+                touched_at_ms: get(r, "touched_at_ms")?,
             })
         };
         self.rows(sql, args![host], row).await

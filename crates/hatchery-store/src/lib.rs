@@ -20,7 +20,8 @@ pub use error::{BoxError, Result, StoreError};
 pub use host_state::{HostHold, HostState};
 pub use rows::{
     host_resource, valid_host_id, Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow,
-    SandboxState, SnapshotKind, SnapshotLocation, SnapshotRow, StoppedRow, HOST_LOST,
+    SandboxState, SnapshotKind, SnapshotLocation, SnapshotPoolRow, SnapshotRow, StoppedRow,
+    HOST_LOST,
 };
 
 use async_trait::async_trait;
@@ -114,6 +115,17 @@ store! {
     async fn expired_snapshots(&self, host: &str, now_ms: u64) -> Result<Vec<String>>;
     /// Expired snapshots in the shared store (whoever wrote them).
     async fn expired_shared_snapshots(&self, now_ms: u64) -> Result<Vec<String>>;
+
+    // --- snapshot pools --------------------------------------------------
+
+    /// Remembers that host `f.owner` keeps `size` forks of `snapshot`
+    /// warm, asked at `touched_at_ms` (so a restarted daemon fills the pool
+    /// again while it is still hot); `size` 0 forgets it.
+    async fn set_snapshot_pool(
+        &self, f: &Fence, snapshot: &str, size: u32, touched_at_ms: u64
+    ) -> Result<()>;
+    /// The snapshot pools host `host` keeps, by snapshot id.
+    async fn snapshot_pools(&self, host: &str) -> Result<Vec<SnapshotPoolRow>>;
 
     // --- network slots ---------------------------------------------------
 

@@ -198,6 +198,16 @@ pub struct NetRow {
     pub policy: String,
 }
 
+/// A warm pool of a snapshot's forks that a host keeps (hatchery-core's
+/// snapshot_pool.rs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotPoolRow {
+    pub snapshot_id: String,
+    pub size: u32,
+    /// When it was last asked for: a pool nobody asks for goes cold.
+    pub touched_at_ms: u64,
+}
+
 /// A lease on a named resource (`host:<id>`, later `session:<id>`). The
 /// epoch only grows: every take bumps it, so a writer holding an older
 /// epoch is fenced off.

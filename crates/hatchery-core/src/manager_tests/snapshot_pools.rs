@@ -126,3 +126,37 @@ async fn shutdown_destroys_a_snapshot_s_parked_forks() {
         Some("pool_discard")
     );
 }
+
+#[tokio::test]
+async fn a_hot_pool_is_filled_again_after_a_restart_and_a_cold_one_forgotten() {
+    use crate::snapshot_pool::HOT_FOR;
+    let rig = Rig::new().await;
+    let (old, _src, snap) = snapshotted(&rig).await;
+    old.set_snapshot_pool(&snap.id, 2).await.unwrap();
+    let me = old.host_id().to_string();
+    // Another snapshot's pool, last asked for longer ago than HOT_FOR.
+    let cold_at = now_ms() - HOT_FOR.as_millis() as u64 - 1_000;
+    rig.store
+        .set_snapshot_pool(&old.fence, "snap_cold", 1, cold_at)
+        .await
+        .unwrap();
+    assert_eq!(rig.store.snapshot_pools(&me).await.unwrap().len(), 2);
+    drop(old);
+
+    let m = rig.manager().await;
+    assert_eq!(m.snapshot_pool(&snap.id).size, 0, "not before reconcile");
+    m.reconcile().await.unwrap();
+    assert_eq!(m.snapshot_pool(&snap.id).size, 2);
+    assert_eq!(m.snapshot_pool("snap_cold").size, 0);
+    let rows = rig.store.snapshot_pools(&me).await.unwrap();
+    let kept: Vec<_> = rows.iter().map(|p| p.snapshot_id.as_str()).collect();
+    assert_eq!(kept, [snap.id.as_str()], "the cold one is forgotten");
+    let filler = m.spawn_pool_filler();
+    eventually!("the pool refilled", m.snapshot_pool(&snap.id).ready == 2);
+    let f = m.fork(&snap.id, fork_req(1)).await.unwrap().remove(0);
+    assert_eq!(f.boot_mode, Some("pool"));
+    // Set to 0: forgotten, so the next restart does not fill it.
+    m.set_snapshot_pool(&snap.id, 0).await.unwrap();
+    assert!(rig.store.snapshot_pools(&me).await.unwrap().is_empty());
+    filler.abort();
+}
