@@ -231,6 +231,34 @@ def test_failed_setup_makes_no_version_and_says_why(ed, git_server):
     assert (r.status, r.error_code()) == (409, "environment_not_built"), r
 
 
+def test_a_full_snapshot_store_refuses_the_build_and_keeps_nothing(model, git_server):
+    """A daemon whose snapshot store is capped at 1 MiB (an image here is
+    several): a sandbox's snapshot is 507 `snapshot_store_full`; an
+    environment's build ends with that code and makes no version; nothing
+    is kept (no snapshot row, no image, no sandbox)."""
+    d = SessionDaemon(model.port, extra=["--snapshot-store-max-mb", "1"]).start()
+    try:
+        sid = d.create(ttl_seconds=120)
+        r = d.request("POST", f"/v1/sandboxes/{sid}/snapshots", {})
+        assert (r.status, r.error_code()) == (507, "snapshot_store_full"), r
+        assert "--snapshot-store-max-mb" in r.json()["error"]["message"]
+        assert d.request("DELETE", f"/v1/sandboxes/{sid}").status == 204
+        repo = git_server.add_repo("envfull", DEMO_FILES)
+        eid = create_env(d, name="full", repo=repo, setup="echo installed > .setup-done")["environment_id"]
+        evs = build(d, eid)
+        ev, data = evs[-1]
+        assert ev == "error" and data["error"]["code"] == "snapshot_store_full", data
+        got = d.request("GET", f"/v1/environments/{eid}").json()
+        assert got["current"] is None and got["versions"] == [], got
+        assert "snapshot store full" in got["last_error"], got
+        assert d.request("GET", "/v1/snapshots").json()["snapshots"] == []
+        assert os.listdir(os.path.join(d.data_dir, "snapshots")) == []
+        assert metric(d, "hatchery_snapshot_store_full_total") == 2
+        assert d.request("DELETE", f"/v1/environments/{eid}").status == 204
+    finally:
+        d.cleanup_sessions()
+
+
 def test_bad_input_is_4xx_and_leaves_nothing(ed, git_server):
     repo = git_server.add_repo("envbad", DEMO_FILES)
     ok = {"name": "x", "repo": repo}

@@ -125,6 +125,7 @@ impl From<CoreError> for ApiError {
             CoreError::Runtime(RuntimeError::TooLarge { .. }) => (S::CONFLICT, "files_too_large"),
             CoreError::Runtime(_) => (S::SERVICE_UNAVAILABLE, "runtime_error"),
             CoreError::SnapshotNotFound(_) => (S::NOT_FOUND, "snapshot_not_found"),
+            CoreError::SnapshotStoreFull { .. } => (S::INSUFFICIENT_STORAGE, "snapshot_store_full"),
             CoreError::ContextNotFound(_) => (S::NOT_FOUND, "context_not_found"),
             CoreError::ProcessNotFound(_) => (S::NOT_FOUND, "process_not_found"),
             CoreError::TooMany(_) => (S::TOO_MANY_REQUESTS, "too_many"),

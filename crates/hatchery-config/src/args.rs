@@ -71,6 +71,12 @@ pub struct DaemonArgs {
     /// "Snapshot store"). The directory must exist and be writable.
     #[arg(long, env = "HATCHERY_SNAPSHOT_STORE", default_value = "local")]
     pub snapshot_store: hatchery_templates::SnapshotStoreSpec,
+    /// The snapshot store's storage cap in MiB (0: none): a snapshot
+    /// that would take the store past it is refused with 507
+    /// `snapshot_store_full` and nothing is kept. A local store counts
+    /// this host's snapshots, a shared one every host's.
+    #[arg(long, env = "HATCHERY_SNAPSHOT_STORE_MAX_MB", default_value_t = 20_480)]
+    pub snapshot_store_max_mb: u64,
     /// The runsc binary.
     #[arg(long, env = "HATCHERY_RUNSC", default_value = "runsc")]
     pub runsc: PathBuf,

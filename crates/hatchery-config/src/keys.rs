@@ -110,6 +110,7 @@ pub const KEYS: &[Key] = &[
     k("runtime", "platform", "platform", Str, RUNS),
     k("runtime", "templates_dir", "templates-dir", Str, RUNS),
     k("runtime", "snapshot_store", "snapshot-store", Str, RUNS),
+    k("runtime", "snapshot_store_max_mb", "snapshot-store-max-mb", Int, RUNS),
     k("templates", "build_at_start", "build-template", List, RUNS),
     k("limits", "max_ttl", "max-ttl", Int, RUNS),
     k("limits", "max_sandboxes", "max-sandboxes", Int, RUNS),

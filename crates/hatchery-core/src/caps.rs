@@ -24,6 +24,9 @@ pub struct Caps {
     pub max_list_entries: u32,
     pub default_retention_s: u64,
     pub max_retention_s: u64,
+    /// Bytes all snapshots of the store new ones go to may take (a local
+    /// store: this host's; a shared one: every host's); 0: no cap.
+    pub max_snapshot_store_bytes: u64,
     pub max_fork_count: usize,
     /// Rules per list and ports per rule of a network policy.
     pub net_limits: hatchery_net::PolicyLimits,
@@ -89,6 +92,7 @@ impl Default for Caps {
             max_list_entries: 10_000,
             default_retention_s: 7 * 24 * 3600,
             max_retention_s: 90 * 24 * 3600,
+            max_snapshot_store_bytes: 20 << 30,
             max_fork_count: 16,
             net_limits: Default::default(),
             max_relays_per_sandbox: 64,

@@ -50,6 +50,9 @@ pub enum CoreError {
     TooMany(String),
     #[error("snapshot {0} not found")]
     SnapshotNotFound(String),
+    /// The snapshot would take its store past the storage cap.
+    #[error("the snapshot store is full: {used} of {cap} bytes used, this snapshot needs {need} more; delete snapshots or raise --snapshot-store-max-mb")]
+    SnapshotStoreFull { used: u64, need: u64, cap: u64 },
     #[error("{0}")]
     SnapshotCorrupt(String),
     #[error(transparent)]

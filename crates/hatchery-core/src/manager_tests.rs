@@ -934,6 +934,61 @@ async fn a_failed_checkpoint_leaves_no_snapshot() {
 }
 
 #[tokio::test]
+async fn a_snapshot_past_the_store_cap_is_refused_and_leaves_nothing() {
+    let rig = Rig::new().await;
+    // One byte: the pre-check passes on an empty store, the image does
+    // not fit once its size is known.
+    let caps = Caps {
+        max_snapshot_store_bytes: 1,
+        ..Default::default()
+    };
+    let m = rig.manager_with(caps, 0).await;
+    hold_bakes(&m);
+    let src = m.create(req()).await.unwrap().id;
+    let e = m.snapshot(&src, None, BTreeMap::new()).await.unwrap_err();
+    assert!(
+        matches!(e, CoreError::SnapshotStoreFull { used: 0, cap: 1, need } if need > 1),
+        "{e:?}"
+    );
+    assert_eq!(rig.rt.calls(Op::Checkpoint).len(), 1);
+    assert!(m.list_snapshots(&BTreeMap::new()).await.unwrap().is_empty());
+    assert!(m.snapshots.local().ids().is_empty(), "no image kept");
+    // A store already at its cap refuses before pausing the sandbox.
+    let full = crate::store::SnapshotRow {
+        id: "snap_fullfullfullfull".into(),
+        sandbox_id: src.clone(),
+        template: TPL.into(),
+        created_at_ms: 1,
+        expires_at_ms: u64::MAX / 4,
+        size_bytes: 1,
+        metadata: BTreeMap::new(),
+        env: BTreeMap::new(),
+        rootfs: String::new(),
+        limits: String::new(),
+        template_version: String::new(),
+        host_id: String::new(),
+        location: crate::store::SnapshotLocation::Local { host: HOST.into() },
+        kind: crate::store::SnapshotKind::Memory,
+    };
+    rig.store.insert_snapshot(&m.fence, &full).await.unwrap();
+    let e = m.snapshot(&src, None, BTreeMap::new()).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            CoreError::SnapshotStoreFull {
+                used: 1,
+                need: 1,
+                cap: 1
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(rig.rt.calls(Op::Checkpoint).len(), 1, "never paused");
+    assert_eq!(m.metrics.snapshot_store_full.get(), 2);
+    assert_eq!(m.get(&src).await.unwrap().state, "running");
+}
+
+#[tokio::test]
 async fn a_fork_is_all_or_nothing() {
     // The second of three restores fails: the first fork is stopped too,
     // and only the source remains.

@@ -19,6 +19,8 @@ pub struct Metrics {
     pub exec_truncated: IntCounter,
     pub restore_fallbacks: IntCounter,
     pub snapshots_created: IntCounter,
+    /// Snapshots refused because their store was at its storage cap.
+    pub snapshot_store_full: IntCounter,
     pub pool_ready: IntGauge,
     pub snapshot_pool_ready: IntGauge,
     pub snapshot_pool_claims: IntCounter,
@@ -206,6 +208,11 @@ impl Metrics {
                 "Snapshots taken",
             )
             .unwrap(),
+            snapshot_store_full: IntCounter::new(
+                "hatchery_snapshot_store_full_total",
+                "Snapshots refused: their store was at its storage cap",
+            )
+            .unwrap(),
             pool_ready: IntGauge::new(
                 "hatchery_pool_ready",
                 "Warm, never-used sandboxes ready to claim",
@@ -259,6 +266,7 @@ impl Metrics {
         r.register(Box::new(m.restore_fallbacks.clone())).unwrap();
         r.register(Box::new(m.exec_truncated.clone())).unwrap();
         r.register(Box::new(m.snapshots_created.clone())).unwrap();
+        r.register(Box::new(m.snapshot_store_full.clone())).unwrap();
         r.register(Box::new(m.pool_ready.clone())).unwrap();
         r.register(Box::new(m.snapshot_pool_ready.clone())).unwrap();
         r.register(Box::new(m.snapshot_pool_claims.clone()))

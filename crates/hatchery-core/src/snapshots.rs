@@ -13,7 +13,7 @@
 use crate::ids::{new_sandbox_id, new_snapshot_id, valid_snapshot_id};
 use crate::manager::SandboxInfo;
 use crate::snapshot_stores::store_err;
-use crate::store::{SandboxRow, SandboxState, SnapshotKind, SnapshotRow};
+use crate::store::{SandboxRow, SandboxState, SnapshotKind, SnapshotLocation, SnapshotRow};
 use crate::{now_ms, CoreError, Manager};
 use hatchery_templates::Template;
 use std::collections::BTreeMap;
@@ -132,6 +132,8 @@ impl Manager {
         };
         let id = new_snapshot_id();
         let (images, location) = self.snapshots.for_new(self.host_id());
+        // A full store is refused before the sandbox is paused at all.
+        self.store_room(&location, 1).await?;
         let dir = images.prepare(&id).map_err(store_err)?;
         steps.mark("prepare");
         let sealed = async {
@@ -153,6 +155,13 @@ impl Manager {
             sealed
         }
         .await;
+        // Its size is known only now: one that does not fit is removed
+        // (concurrent snapshots may each pass; the overshoot is at most
+        // one snapshot per concurrent writer).
+        let sealed = match sealed {
+            Ok(s) => self.store_room(&location, s.size_bytes).await.map(|_| s),
+            Err(e) => Err(e),
+        };
         let sealed = match sealed {
             Ok(s) => s,
             Err(e) => {
@@ -185,6 +194,20 @@ impl Manager {
         self.metrics.snapshots_created.inc();
         tracing::info!(snapshot = %id, sandbox = %sandbox_id, bytes = sealed.size_bytes, location = %snap.location.as_string(), kind = kind.as_str(), %steps, "snapshot taken");
         Ok(snap.into())
+    }
+
+    /// `need` more bytes fit in the store at `location` under the cap.
+    async fn store_room(&self, location: &SnapshotLocation, need: u64) -> Result<(), CoreError> {
+        let cap = self.caps.max_snapshot_store_bytes;
+        if cap == 0 {
+            return Ok(());
+        }
+        let used = self.store.snapshot_bytes(location).await?;
+        if used.saturating_add(need) > cap {
+            self.metrics.snapshot_store_full.inc();
+            return Err(CoreError::SnapshotStoreFull { used, need, cap });
+        }
+        Ok(())
     }
 
     pub async fn get_snapshot(&self, id: &str) -> Result<SnapshotInfo, CoreError> {

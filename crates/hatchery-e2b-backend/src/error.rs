@@ -123,6 +123,8 @@ pub fn core_kind(e: &CoreError) -> FailKind {
         CoreError::ContextNotFound(_) => FailKind::ContextNotFound,
         CoreError::ProcessNotFound(_) => FailKind::ProcessNotFound,
         CoreError::SnapshotNotFound(_) => FailKind::SnapshotNotFound,
+        // A pause that would overfill the snapshot store: out of space.
+        CoreError::SnapshotStoreFull { .. } => FailKind::NoSpace,
         CoreError::Network(
             hatchery_net::NetError::Invalid(_) | hatchery_net::NetError::Resolve(..),
         ) => FailKind::Invalid,
@@ -176,6 +178,14 @@ mod tests {
             (CoreError::TooLarge("disk full".into()), FailKind::NoSpace),
             (CoreError::TooLarge("over 1 GiB".into()), FailKind::TooLarge),
             (CoreError::Capacity(3), FailKind::Capacity),
+            (
+                CoreError::SnapshotStoreFull {
+                    used: 9,
+                    need: 2,
+                    cap: 10,
+                },
+                FailKind::NoSpace,
+            ),
             (CoreError::TooManyTerminals(8), FailKind::TooMany),
             (CoreError::TooManyConnections("c".into()), FailKind::TooMany),
             (CoreError::NotRunning("s".into()), FailKind::NotRunning),

@@ -26,6 +26,8 @@ fn map(e: ClientError) -> SandboxError {
         SandboxError::NotFound(e.to_string())
     } else if e.is_capacity() {
         SandboxError::Capacity(e.to_string())
+    } else if e.code() == Some("snapshot_store_full") {
+        SandboxError::StoreFull(e.message().unwrap_or_default().to_string())
     } else if e.code() == Some("invalid_network_policy") {
         SandboxError::InvalidNetwork(e.message().unwrap_or_default().to_string())
     } else {

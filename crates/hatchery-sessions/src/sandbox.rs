@@ -22,6 +22,9 @@ pub enum SandboxError {
     /// A network policy the daemon refused (or that does not parse).
     #[error("invalid network policy: {0}")]
     InvalidNetwork(String),
+    /// The daemon's snapshot store is at its storage cap.
+    #[error("snapshot store full: {0}")]
+    StoreFull(String),
     #[error("{0}")]
     Other(String),
 }

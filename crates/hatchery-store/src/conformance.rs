@@ -257,6 +257,9 @@ async fn snapshots(s: &dyn Store, run: &str) {
     assert_eq!(got.limits, "{\"cpus\":1}");
     assert_eq!(got.location, local(&a.owner));
     assert_eq!(s.count_snapshots_of(&tpl).await.unwrap(), 2);
+    // Each location's bytes, for its storage cap: a's and b's apart.
+    assert_eq!(s.snapshot_bytes(&local(&a.owner)).await.unwrap(), 1 << 40);
+    assert_eq!(s.snapshot_bytes(&local(&b.owner)).await.unwrap(), 1 << 40);
     assert_eq!(s.list_snapshots(&md(one)).await.unwrap().len(), 2);
     let l = s.list_snapshots(&md(two)).await.unwrap();
     assert_eq!(l.iter().map(|r| &r.id).collect::<Vec<_>>(), [&s2]);
@@ -266,6 +269,7 @@ async fn snapshots(s: &dyn Store, run: &str) {
     assert!(s.delete_snapshot(&a, &s1).await.unwrap());
     assert!(!s.delete_snapshot(&a, &s1).await.unwrap());
     assert!(s.get_snapshot(&s1).await.unwrap().is_none());
+    assert_eq!(s.snapshot_bytes(&local(&a.owner)).await.unwrap(), 0);
     assert!(s.delete_snapshot(&b, &s2).await.unwrap());
 }
 
@@ -284,6 +288,9 @@ async fn shared_snapshots_belong_to_every_host(s: &Arc<dyn Store>, run: &str) {
     let got = s.get_snapshot(&sh).await.unwrap().unwrap();
     assert_eq!(got.location, SnapshotLocation::Shared);
     assert_eq!(got.host_id, a.owner);
+    // Counted with every shared snapshot (other runs' too), not a's local.
+    let shared_bytes = s.snapshot_bytes(&SnapshotLocation::Shared).await.unwrap();
+    assert!(shared_bytes >= got.size_bytes, "{shared_bytes}");
     let lrow = s.get_snapshot(&lo).await.unwrap().unwrap();
     assert_eq!(lrow.location.as_string(), format!("local:{}", a.owner));
     // Expiry: the writer's local sweep lists only its local one; every

@@ -12,8 +12,8 @@
 //! database's clock, never a host's.
 
 use crate::rows::{
-    Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow, SandboxState, SnapshotPoolRow,
-    SnapshotRow, StoppedRow,
+    Event, Fence, HostRow, Lease, NetRow, SandboxFilter, SandboxRow, SandboxState,
+    SnapshotLocation, SnapshotPoolRow, SnapshotRow, StoppedRow,
 };
 use crate::HostHold;
 use crate::{check_host_fence, to_json, warm_list, Result, Store, StoreError};
@@ -555,6 +555,16 @@ impl Store for DbStore {
             metadata_clause(self.db.dialect(), "core_snapshots", filter, &mut args)
         );
         self.rows(&sql, &args, record).await
+    }
+
+    async fn snapshot_bytes(&self, location: &SnapshotLocation) -> Result<u64> {
+        // CAST: SUM of a BIGINT is NUMERIC on PostgreSQL.
+        let sql = "SELECT CAST(COALESCE(SUM(size_bytes), 0) AS BIGINT) AS n
+             FROM core_snapshots WHERE location = $1";
+        let n = self
+            .one(sql, args![location.as_string()], |r| get(r, "n"))
+            .await?;
+        Ok(n.unwrap_or(0))
     }
 
     async fn count_snapshots_of(&self, template: &str) -> Result<u64> {

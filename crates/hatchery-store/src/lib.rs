@@ -106,6 +106,9 @@ store! {
     /// Snapshots whose metadata holds every pair of `filter`, oldest first.
     async fn list_snapshots(&self, filter: &BTreeMap<String, String>) -> Result<Vec<SnapshotRow>>;
     async fn count_snapshots_of(&self, template: &str) -> Result<u64>;
+    /// Bytes the snapshots recorded at `location` take (its storage cap
+    /// is checked against it).
+    async fn snapshot_bytes(&self, location: &SnapshotLocation) -> Result<u64>;
     /// Deletes the row of a snapshot local to the fence's host, or of a
     /// shared one (any host may). `true` for the one caller whose delete
     /// removed the row: that caller, and only it, removes a shared image's

@@ -99,6 +99,7 @@ pub async fn run(args: DaemonArgs) -> Result<(), DaemonError> {
         max_file_bytes: args.max_file_bytes,
         terminal_idle_timeout_s: args.terminal_idle_timeout,
         idle_park_ms: args.idle_park_ms,
+        max_snapshot_store_bytes: args.snapshot_store_max_mb << 20,
         max_terminals_per_sandbox: args.max_terminals as usize,
         ..Caps::default()
     }

@@ -15,7 +15,8 @@ use hatchery_tenants::Principal;
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshots", tag = "snapshots", params(("id" = String, Path)),
     request_body = CreateSnapshot,
     responses((status = 201, body = Snapshot), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, description = "files_too_large: a files-only snapshot over the sandbox's disk plus 64 MiB", body = ErrorBody)))]
+        (status = 409, description = "files_too_large: a files-only snapshot over the sandbox's disk plus 64 MiB", body = ErrorBody),
+        (status = 507, description = "snapshot_store_full: the snapshot store would pass its storage cap (--snapshot-store-max-mb); nothing kept", body = ErrorBody)))]
 pub async fn create(
     State(st): State<AppState>,
     principal: Option<Extension<Principal>>,

@@ -81,6 +81,7 @@ impl EnvError {
             EnvError::Fetch(_) => "repo_fetch_failed",
             EnvError::Invalid(_) => "invalid_request",
             EnvError::UnknownTemplate(_) => "template_not_found",
+            EnvError::Sandbox(SandboxError::StoreFull(_)) => "snapshot_store_full",
             _ => "build_failed",
         }
     }
@@ -96,6 +97,9 @@ impl EnvError {
             EnvError::TooMany(_) => (S::CONFLICT, "too_many_environments"),
             EnvError::NotBuilt(_) => (S::CONFLICT, "environment_not_built"),
             EnvError::Sandbox(SandboxError::Capacity(_)) => (S::SERVICE_UNAVAILABLE, "capacity"),
+            EnvError::Sandbox(SandboxError::StoreFull(_)) => {
+                (S::INSUFFICIENT_STORAGE, "snapshot_store_full")
+            }
             EnvError::Sandbox(_) => (S::BAD_GATEWAY, "sandbox_error"),
             EnvError::Fetch(_) => (S::BAD_GATEWAY, "repo_fetch_failed"),
             EnvError::SetupFailed { .. } => (S::UNPROCESSABLE_ENTITY, "setup_failed"),
