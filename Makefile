@@ -355,7 +355,7 @@ ROOM_VENV = $$($(CACHE) venv room bench/room-requirements.txt --system-site-pack
 # measured beside. A script that crashes stops make bench (make's own rule).
 BENCH_HEAD = @printf '\n=== bench %s · %s · load %s\n' "$(1)" "$$(date -u '+%F %T UTC')" "$$(cut -d' ' -f1-3 /proc/loadavg)"
 
-bench: $(SUITE_PREREQS)
+bench: $(SUITE_PREREQS) agent-template
 	cargo build --release -p hatchery-net --example slot_bench
 	$(call BENCH_HEAD,policy_bench)
 	cargo run -q --release -p hatchery-policy --example policy_bench
@@ -413,7 +413,7 @@ bench: $(SUITE_PREREQS)
 	  /usr/bin/python3 bench/checkpoint_cost.py
 	$(call BENCH_HEAD,environments_bench)
 	HATCHERY_BIN_DIR=$(CURDIR)/$(BIN) HATCHERY_TEMPLATES_DIR=$(TEMPLATES_DIR) \
-	  /usr/bin/python3 bench/environments_bench.py
+	  HATCHERY_AGENT_TEMPLATES_DIR=$(AGENT_TEMPLATES_DIR) /usr/bin/python3 bench/environments_bench.py
 	$(call BENCH_HEAD,chain_bench)
 	cargo run -q --release -p hatchery-sessions --example chain_bench
 	$(call BENCH_HEAD,session_store_bench)

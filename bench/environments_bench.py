@@ -5,12 +5,19 @@ event log: session_created -> state running) from an environment's
 snapshot with the delta of a few commits, against today's bare-repository
 start (a pooled sandbox, the whole checkout). The environment's set-up
 (a venv and a byte-compile of the standard library) is paid once, at its build, which is
-reported too. All traffic on 127.0.0.1."""
+reported too. Then an environment whose set-up pip-installs real packages
+(jinja2 and markupsafe, pinned in bench/env-index-requirements.txt) from
+a package index of this bench's own, served in a network namespace it
+creates: built once, its hot starts against those of an environment that
+installed nothing. All traffic on 127.0.0.1 or to that namespace.
+BENCH_ENV_ONLY=starts or =packages runs one part."""
 
 import http.client
 import json
 import os
+import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -21,7 +28,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "sessions"))
 
 from gitserver import GitServer, git  # noqa: E402
-from harness import KEY  # noqa: E402
+from harness import KEY, agent_templates  # noqa: E402
+from netlab import Peer  # noqa: E402
 from scripted_model import ScriptedModel  # noqa: E402
 from sessions_support import DEMO_FILES, SCRIPTS, SessionDaemon  # noqa: E402
 
@@ -116,9 +124,152 @@ def build(d, eid):
     raise AssertionError("build stream ended early")
 
 
+# Not 80, 8080 or 7: the peer serves those itself (netlab.py).
+INDEX_PORT = 3141
+PKG = "jinja2==3.1.6"
+# Run by the session: the set-up's package imports, and the index the
+# set-up installed it from is out of reach (the session's egress is its
+# own, never the set-up's).
+CHECK = ("import json, socket, sys; sys.path.insert(0, '/opt/pydeps'); import jinja2, markupsafe; "
+         "s = socket.socket(); s.settimeout(2)\n"
+         "try:\n    s.connect(({addr!r}, {port})); reach = 'open'\n"
+         "except Exception as e:\n    reach = 'blocked:' + type(e).__name__\n"
+         "print(json.dumps({{'jinja2': jinja2.__version__, 'index': reach}}))")
+
+
+# A static file server (text/html for the index pages). Not `python3 -m
+# http.server`: its bind looks the address up in DNS (getfqdn), which in a
+# namespace without a resolver stalls for seconds before it listens.
+INDEX_SERVER = """
+import functools, http.server, socketserver, sys
+class Server(socketserver.ThreadingTCPServer):
+    allow_reuse_address = True
+    daemon_threads = True
+files = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[3])
+Server((sys.argv[1], int(sys.argv[2])), files).serve_forever()
+"""
+
+
+def package_index(peer):
+    """A PEP 503 index of our own: `simple/<project>/` directories of the
+    pinned wheels (bench/env-index-requirements.txt, fetched once into the
+    test cache), served over HTTP by python3 -m http.server inside the
+    peer's network namespace. Returns (server process, temp dir)."""
+    wheels = subprocess.check_output(
+        ["/usr/bin/python3", os.path.join(HERE, "..", "tests", "cache.py"), "wheels", "envindex",
+         os.path.join(HERE, "env-index-requirements.txt")], text=True).strip()
+    root = tempfile.mkdtemp(prefix="hxidx-")
+    projects = {}
+    for whl in sorted(os.listdir(wheels)):
+        project = whl.split("-")[0].lower().replace("_", "-")
+        projects.setdefault(project, []).append(whl)
+        os.makedirs(os.path.join(root, "simple", project), exist_ok=True)
+        shutil.copy(os.path.join(wheels, whl), os.path.join(root, "simple", project, whl))
+
+    def page(path, names):
+        # Written out, not http.server's listing: pip wants text/html.
+        links = "".join(f'<a href="{n}">{n.rstrip("/")}</a>\n' for n in names)
+        with open(os.path.join(root, path, "index.html"), "w") as f:
+            f.write(f"<!DOCTYPE html><html><body>\n{links}</body></html>\n")
+    page("simple", [p + "/" for p in projects])
+    for project, files in projects.items():
+        page(os.path.join("simple", project), files)
+    srv = subprocess.Popen(["ip", "netns", "exec", peer.ns, "/usr/bin/python3", "-c", INDEX_SERVER,
+                            peer.addr, str(INDEX_PORT), root],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 10
+    while True:
+        assert srv.poll() is None, "the package index exited (its port taken?)"
+        try:
+            c = http.client.HTTPConnection(peer.addr, INDEX_PORT, timeout=1)
+            c.request("GET", "/simple/jinja2/")
+            r = c.getresponse()
+            assert r.status == 200 and r.getheader("Content-Type", "").startswith("text/html")
+            break
+        except (OSError, AssertionError):
+            assert time.time() < deadline, "the package index did not come up"
+            time.sleep(0.1)
+    return srv, root
+
+
+def command_output(d, eid, command):
+    r = d.request("POST", "/v1/sessions", {"environment_id": eid, "task": "check",
+                                           "agent": {"kind": "command", "command": command}})
+    assert r.status == 201, r
+    sid = r.json()["session_id"]
+    deadline = time.time() + 180
+    while d.session(sid)["state"] not in ("completed", "failed", "cancelled"):
+        assert time.time() < deadline, d.session(sid)
+        time.sleep(0.1)
+    d.track_sandboxes(sid)
+    return "".join(e["text"] for e in d.all_events(sid) if e["type"] == "agent_output")
+
+
+def packages_phase(m, g):
+    """Issue 40's target: an environment whose set-up pip-installs real
+    packages from a local index is built once, and then a session costs
+    what a session of an environment that installed nothing costs."""
+    peer = Peer().up()
+    srv, root = package_index(peer)
+    repo = g.add_repo("envpkgs", DEMO_FILES)
+    d = SessionDaemon(m.port, templates_dir=agent_templates(), extra=["--pool-size", "0"]).start()
+    try:
+        setup = (f"pip3 install -q --no-cache-dir --disable-pip-version-check --target /opt/pydeps "
+                 f"--index-url http://{peer.addr}:{INDEX_PORT}/simple/ --trusted-host {peer.addr} {PKG}")
+        envs = {}
+        for name, script, allow in (("pkgs", setup, [{"cidr": peer.addr}]), ("plain", "true", [])):
+            r = d.request("POST", "/v1/environments", {"name": name, "repo": repo, "template": "agent-session",
+                                                         "setup": script, "setup_allow": allow})
+            assert r.status == 201, r
+            eid = r.json()["environment_id"]
+            t = time.perf_counter()
+            build(d, eid)
+            envs[name] = (eid, (time.perf_counter() - t) * 1000)
+        out = command_output(d, envs["pkgs"][0], "python3 -c " + shlex.quote(
+            CHECK.format(addr=peer.addr, port=INDEX_PORT)))
+        got = json.loads(out[out.index("{"):out.rindex("}") + 1])
+        assert got["jinja2"] == "3.1.6" and got["index"].startswith("blocked"), got
+        pkgs, plain, modes = [], [], []
+        for _ in range(N):
+            time.sleep(1.5)  # the pools refill
+            pkgs.append(start_ms(d, {"environment_id": envs["pkgs"][0]}, None, modes))
+            plain.append(start_ms(d, {"environment_id": envs["plain"][0]}, None, modes))
+        print("\n### An environment that pip-installs from a local index: built once, free per session\n")
+        print(f"set-up: `pip3 install --target /opt/pydeps {PKG}` (and markupsafe, its compiled dependency) "
+              f"from a PEP 503 index in a network namespace of this bench; template agent-session; "
+              f"a session imports it and finds the index blocked: {got}\n")
+        print(f"| {'operation':<62} | {'n':>4} | {'p50 ms':>8} | {'p99 ms':>8} | {'vs base':>8} |")
+        print(f"|{'-' * 64}|{'-' * 6}|{'-' * 10}|{'-' * 10}|{'-' * 10}|")
+        row("baseline: hot start, environment that installed nothing", plain)
+        row("hot start, environment with the packages installed", pkgs, plain)
+        row("build, once: set-up `true`", [envs["plain"][1]])
+        row("build, once: set-up pip install from the local index", [envs["pkgs"][1]])
+        print(f"\nstarts served from a pool: {modes.count('pool')} of {len(modes)}")
+        for eid, _ in envs.values():
+            d.request("DELETE", f"/v1/environments/{eid}")
+    finally:
+        d.cleanup_sessions()
+        srv.terminate()
+        srv.wait()
+        peer.down()
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def main():
     g = GitServer().start()
     m = ScriptedModel(SCRIPTS).start()
+    only = os.environ.get("BENCH_ENV_ONLY", "")
+    try:
+        if only != "packages":
+            starts_phase(m, g)
+        if only != "starts":
+            packages_phase(m, g)
+    finally:
+        m.stop()
+        g.stop()
+
+
+def starts_phase(m, g):
     repo = g.add_repo("envbench", DEMO_FILES)
     d = SessionDaemon(m.port, extra=["--pool-size", "2"]).start()
     try:
@@ -166,8 +317,6 @@ def main():
         d.request("DELETE", f"/v1/environments/{cold}")
     finally:
         d.cleanup_sessions()
-        m.stop()
-        g.stop()
 
 
 if __name__ == "__main__":
