@@ -67,11 +67,10 @@ PHASES = [
 ]
 
 
-def start_ms(d, body, phases=None, modes=None):
-    """POST a session that finishes at once; its start from the log (and
-    each phase's length appended to `phases`, a dict of lists, and the
-    sandbox_ready boot mode's last word to `modes`)."""
-    r = d.request("POST", "/v1/sessions", {"task": "[script:quick] start", **body})
+def finished_session(d, body):
+    """POST a session with `body`, wait for it to complete; its id (its
+    sandboxes tracked for the daemon's teardown check)."""
+    r = d.request("POST", "/v1/sessions", body)
     assert r.status == 201, r
     sid = r.json()["session_id"]
     deadline = time.time() + 180
@@ -81,6 +80,14 @@ def start_ms(d, body, phases=None, modes=None):
     s = d.session(sid)
     assert s["state"] == "completed", s
     d.track_sandboxes(sid)
+    return sid
+
+
+def start_ms(d, body, phases=None, modes=None):
+    """POST a session that finishes at once; its start from the log (and
+    each phase's length appended to `phases`, a dict of lists, and the
+    sandbox_ready boot mode's last word to `modes`)."""
+    sid = finished_session(d, {"task": "[script:quick] start", **body})
     at = {}
     for e in d.all_events(sid):
         key = e["type"] if e["type"] != "state_changed" else "to_" + e["to"]
@@ -193,15 +200,8 @@ def package_index(peer):
 
 
 def command_output(d, eid, command):
-    r = d.request("POST", "/v1/sessions", {"environment_id": eid, "task": "check",
-                                           "agent": {"kind": "command", "command": command}})
-    assert r.status == 201, r
-    sid = r.json()["session_id"]
-    deadline = time.time() + 180
-    while d.session(sid)["state"] not in ("completed", "failed", "cancelled"):
-        assert time.time() < deadline, d.session(sid)
-        time.sleep(0.1)
-    d.track_sandboxes(sid)
+    sid = finished_session(d, {"environment_id": eid, "task": "check",
+                               "agent": {"kind": "command", "command": command}})
     return "".join(e["text"] for e in d.all_events(sid) if e["type"] == "agent_output")
 
 
