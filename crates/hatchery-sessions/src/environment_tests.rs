@@ -580,3 +580,62 @@ async fn an_environment_with_pool_size_0_is_never_pooled() {
         Err(EnvError::Invalid(_))
     ));
 }
+
+#[tokio::test]
+async fn a_version_near_its_snapshots_retention_is_rebuilt_once() {
+    use crate::environments::service::REFRESH_AFTER;
+    let e = env().await;
+    let id = e
+        .envs
+        .create(create_body(&e.repo, "make"), None)
+        .await
+        .unwrap()
+        .environment_id;
+    build(&e, &id).await;
+    let v1 = e.envs.get(&id, None).await.unwrap().current.unwrap();
+    let now = time::OffsetDateTime::now_utc();
+    // Young: nothing to do.
+    let young = now + (REFRESH_AFTER - Duration::from_secs(3600));
+    assert!(e.envs.sweep_at(young).await.unwrap().is_empty());
+    // Within a week of its snapshot's retention: rebuilt. The set-up
+    // fails this time: version 1 stays, and is not retried every sweep.
+    e.fake.on_exec(
+        |argv| argv.get(2).is_some_and(|c| c == "make"),
+        |_, _| ExecOutcome {
+            exit_code: 2,
+            stdout: String::new(),
+            stderr: "index down\n".into(),
+        },
+    );
+    let old = now + REFRESH_AFTER + Duration::from_secs(60);
+    assert_eq!(e.envs.sweep_at(old).await.unwrap(), vec![id.clone()]);
+    let mut v = e.envs.get(&id, None).await.unwrap();
+    assert_eq!(v.building_reason, Some(BuildReason::SnapshotExpiring));
+    while v.building {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        v = e.envs.get(&id, None).await.unwrap();
+    }
+    assert_eq!(v.current.as_ref().unwrap().version, 1);
+    assert!(
+        v.last_error.as_deref().unwrap().contains("index down"),
+        "{v:?}"
+    );
+    assert!(e.envs.sweep_at(old).await.unwrap().is_empty());
+    // A requested build is the retry; then the new version is young.
+    e.fake.on_exec(
+        |argv| argv.get(2).is_some_and(|c| c == "make"),
+        |_, _| ExecOutcome {
+            exit_code: 0,
+            stdout: String::new(),
+            stderr: String::new(),
+        },
+    );
+    build(&e, &id).await;
+    let v2 = e.envs.get(&id, None).await.unwrap().current.unwrap();
+    assert_eq!((v2.version, v2.reason), (2, BuildReason::Requested));
+    assert_ne!(
+        v2.snapshot_id, v1.snapshot_id,
+        "a new snapshot, new retention"
+    );
+    assert!(e.envs.sweep_at(young).await.unwrap().is_empty());
+}

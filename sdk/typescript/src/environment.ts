@@ -16,13 +16,15 @@ export interface EnvironmentVersion {
   template: string;
   /** The template's version the build started from (null: not recorded). */
   template_version: string | null;
-  /** `template_changed`: the daemon rebuilt it after a template rebuild. */
+  /** `template_changed`: the daemon rebuilt it after a template rebuild;
+   * `snapshot_expiring`: before the previous version's snapshot reached
+   * the end of its retention. */
   reason: BuildReason;
   built_at: string;
   build_ms: number;
 }
 
-export type BuildReason = "requested" | "template_changed";
+export type BuildReason = "requested" | "template_changed" | "snapshot_expiring";
 
 export interface EnvironmentInfo {
   environment_id: string;

@@ -85,6 +85,10 @@ pub enum BuildReason {
     /// The template was rebuilt since the current version was built: the
     /// daemon started this build itself.
     TemplateChanged,
+    /// The current version's snapshot nears the end of its retention in
+    /// the snapshot store: the daemon rebuilt it before the snapshot is
+    /// deleted under the environment.
+    SnapshotExpiring,
 }
 
 impl BuildReason {
@@ -92,6 +96,7 @@ impl BuildReason {
         match self {
             BuildReason::Requested => "requested",
             BuildReason::TemplateChanged => "template_changed",
+            BuildReason::SnapshotExpiring => "snapshot_expiring",
         }
     }
 
@@ -100,6 +105,7 @@ impl BuildReason {
     pub fn parse(s: &str) -> BuildReason {
         match s {
             "template_changed" => BuildReason::TemplateChanged,
+            "snapshot_expiring" => BuildReason::SnapshotExpiring,
             _ => BuildReason::Requested,
         }
     }

@@ -11,6 +11,11 @@
 //! [`SWEEP_EVERY`] (so one nobody is using is fresh before the next
 //! session, and a template rebuilt while nobody asks is noticed). Sessions
 //! keep starting from the current version until the new one is ready.
+//!
+//! Snapshot retention: a version's snapshot is kept 90 days (the core's
+//! most), so the same checks rebuild a version older than
+//! [`REFRESH_AFTER`] (reason `snapshot_expiring`) before its snapshot is
+//! deleted under the environment.
 
 use super::build;
 use super::models::*;
@@ -58,6 +63,24 @@ fn is_stale(r: &EnvRecord, now: Option<&str>) -> bool {
         (Some(built), Some(now)) => built != now,
         _ => false,
     }
+}
+
+/// A current version older than this is rebuilt (reason
+/// `snapshot_expiring`): its snapshot was taken with the core's longest
+/// retention ([`build::SNAPSHOT_RETENTION_S`], 90 days) and would be
+/// deleted under the environment; a week ahead, so a rebuild that fails
+/// has time to be seen and retried.
+pub const REFRESH_AFTER: Duration =
+    Duration::from_secs(build::SNAPSHOT_RETENTION_S - 7 * 24 * 3600);
+
+/// The current version was built [`REFRESH_AFTER`] or longer before `at`.
+/// A `built_at` that does not parse is not expiring (unknown is never a
+/// reason to rebuild).
+fn is_expiring(r: &EnvRecord, at: time::OffsetDateTime) -> bool {
+    let rfc = time::format_description::well_known::Rfc3339;
+    r.current()
+        .and_then(|c| time::OffsetDateTime::parse(&c.built_at, &rfc).ok())
+        .is_some_and(|built| at - built >= REFRESH_AFTER)
 }
 
 fn view(
@@ -396,7 +419,7 @@ impl Environments {
         }
         match tokio::time::timeout(PIN_CHECK_TIMEOUT, self.template_version(&spec.template)).await {
             Ok(tv) => {
-                self.rebuild_if_stale(r, tv.as_deref());
+                self.rebuild_if_stale(r, tv.as_deref(), time::OffsetDateTime::now_utc());
             }
             Err(_) => {
                 tracing::warn!(environment = %id, "the template's version did not come in time; the sweep checks it")
@@ -405,49 +428,71 @@ impl Environments {
         Ok((spec, pin))
     }
 
-    /// Starts a `template_changed` build when `r` is stale against the
-    /// template's version `now`, unless a build of it runs here or one
-    /// was started for that template version already. True when started.
-    fn rebuild_if_stale(self: &Arc<Self>, r: EnvRecord, now: Option<&str>) -> bool {
-        let Some(now) = now.filter(|_| is_stale(&r, now)) else {
-            return false;
+    /// Starts a rebuild when one is due: `template_changed` when `r` is
+    /// stale against the template's version `now`, else
+    /// `snapshot_expiring` when its current version is older than
+    /// [`REFRESH_AFTER`] at `at`; unless a build of it runs here or one was
+    /// started for the same cause already (that template version, that
+    /// environment version). True when started.
+    fn rebuild_if_stale(
+        self: &Arc<Self>,
+        r: EnvRecord,
+        now: Option<&str>,
+        at: time::OffsetDateTime,
+    ) -> bool {
+        let (reason, cause) = match now.filter(|_| is_stale(&r, now)) {
+            Some(now) => (BuildReason::TemplateChanged, now.to_string()),
+            None if is_expiring(&r, at) => (
+                BuildReason::SnapshotExpiring,
+                format!("expiring v{}", r.current_version.unwrap_or(0)),
+            ),
+            None => return false,
         };
         if self.building(&r.id).is_some() {
             return false;
         }
         {
             let mut tried = self.auto_tried.lock().unwrap_or_else(|p| p.into_inner());
-            if tried.get(&r.id).is_some_and(|t| t == now) {
+            if tried.get(&r.id).is_some_and(|t| *t == cause) {
                 return false;
             }
-            tried.insert(r.id.clone(), now.to_string());
+            tried.insert(r.id.clone(), cause.clone());
         }
         let id = r.id.clone();
         let built = r
             .current()
             .and_then(|c| c.template_version.clone())
             .unwrap_or_default();
-        match self.start(r, BuildReason::TemplateChanged) {
+        match self.start(r, reason) {
             Ok(_) => {
-                tracing::info!(environment = %id, built_from = %built, template_version = %now, "template changed: rebuilding the environment");
+                tracing::info!(environment = %id, built_from = %built, cause = %cause, reason = reason.as_str(), "rebuilding the environment");
                 true
             }
             // A requested build started in between: it builds from the
-            // new template version anyway.
+            // new template version, with a new snapshot, anyway.
             Err(_) => false,
         }
     }
 
-    /// Compares every built environment with its template's version now
-    /// and starts the rebuilds due; returns the environments rebuilt.
+    /// Compares every built environment with its template's version now,
+    /// and its current version's age with [`REFRESH_AFTER`], and starts the
+    /// rebuilds due; returns the environments rebuilt.
     pub async fn sweep(self: &Arc<Self>) -> Result<Vec<String>, EnvError> {
+        self.sweep_at(time::OffsetDateTime::now_utc()).await
+    }
+
+    /// [`Self::sweep`] as if it were `at` (the tests' clock).
+    pub(crate) async fn sweep_at(
+        self: &Arc<Self>,
+        at: time::OffsetDateTime,
+    ) -> Result<Vec<String>, EnvError> {
         let all = self.store.list().await?;
         let tvs = self.template_versions(&all).await;
         let mut started = Vec::new();
         for r in all {
             let id = r.id.clone();
             let now = tvs.get(&r.spec.template).cloned().flatten();
-            if self.rebuild_if_stale(r, now.as_deref()) {
+            if self.rebuild_if_stale(r, now.as_deref(), at) {
                 started.push(id);
             }
         }
