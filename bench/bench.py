@@ -21,6 +21,8 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "../tests/integration"))
 from harness import KEY, TEMPLATES_DIR, Daemon, free_port  # noqa: E402
 from guest_servers import HTTP_ECHO, WAIT_PORT, WS, WS_ECHO, start_guest_server  # noqa: E402
+# sandbox_pss_mb: disk_compare.py imports it from here.
+from sandbox_memory import sandbox_memory_kb, sandbox_pss_mb  # noqa: E402,F401
 
 def _rootfs():
     """The current code-interpreter rootfs (templates/<name>/rootfs-<key>)."""
@@ -183,33 +185,38 @@ def wait_for(cond, timeout=120):
         time.sleep(0.05)
 
 
-def pss_kb(pid):
+def density_line(mems):
+    """The mean idle sandbox's PSS, split by process and by kind of page
+    (anon / file / shmem, MiB): what a density figure is made of."""
+    n = len(mems)
+    mean = lambda role, k: sum(m[role][k] for m in mems) / n / 1024
+    total = mean("total", "Pss")
+    parts = ", ".join(f"{role} {mean(role, 'Pss'):.1f} ({mean(role, 'Pss_Anon'):.1f}/{mean(role, 'Pss_File'):.1f}/"
+                      f"{mean(role, 'Pss_Shmem'):.1f})" for role in ("sentry", "gofer", "stubs", "shim"))
+    return (f"idle sandbox PSS {total:.1f} MiB (mean of {n}) = {1024 / total:.0f} idle sandboxes per GiB; "
+            f"{parts} MiB as anon/file/shmem")
+
+
+def density_only():
+    """BENCH_ONLY=density: BENCH_DENSITY_COUNT (8) idle sandboxes created
+    without a pool, their PSS read BENCH_DENSITY_TIMES seconds (2) after
+    the last create. File pages (the runsc binary) are shared, so their
+    share per sandbox falls as the count grows."""
+    count = int(os.environ.get("BENCH_DENSITY_COUNT", "8"))
+    times = [float(t) for t in os.environ.get("BENCH_DENSITY_TIMES", "2").split(",")]
+    d = Daemon(extra_args=["--max-sandboxes", str(count + 2), "--pool-size", "0"]).start()
     try:
-        for line in open(f"/proc/{pid}/smaps_rollup"):
-            if line.startswith("Pss:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def sandbox_pss_mb(sid):
-    """PSS of everything on the host that belongs to one sandbox: Sentry,
-    gofer, systrap stubs, shim."""
-    total = 0
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            cmd = open(f"/proc/{p}/cmdline", "rb").read()
-        except OSError:
-            continue
-        if sid.encode() in cmd:
-            total += pss_kb(int(p))
-            # systrap stubs are children of the Sentry and carry no id.
-            for c in open(f"/proc/{p}/task/{p}/children").read().split():
-                total += pss_kb(int(c))
-    return total / 1024
+        wait_for(lambda: metric(d, "hatchery_template_images_baked_total") >= 1)
+        idle = [d.create(ttl_seconds=600) for _ in range(count)]
+        t0 = time.time()
+        print(f"\nHatchery density, {time.strftime('%Y-%m-%d %H:%M')}, {count} idle sandboxes")
+        for t in times:
+            time.sleep(max(0.0, t0 + t - time.time()))
+            print(f"after {t:.0f} s: " + density_line([sandbox_memory_kb(s) for s in idle]), flush=True)
+        for s in idle:
+            d.delete(s)
+    finally:
+        d.cleanup()
 
 
 def table_header(title):
@@ -561,6 +568,9 @@ def main():
     if os.environ.get("BENCH_ONLY") == "snapfork":
         snapfork_only()
         return
+    if os.environ.get("BENCH_ONLY") == "density":
+        density_only()
+        return
     if os.environ.get("BENCH_ONLY") == "relay":
         print(f"\nHatchery relay benchmark, {time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} CPUs, N={N}")
         relay_table(relay_figures())
@@ -614,7 +624,7 @@ def main():
         rb1_restore = [run_button() for _ in range(max(5, N // 3))]
         # Density: PSS of idle sandboxes, and create (restore) latency as
         # they pile up, without a pool so every create does the same work.
-        idle, pss, lat = [], [], []
+        idle, lat = [], []
         base_lat = None
         doubled_at = None
         for step in range(6):
@@ -628,7 +638,7 @@ def main():
             if doubled_at is None and step and pct(batch, 50) > 2 * base_lat:
                 doubled_at = len(idle)
         time.sleep(2)
-        pss = [sandbox_pss_mb(s) for s in idle[-8:]]
+        mems = [sandbox_memory_kb(s) for s in idle[-8:]]
         for s in idle:
             d.delete(s)
 
@@ -731,9 +741,8 @@ def main():
         ]
         results += snapfork_table(snapfork)
         results += relay_table(relay)
-        mean_pss = sum(pss) / len(pss)
-        print(f"\nDensity: idle sandbox PSS {mean_pss:.1f} MiB (mean of {len(pss)}) = "
-              f"{1024 / mean_pss:.0f} idle sandboxes per GiB")
+        mean_pss = sum(m["total"]["Pss"] for m in mems) / len(mems) / 1024
+        print(f"\nDensity: {density_line(mems)}")
         print("create p50 as idle sandboxes pile up: " + ", ".join(f"{n}: {ms:.0f} ms" for n, ms in lat))
         print(f"create p50 doubled at {doubled_at} idle sandboxes" if doubled_at
               else f"create p50 did not double up to {len(idle)} idle sandboxes")

@@ -122,6 +122,11 @@ impl Runtime for GvisorRuntime {
             // measured on this host, a snapshot took 199 ms p50 instead of
             // 240 and a fork plus its first exec 429 instead of 689, since
             // neither side deflates or inflates; the page cache holds it.
+            // And memory: restoring a flate image left the Sentry about
+            // 33 MiB more Go heap (43 MiB of anon instead of 10, the
+            // decoder's garbage) for the minutes until its Go runtime gave
+            // it back, in every pooled sandbox (docs/benchmarks.md,
+            // 2026-12-07; tests/integration/test_density.py).
             .arg("--compression=none")
             // The sandbox keeps running (and keeps its agent pipes).
             .arg("--leave-running")
