@@ -184,6 +184,17 @@ def package_index(peer):
     srv = subprocess.Popen(["ip", "netns", "exec", peer.ns, "/usr/bin/python3", "-c", INDEX_SERVER,
                             peer.addr, str(INDEX_PORT), root],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_index(srv, peer)
+    except BaseException:
+        srv.kill()
+        srv.wait()
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return srv, root
+
+
+def wait_index(srv, peer):
     deadline = time.time() + 10
     while True:
         assert srv.poll() is None, "the package index exited (its port taken?)"
@@ -196,7 +207,6 @@ def package_index(peer):
         except (OSError, AssertionError):
             assert time.time() < deadline, "the package index did not come up"
             time.sleep(0.1)
-    return srv, root
 
 
 def command_output(d, eid, command):
@@ -210,9 +220,17 @@ def packages_phase(m, g):
     packages from a local index is built once, and then a session costs
     what a session of an environment that installed nothing costs."""
     peer = Peer().up()
-    srv, root = package_index(peer)
+    try:
+        srv, root = package_index(peer)
+    except BaseException:
+        peer.down()
+        raise
     repo = g.add_repo("envpkgs", DEMO_FILES)
-    d = SessionDaemon(m.port, templates_dir=agent_templates(), extra=["--pool-size", "0"]).start()
+    try:
+        d = SessionDaemon(m.port, templates_dir=agent_templates(), extra=["--pool-size", "0"]).start()
+    except BaseException:
+        stop_index(srv, root, peer)
+        raise
     try:
         setup = (f"pip3 install -q --no-cache-dir --disable-pip-version-check --target /opt/pydeps "
                  f"--index-url http://{peer.addr}:{INDEX_PORT}/simple/ --trusted-host {peer.addr} {PKG}")
@@ -248,11 +266,17 @@ def packages_phase(m, g):
         for eid, _ in envs.values():
             d.request("DELETE", f"/v1/environments/{eid}")
     finally:
-        d.cleanup_sessions()
-        srv.terminate()
-        srv.wait()
-        peer.down()
-        shutil.rmtree(root, ignore_errors=True)
+        try:
+            d.cleanup_sessions()
+        finally:
+            stop_index(srv, root, peer)
+
+
+def stop_index(srv, root, peer):
+    srv.terminate()
+    srv.wait()
+    peer.down()
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def main():
