@@ -203,7 +203,8 @@ impl Manager {
         }
     }
 
-    async fn forget_snapshot_pool(&self, id: &str) {
+    /// Removes `id`'s pool from the store's record of this host's pools.
+    pub(crate) async fn forget_snapshot_pool(&self, id: &str) {
         if let Err(e) = self
             .store
             .set_snapshot_pool(&self.fence, id, 0, now_ms())

@@ -246,6 +246,8 @@ impl Manager {
         // Its warm forks are stopped by the pool filler's next round
         // (snapshot_pool.rs), which stops whatever nobody wants.
         self.snapshot_pools.remove(id);
+        // And not filled again by a restart (snapshot_pool.rs).
+        self.forget_snapshot_pool(id).await;
         let Some(row) = self.store.get_snapshot(id).await? else {
             // Files of a snapshot whose row is gone (a crash between the
             // two): this host's own only.

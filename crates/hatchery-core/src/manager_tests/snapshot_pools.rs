@@ -60,7 +60,18 @@ async fn a_warm_snapshot_s_forks_are_claimed_refilled_and_dropped_with_it() {
 
     // Deleting the snapshot drops its pool: the parked forks are stopped
     // and torn down; the claimed ones are the callers' and stay.
+    assert_eq!(
+        rig.store.snapshot_pools(m.host_id()).await.unwrap().len(),
+        1
+    );
     m.delete_snapshot(&snap.id).await.unwrap();
+    // Forgotten by the store too: a restart does not try to fill it.
+    assert!(rig
+        .store
+        .snapshot_pools(m.host_id())
+        .await
+        .unwrap()
+        .is_empty());
     eventually!("the drop", m.pool.len(&key(&snap.id)) == 0);
     eventually!(
         "the teardown",
