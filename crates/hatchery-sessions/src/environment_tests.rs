@@ -104,6 +104,30 @@ async fn build(e: &Env, id: &str) -> Vec<BuildEvent> {
     panic!("the build did not end");
 }
 
+/// Waits for the environment's running build (if any) to end; its view then.
+async fn settled(e: &Env, id: &str) -> EnvironmentView {
+    for _ in 0..5000 {
+        let v = e.envs.get(id, None).await.unwrap();
+        if !v.building {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("the build did not end");
+}
+
+/// Every later `make` (the tests' set-up) exits `code` with `stderr`.
+fn make_exits(e: &Env, code: i32, stderr: &'static str) {
+    e.fake.on_exec(
+        |argv| argv.get(2).is_some_and(|c| c == "make"),
+        move |_, _| ExecOutcome {
+            exit_code: code,
+            stdout: String::new(),
+            stderr: stderr.into(),
+        },
+    );
+}
+
 #[tokio::test]
 async fn a_build_closes_the_setup_egress_and_sessions_fork_it_with_the_delta() {
     let e = env().await;
@@ -339,14 +363,7 @@ async fn a_changed_template_rebuilds_while_sessions_keep_the_old_version() {
     ));
 
     e.fake.release();
-    let mut v = e.envs.get(&id, None).await.unwrap();
-    for _ in 0..5000 {
-        if !v.building {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        v = e.envs.get(&id, None).await.unwrap();
-    }
+    let v = settled(&e, &id).await;
     let cur = v.current.clone().unwrap();
     assert_eq!(cur.version, 2);
     assert_eq!(cur.reason, BuildReason::TemplateChanged);
@@ -384,22 +401,11 @@ async fn a_failed_template_rebuild_is_not_retried_for_the_same_template_version(
         .environment_id;
     build(&e, &id).await;
     // On the new template the set-up fails.
-    e.fake.on_exec(
-        |argv| argv.get(2).is_some_and(|c| c == "make"),
-        |_, _| ExecOutcome {
-            exit_code: 2,
-            stdout: String::new(),
-            stderr: "no make on v2\n".into(),
-        },
-    );
+    make_exits(&e, 2, "no make on v2\n");
     e.fake.set_template_version("code-interpreter", "2");
     // The sweep (what runs at daemon start and every minute) finds it.
     assert_eq!(e.envs.sweep().await.unwrap(), vec![id.clone()]);
-    let mut v = e.envs.get(&id, None).await.unwrap();
-    while v.building {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        v = e.envs.get(&id, None).await.unwrap();
-    }
+    let v = settled(&e, &id).await;
     // No version made; version 1 stays current and sessions get it.
     assert_eq!(v.current.as_ref().unwrap().version, 1);
     assert!(v.stale && v.last_error.as_deref().unwrap().contains("no make on v2"));
@@ -599,22 +605,12 @@ async fn a_version_near_its_snapshots_retention_is_rebuilt_once() {
     assert!(e.envs.sweep_at(young).await.unwrap().is_empty());
     // Within a week of its snapshot's retention: rebuilt. The set-up
     // fails this time: version 1 stays, and is not retried every sweep.
-    e.fake.on_exec(
-        |argv| argv.get(2).is_some_and(|c| c == "make"),
-        |_, _| ExecOutcome {
-            exit_code: 2,
-            stdout: String::new(),
-            stderr: "index down\n".into(),
-        },
-    );
+    make_exits(&e, 2, "index down\n");
     let old = now + REFRESH_AFTER + Duration::from_secs(60);
     assert_eq!(e.envs.sweep_at(old).await.unwrap(), vec![id.clone()]);
-    let mut v = e.envs.get(&id, None).await.unwrap();
+    let v = e.envs.get(&id, None).await.unwrap();
     assert_eq!(v.building_reason, Some(BuildReason::SnapshotExpiring));
-    while v.building {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-        v = e.envs.get(&id, None).await.unwrap();
-    }
+    let v = settled(&e, &id).await;
     assert_eq!(v.current.as_ref().unwrap().version, 1);
     assert!(
         v.last_error.as_deref().unwrap().contains("index down"),
@@ -622,14 +618,7 @@ async fn a_version_near_its_snapshots_retention_is_rebuilt_once() {
     );
     assert!(e.envs.sweep_at(old).await.unwrap().is_empty());
     // A requested build is the retry; then the new version is young.
-    e.fake.on_exec(
-        |argv| argv.get(2).is_some_and(|c| c == "make"),
-        |_, _| ExecOutcome {
-            exit_code: 0,
-            stdout: String::new(),
-            stderr: String::new(),
-        },
-    );
+    make_exits(&e, 0, "");
     build(&e, &id).await;
     let v2 = e.envs.get(&id, None).await.unwrap().current.unwrap();
     assert_eq!((v2.version, v2.reason), (2, BuildReason::Requested));

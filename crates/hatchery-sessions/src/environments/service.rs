@@ -419,7 +419,7 @@ impl Environments {
         }
         match tokio::time::timeout(PIN_CHECK_TIMEOUT, self.template_version(&spec.template)).await {
             Ok(tv) => {
-                self.rebuild_if_stale(r, tv.as_deref(), time::OffsetDateTime::now_utc());
+                self.rebuild_if_due(r, tv.as_deref(), time::OffsetDateTime::now_utc());
             }
             Err(_) => {
                 tracing::warn!(environment = %id, "the template's version did not come in time; the sweep checks it")
@@ -434,7 +434,7 @@ impl Environments {
     /// [`REFRESH_AFTER`] at `at`; unless a build of it runs here or one was
     /// started for the same cause already (that template version, that
     /// environment version). True when started.
-    fn rebuild_if_stale(
+    fn rebuild_if_due(
         self: &Arc<Self>,
         r: EnvRecord,
         now: Option<&str>,
@@ -492,7 +492,7 @@ impl Environments {
         for r in all {
             let id = r.id.clone();
             let now = tvs.get(&r.spec.template).cloned().flatten();
-            if self.rebuild_if_stale(r, now.as_deref(), at) {
+            if self.rebuild_if_due(r, now.as_deref(), at) {
                 started.push(id);
             }
         }
